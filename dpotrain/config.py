@@ -1,0 +1,170 @@
+"""Parse a recipe: TRL's own dataclasses plus `ProjectArguments`, with defaults < YAML < command line.
+
+A YAML recipe is turned into command-line tokens placed before the real command line, so both go through the same
+argparse types (YAML's `1e-6` is a string, `1.0e-6` a float: both parse as floats here) and the command line wins
+because argparse keeps the last value. Unknown keys are errors that name the key and the closest known one.
+"""
+
+import contextlib
+import difflib
+import json
+import os
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from .errors import ConfigError
+
+
+@dataclass
+class ProjectArguments:
+    """Options of this project; everything else is a TRL / transformers field under its own name."""
+
+    pairs_per_step: int | None = field(
+        default=None,
+        metadata={
+            "help": "Preference pairs per optimizer step over all processes. When set, gradient_accumulation_steps is "
+            "derived as pairs_per_step / (per_device_train_batch_size x world size), so the effective batch stays the "
+            "same on any number of GPUs or nodes; a value that does not divide evenly is refused at start."
+        },
+    )
+    auto_coverage: float = field(
+        default=0.9,
+        metadata={"help": "With max_length: auto, the fraction of pairs that must fit without truncation."},
+    )
+    overwrite_output_dir: bool = field(
+        default=False,
+        metadata={"help": "Start afresh in an output_dir that already holds a finished run (its files are replaced)."},
+    )
+    auto_resume: bool = field(
+        default=True,
+        metadata={"help": "Resume from the newest complete checkpoint in output_dir when there is one."},
+    )
+    accelerate_config: str = field(
+        default="accelerate_config.yaml",
+        metadata={"help": "Accelerate config whose num_processes a --dry-run uses as world size outside a launcher."},
+    )
+    dry_run: bool = field(
+        default=False,
+        metadata={"help": "Print the resolved configuration as JSON and exit, without loading a model or data."},
+    )
+
+
+@dataclass
+class Recipe:
+    script: object  # trl.ScriptArguments
+    training: object  # trl.DPOConfig
+    model: object  # trl.ModelConfig
+    project: ProjectArguments
+    config_path: str | None
+    max_length_auto: bool
+    given: set[str]  # the fields set by the recipe or the command line, not left at their defaults
+
+
+def make_parser():
+    from trl import DPOConfig, ModelConfig, ScriptArguments, TrlParser
+
+    parser = TrlParser((ScriptArguments, DPOConfig, ModelConfig, ProjectArguments), prog="train_dpo.py")
+
+    # argparse's default error handler prints the whole usage (hundreds of Trainer fields) and exits 2. One line
+    # that names the problem is what a user needs.
+    def error(message):
+        raise ConfigError(message)
+
+    parser.error = error
+    return parser
+
+
+def _options(parser) -> dict[str, object]:
+    """`--name` (as written in YAML, snake_case) -> its argparse action."""
+    return {opt: action for action in parser._actions for opt in action.option_strings if opt.startswith("--")}
+
+
+def _suggest(name: str, known: list[str]) -> str:
+    close = difflib.get_close_matches(name, known, n=1, cutoff=0.75)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def yaml_to_args(config: dict, options: dict, source: str) -> list[str]:
+    args = []
+    known = sorted(o[2:] for o in options if "-" not in o[2:])
+    for key, value in config.items():
+        if f"--{key}" not in options or "-" in key:
+            raise ConfigError(f"{source}: unknown key {key!r}{_suggest(key, known)}. Remove it or fix its spelling.")
+        args.append(f"--{key}")
+        if isinstance(value, bool):
+            args.append(str(value).lower())
+        elif isinstance(value, list):
+            args.extend(json.dumps(v) if isinstance(v, dict) else str(v) for v in value)
+        elif isinstance(value, dict):
+            args.append(json.dumps(value))
+        else:
+            args.append("None" if value is None else str(value))
+    return args
+
+
+def parse_args(argv: list[str] | None = None) -> Recipe:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = make_parser()
+    options = _options(parser)
+
+    config_path = None
+    yaml_args: list[str] = []
+    if "--config" in argv:
+        i = argv.index("--config")
+        if i + 1 >= len(argv):
+            raise ConfigError("--config needs a path, e.g. --config configs/think.yaml")
+        config_path = argv[i + 1]
+        del argv[i : i + 2]
+        if not Path(config_path).is_file():
+            raise ConfigError(f"recipe {config_path!r} not found: pass one of configs/*.yaml")
+        with open(config_path) as f:
+            config = yaml.safe_load(f) or {}
+        if not isinstance(config, dict):
+            raise ConfigError(f"{config_path}: a recipe is a YAML mapping of field: value")
+        for key, value in (config.pop("env", None) or {}).items():  # TRL's `env:` block
+            os.environ.setdefault(key, str(value))
+        yaml_args = yaml_to_args(config, options, config_path)
+
+    tokens, max_length_auto = _take_max_length_auto(yaml_args + argv)
+    planning = bool({"--dry_run", "--dry-run"} & set(argv))
+    try:
+        with _gpu_checks_skipped() if planning else contextlib.nullcontext():
+            *dataclasses, remaining = parser.parse_args_into_dataclasses(args=tokens, return_remaining_strings=True)
+    except ValueError as e:  # transformers' own validation of TrainingArguments: a user error, said in one line
+        hint = " (on a CPU machine: --bf16 false, or the CPU demo configs/smoke.yaml)" if "bf16" in str(e) else ""
+        raise ConfigError(f"{e}{hint}") from None
+    if remaining:
+        flag = next((r for r in remaining if r.startswith("-")), remaining[0])
+        known = sorted(o for o in options if "-" not in o[2:])
+        raise ConfigError(f"unknown argument {flag!r}{_suggest(flag.split('=')[0], known)}; see --help")
+    script, training, model, project = dataclasses
+    given = {options[t.split("=")[0]].dest for t in tokens if t.split("=")[0] in options}
+    return Recipe(script, training, model, project, config_path, max_length_auto, given)
+
+
+@contextlib.contextmanager
+def _gpu_checks_skipped():
+    """A dry run on a CPU login node plans a GPU job: transformers' "bf16 needs a GPU" check must not refuse it."""
+    from unittest import mock
+
+    with mock.patch("transformers.training_args.is_torch_bf16_gpu_available", return_value=True):
+        yield
+
+
+def _take_max_length_auto(tokens: list[str]) -> tuple[list[str], bool]:
+    """`max_length: auto` is this project's (the analyzer picks it); TRL's field only takes an int or None."""
+    auto = False
+    out = []
+    it = iter(tokens)
+    for tok in it:
+        name, eq, value = tok.partition("=")
+        if name in ("--max_length", "--max-length"):
+            value = value if eq else next(it, "")
+            auto = value == "auto"
+            out += [name, "None" if auto else value]
+        else:
+            out.append(tok)
+    return out, auto

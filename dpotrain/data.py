@@ -1,0 +1,74 @@
+"""Load a preference data set from the Hub, a local JSONL/Parquet file or a folder saved with `save_to_disk`."""
+
+import json
+from pathlib import Path
+
+from .errors import ConfigError
+
+LOCAL_SUFFIXES = {".jsonl": "json", ".json": "json", ".parquet": "parquet"}
+REQUIRED_COLUMNS = ("chosen", "rejected")
+
+
+def is_local(name: str) -> bool:
+    """A path the user means as a local file or folder (a Hub name is `org/name` and does not exist on disk)."""
+    path = Path(name).expanduser()
+    return path.suffix in LOCAL_SUFFIXES or name.startswith((".", "/", "~")) or path.exists()
+
+
+def check_dataset_name(name: str | None) -> None:
+    if not name:
+        raise ConfigError("no dataset: set dataset_name in the recipe or pass --dataset_name (Hub name or local file)")
+    if is_local(name) and not Path(name).expanduser().exists():
+        raise ConfigError(f"dataset {name!r} does not exist: check the path, or give a Hub name like org/dataset")
+
+
+def load_preference_dataset(name: str, split: str = "train", config: str | None = None, revision: str | None = None,
+                            streaming: bool = False):
+    """The `split` of the data set `name`, checked for the `chosen`/`rejected` columns DPO needs."""
+    import datasets
+
+    check_dataset_name(name)
+    path = Path(name).expanduser()
+    if path.is_dir() and ((path / "dataset_info.json").exists() or (path / "dataset_dict.json").exists()):
+        loaded = datasets.load_from_disk(str(path))
+    elif path.is_file():
+        builder = LOCAL_SUFFIXES.get(path.suffix)
+        if builder is None:
+            raise ConfigError(f"dataset file {name!r}: use .jsonl, .json or .parquet")
+        loaded = datasets.load_dataset(builder, data_files={split: str(path)}, streaming=streaming)
+    else:
+        loaded = datasets.load_dataset(name, name=config, revision=revision, streaming=streaming)
+    if isinstance(loaded, (datasets.DatasetDict, datasets.IterableDatasetDict)):
+        if split not in loaded:
+            raise ConfigError(f"dataset {name!r} has no split {split!r}: choose one of {sorted(loaded)}")
+        loaded = loaded[split]
+    check_columns(loaded.column_names, name)
+    return loaded
+
+
+def check_columns(columns, name: str) -> None:
+    missing = [c for c in REQUIRED_COLUMNS if c not in (columns or [])]
+    if missing:
+        raise ConfigError(
+            f"dataset {name!r} has no {'/'.join(missing)} column(s) (it has {sorted(columns or [])}): DPO needs "
+            "`chosen` and `rejected` (message lists or strings), optionally `prompt`; rename the columns or "
+            "pick a preference data set"
+        )
+
+
+def count_local_rows(name: str) -> int | None:
+    """Rows in a local data set without loading it (for --dry-run step counts); None when not cheaply known."""
+    path = Path(name).expanduser()
+    if path.suffix == ".jsonl" and path.is_file():
+        with open(path) as f:
+            return sum(1 for line in f if line.strip())
+    if path.suffix == ".parquet" and path.is_file():
+        import pyarrow.parquet as pq
+
+        return pq.ParquetFile(path).metadata.num_rows
+    if (path / "dataset_info.json").exists() and (path / "state.json").exists():
+        state = json.loads((path / "state.json").read_text())
+        import pyarrow as pa
+
+        return sum(pa.ipc.open_stream(path / f["filename"]).read_all().num_rows for f in state["_data_files"])
+    return None

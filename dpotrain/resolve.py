@@ -1,0 +1,146 @@
+"""From parsed arguments to a checked plan: derived numbers, and every refusal that must come before a model loads."""
+
+import math
+import os
+from pathlib import Path
+
+import yaml
+
+from . import data
+from .checkpoints import checkpoints, latest_complete_checkpoint
+from .config import Recipe
+from .errors import ConfigError
+
+RUN_COMPLETE = "run_complete.json"  # written last by a finished run
+
+
+def world_size(recipe: Recipe, planning: bool) -> tuple[int, str]:
+    """Processes taking part. Under a launcher the environment says; a --dry-run outside one predicts the launch."""
+    if "WORLD_SIZE" in os.environ:
+        return int(os.environ["WORLD_SIZE"]), "environment (WORLD_SIZE)"
+    path = Path(recipe.project.accelerate_config)
+    if planning and path.is_file():
+        config = yaml.safe_load(path.read_text()) or {}
+        return int(config.get("num_processes", 1)), f"{path} (num_processes)"
+    return 1, "single process (no launcher)"
+
+
+def check_values(recipe: Recipe) -> None:
+    t, p = recipe.training, recipe.project
+    if t.beta <= 0:
+        raise ConfigError(f"beta must be > 0 (got {t.beta}); OLMo 3's length-normalized DPO uses --beta 5")
+    if t.learning_rate <= 0:
+        raise ConfigError(f"learning_rate must be > 0 (got {t.learning_rate}); the recipes use 1e-6")
+    for name in ("per_device_train_batch_size", "gradient_accumulation_steps"):
+        if getattr(t, name) < 1:
+            raise ConfigError(f"{name} must be >= 1 (got {getattr(t, name)})")
+    if p.pairs_per_step is not None and p.pairs_per_step < 1:
+        raise ConfigError(f"pairs_per_step must be >= 1 (got {p.pairs_per_step}), or unset it")
+    if not 0 < p.auto_coverage <= 1:
+        raise ConfigError(f"auto_coverage must be in (0, 1] (got {p.auto_coverage})")
+    if not recipe.model.model_name_or_path:
+        raise ConfigError("no model: set model_name_or_path in the recipe or pass --model_name_or_path")
+    data.check_dataset_name(recipe.script.dataset_name)
+
+
+def fill_defaults(recipe: Recipe) -> None:
+    """run_name from the recipe's file name, output_dir from run_name: outputs/<run_name>."""
+    t = recipe.training
+    if not t.run_name:
+        t.run_name = Path(recipe.config_path).stem + "-dpo" if recipe.config_path else "dpo"
+    if "output_dir" not in recipe.given:
+        t.output_dir = str(Path("outputs") / t.run_name)
+
+
+def plan_batch(recipe: Recipe, world: int) -> None:
+    """Keep pairs_per_step fixed on any number of processes by deriving gradient accumulation."""
+    t, pairs = recipe.training, recipe.project.pairs_per_step
+    if pairs is None:
+        return
+    per_step = t.per_device_train_batch_size * world
+    if pairs % per_step:
+        raise ConfigError(
+            f"pairs_per_step={pairs} is not reachable with {world} process(es) x per_device_train_batch_size="
+            f"{t.per_device_train_batch_size} ({per_step} pairs per micro-step): choose a process count or "
+            f"per-device batch that divides {pairs}, or set --pairs_per_step"
+        )
+    if "gradient_accumulation_steps" in recipe.given and t.gradient_accumulation_steps != pairs // per_step:
+        raise ConfigError(
+            f"gradient_accumulation_steps={t.gradient_accumulation_steps} contradicts pairs_per_step={pairs} "
+            f"(which needs {pairs // per_step} on {world} process(es)): set one of them, not both"
+        )
+    t.gradient_accumulation_steps = pairs // per_step
+
+
+def check_output_dir(recipe: Recipe) -> str | None:
+    """The checkpoint to resume from, if any; refuses to write over a finished run."""
+    t, p = recipe.training, recipe.project
+    out = Path(t.output_dir)
+    if t.resume_from_checkpoint:
+        if not Path(t.resume_from_checkpoint).is_dir():
+            raise ConfigError(f"resume_from_checkpoint {t.resume_from_checkpoint!r} is not a folder")
+        return t.resume_from_checkpoint
+    if (out / RUN_COMPLETE).exists() and not p.overwrite_output_dir:
+        raise ConfigError(
+            f"output_dir {str(out)!r} already holds a finished run: pass --output_dir for a new run, or "
+            "--overwrite_output_dir to replace it"
+        )
+    latest = latest_complete_checkpoint(out)
+    if latest and p.auto_resume and not p.overwrite_output_dir:
+        return str(latest)
+    if checkpoints(out) and not p.overwrite_output_dir:
+        state = "has no complete checkpoint" if latest is None else "has checkpoints and --no_auto_resume is set"
+        raise ConfigError(
+            f"output_dir {str(out)!r} {state}: pass --overwrite_output_dir to start afresh, or a new --output_dir"
+        )
+    return None
+
+
+def check_push(recipe: Recipe) -> None:
+    t = recipe.training
+    if t.push_to_hub and not (t.hub_token or hf_token()):
+        raise ConfigError(
+            "push_to_hub is set but no Hugging Face token was found: add HF_TOKEN=... to .env, "
+            "run `hf auth login`, or drop --push_to_hub"
+        )
+
+
+def hf_token() -> str | None:
+    from huggingface_hub import get_token
+
+    return os.environ.get("HF_TOKEN") or get_token()
+
+
+def plan_steps(recipe: Recipe, world: int, rows: int | None) -> dict:
+    """Optimizer steps as transformers' Trainer counts them (`set_initial_training_values`)."""
+    t = recipe.training
+    pairs = t.per_device_train_batch_size * t.gradient_accumulation_steps * world
+    plan = {"pairs_per_step": pairs, "dataset_rows": rows, "total_steps": None, "warmup_steps": None}
+    if t.max_steps > 0:
+        total = t.max_steps
+    elif rows is not None:
+        batches = math.ceil(rows / (t.per_device_train_batch_size * world))
+        per_epoch = max(math.ceil(batches / t.gradient_accumulation_steps), 1)
+        total = math.ceil(t.num_train_epochs * per_epoch)
+    else:
+        return plan
+    plan["total_steps"] = total
+    plan["warmup_steps"] = t.get_warmup_steps(total)
+    return plan
+
+
+def resolved_config(recipe: Recipe, derived: dict) -> dict:
+    """Every field by its own name (tokens redacted by `TrainingArguments.to_dict`), plus the derived numbers."""
+    from dataclasses import asdict
+
+    resolved = {}
+    for part in (recipe.script, recipe.model, recipe.project):
+        resolved.update(asdict(part))
+    resolved.update(recipe.training.to_dict())
+    resolved["pad_token"] = recipe.training.pad_token  # to_dict hides every `*_token` field; only hub_token is secret
+    resolved.pop("dry_run")
+    if recipe.max_length_auto and "max_length" not in derived:
+        resolved["max_length"] = "auto"
+    resolved["config"] = recipe.config_path
+    resolved["derived"] = derived
+    return resolved

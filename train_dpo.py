@@ -1,0 +1,92 @@
+"""DPO post-training with OLMo 3's recipe: TRL's DPOTrainer under Accelerate + DeepSpeed ZeRO-2.
+
+    # the built-in CPU demo (tiny OLMo 3 model and bundled data, nothing downloads)
+    python train_dpo.py --config configs/smoke.yaml
+
+    # what a recipe resolves to on the launch in accelerate_config.yaml, without loading anything
+    python train_dpo.py --config configs/think.yaml --dry-run
+
+    # a real run on 4 GPUs (on Slurm: sbatch scripts/dpo_train.sh)
+    accelerate launch --config_file accelerate_config.yaml train_dpo.py --config configs/think.yaml
+
+Any TRL / transformers field is a command-line override (--learning_rate 5e-7, --max_steps 100, ...).
+"""
+
+import json
+import sys
+from pathlib import Path
+
+from dotenv import load_dotenv
+
+from dpotrain import data, hub, resolve
+from dpotrain.config import parse_args
+from dpotrain.errors import ConfigError
+from dpotrain.metrics import PLOT_FILE, plot_metrics, read_metrics
+from dpotrain.tracking import setup_wandb
+
+
+def main(argv=None) -> None:
+    load_dotenv()  # HF_TOKEN, WANDB_API_KEY, WANDB_PROJECT...; the environment wins over .env
+    recipe = parse_args(argv)
+    training, script = recipe.training, recipe.script
+
+    # Everything that can be refused is refused here, before a data set or a model loads.
+    resolve.check_values(recipe)
+    resolve.fill_defaults(recipe)
+    world, world_source = resolve.world_size(recipe, planning=recipe.project.dry_run)
+    resolve.plan_batch(recipe, world)
+    derived = {"world_size": world, "world_size_source": world_source}
+    if recipe.project.dry_run:
+        rows = data.count_local_rows(script.dataset_name) if data.is_local(script.dataset_name) else None
+        derived.update(resolve.plan_steps(recipe, world, rows))
+        print(json.dumps(resolve.resolved_config(recipe, derived), indent=2, default=str))
+        return
+    resolve.check_push(recipe)
+    resume_from = resolve.check_output_dir(recipe)
+
+    from accelerate import PartialState
+
+    state = PartialState()
+    dataset = data.load_preference_dataset(
+        script.dataset_name, script.dataset_train_split, script.dataset_config, streaming=script.dataset_streaming
+    )
+    derived.update(resolve.plan_steps(recipe, world, len(dataset) if hasattr(dataset, "__len__") else None))
+    if state.is_main_process:
+        setup_wandb(training)
+
+    from dpotrain.trainer import build_trainer
+
+    trainer = build_trainer(recipe, dataset)
+    derived["total_steps"] = trainer.state.max_steps or derived["total_steps"]
+    resolved = resolve.resolved_config(recipe, derived | {"resumed_from": resume_from})
+    out = Path(training.output_dir)
+    if state.is_main_process:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "resolved_config.json").write_text(json.dumps(resolved, indent=2, default=str) + "\n")
+        print("Resolved configuration:", json.dumps(derived, default=str), flush=True)
+        if resume_from:
+            print(f"Resuming from {resume_from}", flush=True)
+
+    trainer.train(resume_from_checkpoint=resume_from)
+    trainer.save_model(str(out))
+
+    if state.is_main_process:
+        records = read_metrics(out)
+        plot_metrics(records, out / PLOT_FILE, title=training.run_name)
+        hub.write_model_card(out, resolved)
+        summary = {"global_step": trainer.state.global_step, "final": records[-1] if records else None}
+        (out / resolve.RUN_COMPLETE).write_text(json.dumps(summary, indent=2) + "\n")
+        print(f"Saved model, metrics and {PLOT_FILE} to {out}", flush=True)
+        if training.push_to_hub:
+            repo = training.hub_model_id or training.run_name
+            url = hub.push_run(out, repo, token=training.hub_token or resolve.hf_token(),
+                               private=training.hub_private_repo)
+            print(f"Pushed to {url}", flush=True)
+    state.wait_for_everyone()
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    except ConfigError as e:
+        sys.exit(f"error: {e}")
