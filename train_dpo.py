@@ -79,8 +79,9 @@ def main(argv=None) -> None:
         print(f"Saved model, metrics and {PLOT_FILE} to {out}", flush=True)
         if training.push_to_hub:
             repo = training.hub_model_id or training.run_name
-            url = hub.push_run(out, repo, token=training.hub_token or resolve.hf_token(),
-                               private=training.hub_private_repo)
+            url = hub.push_run(
+                out, repo, token=training.hub_token or resolve.hf_token(), private=training.hub_private_repo
+            )
             print(f"Pushed to {url}", flush=True)
     state.wait_for_everyone()
 

@@ -54,7 +54,9 @@ def materialize_model(name: str, vocab_size: int = 1024, seed: int = 0) -> str:
     """Return a local folder holding the built-in model `name` (with its tokenizer), building it on first use."""
     key = name.removeprefix(BUILTIN_PREFIX)
     if key not in BUILTIN_MODELS:
-        raise ValueError(f"unknown built-in model {name!r}: choose one of {[BUILTIN_PREFIX + k for k in BUILTIN_MODELS]}")
+        raise ValueError(
+            f"unknown built-in model {name!r}: choose one of {[BUILTIN_PREFIX + k for k in BUILTIN_MODELS]}"
+        )
     target = builtin_dir() / f"{key}-v{_BUILD_VERSION}"
     if (target / "model.safetensors").exists():
         return str(target)

@@ -22,8 +22,9 @@ def check_dataset_name(name: str | None) -> None:
         raise ConfigError(f"dataset {name!r} does not exist: check the path, or give a Hub name like org/dataset")
 
 
-def load_preference_dataset(name: str, split: str = "train", config: str | None = None, revision: str | None = None,
-                            streaming: bool = False):
+def load_preference_dataset(
+    name: str, split: str = "train", config: str | None = None, revision: str | None = None, streaming: bool = False
+):
     """The `split` of the data set `name`, checked for the `chosen`/`rejected` columns DPO needs."""
     import datasets
 

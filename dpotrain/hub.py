@@ -6,8 +6,19 @@ from .metrics import PLOT_FILE, read_metrics
 
 # Recipe values a reader of the card needs to reproduce or judge the run.
 CARD_FIELDS = [
-    "loss_type", "beta", "learning_rate", "lr_scheduler_type", "warmup_steps", "num_train_epochs", "max_length",
-    "per_device_train_batch_size", "gradient_accumulation_steps", "weight_decay", "max_grad_norm", "bf16", "seed",
+    "loss_type",
+    "beta",
+    "learning_rate",
+    "lr_scheduler_type",
+    "warmup_steps",
+    "num_train_epochs",
+    "max_length",
+    "per_device_train_batch_size",
+    "gradient_accumulation_steps",
+    "weight_decay",
+    "max_grad_norm",
+    "bf16",
+    "seed",
 ]
 FINAL_METRICS = ["loss", "rewards/accuracies", "rewards/margins", "rewards/chosen", "rewards/rejected"]
 # Never uploaded: resumable state and local tracking files.

@@ -55,10 +55,10 @@ def plot_metrics(records: list[dict], path: str | Path, title: str = "") -> Path
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(2, 2, figsize=(10, 7), sharex=True)
-    for ax, (key, label) in zip(axes.flat, CURVES):
+    for ax, (key, label) in zip(axes.flat, CURVES, strict=False):
         points = [(r["step"], r[key]) for r in records if key in r]
         if points:
-            ax.plot(*zip(*points), marker="." if len(points) < 50 else None)
+            ax.plot(*zip(*points, strict=False), marker="." if len(points) < 50 else None)
         ax.set_title(label)
         ax.grid(alpha=0.3)
     for ax in axes[1]:
