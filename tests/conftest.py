@@ -1,0 +1,39 @@
+"""Shared fixtures: the built-in tiny model (built once per session, offline) and the project paths."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PYTHON = sys.executable
+
+# Nothing in the tests may reach the Hub; W&B only ever runs offline.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+os.environ.setdefault("WANDB_MODE", "offline")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory) -> str:
+    """The built-in 2-layer OLMo 3 and its tokenizer, built in a session folder (not the user's outputs/)."""
+    from dpotrain import builtin
+
+    os.environ["DPOTRAIN_BUILTIN_DIR"] = str(tmp_path_factory.mktemp("builtin"))
+    return builtin.materialize_model("builtin:tiny-olmo3")
+
+
+def run_train(args: list[str], cwd: Path = ROOT, env: dict | None = None, timeout: int = 600):
+    """`python train_dpo.py ARGS` as a user runs it; returns the CompletedProcess (stdout+stderr in .stdout)."""
+    return subprocess.run(
+        [PYTHON, str(ROOT / "train_dpo.py"), *args],
+        cwd=cwd,
+        env={**os.environ, **(env or {})},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=timeout,
+    )
