@@ -1,0 +1,84 @@
+"""What a run promises: the DPO invariant at step 1, learning, and a complete output folder."""
+
+import json
+import math
+
+import pytest
+import torch
+
+from conftest import ROOT, run_train
+from dpotrain import data
+from dpotrain.config import parse_args
+from dpotrain.trainer import build_trainer
+
+SMOKE = str(ROOT / "configs" / "smoke.yaml")
+
+
+def smoke_trainer(tmp_path, model_dir, *overrides):
+    recipe = parse_args(
+        ["--config", SMOKE, "--model_name_or_path", model_dir, "--output_dir", str(tmp_path / "run"),
+         "--save_strategy", "no", "--report_to", "none", *overrides]
+    )
+    dataset = data.load_preference_dataset(str(ROOT / recipe.script.dataset_name))
+    return build_trainer(recipe, dataset)
+
+
+def test_first_loss_is_ln2_and_rewards_zero(tmp_path, tiny_model_dir):
+    # Policy and reference start identical, so every log-ratio is 0: loss = -log sigmoid(0) = ln 2, rewards 0.
+    trainer = smoke_trainer(tmp_path, tiny_model_dir, "--max_steps", "2", "--logging_steps", "1")
+    trainer.train()
+    first = trainer.state.log_history[0]
+    assert first["step"] == 1
+    assert abs(first["loss"] - math.log(2)) < 1e-5
+    assert first["rewards/chosen"] == 0 and first["rewards/rejected"] == 0 and first["rewards/margins"] == 0
+
+
+def test_training_changes_every_parameter_and_lowers_the_loss(tmp_path, tiny_model_dir):
+    trainer = smoke_trainer(tmp_path, tiny_model_dir, "--max_steps", "12", "--logging_steps", "1", "--warmup_steps", "0")
+    before = {n: p.detach().clone() for n, p in trainer.model.named_parameters() if p.requires_grad}
+    trainer.train()
+    after = dict(trainer.model.named_parameters())
+    unchanged = [n for n, p in before.items() if torch.equal(p, after[n].detach())]
+    assert not unchanged, f"parameters not trained: {unchanged}"
+    losses = [r["loss"] for r in trainer.state.log_history if "loss" in r]
+    assert losses[-1] < losses[0] - 0.05, losses
+
+
+@pytest.mark.slow
+def test_cpu_demo_writes_a_complete_run(tmp_path, tiny_model_dir):
+    """The README's demo command (smoke recipe, whole epoch), with W&B offline, checked as a user would."""
+    out = tmp_path / "smoke"
+    secret = "hf_SECRETdoNotLeak123"
+    wandb_secret = "0123456789abcdef0123456789abcdef01234567"
+    result = run_train(
+        ["--config", SMOKE, "--output_dir", str(out), "--report_to", "wandb"],
+        env={"HF_TOKEN": secret, "WANDB_API_KEY": wandb_secret, "WANDB_MODE": "offline",
+             "DPOTRAIN_BUILTIN_DIR": str(tiny_model_dir.rsplit("/", 1)[0])},
+    )
+    assert result.returncode == 0, result.stdout[-3000:]
+
+    for name in ["model.safetensors", "config.json", "tokenizer.json", "chat_template.jinja", "resolved_config.json",
+                 "metrics.jsonl", "training_curves.png", "README.md", "run_complete.json"]:
+        assert (out / name).is_file(), f"{name} missing from {sorted(p.name for p in out.iterdir())}"
+    assert (out / "training_curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == list(range(2, 49, 2))  # every logging step once: 384 pairs / 8 per step
+    assert all("loss" in r and "rewards/accuracies" in r for r in records)
+    assert abs(records[0]["loss"] - math.log(2)) < 1e-5
+    # The demo must visibly learn: reward accuracy rises from 0 and the loss falls.
+    assert records[0]["rewards/accuracies"] == 0 and records[-1]["rewards/accuracies"] > 0.9
+    assert records[-1]["loss"] < 0.3
+
+    resolved = json.loads((out / "resolved_config.json").read_text())
+    assert resolved["beta"] == 5.0 and resolved["loss_type"] == ["sigmoid_norm"]
+    assert resolved["derived"]["total_steps"] == 48 and resolved["derived"]["pairs_per_step"] == 8
+
+    # W&B ran for real, offline, under the run folder.
+    assert list((out / "wandb").glob("offline-run-*")), "no offline W&B run"
+
+    # Secrets never reach the console, the saved config or the W&B files.
+    leaked = [str(p) for p in out.rglob("*") if p.is_file() and secret.encode() in p.read_bytes()]
+    assert secret not in result.stdout and wandb_secret not in result.stdout
+    assert not leaked, leaked
+    assert not [p for p in out.rglob("*") if p.is_file() and wandb_secret.encode() in p.read_bytes()]
