@@ -66,7 +66,11 @@ class Recipe:
 def make_parser():
     from trl import DPOConfig, ModelConfig, ScriptArguments, TrlParser
 
-    parser = TrlParser((ScriptArguments, DPOConfig, ModelConfig, ProjectArguments), prog="train_dpo.py")
+    # allow_abbrev=False: argparse would otherwise take `--learning_rat` for `--learning_rate`, and a typo of a
+    # longer flag for a shorter one.
+    parser = TrlParser(
+        (ScriptArguments, DPOConfig, ModelConfig, ProjectArguments), prog="train_dpo.py", allow_abbrev=False
+    )
 
     # argparse's default error handler prints the whole usage (hundreds of Trainer fields) and exits 2. One line
     # that names the problem is what a user needs.
@@ -128,21 +132,36 @@ def parse_args(argv: list[str] | None = None) -> Recipe:
             os.environ.setdefault(key, str(value))
         yaml_args = yaml_to_args(config, options, config_path)
 
-    tokens, max_length_auto = _take_max_length_auto(yaml_args + argv)
-    planning = bool({"--dry_run", "--dry-run"} & set(argv))
-    try:
-        with _gpu_checks_skipped() if planning else contextlib.nullcontext():
-            *dataclasses, remaining = parser.parse_args_into_dataclasses(args=tokens, return_remaining_strings=True)
-    except ValueError as e:  # transformers' own validation of TrainingArguments: a user error, said in one line
-        hint = " (on a CPU machine: --bf16 false, or the CPU demo configs/smoke.yaml)" if "bf16" in str(e) else ""
-        raise ConfigError(f"{e}{hint}") from None
+    tokens, max_length_auto = _take_max_length_auto(yaml_args + argv + _cpu_deepspeed_backend(argv))
+    _, remaining = parser.parse_known_args(tokens)  # name an unknown flag before any field is validated
     if remaining:
         flag = next((r for r in remaining if r.startswith("-")), remaining[0])
         known = sorted(o for o in options if "-" not in o[2:])
         raise ConfigError(f"unknown argument {flag!r}{_suggest(flag.split('=')[0], known)}; see --help")
+    planning = bool({"--dry_run", "--dry-run"} & set(argv))
+    try:
+        with _gpu_checks_skipped() if planning else contextlib.nullcontext():
+            dataclasses = parser.parse_args_into_dataclasses(args=tokens)
+    except ValueError as e:  # transformers' own validation of TrainingArguments: a user error, said in one line
+        hint = " (on a CPU machine: --bf16 false, or the CPU demo configs/smoke.yaml)" if "bf16" in str(e) else ""
+        raise ConfigError(f"{e}{hint}") from None
     script, training, model, project = dataclasses
     given = {options[t.split("=")[0]].dest for t in tokens if t.split("=")[0] in options}
     return Recipe(script, training, model, project, config_path, max_length_auto, given)
+
+
+def _cpu_deepspeed_backend(argv: list[str]) -> list[str]:
+    """DeepSpeed on CPU (tests, CPU-only clusters) needs an explicit gloo backend.
+
+    Without one, accelerate's PartialState sees no backend, reports one process (accelerate/state.py: "No backend
+    == no distributed training") while DeepSpeed runs all of them, and the batch-size check fails.
+    """
+    import torch
+
+    launched_with_deepspeed = os.environ.get("ACCELERATE_USE_DEEPSPEED", "false").lower() == "true"
+    if launched_with_deepspeed and not torch.cuda.is_available() and not any("ddp_backend" in a for a in argv):
+        return ["--ddp_backend", "gloo"]
+    return []
 
 
 @contextlib.contextmanager

@@ -1,0 +1,75 @@
+"""Bad input is refused before any data set or model loads, with one line that names the fix."""
+
+import json
+
+import pytest
+
+import train_dpo
+from conftest import ROOT, run_train
+from dpotrain.errors import ConfigError
+
+# A model that cannot load here (offline, not on disk): if a check came after loading, the error would be another.
+BASE = ["--config", str(ROOT / "configs" / "smoke.yaml"), "--model_name_or_path", "org/not-a-model-here"]
+
+
+def refused(tmp_path, *args) -> str:
+    with pytest.raises(ConfigError) as info:
+        train_dpo.main([*BASE, "--output_dir", str(tmp_path / "run"), *args])
+    return str(info.value)
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--beta", "0"], "beta must be > 0 (got 0.0); OLMo 3's length-normalized DPO uses --beta 5"),
+        (["--beta", "-1"], "beta must be > 0"),
+        (["--learning_rate", "0"], "learning_rate must be > 0 (got 0.0)"),
+        (["--per_device_train_batch_size", "0"], "per_device_train_batch_size must be >= 1 (got 0)"),
+        (["--gradient_accumulation_steps", "0"], "gradient_accumulation_steps must be >= 1"),
+        (["--pairs_per_step", "0"], "pairs_per_step must be >= 1"),
+    ],
+)
+def test_bad_values(tmp_path, args, message):
+    assert message in refused(tmp_path, *args)
+
+
+def test_missing_local_dataset(tmp_path):
+    msg = refused(tmp_path, "--dataset_name", str(tmp_path / "nope.jsonl"))
+    assert "does not exist: check the path" in msg and "nope.jsonl" in msg
+
+
+def test_dataset_without_chosen_rejected(tmp_path):
+    path = tmp_path / "sft.jsonl"
+    path.write_text(json.dumps({"messages": [{"role": "user", "content": "hi"}]}) + "\n")
+    msg = refused(tmp_path, "--dataset_name", str(path))
+    assert "has no chosen/rejected column(s) (it has ['messages'])" in msg and "rename the columns" in msg
+
+
+def test_output_dir_with_a_finished_run(tmp_path):
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "run_complete.json").write_text("{}")
+    msg = refused(tmp_path)
+    assert "already holds a finished run" in msg and "--overwrite_output_dir" in msg
+
+
+def test_output_dir_with_only_incomplete_checkpoints(tmp_path):
+    (tmp_path / "run" / "checkpoint-10").mkdir(parents=True)  # killed mid-save: no COMPLETE marker
+    assert "has no complete checkpoint" in refused(tmp_path)
+
+
+def test_pairs_per_step_not_reachable(tmp_path, monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", "3")
+    msg = refused(tmp_path, "--pairs_per_step", "128", "--per_device_train_batch_size", "4")
+    assert "pairs_per_step=128 is not reachable with 3 process(es)" in msg
+
+
+def test_push_without_a_token_from_the_command_line(tmp_path):
+    # No HF_TOKEN and an empty HF_HOME (no cached login): the CLI prints one line and exits non-zero.
+    result = run_train(
+        [*BASE, "--output_dir", str(tmp_path / "run"), "--push_to_hub", "--hub_model_id", "me/x"],
+        env={"HF_TOKEN": "", "HF_HOME": str(tmp_path / "hf")},
+    )
+    assert result.returncode != 0
+    last = result.stdout.strip().splitlines()[-1]
+    assert last.startswith("error: push_to_hub is set but no Hugging Face token was found: add HF_TOKEN=")
+    assert "Traceback" not in result.stdout

@@ -1,0 +1,100 @@
+"""Recipes: defaults < YAML < command line, unknown keys refused, every shipped file resolves, dry runs load nothing."""
+
+import json
+import math
+
+import pytest
+import yaml
+
+from conftest import ROOT, run_train
+from dpotrain.config import parse_args
+from dpotrain.errors import ConfigError
+
+RECIPES = sorted((ROOT / "configs").glob("*.yaml"))
+
+
+def write(tmp_path, text: str):
+    path = tmp_path / "recipe.yaml"
+    path.write_text(text)
+    return str(path)
+
+
+def test_precedence_defaults_then_yaml_then_cli(tmp_path):
+    path = write(tmp_path, "beta: 2.0\nlearning_rate: 1e-6\nloss_type: [sigmoid_norm]\nmodel_name_or_path: m\nbf16: false\n")
+    recipe = parse_args(["--config", path, "--learning_rate", "3e-7"])
+    assert recipe.training.beta == 2.0  # YAML over TRL's default 0.1
+    assert recipe.training.learning_rate == 3e-7  # CLI over YAML
+    assert recipe.training.loss_type == ["sigmoid_norm"]
+    assert recipe.training.per_device_train_batch_size == 8  # untouched default
+    assert recipe.given >= {"beta", "learning_rate", "loss_type", "model_name_or_path"}
+    # YAML 1.1 reads `1e-6` as a string; it must still arrive as the float the field declares.
+    assert parse_args(["--config", path]).training.learning_rate == 1e-6
+
+
+def test_unknown_yaml_key_is_named_with_a_suggestion(tmp_path):
+    path = write(tmp_path, "betta: 5.0\n")
+    with pytest.raises(ConfigError, match=r"recipe.yaml: unknown key 'betta' \(did you mean 'beta'\?\)"):
+        parse_args(["--config", path])
+
+
+def test_unknown_cli_argument_is_named_with_a_suggestion():
+    with pytest.raises(ConfigError, match=r"unknown argument '--learning_rat' \(did you mean '--learning_rate'\?\)"):
+        parse_args(["--learning_rat", "1e-6"])
+
+
+def test_wrong_type_is_one_line():
+    with pytest.raises(ConfigError, match="invalid float value: 'abc'"):
+        parse_args(["--beta", "abc", "--bf16", "false"])
+
+
+def test_max_length_auto_is_recorded_and_a_later_value_wins(tmp_path):
+    path = write(tmp_path, "max_length: auto\nbf16: false\n")
+    assert parse_args(["--config", path]).max_length_auto
+    recipe = parse_args(["--config", path, "--max_length", "2048"])
+    assert not recipe.max_length_auto and recipe.training.max_length == 2048
+
+
+@pytest.mark.parametrize("recipe_path", RECIPES, ids=[p.stem for p in RECIPES])
+def test_every_shipped_recipe_resolves_in_a_dry_run(recipe_path):
+    # Offline and with a model that cannot be loaded here: a dry run must not touch either.
+    result = run_train(["--config", str(recipe_path), "--dry-run"], env={"HF_HUB_OFFLINE": "1"})
+    assert result.returncode == 0, result.stdout[-2000:]
+    resolved = json.loads(result.stdout[result.stdout.index("{") : result.stdout.rindex("}") + 1])
+    declared = yaml.safe_load(recipe_path.read_text())
+    declared.pop("env", None)
+    for key, value in declared.items():
+        if key in ("warmup_steps", "learning_rate"):
+            assert math.isclose(resolved[key], float(value)), key
+        elif key != "report_to" or value != ["none"]:
+            assert resolved[key] == value, key
+    derived = resolved["derived"]
+    assert derived["world_size"] == 4  # accelerate_config.yaml
+    assert derived["pairs_per_step"] == (
+        resolved["per_device_train_batch_size"] * resolved["gradient_accumulation_steps"] * 4
+    )
+    assert resolved["output_dir"] == f"outputs/{resolved['run_name']}"
+    assert "learning_rate" in resolved and "lr_scheduler_type" in resolved  # Trainer fields by their own names
+
+
+def test_olmo3_recipes_hold_the_published_values():
+    for name in ("think", "instruct"):
+        resolved = yaml.safe_load((ROOT / "configs" / f"{name}.yaml").read_text())
+        assert resolved["loss_type"] == ["sigmoid_norm"] and resolved["beta"] == 5.0
+        assert resolved["learning_rate"] == 1e-6 and resolved["lr_scheduler_type"] == "linear"
+        assert resolved["warmup_steps"] == 0.1 and resolved["num_train_epochs"] == 1
+        assert resolved["pairs_per_step"] == 128 and resolved["per_device_train_batch_size"] == 4
+        assert resolved["bf16"] is True and resolved["activation_checkpointing"] is True
+
+
+def test_dry_run_derives_steps_for_a_local_dataset():
+    result = run_train(["--config", "configs/think.yaml", "--dataset_name", "data/smoke_prefs.jsonl", "--dry-run"])
+    derived = json.loads(result.stdout[result.stdout.index("{") : result.stdout.rindex("}") + 1])["derived"]
+    # 384 pairs / 128 per step -> 3 steps, 10% warmup rounded up -> 1; 8 accumulation steps on 4 GPUs.
+    assert derived == {**derived, "dataset_rows": 384, "total_steps": 3, "warmup_steps": 1, "pairs_per_step": 128}
+
+
+def test_world_size_from_the_environment_keeps_128_pairs():
+    result = run_train(["--config", "configs/think.yaml", "--dry-run"], env={"WORLD_SIZE": "16"})
+    resolved = json.loads(result.stdout[result.stdout.index("{") : result.stdout.rindex("}") + 1])
+    assert resolved["derived"]["world_size"] == 16
+    assert resolved["gradient_accumulation_steps"] == 2 and resolved["derived"]["pairs_per_step"] == 128

@@ -1,0 +1,78 @@
+"""accelerate_config.yaml and ds_config.json: valid for their own tools, and ZeRO-2 really trains through a launch."""
+
+import json
+import math
+import os
+import subprocess
+import sys
+
+import pytest
+
+from conftest import ROOT
+from dpotrain.config import parse_args
+
+ACCELERATE = str(ROOT / ".venv" / "bin" / "accelerate") if (ROOT / ".venv").exists() else "accelerate"
+
+
+def filled_ds_config(*overrides):
+    """ds_config.json after transformers fills its "auto" values from the trainer's arguments."""
+    from transformers.integrations.deepspeed import HfTrainerDeepSpeedConfig
+
+    recipe = parse_args(["--config", str(ROOT / "configs" / "smoke.yaml"), "--output_dir", "/tmp/unused", *overrides])
+    hf_config = HfTrainerDeepSpeedConfig(json.loads((ROOT / "ds_config.json").read_text()))
+    hf_config.trainer_config_process(recipe.training)
+    return hf_config.config
+
+
+def test_ds_config_passes_deepspeeds_own_validation():
+    from deepspeed.runtime.config import DeepSpeedConfig
+
+    config = filled_ds_config("--per_device_train_batch_size", "4", "--gradient_accumulation_steps", "8")
+    assert "auto" not in json.dumps(config)
+    validated = DeepSpeedConfig(config)
+    assert validated.zero_optimization_stage == 2
+    assert validated.train_micro_batch_size_per_gpu == 4 and validated.gradient_accumulation_steps == 8
+    assert validated.train_batch_size == 32  # one process here; 128 on the 4 GPUs of accelerate_config.yaml
+
+
+def test_deepspeed_validation_can_fail():
+    from deepspeed.runtime.config import DeepSpeedConfig
+
+    config = filled_ds_config()
+    config["train_batch_size"] += 1  # what a hand-edited batch size that disagrees with the trainer looks like
+    with pytest.raises(AssertionError, match="train_batch_size is not equal"):
+        DeepSpeedConfig(config)
+
+
+def test_accelerate_config_loads_and_points_at_ds_config():
+    from accelerate.commands.config.config_args import load_config_from_file
+
+    config = load_config_from_file(str(ROOT / "accelerate_config.yaml"))
+    assert str(config.distributed_type) == "DistributedType.DEEPSPEED"
+    assert config.num_processes == 4 and config.num_machines == 1
+    ds_file = config.deepspeed_config["deepspeed_config_file"]
+    assert (ROOT / ds_file).is_file() and ds_file == "ds_config.json"
+
+
+@pytest.mark.slow
+def test_zero2_trains_on_cpu_through_accelerate_launch(tmp_path, tiny_model_dir):
+    out = tmp_path / "zero2"
+    cmd = [
+        ACCELERATE, "launch", "--config_file", str(ROOT / "accelerate_config.yaml"), "--num_processes", "2",
+        str(ROOT / "train_dpo.py"), "--config", str(ROOT / "configs" / "smoke.yaml"), "--model_name_or_path",
+        tiny_model_dir, "--output_dir", str(out), "--max_steps", "3", "--logging_steps", "1",
+        "--save_strategy", "no", "--report_to", "none",
+    ]  # fmt: skip
+    env = {**os.environ, "PATH": f"{os.path.dirname(sys.executable)}:{os.environ['PATH']}"}
+    result = subprocess.run(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            timeout=900)  # fmt: skip
+    assert result.returncode == 0, result.stdout[-4000:]
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == [1, 2, 3]
+    assert abs(records[0]["loss"] - math.log(2)) < 1e-5
+    assert records[-1]["loss"] < records[0]["loss"]
+    resolved = json.loads((out / "resolved_config.json").read_text())
+    assert resolved["derived"]["world_size"] == 2  # two real processes, not one (FACTS.md)
+    # 384 pairs / (4 per device x 2 accumulation x 2 processes) = 24 optimizer steps per epoch.
+    assert math.isclose(records[0]["epoch"], 1 / 24)
+    assert (out / "model.safetensors").is_file()
