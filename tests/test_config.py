@@ -5,8 +5,8 @@ import math
 
 import pytest
 import yaml
-
 from conftest import ROOT, run_train
+
 from dpotrain.config import parse_args
 from dpotrain.errors import ConfigError
 
@@ -20,7 +20,9 @@ def write(tmp_path, text: str):
 
 
 def test_precedence_defaults_then_yaml_then_cli(tmp_path):
-    path = write(tmp_path, "beta: 2.0\nlearning_rate: 1e-6\nloss_type: [sigmoid_norm]\nmodel_name_or_path: m\nbf16: false\n")
+    path = write(
+        tmp_path, "beta: 2.0\nlearning_rate: 1e-6\nloss_type: [sigmoid_norm]\nmodel_name_or_path: m\nbf16: false\n"
+    )
     recipe = parse_args(["--config", path, "--learning_rate", "3e-7"])
     assert recipe.training.beta == 2.0  # YAML over TRL's default 0.1
     assert recipe.training.learning_rate == 3e-7  # CLI over YAML

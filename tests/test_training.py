@@ -5,8 +5,8 @@ import math
 
 import pytest
 import torch
-
 from conftest import ROOT, run_train
+
 from dpotrain import data
 from dpotrain.config import parse_args
 from dpotrain.trainer import build_trainer
@@ -16,8 +16,19 @@ SMOKE = str(ROOT / "configs" / "smoke.yaml")
 
 def smoke_trainer(tmp_path, model_dir, *overrides):
     recipe = parse_args(
-        ["--config", SMOKE, "--model_name_or_path", model_dir, "--output_dir", str(tmp_path / "run"),
-         "--save_strategy", "no", "--report_to", "none", *overrides]
+        [
+            "--config",
+            SMOKE,
+            "--model_name_or_path",
+            model_dir,
+            "--output_dir",
+            str(tmp_path / "run"),
+            "--save_strategy",
+            "no",
+            "--report_to",
+            "none",
+            *overrides,
+        ]
     )
     dataset = data.load_preference_dataset(str(ROOT / recipe.script.dataset_name))
     return build_trainer(recipe, dataset)
@@ -34,7 +45,9 @@ def test_first_loss_is_ln2_and_rewards_zero(tmp_path, tiny_model_dir):
 
 
 def test_training_changes_every_parameter_and_lowers_the_loss(tmp_path, tiny_model_dir):
-    trainer = smoke_trainer(tmp_path, tiny_model_dir, "--max_steps", "12", "--logging_steps", "1", "--warmup_steps", "0")
+    trainer = smoke_trainer(
+        tmp_path, tiny_model_dir, "--max_steps", "12", "--logging_steps", "1", "--warmup_steps", "0"
+    )
     before = {n: p.detach().clone() for n, p in trainer.model.named_parameters() if p.requires_grad}
     trainer.train()
     after = dict(trainer.model.named_parameters())
@@ -52,13 +65,26 @@ def test_cpu_demo_writes_a_complete_run(tmp_path, tiny_model_dir):
     wandb_secret = "0123456789abcdef0123456789abcdef01234567"
     result = run_train(
         ["--config", SMOKE, "--output_dir", str(out), "--report_to", "wandb"],
-        env={"HF_TOKEN": secret, "WANDB_API_KEY": wandb_secret, "WANDB_MODE": "offline",
-             "DPOTRAIN_BUILTIN_DIR": str(tiny_model_dir.rsplit("/", 1)[0])},
+        env={
+            "HF_TOKEN": secret,
+            "WANDB_API_KEY": wandb_secret,
+            "WANDB_MODE": "offline",
+            "DPOTRAIN_BUILTIN_DIR": str(tiny_model_dir.rsplit("/", 1)[0]),
+        },
     )
     assert result.returncode == 0, result.stdout[-3000:]
 
-    for name in ["model.safetensors", "config.json", "tokenizer.json", "chat_template.jinja", "resolved_config.json",
-                 "metrics.jsonl", "training_curves.png", "README.md", "run_complete.json"]:
+    for name in [
+        "model.safetensors",
+        "config.json",
+        "tokenizer.json",
+        "chat_template.jinja",
+        "resolved_config.json",
+        "metrics.jsonl",
+        "training_curves.png",
+        "README.md",
+        "run_complete.json",
+    ]:
         assert (out / name).is_file(), f"{name} missing from {sorted(p.name for p in out.iterdir())}"
     assert (out / "training_curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 

@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Create .venv and install the pinned requirements (idempotent: a second run only checks).
+#   bash scripts/setup_env.sh            # training requirements
+#   bash scripts/setup_env.sh --dev      # + test tools (pytest, ruff)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+reqs=requirements.txt
+[[ "${1:-}" == "--dev" ]] && reqs=requirements-dev.txt
+python=${PYTHON:-python3}
+
+if [[ ! -x .venv/bin/python ]]; then
+  "$python" -m venv .venv || { echo "error: could not create .venv: install python3-venv (Debian: apt-get install python3-venv)" >&2; exit 1; }
+fi
+stamp=.venv/.installed-$(cat "$reqs" requirements.txt | sha256sum | cut -c1-16)
+if [[ ! -f "$stamp" ]]; then
+  .venv/bin/python -m pip install --quiet --upgrade pip
+  .venv/bin/python -m pip install --quiet -r "$reqs"
+  touch "$stamp"
+fi
+echo "venv ready: .venv ($(.venv/bin/python --version), $reqs)"
