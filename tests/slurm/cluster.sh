@@ -1,0 +1,328 @@
+#!/usr/bin/env bash
+# A real single-node Slurm for tests: munged + slurmctld + slurmd on 127.0.0.1, run as root,
+# with every file (munge key and socket, slurm.conf, spool, PID files, logs) under STATE_DIR.
+#
+# Usage:
+#   tests/slurm/cluster.sh start  [STATE_DIR]   # install if missing, start, wait for the node to be idle
+#   tests/slurm/cluster.sh stop   [STATE_DIR]   # cancel its jobs, stop the three daemons it started
+#   tests/slurm/cluster.sh status [STATE_DIR]   # exit 0 when munged, slurmctld and slurmd all run
+#
+#   eval "$(tests/slurm/cluster.sh start)"      # start prints `export SLURM_CONF=...` on stdout
+#   sbatch --gpus-per-node=0 job.sh                # a header asking for GPUs needs this override
+#
+# STATE_DIR defaults to /tmp/dpotrain-slurm. One cluster per machine: the ports are fixed.
+# Overrides (environment):
+#   DPOTRAIN_SLURM_PORT=6817      slurmctld port; slurmd uses PORT+1
+#   DPOTRAIN_SLURM_TIMEOUT=60     seconds to wait for the node to become idle (and for stop)
+#   DPOTRAIN_SLURM_CPUS=N         advertise N CPUs instead of the real count (SlurmdParameters=
+#                                 config_overrides lets the node claim more than it has)
+#
+# Progress goes to stderr; stdout carries only lines a shell can `eval`:
+#   `# cluster.sh: started` or `# cluster.sh: already running`, then `export SLURM_CONF=...`.
+# Requires root (apt-get install, and SlurmUser=root). Debian 12: slurm-wlm 22.05.
+set -euo pipefail
+
+PATH=/usr/sbin:/sbin:$PATH
+PACKAGES=(slurmctld slurmd slurm-client munge)
+CTLD_PORT=${DPOTRAIN_SLURM_PORT:-6817}
+TIMEOUT=${DPOTRAIN_SLURM_TIMEOUT:-60}
+
+usage() { sed -n '2,22s/^# \{0,1\}//p' "$0" >&2; exit 2; }
+log() { echo "cluster.sh: $*" >&2; }
+die() { echo "cluster.sh: ERROR: $*" >&2; exit 1; }
+
+[[ $# -ge 1 && $# -le 2 ]] || usage
+CMD=$1
+STATE_DIR=${2:-/tmp/dpotrain-slurm}
+case $STATE_DIR in /*) ;; *) STATE_DIR=$PWD/$STATE_DIR ;; esac
+STATE_DIR=${STATE_DIR%/}
+
+CONF=$STATE_DIR/slurm.conf
+MUNGE_DIR=$STATE_DIR/munge
+MUNGE_SOCKET=$MUNGE_DIR/munge.socket
+RUN_DIR=$STATE_DIR/run
+LOG_DIR=$STATE_DIR/log
+SPOOL_DIR=$STATE_DIR/spool
+export SLURM_CONF=$CONF
+
+DAEMONS=(munged slurmctld slurmd)
+pid_file() { echo "$RUN_DIR/$1.pid"; }
+log_file() { echo "$LOG_DIR/$1.log"; }
+
+# The PID in $1's PID file, if that process is alive AND is still $1 (a PID can be reused).
+daemon_pid() {
+    local f pid comm stat
+    f=$(pid_file "$1")
+    { pid=$(tr -dc 0-9 <"$f"); } 2>/dev/null || return 1
+    [[ -n $pid ]] || return 1
+    comm=$(cat "/proc/$pid/comm" 2>/dev/null) || return 1
+    [[ $comm == "$1" ]] || return 1
+    # A zombie still has its comm; PID 1 of this VM reaps nothing, so exited daemons linger as <defunct>.
+    stat=$(cat "/proc/$pid/stat" 2>/dev/null) || return 1
+    stat=${stat##*) }
+    [[ ${stat%% *} != Z ]] || return 1
+    echo "$pid"
+}
+
+all_running() {
+    local d
+    for d in "${DAEMONS[@]}"; do daemon_pid "$d" >/dev/null || return 1; done
+}
+
+node_state() { sinfo -h -N -o '%T' 2>/dev/null | head -n1; }
+
+print_env() {
+    echo "# cluster.sh: $1"
+    printf 'export SLURM_CONF=%q\n' "$CONF"
+}
+
+# The tail of each daemon's log: slurm*.log (timestamped), or the daemon's stdout/stderr (*.out:
+# munged's log, and whatever a daemon printed before it opened its log file).
+show_logs() {
+    local d f
+    for d in "${DAEMONS[@]}"; do
+        f=$LOG_DIR/$d.log
+        [[ -s $f ]] || f=$LOG_DIR/$d.out
+        [[ -s $f ]] || continue
+        echo "----- tail of $f -----" >&2
+        tail -n 15 "$f" >&2
+    done
+}
+
+install_packages() {
+    local missing=0 bin
+    for bin in munged mungekey slurmctld slurmd sbatch scontrol sinfo; do
+        command -v "$bin" >/dev/null || missing=1
+    done
+    [[ $missing == 0 ]] && return 0
+    [[ $(id -u) == 0 ]] || die "Slurm is not installed and installing it needs root: run as root, or
+  sudo apt-get install -y --no-install-recommends ${PACKAGES[*]}"
+    command -v apt-get >/dev/null \
+        || die "Slurm is not installed and there is no apt-get: install ${PACKAGES[*]} by hand"
+    log "installing ${PACKAGES[*]} ..."
+    local apt_log=$STATE_DIR/apt.log
+    export DEBIAN_FRONTEND=noninteractive
+    # Try with the current package lists first; refresh them only when that fails (missing or stale).
+    # DPkg::Lock::Timeout: wait for another apt/dpkg run (a colleague's) instead of failing.
+    local install=(apt-get install -y --no-install-recommends -o DPkg::Lock::Timeout=120 "${PACKAGES[@]}")
+    if ! "${install[@]}" >"$apt_log" 2>&1; then
+        log "apt-get install failed with the current package lists; running apt-get update"
+        apt-get update >>"$apt_log" 2>&1 \
+            || { tail -n 20 "$apt_log" >&2; die "apt-get update failed (log: $apt_log)"; }
+        "${install[@]}" >>"$apt_log" 2>&1 \
+            || { tail -n 20 "$apt_log" >&2; die "apt-get install ${PACKAGES[*]} failed (log: $apt_log)"; }
+    fi
+    for bin in munged mungekey slurmctld slurmd sbatch; do
+        command -v "$bin" >/dev/null || die "$bin is still missing after apt-get install (log: $apt_log)"
+    done
+}
+
+write_conf() {
+    local host node name cpus
+    host=$(hostname -s)
+    # `slurmd -C` prints "NodeName=... CPUs=2 Boards=1 ... RealMemory=..." then "UpTime=...".
+    node=$(slurmd -C | head -n1)
+    [[ $node == NodeName=* ]] || die "unexpected output of \`slurmd -C\`: $node"
+    if [[ -n ${DPOTRAIN_SLURM_CPUS:-} ]]; then
+        cpus=$DPOTRAIN_SLURM_CPUS
+        # Keep the topology consistent with the claimed CPU count.
+        node=$(sed -E "s/CPUs=[0-9]+/CPUs=$cpus/; s/SocketsPerBoard=[0-9]+/SocketsPerBoard=1/;
+                       s/CoresPerSocket=[0-9]+/CoresPerSocket=$cpus/;
+                       s/ThreadsPerCore=[0-9]+/ThreadsPerCore=1/" <<<"$node")
+    fi
+    name=${node%% *}
+    name=${name#NodeName=}
+    cat >"$CONF" <<EOF
+# Written by tests/slurm/cluster.sh: a single-node test cluster. Regenerated on every fresh start.
+ClusterName=dpotrain-test
+SlurmctldHost=$host(127.0.0.1)
+SlurmctldPort=$CTLD_PORT
+SlurmdPort=$((CTLD_PORT + 1))
+SlurmUser=root
+SlurmdUser=root
+
+# munged runs with its socket under STATE_DIR. cred_expire=5 (default 120): a requeued job is
+# eligible again cred_expire+1 s after it ends, so requeue-to-rerun drops from ~2 min to ~10 s.
+AuthType=auth/munge
+CredType=cred/munge
+AuthInfo=socket=$MUNGE_SOCKET,cred_expire=5
+
+StateSaveLocation=$SPOOL_DIR/slurmctld
+SlurmdSpoolDir=$SPOOL_DIR/slurmd
+SlurmctldPidFile=$RUN_DIR/slurmctld.daemon.pid
+SlurmdPidFile=$RUN_DIR/slurmd.daemon.pid
+SlurmctldLogFile=$(log_file slurmctld)
+SlurmdLogFile=$(log_file slurmd)
+SlurmctldDebug=info
+SlurmdDebug=info
+# No mail program on the test machine; without this slurmctld logs "Configured MailProg is invalid".
+MailProg=/bin/true
+
+# No cgroups in the test container: track processes by parent PID, no task binding.
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+JobAcctGatherType=jobacct_gather/none
+MpiDefault=none
+# CR_Core: memory is not a consumable, so a job without --mem does not take the whole node.
+SelectType=select/cons_tres
+SelectTypeParameters=CR_Core
+SlurmdParameters=config_overrides
+
+SchedulerType=sched/backfill
+SchedulerParameters=bf_interval=1,sched_interval=5
+JobRequeue=1
+ReturnToService=2
+MaxJobCount=100000
+# Finished jobs stay visible to 'scontrol show job' and 'squeue -t all' for 10 minutes.
+MinJobAge=600
+# SIGTERM -> SIGKILL grace at the time limit or on scancel; room for a checkpoint save.
+KillWait=30
+InactiveLimit=0
+Waittime=0
+SlurmdTimeout=300
+
+# No slurmdbd, so no sacct; finished jobs are also appended here (read with 'sacct -c').
+AccountingStorageType=accounting_storage/none
+JobCompType=jobcomp/filetxt
+JobCompLoc=$LOG_DIR/jobcomp.txt
+
+$node State=UNKNOWN NodeAddr=127.0.0.1 NodeHostname=$host
+PartitionName=debug Nodes=$name Default=YES MaxTime=INFINITE State=UP OverSubscribe=NO
+EOF
+}
+
+# Run daemon $1 in the foreground of its own session, in the background of this script: its PID
+# is known at once (no race with a daemon that writes its PID file after forking), it survives this
+# script, and a Ctrl-C or pytest's process-group signals do not reach it. 9>&-: it must not
+# inherit (and hold) the start/stop lock. run/$1.pid is written by this script only; the daemons
+# write (and truncate, and remove) their own PID files elsewhere (*.daemon.pid).
+launch() {
+    local name=$1 pid i
+    shift
+    setsid "$@" </dev/null >>"$LOG_DIR/$name.out" 2>&1 9>&- &
+    pid=$!
+    echo "$pid" >"$(pid_file "$name")"
+    LAUNCHED+=("$name")
+    # Until `setsid` has exec'd the daemon, the PID's comm is bash or setsid, not $name.
+    for ((i = 0; i < 50; i++)); do
+        daemon_pid "$name" >/dev/null && return 0
+        kill -0 "$pid" 2>/dev/null || break
+        sleep 0.02
+    done
+    daemon_pid "$name" >/dev/null || start_failed "$name did not start"
+}
+LAUNCHED=()
+
+# Show the logs, stop what this start launched (the logs stay), and fail.
+start_failed() {
+    show_logs
+    stop_daemons
+    die "$1 (logs above; logs and slurm.conf in $STATE_DIR)"
+}
+
+# Poll until "$@" succeeds; die with the daemon logs if a daemon exits or TIMEOUT passes.
+wait_until() {
+    local what=$1 d
+    shift
+    local deadline=$((SECONDS + TIMEOUT))
+    until "$@"; do
+        for d in "${LAUNCHED[@]}"; do
+            daemon_pid "$d" >/dev/null || start_failed "$d exited while waiting for $what"
+        done
+        ((SECONDS < deadline)) || start_failed "no $what within ${TIMEOUT}s"
+        sleep 0.1
+    done
+}
+
+munge_ok() { munge -n -S "$MUNGE_SOCKET" 2>/dev/null | unmunge -S "$MUNGE_SOCKET" >/dev/null 2>&1; }
+ctld_up() { scontrol ping 2>/dev/null | grep -q 'is UP'; }
+node_idle() { [[ $(node_state) == idle ]]; }
+
+stop_daemons() {
+    local d pid deadline
+    # Jobs first: slurmstepd and job processes outlive slurmd, so cancel this cluster's jobs while
+    # slurmctld can still reach them.
+    if daemon_pid slurmctld >/dev/null && daemon_pid slurmd >/dev/null; then
+        local jobs
+        jobs=$(squeue -h -o %i 2>/dev/null || true)
+        if [[ -n $jobs ]]; then
+            log "cancelling jobs: $(echo "$jobs" | tr '\n' ' ')"
+            # shellcheck disable=SC2086  # one job id per word
+            scancel $jobs 2>/dev/null || true
+            deadline=$((SECONDS + 15))
+            while [[ -n $(squeue -h -o %i 2>/dev/null) ]] && ((SECONDS < deadline)); do sleep 0.5; done
+        fi
+    fi
+    for d in slurmd slurmctld munged; do
+        pid=$(daemon_pid "$d") || continue
+        log "stopping $d (pid $pid)"
+        kill -TERM "$pid" 2>/dev/null || true
+        deadline=$((SECONDS + TIMEOUT))
+        while daemon_pid "$d" >/dev/null; do
+            if ((SECONDS >= deadline)); then
+                log "$d (pid $pid) ignored SIGTERM for ${TIMEOUT}s; sending SIGKILL"
+                kill -KILL "$pid" 2>/dev/null || true
+                sleep 0.5
+                break
+            fi
+            sleep 0.2
+        done
+        rm -f "$(pid_file "$d")"
+    done
+    rm -f "$MUNGE_SOCKET" "$MUNGE_SOCKET.lock"
+}
+
+cmd_start() {
+    install_packages
+    [[ $(id -u) == 0 ]] || die "the test cluster runs its daemons as root (SlurmUser=root): run as root"
+    local state
+    if all_running && state=$(node_state) && [[ $state =~ ^(idle|mixed|allocated|completing) ]]; then
+        log "already running (SLURM_CONF=$CONF)"
+        print_env "already running"
+        return 0
+    fi
+    # Partly up (a daemon died) or down: start from a clean slate so no old jobs come back.
+    stop_daemons
+    rm -rf "$SPOOL_DIR" "$LOG_DIR"
+    mkdir -p "$MUNGE_DIR" "$RUN_DIR" "$LOG_DIR" "$SPOOL_DIR/slurmctld" "$SPOOL_DIR/slurmd"
+    chmod 0755 "$MUNGE_DIR"  # clients connect to the socket in it; the key itself is 0600
+    write_conf
+
+    local t0=$EPOCHREALTIME
+    [[ -s $MUNGE_DIR/munge.key ]] || mungekey --create --keyfile="$MUNGE_DIR/munge.key" >&2
+    chmod 0600 "$MUNGE_DIR/munge.key"
+    # --force: the state dir lives under /tmp (world-writable), which munged otherwise refuses.
+    # In the foreground munged logs to stderr, i.e. log/munged.out.
+    launch munged munged --foreground --force --socket="$MUNGE_SOCKET" \
+        --key-file="$MUNGE_DIR/munge.key" --pid-file="$RUN_DIR/munged.daemon.pid" \
+        --seed-file="$MUNGE_DIR/munged.seed"
+    wait_until "munge/unmunge round trip" munge_ok
+    launch slurmctld slurmctld -D -f "$CONF"
+    # slurmd registers at start-up and retries only after a while: let slurmctld answer first.
+    wait_until "answer from slurmctld (scontrol ping)" ctld_up
+    launch slurmd slurmd -D -f "$CONF"
+    wait_until "idle node in sinfo" node_idle
+    log "started in $(awk "BEGIN{printf \"%.1f\", $EPOCHREALTIME - $t0}")s:" \
+        "node $(sinfo -h -N -o '%N %c CPUs %m MB') idle (SLURM_CONF=$CONF)"
+    print_env "started"
+}
+
+cmd_status() {
+    local d pid rc=0
+    for d in "${DAEMONS[@]}"; do
+        if pid=$(daemon_pid "$d"); then log "$d running (pid $pid)"; else log "$d not running"; rc=1; fi
+    done
+    ((rc == 0)) && log "node: $(node_state || echo '?') (SLURM_CONF=$CONF)"
+    return $rc
+}
+
+# One start/stop at a time per STATE_DIR (two pytest sessions may start it together).
+if ! { mkdir -p "$STATE_DIR" && exec 9>>"$STATE_DIR/.lock"; } 2>/dev/null; then
+    die "cannot write to $STATE_DIR (run as root, or pass another STATE_DIR)"
+fi
+case $CMD in
+    start) flock 9; cmd_start ;;
+    stop) flock 9; stop_daemons; log "stopped" ;;
+    status) cmd_status ;;
+    *) usage ;;
+esac
