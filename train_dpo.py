@@ -68,6 +68,9 @@ def main(argv=None) -> None:
             print(f"Resuming from {resume_from}", flush=True)
 
     trainer.train(resume_from_checkpoint=resume_from)
+    if trainer.graceful_stop.stopped and trainer.state.global_step < trainer.state.max_steps:
+        return  # checkpointed on a stop request; the requeued job resumes from it
+
     trainer.save_model(str(out))
 
     if state.is_main_process:

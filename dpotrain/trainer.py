@@ -8,6 +8,7 @@ from . import builtin
 from .checkpoints import CompleteMarker
 from .config import Recipe
 from .metrics import MetricsRecorder
+from .preemption import GracefulStop
 
 
 def model_init_kwargs(recipe: Recipe) -> dict:
@@ -27,12 +28,20 @@ def resolve_model_path(recipe: Recipe) -> str:
 
 
 def build_trainer(recipe: Recipe, train_dataset, callbacks=()):
+    """The DPOTrainer, with: COMPLETE marks on checkpoints, metrics.jsonl, and a clean stop on Slurm's signals.
+
+    `trainer.graceful_stop.stopped` tells after `train()` whether it ended early to be requeued.
+    """
     from trl import DPOTrainer
 
     recipe.training.model_init_kwargs = model_init_kwargs(recipe)
-    return DPOTrainer(
+    graceful_stop = GracefulStop.from_env()
+    # Order matters: GracefulStop.on_save reports a checkpoint only after CompleteMarker has marked it.
+    trainer = DPOTrainer(
         model=resolve_model_path(recipe),
         args=recipe.training,
         train_dataset=train_dataset,
-        callbacks=[CompleteMarker(), MetricsRecorder(), *callbacks],
+        callbacks=[CompleteMarker(), MetricsRecorder(), graceful_stop, *callbacks],
     )
+    trainer.graceful_stop = graceful_stop
+    return trainer

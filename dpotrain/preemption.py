@@ -1,0 +1,67 @@
+"""Checkpoint and stop cleanly when Slurm is about to end the job.
+
+A signal handler may run at any point of a step, also inside a collective, so it only sets a flag. At the end of
+each optimizer step all ranks agree (one all-reduce of one number) whether any of them was asked to stop; then the
+Trainer saves a checkpoint and leaves its loop, on every rank at the same step.
+
+Two ways to ask, because a batch script's pre-timeout signal (`--signal=B:USR1@...`) reaches the batch shell only:
+- SIGUSR1 or SIGTERM delivered to a training process (Slurm's preemption and `scancel` send SIGTERM to every task);
+- a stop file: the batch script's trap creates `$DPOTRAIN_STOP_FILE` (on a file system all nodes share).
+Once the checkpoint is written, the main process writes `<stop file>.checkpointed` with its path, which tells the
+batch script to requeue the job rather than end it.
+"""
+
+import os
+import signal
+from pathlib import Path
+
+from transformers import TrainerCallback
+
+STOP_FILE_ENV = "DPOTRAIN_STOP_FILE"
+STOP_SIGNALS = (signal.SIGUSR1, signal.SIGTERM)
+
+
+class GracefulStop(TrainerCallback):
+    def __init__(self, stop_file: str | None = None):
+        self.stop_file = Path(stop_file) if stop_file else None
+        self.signal_received: int | None = None
+        self.stopped = False
+        for sig in STOP_SIGNALS:
+            signal.signal(sig, self._on_signal)
+
+    @classmethod
+    def from_env(cls) -> "GracefulStop":
+        return cls(os.environ.get(STOP_FILE_ENV) or None)
+
+    def _on_signal(self, signum, frame):
+        self.signal_received = signum  # nothing else: we may be in the middle of a collective
+
+    def _asked_here(self) -> bool:
+        return self.signal_received is not None or bool(self.stop_file and self.stop_file.exists())
+
+    def _asked_anywhere(self, args) -> bool:
+        import torch
+        import torch.distributed as dist
+
+        asked = self._asked_here()
+        if dist.is_available() and dist.is_initialized():
+            flag = torch.tensor([int(asked)], device=args.device)
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+            asked = bool(flag.item())
+        return asked
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if self._asked_anywhere(args):
+            self.stopped = True
+            control.should_save = True
+            control.should_training_stop = True
+        return control
+
+    def on_save(self, args, state, control, **kwargs):
+        # Runs after the checkpoint's COMPLETE mark (this callback is registered after CompleteMarker).
+        if self.stopped and state.global_step < state.max_steps and state.is_world_process_zero:
+            checkpoint = Path(args.output_dir) / f"checkpoint-{state.global_step}"
+            print(f"Stop requested: checkpoint {checkpoint} written; exiting so the job can be requeued.", flush=True)
+            if self.stop_file:
+                Path(f"{self.stop_file}.checkpointed").write_text(f"{checkpoint}\n")
+        return control
