@@ -1,0 +1,817 @@
+"""Token lengths of a preference data set exactly as TRL's `DPOTrainer` sees them, and the `max_length` they call for.
+
+The trainer (`DPOTrainer._prepare_dataset`, TRL 1.16) extracts the prompt from `chosen`/`rejected` when there is no
+`prompt` column, appends EOS to plain-text completions, tokenizes prompt (with the generation prompt), prompt+chosen
+and prompt+rejected, and starts the completion where the tokenized prompt and prompt+completion stop agreeing. Rows
+whose prompt alone fills `max_length` are dropped; the collator cuts the others at `max_length` (keep_start).
+
+Two ways to the same numbers, both built on TRL's own functions (`extract_prompt`, `is_conversational`, `_tokenize`,
+`common_prefix_length`):
+- `row_lengths`: one row at a time through `trl.data_utils._tokenize`, the call the trainer makes. The reference.
+- `batch_lengths`: renders the chat template to text and encodes many texts in one fast-tokenizer call, which is
+  what `apply_chat_template(tokenize=True)` does per row (render, then encode with `add_special_tokens=False`).
+  ~2-3x faster; every batch checks its first row against `row_lengths` and falls back to it on any difference,
+  and tests/test_analyzer.py proves equality with the trainer's processed data set row by row.
+
+Training with `max_length: auto` calls `auto_max_length` (analyses or reuses a cached report), a `--dry-run`
+calls `cached_auto_max_length` (never analyses). `scripts/analyze_dataset.py` is the command-line report.
+"""
+
+import dataclasses
+import hashlib
+import json
+import math
+import os
+import time
+from collections import deque
+from pathlib import Path
+
+import numpy as np
+from trl.data_utils import _tokenize, common_prefix_length, extract_prompt, is_conversational
+
+from .errors import ConfigError
+
+STEP = 512  # the recommendation is a multiple of this: kernel- and memory-friendly shapes
+REPORT_LENGTHS = (2048, 4096, 8192, 12288, 16384)  # the seed report's cumulative distribution
+PERCENTILES = (50, 90, 95, 99)
+DEFAULT_COVERAGE = 0.9
+DEFAULT_BATCH_SIZE = 4  # pairs per device when no recipe says (OLMo 3 recipes: 4)
+ANALYSIS_VERSION = 1  # bump when the numbers an analysis produces change, so cached reports are not reused
+
+
+class InvalidRowError(ConfigError):
+    """A row the trainer cannot use: the message names the row index and the column."""
+
+    def __init__(self, index: int, column: str, problem: str):
+        self.index, self.column, self.problem = index, column, problem
+        super().__init__(
+            f"row {index}, column {column!r}: {problem} (fix or remove the row, or pass --skip-invalid to count "
+            "and list such rows instead)"
+        )
+
+
+# --- one row, as the trainer tokenizes it -----------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class RowFormat:
+    """What the trainer decides once, from the first row: message lists or plain text, and extraction or not."""
+
+    conversational: bool
+    has_prompt: bool  # a `prompt` column: no extraction
+    eos_token: str | None  # appended to plain-text completions
+
+    @classmethod
+    def of(cls, first_row: dict, columns, tokenizer) -> "RowFormat":
+        # The trainer looks at the first row only (with `is_conversational`: a list of role/content messages). Any
+        # list counts here, so that a first row with a malformed message is reported as such; a first row with a
+        # null `chosen` tells nothing, so `rejected` decides (the row is then reported as invalid).
+        sample = first_row.get("chosen") if first_row.get("chosen") is not None else first_row.get("rejected")
+        return cls(isinstance(sample, list), "prompt" in columns, tokenizer.eos_token)
+
+
+def check_row(row: dict, fmt: RowFormat) -> tuple[str, str] | None:
+    """(column, problem) for a row the trainer cannot use or should not see, None for a good row."""
+    for column in ("prompt", "chosen", "rejected") if fmt.has_prompt else ("chosen", "rejected"):
+        problem = _check_value(row.get(column), fmt.conversational)
+        if problem:
+            return column, problem
+        if fmt.conversational and not row[column]:
+            return column, "empty message list" if column == "prompt" else "empty completion (no message)"
+    if row["chosen"] == row["rejected"]:
+        return "chosen", "identical to `rejected`: the pair expresses no preference"
+    if not fmt.has_prompt and fmt.conversational:
+        # `extract_prompt` needs both sides to go on after the shared messages; if one side ends within them, its
+        # completion is empty (and TRL would take part of the prompt as completion).
+        shared = 0
+        while (
+            shared < min(len(row["chosen"]), len(row["rejected"])) and row["chosen"][shared] == row["rejected"][shared]
+        ):
+            shared += 1
+        for column in ("chosen", "rejected"):
+            if len(row[column]) == shared:
+                return column, f"empty completion: no message after the {shared} message(s) shared with the other side"
+        if shared == 0:
+            return "prompt", "`chosen` and `rejected` share no leading message, so there is no prompt to extract"
+    example = split_row(row, fmt)
+    for column in ("chosen", "rejected"):
+        completion = row[column] if fmt.has_prompt else example[column]
+        if fmt.conversational and all(not m["content"].strip() for m in completion):
+            return column, "empty completion: every completion message has empty content"
+        if not fmt.conversational and not completion.removesuffix(fmt.eos_token or "").strip():
+            return column, "empty completion"
+    return None
+
+
+def _check_value(value, conversational: bool) -> str | None:
+    if value is None:
+        return "missing (null)"
+    if not conversational:
+        if not isinstance(value, str):
+            return f"a {type(value).__name__} where the data set has plain text (its first row is text)"
+        return None
+    if not isinstance(value, list):
+        return f"a {type(value).__name__} where the data set has message lists (its first row has messages)"
+    for i, message in enumerate(value):
+        if not isinstance(message, dict):
+            return f"message {i} is a {type(message).__name__}, not a {{'role', 'content'}} mapping"
+        for key in ("role", "content"):
+            if message.get(key) is None:
+                return f"message {i} has no {key!r}"
+            if not isinstance(message[key], str):
+                return f"message {i} has a non-string {key!r} ({type(message[key]).__name__})"
+    return None
+
+
+def split_row(row: dict, fmt: RowFormat) -> dict:
+    """prompt / chosen / rejected as the trainer tokenizes them (prompt extracted, EOS appended to plain text)."""
+    if fmt.has_prompt:
+        example = {"prompt": row["prompt"], "chosen": row["chosen"], "rejected": row["rejected"]}
+    else:
+        example = extract_prompt({"chosen": row["chosen"], "rejected": row["rejected"]})
+    if not fmt.conversational:  # DPOTrainer._prepare_dataset's add_eos
+        for column in ("chosen", "rejected"):
+            if not example[column].endswith(fmt.eos_token):
+                example[column] = example[column] + fmt.eos_token
+    for column in ("tools", "chat_template_kwargs"):
+        if row.get(column) is not None:
+            example[column] = row[column]
+    return example
+
+
+def _template_kwargs(example: dict) -> dict:
+    tools = example.get("tools")  # as DPOTrainer's tokenize_fn: a JSON string or a list
+    tools = json.loads(tools) if isinstance(tools, str) else tools
+    return {"tools": tools, **(example.get("chat_template_kwargs") or {})}
+
+
+def row_lengths(example: dict, tokenizer) -> tuple[int, int, int]:
+    """(prompt, chosen, rejected) token counts of one split row, by the same calls as DPOTrainer's tokenize_fn."""
+    if is_conversational(example):
+        kwargs = _template_kwargs(example)
+        prompt_ids = _tokenize(tokenizer, example["prompt"], add_generation_prompt=True, **kwargs)["input_ids"]
+        chosen_ids = _tokenize(tokenizer, example["prompt"] + example["chosen"], **kwargs)["input_ids"]
+        rejected_ids = _tokenize(tokenizer, example["prompt"] + example["rejected"], **kwargs)["input_ids"]
+    else:
+        prompt_ids = _tokenize(tokenizer, example["prompt"])["input_ids"]
+        chosen_ids = _tokenize(tokenizer, example["prompt"] + example["chosen"])["input_ids"]
+        rejected_ids = _tokenize(tokenizer, example["prompt"] + example["rejected"])["input_ids"]
+    return _split_lengths(prompt_ids, chosen_ids, rejected_ids)
+
+
+def _split_lengths(prompt_ids, chosen_ids, rejected_ids) -> tuple[int, int, int]:
+    n = min(common_prefix_length(prompt_ids, chosen_ids), common_prefix_length(prompt_ids, rejected_ids))
+    return n, len(chosen_ids) - n, len(rejected_ids) - n
+
+
+def render_row(example: dict, tokenizer) -> tuple[str, str, str]:
+    """The three texts `row_lengths` tokenizes: chat template rendered (not tokenized) for message lists."""
+    if not is_conversational(example):
+        prompt = example["prompt"]
+        return prompt, prompt + example["chosen"], prompt + example["rejected"]
+    kwargs = _template_kwargs(example)
+    prompt = example["prompt"]
+    return (
+        tokenizer.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True, **kwargs),
+        tokenizer.apply_chat_template(prompt + example["chosen"], tokenize=False, **kwargs),
+        tokenizer.apply_chat_template(prompt + example["rejected"], tokenize=False, **kwargs),
+    )
+
+
+def encode(tokenizer, texts: list[str], add_special_tokens: bool) -> list[list[int]]:
+    """`tokenizer(texts)["input_ids"]`, through the Rust backend directly when there is one (no offsets: faster)."""
+    backend = getattr(tokenizer, "backend_tokenizer", None) if tokenizer.is_fast else None
+    if backend is None or not hasattr(backend, "encode_batch_fast"):
+        return tokenizer(texts, add_special_tokens=add_special_tokens, return_attention_mask=False)["input_ids"]
+    # What transformers' fast-tokenizer __call__ sets before its own encode_batch (no truncation or padding).
+    if backend.truncation is not None:
+        backend.no_truncation()
+    if backend.padding is not None:
+        backend.no_padding()
+    backend.encode_special_tokens = bool(getattr(tokenizer, "split_special_tokens", False))
+    return [e.ids for e in backend.encode_batch_fast(texts, add_special_tokens=add_special_tokens)]
+
+
+def batch_lengths(examples: list[dict], tokenizer, conversational: bool) -> list[tuple[int, int, int]]:
+    """`row_lengths` of many split rows: rendered one by one, encoded in one batch."""
+    return _lengths_of_texts([render_row(example, tokenizer) for example in examples], tokenizer, conversational)
+
+
+def _lengths_of_texts(texts: list[tuple[str, str, str]], tokenizer, conversational: bool):
+    # apply_chat_template(tokenize=True) encodes with add_special_tokens=False; plain text goes through
+    # tokenizer(text=...), which adds them.
+    ids = encode(tokenizer, [t for row in texts for t in row], add_special_tokens=not conversational)
+    return [_split_lengths(*ids[i : i + 3]) for i in range(0, len(ids), 3)]
+
+
+# --- a whole data set ------------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class Measured:
+    """Per-row token counts of the valid rows (in the order analysed) and the rows left out, with why."""
+
+    index: np.ndarray  # the row's index in the data set
+    prompt: np.ndarray
+    chosen: np.ndarray
+    rejected: np.ndarray
+    invalid: list[dict]  # {"index", "column", "problem"}
+    conversational: bool
+    fast_path_mismatches: int = 0  # batches where batch_lengths disagreed with row_lengths (then row_lengths is used)
+    seconds: float = 0.0
+
+    @property
+    def total(self) -> np.ndarray:
+        return self.prompt + np.maximum(self.chosen, self.rejected)
+
+    @property
+    def rows(self) -> int:
+        return len(self.index)
+
+
+_WORKER: dict = {}
+
+
+def _init_worker(tokenizer, dataset, fmt: RowFormat, method: str) -> None:
+    _WORKER.update(tokenizer=tokenizer, dataset=dataset, fmt=fmt, method=method)
+
+
+def _measure_chunk(item) -> tuple[list[int], list[tuple[int, int, int]], list[dict], int]:
+    """Lengths of one chunk of rows: `(indices, rows)`, or `(indices, (start, stop))` of the worker's data set."""
+    indices, rows = item
+    if isinstance(rows, tuple):  # read here, in the worker, rather than pickled over from the main process
+        columns = _WORKER["dataset"][rows[0] : rows[1]]
+        rows = [dict(zip(columns, values, strict=True)) for values in zip(*columns.values(), strict=True)]
+    return measure_rows(indices, rows, _WORKER["tokenizer"], _WORKER["fmt"], _WORKER["method"])
+
+
+def measure_rows(indices, rows, tokenizer, fmt: RowFormat, method: str = "batched"):
+    """(valid indices, their (prompt, chosen, rejected) lengths, problems, fast-path mismatches) for some rows."""
+    kept, examples, texts, lengths, problems = [], [], [], [], []
+    for index, row in zip(indices, rows, strict=True):
+        problem = check_row(row, fmt)
+        if problem is None:
+            example = split_row(row, fmt)
+            try:  # a chat template may refuse a row (e.g. roles that do not alternate): so does the trainer
+                if method == "batched":
+                    texts.append(render_row(example, tokenizer))
+                else:
+                    lengths.append(row_lengths(example, tokenizer))
+            except Exception as e:
+                problem = _template_problem(example, tokenizer) or ("chosen", f"{type(e).__name__}: {e}")
+        if problem:
+            problems.append({"index": int(index), "column": problem[0], "problem": problem[1]})
+        else:
+            kept.append(int(index))
+            examples.append(example)
+    if method == "reference" or not examples:
+        return kept, lengths, problems, 0
+    lengths = _lengths_of_texts(texts, tokenizer, fmt.conversational)
+    if lengths[0] != row_lengths(examples[0], tokenizer):  # the fast path must equal the trainer's tokenization
+        return kept, [row_lengths(example, tokenizer) for example in examples], problems, 1
+    return kept, lengths, problems, 0
+
+
+def _template_problem(example: dict, tokenizer) -> tuple[str, str] | None:
+    """Which text the chat template refuses, and why."""
+    if not is_conversational(example):
+        return None
+    kwargs = _template_kwargs(example)
+    for column, messages, generation in (
+        ("prompt", example["prompt"], True),
+        ("chosen", example["prompt"] + example["chosen"], False),
+        ("rejected", example["prompt"] + example["rejected"], False),
+    ):
+        try:
+            tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=generation, **kwargs)
+        except Exception as e:
+            return column, f"chat template error: {type(e).__name__}: {e}"
+    return None
+
+
+def measure(
+    dataset,
+    tokenizer,
+    *,
+    num_proc: int = 1,
+    skip_invalid: bool = False,
+    method: str = "batched",
+    chunk_size: int = 256,
+    indices=None,
+    progress: bool = False,
+) -> Measured:
+    """Token lengths of every row of `dataset` (a `Dataset` or a streaming `IterableDataset`).
+
+    `indices`: the original index of each row when `dataset` is a selection (for messages). `method`: "batched" or
+    "reference" (one row at a time). Invalid rows raise `InvalidRowError` unless `skip_invalid`, which lists them.
+    """
+    import datasets
+
+    if method not in ("batched", "reference"):
+        raise ValueError(f"method must be 'batched' or 'reference', not {method!r}")
+    start = time.perf_counter()
+    columns = [c for c in ("prompt", "chosen", "rejected", "tools", "chat_template_kwargs") if c in _columns(dataset)]
+    dataset = dataset.select_columns(columns)
+    first = next(iter(dataset), None)
+    if first is None:
+        raise ConfigError("the data set has no rows")
+    fmt = RowFormat.of(first, columns, tokenizer)
+    in_memory = isinstance(dataset, datasets.Dataset)
+    total = len(dataset) if in_memory else _known_rows(dataset)
+
+    items = _table_chunks(total, chunk_size, indices) if in_memory else _stream_chunks(dataset, chunk_size, indices)
+
+    from tqdm.auto import tqdm
+
+    bar = tqdm(total=total, unit="rows", desc="Tokenizing", disable=not progress, smoothing=0.1)
+    kept, lengths, invalid, mismatches = [], [], [], 0
+    try:
+        for chunk_kept, chunk_lengths, problems, bad in _ordered_map(
+            _measure_chunk, items, num_proc, (tokenizer, dataset if in_memory else None, fmt, method)
+        ):
+            if problems and not skip_invalid:
+                first_bad = min(problems, key=lambda p: p["index"])
+                raise InvalidRowError(first_bad["index"], first_bad["column"], first_bad["problem"])
+            kept += chunk_kept
+            lengths += chunk_lengths
+            invalid += problems
+            mismatches += bad
+            bar.update(len(chunk_kept) + len(problems))
+    finally:
+        bar.close()
+    if mismatches:
+        print(
+            f"warning: the batched tokenization differed from TRL's in {mismatches} chunk(s); those were measured "
+            "one row at a time (exact, slower)",
+            flush=True,
+        )
+    arr = np.asarray(lengths, dtype=np.int64).reshape(-1, 3)
+    return Measured(
+        index=np.asarray(kept, dtype=np.int64),
+        prompt=arr[:, 0],
+        chosen=arr[:, 1],
+        rejected=arr[:, 2],
+        invalid=sorted(invalid, key=lambda p: p["index"]),
+        conversational=fmt.conversational,
+        fast_path_mismatches=mismatches,
+        seconds=time.perf_counter() - start,
+    )
+
+
+def _columns(dataset) -> list[str]:
+    if dataset.column_names is not None:
+        return dataset.column_names
+    return list(next(iter(dataset)).keys())  # a streaming data set whose features are not declared
+
+
+def _known_rows(dataset) -> int | None:
+    try:
+        return dataset.info.splits[dataset.split].num_examples
+    except (AttributeError, KeyError, TypeError):
+        return None
+
+
+def _table_chunks(total: int, chunk_size: int, indices):
+    for start in range(0, total, chunk_size):
+        stop = min(start + chunk_size, total)
+        positions = indices[start:stop] if indices is not None else range(start, stop)
+        yield [int(i) for i in positions], (start, stop)
+
+
+def _stream_chunks(dataset, chunk_size: int, indices):
+    rows, positions = [], []
+    for position, row in enumerate(dataset):
+        rows.append(row)
+        positions.append(int(indices[position]) if indices is not None else position)
+        if len(rows) == chunk_size:
+            yield positions, rows
+            rows, positions = [], []
+    if rows:
+        yield positions, rows
+
+
+def _ordered_map(fn, items, num_proc: int, initargs: tuple):
+    """`map(fn, items)` over `num_proc` processes, in order, with a bounded number of chunks in flight: a streaming
+    data set larger than memory is never read ahead of the workers (multiprocessing's imap would read it all)."""
+    if num_proc <= 1:
+        _init_worker(*initargs)
+        yield from map(fn, items)
+        return
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    # Each worker is one tokenizer thread; Rust threads inside forked workers would oversubscribe the cores (and
+    # tokenizers warns when it is forked after having used them).
+    previous = os.environ.get("TOKENIZERS_PARALLELISM")
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"
+    context = multiprocessing.get_context("fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn")
+    try:
+        with ProcessPoolExecutor(num_proc, mp_context=context, initializer=_init_worker, initargs=initargs) as pool:
+            pending = deque()
+            for item in items:
+                pending.append(pool.submit(fn, item))
+                if len(pending) >= 2 * num_proc:
+                    yield pending.popleft().result()
+            while pending:
+                yield pending.popleft().result()
+    finally:
+        if previous is None:
+            os.environ.pop("TOKENIZERS_PARALLELISM", None)
+        else:
+            os.environ["TOKENIZERS_PARALLELISM"] = previous
+
+
+# --- the numbers -----------------------------------------------------------------------------------------------------
+
+
+def percentiles(values: np.ndarray) -> dict:
+    """p50/p90/p95/p99/max in tokens: the smallest length that at least that share of rows does not exceed."""
+    if len(values) == 0:
+        return {f"p{q}": None for q in PERCENTILES} | {"max": None}
+    out = {f"p{q}": int(np.percentile(values, q, method="inverted_cdf")) for q in PERCENTILES}
+    return out | {"max": int(values.max())}
+
+
+def coverage(total: np.ndarray, max_length: int) -> float:
+    """Fraction of rows whose prompt + longer completion fits in `max_length` (nothing truncated)."""
+    return float(np.count_nonzero(total <= max_length) / len(total))
+
+
+def recommend(total: np.ndarray, target: float, step: int = STEP) -> int:
+    """The smallest multiple of `step` whose coverage reaches `target`."""
+    if len(total) == 0:
+        raise ConfigError("no valid rows to choose max_length from")
+    lengths = step * np.arange(1, math.ceil(int(total.max()) / step) + 1)
+    covered = np.searchsorted(np.sort(total), lengths, side="right") / len(total)
+    return int(lengths[np.argmax(covered >= target)])
+
+
+def padding(m: Measured, max_length: int, batch_size: int, seed: int | None = None) -> dict:
+    """Padding in TRL's DataCollatorForPreference at `max_length`, batches of `batch_size` pairs.
+
+    The trainer first drops rows whose prompt fills `max_length`. A batch of B pairs is 2B sequences (prompt+chosen,
+    prompt+rejected), each cut at `max_length`, padded to the longest of the 2B. Packed batches hold the same tokens
+    without padding. `seed`: batches in a shuffled order (as the trainer's sampler draws them); None: data set order.
+    """
+    kept = m.prompt < max_length
+    a = np.minimum(m.prompt[kept] + m.chosen[kept], max_length)
+    b = np.minimum(m.prompt[kept] + m.rejected[kept], max_length)
+    if seed is not None:
+        order = np.random.default_rng(seed).permutation(len(a))
+        a, b = a[order], b[order]
+    if len(a) == 0:
+        return {"padded_positions": 0, "packed_positions": 0, "padding_fraction": 0.0, "wasted_per_pair": 0.0}
+    starts = np.arange(0, len(a), batch_size)
+    longest = np.maximum.reduceat(np.maximum(a, b), starts)
+    pairs = np.diff(np.append(starts, len(a)))
+    padded = int((2 * pairs * longest).sum())
+    real = int((a + b).sum())
+    return {
+        "padded_positions": padded,
+        "packed_positions": real,
+        "padding_fraction": 1 - real / padded,
+        "wasted_per_pair": (padded - real) / len(a),
+    }
+
+
+def candidate(m: Measured, max_length: int, batch_size: int, seed: int) -> dict:
+    total = m.total
+    dropped = int(np.count_nonzero(m.prompt >= max_length))
+    shuffled, ordered = padding(m, max_length, batch_size, seed), padding(m, max_length, batch_size, None)
+    return {
+        "coverage": coverage(total, max_length),
+        "truncated": int(np.count_nonzero(total > max_length)) - dropped,
+        "dropped": dropped,
+        "padding": {
+            "batch_size": batch_size,
+            "padded": shuffled["padding_fraction"],  # the trainer shuffles
+            "padded_dataset_order": ordered["padding_fraction"],
+            "packed": 0.0,
+            "padded_positions": shuffled["padded_positions"],
+            "packed_positions": shuffled["packed_positions"],
+            "wasted_per_pair": shuffled["wasted_per_pair"],
+        },
+    }
+
+
+def summarize(
+    m: Measured,
+    *,
+    target: float = DEFAULT_COVERAGE,
+    candidates=(),
+    batch_size: int = DEFAULT_BATCH_SIZE,
+    seed: int = 42,
+    rows_seen: int | None = None,
+    **about,
+) -> dict:
+    """The JSON report. `about`: what was analysed (dataset, split, tokenizer, ...), copied in as given."""
+    if m.rows == 0:
+        raise ConfigError(f"no valid rows to analyse ({len(m.invalid)} invalid)")
+    total = m.total
+    best = recommend(total, target)
+    lower = best - STEP
+    shown = sorted(set(REPORT_LENGTHS) | {int(c) for c in candidates})
+    report = {
+        **about,
+        "rows": m.rows,
+        "format": "messages" if m.conversational else "text",
+        "total": percentiles(total),
+        "prompt": percentiles(m.prompt),
+        "chosen": percentiles(m.chosen),
+        "rejected": percentiles(m.rejected),
+        "coverage": {str(n): coverage(total, n) for n in shown},
+        "candidates": {str(n): candidate(m, n, batch_size, seed) for n in sorted(set(shown) | {best})},
+        "recommended_max_length": best,
+        "recommendation": {
+            "target_coverage": target,
+            "max_length": best,
+            "coverage": coverage(total, best),
+            "lower": {"max_length": lower, "coverage": coverage(total, lower) if lower > 0 else 0.0},
+        },
+        "invalid": {"count": len(m.invalid), "rows": m.invalid},
+        "fast_path_mismatches": m.fast_path_mismatches,
+        "seconds": round(m.seconds, 2),
+    }
+    chosen = report["candidates"][str(best)]
+    report["recommendation"].update(truncated=chosen["truncated"], dropped=chosen["dropped"])
+    report["recommendation"]["reason"] = _reason(report)
+    if rows_seen is not None:
+        report["rows_seen"] = rows_seen
+    return report
+
+
+def _reason(report: dict) -> str:
+    r, n = report["recommendation"], report["rows"]
+    lower = r["lower"]
+    below = (
+        f"{lower['max_length']:,} would cover {lower['coverage']:.1%}"
+        if lower["max_length"] > 0
+        else f"no smaller multiple of {STEP} exists"
+    )
+    return (
+        f"max_length={r['max_length']:,} is the smallest multiple of {STEP} whose coverage reaches "
+        f"{r['target_coverage']:.1%}: {r['coverage']:.1%} of {n:,} pairs fit untruncated ({below}); "
+        f"{r['truncated']:,} pairs ({r['truncated'] / n:.1%}) are cut at the end and {r['dropped']:,} dropped by "
+        "the trainer because their prompt alone fills max_length"
+    )
+
+
+# --- the report, for people ------------------------------------------------------------------------------------------
+
+
+def to_markdown(report: dict, current_max_length: int | None = None) -> str:
+    """The seed's "Sequence Length Analysis" section: percentiles, breakdown, cumulative distribution, rationale."""
+    n = report["rows"]
+    lines = [f"### Sequence Length Analysis: {report.get('dataset', 'dataset')}", ""]
+    seen = report.get("rows_seen", n)
+    sample = f" (a seeded sample of {seen:,} rows)" if report.get("sample") else ""
+    lines += [
+        f"{n:,} pairs{sample} tokenized as TRL's DPOTrainer tokenizes them, with the chat template of "
+        f"`{report.get('tokenizer', '?')}` ({report['format']}).",
+        "",
+        "**Total Length (prompt + max(chosen, rejected)):**",
+        "",
+        "| Percentile | Tokens |",
+        "|------------|--------|",
+    ]
+    names = {"p50": "Median (50th)", "p90": "90th", "p95": "95th", "p99": "99th", "max": "Max"}
+    lines += [f"| {names[k]} | {v:,} |" for k, v in report["total"].items()]
+    lines += [
+        "",
+        "**Component Breakdown:**",
+        "",
+        "| Component | Median | 90th | 95th | 99th | Max |",
+        "|-----------|--------|------|------|------|-----|",
+    ]
+    for key, label in (("prompt", "Prompt"), ("chosen", "Chosen Response"), ("rejected", "Rejected Response")):
+        lines.append(f"| {label} | " + " | ".join(f"{v:,}" for v in report[key].values()) + " |")
+    lines += ["", "**Cumulative Distribution:**", "", "| Max Length | Samples Covered |", "|---|---|"]
+    lines += [f"| {int(k):,} | {v:.1%} |" for k, v in report["coverage"].items()]
+    batch = next(iter(report["candidates"].values()))["padding"]["batch_size"]
+    lines += [
+        "",
+        f"**Candidates** (batches of {batch} pairs = {2 * batch} sequences padded to the longest, as TRL's "
+        "DataCollatorForPreference pads them; packed batches carry no padding):",
+        "",
+        "| max_length | Covered | Truncated | Dropped (prompt fills it) | Padding (shuffled) | Padding (data set "
+        "order) | Padding (packed) |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for k, c in report["candidates"].items():
+        p = c["padding"]
+        mark = " (recommended)" if int(k) == report["recommended_max_length"] else ""
+        mark += " (recipe)" if current_max_length == int(k) else ""
+        lines.append(
+            f"| {int(k):,}{mark} | {c['coverage']:.1%} | {c['truncated']:,} ({c['truncated'] / n:.1%}) | "
+            f"{c['dropped']:,} | {p['padded']:.1%} ({p['wasted_per_pair']:,.0f} per pair) | "
+            f"{p['padded_dataset_order']:.1%} | {p['packed']:.0%} |"
+        )
+    r = report["recommendation"]
+    best = report["candidates"][str(r["max_length"])]
+    lines += [
+        "",
+        f"**Rationale for max_length={r['max_length']}:**",
+        "",
+        f"- Smallest multiple of {STEP} covering at least {r['target_coverage']:.1%} of pairs: it covers "
+        f"{r['coverage']:.1%}"
+        + (
+            f"; {r['lower']['max_length']:,} covers {r['lower']['coverage']:.1%}"
+            if r["lower"]["max_length"] > 0
+            else ""
+        ),
+        f"- {r['truncated']:,} pairs ({r['truncated'] / n:.1%}) are cut at max_length (the collator keeps the start); "
+        f"{r['dropped']:,} are dropped by the trainer because their prompt alone fills it",
+        f"- Padded batches of {batch} pairs: {best['padding']['padded']:.1%} of positions are padding "
+        f"({best['padding']['wasted_per_pair']:,.0f} tokens per pair); packed batches: none",
+    ]
+    if current_max_length and str(current_max_length) in report["candidates"]:
+        c = report["candidates"][str(current_max_length)]
+        lines.append(
+            f"- The recipe's max_length={current_max_length:,} covers {c['coverage']:.1%} "
+            f"({c['truncated']:,} truncated, {c['dropped']:,} dropped)"
+        )
+    invalid = report["invalid"]
+    if invalid["count"]:
+        lines += ["", f"**Invalid rows, left out of every number above: {invalid['count']:,}**", ""]
+        lines += ["| Row | Column | Problem |", "|---|---|---|"]
+        lines += [f"| {p['index']} | {p['column']} | {p['problem']} |" for p in invalid["rows"][:50]]
+        if invalid["count"] > 50:
+            lines.append(f"| ... | | {invalid['count'] - 50:,} more in the JSON report |")
+    return "\n".join(lines) + "\n"
+
+
+def plot(m: Measured, report: dict, path: str | Path) -> Path:
+    """Histogram of total length, with the candidate cut-offs dashed and the recommendation in red."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # login nodes have no display
+    import matplotlib.pyplot as plt
+
+    total = m.total
+    fig, ax = plt.subplots(figsize=(10, 5))
+    ax.hist(total, bins=100, color="#4c72b0", alpha=0.8)
+    best = report["recommended_max_length"]
+    right = max(int(total.max()), best) * 1.05
+    ax.set_xlim(0, right)
+    for k, c in report["candidates"].items():
+        n = int(k)
+        if n == best or n > right:  # cut-offs far beyond the data would squash the histogram
+            continue
+        ax.axvline(n, color="grey", linestyle="--", linewidth=1)
+        ax.text(n, ax.get_ylim()[1] * 0.95, f" {n:,}\n {c['coverage']:.0%}", fontsize=8, va="top")
+    ax.axvline(
+        best, color="red", linewidth=2, label=f"recommended {best:,} ({report['recommendation']['coverage']:.1%})"
+    )
+    ax.set_xlabel("prompt + max(chosen, rejected), tokens")
+    ax.set_ylabel("pairs")
+    ax.set_title(f"{report.get('dataset', '')}: {m.rows:,} pairs")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return Path(path)
+
+
+# --- max_length: auto, and its cache ---------------------------------------------------------------------------------
+
+
+def load_tokenizer(name_or_path: str, revision: str | None = None):
+    """The tokenizer training uses (`builtin:` names are built locally). No model weights are loaded."""
+    from transformers import AutoTokenizer
+
+    from . import builtin
+
+    if builtin.is_builtin(name_or_path):
+        name_or_path = builtin.materialize_model(name_or_path)
+    return AutoTokenizer.from_pretrained(name_or_path, revision=revision)
+
+
+def dataset_identity(name: str, split: str = "train", config: str | None = None, revision: str | None = None) -> str:
+    """What a cached report is valid for: a local file's path + size + mtime, or a Hub data set's commit.
+
+    A Hub revision is resolved to its commit when the Hub can be reached; offline, the revision name stands in (a
+    report cached offline is then reused until a run online resolves the commit).
+    """
+    from . import data
+
+    path = Path(name).expanduser()
+    if data.is_local(name):
+        files = sorted(p for p in ([path] if path.is_file() else path.rglob("*")) if p.is_file())
+        stamp = hashlib.sha256()
+        for f in files:
+            st = f.stat()
+            stamp.update(f"{f.relative_to(path) if f != path else ''}:{st.st_size}:{st.st_mtime_ns};".encode())
+        return f"local:{path.resolve()}:{split}:{stamp.hexdigest()[:16]}"
+    commit = revision or "main"
+    try:
+        from huggingface_hub import HfApi
+
+        commit = HfApi().dataset_info(name, revision=revision, timeout=10).sha or commit
+    except Exception:  # offline, or no access: the revision name stands in
+        pass
+    return f"hub:{name}:{config or 'default'}:{split}@{commit}"
+
+
+def tokenizer_identity(tokenizer) -> dict:
+    """The tokenizer's name, a hash of everything that decides its ids, and the chat template text."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is not None:
+        content = backend.to_str()  # vocab, merges, normalizer, pre-tokenizer, post-processor, added tokens
+    else:
+        content = json.dumps(sorted(tokenizer.get_vocab().items()))
+    template = tokenizer.chat_template
+    return {
+        "name_or_path": tokenizer.name_or_path,
+        "sha256": hashlib.sha256((content + str(tokenizer.eos_token)).encode()).hexdigest(),
+        "chat_template": template if isinstance(template, str) else json.dumps(template, sort_keys=True),
+    }
+
+
+def cache_key(dataset_id: str, tokenizer) -> tuple[str, dict]:
+    identity = {"dataset": dataset_id, "tokenizer": tokenizer_identity(tokenizer), "version": ANALYSIS_VERSION}
+    return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:24], identity
+
+
+def default_cache_dir(cache_dir: str | Path | None = None) -> Path:
+    """`cache_dir`, else `$DPOTRAIN_CACHE/lengths`, else `~/.cache/dpotrain/lengths`."""
+    if cache_dir is not None:
+        return Path(cache_dir).expanduser()
+    root = os.environ.get("DPOTRAIN_CACHE")
+    return (Path(root).expanduser() if root else Path.home() / ".cache" / "dpotrain") / "lengths"
+
+
+def save_cache(m: Measured, report: dict, dataset_id: str, tokenizer, cache_dir: str | Path | None = None) -> Path:
+    """Keep a full analysis (per-row lengths + report) for `auto_max_length` to reuse; returns the report path."""
+    key, identity = cache_key(dataset_id, tokenizer)
+    folder = default_cache_dir(cache_dir)
+    folder.mkdir(parents=True, exist_ok=True)
+    # Written to a private name and renamed: several ranks of one launch may race here, a reader must never see half
+    # a file, and the rename is atomic.
+    tmp = folder / f".{key}.{os.getpid()}"
+    np.savez(f"{tmp}.npz", index=m.index, prompt=m.prompt, chosen=m.chosen, rejected=m.rejected)
+    Path(f"{tmp}.json").write_text(json.dumps({**report, "cache": identity}, indent=1) + "\n")
+    os.replace(f"{tmp}.npz", folder / f"{key}.npz")
+    os.replace(f"{tmp}.json", folder / f"{key}.json")
+    return folder / f"{key}.json"
+
+
+def _resolution(m: Measured, target: float, report_path: Path, cached: bool) -> dict:
+    best = recommend(m.total, target)
+    dropped = int(np.count_nonzero(m.prompt >= best))
+    return {
+        "max_length": best,
+        "coverage": coverage(m.total, best),
+        "target_coverage": target,
+        "rows": m.rows,
+        "truncated": int(np.count_nonzero(m.total > best)) - dropped,
+        "dropped": dropped,
+        "cached": cached,
+        "report": str(report_path),
+    }
+
+
+def cached_auto_max_length(
+    dataset_id: str, tokenizer, coverage: float = DEFAULT_COVERAGE, cache_dir: str | Path | None = None
+) -> dict | None:
+    """The `auto_max_length` answer from a cached report, or None when there is none (for --dry-run: loads no data)."""
+    key, _ = cache_key(dataset_id, tokenizer)
+    folder = default_cache_dir(cache_dir)
+    report_path, lengths_path = folder / f"{key}.json", folder / f"{key}.npz"
+    if not (report_path.exists() and lengths_path.exists()):
+        return None
+    with np.load(lengths_path) as z:
+        m = Measured(z["index"], z["prompt"], z["chosen"], z["rejected"], [], conversational=True)
+    return _resolution(m, coverage, report_path, cached=True)
+
+
+def auto_max_length(
+    dataset,
+    tokenizer,
+    coverage: float = DEFAULT_COVERAGE,
+    dataset_id: str | None = None,
+    cache_dir: str | Path | None = None,
+    *,
+    num_proc: int | None = None,
+    batch_size: int = DEFAULT_BATCH_SIZE,
+    progress: bool = True,
+) -> dict:
+    """`max_length: auto`: the smallest multiple of 512 covering `coverage` of the training split's pairs.
+
+    Reuses the cached report for the same data set (`dataset_id`, from `dataset_identity`; the data set's
+    fingerprint when None), tokenizer and chat template; otherwise analyses every row and caches the result.
+    Returns {"max_length", "coverage" (achieved), "target_coverage", "rows", "truncated", "dropped", "cached",
+    "report" (the cached JSON report's path)}. Invalid rows raise `InvalidRowError` (a `ConfigError`).
+    """
+    if dataset_id is None:
+        dataset_id = f"fingerprint:{dataset._fingerprint}"
+    found = cached_auto_max_length(dataset_id, tokenizer, coverage, cache_dir)
+    if found is not None:
+        return found
+    m = measure(dataset, tokenizer, num_proc=num_proc or available_cpus(), progress=progress)
+    report = summarize(m, target=coverage, batch_size=batch_size, dataset=dataset_id, tokenizer=tokenizer.name_or_path)
+    path = save_cache(m, report, dataset_id, tokenizer, cache_dir)
+    return _resolution(m, coverage, path, cached=False)
+
+
+def available_cpus() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
