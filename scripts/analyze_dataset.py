@@ -1,0 +1,212 @@
+"""Which max_length to train with: token lengths of a preference data set, exactly as TRL's DPOTrainer sees them.
+
+    # a recipe's data set and tokenizer (its per-device batch size for the padding figures)
+    CUDA_VISIBLE_DEVICES="" python scripts/analyze_dataset.py --config configs/think.yaml --json think.json
+
+    # a Hub data set (HF_TOKEN from .env); the recipe in configs/ that trains on it gives the tokenizer
+    CUDA_VISIBLE_DEVICES="" python scripts/analyze_dataset.py allenai/Dolci-Think-DPO-7B
+
+    # a local file with any tokenizer; a quick look at 2,000 seeded rows; a histogram
+    python scripts/analyze_dataset.py data/smoke_prefs.jsonl --tokenizer builtin:tiny-olmo3 --sample 2000 --plot h.png
+
+CPU only (it hides GPUs itself) and it loads a tokenizer, never model weights. Every row is analysed unless --sample;
+rows the trainer cannot use stop it with the row index and column (exit 2), or with --skip-invalid are counted and
+listed. The markdown report goes to stdout. A complete analysis (no --sample, no invalid rows) is also cached, so
+that training with `max_length: auto` on the same data set revision, tokenizer and chat template reuses it.
+"""
+
+import os
+
+os.environ["CUDA_VISIBLE_DEVICES"] = ""  # a login node or a laptop: never touch a GPU, even where there is one
+
+import argparse  # noqa: E402
+import json  # noqa: E402
+import sys  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # run as `python scripts/analyze_dataset.py` from anywhere
+
+import yaml  # noqa: E402
+from dotenv import load_dotenv  # noqa: E402
+
+from dpotrain import data, lengths  # noqa: E402
+from dpotrain.errors import ConfigError  # noqa: E402
+
+DEFAULT_DATASET = "allenai/Dolci-Instruct-DPO"  # the seed's default
+RECIPE_KEYS = ("model_name_or_path", "dataset_name", "dataset_config", "dataset_train_split", "max_length")
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        description="Token lengths of a DPO data set as TRL's DPOTrainer tokenizes it, and the max_length to use.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    p.add_argument(
+        "dataset", nargs="?", help=f"Hub name or local JSONL/Parquet/saved folder [recipe's, else {DEFAULT_DATASET}]"
+    )
+    p.add_argument("--config", help="recipe (configs/*.yaml) giving dataset, tokenizer, batch size and max_length")
+    p.add_argument("--tokenizer", help="tokenizer name or path [the recipe's model_name_or_path]")
+    p.add_argument("--split", help="split to analyse [the recipe's dataset_train_split, else train]")
+    p.add_argument("--revision", help="Hub data set revision (branch, tag or commit)")
+    p.add_argument("--sample", type=int, help="analyse N rows drawn with --seed instead of every row")
+    p.add_argument("--seed", type=int, default=42, help="for --sample and the shuffled-batch padding figures")
+    p.add_argument("--num-proc", type=int, default=lengths.available_cpus(), help="tokenizing processes")
+    p.add_argument(
+        "--candidates",
+        type=int,
+        nargs="+",
+        default=[],
+        help="max_length values to report on, "
+        f"besides {', '.join(map(str, lengths.REPORT_LENGTHS))}, the recipe's and the recommended one",
+    )
+    p.add_argument(
+        "--coverage",
+        type=float,
+        help="fraction of pairs that must fit untruncated [the recipe's "
+        f"auto_coverage, else {lengths.DEFAULT_COVERAGE}]",
+    )
+    p.add_argument("--json", help="write the report as JSON here")
+    p.add_argument("--plot", help="write a PNG histogram of total length here")
+    p.add_argument("--skip-invalid", action="store_true", help="count and list bad rows instead of stopping at one")
+    p.add_argument("--streaming", action="store_true", help="stream the data set (larger than memory or disk)")
+    p.add_argument(
+        "--batch-size",
+        type=int,
+        help="pairs per device for the padding figures "
+        f"[the recipe's per_device_train_batch_size, else {lengths.DEFAULT_BATCH_SIZE}]",
+    )
+    return p.parse_args(argv)
+
+
+def read_recipe(path: str | None, dataset: str | None) -> tuple[dict, str | None]:
+    """The recipe's few relevant values. Without --config, the recipe in configs/ that trains on `dataset`."""
+    if path is None:
+        wanted = dataset or DEFAULT_DATASET
+        path = next(
+            (str(p) for p in sorted((ROOT / "configs").glob("*.yaml")) if _load(p).get("dataset_name") == wanted), None
+        )
+        if path is None:
+            return {}, None
+    if not Path(path).is_file():
+        raise ConfigError(f"recipe {path!r} not found: pass one of configs/*.yaml")
+    return _load(path), path
+
+
+def _load(path) -> dict:
+    recipe = yaml.safe_load(Path(path).read_text()) or {}
+    if not isinstance(recipe, dict):
+        raise ConfigError(f"{path}: a recipe is a YAML mapping of field: value")
+    return recipe
+
+
+def main(argv=None) -> int:
+    """Exit status: 0, or 2 after one line `error: ...` (bad input: which row, which column, what to do)."""
+    load_dotenv(ROOT / ".env")  # HF_TOKEN for gated or private data sets; the environment wins
+    args = parse_args(argv)
+    try:
+        return analyze(args)
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+
+def analyze(args: argparse.Namespace) -> int:
+    recipe, recipe_path = read_recipe(args.config, args.dataset)
+    name = args.dataset or recipe.get("dataset_name") or DEFAULT_DATASET
+    split = args.split or recipe.get("dataset_train_split") or "train"
+    tokenizer_name = args.tokenizer or recipe.get("model_name_or_path")
+    if not tokenizer_name:
+        raise ConfigError(f"no tokenizer for {name!r}: pass --tokenizer NAME_OR_PATH or --config configs/<recipe>.yaml")
+    recipe_max = recipe.get("max_length")
+    current = recipe_max if isinstance(recipe_max, int) else None
+    target = (
+        args.coverage if args.coverage is not None else float(recipe.get("auto_coverage", lengths.DEFAULT_COVERAGE))
+    )
+    if not 0 < target <= 1:
+        raise ConfigError(f"--coverage must be in (0, 1] (got {target})")
+    batch_size = args.batch_size or int(recipe.get("per_device_train_batch_size", lengths.DEFAULT_BATCH_SIZE))
+    print(
+        f"Analysing {name} ({split}) with the tokenizer of {tokenizer_name}"
+        + (f" (recipe {recipe_path})" if recipe_path else ""),
+        file=sys.stderr,
+        flush=True,
+    )
+
+    try:
+        tokenizer = lengths.load_tokenizer(tokenizer_name)
+    except Exception as e:  # unknown name, offline, gated: one line
+        raise ConfigError(f"could not load the tokenizer of {tokenizer_name!r}: {_first_line(e)}") from None
+    try:
+        dataset = data.load_preference_dataset(
+            name, split, recipe.get("dataset_config"), revision=args.revision, streaming=args.streaming
+        )
+    except ConfigError:  # already one line that names the fix
+        raise
+    except Exception as e:  # unknown Hub name, no access, offline, unreadable file: one line, not a traceback
+        raise ConfigError(f"could not load data set {name!r} (split {split!r}): {_first_line(e)}") from None
+
+    indices = None
+    if args.sample:
+        dataset, indices = sample(dataset, args.sample, args.seed)
+    m = lengths.measure(
+        dataset, tokenizer, num_proc=args.num_proc, skip_invalid=args.skip_invalid, indices=indices, progress=True
+    )
+    candidates = [*args.candidates, *([current] if current else [])]
+    report = lengths.summarize(
+        m,
+        target=target,
+        candidates=candidates,
+        batch_size=batch_size,
+        seed=args.seed,
+        rows_seen=m.rows + len(m.invalid),
+        dataset=name,
+        split=split,
+        revision=args.revision,
+        tokenizer=tokenizer_name,
+        sample={"rows": args.sample, "seed": args.seed} if args.sample else None,
+    )
+    print(lengths.to_markdown(report, current))
+    r = report["recommendation"]
+    print(f"Recommended max_length: {r['max_length']} (covers {r['coverage']:.1%} of pairs; target {target:.1%})")
+
+    if args.json:
+        Path(args.json).write_text(json.dumps(report, indent=1) + "\n")
+        print(f"wrote {args.json}", file=sys.stderr)
+    if args.plot:
+        lengths.plot(m, report, args.plot)
+        print(f"wrote {args.plot}", file=sys.stderr)
+    if not args.sample and not m.invalid:
+        dataset_id = lengths.dataset_identity(name, split, recipe.get("dataset_config"), args.revision)
+        path = lengths.save_cache(m, report, dataset_id, tokenizer)
+        print(f"cached for `max_length: auto` in training: {path}", file=sys.stderr)
+    return 0
+
+
+def _first_line(e: Exception) -> str:
+    text = str(e).strip()
+    return text.splitlines()[0] if text else type(e).__name__
+
+
+def sample(dataset, n: int, seed: int):
+    """`n` rows drawn with `seed`, kept in data set order, and their original indices."""
+    import datasets
+    import numpy as np
+
+    if n < 1:
+        raise ConfigError(f"--sample must be >= 1 (got {n})")
+    if isinstance(dataset, datasets.Dataset):
+        if n >= len(dataset):
+            return dataset, None
+        indices = np.sort(np.random.default_rng(seed).choice(len(dataset), size=n, replace=False))
+        return dataset.select(indices), indices
+    # Streaming: a shuffle buffer, and each row's position in the stream kept so that messages name the right row.
+    with_index = dataset.map(lambda row, i: {"__index__": i}, with_indices=True)
+    picked = with_index.shuffle(seed=seed, buffer_size=10_000).take(n)
+    rows = sorted(picked, key=lambda row: row["__index__"])
+    indices = [row.pop("__index__") for row in rows]
+    return datasets.Dataset.from_list(rows), indices
+
+
+if __name__ == "__main__":
+    sys.exit(main())
