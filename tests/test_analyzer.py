@@ -1,0 +1,408 @@
+"""scripts/analyze_dataset.py and dpotrain/lengths.py: the lengths are the trainer's own, the numbers follow from them.
+
+Every expected number here is computed from what TRL itself produces: `DPOTrainer._prepare_dataset` (the trainer's
+tokenization, and its filter of rows whose prompt fills max_length) and `DataCollatorForPreference` (truncation and
+padding), on small local data sets with the built-in tiny tokenizer.
+"""
+
+import importlib.util
+import json
+import os
+import subprocess
+
+import numpy as np
+import pytest
+from conftest import PYTHON, ROOT
+
+from dpotrain import builtin, data, lengths
+
+SCRIPT = ROOT / "scripts" / "analyze_dataset.py"
+
+
+# --- fixtures --------------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tiny_model_dir):
+    return lengths.load_tokenizer(tiny_model_dir)
+
+
+@pytest.fixture(scope="module")
+def cli():
+    """The script as a module: `cli.main(argv)` returns the exit status. It hides GPUs on import; undone here."""
+    before = os.environ.get("CUDA_VISIBLE_DEVICES")
+    spec = importlib.util.spec_from_file_location("analyze_dataset", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    if before is None:
+        os.environ.pop("CUDA_VISIBLE_DEVICES", None)
+    else:
+        os.environ["CUDA_VISIBLE_DEVICES"] = before
+    return module
+
+
+@pytest.fixture(autouse=True)
+def private_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("DPOTRAIN_CACHE", str(tmp_path / "cache"))
+
+
+def write_jsonl(path, rows):
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return str(path)
+
+
+def _messages_rows() -> list[dict]:
+    """Dolci-shaped rows without `prompt`: single-turn, system (i % 10 == 3), multi-turn (i % 10 == 7); and one
+    long prompt that the trainer drops at small max_length."""
+    rows = builtin.make_preference_rows(40, seed=3)
+    long_user = {"role": "user", "content": "Please explain tides. " * 30}
+    rows.append(
+        {
+            "chosen": [long_user, {"role": "assistant", "content": "The moon pulls the water."}],
+            "rejected": [long_user, {"role": "assistant", "content": "idk"}],
+        }
+    )
+    return rows
+
+
+def _prompt_rows() -> list[dict]:
+    """Explicit `prompt` message lists, completions of one or two messages."""
+    rows = []
+    for i, row in enumerate(_messages_rows()):
+        prompt, chosen, rejected = row["chosen"][:-1], row["chosen"][-1:], row["rejected"][-1:]
+        if i % 5 == 1:
+            chosen = chosen + [{"role": "assistant", "content": "Anything else I can help with?"}]
+        rows.append({"prompt": prompt, "chosen": chosen, "rejected": rejected})
+    return rows
+
+
+def _text_rows() -> list[dict]:
+    """Plain text, prompt extracted from the shared start (as TRL does, character by character)."""
+    rows = []
+    for row in _messages_rows():
+        question = f"Question: {row['chosen'][-2]['content']}\nAnswer:"
+        rows.append(
+            {
+                "chosen": question + " " + row["chosen"][-1]["content"],
+                "rejected": question + " " + row["rejected"][-1]["content"],
+            }
+        )
+    return rows
+
+
+def _text_prompt_rows() -> list[dict]:
+    """Plain text with a `prompt` column; some prompts end mid-word, so tokens merge across the boundary."""
+    rows = []
+    for i, row in enumerate(_text_rows()):
+        cut = row["chosen"].index("Answer:") + (5 if i % 3 == 0 else 7)  # "Answ|er:" merges differently
+        rows.append({"prompt": row["chosen"][:cut], "chosen": row["chosen"][cut:], "rejected": row["rejected"][cut:]})
+    return rows
+
+
+SHAPES = {"messages": _messages_rows, "prompt": _prompt_rows, "text": _text_rows, "text_prompt": _text_prompt_rows}
+
+
+@pytest.fixture(params=sorted(SHAPES))
+def shaped(request, tmp_path):
+    """(name, path) of a local JSONL data set of one shape (message lists and plain text cannot share one)."""
+    return request.param, write_jsonl(tmp_path / f"{request.param}.jsonl", SHAPES[request.param]())
+
+
+def error_line(capsys) -> str:
+    """The one `error: ...` line, which is the last thing printed."""
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert lines[-1].startswith("error: ") and sum(line.startswith("error") for line in lines) == 1, lines
+    return lines[-1]
+
+
+def trainer_dataset(dataset, tokenizer, tmp_path, max_length=None):
+    """The trainer's own processed data set: DPOTrainer._prepare_dataset, unbound, with the one attribute it uses."""
+    from trl import DPOConfig, DPOTrainer
+
+    class Shim:
+        _tokenizer = tokenizer
+
+    args = DPOConfig(output_dir=str(tmp_path / "out"), max_length=max_length, report_to=[], use_cpu=True, bf16=False)
+    return DPOTrainer._prepare_dataset(Shim(), dataset, tokenizer, args, "train")
+
+
+def trainer_lengths(dataset, tokenizer, tmp_path):
+    processed = trainer_dataset(dataset, tokenizer, tmp_path)
+    return tuple(np.array([len(ids) for ids in processed[k]]) for k in ("prompt_ids", "chosen_ids", "rejected_ids"))
+
+
+# --- the same tokens as training -------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("method", ["batched", "reference"])
+def test_lengths_equal_the_trainers_for_every_row(shaped, method, tokenizer, tmp_path):
+    name, path = shaped
+    dataset = data.load_preference_dataset(path)
+    prompt, chosen, rejected = trainer_lengths(dataset, tokenizer, tmp_path)
+    m = lengths.measure(dataset, tokenizer, method=method, chunk_size=16)
+    assert m.invalid == [] and m.fast_path_mismatches == 0
+    np.testing.assert_array_equal(m.index, np.arange(len(dataset)))
+    np.testing.assert_array_equal(m.prompt, prompt, err_msg=name)
+    np.testing.assert_array_equal(m.chosen, chosen, err_msg=name)
+    np.testing.assert_array_equal(m.rejected, rejected, err_msg=name)
+    assert m.conversational == (name in ("messages", "prompt"))
+
+
+def test_two_processes_and_streaming_give_the_same_lengths(tokenizer, tmp_path):
+    path = write_jsonl(tmp_path / "d.jsonl", _messages_rows())
+    one = lengths.measure(data.load_preference_dataset(path), tokenizer, chunk_size=8)
+    two = lengths.measure(data.load_preference_dataset(path), tokenizer, num_proc=2, chunk_size=8)
+    streamed = lengths.measure(data.load_preference_dataset(path, streaming=True), tokenizer, num_proc=2, chunk_size=8)
+    for m in (two, streamed):
+        for key in ("index", "prompt", "chosen", "rejected"):
+            np.testing.assert_array_equal(getattr(m, key), getattr(one, key))
+
+
+# --- the report's numbers ---------------------------------------------------------------------------------------------
+
+
+def test_json_numbers_follow_from_the_trainers_processed_data(cli, tokenizer, tmp_path, tiny_model_dir):
+    from trl.trainer.dpo_trainer import DataCollatorForPreference
+
+    path = write_jsonl(tmp_path / "d.jsonl", _messages_rows())
+    out = tmp_path / "report.json"
+    argv = [path, "--tokenizer", tiny_model_dir, "--candidates", "64", "128", "300", "--batch-size", "3"]
+    assert cli.main([*argv, "--json", str(out), "--num-proc", "1", "--coverage", "0.8"]) == 0
+    report = json.loads(out.read_text())
+
+    dataset = data.load_preference_dataset(path)
+    processed = trainer_dataset(dataset, tokenizer, tmp_path)
+    prompt, chosen, rejected = (
+        np.array([len(x) for x in processed[k]]) for k in ("prompt_ids", "chosen_ids", "rejected_ids")
+    )
+    total = prompt + np.maximum(chosen, rejected)
+    assert report["rows"] == len(dataset)
+    for key, values in (("total", total), ("prompt", prompt), ("chosen", chosen), ("rejected", rejected)):
+        expected = {f"p{q}": int(np.percentile(values, q, method="inverted_cdf")) for q in (50, 90, 95, 99)}
+        assert report[key] == expected | {"max": int(values.max())}
+    assert set(report["coverage"]) == {"64", "128", "300", "2048", "4096", "8192", "12288", "16384"}
+    for length, fraction in report["coverage"].items():
+        assert fraction == pytest.approx(np.mean(total <= int(length)))
+
+    collator = DataCollatorForPreference(pad_token_id=tokenizer.pad_token_id, max_length=None)
+    for length in (64, 128, 300):
+        cut = DataCollatorForPreference(pad_token_id=tokenizer.pad_token_id, max_length=length)
+        kept = trainer_dataset(dataset, tokenizer, tmp_path, max_length=length)  # the trainer's own drop filter
+        candidate = report["candidates"][str(length)]
+        assert candidate["dropped"] == len(dataset) - len(kept)
+        rows = [{k: r[k] for k in ("prompt_ids", "chosen_ids", "rejected_ids")} for r in kept]
+        truncated = sum(cut([r])["input_ids"].numel() < collator([r])["input_ids"].numel() for r in rows)
+        assert candidate["truncated"] == truncated
+        # Padding in data set order, batches of 3 pairs, exactly as the collator pads them.
+        batches = [cut(rows[i : i + 3]) for i in range(0, len(rows), 3)]
+        positions = sum(b["input_ids"].numel() for b in batches)
+        real = sum(int(b["attention_mask"].sum()) for b in batches)
+        assert candidate["padding"]["padded_dataset_order"] == pytest.approx(1 - real / positions)
+        assert candidate["padding"]["packed_positions"] == real
+        assert candidate["padding"]["batch_size"] == 3
+
+    best = report["recommended_max_length"]
+    assert best % 512 == 0 and np.mean(total <= best) >= 0.8 and (best == 512 or np.mean(total <= best - 512) < 0.8)
+    assert report["recommendation"]["coverage"] == pytest.approx(np.mean(total <= best))
+
+
+def test_recommendation_is_the_smallest_multiple_of_512_reaching_the_target():
+    total = np.array([100] * 89 + [1000] + [5000] * 10)  # 89% <= 512, 90% <= 1024, 100% <= 5120
+    assert lengths.recommend(total, 0.89) == 512
+    assert lengths.recommend(total, 0.9) == 1024  # 1000 <= 1024: exactly at the target counts
+    assert lengths.recommend(total, 0.91) == 5120
+    assert lengths.recommend(total, 1.0) == 5120
+    assert lengths.recommend(np.array([1024]), 1.0) == 1024  # a row of exactly max_length is not truncated
+
+
+def test_report_prints_tables_and_reasoning(cli, tmp_path, tiny_model_dir, capsys):
+    path = write_jsonl(tmp_path / "d.jsonl", _messages_rows())
+    assert cli.main([path, "--tokenizer", tiny_model_dir, "--num-proc", "1"]) == 0
+    out = capsys.readouterr().out
+    for heading in ("Total Length", "Component Breakdown", "Cumulative Distribution", "Candidates", "Rationale"):
+        assert heading in out
+    assert "Smallest multiple of 512 covering at least 90.0% of pairs" in out
+    assert "Recommended max_length: 512 (covers 100.0% of pairs; target 90.0%)" in out
+
+
+def test_recipe_gives_tokenizer_dataset_batch_size_and_current_max_length(cli, tmp_path, tiny_model_dir, capsys):
+    path = write_jsonl(tmp_path / "d.jsonl", _messages_rows())
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(
+        f"model_name_or_path: {tiny_model_dir}\ndataset_name: {path}\nper_device_train_batch_size: 2\n"
+        "max_length: 384\nauto_coverage: 0.5\n"
+    )
+    out = tmp_path / "r.json"
+    assert cli.main(["--config", str(recipe), "--json", str(out), "--num-proc", "1"]) == 0
+    report = json.loads(out.read_text())
+    assert report["candidates"]["384"]["padding"]["batch_size"] == 2
+    assert report["recommendation"]["target_coverage"] == 0.5
+    assert "The recipe's max_length=384 covers" in capsys.readouterr().out
+
+
+def test_sample_is_seeded_and_plot_is_a_png(cli, tmp_path, tiny_model_dir):
+    path = write_jsonl(tmp_path / "d.jsonl", _messages_rows())
+    reports = []
+    for name in ("a", "b"):
+        out = tmp_path / f"{name}.json"
+        argv = [path, "--tokenizer", tiny_model_dir, "--sample", "10", "--seed", "7", "--json", str(out)]
+        assert cli.main([*argv, "--plot", str(tmp_path / f"{name}.png"), "--num-proc", "1"]) == 0
+        reports.append(json.loads(out.read_text()))
+    assert reports[0]["rows"] == 10 and reports[0]["total"] == reports[1]["total"]
+    assert (tmp_path / "a.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+# --- bad input -------------------------------------------------------------------------------------------------------
+
+
+USER = {"role": "user", "content": "Is it?"}
+GOOD = {
+    "chosen": [USER, {"role": "assistant", "content": "Yes, it is."}],
+    "rejected": [USER, {"role": "assistant", "content": "No."}],
+}
+BAD_ROWS = {
+    "no role": (
+        {"chosen": [{"content": "Is it?"}, {"role": "assistant", "content": "Yes."}], "rejected": GOOD["rejected"]},
+        "chosen",
+        "message 0 has no 'role'",
+    ),
+    "no content": (
+        {"chosen": GOOD["chosen"], "rejected": [GOOD["rejected"][0], {"role": "assistant"}]},
+        "rejected",
+        "message 1 has no 'content'",
+    ),
+    "non-string content": (
+        {"chosen": [GOOD["chosen"][0], {"role": "assistant", "content": 42}], "rejected": GOOD["rejected"]},
+        "chosen",
+        "message 1 has a non-string 'content' (int)",
+    ),
+    "empty completion": (
+        {"chosen": [GOOD["chosen"][0], {"role": "assistant", "content": "  "}], "rejected": GOOD["rejected"]},
+        "chosen",
+        "empty completion",
+    ),
+    "no completion message": (
+        {"chosen": GOOD["chosen"][:1], "rejected": GOOD["rejected"]},
+        "chosen",
+        "empty completion",
+    ),
+    "identical": ({"chosen": GOOD["chosen"], "rejected": GOOD["chosen"]}, "chosen", "identical to `rejected`"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_ROWS))
+def test_bad_row_is_named_by_index_and_column(case, cli, tmp_path, tiny_model_dir, capsys):
+    row, column, problem = BAD_ROWS[case]
+    path = write_jsonl(tmp_path / "bad.jsonl", [GOOD, GOOD, row, GOOD])
+    assert cli.main([path, "--tokenizer", tiny_model_dir, "--num-proc", "1"]) == 2
+    assert error_line(capsys).startswith(f"error: row 2, column '{column}': {problem}")
+
+
+def test_text_row_with_empty_completion(cli, tmp_path, tiny_model_dir, capsys):
+    rows = [
+        {"prompt": "Sky?", "chosen": " Blue.", "rejected": " Green."},
+        {"prompt": "Sky?", "chosen": "", "rejected": "x"},
+    ]
+    path = write_jsonl(tmp_path / "bad.jsonl", rows)
+    assert cli.main([path, "--tokenizer", tiny_model_dir, "--num-proc", "1"]) == 2
+    assert error_line(capsys).startswith("error: row 1, column 'chosen': empty completion")
+
+
+@pytest.mark.parametrize(
+    "make, message",
+    [
+        (lambda tmp: str(tmp / "missing.jsonl"), "does not exist"),
+        (lambda tmp: "no-such-org/no-such-dataset", "could not load data set 'no-such-org/no-such-dataset'"),
+        (lambda tmp: write_jsonl(tmp / "cols.jsonl", [{"chosen": "a", "other": "b"}]), "no rejected column"),
+    ],
+    ids=["missing file", "unknown hub dataset", "missing column"],
+)
+def test_bad_dataset_is_one_line_error(make, message, cli, tmp_path, tiny_model_dir, capsys):
+    assert cli.main([make(tmp_path), "--tokenizer", tiny_model_dir, "--num-proc", "1"]) == 2
+    assert message in error_line(capsys)
+
+
+def test_unknown_split(cli, tmp_path, tiny_model_dir, capsys):
+    import datasets
+
+    folder = tmp_path / "saved"
+    datasets.DatasetDict({"train": datasets.Dataset.from_list([GOOD])}).save_to_disk(str(folder))
+    assert cli.main([str(folder), "--split", "test", "--tokenizer", tiny_model_dir, "--num-proc", "1"]) == 2
+    assert "has no split 'test'" in error_line(capsys)
+
+
+def test_skip_invalid_counts_and_lists_the_rows(cli, tmp_path, tiny_model_dir, capsys):
+    rows = [GOOD] + [BAD_ROWS[case][0] for case in sorted(BAD_ROWS)] + [GOOD]
+    path = write_jsonl(tmp_path / "bad.jsonl", rows)
+    out = tmp_path / "r.json"
+    argv = [path, "--tokenizer", tiny_model_dir, "--skip-invalid", "--json", str(out), "--num-proc", "1"]
+    assert cli.main(argv) == 0
+    report = json.loads(out.read_text())
+    assert report["rows"] == 2 and report["rows_seen"] == len(rows)
+    assert report["invalid"]["count"] == len(BAD_ROWS)
+    listed = {(r["index"], r["column"]) for r in report["invalid"]["rows"]}
+    assert listed == {(i + 1, BAD_ROWS[case][1]) for i, case in enumerate(sorted(BAD_ROWS))}
+    printed = capsys.readouterr()
+    assert f"Invalid rows, left out of every number above: {len(BAD_ROWS)}" in printed.out
+    assert "cached" not in printed.err  # an analysis with invalid rows is not what training would see
+
+
+# --- max_length: auto ------------------------------------------------------------------------------------------------
+
+
+def test_auto_max_length_caches_per_dataset_tokenizer_and_template(tokenizer, tmp_path):
+    path = write_jsonl(tmp_path / "d.jsonl", _messages_rows())
+    dataset = data.load_preference_dataset(path)
+    dataset_id = lengths.dataset_identity(path)
+    cache = tmp_path / "c"
+    assert lengths.cached_auto_max_length(dataset_id, tokenizer, 0.9, cache) is None
+
+    first = lengths.auto_max_length(dataset, tokenizer, 0.9, dataset_id, cache, progress=False)
+    total = lengths.measure(dataset, tokenizer).total
+    assert first["cached"] is False and first["max_length"] == lengths.recommend(total, 0.9)
+    assert first["coverage"] == pytest.approx(np.mean(total <= first["max_length"])) and first["rows"] == len(dataset)
+    assert json.loads(open(first["report"]).read())["recommended_max_length"] == first["max_length"]
+
+    again = lengths.auto_max_length(dataset, tokenizer, 0.9, dataset_id, cache, progress=False)
+    assert again["cached"] is True and again["max_length"] == first["max_length"]
+    assert lengths.cached_auto_max_length(dataset_id, tokenizer, 0.9, cache) == again
+    other_target = lengths.cached_auto_max_length(dataset_id, tokenizer, 0.5, cache)
+    assert other_target["target_coverage"] == 0.5 and other_target["max_length"] == lengths.recommend(total, 0.5)
+
+    other_template = lengths.load_tokenizer(tokenizer.name_or_path)
+    other_template.chat_template = tokenizer.chat_template.replace("<|im_start|>", "<|im_start|> ")
+    assert lengths.cached_auto_max_length(dataset_id, other_template, 0.9, cache) is None
+    assert lengths.auto_max_length(dataset, other_template, 0.9, dataset_id, cache, progress=False)["cached"] is False
+
+    write_jsonl(tmp_path / "d.jsonl", _messages_rows()[:-1])  # the file changed: a new identity
+    assert lengths.dataset_identity(path) != dataset_id
+
+
+def test_cli_run_is_reused_by_a_dry_run(cli, tokenizer, tmp_path, tiny_model_dir):
+    path = write_jsonl(tmp_path / "d.jsonl", _messages_rows())
+    assert lengths.cached_auto_max_length(lengths.dataset_identity(path), tokenizer) is None
+    assert cli.main([path, "--tokenizer", tiny_model_dir, "--num-proc", "1"]) == 0
+    found = lengths.cached_auto_max_length(lengths.dataset_identity(path), tokenizer)
+    assert (
+        found["cached"] is True
+        and found["max_length"] == 512
+        and found["report"].startswith(os.environ["DPOTRAIN_CACHE"])
+    )
+
+
+# --- the command line, end to end ------------------------------------------------------------------------------------
+
+
+def test_cli_end_to_end(tmp_path, tiny_model_dir):
+    good = write_jsonl(tmp_path / "d.jsonl", _messages_rows())
+    out = tmp_path / "r.json"
+    env = {**os.environ, "DPOTRAIN_CACHE": str(tmp_path / "cache")}
+    argv = [PYTHON, str(SCRIPT), good, "--tokenizer", tiny_model_dir, "--json", str(out), "--num-proc", "2"]
+    done = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "Sequence Length Analysis" in done.stdout and "Recommended max_length: 512" in done.stdout
+    assert json.loads(out.read_text())["rows"] == len(_messages_rows())
+
+    bad = write_jsonl(tmp_path / "bad.jsonl", [GOOD, BAD_ROWS["no role"][0]])
+    done = subprocess.run([PYTHON, str(SCRIPT), bad, "--tokenizer", tiny_model_dir], capture_output=True, text=True)
+    assert done.returncode == 2 and done.stderr.strip().splitlines()[-1].startswith("error: row 1, column 'chosen'")
