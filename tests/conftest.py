@@ -37,3 +37,15 @@ def run_train(args: list[str], cwd: Path = ROOT, env: dict | None = None, timeou
         text=True,
         timeout=timeout,
     )
+
+
+@pytest.fixture(scope="session")
+def slurm():
+    """A real single-node Slurm (tests/slurm/cluster.sh), skipped with the reason where it cannot be installed.
+
+    The node claims 32 CPUs so that the sbatch scripts' own `--cpus-per-task=32` header runs unedited.
+    """
+    from slurm_cluster import slurm_cluster
+
+    os.environ.setdefault("DPOTRAIN_SLURM_CPUS", "32")
+    yield from slurm_cluster()

@@ -3,9 +3,9 @@
 import json
 
 import pytest
-from conftest import ROOT, run_train
 
 import train_dpo
+from conftest import ROOT, run_train
 from dpotrain.errors import ConfigError
 
 # A model that cannot load here (offline, not on disk): if a check came after loading, the error would be another.

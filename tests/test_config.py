@@ -5,8 +5,8 @@ import math
 
 import pytest
 import yaml
-from conftest import ROOT, run_train
 
+from conftest import ROOT, run_train
 from dpotrain.config import parse_args
 from dpotrain.errors import ConfigError
 

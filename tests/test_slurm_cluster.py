@@ -8,14 +8,10 @@ import textwrap
 import time
 
 import pytest
-from slurm_cluster import slurm_cluster, start_slurm_cluster
+
+from slurm_cluster import start_slurm_cluster
 
 pytestmark = pytest.mark.slurm
-
-
-@pytest.fixture(scope="session")
-def slurm():
-    yield from slurm_cluster()
 
 
 # Same GPU request as the project's sbatch scripts: this GPU-less node runs it only when the

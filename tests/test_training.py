@@ -5,8 +5,8 @@ import math
 
 import pytest
 import torch
-from conftest import ROOT, run_train
 
+from conftest import ROOT, run_train
 from dpotrain import data
 from dpotrain.config import parse_args
 from dpotrain.trainer import build_trainer

@@ -1,0 +1,121 @@
+#!/usr/bin/env bash
+# The launcher behind scripts/dpo_train.sh and scripts/dpo_instruct_train.sh; runs in the batch shell of a job.
+#
+# Environment (all optional except RECIPE, which the sbatch scripts set):
+#   RECIPE=configs/think.yaml            the recipe passed to train_dpo.py --config
+#   ACCELERATE_CONFIG=accelerate_config.yaml
+#   VENV=.venv                           the project's virtual environment (bash scripts/setup_env.sh)
+#   MAIN_PROCESS_PORT=29500              rendezvous port on the first node
+#   CPU_PROCESSES_PER_NODE=1             processes per node when the job has no GPUs (--gpus-per-node=0)
+#   LAUNCH_PRINT_ONLY=1                  print the srun + accelerate launch line and exit (used by the tests)
+# Arguments: passed to train_dpo.py after the recipe (e.g. --learning_rate 5e-7 --max_steps 100).
+set -euo pipefail
+
+cd "${SLURM_SUBMIT_DIR:-$PWD}"  # sbatch runs a copy of the script from Slurm's spool folder
+RECIPE=${RECIPE:?set RECIPE, e.g. RECIPE=configs/think.yaml}
+ACCELERATE_CONFIG=${ACCELERATE_CONFIG:-accelerate_config.yaml}
+VENV=${VENV:-.venv}
+MAIN_PROCESS_PORT=${MAIN_PROCESS_PORT:-29500}
+NNODES=${SLURM_JOB_NUM_NODES:-1}
+GPUS_PER_NODE=${SLURM_GPUS_PER_NODE:-0}
+GPUS_PER_NODE=${GPUS_PER_NODE##*:}  # "h100:4" -> "4"
+if [[ "$GPUS_PER_NODE" -gt 0 ]]; then
+  PROCS_PER_NODE=$GPUS_PER_NODE
+else
+  PROCS_PER_NODE=${CPU_PROCESSES_PER_NODE:-1}  # CPU-only cluster or CI: DeepSpeed on CPU with gloo
+fi
+NUM_PROCESSES=$((NNODES * PROCS_PER_NODE))  # accelerate's --num_processes is the TOTAL over all nodes
+
+die() { echo "error: $*" >&2; exit 1; }
+
+# The command every node runs. \$SLURM_PROCID is escaped: it must be read on each node inside srun, not here,
+# or every node gets machine rank 0 and the rendezvous hangs (accelerate issue #2816).
+launch_line() {
+  local main_addr=$1; shift
+  local train_args=""
+  [[ $# -gt 0 ]] && train_args=$(printf ' %q' "$@")
+  cat <<LINE
+srun --nodes=$NNODES --ntasks-per-node=1 --kill-on-bad-exit=1 bash -c "exec $VENV/bin/accelerate launch \
+--config_file $ACCELERATE_CONFIG \
+--num_machines $NNODES \
+--num_processes $NUM_PROCESSES \
+--machine_rank \\\$SLURM_PROCID \
+--main_process_ip $main_addr \
+--main_process_port $MAIN_PROCESS_PORT \
+--deepspeed_multinode_launcher standard \
+--rdzv_backend static \
+train_dpo.py --config $RECIPE$train_args"
+LINE
+}
+
+# The first node of the job hosts the rendezvous. scontrol expands any host list; the fallback covers the common
+# forms (gpu07, gpu[07-10,12], a,b) where no Slurm config is at hand (printing the line in tests).
+first_node() {
+  local list=$1 first
+  if first=$(scontrol show hostnames "$list" 2>/dev/null | head -n 1) && [[ -n "$first" ]]; then
+    echo "$first"
+  elif [[ $list =~ ^([^,\[]+)\[([0-9]+) ]]; then
+    echo "${BASH_REMATCH[1]}${BASH_REMATCH[2]}"
+  else
+    echo "${list%%,*}"
+  fi
+}
+main_addr=$(first_node "${SLURM_JOB_NODELIST:-$(hostname -s)}")
+if [[ "${LAUNCH_PRINT_ONLY:-0}" == 1 ]]; then
+  launch_line "$main_addr" "$@"
+  exit 0
+fi
+
+# --- checks, each with its fix, before any GPU time is spent ---
+[[ -x "$VENV/bin/accelerate" ]] || die "no virtual environment at $VENV: run \`bash scripts/setup_env.sh\` on the login node"
+[[ -f "$RECIPE" ]] || die "recipe $RECIPE not found: set RECIPE=configs/<name>.yaml (see configs/)"
+[[ -f "$ACCELERATE_CONFIG" ]] || die "accelerate config $ACCELERATE_CONFIG not found: set ACCELERATE_CONFIG"
+mkdir -p logs
+if grep -qE '^push_to_hub: *true' "$RECIPE" || [[ " $* " == *" --push_to_hub"* ]]; then
+  [[ -n "${HF_TOKEN:-}" || -f .env ]] || die "pushing to the Hub needs HF_TOKEN: put it in .env (see .env.example)"
+fi
+
+echo "=== DPO job ${SLURM_JOB_ID:-local} (${SLURM_JOB_NAME:-}) restart ${SLURM_RESTART_COUNT:-0} at $(date -Is) ==="
+echo "nodes: $NNODES (${SLURM_JOB_NODELIST:-$(hostname -s)}), processes per node: $PROCS_PER_NODE, total: $NUM_PROCESSES"
+echo "gpus per node: $GPUS_PER_NODE  git: $(git rev-parse --short HEAD 2>/dev/null || echo unknown)$(git diff --quiet 2>/dev/null || echo ' (dirty)')"
+echo "recipe: $RECIPE  accelerate: $ACCELERATE_CONFIG  args: $*"
+
+# The resolved run (and the refusals of train_dpo.py: unknown keys, a batch of 128 pairs this world size cannot
+# reach, ...) at the size of the whole job, in seconds and before any GPU work.
+resolved=$(WORLD_SIZE=$NUM_PROCESSES "$VENV/bin/python" train_dpo.py --config "$RECIPE" --dry-run "$@" 2>/dev/null) \
+  || WORLD_SIZE=$NUM_PROCESSES "$VENV/bin/python" train_dpo.py --config "$RECIPE" --dry-run "$@" >/dev/null
+"$VENV/bin/python" - "$resolved" <<'PY'
+import json, sys
+text = sys.argv[1]
+r = json.loads(text[text.index("{\n"):])  # libraries may print a line of their own before the JSON
+d = r["derived"]
+print(f"batch: {d['pairs_per_step']} pairs per step = {r['per_device_train_batch_size']} per process x "
+      f"{r['gradient_accumulation_steps']} accumulation x {d['world_size']} processes; output: {r['output_dir']}")
+PY
+
+# --- preemption and time limit: checkpoint, then requeue ---
+# --signal=B:USR1@... reaches this shell only; the trap creates a stop file that every rank checks at the end of
+# each optimizer step (dpotrain/preemption.py). A trap runs only between foreground commands, so srun runs in the
+# background and this shell waits for it.
+export DPOTRAIN_STOP_FILE="$PWD/logs/.stop-${SLURM_JOB_ID:-$$}"
+rm -f "$DPOTRAIN_STOP_FILE" "$DPOTRAIN_STOP_FILE.checkpointed"
+trap 'echo "=== $(date -Is) signal received: checkpointing at the next optimizer step ==="; touch "$DPOTRAIN_STOP_FILE"' USR1 TERM
+
+line=$(launch_line "$main_addr" "$@")
+echo "launch: $line"
+eval "$line" &
+pid=$!
+while :; do
+  wait "$pid" && rc=0 || rc=$?
+  kill -0 "$pid" 2>/dev/null || break  # a trapped signal interrupts `wait`: keep waiting for srun itself
+done
+
+if [[ -f "$DPOTRAIN_STOP_FILE.checkpointed" ]]; then
+  echo "=== $(date -Is) checkpoint $(cat "$DPOTRAIN_STOP_FILE.checkpointed") written; requeueing job ${SLURM_JOB_ID:-} ==="
+  rm -f "$DPOTRAIN_STOP_FILE" "$DPOTRAIN_STOP_FILE.checkpointed"
+  [[ -n "${SLURM_JOB_ID:-}" ]] && scontrol requeue "$SLURM_JOB_ID"
+  exit 0
+fi
+rm -f "$DPOTRAIN_STOP_FILE"
+echo "=== $(date -Is) training exited with code $rc ==="
+exit "$rc"
