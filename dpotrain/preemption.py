@@ -13,6 +13,7 @@ batch script to requeue the job rather than end it.
 
 import os
 import signal
+import threading
 from pathlib import Path
 
 from transformers import TrainerCallback
@@ -26,8 +27,9 @@ class GracefulStop(TrainerCallback):
         self.stop_file = Path(stop_file) if stop_file else None
         self.signal_received: int | None = None
         self.stopped = False
-        for sig in STOP_SIGNALS:
-            signal.signal(sig, self._on_signal)
+        if threading.current_thread() is threading.main_thread():  # Python only delivers signals there
+            for sig in STOP_SIGNALS:
+                signal.signal(sig, self._on_signal)
 
     @classmethod
     def from_env(cls) -> "GracefulStop":
