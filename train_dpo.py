@@ -13,6 +13,7 @@ Any TRL / transformers field is a command-line override (--learning_rate 5e-7, -
 """
 
 import json
+import shutil
 import sys
 from pathlib import Path
 
@@ -42,11 +43,15 @@ def main(argv=None) -> None:
         print(json.dumps(resolve.resolved_config(recipe, derived), indent=2, default=str))
         return
     resolve.check_push(recipe)
-    resume_from = resolve.check_output_dir(recipe)
+    plan = resolve.check_output_dir(recipe)
 
     from accelerate import PartialState
 
     state = PartialState()
+    out = Path(training.output_dir)
+    if plan.start_afresh and state.is_main_process:
+        shutil.rmtree(out)  # a stale run_complete.json or metrics.jsonl must not outlive the run it described
+    state.wait_for_everyone()
     dataset = data.load_preference_dataset(
         script.dataset_name, script.dataset_train_split, script.dataset_config, streaming=script.dataset_streaming
     )
@@ -58,16 +63,15 @@ def main(argv=None) -> None:
 
     trainer = build_trainer(recipe, dataset)
     derived["total_steps"] = trainer.state.max_steps or derived["total_steps"]
-    resolved = resolve.resolved_config(recipe, derived | {"resumed_from": resume_from})
-    out = Path(training.output_dir)
+    resolved = resolve.resolved_config(recipe, derived | {"resumed_from": plan.resume_from})
     if state.is_main_process:
         out.mkdir(parents=True, exist_ok=True)
         (out / "resolved_config.json").write_text(json.dumps(resolved, indent=2, default=str) + "\n")
         print("Resolved configuration:", json.dumps(derived, default=str), flush=True)
-        if resume_from:
-            print(f"Resuming from {resume_from}", flush=True)
+        if plan.resume_from:
+            print(f"Resuming from {plan.resume_from}", flush=True)
 
-    trainer.train(resume_from_checkpoint=resume_from)
+    trainer.train(resume_from_checkpoint=plan.resume_from)
     if trainer.graceful_stop.stopped and trainer.state.global_step < trainer.state.max_steps:
         return  # checkpointed on a stop request; the requeued job resumes from it
 

@@ -36,7 +36,10 @@ class ProjectArguments:
     )
     overwrite_output_dir: bool = field(
         default=False,
-        metadata={"help": "Start afresh in an output_dir that already holds a finished run (its files are replaced)."},
+        metadata={
+            "help": "Replace a finished run (or half-written checkpoints) in output_dir and start afresh. An "
+            "unfinished run with a complete checkpoint still resumes, so a requeued job keeps its progress."
+        },
     )
     auto_resume: bool = field(
         default=True,

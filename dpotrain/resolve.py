@@ -2,6 +2,7 @@
 
 import math
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
@@ -72,28 +73,42 @@ def plan_batch(recipe: Recipe, world: int) -> None:
     t.gradient_accumulation_steps = pairs // per_step
 
 
-def check_output_dir(recipe: Recipe) -> str | None:
-    """The checkpoint to resume from, if any; refuses to write over a finished run."""
+@dataclass
+class OutputPlan:
+    resume_from: str | None  # a complete checkpoint to resume from
+    start_afresh: bool  # remove what output_dir holds before training
+
+
+def check_output_dir(recipe: Recipe) -> OutputPlan:
+    """Resume, start afresh, or refuse: never write over a finished run by accident, never lose checkpoints.
+
+    --overwrite_output_dir replaces a finished run or half-written checkpoints, but an unfinished run with a complete
+    checkpoint still resumes: a requeued Slurm job runs with the same arguments and must not wipe its own progress.
+    """
     t, p = recipe.training, recipe.project
     out = Path(t.output_dir)
     if t.resume_from_checkpoint:
         if not Path(t.resume_from_checkpoint).is_dir():
             raise ConfigError(f"resume_from_checkpoint {t.resume_from_checkpoint!r} is not a folder")
-        return t.resume_from_checkpoint
-    if (out / RUN_COMPLETE).exists() and not p.overwrite_output_dir:
-        raise ConfigError(
-            f"output_dir {str(out)!r} already holds a finished run: pass --output_dir for a new run, or "
-            "--overwrite_output_dir to replace it"
-        )
+        return OutputPlan(t.resume_from_checkpoint, False)
+    if (out / RUN_COMPLETE).exists():
+        if not p.overwrite_output_dir:
+            raise ConfigError(
+                f"output_dir {str(out)!r} already holds a finished run: pass --output_dir for a new run, or "
+                "--overwrite_output_dir to replace it"
+            )
+        return OutputPlan(None, True)
     latest = latest_complete_checkpoint(out)
-    if latest and p.auto_resume and not p.overwrite_output_dir:
-        return str(latest)
-    if checkpoints(out) and not p.overwrite_output_dir:
+    if latest and p.auto_resume:
+        return OutputPlan(str(latest), False)
+    if checkpoints(out):
+        if p.overwrite_output_dir:
+            return OutputPlan(None, True)
         state = "has no complete checkpoint" if latest is None else "has checkpoints and --no_auto_resume is set"
         raise ConfigError(
             f"output_dir {str(out)!r} {state}: pass --overwrite_output_dir to start afresh, or a new --output_dir"
         )
-    return None
+    return OutputPlan(None, False)
 
 
 def check_push(recipe: Recipe) -> None:

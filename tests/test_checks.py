@@ -73,3 +73,16 @@ def test_push_without_a_token_from_the_command_line(tmp_path):
     last = result.stdout.strip().splitlines()[-1]
     assert last.startswith("error: push_to_hub is set but no Hugging Face token was found: add HF_TOKEN=")
     assert "Traceback" not in result.stdout
+
+
+def test_overwrite_replaces_a_finished_run_but_never_discards_resumable_progress(tmp_path):
+    from dpotrain import resolve
+    from dpotrain.config import parse_args
+
+    out = tmp_path / "run"
+    recipe = parse_args([*BASE, "--output_dir", str(out), "--overwrite_output_dir"])
+    (out / "checkpoint-4").mkdir(parents=True)
+    (out / "checkpoint-4" / "COMPLETE").write_text("{}")
+    assert resolve.check_output_dir(recipe) == resolve.OutputPlan(str(out / "checkpoint-4"), False)  # a requeue
+    (out / "run_complete.json").write_text("{}")
+    assert resolve.check_output_dir(recipe) == resolve.OutputPlan(None, True)
