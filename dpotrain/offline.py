@@ -1,0 +1,215 @@
+"""Offline compute nodes: is everything a job reads already in the local Hugging Face cache?
+
+Many clusters run jobs on nodes without network. There a job runs with `HF_HUB_OFFLINE=1` and reads the model,
+tokenizer and data set from the cache that `scripts/prefetch.py` filled on a login node. `check_offline_artifacts`
+runs before anything loads and, when a piece is missing, stops the job in its first seconds with the prefetch command
+to run, instead of minutes later from deep inside transformers or datasets. It only looks at files in the cache:
+no network, no weights loaded, nothing written.
+"""
+
+import fnmatch
+import glob
+import json
+import os
+import shlex
+from dataclasses import fields
+from pathlib import Path
+
+import yaml
+
+from . import builtin, data
+from .errors import ConfigError
+
+_TRUE = {"1", "ON", "YES", "TRUE"}  # huggingface_hub.constants.ENV_VARS_TRUE_VALUES
+
+# What a training job reads from a model repo, as prefetch selects it. Top-level files only, apart from the extra chat
+# templates: repos often keep other formats (GGUF, original checkpoints, ONNX) in subfolders.
+MODEL_FILES = [
+    "*.json",  # config, generation config, tokenizer config, special tokens, weight index, processor config
+    "*.jinja",  # chat_template.jinja (transformers 5 saves the chat template here)
+    "additional_chat_templates/*.jinja",
+    "tokenizer.model",
+    "*.tiktoken",
+    "merges.txt",
+    "vocab.txt",
+    "spiece.model",
+]
+WEIGHTS = ["model*.safetensors", "*.safetensors", "pytorch_model*.bin"]  # the first pattern a repo has wins
+TOKENIZER_VOCAB = ("tokenizer.json", "tokenizer.model", "vocab.json", "vocab.txt", "spiece.model")
+# What from_pretrained needs of a model repo, as `missing_model_files` names the pieces.
+NEEDED = ["config.json", "weights (model.safetensors or a sharded index)", "tokenizer_config.json", "a tokenizer file"]
+# The fields whose values decide what the job reads; prefetch takes them as train_dpo.py does.
+ARTIFACT_FIELDS = [
+    ("model", "model_name_or_path"),
+    ("model", "model_revision"),
+    ("script", "dataset_name"),
+    ("script", "dataset_config"),
+    ("script", "dataset_train_split"),
+]
+
+
+def _true(value: str | None) -> bool:
+    return (value or "").upper() in _TRUE
+
+
+def is_offline() -> bool:
+    """Whether the Hub is off for models. huggingface_hub reads HF_HUB_OFFLINE once, at import; the variable may have
+    been set after that (a .env loaded late), and then the job is meant to be offline all the same."""
+    from huggingface_hub import constants
+
+    env = os.environ.get("HF_HUB_OFFLINE") or os.environ.get("TRANSFORMERS_OFFLINE")
+    return constants.HF_HUB_OFFLINE or _true(env)
+
+
+def datasets_offline() -> bool:
+    """datasets has its own switch, HF_DATASETS_OFFLINE, that falls back to HF_HUB_OFFLINE (datasets/config.py)."""
+    value = os.environ.get("HF_DATASETS_OFFLINE")
+    return is_offline() if value is None else _true(value)
+
+
+def is_hub_model(name: str | None) -> bool:
+    """A Hub repo id, not a `builtin:` model or a local folder."""
+    if not name or builtin.is_builtin(name):
+        return False
+    return not (name.startswith((".", "/", "~")) or Path(name).expanduser().exists())
+
+
+def is_hub_dataset(name: str | None) -> bool:
+    return bool(name) and not data.is_local(name)
+
+
+def select_model_files(repo_files: list[str]) -> list[str]:
+    """The files of a model repo that training reads: config, tokenizer, chat template and one set of weights."""
+    top = [f for f in repo_files if "/" not in f]
+    chosen = [f for f in repo_files if any(fnmatch.fnmatch(f, p) for p in MODEL_FILES) and _depth_ok(f)]
+    for pattern in WEIGHTS:  # one format only: a repo with both safetensors and .bin needs the safetensors
+        weights = [f for f in top if fnmatch.fnmatch(f, pattern)]
+        if weights:
+            chosen += weights
+            break
+    return sorted(set(chosen))
+
+
+def _depth_ok(path: str) -> bool:
+    return "/" not in path or path.startswith("additional_chat_templates/")
+
+
+def missing_model_files(repo_id: str, revision: str | None = None) -> list[str]:
+    """What from_pretrained would miss in the Hub cache for `repo_id` at `revision` (a branch, tag or commit)."""
+    from huggingface_hub import try_to_load_from_cache
+
+    def cached(filename: str) -> str | None:
+        path = try_to_load_from_cache(repo_id, filename, revision=revision)
+        return path if isinstance(path, str) else None
+
+    missing = [] if cached("config.json") else [NEEDED[0]]
+    index = next((p for p in map(cached, ("model.safetensors.index.json", "pytorch_model.bin.index.json")) if p), None)
+    if index:
+        shards = sorted(set(json.loads(Path(index).read_text())["weight_map"].values()))
+        absent = [s for s in shards if not cached(s)]
+        if absent:
+            missing.append(f"{len(absent)} of {len(shards)} weight shards ({absent[0]}, ...)")
+    elif not (cached("model.safetensors") or cached("pytorch_model.bin")):
+        missing.append(NEEDED[1])
+    if not cached("tokenizer_config.json"):
+        missing.append(NEEDED[2])
+    if not any(map(cached, TOKENIZER_VOCAB)):
+        missing.append(NEEDED[3])
+    return missing
+
+
+def cached_dataset(name: str, config: str | None = None, split: str = "train") -> tuple[Path | None, str | None]:
+    """The folder an offline `datasets.load_dataset(name, config)` reads, or None and why it would fail.
+
+    Offline, datasets 5.2 skips the Hub and takes the newest prepared copy in its own cache,
+    `<HF_DATASETS_CACHE>/<namespace>___<snake_name>/<config>/<version>/<commit>/` (datasets/load.py,
+    `CachedDatasetModuleFactory`, and packaged_modules/cache/cache.py, `_find_hash_in_cache`). This follows the same
+    rules on the same files: dataset_info.json names the config and the splits, the Arrow files hold the rows.
+    """
+    import datasets.config
+    from datasets.naming import camelcase_to_snakecase, filenames_for_dataset_split
+
+    parts = name.split("/")
+    parts[-1] = camelcase_to_snakecase(parts[-1])
+    root = Path(datasets.config.HF_DATASETS_CACHE) / "___".join(parts)
+    pattern = os.path.join(glob.escape(str(root)), glob.escape(config) if config else "*", "*", "*")
+    found = [Path(p) for p in glob.glob(pattern) if os.path.isdir(p)]
+    broken = [p for p in found if not (p / "dataset_info.json").is_file()]
+    if broken:  # datasets would stop on it with a FileNotFoundError
+        return None, f"an interrupted download left {broken[0]}: delete it"
+    infos = {p: json.loads((p / "dataset_info.json").read_text()) for p in found}
+    usable = [p for p in found if infos[p].get("config_name") == p.parts[-3]]
+    if not usable:
+        return None, "not cached" + (f" for config {config!r}" if config else "")
+    newest = max(usable, key=lambda p: p.stat().st_mtime)
+    configs = {p.parts[-3] for p in usable if p.parts[-2:] == newest.parts[-2:]}
+    if config is None and len(configs) > 1:
+        return None, f"several configurations cached ({', '.join(sorted(configs))}): set dataset_config"
+    splits = infos[newest].get("splits") or {}
+    if split not in splits:
+        return None, f"the cached copy ({newest}) has no split {split!r}, only {sorted(splits)}"
+    shard_lengths = splits[split].get("shard_lengths")
+    files = filenames_for_dataset_split(
+        str(newest), camelcase_to_snakecase(name.split("/")[-1]), split, "arrow", shard_lengths
+    )
+    absent = [f for f in files if not os.path.isfile(f)]
+    if absent:
+        return None, f"the cached copy ({newest}) lacks {Path(absent[0]).name}: delete the folder"
+    return newest, None
+
+
+def missing_artifacts(recipe, model: bool = True, dataset: bool = True) -> list[str]:
+    """One entry per Hub artifact of the recipe that is not fully in the local cache; [] when all are there."""
+    missing = []
+    name, revision = recipe.model.model_name_or_path, recipe.model.model_revision
+    if model and is_hub_model(name):
+        absent = missing_model_files(name, revision)
+        at = f" at revision {revision!r}" if revision not in (None, "main") else ""
+        if absent == NEEDED:  # nothing of it at all
+            missing.append(f"model {name!r}{at} is not cached")
+        elif absent:
+            missing.append(f"model {name!r}{at} lacks {', '.join(absent)}")
+    script = recipe.script
+    if dataset and is_hub_dataset(script.dataset_name):
+        _, why = cached_dataset(script.dataset_name, script.dataset_config, script.dataset_train_split)
+        if why:
+            missing.append(f"dataset {script.dataset_name!r}: {why}")
+    return missing
+
+
+def prefetch_command(recipe) -> str:
+    """`python scripts/prefetch.py ...` for this recipe, with the cache variables and the overrides the job has."""
+    args = ["python", "scripts/prefetch.py"]
+    in_file = {}
+    if recipe.config_path:
+        args += ["--config", recipe.config_path]
+        in_file = yaml.safe_load(Path(recipe.config_path).read_text()) or {}
+    for part, field in ARTIFACT_FIELDS:
+        value = getattr(getattr(recipe, part), field)
+        default = next(f.default for f in fields(getattr(recipe, part)) if f.name == field)
+        if value is not None and value != in_file.get(field, default):
+            args += [f"--{field}", str(value)]
+    env = [
+        f"{k}={shlex.quote(os.environ[k])}"
+        for k in ("HF_HOME", "HF_HUB_CACHE", "HF_DATASETS_CACHE")
+        if os.environ.get(k)
+    ]
+    return " ".join(env + [shlex.join(args)])  # the login node must fill the cache this job reads
+
+
+def check_offline_artifacts(recipe, offline: bool | None = None) -> None:
+    """When the job is offline (HF_HUB_OFFLINE), refuse it unless its Hub model and data set are in the local cache.
+
+    Local paths and `builtin:` models are not looked at. `offline=True` checks as an offline job would (prefetch
+    uses it to prove the job will find everything); None reads HF_HUB_OFFLINE / HF_DATASETS_OFFLINE.
+    """
+    model = is_offline() if offline is None else offline
+    dataset = datasets_offline() if offline is None else offline
+    if not (model or dataset):
+        return
+    missing = missing_artifacts(recipe, model=model, dataset=dataset)
+    if missing:
+        raise ConfigError(
+            f"offline (HF_HUB_OFFLINE) and not in the local Hugging Face cache: {'; '.join(missing)}. "
+            f"On a login node with network, run: {prefetch_command(recipe)}"
+        )
