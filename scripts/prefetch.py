@@ -1,0 +1,120 @@
+"""Fill the Hugging Face cache on a login node, so that a job on compute nodes without network finds everything.
+
+    python scripts/prefetch.py --config configs/think.yaml
+    python scripts/prefetch.py --config configs/instruct.yaml --model_name_or_path org/my-sft-model
+    HF_HOME=/shared/hf python scripts/prefetch.py --config configs/think.yaml   # the cache the job will read
+
+then run the job with HF_HUB_OFFLINE=1 (and the same HF_HOME). It fetches, at model_revision, the model's config,
+weights (one format), tokenizer, chat template and generation config, and loads the data set exactly as training
+does (datasets.load_dataset, so the prepared Arrow cache is the one the job reads). Last it checks the cache as an
+offline job will, and says so. Any train_dpo.py override works here (--model_name_or_path, --model_revision,
+--dataset_name, --dataset_config, --dataset_train_split), plus --split and --revision (the data set's revision).
+HF_TOKEN comes from .env or the environment, for gated or private repos; it is never printed.
+"""
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # run as `python scripts/prefetch.py` from anywhere
+
+from dotenv import load_dotenv  # noqa: E402
+
+from dpotrain import data, offline  # noqa: E402
+from dpotrain.config import parse_args  # noqa: E402
+from dpotrain.errors import ConfigError  # noqa: E402
+
+
+def main(argv: list[str] | None = None) -> None:
+    load_dotenv(ROOT / ".env")  # HF_TOKEN for gated or private repos; the environment wins
+    parser = argparse.ArgumentParser(prog="prefetch.py", description=__doc__.split("\n\n")[0], allow_abbrev=False)
+    parser.add_argument("--config", help="the recipe the job runs, e.g. configs/think.yaml")
+    parser.add_argument("--split", help="the training split (= --dataset_train_split)")
+    parser.add_argument("--revision", help="the data set's revision (branch, tag or commit); default: main")
+    args, overrides = parser.parse_known_args(argv)
+    recipe_args = (["--config", args.config] if args.config else []) + overrides
+    recipe_args += ["--dataset_train_split", args.split] if args.split else []
+    # --dry-run: a login node plans a GPU job, so transformers' "bf16 needs a GPU" check must not refuse the recipe.
+    recipe = parse_args(recipe_args + ["--dry-run"])
+    model, script = recipe.model, recipe.script
+
+    hub_model, hub_dataset = offline.is_hub_model(model.model_name_or_path), offline.is_hub_dataset(script.dataset_name)
+    if not (hub_model or hub_dataset):
+        print(f"Nothing to fetch: {model.model_name_or_path} and {script.dataset_name} are local.")
+        return
+    if offline.is_offline():  # nothing can download; say whether the cache already holds everything
+        missing = offline.missing_artifacts(recipe)
+        if missing:
+            raise ConfigError(
+                f"HF_HUB_OFFLINE is set, so nothing can download, and the cache lacks: {'; '.join(missing)}. "
+                "Run this where the Hub is reachable, without HF_HUB_OFFLINE"
+            )
+        print("Everything is cached already (HF_HUB_OFFLINE is set, so nothing was downloaded).")
+        return
+
+    from dpotrain.resolve import hf_token
+
+    token = hf_token()
+    if hub_model:
+        fetch_model(model.model_name_or_path, model.model_revision, token)
+    if hub_dataset:
+        fetch_dataset(script.dataset_name, script.dataset_config, script.dataset_train_split, args.revision, token)
+    offline.check_offline_artifacts(recipe, offline=True)
+    home = f" and HF_HOME={os.environ['HF_HOME']}" if os.environ.get("HF_HOME") else ""
+    print(f"Ready: a job with HF_HUB_OFFLINE=1{home} finds everything it reads from the Hub.")
+
+
+def fetch_model(repo_id: str, revision: str | None, token: str | None) -> None:
+    from huggingface_hub import HfApi, snapshot_download
+
+    try:
+        files = offline.select_model_files(HfApi(token=token).list_repo_files(repo_id, revision=revision))
+        path = Path(snapshot_download(repo_id, revision=revision, allow_patterns=files, token=token))
+    except Exception as e:
+        raise ConfigError(hub_error(e, "model", repo_id, revision, token)) from None
+    size = sum(f.stat().st_size for f in path.rglob("*") if f.is_file())  # stat follows the links into blobs/
+    print(f"model   {repo_id}@{revision or 'main'}: {len(files)} files, {size / 1e9:.2f} GB -> {path}", flush=True)
+
+
+def fetch_dataset(name: str, config: str | None, split: str, revision: str | None, token: str | None) -> None:
+    try:
+        dataset = data.load_preference_dataset(name, split, config, revision=revision)
+    except ConfigError:
+        raise
+    except Exception as e:
+        raise ConfigError(hub_error(e, "dataset", name, revision, token)) from None
+    folder = Path(dataset.cache_files[0]["filename"]).parent if dataset.cache_files else None
+    if folder:
+        # Offline, datasets reads the newest prepared copy of a data set (packaged_modules/cache/cache.py,
+        # `_find_hash_in_cache`): make the copy just fetched the newest, so the job reads this revision.
+        os.utime(folder)
+    label = f"{name} [{config}]" if config else name
+    print(f"dataset {label}@{revision or 'main'} split {split}: {len(dataset):,} rows -> {folder}", flush=True)
+
+
+def hub_error(error: Exception, kind: str, name: str, revision: str | None, token: str | None) -> str:
+    """One line that says what to do about a failed download."""
+    from huggingface_hub.errors import GatedRepoError, RepositoryNotFoundError, RevisionNotFoundError
+
+    url = f"https://huggingface.co/{'datasets/' if kind == 'dataset' else ''}{name}"
+    text = str(error).splitlines()[0] if str(error) else type(error).__name__
+    if isinstance(error, GatedRepoError) or "gated" in text:
+        return f"{kind} {name!r} is gated: accept its terms at {url}, and put that account's HF_TOKEN in .env"
+    if isinstance(error, RevisionNotFoundError) or "Revision" in text:
+        return f"{kind} {name!r} has no revision {revision!r}: check --revision / --model_revision"
+    if isinstance(error, RepositoryNotFoundError) or "doesn't exist on the Hub" in text:
+        access = "the HF_TOKEN in use has no access to it" if token else "no HF_TOKEN is set"
+        return f"{kind} {name!r} is not on the Hub, or is private and {access}: check the name, or add HF_TOKEN to .env"
+    if getattr(getattr(error, "response", None), "status_code", None) == 401 and token:
+        return "the HF_TOKEN in use is invalid or expired: create one at https://huggingface.co/settings/tokens"
+    return f"could not fetch {kind} {name!r} ({type(error).__name__}: {text}): is the Hub reachable from here?"
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
