@@ -1,0 +1,69 @@
+"""Push a finished run to the Hugging Face Hub from a login node, when the job's compute nodes had no network.
+
+    python scripts/push_to_hub.py outputs/think-dpo                          # to the run's hub_model_id
+    python scripts/push_to_hub.py outputs/think-dpo --repo-id org/name --private
+
+Uploads what the job would have pushed (dpotrain.hub.push_run): the model, tokenizer, model card (README.md),
+training_curves.png, metrics and resolved config; never checkpoints. A folder that is not a finished run
+(no run_complete.json, or a missing piece) is refused with what is missing. The repo defaults to `hub_model_id` in the
+run's resolved_config.json. HF_TOKEN comes from .env, the environment or `hf auth login`, and is never printed; write
+access to the repo is checked before anything uploads.
+"""
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # run as `python scripts/push_to_hub.py` from anywhere
+
+from dotenv import load_dotenv  # noqa: E402
+
+from dpotrain import hub, offline  # noqa: E402
+from dpotrain.errors import ConfigError  # noqa: E402
+
+
+def main(argv: list[str] | None = None) -> None:
+    load_dotenv(ROOT / ".env")  # HF_TOKEN; the environment wins
+    parser = argparse.ArgumentParser(prog="push_to_hub.py", description=__doc__.split("\n\n")[0], allow_abbrev=False)
+    parser.add_argument("run_dir", help="the run's output folder, e.g. outputs/think-dpo")
+    parser.add_argument("--repo-id", help="org/name to push to (default: hub_model_id of the run)")
+    parser.add_argument("--private", action="store_true", help="create the repo private (default: hub_private_repo)")
+    args = parser.parse_args(argv)
+
+    run = Path(args.run_dir)
+    if not run.is_dir():
+        raise ConfigError(f"{run} is not a folder: pass a run's output folder, e.g. outputs/think-dpo")
+    problems = hub.run_folder_problems(run)
+    if problems:
+        raise ConfigError(f"{run} is not a finished run: missing {', '.join(problems)}")
+    resolved = (
+        json.loads((run / "resolved_config.json").read_text()) if (run / "resolved_config.json").is_file() else {}
+    )
+    repo_id = args.repo_id or resolved.get("hub_model_id")
+    if not repo_id:
+        raise ConfigError(
+            f"no repo to push to: pass --repo-id org/name ({run}/resolved_config.json has no hub_model_id)"
+        )
+    private = args.private or bool(resolved.get("hub_private_repo"))
+
+    from dpotrain.resolve import hf_token
+
+    token = hf_token()
+    if not token:
+        raise ConfigError("no Hugging Face token: add HF_TOKEN=... to .env, or run `hf auth login`")
+    if offline.is_offline():
+        raise ConfigError(f"HF_HUB_OFFLINE is set, so {run} cannot be pushed to {repo_id} from here: unset it")
+    hub.check_write_access(repo_id, token)
+    print(f"Pushing {run} to {repo_id}{' (private)' if private else ''} ...", flush=True)
+    url = hub.push_run(run, repo_id, token=token, private=private or None)
+    print(f"Pushed to {url}", flush=True)
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
