@@ -1,0 +1,516 @@
+"""Offline compute nodes and pushing afterwards: the cache check, scripts/prefetch.py, scripts/push_to_hub.py and the
+write-access check.
+
+The Hub is unreachable here, so the cache is built by writing real artifacts where the libraries look: the tiny model
+in the hub cache layout, the data set through datasets' own builder under the name and commit a Hub load uses. A job
+-like subprocess (HF_HOME and HF_HUB_OFFLINE set before anything imports) proves that transformers and datasets really
+load them offline, and that the check agrees with the libraries on what is there and what is not.
+
+What needs the Hub itself cannot be tested here: prefetch's downloads, push_run's upload, and the Hub's real answers to
+whoami and auth-check. The scripts are run up to the last step before the network; check_write_access is run against
+a local server that answers in the Hub's documented shapes.
+"""
+
+import http.server
+import importlib.util
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+from conftest import PYTHON, ROOT
+from dpotrain import hub, offline
+from dpotrain.errors import ConfigError
+
+THINK = str(ROOT / "configs" / "think.yaml")
+MODEL, DATASET = "org/tiny-olmo3", "org/Tiny-Prefs"
+COMMIT = "0123456789abcdef0123456789abcdef01234567"
+SECRET = "hf_SECRETdoNotLeak123"
+
+
+def hub_cache_model(home: Path, repo_id: str, source: Path, skip: tuple[str, ...] = ()) -> None:
+    """A model repo as huggingface_hub caches it: snapshots/<commit>/<files> and refs/main -> <commit>.
+
+    Files are copied rather than linked to blobs/, the layout huggingface_hub itself uses where symlinks are not
+    available; readers only follow the snapshot path.
+    """
+    repo = home / "hub" / ("models--" + repo_id.replace("/", "--"))
+    snapshot = repo / "snapshots" / COMMIT
+    snapshot.mkdir(parents=True)
+    for f in source.iterdir():
+        if f.name not in skip:
+            shutil.copy(f, snapshot / f.name)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(COMMIT)
+
+
+def datasets_cache_dataset(home: Path, repo_id: str) -> None:
+    """The bundled pairs, prepared by datasets' JSON builder as `load_dataset(repo_id)` prepares a Hub repo of JSON
+    files: same cache folder (namespace, snake-cased name, config, version, commit) and same Arrow files."""
+    from datasets.data_files import DataFilesDict
+    from datasets.packaged_modules.json.json import Json
+
+    builder = Json(cache_dir=str(home / "datasets"), dataset_name=repo_id.split("/")[1], repo_id=repo_id, hash=COMMIT)
+    # Set after construction: the builder refuses data files outside the Hub repo it is named for.
+    builder.config.data_files = DataFilesDict.from_local_or_remote({"train": [str(ROOT / "data/smoke_prefs.jsonl")]})
+    builder.download_and_prepare()
+
+
+@pytest.fixture(scope="module")
+def hf_home(tmp_path_factory, tiny_model_dir) -> Path:
+    home = tmp_path_factory.mktemp("hf_home")
+    hub_cache_model(home, MODEL, Path(tiny_model_dir))
+    hub_cache_model(home, "org/tiny-no-weights", Path(tiny_model_dir), skip=("model.safetensors",))
+    datasets_cache_dataset(home, DATASET)
+    return home
+
+
+def job_env(home: Path, **extra) -> dict:
+    """The environment of an offline job on a compute node whose cache is `home`."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "TRANSFORMERS_OFFLINE"))}
+    return {**env, "HF_HOME": str(home), "HF_HUB_OFFLINE": "1", **extra}
+
+
+def run_script(script: str, args: list[str], env: dict, cwd: Path = ROOT) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [PYTHON, str(ROOT / "scripts" / script), *args],
+        cwd=cwd,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=120,
+    )
+
+
+def load_script(name: str):
+    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    module.load_dotenv = lambda *a, **k: None  # in-process: never load a developer's .env into the test session
+    return module
+
+
+# --- the cache check, in a job-like process ----------------------------------------------------------------------
+
+JOB = r"""
+import json, sys, time
+from dpotrain import offline
+from dpotrain.config import parse_args
+from dpotrain.errors import ConfigError
+
+results = {}
+
+def library(name, load):
+    try:
+        results[name] = load()
+    except Exception as e:
+        results[name] = "FAILED " + type(e).__name__
+
+def check(name, *args):
+    recipe = parse_args(["--config", sys.argv[1], "--dry-run", *args])
+    start = time.perf_counter()
+    try:
+        offline.check_offline_artifacts(recipe)
+        results[name] = "ok"
+    except ConfigError as e:
+        results[name] = str(e)
+    results[name + "_seconds"] = time.perf_counter() - start
+
+from transformers import AutoModelForCausalLM, AutoProcessor
+from dpotrain.data import load_preference_dataset
+
+library("model", lambda: type(AutoModelForCausalLM.from_pretrained("org/tiny-olmo3")).__name__)
+library("processor", lambda: AutoProcessor.from_pretrained("org/tiny-olmo3").eos_token)
+library("dataset", lambda: len(load_preference_dataset("org/Tiny-Prefs", "train")))
+library("library_without_weights", lambda: AutoModelForCausalLM.from_pretrained("org/tiny-no-weights"))
+library("library_absent_dataset", lambda: load_preference_dataset("org/absent-prefs", "train"))
+
+here = ["--model_name_or_path", "org/tiny-olmo3", "--dataset_name", "org/Tiny-Prefs"]
+check("complete", *here)
+check("absent_model", *here, "--model_name_or_path", "org/absent")
+check("without_weights", *here, "--model_name_or_path", "org/tiny-no-weights")
+check("absent_revision", *here, "--model_revision", "v2")
+check("absent_dataset", *here, "--dataset_name", "org/absent-prefs")
+check("absent_split", *here, "--dataset_train_split", "test")
+check("recipe_as_is")
+results["local"] = "ok"
+try:
+    offline.check_offline_artifacts(parse_args(["--config", "configs/smoke.yaml"]))
+except ConfigError as e:
+    results["local"] = str(e)
+
+import contextlib, importlib.util, io
+spec = importlib.util.spec_from_file_location("prefetch", "scripts/prefetch.py")
+prefetch = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(prefetch)
+with contextlib.redirect_stdout(io.StringIO()) as out:
+    prefetch.main(["--config", sys.argv[1], *here, "--split", "train"])
+results["prefetch"] = out.getvalue()
+print("RESULTS " + json.dumps(results))
+"""
+
+
+@pytest.fixture(scope="module")
+def offline_job(hf_home) -> dict:
+    result = subprocess.run(
+        [PYTHON, "-c", JOB, THINK],
+        cwd=ROOT,
+        env={**job_env(hf_home, HF_TOKEN=SECRET), "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    line = next((x for x in result.stdout.splitlines() if x.startswith("RESULTS ")), None)
+    assert line, result.stdout[-2000:] + result.stderr[-3000:]
+    return json.loads(line.removeprefix("RESULTS "))
+
+
+def test_the_cache_layout_is_the_one_the_libraries_read_offline(offline_job):
+    assert offline_job["model"] == "Olmo3ForCausalLM"
+    assert offline_job["processor"] == "<|im_end|>"  # the tokenizer with its config, not a bare one
+    assert offline_job["dataset"] == 384
+    assert SECRET not in json.dumps(offline_job)
+
+
+def test_check_passes_when_everything_is_cached_and_is_fast(offline_job):
+    assert offline_job["complete"] == "ok"
+    assert offline_job["complete_seconds"] < 2
+
+
+def test_check_skips_builtin_models_and_local_data(offline_job):
+    assert offline_job["local"] == "ok"
+
+
+@pytest.mark.parametrize(
+    "case, library_case, names",
+    [
+        ("absent_model", None, ["model 'org/absent' is not cached", "--model_name_or_path org/absent"]),
+        (
+            "without_weights",
+            "library_without_weights",
+            ["'org/tiny-no-weights' lacks weights (model.safetensors", "--model_name_or_path org/tiny-no-weights"],
+        ),
+        ("absent_revision", None, ["model 'org/tiny-olmo3' at revision 'v2' is not cached", "--model_revision v2"]),
+        (
+            "absent_dataset",
+            "library_absent_dataset",
+            ["dataset 'org/absent-prefs': not cached", "--dataset_name org/absent"],
+        ),
+        ("absent_split", None, ["has no split 'test', only ['train']", "--dataset_train_split test"]),
+    ],
+)
+def test_a_missing_piece_is_refused_with_the_prefetch_command(offline_job, hf_home, case, library_case, names):
+    message = offline_job[case]
+    assert message.startswith("offline (HF_HUB_OFFLINE) and not in the local Hugging Face cache: ")
+    assert f"run: HF_HOME={hf_home} python scripts/prefetch.py --config {THINK} " in message
+    for name in names:
+        assert name in message
+    assert "\n" not in message
+    if library_case:  # the library agrees: it fails on the same cache
+        assert offline_job[library_case].startswith("FAILED")
+
+
+def test_the_shipped_recipe_names_its_hub_artifacts_and_no_overrides(offline_job, hf_home):
+    message = offline_job["recipe_as_is"]
+    assert "model 'geodesic-research/sfm-sft_dolci_think_unfiltered' is not cached" in message
+    assert "dataset 'allenai/Dolci-Think-DPO-7B': not cached" in message
+    assert message.endswith(f"run: HF_HOME={hf_home} python scripts/prefetch.py --config {THINK}")
+
+
+def test_online_jobs_are_not_checked(monkeypatch):
+    from huggingface_hub import constants
+
+    from dpotrain.config import parse_args
+
+    recipe = parse_args(
+        ["--config", THINK, "--dry-run", "--model_name_or_path", "org/never", "--dataset_name", "o/never"]
+    )
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "0")
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "0")
+    offline.check_offline_artifacts(recipe)  # nothing cached, nothing refused
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")  # datasets' own switch alone: only the data set is looked at
+    with pytest.raises(ConfigError, match="cache: dataset 'o/never': not cached. On a login node") as info:
+        offline.check_offline_artifacts(recipe)
+    assert "org/never'" not in str(info.value)
+
+
+def test_prefetch_selects_one_weight_format_and_no_subfolders():
+    files = [
+        "config.json",
+        "generation_config.json",
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "chat_template.jinja",
+        "additional_chat_templates/tool_use.jinja",
+        "model-00001-of-00002.safetensors",
+        "model-00002-of-00002.safetensors",
+        "model.safetensors.index.json",
+        "pytorch_model.bin",
+        "original/consolidated.safetensors",
+        "onnx/config.json",
+        "README.md",
+        ".gitattributes",
+    ]
+    assert offline.select_model_files(files) == sorted(
+        [
+            "config.json",
+            "generation_config.json",
+            "tokenizer.json",
+            "tokenizer_config.json",
+            "chat_template.jinja",
+            "additional_chat_templates/tool_use.jinja",
+            "model-00001-of-00002.safetensors",
+            "model-00002-of-00002.safetensors",
+            "model.safetensors.index.json",
+        ]
+    )
+    assert "pytorch_model.bin" in offline.select_model_files(["config.json", "pytorch_model.bin"])
+
+
+# --- scripts/prefetch.py -----------------------------------------------------------------------------------------
+
+
+def test_prefetch_has_nothing_to_fetch_for_local_recipes(capsys):
+    load_script("prefetch").main(["--config", str(ROOT / "configs" / "smoke.yaml")])
+    assert "Nothing to fetch: builtin:tiny-olmo3 and data/smoke_prefs.jsonl are local." in capsys.readouterr().out
+
+
+def test_prefetch_offline_confirms_a_complete_cache(offline_job):
+    assert (
+        offline_job["prefetch"] == "Everything is cached already (HF_HUB_OFFLINE is set, so nothing was downloaded).\n"
+    )
+
+
+def test_prefetch_offline_with_an_empty_cache_says_so_in_one_line(tmp_path):
+    result = run_script("prefetch.py", ["--config", THINK], job_env(tmp_path / "empty"))
+    assert result.returncode == 2
+    assert result.stdout.strip().splitlines()[-1] == (
+        "error: HF_HUB_OFFLINE is set, so nothing can download, and the cache lacks: model "
+        "'geodesic-research/sfm-sft_dolci_think_unfiltered' is not cached; dataset 'allenai/Dolci-Think-DPO-7B': "
+        "not cached. Run this where the Hub is reachable, without HF_HUB_OFFLINE"
+    )
+    assert "Traceback" not in result.stdout
+
+
+@pytest.mark.parametrize(
+    "error, says",
+    [
+        (
+            "Dataset 'o/d' is a gated dataset on the Hub. You must be authenticated to access it.",
+            "is gated: accept its terms at https://huggingface.co/datasets/o/d",
+        ),
+        ("Dataset 'o/d' doesn't exist on the Hub or cannot be accessed.", "is not on the Hub, or is private and no"),
+        ("Revision 'v9' doesn't exist for dataset 'o/d' on the Hub.", "has no revision 'v9'"),
+    ],
+)
+def test_prefetch_turns_download_errors_into_what_to_do(error, says):
+    from datasets.exceptions import DatasetNotFoundError
+
+    message = load_script("prefetch").hub_error(DatasetNotFoundError(error), "dataset", "o/d", "v9", None)
+    assert says in message and "\n" not in message
+
+
+# --- scripts/push_to_hub.py --------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def finished_run(tmp_path, tiny_model_dir) -> Path:
+    """A run folder with every file a finished run has (the model is the tiny one; the card and plot are stand-ins)."""
+    run = tmp_path / "outputs" / "think-dpo"
+    shutil.copytree(tiny_model_dir, run)
+    (run / "README.md").write_text("# think-dpo\n")
+    (run / "training_curves.png").write_bytes(b"\x89PNG\r\n\x1a\n")
+    (run / "run_complete.json").write_text('{"global_step": 1}\n')
+    (run / "resolved_config.json").write_text(json.dumps({"hub_model_id": "org/from-config", "run_name": "x"}))
+    (run / "checkpoint-1").mkdir()
+    return run
+
+
+def test_push_refuses_a_folder_that_is_not_a_finished_run(tmp_path):
+    run = tmp_path / "outputs" / "half"
+    (run / "checkpoint-100").mkdir(parents=True)
+    (run / "config.json").write_text("{}")
+    with pytest.raises(ConfigError) as info:
+        load_script("push_to_hub").main([str(run)])
+    assert str(info.value) == (
+        f"{run} is not a finished run: missing run_complete.json (training has not finished: resume it with the same "
+        "command), tokenizer_config.json, model.safetensors, tokenizer.json, README.md, training_curves.png"
+    )
+
+
+@pytest.mark.parametrize("missing", ["run_complete.json", "model.safetensors", "README.md", "training_curves.png"])
+def test_each_piece_of_a_finished_run_is_required(finished_run, missing):
+    assert hub.run_folder_problems(finished_run) == []
+    (finished_run / missing).unlink()
+    assert [p.split(" ")[0] for p in hub.run_folder_problems(finished_run)] == [missing]
+
+
+def test_a_sharded_model_needs_every_shard(finished_run):
+    (finished_run / "model.safetensors").rename(finished_run / "model-00001-of-00002.safetensors")
+    weight_map = {"a": "model-00001-of-00002.safetensors", "b": "model-00002-of-00002.safetensors"}
+    (finished_run / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
+    assert hub.run_folder_problems(finished_run) == ["model-00002-of-00002.safetensors"]
+
+
+def test_push_refuses_without_a_token(tmp_path, finished_run):
+    # The command line as a user without a login runs it: no HF_TOKEN, an empty HF_HOME (no cached login).
+    env = {**os.environ, "HF_TOKEN": "", "HF_HOME": str(tmp_path / "hf")}
+    result = run_script("push_to_hub.py", [str(finished_run)], env, cwd=tmp_path)
+    assert result.returncode == 2
+    assert result.stdout.strip() == ("error: no Hugging Face token: add HF_TOKEN=... to .env, or run `hf auth login`")
+
+
+@pytest.mark.parametrize(
+    "args, repo", [([], "org/from-config"), (["--repo-id", "me/other"], "me/other"), (["--private"], "org/from-config")]
+)
+def test_push_goes_to_the_runs_hub_model_id_unless_told(monkeypatch, capsys, finished_run, args, repo):
+    """Up to the last step before the network: offline, the push is refused naming the repo it would go to."""
+    monkeypatch.setenv("HF_TOKEN", SECRET)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(ConfigError) as info:
+        load_script("push_to_hub").main([str(finished_run), *args])
+    assert str(info.value) == f"HF_HUB_OFFLINE is set, so {finished_run} cannot be pushed to {repo} from here: unset it"
+    assert SECRET not in str(info.value) + capsys.readouterr().out
+
+
+def test_push_without_hub_model_id_asks_for_repo_id(monkeypatch, finished_run):
+    monkeypatch.setenv("HF_TOKEN", SECRET)
+    (finished_run / "resolved_config.json").write_text(json.dumps({"hub_model_id": None}))
+    with pytest.raises(ConfigError, match=r"no repo to push to: pass --repo-id org/name \(.*has no hub_model_id\)"):
+        load_script("push_to_hub").main([str(finished_run)])
+
+
+# --- check_write_access --------------------------------------------------------------------------------------------
+
+
+def test_write_access_check_is_skipped_offline(monkeypatch, capsys):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    hub.check_write_access("org/name", SECRET)  # no network call, no refusal
+    out = capsys.readouterr().out
+    assert out.startswith("Skipped checking write access to org/name: HF_HUB_OFFLINE is set.")
+    assert "python scripts/push_to_hub.py" in out and SECRET not in out
+
+
+def whoami(role="write", orgs=(), scoped=()):
+    """HfApi.whoami()'s answer, in the shape /api/whoami-v2 returns (user, orgs with roles, the token's auth)."""
+    token = {"displayName": "cluster", "role": role}
+    if role == "fineGrained":
+        token["fineGrained"] = {"canReadGatedRepos": True, "global": [], "scoped": list(scoped)}
+    return {
+        "type": "user",
+        "name": "me",
+        "orgs": [{"type": "org", "name": name, "roleInOrg": r} for name, r in orgs],
+        "auth": {"type": "access_token", "accessToken": token},
+    }
+
+
+def scope(name, *permissions, kind="org"):
+    return {"entity": {"_id": "x", "type": kind, "name": name}, "permissions": list(permissions)}
+
+
+@pytest.mark.parametrize(
+    "answer, repo, refusal",
+    [
+        (whoami(), "me/run", None),
+        (whoami(), "run", None),  # no namespace: the user's
+        (whoami(orgs=[("lab", "write")]), "lab/run", None),
+        (whoami(orgs=[("lab", "contributor")]), "lab/run", None),  # may create; an existing repo is asked about
+        (whoami(role="read"), "me/run", "token 'cluster' is read-only, so it cannot push to me/run"),
+        (whoami(orgs=[("lab", "admin")]), "other/run", "'other' is neither the token's user nor one of its"),
+        (whoami(orgs=[("lab", "read")]), "lab/run", "'me' has the read role in 'lab'"),
+        (whoami("fineGrained", [("lab", "write")], [scope("lab", "repo.write")]), "lab/run", None),
+        (whoami("fineGrained", scoped=[scope("me/run", "repo.write", kind="model")]), "me/run", None),
+        (whoami("fineGrained", scoped=[scope("me", "repo.content.read", kind="user")]), "me/run", "without write"),
+        (whoami("fineGrained", [("lab", "write")], [scope("me", "repo.write", kind="user")]), "lab/run", "'lab'"),
+    ],
+)
+def test_write_access_from_the_whoami_answer(answer, repo, refusal):
+    problem = hub.write_access_problem(answer, repo)
+    if refusal is None:
+        assert problem is None
+    else:
+        assert problem and refusal in problem
+
+
+class FakeHub(http.server.BaseHTTPRequestHandler):
+    """Answers /api/whoami-v2 and /api/models/<repo>/auth-check/write as the Hub does, from class attributes."""
+
+    whoami_status, auth_status = 200, {}
+
+    def do_GET(self):
+        if self.path == "/api/whoami-v2":
+            self.reply(self.whoami_status, whoami(orgs=[("lab", "contributor")]))
+        else:
+            repo = self.path.removeprefix("/api/models/").removesuffix("/auth-check/write")
+            status = self.auth_status.get(repo, 404)
+            headers = {"X-Error-Code": "RepoNotFound"} if status == 404 else {}
+            self.reply(status, {"error": "nope"} if status != 200 else {}, headers)
+
+    def reply(self, status, body, headers=None):
+        payload = json.dumps(body).encode()
+        self.send_response(status)
+        for k, v in {"Content-Type": "application/json", **(headers or {})}.items():
+            self.send_header(k, v)
+        self.send_header("Content-Length", str(len(payload)))
+        self.end_headers()
+        self.wfile.write(payload)
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def local_hub(monkeypatch):
+    """huggingface_hub pointed at a local server, online: its real HTTP client, errors and parsing at work."""
+    from huggingface_hub import constants
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), FakeHub)
+    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+    monkeypatch.setattr(constants, "ENDPOINT", f"http://127.0.0.1:{server.server_port}")
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "0")
+    monkeypatch.setattr(FakeHub, "auth_status", {"lab/theirs": 403, "lab/mine": 200})
+    monkeypatch.setattr(FakeHub, "whoami_status", 200)
+    yield FakeHub
+    server.shutdown()
+
+
+def test_write_access_against_the_hubs_answers(local_hub):
+    hub.check_write_access("lab/mine", SECRET)  # exists, writable
+    hub.check_write_access("lab/new", SECRET)  # does not exist yet: created by the push
+    with pytest.raises(ConfigError, match="'me' cannot write to the existing repo lab/theirs"):
+        hub.check_write_access("lab/theirs", SECRET)
+    with pytest.raises(ConfigError, match="'other' is neither the token's user"):
+        hub.check_write_access("other/run", SECRET)
+    local_hub.whoami_status = 401
+    with pytest.raises(ConfigError, match="the Hugging Face token is invalid or expired"):
+        hub.check_write_access("lab/mine", SECRET)
+
+
+def test_write_access_says_when_the_hub_cannot_be_reached(monkeypatch):
+    from huggingface_hub import constants
+
+    with socket.socket() as sock:  # a local port that nothing listens on once closed
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    monkeypatch.setattr(constants, "ENDPOINT", f"http://127.0.0.1:{port}")
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "0")
+    with pytest.raises(ConfigError) as info:
+        hub.check_write_access("me/run", SECRET)
+    message = str(info.value)
+    assert message.startswith("could not reach the Hugging Face Hub to check write access to me/run (Connect")
+    assert "set HF_HUB_OFFLINE=1 and push afterwards with scripts/push_to_hub.py" in message
+    assert SECRET not in message
+
+
+if __name__ == "__main__":
+    sys.exit(pytest.main([__file__, "-q"]))
