@@ -13,13 +13,14 @@ Any TRL / transformers field is a command-line override (--learning_rate 5e-7, -
 """
 
 import json
+import os
 import shutil
 import sys
 from pathlib import Path
 
 from dotenv import load_dotenv
 
-from dpotrain import data, hub, resolve
+from dpotrain import data, hub, offline, resolve
 from dpotrain.config import parse_args
 from dpotrain.errors import ConfigError
 from dpotrain.metrics import PLOT_FILE, plot_metrics, read_metrics
@@ -43,7 +44,11 @@ def main(argv=None) -> None:
         print(json.dumps(resolve.resolved_config(recipe, derived), indent=2, default=str))
         return
     resolve.check_push(recipe)
+    repo_id = training.hub_model_id or training.run_name
+    if training.push_to_hub and int(os.environ.get("RANK", "0")) == 0:  # one whoami, not one per rank (rate limits)
+        hub.check_write_access(repo_id, training.hub_token or resolve.hf_token())  # now, not after training
     plan = resolve.check_output_dir(recipe)
+    offline.check_offline_artifacts(recipe)  # with HF_HUB_OFFLINE: model, tokenizer and data set must be cached
 
     from accelerate import PartialState
 
@@ -84,11 +89,12 @@ def main(argv=None) -> None:
         summary = {"global_step": trainer.state.global_step, "final": records[-1] if records else None}
         (out / resolve.RUN_COMPLETE).write_text(json.dumps(summary, indent=2) + "\n")
         print(f"Saved model, metrics and {PLOT_FILE} to {out}", flush=True)
-        if training.push_to_hub:
-            repo = training.hub_model_id or training.run_name
-            url = hub.push_run(
-                out, repo, token=training.hub_token or resolve.hf_token(), private=training.hub_private_repo
-            )
+        if training.push_to_hub and offline.is_offline():
+            print(f"HF_HUB_OFFLINE is set: push from a login node with "
+                  f"`python scripts/push_to_hub.py {out} --repo-id {repo_id}`", flush=True)  # fmt: skip
+        elif training.push_to_hub:
+            token = training.hub_token or resolve.hf_token()
+            url = hub.push_run(out, repo_id, token=token, private=training.hub_private_repo)
             print(f"Pushed to {url}", flush=True)
     state.wait_for_everyone()
 

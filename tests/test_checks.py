@@ -12,6 +12,14 @@ from dpotrain.errors import ConfigError
 BASE = ["--config", str(ROOT / "configs" / "smoke.yaml"), "--model_name_or_path", "org/not-a-model-here"]
 
 
+@pytest.fixture(autouse=True)
+def online(monkeypatch):
+    # Offline, the missing model would be the first thing refused (tests/test_offline_and_push.py covers that).
+    # No request is made either way: every check here refuses before anything is fetched.
+    monkeypatch.setenv("HF_HUB_OFFLINE", "0")
+    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_OFFLINE", False)
+
+
 def refused(tmp_path, *args) -> str:
     with pytest.raises(ConfigError) as info:
         train_dpo.main([*BASE, "--output_dir", str(tmp_path / "run"), *args])
