@@ -798,11 +798,15 @@ def auto_max_length(
     """`max_length: auto`: the smallest multiple of 512 covering `coverage` of the training split's pairs.
 
     Reuses the cached report for the same data set (`dataset_id`, from `dataset_identity`; the data set's
-    fingerprint when None), tokenizer and chat template; otherwise analyses every row and caches the result.
+    fingerprint when None), tokenizer and chat template; otherwise analyses every row and caches the result. Under a
+    multi-process launch, call it on the main process first (`PartialState().main_process_first()`): the other
+    ranks then read the cache instead of each analysing the data set.
     Returns {"max_length", "coverage" (achieved), "target_coverage", "rows", "truncated", "dropped", "cached",
     "report" (the cached JSON report's path)}. Invalid rows raise `InvalidRowError` (a `ConfigError`).
     """
     if dataset_id is None:
+        if getattr(dataset, "_fingerprint", None) is None:
+            raise ValueError("a streaming data set has no fingerprint: pass dataset_id=dataset_identity(name, ...)")
         dataset_id = f"fingerprint:{dataset._fingerprint}"
     found = cached_auto_max_length(dataset_id, tokenizer, coverage, cache_dir)
     if found is not None:

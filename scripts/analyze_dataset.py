@@ -34,7 +34,6 @@ from dpotrain import data, lengths  # noqa: E402
 from dpotrain.errors import ConfigError  # noqa: E402
 
 DEFAULT_DATASET = "allenai/Dolci-Instruct-DPO"  # the seed's default
-RECIPE_KEYS = ("model_name_or_path", "dataset_name", "dataset_config", "dataset_train_split", "max_length")
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -104,11 +103,18 @@ def main(argv=None) -> int:
     """Exit status: 0, or 2 after one line `error: ...` (bad input: which row, which column, what to do)."""
     load_dotenv(ROOT / ".env")  # HF_TOKEN for gated or private data sets; the environment wins
     args = parse_args(argv)
+    from transformers.utils import logging as transformers_logging
+
+    # Not "Token indices sequence length is longer than the specified maximum": measuring long rows is the point.
+    verbosity = transformers_logging.get_verbosity()
+    transformers_logging.set_verbosity_error()
     try:
         return analyze(args)
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    finally:
+        transformers_logging.set_verbosity(verbosity)
 
 
 def analyze(args: argparse.Namespace) -> int:

@@ -12,8 +12,8 @@ import subprocess
 
 import numpy as np
 import pytest
-from conftest import PYTHON, ROOT
 
+from conftest import PYTHON, ROOT
 from dpotrain import builtin, data, lengths
 
 SCRIPT = ROOT / "scripts" / "analyze_dataset.py"
@@ -250,6 +250,17 @@ def test_sample_is_seeded_and_plot_is_a_png(cli, tmp_path, tiny_model_dir):
         reports.append(json.loads(out.read_text()))
     assert reports[0]["rows"] == 10 and reports[0]["total"] == reports[1]["total"]
     assert (tmp_path / "a.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.parametrize("streaming", [False, True], ids=["in memory", "streaming"])
+def test_sample_keeps_the_original_row_indices(streaming, cli, tmp_path, tiny_model_dir):
+    rows = [GOOD if i % 2 else BAD_ROWS["identical"][0] for i in range(20)]  # every even row is invalid
+    out = tmp_path / "r.json"
+    argv = [write_jsonl(tmp_path / "d.jsonl", rows), "--tokenizer", tiny_model_dir, "--sample", "15", "--skip-invalid"]
+    assert cli.main([*argv, "--json", str(out), "--num-proc", "1", *(["--streaming"] if streaming else [])]) == 0
+    report = json.loads(out.read_text())
+    assert report["rows"] + report["invalid"]["count"] == 15
+    assert report["invalid"]["count"] > 0 and all(r["index"] % 2 == 0 for r in report["invalid"]["rows"])
 
 
 # --- bad input -------------------------------------------------------------------------------------------------------
