@@ -689,8 +689,8 @@ def load_tokenizer(name_or_path: str, revision: str | None = None):
 def dataset_identity(name: str, split: str = "train", config: str | None = None, revision: str | None = None) -> str:
     """What a cached report is valid for: a local file's path + size + mtime, or a Hub data set's commit.
 
-    A Hub revision is resolved to its commit when the Hub can be reached; offline, the revision name stands in (a
-    report cached offline is then reused until a run online resolves the commit).
+    A Hub revision is resolved to its commit: online by asking the Hub, offline from the local Hub cache's refs (a
+    data set downloaded on this machine), else the revision name stands in.
     """
     from . import data
 
@@ -702,14 +702,18 @@ def dataset_identity(name: str, split: str = "train", config: str | None = None,
             st = f.stat()
             stamp.update(f"{f.relative_to(path) if f != path else ''}:{st.st_size}:{st.st_mtime_ns};".encode())
         return f"local:{path.resolve()}:{split}:{stamp.hexdigest()[:16]}"
-    commit = revision or "main"
-    try:
-        from huggingface_hub import HfApi
+    return f"hub:{name}:{config or 'default'}:{split}@{_hub_commit(name, revision)}"
 
-        commit = HfApi().dataset_info(name, revision=revision, timeout=10).sha or commit
-    except Exception:  # offline, or no access: the revision name stands in
-        pass
-    return f"hub:{name}:{config or 'default'}:{split}@{commit}"
+
+def _hub_commit(name: str, revision: str | None) -> str:
+    from huggingface_hub import HfApi
+    from huggingface_hub.constants import HF_HUB_CACHE
+
+    try:
+        return HfApi().dataset_info(name, revision=revision, timeout=10).sha
+    except Exception:  # offline, or no access
+        ref = Path(HF_HUB_CACHE) / f"datasets--{name.replace('/', '--')}" / "refs" / (revision or "main")
+        return ref.read_text().strip() if ref.is_file() else revision or "main"
 
 
 def tokenizer_identity(tokenizer) -> dict:

@@ -389,6 +389,17 @@ def test_auto_max_length_caches_per_dataset_tokenizer_and_template(tokenizer, tm
     assert lengths.dataset_identity(path) != dataset_id
 
 
+def test_hub_identity_offline_comes_from_the_local_hub_cache(tmp_path, monkeypatch):
+    import huggingface_hub.constants
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path))
+    refs = tmp_path / "datasets--org--think" / "refs"
+    refs.mkdir(parents=True)
+    (refs / "main").write_text("0123abcd\n")
+    assert lengths.dataset_identity("org/think") == "hub:org/think:default:train@0123abcd"  # HF_HUB_OFFLINE=1 here
+    assert lengths.dataset_identity("org/think", "test", "sub", "v2") == "hub:org/think:sub:test@v2"
+
+
 def test_cli_run_is_reused_by_a_dry_run(cli, tokenizer, tmp_path, tiny_model_dir):
     path = write_jsonl(tmp_path / "d.jsonl", _messages_rows())
     assert lengths.cached_auto_max_length(lengths.dataset_identity(path), tokenizer) is None
