@@ -22,6 +22,7 @@ import hashlib
 import json
 import math
 import os
+import sys
 import time
 from collections import deque
 from pathlib import Path
@@ -343,7 +344,7 @@ def measure(
         print(
             f"warning: the batched tokenization differed from TRL's in {mismatches} chunk(s); those were measured "
             "one row at a time (exact, slower)",
-            flush=True,
+            file=sys.stderr,
         )
     arr = np.asarray(lengths, dtype=np.int64).reshape(-1, 3)
     return Measured(
@@ -395,7 +396,10 @@ def _ordered_map(fn, items, num_proc: int, initargs: tuple):
     data set larger than memory is never read ahead of the workers (multiprocessing's imap would read it all)."""
     if num_proc <= 1:
         _init_worker(*initargs)
-        yield from map(fn, items)
+        try:
+            yield from map(fn, items)
+        finally:
+            _WORKER.clear()  # do not keep the data set alive
         return
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
