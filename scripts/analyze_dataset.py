@@ -39,7 +39,6 @@ DEFAULT_DATASET = "allenai/Dolci-Instruct-DPO"  # the seed's default
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         description="Token lengths of a DPO data set as TRL's DPOTrainer tokenizes it, and the max_length to use.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     p.add_argument(
         "dataset", nargs="?", help=f"Hub name or local JSONL/Parquet/saved folder [recipe's, else {DEFAULT_DATASET}]"
@@ -49,8 +48,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--split", help="split to analyse [the recipe's dataset_train_split, else train]")
     p.add_argument("--revision", help="Hub data set revision (branch, tag or commit)")
     p.add_argument("--sample", type=int, help="analyse N rows drawn with --seed instead of every row")
-    p.add_argument("--seed", type=int, default=42, help="for --sample and the shuffled-batch padding figures")
-    p.add_argument("--num-proc", type=int, default=lengths.available_cpus(), help="tokenizing processes")
+    p.add_argument("--seed", type=int, default=42, help="for --sample and the shuffled-batch padding figures [42]")
+    p.add_argument(
+        "--num-proc", type=int, default=lengths.available_cpus(), help="tokenizing processes [the CPUs available]"
+    )
     p.add_argument(
         "--candidates",
         type=int,
