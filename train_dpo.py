@@ -41,6 +41,8 @@ def main(argv=None) -> None:
     if recipe.project.dry_run:
         rows = data.count_local_rows(script.dataset_name) if data.is_local(script.dataset_name) else None
         derived.update(resolve.plan_steps(recipe, world, rows))
+        if recipe.max_length_auto:
+            derived["max_length"] = resolve.preview_auto_max_length(recipe)
         print(json.dumps(resolve.resolved_config(recipe, derived), indent=2, default=str))
         return
     resolve.check_push(recipe)
@@ -61,6 +63,8 @@ def main(argv=None) -> None:
         script.dataset_name, script.dataset_train_split, script.dataset_config, streaming=script.dataset_streaming
     )
     derived.update(resolve.plan_steps(recipe, world, len(dataset) if hasattr(dataset, "__len__") else None))
+    if recipe.max_length_auto:
+        derived["max_length"] = resolve.auto_max_length(recipe, dataset, state)
     if state.is_main_process:
         setup_wandb(training)
 

@@ -50,6 +50,12 @@ def builtin_dir() -> Path:
     return Path(os.environ.get("DPOTRAIN_BUILTIN_DIR", PROJECT_ROOT / "outputs" / ".builtin"))
 
 
+def existing_model_dir(name: str) -> str | None:
+    """The folder of an already built built-in model, or None (nothing is built)."""
+    target = builtin_dir() / f"{name.removeprefix(BUILTIN_PREFIX)}-v{_BUILD_VERSION}"
+    return str(target) if (target / "model.safetensors").exists() else None
+
+
 def materialize_model(name: str, vocab_size: int = 1024, seed: int = 0) -> str:
     """Return a local folder holding the built-in model `name` (with its tokenizer), building it on first use."""
     key = name.removeprefix(BUILTIN_PREFIX)
@@ -57,9 +63,10 @@ def materialize_model(name: str, vocab_size: int = 1024, seed: int = 0) -> str:
         raise ValueError(
             f"unknown built-in model {name!r}: choose one of {[BUILTIN_PREFIX + k for k in BUILTIN_MODELS]}"
         )
+    existing = existing_model_dir(name)
+    if existing:
+        return existing
     target = builtin_dir() / f"{key}-v{_BUILD_VERSION}"
-    if (target / "model.safetensors").exists():
-        return str(target)
     target.parent.mkdir(parents=True, exist_ok=True)
     # Build in a private folder and rename: several ranks of one launch may race here, and a reader must never see
     # a half-written model. The build is deterministic, so whichever rename wins holds the same files.

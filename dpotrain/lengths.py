@@ -690,11 +690,13 @@ def load_tokenizer(name_or_path: str, revision: str | None = None):
     return AutoTokenizer.from_pretrained(name_or_path, revision=revision)
 
 
-def dataset_identity(name: str, split: str = "train", config: str | None = None, revision: str | None = None) -> str:
+def dataset_identity(
+    name: str, split: str = "train", config: str | None = None, revision: str | None = None, local_only: bool = False
+) -> str:
     """What a cached report is valid for: a local file's path + size + mtime, or a Hub data set's commit.
 
-    A Hub revision is resolved to its commit: online by asking the Hub, offline from the local Hub cache's refs (a
-    data set downloaded on this machine), else the revision name stands in.
+    A Hub revision is resolved to its commit: online by asking the Hub (not with `local_only`, as in a dry run),
+    offline from the local Hub cache's refs (a data set downloaded on this machine), else the revision name stands in.
     """
     from . import data
 
@@ -706,14 +708,16 @@ def dataset_identity(name: str, split: str = "train", config: str | None = None,
             st = f.stat()
             stamp.update(f"{f.relative_to(path) if f != path else ''}:{st.st_size}:{st.st_mtime_ns};".encode())
         return f"local:{path.resolve()}:{split}:{stamp.hexdigest()[:16]}"
-    return f"hub:{name}:{config or 'default'}:{split}@{_hub_commit(name, revision)}"
+    return f"hub:{name}:{config or 'default'}:{split}@{_hub_commit(name, revision, local_only)}"
 
 
-def _hub_commit(name: str, revision: str | None) -> str:
+def _hub_commit(name: str, revision: str | None, local_only: bool = False) -> str:
     from huggingface_hub import HfApi
     from huggingface_hub.constants import HF_HUB_CACHE
 
     try:
+        if local_only:
+            raise LookupError("no network in a dry run")
         return HfApi().dataset_info(name, revision=revision, timeout=10).sha
     except Exception:  # offline, or no access
         ref = Path(HF_HUB_CACHE) / f"datasets--{name.replace('/', '--')}" / "refs" / (revision or "main")

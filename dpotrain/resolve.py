@@ -154,8 +154,51 @@ def resolved_config(recipe: Recipe, derived: dict) -> dict:
     resolved.update(recipe.training.to_dict())
     resolved["pad_token"] = recipe.training.pad_token  # to_dict hides every `*_token` field; only hub_token is secret
     resolved.pop("dry_run")
-    if recipe.max_length_auto and "max_length" not in derived:
-        resolved["max_length"] = "auto"
+    if recipe.max_length_auto:  # the analyzer's choice (derived.max_length says how it was made), or "auto"
+        resolved["max_length"] = derived.get("max_length", {}).get("max_length", "auto")
     resolved["config"] = recipe.config_path
     resolved["derived"] = derived
     return resolved
+
+
+def auto_max_length(recipe: Recipe, dataset, state) -> dict:
+    """`max_length: auto`: the analyzer's choice on the training split (cached per data set, tokenizer, template).
+
+    Sets `max_length` before the trainer is built (its drop filter reads it then) and returns the choice with its
+    coverage, for the resolved config. The main process analyses first; the other ranks then read its cache.
+    """
+    from . import lengths
+
+    script = recipe.script
+    tokenizer = lengths.load_tokenizer(recipe.model.model_name_or_path, recipe.model.model_revision)
+    dataset_id = lengths.dataset_identity(script.dataset_name, script.dataset_train_split, script.dataset_config)
+    with state.main_process_first():
+        choice = lengths.auto_max_length(
+            dataset, tokenizer, recipe.project.auto_coverage, dataset_id, progress=state.is_main_process
+        )
+    recipe.training.max_length = choice["max_length"]
+    return choice
+
+
+def preview_auto_max_length(recipe: Recipe) -> dict:
+    """What `max_length: auto` will resolve to, for a dry run: a cached analyzer report if one matches, read with
+    files already on this machine only (no network, no model, no data set)."""
+    from . import builtin, lengths
+
+    script, name = recipe.script, recipe.model.model_name_or_path
+    command = f"python scripts/analyze_dataset.py --config {recipe.config_path or '<recipe>'}"
+    pending = {"max_length": "auto", "target_coverage": recipe.project.auto_coverage, "cached": False,
+               "resolved": f"at start, by analysing the training split (to see it now: {command})"}  # fmt: skip
+    try:
+        from transformers import AutoTokenizer
+
+        path = builtin.existing_model_dir(name) if builtin.is_builtin(name) else name
+        if path is None:
+            return pending
+        tokenizer = AutoTokenizer.from_pretrained(path, revision=recipe.model.model_revision, local_files_only=True)
+        dataset_id = lengths.dataset_identity(
+            script.dataset_name, script.dataset_train_split, script.dataset_config, local_only=True
+        )
+        return lengths.cached_auto_max_length(dataset_id, tokenizer, recipe.project.auto_coverage) or pending
+    except (OSError, ValueError):  # tokenizer not on this machine
+        return pending
