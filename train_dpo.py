@@ -15,14 +15,13 @@ Any TRL / transformers field is a command-line override (--learning_rate 5e-7, -
 import json
 import os
 import shutil
-import sys
 from pathlib import Path
 
 from dotenv import load_dotenv
 
 from dpotrain import data, hub, offline, resolve
 from dpotrain.config import parse_args
-from dpotrain.errors import ConfigError
+from dpotrain.errors import run_cli
 from dpotrain.metrics import PLOT_FILE, plot_metrics, read_metrics
 from dpotrain.tracking import setup_wandb
 
@@ -104,7 +103,4 @@ def main(argv=None) -> None:
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except ConfigError as e:
-        sys.exit(f"error: {e}")
+    run_cli(main)

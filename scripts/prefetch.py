@@ -24,7 +24,7 @@ from dotenv import load_dotenv  # noqa: E402
 
 from dpotrain import data, offline  # noqa: E402
 from dpotrain.config import parse_args  # noqa: E402
-from dpotrain.errors import ConfigError  # noqa: E402
+from dpotrain.errors import ConfigError, run_cli  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -113,8 +113,4 @@ def hub_error(error: Exception, kind: str, name: str, revision: str | None, toke
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(2)
+    run_cli(main)

@@ -21,7 +21,7 @@ sys.path.insert(0, str(ROOT))  # run as `python scripts/push_to_hub.py` from any
 from dotenv import load_dotenv  # noqa: E402
 
 from dpotrain import hub, offline  # noqa: E402
-from dpotrain.errors import ConfigError  # noqa: E402
+from dpotrain.errors import ConfigError, run_cli  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -62,8 +62,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(2)
+    run_cli(main)
