@@ -36,6 +36,11 @@ class GracefulStop(TrainerCallback):
         return cls(os.environ.get(STOP_FILE_ENV) or None)
 
     def _on_signal(self, signum, frame):
+        if self.signal_received is not None:
+            # Asked twice (torchrun shutting workers down after another rank failed, or an impatient user): the
+            # step boundary may never come, so end now the way the signal would have without us.
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
         self.signal_received = signum  # nothing else: we may be in the middle of a collective
 
     def _asked_here(self) -> bool:

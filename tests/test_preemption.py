@@ -1,0 +1,94 @@
+"""A stop request (signal or stop file) checkpoints at a step boundary; a rerun resumes to the same result."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from safetensors.torch import load_file
+
+from conftest import ROOT
+
+ARGS = ["--config", str(ROOT / "configs" / "smoke.yaml"), "--max_steps", "12", "--logging_steps", "1",
+        "--save_steps", "1000", "--report_to", "none"]  # fmt: skip
+
+
+def start(out, model_dir, env=None):
+    return subprocess.Popen(
+        [sys.executable, str(ROOT / "train_dpo.py"), *ARGS, "--output_dir", str(out), "--model_name_or_path",
+         model_dir], cwd=ROOT, env={**os.environ, **(env or {})}, stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+
+
+def logged_steps(out) -> list[int]:
+    path = out / "metrics.jsonl"
+    return [json.loads(line)["step"] for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def wait_for_step(proc, out, n, timeout=300):
+    deadline = time.time() + timeout
+    while len(logged_steps(out)) < n:
+        assert proc.poll() is None and time.time() < deadline, proc.stdout.read()[-3000:]
+        time.sleep(0.1)
+
+
+@pytest.fixture(scope="module")
+def uninterrupted_weights(tmp_path_factory, tiny_model_dir):
+    out = tmp_path_factory.mktemp("reference") / "run"
+    assert start(out, tiny_model_dir).wait(timeout=300) == 0
+    return load_file(str(out / "model.safetensors"))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("how", ["SIGUSR1", "SIGTERM", "stop file"])
+def test_stop_request_checkpoints_and_a_rerun_ends_like_an_uninterrupted_run(
+    how, tmp_path, tiny_model_dir, uninterrupted_weights
+):
+    stop_file = tmp_path / "stop"
+    out = tmp_path / "run"
+    proc = start(out, tiny_model_dir, env={"DPOTRAIN_STOP_FILE": str(stop_file)})
+    wait_for_step(proc, out, 3)
+    if how == "stop file":
+        stop_file.touch()
+    else:
+        proc.send_signal(getattr(signal, how))
+    log = proc.communicate(timeout=300)[0]
+    assert proc.returncode == 0, log[-3000:]
+
+    stopped_at = int(stop_file.with_name("stop.checkpointed").read_text().strip().rsplit("-", 1)[1])
+    assert 3 <= stopped_at < 12
+    assert (out / f"checkpoint-{stopped_at}" / "COMPLETE").is_file()
+    assert not (out / "run_complete.json").exists()  # not mistaken for a finished run
+
+    stop_file.unlink(missing_ok=True)
+    rerun = start(out, tiny_model_dir)
+    log = rerun.communicate(timeout=300)[0]
+    assert rerun.returncode == 0, log[-3000:]
+    assert f"Resuming from {out}/checkpoint-{stopped_at}" in log
+    assert logged_steps(out) == list(range(1, 13))  # each optimizer step once
+
+    resumed = load_file(str(out / "model.safetensors"))
+    assert all((resumed[k] - w).abs().max().item() < 1e-6 for k, w in uninterrupted_weights.items())
+
+
+def test_a_second_signal_ends_the_process_at_once():
+    # The first request waits for the step boundary; a second one (torchrun shutting workers down after another rank
+    # failed, an impatient user) must not be swallowed too.
+    code = """
+import os, signal, time
+from dpotrain.preemption import GracefulStop
+stop = GracefulStop()
+os.kill(os.getpid(), signal.SIGTERM)
+time.sleep(0.1)
+print("first:", stop.signal_received, flush=True)
+os.kill(os.getpid(), signal.SIGTERM)
+time.sleep(5)
+print("still alive", flush=True)
+"""
+    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert result.stdout.strip() == f"first: {int(signal.SIGTERM)}"
+    assert result.returncode == -signal.SIGTERM
