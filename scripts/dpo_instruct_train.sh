@@ -18,6 +18,8 @@
 ##SBATCH --partition=gpu             # EDIT: remove one '#' and name your partition
 ##SBATCH --account=my-account        # EDIT: remove one '#' and name your account
 
+set -euo pipefail
+
 # EDIT: modules your cluster needs, e.g.
 # module load cuda/12.8
 
