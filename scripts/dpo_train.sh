@@ -18,10 +18,10 @@
 ##SBATCH --partition=gpu             # EDIT: remove one '#' and name your partition
 ##SBATCH --account=my-account        # EDIT: remove one '#' and name your account
 
-set -euo pipefail
-
 # EDIT: modules your cluster needs, e.g.
 # module load cuda/12.8
+
+set -euo pipefail  # after `module`: environment-modules' shell functions read unset variables
 
 export RECIPE=${RECIPE:-configs/think.yaml}
 exec bash "${SLURM_SUBMIT_DIR:-.}/scripts/launch.sh" "$@"
