@@ -9,7 +9,10 @@ from dpotrain.tracking import RUN_ID_FILE, setup_wandb
 
 def test_resumed_job_reuses_the_wandb_run_id(tmp_path, monkeypatch):
     for var in ("WANDB_RUN_ID", "WANDB_RESUME", "WANDB_DIR", "WANDB_NAME"):
-        monkeypatch.delenv(var, raising=False)
+        # setenv first so that monkeypatch restores the variable's absence afterwards: setup_wandb sets these in
+        # os.environ, and a leaked WANDB_DIR would send later tests' W&B runs elsewhere.
+        monkeypatch.setenv(var, "")
+        monkeypatch.delenv(var)
     args = ["--config", str(ROOT / "configs" / "smoke.yaml"), "--report_to", "wandb", "--output_dir", str(tmp_path)]
     setup_wandb(parse_args(args).training)
     first = os.environ["WANDB_RUN_ID"]
