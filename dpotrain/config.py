@@ -135,7 +135,7 @@ def parse_args(argv: list[str] | None = None) -> Recipe:
             os.environ.setdefault(key, str(value))
         yaml_args = yaml_to_args(config, options, config_path)
 
-    tokens, max_length_auto = _take_max_length_auto(yaml_args + argv + _cpu_deepspeed_backend(argv))
+    tokens, max_length_auto = _take_max_length_auto(yaml_args + argv + _cpu_deepspeed_backend(yaml_args + argv))
     _, remaining = parser.parse_known_args(tokens)  # name an unknown flag before any field is validated
     if remaining:
         flag = next((r for r in remaining if r.startswith("-")), remaining[0])
@@ -153,7 +153,7 @@ def parse_args(argv: list[str] | None = None) -> Recipe:
     return Recipe(script, training, model, project, config_path, max_length_auto, given)
 
 
-def _cpu_deepspeed_backend(argv: list[str]) -> list[str]:
+def _cpu_deepspeed_backend(args: list[str]) -> list[str]:
     """DeepSpeed on CPU (tests, CPU-only clusters) needs an explicit gloo backend.
 
     Without one, accelerate's PartialState sees no backend, reports one process (accelerate/state.py: "No backend
@@ -162,7 +162,7 @@ def _cpu_deepspeed_backend(argv: list[str]) -> list[str]:
     import torch
 
     launched_with_deepspeed = os.environ.get("ACCELERATE_USE_DEEPSPEED", "false").lower() == "true"
-    if launched_with_deepspeed and not torch.cuda.is_available() and not any("ddp_backend" in a for a in argv):
+    if launched_with_deepspeed and not torch.cuda.is_available() and not any("ddp_backend" in a for a in args):
         return ["--ddp_backend", "gloo"]
     return []
 
