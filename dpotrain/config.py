@@ -89,17 +89,20 @@ def _options(parser) -> dict[str, object]:
     return {opt: action for action in parser._actions for opt in action.option_strings if opt.startswith("--")}
 
 
-def _suggest(name: str, known: list[str]) -> str:
+def _suggest(name: str, options: dict) -> str:
+    """' (did you mean ...?)' for a misspelled field, written as given: `betta` -> 'beta', `--betta` -> '--beta'."""
+    known = [o for o in options if "-" not in o[2:]]  # the snake_case spelling of each flag
+    if not name.startswith("--"):
+        known = [o[2:] for o in known]
     close = difflib.get_close_matches(name, known, n=1, cutoff=0.75)
     return f" (did you mean {close[0]!r}?)" if close else ""
 
 
 def yaml_to_args(config: dict, options: dict, source: str) -> list[str]:
     args = []
-    known = sorted(o[2:] for o in options if "-" not in o[2:])
     for key, value in config.items():
         if f"--{key}" not in options or "-" in key:
-            raise ConfigError(f"{source}: unknown key {key!r}{_suggest(key, known)}. Remove it or fix its spelling.")
+            raise ConfigError(f"{source}: unknown key {key!r}{_suggest(key, options)}. Remove it or fix its spelling.")
         args.append(f"--{key}")
         if isinstance(value, bool):
             args.append(str(value).lower())
@@ -139,8 +142,7 @@ def parse_args(argv: list[str] | None = None) -> Recipe:
     _, remaining = parser.parse_known_args(tokens)  # name an unknown flag before any field is validated
     if remaining:
         flag = next((r for r in remaining if r.startswith("-")), remaining[0])
-        known = sorted(o for o in options if "-" not in o[2:])
-        raise ConfigError(f"unknown argument {flag!r}{_suggest(flag.split('=')[0], known)}; see --help")
+        raise ConfigError(f"unknown argument {flag!r}{_suggest(flag.split('=')[0], options)}; see --help")
     planning = bool({"--dry_run", "--dry-run"} & set(argv))
     try:
         with _gpu_checks_skipped() if planning else contextlib.nullcontext():

@@ -83,8 +83,8 @@ echo "recipe: $RECIPE  accelerate: $ACCELERATE_CONFIG  args: $*"
 
 # The resolved run (and the refusals of train_dpo.py: unknown keys, a batch of 128 pairs this world size cannot
 # reach, ...) at the size of the whole job, in seconds and before any GPU work.
-resolved=$(WORLD_SIZE=$NUM_PROCESSES "$VENV/bin/python" train_dpo.py --config "$RECIPE" --dry-run "$@" 2>/dev/null) \
-  || WORLD_SIZE=$NUM_PROCESSES "$VENV/bin/python" train_dpo.py --config "$RECIPE" --dry-run "$@" >/dev/null
+# A refusal is one `error:` line on stderr (this log), and set -e ends the job here.
+resolved=$(WORLD_SIZE=$NUM_PROCESSES "$VENV/bin/python" train_dpo.py --config "$RECIPE" --dry-run "$@")
 "$VENV/bin/python" - "$resolved" <<'PY'
 import json, sys
 text = sys.argv[1]
