@@ -117,8 +117,8 @@ def test_model_whose_layers_mix_packed_sequences_gets_the_padded_path(tmp_path, 
     a, b = torch.randint(5, 200, (1, 40)), torch.randint(5, 200, (1, 30))
     with torch.no_grad():
         alone = model(input_ids=b, use_cache=False).logits
-        packed = model(input_ids=torch.cat([a, b], 1), position_ids=torch.cat([torch.arange(40), torch.arange(30)])[None],
-                       use_cache=False).logits[:, 40:]  # fmt: skip
+        positions = torch.cat([torch.arange(40), torch.arange(30)])[None]
+        packed = model(input_ids=torch.cat([a, b], 1), position_ids=positions, use_cache=False).logits[:, 40:]
     assert (packed - alone).abs().max() > 1e-3  # the second sequence sees the first
 
     path = tmp_path / "hybrid"
