@@ -49,7 +49,8 @@ def steps_of(order: np.ndarray, pairs_per_step: int, world_size: int) -> list[np
     """
     steps = [order[i : i + pairs_per_step] for i in range(0, len(order), pairs_per_step)]
     if len(steps) > 1 and len(steps[-1]) < world_size:
-        steps[-2] = np.concatenate([steps[-2], steps.pop()])
+        last = steps.pop()
+        steps[-1] = np.concatenate([steps[-1], last])
     return steps
 
 
@@ -75,8 +76,7 @@ def rank_shares(step: np.ndarray, costs: np.ndarray, p: "BatchPlan") -> list[np.
 def split_share(share: np.ndarray, costs: np.ndarray, count: int, p: "BatchPlan") -> list[list[int]]:
     """One rank's pairs of a step as `count` micro-batches: balanced by tokens, else in order, equal in pairs."""
     if p.max_tokens is None:
-        size = math.ceil(len(share) / count)
-        return [[int(i) for i in share[k : k + size]] for k in range(0, len(share), size)]
+        return [[int(i) for i in part] for part in np.array_split(share, count)]
     return balanced_groups(share, costs, count)
 
 

@@ -21,6 +21,16 @@ SUMS = PAIR_MEAN + ["pairs", "entropy", "completion_tokens", "logits/chosen", "l
                     "rejected_tokens", "top1", "tokens", "positions", "aux_loss", "aux_loss_batches"]  # fmt: skip
 
 
+def all_reduce_sum(tensor: torch.Tensor) -> torch.Tensor:
+    """Summed over ranks. torch.distributed directly: accelerate's `reduce` leaves gloo (CPU) process groups alone."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        tensor = tensor.clone()
+        dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+    return tensor
+
+
 def sequence_logps(per_token: torch.Tensor, shift_mask: torch.Tensor, ld_alpha: float | None) -> torch.Tensor:
     """Summed completion log-probs per sequence of a `[2B, L-1]` layout, with TRL's LD-DPO weighting when set."""
     if ld_alpha is None:
@@ -81,12 +91,11 @@ class PairMetrics:
                 s["aux_loss"] += outputs.aux_loss.detach()
                 s["aux_loss_batches"] += 1
 
-    def reduce(self, mode: str, accelerator) -> dict[str, float]:
+    def reduce(self, mode: str, device) -> dict[str, float]:
         """Means over all ranks since the last call; every rank must call it at the same point (it all-reduces)."""
         s = self.sums[mode]
-        totals = torch.stack([torch.as_tensor(s[n], dtype=torch.float64, device=accelerator.device) for n in SUMS])
-        if accelerator.num_processes > 1:
-            totals = accelerator.reduce(totals, reduction="sum")
+        totals = torch.stack([torch.as_tensor(s[n], dtype=torch.float64, device=device) for n in SUMS])
+        totals = all_reduce_sum(totals)
         s = dict(zip(SUMS, totals.tolist(), strict=True))
         self.sums[mode] = dict.fromkeys(SUMS, 0.0)
         if not s.get("pairs"):

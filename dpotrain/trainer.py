@@ -25,7 +25,7 @@ from .checkpoints import CompleteMarker
 from .config import Recipe
 from .errors import ConfigError
 from .metrics import MetricsRecorder
-from .pair_metrics import PairMetrics
+from .pair_metrics import PairMetrics, all_reduce_sum
 from .preemption import GracefulStop
 
 
@@ -197,10 +197,7 @@ class RecipeDPOTrainer(DPOTrainer):
     def get_batch_samples(self, epoch_iterator, num_batches, device):
         """The step's micro-batches, and the number of pairs in the whole step over all ranks."""
         batches, _ = super().get_batch_samples(epoch_iterator, num_batches, device)
-        pairs = torch.tensor(sum(pairs_in(b) for b in batches), device=device)
-        if self.accelerator.num_processes > 1:
-            pairs = self.accelerator.reduce(pairs, reduction="sum")
-        return batches, pairs
+        return batches, all_reduce_sum(torch.tensor(sum(pairs_in(b) for b in batches), device=device))
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         result = super().compute_loss(model, inputs, return_outputs)  # TRL: the mean over this micro-batch
@@ -251,7 +248,7 @@ class RecipeDPOTrainer(DPOTrainer):
     def log(self, logs, start_time=None):
         mode = "train" if self.model.training else "eval"
         self._metrics[mode].clear()  # TRL's per-rank, per-micro-batch values: replaced by exact means
-        for name, value in self.pair_metrics.reduce(mode, self.accelerator).items():
+        for name, value in self.pair_metrics.reduce(mode, self.accelerator.device).items():
             self._metrics[mode][name].append(value)
         super().log(logs, start_time)
 
@@ -268,6 +265,9 @@ def build_trainer(recipe: Recipe, train_dataset, eval_dataset=None, callbacks=()
     signals. `trainer.graceful_stop.stopped` tells after `train()` whether it ended early to be requeued."""
     t, p = recipe.training, recipe.project
     t.model_init_kwargs = model_init_kwargs(recipe)
+    # The arguments set up the process group (with their ddp_backend) when first asked for their device; until then
+    # `world_size` reads 1.
+    world = t.world_size if t.device is not None else 1
     model_path = resolve_model_path(recipe)
     packed = decide_packing(recipe, model_path)
     graceful_stop = GracefulStop.from_env()
@@ -279,7 +279,7 @@ def build_trainer(recipe: Recipe, train_dataset, eval_dataset=None, callbacks=()
         eval_dataset=eval_dataset,
         callbacks=[CompleteMarker(), MetricsRecorder(), graceful_stop, *callbacks],
         packed=packed,
-        pairs_per_step=p.pairs_per_step or t.per_device_train_batch_size * t.gradient_accumulation_steps * t.world_size,
+        pairs_per_step=p.pairs_per_step or t.per_device_train_batch_size * t.gradient_accumulation_steps * world,
         max_tokens_per_microbatch=p.max_tokens_per_microbatch,
     )
     trainer.graceful_stop = graceful_stop
