@@ -140,5 +140,12 @@ if [[ -f "$DPOTRAIN_STOP_FILE.checkpointed" ]]; then
   exit 0
 fi
 rm -f "$DPOTRAIN_STOP_FILE"
-echo "=== $(date -Is) training exited with code $rc ==="
+if [[ $rc == 0 ]]; then
+  echo "=== $(date -Is) training exited with code 0 ==="
+else
+  # --kill-on-bad-exit: the first node whose process fails takes the others down at once, instead of them
+  # waiting in a collective until the time limit. srun names that node in its first `srun: error:` line.
+  echo "=== $(date -Is) training failed with exit code $rc: srun stopped every node; the first 'srun: error: <node>'" \
+    "line above names the node that failed, and its traceback is above that ===" >&2
+fi
 exit "$rc"

@@ -159,7 +159,7 @@ install_packages() {
 }
 
 write_conf() {
-    local host hw ctld_addr nodes_conf="" names i cpus
+    local host hw ctld_addr nodes_conf="" names i cpus first_job_id
     host=$(hostname -s)
     # `slurmd -C` prints "NodeName=... CPUs=2 Boards=1 ... RealMemory=..." then "UpTime=...".
     hw=$(slurmd -C | head -n1)
@@ -172,6 +172,9 @@ write_conf() {
                      s/ThreadsPerCore=[0-9]+/ThreadsPerCore=1/" <<<"$hw")
     fi
     hw=${hw#* }  # the hardware without "NodeName=<this machine>"
+    # Seconds since 2026 (below MaxJobId 67043328): a later start begins above the ids an earlier one used
+    # (fewer than one job per second).
+    first_job_id=$(( ($(date +%s) - 1767225600) % 60000000 + 1000 ))
     if ((NODES > 1)); then
         # Every node claims this machine's hardware: they share its cores, as nodes of a real cluster do not.
         ctld_addr=$SUBNET.1
@@ -223,6 +226,9 @@ SlurmdParameters=config_overrides
 SchedulerType=sched/backfill
 SchedulerParameters=bf_interval=1,sched_interval=5
 JobRequeue=1
+# Job ids go on from where an earlier start of the cluster left them (a fresh spool would count from 1 again):
+# a job's log, logs/<name>-<id>.out with --open-mode=append, must never continue an earlier job's.
+FirstJobId=$first_job_id
 ReturnToService=2
 MaxJobCount=100000
 # Finished jobs stay visible to 'scontrol show job' and 'squeue -t all' for 10 minutes.
