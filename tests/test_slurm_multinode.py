@@ -33,7 +33,10 @@ def two_node_job(slurm2, out: Path) -> int:
     args = ["--nodes=2", "--gpus-per-node=0", f"--cpus-per-task={node_cpus(slurm2)}", "scripts/dpo_train.sh",
             "--max_steps", str(STEPS), "--pairs_per_step", "16", "--logging_steps", "1", "--save_steps", "1000",
             "--report_to", "none", "--output_dir", str(out)]  # fmt: skip
-    return slurm2.sbatch(args, cwd=ROOT, env={"RECIPE": "configs/smoke.yaml"})
+    # A fresh folder for the built-in model: both ranks build it at once, as on a first run (rank 1 must wait for
+    # rank 0's weights; seeded, so every job gets the same model).
+    env = {"RECIPE": "configs/smoke.yaml", "DPOTRAIN_BUILTIN_DIR": str(out.parent / f"builtin-{out.name}")}
+    return slurm2.sbatch(args, cwd=ROOT, env=env)
 
 
 def node_cpus(slurm) -> int:
