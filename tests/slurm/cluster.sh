@@ -135,6 +135,11 @@ install_packages() {
     for bin in munged mungekey slurmctld slurmd sbatch scontrol sinfo; do
         command -v "$bin" >/dev/null || missing=1
     done
+    # Several nodes need `ip` (iproute2: not in every minimal image); nsenter and unshare are util-linux (essential).
+    if ((NODES > 1)) && ! command -v ip >/dev/null; then
+        PACKAGES+=(iproute2)
+        missing=1
+    fi
     [[ $missing == 0 ]] && return 0
     [[ $(id -u) == 0 ]] || die "Slurm is not installed and installing it needs root: run as root, or
   sudo apt-get install -y --no-install-recommends ${PACKAGES[*]}"
@@ -269,6 +274,9 @@ make_netns() {
 make_network() {
     local i ns host
     command -v ip >/dev/null || die "several nodes need network namespaces: install iproute2 (apt-get install iproute2)"
+    if ! command -v nsenter >/dev/null || ! command -v unshare >/dev/null; then
+        die "several nodes need nsenter and unshare (util-linux)"
+    fi
     host=$(hostname -s)
     {
         echo "127.0.0.1 localhost"
@@ -432,7 +440,9 @@ cmd_start() {
     echo "$NODES" >"$NODES_FILE"
     if ((NODES > 1)); then
         for ((i = 1; i <= NODES; i++)); do mkdir -p "$SPOOL_DIR/slurmd-node$i"; done
+        trap remove_network EXIT  # a step that fails half-way leaves no namespace behind
         make_network
+        trap - EXIT
     else
         mkdir -p "$SPOOL_DIR/slurmd"
     fi
