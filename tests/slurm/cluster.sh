@@ -6,14 +6,15 @@
 # namespaces this script makes, and stop removes exactly those.
 #
 # Usage:
-#   tests/slurm/cluster.sh start  [STATE_DIR]   # install if missing, start, wait for the node to be idle
-#   tests/slurm/cluster.sh stop   [STATE_DIR]   # cancel its jobs, stop the three daemons it started
-#   tests/slurm/cluster.sh status [STATE_DIR]   # exit 0 when munged, slurmctld and slurmd all run
+#   tests/slurm/cluster.sh start  [STATE_DIR]   # install if missing, start, wait for the node(s) to be idle
+#   tests/slurm/cluster.sh stop   [STATE_DIR]   # cancel its jobs, stop the daemons (and namespaces) it started
+#   tests/slurm/cluster.sh status [STATE_DIR]   # exit 0 when munged, slurmctld and every slurmd run
 #
 #   eval "$(tests/slurm/cluster.sh start)"      # start prints `export SLURM_CONF=...` on stdout
 #   sbatch --gpus-per-node=0 job.sh                # a header asking for GPUs needs this override
 #
-# STATE_DIR defaults to /tmp/dpotrain-slurm. One cluster per machine: the ports are fixed.
+# STATE_DIR defaults to /tmp/dpotrain-slurm. One single-node cluster per machine: its ports are fixed; a cluster of
+# several nodes lives in namespaces of its own (named after its STATE_DIR) and runs beside it.
 # Overrides (environment):
 #   DPOTRAIN_SLURM_PORT=6817      slurmctld port; slurmd uses PORT+1
 #   DPOTRAIN_SLURM_TIMEOUT=60     seconds to wait for the node to become idle (and for stop)
@@ -34,7 +35,7 @@ PACKAGES=(slurmctld slurmd slurm-client munge)
 CTLD_PORT=${DPOTRAIN_SLURM_PORT:-6817}
 TIMEOUT=${DPOTRAIN_SLURM_TIMEOUT:-60}
 
-usage() { sed -n '2,22s/^# \{0,1\}//p' "$0" >&2; exit 2; }
+usage() { sed -n '2,/^set -euo/s/^# \{0,1\}//p' "$0" >&2; exit 2; }
 log() { echo "cluster.sh: $*" >&2; }
 die() { echo "cluster.sh: ERROR: $*" >&2; exit 1; }
 
