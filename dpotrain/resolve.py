@@ -198,6 +198,12 @@ def resolved_config(recipe: Recipe, derived: dict) -> dict:
     resolved.pop("dry_run")
     if recipe.max_length_auto:  # the analyzer's choice (derived.max_length says how it was made), or "auto"
         resolved["max_length"] = derived.get("max_length", {}).get("max_length", "auto")
+    if recipe.project.max_tokens_per_microbatch is not None:
+        # Micro-batches are cut by tokens: no fixed number of pairs per micro-batch, and how many micro-batches a step
+        # takes comes from the data (derived.batching once the trainer has planned them).
+        resolved["per_device_train_batch_size"] = None
+        if "batching" not in derived:
+            resolved["gradient_accumulation_steps"] = None
     resolved["config"] = recipe.config_path
     resolved["derived"] = derived
     return resolved

@@ -163,6 +163,29 @@ class RecipeDPOTrainer(DPOTrainer):
             return super()._get_train_sampler(train_dataset)
         return batching.TokenBudgetSampler(self.train_costs, self.batch_plan, self.args.seed, self.args.process_index)
 
+    def batching_summary(self) -> dict:
+        """How micro-batches are made, for the run's records: this rank's first epoch under the plan."""
+        summary = {"forward": "packed" if self.packed else "padded (TRL)",
+                   "micro_batches_per_step": self.args.gradient_accumulation_steps}  # fmt: skip
+        if self.batch_plan is None:
+            return summary | {"pairs_per_micro_batch": self.args.per_device_train_batch_size}
+        micro_batches = list(
+            batching.epoch_micro_batches(self.train_costs, self.batch_plan, self.args.seed, 0, self.args.process_index)
+        )
+        pairs = [len(mb) for mb in micro_batches]
+        tokens = [int(self.train_costs[mb].sum()) for mb in micro_batches]
+        return summary | {
+            "max_tokens_per_microbatch": self.max_tokens_per_microbatch,
+            "pairs_per_step": self.pairs_per_step,
+            "pairs_per_micro_batch": {"min": min(pairs), "mean": round(sum(pairs) / len(pairs), 2), "max": max(pairs)},
+            "tokens_per_micro_batch": {
+                "min": min(tokens),
+                "mean": round(sum(tokens) / len(tokens)),
+                "max": max(tokens),
+            },
+            "padding_share": 0.0,
+        }
+
     # --- reference log-probs: once, packed, cached ------------------------------------------------------------
     def _precompute_ref_logps(self, dataset, name, batch_size):
         if not self.packed:
