@@ -119,7 +119,15 @@ class _StartMetrics(TrainerCallback):
 
 
 class RecipeDPOTrainer(DPOTrainer):
-    def __init__(self, *args, packed: bool, pairs_per_step: int, max_tokens_per_microbatch: int | None, **kwargs):
+    def __init__(
+        self,
+        *args,
+        packed: bool,
+        pairs_per_step: int,
+        max_tokens_per_microbatch: int | None,
+        attn_implementation: str | None,
+        **kwargs,
+    ):
         self.packed = packed
         self.pairs_per_step = pairs_per_step
         self.max_tokens_per_microbatch = max_tokens_per_microbatch
@@ -128,10 +136,14 @@ class RecipeDPOTrainer(DPOTrainer):
         self.pair_metrics = PairMetrics()
         training_args = kwargs["args"]
         training_args.padding_free = False  # TRL 1.16 warns "temporarily unavailable" and pads; we pack
+        # The reference is scored with this same collator, so its rows are laid out as training's.
+        self.packed_collator = packing.PackedPreferenceCollator(
+            training_args.max_length,
+            training_args.truncation_mode,
+            packing.row_length(attn_implementation or "sdpa", training_args.max_length),
+        )
         if packed:
-            kwargs["data_collator"] = packing.PackedPreferenceCollator(
-                training_args.max_length, training_args.truncation_mode
-            )
+            kwargs["data_collator"] = self.packed_collator
         super().__init__(*args, **kwargs)
         training_args.padding_free = packed  # the records say what ran
         # compute_loss weighs each micro-batch by its share of the step's pairs; the Trainer must not divide the
@@ -304,6 +316,7 @@ def build_trainer(recipe: Recipe, train_dataset, eval_dataset=None, callbacks=()
         packed=packed,
         pairs_per_step=p.pairs_per_step or t.per_device_train_batch_size * t.gradient_accumulation_steps * world,
         max_tokens_per_microbatch=p.max_tokens_per_microbatch,
+        attn_implementation=recipe.model.attn_implementation,
     )
     trainer.graceful_stop = graceful_stop
     return trainer
