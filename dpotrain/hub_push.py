@@ -334,6 +334,8 @@ class CheckpointPusher(TrainerCallback):
             while self.queue.unfinished_tasks and time.monotonic() < deadline:
                 self.queue.all_tasks_done.wait(min(5.0, max(deadline - time.monotonic(), 0.01)))
         left = sorted(self.pending)
+        if not left:
+            shutil.rmtree(self.out / STAGING, ignore_errors=True)
         for step in left:
             record_push(self.out, step=step, branch=branch_name(step), status="unfinished", error="still uploading")
         if left:
