@@ -91,6 +91,9 @@ def main(argv=None) -> None:
         return  # checkpointed on a stop request; the requeued job resumes from it
 
     trainer.save_model(str(out))
+    # The last collective step. The other ranks end here rather than wait at a barrier while the main process waits
+    # for uploads: a barrier longer than ddp_timeout (30 min) would fail the job after training succeeded.
+    state.wait_for_everyone()
 
     if state.is_main_process:
         if pusher:
@@ -115,7 +118,6 @@ def main(argv=None) -> None:
                 raise SystemExit(f"error: pushing {out} to {push.repo_id} failed ({hub.cause(e)}); the run is saved, "
                                  f"push it with `{command}`") from None  # fmt: skip
             print(f"Pushed to {url}", flush=True)
-    state.wait_for_everyone()
 
 
 if __name__ == "__main__":

@@ -208,3 +208,48 @@ def test_offline_run_finishes_and_push_to_hub_pushes_it_later(hub, tmp_path, tin
     assert len(hub.state.commits) == 3
     assert f"Skipped checkpoint-2: {REPO}@step-2 already holds it" in again.stdout
     assert f"Skipped main: {REPO} already holds this run" in again.stdout
+
+
+# --- what is refused, before anything loads ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "args, refusal",
+    [
+        (["--hub_strategy", "checkpoint"], "hub_strategy 'checkpoint' is transformers' push at every save"),
+        (["--hub_strategy", "all_checkpoints"], "push_checkpoints: true pushes each checkpoint's model to a branch"),
+        (["--hub_revision", "dev"], "hub_revision 'dev' is not supported: the final model goes to main"),
+        (["--save_strategy", "no", "--push_checkpoints", "true"], "save_strategy is 'no', so no checkpoint is saved"),
+    ],
+)
+def test_pushes_the_project_cannot_make_are_refused(args, refusal):
+    from dpotrain import hub
+    from dpotrain.config import parse_args
+    from dpotrain.errors import ConfigError
+
+    recipe = parse_args(["--config", SMOKE, "--push_to_hub", "true", "--hub_model_id", REPO, *args])
+    with pytest.raises(ConfigError, match=refusal):
+        hub.take_push_settings(recipe)
+
+
+def test_push_checkpoints_needs_push_to_hub():
+    from dpotrain import hub
+    from dpotrain.config import parse_args
+    from dpotrain.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="push_checkpoints needs push_to_hub: true"):
+        hub.take_push_settings(parse_args(["--config", SMOKE, "--push_checkpoints", "true"]))
+
+
+def test_the_trainer_gets_no_push_and_no_token(monkeypatch):
+    from dpotrain import hub
+    from dpotrain.config import parse_args
+
+    argv = ["train_dpo.py", "--config", SMOKE, "--push_to_hub", "--hub_token", SECRET, f"--hub_token={SECRET}"]
+    monkeypatch.setattr("sys.argv", argv)
+    recipe = parse_args(argv[1:])
+    push = hub.take_push_settings(recipe)
+    assert (push.requested, push.token, push.repo_id, push.checkpoints) == (True, SECRET, "smoke-dpo", False)
+    assert recipe.training.push_to_hub is False and recipe.training.hub_token is None
+    assert argv[-3:] == ["--hub_token", "<HUB_TOKEN>", "--hub_token=<HUB_TOKEN>"]  # what W&B records
+    assert SECRET not in repr(push)
