@@ -48,7 +48,7 @@ def main(argv=None) -> None:
         return
     push.check_token()
     if push.requested and int(os.environ.get("RANK", "0")) == 0:  # one whoami, not one per rank (rate limits)
-        hub.check_write_access(push.repo_id, push.token)  # now, not after training
+        push.repo_id = hub.check_write_access(push.repo_id, push.token)  # now, not after training; user/name
     plan = resolve.check_output_dir(recipe)
     offline.check_offline_artifacts(recipe)  # with HF_HUB_OFFLINE: model, tokenizer and data set must be cached
 

@@ -301,12 +301,14 @@ def write_access_problem(whoami: dict, repo_id: str) -> str | None:
     return None
 
 
-def check_write_access(repo_id: str, token: str | None, where: str = "job") -> None:
+def check_write_access(repo_id: str, token: str | None, where: str = "job") -> str:
     """Refuse a push that would fail: `token` must be able to write to `repo_id`. `where` is "job" (train_dpo.py at
     start, so that the push cannot fail after training) or "push_to_hub.py" (pushing a finished run).
 
-    Asks the Hub (whoami, then the repo's write auth-check), so it is for real runs only. In a job with HF_HUB_OFFLINE
-    set it says that it skipped the check and returns: the push then happens later, where the Hub is reachable.
+    Returns the repo id with its namespace (a bare `name` is the token user's `user/name`: the Hub's branch and commit
+    endpoints need both parts). Asks the Hub (whoami, then the repo's write auth-check), so it is for real runs only.
+    In a job with HF_HUB_OFFLINE set it says that it skipped the check and returns `repo_id` as given: the push then
+    happens later, where the Hub is reachable.
     """
     from huggingface_hub import HfApi, get_token
     from huggingface_hub.errors import HfHubHTTPError, RepositoryNotFoundError
@@ -320,7 +322,7 @@ def check_write_access(repo_id: str, token: str | None, where: str = "job") -> N
             "Push from a machine that reaches the Hub after the run: python scripts/push_to_hub.py <output_dir>",
             flush=True,
         )
-        return
+        return repo_id
     unreachable = (
         "Compute nodes without network: set HF_HUB_OFFLINE=1 and push afterwards with scripts/push_to_hub.py"
         if where == "job"
@@ -349,10 +351,11 @@ def check_write_access(repo_id: str, token: str | None, where: str = "job") -> N
     problem = write_access_problem(whoami, repo_id)
     if problem:
         raise ConfigError(problem)
+    repo_id = repo_id if "/" in repo_id else f"{whoami.get('name')}/{repo_id}"
     try:
         _within(30, lambda: api.auth_check(repo_id, write=True))
     except RepositoryNotFoundError:
-        return  # not created yet: push_run creates it, in a namespace this token may write to
+        return repo_id  # not created yet: the push creates it, in a namespace this token may write to
     except HfHubHTTPError as e:
         if _status(e) == 403:
             raise ConfigError(
@@ -364,6 +367,7 @@ def check_write_access(repo_id: str, token: str | None, where: str = "job") -> N
         raise ConfigError(
             f"could not reach the Hugging Face Hub to check write access to {repo_id} ({cause(e)}). {unreachable}"
         ) from None
+    return repo_id
 
 
 def _status(error) -> int | None:

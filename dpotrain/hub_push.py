@@ -218,6 +218,10 @@ def push_checkpoints(api, run_dir: Path, repo_id: str) -> list[dict]:
             print(f"Skipped {folder.name}: no {MARKER} mark (written only once a checkpoint is whole)", flush=True)
             continue
         names = checkpoint_files(folder)
+        if not has_weights(names):
+            print(f"warning: {folder.name} has no model weights (*.safetensors): not pushed", file=sys.stderr)
+            records.append(record_push(run_dir, step=step, branch=branch, status="failed", error="no model weights"))
+            continue
         if branch in branches and remote_matches(api, repo_id, branch, folder, names):
             print(f"Skipped {folder.name}: {repo_id}@{branch} already holds it", flush=True)
             records.append(record_push(run_dir, step=step, branch=branch, status="present", files=names))

@@ -66,7 +66,7 @@ def main(argv: list[str] | None = None) -> None:
             f"HF_HUB_OFFLINE is set, so {run} cannot be pushed to {repo_id} from here: unset it, where the Hub is "
             "reachable"
         )
-    hub.check_write_access(repo_id, token, where="push_to_hub.py")
+    repo_id = hub.check_write_access(repo_id, token, where="push_to_hub.py")  # a bare name gets the user's namespace
 
     from huggingface_hub import HfApi
 
@@ -74,7 +74,7 @@ def main(argv: list[str] | None = None) -> None:
     on_disk = [c for c in checkpoints.checkpoints(run) if (c / checkpoints.MARKER).is_file()]
     failed = []
     if args.checkpoints:
-        api.create_repo(repo_id, private=private or None, exist_ok=True)
+        hub_push.with_retries(lambda: api.create_repo(repo_id, private=private or None, exist_ok=True), "create_repo")
         records = hub_push.push_checkpoints(api, run, repo_id)
         hub.update_card_revisions(run, repo_id)
         failed = [r["branch"] for r in records if r["status"] == "failed"]

@@ -445,8 +445,9 @@ def local_hub(monkeypatch):
 
 
 def test_write_access_against_the_hubs_answers(local_hub):
-    hub.check_write_access("lab/mine", SECRET)  # exists, writable
-    hub.check_write_access("lab/new", SECRET)  # does not exist yet: created by the push
+    assert hub.check_write_access("lab/mine", SECRET) == "lab/mine"  # exists, writable
+    assert hub.check_write_access("lab/new", SECRET) == "lab/new"  # does not exist yet: created by the push
+    assert hub.check_write_access("new-run", SECRET) == "me/new-run"  # the token user's namespace, spelled out
     with pytest.raises(ConfigError, match="'me' cannot write to the existing repo lab/theirs"):
         hub.check_write_access("lab/theirs", SECRET)
     with pytest.raises(ConfigError, match="'other' is neither the token's user"):
