@@ -253,3 +253,41 @@ def test_the_trainer_gets_no_push_and_no_token(monkeypatch):
     assert recipe.training.push_to_hub is False and recipe.training.hub_token is None
     assert argv[-3:] == ["--hub_token", "<HUB_TOKEN>", "--hub_token=<HUB_TOKEN>"]  # what W&B records
     assert SECRET not in repr(push)
+
+
+# --- the pusher on its own: which checkpoints it takes ---------------------------------------------------------------
+
+
+def test_pusher_takes_only_marked_checkpoints_and_a_resumed_run_pushes_what_is_left(hub, tmp_path, monkeypatch):
+    """A requeued job resumes with complete checkpoints on disk: those not recorded as pushed go first; a checkpoint
+    without its COMPLETE mark (a save cut short) never goes."""
+    from huggingface_hub import constants
+    from transformers import TrainerState
+
+    from dpotrain.checkpoints import MARKER
+    from dpotrain.hub_push import CheckpointPusher, record_push
+
+    monkeypatch.setattr(constants, "ENDPOINT", hub.endpoint)
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setenv("DPOTRAIN_HUB_RETRY_WAITS", "0")
+    out = tmp_path / "run"
+    for step, marked in [(2, True), (4, True), (6, False)]:
+        folder = out / f"checkpoint-{step}"
+        folder.mkdir(parents=True)
+        for name in ("model.safetensors", "config.json", "optimizer.pt", "training_args.bin"):
+            (folder / name).write_bytes(f"{name} {step}".encode())
+        if marked:
+            (folder / MARKER).write_text("{}")
+    record_push(out, step=4, branch="step-4", status="pushed")
+
+    pusher = CheckpointPusher(REPO, SECRET, None, out)
+    state = TrainerState(global_step=6)
+    pusher.on_train_begin(None, state, None)
+    pusher.on_save(None, state, None)  # checkpoint-6 has no mark: not taken
+    assert pusher.finish(60) == []
+    assert [(c["revision"], sorted(c["files"])) for c in hub.state.commits] == [
+        ("step-2", ["config.json", "model.safetensors"])
+    ]
+    assert hub.state.commits[0]["files"]["model.safetensors"] == b"model.safetensors 2"
+    assert [r["branch"] for r in read_pushes(out) if r["status"] == "pushed"] == ["step-4", "step-2"]
+    assert not (out / ".hub_staging").exists()
