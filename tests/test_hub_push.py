@@ -291,3 +291,25 @@ def test_pusher_takes_only_marked_checkpoints_and_a_resumed_run_pushes_what_is_l
     assert hub.state.commits[0]["files"]["model.safetensors"] == b"model.safetensors 2"
     assert [r["branch"] for r in read_pushes(out) if r["status"] == "pushed"] == ["step-4", "step-2"]
     assert not (out / ".hub_staging").exists()
+
+
+def test_a_failing_final_push_is_retried_then_recorded(hub, tmp_path, monkeypatch, tiny_model_dir):
+    import shutil
+
+    from huggingface_hub import constants
+    from huggingface_hub.errors import HfHubHTTPError
+
+    from dpotrain.hub import push_run
+
+    monkeypatch.setattr(constants, "ENDPOINT", hub.endpoint)
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setenv("DPOTRAIN_HUB_RETRY_WAITS", "0")
+    run = tmp_path / "run"
+    shutil.copytree(tiny_model_dir, run)
+    (run / "run_complete.json").write_text('{"global_step": 7}')
+    hub.state.fail[("create_repo", None)] = -1  # no retry of huggingface_hub's own there: only this project's
+    with pytest.raises(HfHubHTTPError, match="500"):
+        push_run(run, REPO, token=SECRET)
+    [record] = read_pushes(run)
+    assert (record["branch"], record["step"], record["status"], record["attempts"]) == ("main", 7, "failed", 2)
+    assert len(hub.state.of("create_repo")) == 2 and hub.state.commits == []
