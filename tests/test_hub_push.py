@@ -167,6 +167,7 @@ def test_checkpoints_go_to_branches_and_a_failing_one_does_not_fail_the_run(hub,
     assert not (out / ".hub_staging").exists()
 
 
+@pytest.mark.slow  # a training run, W&B, and push_to_hub.py twice
 def test_offline_run_finishes_and_push_to_hub_pushes_it_later(hub, tmp_path, tiny_model_dir):
     out, result = train(
         hub, tmp_path, tiny_model_dir, "--push_checkpoints", "true", "--save_steps", "2", "--report_to", "wandb",
