@@ -19,9 +19,10 @@ from pathlib import Path
 
 from dotenv import load_dotenv
 
-from dpotrain import data, hub, offline, resolve
+from dpotrain import data, hub, hub_push, offline, resolve
 from dpotrain.config import parse_args
 from dpotrain.errors import run_cli
+from dpotrain.hub_push import CheckpointPusher
 from dpotrain.metrics import PLOT_FILE, plot_metrics, read_metrics
 from dpotrain.tracking import setup_wandb
 
@@ -34,6 +35,7 @@ def main(argv=None) -> None:
     # Everything that can be refused is refused here, before a data set or a model loads.
     resolve.check_values(recipe)
     resolve.fill_defaults(recipe)
+    push = hub.take_push_settings(recipe)  # this project pushes, not the Trainer; the token stays in memory
     world, world_source = resolve.world_size(recipe, planning=recipe.project.dry_run)
     resolve.plan_batch(recipe, world)
     derived = {"world_size": world, "world_size_source": world_source}
@@ -42,12 +44,11 @@ def main(argv=None) -> None:
         derived.update(resolve.plan_steps(recipe, world, rows))
         if recipe.max_length_auto:
             derived["max_length"] = resolve.preview_auto_max_length(recipe)
-        print(json.dumps(resolve.resolved_config(recipe, derived), indent=2, default=str))
+        print(json.dumps(push.record(resolve.resolved_config(recipe, derived)), indent=2, default=str))
         return
-    resolve.check_push(recipe)
-    repo_id = training.hub_model_id or training.run_name
-    if training.push_to_hub and int(os.environ.get("RANK", "0")) == 0:  # one whoami, not one per rank (rate limits)
-        hub.check_write_access(repo_id, training.hub_token or resolve.hf_token())  # now, not after training
+    push.check_token()
+    if push.requested and int(os.environ.get("RANK", "0")) == 0:  # one whoami, not one per rank (rate limits)
+        push.repo_id = hub.check_write_access(push.repo_id, push.token)  # now, not after training; user/name
     plan = resolve.check_output_dir(recipe)
     offline.check_offline_artifacts(recipe)  # with HF_HUB_OFFLINE: model, tokenizer and data set must be cached
 
@@ -69,10 +70,14 @@ def main(argv=None) -> None:
 
     from dpotrain.trainer import build_trainer
 
-    trainer = build_trainer(recipe, dataset)
+    # Checkpoint branches: pushed from the main process in the background, only where the Hub is reachable.
+    pusher = None
+    if push.checkpoints and not offline.is_offline() and state.is_main_process:
+        pusher = CheckpointPusher(push.repo_id, push.token, push.private, out)
+    trainer = build_trainer(recipe, dataset, callbacks=[pusher] if pusher else [])
     derived["total_steps"] = trainer.state.max_steps or derived["total_steps"]
     derived["batching"] = trainer.batching_summary()
-    resolved = resolve.resolved_config(recipe, derived | {"resumed_from": plan.resume_from})
+    resolved = push.record(resolve.resolved_config(recipe, derived | {"resumed_from": plan.resume_from}))
     if state.is_main_process:
         out.mkdir(parents=True, exist_ok=True)
         (out / "resolved_config.json").write_text(json.dumps(resolved, indent=2, default=str) + "\n")
@@ -82,25 +87,38 @@ def main(argv=None) -> None:
 
     trainer.train(resume_from_checkpoint=plan.resume_from)
     if trainer.graceful_stop.stopped and trainer.state.global_step < trainer.state.max_steps:
+        if pusher:
+            pusher.finish(hub_push.STOP_WAIT_S)  # the requeued job pushes what is left
         return  # checkpointed on a stop request; the requeued job resumes from it
 
     trainer.save_model(str(out))
+    # The last collective step. The other ranks end here rather than wait at a barrier while the main process waits
+    # for uploads: a barrier longer than ddp_timeout (30 min) would fail the job after training succeeded.
+    state.wait_for_everyone()
 
     if state.is_main_process:
+        if pusher:
+            pusher.finish(hub_push.FINAL_WAIT_S)  # the card lists the pushed revisions
         records = read_metrics(out)
         plot_metrics(records, out / PLOT_FILE, title=training.run_name)
-        hub.write_model_card(out, resolved)
+        hub.write_model_card(out, resolved, push.repo_id)
         summary = {"global_step": trainer.state.global_step, "final": records[-1] if records else None}
         (out / resolve.RUN_COMPLETE).write_text(json.dumps(summary, indent=2) + "\n")
         print(f"Saved model, metrics and {PLOT_FILE} to {out}", flush=True)
-        if training.push_to_hub and offline.is_offline():
-            print(f"HF_HUB_OFFLINE is set: push from a login node with "
-                  f"`python scripts/push_to_hub.py {out} --repo-id {repo_id}`", flush=True)  # fmt: skip
-        elif training.push_to_hub:
-            token = training.hub_token or resolve.hf_token()
-            url = hub.push_run(out, repo_id, token=token, private=training.hub_private_repo)
+        command = f"python scripts/push_to_hub.py {out} --repo-id {push.repo_id}"
+        command += " --checkpoints" if push.checkpoints else ""
+        if push.requested and offline.is_offline():
+            limit = training.save_total_limit if push.checkpoints else None  # rotation deleted the older ones
+            kept = f" (the last {limit} checkpoints, those still on disk)" if limit else ""
+            print(f"HF_HUB_OFFLINE is set, so nothing was pushed: push{kept} from a machine that reaches the Hub "
+                  f"with `{command}`", flush=True)  # fmt: skip
+        elif push.requested:
+            try:
+                url = hub.push_run(out, push.repo_id, token=push.token, private=push.private)
+            except Exception as e:  # the run itself is saved and complete: say how to push it
+                raise SystemExit(f"error: pushing {out} to {push.repo_id} failed ({hub.cause(e)}); the run is saved, "
+                                 f"push it with `{command}`") from None  # fmt: skip
             print(f"Pushed to {url}", flush=True)
-    state.wait_for_everyone()
 
 
 if __name__ == "__main__":

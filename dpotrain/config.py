@@ -58,6 +58,15 @@ class ProjectArguments:
         default="accelerate_config.yaml",
         metadata={"help": "Accelerate config whose num_processes a --dry-run uses as world size outside a launcher."},
     )
+    push_checkpoints: bool = field(
+        default=False,
+        metadata={
+            "help": "With push_to_hub: also push each complete checkpoint's model weights, tokenizer and config (never "
+            "optimizer state) to a branch step-<N> of the hub_model_id repo, in the background while training goes "
+            "on. With HF_HUB_OFFLINE nothing is pushed during the run: scripts/push_to_hub.py --checkpoints does it "
+            "later, for the checkpoints still on disk (save_total_limit deletes older ones)."
+        },
+    )
     dry_run: bool = field(
         default=False,
         metadata={"help": "Print the resolved configuration as JSON and exit, without loading a model or data."},

@@ -145,15 +145,6 @@ def check_output_dir(recipe: Recipe) -> OutputPlan:
     return OutputPlan(None, False)
 
 
-def check_push(recipe: Recipe) -> None:
-    t = recipe.training
-    if t.push_to_hub and not (t.hub_token or hf_token()):
-        raise ConfigError(
-            "push_to_hub is set but no Hugging Face token was found: add HF_TOKEN=... to .env, "
-            "run `hf auth login`, or drop --push_to_hub"
-        )
-
-
 def hf_token() -> str | None:
     from huggingface_hub import get_token
 

@@ -27,3 +27,27 @@ def test_local_model_and_data_are_not_claimed_as_hub_repos(tmp_path):
     card = model_card({"model_name_or_path": "builtin:tiny-olmo3", "dataset_name": str(data)}, [])
     assert "base_model" not in card and "datasets" not in card
     assert "(none logged)" in card
+
+
+def test_card_lists_the_checkpoint_branches_on_the_hub(tmp_path):
+    from dpotrain.hub import update_card_revisions
+    from dpotrain.hub_push import pushed_revisions, record_push
+
+    record_push(tmp_path, step=2, branch="step-2", status="pushed")
+    record_push(tmp_path, step=4, branch="step-4", status="failed", error="HfHubHTTPError: 500")
+    record_push(tmp_path, step=6, branch="step-6", status="failed", error="HfHubHTTPError: 500")
+    record_push(tmp_path, step=6, branch="step-6", status="present")  # push_to_hub.py found it there later
+    record_push(tmp_path, step=6, branch="main", status="pushed")
+    assert pushed_revisions(tmp_path) == [(2, "step-2"), (6, "step-6")]
+
+    card = model_card({"run_name": "r"}, [], pushed_revisions(tmp_path), "org/r")
+    assert "## Checkpoint revisions" in card and 'from_pretrained("org/r", revision="step-6")' in card
+    assert "| 2 | [`step-2`](" in card and "/org/r/tree/step-2)" in card and "step-4" not in card
+    assert "Checkpoint revisions" not in model_card({"run_name": "r"}, [])  # none pushed: no section
+
+    (tmp_path / "README.md").write_text(card)
+    record_push(tmp_path, step=4, branch="step-4", status="pushed")
+    update_card_revisions(tmp_path, "org/r")
+    updated = (tmp_path / "README.md").read_text()
+    assert updated.count("## Checkpoint revisions") == 1 and "| 4 | [`step-4`](" in updated
+    assert updated.startswith(card.split("## Checkpoint revisions")[0])  # the rest of the card is kept
