@@ -19,7 +19,7 @@ from pathlib import Path
 
 from dotenv import load_dotenv
 
-from dpotrain import data, hub, offline, resolve
+from dpotrain import data, hub, lora, offline, options, resolve, rows
 from dpotrain.config import parse_args
 from dpotrain.errors import run_cli
 from dpotrain.metrics import PLOT_FILE, plot_metrics, read_metrics
@@ -33,18 +33,22 @@ def main(argv=None) -> None:
 
     # Everything that can be refused is refused here, before a data set or a model loads.
     resolve.check_values(recipe)
+    options.check_options(recipe)  # options TRL would fail on, or ignore, only after loading the model
+    lora.check_lora(recipe)
     resolve.fill_defaults(recipe)
     world, world_source = resolve.world_size(recipe, planning=recipe.project.dry_run)
     resolve.plan_batch(recipe, world)
     derived = {"world_size": world, "world_size_source": world_source}
     if recipe.project.dry_run:
-        rows = data.count_local_rows(script.dataset_name) if data.is_local(script.dataset_name) else None
-        derived.update(resolve.plan_steps(recipe, world, rows))
+        n_rows = data.count_local_rows(script.dataset_name) if data.is_local(script.dataset_name) else None
+        derived.update(resolve.plan_steps(recipe, world, n_rows))
+        options.check_plan(derived)
         if recipe.max_length_auto:
             derived["max_length"] = resolve.preview_auto_max_length(recipe)
         print(json.dumps(resolve.resolved_config(recipe, derived), indent=2, default=str))
         return
     resolve.check_push(recipe)
+    options.check_wandb(recipe)
     repo_id = training.hub_model_id or training.run_name
     if training.push_to_hub and int(os.environ.get("RANK", "0")) == 0:  # one whoami, not one per rank (rate limits)
         hub.check_write_access(repo_id, training.hub_token or resolve.hf_token())  # now, not after training
@@ -55,13 +59,26 @@ def main(argv=None) -> None:
 
     state = PartialState()
     out = Path(training.output_dir)
-    if plan.start_afresh and state.is_main_process:
-        shutil.rmtree(out)  # a stale run_complete.json or metrics.jsonl must not outlive the run it described
-    state.wait_for_everyone()
     dataset = data.load_preference_dataset(
         script.dataset_name, script.dataset_train_split, script.dataset_config, streaming=script.dataset_streaming
     )
+    if hasattr(dataset, "__len__"):  # every row checked before a model loads (a streamed set: by the trainer)
+        checked = rows.check_dataset(dataset, skip_invalid=recipe.project.skip_invalid)
+        if checked.invalid:
+            dataset = dataset.select(sorted(set(range(len(dataset))) - {p["index"] for p in checked.invalid}))
+            derived["invalid_rows"] = checked.summary()
+            print(f"Dropped {len(checked.invalid)} invalid row(s) of {checked.rows}: {checked.by_reason()}", flush=True)
+    eval_dataset = None
+    if training.eval_strategy != "no":
+        eval_dataset = data.load_preference_dataset(script.dataset_name, script.dataset_test_split,
+                                                    script.dataset_config)  # fmt: skip
+        rows.check_dataset(eval_dataset)
+        derived["eval_rows"] = len(eval_dataset)
     derived.update(resolve.plan_steps(recipe, world, len(dataset) if hasattr(dataset, "__len__") else None))
+    options.check_plan(derived)
+    if plan.start_afresh and state.is_main_process:  # only now: a refused data set must not cost the old run
+        shutil.rmtree(out)  # a stale run_complete.json or metrics.jsonl must not outlive the run it described
+    state.wait_for_everyone()
     if recipe.max_length_auto:
         derived["max_length"] = resolve.auto_max_length(recipe, dataset, state)
     if state.is_main_process:
@@ -69,7 +86,7 @@ def main(argv=None) -> None:
 
     from dpotrain.trainer import build_trainer
 
-    trainer = build_trainer(recipe, dataset)
+    trainer = build_trainer(recipe, dataset, eval_dataset=eval_dataset)
     derived["total_steps"] = trainer.state.max_steps or derived["total_steps"]
     resolved = resolve.resolved_config(recipe, derived | {"resumed_from": plan.resume_from})
     if state.is_main_process:
@@ -83,7 +100,9 @@ def main(argv=None) -> None:
     if trainer.graceful_stop.stopped and trainer.state.global_step < trainer.state.max_steps:
         return  # checkpointed on a stop request; the requeued job resumes from it
 
-    trainer.save_model(str(out))
+    trainer.save_model(str(out))  # with use_peft: the adapter (adapter_model.safetensors, adapter_config.json)
+    if recipe.project.merge_lora and state.is_main_process:
+        print(f"Saved the merged model to {lora.save_merged(trainer, out)}", flush=True)
 
     if state.is_main_process:
         records = read_metrics(out)

@@ -27,12 +27,12 @@ def resolve_model_path(recipe: Recipe) -> str:
     return builtin.materialize_model(name) if builtin.is_builtin(name) else name
 
 
-def build_trainer(recipe: Recipe, train_dataset, callbacks=()):
+def build_trainer(recipe: Recipe, train_dataset, callbacks=(), eval_dataset=None):
     """The DPOTrainer, with: COMPLETE marks on checkpoints, metrics.jsonl, and a clean stop on Slurm's signals.
 
     `trainer.graceful_stop.stopped` tells after `train()` whether it ended early to be requeued.
     """
-    from trl import DPOTrainer
+    from trl import DPOTrainer, get_peft_config, get_quantization_config
 
     recipe.training.model_init_kwargs = model_init_kwargs(recipe)
     graceful_stop = GracefulStop.from_env()
@@ -41,7 +41,11 @@ def build_trainer(recipe: Recipe, train_dataset, callbacks=()):
         model=resolve_model_path(recipe),
         args=recipe.training,
         train_dataset=train_dataset,
+        eval_dataset=eval_dataset,  # dataset_test_split, with eval_strategy
         callbacks=[CompleteMarker(), MetricsRecorder(), graceful_stop, *callbacks],
+        # LoRA (--use_peft): TRL wraps the model and scores the reference with the adapter disabled (no second model).
+        peft_config=get_peft_config(recipe.model),
+        quantization_config=get_quantization_config(recipe.model),  # --load_in_4bit/8bit, as TRL's own dpo.py
     )
     trainer.graceful_stop = graceful_stop
     return trainer

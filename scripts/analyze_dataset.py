@@ -30,7 +30,7 @@ sys.path.insert(0, str(ROOT))  # run as `python scripts/analyze_dataset.py` from
 import yaml  # noqa: E402
 from dotenv import load_dotenv  # noqa: E402
 
-from dpotrain import data, lengths  # noqa: E402
+from dpotrain import data, lengths, lengths_report  # noqa: E402
 from dpotrain.errors import ConfigError  # noqa: E402
 
 DEFAULT_DATASET = "allenai/Dolci-Instruct-DPO"  # the seed's default
@@ -173,7 +173,7 @@ def analyze(args: argparse.Namespace) -> int:
         tokenizer=tokenizer_name,
         sample={"rows": args.sample, "seed": args.seed} if args.sample else None,
     )
-    print(lengths.to_markdown(report, current))
+    print(lengths_report.to_markdown(report, current))
     r = report["recommendation"]
     print(f"Recommended max_length: {r['max_length']} (covers {r['coverage']:.1%} of pairs; target {target:.1%})")
 
@@ -181,7 +181,7 @@ def analyze(args: argparse.Namespace) -> int:
         Path(args.json).write_text(json.dumps(report, indent=1) + "\n")
         print(f"wrote {args.json}", file=sys.stderr)
     if args.plot:
-        lengths.plot(m, report, args.plot)
+        lengths_report.plot(m, report, args.plot)
         print(f"wrote {args.plot}", file=sys.stderr)
     if not args.sample and not m.invalid:
         dataset_id = lengths.dataset_identity(name, split, recipe.get("dataset_config"), args.revision)
