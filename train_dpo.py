@@ -22,8 +22,8 @@ from dotenv import load_dotenv
 from dpotrain import data, hub, lora, offline, options, resolve, rows
 from dpotrain.config import parse_args
 from dpotrain.errors import run_cli
-from dpotrain.metrics import PLOT_FILE, plot_metrics, read_metrics
-from dpotrain.tracking import setup_wandb
+from dpotrain.metrics import PLOT_FILE, plot_metrics, read_metrics, tokens_seen
+from dpotrain.tracking import keep_offline_runs, setup_wandb
 
 
 def main(argv=None) -> None:
@@ -52,7 +52,8 @@ def main(argv=None) -> None:
     repo_id = training.hub_model_id or training.run_name
     if training.push_to_hub and int(os.environ.get("RANK", "0")) == 0:  # one whoami, not one per rank (rate limits)
         hub.check_write_access(repo_id, training.hub_token or resolve.hf_token())  # now, not after training
-    plan = resolve.check_output_dir(recipe)
+    pairs_per_step = training.per_device_train_batch_size * training.gradient_accumulation_steps * world
+    plan = resolve.check_output_dir(recipe, pairs_per_step)
     offline.check_offline_artifacts(recipe)  # with HF_HUB_OFFLINE: model, tokenizer and data set must be cached
 
     from accelerate import PartialState
@@ -77,6 +78,9 @@ def main(argv=None) -> None:
     derived.update(resolve.plan_steps(recipe, world, len(dataset) if hasattr(dataset, "__len__") else None))
     options.check_plan(derived)
     if plan.start_afresh and state.is_main_process:  # only now: a refused data set must not cost the old run
+        kept = keep_offline_runs(out)
+        if kept:
+            print(f"Kept the W&B offline runs of the replaced run in {kept} (`wandb sync {kept}/offline-run-*`)")
         shutil.rmtree(out)  # a stale run_complete.json or metrics.jsonl must not outlive the run it described
     state.wait_for_everyone()
     if recipe.max_length_auto:
@@ -96,6 +100,8 @@ def main(argv=None) -> None:
         if plan.resume_from:
             print(f"Resuming from {plan.resume_from}", flush=True)
 
+    if plan.resume_from:  # TRL's token count is not in the checkpoint: carry it on instead of restarting at 0
+        trainer._total_train_tokens = tokens_seen(plan.resume_from)
     trainer.train(resume_from_checkpoint=plan.resume_from)
     if trainer.graceful_stop.stopped and trainer.state.global_step < trainer.state.max_steps:
         return  # checkpointed on a stop request; the requeued job resumes from it

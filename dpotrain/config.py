@@ -47,7 +47,11 @@ class ProjectArguments:
     )
     accelerate_config: str = field(
         default="accelerate_config.yaml",
-        metadata={"help": "Accelerate config whose num_processes a --dry-run uses as world size outside a launcher."},
+        metadata={
+            "help": "Accelerate config whose num_processes a --dry-run outside a launcher predicts as world size "
+            "(the launch `accelerate launch --config_file <it>`); `none` predicts plain `python train_dpo.py`, "
+            "1 process."
+        },
     )
     merge_lora: bool = field(
         default=False,

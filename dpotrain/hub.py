@@ -40,7 +40,7 @@ def model_card(resolved: dict, records: list[dict]) -> str:
     derived = resolved.get("derived", {})
     recipe_rows = "\n".join(f"| `{k}` | {resolved.get(k)} |" for k in CARD_FIELDS)
     recipe_rows += f"\n| pairs per optimizer step | {derived.get('pairs_per_step')} |"
-    last = records[-1] if records else {}
+    last = next((r for r in reversed(records) if "loss" in r), {})  # a training record, not an evaluation
     metric_rows = "\n".join(f"| `{k}` | {last[k]:.4f} |" for k in FINAL_METRICS if k in last) or "| (none logged) | |"
     content = f"""---
 {data.to_yaml()}

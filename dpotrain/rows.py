@@ -106,7 +106,7 @@ def split_row(row: dict, fmt: RowFormat) -> dict:
         example = {"prompt": row["prompt"], "chosen": row["chosen"], "rejected": row["rejected"]}
     else:
         example = extract_prompt({"chosen": row["chosen"], "rejected": row["rejected"]})
-    if not fmt.conversational:  # DPOTrainer._prepare_dataset's add_eos
+    if not fmt.conversational and fmt.eos_token:  # DPOTrainer._prepare_dataset's add_eos (None: checks only)
         for column in ("chosen", "rejected"):
             if not example[column].endswith(fmt.eos_token):
                 example[column] = example[column] + fmt.eos_token
