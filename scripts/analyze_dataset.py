@@ -118,7 +118,30 @@ def main(argv=None) -> int:
         transformers_logging.set_verbosity(verbosity)
 
 
+PLOT_SUFFIXES = (".png", ".pdf", ".svg", ".jpg", ".jpeg")
+
+
+def check_args(args: argparse.Namespace) -> None:
+    """Values and output paths, checked before an analysis that may take minutes."""
+    for flag, value in (("--batch-size", args.batch_size), ("--sample", args.sample), ("--num-proc", args.num_proc)):
+        if value is not None and value < 1:
+            raise ConfigError(f"{flag} must be >= 1 (got {value})" + (", or leave it out" if flag != "--num-proc"
+                              else ""))  # fmt: skip
+    bad = [n for n in args.candidates if n < 1]
+    if bad:
+        raise ConfigError(f"--candidates are max_length values and must be >= 1 (got {bad[0]})")
+    if args.plot and Path(args.plot).suffix.lower() not in PLOT_SUFFIXES:
+        raise ConfigError(f"--plot {args.plot!r}: the histogram is an image, name it with one of {PLOT_SUFFIXES}")
+    for flag, path in (("--json", args.json), ("--plot", args.plot)):
+        if path and not Path(path).resolve().parent.is_dir():
+            raise ConfigError(f"{flag} {path!r}: folder {str(Path(path).resolve().parent)!r} does not exist; create "
+                              "it or write elsewhere")  # fmt: skip
+        if path and not os.access(Path(path).resolve().parent, os.W_OK):
+            raise ConfigError(f"{flag} {path!r}: cannot write in {str(Path(path).resolve().parent)!r}")
+
+
 def analyze(args: argparse.Namespace) -> int:
+    check_args(args)
     recipe, recipe_path = read_recipe(args.config, args.dataset)
     name = args.dataset or recipe.get("dataset_name") or DEFAULT_DATASET
     split = args.split or recipe.get("dataset_train_split") or "train"
