@@ -23,7 +23,7 @@ from dpotrain import data, hub, lora, offline, options, resolve, rows
 from dpotrain.config import parse_args
 from dpotrain.errors import run_cli
 from dpotrain.metrics import PLOT_FILE, plot_metrics, read_metrics, tokens_seen
-from dpotrain.tracking import keep_offline_runs, setup_wandb
+from dpotrain.tracking import WandbStepIsGlobalStep, keep_offline_runs, setup_wandb
 
 
 def main(argv=None) -> None:
@@ -90,7 +90,7 @@ def main(argv=None) -> None:
 
     from dpotrain.trainer import build_trainer
 
-    trainer = build_trainer(recipe, dataset, eval_dataset=eval_dataset)
+    trainer = build_trainer(recipe, dataset, callbacks=[WandbStepIsGlobalStep()], eval_dataset=eval_dataset)
     derived["total_steps"] = trainer.state.max_steps or derived["total_steps"]
     resolved = resolve.resolved_config(recipe, derived | {"resumed_from": plan.resume_from})
     if state.is_main_process:

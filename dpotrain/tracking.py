@@ -5,6 +5,8 @@ import time
 import uuid
 from pathlib import Path
 
+from transformers import TrainerCallback
+
 RUN_ID_FILE = ".wandb_run_id"
 
 
@@ -35,3 +37,28 @@ def keep_offline_runs(output_dir: str | Path) -> Path | None:
     target = source.parent.with_name(f"{source.parent.name}.wandb-offline-{time.strftime('%Y%m%d-%H%M%S')}")
     source.rename(target)
     return target
+
+
+class WandbStepIsGlobalStep(TrainerCallback):
+    """Log to W&B at `_step` = the optimizer step, so a resumed run's history holds every step once.
+
+    transformers' WandbCallback logs without a step, so W&B numbers rows 0, 1, 2... per process. An offline run resumed
+    after a SIGKILL cannot know where the killed process stopped and restarts at 0; when both parts are synced, W&B
+    drops every row whose step is not above the last one it has: the re-trained steps went missing. With the optimizer
+    step as W&B step, the resumed part's rows after the checkpoint are kept, and a step logged twice (after the
+    checkpoint, before the kill) is kept once. It wraps `wandb.log` after WandbCallback has started the run.
+    """
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        import wandb
+
+        if wandb.run is None or getattr(wandb.log, "at_global_step", False):
+            return
+        log = wandb.log
+
+        def log_at_global_step(data, step=None, commit=None):
+            step = data.get("train/global_step") if step is None else step  # WandbCallback.on_log adds it
+            return log(data, step=None if step is None else int(step), commit=commit)
+
+        log_at_global_step.at_global_step = True
+        wandb.log = log_at_global_step

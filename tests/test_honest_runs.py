@@ -88,9 +88,33 @@ def test_held_out_split_is_evaluated_and_overwrite_keeps_offline_wandb_runs(tmp_
     assert str(kept[0]) in stdout and not (out / "wandb").exists()
 
 
+def wandb_history_steps(run_file) -> list[int]:
+    """The `_step` of each history row of an offline W&B run file (LevelDB log blocks of protobuf records)."""
+    import struct
+
+    from wandb.proto import wandb_internal_pb2
+
+    data, pos, steps, pending = run_file.read_bytes(), 7, [], b""  # after the 7-byte ":W&B" header
+    while pos + 7 <= len(data):
+        if 32768 - pos % 32768 < 7:  # a block's tail too short for a record header is padding
+            pos += 32768 - pos % 32768
+            continue
+        _, length, kind = struct.unpack("<IHB", data[pos : pos + 7])
+        chunk, pos = data[pos + 7 : pos + 7 + length], pos + 7 + length
+        if kind == 0:
+            break
+        pending = chunk if kind in (1, 2) else pending + chunk
+        if kind in (1, 4):  # a whole record, or the last piece of one
+            record = wandb_internal_pb2.Record()
+            record.ParseFromString(pending)
+            if record.WhichOneof("record_type") == "history":
+                steps.append(record.history.step.num)
+    return steps
+
+
 @pytest.mark.slow
-def test_resume_carries_the_token_count_on(tmp_path, tiny_model_dir):
-    args = ["--max_steps", "6", "--logging_steps", "1", "--save_steps", "3"]
+def test_resume_carries_the_token_count_and_the_wandb_step_on(tmp_path, tiny_model_dir):
+    args = ["--max_steps", "6", "--logging_steps", "1", "--save_steps", "3", "--report_to", "wandb"]
     out, _ = train(tmp_path, tiny_model_dir, *args)
     tokens = {r["step"]: r["num_tokens"] for r in read_metrics(out)}
     # Make it an unfinished run that stopped after checkpoint 3, and run the same command again.
@@ -100,3 +124,7 @@ def test_resume_carries_the_token_count_on(tmp_path, tiny_model_dir):
     assert "Resuming from" in stdout
     resumed = {r["step"]: r["num_tokens"] for r in read_metrics(out)}
     assert resumed == tokens  # steps 4-6 count on from step 3's tokens, not from 0
+    # W&B rows are numbered by optimizer step: once synced, the resumed part (4-6) is above the first part's last
+    # row for each new step, instead of restarting at 0 and being dropped.
+    first, second = [wandb_history_steps(f) for f in sorted(out.glob("wandb/offline-run-*/run-*.wandb"))]
+    assert first == [1, 2, 3, 4, 5, 6] and second == [4, 5, 6], (first, second)
