@@ -10,8 +10,9 @@ REQUIRED_COLUMNS = ("chosen", "rejected")
 
 
 def looks_like_path(name: str) -> bool:
-    """Written as a path, not as a Hub repo id (`org/name`: one slash, no leading `.`, `/` or `~`)."""
-    return name.startswith((".", "/", "~")) or name.count("/") >= 2
+    """Written as a path, not as a Hub repo id (`org/name`: one slash, no leading `.`, `/` or `~`), or starting with
+    a folder that exists here (`outputs/my-sft`, `data/pairs.jsnl`: a mistyped local path, not an `org`)."""
+    return name.startswith((".", "/", "~")) or name.count("/") >= 2 or ("/" in name and Path(name).parent.is_dir())
 
 
 def is_local(name: str) -> bool:
@@ -48,7 +49,11 @@ def load_preference_dataset(
         except Exception as e:  # datasets names neither the file's line nor the fix
             raise ConfigError(_unreadable(path, e)) from None
     else:
-        loaded = datasets.load_dataset(name, name=config, revision=revision, streaming=streaming)
+        try:
+            loaded = datasets.load_dataset(name, name=config, revision=revision, streaming=streaming)
+        except Exception as e:  # unknown name, no access, no network: one line, not a traceback
+            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise ConfigError(f"could not load data set {name!r} from the Hub: {first}") from None
     if isinstance(loaded, (datasets.DatasetDict, datasets.IterableDatasetDict)):
         if split not in loaded:
             raise ConfigError(f"dataset {name!r} has no split {split!r}: choose one of {sorted(loaded)}")

@@ -39,6 +39,9 @@ def check_options(recipe: Recipe) -> None:
                           "leave max_steps unset (-1) to train num_train_epochs")  # fmt: skip
     if t.max_steps < 0 and t.num_train_epochs <= 0:
         raise ConfigError(f"num_train_epochs={t.num_train_epochs:g} trains nothing: the recipes use 1 (or --max_steps)")
+    if s.ignore_bias_buffers:
+        raise ConfigError("ignore_bias_buffers is a DDP workaround of TRL's own script that this project does not "
+                          "apply (it launches with DeepSpeed): remove it")  # fmt: skip
     if t.train_sampling_strategy == "group_by_length":
         raise ConfigError("train_sampling_strategy group_by_length does not work on preference data (it needs an "
                           "input_ids column): remove it (the default, random, is what the recipes use)")  # fmt: skip

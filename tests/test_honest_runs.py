@@ -41,6 +41,15 @@ def test_lora_trains_an_adapter_against_the_disabled_base_and_can_merge(tmp_path
     assert set(base) == set(merged)
     changed = {n for n in base if not torch.equal(base[n], merged[n])}
     assert changed and all(n.endswith(("q_proj.weight", "v_proj.weight")) for n in changed), changed
+    # ... and it computes what base + adapter compute.
+    from peft import AutoPeftModelForCausalLM
+    from transformers import AutoModelForCausalLM
+
+    tokens = torch.tensor([[1, 2, 3, 4, 5, 6, 7, 8]])
+    with torch.no_grad():
+        adapted = AutoPeftModelForCausalLM.from_pretrained(out)(tokens).logits
+        merged_logits = AutoModelForCausalLM.from_pretrained(out / "merged")(tokens).logits
+    assert torch.allclose(adapted, merged_logits, atol=1e-5)
     card = (out / "README.md").read_text()
     assert "library_name: peft" in card and "**LoRA adapter** (PEFT) for `builtin:tiny-olmo3`" in card
     assert "r=8, alpha=32" in card and "['q_proj', 'v_proj']" in card and "merged/" in card
