@@ -63,24 +63,23 @@ def main(argv=None) -> None:
     dataset = data.load_preference_dataset(
         script.dataset_name, script.dataset_train_split, script.dataset_config, streaming=script.dataset_streaming
     )
-    if hasattr(dataset, "__len__"):  # every row checked before a model loads (a streamed set: by the trainer)
-        checked = rows.check_dataset(dataset, skip_invalid=recipe.project.skip_invalid)
-        if checked.invalid:
-            dataset = dataset.select(sorted(set(range(len(dataset))) - {p["index"] for p in checked.invalid}))
-            derived["invalid_rows"] = checked.summary()
-            print(f"Dropped {len(checked.invalid)} invalid row(s) of {checked.rows}: {checked.by_reason()}", flush=True)
+    # Every row checked before a model loads (a streamed data set is not: it is read once, by the trainer).
+    skip = recipe.project.skip_invalid
+    if hasattr(dataset, "__len__"):
+        dataset = rows.without_invalid_rows(dataset, skip, derived, "invalid_rows")
     eval_dataset = None
-    if training.eval_strategy != "no":
+    if training.eval_strategy != "no":  # the held-out split (options.check_options: there is one)
         eval_dataset = data.load_preference_dataset(script.dataset_name, script.dataset_test_split,
                                                     script.dataset_config)  # fmt: skip
-        rows.check_dataset(eval_dataset)
+        eval_dataset = rows.without_invalid_rows(eval_dataset, skip, derived, "invalid_eval_rows")
         derived["eval_rows"] = len(eval_dataset)
     derived.update(resolve.plan_steps(recipe, world, len(dataset) if hasattr(dataset, "__len__") else None))
     options.check_plan(derived)
     if plan.start_afresh and state.is_main_process:  # only now: a refused data set must not cost the old run
         kept = keep_offline_runs(out)
         if kept:
-            print(f"Kept the W&B offline runs of the replaced run in {kept} (`wandb sync {kept}/offline-run-*`)")
+            print(f"Kept the W&B offline runs of the replaced run in {kept} (`wandb sync {kept}/offline-run-*`)",
+                  flush=True)  # fmt: skip
         shutil.rmtree(out)  # a stale run_complete.json or metrics.jsonl must not outlive the run it described
     state.wait_for_everyone()
     if recipe.max_length_auto:

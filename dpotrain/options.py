@@ -56,7 +56,7 @@ def check_options(recipe: Recipe) -> None:
                           "--precompute_ref_log_probs false, or remove --sync_ref_model")  # fmt: skip
     if t.eval_strategy != "no":
         if data.is_local(s.dataset_name) and not Path(s.dataset_name).expanduser().is_dir():
-            raise ConfigError(f"eval_strategy {t.eval_strategy} needs a held-out split, and the local file "
+            raise ConfigError(f"eval_strategy needs a held-out split, and the local file "
                               f"{s.dataset_name!r} has one split only: save a DatasetDict with a "
                               f"{s.dataset_test_split!r} split (save_to_disk) or use a Hub data set that has one, "
                               "or remove eval_strategy")  # fmt: skip

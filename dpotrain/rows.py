@@ -160,3 +160,15 @@ def check_dataset(dataset, eos_token: str | None = None, skip_invalid: bool = Fa
                 invalid.append({"index": index, "column": problem[0], "problem": problem[1]})
             index += 1
     return RowCheck(index, invalid, time.perf_counter() - start)
+
+
+def without_invalid_rows(dataset, skip_invalid: bool, derived: dict, key: str):
+    """The data set, refused at its first bad row, or with `skip_invalid` without its bad rows: then they are
+    recorded as `derived[key]` (for resolved_config.json) and said on the console."""
+    checked = check_dataset(dataset, skip_invalid=skip_invalid)
+    if not checked.invalid:
+        return dataset
+    derived[key] = checked.summary()
+    print(f"Dropped {len(checked.invalid)} invalid row(s) of {checked.rows}: {checked.by_reason()}", flush=True)
+    bad = {p["index"] for p in checked.invalid}
+    return dataset.select([i for i in range(len(dataset)) if i not in bad])
