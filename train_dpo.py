@@ -19,12 +19,12 @@ from pathlib import Path
 
 from dotenv import load_dotenv
 
-from dpotrain import data, hub, hub_push, offline, resolve
+from dpotrain import data, hub, hub_push, lora, offline, options, resolve, rows
 from dpotrain.config import parse_args
 from dpotrain.errors import run_cli
 from dpotrain.hub_push import CheckpointPusher
 from dpotrain.metrics import PLOT_FILE, plot_metrics, read_metrics
-from dpotrain.tracking import setup_wandb
+from dpotrain.tracking import WandbStepIsGlobalStep, keep_offline_runs, setup_wandb
 
 
 def main(argv=None) -> None:
@@ -34,35 +34,57 @@ def main(argv=None) -> None:
 
     # Everything that can be refused is refused here, before a data set or a model loads.
     resolve.check_values(recipe)
+    options.check_options(recipe)  # options TRL would fail on, or ignore, only after loading the model
+    lora.check_lora(recipe)
     resolve.fill_defaults(recipe)
     push = hub.take_push_settings(recipe)  # this project pushes, not the Trainer; the token stays in memory
     world, world_source = resolve.world_size(recipe, planning=recipe.project.dry_run)
     resolve.plan_batch(recipe, world)
     derived = {"world_size": world, "world_size_source": world_source}
     if recipe.project.dry_run:
-        rows = data.count_local_rows(script.dataset_name) if data.is_local(script.dataset_name) else None
-        derived.update(resolve.plan_steps(recipe, world, rows))
+        n_rows = data.count_local_rows(script.dataset_name) if data.is_local(script.dataset_name) else None
+        derived.update(resolve.plan_steps(recipe, world, n_rows))
+        options.check_plan(derived)
         if recipe.max_length_auto:
             derived["max_length"] = resolve.preview_auto_max_length(recipe)
         print(json.dumps(push.record(resolve.resolved_config(recipe, derived)), indent=2, default=str))
         return
     push.check_token()
+    options.check_wandb(recipe)
     if push.requested and int(os.environ.get("RANK", "0")) == 0:  # one whoami, not one per rank (rate limits)
         push.repo_id = hub.check_write_access(push.repo_id, push.token)  # now, not after training; user/name
-    plan = resolve.check_output_dir(recipe)
+    pairs_per_step = recipe.project.pairs_per_step or (
+        training.per_device_train_batch_size * training.gradient_accumulation_steps * world
+    )
+    plan = resolve.check_output_dir(recipe, pairs_per_step)
     offline.check_offline_artifacts(recipe)  # with HF_HUB_OFFLINE: model, tokenizer and data set must be cached
 
     from accelerate import PartialState
 
     state = PartialState()
     out = Path(training.output_dir)
-    if plan.start_afresh and state.is_main_process:
-        shutil.rmtree(out)  # a stale run_complete.json or metrics.jsonl must not outlive the run it described
-    state.wait_for_everyone()
     dataset = data.load_preference_dataset(
         script.dataset_name, script.dataset_train_split, script.dataset_config, streaming=script.dataset_streaming
     )
+    # Every row checked before a model loads (a streamed data set is not: it is read once, by the trainer).
+    skip = recipe.project.skip_invalid
+    if hasattr(dataset, "__len__"):
+        dataset = rows.without_invalid_rows(dataset, skip, derived, "invalid_rows")
+    eval_dataset = None
+    if training.eval_strategy != "no":  # the held-out split (options.check_options: there is one)
+        eval_dataset = data.load_preference_dataset(script.dataset_name, script.dataset_test_split,
+                                                    script.dataset_config)  # fmt: skip
+        eval_dataset = rows.without_invalid_rows(eval_dataset, skip, derived, "invalid_eval_rows")
+        derived["eval_rows"] = len(eval_dataset)
     derived.update(resolve.plan_steps(recipe, world, len(dataset) if hasattr(dataset, "__len__") else None))
+    options.check_plan(derived)
+    if plan.start_afresh and state.is_main_process:  # only now: a refused data set must not cost the old run
+        kept = keep_offline_runs(out)
+        if kept:
+            print(f"Kept the W&B offline runs of the replaced run in {kept} (`wandb sync {kept}/offline-run-*`)",
+                  flush=True)  # fmt: skip
+        shutil.rmtree(out)  # a stale run_complete.json or metrics.jsonl must not outlive the run it described
+    state.wait_for_everyone()
     if recipe.max_length_auto:
         derived["max_length"] = resolve.auto_max_length(recipe, dataset, state)
     if state.is_main_process:
@@ -74,7 +96,8 @@ def main(argv=None) -> None:
     pusher = None
     if push.checkpoints and not offline.is_offline() and state.is_main_process:
         pusher = CheckpointPusher(push.repo_id, push.token, push.private, out)
-    trainer = build_trainer(recipe, dataset, callbacks=[pusher] if pusher else [])
+    callbacks = [WandbStepIsGlobalStep(), *([pusher] if pusher else [])]
+    trainer = build_trainer(recipe, dataset, eval_dataset=eval_dataset, callbacks=callbacks)
     derived["total_steps"] = trainer.state.max_steps or derived["total_steps"]
     derived["batching"] = trainer.batching_summary()
     resolved = push.record(resolve.resolved_config(recipe, derived | {"resumed_from": plan.resume_from}))
@@ -91,7 +114,9 @@ def main(argv=None) -> None:
             pusher.finish(hub_push.STOP_WAIT_S)  # the requeued job pushes what is left
         return  # checkpointed on a stop request; the requeued job resumes from it
 
-    trainer.save_model(str(out))
+    trainer.save_model(str(out))  # with use_peft: the adapter (adapter_model.safetensors, adapter_config.json)
+    if recipe.project.merge_lora and state.is_main_process:
+        print(f"Saved the merged model to {lora.save_merged(trainer, out)}", flush=True)
     # The last collective step. The other ranks end here rather than wait at a barrier while the main process waits
     # for uploads: a barrier longer than ddp_timeout (30 min) would fail the job after training succeeded.
     state.wait_for_everyone()

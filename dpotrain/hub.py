@@ -6,6 +6,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .lora import card_lines
 from .metrics import PLOT_FILE, read_metrics
 
 # Recipe values a reader of the card needs to reproduce or judge the run.
@@ -132,13 +133,13 @@ def model_card(resolved: dict, records: list[dict], revisions: list[tuple[int, s
     data = ModelCardData(
         base_model=base if base and not base.startswith("builtin:") else None,
         datasets=[dataset] if dataset and "/" in dataset and not Path(dataset).exists() else None,
-        library_name="transformers",
-        tags=["dpo", "trl", "olmo3-recipe"],
+        library_name="peft" if resolved.get("use_peft") else "transformers",
+        tags=["dpo", "trl", "olmo3-recipe", *(["lora", "peft"] if resolved.get("use_peft") else [])],
     )
     derived = resolved.get("derived", {})
     recipe_rows = "\n".join(f"| `{k}` | {resolved.get(k)} |" for k in CARD_FIELDS)
     recipe_rows += f"\n| pairs per optimizer step | {derived.get('pairs_per_step')} |"
-    last = records[-1] if records else {}
+    last = next((r for r in reversed(records) if "loss" in r), {})  # a training record, not an evaluation
     metric_rows = "\n".join(f"| `{k}` | {last[k]:.4f} |" for k in FINAL_METRICS if k in last) or "| (none logged) | |"
     content = f"""---
 {data.to_yaml()}
@@ -148,7 +149,7 @@ def model_card(resolved: dict, records: list[dict], revisions: list[tuple[int, s
 
 DPO post-training of `{base}` on `{dataset}` with OLMo 3's length-normalized DPO recipe, trained with TRL's
 `DPOTrainer` (config `{resolved.get("config")}`).
-
+{card_lines(resolved)}
 ## Recipe
 
 | field | value |
@@ -245,9 +246,12 @@ def run_folder_problems(output_dir: str | Path) -> list[str]:
     problems = []
     if not (out / RUN_COMPLETE).is_file():
         problems.append(f"{RUN_COMPLETE} (training has not finished: resume it with the same command)")
-    problems += [f for f in ("config.json", "tokenizer_config.json") if not (out / f).is_file()]
+    adapter = (out / "adapter_config.json").is_file()  # a LoRA run (use_peft): an adapter instead of full weights
+    problems += [f for f in ("config.json", "tokenizer_config.json") if not (out / f).is_file() and not adapter]
     index = out / "model.safetensors.index.json"
-    if index.is_file():
+    if adapter:
+        problems += [f for f in ("adapter_model.safetensors", "tokenizer_config.json") if not (out / f).is_file()]
+    elif index.is_file():
         shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
         problems += [s for s in shards if not (out / s).is_file()]
     elif not (out / "model.safetensors").is_file():

@@ -17,7 +17,8 @@ CURVES = [
 
 
 class MetricsRecorder(TrainerCallback):
-    """Appends every training log record that has a loss to `<output_dir>/metrics.jsonl` (main process only).
+    """Appends every training or evaluation log record (`loss` / `eval_loss`) to `<output_dir>/metrics.jsonl` (main
+    process only).
 
     After a resume the records past the checkpoint's step are dropped first: those steps are trained again, and the
     history must hold each step once.
@@ -27,7 +28,7 @@ class MetricsRecorder(TrainerCallback):
         self._trimmed = False
 
     def on_log(self, args, state, control, logs=None, **kwargs):
-        if not state.is_world_process_zero or not logs or "loss" not in logs:
+        if not state.is_world_process_zero or not logs or not ({"loss", "eval_loss"} & set(logs)):
             return
         path = Path(args.output_dir) / METRICS_FILE
         if not self._trimmed:
@@ -56,9 +57,12 @@ def plot_metrics(records: list[dict], path: str | Path, title: str = "") -> Path
 
     fig, axes = plt.subplots(2, 2, figsize=(10, 7), sharex=True)
     for ax, (key, label) in zip(axes.flat, CURVES, strict=False):
-        points = [(r["step"], r[key]) for r in records if key in r]
-        if points:
-            ax.plot(*zip(*points, strict=False), marker="." if len(points) < 50 else None)
+        for name in (key, f"eval_{key}"):  # the held-out split's (dataset_test_split), when evaluated
+            points = [(r["step"], r[name]) for r in records if name in r]
+            if points:
+                ax.plot(*zip(*points, strict=False), marker="." if len(points) < 50 else None, label=name)
+        if any(f"eval_{key}" in r for r in records):
+            ax.legend()
         ax.set_title(label)
         ax.grid(alpha=0.3)
     for ax in axes[1]:

@@ -17,7 +17,7 @@ import math
 
 import torch
 from transformers import TrainerCallback
-from trl import DPOTrainer
+from trl import DPOTrainer, get_peft_config, get_quantization_config
 from trl.models import prepare_deepspeed
 
 from . import batching, builtin, packing, reference
@@ -313,6 +313,9 @@ def build_trainer(recipe: Recipe, train_dataset, eval_dataset=None, callbacks=()
         train_dataset=train_dataset,
         eval_dataset=eval_dataset,
         callbacks=[CompleteMarker(), MetricsRecorder(), graceful_stop, *callbacks],
+        # LoRA (--use_peft): TRL wraps the model and scores the reference with the adapter disabled (no second model).
+        peft_config=get_peft_config(recipe.model),
+        quantization_config=get_quantization_config(recipe.model),  # --load_in_4bit/8bit, as TRL's own dpo.py
         packed=packed,
         pairs_per_step=p.pairs_per_step or t.per_device_train_batch_size * t.gradient_accumulation_steps * world,
         max_tokens_per_microbatch=p.max_tokens_per_microbatch,

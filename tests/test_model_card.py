@@ -51,3 +51,21 @@ def test_card_lists_the_checkpoint_branches_on_the_hub(tmp_path):
     updated = (tmp_path / "README.md").read_text()
     assert updated.count("## Checkpoint revisions") == 1 and "| 4 | [`step-4`](" in updated
     assert updated.startswith(card.split("## Checkpoint revisions")[0])  # the rest of the card is kept
+
+
+def test_lora_run_card_and_folder(tmp_path):
+    from dpotrain.hub import run_folder_problems
+
+    resolved = {"model_name_or_path": "org/sft-7b", "use_peft": True, "lora_r": 16, "lora_alpha": 32,
+                "lora_dropout": 0.05, "lora_target_modules": ["q_proj", "v_proj"], "merge_lora": False}  # fmt: skip
+    card = model_card(resolved, [])
+    assert "library_name: peft" in card and "- lora" in card and "base_model: org/sft-7b" in card
+    assert "**LoRA adapter** (PEFT) for `org/sft-7b`" in card and "r=16, alpha=32" in card
+    assert "['q_proj', 'v_proj']" in card and "merge_lora: true" in card
+    # An adapter folder is a complete run without config.json / model.safetensors, but not without its adapter.
+    for name in ("adapter_config.json", "tokenizer_config.json", "tokenizer.json", "README.md",
+                 "training_curves.png", "run_complete.json"):  # fmt: skip
+        (tmp_path / name).write_text("{}")
+    assert run_folder_problems(tmp_path) == ["adapter_model.safetensors"]
+    (tmp_path / "adapter_model.safetensors").write_text("")
+    assert run_folder_problems(tmp_path) == []
