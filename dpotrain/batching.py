@@ -3,9 +3,9 @@
 An optimizer step always holds `pairs_per_step` pairs (the recipe's 128), drawn in a seeded random order. How those
 pairs are cut into micro-batches is a separate, purely mechanical choice:
 
-- `max_tokens_per_microbatch` set: each rank's share of the step is split into micro-batches of balanced token
-  counts under that budget (a pair is never split). Long and short pairs are grouped only inside a step, so the order
-  stays random at the scale of steps.
+- `max_tokens_per_microbatch` set: each rank's share of the step is split into micro-batches of similar lengths and
+  balanced token counts under that budget (a pair is never split). Lengths are grouped only inside a step, so the
+  order stays random at the scale of steps.
 - unset: micro-batches of `per_device_train_batch_size` pairs, as in any Trainer, so a run stays comparable with
   other tools at equal work.
 
@@ -66,6 +66,32 @@ def balanced_groups(indices: np.ndarray, costs: np.ndarray, groups: int) -> list
     return out
 
 
+def grouped_by_length(indices, costs: np.ndarray, groups: int) -> list[list[int]]:
+    """Split `indices` into `groups` non-empty runs of similar length (longest first) with balanced token sums.
+
+    Similar lengths share a micro-batch, so dense-mask attention (sdpa) works on rows no wider than they need; balanced
+    sums keep every micro-batch near the same memory."""
+    order = [int(i) for i in np.asarray(indices)[np.argsort(-costs[np.asarray(indices)], kind="stable")]]
+    remaining = int(costs[order].sum())
+    out, start = [], 0
+    for g in range(groups):
+        left = groups - g
+        if left == 1:
+            out.append(order[start:])
+            break
+        target, end, taken = remaining / left, start, 0
+        while end < len(order) - (left - 1):
+            c = int(costs[order[end]])
+            # take the next pair while that brings the run closer to its share (always at least one)
+            if end > start and abs(taken + c - target) > abs(taken - target):
+                break
+            taken, end = taken + c, end + 1
+        out.append(order[start:end])
+        remaining -= taken
+        start = end
+    return out
+
+
 def rank_shares(step: np.ndarray, costs: np.ndarray, p: "BatchPlan") -> list[np.ndarray]:
     """Each rank's pairs of one step: balanced by tokens under a budget, else an equal number of pairs each."""
     if p.max_tokens is None:
@@ -74,17 +100,18 @@ def rank_shares(step: np.ndarray, costs: np.ndarray, p: "BatchPlan") -> list[np.
 
 
 def split_share(share: np.ndarray, costs: np.ndarray, count: int, p: "BatchPlan") -> list[list[int]]:
-    """One rank's pairs of a step as `count` micro-batches: balanced by tokens, else in order, equal in pairs."""
+    """One rank's pairs of a step as `count` micro-batches: grouped by length with balanced tokens under a budget,
+    else in their random order, equal in pairs."""
     if p.max_tokens is None:
         return [[int(i) for i in part] for part in np.array_split(share, count)]
-    return balanced_groups(share, costs, count)
+    return grouped_by_length(share, costs, count)
 
 
 def micro_batches_needed(costs: np.ndarray, indices: list[int], max_tokens: int) -> int:
     """The fewest balanced micro-batches that keep every one within `max_tokens`."""
     idx = np.asarray(indices)
     g = max(1, math.ceil(int(costs[idx].sum()) / max_tokens))
-    while g < len(idx) and max(int(costs[b].sum()) for b in balanced_groups(idx, costs, g)) > max_tokens:
+    while g < len(idx) and max(int(costs[b].sum()) for b in grouped_by_length(idx, costs, g)) > max_tokens:
         g += 1
     return min(g, len(idx))
 

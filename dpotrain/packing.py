@@ -28,12 +28,10 @@ VARLEN_ATTENTION = {"flash_attention_2", "flash_attention_3", "kernels-community
 PACKED_ATTENTION = {"sdpa", "eager"} | VARLEN_ATTENTION
 
 
-def row_length(attn_implementation: str | None, max_length: int | None) -> int | None:
-    """Positions per packed row: unbounded (one row) for FlashAttention's varlen kernel; for dense-mask attention,
-    max_length, so a row costs no more attention than one sequence of the longest kind."""
-    if attn_implementation in VARLEN_ATTENTION or max_length is None:
-        return None
-    return max_length
+def one_row(attn_implementation: str | None) -> bool:
+    """FlashAttention's varlen kernel takes a whole micro-batch as one row; dense-mask attention (sdpa, eager) does
+    better with rows no wider than the longest sequence (see `PackedPreferenceCollator`)."""
+    return attn_implementation in VARLEN_ATTENTION
 
 
 def packing_problem(config) -> str | None:
@@ -80,31 +78,72 @@ def pair_tokens(example: dict, max_length: int | None, truncation_mode: str = "k
     )
 
 
-def fill_rows(lengths: list[int], capacity: int) -> list[list[int]]:
-    """Sequence indices grouped into as few rows of at most `capacity` positions as balancing allows: longest first,
-    each into the emptiest row. Balanced rows all end near the same width, so little is padded at their ends."""
-    count = max(1, math.ceil(sum(lengths) / capacity))
-    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
-    while True:
-        rows, fill = [[] for _ in range(count)], [0] * count
-        for i in order:
-            r = min(range(count), key=fill.__getitem__)
-            rows[r].append(i)
-            fill[r] += lengths[i]
-        if max(fill) <= capacity or count >= len(lengths):
-            return [row for row in rows if row]
-        count += 1
+def balanced_rows(lengths: list[int], count: int) -> list[list[int]]:
+    """Sequence indices in `count` rows of balanced fill: longest first into the emptiest row, then moves and swaps
+    out of the fullest row while they lower it (the width every row is padded to)."""
+    rows, fill = [[] for _ in range(count)], [0] * count
+    for i in sorted(range(len(lengths)), key=lambda i: -lengths[i]):
+        r = min(range(count), key=fill.__getitem__)
+        rows[r].append(i)
+        fill[r] += lengths[i]
+    for _ in range(4 * len(lengths)):  # each pass lowers the fullest row or stops
+        full = max(range(count), key=fill.__getitem__)
+        best = None  # (new width of the pair of rows, row, item out of `full`, item back or None)
+        for other in range(count):
+            if other == full:
+                continue
+            for a in rows[full]:
+                for b in [None, *rows[other]]:
+                    delta = lengths[a] - (lengths[b] if b is not None else 0)
+                    if delta <= 0:
+                        continue
+                    width = max(fill[full] - delta, fill[other] + delta)
+                    if width < fill[full] and (best is None or width < best[0]):
+                        best = (width, other, a, b)
+        if best is None:
+            break
+        _, other, a, b = best
+        delta = lengths[a] - (lengths[b] if b is not None else 0)
+        rows[full].remove(a)
+        rows[other].append(a)
+        if b is not None:
+            rows[other].remove(b)
+            rows[full].append(b)
+        fill[full] -= delta
+        fill[other] += delta
+    return [row for row in rows if row]
+
+
+def fill_rows(lengths: list[int], hidden_size: int) -> list[list[int]]:
+    """Rows for dense-mask attention: the row count whose estimated cost is lowest.
+
+    A row of width W costs about W x (linear layers) + W^2 / (8 x hidden_size) x (the same) in attention, padding
+    included: per position, dense attention is ~4 x W x hidden FLOPs against ~30-40 x hidden^2 for the linear layers
+    of a block with a 4x MLP. Fewer, wider rows pad less and attend more; the count between "two longest sequences
+    per row" and "rows no wider than the longest sequence" that costs least wins.
+    """
+    longest, total = max(lengths), sum(lengths)
+    best, best_cost = None, math.inf
+    for count in range(max(1, math.ceil(total / (2 * longest))), len(lengths) + 1):
+        rows = balanced_rows(lengths, count)
+        width = max(sum(lengths[i] for i in row) for row in rows)
+        cost = len(rows) * width * (1 + width / (8 * hidden_size))
+        if cost < best_cost:
+            best, best_cost = rows, cost
+        if width <= longest:  # narrower rows than the longest sequence cannot exist: more rows only pad more
+            break
+    return best
 
 
 @dataclass
 class PackedPreferenceCollator:
     """Collates tokenized pairs (`prompt_ids`, `chosen_ids`, `rejected_ids`) into packed rows.
 
-    With `row_length` None (FlashAttention: its varlen kernel attends within each sequence only, at the cost of the
-    sequences alone), all 2B sequences go into one row, with `cu_seq_lens_q/k` and `max_length_q/k`. sdpa and eager
-    attention instead build a dense mask over a row and compute all of it, so their cost grows with the square of the
-    row: sequences are packed into balanced rows of at most `row_length` positions, which costs no more attention than
-    one sequence of that length, and only the ends of rows are padded.
+    With `one_row` (FlashAttention: its varlen kernel attends within each sequence only, at the cost of the sequences
+    alone), all 2B sequences go into one row, with `cu_seq_lens_q/k` and `max_length_q/k`. sdpa and eager attention
+    instead build a dense mask over a row and compute all of it, so their cost grows with the square of the row:
+    sequences are packed into balanced rows whose count minimizes an estimate of linear plus attention cost
+    (`fill_rows`), and only the ends of rows are padded.
 
     Emits `input_ids`, `position_ids`, `completion_mask` (`[rows, width]`), and per sequence (chosen 0..B-1, then
     rejected 0..B-1, TRL's order) `seq_lens`, `seq_rows` and `seq_starts`, plus `ref_chosen_logps` /
@@ -113,17 +152,15 @@ class PackedPreferenceCollator:
 
     max_length: int | None = None
     truncation_mode: str = "keep_start"
-    row_length: int | None = None
+    one_row: bool = False
+    hidden_size: int = 4096  # the model's: weighs attention against the linear layers when rows are formed
     pad_token_id: int = 0
 
     def __call__(self, examples: list[dict[str, Any]]) -> dict[str, Any]:
         per_pair = [sequences(e, self.max_length, self.truncation_mode) for e in examples]
         seqs = [pair[0] for pair in per_pair] + [pair[1] for pair in per_pair]  # TRL's [chosen..., rejected...]
         lengths = [len(ids) for ids, _ in seqs]
-        if self.row_length is None:
-            rows = [list(range(len(seqs)))]
-        else:
-            rows = fill_rows(lengths, max(self.row_length, max(lengths)))
+        rows = [list(range(len(seqs)))] if self.one_row else fill_rows(lengths, self.hidden_size)
         width = max(sum(lengths[i] for i in row) for row in rows)
         input_ids = torch.full((len(rows), width), self.pad_token_id, dtype=torch.long)
         completion_mask = torch.zeros((len(rows), width), dtype=torch.long)
@@ -149,7 +186,7 @@ class PackedPreferenceCollator:
             "seq_rows": torch.tensor(seq_rows, dtype=torch.long),
             "seq_starts": torch.tensor(seq_starts, dtype=torch.long),
         }
-        if self.row_length is None:
+        if self.one_row:
             cu_seq_lens = torch.zeros(len(lengths) + 1, dtype=torch.int32)
             cu_seq_lens[1:] = torch.tensor(lengths, dtype=torch.int32).cumsum(0)
             batch |= {"cu_seq_lens_q": cu_seq_lens, "cu_seq_lens_k": cu_seq_lens, "max_length_q": max(lengths),

@@ -79,7 +79,8 @@ def cache_identity(trainer, dataset, plan: list[list[list[int]]]) -> dict:
         "autocast": "bf16" if trainer.args.bf16 else "fp16" if trainer.args.fp16 else None,
         "attn_implementation": getattr(config, "_attn_implementation", None),
         "forward": "packed",
-        "row_length": trainer.packed_collator.row_length,
+        "one_row": trainer.packed_collator.one_row,
+        "hidden_size": trainer.packed_collator.hidden_size,
         # Which pairs share a packed row changes the last bits of the sums (kernels block the row differently), so
         # pairs are scored in the micro-batches training first runs them in, and that layout is part of the key.
         "micro_batches_sha256": hashlib.sha256(json.dumps(plan).encode()).hexdigest(),

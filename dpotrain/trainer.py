@@ -45,15 +45,17 @@ def resolve_model_path(recipe: Recipe) -> str:
     return builtin.materialize_model(name) if builtin.is_builtin(name) else name
 
 
-def decide_packing(recipe: Recipe, model_path: str) -> bool:
+def decide_packing(recipe: Recipe, model_path: str) -> tuple[bool, int]:
     """Packed or padded forward for this model and recipe: a one-line note when packing is off by necessity, an
-    error when it was asked for explicitly and cannot be honoured. Reads the model's config only (no weights)."""
+    error when it was asked for explicitly and cannot be honoured. Reads the model's config only (no weights).
+    Returns the decision and the model's hidden size (packed rows weigh attention against linear layers with it)."""
     from transformers import AutoConfig
 
     t = recipe.training
-    if not t.padding_free:
-        return False
     config = AutoConfig.from_pretrained(model_path, revision=recipe.model.model_revision)
+    hidden_size = getattr(config.get_text_config(), "hidden_size", 4096)
+    if not t.padding_free:
+        return False, hidden_size
     config._attn_implementation = recipe.model.attn_implementation or "sdpa"  # transformers' default
     problem = packing.packing_problem(config)
     if problem is None and t.sync_ref_model:
@@ -62,7 +64,7 @@ def decide_packing(recipe: Recipe, model_path: str) -> bool:
         problem = "the packed path scores the reference once before training (precompute_ref_log_probs: true)"
     if problem is None:
         t.precompute_ref_log_probs = True  # the reference cache: only the policy stays in memory
-        return True
+        return True, hidden_size
     if "padding_free" in recipe.given:
         raise ConfigError(f"padding_free (packed sequences) cannot be used here: {problem}; set --padding_free false")
     if recipe.project.max_tokens_per_microbatch is not None:
@@ -72,7 +74,7 @@ def decide_packing(recipe: Recipe, model_path: str) -> bool:
         )
     print(f"Note: padded batches (TRL's forward), not packed sequences: {problem}.", flush=True)
     t.padding_free = False
-    return False
+    return False, hidden_size
 
 
 def pairs_in(batch: dict) -> int:
@@ -126,6 +128,7 @@ class RecipeDPOTrainer(DPOTrainer):
         pairs_per_step: int,
         max_tokens_per_microbatch: int | None,
         attn_implementation: str | None,
+        hidden_size: int,
         **kwargs,
     ):
         self.packed = packed
@@ -140,7 +143,8 @@ class RecipeDPOTrainer(DPOTrainer):
         self.packed_collator = packing.PackedPreferenceCollator(
             training_args.max_length,
             training_args.truncation_mode,
-            packing.row_length(attn_implementation or "sdpa", training_args.max_length),
+            one_row=packing.one_row(attn_implementation or "sdpa"),
+            hidden_size=hidden_size,
         )
         if packed:
             kwargs["data_collator"] = self.packed_collator
@@ -304,7 +308,7 @@ def build_trainer(recipe: Recipe, train_dataset, eval_dataset=None, callbacks=()
     # `world_size` reads 1.
     world = t.world_size if t.device is not None else 1
     model_path = resolve_model_path(recipe)
-    packed = decide_packing(recipe, model_path)
+    packed, hidden_size = decide_packing(recipe, model_path)
     graceful_stop = GracefulStop.from_env()
     # Order matters: GracefulStop.on_save reports a checkpoint only after CompleteMarker has marked it.
     trainer = RecipeDPOTrainer(
@@ -320,6 +324,7 @@ def build_trainer(recipe: Recipe, train_dataset, eval_dataset=None, callbacks=()
         pairs_per_step=p.pairs_per_step or t.per_device_train_batch_size * t.gradient_accumulation_steps * world,
         max_tokens_per_microbatch=p.max_tokens_per_microbatch,
         attn_implementation=recipe.model.attn_implementation,
+        hidden_size=hidden_size,
     )
     trainer.graceful_stop = graceful_stop
     return trainer

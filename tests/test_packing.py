@@ -93,7 +93,7 @@ def test_packed_equals_padded(tmp_path, tiny_model_dir, llama_dir, rows, model, 
     assert got.shape == want.shape
     assert (got - want).abs().max() < 1e-5
     # All sequences in a single row (how FlashAttention's varlen kernel gets them) gives the same.
-    one_row = packing.PackedPreferenceCollator(packed.args.max_length, row_length=None)(
+    one_row = packing.PackedPreferenceCollator(packed.args.max_length, one_row=True)(
         [packed.train_dataset[i] for i in indices]
     )
     assert one_row["input_ids"].shape[0] == 1 and "cu_seq_lens_q" in one_row
