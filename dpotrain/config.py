@@ -212,7 +212,24 @@ def parse_args(argv: list[str] | None = None) -> Recipe:
     given = {options[t.split("=")[0]].dest for t in tokens if t.split("=")[0] in options}
     if "padding_free" not in given:
         training.padding_free = True  # this project's default: packed sequences (TRL's is False)
+    on_command_line = {options[a.split("=")[0]].dest for a in argv if a.split("=")[0] in options}
+    _command_line_batch_wins(training, project, on_command_line)
     return Recipe(script, training, model, project, config_path, max_length_auto, given)
+
+
+def _command_line_batch_wins(training, project, on_command_line: set[str]) -> None:
+    """`--per_device_train_batch_size 4 --gradient_accumulation_steps 1` on the command line mean steps of 4 pairs
+    per process in micro-batches of 4, as in any trainer, also under a recipe that sets pairs_per_step and a token
+    budget: the command line wins over the recipe, and the recipe's two values are dropped (and not recorded)."""
+    batch_flags = {"per_device_train_batch_size", "gradient_accumulation_steps"} & on_command_line
+    recipe_batching = [f for f in ("pairs_per_step", "max_tokens_per_microbatch") if getattr(project, f) is not None]
+    if not batch_flags or {"pairs_per_step", "max_tokens_per_microbatch"} & on_command_line or not recipe_batching:
+        return
+    for name in recipe_batching:
+        setattr(project, name, None)
+    print(f"Note: {' and '.join(sorted(batch_flags))} on the command line: micro-batches of "
+          f"{training.per_device_train_batch_size} pairs, {training.gradient_accumulation_steps} per step and "
+          f"process; the recipe's {' and '.join(recipe_batching)} are not used.", file=sys.stderr)  # fmt: skip
 
 
 def _cpu_deepspeed_backend(args: list[str]) -> list[str]:

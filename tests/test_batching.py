@@ -126,3 +126,17 @@ def test_one_step_has_the_same_gradient_whatever_the_micro_batching_and_world_si
     for name, got in runs.items():
         for param, d in want.items():
             assert (got[param] - d).abs().max() <= 1e-6 + 1e-5 * d.abs().max(), (name, param)
+
+
+def test_per_device_batch_on_the_command_line_means_what_it_means_elsewhere():
+    """`--per_device_train_batch_size 4 --gradient_accumulation_steps 1 --max_steps N` is N steps of 4 pairs per
+    process, as in any trainer, even under a recipe that sets pairs_per_step and a token budget."""
+    from conftest import run_train
+
+    result = run_train(["--config", str(ROOT / "configs" / "smoke.yaml"), "--per_device_train_batch_size", "4",
+                        "--gradient_accumulation_steps", "1", "--max_steps", "5", "--dry-run"])  # fmt: skip
+    assert result.returncode == 0, result.stdout[-2000:]
+    resolved = json.loads(result.stdout[result.stdout.index("{\n") : result.stdout.rindex("}") + 1])
+    assert resolved["derived"]["pairs_per_step"] == 4 and resolved["derived"]["total_steps"] == 5
+    assert resolved["max_tokens_per_microbatch"] is None and resolved["pairs_per_step"] is None  # not used: not kept
+    assert "the recipe's pairs_per_step and max_tokens_per_microbatch are not used" in result.stdout
