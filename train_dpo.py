@@ -19,7 +19,7 @@ from pathlib import Path
 
 from dotenv import load_dotenv
 
-from dpotrain import data, hub, offline, resolve
+from dpotrain import data, health, hub, offline, resolve, samples
 from dpotrain.config import parse_args
 from dpotrain.errors import run_cli
 from dpotrain.metrics import PLOT_FILE, plot_metrics, read_metrics
@@ -33,7 +33,13 @@ def main(argv=None) -> None:
 
     # Everything that can be refused is refused here, before a data set or a model loads.
     resolve.check_values(recipe)
+    health.check_values(recipe.project)
+    samples.check_values(recipe.project)
     resolve.fill_defaults(recipe)
+    if recipe.project.preflight:  # the base model's view of the data, instead of training (dpotrain/preflight.py)
+        from dpotrain import preflight
+
+        return preflight.main_from_recipe(recipe)
     world, world_source = resolve.world_size(recipe, planning=recipe.project.dry_run)
     resolve.plan_batch(recipe, world)
     derived = {"world_size": world, "world_size_source": world_source}
@@ -80,6 +86,10 @@ def main(argv=None) -> None:
             print(f"Resuming from {plan.resume_from}", flush=True)
 
     trainer.train(resume_from_checkpoint=plan.resume_from)
+    if getattr(trainer, "health", None) and trainer.health.stop:  # a doomed run: no final model, no run_complete.json, no requeue
+        if state.is_main_process:
+            print(health.stop_line(trainer.health.stop, str(out)), flush=True)
+        return health.HEALTH_STOP_EXIT
     if trainer.graceful_stop.stopped and trainer.state.global_step < trainer.state.max_steps:
         return  # checkpointed on a stop request; the requeued job resumes from it
 
