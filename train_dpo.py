@@ -86,7 +86,8 @@ def main(argv=None) -> None:
             print(f"Resuming from {plan.resume_from}", flush=True)
 
     trainer.train(resume_from_checkpoint=plan.resume_from)
-    if getattr(trainer, "health", None) and trainer.health.stop:  # a doomed run: no final model, no run_complete.json, no requeue
+    # A doomed run (dpotrain/health.py): no final model, no run_complete.json, and no requeue.
+    if getattr(trainer, "health", None) and trainer.health.stop:
         if state.is_main_process:
             print(health.stop_line(trainer.health.stop, str(out)), flush=True)
         return health.HEALTH_STOP_EXIT

@@ -66,8 +66,8 @@ class ProjectArguments:
     health_action: str = field(
         default="stop",
         metadata={
-            "help": "What a tripped guard does: stop (a resumable checkpoint, exit 3, no requeue) or warn (a log line). "
-            "NaN/inf always stops.",
+            "help": "What a tripped guard does: stop (a resumable checkpoint, exit 3, no requeue) or warn (a log "
+            "line). NaN/inf always stops.",
             "choices": ["warn", "stop"],
         },
     )

@@ -138,30 +138,31 @@ class HealthGuard(TrainerCallback):
             return alarms  # the collapse guards judge training, which has not happened yet
         loss = logs["loss"]
         if p.health_loss_floor > 0 and loss < p.health_loss_floor:
-            alarms.append(Alarm("loss_floor", step, f"loss {loss:.4g} < health_loss_floor {p.health_loss_floor}: the "
-                                "policy separates the pairs far beyond what beta's KL term allows; in 001 this came "
-                                "right before mode collapse. Lower --learning_rate (or raise beta), and run "
-                                "scripts/preflight.py on the data"))  # fmt: skip
+            alarms.append(Alarm("loss_floor", step, (
+                f"loss {loss:.4g} < health_loss_floor {p.health_loss_floor}: the policy separates the pairs far beyond "
+                "what beta's KL term allows; in 001 this came right before mode collapse. Lower --learning_rate (or "
+                "raise beta), and run scripts/preflight.py on the data")))  # fmt: skip
         if p.health_max_margin > 0 and r and r["margins"] > p.health_max_margin:
-            alarms.append(Alarm("margin", step, f"{r['source']}margins {r['margins']:.3g} > health_max_margin "
-                                f"{p.health_max_margin} (chosen {r['chosen']:.3g}, rejected {r['rejected']:.3g}): "
-                                "margins exploding (001: > 5 unstable, then 9-18 and collapse). Lower --learning_rate"))  # fmt: skip
+            alarms.append(Alarm("margin", step, (
+                f"{r['source']}margins {r['margins']:.3g} > health_max_margin {p.health_max_margin} (chosen "
+                f"{r['chosen']:.3g}, rejected {r['rejected']:.3g}): margins exploding (001: > 5 unstable, then 9-18 "
+                "and collapse). Lower --learning_rate")))  # fmt: skip
         drop = p.health_logp_drop
         if drop > 0 and r and r["chosen"] / args.beta < -drop and r["rejected"] / args.beta < -drop:
-            alarms.append(Alarm("logps_falling", step, f"chosen and rejected log-probs both fell by more than "
-                                f"{drop} nats/token against the reference ({r['chosen'] / args.beta:.3g} and "
-                                f"{r['rejected'] / args.beta:.3g}): the policy pushes everything down instead of "
-                                "preferring the chosen side, the road to degenerate outputs. Lower --learning_rate; "
-                                "if the chosen style is alien to the model (scripts/preflight.py), SFT on it first"))  # fmt: skip
+            alarms.append(Alarm("logps_falling", step, (
+                f"chosen and rejected log-probs both fell by more than {drop} nats/token against the reference "
+                f"({r['chosen'] / args.beta:.3g} and {r['rejected'] / args.beta:.3g}): the policy pushes everything "
+                "down instead of preferring the chosen side, the road to degenerate outputs. Lower --learning_rate; if "
+                "the chosen style is alien to the model (scripts/preflight.py), SFT on it first")))  # fmt: skip
+        pinned = self._pinned_pairs + self._pairs(args, step)
         early = step <= p.health_early_fraction * max_steps
-        if p.health_pinned_pairs and early and self._pinned_pairs + self._pairs(args, step) >= p.health_pinned_pairs:
-            acc = r["accuracies"] if r else logs.get("rewards/accuracies")
-            if acc is not None and acc >= 0.999:
-                alarms.append(Alarm("accuracy_pinned", step, f"reward accuracy has been 1.0 on the last "
-                                    f"{self._pinned_pairs + self._pairs(args, step)} pairs, within the first "
-                                    f"{p.health_early_fraction:.0%} of training (step {step} of {max_steps}): the "
-                                    "pairs are trivially separable or the policy is collapsing onto them (001). Check "
-                                    "the pairs with scripts/preflight.py; lower --learning_rate"))  # fmt: skip
+        acc = r["accuracies"] if r else logs.get("rewards/accuracies")
+        if p.health_pinned_pairs and early and pinned >= p.health_pinned_pairs and acc is not None and acc >= 0.999:
+            alarms.append(Alarm("accuracy_pinned", step, (
+                f"reward accuracy has been 1.0 on the last {pinned} pairs, within the first "
+                f"{p.health_early_fraction:.0%} of training (step {step} of {max_steps}): the pairs are trivially "
+                "separable or the policy is collapsing onto them (001). Check the pairs with scripts/preflight.py; "
+                "lower --learning_rate")))  # fmt: skip
         return alarms
 
     def _check_step1(self, step, logs, r, args) -> list[Alarm]:
@@ -192,15 +193,20 @@ class HealthGuard(TrainerCallback):
             return None
         chosen_tokens, rejected_tokens = (max(m, 1.0) for m in self._token_means)
         chosen, rejected = logs["rewards/chosen"] / chosen_tokens, logs["rewards/rejected"] / rejected_tokens
-        return {"chosen": chosen, "rejected": rejected, "margins": chosen - rejected,
-                "accuracies": logs.get("rewards/accuracies"), "source": "rewards/* ÷ mean completion tokens: "}  # fmt: skip
+        source = "rewards/* ÷ mean completion tokens: "
+        accuracies = logs.get("rewards/accuracies")
+        return {"chosen": chosen, "rejected": rejected, "margins": chosen - rejected, "accuracies": accuracies,
+                "source": source}  # fmt: skip
 
     # --- bookkeeping ---
 
     def _pairs(self, args, step: int) -> int:
         """Pairs seen since the previous log."""
-        return (step - self._last_step) * args.per_device_train_batch_size * args.gradient_accumulation_steps * max(
-            args.world_size, 1
+        return (
+            (step - self._last_step)
+            * args.per_device_train_batch_size
+            * args.gradient_accumulation_steps
+            * max(args.world_size, 1)
         )
 
     def _count_pinned(self, logs: dict, args, steps: int) -> None:

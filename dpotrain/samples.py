@@ -73,7 +73,9 @@ class SampleGenerator(TrainerCallback):
         """Prompts from the recipe (list or file), else the first `sample_count` prompts of the training data, as the
         trainer tokenized them (chat template with the generation prompt)."""
         p = recipe.project
-        texts = list(p.sample_prompts or []) or (read_prompts_file(p.sample_prompts_file) if p.sample_prompts_file else [])
+        texts = list(p.sample_prompts or [])
+        if not texts and p.sample_prompts_file:
+            texts = read_prompts_file(p.sample_prompts_file)
         if texts:
             ids = [_encode_prompt(tokenizer, t) for t in texts[: p.sample_count]]
         else:
