@@ -21,7 +21,19 @@ CARD_FIELDS = [
     "bf16",
     "seed",
 ]
-FINAL_METRICS = ["loss", "rewards/accuracies", "rewards/margins", "rewards/chosen", "rewards/rejected"]
+# rewards/* are TRL's (beta x summed log-ratio); rewards_norm/* are on the loss's scale (beta x log-ratio per token).
+FINAL_METRICS = [
+    "loss",
+    "rewards/accuracies",
+    "rewards/margins",
+    "rewards/chosen",
+    "rewards/rejected",
+    "rewards_norm/accuracies",
+    "rewards_norm/margins",
+    "rewards_norm/chosen",
+    "rewards_norm/rejected",
+    "tokens_per_second",
+]
 # Never uploaded: resumable state and local tracking files.
 IGNORE = ["checkpoint-*", "checkpoint-*/**", "wandb/**", "*.lock", ".wandb_run_id"]
 
