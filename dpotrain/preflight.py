@@ -76,7 +76,7 @@ def sample_rows(dataset, n: int, seed: int):
     if isinstance(dataset, datasets.Dataset):
         if n < len(dataset):
             dataset = dataset.select(np.sort(np.random.default_rng(seed).choice(len(dataset), size=n, replace=False)))
-        return datasets.Dataset.from_list(dataset.to_list())
+        return datasets.Dataset.from_list(dataset.to_list(), features=dataset.features)
     return datasets.Dataset.from_list(list(dataset.shuffle(seed=seed, buffer_size=10_000).take(n)))
 
 

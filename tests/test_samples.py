@@ -67,3 +67,21 @@ def test_main_process_generation_does_not_deadlock_zero2(tmp_path, tiny_model_di
     records = [json.loads(line) for line in (out / SAMPLES_FILE).read_text().splitlines()]
     assert [r["step"] for r in records] == [0, 0, 1, 1, 2, 2, 3, 3]  # main process only: each sample once
     assert (out / "run_complete.json").is_file()
+
+
+@pytest.mark.slow
+def test_samples_reach_wandb_as_a_table(tmp_path, tiny_model_dir):
+    out = tmp_path / "run"
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "train_dpo.py"), "--config", SMOKE, "--model_name_or_path", tiny_model_dir,
+         "--output_dir", str(out), "--max_steps", "2", "--save_strategy", "no", "--report_to", "wandb",
+         "--samples_every", "2", "--sample_count", "2", "--sample_max_new_tokens", "8"],
+        cwd=ROOT, env={**os.environ, "WANDB_MODE": "offline"}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        text=True, timeout=600,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout[-3000:]
+    tables = sorted(out.glob("wandb/offline-run-*/files/media/table/samples_*.table.json"))
+    assert len(tables) == 2, tables  # before step 1 and at step 2
+    table = json.loads(tables[0].read_text())
+    assert table["columns"] == ["step", "prompt_index", "prompt", "completion", "repetition"]
+    assert [row[:2] for row in table["data"]] == [[0, 0], [0, 1]]
