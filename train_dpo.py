@@ -88,7 +88,10 @@ def main(argv=None) -> None:
     trainer.train(resume_from_checkpoint=plan.resume_from)
     # A doomed run (dpotrain/health.py): no final model, no run_complete.json, and no requeue.
     if getattr(trainer, "health", None) and trainer.health.stop:
+        stop_file = trainer.graceful_stop.stop_file
         if state.is_main_process:
+            if stop_file:  # a preemption at the same step must not requeue a doomed run either
+                Path(f"{stop_file}.checkpointed").unlink(missing_ok=True)
             print(health.stop_line(trainer.health.stop, str(out)), flush=True)
         return health.HEALTH_STOP_EXIT
     if trainer.graceful_stop.stopped and trainer.state.global_step < trainer.state.max_steps:

@@ -46,16 +46,20 @@ class Thresholds:
     identical: float = 0.01
 
 
-HELP_THRESHOLDS = """\
+_T = Thresholds()
+HELP_THRESHOLDS = f"""\
 Thresholds (gap = log p(chosen) - log p(rejected) under the base model, per pair):
-  summed    |gap| > 100 warns, > 500 is critical: the post-mortem's own rule (its doomed data: -600 to -1027).
-  per token |gap| > 1.0 nat warns (each chosen token ~2.7x less or more likely than a rejected one: another
-            register, not a preference), > 2.5 is critical (12x per token; the post-mortem's doomed data: -4.4).
-  A verdict needs 20% of the pairs past a threshold. The loss decides which scale counts: sigmoid_norm (OLMo 3)
-  and ipo compare per-token averages, the others summed log-probs; the other scale can only warn.
-  Also warned: median chosen/rejected length ratio beyond 2x or 1/2, > 10% of pairs truncated, > 1% dropped
-  (prompt alone fills max_length), > 1% duplicate pairs, > 1% pairs whose chosen equals rejected.
-Exit status: 0 ok or warn, 3 fail, 2 bad input."""
+  summed    |gap| > {_T.summed_warn:g} warns, > {_T.summed_critical:g} is critical: the post-mortem's rule (its doomed
+            data: -600 to -1027).
+  per token |gap| > {_T.per_token_warn:g} nat warns (each chosen token ~2.7x less or more likely than a rejected one:
+            another register, not a preference), > {_T.per_token_critical:g} is critical (12x per token; the
+            post-mortem's doomed data: -4.4).
+  A verdict needs {_T.share:.0%} of the pairs past a threshold. The loss decides which scale counts: sigmoid_norm
+  (OLMo 3) and ipo compare per-token averages, the others summed log-probs; the other scale can only warn.
+  Also warned: median chosen/rejected length ratio beyond {_T.length_ratio:g}x either way, > {_T.truncated:.0%} of pairs
+  truncated, > {_T.dropped:.0%} dropped (prompt alone fills max_length), > {_T.duplicates:.0%} duplicate pairs,
+  > {_T.identical:.0%} pairs whose chosen equals rejected.
+Exit status: 0 ok or warn, {PREFLIGHT_FAIL_EXIT} fail, 2 bad input."""
 
 
 def check_outputs(json_path: str | None, plot_path: str | None) -> None:

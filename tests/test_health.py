@@ -48,9 +48,10 @@ def test_an_untouched_reference_passes_step_1(tmp_path, tiny_model_dir):
     assert first["step"] == 1 and abs(first["loss"] - LN2) < 1e-5
 
 
-def test_a_collapsing_learning_rate_is_stopped(tmp_path, tiny_model_dir):
+def test_a_collapsing_learning_rate_is_stopped(tmp_path, tiny_model_dir, monkeypatch):
     # 001's collapse: 30x the demo's learning rate drives the loss to ~0 within a few steps (measured: 0.004 at step 6).
-    out = tmp_path / "run"
+    out, stop_file = tmp_path / "run", tmp_path / "stop"
+    monkeypatch.setenv("DPOTRAIN_STOP_FILE", str(stop_file))  # as under launch.sh
     trainer = trainer_for(out, tiny_model_dir, "--max_steps", "10", "--logging_steps", "1", "--warmup_steps", "0",
                           "--learning_rate", "3e-3")  # fmt: skip
     trainer.train()
@@ -60,6 +61,7 @@ def test_a_collapsing_learning_rate_is_stopped(tmp_path, tiny_model_dir):
     losses = [r["loss"] for r in trainer.state.log_history if "loss" in r]
     assert stop.guard != "loss_floor" or losses[-1] < 0.01
     assert (out / f"checkpoint-{stop.step}" / "COMPLETE").is_file()
+    assert not stop_file.with_name("stop.checkpointed").exists()  # the checkpoint is not a requeue request
 
 
 def test_warn_mode_reports_and_goes_on(tmp_path, tiny_model_dir):
