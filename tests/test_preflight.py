@@ -150,3 +150,21 @@ def test_bad_input_is_refused_before_loading(args, message, tmp_path):
     result = preflight("--config", SMOKE, "--output_dir", str(tmp_path / "never"), *args)
     assert result.returncode == 2 and message in result.stderr, result.stderr
     assert "Loading weights" not in result.stderr and not (tmp_path / "never").exists()
+
+
+@pytest.mark.slow
+def test_launch_sh_preflight_ends_a_doomed_job_before_the_launch(tmp_path, tiny_model_dir):
+    """PREFLIGHT=1 in the batch shell: a fail stops the job before srun. With the summed sigmoid loss, chosen
+    gibberish 10x longer than the rejected answers is doomed even for the random-init model (~-7 nats per token)."""
+    import os
+
+    data = write_pairs(tmp_path / "doomed.jsonl", gibberish, careful, n=16)
+    result = subprocess.run(
+        ["bash", str(ROOT / "scripts" / "launch.sh"), "--model_name_or_path", tiny_model_dir, "--dataset_name", data,
+         "--loss_type", "sigmoid", "--output_dir", str(tmp_path / "run")],
+        cwd=ROOT, env={**os.environ, "RECIPE": "configs/smoke.yaml", "PREFLIGHT": "1"}, capture_output=True,
+        text=True, timeout=600,
+    )  # fmt: skip
+    assert result.returncode == 1, result.stdout[-2000:] + result.stderr[-2000:]
+    assert "## Verdict: FAIL" in result.stdout and "error: preflight exited 3" in result.stderr
+    assert "launch: srun" not in result.stdout  # the training launch never started
