@@ -77,6 +77,7 @@ def main(argv=None) -> None:
 
     trainer = build_trainer(recipe, dataset)
     derived["total_steps"] = trainer.state.max_steps or derived["total_steps"]
+    derived["batching"] = trainer.batching_summary()
     resolved = resolve.resolved_config(recipe, derived | {"resumed_from": plan.resume_from})
     if state.is_main_process:
         out.mkdir(parents=True, exist_ok=True)

@@ -10,6 +10,7 @@ import os
 import random
 import shutil
 import tempfile
+import time
 from pathlib import Path
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
@@ -75,13 +76,31 @@ def materialize_model(name: str, vocab_size: int = 1024, seed: int = 0) -> str:
         tokenizer = build_tokenizer(vocab_size)
         tokenizer.save_pretrained(tmp)
         build_model(key, tokenizer, seed).save_pretrained(tmp)
-        try:
-            tmp.rename(target)
-        except OSError:  # another rank renamed first
-            pass
+        if (tmp / "model.safetensors").exists():
+            try:
+                tmp.rename(target)
+            except OSError:  # another rank renamed first
+                pass
+        else:
+            # Once torch.distributed is up, transformers writes weights on global rank 0 only
+            # (`should_save_on_this_rank`): this rank waits for rank 0's folder (shared, as the project folder is on
+            # a cluster) instead of publishing a folder without weights.
+            return _wait_for_model(name, target)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return str(target)
+
+
+def _wait_for_model(name: str, target: Path, timeout: float = 600.0) -> str:
+    deadline = time.monotonic() + timeout
+    while (found := existing_model_dir(name)) is None:
+        if time.monotonic() > deadline:
+            raise RuntimeError(
+                f"the built-in model {name} never appeared in {target} (written by global rank 0): is {target.parent}"
+                " on a file system every node shares?"
+            )
+        time.sleep(0.5)
+    return found
 
 
 def build_tokenizer(vocab_size: int = 1024):

@@ -30,6 +30,15 @@ class ProjectArguments:
             "same on any number of GPUs or nodes; a value that does not divide evenly is refused at start."
         },
     )
+    max_tokens_per_microbatch: int | None = field(
+        default=None,
+        metadata={
+            "help": "Token budget of a micro-batch (packed positions of all its chosen and rejected sequences, per "
+            "process). An optimizer step keeps pairs_per_step pairs; this decides how they are cut into micro-batches "
+            "(a pair is never split), and gradient_accumulation_steps is derived from the data. Must be at least "
+            "2 x max_length. Unset: micro-batches of per_device_train_batch_size pairs."
+        },
+    )
     auto_coverage: float = field(
         default=0.9,
         metadata={"help": "With max_length: auto, the fraction of pairs that must fit without truncation."},
@@ -227,6 +236,8 @@ def parse_args(argv: list[str] | None = None) -> Recipe:
         raise ConfigError(f"{e}{hint}") from None
     script, training, model, project = dataclasses
     given = {options[t.split("=")[0]].dest for t in tokens if t.split("=")[0] in options}
+    if "padding_free" not in given:
+        training.padding_free = True  # this project's default: packed sequences (TRL's is False)
     return Recipe(script, training, model, project, config_path, max_length_auto, given)
 
 

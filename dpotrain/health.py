@@ -200,18 +200,19 @@ class HealthGuard(TrainerCallback):
 
     # --- bookkeeping ---
 
+    def _pairs_per_step(self, args) -> int:
+        # The recipe's batch. With token-budget micro-batches gradient_accumulation_steps counts micro-batches,
+        # not micro-batches of per_device_train_batch_size pairs.
+        world = max(args.world_size, 1)
+        return self.p.pairs_per_step or args.per_device_train_batch_size * args.gradient_accumulation_steps * world
+
     def _pairs(self, args, step: int) -> int:
         """Pairs seen since the previous log."""
-        return (
-            (step - self._last_step)
-            * args.per_device_train_batch_size
-            * args.gradient_accumulation_steps
-            * max(args.world_size, 1)
-        )
+        return (step - self._last_step) * self._pairs_per_step(args)
 
     def _count_pinned(self, logs: dict, args, steps: int) -> None:
         acc = logs.get("rewards_norm/accuracies", logs.get("rewards/accuracies"))
-        pairs = steps * args.per_device_train_batch_size * args.gradient_accumulation_steps * max(args.world_size, 1)
+        pairs = steps * self._pairs_per_step(args)
         self._pinned_pairs = self._pinned_pairs + pairs if acc is not None and acc >= 0.999 else 0
 
     def _decide(self, alarms: list[Alarm], args) -> int:

@@ -9,9 +9,11 @@ the gap, the lengths and the data predict such a run, with what to do instead.
 `score` is the one place where the model runs; the rest is arithmetic on its output.
 """
 
+import contextlib
 import hashlib
 import json
 import math
+import os
 import sys
 import tempfile
 from dataclasses import dataclass
@@ -112,7 +114,9 @@ def score(recipe, sample) -> dict:
     t.precompute_ref_log_probs = True
     t.report_to = []
     p.health_checks, p.samples_every = False, 0  # no training happens here
-    with tempfile.TemporaryDirectory(prefix="preflight-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="preflight-") as tmp, _env("DPOTRAIN_CACHE", tmp):
+        # A sample's reference log-probs are of no use to training: the reference cache (dpotrain/reference.py,
+        # under $DPOTRAIN_CACHE) and the output folder live in a folder removed afterwards.
         t.output_dir = tmp
         trainer = build_trainer(recipe, sample)
         ds = trainer.train_dataset
@@ -127,6 +131,19 @@ def score(recipe, sample) -> dict:
         "logp_rejected": np.array(rows["ref_rejected_logps"], dtype=np.float64),
         "device": device,
     }
+
+
+@contextlib.contextmanager
+def _env(name: str, value: str):
+    saved = os.environ.get(name)
+    os.environ[name] = value
+    try:
+        yield
+    finally:
+        if saved is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = saved
 
 
 def _stats(values: np.ndarray) -> dict:

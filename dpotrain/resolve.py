@@ -5,6 +5,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import yaml
 
 from . import data
@@ -37,11 +38,34 @@ def check_values(recipe: Recipe) -> None:
             raise ConfigError(f"{name} must be >= 1 (got {getattr(t, name)})")
     if p.pairs_per_step is not None and p.pairs_per_step < 1:
         raise ConfigError(f"pairs_per_step must be >= 1 (got {p.pairs_per_step}), or unset it")
+    if p.max_tokens_per_microbatch is not None:
+        check_token_budget(recipe)
     if not 0 < p.auto_coverage <= 1:
         raise ConfigError(f"auto_coverage must be in (0, 1] (got {p.auto_coverage})")
     if not recipe.model.model_name_or_path:
         raise ConfigError("no model: set model_name_or_path in the recipe or pass --model_name_or_path")
     data.check_dataset_name(recipe.script.dataset_name)
+
+
+def check_token_budget(recipe: Recipe) -> None:
+    t, budget = recipe.training, recipe.project.max_tokens_per_microbatch
+    if not t.padding_free:
+        raise ConfigError("max_tokens_per_microbatch packs sequences: it needs padding_free: true (the default)")
+    if recipe.max_length_auto:
+        return  # checked against the analyzer's choice once it is made (auto_max_length)
+    if t.max_length is None or budget < 2 * t.max_length:
+        raise ConfigError(
+            f"max_tokens_per_microbatch={budget} must hold the longest possible pair, 2 x max_length "
+            f"({'unbounded: set max_length' if t.max_length is None else 2 * t.max_length}); a pair is never split"
+        )
+    from .batching import BATCH_LEVEL_LOSSES
+
+    batch_level = sorted(set(t.loss_type) & BATCH_LEVEL_LOSSES)
+    if batch_level:
+        raise ConfigError(
+            f"loss_type {'/'.join(batch_level)} compares the pairs of a micro-batch with each other, so a token "
+            "budget would change what it optimizes: remove max_tokens_per_microbatch"
+        )
 
 
 def fill_defaults(recipe: Recipe) -> None:
@@ -56,6 +80,16 @@ def fill_defaults(recipe: Recipe) -> None:
 def plan_batch(recipe: Recipe, world: int) -> None:
     """Keep pairs_per_step fixed on any number of processes by deriving gradient accumulation."""
     t, pairs = recipe.training, recipe.project.pairs_per_step
+    if recipe.project.max_tokens_per_microbatch is not None:
+        # Micro-batches are cut by tokens: gradient accumulation follows from the data (trainer.py). Each process
+        # needs at least one pair per step.
+        pairs = pairs or t.per_device_train_batch_size * t.gradient_accumulation_steps * world
+        if pairs < world:
+            raise ConfigError(
+                f"pairs_per_step={pairs} gives some of the {world} processes no pair: use at least {world}"
+            )
+        recipe.project.pairs_per_step = pairs
+        return
     if pairs is None:
         return
     per_step = t.per_device_train_batch_size * world
@@ -131,8 +165,16 @@ def plan_steps(recipe: Recipe, world: int, rows: int | None) -> dict:
     t = recipe.training
     pairs = t.per_device_train_batch_size * t.gradient_accumulation_steps * world
     plan = {"pairs_per_step": pairs, "dataset_rows": rows, "total_steps": None, "warmup_steps": None}
+    if recipe.project.max_tokens_per_microbatch is not None:
+        pairs = recipe.project.pairs_per_step
+        plan["pairs_per_step"] = pairs
     if t.max_steps > 0:
         total = t.max_steps
+    elif rows is not None and t.padding_free:  # batching.py: steps of pairs_per_step, a tiny last one merged
+        from .batching import steps_of
+
+        per_epoch = len(steps_of(np.arange(rows), pairs, world))
+        total = math.ceil(t.num_train_epochs * per_epoch)
     elif rows is not None:
         batches = math.ceil(rows / (t.per_device_train_batch_size * world))
         per_epoch = max(math.ceil(batches / t.gradient_accumulation_steps), 1)
@@ -156,6 +198,12 @@ def resolved_config(recipe: Recipe, derived: dict) -> dict:
     resolved.pop("dry_run")
     if recipe.max_length_auto:  # the analyzer's choice (derived.max_length says how it was made), or "auto"
         resolved["max_length"] = derived.get("max_length", {}).get("max_length", "auto")
+    if recipe.project.max_tokens_per_microbatch is not None:
+        # Micro-batches are cut by tokens: no fixed number of pairs per micro-batch, and how many micro-batches a step
+        # takes comes from the data (derived.batching once the trainer has planned them).
+        resolved["per_device_train_batch_size"] = None
+        if "batching" not in derived:
+            resolved["gradient_accumulation_steps"] = None
     resolved["config"] = recipe.config_path
     resolved["derived"] = derived
     return resolved
@@ -177,6 +225,9 @@ def auto_max_length(recipe: Recipe, dataset, state) -> dict:
             dataset, tokenizer, recipe.project.auto_coverage, dataset_id, progress=state.is_main_process
         )
     recipe.training.max_length = choice["max_length"]
+    recipe.max_length_auto = False  # decided: the token budget is now checked against it
+    if recipe.project.max_tokens_per_microbatch is not None:
+        check_token_budget(recipe)
     return choice
 
 

@@ -3,7 +3,7 @@
 #   sbatch scripts/dpo_train.sh                                   # 1 node x 4 GPUs, 128 pairs per step
 #   sbatch --nodes=4 scripts/dpo_train.sh                         # 16 GPUs, still 128 pairs per step
 #   sbatch scripts/dpo_train.sh --learning_rate 8e-8              # any train_dpo.py override after the script
-#   RECIPE=configs/smoke.yaml sbatch --gpus-per-node=0 scripts/dpo_train.sh --max_steps 4   # CPU path
+#   RECIPE=configs/smoke.yaml sbatch --gpus-per-node=0 --cpus-per-task=2 scripts/dpo_train.sh --max_steps 4  # CPU path
 # Follow: tail -f logs/dpo-think-<jobid>.out. Preempted or out of time: it checkpoints and requeues itself.
 #SBATCH --job-name=dpo-think
 #SBATCH --nodes=1

@@ -31,13 +31,14 @@ NUM_PROCESSES=$((NNODES * PROCS_PER_NODE))  # accelerate's --num_processes is th
 die() { echo "error: $*" >&2; exit 1; }
 
 # The command every node runs. \$SLURM_PROCID is escaped: it must be read on each node inside srun, not here,
-# or every node gets machine rank 0 and the rendezvous hangs (accelerate issue #2816).
+# or every node gets machine rank 0 and the rendezvous hangs (accelerate issue #2816). Each node says in the log
+# which rank it read and where it meets the others.
 launch_line() {
   local main_addr=$1; shift
   local train_args=""
   [[ $# -gt 0 ]] && train_args=$(printf ' %q' "$@")
   cat <<LINE
-srun --nodes=$NNODES --ntasks-per-node=1 --kill-on-bad-exit=1 bash -c "exec $VENV/bin/accelerate launch \
+srun --nodes=$NNODES --ntasks-per-node=1 --kill-on-bad-exit=1 bash -c "echo \"node \\\$SLURMD_NODENAME: machine rank \\\$SLURM_PROCID of $NNODES, rendezvous $main_addr:$MAIN_PROCESS_PORT, $NUM_PROCESSES processes\"; exec $VENV/bin/accelerate launch \
 --config_file $ACCELERATE_CONFIG \
 --num_machines $NNODES \
 --num_processes $NUM_PROCESSES \
@@ -63,8 +64,27 @@ first_node() {
   fi
 }
 main_addr=$(first_node "${SLURM_JOB_NODELIST:-$(hostname -s)}")
+
+# The arguments as the log shows them: the value of a flag named like a secret (--hub_token hf_...,
+# --wandb_api_key=..., --client_secret ...) is masked, so a token given on the command line never reaches the
+# Slurm log. Only what is printed is masked; train_dpo.py gets the real values. (`--max_tokens_per_microbatch` is
+# not a secret: a name part must be exactly token, secret, password or api_key.)
+SECRET_NAME='(^|[_.-])(token|secret|password|api[_-]?key)([_.-]|$)'
+SHOWN_ARGS=()
+mask_next=0
+for arg in "$@"; do
+  name=${arg%%=*}; name=${name#--}; name=${name,,}
+  if ((mask_next)); then
+    SHOWN_ARGS+=(REDACTED); mask_next=0
+  elif [[ $arg == -* && $name =~ $SECRET_NAME ]]; then
+    if [[ $arg == *=* ]]; then SHOWN_ARGS+=("${arg%%=*}=REDACTED"); else SHOWN_ARGS+=("$arg"); mask_next=1; fi
+  else
+    SHOWN_ARGS+=("$arg")
+  fi
+done
+
 if [[ "${LAUNCH_PRINT_ONLY:-0}" == 1 ]]; then
-  launch_line "$main_addr" "$@"
+  launch_line "$main_addr" "${SHOWN_ARGS[@]}"
   exit 0
 fi
 
@@ -72,6 +92,8 @@ fi
 [[ -x "$VENV/bin/accelerate" ]] || die "no virtual environment at $VENV: run \`bash scripts/setup_env.sh\` on the login node"
 [[ -f "$RECIPE" ]] || die "recipe $RECIPE not found: set RECIPE=configs/<name>.yaml (see configs/)"
 [[ -f "$ACCELERATE_CONFIG" ]] || die "accelerate config $ACCELERATE_CONFIG not found: set ACCELERATE_CONFIG"
+# A job killed while DeepSpeed compiled an op leaves its build lock, and every later job waits on it silently.
+"$VENV/bin/python" -m dpotrain.build_locks
 mkdir -p logs
 if grep -qE '^push_to_hub: *true' "$RECIPE" || [[ " $* " == *" --push_to_hub"* ]]; then
   [[ -n "${HF_TOKEN:-}" || -f .env ]] || die "pushing to the Hub needs HF_TOKEN: put it in .env (see .env.example)"
@@ -80,7 +102,7 @@ fi
 echo "=== DPO job ${SLURM_JOB_ID:-local} (${SLURM_JOB_NAME:-}) restart ${SLURM_RESTART_COUNT:-0} at $(date -Is) ==="
 echo "nodes: $NNODES (${SLURM_JOB_NODELIST:-$(hostname -s)}), processes per node: $PROCS_PER_NODE, total: $NUM_PROCESSES"
 echo "gpus per node: $GPUS_PER_NODE  git: $(git rev-parse --short HEAD 2>/dev/null || echo unknown)$(git diff --quiet 2>/dev/null || echo ' (dirty)')"
-echo "recipe: $RECIPE  accelerate: $ACCELERATE_CONFIG  args: $*"
+echo "recipe: $RECIPE  accelerate: $ACCELERATE_CONFIG  args: ${SHOWN_ARGS[*]}"
 
 # The resolved run (and the refusals of train_dpo.py: unknown keys, a batch of 128 pairs this world size cannot
 # reach, ...) at the size of the whole job, in seconds and before any GPU work.
@@ -109,8 +131,8 @@ export DPOTRAIN_STOP_FILE="$PWD/logs/.stop-${SLURM_JOB_ID:-$$}"
 rm -f "$DPOTRAIN_STOP_FILE" "$DPOTRAIN_STOP_FILE.checkpointed"
 trap 'echo "=== $(date -Is) signal received: checkpointing at the next optimizer step ==="; touch "$DPOTRAIN_STOP_FILE"' USR1 TERM
 
+echo "launch: $(launch_line "$main_addr" "${SHOWN_ARGS[@]}")"
 line=$(launch_line "$main_addr" "$@")
-echo "launch: $line"
 eval "$line" &
 pid=$!
 while :; do
@@ -125,5 +147,12 @@ if [[ -f "$DPOTRAIN_STOP_FILE.checkpointed" ]]; then
   exit 0
 fi
 rm -f "$DPOTRAIN_STOP_FILE"
-echo "=== $(date -Is) training exited with code $rc ==="
+if [[ $rc == 0 ]]; then
+  echo "=== $(date -Is) training exited with code 0 ==="
+else
+  # --kill-on-bad-exit: the first node whose process fails takes the others down at once, instead of them
+  # waiting in a collective until the time limit. srun names that node in its first `srun: error:` line.
+  echo "=== $(date -Is) training failed with exit code $rc: srun stopped every node; the first 'srun: error: <node>'" \
+    "line above names the node that failed, and its traceback is above that ===" >&2
+fi
 exit "$rc"

@@ -2,7 +2,7 @@
 # The whole test suite, from a fresh machine: venv + requirements + test tools, then pytest.
 #   bash scripts/test.sh                 # everything CI runs (Slurm, DeepSpeed and accelerate launches included)
 #   bash scripts/test.sh -m "not slow"   # any pytest arguments
-# Debian packages for the integration tests (shellcheck here; Slurm and munge by tests/slurm/cluster.sh) are
+# Debian packages for the integration tests (shellcheck here; Slurm, munge, iproute2 by tests/slurm/cluster.sh) are
 # installed when missing and when this runs as root; otherwise those tests skip and say why.
 set -euo pipefail
 cd "$(dirname "$0")/.."

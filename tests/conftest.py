@@ -43,9 +43,18 @@ def run_train(args: list[str], cwd: Path = ROOT, env: dict | None = None, timeou
 def slurm():
     """A real single-node Slurm (tests/slurm/cluster.sh), skipped with the reason where it cannot be installed.
 
-    The node claims 32 CPUs so that the sbatch scripts' own `--cpus-per-task=32` header runs unedited.
+    The node advertises this machine's real CPU count (`slurmd -C`), so jobs are submitted as the README shows them
+    for a small CPU-only node.
     """
     from slurm_cluster import slurm_cluster
 
-    os.environ.setdefault("DPOTRAIN_SLURM_CPUS", "32")
     yield from slurm_cluster()
+
+
+@pytest.fixture(scope="session")
+def slurm2():
+    """A real two-node Slurm on this machine: each slurmd in a network namespace of its own, skipped with the
+    reason where namespaces cannot be made. Its clients run in the controller's namespace (SlurmCluster.run)."""
+    from slurm_cluster import DEFAULT_STATE_DIR, slurm_cluster
+
+    yield from slurm_cluster(DEFAULT_STATE_DIR.with_name(DEFAULT_STATE_DIR.name + "-2nodes"), nodes=2)

@@ -1,4 +1,4 @@
-"""A real single-node Slurm for tests, started by tests/slurm/cluster.sh.
+"""A real Slurm for tests, started by tests/slurm/cluster.sh: one node, or several in network namespaces.
 
 Use it as a session-scoped fixture (a thin wrapper, so it can live in tests/conftest.py):
 
@@ -17,8 +17,11 @@ Use it as a session-scoped fixture (a thin wrapper, so it can live in tests/conf
 The cluster is skipped (pytest.skip with cluster.sh's own error text) where Slurm cannot be
 installed or started, e.g. when not root. At session end it is stopped only if a pytest session
 started it and no other pytest session still uses it; one started by hand is left alone.
-Environment: DPOTRAIN_SLURM_STATE_DIR (default /tmp/dpotrain-slurm), DPOTRAIN_SLURM_KEEP=1 (leave it
-running), and cluster.sh's own (DPOTRAIN_SLURM_PORT, _TIMEOUT, _CPUS).
+`slurm_cluster(state_dir, nodes=2)` starts a two-node cluster (each slurmd in its own network namespace); its
+clients then run inside the controller's namespace (`SlurmCluster.run` does it), and it is skipped with the reason
+where namespaces cannot be made. Environment: DPOTRAIN_SLURM_STATE_DIR (default /tmp/dpotrain-slurm; a
+two-node cluster uses <that>-2nodes), DPOTRAIN_SLURM_KEEP=1 (leave it running), and cluster.sh's own
+(DPOTRAIN_SLURM_PORT, _TIMEOUT, _CPUS).
 """
 
 from __future__ import annotations
@@ -60,12 +63,14 @@ class SlurmCluster:
     SLURM_*/SBATCH_*/SRUN_*/SALLOC_* variables, plus SLURM_CONF. Jobs inherit it (sbatch's
     default --export=ALL), so `scontrol requeue $SLURM_JOB_ID` works inside a job.
     `started_here`: whether this start launched the daemons (False: they were already running).
+    `client_netns`: the network namespace clients must run in (several nodes), or None (one node).
     """
 
-    def __init__(self, state_dir: Path, slurm_conf: str, started_here: bool):
+    def __init__(self, state_dir: Path, slurm_conf: str, started_here: bool, client_netns: str | None = None):
         self.state_dir = Path(state_dir)
         self.slurm_conf = slurm_conf
         self.started_here = started_here
+        self.client_netns = client_netns
 
     @property
     def env(self) -> dict[str, str]:
@@ -84,7 +89,8 @@ class SlurmCluster:
         """Run a Slurm client (`["squeue", "-t", "all"]`) on this cluster, with `env` added to
         `self.env`; raise RuntimeError with its stderr when it fails and `check`."""
         full_env = {**self.env, **(env or {})}
-        proc = subprocess.run(list(args), cwd=cwd, env=full_env, text=True, capture_output=True, timeout=60)
+        prefix = ["ip", "netns", "exec", self.client_netns] if self.client_netns else []
+        proc = subprocess.run(prefix + list(args), cwd=cwd, env=full_env, text=True, capture_output=True, timeout=60)
         if check and proc.returncode != 0:
             raise RuntimeError(f"{' '.join(args)} exited {proc.returncode}: {proc.stderr.strip()}")
         return proc
@@ -150,17 +156,18 @@ def _parse_key_values(line: str) -> dict[str, str]:
     return {k: v.strip() for k, v in zip(parts[1::2], parts[2::2], strict=True)}
 
 
-def _cluster_sh(command: str, state_dir: Path) -> subprocess.CompletedProcess:
+def _cluster_sh(command: str, state_dir: Path, nodes: int = 1) -> subprocess.CompletedProcess:
     # The daemons' stdio goes to files under STATE_DIR/log, so capturing output does not hang.
+    env = {**os.environ, "DPOTRAIN_SLURM_NODES": str(nodes)}
     return subprocess.run(
-        ["bash", str(CLUSTER_SH), command, str(state_dir)], text=True, capture_output=True, timeout=600
+        ["bash", str(CLUSTER_SH), command, str(state_dir)], text=True, capture_output=True, timeout=600, env=env
     )
 
 
-def start_slurm_cluster(state_dir: str | os.PathLike | None = None) -> SlurmCluster:
-    """`cluster.sh start` (install if missing, start, wait for the idle node); skip on failure."""
+def start_slurm_cluster(state_dir: str | os.PathLike | None = None, nodes: int = 1) -> SlurmCluster:
+    """`cluster.sh start` (install if missing, start, wait for the idle nodes); skip on failure."""
     state_dir = Path(state_dir) if state_dir is not None else DEFAULT_STATE_DIR
-    proc = _cluster_sh("start", state_dir)
+    proc = _cluster_sh("start", state_dir, nodes)
     if proc.returncode != 0:
         pytest.skip(
             f"no test Slurm cluster (tests/slurm/cluster.sh start exited {proc.returncode}):\n{proc.stderr.strip()}"
@@ -169,10 +176,12 @@ def start_slurm_cluster(state_dir: str | os.PathLike | None = None) -> SlurmClus
     if conf is None:
         raise RuntimeError(f"cluster.sh start printed no `export SLURM_CONF=`: {proc.stdout!r}")
     started_here = "# cluster.sh: started" in proc.stdout
-    return SlurmCluster(state_dir, shlex.split(conf.group(1))[0], started_here)
+    netns = re.search(r"^export DPOTRAIN_SLURM_CLIENT_NETNS=(.+)$", proc.stdout, re.M)
+    client_netns = shlex.split(netns.group(1))[0] if netns else None
+    return SlurmCluster(state_dir, shlex.split(conf.group(1))[0], started_here, client_netns)
 
 
-def slurm_cluster(state_dir: str | os.PathLike | None = None) -> Iterator[SlurmCluster]:
+def slurm_cluster(state_dir: str | os.PathLike | None = None, nodes: int = 1) -> Iterator[SlurmCluster]:
     """Fixture body: `yield from slurm_cluster()` in a session-scoped fixture.
 
     Yields a running SlurmCluster. Afterwards the cluster is stopped if a pytest session started
@@ -181,7 +190,7 @@ def slurm_cluster(state_dir: str | os.PathLike | None = None) -> Iterator[SlurmC
     """
     state_dir = Path(state_dir) if state_dir is not None else DEFAULT_STATE_DIR
     with _sessions_lock(state_dir) as sessions:
-        cluster = start_slurm_cluster(state_dir)
+        cluster = start_slurm_cluster(state_dir, nodes)
         if cluster.started_here:
             # Tagged with slurmctld's PID, so a later restart by hand is not taken for ours.
             (sessions / "started-by-pytest").write_text(_ctld_pid(state_dir))

@@ -71,9 +71,13 @@ def test_every_shipped_recipe_resolves_in_a_dry_run(recipe_path):
             assert resolved[key] == value, key
     derived = resolved["derived"]
     assert derived["world_size"] == 4  # accelerate_config.yaml
-    assert derived["pairs_per_step"] == (
-        resolved["per_device_train_batch_size"] * resolved["gradient_accumulation_steps"] * 4
-    )
+    if resolved["max_tokens_per_microbatch"]:  # micro-batches cut by tokens: their count comes from the data
+        assert derived["pairs_per_step"] == declared["pairs_per_step"]
+        assert resolved["per_device_train_batch_size"] is None and resolved["gradient_accumulation_steps"] is None
+    else:
+        assert derived["pairs_per_step"] == (
+            resolved["per_device_train_batch_size"] * resolved["gradient_accumulation_steps"] * 4
+        )
     assert resolved["output_dir"] == f"outputs/{resolved['run_name']}"
     assert "learning_rate" in resolved and "lr_scheduler_type" in resolved  # Trainer fields by their own names
 
@@ -84,7 +88,7 @@ def test_olmo3_recipes_hold_the_published_values():
         assert resolved["loss_type"] == ["sigmoid_norm"] and resolved["beta"] == 5.0
         assert resolved["learning_rate"] == 1e-6 and resolved["lr_scheduler_type"] == "linear"
         assert resolved["warmup_steps"] == 0.1 and resolved["num_train_epochs"] == 1
-        assert resolved["pairs_per_step"] == 128 and resolved["per_device_train_batch_size"] == 4
+        assert resolved["pairs_per_step"] == 128 and resolved["max_tokens_per_microbatch"] >= 2 * resolved["max_length"]
         assert resolved["bf16"] is True and resolved["activation_checkpointing"] is True
 
 
@@ -98,5 +102,9 @@ def test_dry_run_derives_steps_for_a_local_dataset():
 def test_world_size_from_the_environment_keeps_128_pairs():
     result = run_train(["--config", "configs/think.yaml", "--dry-run"], env={"WORLD_SIZE": "16"})
     resolved = json.loads(result.stdout[result.stdout.index("{") : result.stdout.rindex("}") + 1])
-    assert resolved["derived"]["world_size"] == 16
+    assert resolved["derived"]["world_size"] == 16 and resolved["derived"]["pairs_per_step"] == 128
+    # Micro-batches of a fixed number of pairs instead of a token budget: accumulation from the world size.
+    fixed = ["--max_tokens_per_microbatch", "None", "--per_device_train_batch_size", "4"]
+    result = run_train(["--config", "configs/think.yaml", "--dry-run", *fixed], env={"WORLD_SIZE": "16"})
+    resolved = json.loads(result.stdout[result.stdout.index("{") : result.stdout.rindex("}") + 1])
     assert resolved["gradient_accumulation_steps"] == 2 and resolved["derived"]["pairs_per_step"] == 128

@@ -2,6 +2,8 @@
 
 import json
 import os
+import re
+import shlex
 import shutil
 import subprocess
 import time
@@ -12,8 +14,22 @@ from safetensors.torch import load_file
 from conftest import ROOT
 
 SCRIPTS = sorted(ROOT.glob("scripts/*.sh")) + sorted(ROOT.glob("tests/slurm/*.sh")) + [ROOT / ".ci" / "run"]
-SMOKE_JOB = ["--gpus-per-node=0", "scripts/dpo_train.sh", "--max_steps", "10", "--logging_steps", "1",
-             "--save_steps", "1000", "--report_to", "none"]  # fmt: skip
+
+
+def readme_cpu_example() -> tuple[dict[str, str], list[str]]:
+    """The README's CPU-only submission: its variables, and the sbatch options up to and including the script."""
+    line = next(line for line in (ROOT / "README.md").read_text().splitlines() if line.endswith("# CPU-only node"))
+    words = shlex.split(line.split("#")[0])
+    env = dict(w.split("=", 1) for w in words[: words.index("sbatch")])
+    return env, words[words.index("sbatch") + 1 : words.index("scripts/dpo_train.sh") + 1]
+
+
+SECRET = "hf_dpotrainTestSecret123"  # a --hub_token value the job's log must never show
+# The README's CPU-only example as written, with more steps (room to preempt mid-training), no W&B, and a token
+# given on the command line.
+README_ENV, README_SBATCH = readme_cpu_example()
+SMOKE_JOB = [*README_SBATCH, "--max_steps", "10", "--logging_steps", "1", "--save_steps", "1000", "--report_to", "none",
+             "--hub_token", SECRET]  # fmt: skip
 RUN_FILES = ["model.safetensors", "tokenizer.json", "resolved_config.json", "metrics.jsonl", "training_curves.png",
              "README.md", "run_complete.json"]  # fmt: skip
 
@@ -31,10 +47,39 @@ def weights(output_dir):
 def uninterrupted(slurm, tmp_path_factory):
     """The smoke recipe through the very same scripts/dpo_train.sh, submitted with --gpus-per-node=0."""
     out = tmp_path_factory.mktemp("slurm") / "plain"
-    env = {**slurm.env, "RECIPE": "configs/smoke.yaml"}
-    job = slurm.sbatch([*SMOKE_JOB, "--output_dir", str(out)], cwd=ROOT, env=env)
+    job = slurm.sbatch([*SMOKE_JOB, "--output_dir", str(out)], cwd=ROOT, env=README_ENV)
     state = slurm.wait(job, timeout=600)
     return job, state, out
+
+
+def real_cpus() -> int:
+    """This machine's CPUs as slurmd counts them (`slurmd -C`: "NodeName=vm CPUs=2 Boards=1 ...")."""
+    out = subprocess.run(["slurmd", "-C"], capture_output=True, text=True, check=True).stdout
+    return int(re.search(r"\bCPUs=(\d+)", out).group(1))
+
+
+@pytest.mark.slurm
+def test_test_node_has_the_real_cpu_count_and_the_readme_example_fits_it(slurm):
+    node_cpus = int(slurm.run(["sinfo", "-h", "-N", "-o", "%c"]).stdout.split()[0])
+    assert node_cpus == real_cpus(), "the test node claims CPUs it lacks: restart it (tests/slurm/cluster.sh stop)"
+    assert README_ENV == {"RECIPE": "configs/smoke.yaml"}
+    assert README_SBATCH[:2] == ["--gpus-per-node=0", "--cpus-per-task=2"] and node_cpus >= 2
+
+
+@pytest.mark.slurm
+def test_header_cpus_alone_never_start_on_a_small_node(slurm, tmp_path):
+    """Why the README's CPU example passes --cpus-per-task: the header's 32 CPUs pend forever on a smaller node."""
+    if real_cpus() >= 32:
+        pytest.skip(f"this node has {real_cpus()} CPUs: the header's 32 fit")
+    job = slurm.sbatch(["--gpus-per-node=0", "--output=/dev/null", "scripts/dpo_train.sh"], cwd=ROOT, env=README_ENV)
+    try:
+        deadline = time.time() + 30
+        while (info := slurm.job_info(job))["Reason"] not in ("PartitionConfig", "BadConstraints"):
+            assert time.time() < deadline and info["JobState"] == "PENDING", info
+            time.sleep(0.5)
+        assert info["JobState"] == "PENDING"
+    finally:
+        slurm.cancel(job)
 
 
 @pytest.mark.slurm
@@ -45,6 +90,10 @@ def test_smoke_job_completes_with_log_and_outputs(slurm, uninterrupted):
     assert state == "COMPLETED", log.read_text()[-3000:] if log.exists() else slurm.job_info(job)
     text = log.read_text()
     assert f"=== DPO job {job} (dpo-think) restart 0" in text
+    # A token given on the command line is used but never shown (the banner and the launch line mask it).
+    shown = [line for line in text.splitlines() if line.startswith(("recipe: ", "launch: "))]
+    assert len(shown) == 2 and "--hub_token REDACTED" in shown[0] and "--hub_token REDACTED" in shown[1]
+    assert not any(SECRET in line for line in shown)
     assert "batch: 8 pairs per step = 4 per process x 2 accumulation x 1 processes" in text
     assert "training exited with code 0" in text
     for name in RUN_FILES:
@@ -58,8 +107,7 @@ def test_preempted_job_checkpoints_requeues_and_ends_like_an_uninterrupted_one(s
     _, plain_state, plain = uninterrupted
     assert plain_state == "COMPLETED"
     out = tmp_path / "preempted"
-    env = {**slurm.env, "RECIPE": "configs/smoke.yaml"}
-    job = slurm.sbatch([*SMOKE_JOB, "--output_dir", str(out)], cwd=ROOT, env=env)
+    job = slurm.sbatch([*SMOKE_JOB, "--output_dir", str(out)], cwd=ROOT, env=README_ENV)
 
     deadline = time.time() + 400
     while len(steps(out)) < 3:  # mid-training: a few optimizer steps done, most still to come
@@ -101,6 +149,31 @@ def test_multi_node_launch_line(nodes):
     shown = subprocess.run(["bash", "-c", f'srun() {{ printf "%s" "${{@: -1}}"; }}; SLURM_PROCID=0; {line}'],
                            capture_output=True, text=True, check=True).stdout  # fmt: skip
     assert "--machine_rank $SLURM_PROCID " in shown
+
+
+def test_launch_line_masks_secrets_given_on_the_command_line():
+    line = print_launch(2, "--hub_token", SECRET, f"--wandb_api_key={SECRET}", "--max_tokens_per_microbatch", "4096",
+                        "--learning_rate", "8e-8")  # fmt: skip
+    assert SECRET not in line
+    assert "--hub_token REDACTED --wandb_api_key=REDACTED" in line
+    assert "--max_tokens_per_microbatch 4096 --learning_rate 8e-8" in line  # not secrets: shown as given
+
+
+@pytest.mark.slurm
+def test_job_with_a_stale_build_lock_fails_at_once_naming_the_file(slurm, tmp_path):
+    # What a job killed while DeepSpeed compiled its shm op leaves: the op's folder with an empty `lock` that no
+    # process holds (tests/test_build_locks.py makes one by killing a real build).
+    lock = tmp_path / "deepspeed_shm_comm" / "lock"
+    lock.parent.mkdir()
+    lock.touch()
+    log = tmp_path / "job.out"
+    job = slurm.sbatch([*README_SBATCH[:-1], f"--output={log}", "scripts/dpo_train.sh"], cwd=ROOT,
+                       env={**README_ENV, "TORCH_EXTENSIONS_DIR": str(tmp_path)})  # fmt: skip
+    assert slurm.wait(job, timeout=120) == "FAILED"
+    text = log.read_text()
+    assert f"rm {lock}" in text and "error: stale build lock of the JIT-compiled op(s) deepspeed_shm_comm" in text
+    assert "launch: srun" not in text  # refused before anything was launched
+    assert lock.exists()  # reported, not removed: a job on another node might be compiling
 
 
 def test_job_refuses_a_batch_its_size_cannot_reach():

@@ -1,0 +1,249 @@
+"""Throughput of one DPO epoch: plain TRL `DPOTrainer` against this project's packed path, same everything else.
+
+    python benchmarks/throughput.py                          # CPU: OLMo 3-shaped 4-layer model, 256 Dolci-like pairs
+    python benchmarks/throughput.py --runs 3 --pairs 512
+    python benchmarks/throughput.py --device cuda --shape 1b --bf16 --attn flash_attention_2 --pairs 1024 \
+        --max-length 4096 --peak-tflops 989   # a GPU; MFU against the given peak
+
+Each run is a fresh process, timed whole (imports, model load, tokenization, reference log-probs, training, one
+epoch), and the two paths alternate so that a slower machine phase hits both. Both see the same random-init model,
+the same pairs, the same pairs per optimizer step, the same activation-checkpointing setting, the same loss
+(OLMo 3's length-normalized DPO) and the same max_length:
+- plain TRL: `trl.DPOTrainer` as shipped: padded micro-batches of `--batch` pairs, the reference model in memory.
+- this project: `dpotrain.trainer.build_trainer`: packed sequences, micro-batches cut by a token budget of
+  `--batch` x 2 x max_length positions (the most a padded micro-batch of `--batch` pairs can hold), reference
+  log-probs scored once before training (into a fresh cache, so every run pays for them).
+Printed: wall time, pairs/s, non-padding tokens/s, padding share of the positions the model ran on, peak memory,
+and the ratio. Nothing is downloaded: the model is built from a config, the tokenizer and data are generated.
+"""
+
+import argparse
+import json
+import os
+import platform
+import random
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+SHAPES = {
+    # OLMo 3's layout (3 sliding-window layers to 1 full, GQA, QK-norm) at CPU scale...
+    "small": dict(hidden_size=256, intermediate_size=1024, num_hidden_layers=4, num_attention_heads=4,
+                  num_key_value_heads=2, sliding_window=128),
+    # ...and a ~1.3B one for a GPU (OLMo 3 7B's head size and window; 16 layers of hidden 2048).
+    "1b": dict(hidden_size=2048, intermediate_size=8192, num_hidden_layers=16, num_attention_heads=16,
+               num_key_value_heads=16, sliding_window=4096),
+}  # fmt: skip
+
+
+def layer_types(n: int) -> list[str]:
+    return ["full_attention" if (i + 1) % 4 == 0 else "sliding_attention" for i in range(n)]
+
+
+def build_model(folder: Path, shape: str, vocab_size: int | None) -> None:
+    """Random-init OLMo 3 of `shape` with the built-in tokenizer (or a larger vocabulary for GPU-sized runs)."""
+    import torch
+    from transformers import AutoModelForCausalLM, Olmo3Config
+
+    from dpotrain import builtin
+
+    tokenizer = builtin.build_tokenizer()
+    tokenizer.save_pretrained(folder)
+    spec = SHAPES[shape]
+    config = Olmo3Config(vocab_size=vocab_size or len(tokenizer), pad_token_id=tokenizer.pad_token_id,
+                         eos_token_id=tokenizer.eos_token_id, max_position_embeddings=65536,
+                         layer_types=layer_types(spec["num_hidden_layers"]), **spec)  # fmt: skip
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(config, dtype=torch.float32).save_pretrained(folder)
+
+
+def dolci_like_pairs(n: int, seed: int) -> list[dict]:
+    """Preference pairs with Dolci's shape and a heavy-tailed length mix: most answers short, a long tail (log-normal
+    word counts, median ~60 words, 1% past ~600), chosen and rejected lengths independent, so pairs are uneven."""
+    rng = random.Random(seed)
+    words = "the a of to and in is it that for on with as was at by this from be are or have an not one all".split()
+    words += "model answer step first then next because value result check river cloud number reason".split()
+
+    def text(median: float, sigma: float) -> str:
+        count = max(1, min(int(rng.lognormvariate(0, sigma) * median), 3000))
+        return " ".join(rng.choice(words) for _ in range(count))
+
+    rows = []
+    for _ in range(n):
+        prompt = [{"role": "user", "content": text(25, 0.8)}]
+        rows.append({"chosen": prompt + [{"role": "assistant", "content": text(60, 1.0)}],
+                     "rejected": prompt + [{"role": "assistant", "content": text(45, 1.0)}]})  # fmt: skip
+    return rows
+
+
+class Counting:
+    """Wraps a collator: counts the positions the model will run on and how many of them are real tokens."""
+
+    def __init__(self, collate):
+        self.collate = collate
+        self.positions = 0
+        self.tokens = 0
+
+    def __call__(self, examples):
+        batch = self.collate(examples)
+        self.positions += batch["input_ids"].numel()
+        self.tokens += int(batch["seq_lens"].sum()) if "seq_lens" in batch else int(batch["attention_mask"].sum())
+        return batch
+
+    def __getattr__(self, name):
+        return getattr(self.collate, name)
+
+
+def worker(args) -> None:
+    """One epoch on one path, in this process; prints one JSON line."""
+    import datasets
+    import torch
+
+    start = time.perf_counter()
+    data = datasets.load_dataset("json", data_files=str(args.data), split="train")
+    common = dict(
+        output_dir=str(args.out), loss_type=["sigmoid_norm"], beta=5.0, learning_rate=1e-6, lr_scheduler_type="linear",
+        warmup_steps=0.1, num_train_epochs=1, weight_decay=0.0, max_grad_norm=0.0, max_length=args.max_length,
+        bf16=args.bf16, activation_checkpointing=args.activation_checkpointing, logging_steps=10,
+        save_strategy="no", report_to="none", seed=42, dataloader_num_workers=0, disable_tqdm=True,
+    )  # fmt: skip
+    dtype = "bfloat16" if args.bf16 else "float32"
+    per_step = args.batch * args.accumulation
+    if args.path == "trl":
+        from trl import DPOConfig, DPOTrainer
+
+        config = DPOConfig(per_device_train_batch_size=args.batch, gradient_accumulation_steps=args.accumulation,
+                           padding_free=False, precompute_ref_log_probs=False, **common,
+                           model_init_kwargs={"attn_implementation": args.attn, "dtype": dtype})  # fmt: skip
+        trainer = DPOTrainer(model=str(args.model), args=config, train_dataset=data)
+    else:
+        from dpotrain.config import parse_args
+        from dpotrain.trainer import build_trainer
+
+        flags = [f"--{k}={v}" for k, v in common.items() if k != "loss_type"]
+        recipe = parse_args([*flags, "--loss_type", "sigmoid_norm", "--attn_implementation", args.attn, "--dtype",
+                             dtype, "--model_name_or_path", str(args.model),
+                             "--dataset_name", str(args.data), "--pairs_per_step", str(per_step),
+                             "--max_tokens_per_microbatch", str(args.batch * 2 * args.max_length)])  # fmt: skip
+        trainer = build_trainer(recipe, data)
+    trainer.data_collator = Counting(trainer.data_collator)
+    if torch.cuda.is_available():
+        torch.cuda.reset_peak_memory_stats()
+    train_start = time.perf_counter()
+    trainer.train()
+    end = time.perf_counter()
+    peak = torch.cuda.max_memory_allocated() if torch.cuda.is_available() else None
+    counting = trainer.data_collator
+    params = sum(p.numel() for p in trainer.model.parameters())
+    print("RESULT " + json.dumps({
+        "path": args.path, "pairs": len(data), "steps": trainer.state.global_step, "pairs_per_step": per_step,
+        "in_process_s": end - start, "train_s": end - train_start, "tokens": counting.tokens,
+        "positions": counting.positions, "params": params, "gpu_peak_bytes": peak,
+        "rss_peak_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+        "micro_batches_per_step": trainer.args.gradient_accumulation_steps,
+    }), flush=True)  # fmt: skip
+
+
+def run_once(args, path: str, folder: Path) -> dict:
+    out = folder / f"run-{path}"
+    env = {**os.environ, "DPOTRAIN_CACHE": tempfile.mkdtemp(dir=folder), "HF_HUB_OFFLINE": "1",
+           "TOKENIZERS_PARALLELISM": "false"}  # fmt: skip
+    cmd = [sys.executable, __file__, "--worker", path, "--model", str(folder / "model"), "--data",
+           str(folder / "pairs.jsonl"), "--out", str(out), *args.passthrough]  # fmt: skip
+    start = time.perf_counter()
+    result = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    wall = time.perf_counter() - start
+    lines = [line for line in result.stdout.splitlines() if line.startswith("RESULT ")]
+    if result.returncode != 0 or not lines:
+        sys.exit(f"{path} run failed:\n{result.stdout[-4000:]}")
+    return {**json.loads(lines[-1][7:]), "wall_s": wall}
+
+
+def summarize(runs: list[dict], peak_tflops: float | None) -> dict:
+    r = runs[0]
+    wall = statistics.median(x["wall_s"] for x in runs)
+    train = statistics.median(x["train_s"] for x in runs)
+    out = {
+        "wall_s": wall, "train_s": train, "pairs_per_s": r["pairs"] / wall, "tokens_per_s": r["tokens"] / wall,
+        "train_tokens_per_s": r["tokens"] / train, "padding_share": 1 - r["tokens"] / r["positions"],
+        "peak_memory_gib": (r["gpu_peak_bytes"] or r["rss_peak_bytes"]) / 2**30, "steps": r["steps"],
+        "micro_batches_per_step": r["micro_batches_per_step"], "walls": [round(x["wall_s"], 1) for x in runs],
+    }  # fmt: skip
+    if peak_tflops:  # policy forward+backward (6N) and reference forward (2N) per real token, over the whole epoch
+        out["mfu"] = 8 * r["params"] * r["tokens"] / wall / (peak_tflops * 1e12)
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--pairs", type=int, default=256)
+    parser.add_argument("--runs", type=int, default=2, help="runs of each path, alternating (median reported)")
+    parser.add_argument("--batch", type=int, default=4, help="pairs per padded micro-batch (TRL)")
+    parser.add_argument("--accumulation", type=int, default=2, help="TRL's micro-batches per step")
+    parser.add_argument("--max-length", type=int, default=2048)
+    parser.add_argument("--shape", choices=sorted(SHAPES), default="small")
+    parser.add_argument("--vocab-size", type=int, default=None, help="default: the built-in tokenizer's (~1k)")
+    parser.add_argument("--attn", default="sdpa")
+    parser.add_argument("--bf16", action="store_true")
+    parser.add_argument("--activation-checkpointing", action="store_true")
+    parser.add_argument("--peak-tflops", type=float, default=None, help="the device's dense peak, for MFU")
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    parser.add_argument("--worker", choices=["trl", "project"], help=argparse.SUPPRESS)
+    parser.add_argument("--model", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--data", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--out", type=Path, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        args.path = args.worker
+        return worker(args)
+
+    args.passthrough = [f"--batch={args.batch}", f"--accumulation={args.accumulation}",
+                        f"--max-length={args.max_length}", f"--attn={args.attn}"]  # fmt: skip
+    args.passthrough += ["--bf16"] * args.bf16 + ["--activation-checkpointing"] * args.activation_checkpointing
+    with tempfile.TemporaryDirectory(prefix="dpo-throughput-") as tmp:
+        folder = Path(tmp)
+        build_model(folder / "model", args.shape, args.vocab_size)
+        rows = dolci_like_pairs(args.pairs, seed=0)
+        (folder / "pairs.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        runs = {"trl": [], "project": []}
+        for i in range(args.runs):
+            for path in ("trl", "project") if i % 2 == 0 else ("project", "trl"):
+                runs[path].append(run_once(args, path, folder))
+                print(f"run {i + 1} {path}: {runs[path][-1]['wall_s']:.1f} s", file=sys.stderr, flush=True)
+    trl, ours = summarize(runs["trl"], args.peak_tflops), summarize(runs["project"], args.peak_tflops)
+    import torch
+
+    machine = torch.cuda.get_device_name() if args.device == "cuda" else f"{platform.processor() or 'CPU'}"
+    print(f"# DPO throughput, one epoch of {args.pairs} pairs, {trl['steps']} steps of "
+          f"{args.batch * args.accumulation} pairs, max_length {args.max_length}, OLMo 3 '{args.shape}' "
+          f"({runs['trl'][0]['params'] / 1e6:.1f}M params), {'bf16' if args.bf16 else 'fp32'}, {args.attn}, "
+          f"activation checkpointing {'on' if args.activation_checkpointing else 'off'}")  # fmt: skip
+    print(f"# machine: {machine}, {os.cpu_count()} CPUs; {args.runs} alternating runs per path, median\n")
+    rows = [
+        ("wall time, whole process (s)", "wall_s", "{:.1f}"),
+        ("pairs/s", "pairs_per_s", "{:.2f}"),
+        ("non-padding tokens/s (whole process)", "tokens_per_s", "{:.0f}"),
+        ("non-padding tokens/s (training loop)", "train_tokens_per_s", "{:.0f}"),
+        ("padding share of positions", "padding_share", "{:.1%}"),
+        ("peak memory (GiB)", "peak_memory_gib", "{:.2f}"),
+        ("micro-batches per step", "micro_batches_per_step", "{}"),
+        ("wall time of each run (s)", "walls", "{}"),
+    ]
+    if args.peak_tflops:
+        rows.append(("MFU (8 x params x tokens / wall / peak)", "mfu", "{:.1%}"))
+    print("| | plain TRL | this project |\n|---|---|---|")
+    for label, key, fmt in rows:
+        print(f"| {label} | {fmt.format(trl[key])} | {fmt.format(ours[key])} |")
+    print(f"\nspeed-up, whole process: {trl['wall_s'] / ours['wall_s']:.2f}x")
+    print(json.dumps({"trl": trl, "project": ours}))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,81 @@
+"""Stale build locks of JIT-compiled ops: found before a job starts, instead of a job that waits forever.
+
+DeepSpeed compiles some ops on first use (on CPU `deepspeed_shm_comm`, on GPU e.g. fused Adam) with
+torch.utils.cpp_extension, in `<root>/<op>/`, root = $TORCH_EXTENSIONS_DIR or
+~/.cache/torch_extensions/py<ver>_<device>. The builder creates `<op>/lock`, keeps it open while it compiles and
+deletes it when done (torch.utils.file_baton.FileBaton); every other process waits while the file exists, with no
+timeout and no message. A job killed during the build (time limit, scancel, a second preemption signal) leaves the
+file behind, and every later job then hangs silently until its time limit.
+
+A lock that no process on this machine holds open has no builder here. It is reported, not removed: with the
+home folder shared between nodes a job on another node may be compiling right now, and a second builder in the
+same folder would corrupt the op. `scripts/launch.sh` runs this before training starts:
+
+    python -m dpotrain.build_locks     # exit 2 and one `error:` line per stale lock; 0 when there is none
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+from dpotrain.errors import ConfigError, run_cli
+
+
+def extensions_root() -> Path:
+    """The folder torch builds this interpreter's extensions in (torch.utils.cpp_extension._get_build_directory)."""
+    if os.environ.get("TORCH_EXTENSIONS_DIR"):
+        return Path(os.environ["TORCH_EXTENSIONS_DIR"])
+    import torch
+    from torch.utils.cpp_extension import get_default_build_root
+
+    if torch.version.hip is not None:
+        device = f"rocm{torch.version.hip.replace('.', '')}"
+    elif torch.version.cuda is not None:
+        device = f"cu{torch.version.cuda.replace('.', '')}"
+    else:
+        device = "cpu"
+    python = f"py{sys.version_info.major}{sys.version_info.minor}{getattr(sys, 'abiflags', '')}"
+    return Path(get_default_build_root()) / f"{python}_{device}"
+
+
+def held_open() -> set[str]:
+    """Paths of the files that processes on this machine hold open (those whose /proc/<pid>/fd we may read)."""
+    paths = set()
+    for fd_dir in Path("/proc").glob("[0-9]*/fd"):
+        try:
+            for fd in fd_dir.iterdir():
+                try:
+                    paths.add(os.readlink(fd))
+                except OSError:  # closed meanwhile
+                    pass
+        except OSError:  # process gone, or another user's
+            pass
+    return paths
+
+
+def stale_locks(root: Path | None = None) -> list[Path]:
+    """Build locks under `root` that no process on this machine holds open."""
+    root = root or extensions_root()
+    locks = sorted(root.glob("*/lock"))
+    if not locks:
+        return []
+    held = held_open()
+    return [lock for lock in locks if os.path.realpath(lock) not in held]
+
+
+def check() -> None:
+    stale = stale_locks()
+    if stale:
+        ops = ", ".join(lock.parent.name for lock in stale)
+        paths = " ".join(str(lock) for lock in stale)
+        raise ConfigError(
+            f"stale build lock of the JIT-compiled op(s) {ops}: a process was killed while compiling and no process "
+            f"on this node holds the lock, so every job would wait on it forever. Remove it (rm {paths}) and resubmit "
+            "(unless a job on another node sharing this folder is compiling it right now: then let that one finish)"
+        )
+
+
+if __name__ == "__main__":
+    run_cli(check)

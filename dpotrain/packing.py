@@ -1,0 +1,204 @@
+"""Padding-free (packed) DPO forward: every chosen and rejected sequence of a micro-batch in one row.
+
+TRL pads a micro-batch of B pairs to `[2B, longest]`; on real preference data more than half of those positions are
+padding (FACTS.md: 58% on a Dolci-like mix). Here the 2B sequences are concatenated into one row of their total
+length, with `position_ids` restarting at 0 for each, no `attention_mask` and `use_cache=False`: transformers then
+builds a per-sequence causal (and sliding-window) mask for sdpa/eager, and FlashAttention takes the boundaries from
+`cu_seq_lens_q/k` (its varlen kernel). The row holds `[chosen_0 .. chosen_B-1, rejected_0 .. rejected_B-1]`, TRL's
+order, so after the forward the per-token outputs are laid back out as `[2B, L-1]` and TRL's own loss and metric
+code runs on them unchanged (`PackedForward.unpack`).
+
+Per-token log-probs come from TRL's fused LM head (`model(..., labels=..., fused_lm_head=True)`), which shifts the
+labels across the whole row: the label of each sequence's first token is therefore set to -100, or the last token
+of one sequence would be scored as predicting the first token of the next.
+"""
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+# Layer types that read only their own sequence when given packed position_ids / cu_seq_lens. Anything else
+# (linear attention, Mamba/SSM mixers) carries state across the row and would mix sequences: such models take the
+# padded path. tests/test_packing.py shows both sides on real models (OLMo 3 and Llama match, OLMo hybrid does not).
+ATTENTION_LAYER_TYPES = {"full_attention", "sliding_attention", "chunked_attention"}
+# Attention implementations that honour packed sequences (FACTS.md): sdpa and eager from position_ids, FlashAttention
+# from cu_seq_lens. flex_attention has no backward on CPU and is not tested here.
+PACKED_ATTENTION = {"sdpa", "eager", "flash_attention_2", "flash_attention_3", "kernels-community/flash-attn"}
+
+
+def packing_problem(config) -> str | None:
+    """Why a model with this config cannot be trained packed, or None when it can."""
+    text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
+    layer_types = set(getattr(text_config, "layer_types", None) or [])
+    other = sorted(layer_types - ATTENTION_LAYER_TYPES)
+    if other:
+        return f"{text_config.model_type} has {'/'.join(other)} layers, which carry state across packed sequences"
+    attn = getattr(config, "_attn_implementation", None)
+    if attn is not None and attn not in PACKED_ATTENTION:
+        return f"attn_implementation {attn!r} is not one that honours packed sequences ({sorted(PACKED_ATTENTION)})"
+    return None
+
+
+def truncate(ids: list[int], mask: list[int], max_length: int | None, truncation_mode: str):
+    """Per-sequence truncation exactly as TRL's `DataCollatorForPreference`."""
+    if max_length is None or len(ids) <= max_length:
+        return ids, mask
+    if truncation_mode == "keep_start":
+        return ids[:max_length], mask[:max_length]
+    if truncation_mode == "keep_end":
+        return ids[-max_length:], mask[-max_length:]
+    raise ValueError(f"truncation_mode must be 'keep_start' or 'keep_end' (got {truncation_mode!r})")
+
+
+def sequences(example: dict, max_length: int | None, truncation_mode: str):
+    """(ids, completion_mask) of the chosen and the rejected sequence of one tokenized pair, truncated."""
+    prompt = example["prompt_ids"]
+    out = []
+    for side in ("chosen_ids", "rejected_ids"):
+        ids = prompt + example[side]
+        mask = [0] * len(prompt) + [1] * len(example[side])
+        out.append(truncate(ids, mask, max_length, truncation_mode))
+    return out
+
+
+def pair_tokens(example: dict, max_length: int | None, truncation_mode: str = "keep_start") -> int:
+    """Positions a pair occupies in a packed row (both sequences, after truncation): its cost in a micro-batch."""
+    prompt = len(example["prompt_ids"])
+    return sum(
+        min(prompt + len(example[side]), max_length) if max_length else prompt + len(example[side])
+        for side in ("chosen_ids", "rejected_ids")
+    )
+
+
+@dataclass
+class PackedPreferenceCollator:
+    """Collates tokenized pairs (`prompt_ids`, `chosen_ids`, `rejected_ids`) into one packed row.
+
+    Emits `input_ids`, `position_ids` and `completion_mask` of shape `[1, T]`, `seq_lens` (`[2B]`, chosen then
+    rejected), FlashAttention's `cu_seq_lens_q/k` and `max_length_q/k`, and `ref_chosen_logps` /
+    `ref_rejected_logps` when the rows carry them. `T` is the number of real tokens: nothing is padded.
+    """
+
+    max_length: int | None = None
+    truncation_mode: str = "keep_start"
+
+    def __call__(self, examples: list[dict[str, Any]]) -> dict[str, Any]:
+        per_pair = [sequences(e, self.max_length, self.truncation_mode) for e in examples]
+        seqs = [pair[0] for pair in per_pair] + [pair[1] for pair in per_pair]  # TRL's [chosen..., rejected...]
+        lengths = [len(ids) for ids, _ in seqs]
+        input_ids = torch.tensor([t for ids, _ in seqs for t in ids], dtype=torch.long)
+        completion_mask = torch.tensor([m for _, mask in seqs for m in mask], dtype=torch.long)
+        position_ids = torch.cat([torch.arange(n, dtype=torch.long) for n in lengths])
+        cu_seq_lens = torch.zeros(len(lengths) + 1, dtype=torch.int32)
+        cu_seq_lens[1:] = torch.tensor(lengths, dtype=torch.int32).cumsum(0)
+        batch = {
+            "input_ids": input_ids.unsqueeze(0),
+            "position_ids": position_ids.unsqueeze(0),
+            "completion_mask": completion_mask.unsqueeze(0),
+            "seq_lens": torch.tensor(lengths, dtype=torch.long),
+            "cu_seq_lens_q": cu_seq_lens,
+            "cu_seq_lens_k": cu_seq_lens,
+            "max_length_q": max(lengths),
+            "max_length_k": max(lengths),
+        }
+        for key in ("ref_chosen_logps", "ref_rejected_logps"):
+            if key in examples[0]:
+                batch[key] = torch.tensor([e[key] for e in examples], dtype=torch.float64)
+        return batch
+
+
+def is_packed(batch: dict) -> bool:
+    return "seq_lens" in batch
+
+
+MODEL_KEYS = ("input_ids", "position_ids", "cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k")
+
+
+def packed_labels(batch: dict) -> torch.Tensor:
+    """Completion tokens as labels, -100 elsewhere and at every sequence's first position (see the module doc)."""
+    labels = batch["input_ids"].masked_fill(batch["completion_mask"] == 0, -100)
+    return labels.masked_fill(batch["position_ids"] == 0, -100)
+
+
+def forward(model, batch: dict, **kwargs):
+    """The model's fused-LM-head forward on a packed row: per-token outputs of shape `[1, T-1]`."""
+    model_kwargs = {k: batch[k] for k in MODEL_KEYS}
+    return model(**model_kwargs, labels=packed_labels(batch), fused_lm_head=True, use_cache=False, **kwargs)
+
+
+def layout_index(starts: torch.Tensor, counts: torch.Tensor, width: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """`[n, width]` indices into a flat packed tensor: row i reads `counts[i]` entries from `starts[i]`; the rest of
+    the row points at index 0 and is marked invalid."""
+    t = torch.arange(width, device=starts.device)
+    valid = t.unsqueeze(0) < counts.unsqueeze(1)
+    index = torch.where(valid, starts.unsqueeze(1) + t.unsqueeze(0), 0)
+    return index, valid
+
+
+def _layouts(seq_lens: torch.Tensor):
+    starts = torch.cumsum(seq_lens, 0) - seq_lens
+    width = int(seq_lens.max())
+    # Prediction t of sequence i (log p of its token t+1) sits at starts[i] + t of the packed [T-1] output.
+    predictions = layout_index(starts, seq_lens - 1, width - 1)
+    tokens = layout_index(starts, seq_lens, width)
+    return predictions, tokens
+
+
+def padded_view(batch: dict) -> dict:
+    """The packed batch as TRL's padded `[2B, L]` inputs: `input_ids`, `attention_mask`, `completion_mask` and the
+    reference log-probs, which is what TRL's `_compute_loss` reads besides the model's outputs."""
+    _, (index, valid) = _layouts(batch["seq_lens"])
+
+    def lay_out(packed: torch.Tensor) -> torch.Tensor:
+        return packed.reshape(-1)[index].masked_fill(~valid, 0)
+
+    padded = {
+        "input_ids": lay_out(batch["input_ids"]),
+        "attention_mask": valid.long(),
+        "completion_mask": lay_out(batch["completion_mask"]),
+    }
+    for key in ("ref_chosen_logps", "ref_rejected_logps"):
+        if key in batch:
+            padded[key] = batch[key]
+    return padded
+
+
+PER_TOKEN_FIELDS = ("log_probs", "entropy", "log_sum_sq_probs", "mean_logits", "is_top1", "label_mask")
+
+
+def unpack_outputs(outputs, batch: dict):
+    """Per-token outputs of a packed forward (`[1, T-1]`) laid out as `[2B, L-1]`, TRL's padded layout.
+
+    A gather, so gradients flow back into the packed forward. Only per-token scalars are laid out this way, never
+    activations: it costs 2B x L numbers.
+    """
+    (index, valid), _ = _layouts(batch["seq_lens"])
+
+    def lay_out(packed: torch.Tensor | None) -> torch.Tensor | None:
+        return None if packed is None else packed.reshape(-1)[index].masked_fill(~valid, 0)
+
+    fields = {name: lay_out(getattr(outputs, name)) for name in PER_TOKEN_FIELDS}
+    return type(outputs)(loss=outputs.loss, aux_loss=outputs.aux_loss, **fields)
+
+
+class PackedModel:
+    """Stands in for the model where TRL's code calls it on the padded view of a micro-batch.
+
+    TRL's `_compute_loss` and `compute_ref_log_probs` call `model(input_ids=..., attention_mask=..., labels=...,
+    fused_lm_head=True)` on `[2B, L]` tensors and read per-token outputs. This runs the packed forward of the real
+    model instead, inside whatever TRL entered around the call (no_grad, autocast, PEFT's adapter switch), and hands
+    back the same outputs in the padded layout. TRL's loss, LD-DPO and metric code then run unchanged.
+    """
+
+    def __init__(self, model, batch: dict):
+        self.model = model
+        self.batch = batch
+        self.outputs = None  # the last call's outputs, in the padded layout
+
+    def __call__(self, *, fused_lm_head: bool = False, output_router_logits: bool | None = None, **padded_kwargs):
+        if not fused_lm_head:  # TRL's deprecated `return_outputs=True` path asks for logits: give the padded forward
+            return self.model(**padded_kwargs)
+        extra = {} if output_router_logits is None else {"output_router_logits": output_router_logits}
+        self.outputs = unpack_outputs(forward(self.model, self.batch, **extra), self.batch)
+        return self.outputs

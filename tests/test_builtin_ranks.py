@@ -1,0 +1,41 @@
+"""The built-in model built by several ranks at once, as on the first multi-process or multi-node run.
+
+Once torch.distributed is up, transformers' `save_pretrained` writes weights on global rank 0 only; a rank > 0 must
+then wait for rank 0's folder, not publish one without weights (seen on the first two-node Slurm job:
+"Unrecognized model in outputs/.builtin/tiny-olmo3-v1").
+"""
+
+import json
+import os
+import subprocess
+
+from conftest import PYTHON, ROOT
+
+RANK_SCRIPT = """
+import json, os, sys
+import torch.distributed as dist
+dist.init_process_group("gloo")
+from dpotrain import builtin
+path = builtin.materialize_model("builtin:tiny-olmo3")
+print(json.dumps({"rank": dist.get_rank(), "path": path, "files": sorted(os.listdir(path))}), flush=True)
+dist.barrier()
+dist.destroy_process_group()
+"""
+
+
+def test_two_ranks_building_the_builtin_model_both_get_its_weights(tmp_path):
+    script = tmp_path / "build.py"
+    script.write_text(RANK_SCRIPT)
+    env_dir = tmp_path / "builtin"
+    result = subprocess.run(
+        [PYTHON, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29533", str(script)],
+        cwd=ROOT, env={**os.environ, "DPOTRAIN_BUILTIN_DIR": str(env_dir), "PYTHONPATH": str(ROOT)},
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    reports = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
+    assert sorted(r["rank"] for r in reports) == [0, 1]
+    for r in reports:
+        assert r["path"] == str(env_dir / "tiny-olmo3-v1")
+        assert {"config.json", "model.safetensors", "tokenizer.json"} <= set(r["files"]), r
+    assert [p.name for p in env_dir.iterdir()] == ["tiny-olmo3-v1"]  # no half-built folder left behind

@@ -1,0 +1,130 @@
+"""The packed forward is the padded forward without the padding: same log-probs, loss and gradients (fp32).
+
+Each comparison builds two real trainers on the same pairs: TRL's padded path with the reference model in memory
+(`padding_free: false`, `precompute_ref_log_probs: false`), and this project's packed path with the cached
+reference. The policy is then moved away from the reference (the same noise in both), so the loss depends on both.
+"""
+
+import datasets
+import pytest
+import torch
+
+from conftest import ROOT
+from dpotrain import builtin, packing
+from dpotrain.config import parse_args
+from dpotrain.trainer import build_trainer
+
+SMOKE = str(ROOT / "configs" / "smoke.yaml")
+
+
+@pytest.fixture(scope="module")
+def rows():
+    # Pairs of very different lengths (the longest over the tiny OLMo 3's 128-token sliding window) in one batch.
+    all_rows = builtin.make_preference_rows(64, seed=0)
+    return sorted(all_rows, key=lambda r: len(r["chosen"][-1]["content"]) + len(r["rejected"][-1]["content"]))[-6:]
+
+
+@pytest.fixture(scope="module")
+def llama_dir(tmp_path_factory, tiny_model_dir):
+    """A Llama-style model (no sliding window, no QK-norm) with the built-in tokenizer."""
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096,
+                         pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id)  # fmt: skip
+    torch.manual_seed(0)
+    path = tmp_path_factory.mktemp("llama")
+    LlamaForCausalLM(config).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return str(path)
+
+
+def trainer_for(tmp_path, model_dir, rows, *overrides):
+    recipe = parse_args(["--config", SMOKE, "--model_name_or_path", model_dir, "--output_dir", str(tmp_path),
+                         "--report_to", "none", "--save_strategy", "no", *overrides])  # fmt: skip
+    return build_trainer(recipe, datasets.Dataset.from_list(rows))
+
+
+def perturb(model, seed=1):
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn(p.shape, generator=generator) * 0.02)
+
+
+def loss_and_grads(trainer, indices):
+    trainer.model.train()
+    trainer.model.zero_grad()
+    batch = trainer.data_collator([trainer.train_dataset[i] for i in indices])
+    loss = trainer.compute_loss(trainer.model, trainer._prepare_inputs(batch))
+    loss.backward()
+    return loss.detach(), {n: p.grad.clone() for n, p in trainer.model.named_parameters()}
+
+
+@pytest.mark.parametrize("model", ["olmo3", "llama"])
+# Summed-log-prob losses get standard DPO's beta 0.1: at the recipe's beta 5 (made for length-normalized losses) a
+# loss on 3,000-token sums moves with fp32's rounding of those sums, in either path.
+@pytest.mark.parametrize("extra", [[], ["--ld_alpha", "0.5"], ["--loss_type", "sigmoid", "ipo", "--beta", "0.1"]],
+                         ids=["sigmoid_norm", "ld_alpha", "sigmoid+ipo"])  # fmt: skip
+def test_packed_equals_padded(tmp_path, tiny_model_dir, llama_dir, rows, model, extra):
+    model_dir = tiny_model_dir if model == "olmo3" else llama_dir
+    padded = trainer_for(tmp_path / "padded", model_dir, rows, "--padding_free", "false",
+                         "--precompute_ref_log_probs", "false", *extra)  # fmt: skip
+    packed = trainer_for(tmp_path / "packed", model_dir, rows, *extra)
+    assert padded.ref_model is not None and packed.ref_model is None  # the packed path keeps one model in memory
+    assert packed.packed and not padded.packed
+    perturb(padded.model)
+    perturb(packed.model)
+
+    indices = list(range(len(rows)))
+    padded_batch = padded.data_collator([padded.train_dataset[i] for i in indices])
+    packed_batch = packed.data_collator([packed.train_dataset[i] for i in indices])
+    assert packed_batch["input_ids"].numel() == padded_batch["attention_mask"].sum()  # nothing padded
+    assert padded_batch["attention_mask"].float().mean() < 0.7  # while TRL's batch is a third padding or more
+
+    with torch.no_grad():
+        # Per-token log-probs of the completions, laid out as TRL's [2B, L-1]
+        want = padded.model(input_ids=padded_batch["input_ids"], attention_mask=padded_batch["attention_mask"],
+                            labels=padded_batch["input_ids"].masked_fill(padded_batch["completion_mask"] == 0, -100),
+                            fused_lm_head=True, use_cache=False).log_probs  # fmt: skip
+        got = packing.unpack_outputs(packing.forward(packed.model, packed_batch), packed_batch).log_probs
+    assert got.shape == want.shape
+    assert (got - want).abs().max() < 1e-5
+    # ...and their sums, the sequence log-probs DPO works with: equal to fp32's resolution at their size (a sum of
+    # -3,000 has a spacing of 2.4e-4 between neighbouring floats).
+    assert ((got.sum(1) - want.sum(1)).abs() / want.sum(1).abs()).max() < 1e-6
+
+    loss_padded, grads_padded = loss_and_grads(padded, indices)
+    loss_packed, grads_packed = loss_and_grads(packed, indices)
+    assert abs(loss_packed - loss_padded) < 1e-5, (loss_packed, loss_padded)
+    for name, g in grads_padded.items():
+        assert (grads_packed[name] - g).abs().max() <= 1e-5 + 1e-4 * g.abs().max(), name
+
+
+def test_model_whose_layers_mix_packed_sequences_gets_the_padded_path(tmp_path, tiny_model_dir, rows):
+    """OLMo hybrid's linear-attention layers carry state along the row: packed log-probs differ from padded ones.
+    That is why such models get the padded path: shown here, not assumed."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer, OlmoHybridConfig
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    config = OlmoHybridConfig(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                              num_attention_heads=4, num_key_value_heads=2, pad_token_id=tokenizer.pad_token_id,
+                              eos_token_id=tokenizer.eos_token_id)  # fmt: skip
+    assert packing.packing_problem(config) is not None
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
+    a, b = torch.randint(5, 200, (1, 40)), torch.randint(5, 200, (1, 30))
+    with torch.no_grad():
+        alone = model(input_ids=b, use_cache=False).logits
+        positions = torch.cat([torch.arange(40), torch.arange(30)])[None]
+        packed = model(input_ids=torch.cat([a, b], 1), position_ids=positions, use_cache=False).logits[:, 40:]
+    assert (packed - alone).abs().max() > 1e-3  # the second sequence sees the first
+
+    path = tmp_path / "hybrid"
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    trainer = trainer_for(tmp_path / "run", str(path), rows)  # packing by default: falls back, with a note
+    assert not trainer.packed and trainer.args.padding_free is False
+    with pytest.raises(Exception, match="padding_free"):
+        trainer_for(tmp_path / "run2", str(path), rows, "--padding_free", "true")  # asked for explicitly: refused

@@ -1,0 +1,186 @@
+"""A real two-node Slurm on one machine: the project's sbatch script across both nodes, preempted, and with a node
+whose training process dies.
+
+Each slurmd runs in a network namespace of its own (own address, hostname, spool and log; tests/slurm/cluster.sh
+with DPOTRAIN_SLURM_NODES=2), so the two training processes meet over the namespaces' network exactly as two hosts
+do: machine rank read on each node, rendezvous at the first node's name, gloo between the two addresses.
+Run: .venv/bin/python -m pytest tests/test_slurm_multinode.py -m slurm   (root; skipped with the reason otherwise)
+"""
+
+import json
+import os
+import re
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+from safetensors.torch import load_file
+
+from conftest import ROOT
+from slurm_cluster import slurm_cluster
+
+pytestmark = pytest.mark.slurm
+
+STEPS = 8
+RUN_FILES = ["model.safetensors", "tokenizer.json", "resolved_config.json", "metrics.jsonl", "run_complete.json"]
+
+
+def two_node_job(slurm2, out: Path) -> int:
+    """The smoke recipe through scripts/dpo_train.sh on both nodes, 16 pairs per step: 4 per process x 2 processes
+    x an accumulation of 2 that pairs_per_step derives. CPUs: what a node really has (`slurmd -C`)."""
+    args = ["--nodes=2", "--gpus-per-node=0", f"--cpus-per-task={node_cpus(slurm2)}", "scripts/dpo_train.sh",
+            "--max_steps", str(STEPS), "--pairs_per_step", "16", "--logging_steps", "1", "--save_steps", "1000",
+            "--report_to", "none", "--output_dir", str(out)]  # fmt: skip
+    # A fresh folder for the built-in model: both ranks build it at once, as on a first run (rank 1 must wait for
+    # rank 0's weights; seeded, so every job gets the same model).
+    env = {"RECIPE": "configs/smoke.yaml", "DPOTRAIN_BUILTIN_DIR": str(out.parent / f"builtin-{out.name}")}
+    return slurm2.sbatch(args, cwd=ROOT, env=env)
+
+
+def node_cpus(slurm) -> int:
+    return int(slurm.run(["sinfo", "-h", "-N", "-o", "%c"]).stdout.split()[0])
+
+
+def job_log(job: int) -> str:
+    path = ROOT / "logs" / f"dpo-think-{job}.out"
+    return path.read_text() if path.exists() else ""
+
+
+def steps(out: Path) -> list[int]:
+    path = out / "metrics.jsonl"
+    return [json.loads(line)["step"] for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def wait_for_steps(slurm2, job: int, out: Path, n: int, timeout: float = 400) -> None:
+    deadline = time.time() + timeout
+    while len(steps(out)) < n:
+        assert time.time() < deadline and slurm2.state(job) in ("PENDING", "RUNNING"), (
+            slurm2.job_info(job),
+            job_log(job)[-3000:],
+        )
+        time.sleep(0.2)
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(slurm2, tmp_path_factory):
+    out = tmp_path_factory.mktemp("two-nodes") / "plain"
+    job = two_node_job(slurm2, out)
+    return job, slurm2.wait(job, timeout=600), out
+
+
+def test_cluster_has_two_nodes_with_their_own_addresses(slurm2):
+    nodes = {}
+    for line in slurm2.run(["scontrol", "show", "node", "-o"]).stdout.splitlines():
+        info = dict(kv.split("=", 1) for kv in line.split() if "=" in kv)
+        nodes[info["NodeName"]] = info
+    assert sorted(nodes) == ["node1", "node2"]
+    assert nodes["node1"]["NodeAddr"] != nodes["node2"]["NodeAddr"]
+    assert all(n["State"].startswith(("IDLE", "MIXED", "ALLOCATED")) for n in nodes.values()), nodes
+    # The nodes advertise the CPUs this machine really has (`slurmd -C`), not a number made up for the sbatch header.
+    real = subprocess.run(["slurmd", "-C"], capture_output=True, text=True, check=True).stdout
+    assert {n["CPUTot"] for n in nodes.values()} == {re.search(r"\bCPUs=(\d+)", real).group(1)}
+
+
+@pytest.mark.slow
+def test_two_node_job_trains_one_process_per_node(uninterrupted):
+    job, state, out = uninterrupted
+    log = job_log(job)
+    assert state == "COMPLETED", log[-4000:]
+    # Each node read its own machine rank inside srun, and both met at the first node of the allocation.
+    assert "node node1: machine rank 0 of 2, rendezvous node1:29500, 2 processes" in log
+    assert "node node2: machine rank 1 of 2, rendezvous node1:29500, 2 processes" in log
+    assert "--main_process_ip node1 " in log and "--num_machines 2 --num_processes 2 " in log
+    assert "batch: 16 pairs per step = 4 per process x 2 accumulation x 2 processes" in log
+    derived = json.loads((out / "resolved_config.json").read_text())["derived"]
+    assert derived["world_size"] == 2  # what the training processes themselves saw (WORLD_SIZE from the launch)
+    for name in RUN_FILES:
+        assert (out / name).is_file(), name
+    assert steps(out) == list(range(1, STEPS + 1))
+    assert json.loads((out / "run_complete.json").read_text())["global_step"] == STEPS
+    assert "training exited with code 0" in log
+
+
+@pytest.mark.slow
+def test_two_node_job_preempted_checkpoints_both_ranks_and_resumes_identically(slurm2, uninterrupted, tmp_path):
+    _, plain_state, plain = uninterrupted
+    assert plain_state == "COMPLETED"
+    out = tmp_path / "preempted"
+    job = two_node_job(slurm2, out)
+    wait_for_steps(slurm2, job, out, 2)  # mid-training
+    slurm2.signal(job, "USR1")  # what --signal=B:USR1@<seconds> delivers before the time limit
+
+    assert slurm2.wait(job, timeout=600) == "COMPLETED", job_log(job)[-4000:]
+    log = job_log(job)
+    assert slurm2.job_info(job)["Restarts"] == "1", log[-4000:]
+    assert "signal received: checkpointing at the next optimizer step" in log
+    assert "requeueing job" in log and "Resuming from" in log and "restart 1" in log
+    # Both ranks wrote their part of the ZeRO-2 checkpoint: the optimizer state is sharded per rank.
+    checkpoint = Path(re.search(r"checkpoint (\S+) written; requeueing", log).group(1))
+    shards = sorted(p.name for p in checkpoint.rglob("*zero_pp_rank_*optim_states.pt"))
+    assert [s.split("zero_pp_")[1][:6] for s in shards] == ["rank_0", "rank_1"], shards
+    assert steps(out) == list(range(1, STEPS + 1))  # every optimizer step once: none repeated, none skipped
+    a, b = load_file(str(plain / "model.safetensors")), load_file(str(out / "model.safetensors"))
+    assert all((a[k] - b[k]).abs().max().item() < 1e-6 for k in a), "resumed run diverged from the uninterrupted one"
+
+
+def training_process(job: int, node: str) -> int:
+    """PID of job `job`'s train_dpo.py process on `node` (its environment names the job and the node)."""
+    for proc in Path("/proc").glob("[0-9]*"):
+        try:
+            cmdline = (proc / "cmdline").read_bytes().split(b"\0")
+            env = dict(kv.split("=", 1) for kv in (proc / "environ").read_bytes().decode(errors="replace").split("\0")
+                       if "=" in kv)  # fmt: skip
+        except OSError:
+            continue
+        if (
+            any(arg.endswith(b"train_dpo.py") for arg in cmdline)
+            and b"launch" not in cmdline  # the training process, not its launcher (accelerate launch train_dpo.py)
+            and env.get("SLURM_JOB_ID") == str(job)
+            and (env.get("SLURMD_NODENAME") == node)
+        ):
+            return int(proc.name)
+    raise LookupError(f"no train_dpo.py process of job {job} on {node}")
+
+
+@pytest.mark.slow
+def test_a_node_whose_training_dies_ends_the_whole_job_promptly(slurm2, tmp_path):
+    out = tmp_path / "killed"
+    job = two_node_job(slurm2, out)
+    wait_for_steps(slurm2, job, out, 1)  # both ranks are in training, inside collectives
+    os.kill(training_process(job, "node2"), signal.SIGKILL)
+    t0 = time.monotonic()
+    state = slurm2.wait(job, timeout=120)
+    elapsed = time.monotonic() - t0
+    log = job_log(job)
+    assert state == "FAILED", log[-4000:]
+    assert elapsed < 60, f"job took {elapsed:.0f}s to end after node2's training process was killed"
+    assert slurm2.job_info(job)["Restarts"] == "0"  # a failure is not a preemption: no requeue
+    assert "srun: error: node2: task 1: Exited with exit code" in log, log[-4000:]
+    assert "training failed with exit code" in log
+    assert not (out / "run_complete.json").exists()
+
+
+def netns_names() -> set[str]:
+    return {line.split()[0] for line in subprocess.run(["ip", "netns", "list"], capture_output=True,
+                                                       text=True).stdout.splitlines() if line.strip()}  # fmt: skip
+
+
+def links() -> str:
+    return subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
+
+
+def test_stop_removes_only_what_start_made(slurm2, tmp_path):
+    """A second two-node cluster beside the session's: started and stopped, it leaves the machine's own network and
+    the other cluster's namespaces as they were."""
+    before_ns, before_links = netns_names(), links()
+    gen = slurm_cluster(tmp_path / "state", nodes=2)
+    other = next(gen)
+    made = netns_names() - before_ns
+    assert len(made) == 3 and all(n.endswith(("-ctl", "-node1", "-node2")) for n in made), made
+    assert node_cpus(other) >= 1 and links() == before_links  # nothing was added to this machine's namespace
+    with pytest.raises(StopIteration):
+        next(gen)  # the fixture's teardown: this pytest session started it, so it stops it
+    assert netns_names() == before_ns  # the session cluster's namespaces are still there, the others are gone
+    assert slurm2.run(["sinfo", "-h", "-N", "-o", "%T"]).stdout.split() == ["idle", "idle"]
