@@ -19,11 +19,12 @@ from pathlib import Path
 
 from dotenv import load_dotenv
 
-from dpotrain import data, health, hub, offline, resolve, samples
+from dpotrain import data, health, hub, hub_push, lora, offline, options, resolve, rows, samples
 from dpotrain.config import parse_args
 from dpotrain.errors import run_cli
+from dpotrain.hub_push import CheckpointPusher
 from dpotrain.metrics import PLOT_FILE, plot_metrics, read_metrics
-from dpotrain.tracking import setup_wandb
+from dpotrain.tracking import WandbStepIsGlobalStep, keep_offline_runs, setup_wandb
 
 
 def main(argv=None) -> None:
@@ -35,39 +36,61 @@ def main(argv=None) -> None:
     resolve.check_values(recipe)
     health.check_values(recipe.project)
     samples.check_values(recipe.project)
+    options.check_options(recipe)  # options TRL would fail on, or ignore, only after loading the model
+    lora.check_lora(recipe)
     resolve.fill_defaults(recipe)
     if recipe.project.preflight:  # the base model's view of the data, instead of training (dpotrain/preflight.py)
         from dpotrain import preflight
 
         return preflight.main_from_recipe(recipe)
+    push = hub.take_push_settings(recipe)  # this project pushes, not the Trainer; the token stays in memory
     world, world_source = resolve.world_size(recipe, planning=recipe.project.dry_run)
     resolve.plan_batch(recipe, world)
     derived = {"world_size": world, "world_size_source": world_source}
     if recipe.project.dry_run:
-        rows = data.count_local_rows(script.dataset_name) if data.is_local(script.dataset_name) else None
-        derived.update(resolve.plan_steps(recipe, world, rows))
+        n_rows = data.count_local_rows(script.dataset_name) if data.is_local(script.dataset_name) else None
+        derived.update(resolve.plan_steps(recipe, world, n_rows))
+        options.check_plan(derived)
         if recipe.max_length_auto:
             derived["max_length"] = resolve.preview_auto_max_length(recipe)
-        print(json.dumps(resolve.resolved_config(recipe, derived), indent=2, default=str))
+        print(json.dumps(push.record(resolve.resolved_config(recipe, derived)), indent=2, default=str))
         return
-    resolve.check_push(recipe)
-    repo_id = training.hub_model_id or training.run_name
-    if training.push_to_hub and int(os.environ.get("RANK", "0")) == 0:  # one whoami, not one per rank (rate limits)
-        hub.check_write_access(repo_id, training.hub_token or resolve.hf_token())  # now, not after training
-    plan = resolve.check_output_dir(recipe)
+    push.check_token()
+    options.check_wandb(recipe)
+    if push.requested and int(os.environ.get("RANK", "0")) == 0:  # one whoami, not one per rank (rate limits)
+        push.repo_id = hub.check_write_access(push.repo_id, push.token)  # now, not after training; user/name
+    pairs_per_step = recipe.project.pairs_per_step or (
+        training.per_device_train_batch_size * training.gradient_accumulation_steps * world
+    )
+    plan = resolve.check_output_dir(recipe, pairs_per_step)
     offline.check_offline_artifacts(recipe)  # with HF_HUB_OFFLINE: model, tokenizer and data set must be cached
 
     from accelerate import PartialState
 
     state = PartialState()
     out = Path(training.output_dir)
-    if plan.start_afresh and state.is_main_process:
-        shutil.rmtree(out)  # a stale run_complete.json or metrics.jsonl must not outlive the run it described
-    state.wait_for_everyone()
     dataset = data.load_preference_dataset(
         script.dataset_name, script.dataset_train_split, script.dataset_config, streaming=script.dataset_streaming
     )
+    # Every row checked before a model loads (a streamed data set is not: it is read once, by the trainer).
+    skip = recipe.project.skip_invalid
+    if hasattr(dataset, "__len__"):
+        dataset = rows.without_invalid_rows(dataset, skip, derived, "invalid_rows")
+    eval_dataset = None
+    if training.eval_strategy != "no":  # the held-out split (options.check_options: there is one)
+        eval_dataset = data.load_preference_dataset(script.dataset_name, script.dataset_test_split,
+                                                    script.dataset_config)  # fmt: skip
+        eval_dataset = rows.without_invalid_rows(eval_dataset, skip, derived, "invalid_eval_rows")
+        derived["eval_rows"] = len(eval_dataset)
     derived.update(resolve.plan_steps(recipe, world, len(dataset) if hasattr(dataset, "__len__") else None))
+    options.check_plan(derived)
+    if plan.start_afresh and state.is_main_process:  # only now: a refused data set must not cost the old run
+        kept = keep_offline_runs(out)
+        if kept:
+            print(f"Kept the W&B offline runs of the replaced run in {kept} (`wandb sync {kept}/offline-run-*`)",
+                  flush=True)  # fmt: skip
+        shutil.rmtree(out)  # a stale run_complete.json or metrics.jsonl must not outlive the run it described
+    state.wait_for_everyone()
     if recipe.max_length_auto:
         derived["max_length"] = resolve.auto_max_length(recipe, dataset, state)
     if state.is_main_process:
@@ -75,10 +98,15 @@ def main(argv=None) -> None:
 
     from dpotrain.trainer import build_trainer
 
-    trainer = build_trainer(recipe, dataset)
+    # Checkpoint branches: pushed from the main process in the background, only where the Hub is reachable.
+    pusher = None
+    if push.checkpoints and not offline.is_offline() and state.is_main_process:
+        pusher = CheckpointPusher(push.repo_id, push.token, push.private, out)
+    callbacks = [WandbStepIsGlobalStep(), *([pusher] if pusher else [])]
+    trainer = build_trainer(recipe, dataset, eval_dataset=eval_dataset, callbacks=callbacks)
     derived["total_steps"] = trainer.state.max_steps or derived["total_steps"]
     derived["batching"] = trainer.batching_summary()
-    resolved = resolve.resolved_config(recipe, derived | {"resumed_from": plan.resume_from})
+    resolved = push.record(resolve.resolved_config(recipe, derived | {"resumed_from": plan.resume_from}))
     if state.is_main_process:
         out.mkdir(parents=True, exist_ok=True)
         (out / "resolved_config.json").write_text(json.dumps(resolved, indent=2, default=str) + "\n")
@@ -94,27 +122,44 @@ def main(argv=None) -> None:
             if stop_file:  # a preemption at the same step must not requeue a doomed run either
                 Path(f"{stop_file}.checkpointed").unlink(missing_ok=True)
             print(health.stop_line(trainer.health.stop, str(out)), flush=True)
+        if pusher:
+            pusher.finish(hub_push.STOP_WAIT_S)
         return health.HEALTH_STOP_EXIT
     if trainer.graceful_stop.stopped and trainer.state.global_step < trainer.state.max_steps:
+        if pusher:
+            pusher.finish(hub_push.STOP_WAIT_S)  # the requeued job pushes what is left
         return  # checkpointed on a stop request; the requeued job resumes from it
 
-    trainer.save_model(str(out))
+    trainer.save_model(str(out))  # with use_peft: the adapter (adapter_model.safetensors, adapter_config.json)
+    if recipe.project.merge_lora and state.is_main_process:
+        print(f"Saved the merged model to {lora.save_merged(trainer, out)}", flush=True)
+    # The last collective step. The other ranks end here rather than wait at a barrier while the main process waits
+    # for uploads: a barrier longer than ddp_timeout (30 min) would fail the job after training succeeded.
+    state.wait_for_everyone()
 
     if state.is_main_process:
+        if pusher:
+            pusher.finish(hub_push.FINAL_WAIT_S)  # the card lists the pushed revisions
         records = read_metrics(out)
         plot_metrics(records, out / PLOT_FILE, title=training.run_name)
-        hub.write_model_card(out, resolved)
+        hub.write_model_card(out, resolved, push.repo_id)
         summary = {"global_step": trainer.state.global_step, "final": records[-1] if records else None}
         (out / resolve.RUN_COMPLETE).write_text(json.dumps(summary, indent=2) + "\n")
         print(f"Saved model, metrics and {PLOT_FILE} to {out}", flush=True)
-        if training.push_to_hub and offline.is_offline():
-            print(f"HF_HUB_OFFLINE is set: push from a login node with "
-                  f"`python scripts/push_to_hub.py {out} --repo-id {repo_id}`", flush=True)  # fmt: skip
-        elif training.push_to_hub:
-            token = training.hub_token or resolve.hf_token()
-            url = hub.push_run(out, repo_id, token=token, private=training.hub_private_repo)
+        command = f"python scripts/push_to_hub.py {out} --repo-id {push.repo_id}"
+        command += " --checkpoints" if push.checkpoints else ""
+        if push.requested and offline.is_offline():
+            limit = training.save_total_limit if push.checkpoints else None  # rotation deleted the older ones
+            kept = f" (the last {limit} checkpoints, those still on disk)" if limit else ""
+            print(f"HF_HUB_OFFLINE is set, so nothing was pushed: push{kept} from a machine that reaches the Hub "
+                  f"with `{command}`", flush=True)  # fmt: skip
+        elif push.requested:
+            try:
+                url = hub.push_run(out, push.repo_id, token=push.token, private=push.private)
+            except Exception as e:  # the run itself is saved and complete: say how to push it
+                raise SystemExit(f"error: pushing {out} to {push.repo_id} failed ({hub.cause(e)}); the run is saved, "
+                                 f"push it with `{command}`") from None  # fmt: skip
             print(f"Pushed to {url}", flush=True)
-    state.wait_for_everyone()
 
 
 if __name__ == "__main__":

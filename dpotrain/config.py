@@ -56,7 +56,34 @@ class ProjectArguments:
     )
     accelerate_config: str = field(
         default="accelerate_config.yaml",
-        metadata={"help": "Accelerate config whose num_processes a --dry-run uses as world size outside a launcher."},
+        metadata={
+            "help": "Accelerate config whose num_processes a --dry-run outside a launcher predicts as world size "
+            "(the launch `accelerate launch --config_file <it>`); `none` predicts plain `python train_dpo.py`, "
+            "1 process."
+        },
+    )
+    merge_lora: bool = field(
+        default=False,
+        metadata={
+            "help": "With use_peft: also save the base model with the trained LoRA adapter merged in, to "
+            "<output_dir>/merged/ (the adapter itself is always saved in output_dir)."
+        },
+    )
+    skip_invalid: bool = field(
+        default=False,
+        metadata={
+            "help": "Drop the rows the trainer cannot use (null or malformed messages, empty completions, chosen "
+            "identical to rejected, ...) and count them in resolved_config.json, instead of refusing the data set."
+        },
+    )
+    push_checkpoints: bool = field(
+        default=False,
+        metadata={
+            "help": "With push_to_hub: also push each complete checkpoint's model weights, tokenizer and config (never "
+            "optimizer state) to a branch step-<N> of the hub_model_id repo, in the background while training goes "
+            "on. With HF_HUB_OFFLINE nothing is pushed during the run: scripts/push_to_hub.py --checkpoints does it "
+            "later, for the checkpoints still on disk (save_total_limit deletes older ones)."
+        },
     )
     dry_run: bool = field(
         default=False,
@@ -173,8 +200,30 @@ def _options(parser) -> dict[str, object]:
     return {opt: action for action in parser._actions for opt in action.option_strings if opt.startswith("--")}
 
 
+# Names that older transformers / TRL versions (and many tutorials) use, with what replaced them.
+_MAX_LENGTH_ONLY = "TRL 1.16 has only max_length; rows whose prompt alone fills it are dropped"
+REMOVED = {
+    "warmup_ratio": "removed in transformers 5: use warmup_steps: 0.1, a float < 1 is a ratio",
+    "evaluation_strategy": "renamed eval_strategy in transformers 5",
+    "no_cuda": "removed in transformers 5: use use_cpu: true",
+    "logging_dir": "removed in transformers 5: W&B and metrics.jsonl log to output_dir",
+    "torch_dtype": "renamed dtype",
+    "max_prompt_length": _MAX_LENGTH_ONLY,
+    "max_completion_length": _MAX_LENGTH_ONLY,
+    "rpo_alpha": "removed in TRL 1.x",
+    "reference_free": "removed in TRL 1.x",
+    "padding_value": "removed in TRL 1.x: the tokenizer's pad token (pad_token) is used",
+    "label_pad_token_id": "removed in TRL 1.x",
+}
+
+
 def _suggest(name: str, options: dict) -> str:
-    """' (did you mean ...?)' for a misspelled field, written as given: `betta` -> 'beta', `--betta` -> '--beta'."""
+    """' (did you mean ...?)' for a misspelled field, written as given: `betta` -> 'beta', `--betta` -> '--beta'.
+
+    A field of an older transformers / TRL version gets what replaced it instead.
+    """
+    if name.lstrip("-").replace("-", "_") in REMOVED:
+        return f" ({REMOVED[name.lstrip('-').replace('-', '_')]})"
     known = [o for o in options if "-" not in o[2:]]  # the snake_case spelling of each flag
     if not name.startswith("--"):
         known = [o[2:] for o in known]

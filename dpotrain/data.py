@@ -9,10 +9,16 @@ LOCAL_SUFFIXES = {".jsonl": "json", ".json": "json", ".parquet": "parquet"}
 REQUIRED_COLUMNS = ("chosen", "rejected")
 
 
+def looks_like_path(name: str) -> bool:
+    """Written as a path, not as a Hub repo id (`org/name`: one slash, no leading `.`, `/` or `~`), or starting with
+    a folder that exists here (`outputs/my-sft`, `data/pairs.jsnl`: a mistyped local path, not an `org`)."""
+    return name.startswith((".", "/", "~")) or name.count("/") >= 2 or ("/" in name and Path(name).parent.is_dir())
+
+
 def is_local(name: str) -> bool:
     """A path the user means as a local file or folder (a Hub name is `org/name` and does not exist on disk)."""
     path = Path(name).expanduser()
-    return path.suffix in LOCAL_SUFFIXES or name.startswith((".", "/", "~")) or path.exists()
+    return path.suffix in LOCAL_SUFFIXES or looks_like_path(name) or path.exists()
 
 
 def check_dataset_name(name: str | None) -> None:
@@ -36,15 +42,41 @@ def load_preference_dataset(
         builder = LOCAL_SUFFIXES.get(path.suffix)
         if builder is None:
             raise ConfigError(f"dataset file {name!r}: use .jsonl, .json or .parquet")
-        loaded = datasets.load_dataset(builder, data_files={split: str(path)}, streaming=streaming)
+        if path.stat().st_size == 0:
+            raise ConfigError(f"dataset file {name!r} is empty: it needs one JSON object per line with chosen/rejected")
+        try:
+            loaded = datasets.load_dataset(builder, data_files={split: str(path)}, streaming=streaming)
+        except Exception as e:  # datasets names neither the file's line nor the fix
+            raise ConfigError(_unreadable(path, e)) from None
     else:
-        loaded = datasets.load_dataset(name, name=config, revision=revision, streaming=streaming)
+        try:
+            loaded = datasets.load_dataset(name, name=config, revision=revision, streaming=streaming)
+        except Exception as e:  # unknown name, no access, no network: one line, not a traceback
+            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise ConfigError(f"could not load data set {name!r} from the Hub: {first}") from None
     if isinstance(loaded, (datasets.DatasetDict, datasets.IterableDatasetDict)):
         if split not in loaded:
             raise ConfigError(f"dataset {name!r} has no split {split!r}: choose one of {sorted(loaded)}")
         loaded = loaded[split]
     check_columns(loaded.column_names, name)
     return loaded
+
+
+def _unreadable(path: Path, error: Exception) -> str:
+    """Why a local file did not load: for JSON Lines, the first line that is not a JSON object, by its number."""
+    if path.suffix == ".jsonl":
+        with open(path, encoding="utf-8", errors="replace") as f:
+            for number, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                try:
+                    row = json.loads(line.rstrip("\n"))
+                except json.JSONDecodeError as e:
+                    return f"{path}:{number}: not valid JSON ({e.msg} at column {e.colno}): fix or remove that line"
+                if not isinstance(row, dict):
+                    return f"{path}:{number}: a JSON {type(row).__name__}, not an object: each line is one pair"
+    first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+    return f"could not read dataset file {str(path)!r}: {first}"
 
 
 def check_columns(columns, name: str) -> None:

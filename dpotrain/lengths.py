@@ -14,7 +14,8 @@ Two ways to the same numbers, both built on TRL's own functions (`extract_prompt
   and tests/test_analyzer.py proves equality with the trainer's processed data set row by row.
 
 Training with `max_length: auto` calls `auto_max_length` (analyses or reuses a cached report), a `--dry-run`
-calls `cached_auto_max_length` (never analyses). `scripts/analyze_dataset.py` is the command-line report.
+calls `cached_auto_max_length` (never analyses). `scripts/analyze_dataset.py` is the command-line report. Rows are
+checked by `rows.check_row` (shared with training); the markdown tables and the plot are in `lengths_report.py`.
 """
 
 import dataclasses
@@ -28,9 +29,10 @@ from collections import deque
 from pathlib import Path
 
 import numpy as np
-from trl.data_utils import _tokenize, common_prefix_length, extract_prompt, is_conversational
+from trl.data_utils import _tokenize, common_prefix_length, is_conversational
 
 from .errors import ConfigError
+from .rows import InvalidRowError, RowFormat, check_row, split_row
 
 STEP = 512  # the recommendation is a multiple of this: kernel- and memory-friendly shapes
 REPORT_LENGTHS = (2048, 4096, 8192, 12288, 16384)  # the seed report's cumulative distribution
@@ -38,106 +40,6 @@ PERCENTILES = (50, 90, 95, 99)
 DEFAULT_COVERAGE = 0.9
 DEFAULT_BATCH_SIZE = 4  # pairs per device when no recipe says (OLMo 3 recipes: 4)
 ANALYSIS_VERSION = 1  # bump when the numbers an analysis produces change, so cached reports are not reused
-
-
-class InvalidRowError(ConfigError):
-    """A row the trainer cannot use: the message names the row index and the column."""
-
-    def __init__(self, index: int, column: str, problem: str):
-        self.index, self.column, self.problem = index, column, problem
-        super().__init__(
-            f"row {index}, column {column!r}: {problem} (fix or remove the row, or pass --skip-invalid to count "
-            "and list such rows instead)"
-        )
-
-
-# --- one row, as the trainer tokenizes it -----------------------------------------------------------------------------
-
-
-@dataclasses.dataclass(frozen=True)
-class RowFormat:
-    """What the trainer decides once, from the first row: message lists or plain text, and extraction or not."""
-
-    conversational: bool
-    has_prompt: bool  # a `prompt` column: no extraction
-    eos_token: str | None  # appended to plain-text completions
-
-    @classmethod
-    def of(cls, first_row: dict, columns, tokenizer) -> "RowFormat":
-        # The trainer looks at the first row only (with `is_conversational`: a list of role/content messages). Any
-        # list counts here, so that a first row with a malformed message is reported as such; a first row with a
-        # null `chosen` tells nothing, so `rejected` decides (the row is then reported as invalid).
-        sample = first_row.get("chosen") if first_row.get("chosen") is not None else first_row.get("rejected")
-        return cls(isinstance(sample, list), "prompt" in columns, tokenizer.eos_token)
-
-
-def check_row(row: dict, fmt: RowFormat) -> tuple[str, str] | None:
-    """(column, problem) for a row the trainer cannot use or should not see, None for a good row."""
-    for column in ("prompt", "chosen", "rejected") if fmt.has_prompt else ("chosen", "rejected"):
-        problem = _check_value(row.get(column), fmt.conversational)
-        if problem:
-            return column, problem
-        if fmt.conversational and not row[column]:
-            return column, "empty message list" if column == "prompt" else "empty completion (no message)"
-    if row["chosen"] == row["rejected"]:
-        return "chosen", "identical to `rejected`: the pair expresses no preference"
-    if not fmt.has_prompt and fmt.conversational:
-        # `extract_prompt` needs both sides to go on after the shared messages; if one side ends within them, its
-        # completion is empty (and TRL would take part of the prompt as completion).
-        shared = 0
-        while (
-            shared < min(len(row["chosen"]), len(row["rejected"])) and row["chosen"][shared] == row["rejected"][shared]
-        ):
-            shared += 1
-        for column in ("chosen", "rejected"):
-            if len(row[column]) == shared:
-                return column, f"empty completion: no message after the {shared} message(s) shared with the other side"
-        if shared == 0:
-            return "prompt", "`chosen` and `rejected` share no leading message, so there is no prompt to extract"
-    example = split_row(row, fmt)
-    for column in ("chosen", "rejected"):
-        completion = row[column] if fmt.has_prompt else example[column]
-        if fmt.conversational and all(not m["content"].strip() for m in completion):
-            return column, "empty completion: every completion message has empty content"
-        if not fmt.conversational and not completion.removesuffix(fmt.eos_token or "").strip():
-            return column, "empty completion"
-    return None
-
-
-def _check_value(value, conversational: bool) -> str | None:
-    if value is None:
-        return "missing (null)"
-    if not conversational:
-        if not isinstance(value, str):
-            return f"a {type(value).__name__} where the data set has plain text (its first row is text)"
-        return None
-    if not isinstance(value, list):
-        return f"a {type(value).__name__} where the data set has message lists (its first row has messages)"
-    for i, message in enumerate(value):
-        if not isinstance(message, dict):
-            return f"message {i} is a {type(message).__name__}, not a {{'role', 'content'}} mapping"
-        for key in ("role", "content"):
-            if message.get(key) is None:
-                return f"message {i} has no {key!r}"
-            if not isinstance(message[key], str):
-                return f"message {i} has a non-string {key!r} ({type(message[key]).__name__})"
-    return None
-
-
-def split_row(row: dict, fmt: RowFormat) -> dict:
-    """prompt / chosen / rejected as the trainer tokenizes them (prompt extracted, EOS appended to plain text)."""
-    if fmt.has_prompt:
-        example = {"prompt": row["prompt"], "chosen": row["chosen"], "rejected": row["rejected"]}
-    else:
-        example = extract_prompt({"chosen": row["chosen"], "rejected": row["rejected"]})
-    if not fmt.conversational:  # DPOTrainer._prepare_dataset's add_eos
-        for column in ("chosen", "rejected"):
-            if not example[column].endswith(fmt.eos_token):
-                example[column] = example[column] + fmt.eos_token
-    for column in ("tools", "chat_template_kwargs"):
-        if row.get(column) is not None:
-            example[column] = row[column]
-    return example
 
 
 def _template_kwargs(example: dict) -> dict:
@@ -316,7 +218,7 @@ def measure(
     first = next(iter(dataset), None)
     if first is None:
         raise ConfigError("the data set has no rows")
-    fmt = RowFormat.of(first, columns, tokenizer)
+    fmt = RowFormat.of(first, columns, tokenizer.eos_token)
     in_memory = isinstance(dataset, datasets.Dataset)
     total = len(dataset) if in_memory else _known_rows(dataset)
 
@@ -558,122 +460,6 @@ def _reason(report: dict) -> str:
         f"{r['truncated']:,} pairs ({r['truncated'] / n:.1%}) are cut at the end and {r['dropped']:,} dropped by "
         "the trainer because their prompt alone fills max_length"
     )
-
-
-# --- the report, for people ------------------------------------------------------------------------------------------
-
-
-def to_markdown(report: dict, current_max_length: int | None = None) -> str:
-    """The seed's "Sequence Length Analysis" section: percentiles, breakdown, cumulative distribution, rationale."""
-    n = report["rows"]
-    lines = [f"### Sequence Length Analysis: {report.get('dataset', 'dataset')}", ""]
-    seen = report.get("rows_seen", n)
-    sample = f" (a seeded sample of {seen:,} rows)" if report.get("sample") else ""
-    lines += [
-        f"{n:,} pairs{sample} tokenized as TRL's DPOTrainer tokenizes them, with the chat template of "
-        f"`{report.get('tokenizer', '?')}` ({report['format']}).",
-        "",
-        "**Total Length (prompt + max(chosen, rejected)):**",
-        "",
-        "| Percentile | Tokens |",
-        "|------------|--------|",
-    ]
-    names = {"p50": "Median (50th)", "p90": "90th", "p95": "95th", "p99": "99th", "max": "Max"}
-    lines += [f"| {names[k]} | {v:,} |" for k, v in report["total"].items()]
-    lines += [
-        "",
-        "**Component Breakdown:**",
-        "",
-        "| Component | Median | 90th | 95th | 99th | Max |",
-        "|-----------|--------|------|------|------|-----|",
-    ]
-    for key, label in (("prompt", "Prompt"), ("chosen", "Chosen Response"), ("rejected", "Rejected Response")):
-        lines.append(f"| {label} | " + " | ".join(f"{v:,}" for v in report[key].values()) + " |")
-    lines += ["", "**Cumulative Distribution:**", "", "| Max Length | Samples Covered |", "|---|---|"]
-    lines += [f"| {int(k):,} | {v:.1%} |" for k, v in report["coverage"].items()]
-    batch = next(iter(report["candidates"].values()))["padding"]["batch_size"]
-    lines += [
-        "",
-        f"**Candidates** (batches of {batch} pairs = {2 * batch} sequences padded to the longest, as TRL's "
-        "DataCollatorForPreference pads them; packed batches carry no padding):",
-        "",
-        "| max_length | Covered | Truncated | Dropped (prompt fills it) | Padding (shuffled) | Padding (data set "
-        "order) | Padding (packed) |",
-        "|---|---|---|---|---|---|---|",
-    ]
-    for k, c in report["candidates"].items():
-        p = c["padding"]
-        mark = " (recommended)" if int(k) == report["recommended_max_length"] else ""
-        mark += " (recipe)" if current_max_length == int(k) else ""
-        lines.append(
-            f"| {int(k):,}{mark} | {c['coverage']:.1%} | {c['truncated']:,} ({c['truncated'] / n:.1%}) | "
-            f"{c['dropped']:,} | {p['padded']:.1%} ({p['wasted_per_pair']:,.0f} per pair) | "
-            f"{p['padded_dataset_order']:.1%} | {p['packed']:.0%} |"
-        )
-    r = report["recommendation"]
-    best = report["candidates"][str(r["max_length"])]
-    lines += [
-        "",
-        f"**Rationale for max_length={r['max_length']}:**",
-        "",
-        f"- Smallest multiple of {STEP} covering at least {r['target_coverage']:.1%} of pairs: it covers "
-        f"{r['coverage']:.1%}"
-        + (
-            f"; {r['lower']['max_length']:,} covers {r['lower']['coverage']:.1%}"
-            if r["lower"]["max_length"] > 0
-            else ""
-        ),
-        f"- {r['truncated']:,} pairs ({r['truncated'] / n:.1%}) are cut at max_length (the collator keeps the start); "
-        f"{r['dropped']:,} are dropped by the trainer because their prompt alone fills it",
-        f"- Padded batches of {batch} pairs: {best['padding']['padded']:.1%} of positions are padding "
-        f"({best['padding']['wasted_per_pair']:,.0f} tokens per pair); packed batches: none",
-    ]
-    if current_max_length and str(current_max_length) in report["candidates"]:
-        c = report["candidates"][str(current_max_length)]
-        lines.append(
-            f"- The recipe's max_length={current_max_length:,} covers {c['coverage']:.1%} "
-            f"({c['truncated']:,} truncated, {c['dropped']:,} dropped)"
-        )
-    invalid = report["invalid"]
-    if invalid["count"]:
-        lines += ["", f"**Invalid rows, left out of every number above: {invalid['count']:,}**", ""]
-        lines += ["| Row | Column | Problem |", "|---|---|---|"]
-        lines += [f"| {p['index']} | {p['column']} | {p['problem']} |" for p in invalid["rows"][:50]]
-        if invalid["count"] > 50:
-            lines.append(f"| ... | | {invalid['count'] - 50:,} more in the JSON report |")
-    return "\n".join(lines) + "\n"
-
-
-def plot(m: Measured, report: dict, path: str | Path) -> Path:
-    """Histogram of total length, with the candidate cut-offs dashed and the recommendation in red."""
-    import matplotlib
-
-    matplotlib.use("Agg")  # login nodes have no display
-    import matplotlib.pyplot as plt
-
-    total = m.total
-    fig, ax = plt.subplots(figsize=(10, 5))
-    ax.hist(total, bins=100, color="#4c72b0", alpha=0.8)
-    best = report["recommended_max_length"]
-    right = max(int(total.max()), best) * 1.05
-    ax.set_xlim(0, right)
-    for k, c in report["candidates"].items():
-        n = int(k)
-        if n == best or n > right:  # cut-offs far beyond the data would squash the histogram
-            continue
-        ax.axvline(n, color="grey", linestyle="--", linewidth=1)
-        ax.text(n, ax.get_ylim()[1] * 0.95, f" {n:,}\n {c['coverage']:.0%}", fontsize=8, va="top")
-    ax.axvline(
-        best, color="red", linewidth=2, label=f"recommended {best:,} ({report['recommendation']['coverage']:.1%})"
-    )
-    ax.set_xlabel("prompt + max(chosen, rejected), tokens")
-    ax.set_ylabel("pairs")
-    ax.set_title(f"{report.get('dataset', '')}: {m.rows:,} pairs")
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return Path(path)
 
 
 # --- max_length: auto, and its cache ---------------------------------------------------------------------------------

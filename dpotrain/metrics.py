@@ -21,7 +21,8 @@ CURVES = [
 
 
 class MetricsRecorder(TrainerCallback):
-    """Appends every training log record that has a loss to `<output_dir>/metrics.jsonl` (main process only).
+    """Appends every training or evaluation log record (`loss` / `eval_loss`) to `<output_dir>/metrics.jsonl` (main
+    process only).
 
     After a resume the records past the checkpoint's step are dropped first: those steps are trained again, and the
     history must hold each step once.
@@ -31,7 +32,7 @@ class MetricsRecorder(TrainerCallback):
         self._trimmed = False
 
     def on_log(self, args, state, control, logs=None, **kwargs):
-        if not state.is_world_process_zero or not logs or "loss" not in logs:
+        if not state.is_world_process_zero or not logs or not ({"loss", "eval_loss"} & set(logs)):
             return
         path = Path(args.output_dir) / METRICS_FILE
         if not self._trimmed:
@@ -61,9 +62,10 @@ def plot_metrics(records: list[dict], path: str | Path, title: str = "") -> Path
     fig, axes = plt.subplots(3, 2, figsize=(10, 10), sharex=True)
     for ax, (label, keys) in zip(axes.flat, CURVES, strict=True):
         for key in keys:
-            points = [(r["step"], r[key]) for r in records if key in r]
-            if points:
-                ax.plot(*zip(*points, strict=True), marker="." if len(points) < 50 else None, label=key)
+            for name in (key, f"eval_{key}"):  # the held-out split's (dataset_test_split), when evaluated
+                points = [(r["step"], r[name]) for r in records if name in r]
+                if points:
+                    ax.plot(*zip(*points, strict=True), marker="." if len(points) < 50 else None, label=name)
         if len(ax.lines) > 1:
             ax.legend(fontsize=7)
         ax.set_title(label)

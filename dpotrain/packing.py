@@ -1,18 +1,18 @@
-"""Padding-free (packed) DPO forward: every chosen and rejected sequence of a micro-batch in one row.
+"""Padding-free (packed) DPO forward: the chosen and rejected sequences of a micro-batch side by side in rows.
 
 TRL pads a micro-batch of B pairs to `[2B, longest]`; on real preference data more than half of those positions are
-padding (FACTS.md: 58% on a Dolci-like mix). Here the 2B sequences are concatenated into one row of their total
-length, with `position_ids` restarting at 0 for each, no `attention_mask` and `use_cache=False`: transformers then
-builds a per-sequence causal (and sliding-window) mask for sdpa/eager, and FlashAttention takes the boundaries from
-`cu_seq_lens_q/k` (its varlen kernel). The row holds `[chosen_0 .. chosen_B-1, rejected_0 .. rejected_B-1]`, TRL's
-order, so after the forward the per-token outputs are laid back out as `[2B, L-1]` and TRL's own loss and metric
-code runs on them unchanged (`PackedForward.unpack`).
+padding (FACTS.md: 58% on a Dolci-like mix). Here sequences are concatenated into rows with `position_ids` restarting
+at 0 for each, no `attention_mask` and `use_cache=False`: transformers then builds a per-sequence causal (and
+sliding-window) mask for sdpa/eager, and FlashAttention takes the boundaries from `cu_seq_lens_q/k` (its varlen
+kernel). After the forward, the per-token outputs are laid back out as `[2B, L-1]` in TRL's order (chosen 0..B-1,
+rejected 0..B-1), so TRL's own loss and metric code runs on them unchanged (`PackedModel`).
 
 Per-token log-probs come from TRL's fused LM head (`model(..., labels=..., fused_lm_head=True)`), which shifts the
-labels across the whole row: the label of each sequence's first token is therefore set to -100, or the last token
-of one sequence would be scored as predicting the first token of the next.
+labels across a whole row: the label of each sequence's first token is therefore set to -100, or the last token of
+one sequence would be scored as predicting the first token of the next.
 """
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,7 +24,16 @@ import torch
 ATTENTION_LAYER_TYPES = {"full_attention", "sliding_attention", "chunked_attention"}
 # Attention implementations that honour packed sequences (FACTS.md): sdpa and eager from position_ids, FlashAttention
 # from cu_seq_lens. flex_attention has no backward on CPU and is not tested here.
-PACKED_ATTENTION = {"sdpa", "eager", "flash_attention_2", "flash_attention_3", "kernels-community/flash-attn"}
+VARLEN_ATTENTION = {"flash_attention_2", "flash_attention_3", "kernels-community/flash-attn"}
+PACKED_ATTENTION = {"sdpa", "eager"} | VARLEN_ATTENTION
+
+
+def row_length(attn_implementation: str | None, max_length: int | None) -> int | None:
+    """Positions per packed row: unbounded (one row) for FlashAttention's varlen kernel; for dense-mask attention,
+    max_length, so a row costs no more attention than one sequence of the longest kind."""
+    if attn_implementation in VARLEN_ATTENTION or max_length is None:
+        return None
+    return max_length
 
 
 def packing_problem(config) -> str | None:
@@ -71,40 +80,83 @@ def pair_tokens(example: dict, max_length: int | None, truncation_mode: str = "k
     )
 
 
+def fill_rows(lengths: list[int], capacity: int) -> list[list[int]]:
+    """Sequence indices grouped into as few rows of at most `capacity` positions as balancing allows: longest first,
+    each into the emptiest row. Balanced rows all end near the same width, so little is padded at their ends."""
+    count = max(1, math.ceil(sum(lengths) / capacity))
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    while True:
+        rows, fill = [[] for _ in range(count)], [0] * count
+        for i in order:
+            r = min(range(count), key=fill.__getitem__)
+            rows[r].append(i)
+            fill[r] += lengths[i]
+        if max(fill) <= capacity or count >= len(lengths):
+            return [row for row in rows if row]
+        count += 1
+
+
 @dataclass
 class PackedPreferenceCollator:
-    """Collates tokenized pairs (`prompt_ids`, `chosen_ids`, `rejected_ids`) into one packed row.
+    """Collates tokenized pairs (`prompt_ids`, `chosen_ids`, `rejected_ids`) into packed rows.
 
-    Emits `input_ids`, `position_ids` and `completion_mask` of shape `[1, T]`, `seq_lens` (`[2B]`, chosen then
-    rejected), FlashAttention's `cu_seq_lens_q/k` and `max_length_q/k`, and `ref_chosen_logps` /
-    `ref_rejected_logps` when the rows carry them. `T` is the number of real tokens: nothing is padded.
+    With `row_length` None (FlashAttention: its varlen kernel attends within each sequence only, at the cost of the
+    sequences alone), all 2B sequences go into one row, with `cu_seq_lens_q/k` and `max_length_q/k`. sdpa and eager
+    attention instead build a dense mask over a row and compute all of it, so their cost grows with the square of the
+    row: sequences are packed into balanced rows of at most `row_length` positions, which costs no more attention than
+    one sequence of that length, and only the ends of rows are padded.
+
+    Emits `input_ids`, `position_ids`, `completion_mask` (`[rows, width]`), and per sequence (chosen 0..B-1, then
+    rejected 0..B-1, TRL's order) `seq_lens`, `seq_rows` and `seq_starts`, plus `ref_chosen_logps` /
+    `ref_rejected_logps` when the examples carry them.
     """
 
     max_length: int | None = None
     truncation_mode: str = "keep_start"
+    row_length: int | None = None
+    pad_token_id: int = 0
 
     def __call__(self, examples: list[dict[str, Any]]) -> dict[str, Any]:
         per_pair = [sequences(e, self.max_length, self.truncation_mode) for e in examples]
         seqs = [pair[0] for pair in per_pair] + [pair[1] for pair in per_pair]  # TRL's [chosen..., rejected...]
         lengths = [len(ids) for ids, _ in seqs]
-        input_ids = torch.tensor([t for ids, _ in seqs for t in ids], dtype=torch.long)
-        completion_mask = torch.tensor([m for _, mask in seqs for m in mask], dtype=torch.long)
-        position_ids = torch.cat([torch.arange(n, dtype=torch.long) for n in lengths])
-        cu_seq_lens = torch.zeros(len(lengths) + 1, dtype=torch.int32)
-        cu_seq_lens[1:] = torch.tensor(lengths, dtype=torch.int32).cumsum(0)
+        if self.row_length is None:
+            rows = [list(range(len(seqs)))]
+        else:
+            rows = fill_rows(lengths, max(self.row_length, max(lengths)))
+        width = max(sum(lengths[i] for i in row) for row in rows)
+        input_ids = torch.full((len(rows), width), self.pad_token_id, dtype=torch.long)
+        completion_mask = torch.zeros((len(rows), width), dtype=torch.long)
+        position_ids = torch.zeros((len(rows), width), dtype=torch.long)
+        seq_rows, seq_starts = [0] * len(seqs), [0] * len(seqs)
+        for r, row in enumerate(rows):
+            start = 0
+            for i in row:
+                ids, mask = seqs[i]
+                n = len(ids)
+                input_ids[r, start : start + n] = torch.tensor(ids)
+                completion_mask[r, start : start + n] = torch.tensor(mask)
+                position_ids[r, start : start + n] = torch.arange(n)
+                seq_rows[i], seq_starts[i] = r, start
+                start += n
+            # The padding at the end of a row is a segment of its own (positions from 0): nothing attends to it.
+            position_ids[r, start:] = torch.arange(width - start)
         batch = {
-            "input_ids": input_ids.unsqueeze(0),
-            "position_ids": position_ids.unsqueeze(0),
-            "completion_mask": completion_mask.unsqueeze(0),
+            "input_ids": input_ids,
+            "position_ids": position_ids,
+            "completion_mask": completion_mask,
             "seq_lens": torch.tensor(lengths, dtype=torch.long),
-            "cu_seq_lens_q": cu_seq_lens,
-            "cu_seq_lens_k": cu_seq_lens,
-            "max_length_q": max(lengths),
-            "max_length_k": max(lengths),
+            "seq_rows": torch.tensor(seq_rows, dtype=torch.long),
+            "seq_starts": torch.tensor(seq_starts, dtype=torch.long),
         }
+        if self.row_length is None:
+            cu_seq_lens = torch.zeros(len(lengths) + 1, dtype=torch.int32)
+            cu_seq_lens[1:] = torch.tensor(lengths, dtype=torch.int32).cumsum(0)
+            batch |= {"cu_seq_lens_q": cu_seq_lens, "cu_seq_lens_k": cu_seq_lens, "max_length_q": max(lengths),
+                      "max_length_k": max(lengths)}  # fmt: skip
         for key in ("ref_chosen_logps", "ref_rejected_logps"):
             if key in examples[0]:
-                batch[key] = torch.tensor([e[key] for e in examples], dtype=torch.float64)
+                batch[key] = torch.tensor([e[key] for e in examples], dtype=torch.float32)
         return batch
 
 
@@ -122,8 +174,8 @@ def packed_labels(batch: dict) -> torch.Tensor:
 
 
 def forward(model, batch: dict, **kwargs):
-    """The model's fused-LM-head forward on a packed row: per-token outputs of shape `[1, T-1]`."""
-    model_kwargs = {k: batch[k] for k in MODEL_KEYS}
+    """The model's fused-LM-head forward on packed rows: per-token outputs of shape `[rows, width-1]`."""
+    model_kwargs = {k: batch[k] for k in MODEL_KEYS if k in batch}
     return model(**model_kwargs, labels=packed_labels(batch), fused_lm_head=True, use_cache=False, **kwargs)
 
 
@@ -136,19 +188,22 @@ def layout_index(starts: torch.Tensor, counts: torch.Tensor, width: int) -> tupl
     return index, valid
 
 
-def _layouts(seq_lens: torch.Tensor):
-    starts = torch.cumsum(seq_lens, 0) - seq_lens
+def _layouts(batch: dict):
+    """Index maps from the packed rows to TRL's padded layout, for per-token predictions and for tokens."""
+    seq_lens, rows, starts = batch["seq_lens"], batch["seq_rows"], batch["seq_starts"]
+    row_width = batch["input_ids"].shape[1]
     width = int(seq_lens.max())
-    # Prediction t of sequence i (log p of its token t+1) sits at starts[i] + t of the packed [T-1] output.
-    predictions = layout_index(starts, seq_lens - 1, width - 1)
-    tokens = layout_index(starts, seq_lens, width)
+    # Prediction t of sequence i (log p of its token t+1) sits at column starts[i] + t of its row's [width-1]
+    # outputs; its token t at column starts[i] + t of its row.
+    predictions = layout_index(rows * (row_width - 1) + starts, seq_lens - 1, width - 1)
+    tokens = layout_index(rows * row_width + starts, seq_lens, width)
     return predictions, tokens
 
 
 def padded_view(batch: dict) -> dict:
     """The packed batch as TRL's padded `[2B, L]` inputs: `input_ids`, `attention_mask`, `completion_mask` and the
     reference log-probs, which is what TRL's `_compute_loss` reads besides the model's outputs."""
-    _, (index, valid) = _layouts(batch["seq_lens"])
+    _, (index, valid) = _layouts(batch)
 
     def lay_out(packed: torch.Tensor) -> torch.Tensor:
         return packed.reshape(-1)[index].masked_fill(~valid, 0)
@@ -168,12 +223,12 @@ PER_TOKEN_FIELDS = ("log_probs", "entropy", "log_sum_sq_probs", "mean_logits", "
 
 
 def unpack_outputs(outputs, batch: dict):
-    """Per-token outputs of a packed forward (`[1, T-1]`) laid out as `[2B, L-1]`, TRL's padded layout.
+    """Per-token outputs of a packed forward (`[rows, width-1]`) laid out as `[2B, L-1]`, TRL's padded layout.
 
     A gather, so gradients flow back into the packed forward. Only per-token scalars are laid out this way, never
     activations: it costs 2B x L numbers.
     """
-    (index, valid), _ = _layouts(batch["seq_lens"])
+    (index, valid), _ = _layouts(batch)
 
     def lay_out(packed: torch.Tensor | None) -> torch.Tensor | None:
         return None if packed is None else packed.reshape(-1)[index].masked_fill(~valid, 0)

@@ -111,8 +111,12 @@ def score(recipe, sample) -> dict:
     from .trainer import build_trainer
 
     t, p = recipe.training, recipe.project
+    from transformers.trainer_utils import IntervalStrategy
+
     t.precompute_ref_log_probs = True
     t.report_to = []
+    t.push_to_hub = False  # nothing to push; the Trainer would create the repo at start
+    t.eval_strategy, t.do_eval = IntervalStrategy.NO, False  # the sample is all it scores
     p.health_checks, p.samples_every = False, 0  # no training happens here
     with tempfile.TemporaryDirectory(prefix="preflight-") as tmp, _env("DPOTRAIN_CACHE", tmp):
         # A sample's reference log-probs are of no use to training: the reference cache (dpotrain/reference.py,

@@ -79,6 +79,7 @@ def cache_identity(trainer, dataset, plan: list[list[list[int]]]) -> dict:
         "autocast": "bf16" if trainer.args.bf16 else "fp16" if trainer.args.fp16 else None,
         "attn_implementation": getattr(config, "_attn_implementation", None),
         "forward": "packed",
+        "row_length": trainer.packed_collator.row_length,
         # Which pairs share a packed row changes the last bits of the sums (kernels block the row differently), so
         # pairs are scored in the micro-batches training first runs them in, and that layout is part of the key.
         "micro_batches_sha256": hashlib.sha256(json.dumps(plan).encode()).hexdigest(),
@@ -113,7 +114,7 @@ def score(trainer, dataset, name: str, plan: list[list[list[int]]]) -> tuple[np.
     from tqdm.auto import tqdm
 
     accelerator = trainer.accelerator
-    collate = packing.PackedPreferenceCollator(trainer.args.max_length, trainer.args.truncation_mode)
+    collate = trainer.packed_collator
     model = trainer.reference_scorer()
     was_training = model.training
     model.eval()

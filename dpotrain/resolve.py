@@ -20,11 +20,14 @@ def world_size(recipe: Recipe, planning: bool) -> tuple[int, str]:
     """Processes taking part. Under a launcher the environment says; a --dry-run outside one predicts the launch."""
     if "WORLD_SIZE" in os.environ:
         return int(os.environ["WORLD_SIZE"]), "environment (WORLD_SIZE)"
-    path = Path(recipe.project.accelerate_config)
-    if planning and path.is_file():
-        config = yaml.safe_load(path.read_text()) or {}
-        return int(config.get("num_processes", 1)), f"{path} (num_processes)"
-    return 1, "single process (no launcher)"
+    launch = recipe.project.accelerate_config
+    if planning and launch.lower() not in ("", "none") and Path(launch).is_file():
+        config = yaml.safe_load(Path(launch).read_text()) or {}
+        return int(config.get("num_processes", 1)), (
+            f"predicted for `accelerate launch --config_file {launch}` ({launch}: num_processes); plain `python "
+            "train_dpo.py` runs 1 process: --accelerate_config none plans that"
+        )
+    return 1, "single process (python train_dpo.py, no launcher)"
 
 
 def check_values(recipe: Recipe) -> None:
@@ -113,11 +116,43 @@ class OutputPlan:
     start_afresh: bool  # remove what output_dir holds before training
 
 
-def check_output_dir(recipe: Recipe) -> OutputPlan:
+# Settings a resumed run must share with the run that wrote its checkpoint; others (output_dir, run_name, logging,
+# report_to, save_*, eval_*, push, dataloader, precision) may change between a run and its resumption.
+RESUME_FIELDS = (
+    "model_name_or_path", "model_revision", "dataset_name", "dataset_config", "dataset_train_split", "skip_invalid",
+    "learning_rate", "lr_scheduler_type", "lr_scheduler_kwargs", "warmup_steps", "num_train_epochs", "max_steps",
+    "optim", "weight_decay", "adam_beta1", "adam_beta2", "adam_epsilon", "max_grad_norm", "seed", "data_seed",
+    "beta", "loss_type", "loss_weights", "label_smoothing", "max_length", "truncation_mode",
+    "use_peft", "lora_r", "lora_alpha", "lora_dropout", "lora_target_modules", "use_rslora", "use_dora",
+    # Which micro-batches a step's pairs form: a resume skips the micro-batches already trained, by count.
+    "max_tokens_per_microbatch",
+)  # fmt: skip
+
+
+def changed_settings(recipe: Recipe, out: Path, pairs_per_step: int | None) -> list[str]:
+    """`field: old -> new` for each RESUME_FIELDS value (and pairs per step) that differs from the unfinished run's
+    resolved_config.json; [] when there is none to compare with."""
+    import json
+
+    saved = out / "resolved_config.json"
+    if not saved.is_file():
+        return []
+    old = json.loads(saved.read_text())
+    new = json.loads(json.dumps(resolved_config(recipe, {}), default=str))
+    if recipe.max_length_auto and isinstance(old.get("derived", {}).get("max_length"), dict):
+        new["max_length"] = old["max_length"]  # auto again: the analyzer's choice for the same data and tokenizer
+    new["pairs_per_step"], old["pairs_per_step"] = pairs_per_step, old.get("derived", {}).get("pairs_per_step")
+    fields = [f for f in (*RESUME_FIELDS, "pairs_per_step") if f in old and old[f] != new.get(f)]
+    return [f"{f}: {old[f]!r} -> {new.get(f)!r}" for f in fields]
+
+
+def check_output_dir(recipe: Recipe, pairs_per_step: int | None = None) -> OutputPlan:
     """Resume, start afresh, or refuse: never write over a finished run by accident, never lose checkpoints.
 
     --overwrite_output_dir replaces a finished run or half-written checkpoints, but an unfinished run with a complete
     checkpoint still resumes: a requeued Slurm job runs with the same arguments and must not wipe its own progress.
+    A rerun whose training settings differ from the unfinished run's is refused (its checkpoint belongs to another
+    run), or with --overwrite_output_dir starts afresh.
     """
     t, p = recipe.training, recipe.project
     out = Path(t.output_dir)
@@ -134,6 +169,15 @@ def check_output_dir(recipe: Recipe) -> OutputPlan:
         return OutputPlan(None, True)
     latest = latest_complete_checkpoint(out)
     if latest and p.auto_resume:
+        changed = changed_settings(recipe, out, pairs_per_step)
+        if changed and p.overwrite_output_dir:
+            return OutputPlan(None, True)
+        if changed:
+            raise ConfigError(
+                f"output_dir {str(out)!r} holds an unfinished run with other settings ({'; '.join(changed)}): "
+                "rerun with its settings to resume it, pass a new --output_dir, or --overwrite_output_dir to start "
+                "afresh"
+            )
         return OutputPlan(str(latest), False)
     if checkpoints(out):
         if p.overwrite_output_dir:
@@ -143,15 +187,6 @@ def check_output_dir(recipe: Recipe) -> OutputPlan:
             f"output_dir {str(out)!r} {state}: pass --overwrite_output_dir to start afresh, or a new --output_dir"
         )
     return OutputPlan(None, False)
-
-
-def check_push(recipe: Recipe) -> None:
-    t = recipe.training
-    if t.push_to_hub and not (t.hub_token or hf_token()):
-        raise ConfigError(
-            "push_to_hub is set but no Hugging Face token was found: add HF_TOKEN=... to .env, "
-            "run `hf auth login`, or drop --push_to_hub"
-        )
 
 
 def hf_token() -> str | None:

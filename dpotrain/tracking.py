@@ -1,8 +1,11 @@
 """W&B wiring: one W&B run per output_dir, so a requeued or resumed job keeps logging to the same run."""
 
 import os
+import time
 import uuid
 from pathlib import Path
+
+from transformers import TrainerCallback
 
 RUN_ID_FILE = ".wandb_run_id"
 
@@ -20,3 +23,42 @@ def setup_wandb(training) -> None:
     os.environ.setdefault("WANDB_RESUME", "allow")
     os.environ.setdefault("WANDB_DIR", str(out))  # offline runs live next to the model they describe
     os.environ.setdefault("WANDB_NAME", training.run_name)
+
+
+def keep_offline_runs(output_dir: str | Path) -> Path | None:
+    """Move `<output_dir>/wandb` aside before the folder is replaced, when it holds offline runs.
+
+    Offline runs (WANDB_MODE=offline on nodes without network) exist nowhere else until `wandb sync`: replacing a run
+    must not delete its only history. They go to `<output_dir>.wandb-offline-<time>/`, next to the output folder.
+    """
+    source = Path(output_dir) / "wandb"
+    if not any(source.glob("offline-run-*")):
+        return None
+    target = source.parent.with_name(f"{source.parent.name}.wandb-offline-{time.strftime('%Y%m%d-%H%M%S')}")
+    source.rename(target)
+    return target
+
+
+class WandbStepIsGlobalStep(TrainerCallback):
+    """Log to W&B at `_step` = the optimizer step, so a resumed run's history holds every step once.
+
+    transformers' WandbCallback logs without a step, so W&B numbers rows 0, 1, 2... per process. An offline run resumed
+    after a SIGKILL cannot know where the killed process stopped and restarts at 0; when both parts are synced, W&B
+    drops every row whose step is not above the last one it has: the re-trained steps went missing. With the optimizer
+    step as W&B step, the resumed part's rows after the checkpoint are kept, and a step logged twice (after the
+    checkpoint, before the kill) is kept once. It wraps `wandb.log` after WandbCallback has started the run.
+    """
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        import wandb
+
+        if wandb.run is None or getattr(wandb.log, "at_global_step", False):
+            return
+        log = wandb.log
+
+        def log_at_global_step(data, step=None, commit=None):
+            step = data.get("train/global_step") if step is None else step  # WandbCallback.on_log adds it
+            return log(data, step=None if step is None else int(step), commit=commit)
+
+        log_at_global_step.at_global_step = True
+        wandb.log = log_at_global_step

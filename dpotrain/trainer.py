@@ -17,7 +17,7 @@ import math
 
 import torch
 from transformers import TrainerCallback
-from trl import DPOTrainer
+from trl import DPOTrainer, get_peft_config, get_quantization_config
 from trl.models import prepare_deepspeed
 
 from . import batching, builtin, packing, reference
@@ -121,7 +121,15 @@ class _StartMetrics(TrainerCallback):
 
 
 class RecipeDPOTrainer(DPOTrainer):
-    def __init__(self, *args, packed: bool, pairs_per_step: int, max_tokens_per_microbatch: int | None, **kwargs):
+    def __init__(
+        self,
+        *args,
+        packed: bool,
+        pairs_per_step: int,
+        max_tokens_per_microbatch: int | None,
+        attn_implementation: str | None,
+        **kwargs,
+    ):
         self.packed = packed
         self.pairs_per_step = pairs_per_step
         self.max_tokens_per_microbatch = max_tokens_per_microbatch
@@ -130,10 +138,14 @@ class RecipeDPOTrainer(DPOTrainer):
         self.pair_metrics = PairMetrics()
         training_args = kwargs["args"]
         training_args.padding_free = False  # TRL 1.16 warns "temporarily unavailable" and pads; we pack
+        # The reference is scored with this same collator, so its rows are laid out as training's.
+        self.packed_collator = packing.PackedPreferenceCollator(
+            training_args.max_length,
+            training_args.truncation_mode,
+            packing.row_length(attn_implementation or "sdpa", training_args.max_length),
+        )
         if packed:
-            kwargs["data_collator"] = packing.PackedPreferenceCollator(
-                training_args.max_length, training_args.truncation_mode
-            )
+            kwargs["data_collator"] = self.packed_collator
         super().__init__(*args, **kwargs)
         training_args.padding_free = packed  # the records say what ran
         # compute_loss weighs each micro-batch by its share of the step's pairs; the Trainer must not divide the
@@ -305,9 +317,13 @@ def build_trainer(recipe: Recipe, train_dataset, eval_dataset=None, callbacks=()
         train_dataset=train_dataset,
         eval_dataset=eval_dataset,
         callbacks=[CompleteMarker(), MetricsRecorder(), graceful_stop, *([health] if health else []), *callbacks],
+        # LoRA (--use_peft): TRL wraps the model and scores the reference with the adapter disabled (no second model).
+        peft_config=get_peft_config(recipe.model),
+        quantization_config=get_quantization_config(recipe.model),  # --load_in_4bit/8bit, as TRL's own dpo.py
         packed=packed,
         pairs_per_step=p.pairs_per_step or t.per_device_train_batch_size * t.gradient_accumulation_steps * world,
         max_tokens_per_microbatch=p.max_tokens_per_microbatch,
+        attn_implementation=recipe.model.attn_implementation,
     )
     trainer.graceful_stop = graceful_stop
     trainer.health = health  # .stop tells after `train()` whether a guard stopped it (dpotrain/health.py)

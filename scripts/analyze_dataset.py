@@ -30,7 +30,7 @@ sys.path.insert(0, str(ROOT))  # run as `python scripts/analyze_dataset.py` from
 import yaml  # noqa: E402
 from dotenv import load_dotenv  # noqa: E402
 
-from dpotrain import data, lengths  # noqa: E402
+from dpotrain import data, lengths, lengths_report  # noqa: E402
 from dpotrain.errors import ConfigError  # noqa: E402
 
 DEFAULT_DATASET = "allenai/Dolci-Instruct-DPO"  # the seed's default
@@ -118,7 +118,30 @@ def main(argv=None) -> int:
         transformers_logging.set_verbosity(verbosity)
 
 
+PLOT_SUFFIXES = (".png", ".pdf", ".svg", ".jpg", ".jpeg")
+
+
+def check_args(args: argparse.Namespace) -> None:
+    """Values and output paths, checked before an analysis that may take minutes."""
+    for flag, value in (("--batch-size", args.batch_size), ("--sample", args.sample), ("--num-proc", args.num_proc)):
+        if value is not None and value < 1:
+            raise ConfigError(f"{flag} must be >= 1 (got {value})" + (", or leave it out" if flag != "--num-proc"
+                              else ""))  # fmt: skip
+    bad = [n for n in args.candidates if n < 1]
+    if bad:
+        raise ConfigError(f"--candidates are max_length values and must be >= 1 (got {bad[0]})")
+    if args.plot and Path(args.plot).suffix.lower() not in PLOT_SUFFIXES:
+        raise ConfigError(f"--plot {args.plot!r}: the histogram is an image, name it with one of {PLOT_SUFFIXES}")
+    for flag, path in (("--json", args.json), ("--plot", args.plot)):
+        if path and not Path(path).resolve().parent.is_dir():
+            raise ConfigError(f"{flag} {path!r}: folder {str(Path(path).resolve().parent)!r} does not exist; create "
+                              "it or write elsewhere")  # fmt: skip
+        if path and not os.access(Path(path).resolve().parent, os.W_OK):
+            raise ConfigError(f"{flag} {path!r}: cannot write in {str(Path(path).resolve().parent)!r}")
+
+
 def analyze(args: argparse.Namespace) -> int:
+    check_args(args)
     recipe, recipe_path = read_recipe(args.config, args.dataset)
     name = args.dataset or recipe.get("dataset_name") or DEFAULT_DATASET
     split = args.split or recipe.get("dataset_train_split") or "train"
@@ -173,7 +196,7 @@ def analyze(args: argparse.Namespace) -> int:
         tokenizer=tokenizer_name,
         sample={"rows": args.sample, "seed": args.seed} if args.sample else None,
     )
-    print(lengths.to_markdown(report, current))
+    print(lengths_report.to_markdown(report, current))
     r = report["recommendation"]
     print(f"Recommended max_length: {r['max_length']} (covers {r['coverage']:.1%} of pairs; target {target:.1%})")
 
@@ -181,7 +204,7 @@ def analyze(args: argparse.Namespace) -> int:
         Path(args.json).write_text(json.dumps(report, indent=1) + "\n")
         print(f"wrote {args.json}", file=sys.stderr)
     if args.plot:
-        lengths.plot(m, report, args.plot)
+        lengths_report.plot(m, report, args.plot)
         print(f"wrote {args.plot}", file=sys.stderr)
     if not args.sample and not m.invalid:
         dataset_id = lengths.dataset_identity(name, split, recipe.get("dataset_config"), args.revision)

@@ -1,12 +1,17 @@
-"""Push a finished run to the Hugging Face Hub from a login node, when the job's compute nodes had no network.
+"""Push a finished run to the Hugging Face Hub from a machine that reaches it, when the job's nodes had no network.
 
     python scripts/push_to_hub.py outputs/think-dpo                          # to the run's hub_model_id
+    python scripts/push_to_hub.py outputs/think-dpo --checkpoints            # and each checkpoint to a branch step-<N>
     python scripts/push_to_hub.py outputs/think-dpo --repo-id org/name --private
 
-Uploads what the job would have pushed (dpotrain.hub.push_run): the model, tokenizer, model card (README.md),
-training_curves.png, metrics and resolved config; never checkpoints. A folder that is not a finished run
-(no run_complete.json, or a missing piece) is refused with what is missing. The repo defaults to `hub_model_id` in the
-run's resolved_config.json. HF_TOKEN comes from .env, the environment or `hf auth login`, and is never printed; write
+Uploads what the job would have pushed (dpotrain.hub.push_run) to the repo's main branch: the model, tokenizer, model
+card (README.md), training_curves.png, metrics and resolved config. With --checkpoints, first each complete checkpoint
+still on disk goes to a branch `step-<N>` (model weights, config, tokenizer; never optimizer state): save_total_limit
+has deleted the older ones, which no command can push any more. A branch or main that already holds the same files is
+skipped, so running it again after an interruption pushes only what is missing. Outcomes are appended to the run's
+hub_pushes.jsonl and the card lists the pushed revisions. A folder that is not a finished run (no run_complete.json,
+or a missing piece) is refused with what is missing. The repo defaults to `hub_model_id` in the run's
+resolved_config.json. HF_TOKEN comes from .env, the environment or `hf auth login`, and is never printed; write
 access to the repo is checked before anything uploads.
 """
 
@@ -20,7 +25,7 @@ sys.path.insert(0, str(ROOT))  # run as `python scripts/push_to_hub.py` from any
 
 from dotenv import load_dotenv  # noqa: E402
 
-from dpotrain import hub, offline  # noqa: E402
+from dpotrain import checkpoints, hub, hub_push, offline  # noqa: E402
 from dpotrain.errors import ConfigError, run_cli  # noqa: E402
 
 
@@ -30,6 +35,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("run_dir", help="the run's output folder, e.g. outputs/think-dpo")
     parser.add_argument("--repo-id", help="org/name to push to (default: hub_model_id of the run)")
     parser.add_argument("--private", action="store_true", help="create the repo private (default: hub_private_repo)")
+    parser.add_argument(
+        "--checkpoints", action="store_true", help="also push each complete checkpoint on disk to a branch step-<N>"
+    )
     args = parser.parse_args(argv)
 
     run = Path(args.run_dir)
@@ -54,11 +62,36 @@ def main(argv: list[str] | None = None) -> None:
     if not token:
         raise ConfigError("no Hugging Face token: add HF_TOKEN=... to .env, or run `hf auth login`")
     if offline.is_offline():
-        raise ConfigError(f"HF_HUB_OFFLINE is set, so {run} cannot be pushed to {repo_id} from here: unset it")
-    hub.check_write_access(repo_id, token)
-    print(f"Pushing {run} to {repo_id}{' (private)' if private else ''} ...", flush=True)
-    url = hub.push_run(run, repo_id, token=token, private=private or None)
-    print(f"Pushed to {url}", flush=True)
+        raise ConfigError(
+            f"HF_HUB_OFFLINE is set, so {run} cannot be pushed to {repo_id} from here: unset it, where the Hub is "
+            "reachable"
+        )
+    repo_id = hub.check_write_access(repo_id, token, where="push_to_hub.py")  # a bare name gets the user's namespace
+
+    from huggingface_hub import HfApi
+
+    api = HfApi(token=token)
+    on_disk = [c for c in checkpoints.checkpoints(run) if (c / checkpoints.MARKER).is_file()]
+    failed = []
+    if args.checkpoints:
+        hub_push.with_retries(lambda: api.create_repo(repo_id, private=private or None, exist_ok=True), "create_repo")
+        records = hub_push.push_checkpoints(api, run, repo_id)
+        hub.update_card_revisions(run, repo_id)
+        failed = [r["branch"] for r in records if r["status"] == "failed"]
+    elif on_disk:
+        print(f"{len(on_disk)} checkpoint(s) on disk are not pushed: add --checkpoints to push them to branches "
+              "step-<N>", flush=True)  # fmt: skip
+    main_files = hub_push.local_files(run, ignore=hub.IGNORE)
+    if hub_push.remote_matches(api, repo_id, "main", run, main_files):
+        print(f"Skipped main: {repo_id} already holds this run", flush=True)
+    else:
+        print(f"Pushing {run} to {repo_id}{' (private)' if private else ''} ...", flush=True)
+        url = hub.push_run(run, repo_id, token=token, private=private or None)
+        print(f"Pushed to {url}", flush=True)
+    if failed:
+        raise ConfigError(
+            f"{', '.join(failed)} failed to push (see {run}/{hub_push.PUSH_RECORD}): run the same command again"
+        )
 
 
 if __name__ == "__main__":

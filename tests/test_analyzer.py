@@ -428,3 +428,25 @@ def test_cli_end_to_end(tmp_path, tiny_model_dir):
     bad = write_jsonl(tmp_path / "bad.jsonl", [GOOD, BAD_ROWS["no role"][0]])
     done = subprocess.run([PYTHON, str(SCRIPT), bad, "--tokenizer", tiny_model_dir], capture_output=True, text=True)
     assert done.returncode == 2 and done.stderr.strip().splitlines()[-1].startswith("error: row 1, column 'chosen'")
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--json", "/nonexistent/dir/x.json"], "--json '/nonexistent/dir/x.json': folder '/nonexistent/dir' does not"),
+        (["--plot", "x.txt"], "--plot 'x.txt': the histogram is an image"),
+        (["--batch-size", "-1"], "--batch-size must be >= 1 (got -1)"),
+        (["--batch-size", "0"], "--batch-size must be >= 1 (got 0)"),
+        (["--sample", "0"], "--sample must be >= 1 (got 0)"),
+        (["--num-proc", "0"], "--num-proc must be >= 1 (got 0)"),
+        (["--candidates", "-5", "0"], "--candidates are max_length values and must be >= 1 (got -5)"),
+    ],
+)
+def test_values_and_outputs_checked_before_the_analysis(args, message, cli, tmp_path, capsys):
+    # A tokenizer that does not exist: had the analysis started, the error would be about it instead.
+    data = str(ROOT / "data" / "smoke_prefs.jsonl")
+    assert cli.main([data, "--tokenizer", str(tmp_path / "no-tokenizer"), *args]) == 2
+    out, err = capsys.readouterr()
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"error: {message}"), lines
+    assert "Traceback" not in out

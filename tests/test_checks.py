@@ -66,9 +66,16 @@ def test_output_dir_with_only_incomplete_checkpoints(tmp_path):
 
 
 def test_pairs_per_step_not_reachable(tmp_path, monkeypatch):
+    # Micro-batches of a fixed number of pairs: 128 is no whole number of 4-pair micro-batches on 3 processes.
     monkeypatch.setenv("WORLD_SIZE", "3")
-    msg = refused(tmp_path, "--pairs_per_step", "128", "--per_device_train_batch_size", "4")
+    msg = refused(tmp_path, "--pairs_per_step", "128", "--per_device_train_batch_size", "4",
+                  "--max_tokens_per_microbatch", "None")  # fmt: skip
     assert "pairs_per_step=128 is not reachable with 3 process(es)" in msg
+
+
+def test_token_budget_needs_room_for_the_longest_pair(tmp_path):
+    msg = refused(tmp_path, "--max_length", "1024", "--max_tokens_per_microbatch", "1500")
+    assert "must hold the longest possible pair, 2 x max_length (2048)" in msg
 
 
 def test_push_without_a_token_from_the_command_line(tmp_path):

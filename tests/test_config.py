@@ -70,13 +70,14 @@ def test_every_shipped_recipe_resolves_in_a_dry_run(recipe_path):
         elif key != "report_to" or value != ["none"]:
             assert resolved[key] == value, key
     derived = resolved["derived"]
-    assert derived["world_size"] == 4  # accelerate_config.yaml
+    world = 1 if declared.get("accelerate_config") == "none" else 4  # the launch the README shows for the recipe
+    assert derived["world_size"] == world  # accelerate_config.yaml: 4 processes
     if resolved["max_tokens_per_microbatch"]:  # micro-batches cut by tokens: their count comes from the data
         assert derived["pairs_per_step"] == declared["pairs_per_step"]
         assert resolved["per_device_train_batch_size"] is None and resolved["gradient_accumulation_steps"] is None
     else:
         assert derived["pairs_per_step"] == (
-            resolved["per_device_train_batch_size"] * resolved["gradient_accumulation_steps"] * 4
+            resolved["per_device_train_batch_size"] * resolved["gradient_accumulation_steps"] * world
         )
     assert resolved["output_dir"] == f"outputs/{resolved['run_name']}"
     assert "learning_rate" in resolved and "lr_scheduler_type" in resolved  # Trainer fields by their own names

@@ -73,6 +73,9 @@ def test_zero2_trains_on_cpu_through_accelerate_launch(tmp_path, tiny_model_dir)
     assert records[-1]["loss"] < records[0]["loss"]
     resolved = json.loads((out / "resolved_config.json").read_text())
     assert resolved["derived"]["world_size"] == 2  # two real processes, not one (FACTS.md)
-    # 384 pairs / (4 per device x 2 accumulation x 2 processes) = 24 optimizer steps per epoch.
-    assert math.isclose(records[0]["epoch"], 1 / 24)
+    # 384 pairs / 8 per step (the recipe's pairs_per_step, on any number of processes) = 48 steps per epoch.
+    assert math.isclose(records[0]["epoch"], 1 / 48)
+    batching = resolved["derived"]["batching"]  # cut by tokens: micro-batches of unequal size, ranks in step
+    assert batching["forward"] == "packed" and batching["pairs_per_step"] == 8
+    assert batching["tokens_per_micro_batch"]["min"] < batching["tokens_per_micro_batch"]["max"]
     assert (out / "model.safetensors").is_file()

@@ -36,3 +36,45 @@ def test_model_card_lists_the_loss_scale_rewards_when_logged():
     card = model_card({"run_name": "r"}, records)
     assert "| `rewards_norm/margins` | 1.2500 |" in card and "| `rewards/margins` | 210.0000 |" in card
     assert "| `tokens_per_second` | 9000.0000 |" in card
+
+
+def test_card_lists_the_checkpoint_branches_on_the_hub(tmp_path):
+    from dpotrain.hub import update_card_revisions
+    from dpotrain.hub_push import pushed_revisions, record_push
+
+    record_push(tmp_path, step=2, branch="step-2", status="pushed")
+    record_push(tmp_path, step=4, branch="step-4", status="failed", error="HfHubHTTPError: 500")
+    record_push(tmp_path, step=6, branch="step-6", status="failed", error="HfHubHTTPError: 500")
+    record_push(tmp_path, step=6, branch="step-6", status="present")  # push_to_hub.py found it there later
+    record_push(tmp_path, step=6, branch="main", status="pushed")
+    assert pushed_revisions(tmp_path) == [(2, "step-2"), (6, "step-6")]
+
+    card = model_card({"run_name": "r"}, [], pushed_revisions(tmp_path), "org/r")
+    assert "## Checkpoint revisions" in card and 'from_pretrained("org/r", revision="step-6")' in card
+    assert "| 2 | [`step-2`](" in card and "/org/r/tree/step-2)" in card and "step-4" not in card
+    assert "Checkpoint revisions" not in model_card({"run_name": "r"}, [])  # none pushed: no section
+
+    (tmp_path / "README.md").write_text(card)
+    record_push(tmp_path, step=4, branch="step-4", status="pushed")
+    update_card_revisions(tmp_path, "org/r")
+    updated = (tmp_path / "README.md").read_text()
+    assert updated.count("## Checkpoint revisions") == 1 and "| 4 | [`step-4`](" in updated
+    assert updated.startswith(card.split("## Checkpoint revisions")[0])  # the rest of the card is kept
+
+
+def test_lora_run_card_and_folder(tmp_path):
+    from dpotrain.hub import run_folder_problems
+
+    resolved = {"model_name_or_path": "org/sft-7b", "use_peft": True, "lora_r": 16, "lora_alpha": 32,
+                "lora_dropout": 0.05, "lora_target_modules": ["q_proj", "v_proj"], "merge_lora": False}  # fmt: skip
+    card = model_card(resolved, [])
+    assert "library_name: peft" in card and "- lora" in card and "base_model: org/sft-7b" in card
+    assert "**LoRA adapter** (PEFT) for `org/sft-7b`" in card and "r=16, alpha=32" in card
+    assert "['q_proj', 'v_proj']" in card and "merge_lora: true" in card
+    # An adapter folder is a complete run without config.json / model.safetensors, but not without its adapter.
+    for name in ("adapter_config.json", "tokenizer_config.json", "tokenizer.json", "README.md",
+                 "training_curves.png", "run_complete.json"):  # fmt: skip
+        (tmp_path / name).write_text("{}")
+    assert run_folder_problems(tmp_path) == ["adapter_model.safetensors"]
+    (tmp_path / "adapter_model.safetensors").write_text("")
+    assert run_folder_problems(tmp_path) == []

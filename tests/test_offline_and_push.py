@@ -11,7 +11,6 @@ whoami and auth-check. The scripts are run up to the last step before the networ
 a local server that answers in the Hub's documented shapes.
 """
 
-import http.server
 import importlib.util
 import json
 import os
@@ -19,7 +18,6 @@ import shutil
 import socket
 import subprocess
 import sys
-import threading
 from pathlib import Path
 
 import pytest
@@ -27,6 +25,8 @@ import pytest
 from conftest import PYTHON, ROOT
 from dpotrain import hub, offline
 from dpotrain.errors import ConfigError
+from hub_server import StandInHub
+from hub_server import whoami_answer as whoami
 
 THINK = str(ROOT / "configs" / "think.yaml")
 MODEL, DATASET = "org/tiny-olmo3", "org/Tiny-Prefs"
@@ -377,7 +377,10 @@ def test_push_goes_to_the_runs_hub_model_id_unless_told(monkeypatch, capsys, fin
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     with pytest.raises(ConfigError) as info:
         load_script("push_to_hub").main([str(finished_run), *args])
-    assert str(info.value) == f"HF_HUB_OFFLINE is set, so {finished_run} cannot be pushed to {repo} from here: unset it"
+    assert str(info.value) == (
+        f"HF_HUB_OFFLINE is set, so {finished_run} cannot be pushed to {repo} from here: unset it, where the Hub is "
+        "reachable"
+    )
     assert SECRET not in str(info.value) + capsys.readouterr().out
 
 
@@ -395,21 +398,8 @@ def test_write_access_check_is_skipped_offline(monkeypatch, capsys):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     hub.check_write_access("org/name", SECRET)  # no network call, no refusal
     out = capsys.readouterr().out
-    assert out.startswith("Skipped checking write access to org/name: HF_HUB_OFFLINE is set.")
+    assert out.startswith("Skipped checking write access to org/name: HF_HUB_OFFLINE is set, so nothing is pushed")
     assert "python scripts/push_to_hub.py" in out and SECRET not in out
-
-
-def whoami(role="write", orgs=(), scoped=()):
-    """HfApi.whoami()'s answer, in the shape /api/whoami-v2 returns (user, orgs with roles, the token's auth)."""
-    token = {"displayName": "cluster", "role": role}
-    if role == "fineGrained":
-        token["fineGrained"] = {"canReadGatedRepos": True, "global": [], "scoped": list(scoped)}
-    return {
-        "type": "user",
-        "name": "me",
-        "orgs": [{"type": "org", "name": name, "roleInOrg": r} for name, r in orgs],
-        "auth": {"type": "access_token", "accessToken": token},
-    }
 
 
 def scope(name, *permissions, kind="org"):
@@ -440,52 +430,24 @@ def test_write_access_from_the_whoami_answer(answer, repo, refusal):
         assert problem and refusal in problem
 
 
-class FakeHub(http.server.BaseHTTPRequestHandler):
-    """Answers /api/whoami-v2 and /api/models/<repo>/auth-check/write as the Hub does, from class attributes."""
-
-    whoami_status, auth_status = 200, {}
-
-    def do_GET(self):
-        if self.path == "/api/whoami-v2":
-            self.reply(self.whoami_status, whoami(orgs=[("lab", "contributor")]))
-        else:
-            repo = self.path.removeprefix("/api/models/").removesuffix("/auth-check/write")
-            status = self.auth_status.get(repo, 404)
-            headers = {"X-Error-Code": "RepoNotFound"} if status == 404 else {}
-            self.reply(status, {"error": "nope"} if status != 200 else {}, headers)
-
-    def reply(self, status, body, headers=None):
-        payload = json.dumps(body).encode()
-        self.send_response(status)
-        for k, v in {"Content-Type": "application/json", **(headers or {})}.items():
-            self.send_header(k, v)
-        self.send_header("Content-Length", str(len(payload)))
-        self.end_headers()
-        self.wfile.write(payload)
-
-    def log_message(self, *args):
-        pass
-
-
 @pytest.fixture
 def local_hub(monkeypatch):
-    """huggingface_hub pointed at a local server, online: its real HTTP client, errors and parsing at work."""
+    """huggingface_hub pointed at the recording stand-in, online: its real HTTP client, errors and parsing at work."""
     from huggingface_hub import constants
 
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), FakeHub)
-    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
-    monkeypatch.setattr(constants, "ENDPOINT", f"http://127.0.0.1:{server.server_port}")
+    hub_server = StandInHub()
+    monkeypatch.setattr(constants, "ENDPOINT", hub_server.endpoint)
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
     monkeypatch.setenv("HF_HUB_OFFLINE", "0")
-    monkeypatch.setattr(FakeHub, "auth_status", {"lab/theirs": 403, "lab/mine": 200})
-    monkeypatch.setattr(FakeHub, "whoami_status", 200)
-    yield FakeHub
-    server.shutdown()
+    hub_server.state.auth_status.update({"lab/theirs": 403, "lab/mine": 200})
+    yield hub_server.state
+    hub_server.close()
 
 
 def test_write_access_against_the_hubs_answers(local_hub):
-    hub.check_write_access("lab/mine", SECRET)  # exists, writable
-    hub.check_write_access("lab/new", SECRET)  # does not exist yet: created by the push
+    assert hub.check_write_access("lab/mine", SECRET) == "lab/mine"  # exists, writable
+    assert hub.check_write_access("lab/new", SECRET) == "lab/new"  # does not exist yet: created by the push
+    assert hub.check_write_access("new-run", SECRET) == "me/new-run"  # the token user's namespace, spelled out
     with pytest.raises(ConfigError, match="'me' cannot write to the existing repo lab/theirs"):
         hub.check_write_access("lab/theirs", SECRET)
     with pytest.raises(ConfigError, match="'other' is neither the token's user"):
@@ -510,6 +472,13 @@ def test_write_access_says_when_the_hub_cannot_be_reached(monkeypatch):
     assert message.startswith("could not reach the Hugging Face Hub to check write access to me/run (Connect")
     assert "set HF_HUB_OFFLINE=1 and push afterwards with scripts/push_to_hub.py" in message
     assert SECRET not in message
+
+    # push_to_hub.py itself, on a login node without network: run it elsewhere, not "push afterwards with it"
+    with pytest.raises(ConfigError) as info:
+        hub.check_write_access("me/run", SECRET, where="push_to_hub.py")
+    message = str(info.value)
+    assert "This machine cannot reach the Hub: run scripts/push_to_hub.py where it can" in message
+    assert "push afterwards" not in message and "HF_HUB_OFFLINE=1" not in message
 
 
 if __name__ == "__main__":

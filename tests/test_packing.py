@@ -12,6 +12,7 @@ import torch
 from conftest import ROOT
 from dpotrain import builtin, packing
 from dpotrain.config import parse_args
+from dpotrain.errors import ConfigError
 from dpotrain.trainer import build_trainer
 
 SMOKE = str(ROOT / "configs" / "smoke.yaml")
@@ -80,8 +81,8 @@ def test_packed_equals_padded(tmp_path, tiny_model_dir, llama_dir, rows, model, 
     indices = list(range(len(rows)))
     padded_batch = padded.data_collator([padded.train_dataset[i] for i in indices])
     packed_batch = packed.data_collator([packed.train_dataset[i] for i in indices])
-    assert packed_batch["input_ids"].numel() == padded_batch["attention_mask"].sum()  # nothing padded
-    assert padded_batch["attention_mask"].float().mean() < 0.7  # while TRL's batch is a third padding or more
+    # These six longest pairs fill rows badly (sequences near max_length): still fewer positions than TRL's batch.
+    assert packed_batch["input_ids"].numel() < 0.9 * padded_batch["input_ids"].numel()
 
     with torch.no_grad():
         # Per-token log-probs of the completions, laid out as TRL's [2B, L-1]
@@ -91,6 +92,14 @@ def test_packed_equals_padded(tmp_path, tiny_model_dir, llama_dir, rows, model, 
         got = packing.unpack_outputs(packing.forward(packed.model, packed_batch), packed_batch).log_probs
     assert got.shape == want.shape
     assert (got - want).abs().max() < 1e-5
+    # All sequences in a single row (how FlashAttention's varlen kernel gets them) gives the same.
+    one_row = packing.PackedPreferenceCollator(packed.args.max_length, row_length=None)(
+        [packed.train_dataset[i] for i in indices]
+    )
+    assert one_row["input_ids"].shape[0] == 1 and "cu_seq_lens_q" in one_row
+    with torch.no_grad():
+        got_one_row = packing.unpack_outputs(packing.forward(packed.model, one_row), one_row).log_probs
+    assert (got_one_row - want).abs().max() < 1e-5
     # ...and their sums, the sequence log-probs DPO works with: equal to fp32's resolution at their size (a sum of
     # -3,000 has a spacing of 2.4e-4 between neighbouring floats).
     assert ((got.sum(1) - want.sum(1)).abs() / want.sum(1).abs()).max() < 1e-6
@@ -124,7 +133,10 @@ def test_model_whose_layers_mix_packed_sequences_gets_the_padded_path(tmp_path, 
     path = tmp_path / "hybrid"
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)
-    trainer = trainer_for(tmp_path / "run", str(path), rows)  # packing by default: falls back, with a note
+    fixed = ["--max_tokens_per_microbatch", "None", "--pairs_per_step", "None"]  # a token budget needs packing
+    trainer = trainer_for(tmp_path / "run", str(path), rows, *fixed)  # packing by default: falls back, with a note
     assert not trainer.packed and trainer.args.padding_free is False
-    with pytest.raises(Exception, match="padding_free"):
-        trainer_for(tmp_path / "run2", str(path), rows, "--padding_free", "true")  # asked for explicitly: refused
+    with pytest.raises(ConfigError, match="padding_free"):  # asked for explicitly: refused
+        trainer_for(tmp_path / "run2", str(path), rows, *fixed, "--padding_free", "true")
+    with pytest.raises(ConfigError, match="max_tokens_per_microbatch needs packed sequences"):
+        trainer_for(tmp_path / "run3", str(path), rows)

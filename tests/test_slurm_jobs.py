@@ -177,11 +177,13 @@ def test_job_with_a_stale_build_lock_fails_at_once_naming_the_file(slurm, tmp_pa
 
 
 def test_job_refuses_a_batch_its_size_cannot_reach():
-    # 3 nodes x 4 GPUs = 12 processes x 4 pairs each: 128 pairs per step is not a whole number of micro-steps.
+    # Micro-batches of 4 pairs instead of the recipe's token budget, on 3 nodes x 4 GPUs = 12 processes: 128 pairs
+    # per step is not a whole number of micro-steps. (Under a token budget, 128 pairs split over any 12 processes.)
     env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
     env |= {"RECIPE": "configs/think.yaml", "SLURM_JOB_NUM_NODES": "3", "SLURM_GPUS_PER_NODE": "4",
             "SLURM_JOB_NODELIST": "gpu[01-03]"}  # fmt: skip
-    result = subprocess.run(["bash", "scripts/launch.sh"], cwd=ROOT, env=env, capture_output=True, text=True)
+    fixed = ["--max_tokens_per_microbatch", "None", "--per_device_train_batch_size", "4"]
+    result = subprocess.run(["bash", "scripts/launch.sh", *fixed], cwd=ROOT, env=env, capture_output=True, text=True)
     assert result.returncode != 0
     assert "pairs_per_step=128 is not reachable with 12 process(es)" in result.stderr
     assert "launch: srun" not in result.stdout  # refused before anything was launched

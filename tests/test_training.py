@@ -40,7 +40,7 @@ def test_first_loss_is_ln2_and_rewards_zero(tmp_path, tiny_model_dir):
     trainer.train()
     first = trainer.state.log_history[0]
     assert first["step"] == 1
-    assert abs(first["loss"] - math.log(2)) < 1e-5
+    assert abs(first["loss"] - math.log(2)) < 1e-6  # exact: the reference was scored in the same micro-batches
     assert first["rewards/chosen"] == 0 and first["rewards/rejected"] == 0 and first["rewards/margins"] == 0
 
 

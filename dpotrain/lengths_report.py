@@ -1,0 +1,118 @@
+"""The analyzer's report for people: the markdown tables and the length histogram (numbers from `lengths.summarize`)."""
+
+from pathlib import Path
+
+from .lengths import STEP, Measured
+
+
+def to_markdown(report: dict, current_max_length: int | None = None) -> str:
+    """The seed's "Sequence Length Analysis" section: percentiles, breakdown, cumulative distribution, rationale."""
+    n = report["rows"]
+    lines = [f"### Sequence Length Analysis: {report.get('dataset', 'dataset')}", ""]
+    seen = report.get("rows_seen", n)
+    sample = f" (a seeded sample of {seen:,} rows)" if report.get("sample") else ""
+    lines += [
+        f"{n:,} pairs{sample} tokenized as TRL's DPOTrainer tokenizes them, with the chat template of "
+        f"`{report.get('tokenizer', '?')}` ({report['format']}).",
+        "",
+        "**Total Length (prompt + max(chosen, rejected)):**",
+        "",
+        "| Percentile | Tokens |",
+        "|------------|--------|",
+    ]
+    names = {"p50": "Median (50th)", "p90": "90th", "p95": "95th", "p99": "99th", "max": "Max"}
+    lines += [f"| {names[k]} | {v:,} |" for k, v in report["total"].items()]
+    lines += [
+        "",
+        "**Component Breakdown:**",
+        "",
+        "| Component | Median | 90th | 95th | 99th | Max |",
+        "|-----------|--------|------|------|------|-----|",
+    ]
+    for key, label in (("prompt", "Prompt"), ("chosen", "Chosen Response"), ("rejected", "Rejected Response")):
+        lines.append(f"| {label} | " + " | ".join(f"{v:,}" for v in report[key].values()) + " |")
+    lines += ["", "**Cumulative Distribution:**", "", "| Max Length | Samples Covered |", "|---|---|"]
+    lines += [f"| {int(k):,} | {v:.1%} |" for k, v in report["coverage"].items()]
+    batch = next(iter(report["candidates"].values()))["padding"]["batch_size"]
+    lines += [
+        "",
+        f"**Candidates** (batches of {batch} pairs = {2 * batch} sequences padded to the longest, as TRL's "
+        "DataCollatorForPreference pads them; packed batches carry no padding):",
+        "",
+        "| max_length | Covered | Truncated | Dropped (prompt fills it) | Padding (shuffled) | Padding (data set "
+        "order) | Padding (packed) |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for k, c in report["candidates"].items():
+        p = c["padding"]
+        mark = " (recommended)" if int(k) == report["recommended_max_length"] else ""
+        mark += " (recipe)" if current_max_length == int(k) else ""
+        lines.append(
+            f"| {int(k):,}{mark} | {c['coverage']:.1%} | {c['truncated']:,} ({c['truncated'] / n:.1%}) | "
+            f"{c['dropped']:,} | {p['padded']:.1%} ({p['wasted_per_pair']:,.0f} per pair) | "
+            f"{p['padded_dataset_order']:.1%} | {p['packed']:.0%} |"
+        )
+    r = report["recommendation"]
+    best = report["candidates"][str(r["max_length"])]
+    lines += [
+        "",
+        f"**Rationale for max_length={r['max_length']}:**",
+        "",
+        f"- Smallest multiple of {STEP} covering at least {r['target_coverage']:.1%} of pairs: it covers "
+        f"{r['coverage']:.1%}"
+        + (
+            f"; {r['lower']['max_length']:,} covers {r['lower']['coverage']:.1%}"
+            if r["lower"]["max_length"] > 0
+            else ""
+        ),
+        f"- {r['truncated']:,} pairs ({r['truncated'] / n:.1%}) are cut at max_length (the collator keeps the start); "
+        f"{r['dropped']:,} are dropped by the trainer because their prompt alone fills it",
+        f"- Padded batches of {batch} pairs: {best['padding']['padded']:.1%} of positions are padding "
+        f"({best['padding']['wasted_per_pair']:,.0f} tokens per pair); packed batches: none",
+    ]
+    if current_max_length and str(current_max_length) in report["candidates"]:
+        c = report["candidates"][str(current_max_length)]
+        lines.append(
+            f"- The recipe's max_length={current_max_length:,} covers {c['coverage']:.1%} "
+            f"({c['truncated']:,} truncated, {c['dropped']:,} dropped)"
+        )
+    invalid = report["invalid"]
+    if invalid["count"]:
+        lines += ["", f"**Invalid rows, left out of every number above: {invalid['count']:,}**", ""]
+        lines += ["| Row | Column | Problem |", "|---|---|---|"]
+        lines += [f"| {p['index']} | {p['column']} | {p['problem']} |" for p in invalid["rows"][:50]]
+        if invalid["count"] > 50:
+            lines.append(f"| ... | | {invalid['count'] - 50:,} more in the JSON report |")
+    return "\n".join(lines) + "\n"
+
+
+def plot(m: Measured, report: dict, path: str | Path) -> Path:
+    """Histogram of total length, with the candidate cut-offs dashed and the recommendation in red."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # login nodes have no display
+    import matplotlib.pyplot as plt
+
+    total = m.total
+    fig, ax = plt.subplots(figsize=(10, 5))
+    ax.hist(total, bins=100, color="#4c72b0", alpha=0.8)
+    best = report["recommended_max_length"]
+    right = max(int(total.max()), best) * 1.05
+    ax.set_xlim(0, right)
+    for k, c in report["candidates"].items():
+        n = int(k)
+        if n == best or n > right:  # cut-offs far beyond the data would squash the histogram
+            continue
+        ax.axvline(n, color="grey", linestyle="--", linewidth=1)
+        ax.text(n, ax.get_ylim()[1] * 0.95, f" {n:,}\n {c['coverage']:.0%}", fontsize=8, va="top")
+    ax.axvline(
+        best, color="red", linewidth=2, label=f"recommended {best:,} ({report['recommendation']['coverage']:.1%})"
+    )
+    ax.set_xlabel("prompt + max(chosen, rejected), tokens")
+    ax.set_ylabel("pairs")
+    ax.set_title(f"{report.get('dataset', '')}: {m.rows:,} pairs")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return Path(path)

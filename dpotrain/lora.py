@@ -1,0 +1,99 @@
+"""LoRA DPO (`--use_peft true`): what TRL's `DPOTrainer` does with a `peft_config`, checked before anything loads.
+
+TRL wraps the model in a PEFT adapter and scores the reference with the adapter disabled, so no second model is
+held in memory. The run folder then holds the adapter (`adapter_model.safetensors`, `adapter_config.json`), not
+full weights; `merge_lora: true` also writes the base with the adapter merged in to `<output_dir>/merged/`.
+"""
+
+import re
+from pathlib import Path
+
+from .errors import ConfigError
+
+MERGED_DIR = "merged"
+# ModelConfig fields that only mean something with use_peft (TRL ignores them silently otherwise).
+LORA_FIELDS = (
+    "lora_r",
+    "lora_alpha",
+    "lora_dropout",
+    "lora_target_modules",
+    "lora_target_parameters",
+    "lora_modules_to_save",
+    "use_rslora",
+    "use_dora",
+)
+QUANTIZATION_FIELDS = ("bnb_4bit_quant_type", "use_bnb_nested_quant", "bnb_4bit_quant_storage")
+
+
+def check_lora(recipe) -> None:
+    """Refuse LoRA and quantization settings that TRL would ignore or reject only after loading the model."""
+    m, p, given = recipe.model, recipe.project, recipe.given
+    if not m.use_peft:
+        stray = [f for f in LORA_FIELDS if f in given] + (["merge_lora"] if p.merge_lora else [])
+        if stray:
+            raise ConfigError(f"{stray[0]} is set but use_peft is false, so it would be ignored: add --use_peft true "
+                              f"to train a LoRA adapter, or remove {stray[0]}")  # fmt: skip
+    else:
+        try:
+            import peft  # noqa: F401
+        except ImportError:
+            raise ConfigError("use_peft needs the peft package: `pip install -r requirements.txt`") from None
+        if not m.lora_target_modules and not m.lora_target_parameters:
+            raise ConfigError("use_peft needs the layers to adapt: pass --lora_target_modules q_proj v_proj (module "
+                              "names) or --lora_target_modules all-linear")  # fmt: skip
+        if m.lora_r < 1:
+            raise ConfigError(f"lora_r must be >= 1 (got {m.lora_r}); 8-64 is usual")
+        # TRL turns a single --lora_target_modules value into a string (so that `all-linear` works), and PEFT
+        # takes a string as a regular expression over the full module path: `q_proj` alone would match nothing.
+        name = m.lora_target_modules
+        if isinstance(name, str) and name != "all-linear" and re.fullmatch(r"[\w.]+", name):
+            m.lora_target_modules = [name]
+    quantized = "load_in_4bit" if m.load_in_4bit else "load_in_8bit" if m.load_in_8bit else None
+    if quantized is None:
+        stray = [f for f in QUANTIZATION_FIELDS if f in given]
+        if stray:
+            raise ConfigError(f"{stray[0]} only applies with --load_in_4bit true: add it, or remove {stray[0]}")
+        return
+    import torch
+
+    if not torch.cuda.is_available():
+        raise ConfigError(f"{quantized} needs a CUDA GPU (bitsandbytes); on this machine remove --{quantized}")
+    try:
+        import bitsandbytes  # noqa: F401
+    except ImportError:
+        raise ConfigError(f"{quantized} needs the bitsandbytes package: `pip install bitsandbytes`, or remove "
+                          f"--{quantized}") from None  # fmt: skip
+    if not m.use_peft:
+        raise ConfigError(f"{quantized} weights cannot be trained directly: add --use_peft true (QLoRA) or remove it")
+
+
+def save_merged(trainer, output_dir: str | Path) -> Path:
+    """The trained adapter merged into its base, saved with the tokenizer to `<output_dir>/merged/` (main process).
+
+    Call after the adapter is saved: merging changes the model in place. Under ZeRO-2 every rank holds the full
+    weights, so the main process can merge alone.
+    """
+    target = Path(output_dir) / MERGED_DIR
+    model = trainer.accelerator.unwrap_model(trainer.model)
+    merged = model.merge_and_unload()
+    merged.save_pretrained(target)
+    trainer.processing_class.save_pretrained(target)
+    return target
+
+
+def card_lines(resolved: dict) -> str:
+    """Model card paragraph for an adapter run; "" for a full fine-tune."""
+    if not resolved.get("use_peft"):
+        return ""
+    targets = resolved.get("lora_target_modules") or resolved.get("lora_target_parameters")
+    merged = (
+        f" The merged model (base + adapter) is in `{MERGED_DIR}/`."
+        if resolved.get("merge_lora")
+        else " Pass `merge_lora: true` to also save the merged model."
+    )
+    return (
+        f"\nThis is a **LoRA adapter** (PEFT) for `{resolved.get('model_name_or_path')}`, not a full model: "
+        f"r={resolved.get('lora_r')}, alpha={resolved.get('lora_alpha')}, dropout={resolved.get('lora_dropout')}, "
+        f"target modules {targets}. The DPO reference was the base with the adapter disabled. Load it with "
+        f"`peft.AutoPeftModelForCausalLM.from_pretrained(<this repo>)`.{merged}\n"
+    )

@@ -1,0 +1,98 @@
+"""Options TRL or transformers accept at parse time but fail on (or ignore) only after the model loaded: refused here.
+
+Each check was found by running the option on the built-in model; README "Refused before anything loads" lists them.
+"""
+
+import dataclasses
+import importlib.util
+import os
+import re
+from pathlib import Path
+
+from . import data
+from .config import Recipe
+from .errors import ConfigError
+
+
+def valid_loss_types() -> list[str]:
+    """The loss types DPOTrainer implements, read from DPOConfig's own help text (TRL keeps no list of them)."""
+    from trl import DPOConfig
+
+    field = next(f for f in dataclasses.fields(DPOConfig) if f.name == "loss_type")
+    return re.findall(r"`'(\w+)'`", field.metadata["help"])
+
+
+def check_options(recipe: Recipe) -> None:
+    t, s = recipe.training, recipe.script
+    model = recipe.model.model_name_or_path or ""
+    if data.looks_like_path(model) and not Path(model).expanduser().is_dir():
+        raise ConfigError(f"model folder {model!r} does not exist: check the path, or give a Hub name like org/model")
+    losses = t.loss_type if isinstance(t.loss_type, list) else [t.loss_type]
+    valid = valid_loss_types()
+    for loss in losses:
+        if loss not in valid:
+            raise ConfigError(f"unknown loss_type {loss!r}: choose from {', '.join(valid)} (OLMo 3: sigmoid_norm)")
+    if t.max_length is not None and t.max_length < 1:
+        raise ConfigError(f"max_length must be >= 1 (got {t.max_length}), or `auto` to let the analyzer choose")
+    if t.max_steps == 0 or t.max_steps < -1:
+        raise ConfigError(f"max_steps={t.max_steps} trains nothing: give a positive number of optimizer steps, or "
+                          "leave max_steps unset (-1) to train num_train_epochs")  # fmt: skip
+    if t.max_steps < 0 and t.num_train_epochs <= 0:
+        raise ConfigError(f"num_train_epochs={t.num_train_epochs:g} trains nothing: the recipes use 1 (or --max_steps)")
+    if s.ignore_bias_buffers:
+        raise ConfigError("ignore_bias_buffers is a DDP workaround of TRL's own script that this project does not "
+                          "apply (it launches with DeepSpeed): remove it")  # fmt: skip
+    if t.train_sampling_strategy == "group_by_length":
+        raise ConfigError("train_sampling_strategy group_by_length does not work on preference data (it needs an "
+                          "input_ids column): remove it (the default, random, is what the recipes use)")  # fmt: skip
+    if t.use_liger_kernel and importlib.util.find_spec("liger_kernel") is None:
+        raise ConfigError("use_liger_kernel needs the liger-kernel package, which this project does not install: "
+                          "remove --use_liger_kernel")  # fmt: skip
+    if t.sync_ref_model and recipe.model.use_peft:
+        raise ConfigError("sync_ref_model does not work with use_peft (the reference is the base with the adapter "
+                          "disabled): remove one of them")  # fmt: skip
+    if t.sync_ref_model and t.precompute_ref_log_probs:
+        raise ConfigError("sync_ref_model updates the reference, so its log-probs cannot be precomputed: pass "
+                          "--precompute_ref_log_probs false, or remove --sync_ref_model")  # fmt: skip
+    if t.eval_strategy != "no":
+        if data.is_local(s.dataset_name) and not Path(s.dataset_name).expanduser().is_dir():
+            raise ConfigError(f"eval_strategy needs a held-out split, and the local file "
+                              f"{s.dataset_name!r} has one split only: save a DatasetDict with a "
+                              f"{s.dataset_test_split!r} split (save_to_disk) or use a Hub data set that has one, "
+                              "or remove eval_strategy")  # fmt: skip
+    elif "dataset_test_split" in recipe.given:
+        raise ConfigError(f"dataset_test_split {s.dataset_test_split!r} is only used for evaluation: add "
+                          "--eval_strategy steps --eval_steps N, or remove dataset_test_split")  # fmt: skip
+
+
+def check_wandb(recipe: Recipe) -> None:
+    """report_to wandb without a way to log in fails after the model loaded (wandb.errors.UsageError): say so now."""
+    if "wandb" not in (recipe.training.report_to or []):
+        return
+    if os.environ.get("WANDB_MODE", "").lower() in ("offline", "disabled", "dryrun") or os.environ.get("WANDB_API_KEY"):
+        return
+    try:
+        from wandb.sdk.lib.wbauth.wbnetrc import read_netrc_auth
+
+        if read_netrc_auth(host=os.environ.get("WANDB_BASE_URL", "https://api.wandb.ai")):
+            return  # `wandb login` wrote ~/.netrc
+    except Exception:  # wandb's internals moved: let wandb itself decide
+        return
+    raise ConfigError("report_to wandb but no W&B login: add WANDB_API_KEY=... to .env, run `wandb login`, set "
+                      "WANDB_MODE=offline (sync later with `wandb sync`), or pass --report_to none")  # fmt: skip
+
+
+def check_plan(plan: dict) -> None:
+    """A run whose every optimizer step has learning rate 0 (or that has none) would be saved as if it had trained.
+
+    transformers' schedules give step 1 the rate 0 whenever there is warmup, so with one step nothing changes.
+    """
+    total, warmup = plan.get("total_steps"), plan.get("warmup_steps") or 0
+    if total is None:
+        return
+    if total == 0 or (total == 1 and warmup >= 1):
+        raise ConfigError(
+            f"this run would train nothing: {total} optimizer step(s), {warmup} of warmup (learning rate 0 at step 1) "
+            f"from {plan.get('dataset_rows')} rows at {plan.get('pairs_per_step')} pairs per step: use more data, "
+            "a smaller per_device_train_batch_size / pairs_per_step, more num_train_epochs, or --max_steps N"
+        )

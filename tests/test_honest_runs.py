@@ -1,0 +1,139 @@
+"""Issue #8: what a run records is what it did — LoRA, dropped rows, a held-out split, resumes, replaced runs."""
+
+import json
+import shutil
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from conftest import ROOT, run_train
+from dpotrain import hub
+from dpotrain.metrics import read_metrics
+
+SMOKE = str(ROOT / "configs" / "smoke.yaml")
+
+
+def train(tmp_path, tiny_model_dir, *args, out="run"):
+    result = run_train(
+        ["--config", SMOKE, "--output_dir", str(tmp_path / out), "--report_to", "none", *args],
+        env={"DPOTRAIN_BUILTIN_DIR": str(tiny_model_dir.rsplit("/", 1)[0])},
+    )
+    assert result.returncode == 0, result.stdout[-3000:]
+    return tmp_path / out, result.stdout
+
+
+def test_lora_trains_an_adapter_against_the_disabled_base_and_can_merge(tmp_path, tiny_model_dir):
+    out, _ = train(tmp_path, tiny_model_dir, "--max_steps", "4", "--logging_steps", "1", "--save_strategy", "no",
+                   "--use_peft", "true", "--lora_r", "8", "--lora_target_modules", "q_proj", "v_proj",
+                   "--merge_lora", "true")  # fmt: skip
+    adapter = load_file(out / "adapter_model.safetensors")
+    assert adapter and all("lora_" in name for name in adapter)
+    assert any(t.abs().sum() > 0 for n, t in adapter.items() if "lora_B" in n)  # B starts at 0: it was trained
+    config = json.loads((out / "adapter_config.json").read_text())
+    assert config["r"] == 8 and sorted(config["target_modules"]) == ["q_proj", "v_proj"]
+    assert not (out / "model.safetensors").exists()  # an adapter run does not pretend to hold full weights
+    # Step 1: the reference is the policy with the adapter disabled, identical to it at init -> ln 2, rewards 0.
+    first = read_metrics(out)[0]
+    assert abs(first["loss"] - 0.693147) < 1e-5 and first["rewards/margins"] == 0
+    # The merged model: the base's weights where no adapter applies, changed where q_proj / v_proj are adapted.
+    base, merged = load_file(f"{tiny_model_dir}/model.safetensors"), load_file(out / "merged" / "model.safetensors")
+    assert set(base) == set(merged)
+    changed = {n for n in base if not torch.equal(base[n], merged[n])}
+    assert changed and all(n.endswith(("q_proj.weight", "v_proj.weight")) for n in changed), changed
+    # ... and it computes what base + adapter compute.
+    from peft import AutoPeftModelForCausalLM
+    from transformers import AutoModelForCausalLM
+
+    tokens = torch.tensor([[1, 2, 3, 4, 5, 6, 7, 8]])
+    with torch.no_grad():
+        adapted = AutoPeftModelForCausalLM.from_pretrained(out)(tokens).logits
+        merged_logits = AutoModelForCausalLM.from_pretrained(out / "merged")(tokens).logits
+    assert torch.allclose(adapted, merged_logits, atol=1e-5)
+    card = (out / "README.md").read_text()
+    assert "library_name: peft" in card and "**LoRA adapter** (PEFT) for `builtin:tiny-olmo3`" in card
+    assert "r=8, alpha=32" in card and "['q_proj', 'v_proj']" in card and "merged/" in card
+    assert hub.run_folder_problems(out) == []  # pushable like any run
+
+
+def test_skip_invalid_drops_and_counts_rows(tmp_path, tiny_model_dir):
+    rows = [json.loads(line) for line in (ROOT / "data" / "smoke_prefs.jsonl").read_text().splitlines()][:40]
+    rows[5]["chosen"] = None
+    rows[9]["rejected"] = rows[9]["chosen"]
+    rows[11]["rejected"][-1]["content"] = 7
+    data = tmp_path / "d.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out, stdout = train(tmp_path, tiny_model_dir, "--dataset_name", str(data), "--skip_invalid", "true",
+                        "--max_steps", "2", "--save_strategy", "no")  # fmt: skip
+    dropped = json.loads((out / "resolved_config.json").read_text())["derived"]["invalid_rows"]
+    assert dropped["rows"] == 40 and dropped["dropped"] == 3
+    assert [r["index"] for r in dropped["first"]] == [5, 9, 11]
+    assert dropped["by_reason"]["chosen: missing (null)"] == 1
+    assert json.loads((out / "resolved_config.json").read_text())["derived"]["dataset_rows"] == 37
+    assert "Dropped 3 invalid row(s) of 40" in stdout
+
+
+def test_held_out_split_is_evaluated_and_overwrite_keeps_offline_wandb_runs(tmp_path, tiny_model_dir):
+    import datasets
+
+    rows = [json.loads(line) for line in (ROOT / "data" / "smoke_prefs.jsonl").read_text().splitlines()]
+    saved = tmp_path / "prefs"
+    datasets.DatasetDict({"train": datasets.Dataset.from_list(rows[:64]),
+                          "test": datasets.Dataset.from_list(rows[64:80])}).save_to_disk(saved)  # fmt: skip
+    # A finished run in the way, with an offline W&B run never synced.
+    old = tmp_path / "run"
+    (old / "wandb" / "offline-run-20260101_000000-abc").mkdir(parents=True)
+    (old / "wandb" / "offline-run-20260101_000000-abc" / "run-abc.wandb").write_text("history")
+    (old / "run_complete.json").write_text("{}")
+    out, stdout = train(tmp_path, tiny_model_dir, "--dataset_name", str(saved), "--max_steps", "4",
+                        "--eval_strategy", "steps", "--eval_steps", "2", "--save_strategy", "no",
+                        "--overwrite_output_dir")  # fmt: skip
+    evals = [r for r in read_metrics(out) if "eval_loss" in r]
+    assert [r["step"] for r in evals] == [2, 4]
+    assert all("eval_rewards/accuracies" in r for r in evals)
+    assert json.loads((out / "resolved_config.json").read_text())["derived"]["eval_rows"] == 16
+    kept = list(tmp_path.glob("run.wandb-offline-*"))
+    assert len(kept) == 1 and (kept[0] / "offline-run-20260101_000000-abc" / "run-abc.wandb").read_text() == "history"
+    assert str(kept[0]) in stdout and not (out / "wandb").exists()
+
+
+def wandb_history_steps(run_file) -> list[int]:
+    """The `_step` of each history row of an offline W&B run file (LevelDB log blocks of protobuf records)."""
+    import struct
+
+    from wandb.proto import wandb_internal_pb2
+
+    data, pos, steps, pending = run_file.read_bytes(), 7, [], b""  # after the 7-byte ":W&B" header
+    while pos + 7 <= len(data):
+        if 32768 - pos % 32768 < 7:  # a block's tail too short for a record header is padding
+            pos += 32768 - pos % 32768
+            continue
+        _, length, kind = struct.unpack("<IHB", data[pos : pos + 7])
+        chunk, pos = data[pos + 7 : pos + 7 + length], pos + 7 + length
+        if kind == 0:
+            break
+        pending = chunk if kind in (1, 2) else pending + chunk
+        if kind in (1, 4):  # a whole record, or the last piece of one
+            record = wandb_internal_pb2.Record()
+            record.ParseFromString(pending)
+            if record.WhichOneof("record_type") == "history":
+                steps.append(record.history.step.num)
+    return steps
+
+
+@pytest.mark.slow
+def test_resume_carries_the_token_count_and_the_wandb_step_on(tmp_path, tiny_model_dir):
+    args = ["--max_steps", "6", "--logging_steps", "1", "--save_steps", "3", "--report_to", "wandb"]
+    out, _ = train(tmp_path, tiny_model_dir, *args)
+    tokens = {r["step"]: r["num_tokens"] for r in read_metrics(out)}
+    # Make it an unfinished run that stopped after checkpoint 3, and run the same command again.
+    (out / "run_complete.json").unlink()
+    shutil.rmtree(out / "checkpoint-6")
+    _, stdout = train(tmp_path, tiny_model_dir, *args)
+    assert "Resuming from" in stdout
+    resumed = {r["step"]: r["num_tokens"] for r in read_metrics(out)}
+    assert resumed == tokens  # steps 4-6 count on from step 3's tokens, not from 0
+    # W&B rows are numbered by optimizer step: once synced, the resumed part (4-6) is above the first part's last
+    # row for each new step, instead of restarting at 0 and being dropped.
+    first, second = [wandb_history_steps(f) for f in sorted(out.glob("wandb/offline-run-*/run-*.wandb"))]
+    assert first == [1, 2, 3, 4, 5, 6] and second == [4, 5, 6], (first, second)

@@ -1,0 +1,316 @@
+"""The push path end to end: train_dpo.py and scripts/push_to_hub.py against a recording stand-in for the Hub.
+
+huggingface_hub is pointed at tests/hub_server.py with HF_ENDPOINT and runs for real (its HTTP client, retries,
+preupload and NDJSON commits); W&B runs offline. Each run is a few steps of the tiny model.
+
+- Online, without push_checkpoints: one upload, to main, after training; none by the Trainer (no repo created at
+  init, no "Training in progress" commits); a token given as --hub_token is used, and found in no file and no log.
+- Online, with push_checkpoints: one branch step-<N> per complete checkpoint holding only model, config and
+  tokenizer; a checkpoint deleted by save_total_limit while its upload runs still arrives whole; a branch whose
+  commit keeps failing (500) is a warning and a record, the run finishes; a transient error is retried.
+- Offline: nothing is attempted, the run finishes and prints the push command; push_to_hub.py --checkpoints then
+  pushes the branches and main, and a second run of it skips what is there.
+"""
+
+import json
+import os
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors import safe_open
+
+from conftest import PYTHON, ROOT, run_train
+from dpotrain.hub_push import PUSH_RECORD, read_pushes
+from hub_server import StandInHub
+
+SMOKE = str(ROOT / "configs" / "smoke.yaml")
+SECRET = "hf_SECRETsecret123"
+REPO = "me/dpo-test"
+MODEL_FILES = {
+    "chat_template.jinja",
+    "config.json",
+    "generation_config.json",
+    "model.safetensors",
+    "tokenizer.json",
+    "tokenizer_config.json",
+}
+# huggingface_hub fetches a registry of AI-agent harnesses (for its user agent) once a day; not ours to judge.
+LIBRARY_OWN = {"/api/agent-harnesses"}
+
+
+@pytest.fixture
+def hub():
+    server = StandInHub()
+    yield server
+    server.close()
+
+
+def env_for(hub, tmp_path, offline=False, **extra) -> dict:
+    return {
+        "HF_ENDPOINT": hub.endpoint,
+        "HF_HUB_OFFLINE": "1" if offline else "0",
+        "HF_TOKEN": "",  # the token comes from --hub_token only
+        "HF_HOME": str(tmp_path / "hf_home"),  # no cached login
+        "WANDB_MODE": "offline",
+        "DPOTRAIN_HUB_RETRY_WAITS": "0",  # one retry, at once
+        **extra,
+    }
+
+
+def train(hub, tmp_path, model_dir, *args, offline=False):
+    out = tmp_path / "run"
+    common = ["--config", SMOKE, "--model_name_or_path", model_dir, "--output_dir", str(out), "--max_steps", "4"]
+    push = ["--push_to_hub", "true", "--hub_model_id", REPO, "--hub_token", SECRET]
+    result = run_train([*common, *push, *args], env=env_for(hub, tmp_path, offline), timeout=300)
+    return out, result
+
+
+def requests(hub) -> list[dict]:
+    return [r for r in hub.state.requests if r["path"] not in LIBRARY_OWN]
+
+
+def assert_secret_nowhere(out: Path, result) -> None:
+    """Not in any file of the run folder (model, checkpoints, training_args.bin pickles, W&B files), nor in the log."""
+    assert list(out.rglob("training_args.bin")), "no training_args.bin: nothing to check"
+    assert list((out / "wandb").glob("offline-run-*/run-*.wandb")), "no W&B run file: nothing to check"
+    leaked = [str(p) for p in out.rglob("*") if p.is_file() and SECRET.encode() in p.read_bytes()]
+    assert not leaked, leaked
+    assert SECRET not in result.stdout
+
+
+def tensor_names(path: Path | bytes) -> list[str]:
+    if isinstance(path, bytes):
+        from safetensors.torch import load
+
+        return sorted(load(path))
+    with safe_open(str(path), "pt") as f:
+        return sorted(f.keys())
+
+
+def test_online_run_pushes_once_to_main_after_training_and_never_saves_the_token(hub, tmp_path, tiny_model_dir):
+    out, result = train(hub, tmp_path, tiny_model_dir, "--save_steps", "2", "--report_to", "wandb")
+    assert result.returncode == 0, result.stdout[-3000:]
+
+    kinds = [r["kind"] for r in requests(hub)]
+    assert kinds == ["whoami", "auth_check", "create_repo", "validate_yaml", "preupload", "commit"], kinds
+    assert all(r["auth"] == f"Bearer {SECRET}" for r in requests(hub))  # the command line's token is the one used
+    # The repo is created by this project's push once the run is complete, not by the Trainer at init.
+    assert hub.state.of("create_repo")[0]["time"] >= (out / "run_complete.json").stat().st_mtime
+    [commit] = hub.state.commits
+    assert (commit["revision"], commit["message"]) == ("main", "Upload DPO run")
+    assert MODEL_FILES | {"README.md", "training_curves.png", "metrics.jsonl"} <= set(commit["files"])
+    unwanted = ("checkpoint-", "wandb/", ".hub_staging/", "training_args.bin", "hub_pushes.jsonl", ".wandb_run_id")
+    assert not [f for f in commit["files"] if f.startswith(unwanted)]
+    assert "Checkpoint revisions" not in commit["files"]["README.md"].decode()
+    assert [r["status"] for r in read_pushes(out)] == ["pushed"]
+
+    resolved = json.loads((out / "resolved_config.json").read_text())
+    assert resolved["push_to_hub"] is True and resolved["hub_strategy"] == "end" and resolved["hub_model_id"] == REPO
+    args = torch.load(out / "checkpoint-4" / "training_args.bin", weights_only=False)
+    assert args.push_to_hub is False and args.hub_token is None  # the Trainer never pushes, never holds the token
+    assert_secret_nowhere(out, result)
+
+
+def test_checkpoints_go_to_branches_and_a_failing_one_does_not_fail_the_run(hub, tmp_path, tiny_model_dir):
+    out = tmp_path / "run"
+    rotated = {}
+
+    def until_checkpoint_1_is_rotated():  # hold step-1's upload until save_total_limit has deleted its folder
+        deadline = time.time() + 120
+        while (out / "checkpoint-1").exists() and time.time() < deadline:
+            time.sleep(0.1)
+        rotated["checkpoint-1"] = not (out / "checkpoint-1").exists()
+
+    hub.state.hold[("preupload", "step-1")] = until_checkpoint_1_is_rotated
+    hub.state.fail[("commit", "step-2")] = -1  # the Hub keeps failing this commit
+    hub.state.fail[("create_branch", "step-3")] = 1  # a transient error: retried
+    out, result = train(
+        hub, tmp_path, tiny_model_dir, "--push_checkpoints", "true", "--save_steps", "1", "--save_total_limit", "1"
+    )
+    assert result.returncode == 0, result.stdout[-3000:]
+    assert rotated == {"checkpoint-1": True}
+
+    commits = [(c["revision"], c["message"]) for c in hub.state.commits]
+    assert commits == [
+        ("step-1", "Checkpoint at step 1"),
+        ("step-3", "Checkpoint at step 3"),
+        ("step-4", "Checkpoint at step 4"),
+        ("main", "Upload DPO run"),
+    ]
+    branches = {c["revision"]: c for c in hub.state.commits}
+    for name in ("step-1", "step-3", "step-4"):  # the model only: no optimizer, scheduler, RNG, training_args.bin
+        assert set(branches[name]["files"]) == MODEL_FILES, branches[name]["files"].keys()
+        assert set(hub.state.repos[REPO][name]) == MODEL_FILES | {".gitattributes"}
+    # The rotated checkpoint arrived whole: the model's tensors, and other weights than the last step's.
+    step1, step4 = branches["step-1"]["files"]["model.safetensors"], branches["step-4"]["files"]["model.safetensors"]
+    assert tensor_names(step1) == tensor_names(out / "model.safetensors")
+    assert step1 != step4 and step4 == (out / "model.safetensors").read_bytes()
+
+    assert len(hub.state.of("create_repo")) == 2  # the checkpoint pusher's and the final push's; none by the Trainer
+    assert not [c for c in hub.state.commits if "Training in progress" in c["message"] or "save" in c["message"]]
+
+    records = {r["branch"]: r for r in read_pushes(out)}
+    assert records["step-2"]["status"] == "failed" and records["step-2"]["attempts"] == 2
+    assert "500" in records["step-2"]["error"]
+    assert (records["step-3"]["status"], records["step-3"]["attempts"]) == ("pushed", 2)
+    assert records["step-1"]["status"] == records["step-4"]["status"] == records["main"]["status"] == "pushed"
+    assert f"warning: checkpoint-2 was not pushed to {REPO}@step-2" in result.stdout
+    assert "retrying in 0 s" in result.stdout
+
+    card = branches["main"]["files"]["README.md"].decode()
+    assert "## Checkpoint revisions" in card
+    assert "| 1 | [`step-1`]" in card and "| 3 | [`step-3`]" in card and "| 4 | [`step-4`]" in card
+    assert "step-2" not in card
+    assert not (out / ".hub_staging").exists()
+
+
+@pytest.mark.slow  # a training run, W&B, and push_to_hub.py twice
+def test_offline_run_finishes_and_push_to_hub_pushes_it_later(hub, tmp_path, tiny_model_dir):
+    out, result = train(
+        hub, tmp_path, tiny_model_dir, "--push_checkpoints", "true", "--save_steps", "2", "--report_to", "wandb",
+        offline=True,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout[-3000:]
+    assert hub.state.requests == []  # nothing attempted
+    assert (
+        f"HF_HUB_OFFLINE is set, so nothing was pushed: push (the last 2 checkpoints, those still on disk) from a "
+        f"machine that reaches the Hub with `python scripts/push_to_hub.py {out} --repo-id {REPO} --checkpoints`"
+    ) in result.stdout
+    assert_secret_nowhere(out, result)
+    assert not (out / PUSH_RECORD).exists()
+
+    def push_to_hub():
+        return subprocess.run(
+            [PYTHON, str(ROOT / "scripts" / "push_to_hub.py"), str(out), "--checkpoints"],
+            cwd=tmp_path,
+            env={**os.environ, **env_for(hub, tmp_path, HF_TOKEN=SECRET)},
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+
+    pushed = push_to_hub()
+    assert pushed.returncode == 0, pushed.stdout + pushed.stderr
+    assert [(c["revision"], c["message"]) for c in hub.state.commits] == [
+        ("step-2", "Checkpoint at step 2"),
+        ("step-4", "Checkpoint at step 4"),
+        ("main", "Upload DPO run"),
+    ]
+    assert set(hub.state.repos[REPO]["step-2"]) == MODEL_FILES | {".gitattributes"}
+    card = hub.state.repos[REPO]["main"]["README.md"].decode()
+    assert "| 2 | [`step-2`]" in card and "| 4 | [`step-4`]" in card
+    assert SECRET not in pushed.stdout + pushed.stderr
+
+    again = push_to_hub()  # everything is there: nothing is uploaded twice
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert len(hub.state.commits) == 3
+    assert f"Skipped checkpoint-2: {REPO}@step-2 already holds it" in again.stdout
+    assert f"Skipped main: {REPO} already holds this run" in again.stdout
+
+
+# --- what is refused, before anything loads ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "args, refusal",
+    [
+        (["--hub_strategy", "checkpoint"], "hub_strategy 'checkpoint' is transformers' push at every save"),
+        (["--hub_strategy", "all_checkpoints"], "push_checkpoints: true pushes each checkpoint's model to a branch"),
+        (["--hub_revision", "dev"], "hub_revision 'dev' is not supported: the final model goes to main"),
+        (["--save_strategy", "no", "--push_checkpoints", "true"], "save_strategy is 'no', so no checkpoint is saved"),
+    ],
+)
+def test_pushes_the_project_cannot_make_are_refused(args, refusal):
+    from dpotrain import hub
+    from dpotrain.config import parse_args
+    from dpotrain.errors import ConfigError
+
+    recipe = parse_args(["--config", SMOKE, "--push_to_hub", "true", "--hub_model_id", REPO, *args])
+    with pytest.raises(ConfigError, match=refusal):
+        hub.take_push_settings(recipe)
+
+
+def test_push_checkpoints_needs_push_to_hub():
+    from dpotrain import hub
+    from dpotrain.config import parse_args
+    from dpotrain.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="push_checkpoints needs push_to_hub: true"):
+        hub.take_push_settings(parse_args(["--config", SMOKE, "--push_checkpoints", "true"]))
+
+
+def test_the_trainer_gets_no_push_and_no_token(monkeypatch):
+    from dpotrain import hub
+    from dpotrain.config import parse_args
+
+    argv = ["train_dpo.py", "--config", SMOKE, "--push_to_hub", "--hub_token", SECRET, f"--hub_token={SECRET}"]
+    monkeypatch.setattr("sys.argv", argv)
+    recipe = parse_args(argv[1:])
+    push = hub.take_push_settings(recipe)
+    assert (push.requested, push.token, push.repo_id, push.checkpoints) == (True, SECRET, "smoke-dpo", False)
+    assert recipe.training.push_to_hub is False and recipe.training.hub_token is None
+    assert argv[-3:] == ["--hub_token", "<HUB_TOKEN>", "--hub_token=<HUB_TOKEN>"]  # what W&B records
+    assert SECRET not in repr(push)
+
+
+# --- the pusher on its own: which checkpoints it takes ---------------------------------------------------------------
+
+
+def test_pusher_takes_only_marked_checkpoints_and_a_resumed_run_pushes_what_is_left(hub, tmp_path, monkeypatch):
+    """A requeued job resumes with complete checkpoints on disk: those not recorded as pushed go first; a checkpoint
+    without its COMPLETE mark (a save cut short) never goes."""
+    from huggingface_hub import constants
+    from transformers import TrainerState
+
+    from dpotrain.checkpoints import MARKER
+    from dpotrain.hub_push import CheckpointPusher, record_push
+
+    monkeypatch.setattr(constants, "ENDPOINT", hub.endpoint)
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setenv("DPOTRAIN_HUB_RETRY_WAITS", "0")
+    out = tmp_path / "run"
+    for step, marked in [(2, True), (4, True), (6, False)]:
+        folder = out / f"checkpoint-{step}"
+        folder.mkdir(parents=True)
+        for name in ("model.safetensors", "config.json", "optimizer.pt", "training_args.bin"):
+            (folder / name).write_bytes(f"{name} {step}".encode())
+        if marked:
+            (folder / MARKER).write_text("{}")
+    record_push(out, step=4, branch="step-4", status="pushed")
+
+    pusher = CheckpointPusher(REPO, SECRET, None, out)
+    state = TrainerState(global_step=6)
+    pusher.on_train_begin(None, state, None)
+    pusher.on_save(None, state, None)  # checkpoint-6 has no mark: not taken
+    assert pusher.finish(60) == []
+    assert [(c["revision"], sorted(c["files"])) for c in hub.state.commits] == [
+        ("step-2", ["config.json", "model.safetensors"])
+    ]
+    assert hub.state.commits[0]["files"]["model.safetensors"] == b"model.safetensors 2"
+    assert [r["branch"] for r in read_pushes(out) if r["status"] == "pushed"] == ["step-4", "step-2"]
+    assert not (out / ".hub_staging").exists()
+
+
+def test_a_failing_final_push_is_retried_then_recorded(hub, tmp_path, monkeypatch, tiny_model_dir):
+    import shutil
+
+    from huggingface_hub import constants
+    from huggingface_hub.errors import HfHubHTTPError
+
+    from dpotrain.hub import push_run
+
+    monkeypatch.setattr(constants, "ENDPOINT", hub.endpoint)
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setenv("DPOTRAIN_HUB_RETRY_WAITS", "0")
+    run = tmp_path / "run"
+    shutil.copytree(tiny_model_dir, run)
+    (run / "run_complete.json").write_text('{"global_step": 7}')
+    hub.state.fail[("create_repo", None)] = -1  # no retry of huggingface_hub's own there: only this project's
+    with pytest.raises(HfHubHTTPError, match="500"):
+        push_run(run, REPO, token=SECRET)
+    [record] = read_pushes(run)
+    assert (record["branch"], record["step"], record["status"], record["attempts"]) == ("main", 7, "failed", 2)
+    assert len(hub.state.of("create_repo")) == 2 and hub.state.commits == []

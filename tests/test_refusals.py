@@ -1,0 +1,208 @@
+"""Issue #8: every option this project cannot honour, every bad value or row, refused before a model loads.
+
+Each case runs the real command-line entry (`run_cli(train_dpo.main)`, in this process: cheap) and asserts exit code
+2, one `error:` line that names the fix, no traceback, and that no model was loaded: the built-in model's folder
+(a fresh DPOTRAIN_BUILTIN_DIR) was never even created, which the trainer does first when it loads the model.
+"""
+
+import json
+
+import pytest
+
+import train_dpo
+from conftest import ROOT, run_train
+from dpotrain import resolve
+from dpotrain.config import parse_args
+from dpotrain.errors import run_cli
+
+SMOKE = str(ROOT / "configs" / "smoke.yaml")
+MESSAGES = [{"role": "user", "content": "Name a colour."}]
+
+
+def pair(chosen="Blue.", rejected="Green.", prompt=MESSAGES):
+    return {"chosen": [*prompt, {"role": "assistant", "content": chosen}],
+            "rejected": [*prompt, {"role": "assistant", "content": rejected}]}  # fmt: skip
+
+
+def write_rows(path, rows) -> str:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return str(path)
+
+
+def refused(tmp_path, monkeypatch, capsys, *args) -> str:
+    """The single `error:` line of `python train_dpo.py --config smoke.yaml ARGS`, after checking how it ended."""
+    builtin = tmp_path / "builtin"
+    monkeypatch.setenv("DPOTRAIN_BUILTIN_DIR", str(builtin))
+    with pytest.raises(SystemExit) as ended:
+        run_cli(lambda: train_dpo.main(["--config", SMOKE, "--output_dir", str(tmp_path / "run"), *args]))
+    out, err = capsys.readouterr()
+    assert ended.value.code == 2, out + err
+    errors = [line for line in err.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1 and err.rstrip().endswith(errors[0]), err
+    assert "Traceback" not in out + err
+    assert not builtin.exists(), "the model was loaded before the refusal"
+    return errors[0]
+
+
+def many_rows(n=40):
+    return [pair(chosen=f"Blue {i}.") for i in range(n)]
+
+
+# --- 1: options accepted by TRL's parser that this project cannot honour --------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "args, expected",
+    [
+        (["--use_peft", "true"], "use_peft needs the layers to adapt: pass --lora_target_modules"),
+        (["--lora_r", "8"], "lora_r is set but use_peft is false, so it would be ignored: add --use_peft true"),
+        (["--merge_lora", "true"], "merge_lora is set but use_peft is false"),
+        (["--load_in_4bit", "true", "--use_peft", "true", "--lora_target_modules", "q_proj"], "load_in_4bit needs"),
+        (["--use_liger_kernel", "true"], "use_liger_kernel needs the liger-kernel package"),
+        (["--ignore_bias_buffers", "true"], "ignore_bias_buffers is a DDP workaround of TRL's own script"),
+        (["--use_peft", "true", "--lora_target_modules", "q_proj", "--sync_ref_model", "true"],
+         "sync_ref_model does not work with use_peft"),
+        (["--sync_ref_model", "true", "--precompute_ref_log_probs", "true"], "--precompute_ref_log_probs false"),
+    ],
+)  # fmt: skip
+def test_options_that_cannot_be_honoured(args, expected, tmp_path, monkeypatch, capsys):
+    assert expected in refused(tmp_path, monkeypatch, capsys, *args)
+
+
+# --- 3: rows the trainer would crash on or silently train on ---------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "bad, expected",
+    [
+        ({"chosen": None, "rejected": pair()["rejected"]}, "row 3, column 'chosen': missing (null)"),
+        (pair(chosen=5), "row 3, column 'chosen': message 1 has a non-string 'content' (int)"),
+        ({**pair(), "rejected": [{"content": "Name a colour."}, {"role": "assistant", "content": "x"}]},
+         "row 3, column 'rejected': message 0 has no 'role'"),
+        ({"chosen": "Blue.", "rejected": "Green."}, "row 3, column 'chosen': a str where the data set has message"),
+        (pair(chosen=""), "row 3, column 'chosen': empty completion"),
+        (pair(chosen="Same.", rejected="Same."), "row 3, column 'chosen': identical to `rejected`"),
+    ],
+)  # fmt: skip
+def test_invalid_row_is_named_with_the_training_flag(bad, expected, tmp_path, monkeypatch, capsys):
+    rows = many_rows()
+    rows[3] = bad
+    message = refused(tmp_path, monkeypatch, capsys, "--dataset_name", write_rows(tmp_path / "d.jsonl", rows))
+    assert expected in message and "--skip_invalid true" in message
+
+
+def test_text_rows_then_message_rows(tmp_path, monkeypatch, capsys):
+    rows = [{"chosen": f"Blue {i}", "rejected": "Green"} for i in range(20)] + [pair()]
+    message = refused(tmp_path, monkeypatch, capsys, "--dataset_name", write_rows(tmp_path / "d.jsonl", rows))
+    assert "row 20, column 'chosen': a list where the data set has plain text" in message
+
+
+# --- 4: runs that would train nothing --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "args, rows, expected",
+    [
+        (["--max_steps", "0"], 40, "max_steps=0 trains nothing"),
+        (["--num_train_epochs", "0"], 40, "num_train_epochs=0 trains nothing"),
+        ([], 1, "this run would train nothing: 1 optimizer step(s), 1 of warmup (learning rate 0 at step 1) from 1 "
+                "rows at 8 pairs per step"),
+        (["--per_device_train_batch_size", "16"], 12, "1 optimizer step(s), 1 of warmup"),
+    ],
+)  # fmt: skip
+def test_runs_that_train_nothing(args, rows, expected, tmp_path, monkeypatch, capsys):
+    data = write_rows(tmp_path / "d.jsonl", many_rows(rows))
+    assert expected in refused(tmp_path, monkeypatch, capsys, "--dataset_name", data, *args)
+
+
+# --- 5: bad values and inputs that used to fail after loading, as tracebacks ------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "args, expected",
+    [
+        (["--max_length", "-5"], "max_length must be >= 1 (got -5)"),
+        (["--loss_type", "sigmoid_nrom"], "unknown loss_type 'sigmoid_nrom': choose from sigmoid, hinge"),
+        (["--model_name_or_path", "./no-such-model"], "model folder './no-such-model' does not exist"),
+        (["--model_name_or_path", "outputs/sft/final"], "model folder 'outputs/sft/final' does not exist"),
+        (["--model_name_or_path", "data/no-such-model"], "model folder 'data/no-such-model' does not exist"),
+        (["--dataset_name", "data/smoke_prefs.jsnl"], "dataset 'data/smoke_prefs.jsnl' does not exist: check the path"),
+        (["--train_sampling_strategy", "group_by_length"], "group_by_length does not work on preference data"),
+        (["--eval_strategy", "steps"], "has one split only: save a DatasetDict with a 'test' split"),
+        (["--dataset_test_split", "validation"], "dataset_test_split 'validation' is only used for evaluation"),
+        (["--warmup_ratio", "0.1"], "unknown argument '--warmup_ratio' (removed in transformers 5: use warmup_steps"),
+        (["--evaluation_strategy", "steps"], "(renamed eval_strategy in transformers 5)"),
+    ],
+)  # fmt: skip
+def test_bad_values_refused_before_loading(args, expected, tmp_path, monkeypatch, capsys):
+    assert expected in refused(tmp_path, monkeypatch, capsys, *args)
+
+
+def test_loss_type_typo_refused_by_the_dry_run_too(tmp_path, monkeypatch, capsys):
+    assert "unknown loss_type" in refused(tmp_path, monkeypatch, capsys, "--loss_type", "sigmoid_nrom", "--dry-run")
+
+
+def test_empty_and_malformed_jsonl(tmp_path, monkeypatch, capsys):
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    assert "is empty" in refused(tmp_path, monkeypatch, capsys, "--dataset_name", str(empty))
+    broken = tmp_path / "broken.jsonl"
+    broken.write_text(json.dumps(pair()) + "\n" + json.dumps(pair())[:-9] + "\n" + json.dumps(pair()) + "\n")
+    message = refused(tmp_path, monkeypatch, capsys, "--dataset_name", str(broken))
+    assert f"{broken}:2: not valid JSON" in message and "fix or remove that line" in message
+
+
+def test_wandb_without_a_login(tmp_path, monkeypatch, capsys):
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    monkeypatch.setenv("NETRC", str(tmp_path / "no-netrc"))
+    monkeypatch.chdir(tmp_path)  # no .env with a key
+    data = str(ROOT / "data" / "smoke_prefs.jsonl")
+    message = refused(tmp_path, monkeypatch, capsys, "--report_to", "wandb", "--dataset_name", data)
+    assert "report_to wandb but no W&B login" in message and "WANDB_MODE=offline" in message
+
+
+def test_a_real_process_exits_2_with_one_line(tmp_path):
+    result = run_train(["--config", SMOKE, "--output_dir", str(tmp_path / "r"), "--loss_type", "sigmoid_nrom"],
+                       env={"DPOTRAIN_BUILTIN_DIR": str(tmp_path / "builtin")})  # fmt: skip
+    assert result.returncode == 2 and "Traceback" not in result.stdout
+    assert result.stdout.strip().splitlines()[-1].startswith("error: unknown loss_type 'sigmoid_nrom'")
+    assert not (tmp_path / "builtin").exists()
+
+
+# --- 2: resuming with other settings ---------------------------------------------------------------------------------
+
+
+def unfinished_run(tmp_path, capsys, *args):
+    """An output folder as a run killed after checkpoint 4 leaves it: its resolved_config.json and a checkpoint."""
+    out = tmp_path / "run"
+    train_dpo.main(["--config", SMOKE, "--output_dir", str(out), "--dry-run", *args])
+    printed = capsys.readouterr().out
+    (out / "checkpoint-4").mkdir(parents=True)
+    (out / "checkpoint-4" / "COMPLETE").write_text("{}")
+    (out / "resolved_config.json").write_text(printed[printed.index("{") :])
+    return out
+
+
+@pytest.mark.parametrize(
+    "args, expected",
+    [
+        (["--learning_rate", "1e-3"], "learning_rate: 0.0001 -> 0.001"),
+        (["--model_name_or_path", "org/other-model"], "model_name_or_path: 'builtin:tiny-olmo3' -> 'org/other-model'"),
+        (["--gradient_accumulation_steps", "4"], "pairs_per_step: 8 -> 16"),
+    ],
+)  # fmt: skip
+def test_resume_with_changed_settings_is_refused(args, expected, tmp_path, monkeypatch, capsys):
+    unfinished_run(tmp_path, capsys)
+    message = refused(tmp_path, monkeypatch, capsys, *args)
+    assert "holds an unfinished run with other settings" in message and expected in message
+    assert "new --output_dir, or --overwrite_output_dir to start afresh" in message
+
+
+def test_requeue_resumes_and_overwrite_starts_afresh_only_when_settings_changed(tmp_path, capsys):
+    out = unfinished_run(tmp_path, capsys)
+    same = parse_args(["--config", SMOKE, "--output_dir", str(out), "--logging_steps", "1", "--overwrite_output_dir"])
+    # logging is not a training setting: a requeue (even with --overwrite_output_dir) keeps its progress
+    assert resolve.check_output_dir(same, 8) == resolve.OutputPlan(str(out / "checkpoint-4"), False)
+    other = parse_args(["--config", SMOKE, "--output_dir", str(out), "--beta", "1", "--overwrite_output_dir"])
+    assert resolve.check_output_dir(other, 8) == resolve.OutputPlan(None, True)
