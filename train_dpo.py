@@ -19,7 +19,7 @@ from pathlib import Path
 
 from dotenv import load_dotenv
 
-from dpotrain import data, hub, hub_push, lora, offline, options, resolve, rows
+from dpotrain import data, health, hub, hub_push, lora, offline, options, resolve, rows, samples
 from dpotrain.config import parse_args
 from dpotrain.errors import run_cli
 from dpotrain.hub_push import CheckpointPusher
@@ -34,9 +34,15 @@ def main(argv=None) -> None:
 
     # Everything that can be refused is refused here, before a data set or a model loads.
     resolve.check_values(recipe)
+    health.check_values(recipe.project)
+    samples.check_values(recipe.project)
     options.check_options(recipe)  # options TRL would fail on, or ignore, only after loading the model
     lora.check_lora(recipe)
     resolve.fill_defaults(recipe)
+    if recipe.project.preflight:  # the base model's view of the data, instead of training (dpotrain/preflight.py)
+        from dpotrain import preflight
+
+        return preflight.main_from_recipe(recipe)
     push = hub.take_push_settings(recipe)  # this project pushes, not the Trainer; the token stays in memory
     world, world_source = resolve.world_size(recipe, planning=recipe.project.dry_run)
     resolve.plan_batch(recipe, world)
@@ -109,6 +115,16 @@ def main(argv=None) -> None:
             print(f"Resuming from {plan.resume_from}", flush=True)
 
     trainer.train(resume_from_checkpoint=plan.resume_from)
+    # A doomed run (dpotrain/health.py): no final model, no run_complete.json, and no requeue.
+    if getattr(trainer, "health", None) and trainer.health.stop:
+        stop_file = trainer.graceful_stop.stop_file
+        if state.is_main_process:
+            if stop_file:  # a preemption at the same step must not requeue a doomed run either
+                Path(f"{stop_file}.checkpointed").unlink(missing_ok=True)
+            print(health.stop_line(trainer.health.stop, str(out)), flush=True)
+        if pusher:
+            pusher.finish(hub_push.STOP_WAIT_S)
+        return health.HEALTH_STOP_EXIT
     if trainer.graceful_stop.stopped and trainer.state.global_step < trainer.state.max_steps:
         if pusher:
             pusher.finish(hub_push.STOP_WAIT_S)  # the requeued job pushes what is left

@@ -89,6 +89,81 @@ class ProjectArguments:
         default=False,
         metadata={"help": "Print the resolved configuration as JSON and exit, without loading a model or data."},
     )
+    preflight: bool = field(
+        default=False,
+        metadata={
+            "help": "Run the preflight (scripts/preflight.py: the base model's log-prob gap between chosen and "
+            "rejected on a sample) instead of training; exit 3 when it predicts the run is doomed."
+        },
+    )
+
+    # --- training health guards (dpotrain/health.py); values from the post-mortems in shared/seeds 000 and 001 ---
+    health_checks: bool = field(default=True, metadata={"help": "Watch the logged metrics and stop a doomed run."})
+    health_action: str = field(
+        default="stop",
+        metadata={
+            "help": "What a tripped guard does: stop (a resumable checkpoint, exit 3, no requeue) or warn (a log "
+            "line). NaN/inf always stops.",
+            "choices": ["warn", "stop"],
+        },
+    )
+    health_step1_tolerance: float = field(
+        default=0.02,
+        metadata={
+            "help": "Step 1, before any update: |loss - ln 2| and |rewards| on the loss's scale (beta x log-ratio per "
+            "token) must stay within this, else the reference disagrees with the policy. fp32 differs by ~1e-6. 0: off."
+        },
+    )
+    health_loss_floor: float = field(
+        default=0.01,
+        metadata={"help": "Stop when the loss falls below this (001's collapsed runs: 0.006 -> 0.000). 0: off."},
+    )
+    health_max_margin: float = field(
+        default=5.0,
+        metadata={
+            "help": "Stop when the reward margin on the loss's scale exceeds this (001: > 5 unstable, collapse at "
+            "9-18; the sigmoid loss is already 0.007 at 5). 0: off."
+        },
+    )
+    health_logp_drop: float = field(
+        default=1.0,
+        metadata={
+            "help": "Stop when the chosen AND the rejected log-probs both fell by more than this many nats per token "
+            "against the reference (a collapsing policy pushes everything down). 0: off."
+        },
+    )
+    health_pinned_pairs: int = field(
+        default=1024,
+        metadata={
+            "help": "Stop when reward accuracy is 1.0 on this many consecutive pairs within health_early_fraction of "
+            "training (8 steps of 128 pairs; too rare by chance on real pairs, common in 001's collapse). 0: off."
+        },
+    )
+    health_early_fraction: float = field(
+        default=0.25, metadata={"help": "The share of training counted as early for health_pinned_pairs."}
+    )
+
+    # --- sample generations during training (dpotrain/samples.py) ---
+    samples_every: int = field(
+        default=0,
+        metadata={"help": "Generate from a few fixed prompts every N optimizer steps (and before step 1). 0: off."},
+    )
+    sample_prompts: list[str] | None = field(
+        default=None, metadata={"help": "Prompts to sample from (user turns). Default: the data set's first ones."}
+    )
+    sample_prompts_file: str | None = field(
+        default=None,
+        metadata={"help": "A file of prompts: .txt (one per line) or .jsonl (a `prompt` string per line)."},
+    )
+    sample_count: int = field(default=4, metadata={"help": "How many prompts (the first ones given or in the data)."})
+    sample_max_new_tokens: int = field(default=64, metadata={"help": "Greedy generation length per prompt."})
+    sample_repetition_warn: float = field(
+        default=0.5,
+        metadata={
+            "help": "Warn when a sample's repetition score (share of repeated word 3-grams) exceeds this: "
+            "001's collapsed model said 'hormonal hormonal hormonal'."
+        },
+    )
 
 
 @dataclass

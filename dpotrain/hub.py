@@ -25,7 +25,19 @@ CARD_FIELDS = [
     "bf16",
     "seed",
 ]
-FINAL_METRICS = ["loss", "rewards/accuracies", "rewards/margins", "rewards/chosen", "rewards/rejected"]
+# rewards/* are TRL's (beta x summed log-ratio); rewards_norm/* are on the loss's scale (beta x log-ratio per token).
+FINAL_METRICS = [
+    "loss",
+    "rewards/accuracies",
+    "rewards/margins",
+    "rewards/chosen",
+    "rewards/rejected",
+    "rewards_norm/accuracies",
+    "rewards_norm/margins",
+    "rewards_norm/chosen",
+    "rewards_norm/rejected",
+    "tokens_per_second",
+]
 # Never uploaded to main: resumable state (checkpoints go to their own branches), local tracking and push records, and
 # training_args.bin (a pickle of every argument: of no use on the Hub, and unsafe to load).
 IGNORE = [

@@ -7,12 +7,16 @@ from transformers import TrainerCallback
 
 METRICS_FILE = "metrics.jsonl"
 PLOT_FILE = "training_curves.png"
-# What a DPO run is judged by; TRL's names. Rewards are beta x summed log-ratios even with sigmoid_norm (FACTS.md).
+# What a DPO run is judged by: (panel title, keys drawn in it). TRL's rewards/* are beta x SUMMED log-ratios even with
+# sigmoid_norm (FACTS.md); rewards_norm/* (beta x log-ratio / completion tokens) are on the loss's own scale, and
+# tokens_per_second counts non-padding tokens. A key a run did not log leaves its line out.
 CURVES = [
-    ("loss", "loss"),
-    ("rewards/accuracies", "reward accuracy"),
-    ("rewards/margins", "reward margin"),
-    ("learning_rate", "learning rate"),
+    ("loss", ["loss"]),
+    ("reward accuracy", ["rewards/accuracies", "rewards_norm/accuracies"]),
+    ("reward margin (summed, TRL)", ["rewards/margins"]),
+    ("rewards on the loss's scale", ["rewards_norm/margins", "rewards_norm/chosen", "rewards_norm/rejected"]),
+    ("learning rate", ["learning_rate"]),
+    ("tokens per second", ["tokens_per_second"]),
 ]
 
 
@@ -55,17 +59,18 @@ def plot_metrics(records: list[dict], path: str | Path, title: str = "") -> Path
     matplotlib.use("Agg")  # login and compute nodes have no display
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(2, 2, figsize=(10, 7), sharex=True)
-    for ax, (key, label) in zip(axes.flat, CURVES, strict=False):
-        for name in (key, f"eval_{key}"):  # the held-out split's (dataset_test_split), when evaluated
-            points = [(r["step"], r[name]) for r in records if name in r]
-            if points:
-                ax.plot(*zip(*points, strict=False), marker="." if len(points) < 50 else None, label=name)
-        if any(f"eval_{key}" in r for r in records):
-            ax.legend()
+    fig, axes = plt.subplots(3, 2, figsize=(10, 10), sharex=True)
+    for ax, (label, keys) in zip(axes.flat, CURVES, strict=True):
+        for key in keys:
+            for name in (key, f"eval_{key}"):  # the held-out split's (dataset_test_split), when evaluated
+                points = [(r["step"], r[name]) for r in records if name in r]
+                if points:
+                    ax.plot(*zip(*points, strict=True), marker="." if len(points) < 50 else None, label=name)
+        if len(ax.lines) > 1:
+            ax.legend(fontsize=7)
         ax.set_title(label)
         ax.grid(alpha=0.3)
-    for ax in axes[1]:
+    for ax in axes[-1]:
         ax.set_xlabel("optimizer step")
     fig.suptitle(title)
     fig.tight_layout()

@@ -24,9 +24,11 @@ from . import batching, builtin, packing, reference
 from .checkpoints import CompleteMarker
 from .config import Recipe
 from .errors import ConfigError
+from .health import HealthGuard
 from .metrics import MetricsRecorder
 from .pair_metrics import PairMetrics, all_reduce_sum
 from .preemption import GracefulStop
+from .samples import SampleGenerator
 
 
 def model_init_kwargs(recipe: Recipe) -> dict:
@@ -300,8 +302,9 @@ def epochs_needed(args, rows: int, pairs_per_step: int) -> int:
 
 
 def build_trainer(recipe: Recipe, train_dataset, eval_dataset=None, callbacks=()):
-    """The project's DPO trainer, with: COMPLETE marks on checkpoints, metrics.jsonl, and a clean stop on Slurm's
-    signals. `trainer.graceful_stop.stopped` tells after `train()` whether it ended early to be requeued."""
+    """The project's DPO trainer, with: COMPLETE marks on checkpoints, metrics.jsonl, a clean stop on Slurm's
+    signals, health guards and sample generations. `trainer.graceful_stop.stopped` tells after `train()` whether it
+    ended early to be requeued; `trainer.health.stop` whether a guard stopped it."""
     t, p = recipe.training, recipe.project
     t.model_init_kwargs = model_init_kwargs(recipe)
     # The arguments set up the process group (with their ddp_backend) when first asked for their device; until then
@@ -310,13 +313,14 @@ def build_trainer(recipe: Recipe, train_dataset, eval_dataset=None, callbacks=()
     model_path = resolve_model_path(recipe)
     packed, hidden_size = decide_packing(recipe, model_path)
     graceful_stop = GracefulStop.from_env()
+    health = HealthGuard(recipe.project) if recipe.project.health_checks else None
     # Order matters: GracefulStop.on_save reports a checkpoint only after CompleteMarker has marked it.
     trainer = RecipeDPOTrainer(
         model=model_path,
         args=t,
         train_dataset=train_dataset,
         eval_dataset=eval_dataset,
-        callbacks=[CompleteMarker(), MetricsRecorder(), graceful_stop, *callbacks],
+        callbacks=[CompleteMarker(), MetricsRecorder(), graceful_stop, *([health] if health else []), *callbacks],
         # LoRA (--use_peft): TRL wraps the model and scores the reference with the adapter disabled (no second model).
         peft_config=get_peft_config(recipe.model),
         quantization_config=get_quantization_config(recipe.model),  # --load_in_4bit/8bit, as TRL's own dpo.py
@@ -327,4 +331,7 @@ def build_trainer(recipe: Recipe, train_dataset, eval_dataset=None, callbacks=()
         hidden_size=hidden_size,
     )
     trainer.graceful_stop = graceful_stop
+    trainer.health = health  # .stop tells after `train()` whether a guard stopped it (dpotrain/health.py)
+    if recipe.project.samples_every > 0:
+        trainer.add_callback(SampleGenerator.from_recipe(recipe, trainer.train_dataset, trainer.processing_class))
     return trainer

@@ -8,6 +8,7 @@
 #   MAIN_PROCESS_PORT=29500              rendezvous port on the first node
 #   CPU_PROCESSES_PER_NODE=1             processes per node when the job has no GPUs (--gpus-per-node=0)
 #   LAUNCH_PRINT_ONLY=1                  print the srun + accelerate launch line and exit (used by the tests)
+#   PREFLIGHT=1                          first score a sample with the base model (scripts/preflight.py); stop on fail
 # Arguments: passed to train_dpo.py after the recipe (e.g. --learning_rate 5e-7 --max_steps 100).
 set -euo pipefail
 
@@ -115,6 +116,12 @@ d = r["derived"]
 print(f"batch: {d['pairs_per_step']} pairs per step = {r['per_device_train_batch_size']} per process x "
       f"{r['gradient_accumulation_steps']} accumulation x {d['world_size']} processes; output: {r['output_dir']}")
 PY
+
+# PREFLIGHT=1: the base model's gap between chosen and rejected on a sample, here on the batch node; a doomed run
+# (exit 3) or bad input ends the job in minutes, before the launch.
+if [[ "${PREFLIGHT:-0}" == 1 ]]; then
+  "$VENV/bin/python" scripts/preflight.py --config "$RECIPE" "$@" || die "preflight exited $?: see its report above"
+fi
 
 # --- preemption and time limit: checkpoint, then requeue ---
 # --signal=B:USR1@... reaches this shell only; the trap creates a stop file that every rank checks at the end of

@@ -29,6 +29,15 @@ def test_local_model_and_data_are_not_claimed_as_hub_repos(tmp_path):
     assert "(none logged)" in card
 
 
+def test_model_card_lists_the_loss_scale_rewards_when_logged():
+    records = [
+        {"step": 5, "loss": 0.5, "rewards/margins": 210.0, "rewards_norm/margins": 1.25, "tokens_per_second": 9e3}
+    ]
+    card = model_card({"run_name": "r"}, records)
+    assert "| `rewards_norm/margins` | 1.2500 |" in card and "| `rewards/margins` | 210.0000 |" in card
+    assert "| `tokens_per_second` | 9000.0000 |" in card
+
+
 def test_card_lists_the_checkpoint_branches_on_the_hub(tmp_path):
     from dpotrain.hub import update_card_revisions
     from dpotrain.hub_push import pushed_revisions, record_push

@@ -55,6 +55,7 @@ def test_training_changes_every_parameter_and_lowers_the_loss(tmp_path, tiny_mod
     assert not unchanged, f"parameters not trained: {unchanged}"
     losses = [r["loss"] for r in trainer.state.log_history if "loss" in r]
     assert losses[-1] < losses[0] - 0.05, losses
+    assert trainer.health.alarms == []  # a healthy run trips no guard
 
 
 @pytest.mark.slow
@@ -73,6 +74,7 @@ def test_cpu_demo_writes_a_complete_run(tmp_path, tiny_model_dir):
         },
     )
     assert result.returncode == 0, result.stdout[-3000:]
+    assert "health STOP" not in result.stdout and "health warning" not in result.stdout  # a healthy run trips nothing
 
     for name in [
         "model.safetensors",
@@ -89,7 +91,8 @@ def test_cpu_demo_writes_a_complete_run(tmp_path, tiny_model_dir):
     assert (out / "training_curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in records] == list(range(2, 49, 2))  # every logging step once: 384 pairs / 8 per step
+    # every logging step once (384 pairs / 8 per step), and step 1, which the health guard logs to check ln 2
+    assert [r["step"] for r in records] == [1, *range(2, 49, 2)]
     assert all("loss" in r and "rewards/accuracies" in r for r in records)
     assert abs(records[0]["loss"] - math.log(2)) < 1e-5
     # The demo must visibly learn: reward accuracy rises from 0 and the loss falls.

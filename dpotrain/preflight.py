@@ -1,0 +1,427 @@
+"""Preflight: does the base model find the chosen responses about as likely as the rejected ones?
+
+DPO teaches a preference between two responses the model could already write. 001's post-mortem is a run where it
+could not: the base model scored the chosen side ~960 nats (summed; -4.4 per token) below the rejected side, and every
+learning rate either did nothing or collapsed. This module scores a seeded sample of pairs with the base model, exactly
+as training will (the project's trainer tokenizes, truncates and computes the reference log-probs), and says whether
+the gap, the lengths and the data predict such a run, with what to do instead.
+
+`score` is the one place where the model runs; the rest is arithmetic on its output.
+"""
+
+import contextlib
+import hashlib
+import json
+import math
+import os
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from .errors import ConfigError
+
+DEFAULT_SAMPLE = 512
+PREFLIGHT_FAIL_EXIT = 3
+PERCENTILES = (1, 10, 50, 90, 99)
+# Losses that compare per-token averages: their gap is the per-token one. Every other loss compares summed log-probs.
+PER_TOKEN_LOSSES = {"sigmoid_norm", "ipo"}
+
+
+@dataclass
+class Thresholds:
+    # 001's lessons: "if log prob difference > 100, reconsider approach; if > 500, DPO likely won't work".
+    summed_warn: float = 100.0
+    summed_critical: float = 500.0
+    # Per token, our choice: 1 nat/token means each chosen token is e ~ 2.7x less (or more) likely than a rejected one
+    # on average, a different register rather than a preference; 2.5 nats (12x per token) is past anything
+    # preference data shows and halfway to 001's doomed -4.4.
+    per_token_warn: float = 1.0
+    per_token_critical: float = 2.5
+    share: float = 0.2  # a verdict needs this share of the pairs past a threshold, not a few outliers
+    length_ratio: float = 2.0  # median chosen/rejected length beyond 2x (or below 1/2): 001's pairs were 2-8x
+    truncated: float = 0.10  # the analyzer's default coverage is 90%
+    dropped: float = 0.01
+    duplicates: float = 0.01
+    identical: float = 0.01
+
+
+_T = Thresholds()
+HELP_THRESHOLDS = f"""\
+Thresholds (gap = log p(chosen) - log p(rejected) under the base model, per pair):
+  summed    |gap| > {_T.summed_warn:g} warns, > {_T.summed_critical:g} is critical: the post-mortem's rule (its doomed
+            data: -600 to -1027).
+  per token |gap| > {_T.per_token_warn:g} nat warns (each chosen token ~2.7x less or more likely than a rejected one:
+            another register, not a preference), > {_T.per_token_critical:g} is critical (12x per token; the
+            post-mortem's doomed data: -4.4).
+  A verdict needs {_T.share:.0%} of the pairs past a threshold. The loss decides which scale counts: sigmoid_norm
+  (OLMo 3) and ipo compare per-token averages, the others summed log-probs; the other scale can only warn.
+  Also warned: median chosen/rejected length ratio beyond {_T.length_ratio:g}x either way, > {_T.truncated:.0%} of pairs
+  truncated, > {_T.dropped:.0%} dropped (prompt alone fills max_length), > {_T.duplicates:.0%} duplicate pairs,
+  > {_T.identical:.0%} pairs whose chosen equals rejected.
+Exit status: 0 ok or warn, {PREFLIGHT_FAIL_EXIT} fail, 2 bad input."""
+
+
+def check_outputs(json_path: str | None, plot_path: str | None) -> None:
+    """Refuse unwritable outputs before a model loads."""
+    for path in (json_path, plot_path):
+        if path and not Path(path).resolve().parent.is_dir():
+            raise ConfigError(f"{path}: folder {str(Path(path).resolve().parent)!r} does not exist; create it first")
+    if plot_path and not plot_path.endswith(".png"):
+        raise ConfigError(f"--plot {plot_path!r}: the plot is a PNG, give a path ending in .png")
+
+
+def sample_rows(dataset, n: int, seed: int):
+    """`n` rows drawn with `seed`, in data set order, as an in-memory Dataset (nothing cached on disk for it)."""
+    import datasets
+
+    if n < 1:
+        raise ConfigError(f"--sample must be >= 1 (got {n})")
+    if isinstance(dataset, datasets.Dataset):
+        if n < len(dataset):
+            dataset = dataset.select(np.sort(np.random.default_rng(seed).choice(len(dataset), size=n, replace=False)))
+        return datasets.Dataset.from_list(dataset.to_list(), features=dataset.features)
+    return datasets.Dataset.from_list(list(dataset.shuffle(seed=seed, buffer_size=10_000).take(n)))
+
+
+def pair_keys(dataset) -> tuple[int, int, int]:
+    """(rows, duplicate rows, rows whose chosen equals rejected) over the whole data set (or stream)."""
+    from tqdm.auto import tqdm
+
+    seen, duplicates, identical, rows = set(), 0, 0, 0
+    total = len(dataset) if hasattr(dataset, "__len__") else None
+    for row in tqdm(dataset, total=total, desc="Checking duplicate pairs", file=sys.stderr, mininterval=2):
+        key = hashlib.sha1(json.dumps([row.get("prompt"), row["chosen"], row["rejected"]]).encode()).digest()
+        duplicates += key in seen
+        seen.add(key)
+        identical += row["chosen"] == row["rejected"]
+        rows += 1
+    return rows, duplicates, identical
+
+
+def score(recipe, sample) -> dict:
+    """Reference log-probs of the sample, with training's tokenization, truncation and forward.
+
+    The project's trainer is built on the sample with `precompute_ref_log_probs`, and its prepared data set read back:
+    whatever forward training uses for the reference (TRL's padded one, the packed one of dpotrain/reference.py) is the
+    one that scores here. Returns per kept row: prompt / chosen / rejected token counts and summed log-probs.
+    """
+    from .trainer import build_trainer
+
+    t, p = recipe.training, recipe.project
+    from transformers.trainer_utils import IntervalStrategy
+
+    t.precompute_ref_log_probs = True
+    t.report_to = []
+    t.push_to_hub = False  # nothing to push; the Trainer would create the repo at start
+    t.eval_strategy, t.do_eval = IntervalStrategy.NO, False  # the sample is all it scores
+    p.health_checks, p.samples_every = False, 0  # no training happens here
+    with tempfile.TemporaryDirectory(prefix="preflight-") as tmp, _env("DPOTRAIN_CACHE", tmp):
+        # A sample's reference log-probs are of no use to training: the reference cache (dpotrain/reference.py,
+        # under $DPOTRAIN_CACHE) and the output folder live in a folder removed afterwards.
+        t.output_dir = tmp
+        trainer = build_trainer(recipe, sample)
+        ds = trainer.train_dataset
+        columns = ["prompt_ids", "chosen_ids", "rejected_ids", "ref_chosen_logps", "ref_rejected_logps"]
+        rows = ds.select_columns(columns).to_dict()
+        device = str(trainer.args.device)
+        del trainer
+    lengths = {k: np.array([len(x) for x in rows[f"{k}_ids"]]) for k in ("prompt", "chosen", "rejected")}
+    return {
+        **lengths,
+        "logp_chosen": np.array(rows["ref_chosen_logps"], dtype=np.float64),
+        "logp_rejected": np.array(rows["ref_rejected_logps"], dtype=np.float64),
+        "device": device,
+    }
+
+
+@contextlib.contextmanager
+def _env(name: str, value: str):
+    saved = os.environ.get(name)
+    os.environ[name] = value
+    try:
+        yield
+    finally:
+        if saved is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = saved
+
+
+def _stats(values: np.ndarray) -> dict:
+    if not len(values):
+        return {f"p{q}": None for q in PERCENTILES} | {"mean": None}
+    return {f"p{q}": float(np.percentile(values, q)) for q in PERCENTILES} | {"mean": float(values.mean())}
+
+
+def analyze(s: dict, sampled: int, max_length: int | None, loss_types: list[str], quality: dict, th: Thresholds):
+    """The report (a JSON-able dict) from `score`'s output; `quality` holds duplicate / identical counts."""
+    limit = max_length or sys.maxsize
+    gap, gap_tok, scored_c, scored_r = gaps(s, max_length)
+    pairs = len(gap)
+    truncated = (s["prompt"] + np.maximum(s["chosen"], s["rejected"])) > limit
+    ratio = s["chosen"] / np.maximum(s["rejected"], 1)
+    loss_scale = "per_token" if set(loss_types) & PER_TOKEN_LOSSES else "summed"
+    past = {
+        "summed": {"warn": _share(np.abs(gap) > th.summed_warn), "critical": _share(np.abs(gap) > th.summed_critical)},
+        "per_token": {
+            "warn": _share(np.abs(gap_tok) > th.per_token_warn),
+            "critical": _share(np.abs(gap_tok) > th.per_token_critical),
+        },
+    }
+    report = {
+        "verdict": "ok",
+        "pairs": pairs,
+        "sampled": sampled,
+        "dropped": sampled - pairs,
+        "dropped_share": (sampled - pairs) / sampled if sampled else 0.0,
+        "truncated_share": _share(truncated),
+        "loss_scale": loss_scale,
+        "gap_summed": _stats(gap),
+        "gap_per_token": _stats(gap_tok),
+        "logp_per_token": {
+            "chosen": _stats(s["logp_chosen"] / scored_c),
+            "rejected": _stats(s["logp_rejected"] / scored_r),
+        },
+        "past_thresholds": past,
+        "length_ratio": _stats(ratio),
+        "tokens": {k: _stats(s[k].astype(float)) for k in ("prompt", "chosen", "rejected")},
+        **quality,
+        "thresholds": th.__dict__,
+        "reasons": [],
+        "advice": [],
+    }
+    _judge(report, gap, gap_tok, th)
+    return report
+
+
+def _share(mask: np.ndarray) -> float:
+    return float(mask.mean()) if len(mask) else 0.0
+
+
+def _judge(report: dict, gap: np.ndarray, gap_tok: np.ndarray, th: Thresholds) -> None:
+    """Fill verdict, reasons and advice."""
+    reasons, advice = report["reasons"], report["advice"]
+    levels = []
+
+    def flag(level: str, reason: str, todo: str | None = None):
+        levels.append(level)
+        reasons.append(f"{level}: {reason}")
+        if todo and todo not in advice:
+            advice.append(todo)
+
+    if report["pairs"] == 0:
+        flag("fail", "no pair survives max_length: every sampled prompt alone fills it", "raise max_length")
+    for scale, values, unit, warn, critical in (
+        ("summed", gap, "nats", th.summed_warn, th.summed_critical),
+        ("per_token", gap_tok, "nats/token", th.per_token_warn, th.per_token_critical),
+    ):
+        if not len(values):
+            continue
+        share = report["past_thresholds"][scale]
+        median = float(np.median(values))
+        counts = report["loss_scale"] == scale
+        where = "the scale this recipe's loss sees" if counts else "not the scale this recipe's loss sees"
+        if share["critical"] >= th.share:
+            what = f"{share['critical']:.0%} of pairs have a {scale} gap beyond ±{critical:g} {unit} ({where})"
+        elif share["warn"] >= th.share:
+            what = f"{share['warn']:.0%} of pairs have a {scale} gap beyond ±{warn:g} {unit} ({where})"
+        else:
+            continue
+        level = "fail" if share["critical"] >= th.share and counts else "warn"
+        if median < 0:
+            flag(
+                level,
+                f"{what}; median {median:.3g}: the base model finds the chosen responses far LESS likely than "
+                "the rejected ones (001: -960 summed, -4.4/token; every learning rate failed)",
+                "SFT the model on the chosen responses first (or pick a base model that already writes that way), "
+                "then run this preflight again",
+            )
+        else:
+            flag(
+                level,
+                f"{what}; median {median:.3g}: the base model already finds the rejected responses far less "
+                "likely; such pairs teach little, and the loss is met by pushing the rejected side down",
+                "check the rejected side (truncated, broken or off-distribution responses?) or build harder pairs",
+            )
+    ratio = report["length_ratio"]["p50"]
+    if ratio is not None and (ratio > th.length_ratio or ratio < 1 / th.length_ratio):
+        normalized = report["loss_scale"] == "per_token"
+        todo = "build length-controlled pairs" + ("" if normalized else ", or use the length-normalized sigmoid_norm")
+        flag(
+            "warn",
+            f"chosen responses are {ratio:.2g}x as long as rejected ones (median): the model can learn "
+            "length instead of quality" + (" (the length-normalized loss limits this)" if normalized else ""),
+            todo,
+        )
+    for key, limit, todo in (
+        ("truncated_share", th.truncated, "raise max_length (scripts/analyze_dataset.py recommends one)"),
+        ("dropped_share", th.dropped, "raise max_length or shorten the prompts: these rows are dropped"),
+        ("duplicate_share", th.duplicates, "deduplicate the data set: repeated pairs are trained on repeatedly"),
+        ("identical_share", th.identical, "remove pairs whose chosen equals rejected: they carry no preference"),
+    ):
+        if report.get(key) is not None and report[key] > limit:
+            flag("warn", f"{report[key]:.1%} {key.removesuffix('_share').replace('_', ' ')} (> {limit:.0%})", todo)
+    report["verdict"] = "fail" if "fail" in levels else "warn" if levels else "ok"
+    if levels:
+        advice.append(
+            "train with a lower learning rate and keep the health guards on (health_checks, the default) "
+            "to stop a collapse early"
+        )
+
+
+def to_markdown(r: dict, setup: dict) -> str:
+    def row(name, st, fmt="{:.3g}"):
+        cells = [("-" if st[k] is None else fmt.format(st[k])) for k in [*(f"p{q}" for q in PERCENTILES), "mean"]]
+        return f"| {name} | " + " | ".join(cells) + " |"
+
+    head = "| | " + " | ".join(f"p{q}" for q in PERCENTILES) + " | mean |\n|---|" + "---|" * (len(PERCENTILES) + 1)
+    th, past = r["thresholds"], r["past_thresholds"]
+    lines = [
+        "# DPO preflight",
+        "",
+        f"Model `{setup['model']}` on `{setup['dataset']}`: {r['pairs']} pairs scored of {r['sampled']} sampled "
+        f"(seed {setup['seed']}), max_length {setup['max_length']}, loss {setup['loss_type']}, on {setup['device']}.",
+        "",
+        "## Log-prob gap: chosen − rejected under the base model",
+        "",
+        head,
+        row("summed (nats)", r["gap_summed"]),
+        row("per token (nats)", r["gap_per_token"]),
+        row("chosen per token", r["logp_per_token"]["chosen"]),
+        row("rejected per token", r["logp_per_token"]["rejected"]),
+        "",
+        f"The loss of this recipe compares **{r['loss_scale'].replace('_', ' ')}** log-probs.",
+        "",
+        "| pairs past | warn | critical |",
+        "|---|---|---|",
+        f"| \\|summed gap\\| > {th['summed_warn']:g} / {th['summed_critical']:g} | {past['summed']['warn']:.1%} | "
+        f"{past['summed']['critical']:.1%} |",
+        f"| \\|per-token gap\\| > {th['per_token_warn']:g} / {th['per_token_critical']:g} | "
+        f"{past['per_token']['warn']:.1%} | {past['per_token']['critical']:.1%} |",
+        "",
+        "## Lengths and data",
+        "",
+        head,
+        row("chosen / rejected tokens", r["length_ratio"]),
+        row("prompt tokens", r["tokens"]["prompt"], "{:.0f}"),
+        row("chosen tokens", r["tokens"]["chosen"], "{:.0f}"),
+        row("rejected tokens", r["tokens"]["rejected"], "{:.0f}"),
+        "",
+        f"- truncated (prompt + longer side > max_length): {r['truncated_share']:.1%} of scored pairs",
+        f"- dropped (prompt alone fills max_length): {r['dropped']} of {r['sampled']} ({r['dropped_share']:.1%})",
+        f"- duplicate pairs: {r['duplicates']} ({r['duplicate_share']:.1%}) and chosen == rejected: "
+        f"{r['identical']} ({r['identical_share']:.1%}), of {r['quality_rows']} rows ({r['quality_scope']})",
+        "",
+        f"## Verdict: {r['verdict'].upper()}",
+        "",
+    ]
+    lines += [f"- {x}" for x in r["reasons"]] or ["- the base model finds both sides of the pairs comparably likely"]
+    if r["advice"]:
+        lines += ["", "What to do:", ""] + [f"{i}. {x}" for i, x in enumerate(r["advice"], 1)]
+    return "\n".join(lines) + "\n"
+
+
+def plot(s: dict, r: dict, path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")  # batch nodes have no display
+    import matplotlib.pyplot as plt
+
+    gap, gap_tok, _, _ = gaps(s, r["max_length"])
+    th = r["thresholds"]
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    for ax, (values, title, warn, crit) in zip(
+        axes,
+        (
+            (gap, "summed gap (nats)", th["summed_warn"], th["summed_critical"]),
+            (gap_tok, "per-token gap (nats/token)", th["per_token_warn"], th["per_token_critical"]),
+        ),
+        strict=True,
+    ):
+        ax.hist(values, bins=50, color="tab:blue", alpha=0.8)
+        for x, color in ((warn, "orange"), (-warn, "orange"), (crit, "red"), (-crit, "red")):
+            ax.axvline(x, color=color, linestyle="--", linewidth=1)
+        ax.axvline(0, color="black", linewidth=0.8)
+        ax.set_title(title)
+        ax.set_xlabel("log p(chosen) − log p(rejected)")
+    axes[0].set_ylabel("pairs")
+    fig.suptitle(f"DPO preflight: {r['verdict']} ({r['pairs']} pairs)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def gaps(s: dict, max_length: int | None):
+    """Per pair: summed gap, per-token gap, and the scored completion tokens (keep_start truncation) of each side."""
+    limit = max_length or sys.maxsize
+    scored_c = np.maximum(np.minimum(s["prompt"] + s["chosen"], limit) - s["prompt"], 1)
+    scored_r = np.maximum(np.minimum(s["prompt"] + s["rejected"], limit) - s["prompt"], 1)
+    gap = s["logp_chosen"] - s["logp_rejected"]
+    return gap, s["logp_chosen"] / scored_c - s["logp_rejected"] / scored_r, scored_c, scored_r
+
+
+def run(recipe, sample_size: int = DEFAULT_SAMPLE, seed: int | None = None, json_path=None, plot_path=None) -> int:
+    """The whole preflight on a parsed, checked recipe; returns the exit status."""
+    from . import data, resolve
+
+    check_outputs(json_path, plot_path)
+    if sample_size < 1:
+        raise ConfigError(f"--sample must be >= 1 (got {sample_size})")
+    seed = recipe.training.seed if seed is None else seed
+    script = recipe.script
+    dataset = data.load_preference_dataset(
+        script.dataset_name, script.dataset_train_split, script.dataset_config, streaming=script.dataset_streaming
+    )
+    if recipe.max_length_auto:  # as training resolves it (the analyzer's cached report when there is one)
+        from accelerate import PartialState
+
+        resolve.auto_max_length(recipe, dataset, PartialState())
+    rows, duplicates, identical = pair_keys(dataset) if not script.dataset_streaming else (None, None, None)
+    sample = sample_rows(dataset, sample_size, seed)
+    if rows is None:  # a stream: judge duplicates on the sample
+        rows, duplicates, identical = pair_keys(sample)
+    quality = {
+        "quality_rows": rows,
+        "quality_scope": "the sample" if script.dataset_streaming else "whole data set",
+        "duplicates": duplicates,
+        "identical": identical,
+        "duplicate_share": duplicates / max(rows, 1),
+        "identical_share": identical / max(rows, 1),
+    }
+    loss_types = list(recipe.training.loss_type)
+    s = score(recipe, sample)
+    report = analyze(s, len(sample), recipe.training.max_length, loss_types, quality, Thresholds())
+    report["max_length"] = recipe.training.max_length
+    setup = {
+        "model": recipe.model.model_name_or_path,
+        "dataset": script.dataset_name,
+        "seed": seed,
+        "max_length": recipe.training.max_length,
+        "loss_type": "+".join(loss_types),
+        "device": s["device"],
+    }
+    report["setup"] = setup
+    print(to_markdown(report, setup), flush=True)
+    if json_path:
+        Path(json_path).write_text(json.dumps(report, indent=1, default=_json_default) + "\n")
+        print(f"wrote {json_path}", file=sys.stderr)
+    if plot_path:
+        plot(s, report, plot_path)
+        print(f"wrote {plot_path}", file=sys.stderr)
+    return PREFLIGHT_FAIL_EXIT if report["verdict"] == "fail" else 0
+
+
+def _json_default(x):
+    if isinstance(x, (np.integer, np.floating)):
+        return x.item()
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    raise TypeError(type(x))
+
+
+def main_from_recipe(recipe) -> int:
+    """`train_dpo.py --preflight`: the default sample, the recipe's seed, markdown only."""
+    return run(recipe)

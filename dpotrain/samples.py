@@ -1,0 +1,150 @@
+"""Sample generations during training: a few fixed prompts, greedy, every N optimizer steps.
+
+What a collapsing run looks like before its metrics say so: 001's model answered "hormonal hormonal hormonal ...".
+Each sample gets a repetition score (the share of word 3-grams already seen earlier in the text: 0 for ordinary prose,
+~1 for a loop) and the longest run of one repeated word; a score over `sample_repetition_warn` is a warning in the log.
+
+Samples go to `<output_dir>/samples.jsonl` and, when W&B runs, to a `samples` table. Only the main process generates:
+ZeRO-2 keeps the full weights on every rank, and the other ranks simply wait for it at the next collective.
+"""
+
+import json
+import sys
+from pathlib import Path
+
+from transformers import TrainerCallback
+
+from .errors import ConfigError
+
+SAMPLES_FILE = "samples.jsonl"
+NGRAM = 3
+
+
+def check_values(project) -> None:
+    p = project
+    if p.samples_every < 0:
+        raise ConfigError(f"samples_every must be >= 0 (got {p.samples_every}); 0 turns samples off")
+    if p.sample_count < 1 or p.sample_max_new_tokens < 1:
+        raise ConfigError("sample_count and sample_max_new_tokens must be >= 1")
+    path = p.sample_prompts_file
+    if path and (not Path(path).is_file() or Path(path).suffix not in (".txt", ".jsonl")):
+        raise ConfigError(f"sample_prompts_file {path!r}: give an existing .txt (one prompt per line) or .jsonl file")
+
+
+def read_prompts_file(path: str) -> list[str]:
+    lines = [line for line in Path(path).read_text().splitlines() if line.strip()]
+    if Path(path).suffix == ".jsonl":
+        return [json.loads(line)["prompt"] for line in lines]
+    return lines
+
+
+def repetition(text: str) -> dict:
+    """{"repetition": share of word 3-grams seen before in the text, "longest_run": [word, times in a row]}."""
+    words = text.split()
+    grams = [tuple(words[i : i + NGRAM]) for i in range(len(words) - NGRAM + 1)]
+    seen, repeated = set(), 0
+    for g in grams:
+        repeated += g in seen
+        seen.add(g)
+    best, run = ("", 0), 0
+    for i, w in enumerate(words):
+        run = run + 1 if i and words[i - 1] == w else 1
+        if run > best[1]:
+            best = (w, run)
+    return {"repetition": repeated / len(grams) if grams else 0.0, "longest_run": list(best)}
+
+
+def _encode_prompt(tokenizer, text: str) -> list[int]:
+    if getattr(tokenizer, "chat_template", None):
+        ids = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True)
+        return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+    return tokenizer(text)["input_ids"]
+
+
+class SampleGenerator(TrainerCallback):
+    def __init__(self, prompt_ids: list[list[int]], tokenizer, every: int, max_new_tokens: int, warn_at: float):
+        self.prompt_ids, self.tokenizer = prompt_ids, tokenizer
+        self.every, self.max_new_tokens, self.warn_at = every, max_new_tokens, warn_at
+        self.flagged: list[dict] = []  # samples over warn_at, for tests and callers
+        self._trimmed = False
+
+    @classmethod
+    def from_recipe(cls, recipe, train_dataset, tokenizer) -> "SampleGenerator":
+        """Prompts from the recipe (list or file), else the first `sample_count` prompts of the training data, as the
+        trainer tokenized them (chat template with the generation prompt)."""
+        p = recipe.project
+        texts = list(p.sample_prompts or [])
+        if not texts and p.sample_prompts_file:
+            texts = read_prompts_file(p.sample_prompts_file)
+        if texts:
+            ids = [_encode_prompt(tokenizer, t) for t in texts[: p.sample_count]]
+        else:
+            ids = [list(x) for x in train_dataset.select(range(min(p.sample_count, len(train_dataset))))["prompt_ids"]]
+        return cls(ids, tokenizer, p.samples_every, p.sample_max_new_tokens, p.sample_repetition_warn)
+
+    def on_train_begin(self, args, state, control, model=None, **kwargs):
+        if state.global_step == 0:  # the base model's answers, to compare later samples against
+            self.generate(args, state, model)
+
+    def on_step_end(self, args, state, control, model=None, **kwargs):
+        if state.global_step % self.every == 0:
+            self.generate(args, state, model)
+
+    def generate(self, args, state, model) -> list[dict]:
+        if not state.is_world_process_zero:
+            return []
+        import torch
+
+        records = []
+        was_training = model.training
+        model.eval()  # no dropout; activation checkpointing is off outside training mode
+        try:
+            with torch.no_grad():
+                for i, ids in enumerate(self.prompt_ids):
+                    inputs = torch.tensor([ids], device=model.device)
+                    out = model.generate(
+                        inputs,
+                        attention_mask=torch.ones_like(inputs),
+                        max_new_tokens=self.max_new_tokens,
+                        do_sample=False,
+                        use_cache=True,  # training runs with use_cache off; generation needs it for speed
+                        pad_token_id=self.tokenizer.pad_token_id,
+                    )
+                    completion = self.tokenizer.decode(out[0, len(ids) :], skip_special_tokens=True)
+                    prompt = self.tokenizer.decode(ids, skip_special_tokens=False)
+                    records.append({"step": state.global_step, "prompt_index": i, "prompt": prompt,
+                                    "completion": completion, **repetition(completion)})  # fmt: skip
+        finally:
+            model.train(was_training)
+        self._write(args, state, records)
+        for r in records:
+            if r["repetition"] > self.warn_at:
+                self.flagged.append(r)
+                word, times = r["longest_run"]
+                print(f"samples warning step {r['step']}: prompt {r['prompt_index']} repeats itself (repetition "
+                      f"{r['repetition']:.2f}, {word!r} x{times}): degenerate output, a sign of collapse (001); see "
+                      f"{SAMPLES_FILE}", file=sys.stderr, flush=True)  # fmt: skip
+        return records
+
+    def _write(self, args, state, records: list[dict]) -> None:
+        path = Path(args.output_dir) / SAMPLES_FILE
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if not self._trimmed:  # after a resume, the steps past the checkpoint are sampled again
+            kept = [r for r in _read(path) if r["step"] < state.global_step]
+            path.write_text("".join(json.dumps(r) + "\n" for r in kept))
+            self._trimmed = True
+        with open(path, "a") as f:
+            f.writelines(json.dumps(r) + "\n" for r in records)
+        if "wandb" in sys.modules:
+            import wandb
+
+            if wandb.run is not None:
+                columns = ["step", "prompt_index", "prompt", "completion", "repetition"]
+                table = wandb.Table(columns=columns, data=[[r[c] for c in columns] for r in records])
+                # commit=False: goes out with the Trainer's next log, at the same W&B step
+                wandb.log({"samples": table, "samples/max_repetition": max(r["repetition"] for r in records)},
+                          commit=False)  # fmt: skip
+
+
+def _read(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []

@@ -1,0 +1,134 @@
+"""The health guards on the tiny model: each failure of the post-mortems built for real; a healthy run left alone."""
+
+import math
+import os
+import subprocess
+import sys
+from types import SimpleNamespace
+
+from conftest import ROOT
+from dpotrain import data
+from dpotrain.config import parse_args
+from dpotrain.health import LN2, HealthGuard
+from dpotrain.trainer import build_trainer
+
+SMOKE = str(ROOT / "configs" / "smoke.yaml")
+
+
+def trainer_for(out, model_dir, *overrides, rows=None):
+    recipe = parse_args(["--config", SMOKE, "--model_name_or_path", model_dir, "--output_dir", str(out),
+                         "--report_to", "none", "--save_strategy", "no", *overrides])  # fmt: skip
+    dataset = data.load_preference_dataset(str(ROOT / recipe.script.dataset_name))
+    return build_trainer(recipe, dataset.select(range(rows)) if rows else dataset)
+
+
+def test_a_wrong_reference_stops_at_step_1_with_a_complete_checkpoint(tmp_path, tiny_model_dir):
+    # 000's failure: reference log-probs that are not the policy's. Shift the precomputed cache of the chosen side.
+    out = tmp_path / "run"
+    trainer = trainer_for(out, tiny_model_dir, "--max_steps", "3", "--logging_steps", "2",
+                          "--precompute_ref_log_probs", "true", rows=48)  # fmt: skip
+    shifted = [x + 30.0 for x in trainer.train_dataset["ref_chosen_logps"]]
+    trainer.train_dataset = trainer.train_dataset.remove_columns("ref_chosen_logps").add_column(
+        "ref_chosen_logps", shifted
+    )
+    trainer.train()
+    stop = trainer.health.stop
+    assert stop is not None and stop.guard == "step1" and stop.step == 1, trainer.health.alarms
+    assert "expected ln 2" in stop.message and "reference" in stop.message
+    assert trainer.state.global_step == 1  # logging_steps is 2: the guard logs step 1 itself
+    assert (out / "checkpoint-1" / "COMPLETE").is_file()  # resumable, finite state
+
+
+def test_an_untouched_reference_passes_step_1(tmp_path, tiny_model_dir):
+    trainer = trainer_for(tmp_path / "run", tiny_model_dir, "--max_steps", "2", "--logging_steps", "2",
+                          "--precompute_ref_log_probs", "true", rows=32)  # fmt: skip
+    trainer.train()
+    assert trainer.health.stop is None and trainer.health.alarms == []
+    first = trainer.state.log_history[0]
+    assert first["step"] == 1 and abs(first["loss"] - LN2) < 1e-5
+
+
+def test_a_collapsing_learning_rate_is_stopped(tmp_path, tiny_model_dir, monkeypatch):
+    # 001's collapse: 30x the demo's learning rate drives the loss to ~0 within a few steps (measured: 0.004 at step 6).
+    out, stop_file = tmp_path / "run", tmp_path / "stop"
+    monkeypatch.setenv("DPOTRAIN_STOP_FILE", str(stop_file))  # as under launch.sh
+    trainer = trainer_for(out, tiny_model_dir, "--max_steps", "10", "--logging_steps", "1", "--warmup_steps", "0",
+                          "--learning_rate", "3e-3")  # fmt: skip
+    trainer.train()
+    stop = trainer.health.stop
+    assert stop is not None and stop.guard in {"loss_floor", "margin"}, trainer.health.alarms
+    assert trainer.state.global_step == stop.step < 10
+    losses = [r["loss"] for r in trainer.state.log_history if "loss" in r]
+    assert stop.guard != "loss_floor" or losses[-1] < 0.01
+    assert (out / f"checkpoint-{stop.step}" / "COMPLETE").is_file()
+    assert not stop_file.with_name("stop.checkpointed").exists()  # the checkpoint is not a requeue request
+
+
+def test_warn_mode_reports_and_goes_on(tmp_path, tiny_model_dir):
+    trainer = trainer_for(tmp_path / "run", tiny_model_dir, "--max_steps", "3", "--logging_steps", "1",
+                          "--warmup_steps", "0", "--health_action", "warn", "--health_loss_floor", "0.69")  # fmt: skip
+    trainer.train()
+    assert trainer.health.stop is None and trainer.state.global_step == 3
+    assert [a.guard for a in trainer.health.alarms] == ["loss_floor", "loss_floor"]  # steps 2 and 3, not step 1
+
+
+def test_nan_stops_the_cli_run_without_checkpoint_requeue_or_completion(tmp_path, tiny_model_dir):
+    # A learning rate of 1e30 turns the weights to inf/NaN at the first update: step 2 scores NaN.
+    out, stop_file = tmp_path / "run", tmp_path / "stop"
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "train_dpo.py"), "--config", SMOKE, "--model_name_or_path", tiny_model_dir,
+         "--output_dir", str(out), "--max_steps", "6", "--logging_steps", "1", "--warmup_steps", "0",
+         "--learning_rate", "1e30", "--save_steps", "1000", "--report_to", "none"],
+        cwd=ROOT, env={**os.environ, "DPOTRAIN_STOP_FILE": str(stop_file)}, stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT, text=True, timeout=600,
+    )  # fmt: skip
+    assert result.returncode == 3, result.stdout[-3000:]
+    last = result.stdout.strip().splitlines()[-1]
+    assert last.startswith("health: training STOPPED at step 2 by the nonfinite guard"), last
+    assert "not requeued" in last
+    assert "health STOP [nonfinite] step 2" in result.stdout
+    assert not (out / "run_complete.json").exists() and not (out / "model.safetensors").exists()
+    assert not list(out.glob("checkpoint-*"))  # nothing saved from a NaN state
+    assert not stop_file.with_name("stop.checkpointed").exists()  # launch.sh requeues only on this file
+
+
+def guard(*overrides):
+    recipe = parse_args(["--config", SMOKE, "--output_dir", "/tmp/unused", *overrides])
+    return HealthGuard(recipe.project), recipe.training
+
+
+def test_guards_prefer_the_loss_scale_rewards_and_report_step_and_values():
+    g, args = guard()
+    g._fresh, g._last_step = True, 0
+    # rewards_norm/* (the lead's trainer): margins 6 > 5 trips `margin`, whatever the summed rewards say
+    logs = {"loss": 0.3, "rewards/chosen": 0.0, "rewards/rejected": 0.0, "rewards/margins": 0.0,
+            "rewards_norm/chosen": 1.0, "rewards_norm/rejected": -5.0, "rewards_norm/margins": 6.0,
+            "rewards_norm/accuracies": 0.9}  # fmt: skip
+    alarms = g.check(7, logs, args, max_steps=100)
+    assert [a.guard for a in alarms] == ["margin"] and alarms[0].step == 7
+    assert "rewards_norm/margins 6 > health_max_margin 5.0" in alarms[0].message
+    # both sides falling by > 1 nat/token (beta 5: rewards -6 = -1.2 nats/token)
+    logs.update({"rewards_norm/chosen": -6.0, "rewards_norm/rejected": -7.0, "rewards_norm/margins": 1.0})
+    assert [a.guard for a in g.check(8, logs, args, 100)] == ["logps_falling"]
+    # non-finite values stop without a checkpoint
+    nan = g.check(9, {**logs, "grad_norm": math.nan}, args, 100)
+    assert [(a.guard, a.fatal) for a in nan] == [("nonfinite", True)] and "grad_norm=nan" in nan[0].message
+    # step 1 of a fresh run: loss must be ln 2
+    assert [a.guard for a in g.check(1, {"loss": 0.75}, args, 100)] == ["step1"]
+    assert g.check(1, {"loss": LN2, "rewards_norm/chosen": 0.0, "rewards_norm/rejected": 0.0}, args, 100) == []
+
+
+def test_accuracy_pinned_counts_consecutive_pairs_early_only():
+    g, args = guard("--health_pinned_pairs", "32")  # smoke: 8 pairs per step
+    state = SimpleNamespace(global_step=0, max_steps=40, is_world_process_zero=True)
+    control = SimpleNamespace(should_training_stop=False, should_save=False)
+    g.on_train_begin(args, state, control)
+    tripped = []
+    for step in range(1, 9):
+        state.global_step = step
+        g.on_log(args, state, control, logs={"loss": 0.5 if step > 1 else LN2, "rewards/accuracies": 1.0})
+        tripped += [a.step for a in g.alarms if a.guard == "accuracy_pinned"][len(tripped) :]
+        if control.should_training_stop:
+            break
+    assert tripped == [4] and g.stop.guard == "accuracy_pinned"  # 4 steps x 8 pairs = 32, step 4 <= 25% of 40
+    assert "1.0 on the last 32 pairs" in g.stop.message

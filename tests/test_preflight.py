@@ -1,0 +1,170 @@
+"""The preflight on the tiny model: a doomed data set fails (exit 3), a balanced one passes, bad outputs are refused.
+
+A random-init model finds every token about equally unlikely (~ln 1024 nats), so it cannot tell styles apart. The
+fixture first fine-tunes it briefly on one style (the "careful" answers of the bundled data): pairs whose chosen side
+is long gibberish against rejected answers in that style then look like 001's data to it.
+"""
+
+import json
+import random
+import subprocess
+import sys
+
+import pytest
+
+from conftest import ROOT
+from dpotrain import builtin
+from dpotrain.preflight import PREFLIGHT_FAIL_EXIT
+
+PREFLIGHT = str(ROOT / "scripts" / "preflight.py")
+SMOKE = str(ROOT / "configs" / "smoke.yaml")
+
+
+def careful(rng: random.Random, a: int, b: int, topic: str = "rivers") -> str:
+    facts = " ".join(rng.sample(builtin._FACTS, 3))
+    return f"Let us work it out step by step: {a} + {b} = {a + b}.\n\nThe answer is {a + b}.\n\nAbout {topic}: {facts}"
+
+
+@pytest.fixture(scope="module")
+def styled_model(tmp_path_factory, tiny_model_dir) -> str:
+    """The tiny model after a short SFT on careful answers (measured: ~-1 nat/token on them, ~-7 on gibberish)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    rng = random.Random(0)
+    texts = [
+        tok.apply_chat_template(
+            [
+                {"role": "user", "content": f"What is {a} plus {b}?"},
+                {"role": "assistant", "content": careful(rng, a, b)},
+            ],
+            tokenize=False,
+        )
+        for a, b in ((rng.randint(2, 99), rng.randint(2, 99)) for _ in range(256))
+    ]
+    torch.manual_seed(0)
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    model.train()
+    for step in range(60):
+        batch = tok(texts[(step * 8) % 256 : (step * 8) % 256 + 8], return_tensors="pt", padding=True)
+        labels = batch["input_ids"].masked_fill(batch["attention_mask"] == 0, -100)
+        model(**batch, labels=labels).loss.backward()
+        opt.step()
+        opt.zero_grad()
+    out = tmp_path_factory.mktemp("styled") / "model"
+    model.save_pretrained(out)
+    tok.save_pretrained(out)
+    return str(out)
+
+
+def write_pairs(path, chosen_fn, rejected_fn, n=48):
+    rng = random.Random(1)
+    with open(path, "w") as f:
+        for _ in range(n):
+            a, b = rng.randint(2, 99), rng.randint(2, 99)
+            prompt = [{"role": "user", "content": f"What is {a} plus {b}?"}]
+            f.write(
+                json.dumps(
+                    {
+                        "prompt": prompt,
+                        "chosen": [{"role": "assistant", "content": chosen_fn(rng, a, b)}],
+                        "rejected": [{"role": "assistant", "content": rejected_fn(rng, a, b)}],
+                    }
+                )
+                + "\n"
+            )
+    return str(path)
+
+
+def gibberish(rng: random.Random, a: int, b: int) -> str:
+    """Long, and nothing like what the model writes: 001's chosen side, seen from its base model."""
+    return " ".join("".join(rng.choices("qxzjvkwy", k=rng.randint(3, 9))) for _ in range(120))
+
+
+def preflight(*args, script=PREFLIGHT):
+    return subprocess.run([sys.executable, script, *args], cwd=ROOT, capture_output=True, text=True, timeout=600)
+
+
+@pytest.mark.slow  # ~60 s on 2 busy cores with the fixture's SFT
+def test_chosen_far_from_the_model_and_much_longer_fails(tmp_path, styled_model):
+    data = write_pairs(tmp_path / "doomed.jsonl", gibberish, careful)
+    report, png = tmp_path / "report.json", tmp_path / "gaps.png"
+    result = preflight(
+        "--config",
+        SMOKE,
+        "--model_name_or_path",
+        styled_model,
+        "--dataset_name",
+        data,
+        "--sample",
+        "32",
+        "--json",
+        str(report),
+        "--plot",
+        str(png),
+    )
+    assert result.returncode == PREFLIGHT_FAIL_EXIT, result.stdout + result.stderr[-3000:]
+    r = json.loads(report.read_text())
+    assert r["verdict"] == "fail" and r["pairs"] == 32
+    assert r["gap_per_token"]["p90"] < -2.5  # past the critical per-token threshold, as 001's -4.4
+    assert r["gap_summed"]["p50"] < -500 and r["past_thresholds"]["per_token"]["critical"] == 1.0
+    assert r["length_ratio"]["p50"] > 2
+    assert any("far LESS likely" in x for x in r["reasons"]) and any("SFT" in x for x in r["advice"])
+    assert "## Verdict: FAIL" in result.stdout
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.slow
+def test_balanced_pairs_pass_through_train_dpo_preflight(tmp_path, styled_model):
+    # Same style and length on both sides, never identical (another topic on the rejected side).
+    data = write_pairs(tmp_path / "balanced.jsonl", careful, lambda rng, a, b: careful(rng, a, b, "forests"))
+    result = preflight(
+        "--config",
+        SMOKE,
+        "--model_name_or_path",
+        styled_model,
+        "--dataset_name",
+        data,
+        "--preflight",
+        "--bf16",
+        "false",
+        script=str(ROOT / "train_dpo.py"),
+    )
+    assert result.returncode == 0, result.stdout + result.stderr[-3000:]
+    assert "## Verdict: OK" in result.stdout, result.stdout
+    assert "48 pairs scored of 48 sampled" in result.stdout
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--plot", "gaps.jpg"], "ending in .png"),
+        (["--json", "/nonexistent/dir/r.json"], "does not exist"),
+        (["--sample", "0"], "--sample must be >= 1"),
+        (["--betta", "5"], "unknown argument '--betta' (did you mean '--beta'?)"),
+    ],
+)
+def test_bad_input_is_refused_before_loading(args, message, tmp_path):
+    result = preflight("--config", SMOKE, "--output_dir", str(tmp_path / "never"), *args)
+    assert result.returncode == 2 and message in result.stderr, result.stderr
+    assert "Loading weights" not in result.stderr and not (tmp_path / "never").exists()
+
+
+@pytest.mark.slow
+def test_launch_sh_preflight_ends_a_doomed_job_before_the_launch(tmp_path, tiny_model_dir):
+    """PREFLIGHT=1 in the batch shell: a fail stops the job before srun. With the summed sigmoid loss, chosen
+    gibberish 10x longer than the rejected answers is doomed even for the random-init model (~-7 nats per token)."""
+    import os
+
+    data = write_pairs(tmp_path / "doomed.jsonl", gibberish, careful, n=16)
+    result = subprocess.run(
+        ["bash", str(ROOT / "scripts" / "launch.sh"), "--model_name_or_path", tiny_model_dir, "--dataset_name", data,
+         "--loss_type", "sigmoid", "--output_dir", str(tmp_path / "run")],
+        cwd=ROOT, env={**os.environ, "RECIPE": "configs/smoke.yaml", "PREFLIGHT": "1"}, capture_output=True,
+        text=True, timeout=600,
+    )  # fmt: skip
+    assert result.returncode == 1, result.stdout[-2000:] + result.stderr[-2000:]
+    assert "## Verdict: FAIL" in result.stdout and "error: preflight exited 3" in result.stderr
+    assert "launch: srun" not in result.stdout  # the training launch never started

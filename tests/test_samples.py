@@ -1,0 +1,87 @@
+"""Sample generations during training: fixed prompts every N steps, samples.jsonl, the repetition score."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from conftest import ROOT
+from dpotrain import data
+from dpotrain.config import parse_args
+from dpotrain.samples import SAMPLES_FILE, repetition
+from dpotrain.trainer import build_trainer
+
+SMOKE = str(ROOT / "configs" / "smoke.yaml")
+
+
+def test_repetition_flags_a_loop_and_not_prose():
+    looped = repetition("Insulin matters. " + "hormonal " * 20)
+    assert looped["repetition"] > 0.8 and looped["longest_run"] == ["hormonal", 20]
+    prose = repetition("Let us work it out step by step: 51 + 99 = 150. The answer is 150. Rivers carry water.")
+    assert prose["repetition"] == 0 and prose["longest_run"][1] == 1
+
+
+def test_samples_every_n_steps_from_the_datas_first_prompts(tmp_path, tiny_model_dir):
+    out = tmp_path / "run"
+    recipe = parse_args(["--config", SMOKE, "--model_name_or_path", tiny_model_dir, "--output_dir", str(out),
+                         "--report_to", "none", "--save_strategy", "no", "--max_steps", "4", "--samples_every", "2",
+                         "--sample_count", "2", "--sample_max_new_tokens", "12"])  # fmt: skip
+    trainer = build_trainer(recipe, data.load_preference_dataset(str(ROOT / recipe.script.dataset_name)))
+    trainer.train()
+    records = [json.loads(line) for line in (out / SAMPLES_FILE).read_text().splitlines()]
+    assert [(r["step"], r["prompt_index"]) for r in records] == [(s, i) for s in (0, 2, 4) for i in (0, 1)]
+    assert "What is" in records[0]["prompt"] and "<|im_start|>assistant" in records[0]["prompt"]
+    assert all(isinstance(r["completion"], str) and 0 <= r["repetition"] <= 1 for r in records)
+    assert trainer.model.training  # train mode restored after generating
+    assert trainer.state.global_step == 4
+
+
+def test_sample_prompts_from_the_recipe(tmp_path, tiny_model_dir):
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("Tell me about tides.\nWhat is 2 plus 2?\n")
+    recipe = parse_args(["--config", SMOKE, "--model_name_or_path", tiny_model_dir, "--output_dir",
+                         str(tmp_path / "run"), "--report_to", "none", "--save_strategy", "no", "--max_steps", "1",
+                         "--samples_every", "5", "--sample_prompts_file", str(prompts)])  # fmt: skip
+    trainer = build_trainer(recipe, data.load_preference_dataset(str(ROOT / recipe.script.dataset_name)))
+    trainer.train()
+    records = [json.loads(line) for line in (tmp_path / "run" / SAMPLES_FILE).read_text().splitlines()]
+    assert [r["step"] for r in records] == [0, 0]  # the base model's answers; step 1 is not a multiple of 5
+    assert "Tell me about tides." in records[0]["prompt"] and "What is 2 plus 2?" in records[1]["prompt"]
+
+
+@pytest.mark.slow
+def test_main_process_generation_does_not_deadlock_zero2(tmp_path, tiny_model_dir):
+    """Two DeepSpeed ZeRO-2 processes on CPU: rank 0 generates while rank 1 waits at the next collective."""
+    out = tmp_path / "zero2"
+    accelerate = str(ROOT / ".venv" / "bin" / "accelerate") if (ROOT / ".venv").exists() else "accelerate"
+    cmd = [accelerate, "launch", "--config_file", str(ROOT / "accelerate_config.yaml"), "--num_processes", "2",
+           str(ROOT / "train_dpo.py"), "--config", SMOKE, "--model_name_or_path", tiny_model_dir, "--output_dir",
+           str(out), "--max_steps", "3", "--logging_steps", "1", "--save_strategy", "no", "--report_to", "none",
+           "--samples_every", "1", "--sample_count", "2", "--sample_max_new_tokens", "16"]  # fmt: skip
+    env = {**os.environ, "PATH": f"{os.path.dirname(sys.executable)}:{os.environ['PATH']}"}
+    result = subprocess.run(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            timeout=900)  # fmt: skip
+    assert result.returncode == 0, result.stdout[-4000:]
+    records = [json.loads(line) for line in (out / SAMPLES_FILE).read_text().splitlines()]
+    assert [r["step"] for r in records] == [0, 0, 1, 1, 2, 2, 3, 3]  # main process only: each sample once
+    assert (out / "run_complete.json").is_file()
+
+
+@pytest.mark.slow
+def test_samples_reach_wandb_as_a_table(tmp_path, tiny_model_dir):
+    out = tmp_path / "run"
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "train_dpo.py"), "--config", SMOKE, "--model_name_or_path", tiny_model_dir,
+         "--output_dir", str(out), "--max_steps", "2", "--save_strategy", "no", "--report_to", "wandb",
+         "--samples_every", "2", "--sample_count", "2", "--sample_max_new_tokens", "8"],
+        cwd=ROOT, env={**os.environ, "WANDB_MODE": "offline"}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        text=True, timeout=600,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout[-3000:]
+    tables = sorted(out.glob("wandb/offline-run-*/files/media/table/samples_*.table.json"))
+    assert len(tables) == 2, tables  # before step 1 and at step 2
+    table = json.loads(tables[0].read_text())
+    assert table["columns"] == ["step", "prompt_index", "prompt", "completion", "repetition"]
+    assert [row[:2] for row in table["data"]] == [[0, 0], [0, 1]]
