@@ -189,7 +189,7 @@ def unfinished_run(tmp_path, capsys, *args):
     [
         (["--learning_rate", "1e-3"], "learning_rate: 0.0001 -> 0.001"),
         (["--model_name_or_path", "org/other-model"], "model_name_or_path: 'builtin:tiny-olmo3' -> 'org/other-model'"),
-        (["--gradient_accumulation_steps", "4"], "pairs_per_step: 8 -> 16"),
+        (["--pairs_per_step", "16"], "pairs_per_step: 8 -> 16"),
     ],
 )  # fmt: skip
 def test_resume_with_changed_settings_is_refused(args, expected, tmp_path, monkeypatch, capsys):
