@@ -113,8 +113,12 @@ import json, sys
 text = sys.argv[1]
 r = json.loads(text[text.index("{\n"):])  # libraries may print a line of their own before the JSON
 d = r["derived"]
-print(f"batch: {d['pairs_per_step']} pairs per step = {r['per_device_train_batch_size']} per process x "
-      f"{r['gradient_accumulation_steps']} accumulation x {d['world_size']} processes; output: {r['output_dir']}")
+if r.get("max_tokens_per_microbatch"):  # micro-batches cut by tokens: their count per step comes from the data
+    print(f"batch: {d['pairs_per_step']} pairs per step over {d['world_size']} processes, micro-batches of at most "
+          f"{r['max_tokens_per_microbatch']} packed tokens per process; output: {r['output_dir']}")
+else:
+    print(f"batch: {d['pairs_per_step']} pairs per step = {r['per_device_train_batch_size']} per process x "
+          f"{r['gradient_accumulation_steps']} accumulation x {d['world_size']} processes; output: {r['output_dir']}")
 PY
 
 # PREFLIGHT=1: the base model's gap between chosen and rejected on a sample, here on the batch node; a doomed run

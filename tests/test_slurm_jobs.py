@@ -94,7 +94,7 @@ def test_smoke_job_completes_with_log_and_outputs(slurm, uninterrupted):
     shown = [line for line in text.splitlines() if line.startswith(("recipe: ", "launch: "))]
     assert len(shown) == 2 and "--hub_token REDACTED" in shown[0] and "--hub_token REDACTED" in shown[1]
     assert not any(SECRET in line for line in shown)
-    assert "batch: 8 pairs per step = 4 per process x 2 accumulation x 1 processes" in text
+    assert "batch: 8 pairs per step over 1 processes, micro-batches of at most 2048 packed tokens" in text
     assert "training exited with code 0" in text
     for name in RUN_FILES:
         assert (out / name).is_file(), name

@@ -28,8 +28,8 @@ RUN_FILES = ["model.safetensors", "tokenizer.json", "resolved_config.json", "met
 
 
 def two_node_job(slurm2, out: Path) -> int:
-    """The smoke recipe through scripts/dpo_train.sh on both nodes, 16 pairs per step: 4 per process x 2 processes
-    x an accumulation of 2 that pairs_per_step derives. CPUs: what a node really has (`slurmd -C`)."""
+    """The smoke recipe through scripts/dpo_train.sh on both nodes, 16 pairs per step over 2 processes, cut into
+    micro-batches by the recipe's token budget. CPUs: what a node really has (`slurmd -C`)."""
     args = ["--nodes=2", "--gpus-per-node=0", f"--cpus-per-task={node_cpus(slurm2)}", "scripts/dpo_train.sh",
             "--max_steps", str(STEPS), "--pairs_per_step", "16", "--logging_steps", "1", "--save_steps", "1000",
             "--report_to", "none", "--output_dir", str(out)]  # fmt: skip
@@ -92,7 +92,7 @@ def test_two_node_job_trains_one_process_per_node(uninterrupted):
     assert "node node1: machine rank 0 of 2, rendezvous node1:29500, 2 processes" in log
     assert "node node2: machine rank 1 of 2, rendezvous node1:29500, 2 processes" in log
     assert "--main_process_ip node1 " in log and "--num_machines 2 --num_processes 2 " in log
-    assert "batch: 16 pairs per step = 4 per process x 2 accumulation x 2 processes" in log
+    assert "batch: 16 pairs per step over 2 processes, micro-batches of at most 2048 packed tokens" in log
     derived = json.loads((out / "resolved_config.json").read_text())["derived"]
     assert derived["world_size"] == 2  # what the training processes themselves saw (WORLD_SIZE from the launch)
     for name in RUN_FILES:
