@@ -18,6 +18,8 @@ CARD_FIELDS = [
     "warmup_steps",
     "num_train_epochs",
     "max_length",
+    "padding_free",
+    "max_tokens_per_microbatch",
     "per_device_train_batch_size",
     "gradient_accumulation_steps",
     "weight_decay",
