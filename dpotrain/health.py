@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 from transformers import TrainerCallback
 
+from .collectives import max_over_ranks
 from .errors import ConfigError
 
 LN2 = math.log(2)
@@ -222,15 +223,7 @@ class HealthGuard(TrainerCallback):
             action = 2
         elif alarms and self.p.health_action == "stop":
             action = 1
-        import torch.distributed as dist
-
-        if dist.is_available() and dist.is_initialized():  # one rank's verdict stops all, at the same step
-            import torch
-
-            flag = torch.tensor([action], device=args.device)
-            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-            action = int(flag.item())
-        return action
+        return max_over_ranks(action, args.device)  # one rank's verdict stops all, at the same step
 
 
 def _fmt(values: dict) -> str:

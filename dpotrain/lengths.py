@@ -530,12 +530,16 @@ def cache_key(dataset_id: str, tokenizer) -> tuple[str, dict]:
     return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:24], identity
 
 
+def cache_root() -> Path:
+    """Where this project caches what it computed (length reports, reference log-probs): `$DPOTRAIN_CACHE`, else
+    `~/.cache/dpotrain`."""
+    root = os.environ.get("DPOTRAIN_CACHE")
+    return Path(root).expanduser() if root else Path.home() / ".cache" / "dpotrain"
+
+
 def default_cache_dir(cache_dir: str | Path | None = None) -> Path:
     """`cache_dir`, else `$DPOTRAIN_CACHE/lengths`, else `~/.cache/dpotrain/lengths`."""
-    if cache_dir is not None:
-        return Path(cache_dir).expanduser()
-    root = os.environ.get("DPOTRAIN_CACHE")
-    return (Path(root).expanduser() if root else Path.home() / ".cache" / "dpotrain") / "lengths"
+    return Path(cache_dir).expanduser() if cache_dir is not None else cache_root() / "lengths"
 
 
 def save_cache(m: Measured, report: dict, dataset_id: str, tokenizer, cache_dir: str | Path | None = None) -> Path:

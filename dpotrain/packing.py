@@ -69,15 +69,6 @@ def sequences(example: dict, max_length: int | None, truncation_mode: str):
     return out
 
 
-def pair_tokens(example: dict, max_length: int | None, truncation_mode: str = "keep_start") -> int:
-    """Positions a pair occupies in a packed row (both sequences, after truncation): its cost in a micro-batch."""
-    prompt = len(example["prompt_ids"])
-    return sum(
-        min(prompt + len(example[side]), max_length) if max_length else prompt + len(example[side])
-        for side in ("chosen_ids", "rejected_ids")
-    )
-
-
 def balanced_rows(lengths: list[int], count: int) -> list[list[int]]:
     """Sequence indices in `count` rows of balanced fill: longest first into the emptiest row, then moves and swaps
     out of the fullest row while they lower it (the width every row is padded to)."""

@@ -13,22 +13,14 @@ import time
 
 import torch
 
+from .collectives import all_reduce_sum
+
 PAIR_MEAN = ["rewards/chosen", "rewards/rejected", "rewards/accuracies", "rewards/margins", "logps/chosen",
              "logps/rejected", "rewards_norm/chosen", "rewards_norm/rejected", "rewards_norm/accuracies",
              "rewards_norm/margins"]  # fmt: skip
 # Every rank sums the same keys in the same order, so one all-reduce of one vector reduces them all.
 SUMS = PAIR_MEAN + ["pairs", "entropy", "completion_tokens", "logits/chosen", "logits/rejected", "chosen_tokens",
                     "rejected_tokens", "top1", "tokens", "positions", "aux_loss", "aux_loss_batches"]  # fmt: skip
-
-
-def all_reduce_sum(tensor: torch.Tensor) -> torch.Tensor:
-    """Summed over ranks. torch.distributed directly: accelerate's `reduce` leaves gloo (CPU) process groups alone."""
-    import torch.distributed as dist
-
-    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-        tensor = tensor.clone()
-        dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
-    return tensor
 
 
 def sequence_logps(per_token: torch.Tensor, shift_mask: torch.Tensor, ld_alpha: float | None) -> torch.Tensor:

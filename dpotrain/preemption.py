@@ -47,15 +47,9 @@ class GracefulStop(TrainerCallback):
         return self.signal_received is not None or bool(self.stop_file and self.stop_file.exists())
 
     def _asked_anywhere(self, args) -> bool:
-        import torch
-        import torch.distributed as dist
+        from .collectives import max_over_ranks
 
-        asked = self._asked_here()
-        if dist.is_available() and dist.is_initialized():
-            flag = torch.tensor([int(asked)], device=args.device)
-            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-            asked = bool(flag.item())
-        return asked
+        return bool(max_over_ranks(int(self._asked_here()), args.device))
 
     def on_step_end(self, args, state, control, **kwargs):
         if self._asked_anywhere(args):

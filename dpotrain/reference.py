@@ -30,8 +30,9 @@ COLUMNS = ("prompt_ids", "chosen_ids", "rejected_ids")
 
 def cache_dir() -> Path:
     """`$DPOTRAIN_CACHE/reference`, else `~/.cache/dpotrain/reference` (a few bytes per pair)."""
-    root = os.environ.get("DPOTRAIN_CACHE")
-    return (Path(root).expanduser() if root else Path.home() / ".cache" / "dpotrain") / "reference"
+    from .lengths import cache_root
+
+    return cache_root() / "reference"
 
 
 def token_hash(dataset) -> str:
@@ -49,7 +50,8 @@ def token_hash(dataset) -> str:
 
 
 def pair_costs(dataset, max_length: int | None) -> np.ndarray:
-    """Positions each pair takes in a packed row after truncation (see `packing.pair_tokens`), from Arrow offsets."""
+    """Positions each pair takes in packed rows after truncation (as `packing.sequences` cuts them), from Arrow
+    offsets: its cost in a micro-batch."""
     table = dataset.with_format("arrow")[:]
     import pyarrow.compute as pc
 
@@ -164,9 +166,9 @@ def add_reference_logps(trainer, dataset, name: str, plan: list[list[list[int]]]
     """`dataset` with `ref_chosen_logps` / `ref_rejected_logps` columns, from the cache or scored now in the
     micro-batches `plan[rank]` (every rank's, so that the key is the same everywhere)."""
     accelerator = trainer.accelerator
-    identity = cache_identity(trainer, dataset, plan)
-    identity_list = [identity]
-    if accelerator.num_processes > 1:  # rank 0's view decides, so all ranks read or write one file
+    # Rank 0's view decides, so all ranks read or write one file; only it hashes the data set's tokens.
+    identity_list = [cache_identity(trainer, dataset, plan) if accelerator.is_main_process else None]
+    if accelerator.num_processes > 1:
         from accelerate.utils import broadcast_object_list
 
         broadcast_object_list(identity_list, from_process=0)

@@ -22,11 +22,12 @@ from trl.models import prepare_deepspeed
 
 from . import batching, builtin, packing, reference
 from .checkpoints import CompleteMarker
+from .collectives import all_reduce_sum
 from .config import Recipe
 from .errors import ConfigError
 from .health import HealthGuard
 from .metrics import MetricsRecorder
-from .pair_metrics import PairMetrics, all_reduce_sum
+from .pair_metrics import PairMetrics
 from .preemption import GracefulStop
 from .samples import SampleGenerator
 
