@@ -19,7 +19,7 @@ from pathlib import Path
 
 from dotenv import load_dotenv
 
-from dpotrain import data, health, hub, hub_push, lora, offline, options, resolve, rows, samples
+from dpotrain import data, health, hub, hub_push, lora, offline, options, reference, resolve, rows, samples
 from dpotrain.config import parse_args
 from dpotrain.errors import run_cli
 from dpotrain.hub_push import CheckpointPusher
@@ -55,14 +55,18 @@ def main(argv=None) -> None:
             derived["max_length"] = resolve.preview_auto_max_length(recipe)
         print(json.dumps(push.record(resolve.resolved_config(recipe, derived)), indent=2, default=str))
         return
-    push.check_token()
-    options.check_wandb(recipe)
-    if push.requested and int(os.environ.get("RANK", "0")) == 0:  # one whoami, not one per rank (rate limits)
-        push.repo_id = hub.check_write_access(push.repo_id, push.token)  # now, not after training; user/name
+    only_reference = recipe.project.reference_only  # the reference stage alone: no output folder, W&B or push
+    if not resolve.uses_live_reference(recipe):
+        reference.check_writable()  # the reference stage saves as it goes
+    if not only_reference:
+        push.check_token()
+        options.check_wandb(recipe)
+        if push.requested and int(os.environ.get("RANK", "0")) == 0:  # one whoami, not one per rank (rate limits)
+            push.repo_id = hub.check_write_access(push.repo_id, push.token)  # now, not after training; user/name
     pairs_per_step = recipe.project.pairs_per_step or (
         training.per_device_train_batch_size * training.gradient_accumulation_steps * world
     )
-    plan = resolve.check_output_dir(recipe, pairs_per_step)
+    plan = resolve.OutputPlan(None, False) if only_reference else resolve.check_output_dir(recipe, pairs_per_step)
     offline.check_offline_artifacts(recipe)  # with HF_HUB_OFFLINE: model, tokenizer and data set must be cached
 
     from accelerate import PartialState
@@ -93,17 +97,30 @@ def main(argv=None) -> None:
     state.wait_for_everyone()
     if recipe.max_length_auto:
         derived["max_length"] = resolve.auto_max_length(recipe, dataset, state)
-    if state.is_main_process:
+    if state.is_main_process and not only_reference:
         setup_wandb(training)
 
     from dpotrain.trainer import build_trainer
 
     # Checkpoint branches: pushed from the main process in the background, only where the Hub is reachable.
     pusher = None
-    if push.checkpoints and not offline.is_offline() and state.is_main_process:
+    if push.checkpoints and not offline.is_offline() and state.is_main_process and not only_reference:
         pusher = CheckpointPusher(push.repo_id, push.token, push.private, out)
     callbacks = [WandbStepIsGlobalStep(), *([pusher] if pusher else [])]
+    created_before = out.exists()
     trainer = build_trainer(recipe, dataset, eval_dataset=eval_dataset, callbacks=callbacks)
+
+    # The reference stage (dpotrain/reference.py): scored once, saved as it goes, stopped cleanly on a stop request.
+    outcomes = reference.run_stage(trainer, trainer.graceful_stop, recipe.project.reference_save_seconds)
+    if outcomes and outcomes[-1].stopped:
+        if state.is_main_process:
+            trainer.graceful_stop.mark_saved(outcomes[-1].line())  # the requeued job scores only the rest
+        return
+    if only_reference:
+        if state.is_main_process and not created_before and out.is_dir() and not any(out.iterdir()):
+            out.rmdir()  # the Trainer makes output_dir when it starts; a reference-only run writes nothing there
+        return
+
     derived["total_steps"] = trainer.state.max_steps or derived["total_steps"]
     derived["batching"] = trainer.batching_summary()
     resolved = push.record(resolve.resolved_config(recipe, derived | {"resumed_from": plan.resume_from}))

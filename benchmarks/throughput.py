@@ -124,6 +124,7 @@ def worker(args) -> None:
                            model_init_kwargs={"attn_implementation": args.attn, "dtype": dtype})  # fmt: skip
         trainer = DPOTrainer(model=str(args.model), args=config, train_dataset=data)
     else:
+        from dpotrain import reference
         from dpotrain.config import parse_args
         from dpotrain.trainer import build_trainer
 
@@ -133,6 +134,7 @@ def worker(args) -> None:
                              "--dataset_name", str(args.data), "--pairs_per_step", str(per_step),
                              "--max_tokens_per_microbatch", str(args.batch * 2 * args.max_length)])  # fmt: skip
         trainer = build_trainer(recipe, data)
+        reference.run_stage(trainer, trainer.graceful_stop)  # the reference pass: part of the end-to-end time
     trainer.data_collator = Counting(trainer.data_collator)
     if torch.cuda.is_available():
         torch.cuda.reset_peak_memory_stats()
@@ -147,7 +149,8 @@ def worker(args) -> None:
         "in_process_s": end - start, "train_s": end - train_start, "tokens": counting.tokens,
         "positions": counting.positions, "params": params, "gpu_peak_bytes": peak,
         "rss_peak_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
-        "micro_batches_per_step": trainer.args.gradient_accumulation_steps,
+        "micro_batches_per_step": (trainer.batching_summary()["micro_batches_per_step"] if args.path != "trl"
+                                   else trainer.args.gradient_accumulation_steps),
     }), flush=True)  # fmt: skip
 
 

@@ -27,3 +27,21 @@ def max_over_ranks(value: int, device) -> int:
     flag = torch.tensor([value], device=device)
     dist.all_reduce(flag, op=dist.ReduceOp.MAX)
     return int(flag.item())
+
+
+def broadcast_from_main(obj):
+    """Rank 0's `obj` on every rank (any picklable object; the other ranks' `obj` is ignored)."""
+    if not _distributed():
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def gather_objects(obj) -> list:
+    """Every rank's `obj`, in rank order, on every rank (objects of different sizes: not tensors)."""
+    if not _distributed():
+        return [obj]
+    out = [None] * dist.get_world_size()
+    dist.all_gather_object(out, obj)
+    return out

@@ -89,6 +89,21 @@ class ProjectArguments:
         default=False,
         metadata={"help": "Print the resolved configuration as JSON and exit, without loading a model or data."},
     )
+    reference_only: bool = field(
+        default=False,
+        metadata={
+            "help": "Score and cache the reference log-probs (the reference stage), then exit without training: run it "
+            "on a larger allocation, or as a job of its own before the training job (sbatch --dependency=afterok:). "
+            "The training run with the same model, data and max_length reuses the result on any number of processes."
+        },
+    )
+    reference_save_seconds: float = field(
+        default=120.0,
+        metadata={
+            "help": "The reference stage writes what each process has scored at least this often (and when it stops), "
+            "so a killed job loses at most this much scoring."
+        },
+    )
     preflight: bool = field(
         default=False,
         metadata={

@@ -43,13 +43,20 @@ class GracefulStop(TrainerCallback):
             os.kill(os.getpid(), signum)
         self.signal_received = signum  # nothing else: we may be in the middle of a collective
 
-    def _asked_here(self) -> bool:
+    def asked_here(self) -> bool:
         return self.signal_received is not None or bool(self.stop_file and self.stop_file.exists())
 
     def _asked_anywhere(self, args) -> bool:
         from .collectives import max_over_ranks
 
-        return bool(max_over_ranks(int(self._asked_here()), args.device))
+        return bool(max_over_ranks(int(self.asked_here()), args.device))
+
+    def mark_saved(self, what: str) -> None:
+        """Main process, once progress is safely on disk: `<stop file>.checkpointed` tells the batch script to
+        requeue the job (the requeued job goes on from what was saved) rather than end it."""
+        print(f"Stop requested: {what}; exiting so the job can be requeued.", flush=True)
+        if self.stop_file:
+            Path(f"{self.stop_file}.checkpointed").write_text(f"{what}\n")
 
     def on_step_end(self, args, state, control, **kwargs):
         if self._asked_anywhere(args):
@@ -61,8 +68,5 @@ class GracefulStop(TrainerCallback):
     def on_save(self, args, state, control, **kwargs):
         # Runs after the checkpoint's COMPLETE mark (this callback is registered after CompleteMarker).
         if self.stopped and state.global_step < state.max_steps and state.is_world_process_zero:
-            checkpoint = Path(args.output_dir) / f"checkpoint-{state.global_step}"
-            print(f"Stop requested: checkpoint {checkpoint} written; exiting so the job can be requeued.", flush=True)
-            if self.stop_file:
-                Path(f"{self.stop_file}.checkpointed").write_text(f"{checkpoint}\n")
+            self.mark_saved(f"checkpoint {Path(args.output_dir) / f'checkpoint-{state.global_step}'} written")
         return control

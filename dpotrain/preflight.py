@@ -108,6 +108,7 @@ def score(recipe, sample) -> dict:
     whatever forward training uses for the reference (TRL's padded one, the packed one of dpotrain/reference.py) is the
     one that scores here. Returns per kept row: prompt / chosen / rejected token counts and summed log-probs.
     """
+    from . import reference
     from .trainer import build_trainer
 
     t, p = recipe.training, recipe.project
@@ -123,6 +124,7 @@ def score(recipe, sample) -> dict:
         # under $DPOTRAIN_CACHE) and the output folder live in a folder removed afterwards.
         t.output_dir = tmp
         trainer = build_trainer(recipe, sample)
+        reference.run_stage(trainer, trainer.graceful_stop)
         ds = trainer.train_dataset
         columns = ["prompt_ids", "chosen_ids", "rejected_ids", "ref_chosen_logps", "ref_rejected_logps"]
         rows = ds.select_columns(columns).to_dict()

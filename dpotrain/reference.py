@@ -1,31 +1,48 @@
-"""Reference log-probs, computed once before training with the training forward, and cached on disk.
+"""The reference stage: every pair's reference log-probs, scored once between the plan and training, kept on disk as
+they are computed, and reused by any later run that would compute the same numbers.
 
 The reference model is the policy before its first update, so its log-probs can be scored once and the second model
-dropped from memory for the whole run. Done carelessly this breaks DPO's step-1 invariant (loss ln 2, rewards 0):
-TRL's own precompute scores pairs in padded batches of another shape than training's, and the sums drift
-(`../shared/seeds/000_*`, hypothesis 1; FACTS.md: ln 2 + 2.4e-7). Here each pair is scored with the packed forward
-training uses, in the very micro-batches training runs it in first, in the same dtype and attention implementation.
+dropped from memory for the whole run. On a real data set this is hours of GPU time (150k pairs of ~5k tokens), so it
+is a stage of its own, run by `train_dpo.py` after the model loads and before training (or alone, `--reference-only`):
+- results are written per rank, atomically, every `reference_save_seconds` and whenever the stage stops; a restarted
+  job (requeued, preempted, killed, or rerun by hand) keeps what was scored and scores only the rest;
+- a stop request (stop file, USR1, SIGTERM: `preemption.GracefulStop`) is honoured between micro-batches: every rank
+  saves its part, the main process writes the marker that makes `scripts/launch.sh` requeue the job, and the run exits;
+- rank 0 alone decides hit, partial or miss and broadcasts what it found, so ranks whose caches differ (node-local
+  `DPOTRAIN_CACHE`) still enter the same collectives;
+- each pair is scored with the training forward (`RecipeDPOTrainer.reference_log_probs`: TRL's own reference code
+  around the packed or padded forward), in the micro-batches training meets it in first (epoch 0 of the plan), so at
+  step 1 policy and reference agree to the last bit (TRL's own precompute drifts: `../shared/seeds/000_*`).
 
-The cache key is what determines the numbers and nothing else: the weights (TRL's hash of the module), the token ids
-of every pair (so data set, revision, tokenizer and chat template are all covered, and in-memory data sets too),
-max_length and truncation, LD-DPO's alpha, dtype, attention implementation, library versions, and which pairs share
-a micro-batch. A requeued job, or a rerun with another learning rate, beta or output_dir, finds it. Each rank scores
-the micro-batches it will train on first (so at step 1 policy and reference agree to the last bit, and the ranks are
-balanced as in training), each pair once, gathered by index; a missing index is an error, never a silent zero.
+The cache key is what determines each pair's numbers and nothing else: the weights, every pair's token ids (so data set,
+revision, tokenizer and chat template are covered, in-memory data sets too), max_length and truncation, LD-DPO's alpha,
+dtype and autocast, attention implementation, the forward (packed or padded) and library versions. It leaves out the
+micro-batch layout — world size, node count, token budget, pairs per step, max_steps — although which pairs share a
+packed row changes the last bits of a sum: a run on another layout reuses the cache and starts ~1e-7 from ln 2 in fp32
+instead of exactly on it (tests/test_reference.py measures it), far inside the step-1 health guard.
 """
 
+import functools
 import hashlib
 import json
 import os
+import secrets
+import socket
+import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from . import packing
+from .collectives import broadcast_from_main, gather_objects, max_over_ranks
+from .errors import ConfigError
+from .plan import COLUMNS, PairLengths
 
-CACHE_VERSION = 1
-COLUMNS = ("prompt_ids", "chosen_ids", "rejected_ids")
+CACHE_VERSION = 2
+COMPLETE = "complete.npz"
+SAVE_SECONDS = 120  # default of `reference_save_seconds`
+PROGRESS_SECONDS = 60  # a progress line in the (Slurm) log at most this often
 
 
 def cache_dir() -> Path:
@@ -33,6 +50,19 @@ def cache_dir() -> Path:
     from .lengths import cache_root
 
     return cache_root() / "reference"
+
+
+def check_writable() -> None:
+    """The stage saves as it goes: an unwritable cache would lose hours of scoring. Checked before anything loads."""
+    folder = cache_dir()
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        probe = folder / f".write-test-{socket.gethostname()}-{os.getpid()}"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as e:
+        raise ConfigError(f"the reference cache folder {folder} is not writable ({e.strerror}): set DPOTRAIN_CACHE "
+                          "to a writable folder (on a cluster, one on a shared file system)") from None  # fmt: skip
 
 
 def token_hash(dataset) -> str:
@@ -49,144 +79,237 @@ def token_hash(dataset) -> str:
     return h.hexdigest()
 
 
-def pair_costs(dataset, max_length: int | None) -> np.ndarray:
-    """Positions each pair takes in packed rows after truncation (as `packing.sequences` cuts them), from Arrow
-    offsets: its cost in a micro-batch."""
-    table = dataset.with_format("arrow")[:]
-    import pyarrow.compute as pc
-
-    prompt, chosen, rejected = (np.asarray(pc.list_value_length(table.column(c)), dtype=np.int64) for c in COLUMNS)
-    sides = [prompt + chosen, prompt + rejected]
-    if max_length is not None:
-        sides = [np.minimum(s, max_length) for s in sides]
-    return (sides[0] + sides[1]).astype(np.int64)
-
-
-def cache_identity(trainer, dataset, plan: list[list[list[int]]]) -> dict:
+def identity(trainer, dataset) -> dict:
     import transformers
     import trl
 
-    model = trainer.model
-    config = model.config
+    model, args = trainer.model, trainer.args
     return {
         "version": CACHE_VERSION,
-        "model": getattr(config, "_name_or_path", ""),
+        "model": getattr(model.config, "_name_or_path", ""),
         "weights_sha256": trainer._precompute_model_hash,
         "tokens_sha256": token_hash(dataset),
         "pairs": len(dataset),
-        "max_length": trainer.args.max_length,
-        "truncation_mode": trainer.args.truncation_mode,
+        "max_length": args.max_length,
+        "truncation_mode": args.truncation_mode,
         "ld_alpha": trainer.ld_alpha,
         "dtype": str(model.dtype),
-        "autocast": "bf16" if trainer.args.bf16 else "fp16" if trainer.args.fp16 else None,
-        "attn_implementation": getattr(config, "_attn_implementation", None),
-        "forward": "packed",
-        "one_row": trainer.packed_collator.one_row,
-        "hidden_size": trainer.packed_collator.hidden_size,
-        # Which pairs share a packed row changes the last bits of the sums (kernels block the row differently), so
-        # pairs are scored in the micro-batches training first runs them in, and that layout is part of the key.
-        "micro_batches_sha256": hashlib.sha256(json.dumps(plan).encode()).hexdigest(),
+        "autocast": "bf16" if args.bf16 else "fp16" if args.fp16 else None,
+        "attn_implementation": getattr(model.config, "_attn_implementation", None),
+        "forward": "packed" if trainer.packed else "padded",
         "versions": {"torch": torch.__version__, "transformers": transformers.__version__, "trl": trl.__version__},
     }
 
 
-def cache_path(identity: dict) -> Path:
-    key = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:24]
-    return cache_dir() / f"{key}.npz"
+class Store:
+    """One key's folder: `complete.npz` once every pair is scored; until then `part-<attempt>-r<rank>.npz` files, each
+    a rank's results of one attempt, rewritten atomically as they grow."""
+
+    def __init__(self, folder: Path, pairs: int):
+        self.folder, self.pairs = folder, pairs
+
+    @classmethod
+    def for_identity(cls, ident: dict) -> "Store":
+        key = hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:24]
+        return cls(cache_dir() / key, ident["pairs"])
+
+    def complete(self) -> tuple[np.ndarray, np.ndarray] | None:
+        path = self.folder / COMPLETE
+        if not path.is_file():
+            return None
+        with np.load(path) as f:
+            chosen, rejected = f["chosen"], f["rejected"]
+        return (chosen, rejected) if len(chosen) == self.pairs == len(rejected) else None
+
+    def parts(self) -> tuple[np.ndarray, np.ndarray]:
+        """Every pair scored by an interrupted attempt: NaN where not scored."""
+        chosen = np.full(self.pairs, np.nan, dtype=np.float32)
+        rejected = np.full(self.pairs, np.nan, dtype=np.float32)
+        for path in sorted(self.folder.glob("part-*.npz")):
+            try:
+                with np.load(path) as f:
+                    index, c, r = f["index"], f["chosen"], f["rejected"]
+            except (OSError, ValueError, KeyError):  # being replaced by another rank right now: its old copy is gone
+                continue
+            if len(index) and index.max() < self.pairs:
+                chosen[index], rejected[index] = c, r
+        return chosen, rejected
+
+    def write_part(self, attempt: str, rank: int, index: list[int], chosen: list[float], rejected: list[float]) -> None:
+        as32 = functools.partial(np.asarray, dtype=np.float32)
+        self._write(f"part-{attempt}-r{rank}.npz", index=np.asarray(index, dtype=np.int64), chosen=as32(chosen),
+                    rejected=as32(rejected))  # fmt: skip
+
+    def write_complete(self, ident: dict, chosen: np.ndarray, rejected: np.ndarray) -> None:
+        self._write(COMPLETE, chosen=chosen, rejected=rejected)
+        (self.folder / "identity.json").write_text(json.dumps(ident, indent=1) + "\n")
+
+    def remove_parts(self, attempt: str | None = None, rank: int | None = None) -> None:
+        pattern = "part-*.npz" if attempt is None else f"part-{attempt}-r{rank}.npz"
+        for path in self.folder.glob(pattern):
+            path.unlink(missing_ok=True)
+
+    def _write(self, name: str, **arrays) -> None:
+        self.folder.mkdir(parents=True, exist_ok=True)
+        # Renamed into place: a reader never sees half a file. Unique per process (ranks may share the folder).
+        tmp = self.folder / f".{name}.{socket.gethostname()}.{os.getpid()}.npz"
+        np.savez(tmp, **arrays)
+        os.replace(tmp, self.folder / name)
 
 
-def load(path: Path, pairs: int) -> tuple[np.ndarray, np.ndarray] | None:
-    if not path.is_file():
-        return None
-    with np.load(path) as f:
-        chosen, rejected = f["chosen"], f["rejected"]
-    return (chosen, rejected) if len(chosen) == pairs == len(rejected) else None
+@dataclass
+class Outcome:
+    name: str
+    pairs: int
+    reused: int  # pairs found in the cache
+    scored: int  # pairs scored by this attempt
+    stopped: bool
+    folder: Path
+
+    def line(self) -> str:
+        if self.stopped:
+            return (f"reference log-probs ({self.name}): stopped with {self.reused + self.scored:,} of {self.pairs:,} "
+                    f"pairs saved in {self.folder}; the same command scores only the rest")  # fmt: skip
+        if not self.scored:
+            return f"reference log-probs ({self.name}): all {self.pairs:,} pairs reused from {self.folder}"
+        kept = f"{self.reused:,} reused from an interrupted run, " if self.reused else ""
+        return f"reference log-probs ({self.name}): {kept}{self.scored:,} scored, cached in {self.folder}"
 
 
-def save(path: Path, identity: dict, chosen: np.ndarray, rejected: np.ndarray) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.stem}.{os.getpid()}.npz")  # renamed into place: a reader never sees half a file
-    np.savez(tmp, chosen=chosen, rejected=rejected)
-    os.replace(tmp, path)
-    path.with_suffix(".json").write_text(json.dumps(identity, indent=1) + "\n")
+class _Progress:
+    """Pairs done, total and time left, in the log (not a progress bar: Slurm logs keep every redraw)."""
+
+    def __init__(self, name: str, total: int, done: int, tokens_todo: int, show: bool):
+        self.name, self.total, self.done, self.tokens_todo, self.show = name, total, done, tokens_todo, show
+        self.start = self.last = time.monotonic()
+        self.tokens = 0
+
+    def advance(self, pairs: int, tokens: int, force: bool = False) -> None:
+        self.done += pairs
+        self.tokens += tokens
+        now = time.monotonic()
+        if not self.show or (now - self.last < PROGRESS_SECONDS and not force):
+            return
+        self.last = now
+        elapsed = now - self.start
+        left = (self.tokens_todo - self.tokens) * elapsed / max(self.tokens, 1)
+        share, speed = 100 * self.done / self.total, self.tokens / max(elapsed, 1e-9)
+        print(f"reference log-probs ({self.name}): {self.done:,}/{self.total:,} pairs ({share:.1f}%), "
+              f"{_duration(elapsed)} elapsed, ~{_duration(left)} left, {speed:,.0f} tokens/s", flush=True)  # fmt: skip
 
 
-def score(trainer, dataset, name: str, plan: list[list[list[int]]]) -> tuple[np.ndarray, np.ndarray]:
-    """Summed reference log-probs of every pair's chosen and rejected completion, scored on all ranks: rank r scores
-    the micro-batches `plan[r]`."""
-    from tqdm.auto import tqdm
+def _duration(seconds: float) -> str:
+    seconds = int(seconds)
+    if seconds < 3600:
+        return f"{seconds // 60}m{seconds % 60:02d}s"
+    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
 
+
+def run(trainer, dataset, name: str, layout: list[list[list[int]]], stop, save_seconds: float = SAVE_SECONDS):
+    """`dataset` with `ref_chosen_logps` / `ref_rejected_logps` columns (None when stopped), and the Outcome.
+
+    `layout[rank]` is the list of micro-batches rank `rank` scores, in order (every rank's, so all ranks know how many
+    pairs each round scores). `stop` is the run's `GracefulStop`."""
     accelerator = trainer.accelerator
-    collate = trainer.packed_collator
-    model = trainer.reference_scorer()
-    was_training = model.training
-    model.eval()
-    found_index, found_chosen, found_rejected = [], [], []
-    token_columns = dataset.select_columns(list(COLUMNS))
-    batches = plan[accelerator.process_index]
-    bar = tqdm(total=len(dataset), desc=f"Reference log-probs ({name})", disable=not accelerator.is_main_process,
-               unit="pair")  # fmt: skip
-    for batch_indices in batches:
-        rows = token_columns[batch_indices]
-        batch = collate([{c: rows[c][k] for c in COLUMNS} for k in range(len(batch_indices))])
-        batch = {k: v.to(accelerator.device) if torch.is_tensor(v) else v for k, v in batch.items()}
-        padded = packing.padded_view(batch)
-        # TRL's own reference computation (adapter disabled for PEFT, no grad, autocast, LD-DPO weighting), with the
-        # packed forward standing in for the model call.
-        chosen, rejected = trainer.compute_ref_log_probs(packing.PackedModel(model, batch), padded)
-        found_index.append(torch.tensor(batch_indices, device=accelerator.device))
-        found_chosen.append(chosen.float())
-        found_rejected.append(rejected.float())
-        bar.update(len(batch_indices) * accelerator.num_processes)  # ranks move in step: an estimate of the total
-    bar.close()
-    model.train(was_training)
-    local = [torch.cat(x).cpu().tolist() if x else [] for x in (found_index, found_chosen, found_rejected)]
-    if accelerator.num_processes > 1:
-        import torch.distributed as dist
+    rank, world = accelerator.process_index, accelerator.num_processes
+    n = len(dataset)
+    ident = broadcast_from_main(identity(trainer, dataset) if accelerator.is_main_process else None)
+    store = Store.for_identity(ident)
 
-        parts = [None] * accelerator.num_processes
-        dist.all_gather_object(parts, local)  # ranks hold different numbers of pairs: objects, not tensors
-    else:
-        parts = [local]
-    chosen_all = np.full(len(dataset), np.nan, dtype=np.float32)
-    rejected_all = np.full(len(dataset), np.nan, dtype=np.float32)
-    seen = np.zeros(len(dataset), dtype=np.int64)
-    for index, chosen, rejected in parts:
-        chosen_all[index] = chosen
-        rejected_all[index] = rejected
-        np.add.at(seen, np.asarray(index, dtype=np.int64), 1)
-    if not (seen == 1).all():
-        missing, twice = np.flatnonzero(seen == 0), np.flatnonzero(seen > 1)
-        raise RuntimeError(f"reference scoring lost pairs {missing[:10].tolist()} or scored {twice[:10].tolist()} "
-                           "twice: the ranks disagree on the data set (same data and seed on every node?)")  # fmt: skip
-    return chosen_all, rejected_all
+    # Rank 0's cache decides, for everyone: node-local caches then cannot lead ranks into different collectives.
+    found = None
+    if accelerator.is_main_process:
+        complete = store.complete()
+        found = (True, *complete) if complete is not None else (False, *store.parts())
+    is_complete, chosen, rejected = broadcast_from_main(found)
+    reused = int(np.count_nonzero(~np.isnan(chosen)))
+    if is_complete:
+        return _with_columns(dataset, chosen, rejected), Outcome(name, n, n, 0, False, store.folder)
 
+    todo = [[[i for i in mb if np.isnan(chosen[i])] for mb in mine] for mine in layout]
+    todo = [[mb for mb in mine if mb] for mine in todo]
+    rounds = max(len(mine) for mine in todo)
+    tokens = PairLengths.of(dataset, trainer.args.max_length).tokens
+    progress = _Progress(name, n, reused, int(sum(tokens[mb].sum() for mine in todo for mb in mine)),
+                         accelerator.is_main_process)  # fmt: skip
+    if accelerator.is_main_process:
+        kept = f", {reused:,} kept from an interrupted run" if reused else ""
+        print(f"reference log-probs ({name}): scoring {n - reused:,} of {n:,} pairs on {world} process(es){kept}; "
+              f"saved to {store.folder} as they are scored", flush=True)  # fmt: skip
+    attempt = broadcast_from_main(f"{time.strftime('%Y%m%d%H%M%S')}-{secrets.token_hex(3)}")
+    mine_index, mine_chosen, mine_rejected = [], [], []
+    rows = dataset.select_columns(list(COLUMNS))
+    lockstep = trainer.forward_needs_every_rank()
+    last_save = time.monotonic()
+    scorer = trainer.reference_scorer()
+    was_training = scorer.training
+    scorer.eval()
+    try:
+        for j in range(rounds):
+            if max_over_ranks(int(stop.asked_here()), accelerator.device):
+                store.write_part(attempt, rank, mine_index, mine_chosen, mine_rejected)
+                accelerator.wait_for_everyone()
+                return None, Outcome(name, n, reused, progress.done - reused, True, store.folder)
+            batch = todo[rank][j] if j < len(todo[rank]) else None
+            if batch is not None or lockstep:
+                # A rank out of pairs still takes part in the forward's collectives (ZeRO-3, FSDP) with a pair of
+                # the data set's, whose result is dropped.
+                ids = batch if batch is not None else [int(np.argmin(tokens))]
+                c, r = trainer.reference_log_probs(scorer, rows.__getitems__(ids))
+                if batch is not None:
+                    mine_index += batch
+                    mine_chosen += c.float().cpu().tolist()
+                    mine_rejected += r.float().cpu().tolist()
+            done_now = [mine[j] for mine in todo if j < len(mine)]
+            progress.advance(sum(map(len, done_now)), int(sum(tokens[mb].sum() for mb in done_now)))
+            if time.monotonic() - last_save >= save_seconds:
+                store.write_part(attempt, rank, mine_index, mine_chosen, mine_rejected)
+                last_save = time.monotonic()
+    finally:
+        scorer.train(was_training)
+    progress.advance(0, 0, force=True)
 
-def add_reference_logps(trainer, dataset, name: str, plan: list[list[list[int]]]):
-    """`dataset` with `ref_chosen_logps` / `ref_rejected_logps` columns, from the cache or scored now in the
-    micro-batches `plan[rank]` (every rank's, so that the key is the same everywhere)."""
-    accelerator = trainer.accelerator
-    # Rank 0's view decides, so all ranks read or write one file; only it hashes the data set's tokens.
-    identity_list = [cache_identity(trainer, dataset, plan) if accelerator.is_main_process else None]
-    if accelerator.num_processes > 1:
-        from accelerate.utils import broadcast_object_list
-
-        broadcast_object_list(identity_list, from_process=0)
-    identity = identity_list[0]
-    path = cache_path(identity)
-    cached = load(path, len(dataset))
-    if cached is not None:
-        if accelerator.is_main_process:
-            print(f"Reference log-probs ({name}): reusing {path}", flush=True)
-        chosen, rejected = cached
-    else:
-        chosen, rejected = score(trainer, dataset, name, plan)
-        if accelerator.is_main_process:
-            save(path, identity, chosen, rejected)
-            print(f"Reference log-probs ({name}): {len(dataset)} pairs scored, cached in {path}", flush=True)
+    for index, c, r in gather_objects((mine_index, mine_chosen, mine_rejected)):
+        chosen[index], rejected[index] = c, r
+    missing = np.flatnonzero(np.isnan(chosen) | np.isnan(rejected))
+    if len(missing):
+        raise RuntimeError(f"reference scoring left pairs {missing[:10].tolist()} unscored: the ranks disagree on the "
+                           "data set (same data, seed and code on every node?)")  # fmt: skip
+    if accelerator.is_local_main_process:  # every node keeps the result: node-local caches find it on a requeue
+        store.write_complete(ident, chosen, rejected)
     accelerator.wait_for_everyone()
+    store.remove_parts(attempt, rank)
+    if accelerator.is_local_main_process:
+        store.remove_parts()  # the interrupted attempts' parts, now in complete.npz
+    return _with_columns(dataset, chosen, rejected), Outcome(name, n, reused, n - reused, False, store.folder)
+
+
+def _with_columns(dataset, chosen: np.ndarray, rejected: np.ndarray):
     for column in ("ref_chosen_logps", "ref_rejected_logps"):
         if column in dataset.column_names:
             dataset = dataset.remove_columns(column)
     dataset = dataset.add_column("ref_chosen_logps", chosen.tolist())
     return dataset.add_column("ref_rejected_logps", rejected.tolist())
+
+
+def run_stage(trainer, stop, save_seconds: float = SAVE_SECONDS) -> list[Outcome]:
+    """The stage: the reference of the training set (and of the evaluation set), set on the trainer's data sets.
+    Returns one Outcome per data set; the last one says `stopped` when a stop request ended the stage early."""
+    outcomes = []
+    if not trainer.precompute_ref_logps:  # a live reference model (sync_ref_model, or asked for)
+        return outcomes
+    for name in ("train", "eval"):
+        dataset = trainer.train_dataset if name == "train" else trainer.eval_dataset
+        if dataset is None:
+            continue
+        scored, outcome = run(trainer, dataset, name, trainer.reference_layout(name, len(dataset)), stop, save_seconds)
+        outcomes.append(outcome)
+        if trainer.accelerator.is_main_process:
+            print(outcome.line(), flush=True)
+        if outcome.stopped:
+            break
+        if name == "train":
+            trainer.train_dataset = scored
+        else:
+            trainer.eval_dataset = scored
+    return outcomes

@@ -52,8 +52,6 @@ def check_values(recipe: Recipe) -> None:
 
 def check_token_budget(recipe: Recipe) -> None:
     t, budget = recipe.training, recipe.project.max_tokens_per_microbatch
-    if not t.padding_free:
-        raise ConfigError("max_tokens_per_microbatch packs sequences: it needs padding_free: true (the default)")
     if recipe.max_length_auto:
         return  # checked against the analyzer's choice once it is made (auto_max_length)
     if t.max_length is None or budget < 2 * t.max_length:
@@ -61,7 +59,7 @@ def check_token_budget(recipe: Recipe) -> None:
             f"max_tokens_per_microbatch={budget} must hold the longest possible pair, 2 x max_length "
             f"({'unbounded: set max_length' if t.max_length is None else 2 * t.max_length}); a pair is never split"
         )
-    from .batching import BATCH_LEVEL_LOSSES
+    from .plan import BATCH_LEVEL_LOSSES
 
     batch_level = sorted(set(t.loss_type) & BATCH_LEVEL_LOSSES)
     if batch_level:
@@ -78,6 +76,13 @@ def fill_defaults(recipe: Recipe) -> None:
         t.run_name = Path(recipe.config_path).stem + "-dpo" if recipe.config_path else "dpo"
     if "output_dir" not in recipe.given:
         t.output_dir = str(Path("outputs") / t.run_name)
+
+
+def uses_live_reference(recipe: Recipe) -> bool:
+    """A reference model kept in memory and run at every step, instead of the reference stage's scores: asked for
+    with `precompute_ref_log_probs: false`, or needed by `sync_ref_model` (which updates the reference)."""
+    t = recipe.training
+    return bool(t.sync_ref_model or ("precompute_ref_log_probs" in recipe.given and not t.precompute_ref_log_probs))
 
 
 def plan_batch(recipe: Recipe, world: int) -> None:
@@ -124,8 +129,6 @@ RESUME_FIELDS = (
     "optim", "weight_decay", "adam_beta1", "adam_beta2", "adam_epsilon", "max_grad_norm", "seed", "data_seed",
     "beta", "loss_type", "loss_weights", "label_smoothing", "max_length", "truncation_mode",
     "use_peft", "lora_r", "lora_alpha", "lora_dropout", "lora_target_modules", "use_rslora", "use_dora",
-    # Which micro-batches a step's pairs form: a resume skips the micro-batches already trained, by count.
-    "max_tokens_per_microbatch",
 )  # fmt: skip
 
 
@@ -196,24 +199,17 @@ def hf_token() -> str | None:
 
 
 def plan_steps(recipe: Recipe, world: int, rows: int | None) -> dict:
-    """Optimizer steps as transformers' Trainer counts them (`set_initial_training_values`)."""
+    """Optimizer steps as the Trainer will count them: steps of pairs_per_step pairs (plan.py, a tiny last step
+    merged), one dataloader item each."""
+    from .plan import steps_of
+
     t = recipe.training
-    pairs = t.per_device_train_batch_size * t.gradient_accumulation_steps * world
+    pairs = recipe.project.pairs_per_step or t.per_device_train_batch_size * t.gradient_accumulation_steps * world
     plan = {"pairs_per_step": pairs, "dataset_rows": rows, "total_steps": None, "warmup_steps": None}
-    if recipe.project.max_tokens_per_microbatch is not None:
-        pairs = recipe.project.pairs_per_step
-        plan["pairs_per_step"] = pairs
     if t.max_steps > 0:
         total = t.max_steps
-    elif rows is not None and t.padding_free:  # batching.py: steps of pairs_per_step, a tiny last one merged
-        from .batching import steps_of
-
-        per_epoch = len(steps_of(np.arange(rows), pairs, world))
-        total = math.ceil(t.num_train_epochs * per_epoch)
     elif rows is not None:
-        batches = math.ceil(rows / (t.per_device_train_batch_size * world))
-        per_epoch = max(math.ceil(batches / t.gradient_accumulation_steps), 1)
-        total = math.ceil(t.num_train_epochs * per_epoch)
+        total = math.ceil(t.num_train_epochs * len(steps_of(np.arange(rows), pairs, world)))
     else:
         return plan
     plan["total_steps"] = total
@@ -237,8 +233,10 @@ def resolved_config(recipe: Recipe, derived: dict) -> dict:
         # Micro-batches are cut by tokens: no fixed number of pairs per micro-batch, and how many micro-batches a step
         # takes comes from the data (derived.batching once the trainer has planned them).
         resolved["per_device_train_batch_size"] = None
-        if "batching" not in derived:
-            resolved["gradient_accumulation_steps"] = None
+        resolved["gradient_accumulation_steps"] = None
+    if "batching" in derived:  # the Trainer runs one item per step; the plan's micro-batches per step are the truth
+        per_step = derived["batching"]["micro_batches_per_step"]
+        resolved["gradient_accumulation_steps"] = per_step["min"] if per_step["min"] == per_step["max"] else None
     resolved["config"] = recipe.config_path
     resolved["derived"] = derived
     return resolved

@@ -1,18 +1,22 @@
 """The seam between TRL and this project: one `DPOTrainer` subclass, configured from a recipe, with our callbacks.
 
 Everything DPO-specific (tokenization, the loss and its variants, LD-DPO, the reference under PEFT) stays TRL's. The
-subclass changes how a micro-batch reaches TRL's loss code, and what surrounds it:
-- the forward is packed (`packing.py`): TRL's `_compute_loss` runs on the padded view of a packed micro-batch, with
-  `packing.PackedModel` answering its model call;
-- micro-batches follow `batching.py` (a token budget, a fixed number of pairs per optimizer step), and each
-  micro-batch's loss is weighed by its share of the step's pairs, so a step's loss and gradient are the mean over
+subclass changes how pairs reach TRL's loss code, and what surrounds it:
+- steps follow the plan (`plan.py`): the dataloader yields one item per optimizer step, this rank's micro-batches of
+  it, and `training_step` runs them with the gradient-accumulation boundary on the last (`no_sync` before it; for
+  DeepSpeed, accelerate's `set_gradient_accumulation_boundary`), so the Trainer, its schedule and `max_steps` count
+  optimizer steps while the number of micro-batches changes from step to step;
+- each micro-batch's loss is weighed by its share of the step's pairs, so a step's loss and gradient are the mean over
   its pairs whatever the micro-batching (`compute_loss`, `get_batch_samples`);
-- reference log-probs are scored once with the same packed forward and cached (`reference.py`);
+- the forward is packed (`packing.py`): TRL's `_compute_loss` runs on the padded view of a packed micro-batch, with
+  `packing.PackedModel` answering its model call; models that cannot pack get TRL's padded collator, on the same plan;
+- reference log-probs are scored in a stage of their own before training (`reference.py`), with the training forward
+  (`reference_log_probs`);
 - metrics are sums and counts reduced once per log (`pair_metrics.py`), since ranks hold different numbers of pairs.
-`padding_free: false` keeps TRL's padded forward (same loss weighting and metrics), for comparison.
 """
 
 import contextlib
+import functools
 import math
 
 import torch
@@ -20,7 +24,7 @@ from transformers import TrainerCallback
 from trl import DPOTrainer, get_peft_config, get_quantization_config
 from trl.models import prepare_deepspeed
 
-from . import batching, builtin, packing, reference
+from . import builtin, packing, plan
 from .checkpoints import CompleteMarker
 from .collectives import all_reduce_sum
 from .config import Recipe
@@ -50,32 +54,32 @@ def resolve_model_path(recipe: Recipe) -> str:
 
 def decide_packing(recipe: Recipe, model_path: str) -> tuple[bool, int]:
     """Packed or padded forward for this model and recipe: a one-line note when packing is off by necessity, an
-    error when it was asked for explicitly and cannot be honoured. Reads the model's config only (no weights).
-    Returns the decision and the model's hidden size (packed rows weigh attention against linear layers with it)."""
+    error when it was asked for explicitly and cannot be honoured. Either way the reference is scored once before
+    training (only the policy stays in memory), unless the recipe asks for a live reference model. Reads the model's
+    config only (no weights). Returns the decision and the model's hidden size (packed rows weigh attention against
+    linear layers with it)."""
     from transformers import AutoConfig
 
     t = recipe.training
     config = AutoConfig.from_pretrained(model_path, revision=recipe.model.model_revision)
     hidden_size = getattr(config.get_text_config(), "hidden_size", 4096)
+    live_reference = t.sync_ref_model or ("precompute_ref_log_probs" in recipe.given and not t.precompute_ref_log_probs)
+    if not live_reference:
+        t.precompute_ref_log_probs = True  # the reference stage (reference.py): only the policy stays in memory
     if not t.padding_free:
         return False, hidden_size
     config._attn_implementation = recipe.model.attn_implementation or "sdpa"  # transformers' default
     problem = packing.packing_problem(config)
     if problem is None and t.sync_ref_model:
         problem = "sync_ref_model updates the reference during training, so it cannot be scored once and cached"
-    if problem is None and "precompute_ref_log_probs" in recipe.given and not t.precompute_ref_log_probs:
+    if problem is None and live_reference:
         problem = "the packed path scores the reference once before training (precompute_ref_log_probs: true)"
     if problem is None:
-        t.precompute_ref_log_probs = True  # the reference cache: only the policy stays in memory
         return True, hidden_size
     if "padding_free" in recipe.given:
         raise ConfigError(f"padding_free (packed sequences) cannot be used here: {problem}; set --padding_free false")
-    if recipe.project.max_tokens_per_microbatch is not None:
-        raise ConfigError(
-            f"max_tokens_per_microbatch needs packed sequences, which cannot be used here: {problem}; remove "
-            "max_tokens_per_microbatch (micro-batches of per_device_train_batch_size pairs)"
-        )
-    print(f"Note: padded batches (TRL's forward), not packed sequences: {problem}.", flush=True)
+    print(f"Note: padded micro-batches (TRL's collator) on the same step plan, not packed sequences: {problem}.",
+          flush=True)  # fmt: skip
     t.padding_free = False
     return False, hidden_size
 
@@ -137,20 +141,19 @@ class RecipeDPOTrainer(DPOTrainer):
         self.packed = packed
         self.pairs_per_step = pairs_per_step
         self.max_tokens_per_microbatch = max_tokens_per_microbatch
-        self.batch_plan: batching.BatchPlan | None = None
-        self.train_costs = None
+        self.step_plan: plan.StepPlan | None = None
+        self.lengths: plan.PairLengths | None = None
+        self.planned_epochs: list = []  # every epoch the run touches, planned at start: [epoch][step][rank][mb]
         self.pair_metrics = PairMetrics()
         training_args = kwargs["args"]
         training_args.padding_free = False  # TRL 1.16 warns "temporarily unavailable" and pads; we pack
-        # The reference is scored with this same collator, so its rows are laid out as training's.
-        self.packed_collator = packing.PackedPreferenceCollator(
-            training_args.max_length,
-            training_args.truncation_mode,
-            one_row=packing.one_row(attn_implementation or "sdpa"),
-            hidden_size=hidden_size,
-        )
         if packed:
-            kwargs["data_collator"] = self.packed_collator
+            kwargs["data_collator"] = packing.PackedPreferenceCollator(
+                training_args.max_length,
+                training_args.truncation_mode,
+                one_row=packing.one_row(attn_implementation or "sdpa"),
+                hidden_size=hidden_size,
+            )
         super().__init__(*args, **kwargs)
         training_args.padding_free = packed  # the records say what ran
         # compute_loss weighs each micro-batch by its share of the step's pairs; the Trainer must not divide the
@@ -158,68 +161,111 @@ class RecipeDPOTrainer(DPOTrainer):
         self.loss_is_scaled_for_ga = True
         self.add_callback(_StartMetrics(self.pair_metrics))
 
-    # --- data: tokenized by TRL, then planned into micro-batches --------------------------------------------
+    # --- the plan: steps of pairs_per_step pairs, cut into micro-batches ----------------------------------------
     def _prepare_dataset(self, dataset, processing_class, args, dataset_name):
         dataset = super()._prepare_dataset(dataset, processing_class, args, dataset_name)
-        if dataset_name == "train" and self.packed:
-            # Runs inside TRL's __init__, before transformers creates the accelerator and fills DeepSpeed's
-            # "auto" values: the micro-batch count per step must be known by then.
-            self.train_costs = reference.pair_costs(dataset, args.max_length)
-            self.batch_plan = batching.plan(
-                self.train_costs,
-                self.pairs_per_step,
-                args.world_size,
-                args.seed,
-                epochs_needed(args, len(dataset), self.pairs_per_step),
-                self.max_tokens_per_microbatch,
-                args.per_device_train_batch_size,
-            )
-            args.gradient_accumulation_steps = self.batch_plan.micro_batches
+        if dataset_name == "train":
+            # Runs inside TRL's __init__, before transformers creates the accelerator and fills DeepSpeed's "auto"
+            # values: the Trainer must see one item per optimizer step by then.
+            self.lengths = plan.PairLengths.of(dataset, args.max_length)
+            budget = self.max_tokens_per_microbatch
+            self.step_plan = plan.StepPlan(self.pairs_per_step, args.world_size, args.seed, budget,
+                                           None if budget else args.per_device_train_batch_size,
+                                           padded=not self.packed)  # fmt: skip
+            epochs = epochs_needed(args, len(dataset), self.pairs_per_step, args.world_size)
+            # Every epoch is planned now: a step that cannot be cut is refused before the model does any work.
+            self.planned_epochs = plan.plan_run(self.lengths, self.step_plan, epochs)
+            args.gradient_accumulation_steps = 1  # the micro-batches of a step run inside training_step
         return dataset
 
-    def _get_train_sampler(self, train_dataset=None):
-        if self.batch_plan is None:
-            return super()._get_train_sampler(train_dataset)
-        return batching.TokenBudgetSampler(self.train_costs, self.batch_plan, self.args.seed, self.args.process_index)
+    def get_train_dataloader(self):
+        """One item per optimizer step (`plan.StepSampler`), rows read a step at a time and collated per
+        micro-batch with the forward's collator."""
+        from torch.utils.data import DataLoader
+        from transformers.trainer_utils import seed_worker
+
+        args = self.args
+        sampler = plan.StepSampler(self.lengths, self.step_plan, args.process_index, self.planned_epochs)
+        columns = [c for c in (*plan.COLUMNS, "ref_chosen_logps", "ref_rejected_logps")
+                   if c in self.train_dataset.column_names]  # fmt: skip
+        loader = DataLoader(
+            plan.StepRows(self.train_dataset.select_columns(columns)),
+            batch_sampler=sampler,
+            collate_fn=plan.StepCollator(self.data_collator),
+            num_workers=args.dataloader_num_workers,
+            pin_memory=args.dataloader_pin_memory,
+            persistent_workers=args.dataloader_persistent_workers and args.dataloader_num_workers > 0,
+            prefetch_factor=args.dataloader_prefetch_factor if args.dataloader_num_workers > 0 else None,
+            worker_init_fn=functools.partial(
+                seed_worker, num_workers=args.dataloader_num_workers, rank=args.process_index
+            ),  # fmt: skip
+        )
+        loader = self.accelerator.prepare(loader)
+        # The sampler already yields this rank's share: make accelerate's BatchSamplerShard a passthrough (as
+        # transformers' `_get_dataloader` does for a BatchRebalanceSampler).
+        shard = getattr(loader, "batch_sampler", None)
+        if shard is not None and getattr(shard, "batch_sampler", None) is sampler:
+            shard.num_processes, shard.process_index = 1, 0
+        return loader
 
     def batching_summary(self) -> dict:
-        """How micro-batches are made, for the run's records: this rank's first epoch under the plan."""
-        summary = {"forward": "packed" if self.packed else "padded (TRL)",
-                   "micro_batches_per_step": self.args.gradient_accumulation_steps}  # fmt: skip
-        if self.batch_plan is None:
-            return summary | {"pairs_per_micro_batch": self.args.per_device_train_batch_size}
-        micro_batches = list(
-            batching.epoch_micro_batches(self.train_costs, self.batch_plan, self.args.seed, 0, self.args.process_index)
-        )
-        pairs = [len(mb) for mb in micro_batches]
-        tokens = [int(self.train_costs[mb].sum()) for mb in micro_batches]
-        return summary | {
-            "max_tokens_per_microbatch": self.max_tokens_per_microbatch,
-            "pairs_per_step": self.pairs_per_step,
-            "pairs_per_micro_batch": {"min": min(pairs), "mean": round(sum(pairs) / len(pairs), 2), "max": max(pairs)},
-            "tokens_per_micro_batch": {
-                "min": min(tokens),
-                "mean": round(sum(tokens) / len(tokens)),
-                "max": max(tokens),
-            },
-            "padding_share": 0.0,
-        }
+        """How steps are cut, for the run's records (`plan.summary`), with the positions packed rows really take."""
+        collate = self.data_collator if self.packed else None
+        lengths = self.lengths
 
-    # --- reference log-probs: once, packed, cached ------------------------------------------------------------
-    def _precompute_ref_logps(self, dataset, name, batch_size):
-        if not self.packed:
-            return super()._precompute_ref_logps(dataset, name, batch_size)
-        return reference.add_reference_logps(self, dataset, name, self.first_micro_batches(name, len(dataset)))
+        def positions(micro_batch) -> int:
+            seqs = [int(lengths.chosen[i]) for i in micro_batch] + [int(lengths.rejected[i]) for i in micro_batch]
+            if collate.one_row:
+                return sum(seqs)
+            rows = packing.fill_rows(seqs, collate.hidden_size)
+            return len(rows) * max(sum(seqs[i] for i in row) for row in rows)
 
-    def first_micro_batches(self, name: str, rows: int) -> list[list[list[int]]]:
-        """Every rank's micro-batches as training first meets them: the batch plan's epoch 0 for the training set;
-        for an evaluation set, the eval loader's consecutive batches dealt round-robin to the ranks."""
+        summary = plan.summary(lengths, self.step_plan, self.planned_epochs, positions if collate else None)
         world = self.accelerator.num_processes
-        if name == "train" and self.batch_plan is not None:
-            return [
-                list(batching.epoch_micro_batches(self.train_costs, self.batch_plan, self.args.seed, 0, rank))
-                for rank in range(world)
-            ]
+        # ZeRO reduces (reduce-scatters) gradients at every backward; DDP and FSDP with no_sync once per step.
+        per_backward = self.is_deepspeed_enabled
+        steps = len(self.planned_epochs[0])
+        summary["gradient_reductions_per_epoch"] = 0 if world == 1 else (
+            summary["micro_batches_per_epoch"] if per_backward else steps)  # fmt: skip
+        return summary
+
+    # --- one optimizer step: its micro-batches, the accumulation boundary on the last -------------------------------
+    def training_step(self, model, inputs, num_items_in_batch=None):
+        from accelerate.utils import DistributedType
+
+        micro_batches = inputs["micro_batches"]
+        total = 0.0
+        for i, micro_batch in enumerate(micro_batches):
+            last = i == len(micro_batches) - 1
+            # DeepSpeed's engine takes the boundary from accelerate (set_gradient_accumulation_boundary) and reduces
+            # at every backward; other engines skip the gradient sync until the last micro-batch.
+            self.accelerator.gradient_state._set_sync_gradients(last)
+            defer = not last and self.accelerator.distributed_type != DistributedType.DEEPSPEED
+            with self.accelerator.no_sync(model) if defer else contextlib.nullcontext():
+                total = total + super().training_step(model, micro_batch, num_items_in_batch)
+        return total
+
+    def get_batch_samples(self, epoch_iterator, num_batches, device):
+        """The step, and the number of pairs in the whole step over all ranks."""
+        steps, _ = super().get_batch_samples(epoch_iterator, num_batches, device)
+        pairs = sum(pairs_in(mb) for step in steps for mb in step["micro_batches"])
+        return steps, all_reduce_sum(torch.tensor(pairs, device=device))
+
+    def floating_point_ops(self, inputs):
+        if "micro_batches" in inputs:
+            return sum(super(RecipeDPOTrainer, self).floating_point_ops(mb) for mb in inputs["micro_batches"])
+        return super().floating_point_ops(inputs)
+
+    # --- reference log-probs: a stage of its own (reference.py), run by train_dpo.py after construction ----------
+    def _precompute_ref_logps(self, dataset, name, batch_size):
+        return dataset  # deferred: `reference_layout` and `reference_log_probs` serve reference.run
+
+    def reference_layout(self, name: str, rows: int) -> list[list[list[int]]]:
+        """Every rank's micro-batches as training first meets them: epoch 0 of the plan for the training set; for an
+        evaluation set, the eval loader's consecutive batches dealt round-robin to the ranks."""
+        world = self.accelerator.num_processes
+        if name == "train":
+            return [[mb for step in self.planned_epochs[0] for mb in step[rank]] for rank in range(world)]
         size = self.args.per_device_eval_batch_size
         chunks = [list(range(i, min(i + size, rows))) for i in range(0, rows, size)]
         return [chunks[rank::world] for rank in range(world)]
@@ -235,12 +281,23 @@ class RecipeDPOTrainer(DPOTrainer):
             return self._precompute_engine
         return self.model
 
-    # --- the loss ---------------------------------------------------------------------------------------------
-    def get_batch_samples(self, epoch_iterator, num_batches, device):
-        """The step's micro-batches, and the number of pairs in the whole step over all ranks."""
-        batches, _ = super().get_batch_samples(epoch_iterator, num_batches, device)
-        return batches, all_reduce_sum(torch.tensor(sum(pairs_in(b) for b in batches), device=device))
+    def forward_needs_every_rank(self) -> bool:
+        """Whether a forward holds collectives (sharded weights), so every rank must run one together."""
+        if self.is_fsdp_enabled:
+            return True
+        return self.is_deepspeed_enabled and self.accelerator.state.deepspeed_plugin.zero_stage == 3
 
+    def reference_log_probs(self, model, rows: list[dict]):
+        """Summed reference log-probs of the chosen and rejected completions of `rows` (one micro-batch), with the
+        training forward: TRL's `compute_ref_log_probs` (adapter disabled for PEFT, no grad, autocast, LD-DPO), the
+        packed forward standing in for the model call when training packs."""
+        batch = self.data_collator(rows)
+        batch = {k: v.to(self.accelerator.device) if torch.is_tensor(v) else v for k, v in batch.items()}
+        if packing.is_packed(batch):
+            return self.compute_ref_log_probs(packing.PackedModel(model, batch), packing.padded_view(batch))
+        return self.compute_ref_log_probs(model, batch)
+
+    # --- the loss ---------------------------------------------------------------------------------------------
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         result = super().compute_loss(model, inputs, return_outputs)  # TRL: the mean over this micro-batch
         if num_items_in_batch is None:  # evaluation: no gradient, nothing to weigh
@@ -295,10 +352,11 @@ class RecipeDPOTrainer(DPOTrainer):
         super().log(logs, start_time)
 
 
-def epochs_needed(args, rows: int, pairs_per_step: int) -> int:
-    """Epochs the run will touch (the batch plan covers each): num_train_epochs, or what max_steps reaches."""
+def epochs_needed(args, rows: int, pairs_per_step: int, world_size: int) -> int:
+    """Epochs the run will touch (the plan covers each): num_train_epochs, or what max_steps reaches."""
     if args.max_steps > 0:
-        return max(1, math.ceil(args.max_steps / max(1, rows // pairs_per_step)))
+        per_epoch = len(plan.steps_of(range(rows), pairs_per_step, world_size))
+        return max(1, math.ceil(args.max_steps / per_epoch))
     return max(1, math.ceil(args.num_train_epochs))
 
 

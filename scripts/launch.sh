@@ -145,7 +145,7 @@ while :; do
 done
 
 if [[ -f "$DPOTRAIN_STOP_FILE.checkpointed" ]]; then
-  echo "=== $(date -Is) checkpoint $(cat "$DPOTRAIN_STOP_FILE.checkpointed") written; requeueing job ${SLURM_JOB_ID:-} ==="
+  echo "=== $(date -Is) $(cat "$DPOTRAIN_STOP_FILE.checkpointed"); requeueing job ${SLURM_JOB_ID:-} ==="
   rm -f "$DPOTRAIN_STOP_FILE" "$DPOTRAIN_STOP_FILE.checkpointed"
   [[ -n "${SLURM_JOB_ID:-}" ]] && scontrol requeue "$SLURM_JOB_ID"
   exit 0

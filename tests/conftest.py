@@ -26,6 +26,14 @@ def tiny_model_dir(tmp_path_factory) -> str:
     return builtin.materialize_model("builtin:tiny-olmo3")
 
 
+def ready(trainer):
+    """A trainer built by `build_trainer` after its reference stage (dpotrain/reference.py), as train_dpo.py runs it."""
+    from dpotrain import reference
+
+    reference.run_stage(trainer, trainer.graceful_stop)
+    return trainer
+
+
 def run_train(args: list[str], cwd: Path = ROOT, env: dict | None = None, timeout: int = 600):
     """`python train_dpo.py ARGS` as a user runs it; returns the CompletedProcess (stdout+stderr in .stdout)."""
     return subprocess.run(

@@ -77,5 +77,6 @@ def test_zero2_trains_on_cpu_through_accelerate_launch(tmp_path, tiny_model_dir)
     assert math.isclose(records[0]["epoch"], 1 / 48)
     batching = resolved["derived"]["batching"]  # cut by tokens: micro-batches of unequal size, ranks in step
     assert batching["forward"] == "packed" and batching["pairs_per_step"] == 8
-    assert batching["tokens_per_micro_batch"]["min"] < batching["tokens_per_micro_batch"]["max"]
+    assert batching["positions_per_micro_batch"]["min"] < batching["positions_per_micro_batch"]["max"]
+    assert batching["gradient_reductions_per_epoch"] == batching["micro_batches_per_epoch"]  # ZeRO: every backward
     assert (out / "model.safetensors").is_file()

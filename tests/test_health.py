@@ -6,7 +6,7 @@ import subprocess
 import sys
 from types import SimpleNamespace
 
-from conftest import ROOT
+from conftest import ROOT, ready
 from dpotrain import data
 from dpotrain.config import parse_args
 from dpotrain.health import LN2, HealthGuard
@@ -19,7 +19,7 @@ def trainer_for(out, model_dir, *overrides, rows=None):
     recipe = parse_args(["--config", SMOKE, "--model_name_or_path", model_dir, "--output_dir", str(out),
                          "--report_to", "none", "--save_strategy", "no", *overrides])  # fmt: skip
     dataset = data.load_preference_dataset(str(ROOT / recipe.script.dataset_name))
-    return build_trainer(recipe, dataset.select(range(rows)) if rows else dataset)
+    return ready(build_trainer(recipe, dataset.select(range(rows)) if rows else dataset))
 
 
 def test_a_wrong_reference_stops_at_step_1_with_a_complete_checkpoint(tmp_path, tiny_model_dir):

@@ -5,11 +5,13 @@ Each comparison builds two real trainers on the same pairs: TRL's padded path wi
 reference. The policy is then moved away from the reference (the same noise in both), so the loss depends on both.
 """
 
+import math
+
 import datasets
 import pytest
 import torch
 
-from conftest import ROOT
+from conftest import ROOT, ready
 from dpotrain import builtin, packing
 from dpotrain.config import parse_args
 from dpotrain.errors import ConfigError
@@ -44,7 +46,7 @@ def llama_dir(tmp_path_factory, tiny_model_dir):
 def trainer_for(tmp_path, model_dir, rows, *overrides):
     recipe = parse_args(["--config", SMOKE, "--model_name_or_path", model_dir, "--output_dir", str(tmp_path),
                          "--report_to", "none", "--save_strategy", "no", *overrides])  # fmt: skip
-    return build_trainer(recipe, datasets.Dataset.from_list(rows))
+    return ready(build_trainer(recipe, datasets.Dataset.from_list(rows)))
 
 
 def perturb(model, seed=1):
@@ -133,10 +135,10 @@ def test_model_whose_layers_mix_packed_sequences_gets_the_padded_path(tmp_path, 
     path = tmp_path / "hybrid"
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)
-    fixed = ["--max_tokens_per_microbatch", "None", "--pairs_per_step", "None"]  # a token budget needs packing
-    trainer = trainer_for(tmp_path / "run", str(path), rows, *fixed)  # packing by default: falls back, with a note
-    assert not trainer.packed and trainer.args.padding_free is False
-    with pytest.raises(ConfigError, match="padding_free"):  # asked for explicitly: refused
-        trainer_for(tmp_path / "run2", str(path), rows, *fixed, "--padding_free", "true")
-    with pytest.raises(ConfigError, match="max_tokens_per_microbatch needs packed sequences"):
-        trainer_for(tmp_path / "run3", str(path), rows)
+    # The smoke recipe as it is (a token budget, packing by default): padded micro-batches on the same step plan.
+    trainer = trainer_for(tmp_path / "run", str(path), rows, "--max_steps", "2", "--logging_steps", "1")
+    assert not trainer.packed and trainer.args.padding_free is False and trainer.step_plan.padded
+    trainer.train()
+    assert abs(trainer.state.log_history[0]["loss"] - math.log(2)) < 1e-5  # the reference stage scored it padded
+    with pytest.raises(ConfigError, match="padding_free"):  # packing asked for explicitly: refused
+        trainer_for(tmp_path / "run2", str(path), rows, "--padding_free", "true")

@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -59,7 +60,8 @@ def test_stop_request_checkpoints_and_a_rerun_ends_like_an_uninterrupted_run(
     log = proc.communicate(timeout=300)[0]
     assert proc.returncode == 0, log[-3000:]
 
-    stopped_at = int(stop_file.with_name("stop.checkpointed").read_text().strip().rsplit("-", 1)[1])
+    marker = stop_file.with_name("stop.checkpointed").read_text()
+    stopped_at = int(re.search(r"checkpoint-(\d+) written", marker).group(1))
     assert 3 <= stopped_at < 12
     assert (out / f"checkpoint-{stopped_at}" / "COMPLETE").is_file()
     assert not (out / "run_complete.json").exists()  # not mistaken for a finished run

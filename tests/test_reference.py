@@ -1,14 +1,20 @@
-"""The reference cache: reused when only training arguments change, recomputed when anything that determines the
-numbers changes, and exact at step 1."""
+"""The reference stage: reused when only training arguments or the layout change, recomputed when anything that
+determines the numbers changes, exact at step 1, kept across a stop or a kill, and runnable alone."""
 
 import json
+import math
+import os
 import shutil
+import signal
+import subprocess
+import sys
+import time
 
 import datasets
 import pytest
 
-from conftest import ROOT
-from dpotrain import builtin
+from conftest import ROOT, ready
+from dpotrain import builtin, reference
 from dpotrain.config import parse_args
 from dpotrain.trainer import build_trainer
 
@@ -25,28 +31,32 @@ def cache(tmp_path, monkeypatch):
 def build(tmp_path, model_dir, rows, *overrides):
     recipe = parse_args(["--config", SMOKE, "--model_name_or_path", model_dir, "--output_dir", str(tmp_path / "out"),
                          "--report_to", "none", "--save_strategy", "no", *overrides])  # fmt: skip
-    return build_trainer(recipe, datasets.Dataset.from_list(rows))
+    return ready(build_trainer(recipe, datasets.Dataset.from_list(rows)))
 
 
 def entries(cache) -> set[str]:
-    return {p.name for p in cache.glob("*.npz")}
+    return {p.parent.name for p in cache.glob("*/complete.npz")}
 
 
 def ref_columns(trainer):
     return trainer.train_dataset["ref_chosen_logps"], trainer.train_dataset["ref_rejected_logps"]
 
 
-def test_reused_when_only_training_arguments_change(tmp_path, tiny_model_dir, cache, capsys):
-    rows = builtin.make_preference_rows(16, seed=3)
+def test_reused_when_only_training_arguments_or_the_layout_change(tmp_path, tiny_model_dir, cache, capsys):
+    rows = builtin.make_preference_rows(24, seed=3)
     first = build(tmp_path / "a", tiny_model_dir, rows)
-    assert len(entries(cache)) == 1 and "pairs scored, cached in" in capsys.readouterr().out
-    training_only = ["--learning_rate", "3e-4", "--beta", "0.1", "--warmup_steps", "0", "--lr_scheduler_type",
-                     "constant", "--output_dir", str(tmp_path / "other")]  # fmt: skip
-    again = build(tmp_path / "b", tiny_model_dir, rows, *training_only)
-    assert "reusing" in capsys.readouterr().out and len(entries(cache)) == 1
-    assert ref_columns(again) == ref_columns(first)
-    meta = json.loads(next(cache.glob("*.json")).read_text())
-    assert meta["pairs"] == 16 and meta["max_length"] == 1024 and "weights_sha256" in meta  # what the key holds
+    assert len(entries(cache)) == 1 and "24 scored, cached in" in capsys.readouterr().out
+    # Training arguments, and everything that only changes which pairs share a micro-batch: pairs per step, the
+    # token budget, max_steps (the world size is the same kind of change: test_world_size_1_then_2 below).
+    for other in (["--learning_rate", "3e-4", "--beta", "0.1", "--warmup_steps", "0", "--lr_scheduler_type",
+                   "constant"], ["--pairs_per_step", "4", "--max_tokens_per_microbatch", "4096"],
+                  ["--max_steps", "2"]):  # fmt: skip
+        again = build(tmp_path / "b", tiny_model_dir, rows, *other)
+        assert "all 24 pairs reused" in capsys.readouterr().out and len(entries(cache)) == 1
+        assert ref_columns(again) == ref_columns(first)
+    meta = json.loads(next(cache.glob("*/identity.json")).read_text())
+    assert meta["pairs"] == 24 and meta["max_length"] == 1024 and "weights_sha256" in meta  # what the key holds
+    assert not any(k in meta for k in ("world_size", "micro_batches_sha256", "pairs_per_step"))
 
 
 def test_recomputed_when_model_data_tokenizer_or_max_length_change(tmp_path, tiny_model_dir, cache):
@@ -55,7 +65,7 @@ def test_recomputed_when_model_data_tokenizer_or_max_length_change(tmp_path, tin
     seen = entries(cache)
     assert len(seen) == 1
 
-    def new_entry(trainer) -> set[str]:
+    def new_entry() -> set[str]:
         nonlocal seen
         added = entries(cache) - seen
         seen = entries(cache)
@@ -63,10 +73,10 @@ def test_recomputed_when_model_data_tokenizer_or_max_length_change(tmp_path, tin
 
     # max_length: the longest pair is cut at 256 tokens, so some sums change
     shorter = build(tmp_path / "len", tiny_model_dir, rows, "--max_length", "256")
-    assert new_entry(shorter) and ref_columns(shorter) != ref_columns(base)
+    assert new_entry() and ref_columns(shorter) != ref_columns(base)
     # data: one row more
-    more = build(tmp_path / "data", tiny_model_dir, builtin.make_preference_rows(17, seed=3))
-    assert new_entry(more)
+    build(tmp_path / "data", tiny_model_dir, builtin.make_preference_rows(17, seed=3))
+    assert new_entry()
     # tokenizer: the same model and rows rendered with another chat template
     templated = tmp_path / "template-model"
     shutil.copytree(tiny_model_dir, templated)
@@ -74,7 +84,8 @@ def test_recomputed_when_model_data_tokenizer_or_max_length_change(tmp_path, tin
     (templated / "chat_template.jinja").unlink(missing_ok=True)
     config["chat_template"] = "{{ '### ' }}" + builtin.CHAT_TEMPLATE
     (templated / "tokenizer_config.json").write_text(json.dumps(config))
-    assert new_entry(build(tmp_path / "tok", str(templated), rows))
+    build(tmp_path / "tok", str(templated), rows)
+    assert new_entry()
     # model: other weights under the same tokenizer
     import torch
     from transformers import AutoModelForCausalLM
@@ -86,20 +97,139 @@ def test_recomputed_when_model_data_tokenizer_or_max_length_change(tmp_path, tin
         model.lm_head.weight.mul_(1.5)
     model.save_pretrained(other)
     reweighted = build(tmp_path / "model", str(other), rows)
-    assert new_entry(reweighted) and ref_columns(reweighted) != ref_columns(base)
+    assert new_entry() and ref_columns(reweighted) != ref_columns(base)
 
 
 def test_step_one_is_exact_with_the_cache(tmp_path, tiny_model_dir, cache):
     """Loss ln 2 and rewards 0 at step 1 to 1e-6 in fp32: the reference was scored in the very micro-batches of
     step 1 (TRL's own precompute, in batches of another shape, is 2.4e-7 off: FACTS.md)."""
-    import math
-
     rows = builtin.make_preference_rows(32, seed=5)
     trainer = build(tmp_path, tiny_model_dir, rows, "--max_steps", "1", "--logging_steps", "1", "--pairs_per_step",
                     "16", "--max_tokens_per_microbatch", "2048")  # fmt: skip
-    assert trainer.args.gradient_accumulation_steps > 1  # several micro-batches of different sizes
+    assert trainer.batching_summary()["micro_batches_per_step"]["max"] > 1  # several micro-batches of different sizes
     trainer.train()
     first = trainer.state.log_history[0]
     assert abs(first["loss"] - math.log(2)) < 1e-6
     for key in ("rewards/chosen", "rewards/rejected", "rewards/margins", "rewards_norm/margins"):
         assert abs(first[key]) < 1e-6, key
+
+
+def test_an_unwritable_cache_is_one_line_before_anything_loads(tmp_path, tiny_model_dir):
+    from conftest import run_train
+
+    blocked = tmp_path / "readonly"
+    blocked.mkdir()
+    blocked.chmod(0o500)
+    if os.access(blocked, os.W_OK):  # root ignores the mode bits: block it with a file where a folder must go
+        blocked.chmod(0o700)
+        blocked = tmp_path / "a-file"
+        blocked.write_text("")
+    args = ["--config", SMOKE, "--model_name_or_path", tiny_model_dir, "--output_dir", str(tmp_path / "out"),
+            "--report_to", "none"]  # fmt: skip
+    result = run_train(args, env={"DPOTRAIN_CACHE": str(blocked)})
+    assert result.returncode == 2
+    assert "is not writable" in result.stdout and "set DPOTRAIN_CACHE to a writable folder" in result.stdout
+    assert "Loading weights" not in result.stdout
+
+
+# --- a stage that survives a stop or a kill, and runs alone -----------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def many_pairs(tmp_path_factory):
+    """Enough pairs that scoring them takes several seconds on the tiny model: room to stop it half-way."""
+    path = tmp_path_factory.mktemp("data") / "pairs.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in builtin.make_preference_rows(1200, seed=11)))
+    return path
+
+
+def command(model_dir, data, out, *extra):
+    return [sys.executable, str(ROOT / "train_dpo.py"), "--config", SMOKE, "--model_name_or_path", model_dir,
+            "--dataset_name", str(data), "--output_dir", str(out), "--max_steps", "3", "--logging_steps", "1",
+            "--report_to", "none", "--save_strategy", "no", "--reference_save_seconds", "0.2", *extra]  # fmt: skip
+
+
+def run(cmd, env, timeout=600):
+    result = subprocess.run(cmd, cwd=ROOT, env={**os.environ, **env}, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, timeout=timeout)  # fmt: skip
+    assert result.returncode == 0, result.stdout[-3000:]
+    return result.stdout
+
+
+def final_weights(out):
+    from safetensors.torch import load_file
+
+    return load_file(str(out / "model.safetensors"))
+
+
+def stop_half_way(cmd, env, cache, how):
+    """Start the run, wait for the stage's first saved part, then stop it `how` (a signal number)."""
+    proc = subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, **env}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True)  # fmt: skip
+    deadline = time.time() + 300
+    while not list(cache.glob("*/part-*.npz")):
+        assert proc.poll() is None and time.time() < deadline, proc.stdout.read()[-3000:]
+        time.sleep(0.05)
+    proc.send_signal(how)
+    return proc.wait(timeout=300), proc.stdout.read()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("how", [signal.SIGTERM, signal.SIGKILL], ids=["SIGTERM", "SIGKILL"])
+def test_a_stopped_or_killed_stage_keeps_what_it_scored(tmp_path, tiny_model_dir, many_pairs, how):
+    cache = tmp_path / "cache" / "reference"
+    env = {"DPOTRAIN_CACHE": str(tmp_path / "cache"), "DPOTRAIN_STOP_FILE": str(tmp_path / "stop")}
+    whole = tmp_path / "whole"
+    run(command(tiny_model_dir, many_pairs, whole), {"DPOTRAIN_CACHE": str(tmp_path / "other-cache")})
+
+    out = tmp_path / "run"
+    code, log = stop_half_way(command(tiny_model_dir, many_pairs, out), env, cache, how)
+    if how == signal.SIGTERM:  # saved what it had, told the batch script to requeue, exited cleanly
+        assert code == 0, log[-3000:]
+        marker = (tmp_path / "stop.checkpointed").read_text()
+        assert "pairs saved in" in marker and "reference log-probs (train): stopped with" in log
+    else:
+        assert code == -signal.SIGKILL
+    assert not (out / "model.safetensors").exists() and not list(cache.glob("*/complete.npz"))
+
+    rerun = run(command(tiny_model_dir, many_pairs, out), {"DPOTRAIN_CACHE": str(tmp_path / "cache")})
+    kept = int(rerun.split(" kept from an interrupted run")[0].rsplit(", ", 1)[1].replace(",", ""))
+    assert 0 < kept < 1200, rerun[-2000:]  # the log says how many were kept; only the rest was scored
+    assert f"{kept:,} reused from an interrupted run, {1200 - kept:,} scored" in rerun
+    assert not list(cache.glob("*/part-*.npz"))  # merged into complete.npz
+    want, got = final_weights(whole), final_weights(out)
+    assert all((got[k] - w).abs().max() == 0 for k, w in want.items())  # the same numbers, bit for bit
+
+
+@pytest.mark.slow
+def test_reference_only_then_train_on_two_processes_reuses_it(tmp_path, tiny_model_dir, many_pairs):
+    """Score once alone (1 process), then train on 2 ZeRO-2 processes: another layout, the same cache. Step 1 is then
+    within rounding of ln 2 rather than exactly on it: measured here in fp32."""
+    env = {"DPOTRAIN_CACHE": str(tmp_path / "cache"), "PATH": f"{os.path.dirname(sys.executable)}:{os.environ['PATH']}"}
+    log = run(command(tiny_model_dir, many_pairs, tmp_path / "unused", "--reference-only"), env)
+    assert "1,200 scored, cached in" in log and not (tmp_path / "unused").exists()  # no output folder: nothing trained
+
+    out = tmp_path / "two"
+    launch = [str(ROOT / ".venv" / "bin" / "accelerate"), "launch", "--config_file",
+              str(ROOT / "accelerate_config.yaml"), "--num_processes", "2"]  # fmt: skip
+    log = run([*launch, *command(tiny_model_dir, many_pairs, out)[1:]], env, timeout=900)
+    assert "reference log-probs (train): all 1,200 pairs reused" in log
+    first = json.loads((out / "metrics.jsonl").read_text().splitlines()[0])
+    print(f"step 1 on another layout: |loss - ln 2| = {abs(first['loss'] - math.log(2)):.2e}")
+    assert abs(first["loss"] - math.log(2)) < 1e-5  # fp32 rounding of sums over other packed rows
+    assert abs(first["rewards_norm/margins"]) < 1e-4
+
+
+def test_the_stage_cache_folder_round_trips(tmp_path, monkeypatch):
+    import numpy as np
+
+    monkeypatch.setenv("DPOTRAIN_CACHE", str(tmp_path))
+    store = reference.Store.for_identity({"pairs": 5, "tokens_sha256": "x"})
+    store.write_part("a", 0, [0, 3], [-1.0, -3.0], [-2.0, -4.0])
+    store.write_part("b", 1, [1], [-5.0], [-6.0])
+    chosen, rejected = store.parts()
+    assert np.isnan(chosen[[2, 4]]).all() and chosen[[0, 1, 3]].tolist() == [-1.0, -5.0, -3.0]
+    assert store.complete() is None
+    store.write_complete({"pairs": 5}, np.arange(5, dtype=np.float32), np.arange(5, dtype=np.float32))
+    store.remove_parts()
+    assert store.complete()[0].tolist() == [0, 1, 2, 3, 4] and not list(store.folder.glob("part-*"))

@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from conftest import ROOT, run_train
+from conftest import ROOT, ready, run_train
 from dpotrain import data
 from dpotrain.config import parse_args
 from dpotrain.trainer import build_trainer
@@ -31,7 +31,7 @@ def smoke_trainer(tmp_path, model_dir, *overrides):
         ]
     )
     dataset = data.load_preference_dataset(str(ROOT / recipe.script.dataset_name))
-    return build_trainer(recipe, dataset)
+    return ready(build_trainer(recipe, dataset))
 
 
 def test_first_loss_is_ln2_and_rewards_zero(tmp_path, tiny_model_dir):

@@ -1,0 +1,401 @@
+"""The plan: which pairs form each optimizer step, and how each rank's share of a step is cut into micro-batches.
+
+An optimizer step always holds `pairs_per_step` pairs (the recipe's 128), drawn in a seeded random order; a step is
+then cut into micro-batches, the same number on every rank (ZeRO reduces gradients on every backward, so a rank that
+ran one micro-batch more would wait forever), never an empty one, and no more than the step needs. That number may
+change from step to step: the Trainer sees one item per optimizer step (gradient accumulation 1) and
+`trainer.RecipeDPOTrainer.training_step` runs the step's micro-batches itself, so neither the schedule nor
+`max_steps` ever count micro-batches.
+
+How a step is cut depends on what a micro-batch costs:
+- packed sequences (`padding_free`, the default): a micro-batch costs the positions of its sequences; with a token
+  budget (`max_tokens_per_microbatch`) the step's pairs are packed into the fewest bins under the budget that every
+  rank can share equally, balanced by tokens (a pair is never split);
+- padded batches (TRL's collator: models that cannot pack): a micro-batch costs its pair count x 2 x its longest
+  sequence, so its pairs are runs of similar length, each padded only to its own longest sequence;
+- no budget: micro-batches of `per_device_train_batch_size` pairs, as in any Trainer.
+Both forwards see the same pairs in the same steps: the order and the steps come from the seed alone.
+
+The plan depends only on the lengths, the seed, the world size and the epoch, so every rank computes it alone and a
+resumed job replays the same steps. A step that cannot be cut this way (fewer pairs than ranks; pairs so long that the
+ranks cannot each get the same number of non-empty micro-batches under the budget) is refused at start, with the fix.
+"""
+
+import heapq
+import math
+from dataclasses import dataclass
+
+import numpy as np
+from transformers.trainer_pt_utils import BatchRebalanceSampler
+
+from .errors import ConfigError
+
+# Losses computed across the pairs of a micro-batch (they sort the batch's log-ratios), not per pair: their value
+# depends on which pairs share a micro-batch, so a token budget would change what they optimize.
+BATCH_LEVEL_LOSSES = {"aot", "aot_unpaired"}
+COLUMNS = ("prompt_ids", "chosen_ids", "rejected_ids")
+
+
+@dataclass(frozen=True)
+class PairLengths:
+    """What the plan knows of each pair: its two sequences' lengths after truncation, as the collators cut them."""
+
+    chosen: np.ndarray  # prompt + chosen completion, truncated to max_length
+    rejected: np.ndarray  # prompt + rejected completion, truncated
+
+    @classmethod
+    def of(cls, dataset, max_length: int | None) -> "PairLengths":
+        """From a tokenized data set's Arrow offsets (no row is read into Python)."""
+        import pyarrow.compute as pc
+
+        table = dataset.with_format("arrow")[:]
+        prompt, chosen, rejected = (np.asarray(pc.list_value_length(table.column(c)), dtype=np.int64) for c in COLUMNS)
+        sides = [prompt + chosen, prompt + rejected]
+        if max_length is not None:
+            sides = [np.minimum(s, max_length) for s in sides]
+        return cls(*sides)
+
+    def __len__(self) -> int:
+        return len(self.chosen)
+
+    @property
+    def tokens(self) -> np.ndarray:
+        """Positions of each pair in a packed micro-batch."""
+        return self.chosen + self.rejected
+
+    @property
+    def longest(self) -> np.ndarray:
+        """Each pair's longer sequence: what a padded micro-batch pads its rows to."""
+        return np.maximum(self.chosen, self.rejected)
+
+
+@dataclass(frozen=True)
+class StepPlan:
+    pairs_per_step: int
+    world_size: int
+    seed: int
+    max_tokens: int | None  # the token budget of a micro-batch, or None for micro-batches of a fixed number of pairs
+    pairs_per_micro_batch: int | None  # with max_tokens None
+    padded: bool = False  # micro-batches padded to their longest sequence (TRL's collator), not packed
+
+    def cost(self, lengths: PairLengths, micro_batch) -> int:
+        """Positions a micro-batch takes: packed, its sequences; padded, 2 rows per pair of its longest sequence."""
+        idx = np.asarray(micro_batch)
+        if self.padded:
+            return 2 * len(idx) * int(lengths.longest[idx].max())
+        return int(lengths.tokens[idx].sum())
+
+
+class PlanError(ConfigError):
+    def __init__(self, message: str, needed_budget: int | None = None):
+        super().__init__(message)
+        self.needed_budget = needed_budget  # the smallest token budget that would cut the step, when one would
+
+
+def epoch_order(n: int, seed: int, epoch: int) -> np.ndarray:
+    return np.random.default_rng([seed, epoch]).permutation(n)
+
+
+def steps_of(order: np.ndarray, pairs_per_step: int, world_size: int) -> list[np.ndarray]:
+    """Cut an epoch's order into optimizer steps of `pairs_per_step` pairs.
+
+    A last step with fewer pairs than processes joins the step before it (every rank needs at least one pair), so no
+    pair is dropped or repeated; that one step then holds up to world_size - 1 extra pairs, and its loss is still the
+    mean over its own pairs.
+    """
+    steps = [order[i : i + pairs_per_step] for i in range(0, len(order), pairs_per_step)]
+    if len(steps) > 1 and len(steps[-1]) < world_size:
+        last = steps.pop()
+        steps[-1] = np.concatenate([steps[-1], last])
+    return steps
+
+
+# --- cutting one step ------------------------------------------------------------------------------------------------
+
+
+def _lpt(items: list[int], costs: dict[int, int], bins: int) -> list[list[int]]:
+    """Longest processing time first: each item (already longest first) into the least loaded of `bins` bins."""
+    heap = [(0, b) for b in range(bins)]
+    out: list[list[int]] = [[] for _ in range(bins)]
+    for i in items:
+        load, b = heapq.heappop(heap)
+        out[b].append(i)
+        heapq.heappush(heap, (load + costs[i], b))
+    return out
+
+
+def _first_fit(items: list[int], costs: dict[int, int], budget: int, bins: int) -> list[list[int]] | None:
+    """First fit decreasing into at most `bins` bins of `budget`; None when the items do not fit."""
+    out: list[list[int]] = []
+    loads: list[int] = []
+    for i in items:
+        b = next((b for b, load in enumerate(loads) if load + costs[i] <= budget), None)
+        if b is None:
+            if len(out) == bins:
+                return None
+            out.append([])
+            loads.append(0)
+            b = len(out) - 1
+        out[b].append(i)
+        loads[b] += costs[i]
+    while len(out) < bins:  # more bins than first fit needs: split the heaviest bin that holds more than one pair
+        b = max((b for b in range(len(out)) if len(out[b]) > 1), key=lambda b: (loads[b], -b))
+        moved = out[b].pop()  # its shortest pair
+        loads[b] -= costs[moved]
+        out.append([moved])
+        loads.append(costs[moved])
+    return out
+
+
+def _packed_bins(order: list[int], lengths: PairLengths, budget: int, bins: int, tries: int = 0):
+    """`bins` non-empty micro-batches of at most `budget` packed positions, balanced when possible; None when neither
+    heuristic fits them. `tries` > 0 adds first-fit attempts on slightly shuffled orders (seeded by the step's pairs)
+    when the plain ones fail: they find the last micro-batch or so a lower bound says may be spared."""
+    costs = {i: int(lengths.tokens[i]) for i in order}
+    balanced = _lpt(order, costs, bins)
+    if max(sum(costs[i] for i in b) for b in balanced) <= budget:
+        return balanced
+    found = _first_fit(order, costs, budget, bins)
+    rng = np.random.default_rng(order[:8])
+    for _ in range(tries if found is None else 0):
+        noise = rng.uniform(0.85, 1.15, len(order))  # longest first, roughly
+        shuffled = [order[j] for j in np.argsort([-costs[i] * x for i, x in zip(order, noise, strict=True)])]
+        found = _first_fit(shuffled, costs, budget, bins)
+        if found is not None:
+            break
+    return found
+
+
+def fewest_bins(costs, budget: int) -> int:
+    """A lower bound on the micro-batches of at most `budget` that items of these costs need (Martello and Toth's
+    L2 bound for bin packing: items over half a bin each need their own, and what is left must fit around them)."""
+    w = np.sort(np.asarray(costs, dtype=np.int64))
+    best = math.ceil(int(w.sum()) / budget)
+    half = budget / 2
+    for k in np.unique(w[w <= half]):
+        big = w[w > budget - k]
+        mid = w[(w > half) & (w <= budget - k)]
+        small = w[(w >= k) & (w <= half)]
+        room = len(mid) * budget - int(mid.sum())
+        best = max(best, len(big) + len(mid) + max(0, math.ceil((int(small.sum()) - room) / budget)))
+    return max(best, int(np.count_nonzero(w > half)), 1)
+
+
+def _padded_runs(order: list[int], lengths: PairLengths, budget: int, bins: int) -> list[list[int]] | None:
+    """`bins` non-empty runs of similar length (longest first) whose padded size stays within `budget`: the smallest
+    largest run that `bins` runs can achieve, so the micro-batches are balanced."""
+    widths = [2 * int(lengths.longest[i]) for i in order]  # sorted longest first: a run pads to its first pair
+
+    def runs_within(capacity: int) -> list[int] | None:
+        starts, start = [0], 0
+        for j in range(1, len(order)):
+            if (j - start + 1) * widths[start] > capacity:
+                starts.append(j)
+                start = j
+        return starts if len(starts) <= bins else None
+
+    lo, hi = max(widths), budget
+    if runs_within(hi) is None:
+        return None
+    while lo < hi:  # the smallest capacity that `bins` runs reach
+        mid = (lo + hi) // 2
+        if runs_within(mid) is None:
+            lo = mid + 1
+        else:
+            hi = mid
+    starts = runs_within(lo)
+    runs = [order[a:b] for a, b in zip(starts, [*starts[1:], len(order)], strict=True)]
+    while len(runs) < bins:  # fewer runs than bins: halve the largest run that holds more than one pair
+        r = max((r for r in range(len(runs)) if len(runs[r]) > 1),
+                key=lambda r: (len(runs[r]) * 2 * int(lengths.longest[runs[r][0]]), -r))  # fmt: skip
+        half = (len(runs[r]) + 1) // 2
+        runs[r : r + 1] = [runs[r][:half], runs[r][half:]]
+    return runs
+
+
+def _deal(bins: list[list[int]], costs: list[int], world_size: int) -> list[list[list[int]]]:
+    """The bins dealt to ranks, the same number each, balanced by cost; each rank's heaviest first, so micro-batch j
+    weighs about the same on every rank (ranks wait for each other at every backward)."""
+    per_rank = len(bins) // world_size
+    order = sorted(range(len(bins)), key=lambda b: (-costs[b], bins[b][0]))
+    heap = [(0, r) for r in range(world_size)]
+    ranks: list[list[int]] = [[] for _ in range(world_size)]
+    for b in order:
+        full = []
+        while True:
+            load, r = heapq.heappop(heap)
+            if len(ranks[r]) < per_rank:
+                break
+            full.append((load, r))
+        ranks[r].append(b)
+        heapq.heappush(heap, (load + costs[b], r))
+        for item in full:
+            heapq.heappush(heap, item)
+    return [[bins[b] for b in rank] for rank in ranks]  # `order` is heaviest first, so each rank's list is too
+
+
+def cut_step(pairs: np.ndarray, lengths: PairLengths, p: StepPlan) -> list[list[list[int]]]:
+    """One step's pairs as `[rank][micro-batch] -> pair indices`: the same number of non-empty micro-batches on every
+    rank, the fewest the step needs under the budget (padded: the fewest possible; packed: the fewest bin packing
+    finds, starting from a lower bound)."""
+    w, n = p.world_size, len(pairs)
+    if n < w:
+        raise PlanError(f"a step of {n} pairs leaves {w - n} of the {w} processes without a pair: use "
+                        f"pairs_per_step >= {w}, or fewer processes")  # fmt: skip
+    if p.max_tokens is None:
+        shares = [[int(i) for i in pairs[r::w]] for r in range(w)]
+        count = min(math.ceil(len(shares[0]) / p.pairs_per_micro_batch), len(shares[-1]))
+        return [[[int(i) for i in part] for part in np.array_split(share, count)] for share in shares]
+    found = _cut(pairs, lengths, p, p.max_tokens)
+    if found is not None:
+        return found
+    alone = [p.cost(lengths, [int(i)]) for i in pairs]
+    lo, hi = p.max_tokens, 2 * sum(alone)  # at twice the whole step, one micro-batch per rank always fits
+    while lo < hi:  # the smallest budget that would cut this step, for the message
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if _cut(pairs, lengths, p, mid) is not None else (mid + 1, hi)
+    needed = math.ceil(lo / 1024) * 1024
+    raise PlanError(
+        f"a step of {n} pairs ({sum(alone):,} positions, the longest pair {max(alone):,}) cannot be cut into the same "
+        f"number of non-empty micro-batches of at most max_tokens_per_microbatch={p.max_tokens:,} on each of {w} "
+        f"processes (with {n} pairs no process can have more than {n // w}): raise max_tokens_per_microbatch to "
+        f"{needed:,}, or use fewer processes",
+        needed,
+    )
+
+
+def _cut(pairs: np.ndarray, lengths: PairLengths, p: StepPlan, budget: int) -> list[list[list[int]]] | None:
+    w, n = p.world_size, len(pairs)
+    key = lengths.longest if p.padded else lengths.tokens
+    order = [int(i) for i in pairs[np.lexsort((pairs, -key[pairs]))]]  # longest first, ties by index
+    alone = [p.cost(lengths, [i]) for i in order]  # what each pair costs in a micro-batch of its own
+    if max(alone) > budget:
+        return None
+    # A padded micro-batch costs at least what its pairs cost alone, so the bound holds for both forwards.
+    start = max(1, math.ceil(fewest_bins(alone, budget) / w))
+    for per_rank in range(start, n // w + 1):
+        if p.padded:
+            bins = _padded_runs(order, lengths, budget, w * per_rank)
+        else:
+            bins = _packed_bins(order, lengths, budget, w * per_rank, tries=16 if per_rank == start else 0)
+        if bins is not None:
+            return _deal(bins, [p.cost(lengths, b) for b in bins], w)
+    return None
+
+
+def epoch_steps(lengths: PairLengths, p: StepPlan, epoch: int) -> list[list[list[list[int]]]]:
+    """Every step of one epoch: `[step][rank][micro-batch] -> pair indices`."""
+    steps = steps_of(epoch_order(len(lengths), p.seed, epoch), p.pairs_per_step, p.world_size)
+    return [cut_step(step, lengths, p) for step in steps]
+
+
+def plan_run(lengths: PairLengths, p: StepPlan, epochs: int) -> list:
+    """Every epoch of a run, planned at start: a step that cannot be cut is refused now, not hours in, and the
+    refusal names the budget that cuts every step of the run."""
+    planned, refused = [], []
+    for epoch in range(epochs):
+        steps = []
+        for step in steps_of(epoch_order(len(lengths), p.seed, epoch), p.pairs_per_step, p.world_size):
+            try:
+                steps.append(cut_step(step, lengths, p))
+            except PlanError as e:
+                if e.needed_budget is None:
+                    raise
+                refused.append(e)
+        planned.append(steps)
+    if refused:
+        worst = max(refused, key=lambda e: e.needed_budget)
+        raise PlanError(f"{len(refused)} step(s) of the run cannot be cut; the hardest: {worst}".replace(
+            f"to {worst.needed_budget:,},", f"to {worst.needed_budget:,} (enough for every step),"),
+            worst.needed_budget)  # fmt: skip
+    return planned
+
+
+def summary(lengths: PairLengths, p: StepPlan, epochs: list[list], positions=None) -> dict:
+    """What the plan does, for the run's records: micro-batches per step (min, mean, max) against the fewest the budget
+    allows, gradient reductions per epoch, pairs and positions per micro-batch, and the padding share.
+
+    `positions(micro_batch)` gives the positions a micro-batch really takes (packed rows pad their ends); without it,
+    the plan's own cost is taken."""
+    counts = [len(step[0]) for epoch in epochs for step in epoch]
+    micro_batches = [mb for epoch in epochs for step in epoch for rank in step for mb in rank]
+    pairs = [len(mb) for mb in micro_batches]
+    real = [int(lengths.tokens[mb].sum()) for mb in micro_batches]
+    taken = [positions(mb) if positions else p.cost(lengths, mb) for mb in micro_batches]
+    out = {
+        "forward": "padded (TRL's collator)" if p.padded else "packed",
+        "pairs_per_step": p.pairs_per_step,
+        "max_tokens_per_microbatch": p.max_tokens,
+        "micro_batches_per_step": {
+            "min": min(counts),
+            "mean": round(sum(counts) / len(counts), 3),
+            "max": max(counts),
+        },  # fmt: skip
+        "micro_batches_per_epoch": round(sum(counts) / len(epochs)),
+        "pairs_per_micro_batch": _spread(pairs),
+        "positions_per_micro_batch": _spread(taken),
+        "padding_share": round(1 - sum(real) / sum(taken), 4),
+    }
+    if p.max_tokens is not None:
+        # No cut can do with fewer micro-batches per rank than this bound (`fewest_bins`) allows.
+        alone = 2 * lengths.longest if p.padded else lengths.tokens
+        fewest = [math.ceil(fewest_bins([alone[i] for rank in step for mb in rank for i in mb], p.max_tokens)
+                            / p.world_size) for epoch in epochs for step in epoch]  # fmt: skip
+        out["micro_batches_per_step"]["lower_bound_mean"] = round(sum(fewest) / len(fewest), 3)
+    return out
+
+
+def _spread(values: list[int]) -> dict:
+    return {"min": min(values), "mean": round(sum(values) / len(values), 1), "max": max(values)}
+
+
+class StepSampler(BatchRebalanceSampler):
+    """The train dataloader's batch sampler: one item per optimizer step, this rank's micro-batches of that step
+    (a tuple of tuples of data set indices), which `StepRows` turns into rows.
+
+    A `BatchRebalanceSampler` subclass only so that transformers' Trainer treats it as the rank-aware batch sampler it
+    is (it stops accelerate from sharding it again). `planned` holds the epochs planned at start; an epoch beyond them
+    is planned when it starts.
+    """
+
+    def __init__(self, lengths: PairLengths, plan: StepPlan, rank: int, planned: list | None = None):
+        self.lengths, self.plan, self.rank = lengths, plan, rank
+        self.planned = list(planned or [])
+        self.epoch = 0
+        self.steps_per_epoch = len(steps_of(np.arange(len(lengths)), plan.pairs_per_step, plan.world_size))
+
+    def set_epoch(self, epoch: int):
+        self.epoch = epoch
+
+    def __iter__(self):
+        steps = self.planned[self.epoch] if self.epoch < len(self.planned) else epoch_steps(
+            self.lengths, self.plan, self.epoch)  # fmt: skip
+        for step in steps:
+            yield [tuple(tuple(mb) for mb in step[self.rank])]
+
+    def __len__(self):
+        return self.steps_per_epoch
+
+
+class StepRows:
+    """A data set read a whole step at a time: item = this rank's micro-batches of one step, as lists of rows."""
+
+    def __init__(self, dataset):
+        self.dataset = dataset
+
+    def __len__(self):
+        return len(self.dataset)
+
+    def __getitem__(self, micro_batches):
+        return [self.dataset.__getitems__(list(mb)) for mb in micro_batches]
+
+
+@dataclass
+class StepCollator:
+    """Collates each micro-batch of a step with the forward's own collator (packed rows, or TRL's padded batch)."""
+
+    collate: object
+
+    def __call__(self, items: list) -> dict:
+        (step,) = items  # the sampler yields one step at a time
+        return {"micro_batches": [self.collate(rows) for rows in step]}

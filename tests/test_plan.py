@@ -1,0 +1,291 @@
+"""The step plan: every pair once per epoch in steps of pairs_per_step; each step cut into the same number of non-empty
+micro-batches on every rank, no more than the step needs; and how a step is cut never changes what it computes."""
+
+import json
+import math
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from conftest import ROOT
+from dpotrain import builtin, plan
+from dpotrain.plan import PairLengths, StepPlan
+
+MAX_LENGTH = 8192
+
+
+def heavy_tailed(n: int, seed: int = 0) -> PairLengths:
+    """Dolci-like: lognormal sides (median ~2k tokens), ~15% of pairs cut at max_length on both sides."""
+    rng = np.random.default_rng(seed)
+    prompt = rng.lognormal(5, 1, n).astype(int) + 10
+    chosen = np.minimum(prompt + rng.lognormal(7.4, 1.1, n).astype(int), MAX_LENGTH)
+    rejected = np.minimum(prompt + rng.lognormal(7.0, 1.1, n).astype(int), MAX_LENGTH)
+    at_max = rng.random(n) < 0.15
+    chosen[at_max] = rejected[at_max] = MAX_LENGTH
+    return PairLengths(chosen, rejected)
+
+
+def bimodal(n: int, seed: int = 1) -> PairLengths:
+    """Short chat turns and long reasoning traces, nothing in between."""
+    rng = np.random.default_rng(seed)
+    long = rng.random(n) < 0.3
+    chosen = np.where(long, rng.integers(6000, MAX_LENGTH + 1, n), rng.integers(40, 400, n))
+    rejected = np.where(long, rng.integers(5000, MAX_LENGTH + 1, n), rng.integers(40, 400, n))
+    return PairLengths(chosen, rejected)
+
+
+def check_epoch(lengths: PairLengths, p: StepPlan, epoch: int) -> list[int]:
+    """The plan's invariants for one epoch; returns, per step, how many micro-batches per rank it uses beyond a proven
+    lower bound."""
+    steps = plan.epoch_steps(lengths, p, epoch)
+    pairs = [i for step in steps for rank in step for mb in rank for i in mb]
+    assert sorted(pairs) == list(range(len(lengths)))  # every pair exactly once
+    excess = []
+    for step in steps:
+        assert len(step) == p.world_size
+        per_rank = {len(rank) for rank in step}
+        assert len(per_rank) == 1  # the same number of micro-batches on every rank
+        count = per_rank.pop()
+        for rank in step:
+            assert all(rank)  # never an empty micro-batch
+            assert all(p.cost(lengths, mb) <= p.max_tokens for mb in rank)
+        flat = np.asarray([i for rank in step for mb in rank for i in mb])
+        alone = [p.cost(lengths, [i]) for i in flat]
+        bound = max(1, math.ceil(plan.fewest_bins(alone, p.max_tokens) / p.world_size))
+        assert count >= bound
+        if p.padded:
+            # Runs of similar length are the best a padded cut can do (the longest pairs share a micro-batch with the
+            # next longest): one micro-batch fewer per rank cannot hold the step.
+            order = [int(i) for i in flat[np.lexsort((flat, -lengths.longest[flat]))]]
+            fewer = p.world_size * (count - 1)
+            if 0 < fewer <= len(flat):
+                assert plan._padded_runs(order, lengths, p.max_tokens, fewer) is None
+        excess.append(count - bound)
+    return excess
+
+
+@pytest.mark.parametrize("padded", [False, True], ids=["packed", "padded"])
+@pytest.mark.parametrize("make", [heavy_tailed, bimodal], ids=["heavy-tailed", "bimodal"])
+@pytest.mark.parametrize("budget", [2 * MAX_LENGTH, 65536])
+def test_every_pair_once_same_count_on_every_rank_never_empty_and_no_more_than_needed(padded, make, budget):
+    lengths = make(1531)  # a prime number of pairs: a short last step in every epoch
+    for world in (1, 2, 3, 4, 16, 64, 128):
+        p = StepPlan(128, world, 7, budget, None, padded)
+        try:
+            plan.plan_run(lengths, p, 3)
+        except plan.PlanError as refused:
+            # Only steps the ranks cannot share equally are refused, and the budget the message names cuts them all.
+            named = int(re.search(r"max_tokens_per_microbatch to ([\d,]+)", str(refused)).group(1).replace(",", ""))
+            assert named > budget and "(enough for every step)" in str(refused)
+            p = StepPlan(128, world, 7, named, None, padded)
+        excess = [e for epoch in range(3) for e in check_epoch(lengths, p, epoch)]
+        if not padded:  # bin packing: within one micro-batch of the bound, and on it for most steps
+            assert max(excess) <= 1 and sum(excess) / len(excess) <= 0.35, (world, excess)
+
+
+def test_micro_batch_counts_follow_each_step_not_the_worst_one():
+    lengths = heavy_tailed(4000)
+    p = StepPlan(128, 4, 42, 65536, None)
+    counts = [len(step[0]) for step in plan.epoch_steps(lengths, p, 0)]
+    assert min(counts) < max(counts)  # light steps run fewer micro-batches than heavy ones
+    summary = plan.summary(lengths, p, [plan.epoch_steps(lengths, p, 0)])
+    assert summary["micro_batches_per_step"]["mean"] <= summary["micro_batches_per_step"]["lower_bound_mean"] + 0.05
+
+
+def test_fixed_pairs_per_micro_batch_without_a_budget():
+    lengths = heavy_tailed(1000)
+    p = StepPlan(128, 4, 3, None, 4, False)
+    steps = plan.epoch_steps(lengths, p, 0)
+    for step in steps[:-1]:
+        assert [len(mb) for rank in step for mb in rank] == [4] * 32  # 128 pairs = 4 ranks x 8 micro-batches of 4
+    assert sorted(i for step in steps for rank in step for mb in rank for i in mb) == list(range(1000))
+
+
+def test_a_plan_that_leaves_a_rank_without_a_pair_is_refused_with_the_fix():
+    fix = r"leaves 128 of the 256 processes without a pair: use pairs_per_step >= 256"
+    with pytest.raises(plan.PlanError, match=fix):
+        plan.epoch_steps(heavy_tailed(1000), StepPlan(128, 256, 0, 65536, None), 0)
+
+
+def test_a_step_the_ranks_cannot_share_equally_is_refused_with_the_numbers():
+    # 130 pairs that each fill the budget, on 64 ranks: at most 2 x 64 = 128 non-empty micro-batches of one pair.
+    full = PairLengths(np.full(130, MAX_LENGTH), np.full(130, MAX_LENGTH))
+    fix = r"no process can have more than 2\): raise max_tokens_per_microbatch to 32,768"
+    with pytest.raises(plan.PlanError, match=fix):
+        plan.cut_step(np.arange(130), full, StepPlan(130, 64, 0, 2 * MAX_LENGTH, None))
+
+
+def test_order_is_deterministic_per_seed_and_random_at_the_scale_of_steps():
+    lengths = heavy_tailed(997)
+    p = StepPlan(64, 2, 1, 65536, None)
+    assert plan.epoch_steps(lengths, p, 0) == plan.epoch_steps(lengths, p, 0)
+    assert plan.epoch_steps(lengths, p, 0) != plan.epoch_steps(lengths, StepPlan(64, 2, 2, 65536, None), 0)
+    assert plan.epoch_steps(lengths, p, 0) != plan.epoch_steps(lengths, p, 1)
+    first = plan.steps_of(plan.epoch_order(997, 1, 0), 64, 2)[0]  # a random draw, not the shortest pairs
+    tokens = lengths.tokens
+    assert abs(tokens[first].mean() - tokens.mean()) < 3 * tokens.std() / 8
+
+
+def test_packed_and_padded_plans_hold_the_same_pairs_in_each_step():
+    lengths = heavy_tailed(700)
+    packed = plan.epoch_steps(lengths, StepPlan(64, 4, 9, 65536, None, padded=False), 0)
+    padded = plan.epoch_steps(lengths, StepPlan(64, 4, 9, 65536, None, padded=True), 0)
+    assert [sorted(i for r in s for mb in r for i in mb) for s in packed] == [
+        sorted(i for r in s for mb in r for i in mb) for s in padded
+    ]
+
+
+def test_padded_micro_batches_group_similar_lengths():
+    lengths = heavy_tailed(2000)
+    p = StepPlan(128, 4, 5, 65536, None, padded=True)
+    summary = plan.summary(lengths, p, [plan.epoch_steps(lengths, p, 0)])
+    # Padded in random micro-batches of 4 pairs (TRL) this mix pads far more; runs of similar length pad little.
+    random_cut = plan.summary(lengths, StepPlan(128, 4, 5, None, 4, padded=True), [
+        plan.epoch_steps(lengths, StepPlan(128, 4, 5, None, 4, padded=True), 0)])  # fmt: skip
+    assert summary["padding_share"] < random_cut["padding_share"] / 2
+
+
+def test_the_sampler_yields_one_step_at_a_time_and_replays_after_a_restart():
+    lengths = heavy_tailed(997)
+    p = StepPlan(64, 2, 5, 65536, None)
+    sampler = plan.StepSampler(lengths, p, rank=1)
+    first = list(sampler)
+    assert len(first) == len(sampler) == 16  # 997 pairs: 15 steps of 64 and one of 37
+    again = plan.StepSampler(lengths, p, rank=1, planned=[plan.epoch_steps(lengths, p, 0)])  # a requeued process
+    assert list(again) == first
+    sampler.set_epoch(1)
+    assert list(sampler) != first
+
+
+# --- what a step computes, whatever the cut, the forward and the world size -------------------------------------------
+
+CUTS = {
+    "16 pairs in one micro-batch": ["--per_device_train_batch_size", "16", "--gradient_accumulation_steps", "1"],
+    "4 micro-batches of 4 pairs": ["--per_device_train_batch_size", "4", "--gradient_accumulation_steps", "4"],
+    "token budget 2048": ["--pairs_per_step", "16", "--max_tokens_per_microbatch", "2048"],
+    "token budget 6000": ["--pairs_per_step", "16", "--max_tokens_per_microbatch", "6000"],
+    "padded, token budget 2048": [
+        "--pairs_per_step",
+        "16",
+        "--max_tokens_per_microbatch",
+        "2048",
+        "--padding_free",
+        "false",
+    ],  # fmt: skip
+}
+# One plain SGD step at learning rate 1: the weights move by exactly minus the step's gradient.
+ONE_SGD_STEP = ["--max_steps", "1", "--optim", "sgd", "--learning_rate", "1.0", "--lr_scheduler_type", "constant",
+                "--warmup_steps", "0", "--save_strategy", "no", "--report_to", "none"]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def pairs_file(tmp_path_factory):
+    path = tmp_path_factory.mktemp("data") / "pairs.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in builtin.make_preference_rows(48, seed=7)))
+    return path
+
+
+def launch(tmp_path, model_dir, args, processes=1, timeout=900):
+    """`train_dpo.py` with the smoke recipe; with `processes` > 1 DeepSpeed ZeRO-2 through `accelerate launch`."""
+    launcher = [sys.executable]
+    if processes > 1:
+        launcher = [str(ROOT / ".venv" / "bin" / "accelerate"), "launch", "--config_file",
+                    str(ROOT / "accelerate_config.yaml"), "--num_processes", str(processes)]  # fmt: skip
+    env = {**os.environ, "DPOTRAIN_CACHE": str(tmp_path / "cache"),
+           "PATH": f"{os.path.dirname(sys.executable)}:{os.environ['PATH']}"}  # fmt: skip
+    cmd = [*launcher, str(ROOT / "train_dpo.py"), "--config", str(ROOT / "configs" / "smoke.yaml"),
+           "--model_name_or_path", model_dir, *args]  # fmt: skip
+    result = subprocess.run(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            timeout=timeout)  # fmt: skip
+    assert result.returncode == 0, result.stdout[-4000:]
+    return result.stdout
+
+
+def weights(folder):
+    from safetensors.torch import load_file
+
+    return load_file(str(Path(folder) / "model.safetensors"))
+
+
+def one_step_update(tmp_path, model_dir, pairs_file, cut, processes=1):
+    out = tmp_path / "run"
+    args = ["--dataset_name", str(pairs_file), "--output_dir", str(out), "--max_tokens_per_microbatch", "None",
+            "--pairs_per_step", "None", *ONE_SGD_STEP, *cut]  # fmt: skip
+    launch(tmp_path, model_dir, args, processes)
+    assert json.loads((out / "resolved_config.json").read_text())["derived"]["world_size"] == processes
+    before, after = weights(model_dir), weights(out)
+    return {name: after[name] - before[name] for name in before}
+
+
+@pytest.mark.slow
+def test_one_step_has_the_same_gradient_whatever_the_cut_the_forward_and_the_world_size(
+    tmp_path, tiny_model_dir, pairs_file
+):
+    want = one_step_update(tmp_path / "base", tiny_model_dir, pairs_file, CUTS["16 pairs in one micro-batch"])
+    runs = {name: one_step_update(tmp_path / name.replace(" ", "-").replace(",", ""), tiny_model_dir, pairs_file, cut)
+            for name, cut in CUTS.items() if name != "16 pairs in one micro-batch"}  # fmt: skip
+    runs["ZeRO-2, 2 processes, token budget 2048"] = one_step_update(
+        tmp_path / "w2-budget", tiny_model_dir, pairs_file, CUTS["token budget 2048"], processes=2
+    )
+    assert max(float(d.abs().max()) for d in want.values()) > 1e-3  # the step moved the weights
+    for name, got in runs.items():
+        for param, d in want.items():
+            assert (got[param] - d).abs().max() <= 1e-6 + 1e-5 * d.abs().max(), (name, param)
+
+
+def step_losses(out) -> dict[int, float]:
+    return {r["step"]: r["loss"] for r in map(json.loads, (Path(out) / "metrics.jsonl").read_text().splitlines())}
+
+
+@pytest.mark.slow
+def test_packed_and_padded_runs_take_the_same_steps(tmp_path, tiny_model_dir, pairs_file):
+    """Same seed, same plan: the same pairs in each step, so the same per-step losses over several steps (fp32)."""
+    args = ["--dataset_name", str(pairs_file), "--max_steps", "6", "--logging_steps", "1", "--save_strategy", "no",
+            "--report_to", "none", "--pairs_per_step", "8", "--max_tokens_per_microbatch", "2048"]  # fmt: skip
+    launch(tmp_path / "a", tiny_model_dir, [*args, "--output_dir", str(tmp_path / "packed")])
+    launch(tmp_path / "b", tiny_model_dir, [*args, "--output_dir", str(tmp_path / "padded"), "--padding_free", "false"])
+    packed, padded = step_losses(tmp_path / "packed"), step_losses(tmp_path / "padded")
+    assert list(packed) == list(padded) == [1, 2, 3, 4, 5, 6]
+    assert len(set(packed.values())) > 3  # the loss moved: the steps differ from each other
+    for step, loss in packed.items():
+        assert abs(loss - padded[step]) < 1e-5, (step, loss, padded[step])
+    batching = json.loads((tmp_path / "padded" / "resolved_config.json").read_text())["derived"]["batching"]
+    assert batching["forward"].startswith("padded") and batching["padding_share"] > 0
+
+
+@pytest.mark.slow
+def test_several_epochs_resumed_in_the_last_and_on_two_processes_end_with_the_same_weights(
+    tmp_path, tiny_model_dir, pairs_file
+):
+    """3 epochs of 45 pairs (a short last step each epoch), 8 pairs per step: resumed from a checkpoint in epoch 3,
+    and run by 2 ZeRO-2 processes, the final weights equal one uninterrupted process's."""
+    data = tmp_path / "pairs45.jsonl"
+    data.write_text("".join(pairs_file.read_text().splitlines(keepends=True)[:45]))
+    args = ["--dataset_name", str(data), "--num_train_epochs", "3", "--pairs_per_step", "8",
+            "--max_tokens_per_microbatch", "2048", "--logging_steps", "1", "--save_steps", "7", "--report_to", "none",
+            "--save_total_limit", "10"]  # fmt: skip
+    whole = tmp_path / "whole"
+    launch(tmp_path / "w", tiny_model_dir, [*args, "--output_dir", str(whole)])
+    resolved = json.loads((whole / "resolved_config.json").read_text())["derived"]
+    assert resolved["total_steps"] == 18  # 6 steps per epoch (the 5 pairs left over form a 6th), 3 epochs
+
+    resumed = tmp_path / "resumed"
+    shutil.copytree(whole, resumed)
+    (resumed / "run_complete.json").unlink()
+    assert sorted(p.name for p in resumed.glob("checkpoint-*")) == ["checkpoint-14", "checkpoint-18", "checkpoint-7"]
+    shutil.rmtree(resumed / "checkpoint-18")  # as if stopped after step 14: the second step of the third epoch
+    (resumed / "model.safetensors").unlink()
+    stdout = launch(tmp_path / "r", tiny_model_dir, [*args, "--output_dir", str(resumed)])
+    assert f"Resuming from {resumed}/checkpoint-14" in stdout
+    two = tmp_path / "two"
+    launch(tmp_path / "t", tiny_model_dir, [*args, "--output_dir", str(two)], processes=2)
+    base = weights(whole)
+    for name, other in (("resumed", weights(resumed)), ("2 processes", weights(two))):
+        for param, w in base.items():
+            assert (other[param] - w).abs().max() < 1e-5, (name, param)
