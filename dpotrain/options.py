@@ -39,6 +39,9 @@ def check_options(recipe: Recipe) -> None:
                           "leave max_steps unset (-1) to train num_train_epochs")  # fmt: skip
     if t.max_steps < 0 and t.num_train_epochs <= 0:
         raise ConfigError(f"num_train_epochs={t.num_train_epochs:g} trains nothing: the recipes use 1 (or --max_steps)")
+    if s.dataset_streaming:
+        raise ConfigError("dataset_streaming: the step plan and the reference stage need every pair's length up front; "
+                          "remove it (datasets memory-maps a loaded data set, so it need not fit in RAM)")  # fmt: skip
     if s.ignore_bias_buffers:
         raise ConfigError("ignore_bias_buffers is a DDP workaround of TRL's own script that this project does not "
                           "apply (it launches with DeepSpeed): remove it")  # fmt: skip

@@ -63,6 +63,7 @@ def many_rows(n=40):
         (["--use_peft", "true", "--lora_target_modules", "q_proj", "--sync_ref_model", "true"],
          "sync_ref_model does not work with use_peft"),
         (["--sync_ref_model", "true", "--precompute_ref_log_probs", "true"], "--precompute_ref_log_probs false"),
+        (["--dataset_streaming", "true"], "dataset_streaming: the step plan and the reference stage need every pair"),
     ],
 )  # fmt: skip
 def test_options_that_cannot_be_honoured(args, expected, tmp_path, monkeypatch, capsys):
