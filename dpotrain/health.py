@@ -10,7 +10,9 @@ Two post-mortems (`shared/seeds/000_*`, `001_*`) motivate them:
   log-probs down together (`logps_falling`).
 Plus non-finite values (`nonfinite`): NaN/inf loss, grad norm or rewards.
 
-The guards read the logged metrics. Rewards are taken on the loss's scale, beta x log-ratio / completion tokens
+The guards read the logged metrics. The loss they judge is the DPO loss: for MoE models TRL adds the router's
+load-balancing term (`router_aux_loss_coef` x aux loss) to the logged `loss`, so they read `dpo_loss`, the loss
+without it, where the trainer logs one. Rewards are taken on the loss's scale, beta x log-ratio / completion tokens
 (`rewards_norm/*`, what `sigmoid_norm` sees); where a trainer only logs TRL's `rewards/*` (beta x SUMMED log-ratio),
 they are divided by the data set's mean completion length of each side, which puts them on about the same scale.
 
@@ -137,12 +139,12 @@ class HealthGuard(TrainerCallback):
         if step == 1 and self._fresh and p.health_step1_tolerance > 0:
             alarms += self._check_step1(step, logs, r, args)
             return alarms  # the collapse guards judge training, which has not happened yet
-        loss = logs["loss"]
+        name, loss = dpo_loss(logs)
         if p.health_loss_floor > 0 and loss < p.health_loss_floor:
             alarms.append(Alarm("loss_floor", step, (
-                f"loss {loss:.4g} < health_loss_floor {p.health_loss_floor}: the policy separates the pairs far beyond "
-                "what beta's KL term allows; in 001 this came right before mode collapse. Lower --learning_rate (or "
-                "raise beta), and run scripts/preflight.py on the data")))  # fmt: skip
+                f"{name} {loss:.4g} < health_loss_floor {p.health_loss_floor}: the policy separates the pairs far "
+                "beyond what beta's KL term allows; in 001 this came right before mode collapse. Lower --learning_rate "
+                "(or raise beta), and run scripts/preflight.py on the data")))  # fmt: skip
         if p.health_max_margin > 0 and r and r["margins"] > p.health_max_margin:
             alarms.append(Alarm("margin", step, (
                 f"{r['source']}margins {r['margins']:.3g} > health_max_margin {p.health_max_margin} (chosen "
@@ -173,8 +175,9 @@ class HealthGuard(TrainerCallback):
         problems = []
         if all(t in SIGMOID_LOSSES for t in types):
             expected = LN2 * sum(weights)
-            if abs(logs["loss"] - expected) > tol:
-                problems.append(f"loss {logs['loss']:.6g} (expected ln 2 = {expected:.6g})")
+            name, loss = dpo_loss(logs)
+            if abs(loss - expected) > tol:
+                problems.append(f"{name} {loss:.6g} (expected ln 2 = {expected:.6g})")
         if r and (abs(r["chosen"]) > tol or abs(r["rejected"]) > tol):
             problems.append(f"{r['source']}chosen {r['chosen']:.4g}, rejected {r['rejected']:.4g} (expected 0)")
         if not problems:
@@ -224,6 +227,11 @@ class HealthGuard(TrainerCallback):
         elif alarms and self.p.health_action == "stop":
             action = 1
         return max_over_ranks(action, args.device)  # one rank's verdict stops all, at the same step
+
+
+def dpo_loss(logs: dict) -> tuple[str, float]:
+    """The logged DPO loss and its name: `dpo_loss` (without the MoE router term) when logged, else `loss`."""
+    return ("dpo_loss", logs["dpo_loss"]) if "dpo_loss" in logs else ("loss", logs["loss"])
 
 
 def _fmt(values: dict) -> str:

@@ -11,7 +11,7 @@ PLOT_FILE = "training_curves.png"
 # sigmoid_norm (FACTS.md); rewards_norm/* (beta x log-ratio / completion tokens) are on the loss's own scale, and
 # tokens_per_second counts non-padding tokens. A key a run did not log leaves its line out.
 CURVES = [
-    ("loss", ["loss"]),
+    ("loss", ["loss", "dpo_loss"]),  # dpo_loss: without the MoE router term, logged when the loss has one
     ("reward accuracy", ["rewards/accuracies", "rewards_norm/accuracies"]),
     ("reward margin (summed, TRL)", ["rewards/margins"]),
     ("rewards on the loss's scale", ["rewards_norm/margins", "rewards_norm/chosen", "rewards_norm/rejected"]),

@@ -12,39 +12,87 @@ labels across a whole row: the label of each sequence's first token is therefore
 one sequence would be scored as predicting the first token of the next.
 """
 
+import contextlib
 import math
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-# Layer types that read only their own sequence when given packed position_ids / cu_seq_lens. Anything else
-# (linear attention, Mamba/SSM mixers) carries state across the row and would mix sequences: such models take the
-# padded path. tests/test_packing.py shows both sides on real models (OLMo 3 and Llama match, OLMo hybrid does not).
+# Which models may pack. A layer that carries state along a row (linear attention, Mamba/SSM mixers, RWKV) mixes the
+# sequences of a packed row silently, and a config need not say it has one (Mamba- or RWKV-only configs name no
+# `layer_types`), so packing is denied by default: it is used for the model types below, each of which
+# tests/test_architectures.py trains and proves equal to the padded path (per-token log-probs, loss and MoE auxiliary
+# loss, fp32). Models of any other type take TRL's padded collator, with a one-line note. Add a type here only with
+# its test.
+PACKING_TESTED = {
+    # dense
+    "llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3_text", "phi3", "olmo2", "olmo3", "granite", "cohere",
+    "cohere2", "glm", "glm4",
+    # mixture of experts (the router's auxiliary loss over real tokens only: see `PackedModel`)
+    "qwen3_moe", "olmoe", "mixtral",
+}  # fmt: skip
+# Hybrids whose stateful layers read sequence boundaries from a one-row varlen batch in transformers 5.23: the gated
+# delta rule takes `cu_seq_lens_q` (olmo_hybrid, qwen3_next, qwen3_5), Mamba-2 and causal-conv kernels `seq_idx`
+# (granitemoehybrid). Only their CUDA kernels use them (the PyTorch fallbacks, and so every CPU run, ignore them), so
+# these pack only with a varlen attention implementation and after `parity` has shown, at start, on the run's own
+# model and pairs, that packed rows score like sequences alone.
+BOUNDARY_HYBRIDS = {"olmo_hybrid", "qwen3_next", "qwen3_5_text", "qwen3_5_moe_text", "granitemoehybrid"}
+# Layer types that read only their own sequence when given packed position_ids / cu_seq_lens.
 ATTENTION_LAYER_TYPES = {"full_attention", "sliding_attention", "chunked_attention"}
-# Attention implementations that honour packed sequences (FACTS.md): sdpa and eager from position_ids, FlashAttention
-# from cu_seq_lens. flex_attention has no backward on CPU and is not tested here.
-VARLEN_ATTENTION = {"flash_attention_2", "flash_attention_3", "kernels-community/flash-attn"}
+# Attention implementations whose varlen kernel takes the sequence boundaries (`cu_seq_lens_q/k`) of one packed row:
+# FlashAttention 2, 3 (Hopper) and 4 (Blackwell and Hopper, `flash-attn-4`), and the `kernels` hub builds that
+# transformers 5.23 loads for them (FLASH_ATTN_KERNEL_FALLBACK / FLASH_ATTN_KERNEL_VERSIONS in
+# modeling_flash_attention_utils.py, registered with its `flash_attention_forward`). A `@revision` suffix is allowed.
+VARLEN_ATTENTION = {
+    "flash_attention_2", "flash_attention_3", "flash_attention_4",
+    "kernels-community/flash-attn2", "kernels-community/flash-attn3", "kernels-community/vllm-flash-attn3",
+    "kernels-community/flash-attn4", "kernels-community/aiter-flash-attn",
+}  # fmt: skip
+# sdpa and eager build a per-sequence causal (and sliding-window) mask from position_ids (FACTS.md). flex_attention has
+# no backward on CPU and is not tested here.
 PACKED_ATTENTION = {"sdpa", "eager"} | VARLEN_ATTENTION
+
+
+def attention_name(attn_implementation: str | None) -> str:
+    """The implementation without a kernel revision (`kernels-community/flash-attn3@v1`); transformers' default sdpa
+    for None."""
+    return (attn_implementation or "sdpa").split("@")[0]
 
 
 def one_row(attn_implementation: str | None) -> bool:
     """FlashAttention's varlen kernel takes a whole micro-batch as one row; dense-mask attention (sdpa, eager) does
     better with rows no wider than the longest sequence (see `PackedPreferenceCollator`)."""
-    return attn_implementation in VARLEN_ATTENTION
+    return attention_name(attn_implementation) in VARLEN_ATTENTION
 
 
 def packing_problem(config) -> str | None:
-    """Why a model with this config cannot be trained packed, or None when it can."""
+    """Why a model with this config cannot be trained packed, or None when it can (for a `BOUNDARY_HYBRIDS` model:
+    once `parity` agrees)."""
     text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
-    layer_types = set(getattr(text_config, "layer_types", None) or [])
-    other = sorted(layer_types - ATTENTION_LAYER_TYPES)
-    if other:
-        return f"{text_config.model_type} has {'/'.join(other)} layers, which carry state across packed sequences"
-    attn = getattr(config, "_attn_implementation", None)
-    if attn is not None and attn not in PACKED_ATTENTION:
+    model_type = text_config.model_type
+    attn = attention_name(getattr(config, "_attn_implementation", None))
+    if attn not in PACKED_ATTENTION:
         return f"attn_implementation {attn!r} is not one that honours packed sequences ({sorted(PACKED_ATTENTION)})"
+    stateful = sorted(set(getattr(text_config, "layer_types", None) or []) - ATTENTION_LAYER_TYPES)
+    if model_type in BOUNDARY_HYBRIDS:
+        if attn in VARLEN_ATTENTION:
+            return None
+        return (f"{model_type} has {'/'.join(stateful) or 'recurrent'} layers, which carry state across packed "
+                "sequences; their CUDA kernels take sequence boundaries only from a varlen attention implementation "
+                "(flash_attention_2/3/4)")  # fmt: skip
+    if stateful:
+        return f"{model_type} has {'/'.join(stateful)} layers, which carry state across packed sequences"
+    if model_type not in PACKING_TESTED:
+        return (f"model type {model_type!r} is not among those proven to pack exactly "
+                "(dpotrain/packing.py PACKING_TESTED, each with its test in tests/test_architectures.py)")  # fmt: skip
     return None
+
+
+def needs_parity_check(config) -> bool:
+    """Whether a model that packs must first pass `parity` on its own pairs (see `BOUNDARY_HYBRIDS`)."""
+    text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
+    return text_config.model_type in BOUNDARY_HYBRIDS
 
 
 def truncate(ids: list[int], mask: list[int], max_length: int | None, truncation_mode: str):
@@ -181,7 +229,10 @@ class PackedPreferenceCollator:
             cu_seq_lens = torch.zeros(len(lengths) + 1, dtype=torch.int32)
             cu_seq_lens[1:] = torch.tensor(lengths, dtype=torch.int32).cumsum(0)
             batch |= {"cu_seq_lens_q": cu_seq_lens, "cu_seq_lens_k": cu_seq_lens, "max_length_q": max(lengths),
-                      "max_length_k": max(lengths)}  # fmt: skip
+                      "max_length_k": max(lengths),
+                      # Mamba-2 / causal-conv kernels (granitemoehybrid) take the boundaries as a sequence index
+                      "seq_idx": torch.repeat_interleave(torch.arange(len(lengths), dtype=torch.int32),
+                                                         torch.tensor(lengths))[None]}  # fmt: skip
         for key in ("ref_chosen_logps", "ref_rejected_logps"):
             if key in examples[0]:
                 batch[key] = torch.tensor([e[key] for e in examples], dtype=torch.float32)
@@ -192,7 +243,7 @@ def is_packed(batch: dict) -> bool:
     return "seq_lens" in batch
 
 
-MODEL_KEYS = ("input_ids", "position_ids", "cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k")
+MODEL_KEYS = ("input_ids", "position_ids", "cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k", "seq_idx")
 
 
 def packed_labels(batch: dict) -> torch.Tensor:
@@ -265,6 +316,42 @@ def unpack_outputs(outputs, batch: dict):
     return type(outputs)(loss=outputs.loss, aux_loss=outputs.aux_loss, **fields)
 
 
+def real_tokens(batch: dict) -> torch.Tensor:
+    """`[rows, width]`: True at the positions of sequences, False at the padding that ends a packed row."""
+    rows, width = batch["input_ids"].shape
+    fill = torch.zeros(rows, dtype=torch.long, device=batch["seq_lens"].device)
+    fill.index_add_(0, batch["seq_rows"], batch["seq_lens"])
+    return torch.arange(width, device=fill.device)[None] < fill[:, None]
+
+
+def causal_lm(model):
+    """The transformers model inside whatever wraps it (DeepSpeed, DDP, FSDP, PEFT): the first in module order."""
+    from transformers import PreTrainedModel
+
+    return next(m for m in model.modules() if isinstance(m, PreTrainedModel))
+
+
+@contextlib.contextmanager
+def captured_router_logits(model):
+    """The router logits (one `[positions, experts]` tensor per MoE layer) of the model's next forward, taken from
+    its backbone, the module TRL's fused LM head runs (a forward hook, removed on exit)."""
+    captured = []
+    hook = causal_lm(model).base_model.register_forward_hook(lambda m, a, output: captured.append(output.router_logits))
+    try:
+        yield captured
+    finally:
+        hook.remove()
+
+
+def router_aux_loss(model, router_logits, batch: dict) -> torch.Tensor:
+    """The MoE load-balancing loss over the real tokens of packed rows, as TRL's padded path computes it over the
+    tokens its attention_mask marks: transformers' own `load_balancing_loss_func` (the one TRL's fused head calls)."""
+    from transformers.models.mixtral.modeling_mixtral import load_balancing_loss_func
+
+    config = causal_lm(model).config.get_text_config()
+    return load_balancing_loss_func(router_logits, config.num_experts, config.num_experts_per_tok, real_tokens(batch))
+
+
 class PackedModel:
     """Stands in for the model where TRL's code calls it on the padded view of a micro-batch.
 
@@ -272,6 +359,10 @@ class PackedModel:
     fused_lm_head=True)` on `[2B, L]` tensors and read per-token outputs. This runs the packed forward of the real
     model instead, inside whatever TRL entered around the call (no_grad, autocast, PEFT's adapter switch), and hands
     back the same outputs in the padded layout. TRL's loss, LD-DPO and metric code then run unchanged.
+
+    MoE models: TRL's fused head computes the router's load-balancing loss over every position it is given, and a
+    packed row has no attention_mask to mark the padding at its end, so that padding would count. The auxiliary loss
+    is computed again here from the same router logits over the real tokens only, as the padded path counts them.
     """
 
     def __init__(self, model, batch: dict):
@@ -282,6 +373,39 @@ class PackedModel:
     def __call__(self, *, fused_lm_head: bool = False, output_router_logits: bool | None = None, **padded_kwargs):
         if not fused_lm_head:  # TRL's deprecated `return_outputs=True` path asks for logits: give the padded forward
             return self.model(**padded_kwargs)
-        extra = {} if output_router_logits is None else {"output_router_logits": output_router_logits}
-        self.outputs = unpack_outputs(forward(self.model, self.batch, **extra), self.batch)
+        if not output_router_logits:
+            extra = {} if output_router_logits is None else {"output_router_logits": False}
+            self.outputs = unpack_outputs(forward(self.model, self.batch, **extra), self.batch)
+            return self.outputs
+        with captured_router_logits(self.model) as router_logits:
+            outputs = forward(self.model, self.batch, output_router_logits=True)
+        outputs.aux_loss = router_aux_loss(self.model, router_logits[0], self.batch)
+        self.outputs = unpack_outputs(outputs, self.batch)
         return self.outputs
+
+
+# The largest per-token log-prob difference `parity` accepts. Measured on CPU (tests/test_architectures.py): dense
+# models agree to ~1e-6 in fp32 and ~2e-3 in bf16, OLMo hybrid's leak across a packed row is ~5e-2 either way. GPU
+# kernels in bf16 have not been measured here: a check that fails on rounding alone costs speed (the padded path),
+# never correctness.
+PARITY_TOLERANCE = {"fp32": 1e-3, "half": 2e-2}
+
+
+def parity(model, collator: PackedPreferenceCollator, examples: list[dict]) -> float:
+    """The largest difference between a completion token's log-prob in the packed rows of `examples` (as `collator`
+    lays them out) and in its sequence scored alone. Run under no_grad, in the caller's autocast."""
+    device = next(model.parameters()).device
+    batch = {k: v.to(device) if torch.is_tensor(v) else v for k, v in collator(examples).items()}
+    packed = unpack_outputs(forward(model, batch), batch).log_probs.float()
+    per_pair = [sequences(e, collator.max_length, collator.truncation_mode) for e in examples]
+    worst = 0.0
+    for i, (ids, mask) in enumerate([pair[0] for pair in per_pair] + [pair[1] for pair in per_pair]):
+        alone = {
+            "input_ids": torch.tensor([ids], device=device),
+            "position_ids": torch.arange(len(ids), device=device)[None],
+            "completion_mask": torch.tensor([mask], device=device),
+        }
+        scored = alone["completion_mask"][0, 1:].bool()
+        log_probs = forward(model, alone).log_probs[0].float()
+        worst = max(worst, float((packed[i, : len(ids) - 1] - log_probs)[scored].abs().max()))
+    return worst

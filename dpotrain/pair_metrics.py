@@ -20,7 +20,8 @@ PAIR_MEAN = ["rewards/chosen", "rewards/rejected", "rewards/accuracies", "reward
              "rewards_norm/margins"]  # fmt: skip
 # Every rank sums the same keys in the same order, so one all-reduce of one vector reduces them all.
 SUMS = PAIR_MEAN + ["pairs", "entropy", "completion_tokens", "logits/chosen", "logits/rejected", "chosen_tokens",
-                    "rejected_tokens", "top1", "tokens", "positions", "aux_loss", "aux_loss_batches"]  # fmt: skip
+                    "rejected_tokens", "top1", "tokens", "positions", "aux_loss", "aux_loss_pairs", "dpo_loss",
+                    "dpo_loss_pairs"]  # fmt: skip
 
 
 def sequence_logps(per_token: torch.Tensor, shift_mask: torch.Tensor, ld_alpha: float | None) -> torch.Tensor:
@@ -47,8 +48,10 @@ class PairMetrics:
         self.total_tokens = int(counted[-1]) if counted else 0
         self._last_log = (time.perf_counter(), self.total_tokens)
 
-    def add(self, mode: str, outputs, inputs: dict, ref_chosen, ref_rejected, beta: float, ld_alpha, positions: int):
-        """Accumulate one micro-batch: `outputs` and `inputs` in TRL's padded `[2B, L]` layout."""
+    def add(self, mode: str, outputs, inputs: dict, ref_chosen, ref_rejected, beta: float, ld_alpha, positions: int,
+            dpo_loss: torch.Tensor | None = None):  # fmt: skip
+        """Accumulate one micro-batch: `outputs` and `inputs` in TRL's padded `[2B, L]` layout; `dpo_loss`, the
+        micro-batch's loss without the MoE router term, when its loss has one."""
         s = self.sums[mode]
         with torch.no_grad():
             shift_mask = inputs["completion_mask"][:, 1:].to(outputs.log_probs.dtype)
@@ -79,9 +82,15 @@ class PairMetrics:
             s["top1"] += (outputs.is_top1.chunk(2)[0] & chosen_mask.bool()).sum()
             s["tokens"] += inputs["attention_mask"].sum()
             s["positions"] += positions
+            # MoE: micro-batch means weighed by their pairs, as the loss is, so that over a log with steps of equal
+            # size loss = dpo_loss + router_aux_loss_coef x aux_loss.
+            pairs = chosen.numel()
             if getattr(outputs, "aux_loss", None) is not None:
-                s["aux_loss"] += outputs.aux_loss.detach()
-                s["aux_loss_batches"] += 1
+                s["aux_loss"] += outputs.aux_loss.detach() * pairs
+                s["aux_loss_pairs"] += pairs
+            if dpo_loss is not None:
+                s["dpo_loss"] += dpo_loss.detach() * pairs
+                s["dpo_loss_pairs"] += pairs
 
     def reduce(self, mode: str, device) -> dict[str, float]:
         """Means over all ranks since the last call; every rank must call it at the same point (it all-reduces)."""
@@ -104,8 +113,10 @@ class PairMetrics:
             "mean_token_accuracy": ratio("top1", "chosen_tokens"),
             "padding_share": 1 - ratio("tokens", "positions"),
         }
-        if s["aux_loss_batches"]:
-            out["aux_loss"] = ratio("aux_loss", "aux_loss_batches")
+        if s["aux_loss_pairs"]:
+            out["aux_loss"] = ratio("aux_loss", "aux_loss_pairs")
+        if s["dpo_loss_pairs"]:  # the loss without the router term: what the health guards judge
+            out["dpo_loss"] = ratio("dpo_loss", "dpo_loss_pairs")
         if mode == "train":
             self.total_tokens += int(s["tokens"])
             now = time.perf_counter()

@@ -16,17 +16,19 @@ subclass changes how pairs reach TRL's loss code, and what surrounds it:
 """
 
 import contextlib
+import dataclasses
 import functools
 import math
 
+import numpy as np
 import torch
-from transformers import TrainerCallback
+from transformers import GraniteMoeHybridConfig, TrainerCallback
 from trl import DPOTrainer, get_peft_config, get_quantization_config
 from trl.models import prepare_deepspeed
 
 from . import builtin, packing, plan
 from .checkpoints import CompleteMarker
-from .collectives import all_reduce_sum
+from .collectives import all_reduce_sum, max_over_ranks
 from .config import Recipe
 from .errors import ConfigError
 from .health import HealthGuard
@@ -76,12 +78,33 @@ def decide_packing(recipe: Recipe, model_path: str) -> tuple[bool, int]:
         problem = "the packed path scores the reference once before training (precompute_ref_log_probs: true)"
     if problem is None:
         return True, hidden_size
-    if "padding_free" in recipe.given:
+    padded_instead(problem, explicit="padding_free" in recipe.given)
+    t.padding_free = False
+    return False, hidden_size
+
+
+def padded_instead(problem: str, explicit: bool) -> None:
+    """Packing cannot be used: an error when `padding_free: true` was given, else a one-line note."""
+    if explicit:
         raise ConfigError(f"padding_free (packed sequences) cannot be used here: {problem}; set --padding_free false")
     print(f"Note: padded micro-batches (TRL's collator) on the same step plan, not packed sequences: {problem}.",
           flush=True)  # fmt: skip
-    t.padding_free = False
-    return False, hidden_size
+
+
+class _GraniteMoeHybridConfig(GraniteMoeHybridConfig):
+    """GraniteMoeHybridConfig that also answers to `num_experts` (see `trl_compatible_config`)."""
+
+    attribute_map = {**GraniteMoeHybridConfig.attribute_map, "num_experts": "num_local_experts"}
+
+
+def trl_compatible_config(model) -> None:
+    """TRL 1.16's fused LM head reads `config.num_experts` for the MoE auxiliary loss (trl/trainer/utils.py,
+    `add_fused_lm_head` -> `_fused_forward`); GraniteMoeHybridConfig calls it `num_local_experts`, so the first forward
+    fails with an AttributeError. The loaded config answers to both names from here on; its values and the config.json
+    it saves are unchanged (tests/test_architectures.py). Drop this once TRL reads `num_local_experts` as well."""
+    config = packing.causal_lm(model).config.get_text_config()
+    if type(config) is GraniteMoeHybridConfig:
+        config.__class__ = _GraniteMoeHybridConfig
 
 
 def pairs_in(batch: dict) -> int:
@@ -155,6 +178,9 @@ class RecipeDPOTrainer(DPOTrainer):
                 hidden_size=hidden_size,
             )
         super().__init__(*args, **kwargs)
+        for model in (self.model, self.ref_model):
+            if model is not None:
+                trl_compatible_config(model)
         training_args.padding_free = packed  # the records say what ran
         # compute_loss weighs each micro-batch by its share of the step's pairs; the Trainer must not divide the
         # loss by the accumulation steps again.
@@ -297,6 +323,41 @@ class RecipeDPOTrainer(DPOTrainer):
             return self.compute_ref_log_probs(packing.PackedModel(model, batch), packing.padded_view(batch))
         return self.compute_ref_log_probs(model, batch)
 
+    # --- hybrids whose kernels take sequence boundaries pack only once their own model and pairs agree -----------
+    def check_packing(self, explicit: bool) -> None:
+        """Score the longest pairs in packed rows and each sequence alone, with the model that scores the reference
+        (`packing.parity`); past the tolerance, train padded with a note, or stop when packing was asked for
+        explicitly. Every rank runs the same forwards and takes the same decision."""
+        examples = [self.train_dataset[int(i)] for i in np.argsort(-self.lengths.tokens, kind="stable")[:4]]
+        model = self.reference_scorer()
+        half = self.args.bf16 or self.args.fp16 or next(model.parameters()).dtype in (torch.bfloat16, torch.float16)
+        tolerance = packing.PARITY_TOLERANCE["half" if half else "fp32"]
+        try:
+            with torch.no_grad(), self.accelerator.autocast():
+                diff = packing.parity(model, self.data_collator, examples)
+            problem = None if diff <= tolerance else (
+                f"its packed rows score completion tokens up to {diff:.2g} nats away from the same sequences alone "
+                f"(tolerance {tolerance:g}): its layers carry state across packed sequences here")  # fmt: skip
+        except ValueError as e:  # transformers: the kernel that keeps packed sequences apart is not installed
+            problem = str(e).rstrip(".")
+        failed = max_over_ranks(int(problem is not None), self.accelerator.device)
+        if not failed:
+            return
+        padded_instead(problem or "another process's packed rows differ from its sequences alone", explicit)
+        self._use_padded()
+
+    def _use_padded(self) -> None:
+        """TRL's padded collator (as TRL builds it) and a plan cut for padded micro-batches, before anything ran."""
+        from trl.trainer.dpo_trainer import DataCollatorForPreference
+
+        args = self.args
+        self.packed = args.padding_free = False
+        self.data_collator = DataCollatorForPreference(pad_token_id=self._tokenizer.pad_token_id,
+                                                       max_length=args.max_length, truncation_mode=args.truncation_mode,
+                                                       pad_to_multiple_of=args.pad_to_multiple_of)  # fmt: skip
+        self.step_plan = dataclasses.replace(self.step_plan, padded=True)
+        self.planned_epochs = plan.plan_run(self.lengths, self.step_plan, len(self.planned_epochs))
+
     # --- the loss ---------------------------------------------------------------------------------------------
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         result = super().compute_loss(model, inputs, return_outputs)  # TRL: the mean over this micro-batch
@@ -321,6 +382,10 @@ class RecipeDPOTrainer(DPOTrainer):
                 padded = {**inputs, "ref_chosen_logps": chosen, "ref_rejected_logps": rejected}
         with self._reference_in_inputs():
             result = super()._compute_loss(stand_in, padded, return_outputs)
+        # MoE: TRL's loss holds router_aux_loss_coef x the router's load-balancing loss; the DPO loss without it is
+        # logged beside the total (`dpo_loss`), and the health guards judge it.
+        loss = result[0] if return_outputs else result
+        router = self.router_aux_loss_coef * stand_in.outputs.aux_loss if self.aux_loss_enabled else None
         self.pair_metrics.add(
             mode,
             stand_in.outputs,
@@ -330,6 +395,7 @@ class RecipeDPOTrainer(DPOTrainer):
             self.beta,
             self.ld_alpha,
             positions=inputs["input_ids"].numel(),
+            dpo_loss=None if router is None else loss - router,
         )
         return result
 
@@ -389,6 +455,8 @@ def build_trainer(recipe: Recipe, train_dataset, eval_dataset=None, callbacks=()
         attn_implementation=recipe.model.attn_implementation,
         hidden_size=hidden_size,
     )
+    if packed and packing.needs_parity_check(trainer.model.config):
+        trainer.check_packing(explicit="padding_free" in recipe.given)
     trainer.graceful_stop = graceful_stop
     trainer.health = health  # .stop tells after `train()` whether a guard stopped it (dpotrain/health.py)
     if recipe.project.samples_every > 0:
