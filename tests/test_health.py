@@ -116,6 +116,12 @@ def test_guards_prefer_the_loss_scale_rewards_and_report_step_and_values():
     # step 1 of a fresh run: loss must be ln 2
     assert [a.guard for a in g.check(1, {"loss": 0.75}, args, 100)] == ["step1"]
     assert g.check(1, {"loss": LN2, "rewards_norm/chosen": 0.0, "rewards_norm/rejected": 0.0}, args, 100) == []
+    # MoE: the logged loss holds the router term (OLMoE: 0.01 x aux ~ 0.02); the guards judge dpo_loss, without it
+    moe = {"loss": LN2 + 0.025, "dpo_loss": LN2, "aux_loss": 2.5}
+    assert g.check(1, moe, args, 100) == []
+    assert "dpo_loss 0.75 (expected ln 2" in g.check(1, {**moe, "dpo_loss": 0.75}, args, 100)[0].message
+    floor = g.check(5, {"loss": 0.02, "dpo_loss": 0.005}, args, 100)
+    assert [a.guard for a in floor] == ["loss_floor"] and floor[0].message.startswith("dpo_loss 0.005 <")
 
 
 def test_accuracy_pinned_counts_consecutive_pairs_early_only():

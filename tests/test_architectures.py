@@ -1,0 +1,228 @@
+"""The model families users bring, as tiny random models: each trains with the smoke recipe, and where it packs, the
+packed forward equals TRL's padded one.
+
+Each family is a 2-layer, hidden-64 model built from its transformers config with the built-in tokenizer, trained for
+3 optimizer steps with `configs/smoke.yaml` as it is (only the model, output folder and `max_steps` change) on 24 pairs.
+Checked for every family: step 1's DPO loss is ln 2 (for MoE models without the router term, which TRL adds to the
+loss), every parameter moved, and the forward is the one `packing.PACKING_TESTED` promises. Where it packs, the packed
+rows (balanced rows for sdpa, one row as FlashAttention gets them) give TRL's padded per-token log-probs, loss and MoE
+auxiliary loss in fp32.
+"""
+
+import copy
+import json
+import math
+
+import datasets
+import pytest
+import torch
+from transformers import GraniteMoeHybridConfig
+from trl.trainer.dpo_trainer import DataCollatorForPreference
+
+from conftest import ROOT, ready
+from dpotrain import builtin, packing
+from dpotrain.config import parse_args
+from dpotrain.errors import ConfigError
+from dpotrain.trainer import build_trainer
+
+SMOKE = str(ROOT / "configs" / "smoke.yaml")
+# Sliding windows shorter than the longer pairs (up to ~550 tokens), so that packed rows must honour them too.
+WINDOW = dict(sliding_window=64)
+MOE = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32)
+FAMILIES = {
+    # dense
+    "llama": {},
+    "qwen2": dict(use_sliding_window=True, max_window_layers=1, **WINDOW),
+    "qwen3": {},
+    "mistral": WINDOW,
+    "gemma2": WINDOW,
+    "gemma3_text": dict(layer_types=["sliding_attention", "full_attention"], **WINDOW),
+    "phi3": WINDOW,
+    "olmo2": {},
+    "olmo3": dict(layer_types=["sliding_attention", "full_attention"], **WINDOW),
+    "granite": {},
+    "cohere": {},
+    "cohere2": dict(layer_types=["sliding_attention", "full_attention"], **WINDOW),
+    "glm": {},
+    "glm4": {},
+    # mixture of experts
+    "qwen3_moe": MOE,
+    "olmoe": dict(num_experts=4, num_experts_per_tok=2),  # router_aux_loss_coef 0.01: the issue's step-1 stop
+    "mixtral": dict(num_local_experts=4, num_experts_per_tok=2),
+    # hybrids: linear attention / Mamba layers beside attention
+    "olmo_hybrid": dict(
+        linear_num_key_heads=2, linear_num_value_heads=2, linear_key_head_dim=16, linear_value_head_dim=32
+    ),  # fmt: skip
+    "qwen3_next": dict(
+        layer_types=["linear_attention", "full_attention"],
+        linear_num_key_heads=2,
+        linear_num_value_heads=2,
+        linear_key_head_dim=16,
+        linear_value_head_dim=16,
+        shared_expert_intermediate_size=32,
+        **MOE,
+    ),  # fmt: skip
+    "granitemoehybrid": dict(
+        layer_types=["linear_attention", "full_attention"],
+        num_local_experts=4,
+        num_experts_per_tok=2,
+        mamba_n_heads=4,
+        mamba_d_head=32,
+        mamba_d_state=16,
+        mamba_chunk_size=64,
+    ),  # fmt: skip
+}
+
+
+@pytest.fixture(scope="module")
+def rows():
+    return builtin.make_preference_rows(24, seed=3)
+
+
+def build_model(model_type: str, folder, tokenizer_dir: str) -> str:
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+    config = AutoConfig.for_model(model_type, vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128,
+                                  num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                                  max_position_embeddings=4096, pad_token_id=tokenizer.pad_token_id,
+                                  eos_token_id=tokenizer.eos_token_id, **FAMILIES[model_type])  # fmt: skip
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(config, dtype=torch.float32).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return str(folder)
+
+
+def smoke_trainer(model_dir, output_dir, rows, *overrides, max_steps=3):
+    """configs/smoke.yaml as it is, but for the model, the output folder and max_steps."""
+    recipe = parse_args(["--config", SMOKE, "--model_name_or_path", model_dir, "--output_dir", str(output_dir),
+                         "--max_steps", str(max_steps), *overrides])  # fmt: skip
+    return build_trainer(recipe, datasets.Dataset.from_list(rows))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model_type", list(FAMILIES))
+def test_family_trains_with_the_smoke_recipe(tmp_path, monkeypatch, capsys, tiny_model_dir, rows, model_type):
+    monkeypatch.setenv("DPOTRAIN_CACHE", str(tmp_path / "cache"))
+    model_dir = build_model(model_type, tmp_path / "model", tiny_model_dir)
+    trainer = ready(smoke_trainer(model_dir, tmp_path / "run", rows))
+    packs = model_type in packing.PACKING_TESTED
+    assert trainer.packed == packs and trainer.step_plan.padded == (not packs)
+    if not packs:  # the one-line note says why
+        assert "Note: padded micro-batches" in capsys.readouterr().out
+    before = {n: p.detach().clone() for n, p in trainer.model.named_parameters() if p.requires_grad}
+    trainer.train()
+
+    assert trainer.health.stop is None, trainer.health.alarms
+    step1 = trainer.state.log_history[0]
+    assert step1["step"] == 1
+    moe = trainer.aux_loss_enabled
+    # Step 1: the policy is the reference, so the DPO loss is ln 2; MoE models log it beside the total with the router
+    # term, and the health guards judge it.
+    dpo_loss = step1["dpo_loss"] if moe else step1["loss"]
+    assert abs(dpo_loss - math.log(2)) < 1e-5, step1
+    if moe:
+        assert step1["loss"] == pytest.approx(dpo_loss + trainer.router_aux_loss_coef * step1["aux_loss"], abs=1e-6)
+    unchanged = [n for n, p in trainer.model.named_parameters() if p.requires_grad and torch.equal(p, before[n])]
+    assert not unchanged, unchanged
+
+    if model_type == "granitemoehybrid":  # the num_experts alias for TRL is not written to config.json
+        config = trainer.model.config
+        plain = copy.copy(config)
+        plain.__class__ = GraniteMoeHybridConfig
+        trainer.model.save_pretrained(tmp_path / "saved")
+        saved = json.loads((tmp_path / "saved" / "config.json").read_text())
+        assert config.num_experts == saved["num_local_experts"] == 4 and "num_experts" not in saved
+        assert saved == json.loads(plain.to_json_string())
+    if packs:
+        assert_packed_equals_padded(trainer, moe)
+
+
+def assert_packed_equals_padded(trainer, moe: bool):
+    """Per-token log-probs, TRL's loss (with the router term) and the MoE auxiliary loss of the trained model: packed
+    rows (the trainer's balanced rows and FlashAttention's single row) against TRL's padded batch of the same pairs."""
+    model = trainer.model.eval()
+    examples = [trainer.train_dataset[i] for i in range(8)]  # with their cached reference log-probs
+    padded = DataCollatorForPreference(pad_token_id=trainer.processing_class.pad_token_id,
+                                       max_length=trainer.args.max_length)(examples)  # fmt: skip
+    one_row = packing.PackedPreferenceCollator(trainer.args.max_length, one_row=True)(examples)
+    packed = trainer.data_collator(examples)
+    assert packed["input_ids"].shape[0] > 1 and one_row["input_ids"].shape[0] == 1
+    labels = padded["input_ids"].masked_fill(padded["completion_mask"] == 0, -100)
+    with torch.no_grad():
+        want = model(input_ids=padded["input_ids"], attention_mask=padded["attention_mask"], labels=labels,
+                     fused_lm_head=True, use_cache=False, output_router_logits=moe)  # fmt: skip
+        want_loss = trainer.compute_loss(model, padded)
+        for batch in (packed, one_row):
+            got = packing.PackedModel(model, batch)(fused_lm_head=True, output_router_logits=moe)
+            assert (got.log_probs - want.log_probs).abs().max() < 1e-5
+            assert abs(trainer.compute_loss(model, batch) - want_loss) < 1e-6
+            if moe:
+                assert abs(got.aux_loss - want.aux_loss) < 1e-6
+                # ... where TRL's own fused head, left alone, also counts the padding that ends each packed row
+                if batch is packed:
+                    unmasked = packing.forward(model, batch, output_router_logits=True).aux_loss
+                    assert abs(unmasked - want.aux_loss) > 1e-6
+
+
+def test_parity_check_catches_state_carried_across_packed_rows(tmp_path, tiny_model_dir, rows):
+    """`packing.parity`, the start-up check for hybrids, on CPU: OLMo hybrid's linear attention leaks from one
+    sequence of a packed row into the next, and transformers refuses to pass it sequence boundaries without the
+    kernels that honour them; a dense model agrees to fp32 rounding."""
+    for model_type in ("olmo_hybrid", "llama"):
+        folder = build_model(model_type, tmp_path / model_type, tiny_model_dir)
+        trainer = smoke_trainer(folder, tmp_path / f"run-{model_type}", rows[:8], "--padding_free", "false")
+        model = trainer.model.eval()  # with TRL's fused LM head
+        examples = [trainer.train_dataset[i] for i in range(4)]
+        rows_collator = packing.PackedPreferenceCollator(trainer.args.max_length, hidden_size=64)
+        with torch.no_grad():
+            diff = packing.parity(model, rows_collator, examples)
+            if model_type == "llama":
+                assert diff < 1e-5
+                assert packing.parity(model, packing.PackedPreferenceCollator(1024, one_row=True), examples) < 1e-5
+            else:
+                assert diff > 10 * packing.PARITY_TOLERANCE["fp32"], diff
+                with pytest.raises(ValueError, match="packed sequences apart"):
+                    packing.parity(model, packing.PackedPreferenceCollator(1024, one_row=True), examples)
+
+
+def test_hybrid_that_fails_the_parity_check_trains_padded(tmp_path, monkeypatch, capsys, tiny_model_dir, rows):
+    """A hybrid let through to the packed path (as a varlen FlashAttention would let it on a GPU) is caught by the
+    check at start and trains padded on the same step plan, with the note; asked for explicitly, it is refused."""
+    monkeypatch.setenv("DPOTRAIN_CACHE", str(tmp_path / "cache"))
+    model_dir = build_model("olmo_hybrid", tmp_path / "model", tiny_model_dir)
+    monkeypatch.setattr(packing, "packing_problem", lambda config: None)
+    trainer = ready(smoke_trainer(model_dir, tmp_path / "run", rows, max_steps=1))
+    assert "Note: padded micro-batches" in capsys.readouterr().out
+    assert not trainer.packed and trainer.step_plan.padded and trainer.args.padding_free is False
+    trainer.train()
+    assert abs(trainer.state.log_history[0]["loss"] - math.log(2)) < 1e-5
+    with pytest.raises(ConfigError, match="padding_free .* nats away from the same sequences alone"):
+        smoke_trainer(model_dir, tmp_path / "run2", rows, "--padding_free", "true")
+
+
+def test_packing_is_denied_by_default():
+    """Only the model types proven above pack: a stateful model without `layer_types` (RWKV, Mamba) does not."""
+    from transformers import AutoConfig
+
+    # RWKV's config names no layer types; Mamba's names them; Qwen2-MoE is attention only, but untested here.
+    assert "not among those proven to pack" in packing.packing_problem(AutoConfig.for_model("rwkv"))
+    assert "carry state across packed sequences" in packing.packing_problem(AutoConfig.for_model("mamba2"))
+    assert "not among those proven to pack" in packing.packing_problem(AutoConfig.for_model("qwen2_moe"))
+    llama = AutoConfig.for_model("llama")
+    assert packing.packing_problem(llama) is None
+    for attn in ("flash_attention_4", "kernels-community/flash-attn3", "kernels-community/vllm-flash-attn3@v1"):
+        llama._attn_implementation = attn
+        assert packing.packing_problem(llama) is None and packing.one_row(attn)
+    hybrid = AutoConfig.for_model("olmo_hybrid")
+    assert "varlen attention" in packing.packing_problem(hybrid)
+    hybrid._attn_implementation = "flash_attention_2"
+    assert packing.packing_problem(hybrid) is None and packing.needs_parity_check(hybrid)
+
+
+def test_varlen_attention_names_follow_transformers():
+    """Every FlashAttention build transformers loads from the `kernels` hub counts as varlen here."""
+    from transformers.modeling_flash_attention_utils import FLASH_ATTN_KERNEL_FALLBACK, FLASH_ATTN_KERNEL_VERSIONS
+
+    flash_kernels = {name for name in FLASH_ATTN_KERNEL_VERSIONS if "flash-attn" in name}
+    assert set(FLASH_ATTN_KERNEL_FALLBACK) | flash_kernels <= packing.VARLEN_ATTENTION
