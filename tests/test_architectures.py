@@ -226,3 +226,32 @@ def test_varlen_attention_names_follow_transformers():
 
     flash_kernels = {name for name in FLASH_ATTN_KERNEL_VERSIONS if "flash-attn" in name}
     assert set(FLASH_ATTN_KERNEL_FALLBACK) | flash_kernels <= packing.VARLEN_ATTENTION
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (none on this machine)")
+@pytest.mark.parametrize("model_type", ["llama", "olmo_hybrid", "granitemoehybrid"])
+def test_parity_check_on_a_gpu(tmp_path, capsys, tiny_model_dir, rows, model_type):
+    """On a GPU, in bf16 with a varlen FlashAttention: a dense model passes the start-up check (this is where the bf16
+    tolerance meets real kernels), and a hybrid packs exactly when its boundary-aware kernels are installed."""
+    import importlib.util
+
+    attn = next((a for a, module in (("flash_attention_2", "flash_attn"), ("flash_attention_3", "flash_attn_interface"))
+                 if importlib.util.find_spec(module)), None)  # fmt: skip
+    if attn is None:
+        pytest.skip("needs flash-attn (FlashAttention 2) or flash-attn-3 installed")
+    model_dir = build_model(model_type, tmp_path / "model", tiny_model_dir)
+    trainer = smoke_trainer(model_dir, tmp_path / "run", rows, "--attn_implementation", attn, "--bf16", "true")
+    examples = [trainer.train_dataset[i] for i in range(4)]
+    collator = packing.PackedPreferenceCollator(trainer.args.max_length, one_row=True)
+    if model_type == "llama":
+        with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16):
+            diff = packing.parity(trainer.model, collator, examples)
+        print(f"llama bf16 {attn}: packed rows vs sequences alone, largest per-token difference {diff:.3g}")
+        assert trainer.packed and diff <= packing.PARITY_TOLERANCE["half"]
+        return
+    kernels = {"olmo_hybrid": ("fla", "causal_conv1d"), "granitemoehybrid": ("mamba_ssm", "causal_conv1d")}[model_type]
+    if all(importlib.util.find_spec(k) for k in kernels):
+        assert trainer.packed  # the kernels keep the sequences of one row apart: the check passes
+    else:  # transformers refuses the boundaries without them: padded, and the note says which package is missing
+        assert not trainer.packed and "packed sequences apart" in capsys.readouterr().out
