@@ -70,7 +70,7 @@ def packing_problem(config) -> str | None:
     """Why a model with this config cannot be trained packed, or None when it can (for a `BOUNDARY_HYBRIDS` model:
     once `parity` agrees)."""
     text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
-    model_type = text_config.model_type
+    model_type = config.model_type  # a multimodal wrapper is a type of its own (its text model's type is not enough)
     attn = attention_name(getattr(config, "_attn_implementation", None))
     if attn not in PACKED_ATTENTION:
         return f"attn_implementation {attn!r} is not one that honours packed sequences ({sorted(PACKED_ATTENTION)})"
@@ -91,8 +91,7 @@ def packing_problem(config) -> str | None:
 
 def needs_parity_check(config) -> bool:
     """Whether a model that packs must first pass `parity` on its own pairs (see `BOUNDARY_HYBRIDS`)."""
-    text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
-    return text_config.model_type in BOUNDARY_HYBRIDS
+    return config.model_type in BOUNDARY_HYBRIDS
 
 
 def truncate(ids: list[int], mask: list[int], max_length: int | None, truncation_mode: str):
