@@ -163,6 +163,17 @@ def assert_packed_equals_padded(trainer, moe: bool):
                 if batch is packed:
                     unmasked = packing.forward(model, batch, output_router_logits=True).aux_loss
                     assert abs(unmasked - want.aux_loss) > 1e-6
+    if moe:  # gradients, the router's included, with activation checkpointing (the recipes' GPU setting)
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        model.train()  # checkpointing acts in training mode only (these configs have no dropout)
+        grads = []
+        for batch in (packed, padded):
+            model.zero_grad()
+            trainer.compute_loss(model, batch).backward()
+            grads.append({n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None})
+        assert grads[0].keys() == grads[1].keys()
+        for name, g in grads[1].items():
+            assert (grads[0][name] - g).abs().max() <= 1e-5 + 1e-4 * g.abs().max(), name
 
 
 def test_parity_check_catches_state_carried_across_packed_rows(tmp_path, tiny_model_dir, rows):
