@@ -315,12 +315,13 @@ def unpack_outputs(outputs, batch: dict):
     return type(outputs)(loss=outputs.loss, aux_loss=outputs.aux_loss, **fields)
 
 
-def real_tokens(batch: dict) -> torch.Tensor:
-    """`[rows, width]`: True at the positions of sequences, False at the padding that ends a packed row."""
-    rows, width = batch["input_ids"].shape
-    fill = torch.zeros(rows, dtype=torch.long, device=batch["seq_lens"].device)
-    fill.index_add_(0, batch["seq_rows"], batch["seq_lens"])
-    return torch.arange(width, device=fill.device)[None] < fill[:, None]
+def token_weights(batch: dict) -> torch.Tensor:
+    """`[rows, width]`: how many sequences of TRL's padded layout hold each position of the packed rows: 1 for a token
+    of a sequence, 0 for the padding that ends a row. Weighed so, the packed rows hold the padded batch's tokens."""
+    _, (index, valid) = _layouts(batch)
+    weights = torch.zeros(batch["input_ids"].numel(), device=index.device)
+    weights.index_add_(0, index[valid], torch.ones(int(valid.sum()), device=index.device))
+    return weights.view_as(batch["input_ids"])
 
 
 def causal_lm(model):
@@ -343,12 +344,14 @@ def captured_router_logits(model):
 
 
 def router_aux_loss(model, router_logits, batch: dict) -> torch.Tensor:
-    """The MoE load-balancing loss over the real tokens of packed rows, as TRL's padded path computes it over the
-    tokens its attention_mask marks: transformers' own `load_balancing_loss_func` (the one TRL's fused head calls)."""
+    """The MoE load-balancing loss over the tokens TRL's padded path counts (those its attention_mask marks), from the
+    router logits of packed rows: transformers' own `load_balancing_loss_func` (the one TRL's fused head calls), which
+    takes the mask as a weight per position (`token_weights`)."""
     from transformers.models.mixtral.modeling_mixtral import load_balancing_loss_func
 
     config = causal_lm(model).config.get_text_config()
-    return load_balancing_loss_func(router_logits, config.num_experts, config.num_experts_per_tok, real_tokens(batch))
+    weights = token_weights(batch)
+    return load_balancing_loss_func(router_logits, config.num_experts, config.num_experts_per_tok, weights)
 
 
 class PackedModel:
