@@ -19,7 +19,7 @@ from pathlib import Path
 
 from dotenv import load_dotenv
 
-from dpotrain import data, health, hub, hub_push, lora, offline, options, reference, resolve, rows, samples
+from dpotrain import data, engine, health, hub, hub_push, lora, offline, options, reference, resolve, rows, samples
 from dpotrain.config import parse_args
 from dpotrain.errors import run_cli
 from dpotrain.hub_push import CheckpointPusher
@@ -38,6 +38,7 @@ def main(argv=None) -> None:
     samples.check_values(recipe.project)
     options.check_options(recipe)  # options TRL would fail on, or ignore, only after loading the model
     lora.check_lora(recipe)
+    engine.launched()  # an engine this project does not support is refused here (dpotrain/engine.py)
     resolve.fill_defaults(recipe)
     if recipe.project.preflight:  # the base model's view of the data, instead of training (dpotrain/preflight.py)
         from dpotrain import preflight
@@ -148,13 +149,15 @@ def main(argv=None) -> None:
         return  # checkpointed on a stop request; the requeued job resumes from it
 
     trainer.save_model(str(out))  # with use_peft: the adapter (adapter_model.safetensors, adapter_config.json)
-    if recipe.project.merge_lora and state.is_main_process:
-        print(f"Saved the merged model to {lora.save_merged(trainer, out)}", flush=True)
     # The last collective step. The other ranks end here rather than wait at a barrier while the main process waits
     # for uploads: a barrier longer than ddp_timeout (30 min) would fail the job after training succeeded.
     state.wait_for_everyone()
 
     if state.is_main_process:
+        if recipe.project.merge_lora:
+            base, init = trainer.model_path, training.model_init_kwargs
+            merged = lora.save_merged(out, base, init.get("revision"), init.get("dtype"), trainer.processing_class)
+            print(f"Saved the merged model to {merged}", flush=True)
         if pusher:
             pusher.finish(hub_push.FINAL_WAIT_S)  # the card lists the pushed revisions
         records = read_metrics(out)

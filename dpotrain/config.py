@@ -323,15 +323,17 @@ def _command_line_batch_wins(training, project, on_command_line: set[str]) -> No
 
 
 def _cpu_deepspeed_backend(args: list[str]) -> list[str]:
-    """DeepSpeed on CPU (tests, CPU-only clusters) needs an explicit gloo backend.
+    """Several processes on CPU (tests, CPU-only clusters) need an explicit gloo backend.
 
-    Without one, accelerate's PartialState sees no backend, reports one process (accelerate/state.py: "No backend
-    == no distributed training") while DeepSpeed runs all of them, and the batch-size check fails.
+    Without one, accelerate's PartialState sees no backend and reports one process (accelerate/state.py: "No backend
+    == no distributed training") while DeepSpeed or FSDP run all of them: DeepSpeed's batch-size check fails, and under
+    FSDP every process believes it is the main one (each weighs its loss as if alone: step 1 logs ln 2 / 2).
     """
     import torch
 
-    launched_with_deepspeed = os.environ.get("ACCELERATE_USE_DEEPSPEED", "false").lower() == "true"
-    if launched_with_deepspeed and not torch.cuda.is_available() and not any("ddp_backend" in a for a in args):
+    several = "LOCAL_RANK" in os.environ and int(os.environ.get("WORLD_SIZE", "1")) > 1  # set by torchrun's launch
+    launched = several or os.environ.get("ACCELERATE_USE_DEEPSPEED") == "true"
+    if launched and not torch.cuda.is_available() and not any("ddp_backend" in a for a in args):
         return ["--ddp_backend", "gloo"]
     return []
 

@@ -19,8 +19,9 @@ PAIR_MEAN = ["rewards/chosen", "rewards/rejected", "rewards/accuracies", "reward
              "logps/rejected", "rewards_norm/chosen", "rewards_norm/rejected", "rewards_norm/accuracies",
              "rewards_norm/margins"]  # fmt: skip
 # Every rank sums the same keys in the same order, so one all-reduce of one vector reduces them all.
-SUMS = PAIR_MEAN + ["pairs", "entropy", "completion_tokens", "logits/chosen", "logits/rejected", "chosen_tokens",
-                    "rejected_tokens", "top1", "tokens", "positions", "aux_loss", "aux_loss_batches"]  # fmt: skip
+SUMS = PAIR_MEAN + ["loss", "pairs", "entropy", "completion_tokens", "logits/chosen", "logits/rejected",
+                    "chosen_tokens", "rejected_tokens", "top1", "tokens", "positions", "aux_loss",
+                    "aux_loss_batches"]  # fmt: skip
 
 
 def sequence_logps(per_token: torch.Tensor, shift_mask: torch.Tensor, ld_alpha: float | None) -> torch.Tensor:
@@ -47,8 +48,10 @@ class PairMetrics:
         self.total_tokens = int(counted[-1]) if counted else 0
         self._last_log = (time.perf_counter(), self.total_tokens)
 
-    def add(self, mode: str, outputs, inputs: dict, ref_chosen, ref_rejected, beta: float, ld_alpha, positions: int):
-        """Accumulate one micro-batch: `outputs` and `inputs` in TRL's padded `[2B, L]` layout."""
+    def add(self, mode: str, outputs, inputs: dict, ref_chosen, ref_rejected, beta: float, ld_alpha, positions: int,
+            loss: torch.Tensor):  # fmt: skip
+        """Accumulate one micro-batch: `outputs` and `inputs` in TRL's padded `[2B, L]` layout, `loss` TRL's loss of
+        the micro-batch (its mean over the micro-batch's pairs)."""
         s = self.sums[mode]
         with torch.no_grad():
             shift_mask = inputs["completion_mask"][:, 1:].to(outputs.log_probs.dtype)
@@ -68,6 +71,7 @@ class PairMetrics:
             for name, v in values.items():
                 s[name] += v.sum()
             s["pairs"] += chosen.numel()
+            s["loss"] += loss.detach() * chosen.numel()
             chosen_mask, rejected_mask = shift_mask.chunk(2)
             s["entropy"] += (outputs.entropy * shift_mask).sum()
             s["completion_tokens"] += shift_mask.sum()
@@ -106,6 +110,10 @@ class PairMetrics:
         }
         if s["aux_loss_batches"]:
             out["aux_loss"] = ratio("aux_loss", "aux_loss_batches")
+        if mode == "eval":
+            # The Trainer's eval_loss averages per-batch means; this is the mean over the held-out pairs. (In training
+            # the Trainer's loss is already each step's mean over its pairs: compute_loss weighs the micro-batches.)
+            out["loss"] = s["loss"] / s["pairs"]
         if mode == "train":
             self.total_tokens += int(s["tokens"])
             now = time.perf_counter()

@@ -345,6 +345,18 @@ def summary(lengths: PairLengths, p: StepPlan, epochs: list[list], positions=Non
     return out
 
 
+def eval_batches(pairs: int, world_size: int, batch_size: int) -> list[list[list[int]]]:
+    """An evaluation set as `[rank][batch] -> pair indices`: every pair once, the same number of non-empty batches of
+    at most `batch_size` pairs on every rank (the evaluation loop gathers after every batch, and ZeRO-3 or FSDP2
+    gather weights in every forward), and no pair padded in twice (which would count it twice in the metrics)."""
+    if pairs < world_size:
+        raise PlanError(f"the evaluation split has {pairs} pair(s), fewer than the {world_size} processes: use a "
+                        "larger split, or no eval_strategy")  # fmt: skip
+    per_rank = math.ceil(pairs / (world_size * batch_size))
+    chunks = [[int(i) for i in c] for c in np.array_split(np.arange(pairs), world_size * per_rank)]
+    return [chunks[rank::world_size] for rank in range(world_size)]
+
+
 def _spread(values: list[int]) -> dict:
     return {"min": min(values), "mean": round(sum(values) / len(values), 1), "max": max(values)}
 
@@ -375,6 +387,20 @@ class StepSampler(BatchRebalanceSampler):
 
     def __len__(self):
         return self.steps_per_epoch
+
+
+class FixedBatches(BatchRebalanceSampler):
+    """A batch sampler over batches fixed in advance (this rank's evaluation batches): rank-aware, so accelerate does
+    not shard it again."""
+
+    def __init__(self, batches: list[list[int]]):
+        self.batches = batches
+
+    def __iter__(self):
+        return iter(self.batches)
+
+    def __len__(self):
+        return len(self.batches)
 
 
 class StepRows:

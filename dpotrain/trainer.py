@@ -24,7 +24,7 @@ from transformers import TrainerCallback
 from trl import DPOTrainer, get_peft_config, get_quantization_config
 from trl.models import prepare_deepspeed
 
-from . import builtin, packing, plan
+from . import builtin, engine, packing, plan
 from .checkpoints import CompleteMarker
 from .collectives import all_reduce_sum
 from .config import Recipe
@@ -36,12 +36,13 @@ from .preemption import GracefulStop
 from .samples import SampleGenerator
 
 
-def model_init_kwargs(recipe: Recipe) -> dict:
-    """What TRL's own `trl/scripts/dpo.py` passes to `from_pretrained`, from ModelConfig's fields."""
+def model_init_kwargs(recipe: Recipe, run_engine: engine.Engine) -> dict:
+    """What TRL's own `trl/scripts/dpo.py` passes to `from_pretrained`, from ModelConfig's fields; the dtype the
+    engine trains in when the recipe names none (`engine.load_dtype`)."""
     kwargs = dict(
         revision=recipe.model.model_revision,
         attn_implementation=recipe.model.attn_implementation,
-        dtype=recipe.model.dtype,
+        dtype=engine.load_dtype(recipe, run_engine),
     )
     kwargs.update(recipe.training.model_init_kwargs or {})
     return kwargs
@@ -136,8 +137,10 @@ class RecipeDPOTrainer(DPOTrainer):
         max_tokens_per_microbatch: int | None,
         attn_implementation: str | None,
         hidden_size: int,
+        run_engine: engine.Engine,
         **kwargs,
     ):
+        self.engine = run_engine
         self.packed = packed
         self.pairs_per_step = pairs_per_step
         self.max_tokens_per_microbatch = max_tokens_per_microbatch
@@ -154,12 +157,48 @@ class RecipeDPOTrainer(DPOTrainer):
                 one_row=packing.one_row(attn_implementation or "sdpa"),
                 hidden_size=hidden_size,
             )
-        super().__init__(*args, **kwargs)
+        with self._no_second_model_under_fsdp(kwargs):
+            super().__init__(*args, **kwargs)
         training_args.padding_free = packed  # the records say what ran
+        # The reference cache's key: the full weights. TRL hashed them in __init__, except under ZeRO-3, where it
+        # hashed each rank's empty partition.
+        self.weights_hash = self._precompute_model_hash
+        if self.engine.name == "zero3" and self.precompute_ref_logps:
+            self.weights_hash = engine.zero3_weights_sha256(self.model, self.accelerator.is_main_process)
         # compute_loss weighs each micro-batch by its share of the step's pairs; the Trainer must not divide the
         # loss by the accumulation steps again.
         self.loss_is_scaled_for_ga = True
         self.add_callback(_StartMetrics(self.pair_metrics))
+
+    def create_accelerator_and_postprocess(self):
+        engine.enable_on_cpu(self.engine)  # FSDP2 and DDP on a CPU-only node: see engine.py
+        super().create_accelerator_and_postprocess()
+
+    @contextlib.contextmanager
+    def _no_second_model_under_fsdp(self, kwargs):
+        """Under FSDP, TRL loads a second copy of the model for its precompute of the reference (trl/trainer/
+        dpo_trainer.py: "Under FSDP, the policy isn't sharded until `train`, so the precompute still loads a reference
+        model"), shards it at the root only and frees it at the end of __init__. The reference stage scores with the
+        policy, sharded by accelerate (`reference_scorer`), so that load is skipped: minutes and a full host copy for
+        a 32B model. Drop this when TRL stops loading it (its precompute under FSDP2 is broken: TRL #6470)."""
+        import trl.trainer.dpo_trainer as dpo
+
+        skip = (self.engine.name == "fsdp2" and kwargs["args"].precompute_ref_log_probs
+                and kwargs.get("peft_config") is None and kwargs.get("ref_model") is None)  # fmt: skip
+        if not skip:
+            yield
+            return
+        load, calls = dpo.create_model_from_path, []
+
+        def policy_only(*args, **kw):  # the first call loads the policy, the second the reference copy
+            calls.append(args)
+            return load(*args, **kw) if len(calls) == 1 else None
+
+        dpo.create_model_from_path = policy_only
+        try:
+            yield
+        finally:
+            dpo.create_model_from_path = load
 
     # --- the plan: steps of pairs_per_step pairs, cut into micro-batches ----------------------------------------
     def _prepare_dataset(self, dataset, processing_class, args, dataset_name):
@@ -181,28 +220,41 @@ class RecipeDPOTrainer(DPOTrainer):
     def get_train_dataloader(self):
         """One item per optimizer step (`plan.StepSampler`), rows read a step at a time and collated per
         micro-batch with the forward's collator."""
-        from torch.utils.data import DataLoader
-        from transformers.trainer_utils import seed_worker
-
         args = self.args
         sampler = plan.StepSampler(self.lengths, self.step_plan, args.process_index, self.planned_epochs)
         columns = [c for c in (*plan.COLUMNS, "ref_chosen_logps", "ref_rejected_logps")
                    if c in self.train_dataset.column_names]  # fmt: skip
+        return self._rank_aware_loader(plan.StepRows(self.train_dataset.select_columns(columns)), sampler,
+                                       plan.StepCollator(self.data_collator), training=True)  # fmt: skip
+
+    def get_eval_dataloader(self, eval_dataset=None):
+        """The evaluation set in `plan.eval_batches`: the same number of batches on every rank, no pair twice."""
+        dataset = self.eval_dataset if eval_dataset is None else eval_dataset
+        if isinstance(dataset, str):
+            dataset = self.eval_dataset[dataset]
+        columns = [c for c in (*plan.COLUMNS, "ref_chosen_logps", "ref_rejected_logps") if c in dataset.column_names]
+        batches = self.reference_layout("eval", len(dataset))[self.args.process_index]
+        return self._rank_aware_loader(dataset.select_columns(columns), plan.FixedBatches(batches), self.data_collator)
+
+    def _rank_aware_loader(self, dataset, sampler, collate, training: bool = False):
+        """A DataLoader over a batch sampler that already yields this rank's share, prepared by accelerate (device
+        placement) without being sharded again (as transformers' `_get_dataloader` does for a BatchRebalanceSampler)."""
+        from torch.utils.data import DataLoader
+        from transformers.trainer_utils import seed_worker
+
+        args, workers = self.args, self.args.dataloader_num_workers
         loader = DataLoader(
-            plan.StepRows(self.train_dataset.select_columns(columns)),
+            dataset,
             batch_sampler=sampler,
-            collate_fn=plan.StepCollator(self.data_collator),
-            num_workers=args.dataloader_num_workers,
+            collate_fn=collate,
+            num_workers=workers,
             pin_memory=args.dataloader_pin_memory,
-            persistent_workers=args.dataloader_persistent_workers and args.dataloader_num_workers > 0,
-            prefetch_factor=args.dataloader_prefetch_factor if args.dataloader_num_workers > 0 else None,
-            worker_init_fn=functools.partial(
-                seed_worker, num_workers=args.dataloader_num_workers, rank=args.process_index
-            ),  # fmt: skip
-        )
+            persistent_workers=args.dataloader_persistent_workers and workers > 0,
+            prefetch_factor=args.dataloader_prefetch_factor if workers > 0 else None,
+            worker_init_fn=functools.partial(seed_worker, num_workers=workers, rank=args.process_index)
+            if training else None,
+        )  # fmt: skip
         loader = self.accelerator.prepare(loader)
-        # The sampler already yields this rank's share: make accelerate's BatchSamplerShard a passthrough (as
-        # transformers' `_get_dataloader` does for a BatchRebalanceSampler).
         shard = getattr(loader, "batch_sampler", None)
         if shard is not None and getattr(shard, "batch_sampler", None) is sampler:
             shard.num_processes, shard.process_index = 1, 0
@@ -266,26 +318,40 @@ class RecipeDPOTrainer(DPOTrainer):
         world = self.accelerator.num_processes
         if name == "train":
             return [[mb for step in self.planned_epochs[0] for mb in step[rank]] for rank in range(world)]
-        size = self.args.per_device_eval_batch_size
-        chunks = [list(range(i, min(i + size, rows))) for i in range(0, rows, size)]
-        return [chunks[rank::world] for rank in range(world)]
+        return plan.eval_batches(rows, world, self.args.per_device_eval_batch_size)
 
     def reference_scorer(self):
-        """The model that scores the reference: TRL's choice in `_precompute_ref_logps` (under DeepSpeed, an
-        inference engine places the still-unprepared policy on the device)."""
+        """The model that scores the reference: a reference model if one was given; else the policy before its first
+        update — under DeepSpeed in an inference engine that places (ZeRO-2) or gathers (ZeRO-3) its weights, as
+        TRL's `_precompute_ref_logps` does; under FSDP2 sharded by accelerate now, as training will use it (the
+        Trainer finds it prepared and leaves it; with RAM-efficient loading only the main process has its weights
+        until then)."""
         if self.ref_model is not None:
             return self.ref_model
         if self.is_deepspeed_enabled:
             if self._precompute_engine is None:
                 self._precompute_engine = prepare_deepspeed(self.model, self.accelerator)
             return self._precompute_engine
+        if self.is_fsdp_enabled:
+            from accelerate.utils.fsdp_utils import fsdp2_prepare_model
+
+            self.model = self.model_wrapped = fsdp2_prepare_model(self.accelerator, self.model)
         return self.model
+
+    def reference_scored(self) -> None:
+        """After the reference stage. FSDP2 leaves the root's weights gathered after a forward (it reshards only
+        inner units): reshard them, or accelerate's optimizer preparation, which pairs parameters by storage, misses
+        them and their updates are lost."""
+        if self.is_fsdp_enabled:
+            from torch.distributed.fsdp import FSDPModule
+
+            for module in self.model.modules():
+                if isinstance(module, FSDPModule):
+                    module.reshard()
 
     def forward_needs_every_rank(self) -> bool:
         """Whether a forward holds collectives (sharded weights), so every rank must run one together."""
-        if self.is_fsdp_enabled:
-            return True
-        return self.is_deepspeed_enabled and self.accelerator.state.deepspeed_plugin.zero_stage == 3
+        return self.engine.shards_weights
 
     def reference_log_probs(self, model, rows: list[dict]):
         """Summed reference log-probs of the chosen and rejected completions of `rows` (one micro-batch), with the
@@ -330,6 +396,7 @@ class RecipeDPOTrainer(DPOTrainer):
             self.beta,
             self.ld_alpha,
             positions=inputs["input_ids"].numel(),
+            loss=result[0] if return_outputs else result,
         )
         return result
 
@@ -365,7 +432,8 @@ def build_trainer(recipe: Recipe, train_dataset, eval_dataset=None, callbacks=()
     signals, health guards and sample generations. `trainer.graceful_stop.stopped` tells after `train()` whether it
     ended early to be requeued; `trainer.health.stop` whether a guard stopped it."""
     t, p = recipe.training, recipe.project
-    t.model_init_kwargs = model_init_kwargs(recipe)
+    run_engine = engine.launched()
+    t.model_init_kwargs = model_init_kwargs(recipe, run_engine)
     # The arguments set up the process group (with their ddp_backend) when first asked for their device; until then
     # `world_size` reads 1.
     world = t.world_size if t.device is not None else 1
@@ -388,9 +456,12 @@ def build_trainer(recipe: Recipe, train_dataset, eval_dataset=None, callbacks=()
         max_tokens_per_microbatch=p.max_tokens_per_microbatch,
         attn_implementation=recipe.model.attn_implementation,
         hidden_size=hidden_size,
+        run_engine=run_engine,
     )
     trainer.graceful_stop = graceful_stop
+    trainer.model_path = model_path  # the base weights on disk (a built-in model materialized), for the LoRA merge
     trainer.health = health  # .stop tells after `train()` whether a guard stopped it (dpotrain/health.py)
     if recipe.project.samples_every > 0:
-        trainer.add_callback(SampleGenerator.from_recipe(recipe, trainer.train_dataset, trainer.processing_class))
+        trainer.add_callback(SampleGenerator.from_recipe(recipe, trainer.train_dataset, trainer.processing_class,
+                                                         every_rank=run_engine.shards_weights))  # fmt: skip
     return trainer
