@@ -89,6 +89,13 @@ class ProjectArguments:
         default=False,
         metadata={"help": "Print the resolved configuration as JSON and exit, without loading a model or data."},
     )
+    gpu_peak_tflops: float | None = field(
+        default=None,
+        metadata={
+            "help": "The GPU's dense bf16 peak in TFLOP/s, for the MFU in the logs. Unset: detected for H100, H200, "
+            "B200 (dpotrain/flops.py); without a GPU, no MFU is logged."
+        },
+    )
     reference_only: bool = field(
         default=False,
         metadata={

@@ -21,7 +21,7 @@ PAIR_MEAN = ["rewards/chosen", "rewards/rejected", "rewards/accuracies", "reward
 # Every rank sums the same keys in the same order, so one all-reduce of one vector reduces them all.
 SUMS = PAIR_MEAN + ["loss", "pairs", "entropy", "completion_tokens", "logits/chosen", "logits/rejected",
                     "chosen_tokens", "rejected_tokens", "top1", "tokens", "positions", "aux_loss",
-                    "aux_loss_batches"]  # fmt: skip
+                    "aux_loss_batches", "model_flops"]  # fmt: skip
 
 
 def sequence_logps(per_token: torch.Tensor, shift_mask: torch.Tensor, ld_alpha: float | None) -> torch.Tensor:
@@ -37,7 +37,8 @@ def sequence_logps(per_token: torch.Tensor, shift_mask: torch.Tensor, ld_alpha: 
 
 
 class PairMetrics:
-    def __init__(self):
+    def __init__(self, world_size: int = 1, peak_tflops: float | None = None):
+        self.world_size, self.peak_tflops = world_size, peak_tflops
         self.sums = {"train": dict.fromkeys(SUMS, 0.0), "eval": dict.fromkeys(SUMS, 0.0)}
         self.total_tokens = 0  # non-padding tokens trained on, over the whole run (TRL's `num_tokens`)
         self._last_log = (time.perf_counter(), 0)
@@ -49,9 +50,9 @@ class PairMetrics:
         self._last_log = (time.perf_counter(), self.total_tokens)
 
     def add(self, mode: str, outputs, inputs: dict, ref_chosen, ref_rejected, beta: float, ld_alpha, positions: int,
-            loss: torch.Tensor):  # fmt: skip
+            loss: torch.Tensor, model_flops: float = 0.0):  # fmt: skip
         """Accumulate one micro-batch: `outputs` and `inputs` in TRL's padded `[2B, L]` layout, `loss` TRL's loss of
-        the micro-batch (its mean over the micro-batch's pairs)."""
+        the micro-batch (its mean over the micro-batch's pairs), `model_flops` its forward + backward (flops.py)."""
         s = self.sums[mode]
         with torch.no_grad():
             shift_mask = inputs["completion_mask"][:, 1:].to(outputs.log_probs.dtype)
@@ -83,6 +84,7 @@ class PairMetrics:
             s["top1"] += (outputs.is_top1.chunk(2)[0] & chosen_mask.bool()).sum()
             s["tokens"] += inputs["attention_mask"].sum()
             s["positions"] += positions
+            s["model_flops"] += model_flops
             if getattr(outputs, "aux_loss", None) is not None:
                 s["aux_loss"] += outputs.aux_loss.detach()
                 s["aux_loss_batches"] += 1
@@ -118,7 +120,11 @@ class PairMetrics:
             self.total_tokens += int(s["tokens"])
             now = time.perf_counter()
             then, tokens_then = self._last_log
+            elapsed = max(now - then, 1e-9)
             out["num_tokens"] = self.total_tokens
-            out["tokens_per_second"] = (self.total_tokens - tokens_then) / max(now - then, 1e-9)
+            out["tokens_per_second"] = (self.total_tokens - tokens_then) / elapsed
+            out["tokens_per_second_per_gpu"] = out["tokens_per_second"] / self.world_size
+            if self.peak_tflops:  # model FLOPs per second per GPU over the peak: flops.py
+                out["mfu"] = s["model_flops"] / elapsed / self.world_size / (self.peak_tflops * 1e12)
             self._last_log = (now, self.total_tokens)
         return out

@@ -24,7 +24,7 @@ from transformers import TrainerCallback
 from trl import DPOTrainer, get_peft_config, get_quantization_config
 from trl.models import prepare_deepspeed
 
-from . import builtin, engine, packing, plan
+from . import builtin, engine, flops, packing, plan
 from .checkpoints import CompleteMarker
 from .collectives import all_reduce_sum
 from .config import Recipe
@@ -85,6 +85,11 @@ def decide_packing(recipe: Recipe, model_path: str) -> tuple[bool, int]:
     return False, hidden_size
 
 
+def sequence_lengths(batch: dict) -> torch.Tensor:
+    """The real tokens of each sequence of a micro-batch, packed or padded."""
+    return batch["seq_lens"] if packing.is_packed(batch) else batch["attention_mask"].sum(dim=1)
+
+
 def pairs_in(batch: dict) -> int:
     return len(batch["seq_lens"]) // 2 if packing.is_packed(batch) else batch["input_ids"].shape[0] // 2
 
@@ -135,6 +140,7 @@ class RecipeDPOTrainer(DPOTrainer):
         packed: bool,
         pairs_per_step: int,
         max_tokens_per_microbatch: int | None,
+        gpu_peak_tflops: float | None,
         attn_implementation: str | None,
         hidden_size: int,
         run_engine: engine.Engine,
@@ -147,7 +153,7 @@ class RecipeDPOTrainer(DPOTrainer):
         self.step_plan: plan.StepPlan | None = None
         self.lengths: plan.PairLengths | None = None
         self.planned_epochs: list = []  # every epoch the run touches, planned at start: [epoch][step][rank][mb]
-        self.pair_metrics = PairMetrics()
+        self.gpu_peak_tflops = gpu_peak_tflops
         training_args = kwargs["args"]
         training_args.padding_free = False  # TRL 1.16 warns "temporarily unavailable" and pads; we pack
         if packed:
@@ -168,6 +174,9 @@ class RecipeDPOTrainer(DPOTrainer):
         # compute_loss weighs each micro-batch by its share of the step's pairs; the Trainer must not divide the
         # loss by the accumulation steps again.
         self.loss_is_scaled_for_ga = True
+        self.model_flops = flops.ModelFlops.of(self.model)
+        peak = flops.peak_tflops(gpu_peak_tflops)
+        self.pair_metrics = PairMetrics(self.accelerator.num_processes, peak)
         self.add_callback(_StartMetrics(self.pair_metrics))
 
     def create_accelerator_and_postprocess(self):
@@ -397,6 +406,7 @@ class RecipeDPOTrainer(DPOTrainer):
             self.ld_alpha,
             positions=inputs["input_ids"].numel(),
             loss=result[0] if return_outputs else result,
+            model_flops=self.model_flops.training(sequence_lengths(inputs)) if mode == "train" else 0.0,
         )
         return result
 
@@ -454,6 +464,7 @@ def build_trainer(recipe: Recipe, train_dataset, eval_dataset=None, callbacks=()
         packed=packed,
         pairs_per_step=p.pairs_per_step or t.per_device_train_batch_size * t.gradient_accumulation_steps * world,
         max_tokens_per_microbatch=p.max_tokens_per_microbatch,
+        gpu_peak_tflops=p.gpu_peak_tflops,
         attn_implementation=recipe.model.attn_implementation,
         hidden_size=hidden_size,
         run_engine=run_engine,
