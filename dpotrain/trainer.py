@@ -24,7 +24,7 @@ from transformers import TrainerCallback
 from trl import DPOTrainer, get_peft_config, get_quantization_config
 from trl.models import prepare_deepspeed
 
-from . import builtin, engine, flops, packing, plan
+from . import builtin, engine, flops, packing, padded, plan
 from .checkpoints import CompleteMarker
 from .collectives import all_reduce_sum
 from .config import Recipe
@@ -94,18 +94,6 @@ def pairs_in(batch: dict) -> int:
     return len(batch["seq_lens"]) // 2 if packing.is_packed(batch) else batch["input_ids"].shape[0] // 2
 
 
-class _Recording:
-    """Stands in for the model in TRL's padded path only to keep its outputs for `PairMetrics`."""
-
-    def __init__(self, model):
-        self.model = model
-        self.outputs = None
-
-    def __call__(self, **kwargs):
-        self.outputs = self.model(**kwargs)
-        return self.outputs
-
-
 class _LocalGathers:
     """The accelerator as TRL's metric code sees it inside `_compute_loss`: gathers stay on this rank.
 
@@ -166,6 +154,8 @@ class RecipeDPOTrainer(DPOTrainer):
         with self._no_second_model_under_fsdp(kwargs):
             super().__init__(*args, **kwargs)
         training_args.padding_free = packed  # the records say what ran
+        if not packed:  # TRL's padded collator, its rows run in groups of similar length (padded.py)
+            self.data_collator = padded.GroupedCollator(self.data_collator)
         # The reference cache's key: the full weights. TRL hashed them in __init__, except under ZeRO-3, where it
         # hashed each rank's empty partition.
         self.weights_hash = self._precompute_model_hash
@@ -271,17 +261,18 @@ class RecipeDPOTrainer(DPOTrainer):
 
     def batching_summary(self) -> dict:
         """How steps are cut, for the run's records (`plan.summary`), with the positions packed rows really take."""
-        collate = self.data_collator if self.packed else None
-        lengths = self.lengths
+        collate, lengths = self.data_collator, self.lengths
 
         def positions(micro_batch) -> int:
             seqs = [int(lengths.chosen[i]) for i in micro_batch] + [int(lengths.rejected[i]) for i in micro_batch]
+            if not self.packed:
+                return padded.positions(seqs, max_groups=collate.max_groups)
             if collate.one_row:
                 return sum(seqs)
             rows = packing.fill_rows(seqs, collate.hidden_size)
             return len(rows) * max(sum(seqs[i] for i in row) for row in rows)
 
-        summary = plan.summary(lengths, self.step_plan, self.planned_epochs, positions if collate else None)
+        summary = plan.summary(lengths, self.step_plan, self.planned_epochs, positions)
         world = self.accelerator.num_processes
         # ZeRO reduces (reduce-scatters) gradients at every backward; DDP and FSDP with no_sync once per step.
         per_backward = self.is_deepspeed_enabled
@@ -368,9 +359,17 @@ class RecipeDPOTrainer(DPOTrainer):
         packed forward standing in for the model call when training packs."""
         batch = self.data_collator(rows)
         batch = {k: v.to(self.accelerator.device) if torch.is_tensor(v) else v for k, v in batch.items()}
+        stand_in, padded_batch = self._stand_in(model, batch)
+        return self.compute_ref_log_probs(stand_in, padded_batch)
+
+    @staticmethod
+    def _stand_in(model, batch: dict):
+        """What answers TRL's model call for this micro-batch, and the padded `[2B, L]` inputs TRL reads: the packed
+        forward (packing.py) or the grouped padded one (padded.py)."""
         if packing.is_packed(batch):
-            return self.compute_ref_log_probs(packing.PackedModel(model, batch), packing.padded_view(batch))
-        return self.compute_ref_log_probs(model, batch)
+            return packing.PackedModel(model, batch), packing.padded_view(batch)
+        batch = dict(batch)
+        return padded.GroupedModel(model, batch.pop("row_groups", None)), batch
 
     # --- the loss ---------------------------------------------------------------------------------------------
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
@@ -386,25 +385,26 @@ class RecipeDPOTrainer(DPOTrainer):
 
     def _compute_loss(self, model, inputs, return_outputs):
         mode = "train" if self.model.training else "eval"
-        if packing.is_packed(inputs):
-            stand_in, padded = packing.PackedModel(model, inputs), packing.padded_view(inputs)
-        else:
-            stand_in, padded = _Recording(model), inputs
-            if "ref_chosen_logps" not in inputs:  # TRL's own reference forward, run first so metrics see it
-                ref = self.ref_model if self.ref_model is not None else self.model
-                chosen, rejected = self.compute_ref_log_probs(ref, inputs)
-                padded = {**inputs, "ref_chosen_logps": chosen, "ref_rejected_logps": rejected}
+        stand_in, view = self._stand_in(model, inputs)  # view: TRL's padded [2B, L] inputs
+        if "ref_chosen_logps" not in view:  # a live reference model (TRL's forward), run first so metrics see it
+            ref = self.ref_model if self.ref_model is not None else self.model
+            chosen, rejected = self.compute_ref_log_probs(self._stand_in(ref, inputs)[0], view)
+            view = {**view, "ref_chosen_logps": chosen, "ref_rejected_logps": rejected}
         with self._reference_in_inputs():
-            result = super()._compute_loss(stand_in, padded, return_outputs)
+            result = super()._compute_loss(stand_in, view, return_outputs)
+        if "row_groups" in inputs:  # the positions the grouped padded forward ran
+            positions = padded.positions(inputs["attention_mask"].sum(dim=1).tolist(), inputs["row_groups"])
+        else:
+            positions = inputs["input_ids"].numel()
         self.pair_metrics.add(
             mode,
             stand_in.outputs,
-            padded,
-            padded["ref_chosen_logps"],
-            padded["ref_rejected_logps"],
+            view,
+            view["ref_chosen_logps"],
+            view["ref_rejected_logps"],
             self.beta,
             self.ld_alpha,
-            positions=inputs["input_ids"].numel(),
+            positions=positions,
             loss=result[0] if return_outputs else result,
             model_flops=self.model_flops.training(sequence_lengths(inputs)) if mode == "train" else 0.0,
         )
