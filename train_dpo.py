@@ -52,8 +52,11 @@ def main(argv=None) -> None:
         n_rows = data.count_local_rows(script.dataset_name) if data.is_local(script.dataset_name) else None
         derived.update(resolve.plan_steps(recipe, world, n_rows))
         options.check_plan(derived)
+        max_length = training.max_length
         if recipe.max_length_auto:
             derived["max_length"] = resolve.preview_auto_max_length(recipe)
+            max_length = derived["max_length"].get("max_length") if derived["max_length"]["cached"] else None
+        derived["batching"] = resolve.preview_plan(recipe, world, max_length)
         print(json.dumps(push.record(resolve.resolved_config(recipe, derived)), indent=2, default=str))
         return
     only_reference = recipe.project.reference_only  # the reference stage alone: no output folder, W&B or push

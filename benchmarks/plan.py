@@ -29,7 +29,6 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from lengths_like import at_max_length, dolci_think  # noqa: E402
 
-from dpotrain import padded as padded_forward  # noqa: E402
 from dpotrain import plan  # noqa: E402
 
 BEFORE = "8b35cc8"
@@ -70,10 +69,8 @@ def after(lengths: plan.PairLengths, pairs_per_step: int, world: int, budget: in
         epoch = plan.plan_run(lengths, p, 1)
     except plan.PlanError as refused:
         return {"refused": str(refused)}
-    def grouped(mb):  # what the padded path runs: its rows in groups of similar length (dpotrain/padded.py)
-        return padded_forward.positions([int(lengths.chosen[i]) for i in mb] + [int(lengths.rejected[i]) for i in mb])
-
-    s = plan.summary(lengths, p, epoch, grouped if padded else None)
+    # the padded path runs its rows in groups of similar length (dpotrain/padded.py)
+    s = plan.summary(lengths, p, epoch, plan.Forward("padded") if padded else None)
     per_step = s["micro_batches_per_step"]
     empty = sum(1 for step in epoch[0] for rank in step for mb in rank if not mb)
     return {"mean": per_step["mean"], "max": per_step["max"], "bound": per_step["lower_bound_mean"], "empty": empty,

@@ -576,14 +576,20 @@ def cached_auto_max_length(
     dataset_id: str, tokenizer, coverage: float = DEFAULT_COVERAGE, cache_dir: str | Path | None = None
 ) -> dict | None:
     """The `auto_max_length` answer from a cached report, or None when there is none (for --dry-run: loads no data)."""
+    found = cached_measure(dataset_id, tokenizer, cache_dir)
+    return None if found is None else _resolution(found[0], coverage, found[1], cached=True)
+
+
+def cached_measure(dataset_id: str, tokenizer, cache_dir: str | Path | None = None) -> tuple[Measured, Path] | None:
+    """A complete analysis cached for this data set, tokenizer and chat template (per-row lengths), and its report's
+    path; None when there is none. Read by `max_length: auto` and by a dry run's step plan."""
     key, _ = cache_key(dataset_id, tokenizer)
     folder = default_cache_dir(cache_dir)
     report_path, lengths_path = folder / f"{key}.json", folder / f"{key}.npz"
     if not (report_path.exists() and lengths_path.exists()):
         return None
     with np.load(lengths_path) as z:
-        m = Measured(z["index"], z["prompt"], z["chosen"], z["rejected"], [], conversational=True)
-    return _resolution(m, coverage, report_path, cached=True)
+        return Measured(z["index"], z["prompt"], z["chosen"], z["rejected"], [], conversational=True), report_path
 
 
 def auto_max_length(

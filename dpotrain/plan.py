@@ -311,17 +311,47 @@ def plan_run(lengths: PairLengths, p: StepPlan, epochs: int) -> list:
     return planned
 
 
-def summary(lengths: PairLengths, p: StepPlan, epochs: list[list], positions=None) -> dict:
-    """What the plan does, for the run's records: micro-batches per step (min, mean, max) against the fewest the budget
-    allows, gradient reductions per epoch, pairs and positions per micro-batch, and the padding share.
+@dataclass(frozen=True)
+class Forward:
+    """How a micro-batch becomes the positions the model runs: one varlen row (FlashAttention), balanced rows of a
+    dense-mask attention (`packing.fill_rows`, weighed with the model's hidden size), or padded row groups."""
 
-    `positions(micro_batch)` gives the positions a micro-batch really takes (packed rows pad their ends); without it,
-    the plan's own cost is taken."""
+    kind: str  # "one_row", "rows" or "padded"
+    hidden_size: int = 4096
+    max_groups: int = 4
+
+    def positions(self, lengths: PairLengths, micro_batch) -> int:
+        seqs = [int(lengths.chosen[i]) for i in micro_batch] + [int(lengths.rejected[i]) for i in micro_batch]
+        if self.kind == "one_row":
+            return sum(seqs)
+        if self.kind == "padded":
+            from .padded import positions
+
+            return positions(seqs, max_groups=self.max_groups)
+        from .packing import fill_rows
+
+        rows = fill_rows(seqs, self.hidden_size)
+        return len(rows) * max(sum(seqs[i] for i in row) for row in rows)
+
+
+def epochs_needed(max_steps: int, num_train_epochs: float, pairs: int, pairs_per_step: int, world_size: int) -> int:
+    """Epochs a run touches (the plan covers each): num_train_epochs, or what max_steps reaches."""
+    if max_steps > 0:
+        return max(1, math.ceil(max_steps / len(steps_of(range(pairs), pairs_per_step, world_size))))
+    return max(1, math.ceil(num_train_epochs))
+
+
+def summary(lengths: PairLengths, p: StepPlan, epochs: list[list], forward: Forward | None = None,
+            reduce_per_backward: bool = True) -> dict:  # fmt: skip
+    """What the plan does, for the run's records: micro-batches per step (min, mean, max) against the fewest the budget
+    allows, per epoch, gradient reductions per epoch (ZeRO reduces at every backward, DDP and FSDP once per step with
+    no_sync), pairs and positions per micro-batch, and the padding share. `forward` gives the positions a micro-batch
+    really takes (packed rows pad their ends); without it, the plan's own cost is taken."""
     counts = [len(step[0]) for epoch in epochs for step in epoch]
     micro_batches = [mb for epoch in epochs for step in epoch for rank in step for mb in rank]
     pairs = [len(mb) for mb in micro_batches]
     real = [int(lengths.tokens[mb].sum()) for mb in micro_batches]
-    taken = [positions(mb) if positions else p.cost(lengths, mb) for mb in micro_batches]
+    taken = [forward.positions(lengths, mb) if forward else p.cost(lengths, mb) for mb in micro_batches]
     out = {
         "forward": "padded (TRL's collator)" if p.padded else "packed",
         "pairs_per_step": p.pairs_per_step,
@@ -332,6 +362,11 @@ def summary(lengths: PairLengths, p: StepPlan, epochs: list[list], positions=Non
             "max": max(counts),
         },  # fmt: skip
         "micro_batches_per_epoch": round(sum(counts) / len(epochs)),
+        "gradient_reductions_per_epoch": 0
+        if p.world_size == 1
+        else round(
+            (sum(counts) if reduce_per_backward else sum(len(epoch) for epoch in epochs)) / len(epochs)
+        ),  # fmt: skip
         "pairs_per_micro_batch": _spread(pairs),
         "positions_per_micro_batch": _spread(taken),
         "padding_share": round(1 - sum(real) / sum(taken), 4),

@@ -17,7 +17,6 @@ subclass changes how pairs reach TRL's loss code, and what surrounds it:
 
 import contextlib
 import functools
-import math
 
 import torch
 from transformers import TrainerCallback
@@ -210,7 +209,8 @@ class RecipeDPOTrainer(DPOTrainer):
             self.step_plan = plan.StepPlan(self.pairs_per_step, args.world_size, args.seed, budget,
                                            None if budget else args.per_device_train_batch_size,
                                            padded=not self.packed)  # fmt: skip
-            epochs = epochs_needed(args, len(dataset), self.pairs_per_step, args.world_size)
+            epochs = plan.epochs_needed(args.max_steps, args.num_train_epochs, len(dataset), self.pairs_per_step,
+                                        args.world_size)  # fmt: skip
             # Every epoch is planned now: a step that cannot be cut is refused before the model does any work.
             self.planned_epochs = plan.plan_run(self.lengths, self.step_plan, epochs)
             args.gradient_accumulation_steps = 1  # the micro-batches of a step run inside training_step
@@ -260,26 +260,13 @@ class RecipeDPOTrainer(DPOTrainer):
         return loader
 
     def batching_summary(self) -> dict:
-        """How steps are cut, for the run's records (`plan.summary`), with the positions packed rows really take."""
-        collate, lengths = self.data_collator, self.lengths
-
-        def positions(micro_batch) -> int:
-            seqs = [int(lengths.chosen[i]) for i in micro_batch] + [int(lengths.rejected[i]) for i in micro_batch]
-            if not self.packed:
-                return padded.positions(seqs, max_groups=collate.max_groups)
-            if collate.one_row:
-                return sum(seqs)
-            rows = packing.fill_rows(seqs, collate.hidden_size)
-            return len(rows) * max(sum(seqs[i] for i in row) for row in rows)
-
-        summary = plan.summary(lengths, self.step_plan, self.planned_epochs, positions)
-        world = self.accelerator.num_processes
-        # ZeRO reduces (reduce-scatters) gradients at every backward; DDP and FSDP with no_sync once per step.
-        per_backward = self.is_deepspeed_enabled
-        steps = len(self.planned_epochs[0])
-        summary["gradient_reductions_per_epoch"] = 0 if world == 1 else (
-            summary["micro_batches_per_epoch"] if per_backward else steps)  # fmt: skip
-        return summary
+        """How steps are cut, for the run's records (`plan.summary`), with the positions the forward really runs."""
+        collate = self.data_collator
+        if not self.packed:
+            forward = plan.Forward("padded", max_groups=collate.max_groups)
+        else:
+            forward = plan.Forward("one_row" if collate.one_row else "rows", collate.hidden_size)
+        return plan.summary(self.lengths, self.step_plan, self.planned_epochs, forward, self.is_deepspeed_enabled)
 
     # --- one optimizer step: its micro-batches, the accumulation boundary on the last -------------------------------
     def training_step(self, model, inputs, num_items_in_batch=None):
@@ -427,14 +414,6 @@ class RecipeDPOTrainer(DPOTrainer):
         for name, value in self.pair_metrics.reduce(mode, self.accelerator.device).items():
             self._metrics[mode][name].append(value)
         super().log(logs, start_time)
-
-
-def epochs_needed(args, rows: int, pairs_per_step: int, world_size: int) -> int:
-    """Epochs the run will touch (the plan covers each): num_train_epochs, or what max_steps reaches."""
-    if args.max_steps > 0:
-        per_epoch = len(plan.steps_of(range(rows), pairs_per_step, world_size))
-        return max(1, math.ceil(args.max_steps / per_epoch))
-    return max(1, math.ceil(args.num_train_epochs))
 
 
 def build_trainer(recipe: Recipe, train_dataset, eval_dataset=None, callbacks=()):
