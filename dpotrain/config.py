@@ -89,6 +89,15 @@ class ProjectArguments:
         default=False,
         metadata={"help": "Print the resolved configuration as JSON and exit, without loading a model or data."},
     )
+    share_prompt: bool | None = field(
+        default=None,
+        metadata={
+            "help": "Compute each pair's prompt once in its packed row instead of twice (dpotrain/shared_prompt.py): "
+            "the same log-probs, loss and gradients, P + C + R positions per pair instead of 2P + C + R. Unset: on "
+            "where it is exact (packed rows with sdpa or eager attention; not FlashAttention's varlen kernel, which "
+            "cannot express it), with a note otherwise; true: required (refused where it cannot work); false: off."
+        },
+    )
     gpu_peak_tflops: float | None = field(
         default=None,
         metadata={

@@ -56,9 +56,11 @@ class ModelFlops:
                         for kind in layer_types)  # fmt: skip
         return cls(matmul, heads * head_dim, windows)
 
-    def training(self, seq_lens) -> float:
-        """Forward + backward FLOPs of sequences of these lengths."""
-        return 3 * self.forward(seq_lens)
+    def training(self, seq_lens, shared_prefixes=None) -> float:
+        """Forward + backward FLOPs of sequences of these lengths; less, for pairs whose prompt is computed once, its
+        first `shared_prefixes` tokens a second time (exactly a sequence of that length)."""
+        saved = 0.0 if shared_prefixes is None or len(shared_prefixes) == 0 else self.forward(shared_prefixes)
+        return 3 * (self.forward(seq_lens) - saved)
 
     def forward(self, seq_lens) -> float:
         lens = torch.as_tensor(seq_lens, dtype=torch.float64)

@@ -21,7 +21,7 @@ PAIR_MEAN = ["rewards/chosen", "rewards/rejected", "rewards/accuracies", "reward
 # Every rank sums the same keys in the same order, so one all-reduce of one vector reduces them all.
 SUMS = PAIR_MEAN + ["loss", "pairs", "entropy", "completion_tokens", "logits/chosen", "logits/rejected",
                     "chosen_tokens", "rejected_tokens", "top1", "tokens", "positions", "aux_loss",
-                    "aux_loss_batches", "model_flops"]  # fmt: skip
+                    "aux_loss_batches", "model_flops", "computed_tokens"]  # fmt: skip
 
 
 def sequence_logps(per_token: torch.Tensor, shift_mask: torch.Tensor, ld_alpha: float | None) -> torch.Tensor:
@@ -50,9 +50,11 @@ class PairMetrics:
         self._last_log = (time.perf_counter(), self.total_tokens)
 
     def add(self, mode: str, outputs, inputs: dict, ref_chosen, ref_rejected, beta: float, ld_alpha, positions: int,
-            loss: torch.Tensor, model_flops: float = 0.0):  # fmt: skip
+            loss: torch.Tensor, model_flops: float = 0.0, computed_tokens: int | None = None):  # fmt: skip
         """Accumulate one micro-batch: `outputs` and `inputs` in TRL's padded `[2B, L]` layout, `loss` TRL's loss of
-        the micro-batch (its mean over the micro-batch's pairs), `model_flops` its forward + backward (flops.py)."""
+        the micro-batch (its mean over the micro-batch's pairs), `model_flops` its forward + backward (flops.py),
+        `positions` what the model ran, `computed_tokens` the real tokens among them (a shared prompt counts once;
+        by default every token of the padded layout)."""
         s = self.sums[mode]
         with torch.no_grad():
             shift_mask = inputs["completion_mask"][:, 1:].to(outputs.log_probs.dtype)
@@ -85,6 +87,7 @@ class PairMetrics:
             s["tokens"] += inputs["attention_mask"].sum()
             s["positions"] += positions
             s["model_flops"] += model_flops
+            s["computed_tokens"] += inputs["attention_mask"].sum() if computed_tokens is None else computed_tokens
             if getattr(outputs, "aux_loss", None) is not None:
                 s["aux_loss"] += outputs.aux_loss.detach()
                 s["aux_loss_batches"] += 1
@@ -108,7 +111,7 @@ class PairMetrics:
             "logits/chosen": ratio("logits/chosen", "chosen_tokens"),
             "logits/rejected": ratio("logits/rejected", "rejected_tokens"),
             "mean_token_accuracy": ratio("top1", "chosen_tokens"),
-            "padding_share": 1 - ratio("tokens", "positions"),
+            "padding_share": 1 - ratio("computed_tokens", "positions"),
         }
         if s["aux_loss_batches"]:
             out["aux_loss"] = ratio("aux_loss", "aux_loss_batches")

@@ -38,30 +38,45 @@ COLUMNS = ("prompt_ids", "chosen_ids", "rejected_ids")
 
 @dataclass(frozen=True)
 class PairLengths:
-    """What the plan knows of each pair: its two sequences' lengths after truncation, as the collators cut them."""
+    """What the plan knows of each pair: its two sequences' lengths after truncation, as the collators cut them, and
+    whether its prompt is laid out once (shared_prompt.py)."""
 
     chosen: np.ndarray  # prompt + chosen completion, truncated to max_length
     rejected: np.ndarray  # prompt + rejected completion, truncated
+    prompt: np.ndarray | None = None  # with `shared`: the prompt's length
+    shared: np.ndarray | None = None  # per pair: its prompt is computed once
 
     @classmethod
-    def of(cls, dataset, max_length: int | None) -> "PairLengths":
+    def of(cls, dataset, max_length: int | None, share: bool = False, truncation_mode: str = "keep_start"):
         """From a tokenized data set's Arrow offsets (no row is read into Python)."""
         import pyarrow.compute as pc
 
         table = dataset.with_format("arrow")[:]
         prompt, chosen, rejected = (np.asarray(pc.list_value_length(table.column(c)), dtype=np.int64) for c in COLUMNS)
+        return cls.from_parts(prompt, chosen, rejected, max_length, share, truncation_mode)
+
+    @classmethod
+    def from_parts(cls, prompt, chosen, rejected, max_length, share=False, truncation_mode="keep_start"):
+        """From token counts of prompt and completions; `share`: the pairs shared_prompt.py can share, share."""
         sides = [prompt + chosen, prompt + rejected]
         if max_length is not None:
             sides = [np.minimum(s, max_length) for s in sides]
-        return cls(*sides)
+        if not share:
+            return cls(*sides)
+        # As shared_prompt.shareable: keep_end shares only a pair whose truncation cuts nothing.
+        whole = max_length is None or truncation_mode == "keep_start" or (
+            (prompt + chosen <= max_length) & (prompt + rejected <= max_length))  # fmt: skip
+        return cls(*sides, prompt=np.asarray(prompt), shared=np.broadcast_to(whole, prompt.shape).copy())
 
     def __len__(self) -> int:
         return len(self.chosen)
 
     @property
     def tokens(self) -> np.ndarray:
-        """Positions of each pair in a packed micro-batch."""
-        return self.chosen + self.rejected
+        """Positions of each pair in a packed micro-batch: both sequences, less one copy of a shared prompt but its
+        last token (which each completion's first prediction needs)."""
+        both = self.chosen + self.rejected
+        return both if self.shared is None else both - np.where(self.shared, self.prompt - 1, 0)
 
     @property
     def longest(self) -> np.ndarray:
@@ -316,12 +331,16 @@ class Forward:
     """How a micro-batch becomes the positions the model runs: one varlen row (FlashAttention), balanced rows of a
     dense-mask attention (`packing.fill_rows`, weighed with the model's hidden size), or padded row groups."""
 
-    kind: str  # "one_row", "rows" or "padded"
+    kind: str  # "one_row", "rows" (unshared or shared prompts: `lengths.shared` says) or "padded"
     hidden_size: int = 4096
     max_groups: int = 4
 
     def positions(self, lengths: PairLengths, micro_batch) -> int:
         seqs = [int(lengths.chosen[i]) for i in micro_batch] + [int(lengths.rejected[i]) for i in micro_batch]
+        if lengths.shared is not None and self.kind == "rows":  # a shared pair is one unit of its row
+            seqs = [int(lengths.tokens[i]) for i in micro_batch if lengths.shared[i]]
+            seqs += [s for k, i in enumerate(micro_batch) if not lengths.shared[i]
+                     for s in (int(lengths.chosen[i]), int(lengths.rejected[i]))]  # fmt: skip
         if self.kind == "one_row":
             return sum(seqs)
         if self.kind == "padded":
@@ -353,7 +372,11 @@ def summary(lengths: PairLengths, p: StepPlan, epochs: list[list], forward: Forw
     real = [int(lengths.tokens[mb].sum()) for mb in micro_batches]
     taken = [forward.positions(lengths, mb) if forward else p.cost(lengths, mb) for mb in micro_batches]
     out = {
-        "forward": "padded (TRL's collator)" if p.padded else "packed",
+        "forward": "padded (TRL's collator)"
+        if p.padded
+        else "packed"
+        if lengths.shared is None
+        else (f"packed, prompts shared ({int(lengths.shared.sum())} of {len(lengths)} pairs)"),  # fmt: skip
         "pairs_per_step": p.pairs_per_step,
         "max_tokens_per_microbatch": p.max_tokens,
         "micro_batches_per_step": {

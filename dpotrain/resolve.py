@@ -311,11 +311,11 @@ def preview_plan(recipe: Recipe, world: int, max_length: int | None) -> dict:
     if measured is None or max_length is None:
         return pending
     m, report = measured[0], measured[1]
-    kept = m.prompt < max_length  # TRL drops the pairs whose prompt alone fills max_length
-    pair_lengths = plan.PairLengths(np.minimum(m.prompt + m.chosen, max_length)[kept],
-                                    np.minimum(m.prompt + m.rejected, max_length)[kept])  # fmt: skip
     t, p = recipe.training, recipe.project
-    packs, hidden_size, note = _packing_preview(recipe)
+    packs, share, hidden_size, note = _packing_preview(recipe)
+    kept = m.prompt < max_length  # TRL drops the pairs whose prompt alone fills max_length
+    pair_lengths = plan.PairLengths.from_parts(m.prompt[kept], m.chosen[kept], m.rejected[kept], max_length, share,
+                                               t.truncation_mode)  # fmt: skip
     pairs_per_step = p.pairs_per_step or t.per_device_train_batch_size * t.gradient_accumulation_steps * world
     budget = p.max_tokens_per_microbatch
     step_plan = plan.StepPlan(pairs_per_step, world, t.seed, budget, None if budget else t.per_device_train_batch_size,
@@ -330,22 +330,25 @@ def preview_plan(recipe: Recipe, world: int, max_length: int | None) -> dict:
     return {**summary, "planned": f"from the analyzer's cached lengths ({report}){note}"}
 
 
-def _packing_preview(recipe: Recipe) -> tuple[bool, int, str]:
-    """Whether the run will pack, and the model's hidden size (packed rows weigh attention with it), from the model's
-    config when it is on this machine; else packing as padding_free says and a hidden size of 4096, with a note."""
-    from . import builtin, packing
+def _packing_preview(recipe: Recipe) -> tuple[bool, bool, int, str]:
+    """Whether the run will pack and share prompts, and the model's hidden size (packed rows weigh attention with it),
+    from the model's config when it is on this machine; else as padding_free and share_prompt say, with a note."""
+    from . import builtin, packing, shared_prompt
 
     name, packs = recipe.model.model_name_or_path, recipe.training.padding_free
+    attn = recipe.model.attn_implementation or "sdpa"
     try:
         from transformers import AutoConfig
 
         path = builtin.existing_model_dir(name) if builtin.is_builtin(name) else name
         config = AutoConfig.from_pretrained(path, revision=recipe.model.model_revision, local_files_only=True)
     except (OSError, ValueError, TypeError):
-        return packs, 4096, "; the model's config is not on this machine: packing as padding_free says"
-    config._attn_implementation = recipe.model.attn_implementation or "sdpa"
+        share = packs and recipe.project.share_prompt is not False and attn in shared_prompt.SHARED_ATTENTION
+        return packs, share, 4096, "; the model's config is not on this machine: packing as padding_free says"
+    config._attn_implementation = attn
     packs = packs and packing.packing_problem(config) is None and not uses_live_reference(recipe)
-    return packs, getattr(config.get_text_config(), "hidden_size", 4096), ""
+    share = packs and recipe.project.share_prompt is not False and shared_prompt.share_problem(config, attn) is None
+    return packs, share, getattr(config.get_text_config(), "hidden_size", 4096), ""
 
 
 def _launch_engine(recipe: Recipe) -> str:

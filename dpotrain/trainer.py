@@ -17,13 +17,14 @@ subclass changes how pairs reach TRL's loss code, and what surrounds it:
 
 import contextlib
 import functools
+from dataclasses import dataclass
 
 import torch
 from transformers import TrainerCallback
 from trl import DPOTrainer, get_peft_config, get_quantization_config
 from trl.models import prepare_deepspeed
 
-from . import builtin, engine, flops, packing, padded, plan
+from . import builtin, engine, flops, packing, padded, plan, resolve
 from .checkpoints import CompleteMarker
 from .collectives import all_reduce_sum
 from .config import Recipe
@@ -52,41 +53,74 @@ def resolve_model_path(recipe: Recipe) -> str:
     return builtin.materialize_model(name) if builtin.is_builtin(name) else name
 
 
-def decide_packing(recipe: Recipe, model_path: str) -> tuple[bool, int]:
-    """Packed or padded forward for this model and recipe: a one-line note when packing is off by necessity, an
-    error when it was asked for explicitly and cannot be honoured. Either way the reference is scored once before
-    training (only the policy stays in memory), unless the recipe asks for a live reference model. Reads the model's
-    config only (no weights). Returns the decision and the model's hidden size (packed rows weigh attention against
-    linear layers with it)."""
+@dataclass(frozen=True)
+class ForwardChoice:
+    packed: bool  # packed rows (packing.py), or TRL's padded batches in row groups (padded.py)
+    share_prompt: bool  # each pair's prompt once in its row (shared_prompt.py)
+    hidden_size: int  # the model's: packed rows weigh attention against the linear layers with it
+
+
+def decide_forward(recipe: Recipe, model_path: str) -> ForwardChoice:
+    """Packed or padded forward, prompts shared or not, for this model and recipe: a one-line note when an option is
+    off by necessity, an error when it was asked for explicitly and cannot be honoured. Either way the reference is
+    scored once before training (only the policy stays in memory), unless the recipe asks for a live reference
+    model. Reads the model's config only (no weights)."""
     from transformers import AutoConfig
 
-    t = recipe.training
+    from . import shared_prompt
+
+    t, want_share = recipe.training, recipe.project.share_prompt
     config = AutoConfig.from_pretrained(model_path, revision=recipe.model.model_revision)
     hidden_size = getattr(config.get_text_config(), "hidden_size", 4096)
-    live_reference = t.sync_ref_model or ("precompute_ref_log_probs" in recipe.given and not t.precompute_ref_log_probs)
+    live_reference = resolve.uses_live_reference(recipe)
     if not live_reference:
         t.precompute_ref_log_probs = True  # the reference stage (reference.py): only the policy stays in memory
-    if not t.padding_free:
-        return False, hidden_size
-    config._attn_implementation = recipe.model.attn_implementation or "sdpa"  # transformers' default
-    problem = packing.packing_problem(config)
+    attn = recipe.model.attn_implementation or "sdpa"  # transformers' default
+    config._attn_implementation = attn
+    problem = None if t.padding_free else "padding_free is false"
+    problem = problem or packing.packing_problem(config)
     if problem is None and t.sync_ref_model:
         problem = "sync_ref_model updates the reference during training, so it cannot be scored once and cached"
     if problem is None and live_reference:
         problem = "the packed path scores the reference once before training (precompute_ref_log_probs: true)"
-    if problem is None:
-        return True, hidden_size
-    if "padding_free" in recipe.given:
-        raise ConfigError(f"padding_free (packed sequences) cannot be used here: {problem}; set --padding_free false")
-    print(f"Note: padded micro-batches (TRL's collator) on the same step plan, not packed sequences: {problem}.",
-          flush=True)  # fmt: skip
-    t.padding_free = False
-    return False, hidden_size
+    if problem is not None:
+        if "padding_free" in recipe.given and t.padding_free:
+            raise ConfigError(f"padding_free (packed sequences) cannot be used here: {problem}; set --padding_free "
+                              "false")  # fmt: skip
+        if want_share:
+            raise ConfigError(f"share_prompt needs packed sequences, which cannot be used here: {problem}; remove "
+                              "--share_prompt")  # fmt: skip
+        if t.padding_free:
+            print(f"Note: padded micro-batches (TRL's collator) on the same step plan, not packed sequences: "
+                  f"{problem}.", flush=True)  # fmt: skip
+        t.padding_free = False
+        return ForwardChoice(False, False, hidden_size)
+    share_problem = None if want_share is not False else "share_prompt is false"
+    share_problem = share_problem or shared_prompt.share_problem(config, attn)
+    if share_problem is not None and want_share:
+        raise ConfigError(f"share_prompt cannot be used here: {share_problem}; remove --share_prompt")
+    if share_problem is not None and want_share is None:
+        print(f"Note: each pair's prompt is computed twice (unshared packing): {share_problem}.", flush=True)
+    return ForwardChoice(True, share_problem is None, hidden_size)
 
 
 def sequence_lengths(batch: dict) -> torch.Tensor:
     """The real tokens of each sequence of a micro-batch, packed or padded."""
     return batch["seq_lens"] if packing.is_packed(batch) else batch["attention_mask"].sum(dim=1)
+
+
+def shared_prefixes(batch: dict) -> torch.Tensor | None:
+    """Per shared pair, the prompt tokens computed once instead of twice (all but its last: shared_prompt.py)."""
+    if "seq_offsets" not in batch:
+        return None
+    shared = batch["seq_offsets"] > 0
+    return batch["seq_jumps"][shared] - 1
+
+
+def computed_tokens(batch: dict) -> int:
+    """The real tokens the forward computed: every sequence's, a shared prompt's once."""
+    shared = shared_prefixes(batch)
+    return int(sequence_lengths(batch).sum()) - (0 if shared is None else int(shared.sum()))
 
 
 def pairs_in(batch: dict) -> int:
@@ -124,17 +158,17 @@ class RecipeDPOTrainer(DPOTrainer):
     def __init__(
         self,
         *args,
-        packed: bool,
+        forward: ForwardChoice,
         pairs_per_step: int,
         max_tokens_per_microbatch: int | None,
         gpu_peak_tflops: float | None,
         attn_implementation: str | None,
-        hidden_size: int,
         run_engine: engine.Engine,
         **kwargs,
     ):
         self.engine = run_engine
-        self.packed = packed
+        self.forward = forward
+        self.packed = packed = forward.packed
         self.pairs_per_step = pairs_per_step
         self.max_tokens_per_microbatch = max_tokens_per_microbatch
         self.step_plan: plan.StepPlan | None = None
@@ -143,12 +177,17 @@ class RecipeDPOTrainer(DPOTrainer):
         self.gpu_peak_tflops = gpu_peak_tflops
         training_args = kwargs["args"]
         training_args.padding_free = False  # TRL 1.16 warns "temporarily unavailable" and pads; we pack
-        if packed:
+        if forward.share_prompt:
+            from .shared_prompt import SharedPromptCollator
+
+            kwargs["data_collator"] = SharedPromptCollator(training_args.max_length, training_args.truncation_mode,
+                                                           hidden_size=forward.hidden_size)  # fmt: skip
+        elif packed:
             kwargs["data_collator"] = packing.PackedPreferenceCollator(
                 training_args.max_length,
                 training_args.truncation_mode,
                 one_row=packing.one_row(attn_implementation or "sdpa"),
-                hidden_size=hidden_size,
+                hidden_size=forward.hidden_size,
             )
         with self._no_second_model_under_fsdp(kwargs):
             super().__init__(*args, **kwargs)
@@ -204,7 +243,8 @@ class RecipeDPOTrainer(DPOTrainer):
         if dataset_name == "train":
             # Runs inside TRL's __init__, before transformers creates the accelerator and fills DeepSpeed's "auto"
             # values: the Trainer must see one item per optimizer step by then.
-            self.lengths = plan.PairLengths.of(dataset, args.max_length)
+            self.lengths = plan.PairLengths.of(dataset, args.max_length, self.forward.share_prompt,
+                                               args.truncation_mode)  # fmt: skip
             budget = self.max_tokens_per_microbatch
             self.step_plan = plan.StepPlan(self.pairs_per_step, args.world_size, args.seed, budget,
                                            None if budget else args.per_device_train_batch_size,
@@ -392,8 +432,11 @@ class RecipeDPOTrainer(DPOTrainer):
             self.beta,
             self.ld_alpha,
             positions=positions,
+            computed_tokens=computed_tokens(inputs),
             loss=result[0] if return_outputs else result,
-            model_flops=self.model_flops.training(sequence_lengths(inputs)) if mode == "train" else 0.0,
+            model_flops=self.model_flops.training(sequence_lengths(inputs), shared_prefixes(inputs))
+            if mode == "train"
+            else 0.0,
         )
         return result
 
@@ -427,7 +470,7 @@ def build_trainer(recipe: Recipe, train_dataset, eval_dataset=None, callbacks=()
     # `world_size` reads 1.
     world = t.world_size if t.device is not None else 1
     model_path = resolve_model_path(recipe)
-    packed, hidden_size = decide_packing(recipe, model_path)
+    forward = decide_forward(recipe, model_path)
     graceful_stop = GracefulStop.from_env()
     health = HealthGuard(recipe.project) if recipe.project.health_checks else None
     # Order matters: GracefulStop.on_save reports a checkpoint only after CompleteMarker has marked it.
@@ -440,12 +483,11 @@ def build_trainer(recipe: Recipe, train_dataset, eval_dataset=None, callbacks=()
         # LoRA (--use_peft): TRL wraps the model and scores the reference with the adapter disabled (no second model).
         peft_config=get_peft_config(recipe.model),
         quantization_config=get_quantization_config(recipe.model),  # --load_in_4bit/8bit, as TRL's own dpo.py
-        packed=packed,
+        forward=forward,
         pairs_per_step=p.pairs_per_step or t.per_device_train_batch_size * t.gradient_accumulation_steps * world,
         max_tokens_per_microbatch=p.max_tokens_per_microbatch,
         gpu_peak_tflops=p.gpu_peak_tflops,
         attn_implementation=recipe.model.attn_implementation,
-        hidden_size=hidden_size,
         run_engine=run_engine,
     )
     trainer.graceful_stop = graceful_stop
