@@ -24,10 +24,22 @@ from dpotrain.config import parse_args
 from dpotrain.errors import run_cli
 from dpotrain.hub_push import CheckpointPusher
 from dpotrain.metrics import PLOT_FILE, plot_metrics, read_metrics
+from dpotrain.preemption import GracefulStop
 from dpotrain.tracking import WandbStepIsGlobalStep, keep_offline_runs, setup_wandb
 
 
 def main(argv=None) -> None:
+    # First: a SIGTERM or USR1 while the model loads is kept for the reference stage and training to honour.
+    stop = GracefulStop.from_env()
+    try:
+        return run(argv, stop)
+    finally:
+        # Done (or failed): a preemption's SIGTERM from now on must not kill the process while Python shuts down,
+        # which restores default handlers (the job would end FAILED after a complete run).
+        stop.release()
+
+
+def run(argv, stop: GracefulStop) -> int | None:
     load_dotenv()  # HF_TOKEN, WANDB_API_KEY, WANDB_PROJECT...; the environment wins over .env
     recipe = parse_args(argv)
     training, script = recipe.training, recipe.script
@@ -112,7 +124,7 @@ def main(argv=None) -> None:
         pusher = CheckpointPusher(push.repo_id, push.token, push.private, out)
     callbacks = [WandbStepIsGlobalStep(), *([pusher] if pusher else [])]
     created_before = out.exists()
-    trainer = build_trainer(recipe, dataset, eval_dataset=eval_dataset, callbacks=callbacks)
+    trainer = build_trainer(recipe, dataset, eval_dataset=eval_dataset, callbacks=callbacks, stop=stop)
 
     # The reference stage (dpotrain/reference.py): scored once, saved as it goes, stopped cleanly on a stop request.
     outcomes = reference.run_stage(trainer, trainer.graceful_stop, recipe.project.reference_save_seconds)

@@ -5,7 +5,8 @@ each optimizer step all ranks agree (one all-reduce of one number) whether any o
 Trainer saves a checkpoint and leaves its loop, on every rank at the same step.
 
 Two ways to ask, because a batch script's pre-timeout signal (`--signal=B:USR1@...`) reaches the batch shell only:
-- SIGUSR1 or SIGTERM delivered to a training process (Slurm's preemption and `scancel` send SIGTERM to every task);
+- SIGUSR1 or SIGTERM delivered to a training process (Slurm's preemption and `scancel` send SIGTERM to the job's
+  steps; scripts/launch.sh makes torchrun's agent ignore it, so that the workers finish their checkpoint);
 - a stop file: the batch script's trap creates `$DPOTRAIN_STOP_FILE` (on a file system all nodes share).
 Once the checkpoint is written, the main process writes `<stop file>.checkpointed` with its path, which tells the
 batch script to requeue the job rather than end it.
@@ -36,12 +37,17 @@ class GracefulStop(TrainerCallback):
         return cls(os.environ.get(STOP_FILE_ENV) or None)
 
     def _on_signal(self, signum, frame):
-        if self.signal_received is not None:
-            # Asked twice (torchrun shutting workers down after another rank failed, or an impatient user): the
-            # step boundary may never come, so end now the way the signal would have without us.
-            signal.signal(signum, signal.SIG_DFL)
-            os.kill(os.getpid(), signum)
-        self.signal_received = signum  # nothing else: we may be in the middle of a collective
+        # Nothing else: we may be in the middle of a collective. A second signal changes nothing: on a preemption
+        # Slurm signals every process of the job and srun forwards its own SIGTERM to the tasks again; dying then
+        # would lose the checkpoint being written. What ends a process for good is Slurm's SIGKILL at the end of the
+        # grace time (or torchrun's, ~30 s after another rank failed).
+        self.signal_received = self.signal_received or signum
+
+    def release(self) -> None:
+        """The run is over: stop signals are ignored from now on (see train_dpo.main)."""
+        if threading.current_thread() is threading.main_thread():
+            for sig in STOP_SIGNALS:
+                signal.signal(sig, signal.SIG_IGN)
 
     def asked_here(self) -> bool:
         return self.signal_received is not None or bool(self.stop_file and self.stop_file.exists())

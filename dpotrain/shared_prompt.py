@@ -164,11 +164,15 @@ class SharedPromptCollator:
 
 
 def _text_config(model):
-    for candidate in (model, getattr(model, "module", None), getattr(model, "base_model", None)):
-        config = getattr(candidate, "config", None)
-        if config is not None:
-            return config.get_text_config() if hasattr(config, "get_text_config") else config
-    raise ValueError("no config on the model")
+    """The model's (text) config, through the wrappers engines put around it (a DeepSpeed engine's own `config` is
+    its DeepSpeed settings)."""
+    from transformers import PretrainedConfig
+
+    while hasattr(model, "module"):
+        model = model.module
+    config = model.config
+    assert isinstance(config, PretrainedConfig), type(config)
+    return config.get_text_config()
 
 
 def attention_masks(model, batch: dict):

@@ -17,6 +17,8 @@ subclass changes how pairs reach TRL's loss code, and what surrounds it:
 
 import contextlib
 import functools
+import os
+import time
 from dataclasses import dataclass
 
 import torch
@@ -25,7 +27,7 @@ from trl import DPOTrainer, get_peft_config, get_quantization_config
 from trl.models import prepare_deepspeed
 
 from . import builtin, engine, flops, packing, padded, plan, resolve
-from .checkpoints import CompleteMarker
+from .checkpoints import CompleteMarker, report_save
 from .collectives import all_reduce_sum
 from .config import Recipe
 from .errors import ConfigError
@@ -236,6 +238,14 @@ class RecipeDPOTrainer(DPOTrainer):
             yield
         finally:
             dpo.create_model_from_path = load
+
+    def _save_checkpoint(self, model, trial):
+        start = time.monotonic()
+        super()._save_checkpoint(model, trial)
+        if self.graceful_stop.stopped:  # test-only: a slow checkpoint on a stop request (tests/test_slurm_jobs.py)
+            time.sleep(float(os.environ.get("DPOTRAIN_TEST_SAVE_DELAY_S") or 0))
+        if self.is_world_process_zero():
+            report_save(self.state.global_step, time.monotonic() - start)
 
     # --- the plan: steps of pairs_per_step pairs, cut into micro-batches ----------------------------------------
     def _prepare_dataset(self, dataset, processing_class, args, dataset_name):
@@ -459,7 +469,7 @@ class RecipeDPOTrainer(DPOTrainer):
         super().log(logs, start_time)
 
 
-def build_trainer(recipe: Recipe, train_dataset, eval_dataset=None, callbacks=()):
+def build_trainer(recipe: Recipe, train_dataset, eval_dataset=None, callbacks=(), stop: GracefulStop | None = None):
     """The project's DPO trainer, with: COMPLETE marks on checkpoints, metrics.jsonl, a clean stop on Slurm's
     signals, health guards and sample generations. `trainer.graceful_stop.stopped` tells after `train()` whether it
     ended early to be requeued; `trainer.health.stop` whether a guard stopped it."""
@@ -471,7 +481,7 @@ def build_trainer(recipe: Recipe, train_dataset, eval_dataset=None, callbacks=()
     world = t.world_size if t.device is not None else 1
     model_path = resolve_model_path(recipe)
     forward = decide_forward(recipe, model_path)
-    graceful_stop = GracefulStop.from_env()
+    graceful_stop = stop or GracefulStop.from_env()
     health = HealthGuard(recipe.project) if recipe.project.health_checks else None
     # Order matters: GracefulStop.on_save reports a checkpoint only after CompleteMarker has marked it.
     trainer = RecipeDPOTrainer(

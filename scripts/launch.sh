@@ -5,7 +5,8 @@
 #   RECIPE=configs/think.yaml            the recipe passed to train_dpo.py --config
 #   ACCELERATE_CONFIG=accelerate_config.yaml
 #   VENV=.venv                           the project's virtual environment (bash scripts/setup_env.sh)
-#   MAIN_PROCESS_PORT=29500              rendezvous port on the first node
+#   MAIN_PROCESS_PORT=<from the job id>  rendezvous port on the first node (20000-29999: two jobs sharing a node
+#                                        do not collide)
 #   CPU_PROCESSES_PER_NODE=1             processes per node when the job has no GPUs (--gpus-per-node=0)
 #   LAUNCH_PRINT_ONLY=1                  print the srun + accelerate launch line and exit (used by the tests)
 #   PREFLIGHT=1                          first score a sample with the base model (scripts/preflight.py); stop on fail
@@ -16,7 +17,8 @@ cd "${SLURM_SUBMIT_DIR:-$PWD}"  # sbatch runs a copy of the script from Slurm's 
 RECIPE=${RECIPE:?set RECIPE, e.g. RECIPE=configs/think.yaml}
 ACCELERATE_CONFIG=${ACCELERATE_CONFIG:-accelerate_config.yaml}
 VENV=${VENV:-.venv}
-MAIN_PROCESS_PORT=${MAIN_PROCESS_PORT:-29500}
+# From the job id, below Linux's ephemeral port range: two jobs on one node must not meet at the same port.
+MAIN_PROCESS_PORT=${MAIN_PROCESS_PORT:-$((20000 + ${SLURM_JOB_ID:-9500} % 10000))}
 NNODES=${SLURM_JOB_NUM_NODES:-1}
 # --gpus-per-node sets SLURM_GPUS_PER_NODE ("4" or "h100:4"); a --gres=gpu:4 job only has SLURM_GPUS_ON_NODE.
 GPUS_PER_NODE=${SLURM_GPUS_PER_NODE:-${SLURM_GPUS_ON_NODE:-0}}
@@ -32,13 +34,19 @@ die() { echo "error: $*" >&2; exit 1; }
 
 # The command every node runs. \$SLURM_PROCID is escaped: it must be read on each node inside srun, not here,
 # or every node gets machine rank 0 and the rendezvous hangs (accelerate issue #2816). Each node says in the log
-# which rank it read and where it meets the others.
+# which rank it read, where it meets the others and how many CPUs its training processes may use (nproc: their
+# sched_getaffinity).
+# torchrun's agent (inside accelerate launch), on SIGTERM, signals the workers again and SIGKILLs them after ~30 s:
+# a checkpoint that takes longer than that, asked for by Slurm's own SIGTERM on preemption, would be lost. So the
+# agent ignores SIGTERM (an ignored signal stays ignored across exec, and torchrun's --signals-to-handle, read from
+# PET_SIGNALS_TO_HANDLE, keeps it from installing its handler): the workers, which Slurm signals too, checkpoint and
+# exit, and the agent with them.
 launch_line() {
   local main_addr=$1; shift
   local train_args=""
   [[ $# -gt 0 ]] && train_args=$(printf ' %q' "$@")
   cat <<LINE
-srun --nodes=$NNODES --ntasks-per-node=1 --kill-on-bad-exit=1 bash -c "echo \"node \\\$SLURMD_NODENAME: machine rank \\\$SLURM_PROCID of $NNODES, rendezvous $main_addr:$MAIN_PROCESS_PORT, $NUM_PROCESSES processes\"; exec $VENV/bin/accelerate launch \
+srun --nodes=$NNODES --ntasks-per-node=1 --kill-on-bad-exit=1 bash -c "trap '' TERM; export PET_SIGNALS_TO_HANDLE=SIGINT,SIGHUP,SIGQUIT; echo \"node \\\$SLURMD_NODENAME: machine rank \\\$SLURM_PROCID of $NNODES, rendezvous $main_addr:$MAIN_PROCESS_PORT, $NUM_PROCESSES processes, \\\$(nproc) CPUs\"; exec $VENV/bin/accelerate launch \
 --config_file $ACCELERATE_CONFIG \
 --num_machines $NNODES \
 --num_processes $NUM_PROCESSES \
@@ -133,7 +141,21 @@ fi
 # background and this shell waits for it.
 export DPOTRAIN_STOP_FILE="$PWD/logs/.stop-${SLURM_JOB_ID:-$$}"
 rm -f "$DPOTRAIN_STOP_FILE" "$DPOTRAIN_STOP_FILE.checkpointed"
+touch "$DPOTRAIN_STOP_FILE.probe" 2>/dev/null && rm -f "$DPOTRAIN_STOP_FILE.probe" \
+  || die "cannot write the stop file in $PWD/logs: the job could not checkpoint on a preemption or time limit; make logs/ writable (or submit from a writable project folder)"
 trap 'echo "=== $(date -Is) signal received: checkpointing at the next optimizer step ==="; touch "$DPOTRAIN_STOP_FILE"' USR1 TERM
+
+# How long a checkpoint may take: what the time-limit warning leaves (--signal=B:USR1@<seconds>, read from the
+# submitted script) and the partition's preemption GraceTime. The training processes say when a save took longer.
+script=$(scontrol show job "${SLURM_JOB_ID:-0}" 2>/dev/null | grep -o 'Command=[^ ]*' | cut -d= -f2 || true)
+lead=$(grep -o '^#SBATCH --signal=B:USR1@[0-9]*' "${script:-/dev/null}" 2>/dev/null | grep -o '[0-9]*$' || true)
+grace=$(scontrol show partition "${SLURM_JOB_PARTITION:-}" 2>/dev/null | grep -o 'GraceTime=[0-9]*' | cut -d= -f2 || true)
+export DPOTRAIN_SAVE_WARN_S=${lead:-600} DPOTRAIN_GRACE_S=${grace:-0}
+echo "checkpoints must be written within ${DPOTRAIN_SAVE_WARN_S} s (time-limit warning)$( ((DPOTRAIN_GRACE_S)) && echo " and ${DPOTRAIN_GRACE_S} s (partition ${SLURM_JOB_PARTITION:-}'s preemption GraceTime)")"
+
+# Slurm >= 22.05 no longer passes the job's --cpus-per-task on to srun: without this, on a cluster that binds
+# tasks to their CPUs, every node's GPU processes, data-loader workers and tokenization share one core.
+[[ -n "${SLURM_CPUS_PER_TASK:-}" ]] && export SRUN_CPUS_PER_TASK=$SLURM_CPUS_PER_TASK
 
 echo "launch: $(launch_line "$main_addr" "${SHOWN_ARGS[@]}")"
 line=$(launch_line "$main_addr" "$@")
@@ -147,7 +169,10 @@ done
 if [[ -f "$DPOTRAIN_STOP_FILE.checkpointed" ]]; then
   echo "=== $(date -Is) $(cat "$DPOTRAIN_STOP_FILE.checkpointed"); requeueing job ${SLURM_JOB_ID:-} ==="
   rm -f "$DPOTRAIN_STOP_FILE" "$DPOTRAIN_STOP_FILE.checkpointed"
-  [[ -n "${SLURM_JOB_ID:-}" ]] && scontrol requeue "$SLURM_JOB_ID"
+  # A preemption with PreemptMode=REQUEUE may have requeued the job already: then this is refused, and harmless.
+  if [[ -n "${SLURM_JOB_ID:-}" ]] && ! scontrol requeue "$SLURM_JOB_ID"; then
+    echo "=== scontrol requeue was refused (Slurm requeues a preempted job itself; a cancelled one stays cancelled) ==="
+  fi
   exit 0
 fi
 rm -f "$DPOTRAIN_STOP_FILE"

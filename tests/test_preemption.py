@@ -77,20 +77,18 @@ def test_stop_request_checkpoints_and_a_rerun_ends_like_an_uninterrupted_run(
     assert all((resumed[k] - w).abs().max().item() < 1e-6 for k, w in uninterrupted_weights.items())
 
 
-def test_a_second_signal_ends_the_process_at_once():
-    # The first request waits for the step boundary; a second one (torchrun shutting workers down after another rank
-    # failed, an impatient user) must not be swallowed too.
+def test_a_second_signal_does_not_end_the_process():
+    # On a preemption Slurm signals every process of the job, and srun forwards its own SIGTERM to the tasks again: a
+    # second signal must not kill a worker that is writing its checkpoint (Slurm's SIGKILL ends it after GraceTime).
     code = """
 import os, signal, time
 from dpotrain.preemption import GracefulStop
 stop = GracefulStop()
 os.kill(os.getpid(), signal.SIGTERM)
 time.sleep(0.1)
-print("first:", stop.signal_received, flush=True)
 os.kill(os.getpid(), signal.SIGTERM)
-time.sleep(5)
-print("still alive", flush=True)
+time.sleep(0.1)
+print("still alive, asked:", stop.asked_here(), stop.signal_received, flush=True)
 """
     result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
-    assert result.stdout.strip() == f"first: {int(signal.SIGTERM)}"
-    assert result.returncode == -signal.SIGTERM
+    assert result.returncode == 0 and result.stdout.strip() == f"still alive, asked: True {int(signal.SIGTERM)}"
