@@ -130,7 +130,7 @@ def main(argv=None) -> None:
     p.add_argument("--rows", type=int, default=150_000, help="pairs to draw [150,000: the data set's size]")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--coverage", type=float, default=lengths.DEFAULT_COVERAGE, help="the analyzer's --coverage")
-    p.add_argument("--candidates", type=int, nargs="*", default=[6144, 20480], help="extra max_length values")
+    p.add_argument("--candidates", type=int, nargs="*", default=[6144, 9216, 20480], help="extra max_length values")
     args = p.parse_args(argv)
 
     recipe = yaml.safe_load((ROOT / "configs" / "think.yaml").read_text())
