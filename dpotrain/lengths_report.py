@@ -44,9 +44,9 @@ def to_markdown(report: dict, current_max_length: int | None = None) -> str:
         "",
         f"**Candidates.** Packed (the default) a pair costs the positions of its two sequences cut at max_length, "
         f"(P + C) + (P + R); with the prompt computed once per pair, P + C + R; both per pair and against "
-        f"max_length={best:,}. *Price*: extra packed compute per 1% of pairs made whole, against the row above. Padded "
-        f"batches (TRL's DataCollatorForPreference, {batch} pairs = {2 * batch} sequences padded to the longest) "
-        "would also run the padding shown.",
+        f"max_length={best:,}. *Price*: extra packed compute per 1% of pairs made whole, against the row above "
+        f"(— where none is). Padded batches (TRL's DataCollatorForPreference, {batch} pairs = {2 * batch} sequences "
+        "padded to the longest) would also run the padding shown.",
         "",
         "| max_length | Covered | Truncated | Dropped (prompt fills it) | Packed per pair | vs recommended "
         "| Prompt once: per pair | vs recommended | Price | Padded: padding (shuffled) | (data set order) |",
