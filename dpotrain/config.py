@@ -40,8 +40,13 @@ class ProjectArguments:
         },
     )
     auto_coverage: float = field(
-        default=0.9,
-        metadata={"help": "With max_length: auto, the fraction of pairs that must fit without truncation."},
+        default=0.95,
+        metadata={
+            "help": "With max_length: auto (and the analyzer's --coverage), the fraction of pairs that must fit "
+            "without truncation: max_length is the smallest multiple of 512 reaching it. Packed, a longer max_length "
+            "costs only the extra tokens of the longer pairs, so the default leaves 95% of pairs whole (README: "
+            "Choosing max_length)."
+        },
     )
     overwrite_output_dir: bool = field(
         default=False,
