@@ -8,12 +8,13 @@ Two ways to ask, because a batch script's pre-timeout signal (`--signal=B:USR1@.
 - SIGUSR1 or SIGTERM delivered to a training process (Slurm's preemption and `scancel` send SIGTERM to the job's
   steps; scripts/launch.sh makes torchrun's agent ignore it, so that the workers finish their checkpoint);
 - a stop file: the batch script's trap creates `$DPOTRAIN_STOP_FILE` (on a file system all nodes share).
-Once the checkpoint is written, the main process writes `<stop file>.checkpointed` with its path, which tells the
-batch script to requeue the job rather than end it.
+Once progress is safe on disk (a checkpoint, or the reference stage's partial results), the main process writes
+`<stop file>.checkpointed` saying what was saved, which tells the batch script to requeue the job rather than end it.
 """
 
 import os
 import signal
+import tempfile
 import threading
 from pathlib import Path
 
@@ -34,7 +35,10 @@ class GracefulStop(TrainerCallback):
 
     @classmethod
     def from_env(cls) -> "GracefulStop":
-        return cls(os.environ.get(STOP_FILE_ENV) or None)
+        stop_file = os.environ.get(STOP_FILE_ENV) or None
+        if stop_file:
+            check_stop_file(Path(stop_file))
+        return cls(stop_file)
 
     def _on_signal(self, signum, frame):
         # Nothing else: we may be in the middle of a collective. A second signal changes nothing: on a preemption
@@ -76,3 +80,19 @@ class GracefulStop(TrainerCallback):
         if self.stopped and state.global_step < state.max_steps and state.is_world_process_zero:
             self.mark_saved(f"checkpoint {Path(args.output_dir) / f'checkpoint-{state.global_step}'} written")
         return control
+
+
+def check_stop_file(path: Path) -> None:
+    """The stop file's folder must take `<stop file>.checkpointed`: found unwritable only after a checkpoint, the job
+    would fail instead of being requeued. Checked at start (every rank writes and removes a file of its own)."""
+    from .errors import ConfigError
+
+    try:
+        with tempfile.NamedTemporaryFile(dir=path.parent, prefix=f".{path.name}.probe-"):
+            pass
+    except OSError as e:
+        raise ConfigError(
+            f"{STOP_FILE_ENV}={path}: cannot write in {path.parent} ({e.strerror}), so a stop could not be confirmed "
+            f"and the job would not requeue: point {STOP_FILE_ENV} to a writable folder every node sees "
+            "(scripts/launch.sh uses logs/ of the folder you submit from)"
+        ) from None

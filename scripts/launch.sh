@@ -103,6 +103,9 @@ fi
 # A job killed while DeepSpeed compiled an op leaves its build lock, and every later job waits on it silently.
 "$VENV/bin/python" -m dpotrain.build_locks
 mkdir -p logs
+# The stop file (below): set before the dry run, which refuses a folder it cannot write in (dpotrain/preemption.py).
+export DPOTRAIN_STOP_FILE="$PWD/logs/.stop-${SLURM_JOB_ID:-$$}"
+rm -f "$DPOTRAIN_STOP_FILE" "$DPOTRAIN_STOP_FILE.checkpointed"
 if grep -qE '^push_to_hub: *true' "$RECIPE" || [[ " $* " == *" --push_to_hub"* ]]; then
   [[ -n "${HF_TOKEN:-}" || -f .env ]] || die "pushing to the Hub needs HF_TOKEN: put it in .env (see .env.example)"
 fi
@@ -139,10 +142,6 @@ fi
 # --signal=B:USR1@... reaches this shell only; the trap creates a stop file that every rank checks at the end of
 # each optimizer step (dpotrain/preemption.py). A trap runs only between foreground commands, so srun runs in the
 # background and this shell waits for it.
-export DPOTRAIN_STOP_FILE="$PWD/logs/.stop-${SLURM_JOB_ID:-$$}"
-rm -f "$DPOTRAIN_STOP_FILE" "$DPOTRAIN_STOP_FILE.checkpointed"
-touch "$DPOTRAIN_STOP_FILE.probe" 2>/dev/null && rm -f "$DPOTRAIN_STOP_FILE.probe" \
-  || die "cannot write the stop file in $PWD/logs: the job could not checkpoint on a preemption or time limit; make logs/ writable (or submit from a writable project folder)"
 trap 'echo "=== $(date -Is) signal received: checkpointing at the next optimizer step ==="; touch "$DPOTRAIN_STOP_FILE"' USR1 TERM
 
 # How long a checkpoint may take: what the time-limit warning leaves (--signal=B:USR1@<seconds>, read from the
