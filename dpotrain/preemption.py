@@ -16,6 +16,7 @@ import os
 import signal
 import tempfile
 import threading
+import time
 from pathlib import Path
 
 from transformers import TrainerCallback
@@ -28,6 +29,7 @@ class GracefulStop(TrainerCallback):
     def __init__(self, stop_file: str | None = None):
         self.stop_file = Path(stop_file) if stop_file else None
         self.signal_received: int | None = None
+        self.requested_at: float | None = None  # when this process first heard of the request (time.time())
         self.stopped = False
         if threading.current_thread() is threading.main_thread():  # Python only delivers signals there
             for sig in STOP_SIGNALS:
@@ -46,6 +48,7 @@ class GracefulStop(TrainerCallback):
         # would lose the checkpoint being written. What ends a process for good is Slurm's SIGKILL at the end of the
         # grace time (or torchrun's, ~30 s after another rank failed).
         self.signal_received = self.signal_received or signum
+        self.requested_at = self.requested_at or time.time()
 
     def release(self) -> None:
         """The run is over: stop signals are ignored from now on (see train_dpo.main)."""
@@ -54,7 +57,14 @@ class GracefulStop(TrainerCallback):
                 signal.signal(sig, signal.SIG_IGN)
 
     def asked_here(self) -> bool:
-        return self.signal_received is not None or bool(self.stop_file and self.stop_file.exists())
+        if self.signal_received is not None:
+            return True
+        try:
+            created = self.stop_file.stat().st_mtime if self.stop_file else None
+        except FileNotFoundError:
+            created = None
+        self.requested_at = self.requested_at or created
+        return created is not None
 
     def _asked_anywhere(self, args) -> bool:
         from .collectives import max_over_ranks
@@ -64,7 +74,8 @@ class GracefulStop(TrainerCallback):
     def mark_saved(self, what: str) -> None:
         """Main process, once progress is safely on disk: `<stop file>.checkpointed` tells the batch script to
         requeue the job (the requeued job goes on from what was saved) rather than end it."""
-        print(f"Stop requested: {what}; exiting so the job can be requeued.", flush=True)
+        after = f" {time.time() - self.requested_at:.0f} s after the request" if self.requested_at else ""
+        print(f"Stop requested: {what}{after}; exiting so that the job can be requeued.", flush=True)
         if self.stop_file:
             Path(f"{self.stop_file}.checkpointed").write_text(f"{what}\n")
 

@@ -64,6 +64,9 @@ def test_stop_request_checkpoints_and_a_rerun_ends_like_an_uninterrupted_run(
     stopped_at = int(re.search(r"checkpoint-(\d+) written", marker).group(1))
     assert 3 <= stopped_at < 12
     assert (out / f"checkpoint-{stopped_at}" / "COMPLETE").is_file()
+    # How long the stop took, to hold against a partition's GraceTime: the rest of a step and the save, seconds here.
+    waited = int(re.search(rf"Stop requested: checkpoint \S+-{stopped_at} written (\d+) s after the request;", log)[1])
+    assert waited < 30
     assert not (out / "run_complete.json").exists()  # not mistaken for a finished run
 
     stop_file.unlink(missing_ok=True)
