@@ -103,6 +103,9 @@ fi
 # A job killed while DeepSpeed compiled an op leaves its build lock, and every later job waits on it silently.
 "$VENV/bin/python" -m dpotrain.build_locks
 mkdir -p logs
+# The stop file (below): set before the dry run, which refuses a folder it cannot write in (dpotrain/preemption.py).
+export DPOTRAIN_STOP_FILE="$PWD/logs/.stop-${SLURM_JOB_ID:-$$}"
+rm -f "$DPOTRAIN_STOP_FILE" "$DPOTRAIN_STOP_FILE.checkpointed"
 if grep -qE '^push_to_hub: *true' "$RECIPE" || [[ " $* " == *" --push_to_hub"* ]]; then
   [[ -n "${HF_TOKEN:-}" || -f .env ]] || die "pushing to the Hub needs HF_TOKEN: put it in .env (see .env.example)"
 fi
@@ -139,11 +142,14 @@ fi
 # --signal=B:USR1@... reaches this shell only; the trap creates a stop file that every rank checks at the end of
 # each optimizer step (dpotrain/preemption.py). A trap runs only between foreground commands, so srun runs in the
 # background and this shell waits for it.
-export DPOTRAIN_STOP_FILE="$PWD/logs/.stop-${SLURM_JOB_ID:-$$}"
-rm -f "$DPOTRAIN_STOP_FILE" "$DPOTRAIN_STOP_FILE.checkpointed"
-touch "$DPOTRAIN_STOP_FILE.probe" 2>/dev/null && rm -f "$DPOTRAIN_STOP_FILE.probe" \
-  || die "cannot write the stop file in $PWD/logs: the job could not checkpoint on a preemption or time limit; make logs/ writable (or submit from a writable project folder)"
-trap 'echo "=== $(date -Is) signal received: checkpointing at the next optimizer step ==="; touch "$DPOTRAIN_STOP_FILE"' USR1 TERM
+signalled=""
+stop_request() {
+  signalled=$1
+  echo "=== $(date -Is) signal received: checkpointing at the next optimizer step (SIG$1) ==="
+  touch "$DPOTRAIN_STOP_FILE"
+}
+trap 'stop_request USR1' USR1
+trap 'stop_request TERM' TERM
 
 # How long a checkpoint may take: what the time-limit warning leaves (--signal=B:USR1@<seconds>, read from the
 # submitted script) and the partition's preemption GraceTime. The training processes say when a save took longer.
@@ -165,19 +171,48 @@ while :; do
   wait "$pid" && rc=0 || rc=$?
   kill -0 "$pid" 2>/dev/null || break  # a trapped signal interrupts `wait`: keep waiting for srun itself
 done
+# When Slurm ends the job (scancel, the time limit, a preemption past its GraceTime) srun is signalled too and exits
+# at once, while the training processes may still be saving: wait for them as long as Slurm lets them run.
+if [[ $signalled == TERM && $rc -gt 128 && ! -f "$DPOTRAIN_STOP_FILE.checkpointed" ]]; then
+  kill_wait=$(scontrol show config 2>/dev/null | awk '$1 == "KillWait" {print $3}' || true)
+  echo "=== $(date -Is) srun ended on Slurm's SIGTERM: waiting up to ${kill_wait:-30} s (KillWait) for the training" \
+    "processes to save ==="
+  for ((i = 0; i < ${kill_wait:-30}; i++)); do
+    [[ -f "$DPOTRAIN_STOP_FILE.checkpointed" ]] && break
+    sleep 1
+  done
+fi
 
+# Requeue after a stop request, so the job goes on from what was saved. Slurm requeues a preempted job on its own
+# only if it still runs when the GraceTime is over; one that saved and exited within it would end COMPLETED. The
+# job's state tells the stops to requeue after (still RUNNING: a preemption within its GraceTime, the time-limit
+# warning, `scancel --signal`; or Reason=TimeLimit: saved just after the limit) from those not to: `scancel` (the
+# same SIGTERM, but the user wants the job to end) and a preemption past its GraceTime (Slurm has requeued it).
 if [[ -f "$DPOTRAIN_STOP_FILE.checkpointed" ]]; then
-  echo "=== $(date -Is) $(cat "$DPOTRAIN_STOP_FILE.checkpointed"); requeueing job ${SLURM_JOB_ID:-} ==="
+  saved=$(cat "$DPOTRAIN_STOP_FILE.checkpointed")
   rm -f "$DPOTRAIN_STOP_FILE" "$DPOTRAIN_STOP_FILE.checkpointed"
-  # A preemption with PreemptMode=REQUEUE may have requeued the job already: then this is refused, and harmless.
-  if [[ -n "${SLURM_JOB_ID:-}" ]] && ! scontrol requeue "$SLURM_JOB_ID"; then
-    echo "=== scontrol requeue was refused (Slurm requeues a preempted job itself; a cancelled one stays cancelled) ==="
+  [[ -n "${SLURM_JOB_ID:-}" ]] || { echo "=== $(date -Is) $saved; not a Slurm job: run the same command to go on ==="; exit 0; }
+  job=$(scontrol show job -o "$SLURM_JOB_ID" 2>/dev/null | grep -o 'JobState=[A-Z_]*\|Reason=[^ ]*\|Restarts=[0-9]*' | tr '\n' ' ' || true)
+  if [[ -z $job || $job == *JobState=RUNNING* || $job == *Reason=TimeLimit* ]]; then
+    echo "=== $(date -Is) $saved; requeueing job $SLURM_JOB_ID ==="
+    if ! refused=$(scontrol requeue "$SLURM_JOB_ID" 2>&1); then
+      # E.g. a job submitted with --no-requeue. Not COMPLETED: an `afterok` dependency must not start on it.
+      die "Slurm refused to requeue job $SLURM_JOB_ID ($refused): submit the same command again to go on from what was saved"
+    fi
+  elif [[ $job != *"Restarts=${SLURM_RESTART_COUNT:-0} "* ]]; then
+    echo "=== $(date -Is) $saved; Slurm has requeued job $SLURM_JOB_ID itself (preempted, past its GraceTime) ==="
+  else
+    echo "=== $(date -Is) $saved; job $SLURM_JOB_ID was cancelled (scancel), so it is not requeued: submit the same" \
+      "command again to go on ==="
   fi
   exit 0
 fi
 rm -f "$DPOTRAIN_STOP_FILE"
 if [[ $rc == 0 ]]; then
   echo "=== $(date -Is) training exited with code 0 ==="
+elif [[ $signalled == TERM && $rc -gt 128 ]]; then
+  echo "=== $(date -Is) Slurm ended the job before its save was complete: a rerun goes on from what was saved" \
+    "before (the newest complete checkpoint) ===" >&2
 else
   # --kill-on-bad-exit: the first node whose process fails takes the others down at once, instead of them
   # waiting in a collective until the time limit. srun names that node in its first `srun: error:` line.

@@ -128,12 +128,44 @@ def test_preempted_job_checkpoints_requeues_and_ends_like_an_uninterrupted_one(s
     assert all((a[k] - b[k]).abs().max().item() < 1e-6 for k in a), "resumed run diverged from the uninterrupted one"
 
 
+@pytest.mark.slurm
+@pytest.mark.slow
+def test_a_cancelled_job_saves_and_stays_cancelled_and_a_refused_requeue_fails_the_job(slurm, tmp_path):
+    """scancel sends the SIGTERM of a preemption, but the user wants the job to end: it saves and is not requeued. A
+    job Slurm will not requeue (--no-requeue) ends FAILED, not COMPLETED, so that an `afterok` dependency does not
+    start on an unfinished run. The two jobs run side by side, one CPU each."""
+    jobs = {}
+    for name, extra in (("cancelled", []), ("no-requeue", ["--no-requeue"])):
+        args = ["--gpus-per-node=0", "--cpus-per-task=1", *extra, "scripts/dpo_train.sh", "--max_steps", "40",
+                "--logging_steps", "1", "--save_steps", "1000", "--report_to", "none", "--output_dir",
+                str(tmp_path / name)]  # fmt: skip
+        jobs[name] = slurm.sbatch(args, cwd=ROOT, env=README_ENV)
+    deadline = time.time() + 400
+    while not all(len(steps(tmp_path / name)) >= 3 for name in jobs):  # mid-training
+        assert time.time() < deadline and all(slurm.state(j) in ("PENDING", "RUNNING") for j in jobs.values())
+        time.sleep(0.2)
+    slurm.signal(jobs["no-requeue"], "USR1")
+    slurm.cancel(jobs["cancelled"])
+
+    assert slurm.wait(jobs["cancelled"], timeout=120) == "CANCELLED"
+    assert slurm.wait(jobs["no-requeue"], timeout=120) == "FAILED"
+    for name, job in jobs.items():
+        log = (ROOT / "logs" / f"dpo-think-{job}.out").read_text(errors="replace")
+        assert slurm.job_info(job)["Restarts"] == "0", log[-3000:]
+        saved = re.search(r"checkpoint (\S+) written; ", log)
+        assert saved and (Path(saved.group(1)) / "COMPLETE").is_file(), log[-3000:]
+        assert not (tmp_path / name / "run_complete.json").exists()
+        if name == "cancelled":
+            assert f"job {job} was cancelled (scancel), so it is not requeued: submit the same command" in log
+        else:
+            assert f"error: Slurm refused to requeue job {job} (Requested operation is presently disabled" in log
+
+
 # --- preemption by a higher-priority job, as on shared clusters; CPUs and ports on shared nodes -----------------------
 
-TWO_PROCESSES = {"RECIPE": "configs/smoke.yaml", "CPU_PROCESSES_PER_NODE": "2",
-                 # Steps get exactly the CPUs they ask for, as on clusters that bind tasks to their CPUs: without
-                 # launch.sh passing the job's --cpus-per-task on, the training step would get one CPU.
-                 "SLURM_EXACT": "1"}  # fmt: skip
+# The test cluster binds tasks to cores (tests/slurm/cluster.sh): without launch.sh passing the job's --cpus-per-task
+# on to srun, the training step would get one CPU (tests/test_slurm_cluster.py).
+TWO_PROCESSES = {"RECIPE": "configs/smoke.yaml", "CPU_PROCESSES_PER_NODE": "2"}
 STEPS = 40  # of 16 pairs: ~8 s of training, time for a preemption to land mid-way
 
 

@@ -222,12 +222,15 @@ SlurmdDebug=info
 # No mail program on the test machine; without this slurmctld logs "Configured MailProg is invalid".
 MailProg=/bin/true
 
-# No cgroups in the test container: track processes by parent PID. task/affinity binds each task to the CPUs its
-# step was given (sched_setaffinity), as CPU-binding clusters do: a step that asks for fewer CPUs than the job has
-# gets fewer (Slurm >= 22.05 no longer passes --cpus-per-task from sbatch to srun).
+# Processes tracked by parent PID, not cgroups: the slurmds of a several-node cluster share this machine's cgroup
+# tree, where their jobs' folders (slurm/uid_0/job_<id>) would collide. task/affinity binds each task to its CPUs
+# (sched_setaffinity), to cores by default (TaskPluginParam=cores, as on clusters that bind tasks to cores): a step
+# gets one core per task unless it asks for more, and since Slurm 22.05 srun no longer inherits the job's
+# --cpus-per-task (tests/test_slurm_cluster.py shows both). With automatic binding instead, such a step gets all
+# of the job's CPUs here.
 ProctrackType=proctrack/linuxproc
 TaskPlugin=task/affinity
-TaskPluginParam=autobind=cores
+TaskPluginParam=cores
 JobAcctGatherType=jobacct_gather/none
 MpiDefault=none
 # CR_Core: memory is not a consumable, so a job without --mem does not take the whole node.
