@@ -19,7 +19,7 @@ from pathlib import Path
 
 from dotenv import load_dotenv
 
-from dpotrain import data, health, hub, hub_push, lora, offline, options, resolve, rows, samples
+from dpotrain import data, health, hub, hub_push, lora, memory, offline, options, resolve, rows, samples
 from dpotrain.config import parse_args
 from dpotrain.errors import run_cli
 from dpotrain.hub_push import CheckpointPusher
@@ -53,6 +53,7 @@ def main(argv=None) -> None:
         options.check_plan(derived)
         if recipe.max_length_auto:
             derived["max_length"] = resolve.preview_auto_max_length(recipe)
+        derived["memory"] = memory.plan(recipe, world)  # refuses a plan that cannot fit the GPU
         print(json.dumps(push.record(resolve.resolved_config(recipe, derived)), indent=2, default=str))
         return
     push.check_token()

@@ -62,6 +62,14 @@ class ProjectArguments:
             "1 process."
         },
     )
+    gpu_memory_gib: float | None = field(
+        default=None,
+        metadata={
+            "help": "Memory of one of the job's GPUs in GiB (nvidia-smi's MiB / 1024), for the memory plan of a dry "
+            "run on a machine without a GPU (a login node); on a machine with a GPU, its memory is used instead. A "
+            "plan that does not fit is refused with the engine or node count that would (dpotrain/memory.py)."
+        },
+    )
     merge_lora: bool = field(
         default=False,
         metadata={

@@ -107,7 +107,9 @@ echo "recipe: $RECIPE  accelerate: $ACCELERATE_CONFIG  args: ${SHOWN_ARGS[*]}"
 # The resolved run (and the refusals of train_dpo.py: unknown keys, a batch of 128 pairs this world size cannot
 # reach, ...) at the size of the whole job, in seconds and before any GPU work.
 # A refusal is one `error:` line on stderr (this log), and set -e ends the job here.
-resolved=$(WORLD_SIZE=$NUM_PROCESSES "$VENV/bin/python" train_dpo.py --config "$RECIPE" --dry-run "$@")
+# The memory plan per GPU is for this job's engine (ACCELERATE_CONFIG) and size; a plan that cannot fit is refused.
+resolved=$(WORLD_SIZE=$NUM_PROCESSES "$VENV/bin/python" train_dpo.py --config "$RECIPE" --dry-run \
+  --accelerate_config "$ACCELERATE_CONFIG" "$@")
 "$VENV/bin/python" - "$resolved" <<'PY'
 import json, sys
 text = sys.argv[1]
@@ -119,6 +121,12 @@ if r.get("max_tokens_per_microbatch"):  # micro-batches cut by tokens: their cou
 else:
     print(f"batch: {d['pairs_per_step']} pairs per step = {r['per_device_train_batch_size']} per process x "
           f"{r['gradient_accumulation_steps']} accumulation x {d['world_size']} processes; output: {r['output_dir']}")
+m = d.get("memory", {})
+if "per_gpu_gib" in m:
+    gpu = f"of {m['gpu_memory_gib']} GiB" if m["gpu_memory_gib"] else f"(GPU memory {m['gpu_memory_source']})"
+    print(f"memory plan: ~{m['per_gpu_gib']['total']} GiB per GPU {gpu} under {m['engine']}")
+elif m:
+    print(f"memory plan skipped: {m['skipped']}")
 PY
 
 # PREFLIGHT=1: the base model's gap between chosen and rejected on a sample, here on the batch node; a doomed run
