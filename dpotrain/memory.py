@@ -166,6 +166,7 @@ def model_shape(recipe, config) -> ModelShape:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             model = get_peft_model(model, get_peft_config(recipe.model))
+        params = sum(p.numel() for p in model.parameters())  # the base and the adapter
         trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
         head_trains = head is not None and head.weight.requires_grad
     dtype = str(recipe.model.dtype or "float32").replace("torch.", "")
@@ -218,15 +219,21 @@ def _fused_attention(module, query, key, value, attention_mask, scaling=None, dr
     return out.transpose(1, 2).contiguous(), None
 
 
-def _traced_peak(config, layers: int, tokens: int, checkpointing: bool) -> int:
-    import torch
-    from torch._subclasses.fake_tensor import FakeTensorMode
-    from torch.distributed._tools.mem_tracker import MemTracker, _MemRefType
-    from transformers import AttentionInterface, AutoModelForCausalLM
+def register_trace_attention() -> None:
+    from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface, flash_attention_mask
 
     AttentionInterface.register(TRACE_ATTENTION, _fused_attention)
     AttentionMaskInterface.register(TRACE_ATTENTION, flash_attention_mask)  # no mask without padding
+
+
+def _traced_peak(config, layers: int, tokens: int, checkpointing: bool) -> int:
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.distributed._tools.mem_tracker import MemTracker, _MemRefType
+    from transformers import AutoModelForCausalLM
+
+    register_trace_attention()
     config = copy.deepcopy(config)
     text = config.get_text_config()
     text.num_hidden_layers = layers
