@@ -70,6 +70,13 @@ class ProjectArguments:
             "plan that does not fit is refused with the engine or node count that would (dpotrain/memory.py)."
         },
     )
+    memory_check: bool = field(
+        default=True,
+        metadata={
+            "help": "Refuse a run whose memory plan (an estimate, README 'Memory plan') exceeds the GPU memory. false: "
+            "the plan is only shown, for a setup you know fits."
+        },
+    )
     merge_lora: bool = field(
         default=False,
         metadata={

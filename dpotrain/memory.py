@@ -459,7 +459,7 @@ def plan(recipe, world: int) -> dict:
         "activations_from": method,
         "allowance": f"{CONTEXT_GIB:g} GiB CUDA context and NCCL + {FRAGMENTATION:.0%} of the rest",
     }
-    if record["fits"] is False:
+    if record["fits"] is False and recipe.project.memory_check:
         raise ConfigError(_refusal(recipe, chosen, gpu, gpu_source, for_engine, tokens))
     return record
 
@@ -500,4 +500,5 @@ def _refusal(recipe, chosen: Plan, gpu: float, gpu_source: str, for_engine, toke
         options.append(f"nothing shipped fits on up to {MAX_NODES} nodes: train a LoRA adapter (--use_peft true) or "
                        "lower max_length")  # fmt: skip
     return (f"memory plan: {NAMES[e.kind]} on {world} GPU{'s' * (world > 1)} needs ~{_gib(chosen.total)} GiB per GPU "
-            f"({parts}), more than the {gpu:.1f} GiB GPU ({gpu_source}): {'; '.join(options)}")  # fmt: skip
+            f"({parts}), more than the {gpu:.1f} GiB GPU ({gpu_source}): {'; '.join(options)} (the plan is an "
+            "estimate: --memory_check false runs anyway)")  # fmt: skip

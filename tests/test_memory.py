@@ -264,6 +264,8 @@ def test_refusal_happens_only_with_a_known_gpu(olmo3):
     r.project.gpu_memory_gib = 179
     with pytest.raises(ConfigError, match="memory plan: DeepSpeed ZeRO-2 on 4 GPUs"):
         memory.plan(r, 4)
+    r.project.memory_check = False  # the way past an estimate the user knows to be wrong: shown, not refused
+    assert memory.plan(r, 4)["fits"] is False
 
 
 # --- the engine config files, with accelerate's and DeepSpeed's own code ---
@@ -342,3 +344,21 @@ def test_traced_activations_against_cuda_memory():
     torch.cuda.synchronize()
     measured = torch.cuda.max_memory_allocated() - before
     assert measured == pytest.approx(planned, rel=0.25), (measured / 2**30, planned / 2**30)
+
+
+@no_gpu
+@pytest.mark.slow
+def test_readme_table_is_what_the_plan_says(olmo3):
+    """README "Memory plan": each row planned again (sdpa, no GPU memory given, so nothing is refused)."""
+    readme = (ROOT / "README.md").read_text()
+    table = readme[readme.index("| model, tokens per micro-batch | GPUs |") :].split("\n\n")[0].splitlines()[2:]
+    assert len(table) == 5
+    for row in table:
+        label, gpus, *totals = [cell.strip() for cell in row.strip("|").split("|")]
+        size = "32b" if label.startswith("32B") else "7b"
+        name = "think-32b.yaml" if size == "32b" else "think.yaml"
+        for config, total in zip(("accelerate_config.yaml", ZERO3, FSDP2), totals, strict=True):
+            r = parse_args(["--config", str(ROOT / "configs" / name), "--model_name_or_path", olmo3[size],
+                            "--accelerate_config", config, "--dry-run"])  # fmt: skip
+            r.project.gpu_memory_gib = None
+            assert memory.plan(r, int(gpus))["per_gpu_gib"]["total"] == float(total), (row, config)
