@@ -2,8 +2,8 @@
 
 A plan is the sum of these parts, per GPU (README "Memory plan"):
 - model states: bf16 weights, gradients, fp32 master weights and Adam moments, as the engine holds and shards them.
-  ZeRO-2 and ZeRO-3 are DeepSpeed's own estimates (`estimate_zero2/3_model_states_mem_needs`, no offload: tests
-  check equality); FSDP2 as accelerate sets it up (fp32 sharded parameters, gradients and moments);
+  ZeRO-2 and ZeRO-3 are DeepSpeed's own estimates (`estimate_zero2/3_model_states_mem_needs`: tests check equality);
+  FSDP2 as accelerate sets it up (fp32 sharded parameters, gradients and moments);
 - what the engine gathers or buffers beside them (reduce buckets; FSDP2's unsharded layers);
 - activations of one micro-batch: the backbone's forward and backward traced on fake tensors (shapes only: no memory,
   no compute) at the micro-batch's token count, with and without activation checkpointing as the recipe says;
@@ -14,6 +14,7 @@ Parameter counts come from the model's config alone: the model is built on the m
 """
 
 import copy
+import json
 import math
 import warnings
 from dataclasses import dataclass
@@ -21,6 +22,7 @@ from pathlib import Path
 
 import yaml
 
+from .builtin import PROJECT_ROOT
 from .errors import ConfigError
 
 GIB = 2**30
@@ -44,7 +46,6 @@ SHIPPED = {
     "zero3": "configs/accelerate/zero3.yaml",
     "fsdp2": "configs/accelerate/fsdp2.yaml",
 }
-PROJECT_ROOT = Path(__file__).resolve().parents[1]
 MAX_NODES = 16  # how far a refusal looks for a node count that fits
 
 
@@ -60,8 +61,8 @@ class Engine:
 
 
 def read_engine(accelerate_config: str) -> Engine:
-    """The engine an accelerate config file selects; ConfigError-free: an engine this module cannot plan is kind
-    'unplanned' with the reason in `source`."""
+    """The engine an accelerate config file selects. Never raises: an engine plans do not cover is kind 'unplanned',
+    with the reason in `source`."""
     if accelerate_config.lower() in ("", "none"):
         return Engine("single", "no launcher (python train_dpo.py)")
     path = Path(accelerate_config)
@@ -74,9 +75,9 @@ def read_engine(accelerate_config: str) -> Engine:
         ds = config.get("deepspeed_config") or {}
         ds_file = ds.get("deepspeed_config_file")
         if ds_file:  # relative to where jobs start (the project root), as accelerate reads it
-            import json
-
             ds_path = Path(ds_file) if Path(ds_file).is_file() else PROJECT_ROOT / ds_file
+            if not ds_path.is_file():
+                return Engine("unplanned", f"DeepSpeed config {ds_file!r} ({accelerate_config}) not found")
             zero = json.loads(ds_path.read_text()).get("zero_optimization", {})
             stage = int(zero.get("stage", 0))
             off_opt = zero.get("offload_optimizer", {}).get("device", "none") not in ("none", None)
@@ -273,9 +274,10 @@ def formula_activation_bytes(text, tokens: int, checkpointing: bool) -> int:
     return tokens * (text.num_hidden_layers + 1) * per_layer
 
 
-def mask_bytes(attn_implementation: str, tokens: int, width: int, config) -> int:
-    """sdpa and eager build a dense mask per micro-batch row and layer kind (rows x width^2, bool for sdpa, bf16 for
-    eager); eager also keeps each layer's attention probabilities (fp32 softmax and its bf16 copy)."""
+def mask_bytes(attn_implementation: str, tokens: int, width: int, config, checkpointing: bool) -> int:
+    """sdpa and eager build a dense mask per micro-batch row and layer kind (rows x width^2 = tokens x width: bool for
+    sdpa, bf16 for eager); eager also keeps each layer's attention probabilities (its fp32 softmax and a bf16 copy),
+    of one layer at a time under activation checkpointing."""
     from .packing import VARLEN_ATTENTION
 
     if attn_implementation in VARLEN_ATTENTION:
@@ -284,9 +286,8 @@ def mask_bytes(attn_implementation: str, tokens: int, width: int, config) -> int
     kinds = len(set(getattr(text, "layer_types", None) or ["full_attention"]) & ATTENTION_TYPES) or 1
     if attn_implementation != "eager":
         return tokens * width * kinds
-    return (
-        tokens * width * kinds * BF16 + text.num_attention_heads * tokens * width * (4 + BF16) * text.num_hidden_layers
-    )
+    layers = 1 if checkpointing else text.num_hidden_layers
+    return tokens * width * (kinds * BF16 + text.num_attention_heads * (4 + BF16) * layers)
 
 
 def lm_head_bytes(shape: ModelShape, tokens: int) -> int:
@@ -422,7 +423,7 @@ def plan(recipe, world: int) -> dict:
     activations, method = activation_bytes(config, tokens, checkpointing)
     attn = recipe.model.attn_implementation or "sdpa"
     common = dict(activations=activations, activations_method=method, lm_head=lm_head_bytes(shape, tokens),
-                  masks=mask_bytes(attn, tokens, width, config))  # fmt: skip
+                  masks=mask_bytes(attn, tokens, width, config, checkpointing))  # fmt: skip
 
     def for_engine(e: Engine, n: int) -> Plan:
         states, formula = model_state_bytes(e, shape, n)
