@@ -19,7 +19,21 @@ from pathlib import Path
 
 from dotenv import load_dotenv
 
-from dpotrain import data, engine, health, hub, hub_push, lora, offline, options, reference, resolve, rows, samples
+from dpotrain import (
+    data,
+    engine,
+    health,
+    hub,
+    hub_push,
+    lora,
+    memory,
+    offline,
+    options,
+    reference,
+    resolve,
+    rows,
+    samples,
+)
 from dpotrain.config import parse_args
 from dpotrain.errors import run_cli
 from dpotrain.hub_push import CheckpointPusher
@@ -69,6 +83,7 @@ def run(argv, stop: GracefulStop) -> int | None:
             derived["max_length"] = resolve.preview_auto_max_length(recipe)
             max_length = derived["max_length"].get("max_length") if derived["max_length"]["cached"] else None
         derived["batching"] = resolve.preview_plan(recipe, world, max_length)
+        derived["memory"] = memory.plan(recipe, world)  # refuses a plan that cannot fit the GPU
         print(json.dumps(push.record(resolve.resolved_config(recipe, derived)), indent=2, default=str))
         return
     only_reference = recipe.project.reference_only  # the reference stage alone: no output folder, W&B or push

@@ -67,6 +67,21 @@ class ProjectArguments:
             "1 process."
         },
     )
+    gpu_memory_gib: float | None = field(
+        default=None,
+        metadata={
+            "help": "Memory of one of the job's GPUs in GiB (nvidia-smi's MiB / 1024), for the memory plan of a dry "
+            "run on a machine without a GPU (a login node); on a machine with a GPU, its memory is used instead. A "
+            "plan that does not fit is refused with the engine or node count that would (dpotrain/memory.py)."
+        },
+    )
+    memory_check: bool = field(
+        default=True,
+        metadata={
+            "help": "Refuse a run whose memory plan (an estimate, README 'Memory plan') exceeds the GPU memory. false: "
+            "the plan is only shown, for a setup you know fits."
+        },
+    )
     merge_lora: bool = field(
         default=False,
         metadata={

@@ -3,7 +3,7 @@
 #
 # Environment (all optional except RECIPE, which the sbatch scripts set):
 #   RECIPE=configs/think.yaml            the recipe passed to train_dpo.py --config
-#   ACCELERATE_CONFIG=accelerate_config.yaml
+#   ACCELERATE_CONFIG=<the recipe's accelerate_config, else accelerate_config.yaml>   the engine (README "Engines")
 #   VENV=.venv                           the project's virtual environment (bash scripts/setup_env.sh)
 #   MAIN_PROCESS_PORT=<from the job id>  rendezvous port on the first node (20000-29999: two jobs sharing a node
 #                                        do not collide)
@@ -15,7 +15,10 @@ set -euo pipefail
 
 cd "${SLURM_SUBMIT_DIR:-$PWD}"  # sbatch runs a copy of the script from Slurm's spool folder
 RECIPE=${RECIPE:?set RECIPE, e.g. RECIPE=configs/think.yaml}
-ACCELERATE_CONFIG=${ACCELERATE_CONFIG:-accelerate_config.yaml}
+# The engine: the recipe's own (configs/think-32b.yaml names ZeRO-3) unless ACCELERATE_CONFIG says otherwise.
+recipe_engine=$(sed -nE 's/^accelerate_config: *([^ #]+).*/\1/p' "$RECIPE" 2>/dev/null | head -1 || true)
+[[ $recipe_engine == none || $recipe_engine == None ]] && recipe_engine=""
+ACCELERATE_CONFIG=${ACCELERATE_CONFIG:-${recipe_engine:-accelerate_config.yaml}}
 VENV=${VENV:-.venv}
 # From the job id, below Linux's ephemeral port range: two jobs on one node must not meet at the same port.
 MAIN_PROCESS_PORT=${MAIN_PROCESS_PORT:-$((20000 + ${SLURM_JOB_ID:-9500} % 10000))}
@@ -118,7 +121,9 @@ echo "recipe: $RECIPE  accelerate: $ACCELERATE_CONFIG  args: ${SHOWN_ARGS[*]}"
 # The resolved run (and the refusals of train_dpo.py: unknown keys, a batch of 128 pairs this world size cannot
 # reach, ...) at the size of the whole job, in seconds and before any GPU work.
 # A refusal is one `error:` line on stderr (this log), and set -e ends the job here.
-resolved=$(WORLD_SIZE=$NUM_PROCESSES "$VENV/bin/python" train_dpo.py --config "$RECIPE" --dry-run "$@")
+# The memory plan per GPU is for this job's engine (ACCELERATE_CONFIG) and size; a plan that cannot fit is refused.
+resolved=$(WORLD_SIZE=$NUM_PROCESSES "$VENV/bin/python" train_dpo.py --config "$RECIPE" --dry-run \
+  --accelerate_config "$ACCELERATE_CONFIG" "$@")
 "$VENV/bin/python" - "$resolved" <<'PY'
 import json, sys
 text = sys.argv[1]
@@ -130,6 +135,12 @@ if r.get("max_tokens_per_microbatch"):  # micro-batches cut by tokens: their cou
 else:
     print(f"batch: {d['pairs_per_step']} pairs per step = {r['per_device_train_batch_size']} per process x "
           f"{r['gradient_accumulation_steps']} accumulation x {d['world_size']} processes; output: {r['output_dir']}")
+m = d.get("memory", {})
+if "per_gpu_gib" in m:
+    gpu = f"of {m['gpu_memory_gib']} GiB" if m["gpu_memory_gib"] else f"(GPU memory {m['gpu_memory_source']})"
+    print(f"memory plan: ~{m['per_gpu_gib']['total']} GiB per GPU {gpu} under {m['engine']}")
+elif m:
+    print(f"memory plan skipped: {m['skipped']}")
 PY
 
 # PREFLIGHT=1: the base model's gap between chosen and rejected on a sample, here on the batch node; a doomed run
