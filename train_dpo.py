@@ -19,15 +19,41 @@ from pathlib import Path
 
 from dotenv import load_dotenv
 
-from dpotrain import data, health, hub, hub_push, lora, offline, options, reference, resolve, rows, samples
+from dpotrain import (
+    data,
+    engine,
+    health,
+    hub,
+    hub_push,
+    lora,
+    memory,
+    offline,
+    options,
+    reference,
+    resolve,
+    rows,
+    samples,
+)
 from dpotrain.config import parse_args
 from dpotrain.errors import run_cli
 from dpotrain.hub_push import CheckpointPusher
 from dpotrain.metrics import PLOT_FILE, plot_metrics, read_metrics
+from dpotrain.preemption import GracefulStop
 from dpotrain.tracking import WandbStepIsGlobalStep, keep_offline_runs, setup_wandb
 
 
 def main(argv=None) -> None:
+    # First: a SIGTERM or USR1 while the model loads is kept for the reference stage and training to honour.
+    stop = GracefulStop.from_env()
+    try:
+        return run(argv, stop)
+    finally:
+        # Done (or failed): a preemption's SIGTERM from now on must not kill the process while Python shuts down,
+        # which restores default handlers (the job would end FAILED after a complete run).
+        stop.release()
+
+
+def run(argv, stop: GracefulStop) -> int | None:
     load_dotenv()  # HF_TOKEN, WANDB_API_KEY, WANDB_PROJECT...; the environment wins over .env
     recipe = parse_args(argv)
     training, script = recipe.training, recipe.script
@@ -38,6 +64,7 @@ def main(argv=None) -> None:
     samples.check_values(recipe.project)
     options.check_options(recipe)  # options TRL would fail on, or ignore, only after loading the model
     lora.check_lora(recipe)
+    engine.launched()  # an engine this project does not support is refused here (dpotrain/engine.py)
     resolve.fill_defaults(recipe)
     if recipe.project.preflight:  # the base model's view of the data, instead of training (dpotrain/preflight.py)
         from dpotrain import preflight
@@ -51,8 +78,12 @@ def main(argv=None) -> None:
         n_rows = data.count_local_rows(script.dataset_name) if data.is_local(script.dataset_name) else None
         derived.update(resolve.plan_steps(recipe, world, n_rows))
         options.check_plan(derived)
+        max_length = training.max_length
         if recipe.max_length_auto:
             derived["max_length"] = resolve.preview_auto_max_length(recipe)
+            max_length = derived["max_length"].get("max_length") if derived["max_length"]["cached"] else None
+        derived["batching"] = resolve.preview_plan(recipe, world, max_length)
+        derived["memory"] = memory.plan(recipe, world)  # refuses a plan that cannot fit the GPU
         print(json.dumps(push.record(resolve.resolved_config(recipe, derived)), indent=2, default=str))
         return
     only_reference = recipe.project.reference_only  # the reference stage alone: no output folder, W&B or push
@@ -108,7 +139,7 @@ def main(argv=None) -> None:
         pusher = CheckpointPusher(push.repo_id, push.token, push.private, out)
     callbacks = [WandbStepIsGlobalStep(), *([pusher] if pusher else [])]
     created_before = out.exists()
-    trainer = build_trainer(recipe, dataset, eval_dataset=eval_dataset, callbacks=callbacks)
+    trainer = build_trainer(recipe, dataset, eval_dataset=eval_dataset, callbacks=callbacks, stop=stop)
 
     # The reference stage (dpotrain/reference.py): scored once, saved as it goes, stopped cleanly on a stop request.
     outcomes = reference.run_stage(trainer, trainer.graceful_stop, recipe.project.reference_save_seconds)
@@ -148,13 +179,15 @@ def main(argv=None) -> None:
         return  # checkpointed on a stop request; the requeued job resumes from it
 
     trainer.save_model(str(out))  # with use_peft: the adapter (adapter_model.safetensors, adapter_config.json)
-    if recipe.project.merge_lora and state.is_main_process:
-        print(f"Saved the merged model to {lora.save_merged(trainer, out)}", flush=True)
     # The last collective step. The other ranks end here rather than wait at a barrier while the main process waits
     # for uploads: a barrier longer than ddp_timeout (30 min) would fail the job after training succeeded.
     state.wait_for_everyone()
 
     if state.is_main_process:
+        if recipe.project.merge_lora:
+            base, init = trainer.model_path, training.model_init_kwargs
+            merged = lora.save_merged(out, base, init.get("revision"), init.get("dtype"), trainer.processing_class)
+            print(f"Saved the merged model to {merged}", flush=True)
         if pusher:
             pusher.finish(hub_push.FINAL_WAIT_S)  # the card lists the pushed revisions
         records = read_metrics(out)

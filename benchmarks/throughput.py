@@ -1,20 +1,27 @@
-"""Throughput of one DPO epoch: plain TRL `DPOTrainer` against this project's packed path, same everything else.
+"""Throughput of one DPO epoch: plain TRL `DPOTrainer` against this project's packed path, with and without shared
+prompts, same everything else.
 
     python benchmarks/throughput.py                          # CPU: OLMo 3-shaped 4-layer model, 256 Dolci-like pairs
-    python benchmarks/throughput.py --runs 3 --pairs 512
-    python benchmarks/throughput.py --device cuda --shape 1b --bf16 --attn flash_attention_2 --pairs 1024 \
-        --max-length 4096 --peak-tflops 989   # a GPU; MFU against the given peak
+    python benchmarks/throughput.py --data-set multiturn     # long shared histories, short last answers
+    python benchmarks/throughput.py --runs 3 --pairs 512 --paths trl shared
+    python benchmarks/throughput.py --device cuda --shape 1b --bf16 --pairs 1024 --max-length 4096 \
+        --peak-tflops 989   # a GPU; MFU against the given peak
 
 Each run is a fresh process, timed whole (imports, model load, tokenization, reference log-probs, training, one
-epoch), and the two paths alternate so that a slower machine phase hits both. Both see the same random-init model,
-the same pairs, the same pairs per optimizer step, the same activation-checkpointing setting, the same loss
-(OLMo 3's length-normalized DPO) and the same max_length:
-- plain TRL: `trl.DPOTrainer` as shipped: padded micro-batches of `--batch` pairs, the reference model in memory.
-- this project: `dpotrain.trainer.build_trainer`: packed sequences, micro-batches cut by a token budget of
-  `--batch` x 2 x max_length positions (the most a padded micro-batch of `--batch` pairs can hold), reference
-  log-probs scored once before training (into a fresh cache, so every run pays for them).
-Printed: wall time, pairs/s, non-padding tokens/s, padding share of the positions the model ran on, peak memory,
-and the ratio. Nothing is downloaded: the model is built from a config, the tokenizer and data are generated.
+epoch), and the paths alternate so that a slower machine phase hits all of them. All see the same random-init model,
+the same pairs, the same pairs per optimizer step, the same activation-checkpointing setting, the same loss (OLMo 3's
+length-normalized DPO) and the same max_length:
+- plain TRL (`trl`): `trl.DPOTrainer` as shipped: padded micro-batches of `--batch` pairs, the reference model in
+  memory;
+- this project, packed (`packed`, `--share_prompt false`) and packed with each pair's prompt once (`shared`):
+  `dpotrain.trainer.build_trainer`, micro-batches cut by a token budget of `--batch` x 2 x max_length positions (the
+  most a padded micro-batch of `--batch` pairs can hold), reference log-probs scored once before training (into a
+  fresh cache, so every run pays for them).
+Printed: wall time, pairs/s, pair tokens/s (both sequences of each pair, whole: the same work on every path), the
+positions each path ran per pair and their padding share, peak memory, MFU (model FLOPs of what each path computed,
+dpotrain/flops.py), and the ratios. Data sets: `dolci`, a heavy-tailed mix of single-turn pairs; `multiturn`, long
+shared histories and short last answers (the prompt ~85% of a pair's tokens). Nothing is downloaded: the model is
+built from a config, the tokenizer and data are generated.
 """
 
 import argparse
@@ -83,18 +90,49 @@ def dolci_like_pairs(n: int, seed: int) -> list[dict]:
     return rows
 
 
-class Counting:
-    """Wraps a collator: counts the positions the model will run on and how many of them are real tokens."""
+def multi_turn_pairs(n: int, seed: int) -> list[dict]:
+    """Multi-turn preference pairs: a long shared history (2-5 earlier exchanges) and short last answers that differ,
+    as in Dolci-Instruct's synthetic multi-turn pairs: the prompt is ~85% of a pair's positions (2P / (2P + C + R))."""
+    rng = random.Random(seed)
+    words = "the a of to and in is it that for on with as was at by this from be are or have an not one all".split()
+    words += "model answer step first then next because value result check river cloud number reason".split()
 
-    def __init__(self, collate):
-        self.collate = collate
-        self.positions = 0
-        self.tokens = 0
+    def text(median: float, sigma: float) -> str:
+        return " ".join(rng.choice(words) for _ in range(max(1, int(rng.lognormvariate(0, sigma) * median))))
+
+    rows = []
+    for _ in range(n):
+        history = []
+        for _ in range(rng.randint(2, 5)):
+            history += [{"role": "user", "content": text(25, 0.5)}, {"role": "assistant", "content": text(55, 0.5)}]
+        prompt = [*history, {"role": "user", "content": text(25, 0.5)}]
+        rows.append({"chosen": prompt + [{"role": "assistant", "content": text(55, 0.5)}],
+                     "rejected": prompt + [{"role": "assistant", "content": text(48, 0.5)}]})  # fmt: skip
+    return rows
+
+
+DATA_SETS = {"dolci": dolci_like_pairs, "multiturn": multi_turn_pairs}
+
+
+class Counting:
+    """Wraps a collator: counts the positions the model will run on, the pairs' tokens (both sequences, whole: the
+    same workload on every path), the tokens it really computes (a shared prompt once) and their model FLOPs."""
+
+    def __init__(self, collate, model_flops):
+        self.collate, self.model_flops = collate, model_flops
+        self.positions = self.tokens = self.computed = self.prompt = 0
+        self.flops = 0.0
 
     def __call__(self, examples):
+        from dpotrain.trainer import computed_tokens, sequence_lengths, shared_prefixes
+
         batch = self.collate(examples)
         self.positions += batch["input_ids"].numel()
-        self.tokens += int(batch["seq_lens"].sum()) if "seq_lens" in batch else int(batch["attention_mask"].sum())
+        lengths = sequence_lengths(batch)
+        self.tokens += int(lengths.sum())
+        self.computed += computed_tokens(batch)
+        self.prompt += 2 * sum(len(e["prompt_ids"]) for e in examples)
+        self.flops += self.model_flops.training(lengths, shared_prefixes(batch))
         return batch
 
     def __getattr__(self, name):
@@ -132,10 +170,13 @@ def worker(args) -> None:
         recipe = parse_args([*flags, "--loss_type", "sigmoid_norm", "--attn_implementation", args.attn, "--dtype",
                              dtype, "--model_name_or_path", str(args.model),
                              "--dataset_name", str(args.data), "--pairs_per_step", str(per_step),
-                             "--max_tokens_per_microbatch", str(args.batch * 2 * args.max_length)])  # fmt: skip
+                             "--max_tokens_per_microbatch", str(args.batch * 2 * args.max_length),
+                             "--share_prompt", str(args.path == "shared").lower()])  # fmt: skip
         trainer = build_trainer(recipe, data)
         reference.run_stage(trainer, trainer.graceful_stop)  # the reference pass: part of the end-to-end time
-    trainer.data_collator = Counting(trainer.data_collator)
+    from dpotrain.flops import ModelFlops
+
+    trainer.data_collator = Counting(trainer.data_collator, ModelFlops.of(trainer.model))  # the training epoch's
     if torch.cuda.is_available():
         torch.cuda.reset_peak_memory_stats()
     train_start = time.perf_counter()
@@ -147,9 +188,10 @@ def worker(args) -> None:
     print("RESULT " + json.dumps({
         "path": args.path, "pairs": len(data), "steps": trainer.state.global_step, "pairs_per_step": per_step,
         "in_process_s": end - start, "train_s": end - train_start, "tokens": counting.tokens,
-        "positions": counting.positions, "params": params, "gpu_peak_bytes": peak,
+        "positions": counting.positions, "computed": counting.computed, "prompt_tokens": counting.prompt,
+        "flops": counting.flops, "params": params, "gpu_peak_bytes": peak,
         "rss_peak_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
-        "micro_batches_per_step": (trainer.batching_summary()["micro_batches_per_step"] if args.path != "trl"
+        "micro_batches_per_step": (trainer.batching_summary()["micro_batches_per_step"]["mean"] if args.path != "trl"
                                    else trainer.args.gradient_accumulation_steps),
     }), flush=True)  # fmt: skip
 
@@ -175,13 +217,19 @@ def summarize(runs: list[dict], peak_tflops: float | None) -> dict:
     train = statistics.median(x["train_s"] for x in runs)
     out = {
         "wall_s": wall, "train_s": train, "pairs_per_s": r["pairs"] / wall, "tokens_per_s": r["tokens"] / wall,
-        "train_tokens_per_s": r["tokens"] / train, "padding_share": 1 - r["tokens"] / r["positions"],
+        "train_tokens_per_s": r["tokens"] / train, "padding_share": 1 - r["computed"] / r["positions"],
+        "positions_per_pair": r["positions"] / r["pairs"], "prompt_share": r["prompt_tokens"] / r["tokens"],
         "peak_memory_gib": (r["gpu_peak_bytes"] or r["rss_peak_bytes"]) / 2**30, "steps": r["steps"],
         "micro_batches_per_step": r["micro_batches_per_step"], "walls": [round(x["wall_s"], 1) for x in runs],
     }  # fmt: skip
-    if peak_tflops:  # policy forward+backward (6N) and reference forward (2N) per real token, over the whole epoch
-        out["mfu"] = 8 * r["params"] * r["tokens"] / wall / (peak_tflops * 1e12)
+    if peak_tflops:
+        # Model FLOPs of the tokens each path computed (dpotrain/flops.py): the policy's forward + backward, and the
+        # reference's forward (a third of that: live in TRL, the reference stage here), over the whole epoch.
+        out["mfu"] = 4 / 3 * r["flops"] / wall / (peak_tflops * 1e12)
     return out
+
+
+PATHS = {"trl": "plain TRL", "packed": "packed", "shared": "packed + shared prompt"}
 
 
 def main() -> None:
@@ -191,6 +239,8 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=4, help="pairs per padded micro-batch (TRL)")
     parser.add_argument("--accumulation", type=int, default=2, help="TRL's micro-batches per step")
     parser.add_argument("--max-length", type=int, default=2048)
+    parser.add_argument("--data-set", choices=sorted(DATA_SETS), default="dolci")
+    parser.add_argument("--paths", nargs="+", choices=sorted(PATHS), default=["trl", "packed", "shared"])
     parser.add_argument("--shape", choices=sorted(SHAPES), default="small")
     parser.add_argument("--vocab-size", type=int, default=None, help="default: the built-in tokenizer's (~1k)")
     parser.add_argument("--attn", default="sdpa")
@@ -198,7 +248,7 @@ def main() -> None:
     parser.add_argument("--activation-checkpointing", action="store_true")
     parser.add_argument("--peak-tflops", type=float, default=None, help="the device's dense peak, for MFU")
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
-    parser.add_argument("--worker", choices=["trl", "project"], help=argparse.SUPPRESS)
+    parser.add_argument("--worker", choices=sorted(PATHS), help=argparse.SUPPRESS)
     parser.add_argument("--model", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--data", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--out", type=Path, help=argparse.SUPPRESS)
@@ -213,39 +263,45 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="dpo-throughput-") as tmp:
         folder = Path(tmp)
         build_model(folder / "model", args.shape, args.vocab_size)
-        rows = dolci_like_pairs(args.pairs, seed=0)
+        rows = DATA_SETS[args.data_set](args.pairs, seed=0)
         (folder / "pairs.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-        runs = {"trl": [], "project": []}
+        runs = {path: [] for path in args.paths}
         for i in range(args.runs):
-            for path in ("trl", "project") if i % 2 == 0 else ("project", "trl"):
+            for path in args.paths if i % 2 == 0 else reversed(args.paths):  # alternating, so a slow phase hits all
                 runs[path].append(run_once(args, path, folder))
                 print(f"run {i + 1} {path}: {runs[path][-1]['wall_s']:.1f} s", file=sys.stderr, flush=True)
-    trl, ours = summarize(runs["trl"], args.peak_tflops), summarize(runs["project"], args.peak_tflops)
+    results = {path: summarize(runs[path], args.peak_tflops) for path in args.paths}
     import torch
 
+    first = results[args.paths[0]]
+    params = runs[args.paths[0]][0]["params"]
     machine = torch.cuda.get_device_name() if args.device == "cuda" else f"{platform.processor() or 'CPU'}"
-    print(f"# DPO throughput, one epoch of {args.pairs} pairs, {trl['steps']} steps of "
-          f"{args.batch * args.accumulation} pairs, max_length {args.max_length}, OLMo 3 '{args.shape}' "
-          f"({runs['trl'][0]['params'] / 1e6:.1f}M params), {'bf16' if args.bf16 else 'fp32'}, {args.attn}, "
-          f"activation checkpointing {'on' if args.activation_checkpointing else 'off'}")  # fmt: skip
+    print(f"# DPO throughput, one epoch of {args.pairs} {args.data_set} pairs (prompt {first['prompt_share']:.0%} of "
+          f"their tokens), {first['steps']} steps of {args.batch * args.accumulation} pairs, max_length "
+          f"{args.max_length}, OLMo 3 '{args.shape}' ({params / 1e6:.1f}M params), {'bf16' if args.bf16 else 'fp32'}, "
+          f"{args.attn}, activation checkpointing {'on' if args.activation_checkpointing else 'off'}")  # fmt: skip
     print(f"# machine: {machine}, {os.cpu_count()} CPUs; {args.runs} alternating runs per path, median\n")
     rows = [
         ("wall time, whole process (s)", "wall_s", "{:.1f}"),
         ("pairs/s", "pairs_per_s", "{:.2f}"),
-        ("non-padding tokens/s (whole process)", "tokens_per_s", "{:.0f}"),
-        ("non-padding tokens/s (training loop)", "train_tokens_per_s", "{:.0f}"),
+        ("pair tokens/s (whole process)", "tokens_per_s", "{:.0f}"),
+        ("pair tokens/s (training loop)", "train_tokens_per_s", "{:.0f}"),
+        ("positions run per pair", "positions_per_pair", "{:.0f}"),
         ("padding share of positions", "padding_share", "{:.1%}"),
         ("peak memory (GiB)", "peak_memory_gib", "{:.2f}"),
         ("micro-batches per step", "micro_batches_per_step", "{}"),
         ("wall time of each run (s)", "walls", "{}"),
     ]
     if args.peak_tflops:
-        rows.append(("MFU (8 x params x tokens / wall / peak)", "mfu", "{:.1%}"))
-    print("| | plain TRL | this project |\n|---|---|---|")
+        rows.append(("MFU (model FLOPs computed / wall / peak)", "mfu", "{:.1%}"))
+    print("| | " + " | ".join(PATHS[p] for p in args.paths) + " |\n|---|" + "---|" * len(args.paths))
     for label, key, fmt in rows:
-        print(f"| {label} | {fmt.format(trl[key])} | {fmt.format(ours[key])} |")
-    print(f"\nspeed-up, whole process: {trl['wall_s'] / ours['wall_s']:.2f}x")
-    print(json.dumps({"trl": trl, "project": ours}))
+        print(f"| {label} | " + " | ".join(fmt.format(results[p][key]) for p in args.paths) + " |")
+    if "trl" in results:
+        for path in args.paths[1:] if args.paths[0] == "trl" else [p for p in args.paths if p != "trl"]:
+            print(f"speed-up of {PATHS[path]} over plain TRL, whole process: "
+                  f"{results['trl']['wall_s'] / results[path]['wall_s']:.2f}x")  # fmt: skip
+    print(json.dumps(results))
 
 
 if __name__ == "__main__":

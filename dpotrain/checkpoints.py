@@ -6,7 +6,9 @@ and resuming only ever picks a folder with that mark.
 """
 
 import json
+import os
 import re
+import sys
 import time
 from pathlib import Path
 
@@ -43,3 +45,19 @@ class CompleteMarker(TrainerCallback):
                 marker = {"global_step": state.global_step, "time": time.time()}
                 (folder / MARKER).write_text(json.dumps(marker) + "\n")
         return control
+
+
+def report_save(step: int, seconds: float) -> None:
+    """Main process, after a checkpoint is written: how long it took, and a warning when that is more than a stop
+    leaves for it — the time-limit warning (`--signal=B:USR1@<s>`) or the partition's preemption GraceTime, which
+    scripts/launch.sh exports as DPOTRAIN_SAVE_WARN_S and DPOTRAIN_GRACE_S."""
+    print(f"checkpoint-{step} written in {seconds:.1f} s", flush=True)
+    limits = [(float(os.environ.get(name) or 0), what) for name, what in (
+        ("DPOTRAIN_SAVE_WARN_S", "what the time-limit warning leaves (raise #SBATCH --signal=B:USR1@<seconds>)"),
+        ("DPOTRAIN_GRACE_S", "the partition's preemption GraceTime (a preempted job is killed before its "
+                             "checkpoint is complete: ask your admins for a longer GraceTime, or save to a faster "
+                             "file system)"))]  # fmt: skip
+    for limit, what in limits:
+        if limit and seconds > limit:
+            print(f"warning: checkpoint-{step} took {seconds:.0f} s, longer than the {limit:.0f} s of {what}",
+                  file=sys.stderr, flush=True)  # fmt: skip

@@ -40,8 +40,13 @@ class ProjectArguments:
         },
     )
     auto_coverage: float = field(
-        default=0.9,
-        metadata={"help": "With max_length: auto, the fraction of pairs that must fit without truncation."},
+        default=0.95,
+        metadata={
+            "help": "With max_length: auto (and the analyzer's --coverage), the fraction of pairs that must fit "
+            "without truncation: max_length is the smallest multiple of 512 reaching it. Packed, a longer max_length "
+            "costs only the extra tokens of the longer pairs, so the default leaves 95% of pairs whole (README: "
+            "Choosing max_length)."
+        },
     )
     overwrite_output_dir: bool = field(
         default=False,
@@ -60,6 +65,21 @@ class ProjectArguments:
             "help": "Accelerate config whose num_processes a --dry-run outside a launcher predicts as world size "
             "(the launch `accelerate launch --config_file <it>`); `none` predicts plain `python train_dpo.py`, "
             "1 process."
+        },
+    )
+    gpu_memory_gib: float | None = field(
+        default=None,
+        metadata={
+            "help": "Memory of one of the job's GPUs in GiB (nvidia-smi's MiB / 1024), for the memory plan of a dry "
+            "run on a machine without a GPU (a login node); on a machine with a GPU, its memory is used instead. A "
+            "plan that does not fit is refused with the engine or node count that would (dpotrain/memory.py)."
+        },
+    )
+    memory_check: bool = field(
+        default=True,
+        metadata={
+            "help": "Refuse a run whose memory plan (an estimate, README 'Memory plan') exceeds the GPU memory. false: "
+            "the plan is only shown, for a setup you know fits."
         },
     )
     merge_lora: bool = field(
@@ -88,6 +108,22 @@ class ProjectArguments:
     dry_run: bool = field(
         default=False,
         metadata={"help": "Print the resolved configuration as JSON and exit, without loading a model or data."},
+    )
+    share_prompt: bool | None = field(
+        default=None,
+        metadata={
+            "help": "Compute each pair's prompt once in its packed row instead of twice (dpotrain/shared_prompt.py): "
+            "the same log-probs, loss and gradients, P + C + R positions per pair instead of 2P + C + R. Unset: on "
+            "where it is exact (packed rows with sdpa or eager attention; not FlashAttention's varlen kernel, which "
+            "cannot express it), with a note otherwise; true: required (refused where it cannot work); false: off."
+        },
+    )
+    gpu_peak_tflops: float | None = field(
+        default=None,
+        metadata={
+            "help": "The GPU's dense bf16 peak in TFLOP/s, for the MFU in the logs. Unset: detected for H100, H200, "
+            "B200 (dpotrain/flops.py); without a GPU, no MFU is logged."
+        },
     )
     reference_only: bool = field(
         default=False,
@@ -323,15 +359,17 @@ def _command_line_batch_wins(training, project, on_command_line: set[str]) -> No
 
 
 def _cpu_deepspeed_backend(args: list[str]) -> list[str]:
-    """DeepSpeed on CPU (tests, CPU-only clusters) needs an explicit gloo backend.
+    """Several processes on CPU (tests, CPU-only clusters) need an explicit gloo backend.
 
-    Without one, accelerate's PartialState sees no backend, reports one process (accelerate/state.py: "No backend
-    == no distributed training") while DeepSpeed runs all of them, and the batch-size check fails.
+    Without one, accelerate's PartialState sees no backend and reports one process (accelerate/state.py: "No backend
+    == no distributed training") while DeepSpeed or FSDP run all of them: DeepSpeed's batch-size check fails, and under
+    FSDP every process believes it is the main one (each weighs its loss as if alone: step 1 logs ln 2 / 2).
     """
     import torch
 
-    launched_with_deepspeed = os.environ.get("ACCELERATE_USE_DEEPSPEED", "false").lower() == "true"
-    if launched_with_deepspeed and not torch.cuda.is_available() and not any("ddp_backend" in a for a in args):
+    several = "LOCAL_RANK" in os.environ and int(os.environ.get("WORLD_SIZE", "1")) > 1  # set by torchrun's launch
+    launched = several or os.environ.get("ACCELERATE_USE_DEEPSPEED") == "true"
+    if launched and not torch.cuda.is_available() and not any("ddp_backend" in a for a in args):
         return ["--ddp_backend", "gloo"]
     return []
 

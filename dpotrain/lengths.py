@@ -13,6 +13,11 @@ Two ways to the same numbers, both built on TRL's own functions (`extract_prompt
   ~2-3x faster; every batch checks its first row against `row_lengths` and falls back to it on any difference,
   and tests/test_analyzer.py proves equality with the trainer's processed data set row by row.
 
+The recommendation (`recommendation`) is the smallest multiple of 512 that leaves `coverage` of the pairs untruncated,
+shown with what it trades under packing, where a pair costs only its real positions (`packed_positions`): the packed
+compute of every candidate relative to it, with the prompt computed twice (today) and once per pair (shared-prompt
+packing). README "Choosing max_length" says why the rule is a coverage and not a compute knee.
+
 Training with `max_length: auto` calls `auto_max_length` (analyses or reuses a cached report), a `--dry-run`
 calls `cached_auto_max_length` (never analyses). `scripts/analyze_dataset.py` is the command-line report. Rows are
 checked by `rows.check_row` (shared with training); the markdown tables and the plot are in `lengths_report.py`.
@@ -31,15 +36,17 @@ from pathlib import Path
 import numpy as np
 from trl.data_utils import _tokenize, common_prefix_length, is_conversational
 
+from .config import ProjectArguments
 from .errors import ConfigError
 from .rows import InvalidRowError, RowFormat, check_row, split_row
 
 STEP = 512  # the recommendation is a multiple of this: kernel- and memory-friendly shapes
-REPORT_LENGTHS = (2048, 4096, 8192, 12288, 16384)  # the seed report's cumulative distribution
+# The seed report's cumulative distribution, and the long lengths a thinking data set's tail reaches (OLMo 3: 16K-32K).
+REPORT_LENGTHS = (2048, 4096, 8192, 12288, 16384, 24576, 32768)
 PERCENTILES = (50, 90, 95, 99)
-DEFAULT_COVERAGE = 0.9
+DEFAULT_COVERAGE = ProjectArguments.auto_coverage  # one default for the analyzer and `max_length: auto`
 DEFAULT_BATCH_SIZE = 4  # pairs per device when no recipe says (OLMo 3 recipes: 4)
-ANALYSIS_VERSION = 1  # bump when the numbers an analysis produces change, so cached reports are not reused
+ANALYSIS_VERSION = 2  # bump when the numbers an analysis produces change, so cached reports are not reused
 
 
 def _template_kwargs(example: dict) -> dict:
@@ -380,14 +387,33 @@ def padding(m: Measured, max_length: int, batch_size: int, seed: int | None = No
     }
 
 
+def packed_positions(m: Measured, max_length: int) -> tuple[int, int]:
+    """Positions the packed forward runs over all pairs the trainer keeps at `max_length`: (unshared, shared prompt).
+
+    Unshared (`dpotrain/packing.py`): the chosen and the rejected sequence, each prompt + completion cut at
+    `max_length`, so (P + C) + (P + R) per pair. Shared prompt (the prompt once, then each completion cut where its own
+    sequence would be cut): P + C + R after the same cuts, the unshared count less one prompt per pair. Padding is not
+    counted: packed rows carry none (a row's end at most). Pairs whose prompt alone fills `max_length` are dropped.
+    """
+    kept = m.prompt < max_length
+    prompt = m.prompt[kept]
+    unshared = int(np.minimum(prompt + m.chosen[kept], max_length).sum())
+    unshared += int(np.minimum(prompt + m.rejected[kept], max_length).sum())
+    return unshared, unshared - int(prompt.sum())
+
+
 def candidate(m: Measured, max_length: int, batch_size: int, seed: int) -> dict:
     total = m.total
     dropped = int(np.count_nonzero(m.prompt >= max_length))
     shuffled, ordered = padding(m, max_length, batch_size, seed), padding(m, max_length, batch_size, None)
+    unshared, shared = packed_positions(m, max_length)
     return {
         "coverage": coverage(total, max_length),
         "truncated": int(np.count_nonzero(total > max_length)) - dropped,
         "dropped": dropped,
+        # What training costs packed (the default): positions the forward runs, padding-free. `relative` and
+        # `relative_shared_prompt` (to the recommended max_length) are filled in by `summarize`.
+        "compute": {"positions": unshared, "positions_shared_prompt": shared},
         "padding": {
             "batch_size": batch_size,
             "padded": shuffled["padding_fraction"],  # the trainer shuffles
@@ -398,6 +424,43 @@ def candidate(m: Measured, max_length: int, batch_size: int, seed: int) -> dict:
             "wasted_per_pair": shuffled["wasted_per_pair"],
         },
     }
+
+
+def recommendation(m: Measured, target: float = DEFAULT_COVERAGE) -> dict:
+    """The recommended max_length and what it trades: the rule is `recommend` (coverage), the price is shown.
+
+    With packing a longer max_length costs only the extra tokens of the pairs longer than it, so the price of
+    leaving more pairs whole is small and close to flat (on Dolci-Think-shaped data 1-2.5% more compute for each
+    1% of pairs, at any max_length from 2K to 24K: BENCHMARKS.md). A compute knee would therefore be arbitrary; the
+    decision is how many cut pairs to accept (`target`), and this says what it costs: the packed compute saved by
+    the next shorter multiple of 512 and the compute and pairs that doubling max_length would add.
+    """
+    total = m.total
+    best = recommend(total, target)
+    at_best = packed_positions(m, best)
+
+    def neighbour(n: int) -> dict:
+        unshared, shared = packed_positions(m, n)
+        return {
+            "max_length": n,
+            "coverage": coverage(total, n) if n > 0 else 0.0,
+            "compute": unshared / at_best[0] - 1,  # relative change of packed compute against the recommended
+            "compute_shared_prompt": shared / at_best[1] - 1,
+        }
+
+    dropped = int(np.count_nonzero(m.prompt >= best))
+    r = {
+        "rule": f"smallest multiple of {STEP} leaving at least target_coverage of pairs whole",
+        "target_coverage": target,
+        "max_length": best,
+        "coverage": coverage(total, best),
+        "truncated": int(np.count_nonzero(total > best)) - dropped,
+        "dropped": dropped,
+        "lower": neighbour(best - STEP),
+        "doubled": neighbour(2 * best),
+    }
+    r["reason"] = _reason(r, m.rows)
+    return r
 
 
 def summarize(
@@ -414,9 +477,10 @@ def summarize(
     if m.rows == 0:
         raise ConfigError(f"no valid rows to analyse ({len(m.invalid)} invalid)")
     total = m.total
-    best = recommend(total, target)
-    lower = best - STEP
+    chosen = recommendation(m, target)
+    best = chosen["max_length"]
     shown = sorted(set(REPORT_LENGTHS) | {int(c) for c in candidates})
+    lengths = sorted(set(shown) | {best, chosen["doubled"]["max_length"]})
     report = {
         **about,
         "rows": m.rows,
@@ -426,39 +490,40 @@ def summarize(
         "chosen": percentiles(m.chosen),
         "rejected": percentiles(m.rejected),
         "coverage": {str(n): coverage(total, n) for n in shown},
-        "candidates": {str(n): candidate(m, n, batch_size, seed) for n in sorted(set(shown) | {best})},
+        "candidates": {str(n): candidate(m, n, batch_size, seed) for n in lengths},
         "recommended_max_length": best,
-        "recommendation": {
-            "target_coverage": target,
-            "max_length": best,
-            "coverage": coverage(total, best),
-            "lower": {"max_length": lower, "coverage": coverage(total, lower) if lower > 0 else 0.0},
-        },
+        "recommendation": chosen,
         "invalid": {"count": len(m.invalid), "rows": m.invalid},
         "fast_path_mismatches": m.fast_path_mismatches,
         "seconds": round(m.seconds, 2),
     }
-    chosen = report["candidates"][str(best)]
-    report["recommendation"].update(truncated=chosen["truncated"], dropped=chosen["dropped"])
-    report["recommendation"]["reason"] = _reason(report)
+    reference = report["candidates"][str(best)]["compute"]
+    for c in report["candidates"].values():
+        c["compute"]["relative"] = c["compute"]["positions"] / reference["positions"]
+        c["compute"]["relative_shared_prompt"] = (
+            c["compute"]["positions_shared_prompt"] / reference["positions_shared_prompt"]
+        )
     if rows_seen is not None:
         report["rows_seen"] = rows_seen
     return report
 
 
-def _reason(report: dict) -> str:
-    r, n = report["recommendation"], report["rows"]
-    lower = r["lower"]
+def _reason(r: dict, rows: int) -> str:
+    lower, doubled = r["lower"], r["doubled"]
     below = (
-        f"{lower['max_length']:,} would cover {lower['coverage']:.1%}"
+        f"{lower['max_length']:,} would leave {lower['coverage']:.1%} whole for {-lower['compute']:.1%} less compute"
         if lower["max_length"] > 0
         else f"no smaller multiple of {STEP} exists"
     )
+    more = doubled["coverage"] - r["coverage"]
     return (
-        f"max_length={r['max_length']:,} is the smallest multiple of {STEP} whose coverage reaches "
-        f"{r['target_coverage']:.1%}: {r['coverage']:.1%} of {n:,} pairs fit untruncated ({below}); "
-        f"{r['truncated']:,} pairs ({r['truncated'] / n:.1%}) are cut at the end and {r['dropped']:,} dropped by "
-        "the trainer because their prompt alone fills max_length"
+        f"max_length={r['max_length']:,} is the smallest multiple of {STEP} that leaves at least "
+        f"{r['target_coverage']:.1%} of pairs whole: {r['coverage']:.1%} of {rows:,} pairs fit untruncated ({below}); "
+        f"{r['truncated']:,} pairs ({r['truncated'] / rows:.1%}) are cut at the end and {r['dropped']:,} dropped by "
+        "the trainer because their prompt alone fills max_length. Packed, a longer max_length costs only the extra "
+        f"tokens of the longer pairs: doubling to {doubled['max_length']:,} would leave {more:.1%} more of the pairs "
+        f"whole for {doubled['compute']:+.1%} packed compute ({doubled['compute_shared_prompt']:+.1%} with the "
+        "prompt computed once per pair)"
     )
 
 
@@ -558,15 +623,16 @@ def save_cache(m: Measured, report: dict, dataset_id: str, tokenizer, cache_dir:
 
 
 def _resolution(m: Measured, target: float, report_path: Path, cached: bool) -> dict:
-    best = recommend(m.total, target)
-    dropped = int(np.count_nonzero(m.prompt >= best))
+    r = recommendation(m, target)
     return {
-        "max_length": best,
-        "coverage": coverage(m.total, best),
+        "max_length": r["max_length"],
+        "coverage": r["coverage"],
         "target_coverage": target,
         "rows": m.rows,
-        "truncated": int(np.count_nonzero(m.total > best)) - dropped,
-        "dropped": dropped,
+        "truncated": r["truncated"],
+        "dropped": r["dropped"],
+        "doubled": r["doubled"],  # what twice this max_length would add: pairs whole, packed compute
+        "reason": r["reason"],
         "cached": cached,
         "report": str(report_path),
     }
@@ -576,14 +642,20 @@ def cached_auto_max_length(
     dataset_id: str, tokenizer, coverage: float = DEFAULT_COVERAGE, cache_dir: str | Path | None = None
 ) -> dict | None:
     """The `auto_max_length` answer from a cached report, or None when there is none (for --dry-run: loads no data)."""
+    found = cached_measure(dataset_id, tokenizer, cache_dir)
+    return None if found is None else _resolution(found[0], coverage, found[1], cached=True)
+
+
+def cached_measure(dataset_id: str, tokenizer, cache_dir: str | Path | None = None) -> tuple[Measured, Path] | None:
+    """A complete analysis cached for this data set, tokenizer and chat template (per-row lengths), and its report's
+    path; None when there is none. Read by `max_length: auto` and by a dry run's step plan."""
     key, _ = cache_key(dataset_id, tokenizer)
     folder = default_cache_dir(cache_dir)
     report_path, lengths_path = folder / f"{key}.json", folder / f"{key}.npz"
     if not (report_path.exists() and lengths_path.exists()):
         return None
     with np.load(lengths_path) as z:
-        m = Measured(z["index"], z["prompt"], z["chosen"], z["rejected"], [], conversational=True)
-    return _resolution(m, coverage, report_path, cached=True)
+        return Measured(z["index"], z["prompt"], z["chosen"], z["rejected"], [], conversational=True), report_path
 
 
 def auto_max_length(
@@ -597,14 +669,15 @@ def auto_max_length(
     batch_size: int = DEFAULT_BATCH_SIZE,
     progress: bool = True,
 ) -> dict:
-    """`max_length: auto`: the smallest multiple of 512 covering `coverage` of the training split's pairs.
+    """`max_length: auto`: the analyzer's recommendation (`recommendation`) for the training split's pairs.
 
     Reuses the cached report for the same data set (`dataset_id`, from `dataset_identity`; the data set's
     fingerprint when None), tokenizer and chat template; otherwise analyses every row and caches the result. Under a
     multi-process launch, call it on the main process first (`PartialState().main_process_first()`): the other
     ranks then read the cache instead of each analysing the data set.
-    Returns {"max_length", "coverage" (achieved), "target_coverage", "rows", "truncated", "dropped", "cached",
-    "report" (the cached JSON report's path)}. Invalid rows raise `InvalidRowError` (a `ConfigError`).
+    Returns {"max_length", "coverage" (achieved), "target_coverage", "rows", "truncated", "dropped", "doubled" (the
+    pairs and packed compute twice the length would add), "reason", "cached", "report" (the cached JSON report's
+    path)}. Invalid rows raise `InvalidRowError` (a `ConfigError`).
     """
     if dataset_id is None:
         if getattr(dataset, "_fingerprint", None) is None:

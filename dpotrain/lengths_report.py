@@ -11,10 +11,15 @@ def to_markdown(report: dict, current_max_length: int | None = None) -> str:
     lines = [f"### Sequence Length Analysis: {report.get('dataset', 'dataset')}", ""]
     seen = report.get("rows_seen", n)
     sample = f" (a seeded sample of {seen:,} rows)" if report.get("sample") else ""
+    if report.get("synthetic"):
+        lines += [f"{n:,} pairs of synthetic token counts (nothing tokenized).", ""]
+    else:
+        lines += [
+            f"{n:,} pairs{sample} tokenized as TRL's DPOTrainer tokenizes them, with the chat template of "
+            f"`{report.get('tokenizer', '?')}` ({report['format']}).",
+            "",
+        ]
     lines += [
-        f"{n:,} pairs{sample} tokenized as TRL's DPOTrainer tokenizes them, with the chat template of "
-        f"`{report.get('tokenizer', '?')}` ({report['format']}).",
-        "",
         "**Total Length (prompt + max(chosen, rejected)):**",
         "",
         "| Percentile | Tokens |",
@@ -34,47 +39,63 @@ def to_markdown(report: dict, current_max_length: int | None = None) -> str:
     lines += ["", "**Cumulative Distribution:**", "", "| Max Length | Samples Covered |", "|---|---|"]
     lines += [f"| {int(k):,} | {v:.1%} |" for k, v in report["coverage"].items()]
     batch = next(iter(report["candidates"].values()))["padding"]["batch_size"]
+    best = report["recommended_max_length"]
     lines += [
         "",
-        f"**Candidates** (batches of {batch} pairs = {2 * batch} sequences padded to the longest, as TRL's "
-        "DataCollatorForPreference pads them; packed batches carry no padding):",
+        f"**Candidates.** Packed (the default) a pair costs the positions of its two sequences cut at max_length, "
+        f"(P + C) + (P + R); with the prompt computed once per pair, P + C + R; both per pair and against "
+        f"max_length={best:,}. *Price*: extra packed compute per 1% of pairs made whole, against the row above "
+        f"(— where none is). Padded batches (TRL's DataCollatorForPreference, {batch} pairs = {2 * batch} sequences "
+        "padded to the longest) would also run the padding shown.",
         "",
-        "| max_length | Covered | Truncated | Dropped (prompt fills it) | Padding (shuffled) | Padding (data set "
-        "order) | Padding (packed) |",
-        "|---|---|---|---|---|---|---|",
+        "| max_length | Covered | Truncated | Dropped (prompt fills it) | Packed per pair | vs recommended "
+        "| Prompt once: per pair | vs recommended | Price | Padded: padding (shuffled) | (data set order) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
+    previous = None
     for k, c in report["candidates"].items():
-        p = c["padding"]
-        mark = " (recommended)" if int(k) == report["recommended_max_length"] else ""
+        p, compute = c["padding"], c["compute"]
+        mark = " (recommended)" if int(k) == best else ""
         mark += " (recipe)" if current_max_length == int(k) else ""
+        price = "—"
+        if previous is not None and c["coverage"] > previous["coverage"]:
+            extra = compute["relative"] - previous["compute"]["relative"]
+            price = f"{extra / (c['coverage'] - previous['coverage']) / 100:+.1%}"
+        previous = c
         lines.append(
             f"| {int(k):,}{mark} | {c['coverage']:.1%} | {c['truncated']:,} ({c['truncated'] / n:.1%}) | "
-            f"{c['dropped']:,} | {p['padded']:.1%} ({p['wasted_per_pair']:,.0f} per pair) | "
-            f"{p['padded_dataset_order']:.1%} | {p['packed']:.0%} |"
+            f"{c['dropped']:,} | {compute['positions'] / n:,.0f} | {compute['relative']:.1%} | "
+            f"{compute['positions_shared_prompt'] / n:,.0f} | {compute['relative_shared_prompt']:.1%} | {price} | "
+            f"{p['padded']:.1%} ({p['wasted_per_pair']:,.0f} per pair) | {p['padded_dataset_order']:.1%} |"
         )
     r = report["recommendation"]
-    best = report["candidates"][str(r["max_length"])]
+    chosen = report["candidates"][str(r["max_length"])]
+    lower, doubled = r["lower"], r["doubled"]
     lines += [
         "",
         f"**Rationale for max_length={r['max_length']}:**",
         "",
-        f"- Smallest multiple of {STEP} covering at least {r['target_coverage']:.1%} of pairs: it covers "
+        f"- Smallest multiple of {STEP} leaving at least {r['target_coverage']:.1%} of pairs whole: it leaves "
         f"{r['coverage']:.1%}"
         + (
-            f"; {r['lower']['max_length']:,} covers {r['lower']['coverage']:.1%}"
-            if r["lower"]["max_length"] > 0
+            f"; {lower['max_length']:,} leaves {lower['coverage']:.1%} for {-lower['compute']:.1%} less packed compute"
+            if lower["max_length"] > 0
             else ""
         ),
         f"- {r['truncated']:,} pairs ({r['truncated'] / n:.1%}) are cut at max_length (the collator keeps the start); "
         f"{r['dropped']:,} are dropped by the trainer because their prompt alone fills it",
-        f"- Padded batches of {batch} pairs: {best['padding']['padded']:.1%} of positions are padding "
-        f"({best['padding']['wasted_per_pair']:,.0f} tokens per pair); packed batches: none",
+        f"- Packed, a longer max_length costs only the extra tokens of the longer pairs: doubling to "
+        f"{doubled['max_length']:,} would leave {doubled['coverage'] - r['coverage']:.1%} more pairs whole for "
+        f"{doubled['compute']:+.1%} packed compute ({doubled['compute_shared_prompt']:+.1%} with the prompt once)",
+        f"- Padded batches of {batch} pairs would add {chosen['padding']['padded']:.1%} padding "
+        f"({chosen['padding']['wasted_per_pair']:,.0f} positions per pair); packed batches: none",
     ]
     if current_max_length and str(current_max_length) in report["candidates"]:
         c = report["candidates"][str(current_max_length)]
         lines.append(
             f"- The recipe's max_length={current_max_length:,} covers {c['coverage']:.1%} "
-            f"({c['truncated']:,} truncated, {c['dropped']:,} dropped)"
+            f"({c['truncated']:,} truncated, {c['dropped']:,} dropped) at {c['compute']['relative']:.1%} of the "
+            "recommended packed compute"
         )
     invalid = report["invalid"]
     if invalid["count"]:

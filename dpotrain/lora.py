@@ -67,17 +67,29 @@ def check_lora(recipe) -> None:
         raise ConfigError(f"{quantized} weights cannot be trained directly: add --use_peft true (QLoRA) or remove it")
 
 
-def save_merged(trainer, output_dir: str | Path) -> Path:
-    """The trained adapter merged into its base, saved with the tokenizer to `<output_dir>/merged/` (main process).
+def save_merged(output_dir: str | Path, base: str, revision: str | None, dtype, tokenizer) -> Path:
+    """The adapter saved in `output_dir`, merged into its base and saved with the tokenizer to
+    `<output_dir>/merged/`.
 
-    Call after the adapter is saved: merging changes the model in place. Under ZeRO-2 every rank holds the full
-    weights, so the main process can merge alone.
+    The base is loaded afresh from disk on this process alone (the main one, after the last collective): under
+    ZeRO-3 or FSDP2 no rank holds the full weights, and a merge in place would need every rank; from disk, any
+    engine's run merges the same way, and the other ranks are not kept waiting at a barrier meanwhile.
     """
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
     target = Path(output_dir) / MERGED_DIR
-    model = trainer.accelerator.unwrap_model(trainer.model)
-    merged = model.merge_and_unload()
+    import torch
+    from transformers.integrations.deepspeed import unset_hf_deepspeed_config
+
+    # Under ZeRO-3, transformers would build this model partitioned over the ranks (zero.Init, a collective), and the
+    # other ranks have gone: this copy is this process's own. Training is over, so the setting can go.
+    unset_hf_deepspeed_config()
+    dtype = getattr(torch, dtype) if isinstance(dtype, str) and dtype != "auto" else dtype
+    model = AutoModelForCausalLM.from_pretrained(base, revision=revision, dtype=dtype)
+    merged = PeftModel.from_pretrained(model, str(output_dir)).merge_and_unload()
     merged.save_pretrained(target)
-    trainer.processing_class.save_pretrained(target)
+    tokenizer.save_pretrained(target)
     return target
 
 

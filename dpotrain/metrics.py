@@ -16,7 +16,8 @@ CURVES = [
     ("reward margin (summed, TRL)", ["rewards/margins"]),
     ("rewards on the loss's scale", ["rewards_norm/margins", "rewards_norm/chosen", "rewards_norm/rejected"]),
     ("learning rate", ["learning_rate"]),
-    ("tokens per second", ["tokens_per_second"]),
+    ("tokens per second", ["tokens_per_second", "tokens_per_second_per_gpu"]),
+    ("MFU (model FLOPs / GPU peak)", ["mfu"]),
 ]
 
 
@@ -59,8 +60,11 @@ def plot_metrics(records: list[dict], path: str | Path, title: str = "") -> Path
     matplotlib.use("Agg")  # login and compute nodes have no display
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(3, 2, figsize=(10, 10), sharex=True)
-    for ax, (label, keys) in zip(axes.flat, CURVES, strict=True):
+    rows = (len(CURVES) + 1) // 2
+    fig, axes = plt.subplots(rows, 2, figsize=(10, 3.3 * rows), sharex=True)
+    for ax in axes.flat[len(CURVES) :]:
+        ax.set_visible(False)
+    for ax, (label, keys) in zip(axes.flat, CURVES, strict=False):
         for key in keys:
             for name in (key, f"eval_{key}"):  # the held-out split's (dataset_test_split), when evaluated
                 points = [(r["step"], r[name]) for r in records if name in r]

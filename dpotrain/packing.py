@@ -252,18 +252,25 @@ def packed_labels(batch: dict) -> torch.Tensor:
 
 
 def forward(model, batch: dict, **kwargs):
-    """The model's fused-LM-head forward on packed rows: per-token outputs of shape `[rows, width-1]`."""
+    """The model's fused-LM-head forward on packed rows: per-token outputs of shape `[rows, width-1]`. Rows that
+    share each pair's prompt (`shared_prompt.py`) carry the attention mask they need."""
     model_kwargs = {k: batch[k] for k in MODEL_KEYS if k in batch}
+    if "attention_branch" in batch:
+        from .shared_prompt import attention_masks
+
+        model_kwargs["attention_mask"] = attention_masks(model, batch)
     return model(**model_kwargs, labels=packed_labels(batch), fused_lm_head=True, use_cache=False, **kwargs)
 
 
-def layout_index(starts: torch.Tensor, counts: torch.Tensor, width: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """`[n, width]` indices into a flat packed tensor: row i reads `counts[i]` entries from `starts[i]`; the rest of
-    the row points at index 0 and is marked invalid."""
-    t = torch.arange(width, device=starts.device)
-    valid = t.unsqueeze(0) < counts.unsqueeze(1)
-    index = torch.where(valid, starts.unsqueeze(1) + t.unsqueeze(0), 0)
-    return index, valid
+def layout_index(starts: torch.Tensor, counts: torch.Tensor, width: int, jumps=None, offsets=None):
+    """`[n, width]` indices into a flat packed tensor: row i reads `counts[i]` entries from `starts[i]` (skipping
+    `offsets[i]` entries from its entry `jumps[i]` on); the rest of the row points at index 0 and is marked invalid."""
+    t = torch.arange(width, device=starts.device).unsqueeze(0)
+    valid = t < counts.unsqueeze(1)
+    index = starts.unsqueeze(1) + t
+    if jumps is not None:
+        index = index + torch.where(t >= jumps.unsqueeze(1), offsets.unsqueeze(1), 0)
+    return torch.where(valid, index, 0), valid
 
 
 def _layouts(batch: dict):
@@ -272,9 +279,13 @@ def _layouts(batch: dict):
     row_width = batch["input_ids"].shape[1]
     width = int(seq_lens.max())
     # Prediction t of sequence i (log p of its token t+1) sits at column starts[i] + t of its row's [width-1]
-    # outputs; its token t at column starts[i] + t of its row.
-    predictions = layout_index(rows * (row_width - 1) + starts, seq_lens - 1, width - 1)
-    tokens = layout_index(rows * row_width + starts, seq_lens, width)
+    # outputs; its token t at column starts[i] + t of its row. A rejected sequence that shares its prompt with the
+    # chosen one (shared_prompt.py) continues `seq_offsets` columns further on from its completion's first token (and
+    # its prediction of it).
+    jumps, offsets = batch.get("seq_jumps"), batch.get("seq_offsets")
+    predictions = layout_index(rows * (row_width - 1) + starts, seq_lens - 1, width - 1,
+                               None if jumps is None else jumps - 1, offsets)  # fmt: skip
+    tokens = layout_index(rows * row_width + starts, seq_lens, width, jumps, offsets)
     return predictions, tokens
 
 

@@ -19,9 +19,9 @@ PAIR_MEAN = ["rewards/chosen", "rewards/rejected", "rewards/accuracies", "reward
              "logps/rejected", "rewards_norm/chosen", "rewards_norm/rejected", "rewards_norm/accuracies",
              "rewards_norm/margins"]  # fmt: skip
 # Every rank sums the same keys in the same order, so one all-reduce of one vector reduces them all.
-SUMS = PAIR_MEAN + ["pairs", "entropy", "completion_tokens", "logits/chosen", "logits/rejected", "chosen_tokens",
-                    "rejected_tokens", "top1", "tokens", "positions", "aux_loss", "aux_loss_pairs", "dpo_loss",
-                    "dpo_loss_pairs"]  # fmt: skip
+SUMS = PAIR_MEAN + ["loss", "pairs", "entropy", "completion_tokens", "logits/chosen", "logits/rejected",
+                    "chosen_tokens", "rejected_tokens", "top1", "tokens", "positions", "aux_loss", "aux_loss_pairs",
+                    "dpo_loss", "dpo_loss_pairs", "model_flops", "computed_tokens"]  # fmt: skip
 
 
 def sequence_logps(per_token: torch.Tensor, shift_mask: torch.Tensor, ld_alpha: float | None) -> torch.Tensor:
@@ -37,7 +37,8 @@ def sequence_logps(per_token: torch.Tensor, shift_mask: torch.Tensor, ld_alpha: 
 
 
 class PairMetrics:
-    def __init__(self):
+    def __init__(self, world_size: int = 1, peak_tflops: float | None = None):
+        self.world_size, self.peak_tflops = world_size, peak_tflops
         self.sums = {"train": dict.fromkeys(SUMS, 0.0), "eval": dict.fromkeys(SUMS, 0.0)}
         self.total_tokens = 0  # non-padding tokens trained on, over the whole run (TRL's `num_tokens`)
         self._last_log = (time.perf_counter(), 0)
@@ -49,9 +50,13 @@ class PairMetrics:
         self._last_log = (time.perf_counter(), self.total_tokens)
 
     def add(self, mode: str, outputs, inputs: dict, ref_chosen, ref_rejected, beta: float, ld_alpha, positions: int,
+            loss: torch.Tensor, model_flops: float = 0.0, computed_tokens: int | None = None,
             dpo_loss: torch.Tensor | None = None):  # fmt: skip
-        """Accumulate one micro-batch: `outputs` and `inputs` in TRL's padded `[2B, L]` layout; `dpo_loss`, the
-        micro-batch's loss without the MoE router term, when its loss has one."""
+        """Accumulate one micro-batch: `outputs` and `inputs` in TRL's padded `[2B, L]` layout, `loss` TRL's loss of
+        the micro-batch (its mean over the micro-batch's pairs), `model_flops` its forward + backward (flops.py),
+        `positions` what the model ran, `computed_tokens` the real tokens among them (a shared prompt counts once;
+        by default every token of the padded layout), `dpo_loss` the loss without the MoE router term, when the loss
+        has one."""
         s = self.sums[mode]
         with torch.no_grad():
             shift_mask = inputs["completion_mask"][:, 1:].to(outputs.log_probs.dtype)
@@ -71,6 +76,7 @@ class PairMetrics:
             for name, v in values.items():
                 s[name] += v.sum()
             s["pairs"] += chosen.numel()
+            s["loss"] += loss.detach() * chosen.numel()
             chosen_mask, rejected_mask = shift_mask.chunk(2)
             s["entropy"] += (outputs.entropy * shift_mask).sum()
             s["completion_tokens"] += shift_mask.sum()
@@ -82,6 +88,8 @@ class PairMetrics:
             s["top1"] += (outputs.is_top1.chunk(2)[0] & chosen_mask.bool()).sum()
             s["tokens"] += inputs["attention_mask"].sum()
             s["positions"] += positions
+            s["model_flops"] += model_flops
+            s["computed_tokens"] += inputs["attention_mask"].sum() if computed_tokens is None else computed_tokens
             # MoE: micro-batch means weighed by their pairs, as the loss is, so that over a log with steps of equal
             # size loss = dpo_loss + router_aux_loss_coef x aux_loss.
             pairs = chosen.numel()
@@ -111,17 +119,25 @@ class PairMetrics:
             "logits/chosen": ratio("logits/chosen", "chosen_tokens"),
             "logits/rejected": ratio("logits/rejected", "rejected_tokens"),
             "mean_token_accuracy": ratio("top1", "chosen_tokens"),
-            "padding_share": 1 - ratio("tokens", "positions"),
+            "padding_share": 1 - ratio("computed_tokens", "positions"),
         }
         if s["aux_loss_pairs"]:
             out["aux_loss"] = ratio("aux_loss", "aux_loss_pairs")
         if s["dpo_loss_pairs"]:  # the loss without the router term: what the health guards judge
             out["dpo_loss"] = ratio("dpo_loss", "dpo_loss_pairs")
+        if mode == "eval":
+            # The Trainer's eval_loss averages per-batch means; this is the mean over the held-out pairs. (In training
+            # the Trainer's loss is already each step's mean over its pairs: compute_loss weighs the micro-batches.)
+            out["loss"] = s["loss"] / s["pairs"]
         if mode == "train":
             self.total_tokens += int(s["tokens"])
             now = time.perf_counter()
             then, tokens_then = self._last_log
+            elapsed = max(now - then, 1e-9)
             out["num_tokens"] = self.total_tokens
-            out["tokens_per_second"] = (self.total_tokens - tokens_then) / max(now - then, 1e-9)
+            out["tokens_per_second"] = (self.total_tokens - tokens_then) / elapsed
+            out["tokens_per_second_per_gpu"] = out["tokens_per_second"] / self.world_size
+            if self.peak_tflops:  # model FLOPs per second per GPU over the peak: flops.py
+                out["mfu"] = s["model_flops"] / elapsed / self.world_size / (self.peak_tflops * 1e12)
             self._last_log = (now, self.total_tokens)
         return out

@@ -38,30 +38,45 @@ COLUMNS = ("prompt_ids", "chosen_ids", "rejected_ids")
 
 @dataclass(frozen=True)
 class PairLengths:
-    """What the plan knows of each pair: its two sequences' lengths after truncation, as the collators cut them."""
+    """What the plan knows of each pair: its two sequences' lengths after truncation, as the collators cut them, and
+    whether its prompt is laid out once (shared_prompt.py)."""
 
     chosen: np.ndarray  # prompt + chosen completion, truncated to max_length
     rejected: np.ndarray  # prompt + rejected completion, truncated
+    prompt: np.ndarray | None = None  # with `shared`: the prompt's length
+    shared: np.ndarray | None = None  # per pair: its prompt is computed once
 
     @classmethod
-    def of(cls, dataset, max_length: int | None) -> "PairLengths":
+    def of(cls, dataset, max_length: int | None, share: bool = False, truncation_mode: str = "keep_start"):
         """From a tokenized data set's Arrow offsets (no row is read into Python)."""
         import pyarrow.compute as pc
 
         table = dataset.with_format("arrow")[:]
         prompt, chosen, rejected = (np.asarray(pc.list_value_length(table.column(c)), dtype=np.int64) for c in COLUMNS)
+        return cls.from_parts(prompt, chosen, rejected, max_length, share, truncation_mode)
+
+    @classmethod
+    def from_parts(cls, prompt, chosen, rejected, max_length, share=False, truncation_mode="keep_start"):
+        """From token counts of prompt and completions; `share`: the pairs shared_prompt.py can share, share."""
         sides = [prompt + chosen, prompt + rejected]
         if max_length is not None:
             sides = [np.minimum(s, max_length) for s in sides]
-        return cls(*sides)
+        if not share:
+            return cls(*sides)
+        # As shared_prompt.shareable: keep_end shares only a pair whose truncation cuts nothing.
+        whole = max_length is None or truncation_mode == "keep_start" or (
+            (prompt + chosen <= max_length) & (prompt + rejected <= max_length))  # fmt: skip
+        return cls(*sides, prompt=np.asarray(prompt), shared=np.broadcast_to(whole, prompt.shape).copy())
 
     def __len__(self) -> int:
         return len(self.chosen)
 
     @property
     def tokens(self) -> np.ndarray:
-        """Positions of each pair in a packed micro-batch."""
-        return self.chosen + self.rejected
+        """Positions of each pair in a packed micro-batch: both sequences, less one copy of a shared prompt but its
+        last token (which each completion's first prediction needs)."""
+        both = self.chosen + self.rejected
+        return both if self.shared is None else both - np.where(self.shared, self.prompt - 1, 0)
 
     @property
     def longest(self) -> np.ndarray:
@@ -311,19 +326,57 @@ def plan_run(lengths: PairLengths, p: StepPlan, epochs: int) -> list:
     return planned
 
 
-def summary(lengths: PairLengths, p: StepPlan, epochs: list[list], positions=None) -> dict:
-    """What the plan does, for the run's records: micro-batches per step (min, mean, max) against the fewest the budget
-    allows, gradient reductions per epoch, pairs and positions per micro-batch, and the padding share.
+@dataclass(frozen=True)
+class Forward:
+    """How a micro-batch becomes the positions the model runs: one varlen row (FlashAttention), balanced rows of a
+    dense-mask attention (`packing.fill_rows`, weighed with the model's hidden size), or padded row groups."""
 
-    `positions(micro_batch)` gives the positions a micro-batch really takes (packed rows pad their ends); without it,
-    the plan's own cost is taken."""
+    kind: str  # "one_row", "rows" (unshared or shared prompts: `lengths.shared` says) or "padded"
+    hidden_size: int = 4096
+    max_groups: int = 4
+
+    def positions(self, lengths: PairLengths, micro_batch) -> int:
+        seqs = [int(lengths.chosen[i]) for i in micro_batch] + [int(lengths.rejected[i]) for i in micro_batch]
+        if lengths.shared is not None and self.kind == "rows":  # a shared pair is one unit of its row
+            seqs = [int(lengths.tokens[i]) for i in micro_batch if lengths.shared[i]]
+            seqs += [s for k, i in enumerate(micro_batch) if not lengths.shared[i]
+                     for s in (int(lengths.chosen[i]), int(lengths.rejected[i]))]  # fmt: skip
+        if self.kind == "one_row":
+            return sum(seqs)
+        if self.kind == "padded":
+            from .padded import positions
+
+            return positions(seqs, max_groups=self.max_groups)
+        from .packing import fill_rows
+
+        rows = fill_rows(seqs, self.hidden_size)
+        return len(rows) * max(sum(seqs[i] for i in row) for row in rows)
+
+
+def epochs_needed(max_steps: int, num_train_epochs: float, pairs: int, pairs_per_step: int, world_size: int) -> int:
+    """Epochs a run touches (the plan covers each): num_train_epochs, or what max_steps reaches."""
+    if max_steps > 0:
+        return max(1, math.ceil(max_steps / len(steps_of(range(pairs), pairs_per_step, world_size))))
+    return max(1, math.ceil(num_train_epochs))
+
+
+def summary(lengths: PairLengths, p: StepPlan, epochs: list[list], forward: Forward | None = None,
+            reduce_per_backward: bool = True) -> dict:  # fmt: skip
+    """What the plan does, for the run's records: micro-batches per step (min, mean, max) against the fewest the budget
+    allows, per epoch, gradient reductions per epoch (ZeRO reduces at every backward, DDP and FSDP once per step with
+    no_sync), pairs and positions per micro-batch, and the padding share. `forward` gives the positions a micro-batch
+    really takes (packed rows pad their ends); without it, the plan's own cost is taken."""
     counts = [len(step[0]) for epoch in epochs for step in epoch]
     micro_batches = [mb for epoch in epochs for step in epoch for rank in step for mb in rank]
     pairs = [len(mb) for mb in micro_batches]
     real = [int(lengths.tokens[mb].sum()) for mb in micro_batches]
-    taken = [positions(mb) if positions else p.cost(lengths, mb) for mb in micro_batches]
+    taken = [forward.positions(lengths, mb) if forward else p.cost(lengths, mb) for mb in micro_batches]
     out = {
-        "forward": "padded (TRL's collator)" if p.padded else "packed",
+        "forward": "padded (TRL's collator)"
+        if p.padded
+        else "packed"
+        if lengths.shared is None
+        else (f"packed, prompts shared ({int(lengths.shared.sum())} of {len(lengths)} pairs)"),  # fmt: skip
         "pairs_per_step": p.pairs_per_step,
         "max_tokens_per_microbatch": p.max_tokens,
         "micro_batches_per_step": {
@@ -332,6 +385,11 @@ def summary(lengths: PairLengths, p: StepPlan, epochs: list[list], positions=Non
             "max": max(counts),
         },  # fmt: skip
         "micro_batches_per_epoch": round(sum(counts) / len(epochs)),
+        "gradient_reductions_per_epoch": 0
+        if p.world_size == 1
+        else round(
+            (sum(counts) if reduce_per_backward else sum(len(epoch) for epoch in epochs)) / len(epochs)
+        ),  # fmt: skip
         "pairs_per_micro_batch": _spread(pairs),
         "positions_per_micro_batch": _spread(taken),
         "padding_share": round(1 - sum(real) / sum(taken), 4),
@@ -343,6 +401,18 @@ def summary(lengths: PairLengths, p: StepPlan, epochs: list[list], positions=Non
                             / p.world_size) for epoch in epochs for step in epoch]  # fmt: skip
         out["micro_batches_per_step"]["lower_bound_mean"] = round(sum(fewest) / len(fewest), 3)
     return out
+
+
+def eval_batches(pairs: int, world_size: int, batch_size: int) -> list[list[list[int]]]:
+    """An evaluation set as `[rank][batch] -> pair indices`: every pair once, the same number of non-empty batches of
+    at most `batch_size` pairs on every rank (the evaluation loop gathers after every batch, and ZeRO-3 or FSDP2
+    gather weights in every forward), and no pair padded in twice (which would count it twice in the metrics)."""
+    if pairs < world_size:
+        raise PlanError(f"the evaluation split has {pairs} pair(s), fewer than the {world_size} processes: use a "
+                        "larger split, or no eval_strategy")  # fmt: skip
+    per_rank = math.ceil(pairs / (world_size * batch_size))
+    chunks = [[int(i) for i in c] for c in np.array_split(np.arange(pairs), world_size * per_rank)]
+    return [chunks[rank::world_size] for rank in range(world_size)]
 
 
 def _spread(values: list[int]) -> dict:
@@ -375,6 +445,20 @@ class StepSampler(BatchRebalanceSampler):
 
     def __len__(self):
         return self.steps_per_epoch
+
+
+class FixedBatches(BatchRebalanceSampler):
+    """A batch sampler over batches fixed in advance (this rank's evaluation batches): rank-aware, so accelerate does
+    not shard it again."""
+
+    def __init__(self, batches: list[list[int]]):
+        self.batches = batches
+
+    def __iter__(self):
+        return iter(self.batches)
+
+    def __len__(self):
+        return len(self.batches)
 
 
 class StepRows:

@@ -5,15 +5,18 @@ each optimizer step all ranks agree (one all-reduce of one number) whether any o
 Trainer saves a checkpoint and leaves its loop, on every rank at the same step.
 
 Two ways to ask, because a batch script's pre-timeout signal (`--signal=B:USR1@...`) reaches the batch shell only:
-- SIGUSR1 or SIGTERM delivered to a training process (Slurm's preemption and `scancel` send SIGTERM to every task);
+- SIGUSR1 or SIGTERM delivered to a training process (Slurm's preemption and `scancel` send SIGTERM to the job's
+  steps; scripts/launch.sh makes torchrun's agent ignore it, so that the workers finish their checkpoint);
 - a stop file: the batch script's trap creates `$DPOTRAIN_STOP_FILE` (on a file system all nodes share).
-Once the checkpoint is written, the main process writes `<stop file>.checkpointed` with its path, which tells the
-batch script to requeue the job rather than end it.
+Once progress is safe on disk (a checkpoint, or the reference stage's partial results), the main process writes
+`<stop file>.checkpointed` saying what was saved, which tells the batch script to requeue the job rather than end it.
 """
 
 import os
 import signal
+import tempfile
 import threading
+import time
 from pathlib import Path
 
 from transformers import TrainerCallback
@@ -26,6 +29,7 @@ class GracefulStop(TrainerCallback):
     def __init__(self, stop_file: str | None = None):
         self.stop_file = Path(stop_file) if stop_file else None
         self.signal_received: int | None = None
+        self.requested_at: float | None = None  # when this process first heard of the request (time.time())
         self.stopped = False
         if threading.current_thread() is threading.main_thread():  # Python only delivers signals there
             for sig in STOP_SIGNALS:
@@ -33,18 +37,34 @@ class GracefulStop(TrainerCallback):
 
     @classmethod
     def from_env(cls) -> "GracefulStop":
-        return cls(os.environ.get(STOP_FILE_ENV) or None)
+        stop_file = os.environ.get(STOP_FILE_ENV) or None
+        if stop_file:
+            check_stop_file(Path(stop_file))
+        return cls(stop_file)
 
     def _on_signal(self, signum, frame):
-        if self.signal_received is not None:
-            # Asked twice (torchrun shutting workers down after another rank failed, or an impatient user): the
-            # step boundary may never come, so end now the way the signal would have without us.
-            signal.signal(signum, signal.SIG_DFL)
-            os.kill(os.getpid(), signum)
-        self.signal_received = signum  # nothing else: we may be in the middle of a collective
+        # Nothing else: we may be in the middle of a collective. A second signal changes nothing: on a preemption
+        # Slurm signals every process of the job and srun forwards its own SIGTERM to the tasks again; dying then
+        # would lose the checkpoint being written. What ends a process for good is Slurm's SIGKILL at the end of the
+        # grace time (or torchrun's, ~30 s after another rank failed).
+        self.signal_received = self.signal_received or signum
+        self.requested_at = self.requested_at or time.time()
+
+    def release(self) -> None:
+        """The run is over: stop signals are ignored from now on (see train_dpo.main)."""
+        if threading.current_thread() is threading.main_thread():
+            for sig in STOP_SIGNALS:
+                signal.signal(sig, signal.SIG_IGN)
 
     def asked_here(self) -> bool:
-        return self.signal_received is not None or bool(self.stop_file and self.stop_file.exists())
+        if self.signal_received is not None:
+            return True
+        try:
+            created = self.stop_file.stat().st_mtime if self.stop_file else None
+        except FileNotFoundError:
+            created = None
+        self.requested_at = self.requested_at or created
+        return created is not None
 
     def _asked_anywhere(self, args) -> bool:
         from .collectives import max_over_ranks
@@ -54,7 +74,8 @@ class GracefulStop(TrainerCallback):
     def mark_saved(self, what: str) -> None:
         """Main process, once progress is safely on disk: `<stop file>.checkpointed` tells the batch script to
         requeue the job (the requeued job goes on from what was saved) rather than end it."""
-        print(f"Stop requested: {what}; exiting so the job can be requeued.", flush=True)
+        after = f" {time.time() - self.requested_at:.0f} s after the request" if self.requested_at else ""
+        print(f"Stop requested: {what}{after}; exiting so that the job can be requeued.", flush=True)
         if self.stop_file:
             Path(f"{self.stop_file}.checkpointed").write_text(f"{what}\n")
 
@@ -70,3 +91,19 @@ class GracefulStop(TrainerCallback):
         if self.stopped and state.global_step < state.max_steps and state.is_world_process_zero:
             self.mark_saved(f"checkpoint {Path(args.output_dir) / f'checkpoint-{state.global_step}'} written")
         return control
+
+
+def check_stop_file(path: Path) -> None:
+    """The stop file's folder must take `<stop file>.checkpointed`: found unwritable only after a checkpoint, the job
+    would fail instead of being requeued. Checked at start (every rank writes and removes a file of its own)."""
+    from .errors import ConfigError
+
+    try:
+        with tempfile.NamedTemporaryFile(dir=path.parent, prefix=f".{path.name}.probe-"):
+            pass
+    except OSError as e:
+        raise ConfigError(
+            f"{STOP_FILE_ENV}={path}: cannot write in {path.parent} ({e.strerror}), so a stop could not be confirmed "
+            f"and the job would not requeue: point {STOP_FILE_ENV} to a writable folder every node sees "
+            "(scripts/launch.sh uses logs/ of the folder you submit from)"
+        ) from None

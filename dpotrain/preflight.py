@@ -21,6 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .config import ProjectArguments
 from .errors import ConfigError
 
 DEFAULT_SAMPLE = 512
@@ -42,7 +43,7 @@ class Thresholds:
     per_token_critical: float = 2.5
     share: float = 0.2  # a verdict needs this share of the pairs past a threshold, not a few outliers
     length_ratio: float = 2.0  # median chosen/rejected length beyond 2x (or below 1/2): 001's pairs were 2-8x
-    truncated: float = 0.10  # the analyzer's default coverage is 90%
+    truncated: float = round(1 - ProjectArguments.auto_coverage, 6)  # more than the analyzer's default leaves cut
     dropped: float = 0.01
     duplicates: float = 0.01
     identical: float = 0.01

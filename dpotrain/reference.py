@@ -87,7 +87,7 @@ def identity(trainer, dataset) -> dict:
     return {
         "version": CACHE_VERSION,
         "model": getattr(model.config, "_name_or_path", ""),
-        "weights_sha256": trainer._precompute_model_hash,
+        "weights_sha256": trainer.weights_hash,
         "tokens_sha256": token_hash(dataset),
         "pairs": len(dataset),
         "max_length": args.max_length,
@@ -312,4 +312,5 @@ def run_stage(trainer, stop, save_seconds: float = SAVE_SECONDS) -> list[Outcome
             trainer.train_dataset = scored
         else:
             trainer.eval_dataset = scored
+    trainer.reference_scored()
     return outcomes

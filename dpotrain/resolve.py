@@ -234,7 +234,7 @@ def resolved_config(recipe: Recipe, derived: dict) -> dict:
         # takes comes from the data (derived.batching once the trainer has planned them).
         resolved["per_device_train_batch_size"] = None
         resolved["gradient_accumulation_steps"] = None
-    if "batching" in derived:  # the Trainer runs one item per step; the plan's micro-batches per step are the truth
+    if "micro_batches_per_step" in derived.get("batching", {}):  # the plan's micro-batches per step are the truth
         per_step = derived["batching"]["micro_batches_per_step"]
         resolved["gradient_accumulation_steps"] = per_step["min"] if per_step["min"] == per_step["max"] else None
     resolved["config"] = recipe.config_path
@@ -267,22 +267,93 @@ def auto_max_length(recipe: Recipe, dataset, state) -> dict:
 def preview_auto_max_length(recipe: Recipe) -> dict:
     """What `max_length: auto` will resolve to, for a dry run: a cached analyzer report if one matches, read with
     files already on this machine only (no network, no model, no data set)."""
-    from . import builtin, lengths
+    from . import lengths
 
-    script, name = recipe.script, recipe.model.model_name_or_path
     command = f"python scripts/analyze_dataset.py --config {recipe.config_path or '<recipe>'}"
     pending = {"max_length": "auto", "target_coverage": recipe.project.auto_coverage, "cached": False,
                "resolved": f"at start, by analysing the training split (to see it now: {command})"}  # fmt: skip
+    found = _local_tokenizer_and_data(recipe)
+    if found is None:
+        return pending
+    return lengths.cached_auto_max_length(found[1], found[0], recipe.project.auto_coverage) or pending
+
+
+def _local_tokenizer_and_data(recipe: Recipe):
+    """The recipe's tokenizer (files already on this machine only) and its training split's identity, for a dry run;
+    None when the tokenizer is not here."""
+    from . import builtin, lengths
+
+    script, name = recipe.script, recipe.model.model_name_or_path
     try:
         from transformers import AutoTokenizer
 
         path = builtin.existing_model_dir(name) if builtin.is_builtin(name) else name
         if path is None:
-            return pending
+            return None
         tokenizer = AutoTokenizer.from_pretrained(path, revision=recipe.model.model_revision, local_files_only=True)
         dataset_id = lengths.dataset_identity(
             script.dataset_name, script.dataset_train_split, script.dataset_config, local_only=True
         )
-        return lengths.cached_auto_max_length(dataset_id, tokenizer, recipe.project.auto_coverage) or pending
+        return tokenizer, dataset_id
     except (OSError, ValueError):  # tokenizer not on this machine
+        return None
+
+
+def preview_plan(recipe: Recipe, world: int, max_length: int | None) -> dict:
+    """What the step plan will do (`derived.batching`), for a dry run: from the analyzer's cached per-pair lengths
+    (scripts/analyze_dataset.py caches a complete analysis), without loading a model or the data set."""
+    from . import lengths, packing, plan
+
+    command = f"python scripts/analyze_dataset.py --config {recipe.config_path or '<recipe>'}"
+    pending = {"planned": f"at start, from the token lengths (to see it now: {command}, then this dry run again)"}
+    found = _local_tokenizer_and_data(recipe)
+    measured = lengths.cached_measure(found[1], found[0]) if found else None
+    if measured is None or max_length is None:
         return pending
+    m, report = measured[0], measured[1]
+    t, p = recipe.training, recipe.project
+    packs, share, hidden_size, note = _packing_preview(recipe)
+    kept = m.prompt < max_length  # TRL drops the pairs whose prompt alone fills max_length
+    pair_lengths = plan.PairLengths.from_parts(m.prompt[kept], m.chosen[kept], m.rejected[kept], max_length, share,
+                                               t.truncation_mode)  # fmt: skip
+    pairs_per_step = p.pairs_per_step or t.per_device_train_batch_size * t.gradient_accumulation_steps * world
+    budget = p.max_tokens_per_microbatch
+    step_plan = plan.StepPlan(pairs_per_step, world, t.seed, budget, None if budget else t.per_device_train_batch_size,
+                              padded=not packs)  # fmt: skip
+    epochs = plan.epochs_needed(t.max_steps, t.num_train_epochs, len(pair_lengths), pairs_per_step, world)
+    if not packs:
+        forward = plan.Forward("padded")
+    else:
+        forward = plan.Forward("one_row" if packing.one_row(recipe.model.attn_implementation) else "rows", hidden_size)
+    deepspeed = _launch_engine(recipe).startswith("deepspeed")
+    summary = plan.summary(pair_lengths, step_plan, plan.plan_run(pair_lengths, step_plan, epochs), forward, deepspeed)
+    return {**summary, "planned": f"from the analyzer's cached lengths ({report}){note}"}
+
+
+def _packing_preview(recipe: Recipe) -> tuple[bool, bool, int, str]:
+    """Whether the run will pack and share prompts, and the model's hidden size (packed rows weigh attention with it),
+    from the model's config when it is on this machine; else as padding_free and share_prompt say, with a note."""
+    from . import builtin, packing, shared_prompt
+
+    name, packs = recipe.model.model_name_or_path, recipe.training.padding_free
+    attn = recipe.model.attn_implementation or "sdpa"
+    try:
+        from transformers import AutoConfig
+
+        path = builtin.existing_model_dir(name) if builtin.is_builtin(name) else name
+        config = AutoConfig.from_pretrained(path, revision=recipe.model.model_revision, local_files_only=True)
+    except (OSError, ValueError, TypeError):
+        share = packs and recipe.project.share_prompt is not False and attn in shared_prompt.SHARED_ATTENTION
+        return packs, share, 4096, "; the model's config is not on this machine: packing as padding_free says"
+    config._attn_implementation = attn
+    packs = packs and packing.packing_problem(config) is None and not uses_live_reference(recipe)
+    share = packs and recipe.project.share_prompt is not False and shared_prompt.share_problem(config, attn) is None
+    return packs, share, getattr(config.get_text_config(), "hidden_size", 4096), ""
+
+
+def _launch_engine(recipe: Recipe) -> str:
+    """The engine of the launch a dry run plans for: `distributed_type` of the accelerate config, lower-cased."""
+    launch = recipe.project.accelerate_config
+    if launch.lower() in ("", "none") or not Path(launch).is_file():
+        return "single"
+    return str((yaml.safe_load(Path(launch).read_text()) or {}).get("distributed_type", "NO")).lower()

@@ -4,8 +4,11 @@ What a collapsing run looks like before its metrics say so: 001's model answered
 Each sample gets a repetition score (the share of word 3-grams already seen earlier in the text: 0 for ordinary prose,
 ~1 for a loop) and the longest run of one repeated word; a score over `sample_repetition_warn` is a warning in the log.
 
-Samples go to `<output_dir>/samples.jsonl` and, when W&B runs, to a `samples` table. Only the main process generates:
-ZeRO-2 keeps the full weights on every rank, and the other ranks simply wait for it at the next collective.
+Samples go to `<output_dir>/samples.jsonl` and, when W&B runs, to a `samples` table. Under ZeRO-2 (and DDP, one
+process) only the main process generates: every rank holds the full weights, and the others wait for it at the next
+collective. Under ZeRO-3 and FSDP2 no rank holds them, so every rank generates the same answers together (each forward
+gathers the weights from all of them; `synced_gpus` keeps them in step until the longest answer ends) and the main
+process writes them.
 """
 
 import json
@@ -62,14 +65,16 @@ def _encode_prompt(tokenizer, text: str) -> list[int]:
 
 
 class SampleGenerator(TrainerCallback):
-    def __init__(self, prompt_ids: list[list[int]], tokenizer, every: int, max_new_tokens: int, warn_at: float):
+    def __init__(self, prompt_ids: list[list[int]], tokenizer, every: int, max_new_tokens: int, warn_at: float,
+                 every_rank: bool = False):  # fmt: skip
         self.prompt_ids, self.tokenizer = prompt_ids, tokenizer
         self.every, self.max_new_tokens, self.warn_at = every, max_new_tokens, warn_at
+        self.every_rank = every_rank  # weights sharded over the ranks: all of them generate together
         self.flagged: list[dict] = []  # samples over warn_at, for tests and callers
         self._trimmed = False
 
     @classmethod
-    def from_recipe(cls, recipe, train_dataset, tokenizer) -> "SampleGenerator":
+    def from_recipe(cls, recipe, train_dataset, tokenizer, every_rank: bool = False) -> "SampleGenerator":
         """Prompts from the recipe (list or file), else the first `sample_count` prompts of the training data, as the
         trainer tokenized them (chat template with the generation prompt)."""
         p = recipe.project
@@ -80,7 +85,7 @@ class SampleGenerator(TrainerCallback):
             ids = [_encode_prompt(tokenizer, t) for t in texts[: p.sample_count]]
         else:
             ids = [list(x) for x in train_dataset.select(range(min(p.sample_count, len(train_dataset))))["prompt_ids"]]
-        return cls(ids, tokenizer, p.samples_every, p.sample_max_new_tokens, p.sample_repetition_warn)
+        return cls(ids, tokenizer, p.samples_every, p.sample_max_new_tokens, p.sample_repetition_warn, every_rank)
 
     def on_train_begin(self, args, state, control, model=None, **kwargs):
         if state.global_step == 0:  # the base model's answers, to compare later samples against
@@ -91,7 +96,7 @@ class SampleGenerator(TrainerCallback):
             self.generate(args, state, model)
 
     def generate(self, args, state, model) -> list[dict]:
-        if not state.is_world_process_zero:
+        if not (state.is_world_process_zero or self.every_rank):
             return []
         import torch
 
@@ -109,6 +114,7 @@ class SampleGenerator(TrainerCallback):
                         do_sample=False,
                         use_cache=True,  # training runs with use_cache off; generation needs it for speed
                         pad_token_id=self.tokenizer.pad_token_id,
+                        synced_gpus=self.every_rank,
                     )
                     completion = self.tokenizer.decode(out[0, len(ids) :], skip_special_tokens=True)
                     prompt = self.tokenizer.decode(ids, skip_special_tokens=False)
@@ -116,6 +122,8 @@ class SampleGenerator(TrainerCallback):
                                     "completion": completion, **repetition(completion)})  # fmt: skip
         finally:
             model.train(was_training)
+        if not state.is_world_process_zero:
+            return []
         self._write(args, state, records)
         for r in records:
             if r["repetition"] > self.warn_at:

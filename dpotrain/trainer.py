@@ -16,9 +16,10 @@ subclass changes how pairs reach TRL's loss code, and what surrounds it:
 """
 
 import contextlib
-import dataclasses
 import functools
-import math
+import os
+import time
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
@@ -26,8 +27,8 @@ from transformers import GraniteMoeHybridConfig, TrainerCallback
 from trl import DPOTrainer, get_peft_config, get_quantization_config
 from trl.models import prepare_deepspeed
 
-from . import builtin, packing, plan
-from .checkpoints import CompleteMarker
+from . import builtin, engine, flops, packing, padded, plan, resolve
+from .checkpoints import CompleteMarker, report_save
 from .collectives import all_reduce_sum, max_over_ranks
 from .config import Recipe
 from .errors import ConfigError
@@ -38,12 +39,13 @@ from .preemption import GracefulStop
 from .samples import SampleGenerator
 
 
-def model_init_kwargs(recipe: Recipe) -> dict:
-    """What TRL's own `trl/scripts/dpo.py` passes to `from_pretrained`, from ModelConfig's fields."""
+def model_init_kwargs(recipe: Recipe, run_engine: engine.Engine) -> dict:
+    """What TRL's own `trl/scripts/dpo.py` passes to `from_pretrained`, from ModelConfig's fields; the dtype the
+    engine trains in when the recipe names none (`engine.load_dtype`)."""
     kwargs = dict(
         revision=recipe.model.model_revision,
         attn_implementation=recipe.model.attn_implementation,
-        dtype=recipe.model.dtype,
+        dtype=engine.load_dtype(recipe, run_engine),
     )
     kwargs.update(recipe.training.model_init_kwargs or {})
     return kwargs
@@ -54,33 +56,52 @@ def resolve_model_path(recipe: Recipe) -> str:
     return builtin.materialize_model(name) if builtin.is_builtin(name) else name
 
 
-def decide_packing(recipe: Recipe, model_path: str) -> tuple[bool, int]:
-    """Packed or padded forward for this model and recipe: a one-line note when packing is off by necessity, an
-    error when it was asked for explicitly and cannot be honoured. Either way the reference is scored once before
-    training (only the policy stays in memory), unless the recipe asks for a live reference model. Reads the model's
-    config only (no weights). Returns the decision and the model's hidden size (packed rows weigh attention against
-    linear layers with it)."""
+@dataclass(frozen=True)
+class ForwardChoice:
+    packed: bool  # packed rows (packing.py), or TRL's padded batches in row groups (padded.py)
+    share_prompt: bool  # each pair's prompt once in its row (shared_prompt.py)
+    hidden_size: int  # the model's: packed rows weigh attention against the linear layers with it
+
+
+def decide_forward(recipe: Recipe, model_path: str) -> ForwardChoice:
+    """Packed or padded forward, prompts shared or not, for this model and recipe: a one-line note when an option is
+    off by necessity, an error when it was asked for explicitly and cannot be honoured. Either way the reference is
+    scored once before training (only the policy stays in memory), unless the recipe asks for a live reference
+    model. Reads the model's config only (no weights)."""
     from transformers import AutoConfig
 
-    t = recipe.training
+    from . import shared_prompt
+
+    t, want_share = recipe.training, recipe.project.share_prompt
     config = AutoConfig.from_pretrained(model_path, revision=recipe.model.model_revision)
     hidden_size = getattr(config.get_text_config(), "hidden_size", 4096)
-    live_reference = t.sync_ref_model or ("precompute_ref_log_probs" in recipe.given and not t.precompute_ref_log_probs)
+    live_reference = resolve.uses_live_reference(recipe)
     if not live_reference:
         t.precompute_ref_log_probs = True  # the reference stage (reference.py): only the policy stays in memory
-    if not t.padding_free:
-        return False, hidden_size
-    config._attn_implementation = recipe.model.attn_implementation or "sdpa"  # transformers' default
-    problem = packing.packing_problem(config)
+    attn = recipe.model.attn_implementation or "sdpa"  # transformers' default
+    config._attn_implementation = attn
+    problem = None if t.padding_free else "padding_free is false"
+    problem = problem or packing.packing_problem(config)
     if problem is None and t.sync_ref_model:
         problem = "sync_ref_model updates the reference during training, so it cannot be scored once and cached"
     if problem is None and live_reference:
         problem = "the packed path scores the reference once before training (precompute_ref_log_probs: true)"
-    if problem is None:
-        return True, hidden_size
-    padded_instead(problem, explicit="padding_free" in recipe.given)
-    t.padding_free = False
-    return False, hidden_size
+    if problem is not None:
+        explicit = "padding_free" in recipe.given and t.padding_free
+        if want_share and not explicit:
+            raise ConfigError(f"share_prompt needs packed sequences, which cannot be used here: {problem}; remove "
+                              "--share_prompt")  # fmt: skip
+        if t.padding_free:
+            padded_instead(problem, explicit)
+        t.padding_free = False
+        return ForwardChoice(False, False, hidden_size)
+    share_problem = None if want_share is not False else "share_prompt is false"
+    share_problem = share_problem or shared_prompt.share_problem(config, attn, t.router_aux_loss_coef)
+    if share_problem is not None and want_share:
+        raise ConfigError(f"share_prompt cannot be used here: {share_problem}; remove --share_prompt")
+    if share_problem is not None and want_share is None:
+        print(f"Note: each pair's prompt is computed twice (unshared packing): {share_problem}.", flush=True)
+    return ForwardChoice(True, share_problem is None, hidden_size)
 
 
 def padded_instead(problem: str, explicit: bool) -> None:
@@ -107,20 +128,27 @@ def trl_compatible_config(model) -> None:
         config.__class__ = _GraniteMoeHybridConfig
 
 
+def sequence_lengths(batch: dict) -> torch.Tensor:
+    """The real tokens of each sequence of a micro-batch, packed or padded."""
+    return batch["seq_lens"] if packing.is_packed(batch) else batch["attention_mask"].sum(dim=1)
+
+
+def shared_prefixes(batch: dict) -> torch.Tensor | None:
+    """Per shared pair, the prompt tokens computed once instead of twice (all but its last: shared_prompt.py)."""
+    if "seq_offsets" not in batch:
+        return None
+    shared = batch["seq_offsets"] > 0
+    return batch["seq_jumps"][shared] - 1
+
+
+def computed_tokens(batch: dict) -> int:
+    """The real tokens the forward computed: every sequence's, a shared prompt's once."""
+    shared = shared_prefixes(batch)
+    return int(sequence_lengths(batch).sum()) - (0 if shared is None else int(shared.sum()))
+
+
 def pairs_in(batch: dict) -> int:
     return len(batch["seq_lens"]) // 2 if packing.is_packed(batch) else batch["input_ids"].shape[0] // 2
-
-
-class _Recording:
-    """Stands in for the model in TRL's padded path only to keep its outputs for `PairMetrics`."""
-
-    def __init__(self, model):
-        self.model = model
-        self.outputs = None
-
-    def __call__(self, **kwargs):
-        self.outputs = self.model(**kwargs)
-        return self.outputs
 
 
 class _LocalGathers:
@@ -154,38 +182,95 @@ class RecipeDPOTrainer(DPOTrainer):
     def __init__(
         self,
         *args,
-        packed: bool,
+        forward: ForwardChoice,
         pairs_per_step: int,
         max_tokens_per_microbatch: int | None,
+        gpu_peak_tflops: float | None,
         attn_implementation: str | None,
-        hidden_size: int,
+        run_engine: engine.Engine,
         **kwargs,
     ):
-        self.packed = packed
+        self.engine = run_engine
+        self.forward = forward
+        self.packed = packed = forward.packed
         self.pairs_per_step = pairs_per_step
         self.max_tokens_per_microbatch = max_tokens_per_microbatch
         self.step_plan: plan.StepPlan | None = None
         self.lengths: plan.PairLengths | None = None
         self.planned_epochs: list = []  # every epoch the run touches, planned at start: [epoch][step][rank][mb]
-        self.pair_metrics = PairMetrics()
+        self.gpu_peak_tflops = gpu_peak_tflops
         training_args = kwargs["args"]
         training_args.padding_free = False  # TRL 1.16 warns "temporarily unavailable" and pads; we pack
-        if packed:
+        if forward.share_prompt:
+            from .shared_prompt import SharedPromptCollator
+
+            kwargs["data_collator"] = SharedPromptCollator(training_args.max_length, training_args.truncation_mode,
+                                                           hidden_size=forward.hidden_size)  # fmt: skip
+        elif packed:
             kwargs["data_collator"] = packing.PackedPreferenceCollator(
                 training_args.max_length,
                 training_args.truncation_mode,
                 one_row=packing.one_row(attn_implementation or "sdpa"),
-                hidden_size=hidden_size,
+                hidden_size=forward.hidden_size,
             )
-        super().__init__(*args, **kwargs)
+        with self._no_second_model_under_fsdp(kwargs):
+            super().__init__(*args, **kwargs)
         for model in (self.model, self.ref_model):
             if model is not None:
                 trl_compatible_config(model)
         training_args.padding_free = packed  # the records say what ran
+        if not packed:  # TRL's padded collator, its rows run in groups of similar length (padded.py)
+            self.data_collator = padded.GroupedCollator(self.data_collator)
+        # The reference cache's key: the full weights. TRL hashed them in __init__, except under ZeRO-3, where it
+        # hashed each rank's empty partition.
+        self.weights_hash = self._precompute_model_hash
+        if self.engine.name == "zero3" and self.precompute_ref_logps:
+            self.weights_hash = engine.zero3_weights_sha256(self.model, self.accelerator.is_main_process)
         # compute_loss weighs each micro-batch by its share of the step's pairs; the Trainer must not divide the
         # loss by the accumulation steps again.
         self.loss_is_scaled_for_ga = True
+        self.model_flops = flops.ModelFlops.of(self.model)
+        peak = flops.peak_tflops(gpu_peak_tflops)
+        self.pair_metrics = PairMetrics(self.accelerator.num_processes, peak)
         self.add_callback(_StartMetrics(self.pair_metrics))
+
+    def create_accelerator_and_postprocess(self):
+        engine.enable_on_cpu(self.engine)  # FSDP2 and DDP on a CPU-only node: see engine.py
+        super().create_accelerator_and_postprocess()
+
+    @contextlib.contextmanager
+    def _no_second_model_under_fsdp(self, kwargs):
+        """Under FSDP, TRL loads a second copy of the model for its precompute of the reference (trl/trainer/
+        dpo_trainer.py: "Under FSDP, the policy isn't sharded until `train`, so the precompute still loads a reference
+        model"), shards it at the root only and frees it at the end of __init__. The reference stage scores with the
+        policy, sharded by accelerate (`reference_scorer`), so that load is skipped: minutes and a full host copy for
+        a 32B model. Drop this when TRL stops loading it (its precompute under FSDP2 is broken: TRL #6470)."""
+        import trl.trainer.dpo_trainer as dpo
+
+        skip = (self.engine.name == "fsdp2" and kwargs["args"].precompute_ref_log_probs
+                and kwargs.get("peft_config") is None and kwargs.get("ref_model") is None)  # fmt: skip
+        if not skip:
+            yield
+            return
+        load, calls = dpo.create_model_from_path, []
+
+        def policy_only(*args, **kw):  # the first call loads the policy, the second the reference copy
+            calls.append(args)
+            return load(*args, **kw) if len(calls) == 1 else None
+
+        dpo.create_model_from_path = policy_only
+        try:
+            yield
+        finally:
+            dpo.create_model_from_path = load
+
+    def _save_checkpoint(self, model, trial):
+        start = time.monotonic()
+        super()._save_checkpoint(model, trial)
+        if self.graceful_stop.stopped:  # test-only: a slow checkpoint on a stop request (tests/test_slurm_jobs.py)
+            time.sleep(float(os.environ.get("DPOTRAIN_TEST_SAVE_DELAY_S") or 0))
+        if self.is_world_process_zero():
+            report_save(self.state.global_step, time.monotonic() - start)
 
     # --- the plan: steps of pairs_per_step pairs, cut into micro-batches ----------------------------------------
     def _prepare_dataset(self, dataset, processing_class, args, dataset_name):
@@ -193,12 +278,14 @@ class RecipeDPOTrainer(DPOTrainer):
         if dataset_name == "train":
             # Runs inside TRL's __init__, before transformers creates the accelerator and fills DeepSpeed's "auto"
             # values: the Trainer must see one item per optimizer step by then.
-            self.lengths = plan.PairLengths.of(dataset, args.max_length)
+            self.lengths = plan.PairLengths.of(dataset, args.max_length, self.forward.share_prompt,
+                                               args.truncation_mode)  # fmt: skip
             budget = self.max_tokens_per_microbatch
             self.step_plan = plan.StepPlan(self.pairs_per_step, args.world_size, args.seed, budget,
                                            None if budget else args.per_device_train_batch_size,
                                            padded=not self.packed)  # fmt: skip
-            epochs = epochs_needed(args, len(dataset), self.pairs_per_step, args.world_size)
+            epochs = plan.epochs_needed(args.max_steps, args.num_train_epochs, len(dataset), self.pairs_per_step,
+                                        args.world_size)  # fmt: skip
             # Every epoch is planned now: a step that cannot be cut is refused before the model does any work.
             self.planned_epochs = plan.plan_run(self.lengths, self.step_plan, epochs)
             args.gradient_accumulation_steps = 1  # the micro-batches of a step run inside training_step
@@ -207,53 +294,54 @@ class RecipeDPOTrainer(DPOTrainer):
     def get_train_dataloader(self):
         """One item per optimizer step (`plan.StepSampler`), rows read a step at a time and collated per
         micro-batch with the forward's collator."""
-        from torch.utils.data import DataLoader
-        from transformers.trainer_utils import seed_worker
-
         args = self.args
         sampler = plan.StepSampler(self.lengths, self.step_plan, args.process_index, self.planned_epochs)
         columns = [c for c in (*plan.COLUMNS, "ref_chosen_logps", "ref_rejected_logps")
                    if c in self.train_dataset.column_names]  # fmt: skip
+        return self._rank_aware_loader(plan.StepRows(self.train_dataset.select_columns(columns)), sampler,
+                                       plan.StepCollator(self.data_collator), training=True)  # fmt: skip
+
+    def get_eval_dataloader(self, eval_dataset=None):
+        """The evaluation set in `plan.eval_batches`: the same number of batches on every rank, no pair twice."""
+        dataset = self.eval_dataset if eval_dataset is None else eval_dataset
+        if isinstance(dataset, str):
+            dataset = self.eval_dataset[dataset]
+        columns = [c for c in (*plan.COLUMNS, "ref_chosen_logps", "ref_rejected_logps") if c in dataset.column_names]
+        batches = self.reference_layout("eval", len(dataset))[self.args.process_index]
+        return self._rank_aware_loader(dataset.select_columns(columns), plan.FixedBatches(batches), self.data_collator)
+
+    def _rank_aware_loader(self, dataset, sampler, collate, training: bool = False):
+        """A DataLoader over a batch sampler that already yields this rank's share, prepared by accelerate (device
+        placement) without being sharded again (as transformers' `_get_dataloader` does for a BatchRebalanceSampler)."""
+        from torch.utils.data import DataLoader
+        from transformers.trainer_utils import seed_worker
+
+        args, workers = self.args, self.args.dataloader_num_workers
         loader = DataLoader(
-            plan.StepRows(self.train_dataset.select_columns(columns)),
+            dataset,
             batch_sampler=sampler,
-            collate_fn=plan.StepCollator(self.data_collator),
-            num_workers=args.dataloader_num_workers,
+            collate_fn=collate,
+            num_workers=workers,
             pin_memory=args.dataloader_pin_memory,
-            persistent_workers=args.dataloader_persistent_workers and args.dataloader_num_workers > 0,
-            prefetch_factor=args.dataloader_prefetch_factor if args.dataloader_num_workers > 0 else None,
-            worker_init_fn=functools.partial(
-                seed_worker, num_workers=args.dataloader_num_workers, rank=args.process_index
-            ),  # fmt: skip
-        )
+            persistent_workers=args.dataloader_persistent_workers and workers > 0,
+            prefetch_factor=args.dataloader_prefetch_factor if workers > 0 else None,
+            worker_init_fn=functools.partial(seed_worker, num_workers=workers, rank=args.process_index)
+            if training else None,
+        )  # fmt: skip
         loader = self.accelerator.prepare(loader)
-        # The sampler already yields this rank's share: make accelerate's BatchSamplerShard a passthrough (as
-        # transformers' `_get_dataloader` does for a BatchRebalanceSampler).
         shard = getattr(loader, "batch_sampler", None)
         if shard is not None and getattr(shard, "batch_sampler", None) is sampler:
             shard.num_processes, shard.process_index = 1, 0
         return loader
 
     def batching_summary(self) -> dict:
-        """How steps are cut, for the run's records (`plan.summary`), with the positions packed rows really take."""
-        collate = self.data_collator if self.packed else None
-        lengths = self.lengths
-
-        def positions(micro_batch) -> int:
-            seqs = [int(lengths.chosen[i]) for i in micro_batch] + [int(lengths.rejected[i]) for i in micro_batch]
-            if collate.one_row:
-                return sum(seqs)
-            rows = packing.fill_rows(seqs, collate.hidden_size)
-            return len(rows) * max(sum(seqs[i] for i in row) for row in rows)
-
-        summary = plan.summary(lengths, self.step_plan, self.planned_epochs, positions if collate else None)
-        world = self.accelerator.num_processes
-        # ZeRO reduces (reduce-scatters) gradients at every backward; DDP and FSDP with no_sync once per step.
-        per_backward = self.is_deepspeed_enabled
-        steps = len(self.planned_epochs[0])
-        summary["gradient_reductions_per_epoch"] = 0 if world == 1 else (
-            summary["micro_batches_per_epoch"] if per_backward else steps)  # fmt: skip
-        return summary
+        """How steps are cut, for the run's records (`plan.summary`), with the positions the forward really runs."""
+        collate = self.data_collator
+        if not self.packed:
+            forward = plan.Forward("padded", max_groups=collate.max_groups)
+        else:
+            forward = plan.Forward("one_row" if collate.one_row else "rows", collate.hidden_size)
+        return plan.summary(self.lengths, self.step_plan, self.planned_epochs, forward, self.is_deepspeed_enabled)
 
     # --- one optimizer step: its micro-batches, the accumulation boundary on the last -------------------------------
     def training_step(self, model, inputs, num_items_in_batch=None):
@@ -292,26 +380,40 @@ class RecipeDPOTrainer(DPOTrainer):
         world = self.accelerator.num_processes
         if name == "train":
             return [[mb for step in self.planned_epochs[0] for mb in step[rank]] for rank in range(world)]
-        size = self.args.per_device_eval_batch_size
-        chunks = [list(range(i, min(i + size, rows))) for i in range(0, rows, size)]
-        return [chunks[rank::world] for rank in range(world)]
+        return plan.eval_batches(rows, world, self.args.per_device_eval_batch_size)
 
     def reference_scorer(self):
-        """The model that scores the reference: TRL's choice in `_precompute_ref_logps` (under DeepSpeed, an
-        inference engine places the still-unprepared policy on the device)."""
+        """The model that scores the reference: a reference model if one was given; else the policy before its first
+        update — under DeepSpeed in an inference engine that places (ZeRO-2) or gathers (ZeRO-3) its weights, as
+        TRL's `_precompute_ref_logps` does; under FSDP2 sharded by accelerate now, as training will use it (the
+        Trainer finds it prepared and leaves it; with RAM-efficient loading only the main process has its weights
+        until then)."""
         if self.ref_model is not None:
             return self.ref_model
         if self.is_deepspeed_enabled:
             if self._precompute_engine is None:
                 self._precompute_engine = prepare_deepspeed(self.model, self.accelerator)
             return self._precompute_engine
+        if self.is_fsdp_enabled:
+            from accelerate.utils.fsdp_utils import fsdp2_prepare_model
+
+            self.model = self.model_wrapped = fsdp2_prepare_model(self.accelerator, self.model)
         return self.model
+
+    def reference_scored(self) -> None:
+        """After the reference stage. FSDP2 leaves the root's weights gathered after a forward (it reshards only
+        inner units): reshard them, or accelerate's optimizer preparation, which pairs parameters by storage, misses
+        them and their updates are lost."""
+        if self.is_fsdp_enabled:
+            from torch.distributed.fsdp import FSDPModule
+
+            for module in self.model.modules():
+                if isinstance(module, FSDPModule):
+                    module.reshard()
 
     def forward_needs_every_rank(self) -> bool:
         """Whether a forward holds collectives (sharded weights), so every rank must run one together."""
-        if self.is_fsdp_enabled:
-            return True
-        return self.is_deepspeed_enabled and self.accelerator.state.deepspeed_plugin.zero_stage == 3
+        return self.engine.shards_weights
 
     def reference_log_probs(self, model, rows: list[dict]):
         """Summed reference log-probs of the chosen and rejected completions of `rows` (one micro-batch), with the
@@ -319,9 +421,17 @@ class RecipeDPOTrainer(DPOTrainer):
         packed forward standing in for the model call when training packs."""
         batch = self.data_collator(rows)
         batch = {k: v.to(self.accelerator.device) if torch.is_tensor(v) else v for k, v in batch.items()}
+        stand_in, padded_batch = self._stand_in(model, batch)
+        return self.compute_ref_log_probs(stand_in, padded_batch)
+
+    @staticmethod
+    def _stand_in(model, batch: dict):
+        """What answers TRL's model call for this micro-batch, and the padded `[2B, L]` inputs TRL reads: the packed
+        forward (packing.py) or the grouped padded one (padded.py)."""
         if packing.is_packed(batch):
-            return self.compute_ref_log_probs(packing.PackedModel(model, batch), packing.padded_view(batch))
-        return self.compute_ref_log_probs(model, batch)
+            return packing.PackedModel(model, batch), packing.padded_view(batch)
+        batch = dict(batch)
+        return padded.GroupedModel(model, batch.pop("row_groups", None)), batch
 
     # --- hybrids whose kernels take sequence boundaries pack only once their own model and pairs agree -----------
     def check_packing(self, explicit: bool) -> None:
@@ -352,10 +462,12 @@ class RecipeDPOTrainer(DPOTrainer):
 
         args = self.args
         self.packed = args.padding_free = False
-        self.data_collator = DataCollatorForPreference(pad_token_id=self._tokenizer.pad_token_id,
-                                                       max_length=args.max_length, truncation_mode=args.truncation_mode,
-                                                       pad_to_multiple_of=args.pad_to_multiple_of)  # fmt: skip
-        self.step_plan = dataclasses.replace(self.step_plan, padded=True)
+        self.forward = ForwardChoice(False, False, self.forward.hidden_size)
+        trl_collator = DataCollatorForPreference(pad_token_id=self._tokenizer.pad_token_id, max_length=args.max_length,
+                                                 truncation_mode=args.truncation_mode,
+                                                 pad_to_multiple_of=args.pad_to_multiple_of)  # fmt: skip
+        self.data_collator = padded.GroupedCollator(trl_collator)  # as __init__ wraps it (padded.py)
+        self.step_plan = replace(self.step_plan, padded=True)
         self.planned_epochs = plan.plan_run(self.lengths, self.step_plan, len(self.planned_epochs))
 
     # --- the loss ---------------------------------------------------------------------------------------------
@@ -372,29 +484,35 @@ class RecipeDPOTrainer(DPOTrainer):
 
     def _compute_loss(self, model, inputs, return_outputs):
         mode = "train" if self.model.training else "eval"
-        if packing.is_packed(inputs):
-            stand_in, padded = packing.PackedModel(model, inputs), packing.padded_view(inputs)
-        else:
-            stand_in, padded = _Recording(model), inputs
-            if "ref_chosen_logps" not in inputs:  # TRL's own reference forward, run first so metrics see it
-                ref = self.ref_model if self.ref_model is not None else self.model
-                chosen, rejected = self.compute_ref_log_probs(ref, inputs)
-                padded = {**inputs, "ref_chosen_logps": chosen, "ref_rejected_logps": rejected}
+        stand_in, view = self._stand_in(model, inputs)  # view: TRL's padded [2B, L] inputs
+        if "ref_chosen_logps" not in view:  # a live reference model (TRL's forward), run first so metrics see it
+            ref = self.ref_model if self.ref_model is not None else self.model
+            chosen, rejected = self.compute_ref_log_probs(self._stand_in(ref, inputs)[0], view)
+            view = {**view, "ref_chosen_logps": chosen, "ref_rejected_logps": rejected}
         with self._reference_in_inputs():
-            result = super()._compute_loss(stand_in, padded, return_outputs)
+            result = super()._compute_loss(stand_in, view, return_outputs)
         # MoE: TRL's loss holds router_aux_loss_coef x the router's load-balancing loss; the DPO loss without it is
         # logged beside the total (`dpo_loss`), and the health guards judge it.
         loss = result[0] if return_outputs else result
         router = self.router_aux_loss_coef * stand_in.outputs.aux_loss if self.aux_loss_enabled else None
+        if "row_groups" in inputs:  # the positions the grouped padded forward ran
+            positions = padded.positions(inputs["attention_mask"].sum(dim=1).tolist(), inputs["row_groups"])
+        else:
+            positions = inputs["input_ids"].numel()
         self.pair_metrics.add(
             mode,
             stand_in.outputs,
-            padded,
-            padded["ref_chosen_logps"],
-            padded["ref_rejected_logps"],
+            view,
+            view["ref_chosen_logps"],
+            view["ref_rejected_logps"],
             self.beta,
             self.ld_alpha,
-            positions=inputs["input_ids"].numel(),
+            positions=positions,
+            computed_tokens=computed_tokens(inputs),
+            loss=loss,
+            model_flops=self.model_flops.training(sequence_lengths(inputs), shared_prefixes(inputs))
+            if mode == "train"
+            else 0.0,
             dpo_loss=None if router is None else loss - router,
         )
         return result
@@ -418,26 +536,19 @@ class RecipeDPOTrainer(DPOTrainer):
         super().log(logs, start_time)
 
 
-def epochs_needed(args, rows: int, pairs_per_step: int, world_size: int) -> int:
-    """Epochs the run will touch (the plan covers each): num_train_epochs, or what max_steps reaches."""
-    if args.max_steps > 0:
-        per_epoch = len(plan.steps_of(range(rows), pairs_per_step, world_size))
-        return max(1, math.ceil(args.max_steps / per_epoch))
-    return max(1, math.ceil(args.num_train_epochs))
-
-
-def build_trainer(recipe: Recipe, train_dataset, eval_dataset=None, callbacks=()):
+def build_trainer(recipe: Recipe, train_dataset, eval_dataset=None, callbacks=(), stop: GracefulStop | None = None):
     """The project's DPO trainer, with: COMPLETE marks on checkpoints, metrics.jsonl, a clean stop on Slurm's
     signals, health guards and sample generations. `trainer.graceful_stop.stopped` tells after `train()` whether it
     ended early to be requeued; `trainer.health.stop` whether a guard stopped it."""
     t, p = recipe.training, recipe.project
-    t.model_init_kwargs = model_init_kwargs(recipe)
+    run_engine = engine.launched()
+    t.model_init_kwargs = model_init_kwargs(recipe, run_engine)
     # The arguments set up the process group (with their ddp_backend) when first asked for their device; until then
     # `world_size` reads 1.
     world = t.world_size if t.device is not None else 1
     model_path = resolve_model_path(recipe)
-    packed, hidden_size = decide_packing(recipe, model_path)
-    graceful_stop = GracefulStop.from_env()
+    forward = decide_forward(recipe, model_path)
+    graceful_stop = stop or GracefulStop.from_env()
     health = HealthGuard(recipe.project) if recipe.project.health_checks else None
     # Order matters: GracefulStop.on_save reports a checkpoint only after CompleteMarker has marked it.
     trainer = RecipeDPOTrainer(
@@ -449,16 +560,19 @@ def build_trainer(recipe: Recipe, train_dataset, eval_dataset=None, callbacks=()
         # LoRA (--use_peft): TRL wraps the model and scores the reference with the adapter disabled (no second model).
         peft_config=get_peft_config(recipe.model),
         quantization_config=get_quantization_config(recipe.model),  # --load_in_4bit/8bit, as TRL's own dpo.py
-        packed=packed,
+        forward=forward,
         pairs_per_step=p.pairs_per_step or t.per_device_train_batch_size * t.gradient_accumulation_steps * world,
         max_tokens_per_microbatch=p.max_tokens_per_microbatch,
+        gpu_peak_tflops=p.gpu_peak_tflops,
         attn_implementation=recipe.model.attn_implementation,
-        hidden_size=hidden_size,
+        run_engine=run_engine,
     )
-    if packed and packing.needs_parity_check(trainer.model.config):
+    if forward.packed and packing.needs_parity_check(trainer.model.config):
         trainer.check_packing(explicit="padding_free" in recipe.given)
     trainer.graceful_stop = graceful_stop
+    trainer.model_path = model_path  # the base weights on disk (a built-in model materialized), for the LoRA merge
     trainer.health = health  # .stop tells after `train()` whether a guard stopped it (dpotrain/health.py)
     if recipe.project.samples_every > 0:
-        trainer.add_callback(SampleGenerator.from_recipe(recipe, trainer.train_dataset, trainer.processing_class))
+        trainer.add_callback(SampleGenerator.from_recipe(recipe, trainer.train_dataset, trainer.processing_class,
+                                                         every_rank=run_engine.shards_weights))  # fmt: skip
     return trainer

@@ -63,8 +63,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument(
         "--coverage",
         type=float,
-        help="fraction of pairs that must fit untruncated [the recipe's "
-        f"auto_coverage, else {lengths.DEFAULT_COVERAGE}]",
+        help="fraction of pairs that must fit untruncated: the recommendation is the smallest multiple of "
+        f"{lengths.STEP} reaching it, shown with its packed compute [the recipe's auto_coverage, else "
+        f"{lengths.DEFAULT_COVERAGE}]",
     )
     p.add_argument("--json", help="write the report as JSON here")
     p.add_argument("--plot", help="write a PNG histogram of total length here")
@@ -198,7 +199,11 @@ def analyze(args: argparse.Namespace) -> int:
     )
     print(lengths_report.to_markdown(report, current))
     r = report["recommendation"]
-    print(f"Recommended max_length: {r['max_length']} (covers {r['coverage']:.1%} of pairs; target {target:.1%})")
+    doubled = r["doubled"]
+    print(
+        f"Recommended max_length: {r['max_length']} (covers {r['coverage']:.1%} of pairs; target {target:.1%}; "
+        f"{doubled['max_length']} would cover {doubled['coverage']:.1%} for {doubled['compute']:+.1%} packed compute)"
+    )
 
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=1) + "\n")

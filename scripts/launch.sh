@@ -3,9 +3,10 @@
 #
 # Environment (all optional except RECIPE, which the sbatch scripts set):
 #   RECIPE=configs/think.yaml            the recipe passed to train_dpo.py --config
-#   ACCELERATE_CONFIG=accelerate_config.yaml
+#   ACCELERATE_CONFIG=<the recipe's accelerate_config, else accelerate_config.yaml>   the engine (README "Engines")
 #   VENV=.venv                           the project's virtual environment (bash scripts/setup_env.sh)
-#   MAIN_PROCESS_PORT=29500              rendezvous port on the first node
+#   MAIN_PROCESS_PORT=<from the job id>  rendezvous port on the first node (20000-29999: two jobs sharing a node
+#                                        do not collide)
 #   CPU_PROCESSES_PER_NODE=1             processes per node when the job has no GPUs (--gpus-per-node=0)
 #   LAUNCH_PRINT_ONLY=1                  print the srun + accelerate launch line and exit (used by the tests)
 #   PREFLIGHT=1                          first score a sample with the base model (scripts/preflight.py); stop on fail
@@ -14,9 +15,13 @@ set -euo pipefail
 
 cd "${SLURM_SUBMIT_DIR:-$PWD}"  # sbatch runs a copy of the script from Slurm's spool folder
 RECIPE=${RECIPE:?set RECIPE, e.g. RECIPE=configs/think.yaml}
-ACCELERATE_CONFIG=${ACCELERATE_CONFIG:-accelerate_config.yaml}
+# The engine: the recipe's own (configs/think-32b.yaml names ZeRO-3) unless ACCELERATE_CONFIG says otherwise.
+recipe_engine=$(sed -nE 's/^accelerate_config: *([^ #]+).*/\1/p' "$RECIPE" 2>/dev/null | head -1 || true)
+[[ $recipe_engine == none || $recipe_engine == None ]] && recipe_engine=""
+ACCELERATE_CONFIG=${ACCELERATE_CONFIG:-${recipe_engine:-accelerate_config.yaml}}
 VENV=${VENV:-.venv}
-MAIN_PROCESS_PORT=${MAIN_PROCESS_PORT:-29500}
+# From the job id, below Linux's ephemeral port range: two jobs on one node must not meet at the same port.
+MAIN_PROCESS_PORT=${MAIN_PROCESS_PORT:-$((20000 + ${SLURM_JOB_ID:-9500} % 10000))}
 NNODES=${SLURM_JOB_NUM_NODES:-1}
 # --gpus-per-node sets SLURM_GPUS_PER_NODE ("4" or "h100:4"); a --gres=gpu:4 job only has SLURM_GPUS_ON_NODE.
 GPUS_PER_NODE=${SLURM_GPUS_PER_NODE:-${SLURM_GPUS_ON_NODE:-0}}
@@ -32,13 +37,19 @@ die() { echo "error: $*" >&2; exit 1; }
 
 # The command every node runs. \$SLURM_PROCID is escaped: it must be read on each node inside srun, not here,
 # or every node gets machine rank 0 and the rendezvous hangs (accelerate issue #2816). Each node says in the log
-# which rank it read and where it meets the others.
+# which rank it read, where it meets the others and how many CPUs its training processes may use (nproc: their
+# sched_getaffinity).
+# torchrun's agent (inside accelerate launch), on SIGTERM, signals the workers again and SIGKILLs them after ~30 s:
+# a checkpoint that takes longer than that, asked for by Slurm's own SIGTERM on preemption, would be lost. So the
+# agent ignores SIGTERM (an ignored signal stays ignored across exec, and torchrun's --signals-to-handle, read from
+# PET_SIGNALS_TO_HANDLE, keeps it from installing its handler): the workers, which Slurm signals too, checkpoint and
+# exit, and the agent with them.
 launch_line() {
   local main_addr=$1; shift
   local train_args=""
   [[ $# -gt 0 ]] && train_args=$(printf ' %q' "$@")
   cat <<LINE
-srun --nodes=$NNODES --ntasks-per-node=1 --kill-on-bad-exit=1 bash -c "echo \"node \\\$SLURMD_NODENAME: machine rank \\\$SLURM_PROCID of $NNODES, rendezvous $main_addr:$MAIN_PROCESS_PORT, $NUM_PROCESSES processes\"; exec $VENV/bin/accelerate launch \
+srun --nodes=$NNODES --ntasks-per-node=1 --kill-on-bad-exit=1 bash -c "trap '' TERM; export PET_SIGNALS_TO_HANDLE=SIGINT,SIGHUP,SIGQUIT; echo \"node \\\$SLURMD_NODENAME: machine rank \\\$SLURM_PROCID of $NNODES, rendezvous $main_addr:$MAIN_PROCESS_PORT, $NUM_PROCESSES processes, \\\$(nproc) CPUs\"; exec $VENV/bin/accelerate launch \
 --config_file $ACCELERATE_CONFIG \
 --num_machines $NNODES \
 --num_processes $NUM_PROCESSES \
@@ -95,6 +106,9 @@ fi
 # A job killed while DeepSpeed compiled an op leaves its build lock, and every later job waits on it silently.
 "$VENV/bin/python" -m dpotrain.build_locks
 mkdir -p logs
+# The stop file (below): set before the dry run, which refuses a folder it cannot write in (dpotrain/preemption.py).
+export DPOTRAIN_STOP_FILE="$PWD/logs/.stop-${SLURM_JOB_ID:-$$}"
+rm -f "$DPOTRAIN_STOP_FILE" "$DPOTRAIN_STOP_FILE.checkpointed"
 if grep -qE '^push_to_hub: *true' "$RECIPE" || [[ " $* " == *" --push_to_hub"* ]]; then
   [[ -n "${HF_TOKEN:-}" || -f .env ]] || die "pushing to the Hub needs HF_TOKEN: put it in .env (see .env.example)"
 fi
@@ -107,7 +121,9 @@ echo "recipe: $RECIPE  accelerate: $ACCELERATE_CONFIG  args: ${SHOWN_ARGS[*]}"
 # The resolved run (and the refusals of train_dpo.py: unknown keys, a batch of 128 pairs this world size cannot
 # reach, ...) at the size of the whole job, in seconds and before any GPU work.
 # A refusal is one `error:` line on stderr (this log), and set -e ends the job here.
-resolved=$(WORLD_SIZE=$NUM_PROCESSES "$VENV/bin/python" train_dpo.py --config "$RECIPE" --dry-run "$@")
+# The memory plan per GPU is for this job's engine (ACCELERATE_CONFIG) and size; a plan that cannot fit is refused.
+resolved=$(WORLD_SIZE=$NUM_PROCESSES "$VENV/bin/python" train_dpo.py --config "$RECIPE" --dry-run \
+  --accelerate_config "$ACCELERATE_CONFIG" "$@")
 "$VENV/bin/python" - "$resolved" <<'PY'
 import json, sys
 text = sys.argv[1]
@@ -119,6 +135,12 @@ if r.get("max_tokens_per_microbatch"):  # micro-batches cut by tokens: their cou
 else:
     print(f"batch: {d['pairs_per_step']} pairs per step = {r['per_device_train_batch_size']} per process x "
           f"{r['gradient_accumulation_steps']} accumulation x {d['world_size']} processes; output: {r['output_dir']}")
+m = d.get("memory", {})
+if "per_gpu_gib" in m:
+    gpu = f"of {m['gpu_memory_gib']} GiB" if m["gpu_memory_gib"] else f"(GPU memory {m['gpu_memory_source']})"
+    print(f"memory plan: ~{m['per_gpu_gib']['total']} GiB per GPU {gpu} under {m['engine']}")
+elif m:
+    print(f"memory plan skipped: {m['skipped']}")
 PY
 
 # PREFLIGHT=1: the base model's gap between chosen and rejected on a sample, here on the batch node; a doomed run
@@ -131,9 +153,26 @@ fi
 # --signal=B:USR1@... reaches this shell only; the trap creates a stop file that every rank checks at the end of
 # each optimizer step (dpotrain/preemption.py). A trap runs only between foreground commands, so srun runs in the
 # background and this shell waits for it.
-export DPOTRAIN_STOP_FILE="$PWD/logs/.stop-${SLURM_JOB_ID:-$$}"
-rm -f "$DPOTRAIN_STOP_FILE" "$DPOTRAIN_STOP_FILE.checkpointed"
-trap 'echo "=== $(date -Is) signal received: checkpointing at the next optimizer step ==="; touch "$DPOTRAIN_STOP_FILE"' USR1 TERM
+signalled=""
+stop_request() {
+  signalled=$1
+  echo "=== $(date -Is) signal received: checkpointing at the next optimizer step (SIG$1) ==="
+  touch "$DPOTRAIN_STOP_FILE"
+}
+trap 'stop_request USR1' USR1
+trap 'stop_request TERM' TERM
+
+# How long a checkpoint may take: what the time-limit warning leaves (--signal=B:USR1@<seconds>, read from the
+# submitted script) and the partition's preemption GraceTime. The training processes say when a save took longer.
+script=$(scontrol show job "${SLURM_JOB_ID:-0}" 2>/dev/null | grep -o 'Command=[^ ]*' | cut -d= -f2 || true)
+lead=$(grep -o '^#SBATCH --signal=B:USR1@[0-9]*' "${script:-/dev/null}" 2>/dev/null | grep -o '[0-9]*$' || true)
+grace=$(scontrol show partition "${SLURM_JOB_PARTITION:-}" 2>/dev/null | grep -o 'GraceTime=[0-9]*' | cut -d= -f2 || true)
+export DPOTRAIN_SAVE_WARN_S=${lead:-600} DPOTRAIN_GRACE_S=${grace:-0}
+echo "checkpoints must be written within ${DPOTRAIN_SAVE_WARN_S} s (time-limit warning)$( ((DPOTRAIN_GRACE_S)) && echo " and ${DPOTRAIN_GRACE_S} s (partition ${SLURM_JOB_PARTITION:-}'s preemption GraceTime)")"
+
+# Slurm >= 22.05 no longer passes the job's --cpus-per-task on to srun: without this, on a cluster that binds
+# tasks to their CPUs, every node's GPU processes, data-loader workers and tokenization share one core.
+[[ -n "${SLURM_CPUS_PER_TASK:-}" ]] && export SRUN_CPUS_PER_TASK=$SLURM_CPUS_PER_TASK
 
 echo "launch: $(launch_line "$main_addr" "${SHOWN_ARGS[@]}")"
 line=$(launch_line "$main_addr" "$@")
@@ -143,16 +182,48 @@ while :; do
   wait "$pid" && rc=0 || rc=$?
   kill -0 "$pid" 2>/dev/null || break  # a trapped signal interrupts `wait`: keep waiting for srun itself
 done
+# When Slurm ends the job (scancel, the time limit, a preemption past its GraceTime) srun is signalled too and exits
+# at once, while the training processes may still be saving: wait for them as long as Slurm lets them run.
+if [[ $signalled == TERM && $rc -gt 128 && ! -f "$DPOTRAIN_STOP_FILE.checkpointed" ]]; then
+  kill_wait=$(scontrol show config 2>/dev/null | awk '$1 == "KillWait" {print $3}' || true)
+  echo "=== $(date -Is) srun ended on Slurm's SIGTERM: waiting up to ${kill_wait:-30} s (KillWait) for the training" \
+    "processes to save ==="
+  for ((i = 0; i < ${kill_wait:-30}; i++)); do
+    [[ -f "$DPOTRAIN_STOP_FILE.checkpointed" ]] && break
+    sleep 1
+  done
+fi
 
+# Requeue after a stop request, so the job goes on from what was saved. Slurm requeues a preempted job on its own
+# only if it still runs when the GraceTime is over; one that saved and exited within it would end COMPLETED. The
+# job's state tells the stops to requeue after (still RUNNING: a preemption within its GraceTime, the time-limit
+# warning, `scancel --signal`; or Reason=TimeLimit: saved just after the limit) from those not to: `scancel` (the
+# same SIGTERM, but the user wants the job to end) and a preemption past its GraceTime (Slurm has requeued it).
 if [[ -f "$DPOTRAIN_STOP_FILE.checkpointed" ]]; then
-  echo "=== $(date -Is) $(cat "$DPOTRAIN_STOP_FILE.checkpointed"); requeueing job ${SLURM_JOB_ID:-} ==="
+  saved=$(cat "$DPOTRAIN_STOP_FILE.checkpointed")
   rm -f "$DPOTRAIN_STOP_FILE" "$DPOTRAIN_STOP_FILE.checkpointed"
-  [[ -n "${SLURM_JOB_ID:-}" ]] && scontrol requeue "$SLURM_JOB_ID"
+  [[ -n "${SLURM_JOB_ID:-}" ]] || { echo "=== $(date -Is) $saved; not a Slurm job: run the same command to go on ==="; exit 0; }
+  job=$(scontrol show job -o "$SLURM_JOB_ID" 2>/dev/null | grep -o 'JobState=[A-Z_]*\|Reason=[^ ]*\|Restarts=[0-9]*' | tr '\n' ' ' || true)
+  if [[ -z $job || $job == *JobState=RUNNING* || $job == *Reason=TimeLimit* ]]; then
+    echo "=== $(date -Is) $saved; requeueing job $SLURM_JOB_ID ==="
+    if ! refused=$(scontrol requeue "$SLURM_JOB_ID" 2>&1); then
+      # E.g. a job submitted with --no-requeue. Not COMPLETED: an `afterok` dependency must not start on it.
+      die "Slurm refused to requeue job $SLURM_JOB_ID ($refused): submit the same command again to go on from what was saved"
+    fi
+  elif [[ $job != *"Restarts=${SLURM_RESTART_COUNT:-0} "* ]]; then
+    echo "=== $(date -Is) $saved; Slurm has requeued job $SLURM_JOB_ID itself (preempted, past its GraceTime) ==="
+  else
+    echo "=== $(date -Is) $saved; job $SLURM_JOB_ID was cancelled (scancel), so it is not requeued: submit the same" \
+      "command again to go on ==="
+  fi
   exit 0
 fi
 rm -f "$DPOTRAIN_STOP_FILE"
 if [[ $rc == 0 ]]; then
   echo "=== $(date -Is) training exited with code 0 ==="
+elif [[ $signalled == TERM && $rc -gt 128 ]]; then
+  echo "=== $(date -Is) Slurm ended the job before its save was complete: a rerun goes on from what was saved" \
+    "before (the newest complete checkpoint) ===" >&2
 else
   # --kill-on-bad-exit: the first node whose process fails takes the others down at once, instead of them
   # waiting in a collective until the time limit. srun names that node in its first `srun: error:` line.

@@ -17,6 +17,13 @@ os.environ.setdefault("WANDB_MODE", "offline")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
+@pytest.fixture(autouse=True)
+def own_cache(tmp_path_factory, monkeypatch):
+    """Every test gets an empty DPOTRAIN_CACHE: a reference scored by another test, in other micro-batches, would be
+    reused (the cache is layout-free by design, README "The reference stage") and move step 1 off its exact ln 2."""
+    monkeypatch.setenv("DPOTRAIN_CACHE", str(tmp_path_factory.mktemp("cache")))
+
+
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory) -> str:
     """The built-in 2-layer OLMo 3 and its tokenizer, built in a session folder (not the user's outputs/)."""

@@ -108,6 +108,10 @@ def test_family_trains_with_the_smoke_recipe(tmp_path, monkeypatch, capsys, tiny
     trainer = ready(smoke_trainer(model_dir, tmp_path / "run", rows))
     packs = model_type in packing.PACKING_TESTED
     assert trainer.packed == packs and trainer.step_plan.padded == (not packs)
+    # Prompts shared wherever packing is and the mask can be given (not a mask the model builds itself, not an MoE
+    # router's aux loss): then the packed = padded check below runs on the shared rows.
+    shares = packs and model_type not in ("mistral", "phi3", "qwen3_moe", "olmoe", "mixtral")
+    assert trainer.forward.share_prompt == shares
     if not packs:  # the one-line note says why
         assert "Note: padded micro-batches" in capsys.readouterr().out
     before = {n: p.detach().clone() for n, p in trainer.model.named_parameters() if p.requires_grad}
@@ -230,6 +234,18 @@ def test_packing_is_denied_by_default():
     assert "varlen attention" in packing.packing_problem(hybrid)
     hybrid._attn_implementation = "flash_attention_2"
     assert packing.packing_problem(hybrid) is None and packing.needs_parity_check(hybrid)
+
+
+def test_moe_router_loss_keeps_prompts_unshared():
+    """TRL's router auxiliary loss is computed by the model from a per-token attention mask: MoE models pack with each
+    prompt twice, unless the recipe sets the loss off (router_aux_loss_coef 0)."""
+    from transformers import AutoConfig
+
+    from dpotrain import shared_prompt
+
+    olmoe = AutoConfig.for_model("olmoe", num_hidden_layers=2)
+    assert "router auxiliary loss" in shared_prompt.share_problem(olmoe, "sdpa")
+    assert shared_prompt.share_problem(olmoe, "sdpa", router_aux_loss_coef=0.0) is None
 
 
 def test_varlen_attention_names_follow_transformers():

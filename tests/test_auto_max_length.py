@@ -27,9 +27,11 @@ def test_auto_max_length_is_chosen_recorded_and_then_shown_by_a_dry_run(tmp_path
     train_dpo.main([*SMOKE, *model, "--output_dir", str(out), "--max_steps", "2", "--save_strategy", "no"])
     resolved = json.loads((out / "resolved_config.json").read_text())
     choice = resolved["derived"]["max_length"]
-    # The bundled pairs are at most ~550 tokens: 512 is the smallest multiple of 512 covering 90% of them.
+    # The bundled pairs are at most ~550 tokens: 512 is the smallest multiple of 512 covering 95% of them (2 cut).
     assert resolved["max_length"] == choice["max_length"] == 512
-    assert choice["coverage"] >= 0.9 and choice["target_coverage"] == 0.9 and choice["rows"] == 384
+    assert choice["coverage"] >= 0.95 and choice["target_coverage"] == 0.95 and choice["rows"] == 384
+    assert choice["truncated"] == 2 and choice["doubled"]["max_length"] == 1024 and choice["doubled"]["coverage"] == 1
+    assert "smallest multiple of 512 that leaves at least 95.0% of pairs whole" in choice["reason"]
     assert not choice["cached"]
 
     after = dry_run(capsys, *model)

@@ -58,11 +58,13 @@ def test_max_length_auto_is_recorded_and_a_later_value_wins(tmp_path):
 
 @pytest.mark.parametrize("recipe_path", RECIPES, ids=[p.stem for p in RECIPES])
 def test_every_shipped_recipe_resolves_in_a_dry_run(recipe_path):
-    # Offline and with a model that cannot be loaded here: a dry run must not touch either.
-    result = run_train(["--config", str(recipe_path), "--dry-run"], env={"HF_HUB_OFFLINE": "1"})
+    # Offline and with a model that cannot be loaded here: a dry run must not touch either. A recipe for the user's
+    # own model (think-32b) names none and gets one on the command line, as its usage line says.
+    declared = yaml.safe_load(recipe_path.read_text())
+    model = [] if "model_name_or_path" in declared else ["--model_name_or_path", "org/your-sft-model"]
+    result = run_train(["--config", str(recipe_path), "--dry-run", *model], env={"HF_HUB_OFFLINE": "1"})
     assert result.returncode == 0, result.stdout[-2000:]
     resolved = json.loads(result.stdout[result.stdout.index("{") : result.stdout.rindex("}") + 1])
-    declared = yaml.safe_load(recipe_path.read_text())
     declared.pop("env", None)
     for key, value in declared.items():
         if key in ("warmup_steps", "learning_rate"):
@@ -71,7 +73,9 @@ def test_every_shipped_recipe_resolves_in_a_dry_run(recipe_path):
             assert resolved[key] == value, key
     derived = resolved["derived"]
     world = 1 if declared.get("accelerate_config") == "none" else 4  # the launch the README shows for the recipe
-    assert derived["world_size"] == world  # accelerate_config.yaml: 4 processes
+    assert derived["world_size"] == world  # accelerate_config.yaml, configs/accelerate/*.yaml: 4 processes
+    # The memory plan: skipped where the model's config is not on this machine (or for the CPU demo, in fp32).
+    assert derived["memory"].get("skipped") or derived["memory"]["per_gpu_gib"]["total"] > 0
     if resolved["max_tokens_per_microbatch"]:  # micro-batches cut by tokens: their count comes from the data
         assert derived["pairs_per_step"] == declared["pairs_per_step"]
         assert resolved["per_device_train_batch_size"] is None and resolved["gradient_accumulation_steps"] is None
@@ -91,6 +95,21 @@ def test_olmo3_recipes_hold_the_published_values():
         assert resolved["warmup_steps"] == 0.1 and resolved["num_train_epochs"] == 1
         assert resolved["pairs_per_step"] == 128 and resolved["max_tokens_per_microbatch"] >= 2 * resolved["max_length"]
         assert resolved["bf16"] is True and resolved["activation_checkpointing"] is True
+
+
+def test_32b_recipe_holds_olmo3s_32b_think_values_and_needs_your_model():
+    think = yaml.safe_load((ROOT / "configs" / "think.yaml").read_text())
+    think32 = yaml.safe_load((ROOT / "configs" / "think-32b.yaml").read_text())
+    assert think32["learning_rate"] == 7e-8 and think32["max_length"] == 8192  # OLMo 3, Table 48: 32B Think
+    same = ("dataset_name", "loss_type", "beta", "lr_scheduler_type", "warmup_steps", "num_train_epochs",
+            "weight_decay", "max_grad_norm", "pairs_per_step", "seed", "bf16", "activation_checkpointing")  # fmt: skip
+    assert {k: think32[k] for k in same} == {k: think[k] for k in same}
+    assert think32["accelerate_config"] == "configs/accelerate/zero3.yaml"  # the engine its memory plan fits on
+    result = run_train(["--config", "configs/think-32b.yaml", "--dry-run"], env={"HF_HUB_OFFLINE": "1"})
+    assert result.returncode == 2
+    assert result.stdout.strip().splitlines()[-1] == (
+        "error: no model: set model_name_or_path in the recipe or pass --model_name_or_path"
+    )
 
 
 def test_dry_run_derives_steps_for_a_local_dataset():

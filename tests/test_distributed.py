@@ -76,7 +76,7 @@ def test_zero2_trains_on_cpu_through_accelerate_launch(tmp_path, tiny_model_dir)
     # 384 pairs / 8 per step (the recipe's pairs_per_step, on any number of processes) = 48 steps per epoch.
     assert math.isclose(records[0]["epoch"], 1 / 48)
     batching = resolved["derived"]["batching"]  # cut by tokens: micro-batches of unequal size, ranks in step
-    assert batching["forward"] == "packed" and batching["pairs_per_step"] == 8
+    assert batching["forward"] == "packed, prompts shared (384 of 384 pairs)" and batching["pairs_per_step"] == 8
     assert batching["positions_per_micro_batch"]["min"] < batching["positions_per_micro_batch"]["max"]
     assert batching["gradient_reductions_per_epoch"] == batching["micro_batches_per_epoch"]  # ZeRO: every backward
     assert (out / "model.safetensors").is_file()

@@ -289,3 +289,29 @@ def test_several_epochs_resumed_in_the_last_and_on_two_processes_end_with_the_sa
     for name, other in (("resumed", weights(resumed)), ("2 processes", weights(two))):
         for param, w in base.items():
             assert (other[param] - w).abs().max() < 1e-5, (name, param)
+
+
+@pytest.mark.slow
+def test_a_dry_run_shows_the_plan_training_records(tmp_path, tiny_model_dir):
+    """With the analyzer's lengths cached (scripts/analyze_dataset.py, CPU), `--dry-run` plans the run exactly as
+    training does, before anything loads; without them it says how to get them."""
+    from conftest import run_train
+
+    env = {"DPOTRAIN_CACHE": str(tmp_path / "cache"), "DPOTRAIN_BUILTIN_DIR": str(Path(tiny_model_dir).parent)}
+    smoke = ["--config", str(ROOT / "configs" / "smoke.yaml"), "--output_dir", str(tmp_path / "run")]
+
+    def dry_run() -> dict:
+        result = run_train([*smoke, "--dry-run"], env=env)
+        assert result.returncode == 0, result.stdout[-2000:]
+        return json.loads(result.stdout[result.stdout.index("{\n") : result.stdout.rindex("}") + 1])["derived"]
+
+    assert "analyze_dataset.py --config" in dry_run()["batching"]["planned"]
+    analysis = subprocess.run([sys.executable, str(ROOT / "scripts" / "analyze_dataset.py"), "--config", smoke[1]],
+                              cwd=ROOT, env={**os.environ, **env}, capture_output=True, text=True)  # fmt: skip
+    assert analysis.returncode == 0, analysis.stderr[-2000:]
+    planned = dry_run()["batching"]
+    assert "the analyzer's cached lengths" in planned.pop("planned")
+    result = run_train([*smoke, "--max_steps", "2", "--report_to", "none", "--save_strategy", "no"], env=env)
+    assert result.returncode == 0, result.stdout[-2000:]
+    trained = json.loads((tmp_path / "run" / "resolved_config.json").read_text())["derived"]["batching"]
+    assert planned == trained

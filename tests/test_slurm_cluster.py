@@ -111,3 +111,76 @@ def test_signal_reaches_batch_shell_trap(slurm, tmp_path):
     slurm.signal(job, "USR1")
     assert slurm.wait(job, timeout=30) == "COMPLETED"
     assert out.read_text() == "ready\ngot USR1\n"
+
+
+def node_cpus(slurm) -> int:
+    return int(slurm.run(["sinfo", "-h", "-N", "-o", "%c"]).stdout.split()[0])
+
+
+def test_a_step_gets_one_core_unless_it_asks_for_the_jobs_cpus(slurm, tmp_path):
+    """Tasks are bound to their CPUs as on clusters that bind to cores (task/affinity), and srun, as since Slurm
+    22.05, does not inherit the job's --cpus-per-task: the bug scripts/launch.sh avoids with SRUN_CPUS_PER_TASK."""
+    cpus = node_cpus(slurm)
+    if cpus < 2:
+        pytest.skip("a one-CPU node cannot show a step getting fewer CPUs than its job")
+    script = write_script(
+        tmp_path / "cpus.sh",
+        """\
+        echo "batch: $(nproc)"
+        echo "step: $(srun nproc)"
+        echo "step with SRUN_CPUS_PER_TASK: $(SRUN_CPUS_PER_TASK=$SLURM_CPUS_PER_TASK srun nproc)"
+        """,
+    )
+    job = slurm.sbatch(["--gpus-per-node=0", f"--cpus-per-task={cpus}", script.name], cwd=tmp_path)
+    assert slurm.wait(job, timeout=60) == "COMPLETED"
+    out = (tmp_path / f"cpus.sh-{job}.out").read_text()
+    assert out == f"batch: {cpus}\nstep: 1\nstep with SRUN_CPUS_PER_TASK: {cpus}\n"
+
+
+# A job that says which signals reach its batch shell and its step, and what Slurm says of it once the step is over.
+SIGNALLED = """\
+trap 'echo "batch got TERM"' TERM
+srun bash -c 'trap "echo step got TERM; exit 0" TERM; echo ready; sleep 300 & wait' & pid=$!
+while :; do wait $pid; kill -0 $pid 2>/dev/null || break; done
+scontrol show job -o "$SLURM_JOB_ID" | tr ' ' '\\n' | grep -E '^(JobState|Reason|PreemptTime)='
+"""
+
+
+def wait_for_line(path, text, job, slurm, timeout=60):
+    deadline = time.monotonic() + timeout
+    while not (path.exists() and text in path.read_text()):
+        assert time.monotonic() < deadline, f"job {job}: no {text!r} in its log: {slurm.job_info(job)}"
+        time.sleep(0.2)
+
+
+def test_preemption_signals_the_steps_and_a_job_that_ends_within_its_grace_time_is_not_requeued(slurm, tmp_path):
+    """What scripts/launch.sh builds on: a job preempted by one in the higher-priority partition gets SIGTERM in its
+    steps at once, none in its batch shell, and stays RUNNING through the partition's GraceTime; a job that ends in
+    that time ends COMPLETED and is not requeued: it has to requeue itself."""
+    cpus = node_cpus(slurm)
+    script = write_script(tmp_path / "preempted.sh", SIGNALLED)
+    job = slurm.sbatch(["--gpus-per-node=0", f"--cpus-per-task={cpus}", script.name], cwd=tmp_path)
+    out = tmp_path / f"preempted.sh-{job}.out"
+    wait_for_line(out, "ready", job, slurm)
+    urgent = slurm.sbatch(["--partition=urgent", f"--cpus-per-task={cpus}", "--output=/dev/null", "--wrap", "true"],
+                          cwd=tmp_path)  # fmt: skip
+    assert slurm.wait(job, timeout=60) == "COMPLETED"
+    assert slurm.job_info(job)["Restarts"] == "0"
+    lines = [line for line in out.read_text().splitlines() if not line.startswith("slurmstepd")]
+    assert lines[:2] == ["ready", "step got TERM"] and "batch got TERM" not in lines, lines
+    assert "JobState=RUNNING" in lines and not any(line == "PreemptTime=None" for line in lines), lines
+    assert slurm.wait(urgent, timeout=60) == "COMPLETED"
+
+
+def test_scancel_signals_the_batch_shell_too_and_the_job_is_no_longer_running(slurm, tmp_path):
+    """How scripts/launch.sh tells a cancelled job (not to requeue) from a preempted one: the same SIGTERM reaches
+    the steps, but the job is already COMPLETING, and its batch shell is signalled as well."""
+    script = write_script(tmp_path / "cancelled.sh", SIGNALLED)
+    job = slurm.sbatch(["--gpus-per-node=0", script.name], cwd=tmp_path)
+    out = tmp_path / f"cancelled.sh-{job}.out"
+    wait_for_line(out, "ready", job, slurm)
+    slurm.cancel(job)
+    assert slurm.wait(job, timeout=60) == "CANCELLED"
+    wait_for_line(out, "JobState=", job, slurm)
+    lines = out.read_text().splitlines()
+    assert {"step got TERM", "batch got TERM", "JobState=COMPLETING", "Reason=None"} <= set(lines), lines

@@ -7,6 +7,7 @@ import shlex
 import shutil
 import subprocess
 import time
+from pathlib import Path
 
 import pytest
 from safetensors.torch import load_file
@@ -125,6 +126,156 @@ def test_preempted_job_checkpoints_requeues_and_ends_like_an_uninterrupted_one(s
     assert json.loads((out / "run_complete.json").read_text())["global_step"] == 10
     a, b = weights(plain), weights(out)
     assert all((a[k] - b[k]).abs().max().item() < 1e-6 for k in a), "resumed run diverged from the uninterrupted one"
+
+
+@pytest.mark.slurm
+@pytest.mark.slow
+def test_a_cancelled_job_saves_and_stays_cancelled_and_a_refused_requeue_fails_the_job(slurm, tmp_path):
+    """scancel sends the SIGTERM of a preemption, but the user wants the job to end: it saves and is not requeued. A
+    job Slurm will not requeue (--no-requeue) ends FAILED, not COMPLETED, so that an `afterok` dependency does not
+    start on an unfinished run. The two jobs run side by side, one CPU each."""
+    jobs = {}
+    for name, extra in (("cancelled", []), ("no-requeue", ["--no-requeue"])):
+        args = ["--gpus-per-node=0", "--cpus-per-task=1", *extra, "scripts/dpo_train.sh", "--max_steps", "40",
+                "--logging_steps", "1", "--save_steps", "1000", "--report_to", "none", "--output_dir",
+                str(tmp_path / name)]  # fmt: skip
+        jobs[name] = slurm.sbatch(args, cwd=ROOT, env=README_ENV)
+    deadline = time.time() + 400
+    while not all(len(steps(tmp_path / name)) >= 3 for name in jobs):  # mid-training
+        assert time.time() < deadline and all(slurm.state(j) in ("PENDING", "RUNNING") for j in jobs.values())
+        time.sleep(0.2)
+    slurm.signal(jobs["no-requeue"], "USR1")
+    slurm.cancel(jobs["cancelled"])
+
+    assert slurm.wait(jobs["cancelled"], timeout=120) == "CANCELLED"
+    assert slurm.wait(jobs["no-requeue"], timeout=120) == "FAILED"
+    for name, job in jobs.items():
+        log = (ROOT / "logs" / f"dpo-think-{job}.out").read_text(errors="replace")
+        assert slurm.job_info(job)["Restarts"] == "0", log[-3000:]
+        saved = re.search(r"checkpoint (\S+) written; ", log)
+        assert saved and (Path(saved.group(1)) / "COMPLETE").is_file(), log[-3000:]
+        assert not (tmp_path / name / "run_complete.json").exists()
+        if name == "cancelled":
+            assert f"job {job} was cancelled (scancel), so it is not requeued: submit the same command" in log
+        else:
+            assert f"error: Slurm refused to requeue job {job} (Requested operation is presently disabled" in log
+
+
+# --- preemption by a higher-priority job, as on shared clusters; CPUs and ports on shared nodes -----------------------
+
+# The test cluster binds tasks to cores (tests/slurm/cluster.sh): without launch.sh passing the job's --cpus-per-task
+# on to srun, the training step would get one CPU (tests/test_slurm_cluster.py).
+TWO_PROCESSES = {"RECIPE": "configs/smoke.yaml", "CPU_PROCESSES_PER_NODE": "2"}
+STEPS = 40  # of 16 pairs: ~8 s of training, time for a preemption to land mid-way
+
+
+@pytest.fixture(scope="module")
+def pairs2400(tmp_path_factory):
+    from dpotrain import builtin
+
+    path = tmp_path_factory.mktemp("pairs") / "pairs2400.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in builtin.make_preference_rows(2400, seed=21)))
+    return path
+
+
+def two_process_job(slurm, out, data, env=None) -> int:
+    """Two training processes on the node (DeepSpeed ZeRO-2 on CPU), 40 steps of 16 pairs, no checkpoint of its own
+    before the end; the reference stage saves what it scored every 0.2 s."""
+    args = ["--gpus-per-node=0", f"--cpus-per-task={real_cpus()}", "scripts/dpo_train.sh", "--dataset_name",
+            str(data), "--max_steps", str(STEPS), "--pairs_per_step", "16", "--logging_steps", "1", "--save_steps",
+            "1000", "--report_to", "none", "--output_dir", str(out), "--reference_save_seconds", "0.2"]  # fmt: skip
+    return slurm.sbatch(args, cwd=ROOT, env={**TWO_PROCESSES, "DPOTRAIN_CACHE": f"{out}-cache", **(env or {})})
+
+
+def preempt(slurm) -> int:
+    """A job in the higher-priority partition that needs the whole node: Slurm preempts the running job (SIGTERM to
+    its steps, SIGKILL after the partition's GraceTime of 90 s: tests/slurm/cluster.sh)."""
+    return slurm.sbatch(["--partition=urgent", f"--cpus-per-task={real_cpus()}", "--output=/dev/null", "--wrap",
+                         "sleep 2"], cwd=ROOT)  # fmt: skip
+
+
+def job_log(job: int) -> str:
+    path = ROOT / "logs" / f"dpo-think-{job}.out"
+    return path.read_text(errors="replace") if path.exists() else ""  # progress bars cut mid-character
+
+
+@pytest.fixture(scope="module")
+def two_process_plain(slurm, tmp_path_factory, pairs2400):
+    out = tmp_path_factory.mktemp("two") / "plain"
+    job = two_process_job(slurm, out, pairs2400)
+    assert slurm.wait(job, timeout=900) == "COMPLETED", job_log(job)[-3000:]
+    return out
+
+
+@pytest.mark.slurm
+@pytest.mark.slow
+def test_a_preempted_job_with_a_slow_checkpoint_requeues_and_resumes_from_it(slurm, tmp_path, pairs2400,
+                                                                             two_process_plain):  # fmt: skip
+    """Two processes under accelerate launch (torchrun's agent), preempted mid-training, the checkpoint made to take
+    60 s under the partition's 90 s GraceTime: it completes, the job requeues and ends like an uninterrupted run."""
+    out = tmp_path / "run"
+    job = two_process_job(slurm, out, pairs2400, env={"DPOTRAIN_TEST_SAVE_DELAY_S": "60"})
+    deadline = time.time() + 600
+    while len(steps(out)) < 3:  # mid-training
+        assert time.time() < deadline and slurm.state(job) in ("PENDING", "RUNNING"), job_log(job)[-3000:]
+        time.sleep(0.2)
+    urgent = preempt(slurm)
+    assert slurm.wait(job, timeout=900) == "COMPLETED", job_log(job)[-3000:]
+    log = job_log(job)
+    assert slurm.job_info(job)["Restarts"] == "1", log[-3000:]
+    step, seconds = (int(x) for x in re.search(r"checkpoint-(\d+) written in (\d+)\.\d s", log).groups())
+    assert 60 <= seconds < 90 and 3 <= step < STEPS  # longer than torchrun's ~30 s shutdown timeout
+    assert "Received 15 death signal" not in log  # the agent let its workers finish the checkpoint
+    assert f"Resuming from {out}/checkpoint-{step}" in log and "restart 1" in log
+    assert "checkpoints must be written within 600 s (time-limit warning) and 90 s (partition debug's" in log
+    assert f"2 processes, {real_cpus()} CPUs" in log  # the job's CPUs, not one
+    assert steps(out) == list(range(1, STEPS + 1))  # every optimizer step once
+    a, b = weights(two_process_plain), weights(out)
+    assert all((a[k] - b[k]).abs().max().item() < 1e-6 for k in a), "resumed run diverged from the uninterrupted one"
+    assert slurm.wait(urgent, timeout=300) == "COMPLETED"
+
+
+@pytest.mark.slurm
+@pytest.mark.slow
+def test_a_job_preempted_in_its_reference_stage_keeps_the_scored_pairs(slurm, tmp_path, pairs2400, two_process_plain):
+    out = tmp_path / "run"
+    job = two_process_job(slurm, out, pairs2400)
+    cache = Path(f"{out}-cache")
+    deadline = time.time() + 600
+    while not list(cache.glob("reference/*/part-*.npz")):  # the stage has saved some of its pairs
+        assert time.time() < deadline and slurm.state(job) in ("PENDING", "RUNNING"), job_log(job)[-3000:]
+        time.sleep(0.05)
+    preempt(slurm)
+    assert slurm.wait(job, timeout=900) == "COMPLETED", job_log(job)[-3000:]
+    log = job_log(job)
+    assert slurm.job_info(job)["Restarts"] == "1", log[-3000:]
+    saved = int(
+        re.search(r"reference log-probs \(train\): stopped with ([\d,]+) of 2,400", log).group(1).replace(",", "")
+    )
+    assert 0 < saved < 2400 and "requeueing job" in log
+    assert f"{saved:,} kept from an interrupted run" in log  # the requeued job scored only the rest
+    a, b = weights(two_process_plain), weights(out)
+    assert all((a[k] - b[k]).abs().max().item() == 0 for k in a)  # the same reference, bit for bit
+
+
+@pytest.mark.slurm
+@pytest.mark.slow
+def test_two_jobs_sharing_a_node_both_finish(slurm, tmp_path):
+    """Two 2-process jobs on one node at once: each meets its processes at a port of its own (from the job id)."""
+    jobs = {}
+    for name in ("a", "b"):
+        args = ["--gpus-per-node=0", "--cpus-per-task=1", "scripts/dpo_train.sh", "--max_steps", "3",
+                "--save_strategy", "no", "--report_to", "none", "--output_dir", str(tmp_path / name)]  # fmt: skip
+        jobs[name] = slurm.sbatch(args, cwd=ROOT, env={**TWO_PROCESSES, "DPOTRAIN_CACHE": str(tmp_path / "cache")})
+    deadline = time.time() + 300
+    while not all(slurm.state(job) == "RUNNING" for job in jobs.values()):  # both at once, not one after the other
+        assert time.time() < deadline and all(slurm.state(j) in ("PENDING", "RUNNING") for j in jobs.values())
+        time.sleep(0.2)
+    for name, job in jobs.items():
+        assert slurm.wait(job, timeout=600) == "COMPLETED", job_log(job)[-3000:]
+        assert (tmp_path / name / "run_complete.json").is_file()
+    ports = {re.search(r"rendezvous \S+:(\d+)", job_log(job)).group(1) for job in jobs.values()}
+    assert len(ports) == 2
 
 
 def print_launch(nodes: int, *train_args: str, gpus: str = "4") -> str:

@@ -27,7 +27,7 @@ STEPS = 8
 RUN_FILES = ["model.safetensors", "tokenizer.json", "resolved_config.json", "metrics.jsonl", "run_complete.json"]
 
 
-def two_node_job(slurm2, out: Path) -> int:
+def two_node_job(slurm2, out: Path, env: dict | None = None) -> int:
     """The smoke recipe through scripts/dpo_train.sh on both nodes, 16 pairs per step over 2 processes, cut into
     micro-batches by the recipe's token budget. CPUs: what a node really has (`slurmd -C`)."""
     args = ["--nodes=2", "--gpus-per-node=0", f"--cpus-per-task={node_cpus(slurm2)}", "scripts/dpo_train.sh",
@@ -35,7 +35,8 @@ def two_node_job(slurm2, out: Path) -> int:
             "--report_to", "none", "--output_dir", str(out)]  # fmt: skip
     # A fresh folder for the built-in model: both ranks build it at once, as on a first run (rank 1 must wait for
     # rank 0's weights; seeded, so every job gets the same model).
-    env = {"RECIPE": "configs/smoke.yaml", "DPOTRAIN_BUILTIN_DIR": str(out.parent / f"builtin-{out.name}")}
+    env = {"RECIPE": "configs/smoke.yaml", "DPOTRAIN_BUILTIN_DIR": str(out.parent / f"builtin-{out.name}"),
+           **(env or {})}  # fmt: skip
     return slurm2.sbatch(args, cwd=ROOT, env=env)
 
 
@@ -45,7 +46,7 @@ def node_cpus(slurm) -> int:
 
 def job_log(job: int) -> str:
     path = ROOT / "logs" / f"dpo-think-{job}.out"
-    return path.read_text() if path.exists() else ""
+    return path.read_text(errors="replace") if path.exists() else ""  # progress bars cut mid-character
 
 
 def steps(out: Path) -> list[int]:
@@ -89,8 +90,9 @@ def test_two_node_job_trains_one_process_per_node(uninterrupted):
     log = job_log(job)
     assert state == "COMPLETED", log[-4000:]
     # Each node read its own machine rank inside srun, and both met at the first node of the allocation.
-    assert "node node1: machine rank 0 of 2, rendezvous node1:29500, 2 processes" in log
-    assert "node node2: machine rank 1 of 2, rendezvous node1:29500, 2 processes" in log
+    port = 20000 + job % 10000  # from the job id: two jobs on one node meet at different ports
+    assert f"node node1: machine rank 0 of 2, rendezvous node1:{port}, 2 processes" in log
+    assert f"node node2: machine rank 1 of 2, rendezvous node1:{port}, 2 processes" in log
     assert "--main_process_ip node1 " in log and "--num_machines 2 --num_processes 2 " in log
     assert "batch: 16 pairs per step over 2 processes, micro-batches of at most 2048 packed tokens" in log
     derived = json.loads((out / "resolved_config.json").read_text())["derived"]
@@ -123,6 +125,24 @@ def test_two_node_job_preempted_checkpoints_both_ranks_and_resumes_identically(s
     assert steps(out) == list(range(1, STEPS + 1))  # every optimizer step once: none repeated, none skipped
     a, b = load_file(str(plain / "model.safetensors")), load_file(str(out / "model.safetensors"))
     assert all((a[k] - b[k]).abs().max().item() < 1e-6 for k in a), "resumed run diverged from the uninterrupted one"
+
+
+@pytest.mark.slow
+def test_node_local_caches_neither_hang_nor_change_the_result(slurm2, uninterrupted, tmp_path):
+    """DPOTRAIN_CACHE on a node-local disk: the same path is another folder on each node (cluster.sh binds
+    STATE_DIR/node-local-<node> over STATE_DIR/node-local). Rank 0's cache decides for both, so the nodes enter the
+    same collectives; both keep the finished reference for a requeue."""
+    _, plain_state, plain = uninterrupted
+    assert plain_state == "COMPLETED"
+    out = tmp_path / "node-local"
+    cache = f"cache-{tmp_path.name}"
+    job = two_node_job(slurm2, out, env={"DPOTRAIN_CACHE": str(slurm2.state_dir / "node-local" / cache)})
+    assert slurm2.wait(job, timeout=600) == "COMPLETED", job_log(job)[-4000:]
+    for node in ("node1", "node2"):
+        assert list((slurm2.state_dir / f"node-local-{node}" / cache / "reference").glob("*/complete.npz")), node
+    assert not (slurm2.state_dir / "node-local" / cache).exists()  # outside the nodes: neither of their folders
+    a, b = load_file(str(plain / "model.safetensors")), load_file(str(out / "model.safetensors"))
+    assert all((a[k] - b[k]).abs().max().item() < 1e-6 for k in a)
 
 
 def training_process(job: int, node: str) -> int:
@@ -183,4 +203,7 @@ def test_stop_removes_only_what_start_made(slurm2, tmp_path):
     with pytest.raises(StopIteration):
         next(gen)  # the fixture's teardown: this pytest session started it, so it stops it
     assert netns_names() == before_ns  # the session cluster's namespaces are still there, the others are gone
-    assert slurm2.run(["sinfo", "-h", "-N", "-o", "%T"]).stdout.split() == ["idle", "idle"]
+    assert sorted(set(slurm2.run(["sinfo", "-h", "-N", "-o", "%N %T"]).stdout.splitlines())) == [
+        "node1 idle",
+        "node2 idle",
+    ]

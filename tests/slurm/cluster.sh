@@ -18,6 +18,8 @@
 # Overrides (environment):
 #   DPOTRAIN_SLURM_PORT=6817      slurmctld port; slurmd uses PORT+1
 #   DPOTRAIN_SLURM_TIMEOUT=60     seconds to wait for the node to become idle (and for stop)
+#   DPOTRAIN_SLURM_GRACE_TIME=90  preemption grace time of the default partition `debug` (SIGTERM, then SIGKILL this
+#                                 many seconds later); a job in partition `urgent` preempts it
 #   DPOTRAIN_SLURM_CPUS=N         advertise N CPUs instead of the real count (SlurmdParameters=
 #                                 config_overrides lets the node claim more than it has)
 #   DPOTRAIN_SLURM_NODES=1        nodes; 2 or more: network namespaces (needs `ip` from iproute2 and CAP_NET_ADMIN).
@@ -34,6 +36,7 @@ PATH=/usr/sbin:/sbin:$PATH
 PACKAGES=(slurmctld slurmd slurm-client munge)
 CTLD_PORT=${DPOTRAIN_SLURM_PORT:-6817}
 TIMEOUT=${DPOTRAIN_SLURM_TIMEOUT:-60}
+GRACE_TIME=${DPOTRAIN_SLURM_GRACE_TIME:-90}
 
 usage() { sed -n '2,/^set -euo/s/^# \{0,1\}//p' "$0" >&2; exit 2; }
 log() { echo "cluster.sh: $*" >&2; }
@@ -219,9 +222,15 @@ SlurmdDebug=info
 # No mail program on the test machine; without this slurmctld logs "Configured MailProg is invalid".
 MailProg=/bin/true
 
-# No cgroups in the test container: track processes by parent PID, no task binding.
+# Processes tracked by parent PID, not cgroups: the slurmds of a several-node cluster share this machine's cgroup
+# tree, where their jobs' folders (slurm/uid_0/job_<id>) would collide. task/affinity binds each task to its CPUs
+# (sched_setaffinity), to cores by default (TaskPluginParam=cores, as on clusters that bind tasks to cores): a step
+# gets one core per task unless it asks for more, and since Slurm 22.05 srun no longer inherits the job's
+# --cpus-per-task (tests/test_slurm_cluster.py shows both). With automatic binding instead, such a step gets all
+# of the job's CPUs here.
 ProctrackType=proctrack/linuxproc
-TaskPlugin=task/none
+TaskPlugin=task/affinity
+TaskPluginParam=cores
 JobAcctGatherType=jobacct_gather/none
 MpiDefault=none
 # CR_Core: memory is not a consumable, so a job without --mem does not take the whole node.
@@ -250,7 +259,14 @@ AccountingStorageType=accounting_storage/none
 JobCompType=jobcomp/filetxt
 JobCompLoc=$LOG_DIR/jobcomp.txt
 
-${nodes_conf}PartitionName=debug Nodes=$names Default=YES MaxTime=INFINITE State=UP OverSubscribe=NO
+# Preemption as on shared clusters: a job submitted to the higher-priority partition "urgent" preempts the
+# running jobs of "debug" (the default), which get SIGCONT+SIGTERM at once, SIGKILL GraceTime seconds later, and
+# are requeued by Slurm.
+PreemptType=preempt/partition_prio
+PreemptMode=REQUEUE
+
+${nodes_conf}PartitionName=debug Nodes=$names Default=YES MaxTime=INFINITE State=UP OverSubscribe=NO PriorityTier=1 PreemptMode=REQUEUE GraceTime=$GRACE_TIME
+PartitionName=urgent Nodes=$names MaxTime=INFINITE State=UP OverSubscribe=NO PriorityTier=10 PreemptMode=OFF
 EOF
 }
 
@@ -329,12 +345,15 @@ remove_network() {
 # - STATE_DIR/hosts over /etc/hosts (own mount namespace, private: the machine's /etc/hosts is untouched): node
 #   names resolve to their addresses, so the rendezvous address (the first node's name) works as on a real cluster.
 # nsenter, not `ip netns exec`: that one mounts a fresh /sys, without the cgroup mounts slurmd needs.
+# - STATE_DIR/node-local: a folder each node sees on its own (its STATE_DIR/node-local-<node> bound over it), for
+#   what is node-local on a real cluster (a node's /tmp or scratch disk as DPOTRAIN_CACHE).
 launch_slurmd() {
     local i=$1
-    # shellcheck disable=SC2016  # $0, $1, $2 are the inner shell's
+    mkdir -p "$STATE_DIR/node-local" "$STATE_DIR/node-local-$(node_name "$i")"
+    # shellcheck disable=SC2016  # $0 ... $3 are the inner shell's
     launch "slurmd-node$i" nsenter --net="/run/netns/$(node_ns "$i")" unshare --uts --mount \
-        sh -c 'mount --bind "$2" /etc/hosts && hostname "$0" && exec slurmd -D -f "$1"' \
-        "$(node_name "$i")" "$CONF" "$STATE_DIR/hosts"
+        sh -c 'mount --bind "$2" /etc/hosts && mount --bind "$3-$0" "$3" && hostname "$0" && exec slurmd -D -f "$1"' \
+        "$(node_name "$i")" "$CONF" "$STATE_DIR/hosts" "$STATE_DIR/node-local"
 }
 
 # Run daemon $1 in the foreground of its own session, in the background of this script: its PID
@@ -382,8 +401,8 @@ wait_until() {
 
 munge_ok() { munge -n -S "$MUNGE_SOCKET" 2>/dev/null | unmunge -S "$MUNGE_SOCKET" >/dev/null 2>&1; }
 ctld_up() { client scontrol ping 2>/dev/null | grep -q 'is UP'; }
-# Every node idle: as many `idle` lines as nodes.
-node_idle() { [[ $(client sinfo -h -N -o '%T' 2>/dev/null | grep -cx idle) == "$NODES" ]]; }
+# Every node idle: as many idle nodes as nodes (sinfo lists a node once per partition).
+node_idle() { [[ $(client sinfo -h -N -o '%N %T' 2>/dev/null | sort -u | grep -c ' idle$') == "$NODES" ]]; }
 
 stop_daemons() {
     local d pid deadline

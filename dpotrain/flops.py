@@ -1,0 +1,81 @@
+"""Model FLOPs of a micro-batch and the GPU's peak: what MFU (model FLOPs utilization) is made of.
+
+Per real token, forward + backward of the weights' matrix products cost 6 x N FLOPs, N the weight matrices' entries
+(not the input embedding, a lookup, nor norms and biases; of an MoE layer's routed experts, the share a token runs:
+num_experts_per_tok / num_experts). Causal attention adds, per layer and per token at position
+t, 2 x 2 x t x d FLOPs forward (scores and weighted values, d = heads x head dim), x 3 with the backward; a
+sliding-window layer stops at its window. A sequence of s tokens thus costs 6 N s + 12 d sum_layers sum_t min(t, w)
+FLOPs (linear-attention layers are left out of the attention term: their cost is linear, and small). Padding and the
+ends of packed rows are not counted: MFU counts the useful work (model FLOPs), not what the hardware was made to do.
+The reference pass, scored once before training, is a forward: a third of those FLOPs per token.
+
+MFU = model FLOPs per second per GPU / the GPU's dense bf16 peak (H100 and H200: 989 TFLOP/s, B200: 2,250; or the
+recipe's `gpu_peak_tflops`). On a CPU there is no peak to compare with, and MFU is not logged.
+"""
+
+from dataclasses import dataclass
+
+import torch
+
+# Dense (no sparsity) bf16 tensor-core peaks from the vendor's data sheets, by a substring of the device name.
+PEAK_BF16_TFLOPS = {"B200": 2250.0, "B100": 1750.0, "H200": 989.0, "H100": 989.0, "A100": 312.0}
+
+
+def peak_tflops(given: float | None = None) -> float | None:
+    """The GPU's dense bf16 peak in TFLOP/s: `given` (the recipe's `gpu_peak_tflops`), else by the device's name."""
+    if given:
+        return given
+    if not torch.cuda.is_available():
+        return None
+    name = torch.cuda.get_device_name()
+    return next((peak for key, peak in PEAK_BF16_TFLOPS.items() if key in name), None)
+
+
+@dataclass(frozen=True)
+class ModelFlops:
+    matmul_params: int  # N: the weights of matrix products (no input embedding, norms or biases)
+    attention_width: int  # d: heads x head dim of a layer's queries
+    windows: tuple  # per layer: its sliding window, or None for full attention (linear-attention layers: 0)
+
+    @classmethod
+    def of(cls, model) -> "ModelFlops":
+        config = model.config.get_text_config()
+
+        def count(p) -> int:  # ZeRO-3 keeps an empty local partition and the full shape aside
+            shape = getattr(p, "ds_shape", None) or p.shape
+            return int(torch.Size(shape).numel()) if len(shape) >= 2 else 0  # norms and biases do no matrix product
+
+        # MoE: a token runs num_experts_per_tok of the routed experts; their weights count for that share.
+        experts = next((getattr(config, k) for k in ("num_experts", "num_local_experts", "n_routed_experts")
+                        if getattr(config, k, None)), None)  # fmt: skip
+        active = getattr(config, "num_experts_per_tok", None)
+        share = active / experts if experts and active else 1.0
+        total = sum(count(p) * (share if "experts" in name.split(".") else 1.0) for name, p in model.named_parameters())
+        embedding, head = model.get_input_embeddings(), model.get_output_embeddings()
+        tied = head is not None and embedding is not None and head.weight is embedding.weight  # the head's matmul
+        matmul = total - (count(embedding.weight) if embedding is not None and not tied else 0)
+        heads = getattr(config, "num_attention_heads", 0) or 0
+        head_dim = getattr(config, "head_dim", None) or (config.hidden_size // heads if heads else 0)
+        layer_types = getattr(config, "layer_types", None) or ["full_attention"] * config.num_hidden_layers
+        window = getattr(config, "sliding_window", None)
+        windows = tuple(None if kind == "full_attention" else window if kind == "sliding_attention" else 0
+                        for kind in layer_types)  # fmt: skip
+        return cls(matmul, heads * head_dim, windows)
+
+    def training(self, seq_lens, shared_prefixes=None) -> float:
+        """Forward + backward FLOPs of sequences of these lengths; less, for pairs whose prompt is computed once, its
+        first `shared_prefixes` tokens a second time (exactly a sequence of that length)."""
+        saved = 0.0 if shared_prefixes is None or len(shared_prefixes) == 0 else self.forward(shared_prefixes)
+        return 3 * (self.forward(seq_lens) - saved)
+
+    def forward(self, seq_lens) -> float:
+        lens = torch.as_tensor(seq_lens, dtype=torch.float64)
+        flops = 2.0 * self.matmul_params * float(lens.sum())
+        for window in self.windows:
+            if window == 0:
+                continue
+            # sum over positions t = 1..s of min(t, w): s(s+1)/2 up to the window, then w per position
+            w = lens if window is None else torch.clamp(lens, max=window)
+            attended = w * (w + 1) / 2 + (lens - w) * w
+            flops += 2.0 * 2.0 * self.attention_width * float(attended.sum())
+        return flops

@@ -1,0 +1,154 @@
+"""ZeRO-3 and FSDP2 as first-class engines: with 2 processes, the same per-step losses, evaluation and final weights as
+one process; step 1 at ln 2; resume exact; samples, evaluation and the LoRA merge complete (no rank left waiting)."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import datasets
+import pytest
+from safetensors.torch import load_file
+
+from conftest import ROOT
+from dpotrain import builtin, engine
+from dpotrain.errors import ConfigError
+
+ENGINES = {"zero3": "configs/accelerate/zero3.yaml", "fsdp2": "configs/accelerate/fsdp2.yaml"}
+RUN = ["--max_steps", "4", "--logging_steps", "1", "--save_steps", "2", "--report_to", "none", "--eval_strategy",
+       "steps", "--eval_steps", "2", "--samples_every", "2", "--sample_count", "2",
+       "--sample_max_new_tokens", "8"]  # fmt: skip
+LORA = ["--use_peft", "true", "--lora_r", "8", "--lora_target_modules", "q_proj", "v_proj", "--merge_lora", "true"]
+
+
+@pytest.fixture(scope="module")
+def splits(tmp_path_factory):
+    """A saved DatasetDict with a held-out split (evaluation needs one)."""
+    rows = builtin.make_preference_rows(60, seed=13)
+    path = tmp_path_factory.mktemp("data") / "pairs"
+    datasets.DatasetDict({"train": datasets.Dataset.from_list(rows[:48]),
+                          "test": datasets.Dataset.from_list(rows[48:])}).save_to_disk(path)  # fmt: skip
+    return path
+
+
+def train(out, model_dir, data, *args, config=None, timeout=900):
+    """`train_dpo.py` with the smoke recipe: one process, or 2 through `accelerate launch --config_file <config>`."""
+    launcher = [sys.executable]
+    if config:
+        launcher = [str(ROOT / ".venv" / "bin" / "accelerate"), "launch", "--config_file", str(ROOT / config),
+                    "--num_processes", "2"]  # fmt: skip
+    path = f"{os.path.dirname(sys.executable)}:{os.environ['PATH']}"
+    env = {**os.environ, "DPOTRAIN_CACHE": f"{out}-cache", "PATH": path}
+    cmd = [*launcher, str(ROOT / "train_dpo.py"), "--config", str(ROOT / "configs" / "smoke.yaml"),
+           "--model_name_or_path", model_dir, "--dataset_name", str(data), "--output_dir", str(out), *args]  # fmt: skip
+    result = subprocess.run(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            timeout=timeout)  # fmt: skip
+    assert result.returncode == 0, result.stdout[-4000:]
+    return result.stdout
+
+
+def metrics(out) -> dict:
+    """{(step, "train" | "eval"): record} of metrics.jsonl."""
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    return {(r["step"], "eval" if "eval_loss" in r else "train"): r for r in records}
+
+
+def weights_keys(out) -> set[str]:
+    return {json.loads(p.read_text())["weights_sha256"] for p in Path(f"{out}-cache").glob("reference/*/identity.json")}
+
+
+def assert_same_weights(a, b, tolerance):
+    wa, wb = load_file(str(a)), load_file(str(b))
+    assert set(wa) == set(wb)
+    worst = max(float((wa[k].float() - wb[k].float()).abs().max()) for k in wa)
+    assert worst <= tolerance, worst
+
+
+@pytest.fixture(scope="module")
+def one_process(tmp_path_factory, tiny_model_dir, splits):
+    folder = tmp_path_factory.mktemp("one")
+    train(folder / "run", tiny_model_dir, splits, *RUN)
+    train(folder / "lora", tiny_model_dir, splits, *RUN, *LORA)
+    return folder
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ENGINES)
+def test_engine_with_two_processes_computes_what_one_process_computes(name, tmp_path, tiny_model_dir, splits,
+                                                                      one_process):  # fmt: skip
+    out = tmp_path / "run"
+    log = train(out, tiny_model_dir, splits, *RUN, config=ENGINES[name])
+    assert json.loads((out / "resolved_config.json").read_text())["derived"]["world_size"] == 2
+    want, got = metrics(one_process / "run"), metrics(out)
+    assert list(got) == list(want) == [(1, "train"), (2, "train"), (2, "eval"), (3, "train"), (4, "train"), (4, "eval")]
+    assert abs(got[(1, "train")]["loss"] - 0.6931472) < 1e-6
+    for key, record in want.items():
+        for metric in ("loss", "eval_loss", "rewards/margins", "eval_rewards/margins", "logps/chosen"):
+            if metric in record:
+                assert abs(got[key][metric] - record[metric]) <= 1e-4 * max(1, abs(record[metric])), (key, metric)
+    # The reference cache's key holds the full weights under every engine (TRL hashes ZeRO-3's empty partitions).
+    assert weights_keys(out) == weights_keys(one_process / "run")
+    samples = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
+    assert [s["step"] for s in samples] == [0, 0, 2, 2, 4, 4]  # every rank generated; the main process wrote
+    assert_same_weights(one_process / "run" / "model.safetensors", out / "model.safetensors", 1e-5)
+
+    # Resumed from the checkpoint of step 2: the same final weights as the uninterrupted run.
+    resumed = tmp_path / "resumed"
+    shutil.copytree(out, resumed)
+    shutil.copytree(f"{out}-cache", f"{resumed}-cache")
+    shutil.rmtree(resumed / "checkpoint-4")
+    (resumed / "run_complete.json").unlink()
+    log = train(resumed, tiny_model_dir, splits, *RUN, config=ENGINES[name])
+    assert f"Resuming from {resumed}/checkpoint-2" in log and "all 48 pairs reused" in log
+    assert_same_weights(out / "model.safetensors", resumed / "model.safetensors", 0)
+
+    # LoRA with the merged model: the adapter and its merge as with one process.
+    lora = tmp_path / "lora"
+    train(lora, tiny_model_dir, splits, *RUN, *LORA, config=ENGINES[name])
+    assert_same_weights(one_process / "lora" / "merged" / "model.safetensors", lora / "merged" / "model.safetensors",
+                        1e-6)  # fmt: skip
+
+
+@pytest.mark.slow
+def test_plain_ddp_with_two_processes_trains_like_one_process(tmp_path, tiny_model_dir, splits, one_process):
+    config = tmp_path / "ddp.yaml"
+    config.write_text("compute_environment: LOCAL_MACHINE\ndistributed_type: MULTI_GPU\nnum_machines: 1\n"
+                      "num_processes: 2\nmixed_precision: 'no'\nuse_cpu: false\n")  # fmt: skip
+    out = tmp_path / "run"
+    train(out, tiny_model_dir, splits, *RUN, config=config)
+    want, got = metrics(one_process / "run"), metrics(out)
+    assert [round(r.get("loss", 0), 5) for r in got.values()] == [round(r.get("loss", 0), 5) for r in want.values()]
+    assert_same_weights(one_process / "run" / "model.safetensors", out / "model.safetensors", 1e-5)
+
+
+@pytest.mark.parametrize(
+    "env, message",
+    [
+        ({"ACCELERATE_USE_FSDP": "true", "FSDP_VERSION": "1"}, "FSDP version 1 is not supported: set fsdp_version: 2"),
+        ({"ACCELERATE_USE_DEEPSPEED": "true", "ACCELERATE_DEEPSPEED_ZERO_STAGE": "1"}, "ZeRO stage 1 is not supported"),
+        ({"ACCELERATE_USE_MEGATRON_LM": "true"}, "megatron_lm is not supported"),
+    ],
+)  # fmt: skip
+def test_engines_the_project_does_not_support_are_refused(env, message, monkeypatch):
+    for name in ("ACCELERATE_USE_FSDP", "ACCELERATE_USE_DEEPSPEED", "ACCELERATE_DEEPSPEED_CONFIG_FILE"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    with pytest.raises(ConfigError, match=message):
+        engine.launched()
+
+
+@pytest.mark.slow
+def test_an_fsdp1_launch_is_refused_before_anything_loads(tmp_path, tiny_model_dir):
+    config = tmp_path / "fsdp1.yaml"
+    config.write_text((ROOT / ENGINES["fsdp2"]).read_text().replace("fsdp_version: 2", "fsdp_version: 1"))
+    cmd = [str(ROOT / ".venv" / "bin" / "accelerate"), "launch", "--config_file", str(config), "--num_processes", "2",
+           str(ROOT / "train_dpo.py"), "--config", str(ROOT / "configs" / "smoke.yaml"), "--model_name_or_path",
+           tiny_model_dir, "--output_dir", str(tmp_path / "out")]  # fmt: skip
+    env = {**os.environ, "PATH": f"{os.path.dirname(sys.executable)}:{os.environ['PATH']}"}
+    result = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert result.returncode != 0
+    assert "error: FSDP version 1 is not supported: set fsdp_version: 2" in result.stderr
+    assert "Loading weights" not in result.stderr + result.stdout

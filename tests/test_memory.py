@@ -1,0 +1,371 @@
+"""The memory plan (dpotrain/memory.py): model states equal DeepSpeed's own estimates, the traced activations equal
+what autograd really keeps, a plan that cannot fit is refused with what would fit, and the engine configs load with
+accelerate's and DeepSpeed's own code. Models are configs shaped like OLMo 3 7B and 32B, saved locally (no weights)."""
+
+import contextlib
+import io
+import json
+import os
+import re
+import subprocess
+
+import pytest
+import torch
+
+from conftest import ROOT, run_train
+from dpotrain import memory
+from dpotrain.config import parse_args
+from dpotrain.errors import ConfigError
+
+OLMO3 = dict(vocab_size=100278, max_position_embeddings=65536, sliding_window=4096, rope_theta=500000.0,
+             rms_norm_eps=1e-6, tie_word_embeddings=False)  # fmt: skip
+SHAPES = {  # OLMo 3 7B and 32B (their config.json on the Hub)
+    "7b": dict(
+        hidden_size=4096, intermediate_size=11008, num_attention_heads=32, num_key_value_heads=32, num_hidden_layers=32
+    ),  # fmt: skip
+    "32b": dict(
+        hidden_size=5120, intermediate_size=27648, num_attention_heads=40, num_key_value_heads=8, num_hidden_layers=64
+    ),  # fmt: skip
+}
+ZERO3 = "configs/accelerate/zero3.yaml"
+no_gpu = pytest.mark.skipif(
+    torch.cuda.is_available(), reason="plans against the recipe's gpu_memory_gib; a GPU here would be used instead"
+)
+FSDP2 = "configs/accelerate/fsdp2.yaml"
+
+
+@pytest.fixture(scope="module")
+def olmo3(tmp_path_factory):
+    """{'7b': folder, '32b': folder}: config.json only, as `save_pretrained` writes it."""
+    from transformers import Olmo3Config
+
+    folders = {}
+    for name, shape in SHAPES.items():
+        folders[name] = str(tmp_path_factory.mktemp(f"olmo3-{name}"))
+        Olmo3Config(**OLMO3, **shape).save_pretrained(folders[name])
+    return folders
+
+
+def recipe(*args):
+    return parse_args(["--config", str(ROOT / "configs" / "think.yaml"), "--dry-run", *args])
+
+
+def shape_of(model_dir, *args):
+    r = recipe("--model_name_or_path", model_dir, *args)
+    config, why = memory.load_model_config(r)
+    assert why is None
+    return memory.model_shape(r, config)
+
+
+def engine(path: str, **changes):
+    e = memory.read_engine(str(ROOT / path))
+    e.__dict__.update(changes)
+    return e
+
+
+# --- model states against DeepSpeed's estimators ---
+
+
+@pytest.mark.parametrize("size", ["7b", "32b"])
+@pytest.mark.parametrize("nodes", [1, 4])
+def test_model_states_equal_deepspeeds_estimates(olmo3, size, nodes):
+    from deepspeed.runtime.zero.stage3 import estimate_zero3_model_states_mem_needs
+    from deepspeed.runtime.zero.stage_1_and_2 import estimate_zero2_model_states_mem_needs
+
+    shape = shape_of(olmo3[size])
+    p, largest, world = shape.params, shape.largest_layer, 4 * nodes
+    assert p == {"7b": 7_298_011_136, "32b": 32_233_522_176}[size]  # OLMo 3 7B and 32B
+    assert largest == 100278 * SHAPES[size]["hidden_size"]  # the embedding: the largest single module
+    gpus = dict(num_gpus_per_node=4, num_nodes=nodes)
+    for offload in (False, True):
+        _, ds = estimate_zero2_model_states_mem_needs(total_params=p, cpu_offload=offload, **gpus)
+        ours, _ = memory.model_state_bytes(engine("accelerate_config.yaml", offload_optimizer=offload), shape, world)
+        assert ours == ds, ("zero2", offload)
+    for offload_optimizer, offload_params in ((False, False), (True, False), (True, True)):
+        _, ds, _ = estimate_zero3_model_states_mem_needs(
+            total_params=p, largest_layer_params=largest, cpu_offload=offload_optimizer,
+            cpu_offload_params=offload_params, zero_init=True, **gpus,
+        )  # fmt: skip
+        e = engine(ZERO3, offload_optimizer=offload_optimizer, offload_params=offload_params)
+        assert memory.model_state_bytes(e, shape, world)[0] == ds, ("zero3", offload_optimizer, offload_params)
+
+
+def test_counts_equal_deepspeeds_live_estimators_on_a_real_model():
+    """DeepSpeed's `*_all_live` estimators count a real model's parameters (tied ones once) and its largest layer;
+    the plan counts the same model built on the meta device, from its config alone."""
+    from deepspeed.runtime.zero.stage3 import estimate_zero3_model_states_mem_needs_all_live
+    from deepspeed.runtime.zero.stage_1_and_2 import estimate_zero2_model_states_mem_needs_all_live
+    from transformers import AutoModelForCausalLM, Olmo3Config
+
+    config = Olmo3Config(**{**OLMO3, "vocab_size": 50000}, hidden_size=512, intermediate_size=1536,
+                         num_attention_heads=8, num_key_value_heads=2, num_hidden_layers=4)  # fmt: skip
+    model = AutoModelForCausalLM.from_config(config)  # ~64M real parameters
+    shape = memory.model_shape(recipe("--model_name_or_path", "unused"), config)
+    printed = {}
+    for stage, estimate in (("zero2", estimate_zero2_model_states_mem_needs_all_live),
+                            ("zero3", estimate_zero3_model_states_mem_needs_all_live)):  # fmt: skip
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            estimate(model, num_gpus_per_node=4, num_nodes=1)
+        printed[stage] = out.getvalue()
+    counts = re.search(r"Model with (\d+)M total params, (\d+)M largest layer params", printed["zero3"])
+    assert counts and int(counts[1]) == shape.params // 10**6 and int(counts[2]) == shape.largest_layer // 10**6
+    # The per-GPU column of the rows without offload, in GB (2^30 bytes) to two decimals.
+    zero2 = re.search(r"\|\s+([\d.]+)GB \| offload_optimizer=none", printed["zero2"])[1]
+    zero3 = re.search(r"\|\s+([\d.]+)GB \| offload_param=none, offload_optimizer=none, zero_init=1", printed["zero3"])[
+        1
+    ]
+    for kind, ds in (("accelerate_config.yaml", zero2), (ZERO3, zero3)):
+        ours = memory.model_state_bytes(engine(kind), shape, 4)[0] / 2**30
+        assert f"{ours:.2f}" == ds, kind
+
+
+def test_lora_trains_only_the_adapter(olmo3):
+    shape = shape_of(olmo3["7b"], "--use_peft", "true", "--lora_r", "16", "--lora_target_modules", "q_proj", "v_proj")
+    assert shape.trainable == 32 * 2 * 16 * (4096 + 4096)  # layers x modules x r x (in + out)
+    assert not shape.lm_head_trains
+    full = shape_of(olmo3["7b"])
+    zero2 = engine("accelerate_config.yaml")
+    # ZeRO-2 keeps every bf16 weight; gradients, master weights and Adam's moments only for the adapter.
+    assert memory.model_state_bytes(zero2, shape, 4)[0] == 2 * shape.params + int(18 * shape.trainable / 4)
+    assert shape.params == full.params + shape.trainable  # the base and the adapter
+
+
+# --- activations: the fake-tensor trace against real autograd ---
+
+
+def test_trace_keeps_what_autograd_keeps_on_a_real_layer():
+    """Without activation checkpointing a layer costs the bytes autograd saves for its backward: counted on a real
+    bf16 OLMo 3 layer on this CPU (distinct storages of the saved tensors; not the weights, nor the rotary cos/sin,
+    computed once for all layers), and traced on fake tensors. With checkpointing a layer keeps only its input,
+    hidden x 2 bytes per token."""
+    from transformers import AutoModelForCausalLM, Olmo3Config
+
+    tokens = 512
+    config = Olmo3Config(**{**OLMO3, "vocab_size": 1000}, hidden_size=256, intermediate_size=704, num_attention_heads=8,
+                         num_key_value_heads=2, num_hidden_layers=1, pad_token_id=0, eos_token_id=1, bos_token_id=1,
+                         layer_types=["full_attention"])  # fmt: skip
+    traced = memory._traced_peak(config, 2, tokens, False) - memory._traced_peak(config, 1, tokens, False)
+    assert (
+        memory._traced_peak(config, 2, tokens, True) - memory._traced_peak(config, 1, tokens, True) == 2 * 256 * tokens
+    )
+
+    memory.register_trace_attention()  # no mask, as FlashAttention
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16, attn_implementation=memory.TRACE_ATTENTION)
+    hidden = torch.randn(1, tokens, 256, dtype=torch.bfloat16, requires_grad=True)
+    positions = torch.arange(tokens)[None]
+    rotary = model.model.rotary_emb(hidden, positions, "full_attention")
+    shared = {t.untyped_storage().data_ptr() for t in [*model.parameters(), *rotary]}
+    saved = {}
+
+    def pack(t):
+        storage = t.untyped_storage()
+        if storage.data_ptr() not in shared:
+            saved[storage.data_ptr()] = storage.nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        model.model.layers[0](hidden, attention_mask=None, position_ids=positions, position_embeddings=rotary)
+    assert traced == sum(saved.values())
+
+
+def test_activations_scale_with_tokens_and_layers(olmo3):
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(olmo3["7b"])
+    small, method = memory.activation_bytes(config, 8192, True)
+    assert method.startswith("traced")
+    assert memory.activation_bytes(config, 16384, True)[0] == pytest.approx(2 * small, rel=1e-6)
+    without = memory.activation_bytes(config, 8192, False)[0]
+    assert without > 5 * small  # every layer's activations against its input only
+    # 32 layers x 2 bytes x hidden per token: what checkpointing keeps across the whole model
+    assert small > 32 * 2 * 4096 * 8192
+
+
+# --- the plan in a dry run, and its refusals ---
+
+
+def dry_run(*args, env=None):
+    """A dry run as on a login node: no GPU, so the recipe's gpu_memory_gib is what the plan is checked against."""
+    result = run_train(["--dry-run", *args], env={"HF_HUB_OFFLINE": "1", "CUDA_VISIBLE_DEVICES": "", **(env or {})})
+    if result.returncode:
+        return result
+    return json.loads(result.stdout[result.stdout.index("{\n") :])["derived"]["memory"]
+
+
+def test_dry_run_shows_the_plan_that_fits(olmo3):
+    plan = dry_run("--config", "configs/think.yaml", "--model_name_or_path", olmo3["7b"], "--gpu_memory_gib", "179")
+    assert plan["fits"] is True and plan["gpu_memory_source"] == "gpu_memory_gib"
+    assert plan["engine"].startswith("DeepSpeed ZeRO-2 (accelerate_config.yaml") and plan["world_size"] == 4
+    parts = plan["per_gpu_gib"]
+    assert parts["total"] == pytest.approx(sum(v for k, v in parts.items() if k != "total"), abs=0.3)
+    assert parts["model_states"] == round((2 * 7_298_011_136 + 18 * 7_298_011_136 / 4) / 2**30, 1)
+    assert plan["micro_batch_tokens"] == 65536 and plan["activation_checkpointing"] is True
+
+
+def test_plan_that_cannot_fit_is_refused_with_what_would_fit(olmo3):
+    # 32B under ZeRO-2 on one node of 4 B200s: the whole bf16 weights on every GPU, beyond 179 GiB.
+    result = dry_run("--config", "configs/think-32b.yaml", "--model_name_or_path", olmo3["32b"],
+                     "--accelerate_config", "accelerate_config.yaml")  # fmt: skip
+    assert result.returncode == 2
+    error = result.stdout.strip().splitlines()[-1]
+    assert error.startswith("error: memory plan: DeepSpeed ZeRO-2 on 4 GPUs needs ~"), error
+    assert "more than the 179.0 GiB GPU (gpu_memory_gib)" in error
+    assert f"DeepSpeed ZeRO-3 fits on 8 GPUs (2 nodes: ACCELERATE_CONFIG={ZERO3} sbatch --nodes=2)" in error
+    assert "Traceback" not in result.stdout
+
+
+@no_gpu
+def test_32b_recipe_fits_two_to_four_nodes_of_b200(olmo3):
+    """configs/think-32b.yaml's engine, ZeRO-3, fits 2, 3 and 4 nodes of 4 B200s; one node is refused."""
+    r = parse_args(["--config", str(ROOT / "configs" / "think-32b.yaml"), "--model_name_or_path", olmo3["32b"],
+                    "--dry-run"])  # fmt: skip
+    for nodes in (2, 3, 4):
+        plan = memory.plan(r, 4 * nodes)
+        assert plan["fits"] is True and plan["engine"].startswith(f"DeepSpeed ZeRO-3 ({ZERO3}"), nodes
+        assert plan["per_gpu_gib"]["total"] < 179 * 0.9, nodes  # 10% beyond the plan's own allowance
+    with pytest.raises(ConfigError, match="DeepSpeed ZeRO-3 on 4 GPUs needs"):
+        memory.plan(r, 4)
+
+
+@no_gpu
+def test_a_hub_model_not_on_this_machine_skips_the_plan():
+    plan = memory.plan(recipe(), 4)  # think.yaml's model, not in this machine's HF cache
+    assert "not on this machine" in plan["skipped"] and "scripts/prefetch.py" in plan["skipped"]
+
+
+def test_engines_read_from_accelerate_configs():
+    assert memory.read_engine(str(ROOT / "accelerate_config.yaml")).kind == "zero2"
+    assert memory.read_engine(str(ROOT / ZERO3)).kind == "zero3"
+    assert memory.read_engine(str(ROOT / FSDP2)).kind == "fsdp2"
+    assert memory.read_engine("none").kind == "single"
+    assert memory.read_engine("missing.yaml").kind == "unplanned"
+
+
+@pytest.mark.slow
+def test_a_launched_job_plans_for_its_own_engine(olmo3):
+    """scripts/launch.sh gives the dry run the job's engine: a 32B job on one node under the default
+    ZeRO-2 config is refused before anything launches, and the log names the fix."""
+    env = {**os.environ, "RECIPE": "configs/think-32b.yaml", "ACCELERATE_CONFIG": "accelerate_config.yaml",
+           "SLURM_JOB_NUM_NODES": "1", "SLURM_GPUS_PER_NODE": "4", "SLURM_JOB_ID": "4242",
+           "HF_HUB_OFFLINE": "1", "CUDA_VISIBLE_DEVICES": ""}  # fmt: skip
+    env.pop("WORLD_SIZE", None)
+    result = subprocess.run(["bash", "scripts/launch.sh", "--model_name_or_path", olmo3["32b"]], cwd=ROOT, env=env,
+                            capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert result.returncode != 0
+    assert "error: memory plan: DeepSpeed ZeRO-2 on 4 GPUs needs" in result.stderr, result.stderr[-2000:]
+    assert "launch: srun" not in result.stdout
+    # Without ACCELERATE_CONFIG the job runs on the recipe's own engine (think-32b names ZeRO-3), planned as such.
+    env.pop("ACCELERATE_CONFIG")
+    result = subprocess.run(["bash", "scripts/launch.sh", "--model_name_or_path", olmo3["32b"]], cwd=ROOT, env=env,
+                            capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert "accelerate: configs/accelerate/zero3.yaml" in result.stdout, result.stdout[-2000:]
+    assert "error: memory plan: DeepSpeed ZeRO-3 on 4 GPUs needs" in result.stderr, result.stderr[-2000:]
+
+
+@no_gpu
+def test_refusal_happens_only_with_a_known_gpu(olmo3):
+    r = recipe("--model_name_or_path", olmo3["32b"], "--accelerate_config", "accelerate_config.yaml")
+    plan = memory.plan(r, 4)  # no GPU here, no gpu_memory_gib: shown, not checked
+    assert plan["fits"] is None and plan["per_gpu_gib"]["total"] > 179
+    r.project.gpu_memory_gib = 179
+    with pytest.raises(ConfigError, match="memory plan: DeepSpeed ZeRO-2 on 4 GPUs"):
+        memory.plan(r, 4)
+    r.project.memory_check = False  # the way past an estimate the user knows to be wrong: shown, not refused
+    assert memory.plan(r, 4)["fits"] is False
+
+
+# --- the engine config files, with accelerate's and DeepSpeed's own code ---
+
+
+def test_zero3_config_loads_and_passes_deepspeeds_validation():
+    from accelerate.commands.config.config_args import load_config_from_file
+    from deepspeed.runtime.config import DeepSpeedConfig
+    from transformers import AutoModelForCausalLM, Olmo3Config
+    from transformers.integrations.deepspeed import HfTrainerDeepSpeedConfig
+
+    config = load_config_from_file(str(ROOT / ZERO3))
+    assert str(config.distributed_type) == "DistributedType.DEEPSPEED" and config.num_processes == 4
+    assert config.deepspeed_config["zero3_init_flag"] is True  # weights partitioned as they load
+    ds_file = config.deepspeed_config["deepspeed_config_file"]
+    # "auto" filled as the trainer fills it: batch sizes from the arguments, bucket sizes from the model's width. (The
+    # model first: a live ZeRO-3 config makes transformers build any model under deepspeed.zero.Init.)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(Olmo3Config(hidden_size=64, num_hidden_layers=2, vocab_size=128))
+    smoke = ["--config", str(ROOT / "configs" / "smoke.yaml"), "--output_dir", "/tmp/unused"]
+    args = parse_args([*smoke, "--per_device_train_batch_size", "2", "--gradient_accumulation_steps", "4"]).training
+    hf_config = HfTrainerDeepSpeedConfig(json.loads((ROOT / ds_file).read_text()))
+    hf_config.trainer_config_process(args)
+    hf_config.trainer_config_finalize(args, model, num_training_steps=10)
+    assert "auto" not in json.dumps(hf_config.config)
+    validated = DeepSpeedConfig(hf_config.config)
+    assert validated.zero_optimization_stage == 3
+    assert validated.zero_config.gather_16bit_weights_on_model_save  # the saved model is a normal checkpoint
+    assert validated.zero_config.reduce_bucket_size == 64 * 64 and validated.train_batch_size == 8
+
+
+def test_fsdp2_config_becomes_accelerates_fsdp2_plugin(monkeypatch):
+    """The launcher turns the file into environment variables; accelerate's plugin reads them in each process."""
+    from accelerate.commands.config.config_args import load_config_from_file
+    from accelerate.commands.launch import _validate_launch_command, launch_command_parser
+    from accelerate.utils import FullyShardedDataParallelPlugin
+    from accelerate.utils.launch import prepare_multi_gpu_env
+
+    assert str(load_config_from_file(str(ROOT / FSDP2)).distributed_type) == "DistributedType.FSDP"
+    args, _, _ = _validate_launch_command(
+        launch_command_parser().parse_args(["--config_file", str(ROOT / FSDP2), "train_dpo.py"])
+    )
+    for key, value in prepare_multi_gpu_env(args).items():
+        monkeypatch.setenv(key, value)
+    plugin = FullyShardedDataParallelPlugin()
+    assert plugin.fsdp_version == 2 and plugin.reshard_after_forward is True
+    assert plugin.cpu_ram_efficient_loading is True  # rank 0 reads the weights, the others get their shards
+    assert str(plugin.state_dict_type) == "StateDictType.FULL_STATE_DICT"
+    assert plugin.auto_wrap_policy.__name__ == "transformer_auto_wrap_policy"
+    assert plugin.activation_checkpointing is False  # the recipe's activation_checkpointing decides
+
+
+@pytest.mark.gpu
+def test_traced_activations_against_cuda_memory():
+    """On a GPU: the backbone's real peak (torch.cuda.max_memory_allocated) against the traced activations."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    from transformers import AutoModelForCausalLM, Olmo3Config
+
+    tokens = 16384
+    config = Olmo3Config(**{**OLMO3, "vocab_size": 1000}, hidden_size=1024, intermediate_size=2816,
+                         num_attention_heads=16, num_key_value_heads=4, num_hidden_layers=8, pad_token_id=0,
+                         eos_token_id=1, bos_token_id=1)  # fmt: skip
+    planned = memory.activation_bytes(config, tokens, True)[0]
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16, attn_implementation="sdpa").cuda()
+    model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    for p in model.parameters():
+        p.register_post_accumulate_grad_hook(lambda p: setattr(p, "grad", None))
+    ids = torch.zeros(1, tokens, dtype=torch.long, device="cuda")
+    positions = torch.arange(tokens, device="cuda")[None]
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.memory_allocated()
+    hidden = model.model(input_ids=ids, position_ids=positions, use_cache=False).last_hidden_state
+    hidden.backward(torch.ones_like(hidden))
+    torch.cuda.synchronize()
+    measured = torch.cuda.max_memory_allocated() - before
+    assert measured == pytest.approx(planned, rel=0.25), (measured / 2**30, planned / 2**30)
+
+
+@no_gpu
+@pytest.mark.slow
+def test_readme_table_is_what_the_plan_says(olmo3):
+    """README "Memory plan": each row planned again (sdpa, no GPU memory given, so nothing is refused)."""
+    readme = (ROOT / "README.md").read_text()
+    table = readme[readme.index("| model, tokens per micro-batch | GPUs |") :].split("\n\n")[0].splitlines()[2:]
+    assert len(table) == 5
+    for row in table:
+        label, gpus, *totals = [cell.strip() for cell in row.strip("|").split("|")]
+        size = "32b" if label.startswith("32B") else "7b"
+        name = "think-32b.yaml" if size == "32b" else "think.yaml"
+        for config, total in zip(("accelerate_config.yaml", ZERO3, FSDP2), totals, strict=True):
+            r = parse_args(["--config", str(ROOT / "configs" / name), "--model_name_or_path", olmo3[size],
+                            "--accelerate_config", config, "--dry-run"])  # fmt: skip
+            r.project.gpu_memory_gib = None
+            assert memory.plan(r, int(gpus))["per_gpu_gib"]["total"] == float(total), (row, config)
