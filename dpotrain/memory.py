@@ -276,8 +276,10 @@ def formula_activation_bytes(text, tokens: int, checkpointing: bool) -> int:
 
 def mask_bytes(attn_implementation: str, tokens: int, width: int, config, checkpointing: bool) -> int:
     """sdpa and eager build a dense mask per micro-batch row and layer kind (rows x width^2 = tokens x width: bool for
-    sdpa, bf16 for eager); eager also keeps each layer's attention probabilities (its fp32 softmax and a bf16 copy),
-    of one layer at a time under activation checkpointing."""
+    sdpa, bf16 for eager). On CUDA, sdpa's fused kernels take a float mask: PyTorch converts the boolean one to the
+    query's dtype at each call (a bf16 copy, one at a time: measured, tests/test_memory.py). Eager also keeps each
+    layer's attention probabilities (its fp32 softmax and a bf16 copy), of one layer at a time under activation
+    checkpointing."""
     from .packing import VARLEN_ATTENTION
 
     if attn_implementation in VARLEN_ATTENTION:
@@ -285,7 +287,7 @@ def mask_bytes(attn_implementation: str, tokens: int, width: int, config, checkp
     text = config.get_text_config()
     kinds = len(set(getattr(text, "layer_types", None) or ["full_attention"]) & ATTENTION_TYPES) or 1
     if attn_implementation != "eager":
-        return tokens * width * kinds
+        return tokens * width * (kinds + BF16)
     layers = 1 if checkpointing else text.num_hidden_layers
     return tokens * width * (kinds * BF16 + text.num_attention_heads * (4 + BF16) * layers)
 
