@@ -86,6 +86,9 @@ def run(argv, stop: GracefulStop) -> int | None:
         derived["memory"] = memory.plan(recipe, world)  # refuses a plan that cannot fit the GPU
         print(json.dumps(push.record(resolve.resolved_config(recipe, derived)), indent=2, default=str))
         return
+    # The same memory plan as the dry run that scripts/launch.sh makes, for the engine this process runs under: a job
+    # started with `accelerate launch` by hand is refused here too, before anything loads.
+    derived["memory"] = memory.plan(recipe, world, memory.launched_engine())
     only_reference = recipe.project.reference_only  # the reference stage alone: no output folder, W&B or push
     if not resolve.uses_live_reference(recipe):
         reference.check_writable()  # the reference stage saves as it goes

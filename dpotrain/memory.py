@@ -78,14 +78,7 @@ def read_engine(accelerate_config: str) -> Engine:
             ds_path = Path(ds_file) if Path(ds_file).is_file() else PROJECT_ROOT / ds_file
             if not ds_path.is_file():
                 return Engine("unplanned", f"DeepSpeed config {ds_file!r} ({accelerate_config}) not found")
-            zero = json.loads(ds_path.read_text()).get("zero_optimization", {})
-            stage = int(zero.get("stage", 0))
-            off_opt = zero.get("offload_optimizer", {}).get("device", "none") not in ("none", None)
-            off_par = zero.get("offload_param", {}).get("device", "none") not in ("none", None)
-            bucket = zero.get("reduce_bucket_size", 5e8)  # DeepSpeed's default
-            bucket = None if bucket == "auto" else int(float(bucket))
-            overlap = bool(zero.get("overlap_comm", stage == 3))
-            source = f"{accelerate_config} -> {ds_file}"
+            return _deepspeed_file(ds_path, per_node, f"{accelerate_config} -> {ds_file}")
         else:  # the settings inline in the accelerate config
             stage = int(ds.get("zero_stage", 0))
             off_opt = ds.get("offload_optimizer_device", "none") != "none"
@@ -104,6 +97,44 @@ def read_engine(accelerate_config: str) -> Engine:
     if kind == "NO":
         return Engine("single", accelerate_config)
     return Engine("unplanned", f"distributed_type {kind} ({accelerate_config}) is not one plans cover")
+
+
+def _deepspeed_file(path: Path, per_node: int, source: str) -> Engine:
+    zero = json.loads(path.read_text()).get("zero_optimization", {})
+    stage = int(zero.get("stage", 0))
+    if stage not in (2, 3):
+        return Engine("unplanned", f"DeepSpeed ZeRO stage {stage} ({source}): plans cover stages 2, 3")
+    off_opt = zero.get("offload_optimizer", {}).get("device", "none") not in ("none", None)
+    off_par = zero.get("offload_param", {}).get("device", "none") not in ("none", None)
+    bucket = zero.get("reduce_bucket_size", 5e8)  # DeepSpeed's default
+    bucket = None if bucket == "auto" else int(float(bucket))
+    overlap = bool(zero.get("overlap_comm", stage == 3))
+    return Engine(f"zero{stage}", source, per_node, off_opt, off_par, bucket, overlap)
+
+
+LAUNCHED = "this launch"  # the source of an engine read from the environment `accelerate launch` sets
+
+
+def launched_engine() -> Engine:
+    """The engine this process runs under, from the environment `accelerate launch` sets (it does not pass on the
+    config file's path): what a run plans for when it was launched without scripts/launch.sh's dry run."""
+    import os
+
+    from . import engine as launch
+
+    kind, env = launch.launched().name, os.environ.get
+    per_node = int(env("LOCAL_WORLD_SIZE", "1"))
+    if kind in ("zero2", "zero3"):
+        ds_file = env("ACCELERATE_DEEPSPEED_CONFIG_FILE") or "none"
+        if ds_file != "none" and Path(ds_file).is_file():
+            return _deepspeed_file(Path(ds_file), per_node, f"{LAUNCHED} -> {ds_file}")
+        offload = [
+            env(f"ACCELERATE_DEEPSPEED_OFFLOAD_{part}_DEVICE", "none") != "none" for part in ("OPTIMIZER", "PARAM")
+        ]
+        return Engine(kind, LAUNCHED, per_node, *offload, int(5e8), kind == "zero3")
+    if kind == "fsdp2":
+        return Engine(kind, LAUNCHED, per_node, offload_params=env("FSDP_OFFLOAD_PARAMS", "false").lower() == "true")
+    return Engine(kind, LAUNCHED, per_node)
 
 
 # --- the model, from its config only ---
@@ -407,9 +438,10 @@ class Plan:
         return self.subtotal + self.allowance
 
 
-def plan(recipe, world: int) -> dict:
-    """derived.memory for a dry run; a ConfigError when the GPU memory is known and the plan does not fit it."""
-    engine = read_engine(recipe.project.accelerate_config)
+def plan(recipe, world: int, engine: Engine | None = None) -> dict:
+    """derived.memory: for `engine`, else the recipe's accelerate config (a dry run); a ConfigError when the GPU memory
+    is known and the plan does not fit it."""
+    engine = engine or read_engine(recipe.project.accelerate_config)
     if engine.kind == "unplanned":
         return {"skipped": engine.source}
     if not (recipe.training.bf16 or recipe.training.fp16):
@@ -484,7 +516,8 @@ def _refusal(recipe, chosen: Plan, gpu: float, gpu_source: str, for_engine, toke
             if n > pairs:  # each process needs a pair per step
                 break
             if (kind, n) != (e.kind, world) and for_engine(alternative, n).total <= gpu * GIB:
-                config = recipe.project.accelerate_config if kind == e.kind else SHIPPED[kind]
+                launched = e.source.startswith(LAUNCHED)  # the config file is not known: name the shipped one
+                config = recipe.project.accelerate_config if kind == e.kind and not launched else SHIPPED[kind]
                 launch = f"ACCELERATE_CONFIG={config} sbatch --nodes={nodes}"
                 options.append(f"{NAMES[kind]} fits on {n} GPUs ({nodes} node{'s' * (nodes > 1)}: {launch})")
                 break

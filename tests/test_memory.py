@@ -264,6 +264,24 @@ def test_a_launched_job_plans_for_its_own_engine(olmo3):
 
 
 @no_gpu
+def test_a_run_launched_by_hand_plans_for_the_engine_it_runs_under(olmo3, tmp_path):
+    """`accelerate launch` without launch.sh's dry run: the run plans for the engine of its launch (here DeepSpeed
+    ZeRO-2 from the default config, one process, whatever the recipe names) and is refused before anything loads.
+    (`use_cpu`: bf16 on this GPU-less machine, planned for the B200 of gpu_memory_gib.)"""
+    env = {"WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1", "RANK": "0", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1",
+           "MASTER_PORT": "29731", "ACCELERATE_USE_DEEPSPEED": "true",
+           "ACCELERATE_DEEPSPEED_CONFIG_FILE": str(ROOT / "ds_config.json"), "CUDA_VISIBLE_DEVICES": ""}  # fmt: skip
+    result = run_train(["--config", "configs/think-32b.yaml", "--model_name_or_path", olmo3["32b"], "--output_dir",
+                        str(tmp_path / "run"), "--use_cpu", "true"], env=env, timeout=300)  # fmt: skip
+    assert result.returncode == 2, result.stdout[-2000:]
+    last = result.stdout.strip().splitlines()[-1]
+    assert last.startswith("error: memory plan: DeepSpeed ZeRO-2 on 1 GPU needs"), last
+    assert "ACCELERATE_CONFIG=configs/accelerate/zero3.yaml sbatch --nodes=2" in last
+    assert not (tmp_path / "run").exists()  # refused before the output folder, a data set or a model
+    assert memory.launched_engine().kind == "single"  # this test process: no launcher
+
+
+@no_gpu
 def test_refusal_happens_only_with_a_known_gpu(olmo3):
     r = recipe("--model_name_or_path", olmo3["32b"], "--accelerate_config", "accelerate_config.yaml")
     plan = memory.plan(r, 4)  # no GPU here, no gpu_memory_gib: shown, not checked
