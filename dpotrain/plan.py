@@ -21,6 +21,7 @@ resumed job replays the same steps. A step that cannot be cut this way (fewer pa
 ranks cannot each get the same number of non-empty micro-batches under the budget) is refused at start, with the fix.
 """
 
+import functools
 import heapq
 import math
 from dataclasses import dataclass
@@ -71,14 +72,15 @@ class PairLengths:
     def __len__(self) -> int:
         return len(self.chosen)
 
-    @property
+    # Computed once (the lengths never change): the plan reads them per pair, for every step of every epoch.
+    @functools.cached_property
     def tokens(self) -> np.ndarray:
         """Positions of each pair in a packed micro-batch: both sequences, less one copy of a shared prompt but its
         last token (which each completion's first prediction needs)."""
         both = self.chosen + self.rejected
         return both if self.shared is None else both - np.where(self.shared, self.prompt - 1, 0)
 
-    @property
+    @functools.cached_property
     def longest(self) -> np.ndarray:
         """Each pair's longer sequence: what a padded micro-batch pads its rows to."""
         return np.maximum(self.chosen, self.rejected)
@@ -92,6 +94,10 @@ class StepPlan:
     max_tokens: int | None  # the token budget of a micro-batch, or None for micro-batches of a fixed number of pairs
     pairs_per_micro_batch: int | None  # with max_tokens None
     padded: bool = False  # micro-batches padded to their longest sequence (TRL's collator), not packed
+
+    def alone(self, lengths: PairLengths, pairs) -> np.ndarray:
+        """What each pair costs in a micro-batch of its own (`cost` of a one-pair micro-batch), for many pairs."""
+        return 2 * lengths.longest[pairs] if self.padded else lengths.tokens[pairs]
 
     def cost(self, lengths: PairLengths, micro_batch) -> int:
         """Positions a micro-batch takes: packed, its sequences; padded, 2 rows per pair of its longest sequence."""
@@ -183,17 +189,33 @@ def _packed_bins(order: list[int], lengths: PairLengths, budget: int, bins: int,
 
 def fewest_bins(costs, budget: int) -> int:
     """A lower bound on the micro-batches of at most `budget` that items of these costs need (Martello and Toth's
-    L2 bound for bin packing: items over half a bin each need their own, and what is left must fit around them)."""
+    L2 bound for bin packing: items over half a bin each need their own, and what is left must fit around them).
+
+    For each candidate k (every distinct cost up to half the budget): the items over budget - k each need a bin
+    (`big`); those over half the budget up to budget - k (`mid`) need one each too, and the items from k to half the
+    budget (`small`) fit only into the room `mid` leaves, or into new bins. All k at once, on sorted costs."""
     w = np.sort(np.asarray(costs, dtype=np.int64))
     best = math.ceil(int(w.sum()) / budget)
     half = budget / 2
-    for k in np.unique(w[w <= half]):
-        big = w[w > budget - k]
-        mid = w[(w > half) & (w <= budget - k)]
-        small = w[(w >= k) & (w <= half)]
-        room = len(mid) * budget - int(mid.sum())
-        best = max(best, len(big) + len(mid) + max(0, math.ceil((int(small.sum()) - room) / budget)))
-    return max(best, int(np.count_nonzero(w > half)), 1)
+    over_half = int(np.count_nonzero(w > half))
+    k = np.unique(w[w <= half])
+    if len(k):
+        total = np.concatenate([[0], np.cumsum(w)])  # total[i]: the sum of the i smallest
+
+        def below(x, side):  # how many costs are < x (side "left") or <= x (side "right")
+            return np.searchsorted(w, x, side=side)
+
+        n_half = below(half, "right")  # costs <= half
+        n_mid_top = below(budget - k, "right")  # costs <= budget - k
+        big = len(w) - n_mid_top
+        mid = np.maximum(n_mid_top - n_half, 0)
+        mid_sum = np.where(n_mid_top > n_half, total[n_mid_top] - total[n_half], 0)
+        n_small_lo = below(k, "left")  # costs < k
+        small_sum = total[n_half] - total[n_small_lo]
+        room = mid * budget - mid_sum
+        extra = np.maximum(0, -((room - small_sum) // budget))  # ceil((small - room) / budget), in integers
+        best = max(best, int((big + mid + extra).max()))
+    return max(best, over_half, 1)
 
 
 def _padded_runs(order: list[int], lengths: PairLengths, budget: int, bins: int) -> list[list[int]] | None:
@@ -264,7 +286,7 @@ def cut_step(pairs: np.ndarray, lengths: PairLengths, p: StepPlan) -> list[list[
     found = _cut(pairs, lengths, p, p.max_tokens)
     if found is not None:
         return found
-    alone = [p.cost(lengths, [int(i)]) for i in pairs]
+    alone = [int(c) for c in p.alone(lengths, pairs)]
     lo, hi = p.max_tokens, 2 * sum(alone)  # at twice the whole step, one micro-batch per rank always fits
     while lo < hi:  # the smallest budget that would cut this step, for the message
         mid = (lo + hi) // 2
@@ -283,8 +305,8 @@ def _cut(pairs: np.ndarray, lengths: PairLengths, p: StepPlan, budget: int) -> l
     w, n = p.world_size, len(pairs)
     key = lengths.longest if p.padded else lengths.tokens
     order = [int(i) for i in pairs[np.lexsort((pairs, -key[pairs]))]]  # longest first, ties by index
-    alone = [p.cost(lengths, [i]) for i in order]  # what each pair costs in a micro-batch of its own
-    if max(alone) > budget:
+    alone = p.alone(lengths, order)  # what each pair costs in a micro-batch of its own
+    if alone.max() > budget:
         return None
     # A padded micro-batch costs at least what its pairs cost alone, so the bound holds for both forwards.
     start = max(1, math.ceil(fewest_bins(alone, budget) / w))
@@ -396,8 +418,8 @@ def summary(lengths: PairLengths, p: StepPlan, epochs: list[list], forward: Forw
     }
     if p.max_tokens is not None:
         # No cut can do with fewer micro-batches per rank than this bound (`fewest_bins`) allows.
-        alone = 2 * lengths.longest if p.padded else lengths.tokens
-        fewest = [math.ceil(fewest_bins([alone[i] for rank in step for mb in rank for i in mb], p.max_tokens)
+        alone = p.alone(lengths, slice(None))
+        fewest = [math.ceil(fewest_bins(alone[[i for rank in step for mb in rank for i in mb]], p.max_tokens)
                             / p.world_size) for epoch in epochs for step in epoch]  # fmt: skip
         out["micro_batches_per_step"]["lower_bound_mean"] = round(sum(fewest) / len(fewest), 3)
     return out
