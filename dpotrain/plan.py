@@ -2,7 +2,7 @@
 
 An optimizer step always holds `pairs_per_step` pairs (the recipe's 128), drawn in a seeded random order; a step is
 then cut into micro-batches, the same number on every rank (ZeRO reduces gradients on every backward, so a rank that
-ran one micro-batch more would wait forever), never an empty one, and no more than the step needs. That number may
+ran one micro-batch more would wait forever), and no more than the step needs. That number may
 change from step to step: the Trainer sees one item per optimizer step (gradient accumulation 1) and
 `trainer.RecipeDPOTrainer.training_step` runs the step's micro-batches itself, so neither the schedule nor
 `max_steps` ever count micro-batches.
@@ -16,9 +16,14 @@ How a step is cut depends on what a micro-batch costs:
 - no budget: micro-batches of `per_device_train_batch_size` pairs, as in any Trainer.
 Both forwards see the same pairs in the same steps: the order and the steps come from the seed alone.
 
+When the ranks cannot each get the same number of micro-batches with a pair in every one (a step of long pairs, each
+needing a micro-batch of its own, on nearly as many ranks as pairs), each pair gets its own micro-batch and a rank
+dealt one fewer runs a filler micro-batch (`FILLER`): a forward and backward with weight 0. So any budget that holds
+the longest pair (any >= 2 x max_length) cuts every step.
+
 The plan depends only on the lengths, the seed, the world size and the epoch, so every rank computes it alone and a
-resumed job replays the same steps. A step that cannot be cut this way (fewer pairs than ranks; pairs so long that the
-ranks cannot each get the same number of non-empty micro-batches under the budget) is refused at start, with the fix.
+resumed job replays the same steps (`agreement.py` checks at start that the ranks' plans are the same). A step that
+cannot be cut (fewer pairs than ranks; a pair longer than the budget) is refused at start, with the fix.
 """
 
 import functools
@@ -111,6 +116,12 @@ class PlanError(ConfigError):
     def __init__(self, message: str, needed_budget: int | None = None):
         super().__init__(message)
         self.needed_budget = needed_budget  # the smallest token budget that would cut the step, when one would
+
+
+# A filler micro-batch is an empty one in the plan: the rank runs a forward and backward on one of its own pairs' rows
+# with weight 0 (`StepRows` reads them, the collated batch carries `FILLER`), so it adds nothing to the loss, the
+# gradient, the pair count or the metrics, and exists only so that every rank runs the same collectives.
+FILLER = "filler"
 
 
 def epoch_order(n: int, seed: int, epoch: int) -> np.ndarray:
@@ -250,10 +261,11 @@ def _padded_runs(order: list[int], lengths: PairLengths, budget: int, bins: int)
     return runs
 
 
-def _deal(bins: list[list[int]], costs: list[int], world_size: int) -> list[list[list[int]]]:
-    """The bins dealt to ranks, the same number each, balanced by cost; each rank's heaviest first, so micro-batch j
-    weighs about the same on every rank (ranks wait for each other at every backward)."""
-    per_rank = len(bins) // world_size
+def _deal(bins: list[list[int]], costs: list[int], world_size: int, per_rank: int | None = None):
+    """The bins dealt to ranks, `per_rank` each (default: the same number each), balanced by cost; each rank's
+    heaviest first, so micro-batch j weighs about the same on every rank (ranks wait for each other at every
+    backward). A rank dealt fewer bins than `per_rank` ends with filler micro-batches (empty lists: see `FILLER`)."""
+    per_rank = per_rank or len(bins) // world_size
     order = sorted(range(len(bins)), key=lambda b: (-costs[b], bins[b][0]))
     heap = [(0, r) for r in range(world_size)]
     ranks: list[list[int]] = [[] for _ in range(world_size)]
@@ -268,13 +280,15 @@ def _deal(bins: list[list[int]], costs: list[int], world_size: int) -> list[list
         heapq.heappush(heap, (load + costs[b], r))
         for item in full:
             heapq.heappush(heap, item)
-    return [[bins[b] for b in rank] for rank in ranks]  # `order` is heaviest first, so each rank's list is too
+    # `order` is heaviest first, so each rank's list is too; its fillers come last
+    return [[bins[b] for b in rank] + [[] for _ in range(per_rank - len(rank))] for rank in ranks]
 
 
 def cut_step(pairs: np.ndarray, lengths: PairLengths, p: StepPlan) -> list[list[list[int]]]:
-    """One step's pairs as `[rank][micro-batch] -> pair indices`: the same number of non-empty micro-batches on every
-    rank, the fewest the step needs under the budget (padded: the fewest possible; packed: the fewest bin packing
-    finds, starting from a lower bound)."""
+    """One step's pairs as `[rank][micro-batch] -> pair indices`: the same number of micro-batches on every rank, the
+    fewest the step needs under the budget (padded: the fewest possible; packed: the fewest bin packing finds,
+    starting from a lower bound), non-empty unless no equal count of non-empty ones exists (then the ranks short of
+    one run a filler: `FILLER`)."""
     w, n = p.world_size, len(pairs)
     if n < w:
         raise PlanError(f"a step of {n} pairs leaves {w - n} of the {w} processes without a pair: use "
@@ -317,7 +331,13 @@ def _cut(pairs: np.ndarray, lengths: PairLengths, p: StepPlan, budget: int) -> l
             bins = _packed_bins(order, lengths, budget, w * per_rank, tries=16 if per_rank == start else 0)
         if bins is not None:
             return _deal(bins, [p.cost(lengths, b) for b in bins], w)
-    return None
+    if n % w == 0:
+        return None
+    # No equal count of non-empty micro-batches: with n // w of them a rank each, the step does not fit, and one more
+    # would leave some rank without a pair for it. Every pair alone (which fits: a budget >= 2 x max_length holds any
+    # pair), n // w + 1 micro-batches a rank, and a rank dealt one fewer runs a filler: the ranks' collectives stay
+    # equal and the step computes what it would on any other cut.
+    return _deal([[i] for i in order], [int(c) for c in alone], w, per_rank=n // w + 1)
 
 
 def epoch_steps(lengths: PairLengths, p: StepPlan, epoch: int) -> list[list[list[list[int]]]]:
@@ -388,8 +408,9 @@ def summary(lengths: PairLengths, p: StepPlan, epochs: list[list], forward: Forw
     allows, per epoch, gradient reductions per epoch (ZeRO reduces at every backward, DDP and FSDP once per step with
     no_sync), pairs and positions per micro-batch, and the padding share. `forward` gives the positions a micro-batch
     really takes (packed rows pad their ends); without it, the plan's own cost is taken."""
-    counts = [len(step[0]) for epoch in epochs for step in epoch]
-    micro_batches = [mb for epoch in epochs for step in epoch for rank in step for mb in rank]
+    counts = [len(step[0]) for epoch in epochs for step in epoch]  # fillers included: they take their time
+    every = [mb for epoch in epochs for step in epoch for rank in step for mb in rank]
+    micro_batches = [mb for mb in every if mb]
     pairs = [len(mb) for mb in micro_batches]
     real = [int(lengths.tokens[mb].sum()) for mb in micro_batches]
     taken = [forward.positions(lengths, mb) if forward else p.cost(lengths, mb) for mb in micro_batches]
@@ -415,6 +436,7 @@ def summary(lengths: PairLengths, p: StepPlan, epochs: list[list], forward: Forw
         "pairs_per_micro_batch": _spread(pairs),
         "positions_per_micro_batch": _spread(taken),
         "padding_share": round(1 - sum(real) / sum(taken), 4),
+        "filler_micro_batches": len(every) - len(micro_batches),
     }
     if p.max_tokens is not None:
         # No cut can do with fewer micro-batches per rank than this bound (`fewest_bins`) allows.
@@ -484,7 +506,9 @@ class FixedBatches(BatchRebalanceSampler):
 
 
 class StepRows:
-    """A data set read a whole step at a time: item = this rank's micro-batches of one step, as lists of rows."""
+    """A data set read a whole step at a time: item = this rank's micro-batches of one step, each as its rows and
+    whether it is a filler (an empty micro-batch of the plan: the rows of this rank's last pair of the step, the
+    lightest of its lightest micro-batch)."""
 
     def __init__(self, dataset):
         self.dataset = dataset
@@ -493,15 +517,20 @@ class StepRows:
         return len(self.dataset)
 
     def __getitem__(self, micro_batches):
-        return [self.dataset.__getitems__(list(mb)) for mb in micro_batches]
+        stand_in = [next(mb for mb in reversed(micro_batches) if mb)[-1]]
+        return [(self.dataset.__getitems__(list(mb or stand_in)), not mb) for mb in micro_batches]
 
 
 @dataclass
 class StepCollator:
-    """Collates each micro-batch of a step with the forward's own collator (packed rows, or TRL's padded batch)."""
+    """Collates each micro-batch of a step with the forward's own collator (packed rows, or TRL's padded batch); a
+    filler's batch carries `FILLER`, which the trainer weighs 0 and leaves out of its counts and metrics."""
 
     collate: object
 
     def __call__(self, items: list) -> dict:
         (step,) = items  # the sampler yields one step at a time
-        return {"micro_batches": [self.collate(rows) for rows in step]}
+        batches = []
+        for rows, filler in step:
+            batches.append({**self.collate(rows), FILLER: True} if filler else self.collate(rows))
+        return {"micro_batches": batches}
