@@ -156,3 +156,39 @@ def test_a_filler_reads_a_pair_of_its_rank_and_is_marked():
 class _Rows:
     def __getitems__(self, index):
         return [{"i": i} for i in index]
+
+
+@pytest.mark.slow
+def test_a_filler_changes_nothing_a_step_computes(tmp_path, tiny_model_dir):
+    """3 long pairs, a budget of one pair per micro-batch (2 x max_length), one SGD step: on 2 ZeRO-2 processes rank 1
+    gets 1 pair and runs a filler beside rank 0's 2 micro-batches; the update, the loss and the tokens counted equal
+    one process's 3 micro-batches."""
+    from test_plan import ONE_SGD_STEP, launch, weights
+
+    words = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu".split()
+    rows = [{"prompt": [{"role": "user", "content": f"Tell me about {words[i]}."}],
+             "chosen": [{"role": "assistant", "content": " ".join(words[(i + k) % 12] for k in range(120))}],
+             "rejected": [{"role": "assistant", "content": " ".join(words[(i * k) % 12] for k in range(120))}]}
+            for i in range(3)]  # fmt: skip
+    data = tmp_path / "long.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    cut = ["--pairs_per_step", "3", "--max_length", "64", "--max_tokens_per_microbatch", "128", "--logging_steps", "1"]
+    runs = {}
+    for processes in (1, 2):
+        out = tmp_path / f"w{processes}"
+        launch(tmp_path / f"l{processes}", tiny_model_dir,
+               ["--dataset_name", str(data), "--output_dir", str(out), *ONE_SGD_STEP, *cut], processes)  # fmt: skip
+        batching = json.loads((out / "resolved_config.json").read_text())["derived"]["batching"]
+        metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+        runs[processes] = (weights(out), batching, next(m for m in metrics if "loss" in m))
+    before = weights(tiny_model_dir)
+    (one, one_batching, one_log), (two, two_batching, two_log) = runs[1], runs[2]
+    assert one_batching["filler_micro_batches"] == 0 and one_batching["micro_batches_per_step"]["max"] == 3
+    assert two_batching["filler_micro_batches"] == 1 and two_batching["micro_batches_per_step"]["max"] == 2
+    moved = max(float((one[name] - before[name]).abs().max()) for name in before)
+    assert moved > 1e-3  # the step moved the weights
+    for name in before:
+        d1, d2 = one[name] - before[name], two[name] - before[name]
+        assert (d2 - d1).abs().max() <= 1e-6 + 1e-5 * d1.abs().max(), name
+    assert two_log["num_tokens"] == one_log["num_tokens"]
+    assert abs(two_log["loss"] - one_log["loss"]) < 1e-6
