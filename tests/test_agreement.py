@@ -34,15 +34,14 @@ CHECK = textwrap.dedent("""
 def torchrun(tmp_path, differ: bool) -> str:
     script = tmp_path / "check.py"
     script.write_text(CHECK.format(root=str(ROOT)))
-    env = {**os.environ, "DIFFER": "1" if differ else ""}
+    env = {**os.environ, "DIFFER": "1" if differ else ""}  # (ranks that agree: every multi-process training test)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", str(script)]
     result = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     return result.stdout
 
 
-def test_two_ranks_that_agree_pass_and_a_difference_is_one_line_naming_the_rank(tmp_path):
-    assert sorted(torchrun(tmp_path, differ=False).split("\n")[:2]) == ["rank 0: agreed", "rank 1: agreed"]
+def test_a_difference_between_two_ranks_is_one_line_naming_the_rank(tmp_path):
     lines = sorted(line for line in torchrun(tmp_path, differ=True).splitlines() if line.startswith("rank"))
     want = ("error: ranks disagree on the resume point: rank 1 has out/checkpoint-40, rank 0 has None: every node "
             "must see the same output_dir (a shared file system, not a node-local one)")  # fmt: skip
