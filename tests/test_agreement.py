@@ -72,8 +72,8 @@ def test_two_ranks_given_different_data_are_refused_at_start(tmp_path, tiny_mode
     accelerate = str(ROOT / ".venv" / "bin" / "accelerate")
     cmd = [accelerate, "launch", "--config_file", str(ROOT / "accelerate_config.yaml"), "--num_processes", "2",
            str(wrapper), "--config", str(ROOT / "configs" / "smoke.yaml"), "--model_name_or_path", tiny_model_dir,
-           "--dataset_name", str(same), "--output_dir", str(tmp_path / "run"), "--max_steps", "1",
-           "--report_to", "none", "--save_strategy", "no"]  # fmt: skip
+           "--dataset_name", str(same), "--output_dir", str(tmp_path / "run"), "--max_steps", "2",
+           "--warmup_steps", "0", "--report_to", "none", "--save_strategy", "no"]  # fmt: skip
     env = {**os.environ, "PATH": f"{os.path.dirname(sys.executable)}:{os.environ['PATH']}"}
     result = subprocess.run(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             timeout=900)  # fmt: skip
