@@ -20,6 +20,7 @@ from pathlib import Path
 from dotenv import load_dotenv
 
 from dpotrain import (
+    agreement,
     data,
     engine,
     health,
@@ -143,6 +144,8 @@ def run(argv, stop: GracefulStop) -> int | None:
     callbacks = [WandbStepIsGlobalStep(), *([pusher] if pusher else [])]
     created_before = out.exists()
     trainer = build_trainer(recipe, dataset, eval_dataset=eval_dataset, callbacks=callbacks, stop=stop)
+    # What every rank decided alone (its data's lengths, its plan, its resume point...) must be the same everywhere.
+    agreement.at_start(trainer, plan.resume_from)
 
     # The reference stage (dpotrain/reference.py): scored once, saved as it goes, stopped cleanly on a stop request.
     outcomes = reference.run_stage(trainer, trainer.graceful_stop, recipe.project.reference_save_seconds)

@@ -3,6 +3,12 @@ replaced, on Dolci-like lengths, at 4 to 256 GPUs. CPU only, no model: the plan 
 
     python benchmarks/plan.py                       # the table of BENCHMARKS.md
     python benchmarks/plan.py --pairs 4000 --worlds 4 16 64 256 --max-length 8192
+    python benchmarks/plan.py --timing              # how long planning a Think-sized run takes, now and before
+
+`--timing`: CPU seconds to plan one epoch of 150k Dolci-Think-like pairs with the think recipe's budget (65,536
+positions, 128 pairs per step, max_length 16384, prompts shared), at 4, 64 and 256 GPUs (256 GPUs need 256 pairs a
+step: fewer are refused), with plan.py as it is and as it was before planning was made fast (commit fdcbfa8, read
+from git, each run in a process of its own stopped after --before-limit seconds).
 
 For each data set (a Dolci-Think-like heavy-tailed mix, and the same with ~15% of pairs at max_length), each world size
 and each token budget (the think recipe's 65,536, and 2 x max_length, the smallest allowed), it prints, per optimizer
@@ -15,10 +21,13 @@ per step are reductions per step.
 """
 
 import argparse
+import importlib
 import importlib.util
+import os
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import numpy as np
@@ -32,6 +41,55 @@ from lengths_like import at_max_length, dolci_think  # noqa: E402
 from dpotrain import plan  # noqa: E402
 
 BEFORE = "8b35cc8"
+SLOW_PLAN = "fdcbfa8"  # plan.py before it was made fast (tokens recomputed over every pair, per pair per step)
+
+
+def plan_module(commit: str | None):
+    """dpotrain/plan.py as it is (None) or at `commit`, read from git."""
+    if commit is None:
+        return plan
+    source = subprocess.run(["git", "-C", str(ROOT), "show", f"{commit}:dpotrain/plan.py"], capture_output=True,
+                            text=True, check=True).stdout  # fmt: skip
+    folder = Path(tempfile.mkdtemp()) / "old_plan"
+    folder.mkdir()
+    (folder / "__init__.py").write_text("")
+    (folder / "plan.py").write_text(source.replace("from .errors import", "from dpotrain.errors import"))
+    sys.path.insert(0, str(folder.parent))
+    return importlib.import_module("old_plan.plan")
+
+
+def time_planning(commit: str | None, pairs: int, world: int, epochs: int) -> float:
+    """CPU seconds to plan `epochs` epochs of `pairs` Dolci-Think-like pairs on `world` GPUs, the think budget."""
+    module = plan_module(commit)
+    prompt, chosen, rejected = dolci_think(pairs)
+    lengths = module.PairLengths.from_parts(prompt, chosen, rejected, 16384, share=True)
+    start = time.process_time()
+    module.plan_run(lengths, module.StepPlan(max(128, world), world, 42, 65536, None), epochs)
+    return time.process_time() - start
+
+
+def timing(args) -> None:
+    import platform
+
+    print(
+        f"\n### Planning time: {args.pairs:,} Dolci-Think-like pairs, {args.epochs} epoch(s), budget 65,536, "
+        f"max_length 16384, prompts shared; {os.cpu_count()} CPUs, {platform.processor() or platform.machine()}\n"
+    )
+    print("| GPUs | pairs per step | before (CPU s) | now (CPU s) |")
+    print("|---|---|---|---|")
+    for world in args.worlds:
+        now = time_planning(None, args.pairs, world, args.epochs)
+        cmd = [sys.executable, __file__, "--time-one", SLOW_PLAN, str(args.pairs), str(world), str(args.epochs)]
+        try:
+            out = subprocess.run(cmd, capture_output=True, text=True, timeout=args.before_limit, check=True).stdout
+            before = f"{float(out.split()[-1]):.2f}"
+        except subprocess.TimeoutExpired:
+            before = f"not done after {args.before_limit:.0f} s"
+        print(f"| {world} | {max(128, world)} | {before} | {now:.2f} |", flush=True)
+    print(
+        f"\n(before = plan.py at {SLOW_PLAN}; command: python benchmarks/plan.py --timing --pairs {args.pairs} "
+        f"--epochs {args.epochs} --worlds {' '.join(map(str, args.worlds))})"
+    )
 
 
 def old_batching():
@@ -95,7 +153,17 @@ def main() -> None:
     parser.add_argument("--max-length", type=int, default=8192)
     parser.add_argument("--worlds", type=int, nargs="+", default=[4, 16, 64, 256])
     parser.add_argument("--budgets", type=int, nargs="+", default=None, help="default: 65536 and 2 x max-length")
+    parser.add_argument("--timing", action="store_true", help="planning time of a Think-sized run, now and before")
+    parser.add_argument("--epochs", type=int, default=1)
+    parser.add_argument("--before-limit", type=float, default=600, help="seconds before the old plan is stopped")
+    if sys.argv[1:2] == ["--time-one"]:  # one timing in a process of its own (the old plan can run for hours)
+        commit, pairs, world, epochs = sys.argv[2], *map(int, sys.argv[3:6])
+        print(time_planning(commit, pairs, world, epochs))
+        return
     args = parser.parse_args()
+    if args.timing:
+        args.pairs = args.pairs if "--pairs" in sys.argv else 150_000
+        return timing(args)
     budgets = args.budgets or [65536, 2 * args.max_length]
     old = old_batching()
     sets = {

@@ -2,7 +2,7 @@
 
 An optimizer step always holds `pairs_per_step` pairs (the recipe's 128), drawn in a seeded random order; a step is
 then cut into micro-batches, the same number on every rank (ZeRO reduces gradients on every backward, so a rank that
-ran one micro-batch more would wait forever), never an empty one, and no more than the step needs. That number may
+ran one micro-batch more would wait forever), and no more than the step needs. That number may
 change from step to step: the Trainer sees one item per optimizer step (gradient accumulation 1) and
 `trainer.RecipeDPOTrainer.training_step` runs the step's micro-batches itself, so neither the schedule nor
 `max_steps` ever count micro-batches.
@@ -16,11 +16,17 @@ How a step is cut depends on what a micro-batch costs:
 - no budget: micro-batches of `per_device_train_batch_size` pairs, as in any Trainer.
 Both forwards see the same pairs in the same steps: the order and the steps come from the seed alone.
 
+When the ranks cannot each get the same number of micro-batches with a pair in every one (a step of long pairs, each
+needing a micro-batch of its own, on nearly as many ranks as pairs), each pair gets its own micro-batch and a rank
+dealt one fewer runs a filler micro-batch (`FILLER`): a forward and backward with weight 0. So any budget that holds
+the longest pair (any >= 2 x max_length) cuts every step.
+
 The plan depends only on the lengths, the seed, the world size and the epoch, so every rank computes it alone and a
-resumed job replays the same steps. A step that cannot be cut this way (fewer pairs than ranks; pairs so long that the
-ranks cannot each get the same number of non-empty micro-batches under the budget) is refused at start, with the fix.
+resumed job replays the same steps (`agreement.py` checks at start that the ranks' plans are the same). A step that
+cannot be cut (fewer pairs than ranks; a pair longer than the budget) is refused at start, with the fix.
 """
 
+import functools
 import heapq
 import math
 from dataclasses import dataclass
@@ -71,14 +77,15 @@ class PairLengths:
     def __len__(self) -> int:
         return len(self.chosen)
 
-    @property
+    # Computed once (the lengths never change): the plan reads them per pair, for every step of every epoch.
+    @functools.cached_property
     def tokens(self) -> np.ndarray:
         """Positions of each pair in a packed micro-batch: both sequences, less one copy of a shared prompt but its
         last token (which each completion's first prediction needs)."""
         both = self.chosen + self.rejected
         return both if self.shared is None else both - np.where(self.shared, self.prompt - 1, 0)
 
-    @property
+    @functools.cached_property
     def longest(self) -> np.ndarray:
         """Each pair's longer sequence: what a padded micro-batch pads its rows to."""
         return np.maximum(self.chosen, self.rejected)
@@ -93,6 +100,10 @@ class StepPlan:
     pairs_per_micro_batch: int | None  # with max_tokens None
     padded: bool = False  # micro-batches padded to their longest sequence (TRL's collator), not packed
 
+    def alone(self, lengths: PairLengths, pairs) -> np.ndarray:
+        """What each pair costs in a micro-batch of its own (`cost` of a one-pair micro-batch), for many pairs."""
+        return 2 * lengths.longest[pairs] if self.padded else lengths.tokens[pairs]
+
     def cost(self, lengths: PairLengths, micro_batch) -> int:
         """Positions a micro-batch takes: packed, its sequences; padded, 2 rows per pair of its longest sequence."""
         idx = np.asarray(micro_batch)
@@ -105,6 +116,12 @@ class PlanError(ConfigError):
     def __init__(self, message: str, needed_budget: int | None = None):
         super().__init__(message)
         self.needed_budget = needed_budget  # the smallest token budget that would cut the step, when one would
+
+
+# A filler micro-batch is an empty one in the plan: the rank runs a forward and backward on one of its own pairs' rows
+# with weight 0 (`StepRows` reads them, the collated batch carries `FILLER`), so it adds nothing to the loss, the
+# gradient, the pair count or the metrics, and exists only so that every rank runs the same collectives.
+FILLER = "filler"
 
 
 def epoch_order(n: int, seed: int, epoch: int) -> np.ndarray:
@@ -183,17 +200,33 @@ def _packed_bins(order: list[int], lengths: PairLengths, budget: int, bins: int,
 
 def fewest_bins(costs, budget: int) -> int:
     """A lower bound on the micro-batches of at most `budget` that items of these costs need (Martello and Toth's
-    L2 bound for bin packing: items over half a bin each need their own, and what is left must fit around them)."""
+    L2 bound for bin packing: items over half a bin each need their own, and what is left must fit around them).
+
+    For each candidate k (every distinct cost up to half the budget): the items over budget - k each need a bin
+    (`big`); those over half the budget up to budget - k (`mid`) need one each too, and the items from k to half the
+    budget (`small`) fit only into the room `mid` leaves, or into new bins. All k at once, on sorted costs."""
     w = np.sort(np.asarray(costs, dtype=np.int64))
     best = math.ceil(int(w.sum()) / budget)
     half = budget / 2
-    for k in np.unique(w[w <= half]):
-        big = w[w > budget - k]
-        mid = w[(w > half) & (w <= budget - k)]
-        small = w[(w >= k) & (w <= half)]
-        room = len(mid) * budget - int(mid.sum())
-        best = max(best, len(big) + len(mid) + max(0, math.ceil((int(small.sum()) - room) / budget)))
-    return max(best, int(np.count_nonzero(w > half)), 1)
+    over_half = int(np.count_nonzero(w > half))
+    k = np.unique(w[w <= half])
+    if len(k):
+        total = np.concatenate([[0], np.cumsum(w)])  # total[i]: the sum of the i smallest
+
+        def below(x, side):  # how many costs are < x (side "left") or <= x (side "right")
+            return np.searchsorted(w, x, side=side)
+
+        n_half = below(half, "right")  # costs <= half
+        n_mid_top = below(budget - k, "right")  # costs <= budget - k
+        big = len(w) - n_mid_top
+        mid = np.maximum(n_mid_top - n_half, 0)
+        mid_sum = np.where(n_mid_top > n_half, total[n_mid_top] - total[n_half], 0)
+        n_small_lo = below(k, "left")  # costs < k
+        small_sum = total[n_half] - total[n_small_lo]
+        room = mid * budget - mid_sum
+        extra = np.maximum(0, -((room - small_sum) // budget))  # ceil((small - room) / budget), in integers
+        best = max(best, int((big + mid + extra).max()))
+    return max(best, over_half, 1)
 
 
 def _padded_runs(order: list[int], lengths: PairLengths, budget: int, bins: int) -> list[list[int]] | None:
@@ -228,10 +261,11 @@ def _padded_runs(order: list[int], lengths: PairLengths, budget: int, bins: int)
     return runs
 
 
-def _deal(bins: list[list[int]], costs: list[int], world_size: int) -> list[list[list[int]]]:
-    """The bins dealt to ranks, the same number each, balanced by cost; each rank's heaviest first, so micro-batch j
-    weighs about the same on every rank (ranks wait for each other at every backward)."""
-    per_rank = len(bins) // world_size
+def _deal(bins: list[list[int]], costs: list[int], world_size: int, per_rank: int | None = None):
+    """The bins dealt to ranks, `per_rank` each (default: the same number each), balanced by cost; each rank's
+    heaviest first, so micro-batch j weighs about the same on every rank (ranks wait for each other at every
+    backward). A rank dealt fewer bins than `per_rank` ends with filler micro-batches (empty lists: see `FILLER`)."""
+    per_rank = per_rank or len(bins) // world_size
     order = sorted(range(len(bins)), key=lambda b: (-costs[b], bins[b][0]))
     heap = [(0, r) for r in range(world_size)]
     ranks: list[list[int]] = [[] for _ in range(world_size)]
@@ -246,13 +280,15 @@ def _deal(bins: list[list[int]], costs: list[int], world_size: int) -> list[list
         heapq.heappush(heap, (load + costs[b], r))
         for item in full:
             heapq.heappush(heap, item)
-    return [[bins[b] for b in rank] for rank in ranks]  # `order` is heaviest first, so each rank's list is too
+    # `order` is heaviest first, so each rank's list is too; its fillers come last
+    return [[bins[b] for b in rank] + [[] for _ in range(per_rank - len(rank))] for rank in ranks]
 
 
 def cut_step(pairs: np.ndarray, lengths: PairLengths, p: StepPlan) -> list[list[list[int]]]:
-    """One step's pairs as `[rank][micro-batch] -> pair indices`: the same number of non-empty micro-batches on every
-    rank, the fewest the step needs under the budget (padded: the fewest possible; packed: the fewest bin packing
-    finds, starting from a lower bound)."""
+    """One step's pairs as `[rank][micro-batch] -> pair indices`: the same number of micro-batches on every rank, the
+    fewest the step needs under the budget (padded: the fewest possible; packed: the fewest bin packing finds,
+    starting from a lower bound), non-empty unless no equal count of non-empty ones exists (then the ranks short of
+    one run a filler: `FILLER`)."""
     w, n = p.world_size, len(pairs)
     if n < w:
         raise PlanError(f"a step of {n} pairs leaves {w - n} of the {w} processes without a pair: use "
@@ -264,7 +300,7 @@ def cut_step(pairs: np.ndarray, lengths: PairLengths, p: StepPlan) -> list[list[
     found = _cut(pairs, lengths, p, p.max_tokens)
     if found is not None:
         return found
-    alone = [p.cost(lengths, [int(i)]) for i in pairs]
+    alone = [int(c) for c in p.alone(lengths, pairs)]
     lo, hi = p.max_tokens, 2 * sum(alone)  # at twice the whole step, one micro-batch per rank always fits
     while lo < hi:  # the smallest budget that would cut this step, for the message
         mid = (lo + hi) // 2
@@ -283,8 +319,8 @@ def _cut(pairs: np.ndarray, lengths: PairLengths, p: StepPlan, budget: int) -> l
     w, n = p.world_size, len(pairs)
     key = lengths.longest if p.padded else lengths.tokens
     order = [int(i) for i in pairs[np.lexsort((pairs, -key[pairs]))]]  # longest first, ties by index
-    alone = [p.cost(lengths, [i]) for i in order]  # what each pair costs in a micro-batch of its own
-    if max(alone) > budget:
+    alone = p.alone(lengths, order)  # what each pair costs in a micro-batch of its own
+    if alone.max() > budget:
         return None
     # A padded micro-batch costs at least what its pairs cost alone, so the bound holds for both forwards.
     start = max(1, math.ceil(fewest_bins(alone, budget) / w))
@@ -295,7 +331,13 @@ def _cut(pairs: np.ndarray, lengths: PairLengths, p: StepPlan, budget: int) -> l
             bins = _packed_bins(order, lengths, budget, w * per_rank, tries=16 if per_rank == start else 0)
         if bins is not None:
             return _deal(bins, [p.cost(lengths, b) for b in bins], w)
-    return None
+    if n % w == 0:
+        return None
+    # No equal count of non-empty micro-batches: with n // w of them a rank each, the step does not fit, and one more
+    # would leave some rank without a pair for it. Every pair alone (which fits: a budget >= 2 x max_length holds any
+    # pair), n // w + 1 micro-batches a rank, and a rank dealt one fewer runs a filler: the ranks' collectives stay
+    # equal and the step computes what it would on any other cut.
+    return _deal([[i] for i in order], [int(c) for c in alone], w, per_rank=n // w + 1)
 
 
 def epoch_steps(lengths: PairLengths, p: StepPlan, epoch: int) -> list[list[list[list[int]]]]:
@@ -366,8 +408,9 @@ def summary(lengths: PairLengths, p: StepPlan, epochs: list[list], forward: Forw
     allows, per epoch, gradient reductions per epoch (ZeRO reduces at every backward, DDP and FSDP once per step with
     no_sync), pairs and positions per micro-batch, and the padding share. `forward` gives the positions a micro-batch
     really takes (packed rows pad their ends); without it, the plan's own cost is taken."""
-    counts = [len(step[0]) for epoch in epochs for step in epoch]
-    micro_batches = [mb for epoch in epochs for step in epoch for rank in step for mb in rank]
+    counts = [len(step[0]) for epoch in epochs for step in epoch]  # fillers included: they take their time
+    every = [mb for epoch in epochs for step in epoch for rank in step for mb in rank]
+    micro_batches = [mb for mb in every if mb]
     pairs = [len(mb) for mb in micro_batches]
     real = [int(lengths.tokens[mb].sum()) for mb in micro_batches]
     taken = [forward.positions(lengths, mb) if forward else p.cost(lengths, mb) for mb in micro_batches]
@@ -393,11 +436,12 @@ def summary(lengths: PairLengths, p: StepPlan, epochs: list[list], forward: Forw
         "pairs_per_micro_batch": _spread(pairs),
         "positions_per_micro_batch": _spread(taken),
         "padding_share": round(1 - sum(real) / sum(taken), 4),
+        "filler_micro_batches": len(every) - len(micro_batches),
     }
     if p.max_tokens is not None:
         # No cut can do with fewer micro-batches per rank than this bound (`fewest_bins`) allows.
-        alone = 2 * lengths.longest if p.padded else lengths.tokens
-        fewest = [math.ceil(fewest_bins([alone[i] for rank in step for mb in rank for i in mb], p.max_tokens)
+        alone = p.alone(lengths, slice(None))
+        fewest = [math.ceil(fewest_bins(alone[[i for rank in step for mb in rank for i in mb]], p.max_tokens)
                             / p.world_size) for epoch in epochs for step in epoch]  # fmt: skip
         out["micro_batches_per_step"]["lower_bound_mean"] = round(sum(fewest) / len(fewest), 3)
     return out
@@ -462,7 +506,9 @@ class FixedBatches(BatchRebalanceSampler):
 
 
 class StepRows:
-    """A data set read a whole step at a time: item = this rank's micro-batches of one step, as lists of rows."""
+    """A data set read a whole step at a time: item = this rank's micro-batches of one step, each as its rows and
+    whether it is a filler (an empty micro-batch of the plan: the rows of this rank's last pair of the step, the
+    lightest of its lightest micro-batch)."""
 
     def __init__(self, dataset):
         self.dataset = dataset
@@ -471,15 +517,20 @@ class StepRows:
         return len(self.dataset)
 
     def __getitem__(self, micro_batches):
-        return [self.dataset.__getitems__(list(mb)) for mb in micro_batches]
+        stand_in = [next(mb for mb in reversed(micro_batches) if mb)[-1]]
+        return [(self.dataset.__getitems__(list(mb or stand_in)), not mb) for mb in micro_batches]
 
 
 @dataclass
 class StepCollator:
-    """Collates each micro-batch of a step with the forward's own collator (packed rows, or TRL's padded batch)."""
+    """Collates each micro-batch of a step with the forward's own collator (packed rows, or TRL's padded batch); a
+    filler's batch carries `FILLER`, which the trainer weighs 0 and leaves out of its counts and metrics."""
 
     collate: object
 
     def __call__(self, items: list) -> dict:
         (step,) = items  # the sampler yields one step at a time
-        return {"micro_batches": [self.collate(rows) for rows in step]}
+        batches = []
+        for rows, filler in step:
+            batches.append({**self.collate(rows), FILLER: True} if filler else self.collate(rows))
+        return {"micro_batches": batches}

@@ -148,6 +148,9 @@ def computed_tokens(batch: dict) -> int:
 
 
 def pairs_in(batch: dict) -> int:
+    """The pairs a micro-batch trains on: none in a filler (`plan.FILLER`), whose rows only keep collectives equal."""
+    if batch.get(plan.FILLER):
+        return 0
     return len(batch["seq_lens"]) // 2 if packing.is_packed(batch) else batch["input_ids"].shape[0] // 2
 
 
@@ -366,8 +369,9 @@ class RecipeDPOTrainer(DPOTrainer):
         return steps, all_reduce_sum(torch.tensor(pairs, device=device))
 
     def floating_point_ops(self, inputs):
-        if "micro_batches" in inputs:
-            return sum(super(RecipeDPOTrainer, self).floating_point_ops(mb) for mb in inputs["micro_batches"])
+        if "micro_batches" in inputs:  # a filler's forward is not training: not counted
+            return sum(super(RecipeDPOTrainer, self).floating_point_ops(mb) for mb in inputs["micro_batches"]
+                       if not mb.get(plan.FILLER))  # fmt: skip
         return super().floating_point_ops(inputs)
 
     # --- reference log-probs: a stage of its own (reference.py), run by train_dpo.py after construction ----------
@@ -476,7 +480,7 @@ class RecipeDPOTrainer(DPOTrainer):
         if num_items_in_batch is None:  # evaluation: no gradient, nothing to weigh
             return result
         # Gradients are averaged over ranks; summed over micro-batches. This weight makes the step's gradient
-        # the mean over all of its pairs: sum_k (mean_k x n_k x W / N) / W = sum over pairs / N.
+        # the mean over all of its pairs: sum_k (mean_k x n_k x W / N) / W = sum over pairs / N (a filler: n_k = 0).
         weight = pairs_in(inputs) * self.accelerator.num_processes / num_items_in_batch
         if return_outputs:
             return result[0] * weight, result[1]
@@ -499,6 +503,8 @@ class RecipeDPOTrainer(DPOTrainer):
             positions = padded.positions(inputs["attention_mask"].sum(dim=1).tolist(), inputs["row_groups"])
         else:
             positions = inputs["input_ids"].numel()
+        if inputs.get(plan.FILLER):  # weighed 0 by compute_loss; nothing it computed is a metric
+            return result
         self.pair_metrics.add(
             mode,
             stand_in.outputs,

@@ -52,10 +52,12 @@ def check_epoch(lengths: PairLengths, p: StepPlan, epoch: int) -> list[int]:
         per_rank = {len(rank) for rank in step}
         assert len(per_rank) == 1  # the same number of micro-batches on every rank
         count = per_rank.pop()
-        for rank in step:
-            assert all(rank)  # never an empty micro-batch
-            assert all(p.cost(lengths, mb) <= p.max_tokens for mb in rank)
         flat = np.asarray([i for rank in step for mb in rank for i in mb])
+        for rank in step:
+            # never an empty micro-batch, unless no equal count of non-empty ones exists: then a rank short of one
+            # runs a filler (test_plan_scale.py checks those steps)
+            assert all(rank) or (len(flat) % p.world_size and count == len(flat) // p.world_size + 1)
+            assert all(p.cost(lengths, mb) <= p.max_tokens for mb in rank if mb)
         alone = [p.cost(lengths, [i]) for i in flat]
         bound = max(1, math.ceil(plan.fewest_bins(alone, p.max_tokens) / p.world_size))
         assert count >= bound
@@ -113,12 +115,21 @@ def test_a_plan_that_leaves_a_rank_without_a_pair_is_refused_with_the_fix():
         plan.epoch_steps(heavy_tailed(1000), StepPlan(128, 256, 0, 65536, None), 0)
 
 
-def test_a_step_the_ranks_cannot_share_equally_is_refused_with_the_numbers():
-    # 130 pairs that each fill the budget, on 64 ranks: at most 2 x 64 = 128 non-empty micro-batches of one pair.
+def test_a_step_the_ranks_cannot_share_equally_runs_fillers():
+    # 130 pairs that each fill the budget, on 64 ranks: at most 2 x 64 = 128 non-empty micro-batches of one pair, so
+    # every rank runs 3 and the 62 ranks with 2 pairs run a filler (an empty micro-batch of the plan) last.
     full = PairLengths(np.full(130, MAX_LENGTH), np.full(130, MAX_LENGTH))
-    fix = r"no process can have more than 2\): raise max_tokens_per_microbatch to 32,768"
+    step = plan.cut_step(np.arange(130), full, StepPlan(130, 64, 0, 2 * MAX_LENGTH, None))
+    assert {len(rank) for rank in step} == {3}
+    assert sorted(len(mb) for rank in step for mb in rank) == [0] * 62 + [1] * 130
+    assert all(rank[0] and rank[1] for rank in step)  # a filler comes after the rank's pairs
+
+
+def test_a_pair_over_the_budget_is_refused_with_the_numbers():
+    full = PairLengths(np.full(130, MAX_LENGTH), np.full(130, MAX_LENGTH))
+    fix = r"the longest pair 16,384\) cannot be cut .* raise max_tokens_per_microbatch to 16,384"
     with pytest.raises(plan.PlanError, match=fix):
-        plan.cut_step(np.arange(130), full, StepPlan(130, 64, 0, 2 * MAX_LENGTH, None))
+        plan.cut_step(np.arange(130), full, StepPlan(130, 64, 0, 12000, None))
 
 
 def test_order_is_deterministic_per_seed_and_random_at_the_scale_of_steps():

@@ -1,0 +1,85 @@
+"""Rank agreement at start (dpotrain/agreement.py): two real gloo processes that disagree are refused with one line
+naming the value and the rank."""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from conftest import ROOT
+
+CHECK = textwrap.dedent("""
+    import os, sys
+    import torch.distributed as dist
+    sys.path.insert(0, {root!r})
+    from dpotrain import agreement
+    from dpotrain.errors import ConfigError
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    values = {{"the engine": "zero2", "the resume point": "None"}}
+    if rank == 1 and os.environ.get("DIFFER"):
+        values["the resume point"] = "out/checkpoint-40"
+    try:
+        agreement.check(values)
+        print(f"rank {{rank}}: agreed", flush=True)
+    except ConfigError as e:
+        print(f"rank {{rank}}: error: {{e}}", flush=True)
+    dist.destroy_process_group()
+""")
+
+
+def torchrun(tmp_path, differ: bool) -> str:
+    script = tmp_path / "check.py"
+    script.write_text(CHECK.format(root=str(ROOT)))
+    env = {**os.environ, "DIFFER": "1" if differ else ""}  # (ranks that agree: every multi-process training test)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", str(script)]
+    result = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result.stdout
+
+
+def test_a_difference_between_two_ranks_is_one_line_naming_the_rank(tmp_path):
+    lines = sorted(line for line in torchrun(tmp_path, differ=True).splitlines() if line.startswith("rank"))
+    want = ("error: ranks disagree on the resume point: rank 1 has out/checkpoint-40, rank 0 has None: every node "
+            "must see the same output_dir (a shared file system, not a node-local one)")  # fmt: skip
+    assert lines == [f"rank 0: {want}", f"rank 1: {want}"]  # every rank stops, with the same line
+
+
+WRAPPER = textwrap.dedent("""
+    import os, sys
+    sys.path.insert(0, {root!r})
+    sys.argv[0] = {train!r}
+    if os.environ.get("RANK") == "1":  # as if this node read its own, different copy of the data
+        sys.argv[sys.argv.index("--dataset_name") + 1] = {other!r}
+    import runpy
+    runpy.run_path({train!r}, run_name="__main__")
+""")
+
+
+@pytest.mark.slow
+def test_two_ranks_given_different_data_are_refused_at_start(tmp_path, tiny_model_dir):
+    from dpotrain import builtin
+
+    rows = builtin.make_preference_rows(40, seed=3)
+    same, other = tmp_path / "pairs.jsonl", tmp_path / "other.jsonl"
+    same.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    other.write_text("".join(json.dumps(r) + "\n" for r in rows[:20] + builtin.make_preference_rows(20, seed=4)))
+    wrapper = tmp_path / "wrapper.py"
+    wrapper.write_text(WRAPPER.format(root=str(ROOT), train=str(ROOT / "train_dpo.py"), other=str(other)))
+    accelerate = str(ROOT / ".venv" / "bin" / "accelerate")
+    cmd = [accelerate, "launch", "--config_file", str(ROOT / "accelerate_config.yaml"), "--num_processes", "2",
+           str(wrapper), "--config", str(ROOT / "configs" / "smoke.yaml"), "--model_name_or_path", tiny_model_dir,
+           "--dataset_name", str(same), "--output_dir", str(tmp_path / "run"), "--max_steps", "2",
+           "--warmup_steps", "0", "--report_to", "none", "--save_strategy", "no"]  # fmt: skip
+    env = {**os.environ, "PATH": f"{os.path.dirname(sys.executable)}:{os.environ['PATH']}"}
+    result = subprocess.run(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            timeout=900)  # fmt: skip
+    assert result.returncode != 0
+    errors = {line for line in result.stdout.splitlines() if line.startswith("error:")}
+    assert len(errors) == 1, result.stdout[-4000:]
+    assert errors.pop().startswith("error: ranks disagree on the data set's lengths: rank 1 has ")
+    assert "every node must read the same data" in result.stdout
+    assert "reference log-probs" not in result.stdout  # refused before the reference stage
