@@ -79,10 +79,10 @@ def kernel_problem(attn: str, cuda: bool) -> str | None:
 
 def installed_varlen(cuda: bool) -> str | None:
     """The fastest varlen FlashAttention this machine has: FA4 (Hopper, Blackwell), FA3 (Hopper), FA2; None."""
-    if not cuda:
-        return None
     import torch
 
+    if not (cuda and torch.cuda.is_available()):
+        return None
     major = torch.cuda.get_device_capability()[0]
     order = ["flash_attention_4"] if major >= 9 else []
     order += ["flash_attention_3"] if major == 9 else []
