@@ -6,6 +6,7 @@ import sys
 
 import pytest
 import torch
+from test_shared_prompt import fused, llama_dir, per_token, random_pairs  # noqa: F401 (llama_dir: a fixture)
 from torch.nn.attention.flex_attention import create_mask, flex_attention
 
 from conftest import ROOT
@@ -14,7 +15,6 @@ from dpotrain.config import parse_args
 from dpotrain.errors import ConfigError
 from dpotrain.forwards import choice, masks
 from dpotrain.shared_prompt import SharedPromptCollator
-from test_shared_prompt import fused, llama_dir, per_token, random_pairs  # noqa: F401 (llama_dir: a fixture)
 
 sys.path.insert(0, str(ROOT / "benchmarks"))
 SMOKE = str(ROOT / "configs" / "smoke.yaml")
