@@ -160,6 +160,7 @@ def run(argv, stop: GracefulStop) -> int | None:
 
     derived["total_steps"] = trainer.state.max_steps or derived["total_steps"]
     derived["batching"] = trainer.batching_summary()
+    derived["forward"] = trainer.forward.record()  # the attention and layout chosen (dpotrain/forwards/choice.py)
     resolved = push.record(resolve.resolved_config(recipe, derived | {"resumed_from": plan.resume_from}))
     if state.is_main_process:
         out.mkdir(parents=True, exist_ok=True)

@@ -8,7 +8,8 @@ A plan is the sum of these parts, per GPU (README "Memory plan"):
 - activations of one micro-batch: the backbone's forward and backward traced on fake tensors (shapes only: no memory,
   no compute) at the micro-batch's token count, with and without activation checkpointing as the recipe says;
 - TRL's chunked LM head (`trl/trainer/utils.py`, `_CHUNKED_LOGPROB_CHUNK_SIZE`), which never builds the logits;
-- dense attention masks, for sdpa and eager attention (FlashAttention's varlen kernel takes none);
+- dense attention masks, for sdpa and eager attention (FlashAttention's varlen kernel takes none, FlexAttention a block
+  mask of a few MiB);
 - an allowance for the CUDA context, NCCL buffers and allocator fragmentation.
 Parameter counts come from the model's config alone: the model is built on the meta device (no weights).
 """
@@ -311,12 +312,15 @@ def mask_bytes(attn_implementation: str, tokens: int, width: int, config, checkp
     query's dtype at each call (a bf16 copy, one at a time: measured, tests/test_memory.py). Eager also keeps each
     layer's attention probabilities (its fp32 softmax and a bf16 copy), of one layer at a time under activation
     checkpointing."""
+    from .forwards.masks import BLOCK
     from .packing import VARLEN_ATTENTION
 
     if attn_implementation in VARLEN_ATTENTION:
         return 0
     text = config.get_text_config()
     kinds = len(set(getattr(text, "layer_types", None) or ["full_attention"]) & ATTENTION_TYPES) or 1
+    if attn_implementation == "flex_attention":  # per kind, a BlockMask's int32 tables (partial and full, kv and q)
+        return kinds * 4 * 4 * math.ceil(tokens / BLOCK) ** 2
     if attn_implementation != "eager":
         return tokens * width * (kinds + BF16)
     layers = 1 if checkpointing else text.num_hidden_layers
@@ -402,14 +406,16 @@ def gpu_memory(recipe) -> tuple[float | None, str]:
 
 def micro_batch(recipe) -> tuple[int | None, int | None, str]:
     """Tokens of one micro-batch per GPU, the widest row attention sees, and where the count comes from."""
+    from .packing import row_width_bound
+
     t, budget = recipe.training, recipe.project.max_tokens_per_microbatch
-    if budget is not None:  # packed rows for dense-mask attention: at most ~2 x max_length wide (packing.fill_rows)
-        width = min(budget, 2 * t.max_length) if t.max_length else budget
+    if budget is not None:  # packed rows for dense-mask attention: fill_rows keeps them within row_width_bound
+        width = min(budget, row_width_bound(t.max_length)) if t.max_length else budget
         return budget, width, f"max_tokens_per_microbatch ({budget})"
     if t.max_length is None:
         return None, None, "max_length unset or auto: no bound on a micro-batch's tokens"
     tokens = t.per_device_train_batch_size * 2 * t.max_length
-    width = min(tokens, 2 * t.max_length) if t.padding_free else t.max_length  # padded: one row per sequence
+    width = min(tokens, row_width_bound(t.max_length)) if t.padding_free else t.max_length  # padded: a row per sequence
     return tokens, width, f"per_device_train_batch_size x 2 x max_length ({tokens})"
 
 

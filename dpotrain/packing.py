@@ -19,6 +19,8 @@ from typing import Any
 
 import torch
 
+from .forwards import masks
+
 # Which models may pack. A layer that carries state along a row (linear attention, Mamba/SSM mixers, RWKV) mixes the
 # sequences of a packed row silently, and a config need not say it has one (Mamba- or RWKV-only configs name no
 # `layer_types`), so packing is denied by default: it is used for the model types below, each of which
@@ -49,9 +51,9 @@ VARLEN_ATTENTION = {
     "kernels-community/flash-attn2", "kernels-community/flash-attn3", "kernels-community/vllm-flash-attn3",
     "kernels-community/flash-attn4", "kernels-community/aiter-flash-attn",
 }  # fmt: skip
-# sdpa and eager build a per-sequence causal (and sliding-window) mask from position_ids (FACTS.md). flex_attention has
-# no backward on CPU and is not tested here.
-PACKED_ATTENTION = {"sdpa", "eager"} | VARLEN_ATTENTION
+# sdpa and eager build a per-sequence causal (and sliding-window) mask from position_ids (FACTS.md); FlexAttention takes
+# a block mask built from the same inputs (forwards/masks.py), which skips the blocks between sequences.
+PACKED_ATTENTION = {"sdpa", "eager", "flex_attention"} | VARLEN_ATTENTION
 
 
 def attention_name(attn_implementation: str | None) -> str:
@@ -152,8 +154,15 @@ def balanced_rows(lengths: list[int], count: int) -> list[list[int]]:
     return [row for row in rows if row]
 
 
-def fill_rows(lengths: list[int], hidden_size: int) -> list[list[int]]:
-    """Rows for dense-mask attention: the row count whose estimated cost is lowest.
+def row_width_bound(max_length: int | None) -> int | None:
+    """The widest row `fill_rows` makes for sequences truncated to `max_length`: 2 x max_length. A shared pair (P + C +
+    R + 1 positions with C, R <= max_length - P and P >= 1) is at most that wide too, so it fits alone."""
+    return None if max_length is None else 2 * max_length
+
+
+def fill_rows(lengths: list[int], hidden_size: int, max_width: int | None = None) -> list[list[int]]:
+    """Rows for dense-mask attention: the row count whose estimated cost is lowest, rows no wider than `max_width`
+    (the memory plan's bound: `row_width_bound`).
 
     A row of width W costs about W x (linear layers) + W^2 / (8 x hidden_size) x (the same) in attention, padding
     included: per position, dense attention is ~4 x W x hidden FLOPs against ~30-40 x hidden^2 for the linear layers
@@ -161,16 +170,25 @@ def fill_rows(lengths: list[int], hidden_size: int) -> list[list[int]]:
     per row" and "rows no wider than the longest sequence" that costs least wins.
     """
     longest, total = max(lengths), sum(lengths)
+    if max_width is not None and longest > max_width:
+        raise ValueError(f"a sequence of {longest} positions is wider than the rows' bound {max_width}")
     best, best_cost = None, math.inf
     for count in range(max(1, math.ceil(total / (2 * longest))), len(lengths) + 1):
         rows = balanced_rows(lengths, count)
         width = max(sum(lengths[i] for i in row) for row in rows)
         cost = len(rows) * width * (1 + width / (8 * hidden_size))
+        if max_width is not None and width > max_width:  # one sequence per row always fits: the loop ends there
+            continue
         if cost < best_cost:
             best, best_cost = rows, cost
         if width <= longest:  # narrower rows than the longest sequence cannot exist: more rows only pad more
             break
     return best
+
+
+def padded_width(width: int, multiple: int | None) -> int:
+    """`width` rounded up to a multiple of `multiple` (None: as is)."""
+    return width if not multiple else -(-width // multiple) * multiple
 
 
 @dataclass
@@ -193,13 +211,15 @@ class PackedPreferenceCollator:
     one_row: bool = False
     hidden_size: int = 4096  # the model's: weighs attention against the linear layers when rows are formed
     pad_token_id: int = 0
+    pad_to_multiple_of: int | None = None  # FlexAttention's tile (forwards/masks.py BLOCK): rows end on a whole tile
 
     def __call__(self, examples: list[dict[str, Any]]) -> dict[str, Any]:
         per_pair = [sequences(e, self.max_length, self.truncation_mode) for e in examples]
         seqs = [pair[0] for pair in per_pair] + [pair[1] for pair in per_pair]  # TRL's [chosen..., rejected...]
         lengths = [len(ids) for ids, _ in seqs]
-        rows = [list(range(len(seqs)))] if self.one_row else fill_rows(lengths, self.hidden_size)
-        width = max(sum(lengths[i] for i in row) for row in rows)
+        rows = ([list(range(len(seqs)))] if self.one_row
+                else fill_rows(lengths, self.hidden_size, row_width_bound(self.max_length)))  # fmt: skip
+        width = padded_width(max(sum(lengths[i] for i in row) for row in rows), self.pad_to_multiple_of)
         input_ids = torch.full((len(rows), width), self.pad_token_id, dtype=torch.long)
         completion_mask = torch.zeros((len(rows), width), dtype=torch.long)
         position_ids = torch.zeros((len(rows), width), dtype=torch.long)
@@ -252,13 +272,12 @@ def packed_labels(batch: dict) -> torch.Tensor:
 
 
 def forward(model, batch: dict, **kwargs):
-    """The model's fused-LM-head forward on packed rows: per-token outputs of shape `[rows, width-1]`. Rows that
-    share each pair's prompt (`shared_prompt.py`) carry the attention mask they need."""
+    """The model's fused-LM-head forward on packed rows: per-token outputs of shape `[rows, width-1]`, with the
+    attention mask the model's attention needs for them (`forwards/masks.py`)."""
     model_kwargs = {k: batch[k] for k in MODEL_KEYS if k in batch}
-    if "attention_branch" in batch:
-        from .shared_prompt import attention_masks
-
-        model_kwargs["attention_mask"] = attention_masks(model, batch)
+    mask = masks.attention_mask(model, batch)
+    if mask is not None:
+        model_kwargs["attention_mask"] = mask
     return model(**model_kwargs, labels=packed_labels(batch), fused_lm_head=True, use_cache=False, **kwargs)
 
 

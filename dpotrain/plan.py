@@ -379,7 +379,7 @@ class Forward:
 
     def positions(self, lengths: PairLengths, micro_batch) -> int:
         seqs = [int(lengths.chosen[i]) for i in micro_batch] + [int(lengths.rejected[i]) for i in micro_batch]
-        if lengths.shared is not None and self.kind == "rows":  # a shared pair is one unit of its row
+        if lengths.shared is not None and self.kind != "padded":  # a shared pair is one unit of its row
             seqs = [int(lengths.tokens[i]) for i in micro_batch if lengths.shared[i]]
             seqs += [s for k, i in enumerate(micro_batch) if not lengths.shared[i]
                      for s in (int(lengths.chosen[i]), int(lengths.rejected[i]))]  # fmt: skip

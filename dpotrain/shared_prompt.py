@@ -17,11 +17,13 @@ outputs are laid back out in TRL's `[2B, L-1]` layout exactly as for unshared pa
 entries continue past the chosen completion: `seq_jumps`, `seq_offsets` in `packing._layouts`), so TRL's loss, every
 loss type, LD-DPO and the metrics are unchanged. A pair costs P + C + R + 1 positions.
 
-The mask is passed to the model (4D, per layer kind where the model takes a dict of them): sdpa and eager attention
-take it; FlashAttention's varlen kernel cannot express it, so it keeps unshared packing. A pair whose prompt truncation
-would differ between its two sequences (keep_end cutting into the prompt) is laid out unshared within the same row.
+The mask is passed to the model (per layer kind where the model takes a dict of them): a block mask for FlexAttention,
+which skips the blocks no token of which sees another, or a dense 4D mask for sdpa and eager attention
+(`forwards/masks.py`); FlashAttention's varlen kernel cannot express it, so it keeps unshared packing. A pair whose
+prompt truncation would differ between its two sequences (keep_end cutting into the prompt) is laid out unshared
+within the same row.
 Only the compact inputs (`attention_block`, `attention_branch`, position ids) are built in the collator, once per
-micro-batch; the mask itself is built from them on the device, in one vectorized comparison per forward.
+micro-batch; the mask itself is built from them on the device.
 """
 
 import importlib
@@ -32,9 +34,11 @@ from typing import Any
 
 import torch
 
-from .packing import attention_name, fill_rows, packing_problem, sequences
+from .packing import attention_name, fill_rows, packing_problem, padded_width, row_width_bound, sequences
 
-SHARED_ATTENTION = {"sdpa", "eager"}  # implementations that take a 4D mask (decided by tests/test_shared_prompt.py)
+# implementations that take a mask of our own: a 4D one (sdpa, eager) or a block mask (flex_attention); decided by
+# tests/test_shared_prompt.py and tests/test_flex.py
+SHARED_ATTENTION = {"sdpa", "eager", "flex_attention"}
 
 
 def takes_mask_per_layer_kind(config) -> bool:
@@ -112,7 +116,8 @@ class SharedPromptCollator:
     truncation_mode: str = "keep_start"
     hidden_size: int = 4096
     pad_token_id: int = 0
-    one_row: bool = False  # never: a varlen kernel cannot take the mask (share_problem); kept for the records
+    one_row: bool = False  # FlexAttention: the whole micro-batch in one row, its cost what the pairs' attention costs
+    pad_to_multiple_of: int | None = None  # FlexAttention's tile (forwards/masks.py BLOCK): rows end on a whole tile
 
     def __call__(self, examples: list[dict[str, Any]]) -> dict[str, Any]:
         n = len(examples)
@@ -129,8 +134,9 @@ class SharedPromptCollator:
                     members = [(side * n + k, len(ids), len(ids), 0)]
                     units.append((ids, list(range(len(ids))), mask, [0] * len(ids), members))
         lengths = [len(u[0]) for u in units]
-        rows = fill_rows(lengths, self.hidden_size)
-        width = max(sum(lengths[i] for i in row) for row in rows)
+        rows = ([list(range(len(units)))] if self.one_row
+                else fill_rows(lengths, self.hidden_size, row_width_bound(self.max_length)))  # fmt: skip
+        width = padded_width(max(sum(lengths[i] for i in row) for row in rows), self.pad_to_multiple_of)
         shape = (len(rows), width)
         input_ids = torch.full(shape, self.pad_token_id, dtype=torch.long)
         position_ids = torch.zeros(shape, dtype=torch.long)
@@ -168,42 +174,3 @@ class SharedPromptCollator:
             if key in examples[0]:
                 batch[key] = torch.tensor([e[key] for e in examples], dtype=torch.float32)
         return batch
-
-
-def _text_config(model):
-    """The model's (text) config, through the wrappers engines put around it (a DeepSpeed engine's own `config` is
-    its DeepSpeed settings)."""
-    from transformers import PretrainedConfig
-
-    while hasattr(model, "module"):
-        model = model.module
-    config = model.config
-    assert isinstance(config, PretrainedConfig), type(config)
-    return config.get_text_config()
-
-
-def attention_masks(model, batch: dict):
-    """The 4D masks of a shared-prompt batch, on its device: one per layer kind (a dict) where the model takes that,
-    else one. Boolean for sdpa (True: attend), additive for eager."""
-    config = _text_config(model)
-    block, branch, pos = batch["attention_block"], batch["attention_branch"], batch["position_ids"]
-    same = (block.unsqueeze(2) == block.unsqueeze(1)) & (pos.unsqueeze(2) >= pos.unsqueeze(1))
-    same &= (branch.unsqueeze(1) == 0) | (branch.unsqueeze(1) == branch.unsqueeze(2))
-    distance = pos.unsqueeze(2) - pos.unsqueeze(1)
-
-    def finish(allowed: torch.Tensor) -> torch.Tensor:
-        allowed = allowed.unsqueeze(1)  # [rows, 1, width, width]: one mask for every head
-        if config._attn_implementation == "eager":
-            dtype = next(model.parameters()).dtype
-            return torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill(
-                ~allowed, torch.finfo(dtype).min)  # fmt: skip
-        return allowed
-
-    kinds = getattr(config, "layer_types", None)
-    if not kinds:
-        return finish(same)
-    window = getattr(config, "sliding_window", None)
-    masks = {}
-    for kind in set(kinds):
-        masks[kind] = finish(same & (distance < window) if kind == "sliding_attention" and window else same)
-    return masks

@@ -19,7 +19,7 @@ import contextlib
 import functools
 import os
 import time
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 import numpy as np
 import torch
@@ -27,11 +27,12 @@ from transformers import GraniteMoeHybridConfig, TrainerCallback
 from trl import DPOTrainer, get_peft_config, get_quantization_config
 from trl.models import prepare_deepspeed
 
-from . import builtin, engine, flops, packing, padded, plan, resolve
+from . import builtin, engine, flops, packing, padded, plan
 from .checkpoints import CompleteMarker, report_save
 from .collectives import all_reduce_sum, max_over_ranks
 from .config import Recipe
-from .errors import ConfigError
+from .forwards import choice
+from .forwards.choice import ForwardChoice, decide_forward, padded_instead
 from .health import HealthGuard
 from .metrics import MetricsRecorder
 from .pair_metrics import PairMetrics
@@ -54,62 +55,6 @@ def model_init_kwargs(recipe: Recipe, run_engine: engine.Engine) -> dict:
 def resolve_model_path(recipe: Recipe) -> str:
     name = recipe.model.model_name_or_path
     return builtin.materialize_model(name) if builtin.is_builtin(name) else name
-
-
-@dataclass(frozen=True)
-class ForwardChoice:
-    packed: bool  # packed rows (packing.py), or TRL's padded batches in row groups (padded.py)
-    share_prompt: bool  # each pair's prompt once in its row (shared_prompt.py)
-    hidden_size: int  # the model's: packed rows weigh attention against the linear layers with it
-
-
-def decide_forward(recipe: Recipe, model_path: str) -> ForwardChoice:
-    """Packed or padded forward, prompts shared or not, for this model and recipe: a one-line note when an option is
-    off by necessity, an error when it was asked for explicitly and cannot be honoured. Either way the reference is
-    scored once before training (only the policy stays in memory), unless the recipe asks for a live reference
-    model. Reads the model's config only (no weights)."""
-    from transformers import AutoConfig
-
-    from . import shared_prompt
-
-    t, want_share = recipe.training, recipe.project.share_prompt
-    config = AutoConfig.from_pretrained(model_path, revision=recipe.model.model_revision)
-    hidden_size = getattr(config.get_text_config(), "hidden_size", 4096)
-    live_reference = resolve.uses_live_reference(recipe)
-    if not live_reference:
-        t.precompute_ref_log_probs = True  # the reference stage (reference.py): only the policy stays in memory
-    attn = recipe.model.attn_implementation or "sdpa"  # transformers' default
-    config._attn_implementation = attn
-    problem = None if t.padding_free else "padding_free is false"
-    problem = problem or packing.packing_problem(config)
-    if problem is None and t.sync_ref_model:
-        problem = "sync_ref_model updates the reference during training, so it cannot be scored once and cached"
-    if problem is None and live_reference:
-        problem = "the packed path scores the reference once before training (precompute_ref_log_probs: true)"
-    if problem is not None:
-        explicit = "padding_free" in recipe.given and t.padding_free
-        if want_share and not explicit:
-            raise ConfigError(f"share_prompt needs packed sequences, which cannot be used here: {problem}; remove "
-                              "--share_prompt")  # fmt: skip
-        if t.padding_free:
-            padded_instead(problem, explicit)
-        t.padding_free = False
-        return ForwardChoice(False, False, hidden_size)
-    share_problem = None if want_share is not False else "share_prompt is false"
-    share_problem = share_problem or shared_prompt.share_problem(config, attn, t.router_aux_loss_coef)
-    if share_problem is not None and want_share:
-        raise ConfigError(f"share_prompt cannot be used here: {share_problem}; remove --share_prompt")
-    if share_problem is not None and want_share is None:
-        print(f"Note: each pair's prompt is computed twice (unshared packing): {share_problem}.", flush=True)
-    return ForwardChoice(True, share_problem is None, hidden_size)
-
-
-def padded_instead(problem: str, explicit: bool) -> None:
-    """Packing cannot be used: an error when `padding_free: true` was given, else a one-line note."""
-    if explicit:
-        raise ConfigError(f"padding_free (packed sequences) cannot be used here: {problem}; set --padding_free false")
-    print(f"Note: padded micro-batches (TRL's collator) on the same step plan, not packed sequences: {problem}.",
-          flush=True)  # fmt: skip
 
 
 class _GraniteMoeHybridConfig(GraniteMoeHybridConfig):
@@ -204,18 +149,8 @@ class RecipeDPOTrainer(DPOTrainer):
         self.gpu_peak_tflops = gpu_peak_tflops
         training_args = kwargs["args"]
         training_args.padding_free = False  # TRL 1.16 warns "temporarily unavailable" and pads; we pack
-        if forward.share_prompt:
-            from .shared_prompt import SharedPromptCollator
-
-            kwargs["data_collator"] = SharedPromptCollator(training_args.max_length, training_args.truncation_mode,
-                                                           hidden_size=forward.hidden_size)  # fmt: skip
-        elif packed:
-            kwargs["data_collator"] = packing.PackedPreferenceCollator(
-                training_args.max_length,
-                training_args.truncation_mode,
-                one_row=packing.one_row(attn_implementation or "sdpa"),
-                hidden_size=forward.hidden_size,
-            )
+        if packed:
+            kwargs["data_collator"] = choice.collator(forward, training_args)
         with self._no_second_model_under_fsdp(kwargs):
             super().__init__(*args, **kwargs)
         for model in (self.model, self.ref_model):
@@ -430,12 +365,7 @@ class RecipeDPOTrainer(DPOTrainer):
 
     @staticmethod
     def _stand_in(model, batch: dict):
-        """What answers TRL's model call for this micro-batch, and the padded `[2B, L]` inputs TRL reads: the packed
-        forward (packing.py) or the grouped padded one (padded.py)."""
-        if packing.is_packed(batch):
-            return packing.PackedModel(model, batch), packing.padded_view(batch)
-        batch = dict(batch)
-        return padded.GroupedModel(model, batch.pop("row_groups", None)), batch
+        return choice.stand_in(model, batch)
 
     # --- hybrids whose kernels take sequence boundaries pack only once their own model and pairs agree -----------
     def check_packing(self, explicit: bool) -> None:
@@ -466,7 +396,7 @@ class RecipeDPOTrainer(DPOTrainer):
 
         args = self.args
         self.packed = args.padding_free = False
-        self.forward = ForwardChoice(False, False, self.forward.hidden_size)
+        self.forward = replace(self.forward, packed=False, share_prompt=False)
         trl_collator = DataCollatorForPreference(pad_token_id=self._tokenizer.pad_token_id, max_length=args.max_length,
                                                  truncation_mode=args.truncation_mode,
                                                  pad_to_multiple_of=args.pad_to_multiple_of)  # fmt: skip
@@ -548,12 +478,12 @@ def build_trainer(recipe: Recipe, train_dataset, eval_dataset=None, callbacks=()
     ended early to be requeued; `trainer.health.stop` whether a guard stopped it."""
     t, p = recipe.training, recipe.project
     run_engine = engine.launched()
+    model_path = resolve_model_path(recipe)
+    forward = decide_forward(recipe, model_path)  # sets the recipe's attn_implementation to the one chosen
     t.model_init_kwargs = model_init_kwargs(recipe, run_engine)
     # The arguments set up the process group (with their ddp_backend) when first asked for their device; until then
     # `world_size` reads 1.
     world = t.world_size if t.device is not None else 1
-    model_path = resolve_model_path(recipe)
-    forward = decide_forward(recipe, model_path)
     graceful_stop = stop or GracefulStop.from_env()
     health = HealthGuard(recipe.project) if recipe.project.health_checks else None
     # Order matters: GracefulStop.on_save reports a checkpoint only after CompleteMarker has marked it.

@@ -1,0 +1,177 @@
+"""Attention masks of packed rows, built on the device from the compact inputs the collators make.
+
+A packed row says, per position, which unit it belongs to (`attention_block`: a pair whose prompt is shared, or one
+sequence), which branch of that unit (`attention_branch`: 0 the shared prompt, 1 the chosen, 2 the rejected completion;
+see shared_prompt.py) and its position id. Query q may attend to key k when they are in the same unit, k's position is
+not after q's, k is in the prompt or in q's own branch, and, in a sliding-window layer, q's position is less than
+`window` past k's. Unshared rows are the special case of one branch, units found where position ids restart at 0.
+
+Two builders of the same rule:
+- `dense_masks`: `[rows, 1, width, width]` booleans for sdpa (additive for eager), one per layer kind, built in place
+  so that the only temporaries are booleans of that shape (no `width x width` integer distance);
+- `block_masks`: FlexAttention `BlockMask`s, one per layer kind, whose block tables are computed from per-block
+  summaries of the compact inputs in `(width / 128)^2` small integers: a block pair no query of which may see any key
+  is skipped, one where every query sees every key runs without the mask, the rest evaluate `mask_mod`. Built once per
+  micro-batch and kept in the batch (`CACHE`), so every layer of a kind, and a live reference on the same micro-batch,
+  reuse them.
+"""
+
+import torch
+
+BLOCK = 128  # FlexAttention's default tile: rows for flex are padded to a multiple of it (see the collators)
+CACHE = "_block_masks"  # the batch key under which a micro-batch keeps its block masks
+
+
+def text_config(model):
+    """The model's (text) config, through the wrappers engines put around it (a DeepSpeed engine's own `config` is
+    its DeepSpeed settings)."""
+    from transformers import PretrainedConfig
+
+    while hasattr(model, "module"):
+        model = model.module
+    config = model.config
+    assert isinstance(config, PretrainedConfig), type(config)
+    return config.get_text_config()
+
+
+def windows(config) -> dict[str, int | None]:
+    """The sliding window of each layer kind the model has (None: full attention)."""
+    kinds = getattr(config, "layer_types", None)
+    window = getattr(config, "sliding_window", None)
+    if not kinds:
+        return {"full_attention": None}
+    return {kind: window if kind == "sliding_attention" else None for kind in sorted(set(kinds))}
+
+
+def compact(batch: dict) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(unit, branch, position) per position of the rows: a shared-prompt batch's own, else units where position ids
+    restart at 0 and one branch."""
+    pos = batch["position_ids"]
+    if "attention_block" in batch:
+        return batch["attention_block"], batch["attention_branch"], pos
+    return (pos == 0).cumsum(dim=1), torch.zeros_like(pos, dtype=torch.int8), pos
+
+
+def mask_mod_of(block: torch.Tensor, branch: torch.Tensor, pos: torch.Tensor, window: int | None):
+    """FlexAttention's `mask_mod(b, h, q, k)` for the rule in the module doc, reading `[rows, width]` tensors."""
+
+    def mask_mod(b, h, q, k):
+        allowed = (block[b, q] == block[b, k]) & (pos[b, q] >= pos[b, k])
+        allowed = allowed & ((branch[b, k] == 0) | (branch[b, k] == branch[b, q]))
+        if window is not None:
+            allowed = allowed & (pos[b, q] - pos[b, k] < window)
+        return allowed
+
+    return mask_mod
+
+
+def dense_mask(block, branch, pos, window: int | None) -> torch.Tensor:
+    """`[rows, 1, width, width]` booleans (True: attend), in place: each comparison's boolean result is and-ed into
+    the mask, so at most one temporary of the mask's shape lives beside it."""
+    allowed = block.unsqueeze(2) == block.unsqueeze(1)
+    allowed &= pos.unsqueeze(2) >= pos.unsqueeze(1)
+    allowed &= (branch.unsqueeze(1) == 0) | (branch.unsqueeze(1) == branch.unsqueeze(2))
+    if window is not None:
+        allowed &= pos.unsqueeze(1) > (pos - window).unsqueeze(2)  # q - k < window, without a q - k tensor
+    return allowed.unsqueeze(1)
+
+
+def dense_masks(model, batch: dict):
+    """The 4D masks of a shared-prompt batch for sdpa (boolean) or eager (additive), on its device: one per layer kind
+    (a dict) where the model has kinds, else one."""
+    config = text_config(model)
+    eager = config._attn_implementation == "eager"
+    dtype = next(model.parameters()).dtype
+
+    def finish(allowed: torch.Tensor) -> torch.Tensor:
+        if not eager:
+            return allowed
+        additive = torch.zeros(allowed.shape, dtype=dtype, device=allowed.device)
+        return additive.masked_fill_(~allowed, torch.finfo(dtype).min)
+
+    block, branch, pos = compact(batch)
+    masks = {kind: finish(dense_mask(block, branch, pos, w)) for kind, w in windows(config).items()}
+    return masks if getattr(config, "layer_types", None) else masks["full_attention"]
+
+
+def _tiles(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per row and tile of BLOCK positions: the minimum and maximum of `x` (`[rows, tiles]` each)."""
+    rows, width = x.shape
+    tiles = x.view(rows, width // BLOCK, BLOCK)
+    return tiles.amin(dim=2), tiles.amax(dim=2)
+
+
+def block_tables(block, branch, pos, window: int | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """`(partial, full)`, `[rows, q tiles, k tiles]` booleans: the tile pairs whose mask must be evaluated, and those
+    where every query attends to every key. The tests hold them to the dense mask: no allowed pair outside them, no
+    disallowed pair in a full one. Sufficient conditions only, from per-tile minima and maxima:
+    - empty: a key tile after the query tile (every layout here is causal along the row: a token attends only to
+      tokens before it in the row), unit ranges that do not meet, or every key further back than the window;
+    - full: one unit in both tiles, the key tile wholly before the query tile, every key position at most every query
+      position, every key in the prompt or all in the query tile's one branch, and within the window."""
+    b_lo, b_hi = _tiles(block.long())
+    r_lo, r_hi = _tiles(branch.long())
+    p_lo, p_hi = _tiles(pos.long())
+    n = b_lo.shape[1]
+    q, k = torch.arange(n, device=block.device).view(n, 1), torch.arange(n, device=block.device).view(1, n)
+
+    def qk(x):  # query-tile values along dim 1, key-tile values along dim 2
+        return x.unsqueeze(2), x.unsqueeze(1)
+
+    (bq_lo, bk_lo), (bq_hi, bk_hi) = qk(b_lo), qk(b_hi)
+    (rq_lo, rk_lo), (rq_hi, rk_hi) = qk(r_lo), qk(r_hi)
+    (pq_lo, pk_lo), (pq_hi, pk_hi) = qk(p_lo), qk(p_hi)
+    possible = (k <= q) & (bk_hi >= bq_lo) & (bk_lo <= bq_hi)
+    one_unit = (bq_lo == bq_hi) & (bk_lo == bk_hi) & (bq_lo == bk_lo)
+    branches = (rk_hi == 0) | ((rk_lo == rk_hi) & (rq_lo == rq_hi) & (rk_lo == rq_lo))
+    full = (k < q) & one_unit & branches & (pk_hi <= pq_lo)
+    if window is not None:
+        possible &= pq_lo - pk_hi < window
+        full &= pq_hi - pk_lo < window
+    return possible & ~full, full
+
+
+def _kv_blocks(table: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """FlexAttention's `(num_blocks, indices)` for a `[rows, q tiles, k tiles]` table: per query tile, how many key
+    tiles, and which (those first)."""
+    num = table.sum(dim=2, dtype=torch.int32)
+    indices = torch.argsort(table.to(torch.int8), dim=2, descending=True, stable=True).to(torch.int32)
+    return num.unsqueeze(1), indices.unsqueeze(1)  # one head dimension: the mask is the same for every head
+
+
+def block_mask(block, branch, pos, window: int | None):
+    """The FlexAttention `BlockMask` of `[rows, width]` compact inputs (width a multiple of BLOCK)."""
+    from torch.nn.attention.flex_attention import BlockMask
+
+    width = block.shape[1]
+    if width % BLOCK:
+        raise ValueError(f"a row for FlexAttention must be a multiple of {BLOCK} positions wide (got {width})")
+    partial, full = block_tables(block, branch, pos, window)
+    num, indices = _kv_blocks(partial)
+    full_num, full_indices = _kv_blocks(full)
+    mask_mod = mask_mod_of(block, branch, pos, window)
+    return BlockMask.from_kv_blocks(num, indices, full_num, full_indices, BLOCK_SIZE=BLOCK, mask_mod=mask_mod,
+                                    seq_lengths=(width, width))  # fmt: skip
+
+
+def block_masks(model, batch: dict):
+    """The batch's block masks, one per layer kind (a dict) where the model has kinds, else one; built on the first
+    call for a micro-batch and kept in it."""
+    config = text_config(model)
+    if CACHE not in batch:
+        block, branch, pos = compact(batch)
+        batch[CACHE] = {kind: block_mask(block, branch, pos, w) for kind, w in windows(config).items()}
+    masks = batch[CACHE]
+    return masks if getattr(config, "layer_types", None) else masks["full_attention"]
+
+
+def attention_mask(model, batch: dict):
+    """What a packed forward passes as `attention_mask`: block masks for FlexAttention, a dense mask for a shared
+    prompt's rows on sdpa/eager, else nothing (transformers finds the packed sequences from the position ids, a varlen
+    kernel from `cu_seq_lens_q/k`)."""
+    attn = text_config(model)._attn_implementation
+    if attn == "flex_attention":
+        return block_masks(model, batch)
+    if "attention_branch" in batch:
+        return dense_masks(model, batch)
+    return None

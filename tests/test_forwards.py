@@ -1,0 +1,135 @@
+"""The forwards and their choice (dpotrain/forwards/): FlexAttention's block mask is the dense mask, block for block;
+FlexAttention scores packed rows (shared prompts or not) as sdpa does; rows stay within the memory plan's bound; an
+attention implementation given in the recipe is honoured or refused, never replaced."""
+
+import sys
+
+import pytest
+import torch
+from test_shared_prompt import fused, llama_dir, per_token, random_pairs  # noqa: F401 (llama_dir: a fixture)
+from torch.nn.attention.flex_attention import create_mask, flex_attention
+
+from conftest import ROOT
+from dpotrain import packing, plan
+from dpotrain.config import parse_args
+from dpotrain.errors import ConfigError
+from dpotrain.forwards import choice, masks
+from dpotrain.shared_prompt import SharedPromptCollator
+
+sys.path.insert(0, str(ROOT / "benchmarks"))
+SMOKE = str(ROOT / "configs" / "smoke.yaml")
+
+
+def random_layout(seed: int, shared: bool):
+    """One flex row of random pairs: prompts of 1 to 300 tokens, completions of 1 to 200, so tile boundaries fall
+    anywhere (inside a prompt, between branches, between pairs)."""
+    g = torch.Generator().manual_seed(seed)
+    n = int(torch.randint(1, 7, (1,), generator=g))
+    sizes = torch.randint(1, 300, (n, 3), generator=g).tolist()
+    pairs = [{"prompt_ids": [7] * p, "chosen_ids": [8] * (1 + c % 200), "rejected_ids": [9] * (1 + r % 200)}
+             for p, c, r in sizes]  # fmt: skip
+    kind = SharedPromptCollator if shared else packing.PackedPreferenceCollator
+    return kind(4096, one_row=True, pad_to_multiple_of=masks.BLOCK)(pairs)
+
+
+@pytest.mark.parametrize("shared", [True, False])
+@pytest.mark.parametrize("seed", range(6))
+def test_block_mask_is_the_dense_mask(seed, shared):
+    batch = random_layout(seed, shared)
+    block, branch, pos = masks.compact(batch)
+    rows, width = block.shape
+    tiles = width // masks.BLOCK
+    for window in (None, 100, 300):
+        dense = masks.dense_mask(block, branch, pos, window)
+        assert torch.equal(create_mask(masks.mask_mod_of(block, branch, pos, window), rows, None, width, width), dense)
+        partial, full = masks.block_tables(block, branch, pos, window)
+        per_tile = dense[:, 0].view(rows, tiles, masks.BLOCK, tiles, masks.BLOCK).transpose(2, 3)
+        seen, all_seen = per_tile.any(-1).any(-1), per_tile.all(-1).all(-1)
+        assert not (seen & ~(partial | full)).any()  # no skipped tile holds a pair that may attend
+        assert not (full & ~all_seen).any()  # a tile run without the mask is all allowed
+        assert int((partial | full).sum()) < tiles * tiles or tiles == 1  # and tiles are skipped
+        block_mask = masks.block_mask(block, branch, pos, window)
+        assert torch.equal(block_mask.to_dense().bool(), (partial | full).unsqueeze(1))
+
+
+@pytest.fixture
+def eager_flex(monkeypatch):
+    """transformers compiles flex_attention at its first call (~2 minutes on this CPU): the tests run it eagerly."""
+    import transformers.integrations.flex_attention as integration
+
+    def eager(query, key, value, training=False, **kwargs):
+        return flex_attention(query, key, value, **kwargs)
+
+    monkeypatch.setattr(integration, "compile_friendly_flex_attention", eager)
+
+
+@pytest.mark.parametrize("model", ["olmo3", "llama"])
+def test_flex_scores_packed_rows_as_sdpa_does(model, tiny_model_dir, llama_dir, eager_flex):  # noqa: F811
+    model_dir = tiny_model_dir if model == "olmo3" else llama_dir
+    sdpa, flex = fused(model_dir, "sdpa"), fused(model_dir, "flex_attention")
+    pairs = random_pairs(prompts=(150, 30, 1), completions=((40, 90), (200, 20), (7, 9)))  # past the 128 window
+    for kind in (SharedPromptCollator, packing.PackedPreferenceCollator):
+        with torch.no_grad():
+            want = per_token(sdpa, kind(1024, hidden_size=64)(pairs))
+            batch = kind(1024, one_row=True, pad_to_multiple_of=masks.BLOCK)(pairs)
+            got = per_token(flex, batch)
+        assert batch["input_ids"].shape[0] == 1 and batch["input_ids"].shape[1] % masks.BLOCK == 0
+        assert (got - want).abs().max() < 1e-5, kind
+        assert masks.CACHE in batch  # built once for the micro-batch, for every layer (and a live reference)
+
+
+def test_rows_stay_within_the_memory_plan_on_a_think_epoch():
+    """Every micro-batch of a Think-like epoch (max_length 16384, budget 65,536): rows no wider than the plan's width
+    and dense masks no larger than its mask (unshared and shared prompts; shared pairs are up to 2 x max_length)."""
+    from lengths_like import dolci_think
+
+    from dpotrain import memory
+
+    recipe = parse_args(["--config", SMOKE, "--max_length", "16384", "--max_tokens_per_microbatch", "65536",
+                         "--output_dir", "/tmp/unused"])  # fmt: skip
+    tokens, width, _ = memory.micro_batch(recipe)
+    prompt, chosen, rejected = dolci_think(2000, seed=0)
+    kept = prompt < 16384  # TRL drops a pair whose prompt fills max_length
+    for shared in (True, False):
+        lengths = plan.PairLengths.from_parts(prompt[kept], chosen[kept], rejected[kept], 16384, shared)
+        step_plan = plan.StepPlan(128, 8, 0, tokens, None)
+        widest = 0
+        for mb in (mb for step in plan.plan_run(lengths, step_plan, 1)[0] for rank in step for mb in rank):
+            units = ([int(lengths.tokens[i]) for i in mb] if shared else
+                     [int(lengths.chosen[i]) for i in mb] + [int(lengths.rejected[i]) for i in mb])  # fmt: skip
+            rows = packing.fill_rows(units, 4096, packing.row_width_bound(16384))
+            row_width = max(sum(units[i] for i in row) for row in rows)
+            assert row_width <= width and len(rows) * row_width**2 <= tokens * width
+            widest = max(widest, row_width)
+        assert widest > 16384  # the bound is reached for, not idle
+
+
+def recipe_with(*args):
+    return parse_args(["--config", SMOKE, "--output_dir", "/tmp/unused", *args])
+
+
+@pytest.mark.parametrize("attn", ["flex_attention", "flash_attention_2", "flash_attention_4"])
+def test_an_attention_asked_for_is_refused_where_it_cannot_run(attn, tiny_model_dir):
+    recipe = recipe_with("--model_name_or_path", tiny_model_dir, "--attn_implementation", attn)
+    with pytest.raises(ConfigError, match=f"attn_implementation {attn} cannot run here: .*CPU"):
+        choice.decide_forward(recipe, tiny_model_dir, cuda=False)
+
+
+def test_the_choice_per_device(tiny_model_dir, capsys):
+    recipe = recipe_with("--model_name_or_path", tiny_model_dir)
+    cpu = choice.decide_forward(recipe, tiny_model_dir, cuda=False)
+    assert (cpu.attention, cpu.packed, cpu.share_prompt, cpu.one_row) == ("sdpa", True, True, False)
+    assert recipe.model.attn_implementation == "sdpa"
+    # On CUDA (the decision only: nothing runs): OLMo 3 shares prompts on FlexAttention, in one row per micro-batch.
+    recipe = recipe_with("--model_name_or_path", tiny_model_dir)
+    gpu = choice.decide_forward(recipe, tiny_model_dir, cuda=True)
+    assert (gpu.attention, gpu.packed, gpu.share_prompt, gpu.one_row) == ("flex_attention", True, True, True)
+    # Prompts unshared by request: a varlen FlashAttention when installed (not here), else FlexAttention's block mask.
+    recipe = recipe_with("--model_name_or_path", tiny_model_dir, "--share_prompt", "false")
+    unshared = choice.decide_forward(recipe, tiny_model_dir, cuda=True)
+    assert (unshared.attention, unshared.share_prompt) == ("flex_attention", False)
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("Forward:")]
+    assert len(lines) == 3 and "on flex_attention" in lines[1]  # one line per decision, with its reason
+    collator = choice.collator(gpu, recipe.training)
+    assert isinstance(collator, SharedPromptCollator) and collator.one_row and collator.pad_to_multiple_of == 128
+    assert gpu.record()["layout"] == "shared prompts packing, one row per micro-batch"

@@ -1,0 +1,101 @@
+"""The GPU forwards (dpotrain/forwards/), on a GPU: shared prompts on FlexAttention and packed rows on varlen
+FlashAttention score and differentiate as each sequence run alone (bf16), and the memory plan holds its largest
+micro-batch. Skipped, with the reason, without a GPU (or without flash_attn for the varlen test)."""
+
+import pytest
+import torch
+from test_shared_prompt import random_pairs
+
+from dpotrain import packing
+from dpotrain.forwards import choice, masks
+from dpotrain.shared_prompt import SharedPromptCollator
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (none on this machine)"),
+]
+LOG_PROB_TOLERANCE = 5e-2  # bf16: per-token log-probs of the same sequence in different kernels
+GRAD_TOLERANCE = 5e-2  # relative, over all parameters
+
+
+def olmo3(attn: str):
+    from transformers import AutoModelForCausalLM, Olmo3Config
+    from trl.trainer.utils import add_fused_lm_head
+
+    config = Olmo3Config(vocab_size=1000, hidden_size=256, intermediate_size=512, num_hidden_layers=4,
+                         num_attention_heads=4, num_key_value_heads=2, sliding_window=128,
+                         max_position_embeddings=4096)  # fmt: skip
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16, attn_implementation=attn).cuda()
+    add_fused_lm_head(model, outputs=("log_probs",))
+    return model
+
+
+def on_gpu(batch: dict) -> dict:
+    return {k: v.cuda() if torch.is_tensor(v) else v for k, v in batch.items()}
+
+
+def alone(model, pairs) -> tuple[torch.Tensor, list]:
+    """Summed completion log-probs of every sequence run alone (sdpa, no packing), and the gradient of their sum."""
+    total, sums = 0.0, []
+    for side in (0, 1):
+        for pair in pairs:
+            ids, mask = packing.sequences(pair, None, "keep_start")[side]
+            batch = on_gpu({"input_ids": torch.tensor([ids]), "position_ids": torch.arange(len(ids))[None],
+                            "completion_mask": torch.tensor([mask])})  # fmt: skip
+            s = packing.forward(model, batch).log_probs.float().sum()
+            sums.append(s)
+            total = total + s
+    total.backward()
+    return torch.stack(sums).detach(), [p.grad.float().clone() for p in model.parameters()]
+
+
+def packed_sums(model, batch) -> tuple[torch.Tensor, list]:
+    log_probs = packing.unpack_outputs(packing.forward(model, batch), batch).log_probs.float()
+    sums = log_probs.sum(dim=1)
+    sums.sum().backward()
+    return sums.detach(), [p.grad.float().clone() for p in model.parameters()]
+
+
+def check_against_alone(attn: str, collate) -> None:
+    pairs = random_pairs(prompts=(150, 30, 1, 400), completions=((40, 90), (200, 20), (7, 9), (5, 3)))
+    model = olmo3(attn)
+    got, got_grads = packed_sums(model, on_gpu(collate(pairs)))
+    model.zero_grad(set_to_none=True)
+    model.config._attn_implementation = "sdpa"
+    for layer in model.model.layers:
+        layer.self_attn.config._attn_implementation = "sdpa"
+    want, want_grads = alone(model, pairs)
+    assert ((got - want).abs() / want.abs().clamp(min=1)).max() < LOG_PROB_TOLERANCE
+    num = sum(float((a - b).norm() ** 2) for a, b in zip(got_grads, want_grads, strict=True)) ** 0.5
+    den = sum(float(b.norm() ** 2) for b in want_grads) ** 0.5
+    assert num / den < GRAD_TOLERANCE
+
+
+def test_shared_prompts_on_flex_equal_each_sequence_alone():
+    check_against_alone("flex_attention", SharedPromptCollator(1024, one_row=True, pad_to_multiple_of=masks.BLOCK))
+
+
+@pytest.mark.skipif(choice.installed_varlen(torch.cuda.is_available()) is None,
+                    reason="no varlen FlashAttention installed (pip install -r requirements-gpu.txt)")  # fmt: skip
+def test_packed_rows_on_varlen_flash_attention_equal_each_sequence_alone():
+    attn = choice.installed_varlen(True)
+    check_against_alone(attn, packing.PackedPreferenceCollator(1024, one_row=True))
+
+
+def test_plan_holds_its_largest_micro_batch():
+    """The benchmark's own comparison on the plan's widest shared micro-batch: measured peak <= planned."""
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+
+    out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "attention.py"), "--device", "cuda",
+                          "--layers", "2", "--micro-batches", "4", "--paths", "shared_flex", "shared_sdpa"],
+                         capture_output=True, text=True, check=True).stdout  # fmt: skip
+    import json
+
+    for line in out.splitlines():
+        if line.startswith("{"):
+            result = json.loads(line)
+            assert "skipped" in result or result["peak_gib"] <= result["plan_gib"], result
