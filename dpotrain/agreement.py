@@ -20,6 +20,8 @@ FIXES = {
     "the plan": "every node must run the same code and recipe on the same data",
     "the resume point": "every node must see the same output_dir (a shared file system, not a node-local one)",
     "the engine": "launch every node with the same accelerate config",
+    "the forward": "install the same attention kernels on every node (requirements-gpu.txt) and give every node GPUs "
+    "of one kind",
     "the packages": "install the same versions of torch, transformers, trl, accelerate and deepspeed on every node",
     "the reference's model": "every node must load the same model (the same path and revision)",
 }
@@ -81,12 +83,15 @@ def check(values: dict[str, str]) -> None:
 
 def at_start(trainer, resume_from: str | None) -> None:
     """The values of a run that must be equal on every rank once its plan is made: the data set's lengths, the plan,
-    the resume point, the engine, the package versions and the model the reference is scored with."""
+    the resume point, the engine, the forward
+    (attention and packing), the package versions and the model the reference is scored with."""
     values = {
         "the data set's lengths": lengths_digest(trainer.lengths),
         "the plan": plan_digest(trainer.planned_epochs),
         "the resume point": str(resume_from),
         "the engine": trainer.engine.name,
+        # Chosen per device from what is installed (forwards/choice.py): a node without a kernel would run another one.
+        "the forward": digest(trainer.forward.record()),
         "the packages": digest(package_versions()),
         # The path, not the weights' hash: under ZeRO-3, and FSDP2 with RAM-efficient loading, only rank 0 has them.
         "the reference's model": str(getattr(trainer.model.config, "_name_or_path", "")),
