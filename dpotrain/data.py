@@ -1,11 +1,11 @@
-"""Load a preference data set from the Hub, a local JSONL/Parquet file or a folder saved with `save_to_disk`."""
+"""Load a preference data set: from the Hub, a JSONL/JSON/Parquet/CSV file, or a folder saved with `save_to_disk`."""
 
 import json
 from pathlib import Path
 
 from .errors import ConfigError
 
-LOCAL_SUFFIXES = {".jsonl": "json", ".json": "json", ".parquet": "parquet"}
+LOCAL_SUFFIXES = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
 REQUIRED_COLUMNS = ("chosen", "rejected")
 
 
@@ -41,7 +41,7 @@ def load_preference_dataset(
     elif path.is_file():
         builder = LOCAL_SUFFIXES.get(path.suffix)
         if builder is None:
-            raise ConfigError(f"dataset file {name!r}: use .jsonl, .json or .parquet")
+            raise ConfigError(f"dataset file {name!r}: use .jsonl, .json, .parquet or .csv (docs/data.md)")
         if path.stat().st_size == 0:
             raise ConfigError(f"dataset file {name!r} is empty: it needs one JSON object per line with chosen/rejected")
         try:
