@@ -128,7 +128,8 @@ class RowCheck:
         """Counts per kind of problem (numbers in the message generalised: `message N has no 'role'`)."""
         counts: dict[str, int] = {}
         for p in self.invalid:
-            reason = f"{p['column']}: {re.sub(r'[0-9]+', 'N', p['problem'])}"
+            problem = p["problem"].split(shapes.DETAIL)[0]
+            reason = f"{p['column']}: {re.sub(r'[0-9]+', 'N', problem)}"
             counts[reason] = counts.get(reason, 0) + 1
         return dict(sorted(counts.items(), key=lambda kv: -kv[1]))
 
@@ -184,8 +185,9 @@ def usable_pairs(dataset, skip_invalid: bool, derived: dict, key: str, hh_format
             first = checked.invalid[0]
             top = "; ".join(f"{n} x {reason}" for reason, n in list(reasons.items())[:3])
             raise ConfigError(f"no usable row in the {split} split: all {checked.rows} rows are invalid ({top}; "
-                              f"first: row {first['index']}, column {first['column']!r}): fix the data, or check "
-                              "that dataset_name and the split are the ones meant")  # fmt: skip
+                              f"first: row {first['index']}, column {first['column']!r}): check that dataset_name and "
+                              "the split are the ones meant, and run without --skip_invalid to see the first problem "
+                              "in full")  # fmt: skip
         print(f"Dropped {len(checked.invalid)} invalid row(s) of {checked.rows}: {reasons}", flush=True)
         bad = {p["index"] for p in checked.invalid}
         dataset = dataset.select([i for i in range(len(dataset)) if i not in bad])

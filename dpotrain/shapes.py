@@ -27,6 +27,8 @@ from trl.data_utils import extract_prompt
 
 KEPT_COLUMNS = ("tools", "chat_template_kwargs")  # passed on to the chat template, as DPOTrainer does
 HH_FORMATS = ("messages", "text")
+DETAIL = " — "  # what follows is this row's own detail, left out of the counts per reason (rows.RowCheck.by_reason)
+ANOTHER_PROMPT = "answers another prompt than `chosen` (a pair is two answers to one prompt)" + DETAIL
 HH_TURN = re.compile(r"(?:^|\n\n)(Human|Assistant):")
 HH_ROLES = {"Human": "user", "Assistant": "assistant"}
 
@@ -121,7 +123,7 @@ def _messages(chosen: list, rejected: list) -> tuple[dict | None, tuple[str, str
         if not completion:
             return None, (column, "empty completion: the conversation does not end with an assistant message")
     if prompt_c != prompt_r:
-        return None, ("rejected", "answers another prompt than `chosen`: " + _first_difference(prompt_c, prompt_r))
+        return None, ("rejected", ANOTHER_PROMPT + _first_difference(prompt_c, prompt_r))
     if not prompt_c:
         return None, ("prompt", "no message before the assistant's answer, so there is no prompt")
     return {"prompt": prompt_c, "chosen": completion_c, "rejected": completion_r}, None
@@ -139,7 +141,7 @@ def _first_difference(a: list, b: list) -> str:
     for i, (x, y) in enumerate(zip(a, b, strict=False)):
         if x != y:
             what = x.get("role") if x.get("role") == y.get("role") else f"{x.get('role')} vs {y.get('role')}"
-            return f"message {i} ({what}) is {_short(x.get('content'))} in chosen, {_short(y.get('content'))} here"
+            return f"message {i} ({what}): {_short(x.get('content'))} in chosen, {_short(y.get('content'))} here"
     return f"chosen's prompt has {len(a)} message(s), this one {len(b)}"
 
 
@@ -157,8 +159,9 @@ def _with_string_prompt(prompt: str, chosen: list, rejected: list):
         if user is None:
             side = [{"role": "user", "content": prompt}, *side]
         elif user["content"].strip() != prompt.strip():
-            return None, ("prompt", f"the string prompt {_short(prompt)} is not the first user turn of `{column}` "
-                                    f"({_short(user['content'])}): it must repeat it, or be left out")  # fmt: skip
+            detail = f"{DETAIL}{_short(prompt)} vs {_short(user['content'])}"
+            return None, ("prompt", f"the string prompt is not the first user turn of `{column}` (it must repeat "
+                                    f"it, or be left out){detail}")  # fmt: skip
         sides.append(side)
     return sides, None
 
@@ -194,8 +197,7 @@ def _hh_text(chosen: str, rejected: str):
         parsed[column] = turns
     prompts = {c: [{"role": r, "content": t.strip()} for r, t, _ in turns[:-1]] for c, turns in parsed.items()}
     if prompts["chosen"] != prompts["rejected"]:
-        return None, ("rejected", "answers another prompt than `chosen`: "
-                                  + _first_difference(prompts["chosen"], prompts["rejected"]))  # fmt: skip
+        return None, ("rejected", ANOTHER_PROMPT + _first_difference(prompts["chosen"], prompts["rejected"]))
     cut = parsed["chosen"][-1][2]
     return {
         "prompt": chosen[:cut],
