@@ -41,7 +41,10 @@ def parse_args(argv=None) -> argparse.Namespace:
         description="Token lengths of a DPO data set as TRL's DPOTrainer tokenizes it, and the max_length to use.",
     )
     p.add_argument(
-        "dataset", nargs="?", help=f"Hub name or local JSONL/Parquet/saved folder [recipe's, else {DEFAULT_DATASET}]"
+        "dataset",
+        nargs="?",
+        help=f"Hub name, or a local JSONL/JSON/Parquet/CSV file or saved folder (docs/data.md) [recipe's, else "
+        f"{DEFAULT_DATASET}]",
     )
     p.add_argument("--config", help="recipe (configs/*.yaml) giving dataset, tokenizer, batch size and max_length")
     p.add_argument("--tokenizer", help="tokenizer name or path [the recipe's model_name_or_path]")
