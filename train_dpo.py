@@ -114,12 +114,14 @@ def run(argv, stop: GracefulStop) -> int | None:
     # Every row checked before a model loads (a streamed data set is not: it is read once, by the trainer).
     skip = recipe.project.skip_invalid
     if hasattr(dataset, "__len__"):
-        dataset = rows.without_invalid_rows(dataset, skip, derived, "invalid_rows")
+        dataset = rows.usable_pairs(dataset, skip, derived, "invalid_rows", recipe.project.hh_format,
+                                    split=script.dataset_train_split)  # fmt: skip
     eval_dataset = None
     if training.eval_strategy != "no":  # the held-out split (options.check_options: there is one)
         eval_dataset = data.load_preference_dataset(script.dataset_name, script.dataset_test_split,
                                                     script.dataset_config)  # fmt: skip
-        eval_dataset = rows.without_invalid_rows(eval_dataset, skip, derived, "invalid_eval_rows")
+        eval_dataset = rows.usable_pairs(eval_dataset, skip, derived, "invalid_eval_rows", recipe.project.hh_format,
+                                         split=script.dataset_test_split)  # fmt: skip
         derived["eval_rows"] = len(eval_dataset)
     derived.update(resolve.plan_steps(recipe, world, len(dataset) if hasattr(dataset, "__len__") else None))
     options.check_plan(derived)

@@ -96,6 +96,14 @@ class ProjectArguments:
             "identical to rejected, ...) and count them in resolved_config.json, instead of refusing the data set."
         },
     )
+    hh_format: str = field(
+        default="messages",
+        metadata={
+            "help": "HH-RLHF strings (`\\n\\nHuman: ... \\n\\nAssistant: ...`): `messages` turns them into message "
+            "lists, so the model's chat template applies (what a chat model is trained on); `text` trains the raw "
+            "strings, prompt up to the last `Assistant:`. Other data shapes are not affected (docs/data.md)."
+        },
+    )
     push_checkpoints: bool = field(
         default=False,
         metadata={

@@ -1,11 +1,11 @@
-"""Load a preference data set from the Hub, a local JSONL/Parquet file or a folder saved with `save_to_disk`."""
+"""Load a preference data set: from the Hub, a JSONL/JSON/Parquet/CSV file, or a folder saved with `save_to_disk`."""
 
 import json
 from pathlib import Path
 
 from .errors import ConfigError
 
-LOCAL_SUFFIXES = {".jsonl": "json", ".json": "json", ".parquet": "parquet"}
+LOCAL_SUFFIXES = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
 REQUIRED_COLUMNS = ("chosen", "rejected")
 
 
@@ -37,13 +37,18 @@ def load_preference_dataset(
     check_dataset_name(name)
     path = Path(name).expanduser()
     if path.is_dir() and ((path / "dataset_info.json").exists() or (path / "dataset_dict.json").exists()):
+        empty = _empty_saved_splits(path)
+        if empty:  # datasets cannot read a split saved with no rows back (IndexError inside load_from_disk)
+            raise ConfigError(f"dataset {name!r}: split(s) {empty} saved with no rows; remove them or save rows")
         loaded = datasets.load_from_disk(str(path))
     elif path.is_file():
         builder = LOCAL_SUFFIXES.get(path.suffix)
         if builder is None:
-            raise ConfigError(f"dataset file {name!r}: use .jsonl, .json or .parquet")
+            raise ConfigError(f"dataset file {name!r}: use .jsonl, .json, .parquet or .csv (docs/data.md)")
         if path.stat().st_size == 0:
             raise ConfigError(f"dataset file {name!r} is empty: it needs one JSON object per line with chosen/rejected")
+        if count_local_rows(name) == 0:  # datasets: "Instruction 'train' corresponds to no data!"
+            raise ConfigError(f"dataset file {name!r} has no rows: it needs one pair per row, with chosen/rejected")
         try:
             loaded = datasets.load_dataset(builder, data_files={split: str(path)}, streaming=streaming)
         except Exception as e:  # datasets names neither the file's line nor the fix
@@ -60,6 +65,12 @@ def load_preference_dataset(
         loaded = loaded[split]
     check_columns(loaded.column_names, name)
     return loaded
+
+
+def _empty_saved_splits(path: Path) -> list[str]:
+    """Splits of a `save_to_disk` folder (a Dataset's own folder counts as one) that hold no data file."""
+    states = [path / "state.json"] if (path / "state.json").exists() else sorted(path.glob("*/state.json"))
+    return [s.parent.name for s in states if not json.loads(s.read_text()).get("_data_files")]
 
 
 def _unreadable(path: Path, error: Exception) -> str:

@@ -1,9 +1,10 @@
 """Token lengths of a preference data set exactly as TRL's `DPOTrainer` sees them, and the `max_length` they call for.
 
-The trainer (`DPOTrainer._prepare_dataset`, TRL 1.16) extracts the prompt from `chosen`/`rejected` when there is no
-`prompt` column, appends EOS to plain-text completions, tokenizes prompt (with the generation prompt), prompt+chosen
-and prompt+rejected, and starts the completion where the tokenized prompt and prompt+completion stop agreeing. Rows
-whose prompt alone fills `max_length` are dropped; the collator cuts the others at `max_length` (keep_start).
+Rows are first read as training reads them (`rows.read_row`: any shape of `shapes.py` into an explicit prompt and two
+completions). The trainer (`DPOTrainer._prepare_dataset`, TRL 1.16) then appends EOS to plain-text completions,
+tokenizes prompt (with the generation prompt), prompt+chosen and prompt+rejected, and starts the completion where
+the tokenized prompt and prompt+completion stop agreeing. Rows whose prompt alone fills `max_length` are dropped;
+the collator cuts the others at `max_length` (keep_start).
 
 Two ways to the same numbers, both built on TRL's own functions (`extract_prompt`, `is_conversational`, `_tokenize`,
 `common_prefix_length`):
@@ -38,7 +39,7 @@ from trl.data_utils import _tokenize, common_prefix_length, is_conversational
 
 from .config import ProjectArguments
 from .errors import ConfigError
-from .rows import InvalidRowError, RowFormat, check_row, split_row
+from .rows import ROW_COLUMNS, InvalidRowError, RowFormat, read_row, split_row
 
 STEP = 512  # the recommendation is a multiple of this: kernel- and memory-friendly shapes
 # The seed report's cumulative distribution, and the long lengths a thinking data set's tail reaches (OLMo 3: 16K-32K).
@@ -127,6 +128,7 @@ class Measured:
     rejected: np.ndarray
     invalid: list[dict]  # {"index", "column", "problem"}
     conversational: bool
+    shape: str = ""  # how the rows were read (shapes.Shape.describe)
     fast_path_mismatches: int = 0  # batches where batch_lengths disagreed with row_lengths (then row_lengths is used)
     seconds: float = 0.0
 
@@ -159,9 +161,9 @@ def measure_rows(indices, rows, tokenizer, fmt: RowFormat, method: str = "batche
     """(valid indices, their (prompt, chosen, rejected) lengths, problems, fast-path mismatches) for some rows."""
     kept, examples, texts, lengths, problems = [], [], [], [], []
     for index, row in zip(indices, rows, strict=True):
-        problem = check_row(row, fmt)
+        example, problem = read_row(row, fmt)  # the same reading as training's (rows.usable_pairs)
         if problem is None:
-            example = split_row(row, fmt)
+            example = split_row(example, fmt)
             try:  # a chat template may refuse a row (e.g. roles that do not alternate): so does the trainer
                 if method == "batched":
                     texts.append(render_row(example, tokenizer))
@@ -209,23 +211,25 @@ def measure(
     chunk_size: int = 256,
     indices=None,
     progress: bool = False,
+    hh_format: str = "messages",
 ) -> Measured:
     """Token lengths of every row of `dataset` (a `Dataset` or a streaming `IterableDataset`).
 
     `indices`: the original index of each row when `dataset` is a selection (for messages). `method`: "batched" or
-    "reference" (one row at a time). Invalid rows raise `InvalidRowError` unless `skip_invalid`, which lists them.
+    "reference" (one row at a time). `hh_format`: HH-RLHF strings as messages or as text (shapes.py). Invalid rows
+    raise `InvalidRowError` unless `skip_invalid`, which lists them.
     """
     import datasets
 
     if method not in ("batched", "reference"):
         raise ValueError(f"method must be 'batched' or 'reference', not {method!r}")
     start = time.perf_counter()
-    columns = [c for c in ("prompt", "chosen", "rejected", "tools", "chat_template_kwargs") if c in _columns(dataset)]
+    columns = [c for c in ROW_COLUMNS if c in _columns(dataset)]
     dataset = dataset.select_columns(columns)
     first = next(iter(dataset), None)
     if first is None:
         raise ConfigError("the data set has no rows")
-    fmt = RowFormat.of(first, columns, tokenizer.eos_token)
+    fmt = RowFormat.of(first, columns, tokenizer.eos_token, hh_format)
     in_memory = isinstance(dataset, datasets.Dataset)
     total = len(dataset) if in_memory else _known_rows(dataset)
 
@@ -263,6 +267,7 @@ def measure(
         rejected=arr[:, 2],
         invalid=sorted(invalid, key=lambda p: p["index"]),
         conversational=fmt.conversational,
+        shape=fmt.shape.describe(tokenizer.name_or_path),
         fast_path_mismatches=mismatches,
         seconds=time.perf_counter() - start,
     )
@@ -485,6 +490,7 @@ def summarize(
         **about,
         "rows": m.rows,
         "format": "messages" if m.conversational else "text",
+        "shape": m.shape,
         "total": percentiles(total),
         "prompt": percentiles(m.prompt),
         "chosen": percentiles(m.chosen),
@@ -542,13 +548,20 @@ def load_tokenizer(name_or_path: str, revision: str | None = None):
 
 
 def dataset_identity(
-    name: str, split: str = "train", config: str | None = None, revision: str | None = None, local_only: bool = False
+    name: str,
+    split: str = "train",
+    config: str | None = None,
+    revision: str | None = None,
+    local_only: bool = False,
+    hh_format: str = "messages",
 ) -> str:
     """What a cached report is valid for: a local file's path + size + mtime, or a Hub data set's commit.
 
     A Hub revision is resolved to its commit: online by asking the Hub (not with `local_only`, as in a dry run),
     offline from the local Hub cache's refs (a data set downloaded on this machine), else the revision name stands in.
+    `hh_format: text` reads HH-RLHF strings into other tokens than the default, so it is part of the identity.
     """
+    reading = "" if hh_format == "messages" else f":hh-{hh_format}"
     from . import data
 
     path = Path(name).expanduser()
@@ -558,8 +571,8 @@ def dataset_identity(
         for f in files:
             st = f.stat()
             stamp.update(f"{f.relative_to(path) if f != path else ''}:{st.st_size}:{st.st_mtime_ns};".encode())
-        return f"local:{path.resolve()}:{split}:{stamp.hexdigest()[:16]}"
-    return f"hub:{name}:{config or 'default'}:{split}@{_hub_commit(name, revision, local_only)}"
+        return f"local:{path.resolve()}:{split}:{stamp.hexdigest()[:16]}{reading}"
+    return f"hub:{name}:{config or 'default'}:{split}@{_hub_commit(name, revision, local_only)}{reading}"
 
 
 def _hub_commit(name: str, revision: str | None, local_only: bool = False) -> str:

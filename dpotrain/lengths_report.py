@@ -14,11 +14,13 @@ def to_markdown(report: dict, current_max_length: int | None = None) -> str:
     if report.get("synthetic"):
         lines += [f"{n:,} pairs of synthetic token counts (nothing tokenized).", ""]
     else:
-        lines += [
-            f"{n:,} pairs{sample} tokenized as TRL's DPOTrainer tokenizes them, with the chat template of "
-            f"`{report.get('tokenizer', '?')}` ({report['format']}).",
-            "",
-        ]
+        how = (
+            f"with the chat template of `{report.get('tokenizer', '?')}`"
+            if report["format"] == "messages"
+            else f"as plain text with the tokenizer of `{report.get('tokenizer', '?')}` (no chat template)"
+        )
+        read = f" Rows read as: {report['shape']}." if report.get("shape") else ""
+        lines += [f"{n:,} pairs{sample} tokenized as TRL's DPOTrainer tokenizes them, {how}.{read}", ""]
     lines += [
         "**Total Length (prompt + max(chosen, rejected)):**",
         "",

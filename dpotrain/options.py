@@ -9,7 +9,7 @@ import os
 import re
 from pathlib import Path
 
-from . import data
+from . import data, shapes
 from .config import Recipe
 from .errors import ConfigError
 
@@ -45,6 +45,9 @@ def check_options(recipe: Recipe) -> None:
     if s.ignore_bias_buffers:
         raise ConfigError("ignore_bias_buffers is a DDP workaround of TRL's own script that this project does not "
                           "apply (it launches with DeepSpeed): remove it")  # fmt: skip
+    if recipe.project.hh_format not in shapes.HH_FORMATS:
+        raise ConfigError(f"hh_format {recipe.project.hh_format!r}: choose `messages` (HH-RLHF strings through the "
+                          "chat template, the default) or `text` (the raw strings)")  # fmt: skip
     if t.train_sampling_strategy == "group_by_length":
         raise ConfigError("train_sampling_strategy group_by_length does not work on preference data (it needs an "
                           "input_ids column): remove it (the default, random, is what the recipes use)")  # fmt: skip

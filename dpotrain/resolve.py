@@ -125,6 +125,7 @@ class OutputPlan:
 # report_to, save_*, eval_*, push, dataloader, precision) may change between a run and its resumption.
 RESUME_FIELDS = (
     "model_name_or_path", "model_revision", "dataset_name", "dataset_config", "dataset_train_split", "skip_invalid",
+    "hh_format",
     "learning_rate", "lr_scheduler_type", "lr_scheduler_kwargs", "warmup_steps", "num_train_epochs", "max_steps",
     "optim", "weight_decay", "adam_beta1", "adam_beta2", "adam_epsilon", "max_grad_norm", "seed", "data_seed",
     "beta", "loss_type", "loss_weights", "label_smoothing", "max_length", "truncation_mode",
@@ -252,7 +253,8 @@ def auto_max_length(recipe: Recipe, dataset, state) -> dict:
 
     script = recipe.script
     tokenizer = lengths.load_tokenizer(recipe.model.model_name_or_path, recipe.model.model_revision)
-    dataset_id = lengths.dataset_identity(script.dataset_name, script.dataset_train_split, script.dataset_config)
+    dataset_id = lengths.dataset_identity(script.dataset_name, script.dataset_train_split, script.dataset_config,
+                                          hh_format=recipe.project.hh_format)  # fmt: skip
     with state.main_process_first():
         choice = lengths.auto_max_length(
             dataset, tokenizer, recipe.project.auto_coverage, dataset_id, progress=state.is_main_process
@@ -292,7 +294,11 @@ def _local_tokenizer_and_data(recipe: Recipe):
             return None
         tokenizer = AutoTokenizer.from_pretrained(path, revision=recipe.model.model_revision, local_files_only=True)
         dataset_id = lengths.dataset_identity(
-            script.dataset_name, script.dataset_train_split, script.dataset_config, local_only=True
+            script.dataset_name,
+            script.dataset_train_split,
+            script.dataset_config,
+            local_only=True,
+            hh_format=recipe.project.hh_format,
         )
         return tokenizer, dataset_id
     except (OSError, ValueError):  # tokenizer not on this machine

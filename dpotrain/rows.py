@@ -1,19 +1,20 @@
-"""Is a preference row usable by TRL's DPOTrainer? One check for the analyzer and for training.
+"""Is a preference row usable by TRL's DPOTrainer? One reading and one check for the analyzer and for training.
 
-`check_row` finds what the trainer would crash on after loading the model (a null side, non-string content, a
-message without `role`, text rows mixed with message rows) or silently train on (plain text inside a message data
-set, empty completions, chosen identical to rejected). `check_dataset` runs it on every row before training.
+`read_row` reads a row in any shape `shapes.py` knows (TRL's, UltraFeedback-binarized, HH-RLHF, Dolci) into an
+explicit prompt and its two completions, and refuses what the trainer would crash on after loading the model (a null
+side, non-string content, a message without `role`, text rows mixed with message rows) or silently train on (plain
+text inside a message data set, two sides that answer different prompts, empty completions, chosen identical to
+rejected). `usable_pairs` runs it on every row before training and hands the trainer the rows as read.
 """
 
 import dataclasses
 import re
 import time
 
-from trl.data_utils import extract_prompt
-
+from . import shapes
 from .errors import ConfigError
 
-ROW_COLUMNS = ("prompt", "chosen", "rejected", "tools", "chat_template_kwargs")
+ROW_COLUMNS = ("prompt", "chosen", "rejected", *shapes.KEPT_COLUMNS)
 
 
 class InvalidRowError(ConfigError):
@@ -32,52 +33,56 @@ class InvalidRowError(ConfigError):
 
 @dataclasses.dataclass(frozen=True)
 class RowFormat:
-    """What the trainer decides once, from the first row: message lists or plain text, and extraction or not."""
+    """What is decided once, from the first row: the data set's shape (and so message lists or plain text)."""
 
-    conversational: bool
-    has_prompt: bool  # a `prompt` column: no extraction
-    eos_token: str | None  # appended to plain-text completions
+    shape: shapes.Shape
+    eos_token: str | None  # appended to plain-text completions (None: checks only)
 
     @classmethod
-    def of(cls, first_row: dict, columns, eos_token: str | None) -> "RowFormat":
-        # The trainer looks at the first row only (with `is_conversational`: a list of role/content messages). Any
-        # list counts here, so that a first row with a malformed message is reported as such; a first row with a
-        # null `chosen` tells nothing, so `rejected` decides (the row is then reported as invalid).
-        sample = first_row.get("chosen") if first_row.get("chosen") is not None else first_row.get("rejected")
-        return cls(isinstance(sample, list), "prompt" in columns, eos_token)
+    def of(cls, first_row: dict, columns, eos_token: str | None, hh_format: str = "messages") -> "RowFormat":
+        return cls(shapes.Shape.of(first_row, columns, hh_format), eos_token)
+
+    @property
+    def conversational(self) -> bool:
+        return self.shape.conversational
+
+
+def read_row(row: dict, fmt: RowFormat) -> tuple[dict | None, tuple[str, str] | None]:
+    """`(example, None)`: the row as the trainer tokenizes it (`shapes.read`: explicit prompt, extra columns left out,
+    no EOS yet), or `(None, (column, problem))` for a row the trainer cannot use or should not see."""
+    shape = fmt.shape
+    columns = ("prompt", "chosen", "rejected") if shape.name in ("prompt+messages", "prompt+text") else (
+        ("chosen", "rejected"))  # fmt: skip
+    for column in columns:
+        problem = _check_value(row.get(column), shape.raw_lists)
+        if problem:
+            return None, (column, problem)
+        if shape.raw_lists and not row[column]:
+            return None, (column, "empty message list" if column == "prompt" else "empty completion (no message)")
+    if shape.name == "ultrafeedback":  # a string prompt beside the conversations
+        problem = _check_value(row.get("prompt"), False)
+        if problem:
+            return None, ("prompt", problem.replace("plain text (its first row is text)", "a string prompt (its "
+                                                    "first row has one)"))  # fmt: skip
+    if row["chosen"] == row["rejected"]:
+        return None, ("chosen", "identical to `rejected`: the pair expresses no preference")
+    example, problem = shapes.read(row, shape)
+    if problem:
+        return None, problem
+    if example["chosen"] == example["rejected"]:
+        return None, ("chosen", "identical to `rejected` once read: the pair expresses no preference")
+    for column in ("chosen", "rejected"):
+        completion = example[column]
+        if fmt.conversational and all(not m["content"].strip() for m in completion):
+            return None, (column, "empty completion: every completion message has empty content")
+        if not fmt.conversational and not completion.removesuffix(fmt.eos_token or "").strip():
+            return None, (column, "empty completion")
+    return example, None
 
 
 def check_row(row: dict, fmt: RowFormat) -> tuple[str, str] | None:
     """(column, problem) for a row the trainer cannot use or should not see, None for a good row."""
-    for column in ("prompt", "chosen", "rejected") if fmt.has_prompt else ("chosen", "rejected"):
-        problem = _check_value(row.get(column), fmt.conversational)
-        if problem:
-            return column, problem
-        if fmt.conversational and not row[column]:
-            return column, "empty message list" if column == "prompt" else "empty completion (no message)"
-    if row["chosen"] == row["rejected"]:
-        return "chosen", "identical to `rejected`: the pair expresses no preference"
-    if not fmt.has_prompt and fmt.conversational:
-        # `extract_prompt` needs both sides to go on after the shared messages; if one side ends within them, its
-        # completion is empty (and TRL would take part of the prompt as completion).
-        shared = 0
-        while (
-            shared < min(len(row["chosen"]), len(row["rejected"])) and row["chosen"][shared] == row["rejected"][shared]
-        ):
-            shared += 1
-        for column in ("chosen", "rejected"):
-            if len(row[column]) == shared:
-                return column, f"empty completion: no message after the {shared} message(s) shared with the other side"
-        if shared == 0:
-            return "prompt", "`chosen` and `rejected` share no leading message, so there is no prompt to extract"
-    example = split_row(row, fmt)
-    for column in ("chosen", "rejected"):
-        completion = row[column] if fmt.has_prompt else example[column]
-        if fmt.conversational and all(not m["content"].strip() for m in completion):
-            return column, "empty completion: every completion message has empty content"
-        if not fmt.conversational and not completion.removesuffix(fmt.eos_token or "").strip():
-            return column, "empty completion"
-    return None
+    return read_row(row, fmt)[1]
 
 
 def _check_value(value, conversational: bool) -> str | None:
@@ -100,35 +105,31 @@ def _check_value(value, conversational: bool) -> str | None:
     return None
 
 
-def split_row(row: dict, fmt: RowFormat) -> dict:
-    """prompt / chosen / rejected as the trainer tokenizes them (prompt extracted, EOS appended to plain text)."""
-    if fmt.has_prompt:
-        example = {"prompt": row["prompt"], "chosen": row["chosen"], "rejected": row["rejected"]}
-    else:
-        example = extract_prompt({"chosen": row["chosen"], "rejected": row["rejected"]})
-    if not fmt.conversational and fmt.eos_token:  # DPOTrainer._prepare_dataset's add_eos (None: checks only)
+def split_row(example: dict, fmt: RowFormat) -> dict:
+    """A read row as the trainer tokenizes it: EOS appended to plain-text completions (DPOTrainer's add_eos)."""
+    example = dict(example)
+    if not fmt.conversational and fmt.eos_token:
         for column in ("chosen", "rejected"):
             if not example[column].endswith(fmt.eos_token):
                 example[column] = example[column] + fmt.eos_token
-    for column in ("tools", "chat_template_kwargs"):
-        if row.get(column) is not None:
-            example[column] = row[column]
     return example
 
 
 @dataclasses.dataclass
 class RowCheck:
-    """Rows of a data set that `check_row` refused: {"index", "column", "problem"} each, in data set order."""
+    """Rows of a data set that `read_row` refused: {"index", "column", "problem"} each, in data set order."""
 
     rows: int
     invalid: list[dict]
     seconds: float
+    fmt: RowFormat | None = None
 
     def by_reason(self) -> dict[str, int]:
         """Counts per kind of problem (numbers in the message generalised: `message N has no 'role'`)."""
         counts: dict[str, int] = {}
         for p in self.invalid:
-            reason = f"{p['column']}: {re.sub(r'[0-9]+', 'N', p['problem'])}"
+            problem = p["problem"].split(shapes.DETAIL)[0]
+            reason = f"{p['column']}: {re.sub(r'[0-9]+', 'N', problem)}"
             counts[reason] = counts.get(reason, 0) + 1
         return dict(sorted(counts.items(), key=lambda kv: -kv[1]))
 
@@ -138,8 +139,14 @@ class RowCheck:
                 "first": self.invalid[:examples], "seconds": round(self.seconds, 2)}  # fmt: skip
 
 
-def check_dataset(dataset, eos_token: str | None = None, skip_invalid: bool = False, batch_size: int = 2048):
-    """`check_row` on every row of an in-memory `Dataset`. The first bad row raises `InvalidRowError` naming the
+def check_dataset(
+    dataset,
+    eos_token: str | None = None,
+    skip_invalid: bool = False,
+    batch_size: int = 2048,
+    hh_format: str = "messages",
+) -> RowCheck:
+    """`read_row` on every row of an in-memory `Dataset`. The first bad row raises `InvalidRowError` naming the
     training flag, unless `skip_invalid`: then every bad row is listed in the returned `RowCheck`.
 
     Rows are read a column batch at a time (Arrow to Python in bulk), which is what keeps 150k rows in seconds.
@@ -148,7 +155,7 @@ def check_dataset(dataset, eos_token: str | None = None, skip_invalid: bool = Fa
     columns = [c for c in ROW_COLUMNS if c in dataset.column_names]
     if len(dataset) == 0:
         raise ConfigError("the data set has no rows: check the file or the split")
-    fmt = RowFormat.of(dataset[0], columns, eos_token)
+    fmt = RowFormat.of(dataset[0], columns, eos_token, hh_format)
     invalid = []
     index = 0
     for batch in dataset.select_columns(columns).iter(batch_size=batch_size):
@@ -159,16 +166,35 @@ def check_dataset(dataset, eos_token: str | None = None, skip_invalid: bool = Fa
                     raise InvalidRowError(index, *problem, skip_flag="--skip_invalid true")
                 invalid.append({"index": index, "column": problem[0], "problem": problem[1]})
             index += 1
-    return RowCheck(index, invalid, time.perf_counter() - start)
+    return RowCheck(index, invalid, time.perf_counter() - start, fmt)
 
 
-def without_invalid_rows(dataset, skip_invalid: bool, derived: dict, key: str):
-    """The data set, refused at its first bad row, or with `skip_invalid` without its bad rows: then they are
-    recorded as `derived[key]` (for resolved_config.json) and said on the console."""
-    checked = check_dataset(dataset, skip_invalid=skip_invalid)
-    if not checked.invalid:
-        return dataset
-    derived[key] = checked.summary()
-    print(f"Dropped {len(checked.invalid)} invalid row(s) of {checked.rows}: {checked.by_reason()}", flush=True)
-    bad = {p["index"] for p in checked.invalid}
-    return dataset.select([i for i in range(len(dataset)) if i not in bad])
+def usable_pairs(dataset, skip_invalid: bool, derived: dict, key: str, hh_format: str = "messages", split="train"):
+    """The data set's pairs as the trainer is to tokenize them (`read_row`: explicit prompt, other columns left out).
+
+    Refused at its first bad row, or with `skip_invalid` without its bad rows: then they are recorded as
+    `derived[key]` (for resolved_config.json) and said on the console. No usable row left is refused too: the
+    trainer would fail on an empty data set only after loading the model.
+    """
+    checked = check_dataset(dataset, skip_invalid=skip_invalid, hh_format=hh_format)
+    print(f"Data ({split}): {checked.rows} rows, {checked.fmt.shape.describe()}", flush=True)
+    if checked.invalid:
+        derived[key] = checked.summary()
+        reasons = checked.by_reason()
+        if len(checked.invalid) == checked.rows:
+            first = checked.invalid[0]
+            top = "; ".join(f"{n} x {reason}" for reason, n in list(reasons.items())[:3])
+            raise ConfigError(f"no usable row in the {split} split: all {checked.rows} rows are invalid ({top}; "
+                              f"first: row {first['index']}, column {first['column']!r}): check that dataset_name and "
+                              "the split are the ones meant, and run without --skip_invalid to see the first problem "
+                              "in full")  # fmt: skip
+        print(f"Dropped {len(checked.invalid)} invalid row(s) of {checked.rows}: {reasons}", flush=True)
+        bad = {p["index"] for p in checked.invalid}
+        dataset = dataset.select([i for i in range(len(dataset)) if i not in bad])
+    columns = [c for c in ROW_COLUMNS if c in dataset.column_names]
+    return dataset.select_columns(columns).map(
+        shapes.normalize,
+        fn_kwargs={"shape": checked.fmt.shape},
+        remove_columns=columns,
+        desc=f"Reading {split} pairs",
+    )

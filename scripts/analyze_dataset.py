@@ -30,7 +30,7 @@ sys.path.insert(0, str(ROOT))  # run as `python scripts/analyze_dataset.py` from
 import yaml  # noqa: E402
 from dotenv import load_dotenv  # noqa: E402
 
-from dpotrain import data, lengths, lengths_report  # noqa: E402
+from dpotrain import data, lengths, lengths_report, shapes  # noqa: E402
 from dpotrain.errors import ConfigError  # noqa: E402
 
 DEFAULT_DATASET = "allenai/Dolci-Instruct-DPO"  # the seed's default
@@ -41,7 +41,10 @@ def parse_args(argv=None) -> argparse.Namespace:
         description="Token lengths of a DPO data set as TRL's DPOTrainer tokenizes it, and the max_length to use.",
     )
     p.add_argument(
-        "dataset", nargs="?", help=f"Hub name or local JSONL/Parquet/saved folder [recipe's, else {DEFAULT_DATASET}]"
+        "dataset",
+        nargs="?",
+        help=f"Hub name, or a local JSONL/JSON/Parquet/CSV file or saved folder (docs/data.md) [recipe's, else "
+        f"{DEFAULT_DATASET}]",
     )
     p.add_argument("--config", help="recipe (configs/*.yaml) giving dataset, tokenizer, batch size and max_length")
     p.add_argument("--tokenizer", help="tokenizer name or path [the recipe's model_name_or_path]")
@@ -71,6 +74,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--plot", help="write a PNG histogram of total length here")
     p.add_argument("--skip-invalid", action="store_true", help="count and list bad rows instead of stopping at one")
     p.add_argument("--streaming", action="store_true", help="stream the data set (larger than memory or disk)")
+    p.add_argument(
+        "--hh-format",
+        choices=shapes.HH_FORMATS,
+        help="HH-RLHF strings: through the chat template as messages, or as raw text, as training with the same "
+        "hh_format does [the recipe's hh_format, else messages]",
+    )
     p.add_argument(
         "--batch-size",
         type=int,
@@ -156,6 +165,9 @@ def analyze(args: argparse.Namespace) -> int:
     )
     if not 0 < target <= 1:
         raise ConfigError(f"--coverage must be in (0, 1] (got {target})")
+    hh_format = args.hh_format or recipe.get("hh_format") or "messages"
+    if hh_format not in shapes.HH_FORMATS:
+        raise ConfigError(f"hh_format {hh_format!r} in {recipe_path}: choose one of {', '.join(shapes.HH_FORMATS)}")
     batch_size = args.batch_size or int(recipe.get("per_device_train_batch_size", lengths.DEFAULT_BATCH_SIZE))
     print(
         f"Analysing {name} ({split}) with the tokenizer of {tokenizer_name}"
@@ -181,8 +193,15 @@ def analyze(args: argparse.Namespace) -> int:
     if args.sample:
         dataset, indices = sample(dataset, args.sample, args.seed)
     m = lengths.measure(
-        dataset, tokenizer, num_proc=args.num_proc, skip_invalid=args.skip_invalid, indices=indices, progress=True
+        dataset,
+        tokenizer,
+        num_proc=args.num_proc,
+        skip_invalid=args.skip_invalid,
+        indices=indices,
+        progress=True,
+        hh_format=hh_format,
     )
+    print(f"Read as {m.shape}", file=sys.stderr, flush=True)
     candidates = [*args.candidates, *([current] if current else [])]
     report = lengths.summarize(
         m,
@@ -212,7 +231,8 @@ def analyze(args: argparse.Namespace) -> int:
         lengths_report.plot(m, report, args.plot)
         print(f"wrote {args.plot}", file=sys.stderr)
     if not args.sample and not m.invalid:
-        dataset_id = lengths.dataset_identity(name, split, recipe.get("dataset_config"), args.revision)
+        dataset_id = lengths.dataset_identity(name, split, recipe.get("dataset_config"), args.revision,
+                                              hh_format=hh_format)  # fmt: skip
         path = lengths.save_cache(m, report, dataset_id, tokenizer)
         print(f"cached for `max_length: auto` in training: {path}", file=sys.stderr)
     return 0

@@ -1,0 +1,214 @@
+"""The shapes public preference data sets come in, read into one: an explicit prompt, and the two completions.
+
+Read from the data set's first row (`Shape.of`), then row by row (`read`):
+
+- `messages` (Dolci, TRL conversational): chosen/rejected message lists. The prompt is each side's messages before
+  its trailing assistant turn(s); the two must be equal.
+- `prompt+messages` (TRL, explicit prompt): prompt, chosen, rejected message lists, as given.
+- `ultrafeedback` (UltraFeedback-binarized): a string prompt beside chosen/rejected conversations. The string is the
+  conversations' first user turn, so the row is read as `messages` without it (sides that hold only the answer get
+  it as their user turn).
+- `hh` (Anthropic HH-RLHF): chosen/rejected strings `\\n\\nHuman: ...\\n\\nAssistant: ...`. Turned into message
+  lists (`hh_format: messages`, so the model's chat template applies), or split as text after the last `Assistant:`
+  (`hh_format: text`); either way the Human/Assistant turns before the last answer must be equal.
+- `text` (TRL standard): chosen/rejected strings. The prompt is the start they share (TRL's `extract_prompt`).
+- `prompt+text` (TRL standard, CSV files): prompt, chosen, rejected strings, as given.
+
+A row that cannot be read so (its sides answer different prompts, a string prompt that is not the conversation's
+user turn, an HH string without its turns) is a problem `(column, what)`, refused or dropped by `rows.py` like any
+other invalid row. Every other column (`score_chosen`, `prompt_id`, `messages`, ...) is left out, except the two TRL
+reads: `tools` and `chat_template_kwargs`.
+"""
+
+import dataclasses
+import re
+
+from trl.data_utils import extract_prompt
+
+KEPT_COLUMNS = ("tools", "chat_template_kwargs")  # passed on to the chat template, as DPOTrainer does
+HH_FORMATS = ("messages", "text")
+DETAIL = " — "  # what follows is this row's own detail, left out of the counts per reason (rows.RowCheck.by_reason)
+ANOTHER_PROMPT = "answers another prompt than `chosen` (a pair is two answers to one prompt)" + DETAIL
+HH_TURN = re.compile(r"(?:^|\n\n)(Human|Assistant):")
+HH_ROLES = {"Human": "user", "Assistant": "assistant"}
+
+
+@dataclasses.dataclass(frozen=True)
+class Shape:
+    name: str  # one of the table's shapes
+    conversational: bool  # read into message lists (the chat template applies) or plain text
+
+    @classmethod
+    def of(cls, first_row: dict, columns, hh_format: str = "messages") -> "Shape":
+        """The data set's shape, from its first row (a first row with a null `chosen` is judged by `rejected`; the
+        row is then reported as invalid)."""
+        side = first_row.get("chosen") if first_row.get("chosen") is not None else first_row.get("rejected")
+        prompt = first_row.get("prompt") if "prompt" in columns else None
+        if isinstance(side, list):  # any list: a malformed first message is then reported as such
+            if "prompt" not in columns:
+                return cls("messages", True)
+            return cls("ultrafeedback" if isinstance(prompt, str) else "prompt+messages", True)
+        if "prompt" in columns:
+            return cls("prompt+text", False)
+        if isinstance(side, str) and is_hh(side):
+            return cls("hh", hh_format == "messages")
+        return cls("text", False)
+
+    @property
+    def raw_lists(self) -> bool:
+        """chosen/rejected are message lists in the file (not only after reading)."""
+        return self.name in ("messages", "prompt+messages", "ultrafeedback")
+
+    def describe(self, tokenizer_name: str | None = None) -> str:
+        """One line for the console and the analyzer's report: what the rows are and how they are tokenized."""
+        template = f"the chat template of {tokenizer_name}" if tokenizer_name else "the model's chat template"
+        return {
+            "messages": f"message lists, prompt = the messages before the last assistant turn; {template}",
+            "prompt+messages": f"message lists with a prompt column; {template}",
+            "ultrafeedback": "message lists with a string prompt that repeats the first user turn (UltraFeedback-"
+            f"binarized): read without it; {template}",
+            "hh": "HH-RLHF strings (\\n\\nHuman: ... \\n\\nAssistant: ...) "
+            + (
+                f"turned into message lists; {template} (hh_format: text trains the raw strings)"
+                if self.conversational
+                else "trained as plain text, no chat template (hh_format: text; `messages` applies the template)"
+            ),
+            "text": "plain text, prompt = the start chosen and rejected share; no chat template",
+            "prompt+text": "plain text with a prompt column; no chat template",
+        }[self.name]
+
+
+def is_hh(text: str) -> bool:
+    return text.lstrip().startswith("Human:") and "\n\nAssistant:" in text
+
+
+def read(row: dict, shape: Shape) -> tuple[dict | None, tuple[str, str] | None]:
+    """`({"prompt", "chosen", "rejected", ...}, None)` as the trainer and the analyzer use the row, or `(None,
+    (column, problem))`. Values are expected to have the shape's types (`rows.check_row` checks them first)."""
+    if shape.name in ("prompt+messages", "prompt+text"):
+        example = {"prompt": row["prompt"], "chosen": row["chosen"], "rejected": row["rejected"]}
+    elif shape.name == "text":
+        example = extract_prompt({"chosen": row["chosen"], "rejected": row["rejected"]})  # TRL's own reading
+    elif shape.name == "hh" and not shape.conversational:
+        example, problem = _hh_text(row["chosen"], row["rejected"])
+        if problem:
+            return None, problem
+    else:
+        chosen, rejected = row["chosen"], row["rejected"]
+        if shape.name == "hh":
+            chosen, rejected = hh_messages(chosen), hh_messages(rejected)
+            for column, side in (("chosen", chosen), ("rejected", rejected)):
+                if side is None:
+                    return None, (column, "not an HH-RLHF conversation (`\\n\\nHuman: ...\\n\\nAssistant: ...`) like "
+                                          "the data set's first row")  # fmt: skip
+        if shape.name == "ultrafeedback":
+            sides, problem = _with_string_prompt(row["prompt"], chosen, rejected)
+            if problem:
+                return None, problem
+            chosen, rejected = sides
+        example, problem = _messages(chosen, rejected)
+        if problem:
+            return None, problem
+    for column in KEPT_COLUMNS:
+        if row.get(column) is not None:
+            example[column] = row[column]
+    return example, None
+
+
+def _messages(chosen: list, rejected: list) -> tuple[dict | None, tuple[str, str] | None]:
+    """Each side's prompt is its messages before its trailing assistant turn(s); the two prompts must be equal."""
+    prompt_c, completion_c = split_conversation(chosen)
+    prompt_r, completion_r = split_conversation(rejected)
+    for column, completion in (("chosen", completion_c), ("rejected", completion_r)):
+        if not completion:
+            return None, (column, "empty completion: the conversation does not end with an assistant message")
+    if prompt_c != prompt_r:
+        return None, ("rejected", ANOTHER_PROMPT + _first_difference(prompt_c, prompt_r))
+    if not prompt_c:
+        return None, ("prompt", "no message before the assistant's answer, so there is no prompt")
+    return {"prompt": prompt_c, "chosen": completion_c, "rejected": completion_r}, None
+
+
+def split_conversation(messages: list) -> tuple[list, list]:
+    """(prompt, completion): the completion is the trailing run of assistant messages."""
+    end = len(messages)
+    while end > 0 and messages[end - 1].get("role") == "assistant":
+        end -= 1
+    return messages[:end], messages[end:]
+
+
+def _first_difference(a: list, b: list) -> str:
+    for i, (x, y) in enumerate(zip(a, b, strict=False)):
+        if x != y:
+            what = x.get("role") if x.get("role") == y.get("role") else f"{x.get('role')} vs {y.get('role')}"
+            return f"message {i} ({what}): {_short(x.get('content'))} in chosen, {_short(y.get('content'))} here"
+    return f"chosen's prompt has {len(a)} message(s), this one {len(b)}"
+
+
+def _short(text, n: int = 40) -> str:
+    text = str(text)
+    return repr(text if len(text) <= n else text[: n - 3] + "...")
+
+
+def _with_string_prompt(prompt: str, chosen: list, rejected: list):
+    """UltraFeedback-binarized: the string prompt repeats the conversations' first user turn, so the conversations
+    alone are the pair. Sides that hold only the answer get it as their user turn."""
+    sides = []
+    for column, side in (("chosen", chosen), ("rejected", rejected)):
+        user = next((m for m in side if m.get("role") == "user"), None)
+        if user is None:
+            side = [{"role": "user", "content": prompt}, *side]
+        elif user["content"].strip() != prompt.strip():
+            detail = f"{DETAIL}{_short(prompt)} vs {_short(user['content'])}"
+            return None, ("prompt", f"the string prompt is not the first user turn of `{column}` (it must repeat "
+                                    f"it, or be left out){detail}")  # fmt: skip
+        sides.append(side)
+    return sides, None
+
+
+def hh_turns(text: str) -> list[tuple[str, str, int]] | None:
+    """(role, content, offset where the content starts) of each turn of an HH-RLHF string; None if it is not one."""
+    parts = HH_TURN.split(text)
+    if len(parts) < 3 or parts[0].strip():
+        return None
+    turns, offset = [], len(parts[0])
+    for marker, content in zip(parts[1::2], parts[2::2], strict=True):
+        offset = text.index(f"{marker}:", offset) + len(marker) + 1
+        turns.append((HH_ROLES[marker], content, offset))
+        offset += len(content)
+    return turns
+
+
+def hh_messages(text: str) -> list[dict] | None:
+    turns = hh_turns(text)
+    return None if turns is None else [{"role": role, "content": content.strip()} for role, content, _ in turns]
+
+
+def _hh_text(chosen: str, rejected: str):
+    """`hh_format: text`: the prompt is the string up to the last `Assistant:`, checked turn by turn."""
+    parsed = {}
+    for column, text in (("chosen", chosen), ("rejected", rejected)):
+        turns = hh_turns(text)
+        if turns is None:
+            return None, (column, "not an HH-RLHF conversation (`\\n\\nHuman: ...\\n\\nAssistant: ...`) like the "
+                                  "data set's first row")  # fmt: skip
+        if turns[-1][0] != "assistant":
+            return None, (column, "empty completion: the conversation does not end with an Assistant turn")
+        parsed[column] = turns
+    prompts = {c: [{"role": r, "content": t.strip()} for r, t, _ in turns[:-1]] for c, turns in parsed.items()}
+    if prompts["chosen"] != prompts["rejected"]:
+        return None, ("rejected", ANOTHER_PROMPT + _first_difference(prompts["chosen"], prompts["rejected"]))
+    cut = parsed["chosen"][-1][2]
+    return {
+        "prompt": chosen[:cut],
+        "chosen": chosen[cut:],
+        "rejected": rejected[parsed["rejected"][-1][2] :],
+    }, None
+
+
+def normalize(row: dict, shape: Shape) -> dict:
+    """`read` of a row known to be valid, for `Dataset.map` (the data set the trainer tokenizes)."""
+    example, problem = read(row, shape)
+    if problem:  # rows.usable_pairs checked every row first
+        raise ValueError(f"row not readable as {shape.name}: {problem}")
+    return example

@@ -1,0 +1,317 @@
+"""Issue #21: a user's data in the shapes public preference sets have (docs/data.md), read once for the analyzer and
+the trainer (dpotrain/shapes.py, rows.usable_pairs).
+
+Every data set here is generated (the built-in Dolci-shaped rows, rewritten into each shape) and written as a file
+with the real `datasets` library. The trainer's lengths are TRL's own: `DPOTrainer._prepare_dataset` on the pairs
+`rows.usable_pairs` hands it, exactly as train_dpo.py does.
+"""
+
+import json
+
+import datasets
+import numpy as np
+import pytest
+from test_analyzer import cli, trainer_dataset  # noqa: F401  (cli: a fixture)
+from test_refusals import refused
+
+import train_dpo
+from conftest import ROOT, ready
+from dpotrain import builtin, data, lengths, rows
+from dpotrain.config import parse_args
+from dpotrain.trainer import build_trainer
+
+SMOKE = str(ROOT / "configs" / "smoke.yaml")
+N = 24  # 3 optimizer steps of the smoke recipe's 8 pairs
+
+
+# --- the shapes, generated --------------------------------------------------------------------------------------------
+
+
+def dolci(n=N) -> list[dict]:
+    """chosen/rejected message lists sharing the prompt: single-turn, with a system message, multi-turn."""
+    return builtin.make_preference_rows(n, seed=5)
+
+
+def first_user(messages) -> str:
+    return next(m["content"] for m in messages if m["role"] == "user")
+
+
+def ultrafeedback(n=N) -> list[dict]:
+    """UltraFeedback-binarized: a string prompt repeating the first user turn, full conversations, extra columns."""
+    return [{"prompt": first_user(r["chosen"]), "prompt_id": f"{i:08x}", **r, "messages": r["chosen"],
+             "score_chosen": 8.5, "score_rejected": 3.0} for i, r in enumerate(dolci(n))]  # fmt: skip
+
+
+def explicit_prompt(n=N) -> list[dict]:
+    return [{"prompt": r["chosen"][:-1], "chosen": r["chosen"][-1:], "rejected": r["rejected"][-1:]} for r in dolci(n)]
+
+
+def hh_string(messages) -> str:
+    """Anthropic HH-RLHF's form (it has no system turns)."""
+    names = {"user": "Human", "assistant": "Assistant"}
+    return "".join(f"\n\n{names[m['role']]}: {m['content']}" for m in messages if m["role"] != "system")
+
+
+def hh(n=N) -> list[dict]:
+    return [{"chosen": hh_string(r["chosen"]), "rejected": hh_string(r["rejected"])} for r in dolci(n)]
+
+
+def text(n=N) -> list[dict]:
+    return [{"chosen": f"Question: {first_user(r['chosen'])}\nAnswer: {r['chosen'][-1]['content']}",
+             "rejected": f"Question: {first_user(r['chosen'])}\nAnswer: {r['rejected'][-1]['content']}"}
+            for r in dolci(n)]  # fmt: skip
+
+
+def text_prompt(n=N) -> list[dict]:
+    out = []
+    for r in text(n):
+        cut = r["chosen"].index("Answer:") + len("Answer:")
+        out.append({"prompt": r["chosen"][:cut], "chosen": r["chosen"][cut:], "rejected": r["rejected"][cut:]})
+    return out
+
+
+def write(tmp_path, name: str, make, kind: str) -> tuple[str, str]:
+    """(dataset_name, split) of the rows `make()` written as `kind`, with `datasets` itself."""
+    dataset = datasets.Dataset.from_list(make())
+    if kind == "jsonl":
+        dataset.to_json(tmp_path / f"{name}.jsonl")
+        return str(tmp_path / f"{name}.jsonl"), "train"
+    if kind == "json":  # one JSON array, as a list of records is often saved
+        (tmp_path / f"{name}.json").write_text(json.dumps(make()))
+        return str(tmp_path / f"{name}.json"), "train"
+    if kind == "parquet":
+        dataset.to_parquet(tmp_path / f"{name}.parquet")
+        return str(tmp_path / f"{name}.parquet"), "train"
+    if kind == "csv":
+        dataset.to_csv(tmp_path / f"{name}.csv", index=False)
+        return str(tmp_path / f"{name}.csv"), "train"
+    if kind == "saved":
+        dataset.save_to_disk(str(tmp_path / name))
+        return str(tmp_path / name), "train"
+    if kind == "saved_dict":  # named splits, as a DatasetDict saved with save_to_disk
+        datasets.DatasetDict({"prefs": dataset, "held_out": dataset.select(range(8))}).save_to_disk(
+            str(tmp_path / name)
+        )
+        return str(tmp_path / name), "prefs"
+    raise ValueError(kind)
+
+
+# name: (rows, file kind, hh_format, read as message lists)
+SHAPES = {
+    "dolci messages, jsonl": (dolci, "jsonl", "messages", True),
+    "explicit prompt messages, parquet": (explicit_prompt, "parquet", "messages", True),
+    "ultrafeedback-binarized, parquet": (ultrafeedback, "parquet", "messages", True),
+    "hh-rlhf as messages, jsonl": (hh, "jsonl", "messages", True),
+    "hh-rlhf as text, json": (hh, "json", "text", False),
+    "standard text, json array": (text, "json", "messages", False),
+    "standard text with prompt, csv": (text_prompt, "csv", "messages", False),
+    "messages, save_to_disk": (dolci, "saved", "messages", True),
+    "messages, DatasetDict split": (dolci, "saved_dict", "messages", True),
+}
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tiny_model_dir):
+    return lengths.load_tokenizer(tiny_model_dir)
+
+
+def read_pairs(name: str, split: str, hh_format: str, skip_invalid: bool = False, derived: dict | None = None):
+    """The loaded data set, and the pairs train_dpo.py hands the trainer."""
+    raw = data.load_preference_dataset(name, split)
+    return raw, rows.usable_pairs(raw, skip_invalid, {} if derived is None else derived, "invalid_rows", hh_format)
+
+
+# --- one reading: the analyzer's lengths are the trainer's ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("shape", sorted(SHAPES))
+def test_analyzer_lengths_equal_the_trainers(shape, tokenizer, tmp_path):
+    make, kind, hh_format, conversational = SHAPES[shape]
+    name, split = write(tmp_path, "d", make, kind)
+    raw, pairs = read_pairs(name, split, hh_format)
+    assert len(pairs) == N and sorted(pairs.column_names) == ["chosen", "prompt", "rejected"]  # extra columns left out
+    processed = trainer_dataset(pairs, tokenizer, tmp_path)
+    m = lengths.measure(raw, tokenizer, hh_format=hh_format, chunk_size=8)
+    assert m.invalid == [] and m.fast_path_mismatches == 0 and m.conversational == conversational
+    for key in ("prompt", "chosen", "rejected"):
+        np.testing.assert_array_equal(getattr(m, key), [len(ids) for ids in processed[f"{key}_ids"]], err_msg=key)
+    # Message lists go through the chat template (its <|im_start|> turns); text does not.
+    prompt = tokenizer.decode(processed[0]["prompt_ids"])
+    assert ("<|im_start|>user" in prompt) == conversational, prompt
+
+
+def test_hh_strings_become_the_turns_of_a_conversation(tmp_path):
+    name, _ = write(tmp_path, "hh", hh, "jsonl")
+    _, as_messages = read_pairs(name, "train", "messages")
+    _, as_text = read_pairs(name, "train", "text")
+    row = dolci()[7]  # multi-turn: two Human turns
+    assert as_messages[7]["prompt"] == [m for m in row["chosen"][:-1] if m["role"] != "system"]
+    assert as_messages[7]["chosen"] == row["chosen"][-1:] and as_messages[7]["rejected"] == row["rejected"][-1:]
+    # As text, the prompt is the string up to the last `Assistant:`, whole: never cut inside a completion.
+    assert as_text[7]["prompt"] == hh_string(row["chosen"][:-1]) + "\n\nAssistant:"
+    assert as_text[7]["chosen"] == " " + row["chosen"][-1]["content"]
+    assert as_text[7]["rejected"] == " " + row["rejected"][-1]["content"]
+
+
+def test_ultrafeedback_measures_and_tokenizes_exactly_as_without_its_prompt_column(tokenizer, tmp_path):
+    with_prompt, _ = write(tmp_path, "uf", ultrafeedback, "parquet")
+    without, _ = write(tmp_path, "plain", lambda: [{"chosen": r["chosen"], "rejected": r["rejected"]}
+                                                   for r in ultrafeedback()], "parquet")  # fmt: skip
+    (raw_a, a), (raw_b, b) = read_pairs(with_prompt, "train", "messages"), read_pairs(without, "train", "messages")
+    assert a.to_list() == b.to_list()
+    ids_a, ids_b = trainer_dataset(a, tokenizer, tmp_path), trainer_dataset(b, tokenizer, tmp_path)
+    for key in ("prompt_ids", "chosen_ids", "rejected_ids"):
+        assert ids_a[key] == ids_b[key]
+    m_a, m_b = lengths.measure(raw_a, tokenizer), lengths.measure(raw_b, tokenizer)
+    for key in ("prompt", "chosen", "rejected"):
+        np.testing.assert_array_equal(getattr(m_a, key), getattr(m_b, key))
+
+
+def test_ultrafeedback_trains_exactly_as_without_its_prompt_column(tmp_path, tiny_model_dir):
+    with_prompt, _ = write(tmp_path, "uf", ultrafeedback, "jsonl")
+    without, _ = write(tmp_path, "plain", dolci, "jsonl")
+    losses = []
+    for name in (with_prompt, without):
+        recipe = parse_args(["--config", SMOKE, "--model_name_or_path", tiny_model_dir, "--dataset_name", name,
+                             "--output_dir", str(tmp_path / "run"), "--save_strategy", "no", "--report_to", "none",
+                             "--max_steps", "2", "--warmup_steps", "0", "--logging_steps", "1"])  # fmt: skip
+        trainer = ready(build_trainer(recipe, read_pairs(name, "train", "messages")[1]))
+        trainer.train()
+        losses.append([r["loss"] for r in trainer.state.log_history if "loss" in r])
+    assert len(losses[0]) == 2 and losses[0][1] != losses[0][0]  # step 2 trained on what step 1 learned
+    assert losses[0] == losses[1]
+
+
+def test_a_string_prompt_that_is_not_the_user_turn_is_refused():
+    bad = ultrafeedback(4)
+    bad[2]["prompt"] = "Something else entirely"
+    with pytest.raises(rows.InvalidRowError) as info:
+        rows.check_dataset(datasets.Dataset.from_list(bad))
+    assert str(info.value).startswith("row 2, column 'prompt': the string prompt is not the first user turn")
+
+
+def test_sides_holding_only_the_answer_get_the_string_prompt_as_their_user_turn():
+    pairs = [{"prompt": "Name a colour.", "chosen": [{"role": "assistant", "content": "Blue."}],
+              "rejected": [{"role": "assistant", "content": "Seven."}]}] * 2  # fmt: skip
+    read = rows.usable_pairs(datasets.Dataset.from_list(pairs), False, {}, "invalid_rows")
+    assert read[0] == {"prompt": [{"role": "user", "content": "Name a colour."}],
+                       "chosen": [{"role": "assistant", "content": "Blue."}],
+                       "rejected": [{"role": "assistant", "content": "Seven."}]}  # fmt: skip
+
+
+# --- short training runs, as a user starts them -----------------------------------------------------------------------
+
+
+def train(tmp_path, monkeypatch, capsys, tiny_model_dir, *args) -> tuple[dict, str]:
+    """`python train_dpo.py --config smoke.yaml --max_steps 2 ARGS`, in this process: (resolved config, stdout)."""
+    monkeypatch.setenv("DPOTRAIN_BUILTIN_DIR", tiny_model_dir.rsplit("/", 1)[0])
+    out = tmp_path / "run"
+    train_dpo.main(["--config", SMOKE, "--output_dir", str(out), "--max_steps", "2", "--save_strategy", "no",
+                    "--report_to", "none", *args])  # fmt: skip
+    assert (out / "run_complete.json").is_file()
+    return json.loads((out / "resolved_config.json").read_text()), capsys.readouterr().out
+
+
+@pytest.mark.slow  # ~20-30 s each on 2 cores; the UltraFeedback and skip_invalid runs below are not marked
+@pytest.mark.parametrize(
+    "shape, printed",
+    [
+        ("ultrafeedback-binarized, parquet", "a string prompt that repeats the first user turn (UltraFeedback-"),
+        ("hh-rlhf as messages, jsonl", "HH-RLHF strings (\\n\\nHuman: ... \\n\\nAssistant: ...) turned into message"),
+        ("hh-rlhf as text, json", "trained as plain text, no chat template (hh_format: text"),
+        ("standard text with prompt, csv", "plain text with a prompt column; no chat template"),
+        ("messages, DatasetDict split", "message lists, prompt = the messages before the last assistant turn"),
+    ],
+)  # fmt: skip
+def test_a_short_run_trains_and_says_how_it_read_the_rows(shape, printed, tmp_path, monkeypatch, capsys,
+                                                          tiny_model_dir):  # fmt: skip
+    make, kind, hh_format, _ = SHAPES[shape]
+    name, split = write(tmp_path, "d", make, kind)
+    resolved, stdout = train(tmp_path, monkeypatch, capsys, tiny_model_dir, "--dataset_name", name,
+                             "--dataset_train_split", split, "--hh_format", hh_format)  # fmt: skip
+    assert f"Data ({split}): {N} rows, " in stdout and printed in stdout
+    assert resolved["derived"]["dataset_rows"] == N and resolved["hh_format"] == hh_format
+
+
+def test_pairs_with_other_prompts_are_dropped_and_counted_under_skip_invalid(tmp_path, monkeypatch, capsys,
+                                                                             tiny_model_dir):  # fmt: skip
+    pairs = hh()
+    for i in (4, 9):
+        pairs[i]["rejected"] = pairs[i]["rejected"].replace("\n\nHuman: ", "\n\nHuman: Ignore that. ", 1)
+    name, _ = write(tmp_path, "d", lambda: pairs, "jsonl")
+    resolved, stdout = train(tmp_path, monkeypatch, capsys, tiny_model_dir, "--dataset_name", name,
+                             "--skip_invalid", "true")  # fmt: skip
+    dropped = resolved["derived"]["invalid_rows"]
+    assert dropped["dropped"] == 2 and [r["index"] for r in dropped["first"]] == [4, 9]
+    assert dropped["by_reason"] == {"rejected: answers another prompt than `chosen` (a pair is two answers to one "
+                                    "prompt)": 2}  # fmt: skip
+    assert resolved["derived"]["dataset_rows"] == N - 2 and f"Dropped 2 invalid row(s) of {N}" in stdout
+
+
+# --- refused before the model loads -----------------------------------------------------------------------------------
+
+SYSTEM = {"role": "system", "content": "Answer in one word."}
+
+
+def other_user_turn(n=N) -> list[dict]:
+    """A shared system message, then user turns that differ: TRL alone would take the system message as the prompt
+    and train on each side's user turn as part of its "completion"."""
+    pairs = [{"chosen": [SYSTEM, *r["chosen"]], "rejected": [SYSTEM, *r["rejected"]]} for r in dolci(n)]
+    pairs[3]["rejected"][1] = {"role": "user", "content": "Name a shape."}
+    return pairs
+
+
+def other_human_turn(n=N) -> list[dict]:
+    pairs = hh(n)
+    pairs[3]["rejected"] = pairs[3]["rejected"].replace("\n\nHuman: What is", "\n\nHuman: What was", 1)
+    return pairs
+
+
+@pytest.mark.parametrize("make, hh_format", [(other_user_turn, "messages"), (other_human_turn, "messages"),
+                                             (other_human_turn, "text")])  # fmt: skip
+def test_pairs_whose_sides_answer_other_prompts_are_refused(make, hh_format, tmp_path, monkeypatch, capsys):
+    name, _ = write(tmp_path, "d", make, "jsonl")
+    line = refused(tmp_path, monkeypatch, capsys, "--dataset_name", name, "--hh_format", hh_format)
+    assert line.startswith("error: row 3, column 'rejected': answers another prompt than `chosen`"), line
+    assert "in chosen" in line and "--skip_invalid true" in line
+
+
+def test_no_usable_row_under_skip_invalid_is_one_error_line(tmp_path, monkeypatch, capsys):
+    pairs = [{"chosen": r["chosen"], "rejected": r["chosen"]} for r in dolci()]  # every pair identical
+    name, _ = write(tmp_path, "d", lambda: pairs, "jsonl")
+    line = refused(tmp_path, monkeypatch, capsys, "--dataset_name", name, "--skip_invalid", "true")
+    assert line.startswith(f"error: no usable row in the train split: all {N} rows are invalid ({N} x chosen: "
+                           "identical to `rejected`")  # fmt: skip
+
+
+def test_an_empty_split_is_one_error_line(tmp_path, monkeypatch, capsys):
+    empty = datasets.Dataset.from_list(dolci(2)).select([])
+    empty.to_parquet(tmp_path / "empty.parquet")
+    line = refused(tmp_path, monkeypatch, capsys, "--dataset_name", str(tmp_path / "empty.parquet"))
+    assert (
+        line == f"error: dataset file {str(tmp_path / 'empty.parquet')!r} has no rows: it needs one pair per row, "
+        "with chosen/rejected"
+    )
+    folder = tmp_path / "saved"  # datasets itself cannot read such a split back
+    datasets.DatasetDict({"train": datasets.Dataset.from_list(dolci(2)), "test": empty}).save_to_disk(str(folder))
+    line = refused(tmp_path, monkeypatch, capsys, "--dataset_name", str(folder), "--skip_invalid", "true")
+    assert line == f"error: dataset {str(folder)!r}: split(s) ['test'] saved with no rows; remove them or save rows"
+
+
+def test_an_unknown_hh_format_is_refused(tmp_path, monkeypatch, capsys):
+    assert "hh_format 'raw': choose `messages`" in refused(tmp_path, monkeypatch, capsys, "--hh_format", "raw")
+
+
+# --- the analyzer says how it read the rows ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("hh_format", ["messages", "text"])
+def test_analyzer_report_says_whether_the_chat_template_applies(hh_format, cli, tmp_path, tiny_model_dir, capsys):  # noqa: F811
+    name, _ = write(tmp_path, "hh", hh, "jsonl")
+    assert cli.main([name, "--tokenizer", tiny_model_dir, "--num-proc", "1", "--hh-format", hh_format]) == 0
+    out = capsys.readouterr().out
+    if hh_format == "messages":
+        assert f"with the chat template of `{tiny_model_dir}`" in out and "turned into message lists" in out
+    else:
+        assert "as plain text with the tokenizer of" in out and "(no chat template)" in out
+        assert "with the chat template" not in out
