@@ -369,6 +369,7 @@ def gaps(s: dict, max_length: int | None):
 def run(recipe, sample_size: int = DEFAULT_SAMPLE, seed: int | None = None, json_path=None, plot_path=None) -> int:
     """The whole preflight on a parsed, checked recipe; returns the exit status."""
     from . import data, resolve
+    from . import rows as row_reading
 
     check_outputs(json_path, plot_path)
     if sample_size < 1:
@@ -378,6 +379,9 @@ def run(recipe, sample_size: int = DEFAULT_SAMPLE, seed: int | None = None, json
     dataset = data.load_preference_dataset(
         script.dataset_name, script.dataset_train_split, script.dataset_config, streaming=script.dataset_streaming
     )
+    if not script.dataset_streaming:  # the rows as training reads them (UltraFeedback's prompt column, HH strings...)
+        dataset = row_reading.usable_pairs(dataset, recipe.project.skip_invalid, {}, "invalid_rows",
+                                           recipe.project.hh_format)  # fmt: skip
     if recipe.max_length_auto:  # as training resolves it (the analyzer's cached report when there is one)
         from accelerate import PartialState
 
