@@ -56,3 +56,60 @@ def test_no_lock_nothing_to_say(tmp_path):
     (tmp_path / "some_op").mkdir()  # a finished build: its folder without a lock
     result = check_locks({**os.environ, "TORCH_EXTENSIONS_DIR": str(tmp_path)})
     assert (result.returncode, result.stdout, result.stderr) == (0, "", "")
+
+
+def test_a_lock_released_while_it_is_checked_is_not_stale(tmp_path):
+    """torch's FileBaton.release closes the lock, then deletes it: a check between the two must not call it stale."""
+    import threading
+
+    from dpotrain.build_locks import stale_locks
+
+    lock = tmp_path / "some_op" / "lock"
+    lock.parent.mkdir()
+    os.close(os.open(lock, os.O_CREAT | os.O_EXCL))  # taken the way FileBaton takes it, and closed: mid-release
+    deleted = threading.Timer(0.05, lock.unlink)
+    deleted.start()
+    assert stale_locks(tmp_path, settle_s=1.0) == []
+    deleted.join()
+
+    os.close(os.open(lock, os.O_CREAT | os.O_EXCL))  # the same, never deleted: a builder that died
+    assert stale_locks(tmp_path, settle_s=0.05) == [lock]
+
+
+def launch_train(tmp_path, env, timeout):
+    """`accelerate launch train_dpo.py` on 2 processes with the project's DeepSpeed ZeRO-2 config, as the README runs
+    it. Past `timeout` the whole process group is killed (ranks waiting on a lock would outlive their launcher)."""
+    cmd = [str(ROOT / ".venv" / "bin" / "accelerate"), "launch", "--config_file", str(ROOT / "accelerate_config.yaml"),
+           "--num_processes", "2", str(ROOT / "train_dpo.py"), "--config", str(ROOT / "configs" / "smoke.yaml"),
+           "--output_dir", str(tmp_path / "out"), "--report_to", "none"]  # fmt: skip
+    env = {**os.environ, "PATH": f"{os.path.dirname(PYTHON)}:{os.environ['PATH']}", **env}
+    start = time.monotonic()
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)  # fmt: skip
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        raise AssertionError(f"train_dpo.py still running after {timeout} s: it waits on the lock") from None
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err), time.monotonic() - start
+
+
+def test_a_stale_lock_is_refused_by_train_dpo_under_accelerate_launch(tmp_path):
+    """Not only launch.sh: the README's own `accelerate launch train_dpo.py` is refused with the line, on each rank,
+    before anything loads (without the check both ranks wait on the lock forever: the timeout fails the test)."""
+    lock = tmp_path / "ext" / "deepspeed_shm_comm" / "lock"  # what a job killed while DeepSpeed built its op leaves
+    lock.parent.mkdir(parents=True)
+    lock.touch()
+    result, seconds = launch_train(tmp_path, {"TORCH_EXTENSIONS_DIR": str(tmp_path / "ext")}, timeout=300)
+    print(f"refused in {seconds:.1f} s")
+    assert result.returncode != 0
+    errors = {line for line in result.stderr.splitlines() if line.startswith("error:")}
+    assert len(errors) == 1, result.stderr[-3000:]  # the same one line from each rank
+    (line,) = errors
+    assert (
+        line.startswith("error: stale build lock of the JIT-compiled op(s) deepspeed_shm_comm") and f"rm {lock}" in line
+    )
+    assert result.stderr.count(line) == 2  # both ranks checked their node before DeepSpeed started
+    assert "Loading weights" not in result.stdout + result.stderr and not (tmp_path / "out").exists()
+    assert lock.exists()  # reported, never removed (a job on another node may be building)
