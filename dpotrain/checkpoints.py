@@ -36,10 +36,6 @@ def checkpoints(output_dir: str | Path) -> list[Path]:
     return sorted(found, key=lambda p: int(_CHECKPOINT.match(p.name).group(1)))
 
 
-def step(folder: Path) -> int:
-    return int(_CHECKPOINT.match(folder.name).group(1))
-
-
 def is_complete(folder: Path) -> bool:
     return (folder / MARKER).exists()
 

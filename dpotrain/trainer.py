@@ -270,6 +270,7 @@ class RecipeDPOTrainer(DPOTrainer):
             clear_for_save(self._get_output_dir(trial), self.state.global_step)
         self.accelerator.wait_for_everyone()  # no rank writes into the folder before it is cleared
         # transformers rotates at the end of this call, before the COMPLETE mark: CompleteMarker rotates after it.
+        # (The checkpoint's training_args.bin, written inside, records save_total_limit as None.)
         limit, self.args.save_total_limit = self.args.save_total_limit, None
         try:
             super()._save_checkpoint(model, trial)
