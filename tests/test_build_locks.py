@@ -9,6 +9,8 @@ import signal
 import subprocess
 import time
 
+import pytest
+
 from conftest import PYTHON, ROOT
 
 # A real C++ extension through torch's JIT path (the one DeepSpeed's op builders use): it takes long enough to
@@ -113,3 +115,86 @@ def test_a_stale_lock_is_refused_by_train_dpo_under_accelerate_launch(tmp_path):
     assert result.stderr.count(line) == 2  # both ranks checked their node before DeepSpeed started
     assert "Loading weights" not in result.stdout + result.stderr and not (tmp_path / "out").exists()
     assert lock.exists()  # reported, never removed (a job on another node may be building)
+
+
+# A live builder, as torch's JIT build holds its lock (FileBaton): taken, held until told, then released.
+HOLD = """
+import sys
+from torch.utils.file_baton import FileBaton
+baton = FileBaton(sys.argv[1])
+assert baton.try_acquire()
+print("held", flush=True)
+sys.stdin.readline()
+baton.release()
+"""
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
+
+
+def ranks_of(launcher_pid: int) -> list[int]:
+    ranks = []
+    for stat in os.listdir("/proc"):
+        try:
+            parent = int(open(f"/proc/{stat}/stat").read().rsplit(")", 1)[1].split()[1])
+            cmdline = open(f"/proc/{stat}/cmdline").read()
+        except (OSError, ValueError):
+            continue
+        if parent == launcher_pid and "train_dpo.py" in cmdline:
+            ranks.append(int(stat))
+    return ranks
+
+
+@pytest.mark.slow
+def test_a_lock_held_by_a_live_build_is_waited_for_not_refused(tmp_path, tiny_model_dir):
+    """Both ranks pass the check while another process builds the op (they wait on its lock, using no CPU), and train
+    once it is done."""
+    import json
+
+    from dpotrain import builtin
+
+    # The op built once for real: when the lock goes, the waiting ranks load what the builder left.
+    env = {**os.environ, "TORCH_EXTENSIONS_DIR": str(tmp_path / "ext")}
+    build = (
+        "from deepspeed.accelerator import get_accelerator as a; a().create_op_builder('ShareMemCommBuilder').load()"
+    )
+    subprocess.run([PYTHON, "-c", build], env=env, check=True, capture_output=True, timeout=600)
+    lock = tmp_path / "ext" / "deepspeed_shm_comm" / "lock"
+    assert (lock.parent / "deepspeed_shm_comm.so").exists() and not lock.exists()
+    # Now another job on this node rebuilds it: it holds the lock.
+    holder = subprocess.Popen([PYTHON, "-c", HOLD, str(lock)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                              text=True)  # fmt: skip
+    assert holder.stdout.readline().strip() == "held"
+    data = tmp_path / "pairs.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in builtin.make_preference_rows(16, seed=2)))
+    cmd = [str(ROOT / ".venv" / "bin" / "accelerate"), "launch", "--config_file", str(ROOT / "accelerate_config.yaml"),
+           "--num_processes", "2", str(ROOT / "train_dpo.py"), "--config", str(ROOT / "configs" / "smoke.yaml"),
+           "--model_name_or_path", tiny_model_dir, "--dataset_name", str(data), "--output_dir", str(tmp_path / "out"),
+           "--max_steps", "1", "--save_strategy", "no", "--report_to", "none"]  # fmt: skip
+    env["PATH"] = f"{os.path.dirname(PYTHON)}:{os.environ['PATH']}"
+    launch = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                              start_new_session=True)  # fmt: skip
+    try:
+        # Both ranks past the check and waiting on the lock: alive, and idle for 3 s (imports keep a process busy).
+        deadline, idle_since, last = time.time() + 300, None, None
+        while True:
+            assert launch.poll() is None, launch.stdout.read()[-3000:]  # refused, or failed: not waiting
+            assert time.time() < deadline, "the ranks never settled to wait on the lock"
+            ranks = ranks_of(launch.pid)
+            now = [cpu_seconds(pid) for pid in ranks] if len(ranks) == 2 else None
+            if now is None or now != last:
+                idle_since, last = time.time(), now
+            elif time.time() - idle_since > 3:
+                break
+            time.sleep(0.5)
+        assert lock.exists() and holder.poll() is None  # the build was live all along
+        holder.communicate("release\n", timeout=60)  # the build is done: its lock is gone
+        log = launch.communicate(timeout=600)[0]
+    finally:
+        if launch.poll() is None:
+            os.killpg(launch.pid, signal.SIGKILL)
+        holder.kill()
+    assert launch.returncode == 0, log[-3000:]
+    assert "error: stale build lock" not in log and (tmp_path / "out" / "run_complete.json").exists()
