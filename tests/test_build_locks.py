@@ -172,7 +172,7 @@ def test_a_lock_held_by_a_live_build_is_waited_for_not_refused(tmp_path, tiny_mo
     cmd = [str(ROOT / ".venv" / "bin" / "accelerate"), "launch", "--config_file", str(ROOT / "accelerate_config.yaml"),
            "--num_processes", "2", str(ROOT / "train_dpo.py"), "--config", str(ROOT / "configs" / "smoke.yaml"),
            "--model_name_or_path", tiny_model_dir, "--dataset_name", str(data), "--output_dir", str(tmp_path / "out"),
-           "--max_steps", "1", "--save_strategy", "no", "--report_to", "none"]  # fmt: skip
+           "--max_steps", "1", "--warmup_steps", "0", "--save_strategy", "no", "--report_to", "none"]  # fmt: skip
     env["PATH"] = f"{os.path.dirname(PYTHON)}:{os.environ['PATH']}"
     launch = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                               start_new_session=True)  # fmt: skip
