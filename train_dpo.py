@@ -21,6 +21,7 @@ from dotenv import load_dotenv
 
 from dpotrain import (
     agreement,
+    build_locks,
     data,
     engine,
     health,
@@ -56,6 +57,9 @@ def main(argv=None) -> None:
 
 def run(argv, stop: GracefulStop) -> int | None:
     load_dotenv()  # HF_TOKEN, WANDB_API_KEY, WANDB_PROJECT...; the environment wins over .env
+    # Before the arguments are parsed: building them starts DeepSpeed's communication (TrainingArguments asks for its
+    # device), which compiles an op first and would wait on a stale build lock of it forever, silently.
+    build_locks.check_launch()
     recipe = parse_args(argv)
     training, script = recipe.training, recipe.script
 

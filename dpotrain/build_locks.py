@@ -9,7 +9,10 @@ file behind, and every later job then hangs silently until its time limit.
 
 A lock that no process on this machine holds open has no builder here. It is reported, not removed: with the
 home folder shared between nodes a job on another node may be compiling right now, and a second builder in the
-same folder would corrupt the op. `scripts/launch.sh` runs this before training starts:
+same folder would corrupt the op. `train_dpo.py` checks on every rank of a DeepSpeed launch before its arguments
+are parsed, since building them starts DeepSpeed, which builds its op before the ranks meet: no collective can share
+one rank's view, and none is needed. Each rank looks at its own node's folder, and a rank of the same job that is
+already building holds the lock open, so it is not called stale. `scripts/launch.sh` runs the same check first:
 
     python -m dpotrain.build_locks     # exit 2 and one `error:` line per stale lock; 0 when there is none
 """
@@ -18,9 +21,12 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from pathlib import Path
 
 from dpotrain.errors import ConfigError, run_cli
+
+CONFIRM_S = 0.2  # a lock found unheld is looked at again this much later (see stale_locks)
 
 
 def extensions_root() -> Path:
@@ -55,14 +61,40 @@ def held_open() -> set[str]:
     return paths
 
 
-def stale_locks(root: Path | None = None) -> list[Path]:
-    """Build locks under `root` that no process on this machine holds open."""
+def _identity(lock: Path) -> tuple[int, int, int] | None:
+    try:
+        st = lock.stat()
+    except FileNotFoundError:
+        return None
+    return st.st_dev, st.st_ino, st.st_ctime_ns
+
+
+def stale_locks(root: Path | None = None, settle_s: float = CONFIRM_S) -> list[Path]:
+    """Build locks under `root` that no process on this machine holds open.
+
+    A builder closes its lock a moment before it deletes it (FileBaton.release), and a new one may take the lock
+    while /proc is read: a lock counts as stale only if the same file is still there `settle_s` later and nobody held
+    it in a second look."""
     root = root or extensions_root()
-    locks = sorted(root.glob("*/lock"))
-    if not locks:
+    found = {lock: _identity(lock) for lock in sorted(root.glob("*/lock"))}
+    if not found:
         return []
     held = held_open()
-    return [lock for lock in locks if os.path.realpath(lock) not in held]
+    candidates = [lock for lock in found if os.path.realpath(lock) not in held]
+    if not candidates:
+        return []
+    time.sleep(settle_s)
+    held = held_open()
+    return [lock for lock in candidates if _identity(lock) == found[lock] and os.path.realpath(lock) not in held]
+
+
+def check_launch() -> None:
+    """In `train_dpo.py`, on every rank, before anything starts DeepSpeed: a DeepSpeed launch with a stale lock in
+    this node's extension folder is refused with the one line (other engines build no op: nothing to wait on)."""
+    from dpotrain import engine
+
+    if engine.launched().deepspeed:
+        check()
 
 
 def check() -> None:

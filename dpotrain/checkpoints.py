@@ -3,11 +3,20 @@
 transformers writes `checkpoint-N/` file by file, so a job killed mid-save leaves a folder that looks like a
 checkpoint but is not one. `CompleteMarker` writes `COMPLETE` into the folder once every rank has finished its part,
 and resuming only ever picks a folder with that mark.
+
+Deleting follows the mark, not the folder names: `save_total_limit` keeps that many *complete* checkpoints, rotated
+only after the new one is marked (transformers rotates before, counting a stale half-written folder as one of the
+kept ones, and could delete the newest complete checkpoint). A folder without the mark is a save that was cut short
+(saves are synchronous: once checkpoint-N is marked no other is being written); it is removed by rotation, and before
+the run writes the same step again, so a new checkpoint never mixes with an old one's files (a DeepSpeed shard from
+another world size, say). Only the main process deletes, as only it writes the mark: on a file system shared
+between nodes there is one deleter.
 """
 
 import json
 import os
 import re
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -27,13 +36,46 @@ def checkpoints(output_dir: str | Path) -> list[Path]:
     return sorted(found, key=lambda p: int(_CHECKPOINT.match(p.name).group(1)))
 
 
+def is_complete(folder: Path) -> bool:
+    return (folder / MARKER).exists()
+
+
 def latest_complete_checkpoint(output_dir: str | Path) -> Path | None:
-    complete = [p for p in checkpoints(output_dir) if (p / MARKER).exists()]
+    complete = [p for p in checkpoints(output_dir) if is_complete(p)]
     return complete[-1] if complete else None
 
 
+def rotate(output_dir: str | Path, limit: int | None, keep: tuple = ()) -> list[Path]:
+    """Deletes what `save_total_limit` lets go; returns what it deleted. Kept: the `limit` newest complete
+    checkpoints (by step, as resuming picks them) and the folders in `keep` (the checkpoint just written, the best
+    one); deleted: the other complete ones, and every folder without the mark. Nothing without a limit."""
+    if not limit or limit <= 0:
+        return []
+    folders = checkpoints(output_dir)
+    complete = [p for p in folders if is_complete(p)]
+    kept = {p.name for p in complete[-limit:]} | {Path(k).name for k in keep if k}
+    doomed = [p for p in folders if p.name not in kept or not is_complete(p)]
+    for folder in doomed:
+        if not is_complete(folder):
+            print(f"Removed {folder}: a checkpoint cut short (no {MARKER} mark), never resumed from", flush=True)
+        shutil.rmtree(folder, ignore_errors=True)
+    return doomed
+
+
+def clear_for_save(output_dir: str | Path, global_step: int) -> None:
+    """Main process, before `checkpoint-<global_step>` is written: a folder of that name is left from an earlier
+    attempt (a save cut short, or a run resumed from an older checkpoint on purpose). Removed, so that the new
+    checkpoint holds only its own files and is never marked complete by the old one's mark half-way through."""
+    folder = Path(output_dir) / f"checkpoint-{global_step}"
+    if folder.is_dir():
+        state = "complete" if is_complete(folder) else f"cut short (no {MARKER} mark)"
+        print(f"Removed {folder} of an earlier attempt ({state}) before writing it again", flush=True)
+        shutil.rmtree(folder)
+
+
 class CompleteMarker(TrainerCallback):
-    """Marks a checkpoint complete after all ranks saved it (`on_save` runs after `_save_checkpoint` returns)."""
+    """Marks a checkpoint complete after all ranks saved it (`on_save` runs after `_save_checkpoint` returns), then
+    rotates (`RecipeDPOTrainer._save_checkpoint` keeps transformers from rotating before the mark)."""
 
     def on_save(self, args, state, control, **kwargs):
         from accelerate import PartialState
@@ -44,6 +86,7 @@ class CompleteMarker(TrainerCallback):
             if folder.is_dir():
                 marker = {"global_step": state.global_step, "time": time.time()}
                 (folder / MARKER).write_text(json.dumps(marker) + "\n")
+            rotate(args.output_dir, args.save_total_limit, keep=(folder, state.best_model_checkpoint))
         return control
 
 

@@ -4,8 +4,9 @@ they are computed, and reused by any later run that would compute the same numbe
 The reference model is the policy before its first update, so its log-probs can be scored once and the second model
 dropped from memory for the whole run. On a real data set this is hours of GPU time (150k pairs of ~5k tokens), so it
 is a stage of its own, run by `train_dpo.py` after the model loads and before training (or alone, `--reference-only`):
-- results are written per rank, atomically, every `reference_save_seconds` and whenever the stage stops; a restarted
-  job (requeued, preempted, killed, or rerun by hand) keeps what was scored and scores only the rest;
+- results are written per rank, atomically and synced to disk, every `reference_save_seconds` and whenever the stage
+  stops; a restarted job (requeued, preempted, killed, or rerun by hand) keeps what was scored and scores only the
+  rest; a damaged file (truncated by a crash or a full disk) is named in a warning and its pairs are scored again;
 - a stop request (stop file, USR1, SIGTERM: `preemption.GracefulStop`) is honoured between micro-batches: every rank
   saves its part, the main process writes the marker that makes `scripts/launch.sh` requeue the job, and the run exits;
 - rank 0 alone decides hit, partial or miss and broadcasts what it found, so ranks whose caches differ (node-local
@@ -28,7 +29,10 @@ import json
 import os
 import secrets
 import socket
+import sys
 import time
+import zipfile
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -43,6 +47,8 @@ CACHE_VERSION = 2
 COMPLETE = "complete.npz"
 SAVE_SECONDS = 120  # default of `reference_save_seconds`
 PROGRESS_SECONDS = 60  # a progress line in the (Slurm) log at most this often
+# What numpy and zipfile raise on an empty, truncated or foreign file (or one without the expected arrays)
+_UNREADABLE = (OSError, EOFError, ValueError, KeyError, TypeError, AttributeError, zipfile.BadZipFile, zlib.error)
 
 
 def cache_dir() -> Path:
@@ -103,7 +109,11 @@ def identity(trainer, dataset) -> dict:
 
 class Store:
     """One key's folder: `complete.npz` once every pair is scored; until then `part-<attempt>-r<rank>.npz` files, each
-    a rank's results of one attempt, rewritten atomically as they grow."""
+    a rank's results of one attempt, rewritten atomically as they grow.
+
+    Files are synced to disk before and after they are renamed into place, so a crash (a node losing power, a kill
+    during a write) leaves either the old file or the new one. A file damaged anyway (a full disk, a file system that
+    lost its last writes) is named in a warning, removed, and its pairs are scored again: it never stops a start."""
 
     def __init__(self, folder: Path, pairs: int):
         self.folder, self.pairs = folder, pairs
@@ -115,23 +125,30 @@ class Store:
 
     def complete(self) -> tuple[np.ndarray, np.ndarray] | None:
         path = self.folder / COMPLETE
-        if not path.is_file():
+        arrays = self._read(path, "chosen", "rejected")
+        if arrays is None:
             return None
-        with np.load(path) as f:
-            chosen, rejected = f["chosen"], f["rejected"]
-        return (chosen, rejected) if len(chosen) == self.pairs == len(rejected) else None
+        chosen, rejected = arrays
+        if not chosen.shape == rejected.shape == (self.pairs,):
+            return self._damaged(path, f"arrays of shapes {chosen.shape}, {rejected.shape} for {self.pairs} pairs")
+        if np.isnan(chosen).any() or np.isnan(rejected).any():
+            return self._damaged(path, "pairs without a value")
+        return chosen, rejected
 
     def parts(self) -> tuple[np.ndarray, np.ndarray]:
         """Every pair scored by an interrupted attempt: NaN where not scored."""
         chosen = np.full(self.pairs, np.nan, dtype=np.float32)
         rejected = np.full(self.pairs, np.nan, dtype=np.float32)
         for path in sorted(self.folder.glob("part-*.npz")):
-            try:
-                with np.load(path) as f:
-                    index, c, r = f["index"], f["chosen"], f["rejected"]
-            except (OSError, ValueError, KeyError):  # being replaced by another rank right now: its old copy is gone
+            arrays = self._read(path, "index", "chosen", "rejected")
+            if arrays is None:
                 continue
-            if len(index) and index.max() < self.pairs:
+            index, c, r = arrays
+            if not (index.ndim == 1 and index.shape == c.shape == r.shape and np.issubdtype(index.dtype, np.integer)):
+                self._damaged(path, f"arrays of shapes {index.shape}, {c.shape}, {r.shape}")
+            elif len(index) and (index.min() < 0 or index.max() >= self.pairs):
+                self._damaged(path, f"pair indices outside 0..{self.pairs - 1}")
+            else:
                 chosen[index], rejected[index] = c, r
         return chosen, rejected
 
@@ -153,8 +170,37 @@ class Store:
         self.folder.mkdir(parents=True, exist_ok=True)
         # Renamed into place: a reader never sees half a file. Unique per process (ranks may share the folder).
         tmp = self.folder / f".{name}.{socket.gethostname()}.{os.getpid()}.npz"
-        np.savez(tmp, **arrays)
+        with open(tmp, "wb") as f:
+            np.savez(f, **arrays)
+            f.flush()
+            os.fsync(f.fileno())  # the data is on disk before the name points at it...
         os.replace(tmp, self.folder / name)
+        folder = os.open(self.folder, os.O_RDONLY)
+        try:
+            os.fsync(folder)  # ...and the new name is on disk before the run goes on (or deletes the parts it merged)
+        finally:
+            os.close(folder)
+
+    def _read(self, path: Path, *names: str) -> list[np.ndarray] | None:
+        """The named arrays of `path`; None if it does not exist or is damaged (then warned about and removed)."""
+        try:
+            with np.load(path) as f:
+                return [np.asarray(f[name]) for name in names]
+        except FileNotFoundError:  # none yet, or removed since the folder was listed (a finished attempt's part)
+            return None
+        except _UNREADABLE as e:
+            return self._damaged(path, f"{type(e).__name__}: {e}")
+
+    def _damaged(self, path: Path, why: str) -> None:
+        """Called by the main process only (it alone reads the cache and broadcasts what it found), so every rank
+        rescores the same pairs."""
+        print(f"warning: the reference cache file {path} is damaged ({why}); it is removed and its pairs are scored "
+              "again", file=sys.stderr, flush=True)  # fmt: skip
+        try:
+            path.unlink(missing_ok=True)
+        except OSError:  # a read-only cache: scored again next time too, but never a reason not to start
+            pass
+        return None
 
 
 @dataclass

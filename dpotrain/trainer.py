@@ -28,7 +28,7 @@ from trl import DPOTrainer, get_peft_config, get_quantization_config
 from trl.models import prepare_deepspeed
 
 from . import builtin, engine, flops, packing, padded, plan
-from .checkpoints import CompleteMarker, report_save
+from .checkpoints import CompleteMarker, clear_for_save, report_save
 from .collectives import all_reduce_sum, max_over_ranks
 from .config import Recipe
 from .forwards import choice
@@ -204,7 +204,16 @@ class RecipeDPOTrainer(DPOTrainer):
 
     def _save_checkpoint(self, model, trial):
         start = time.monotonic()
-        super()._save_checkpoint(model, trial)
+        if self.is_world_process_zero():
+            clear_for_save(self._get_output_dir(trial), self.state.global_step)
+        self.accelerator.wait_for_everyone()  # no rank writes into the folder before it is cleared
+        # transformers rotates at the end of this call, before the COMPLETE mark: CompleteMarker rotates after it.
+        # (The checkpoint's training_args.bin, written inside, records save_total_limit as None.)
+        limit, self.args.save_total_limit = self.args.save_total_limit, None
+        try:
+            super()._save_checkpoint(model, trial)
+        finally:
+            self.args.save_total_limit = limit
         if self.graceful_stop.stopped:  # test-only: a slow checkpoint on a stop request (tests/test_slurm_jobs.py)
             time.sleep(float(os.environ.get("DPOTRAIN_TEST_SAVE_DELAY_S") or 0))
         if self.is_world_process_zero():

@@ -233,3 +233,96 @@ def test_the_stage_cache_folder_round_trips(tmp_path, monkeypatch):
     store.write_complete({"pairs": 5}, np.arange(5, dtype=np.float32), np.arange(5, dtype=np.float32))
     store.remove_parts()
     assert store.complete()[0].tolist() == [0, 1, 2, 3, 4] and not list(store.folder.glob("part-*"))
+
+
+# --- a damaged cache file never stops a start ------------------------------------------------------------------------
+
+
+def stopped_after_a_part(trainer, dataset, layout, cache, stop_file):
+    """The real stage, stopped by its stop file once it has saved a part it had not saved before (a requeue's stop)."""
+    import threading
+
+    from dpotrain.preemption import GracefulStop
+
+    before = set(cache.glob("*/part-*.npz"))
+    stop = GracefulStop(str(stop_file))
+
+    def stop_at_first_new_part():
+        deadline = time.time() + 120
+        while not set(cache.glob("*/part-*.npz")) - before and time.time() < deadline:
+            time.sleep(0.005)
+        stop_file.touch()
+
+    watcher = threading.Thread(target=stop_at_first_new_part)
+    watcher.start()
+    try:
+        scored, outcome = reference.run(trainer, dataset, "train", layout, stop, save_seconds=0)
+    finally:
+        watcher.join()
+        stop_file.unlink()
+    assert outcome.stopped and scored is None, "the stage finished before the stop: nothing was left to resume"
+    (new,) = set(cache.glob("*/part-*.npz")) - before
+    return new
+
+
+def test_a_truncated_part_is_named_and_its_pairs_scored_again(tmp_path, tiny_model_dir, cache, capsys, monkeypatch):
+    import numpy as np
+
+    recipe = parse_args(["--config", SMOKE, "--model_name_or_path", tiny_model_dir, "--output_dir",
+                         str(tmp_path / "out"), "--report_to", "none", "--save_strategy", "no",
+                         "--max_length", "256", "--max_tokens_per_microbatch", "512"])  # fmt: skip
+    trainer = build_trainer(recipe, datasets.Dataset.from_list(builtin.make_preference_rows(40, seed=9)))
+    dataset = trainer.train_dataset
+    layout = trainer.reference_layout("train", len(dataset))
+    assert len(layout[0]) >= 10  # micro-batches enough for two stops half-way
+
+    # Two interrupted attempts: the second keeps the first's pairs and saves its own in a second part.
+    first = stopped_after_a_part(trainer, dataset, layout, cache, tmp_path / "stop")
+    second = stopped_after_a_part(trainer, dataset, layout, cache, tmp_path / "stop")
+    with np.load(second) as f:
+        kept = len(f["index"])
+    with np.load(first) as f:
+        lost = len(f["index"])
+    assert kept > 0 and lost > 0
+    # What a crash before the data reached the disk leaves: the first part cut short.
+    first.write_bytes(first.read_bytes()[: first.stat().st_size // 2])
+    capsys.readouterr()
+
+    scored, outcome = reference.run(trainer, dataset, "train", layout, stop=_never_stopped(), save_seconds=60)
+    err = capsys.readouterr().err
+    assert f"warning: the reference cache file {first} is damaged (BadZipFile" in err, err
+    assert "its pairs are scored again" in err
+    assert not first.exists()  # removed: the next start has nothing to warn about
+    assert (outcome.reused, outcome.scored) == (kept, len(dataset) - kept)  # the lost part's pairs scored again
+    got = ref_columns_of(scored)
+
+    monkeypatch.setenv("DPOTRAIN_CACHE", str(tmp_path / "clean-cache"))
+    clean, _ = reference.run(trainer, dataset, "train", layout, stop=_never_stopped(), save_seconds=60)
+    assert got == ref_columns_of(clean)  # the same micro-batches: the same numbers, bit for bit
+
+
+def _never_stopped():
+    from dpotrain.preemption import GracefulStop
+
+    return GracefulStop(None)
+
+
+def ref_columns_of(dataset):
+    return dataset["ref_chosen_logps"], dataset["ref_rejected_logps"]
+
+
+def test_an_empty_complete_file_is_named_and_scored_again(tmp_path, monkeypatch, capsys):
+    """The other file of the stage: an empty or short `complete.npz` is not a hit (and not a crash at start)."""
+    import numpy as np
+
+    monkeypatch.setenv("DPOTRAIN_CACHE", str(tmp_path))
+    store = reference.Store.for_identity({"pairs": 3, "tokens_sha256": "x"})
+    store.write_complete({"pairs": 3}, np.zeros(3, dtype=np.float32), np.zeros(3, dtype=np.float32))
+    assert store.complete() is not None
+    (store.folder / reference.COMPLETE).write_bytes(b"")
+    assert store.complete() is None
+    assert f"{store.folder / reference.COMPLETE} is damaged (EOFError" in capsys.readouterr().err
+    store.write_complete({"pairs": 3}, np.zeros(2, dtype=np.float32), np.zeros(2, dtype=np.float32))  # wrong shape
+    assert store.complete() is None and "arrays of shapes (2,), (2,) for 3 pairs" in capsys.readouterr().err
+    store.write_part("a", 0, [0, 7], [-1.0, -2.0], [-3.0, -4.0])  # an index outside the data set
+    assert np.isnan(store.parts()[0]).all() and "pair indices outside 0..2" in capsys.readouterr().err

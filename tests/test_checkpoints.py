@@ -1,0 +1,78 @@
+"""Rotation (`save_total_limit`) never deletes the newest complete checkpoint, never counts a folder cut short as a
+kept one, and a step written again starts from an empty folder: real training runs of the tiny model, resumed."""
+
+import datasets
+from transformers import TrainerCallback
+
+from conftest import ROOT, ready
+from dpotrain import builtin
+from dpotrain.checkpoints import MARKER, checkpoints, is_complete, latest_complete_checkpoint
+from dpotrain.config import parse_args
+from dpotrain.trainer import build_trainer
+
+SMOKE = str(ROOT / "configs" / "smoke.yaml")
+
+
+def trainer_for(out, model_dir, max_steps):
+    recipe = parse_args(["--config", SMOKE, "--model_name_or_path", model_dir, "--output_dir", str(out),
+                         "--max_steps", str(max_steps), "--save_steps", "2", "--save_total_limit", "2",
+                         "--report_to", "none"])  # fmt: skip
+    return ready(build_trainer(recipe, datasets.Dataset.from_list(builtin.make_preference_rows(64, seed=4))))
+
+
+class CompleteOnDiskBeforeTheMark(TrainerCallback):
+    """What a job killed right after a save, before its COMPLETE mark, would find: the complete checkpoints on disk
+    at each save, seen first in `on_save` (before CompleteMarker marks the new one)."""
+
+    def __init__(self, out):
+        self.out, self.seen = out, {}
+
+    def on_save(self, args, state, control, **kwargs):
+        self.seen[state.global_step] = [p.name for p in checkpoints(self.out) if is_complete(p)]
+
+
+def cut_short(folder):
+    """What a job killed mid-save leaves: some of the files, no mark."""
+    folder.mkdir()
+    (folder / "config.json").write_text("{}")
+    (folder / "model.safetensors").write_bytes(b"\0" * 100)
+
+
+def test_rotation_with_a_checkpoint_cut_short_keeps_the_newest_complete_ones(tmp_path, tiny_model_dir):
+    out = tmp_path / "run"
+    trainer_for(out, tiny_model_dir, max_steps=2).train()
+    assert [p.name for p in checkpoints(out)] == ["checkpoint-2"] and is_complete(out / "checkpoint-2")
+
+    # A later job got to step 5 and was killed while saving there (a stop request's checkpoint): resuming ignores it.
+    cut_short(out / "checkpoint-5")
+    assert latest_complete_checkpoint(out) == out / "checkpoint-2"
+
+    resumed = trainer_for(out, tiny_model_dir, max_steps=6)
+    probe = CompleteOnDiskBeforeTheMark(out)
+    resumed.callback_handler.callbacks.insert(0, probe)
+    resumed.train(resume_from_checkpoint=str(out / "checkpoint-2"))
+
+    # A kill between a save and its mark still leaves a checkpoint to resume from (transformers' own rotation had
+    # deleted checkpoint-2 at step 4, keeping the stale checkpoint-5 as one of the two).
+    assert probe.seen == {4: ["checkpoint-2"], 6: ["checkpoint-2", "checkpoint-4"]}
+    # The two newest complete ones are kept; the folder cut short is gone, not counted as one of them.
+    assert [p.name for p in checkpoints(out)] == ["checkpoint-4", "checkpoint-6"]
+    assert all(is_complete(p) for p in checkpoints(out))
+
+
+def test_a_step_written_again_starts_from_an_empty_folder(tmp_path, tiny_model_dir, capsys):
+    """A save cut short at a step the resumed run saves again: its old files (a DeepSpeed shard of another world size,
+    say) must not end up in the new checkpoint."""
+    out = tmp_path / "run"
+    trainer_for(out, tiny_model_dir, max_steps=2).train()
+    cut_short(out / "checkpoint-4")
+    leftover = out / "checkpoint-4" / "global_step4" / "zero_pp_rank_7_mp_rank_00_optim_states.pt"
+    leftover.parent.mkdir()
+    leftover.write_bytes(b"old")
+    trainer_for(out, tiny_model_dir, max_steps=4).train(resume_from_checkpoint=str(out / "checkpoint-2"))
+    assert (
+        f"Removed {out / 'checkpoint-4'} of an earlier attempt (cut short (no {MARKER} mark))"
+        in capsys.readouterr().out
+    )
+    assert not leftover.exists() and is_complete(out / "checkpoint-4")
+    assert (out / "checkpoint-4" / "model.safetensors").stat().st_size > 100  # the new weights, not the stale bytes
