@@ -117,3 +117,32 @@ def zero3_weights_sha256(model, is_main: bool) -> str | None:
                     full = full.to(torch.float32)
                 h.update(full.numpy().tobytes())
     return h.hexdigest() if is_main else None
+
+
+def start_processes(timeout_s: int):
+    """The process group of this launch, made here, first, with the recipe's collective timeout (`ddp_timeout`).
+
+    The first group made decides: made without a timeout (a bare `PartialState()`), it gets torch's and DeepSpeed's
+    default of 10 minutes, and the Trainer's `ddp_timeout` no longer applies (TrainingArguments finds the group made
+    and keeps it). Anything one rank does alone for longer than the timeout — the final model's write, a large data
+    set tokenized main process first — ends the job while the other ranks wait at a barrier."""
+    from datetime import timedelta
+
+    from accelerate import PartialState
+
+    return PartialState(timeout=timedelta(seconds=timeout_s))
+
+
+def group_timeouts() -> dict[str, float]:
+    """Every process group of this process, by torch's name for it ("0" is the default group), and its collective
+    timeout in seconds as torch holds it (the shortest of its backends: NCCL for GPUs, gloo beside it)."""
+    import torch.distributed as dist
+    from torch.distributed import distributed_c10d as c10d
+
+    if not dist.is_available() or not dist.is_initialized():
+        return {}
+    found = {}
+    for group in c10d._world.pg_map:
+        seconds = [group._get_backend(device).options._timeout.total_seconds() for device in group._device_types]
+        found[c10d._world.pg_names.get(group, "?")] = min(seconds)
+    return found
