@@ -64,7 +64,7 @@ def run(argv, stop: GracefulStop) -> int | None:
     samples.check_values(recipe.project)
     options.check_options(recipe)  # options TRL would fail on, or ignore, only after loading the model
     lora.check_lora(recipe)
-    engine.launched()  # an engine this project does not support is refused here (dpotrain/engine.py)
+    run_engine = engine.launched()  # an engine this project does not support is refused here (dpotrain/engine.py)
     resolve.fill_defaults(recipe)
     if recipe.project.preflight:  # the base model's view of the data, instead of training (dpotrain/preflight.py)
         from dpotrain import preflight
@@ -88,7 +88,7 @@ def run(argv, stop: GracefulStop) -> int | None:
         return
     # The same memory plan as the dry run that scripts/launch.sh makes, for the engine this process runs under: a job
     # started with `accelerate launch` by hand is refused here too, before anything loads.
-    derived["memory"] = memory.plan(recipe, world, memory.launched_engine())
+    derived["memory"] = memory.plan(recipe, world, run_engine)
     only_reference = recipe.project.reference_only  # the reference stage alone: no output folder, W&B or push
     if not resolve.uses_live_reference(recipe):
         reference.check_writable()  # the reference stage saves as it goes
