@@ -338,7 +338,7 @@ def test_fsdp2_config_becomes_accelerates_fsdp2_plugin(monkeypatch):
     plugin = FullyShardedDataParallelPlugin()
     assert plugin.fsdp_version == 2 and plugin.reshard_after_forward is True
     assert plugin.cpu_ram_efficient_loading is True  # rank 0 reads the weights, the others get their shards
-    assert str(plugin.state_dict_type) == "StateDictType.FULL_STATE_DICT"
+    assert str(plugin.state_dict_type) == "StateDictType.SHARDED_STATE_DICT"  # each rank writes its checkpoint shard
     assert plugin.auto_wrap_policy.__name__ == "transformer_auto_wrap_policy"
     assert plugin.activation_checkpointing is False  # the recipe's activation_checkpointing decides
 
