@@ -210,17 +210,27 @@ def zero3_weights_sha256(model, is_main: bool) -> str | None:
 
 
 def start_processes(timeout_s: int):
-    """The process group of this launch, made here, first, with the recipe's collective timeout (`ddp_timeout`).
+    """The process group of this launch, made here, first, with the recipe's collective timeout (`ddp_timeout`), and
+    the same timeout for every group the engines make later; printed once, as torch holds it.
 
     The first group made decides: made without a timeout (a bare `PartialState()`), it gets torch's and DeepSpeed's
     default of 10 minutes, and the Trainer's `ddp_timeout` no longer applies (TrainingArguments finds the group made
     and keeps it). Anything one rank does alone for longer than the timeout — the final model's write, a large data
-    set tokenized main process first — ends the job while the other ranks wait at a barrier."""
+    set tokenized main process first — ends the job while the other ranks wait at a barrier. Groups made later
+    (DeepSpeed makes its own data-parallel group in `deepspeed.initialize`) take torch's default, read from
+    `distributed_c10d` at each `new_group`: that default becomes the recipe's too."""
     from datetime import timedelta
 
+    import torch.distributed.distributed_c10d as c10d
     from accelerate import PartialState
 
-    return PartialState(timeout=timedelta(seconds=timeout_s))
+    timeout = timedelta(seconds=timeout_s)
+    c10d.default_pg_timeout = c10d.default_pg_nccl_timeout = timeout
+    state = PartialState(timeout=timeout)
+    held = group_timeouts()
+    if state.is_main_process and held:
+        print(f"Collective timeout: {held['0']:.0f} s (ddp_timeout) for every process group", flush=True)
+    return state
 
 
 def group_timeouts() -> dict[str, float]:
