@@ -103,7 +103,8 @@ def run(argv, stop: GracefulStop) -> int | None:
     plan = resolve.OutputPlan(None, False) if only_reference else resolve.check_output_dir(recipe, pairs_per_step)
     offline.check_offline_artifacts(recipe)  # with HF_HUB_OFFLINE: model, tokenizer and data set must be cached
 
-    state = engine.start_processes(training.ddp_timeout)  # the first process group: every collective's timeout
+    # The first process group, with every collective's timeout.
+    state = engine.start_processes(training.ddp_timeout, None if run_engine.deepspeed else training.ddp_backend)
     out = Path(training.output_dir)
     dataset = data.load_preference_dataset(
         script.dataset_name, script.dataset_train_split, script.dataset_config, streaming=script.dataset_streaming

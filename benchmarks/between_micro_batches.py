@@ -24,6 +24,7 @@ def held_gradient_bytes(model) -> dict[str, int]:
     from torch.distributed.fsdp import FSDPModule
 
     unsharded = sharded = 0
+    seen = set()  # a tied weight once
     for module in model.modules():
         if not isinstance(module, FSDPModule):
             continue
@@ -32,10 +33,12 @@ def held_gradient_bytes(model) -> dict[str, int]:
         for param in group.fsdp_params if group else []:
             for grad in (param.unsharded_accumulated_grad, param._unsharded_param.grad
                          if hasattr(param, "_unsharded_param") else None):  # fmt: skip
-                if grad is not None:
+                if grad is not None and grad.data_ptr() not in seen:
+                    seen.add(grad.data_ptr())
                     unsharded += grad.numel() * grad.element_size()
-            if param.sharded_param.grad is not None:
+            if param.sharded_param.grad is not None and param.sharded_param.grad.to_local().data_ptr() not in seen:
                 g = param.sharded_param.grad.to_local()
+                seen.add(g.data_ptr())
                 sharded += g.numel() * g.element_size()
     return {"unsharded": unsharded, "sharded": sharded}
 
@@ -44,7 +47,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--defer", action="store_true", help="no_sync on every micro-batch but a step's last")
     parser.add_argument("--layers", type=int, default=8)
-    parser.add_argument("--hidden", type=int, default=1024)
+    parser.add_argument("--hidden", type=int, default=512)
     parser.add_argument("--tokens", type=int, default=256)
     args = parser.parse_args()
     from accelerate import Accelerator
@@ -52,7 +55,8 @@ def main() -> None:
 
     from dpotrain import engine
 
-    engine.start_processes(1800)
+    engine.start_processes(1800, None if torch.cuda.is_available() else "gloo")
+    engine.enable_on_cpu(engine.launched())  # FSDP2 on a CPU-only machine, as train_dpo.py sets it up
     accelerator = Accelerator(mixed_precision="bf16")
     config = Olmo3Config(vocab_size=8192, hidden_size=args.hidden, intermediate_size=4 * args.hidden,
                          num_attention_heads=8, num_key_value_heads=8, num_hidden_layers=args.layers)  # fmt: skip

@@ -209,7 +209,7 @@ def zero3_weights_sha256(model, is_main: bool) -> str | None:
     return h.hexdigest() if is_main else None
 
 
-def start_processes(timeout_s: int):
+def start_processes(timeout_s: int, backend: str | None = None):
     """The process group of this launch, made here, first, with the recipe's collective timeout (`ddp_timeout`), and
     the same timeout for every group the engines make later; printed once, as torch holds it.
 
@@ -226,7 +226,9 @@ def start_processes(timeout_s: int):
 
     timeout = timedelta(seconds=timeout_s)
     c10d.default_pg_timeout = c10d.default_pg_nccl_timeout = timeout
-    state = PartialState(timeout=timeout)
+    # As TrainingArguments would make it (`ddp_backend`: gloo on CPU-only nodes, dpotrain/config.py; DeepSpeed picks
+    # its own).
+    state = PartialState(timeout=timeout, **({"backend": backend} if backend else {}))
     held = group_timeouts()
     if state.is_main_process and held:
         print(f"Collective timeout: {held['0']:.0f} s (ddp_timeout) for every process group", flush=True)
