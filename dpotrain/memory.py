@@ -258,6 +258,12 @@ def model_state_bytes(engine: Engine, shape: ModelShape, world: int) -> tuple[in
     fine-tuning) and adds 4 bytes x the largest layer for the parameters it gathers. FSDP2 under accelerate keeps
     trained parameters in fp32 (4), their gradients in fp32 (4) and Adam's moments (8), all sharded; frozen ones
     (LoRA's base) as loaded. One process or DDP: everything whole, Adam's moments in the weights' dtype.
+
+    Between a step's micro-batches each engine holds its gradients as counted here: ZeRO-2 its bf16 gradient
+    partition (`grads_in_partition`, the 2 of DeepSpeed's 18; the fp32 copy, 4 more, exists at the step), ZeRO-3 its
+    fp32 gradient partition (`grad_partitions_flat_buffer`, 4 of the 16), FSDP2 its fp32 sharded gradients (4 of the
+    16): it reduce-scatters every micro-batch (`Engine.defers_gradient_sync`) instead of keeping every layer's
+    unsharded bf16 gradient, which would add 2 bytes x parameters per GPU. DDP keeps its full gradients anyway.
     """
     p, t, n, L = shape.params, shape.trainable, world, shape.largest_layer
     frozen = p - t
@@ -278,9 +284,9 @@ def model_state_bytes(engine: Engine, shape: ModelShape, world: int) -> tuple[in
 
 
 def engine_buffer_bytes(engine: Engine, shape: ModelShape) -> int:
-    """Beside the model states: DeepSpeed's reduce buckets (bf16; two with overlap_comm under ZeRO-2), FSDP2's
-    unsharded bf16 working set (the LM head kept from forward to backward, the layer computing and the one prefetched,
-    and the unsharded gradients of the head and of one layer before their reduce-scatter)."""
+    """Beside the model states: DeepSpeed's reduce buckets (bf16, kept between micro-batches; two with overlap_comm
+    under ZeRO-2), FSDP2's unsharded bf16 working set (the LM head kept from forward to backward, the layer computing
+    and the one prefetched, and the unsharded gradients of the head and of one layer before their reduce-scatter)."""
     if engine.name in ("zero2", "zero3"):
         bucket = engine.reduce_bucket if engine.reduce_bucket is not None else shape.hidden**2  # transformers' auto
         return bucket * BF16 * (2 if engine.name == "zero2" and engine.overlap_comm else 1)
