@@ -56,7 +56,7 @@ def assert_every_group_has_the_recipes_timeout(log: str) -> None:
 @pytest.mark.parametrize("config", ["accelerate_config.yaml", "configs/accelerate/zero3.yaml"])
 def test_every_deepspeed_process_group_has_ddp_timeout(config, tmp_path, tiny_model_dir, pairs):
     """ZeRO-2 and ZeRO-3 (DeepSpeed makes a group of its own in `deepspeed.initialize`, after start-up)."""
-    log = launch(config, tmp_path / "run", tiny_model_dir, pairs, "--max_steps", "1", "--save_strategy", "no")
+    log = launch(config, tmp_path / "run", tiny_model_dir, pairs, "--max_steps", "2", "--save_strategy", "no")
     assert_every_group_has_the_recipes_timeout(log)
 
 
