@@ -86,7 +86,7 @@ def main() -> None:
                          num_attention_heads=8, num_key_value_heads=8, num_hidden_layers=args.layers)  # fmt: skip
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(config)
-    params = sum(p.numel() for p in model.parameters())
+    params = sum(getattr(p, "ds_numel", p.numel()) for p in model.parameters())  # ZeRO-3 creates them partitioned
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5)
     model, optimizer = accelerator.prepare(model, optimizer)
     for step in range(2):
@@ -106,7 +106,7 @@ def main() -> None:
         optimizer.step()
         optimizer.zero_grad()
         seconds = time.perf_counter() - start
-    if accelerator.is_main_process:
+    if int(os.environ.get("RANK", "0")) == 0:
         record = {"engine": run_engine.name, "deferred": defer, "parameters": params, "world": world,
                   "held_gradient_bytes": held, "planned_gradient_bytes": planned_gradient_bytes(run_engine.name,
                   params, world), "step_seconds": round(seconds, 2)}  # fmt: skip
