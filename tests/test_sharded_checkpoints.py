@@ -2,6 +2,7 @@
 torch in the launched processes), FSDP2 checkpoints are sharded (each rank writes its own part) and resume exactly, and
 the final model is one plain HF safetensors folder. Real `accelerate launch`es of 2 CPU processes (gloo)."""
 
+import json
 import os
 import re
 import shutil
@@ -102,3 +103,25 @@ def test_an_fsdp2_launch_whose_rank_0_writes_whole_checkpoints_is_refused(value,
         engine.launched()
     monkeypatch.setenv("FSDP_STATE_DICT_TYPE", "SHARDED_STATE_DICT")
     assert engine.launched().name == "fsdp2"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("config", ["accelerate_config.yaml", "configs/accelerate/zero3.yaml",
+                                    "configs/accelerate/fsdp2.yaml"])  # fmt: skip
+def test_gradients_held_between_micro_batches_are_what_the_plan_counts(config):
+    """benchmarks/between_micro_batches.py under each engine: after a step's first micro-batch, the gradients a
+    process holds are at most what the plan counts among its model states (ZeRO-2's partition may hold a parameter
+    that straddles its boundary whole: 5%); FSDP2 holds no unsharded gradient between micro-batches."""
+    bin_dir = os.path.dirname(sys.executable)
+    cmd = [os.path.join(bin_dir, "accelerate"), "launch", "--config_file", str(ROOT / config), "--num_processes", "2",
+           str(ROOT / "benchmarks" / "between_micro_batches.py"), "--layers", "2", "--hidden", "256"]  # fmt: skip
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}
+    result = subprocess.run(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            timeout=600)  # fmt: skip
+    assert result.returncode == 0, result.stdout[-4000:]
+    record = json.loads(next(line for line in result.stdout.splitlines() if line.startswith("{")))
+    held = record["held_gradient_bytes"]
+    assert record["deferred"] is False and record["world"] == 2
+    assert 0 < sum(held.values()) <= 1.05 * record["planned_gradient_bytes"], record
+    if "unsharded" in held:
+        assert held["unsharded"] == 0, record
