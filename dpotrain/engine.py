@@ -217,8 +217,9 @@ def start_processes(timeout_s: int, backend: str | None = None):
     default of 10 minutes, and the Trainer's `ddp_timeout` no longer applies (TrainingArguments finds the group made
     and keeps it). Anything one rank does alone for longer than the timeout — the final model's write, a large data
     set tokenized main process first — ends the job while the other ranks wait at a barrier. Groups made later
-    (DeepSpeed makes its own data-parallel group in `deepspeed.initialize`) take torch's default, read from
-    `distributed_c10d` at each `new_group`: that default becomes the recipe's too."""
+    (DeepSpeed makes its own data-parallel group in `deepspeed.initialize`) take torch's default, which
+    `distributed_c10d._get_default_timeout` reads from its module at each `new_group` (torch 2.13): that default
+    becomes the recipe's too. tests/test_sharded_checkpoints.py reads every group's timeout back."""
     from datetime import timedelta
 
     import torch.distributed.distributed_c10d as c10d
@@ -229,9 +230,9 @@ def start_processes(timeout_s: int, backend: str | None = None):
     # As TrainingArguments would make it (`ddp_backend`: gloo on CPU-only nodes, dpotrain/config.py; DeepSpeed picks
     # its own).
     state = PartialState(timeout=timeout, **({"backend": backend} if backend else {}))
-    held = group_timeouts()
-    if state.is_main_process and held:
-        print(f"Collective timeout: {held['0']:.0f} s (ddp_timeout) for every process group", flush=True)
+    if c10d.is_initialized() and c10d.get_rank() == 0:  # torch's rank: accelerate's is not settled yet on CPU
+        held = group_timeouts()[c10d._world.pg_names[c10d._get_default_group()]]
+        print(f"Collective timeout: {held:.0f} s (ddp_timeout) for every process group", flush=True)
     return state
 
 
