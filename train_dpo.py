@@ -69,7 +69,7 @@ def run(argv, stop: GracefulStop) -> int | None:
     samples.check_values(recipe.project)
     options.check_options(recipe)  # options TRL would fail on, or ignore, only after loading the model
     lora.check_lora(recipe)
-    engine.launched()  # an engine this project does not support is refused here (dpotrain/engine.py)
+    run_engine = engine.launched()  # an engine this project does not support is refused here (dpotrain/engine.py)
     resolve.fill_defaults(recipe)
     if recipe.project.preflight:  # the base model's view of the data, instead of training (dpotrain/preflight.py)
         from dpotrain import preflight
@@ -93,7 +93,7 @@ def run(argv, stop: GracefulStop) -> int | None:
         return
     # The same memory plan as the dry run that scripts/launch.sh makes, for the engine this process runs under: a job
     # started with `accelerate launch` by hand is refused here too, before anything loads.
-    derived["memory"] = memory.plan(recipe, world, memory.launched_engine())
+    derived["memory"] = memory.plan(recipe, world, run_engine)
     only_reference = recipe.project.reference_only  # the reference stage alone: no output folder, W&B or push
     if not resolve.uses_live_reference(recipe):
         reference.check_writable()  # the reference stage saves as it goes
@@ -108,9 +108,8 @@ def run(argv, stop: GracefulStop) -> int | None:
     plan = resolve.OutputPlan(None, False) if only_reference else resolve.check_output_dir(recipe, pairs_per_step)
     offline.check_offline_artifacts(recipe)  # with HF_HUB_OFFLINE: model, tokenizer and data set must be cached
 
-    from accelerate import PartialState
-
-    state = PartialState()
+    # The first process group, with every collective's timeout.
+    state = engine.start_processes(training.ddp_timeout, None if run_engine.deepspeed else training.ddp_backend)
     out = Path(training.output_dir)
     dataset = data.load_preference_dataset(
         script.dataset_name, script.dataset_train_split, script.dataset_config, streaming=script.dataset_streaming

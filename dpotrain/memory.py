@@ -15,15 +15,12 @@ Parameter counts come from the model's config alone: the model is built on the m
 """
 
 import copy
-import json
 import math
 import warnings
 from dataclasses import dataclass
-from pathlib import Path
-
-import yaml
 
 from .builtin import PROJECT_ROOT
+from .engine import LAUNCHED, Engine, from_config
 from .errors import ConfigError
 
 GIB = 2**30
@@ -48,94 +45,6 @@ SHIPPED = {
     "fsdp2": "configs/accelerate/fsdp2.yaml",
 }
 MAX_NODES = 16  # how far a refusal looks for a node count that fits
-
-
-@dataclass
-class Engine:
-    kind: str  # zero2 | zero3 | fsdp2 | ddp | single
-    source: str  # the file(s) it was read from
-    gpus_per_node: int = 1
-    offload_optimizer: bool = False
-    offload_params: bool = False
-    reduce_bucket: int | None = None  # DeepSpeed's reduce_bucket_size in elements; None: "auto" (hidden^2)
-    overlap_comm: bool = False
-
-
-def read_engine(accelerate_config: str) -> Engine:
-    """The engine an accelerate config file selects. Never raises: an engine plans do not cover is kind 'unplanned',
-    with the reason in `source`."""
-    if accelerate_config.lower() in ("", "none"):
-        return Engine("single", "no launcher (python train_dpo.py)")
-    path = Path(accelerate_config)
-    if not path.is_file():
-        return Engine("unplanned", f"accelerate config {accelerate_config!r} not found")
-    config = yaml.safe_load(path.read_text()) or {}
-    per_node = max(int(config.get("num_processes", 1)) // max(int(config.get("num_machines", 1)), 1), 1)
-    kind = str(config.get("distributed_type", "NO")).upper()
-    if kind == "DEEPSPEED":
-        ds = config.get("deepspeed_config") or {}
-        ds_file = ds.get("deepspeed_config_file")
-        if ds_file:  # relative to where jobs start (the project root), as accelerate reads it
-            ds_path = Path(ds_file) if Path(ds_file).is_file() else PROJECT_ROOT / ds_file
-            if not ds_path.is_file():
-                return Engine("unplanned", f"DeepSpeed config {ds_file!r} ({accelerate_config}) not found")
-            return _deepspeed_file(ds_path, per_node, f"{accelerate_config} -> {ds_file}")
-        else:  # the settings inline in the accelerate config
-            stage = int(ds.get("zero_stage", 0))
-            off_opt = ds.get("offload_optimizer_device", "none") != "none"
-            off_par = ds.get("offload_param_device", "none") != "none"
-            bucket, overlap, source = int(5e8), stage == 3, accelerate_config
-        if stage not in (2, 3):
-            return Engine("unplanned", f"DeepSpeed ZeRO stage {stage} ({accelerate_config}): plans cover stages 2, 3")
-        return Engine(f"zero{stage}", source, per_node, off_opt, off_par, bucket, overlap)
-    if kind == "FSDP":
-        fsdp = config.get("fsdp_config") or {}
-        if int(fsdp.get("fsdp_version", 1)) != 2:
-            return Engine("unplanned", f"FSDP version 1 ({accelerate_config}): plans cover FSDP2 (fsdp_version: 2)")
-        return Engine("fsdp2", accelerate_config, per_node, offload_params=bool(fsdp.get("fsdp_offload_params")))
-    if kind == "MULTI_GPU":
-        return Engine("ddp", accelerate_config, per_node)
-    if kind == "NO":
-        return Engine("single", accelerate_config)
-    return Engine("unplanned", f"distributed_type {kind} ({accelerate_config}) is not one plans cover")
-
-
-def _deepspeed_file(path: Path, per_node: int, source: str) -> Engine:
-    zero = json.loads(path.read_text()).get("zero_optimization", {})
-    stage = int(zero.get("stage", 0))
-    if stage not in (2, 3):
-        return Engine("unplanned", f"DeepSpeed ZeRO stage {stage} ({source}): plans cover stages 2, 3")
-    off_opt = zero.get("offload_optimizer", {}).get("device", "none") not in ("none", None)
-    off_par = zero.get("offload_param", {}).get("device", "none") not in ("none", None)
-    bucket = zero.get("reduce_bucket_size", 5e8)  # DeepSpeed's default
-    bucket = None if bucket == "auto" else int(float(bucket))
-    overlap = bool(zero.get("overlap_comm", stage == 3))
-    return Engine(f"zero{stage}", source, per_node, off_opt, off_par, bucket, overlap)
-
-
-LAUNCHED = "this launch"  # the source of an engine read from the environment `accelerate launch` sets
-
-
-def launched_engine() -> Engine:
-    """The engine this process runs under, from the environment `accelerate launch` sets (it does not pass on the
-    config file's path): what a run plans for when it was launched without scripts/launch.sh's dry run."""
-    import os
-
-    from . import engine as launch
-
-    kind, env = launch.launched().name, os.environ.get
-    per_node = int(env("LOCAL_WORLD_SIZE", "1"))
-    if kind in ("zero2", "zero3"):
-        ds_file = env("ACCELERATE_DEEPSPEED_CONFIG_FILE") or "none"
-        if ds_file != "none" and Path(ds_file).is_file():
-            return _deepspeed_file(Path(ds_file), per_node, f"{LAUNCHED} -> {ds_file}")
-        offload = [
-            env(f"ACCELERATE_DEEPSPEED_OFFLOAD_{part}_DEVICE", "none") != "none" for part in ("OPTIMIZER", "PARAM")
-        ]
-        return Engine(kind, LAUNCHED, per_node, *offload, int(5e8), kind == "zero3")
-    if kind == "fsdp2":
-        return Engine(kind, LAUNCHED, per_node, offload_params=env("FSDP_OFFLOAD_PARAMS", "false").lower() == "true")
-    return Engine(kind, LAUNCHED, per_node)
 
 
 # --- the model, from its config only ---
@@ -353,33 +262,39 @@ def model_state_bytes(engine: Engine, shape: ModelShape, world: int) -> tuple[in
     fine-tuning) and adds 4 bytes x the largest layer for the parameters it gathers. FSDP2 under accelerate keeps
     trained parameters in fp32 (4), their gradients in fp32 (4) and Adam's moments (8), all sharded; frozen ones
     (LoRA's base) as loaded. One process or DDP: everything whole, Adam's moments in the weights' dtype.
+
+    Between a step's micro-batches each engine holds its gradients as counted here: ZeRO-2 its bf16 gradient
+    partition (`grads_in_partition`, the 2 of DeepSpeed's 18; the fp32 copy, 4 more, exists at the step), ZeRO-3 its
+    fp32 gradient partition (`grad_partitions_flat_buffer`, 4 of the 16), FSDP2 its fp32 sharded gradients (4 of the
+    16): it reduce-scatters every micro-batch (`Engine.defers_gradient_sync`) instead of keeping every layer's
+    unsharded bf16 gradient, which would add 2 bytes x parameters per GPU. DDP keeps its full gradients anyway.
     """
     p, t, n, L = shape.params, shape.trainable, world, shape.largest_layer
     frozen = p - t
-    if engine.kind == "zero2":
+    if engine.name == "zero2":
         sharded = 0 if engine.offload_optimizer else int(18 * t / n)
         return BF16 * p + sharded, f"2 x {p:,} + 18 x {t:,} / {n} (DeepSpeed's ZeRO-2 estimate)"
-    if engine.kind == "zero3":
+    if engine.name == "zero3":
         sharded = (0 if engine.offload_params else BF16 * p) + (0 if engine.offload_optimizer else 16 * t)
         return 4 * L + int(sharded / n), f"4 x {L:,} + (2 x {p:,} + 16 x {t:,}) / {n} (DeepSpeed's ZeRO-3 estimate)"
-    if engine.kind == "fsdp2":
+    if engine.name == "fsdp2":
         if engine.offload_params:
             return 0, "0 (fsdp_offload_params: parameters, gradients and optimizer state on the CPU)"
         formula = f"(16 x {t:,} + {shape.load_bytes} x {frozen:,}) / {n}"
         return int((16 * t + shape.load_bytes * frozen) / n), formula
     w = shape.load_bytes  # the weights as loaded; the gradients and Adam's moments alike
-    copies = 5 if engine.kind == "ddp" else 4  # DDP also keeps a copy of the gradients in its buckets
+    copies = 5 if engine.name == "ddp" else 4  # DDP also keeps a copy of the gradients in its buckets
     return copies * w * t + w * frozen, f"{copies} x {w} x {t:,} + {w} x {frozen:,}"
 
 
 def engine_buffer_bytes(engine: Engine, shape: ModelShape) -> int:
-    """Beside the model states: DeepSpeed's reduce buckets (bf16; two with overlap_comm under ZeRO-2), FSDP2's
-    unsharded bf16 working set (the LM head kept from forward to backward, the layer computing and the one prefetched,
-    and the unsharded gradients of the head and of one layer before their reduce-scatter)."""
-    if engine.kind in ("zero2", "zero3"):
+    """Beside the model states: DeepSpeed's reduce buckets (bf16, kept between micro-batches; two with overlap_comm
+    under ZeRO-2), FSDP2's unsharded bf16 working set (the LM head kept from forward to backward, the layer computing
+    and the one prefetched, and the unsharded gradients of the head and of one layer before their reduce-scatter)."""
+    if engine.name in ("zero2", "zero3"):
         bucket = engine.reduce_bucket if engine.reduce_bucket is not None else shape.hidden**2  # transformers' auto
-        return bucket * BF16 * (2 if engine.kind == "zero2" and engine.overlap_comm else 1)
-    if engine.kind == "fsdp2":
+        return bucket * BF16 * (2 if engine.name == "zero2" and engine.overlap_comm else 1)
+    if engine.name == "fsdp2":
         layer_trainable = shape.decoder_layer if shape.trainable == shape.params else shape.trainable // shape.layers
         head_grad = shape.lm_head if shape.lm_head_trains else 0
         return BF16 * (shape.lm_head + 2 * shape.decoder_layer + head_grad + layer_trainable)
@@ -447,8 +362,8 @@ class Plan:
 def plan(recipe, world: int, engine: Engine | None = None) -> dict:
     """derived.memory: for `engine`, else the recipe's accelerate config (a dry run); a ConfigError when the GPU memory
     is known and the plan does not fit it."""
-    engine = engine or read_engine(recipe.project.accelerate_config)
-    if engine.kind == "unplanned":
+    engine = engine or from_config(recipe.project.accelerate_config)
+    if engine.name == "unplanned":
         return {"skipped": engine.source}
     if not (recipe.training.bf16 or recipe.training.fp16):
         return {"skipped": "planned for bf16 mixed precision (bf16: true), as on GPUs; this recipe trains in fp32"}
@@ -472,7 +387,7 @@ def plan(recipe, world: int, engine: Engine | None = None) -> dict:
     chosen = for_engine(engine, world)
     gpu, gpu_source = gpu_memory(recipe)
     record = {
-        "engine": f"{NAMES[engine.kind]} ({engine.source})",
+        "engine": f"{NAMES[engine.name]} ({engine.source})",
         "world_size": world,
         "gpu_memory_gib": round(gpu, 1) if gpu else None,
         "gpu_memory_source": gpu_source,
@@ -516,14 +431,14 @@ def _refusal(recipe, chosen: Plan, gpu: float, gpu_source: str, for_engine, toke
     pairs = recipe.project.pairs_per_step or math.inf
     options = []
     for kind in ("zero2", "zero3", "fsdp2"):
-        alternative = e if kind == e.kind else read_engine(str(PROJECT_ROOT / SHIPPED[kind]))
+        alternative = e if kind == e.name else from_config(str(PROJECT_ROOT / SHIPPED[kind]))
         for nodes in range(1, MAX_NODES + 1):
             n = nodes * per_node
             if n > pairs:  # each process needs a pair per step
                 break
-            if (kind, n) != (e.kind, world) and for_engine(alternative, n).total <= gpu * GIB:
+            if (kind, n) != (e.name, world) and for_engine(alternative, n).total <= gpu * GIB:
                 launched = e.source.startswith(LAUNCHED)  # the config file is not known: name the shipped one
-                config = recipe.project.accelerate_config if kind == e.kind and not launched else SHIPPED[kind]
+                config = recipe.project.accelerate_config if kind == e.name and not launched else SHIPPED[kind]
                 launch = f"ACCELERATE_CONFIG={config} sbatch --nodes={nodes}"
                 options.append(f"{NAMES[kind]} fits on {n} GPUs ({nodes} node{'s' * (nodes > 1)}: {launch})")
                 break
@@ -541,6 +456,6 @@ def _refusal(recipe, chosen: Plan, gpu: float, gpu_source: str, for_engine, toke
     if not options:
         options.append(f"nothing shipped fits on up to {MAX_NODES} nodes: train a LoRA adapter (--use_peft true) or "
                        "lower max_length")  # fmt: skip
-    return (f"memory plan: {NAMES[e.kind]} on {world} GPU{'s' * (world > 1)} needs ~{_gib(chosen.total)} GiB per GPU "
+    return (f"memory plan: {NAMES[e.name]} on {world} GPU{'s' * (world > 1)} needs ~{_gib(chosen.total)} GiB per GPU "
             f"({parts}), more than the {gpu:.1f} GiB GPU ({gpu_source}): {'; '.join(options)} (the plan is an "
             "estimate: --memory_check false runs anyway)")  # fmt: skip

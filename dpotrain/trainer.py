@@ -202,6 +202,16 @@ class RecipeDPOTrainer(DPOTrainer):
         finally:
             dpo.create_model_from_path = load
 
+    def save_model(self, output_dir=None, _internal_call=False):
+        """The final model under FSDP2, as a plain HF folder written once: every rank takes part in gathering the full
+        state dict (accelerate's `get_state_dict`), the main process writes it as safetensors. transformers writes no
+        weights there with SHARDED_STATE_DICT, the state dict type checkpoints use (`engine.launched`); checkpoints
+        (`_internal_call`) stay sharded: each rank writes its own shard (torch.distributed.checkpoint)."""
+        if self.is_fsdp_enabled and not _internal_call:
+            self._save(output_dir, state_dict=self.accelerator.get_state_dict(self.model))
+            return
+        super().save_model(output_dir, _internal_call)
+
     def _save_checkpoint(self, model, trial):
         start = time.monotonic()
         if self.is_world_process_zero():
@@ -292,16 +302,15 @@ class RecipeDPOTrainer(DPOTrainer):
 
     # --- one optimizer step: its micro-batches, the accumulation boundary on the last -------------------------------
     def training_step(self, model, inputs, num_items_in_batch=None):
-        from accelerate.utils import DistributedType
-
         micro_batches = inputs["micro_batches"]
         total = 0.0
         for i, micro_batch in enumerate(micro_batches):
             last = i == len(micro_batches) - 1
             # DeepSpeed's engine takes the boundary from accelerate (set_gradient_accumulation_boundary) and reduces
-            # at every backward; other engines skip the gradient sync until the last micro-batch.
+            # at every backward; FSDP2 reduces at every backward too, DDP skips the sync until the last micro-batch
+            # (`Engine.defers_gradient_sync`: what each holds in between).
             self.accelerator.gradient_state._set_sync_gradients(last)
-            defer = not last and self.accelerator.distributed_type != DistributedType.DEEPSPEED
+            defer = not last and self.engine.defers_gradient_sync
             with self.accelerator.no_sync(model) if defer else contextlib.nullcontext():
                 total = total + super().training_step(model, micro_batch, num_items_in_batch)
         return total

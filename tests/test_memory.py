@@ -3,6 +3,7 @@ what autograd really keeps, a plan that cannot fit is refused with what would fi
 accelerate's and DeepSpeed's own code. Models are configs shaped like OLMo 3 7B and 32B, saved locally (no weights)."""
 
 import contextlib
+import dataclasses
 import io
 import json
 import os
@@ -13,6 +14,7 @@ import pytest
 import torch
 
 from conftest import ROOT, run_train
+from dpotrain import engine as engines
 from dpotrain import memory
 from dpotrain.config import parse_args
 from dpotrain.errors import ConfigError
@@ -58,9 +60,7 @@ def shape_of(model_dir, *args):
 
 
 def engine(path: str, **changes):
-    e = memory.read_engine(str(ROOT / path))
-    e.__dict__.update(changes)
-    return e
+    return dataclasses.replace(engines.from_config(str(ROOT / path)), **changes)
 
 
 # --- model states against DeepSpeed's estimators ---
@@ -235,11 +235,11 @@ def test_a_hub_model_not_on_this_machine_skips_the_plan():
 
 
 def test_engines_read_from_accelerate_configs():
-    assert memory.read_engine(str(ROOT / "accelerate_config.yaml")).kind == "zero2"
-    assert memory.read_engine(str(ROOT / ZERO3)).kind == "zero3"
-    assert memory.read_engine(str(ROOT / FSDP2)).kind == "fsdp2"
-    assert memory.read_engine("none").kind == "single"
-    assert memory.read_engine("missing.yaml").kind == "unplanned"
+    assert engines.from_config(str(ROOT / "accelerate_config.yaml")).name == "zero2"
+    assert engines.from_config(str(ROOT / ZERO3)).name == "zero3"
+    assert engines.from_config(str(ROOT / FSDP2)).name == "fsdp2"
+    assert engines.from_config("none").name == "single"
+    assert engines.from_config("missing.yaml").name == "unplanned"
 
 
 @pytest.mark.slow
@@ -278,7 +278,7 @@ def test_a_run_launched_by_hand_plans_for_the_engine_it_runs_under(olmo3, tmp_pa
     assert last.startswith("error: memory plan: DeepSpeed ZeRO-2 on 1 GPU needs"), last
     assert "ACCELERATE_CONFIG=configs/accelerate/zero3.yaml sbatch --nodes=2" in last
     assert not (tmp_path / "run").exists()  # refused before the output folder, a data set or a model
-    assert memory.launched_engine().kind == "single"  # this test process: no launcher
+    assert engines.launched().name == "single"  # this test process: no launcher
 
 
 @no_gpu
@@ -338,7 +338,7 @@ def test_fsdp2_config_becomes_accelerates_fsdp2_plugin(monkeypatch):
     plugin = FullyShardedDataParallelPlugin()
     assert plugin.fsdp_version == 2 and plugin.reshard_after_forward is True
     assert plugin.cpu_ram_efficient_loading is True  # rank 0 reads the weights, the others get their shards
-    assert str(plugin.state_dict_type) == "StateDictType.FULL_STATE_DICT"
+    assert str(plugin.state_dict_type) == "StateDictType.SHARDED_STATE_DICT"  # each rank writes its checkpoint shard
     assert plugin.auto_wrap_policy.__name__ == "transformer_auto_wrap_policy"
     assert plugin.activation_checkpointing is False  # the recipe's activation_checkpointing decides
 
