@@ -383,9 +383,11 @@ def run(recipe, sample_size: int = DEFAULT_SAMPLE, seed: int | None = None, json
         dataset = row_reading.usable_pairs(dataset, recipe.project.skip_invalid, {}, "invalid_rows",
                                            recipe.project.hh_format)  # fmt: skip
     if recipe.max_length_auto:  # as training resolves it (the analyzer's cached report when there is one)
-        from accelerate import PartialState
+        from . import engine
 
-        resolve.auto_max_length(recipe, dataset, PartialState())
+        t, run_engine = recipe.training, engine.launched()  # the recipe's collective timeout, as training's
+        state = engine.start_processes(t.ddp_timeout, None if run_engine.deepspeed else t.ddp_backend)
+        resolve.auto_max_length(recipe, dataset, state)
     rows, duplicates, identical = pair_keys(dataset) if not script.dataset_streaming else (None, None, None)
     sample = sample_rows(dataset, sample_size, seed)
     if rows is None:  # a stream: judge duplicates on the sample
