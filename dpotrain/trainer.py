@@ -424,14 +424,14 @@ class RecipeDPOTrainer(DPOTrainer):
         stand_in, padded_batch = self._stand_in(model, batch)
         return self.compute_ref_log_probs(stand_in, padded_batch)
 
-    @staticmethod
-    def _stand_in(model, batch: dict):
+    def _stand_in(self, model, batch: dict):
         """What answers TRL's model call for this micro-batch, and the padded `[2B, L]` inputs TRL reads: the packed
-        forward (packing.py) or the grouped padded one (padded.py)."""
+        forward (packing.py) or the grouped padded one (padded.py), its group count agreed over the ranks where the
+        weights are sharded."""
         if packing.is_packed(batch):
             return packing.PackedModel(model, batch), packing.padded_view(batch)
         batch = dict(batch)
-        return padded.GroupedModel(model, batch.pop("row_groups", None)), batch
+        return padded.GroupedModel(model, batch.pop("row_groups", None), self.forward_needs_every_rank()), batch
 
     # --- hybrids whose kernels take sequence boundaries pack only once their own model and pairs agree -----------
     def check_packing(self, explicit: bool) -> None:
@@ -495,8 +495,8 @@ class RecipeDPOTrainer(DPOTrainer):
         # logged beside the total (`dpo_loss`), and the health guards judge it.
         loss = result[0] if return_outputs else result
         router = self.router_aux_loss_coef * stand_in.outputs.aux_loss if self.aux_loss_enabled else None
-        if "row_groups" in inputs:  # the positions the grouped padded forward ran
-            positions = padded.positions(inputs["attention_mask"].sum(dim=1).tolist(), inputs["row_groups"])
+        if isinstance(stand_in, padded.GroupedModel):  # the positions the grouped padded forward ran
+            positions = stand_in.positions
         else:
             positions = inputs["input_ids"].numel()
         self.pair_metrics.add(

@@ -1,0 +1,125 @@
+"""Every engine, every forward, the reference scored or reused: the same collectives on every rank.
+
+{ZeRO-2, ZeRO-3, FSDP2} x {packed with shared prompts, packed, padded} x {reference scored in the run, reference reused
+from an earlier run}, each a real `accelerate launch` of 2 gloo processes with the shipped engine config, samples at
+step 0 and evaluation on: per-step losses and evaluation equal to one process (1e-4). Each launch is bounded in time:
+a rank left waiting in a collective fails its test with the output so far, its process group killed, instead of
+stalling the suite.
+
+The fast part (CI) is the padded forward under ZeRO-3 and FSDP2 with a reused reference: the path whose ranks used to
+run different numbers of forwards (each picked its row groups alone), and the one whose samples at step 0 left ZeRO-3
+unable to train at step 1 when no reference scoring ran before them. The rest is `slow`.
+"""
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import datasets
+import pytest
+
+from conftest import ROOT
+from dpotrain import builtin
+
+ENGINES = {"zero2": "accelerate_config.yaml", "zero3": "configs/accelerate/zero3.yaml",
+           "fsdp2": "configs/accelerate/fsdp2.yaml"}  # fmt: skip
+FORWARDS = {"shared": [], "packed": ["--share_prompt", "false"], "padded": ["--padding_free", "false"]}
+FORWARD_RECORD = {"shared": "packed, prompts shared", "packed": "packed", "padded": "padded"}
+RUN = ["--max_steps", "3", "--logging_steps", "1", "--save_strategy", "no", "--report_to", "none",
+       "--eval_strategy", "steps", "--eval_steps", "2", "--samples_every", "2", "--sample_count", "2",
+       "--sample_max_new_tokens", "6"]  # fmt: skip
+LIMIT_S = 360  # per launch; a 2-process run takes ~1 min on 2 busy cores
+FAST = {("zero3", "padded", "reused"), ("fsdp2", "padded", "reused")}
+CASES = [pytest.param(e, f, r, marks=() if (e, f, r) in FAST else pytest.mark.slow, id=f"{e}-{f}-{r}")
+         for e in ENGINES for f in FORWARDS for r in ("scored", "reused")]  # fmt: skip
+
+
+def launch(out, cache, model_dir, data, *args, config=None, limit=LIMIT_S) -> str:
+    """`train_dpo.py` with the smoke recipe, one process or 2 through `accelerate launch`; its output. Killed with its
+    whole process group (launcher and ranks) past `limit` seconds: the test fails, naming the hang."""
+    launcher = [sys.executable]
+    if config:
+        launcher = [str(ROOT / ".venv" / "bin" / "accelerate"), "launch", "--config_file", str(ROOT / config),
+                    "--num_processes", "2"]  # fmt: skip
+    path = f"{os.path.dirname(sys.executable)}:{os.environ['PATH']}"
+    env = {**os.environ, "DPOTRAIN_CACHE": str(cache), "PATH": path}
+    cmd = [*launcher, str(ROOT / "train_dpo.py"), "--config", str(ROOT / "configs" / "smoke.yaml"),
+           "--model_name_or_path", model_dir, "--dataset_name", str(data), "--output_dir", str(out), *args]  # fmt: skip
+    start = time.monotonic()
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)  # fmt: skip
+    try:
+        log, _ = proc.communicate(timeout=limit)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        log, _ = proc.communicate()
+        pytest.fail(f"{' '.join(args)} under {config or 'one process'} did not finish in {limit} s (a rank waiting in "
+                    f"a collective the others never run?): killed\n{log[-3000:]}")  # fmt: skip
+    assert proc.returncode == 0, log[-4000:]
+    print(f"{config or 'one process'} {' '.join(args)}: {time.monotonic() - start:.0f} s")
+    return log
+
+
+@pytest.fixture(scope="module")
+def splits(tmp_path_factory):
+    """A saved DatasetDict with a held-out split (evaluation needs one)."""
+    rows = builtin.make_preference_rows(60, seed=13)
+    path = tmp_path_factory.mktemp("data") / "pairs"
+    datasets.DatasetDict({"train": datasets.Dataset.from_list(rows[:48]),
+                          "test": datasets.Dataset.from_list(rows[48:])}).save_to_disk(path)  # fmt: skip
+    return path
+
+
+@pytest.fixture(scope="module")
+def one_process(tmp_path_factory, tiny_model_dir, splits):
+    """One process per forward, run on first use: its output folder and its reference cache (scored in the run)."""
+    folder, runs = tmp_path_factory.mktemp("one"), {}
+
+    def run(forward: str):
+        if forward not in runs:
+            out, cache = folder / forward, folder / f"{forward}-cache"
+            launch(out, cache, tiny_model_dir, splits, *RUN, *FORWARDS[forward])
+            runs[forward] = out, cache
+        return runs[forward]
+
+    return run
+
+
+def metrics(out) -> dict:
+    """{(step, "train" | "eval"): record} of metrics.jsonl."""
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    return {(r["step"], "eval" if "eval_loss" in r else "train"): r for r in records}
+
+
+def samples(out) -> list[dict]:
+    return [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.parametrize("engine, forward, reference", CASES)
+def test_two_processes_compute_what_one_process_computes(engine, forward, reference, tmp_path, tiny_model_dir, splits,
+                                                         one_process):  # fmt: skip
+    base, base_cache = one_process(forward)
+    cache = tmp_path / "cache"
+    if reference == "reused":  # the one-process run's cache: a rerun, or training after a --reference-only job
+        shutil.copytree(base_cache, cache)
+    out = tmp_path / "run"
+    log = launch(out, cache, tiny_model_dir, splits, *RUN, *FORWARDS[forward], config=ENGINES[engine])
+
+    assert ("all 48 pairs reused" in log) == (reference == "reused") and ("48 scored" in log) == (reference == "scored")
+    derived = json.loads((out / "resolved_config.json").read_text())["derived"]
+    assert derived["world_size"] == 2
+    assert derived["batching"]["forward"].startswith(FORWARD_RECORD[forward])
+    want, got = metrics(base), metrics(out)
+    assert list(got) == list(want) == [(1, "train"), (2, "train"), (2, "eval"), (3, "train")]
+    for key, record in want.items():
+        for metric in ("loss", "eval_loss", "rewards/margins", "eval_rewards/margins", "logps/chosen"):
+            if metric in record:
+                assert abs(got[key][metric] - record[metric]) <= 1e-4 * max(1, abs(record[metric])), (key, metric)
+    # Samples at step 0 (the base model, before any update) and at step 2, written once by the main process.
+    assert [s["step"] for s in samples(out)] == [0, 0, 2, 2]
+    assert [s["completion"] for s in samples(out)][:2] == [s["completion"] for s in samples(base)][:2]
+    assert (out / "model.safetensors").is_file()
