@@ -123,3 +123,58 @@ def test_two_processes_compute_what_one_process_computes(engine, forward, refere
     assert [s["step"] for s in samples(out)] == [0, 0, 2, 2]
     assert [s["completion"] for s in samples(out)][:2] == [s["completion"] for s in samples(base)][:2]
     assert (out / "model.safetensors").is_file()
+
+
+RANKS_SCRIPT = """
+import json, sys
+import torch, torch.distributed as dist
+from transformers import AutoModelForCausalLM
+from trl.trainer.utils import add_fused_lm_head
+from dpotrain import padded
+
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+model = AutoModelForCausalLM.from_pretrained(sys.argv[1], dtype=torch.float32)
+add_fused_lm_head(model)
+calls = []
+model.register_forward_pre_hook(lambda *args: calls.append(1))
+# rank 0: rows of very different lengths (several groups); rank 1: one pair of equal lengths (one group)
+lengths = [[90, 80, 61, 60, 33, 31, 9, 8], [20, 20]][rank]
+ids = torch.randint(5, 500, (len(lengths), max(lengths)), generator=torch.Generator().manual_seed(rank))
+mask = (torch.arange(max(lengths))[None] < torch.tensor(lengths)[:, None]).long()
+inputs = dict(input_ids=ids * mask, attention_mask=mask, labels=ids.masked_fill(mask == 0, -100), use_cache=False)
+runs = {}
+for lockstep in (False, True):
+    model.zero_grad()
+    calls.clear()
+    log_probs = padded.GroupedModel(model, padded.row_groups(lengths), lockstep)(fused_lm_head=True, **inputs).log_probs
+    log_probs.sum().backward()
+    runs[lockstep] = len(calls), log_probs.detach(), [p.grad.clone() for p in model.parameters()]
+(alone, lp_alone, grad_alone), (together, lp_together, grad_together) = runs[False], runs[True]
+print(json.dumps({"rank": rank, "alone": alone, "together": together,
+                  "log_probs": float((lp_alone - lp_together).abs().max()),
+                  "grads": max(float((a - b).abs().max()) for a, b in zip(grad_alone, grad_together))}), flush=True)
+dist.destroy_process_group()
+"""
+
+
+def test_padded_ranks_run_as_many_forwards_as_the_rank_that_wants_the_most(tmp_path, tiny_model_dir):
+    """Two gloo ranks, one with rows that cut into several groups and one with a single group: alone each runs its own
+    count (under ZeRO-3 or FSDP2, a hang); in lockstep both run the larger count, with the same log-probs and
+    gradients as alone, to kernel rounding (the fillers add zero)."""
+    script = tmp_path / "ranks.py"
+    script.write_text(RANKS_SCRIPT)
+    result = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29541", str(script),
+         tiny_model_dir],
+        cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    reports = sorted((json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")),
+                     key=lambda r: r["rank"])  # fmt: skip
+    assert [r["rank"] for r in reports] == [0, 1]
+    many, one = reports
+    assert one["alone"] == 1 < many["alone"]  # what each rank would run on its own
+    assert many["together"] == one["together"] == many["alone"]
+    for r in reports:
+        assert r["log_probs"] <= 1e-6 and r["grads"] <= 1e-5, r  # other row groups: other kernel shapes
