@@ -19,7 +19,8 @@ rank wants, and every rank cuts its rows into that many (the least padding for t
 groups runs its shortest row once more for each missing group, with its result multiplied by zero: its forward and
 backward gather what the other ranks' do, and add nothing. Keeping the groups (rather than one forward per micro-batch
 on sharded engines) keeps their saving in computed positions (~28% on Dolci-like data); each extra group costs one more
-gather of the weights in the forward and one in the backward, which the engines overlap with the layers' compute.
+gather of the weights in the forward and one in the backward, which the engines prefetch layer by layer behind the
+compute (a trade not yet measured on GPUs: a large model over a slow inter-node network may prefer fewer groups).
 """
 
 import numpy as np
