@@ -8,7 +8,10 @@ Samples go to `<output_dir>/samples.jsonl` and, when W&B runs, to a `samples` ta
 process) only the main process generates: every rank holds the full weights, and the others wait for it at the next
 collective. Under ZeRO-3 and FSDP2 no rank holds them, so every rank generates the same answers together (each forward
 gathers the weights from all of them; `synced_gpus` keeps them in step until the longest answer ends) and the main
-process writes them.
+process writes them. Generation runs the model's own LM head, which training's fused LM head never calls, so afterwards
+the engine is left as training expects (`leave_for_training`): ZeRO-3 forgets the order of modules it recorded while
+generating (it would fetch the LM head's weights ahead for a forward that reads them directly: "Cannot partition a param
+in flight" at the next training step), FSDP2 reshards the weights a forward leaves gathered.
 """
 
 import json
@@ -87,13 +90,15 @@ class SampleGenerator(TrainerCallback):
             ids = [list(x) for x in train_dataset.select(range(min(p.sample_count, len(train_dataset))))["prompt_ids"]]
         return cls(ids, tokenizer, p.samples_every, p.sample_max_new_tokens, p.sample_repetition_warn, every_rank)
 
-    def on_train_begin(self, args, state, control, model=None, **kwargs):
+    def on_train_begin(self, args, state, control, model=None, optimizer=None, **kwargs):
         if state.global_step == 0:  # the base model's answers, to compare later samples against
             self.generate(args, state, model)
+            leave_for_training(model, optimizer)
 
-    def on_step_end(self, args, state, control, model=None, **kwargs):
+    def on_step_end(self, args, state, control, model=None, optimizer=None, **kwargs):
         if state.global_step % self.every == 0:
             self.generate(args, state, model)
+            leave_for_training(model, optimizer)
 
     def generate(self, args, state, model) -> list[dict]:
         if not (state.is_world_process_zero or self.every_rank):
@@ -152,6 +157,30 @@ class SampleGenerator(TrainerCallback):
                 # commit=False: goes out with the Trainer's next log, at the same W&B step
                 wandb.log({"samples": table, "samples/max_repetition": max(r["repetition"] for r in records)},
                           commit=False)  # fmt: skip
+
+
+def leave_for_training(model, optimizer) -> None:
+    """After generating: the engine as the next training (or evaluation) forward expects it.
+
+    ZeRO-3 records the order in which modules fetch their weights and, once two forwards agree, prefetches along it.
+    Generating records the model's own forward, LM head module included; training's forward is TRL's fused LM head,
+    which reads the head's weight directly inside a gather of its own (`trl.trainer.utils.maybe_gather_lm_head_ctx`).
+    Following the generation's order, ZeRO-3 prefetches the head's weight, and that gather then finds it in flight:
+    "Cannot partition a param in flight". Forgetting the recorded order makes the next forward record its own, as TRL's
+    `unwrap_model_for_generation` does after generating (`trl.models.utils.add_hooks`).
+
+    FSDP2 reshards the units a forward leaves gathered (the root: embeddings, final norm, LM head), which would
+    otherwise stay in memory, unsharded, beside the training step's activations."""
+    offload = getattr(getattr(optimizer, "optimizer", optimizer), "parameter_offload", None)
+    coordinator = getattr(offload, "param_coordinator", None)  # DeepSpeed ZeRO-3 only
+    if coordinator is not None and not coordinator.is_invalid_trace():
+        coordinator._invalidate_trace()
+    if model is not None:
+        from torch.distributed.fsdp import FSDPModule
+
+        for module in model.modules():
+            if isinstance(module, FSDPModule):
+                module.reshard()
 
 
 def _read(path: Path) -> list[dict]:

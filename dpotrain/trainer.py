@@ -381,9 +381,8 @@ class RecipeDPOTrainer(DPOTrainer):
         stand_in, padded_batch = self._stand_in(model, batch)
         return self.compute_ref_log_probs(stand_in, padded_batch)
 
-    @staticmethod
-    def _stand_in(model, batch: dict):
-        return choice.stand_in(model, batch)
+    def _stand_in(self, model, batch: dict):
+        return choice.stand_in(model, batch, every_rank=self.forward_needs_every_rank())
 
     # --- hybrids whose kernels take sequence boundaries pack only once their own model and pairs agree -----------
     def check_packing(self, explicit: bool) -> None:
@@ -447,8 +446,8 @@ class RecipeDPOTrainer(DPOTrainer):
         # logged beside the total (`dpo_loss`), and the health guards judge it.
         loss = result[0] if return_outputs else result
         router = self.router_aux_loss_coef * stand_in.outputs.aux_loss if self.aux_loss_enabled else None
-        if "row_groups" in inputs:  # the positions the grouped padded forward ran
-            positions = padded.positions(inputs["attention_mask"].sum(dim=1).tolist(), inputs["row_groups"])
+        if isinstance(stand_in, padded.GroupedModel):  # the positions the grouped padded forward ran
+            positions = stand_in.positions
         else:
             positions = inputs["input_ids"].numel()
         if inputs.get(plan.FILLER):  # weighed 0 by compute_loss; nothing it computed is a metric

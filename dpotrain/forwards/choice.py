@@ -183,10 +183,11 @@ def collator(choice: ForwardChoice, args):
                 pad_to_multiple_of=multiple)  # fmt: skip
 
 
-def stand_in(model, batch: dict):
+def stand_in(model, batch: dict, every_rank: bool = False):
     """What answers TRL's model call for this micro-batch, and the padded `[2B, L]` inputs TRL reads: the packed
-    forward (packing.py) or the grouped padded one (padded.py)."""
+    forward (packing.py) or the grouped padded one (padded.py), its group count agreed over the ranks when every rank
+    must run each forward (`every_rank`: the weights are sharded)."""
     if packing.is_packed(batch):
         return packing.PackedModel(model, batch), packing.padded_view(batch)
     batch = dict(batch)
-    return padded.GroupedModel(model, batch.pop("row_groups", None)), batch
+    return padded.GroupedModel(model, batch.pop("row_groups", None), every_rank), batch
