@@ -148,6 +148,7 @@ def ranks_of(launcher_pid: int) -> list[int]:
 
 
 @pytest.mark.slow
+@pytest.mark.extended  # ~7 min: it builds DeepSpeed's op for real
 def test_a_lock_held_by_a_live_build_is_waited_for_not_refused(tmp_path, tiny_model_dir):
     """Both ranks pass the check while another process builds the op (they wait on its lock, using no CPU), and train
     once it is done."""

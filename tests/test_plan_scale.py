@@ -99,6 +99,7 @@ def test_the_plans_are_the_ones_recorded_before_planning_was_made_fast():
 
 
 @pytest.mark.slow
+@pytest.mark.extended  # the fast test checks a subset of the same recorded plans
 def test_every_recorded_plan_is_the_same():
     assert check_recorded(worlds=(1, 3, 16, 64, 128)) == len(RECORDED) == 315
 
