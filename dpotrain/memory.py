@@ -16,6 +16,7 @@ Parameter counts come from the model's config alone: the model is built on the m
 import copy
 import json
 import math
+import os
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -70,6 +71,9 @@ def read_engine(accelerate_config: str) -> Engine:
         return Engine("unplanned", f"accelerate config {accelerate_config!r} not found")
     config = yaml.safe_load(path.read_text()) or {}
     per_node = max(int(config.get("num_processes", 1)) // max(int(config.get("num_machines", 1)), 1), 1)
+    # The job's GPUs per node, when given (scripts/launch.sh: from --gpus-per-node), over the config's: what a refusal
+    # counts nodes in.
+    per_node = int(os.environ.get("GPUS_PER_NODE") or 0) or per_node
     kind = str(config.get("distributed_type", "NO")).upper()
     if kind == "DEEPSPEED":
         ds = config.get("deepspeed_config") or {}
@@ -118,7 +122,6 @@ LAUNCHED = "this launch"  # the source of an engine read from the environment `a
 def launched_engine() -> Engine:
     """The engine this process runs under, from the environment `accelerate launch` sets (it does not pass on the
     config file's path): what a run plans for when it was launched without scripts/launch.sh's dry run."""
-    import os
 
     from . import engine as launch
 

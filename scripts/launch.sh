@@ -122,7 +122,7 @@ echo "recipe: $RECIPE  accelerate: $ACCELERATE_CONFIG  args: ${SHOWN_ARGS[*]}"
 # reach, ...) at the size of the whole job, in seconds and before any GPU work.
 # A refusal is one `error:` line on stderr (this log), and set -e ends the job here.
 # The memory plan per GPU is for this job's engine (ACCELERATE_CONFIG) and size; a plan that cannot fit is refused.
-resolved=$(WORLD_SIZE=$NUM_PROCESSES "$VENV/bin/python" train_dpo.py --config "$RECIPE" --dry-run \
+resolved=$(WORLD_SIZE=$NUM_PROCESSES GPUS_PER_NODE=$PROCS_PER_NODE "$VENV/bin/python" train_dpo.py --config "$RECIPE" --dry-run --json \
   --accelerate_config "$ACCELERATE_CONFIG" "$@")
 "$VENV/bin/python" - "$resolved" <<'PY'
 import json, sys
