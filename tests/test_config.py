@@ -113,7 +113,9 @@ def test_32b_recipe_holds_olmo3s_32b_think_values_and_needs_your_model():
 
 
 def test_dry_run_derives_steps_for_a_local_dataset():
-    result = run_train(["--config", "configs/think.yaml", "--dataset_name", "data/smoke_prefs.jsonl", "--dry-run", "--json"])
+    result = run_train(
+        ["--config", "configs/think.yaml", "--dataset_name", "data/smoke_prefs.jsonl", "--dry-run", "--json"]
+    )
     derived = json.loads(result.stdout[result.stdout.index("{") : result.stdout.rindex("}") + 1])["derived"]
     # 384 pairs / 128 per step -> 3 steps, 10% warmup rounded up -> 1; 8 accumulation steps on 4 GPUs.
     assert derived == {**derived, "dataset_rows": 384, "total_steps": 3, "warmup_steps": 1, "pairs_per_step": 128}

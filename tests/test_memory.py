@@ -187,7 +187,9 @@ def test_activations_scale_with_tokens_and_layers(olmo3):
 
 def dry_run(*args, env=None):
     """A dry run as on a login node: no GPU, so the recipe's gpu_memory_gib is what the plan is checked against."""
-    result = run_train(["--dry-run", "--json", *args], env={"HF_HUB_OFFLINE": "1", "CUDA_VISIBLE_DEVICES": "", **(env or {})})
+    result = run_train(
+        ["--dry-run", "--json", *args], env={"HF_HUB_OFFLINE": "1", "CUDA_VISIBLE_DEVICES": "", **(env or {})}
+    )
     if result.returncode:
         return result
     return json.loads(result.stdout[result.stdout.index("{\n") :])["derived"]["memory"]
