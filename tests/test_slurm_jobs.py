@@ -345,3 +345,30 @@ def test_job_refuses_a_batch_its_size_cannot_reach():
 def test_shellcheck(script):
     result = subprocess.run(["shellcheck", "--severity=error", str(script)], capture_output=True, text=True)
     assert result.returncode == 0, result.stdout
+
+
+def test_eight_gpus_per_node_are_eight_processes_per_node_and_the_plan_counts_nodes_of_eight(monkeypatch):
+    line = print_launch(2, gpus="8")
+    assert "--num_machines 2" in line and "--num_processes 16" in line
+    # launch.sh's dry run passes GPUS_PER_NODE: a refusal then suggests nodes of 8, not the config's 4.
+    from dpotrain import memory
+
+    assert memory.read_engine(str(ROOT / "accelerate_config.yaml")).gpus_per_node == 4
+    monkeypatch.setenv("GPUS_PER_NODE", "8")
+    assert memory.read_engine(str(ROOT / "accelerate_config.yaml")).gpus_per_node == 8
+    assert "GPUS_PER_NODE=$PROCS_PER_NODE" in (ROOT / "scripts" / "launch.sh").read_text()
+
+
+def test_sbatch_scripts_ask_for_memory_and_find_the_project_from_a_spool_copy(tmp_path):
+    for script in ("dpo_train.sh", "dpo_instruct_train.sh"):
+        text = (ROOT / "scripts" / script).read_text()
+        assert re.search(r"^#SBATCH --mem=\S+ +# EDIT", text, re.MULTILINE), script
+        assert re.search(r"^#SBATCH --gpus-per-node=\d+ +# EDIT: your nodes' GPUs \(4 or 8\)", text, re.MULTILINE)
+        # Run as Slurm does, a copy elsewhere, started in the project: it hands over to the project's launch.sh.
+        copy = tmp_path / script
+        copy.write_text(text)
+        env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+        env |= {"LAUNCH_PRINT_ONLY": "1", "SLURM_SUBMIT_DIR": str(ROOT), "SLURM_GPUS_PER_NODE": "8"}
+        result = subprocess.run(["bash", str(copy)], cwd=tmp_path, env=env, capture_output=True, text=True)
+        assert result.returncode == 0, result.stderr
+        assert "--num_processes 8" in result.stdout and "train_dpo.py --config configs/" in result.stdout
