@@ -156,7 +156,7 @@ class ProjectArguments:
         },
     )
 
-    # --- training health guards (dpotrain/health.py); values from the post-mortems in shared/seeds 000 and 001 ---
+    # --- training health guards (dpotrain/health.py); values from two failed runs' post-mortems (docs/health.md) ---
     health_checks: bool = field(default=True, metadata={"help": "Watch the logged metrics and stop a doomed run."})
     health_action: str = field(
         default="stop",

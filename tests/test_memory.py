@@ -378,8 +378,8 @@ def test_traced_activations_against_cuda_memory():
 @no_gpu
 @pytest.mark.slow
 def test_readme_table_is_what_the_plan_says(olmo3):
-    """README "Memory plan": each row planned again (sdpa, no GPU memory given, so nothing is refused)."""
-    readme = (ROOT / "README.md").read_text()
+    """docs/memory.md: each row planned again (sdpa, no GPU memory given, so nothing is refused)."""
+    readme = (ROOT / "docs" / "memory.md").read_text()
     table = readme[readme.index("| model, tokens per micro-batch | GPUs |") :].split("\n\n")[0].splitlines()[2:]
     assert len(table) == 5
     for row in table:
