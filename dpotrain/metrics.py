@@ -8,7 +8,7 @@ from transformers import TrainerCallback
 METRICS_FILE = "metrics.jsonl"
 PLOT_FILE = "training_curves.png"
 # What a DPO run is judged by: (panel title, keys drawn in it). TRL's rewards/* are beta x SUMMED log-ratios even with
-# sigmoid_norm (TRL's loss divides each side's log-ratio by its completion tokens); rewards_norm/* (beta x log-ratio / completion tokens) are on the loss's own scale, and
+# sigmoid_norm; rewards_norm/* (beta x log-ratio / completion tokens) are on the loss's own scale, and
 # tokens_per_second counts non-padding tokens. A key a run did not log leaves its line out.
 CURVES = [
     ("loss", ["loss", "dpo_loss"]),  # dpo_loss: without the MoE router term, logged when the loss has one

@@ -72,7 +72,7 @@ def test_zero2_trains_on_cpu_through_accelerate_launch(tmp_path, tiny_model_dir)
     assert abs(records[0]["loss"] - math.log(2)) < 1e-5
     assert records[-1]["loss"] < records[0]["loss"]
     resolved = json.loads((out / "resolved_config.json").read_text())
-    assert resolved["derived"]["world_size"] == 2  # two real processes, not one (accelerate on CPU would run each alone)
+    assert resolved["derived"]["world_size"] == 2  # two real processes (accelerate on CPU alone would run each apart)
     # 384 pairs / 8 per step (the recipe's pairs_per_step, on any number of processes) = 48 steps per epoch.
     assert math.isclose(records[0]["epoch"], 1 / 48)
     batching = resolved["derived"]["batching"]  # cut by tokens: micro-batches of unequal size, ranks in step
