@@ -165,6 +165,9 @@ def run(argv, stop: GracefulStop) -> int | None:
         return
 
     derived["total_steps"] = trainer.state.max_steps or derived["total_steps"]
+    # The dtype the weights loaded in (engine.load_dtype: bf16 under DeepSpeed), as the dry run records it, not TRL's
+    # float32 default.
+    recipe.model.dtype = training.model_init_kwargs["dtype"]
     derived["batching"] = trainer.batching_summary()
     resolved = push.record(resolve.resolved_config(recipe, derived | {"resumed_from": plan.resume_from}))
     if state.is_main_process:
