@@ -116,6 +116,9 @@ if grep -qE '^push_to_hub: *true' "$RECIPE" || [[ " $* " == *" --push_to_hub"* ]
 fi
 
 echo "=== DPO job ${SLURM_JOB_ID:-local} (${SLURM_JOB_NAME:-}) restart ${SLURM_RESTART_COUNT:-0} at $(date -Is) ==="
+# The job's log is where sbatch's --output put it (the sbatch scripts: the folder submitted from), not in the project.
+log=$(scontrol show job "${SLURM_JOB_ID:-0}" 2>/dev/null | grep -o 'StdOut=[^ ]*' | cut -d= -f2 || true)
+echo "project: $PWD  log: ${log:-this terminal}"
 echo "nodes: $NNODES (${SLURM_JOB_NODELIST:-$(hostname -s)}), processes per node: $PROCS_PER_NODE, total: $NUM_PROCESSES"
 echo "gpus per node: $GPUS_PER_NODE  git: $(git rev-parse --short HEAD 2>/dev/null || echo unknown)$(git diff --quiet 2>/dev/null || echo ' (dirty)')"
 echo "recipe: $RECIPE  accelerate: $ACCELERATE_CONFIG  args: ${SHOWN_ARGS[*]}"
