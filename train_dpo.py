@@ -23,6 +23,7 @@ from dpotrain import (
     agreement,
     build_locks,
     data,
+    dry_run,
     engine,
     health,
     hub,
@@ -89,7 +90,15 @@ def run(argv, stop: GracefulStop) -> int | None:
             max_length = derived["max_length"].get("max_length") if derived["max_length"]["cached"] else None
         derived["batching"] = resolve.preview_plan(recipe, world, max_length)
         derived["memory"] = memory.plan(recipe, world)  # refuses a plan that cannot fit the GPU
-        print(json.dumps(push.record(resolve.resolved_config(recipe, derived)), indent=2, default=str))
+        # The dtype the weights will load in under the planned engine (bf16 under DeepSpeed), not TRL's default.
+        planned_engine = memory.read_engine(recipe.project.accelerate_config).kind
+        if planned_engine in ("single", "ddp", "zero2", "zero3", "fsdp2"):
+            recipe.model.dtype = engine.load_dtype(recipe, engine.Engine(planned_engine))
+        resolved = push.record(resolve.resolved_config(recipe, derived))
+        if recipe.project.json:  # for scripts (scripts/launch.sh): the whole resolved configuration, nothing else
+            print(json.dumps(resolved, indent=2, default=str))
+        else:
+            print(dry_run.summary(resolved, dry_run.write_json(resolved, training.output_dir)))
         return
     # The same memory plan as the dry run that scripts/launch.sh makes, for the engine this process runs under: a job
     # started with `accelerate launch` by hand is refused here too, before anything loads.
@@ -164,6 +173,9 @@ def run(argv, stop: GracefulStop) -> int | None:
         return
 
     derived["total_steps"] = trainer.state.max_steps or derived["total_steps"]
+    # The dtype the weights loaded in (engine.load_dtype: bf16 under DeepSpeed), as the dry run records it, not TRL's
+    # float32 default.
+    recipe.model.dtype = training.model_init_kwargs["dtype"]
     derived["batching"] = trainer.batching_summary()
     derived["forward"] = trainer.forward.record()  # the attention and layout chosen (dpotrain/forwards/choice.py)
     resolved = push.record(resolve.resolved_config(recipe, derived | {"resumed_from": plan.resume_from}))

@@ -1,7 +1,7 @@
 """Synthetic per-pair token lengths shaped like the project's real data sets, for benchmarks that need no model.
 
 `dolci_think(n)`: prompt, chosen and rejected lengths drawn from log-normal distributions fitted to the published
-statistics of allenai/Dolci-Think-DPO-7B (shared/seeds/002_*: component medians 114 / 1,864 / 1,154 tokens and 95th
+statistics of allenai/Dolci-Think-DPO-7B (1,000 rows: component medians 114 / 1,864 / 1,154 tokens and 95th
 percentiles 793 / 11,903 / 9,518), which reproduces its heavy tail (a median pair of ~2k tokens, a tenth of the pairs
 beyond 8k). `at_max_length(n, share)`: the same mix with `share` of the pairs pushed past max_length on both sides
 (data where ~15% of pairs reach max_length). Synthetic: the numbers measured on them describe the plan, not Dolci.
@@ -11,7 +11,7 @@ import math
 
 import numpy as np
 
-# (median, 95th percentile) of each component, Dolci-Think-DPO-7B (shared/seeds/002_*)
+# (median, 95th percentile) of each component, Dolci-Think-DPO-7B (that report)
 DOLCI_THINK = {"prompt": (114, 793), "chosen": (1864, 11903), "rejected": (1154, 9518)}
 
 

@@ -3,7 +3,7 @@
     python benchmarks/think_lengths.py                # 150,000 pairs (the data set's size): fit check, then the table
     python benchmarks/think_lengths.py --rows 1000    # the seed's sample size: how much the numbers move
 
-Dolci-Think-DPO-7B cannot be downloaded here. The seed report (shared/seeds/002) published, from 1,000 of its rows,
+Dolci-Think-DPO-7B cannot be downloaded here. A report on the data set published, from 1,000 of its rows,
 the percentiles and cumulative distribution of total length (prompt + longer completion) and the median and 95th
 percentile of prompt, chosen and rejected. This draws per-pair (prompt, chosen, rejected) token counts, no text, that
 reproduce them, and prints the analyzer's own report on them (`lengths.summarize`, `lengths_report.to_markdown`):
@@ -31,7 +31,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-# The seed report (shared/seeds/002), measured on 1,000 rows of allenai/Dolci-Think-DPO-7B.
+# That report, measured on 1,000 rows of allenai/Dolci-Think-DPO-7B.
 TOTAL_CDF = {  # tokens: share of pairs whose prompt + longer completion is at most that
     2_048: 0.478,
     2_138: 0.50,

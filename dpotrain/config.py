@@ -115,7 +115,15 @@ class ProjectArguments:
     )
     dry_run: bool = field(
         default=False,
-        metadata={"help": "Print the resolved configuration as JSON and exit, without loading a model or data."},
+        metadata={
+            "help": "Show what the run will do and exit, without loading a model or data: a summary (steps, batching, "
+            "memory per GPU and the GPU it is checked against), and the full resolved configuration as JSON in "
+            "<output_dir>.dry-run.json."
+        },
+    )
+    json: bool = field(
+        default=False,
+        metadata={"help": "With --dry-run: print the full resolved configuration as JSON instead of the summary."},
     )
     share_prompt: bool | None = field(
         default=None,
@@ -156,7 +164,7 @@ class ProjectArguments:
         },
     )
 
-    # --- training health guards (dpotrain/health.py); values from the post-mortems in shared/seeds 000 and 001 ---
+    # --- training health guards (dpotrain/health.py); values from two failed runs' post-mortems (docs/health.md) ---
     health_checks: bool = field(default=True, metadata={"help": "Watch the logged metrics and stop a doomed run."})
     health_action: str = field(
         default="stop",

@@ -113,6 +113,9 @@ def from_config(accelerate_config: str) -> Engine:
         return Engine("unplanned", f"accelerate config {accelerate_config!r} not found")
     config = yaml.safe_load(path.read_text()) or {}
     per_node = max(int(config.get("num_processes", 1)) // max(int(config.get("num_machines", 1)), 1), 1)
+    # The job's GPUs per node, when given (scripts/launch.sh: from --gpus-per-node), over the config's: what a refusal
+    # counts nodes in.
+    per_node = int(os.environ.get("GPUS_PER_NODE") or 0) or per_node
     kind = str(config.get("distributed_type", "NO")).upper()
     if kind == "DEEPSPEED":
         ds = config.get("deepspeed_config") or {}

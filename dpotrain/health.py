@@ -1,6 +1,6 @@
 """Guards that stop a doomed DPO run early, each with the step and the values that tripped it.
 
-Two post-mortems (`shared/seeds/000_*`, `001_*`) motivate them:
+Two post-mortems of failed DPO runs (docs/health.md) motivate them:
 - 000: a reference cache computed under other settings silently disagreed with the policy. Before the first update the
   policy IS the reference, so every log-ratio is 0: rewards are 0 and a sigmoid-type loss is exactly ln 2. Anything
   else at step 1 means the reference is wrong (`step1`).

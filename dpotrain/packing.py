@@ -1,7 +1,7 @@
 """Padding-free (packed) DPO forward: the chosen and rejected sequences of a micro-batch side by side in rows.
 
 TRL pads a micro-batch of B pairs to `[2B, longest]`; on real preference data more than half of those positions are
-padding (FACTS.md: 58% on a Dolci-like mix). Here sequences are concatenated into rows with `position_ids` restarting
+padding (58% on a Dolci-like mix). Here sequences are concatenated into rows with `position_ids` restarting
 at 0 for each, no `attention_mask` and `use_cache=False`: transformers then builds a per-sequence causal (and
 sliding-window) mask for sdpa/eager, and FlashAttention takes the boundaries from `cu_seq_lens_q/k` (its varlen
 kernel). After the forward, the per-token outputs are laid back out as `[2B, L-1]` in TRL's order (chosen 0..B-1,
@@ -51,8 +51,8 @@ VARLEN_ATTENTION = {
     "kernels-community/flash-attn2", "kernels-community/flash-attn3", "kernels-community/vllm-flash-attn3",
     "kernels-community/flash-attn4", "kernels-community/aiter-flash-attn",
 }  # fmt: skip
-# sdpa and eager build a per-sequence causal (and sliding-window) mask from position_ids (FACTS.md); FlexAttention takes
-# a block mask built from the same inputs (forwards/masks.py), which skips the blocks between sequences.
+# sdpa and eager build a per-sequence causal (and sliding-window) mask from position_ids; FlexAttention takes a block
+# mask built from the same inputs (forwards/masks.py), which skips the blocks between sequences.
 PACKED_ATTENTION = {"sdpa", "eager", "flex_attention"} | VARLEN_ATTENTION
 
 

@@ -105,5 +105,5 @@ def check_stop_file(path: Path) -> None:
         raise ConfigError(
             f"{STOP_FILE_ENV}={path}: cannot write in {path.parent} ({e.strerror}), so a stop could not be confirmed "
             f"and the job would not requeue: point {STOP_FILE_ENV} to a writable folder every node sees "
-            "(scripts/launch.sh uses logs/ of the folder you submit from)"
+            "(scripts/launch.sh uses the project's logs/)"
         ) from None

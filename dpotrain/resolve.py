@@ -228,6 +228,7 @@ def resolved_config(recipe: Recipe, derived: dict) -> dict:
     resolved.update(recipe.training.to_dict())
     resolved["pad_token"] = recipe.training.pad_token  # to_dict hides every `*_token` field; only hub_token is secret
     resolved.pop("dry_run")
+    resolved.pop("json")  # how a dry run prints, not a setting of the run
     if recipe.max_length_auto:  # the analyzer's choice (derived.max_length says how it was made), or "auto"
         resolved["max_length"] = derived.get("max_length", {}).get("max_length", "auto")
     if recipe.project.max_tokens_per_microbatch is not None:

@@ -1,17 +1,24 @@
 #!/usr/bin/env bash
-# DPO with OLMo 3's recipe, "instruct" variant (configs/instruct.yaml), on 4 GPUs per node. From the project root:
-#   sbatch scripts/dpo_instruct_train.sh                                   # 1 node x 4 GPUs, 128 pairs per step
-#   sbatch --nodes=4 scripts/dpo_instruct_train.sh                         # 16 GPUs, still 128 pairs per step
+# DPO with OLMo 3's recipe, "instruct" variant (configs/instruct.yaml), one process per GPU.
+#   sbatch scripts/dpo_instruct_train.sh                          # 1 node x 4 GPUs, 128 pairs per step
+#   sbatch --gpus-per-node=8 scripts/dpo_instruct_train.sh        # nodes of 8 GPUs: 8 processes per node, planned for 8
+#   sbatch --nodes=4 scripts/dpo_instruct_train.sh                # 16 GPUs, still 128 pairs per step
 #   sbatch scripts/dpo_instruct_train.sh --model_name_or_path org/my-sft  # any train_dpo.py override after the script
 #   RECIPE=configs/smoke.yaml sbatch --gpus-per-node=0 --cpus-per-task=2 scripts/dpo_instruct_train.sh --max_steps 4  # CPU path
-# Follow: tail -f logs/dpo-instruct-<jobid>.out. Preempted or out of time: it checkpoints and requeues itself.
+# From any folder: sbatch /path/to/dpotrain/scripts/dpo_instruct_train.sh (the job finds the project from the
+# script's path).
+# Follow: tail -f dpo-instruct-<jobid>.out, in the folder you submitted from (its banner names the full
+# path). Preempted or out of time: it checkpoints and requeues itself.
 #SBATCH --job-name=dpo-instruct
 #SBATCH --nodes=1
 #SBATCH --ntasks-per-node=1          # crucial: one launcher per node; accelerate starts one process per GPU
-#SBATCH --gpus-per-node=4
-#SBATCH --cpus-per-task=32           # EDIT: CPU cores per node for data loading and tokenization
+#SBATCH --gpus-per-node=4            # EDIT: your nodes' GPUs (4 or 8); launch.sh starts one process per GPU and
+                                     # plans memory for them (or pass --gpus-per-node=8 to sbatch)
+#SBATCH --cpus-per-task=32           # EDIT: CPU cores per node for data loading and tokenization (~8 per GPU)
+#SBATCH --mem=0                      # EDIT: the node's whole memory (0); or a size, e.g. --mem=512G on shared nodes
 #SBATCH --time=24:00:00              # EDIT: your partition's limit; the job requeues itself to go on
-#SBATCH --output=logs/%x-%j.out
+#SBATCH --output=%x-%j.out           # in the folder you submit from: Slurm opens it before this
+                                     # script runs, so a folder named here must already exist
 #SBATCH --open-mode=append           # a requeued job appends to the same log
 #SBATCH --requeue
 #SBATCH --signal=B:USR1@600          # 10 minutes before the limit: checkpoint (saving a 7B ZeRO-2 state takes minutes)
@@ -24,4 +31,12 @@
 set -euo pipefail  # after `module`: environment-modules' shell functions read unset variables
 
 export RECIPE=${RECIPE:-configs/instruct.yaml}
-exec bash "${SLURM_SUBMIT_DIR:-.}/scripts/launch.sh" "$@"
+# sbatch runs a copy of this script from its spool folder: the project is the folder the job starts in (where it was
+# submitted, or --chdir), else the one the submitted script lives in (scontrol's Command=).
+root=${SLURM_SUBMIT_DIR:-$PWD}
+if [[ ! -f $root/scripts/launch.sh ]]; then
+  submitted=$(scontrol show job "${SLURM_JOB_ID:-0}" 2>/dev/null | grep -o 'Command=[^ ]*' | cut -d= -f2 || true)
+  root=$(cd "$(dirname "${submitted:-$0}")/.." && pwd)
+fi
+export DPOTRAIN_ROOT=$root
+exec bash "$root/scripts/launch.sh" "$@"

@@ -3,17 +3,19 @@
 #
 # Environment (all optional except RECIPE, which the sbatch scripts set):
 #   RECIPE=configs/think.yaml            the recipe passed to train_dpo.py --config
+#   DPOTRAIN_ROOT=<the submit folder>    the project folder (the sbatch scripts set it)
 #   ACCELERATE_CONFIG=<the recipe's accelerate_config, else accelerate_config.yaml>   the engine (README "Engines")
 #   VENV=.venv                           the project's virtual environment (bash scripts/setup_env.sh)
 #   MAIN_PROCESS_PORT=<from the job id>  rendezvous port on the first node (20000-29999: two jobs sharing a node
 #                                        do not collide)
+#   (GPUs per node: the job's --gpus-per-node, 4 or 8: accelerate's --num_processes and the memory plan follow it)
 #   CPU_PROCESSES_PER_NODE=1             processes per node when the job has no GPUs (--gpus-per-node=0)
 #   LAUNCH_PRINT_ONLY=1                  print the srun + accelerate launch line and exit (used by the tests)
 #   PREFLIGHT=1                          first score a sample with the base model (scripts/preflight.py); stop on fail
 # Arguments: passed to train_dpo.py after the recipe (e.g. --learning_rate 5e-7 --max_steps 100).
 set -euo pipefail
 
-cd "${SLURM_SUBMIT_DIR:-$PWD}"  # sbatch runs a copy of the script from Slurm's spool folder
+cd "${DPOTRAIN_ROOT:-${SLURM_SUBMIT_DIR:-$PWD}}"  # the project (the sbatch scripts find it: Slurm runs a spool copy)
 RECIPE=${RECIPE:?set RECIPE, e.g. RECIPE=configs/think.yaml}
 # The engine: the recipe's own (configs/think-32b.yaml names ZeRO-3) unless ACCELERATE_CONFIG says otherwise.
 recipe_engine=$(sed -nE 's/^accelerate_config: *([^ #]+).*/\1/p' "$RECIPE" 2>/dev/null | head -1 || true)
@@ -114,6 +116,9 @@ if grep -qE '^push_to_hub: *true' "$RECIPE" || [[ " $* " == *" --push_to_hub"* ]
 fi
 
 echo "=== DPO job ${SLURM_JOB_ID:-local} (${SLURM_JOB_NAME:-}) restart ${SLURM_RESTART_COUNT:-0} at $(date -Is) ==="
+# The job's log is where sbatch's --output put it (the sbatch scripts: the folder submitted from), not in the project.
+log=$(scontrol show job "${SLURM_JOB_ID:-0}" 2>/dev/null | grep -o 'StdOut=[^ ]*' | cut -d= -f2 || true)
+echo "project: $PWD  log: ${log:-this terminal}"
 echo "nodes: $NNODES (${SLURM_JOB_NODELIST:-$(hostname -s)}), processes per node: $PROCS_PER_NODE, total: $NUM_PROCESSES"
 echo "gpus per node: $GPUS_PER_NODE  git: $(git rev-parse --short HEAD 2>/dev/null || echo unknown)$(git diff --quiet 2>/dev/null || echo ' (dirty)')"
 echo "recipe: $RECIPE  accelerate: $ACCELERATE_CONFIG  args: ${SHOWN_ARGS[*]}"
@@ -122,7 +127,7 @@ echo "recipe: $RECIPE  accelerate: $ACCELERATE_CONFIG  args: ${SHOWN_ARGS[*]}"
 # reach, ...) at the size of the whole job, in seconds and before any GPU work.
 # A refusal is one `error:` line on stderr (this log), and set -e ends the job here.
 # The memory plan per GPU is for this job's engine (ACCELERATE_CONFIG) and size; a plan that cannot fit is refused.
-resolved=$(WORLD_SIZE=$NUM_PROCESSES "$VENV/bin/python" train_dpo.py --config "$RECIPE" --dry-run \
+resolved=$(WORLD_SIZE=$NUM_PROCESSES GPUS_PER_NODE=$PROCS_PER_NODE "$VENV/bin/python" train_dpo.py --config "$RECIPE" --dry-run --json \
   --accelerate_config "$ACCELERATE_CONFIG" "$@")
 "$VENV/bin/python" - "$resolved" <<'PY'
 import json, sys

@@ -9,7 +9,7 @@ SMOKE = ["--config", str(ROOT / "configs" / "smoke.yaml"), "--max_length", "auto
 
 
 def dry_run(capsys, *args) -> dict:
-    train_dpo.main([*SMOKE, *args, "--dry-run"])
+    train_dpo.main([*SMOKE, *args, "--dry-run", "--json"])
     out = capsys.readouterr().out
     return json.loads(out[out.index("{\n") :])
 

@@ -62,7 +62,7 @@ def test_every_shipped_recipe_resolves_in_a_dry_run(recipe_path):
     # own model (think-32b) names none and gets one on the command line, as its usage line says.
     declared = yaml.safe_load(recipe_path.read_text())
     model = [] if "model_name_or_path" in declared else ["--model_name_or_path", "org/your-sft-model"]
-    result = run_train(["--config", str(recipe_path), "--dry-run", *model], env={"HF_HUB_OFFLINE": "1"})
+    result = run_train(["--config", str(recipe_path), "--dry-run", "--json", *model], env={"HF_HUB_OFFLINE": "1"})
     assert result.returncode == 0, result.stdout[-2000:]
     resolved = json.loads(result.stdout[result.stdout.index("{") : result.stdout.rindex("}") + 1])
     declared.pop("env", None)
@@ -113,18 +113,20 @@ def test_32b_recipe_holds_olmo3s_32b_think_values_and_needs_your_model():
 
 
 def test_dry_run_derives_steps_for_a_local_dataset():
-    result = run_train(["--config", "configs/think.yaml", "--dataset_name", "data/smoke_prefs.jsonl", "--dry-run"])
+    result = run_train(
+        ["--config", "configs/think.yaml", "--dataset_name", "data/smoke_prefs.jsonl", "--dry-run", "--json"]
+    )
     derived = json.loads(result.stdout[result.stdout.index("{") : result.stdout.rindex("}") + 1])["derived"]
     # 384 pairs / 128 per step -> 3 steps, 10% warmup rounded up -> 1; 8 accumulation steps on 4 GPUs.
     assert derived == {**derived, "dataset_rows": 384, "total_steps": 3, "warmup_steps": 1, "pairs_per_step": 128}
 
 
 def test_world_size_from_the_environment_keeps_128_pairs():
-    result = run_train(["--config", "configs/think.yaml", "--dry-run"], env={"WORLD_SIZE": "16"})
+    result = run_train(["--config", "configs/think.yaml", "--dry-run", "--json"], env={"WORLD_SIZE": "16"})
     resolved = json.loads(result.stdout[result.stdout.index("{") : result.stdout.rindex("}") + 1])
     assert resolved["derived"]["world_size"] == 16 and resolved["derived"]["pairs_per_step"] == 128
     # Micro-batches of a fixed number of pairs instead of a token budget: accumulation from the world size.
     fixed = ["--max_tokens_per_microbatch", "None", "--per_device_train_batch_size", "4"]
-    result = run_train(["--config", "configs/think.yaml", "--dry-run", *fixed], env={"WORLD_SIZE": "16"})
+    result = run_train(["--config", "configs/think.yaml", "--dry-run", "--json", *fixed], env={"WORLD_SIZE": "16"})
     resolved = json.loads(result.stdout[result.stdout.index("{") : result.stdout.rindex("}") + 1])
     assert resolved["gradient_accumulation_steps"] == 2 and resolved["derived"]["pairs_per_step"] == 128

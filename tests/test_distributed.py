@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import pytest
+from safetensors.torch import load_file
 
 from conftest import ROOT
 from dpotrain.config import parse_args
@@ -72,7 +73,7 @@ def test_zero2_trains_on_cpu_through_accelerate_launch(tmp_path, tiny_model_dir)
     assert abs(records[0]["loss"] - math.log(2)) < 1e-5
     assert records[-1]["loss"] < records[0]["loss"]
     resolved = json.loads((out / "resolved_config.json").read_text())
-    assert resolved["derived"]["world_size"] == 2  # two real processes, not one (FACTS.md)
+    assert resolved["derived"]["world_size"] == 2  # two real processes (accelerate on CPU alone would run each apart)
     # 384 pairs / 8 per step (the recipe's pairs_per_step, on any number of processes) = 48 steps per epoch.
     assert math.isclose(records[0]["epoch"], 1 / 48)
     batching = resolved["derived"]["batching"]  # cut by tokens: micro-batches of unequal size, ranks in step
@@ -80,3 +81,23 @@ def test_zero2_trains_on_cpu_through_accelerate_launch(tmp_path, tiny_model_dir)
     assert batching["positions_per_micro_batch"]["min"] < batching["positions_per_micro_batch"]["max"]
     assert batching["gradient_reductions_per_epoch"] == batching["micro_batches_per_epoch"]  # ZeRO: every backward
     assert (out / "model.safetensors").is_file()
+
+
+@pytest.mark.slow
+def test_a_bf16_zero2_run_records_the_dtype_its_weights_load_in(tmp_path, tiny_model_dir):
+    """DeepSpeed trains bf16 weights: resolved_config.json says bfloat16 (as the dry run does), not TRL's float32
+    default, and the saved weights are bf16. On a CPU, bf16 needs `--use_cpu true`."""
+    out = tmp_path / "bf16"
+    cmd = [
+        ACCELERATE, "launch", "--config_file", str(ROOT / "accelerate_config.yaml"), "--num_processes", "2",
+        str(ROOT / "train_dpo.py"), "--config", str(ROOT / "configs" / "smoke.yaml"), "--model_name_or_path",
+        tiny_model_dir, "--output_dir", str(out), "--max_steps", "2", "--warmup_steps", "0", "--save_strategy", "no",
+        "--report_to", "none", "--bf16", "true", "--use_cpu", "true",
+    ]  # fmt: skip
+    env = {**os.environ, "PATH": f"{os.path.dirname(sys.executable)}:{os.environ['PATH']}"}
+    result = subprocess.run(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            timeout=900)  # fmt: skip
+    assert result.returncode == 0, result.stdout[-4000:]
+    resolved = json.loads((out / "resolved_config.json").read_text())
+    assert resolved["dtype"] == resolved["model_init_kwargs"]["dtype"] == "bfloat16"
+    assert {str(t.dtype) for t in load_file(str(out / "model.safetensors")).values()} == {"torch.bfloat16"}

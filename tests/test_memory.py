@@ -187,7 +187,9 @@ def test_activations_scale_with_tokens_and_layers(olmo3):
 
 def dry_run(*args, env=None):
     """A dry run as on a login node: no GPU, so the recipe's gpu_memory_gib is what the plan is checked against."""
-    result = run_train(["--dry-run", *args], env={"HF_HUB_OFFLINE": "1", "CUDA_VISIBLE_DEVICES": "", **(env or {})})
+    result = run_train(
+        ["--dry-run", "--json", *args], env={"HF_HUB_OFFLINE": "1", "CUDA_VISIBLE_DEVICES": "", **(env or {})}
+    )
     if result.returncode:
         return result
     return json.loads(result.stdout[result.stdout.index("{\n") :])["derived"]["memory"]
@@ -376,8 +378,8 @@ def test_traced_activations_against_cuda_memory():
 @no_gpu
 @pytest.mark.slow
 def test_readme_table_is_what_the_plan_says(olmo3):
-    """README "Memory plan": each row planned again (sdpa, no GPU memory given, so nothing is refused)."""
-    readme = (ROOT / "README.md").read_text()
+    """docs/memory.md: each row planned again (sdpa, no GPU memory given, so nothing is refused)."""
+    readme = (ROOT / "docs" / "memory.md").read_text()
     table = readme[readme.index("| model, tokens per micro-batch | GPUs |") :].split("\n\n")[0].splitlines()[2:]
     assert len(table) == 5
     for row in table:

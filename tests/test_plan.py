@@ -312,7 +312,7 @@ def test_a_dry_run_shows_the_plan_training_records(tmp_path, tiny_model_dir):
     smoke = ["--config", str(ROOT / "configs" / "smoke.yaml"), "--output_dir", str(tmp_path / "run")]
 
     def dry_run() -> dict:
-        result = run_train([*smoke, "--dry-run"], env=env)
+        result = run_train([*smoke, "--dry-run", "--json"], env=env)
         assert result.returncode == 0, result.stdout[-2000:]
         return json.loads(result.stdout[result.stdout.index("{\n") : result.stdout.rindex("}") + 1])["derived"]
 

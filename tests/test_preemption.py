@@ -121,6 +121,6 @@ def test_a_stop_file_in_a_read_only_folder_is_refused_at_start(tmp_path):
     assert result.stderr.strip().splitlines()[-1] == (
         f"error: DPOTRAIN_STOP_FILE={stop_file}: cannot write in {folder} (Read-only file system), so a stop could "
         "not be confirmed and the job would not requeue: point DPOTRAIN_STOP_FILE to a writable folder every node "
-        "sees (scripts/launch.sh uses logs/ of the folder you submit from)"
+        "sees (scripts/launch.sh uses the project's logs/)"
     )
     assert list(folder.iterdir()) == []

@@ -102,7 +102,7 @@ def test_recomputed_when_model_data_tokenizer_or_max_length_change(tmp_path, tin
 
 def test_step_one_is_exact_with_the_cache(tmp_path, tiny_model_dir, cache):
     """Loss ln 2 and rewards 0 at step 1 to 1e-6 in fp32: the reference was scored in the very micro-batches of
-    step 1 (TRL's own precompute, in batches of another shape, is 2.4e-7 off: FACTS.md)."""
+    step 1 (TRL's own precompute, in batches of another shape, is 2.4e-7 off)."""
     rows = builtin.make_preference_rows(32, seed=5)
     trainer = build(tmp_path, tiny_model_dir, rows, "--max_steps", "1", "--logging_steps", "1", "--pairs_per_step",
                     "16", "--max_tokens_per_microbatch", "2048")  # fmt: skip

@@ -177,7 +177,7 @@ def test_a_real_process_exits_2_with_one_line(tmp_path):
 def unfinished_run(tmp_path, capsys, *args):
     """An output folder as a run killed after checkpoint 4 leaves it: its resolved_config.json and a checkpoint."""
     out = tmp_path / "run"
-    train_dpo.main(["--config", SMOKE, "--output_dir", str(out), "--dry-run", *args])
+    train_dpo.main(["--config", SMOKE, "--output_dir", str(out), "--dry-run", "--json", *args])
     printed = capsys.readouterr().out
     (out / "checkpoint-4").mkdir(parents=True)
     (out / "checkpoint-4" / "COMPLETE").write_text("{}")

@@ -44,13 +44,22 @@ def weights(output_dir):
     return load_file(str(output_dir / "model.safetensors"))
 
 
+def log_path(job: int, submitted_from=ROOT) -> Path:
+    """Where the README says a job's log is: sbatch's --output, in the folder the job was submitted from."""
+    return Path(submitted_from) / f"dpo-think-{job}.out"
+
+
 @pytest.fixture(scope="module")
 def uninterrupted(slurm, tmp_path_factory):
-    """The smoke recipe through the very same scripts/dpo_train.sh, submitted with --gpus-per-node=0."""
-    out = tmp_path_factory.mktemp("slurm") / "plain"
-    job = slurm.sbatch([*SMOKE_JOB, "--output_dir", str(out)], cwd=ROOT, env=README_ENV)
+    """The smoke recipe through the very same scripts/dpo_train.sh, submitted with --gpus-per-node=0 by its full path
+    from a folder outside the project that has no logs/ subfolder."""
+    folder = tmp_path_factory.mktemp("slurm")
+    out, elsewhere = folder / "plain", folder / "submitted-here"
+    elsewhere.mkdir()
+    args = [str(ROOT / a) if a == "scripts/dpo_train.sh" else a for a in SMOKE_JOB]
+    job = slurm.sbatch([*args, "--output_dir", str(out)], cwd=elsewhere, env=README_ENV)
     state = slurm.wait(job, timeout=600)
-    return job, state, out
+    return job, state, out, elsewhere
 
 
 def real_cpus() -> int:
@@ -86,11 +95,13 @@ def test_header_cpus_alone_never_start_on_a_small_node(slurm, tmp_path):
 @pytest.mark.slurm
 @pytest.mark.slow
 def test_smoke_job_completes_with_log_and_outputs(slurm, uninterrupted):
-    job, state, out = uninterrupted
-    log = ROOT / "logs" / f"dpo-think-{job}.out"
+    job, state, out, submitted_from = uninterrupted
+    log = log_path(job, submitted_from)
     assert state == "COMPLETED", log.read_text()[-3000:] if log.exists() else slurm.job_info(job)
     text = log.read_text()
     assert f"=== DPO job {job} (dpo-think) restart 0" in text
+    assert f"project: {ROOT}  log: {log}" in text  # the banner says where the project and the log are
+    assert sorted(p.name for p in submitted_from.iterdir()) == [log.name]  # nothing else written there
     # A token given on the command line is used but never shown (the banner and the launch line mask it).
     shown = [line for line in text.splitlines() if line.startswith(("recipe: ", "launch: "))]
     assert len(shown) == 2 and "--hub_token REDACTED" in shown[0] and "--hub_token REDACTED" in shown[1]
@@ -105,7 +116,7 @@ def test_smoke_job_completes_with_log_and_outputs(slurm, uninterrupted):
 @pytest.mark.slurm
 @pytest.mark.slow
 def test_preempted_job_checkpoints_requeues_and_ends_like_an_uninterrupted_one(slurm, uninterrupted, tmp_path):
-    _, plain_state, plain = uninterrupted
+    _, plain_state, plain, _ = uninterrupted
     assert plain_state == "COMPLETED"
     out = tmp_path / "preempted"
     job = slurm.sbatch([*SMOKE_JOB, "--output_dir", str(out)], cwd=ROOT, env=README_ENV)
@@ -118,7 +129,7 @@ def test_preempted_job_checkpoints_requeues_and_ends_like_an_uninterrupted_one(s
 
     assert slurm.wait(job, timeout=600) == "COMPLETED"
     info = slurm.job_info(job)
-    log = (ROOT / "logs" / f"dpo-think-{job}.out").read_text()
+    log = log_path(job).read_text()
     assert info["Restarts"] == "1", log[-3000:]
     assert "signal received: checkpointing at the next optimizer step" in log
     assert "requeueing job" in log and "Resuming from" in log and "restart 1" in log
@@ -150,7 +161,7 @@ def test_a_cancelled_job_saves_and_stays_cancelled_and_a_refused_requeue_fails_t
     assert slurm.wait(jobs["cancelled"], timeout=120) == "CANCELLED"
     assert slurm.wait(jobs["no-requeue"], timeout=120) == "FAILED"
     for name, job in jobs.items():
-        log = (ROOT / "logs" / f"dpo-think-{job}.out").read_text(errors="replace")
+        log = log_path(job).read_text(errors="replace")
         assert slurm.job_info(job)["Restarts"] == "0", log[-3000:]
         saved = re.search(r"checkpoint (\S+) written; ", log)
         assert saved and (Path(saved.group(1)) / "COMPLETE").is_file(), log[-3000:]
@@ -195,7 +206,7 @@ def preempt(slurm) -> int:
 
 
 def job_log(job: int) -> str:
-    path = ROOT / "logs" / f"dpo-think-{job}.out"
+    path = log_path(job)
     return path.read_text(errors="replace") if path.exists() else ""  # progress bars cut mid-character
 
 
@@ -345,3 +356,32 @@ def test_job_refuses_a_batch_its_size_cannot_reach():
 def test_shellcheck(script):
     result = subprocess.run(["shellcheck", "--severity=error", str(script)], capture_output=True, text=True)
     assert result.returncode == 0, result.stdout
+
+
+def test_eight_gpus_per_node_are_eight_processes_per_node_and_the_plan_counts_nodes_of_eight(monkeypatch):
+    line = print_launch(2, gpus="8")
+    assert "--num_machines 2" in line and "--num_processes 16" in line
+    # launch.sh's dry run passes GPUS_PER_NODE: a refusal then suggests nodes of 8, not the config's 4.
+    from dpotrain import memory
+
+    assert memory.read_engine(str(ROOT / "accelerate_config.yaml")).gpus_per_node == 4
+    monkeypatch.setenv("GPUS_PER_NODE", "8")
+    assert memory.read_engine(str(ROOT / "accelerate_config.yaml")).gpus_per_node == 8
+    assert "GPUS_PER_NODE=$PROCS_PER_NODE" in (ROOT / "scripts" / "launch.sh").read_text()
+
+
+def test_sbatch_scripts_ask_for_memory_and_find_the_project_from_a_spool_copy(tmp_path):
+    for script in ("dpo_train.sh", "dpo_instruct_train.sh"):
+        text = (ROOT / "scripts" / script).read_text()
+        assert re.search(r"^#SBATCH --mem=\S+ +# EDIT", text, re.MULTILINE), script
+        assert re.search(r"^#SBATCH --gpus-per-node=\d+ +# EDIT: your nodes' GPUs \(4 or 8\)", text, re.MULTILINE)
+        # Slurm opens the log before the script runs: a folder in its path that is missing fails the job unlogged.
+        assert re.search(r"^#SBATCH --output=[^/ ]+ ", text, re.MULTILINE), script
+        # Run as Slurm does, a copy elsewhere, started in the project: it hands over to the project's launch.sh.
+        copy = tmp_path / script
+        copy.write_text(text)
+        env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+        env |= {"LAUNCH_PRINT_ONLY": "1", "SLURM_SUBMIT_DIR": str(ROOT), "SLURM_GPUS_PER_NODE": "8"}
+        result = subprocess.run(["bash", str(copy)], cwd=tmp_path, env=env, capture_output=True, text=True)
+        assert result.returncode == 0, result.stderr
+        assert "--num_processes 8" in result.stdout and "train_dpo.py --config configs/" in result.stdout

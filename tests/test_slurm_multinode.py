@@ -45,7 +45,7 @@ def node_cpus(slurm) -> int:
 
 
 def job_log(job: int) -> str:
-    path = ROOT / "logs" / f"dpo-think-{job}.out"
+    path = ROOT / f"dpo-think-{job}.out"  # sbatch's --output: the folder the job was submitted from
     return path.read_text(errors="replace") if path.exists() else ""  # progress bars cut mid-character
 
 

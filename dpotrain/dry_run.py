@@ -1,0 +1,106 @@
+"""What `train_dpo.py --dry-run` shows a person: a short summary of what the job will do, before it is submitted.
+
+The full resolved configuration (every field, and under `derived` the step plan and the memory plan) is one JSON
+object: written next to the output folder (never inside it: a folder is where a run lives, resolve.check_output_dir),
+or printed instead of the summary with `--json`, for scripts (scripts/launch.sh reads it).
+"""
+
+import json
+from pathlib import Path
+
+# Memory of GPUs users train on, in GiB as `gpu_memory_gib` takes it (nvidia-smi's total MiB / 1024): what a dry run
+# on a login node tells a user to pass to plan for their GPU.
+KNOWN_GPUS = {"H100 80GB": 79.6, "H200": 140.4, "B200": 179.0}
+
+
+def json_path(output_dir: str) -> Path:
+    """Where the dry run writes the full plan: beside the output folder, so the real run finds no folder made for it."""
+    out = Path(output_dir)
+    return out.parent / f"{out.name}.dry-run.json"
+
+
+def write_json(resolved: dict, output_dir: str) -> Path:
+    path = json_path(output_dir)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(resolved, indent=2, default=str) + "\n")
+    return path
+
+
+def gpu_name(gib: float | None) -> str:
+    """A known GPU of this size (within 1 GiB), for the summary; '' when none is."""
+    if gib is None:
+        return ""
+    return next((name for name, size in KNOWN_GPUS.items() if abs(size - gib) <= 1.0), "")
+
+
+def summary(resolved: dict, json_file: Path | None) -> str:
+    """The lines a person reads before submitting: model, data, steps, batching, memory per GPU, the GPU, engine."""
+    d = resolved["derived"]
+    memory, batching = d.get("memory", {}), d.get("batching", {})
+    lines = [f"dry run of {resolved['config'] or 'the command line'}: nothing loaded, nothing trained"]
+
+    def row(name: str, text: str) -> None:
+        lines.append(f"  {name + ':':<15}{text}")
+
+    model = resolved["model_name_or_path"]
+    if "model" in memory:
+        m = memory["model"]
+        model += f" ({m['parameters'] / 1e9:.2f}B parameters, {m['layers']} layers, hidden size {m['hidden_size']})"
+    precision = "bf16" if resolved["bf16"] else "fp16" if resolved["fp16"] else "fp32"
+    row("model", f"{model}; weights load in {resolved['dtype']}, training computes in {precision}")
+    rows = d.get("dataset_rows")
+    data = f"{resolved['dataset_name']} (split {resolved['dataset_train_split']})"
+    row("data", f"{data}: {rows:,} rows" if rows is not None else f"{data}: rows counted when the run loads it")
+    if d.get("total_steps") is not None:
+        n = resolved["num_train_epochs"]
+        epochs = "" if resolved["max_steps"] > 0 else f" ({n:g} epoch{'s' * (n != 1)})"
+        row("steps", f"{d['total_steps']:,} optimizer steps{epochs}, {d['warmup_steps']:,} of warmup")
+    else:
+        row("steps", "counted when the run loads the data set (a dry run reads only local files)")
+    row("processes", f"{d['world_size']} ({d['world_size_source']})")
+    row("per step", f"{d['pairs_per_step']} pairs, over all processes")
+    budget = resolved.get("max_tokens_per_microbatch")
+    if "micro_batches_per_step" in batching:
+        per = batching["micro_batches_per_step"]
+        positions = batching["positions_per_micro_batch"]["mean"]
+        cap = f" (at most {budget:,})" if budget else ""
+        row("micro-batches", f"{per['min']}-{per['max']} per step on each process (mean {per['mean']}), "
+            f"~{positions:,.0f} positions each{cap}")  # fmt: skip
+        tokens = per["mean"] * d["world_size"] * positions * (1 - batching["padding_share"])
+        row("tokens/step", f"~{tokens:,.0f} (the analyzer's lengths; padding {batching['padding_share']:.1%})")
+        row("forward", batching["forward"])
+    else:
+        cut = f"at most {budget:,} packed tokens each" if budget else f"{resolved['per_device_train_batch_size']} pairs"
+        row("micro-batches", f"{cut}; how many per step, and tokens per step: {batching.get('planned', 'at start')}")
+    launcher = resolved["accelerate_config"]
+    row("engine", memory.get("engine") or ("one process" if launcher.lower() in ("", "none") else launcher))
+    attention = resolved["attn_implementation"] or "sdpa (transformers' default)"
+    row("attention", attention + (", packed rows" if resolved["padding_free"] else ", padded rows"))
+    lines += _memory_lines(memory, row)
+    if json_file is not None:
+        row("everything", f"{json_file} (or --json prints it)")
+    return "\n".join(lines)
+
+
+def _memory_lines(memory: dict, row) -> list[str]:
+    """The memory plan per GPU, whether it fits, which GPU it was checked against and how to plan for another."""
+    lines: list[str] = []
+    others = ", ".join(f"{size:g} ({name})" for name, size in KNOWN_GPUS.items())
+    if "skipped" in memory:
+        row("memory/GPU", f"not planned: {memory['skipped']}")
+        return lines
+    parts = memory["per_gpu_gib"]
+    detail = ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in parts.items() if k != "total")
+    row("memory/GPU", f"~{parts['total']} GiB ({detail})")
+    gpu, source = memory["gpu_memory_gib"], memory["gpu_memory_source"]
+    if gpu is None:
+        row("GPU", f"not checked: no GPU here and no gpu_memory_gib in the recipe. Plan for yours with "
+            f"--gpu_memory_gib: {others}")  # fmt: skip
+        return lines
+    name = gpu_name(gpu)
+    verdict = "fits" if memory["fits"] else "does NOT fit (--memory_check false let it through)"
+    row("GPU", f"{verdict} one {gpu} GiB GPU{f' ({name})' if name else ''}, from {source}")
+    if not source.startswith("detected"):
+        row("other GPUs", f"--gpu_memory_gib {others}; a node of 8: WORLD_SIZE=8 GPUS_PER_NODE=8 "
+            "(scripts/launch.sh sets both from the job's --nodes and --gpus-per-node)")  # fmt: skip
+    return lines

@@ -1,0 +1,76 @@
+"""`train_dpo.py --dry-run` as a person reads it (dpotrain/dry_run.py): a summary of what the job will do, the GPU its
+memory plan was checked against and how to plan for another; the full JSON beside the output folder, or with --json."""
+
+import json
+import re
+
+import pytest
+
+import train_dpo
+from conftest import ROOT
+from dpotrain.errors import ConfigError
+
+SMOKE = ["--config", str(ROOT / "configs" / "smoke.yaml")]
+OLMO3_7B = str(ROOT / "configs" / "models" / "olmo3-7b")  # a shipped config.json: a real plan on a fresh clone
+
+
+def dry_run(capsys, *args) -> str:
+    train_dpo.main([*args, "--dry-run"])
+    return capsys.readouterr().out
+
+
+def field(text: str, name: str) -> str:
+    """The value of one summary line (`  name:  value`)."""
+    match = re.search(rf"^  {re.escape(name)}:\s+(.*)$", text, re.MULTILINE)
+    assert match, f"no {name!r} line in:\n{text}"
+    return match.group(1)
+
+
+def test_smoke_summary_says_what_the_run_does_and_writes_the_json_beside_the_output_folder(tmp_path, capsys):
+    out = tmp_path / "run"
+    text = dry_run(capsys, *SMOKE, "--output_dir", str(out))
+    assert f"dry run of {ROOT / 'configs' / 'smoke.yaml'}: nothing loaded, nothing trained\n" in text
+    assert field(text, "model").startswith("builtin:tiny-olmo3; weights load in float32, training computes in fp32")
+    assert field(text, "data") == "data/smoke_prefs.jsonl (split train): 384 rows"
+    assert field(text, "steps") == "48 optimizer steps (1 epoch), 5 of warmup"  # 384 / 8, 10% warmup rounded up
+    assert field(text, "processes").startswith("1 (single process")
+    assert field(text, "per step") == "8 pairs, over all processes"
+    assert field(text, "micro-batches").startswith("at most 2,048 packed tokens each")
+    assert field(text, "engine") == "one process"
+    assert field(text, "attention") == "sdpa (transformers' default), packed rows"
+    assert "this recipe trains in fp32" in field(text, "memory/GPU")  # the plan is for bf16 GPU runs: said why not
+    written = tmp_path / "run.dry-run.json"
+    assert field(text, "everything") == f"{written} (or --json prints it)"
+    assert not out.exists()  # the real run must not find a folder the dry run made
+    resolved = json.loads(written.read_text())
+    assert resolved["derived"]["total_steps"] == 48 and resolved["dataset_name"] == "data/smoke_prefs.jsonl"
+    # --json prints the same object and nothing else, for scripts (scripts/launch.sh).
+    printed = dry_run(capsys, *SMOKE, "--output_dir", str(out), "--json")
+    assert "dry run of" not in printed  # libraries may print a line of their own before the JSON
+    printed = json.loads(printed[printed.index("{\n") :])
+    assert printed == resolved
+
+
+def test_a_login_node_dry_run_names_the_gpu_it_planned_for_and_how_to_plan_for_another(tmp_path, capsys):
+    think = ["--config", str(ROOT / "configs" / "think.yaml"), "--model_name_or_path", OLMO3_7B,
+             "--output_dir", str(tmp_path / "think")]  # fmt: skip
+    text = dry_run(capsys, *think)
+    model = field(text, "model")
+    assert "7.30B parameters, 32 layers" in model
+    assert model.endswith("weights load in bfloat16, training computes in bf16")  # DeepSpeed with bf16: what runs
+    assert field(text, "engine").startswith("DeepSpeed ZeRO-2 (accelerate_config.yaml")
+    assert field(text, "memory/GPU").startswith("~106.9 GiB (model states 44.2,")
+    assert field(text, "GPU") == "fits one 179.0 GiB GPU (B200), from gpu_memory_gib"  # the recipe's sizing
+    assert field(text, "other GPUs").startswith("--gpu_memory_gib 79.6 (H100 80GB), 140.4 (H200), 179 (B200)")
+    resolved = json.loads((tmp_path / "think.dry-run.json").read_text())
+    assert resolved["dtype"] == "bfloat16" and resolved["bf16"] is True
+    # The same job on 80 GB H100s is refused before submitting, with what would fit.
+    with pytest.raises(ConfigError, match=r"needs ~106.9 GiB per GPU .* more than the 79.6 GiB GPU"):
+        train_dpo.main([*think, "--gpu_memory_gib", "79.6", "--dry-run"])
+
+
+def test_without_a_gpu_size_the_summary_says_nothing_was_checked_and_how_to_check(tmp_path, capsys):
+    text = dry_run(capsys, "--config", str(ROOT / "configs" / "think.yaml"), "--model_name_or_path", OLMO3_7B,
+                   "--output_dir", str(tmp_path / "t"), "--gpu_memory_gib", "None")  # fmt: skip
+    assert field(text, "GPU").startswith("not checked: no GPU here and no gpu_memory_gib in the recipe")
+    assert "--gpu_memory_gib: 79.6 (H100 80GB)" in field(text, "GPU")
