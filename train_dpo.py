@@ -32,6 +32,7 @@ from dpotrain import (
     memory,
     offline,
     options,
+    plan_stage,
     reference,
     resolve,
     rows,
@@ -158,6 +159,9 @@ def run(argv, stop: GracefulStop) -> int | None:
     callbacks = [WandbStepIsGlobalStep(), *([pusher] if pusher else [])]
     created_before = out.exists()
     trainer = build_trainer(recipe, dataset, eval_dataset=eval_dataset, callbacks=callbacks, stop=stop)
+    # The plan stage (dpotrain/plan_stage.py): every step of the run cut into micro-batches, from the tokenized lengths;
+    # a step that cannot be cut is refused here, before the reference is scored.
+    run_plan = plan_stage.run_stage(trainer)
     # What every rank decided alone (its data's lengths, its plan, its resume point...) must be the same everywhere.
     agreement.at_start(trainer, plan.resume_from)
 
@@ -176,7 +180,7 @@ def run(argv, stop: GracefulStop) -> int | None:
     # The dtype the weights loaded in (engine.load_dtype: bf16 under DeepSpeed), as the dry run records it, not TRL's
     # float32 default.
     recipe.model.dtype = training.model_init_kwargs["dtype"]
-    derived["batching"] = trainer.batching_summary()
+    derived["batching"] = run_plan.summary
     derived["forward"] = trainer.forward.record()  # the attention and layout chosen (dpotrain/forwards/choice.py)
     resolved = push.record(resolve.resolved_config(recipe, derived | {"resumed_from": plan.resume_from}))
     if state.is_main_process:

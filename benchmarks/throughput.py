@@ -162,7 +162,7 @@ def worker(args) -> None:
                            model_init_kwargs={"attn_implementation": args.attn, "dtype": dtype})  # fmt: skip
         trainer = DPOTrainer(model=str(args.model), args=config, train_dataset=data)
     else:
-        from dpotrain import reference
+        from dpotrain import plan_stage, reference
         from dpotrain.config import parse_args
         from dpotrain.trainer import build_trainer
 
@@ -173,6 +173,7 @@ def worker(args) -> None:
                              "--max_tokens_per_microbatch", str(args.batch * 2 * args.max_length),
                              "--share_prompt", str(args.path == "shared").lower()])  # fmt: skip
         trainer = build_trainer(recipe, data)
+        plan_stage.run_stage(trainer)
         reference.run_stage(trainer, trainer.graceful_stop)  # the reference pass: part of the end-to-end time
     from dpotrain.flops import ModelFlops
 
@@ -191,7 +192,7 @@ def worker(args) -> None:
         "positions": counting.positions, "computed": counting.computed, "prompt_tokens": counting.prompt,
         "flops": counting.flops, "params": params, "gpu_peak_bytes": peak,
         "rss_peak_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
-        "micro_batches_per_step": (trainer.batching_summary()["micro_batches_per_step"]["mean"] if args.path != "trl"
+        "micro_batches_per_step": (trainer.run_plan.summary["micro_batches_per_step"]["mean"] if args.path != "trl"
                                    else trainer.args.gradient_accumulation_steps),
     }), flush=True)  # fmt: skip
 

@@ -86,8 +86,8 @@ def at_start(trainer, resume_from: str | None) -> None:
     the resume point, the engine, the forward
     (attention and packing), the package versions and the model the reference is scored with."""
     values = {
-        "the data set's lengths": lengths_digest(trainer.lengths),
-        "the plan": plan_digest(trainer.planned_epochs),
+        "the data set's lengths": lengths_digest(trainer.run_plan.lengths),
+        "the plan": plan_digest(trainer.run_plan.epochs),
         "the resume point": str(resume_from),
         "the engine": trainer.engine.name,
         # Chosen per device from what is installed (forwards/choice.py): a node without a kernel would run another one.

@@ -109,7 +109,7 @@ def score(recipe, sample) -> dict:
     whatever forward training uses for the reference (TRL's padded one, the packed one of dpotrain/reference.py) is the
     one that scores here. Returns per kept row: prompt / chosen / rejected token counts and summed log-probs.
     """
-    from . import reference
+    from . import plan_stage, reference
     from .trainer import build_trainer
 
     t, p = recipe.training, recipe.project
@@ -125,6 +125,7 @@ def score(recipe, sample) -> dict:
         # under $DPOTRAIN_CACHE) and the output folder live in a folder removed afterwards.
         t.output_dir = tmp
         trainer = build_trainer(recipe, sample)
+        plan_stage.run_stage(trainer)  # the reference is scored in the plan's micro-batches
         reference.run_stage(trainer, trainer.graceful_stop)
         ds = trainer.train_dataset
         columns = ["prompt_ids", "chosen_ids", "rejected_ids", "ref_chosen_logps", "ref_rejected_logps"]

@@ -309,7 +309,7 @@ def _local_tokenizer_and_data(recipe: Recipe):
 def preview_plan(recipe: Recipe, world: int, max_length: int | None) -> dict:
     """What the step plan will do (`derived.batching`), for a dry run: from the analyzer's cached per-pair lengths
     (scripts/analyze_dataset.py caches a complete analysis), without loading a model or the data set."""
-    from . import lengths, packing, plan
+    from . import lengths, packing, plan, plan_stage
 
     command = f"python scripts/analyze_dataset.py --config {recipe.config_path or '<recipe>'}"
     pending = {"planned": f"at start, from the token lengths (to see it now: {command}, then this dry run again)"}
@@ -324,17 +324,15 @@ def preview_plan(recipe: Recipe, world: int, max_length: int | None) -> dict:
     pair_lengths = plan.PairLengths.from_parts(m.prompt[kept], m.chosen[kept], m.rejected[kept], max_length, share,
                                                t.truncation_mode)  # fmt: skip
     pairs_per_step = p.pairs_per_step or t.per_device_train_batch_size * t.gradient_accumulation_steps * world
-    budget = p.max_tokens_per_microbatch
-    step_plan = plan.StepPlan(pairs_per_step, world, t.seed, budget, None if budget else t.per_device_train_batch_size,
-                              padded=not packs)  # fmt: skip
-    epochs = plan.epochs_needed(t.max_steps, t.num_train_epochs, len(pair_lengths), pairs_per_step, world)
     if not packs:
         forward = plan.Forward("padded")
     else:
         forward = plan.Forward("one_row" if packing.one_row(recipe.model.attn_implementation) else "rows", hidden_size)
     deepspeed = _launch_engine(recipe).startswith("deepspeed")
-    summary = plan.summary(pair_lengths, step_plan, plan.plan_run(pair_lengths, step_plan, epochs), forward, deepspeed)
-    return {**summary, "planned": f"from the analyzer's cached lengths ({report}){note}"}
+    # What the run's plan stage will make, from the cached lengths instead of the tokenized data set.
+    run_plan = plan_stage.make(pair_lengths, t, pairs_per_step, world, p.max_tokens_per_microbatch, padded=not packs,
+                               forward=forward, reduce_per_backward=deepspeed)  # fmt: skip
+    return {**run_plan.summary, "planned": f"from the analyzer's cached lengths ({report}){note}"}
 
 
 def _packing_preview(recipe: Recipe) -> tuple[bool, bool, int, str]:

@@ -2,10 +2,11 @@
 
 Everything DPO-specific (tokenization, the loss and its variants, LD-DPO, the reference under PEFT) stays TRL's. The
 subclass changes how pairs reach TRL's loss code, and what surrounds it:
-- steps follow the plan (`plan.py`): the dataloader yields one item per optimizer step, this rank's micro-batches of
-  it, and `training_step` runs them with the gradient-accumulation boundary on the last (`no_sync` before it; for
-  DeepSpeed, accelerate's `set_gradient_accumulation_boundary`), so the Trainer, its schedule and `max_steps` count
-  optimizer steps while the number of micro-batches changes from step to step;
+- steps follow the plan (`plan.py`), made by the plan stage after the trainer is built (`plan_stage.py`, given with
+  `use_plan`): the dataloader yields one item per optimizer step, this rank's micro-batches of it, and
+  `training_step` runs them with the gradient-accumulation boundary on the last (`no_sync` before it; for DeepSpeed,
+  accelerate's `set_gradient_accumulation_boundary`), so the Trainer, its schedule and `max_steps` count optimizer
+  steps while the number of micro-batches changes from step to step;
 - each micro-batch's loss is weighed by its share of the step's pairs, so a step's loss and gradient are the mean over
   its pairs whatever the micro-batching (`compute_loss`, `get_batch_samples`);
 - the forward is packed (`packing.py`): TRL's `_compute_loss` runs on the padded view of a packed micro-batch, with
@@ -36,6 +37,7 @@ from .forwards.choice import ForwardChoice, decide_forward, padded_instead
 from .health import HealthGuard
 from .metrics import MetricsRecorder
 from .pair_metrics import PairMetrics
+from .plan_stage import RunPlan
 from .preemption import GracefulStop
 from .samples import SampleGenerator
 
@@ -143,12 +145,13 @@ class RecipeDPOTrainer(DPOTrainer):
         self.packed = packed = forward.packed
         self.pairs_per_step = pairs_per_step
         self.max_tokens_per_microbatch = max_tokens_per_microbatch
-        self.step_plan: plan.StepPlan | None = None
-        self.lengths: plan.PairLengths | None = None
-        self.planned_epochs: list = []  # every epoch the run touches, planned at start: [epoch][step][rank][mb]
+        self._run_plan: RunPlan | None = None  # given by the plan stage (`use_plan`), after construction
         self.gpu_peak_tflops = gpu_peak_tflops
         training_args = kwargs["args"]
         training_args.padding_free = False  # TRL 1.16 warns "temporarily unavailable" and pads; we pack
+        # The micro-batches of a step run inside training_step: the Trainer sees one item per optimizer step. Set
+        # before transformers creates the accelerator and fills DeepSpeed's "auto" batch sizes from it.
+        training_args.gradient_accumulation_steps = 1
         if packed:
             kwargs["data_collator"] = choice.collator(forward, training_args)
         with self._no_second_model_under_fsdp(kwargs):
@@ -229,30 +232,30 @@ class RecipeDPOTrainer(DPOTrainer):
         if self.is_world_process_zero():
             report_save(self.state.global_step, time.monotonic() - start)
 
-    # --- the plan: steps of pairs_per_step pairs, cut into micro-batches ----------------------------------------
-    def _prepare_dataset(self, dataset, processing_class, args, dataset_name):
-        dataset = super()._prepare_dataset(dataset, processing_class, args, dataset_name)
-        if dataset_name == "train":
-            # Runs inside TRL's __init__, before transformers creates the accelerator and fills DeepSpeed's "auto"
-            # values: the Trainer must see one item per optimizer step by then.
-            self.lengths = plan.PairLengths.of(dataset, args.max_length, self.forward.share_prompt,
-                                               args.truncation_mode)  # fmt: skip
-            budget = self.max_tokens_per_microbatch
-            self.step_plan = plan.StepPlan(self.pairs_per_step, args.world_size, args.seed, budget,
-                                           None if budget else args.per_device_train_batch_size,
-                                           padded=not self.packed)  # fmt: skip
-            epochs = plan.epochs_needed(args.max_steps, args.num_train_epochs, len(dataset), self.pairs_per_step,
-                                        args.world_size)  # fmt: skip
-            # Every epoch is planned now: a step that cannot be cut is refused before the model does any work.
-            self.planned_epochs = plan.plan_run(self.lengths, self.step_plan, epochs)
-            args.gradient_accumulation_steps = 1  # the micro-batches of a step run inside training_step
-        return dataset
+    # --- the plan: steps of pairs_per_step pairs, cut into micro-batches (made by the plan stage) ----------------
+    def use_plan(self, run_plan: RunPlan) -> None:
+        """The run's plan (`plan_stage.run_stage`), for the reference stage and training."""
+        self._run_plan = run_plan
+
+    @property
+    def run_plan(self) -> RunPlan:
+        if self._run_plan is None:
+            raise RuntimeError("this trainer has no plan: run the plan stage after build_trainer "
+                               "(`dpotrain.plan_stage.run_stage(trainer)`, as train_dpo.py does)")  # fmt: skip
+        return self._run_plan
+
+    def plan_forward(self) -> plan.Forward:
+        """How this trainer's collator lays out a micro-batch, for the positions the plan's summary counts."""
+        collate = self.data_collator
+        if not self.packed:
+            return plan.Forward("padded", max_groups=collate.max_groups)
+        return plan.Forward("one_row" if collate.one_row else "rows", collate.hidden_size)
 
     def get_train_dataloader(self):
         """One item per optimizer step (`plan.StepSampler`), rows read a step at a time and collated per
         micro-batch with the forward's collator."""
-        args = self.args
-        sampler = plan.StepSampler(self.lengths, self.step_plan, args.process_index, self.planned_epochs)
+        args, run_plan = self.args, self.run_plan
+        sampler = plan.StepSampler(run_plan.lengths, run_plan.step_plan, args.process_index, run_plan.epochs)
         columns = [c for c in (*plan.COLUMNS, "ref_chosen_logps", "ref_rejected_logps")
                    if c in self.train_dataset.column_names]  # fmt: skip
         return self._rank_aware_loader(plan.StepRows(self.train_dataset.select_columns(columns)), sampler,
@@ -291,15 +294,6 @@ class RecipeDPOTrainer(DPOTrainer):
             shard.num_processes, shard.process_index = 1, 0
         return loader
 
-    def batching_summary(self) -> dict:
-        """How steps are cut, for the run's records (`plan.summary`), with the positions the forward really runs."""
-        collate = self.data_collator
-        if not self.packed:
-            forward = plan.Forward("padded", max_groups=collate.max_groups)
-        else:
-            forward = plan.Forward("one_row" if collate.one_row else "rows", collate.hidden_size)
-        return plan.summary(self.lengths, self.step_plan, self.planned_epochs, forward, self.is_deepspeed_enabled)
-
     # --- one optimizer step: its micro-batches, the accumulation boundary on the last -------------------------------
     def training_step(self, model, inputs, num_items_in_batch=None):
         micro_batches = inputs["micro_batches"]
@@ -336,7 +330,7 @@ class RecipeDPOTrainer(DPOTrainer):
         evaluation set, the eval loader's consecutive batches dealt round-robin to the ranks."""
         world = self.accelerator.num_processes
         if name == "train":
-            return [[mb for step in self.planned_epochs[0] for mb in step[rank]] for rank in range(world)]
+            return [[mb for step in self.run_plan.epochs[0] for mb in step[rank]] for rank in range(world)]
         return plan.eval_batches(rows, world, self.args.per_device_eval_batch_size)
 
     def reference_scorer(self):
@@ -389,7 +383,10 @@ class RecipeDPOTrainer(DPOTrainer):
         """Score the longest pairs in packed rows and each sequence alone, with the model that scores the reference
         (`packing.parity`); past the tolerance, train padded with a note, or stop when packing was asked for
         explicitly. Every rank runs the same forwards and takes the same decision."""
-        examples = [self.train_dataset[int(i)] for i in np.argsort(-self.lengths.tokens, kind="stable")[:4]]
+        args = self.args  # it runs while the trainer is built, before the plan stage: it reads the lengths itself
+        tokens = plan.PairLengths.of(self.train_dataset, args.max_length, self.forward.share_prompt,
+                                     args.truncation_mode).tokens  # fmt: skip
+        examples = [self.train_dataset[int(i)] for i in np.argsort(-tokens, kind="stable")[:4]]
         model = self.reference_scorer()
         half = self.args.bf16 or self.args.fp16 or next(model.parameters()).dtype in (torch.bfloat16, torch.float16)
         tolerance = packing.PARITY_TOLERANCE["half" if half else "fp32"]
@@ -408,7 +405,7 @@ class RecipeDPOTrainer(DPOTrainer):
         self._use_padded()
 
     def _use_padded(self) -> None:
-        """TRL's padded collator (as TRL builds it) and a plan cut for padded micro-batches, before anything ran."""
+        """TRL's padded collator (as TRL builds it), before the plan stage cuts steps for it."""
         from trl.trainer.dpo_trainer import DataCollatorForPreference
 
         args = self.args
@@ -418,8 +415,6 @@ class RecipeDPOTrainer(DPOTrainer):
                                                  truncation_mode=args.truncation_mode,
                                                  pad_to_multiple_of=args.pad_to_multiple_of)  # fmt: skip
         self.data_collator = padded.GroupedCollator(trl_collator)  # as __init__ wraps it (padded.py)
-        self.step_plan = replace(self.step_plan, padded=True)
-        self.planned_epochs = plan.plan_run(self.lengths, self.step_plan, len(self.planned_epochs))
 
     # --- the loss ---------------------------------------------------------------------------------------------
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
@@ -491,8 +486,10 @@ class RecipeDPOTrainer(DPOTrainer):
 
 def build_trainer(recipe: Recipe, train_dataset, eval_dataset=None, callbacks=(), stop: GracefulStop | None = None):
     """The project's DPO trainer, with: COMPLETE marks on checkpoints, metrics.jsonl, a clean stop on Slurm's
-    signals, health guards and sample generations. `trainer.graceful_stop.stopped` tells after `train()` whether it
-    ended early to be requeued; `trainer.health.stop` whether a guard stopped it."""
+    signals, health guards and sample generations, its training set tokenized by TRL. It has no plan yet: the plan
+    stage (`plan_stage.run_stage`) comes next, then the reference stage (`reference.run_stage`), then `train()`.
+    `trainer.graceful_stop.stopped` tells after `train()` whether it ended early to be requeued; `trainer.health.stop`
+    whether a guard stopped it."""
     t, p = recipe.training, recipe.project
     run_engine = engine.launched()
     model_path = resolve_model_path(recipe)

@@ -34,9 +34,11 @@ def tiny_model_dir(tmp_path_factory) -> str:
 
 
 def ready(trainer):
-    """A trainer built by `build_trainer` after its reference stage (dpotrain/reference.py), as train_dpo.py runs it."""
-    from dpotrain import reference
+    """A trainer built by `build_trainer` after its plan stage (dpotrain/plan_stage.py) and reference stage
+    (dpotrain/reference.py), as train_dpo.py runs them."""
+    from dpotrain import plan_stage, reference
 
+    plan_stage.run_stage(trainer)
     reference.run_stage(trainer, trainer.graceful_stop)
     return trainer
 

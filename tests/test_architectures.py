@@ -107,7 +107,7 @@ def test_family_trains_with_the_smoke_recipe(tmp_path, monkeypatch, capsys, tiny
     model_dir = build_model(model_type, tmp_path / "model", tiny_model_dir)
     trainer = ready(smoke_trainer(model_dir, tmp_path / "run", rows))
     packs = model_type in packing.PACKING_TESTED
-    assert trainer.packed == packs and trainer.step_plan.padded == (not packs)
+    assert trainer.packed == packs and trainer.run_plan.step_plan.padded == (not packs)
     # Prompts shared wherever packing is and the mask can be given (not a mask the model builds itself, not an MoE
     # router's aux loss): then the packed = padded check below runs on the shared rows.
     shares = packs and model_type not in ("mistral", "phi3", "qwen3_moe", "olmoe", "mixtral")
@@ -209,7 +209,7 @@ def test_hybrid_that_fails_the_parity_check_trains_padded(tmp_path, monkeypatch,
     monkeypatch.setattr(packing, "packing_problem", lambda config: None)
     trainer = ready(smoke_trainer(model_dir, tmp_path / "run", rows, max_steps=1))
     assert "Note: padded micro-batches" in capsys.readouterr().out
-    assert not trainer.packed and trainer.step_plan.padded and trainer.args.padding_free is False
+    assert not trainer.packed and trainer.run_plan.step_plan.padded and trainer.args.padding_free is False
     trainer.train()
     assert abs(trainer.state.log_history[0]["loss"] - math.log(2)) < 1e-5
     with pytest.raises(ConfigError, match="padding_free .* nats away from the same sequences alone"):

@@ -137,7 +137,7 @@ def test_model_whose_layers_mix_packed_sequences_gets_the_padded_path(tmp_path, 
     tokenizer.save_pretrained(path)
     # The smoke recipe as it is (a token budget, packing by default): padded micro-batches on the same step plan.
     trainer = trainer_for(tmp_path / "run", str(path), rows, "--max_steps", "2", "--logging_steps", "1")
-    assert not trainer.packed and trainer.args.padding_free is False and trainer.step_plan.padded
+    assert not trainer.packed and trainer.args.padding_free is False and trainer.run_plan.step_plan.padded
     trainer.train()
     assert abs(trainer.state.log_history[0]["loss"] - math.log(2)) < 1e-5  # the reference stage scored it padded
     with pytest.raises(ConfigError, match="padding_free"):  # packing asked for explicitly: refused

@@ -14,7 +14,7 @@ import datasets
 import pytest
 
 from conftest import ROOT, ready
-from dpotrain import builtin, reference
+from dpotrain import builtin, plan_stage, reference
 from dpotrain.config import parse_args
 from dpotrain.trainer import build_trainer
 
@@ -106,7 +106,7 @@ def test_step_one_is_exact_with_the_cache(tmp_path, tiny_model_dir, cache):
     rows = builtin.make_preference_rows(32, seed=5)
     trainer = build(tmp_path, tiny_model_dir, rows, "--max_steps", "1", "--logging_steps", "1", "--pairs_per_step",
                     "16", "--max_tokens_per_microbatch", "2048")  # fmt: skip
-    assert trainer.batching_summary()["micro_batches_per_step"]["max"] > 1  # several micro-batches of different sizes
+    assert trainer.run_plan.summary["micro_batches_per_step"]["max"] > 1  # several micro-batches of different sizes
     trainer.train()
     first = trainer.state.log_history[0]
     assert abs(first["loss"] - math.log(2)) < 1e-6
@@ -272,6 +272,7 @@ def test_a_truncated_part_is_named_and_its_pairs_scored_again(tmp_path, tiny_mod
                          str(tmp_path / "out"), "--report_to", "none", "--save_strategy", "no",
                          "--max_length", "256", "--max_tokens_per_microbatch", "512"])  # fmt: skip
     trainer = build_trainer(recipe, datasets.Dataset.from_list(builtin.make_preference_rows(40, seed=9)))
+    plan_stage.run_stage(trainer)
     dataset = trainer.train_dataset
     layout = trainer.reference_layout("train", len(dataset))
     assert len(layout[0]) >= 10  # micro-batches enough for two stops half-way

@@ -54,7 +54,7 @@ def test_forty_steps_equal_plain_trl_fed_the_same_pairs(tmp_path, tiny_model_dir
                          "--max_tokens_per_microbatch", "2048"])  # fmt: skip
     ours = ready(build_trainer(recipe, datasets.Dataset.from_list(rows)))
     assert ours.forward.packed and ours.forward.share_prompt  # the project's default path on this model
-    steps = ours.planned_epochs[0][:STEPS]
+    steps = ours.run_plan.epochs[0][:STEPS]
     assert max(len(step[0]) for step in steps) > 1  # some steps are cut into several micro-batches
     ours.train()
 
