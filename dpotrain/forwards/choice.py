@@ -95,10 +95,23 @@ def _packs(config, attn: str) -> bool:
     return packing.packing_problem(config) is None
 
 
+def dense_attention(config) -> str:
+    """sdpa, or eager for a model class that does not take sdpa (Gemma 2 in transformers 5.23: loading it with sdpa
+    raises), as transformers itself falls back when no attention is named."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
+
+    try:
+        model_class = MODEL_FOR_CAUSAL_LM_MAPPING[type(config)]
+    except KeyError:  # a config the causal-LM auto class does not map: leave it to transformers' own check
+        return "sdpa"
+    return "sdpa" if getattr(model_class, "_supports_sdpa", True) else "eager"
+
+
 def pick_attention(config, want_share: bool | None, packs: bool, cuda: bool) -> tuple[str, str]:
     """The attention for a recipe that names none, and why."""
+    dense = dense_attention(config)
     if not cuda:
-        return "sdpa", "CPU (FlexAttention has no backward there, FlashAttention needs CUDA)"
+        return dense, "CPU (FlexAttention has no backward there, FlashAttention needs CUDA)"
     if packs and want_share is not False and _packs(config, "flex_attention") and shared_prompt.share_problem(
             config, "flex_attention") is None:  # fmt: skip
         return "flex_attention", "CUDA, and this model shares prompts: a block mask skips what no token sees"
@@ -107,7 +120,7 @@ def pick_attention(config, want_share: bool | None, packs: bool, cuda: bool) -> 
         return varlen, "CUDA with a varlen FlashAttention kernel installed, prompts unshared"
     if packs and _packs(config, "flex_attention"):
         return "flex_attention", "CUDA without a varlen FlashAttention kernel: a block mask skips other sequences"
-    return "sdpa", "CUDA, a model this project does not pack"
+    return dense, "CUDA, a model this project does not pack"
 
 
 def decide_forward(recipe, model_path: str, cuda: bool | None = None) -> ForwardChoice:
