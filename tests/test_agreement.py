@@ -24,21 +24,26 @@ CHECK = textwrap.dedent("""
         values["the resume point"] = "out/checkpoint-40"
     try:
         agreement.check(values)
-        print(f"rank {{rank}}: agreed", flush=True)
+        said = "agreed"
     except ConfigError as e:
-        print(f"rank {{rank}}: error: {{e}}", flush=True)
+        said = f"error: {{e}}"
+    # One file per rank: the ranks' prints share one pipe, and a line's two writes can interleave with the other's.
+    with open(os.path.join({out!r}, f"rank{{rank}}.txt"), "w") as f:
+        f.write(f"rank {{rank}}: {{said}}\\n")
     dist.destroy_process_group()
 """)
 
 
 def torchrun(tmp_path, differ: bool) -> str:
     script = tmp_path / "check.py"
-    script.write_text(CHECK.format(root=str(ROOT)))
+    out = tmp_path / "said"
+    out.mkdir()
+    script.write_text(CHECK.format(root=str(ROOT), out=str(out)))
     env = {**os.environ, "DIFFER": "1" if differ else ""}  # (ranks that agree: every multi-process training test)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", str(script)]
     result = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
-    return result.stdout
+    return "".join(p.read_text() for p in sorted(out.iterdir()))
 
 
 def test_a_difference_between_two_ranks_is_one_line_naming_the_rank(tmp_path):
