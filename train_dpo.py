@@ -92,9 +92,9 @@ def run(argv, stop: GracefulStop) -> int | None:
         derived["batching"] = resolve.preview_plan(recipe, world, max_length)
         derived["memory"] = memory.plan(recipe, world)  # refuses a plan that cannot fit the GPU
         # The dtype the weights will load in under the planned engine (bf16 under DeepSpeed), not TRL's default.
-        planned_engine = memory.read_engine(recipe.project.accelerate_config).kind
-        if planned_engine in ("single", "ddp", "zero2", "zero3", "fsdp2"):
-            recipe.model.dtype = engine.load_dtype(recipe, engine.Engine(planned_engine))
+        planned_engine = engine.from_config(recipe.project.accelerate_config)
+        if planned_engine.name != "unplanned":
+            recipe.model.dtype = engine.load_dtype(recipe, planned_engine)
         resolved = push.record(resolve.resolved_config(recipe, derived))
         if recipe.project.json:  # for scripts (scripts/launch.sh): the whole resolved configuration, nothing else
             print(json.dumps(resolved, indent=2, default=str))

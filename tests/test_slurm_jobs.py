@@ -362,11 +362,11 @@ def test_eight_gpus_per_node_are_eight_processes_per_node_and_the_plan_counts_no
     line = print_launch(2, gpus="8")
     assert "--num_machines 2" in line and "--num_processes 16" in line
     # launch.sh's dry run passes GPUS_PER_NODE: a refusal then suggests nodes of 8, not the config's 4.
-    from dpotrain import memory
+    from dpotrain import engine
 
-    assert memory.read_engine(str(ROOT / "accelerate_config.yaml")).gpus_per_node == 4
+    assert engine.from_config(str(ROOT / "accelerate_config.yaml")).gpus_per_node == 4
     monkeypatch.setenv("GPUS_PER_NODE", "8")
-    assert memory.read_engine(str(ROOT / "accelerate_config.yaml")).gpus_per_node == 8
+    assert engine.from_config(str(ROOT / "accelerate_config.yaml")).gpus_per_node == 8
     assert "GPUS_PER_NODE=$PROCS_PER_NODE" in (ROOT / "scripts" / "launch.sh").read_text()
 
 
