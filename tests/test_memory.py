@@ -286,6 +286,7 @@ def test_a_run_launched_by_hand_plans_for_the_engine_it_runs_under(olmo3, tmp_pa
 @no_gpu
 def test_refusal_happens_only_with_a_known_gpu(olmo3):
     r = recipe("--model_name_or_path", olmo3["32b"], "--accelerate_config", "accelerate_config.yaml")
+    r.project.gpu_memory_gib = None  # the recipe's own (think: a B200's 179) left out
     plan = memory.plan(r, 4)  # no GPU here, no gpu_memory_gib: shown, not checked
     assert plan["fits"] is None and plan["per_gpu_gib"]["total"] > 179
     r.project.gpu_memory_gib = 179
