@@ -1,6 +1,7 @@
 """Shared fixtures: the built-in tiny model (built once per session, offline) and the project paths."""
 
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -75,3 +76,31 @@ def slurm2():
     from slurm_cluster import DEFAULT_STATE_DIR, slurm_cluster
 
     yield from slurm_cluster(DEFAULT_STATE_DIR.with_name(DEFAULT_STATE_DIR.name + "-2nodes"), nodes=2)
+
+
+def run_bounded(cmd: list[str], limit: float, **popen):
+    """Run `cmd` in a process group of its own, as a job's launcher and its ranks; past `limit` seconds the whole
+    group is killed, so a rank left waiting (in a collective, on a lock) fails its test instead of stalling the suite.
+    Returns (exit code, or None when killed; stdout; stderr)."""
+    proc = subprocess.Popen(cmd, text=True, start_new_session=True, **popen)
+    try:
+        out, err = proc.communicate(timeout=limit)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        return None, out, err
+    return proc.returncode, out, err
+
+
+@pytest.fixture(scope="module")
+def splits(tmp_path_factory):
+    """A saved DatasetDict with a held-out split (evaluation needs one)."""
+    import datasets
+
+    from dpotrain import builtin
+
+    rows = builtin.make_preference_rows(60, seed=13)
+    path = tmp_path_factory.mktemp("data") / "pairs"
+    datasets.DatasetDict({"train": datasets.Dataset.from_list(rows[:48]),
+                          "test": datasets.Dataset.from_list(rows[48:])}).save_to_disk(path)  # fmt: skip
+    return path

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from conftest import PYTHON, ROOT
+from conftest import PYTHON, ROOT, run_bounded
 
 # A real C++ extension through torch's JIT path (the one DeepSpeed's op builders use): it takes long enough to
 # compile (torch headers) to be checked, and killed, mid-build.
@@ -86,15 +86,10 @@ def launch_train(tmp_path, env, timeout):
            "--output_dir", str(tmp_path / "out"), "--report_to", "none"]  # fmt: skip
     env = {**os.environ, "PATH": f"{os.path.dirname(PYTHON)}:{os.environ['PATH']}", **env}
     start = time.monotonic()
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)  # fmt: skip
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.communicate()
-        raise AssertionError(f"train_dpo.py still running after {timeout} s: it waits on the lock") from None
-    return subprocess.CompletedProcess(cmd, proc.returncode, out, err), time.monotonic() - start
+    code, out, err = run_bounded(cmd, timeout, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    if code is None:
+        raise AssertionError(f"train_dpo.py still running after {timeout} s: it waits on the lock")
+    return subprocess.CompletedProcess(cmd, code, out, err), time.monotonic() - start
 
 
 def test_a_stale_lock_is_refused_by_train_dpo_under_accelerate_launch(tmp_path):

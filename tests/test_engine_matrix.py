@@ -14,16 +14,13 @@ unable to train at step 1 when no reference scoring ran before them. The rest is
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import time
 
-import datasets
 import pytest
 
-from conftest import ROOT
-from dpotrain import builtin
+from conftest import ROOT, run_bounded
 
 ENGINES = {"zero2": "accelerate_config.yaml", "zero3": "configs/accelerate/zero3.yaml",
            "fsdp2": "configs/accelerate/fsdp2.yaml"}  # fmt: skip
@@ -51,28 +48,13 @@ def launch(out, cache, model_dir, data, *args, config=None, limit=LIMIT_S) -> st
     cmd = [*launcher, str(ROOT / "train_dpo.py"), "--config", str(ROOT / "configs" / "smoke.yaml"),
            "--model_name_or_path", model_dir, "--dataset_name", str(data), "--output_dir", str(out), *args]  # fmt: skip
     start = time.monotonic()
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)  # fmt: skip
-    try:
-        log, _ = proc.communicate(timeout=limit)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        log, _ = proc.communicate()
+    code, log, _ = run_bounded(cmd, limit, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    if code is None:
         pytest.fail(f"{' '.join(args)} under {config or 'one process'} did not finish in {limit} s (a rank waiting in "
                     f"a collective the others never run?): killed\n{log[-3000:]}")  # fmt: skip
-    assert proc.returncode == 0, log[-4000:]
+    assert code == 0, log[-4000:]
     print(f"{config or 'one process'} {' '.join(args)}: {time.monotonic() - start:.0f} s")
     return log
-
-
-@pytest.fixture(scope="module")
-def splits(tmp_path_factory):
-    """A saved DatasetDict with a held-out split (evaluation needs one)."""
-    rows = builtin.make_preference_rows(60, seed=13)
-    path = tmp_path_factory.mktemp("data") / "pairs"
-    datasets.DatasetDict({"train": datasets.Dataset.from_list(rows[:48]),
-                          "test": datasets.Dataset.from_list(rows[48:])}).save_to_disk(path)  # fmt: skip
-    return path
 
 
 @pytest.fixture(scope="module")

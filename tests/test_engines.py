@@ -8,12 +8,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-import datasets
 import pytest
 from safetensors.torch import load_file
 
 from conftest import ROOT
-from dpotrain import builtin, engine
+from dpotrain import engine
 from dpotrain.errors import ConfigError
 
 ENGINES = {"zero3": "configs/accelerate/zero3.yaml", "fsdp2": "configs/accelerate/fsdp2.yaml"}
@@ -21,16 +20,6 @@ RUN = ["--max_steps", "4", "--logging_steps", "1", "--save_steps", "2", "--repor
        "steps", "--eval_steps", "2", "--samples_every", "2", "--sample_count", "2",
        "--sample_max_new_tokens", "8"]  # fmt: skip
 LORA = ["--use_peft", "true", "--lora_r", "8", "--lora_target_modules", "q_proj", "v_proj", "--merge_lora", "true"]
-
-
-@pytest.fixture(scope="module")
-def splits(tmp_path_factory):
-    """A saved DatasetDict with a held-out split (evaluation needs one)."""
-    rows = builtin.make_preference_rows(60, seed=13)
-    path = tmp_path_factory.mktemp("data") / "pairs"
-    datasets.DatasetDict({"train": datasets.Dataset.from_list(rows[:48]),
-                          "test": datasets.Dataset.from_list(rows[48:])}).save_to_disk(path)  # fmt: skip
-    return path
 
 
 def train(out, model_dir, data, *args, config=None, timeout=900):
