@@ -12,6 +12,7 @@ import pytest
 from conftest import ROOT
 from dpotrain import plan
 from dpotrain.plan import PairLengths, StepPlan
+from test_plan import heavy_tailed  # the same mix, at the same MAX_LENGTH (8192)
 
 sys.path.insert(0, str(ROOT / "benchmarks"))
 from lengths_like import dolci_think  # noqa: E402
@@ -23,16 +24,6 @@ MAX_LENGTH = 8192
 RECORDED = json.loads((ROOT / "tests" / "data" / "plan_digests.json").read_text())
 
 
-def heavy(n: int, seed: int) -> PairLengths:
-    rng = np.random.default_rng(seed)
-    prompt = rng.lognormal(5, 1, n).astype(int) + 10
-    chosen = np.minimum(prompt + rng.lognormal(7.4, 1.1, n).astype(int), MAX_LENGTH)
-    rejected = np.minimum(prompt + rng.lognormal(7.0, 1.1, n).astype(int), MAX_LENGTH)
-    at_max = rng.random(n) < 0.15
-    chosen[at_max] = rejected[at_max] = MAX_LENGTH
-    return PairLengths(chosen, rejected)
-
-
 def think(n: int, seed: int, share: bool) -> PairLengths:
     prompt, chosen, rejected = dolci_think(n, seed)
     kept = prompt < MAX_LENGTH
@@ -40,7 +31,7 @@ def think(n: int, seed: int, share: bool) -> PairLengths:
     return PairLengths.from_parts(prompt[kept], chosen[kept], rejected[kept], MAX_LENGTH, share, mode)
 
 
-MIXES = {"heavy-1531-0": lambda: heavy(1531, 0), "heavy-3001-3": lambda: heavy(3001, 3),
+MIXES = {"heavy-1531-0": lambda: heavy_tailed(1531, 0), "heavy-3001-3": lambda: heavy_tailed(3001, 3),
          "think-2000-1-shared": lambda: think(2000, 1, True), "think-2000-2-shared": lambda: think(2000, 2, True),
          "think-2500-5": lambda: think(2500, 5, False)}  # fmt: skip
 
