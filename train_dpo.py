@@ -119,7 +119,7 @@ def run(argv, stop: GracefulStop) -> int | None:
     offline.check_offline_artifacts(recipe)  # with HF_HUB_OFFLINE: model, tokenizer and data set must be cached
 
     # The first process group, with every collective's timeout.
-    state = engine.start_processes(training.ddp_timeout, None if run_engine.deepspeed else training.ddp_backend)
+    state = engine.start_processes(training, run_engine)
     out = Path(training.output_dir)
     dataset = data.load_preference_dataset(
         script.dataset_name, script.dataset_train_split, script.dataset_config, streaming=script.dataset_streaming

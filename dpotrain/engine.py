@@ -212,7 +212,7 @@ def zero3_weights_sha256(model, is_main: bool) -> str | None:
     return h.hexdigest() if is_main else None
 
 
-def start_processes(timeout_s: int, backend: str | None = None):
+def start_processes(training, run_engine: Engine):
     """The process group of this launch, made here, first, with the recipe's collective timeout (`ddp_timeout`), and
     the same timeout for every group the engines make later; printed once, as torch holds it.
 
@@ -228,10 +228,11 @@ def start_processes(timeout_s: int, backend: str | None = None):
     import torch.distributed.distributed_c10d as c10d
     from accelerate import PartialState
 
-    timeout = timedelta(seconds=timeout_s)
+    timeout = timedelta(seconds=training.ddp_timeout)
     c10d.default_pg_timeout = c10d.default_pg_nccl_timeout = timeout
     # As TrainingArguments would make it (`ddp_backend`: gloo on CPU-only nodes, dpotrain/config.py; DeepSpeed picks
     # its own).
+    backend = None if run_engine.deepspeed else training.ddp_backend
     state = PartialState(timeout=timeout, **({"backend": backend} if backend else {}))
     if c10d.is_initialized() and c10d.get_rank() == 0:  # torch's rank: accelerate's is not settled yet on CPU
         held = group_timeouts()[c10d._world.pg_names[c10d._get_default_group()]]

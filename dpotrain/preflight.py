@@ -386,8 +386,7 @@ def run(recipe, sample_size: int = DEFAULT_SAMPLE, seed: int | None = None, json
     if recipe.max_length_auto:  # as training resolves it (the analyzer's cached report when there is one)
         from . import engine
 
-        t, run_engine = recipe.training, engine.launched()  # the recipe's collective timeout, as training's
-        state = engine.start_processes(t.ddp_timeout, None if run_engine.deepspeed else t.ddp_backend)
+        state = engine.start_processes(recipe.training, engine.launched())  # the recipe's timeout, as training's
         resolve.auto_max_length(recipe, dataset, state)
     rows, duplicates, identical = pair_keys(dataset) if not script.dataset_streaming else (None, None, None)
     sample = sample_rows(dataset, sample_size, seed)
