@@ -18,6 +18,7 @@ import json
 import os
 import sys
 import time
+from types import SimpleNamespace
 
 import torch
 
@@ -73,7 +74,9 @@ def main() -> None:
     from dpotrain import engine
 
     run_engine = engine.launched()
-    engine.start_processes(1800, None if torch.cuda.is_available() or run_engine.deepspeed else "gloo")
+    # What start_processes reads of the training arguments: their timeout, and gloo where there is no GPU.
+    training = SimpleNamespace(ddp_timeout=1800, ddp_backend=None if torch.cuda.is_available() else "gloo")
+    engine.start_processes(training, run_engine)
     engine.enable_on_cpu(run_engine)  # FSDP2 on a CPU-only machine, as train_dpo.py sets it up
     defer = args.defer or run_engine.defers_gradient_sync
     accelerator = Accelerator(mixed_precision="bf16")
