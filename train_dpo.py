@@ -82,7 +82,9 @@ def run(argv, stop: GracefulStop) -> int | None:
     resolve.plan_batch(recipe, world)
     derived = {"world_size": world, "world_size_source": world_source}
     if recipe.project.dry_run:
-        n_rows = data.count_local_rows(script.dataset_name) if data.is_local(script.dataset_name) else None
+        n_rows = None  # a Hub data set is counted when the run loads it
+        if data.is_local(script.dataset_name):
+            n_rows = data.count_local_rows(script.dataset_name, script.dataset_train_split)
         derived.update(resolve.plan_steps(recipe, world, n_rows))
         options.check_plan(derived)
         max_length = training.max_length
@@ -128,13 +130,13 @@ def run(argv, stop: GracefulStop) -> int | None:
     skip = recipe.project.skip_invalid
     if hasattr(dataset, "__len__"):
         dataset = rows.usable_pairs(dataset, skip, derived, "invalid_rows", recipe.project.hh_format,
-                                    split=script.dataset_train_split)  # fmt: skip
+                                    split=script.dataset_train_split, say=state.is_main_process)  # fmt: skip
     eval_dataset = None
     if training.eval_strategy != "no":  # the held-out split (options.check_options: there is one)
         eval_dataset = data.load_preference_dataset(script.dataset_name, script.dataset_test_split,
                                                     script.dataset_config)  # fmt: skip
         eval_dataset = rows.usable_pairs(eval_dataset, skip, derived, "invalid_eval_rows", recipe.project.hh_format,
-                                         split=script.dataset_test_split)  # fmt: skip
+                                         split=script.dataset_test_split, say=state.is_main_process)  # fmt: skip
         derived["eval_rows"] = len(eval_dataset)
     derived.update(resolve.plan_steps(recipe, world, len(dataset) if hasattr(dataset, "__len__") else None))
     options.check_plan(derived)

@@ -7,6 +7,7 @@ from .errors import ConfigError
 
 LOCAL_SUFFIXES = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
 REQUIRED_COLUMNS = ("chosen", "rejected")
+JSON_ARRAY_COUNT_LIMIT = 1 << 30  # bytes: a JSON array is counted by parsing it whole (Python objects, ~5x its size)
 
 
 def looks_like_path(name: str) -> bool:
@@ -100,16 +101,34 @@ def check_columns(columns, name: str) -> None:
         )
 
 
-def count_local_rows(name: str) -> int | None:
-    """Rows in a local data set without loading it (for --dry-run step counts); None when not cheaply known."""
+def count_local_rows(name: str, split: str = "train") -> int | None:
+    """Rows in a local data set (its `split`, for a folder of splits) without loading it into `datasets` (the dry
+    run's step counts); None where they are not cheaply known."""
     path = Path(name).expanduser()
-    if path.suffix == ".jsonl" and path.is_file():
-        with open(path) as f:
-            return sum(1 for line in f if line.strip())
+    if path.suffix in (".jsonl", ".json") and path.is_file():
+        with open(path, encoding="utf-8", errors="replace") as f:
+            head = f.read(4096).lstrip()
+            f.seek(0)
+            if head.startswith("["):  # a JSON array of rows (datasets' json builder reads both)
+                if head[1:].lstrip().startswith("]"):
+                    return 0
+                if path.stat().st_size > JSON_ARRAY_COUNT_LIMIT:  # only a full parse counts it: not on a login node
+                    return None
+                rows = json.load(f)
+                return len(rows) if isinstance(rows, list) else None
+            return sum(1 for line in f if line.strip())  # JSON Lines
     if path.suffix == ".parquet" and path.is_file():
         import pyarrow.parquet as pq
 
         return pq.ParquetFile(path).metadata.num_rows
+    if path.suffix == ".csv" and path.is_file():
+        import pyarrow.csv as pcsv
+
+        # Quoted fields may hold newlines (a multi-line answer): rows, not lines, are counted.
+        with pcsv.open_csv(path, parse_options=pcsv.ParseOptions(newlines_in_values=True)) as reader:
+            return sum(batch.num_rows for batch in reader)
+    if (path / "dataset_dict.json").exists():  # DatasetDict.save_to_disk: one folder per split
+        path = path / split
     if (path / "dataset_info.json").exists() and (path / "state.json").exists():
         state = json.loads((path / "state.json").read_text())
         import pyarrow as pa

@@ -169,15 +169,17 @@ def check_dataset(
     return RowCheck(index, invalid, time.perf_counter() - start, fmt)
 
 
-def usable_pairs(dataset, skip_invalid: bool, derived: dict, key: str, hh_format: str = "messages", split="train"):
+def usable_pairs(dataset, skip_invalid: bool, derived: dict, key: str, hh_format: str = "messages", split="train",
+                 say: bool = True):  # fmt: skip
     """The data set's pairs as the trainer is to tokenize them (`read_row`: explicit prompt, other columns left out).
 
     Refused at its first bad row, or with `skip_invalid` without its bad rows: then they are recorded as
-    `derived[key]` (for resolved_config.json) and said on the console. No usable row left is refused too: the
-    trainer would fail on an empty data set only after loading the model.
+    `derived[key]` (for resolved_config.json) and, where `say` (one process of a launch), said on the console. No
+    usable row left is refused too: the trainer would fail on an empty data set only after loading the model.
     """
     checked = check_dataset(dataset, skip_invalid=skip_invalid, hh_format=hh_format)
-    print(f"Data ({split}): {checked.rows} rows, {checked.fmt.shape.describe()}", flush=True)
+    if say:
+        print(f"Data ({split}): {checked.rows} rows, {checked.fmt.shape.describe()}", flush=True)
     if checked.invalid:
         derived[key] = checked.summary()
         reasons = checked.by_reason()
@@ -188,7 +190,8 @@ def usable_pairs(dataset, skip_invalid: bool, derived: dict, key: str, hh_format
                               f"first: row {first['index']}, column {first['column']!r}): check that dataset_name and "
                               "the split are the ones meant, and run without --skip_invalid to see the first problem "
                               "in full")  # fmt: skip
-        print(f"Dropped {len(checked.invalid)} invalid row(s) of {checked.rows}: {reasons}", flush=True)
+        if say:
+            print(f"Dropped {len(checked.invalid)} invalid row(s) of {checked.rows}: {reasons}", flush=True)
         bad = {p["index"] for p in checked.invalid}
         dataset = dataset.select([i for i in range(len(dataset)) if i not in bad])
     columns = [c for c in ROW_COLUMNS if c in dataset.column_names]

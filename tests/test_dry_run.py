@@ -74,3 +74,28 @@ def test_without_a_gpu_size_the_summary_says_nothing_was_checked_and_how_to_chec
                    "--output_dir", str(tmp_path / "t"), "--gpu_memory_gib", "None")  # fmt: skip
     assert field(text, "GPU").startswith("not checked: no GPU here and no gpu_memory_gib in the recipe")
     assert "--gpu_memory_gib: 79.6 (H100 80GB)" in field(text, "GPU")
+
+
+def test_the_summary_counts_the_rows_of_every_local_data_set_as_datasets_loads_them(tmp_path, capsys):
+    """JSON Lines, a JSON array, CSV (a quoted answer spanning lines), Parquet, `save_to_disk` folders of one data set
+    and of named splits: the dry run's row count is the one `datasets` loads, and its steps follow from it."""
+    import datasets
+
+    from dpotrain import data
+
+    rows = [{"chosen": f"Q{i}\nA good answer,\nover lines", "rejected": f"Q{i}\nA bad one"} for i in range(40)]
+    table = datasets.Dataset.from_list(rows)
+    (tmp_path / "pairs.json").write_text(json.dumps(rows, indent=1))
+    table.to_json(tmp_path / "pairs.jsonl")
+    table.to_csv(tmp_path / "pairs.csv")
+    table.to_parquet(tmp_path / "pairs.parquet")
+    table.save_to_disk(str(tmp_path / "saved"))
+    datasets.DatasetDict({"train": table, "test": table.select(range(7))}).save_to_disk(str(tmp_path / "splits"))
+    for name in ("pairs.json", "pairs.jsonl", "pairs.csv", "pairs.parquet", "saved", "splits"):
+        path = str(tmp_path / name)
+        assert data.count_local_rows(path) == len(data.load_preference_dataset(path)) == 40, name
+    assert data.count_local_rows(str(tmp_path / "splits"), "test") == 7
+    assert len((tmp_path / "pairs.csv").read_text().splitlines()) > 41  # lines are not rows there
+    text = dry_run(capsys, *SMOKE, "--dataset_name", str(tmp_path / "pairs.csv"), "--output_dir", str(tmp_path / "o"))
+    assert field(text, "data") == f"{tmp_path / 'pairs.csv'} (split train): 40 rows"
+    assert field(text, "steps").startswith("5 optimizer steps (1 epoch)")  # 40 pairs at the smoke recipe's 8

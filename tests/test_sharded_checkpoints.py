@@ -59,6 +59,7 @@ def test_every_deepspeed_process_group_has_ddp_timeout(config, tmp_path, tiny_mo
     """ZeRO-2 and ZeRO-3 (DeepSpeed makes a group of its own in `deepspeed.initialize`, after start-up)."""
     log = launch(config, tmp_path / "run", tiny_model_dir, pairs, "--max_steps", "2", "--save_strategy", "no")
     assert_every_group_has_the_recipes_timeout(log)
+    assert log.count("Data (train): 48 rows") == 1  # said by one process of the launch, not by each
 
 
 @pytest.mark.slow
