@@ -42,6 +42,10 @@ def check_options(recipe: Recipe) -> None:
     if s.dataset_streaming:
         raise ConfigError("dataset_streaming: the step plan and the reference stage need every pair's length up front; "
                           "remove it (datasets memory-maps a loaded data set, so it need not fit in RAM)")  # fmt: skip
+    if t.save_on_each_node:
+        raise ConfigError("save_on_each_node is not supported: checkpoints, their COMPLETE marks and the resume point "
+                          "live once in output_dir, which every node must see (a shared file system): remove "
+                          "save_on_each_node")  # fmt: skip
     if s.ignore_bias_buffers:
         raise ConfigError("ignore_bias_buffers is a DDP workaround of TRL's own script that this project does not "
                           "apply (it launches with DeepSpeed): remove it")  # fmt: skip

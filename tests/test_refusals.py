@@ -64,6 +64,7 @@ def many_rows(n=40):
          "sync_ref_model does not work with use_peft"),
         (["--sync_ref_model", "true", "--precompute_ref_log_probs", "true"], "--precompute_ref_log_probs false"),
         (["--dataset_streaming", "true"], "dataset_streaming: the step plan and the reference stage need every pair"),
+        (["--save_on_each_node", "true"], "save_on_each_node is not supported: checkpoints, their COMPLETE marks"),
     ],
 )  # fmt: skip
 def test_options_that_cannot_be_honoured(args, expected, tmp_path, monkeypatch, capsys):
