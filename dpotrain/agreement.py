@@ -13,10 +13,12 @@ import numpy as np
 
 from .collectives import gather_objects
 from .errors import ConfigError
+from .plan import PairLengths
 
 # What to do when the ranks disagree on a value, by the value's name.
 FIXES = {
     "the data set's lengths": "every node must read the same data (a node-local cache, or another copy of the file?)",
+    "the evaluation set": "every node must read the same evaluation split (a node-local cache, or another copy?)",
     "the plan": "every node must run the same code and recipe on the same data",
     "the resume point": "every node must see the same output_dir (a shared file system, not a node-local one)",
     "the engine": "launch every node with the same accelerate config",
@@ -81,12 +83,16 @@ def check(values: dict[str, str]) -> None:
                                   f"{fix}")  # fmt: skip
 
 
-def at_start(trainer, resume_from: str | None) -> None:
-    """The values of a run that must be equal on every rank once its plan is made: the data set's lengths, the plan,
-    the resume point, the engine, the forward
-    (attention and packing), the package versions and the model the reference is scored with."""
-    values = {
+def values(trainer, resume_from: str | None) -> dict[str, str]:
+    """The values of a run that must be equal on every rank once its plan is made: the data set's lengths, the
+    evaluation set's, the plan, the resume point, the engine, the forward (attention and packing), the package versions
+    and the model the reference is scored with."""
+    evaluation = trainer.eval_dataset
+    evaluation = "none" if evaluation is None else lengths_digest(PairLengths.of(evaluation, trainer.args.max_length))
+    return {
         "the data set's lengths": lengths_digest(trainer.run_plan.lengths),
+        # Its batches are cut by count alone (plan.eval_batches): other pairs of the same count would pass unseen.
+        "the evaluation set": evaluation,
         "the plan": plan_digest(trainer.run_plan.epochs),
         "the resume point": str(resume_from),
         "the engine": trainer.engine.name,
@@ -96,4 +102,8 @@ def at_start(trainer, resume_from: str | None) -> None:
         # The path, not the weights' hash: under ZeRO-3, and FSDP2 with RAM-efficient loading, only rank 0 has them.
         "the reference's model": str(getattr(trainer.model.config, "_name_or_path", "")),
     }
-    check(values)
+
+
+def at_start(trainer, resume_from: str | None) -> None:
+    """One all-gather of `values`: a rank that differs is refused, on every rank, with the value and the fix."""
+    check(values(trainer, resume_from))

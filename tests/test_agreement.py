@@ -88,3 +88,26 @@ def test_two_ranks_given_different_data_are_refused_at_start(tmp_path, tiny_mode
     assert errors.pop().startswith("error: ranks disagree on the data set's lengths: rank 1 has ")
     assert "every node must read the same data" in result.stdout
     assert "reference log-probs" not in result.stdout  # refused before the reference stage
+
+
+def test_the_evaluation_set_is_among_what_the_ranks_must_agree_on(tmp_path, tiny_model_dir):
+    """Evaluation batches are cut by count alone: a rank that read other evaluation pairs of the same count would
+    evaluate on them unseen, unless their lengths are part of the digest."""
+    import datasets
+
+    from dpotrain import agreement, builtin, plan_stage
+    from dpotrain.config import parse_args
+    from dpotrain.trainer import build_trainer
+
+    args = ["--config", str(ROOT / "configs" / "smoke.yaml"), "--model_name_or_path", tiny_model_dir,
+            "--output_dir", str(tmp_path / "run"), "--report_to", "none", "--save_strategy", "no",
+            "--eval_strategy", "steps", "--eval_steps", "2", "--max_steps", "2"]  # fmt: skip
+    train = datasets.Dataset.from_list(builtin.make_preference_rows(40, seed=5))
+    seen = []
+    for seed in (6, 7):  # two evaluation splits of 12 pairs each; a recipe each (building fills it in)
+        evaluation = datasets.Dataset.from_list(builtin.make_preference_rows(12, seed=seed))
+        trainer = build_trainer(parse_args(args), train, evaluation)
+        plan_stage.run_stage(trainer)
+        seen.append(agreement.values(trainer, None))
+    differ = {name for name in seen[0] if seen[0][name] != seen[1][name]}
+    assert differ == {"the evaluation set"}
