@@ -104,7 +104,7 @@ def test_engine_with_two_processes_computes_what_one_process_computes(name, tmp_
 def test_plain_ddp_with_two_processes_trains_like_one_process(tmp_path, tiny_model_dir, splits, one_process):
     config = tmp_path / "ddp.yaml"
     config.write_text("compute_environment: LOCAL_MACHINE\ndistributed_type: MULTI_GPU\nnum_machines: 1\n"
-                      "num_processes: 2\nmixed_precision: 'no'\nuse_cpu: false\n")  # fmt: skip
+                      "num_processes: 2\nmain_process_port: 0\nmixed_precision: 'no'\nuse_cpu: false\n")  # fmt: skip
     out = tmp_path / "run"
     train(out, tiny_model_dir, splits, *RUN, config=config)
     want, got = metrics(one_process / "run"), metrics(out)
