@@ -77,7 +77,10 @@ def run(argv, stop: GracefulStop) -> int | None:
         from dpotrain import preflight
 
         return preflight.main_from_recipe(recipe)
-    push = hub.take_push_settings(recipe)  # this project pushes, not the Trainer; the token stays in memory
+    # This project pushes, not the Trainer; the token stays in memory. Checked for the engine that will run: the
+    # launched one, or for a dry run the one its accelerate config plans.
+    planned_engine = engine.from_config(recipe.project.accelerate_config) if recipe.project.dry_run else run_engine
+    push = hub.take_push_settings(recipe, planned_engine)
     world, world_source = resolve.world_size(recipe, planning=recipe.project.dry_run)
     resolve.plan_batch(recipe, world)
     derived = {"world_size": world, "world_size_source": world_source}
@@ -94,7 +97,6 @@ def run(argv, stop: GracefulStop) -> int | None:
         derived["batching"] = resolve.preview_plan(recipe, world, max_length)
         derived["memory"] = memory.plan(recipe, world)  # refuses a plan that cannot fit the GPU
         # The dtype the weights will load in under the planned engine (bf16 under DeepSpeed), not TRL's default.
-        planned_engine = engine.from_config(recipe.project.accelerate_config)
         if planned_engine.name != "unplanned":
             recipe.model.dtype = engine.load_dtype(recipe, planned_engine)
         resolved = push.record(resolve.resolved_config(recipe, derived))

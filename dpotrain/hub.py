@@ -84,8 +84,9 @@ class PushSettings:
         return resolved
 
 
-def take_push_settings(recipe) -> PushSettings:
-    """The push this run will make, checked; the Trainer's own Hub machinery switched off; the token off disk.
+def take_push_settings(recipe, run_engine=None) -> PushSettings:
+    """The push this run will make under `run_engine` (`engine.Engine`), checked; the Trainer's own Hub machinery
+    switched off; the token off disk.
 
     transformers' Trainer with push_to_hub creates the repo at init (which fails offline), pushes at every save
     ("Training in progress", and with hub_strategy=checkpoint the optimizer state), and pickles hub_token into every
@@ -110,6 +111,11 @@ def take_push_settings(recipe) -> PushSettings:
         )
     if p.push_checkpoints and not t.push_to_hub:
         raise ConfigError("push_checkpoints needs push_to_hub: true (and hub_model_id: org/name), or drop it")
+    if p.push_checkpoints and run_engine is not None and run_engine.name == "fsdp2":
+        raise ConfigError("push_checkpoints under FSDP2: its checkpoints are sharded (each rank's part, "
+                          "torch.distributed.checkpoint), with no model a branch could hold: drop push_checkpoints "
+                          "(the final model is still pushed as one safetensors folder), or train under ZeRO-2 or "
+                          "ZeRO-3")  # fmt: skip
     if p.push_checkpoints and getattr(t.save_strategy, "value", t.save_strategy) == "no":
         raise ConfigError("push_checkpoints is set but save_strategy is 'no', so no checkpoint is saved: set "
                           "save_strategy: steps and save_steps, or drop push_checkpoints")  # fmt: skip

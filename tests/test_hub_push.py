@@ -242,6 +242,26 @@ def test_push_checkpoints_needs_push_to_hub():
         hub.take_push_settings(parse_args(["--config", SMOKE, "--push_checkpoints", "true"]))
 
 
+def test_checkpoint_pushes_under_fsdp2_are_refused_by_the_run_and_by_its_dry_run(monkeypatch):
+    """FSDP2's checkpoints are each rank's shard (torch.distributed.checkpoint): a branch would get no model."""
+    import train_dpo
+    from dpotrain import engine, hub
+    from dpotrain.config import parse_args
+    from dpotrain.errors import ConfigError
+
+    args = ["--config", SMOKE, "--push_to_hub", "true", "--hub_model_id", REPO, "--push_checkpoints", "true"]
+    refusal = "push_checkpoints under FSDP2: its checkpoints are sharded"
+    with pytest.raises(ConfigError, match=refusal):
+        train_dpo.main([*args, "--accelerate_config", "configs/accelerate/fsdp2.yaml", "--dry-run"])
+    launch = {"ACCELERATE_USE_FSDP": "true", "FSDP_VERSION": "2", "FSDP_STATE_DICT_TYPE": "SHARDED_STATE_DICT"}
+    for name, value in launch.items():  # what `accelerate launch` sets for fsdp2.yaml
+        monkeypatch.setenv(name, value)
+    with pytest.raises(ConfigError, match=refusal):
+        hub.take_push_settings(parse_args(args), engine.launched())
+    monkeypatch.setenv("ACCELERATE_USE_FSDP", "false")
+    assert hub.take_push_settings(parse_args(args), engine.launched()).checkpoints  # ZeRO-2 etc. push them
+
+
 def test_the_trainer_gets_no_push_and_no_token(monkeypatch):
     from dpotrain import hub
     from dpotrain.config import parse_args
