@@ -17,7 +17,9 @@ import torch.distributed as dist
 dist.init_process_group("gloo")
 from dpotrain import builtin
 path = builtin.materialize_model("builtin:tiny-olmo3")
-print(json.dumps({"rank": dist.get_rank(), "path": path, "files": sorted(os.listdir(path))}), flush=True)
+# A file per rank: the ranks' prints share one pipe, and one rank's line can land inside the other's.
+with open(os.path.join(sys.argv[1], f"rank{dist.get_rank()}.json"), "w") as f:
+    json.dump({"rank": dist.get_rank(), "path": path, "files": sorted(os.listdir(path))}, f)
 dist.barrier()
 dist.destroy_process_group()
 """
@@ -28,12 +30,12 @@ def test_two_ranks_building_the_builtin_model_both_get_its_weights(tmp_path):
     script.write_text(RANK_SCRIPT)
     env_dir = tmp_path / "builtin"
     result = subprocess.run(
-        [PYTHON, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29533", str(script)],
+        [PYTHON, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", str(script), str(tmp_path)],
         cwd=ROOT, env={**os.environ, "DPOTRAIN_BUILTIN_DIR": str(env_dir), "PYTHONPATH": str(ROOT)},
         capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
-    reports = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
+    reports = [json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in (0, 1)]
     assert sorted(r["rank"] for r in reports) == [0, 1]
     for r in reports:
         assert r["path"] == str(env_dir / "tiny-olmo3-v1")

@@ -13,7 +13,9 @@ sys.path.insert(0, os.getcwd())
 def report() -> None:
     from dpotrain import engine
 
-    print(f"process groups of rank {os.environ.get('RANK', '0')}: {engine.group_timeouts()}", flush=True)
+    # One write of the whole line: print's two writes (text, then newline) from the two ranks can interleave.
+    sys.stdout.write(f"process groups of rank {os.environ.get('RANK', '0')}: {engine.group_timeouts()}\n")
+    sys.stdout.flush()
 
 
 atexit.register(report)
