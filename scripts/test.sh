@@ -15,6 +15,4 @@ fi
 
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
-# Two workers (pytest-xdist; tests/conftest.py groups what must share one): much of the suite waits on launches,
-# Slurm and single-threaded Python, so two overlap on a 2-core machine. `-n 0` runs in one process.
-exec .venv/bin/python -m pytest -n "${TEST_WORKERS:-2}" "$@"
+exec .venv/bin/python -m pytest "$@"

@@ -18,43 +18,6 @@ os.environ.setdefault("WANDB_MODE", "offline")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
-def worker_group(nodeid: str) -> str:
-    """What one pytest-xdist worker runs from start to end: a test module (its module-scoped fixtures, often a
-    training run, are made once), and every Slurm test together, since the test clusters are machine-wide (slurmctld's
-    ports, /tmp/dpotrain-slurm*)."""
-    module = nodeid.split("::", 1)[0]
-    return "slurm" if Path(module).name.startswith("test_slurm") else module
-
-
-@pytest.hookimpl(optionalhook=True)
-def pytest_xdist_make_scheduler(config, log):
-    """scripts/test.sh runs two workers (`-n 2`), each taking whole groups (`worker_group`), in the order collected.
-
-    xdist's own `--dist loadgroup` cannot do it with pytest 9.2: it tags each test's nodeid with its group through
-    `item._nodeid`, an attribute pytest 9 no longer reads (xdist 3.8), so every test became a group of its own."""
-    from xdist.scheduler import LoadScopeScheduling
-
-    class ByGroup(LoadScopeScheduling):
-        def _split_scope(self, nodeid: str) -> str:
-            return worker_group(nodeid)
-
-    config.option.loadscopereorder = False  # keep the collection order: longest groups first (below)
-    return ByGroup(config, log)
-
-
-def pytest_collection_modifyitems(config, items):
-    """On a pytest-xdist worker, the groups in the order they are handed out: Slurm first, then modules by their count
-    of slow tests, so that no long group starts last and holds up the end of the run."""
-    if not hasattr(config, "workerinput"):  # one process runs everything, in the usual order
-        return
-    groups = {}
-    for item in items:
-        groups.setdefault(worker_group(item.nodeid), []).append(item)
-    weight = {g: float("inf") if g == "slurm" else sum(bool(i.get_closest_marker("slow")) for i in members)
-              for g, members in groups.items()}  # fmt: skip
-    items[:] = [item for group in sorted(groups, key=lambda g: -weight[g]) for item in groups[group]]
-
-
 @pytest.fixture(autouse=True)
 def own_cache(tmp_path_factory, monkeypatch):
     """Every test gets an empty DPOTRAIN_CACHE: a reference scored by another test, in other micro-batches, would be
