@@ -114,7 +114,10 @@ def count_local_rows(name: str, split: str = "train") -> int | None:
                     return 0
                 if path.stat().st_size > JSON_ARRAY_COUNT_LIMIT:  # only a full parse counts it: not on a login node
                     return None
-                rows = json.load(f)
+                try:
+                    rows = json.load(f)
+                except ValueError:  # not JSON: loading it says where (`_unreadable`)
+                    return None
                 return len(rows) if isinstance(rows, list) else None
             return sum(1 for line in f if line.strip())  # JSON Lines
     if path.suffix == ".parquet" and path.is_file():
@@ -125,8 +128,11 @@ def count_local_rows(name: str, split: str = "train") -> int | None:
         import pyarrow.csv as pcsv
 
         # Quoted fields may hold newlines (a multi-line answer): rows, not lines, are counted.
-        with pcsv.open_csv(path, parse_options=pcsv.ParseOptions(newlines_in_values=True)) as reader:
-            return sum(batch.num_rows for batch in reader)
+        try:
+            with pcsv.open_csv(path, parse_options=pcsv.ParseOptions(newlines_in_values=True)) as reader:
+                return sum(batch.num_rows for batch in reader)
+        except ValueError:  # pyarrow's ArrowInvalid: a file its parser refuses; loading it (pandas) says what is wrong
+            return None
     if (path / "dataset_dict.json").exists():  # DatasetDict.save_to_disk: one folder per split
         path = path / split
     if (path / "dataset_info.json").exists() and (path / "state.json").exists():

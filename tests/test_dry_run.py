@@ -95,6 +95,11 @@ def test_the_summary_counts_the_rows_of_every_local_data_set_as_datasets_loads_t
         path = str(tmp_path / name)
         assert data.count_local_rows(path) == len(data.load_preference_dataset(path)) == 40, name
     assert data.count_local_rows(str(tmp_path / "splits"), "test") == 7
+    broken = tmp_path / "broken.json"  # not countable: the loader's one-line error, not a traceback of the count
+    broken.write_text('[{"chosen": "a",')
+    assert data.count_local_rows(str(broken)) is None
+    with pytest.raises(ConfigError, match="could not read dataset file"):
+        data.load_preference_dataset(str(broken))
     assert len((tmp_path / "pairs.csv").read_text().splitlines()) > 41  # lines are not rows there
     text = dry_run(capsys, *SMOKE, "--dataset_name", str(tmp_path / "pairs.csv"), "--output_dir", str(tmp_path / "o"))
     assert field(text, "data") == f"{tmp_path / 'pairs.csv'} (split train): 40 rows"
