@@ -50,7 +50,9 @@ def main(argv=None) -> None:
     # First: a SIGTERM or USR1 while the model loads is kept for the reference stage and training to honour.
     stop = GracefulStop.from_env()
     try:
-        return run(argv, stop)
+        result = run(argv, stop)
+        engine.end_processes()  # not after an error: a rank may still be in a collective the others left
+        return result
     finally:
         # Done (or failed): a preemption's SIGTERM from now on must not kill the process while Python shuts down,
         # which restores default handlers (the job would end FAILED after a complete run).

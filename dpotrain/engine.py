@@ -240,6 +240,18 @@ def start_processes(training, run_engine: Engine):
     return state
 
 
+def end_processes() -> None:
+    """Every process group of this process destroyed, once a run has made its last collective (every rank calls it).
+
+    Left to the interpreter's exit, the groups' C++ threads are torn down in whatever order Python frees them: a rank
+    that finished before the main process (which still writes the model card and plot) once died at exit with
+    "terminate called without an active exception" (SIGABRT), failing a completed FSDP2 launch."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+
+
 def group_timeouts() -> dict[str, float]:
     """Every process group of this process, by torch's name for it ("0" is the default group), and its collective
     timeout in seconds as torch holds it (the shortest of its backends: NCCL for GPUs, gloo beside it)."""

@@ -1,23 +1,26 @@
 """`python tests/helpers/report_groups.py train_dpo.py ARGS`: runs train_dpo.py as `accelerate launch` would, and as
-the process exits prints every process group it made and the collective timeout torch holds for each, once the
-engines have made theirs (DeepSpeed makes groups inside `deepspeed.initialize`, after the start-up line)."""
+the run ends its processes (`engine.end_processes`) prints every process group it made and the collective timeout
+torch holds for each, once the engines have made theirs (DeepSpeed makes groups inside `deepspeed.initialize`, after
+the start-up line)."""
 
-import atexit
 import os
 import runpy
 import sys
 
 sys.path.insert(0, os.getcwd())
 
+from dpotrain import engine  # noqa: E402  (the project, from the folder the launch runs in)
 
-def report() -> None:
-    from dpotrain import engine
+end_processes = engine.end_processes
 
+
+def report_then_end() -> None:
     # One write of the whole line: print's two writes (text, then newline) from the two ranks can interleave.
     sys.stdout.write(f"process groups of rank {os.environ.get('RANK', '0')}: {engine.group_timeouts()}\n")
     sys.stdout.flush()
+    end_processes()
 
 
-atexit.register(report)
+engine.end_processes = report_then_end
 sys.argv = sys.argv[1:]
 runpy.run_path(sys.argv[0], run_name="__main__")
