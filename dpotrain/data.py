@@ -48,7 +48,7 @@ def load_preference_dataset(
             raise ConfigError(f"dataset file {name!r}: use .jsonl, .json, .parquet or .csv (docs/data.md)")
         if path.stat().st_size == 0:
             raise ConfigError(f"dataset file {name!r} is empty: it needs one JSON object per line with chosen/rejected")
-        if count_local_rows(name) == 0:  # datasets: "Instruction 'train' corresponds to no data!"
+        if not _has_rows(path):  # datasets: "Instruction 'train' corresponds to no data!"
             raise ConfigError(f"dataset file {name!r} has no rows: it needs one pair per row, with chosen/rejected")
         try:
             loaded = datasets.load_dataset(builder, data_files={split: str(path)}, streaming=streaming)
@@ -66,6 +66,24 @@ def load_preference_dataset(
         loaded = loaded[split]
     check_columns(loaded.column_names, name)
     return loaded
+
+
+def _has_rows(path: Path) -> bool:
+    """Whether a local file holds a row, read from its head only: every rank checks this at start, so the whole-file
+    parse of `count_local_rows` (a JSON array, a CSV) is no place for it. A file the head cannot settle counts as
+    holding rows; loading it says what is wrong."""
+    if path.suffix == ".parquet":
+        import pyarrow.parquet as pq
+
+        return pq.ParquetFile(path).metadata.num_rows > 0
+    if path.suffix not in (".jsonl", ".json"):
+        return True
+    with open(path, encoding="utf-8", errors="replace") as f:
+        for line in f:  # up to the first non-blank line
+            if line.strip():
+                head = line.strip() + f.read(4096)
+                return not (head.startswith("[") and head[1:].lstrip().startswith("]"))
+    return False
 
 
 def _empty_saved_splits(path: Path) -> list[str]:
