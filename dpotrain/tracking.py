@@ -50,6 +50,8 @@ class WandbStepIsGlobalStep(TrainerCallback):
     """
 
     def on_train_begin(self, args, state, control, **kwargs):
+        if "wandb" not in (args.report_to or []):  # W&B is optional: not imported (nor required) unless used
+            return
         import wandb
 
         if wandb.run is None or getattr(wandb.log, "at_global_step", False):

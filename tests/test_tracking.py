@@ -1,6 +1,9 @@
 """One W&B run per output folder: a requeued or resumed job logs to the run it started."""
 
 import os
+import sys
+
+import pytest
 
 from conftest import ROOT
 from dpotrain.config import parse_args
@@ -27,3 +30,19 @@ def test_resumed_job_reuses_the_wandb_run_id(tmp_path, monkeypatch):
     other = tmp_path / "other"
     setup_wandb(parse_args([*args, "--output_dir", str(other)]).training)
     assert os.environ["WANDB_RUN_ID"] != first
+
+
+def test_wandb_is_not_imported_unless_reported_to(monkeypatch):
+    """With `report_to: none` a run starts without importing wandb: here an import of it fails, as where it is not
+    installed, and the callback's train begin still passes."""
+    from transformers import TrainerControl, TrainerState
+
+    from dpotrain.tracking import WandbStepIsGlobalStep
+
+    monkeypatch.setitem(sys.modules, "wandb", None)  # `import wandb` now raises ImportError
+    training = parse_args(["--config", str(ROOT / "configs" / "smoke.yaml"), "--report_to", "none",
+                           "--output_dir", "/tmp/unused"]).training  # fmt: skip
+    WandbStepIsGlobalStep().on_train_begin(training, TrainerState(), TrainerControl())
+    training.report_to = ["wandb"]
+    with pytest.raises(ImportError):  # the same call does import it when W&B is used: the test can fail
+        WandbStepIsGlobalStep().on_train_begin(training, TrainerState(), TrainerControl())
