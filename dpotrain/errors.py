@@ -2,8 +2,13 @@ class ConfigError(Exception):
     """Bad input found before any expensive work: the message is one line that names the fix."""
 
 
+class RunError(Exception):
+    """A run that cannot go on (found while it runs): the message is one line that says why and what to do."""
+
+
 def run_cli(main) -> None:
-    """Run a command's `main`; a ConfigError ends it with its one line on stderr and exit code 2, no traceback."""
+    """Run a command's `main`; a ConfigError ends it with its one line on stderr and exit code 2, a RunError with its
+    one line and exit code 1, no traceback."""
     import sys
 
     try:
@@ -11,3 +16,6 @@ def run_cli(main) -> None:
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
+    except RunError as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(1)

@@ -7,13 +7,13 @@ import sys
 import pytest
 import torch
 from test_shared_prompt import fused, llama_dir, per_token, random_pairs  # noqa: F401 (llama_dir: a fixture)
-from torch.nn.attention.flex_attention import create_mask, flex_attention
+from torch.nn.attention.flex_attention import create_mask
 
 from conftest import ROOT
 from dpotrain import packing, plan
 from dpotrain.config import parse_args
-from dpotrain.errors import ConfigError
-from dpotrain.forwards import choice, masks
+from dpotrain.errors import ConfigError, RunError
+from dpotrain.forwards import choice, flex, masks
 from dpotrain.shared_prompt import SharedPromptCollator
 
 sys.path.insert(0, str(ROOT / "benchmarks"))
@@ -53,29 +53,89 @@ def test_block_mask_is_the_dense_mask(seed, shared):
 
 
 @pytest.fixture
-def eager_flex(monkeypatch):
-    """transformers compiles flex_attention at its first call (~2 minutes on this CPU): the tests run it eagerly."""
-    import transformers.integrations.flex_attention as integration
+def cheap_flex(monkeypatch):
+    """The project's compiled FlexAttention (forwards/flex.py), installed as transformers' `flex_attention`, on dynamo's
+    "eager" backend: dynamo traces it and guards each compilation exactly as on a GPU (which compilations happen is
+    decided by the guards, before a backend sees the graph), while inductor would take minutes per compilation on this
+    CPU. Dynamo's caches start empty, so the counts are this test's own."""
+    import torch._dynamo
+    from transformers import AttentionInterface
 
-    def eager(query, key, value, training=False, **kwargs):
-        return flex_attention(query, key, value, **kwargs)
-
-    monkeypatch.setattr(integration, "compile_friendly_flex_attention", eager)
+    monkeypatch.setattr(flex, "BACKEND", "eager")
+    monkeypatch.setitem(AttentionInterface._global_mapping, "flex_attention", flex.attention)
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
 
 
 @pytest.mark.parametrize("model", ["olmo3", "llama"])
-def test_flex_scores_packed_rows_as_sdpa_does(model, tiny_model_dir, llama_dir, eager_flex):  # noqa: F811
+def test_flex_scores_packed_rows_as_sdpa_does(model, tiny_model_dir, llama_dir, cheap_flex):  # noqa: F811
     model_dir = tiny_model_dir if model == "olmo3" else llama_dir
-    sdpa, flex = fused(model_dir, "sdpa"), fused(model_dir, "flex_attention")
+    sdpa, on_flex = fused(model_dir, "sdpa"), fused(model_dir, "flex_attention")
     pairs = random_pairs(prompts=(150, 30, 1), completions=((40, 90), (200, 20), (7, 9)))  # past the 128 window
     for kind in (SharedPromptCollator, packing.PackedPreferenceCollator):
         with torch.no_grad():
             want = per_token(sdpa, kind(1024, hidden_size=64)(pairs))
             batch = kind(1024, one_row=True, pad_to_multiple_of=masks.BLOCK)(pairs)
-            got = per_token(flex, batch)
+            got = per_token(on_flex, batch)
         assert batch["input_ids"].shape[0] == 1 and batch["input_ids"].shape[1] % masks.BLOCK == 0
         assert (got - want).abs().max() < 1e-5, kind
         assert masks.CACHE in batch  # built once for the micro-batch, for every layer (and a live reference)
+    assert flex.compilations() == 1  # through the project's compiled function: one compilation for both layouts
+
+
+def flex_batches(widths: int):
+    """Shared-prompt micro-batches of `widths` distinct row widths (each a multiple of 128, at least two tiles wide)."""
+    batches, seen = [], set()
+    for seed in range(100):
+        sizes = (100 + 61 * seed % 700, 20 + 13 * seed % 90, 5 + 29 * seed % 70)
+        pairs = random_pairs(seed, prompts=(sizes[0], 30), completions=((sizes[1], sizes[2]), (9, 4)))
+        batch = SharedPromptCollator(1024, one_row=True, pad_to_multiple_of=masks.BLOCK)(pairs)
+        width = batch["input_ids"].shape[1]
+        if width > masks.BLOCK and width not in seen:
+            seen.add(width)
+            batches.append(batch)
+    return batches[:widths]
+
+
+@pytest.mark.slow  # ~30 s: three dynamo compilations with dynamic shapes on 2 cores
+def test_flex_compiles_once_per_autograd_mode(tiny_model_dir, cheap_flex):
+    """The compilation count follows the autograd modes a run uses (with gradients, without, inference mode), not the
+    row widths, the layer kinds (OLMo 3 has full and sliding-window layers) nor the module's training flag:
+    transformers' own flex function would compile per width, per window and per flip, past torch's recompile limit."""
+    model = fused(tiny_model_dir, "flex_attention").requires_grad_(False)  # no flex backward on CPU: grad mode only
+    modes = (torch.enable_grad, torch.no_grad, torch.inference_mode)
+    batches = flex_batches(3)
+    assert len(batches) == 3 and set(text_kinds(model)) == {"full_attention", "sliding_attention"}
+    for i, batch in enumerate(batches):
+        for mode in modes:
+            model.train(i % 2 == 0)  # the flag flips between micro-batches
+            with mode():
+                per_token(model, dict(batch))
+        assert flex.compilations() == len(modes), f"after {i + 1} widths"
+
+
+def text_kinds(model):
+    return masks.windows(masks.text_config(model))
+
+
+def test_flex_that_would_run_uncompiled_stops_the_run_in_one_line(tiny_model_dir, cheap_flex, monkeypatch):
+    """At dynamo's recompile limit, or with compilation disabled, the forward raises RunError (train_dpo.py prints its
+    one line) instead of running flex uncompiled into an out-of-memory error."""
+    import torch._dynamo
+
+    model = fused(tiny_model_dir, "flex_attention")
+    batch = flex_batches(1)[0]
+    with torch.no_grad():
+        per_token(model, dict(batch))
+    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 1)
+    with torch.inference_mode(), pytest.raises(RunError, match=r"^FlexAttention would run uncompiled.*recompile_limit"):
+        per_token(model, dict(batch))  # a second autograd mode: a second compilation, past the limit of 1
+    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 8)
+    monkeypatch.setattr(torch._dynamo.config, "disable", True)  # as TORCH_COMPILE_DISABLE=1
+    torch._dynamo.reset()  # nothing compiled yet, as at a run's start
+    with torch.no_grad(), pytest.raises(RunError, match="torch.compile is disabled"):
+        per_token(model, dict(batch))
 
 
 def test_rows_stay_within_the_memory_plan_on_a_think_epoch():

@@ -52,15 +52,19 @@ def compact(batch: dict) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     return (pos == 0).cumsum(dim=1), torch.zeros_like(pos, dtype=torch.int8), pos
 
 
+NO_WINDOW = 2**31 - 1  # the window of a full-attention layer in `mask_mod`: further than any two positions are apart
+
+
 def mask_mod_of(block: torch.Tensor, branch: torch.Tensor, pos: torch.Tensor, window: int | None):
-    """FlexAttention's `mask_mod(b, h, q, k)` for the rule in the module doc, reading `[rows, width]` tensors."""
+    """FlexAttention's `mask_mod(b, h, q, k)` for the rule in the module doc, reading `[rows, width]` tensors. One
+    function for every layer kind, the window a tensor (NO_WINDOW for full attention): the compiled FlexAttention
+    (flex.py) guards on a Python value captured here, so an int window would be a compilation per layer kind."""
+    window = torch.tensor(NO_WINDOW if window is None else window, device=pos.device)
 
     def mask_mod(b, h, q, k):
         allowed = (block[b, q] == block[b, k]) & (pos[b, q] >= pos[b, k])
         allowed = allowed & ((branch[b, k] == 0) | (branch[b, k] == branch[b, q]))
-        if window is not None:
-            allowed = allowed & (pos[b, q] - pos[b, k] < window)
-        return allowed
+        return allowed & (pos[b, q] - pos[b, k] < window)
 
     return mask_mod
 

@@ -1,0 +1,118 @@
+"""FlexAttention compiled once per run: the attention function every flex forward calls (training, the reference
+stage, evaluation), registered as transformers' `flex_attention` (`install`).
+
+Why not transformers' own (`integrations/flex_attention.py`): it makes a new `torch.compile(flex_attention)` each time
+the module's training flag flips (reference stage, generation, evaluation), compiles with static shapes (every
+micro-batch's row width is a new compilation), and passes closures dynamo guards on. Past torch's recompile limit
+(`torch._dynamo.config.recompile_limit`, 8) dynamo runs flex uncompiled, which materializes each row's whole score
+matrix: on an H100 the think recipe died at step 1 trying to allocate 310 GiB. Here:
+- one `torch.compile` of one function (`_flex`), `dynamic=True` and `fullgraph=True`, whatever the training flag;
+- the block mask's tile tables are marked dynamic on every call (`_mark_dynamic`), so a new row width is not a new
+  compilation (dynamo would otherwise compile the first width statically and only then generalize); a micro-batch of
+  one tile (a row of <= 128 positions) is its own shape, as dynamo specializes sizes of 1;
+- the mask's rule reads the sliding window from a tensor (`masks.mask_mod_of`), so full and sliding layers share it;
+- what is left in the guards is the autograd mode: with gradients (training), without (evaluation, a no-grad
+  reference, reentrant checkpointing's first pass) and inference mode, so a run compiles about three times.
+Generation does not come here: it runs on sdpa (`samples.py`), with a KV cache and widths of its own.
+
+Should dynamo still give flex up, the run stops with `errors.RunError`, one line that says why, instead of running it
+uncompiled into an out-of-memory error: at the recompile limit (dynamo raises for a `fullgraph` function, and
+`attention` says why), or with compilation disabled (`_flex` finds itself running uncompiled).
+"""
+
+import torch
+
+from ..errors import RunError
+
+# The compiler backend. Tests set a cheap one ("eager"): recompilations are decided by dynamo's guards before any
+# backend sees the graph, so counting them holds for inductor too (tests/test_forwards.py).
+BACKEND = "inductor"
+_compiled = {}  # backend: the compiled `_flex`
+
+
+def _flex(query, key, value, block_mask, scale, enable_gqa, score_mod):
+    from torch.nn.attention.flex_attention import flex_attention
+
+    if not torch.compiler.is_compiling():  # dynamo ran this frame without compiling it
+        raise RunError(uncompiled_reason())
+    return flex_attention(query, key, value, score_mod=score_mod, block_mask=block_mask, scale=scale,
+                          enable_gqa=enable_gqa)  # fmt: skip
+
+
+def compiled_flex():
+    if BACKEND not in _compiled:
+        _compiled[BACKEND] = torch.compile(_flex, dynamic=True, fullgraph=True, backend=BACKEND)
+    return _compiled[BACKEND]
+
+
+def compilations() -> int:
+    """How many compiled variants of the flex function this process holds (one per set of guards)."""
+    from torch._dynamo.eval_frame import _debug_get_cache_entry_list
+
+    return len(_debug_get_cache_entry_list(_flex.__code__))
+
+
+def uncompiled_reason() -> str:
+    import torch._dynamo.config as dynamo
+
+    fix = "see docs/attention.md, or run on another attention (--attn_implementation sdpa, or share_prompt false)"
+    if dynamo.disable:
+        why = "torch.compile is disabled (TORCH_COMPILE_DISABLE=1)"
+    else:
+        why = (f"torch.compile gave it up after {compilations()} compilations (torch._dynamo.config.recompile_limit "
+               f"is {dynamo.recompile_limit}; TORCH_LOGS=recompiles says what changed)")  # fmt: skip
+    return (f"FlexAttention would run uncompiled, materializing each row's whole score matrix (out of memory at these "
+            f"widths): {why}; {fix}")  # fmt: skip
+
+
+TABLES = ("kv_num_blocks", "kv_indices", "full_kv_num_blocks", "full_kv_indices", "q_num_blocks", "q_indices",
+          "full_q_num_blocks", "full_q_indices")  # fmt: skip
+
+
+def _mark_dynamic(block_mask) -> None:
+    """The tile dimensions of the block mask's tables (`[rows, heads, q tiles(, k tiles)]`) as dynamic sizes."""
+    for name in TABLES:
+        table = getattr(block_mask, name, None)
+        if table is not None:
+            for dim in range(2, table.dim()):
+                torch._dynamo.maybe_mark_dynamic(table, dim)
+
+
+def attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, softcap=None, **kwargs):
+    """transformers' attention interface (`AttentionInterface`): `[batch, heads, width, head_dim]` in,
+    `([batch, width, heads, head_dim], None)` out, `attention_mask` a `BlockMask` (the project's, `masks.block_masks`,
+    or transformers' own)."""
+    from torch.nn.attention.flex_attention import BlockMask
+    from transformers.integrations.flex_attention import flex_attention_forward, repeat_kv
+
+    if dropout > 0:
+        raise ValueError("flex_attention does not support attention dropout: set the model's attention_dropout to 0")
+    if kwargs.get("s_aux") is not None or kwargs.get("position_bias") is not None or not isinstance(
+            attention_mask, BlockMask):  # fmt: skip
+        # attention sinks, position biases or a dense mask: none of the models this project packs; transformers' own
+        return flex_attention_forward(module, query, key, value, attention_mask, scaling=scaling, softcap=softcap,
+                                      **kwargs)  # fmt: skip
+    enable_gqa = True
+    heads = query.shape[1]
+    if heads & (heads - 1):  # as transformers does: grouped-query attention in the kernel for powers of two only
+        key, value = repeat_kv(key, heads // key.shape[1]), repeat_kv(value, heads // value.shape[1])
+        enable_gqa = False
+    score_mod = None
+    if softcap is not None:
+
+        def score_mod(score, b, h, q, k):
+            return softcap * torch.tanh(score / softcap)
+
+    _mark_dynamic(attention_mask)
+    try:
+        out = compiled_flex()(query, key, value, attention_mask, scaling, enable_gqa, score_mod)
+    except torch._dynamo.exc.FailOnRecompileLimitHit as e:  # fullgraph: dynamo refuses to run it uncompiled
+        raise RunError(uncompiled_reason()) from e
+    return out.transpose(1, 2).contiguous(), None
+
+
+def install() -> None:
+    """Make every model of this process that runs `flex_attention` call `attention` (idempotent)."""
+    from transformers import AttentionInterface
+
+    AttentionInterface.register("flex_attention", attention)
