@@ -12,8 +12,14 @@ process writes them. Generation runs the model's own LM head, which training's f
 the engine is left as training expects (`leave_for_training`): ZeRO-3 forgets the order of modules it recorded while
 generating (it would fetch the LM head's weights ahead for a forward that reads them directly: "Cannot partition a param
 in flight" at the next training step), FSDP2 reshards the weights a forward leaves gathered.
+
+A model that trains on FlexAttention generates on sdpa (`dense_attention_while`): generation's KV cache, one-token
+queries and transformers' own masks would each be a new compilation of the training forward's FlexAttention
+(forwards/flex.py; 5 in the test of it), and the compilations of a run are limited; sdpa needs none, and a few greedy
+answers gain nothing from block sparsity.
 """
 
+import contextlib
 import json
 import sys
 from pathlib import Path
@@ -109,7 +115,7 @@ class SampleGenerator(TrainerCallback):
         was_training = model.training
         model.eval()  # no dropout; activation checkpointing is off outside training mode
         try:
-            with torch.no_grad():
+            with torch.no_grad(), dense_attention_while(model):
                 for i, ids in enumerate(self.prompt_ids):
                     inputs = torch.tensor([ids], device=model.device)
                     out = model.generate(
@@ -157,6 +163,24 @@ class SampleGenerator(TrainerCallback):
                 # commit=False: goes out with the Trainer's next log, at the same W&B step
                 wandb.log({"samples": table, "samples/max_repetition": max(r["repetition"] for r in records)},
                           commit=False)  # fmt: skip
+
+
+@contextlib.contextmanager
+def dense_attention_while(model):
+    """The model on sdpa (eager where it has no sdpa) inside, back on FlexAttention after, when it trains on it."""
+    from transformers import PreTrainedModel
+
+    # The Trainer hands callbacks its unwrapped model (not a DeepSpeed engine); a PEFT model holds the base model
+    base = next((m for m in model.modules() if isinstance(m, PreTrainedModel)), None) if model is not None else None
+    trained_on = getattr(getattr(base, "config", None), "_attn_implementation", None)
+    if trained_on != "flex_attention":
+        yield
+        return
+    base.set_attn_implementation("sdpa" if base._supports_sdpa else "eager")
+    try:
+        yield
+    finally:
+        base.set_attn_implementation(trained_on)
 
 
 def leave_for_training(model, optimizer) -> None:

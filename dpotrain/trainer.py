@@ -32,7 +32,7 @@ from . import builtin, engine, flops, packing, padded, plan
 from .checkpoints import CompleteMarker, clear_for_save, report_save
 from .collectives import all_reduce_sum, max_over_ranks
 from .config import Recipe
-from .forwards import choice
+from .forwards import choice, flex
 from .forwards.choice import ForwardChoice, decide_forward, padded_instead
 from .health import HealthGuard
 from .metrics import MetricsRecorder
@@ -494,6 +494,9 @@ def build_trainer(recipe: Recipe, train_dataset, eval_dataset=None, callbacks=()
     run_engine = engine.launched()
     model_path = resolve_model_path(recipe)
     forward = decide_forward(recipe, model_path)  # sets the recipe's attn_implementation to the one chosen
+    if forward.attention == "flex_attention":
+        flex.install()  # compiled once per run, not transformers' compilation per width and training flag
+        callbacks = (*callbacks, flex.CompilationReport())
     t.model_init_kwargs = model_init_kwargs(recipe, run_engine)
     # The arguments set up the process group (with their ddp_backend) when first asked for their device; until then
     # `world_size` reads 1.

@@ -115,6 +115,31 @@ def test_flex_compiles_once_per_autograd_mode(tiny_model_dir, cheap_flex):
         assert flex.compilations() == len(modes), f"after {i + 1} widths"
 
 
+def test_generation_leaves_the_training_flex_compilation_alone(tiny_model_dir, cheap_flex, tmp_path):
+    """Samples are generated on sdpa: no new FlexAttention compilation (on flex, generation's cache and one-token
+    queries would each be one), and the model is back on flex, in training mode, for the next step."""
+    from types import SimpleNamespace
+
+    from transformers import AutoTokenizer, TrainerState
+
+    from dpotrain.samples import SampleGenerator
+
+    model = fused(tiny_model_dir, "flex_attention")
+    batch = flex_batches(1)[0]
+    with torch.no_grad():
+        want = per_token(model, dict(batch))
+    assert flex.compilations() == 1
+    generator = SampleGenerator([[5, 6, 7, 8, 9]], AutoTokenizer.from_pretrained(tiny_model_dir), every=1,
+                                max_new_tokens=6, warn_at=1.0)  # fmt: skip
+    model.train()
+    records = generator.generate(SimpleNamespace(output_dir=str(tmp_path)), TrainerState(), model)
+    assert len(records) == 1 and records[0]["completion"]
+    assert flex.compilations() == 1 and model.config._attn_implementation == "flex_attention" and model.training
+    with torch.no_grad():
+        assert torch.equal(per_token(model, dict(batch)), want)
+    assert flex.compilations() == 1
+
+
 def text_kinds(model):
     return masks.windows(masks.text_config(model))
 

@@ -21,6 +21,7 @@ uncompiled into an out-of-memory error: at the recompile limit (dynamo raises fo
 """
 
 import torch
+from transformers import TrainerCallback
 
 from ..errors import RunError
 
@@ -116,3 +117,14 @@ def install() -> None:
     from transformers import AttentionInterface
 
     AttentionInterface.register("flex_attention", attention)
+
+
+class CompilationReport(TrainerCallback):
+    """One line at the end of training: how many times FlexAttention was compiled (the GPU tests read it)."""
+
+    def on_train_end(self, args, state, control, **kwargs):
+        if state.is_world_process_zero:
+            import torch._dynamo.config as dynamo
+
+            print(f"FlexAttention: {compilations()} compilations this run (recompile limit "
+                  f"{dynamo.recompile_limit})", flush=True)  # fmt: skip
