@@ -1,13 +1,18 @@
 """The GPU forwards (dpotrain/forwards/), on a GPU: shared prompts on FlexAttention and packed rows on varlen
-FlashAttention score and differentiate as each sequence run alone (bf16), and the memory plan holds its largest
-micro-batch. Skipped, with the reason, without a GPU (or without flash_attn for the varlen test)."""
+FlashAttention score and differentiate as each sequence run alone (bf16), the memory plan holds its largest
+micro-batch, and each shipped recipe's settings run on FlexAttention with few compilations. Skipped, with the reason,
+without a GPU (or without flash_attn for the varlen test). All of them: `pytest -m gpu tests/test_gpu_attention.py`."""
+
+import re
+import subprocess
 
 import pytest
 import torch
 from test_shared_prompt import random_pairs
 
+from conftest import ROOT, run_bounded
 from dpotrain import packing
-from dpotrain.forwards import choice, masks
+from dpotrain.forwards import choice, flex, masks
 from dpotrain.shared_prompt import SharedPromptCollator
 
 pytestmark = [
@@ -26,6 +31,7 @@ def olmo3(attn: str):
                          num_attention_heads=4, num_key_value_heads=2, sliding_window=128,
                          max_position_embeddings=4096)  # fmt: skip
     torch.manual_seed(0)
+    flex.install()  # flex_attention through the project's compiled function, as a run does
     model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16, attn_implementation=attn).cuda()
     add_fused_lm_head(model, outputs=("log_probs",))
     return model
@@ -74,6 +80,37 @@ def check_against_alone(attn: str, collate) -> None:
 
 def test_shared_prompts_on_flex_equal_each_sequence_alone():
     check_against_alone("flex_attention", SharedPromptCollator(1024, one_row=True, pad_to_multiple_of=masks.BLOCK))
+    assert 1 <= flex.compilations() <= 2  # with gradients (the packed forward and backward); no_grad if checkpointed
+
+
+# Each shipped recipe on its engine, one GPU: the recipe's bf16, activation checkpointing, checkpoints and samples, plus
+# evaluation and samples at every step (the most flips between training, generation, evaluation and the reference).
+RECIPES = {"think": "accelerate_config.yaml", "instruct": "accelerate_config.yaml",
+           "think-32b": "configs/accelerate/zero3.yaml"}  # fmt: skip
+# Autograd modes (with gradients; without: evaluation, a no-grad reference, reentrant checkpointing's first pass;
+# inference mode), each at most twice (a micro-batch of one 128-position tile is a shape of its own for dynamo).
+MOST_COMPILATIONS = 6
+LIMIT_S = 900  # per run: compilations with inductor take minutes on a cold cache
+
+
+@pytest.mark.parametrize("recipe", RECIPES)
+def test_shipped_recipe_runs_on_flex_compiled_a_few_times(recipe, tmp_path, tiny_model_dir, splits):  # noqa: F811
+    out = tmp_path / "run"
+    accelerate = str(ROOT / ".venv" / "bin" / "accelerate") if (ROOT / ".venv").exists() else "accelerate"
+    cmd = [accelerate, "launch", "--config_file", str(ROOT / RECIPES[recipe]),
+           "--num_processes", "1", str(ROOT / "train_dpo.py"), "--config", str(ROOT / "configs" / f"{recipe}.yaml"),
+           "--model_name_or_path", tiny_model_dir, "--dataset_name", str(splits), "--output_dir", str(out),
+           "--attn_implementation", "flex_attention", "--pairs_per_step", "8", "--max_steps", "4", "--save_steps", "2",
+           "--eval_strategy", "steps", "--eval_steps", "2", "--samples_every", "1", "--sample_count", "2",
+           "--sample_max_new_tokens", "16", "--report_to", "none", "--dataset_num_proc", "1"]  # fmt: skip
+    code, stdout, _ = run_bounded(cmd, LIMIT_S, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    assert code == 0, (stdout or "")[-4000:]
+    found = re.search(r"FlexAttention: (\d+) compilations this run", stdout)
+    assert found, stdout[-4000:]
+    assert 1 <= int(found.group(1)) <= MOST_COMPILATIONS, found.group(0)
+    assert (out / "checkpoint-2").is_dir() and (out / "checkpoint-4").is_dir()
+    assert len((out / "samples.jsonl").read_text().splitlines()) == 2 * 5  # steps 0 to 4, two prompts each
+    assert any("eval_loss" in line for line in (out / "metrics.jsonl").read_text().splitlines())
 
 
 @pytest.mark.skipif(choice.installed_varlen(torch.cuda.is_available()) is None,
