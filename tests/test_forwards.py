@@ -115,6 +115,27 @@ def test_flex_compiles_once_per_autograd_mode(tiny_model_dir, cheap_flex):
         assert flex.compilations() == len(modes), f"after {i + 1} widths"
 
 
+@pytest.mark.slow
+@pytest.mark.extended  # ~70-110 s on 2 cores: one inductor compilation of FlexAttention (C++ code generation)
+def test_flex_on_inductor_compiles_once_over_widths(tiny_model_dir, monkeypatch):
+    """The real backend, as on a GPU: one compilation over three row widths, both layer kinds and a training-flag flip,
+    per-token log-probs as sdpa's."""
+    import torch._dynamo
+    from transformers import AttentionInterface
+
+    monkeypatch.setitem(AttentionInterface._global_mapping, "flex_attention", flex.attention)
+    torch._dynamo.reset()
+    sdpa, on_flex = fused(tiny_model_dir, "sdpa"), fused(tiny_model_dir, "flex_attention")
+    for i, batch in enumerate(flex_batches(3)):
+        on_flex.train(i == 1)
+        with torch.no_grad():
+            got = per_token(on_flex, dict(batch))
+            want = per_token(sdpa, dict(batch))  # the same row on a dense mask
+        assert (got - want).abs().max() < 1e-4
+    assert flex.compilations() == 1
+    torch._dynamo.reset()
+
+
 def test_generation_leaves_the_training_flex_compilation_alone(tiny_model_dir, cheap_flex, tmp_path):
     """Samples are generated on sdpa: no new FlexAttention compilation (on flex, generation's cache and one-token
     queries would each be one), and the model is back on flex, in training mode, for the next step."""
