@@ -104,11 +104,15 @@ def attention(module, query, key, value, attention_mask, scaling=None, dropout=0
         def score_mod(score, b, h, q, k):
             return softcap * torch.tanh(score / softcap)
 
-    _mark_dynamic(attention_mask)
-    try:
-        out = compiled_flex()(query, key, value, attention_mask, scaling, enable_gqa, score_mod)
-    except torch._dynamo.exc.FailOnRecompileLimitHit as e:  # fullgraph: dynamo refuses to run it uncompiled
-        raise RunError(uncompiled_reason()) from e
+    args = (query, key, value, attention_mask, scaling, enable_gqa, score_mod)
+    if torch.compiler.is_compiling():  # inside a compiled region (a compiled decoder layer): traced into its graph
+        out = _flex(*args)
+    else:
+        _mark_dynamic(attention_mask)
+        try:
+            out = compiled_flex()(*args)
+        except torch._dynamo.exc.FailOnRecompileLimitHit as e:  # fullgraph: dynamo refuses to run it uncompiled
+            raise RunError(uncompiled_reason()) from e
     return out.transpose(1, 2).contiguous(), None
 
 
