@@ -12,7 +12,7 @@ from torch.nn.attention.flex_attention import create_mask
 from conftest import ROOT
 from dpotrain import packing, plan
 from dpotrain.config import parse_args
-from dpotrain.errors import ConfigError, RunError
+from dpotrain.errors import ConfigError, RunError, run_cli
 from dpotrain.forwards import choice, flex, masks
 from dpotrain.shared_prompt import SharedPromptCollator
 
@@ -165,7 +165,7 @@ def text_kinds(model):
     return masks.windows(masks.text_config(model))
 
 
-def test_flex_that_would_run_uncompiled_stops_the_run_in_one_line(tiny_model_dir, cheap_flex, monkeypatch):
+def test_flex_that_would_run_uncompiled_stops_the_run_in_one_line(tiny_model_dir, cheap_flex, monkeypatch, capsys):
     """At dynamo's recompile limit, or with compilation disabled, the forward raises RunError (train_dpo.py prints its
     one line) instead of running flex uncompiled into an out-of-memory error."""
     import torch._dynamo
@@ -180,8 +180,12 @@ def test_flex_that_would_run_uncompiled_stops_the_run_in_one_line(tiny_model_dir
     monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 8)
     monkeypatch.setattr(torch._dynamo.config, "disable", True)  # as TORCH_COMPILE_DISABLE=1
     torch._dynamo.reset()  # nothing compiled yet, as at a run's start
-    with torch.no_grad(), pytest.raises(RunError, match="torch.compile is disabled"):
-        per_token(model, dict(batch))
+    capsys.readouterr()  # the model's loading messages
+    with torch.no_grad(), pytest.raises(SystemExit) as stopped:
+        run_cli(lambda: per_token(model, dict(batch)))  # as train_dpo.py runs its main
+    err = capsys.readouterr().err
+    assert stopped.value.code == 1 and err.count("\n") == 1, err  # one line, no traceback
+    assert err.startswith("error: FlexAttention would run uncompiled") and "TORCH_COMPILE_DISABLE=1" in err
 
 
 def test_rows_stay_within_the_memory_plan_on_a_think_epoch():
