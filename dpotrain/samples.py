@@ -15,7 +15,7 @@ in flight" at the next training step), FSDP2 reshards the weights a forward leav
 
 A model that trains on FlexAttention generates on sdpa (`dense_attention_while`): generation's KV cache, one-token
 queries and transformers' own masks would each be a new compilation of the training forward's FlexAttention
-(forwards/flex.py; 5 in the test of it), and the compilations of a run are limited; sdpa needs none, and a few greedy
+(forwards/flex.py; 4 more in its test), and the compilations of a run are limited; sdpa needs none, and a few greedy
 answers gain nothing from block sparsity.
 """
 
