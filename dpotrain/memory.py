@@ -79,10 +79,14 @@ def load_model_config(recipe):
     try:
         return AutoConfig.from_pretrained(name, revision=recipe.model.model_revision, local_files_only=True), None
     except (OSError, ValueError) as e:
+        from .offline import is_hub_model
+
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        # A Hub name: transformers' text ("couldn't connect") would suggest a download was tried; none was.
+        where = "in the local Hugging Face cache" if is_hub_model(name) else f"on this machine ({first[:160]})"
         return None, (
-            f"the config of {name!r} is not on this machine ({first[:160]}); a dry run loads nothing from the "
-            f"network: `python scripts/prefetch.py --config <recipe> --model_name_or_path {name}` fetches it"
+            f"the config of {name!r} is not {where}; a dry run loads nothing from the network: `python "
+            f"scripts/prefetch.py --config <recipe> --model_name_or_path {name}` on a machine with network fetches it"
         )
 
 

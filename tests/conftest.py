@@ -58,6 +58,19 @@ def run_train(args: list[str], cwd: Path = ROOT, env: dict | None = None, timeou
 
 
 @pytest.fixture(scope="session")
+def silent_endpoint():
+    """An HF_ENDPOINT that never answers, as a Hub behind a firewall that drops packets: a local port that listens
+    (so a connection may even open) but never accepts and never replies. Unlike a name this machine cannot look up,
+    it behaves the same on every machine."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen(1)
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
+
+
+@pytest.fixture(scope="session")
 def slurm():
     """A real single-node Slurm (tests/slurm/cluster.sh), skipped with the reason where it cannot be installed.
 
