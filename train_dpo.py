@@ -75,6 +75,8 @@ def run(argv, stop: GracefulStop) -> int | None:
     lora.check_lora(recipe)
     run_engine = engine.launched()  # an engine this project does not support is refused here (dpotrain/engine.py)
     resolve.fill_defaults(recipe)
+    if not recipe.project.dry_run:  # a dry run reads files on this machine only
+        offline.check_job_reachable(recipe)  # a model or data set to download: the Hub must answer, within seconds
     if recipe.project.preflight:  # the base model's view of the data, instead of training (dpotrain/preflight.py)
         from dpotrain import preflight
 

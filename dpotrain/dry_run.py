@@ -57,7 +57,10 @@ def summary(resolved: dict, json_file: Path | None) -> str:
         row("steps", f"{d['total_steps']:,} optimizer steps{epochs}, {d['warmup_steps']:,} of warmup")
     else:
         row("steps", "counted when the run loads the data set (a dry run reads only local files)")
-    row("processes", f"{d['world_size']} ({d['world_size_source']})")
+    per_node = memory.get("gpus_per_node")
+    nodes = -(-d["world_size"] // per_node) if per_node else None
+    shape = f", {nodes} node{'s' * (nodes > 1)} of {per_node} GPUs" if per_node and d["world_size"] > 1 else ""
+    row("processes", f"{d['world_size']} ({d['world_size_source']}){shape}")
     row("per step", f"{d['pairs_per_step']} pairs, over all processes")
     budget = resolved.get("max_tokens_per_microbatch")
     if "micro_batches_per_step" in batching:
@@ -101,6 +104,18 @@ def _memory_lines(memory: dict, row) -> list[str]:
     verdict = "fits" if memory["fits"] else "does NOT fit (--memory_check false let it through)"
     row("GPU", f"{verdict} one {gpu} GiB GPU{f' ({name})' if name else ''}, from {source}")
     if not source.startswith("detected"):
-        row("other GPUs", f"--gpu_memory_gib {others}; a node of 8: WORLD_SIZE=8 GPUS_PER_NODE=8 "
+        row("other GPUs", f"--gpu_memory_gib {others}; {other_nodes(memory['world_size'], memory['gpus_per_node'])} "
             "(scripts/launch.sh sets both from the job's --nodes and --gpus-per-node)")  # fmt: skip
     return lines
+
+
+def other_nodes(world: int, per_node: int) -> str:
+    """How to plan the same number of nodes with the other node size of the sbatch scripts (not the one planned)."""
+    from .memory import NODE_SIZES
+
+    nodes = -(-world // per_node)
+    return "; ".join(
+        f"{nodes} node{'s' * (nodes > 1)} of {size}: WORLD_SIZE={nodes * size} GPUS_PER_NODE={size}"
+        for size in NODE_SIZES
+        if size != per_node
+    )

@@ -338,7 +338,7 @@ def check_write_access(repo_id: str, token: str | None, where: str = "job") -> s
     from huggingface_hub.errors import HfHubHTTPError, RepositoryNotFoundError
 
     from .errors import ConfigError
-    from .offline import is_offline
+    from .offline import is_offline, within
 
     if is_offline():
         print(
@@ -360,7 +360,7 @@ def check_write_access(repo_id: str, token: str | None, where: str = "job") -> s
         )
     api = HfApi(token=token)
     try:
-        whoami = _within(30, api.whoami)
+        whoami = within(30, api.whoami)
     except HfHubHTTPError as e:
         if _status(e) == 401:
             raise ConfigError(
@@ -377,7 +377,7 @@ def check_write_access(repo_id: str, token: str | None, where: str = "job") -> s
         raise ConfigError(problem)
     repo_id = repo_id if "/" in repo_id else f"{whoami.get('name')}/{repo_id}"
     try:
-        _within(30, lambda: api.auth_check(repo_id, write=True))
+        within(30, lambda: api.auth_check(repo_id, write=True))
     except RepositoryNotFoundError:
         return repo_id  # not created yet: the push creates it, in a namespace this token may write to
     except HfHubHTTPError as e:
@@ -401,26 +401,3 @@ def _status(error) -> int | None:
 def cause(error: BaseException) -> str:
     """One line naming an error (never a request's headers, where the token travels)."""
     return f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}".rstrip(": ")
-
-
-def _within(seconds: float, fn):
-    """fn() with a deadline. huggingface_hub's HTTP client has no timeout (utils/_http.py: `timeout=None`), and on a
-    node whose firewall drops packets a call would hang the job, GPUs allocated, instead of failing it."""
-    import threading
-
-    result = {}
-
-    def run():
-        try:
-            result["value"] = fn()
-        except BaseException as e:
-            result["error"] = e
-
-    thread = threading.Thread(target=run, daemon=True)  # daemon: a hung call must not keep the process alive
-    thread.start()
-    thread.join(seconds)
-    if thread.is_alive():
-        raise TimeoutError(f"no answer within {seconds:.0f} s")
-    if "error" in result:
-        raise result["error"]
-    return result["value"]

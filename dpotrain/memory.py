@@ -45,6 +45,7 @@ SHIPPED = {
     "fsdp2": "configs/accelerate/fsdp2.yaml",
 }
 MAX_NODES = 16  # how far a refusal looks for a node count that fits
+NODE_SIZES = (4, 8)  # GPUs per node the sbatch scripts are written for (their `#SBATCH --gpus-per-node`, # EDIT)
 
 
 # --- the model, from its config only ---
@@ -79,10 +80,14 @@ def load_model_config(recipe):
     try:
         return AutoConfig.from_pretrained(name, revision=recipe.model.model_revision, local_files_only=True), None
     except (OSError, ValueError) as e:
+        from .offline import is_hub_model
+
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        # A Hub name: transformers' text ("couldn't connect") would suggest a download was tried; none was.
+        where = "in the local Hugging Face cache" if is_hub_model(name) else f"on this machine ({first[:160]})"
         return None, (
-            f"the config of {name!r} is not on this machine ({first[:160]}); a dry run loads nothing from the "
-            f"network: `python scripts/prefetch.py --config <recipe> --model_name_or_path {name}` fetches it"
+            f"the config of {name!r} is not {where}; a dry run loads nothing from the network: `python "
+            f"scripts/prefetch.py --config <recipe> --model_name_or_path {name}` on a machine with network fetches it"
         )
 
 
@@ -391,6 +396,7 @@ def plan(recipe, world: int, engine: Engine | None = None) -> dict:
         "world_size": world,
         "gpu_memory_gib": round(gpu, 1) if gpu else None,
         "gpu_memory_source": gpu_source,
+        "gpus_per_node": node_size(engine),
         "fits": None if gpu is None else chosen.total <= gpu * GIB,
         "per_gpu_gib": {
             "model_states": _gib(chosen.states),
@@ -424,10 +430,23 @@ def _gib(n: float) -> float:
     return round(n / GIB, 1)
 
 
+def node_size(engine: Engine) -> int:
+    """GPUs per node the plan counts nodes in: the job's (GPUS_PER_NODE, from scripts/launch.sh) or the accelerate
+    config's; one process planned (no launcher): nodes of 4."""
+    return engine.gpus_per_node if engine.gpus_per_node > 1 else NODE_SIZES[0]
+
+
+def sbatch_line(accelerate_config: str, nodes: int, per_node: int) -> str:
+    """The submission that gives a job `nodes` x `per_node` GPUs, as printed in a suggestion. --gpus-per-node is always
+    named: scripts/launch.sh starts one process per GPU the job has, and the script's own `#SBATCH --gpus-per-node`
+    (4 as shipped, or as edited) must not decide a count the plan assumed."""
+    return f"ACCELERATE_CONFIG={accelerate_config} sbatch --nodes={nodes} --gpus-per-node={per_node}"
+
+
 def _refusal(recipe, chosen: Plan, gpu: float, gpu_source: str, for_engine, tokens: int) -> str:
     """One line: what does not fit, by how much and in which part, and what would fit."""
     e, world = chosen.engine, chosen.world
-    per_node = e.gpus_per_node if e.gpus_per_node > 1 else 4  # one process planned: nodes of 4 GPUs suggested
+    per_node = node_size(e)
     pairs = recipe.project.pairs_per_step or math.inf
     options = []
     for kind in ("zero2", "zero3", "fsdp2"):
@@ -439,7 +458,7 @@ def _refusal(recipe, chosen: Plan, gpu: float, gpu_source: str, for_engine, toke
             if (kind, n) != (e.name, world) and for_engine(alternative, n).total <= gpu * GIB:
                 launched = e.source.startswith(LAUNCHED)  # the config file is not known: name the shipped one
                 config = recipe.project.accelerate_config if kind == e.name and not launched else SHIPPED[kind]
-                launch = f"ACCELERATE_CONFIG={config} sbatch --nodes={nodes}"
+                launch = sbatch_line(config, nodes, per_node)
                 options.append(f"{NAMES[kind]} fits on {n} GPUs ({nodes} node{'s' * (nodes > 1)}: {launch})")
                 break
     # The same engine and GPUs with fewer tokens per micro-batch: everything but the model states and buffers, and

@@ -5,6 +5,10 @@ tokenizer and data set from the cache that `scripts/prefetch.py` filled on a log
 runs before anything loads and, when a piece is missing, stops the job in its first seconds with the prefetch command
 to run, instead of minutes later from deep inside transformers or datasets. It only looks at files in the cache:
 no network, no weights loaded, nothing written.
+
+A machine that cannot reach the Hub without saying so (no HF_HUB_OFFLINE) is the other case: `check_hub_reachable`
+asks HF_ENDPOINT once, with a deadline of seconds, before the first download of a piece that is not cached, and
+refuses with the remedy instead of letting huggingface_hub retry for a minute. A cached piece costs no request.
 """
 
 import fnmatch
@@ -94,8 +98,9 @@ def _depth_ok(path: str) -> bool:
     return "/" not in path or path.startswith("additional_chat_templates/")
 
 
-def missing_model_files(repo_id: str, revision: str | None = None) -> list[str]:
-    """What from_pretrained would miss in the Hub cache for `repo_id` at `revision` (a branch, tag or commit)."""
+def missing_model_files(repo_id: str, revision: str | None = None, weights: bool = True) -> list[str]:
+    """What from_pretrained would miss in the Hub cache for `repo_id` at `revision` (a branch, tag or commit);
+    `weights=False`: what AutoTokenizer would miss (config, tokenizer files)."""
     from huggingface_hub import try_to_load_from_cache
 
     def cached(filename: str) -> str | None:
@@ -104,12 +109,12 @@ def missing_model_files(repo_id: str, revision: str | None = None) -> list[str]:
 
     missing = [] if cached("config.json") else [NEEDED[0]]
     index = next((p for p in map(cached, ("model.safetensors.index.json", "pytorch_model.bin.index.json")) if p), None)
-    if index:
+    if weights and index:
         shards = sorted(set(json.loads(Path(index).read_text())["weight_map"].values()))
         absent = [s for s in shards if not cached(s)]
         if absent:
             missing.append(f"{len(absent)} of {len(shards)} weight shards ({absent[0]}, ...)")
-    elif not (cached("model.safetensors") or cached("pytorch_model.bin")):
+    elif weights and not (cached("model.safetensors") or cached("pytorch_model.bin")):
         missing.append(NEEDED[1])
     if not cached("tokenizer_config.json"):
         missing.append(NEEDED[2])
@@ -213,3 +218,74 @@ def check_offline_artifacts(recipe, offline: bool | None = None) -> None:
             f"offline (HF_HUB_OFFLINE) and not in the local Hugging Face cache: {'; '.join(missing)}. "
             f"On a login node with network, run: {prefetch_command(recipe)}"
         )
+
+
+# --- a Hub that does not answer, said in seconds ----------------------------------------------------------------------
+
+# A reachable Hub answers one HEAD request well within this. huggingface_hub itself, for a file it has not cached,
+# retries a request that cannot connect 5 times, 1 + 2 + 4 + 8 + 8 s apart (utils/_http.py, `_http_backoff_base`;
+# file_download.py retries the metadata request when no local copy exists), and waits 10 s (HF_HUB_ETAG_TIMEOUT) on
+# a server that never answers each time: 23 s to minutes per file before its first error.
+PROBE_SECONDS = 3.0
+
+
+def within(seconds: float, fn):
+    """fn() with a deadline. huggingface_hub's HTTP client has no timeout of its own (utils/_http.py: `timeout=None`)
+    and a name lookup has none at all: on a node whose firewall drops packets a call would hang the job, GPUs
+    allocated, instead of failing it."""
+    import threading
+
+    result = {}
+
+    def run():
+        try:
+            result["value"] = fn()
+        except BaseException as e:
+            result["error"] = e
+
+    thread = threading.Thread(target=run, daemon=True)  # daemon: a hung call must not keep the process alive
+    thread.start()
+    thread.join(seconds)
+    if thread.is_alive():
+        raise TimeoutError(f"no answer within {seconds:g} s")
+    if "error" in result:
+        raise result["error"]
+    return result["value"]
+
+
+def hub_unreachable(seconds: float = PROBE_SECONDS) -> str | None:
+    """Why HF_ENDPOINT gives no answer here within `seconds` (one line), or None when it answers, with any status.
+
+    One HEAD request through huggingface_hub's own HTTP client, so with the proxy and certificate settings its
+    downloads would use; the deadline covers the name lookup too."""
+    from huggingface_hub import constants
+    from huggingface_hub.utils import get_session
+
+    try:
+        within(seconds, lambda: get_session().head(constants.ENDPOINT + "/", timeout=seconds))
+    except Exception as e:
+        text = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        return f"{constants.ENDPOINT}: {type(e).__name__}{': ' + text if text else ''}"
+    return None
+
+
+def check_hub_reachable(missing: list[str], remedy: str) -> None:
+    """Refuse work that would download the `missing` pieces (each in words: "model 'org/x' is not cached") from a Hub
+    that does not answer, in seconds and in one line ending with `remedy`. Nothing is asked when nothing is missing:
+    a cached piece is read without waiting on the Hub (huggingface_hub falls back to it at the first failure)."""
+    if not missing:
+        return
+    why = hub_unreachable()
+    if why:
+        raise ConfigError(f"{'; '.join(missing)}, and the Hugging Face Hub does not answer here ({why}): {remedy}")
+
+
+def check_job_reachable(recipe) -> None:
+    """A job (training, preflight) that would download its model or data set: refused at once when the Hub does not
+    answer, with the prefetch command and HF_HUB_OFFLINE=1 instead of a minute of retries from inside the libraries."""
+    missing = missing_artifacts(recipe, model=not is_offline(), dataset=not datasets_offline())
+    check_hub_reachable(
+        missing,
+        f"on a machine with network, fill the cache with `{prefetch_command(recipe)}` and run this with "
+        "HF_HUB_OFFLINE=1 (or fix HF_ENDPOINT / HTTPS_PROXY)",
+    )

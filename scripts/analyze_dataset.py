@@ -21,6 +21,7 @@ os.environ["CUDA_VISIBLE_DEVICES"] = ""  # a login node or a laptop: never touch
 
 import argparse  # noqa: E402
 import json  # noqa: E402
+import shlex  # noqa: E402
 import sys  # noqa: E402
 from pathlib import Path  # noqa: E402
 
@@ -30,7 +31,7 @@ sys.path.insert(0, str(ROOT))  # run as `python scripts/analyze_dataset.py` from
 import yaml  # noqa: E402
 from dotenv import load_dotenv  # noqa: E402
 
-from dpotrain import data, lengths, lengths_report, shapes  # noqa: E402
+from dpotrain import data, lengths, lengths_report, offline, shapes  # noqa: E402
 from dpotrain.errors import ConfigError  # noqa: E402
 
 DEFAULT_DATASET = "allenai/Dolci-Instruct-DPO"  # the seed's default
@@ -94,13 +95,19 @@ def read_recipe(path: str | None, dataset: str | None) -> tuple[dict, str | None
     if path is None:
         wanted = dataset or DEFAULT_DATASET
         path = next(
-            (str(p) for p in sorted((ROOT / "configs").glob("*.yaml")) if _load(p).get("dataset_name") == wanted), None
+            (_shown(p) for p in sorted((ROOT / "configs").glob("*.yaml")) if _load(p).get("dataset_name") == wanted),
+            None,
         )
         if path is None:
             return {}, None
     if not Path(path).is_file():
         raise ConfigError(f"recipe {path!r} not found: pass one of configs/*.yaml")
     return _load(path), path
+
+
+def _shown(path: Path) -> str:
+    """A path as a person types it: relative to the folder they run in when it lies inside, else absolute."""
+    return str(path.relative_to(Path.cwd())) if path.is_relative_to(Path.cwd()) else str(path)
 
 
 def _load(path) -> dict:
@@ -176,10 +183,13 @@ def analyze(args: argparse.Namespace) -> int:
         flush=True,
     )
 
+    remedy = fetch_remedy(tokenizer_name, name, recipe, recipe_path, args)
+    offline.check_hub_reachable(hub_downloads(tokenizer_name, name, recipe.get("dataset_config"), split, args), remedy)
     try:
         tokenizer = lengths.load_tokenizer(tokenizer_name)
     except Exception as e:  # unknown name, offline, gated: one line
-        raise ConfigError(f"could not load the tokenizer of {tokenizer_name!r}: {_first_line(e)}") from None
+        hint = f": {remedy}" if offline.is_hub_model(tokenizer_name) and offline.is_offline() else ""
+        raise ConfigError(f"could not load the tokenizer of {tokenizer_name!r} ({_first_line(e)}){hint}") from None
     try:
         dataset = data.load_preference_dataset(
             name, split, recipe.get("dataset_config"), revision=args.revision, streaming=args.streaming
@@ -236,6 +246,32 @@ def analyze(args: argparse.Namespace) -> int:
         path = lengths.save_cache(m, report, dataset_id, tokenizer)
         print(f"cached for `max_length: auto` in training: {path}", file=sys.stderr)
     return 0
+
+
+def hub_downloads(tokenizer: str, dataset: str, config: str | None, split: str, args) -> list[str]:
+    """What this analysis would download from the Hub: the tokenizer's files and the data set, where not cached."""
+    if offline.is_offline():
+        return []  # nothing downloads; the libraries read the cache or fail at once
+    missing = []
+    if offline.is_hub_model(tokenizer) and offline.missing_model_files(tokenizer, weights=False):
+        missing.append(f"the tokenizer of {tokenizer!r} is not cached")
+    if offline.is_hub_dataset(dataset) and (args.streaming or not offline.cached_dataset(dataset, config, split)[0]):
+        missing.append(f"data set {dataset!r} is not cached")
+    return missing
+
+
+def fetch_remedy(tokenizer: str, dataset: str, recipe: dict, recipe_path: str | None, args) -> str:
+    """What to do where the Hub's files are out of reach: local files, or the cache filled elsewhere."""
+    command = ["python", "scripts/prefetch.py", *(["--config", recipe_path] if recipe_path else [])]
+    if offline.is_hub_model(tokenizer):
+        command += ["--model_name_or_path", tokenizer]
+    if offline.is_hub_dataset(dataset):
+        command += ["--dataset_name", dataset, *(["--revision", args.revision] if args.revision else [])]
+        command += ["--dataset_config", recipe["dataset_config"]] if recipe.get("dataset_config") else []
+    return (
+        "pass a local tokenizer folder with --tokenizer PATH (and a local data file), or fill the cache on a machine "
+        f"with network (`{shlex.join(command)}`) and run this with HF_HUB_OFFLINE=1"
+    )
 
 
 def _first_line(e: Exception) -> str:

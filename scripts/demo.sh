@@ -6,4 +6,5 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup_env.sh
 # A demo is repeatable: replace the previous demo run instead of refusing to write over it.
-exec .venv/bin/python train_dpo.py --config configs/smoke.yaml --overwrite_output_dir "$@"
+.venv/bin/python train_dpo.py --config configs/smoke.yaml --overwrite_output_dir "$@"
+echo "Next (README, step 3 on): source .venv/bin/activate, then python scripts/analyze_dataset.py, python train_dpo.py"

@@ -54,6 +54,12 @@ def main(argv: list[str] | None = None) -> None:
         print("Everything is cached already (HF_HUB_OFFLINE is set, so nothing was downloaded).")
         return
 
+    pieces = [f"model {model.model_name_or_path!r}"] * hub_model + [f"data set {script.dataset_name!r}"] * hub_dataset
+    offline.check_hub_reachable(
+        [f"prefetch.py downloads {' and '.join(pieces)}"],
+        "run it on a machine with network (a login node), then the job with HF_HUB_OFFLINE=1 and the same HF_HOME; "
+        "or fix HF_ENDPOINT / HTTPS_PROXY",
+    )  # in seconds, not after huggingface_hub's minute of retries
     from dpotrain.resolve import hf_token
 
     token = hf_token()

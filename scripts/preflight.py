@@ -19,7 +19,7 @@ sys.path.insert(0, str(ROOT))  # run as `python scripts/preflight.py` from anywh
 
 from dotenv import load_dotenv  # noqa: E402
 
-from dpotrain import health, preflight, resolve, samples  # noqa: E402
+from dpotrain import health, offline, preflight, resolve, samples  # noqa: E402
 from dpotrain.config import parse_args  # noqa: E402
 from dpotrain.errors import run_cli  # noqa: E402
 
@@ -56,6 +56,7 @@ def main(argv=None) -> int:
     health.check_values(recipe.project)
     samples.check_values(recipe.project)
     resolve.fill_defaults(recipe)
+    offline.check_job_reachable(recipe)  # a model or data set to download: the Hub must answer, within seconds
     return preflight.run(recipe, own.sample, own.seed, own.json, own.plot)
 
 

@@ -12,10 +12,11 @@ python=${PYTHON:-python3}
 if [[ ! -x .venv/bin/python ]]; then
   "$python" -m venv .venv || { echo "error: could not create .venv: install python3-venv (Debian: apt-get install python3-venv)" >&2; exit 1; }
 fi
-stamp=.venv/.installed-$(cat "$reqs" requirements.txt | sha256sum | cut -c1-16)
-if [[ ! -f "$stamp" ]]; then
+stamp() { echo ".venv/.installed-$(cat "$1" requirements.txt | sha256sum | cut -c1-16)"; }
+# The test tools' install (requirements-dev.txt: -r requirements.txt) holds the training requirements too.
+if [[ ! -f $(stamp "$reqs") && ! ( $reqs == requirements.txt && -f $(stamp requirements-dev.txt) ) ]]; then
   .venv/bin/python -m pip install --quiet --upgrade pip
   .venv/bin/python -m pip install --quiet -r "$reqs"
-  touch "$stamp"
+  touch "$(stamp "$reqs")"
 fi
-echo "venv ready: .venv ($(.venv/bin/python --version), $reqs)"
+echo "venv ready: .venv ($(.venv/bin/python --version), $reqs); in a shell: source .venv/bin/activate"

@@ -58,6 +58,61 @@ def run_train(args: list[str], cwd: Path = ROOT, env: dict | None = None, timeou
 
 
 @pytest.fixture(scope="session")
+def silent_endpoint():
+    """An HF_ENDPOINT that never answers, as a Hub behind a firewall that drops packets: a local port that listens
+    (so a connection may even open) but never accepts and never replies. Unlike a name this machine cannot look up,
+    it behaves the same on every machine."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen(1)
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
+
+
+# What a newcomer's new terminal has: no venv active, system tools only, a home of its own (empty caches).
+FRESH_PATH = "/usr/local/bin:/usr/bin:/bin"
+# Secrets a user's environment (or .env) holds: no file the demo writes may contain them (tests/test_training.py).
+DEMO_SECRETS = {"HF_TOKEN": "hf_SECRETdoNotLeak123", "WANDB_API_KEY": "0123456789abcdef0123456789abcdef01234567"}
+
+
+@pytest.fixture(scope="session")
+def demo_run(tmp_path_factory, silent_endpoint):
+    """The README's first command, `bash scripts/demo.sh`, once per session, as a newcomer runs it: in a fresh bash
+    (FRESH_PATH, nothing activated) in a copy of the project, so that the quickstart's later lines (.env,
+    outputs/) never touch this checkout. Nothing downloads: the copy's .venv is this checkout's, pip has no index, and
+    the Hub never answers (HF_ENDPOINT), so a step that needed either fails. W&B logs offline (`--report_to wandb`,
+    the demo script's overrides) with the secrets of DEMO_SECRETS set, for tests/test_training.py to check the run;
+    tests/test_readme.py goes on with the quickstart in the same copy and shell environment.
+
+    Returns (the copy, the environment, the CompletedProcess: stdout and stderr together)."""
+    import shutil
+
+    venv = ROOT / ".venv"
+    if not (venv / "bin" / "python").exists():
+        pytest.skip("no .venv in the project: bash scripts/setup_env.sh --dev makes it (the demo downloads nothing)")
+    project = tmp_path_factory.mktemp("newcomer") / "dpotrain"
+    ignored = (".git", ".venv", "outputs", "logs", "__pycache__", ".pytest_cache", ".ruff_cache", "wandb", ".env")
+    shutil.copytree(ROOT, project, ignore=shutil.ignore_patterns(*ignored, "*.out"))
+    (project / "outputs").mkdir()
+    (project / "logs").mkdir()
+    (project / ".venv").symlink_to(venv.resolve())
+    home = tmp_path_factory.mktemp("home")
+    env = {"HOME": str(home), "PATH": FRESH_PATH, "LANG": "C.UTF-8", "HF_ENDPOINT": silent_endpoint,
+           "PIP_NO_INDEX": "1", "WANDB_MODE": "offline", **DEMO_SECRETS}  # fmt: skip
+    result = subprocess.run(
+        ["bash", "--noprofile", "--norc", "-c", "bash scripts/demo.sh --report_to wandb"],
+        cwd=project,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=900,
+    )
+    return project, env, result
+
+
+@pytest.fixture(scope="session")
 def slurm():
     """A real single-node Slurm (tests/slurm/cluster.sh), skipped with the reason where it cannot be installed.
 

@@ -3,6 +3,7 @@ memory plan was checked against and how to plan for another; the full JSON besid
 
 import json
 import re
+import shlex
 
 import pytest
 
@@ -104,3 +105,54 @@ def test_the_summary_counts_the_rows_of_every_local_data_set_as_datasets_loads_t
     text = dry_run(capsys, *SMOKE, "--dataset_name", str(tmp_path / "pairs.csv"), "--output_dir", str(tmp_path / "o"))
     assert field(text, "data") == f"{tmp_path / 'pairs.csv'} (split train): 40 rows"
     assert field(text, "steps").startswith("5 optimizer steps (1 epoch)")  # 40 pairs at the smoke recipe's 8
+
+
+def submitted(line: str) -> tuple[str, int, int]:
+    """A suggested `ACCELERATE_CONFIG=... sbatch --nodes=N [--gpus-per-node=G]` as Slurm and scripts/launch.sh take it:
+    the engine's config, and the processes (N x G: one per GPU, launch.sh's NUM_PROCESSES) on nodes of G, G being the
+    sbatch script's own `#SBATCH --gpus-per-node` when the line does not name it."""
+    words = shlex.split(line)
+    assert words[0].startswith("ACCELERATE_CONFIG=") and words[1] == "sbatch", line
+    options = dict(w.removeprefix("--").split("=", 1) for w in words[2:])
+    assert set(options) <= {"nodes", "gpus-per-node"}, line
+    script = (ROOT / "scripts" / "dpo_train.sh").read_text()
+    default = int(re.search(r"^#SBATCH --gpus-per-node=(\d+)", script, re.MULTILINE).group(1))
+    per_node = int(options.get("gpus-per-node", default))
+    return words[0].split("=", 1)[1], int(options["nodes"]) * per_node, per_node
+
+
+@pytest.mark.parametrize("per_node", [4, 8])
+def test_every_suggested_command_plans_the_world_size_it_names(tmp_path, capsys, monkeypatch, per_node):
+    """Two nodes of 4 and of 8 GPUs (GPUS_PER_NODE, as scripts/launch.sh passes the job's --gpus-per-node): the summary
+    plans in those nodes and offers the other node size only, and every sbatch line of a refusal, run as printed, gives
+    the GPUs it names in nodes of the size planned."""
+    from dpotrain import engine, memory, resolve
+    from dpotrain.config import parse_args
+
+    think = ["--config", str(ROOT / "configs" / "think.yaml"), "--model_name_or_path", OLMO3_7B,
+             "--output_dir", str(tmp_path / "think")]  # fmt: skip
+    monkeypatch.setenv("WORLD_SIZE", str(2 * per_node))
+    monkeypatch.setenv("GPUS_PER_NODE", str(per_node))
+    text = dry_run(capsys, *think)
+    assert field(text, "processes") == f"{2 * per_node} (environment (WORLD_SIZE)), 2 nodes of {per_node} GPUs"
+    hints = re.findall(r"(\d+) nodes? of (\d+): WORLD_SIZE=(\d+) GPUS_PER_NODE=(\d+)", field(text, "other GPUs"))
+    assert [(int(n), int(size)) for n, size, _, _ in hints] == [(2, 12 - per_node)]  # the other size, not this one
+    recipe = parse_args([*think, "--gpu_memory_gib", "79.6", "--dry-run"])
+    for nodes, size, world, gpus in hints:
+        assert (world, gpus) == (str(int(nodes) * int(size)), size)
+        monkeypatch.setenv("WORLD_SIZE", world)
+        monkeypatch.setenv("GPUS_PER_NODE", gpus)
+        assert resolve.world_size(recipe, planning=True)[0] == int(world)
+        assert engine.from_config(recipe.project.accelerate_config).gpus_per_node == int(size)
+
+    # On 80 GB H100s ZeRO-2 does not fit 2 nodes: the refusal names what would, in nodes of the size planned.
+    monkeypatch.setenv("GPUS_PER_NODE", str(per_node))
+    with pytest.raises(ConfigError) as info:
+        memory.plan(recipe, 2 * per_node)
+    offers = re.findall(r"fits on (\d+) GPUs \((\d+) nodes?: ([^)]*)\)", str(info.value))
+    assert len(offers) == 3, str(info.value)  # ZeRO-2 on more nodes, ZeRO-3, FSDP2
+    for gpus, nodes, line in offers:
+        config, world, gpus_per_node = submitted(line)
+        assert (world, gpus_per_node) == (int(gpus), per_node) and world == int(nodes) * per_node, line
+        monkeypatch.setenv("GPUS_PER_NODE", str(gpus_per_node))  # what launch.sh's own dry run then plans with
+        assert engine.from_config(config).gpus_per_node == per_node, line

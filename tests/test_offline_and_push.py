@@ -18,6 +18,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -479,6 +480,151 @@ def test_write_access_says_when_the_hub_cannot_be_reached(monkeypatch):
     message = str(info.value)
     assert "This machine cannot reach the Hub: run scripts/push_to_hub.py where it can" in message
     assert "push afterwards" not in message and "HF_HUB_OFFLINE=1" not in message
+
+
+# --- a Hub that does not answer: refused in seconds, with the remedy ---------------------------------------------
+
+
+def test_the_probe_tells_a_silent_hub_from_one_that_answers(monkeypatch, silent_endpoint):
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "ENDPOINT", silent_endpoint)
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)  # the tests' default; huggingface_hub would refuse at once
+    start = time.perf_counter()
+    why = offline.hub_unreachable()
+    assert why and why.startswith(f"{silent_endpoint}: ") and "Offline" not in why and "\n" not in why
+    assert offline.PROBE_SECONDS - 0.5 < time.perf_counter() - start < offline.PROBE_SECONDS + 1  # waited, then gave up
+    server = StandInHub()
+    try:
+        monkeypatch.setattr(constants, "ENDPOINT", server.endpoint)
+        start = time.perf_counter()
+        assert offline.hub_unreachable() is None  # any answer counts (the stand-in answers 404 / 501 here)
+        assert time.perf_counter() - start < 1
+    finally:
+        server.close()
+
+
+def test_a_job_with_everything_cached_asks_the_hub_nothing(monkeypatch, hf_home, silent_endpoint):
+    """Online, with model and data set in the cache, a silent Hub costs nothing: no request is made (a request would
+    take PROBE_SECONDS and refuse the job); with one piece not cached, the job is refused with the prefetch command."""
+    import datasets.config
+    from huggingface_hub import constants
+
+    from dpotrain.config import parse_args
+
+    monkeypatch.setattr(constants, "ENDPOINT", silent_endpoint)
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(hf_home / "hub"))
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", hf_home / "datasets")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "0")
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "0")
+    here = ["--config", THINK, "--model_name_or_path", MODEL, "--dataset_name", DATASET]
+    start = time.perf_counter()
+    offline.check_job_reachable(parse_args([*here, "--dry-run"]))
+    assert time.perf_counter() - start < 1
+
+    with pytest.raises(ConfigError) as info:
+        offline.check_job_reachable(parse_args([*here, "--dataset_name", "org/absent-prefs", "--dry-run"]))
+    assert str(info.value).startswith(
+        f"dataset 'org/absent-prefs': not cached, and the Hugging Face Hub does not answer here ({silent_endpoint}: "
+    )
+    assert str(info.value).endswith(
+        "on a machine with network, fill the cache with `python scripts/prefetch.py --config "
+        f"{THINK} --model_name_or_path {MODEL} --dataset_name org/absent-prefs` and run this with HF_HUB_OFFLINE=1 "
+        "(or fix HF_ENDPOINT / HTTPS_PROXY)"
+    )
+
+
+# Each command the way it runs, in one process that paid its imports first: what is timed is the command itself, the
+# part an unreachable Hub would stretch (huggingface_hub's retries: 23 s and more per file), not importing torch.
+UNREACHABLE = r"""
+import contextlib, importlib.util, io, json, sys, time
+import train_dpo
+from dpotrain.errors import run_cli
+
+def script(name):
+    spec = importlib.util.spec_from_file_location(name, f"scripts/{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+analyzer, prefetch = script("analyze_dataset"), script("prefetch")
+model, out = sys.argv[1], sys.argv[2]
+results = {}
+def timed(name, main):
+    stdout, stderr = io.StringIO(), io.StringIO()
+    start = time.perf_counter()
+    with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+        try:
+            run_cli(main)
+        except SystemExit as e:
+            code = e.code
+    results[name] = {"seconds": time.perf_counter() - start, "code": code, "stdout": stdout.getvalue(),
+                     "stderr": stderr.getvalue()}
+
+timed("analyzer", lambda: analyzer.main(["data/smoke_prefs.jsonl", "--tokenizer", model]))
+smoke = ["--config", "configs/smoke.yaml", "--model_name_or_path", model, "--output_dir", out]
+think = ["--config", "configs/think.yaml", "--model_name_or_path", model, "--output_dir", out]  # bf16: planned
+timed("dry_run", lambda: train_dpo.main([*think, "--dry-run"]))
+timed("prefetch", lambda: prefetch.main(["--config", "configs/smoke.yaml", "--model_name_or_path", model]))
+timed("training", lambda: train_dpo.main(smoke))
+print("RESULTS " + json.dumps(results))
+"""
+
+
+@pytest.fixture(scope="module")
+def unreachable(tmp_path_factory, silent_endpoint) -> dict:
+    """The analyzer, a dry run, prefetch and a training start on a Hub model name, on a machine whose Hub does not
+    answer: no network (HF_ENDPOINT never replies), an empty cache, HF_HUB_OFFLINE unset, as a newcomer's laptop."""
+    home = tmp_path_factory.mktemp("empty_hf_home")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "TRANSFORMERS_OFFLINE"))}
+    env.update(HF_HOME=str(home), HF_ENDPOINT=silent_endpoint, PYTHONPATH=str(ROOT))
+    result = subprocess.run(
+        [PYTHON, "-c", UNREACHABLE, "org/not-cached-model", str(home / "run")],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    line = next((x for x in result.stdout.splitlines() if x.startswith("RESULTS ")), None)
+    assert line, result.stdout[-2000:] + result.stderr[-3000:]
+    return json.loads(line.removeprefix("RESULTS "))
+
+
+@pytest.mark.slow  # ~35 s on a busy 2-core machine: one process's imports, and three probes of 3 s
+@pytest.mark.parametrize("command", ["analyzer", "prefetch", "training"])
+def test_an_unreachable_hub_is_refused_in_seconds_with_the_remedy(unreachable, silent_endpoint, command):
+    result = unreachable[command]
+    assert result["seconds"] < 10, result
+    assert result["code"] == 2, result
+    error = result["stderr"].strip().splitlines()[-1]
+    assert error.startswith("error: ") and "Traceback" not in result["stderr"], result
+    assert f"the Hugging Face Hub does not answer here ({silent_endpoint}: " in error
+    remedy = {
+        "analyzer": "pass a local tokenizer folder with --tokenizer PATH (and a local data file), or fill the cache "
+        "on a machine with network (`python scripts/prefetch.py --config configs/smoke.yaml --model_name_or_path "
+        "org/not-cached-model`) and run this with HF_HUB_OFFLINE=1",
+        "prefetch": "run it on a machine with network (a login node), then the job with HF_HUB_OFFLINE=1 and the same "
+        "HF_HOME; or fix HF_ENDPOINT / HTTPS_PROXY",
+        "training": "fill the cache with `HF_HOME=",  # the cache the job reads, then the command
+    }[command]
+    assert remedy in error, error
+    if command == "training":
+        assert "python scripts/prefetch.py --config configs/smoke.yaml --model_name_or_path org/not-cached-model`" \
+            " and run this with HF_HUB_OFFLINE=1" in error  # fmt: skip
+
+
+@pytest.mark.slow  # shares the fixture above
+def test_a_dry_run_on_an_uncached_hub_model_plans_what_it_can_in_seconds(unreachable):
+    """A dry run reads files on this machine only: it never waits on the Hub, and says how to get the config."""
+    result = unreachable["dry_run"]
+    assert result["seconds"] < 10 and result["code"] is None, result
+    assert (
+        "memory/GPU:    not planned: the config of 'org/not-cached-model' is not in the local Hugging Face cache; a "
+        "dry run loads nothing from the network: `python scripts/prefetch.py --config <recipe> --model_name_or_path "
+        "org/not-cached-model` on a machine with network fetches it"
+    ) in result["stdout"], result["stdout"]
 
 
 if __name__ == "__main__":

@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from conftest import ROOT, ready, run_train
+from conftest import DEMO_SECRETS, ROOT, ready
 from dpotrain import data
 from dpotrain.config import parse_args
 from dpotrain.trainer import build_trainer
@@ -59,20 +59,12 @@ def test_training_changes_every_parameter_and_lowers_the_loss(tmp_path, tiny_mod
 
 
 @pytest.mark.slow
-def test_cpu_demo_writes_a_complete_run(tmp_path, tiny_model_dir):
-    """The README's demo command (smoke recipe, whole epoch), with W&B offline, checked as a user would."""
-    out = tmp_path / "smoke"
-    secret = "hf_SECRETdoNotLeak123"
-    wandb_secret = "0123456789abcdef0123456789abcdef01234567"
-    result = run_train(
-        ["--config", SMOKE, "--output_dir", str(out), "--report_to", "wandb"],
-        env={
-            "HF_TOKEN": secret,
-            "WANDB_API_KEY": wandb_secret,
-            "WANDB_MODE": "offline",
-            "DPOTRAIN_BUILTIN_DIR": str(tiny_model_dir.rsplit("/", 1)[0]),
-        },
-    )
+def test_cpu_demo_writes_a_complete_run(demo_run):
+    """The README's demo command (`bash scripts/demo.sh`: smoke recipe, whole epoch), with W&B offline, checked as a
+    user would; the run is the session's (conftest.demo_run), which tests/test_readme.py continues the quickstart on."""
+    project, _, result = demo_run
+    out = project / "outputs" / "smoke-dpo"
+    secret, wandb_secret = DEMO_SECRETS["HF_TOKEN"], DEMO_SECRETS["WANDB_API_KEY"]
     assert result.returncode == 0, result.stdout[-3000:]
     assert "health STOP" not in result.stdout and "health warning" not in result.stdout  # a healthy run trips nothing
 
