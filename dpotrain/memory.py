@@ -171,7 +171,11 @@ def checkpointed_layers(every: int | None, layers: int) -> int:
 def layer_costs(config, tokens: int, checkpointed: bool) -> tuple[int, int]:
     """(rest, slope) of the backbone, every layer checkpointed or none, from traces of 1 and 2 layers (kept: the plan
     asks the same ones for each checkpointing it weighs, and again for each engine a refusal tries)."""
-    return _layer_costs(config.to_json_string(use_diff=False), type(config), tokens, checkpointed)
+    key = copy.deepcopy(config)
+    key.get_text_config().num_hidden_layers = 1  # the traces set their own layer count and kinds
+    if getattr(key.get_text_config(), "layer_types", None):
+        key.get_text_config().layer_types = ["full_attention"]
+    return _layer_costs(key.to_json_string(use_diff=False), type(config), tokens, checkpointed)
 
 
 @functools.lru_cache(maxsize=16)
