@@ -120,6 +120,8 @@ def recipe_args(args, data: str, model: Path, pairs: Path, out: Path, forward: s
              "--accelerate_config", "accelerate_config.yaml" if args.engine == "zero2" else "none"]  # fmt: skip
     if args.gpu_memory_gib:
         flags += ["--gpu_memory_gib", str(args.gpu_memory_gib)]
+    if args.compile_layers:
+        flags += ["--compile_layers", "true"]
     attn, share, padding_free = FORWARDS.get(forward, (None, None, None))
     if attn == "varlen":
         from dpotrain.forwards import choice
@@ -277,6 +279,7 @@ def run_path(args, path: str, data: str, folder: Path, trl_every) -> dict:
               "--trl-batch", str(args.trl_batch)]  # fmt: skip
     common += ["--trl-every", str(trl_every)] if trl_every else []
     common += ["--tiny"] if args.tiny else []
+    common += ["--compile-layers"] if args.compile_layers else []
     for name in ("pairs_per_step", "gpu_memory_gib", "peak_tflops"):
         if getattr(args, name):
             common += [f"--{name.replace('_', '-')}", str(getattr(args, name))]
@@ -363,6 +366,11 @@ def main() -> None:
     parser.add_argument("--trl-batch", type=int, default=4, help="pairs per padded micro-batch of plain TRL")
     parser.add_argument("--gpu-memory-gib", type=float, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--peak-tflops", type=float, default=None, help="default: the GPU's, by name (flops.py)")
+    parser.add_argument(
+        "--compile-layers",
+        action="store_true",
+        help="the project's paths with compile_layers (regional torch.compile; plain TRL as is)",
+    )
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--model", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--pairs", type=Path, help=argparse.SUPPRESS)
