@@ -284,7 +284,7 @@ def run_path(args, path: str, data: str, folder: Path, trl_every) -> dict:
         if getattr(args, name):
             common += [f"--{name.replace('_', '-')}", str(getattr(args, name))]
     env = {"DPOTRAIN_CACHE": tempfile.mkdtemp(dir=folder), "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
-    if args.tiny:  # seconds, not a process start per run
+    if args.tiny and args.engine == "single":  # seconds, not a process start per run
         os.environ.update(env)
         worker_args = argparse.Namespace(**{**vars(args), "worker": path, "path": path, "data": data,
                                             "model": folder / "model", "pairs": folder / f"{data}.jsonl",
@@ -363,7 +363,12 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=None, help="default: as many as the memory plan fits")
     parser.add_argument("--steps", type=int, default=6, help="optimizer steps per run (pairs = steps x per step)")
     parser.add_argument("--pairs-per-step", type=int, default=None, help="default: 32 (--tiny: 4)")
-    parser.add_argument("--trl-batch", type=int, default=4, help="pairs per padded micro-batch of plain TRL")
+    parser.add_argument(
+        "--trl-batch",
+        type=int,
+        default=2,
+        help="pairs per padded micro-batch of plain TRL (2: 4 x 16,384 positions, the think budget)",
+    )
     parser.add_argument("--gpu-memory-gib", type=float, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--peak-tflops", type=float, default=None, help="default: the GPU's, by name (flops.py)")
     parser.add_argument(
