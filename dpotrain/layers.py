@@ -8,7 +8,9 @@ sample generation under TRL's unwrap helper: `trl.models.utils.disable_gradient_
 with `model.gradient_checkpointing_enable(args.gradient_checkpointing_kwargs)`: every layer (every_n_layers left at its
 default, 1), with `every_n_layers` handed on to `torch.utils.checkpoint` as a keyword of the layer's forward.
 `hold_checkpointing` makes that call restore the plan's layers instead (transformers calls an instance's own
-`gradient_checkpointing_enable` from `activation_checkpointing_enable` too).
+`gradient_checkpointing_enable` from `activation_checkpointing_enable` too). TRL's DPOTrainer enables nothing else:
+its `__init__` leaves checkpointing to the Trainer (only the experimental ORPO/CPO trainers call PEFT's
+`prepare_model_for_kbit_training`, which would).
 
 Regional compile (`compile_layers`): each decoder layer compiled on its own (`nn.Module.compile`), so one compiled
 graph serves every layer of a kind and the rest of the model (embedding, TRL's chunked LM head, the packing code)
