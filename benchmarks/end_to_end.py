@@ -229,7 +229,8 @@ def worker(args) -> dict:
     pair_tokens = counting.tokens  # the pairs' tokens, both sequences whole: the same on every path
     peak = flops_peak(args)
     record = {
-        "path": args.path, "data": args.data, "engine": args.engine, "forward": forward, "pairs": len(pairs),
+        "path": args.path, "data": args.data, "engine": args.engine,
+        "deepspeed": bool(getattr(trainer, "is_deepspeed_enabled", False)), "forward": forward, "pairs": len(pairs),
         "pair_tokens": pair_tokens, "steps": len(steps), "checkpointing_every_n_layers": checkpointing,
         "reference_s": round(reference_s, 3), "train_s": round(train_s, 3),
         "end_to_end_s": round(reference_s + train_s, 3), "first_step_s": round(steps[0], 3),

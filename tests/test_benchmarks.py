@@ -32,6 +32,16 @@ def test_end_to_end_tiny_writes_its_tables(tmp_path):
     assert "| think | trl |" in table and "think: end to end" in table  # a PASS or FAIL line, never asserted
 
 
+@pytest.mark.extended
+def test_end_to_end_tiny_under_zero2_launches_both_under_deepspeed(tmp_path):
+    """--engine zero2: the project and plain TRL each under `accelerate launch` with accelerate_config.yaml."""
+    result = bench("benchmarks/end_to_end.py", "--tiny", "--engine", "zero2", "--out", str(tmp_path), "--data",
+                   "think", "--paths", "trl", "project", "--steps", "2")  # fmt: skip
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    rows = json.loads((tmp_path / "results.json").read_text())["results"]
+    assert [(r["path"], r.get("deepspeed")) for r in rows] == [("project", True), ("trl", True)], rows
+
+
 @pytest.mark.slow
 def test_attention_tiny_runs_on_cpu():
     result = bench("benchmarks/attention.py", "--device", "cpu", "--tiny", "--micro-batches", "2", "--warmup", "0",
