@@ -100,6 +100,7 @@ def run(argv, stop: GracefulStop) -> int | None:
             max_length = derived["max_length"].get("max_length") if derived["max_length"]["cached"] else None
         derived["batching"] = resolve.preview_plan(recipe, world, max_length)
         derived["memory"] = memory.plan(recipe, world)  # refuses a plan that cannot fit the GPU
+        memory.apply_checkpointing(recipe, derived["memory"])  # the layers the plan checkpoints, in the resolved config
         # The dtype the weights will load in under the planned engine (bf16 under DeepSpeed), not TRL's default.
         if planned_engine.name != "unplanned":
             recipe.model.dtype = engine.load_dtype(recipe, planned_engine)
@@ -112,6 +113,7 @@ def run(argv, stop: GracefulStop) -> int | None:
     # The same memory plan as the dry run that scripts/launch.sh makes, for the engine this process runs under: a job
     # started with `accelerate launch` by hand is refused here too, before anything loads.
     derived["memory"] = memory.plan(recipe, world, run_engine)
+    memory.apply_checkpointing(recipe, derived["memory"])  # the decoder layers to checkpoint: the Trainer enables them
     only_reference = recipe.project.reference_only  # the reference stage alone: no output folder, W&B or push
     if not resolve.uses_live_reference(recipe):
         reference.check_writable()  # the reference stage saves as it goes
@@ -190,6 +192,7 @@ def run(argv, stop: GracefulStop) -> int | None:
     recipe.model.dtype = training.model_init_kwargs["dtype"]
     derived["batching"] = run_plan.summary
     derived["forward"] = trainer.forward.record()  # the attention and layout chosen (dpotrain/forwards/choice.py)
+    derived["layers"] = trainer.layers_record  # the decoder layers as trained: checkpointed, compiled (layers.py)
     resolved = push.record(resolve.resolved_config(recipe, derived | {"resumed_from": plan.resume_from}))
     if state.is_main_process:
         out.mkdir(parents=True, exist_ok=True)

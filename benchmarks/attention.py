@@ -2,14 +2,18 @@
 varlen FlashAttention, shared prompts on FlexAttention and shared prompts on sdpa.
 
     python benchmarks/attention.py --device cuda                       # H100/B200: 7B width, as many layers as fit
+    python benchmarks/attention.py --device cuda --checkpointing none  # no recomputation: fewer layers fit
     python benchmarks/attention.py --device cuda --data multiturn      # long shared histories, short answers
     python benchmarks/attention.py --device cpu --tiny                 # a few seconds: the script itself still runs
 
 Each path runs the same micro-batches (a token budget of `--budget` positions, cut by the project's own plan,
 dpotrain/plan.py, from Dolci-Think-like lengths at max_length 16384 or a multi-turn mix) through forward and backward
 of a random-init OLMo 3 (`Olmo3Config` defaults: hidden 4096, intermediate 11008, 32 heads, sliding window 4096 on 3
-of 4 layers, vocabulary 100,278) in bf16, the loss the sum of the completions' log-probs (TRL's fused LM head): the
-step's work without the optimizer. Printed per path: pair tokens/s per GPU (both sequences of every pair, whole),
+of 4 layers, vocabulary 100,278) in bf16, with activation checkpointing as `--checkpointing` says (all layers, as the
+recipes allow; none; or every k-th layer) and as many decoder layers as the memory plan fits on the GPU with it (its
+parts this loop holds, with the plan's allowance for the CUDA context and fragmentation; `--layers` fixes the count),
+the loss the sum of the completions' log-probs (TRL's fused LM head): the step's work without the optimizer. Printed per
+path: pair tokens/s per GPU (both sequences of every pair, whole),
 training-loop MFU (the model FLOPs of what the path computed, dpotrain/flops.py, over the GPU's peak), the memory
 plan's activations + LM head + masks + bf16 weights and gradients beside `torch.cuda.max_memory_allocated`.
 Paths whose kernel is not installed (flash_attn) are skipped with the reason. Token ids are random: speed does not
@@ -53,14 +57,26 @@ def lengths_of(data: str, pairs: int, max_length: int, seed: int):
     return prompt, np.minimum(chosen, room), np.minimum(rejected, room)
 
 
-def layers_that_fit(gpu_bytes: float, config) -> int:
-    """Decoder layers whose full fine-tuning states (16 bytes a parameter: bf16 weights and gradients, fp32 master
-    weights and Adam moments) fill half the GPU, the other half left to activations."""
-    h, inner = config.hidden_size, config.intermediate_size
-    kv = config.num_key_value_heads * h // config.num_attention_heads
-    per_layer = 2 * h * h + 2 * h * kv + 3 * h * inner
-    embeddings = 2 * config.vocab_size * h
-    return max(1, int((gpu_bytes / 2 / 16 - embeddings) // per_layer))
+def layers_that_fit(gpu_bytes: float, config, args) -> int:
+    """The most decoder layers whose planned memory (`planned_bytes`, for the hungriest attention of the paths run),
+    with the memory plan's allowance, fits `gpu_bytes`; at least 1."""
+    import copy
+
+    attns = [setup[0] for setup in (path_setup(p, args) for p in args.paths) if not isinstance(setup, str)] or ["sdpa"]
+    best = 1
+    for layers in range(1, 129):
+        trial = copy.deepcopy(config)
+        trial.num_hidden_layers = layers
+        trial.layer_types = layer_types(layers)
+        need = max(planned_bytes(trial, attn, args) for attn in attns)
+        if need * (1 + memory.FRAGMENTATION) + memory.CONTEXT_GIB * memory.GIB > gpu_bytes:
+            break
+        best = layers
+    return best
+
+
+def layer_types(n: int) -> list[str]:
+    return ["full_attention" if (i + 1) % 4 == 0 else "sliding_attention" for i in range(n)]
 
 
 def build_model(args, attn: str):
@@ -69,14 +85,13 @@ def build_model(args, attn: str):
 
     spec = dict(TINY) if args.tiny else {"vocab_size": 100_278}
     config = Olmo3Config(max_position_embeddings=65536, **spec)
-    if not args.tiny:
-        gpu = torch.cuda.get_device_properties(0).total_memory
-        config.num_hidden_layers = args.layers or layers_that_fit(gpu, config)
-    config.layer_types = ["full_attention" if (i + 1) % 4 == 0 else "sliding_attention"
-                          for i in range(config.num_hidden_layers)]  # fmt: skip
+    config.num_hidden_layers = args.layers
+    config.layer_types = layer_types(config.num_hidden_layers)
     torch.manual_seed(0)
     dtype = torch.bfloat16 if args.device == "cuda" else torch.float32
     model = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation=attn).to(args.device)
+    if args.every:
+        model.activation_checkpointing_enable({"use_reentrant": False}, every_n_layers=args.every)
     add_fused_lm_head(model, outputs=("log_probs",))
     return model.train()
 
@@ -169,7 +184,7 @@ def run_path(path: str, args, micro_batches, parts) -> dict:
               "backward": backward}  # fmt: skip
     if args.device == "cuda":
         result["peak_gib"] = round(torch.cuda.max_memory_allocated() / 2**30, 2)
-        result["plan_gib"] = planned_gib(model, attn, args)
+        result["plan_gib"] = round(planned_bytes(model.config, attn, args) / memory.GIB, 2)
         torch.cuda.reset_peak_memory_stats()
     del model
     if args.device == "cuda":
@@ -177,18 +192,21 @@ def run_path(path: str, args, micro_batches, parts) -> dict:
     return result
 
 
-def planned_gib(model, attn: str, args) -> float:
-    """The memory plan's parts that this loop holds: bf16 weights and gradients, activations, LM head, masks."""
-    config = model.config
-    params = sum(p.numel() for p in model.parameters())
-    activations, _ = memory.activation_bytes(config, args.budget, checkpointing=False)
+def planned_bytes(config, attn: str, args) -> float:
+    """The memory plan's parts that this loop holds: bf16 weights and gradients, activations (with the checkpointing
+    run), LM head, masks."""
+    from transformers import AutoModelForCausalLM
+
+    with torch.device("meta"):
+        params = sum(p.numel() for p in AutoModelForCausalLM.from_config(config).parameters())
+    activations, _ = memory.activation_bytes(config, args.budget, args.every or False)
     head = config.vocab_size * config.hidden_size
     shape = memory.ModelShape(params=params, trainable=params, largest_layer=head, decoder_layer=0, lm_head=head,
                               lm_head_trains=True, hidden=config.hidden_size, layers=config.num_hidden_layers,
                               load_bytes=2)  # fmt: skip
     width = args.budget if attn == "flex_attention" else min(args.budget, packing.row_width_bound(args.max_length))
-    masks_bytes = memory.mask_bytes(attn, args.budget, width, config, checkpointing=False)
-    return round((4 * params + activations + memory.lm_head_bytes(shape, args.budget) + masks_bytes) / 2**30, 2)
+    masks_bytes = memory.mask_bytes(attn, args.budget, width, config, checkpointing=args.every == 1)
+    return 4 * params + activations + memory.lm_head_bytes(shape, args.budget) + masks_bytes
 
 
 def main() -> None:
@@ -200,13 +218,27 @@ def main() -> None:
     parser.add_argument("--budget", type=int, default=65536, help="positions per micro-batch (the plan's budget)")
     parser.add_argument("--micro-batches", type=int, default=8)
     parser.add_argument("--warmup", type=int, default=2, help="untimed first steps (compilation)")
-    parser.add_argument("--layers", type=int, default=None, help="default: as many as one GPU holds")
+    parser.add_argument("--layers", type=int, default=None, help="default: as many as the memory plan fits")
+    parser.add_argument(
+        "--checkpointing",
+        default="all",
+        help="activation checkpointing: all (as recipes allow), none, or k: every k-th layer",
+    )
     parser.add_argument("--peak-tflops", type=float, default=None, help="default: the GPU's, by name (flops.py)")
     parser.add_argument("--paths", nargs="+", default=list(PATHS), choices=PATHS)
     args = parser.parse_args()
     if args.tiny:
         args.max_length, args.budget = min(args.max_length, 512), min(args.budget, 2048)
     args.hidden = TINY["hidden_size"] if args.tiny else 4096
+    args.every = {"all": 1, "none": None}.get(args.checkpointing) or int(args.checkpointing)
+    if args.tiny:
+        args.layers = TINY["num_hidden_layers"]
+    elif args.layers is None:
+        from transformers import Olmo3Config
+
+        gpu = torch.cuda.get_device_properties(0).total_memory if args.device == "cuda" else 80 * memory.GIB
+        args.layers = layers_that_fit(gpu, Olmo3Config(vocab_size=100_278, max_position_embeddings=65536), args)
+    print(json.dumps({"layers": args.layers, "checkpointing": args.checkpointing, "budget": args.budget}), flush=True)
     prompt, chosen, rejected = lengths_of(args.data, 4000, args.max_length, seed=0)
     for path in args.paths:
         share = path.startswith("shared")

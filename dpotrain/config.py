@@ -141,6 +141,13 @@ class ProjectArguments:
             "B200 (dpotrain/flops.py); without a GPU, no MFU is logged."
         },
     )
+    compile_layers: bool = field(
+        default=False,
+        metadata={
+            "help": "Compile each decoder layer with torch.compile (regional: one graph per layer kind, the rest of "
+            "the model eager; dpotrain/layers.py). Off by default: not yet measured to pay on a GPU (BENCHMARKS.md)."
+        },
+    )
     reference_only: bool = field(
         default=False,
         metadata={

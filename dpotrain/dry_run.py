@@ -80,6 +80,8 @@ def summary(resolved: dict, json_file: Path | None) -> str:
     attention = resolved["attn_implementation"] or "sdpa (transformers' default)"
     row("attention", attention + (", packed rows" if resolved["padding_free"] else ", padded rows"))
     lines += _memory_lines(memory, row)
+    if resolved.get("compile_layers"):
+        row("compile", "each decoder layer (compile_layers): the first steps compile (dpotrain/layers.py)")
     if json_file is not None:
         row("everything", f"{json_file} (or --json prints it)")
     return "\n".join(lines)
@@ -95,6 +97,9 @@ def _memory_lines(memory: dict, row) -> list[str]:
     parts = memory["per_gpu_gib"]
     detail = ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in parts.items() if k != "total")
     row("memory/GPU", f"~{parts['total']} GiB ({detail})")
+    if "checkpointing" in memory:  # activation checkpointing: which decoder layers, and who chose (memory.py)
+        c = memory["checkpointing"]
+        row("checkpointing", f"{c['layers']}, chosen by {c['chosen_by']}")
     gpu, source = memory["gpu_memory_gib"], memory["gpu_memory_source"]
     if gpu is None:
         row("GPU", f"not checked: no GPU here and no gpu_memory_gib in the recipe. Plan for yours with "

@@ -15,6 +15,8 @@ Parameter counts come from the model's config alone: the model is built on the m
 """
 
 import copy
+import functools
+import json
 import math
 import warnings
 from dataclasses import dataclass
@@ -127,29 +129,81 @@ def model_shape(recipe, config) -> ModelShape:
 ATTENTION_TYPES = {"full_attention", "sliding_attention", "chunked_attention"}
 
 
-def activation_bytes(config, tokens: int, checkpointing: bool) -> tuple[int, str]:
+def activation_bytes(config, tokens: int, checkpointing: bool | int) -> tuple[int, str]:
     """Peak bytes of the backbone's forward + backward for one micro-batch of `tokens` tokens, and how they were found.
+
+    `checkpointing`: False (no layer checkpointed), True (every layer) or k, every k-th layer (transformers'
+    `every_n_layers`: layers 0, k, 2k, ... keep only their input, the others all their activations).
 
     Copies of the model with 1 and 2 layers are run on fake tensors (shapes only) at the real width and token count;
     their peaks, parameters and weight gradients left out (those are model states), give the cost of a layer (the
     slope: with activation checkpointing, its saved input) and of the rest (the embedding, one layer's recomputation
-    and backward, the final norm); the model's cost is the rest + layers x slope. Attention layers are traced as full
-    attention with no mask, the memory of FlashAttention and of sdpa's fused kernels; masks are counted apart
-    (`mask_bytes`). Models with other layer kinds (linear attention, Mamba: their CPU reference kernels are neither
-    what CUDA runs nor fast to trace) and models the trace fails on get `formula_activation_bytes`.
+    and backward, the final norm); the model's cost is the rest + layers x slope. With every k-th layer checkpointed,
+    the rest is the checkpointed one's (a recomputation on top of everything kept), each checkpointed layer costs its
+    input and each other layer its full slope. Attention layers are traced as full attention with no mask, the memory
+    of FlashAttention and of sdpa's fused kernels; masks are counted apart (`mask_bytes`). Models with other layer
+    kinds (linear attention, Mamba: their CPU reference kernels are neither what CUDA runs nor fast to trace) and
+    models the trace fails on get `formula_activation_bytes`.
     """
     text = config.get_text_config()
+    every = checkpoint_every(checkpointing)
+    kept = checkpointed_layers(every, text.num_hidden_layers)
     kinds = set(getattr(text, "layer_types", None) or ["full_attention"])
     if kinds - ATTENTION_TYPES:
         why = f"{'/'.join(sorted(kinds - ATTENTION_TYPES))} layers are not traced"
-        return formula_activation_bytes(text, tokens, checkpointing), f"formula ({why})"
+        return formula_activation_bytes(text, tokens, every), f"formula ({why})"
     try:
-        one, two = (_traced_peak(config, n, tokens, checkpointing) for n in (1, 2))
+        modes = [True] * (kept > 0) + [False] * (kept < text.num_hidden_layers)  # the layer kinds this plan has
+        costs = {mode: layer_costs(config, tokens, mode) for mode in modes}
     except Exception as e:  # noqa: BLE001 - any failure of the trace falls back to the documented formula
         reason = f"{type(e).__name__}: {str(e).splitlines()[0][:120]}" if str(e) else type(e).__name__
-        return formula_activation_bytes(text, tokens, checkpointing), f"formula (the trace failed: {reason})"
-    layer = two - one
-    return one - layer + text.num_hidden_layers * layer, "traced on fake tensors (1 and 2 layers, extrapolated)"
+        return formula_activation_bytes(text, tokens, every), f"formula (the trace failed: {reason})"
+    return _combine(costs, every, text.num_hidden_layers), "traced on fake tensors (1 and 2 layers, extrapolated)"
+
+
+def checkpoint_every(checkpointing: bool | int | None) -> int | None:
+    """None (no layer checkpointed) or k (every k-th layer; 1: all) from False / True / k."""
+    if checkpointing is None or checkpointing is False or checkpointing == 0:
+        return None
+    return 1 if checkpointing is True else int(checkpointing)
+
+
+def checkpointed_layers(every: int | None, layers: int) -> int:
+    """How many of `layers` transformers checkpoints with `every_n_layers=every`: indices 0, every, 2 x every, ..."""
+    return 0 if every is None else math.ceil(layers / every)
+
+
+def layer_costs(config, tokens: int, checkpointed: bool) -> tuple[int, int]:
+    """(rest, slope) of the backbone, every layer checkpointed or none, from traces of 1 and 2 layers (kept: the plan
+    asks the same ones for each checkpointing it weighs, and again for each engine a refusal tries)."""
+    key = copy.deepcopy(config)
+    key.get_text_config().num_hidden_layers = 1  # the traces set their own layer count and kinds
+    if getattr(key.get_text_config(), "layer_types", None):
+        key.get_text_config().layer_types = ["full_attention"]
+    return _layer_costs(key.to_json_string(use_diff=False), type(config), tokens, checkpointed)
+
+
+@functools.lru_cache(maxsize=16)
+def _layer_costs(config_json: str, config_class, tokens: int, checkpointed: bool) -> tuple[int, int]:
+    config = config_class.from_dict(json.loads(config_json))
+    one, two = (_traced_peak(config, n, tokens, checkpointed) for n in (1, 2))
+    return one - (two - one), two - one
+
+
+def _combine(costs: dict[bool, tuple[int, int]], every: int | None, layers: int) -> int:
+    """The backbone's peak from the (rest, slope) of a checkpointed layer (True) and of a plain one (False). Mixed, the
+    peak is the larger of: the backward's start (every plain layer's activations and the last one's backward), and the
+    recomputation of the last checkpointed layer, when the plain layers after it have freed theirs (equal to traces of
+    the mixed model: tests/test_memory.py)."""
+    kept = checkpointed_layers(every, layers)
+    if kept in (0, layers):
+        rest, slope = costs[kept > 0]
+        return rest + layers * slope
+    (rest_c, slope_c), (rest_p, slope_p) = costs[True], costs[False]
+    last = every * (kept - 1)  # index of the last checkpointed layer; last + 1 - kept plain layers come before it
+    return max(
+        rest_p + kept * slope_c + (layers - kept) * slope_p, rest_c + kept * slope_c + (last + 1 - kept) * slope_p
+    )
 
 
 TRACE_ATTENTION = "dpotrain_memory_plan"
@@ -174,7 +228,8 @@ def register_trace_attention() -> None:
     AttentionMaskInterface.register(TRACE_ATTENTION, flash_attention_mask)  # no mask without padding
 
 
-def _traced_peak(config, layers: int, tokens: int, checkpointing: bool) -> int:
+def _traced_peak(config, layers: int, tokens: int, checkpointing: bool | int) -> int:
+    """The backbone's peak on fake tensors, without parameters: `checkpointing` False, True or every k-th layer."""
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.distributed._tools.mem_tracker import MemTracker, _MemRefType
@@ -189,8 +244,10 @@ def _traced_peak(config, layers: int, tokens: int, checkpointing: bool) -> int:
     with FakeTensorMode(), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16, attn_implementation=TRACE_ATTENTION)
-        if checkpointing:
-            model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+        every = checkpoint_every(checkpointing)
+        if every:
+            model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False},
+                                                  every_n_layers=every)  # fmt: skip
         model.train()
         for p in model.parameters():  # the engine takes each weight gradient away as soon as it exists
             p.register_post_accumulate_grad_hook(lambda p: setattr(p, "grad", None))
@@ -205,19 +262,19 @@ def _traced_peak(config, layers: int, tokens: int, checkpointing: bool) -> int:
     return peak["Total"] - peak[_MemRefType.PARAM]
 
 
-def formula_activation_bytes(text, tokens: int, checkpointing: bool) -> int:
+def formula_activation_bytes(text, tokens: int, checkpointing: bool | int) -> int:
     """Llama-shaped layer in bf16, when no trace is possible: per token, 2 x (10 H + 2 H_kv + 4 I) bytes saved per
     layer (norms in fp32, q/k/v, attention output, the MLP's four I-wide tensors); with activation checkpointing each
-    layer keeps only its input (2 H) and one layer is recomputed with its gradients (2 x that)."""
+    checkpointed layer keeps only its input (2 H) and one layer is recomputed with its gradients (2 x that)."""
     h = text.hidden_size
     kv = getattr(text, "num_key_value_heads", None) or text.num_attention_heads
     h_kv = kv * (getattr(text, "head_dim", None) or h // text.num_attention_heads)
     inner = getattr(text, "moe_intermediate_size", None)
     inner = inner * getattr(text, "num_experts_per_tok", 1) if inner else getattr(text, "intermediate_size", 4 * h)
     per_layer = BF16 * (10 * h + 2 * h_kv + 4 * inner)
-    if checkpointing:
-        return tokens * (text.num_hidden_layers * BF16 * h + 2 * per_layer)
-    return tokens * (text.num_hidden_layers + 1) * per_layer
+    layers = text.num_hidden_layers
+    costs = {True: (2 * per_layer, BF16 * h), False: (per_layer, per_layer)}
+    return tokens * _combine(costs, checkpoint_every(checkpointing), layers)
 
 
 def mask_bytes(attn_implementation: str, tokens: int, width: int, config, checkpointing: bool) -> int:
@@ -379,18 +436,28 @@ def plan(recipe, world: int, engine: Engine | None = None) -> dict:
     if config is None:
         return {"skipped": why}
     shape = model_shape(recipe, config)
-    checkpointing = bool(recipe.training.activation_checkpointing)
-    activations, method = activation_bytes(config, tokens, checkpointing)
     attn = recipe.model.attn_implementation or "sdpa"
-    common = dict(activations=activations, activations_method=method, lm_head=lm_head_bytes(shape, tokens),
-                  masks=mask_bytes(attn, tokens, width, config, checkpointing))  # fmt: skip
+    gpu, gpu_source = gpu_memory(recipe)
+
+    def plan_for(e: Engine, n: int, every: int | None) -> Plan:
+        states, formula = model_state_bytes(e, shape, n)
+        activations, method = activation_bytes(config, tokens, every or False)
+        # eager keeps the probabilities of every layer not checkpointed: counted for all unless all are
+        masks = mask_bytes(attn, tokens, width, config, every == 1)
+        return Plan(e, n, states, formula, engine_buffer_bytes(e, shape), activations, method,
+                    lm_head_bytes(shape, tokens), masks)  # fmt: skip
+
+    # --- activation checkpointing: the least recomputation that fits (choose_checkpointing) ---
+    every, checkpointing_record = choose_checkpointing(recipe, shape.layers, gpu,
+                                                       lambda k: plan_for(engine, world, k).total)  # fmt: skip
+    checkpointing = every is not None
 
     def for_engine(e: Engine, n: int) -> Plan:
-        states, formula = model_state_bytes(e, shape, n)
-        return Plan(e, n, states, formula, engine_buffer_bytes(e, shape), **common)
+        return plan_for(e, n, every)
+
+    # --- end of activation checkpointing ---
 
     chosen = for_engine(engine, world)
-    gpu, gpu_source = gpu_memory(recipe)
     record = {
         "engine": f"{NAMES[engine.name]} ({engine.source})",
         "world_size": world,
@@ -418,12 +485,90 @@ def plan(recipe, world: int, engine: Engine | None = None) -> dict:
         "micro_batch_tokens_from": token_source,
         "activation_checkpointing": checkpointing,
         "attention": attn,
-        "activations_from": method,
+        "activations_from": chosen.activations_method,
         "allowance": f"{CONTEXT_GIB:g} GiB CUDA context and NCCL + {FRAGMENTATION:.0%} of the rest",
     }
+    record["checkpointing"] = checkpointing_record  # which layers: apply_checkpointing gives the run this choice
     if record["fits"] is False and recipe.project.memory_check:
         raise ConfigError(_refusal(recipe, chosen, gpu, gpu_source, for_engine, tokens))
     return record
+
+
+# --- activation checkpointing, chosen per run ---
+
+
+def checkpointing_request(recipe) -> tuple[int | None, bool]:
+    """(every, explicit) from the recipe: `activation_checkpointing: false` is none, honoured; `every_n_layers` in
+    `activation_checkpointing_kwargs`, given by the user, is that, honoured; `activation_checkpointing: true` alone
+    allows every layer, and the plan may checkpoint fewer (never more)."""
+    t = recipe.training
+    if not t.activation_checkpointing:
+        return None, True
+    kwargs = t.activation_checkpointing_kwargs or {}
+    named = {"activation_checkpointing_kwargs", "gradient_checkpointing_kwargs"} & recipe.given
+    if named and "every_n_layers" in kwargs:
+        every = kwargs["every_n_layers"]
+        if not isinstance(every, int) or isinstance(every, bool) or every < 1:
+            raise ConfigError(f"activation_checkpointing_kwargs every_n_layers must be an integer >= 1 (got "
+                              f"{every!r}): 1 checkpoints every decoder layer, 2 every other one")  # fmt: skip
+        return every, True
+    return 1, False
+
+
+def describe_checkpointing(every: int | None, layers: int) -> str:
+    kept = checkpointed_layers(every, layers)
+    if kept == 0:
+        return "none"
+    if kept == layers:
+        return f"all {layers} layers"
+    return f"1 in {every} layers ({kept} of {layers}: layers 0, {every}, {2 * every}, ...)"
+
+
+def choose_checkpointing(recipe, layers: int, gpu: float | None, total_for) -> tuple[int | None, dict]:
+    """The decoder layers to checkpoint: every k-th layer (transformers' `every_n_layers`; None: none, 1: all), and
+    its record. An explicit setting is kept (a plan that does not fit it is refused as any other); a recipe that allows
+    checkpointing gets the least recomputation whose plan, `total_for(every)` with its margin, fits the GPU: none, then
+    ever more layers. A checkpointed layer runs its forward twice, so the recomputation is kept / layers of the
+    forward. With the GPU memory unknown, every layer the recipe allows."""
+    request, explicit = checkpointing_request(recipe)
+    chosen, why = request, "the recipe (activation_checkpointing)"
+    if explicit and request is not None:
+        why = "the recipe (activation_checkpointing_kwargs every_n_layers)"
+    elif not explicit and gpu is None:
+        why = "the recipe: the GPU memory is unknown, so fewer checkpointed layers are not weighed"
+    elif not explicit:
+        candidates = {}  # fewest checkpointed layers first; for each count the largest k
+        for every in [None, *range(layers, 0, -1)]:
+            candidates.setdefault(checkpointed_layers(every, layers), every)
+        fits = [every for every in candidates.values() if total_for(every) <= gpu * GIB]
+        chosen = fits[0] if fits else 1
+        why = ("the memory plan: the least recomputation that fits" if fits else
+               "the memory plan: nothing fits, so every layer (the least memory)")  # fmt: skip
+        if chosen is not None:
+            fewer = candidates[max(c for c in candidates if c < checkpointed_layers(chosen, layers))]
+            why += f" ({describe_checkpointing(fewer, layers)} would need ~{_gib(total_for(fewer))} GiB)"
+    kept = checkpointed_layers(chosen, layers)
+    return chosen, {
+        "layers": describe_checkpointing(chosen, layers),
+        "every_n_layers": chosen,
+        "checkpointed_layers": kept,
+        "recomputed_forward": f"{kept / layers:.0%}",
+        "chosen_by": why,
+    }
+
+
+def apply_checkpointing(recipe, memory_plan: dict) -> None:
+    """The plan's choice into the training arguments the Trainer enables it from (transformers pops `every_n_layers`
+    from `activation_checkpointing_kwargs`); a plan that was skipped leaves the recipe's setting."""
+    chosen = memory_plan.get("checkpointing")
+    if not chosen:
+        return
+    t = recipe.training
+    t.activation_checkpointing = t.gradient_checkpointing = chosen["every_n_layers"] is not None
+    kwargs = {k: v for k, v in (t.activation_checkpointing_kwargs or {}).items() if k != "every_n_layers"}
+    if chosen["every_n_layers"] is not None:
+        kwargs["every_n_layers"] = chosen["every_n_layers"]
+    t.activation_checkpointing_kwargs = t.gradient_checkpointing_kwargs = kwargs or None
 
 
 def _gib(n: float) -> float:

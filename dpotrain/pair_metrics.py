@@ -42,12 +42,17 @@ class PairMetrics:
         self.sums = {"train": dict.fromkeys(SUMS, 0.0), "eval": dict.fromkeys(SUMS, 0.0)}
         self.total_tokens = 0  # non-padding tokens trained on, over the whole run (TRL's `num_tokens`)
         self._last_log = (time.perf_counter(), 0)
+        self._excluded = 0.0  # seconds since the last log spent on other work (samples): not training time
+
+    def exclude(self, seconds: float) -> None:
+        """Take `seconds` of other work (sample generation) out of the throughput clock's current interval."""
+        self._excluded += seconds
 
     def start(self, log_history: list[dict]) -> None:
         """At the start of training: carry `num_tokens` over from a resumed run, and start the throughput clock."""
         counted = [r["num_tokens"] for r in log_history if "num_tokens" in r and "loss" in r]
         self.total_tokens = int(counted[-1]) if counted else 0
-        self._last_log = (time.perf_counter(), self.total_tokens)
+        self._last_log, self._excluded = (time.perf_counter(), self.total_tokens), 0.0
 
     def add(self, mode: str, outputs, inputs: dict, ref_chosen, ref_rejected, beta: float, ld_alpha, positions: int,
             loss: torch.Tensor, model_flops: float = 0.0, computed_tokens: int | None = None,
@@ -133,7 +138,8 @@ class PairMetrics:
             self.total_tokens += int(s["tokens"])
             now = time.perf_counter()
             then, tokens_then = self._last_log
-            elapsed = max(now - then, 1e-9)
+            elapsed = max(now - then - self._excluded, 1e-9)
+            self._excluded = 0.0
             out["num_tokens"] = self.total_tokens
             out["tokens_per_second"] = (self.total_tokens - tokens_then) / elapsed
             out["tokens_per_second_per_gpu"] = out["tokens_per_second"] / self.world_size

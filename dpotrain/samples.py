@@ -22,6 +22,7 @@ answers gain nothing from block sparsity.
 import contextlib
 import json
 import sys
+import time
 from pathlib import Path
 
 from transformers import TrainerCallback
@@ -81,6 +82,7 @@ class SampleGenerator(TrainerCallback):
         self.every_rank = every_rank  # weights sharded over the ranks: all of them generate together
         self.flagged: list[dict] = []  # samples over warn_at, for tests and callers
         self._trimmed = False
+        self.spent = None  # called with the seconds each round of samples took (the throughput clock leaves them out)
 
     @classmethod
     def from_recipe(cls, recipe, train_dataset, tokenizer, every_rank: bool = False) -> "SampleGenerator":
@@ -98,13 +100,18 @@ class SampleGenerator(TrainerCallback):
 
     def on_train_begin(self, args, state, control, model=None, optimizer=None, **kwargs):
         if state.global_step == 0:  # the base model's answers, to compare later samples against
-            self.generate(args, state, model)
-            leave_for_training(model, optimizer)
+            self._round(args, state, model, optimizer)
 
     def on_step_end(self, args, state, control, model=None, optimizer=None, **kwargs):
         if state.global_step % self.every == 0:
-            self.generate(args, state, model)
-            leave_for_training(model, optimizer)
+            self._round(args, state, model, optimizer)
+
+    def _round(self, args, state, model, optimizer) -> None:
+        start = time.perf_counter()
+        self.generate(args, state, model)
+        leave_for_training(model, optimizer)
+        if self.spent:
+            self.spent(time.perf_counter() - start)
 
     def generate(self, args, state, model) -> list[dict]:
         if not (state.is_world_process_zero or self.every_rank):

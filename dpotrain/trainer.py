@@ -28,7 +28,7 @@ from transformers import GraniteMoeHybridConfig, TrainerCallback
 from trl import DPOTrainer, get_peft_config, get_quantization_config
 from trl.models import prepare_deepspeed
 
-from . import builtin, engine, flops, packing, padded, plan
+from . import builtin, engine, flops, layers, packing, padded, plan
 from .checkpoints import CompleteMarker, clear_for_save, report_save
 from .collectives import all_reduce_sum, max_over_ranks
 from .config import Recipe
@@ -520,12 +520,19 @@ def build_trainer(recipe: Recipe, train_dataset, eval_dataset=None, callbacks=()
         attn_implementation=recipe.model.attn_implementation,
         run_engine=run_engine,
     )
+    # The memory plan's checkpointed layers, held against TRL's re-enabling of all of them; the optional compile.
+    layers.hold_checkpointing(trainer.model, t)
+    compiled = layers.compile_layers(trainer.model) if p.compile_layers else 0
+    trainer.layers_record = {"checkpointed": layers.checkpointed(trainer.model), "compiled": compiled,
+                             "decoder_layers": len(layers.decoder_layers(trainer.model))}  # fmt: skip
     if forward.packed and packing.needs_parity_check(trainer.model.config):
         trainer.check_packing(explicit="padding_free" in recipe.given)
     trainer.graceful_stop = graceful_stop
     trainer.model_path = model_path  # the base weights on disk (a built-in model materialized), for the LoRA merge
     trainer.health = health  # .stop tells after `train()` whether a guard stopped it (dpotrain/health.py)
     if recipe.project.samples_every > 0:
-        trainer.add_callback(SampleGenerator.from_recipe(recipe, trainer.train_dataset, trainer.processing_class,
-                                                         every_rank=run_engine.shards_weights))  # fmt: skip
+        generator = SampleGenerator.from_recipe(recipe, trainer.train_dataset, trainer.processing_class,
+                                                every_rank=run_engine.shards_weights)  # fmt: skip
+        generator.spent = trainer.pair_metrics.exclude  # tokens/s and MFU do not count the time of samples
+        trainer.add_callback(generator)
     return trainer

@@ -393,3 +393,51 @@ def test_readme_table_is_what_the_plan_says(olmo3):
                             "--accelerate_config", config, "--dry-run"])  # fmt: skip
             r.project.gpu_memory_gib = None
             assert memory.plan(r, int(gpus))["per_gpu_gib"]["total"] == float(total), (row, config)
+
+
+# --- activation checkpointing chosen by the plan ---
+
+
+def test_mixed_checkpointing_equals_a_trace_of_the_mixed_model():
+    """Every k-th layer checkpointed (transformers' every_n_layers): the plan's combination of the 1- and 2-layer
+    traces equals a trace of the whole 7-layer model checkpointed that way, for every k."""
+    from transformers import Olmo3Config
+
+    config = Olmo3Config(vocab_size=1000, hidden_size=256, intermediate_size=704, num_attention_heads=8,
+                         num_key_value_heads=2, num_hidden_layers=7, pad_token_id=0, eos_token_id=1,
+                         bos_token_id=1)  # fmt: skip
+    peaks = []
+    for every in (None, 7, 4, 3, 2, 1):
+        planned = memory.activation_bytes(config, 512, every or False)[0]
+        assert planned == memory._traced_peak(config, 7, 512, every or False), every
+        peaks.append(planned)
+    assert peaks == sorted(peaks, reverse=True)  # more checkpointed layers, less memory
+
+
+@no_gpu
+def test_plan_checkpoints_the_fewest_layers_that_fit():
+    """OLMo 3 7B, 8,192 tokens a micro-batch, ZeRO-2 on 4 GPUs: all layers checkpointed on an 80 GiB GPU, one in two
+    on 100 GiB, none where everything fits; the choice reaches the training arguments."""
+    chosen = {}
+    for gib in (80, 100, 140):
+        r = recipe("--model_name_or_path", str(ROOT / "configs/models/olmo3-7b"), "--gpu_memory_gib", str(gib),
+                   "--max_tokens_per_microbatch", "8192", "--max_length", "4096")  # fmt: skip
+        plan = memory.plan(r, 4)
+        assert plan["fits"] is True and plan["per_gpu_gib"]["total"] <= gib
+        chosen[gib] = plan["checkpointing"]["every_n_layers"]
+        memory.apply_checkpointing(r, plan)
+        assert r.training.activation_checkpointing is (chosen[gib] is not None)
+        assert (r.training.activation_checkpointing_kwargs or {}).get("every_n_layers") == chosen[gib]
+    assert chosen == {80: 1, 100: 2, 140: None}
+
+
+@no_gpu
+def test_an_explicit_checkpointing_is_honoured_or_refused():
+    model = str(ROOT / "configs/models/olmo3-7b")
+    small = ("--model_name_or_path", model, "--max_tokens_per_microbatch", "8192", "--max_length", "4096")
+    r = recipe(*small, "--gpu_memory_gib", "140", "--activation_checkpointing_kwargs", '{"every_n_layers": 4}')
+    assert memory.plan(r, 4)["checkpointing"]["every_n_layers"] == 4  # none would fit: the user's 4 is kept
+    with pytest.raises(ConfigError, match="memory plan: DeepSpeed ZeRO-2 on 4 GPUs needs"):
+        memory.plan(recipe(*small, "--gpu_memory_gib", "80", "--activation_checkpointing", "false"), 4)
+    with pytest.raises(ConfigError, match="every_n_layers must be an integer >= 1"):
+        memory.plan(recipe(*small, "--activation_checkpointing_kwargs", '{"every_n_layers": 0}'), 4)

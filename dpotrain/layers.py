@@ -1,0 +1,59 @@
+"""The decoder layers as the run trains them: activation checkpointing held to the memory plan's choice, and an optional
+regional `torch.compile` of each layer.
+
+Checkpointing: the memory plan (memory.choose_checkpointing) picks none, every k-th layer or all, and
+memory.apply_checkpointing writes it into the training arguments, which the Trainer enables with transformers'
+`every_n_layers`. TRL 1.16 turns checkpointing off and on again around its own no-grad forwards (a live reference,
+sample generation under TRL's unwrap helper: `trl.models.utils.disable_gradient_checkpointing`), and turns it back on
+with `model.gradient_checkpointing_enable(args.gradient_checkpointing_kwargs)`: every layer (every_n_layers left at its
+default, 1), with `every_n_layers` handed on to `torch.utils.checkpoint` as a keyword of the layer's forward.
+`hold_checkpointing` makes that call restore the plan's layers instead (transformers calls an instance's own
+`gradient_checkpointing_enable` from `activation_checkpointing_enable` too). TRL's DPOTrainer enables nothing else:
+its `__init__` leaves checkpointing to the Trainer (only the experimental ORPO/CPO trainers call PEFT's
+`prepare_model_for_kbit_training`, which would).
+
+Regional compile (`compile_layers`): each decoder layer compiled on its own (`nn.Module.compile`), so one compiled
+graph serves every layer of a kind and the rest of the model (embedding, TRL's chunked LM head, the packing code)
+stays eager: inductor can fuse RMSNorm, the q/k norms, RoPE and SwiGLU's elementwise work. Off by default: whether it
+pays on a GPU, and what its compilation costs the first step, is to be measured (BENCHMARKS.md).
+"""
+
+import functools
+
+
+def decoder_layers(model) -> list:
+    """The repeated blocks transformers checkpoints, in order (`GradientCheckpointingLayer`)."""
+    from transformers.modeling_layers import GradientCheckpointingLayer
+
+    return [m for m in model.modules() if isinstance(m, GradientCheckpointingLayer)]
+
+
+def checkpointed(model) -> list[int]:
+    """Indices of the decoder layers that recompute their forward in backward (in training mode)."""
+    return [i for i, layer in enumerate(decoder_layers(model)) if layer.gradient_checkpointing]
+
+
+def hold_checkpointing(model, training_args) -> None:
+    """Checkpoint the layers of the training arguments (the memory plan's) now, and from now on whenever anyone
+    re-enables checkpointing on `model`, instead of every layer."""
+    if not training_args.activation_checkpointing:
+        return  # nothing is enabled, so TRL's helpers have nothing to turn back on
+    kwargs = dict(training_args.activation_checkpointing_kwargs or {})
+    every, offload = kwargs.pop("every_n_layers", 1), kwargs.pop("offload", False)
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model  # PEFT wraps the model
+
+    def enable(*_, **__):
+        base._activation_checkpointing_enable(kwargs or None, every_n_layers=every, offload=offload)
+
+    for target in {id(model): model, id(base): base}.values():
+        target.gradient_checkpointing_enable = functools.partial(enable)
+        target.activation_checkpointing_enable = functools.partial(enable)
+    enable()  # now, as the Trainer will when training starts: what the run records is what it trains with
+
+
+def compile_layers(model) -> int:
+    """Compile each decoder layer in place; the number compiled."""
+    layers = decoder_layers(model)
+    for layer in layers:
+        layer.compile()
+    return len(layers)

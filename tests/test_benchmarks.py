@@ -1,0 +1,75 @@
+"""The GPU benchmarks keep running: their CPU modes (--tiny) end to end, and the layer count their GPU defaults take
+from the memory plan. Their figures are not checked here (a loaded 2-core CPU says nothing about a GPU)."""
+
+import argparse
+import json
+import subprocess
+import sys
+
+import pytest
+
+from conftest import ROOT
+
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+
+def bench(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True, timeout=900)
+
+
+@pytest.mark.slow
+def test_end_to_end_tiny_writes_its_tables(tmp_path):
+    result = bench("benchmarks/end_to_end.py", "--tiny", "--out", str(tmp_path), "--data", "think", "--paths", "trl",
+                   "project", "--steps", "2")  # fmt: skip
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    saved = json.loads((tmp_path / "results.json").read_text())
+    rows = {r["path"]: r for r in saved["results"]}
+    assert set(rows) == {"trl", "project"} and all("failed" not in r for r in rows.values()), rows
+    assert rows["project"]["reference_s"] > 0 and rows["trl"]["reference_s"] == 0  # TRL's reference is live
+    assert all(r["steps"] == 2 and r["tokens_per_s_per_gpu"] > 0 for r in rows.values())
+    assert rows["trl"]["pair_tokens"] == rows["project"]["pair_tokens"]  # the same pairs, whole, on both
+    table = (tmp_path / "results.md").read_text()
+    assert "| think | trl |" in table and "think: end to end" in table  # a PASS or FAIL line, never asserted
+
+
+@pytest.mark.extended
+def test_end_to_end_tiny_under_zero2_launches_both_under_deepspeed(tmp_path):
+    """--engine zero2: the project and plain TRL each under `accelerate launch` with accelerate_config.yaml."""
+    result = bench("benchmarks/end_to_end.py", "--tiny", "--engine", "zero2", "--out", str(tmp_path), "--data",
+                   "think", "--paths", "trl", "project", "--steps", "2")  # fmt: skip
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    rows = json.loads((tmp_path / "results.json").read_text())["results"]
+    assert [(r["path"], r.get("deepspeed")) for r in rows] == [("project", True), ("trl", True)], rows
+
+
+@pytest.mark.slow
+def test_attention_tiny_runs_on_cpu():
+    result = bench("benchmarks/attention.py", "--device", "cpu", "--tiny", "--micro-batches", "2", "--warmup", "0",
+                   "--paths", "trl", "shared_sdpa")  # fmt: skip
+    assert result.returncode == 0, result.stderr[-2000:]
+    rows = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
+    assert rows[0]["layers"] == 4 and rows[0]["checkpointing"] == "all"
+    assert [r["path"] for r in rows[1:]] == ["trl", "shared_sdpa"] and all(r["pair_tokens_per_s"] > 0 for r in rows[1:])
+
+
+def test_attention_default_layers_fit_the_plan():
+    """On an 80 GB H100 at the default budget: without checkpointing few 7B-width layers fit, with every other layer
+    checkpointed more; the count chosen fits with the plan's allowance and one more would not."""
+    import attention
+    from transformers import Olmo3Config
+
+    from dpotrain import memory
+
+    gpu = 79.6 * memory.GIB
+    config = Olmo3Config(vocab_size=100_278, max_position_embeddings=65536)
+    counts = {}
+    for every in (None, 2):
+        args = argparse.Namespace(device="cuda", tiny=False, budget=65536, max_length=16384, every=every,
+                                  paths=["trl", "shared_sdpa"], hidden=4096)  # fmt: skip
+        counts[every] = n = attention.layers_that_fit(gpu, config, args)
+        for layers, fits in ((n, True), (n + 1, False)):
+            trial = Olmo3Config(vocab_size=100_278, max_position_embeddings=65536, num_hidden_layers=layers,
+                                layer_types=attention.layer_types(layers))  # fmt: skip
+            need = attention.planned_bytes(trial, "sdpa", args) * (1 + memory.FRAGMENTATION)
+            assert (need + memory.CONTEXT_GIB * memory.GIB <= gpu) is fits, (every, layers)
+    assert 1 <= counts[None] < counts[2]
