@@ -146,36 +146,29 @@ def run_path(path: str, args, micro_batches, parts) -> dict:
     device = torch.device(args.device)
     # FlexAttention has no backward on CPU: there the tiny run checks the forward only.
     backward = not (args.device == "cpu" and attn == "flex_attention")
-    cpu_flex = None
-    if args.device == "cpu" and attn == "flex_attention":  # transformers would compile it (minutes on a CPU)
-        import transformers.integrations.flex_attention as integration
-        from torch.nn.attention.flex_attention import flex_attention
+    if attn == "flex_attention":  # the project's FlexAttention, compiled once for every width, as a run installs it
+        from dpotrain.forwards import flex
 
-        cpu_flex = integration.compile_friendly_flex_attention
-        integration.compile_friendly_flex_attention = lambda q, k, v, training=False, **kw: flex_attention(
-            q, k, v, **kw
-        )
-    try:
-        timings, tokens, model_work = [], 0, 0.0
-        for k, batch in enumerate([batches[0]] * args.warmup + batches):
-            batch = {key: v.to(device) if torch.is_tensor(v) else v for key, v in batch.items()}
-            if args.device == "cuda":
-                torch.cuda.synchronize()
-            start = time.perf_counter()
-            with torch.no_grad() if not backward else torch.enable_grad():
-                step(model, batch, backward)
-            model.zero_grad(set_to_none=True)
-            if args.device == "cuda":
-                torch.cuda.synchronize()
-            if k >= args.warmup:
-                timings.append(time.perf_counter() - start)
-                lens = batch["seq_lens"] if packing.is_packed(batch) else batch["attention_mask"].sum(1)
-                tokens += int(lens.sum())
-                shared = batch["seq_jumps"][batch["seq_offsets"] > 0] - 1 if "seq_offsets" in batch else None
-                model_work += model_flops.training(lens, shared)
-    finally:
-        if cpu_flex is not None:
-            integration.compile_friendly_flex_attention = cpu_flex
+        flex.install()
+        if args.device == "cpu":  # inductor on a CPU takes minutes; the tiny run checks the path, not its speed
+            flex.BACKEND = "eager"
+    timings, tokens, model_work = [], 0, 0.0
+    for k, batch in enumerate([batches[0]] * args.warmup + batches):
+        batch = {key: v.to(device) if torch.is_tensor(v) else v for key, v in batch.items()}
+        if args.device == "cuda":
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        with torch.no_grad() if not backward else torch.enable_grad():
+            step(model, batch, backward)
+        model.zero_grad(set_to_none=True)
+        if args.device == "cuda":
+            torch.cuda.synchronize()
+        if k >= args.warmup:
+            timings.append(time.perf_counter() - start)
+            lens = batch["seq_lens"] if packing.is_packed(batch) else batch["attention_mask"].sum(1)
+            tokens += int(lens.sum())
+            shared = batch["seq_jumps"][batch["seq_offsets"] > 0] - 1 if "seq_offsets" in batch else None
+            model_work += model_flops.training(lens, shared)
     seconds = sum(timings)
     peak = flops.peak_tflops(args.peak_tflops)
     result = {"path": path, "attention": attn, "micro_batches": len(timings), "seconds": round(seconds, 3),
