@@ -307,7 +307,7 @@ def test_a_truncated_part_is_named_and_its_pairs_scored_again(tmp_path, tiny_mod
     recipe = parse_args(["--config", SMOKE, "--model_name_or_path", tiny_model_dir, "--output_dir",
                          str(tmp_path / "out"), "--report_to", "none", "--save_strategy", "no",
                          "--max_length", "256", "--max_tokens_per_microbatch", "512"])  # fmt: skip
-    trainer = build_trainer(recipe, datasets.Dataset.from_list(builtin.make_preference_rows(40, seed=9)))
+    trainer = build_trainer(recipe, datasets.Dataset.from_list(builtin.make_preference_rows(60, seed=9)))
     plan_stage.run_stage(trainer)
     dataset = trainer.train_dataset
     layout = trainer.reference_layout("train", len(dataset))
