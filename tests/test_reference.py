@@ -363,3 +363,54 @@ def test_an_empty_complete_file_is_named_and_scored_again(tmp_path, monkeypatch,
     assert store.complete() is None and "arrays of shapes (2,), (2,) for 3 pairs" in capsys.readouterr().err
     store.write_part("a", 0, [0, 7], [-1.0, -2.0], [-3.0, -4.0])  # an index outside the data set
     assert np.isnan(store.parts()[0]).all() and "pair indices outside 0..2" in capsys.readouterr().err
+
+
+# --- the stage's own micro-batches -----------------------------------------------------------------------------------
+
+
+def test_the_stage_cuts_its_own_balanced_micro_batches_within_its_budget():
+    """Every pair once, every micro-batch within the stage's budget, each rank the same work to within a micro-batch
+    or so, on 1-3 ranks, packed and padded; a resumed stage's last pairs, fewer than the ranks, one each."""
+    import numpy as np
+
+    from dpotrain.plan import PairLengths, fewest_bins
+
+    rng = np.random.default_rng(0)
+    n = 500
+    prompt, chosen, rejected = (rng.integers(5, 400, n) for _ in range(3))
+    lengths = PairLengths.from_parts(prompt, chosen, rejected, 1024, share=True)
+    for padded in (False, True):
+        for world in (1, 2, 3):
+            todo = np.arange(0, n, 2) if world == 2 else np.arange(n)  # a resumed stage scores only what is left
+            layout = reference.micro_batches(lengths, todo, world, 8192, None, padded=padded, seed=1)
+            flat = sorted(i for mine in layout for mb in mine for i in mb)
+            assert flat == todo.tolist()
+            cost = [2 * len(mb) * int(lengths.longest[mb].max()) if padded else int(lengths.tokens[mb].sum())
+                    for mine in layout for mb in mine]  # fmt: skip
+            assert max(cost) <= 8192
+            if not padded:  # packed: within a few micro-batches of the fewest possible, and balanced over the ranks
+                assert sum(map(len, layout)) <= 1.15 * fewest_bins(lengths.tokens[todo], 8192) + 4 * world
+            load = [sum(int(lengths.tokens[i]) for mb in mine for i in mb) for mine in layout]
+            assert max(load) - min(load) <= 2 * 8192, (padded, world, load)
+            assert max(map(len, layout)) - min(map(len, layout)) <= 2 * (len(todo) // 150 + 1)
+    assert reference.micro_batches(lengths, np.array([7]), 2, 8192, None, padded=False, seed=1) == [[[7]], []]
+    # Without a token budget: pairs per micro-batch, as training without one.
+    layout = reference.micro_batches(lengths, np.arange(40), 2, None, 6, padded=False, seed=1)
+    assert all(len(mb) <= 6 for mine in layout for mb in mine) and len(layout[0]) == len(layout[1])
+
+
+def test_a_forward_only_micro_batch_holds_more_tokens_where_training_keeps_activations():
+    """Training keeps every layer's activations (or each layer's input, with checkpointing) for its backward; a forward
+    keeps one layer's at a time: at 7B width 8x training's tokens without checkpointing (the cap), 2-3x with; never
+    less than training's, and dense masks, which a forward needs as much as training, keep it at 1x on a tiny model."""
+    from transformers import Olmo3Config
+
+    from dpotrain import memory
+
+    seven_b = Olmo3Config(vocab_size=100278, hidden_size=4096, intermediate_size=11008, num_hidden_layers=32,
+                          num_attention_heads=32, num_key_value_heads=32)  # fmt: skip
+    assert memory.forward_only_multiple(seven_b, 16384, 16384, "flash_attention_2", False) == 8
+    assert 2 <= memory.forward_only_multiple(seven_b, 16384, 16384, "flash_attention_2", True) <= 3
+    assert memory.forward_only_multiple(seven_b, 16384, 8192, "sdpa", True) >= 2
+    tiny = Olmo3Config(vocab_size=1024, **builtin.BUILTIN_MODELS["tiny-olmo3"])
+    assert memory.forward_only_multiple(tiny, 2048, 2048, "sdpa", False) == 1
