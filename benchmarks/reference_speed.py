@@ -33,7 +33,7 @@ GOAL = 2.5  # the reference stage's steady tokens/s over the training loop's (is
 
 MODES = {
     # shape (benchmarks/throughput.py's SHAPES, or the built-in tiny model), pairs, max_length, token budget, steps
-    "tiny": dict(shape="tiny", pairs=64, max_length=512, budget=2048, steps=4, pairs_per_step=8, bf16=False),
+    "tiny": dict(shape="tiny", pairs=64, max_length=512, budget=2048, steps=3, pairs_per_step=8, bf16=False),
     "cpu": dict(shape="small", pairs=256, max_length=1024, budget=4096, steps=8, pairs_per_step=16, bf16=False),
     "cuda": dict(shape="1b", pairs=2048, max_length=4096, budget=32768, steps=12, pairs_per_step=64, bf16=True),
 }
