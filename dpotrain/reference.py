@@ -345,18 +345,20 @@ class _Prefetch:
                     batch = collate(rows.__getitems__(ids))
                     if pin:
                         batch = {k: v.pin_memory() if torch.is_tensor(v) else v for k, v in batch.items()}
-                while not self._put((batch, None)):
-                    if self.done.is_set():
-                        return
+                if not self._put((batch, None)):
+                    return
         except BaseException as e:  # noqa: BLE001 - raised again on the main thread, where it stops the stage
             self._put((None, e))
 
     def _put(self, item) -> bool:
-        try:
-            self.queue.put(item, timeout=0.1)
-            return True
-        except queue.Full:
-            return False
+        """Waits for room in the queue; False once the stage has closed it (stopped, or failed)."""
+        while not self.done.is_set():
+            try:
+                self.queue.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                pass
+        return False
 
     def next(self):
         batch, error = self.queue.get()
