@@ -450,8 +450,11 @@ def run(trainer, dataset, name: str, layout: list[list[list[int]]] | None, stop,
     if is_complete:
         return _with_columns(dataset, chosen, rejected), Outcome(name, n, n, 0, False, store.folder)
 
+    size = ""
     if layout is None:
         layout = trainer.reference_layout(name, n, np.flatnonzero(np.isnan(chosen)))
+        budget, pairs = trainer.reference_budget()
+        size = f" of up to {budget:,} positions" if budget else f" of up to {pairs} pairs"
     todo = [[[i for i in mb if np.isnan(chosen[i])] for mb in mine] for mine in layout]
     todo = [[mb for mb in mine if mb] for mine in todo]
     rounds = max(len(mine) for mine in todo)
@@ -462,7 +465,7 @@ def run(trainer, dataset, name: str, layout: list[list[list[int]]] | None, stop,
     if accelerator.is_main_process:
         kept = f", {reused:,} kept from an interrupted run" if reused else ""
         print(f"reference log-probs ({name}): scoring {n - reused:,} of {n:,} pairs on {world} process(es) in "
-              f"{rounds:,} micro-batch(es) each{kept}; saved to {store.folder} as they are scored",
+              f"{rounds:,} micro-batch(es) each{size}{kept}; saved to {store.folder} as they are scored",
               flush=True)  # fmt: skip
     attempt = broadcast_from_main(f"{time.strftime('%Y%m%d%H%M%S')}-{secrets.token_hex(3)}")
     lockstep = trainer.forward_needs_every_rank()
