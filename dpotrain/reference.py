@@ -432,7 +432,7 @@ def run(trainer, dataset, name: str, layout: list[list[list[int]]] | None, stop,
     """`dataset` with `ref_chosen_logps` / `ref_rejected_logps` columns (None when stopped), and the Outcome.
 
     `layout[rank]` is the list of micro-batches rank `rank` scores, in order (every rank's, so all ranks know how many
-    pairs each round scores); None: the stage's own (`trainer.reference_layout`), cut over the pairs still to score.
+    pairs each round scores); None: the stage's own (`trainer.reference_layout`).
     `stop` is the run's `GracefulStop`."""
     accelerator = trainer.accelerator
     rank, world, device = accelerator.process_index, accelerator.num_processes, accelerator.device
@@ -452,7 +452,9 @@ def run(trainer, dataset, name: str, layout: list[list[list[int]]] | None, stop,
 
     size = ""
     if layout is None:
-        layout = trainer.reference_layout(name, n, np.flatnonzero(np.isnan(chosen)))
+        # Cut over every pair, then what is scored left out: parts hold whole micro-batches, so a resumed stage scores
+        # the rest in the very micro-batches an uninterrupted one would (the same numbers, bit for bit).
+        layout = trainer.reference_layout(name, n)
         budget, pairs = trainer.reference_budget()
         size = f" of up to {budget:,} positions" if budget else f" of up to {pairs} pairs"
     todo = [[[i for i in mb if np.isnan(chosen[i])] for mb in mine] for mine in layout]

@@ -326,9 +326,9 @@ class RecipeDPOTrainer(DPOTrainer):
     def _precompute_ref_logps(self, dataset, name, batch_size):
         return dataset  # deferred: `reference_layout` and `reference_log_probs` serve reference.run
 
-    def reference_layout(self, name: str, rows: int, todo=None) -> list[list[list[int]]]:
-        """Every rank's micro-batches of the reference stage, over the pairs `todo` (default: all `rows`): its own
-        micro-batches, not training's (`reference.micro_batches`: the plan's planner at the stage's budget,
+    def reference_layout(self, name: str, rows: int) -> list[list[list[int]]]:
+        """Every rank's micro-batches of the reference stage, over all `rows` pairs: its own micro-batches, not
+        training's (`reference.micro_batches`: the plan's planner at the stage's budget,
         `reference_budget`), so each rank scores balanced work and every rank runs as many forwards."""
         from . import reference
 
@@ -338,9 +338,8 @@ class RecipeDPOTrainer(DPOTrainer):
             lengths = self.run_plan.lengths
         else:
             lengths = plan.PairLengths.of(dataset, args.max_length, self.forward.share_prompt, args.truncation_mode)
-        todo = np.arange(rows) if todo is None else np.asarray(todo)
         budget, pairs = self.reference_budget()
-        return reference.micro_batches(lengths, todo, self.accelerator.num_processes, budget, pairs,
+        return reference.micro_batches(lengths, np.arange(rows), self.accelerator.num_processes, budget, pairs,
                                        padded=not self.packed, seed=args.seed)  # fmt: skip
 
     def reference_budget(self) -> tuple[int | None, int | None]:
