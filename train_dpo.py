@@ -191,6 +191,7 @@ def run(argv, stop: GracefulStop) -> int | None:
     # float32 default.
     recipe.model.dtype = training.model_init_kwargs["dtype"]
     derived["batching"] = run_plan.summary
+    derived["reference"] = {o.name: o.record() for o in outcomes}  # its warm-up and steady tokens/s, when it scored
     derived["forward"] = trainer.forward.record()  # the attention and layout chosen (dpotrain/forwards/choice.py)
     derived["layers"] = trainer.layers_record  # the decoder layers as trained: checkpointed, compiled (layers.py)
     resolved = push.record(resolve.resolved_config(recipe, derived | {"resumed_from": plan.resume_from}))

@@ -29,6 +29,15 @@ def max_over_ranks(value: int, device) -> int:
     return int(flag.item())
 
 
+def max_of_ranks(values: list[float], device) -> list[float]:
+    """Each of `values`, the largest over ranks, in one collective (float64: every rank gets the same numbers)."""
+    if not _distributed():
+        return list(values)
+    tensor = torch.tensor(values, dtype=torch.float64, device=device)
+    dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
+    return tensor.tolist()
+
+
 def broadcast_from_main(obj):
     """Rank 0's `obj` on every rank (any picklable object; the other ranks' `obj` is ignored)."""
     if not _distributed():

@@ -12,24 +12,33 @@ is a stage of its own, run by `train_dpo.py` after the model loads and before tr
 - rank 0 alone decides hit, partial or miss and broadcasts what it found, so ranks whose caches differ (node-local
   `DPOTRAIN_CACHE`) still enter the same collectives;
 - each pair is scored with the training forward (`RecipeDPOTrainer.reference_log_probs`: TRL's own reference code
-  around the packed or padded forward), in the micro-batches training meets it in first (epoch 0 of the plan), so at
-  step 1 policy and reference agree to the last bit (TRL's precompute drifts: 2.4e-7 at step 1).
+  around the packed or padded forward), at forward-only speed: in micro-batches of its own (`micro_batches`: the
+  plan's planner at a budget a forward-only pass fits in the memory of a training micro-batch,
+  `memory.forward_only_multiple`), balanced over the ranks; no autograd (inference mode, or no_grad where the engine
+  shards weights) and no activation checkpointing (eval mode); rows read and collated on a thread ahead of the
+  forward; scores kept on the device and copied to the host once per save; a stop request agreed on by one small
+  collective every few seconds (`_StopChecks`), not one per micro-batch;
+- its speed is measured after its first micro-batch (the warm-up: kernels loaded, compiled), which is reported apart:
+  "warm-up 2.1 s (first micro-batch), then 81,234 tokens/s", recorded in resolved_config.json (`derived.reference`).
 
 The cache key is what determines each pair's numbers and nothing else: the weights, every pair's token ids (so data set,
 revision, tokenizer and chat template are covered, in-memory data sets too), max_length and truncation, LD-DPO's alpha,
 dtype and autocast, attention implementation, the forward (packed or padded) and library versions. It leaves out the
 micro-batch layout — world size, node count, token budget, pairs per step, max_steps — although which pairs share a
-packed row changes the last bits of a sum: a run on another layout reuses the cache and starts ~1e-7 from ln 2 in fp32
-instead of exactly on it (tests/test_reference.py measures it), far inside the step-1 health guard.
+micro-batch changes the last bits of a sum: the stage's micro-batches are not training's, so at step 1 policy and
+reference differ by fp32 rounding (~1e-7 relative per pair; step 1 ~2e-7 from ln 2: tests/test_reference.py measures
+it), far inside the step-1 health guard, on any layout.
 """
 
 import functools
 import hashlib
 import json
 import os
+import queue
 import secrets
 import socket
 import sys
+import threading
 import time
 import zipfile
 import zlib
@@ -39,14 +48,16 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .collectives import broadcast_from_main, gather_objects, max_over_ranks
+from .collectives import broadcast_from_main, gather_objects, max_of_ranks
 from .errors import ConfigError
-from .plan import COLUMNS, PairLengths
+from .plan import COLUMNS, PairLengths, StepPlan, cut_step, steps_of
 
 CACHE_VERSION = 2
 COMPLETE = "complete.npz"
 SAVE_SECONDS = 120  # default of `reference_save_seconds`
 PROGRESS_SECONDS = 60  # a progress line in the (Slurm) log at most this often
+STOP_CHECK_SECONDS = 5.0  # the ranks agree on a stop request about this often (one small collective)
+CHUNK_MICRO_BATCHES = 4  # micro-batches per rank the planner cuts at once (`micro_batches`)
 # What numpy and zipfile raise on an empty, truncated or foreign file (or one without the expected arrays)
 _UNREADABLE = (OSError, EOFError, ValueError, KeyError, TypeError, AttributeError, zipfile.BadZipFile, zlib.error)
 
@@ -211,6 +222,10 @@ class Outcome:
     scored: int  # pairs scored by this attempt
     stopped: bool
     folder: Path
+    world: int = 1
+    micro_batches: int = 0  # per process (fillers included)
+    warmup_seconds: float | None = None  # the first micro-batch: kernels loaded, compiled, tuned
+    tokens_per_second: float | None = None  # steady: real tokens over all processes after the first micro-batch
 
     def line(self) -> str:
         if self.stopped:
@@ -221,27 +236,60 @@ class Outcome:
         kept = f"{self.reused:,} reused from an interrupted run, " if self.reused else ""
         return f"reference log-probs ({self.name}): {kept}{self.scored:,} scored, cached in {self.folder}"
 
+    def speed_line(self) -> str | None:
+        """'reference log-probs (train): warm-up 3.1 s (first micro-batch), then 81,234 tokens/s over 2 processes
+        (40,617 per process) in 120 micro-batches each'; None when nothing was scored."""
+        if self.stopped or not self.scored or self.warmup_seconds is None:
+            return None
+        steady = "" if self.tokens_per_second is None else (
+            f", then {self.tokens_per_second:,.0f} tokens/s over {self.world} process(es) "
+            f"({self.tokens_per_second / self.world:,.0f} per process)")  # fmt: skip
+        return (f"reference log-probs ({self.name}): warm-up {self.warmup_seconds:.1f} s (first micro-batch){steady} "
+                f"in {self.micro_batches:,} micro-batch(es) each")  # fmt: skip
+
+    def record(self) -> dict:
+        """What the run records of the stage (resolved_config.json's `derived.reference`)."""
+        warmup, speed = self.warmup_seconds, self.tokens_per_second
+        return {"pairs": self.pairs, "reused": self.reused, "scored": self.scored, "micro_batches": self.micro_batches,
+                "warmup_seconds": None if warmup is None else round(warmup, 3),
+                "tokens_per_second": None if speed is None else round(speed, 1)}  # fmt: skip
+
 
 class _Progress:
-    """Pairs done, total and time left, in the log (not a progress bar: Slurm logs keep every redraw)."""
+    """Pairs done, total and time left, in the log (not a progress bar: Slurm logs keep every redraw). Its clock starts
+    after the first micro-batch (`steady`): the warm-up (kernels loaded, compiled, tuned) is reported apart."""
 
     def __init__(self, name: str, total: int, done: int, tokens_todo: int, show: bool):
         self.name, self.total, self.done, self.tokens_todo, self.show = name, total, done, tokens_todo, show
+        self.began = self.start = self.last = time.monotonic()
+        self.tokens = 0  # since the steady clock started
+        self.warmup: float | None = None
+
+    def steady(self, first_tokens: int) -> None:
+        """The first micro-batch is done (its results on the device): from here on the clock measures steady work."""
         self.start = self.last = time.monotonic()
-        self.tokens = 0
+        self.warmup = self.start - self.began
+        self.tokens_todo -= first_tokens
 
     def advance(self, pairs: int, tokens: int, force: bool = False) -> None:
         self.done += pairs
-        self.tokens += tokens
+        if self.warmup is not None:
+            self.tokens += tokens
         now = time.monotonic()
         if not self.show or (now - self.last < PROGRESS_SECONDS and not force):
             return
         self.last = now
         elapsed = now - self.start
-        left = (self.tokens_todo - self.tokens) * elapsed / max(self.tokens, 1)
-        share, speed = 100 * self.done / self.total, self.tokens / max(elapsed, 1e-9)
+        left = (self.tokens_todo - self.tokens) / max(self.speed(), 1e-9)
+        share = 100 * self.done / self.total
         print(f"reference log-probs ({self.name}): {self.done:,}/{self.total:,} pairs ({share:.1f}%), "
-              f"{_duration(elapsed)} elapsed, ~{_duration(left)} left, {speed:,.0f} tokens/s", flush=True)  # fmt: skip
+              f"{_duration(elapsed)} elapsed, ~{_duration(left)} left, {self.speed():,.0f} tokens/s",
+              flush=True)  # fmt: skip
+
+    def speed(self) -> float:
+        """Real tokens (every sequence of every pair, as training's `tokens_per_second` counts them) per second over
+        all processes, since the first micro-batch."""
+        return self.tokens / max(time.monotonic() - self.start, 1e-9)
 
 
 def _duration(seconds: float) -> str:
@@ -251,13 +299,143 @@ def _duration(seconds: float) -> str:
     return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
 
 
-def run(trainer, dataset, name: str, layout: list[list[list[int]]], stop, save_seconds: float = SAVE_SECONDS):
+class _StopChecks:
+    """When the ranks agree on a stop request: one collective every `every` micro-batches, not one per micro-batch.
+
+    Each check reduces, over the ranks, whether a stop was asked and the seconds since the last check; every rank then
+    sets the next check from the same reduced numbers (the same collectives on every rank), about `STOP_CHECK_SECONDS`
+    apart: `every` at most doubles per check (the first intervals hold start-up) and is never below 1. The first check
+    comes before any scoring: a stop asked while the model loaded is honoured at once."""
+
+    def __init__(self, stop, device):
+        self.stop, self.device = stop, device
+        self.every, self.next = 1, 0
+        self.since = time.monotonic()
+
+    def stop_now(self, j: int) -> bool:
+        if j != self.next:
+            return False
+        asked, slowest = max_of_ranks([float(self.stop.asked_here()), time.monotonic() - self.since], self.device)
+        self.since = time.monotonic()
+        if j > 0:  # the first interval is start-up, not scoring
+            self.every = max(1, min(2 * self.every, round(self.every * STOP_CHECK_SECONDS / max(slowest, 1e-3))))
+        self.next = j + self.every
+        return bool(asked)
+
+
+class _Prefetch:
+    """Rows read and collated on a thread of their own, `AHEAD` micro-batches ahead of the forward (Arrow reads,
+    tokens laid out in rows and masks: CPU work the GPU would otherwise wait for). Yields each round's collated batch
+    (pinned on CUDA, so its copy to the GPU does not wait for the host), or None for a round this rank sits out."""
+
+    AHEAD = 2
+
+    def __init__(self, collate, rows, ids_per_round: list[list[int] | None], pin: bool):
+        self.queue: queue.Queue = queue.Queue(maxsize=self.AHEAD)
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self._work, args=(collate, rows, ids_per_round, pin), daemon=True,
+                                       name="reference-prefetch")  # fmt: skip
+        self.thread.start()
+
+    def _work(self, collate, rows, ids_per_round, pin):
+        try:
+            for ids in ids_per_round:
+                batch = None
+                if ids is not None:
+                    batch = collate(rows.__getitems__(ids))
+                    if pin:
+                        batch = {k: v.pin_memory() if torch.is_tensor(v) else v for k, v in batch.items()}
+                if not self._put((batch, None)):
+                    return
+        except BaseException as e:  # noqa: BLE001 - raised again on the main thread, where it stops the stage
+            self._put((None, e))
+
+    def _put(self, item) -> bool:
+        """Waits for room in the queue; False once the stage has closed it (stopped, or failed)."""
+        while not self.done.is_set():
+            try:
+                self.queue.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                pass
+        return False
+
+    def next(self):
+        batch, error = self.queue.get()
+        if error is not None:
+            raise error
+        return batch
+
+    def close(self) -> None:
+        self.done.set()
+        self.thread.join()
+
+
+def _synchronize(device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+class _Results:
+    """This rank's scores, kept on the device as they come (no copy to the host per micro-batch, which would wait for
+    the GPU each time) and copied to the host once per save."""
+
+    def __init__(self):
+        self.index: list[int] = []
+        self.chosen: list[float] = []
+        self.rejected: list[float] = []
+        self.pending: list[torch.Tensor] = []  # [2, pairs] per micro-batch, on the device
+
+    def add(self, pairs: list[int], chosen: torch.Tensor, rejected: torch.Tensor) -> None:
+        self.index += pairs
+        self.pending.append(torch.stack([chosen.float(), rejected.float()]))
+
+    def on_host(self) -> tuple[list[int], list[float], list[float]]:
+        if self.pending:
+            both = torch.cat(self.pending, dim=1).cpu()  # one copy, one wait for the device
+            self.pending = []
+            self.chosen += both[0].tolist()
+            self.rejected += both[1].tolist()
+        return self.index, self.chosen, self.rejected
+
+
+def micro_batches(lengths: PairLengths, pairs, world: int, budget: int | None, pairs_per_micro_batch: int | None,
+                  padded: bool, seed: int) -> list[list[list[int]]]:  # fmt: skip
+    """The reference stage's own micro-batches of `pairs`: `[rank][micro-batch] -> pair indices`, cut by the plan's
+    planner (`plan.cut_step`) at the stage's budget, in chunks of about `CHUNK_MICRO_BATCHES` micro-batches per rank
+    (bin packing over the whole data set at once would take minutes), so the ranks get the same number of
+    micro-batches of balanced work in every chunk.
+
+    Packed pairs come in a seeded random order (mixed lengths pack tightly); padded ones longest first (similar lengths
+    share a micro-batch, so little is padding). Every rank computes the same cut from the same lengths."""
+    pairs = np.asarray(pairs, dtype=np.int64)
+    if len(pairs) < world:  # a resumed stage's last few pairs: one each, the other ranks sit out (or run fillers)
+        return [[[int(pairs[r])]] if r < len(pairs) else [] for r in range(world)]
+    if padded:
+        order = pairs[np.lexsort((pairs, -lengths.longest[pairs]))]
+    else:
+        order = pairs[np.random.default_rng([seed, len(pairs)]).permutation(len(pairs))]
+    if budget is None:
+        per_chunk = world * CHUNK_MICRO_BATCHES * pairs_per_micro_batch
+    else:
+        cost = 2 * lengths.longest[pairs] if padded else lengths.tokens[pairs]
+        per_chunk = max(world, round(world * CHUNK_MICRO_BATCHES * budget / max(float(cost.mean()), 1.0)))
+    step = StepPlan(per_chunk, world, seed, budget, pairs_per_micro_batch, padded=padded)
+    out: list[list[list[int]]] = [[] for _ in range(world)]
+    for chunk in steps_of(order, per_chunk, world):
+        for rank, mine in enumerate(cut_step(chunk, lengths, step)):
+            out[rank] += [mb for mb in mine if mb]  # a filler of the planner: the stage runs its own (`run`)
+    return out
+
+
+def run(trainer, dataset, name: str, layout: list[list[list[int]]] | None, stop, save_seconds: float = SAVE_SECONDS):
     """`dataset` with `ref_chosen_logps` / `ref_rejected_logps` columns (None when stopped), and the Outcome.
 
     `layout[rank]` is the list of micro-batches rank `rank` scores, in order (every rank's, so all ranks know how many
-    pairs each round scores). `stop` is the run's `GracefulStop`."""
+    pairs each round scores); None: the stage's own (`trainer.reference_layout`).
+    `stop` is the run's `GracefulStop`."""
     accelerator = trainer.accelerator
-    rank, world = accelerator.process_index, accelerator.num_processes
+    rank, world, device = accelerator.process_index, accelerator.num_processes, accelerator.device
     n = len(dataset)
     ident = broadcast_from_main(identity(trainer, dataset) if accelerator.is_main_process else None)
     store = Store.for_identity(ident)
@@ -272,48 +450,64 @@ def run(trainer, dataset, name: str, layout: list[list[list[int]]], stop, save_s
     if is_complete:
         return _with_columns(dataset, chosen, rejected), Outcome(name, n, n, 0, False, store.folder)
 
+    size = ""
+    if layout is None:
+        # Cut over every pair, then what is scored left out: parts hold whole micro-batches, so a resumed stage scores
+        # the rest in the very micro-batches an uninterrupted one would (the same numbers, bit for bit).
+        layout = trainer.reference_layout(name, n)
+        budget, pairs = trainer.reference_budget()
+        size = f" of up to {budget:,} positions" if budget else f" of up to {pairs} pairs"
     todo = [[[i for i in mb if np.isnan(chosen[i])] for mb in mine] for mine in layout]
     todo = [[mb for mb in mine if mb] for mine in todo]
     rounds = max(len(mine) for mine in todo)
-    tokens = PairLengths.of(dataset, trainer.args.max_length).tokens
-    progress = _Progress(name, n, reused, int(sum(tokens[mb].sum() for mine in todo for mb in mine)),
-                         accelerator.is_main_process)  # fmt: skip
+    tokens = PairLengths.of(dataset, trainer.args.max_length).tokens  # every sequence whole, as training counts them
+    round_tokens = [int(sum(tokens[mine[j]].sum() for mine in todo if j < len(mine))) for j in range(rounds)]
+    round_pairs = [sum(len(mine[j]) for mine in todo if j < len(mine)) for j in range(rounds)]
+    progress = _Progress(name, n, reused, sum(round_tokens), accelerator.is_main_process)
     if accelerator.is_main_process:
         kept = f", {reused:,} kept from an interrupted run" if reused else ""
-        print(f"reference log-probs ({name}): scoring {n - reused:,} of {n:,} pairs on {world} process(es){kept}; "
-              f"saved to {store.folder} as they are scored", flush=True)  # fmt: skip
+        print(f"reference log-probs ({name}): scoring {n - reused:,} of {n:,} pairs on {world} process(es) in "
+              f"{rounds:,} micro-batch(es) each{size}{kept}; saved to {store.folder} as they are scored",
+              flush=True)  # fmt: skip
     attempt = broadcast_from_main(f"{time.strftime('%Y%m%d%H%M%S')}-{secrets.token_hex(3)}")
-    mine_index, mine_chosen, mine_rejected = [], [], []
-    rows = dataset.select_columns(list(COLUMNS))
     lockstep = trainer.forward_needs_every_rank()
+    # A rank out of pairs still takes part in the forward's collectives (ZeRO-3, FSDP) with a pair of the data set's,
+    # whose result is dropped.
+    filler = [int(np.argmin(tokens))]
+    mine = [todo[rank][j] if j < len(todo[rank]) else None for j in range(rounds)]
+    feed = [ids if ids is not None else filler if lockstep else None for ids in mine]
+    results = _Results()
+    checks = _StopChecks(stop, device)
     last_save = time.monotonic()
     scorer = trainer.reference_scorer()
     was_training = scorer.training
     scorer.eval()
+    prefetch = _Prefetch(trainer.reference_collate, dataset.select_columns(list(COLUMNS)), feed, device.type == "cuda")
     try:
-        for j in range(rounds):
-            if max_over_ranks(int(stop.asked_here()), accelerator.device):
-                store.write_part(attempt, rank, mine_index, mine_chosen, mine_rejected)
-                accelerator.wait_for_everyone()
-                return None, Outcome(name, n, reused, progress.done - reused, True, store.folder)
-            batch = todo[rank][j] if j < len(todo[rank]) else None
-            if batch is not None or lockstep:
-                # A rank out of pairs still takes part in the forward's collectives (ZeRO-3, FSDP) with a pair of
-                # the data set's, whose result is dropped.
-                ids = batch if batch is not None else [int(np.argmin(tokens))]
-                c, r = trainer.reference_log_probs(scorer, rows.__getitems__(ids))
+        with trainer.reference_context():
+            for j in range(rounds):
+                if checks.stop_now(j):
+                    store.write_part(attempt, rank, *results.on_host())
+                    accelerator.wait_for_everyone()
+                    return None, Outcome(name, n, reused, progress.done - reused, True, store.folder)
+                batch = prefetch.next()
                 if batch is not None:
-                    mine_index += batch
-                    mine_chosen += c.float().cpu().tolist()
-                    mine_rejected += r.float().cpu().tolist()
-            done_now = [mine[j] for mine in todo if j < len(mine)]
-            progress.advance(sum(map(len, done_now)), int(sum(tokens[mb].sum() for mb in done_now)))
-            if time.monotonic() - last_save >= save_seconds:
-                store.write_part(attempt, rank, mine_index, mine_chosen, mine_rejected)
-                last_save = time.monotonic()
+                    c, r = trainer.reference_log_probs(scorer, batch)
+                    if mine[j] is not None:
+                        results.add(mine[j], c, r)
+                if j == 0:  # the warm-up: the clock of the steady speed starts once the first forward is done
+                    _synchronize(device)
+                    progress.steady(round_tokens[0])
+                progress.advance(round_pairs[j], round_tokens[j] if j else 0)
+                if time.monotonic() - last_save >= save_seconds:
+                    store.write_part(attempt, rank, *results.on_host())
+                    last_save = time.monotonic()
     finally:
+        prefetch.close()
         scorer.train(was_training)
+    mine_index, mine_chosen, mine_rejected = results.on_host()  # waits for the last forward: the clock stops after it
     progress.advance(0, 0, force=True)
+    speed = progress.speed() if rounds > 1 else None
 
     for index, c, r in gather_objects((mine_index, mine_chosen, mine_rejected)):
         chosen[index], rejected[index] = c, r
@@ -327,7 +521,9 @@ def run(trainer, dataset, name: str, layout: list[list[list[int]]], stop, save_s
     store.remove_parts(attempt, rank)
     if accelerator.is_local_main_process:
         store.remove_parts()  # the interrupted attempts' parts, now in complete.npz
-    return _with_columns(dataset, chosen, rejected), Outcome(name, n, reused, n - reused, False, store.folder)
+    outcome = Outcome(name, n, reused, n - reused, False, store.folder, world=world, micro_batches=rounds,
+                      warmup_seconds=progress.warmup, tokens_per_second=speed)  # fmt: skip
+    return _with_columns(dataset, chosen, rejected), outcome
 
 
 def _with_columns(dataset, chosen: np.ndarray, rejected: np.ndarray):
@@ -348,10 +544,12 @@ def run_stage(trainer, stop, save_seconds: float = SAVE_SECONDS) -> list[Outcome
         dataset = trainer.train_dataset if name == "train" else trainer.eval_dataset
         if dataset is None:
             continue
-        scored, outcome = run(trainer, dataset, name, trainer.reference_layout(name, len(dataset)), stop, save_seconds)
+        scored, outcome = run(trainer, dataset, name, None, stop, save_seconds)
         outcomes.append(outcome)
         if trainer.accelerator.is_main_process:
             print(outcome.line(), flush=True)
+            if outcome.speed_line():
+                print(outcome.speed_line(), flush=True)
         if outcome.stopped:
             break
         if name == "train":

@@ -267,7 +267,8 @@ class RecipeDPOTrainer(DPOTrainer):
         if isinstance(dataset, str):
             dataset = self.eval_dataset[dataset]
         columns = [c for c in (*plan.COLUMNS, "ref_chosen_logps", "ref_rejected_logps") if c in dataset.column_names]
-        batches = self.reference_layout("eval", len(dataset))[self.args.process_index]
+        batches = plan.eval_batches(len(dataset), self.accelerator.num_processes, self.args.per_device_eval_batch_size)
+        batches = batches[self.args.process_index]
         return self._rank_aware_loader(dataset.select_columns(columns), plan.FixedBatches(batches), self.data_collator)
 
     def _rank_aware_loader(self, dataset, sampler, collate, training: bool = False):
@@ -326,12 +327,38 @@ class RecipeDPOTrainer(DPOTrainer):
         return dataset  # deferred: `reference_layout` and `reference_log_probs` serve reference.run
 
     def reference_layout(self, name: str, rows: int) -> list[list[list[int]]]:
-        """Every rank's micro-batches as training first meets them: epoch 0 of the plan for the training set; for an
-        evaluation set, the eval loader's consecutive batches dealt round-robin to the ranks."""
-        world = self.accelerator.num_processes
+        """Every rank's micro-batches of the reference stage, over all `rows` pairs: its own micro-batches, not
+        training's (`reference.micro_batches`: the plan's planner at the stage's budget,
+        `reference_budget`), so each rank scores balanced work and every rank runs as many forwards."""
+        from . import reference
+
+        dataset = self.train_dataset if name == "train" else self.eval_dataset
+        args = self.args
         if name == "train":
-            return [[mb for step in self.run_plan.epochs[0] for mb in step[rank]] for rank in range(world)]
-        return plan.eval_batches(rows, world, self.args.per_device_eval_batch_size)
+            lengths = self.run_plan.lengths
+        else:
+            lengths = plan.PairLengths.of(dataset, args.max_length, self.forward.share_prompt, args.truncation_mode)
+        budget, pairs = self.reference_budget()
+        return reference.micro_batches(lengths, np.arange(rows), self.accelerator.num_processes, budget, pairs,
+                                       padded=not self.packed, seed=args.seed)  # fmt: skip
+
+    def reference_budget(self) -> tuple[int | None, int | None]:
+        """A reference micro-batch's token budget (positions, as the plan counts them), or its pair count when
+        training has no budget: training's times `memory.forward_only_multiple`, the forward-only micro-batch that
+        takes the memory the plan gives a training micro-batch (a forward keeps no activations for a backward)."""
+        from .memory import forward_only_multiple
+
+        args, budget = self.args, self.max_tokens_per_microbatch
+        tokens = budget or args.per_device_train_batch_size * 2 * (args.max_length or 0)
+        if not tokens:  # no max_length and no budget: nothing bounds a pair, so nothing to scale
+            return None, args.per_device_train_batch_size
+        width = min(tokens, 2 * args.max_length) if self.packed and args.max_length else args.max_length or tokens
+        checkpointing = bool(args.gradient_checkpointing)
+        multiple = forward_only_multiple(packing.causal_lm(self.model).config, tokens, width,
+                                         self.forward.attention, checkpointing)  # fmt: skip
+        if budget is not None:
+            return budget * multiple, None
+        return None, args.per_device_train_batch_size * multiple
 
     def reference_scorer(self):
         """The model that scores the reference: a reference model if one was given; else the policy before its first
@@ -366,14 +393,36 @@ class RecipeDPOTrainer(DPOTrainer):
         """Whether a forward holds collectives (sharded weights), so every rank must run one together."""
         return self.engine.shards_weights
 
-    def reference_log_probs(self, model, rows: list[dict]):
-        """Summed reference log-probs of the chosen and rejected completions of `rows` (one micro-batch), with the
-        training forward: TRL's `compute_ref_log_probs` (adapter disabled for PEFT, no grad, autocast, LD-DPO), the
-        packed forward standing in for the model call when training packs."""
-        batch = self.data_collator(rows)
-        batch = {k: v.to(self.accelerator.device) if torch.is_tensor(v) else v for k, v in batch.items()}
+    def reference_collate(self, rows: list[dict]) -> dict:
+        """One reference micro-batch, collated on the host (the stage's prefetch thread calls it)."""
+        return self.data_collator(rows)
+
+    def reference_log_probs(self, model, batch: dict):
+        """Summed reference log-probs of the chosen and rejected completions of one collated micro-batch, on the
+        device, with the training forward: TRL's `compute_ref_log_probs` (adapter disabled for PEFT, no grad, autocast,
+        LD-DPO), the packed forward standing in for the model call when training packs."""
+        batch = {k: v.to(self.accelerator.device, non_blocking=True) if torch.is_tensor(v) else v
+                 for k, v in batch.items()}  # fmt: skip
         stand_in, padded_batch = self._stand_in(model, batch)
         return self.compute_ref_log_probs(stand_in, padded_batch)
+
+    @contextlib.contextmanager
+    def reference_context(self):
+        """Around the whole reference stage: no autograd at all (inference mode; plain no_grad when the engine shards
+        the weights, whose gathered parameters, allocated inside, are trained with afterwards), and activation
+        checkpointing left as it is. The scorer is in eval mode, where transformers' layers never checkpoint; TRL's
+        `compute_ref_log_probs` would turn checkpointing off and on around every micro-batch, re-enabled with TRL's
+        default arguments (a walk over every module each time, and a per-run choice of which layers checkpoint
+        replaced by all of them)."""
+        import trl.trainer.dpo_trainer as dpo
+
+        toggle = dpo.disable_gradient_checkpointing
+        dpo.disable_gradient_checkpointing = lambda *args, **kwargs: contextlib.nullcontext()
+        try:
+            with torch.no_grad() if self.engine.shards_weights else torch.inference_mode():
+                yield
+        finally:
+            dpo.disable_gradient_checkpointing = toggle
 
     def _stand_in(self, model, batch: dict):
         return choice.stand_in(model, batch, every_rank=self.forward_needs_every_rank())

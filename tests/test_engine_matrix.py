@@ -2,13 +2,15 @@
 
 {ZeRO-2, ZeRO-3, FSDP2} x {packed with shared prompts, packed, padded} x {reference scored in the run, reference reused
 from an earlier run}, each a real `accelerate launch` of 2 gloo processes with the shipped engine config, samples at
-step 0 and evaluation on: per-step losses and evaluation equal to one process (1e-4). Each launch is bounded in time:
-a rank left waiting in a collective fails its test with the output so far, its process group killed, instead of
-stalling the suite.
+step 0 and evaluation on: per-step losses and evaluation equal to one process (1e-4), and the reference log-probs the
+2 processes scored (in the stage's own micro-batches, on 2 ranks) equal to one process's (1e-5 relative). Each launch
+is bounded in time: a rank left waiting in a collective fails its test with the output so far, its process group
+killed, instead of stalling the suite.
 
-The fast part (CI) is the padded forward under ZeRO-3 and FSDP2 with a reused reference: the path whose ranks used to
-run different numbers of forwards (each picked its row groups alone), and the one whose samples at step 0 left ZeRO-3
-unable to train at step 1 when no reference scoring ran before them. The rest is `extended` (beyond CI's budget).
+The fast part (CI) is the padded forward under ZeRO-3 with a reused reference, the one whose samples at step 0 left
+ZeRO-3 unable to train at step 1 when no reference scoring ran before them, and under FSDP2 with half the reference
+reused and half scored (an interrupted stage resumed, with FSDP2's sharded weights): the path whose ranks used to run
+different numbers of forwards (each picked its row groups alone). The rest is `extended` (beyond CI's budget).
 """
 
 import json
@@ -18,6 +20,7 @@ import subprocess
 import sys
 import time
 
+import numpy as np
 import pytest
 
 from conftest import ROOT, run_bounded
@@ -30,10 +33,11 @@ RUN = ["--max_steps", "3", "--logging_steps", "1", "--save_strategy", "no", "--r
        "--eval_strategy", "steps", "--eval_steps", "2", "--samples_every", "2", "--sample_count", "2",
        "--sample_max_new_tokens", "6"]  # fmt: skip
 LIMIT_S = 480  # per launch; a 2-process run takes 1-2 min on 2 busy cores
-FAST = {("zero3", "padded", "reused"), ("fsdp2", "padded", "reused")}
+FAST = {("zero3", "padded", "reused"), ("fsdp2", "padded", "partial")}
 BEYOND_CI = (pytest.mark.slow, pytest.mark.extended)  # ~25 min together on 2 cores: `scripts/test.sh -m extended`
 CASES = [pytest.param(e, f, r, marks=() if (e, f, r) in FAST else BEYOND_CI, id=f"{e}-{f}-{r}")
-         for e in ENGINES for f in FORWARDS for r in ("scored", "reused")]  # fmt: skip
+         for e in ENGINES for f in FORWARDS for r in ("scored", "reused", "partial")
+         if r != "partial" or (e, f, r) in FAST]  # fmt: skip
 
 
 def launch(out, cache, model_dir, data, *args, config=None, limit=LIMIT_S) -> str:
@@ -78,6 +82,15 @@ def metrics(out) -> dict:
     return {(r["step"], "eval" if "eval_loss" in r else "train"): r for r in records}
 
 
+def reference_scores(cache) -> dict:
+    """{pairs: {"chosen": ..., "rejected": ...}} of every finished reference in `cache` (one per data split)."""
+    out = {}
+    for path in cache.glob("reference/*/complete.npz"):
+        with np.load(path) as f:
+            out[len(f["chosen"])] = {"chosen": f["chosen"], "rejected": f["rejected"]}
+    return out
+
+
 def samples(out) -> list[dict]:
     return [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
 
@@ -87,12 +100,25 @@ def test_two_processes_compute_what_one_process_computes(engine, forward, refere
                                                          one_process):  # fmt: skip
     base, base_cache = one_process(forward)
     cache = tmp_path / "cache"
-    if reference == "reused":  # the one-process run's cache: a rerun, or training after a --reference-only job
+    if reference != "scored":  # the one-process run's cache: a rerun, or training after a --reference-only job
         shutil.copytree(base_cache, cache)
+    if reference == "partial":  # an interrupted stage: the first half of the pairs saved, the rest to score
+        (folder,) = {p.parent for p in cache.glob("reference/*/complete.npz") if len(np.load(p)["chosen"]) == 48}
+        with np.load(folder / "complete.npz") as f:
+            half = np.arange(24)
+            np.savez(folder / "part-earlier-r0.npz", index=half, chosen=f["chosen"][half], rejected=f["rejected"][half])
+        (folder / "complete.npz").unlink()
     out = tmp_path / "run"
     log = launch(out, cache, tiny_model_dir, splits, *RUN, *FORWARDS[forward], config=ENGINES[engine])
 
-    assert ("all 48 pairs reused" in log) == (reference == "reused") and ("48 scored" in log) == (reference == "scored")
+    said = {"reused": "all 48 pairs reused", "scored": "48 scored", "partial": "24 reused from an interrupted run, 24"}
+    assert [r for r, line in said.items() if line in log] == [reference]
+    if reference != "reused":  # scored on 2 processes in the stage's micro-batches: one process's numbers
+        want, got = reference_scores(base_cache), reference_scores(cache)
+        assert sorted(got) == sorted(want) == [12, 48]  # the evaluation and the training split
+        for pairs, side in [(p, s) for p in want for s in ("chosen", "rejected")]:
+            relative = np.abs(got[pairs][side] - want[pairs][side]) / np.maximum(1, np.abs(want[pairs][side]))
+            assert relative.max() <= 1e-5, (pairs, side, relative.max())
     derived = json.loads((out / "resolved_config.json").read_text())["derived"]
     assert derived["world_size"] == 2
     assert derived["batching"]["forward"].startswith(FORWARD_RECORD[forward])
