@@ -222,7 +222,8 @@ def start_processes(training, run_engine: Engine):
     set tokenized main process first — ends the job while the other ranks wait at a barrier. Groups made later
     (DeepSpeed makes its own data-parallel group in `deepspeed.initialize`) take torch's default, which
     `distributed_c10d._get_default_timeout` reads from its module at each `new_group` (torch 2.13): that default
-    becomes the recipe's too. tests/test_sharded_checkpoints.py reads every group's timeout back."""
+    becomes the recipe's too. tests/test_distributed.py (ZeRO-2) and tests/test_engines.py (ZeRO-3, FSDP2, DDP) read
+    every group's timeout back."""
     from datetime import timedelta
 
     import torch.distributed.distributed_c10d as c10d

@@ -1,6 +1,7 @@
 """Shared fixtures: the built-in tiny model (built once per session, offline) and the project paths."""
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -131,6 +132,23 @@ def slurm2():
     from slurm_cluster import DEFAULT_STATE_DIR, slurm_cluster
 
     yield from slurm_cluster(DEFAULT_STATE_DIR.with_name(DEFAULT_STATE_DIR.name + "-2nodes"), nodes=2)
+
+
+# A collective timeout that is no default of torch (600, 1800), DeepSpeed (600) or transformers (1800): a launch run
+# with `--ddp_timeout GROUP_TIMEOUT_S` through REPORT_GROUPS shows that every process group it made holds the recipe's.
+GROUP_TIMEOUT_S = 1234
+REPORT_GROUPS = str(ROOT / "tests" / "helpers" / "report_groups.py")
+
+
+def assert_every_group_has_the_recipes_timeout(log: str) -> None:
+    """The launch's log (through REPORT_GROUPS, `--ddp_timeout GROUP_TIMEOUT_S`): both ranks report process groups,
+    and every one of them holds the recipe's timeout (DeepSpeed makes one of its own inside `deepspeed.initialize`)."""
+    assert f"Collective timeout: {GROUP_TIMEOUT_S} s (ddp_timeout) for every process group" in log
+    reports = dict(re.findall(r"process groups of rank (\d): (\{.*\})", log))
+    assert sorted(reports) == ["0", "1"], log[-3000:]
+    for rank, groups in reports.items():
+        timeouts = eval(groups)  # {'0': 1234.0, ...}: a dict literal printed by the helper
+        assert timeouts and set(timeouts.values()) == {float(GROUP_TIMEOUT_S)}, (rank, timeouts)
 
 
 def run_bounded(cmd: list[str], limit: float, **popen):

@@ -1,4 +1,6 @@
-"""accelerate_config.yaml and ds_config.json: valid for their own tools, and ZeRO-2 really trains through a launch."""
+"""accelerate_config.yaml and ds_config.json: valid for their own tools, and ZeRO-2 really trains through a launch,
+every process group it makes with the recipe's collective timeout (`ddp_timeout`, read back from torch in the
+launched processes)."""
 
 import json
 import math
@@ -9,7 +11,7 @@ import sys
 import pytest
 from safetensors.torch import load_file
 
-from conftest import ROOT
+from conftest import GROUP_TIMEOUT_S, REPORT_GROUPS, ROOT, assert_every_group_has_the_recipes_timeout
 from dpotrain.config import parse_args
 
 ACCELERATE = str(ROOT / ".venv" / "bin" / "accelerate") if (ROOT / ".venv").exists() else "accelerate"
@@ -60,14 +62,17 @@ def test_zero2_trains_on_cpu_through_accelerate_launch(tmp_path, tiny_model_dir)
     out = tmp_path / "zero2"
     cmd = [
         ACCELERATE, "launch", "--config_file", str(ROOT / "accelerate_config.yaml"), "--num_processes", "2",
-        str(ROOT / "train_dpo.py"), "--config", str(ROOT / "configs" / "smoke.yaml"), "--model_name_or_path",
-        tiny_model_dir, "--output_dir", str(out), "--max_steps", "3", "--logging_steps", "1",
-        "--save_strategy", "no", "--report_to", "none",
+        REPORT_GROUPS, str(ROOT / "train_dpo.py"), "--config", str(ROOT / "configs" / "smoke.yaml"),
+        "--model_name_or_path", tiny_model_dir, "--output_dir", str(out), "--max_steps", "3", "--logging_steps", "1",
+        "--save_strategy", "no", "--report_to", "none", "--ddp_timeout", str(GROUP_TIMEOUT_S),
     ]  # fmt: skip
     env = {**os.environ, "PATH": f"{os.path.dirname(sys.executable)}:{os.environ['PATH']}"}
     result = subprocess.run(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             timeout=900)  # fmt: skip
     assert result.returncode == 0, result.stdout[-4000:]
+    # DeepSpeed makes a group of its own in `deepspeed.initialize`, after start-up: it too holds the recipe's timeout.
+    assert_every_group_has_the_recipes_timeout(result.stdout)
+    assert result.stdout.count("Data (train): 384 rows") == 1  # said by one process of the launch, not by each
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records] == [1, 2, 3]
     assert abs(records[0]["loss"] - math.log(2)) < 1e-5

@@ -1,5 +1,8 @@
 """ZeRO-3 and FSDP2 as first-class engines: with 2 processes, the same per-step losses, evaluation and final weights as
-one process; step 1 at ln 2; resume exact; samples, evaluation and the LoRA merge complete (no rank left waiting)."""
+one process; step 1 at ln 2; resume exact; samples, evaluation and the LoRA merge complete (no rank left waiting);
+every process group has the recipe's collective timeout (`ddp_timeout`, read back from torch in the launched
+processes); FSDP2 checkpoints are sharded (each rank writes its own part) and the final model is one plain HF folder.
+Each 2-process launch is checked for all of these at once: a launch costs ~40 s on 2 cores."""
 
 import json
 import os
@@ -11,23 +14,24 @@ from pathlib import Path
 import pytest
 from safetensors.torch import load_file
 
-from conftest import ROOT
+from conftest import GROUP_TIMEOUT_S, REPORT_GROUPS, ROOT, assert_every_group_has_the_recipes_timeout
 from dpotrain import engine
 from dpotrain.errors import ConfigError
 
 ENGINES = {"zero3": "configs/accelerate/zero3.yaml", "fsdp2": "configs/accelerate/fsdp2.yaml"}
 RUN = ["--max_steps", "4", "--logging_steps", "1", "--save_steps", "2", "--report_to", "none", "--eval_strategy",
        "steps", "--eval_steps", "2", "--samples_every", "2", "--sample_count", "2",
-       "--sample_max_new_tokens", "8"]  # fmt: skip
+       "--sample_max_new_tokens", "8", "--ddp_timeout", str(GROUP_TIMEOUT_S)]  # fmt: skip
 LORA = ["--use_peft", "true", "--lora_r", "8", "--lora_target_modules", "q_proj", "v_proj", "--merge_lora", "true"]
 
 
 def train(out, model_dir, data, *args, config=None, timeout=900):
-    """`train_dpo.py` with the smoke recipe: one process, or 2 through `accelerate launch --config_file <config>`."""
+    """`train_dpo.py` with the smoke recipe: one process, or 2 through `accelerate launch --config_file <config>`,
+    whose ranks report their process groups as they end (tests/helpers/report_groups.py)."""
     launcher = [sys.executable]
     if config:
         launcher = [str(ROOT / ".venv" / "bin" / "accelerate"), "launch", "--config_file", str(ROOT / config),
-                    "--num_processes", "2"]  # fmt: skip
+                    "--num_processes", "2", REPORT_GROUPS]  # fmt: skip
     path = f"{os.path.dirname(sys.executable)}:{os.environ['PATH']}"
     env = {**os.environ, "DPOTRAIN_CACHE": f"{out}-cache", "PATH": path}
     cmd = [*launcher, str(ROOT / "train_dpo.py"), "--config", str(ROOT / "configs" / "smoke.yaml"),
@@ -63,6 +67,21 @@ def one_process(tmp_path_factory, tiny_model_dir, splits):
     return folder
 
 
+def assert_fsdp2_checkpoint_is_sharded_and_the_model_one_hf_folder(out) -> None:
+    from transformers import AutoModelForCausalLM
+
+    # Each rank wrote its own shard of the weights and of the optimizer (torch.distributed.checkpoint); no full copy.
+    checkpoint = out / "checkpoint-2"
+    for part in ("pytorch_model_fsdp_0", "optimizer_0"):
+        assert sorted(p.name for p in (checkpoint / part).glob("*.distcp")) == ["__0_0.distcp", "__1_0.distcp"], part
+    assert not list(checkpoint.glob("*.safetensors")) and not list(checkpoint.glob("*.bin"))
+    assert (checkpoint / "COMPLETE").exists()
+    # The final model: one HF folder, loadable as any model.
+    model = AutoModelForCausalLM.from_pretrained(out)
+    final = load_file(str(out / "model.safetensors"))
+    assert set(final) == set(model.state_dict()) - {"lm_head.weight"} or set(final) == set(model.state_dict())
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ENGINES)
 def test_engine_with_two_processes_computes_what_one_process_computes(name, tmp_path, tiny_model_dir, splits,
@@ -70,6 +89,8 @@ def test_engine_with_two_processes_computes_what_one_process_computes(name, tmp_
     out = tmp_path / "run"
     log = train(out, tiny_model_dir, splits, *RUN, config=ENGINES[name])
     assert json.loads((out / "resolved_config.json").read_text())["derived"]["world_size"] == 2
+    assert_every_group_has_the_recipes_timeout(log)  # ZeRO-3's own group is made in `deepspeed.initialize`
+    assert log.count("Data (train): 48 rows") == 1  # said by one process of the launch, not by each
     want, got = metrics(one_process / "run"), metrics(out)
     assert list(got) == list(want) == [(1, "train"), (2, "train"), (2, "eval"), (3, "train"), (4, "train"), (4, "eval")]
     assert abs(got[(1, "train")]["loss"] - 0.6931472) < 1e-6
@@ -82,6 +103,8 @@ def test_engine_with_two_processes_computes_what_one_process_computes(name, tmp_
     samples = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
     assert [s["step"] for s in samples] == [0, 0, 2, 2, 4, 4]  # every rank generated; the main process wrote
     assert_same_weights(one_process / "run" / "model.safetensors", out / "model.safetensors", 1e-5)
+    if name == "fsdp2":
+        assert_fsdp2_checkpoint_is_sharded_and_the_model_one_hf_folder(out)
 
     # Resumed from the checkpoint of step 2: the same final weights as the uninterrupted run.
     resumed = tmp_path / "resumed"
@@ -91,7 +114,7 @@ def test_engine_with_two_processes_computes_what_one_process_computes(name, tmp_
     (resumed / "run_complete.json").unlink()
     log = train(resumed, tiny_model_dir, splits, *RUN, config=ENGINES[name])
     assert f"Resuming from {resumed}/checkpoint-2" in log and "all 48 pairs reused" in log
-    assert_same_weights(out / "model.safetensors", resumed / "model.safetensors", 0)
+    assert_same_weights(out / "model.safetensors", resumed / "model.safetensors", 0)  # FSDP2: from its shards
 
     # LoRA with the merged model: the adapter and its merge as with one process.
     lora = tmp_path / "lora"
@@ -106,7 +129,8 @@ def test_plain_ddp_with_two_processes_trains_like_one_process(tmp_path, tiny_mod
     config.write_text("compute_environment: LOCAL_MACHINE\ndistributed_type: MULTI_GPU\nnum_machines: 1\n"
                       "num_processes: 2\nmain_process_port: 0\nmixed_precision: 'no'\nuse_cpu: false\n")  # fmt: skip
     out = tmp_path / "run"
-    train(out, tiny_model_dir, splits, *RUN, config=config)
+    log = train(out, tiny_model_dir, splits, *RUN, config=config)
+    assert_every_group_has_the_recipes_timeout(log)
     want, got = metrics(one_process / "run"), metrics(out)
     assert [round(r.get("loss", 0), 5) for r in got.values()] == [round(r.get("loss", 0), 5) for r in want.values()]
     assert_same_weights(one_process / "run" / "model.safetensors", out / "model.safetensors", 1e-5)

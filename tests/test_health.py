@@ -52,8 +52,9 @@ def test_a_collapsing_learning_rate_is_stopped(tmp_path, tiny_model_dir, monkeyp
     # 001's collapse: 30x the demo's learning rate drives the loss to ~0 within a few steps (measured: 0.004 at step 6).
     out, stop_file = tmp_path / "run", tmp_path / "stop"
     monkeypatch.setenv("DPOTRAIN_STOP_FILE", str(stop_file))  # as under launch.sh
+    # rows: the 80 pairs 10 steps of 8 use, so that the reference stage scores no more than that.
     trainer = trainer_for(out, tiny_model_dir, "--max_steps", "10", "--logging_steps", "1", "--warmup_steps", "0",
-                          "--learning_rate", "3e-3")  # fmt: skip
+                          "--learning_rate", "3e-3", rows=80)  # fmt: skip
     trainer.train()
     stop = trainer.health.stop
     assert stop is not None and stop.guard in {"loss_floor", "margin"}, trainer.health.alarms
@@ -65,8 +66,10 @@ def test_a_collapsing_learning_rate_is_stopped(tmp_path, tiny_model_dir, monkeyp
 
 
 def test_warn_mode_reports_and_goes_on(tmp_path, tiny_model_dir):
+    # rows: the 24 pairs 3 steps of 8 use, so that the reference stage scores no more than that.
     trainer = trainer_for(tmp_path / "run", tiny_model_dir, "--max_steps", "3", "--logging_steps", "1",
-                          "--warmup_steps", "0", "--health_action", "warn", "--health_loss_floor", "0.69")  # fmt: skip
+                          "--warmup_steps", "0", "--health_action", "warn", "--health_loss_floor", "0.69",
+                          rows=24)  # fmt: skip
     trainer.train()
     assert trainer.health.stop is None and trainer.state.global_step == 3
     assert [a.guard for a in trainer.health.alarms] == ["loss_floor", "loss_floor"]  # steps 2 and 3, not step 1

@@ -14,7 +14,9 @@ from dpotrain.trainer import build_trainer
 SMOKE = str(ROOT / "configs" / "smoke.yaml")
 
 
-def smoke_trainer(tmp_path, model_dir, *overrides):
+def smoke_trainer(tmp_path, model_dir, *overrides, rows: int):
+    """A trainer of the smoke recipe on its first `rows` pairs: those its steps train on, so that the reference stage
+    scores no more than that."""
     recipe = parse_args(
         [
             "--config",
@@ -31,12 +33,12 @@ def smoke_trainer(tmp_path, model_dir, *overrides):
         ]
     )
     dataset = data.load_preference_dataset(str(ROOT / recipe.script.dataset_name))
-    return ready(build_trainer(recipe, dataset))
+    return ready(build_trainer(recipe, dataset.select(range(rows))))
 
 
 def test_first_loss_is_ln2_and_rewards_zero(tmp_path, tiny_model_dir):
     # Policy and reference start identical, so every log-ratio is 0: loss = -log sigmoid(0) = ln 2, rewards 0.
-    trainer = smoke_trainer(tmp_path, tiny_model_dir, "--max_steps", "2", "--logging_steps", "1")
+    trainer = smoke_trainer(tmp_path, tiny_model_dir, "--max_steps", "2", "--logging_steps", "1", rows=16)
     trainer.train()
     first = trainer.state.log_history[0]
     assert first["step"] == 1
@@ -46,7 +48,7 @@ def test_first_loss_is_ln2_and_rewards_zero(tmp_path, tiny_model_dir):
 
 def test_training_changes_every_parameter_and_lowers_the_loss(tmp_path, tiny_model_dir):
     trainer = smoke_trainer(
-        tmp_path, tiny_model_dir, "--max_steps", "12", "--logging_steps", "1", "--warmup_steps", "0"
+        tmp_path, tiny_model_dir, "--max_steps", "12", "--logging_steps", "1", "--warmup_steps", "0", rows=96
     )
     before = {n: p.detach().clone() for n, p in trainer.model.named_parameters() if p.requires_grad}
     trainer.train()
