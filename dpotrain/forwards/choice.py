@@ -3,7 +3,8 @@
 The candidates (`candidates`), for a model that packs (`packing.packing_problem`) and a recipe that lets it:
 - on CUDA: prompts shared on FlexAttention (one row per micro-batch, a block mask per layer kind); unshared on a
   varlen FlashAttention kernel when one is installed (FA4 on Hopper/Blackwell, FA3 on Hopper, FA2); unshared on
-  FlexAttention (a document mask); and sdpa's packed rows, shared or not (dense masks);
+  FlexAttention (a document mask); sdpa's packed rows, shared or not (dense masks), only where FlexAttention cannot
+  pack the model (they compute flex's positions with more attention);
 - on the CPU: sdpa's packed rows, prompts shared or not (FlexAttention has no backward there, FlashAttention needs
   CUDA);
 - padded micro-batches (TRL's collator, `padded.py`) only where packing cannot be used (a model type not proven to
@@ -25,6 +26,7 @@ when none can), `padding_free: true` to packed ones, `padding_free: false` to pa
 layers carry state keep `packing.packing_problem`'s rules and, for the boundary hybrids, the start-up parity check.
 """
 
+import copy
 import os
 from dataclasses import asdict, dataclass
 
@@ -165,6 +167,8 @@ def candidates(config, recipe, cuda: bool, varlen: str | None, check_kernels: bo
     recipe_problem = recipe_packing_problem(recipe)
     shared, unshared, problems, share_problems = [], [], [], []
     for attn in attentions:
+        if cuda and attn == dense_attention(config) and asked is None and (shared or unshared):
+            continue  # sdpa's dense rows cost flex's positions and more attention: weighed only where flex cannot pack
         problem = recipe_problem or (None if _packs(config, attn) else packing.packing_problem(config))
         if problem is not None:
             problems.append(problem)
@@ -201,6 +205,21 @@ def candidates(config, recipe, cuda: bool, varlen: str | None, check_kernels: bo
                      f"{problems[0]}.")  # fmt: skip
     attn = asked or (varlen if cuda and varlen else dense_attention(config))
     return [Candidate(attn, False, False)], notes
+
+
+def lightest_attention(config, recipe, cuda: bool | None = None, varlen: str | None = INSTALLED) -> str:
+    """The attention of the candidate forward whose masks take the least memory (a varlen kernel none, FlexAttention
+    a block mask of a few MiB, sdpa and eager dense ones): what a run's memory is first checked for, before anything
+    loads, since no forward it can choose needs less."""
+    cuda = cuda_available() if cuda is None else cuda
+    varlen = installed_varlen(cuda) if varlen == INSTALLED else varlen
+    options, _ = candidates(copy.deepcopy(config), recipe, cuda, varlen)
+    return min((c.attention for c in options), key=mask_weight)
+
+
+def mask_weight(attn: str) -> int:
+    """0 for an attention that takes no mask (varlen), 1 for a block mask (flex), 2 for dense masks (sdpa, eager)."""
+    return 0 if packing.one_row(attn) else 1 if packing.attention_name(attn) == "flex_attention" else 2
 
 
 def choose(config, recipe, cuda: bool, varlen: str | None, lengths=None, check_kernels: bool = True):
