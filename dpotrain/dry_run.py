@@ -84,6 +84,8 @@ def summary(resolved: dict, json_file: Path | None) -> str:
 def forward_text(forward: dict) -> str:
     """'with FlashAttention 4 installed: unshared packing, one row per micro-batch on flash_attention_4 (est. 890
     against 1.11e+03 for shared prompts on flex_attention, H100-seconds per 1,000 pairs); without: ...'."""
+    from .forwards.cost import shown
+
     parts = []
     for name, f in forward.items():
         if not isinstance(f, dict):
@@ -95,7 +97,7 @@ def forward_text(forward: dict) -> str:
         text = f"{f['layout']} on {f['attention']}"
         if len(estimates) > 1:
             unit = f["decision"]["unit"]
-            text += (f" (est. {estimates[0]['estimate']:,.3g} against {estimates[1]['estimate']:,.3g} for "
+            text += (f" (est. {shown(estimates[0]['estimate'])} against {shown(estimates[1]['estimate'])} for "
                      f"{estimates[1]['forward']}, {unit})")  # fmt: skip
         parts.append(f"{name}: {text}")
     if "decided" in forward:

@@ -158,6 +158,11 @@ def training_flops(candidate: Candidate, lengths: Lengths, work: flops.ModelFlop
     return 3.0 * total
 
 
+def shown(estimate: float) -> str:
+    """An estimate as a line shows it: 891, 1,112, 0.317."""
+    return f"{estimate:,.0f}" if estimate >= 100 else f"{estimate:.3g}"
+
+
 @dataclass(frozen=True)
 class Estimate:
     candidate: Candidate
@@ -182,9 +187,9 @@ class Decision:
     def summary(self) -> str:
         """'est. 627 against 890 for unshared on flash_attention_4 (H100-seconds per 1,000 pairs)'."""
         if self.runner_up is None:
-            return f"est. {self.winner.seconds:,.3g} {self.unit}, the only candidate"
+            return f"est. {shown(self.winner.seconds)} {self.unit}, the only candidate"
         second = self.runner_up
-        return (f"est. {self.winner.seconds:,.3g} against {second.seconds:,.3g} for {second.candidate.describe()} "
+        return (f"est. {shown(self.winner.seconds)} against {shown(second.seconds)} for {second.candidate.describe()} "
                 f"({self.unit})")  # fmt: skip
 
     def record(self) -> dict:
