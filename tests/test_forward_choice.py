@@ -128,7 +128,8 @@ def test_the_memory_plan_and_the_runs_check_use_the_chosen_forward():
     # What train_dpo.run calls once the data set is read (here with the lengths given: no tokenizer ships with the
     # config); without FlashAttention 4, so the forward is shared prompts on flex (with it, FA4: no mask at all).
     derived = {}
-    forward = train_dpo.forward_stage(recipe, None, 16, zero2, derived, cuda=True, varlen=None, lengths=think_mix())
+    r = copy.deepcopy(recipe)  # the stage sets its attn_implementation and padding_free
+    forward = train_dpo.forward_stage(r, None, 16, zero2, derived, cuda=True, varlen=None, lengths=think_mix())
     assert forward.attention == "flex_attention" == derived["forward"]["attention"] == derived["memory"]["attention"]
     assert derived["memory"]["fits"] is True and derived["memory"]["per_gpu_gib"]["total"] == 72.8
     assert derived["memory"]["per_gpu_gib"]["attention_masks"] == 0.0  # a block mask's few MiB
