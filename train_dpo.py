@@ -59,6 +59,36 @@ def main(argv=None) -> None:
         stop.release()
 
 
+def lightest_attention(recipe) -> str | None:
+    """The attention of the forward with the least mask memory this machine could take for the recipe's model (None
+    when its config is not on this machine: the plan says it skipped). Refuses an attention the recipe asks for that
+    cannot run here."""
+    from dpotrain.forwards import choice
+
+    config, _ = memory.load_model_config(recipe)
+    return None if config is None else choice.lightest_attention(config, recipe)
+
+
+def forward_stage(recipe, dataset, world: int, run_engine, derived: dict, cuda: bool | None = None,
+                  varlen: str | None = "installed", lengths=None):  # fmt: skip
+    """The run's forward, decided from its pairs' lengths (`forwards/sample.py`: the analyzer's cached lengths, else a
+    seeded sample of `dataset` tokenized as the trainer does; or `lengths`) between the forwards this machine can run
+    (`cuda`, `varlen`: detected unless given), and the memory plan for it, refused when it does not fit. Both recorded
+    in `derived`; the recipe's attn_implementation and padding_free set to the forward chosen."""
+    from dpotrain.forwards import choice, sample
+    from dpotrain.trainer import resolve_model_path
+
+    model_path = resolve_model_path(recipe)
+    lengths = lengths or sample.run_lengths(recipe, dataset, model_path)
+    forward = choice.decide_forward(recipe, model_path, cuda=cuda, lengths=lengths, varlen=varlen)
+    derived["forward"] = forward.record()
+    derived["memory"] = memory.plan(recipe, world, run_engine, attention=forward.attention)
+    # The decoder layers to checkpoint, from this plan only: the first check's choice, applied, would read as an
+    # explicit setting here.
+    memory.apply_checkpointing(recipe, derived["memory"])
+    return forward
+
+
 def run(argv, stop: GracefulStop) -> int | None:
     load_dotenv()  # HF_TOKEN, WANDB_API_KEY, WANDB_PROJECT...; the environment wins over .env
     # Before the arguments are parsed: building them starts DeepSpeed's communication (TrainingArguments asks for its
@@ -98,8 +128,12 @@ def run(argv, stop: GracefulStop) -> int | None:
         if recipe.max_length_auto:
             derived["max_length"] = resolve.preview_auto_max_length(recipe)
             max_length = derived["max_length"].get("max_length") if derived["max_length"]["cached"] else None
-        derived["batching"] = resolve.preview_plan(recipe, world, max_length)
-        derived["memory"] = memory.plan(recipe, world)  # refuses a plan that cannot fit the GPU
+        # What the GPU nodes will run (from the analyzer's cached lengths, with and without FlashAttention 4), and the
+        # step and memory plans for it.
+        derived["forward"], planned = resolve.preview_forward(recipe, max_length)
+        derived["batching"] = resolve.preview_plan(recipe, world, max_length, planned)
+        attention = planned.attention if planned is not None else None
+        derived["memory"] = memory.plan(recipe, world, attention=attention)  # refuses a plan that cannot fit the GPU
         memory.apply_checkpointing(recipe, derived["memory"])  # the layers the plan checkpoints, in the resolved config
         # The dtype the weights will load in under the planned engine (bf16 under DeepSpeed), not TRL's default.
         if planned_engine.name != "unplanned":
@@ -111,9 +145,9 @@ def run(argv, stop: GracefulStop) -> int | None:
             print(dry_run.summary(resolved, dry_run.write_json(resolved, training.output_dir)))
         return
     # The same memory plan as the dry run that scripts/launch.sh makes, for the engine this process runs under: a job
-    # started with `accelerate launch` by hand is refused here too, before anything loads.
-    derived["memory"] = memory.plan(recipe, world, run_engine)
-    memory.apply_checkpointing(recipe, derived["memory"])  # the decoder layers to checkpoint: the Trainer enables them
+    # started with `accelerate launch` by hand is refused here too, before anything loads. The forward is decided from
+    # the data (below): planned here for the lightest one this machine could take, again for the one it takes.
+    derived["memory"] = memory.plan(recipe, world, run_engine, attention=lightest_attention(recipe))
     only_reference = recipe.project.reference_only  # the reference stage alone: no output folder, W&B or push
     if not resolve.uses_live_reference(recipe):
         reference.check_writable()  # the reference stage saves as it goes
@@ -148,6 +182,11 @@ def run(argv, stop: GracefulStop) -> int | None:
         derived["eval_rows"] = len(eval_dataset)
     derived.update(resolve.plan_steps(recipe, world, len(dataset) if hasattr(dataset, "__len__") else None))
     options.check_plan(derived)
+    if recipe.max_length_auto:
+        derived["max_length"] = resolve.auto_max_length(recipe, dataset, state)
+    # The forward, from the pairs' lengths, and the memory plan for it: before the old run is removed and the model
+    # loads (TRL loads it with the attention chosen here).
+    forward = forward_stage(recipe, dataset, world, run_engine, derived)
     if plan.start_afresh and state.is_main_process:  # only now: a refused data set must not cost the old run
         kept = keep_offline_runs(out)
         if kept:
@@ -155,8 +194,6 @@ def run(argv, stop: GracefulStop) -> int | None:
                   flush=True)  # fmt: skip
         shutil.rmtree(out)  # a stale run_complete.json or metrics.jsonl must not outlive the run it described
     state.wait_for_everyone()
-    if recipe.max_length_auto:
-        derived["max_length"] = resolve.auto_max_length(recipe, dataset, state)
     if state.is_main_process and not only_reference:
         setup_wandb(training)
 
@@ -168,7 +205,7 @@ def run(argv, stop: GracefulStop) -> int | None:
         pusher = CheckpointPusher(push.repo_id, push.token, push.private, out)
     callbacks = [WandbStepIsGlobalStep(), *([pusher] if pusher else [])]
     created_before = out.exists()
-    trainer = build_trainer(recipe, dataset, eval_dataset=eval_dataset, callbacks=callbacks, stop=stop)
+    trainer = build_trainer(recipe, dataset, eval_dataset=eval_dataset, callbacks=callbacks, stop=stop, forward=forward)
     # The plan stage (dpotrain/plan_stage.py): every step of the run cut into micro-batches, from the tokenized lengths;
     # a step that cannot be cut is refused here, before the reference is scored.
     run_plan = plan_stage.run_stage(trainer)

@@ -22,8 +22,8 @@ FIXES = {
     "the plan": "every node must run the same code and recipe on the same data",
     "the resume point": "every node must see the same output_dir (a shared file system, not a node-local one)",
     "the engine": "launch every node with the same accelerate config",
-    "the forward": "install the same attention kernels on every node (requirements-gpu.txt) and give every node GPUs "
-    "of one kind",
+    "the forward": "install the same attention kernels on every node (requirements-gpu.txt), give every node GPUs "
+    "of one kind, and let every node see the same analyzer cache (or none): the forward is decided from its lengths",
     "the packages": "install the same versions of torch, transformers, trl, accelerate and deepspeed on every node",
     "the reference's model": "every node must load the same model (the same path and revision)",
 }
@@ -96,7 +96,8 @@ def values(trainer, resume_from: str | None) -> dict[str, str]:
         "the plan": plan_digest(trainer.run_plan.epochs),
         "the resume point": str(resume_from),
         "the engine": trainer.engine.name,
-        # Chosen per device from what is installed (forwards/choice.py): a node without a kernel would run another one.
+        # Decided on each rank from the data's lengths and what is installed (forwards/choice.py): a node without a
+        # kernel, or with another analyzer cache, would run another forward.
         "the forward": digest(trainer.forward.record()),
         "the packages": digest(package_versions()),
         # The path, not the weights' hash: under ZeRO-3, and FSDP2 with RAM-efficient loading, only rank 0 has them.

@@ -9,7 +9,8 @@ A plan is the sum of these parts, per GPU (README "Memory plan"):
   no compute) at the micro-batch's token count, with and without activation checkpointing as the recipe says;
 - TRL's chunked LM head (`trl/trainer/utils.py`, `_CHUNKED_LOGPROB_CHUNK_SIZE`), which never builds the logits;
 - dense attention masks, for sdpa and eager attention (FlashAttention's varlen kernel takes none, FlexAttention a block
-  mask of a few MiB);
+  mask of a few MiB), for the attention of the forward the run takes (forwards/choice.py): a run plans once its forward
+  is decided from the data, and first, before anything loads, for the lightest forward it could take;
 - an allowance for the CUDA context, NCCL buffers and allocator fragmentation.
 Parameter counts come from the model's config alone: the model is built on the meta device (no weights).
 """
@@ -447,9 +448,10 @@ class Plan:
         return self.subtotal + self.allowance
 
 
-def plan(recipe, world: int, engine: Engine | None = None) -> dict:
+def plan(recipe, world: int, engine: Engine | None = None, attention: str | None = None) -> dict:
     """derived.memory: for `engine`, else the recipe's accelerate config (a dry run); a ConfigError when the GPU memory
-    is known and the plan does not fit it."""
+    is known and the plan does not fit it. `attention`: the forward's attention implementation (its masks), else the
+    recipe's (which `forwards.choice.decide_forward` sets to the one chosen), else sdpa."""
     engine = engine or from_config(recipe.project.accelerate_config)
     if engine.name == "unplanned":
         return {"skipped": engine.source}
@@ -462,7 +464,7 @@ def plan(recipe, world: int, engine: Engine | None = None) -> dict:
     if config is None:
         return {"skipped": why}
     shape = model_shape(recipe, config)
-    attn = recipe.model.attn_implementation or "sdpa"
+    attn = attention or recipe.model.attn_implementation or "sdpa"
     gpu, gpu_source = gpu_memory(recipe)
 
     def plan_for(e: Engine, n: int, every: int | None) -> Plan:

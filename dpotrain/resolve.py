@@ -306,32 +306,106 @@ def _local_tokenizer_and_data(recipe: Recipe):
         return None
 
 
-def preview_plan(recipe: Recipe, world: int, max_length: int | None) -> dict:
+def plans_for_gpu(recipe: Recipe) -> bool:
+    """Whether a dry run plans for GPUs: this machine has one, or the recipe names a GPU's memory, or trains in bf16 or
+    fp16 (as on GPUs) without `use_cpu`."""
+    import torch
+
+    t = recipe.training
+    return torch.cuda.is_available() or bool(recipe.project.gpu_memory_gib) or (
+        (t.bf16 or t.fp16) and not t.use_cpu)  # fmt: skip
+
+
+FA4_SETS = {"with FlashAttention 4 installed": "flash_attention_4", "without": None}  # a dry run for a GPU job
+
+
+def preview_forward(recipe: Recipe, max_length: int | None):
+    """What the run's forward will be (`derived.forward`), for a dry run: decided from the analyzer's cached lengths,
+    for this machine, or (a login node) for the recipe's GPU with and without FlashAttention 4 (`FA4_SETS`: Hopper and
+    Blackwell take it, requirements-gpu.txt installs it). Returns the record and the forward the step and memory plans
+    are made for (the one of heavier masks), or (the record, None) when the model's config is not on this machine."""
+    import copy
+
+    import torch
+
+    from . import memory
+    from .forwards import choice, cost
+
+    config, why = memory.load_model_config(recipe)
+    if config is None:
+        return {"decided": f"at start, from the data's lengths ({why})"}, None
+    recipe = copy.deepcopy(recipe)
+    recipe.training.max_length = max_length
+    found = _local_tokenizer_and_data(recipe)
+    measured = lengths_cache(found) if found else None
+    pairs = None
+    if measured is not None:
+        m, report = measured
+        pairs = cost.Lengths(m.prompt, m.chosen, m.rejected, f"the analyzer's cached lengths ({report})")
+    if torch.cuda.is_available():
+        sets = {"on this machine": choice.installed_varlen(True)}
+    elif plans_for_gpu(recipe):
+        sets = FA4_SETS
+    else:
+        sets = {"on the CPU": None}
+    cuda = torch.cuda.is_available() or plans_for_gpu(recipe)
+    chosen = {name: choice.choose(copy.deepcopy(config), recipe, cuda, varlen, pairs if max_length else None,
+                                  check_kernels=False)[0] for name, varlen in sets.items()}  # fmt: skip
+    planned = max(chosen, key=lambda name: choice.mask_weight(chosen[name].attention))
+    record = {name: forward.record() for name, forward in chosen.items()}
+    if pairs is None or not max_length:  # the candidates the run will weigh, how to see its choice now; plans made
+        options = {}  # for the one of heaviest masks
+        for name, varlen in sets.items():
+            options[name], _ = choice.candidates(copy.deepcopy(config), recipe, cuda, varlen, check_kernels=False)
+            record[name] = {"candidates": [c.describe() for c in options[name]]}
+        planned, heaviest = max(((name, c) for name in options for c in options[name]),
+                                key=lambda item: choice.mask_weight(item[1].attention))  # fmt: skip
+        hidden = chosen[planned].hidden_size
+        chosen[planned] = choice.ForwardChoice(heaviest.packed, heaviest.share_prompt, hidden, heaviest.attention,
+                                               "the candidate of heaviest masks")  # fmt: skip
+        command = f"python scripts/analyze_dataset.py --config {recipe.config_path or '<recipe>'}"
+        record["decided"] = f"at start, from the data's lengths (to see it now: {command}, then this dry run again)"
+        record["planned_for"] = f"{planned}: {heaviest.describe()}"
+    else:
+        record["planned_for"] = planned
+    return record, chosen[planned]
+
+
+def lengths_cache(found):
+    """The analyzer's cached lengths for (tokenizer, data set identity), or None."""
+    from . import lengths
+
+    return lengths.cached_measure(found[1], found[0])
+
+
+def preview_plan(recipe: Recipe, world: int, max_length: int | None, forward=None) -> dict:
     """What the step plan will do (`derived.batching`), for a dry run: from the analyzer's cached per-pair lengths
-    (scripts/analyze_dataset.py caches a complete analysis), without loading a model or the data set."""
-    from . import lengths, packing, plan, plan_stage
+    (scripts/analyze_dataset.py caches a complete analysis), without loading a model or the data set, for `forward`
+    (`preview_forward`'s) or, without one, as the recipe and the model's config say."""
+    from . import packing, plan, plan_stage
 
     command = f"python scripts/analyze_dataset.py --config {recipe.config_path or '<recipe>'}"
     pending = {"planned": f"at start, from the token lengths (to see it now: {command}, then this dry run again)"}
     found = _local_tokenizer_and_data(recipe)
-    measured = lengths.cached_measure(found[1], found[0]) if found else None
+    measured = lengths_cache(found) if found else None
     if measured is None or max_length is None:
         return pending
     m, report = measured[0], measured[1]
     t, p = recipe.training, recipe.project
-    packs, share, hidden_size, note = _packing_preview(recipe)
+    if forward is not None:
+        packs, share, hidden_size, note = forward.packed, forward.share_prompt, forward.hidden_size, ""
+    else:
+        packs, share, hidden_size, note = _packing_preview(recipe)
     kept = m.prompt < max_length  # TRL drops the pairs whose prompt alone fills max_length
     pair_lengths = plan.PairLengths.from_parts(m.prompt[kept], m.chosen[kept], m.rejected[kept], max_length, share,
                                                t.truncation_mode)  # fmt: skip
     pairs_per_step = p.pairs_per_step or t.per_device_train_batch_size * t.gradient_accumulation_steps * world
-    if not packs:
-        forward = plan.Forward("padded")
-    else:
-        forward = plan.Forward("one_row" if packing.one_row(recipe.model.attn_implementation) else "rows", hidden_size)
+    one_row = forward.one_row if forward is not None else packing.one_row(recipe.model.attn_implementation)
+    layout = plan.Forward("padded") if not packs else plan.Forward("one_row" if one_row else "rows", hidden_size)
     deepspeed = _launch_engine(recipe).startswith("deepspeed")
     # What the run's plan stage will make, from the cached lengths instead of the tokenized data set.
     run_plan = plan_stage.make(pair_lengths, t, pairs_per_step, world, p.max_tokens_per_microbatch, padded=not packs,
-                               forward=forward, reduce_per_backward=deepspeed)  # fmt: skip
+                               forward=layout, reduce_per_backward=deepspeed)  # fmt: skip
     return {**run_plan.summary, "planned": f"from the analyzer's cached lengths ({report}){note}"}
 
 

@@ -32,7 +32,7 @@ from . import builtin, engine, flops, layers, packing, padded, plan
 from .checkpoints import CompleteMarker, clear_for_save, report_save
 from .collectives import all_reduce_sum, max_over_ranks
 from .config import Recipe
-from .forwards import choice, flex
+from .forwards import choice, flex, sample
 from .forwards.choice import ForwardChoice, decide_forward, padded_instead
 from .health import HealthGuard
 from .metrics import MetricsRecorder
@@ -533,16 +533,19 @@ class RecipeDPOTrainer(DPOTrainer):
         super().log(logs, start_time)
 
 
-def build_trainer(recipe: Recipe, train_dataset, eval_dataset=None, callbacks=(), stop: GracefulStop | None = None):
+def build_trainer(recipe: Recipe, train_dataset, eval_dataset=None, callbacks=(), stop: GracefulStop | None = None,
+                  forward: ForwardChoice | None = None):  # fmt: skip
     """The project's DPO trainer, with: COMPLETE marks on checkpoints, metrics.jsonl, a clean stop on Slurm's
     signals, health guards and sample generations, its training set tokenized by TRL. It has no plan yet: the plan
     stage (`plan_stage.run_stage`) comes next, then the reference stage (`reference.run_stage`), then `train()`.
     `trainer.graceful_stop.stopped` tells after `train()` whether it ended early to be requeued; `trainer.health.stop`
-    whether a guard stopped it."""
+    whether a guard stopped it. `forward`: the forward train_dpo.py decided before its memory check; without it, the
+    forward is decided here, from the training set's lengths (`forwards/sample.py`)."""
     t, p = recipe.training, recipe.project
     run_engine = engine.launched()
     model_path = resolve_model_path(recipe)
-    forward = decide_forward(recipe, model_path)  # sets the recipe's attn_implementation to the one chosen
+    if forward is None:  # sets the recipe's attn_implementation and padding_free to the forward chosen
+        forward = decide_forward(recipe, model_path, lengths=sample.run_lengths(recipe, train_dataset, model_path))
     if forward.attention == "flex_attention":
         flex.install()  # compiled once per run, not transformers' compilation per width and training flag
         callbacks = (*callbacks, flex.CompilationReport())

@@ -38,7 +38,8 @@ def test_smoke_summary_says_what_the_run_does_and_writes_the_json_beside_the_out
     assert field(text, "per step") == "8 pairs, over all processes"
     assert field(text, "micro-batches").startswith("at most 2,048 packed tokens each")
     assert field(text, "engine") == "one process"
-    assert field(text, "attention") == "sdpa (transformers' default), packed rows"
+    # The forward is decided at start from the data's lengths (none cached here): the CPU's candidates are named.
+    assert field(text, "forward").startswith("on the CPU: one of shared prompts on sdpa, unshared on sdpa; at start")
     assert "this recipe trains in fp32" in field(text, "memory/GPU")  # the plan is for bf16 GPU runs: said why not
     written = tmp_path / "run.dry-run.json"
     assert field(text, "everything") == f"{written} (or --json prints it)"
@@ -60,13 +61,17 @@ def test_a_login_node_dry_run_names_the_gpu_it_planned_for_and_how_to_plan_for_a
     assert "7.30B parameters, 32 layers" in model
     assert model.endswith("weights load in bfloat16, training computes in bf16")  # DeepSpeed with bf16: what runs
     assert field(text, "engine").startswith("DeepSpeed ZeRO-2 (accelerate_config.yaml")
-    assert field(text, "memory/GPU").startswith("~106.9 GiB (model states 44.2,")
+    # Planned for the forward the GPUs can take (FlexAttention's block masks, not sdpa's dense ones: 106.9 GiB).
+    assert field(text, "memory/GPU").startswith("~98.1 GiB (model states 44.2,")
+    assert field(text, "forward").startswith("with FlashAttention 4 installed: one of shared prompts on "
+                                             "flex_attention, unshared on flash_attention_4, unshared on "
+                                             "flex_attention; without: ")  # fmt: skip
     assert field(text, "GPU") == "fits one 179.0 GiB GPU (B200), from gpu_memory_gib"  # the recipe's sizing
     assert field(text, "other GPUs").startswith("--gpu_memory_gib 79.6 (H100 80GB), 140.4 (H200), 179 (B200)")
     resolved = json.loads((tmp_path / "think.dry-run.json").read_text())
     assert resolved["dtype"] == "bfloat16" and resolved["bf16"] is True
     # The same job on 80 GB H100s is refused before submitting, with what would fit.
-    with pytest.raises(ConfigError, match=r"needs ~106.9 GiB per GPU .* more than the 79.6 GiB GPU"):
+    with pytest.raises(ConfigError, match=r"needs ~98.1 GiB per GPU .* more than the 79.6 GiB GPU"):
         train_dpo.main([*think, "--gpu_memory_gib", "79.6", "--dry-run"])
 
 

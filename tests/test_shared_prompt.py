@@ -155,7 +155,8 @@ def perturb(model, seed=1):
 def test_loss_and_gradients_equal_unshared_packing(tmp_path, tiny_model_dir, extra):
     rows = builtin.make_preference_rows(6, seed=4)
     unshared = trainer_for(tmp_path / "unshared", tiny_model_dir, rows, "--share_prompt", "false", *extra)
-    shared = trainer_for(tmp_path / "shared", tiny_model_dir, rows, *extra)
+    # Asked for: on these 6 short pairs the CPU's decision (forwards/cost.py) would not share them.
+    shared = trainer_for(tmp_path / "shared", tiny_model_dir, rows, "--share_prompt", "true", *extra)
     assert shared.forward.share_prompt and not unshared.forward.share_prompt
     for trainer in (unshared, shared):  # the reference was scored before training; move the policy away from it
         perturb(trainer.model)
@@ -171,7 +172,7 @@ def test_loss_and_gradients_equal_unshared_packing(tmp_path, tiny_model_dir, ext
 def test_step_one_is_ln2_with_the_cache(tmp_path, tiny_model_dir, monkeypatch):
     monkeypatch.setenv("DPOTRAIN_CACHE", str(tmp_path / "cache"))
     trainer = trainer_for(tmp_path / "run", tiny_model_dir, builtin.make_preference_rows(32, seed=5), "--max_steps",
-                          "1", "--logging_steps", "1", "--pairs_per_step", "16")  # fmt: skip
+                          "1", "--logging_steps", "1", "--pairs_per_step", "16", "--share_prompt", "true")  # fmt: skip
     assert trainer.forward.share_prompt
     trainer.train()
     first = trainer.state.log_history[0]

@@ -1,16 +1,32 @@
-"""Which forward a run takes, chosen once at start from the model's config, the recipe and the device.
+"""Which forward a run takes: decided once, from the pairs' lengths, between the forwards this machine can run.
 
-On CUDA the fastest exact path the machine has, in this order (the GPU benchmark, benchmarks/attention.py, is what
-confirms it; docs/attention.md):
-1. prompts shared, on FlexAttention: one row per micro-batch, a block mask per layer kind;
-2. unshared packing on a varlen FlashAttention kernel (FA4 on Hopper/Blackwell, FA3 on Hopper, FA2), when installed;
-3. unshared packing on FlexAttention (a document mask: the blocks between sequences skipped);
-4. sdpa: packed rows, or TRL's padded batches for models that cannot pack.
-On CPU, sdpa (FlexAttention has no backward on CPU; FlashAttention needs CUDA). An attention implementation given in
-the recipe is used as given, or refused with one line when its kernel cannot run here; never replaced. Models whose
+The candidates (`candidates`), for a model that packs (`packing.packing_problem`) and a recipe that lets it:
+- on CUDA: prompts shared on FlexAttention (one row per micro-batch, a block mask per layer kind); unshared on a
+  varlen FlashAttention kernel when one is installed (FA4 on Hopper/Blackwell, FA3 on Hopper, FA2); unshared on
+  FlexAttention (a document mask); sdpa's packed rows, shared or not (dense masks), only where FlexAttention cannot
+  pack the model (they compute flex's positions with more attention);
+- on the CPU: sdpa's packed rows, prompts shared or not (FlexAttention has no backward there, FlashAttention needs
+  CUDA);
+- padded micro-batches (TRL's collator, `padded.py`) only where packing cannot be used (a model type not proven to
+  pack, a live reference, `padding_free: false`): where it can, the packed forwards are the ones weighed.
+They are ranked by their estimated cost on the run's pairs (`cost.decide`: the work each computes, weighed by its
+kernel's measured speed) and the cheapest runs; the `Forward:` line names it and the runner-up with both estimates,
+and `derived.forward` records every estimate. Without lengths (a caller that has none) the order above decides.
+
+Where the lengths come from (`forwards/sample.py`), before the memory check and before the model loads, since the
+attention is a `from_pretrained` argument and TRL loads the model and tokenizes in DPOTrainer's constructor: the
+analyzer's cached lengths of the whole training split when they exist (`scripts/analyze_dataset.py`, or
+`max_length: auto`), else a fixed seeded sample of rows tokenized exactly as the trainer tokenizes them. Every rank
+reads the same rows and decides alone, deterministically; the rank agreement (agreement.py) checks that the forwards
+are equal. A dry run decides from the cached lengths only, for the recipe's GPU with and without FlashAttention 4.
+
+An option given in the recipe is honoured or refused with one line, never replaced: an `attn_implementation` limits
+the candidates to it (refused when its kernel cannot run here), `share_prompt` to shared or unshared ones (refused
+when none can), `padding_free: true` to packed ones, `padding_free: false` to padded micro-batches. Models whose
 layers carry state keep `packing.packing_problem`'s rules and, for the boundary hybrids, the start-up parity check.
 """
 
+import copy
 import os
 from dataclasses import asdict, dataclass
 
@@ -31,7 +47,8 @@ class ForwardChoice:
     share_prompt: bool  # each pair's prompt once in its row (shared_prompt.py)
     hidden_size: int  # the model's: packed rows weigh attention against the linear layers with it
     attention: str = "sdpa"  # the attention implementation the model runs
-    reason: str = ""  # why this forward, in a few words
+    reason: str = ""  # why this forward, in a few words: the estimates against the runner-up
+    decision: dict | None = None  # `cost.Decision.record()`: every candidate's estimate, and the lengths weighed
 
     @property
     def one_row(self) -> bool:
@@ -49,8 +66,12 @@ class ForwardChoice:
         return f"Forward: {self.layout} on {self.attention}: {self.reason}."
 
     def record(self) -> dict:
-        """The `forward` entry of resolved_config.json."""
-        return {**asdict(self), "one_row": self.one_row, "layout": self.layout}
+        """The `forward` entry of resolved_config.json: the forward, and the winner, runner-up and their estimates."""
+        out = {**asdict(self), "one_row": self.one_row, "layout": self.layout}
+        estimates = (self.decision or {}).get("estimates", [])
+        out["winner"] = estimates[0] if estimates else None
+        out["runner_up"] = estimates[1] if len(estimates) > 1 else None
+        return out
 
 
 def cuda_available() -> bool:
@@ -107,69 +128,144 @@ def dense_attention(config) -> str:
     return "sdpa" if getattr(model_class, "_supports_sdpa", True) else "eager"
 
 
-def pick_attention(config, want_share: bool | None, packs: bool, cuda: bool) -> tuple[str, str]:
-    """The attention for a recipe that names none, and why."""
-    dense = dense_attention(config)
-    if not cuda:
-        return dense, "CPU (FlexAttention has no backward there, FlashAttention needs CUDA)"
-    if packs and want_share is not False and _packs(config, "flex_attention") and shared_prompt.share_problem(
-            config, "flex_attention") is None:  # fmt: skip
-        return "flex_attention", "CUDA, and this model shares prompts: a block mask skips what no token sees"
-    varlen = installed_varlen(cuda)
-    if packs and varlen and _packs(config, varlen):
-        return varlen, "CUDA with a varlen FlashAttention kernel installed, prompts unshared"
-    if packs and _packs(config, "flex_attention"):
-        return "flex_attention", "CUDA without a varlen FlashAttention kernel: a block mask skips other sequences"
-    return dense, "CUDA, a model this project does not pack"
+INSTALLED = "installed"  # `varlen` of `decide_forward`: the varlen FlashAttention this machine has (installed_varlen)
 
 
-def decide_forward(recipe, model_path: str, cuda: bool | None = None) -> ForwardChoice:
-    """Packed or padded forward, prompts shared or not, and the attention, for this model, recipe and device: a
-    one-line note when an option is off by necessity, an error when it was asked for explicitly and cannot be
-    honoured. Either way the reference is scored once before training (only the policy stays in memory), unless the
-    recipe asks for a live reference model. Reads the model's config only (no weights). Sets the recipe's
-    `attn_implementation` to the attention chosen."""
+def recipe_packing_problem(recipe) -> str | None:
+    """Why the recipe itself keeps the forward padded, or None."""
+    t = recipe.training
+    if not t.padding_free:
+        return "padding_free is false"
+    if t.sync_ref_model:
+        return "sync_ref_model updates the reference during training, so it cannot be scored once and cached"
+    if resolve.uses_live_reference(recipe):
+        return "the packed path scores the reference once before training (precompute_ref_log_probs: true)"
+    return None
+
+
+def candidates(config, recipe, cuda: bool, varlen: str | None, check_kernels: bool = True):
+    """The forwards this machine can run for this model and recipe, in the order that decides without lengths, with
+    the recipe's explicit options applied; and the notes to print (an option off by necessity). Raises a ConfigError
+    when an option the recipe gives cannot be honoured. `varlen`: the varlen FlashAttention installed, or None;
+    `check_kernels`: refuse an asked attention whose kernel this machine lacks (a dry run plans for other machines)."""
+    from .cost import Candidate
+
+    t, want_share = recipe.training, recipe.project.share_prompt
+    coef = t.router_aux_loss_coef
+    asked = recipe.model.attn_implementation
+    if asked is not None:
+        kernel = kernel_problem(asked, cuda) if check_kernels else None
+        if kernel is None and not cuda and packing.attention_name(asked) == "flex_attention":
+            kernel = "FlexAttention has no backward pass on CPU in PyTorch; use --attn_implementation sdpa on CPU"
+        if kernel is not None:
+            raise ConfigError(f"attn_implementation {asked} cannot run here: {kernel}")
+        attentions = [asked]
+    elif cuda:
+        attentions = [*([varlen] if varlen else []), "flex_attention", dense_attention(config)]
+    else:
+        attentions = [dense_attention(config)]
+    recipe_problem = recipe_packing_problem(recipe)
+    shared, unshared, problems, share_problems = [], [], [], []
+    for attn in attentions:
+        if cuda and attn == dense_attention(config) and asked is None and (shared or unshared):
+            continue  # sdpa's dense rows cost flex's positions and more attention: weighed only where flex cannot pack
+        problem = recipe_problem or (None if _packs(config, attn) else packing.packing_problem(config))
+        if problem is not None:
+            problems.append(problem)
+            continue
+        share = None if want_share is not False else "share_prompt is false"
+        share = share or shared_prompt.share_problem(config, attn, coef)
+        if share is None:
+            shared.append(Candidate(attn, True, True))
+        else:
+            share_problems.append(share)
+        if want_share is not True:
+            unshared.append(Candidate(attn, True, False))
+    notes = []
+    packed = shared + unshared if cuda else [c for attn in attentions for c in shared + unshared if c.attention == attn]
+    if cuda:  # the order without lengths: shared on flex, then a varlen kernel, then the rest
+        packed = sorted(packed, key=lambda c: (not (c.share_prompt and c.attention == "flex_attention"),
+                                               c.attention == dense_attention(config), not c.share_prompt))  # fmt: skip
+    if want_share and not shared:
+        if not packed and problems and not ("padding_free" in recipe.given and t.padding_free):
+            raise ConfigError(f"share_prompt needs packed sequences, which cannot be used here: {problems[0]}; remove "
+                              "--share_prompt")  # fmt: skip
+        if packed or share_problems:
+            raise ConfigError(f"share_prompt cannot be used here: {share_problems[0]}; remove --share_prompt")
+    if packed:
+        if want_share is None and not shared and share_problems:
+            notes.append(f"Note: each pair's prompt is computed twice (unshared packing): {share_problems[0]}.")
+        return packed, notes
+    explicit = "padding_free" in recipe.given and t.padding_free
+    if explicit:
+        raise ConfigError(f"padding_free (packed sequences) cannot be used here: {problems[0]}; set --padding_free "
+                          "false")  # fmt: skip
+    if t.padding_free:
+        notes.append(f"Note: padded micro-batches (TRL's collator) on the same step plan, not packed sequences: "
+                     f"{problems[0]}.")  # fmt: skip
+    # TRL's padded rows on transformers' default attention, as before this project chose forwards (padded rows on a
+    # varlen kernel, through its padding mask, are not measured here): an attention the recipe names is honoured.
+    return [Candidate(asked or dense_attention(config), False, False)], notes
+
+
+def lightest_attention(config, recipe, cuda: bool | None = None, varlen: str | None = INSTALLED) -> str:
+    """The attention of the candidate forward whose masks take the least memory (a varlen kernel none, FlexAttention
+    a block mask of a few MiB, sdpa and eager dense ones): what a run's memory is first checked for, before anything
+    loads, since no forward it can choose needs less."""
+    cuda = cuda_available() if cuda is None else cuda
+    varlen = installed_varlen(cuda) if varlen == INSTALLED else varlen
+    options, _ = candidates(copy.deepcopy(config), recipe, cuda, varlen)
+    return min((c.attention for c in options), key=mask_weight)
+
+
+def mask_weight(attn: str) -> int:
+    """0 for an attention that takes no mask (varlen), 1 for a block mask (flex), 2 for dense masks (sdpa, eager)."""
+    return 0 if packing.one_row(attn) else 1 if packing.attention_name(attn) == "flex_attention" else 2
+
+
+def choose(config, recipe, cuda: bool, varlen: str | None, lengths=None, check_kernels: bool = True):
+    """(the forward, the notes to print) for this model, recipe and machine; from `lengths` (`cost.Lengths`) when
+    given, else by the candidates' order. Changes nothing and prints nothing."""
+    from . import cost
+
+    hidden_size = getattr(config.get_text_config(), "hidden_size", 4096)
+    options, notes = candidates(config, recipe, cuda, varlen, check_kernels)
+    t = recipe.training
+    if lengths is None:
+        best = options[0]
+        why = "the only forward here" if len(options) == 1 else "no lengths to weigh, the first of " + ", ".join(
+            c.describe() for c in options)  # fmt: skip
+        return ForwardChoice(best.packed, best.share_prompt, hidden_size, best.attention, why), notes
+    pairs = t.per_device_train_batch_size
+    decision = cost.decide(options, lengths, config, cuda, t.max_length, t.truncation_mode,
+                           recipe.project.max_tokens_per_microbatch, pairs)  # fmt: skip
+    best = decision.winner.candidate
+    reason = f"{decision.summary()}, from {decision.lengths_from}"
+    return ForwardChoice(best.packed, best.share_prompt, hidden_size, best.attention, reason, decision.record()), notes
+
+
+def decide_forward(recipe, model_path: str, cuda: bool | None = None, lengths=None,
+                   varlen: str | None = INSTALLED) -> ForwardChoice:  # fmt: skip
+    """Packed or padded forward, prompts shared or not, and the attention, for this model, recipe, machine and the
+    pairs' `lengths` (`cost.Lengths`; forwards/sample.py): a one-line note when an option is off by necessity, an
+    error when it was asked for explicitly and cannot be honoured. Either way the reference is scored once before
+    training (only the policy stays in memory), unless the recipe asks for a live reference model. Reads the model's
+    config only (no weights). Sets the recipe's `attn_implementation` and `padding_free` to the forward chosen.
+    `varlen`: the varlen FlashAttention to weigh (None: none), by default the one installed here."""
     from transformers import AutoConfig
 
     cuda = cuda_available() if cuda is None else cuda
-    t, want_share = recipe.training, recipe.project.share_prompt
+    varlen = installed_varlen(cuda) if varlen == INSTALLED else varlen
+    t = recipe.training
     config = AutoConfig.from_pretrained(model_path, revision=recipe.model.model_revision)
-    hidden_size = getattr(config.get_text_config(), "hidden_size", 4096)
-    live_reference = resolve.uses_live_reference(recipe)
-    if not live_reference:
+    if not resolve.uses_live_reference(recipe):
         t.precompute_ref_log_probs = True  # the reference stage (reference.py): only the policy stays in memory
-    problem = None if t.padding_free else "padding_free is false"
-    if problem is None and t.sync_ref_model:
-        problem = "sync_ref_model updates the reference during training, so it cannot be scored once and cached"
-    if problem is None and live_reference:
-        problem = "the packed path scores the reference once before training (precompute_ref_log_probs: true)"
-    asked = recipe.model.attn_implementation
-    if asked is not None:
-        kernel = kernel_problem(asked, cuda)
-        if kernel is not None:
-            raise ConfigError(f"attn_implementation {asked} cannot run here: {kernel}")
-        attn, reason = asked, "the recipe's attn_implementation"
-    else:
-        attn, reason = pick_attention(config, want_share, problem is None, cuda)
-    recipe.model.attn_implementation = attn
-    config._attn_implementation = attn
-    problem = problem or packing.packing_problem(config)
-    if problem is not None:
-        explicit = "padding_free" in recipe.given and t.padding_free
-        if want_share and not explicit:
-            raise ConfigError(f"share_prompt needs packed sequences, which cannot be used here: {problem}; remove "
-                              "--share_prompt")  # fmt: skip
-        if t.padding_free:
-            padded_instead(problem, explicit)
-        t.padding_free = False
-        return announce(ForwardChoice(False, False, hidden_size, attn, reason))
-    share_problem = None if want_share is not False else "share_prompt is false"
-    share_problem = share_problem or shared_prompt.share_problem(config, attn, t.router_aux_loss_coef)
-    if share_problem is not None and want_share:
-        raise ConfigError(f"share_prompt cannot be used here: {share_problem}; remove --share_prompt")
-    if share_problem is not None and want_share is None:
-        print(f"Note: each pair's prompt is computed twice (unshared packing): {share_problem}.", flush=True)
-    return announce(ForwardChoice(True, share_problem is None, hidden_size, attn, reason))
+    chosen, notes = choose(config, recipe, cuda, varlen, lengths)
+    for note in notes:
+        print(note, flush=True)
+    recipe.model.attn_implementation = chosen.attention
+    t.padding_free = chosen.packed
+    return announce(chosen)
 
 
 def announce(choice: ForwardChoice) -> ForwardChoice:

@@ -1,0 +1,226 @@
+"""What each candidate forward costs on a run's pairs, and the decision between them: a pure function of the pairs'
+lengths, the candidates, the model's shape and the kernels' measured speeds (`SPEED`), so every rank given the same
+lengths takes the same decision, and tests assert it without the hardware.
+
+A forward's cost is the model FLOPs of training on what it computes, divided by the speed its kernel trains at:
+- what it computes: every position it runs (a shared prompt once; dense rows and padded rows up to their width) at
+  2 x the matrix products' weights per position forward, plus attention at 2 x 2 x (heads x head dim) per attended
+  key per layer (`flops.ModelFlops`'s formula), x 3 with the backward;
+- attended keys: varlen FlashAttention and FlexAttention skip what the mask hides (causal, within each sequence or
+  pair, within a sliding window); sdpa given a dense mask (packed rows, shared prompts, padded rows) runs every tile
+  of a row, window or not, so a row of width W pays W^2 in every layer;
+- micro-batches: those of the plan's budget (`max_tokens_per_microbatch`, or `per_device_train_batch_size` pairs),
+  laid out as each forward's collator lays them (`packing.fill_rows`, `padded.row_groups`).
+
+Speeds are in one table, `SPEED`, with their sources; the figures measured by this project on an H100 are recorded
+in BENCHMARKS.md ("Measured on one H100 80GB"). A speed is the share of the GPU's dense bf16 peak that the training
+loop reached on the model FLOPs it computed (its MFU) with that kernel. The data's own effect on speed is common to
+the kernels (packed FA4 ran 1.33x the MFU on multi-turn pairs that it ran on think-shaped ones in
+benchmarks/attention.py; shared prompts on flex 1.31x in the training loop), so one speed per kernel ranks them. On
+the CPU every candidate runs sdpa: only the work differs.
+"""
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .. import flops, packing, padded
+from ..plan import PairLengths
+
+
+@dataclass(frozen=True)
+class Speed:
+    share_of_peak: float  # model FLOPs computed per second / the GPU's dense bf16 peak, in the training loop
+    source: str
+
+
+# The speed each attention kernel trains at on a GPU. Measured: one H100 80GB, torch 2.11, transformers 5.23, TRL 1.16,
+# FlashAttention 4 4.0.0b36, OLMo 3 7B layer width (4 layers, 100,278 vocabulary), bf16, activation checkpointing,
+# one process, 32 pairs per step, MFU as train_dpo.py logs it (BENCHMARKS.md, "Measured on one H100 80GB").
+SPEED = {
+    "flash_attention_4": Speed(0.324, "measured on an H100: think-shaped pairs, unshared packing on FA4 varlen, "
+                                      "32.4% MFU (41.0k tokens/s)"),
+    "flash_attention_3": Speed(0.324, "not measured: FA4's (FA4 runs about as fast as FA3 on Hopper)"),
+    "flash_attention_2": Speed(0.287, "not measured: flex's / 0.87 (FlexAttention's published speed is ~90% / 85% "
+                                      "of FA2's forward / backward on an A100)"),
+    "flex_attention": Speed(0.250, "measured on an H100: think-shaped pairs, shared prompts on flex, 25.0% MFU "
+                                   "(33.9k tokens/s; multi-turn pairs 32.7%)"),
+    "sdpa": Speed(0.250, "not measured on a GPU: taken as flex's, for the dense rows it computes in full"),
+    "eager": Speed(0.125, "not measured: half sdpa's (it materializes every score and probability)"),
+}  # fmt: skip
+CPU_SPEED = Speed(1.0, "the CPU: every candidate runs sdpa, so only the work differs")
+UNIT_PEAK_TFLOPS = 989.0  # estimates are in seconds of an H100 (dense bf16 peak, flops.PEAK_BF16_TFLOPS)
+SAMPLE_PAIRS = 1024  # pairs a decision weighs (a seeded sample of more): the ranking, not the total, matters
+
+
+@dataclass(frozen=True)
+class Candidate:
+    attention: str
+    packed: bool
+    share_prompt: bool
+
+    @property
+    def one_row(self) -> bool:
+        return self.packed and (packing.one_row(self.attention) or self.attention == "flex_attention")
+
+    def describe(self) -> str:
+        if not self.packed:
+            return f"padded micro-batches on {self.attention}"
+        return f"{'shared prompts' if self.share_prompt else 'unshared'} on {self.attention}"
+
+
+@dataclass(frozen=True)
+class Lengths:
+    """Token counts of the pairs a decision is made from, as the trainer tokenizes them (before truncation), and
+    where they come from."""
+
+    prompt: np.ndarray
+    chosen: np.ndarray  # the chosen completion
+    rejected: np.ndarray
+    source: str
+
+    def sample(self, pairs: int = SAMPLE_PAIRS, seed: int = 0) -> "Lengths":
+        if len(self.prompt) <= pairs:
+            return self
+        keep = np.sort(np.random.default_rng(seed).choice(len(self.prompt), pairs, replace=False))
+        return Lengths(self.prompt[keep], self.chosen[keep], self.rejected[keep], self.source)
+
+
+def model_flops(config) -> flops.ModelFlops:
+    """`flops.ModelFlops` from a model's config alone: the weights of its matrix products (attention projections, the
+    MLP or the experts a token runs, the LM head), its attention width and its layers' windows."""
+    text = config.get_text_config()
+    h, heads = text.hidden_size, text.num_attention_heads
+    head_dim = getattr(text, "head_dim", None) or h // heads
+    kv = getattr(text, "num_key_value_heads", None) or heads
+    inner = getattr(text, "moe_intermediate_size", None)
+    inner = inner * getattr(text, "num_experts_per_tok", 1) if inner else getattr(text, "intermediate_size", 4 * h)
+    layer = 2 * h * heads * head_dim + 2 * h * kv * head_dim + 3 * h * inner
+    kinds = getattr(text, "layer_types", None) or ["full_attention"] * text.num_hidden_layers
+    window = getattr(text, "sliding_window", None)
+    windows = tuple(None if k == "full_attention" else window if k == "sliding_attention" else 0 for k in kinds)
+    return flops.ModelFlops(text.num_hidden_layers * layer + text.vocab_size * h, heads * head_dim, windows)
+
+
+def micro_batches(lengths: PairLengths, budget: int | None, pairs: int) -> list[list[int]]:
+    """The pairs in order, cut as the plan cuts a step: within `budget` positions, or `pairs` at a time."""
+    out, current, used = [], [], 0
+    for i, cost in enumerate(lengths.tokens.tolist()):
+        if current and (len(current) == pairs if budget is None else used + cost > budget):
+            out.append(current)
+            current, used = [], 0
+        current.append(i)
+        used += cost
+    return out + ([current] if current else [])
+
+
+def _units(lengths: PairLengths, mb: list[int]) -> list[int]:
+    """The sequences of a micro-batch as its packed rows hold them: a shared pair is one unit."""
+    if lengths.shared is None:
+        return [int(lengths.chosen[i]) for i in mb] + [int(lengths.rejected[i]) for i in mb]
+    return [int(lengths.tokens[i]) for i in mb]
+
+
+def _dense(work: flops.ModelFlops, widths: list[int]) -> float:
+    """Forward FLOPs of rows of these widths under a dense mask: every position, and every key of its row in every
+    attention layer."""
+    w = np.asarray(widths, dtype=np.float64)
+    layers = sum(1 for window in work.windows if window != 0)
+    return 2.0 * work.matmul_params * float(w.sum()) + 4.0 * work.attention_width * layers * float((w * w).sum())
+
+
+def training_flops(candidate: Candidate, lengths: Lengths, work: flops.ModelFlops, max_length: int | None,
+                   truncation_mode: str, budget: int | None, pairs: int, hidden_size: int) -> float:  # fmt: skip
+    """Forward + backward FLOPs the candidate computes on these pairs."""
+    pl = PairLengths.from_parts(lengths.prompt, lengths.chosen, lengths.rejected, max_length,
+                                candidate.share_prompt, truncation_mode)  # fmt: skip
+    if candidate.one_row:  # skipped tiles cost nothing; a shared pair's prompt once (flops.ModelFlops.training)
+        shared = None
+        if pl.shared is not None:
+            shared = (pl.prompt - 1)[pl.shared]
+        return work.training(np.concatenate([pl.chosen, pl.rejected]), shared)
+    total = 0.0
+    for mb in micro_batches(pl, budget, pairs):
+        if candidate.packed:  # balanced rows of one width, a dense mask over each
+            units = _units(pl, mb)
+            rows = packing.fill_rows(units, hidden_size, packing.row_width_bound(max_length))
+            width = max(sum(units[i] for i in row) for row in rows)
+            total += _dense(work, [width] * len(rows))
+        else:  # TRL's padded rows in groups, each padded to its longest
+            seqs = [int(pl.chosen[i]) for i in mb] + [int(pl.rejected[i]) for i in mb]
+            groups = padded.row_groups(seqs)
+            widths = [max(seqs[i] for i in g) for g in groups for _ in g]
+            if packing.one_row(candidate.attention):  # FlashAttention unpads: attention over real tokens only
+                total += 2.0 * work.matmul_params * sum(widths) + (work.forward(seqs) - 2.0 * work.matmul_params *
+                                                                   sum(seqs))  # fmt: skip
+            else:
+                total += _dense(work, widths)
+    return 3.0 * total
+
+
+def shown(estimate: float) -> str:
+    """An estimate as a line shows it: 891, 1,112, 0.317."""
+    return f"{estimate:,.0f}" if estimate >= 100 else f"{estimate:.3g}"
+
+
+@dataclass(frozen=True)
+class Estimate:
+    candidate: Candidate
+    seconds: float  # per 1,000 pairs: on an H100 at the kernel's measured speed, or (CPU) at a unit speed
+    speed: Speed
+
+
+@dataclass(frozen=True)
+class Decision:
+    ranked: tuple  # Estimates, cheapest first
+    unit: str
+    lengths_from: str
+
+    @property
+    def winner(self) -> Estimate:
+        return self.ranked[0]
+
+    @property
+    def runner_up(self) -> Estimate | None:
+        return self.ranked[1] if len(self.ranked) > 1 else None
+
+    def summary(self) -> str:
+        """'est. 627 against 890 for unshared on flash_attention_4 (H100-seconds per 1,000 pairs)'."""
+        if self.runner_up is None:
+            return f"est. {shown(self.winner.seconds)} {self.unit}, the only candidate"
+        second = self.runner_up
+        return (f"est. {shown(self.winner.seconds)} against {shown(second.seconds)} for {second.candidate.describe()} "
+                f"({self.unit})")  # fmt: skip
+
+    def record(self) -> dict:
+        return {
+            "lengths_from": self.lengths_from,
+            "unit": self.unit,
+            "estimates": [{"forward": e.candidate.describe(), "estimate": round(e.seconds, 4),
+                           "speed": e.speed.share_of_peak, "speed_source": e.speed.source} for e in self.ranked],
+        }  # fmt: skip
+
+
+def decide(candidates: list[Candidate], lengths: Lengths, config, cuda: bool, max_length: int | None,
+           truncation_mode: str = "keep_start", budget: int | None = None, pairs: int = 4) -> Decision:  # fmt: skip
+    """The candidates ranked by their estimated cost on these pairs (ties: the order given). `cuda`: weigh by the
+    kernels' GPU speeds (`SPEED`); else every candidate runs at the CPU's one speed."""
+    if not candidates:
+        raise ValueError("no candidate forward to decide between")
+    if max_length is not None:  # TRL drops the pairs whose prompt alone fills max_length
+        kept = lengths.prompt < max_length
+        lengths = Lengths(lengths.prompt[kept], lengths.chosen[kept], lengths.rejected[kept], lengths.source)
+    sample = lengths.sample()
+    work, hidden = model_flops(config), config.get_text_config().hidden_size
+    estimates = []
+    for c in candidates:
+        speed = SPEED.get(packing.attention_name(c.attention), SPEED["sdpa"]) if cuda else CPU_SPEED
+        total = training_flops(c, sample, work, max_length, truncation_mode, budget, pairs, hidden)
+        per_pair = total / len(sample.prompt)
+        scale = UNIT_PEAK_TFLOPS * 1e12 if cuda else 1e12
+        estimates.append(Estimate(c, 1000 * per_pair / (speed.share_of_peak * scale), speed))
+    ranked = sorted(range(len(estimates)), key=lambda i: (round(estimates[i].seconds, 9), i))
+    unit = "H100-seconds per 1,000 pairs" if cuda else "TFLOP per 1,000 pairs, all on sdpa"
+    n, of = len(sample.prompt), len(lengths.prompt)
+    source = lengths.source + (f" ({n:,} of its {of:,} pairs weighed)" if n < of else "")
+    return Decision(tuple(estimates[i] for i in ranked), unit, source)

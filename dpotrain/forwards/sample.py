@@ -1,0 +1,54 @@
+"""The pairs' lengths a run decides its forward from, before the memory check and before the model loads.
+
+The analyzer's cached lengths of the whole training split when this data set, tokenizer and chat template have been
+analysed (`scripts/analyze_dataset.py`, or `max_length: auto` earlier in the run); else a fixed seeded sample of
+`SAMPLE_ROWS` rows tokenized exactly as the trainer tokenizes them (`lengths.measure`: TRL's own `_tokenize` calls).
+Every rank reads the same rows with the same seed, so every rank gets the same lengths and takes the same decision
+(agreement.py checks the forwards). The sample costs its tokenization only, whatever the data set's size: 1,024
+rows of a 20,000-row think-like set (benchmarks/analyzer_speed.py's generator, ~3,600 tokens a pair, the built-in
+tokenizer) took 9.8 CPU-seconds on one core (BENCHMARKS.md), against ~14 CPU-minutes to tokenize all 150k rows of such
+a data set, which TRL does later anyway.
+"""
+
+import numpy as np
+
+from .. import lengths
+from .cost import Lengths
+
+SAMPLE_ROWS = 1024
+
+
+def cached(recipe, tokenizer) -> Lengths | None:
+    """The analyzer's cached lengths of the recipe's training split, read from this machine only; None without."""
+    script = recipe.script
+    try:
+        dataset_id = lengths.dataset_identity(script.dataset_name, script.dataset_train_split, script.dataset_config,
+                                              local_only=True, hh_format=recipe.project.hh_format)  # fmt: skip
+    except (OSError, ValueError):
+        return None
+    found = lengths.cached_measure(dataset_id, tokenizer)
+    if found is None:
+        return None
+    m, report = found
+    return Lengths(m.prompt, m.chosen, m.rejected, f"the analyzer's cached lengths ({report})")
+
+
+def sampled(dataset, tokenizer, seed: int, hh_format: str = "messages", rows: int = SAMPLE_ROWS) -> Lengths:
+    """The lengths of `rows` rows of `dataset` drawn with `seed` (a streamed data set: its first rows), as the trainer
+    tokenizes them; rows the trainer could not tokenize are left out."""
+    total = len(dataset) if hasattr(dataset, "__len__") else None
+    if total is None:
+        picked, indices, of = dataset.take(rows), None, "the first"
+    else:
+        indices = np.sort(np.random.default_rng(seed).choice(total, min(rows, total), replace=False))
+        picked, of = dataset.select(indices), f"a seeded sample of {min(rows, total):,} of {total:,}"
+    m = lengths.measure(picked, tokenizer, num_proc=1, skip_invalid=True, indices=indices, hh_format=hh_format)
+    if total is None:
+        of = f"the first {m.rows:,}"
+    return Lengths(m.prompt, m.chosen, m.rejected, f"{of} rows, tokenized as the trainer does")
+
+
+def run_lengths(recipe, dataset, model_path: str) -> Lengths:
+    """The lengths a real run decides from: cached for the whole split, else a seeded sample of `dataset`."""
+    tokenizer = lengths.load_tokenizer(model_path, recipe.model.model_revision)
+    return cached(recipe, tokenizer) or sampled(dataset, tokenizer, recipe.training.seed, recipe.project.hh_format)

@@ -1,0 +1,183 @@
+"""The forward follows the data (dpotrain/forwards/cost.py, choice.py): on think-shaped pairs (a short prompt, long
+answers) sharing saves little and FlashAttention 4's varlen kernel wins; on multi-turn pairs (the history most of a
+pair) shared prompts on FlexAttention win; and the memory plan, the run's memory check and the dry run plan for the
+forward chosen, not for sdpa's dense masks. The CUDA decisions are decisions only: nothing runs on a GPU here."""
+
+import copy
+import dataclasses
+import json
+import re
+import shutil
+import sys
+
+import numpy as np
+import pytest
+
+import train_dpo
+from conftest import ROOT
+from dpotrain import engine as engines
+from dpotrain import lengths as analyzer
+from dpotrain import memory
+from dpotrain.config import parse_args
+from dpotrain.errors import ConfigError
+from dpotrain.forwards import choice, cost
+
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from attention import lengths_of  # noqa: E402  (the benchmark's multi-turn mix)
+
+OLMO3_7B = str(ROOT / "configs" / "models" / "olmo3-7b")  # a shipped config.json
+FA4 = "flash_attention_4"
+
+
+def think_mix(n: int = 2000, seed: int = 0) -> cost.Lengths:
+    """Think-shaped pairs as measured on the H100: a prompt of ~250 tokens, answers of ~2,500-3,500."""
+    rng = np.random.default_rng(seed)
+    prompt = np.maximum(1, rng.lognormal(np.log(250), 0.3, n)).astype(np.int64)
+    return cost.Lengths(prompt, rng.integers(2500, 3500, n), rng.integers(2500, 3500, n), "think-like")
+
+
+def multiturn_mix(n: int = 2000, seed: int = 0) -> cost.Lengths:
+    """The benchmark's multi-turn pairs (benchmarks/attention.py): a history of ~3,000 tokens, answers of ~300."""
+    prompt, chosen, rejected = lengths_of("multiturn", n, 4096, seed)
+    return cost.Lengths(prompt, chosen, rejected, "multi-turn")
+
+
+def think_recipe(*args):
+    return parse_args(["--config", str(ROOT / "configs" / "think.yaml"), "--model_name_or_path", OLMO3_7B,
+                       "--output_dir", "/tmp/unused", "--dry-run", *args])  # fmt: skip
+
+
+def decide(lengths, cuda=True, varlen=FA4, *args):
+    recipe = think_recipe(*args)
+    return choice.decide_forward(recipe, OLMO3_7B, cuda=cuda, lengths=lengths, varlen=varlen), recipe
+
+
+def test_the_choice_follows_the_data(capsys):
+    think, multiturn = think_mix(), multiturn_mix()
+    assert np.median(multiturn.prompt / (multiturn.prompt + multiturn.chosen)) > 0.85  # the history most of a pair
+    # With FA4 installed: think-shaped pairs on FA4 varlen (sharing saves ~4% of positions, flex trains at 25.0% MFU
+    # against FA4's 32.4%), multi-turn pairs with shared prompts on flex.
+    on_think, recipe = decide(think)
+    assert (on_think.attention, on_think.share_prompt, on_think.one_row) == (FA4, False, True)
+    assert (recipe.model.attn_implementation, recipe.training.padding_free) == (FA4, True)
+    on_multiturn, _ = decide(multiturn)
+    assert (on_multiturn.attention, on_multiturn.share_prompt) == ("flex_attention", True)
+    # Each names the other as the runner-up, with both estimates (H100-seconds per 1,000 pairs).
+    think_est = [e["estimate"] for e in on_think.decision["estimates"]]
+    assert on_think.record()["runner_up"]["forward"] == "shared prompts on flex_attention"
+    assert on_multiturn.record()["runner_up"]["forward"] == f"unshared on {FA4}"
+    assert 1.15 < think_est[1] / think_est[0] < 1.35  # 0.324 / 0.250 = 1.30, less the ~4% sharing saves
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("Forward:")]
+    assert len(lines) == 2
+    assert re.fullmatch(rf"Forward: unshared packing, one row per micro-batch on {FA4}: est\. [\d.,]+ against "
+                        r"[\d.,]+ for shared prompts on flex_attention \(H100-seconds per 1,000 pairs\), from "
+                        r"think-like \(1,024 of its 2,000 pairs weighed\)\.", lines[0]), lines[0]  # fmt: skip
+    # Without a varlen kernel: shared prompts on flex for both, by far on multi-turn pairs, narrowly on think's.
+    for mix, (low, high) in ((think, (1.0, 1.1)), (multiturn, (1.5, 2.5))):
+        chosen, _ = decide(mix, varlen=None)
+        assert (chosen.attention, chosen.share_prompt) == ("flex_attention", True)
+        estimates = chosen.decision["estimates"]
+        assert estimates[1]["forward"] == "unshared on flex_attention"
+        assert low < estimates[1]["estimate"] / estimates[0]["estimate"] < high
+    # The CPU: sdpa's dense rows for both, unshared on think-shaped pairs (a shared pair is a unit twice as wide, and
+    # a dense mask costs its whole row), shared on multi-turn pairs.
+    assert not decide(think, cuda=False)[0].share_prompt
+    cpu_multiturn = decide(multiturn, cuda=False)[0]
+    assert (cpu_multiturn.attention, cpu_multiturn.share_prompt, cpu_multiturn.one_row) == ("sdpa", True, False)
+
+
+def test_the_decision_is_a_function_of_the_lengths():
+    """Every rank decides alone from the same lengths: the same record (the rank agreement digests it)."""
+    think = think_mix()
+    first, second = (decide(copy.deepcopy(think))[0].record() for _ in range(2))
+    assert first == second and first["decision"]["lengths_from"].startswith("think-like")
+    reordered = cost.Lengths(think.prompt[::-1], think.chosen[::-1], think.rejected[::-1], "think-like")
+    assert decide(reordered)[0].attention == FA4  # another sample of the same mix: the same winner
+
+
+def test_an_option_in_the_recipe_is_honoured_or_refused_never_replaced():
+    think, multiturn = think_mix(), multiturn_mix()
+    forced, _ = decide(think, True, FA4, "--attn_implementation", "flex_attention")
+    assert (forced.attention, forced.share_prompt) == ("flex_attention", True)  # only flex weighed: shared wins
+    shared, _ = decide(think, True, FA4, "--share_prompt", "true")
+    assert (shared.attention, shared.share_prompt) == ("flex_attention", True)
+    unshared, _ = decide(multiturn, True, FA4, "--share_prompt", "false")
+    assert (unshared.attention, unshared.share_prompt) == (FA4, False)
+    padded, recipe = decide(think, True, FA4, "--padding_free", "false")
+    assert not padded.packed and not recipe.training.padding_free and padded.attention == "sdpa"
+    with pytest.raises(ConfigError, match="share_prompt needs packed sequences, .*: padding_free is false"):
+        decide(think, True, FA4, "--padding_free", "false", "--share_prompt", "true")
+    with pytest.raises(ConfigError, match=f"attn_implementation {FA4} cannot run here: .*not installed"):
+        decide(think, True, FA4, "--attn_implementation", FA4)  # asked for on a machine without it
+    with pytest.raises(ConfigError, match="attn_implementation flex_attention cannot run here: .*CPU"):
+        decide(think, False, None, "--attn_implementation", "flex_attention")
+
+
+def h100_zero2(world: int = 16):
+    """The think recipe on 2 nodes of 8 x H100 under ZeRO-2, as scripts/launch.sh plans it."""
+    recipe = think_recipe("--gpu_memory_gib", "79.6")
+    return recipe, dataclasses.replace(engines.from_config(str(ROOT / "accelerate_config.yaml")), gpus_per_node=8)
+
+
+def test_the_memory_plan_and_the_runs_check_use_the_chosen_forward():
+    """sdpa's dense masks do not fit an H100 (the plan before the forward was decided from the data); the forward
+    the run chooses does, and its memory check plans for it."""
+    recipe, zero2 = h100_zero2()
+    with pytest.raises(ConfigError, match=r"needs ~81.6 GiB per GPU .*masks 8.0"):
+        memory.plan(copy.deepcopy(recipe), 16, zero2, attention="sdpa")
+    # What train_dpo.run calls once the data set is read (here with the lengths given: no tokenizer ships with the
+    # config); without FlashAttention 4, so the forward is shared prompts on flex (with it, FA4: no mask at all).
+    derived = {}
+    r = copy.deepcopy(recipe)  # the stage sets its attn_implementation and padding_free
+    forward = train_dpo.forward_stage(r, None, 16, zero2, derived, cuda=True, varlen=None, lengths=think_mix())
+    assert forward.attention == "flex_attention" == derived["forward"]["attention"] == derived["memory"]["attention"]
+    assert derived["memory"]["fits"] is True and derived["memory"]["per_gpu_gib"]["total"] == 72.8
+    assert derived["memory"]["per_gpu_gib"]["attention_masks"] == 0.0  # a block mask's few MiB
+    # Before anything loads, the run checks the lightest forward this machine could take: here, a CPU, sdpa.
+    assert train_dpo.lightest_attention(copy.deepcopy(recipe)) == "sdpa"
+    assert choice.lightest_attention(memory.load_model_config(recipe)[0], recipe, cuda=True, varlen=None) == (
+        "flex_attention")  # fmt: skip
+
+
+def test_a_login_node_dry_run_plans_for_what_the_gpus_will_run(tmp_path, capsys, monkeypatch):
+    """Without cached lengths: the candidates of both kernel sets, and a plan that fits (refused before, for sdpa)."""
+    monkeypatch.setenv("WORLD_SIZE", "16")
+    monkeypatch.setenv("GPUS_PER_NODE", "8")
+    train_dpo.main(["--config", str(ROOT / "configs" / "think.yaml"), "--model_name_or_path", OLMO3_7B,
+                    "--output_dir", str(tmp_path / "t"), "--gpu_memory_gib", "79.6", "--dry-run"])  # fmt: skip
+    out = capsys.readouterr().out
+    assert "fits one 79.6 GiB GPU (H100 80GB)" in out and "~72.8 GiB" in out
+    forward = json.loads((tmp_path / "t.dry-run.json").read_text())["derived"]["forward"]
+    assert forward["with FlashAttention 4 installed"]["candidates"][:2] == [
+        "shared prompts on flex_attention", f"unshared on {FA4}"]  # fmt: skip
+    assert forward["without"]["candidates"] == ["shared prompts on flex_attention", "unshared on flex_attention"]
+
+
+def test_a_dry_run_with_the_analyzers_lengths_states_both_decisions(tmp_path, capsys, tiny_model_dir):
+    """The analyzer's cached lengths of a local data set (think-shaped): the dry run says what the GPU nodes will run
+    with FlashAttention 4 installed and without, and records winner, runner-up and estimates."""
+    from transformers import AutoTokenizer
+
+    data = tmp_path / "pairs.jsonl"
+    shutil.copy(ROOT / "data" / "smoke_prefs.jsonl", data)
+    think = think_mix(384)
+    measured = analyzer.Measured(np.arange(384), think.prompt, think.chosen, think.rejected, [], True)
+    identity = analyzer.dataset_identity(str(data), "train", None, local_only=True)
+    analyzer.save_cache(measured, {}, identity, AutoTokenizer.from_pretrained(tiny_model_dir))
+    train_dpo.main(["--config", str(ROOT / "configs" / "smoke.yaml"), "--dataset_name", str(data), "--max_length",
+                    "16384", "--max_tokens_per_microbatch", "65536", "--bf16", "true", "--gpu_memory_gib", "79.6",
+                    "--output_dir", str(tmp_path / "run"), "--dry-run"])  # fmt: skip
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("  forward:"))
+    assert re.search(
+        rf"with FlashAttention 4 installed: unshared packing, one row per micro-batch on {FA4} \(est\. "
+        r"[\d.,]+ against [\d.,]+ for shared prompts on flex_attention, H100-seconds per 1,000 pairs\); "
+        r"without: shared prompts packing, one row per micro-batch on flex_attention",
+        line,
+    ), line
+    derived = json.loads((tmp_path / "run.dry-run.json").read_text())["derived"]
+    with_fa4 = derived["forward"]["with FlashAttention 4 installed"]
+    assert with_fa4["winner"]["forward"] == f"unshared on {FA4}"
+    assert with_fa4["runner_up"]["forward"] == "shared prompts on flex_attention"
+    assert derived["forward"]["planned_for"] == "without"  # the heavier masks: flex's block mask
+    assert derived["memory"]["attention"] == "flex_attention"
+    assert derived["batching"]["forward"].startswith("packed, prompts shared")  # the step plan for that forward
