@@ -105,10 +105,10 @@ def run(argv, stop: GracefulStop) -> int | None:
     lora.check_lora(recipe)
     run_engine = engine.launched()  # an engine this project does not support is refused here (dpotrain/engine.py)
     resolve.fill_defaults(recipe)
-    if not recipe.project.dry_run:  # a dry run reads files on this machine only
-        offline.check_job_reachable(recipe)  # a model or data set to download: the Hub must answer, within seconds
     if recipe.project.preflight:  # the base model's view of the data, instead of training (dpotrain/preflight.py)
         from dpotrain import preflight
+
+        offline.check_job_reachable(recipe)  # a model or data set to download: the Hub must answer, within seconds
 
         return preflight.main_from_recipe(recipe)
     # This project pushes, not the Trainer; the token stays in memory. Checked for the engine that will run: the
@@ -165,6 +165,7 @@ def run(argv, stop: GracefulStop) -> int | None:
     # The first process group, with every collective's timeout.
     state = engine.start_processes(training, run_engine)
     out = Path(training.output_dir)
+    offline.check_job_reachable(recipe, model=False)  # a data set to download: the Hub must answer, within seconds
     dataset = data.load_preference_dataset(
         script.dataset_name, script.dataset_train_split, script.dataset_config, streaming=script.dataset_streaming
     )
@@ -182,6 +183,7 @@ def run(argv, stop: GracefulStop) -> int | None:
         derived["eval_rows"] = len(eval_dataset)
     derived.update(resolve.plan_steps(recipe, world, len(dataset) if hasattr(dataset, "__len__") else None))
     options.check_plan(derived)
+    offline.check_job_reachable(recipe, dataset=False)  # the model's files next (tokenizer first): rows checked first
     if recipe.max_length_auto:
         derived["max_length"] = resolve.auto_max_length(recipe, dataset, state)
     # The forward, from the pairs' lengths, and the memory plan for it: before the old run is removed and the model

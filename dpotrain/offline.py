@@ -280,10 +280,11 @@ def check_hub_reachable(missing: list[str], remedy: str) -> None:
         raise ConfigError(f"{'; '.join(missing)}, and the Hugging Face Hub does not answer here ({why}): {remedy}")
 
 
-def check_job_reachable(recipe) -> None:
-    """A job (training, preflight) that would download its model or data set: refused at once when the Hub does not
-    answer, with the prefetch command and HF_HUB_OFFLINE=1 instead of a minute of retries from inside the libraries."""
-    missing = missing_artifacts(recipe, model=not is_offline(), dataset=not datasets_offline())
+def check_job_reachable(recipe, model: bool = True, dataset: bool = True) -> None:
+    """A job (training, preflight) that would download its model or data set (asked just before each is needed, so
+    every check of the arguments and rows comes first): refused at once when the Hub does not answer, with the
+    prefetch command and HF_HUB_OFFLINE=1 instead of a minute of retries from inside the libraries."""
+    missing = missing_artifacts(recipe, model=model and not is_offline(), dataset=dataset and not datasets_offline())
     check_hub_reachable(
         missing,
         f"on a machine with network, fill the cache with `{prefetch_command(recipe)}` and run this with "
