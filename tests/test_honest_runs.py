@@ -35,7 +35,8 @@ def test_lora_trains_an_adapter_against_the_disabled_base_and_can_merge(tmp_path
     assert not (out / "model.safetensors").exists()  # an adapter run does not pretend to hold full weights
     # Step 1: the reference is the policy with the adapter disabled, identical to it at init -> ln 2, rewards 0.
     first = read_metrics(out)[0]
-    assert abs(first["loss"] - 0.693147) < 1e-5 and first["rewards/margins"] == 0
+    # Within fp32 rounding: the reference stage scores in micro-batches of its own (tests/test_reference.py).
+    assert abs(first["loss"] - 0.693147) < 1e-5 and abs(first["rewards/margins"]) < 1e-4
     # The merged model: the base's weights where no adapter applies, changed where q_proj / v_proj are adapted.
     base, merged = load_file(f"{tiny_model_dir}/model.safetensors"), load_file(out / "merged" / "model.safetensors")
     assert set(base) == set(merged)

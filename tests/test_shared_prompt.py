@@ -176,7 +176,8 @@ def test_step_one_is_ln2_with_the_cache(tmp_path, tiny_model_dir, monkeypatch):
     assert trainer.forward.share_prompt
     trainer.train()
     first = trainer.state.log_history[0]
-    assert abs(first["loss"] - math.log(2)) < 1e-6 and abs(first["rewards_norm/margins"]) < 1e-6
+    # Within fp32 rounding: the reference stage scores in micro-batches of its own (tests/test_reference.py).
+    assert abs(first["loss"] - math.log(2)) < 1e-5 and abs(first["rewards_norm/margins"]) < 1e-5
 
 
 def test_never_shared_where_it_is_not_exact(tmp_path, tiny_model_dir):

@@ -42,8 +42,10 @@ def test_first_loss_is_ln2_and_rewards_zero(tmp_path, tiny_model_dir):
     trainer.train()
     first = trainer.state.log_history[0]
     assert first["step"] == 1
-    assert abs(first["loss"] - math.log(2)) < 1e-6  # exact: the reference was scored in the same micro-batches
-    assert first["rewards/chosen"] == 0 and first["rewards/rejected"] == 0 and first["rewards/margins"] == 0
+    # Within fp32 rounding, not bit for bit: the reference stage scores in micro-batches of its own, so a sequence's
+    # sum may add up in another order (~1e-7 here); a wrong reference is off by far more (tests/test_reference.py).
+    assert abs(first["loss"] - math.log(2)) < 1e-5
+    assert all(abs(first[f"rewards/{k}"]) < 1e-4 for k in ("chosen", "rejected", "margins")), first  # beta x sums
 
 
 def test_training_changes_every_parameter_and_lowers_the_loss(tmp_path, tiny_model_dir):
