@@ -130,3 +130,12 @@ def test_world_size_from_the_environment_keeps_128_pairs():
     result = run_train(["--config", "configs/think.yaml", "--dry-run", "--json", *fixed], env={"WORLD_SIZE": "16"})
     resolved = json.loads(result.stdout[result.stdout.index("{") : result.stdout.rindex("}") + 1])
     assert resolved["gradient_accumulation_steps"] == 2 and resolved["derived"]["pairs_per_step"] == 128
+
+
+def test_help_lists_every_option_and_exits_0(capsys):
+    # argparse %-formats each help text: one bare percent sign made `train_dpo.py --help` crash with a TypeError.
+    with pytest.raises(SystemExit) as stop:
+        parse_args(["--help"])
+    assert stop.value.code == 0
+    shown = capsys.readouterr().out
+    assert "--auto_coverage" in shown and "leaves 95% of pairs whole" in shown and "--health_action" in shown
