@@ -19,6 +19,7 @@ already building holds the lock open, so it is not called stale. `scripts/launch
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import sys
 import time
@@ -33,17 +34,31 @@ def extensions_root() -> Path:
     """The folder torch builds this interpreter's extensions in (torch.utils.cpp_extension._get_build_directory)."""
     if os.environ.get("TORCH_EXTENSIONS_DIR"):
         return Path(os.environ["TORCH_EXTENSIONS_DIR"])
-    import torch
-    from torch.utils.cpp_extension import get_default_build_root
-
-    if torch.version.hip is not None:
-        device = f"rocm{torch.version.hip.replace('.', '')}"
-    elif torch.version.cuda is not None:
-        device = f"cu{torch.version.cuda.replace('.', '')}"
+    version = _torch_file("version")
+    if version.hip is not None:
+        device = f"rocm{version.hip.replace('.', '')}"
+    elif version.cuda is not None:
+        device = f"cu{version.cuda.replace('.', '')}"
     else:
         device = "cpu"
     python = f"py{sys.version_info.major}{sys.version_info.minor}{getattr(sys, 'abiflags', '')}"
-    return Path(get_default_build_root()) / f"{python}_{device}"
+    # torch.utils.cpp_extension.get_default_build_root
+    root = os.path.realpath(_torch_file("_appdirs").user_cache_dir(appname="torch_extensions"))
+    return Path(root) / f"{python}_{device}"
+
+
+def _torch_file(name: str):
+    """torch's module `torch.<name>` run from its file without importing torch, which costs ~2 CPU-seconds that
+    `scripts/launch.sh` would pay before every job: torch/version.py and torch/_appdirs.py import only the standard
+    library."""
+    spec = importlib.util.find_spec("torch")
+    if spec is None:
+        raise ModuleNotFoundError("No module named 'torch'", name="torch")
+    path = Path(spec.submodule_search_locations[0]) / f"{name}.py"
+    file_spec = importlib.util.spec_from_file_location(f"_torch_{name}_file", path)
+    module = importlib.util.module_from_spec(file_spec)
+    file_spec.loader.exec_module(module)
+    return module
 
 
 def held_open() -> set[str]:

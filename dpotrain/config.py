@@ -42,9 +42,10 @@ class ProjectArguments:
     auto_coverage: float = field(
         default=0.95,
         metadata={
+            # argparse %-formats help texts: a literal percent sign is written %%.
             "help": "With max_length: auto (and the analyzer's --coverage), the fraction of pairs that must fit "
             "without truncation: max_length is the smallest multiple of 512 reaching it. Packed, a longer max_length "
-            "costs only the extra tokens of the longer pairs, so the default leaves 95% of pairs whole (README: "
+            "costs only the extra tokens of the longer pairs, so the default leaves 95%% of pairs whole (README: "
             "Choosing max_length)."
         },
     )

@@ -60,6 +60,20 @@ def test_no_lock_nothing_to_say(tmp_path):
     assert (result.returncode, result.stdout, result.stderr) == (0, "", "")
 
 
+def test_the_folder_checked_is_torchs_own_found_without_importing_torch(tmp_path, monkeypatch):
+    """launch.sh runs the check before every job: it reads torch's folder rule without paying torch's import."""
+    from torch.utils.cpp_extension import _get_build_directory
+
+    monkeypatch.delenv("TORCH_EXTENSIONS_DIR", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))  # torch's default root follows it; the real cache untouched
+    probe = (
+        "import sys\nfrom dpotrain.build_locks import extensions_root\nprint(extensions_root(), 'torch' in sys.modules)"
+    )
+    shown = subprocess.run([PYTHON, "-c", probe], cwd=ROOT, capture_output=True, text=True, check=True).stdout.split()
+    torchs = os.path.dirname(_get_build_directory("dpotrain_probe", verbose=False))
+    assert shown == [torchs, "False"] and torchs.startswith(str(tmp_path))
+
+
 def test_a_lock_released_while_it_is_checked_is_not_stale(tmp_path):
     """torch's FileBaton.release closes the lock, then deletes it: a check between the two must not call it stale."""
     import threading

@@ -1,14 +1,17 @@
 """Recipes: defaults < YAML < command line, unknown keys refused, every shipped file resolves, dry runs load nothing."""
 
+import contextlib
 import json
 import math
+import os
 
 import pytest
 import yaml
 
-from conftest import ROOT, run_train
+import train_dpo
+from conftest import ROOT
 from dpotrain.config import parse_args
-from dpotrain.errors import ConfigError
+from dpotrain.errors import ConfigError, run_cli
 
 RECIPES = sorted((ROOT / "configs").glob("*.yaml"))
 
@@ -17,6 +20,34 @@ def write(tmp_path, text: str):
     path = tmp_path / "recipe.yaml"
     path.write_text(text)
     return str(path)
+
+
+@contextlib.contextmanager
+def environment(**env):
+    """`env` set for a run in this process, and the environment as it was afterwards: a recipe's `env:` block sets
+    its variables in the process (where unset), as in the user's `python train_dpo.py`, and must not outlive it."""
+    before = dict(os.environ)
+    os.environ.update(env)
+    try:
+        yield
+    finally:
+        os.environ.clear()
+        os.environ.update(before)
+
+
+@pytest.fixture
+def dry_run(monkeypatch, capsys):
+    """`python train_dpo.py ARGS --dry-run --json` from the project folder, run in this process (the imports are paid
+    once per session, not once per run): the resolved configuration it prints."""
+    monkeypatch.chdir(ROOT)
+
+    def run(*args, env=None) -> dict:
+        with environment(**(env or {})):
+            train_dpo.main([*args, "--dry-run", "--json"])
+        out = capsys.readouterr().out
+        return json.loads(out[out.index("{") : out.rindex("}") + 1])
+
+    return run
 
 
 def test_precedence_defaults_then_yaml_then_cli(tmp_path):
@@ -57,14 +88,12 @@ def test_max_length_auto_is_recorded_and_a_later_value_wins(tmp_path):
 
 
 @pytest.mark.parametrize("recipe_path", RECIPES, ids=[p.stem for p in RECIPES])
-def test_every_shipped_recipe_resolves_in_a_dry_run(recipe_path):
+def test_every_shipped_recipe_resolves_in_a_dry_run(recipe_path, dry_run):
     # Offline and with a model that cannot be loaded here: a dry run must not touch either. A recipe for the user's
     # own model (think-32b) names none and gets one on the command line, as its usage line says.
     declared = yaml.safe_load(recipe_path.read_text())
     model = [] if "model_name_or_path" in declared else ["--model_name_or_path", "org/your-sft-model"]
-    result = run_train(["--config", str(recipe_path), "--dry-run", "--json", *model], env={"HF_HUB_OFFLINE": "1"})
-    assert result.returncode == 0, result.stdout[-2000:]
-    resolved = json.loads(result.stdout[result.stdout.index("{") : result.stdout.rindex("}") + 1])
+    resolved = dry_run("--config", str(recipe_path), *model, env={"HF_HUB_OFFLINE": "1"})
     declared.pop("env", None)
     for key, value in declared.items():
         if key in ("warmup_steps", "learning_rate"):
@@ -97,7 +126,7 @@ def test_olmo3_recipes_hold_the_published_values():
         assert resolved["bf16"] is True and resolved["activation_checkpointing"] is True
 
 
-def test_32b_recipe_holds_olmo3s_32b_think_values_and_needs_your_model():
+def test_32b_recipe_holds_olmo3s_32b_think_values_and_needs_your_model(monkeypatch, capsys):
     think = yaml.safe_load((ROOT / "configs" / "think.yaml").read_text())
     think32 = yaml.safe_load((ROOT / "configs" / "think-32b.yaml").read_text())
     assert think32["learning_rate"] == 7e-8 and think32["max_length"] == 8192  # OLMo 3, Table 48: 32B Think
@@ -105,28 +134,34 @@ def test_32b_recipe_holds_olmo3s_32b_think_values_and_needs_your_model():
             "weight_decay", "max_grad_norm", "pairs_per_step", "seed", "bf16", "activation_checkpointing")  # fmt: skip
     assert {k: think32[k] for k in same} == {k: think[k] for k in same}
     assert think32["accelerate_config"] == "configs/accelerate/zero3.yaml"  # the engine its memory plan fits on
-    result = run_train(["--config", "configs/think-32b.yaml", "--dry-run"], env={"HF_HUB_OFFLINE": "1"})
-    assert result.returncode == 2
-    assert result.stdout.strip().splitlines()[-1] == (
+    monkeypatch.chdir(ROOT)
+    with pytest.raises(SystemExit) as ended, environment(HF_HUB_OFFLINE="1"):  # ended as train_dpo.py's command line
+        run_cli(lambda: train_dpo.main(["--config", "configs/think-32b.yaml", "--dry-run"]))
+    assert ended.value.code == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
         "error: no model: set model_name_or_path in the recipe or pass --model_name_or_path"
     )
 
 
-def test_dry_run_derives_steps_for_a_local_dataset():
-    result = run_train(
-        ["--config", "configs/think.yaml", "--dataset_name", "data/smoke_prefs.jsonl", "--dry-run", "--json"]
-    )
-    derived = json.loads(result.stdout[result.stdout.index("{") : result.stdout.rindex("}") + 1])["derived"]
+def test_dry_run_derives_steps_for_a_local_dataset(dry_run):
+    derived = dry_run("--config", "configs/think.yaml", "--dataset_name", "data/smoke_prefs.jsonl")["derived"]
     # 384 pairs / 128 per step -> 3 steps, 10% warmup rounded up -> 1; 8 accumulation steps on 4 GPUs.
     assert derived == {**derived, "dataset_rows": 384, "total_steps": 3, "warmup_steps": 1, "pairs_per_step": 128}
 
 
-def test_world_size_from_the_environment_keeps_128_pairs():
-    result = run_train(["--config", "configs/think.yaml", "--dry-run", "--json"], env={"WORLD_SIZE": "16"})
-    resolved = json.loads(result.stdout[result.stdout.index("{") : result.stdout.rindex("}") + 1])
+def test_world_size_from_the_environment_keeps_128_pairs(dry_run):
+    resolved = dry_run("--config", "configs/think.yaml", env={"WORLD_SIZE": "16"})
     assert resolved["derived"]["world_size"] == 16 and resolved["derived"]["pairs_per_step"] == 128
     # Micro-batches of a fixed number of pairs instead of a token budget: accumulation from the world size.
     fixed = ["--max_tokens_per_microbatch", "None", "--per_device_train_batch_size", "4"]
-    result = run_train(["--config", "configs/think.yaml", "--dry-run", "--json", *fixed], env={"WORLD_SIZE": "16"})
-    resolved = json.loads(result.stdout[result.stdout.index("{") : result.stdout.rindex("}") + 1])
+    resolved = dry_run("--config", "configs/think.yaml", *fixed, env={"WORLD_SIZE": "16"})
     assert resolved["gradient_accumulation_steps"] == 2 and resolved["derived"]["pairs_per_step"] == 128
+
+
+def test_help_lists_every_option_and_exits_0(capsys):
+    # argparse %-formats each help text: one bare percent sign made `train_dpo.py --help` crash with a TypeError.
+    with pytest.raises(SystemExit) as stop:
+        parse_args(["--help"])
+    assert stop.value.code == 0
+    shown = capsys.readouterr().out
+    assert "--auto_coverage" in shown and "leaves 95% of pairs whole" in shown and "--health_action" in shown

@@ -23,10 +23,17 @@ def train(tmp_path, tiny_model_dir, *args, out="run"):
     return tmp_path / out, result.stdout
 
 
+def first_pairs(tmp_path, steps: int) -> str:
+    """The smoke data's pairs that `steps` steps of 8 train on, and no others: the reference stage scores only those."""
+    path = tmp_path / "pairs.jsonl"
+    path.write_text("".join((ROOT / "data" / "smoke_prefs.jsonl").read_text().splitlines(keepends=True)[: 8 * steps]))
+    return str(path)
+
+
 def test_lora_trains_an_adapter_against_the_disabled_base_and_can_merge(tmp_path, tiny_model_dir):
-    out, _ = train(tmp_path, tiny_model_dir, "--max_steps", "4", "--logging_steps", "1", "--save_strategy", "no",
-                   "--use_peft", "true", "--lora_r", "8", "--lora_target_modules", "q_proj", "v_proj",
-                   "--merge_lora", "true")  # fmt: skip
+    out, _ = train(tmp_path, tiny_model_dir, "--dataset_name", first_pairs(tmp_path, 4), "--max_steps", "4",
+                   "--logging_steps", "1", "--save_strategy", "no", "--use_peft", "true", "--lora_r", "8",
+                   "--lora_target_modules", "q_proj", "v_proj", "--merge_lora", "true")  # fmt: skip
     adapter = load_file(out / "adapter_model.safetensors")
     assert adapter and all("lora_" in name for name in adapter)
     assert any(t.abs().sum() > 0 for n, t in adapter.items() if "lora_B" in n)  # B starts at 0: it was trained
@@ -124,7 +131,8 @@ def wandb_history_steps(run_file) -> list[int]:
 
 @pytest.mark.slow
 def test_resume_carries_the_token_count_and_the_wandb_step_on(tmp_path, tiny_model_dir):
-    args = ["--max_steps", "6", "--logging_steps", "1", "--save_steps", "3", "--report_to", "wandb"]
+    args = ["--dataset_name", first_pairs(tmp_path, 6), "--max_steps", "6", "--logging_steps", "1", "--save_steps", "3",
+            "--report_to", "wandb"]  # fmt: skip
     out, _ = train(tmp_path, tiny_model_dir, *args)
     tokens = {r["step"]: r["num_tokens"] for r in read_metrics(out)}
     # Make it an unfinished run that stopped after checkpoint 3, and run the same command again.

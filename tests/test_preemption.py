@@ -13,15 +13,24 @@ from safetensors.torch import load_file
 
 from conftest import ROOT
 
-ARGS = ["--config", str(ROOT / "configs" / "smoke.yaml"), "--max_steps", "12", "--logging_steps", "1",
+STEPS = 12  # of the smoke recipe's 8 pairs
+ARGS = ["--config", str(ROOT / "configs" / "smoke.yaml"), "--max_steps", str(STEPS), "--logging_steps", "1",
         "--save_steps", "1000", "--report_to", "none"]  # fmt: skip
 
 
-def start(out, model_dir, env=None):
+@pytest.fixture(scope="module")
+def pairs(tmp_path_factory):
+    """The smoke data's first 96 pairs: the 12 steps train on no others, and the reference stage scores only those."""
+    path = tmp_path_factory.mktemp("pairs") / "pairs.jsonl"
+    path.write_text("".join((ROOT / "data" / "smoke_prefs.jsonl").read_text().splitlines(keepends=True)[: 8 * STEPS]))
+    return path
+
+
+def start(out, model_dir, data, env=None):
     return subprocess.Popen(
         [sys.executable, str(ROOT / "train_dpo.py"), *ARGS, "--output_dir", str(out), "--model_name_or_path",
-         model_dir], cwd=ROOT, env={**os.environ, **(env or {})}, stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT, text=True,
+         model_dir, "--dataset_name", str(data)], cwd=ROOT, env={**os.environ, **(env or {})},
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip
 
 
@@ -38,9 +47,9 @@ def wait_for_step(proc, out, n, timeout=300):
 
 
 @pytest.fixture(scope="module")
-def uninterrupted_weights(tmp_path_factory, tiny_model_dir):
+def uninterrupted_weights(tmp_path_factory, tiny_model_dir, pairs):
     out = tmp_path_factory.mktemp("reference") / "run"
-    assert start(out, tiny_model_dir).wait(timeout=300) == 0
+    assert start(out, tiny_model_dir, pairs).wait(timeout=300) == 0
     return load_file(str(out / "model.safetensors"))
 
 
@@ -49,11 +58,11 @@ def uninterrupted_weights(tmp_path_factory, tiny_model_dir):
 # (tests/test_slurm_jobs.py, tests/test_slurm_multinode.py): here it is `extended`, beyond CI's budget.
 @pytest.mark.parametrize("how", ["SIGUSR1", pytest.param("SIGTERM", marks=pytest.mark.extended), "stop file"])
 def test_stop_request_checkpoints_and_a_rerun_ends_like_an_uninterrupted_run(
-    how, tmp_path, tiny_model_dir, uninterrupted_weights
+    how, tmp_path, tiny_model_dir, pairs, uninterrupted_weights
 ):
     stop_file = tmp_path / "stop"
     out = tmp_path / "run"
-    proc = start(out, tiny_model_dir, env={"DPOTRAIN_STOP_FILE": str(stop_file)})
+    proc = start(out, tiny_model_dir, pairs, env={"DPOTRAIN_STOP_FILE": str(stop_file)})
     wait_for_step(proc, out, 3)
     if how == "stop file":
         stop_file.touch()
@@ -64,7 +73,7 @@ def test_stop_request_checkpoints_and_a_rerun_ends_like_an_uninterrupted_run(
 
     marker = stop_file.with_name("stop.checkpointed").read_text()
     stopped_at = int(re.search(r"checkpoint-(\d+) written", marker).group(1))
-    assert 3 <= stopped_at < 12
+    assert 3 <= stopped_at < STEPS
     assert (out / f"checkpoint-{stopped_at}" / "COMPLETE").is_file()
     # How long the stop took, to hold against a partition's GraceTime: the rest of a step and the save, seconds here.
     waited = int(re.search(rf"Stop requested: checkpoint \S+-{stopped_at} written (\d+) s after the request;", log)[1])
@@ -72,11 +81,11 @@ def test_stop_request_checkpoints_and_a_rerun_ends_like_an_uninterrupted_run(
     assert not (out / "run_complete.json").exists()  # not mistaken for a finished run
 
     stop_file.unlink(missing_ok=True)
-    rerun = start(out, tiny_model_dir)
+    rerun = start(out, tiny_model_dir, pairs)
     log = rerun.communicate(timeout=300)[0]
     assert rerun.returncode == 0, log[-3000:]
     assert f"Resuming from {out}/checkpoint-{stopped_at}" in log
-    assert logged_steps(out) == list(range(1, 13))  # each optimizer step once
+    assert logged_steps(out) == list(range(1, STEPS + 1))  # each optimizer step once
 
     resumed = load_file(str(out / "model.safetensors"))
     assert all((resumed[k] - w).abs().max().item() < 1e-6 for k, w in uninterrupted_weights.items())

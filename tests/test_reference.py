@@ -147,8 +147,9 @@ def test_step_one_is_ln_2_within_rounding_and_the_stage_scores_as_training_would
         assert abs(first[key]) < 1e-4 if key.startswith("rewards/") else abs(first[key]) < 1e-5, key
 
 
-def test_an_unwritable_cache_is_one_line_before_anything_loads(tmp_path, tiny_model_dir):
-    from conftest import run_train
+def test_an_unwritable_cache_is_one_line_before_anything_loads(tmp_path, tiny_model_dir, monkeypatch, capfd):
+    import train_dpo
+    from dpotrain.errors import run_cli
 
     blocked = tmp_path / "readonly"
     blocked.mkdir()
@@ -159,10 +160,13 @@ def test_an_unwritable_cache_is_one_line_before_anything_loads(tmp_path, tiny_mo
         blocked.write_text("")
     args = ["--config", SMOKE, "--model_name_or_path", tiny_model_dir, "--output_dir", str(tmp_path / "out"),
             "--report_to", "none"]  # fmt: skip
-    result = run_train(args, env={"DPOTRAIN_CACHE": str(blocked)})
-    assert result.returncode == 2
-    assert "is not writable" in result.stdout and "set DPOTRAIN_CACHE to a writable folder" in result.stdout
-    assert "Loading weights" not in result.stdout
+    monkeypatch.setenv("DPOTRAIN_CACHE", str(blocked))
+    with pytest.raises(SystemExit) as ended:  # the command line, in this process (capfd sees all it writes)
+        run_cli(lambda: train_dpo.main(args))
+    out, err = capfd.readouterr()
+    assert ended.value.code == 2
+    assert "is not writable" in err and "set DPOTRAIN_CACHE to a writable folder" in err
+    assert "Loading weights" not in out + err
 
 
 # --- a stage that survives a stop or a kill, and runs alone -----------------------------------------------------------

@@ -139,39 +139,6 @@ def test_preempted_job_checkpoints_requeues_and_ends_like_an_uninterrupted_one(s
     assert all((a[k] - b[k]).abs().max().item() < 1e-6 for k in a), "resumed run diverged from the uninterrupted one"
 
 
-@pytest.mark.slurm
-@pytest.mark.slow
-def test_a_cancelled_job_saves_and_stays_cancelled_and_a_refused_requeue_fails_the_job(slurm, tmp_path):
-    """scancel sends the SIGTERM of a preemption, but the user wants the job to end: it saves and is not requeued. A
-    job Slurm will not requeue (--no-requeue) ends FAILED, not COMPLETED, so that an `afterok` dependency does not
-    start on an unfinished run. The two jobs run side by side, one CPU each."""
-    jobs = {}
-    for name, extra in (("cancelled", []), ("no-requeue", ["--no-requeue"])):
-        args = ["--gpus-per-node=0", "--cpus-per-task=1", *extra, "scripts/dpo_train.sh", "--max_steps", "40",
-                "--logging_steps", "1", "--save_steps", "1000", "--report_to", "none", "--output_dir",
-                str(tmp_path / name)]  # fmt: skip
-        jobs[name] = slurm.sbatch(args, cwd=ROOT, env=README_ENV)
-    deadline = time.time() + 400
-    while not all(len(steps(tmp_path / name)) >= 3 for name in jobs):  # mid-training
-        assert time.time() < deadline and all(slurm.state(j) in ("PENDING", "RUNNING") for j in jobs.values())
-        time.sleep(0.2)
-    slurm.signal(jobs["no-requeue"], "USR1")
-    slurm.cancel(jobs["cancelled"])
-
-    assert slurm.wait(jobs["cancelled"], timeout=120) == "CANCELLED"
-    assert slurm.wait(jobs["no-requeue"], timeout=120) == "FAILED"
-    for name, job in jobs.items():
-        log = log_path(job).read_text(errors="replace")
-        assert slurm.job_info(job)["Restarts"] == "0", log[-3000:]
-        saved = re.search(r"checkpoint (\S+) written; ", log)
-        assert saved and (Path(saved.group(1)) / "COMPLETE").is_file(), log[-3000:]
-        assert not (tmp_path / name / "run_complete.json").exists()
-        if name == "cancelled":
-            assert f"job {job} was cancelled (scancel), so it is not requeued: submit the same command" in log
-        else:
-            assert f"error: Slurm refused to requeue job {job} (Requested operation is presently disabled" in log
-
-
 # --- preemption by a higher-priority job, as on shared clusters; CPUs and ports on shared nodes -----------------------
 
 # The test cluster binds tasks to cores (tests/slurm/cluster.sh): without launch.sh passing the job's --cpus-per-task
@@ -271,22 +238,41 @@ def test_a_job_preempted_in_its_reference_stage_keeps_the_scored_pairs(slurm, tm
 
 @pytest.mark.slurm
 @pytest.mark.slow
-def test_two_jobs_sharing_a_node_both_finish(slurm, tmp_path):
-    """Two 2-process jobs on one node at once: each meets its processes at a port of its own (from the job id)."""
+def test_two_jobs_sharing_a_node_run_at_once_and_a_cancelled_job_stays_cancelled_and_a_refused_requeue_fails(
+    slurm, tmp_path
+):
+    """Two 2-process jobs on one node at once (one CPU each): each meets its processes at a port of its own (from the
+    job id), so both train side by side. Then scancel sends one the SIGTERM of a preemption, but the user wants the
+    job to end: it saves and is not requeued. The other is one Slurm will not requeue (--no-requeue): it ends FAILED,
+    not COMPLETED, so that an `afterok` dependency does not start on an unfinished run."""
     jobs = {}
-    for name in ("a", "b"):
-        args = ["--gpus-per-node=0", "--cpus-per-task=1", "scripts/dpo_train.sh", "--max_steps", "3",
-                "--save_strategy", "no", "--report_to", "none", "--output_dir", str(tmp_path / name)]  # fmt: skip
+    for name, extra in (("cancelled", []), ("no-requeue", ["--no-requeue"])):
+        args = ["--gpus-per-node=0", "--cpus-per-task=1", *extra, "scripts/dpo_train.sh", "--max_steps", "40",
+                "--logging_steps", "1", "--save_steps", "1000", "--report_to", "none", "--output_dir",
+                str(tmp_path / name)]  # fmt: skip
         jobs[name] = slurm.sbatch(args, cwd=ROOT, env={**TWO_PROCESSES, "DPOTRAIN_CACHE": str(tmp_path / "cache")})
-    deadline = time.time() + 300
-    while not all(slurm.state(job) == "RUNNING" for job in jobs.values()):  # both at once, not one after the other
+    deadline = time.time() + 400
+    while not all(len(steps(tmp_path / name)) >= 3 for name in jobs):  # both mid-training at once
         assert time.time() < deadline and all(slurm.state(j) in ("PENDING", "RUNNING") for j in jobs.values())
         time.sleep(0.2)
-    for name, job in jobs.items():
-        assert slurm.wait(job, timeout=600) == "COMPLETED", job_log(job)[-3000:]
-        assert (tmp_path / name / "run_complete.json").is_file()
+    assert all(slurm.state(job) == "RUNNING" for job in jobs.values())  # side by side, not one after the other
     ports = {re.search(r"rendezvous \S+:(\d+)", job_log(job)).group(1) for job in jobs.values()}
     assert len(ports) == 2
+    slurm.signal(jobs["no-requeue"], "USR1")
+    slurm.cancel(jobs["cancelled"])
+
+    assert slurm.wait(jobs["cancelled"], timeout=120) == "CANCELLED"
+    assert slurm.wait(jobs["no-requeue"], timeout=120) == "FAILED"
+    for name, job in jobs.items():
+        log = job_log(job)
+        assert slurm.job_info(job)["Restarts"] == "0", log[-3000:]
+        saved = re.search(r"checkpoint (\S+) written; ", log)
+        assert saved and (Path(saved.group(1)) / "COMPLETE").is_file(), log[-3000:]
+        assert not (tmp_path / name / "run_complete.json").exists()
+        if name == "cancelled":
+            assert f"job {job} was cancelled (scancel), so it is not requeued: submit the same command" in log
+        else:
+            assert f"error: Slurm refused to requeue job {job} (Requested operation is presently disabled" in log
 
 
 def print_launch(nodes: int, *train_args: str, gpus: str = "4") -> str:
