@@ -93,7 +93,7 @@ def test_engine_with_two_processes_computes_what_one_process_computes(name, tmp_
     assert log.count("Data (train): 48 rows") == 1  # said by one process of the launch, not by each
     want, got = metrics(one_process / "run"), metrics(out)
     assert list(got) == list(want) == [(1, "train"), (2, "train"), (2, "eval"), (3, "train"), (4, "train"), (4, "eval")]
-    assert abs(got[(1, "train")]["loss"] - 0.6931472) < 1e-6
+    assert abs(got[(1, "train")]["loss"] - 0.6931472) < 1e-5  # fp32 rounding: the stage cuts its own micro-batches
     for key, record in want.items():
         for metric in ("loss", "eval_loss", "rewards/margins", "eval_rewards/margins", "logps/chosen"):
             if metric in record:
