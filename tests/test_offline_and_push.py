@@ -90,6 +90,15 @@ def run_script(script: str, args: list[str], env: dict, cwd: Path = ROOT) -> sub
     )
 
 
+def results_of(program: str, args: list[str], env: dict) -> dict:
+    """Run `program` (Python source) in a fresh process; the dict it prints on its `RESULTS ` line."""
+    result = subprocess.run([PYTHON, "-c", program, *args], cwd=ROOT, env=env, capture_output=True, text=True,
+                            timeout=300)  # fmt: skip
+    line = next((x for x in result.stdout.splitlines() if x.startswith("RESULTS ")), None)
+    assert line, result.stdout[-2000:] + result.stderr[-3000:]
+    return json.loads(line.removeprefix("RESULTS "))
+
+
 def load_script(name: str):
     spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
@@ -160,17 +169,7 @@ print("RESULTS " + json.dumps(results))
 
 @pytest.fixture(scope="module")
 def offline_job(hf_home) -> dict:
-    result = subprocess.run(
-        [PYTHON, "-c", JOB, THINK],
-        cwd=ROOT,
-        env={**job_env(hf_home, HF_TOKEN=SECRET), "PYTHONPATH": str(ROOT)},
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    line = next((x for x in result.stdout.splitlines() if x.startswith("RESULTS ")), None)
-    assert line, result.stdout[-2000:] + result.stderr[-3000:]
-    return json.loads(line.removeprefix("RESULTS "))
+    return results_of(JOB, [THINK], {**job_env(hf_home, HF_TOKEN=SECRET), "PYTHONPATH": str(ROOT)})
 
 
 def test_the_cache_layout_is_the_one_the_libraries_read_offline(offline_job):
@@ -579,17 +578,7 @@ def unreachable(tmp_path_factory, silent_endpoint) -> dict:
     home = tmp_path_factory.mktemp("empty_hf_home")
     env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "TRANSFORMERS_OFFLINE"))}
     env.update(HF_HOME=str(home), HF_ENDPOINT=silent_endpoint, PYTHONPATH=str(ROOT))
-    result = subprocess.run(
-        [PYTHON, "-c", UNREACHABLE, "org/not-cached-model", str(home / "run")],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    line = next((x for x in result.stdout.splitlines() if x.startswith("RESULTS ")), None)
-    assert line, result.stdout[-2000:] + result.stderr[-3000:]
-    return json.loads(line.removeprefix("RESULTS "))
+    return results_of(UNREACHABLE, ["org/not-cached-model", str(home / "run")], env)
 
 
 @pytest.mark.slow  # ~35 s on a busy 2-core machine: one process's imports, and three probes of 3 s

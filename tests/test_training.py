@@ -92,7 +92,9 @@ def test_cpu_demo_writes_a_complete_run(demo_run):
     assert all("loss" in r and "rewards/accuracies" in r for r in records)
     assert abs(records[0]["loss"] - math.log(2)) < 1e-5
     # The demo must visibly learn: reward accuracy rises from 0 and the loss falls.
-    assert records[0]["rewards/accuracies"] == 0 and records[-1]["rewards/accuracies"] > 0.9
+    # Step 1's accuracy is not checked: its margins are fp32 rounding (~1e-7, the reference stage cuts micro-batches
+    # of its own), so which pairs count as "chosen ahead" is noise; the margins themselves must be ~0.
+    assert abs(records[0]["rewards/margins"]) < 1e-4 and records[-1]["rewards/accuracies"] > 0.9
     assert records[-1]["loss"] < 0.3
 
     resolved = json.loads((out / "resolved_config.json").read_text())
