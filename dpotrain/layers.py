@@ -18,8 +18,6 @@ stays eager: inductor can fuse RMSNorm, the q/k norms, RoPE and SwiGLU's element
 pays on a GPU, and what its compilation costs the first step, is to be measured (BENCHMARKS.md).
 """
 
-import functools
-
 
 def decoder_layers(model) -> list:
     """The repeated blocks transformers checkpoints, in order (`GradientCheckpointingLayer`)."""
@@ -46,8 +44,7 @@ def hold_checkpointing(model, training_args) -> None:
         base._activation_checkpointing_enable(kwargs or None, every_n_layers=every, offload=offload)
 
     for target in {id(model): model, id(base): base}.values():
-        target.gradient_checkpointing_enable = functools.partial(enable)
-        target.activation_checkpointing_enable = functools.partial(enable)
+        target.gradient_checkpointing_enable = target.activation_checkpointing_enable = enable  # an instance attribute
     enable()  # now, as the Trainer will when training starts: what the run records is what it trains with
 
 
