@@ -9,10 +9,12 @@ import subprocess
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 from safetensors.torch import load_file
 
 from conftest import ROOT
+from slurm_cluster import TERMINAL_STATES
 
 SCRIPTS = sorted(ROOT.glob("scripts/*.sh")) + sorted(ROOT.glob("tests/slurm/*.sh")) + [ROOT / ".ci" / "run"]
 
@@ -185,55 +187,67 @@ def two_process_plain(slurm, tmp_path_factory, pairs2400):
     return out
 
 
+def reference_scores(out: Path) -> tuple[np.ndarray, np.ndarray]:
+    """The reference log-probs a job kept in its cache (`<output>-cache`: `two_process_job`), as float32 arrays."""
+    (path,) = Path(f"{out}-cache").glob("reference/*/complete.npz")
+    with np.load(path) as f:
+        return f["chosen"], f["rejected"]
+
+
+def wait_while_running(slurm, job: int, done, timeout: float = 600, poll: float = 0.2) -> None:
+    """Poll until `done()`; fail with the job's log if the job ends first (a requeue, REQUEUED then PENDING, is
+    not an end) or `timeout` passes."""
+    deadline = time.time() + timeout
+    while not done():
+        assert time.time() < deadline and slurm.state(job) not in TERMINAL_STATES, job_log(job)[-3000:]
+        time.sleep(poll)
+
+
 @pytest.mark.slurm
 @pytest.mark.slow
-def test_a_preempted_job_with_a_slow_checkpoint_requeues_and_resumes_from_it(slurm, tmp_path, pairs2400,
-                                                                             two_process_plain):  # fmt: skip
-    """Two processes under accelerate launch (torchrun's agent), preempted mid-training, the checkpoint made to take
-    40 s under the partition's 90 s GraceTime: it completes, the job requeues and ends like an uninterrupted run."""
+def test_a_job_preempted_in_its_reference_stage_then_mid_training_with_a_slow_checkpoint_loses_nothing(
+    slurm, tmp_path, pairs2400, two_process_plain
+):
+    """Two processes under accelerate launch (torchrun's agent), preempted twice by a job of the higher-priority
+    partition. First in the reference stage: the pairs it scored are kept, the requeued run scores only the rest, and
+    the reference ends bit for bit what an uninterrupted job scored. Then mid-training, the checkpoint made to take
+    40 s under the partition's 90 s GraceTime (the test-only delay applies to a checkpoint asked for by a stop only):
+    it completes, the job requeues again, resumes from it and ends like an uninterrupted run. (One job for both
+    preemptions: each 2-process job on 2 CPUs is a minute or more.)"""
     out = tmp_path / "run"
     job = two_process_job(slurm, out, pairs2400, env={"DPOTRAIN_TEST_SAVE_DELAY_S": "40"})
-    deadline = time.time() + 600
-    while len(steps(out)) < 3:  # mid-training
-        assert time.time() < deadline and slurm.state(job) in ("PENDING", "RUNNING"), job_log(job)[-3000:]
-        time.sleep(0.2)
-    urgent = preempt(slurm)
+    cache = Path(f"{out}-cache")
+    wait_while_running(slurm, job, lambda: list(cache.glob("reference/*/part-*.npz")), poll=0.05)  # some pairs saved
+    urgent = [preempt(slurm)]
+    wait_while_running(slurm, job, lambda: len(steps(out)) >= 3)  # requeued, the reference finished, mid-training
+    urgent.append(preempt(slurm))
     assert slurm.wait(job, timeout=900) == "COMPLETED", job_log(job)[-3000:]
     log = job_log(job)
-    assert slurm.job_info(job)["Restarts"] == "1", log[-3000:]
-    step, seconds = (int(x) for x in re.search(r"checkpoint-(\d+) written in (\d+)\.\d s", log).groups())
-    assert 40 <= seconds < 90 and 3 <= step < STEPS  # longer than torchrun's ~30 s shutdown timeout
+    assert slurm.job_info(job)["Restarts"] == "2", log[-3000:]
+    runs = re.split(r"=== DPO job \d+ \(dpo-think\) restart ", log)[1:]
+    assert [r.split(" ", 1)[0] for r in runs] == ["0", "1", "2"], log[-3000:]
+
+    # The first preemption: the reference stage stopped with some pairs saved, the requeued run scored the rest.
+    stopped = re.search(r"reference log-probs \(train\): stopped with ([\d,]+) of 2,400", runs[0])
+    saved = int(stopped.group(1).replace(",", ""))
+    assert 0 < saved < 2400 and "requeueing job" in runs[0]
+    assert f"{saved:,} kept from an interrupted run" in runs[1]  # the requeued job scored only the rest
+    plain_chosen, plain_rejected = reference_scores(two_process_plain)
+    chosen, rejected = reference_scores(out)
+    assert chosen.tobytes() == plain_chosen.tobytes() and rejected.tobytes() == plain_rejected.tobytes()  # bit for bit
+
+    # The second: mid-training, a checkpoint slower than torchrun's ~30 s shutdown timeout, within the GraceTime.
+    step, seconds = (int(x) for x in re.search(r"checkpoint-(\d+) written in (\d+)\.\d s", runs[1]).groups())
+    assert 40 <= seconds < 90 and 3 <= step < STEPS
+    assert "requeueing job" in runs[1]
     assert "Received 15 death signal" not in log  # the agent let its workers finish the checkpoint
-    assert f"Resuming from {out}/checkpoint-{step}" in log and "restart 1" in log
+    assert f"Resuming from {out}/checkpoint-{step}" in runs[2]
     assert "checkpoints must be written within 600 s (time-limit warning) and 90 s (partition debug's" in log
     assert f"2 processes, {real_cpus()} CPUs" in log  # the job's CPUs, not one
     assert steps(out) == list(range(1, STEPS + 1))  # every optimizer step once
     a, b = weights(two_process_plain), weights(out)
     assert all((a[k] - b[k]).abs().max().item() < 1e-6 for k in a), "resumed run diverged from the uninterrupted one"
-    assert slurm.wait(urgent, timeout=300) == "COMPLETED"
-
-
-@pytest.mark.slurm
-@pytest.mark.slow
-def test_a_job_preempted_in_its_reference_stage_keeps_the_scored_pairs(slurm, tmp_path, pairs2400, two_process_plain):
-    out = tmp_path / "run"
-    job = two_process_job(slurm, out, pairs2400)
-    cache = Path(f"{out}-cache")
-    deadline = time.time() + 600
-    while not list(cache.glob("reference/*/part-*.npz")):  # the stage has saved some of its pairs
-        assert time.time() < deadline and slurm.state(job) in ("PENDING", "RUNNING"), job_log(job)[-3000:]
-        time.sleep(0.05)
-    preempt(slurm)
-    assert slurm.wait(job, timeout=900) == "COMPLETED", job_log(job)[-3000:]
-    log = job_log(job)
-    assert slurm.job_info(job)["Restarts"] == "1", log[-3000:]
-    saved = int(
-        re.search(r"reference log-probs \(train\): stopped with ([\d,]+) of 2,400", log).group(1).replace(",", "")
-    )
-    assert 0 < saved < 2400 and "requeueing job" in log
-    assert f"{saved:,} kept from an interrupted run" in log  # the requeued job scored only the rest
-    a, b = weights(two_process_plain), weights(out)
-    assert all((a[k] - b[k]).abs().max().item() == 0 for k in a)  # the same reference, bit for bit
+    assert all(slurm.wait(u, timeout=300) == "COMPLETED" for u in urgent)
 
 
 @pytest.mark.slurm
