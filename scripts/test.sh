@@ -2,16 +2,29 @@
 # The whole test suite, from a fresh machine: venv + requirements + test tools, then pytest.
 #   bash scripts/test.sh                 # everything CI runs (Slurm, DeepSpeed and accelerate launches included)
 #   bash scripts/test.sh -m "not slow"   # any pytest arguments
-# Debian packages for the integration tests (shellcheck here; Slurm, munge, iproute2 by tests/slurm/cluster.sh) are
-# installed when missing and when this runs as root; otherwise those tests skip and say why.
+# Debian packages for the integration tests (Slurm, munge and iproute2 by tests/slurm/cluster.sh install; shellcheck)
+# are installed when missing and when this runs as root; otherwise those tests skip and say why.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup_env.sh --dev
 
-if ! command -v shellcheck >/dev/null && [[ $(id -u) == 0 ]] && command -v apt-get >/dev/null; then
-  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends shellcheck) \
-    >/dev/null || echo "warning: could not install shellcheck; its test will skip" >&2
+# The packages install in the background while setup_env.sh installs the venv, so that apt (~35 s for Slurm on a
+# fresh machine) and pip overlap. A failure here is a warning: the Slurm cluster's start inside pytest tries the
+# install again and its tests skip with cluster.sh's error; shellcheck's test skips.
+packages() {
+  DPOTRAIN_SLURM_NODES=2 bash tests/slurm/cluster.sh install "${DPOTRAIN_SLURM_STATE_DIR:-/tmp/dpotrain-slurm}" \
+    || echo "warning: could not install Slurm (error above); the Slurm tests will try again and skip if it fails" >&2
+  if ! command -v shellcheck >/dev/null; then
+    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends shellcheck) \
+      >/dev/null || echo "warning: could not install shellcheck; its test will skip" >&2
+  fi
+}
+apt_pid=""
+if [[ $(id -u) == 0 ]] && command -v apt-get >/dev/null; then
+  packages &
+  apt_pid=$!
 fi
+bash scripts/setup_env.sh --dev
+[[ -z $apt_pid ]] || wait "$apt_pid" || true
 
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .

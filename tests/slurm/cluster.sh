@@ -9,6 +9,7 @@
 #   tests/slurm/cluster.sh start  [STATE_DIR]   # install if missing, start, wait for the node(s) to be idle
 #   tests/slurm/cluster.sh stop   [STATE_DIR]   # cancel its jobs, stop the daemons (and namespaces) it started
 #   tests/slurm/cluster.sh status [STATE_DIR]   # exit 0 when munged, slurmctld and every slurmd run
+#   tests/slurm/cluster.sh install [STATE_DIR]  # only install what start would (scripts/test.sh: while pip runs)
 #
 #   eval "$(tests/slurm/cluster.sh start)"      # start prints `export SLURM_CONF=...` on stdout
 #   sbatch --gpus-per-node=0 job.sh                # a header asking for GPUs needs this override
@@ -23,7 +24,8 @@
 #   DPOTRAIN_SLURM_CPUS=N         advertise N CPUs instead of the real count (SlurmdParameters=
 #                                 config_overrides lets the node claim more than it has)
 #   DPOTRAIN_SLURM_NODES=1        nodes; 2 or more: network namespaces (needs `ip` from iproute2 and CAP_NET_ADMIN).
-#                                 Kept in STATE_DIR: stop and status need not be told again.
+#                                 Kept in STATE_DIR: stop and status need not be told again. (install: 2 or more
+#                                 also installs iproute2 where `ip` is missing)
 #
 # Progress goes to stderr; stdout carries only lines a shell can `eval`:
 #   `# cluster.sh: started` or `# cluster.sh: already running`, then `export SLURM_CONF=...`, and with several
@@ -58,7 +60,7 @@ export SLURM_CONF=$CONF
 
 # Nodes: the number given at start is kept in STATE_DIR, so stop and status act on what start made.
 NODES_FILE=$STATE_DIR/nodes
-if [[ $CMD == start ]]; then
+if [[ $CMD == start || $CMD == install ]]; then
     NODES=${DPOTRAIN_SLURM_NODES:-1}
 else
     NODES=$(cat "$NODES_FILE" 2>/dev/null || echo 1)
@@ -512,5 +514,6 @@ case $CMD in
     start) flock 9; cmd_start ;;
     stop) flock 9; stop_daemons; rm -f "$NODES_FILE"; log "stopped" ;;
     status) cmd_status ;;
+    install) flock 9; install_packages ;;  # under the lock: a start waits for it, then finds everything installed
     *) usage ;;
 esac
