@@ -241,7 +241,10 @@ SelectTypeParameters=CR_Core
 SlurmdParameters=config_overrides
 
 SchedulerType=sched/backfill
-SchedulerParameters=bf_interval=1,sched_interval=5
+# A requeued job becomes eligible at a begin time (cred_expire+1 s after it ends, above) that no event marks: the
+# backfill scheduler runs only after a change, so the job starts at the main scheduler's next full pass, every
+# sched_interval seconds. 1 s: it starts ~1 s after its begin time, not up to 5 s.
+SchedulerParameters=bf_interval=1,sched_interval=1
 JobRequeue=1
 # Job ids go on from where an earlier start of the cluster left them (a fresh spool would count from 1 again):
 # a job's log, logs/<name>-<id>.out with --open-mode=append, must never continue an earlier job's.
