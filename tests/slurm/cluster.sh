@@ -208,7 +208,8 @@ SlurmUser=root
 SlurmdUser=root
 
 # munged runs with its socket under STATE_DIR. cred_expire=5 (default 120): a requeued job is
-# eligible again cred_expire+1 s after it ends, so requeue-to-rerun drops from ~2 min to ~10 s.
+# eligible again cred_expire+1 s after it ends (5 is the least Slurm takes), so requeue-to-rerun drops from ~2 min to
+# ~6 s (with sched_interval=1 below).
 AuthType=auth/munge
 CredType=cred/munge
 AuthInfo=socket=$MUNGE_SOCKET,cred_expire=5
