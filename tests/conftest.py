@@ -45,10 +45,89 @@ def ready(trainer):
     return trainer
 
 
+# --- start-up paid once per session (tests/helpers/warm.py) -----------------------------------------------------------
+
+BASE_ENV = dict(os.environ)  # after the defaults above: the environment the warm server imports under
+WARM_HELPER = ROOT / "tests" / "helpers" / "warm.py"
+
+
+class _Warm:
+    """The session's warm server, started on first use; DPOTRAIN_TESTS_COLD=1 runs every launch as a fresh
+    interpreter instead (what the server saves: ~7 CPU-seconds of imports per process)."""
+
+    server: subprocess.Popen | None = None
+    folder: Path | None = None
+
+    @classmethod
+    def clients(cls) -> Path | None:
+        if os.environ.get("DPOTRAIN_TESTS_COLD") == "1":
+            return None
+        if cls.server is None:
+            import tempfile
+
+            cls.folder = Path(tempfile.mkdtemp(prefix="dpotrain-warm-"))
+            env = {**BASE_ENV, "DPOTRAIN_WARM_LOG": str(cls.folder / "requests.log")}
+            serve = [PYTHON, str(WARM_HELPER), "serve", str(cls.folder / "socket"), str(ROOT)]
+            with open(cls.folder / "server.log", "w") as log:
+                cls.server = subprocess.Popen(serve, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log,
+                                              text=True, env=env)  # fmt: skip
+            if cls.server.stdout.readline().strip() != "ready":
+                raise RuntimeError(f"the warm server did not start: {(cls.folder / 'server.log').read_text()[-3000:]}")
+            for name, unbuffered in (("python", False), ("python-u", True)):  # torchrun's ranks run `python -u`
+                client = cls.folder / name
+                client.write_text(f"#!{PYTHON} -S\nimport sys\nsys.path.insert(0, {str(WARM_HELPER.parent)!r})\n"
+                                  f"import warm\nwarm.client({str(cls.folder / 'socket')!r}, {PYTHON!r}, "
+                                  f"sys.argv[1:], {unbuffered})\n")  # fmt: skip
+                client.chmod(0o755)
+        return cls.folder
+
+    @classmethod
+    def stop(cls) -> str | None:
+        """Stop the server; returns what it ran: how many processes started warm, and why the others did not."""
+        if cls.server is None:
+            return None
+        import shutil
+        from collections import Counter
+
+        cls.server.stdin.close()
+        cls.server.wait(timeout=30)
+        cls.server = None
+        log = cls.folder / "requests.log"
+        lines = log.read_text().splitlines() if log.exists() else []
+        shutil.rmtree(cls.folder, ignore_errors=True)
+        fresh = Counter(line.removeprefix("fresh ") for line in lines if line.startswith("fresh "))
+        summary = f"warm python: {len(lines) - sum(fresh.values())} of {len(lines)} processes started warm"
+        return "\n".join([summary, *(f"  fresh x{n}: {why}" for why, n in fresh.most_common())])
+
+
+def pytest_terminal_summary(terminalreporter):
+    summary = _Warm.stop()
+    if summary:
+        terminalreporter.write_line(summary)
+
+
+def pytest_unconfigure(config):
+    _Warm.stop()
+
+
+def python() -> str:
+    """The interpreter for a test's `python SCRIPT ARGS`: the session's warm one (its imports already done; a script
+    outside the project, or an environment that differs in what libraries read while importing, gets a fresh
+    interpreter: tests/helpers/warm.py), or this one."""
+    folder = _Warm.clients()
+    return str(folder / "python") if folder else PYTHON
+
+
+def rank_python() -> list[str]:
+    """`accelerate launch` options that start each rank as `python()` does: `--no_python <warm python -u>`."""
+    folder = _Warm.clients()
+    return ["--no_python", str(folder / "python-u")] if folder else []
+
+
 def run_train(args: list[str], cwd: Path = ROOT, env: dict | None = None, timeout: int = 600):
     """`python train_dpo.py ARGS` as a user runs it; returns the CompletedProcess (stdout+stderr in .stdout)."""
     return subprocess.run(
-        [PYTHON, str(ROOT / "train_dpo.py"), *args],
+        [python(), str(ROOT / "train_dpo.py"), *args],
         cwd=cwd,
         env={**os.environ, **(env or {})},
         stdout=subprocess.PIPE,

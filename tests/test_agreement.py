@@ -9,7 +9,7 @@ import textwrap
 
 import pytest
 
-from conftest import ROOT
+from conftest import ROOT, rank_python
 
 CHECK = textwrap.dedent("""
     import os, sys
@@ -20,7 +20,7 @@ CHECK = textwrap.dedent("""
     dist.init_process_group("gloo")
     rank = dist.get_rank()
     values = {{"the engine": "zero2", "the resume point": "None"}}
-    if rank == 1 and os.environ.get("DIFFER"):
+    if rank == 1 and os.environ.get("DPOTRAIN_TEST_DIFFER"):
         values["the resume point"] = "out/checkpoint-40"
     try:
         agreement.check(values)
@@ -39,8 +39,10 @@ def torchrun(tmp_path, differ: bool) -> str:
     out = tmp_path / "said"
     out.mkdir()
     script.write_text(CHECK.format(root=str(ROOT), out=str(out)))
-    env = {**os.environ, "DIFFER": "1" if differ else ""}  # (ranks that agree: every multi-process training test)
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", str(script)]
+    # (ranks that agree: every multi-process training test)
+    env = {**os.environ, "DPOTRAIN_TEST_DIFFER": "1" if differ else ""}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", *rank_python(),
+           str(script)]  # fmt: skip
     result = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     return "".join(p.read_text() for p in sorted(out.iterdir()))
@@ -76,8 +78,8 @@ def test_two_ranks_given_different_data_are_refused_at_start(tmp_path, tiny_mode
     wrapper.write_text(WRAPPER.format(root=str(ROOT), train=str(ROOT / "train_dpo.py"), other=str(other)))
     accelerate = str(ROOT / ".venv" / "bin" / "accelerate")
     cmd = [accelerate, "launch", "--config_file", str(ROOT / "accelerate_config.yaml"), "--num_processes", "2",
-           str(wrapper), "--config", str(ROOT / "configs" / "smoke.yaml"), "--model_name_or_path", tiny_model_dir,
-           "--dataset_name", str(same), "--output_dir", str(tmp_path / "run"), "--max_steps", "2",
+           *rank_python(), str(wrapper), "--config", str(ROOT / "configs" / "smoke.yaml"), "--model_name_or_path",
+           tiny_model_dir, "--dataset_name", str(same), "--output_dir", str(tmp_path / "run"), "--max_steps", "2",
            "--warmup_steps", "0", "--report_to", "none", "--save_strategy", "no"]  # fmt: skip
     env = {**os.environ, "PATH": f"{os.path.dirname(sys.executable)}:{os.environ['PATH']}"}
     result = subprocess.run(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,

@@ -13,7 +13,7 @@ import subprocess
 import numpy as np
 import pytest
 
-from conftest import PYTHON, ROOT
+from conftest import ROOT, python
 from dpotrain import builtin, data, lengths, packing
 
 SCRIPT = ROOT / "scripts" / "analyze_dataset.py"
@@ -499,14 +499,14 @@ def test_cli_end_to_end(tmp_path, tiny_model_dir):
     good = write_jsonl(tmp_path / "d.jsonl", _messages_rows())
     out = tmp_path / "r.json"
     env = {**os.environ, "DPOTRAIN_CACHE": str(tmp_path / "cache")}
-    argv = [PYTHON, str(SCRIPT), good, "--tokenizer", tiny_model_dir, "--json", str(out), "--num-proc", "2"]
+    argv = [python(), str(SCRIPT), good, "--tokenizer", tiny_model_dir, "--json", str(out), "--num-proc", "2"]
     done = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=120)
     assert done.returncode == 0, done.stderr
     assert "Sequence Length Analysis" in done.stdout and "Recommended max_length: 512" in done.stdout
     assert json.loads(out.read_text())["rows"] == len(_messages_rows())
 
     bad = write_jsonl(tmp_path / "bad.jsonl", [GOOD, BAD_ROWS["no role"][0]])
-    done = subprocess.run([PYTHON, str(SCRIPT), bad, "--tokenizer", tiny_model_dir], capture_output=True, text=True)
+    done = subprocess.run([python(), str(SCRIPT), bad, "--tokenizer", tiny_model_dir], capture_output=True, text=True)
     assert done.returncode == 2 and done.stderr.strip().splitlines()[-1].startswith("error: row 1, column 'chosen'")
 
 

@@ -8,13 +8,13 @@ import sys
 
 import pytest
 
-from conftest import ROOT
+from conftest import ROOT, python
 
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 
 def bench(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True, timeout=900)
+    return subprocess.run([python(), *args], cwd=ROOT, capture_output=True, text=True, timeout=900)
 
 
 @pytest.mark.slow

@@ -9,7 +9,7 @@ import json
 import os
 import subprocess
 
-from conftest import PYTHON, ROOT
+from conftest import PYTHON, ROOT, rank_python
 
 RANK_SCRIPT = """
 import json, os, sys
@@ -30,7 +30,8 @@ def test_two_ranks_building_the_builtin_model_both_get_its_weights(tmp_path):
     script.write_text(RANK_SCRIPT)
     env_dir = tmp_path / "builtin"
     result = subprocess.run(
-        [PYTHON, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", str(script), str(tmp_path)],
+        [PYTHON, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", *rank_python(), str(script),
+         str(tmp_path)],
         cwd=ROOT, env={**os.environ, "DPOTRAIN_BUILTIN_DIR": str(env_dir), "PYTHONPATH": str(ROOT)},
         capture_output=True, text=True, timeout=300,
     )  # fmt: skip

@@ -11,7 +11,7 @@ import sys
 import pytest
 from safetensors.torch import load_file
 
-from conftest import GROUP_TIMEOUT_S, REPORT_GROUPS, ROOT, assert_every_group_has_the_recipes_timeout
+from conftest import GROUP_TIMEOUT_S, REPORT_GROUPS, ROOT, assert_every_group_has_the_recipes_timeout, rank_python
 from dpotrain.config import parse_args
 
 ACCELERATE = str(ROOT / ".venv" / "bin" / "accelerate") if (ROOT / ".venv").exists() else "accelerate"
@@ -62,7 +62,7 @@ def test_zero2_trains_on_cpu_through_accelerate_launch(tmp_path, tiny_model_dir)
     out = tmp_path / "zero2"
     cmd = [
         ACCELERATE, "launch", "--config_file", str(ROOT / "accelerate_config.yaml"), "--num_processes", "2",
-        REPORT_GROUPS, str(ROOT / "train_dpo.py"), "--config", str(ROOT / "configs" / "smoke.yaml"),
+        *rank_python(), REPORT_GROUPS, str(ROOT / "train_dpo.py"), "--config", str(ROOT / "configs" / "smoke.yaml"),
         "--model_name_or_path", tiny_model_dir, "--output_dir", str(out), "--max_steps", "3", "--logging_steps", "1",
         "--save_strategy", "no", "--report_to", "none", "--ddp_timeout", str(GROUP_TIMEOUT_S),
     ]  # fmt: skip
@@ -95,9 +95,9 @@ def test_a_bf16_zero2_run_records_the_dtype_its_weights_load_in(tmp_path, tiny_m
     out = tmp_path / "bf16"
     cmd = [
         ACCELERATE, "launch", "--config_file", str(ROOT / "accelerate_config.yaml"), "--num_processes", "2",
-        str(ROOT / "train_dpo.py"), "--config", str(ROOT / "configs" / "smoke.yaml"), "--model_name_or_path",
-        tiny_model_dir, "--output_dir", str(out), "--max_steps", "2", "--warmup_steps", "0", "--save_strategy", "no",
-        "--report_to", "none", "--bf16", "true", "--use_cpu", "true",
+        *rank_python(), str(ROOT / "train_dpo.py"), "--config", str(ROOT / "configs" / "smoke.yaml"),
+        "--model_name_or_path", tiny_model_dir, "--output_dir", str(out), "--max_steps", "2", "--warmup_steps", "0",
+        "--save_strategy", "no", "--report_to", "none", "--bf16", "true", "--use_cpu", "true",
     ]  # fmt: skip
     env = {**os.environ, "PATH": f"{os.path.dirname(sys.executable)}:{os.environ['PATH']}"}
     result = subprocess.run(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,

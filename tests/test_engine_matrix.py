@@ -23,7 +23,7 @@ import time
 import numpy as np
 import pytest
 
-from conftest import ROOT, run_bounded
+from conftest import ROOT, python, rank_python, run_bounded
 
 ENGINES = {"zero2": "accelerate_config.yaml", "zero3": "configs/accelerate/zero3.yaml",
            "fsdp2": "configs/accelerate/fsdp2.yaml"}  # fmt: skip
@@ -43,10 +43,10 @@ CASES = [pytest.param(e, f, r, marks=() if (e, f, r) in FAST else BEYOND_CI, id=
 def launch(out, cache, model_dir, data, *args, config=None, limit=LIMIT_S) -> str:
     """`train_dpo.py` with the smoke recipe, one process or 2 through `accelerate launch`; its output. Killed with its
     whole process group (launcher and ranks) past `limit` seconds: the test fails, naming the hang."""
-    launcher = [sys.executable]
+    launcher = [python()]
     if config:
         launcher = [str(ROOT / ".venv" / "bin" / "accelerate"), "launch", "--config_file", str(ROOT / config),
-                    "--num_processes", "2"]  # fmt: skip
+                    "--num_processes", "2", *rank_python()]  # fmt: skip
     path = f"{os.path.dirname(sys.executable)}:{os.environ['PATH']}"
     env = {**os.environ, "DPOTRAIN_CACHE": str(cache), "PATH": path}
     cmd = [*launcher, str(ROOT / "train_dpo.py"), "--config", str(ROOT / "configs" / "smoke.yaml"),
@@ -176,8 +176,8 @@ def test_padded_ranks_run_as_many_forwards_as_the_rank_that_wants_the_most(tmp_p
     script = tmp_path / "ranks.py"
     script.write_text(RANKS_SCRIPT)
     result = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", str(script),
-         tiny_model_dir, str(tmp_path)],
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", *rank_python(),
+         str(script), tiny_model_dir, str(tmp_path)],
         cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]

@@ -14,7 +14,14 @@ from pathlib import Path
 import pytest
 from safetensors.torch import load_file
 
-from conftest import GROUP_TIMEOUT_S, REPORT_GROUPS, ROOT, assert_every_group_has_the_recipes_timeout
+from conftest import (
+    GROUP_TIMEOUT_S,
+    REPORT_GROUPS,
+    ROOT,
+    assert_every_group_has_the_recipes_timeout,
+    python,
+    rank_python,
+)
 from dpotrain import engine
 from dpotrain.errors import ConfigError
 
@@ -28,10 +35,10 @@ LORA = ["--use_peft", "true", "--lora_r", "8", "--lora_target_modules", "q_proj"
 def train(out, model_dir, data, *args, config=None, timeout=900):
     """`train_dpo.py` with the smoke recipe: one process, or 2 through `accelerate launch --config_file <config>`,
     whose ranks report their process groups as they end (tests/helpers/report_groups.py)."""
-    launcher = [sys.executable]
+    launcher = [python()]
     if config:
         launcher = [str(ROOT / ".venv" / "bin" / "accelerate"), "launch", "--config_file", str(ROOT / config),
-                    "--num_processes", "2", REPORT_GROUPS]  # fmt: skip
+                    "--num_processes", "2", *rank_python(), REPORT_GROUPS]  # fmt: skip
     path = f"{os.path.dirname(sys.executable)}:{os.environ['PATH']}"
     env = {**os.environ, "DPOTRAIN_CACHE": f"{out}-cache", "PATH": path}
     cmd = [*launcher, str(ROOT / "train_dpo.py"), "--config", str(ROOT / "configs" / "smoke.yaml"),
@@ -158,8 +165,8 @@ def test_an_fsdp1_launch_is_refused_before_anything_loads(tmp_path, tiny_model_d
     config = tmp_path / "fsdp1.yaml"
     config.write_text((ROOT / ENGINES["fsdp2"]).read_text().replace("fsdp_version: 2", "fsdp_version: 1"))
     cmd = [str(ROOT / ".venv" / "bin" / "accelerate"), "launch", "--config_file", str(config), "--num_processes", "2",
-           str(ROOT / "train_dpo.py"), "--config", str(ROOT / "configs" / "smoke.yaml"), "--model_name_or_path",
-           tiny_model_dir, "--output_dir", str(tmp_path / "out")]  # fmt: skip
+           *rank_python(), str(ROOT / "train_dpo.py"), "--config", str(ROOT / "configs" / "smoke.yaml"),
+           "--model_name_or_path", tiny_model_dir, "--output_dir", str(tmp_path / "out")]  # fmt: skip
     env = {**os.environ, "PATH": f"{os.path.dirname(sys.executable)}:{os.environ['PATH']}"}
     result = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert result.returncode != 0

@@ -3,10 +3,9 @@
 import math
 import os
 import subprocess
-import sys
 from types import SimpleNamespace
 
-from conftest import ROOT, ready
+from conftest import ROOT, python, ready
 from dpotrain import data
 from dpotrain.config import parse_args
 from dpotrain.health import LN2, HealthGuard
@@ -79,7 +78,7 @@ def test_nan_stops_the_cli_run_without_checkpoint_requeue_or_completion(tmp_path
     # A learning rate of 1e30 turns the weights to inf/NaN at the first update: step 2 scores NaN.
     out, stop_file = tmp_path / "run", tmp_path / "stop"
     result = subprocess.run(
-        [sys.executable, str(ROOT / "train_dpo.py"), "--config", SMOKE, "--model_name_or_path", tiny_model_dir,
+        [python(), str(ROOT / "train_dpo.py"), "--config", SMOKE, "--model_name_or_path", tiny_model_dir,
          "--output_dir", str(out), "--max_steps", "6", "--logging_steps", "1", "--warmup_steps", "0",
          "--learning_rate", "1e30", "--save_steps", "1000", "--report_to", "none"],
         cwd=ROOT, env={**os.environ, "DPOTRAIN_STOP_FILE": str(stop_file)}, stdout=subprocess.PIPE,

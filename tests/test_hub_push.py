@@ -22,7 +22,7 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from conftest import PYTHON, ROOT, run_train
+from conftest import ROOT, python, run_train
 from dpotrain.hub_push import PUSH_RECORD, read_pushes
 from hub_server import StandInHub
 
@@ -184,7 +184,7 @@ def test_offline_run_finishes_and_push_to_hub_pushes_it_later(hub, tmp_path, tin
 
     def push_to_hub():
         return subprocess.run(
-            [PYTHON, str(ROOT / "scripts" / "push_to_hub.py"), str(out), "--checkpoints"],
+            [python(), str(ROOT / "scripts" / "push_to_hub.py"), str(out), "--checkpoints"],
             cwd=tmp_path,
             env={**os.environ, **env_for(hub, tmp_path, HF_TOKEN=SECRET)},
             capture_output=True,

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import PYTHON, ROOT
+from conftest import PYTHON, ROOT, python
 from dpotrain import hub, offline
 from dpotrain.errors import ConfigError
 from hub_server import StandInHub
@@ -80,7 +80,7 @@ def job_env(home: Path, **extra) -> dict:
 
 def run_script(script: str, args: list[str], env: dict, cwd: Path = ROOT) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [PYTHON, str(ROOT / "scripts" / script), *args],
+        [python(), str(ROOT / "scripts" / script), *args],
         cwd=cwd,
         env=env,
         stdout=subprocess.PIPE,

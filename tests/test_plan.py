@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import ROOT
+from conftest import ROOT, python, rank_python
 from dpotrain import builtin, plan
 from dpotrain.plan import PairLengths, StepPlan
 
@@ -204,10 +204,11 @@ def pairs_file(tmp_path_factory):
 
 def launch(tmp_path, model_dir, args, processes=1, timeout=900):
     """`train_dpo.py` with the smoke recipe; with `processes` > 1 DeepSpeed ZeRO-2 through `accelerate launch`."""
-    launcher = [sys.executable]
+    launcher = [python()]
     if processes > 1:
         launcher = [str(ROOT / ".venv" / "bin" / "accelerate"), "launch", "--config_file",
-                    str(ROOT / "accelerate_config.yaml"), "--num_processes", str(processes)]  # fmt: skip
+                    str(ROOT / "accelerate_config.yaml"), "--num_processes", str(processes),
+                    *rank_python()]  # fmt: skip
     env = {**os.environ, "DPOTRAIN_CACHE": str(tmp_path / "cache"),
            "PATH": f"{os.path.dirname(sys.executable)}:{os.environ['PATH']}"}  # fmt: skip
     cmd = [*launcher, str(ROOT / "train_dpo.py"), "--config", str(ROOT / "configs" / "smoke.yaml"),
@@ -320,7 +321,7 @@ def test_a_dry_run_shows_the_plan_training_records(tmp_path, tiny_model_dir, mon
         return json.loads(out[out.index("{\n") : out.rindex("}") + 1])["derived"]
 
     assert "analyze_dataset.py --config" in dry_run()["batching"]["planned"]
-    analysis = subprocess.run([sys.executable, str(ROOT / "scripts" / "analyze_dataset.py"), "--config", smoke[1]],
+    analysis = subprocess.run([python(), str(ROOT / "scripts" / "analyze_dataset.py"), "--config", smoke[1]],
                               cwd=ROOT, env={**os.environ, **env}, capture_output=True, text=True)  # fmt: skip
     assert analysis.returncode == 0, analysis.stderr[-2000:]
     planned = dry_run()["batching"]

@@ -11,7 +11,7 @@ import time
 import pytest
 from safetensors.torch import load_file
 
-from conftest import ROOT
+from conftest import ROOT, python
 
 STEPS = 12  # of the smoke recipe's 8 pairs
 ARGS = ["--config", str(ROOT / "configs" / "smoke.yaml"), "--max_steps", str(STEPS), "--logging_steps", "1",
@@ -28,7 +28,7 @@ def pairs(tmp_path_factory):
 
 def start(out, model_dir, data, env=None):
     return subprocess.Popen(
-        [sys.executable, str(ROOT / "train_dpo.py"), *ARGS, "--output_dir", str(out), "--model_name_or_path",
+        [python(), str(ROOT / "train_dpo.py"), *ARGS, "--output_dir", str(out), "--model_name_or_path",
          model_dir, "--dataset_name", str(data)], cwd=ROOT, env={**os.environ, **(env or {})},
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip

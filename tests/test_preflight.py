@@ -8,11 +8,10 @@ is long gibberish against rejected answers in that style then look like 001's da
 import json
 import random
 import subprocess
-import sys
 
 import pytest
 
-from conftest import ROOT
+from conftest import ROOT, python
 from dpotrain import builtin
 from dpotrain.preflight import PREFLIGHT_FAIL_EXIT
 
@@ -84,7 +83,7 @@ def gibberish(rng: random.Random, a: int, b: int) -> str:
 
 
 def preflight(*args, script=PREFLIGHT):
-    return subprocess.run([sys.executable, script, *args], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    return subprocess.run([python(), script, *args], cwd=ROOT, capture_output=True, text=True, timeout=600)
 
 
 @pytest.mark.slow  # ~60 s on 2 busy cores with the fixture's SFT

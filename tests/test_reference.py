@@ -13,7 +13,7 @@ import time
 import datasets
 import pytest
 
-from conftest import ROOT, ready
+from conftest import ROOT, python, rank_python, ready
 from dpotrain import builtin, plan_stage, reference
 from dpotrain.config import parse_args
 from dpotrain.trainer import build_trainer
@@ -181,7 +181,7 @@ def many_pairs(tmp_path_factory):
 
 
 def command(model_dir, data, out, *extra):
-    return [sys.executable, str(ROOT / "train_dpo.py"), "--config", SMOKE, "--model_name_or_path", model_dir,
+    return [python(), str(ROOT / "train_dpo.py"), "--config", SMOKE, "--model_name_or_path", model_dir,
             "--dataset_name", str(data), "--output_dir", str(out), "--max_steps", "3", "--logging_steps", "1",
             "--report_to", "none", "--save_strategy", "no", "--reference_save_seconds", "0.2", *extra]  # fmt: skip
 
@@ -251,7 +251,7 @@ def test_reference_only_then_train_on_two_processes_reuses_it(tmp_path, tiny_mod
 
     out = tmp_path / "two"
     launch = [str(ROOT / ".venv" / "bin" / "accelerate"), "launch", "--config_file",
-              str(ROOT / "accelerate_config.yaml"), "--num_processes", "2"]  # fmt: skip
+              str(ROOT / "accelerate_config.yaml"), "--num_processes", "2", *rank_python()]  # fmt: skip
     log = run([*launch, *command(tiny_model_dir, many_pairs, out)[1:]], env, timeout=900)
     assert "reference log-probs (train): all 1,200 pairs reused" in log
     first = json.loads((out / "metrics.jsonl").read_text().splitlines()[0])
@@ -426,7 +426,7 @@ def test_the_speed_benchmark_measures_both_speeds_in_one_run():
     (resolved_config.json) against the training loop's (metrics.jsonl, steps 2..N). Timings on a shared 2-core machine
     are noisy, so the goal (2.5x) is the benchmark's to report, not this test's; a forward alone is still faster than a
     forward, backward and optimizer step by far (~4x measured here), so it must come out above 1."""
-    result = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "reference_speed.py"), "--tiny",
+    result = subprocess.run([python(), str(ROOT / "benchmarks" / "reference_speed.py"), "--tiny",
                              "--checkpointing", "off"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, timeout=600)  # fmt: skip
     assert result.returncode == 0, result.stdout[-3000:]

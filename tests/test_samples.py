@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from conftest import ROOT, ready
+from conftest import ROOT, python, rank_python, ready
 from dpotrain import data
 from dpotrain.config import parse_args
 from dpotrain.samples import SAMPLES_FILE, repetition
@@ -60,9 +60,9 @@ def test_main_process_generation_does_not_deadlock_zero2(tmp_path, tiny_model_di
     out = tmp_path / "zero2"
     accelerate = str(ROOT / ".venv" / "bin" / "accelerate") if (ROOT / ".venv").exists() else "accelerate"
     cmd = [accelerate, "launch", "--config_file", str(ROOT / "accelerate_config.yaml"), "--num_processes", "2",
-           str(ROOT / "train_dpo.py"), "--config", SMOKE, "--model_name_or_path", tiny_model_dir, "--output_dir",
-           str(out), "--max_steps", "3", "--logging_steps", "1", "--save_strategy", "no", "--report_to", "none",
-           "--samples_every", "1", "--sample_count", "2", "--sample_max_new_tokens", "16"]  # fmt: skip
+           *rank_python(), str(ROOT / "train_dpo.py"), "--config", SMOKE, "--model_name_or_path", tiny_model_dir,
+           "--output_dir", str(out), "--max_steps", "3", "--logging_steps", "1", "--save_strategy", "no", "--report_to",
+           "none", "--samples_every", "1", "--sample_count", "2", "--sample_max_new_tokens", "16"]  # fmt: skip
     env = {**os.environ, "PATH": f"{os.path.dirname(sys.executable)}:{os.environ['PATH']}"}
     result = subprocess.run(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             timeout=900)  # fmt: skip
@@ -76,7 +76,7 @@ def test_main_process_generation_does_not_deadlock_zero2(tmp_path, tiny_model_di
 def test_samples_reach_wandb_as_a_table(tmp_path, tiny_model_dir):
     out = tmp_path / "run"
     result = subprocess.run(
-        [sys.executable, str(ROOT / "train_dpo.py"), "--config", SMOKE, "--model_name_or_path", tiny_model_dir,
+        [python(), str(ROOT / "train_dpo.py"), "--config", SMOKE, "--model_name_or_path", tiny_model_dir,
          "--output_dir", str(out), "--max_steps", "2", "--save_strategy", "no", "--report_to", "wandb",
          "--samples_every", "2", "--sample_count", "2", "--sample_max_new_tokens", "8"],
         cwd=ROOT, env={**os.environ, "WANDB_MODE": "offline"}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,

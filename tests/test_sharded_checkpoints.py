@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from conftest import ROOT
+from conftest import ROOT, rank_python
 from dpotrain import engine
 from dpotrain.errors import ConfigError
 
@@ -36,7 +36,8 @@ def test_gradients_held_between_micro_batches_are_what_the_plan_counts(config):
     that straddles its boundary whole: 5%); FSDP2 holds no unsharded gradient between micro-batches."""
     bin_dir = os.path.dirname(sys.executable)
     cmd = [os.path.join(bin_dir, "accelerate"), "launch", "--config_file", str(ROOT / config), "--num_processes", "2",
-           str(ROOT / "benchmarks" / "between_micro_batches.py"), "--layers", "2", "--hidden", "256"]  # fmt: skip
+           *rank_python(), str(ROOT / "benchmarks" / "between_micro_batches.py"), "--layers", "2", "--hidden",
+           "256"]  # fmt: skip
     env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}
     result = subprocess.run(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             timeout=600)  # fmt: skip

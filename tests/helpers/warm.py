@@ -1,0 +1,265 @@
+"""A Python that has already imported the training stack, for the tests' launches of `train_dpo.py`.
+
+Most of a tiny CPU run is start-up: each `python train_dpo.py`, and each rank of an `accelerate launch`, imports torch,
+transformers, TRL, PEFT, datasets and DeepSpeed (~7 CPU-seconds) to train for one. `serve` pays that once per test
+session: it imports them, then forks a child for each request, and the child runs the script as `python SCRIPT ARGS`
+would (`__main__`, its own argv, environment, working folder, stdin/stdout/stderr, exit code or signal). The client
+(`client`, run by the two executables conftest writes: `python` and `python -u`) stands where the process would: it
+hands its file descriptors over, forwards the signals it gets to the child, exits as the child did, and when it dies
+the child is killed. So `accelerate launch --no_python <client> train_dpo.py ...` starts ranks that torchrun's agent
+watches and signals as usual.
+
+A child can only run what a fresh interpreter would have run the same way: the environment variables that libraries
+read while being imported (HF_ENDPOINT, HF_HOME, WANDB_*, ...) were read once, in `serve`. So a request is run warm only
+when its environment differs from the server's in variables read at run time (the project's DPOTRAIN_*, the launcher's
+rank variables, PATH); otherwise, and for a script of another copy of the project (whose `dpotrain` the server has
+not imported), the client `exec`s the real interpreter.
+Each request is logged to the file named by the server's DPOTRAIN_WARM_LOG: run warm, or fresh and why.
+"""
+
+import json
+import os
+import select
+import signal
+import socket
+import struct
+import sys
+
+# Variables read at run time only (torchrun's and accelerate's per-rank settings, the project's own): they may differ
+# between the server and a request.
+RUNTIME_PREFIXES = ("DPOTRAIN_", "ACCELERATE_", "FSDP_", "TORCHELASTIC_", "TORCH_NCCL_", "NCCL_", "PYTEST_")
+RUNTIME_KEYS = {"PATH", "PWD", "OLDPWD", "_", "SHLVL", "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE",
+                "GROUP_RANK", "GROUP_WORLD_SIZE", "ROLE_RANK", "ROLE_NAME", "ROLE_WORLD_SIZE", "MASTER_ADDR",
+                "MASTER_PORT", "OMP_NUM_THREADS", "PYTHONUNBUFFERED", "PYTHONPATH", "CUDA_VISIBLE_DEVICES", "COLUMNS",
+                "LINES"}  # fmt: skip
+FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2, signal.SIGQUIT)
+
+
+def _runtime(key: str) -> bool:
+    # W&B reads its variables when imported, and the server does not import it: a run that reports to W&B does.
+    return (
+        key in RUNTIME_KEYS
+        or key.startswith(RUNTIME_PREFIXES)
+        or (key.startswith("WANDB_") and "wandb" not in sys.modules)
+    )
+
+
+def import_time_differences(env: dict[str, str], base: dict[str, str], set_by_imports: dict[str, str]) -> list[str]:
+    """The variables of `env` a fresh interpreter could have read differently while importing than `serve` did, whose
+    environment was `base` before its imports set `set_by_imports` (torch sets a few for itself)."""
+    differ = {k for k in set(env) | set(base) if env.get(k) != base.get(k) and not _runtime(k)}
+    return sorted(k for k in differ if env.get(k) not in (None, set_by_imports.get(k, base.get(k))))
+
+
+def _projects_of(request: dict) -> set[str]:
+    """The folders holding a `dpotrain` package that the request's script could import: its own folder or one above,
+    and its PYTHONPATH."""
+    script = os.path.realpath(os.path.join(request["cwd"], request["argv"][0]))
+    folders = [os.path.dirname(script)]
+    while folders[-1] != os.path.dirname(folders[-1]):
+        folders.append(os.path.dirname(folders[-1]))
+    folders += [os.path.join(request["cwd"], p) for p in request["env"].get("PYTHONPATH", "").split(os.pathsep) if p]
+    return {os.path.realpath(f) for f in folders if os.path.isfile(os.path.join(f, "dpotrain", "__init__.py"))}
+
+
+def _send(sock, payload: dict, fds=()) -> None:
+    data = json.dumps(payload).encode()
+    message = struct.pack("!I", len(data)) + data
+    sent = socket.send_fds(sock, [message], list(fds)) if fds else sock.send(message)
+    sock.sendall(message[sent:])
+
+
+def _recv(sock, with_fds: bool = False):
+    """One message (and the file descriptors sent with it); None when the peer has gone."""
+    fds = []
+    if with_fds:
+        data, fds, _, _ = socket.recv_fds(sock, 1 << 16, 3)
+    else:
+        data = sock.recv(1 << 16)
+    if len(data) < 4:
+        return (None, fds) if with_fds else None
+    size = struct.unpack("!I", data[:4])[0]
+    data = data[4:]
+    while len(data) < size:
+        more = sock.recv(size - len(data))
+        if not more:
+            return (None, fds) if with_fds else None
+        data += more
+    payload = json.loads(data)
+    return (payload, fds) if with_fds else payload
+
+
+# --- the server -------------------------------------------------------------------------------------------------------
+
+
+def serve(path: str, project: str) -> None:
+    """Import the stack, then fork a child per request on the Unix socket `path`, until stdin closes (the test session
+    that started it ended). Says "ready" on stdout once listening; anything the imports print goes to stderr."""
+    ready_fd = os.dup(1)
+    os.dup2(2, 1)
+    base = dict(os.environ)
+    sys.path.insert(0, project)  # the project's modules, imported below once for every child
+    import deepspeed  # noqa: F401
+    import matplotlib.pyplot  # noqa: F401  (training_curves.png)
+    import peft  # noqa: F401
+    import torch  # noqa: F401
+    import transformers.models.olmo3.modeling_olmo3  # noqa: F401  (the built-in model's)
+    import trl  # noqa: F401
+
+    import train_dpo  # noqa: F401  (and with it the project's modules)
+
+    sys.path.remove(project)  # a child's sys.path[0] is its script's folder, as in a fresh interpreter
+    set_by_imports = {k: v for k, v in os.environ.items() if base.get(k) != v}
+    log = base.get("DPOTRAIN_WARM_LOG")
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(path)
+    listener.listen(64)
+    os.write(ready_fd, b"ready\n")
+    os.close(ready_fd)
+    server = os.getpid()
+    waiting: dict[int, socket.socket] = {}  # child pid -> its client's connection
+    while True:
+        ready, _, _ = select.select([listener, sys.stdin], [], [], 0.05)
+        if sys.stdin in ready and not sys.stdin.readline():
+            break
+        if listener in ready:
+            conn, _ = listener.accept()
+            try:
+                pid = _start(conn, listener, project, base, set_by_imports, log)
+            except OSError:  # the client went away mid-request (killed with its test): nothing of it to keep
+                if os.getpid() != server:
+                    raise  # a child's own error ends the child, never resumes serving
+                pid = None
+            if pid is None:
+                conn.close()
+            else:
+                waiting[pid] = conn
+        while waiting:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+            if pid == 0:
+                break
+            conn = waiting.pop(pid, None)
+            if conn is not None:
+                try:
+                    _send(conn, {"status": status})
+                except OSError:
+                    pass  # the client is gone (killed): its child was killed with it
+                conn.close()
+    listener.close()
+    os.unlink(path)
+
+
+def _start(conn, listener, project: str, base: dict, set_by_imports: dict, log: str | None) -> int | None:
+    """Read a request from `conn` and fork its child (its pid), or answer that it must start fresh (None)."""
+    request, fds = _recv(conn, with_fds=True)
+    differences = ["(no request)"]
+    if request:
+        differences = import_time_differences(request["env"], base, set_by_imports)
+        for copy in _projects_of(request):
+            if copy != os.path.realpath(project):
+                differences.append(f"(another copy of the project: {copy})")
+    if log:
+        with open(log, "a") as f:
+            script = os.path.basename(request["argv"][0]) if request else "?"
+            f.write(f"fresh {script}: {' '.join(differences)}\n" if differences else f"warm {script}\n")
+    pid = None if differences else os.fork()
+    if pid == 0:
+        listener.close()
+        _child(conn, request, fds, base, set_by_imports)  # never returns: exits as the script makes it
+    for fd in fds:
+        os.close(fd)
+    try:
+        _send(conn, {"fallback": True} if pid is None else {"pid": pid})
+    except OSError:
+        pass  # the client is gone already: a child dies with it (`_child`), and is reaped as any other
+    return pid
+
+
+def _child(conn, request: dict, fds: list[int], base: dict[str, str], set_by_imports: dict[str, str]) -> None:
+    """Become `python [-u] SCRIPT ARGS` as the client was started; exits through the interpreter's own exit (atexit
+    handlers, stdio flushed, exit code or signal)."""
+    import ctypes
+    import io
+    import runpy
+    import threading
+
+    ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG: never outlive the server
+    for target, fd in zip((0, 1, 2), fds, strict=True):
+        os.dup2(fd, target)
+        os.close(fd)
+    for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2, signal.SIGQUIT, signal.SIGCHLD):
+        signal.signal(sig, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    os.chdir(request["cwd"])
+    os.environ.clear()
+    os.environ.update({**set_by_imports, **request["env"]})  # what the imports of a fresh interpreter would have set
+    threads = request["env"].get("OMP_NUM_THREADS")
+    if threads and threads != base.get("OMP_NUM_THREADS"):
+        import torch
+
+        torch.set_num_threads(int(threads))  # what torch would have taken from it at start-up
+    unbuffered = request["unbuffered"] or bool(request["env"].get("PYTHONUNBUFFERED"))
+    sys.stdin = sys.__stdin__ = io.TextIOWrapper(io.BufferedReader(io.FileIO(0, "r", closefd=False)))
+    for fd, name in ((1, "stdout"), (2, "stderr")):
+        raw = io.FileIO(fd, "w", closefd=False)
+        line = name == "stderr" or raw.isatty()
+        stream = io.TextIOWrapper(raw if unbuffered else io.BufferedWriter(raw), write_through=unbuffered,
+                                  line_buffering=line, errors="backslashreplace")  # fmt: skip
+        setattr(sys, name, stream)
+        setattr(sys, f"__{name}__", stream)
+
+    def die_with_the_client():
+        try:
+            while conn.recv(1):
+                pass
+        except OSError:
+            pass
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    threading.Thread(target=die_with_the_client, daemon=True, name="warm-client-watch").start()
+    script = os.path.abspath(request["argv"][0])
+    sys.argv = [script if i == 0 else a for i, a in enumerate(request["argv"])]
+    extra = [os.path.abspath(p) for p in request["env"].get("PYTHONPATH", "").split(os.pathsep) if p]
+    sys.path[0:1] = [os.path.dirname(script), *extra]  # as a fresh interpreter lays out its sys.path
+    runpy.run_path(script, run_name="__main__")
+    sys.exit(0)
+
+
+# --- the client -------------------------------------------------------------------------------------------------------
+
+
+def client(path: str, real_python: str, args: list[str], unbuffered: bool = False) -> None:
+    """Run `python ARGS` (`python -u ARGS` when `unbuffered`) in a child of the server at `path`, or as `real_python`
+    when it cannot run there."""
+    while args and args[0] == "-u":
+        unbuffered, args = True, args[1:]
+
+    def real():
+        os.execv(real_python, [real_python, *(["-u"] if unbuffered else []), *args])
+
+    if not args or args[0].startswith("-"):
+        real()
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.connect(path)
+        _send(sock, {"argv": args, "env": dict(os.environ), "cwd": os.getcwd(), "unbuffered": unbuffered}, (0, 1, 2))
+        answer = _recv(sock)
+    except OSError:
+        answer = None
+    if not answer or "pid" not in answer:
+        sock.close()
+        real()
+    child = answer["pid"]
+    for sig in FORWARDED:
+        signal.signal(sig, lambda sig, _frame: os.kill(child, sig))
+    answer = _recv(sock)
+    status = answer["status"] if answer else -1
+    if status == -1 or os.WIFSIGNALED(status):
+        sig = os.WTERMSIG(status) if status != -1 else signal.SIGKILL
+        signal.signal(sig, signal.SIG_DFL)
+        os.kill(os.getpid(), sig)
+    sys.exit(os.waitstatus_to_exitcode(status))
+
+
+if __name__ == "__main__":
+    serve(sys.argv[2], sys.argv[3])  # `python warm.py serve SOCKET PROJECT`; clients: conftest._Warm
