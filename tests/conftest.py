@@ -112,8 +112,8 @@ def pytest_unconfigure(config):
 
 def python() -> str:
     """The interpreter for a test's `python SCRIPT ARGS`: the session's warm one (its imports already done; a script
-    outside the project, or an environment that differs in what libraries read while importing, gets a fresh
-    interpreter: tests/helpers/warm.py), or this one."""
+    of another copy of the project, or an environment that differs in what libraries read while importing, gets a
+    fresh interpreter: tests/helpers/warm.py), or this one."""
     folder = _Warm.clients()
     return str(folder / "python") if folder else PYTHON
 

@@ -69,24 +69,19 @@ def _send(sock, payload: dict, fds=()) -> None:
     sock.sendall(message[sent:])
 
 
-def _recv(sock, with_fds: bool = False):
-    """One message (and the file descriptors sent with it); None when the peer has gone."""
-    fds = []
-    if with_fds:
-        data, fds, _, _ = socket.recv_fds(sock, 1 << 16, 3)
-    else:
-        data = sock.recv(1 << 16)
+def _recv(sock) -> tuple[dict | None, list[int]]:
+    """One message and the file descriptors sent with it; None for the message when the peer has gone."""
+    data, fds, _, _ = socket.recv_fds(sock, 1 << 16, 3)
     if len(data) < 4:
-        return (None, fds) if with_fds else None
+        return None, fds
     size = struct.unpack("!I", data[:4])[0]
     data = data[4:]
     while len(data) < size:
         more = sock.recv(size - len(data))
         if not more:
-            return (None, fds) if with_fds else None
+            return None, fds
         data += more
-    payload = json.loads(data)
-    return (payload, fds) if with_fds else payload
+    return json.loads(data), fds
 
 
 # --- the server -------------------------------------------------------------------------------------------------------
@@ -151,7 +146,7 @@ def serve(path: str, project: str) -> None:
 
 def _start(conn, listener, project: str, base: dict, set_by_imports: dict, log: str | None) -> int | None:
     """Read a request from `conn` and fork its child (its pid), or answer that it must start fresh (None)."""
-    request, fds = _recv(conn, with_fds=True)
+    request, fds = _recv(conn)
     differences = ["(no request)"]
     if request:
         differences = import_time_differences(request["env"], base, set_by_imports)
@@ -187,9 +182,6 @@ def _child(conn, request: dict, fds: list[int], base: dict[str, str], set_by_imp
     for target, fd in zip((0, 1, 2), fds, strict=True):
         os.dup2(fd, target)
         os.close(fd)
-    for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2, signal.SIGQUIT, signal.SIGCHLD):
-        signal.signal(sig, signal.SIG_DFL)
-    signal.signal(signal.SIGINT, signal.default_int_handler)
     os.chdir(request["cwd"])
     os.environ.clear()
     os.environ.update({**set_by_imports, **request["env"]})  # what the imports of a fresh interpreter would have set
@@ -243,7 +235,7 @@ def client(path: str, real_python: str, args: list[str], unbuffered: bool = Fals
     try:
         sock.connect(path)
         _send(sock, {"argv": args, "env": dict(os.environ), "cwd": os.getcwd(), "unbuffered": unbuffered}, (0, 1, 2))
-        answer = _recv(sock)
+        answer, _ = _recv(sock)
     except OSError:
         answer = None
     if not answer or "pid" not in answer:
@@ -252,7 +244,7 @@ def client(path: str, real_python: str, args: list[str], unbuffered: bool = Fals
     child = answer["pid"]
     for sig in FORWARDED:
         signal.signal(sig, lambda sig, _frame: os.kill(child, sig))
-    answer = _recv(sock)
+    answer, _ = _recv(sock)
     status = answer["status"] if answer else -1
     if status == -1 or os.WIFSIGNALED(status):
         sig = os.WTERMSIG(status) if status != -1 else signal.SIGKILL
