@@ -19,6 +19,14 @@ os.environ.setdefault("WANDB_MODE", "offline")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
+@pytest.fixture(scope="session", autouse=True)
+def session_cache(tmp_path_factory):
+    """Runs started by module- and session-scoped fixtures (set up before a test's `own_cache`: the Slurm jobs that
+    tests compare against, among them) keep their reference log-probs in the session's folder, never in the user's
+    ~/.cache/dpotrain, where an earlier session's reference would be reused instead of scored as on a fresh machine."""
+    os.environ["DPOTRAIN_CACHE"] = str(tmp_path_factory.mktemp("session-cache"))
+
+
 @pytest.fixture(autouse=True)
 def own_cache(tmp_path_factory, monkeypatch):
     """Every test gets an empty DPOTRAIN_CACHE: a reference scored by another test, in other micro-batches, would be
