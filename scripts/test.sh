@@ -28,6 +28,4 @@ bash scripts/setup_env.sh --dev
 
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
-# Two workers, a test file at a time each (tests/conftest.py says which files run together); `-n 0` after the script's
-# name runs everything in this one process.
-exec .venv/bin/python -m pytest -n 2 --dist loadfile "$@"
+exec .venv/bin/python -m pytest "$@"

@@ -108,26 +108,10 @@ class _Warm:
         return "\n".join([summary, *(f"  fresh x{n}: {why}" for why, n in fresh.most_common())])
 
 
-def pytest_sessionfinish(session):
-    """A pytest-xdist worker hands its warm server's summary to the controller, which prints it."""
-    if hasattr(session.config, "workeroutput"):
-        session.config.workeroutput["warm"] = _Warm.stop()
-
-
-_WORKER_SUMMARIES: list[str] = []
-
-
-@pytest.hookimpl(optionalhook=True)
-def pytest_testnodedown(node, error):
-    summary = getattr(node, "workeroutput", {}).get("warm")
-    if summary:
-        _WORKER_SUMMARIES.append(f"[{node.gateway.id}] {summary}")
-
-
 def pytest_terminal_summary(terminalreporter):
-    for summary in [_Warm.stop(), *_WORKER_SUMMARIES]:
-        if summary:
-            terminalreporter.write_line(summary)
+    summary = _Warm.stop()
+    if summary:
+        terminalreporter.write_line(summary)
 
 
 def pytest_unconfigure(config):
@@ -214,40 +198,6 @@ def demo_run(tmp_path_factory, silent_endpoint):
         timeout=900,
     )
     return project, env, result
-
-
-# --- two workers (scripts/test.sh: pytest -n 2 --dist loadfile) ----------------------------------------------------
-# Most tests leave one of the 2 cores idle (a tiny model's forward is Python-bound: the CPU was ~55% busy over a
-# one-process run), so two pytest-xdist workers share the files. Each file runs whole in one worker, so its module
-# fixtures (a shared launch) run once; files that share more than that run together: the real-Slurm files (one job at a
-# time on the test cluster, as their GraceTime and timing checks assume; first, being the longest unit) and the two
-# that check the one demo run.
-WORKER_UNITS = {"test_slurm_cluster.py": "slurm", "test_slurm_jobs.py": "slurm", "test_slurm_multinode.py": "slurm",
-                "test_readme.py": "demo", "test_training.py": "demo"}  # fmt: skip
-
-
-def _unit(nodeid: str) -> str:
-    file = nodeid.split("::")[0]
-    return WORKER_UNITS.get(Path(file).name, file)
-
-
-@pytest.hookimpl(optionalhook=True)
-def pytest_xdist_make_scheduler(config, log):
-    if config.getvalue("dist") != "loadfile":
-        return None
-    from xdist.scheduler import LoadScopeScheduling
-
-    class FileUnits(LoadScopeScheduling):
-        def _split_scope(self, nodeid: str) -> str:
-            return _unit(nodeid)
-
-    config.option.loadscopereorder = False  # units in collection order: the Slurm unit first (below)
-    return FileUnits(config, log)
-
-
-def pytest_collection_modifyitems(config, items):
-    if hasattr(config, "workerinput"):  # in an xdist worker: the longest unit, the Slurm files, is handed out first
-        items.sort(key=lambda item: _unit(item.nodeid) != "slurm")
 
 
 @pytest.fixture(scope="session")
