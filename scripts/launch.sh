@@ -22,6 +22,7 @@ recipe_engine=$(sed -nE 's/^accelerate_config: *([^ #]+).*/\1/p' "$RECIPE" 2>/de
 [[ $recipe_engine == none || $recipe_engine == None ]] && recipe_engine=""
 ACCELERATE_CONFIG=${ACCELERATE_CONFIG:-${recipe_engine:-accelerate_config.yaml}}
 VENV=${VENV:-.venv}
+case $VENV in /*) VENV_BIN=$VENV/bin ;; *) VENV_BIN=$PWD/$VENV/bin ;; esac
 # From the job id, below Linux's ephemeral port range: two jobs on one node must not meet at the same port.
 MAIN_PROCESS_PORT=${MAIN_PROCESS_PORT:-$((20000 + ${SLURM_JOB_ID:-9500} % 10000))}
 NNODES=${SLURM_JOB_NUM_NODES:-1}
@@ -46,12 +47,16 @@ die() { echo "error: $*" >&2; exit 1; }
 # agent ignores SIGTERM (an ignored signal stays ignored across exec, and torchrun's --signals-to-handle, read from
 # PET_SIGNALS_TO_HANDLE, keeps it from installing its handler): the workers, which Slurm signals too, checkpoint and
 # exit, and the agent with them.
+# The venv's bin comes first on PATH, as activating it would: DeepSpeed compiles its JIT ops (on CPU its shared-memory
+# communication op, on GPUs any op not prebuilt) with the `ninja` found on PATH, which the venv has and a node may
+# not (the build then fails: "Ninja is required to load C++ extensions"), or has in another version, whose build log
+# the venv's ninja cannot read (every op is then compiled again, ~45 s on 2 cores).
 launch_line() {
   local main_addr=$1; shift
   local train_args=""
   [[ $# -gt 0 ]] && train_args=$(printf ' %q' "$@")
   cat <<LINE
-srun --nodes=$NNODES --ntasks-per-node=1 --kill-on-bad-exit=1 bash -c "trap '' TERM; export PET_SIGNALS_TO_HANDLE=SIGINT,SIGHUP,SIGQUIT; echo \"node \\\$SLURMD_NODENAME: machine rank \\\$SLURM_PROCID of $NNODES, rendezvous $main_addr:$MAIN_PROCESS_PORT, $NUM_PROCESSES processes, \\\$(nproc) CPUs\"; exec $VENV/bin/accelerate launch \
+srun --nodes=$NNODES --ntasks-per-node=1 --kill-on-bad-exit=1 bash -c "trap '' TERM; export PATH=$VENV_BIN:\\\$PATH PET_SIGNALS_TO_HANDLE=SIGINT,SIGHUP,SIGQUIT; echo \"node \\\$SLURMD_NODENAME: machine rank \\\$SLURM_PROCID of $NNODES, rendezvous $main_addr:$MAIN_PROCESS_PORT, $NUM_PROCESSES processes, \\\$(nproc) CPUs\"; exec $VENV/bin/accelerate launch \
 --config_file $ACCELERATE_CONFIG \
 --num_machines $NNODES \
 --num_processes $NUM_PROCESSES \

@@ -311,6 +311,8 @@ def test_multi_node_launch_line(nodes):
     shown = subprocess.run(["bash", "-c", f'srun() {{ printf "%s" "${{@: -1}}"; }}; SLURM_PROCID=0; {line}'],
                            capture_output=True, text=True, check=True).stdout  # fmt: skip
     assert "--machine_rank $SLURM_PROCID " in shown
+    # Each node finds the venv's tools first, as an activated venv would: DeepSpeed builds its ops with its ninja.
+    assert f"export PATH={ROOT}/.venv/bin:$PATH " in shown
 
 
 def test_launch_line_masks_secrets_given_on_the_command_line():
