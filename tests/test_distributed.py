@@ -91,13 +91,17 @@ def test_zero2_trains_on_cpu_through_accelerate_launch(tmp_path, tiny_model_dir)
 @pytest.mark.slow
 def test_a_bf16_zero2_run_records_the_dtype_its_weights_load_in(tmp_path, tiny_model_dir):
     """DeepSpeed trains bf16 weights: resolved_config.json says bfloat16 (as the dry run does), not TRL's float32
-    default, and the saved weights are bf16. On a CPU, bf16 needs `--use_cpu true`."""
+    default, and the saved weights are bf16. On a CPU, bf16 needs `--use_cpu true`. The 2 steps' 16 pairs only: the
+    reference stage scores every pair it is given, and bf16 on a CPU is slow (the smoke data's 384 took 9 s)."""
     out = tmp_path / "bf16"
+    data = tmp_path / "pairs16.jsonl"
+    data.write_text("".join((ROOT / "data" / "smoke_prefs.jsonl").read_text().splitlines(keepends=True)[:16]))
     cmd = [
         ACCELERATE, "launch", "--config_file", str(ROOT / "accelerate_config.yaml"), "--num_processes", "2",
         *rank_python(), str(ROOT / "train_dpo.py"), "--config", str(ROOT / "configs" / "smoke.yaml"),
-        "--model_name_or_path", tiny_model_dir, "--output_dir", str(out), "--max_steps", "2", "--warmup_steps", "0",
-        "--save_strategy", "no", "--report_to", "none", "--bf16", "true", "--use_cpu", "true",
+        "--model_name_or_path", tiny_model_dir, "--dataset_name", str(data), "--output_dir", str(out), "--max_steps",
+        "2", "--warmup_steps", "0", "--save_strategy", "no", "--report_to", "none", "--bf16", "true", "--use_cpu",
+        "true",
     ]  # fmt: skip
     env = {**os.environ, "PATH": f"{os.path.dirname(sys.executable)}:{os.environ['PATH']}"}
     result = subprocess.run(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
