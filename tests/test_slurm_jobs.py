@@ -6,6 +6,7 @@ import re
 import shlex
 import shutil
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -13,7 +14,7 @@ import numpy as np
 import pytest
 from safetensors.torch import load_file
 
-from conftest import ROOT
+from conftest import ROOT, rank_python
 from slurm_cluster import TERMINAL_STATES
 
 SCRIPTS = sorted(ROOT.glob("scripts/*.sh")) + sorted(ROOT.glob("tests/slurm/*.sh")) + [ROOT / ".ci" / "run"]
@@ -147,23 +148,29 @@ def test_preempted_job_checkpoints_requeues_and_ends_like_an_uninterrupted_one(s
 # on to srun, the training step would get one CPU (tests/test_slurm_cluster.py).
 TWO_PROCESSES = {"RECIPE": "configs/smoke.yaml", "CPU_PROCESSES_PER_NODE": "2"}
 STEPS = 40  # of 16 pairs: ~8 s of training, time for a preemption to land mid-way
+PAIRS = 1200  # scored in ~7 s over 2 processes: time for a preemption to land inside the reference stage
 
 
 @pytest.fixture(scope="module")
-def pairs2400(tmp_path_factory):
+def pairs_file(tmp_path_factory):
     from dpotrain import builtin
 
-    path = tmp_path_factory.mktemp("pairs") / "pairs2400.jsonl"
-    path.write_text("".join(json.dumps(r) + "\n" for r in builtin.make_preference_rows(2400, seed=21)))
+    path = tmp_path_factory.mktemp("pairs") / f"pairs{PAIRS}.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in builtin.make_preference_rows(PAIRS, seed=21)))
     return path
 
 
+def two_process_args(out, data) -> list[str]:
+    """40 steps of 16 pairs, no checkpoint of its own before the end; the reference stage saves what it scored every
+    0.2 s."""
+    return ["--dataset_name", str(data), "--max_steps", str(STEPS), "--pairs_per_step", "16", "--logging_steps", "1",
+            "--save_steps", "1000", "--report_to", "none", "--output_dir", str(out), "--reference_save_seconds",
+            "0.2"]  # fmt: skip
+
+
 def two_process_job(slurm, out, data, env=None) -> int:
-    """Two training processes on the node (DeepSpeed ZeRO-2 on CPU), 40 steps of 16 pairs, no checkpoint of its own
-    before the end; the reference stage saves what it scored every 0.2 s."""
-    args = ["--gpus-per-node=0", f"--cpus-per-task={real_cpus()}", "scripts/dpo_train.sh", "--dataset_name",
-            str(data), "--max_steps", str(STEPS), "--pairs_per_step", "16", "--logging_steps", "1", "--save_steps",
-            "1000", "--report_to", "none", "--output_dir", str(out), "--reference_save_seconds", "0.2"]  # fmt: skip
+    """Two training processes on the node (DeepSpeed ZeRO-2 on CPU) through scripts/dpo_train.sh."""
+    args = ["--gpus-per-node=0", f"--cpus-per-task={real_cpus()}", "scripts/dpo_train.sh", *two_process_args(out, data)]
     return slurm.sbatch(args, cwd=ROOT, env={**TWO_PROCESSES, "DPOTRAIN_CACHE": f"{out}-cache", **(env or {})})
 
 
@@ -180,10 +187,19 @@ def job_log(job: int) -> str:
 
 
 @pytest.fixture(scope="module")
-def two_process_plain(slurm, tmp_path_factory, pairs2400):
+def two_process_plain(tmp_path_factory, pairs_file):
+    """The uninterrupted run a preempted job must end like: the launch `two_process_job` makes (launch.sh's `accelerate
+    launch` of 2 processes with accelerate_config.yaml and the smoke recipe), run here rather than as a job: Slurm
+    changes nothing it computes, and a job costs ~25 s of start-up (its dry run, the launcher's and ranks' imports)."""
     out = tmp_path_factory.mktemp("two") / "plain"
-    job = two_process_job(slurm, out, pairs2400)
-    assert slurm.wait(job, timeout=900) == "COMPLETED", job_log(job)[-3000:]
+    bin_dir = os.path.dirname(sys.executable)
+    cmd = [os.path.join(bin_dir, "accelerate"), "launch", "--config_file", str(ROOT / "accelerate_config.yaml"),
+           "--num_processes", "2", *rank_python(), str(ROOT / "train_dpo.py"), "--config",
+           str(ROOT / "configs" / "smoke.yaml"), *two_process_args(out, pairs_file)]  # fmt: skip
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "DPOTRAIN_CACHE": f"{out}-cache"}
+    result = subprocess.run(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            timeout=900)  # fmt: skip
+    assert result.returncode == 0, result.stdout[-3000:]
     return out
 
 
@@ -206,7 +222,7 @@ def wait_while_running(slurm, job: int, done, timeout: float = 600, poll: float 
 @pytest.mark.slurm
 @pytest.mark.slow
 def test_a_job_preempted_in_its_reference_stage_then_mid_training_with_a_slow_checkpoint_loses_nothing(
-    slurm, tmp_path, pairs2400, two_process_plain
+    slurm, tmp_path, pairs_file, two_process_plain
 ):
     """Two processes under accelerate launch (torchrun's agent), preempted twice by a job of the higher-priority
     partition. First in the reference stage: the pairs it scored are kept, the requeued run scores only the rest, and
@@ -215,7 +231,7 @@ def test_a_job_preempted_in_its_reference_stage_then_mid_training_with_a_slow_ch
     it completes, the job requeues again, resumes from it and ends like an uninterrupted run. (One job for both
     preemptions: each 2-process job on 2 CPUs is a minute or more.)"""
     out = tmp_path / "run"
-    job = two_process_job(slurm, out, pairs2400, env={"DPOTRAIN_TEST_SAVE_DELAY_S": "40"})
+    job = two_process_job(slurm, out, pairs_file, env={"DPOTRAIN_TEST_SAVE_DELAY_S": "40"})
     cache = Path(f"{out}-cache")
     wait_while_running(slurm, job, lambda: list(cache.glob("reference/*/part-*.npz")), poll=0.05)  # some pairs saved
     urgent = [preempt(slurm)]
@@ -228,9 +244,9 @@ def test_a_job_preempted_in_its_reference_stage_then_mid_training_with_a_slow_ch
     assert [r.split(" ", 1)[0] for r in runs] == ["0", "1", "2"], log[-3000:]
 
     # The first preemption: the reference stage stopped with some pairs saved, the requeued run scored the rest.
-    stopped = re.search(r"reference log-probs \(train\): stopped with ([\d,]+) of 2,400", runs[0])
+    stopped = re.search(rf"reference log-probs \(train\): stopped with ([\d,]+) of {PAIRS:,}", runs[0])
     saved = int(stopped.group(1).replace(",", ""))
-    assert 0 < saved < 2400 and "requeueing job" in runs[0]
+    assert 0 < saved < PAIRS and "requeueing job" in runs[0]
     assert f"{saved:,} kept from an interrupted run" in runs[1]  # the requeued job scored only the rest
     plain_chosen, plain_rejected = reference_scores(two_process_plain)
     chosen, rejected = reference_scores(out)
