@@ -53,16 +53,39 @@ def log_path(job: int, submitted_from=ROOT) -> Path:
 
 
 @pytest.fixture(scope="module")
-def uninterrupted(slurm, tmp_path_factory):
-    """The smoke recipe through the very same scripts/dpo_train.sh, submitted with --gpus-per-node=0 by its full path
-    from a folder outside the project that has no logs/ subfolder."""
+def readme_job(slurm, tmp_path_factory):
+    """The README's CPU example through the very same scripts/dpo_train.sh, submitted with --gpus-per-node=0 by its
+    full path from a folder outside the project that has no logs/ subfolder; preempted mid-training by the time-limit
+    warning's USR1, requeued, and run to its end. The two tests below check this one job (a job start is ~30 s)."""
     folder = tmp_path_factory.mktemp("slurm")
-    out, elsewhere = folder / "plain", folder / "submitted-here"
+    out, elsewhere = folder / "run", folder / "submitted-here"
     elsewhere.mkdir()
     args = [str(ROOT / a) if a == "scripts/dpo_train.sh" else a for a in SMOKE_JOB]
     job = slurm.sbatch([*args, "--output_dir", str(out)], cwd=elsewhere, env=README_ENV)
-    state = slurm.wait(job, timeout=600)
-    return job, state, out, elsewhere
+    deadline = time.time() + 400
+    while len(steps(out)) < 3:  # mid-training: a few optimizer steps done, most still to come
+        assert time.time() < deadline and slurm.state(job) in ("PENDING", "RUNNING"), slurm.job_info(job)
+        time.sleep(0.2)
+    slurm.signal(job, "USR1")  # what --signal=B:USR1@<seconds> delivers before the time limit
+    return job, slurm.wait(job, timeout=600), out, elsewhere
+
+
+@pytest.fixture(scope="module")
+def readme_run_uninterrupted(tmp_path_factory) -> Path:
+    """What the README's job computes without a preemption: its launch (`accelerate launch` of one process with
+    accelerate_config.yaml, the smoke recipe and the job's arguments) run here, outside Slurm, which changes nothing
+    it computes."""
+    out = tmp_path_factory.mktemp("plain") / "run"
+    bin_dir = os.path.dirname(sys.executable)
+    train_args = SMOKE_JOB[SMOKE_JOB.index("scripts/dpo_train.sh") + 1 :]
+    cmd = [os.path.join(bin_dir, "accelerate"), "launch", "--config_file", str(ROOT / "accelerate_config.yaml"),
+           "--num_processes", "1", *rank_python(), str(ROOT / "train_dpo.py"), "--config",
+           str(ROOT / README_ENV["RECIPE"]), *train_args, "--output_dir", str(out)]  # fmt: skip
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}
+    result = subprocess.run(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            timeout=600)  # fmt: skip
+    assert result.returncode == 0, result.stdout[-3000:]
+    return out
 
 
 def real_cpus() -> int:
@@ -97,48 +120,38 @@ def test_header_cpus_alone_never_start_on_a_small_node(slurm, tmp_path):
 
 @pytest.mark.slurm
 @pytest.mark.slow
-def test_smoke_job_completes_with_log_and_outputs(slurm, uninterrupted):
-    job, state, out, submitted_from = uninterrupted
+def test_smoke_job_completes_with_log_and_outputs(slurm, readme_job):
+    job, state, out, submitted_from = readme_job
     log = log_path(job, submitted_from)
     assert state == "COMPLETED", log.read_text()[-3000:] if log.exists() else slurm.job_info(job)
     text = log.read_text()
     assert f"=== DPO job {job} (dpo-think) restart 0" in text
     assert f"project: {ROOT}  log: {log}" in text  # the banner says where the project and the log are
     assert sorted(p.name for p in submitted_from.iterdir()) == [log.name]  # nothing else written there
-    # A token given on the command line is used but never shown (the banner and the launch line mask it).
+    # A token given on the command line is used but never shown (the banner and the launch line of each start mask
+    # it).
     shown = [line for line in text.splitlines() if line.startswith(("recipe: ", "launch: "))]
-    assert len(shown) == 2 and "--hub_token REDACTED" in shown[0] and "--hub_token REDACTED" in shown[1]
-    assert not any(SECRET in line for line in shown)
+    assert len(shown) == 4 and all("--hub_token REDACTED" in line for line in shown), shown
+    assert not any(SECRET in line for line in text.splitlines())
     assert "batch: 8 pairs per step over 1 processes, micro-batches of at most 2048 packed tokens" in text
     assert "training exited with code 0" in text
     for name in RUN_FILES:
         assert (out / name).is_file(), name
-    assert steps(out) == list(range(1, 11))
 
 
 @pytest.mark.slurm
 @pytest.mark.slow
-def test_preempted_job_checkpoints_requeues_and_ends_like_an_uninterrupted_one(slurm, uninterrupted, tmp_path):
-    _, plain_state, plain, _ = uninterrupted
-    assert plain_state == "COMPLETED"
-    out = tmp_path / "preempted"
-    job = slurm.sbatch([*SMOKE_JOB, "--output_dir", str(out)], cwd=ROOT, env=README_ENV)
-
-    deadline = time.time() + 400
-    while len(steps(out)) < 3:  # mid-training: a few optimizer steps done, most still to come
-        assert time.time() < deadline and slurm.state(job) in ("PENDING", "RUNNING"), slurm.job_info(job)
-        time.sleep(0.2)
-    slurm.signal(job, "USR1")  # what --signal=B:USR1@<seconds> delivers before the time limit
-
-    assert slurm.wait(job, timeout=600) == "COMPLETED"
-    info = slurm.job_info(job)
-    log = log_path(job).read_text()
-    assert info["Restarts"] == "1", log[-3000:]
+def test_preempted_job_checkpoints_requeues_and_ends_like_an_uninterrupted_one(slurm, readme_job,
+                                                                               readme_run_uninterrupted):  # fmt: skip
+    job, state, out, submitted_from = readme_job
+    log = log_path(job, submitted_from).read_text()
+    assert state == "COMPLETED", log[-3000:]
+    assert slurm.job_info(job)["Restarts"] == "1", log[-3000:]
     assert "signal received: checkpointing at the next optimizer step" in log
     assert "requeueing job" in log and "Resuming from" in log and "restart 1" in log
     assert steps(out) == list(range(1, 11))  # every optimizer step once: none repeated, none skipped
     assert json.loads((out / "run_complete.json").read_text())["global_step"] == 10
-    a, b = weights(plain), weights(out)
+    a, b = weights(readme_run_uninterrupted), weights(out)
     assert all((a[k] - b[k]).abs().max().item() < 1e-6 for k in a), "resumed run diverged from the uninterrupted one"
 
 
