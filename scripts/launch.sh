@@ -49,8 +49,9 @@ die() { echo "error: $*" >&2; exit 1; }
 # exit, and the agent with them.
 # The venv's bin comes first on PATH, as activating it would: DeepSpeed compiles its JIT ops (on CPU its shared-memory
 # communication op, on GPUs any op not prebuilt) with the `ninja` found on PATH, which the venv has and a node may
-# not (the build then fails: "Ninja is required to load C++ extensions"), or has in another version, whose build log
-# the venv's ninja cannot read (every op is then compiled again, ~45 s on 2 cores).
+# not (the build then fails: "Ninja is required to load C++ extensions"), or has in another version, which does not
+# recognise what the other built (its build log hashes commands differently): each op is compiled again, ~45 s on
+# 2 cores.
 launch_line() {
   local main_addr=$1; shift
   local train_args=""
