@@ -108,6 +108,16 @@ class _Warm:
         return "\n".join([summary, *(f"  fresh x{n}: {why}" for why, n in fresh.most_common())])
 
 
+def pytest_collection_finish(session):
+    """The test modules imported torch, transformers, TRL and DeepSpeed while being collected, and what that made
+    lives as long as this process: out of the collector's sight (gc.freeze), so that the full collections of the
+    in-process runs (Python's own, and accelerate's gc.collect() as each training starts) do not walk it each time."""
+    import gc
+
+    gc.collect()
+    gc.freeze()
+
+
 def pytest_terminal_summary(terminalreporter):
     summary = _Warm.stop()
     if summary:

@@ -17,6 +17,7 @@ not imported), the client `exec`s the real interpreter.
 Each request is logged to the file named by the server's DPOTRAIN_WARM_LOG: run warm, or fresh and why.
 """
 
+import gc
 import json
 import os
 import select
@@ -103,6 +104,10 @@ def serve(path: str, project: str) -> None:
 
     import train_dpo  # noqa: F401  (and with it the project's modules)
 
+    # What the imports made lives as long as any child: out of the collector's sight (gc.freeze), so that a child's
+    # full collections (Python's own, and accelerate's gc.collect() as each training starts) do not walk it each time.
+    gc.collect()
+    gc.freeze()
     sys.path.remove(project)  # a child's sys.path[0] is its script's folder, as in a fresh interpreter
     set_by_imports = {k: v for k, v in os.environ.items() if base.get(k) != v}
     log = base.get("DPOTRAIN_WARM_LOG")
