@@ -21,9 +21,10 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 @pytest.fixture(scope="session", autouse=True)
 def session_cache(tmp_path_factory):
-    """Runs started by module- and session-scoped fixtures (set up before a test's `own_cache`: the Slurm jobs that
-    tests compare against, among them) keep their reference log-probs in the session's folder, never in the user's
-    ~/.cache/dpotrain, where an earlier session's reference would be reused instead of scored as on a fresh machine."""
+    """Runs started by module- and session-scoped fixtures (set up before a test's `own_cache`: the README's Slurm job
+    and the uninterrupted run it is compared with, among them) keep their reference log-probs in the session's folder,
+    never in the user's ~/.cache/dpotrain, where an earlier session's reference would be reused instead of scored as
+    on a fresh machine."""
     os.environ["DPOTRAIN_CACHE"] = str(tmp_path_factory.mktemp("session-cache"))
 
 
