@@ -143,6 +143,20 @@ def rank_python() -> list[str]:
     return ["--no_python", str(folder / "python-u")] if folder else []
 
 
+def launch_smoke(processes: int, args: list[str], env: dict | None = None, timeout: int = 900) -> None:
+    """What a Slurm job of the smoke recipe launches (scripts/launch.sh: `accelerate launch` of `processes` with
+    accelerate_config.yaml, ZeRO-2), run here outside Slurm, which changes nothing it computes: the uninterrupted run
+    a preempted job is compared with. Ranks start as `rank_python()`; the venv's bin is first on PATH, as in a job."""
+    bin_dir = os.path.dirname(PYTHON)
+    cmd = [os.path.join(bin_dir, "accelerate"), "launch", "--config_file", str(ROOT / "accelerate_config.yaml"),
+           "--num_processes", str(processes), *rank_python(), str(ROOT / "train_dpo.py"), "--config",
+           str(ROOT / "configs" / "smoke.yaml"), *args]  # fmt: skip
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", **(env or {})}
+    result = subprocess.run(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            timeout=timeout)  # fmt: skip
+    assert result.returncode == 0, result.stdout[-3000:]
+
+
 def run_train(args: list[str], cwd: Path = ROOT, env: dict | None = None, timeout: int = 600):
     """`python train_dpo.py ARGS` as a user runs it; returns the CompletedProcess (stdout+stderr in .stdout)."""
     return subprocess.run(

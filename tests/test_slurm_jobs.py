@@ -6,7 +6,6 @@ import re
 import shlex
 import shutil
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -14,7 +13,7 @@ import numpy as np
 import pytest
 from safetensors.torch import load_file
 
-from conftest import ROOT, rank_python
+from conftest import ROOT, launch_smoke
 from slurm_cluster import TERMINAL_STATES
 
 SCRIPTS = sorted(ROOT.glob("scripts/*.sh")) + sorted(ROOT.glob("tests/slurm/*.sh")) + [ROOT / ".ci" / "run"]
@@ -72,19 +71,9 @@ def readme_job(slurm, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def readme_run_uninterrupted(tmp_path_factory) -> Path:
-    """What the README's job computes without a preemption: its launch (`accelerate launch` of one process with
-    accelerate_config.yaml, the smoke recipe and the job's arguments) run here, outside Slurm, which changes nothing
-    it computes."""
+    """What the README's job computes without a preemption: its launch, with the job's arguments, outside Slurm."""
     out = tmp_path_factory.mktemp("plain") / "run"
-    bin_dir = os.path.dirname(sys.executable)
-    train_args = SMOKE_JOB[SMOKE_JOB.index("scripts/dpo_train.sh") + 1 :]
-    cmd = [os.path.join(bin_dir, "accelerate"), "launch", "--config_file", str(ROOT / "accelerate_config.yaml"),
-           "--num_processes", "1", *rank_python(), str(ROOT / "train_dpo.py"), "--config",
-           str(ROOT / README_ENV["RECIPE"]), *train_args, "--output_dir", str(out)]  # fmt: skip
-    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}
-    result = subprocess.run(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            timeout=600)  # fmt: skip
-    assert result.returncode == 0, result.stdout[-3000:]
+    launch_smoke(1, [*SMOKE_JOB[SMOKE_JOB.index("scripts/dpo_train.sh") + 1 :], "--output_dir", str(out)])
     return out
 
 
@@ -201,18 +190,10 @@ def job_log(job: int) -> str:
 
 @pytest.fixture(scope="module")
 def two_process_plain(tmp_path_factory, pairs_file):
-    """The uninterrupted run a preempted job must end like: the launch `two_process_job` makes (launch.sh's `accelerate
-    launch` of 2 processes with accelerate_config.yaml and the smoke recipe), run here rather than as a job: Slurm
-    changes nothing it computes, and a job costs ~25 s of start-up (its dry run, the launcher's and ranks' imports)."""
+    """The uninterrupted run a preempted job must end like: the launch `two_process_job` makes, outside Slurm (a job
+    costs ~25 s of start-up: its dry run, the launcher's and ranks' imports)."""
     out = tmp_path_factory.mktemp("two") / "plain"
-    bin_dir = os.path.dirname(sys.executable)
-    cmd = [os.path.join(bin_dir, "accelerate"), "launch", "--config_file", str(ROOT / "accelerate_config.yaml"),
-           "--num_processes", "2", *rank_python(), str(ROOT / "train_dpo.py"), "--config",
-           str(ROOT / "configs" / "smoke.yaml"), *two_process_args(out, pairs_file)]  # fmt: skip
-    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "DPOTRAIN_CACHE": f"{out}-cache"}
-    result = subprocess.run(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            timeout=900)  # fmt: skip
-    assert result.returncode == 0, result.stdout[-3000:]
+    launch_smoke(2, two_process_args(out, pairs_file), env={"DPOTRAIN_CACHE": f"{out}-cache"})
     return out
 
 

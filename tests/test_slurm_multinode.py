@@ -12,14 +12,13 @@ import os
 import re
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 from safetensors.torch import load_file
 
-from conftest import ROOT, rank_python
+from conftest import ROOT, launch_smoke
 from slurm_cluster import slurm_cluster
 
 pytestmark = pytest.mark.slurm
@@ -88,15 +87,8 @@ def uninterrupted(tmp_path_factory) -> Path:
     model built afresh) run on this machine outside Slurm, as one `accelerate launch` of 2 processes. Two ranks'
     gradients add up to the same sum on one node or two, and a two-node job costs ~50 s."""
     folder = tmp_path_factory.mktemp("uninterrupted")
-    bin_dir = os.path.dirname(sys.executable)
-    cmd = [os.path.join(bin_dir, "accelerate"), "launch", "--config_file", str(ROOT / "accelerate_config.yaml"),
-           "--num_processes", "2", *rank_python(), str(ROOT / "train_dpo.py"), "--config",
-           str(ROOT / "configs" / "smoke.yaml"), *two_node_args(folder / "plain")]  # fmt: skip
-    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "DPOTRAIN_BUILTIN_DIR": str(folder / "builtin"),
-           "DPOTRAIN_CACHE": str(folder / "cache")}  # fmt: skip
-    result = subprocess.run(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            timeout=600)  # fmt: skip
-    assert result.returncode == 0, result.stdout[-3000:]
+    env = {"DPOTRAIN_BUILTIN_DIR": str(folder / "builtin"), "DPOTRAIN_CACHE": str(folder / "cache")}
+    launch_smoke(2, two_node_args(folder / "plain"), env=env, timeout=600)
     return folder / "plain"
 
 
