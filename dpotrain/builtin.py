@@ -47,6 +47,16 @@ def is_builtin(name: str | None) -> bool:
     return bool(name) and name.startswith(BUILTIN_PREFIX)
 
 
+def check_name(name: str) -> None:
+    """Refuse a `builtin:` name that is not one of BUILTIN_MODELS, listing those that are."""
+    if name.removeprefix(BUILTIN_PREFIX) not in BUILTIN_MODELS:
+        from .errors import ConfigError
+
+        known = ", ".join(BUILTIN_PREFIX + k for k in BUILTIN_MODELS)
+        raise ConfigError(f"unknown built-in model {name!r}: the built-in ones are {known} (or give a Hub name or "
+                          "a local model folder)")  # fmt: skip
+
+
 def builtin_dir() -> Path:
     return Path(os.environ.get("DPOTRAIN_BUILTIN_DIR", PROJECT_ROOT / "outputs" / ".builtin"))
 
@@ -59,11 +69,8 @@ def existing_model_dir(name: str) -> str | None:
 
 def materialize_model(name: str, vocab_size: int = 1024, seed: int = 0) -> str:
     """Return a local folder holding the built-in model `name` (with its tokenizer), building it on first use."""
+    check_name(name)
     key = name.removeprefix(BUILTIN_PREFIX)
-    if key not in BUILTIN_MODELS:
-        raise ValueError(
-            f"unknown built-in model {name!r}: choose one of {[BUILTIN_PREFIX + k for k in BUILTIN_MODELS]}"
-        )
     existing = existing_model_dir(name)
     if existing:
         return existing

@@ -7,14 +7,14 @@ because argparse keeps the last value. Unknown keys are errors that name the key
 
 import contextlib
 import difflib
+import functools
 import json
 import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import yaml
-
+from . import recipe_file
 from .errors import ConfigError
 
 
@@ -323,6 +323,22 @@ def yaml_to_args(config: dict, options: dict, source: str) -> list[str]:
     return args
 
 
+def read_recipe(path: str, options: dict | None = None) -> dict:
+    """The recipe file at `path`, checked as training checks it: strict YAML (`recipe_file.load`: a key given twice,
+    a syntax error) and every key a field (a misspelled one is refused with the closest known one). The analyzer
+    reads recipes through here too, so both refuse the same recipe with the same line."""
+    if not Path(path).is_file():
+        raise ConfigError(f"recipe {path!r} not found: pass one of configs/*.yaml")
+    config = recipe_file.load(path)
+    yaml_to_args({k: v for k, v in config.items() if k != "env"}, options or _known_options(), path)
+    return config
+
+
+@functools.cache
+def _known_options() -> dict:
+    return _options(make_parser())
+
+
 def parse_args(argv: list[str] | None = None) -> Recipe:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = make_parser()
@@ -336,12 +352,7 @@ def parse_args(argv: list[str] | None = None) -> Recipe:
             raise ConfigError("--config needs a path, e.g. --config configs/think.yaml")
         config_path = argv[i + 1]
         del argv[i : i + 2]
-        if not Path(config_path).is_file():
-            raise ConfigError(f"recipe {config_path!r} not found: pass one of configs/*.yaml")
-        with open(config_path) as f:
-            config = yaml.safe_load(f) or {}
-        if not isinstance(config, dict):
-            raise ConfigError(f"{config_path}: a recipe is a YAML mapping of field: value")
+        config = read_recipe(config_path, options)
         for key, value in (config.pop("env", None) or {}).items():  # TRL's `env:` block
             os.environ.setdefault(key, str(value))
         yaml_args = yaml_to_args(config, options, config_path)

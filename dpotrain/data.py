@@ -27,6 +27,36 @@ def check_dataset_name(name: str | None) -> None:
         raise ConfigError("no dataset: set dataset_name in the recipe or pass --dataset_name (Hub name or local file)")
     if is_local(name) and not Path(name).expanduser().exists():
         raise ConfigError(f"dataset {name!r} does not exist: check the path, or give a Hub name like org/dataset")
+    path = Path(name).expanduser()
+    if path.is_file() and path.suffix in LOCAL_SUFFIXES:
+        check_file_kind(path)
+
+
+SUFFIX_OF = {"parquet": ".parquet", "json lines": ".jsonl", "a json array": ".json"}
+
+
+def file_kind(path: Path) -> str | None:
+    """What a data file holds, from its first and last bytes: parquet, json lines, a json array, or None (text: CSV,
+    or something loading it will name)."""
+    with open(path, "rb") as f:
+        head = f.read(4096)
+        if head[:4] == b"PAR1":
+            f.seek(-4, 2)
+            return "parquet" if f.read(4) == b"PAR1" else None
+    text = head.removeprefix(b"\xef\xbb\xbf").lstrip()
+    return {b"{": "json lines", b"[": "a json array"}.get(text[:1])
+
+
+def check_file_kind(path: Path) -> None:
+    """A file whose name says another format than it holds (JSON Lines named .parquet, Parquet named .jsonl): one line
+    saying what it is and how to name it, instead of the reader's traceback."""
+    kind = file_kind(path)
+    fits = {".parquet": kind == "parquet", ".jsonl": kind != "parquet", ".json": kind != "parquet",
+            ".csv": kind is None}[path.suffix]  # fmt: skip
+    if not fits:
+        right = SUFFIX_OF[kind]
+        raise ConfigError(f"dataset file {str(path)!r} is named {path.suffix} but holds {kind}: rename it to "
+                          f"{path.with_suffix(right).name!r} (the suffix decides how it is read)")  # fmt: skip
 
 
 def load_preference_dataset(
@@ -54,6 +84,8 @@ def load_preference_dataset(
             loaded = datasets.load_dataset(builder, data_files={split: str(path)}, streaming=streaming)
         except Exception as e:  # datasets names neither the file's line nor the fix
             raise ConfigError(_unreadable(path, e)) from None
+        if builder in ("json", "csv") and not streaming:
+            _check_utf8(loaded[split], path)
     else:
         try:
             loaded = datasets.load_dataset(name, name=config, revision=revision, streaming=streaming)
@@ -92,8 +124,37 @@ def _empty_saved_splits(path: Path) -> list[str]:
     return [s.parent.name for s in states if not json.loads(s.read_text()).get("_data_files")]
 
 
+def _check_utf8(dataset, path: Path) -> None:
+    """pyarrow's JSON reader keeps invalid UTF-8 bytes in its strings, and reading the row fails later (a
+    UnicodeDecodeError naming neither file nor line): Arrow's full validation finds such bytes in C++."""
+    import pyarrow as pa
+
+    try:
+        dataset.data.table.validate(full=True)
+    except pa.ArrowInvalid as e:
+        if "UTF8" not in str(e):
+            raise
+        raise ConfigError(_invalid_utf8(path) or f"dataset file {str(path)!r} is not valid UTF-8") from None
+
+
+def _invalid_utf8(path: Path) -> str | None:
+    """`file:line: not valid UTF-8 ...` for the first line of `path` that is not UTF-8, or None."""
+    with open(path, "rb") as f:
+        for number, line in enumerate(f, 1):
+            try:
+                line.decode("utf-8")
+            except UnicodeDecodeError as e:
+                return (f"{path}:{number}: not valid UTF-8 (byte {line[e.start]:#04x} at column {e.start + 1}): save "
+                        "the file as UTF-8 (from Latin-1: `iconv -f latin1 -t utf-8`), or fix that line")  # fmt: skip
+    return None
+
+
 def _unreadable(path: Path, error: Exception) -> str:
-    """Why a local file did not load: for JSON Lines, the first line that is not a JSON object, by its number."""
+    """Why a local file did not load: a line that is not UTF-8, or for JSON Lines the first line that is not a JSON
+    object, by its number."""
+    found = _invalid_utf8(path) if path.suffix in (".jsonl", ".json", ".csv") else None  # wrapped by datasets
+    if found:
+        return found
     if path.suffix == ".jsonl":
         with open(path, encoding="utf-8", errors="replace") as f:
             for number, line in enumerate(f, 1):

@@ -9,7 +9,7 @@ import os
 import re
 from pathlib import Path
 
-from . import data, shapes
+from . import builtin, data, shapes
 from .config import Recipe
 from .errors import ConfigError
 
@@ -25,8 +25,8 @@ def valid_loss_types() -> list[str]:
 def check_options(recipe: Recipe) -> None:
     t, s = recipe.training, recipe.script
     model = recipe.model.model_name_or_path or ""
-    if data.looks_like_path(model) and not Path(model).expanduser().is_dir():
-        raise ConfigError(f"model folder {model!r} does not exist: check the path, or give a Hub name like org/model")
+    check_model(model)
+    check_precision(recipe)
     losses = t.loss_type if isinstance(t.loss_type, list) else [t.loss_type]
     valid = valid_loss_types()
     for loss in losses:
@@ -73,6 +73,34 @@ def check_options(recipe: Recipe) -> None:
     elif "dataset_test_split" in recipe.given:
         raise ConfigError(f"dataset_test_split {s.dataset_test_split!r} is only used for evaluation: add "
                           "--eval_strategy steps --eval_steps N, or remove dataset_test_split")  # fmt: skip
+
+
+def check_model(model: str) -> None:
+    """A `builtin:` name that exists, a local folder that holds a model: refused now, not when the model loads."""
+    if builtin.is_builtin(model):
+        builtin.check_name(model)
+        return
+    path = Path(model).expanduser()
+    if data.looks_like_path(model) and not path.is_dir():
+        raise ConfigError(f"model folder {model!r} does not exist: check the path, or give a Hub name like org/model")
+    if path.is_dir() and not any((path / f).is_file() for f in ("config.json", "adapter_config.json")):
+        what = "is empty" if not any(path.iterdir()) else "holds no config.json"
+        raise ConfigError(f"model folder {model!r} {what}: point model_name_or_path at the folder that "
+                          "save_pretrained wrote (config.json, weights, tokenizer), or give a Hub name like "
+                          "org/model")  # fmt: skip
+
+
+def check_precision(recipe: Recipe) -> None:
+    """fp16 on a machine without a CUDA GPU: accelerate then trains in fp32 while `fp16: true` stays in the record.
+    Refused for a run (a dry run plans a GPU job, often on a login node without one)."""
+    t = recipe.training
+    if not t.fp16:
+        return
+    import torch
+
+    if t.use_cpu or not (recipe.project.dry_run or torch.cuda.is_available()):
+        raise ConfigError("fp16 needs a CUDA GPU and this run has none (fp16 would not be applied: it would train in "
+                          "fp32): pass --fp16 false, or run on a GPU")  # fmt: skip
 
 
 def check_wandb(recipe: Recipe) -> None:

@@ -28,10 +28,9 @@ from pathlib import Path  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run as `python scripts/analyze_dataset.py` from anywhere
 
-import yaml  # noqa: E402
 from dotenv import load_dotenv  # noqa: E402
 
-from dpotrain import data, lengths, lengths_report, offline, shapes  # noqa: E402
+from dpotrain import config, data, lengths, lengths_report, offline, shapes  # noqa: E402
 from dpotrain.errors import ConfigError  # noqa: E402
 
 DEFAULT_DATASET = "allenai/Dolci-Instruct-DPO"  # the seed's default
@@ -100,8 +99,6 @@ def read_recipe(path: str | None, dataset: str | None) -> tuple[dict, str | None
         )
         if path is None:
             return {}, None
-    if not Path(path).is_file():
-        raise ConfigError(f"recipe {path!r} not found: pass one of configs/*.yaml")
     return _load(path), path
 
 
@@ -111,10 +108,8 @@ def _shown(path: Path) -> str:
 
 
 def _load(path) -> dict:
-    recipe = yaml.safe_load(Path(path).read_text()) or {}
-    if not isinstance(recipe, dict):
-        raise ConfigError(f"{path}: a recipe is a YAML mapping of field: value")
-    return recipe
+    """A recipe checked as training checks it (a misspelled key, a key given twice, a YAML error: the same line)."""
+    return config.read_recipe(str(path))
 
 
 def main(argv=None) -> int:
