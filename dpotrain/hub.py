@@ -159,6 +159,10 @@ def model_card(resolved: dict, records: list[dict], revisions: list[tuple[int, s
     derived = resolved.get("derived", {})
     recipe_rows = "\n".join(f"| `{k}` | {resolved.get(k)} |" for k in CARD_FIELDS)
     recipe_rows += f"\n| pairs per optimizer step | {derived.get('pairs_per_step')} |"
+    counted = derived.get("batching", {}).get("max_length_cuts")
+    if counted:  # what the trainer saw of the data: pairs cut or dropped at max_length (cuts.py)
+        recipe_rows += f"\n| pairs cut / dropped at max_length | {counted['truncated']} / {counted['dropped']} of " \
+                       f"{counted['pairs']} |"  # fmt: skip
     last = next((r for r in reversed(records) if "loss" in r), {})  # a training record, not an evaluation
     metric_rows = "\n".join(f"| `{k}` | {last[k]:.4f} |" for k in FINAL_METRICS if k in last) or "| (none logged) | |"
     content = f"""---

@@ -37,6 +37,7 @@ from pathlib import Path
 import numpy as np
 from trl.data_utils import _tokenize, common_prefix_length, is_conversational
 
+from . import cuts
 from .config import ProjectArguments
 from .errors import ConfigError
 from .rows import ROW_COLUMNS, InvalidRowError, RowFormat, read_row, split_row
@@ -408,14 +409,13 @@ def packed_positions(m: Measured, max_length: int) -> tuple[int, int]:
 
 
 def candidate(m: Measured, max_length: int, batch_size: int, seed: int) -> dict:
-    total = m.total
-    dropped = int(np.count_nonzero(m.prompt >= max_length))
+    counted = cuts.count(m.prompt, m.chosen, m.rejected, max_length)  # as training counts them (keep_start)
     shuffled, ordered = padding(m, max_length, batch_size, seed), padding(m, max_length, batch_size, None)
     unshared, shared = packed_positions(m, max_length)
     return {
-        "coverage": coverage(total, max_length),
-        "truncated": int(np.count_nonzero(total > max_length)) - dropped,
-        "dropped": dropped,
+        "coverage": coverage(m.total, max_length),
+        "truncated": counted["truncated"],
+        "dropped": counted["dropped"],
         # What training costs packed (the default): positions the forward runs, padding-free. `relative` and
         # `relative_shared_prompt` (to the recommended max_length) are filled in by `summarize`.
         "compute": {"positions": unshared, "positions_shared_prompt": shared},
@@ -431,7 +431,7 @@ def candidate(m: Measured, max_length: int, batch_size: int, seed: int) -> dict:
     }
 
 
-def recommendation(m: Measured, target: float = DEFAULT_COVERAGE) -> dict:
+def recommendation(m: Measured, target: float = DEFAULT_COVERAGE, max_positions: int | None = None) -> dict:
     """The recommended max_length and what it trades: the rule is `recommend` (coverage), the price is shown.
 
     With packing a longer max_length costs only the extra tokens of the pairs longer than it, so the price of
@@ -439,9 +439,14 @@ def recommendation(m: Measured, target: float = DEFAULT_COVERAGE) -> dict:
     1% of pairs, at any max_length from 2K to 24K: BENCHMARKS.md). A compute knee would therefore be arbitrary; the
     decision is how many cut pairs to accept (`target`), and this says what it costs: the packed compute saved by
     the next shorter multiple of 512 and the compute and pairs that doubling max_length would add.
+
+    `max_positions`: the model's max_position_embeddings. A recommendation beyond it (a few outliers longer than the
+    model can take) is capped there, and `capped` says from what.
     """
     total = m.total
-    best = recommend(total, target)
+    best = uncapped = recommend(total, target)
+    if max_positions and best > max_positions:
+        best = int(max_positions)
     at_best = packed_positions(m, best)
 
     def neighbour(n: int) -> dict:
@@ -453,18 +458,23 @@ def recommendation(m: Measured, target: float = DEFAULT_COVERAGE) -> dict:
             "compute_shared_prompt": shared / at_best[1] - 1,
         }
 
-    dropped = int(np.count_nonzero(m.prompt >= best))
+    counted = cuts.count(m.prompt, m.chosen, m.rejected, best)
     r = {
         "rule": f"smallest multiple of {STEP} leaving at least target_coverage of pairs whole",
         "target_coverage": target,
         "max_length": best,
         "coverage": coverage(total, best),
-        "truncated": int(np.count_nonzero(total > best)) - dropped,
-        "dropped": dropped,
+        "truncated": counted["truncated"],
+        "dropped": counted["dropped"],
         "lower": neighbour(best - STEP),
         "doubled": neighbour(2 * best),
+        "capped": None,
     }
     r["reason"] = _reason(r, m.rows)
+    if best != uncapped:
+        r["capped"] = {"max_position_embeddings": best, "uncapped": uncapped}
+        r["reason"] += (f"; capped at the model's {best:,} positions (max_position_embeddings): "
+                        f"{target:.1%} coverage would need {uncapped:,}, longer than the model can take")  # fmt: skip
     return r
 
 
@@ -476,13 +486,15 @@ def summarize(
     batch_size: int = DEFAULT_BATCH_SIZE,
     seed: int = 42,
     rows_seen: int | None = None,
+    max_positions: int | None = None,
     **about,
 ) -> dict:
-    """The JSON report. `about`: what was analysed (dataset, split, tokenizer, ...), copied in as given."""
+    """The JSON report. `about`: what was analysed (dataset, split, tokenizer, ...), copied in as given.
+    `max_positions`: the model's max_position_embeddings, which caps the recommendation."""
     if m.rows == 0:
         raise ConfigError(f"no valid rows to analyse ({len(m.invalid)} invalid)")
     total = m.total
-    chosen = recommendation(m, target)
+    chosen = recommendation(m, target, max_positions)
     best = chosen["max_length"]
     shown = sorted(set(REPORT_LENGTHS) | {int(c) for c in candidates})
     lengths = sorted(set(shown) | {best, chosen["doubled"]["max_length"]})
@@ -635,8 +647,8 @@ def save_cache(m: Measured, report: dict, dataset_id: str, tokenizer, cache_dir:
     return folder / f"{key}.json"
 
 
-def _resolution(m: Measured, target: float, report_path: Path, cached: bool) -> dict:
-    r = recommendation(m, target)
+def _resolution(m: Measured, target: float, report_path: Path, cached: bool, max_positions: int | None) -> dict:
+    r = recommendation(m, target, max_positions)
     return {
         "max_length": r["max_length"],
         "coverage": r["coverage"],
@@ -646,17 +658,22 @@ def _resolution(m: Measured, target: float, report_path: Path, cached: bool) -> 
         "dropped": r["dropped"],
         "doubled": r["doubled"],  # what twice this max_length would add: pairs whole, packed compute
         "reason": r["reason"],
+        "capped": r["capped"],
         "cached": cached,
         "report": str(report_path),
     }
 
 
 def cached_auto_max_length(
-    dataset_id: str, tokenizer, coverage: float = DEFAULT_COVERAGE, cache_dir: str | Path | None = None
+    dataset_id: str,
+    tokenizer,
+    coverage: float = DEFAULT_COVERAGE,
+    cache_dir: str | Path | None = None,
+    max_positions: int | None = None,
 ) -> dict | None:
     """The `auto_max_length` answer from a cached report, or None when there is none (for --dry-run: loads no data)."""
     found = cached_measure(dataset_id, tokenizer, cache_dir)
-    return None if found is None else _resolution(found[0], coverage, found[1], cached=True)
+    return None if found is None else _resolution(found[0], coverage, found[1], True, max_positions)
 
 
 def cached_measure(dataset_id: str, tokenizer, cache_dir: str | Path | None = None) -> tuple[Measured, Path] | None:
@@ -681,6 +698,7 @@ def auto_max_length(
     num_proc: int | None = None,
     batch_size: int = DEFAULT_BATCH_SIZE,
     progress: bool = True,
+    max_positions: int | None = None,
 ) -> dict:
     """`max_length: auto`: the analyzer's recommendation (`recommendation`) for the training split's pairs.
 
@@ -696,13 +714,31 @@ def auto_max_length(
         if getattr(dataset, "_fingerprint", None) is None:
             raise ValueError("a streaming data set has no fingerprint: pass dataset_id=dataset_identity(name, ...)")
         dataset_id = f"fingerprint:{dataset._fingerprint}"
-    found = cached_auto_max_length(dataset_id, tokenizer, coverage, cache_dir)
+    found = cached_auto_max_length(dataset_id, tokenizer, coverage, cache_dir, max_positions)
     if found is not None:
         return found
     m = measure(dataset, tokenizer, num_proc=num_proc or available_cpus(), progress=progress)
-    report = summarize(m, target=coverage, batch_size=batch_size, dataset=dataset_id, tokenizer=tokenizer.name_or_path)
+    report = summarize(m, target=coverage, batch_size=batch_size, max_positions=max_positions, dataset=dataset_id,
+                       tokenizer=tokenizer.name_or_path)  # fmt: skip
     path = save_cache(m, report, dataset_id, tokenizer, cache_dir)
-    return _resolution(m, coverage, path, cached=False)
+    return _resolution(m, coverage, path, False, max_positions)
+
+
+def model_positions(name_or_path: str, revision: str | None = None, local_only: bool = False) -> int | None:
+    """The model's max_position_embeddings (its text config's), from its config.json alone (built-in: its recipe);
+    None when the config is not readable here or does not say."""
+    from . import builtin
+
+    if builtin.is_builtin(name_or_path):
+        key = name_or_path.removeprefix(builtin.BUILTIN_PREFIX)
+        return builtin.BUILTIN_MODELS.get(key, {}).get("max_position_embeddings")
+    try:
+        from transformers import AutoConfig
+
+        config = AutoConfig.from_pretrained(name_or_path, revision=revision, local_files_only=local_only)
+    except Exception:  # a tokenizer-only folder, no network: nothing to cap with
+        return None
+    return getattr(config.get_text_config(), "max_position_embeddings", None)
 
 
 def available_cpus() -> int:

@@ -42,6 +42,14 @@ BATCH_LEVEL_LOSSES = {"aot", "aot_unpaired"}
 COLUMNS = ("prompt_ids", "chosen_ids", "rejected_ids")
 
 
+def token_counts(dataset) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(prompt, chosen, rejected) token counts of a tokenized data set, from its Arrow offsets (no row read)."""
+    import pyarrow.compute as pc
+
+    table = dataset.with_format("arrow")[:]
+    return tuple(np.asarray(pc.list_value_length(table.column(c)), dtype=np.int64) for c in COLUMNS)
+
+
 @dataclass(frozen=True)
 class PairLengths:
     """What the plan knows of each pair: its two sequences' lengths after truncation, as the collators cut them, and
@@ -55,11 +63,7 @@ class PairLengths:
     @classmethod
     def of(cls, dataset, max_length: int | None, share: bool = False, truncation_mode: str = "keep_start"):
         """From a tokenized data set's Arrow offsets (no row is read into Python)."""
-        import pyarrow.compute as pc
-
-        table = dataset.with_format("arrow")[:]
-        prompt, chosen, rejected = (np.asarray(pc.list_value_length(table.column(c)), dtype=np.int64) for c in COLUMNS)
-        return cls.from_parts(prompt, chosen, rejected, max_length, share, truncation_mode)
+        return cls.from_parts(*token_counts(dataset), max_length, share, truncation_mode)
 
     @classmethod
     def from_parts(cls, prompt, chosen, rejected, max_length, share=False, truncation_mode="keep_start"):

@@ -10,7 +10,7 @@ and with it the number of steps, is made in `train()`, from the plan given here.
 
 from dataclasses import dataclass
 
-from . import plan
+from . import cuts, plan
 
 
 @dataclass(frozen=True)
@@ -49,12 +49,17 @@ def run_stage(trainer) -> RunPlan:
     shared or not: `check_packing` may have switched to padded while it was built), given to the trainer. Every rank
     plans alone, from the same lengths and seed (`agreement.at_start` checks the plans are equal)."""
     args = trainer.args
-    lengths = plan.PairLengths.of(trainer.train_dataset, args.max_length, trainer.forward.share_prompt,
-                                  args.truncation_mode)  # fmt: skip
+    counts = plan.token_counts(trainer.train_dataset)
+    lengths = plan.PairLengths.from_parts(*counts, args.max_length, trainer.forward.share_prompt, args.truncation_mode)
     run_plan = make(lengths, args, trainer.pairs_per_step, args.world_size, trainer.max_tokens_per_microbatch,
                     padded=not trainer.packed, forward=trainer.plan_forward(),
                     reduce_per_backward=trainer.is_deepspeed_enabled)  # fmt: skip
+    # Pairs TRL cut or dropped at max_length: counted on the tokenized set, recorded with the plan (derived.batching).
+    given = getattr(trainer, "rows_given", len(trainer.train_dataset))
+    counted = cuts.count(*counts, args.max_length, args.truncation_mode, given - len(trainer.train_dataset))
+    run_plan.summary["max_length_cuts"] = counted
     trainer.use_plan(run_plan)
     if trainer.accelerator.is_main_process:
         print(run_plan.line(), flush=True)
+        print(f"Cut at {cuts.line(counted)}", flush=True)
     return run_plan

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import yaml
 
-from . import data
+from . import cuts, data
 from .checkpoints import checkpoints, latest_complete_checkpoint
 from .config import Recipe
 from .errors import ConfigError
@@ -258,8 +258,9 @@ def auto_max_length(recipe: Recipe, dataset, state) -> dict:
                                           hh_format=recipe.project.hh_format)  # fmt: skip
     with state.main_process_first():
         choice = lengths.auto_max_length(
-            dataset, tokenizer, recipe.project.auto_coverage, dataset_id, progress=state.is_main_process
-        )
+            dataset, tokenizer, recipe.project.auto_coverage, dataset_id, progress=state.is_main_process,
+            max_positions=lengths.model_positions(recipe.model.model_name_or_path, recipe.model.model_revision),
+        )  # fmt: skip
     recipe.training.max_length = choice["max_length"]
     recipe.max_length_auto = False  # decided: the token budget is now checked against it
     if recipe.project.max_tokens_per_microbatch is not None:
@@ -278,7 +279,9 @@ def preview_auto_max_length(recipe: Recipe) -> dict:
     found = _local_tokenizer_and_data(recipe)
     if found is None:
         return pending
-    return lengths.cached_auto_max_length(found[1], found[0], recipe.project.auto_coverage) or pending
+    positions = lengths.model_positions(recipe.model.model_name_or_path, recipe.model.model_revision, local_only=True)
+    return lengths.cached_auto_max_length(found[1], found[0], recipe.project.auto_coverage,
+                                          max_positions=positions) or pending  # fmt: skip
 
 
 def _local_tokenizer_and_data(recipe: Recipe):
@@ -406,7 +409,10 @@ def preview_plan(recipe: Recipe, world: int, max_length: int | None, forward=Non
     # What the run's plan stage will make, from the cached lengths instead of the tokenized data set.
     run_plan = plan_stage.make(pair_lengths, t, pairs_per_step, world, p.max_tokens_per_microbatch, padded=not packs,
                                forward=layout, reduce_per_backward=deepspeed)  # fmt: skip
-    return {**run_plan.summary, "planned": f"from the analyzer's cached lengths ({report}){note}"}
+    counted = cuts.count(m.prompt, m.chosen, m.rejected, max_length, t.truncation_mode)  # as the run will count
+    cuts.check(counted, m.prompt, f"the analyzer's cached lengths ({report})")
+    return {**run_plan.summary, "max_length_cuts": counted,
+            "planned": f"from the analyzer's cached lengths ({report}){note}"}  # fmt: skip
 
 
 def _packing_preview(recipe: Recipe) -> tuple[bool, bool, int, str]:

@@ -580,6 +580,7 @@ def build_trainer(recipe: Recipe, train_dataset, eval_dataset=None, callbacks=()
     if forward.packed and packing.needs_parity_check(trainer.model.config):
         trainer.check_packing(explicit="padding_free" in recipe.given)
     trainer.graceful_stop = graceful_stop
+    trainer.rows_given = len(train_dataset)  # before TRL dropped the pairs whose prompt fills max_length (cuts.py)
     trainer.model_path = model_path  # the base weights on disk (a built-in model materialized), for the LoRA merge
     trainer.health = health  # .stop tells after `train()` whether a guard stopped it (dpotrain/health.py)
     if recipe.project.samples_every > 0:

@@ -30,7 +30,7 @@ sys.path.insert(0, str(ROOT))  # run as `python scripts/analyze_dataset.py` from
 
 from dotenv import load_dotenv  # noqa: E402
 
-from dpotrain import config, data, lengths, lengths_report, offline, shapes  # noqa: E402
+from dpotrain import config, cuts, data, lengths, lengths_report, offline, shapes  # noqa: E402
 from dpotrain.errors import ConfigError  # noqa: E402
 
 DEFAULT_DATASET = "allenai/Dolci-Instruct-DPO"  # the seed's default
@@ -170,6 +170,7 @@ def analyze(args: argparse.Namespace) -> int:
     hh_format = args.hh_format or recipe.get("hh_format") or "messages"
     if hh_format not in shapes.HH_FORMATS:
         raise ConfigError(f"hh_format {hh_format!r} in {recipe_path}: choose one of {', '.join(shapes.HH_FORMATS)}")
+    truncation = recipe.get("truncation_mode", "keep_start")
     batch_size = args.batch_size or int(recipe.get("per_device_train_batch_size", lengths.DEFAULT_BATCH_SIZE))
     print(
         f"Analysing {name} ({split}) with the tokenizer of {tokenizer_name}"
@@ -215,6 +216,7 @@ def analyze(args: argparse.Namespace) -> int:
         batch_size=batch_size,
         seed=args.seed,
         rows_seen=m.rows + len(m.invalid),
+        max_positions=lengths.model_positions(tokenizer_name, recipe.get("model_revision")),
         dataset=name,
         split=split,
         revision=args.revision,
@@ -222,12 +224,17 @@ def analyze(args: argparse.Namespace) -> int:
         sample={"rows": args.sample, "seed": args.seed} if args.sample else None,
     )
     print(lengths_report.to_markdown(report, current))
+    at = current or report["recommended_max_length"]  # the counts training will record at this max_length
+    print(f"Cut at {cuts.line(cuts.count(m.prompt, m.chosen, m.rejected, at, truncation))}", file=sys.stderr)
     r = report["recommendation"]
     doubled = r["doubled"]
     print(
         f"Recommended max_length: {r['max_length']} (covers {r['coverage']:.1%} of pairs; target {target:.1%}; "
         f"{doubled['max_length']} would cover {doubled['coverage']:.1%} for {doubled['compute']:+.1%} packed compute)"
     )
+    if r["capped"]:
+        print(f"Capped at the model's {r['max_length']:,} positions (max_position_embeddings): {target:.1%} coverage "
+              f"would need {r['capped']['uncapped']:,}, longer than the model can take")  # fmt: skip
 
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=1) + "\n")

@@ -12,7 +12,7 @@ a data set, which TRL does later anyway.
 
 import numpy as np
 
-from .. import lengths
+from .. import cuts, lengths
 from .cost import Lengths
 
 SAMPLE_ROWS = 1024
@@ -51,4 +51,9 @@ def sampled(dataset, tokenizer, seed: int, hh_format: str = "messages", rows: in
 def run_lengths(recipe, dataset, model_path: str) -> Lengths:
     """The lengths a real run decides from: cached for the whole split, else a seeded sample of `dataset`."""
     tokenizer = lengths.load_tokenizer(model_path, recipe.model.model_revision)
-    return cached(recipe, tokenizer) or sampled(dataset, tokenizer, recipe.training.seed, recipe.project.hh_format)
+    found = cached(recipe, tokenizer) or sampled(dataset, tokenizer, recipe.training.seed, recipe.project.hh_format)
+    # A max_length that drops every pair leaves the trainer nothing: refused here, before the model loads.
+    t = recipe.training
+    counted = cuts.count(found.prompt, found.chosen, found.rejected, t.max_length, t.truncation_mode)
+    cuts.check(counted, found.prompt, found.source)
+    return found
