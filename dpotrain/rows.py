@@ -51,6 +51,9 @@ def read_row(row: dict, fmt: RowFormat) -> tuple[dict | None, tuple[str, str] | 
     """`(example, None)`: the row as the trainer tokenizes it (`shapes.read`: explicit prompt, extra columns left out,
     no EOS yet), or `(None, (column, problem))` for a row the trainer cannot use or should not see."""
     shape = fmt.shape
+    row, problem = shapes.decode(row, shape)  # message lists written as JSON text (CSV, Parquet strings)
+    if problem:
+        return None, problem
     columns = ("prompt", "chosen", "rejected") if shape.name in ("prompt+messages", "prompt+text") else (
         ("chosen", "rejected"))  # fmt: skip
     for column in columns:

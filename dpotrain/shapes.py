@@ -21,6 +21,7 @@ reads: `tools` and `chat_template_kwargs`.
 """
 
 import dataclasses
+import json
 import re
 
 from trl.data_utils import extract_prompt
@@ -37,17 +38,26 @@ HH_ROLES = {"Human": "user", "Assistant": "assistant"}
 class Shape:
     name: str  # one of the table's shapes
     conversational: bool  # read into message lists (the chat template applies) or plain text
+    json_columns: tuple = ()  # columns whose cells hold message lists as JSON text (CSV, Parquet strings): parsed
+    repeats_prompt: bool = False  # prompt+messages whose first row's conversations start with the prompt
 
     @classmethod
     def of(cls, first_row: dict, columns, hh_format: str = "messages") -> "Shape":
         """The data set's shape, from its first row (a first row with a null `chosen` is judged by `rejected`; the
         row is then reported as invalid)."""
+        json_columns = tuple(c for c in ("prompt", "chosen", "rejected") if c in columns and
+                             json_messages(first_row.get(c)) is not None)  # fmt: skip
+        if json_columns:
+            first_row = {**first_row, **{c: json_messages(first_row[c]) for c in json_columns}}
         side = first_row.get("chosen") if first_row.get("chosen") is not None else first_row.get("rejected")
         prompt = first_row.get("prompt") if "prompt" in columns else None
         if isinstance(side, list):  # any list: a malformed first message is then reported as such
             if "prompt" not in columns:
-                return cls("messages", True)
-            return cls("ultrafeedback" if isinstance(prompt, str) else "prompt+messages", True)
+                return cls("messages", True, json_columns)
+            if isinstance(prompt, str):
+                return cls("ultrafeedback", True, json_columns)
+            repeats = isinstance(prompt, list) and bool(prompt) and _starts_with(side, prompt)
+            return cls("prompt+messages", True, json_columns, repeats)
         if "prompt" in columns:
             return cls("prompt+text", False)
         if isinstance(side, str) and is_hh(side):
@@ -62,9 +72,13 @@ class Shape:
     def describe(self, tokenizer_name: str | None = None) -> str:
         """One line for the console and the analyzer's report: what the rows are and how they are tokenized."""
         template = f"the chat template of {tokenizer_name}" if tokenizer_name else "the model's chat template"
+        if self.json_columns:
+            template += f" ({', '.join(self.json_columns)}: message lists written as JSON text, parsed)"
         return {
             "messages": f"message lists, prompt = the messages before the last assistant turn; {template}",
-            "prompt+messages": f"message lists with a prompt column; {template}",
+            "prompt+messages": "message lists with a prompt column"
+            + (" whose messages the conversations repeat: read without the repetition" if self.repeats_prompt else "")
+            + f"; {template}",
             "ultrafeedback": "message lists with a string prompt that repeats the first user turn (UltraFeedback-"
             f"binarized): read without it; {template}",
             "hh": "HH-RLHF strings (\\n\\nHuman: ... \\n\\nAssistant: ...) "
@@ -78,6 +92,42 @@ class Shape:
         }[self.name]
 
 
+def json_messages(value) -> list | None:
+    """A message list written as JSON text (`'[{"role": "user", "content": ...}]'`, as CSV files and some Parquet
+    exports hold them), parsed; None for anything else."""
+    if not isinstance(value, str) or not value.lstrip().startswith("["):
+        return None
+    try:
+        parsed = json.loads(value)
+    except ValueError:
+        return None
+    if isinstance(parsed, list) and parsed and all(isinstance(m, dict) and "role" in m for m in parsed):
+        return parsed
+    return None
+
+
+def decode(row: dict, shape: Shape) -> tuple[dict, tuple[str, str] | None]:
+    """The row with its JSON-text message lists parsed (`shape.json_columns`), or the column that is not one where the
+    first row's is, or that is one where the first row's is plain text (it would train the JSON)."""
+    row = dict(row)
+    for column in ("prompt", "chosen", "rejected"):
+        value = row.get(column)
+        if column in shape.json_columns:
+            if value is None:
+                continue  # reported as missing by rows.read_row
+            parsed = json_messages(value)
+            if parsed is None:
+                return row, (column, "not a message list written as JSON, as this column is in the data set's first "
+                                     f"row{DETAIL}{_short(value)}")  # fmt: skip
+            row[column] = parsed
+        elif not shape.raw_lists or column == "prompt" and shape.name == "ultrafeedback":
+            if json_messages(value) is not None:
+                return row, (column, "a message list written as JSON text, where the data set's first row holds "
+                                     "plain text: it would be trained as JSON; write this column the same way in "
+                                     "every row")  # fmt: skip
+    return row, None
+
+
 def is_hh(text: str) -> bool:
     return text.lstrip().startswith("Human:") and "\n\nAssistant:" in text
 
@@ -85,9 +135,16 @@ def is_hh(text: str) -> bool:
 def read(row: dict, shape: Shape) -> tuple[dict | None, tuple[str, str] | None]:
     """`({"prompt", "chosen", "rejected", ...}, None)` as the trainer and the analyzer use the row, or `(None,
     (column, problem))`. Values are expected to have the shape's types (`rows.check_row` checks them first)."""
-    if shape.name in ("prompt+messages", "prompt+text"):
+    if shape.name == "prompt+messages":
+        example, problem = _explicit_prompt(row["prompt"], row["chosen"], row["rejected"])
+        if problem:
+            return None, problem
+    elif shape.name == "prompt+text":
         example = {"prompt": row["prompt"], "chosen": row["chosen"], "rejected": row["rejected"]}
     elif shape.name == "text":
+        problem = _prefix_pair(row["chosen"], row["rejected"])
+        if problem:
+            return None, problem
         example = extract_prompt({"chosen": row["chosen"], "rejected": row["rejected"]})  # TRL's own reading
     elif shape.name == "hh" and not shape.conversational:
         example, problem = _hh_text(row["chosen"], row["rejected"])
@@ -127,6 +184,48 @@ def _messages(chosen: list, rejected: list) -> tuple[dict | None, tuple[str, str
     if not prompt_c:
         return None, ("prompt", "no message before the assistant's answer, so there is no prompt")
     return {"prompt": prompt_c, "chosen": completion_c, "rejected": completion_r}, None
+
+
+def _same_message(a: dict, b: dict) -> bool:
+    return a.get("role") == b.get("role") and str(a.get("content")).strip() == str(b.get("content")).strip()
+
+
+def _starts_with(side: list, prompt: list) -> bool:
+    """Whether a conversation holds the prompt's messages and then more (its answer)."""
+    n = len(prompt)
+    return len(side) > n and all(_same_message(m, p) for m, p in zip(side[:n], prompt, strict=True))
+
+
+def _explicit_prompt(prompt: list, chosen: list, rejected: list):
+    """A prompt column beside chosen/rejected. TRL (1.16) renders prompt + chosen as given, so conversations that
+    already start with the prompt would train its messages twice: such sides are read without the repetition. A side
+    that starts with another user (or system) turn is refused: a completion is the assistant's answer."""
+    repeats = {c: _starts_with(side, prompt) for c, side in (("chosen", chosen), ("rejected", rejected))}
+    if all(repeats.values()):
+        return {"prompt": prompt, "chosen": chosen[len(prompt) :], "rejected": rejected[len(prompt) :]}, None
+    for column, side in (("chosen", chosen), ("rejected", rejected)):
+        other = "rejected" if column == "chosen" else "chosen"
+        if repeats[other] and not repeats[column]:
+            return None, (column, f"does not start with the `prompt` column's messages while `{other}` does: write "
+                                  "both sides the same way (the whole conversation, or the answer alone)")  # fmt: skip
+        role = side[0].get("role") if side else None
+        if role not in ("assistant", None):
+            return None, (column, f"starts with a {role} message that is not the `prompt` column's, so the prompt "
+                                  "would be followed by another prompt: drop the `prompt` column if the conversations "
+                                  f"hold the whole exchange, or keep only the answer here{DETAIL}"
+                                  f"{_short(side[0].get('content'))}")  # fmt: skip
+    return {"prompt": prompt, "chosen": chosen, "rejected": rejected}, None
+
+
+def _prefix_pair(chosen: str, rejected: str) -> tuple[str, str] | None:
+    """Text pairs without a prompt column: TRL takes the start both sides share as the prompt. When one side is the
+    start of the other, that leaves it its last character as the whole answer (TRL's `extract_prompt`): refused."""
+    for column, side, other in (("chosen", chosen, rejected), ("rejected", rejected, chosen)):
+        if len(side) < len(other) and other.startswith(side):
+            return (column, f"is the start of `{'rejected' if column == 'chosen' else 'chosen'}`, so the prompt the "
+                            "two share (their common start) would leave it a one-character answer: give the prompt "
+                            "in a `prompt` column and only the answers in chosen/rejected")  # fmt: skip
+    return None
 
 
 def split_conversation(messages: list) -> tuple[list, list]:
@@ -208,7 +307,8 @@ def _hh_text(chosen: str, rejected: str):
 
 def normalize(row: dict, shape: Shape) -> dict:
     """`read` of a row known to be valid, for `Dataset.map` (the data set the trainer tokenizes)."""
-    example, problem = read(row, shape)
+    row, problem = decode(row, shape)
+    example, problem = (None, problem) if problem else read(row, shape)
     if problem:  # rows.usable_pairs checked every row first
         raise ValueError(f"row not readable as {shape.name}: {problem}")
     return example
