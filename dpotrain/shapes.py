@@ -203,11 +203,11 @@ def _explicit_prompt(prompt: list, chosen: list, rejected: list):
     repeats = {c: _starts_with(side, prompt) for c, side in (("chosen", chosen), ("rejected", rejected))}
     if all(repeats.values()):
         return {"prompt": prompt, "chosen": chosen[len(prompt) :], "rejected": rejected[len(prompt) :]}, None
-    for column, side in (("chosen", chosen), ("rejected", rejected)):
-        other = "rejected" if column == "chosen" else "chosen"
+    for column, other in (("chosen", "rejected"), ("rejected", "chosen")):
         if repeats[other] and not repeats[column]:
             return None, (column, f"does not start with the `prompt` column's messages while `{other}` does: write "
                                   "both sides the same way (the whole conversation, or the answer alone)")  # fmt: skip
+    for column, side in (("chosen", chosen), ("rejected", rejected)):
         role = side[0].get("role") if side else None
         if role not in ("assistant", None):
             return None, (column, f"starts with a {role} message that is not the `prompt` column's, so the prompt "

@@ -1,0 +1,313 @@
+"""Issue #42: every input read as the user meant it or refused in one line, the same in training, the dry run and the
+analyzer (docs/reliability.md, "Your data: read as meant or refused").
+
+Data sets are generated from the built-in rows and written with the real `datasets` library; training runs in this
+process through its command-line entry (`train_dpo.main`), the analyzer through its `main`.
+"""
+
+import json
+import shutil
+
+import datasets
+import numpy as np
+import pytest
+import torch
+from test_analyzer import cli, error_line, trainer_dataset, write_jsonl  # noqa: F401  (cli: a fixture)
+from test_refusals import refused
+
+import train_dpo
+from conftest import ROOT
+from dpotrain import builtin, config, cuts, data, lengths, rows
+from dpotrain.config import parse_args
+from dpotrain.errors import ConfigError, run_cli
+
+SMOKE = ROOT / "configs" / "smoke.yaml"
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tiny_model_dir):
+    return lengths.load_tokenizer(tiny_model_dir)
+
+
+def conversations(n=16, seed=11) -> list[dict]:
+    """chosen/rejected conversations sharing their prompt (single-turn, with a system message, multi-turn)."""
+    return builtin.make_preference_rows(n, seed=seed)
+
+
+@pytest.fixture
+def analyzer(cli):  # noqa: F811  (test_analyzer's fixture: the script as a module)
+    return cli
+
+
+def read(path: str):
+    """The pairs train_dpo.py hands the trainer, from the file as loaded."""
+    return rows.usable_pairs(data.load_preference_dataset(path), False, {}, "invalid_rows", say=False)
+
+
+def analyzer_error(analyzer, capsys, *argv) -> str:
+    assert analyzer.main([*argv, "--num-proc", "1"]) == 2
+    return error_line(capsys)
+
+
+# --- a prompt column the conversations already hold -------------------------------------------------------------------
+
+
+def test_a_prompt_column_repeated_in_the_conversations_is_trained_once(tokenizer, tmp_path):
+    """TRL renders prompt + chosen as given: a prompt column beside whole conversations trains the user turn twice.
+    Read as meant, the pairs are those of the conversations alone."""
+    plain = conversations()
+    repeated = [{"prompt": r["chosen"][:-1], **r} for r in plain]
+    as_meant = read(write_jsonl(tmp_path / "plain.jsonl", plain))
+    pairs = read(write_jsonl(tmp_path / "repeated.jsonl", repeated))
+    assert pairs.to_list() == as_meant.to_list()
+    # The trainer's tokens, and the analyzer's count of them, hold the prompt once.
+    processed = trainer_dataset(pairs, tokenizer, tmp_path)
+    assert tokenizer.decode(processed[0]["prompt_ids"] + processed[0]["chosen_ids"]).count(plain[0]["chosen"][-2][
+        "content"]) == 1  # fmt: skip
+    m = lengths.measure(datasets.Dataset.from_list(repeated), tokenizer)
+    np.testing.assert_array_equal(m.prompt, [len(p) for p in processed["prompt_ids"]])
+    np.testing.assert_array_equal(m.chosen, [len(c) for c in processed["chosen_ids"]])
+
+
+@pytest.mark.parametrize(
+    "edit, column, problem",
+    [
+        (lambda r: {**r, "rejected": r["rejected"][-1:]}, "rejected", "does not start with the `prompt` column's"),
+        (lambda r: {**r, "prompt": [{"role": "user", "content": "Another question?"}]}, "chosen",
+         "starts with a user message that is not the `prompt` column's"),
+    ],
+    ids=["one side repeats it", "another prompt inside the conversation"],
+)  # fmt: skip
+def test_a_prompt_column_the_conversations_contradict_is_refused(edit, column, problem, analyzer, tmp_path,
+                                                                  tiny_model_dir, capsys, monkeypatch):  # fmt: skip
+    good = [{"prompt": r["chosen"][:-1], **r} for r in conversations()]
+    path = write_jsonl(tmp_path / "bad.jsonl", [*good[:5], edit(good[5]), *good[6:]])
+    expected = f"row 5, column '{column}': {problem}"
+    assert expected in refused(tmp_path, monkeypatch, capsys, "--dataset_name", path)
+    assert expected in analyzer_error(analyzer, capsys, path, "--tokenizer", tiny_model_dir)
+
+
+# --- text pairs where one side is the start of the other --------------------------------------------------------------
+
+
+def test_text_pair_where_one_side_starts_the_other_is_refused(analyzer, tmp_path, tiny_model_dir, capsys, monkeypatch):
+    """TRL takes the shared start as the prompt: 'Paris.' against 'Paris. It is in France.' leaves chosen the answer
+    '.' — refused in training and in the analyzer, naming the row and the side."""
+    good = [{"chosen": f"Q{i}: capital of France? A: Paris.", "rejected": f"Q{i}: capital of France? A: Lyon."}
+            for i in range(12)]  # fmt: skip
+    bad = {"chosen": "Q: capital of France? A: Paris.", "rejected": "Q: capital of France? A: Paris. It is in France."}
+    path = write_jsonl(tmp_path / "text.jsonl", [*good[:7], bad, *good[7:]])
+    expected = "row 7, column 'chosen': is the start of `rejected`"
+    assert expected in refused(tmp_path, monkeypatch, capsys, "--dataset_name", path)
+    assert expected in analyzer_error(analyzer, capsys, path, "--tokenizer", tiny_model_dir)
+    # The same with the sides swapped names the other column.
+    swapped = {"chosen": bad["rejected"], "rejected": bad["chosen"]}
+    path = write_jsonl(tmp_path / "swapped.jsonl", [*good[:2], swapped, *good[2:]])
+    assert "row 2, column 'rejected': is the start of `chosen`" in analyzer_error(analyzer, capsys, path, "--tokenizer",
+                                                                                  tiny_model_dir)  # fmt: skip
+
+
+# --- message lists written as JSON text -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", ["csv", "parquet"])
+def test_message_lists_written_as_json_text_are_read_as_messages(kind, tokenizer, tmp_path):
+    plain = conversations()
+    as_text = datasets.Dataset.from_list([{k: json.dumps(v) for k, v in r.items()} for r in plain])
+    path = str(tmp_path / f"pairs.{kind}")
+    as_text.to_csv(path, index=False) if kind == "csv" else as_text.to_parquet(path)
+    pairs = read(path)
+    assert pairs.to_list() == read(write_jsonl(tmp_path / "plain.jsonl", plain)).to_list()
+    # The analyzer reads them the same way: its lengths are the trainer's.
+    m = lengths.measure(data.load_preference_dataset(path), tokenizer)
+    assert m.conversational
+    processed = trainer_dataset(pairs, tokenizer, tmp_path)
+    np.testing.assert_array_equal(m.rejected, [len(r) for r in processed["rejected_ids"]])
+
+
+def test_json_text_cells_that_do_not_match_the_first_row_are_refused(analyzer, tmp_path, tiny_model_dir, capsys,
+                                                                      monkeypatch):  # fmt: skip
+    plain = conversations()
+    cells = [{k: json.dumps(v) for k, v in r.items()} for r in plain]
+    cells[4]["rejected"] = "Green."  # plain text in a column of JSON message lists
+    path = str(tmp_path / "mixed.csv")
+    datasets.Dataset.from_list(cells).to_csv(path, index=False)
+    expected = "row 4, column 'rejected': not a message list written as JSON"
+    assert expected in refused(tmp_path, monkeypatch, capsys, "--dataset_name", path)
+    assert expected in analyzer_error(analyzer, capsys, path, "--tokenizer", tiny_model_dir)
+    # Plain text first, then a JSON message list: it would train the JSON.
+    text = [{"prompt": f"Q{i}?", "chosen": " Yes.", "rejected": " No."} for i in range(12)]
+    text[6]["chosen"] = json.dumps(plain[0]["chosen"])
+    path = str(tmp_path / "text.csv")
+    datasets.Dataset.from_list(text).to_csv(path, index=False)
+    assert "row 6, column 'chosen': a message list written as JSON text" in analyzer_error(
+        analyzer, capsys, path, "--tokenizer", tiny_model_dir)  # fmt: skip
+
+
+# --- precision --------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="fp16 runs on a CUDA GPU")
+def test_fp16_without_a_gpu_is_refused_not_recorded(tmp_path, monkeypatch, capsys):
+    assert "fp16 needs a CUDA GPU and this run has none" in refused(tmp_path, monkeypatch, capsys, "--fp16", "true")
+    # Also under use_cpu, where no GPU would be used even if there were one.
+    assert "fp16 needs a CUDA GPU" in refused(tmp_path, monkeypatch, capsys, "--fp16", "true", "--use_cpu", "true")
+
+
+# --- pairs cut and dropped at max_length ------------------------------------------------------------------------------
+
+
+def cut_rows() -> list[dict]:
+    """Rows of every length, and two whose prompt alone is long (dropped at a small max_length)."""
+    out = conversations(30, seed=2)
+    for i in (4, 17):
+        long_user = {"role": "user", "content": f"Please explain tides number {i}. " * 25}
+        out[i] = {"chosen": [long_user, {"role": "assistant", "content": "The moon pulls the water."}],
+                  "rejected": [long_user, {"role": "assistant", "content": "No idea."}]}  # fmt: skip
+    return out
+
+
+def test_pairs_cut_and_dropped_are_counted_the_same_by_the_run_and_the_analyzer(analyzer, tmp_path, tiny_model_dir,
+                                                                                 tokenizer, capsys):  # fmt: skip
+    path = write_jsonl(tmp_path / "pairs.jsonl", cut_rows())
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(SMOKE.read_text().replace("max_length: 1024", "max_length: 160").replace(
+        "dataset_name: data/smoke_prefs.jsonl", f"dataset_name: {path}").replace("pairs_per_step: 8",
+                                                                                  "pairs_per_step: 4"))  # fmt: skip
+    # What TRL itself keeps and cuts, independently of this project's counting.
+    processed = trainer_dataset(read(path), tokenizer, tmp_path, max_length=160)
+    total = np.array([len(p) + max(len(c), len(r)) for p, c, r in zip(
+        processed["prompt_ids"], processed["chosen_ids"], processed["rejected_ids"], strict=True)])  # fmt: skip
+    expected = {"max_length": 160, "truncation_mode": "keep_start", "pairs": 30,
+                "truncated": int((total > 160).sum()), "dropped": 30 - len(processed)}  # fmt: skip
+    assert expected["truncated"] > 0 and expected["dropped"] == 2
+
+    out = tmp_path / "run"
+    train_dpo.main(["--config", str(recipe), "--output_dir", str(out), "--max_steps", "2"])
+    run_lines = capsys.readouterr().out
+    resolved = json.loads((out / "resolved_config.json").read_text())
+    assert resolved["derived"]["batching"]["max_length_cuts"] == expected
+    line = f"Cut at {cuts.line(expected)}"
+    assert line in run_lines.splitlines()
+    assert (
+        f"| pairs cut / dropped at max_length | {expected['truncated']} / 2 of 30 |" in (out / "README.md").read_text()
+    )
+
+    # The analyzer, on the same recipe: the same line, and the same counts in its report.
+    assert analyzer.main(["--config", str(recipe), "--num-proc", "1", "--json", str(tmp_path / "r.json")]) == 0
+    assert line in capsys.readouterr().err.splitlines()
+    candidate = json.loads((tmp_path / "r.json").read_text())["candidates"]["160"]
+    assert (candidate["truncated"], candidate["dropped"]) == (expected["truncated"], 2)
+
+
+def test_a_max_length_that_drops_every_pair_is_one_line(tmp_path, capsys):
+    """Refused from the lengths the run decides its forward from (its tokenizer only: before the model loads)."""
+    out = tmp_path / "run"
+    with pytest.raises(SystemExit) as ended:
+        run_cli(lambda: train_dpo.main(["--config", str(SMOKE), "--output_dir", str(out), "--max_length", "8"]))
+    printed = capsys.readouterr()
+    assert ended.value.code == 2 and "Traceback" not in printed.out + printed.err
+    line = printed.err.strip().splitlines()[-1]
+    assert line.startswith("error: max_length 8 drops every pair") and "the shortest prompt is" in line
+    assert not out.exists()  # nothing written: no model loaded, no trainer made the output folder
+
+
+def test_the_recommendation_is_capped_at_the_models_positions(analyzer, tmp_path, tiny_model_dir, capsys):
+    """One pair far longer than the model's 4,096 positions (the built-in model's max_position_embeddings) among a few:
+    95% coverage would need its length; the analyzer recommends 4,096 and says why."""
+    pairs = conversations(12)
+    pairs[3]["chosen"][-1]["content"] = " ".join(f"w{i}" for i in range(9000))
+    path = write_jsonl(tmp_path / "outlier.jsonl", pairs)
+    argv = [path, "--tokenizer", "builtin:tiny-olmo3", "--num-proc", "1", "--json", str(tmp_path / "r.json")]
+    assert analyzer.main(argv) == 0
+    printed = capsys.readouterr().out
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert report["recommended_max_length"] == 4096
+    assert report["recommendation"]["capped"]["uncapped"] > 4096
+    assert "Capped at the model's 4,096 positions (max_position_embeddings)" in printed
+    # `max_length: auto` resolves through the same rule.
+    m = lengths.measure(data.load_preference_dataset(path), lengths.load_tokenizer(tiny_model_dir))
+    assert lengths.recommendation(m, max_positions=4096)["max_length"] == 4096
+    assert lengths.recommendation(m)["max_length"] > 4096
+
+
+# --- recipes ----------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("beta: 5.0\nlearning_rate: 1.0e-6\nbeta: 0.1\n", ":3: key 'beta' is given twice (first on line 1)"),
+        ("beta: 5.0\nloss_type: [sigmoid_norm\nlearning_rate: 1.0e-6\n", ":3: not valid YAML"),
+        ("beta: 5.0\n  learning_rate: 1.0e-6\n", ":2: not valid YAML (mapping values are not allowed here)"),
+        ("betta: 5.0\n", ": unknown key 'betta' (did you mean 'beta'?)"),
+    ],
+    ids=["duplicate key", "unclosed list", "bad indentation", "misspelled key"],
+)
+def test_a_bad_recipe_is_refused_alike_by_training_and_the_analyzer(text, expected, analyzer, tmp_path, tiny_model_dir,
+                                                                     capsys):  # fmt: skip
+    recipe = tmp_path / "my.yaml"
+    recipe.write_text(text)
+    with pytest.raises(ConfigError) as refused_by_training:
+        parse_args(["--config", str(recipe)])
+    assert f"{recipe}{expected}" in str(refused_by_training.value)
+    line = analyzer_error(analyzer, capsys, str(ROOT / "data" / "smoke_prefs.jsonl"), "--config", str(recipe),
+                          "--tokenizer", tiny_model_dir)  # fmt: skip
+    assert line == f"error: {refused_by_training.value}"
+
+
+def test_shipped_recipes_read_strictly():
+    for path in sorted((ROOT / "configs").glob("*.yaml")):
+        assert config.read_recipe(str(path))  # no key given twice, none misspelled
+
+
+# --- tracebacks that are now one line ---------------------------------------------------------------------------------
+
+
+def invalid_utf8(tmp_path, kind: str) -> tuple[str, int]:
+    """A data file with one Latin-1 byte on line 5, and that line's number."""
+    plain = conversations(12) if kind == "jsonl" else [{"prompt": f"Q{i}?", "chosen": " Oui.", "rejected": " Non."}
+                                                       for i in range(12)]  # fmt: skip
+    path = tmp_path / f"latin.{kind}"
+    if kind == "jsonl":
+        datasets.Dataset.from_list(plain).to_json(path)
+    else:
+        datasets.Dataset.from_list(plain).to_csv(path, index=False)
+    lines = path.read_bytes().split(b"\n")
+    lines[4] = lines[4].replace(b"?", "\u00e9?".encode("latin-1"), 1)
+    path.write_bytes(b"\n".join(lines))
+    return str(path), 5
+
+
+@pytest.mark.parametrize("kind", ["jsonl", "csv"])
+def test_invalid_utf8_names_the_file_and_line(kind, analyzer, tmp_path, tiny_model_dir, capsys, monkeypatch):
+    path, line = invalid_utf8(tmp_path, kind)
+    expected = f"{path}:{line}: not valid UTF-8 (byte 0xe9"
+    assert expected in refused(tmp_path, monkeypatch, capsys, "--dataset_name", path)
+    assert expected in analyzer_error(analyzer, capsys, path, "--tokenizer", tiny_model_dir)
+
+
+def test_a_data_file_named_for_another_format(analyzer, tmp_path, tiny_model_dir, capsys, monkeypatch):
+    jsonl = tmp_path / "pairs.parquet"
+    shutil.copy(ROOT / "data" / "smoke_prefs.jsonl", jsonl)
+    expected = f"dataset file '{jsonl}' is named .parquet but holds json lines: rename it to 'pairs.jsonl'"
+    assert expected in refused(tmp_path, monkeypatch, capsys, "--dataset_name", str(jsonl))
+    assert expected in refused(tmp_path, monkeypatch, capsys, "--dataset_name", str(jsonl), "--dry-run")
+    assert expected in analyzer_error(analyzer, capsys, str(jsonl), "--tokenizer", tiny_model_dir)
+    parquet = tmp_path / "real.jsonl"
+    datasets.Dataset.from_list(conversations(4)).to_parquet(parquet)
+    assert "is named .jsonl but holds parquet: rename it to 'real.parquet'" in refused(
+        tmp_path, monkeypatch, capsys, "--dataset_name", str(parquet))  # fmt: skip
+
+
+@pytest.mark.parametrize("dry_run", [[], ["--dry-run"]], ids=["run", "dry run"])
+def test_unknown_builtin_and_empty_model_folder(dry_run, tmp_path, monkeypatch, capsys):
+    line = refused(tmp_path, monkeypatch, capsys, "--model_name_or_path", "builtin:tiny-olmo", *dry_run)
+    assert "unknown built-in model 'builtin:tiny-olmo': the built-in ones are builtin:tiny-olmo3" in line
+    empty = tmp_path / "my-sft"
+    empty.mkdir()
+    line = refused(tmp_path, monkeypatch, capsys, "--model_name_or_path", str(empty), *dry_run)
+    assert f"model folder '{empty}' is empty" in line
+    (empty / "notes.txt").write_text("weights to come")
+    assert "holds no config.json" in refused(tmp_path, monkeypatch, capsys, "--model_name_or_path", str(empty),
+                                             *dry_run)  # fmt: skip
