@@ -399,6 +399,8 @@ def preview_plan(recipe: Recipe, world: int, max_length: int | None, forward=Non
         packs, share, hidden_size, note = forward.packed, forward.share_prompt, forward.hidden_size, ""
     else:
         packs, share, hidden_size, note = _packing_preview(recipe)
+    counted = cuts.count(m.prompt, m.chosen, m.rejected, max_length, t.truncation_mode)  # as the run will count
+    cuts.check(counted, m.prompt, f"the analyzer's cached lengths ({report})")
     kept = m.prompt < max_length  # TRL drops the pairs whose prompt alone fills max_length
     pair_lengths = plan.PairLengths.from_parts(m.prompt[kept], m.chosen[kept], m.rejected[kept], max_length, share,
                                                t.truncation_mode)  # fmt: skip
@@ -409,8 +411,6 @@ def preview_plan(recipe: Recipe, world: int, max_length: int | None, forward=Non
     # What the run's plan stage will make, from the cached lengths instead of the tokenized data set.
     run_plan = plan_stage.make(pair_lengths, t, pairs_per_step, world, p.max_tokens_per_microbatch, padded=not packs,
                                forward=layout, reduce_per_backward=deepspeed)  # fmt: skip
-    counted = cuts.count(m.prompt, m.chosen, m.rejected, max_length, t.truncation_mode)  # as the run will count
-    cuts.check(counted, m.prompt, f"the analyzer's cached lengths ({report})")
     return {**run_plan.summary, "max_length_cuts": counted,
             "planned": f"from the analyzer's cached lengths ({report}){note}"}  # fmt: skip
 
