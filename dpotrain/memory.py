@@ -22,9 +22,9 @@ import math
 import warnings
 from dataclasses import dataclass
 
-from .builtin import PROJECT_ROOT
-from .engine import LAUNCHED, Engine, from_config
+from .engine import Engine, from_config
 from .errors import ConfigError
+from .memory_advice import NAMES, NODE_SIZES, advice, node_size  # noqa: F401 - NODE_SIZES: dry_run reads it here
 
 GIB = 2**30
 # CUDA context (~0.5-1 GiB with torch's kernels loaded) plus NCCL communicator buffers (~1-2 GiB), per process.
@@ -34,27 +34,10 @@ CONTEXT_GIB = 3.0
 FRAGMENTATION = 0.10
 BF16 = 2
 
-NAMES = {
-    "zero2": "DeepSpeed ZeRO-2",
-    "zero3": "DeepSpeed ZeRO-3",
-    "fsdp2": "FSDP2",
-    "ddp": "DDP",
-    "single": "one process",
-}
-# The accelerate configs this project ships, one per engine: what a refusal tells the user to pass.
-SHIPPED = {
-    "zero2": "accelerate_config.yaml",
-    "zero3": "configs/accelerate/zero3.yaml",
-    "fsdp2": "configs/accelerate/fsdp2.yaml",
-}
-MAX_NODES = 16  # how far a refusal looks for a node count that fits
-NODE_SIZES = (4, 8)  # GPUs per node the sbatch scripts are written for (their `#SBATCH --gpus-per-node`, # EDIT)
-
-
 # --- the model, from its config only ---
 
 
-@dataclass
+@dataclass(frozen=True)
 class ModelShape:
     params: int  # distinct parameters (tied ones once), as DeepSpeed's model_to_params counts them
     trainable: int  # all of them, or LoRA's adapter
@@ -95,6 +78,24 @@ def load_model_config(recipe):
 
 
 def model_shape(recipe, config) -> ModelShape:
+    """The parameter counts of the model (with LoRA's adapter when the recipe trains one), from its config alone. Kept
+    per config and LoRA settings: a refusal plans many variants of one model (memory_advice), and PEFT's wrapping of
+    a 32B model on the meta device takes seconds."""
+    peft = None
+    if recipe.model.use_peft:
+        from trl import get_peft_config
+
+        peft = repr(get_peft_config(recipe.model))
+    key = (config.to_json_string(use_diff=False), peft, str(recipe.model.dtype))
+    if key not in _SHAPES:
+        _SHAPES[key] = _model_shape(recipe, config)
+    return _SHAPES[key]
+
+
+_SHAPES: dict[tuple, ModelShape] = {}
+
+
+def _model_shape(recipe, config) -> ModelShape:
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -518,7 +519,7 @@ def plan(recipe, world: int, engine: Engine | None = None, attention: str | None
     }
     record["checkpointing"] = checkpointing_record  # which layers: apply_checkpointing gives the run this choice
     if record["fits"] is False and recipe.project.memory_check:
-        raise ConfigError(_refusal(recipe, chosen, gpu, gpu_source, for_engine, tokens))
+        raise ConfigError(_refusal(recipe, chosen, gpu, gpu_source, attention))
     return record
 
 
@@ -603,51 +604,14 @@ def _gib(n: float) -> float:
     return round(n / GIB, 1)
 
 
-def node_size(engine: Engine) -> int:
-    """GPUs per node the plan counts nodes in: the job's (GPUS_PER_NODE, from scripts/launch.sh) or the accelerate
-    config's; one process planned (no launcher): nodes of 4."""
-    return engine.gpus_per_node if engine.gpus_per_node > 1 else NODE_SIZES[0]
-
-
-def sbatch_line(accelerate_config: str, nodes: int, per_node: int) -> str:
-    """The submission that gives a job `nodes` x `per_node` GPUs, as printed in a suggestion. --gpus-per-node is always
-    named: scripts/launch.sh starts one process per GPU the job has, and the script's own `#SBATCH --gpus-per-node`
-    (4 as shipped, or as edited) must not decide a count the plan assumed."""
-    return f"ACCELERATE_CONFIG={accelerate_config} sbatch --nodes={nodes} --gpus-per-node={per_node}"
-
-
-def _refusal(recipe, chosen: Plan, gpu: float, gpu_source: str, for_engine, tokens: int) -> str:
-    """One line: what does not fit, by how much and in which part, and what would fit."""
+def _refusal(recipe, chosen: Plan, gpu: float, gpu_source: str, attention: str | None) -> str:
+    """One line: what does not fit, by how much and in which part, and what would fit (memory_advice: each option
+    planned for real)."""
     e, world = chosen.engine, chosen.world
-    per_node = node_size(e)
-    pairs = recipe.project.pairs_per_step or math.inf
-    options = []
-    for kind in ("zero2", "zero3", "fsdp2"):
-        alternative = e if kind == e.name else from_config(str(PROJECT_ROOT / SHIPPED[kind]))
-        for nodes in range(1, MAX_NODES + 1):
-            n = nodes * per_node
-            if n > pairs:  # each process needs a pair per step
-                break
-            if (kind, n) != (e.name, world) and for_engine(alternative, n).total <= gpu * GIB:
-                launched = e.source.startswith(LAUNCHED)  # the config file is not known: name the shipped one
-                config = recipe.project.accelerate_config if kind == e.name and not launched else SHIPPED[kind]
-                launch = sbatch_line(config, nodes, per_node)
-                options.append(f"{NAMES[kind]} fits on {n} GPUs ({nodes} node{'s' * (nodes > 1)}: {launch})")
-                break
-    # The same engine and GPUs with fewer tokens per micro-batch: everything but the model states and buffers, and
-    # the context, scales with the tokens.
-    fixed = (chosen.states + chosen.buffers) * (1 + FRAGMENTATION) + CONTEXT_GIB * GIB
-    per_token = (chosen.activations + chosen.lm_head + chosen.masks) * (1 + FRAGMENTATION) / tokens
-    most = int((gpu * GIB - fixed) / per_token) // 1024 * 1024 if gpu * GIB > fixed else 0
-    floor = 2 * (recipe.training.max_length or 0)
-    if recipe.project.max_tokens_per_microbatch is not None and most >= max(floor, 1024):
-        options.append(f"max_tokens_per_microbatch {most} fits on these {world} GPUs")
     parts = (f"model states {_gib(chosen.states)}, buffers {_gib(chosen.buffers)}, activations "
              f"{_gib(chosen.activations)}, LM head {_gib(chosen.lm_head)}, masks {_gib(chosen.masks)}, allowance "
              f"{_gib(chosen.allowance)}")  # fmt: skip
-    if not options:
-        options.append(f"nothing shipped fits on up to {MAX_NODES} nodes: train a LoRA adapter (--use_peft true) or "
-                       "lower max_length")  # fmt: skip
+    options = advice(recipe, world, e, attention, gpu, plan)
     return (f"memory plan: {NAMES[e.name]} on {world} GPU{'s' * (world > 1)} needs ~{_gib(chosen.total)} GiB per GPU "
-            f"({parts}), more than the {gpu:.1f} GiB GPU ({gpu_source}): {'; '.join(options)} (the plan is an "
-            "estimate: --memory_check false runs anyway)")  # fmt: skip
+            f"({parts}), more than the {gpu:.1f} GiB GPU ({gpu_source}): {options} (the plan is an estimate: "
+            "--memory_check false runs anyway)")  # fmt: skip

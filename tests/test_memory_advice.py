@@ -1,0 +1,95 @@
+"""A memory refusal's advice closes the loop (dpotrain/memory_advice.py): every option it prints, typed as printed,
+gives a dry run whose plan fits; it never offers a lever that is already pulled."""
+
+import re
+import shlex
+
+import pytest
+
+import train_dpo
+from conftest import ROOT
+from dpotrain.errors import ConfigError
+
+MODELS = ROOT / "configs" / "models"
+RECIPES = {"7b": ("think.yaml", "olmo3-7b"), "32b": ("think-32b.yaml", "olmo3-32b")}
+OPTION = re.compile(r"\[\d+\] (.*?) \(~([\d.]+) GiB\)(?:;|$| \(the plan)")
+SBATCH = re.compile(r"ACCELERATE_CONFIG=(\S+) sbatch --nodes=(\d+) --gpus-per-node=(\d+)")
+
+pytestmark = pytest.mark.skipif(
+    __import__("torch").cuda.is_available(), reason="plans for gpu_memory_gib; a GPU here would be planned instead"
+)
+
+
+def command(size: str, gib: int, tmp_path, *extra) -> list[str]:
+    recipe, model = RECIPES[size]
+    return ["--config", str(ROOT / "configs" / recipe), "--model_name_or_path", str(MODELS / model),
+            "--output_dir", str(tmp_path / "run"), "--gpu_memory_gib", str(gib), "--dry-run", *extra]  # fmt: skip
+
+
+def refusal(argv: list[str]) -> str:
+    with pytest.raises(ConfigError) as info:
+        train_dpo.main(argv)
+    return str(info.value)
+
+
+def options(error: str) -> list[tuple[list[str], dict, float]]:
+    """Each printed option as (flags to add, environment of the launch it names, its GiB): an sbatch line becomes
+    what scripts/launch.sh gives its own dry run (--accelerate_config, WORLD_SIZE, GPUS_PER_NODE)."""
+    assert "these fit: " in error, error
+    found = []
+    for text, gib in OPTION.findall(error.split("these fit: ", 1)[1]):
+        flags = shlex.split(text.split("`")[1]) if "`" in text else []
+        env = {}
+        launch = SBATCH.search(text)
+        if launch:
+            config, nodes, per_node = launch.groups()
+            flags += ["--accelerate_config", config]
+            env = {"WORLD_SIZE": str(int(nodes) * int(per_node)), "GPUS_PER_NODE": per_node}
+        found.append((flags, env, float(gib)))
+    assert found, error
+    return found
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("size", ["7b", "32b"])
+@pytest.mark.parametrize("gib", [24, 40, 80])
+def test_every_option_of_a_refusal_gives_a_dry_run_that_fits(size, gib, tmp_path, capsys, monkeypatch):
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    monkeypatch.delenv("GPUS_PER_NODE", raising=False)
+    argv = command(size, gib, tmp_path)
+    error = refusal(argv)
+    assert error.startswith("memory plan: "), error
+    for flags, env, gib_printed in options(error):
+        with monkeypatch.context() as m:
+            for name, value in env.items():
+                m.setenv(name, value)
+            train_dpo.main([*argv, *flags])  # raises if the plan does not fit
+        summary = capsys.readouterr().out
+        planned = re.search(r"^  memory/GPU:\s+(.*)$", summary, re.MULTILINE).group(1)
+        verdict = re.search(r"^  GPU:\s+(.*)$", summary, re.MULTILINE).group(1)
+        assert planned.startswith(f"~{gib_printed:.1f} GiB") and verdict.startswith(f"fits one {gib:.1f} GiB GPU"), (
+            flags,
+            env,
+            planned,
+            verdict,
+        )
+
+
+def test_a_lever_already_pulled_is_not_offered_again(tmp_path):
+    """LoRA already on (the issue's second command): the advice no longer offers it, and every option it does offer
+    is another change."""
+    lora = ["--use_peft", "true", "--lora_target_modules", "all-linear"]
+    error = refusal(command("7b", 24, tmp_path, *lora))
+    assert "--use_peft" not in error.split("these fit: ", 1)[1], error
+    for flags, env, _ in options(error):
+        assert flags or env, error
+
+
+def test_a_shorter_max_length_is_offered_only_where_nothing_keeps_the_pairs_whole(tmp_path):
+    # An 80 GiB GPU: a smaller token budget fits without cutting a single pair.
+    error = refusal(command("7b", 80, tmp_path))
+    assert "--max_tokens_per_microbatch 32768" in error and "--max_length" not in error, error
+    # 24 GiB: nothing short of a shorter max_length does; each option then names both numbers (a pair per budget).
+    for flags, _, _ in options(refusal(command("7b", 24, tmp_path))):
+        length = int(flags[flags.index("--max_length") + 1])
+        assert int(flags[flags.index("--max_tokens_per_microbatch") + 1]) == 2 * length
