@@ -136,17 +136,24 @@ def build_tokenizer(vocab_size: int = 1024):
     )
 
 
+def model_config(key: str, vocab_size: int = 1024):
+    """The built-in model's config: its shape, and the special tokens' ids as `build_tokenizer` assigns them (the BPE
+    trainer numbers SPECIAL_TOKENS first, in order). Olmo3Config's own defaults (eos 50279, ...) lie outside this
+    vocabulary, which transformers warns about at every load."""
+    from transformers import Olmo3Config
+
+    ids = {token: SPECIAL_TOKENS.index(token) for token in ("<|endoftext|>", "<|pad|>", "<|im_end|>")}
+    return Olmo3Config(vocab_size=vocab_size, bos_token_id=ids["<|endoftext|>"], pad_token_id=ids["<|pad|>"],
+                       eos_token_id=ids["<|im_end|>"], **BUILTIN_MODELS[key])  # fmt: skip
+
+
 def build_model(key: str, tokenizer, seed: int = 0):
     import torch
-    from transformers import AutoModelForCausalLM, Olmo3Config
+    from transformers import AutoModelForCausalLM
 
-    config = Olmo3Config(
-        vocab_size=len(tokenizer),
-        pad_token_id=tokenizer.pad_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        bos_token_id=tokenizer.bos_token_id,
-        **BUILTIN_MODELS[key],
-    )
+    config = model_config(key, len(tokenizer))
+    specials = (config.bos_token_id, config.pad_token_id, config.eos_token_id)
+    assert specials == (tokenizer.bos_token_id, tokenizer.pad_token_id, tokenizer.eos_token_id), specials
     torch.manual_seed(seed)
     return AutoModelForCausalLM.from_config(config, dtype=torch.float32)
 

@@ -58,11 +58,12 @@ def load_model_config(recipe):
 
     name = recipe.model.model_name_or_path
     if builtin.is_builtin(name):
-        from transformers import Olmo3Config
-
-        key = name.removeprefix(builtin.BUILTIN_PREFIX)
-        # The shape builtin.build_model gives it; its tokenizer (so the vocabulary) is 1024 tokens.
-        return Olmo3Config(vocab_size=1024, **builtin.BUILTIN_MODELS[key]), None
+        builtin.check_name(name)
+        built = builtin.existing_model_dir(name)
+        if built:
+            return AutoConfig.from_pretrained(built), None
+        # Not built yet: the shape builtin.build_model gives it, with at most 1024 tokens (its tokenizer's bound).
+        return builtin.model_config(name.removeprefix(builtin.BUILTIN_PREFIX)), None
     try:
         return AutoConfig.from_pretrained(name, revision=recipe.model.model_revision, local_files_only=True), None
     except (OSError, ValueError) as e:
