@@ -10,7 +10,7 @@ import yaml
 
 from . import data
 from .checkpoints import checkpoints, latest_complete_checkpoint
-from .config import Recipe
+from .config import Recipe, uses_live_reference  # noqa: F401 (resolve.uses_live_reference)
 from .errors import ConfigError
 
 RUN_COMPLETE = "run_complete.json"  # written last by a finished run
@@ -76,13 +76,6 @@ def fill_defaults(recipe: Recipe) -> None:
         t.run_name = Path(recipe.config_path).stem + "-dpo" if recipe.config_path else "dpo"
     if "output_dir" not in recipe.given:
         t.output_dir = str(Path("outputs") / t.run_name)
-
-
-def uses_live_reference(recipe: Recipe) -> bool:
-    """A reference model kept in memory and run at every step, instead of the reference stage's scores: asked for
-    with `precompute_ref_log_probs: false`, or needed by `sync_ref_model` (which updates the reference)."""
-    t = recipe.training
-    return bool(t.sync_ref_model or ("precompute_ref_log_probs" in recipe.given and not t.precompute_ref_log_probs))
 
 
 def plan_batch(recipe: Recipe, world: int) -> None:
