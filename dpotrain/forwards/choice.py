@@ -257,8 +257,13 @@ def decide_forward(recipe, model_path: str, cuda: bool | None = None, lengths=No
 
     cuda = cuda_available() if cuda is None else cuda
     varlen = installed_varlen(cuda) if varlen == INSTALLED else varlen
-    t = recipe.training
     config = AutoConfig.from_pretrained(model_path, revision=recipe.model.model_revision)
+    return decide(recipe, config, cuda, varlen, lengths)
+
+
+def decide(recipe, config, cuda: bool, varlen: str | None, lengths=None) -> ForwardChoice:
+    """`decide_forward` for a model's config already read: the run's forward stage (`stages.decide_forward`)."""
+    t = recipe.training
     if not uses_live_reference(recipe):
         t.precompute_ref_log_probs = True  # the reference stage (reference.py): only the policy stays in memory
     chosen, notes = choose(config, recipe, cuda, varlen, lengths)
