@@ -101,7 +101,8 @@ def output_checks(recipe, found: Launch, push) -> resolve.OutputPlan:
         training.per_device_train_batch_size * training.gradient_accumulation_steps * found.world
     )
     plan = resolve.OutputPlan(None, False) if only_reference else resolve.check_output_dir(recipe, pairs)
-    offline.check_offline_artifacts(recipe)  # with HF_HUB_OFFLINE: model, tokenizer and data set must be cached
+    if not found.planning:  # a dry run says what it could not decide without them, and the command that decides it
+        offline.check_offline_artifacts(recipe)  # with HF_HUB_OFFLINE: model, tokenizer and data set must be cached
     return plan
 
 
