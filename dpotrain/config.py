@@ -432,3 +432,10 @@ def _take_max_length_auto(tokens: list[str]) -> tuple[list[str], bool]:
         else:
             out.append(tok)
     return out, auto
+
+
+def uses_live_reference(recipe: Recipe) -> bool:
+    """A reference model kept in memory and run at every step, instead of the reference stage's scores: asked for
+    with `precompute_ref_log_probs: false`, or needed by `sync_ref_model` (which updates the reference)."""
+    t = recipe.training
+    return bool(t.sync_ref_model or ("precompute_ref_log_probs" in recipe.given and not t.precompute_ref_log_probs))

@@ -6,6 +6,7 @@ or printed instead of the summary with `--json`, for scripts (scripts/launch.sh 
 """
 
 import json
+import sys
 from pathlib import Path
 
 # Memory of GPUs users train on, in GiB as `gpu_memory_gib` takes it (nvidia-smi's total MiB / 1024): what a dry run
@@ -24,6 +25,23 @@ def write_json(resolved: dict, output_dir: str) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(resolved, indent=2, default=str) + "\n")
     return path
+
+
+def asked(argv: list[str]) -> bool:
+    """`--dry-run` on the command line, before the arguments are parsed (what libraries print while they are goes to
+    stderr too)."""
+    return any(arg.split("=")[0] in ("--dry-run", "--dry_run") for arg in argv)
+
+
+def report(resolved: dict, output_dir: str, as_json: bool, stdout=None) -> None:
+    """The dry run's output on `stdout` (the process's own, not what the stages printed to): the resolved configuration
+    as JSON alone (`--json`, for scripts: scripts/launch.sh reads it), else the summary, the JSON written beside the
+    output folder."""
+    stdout = stdout or sys.stdout
+    if as_json:
+        print(json.dumps(resolved, indent=2, default=str), file=stdout, flush=True)
+    else:
+        print(summary(resolved, write_json(resolved, output_dir)), file=stdout, flush=True)
 
 
 def gpu_name(gib: float | None) -> str:
@@ -92,6 +110,8 @@ def forward_text(forward: dict) -> str:
     from .forwards.cost import shown
 
     parts = []
+    if "layout" in forward:  # the forward this machine takes, as the run records it
+        forward = {"on this machine": forward}
     for name, f in forward.items():
         if not isinstance(f, dict):
             continue

@@ -6,6 +6,11 @@ class RunError(Exception):
     """A run that cannot go on (found while it runs): the message is one line that says why and what to do."""
 
 
+def cause(error: BaseException) -> str:
+    """One line naming an error (never a request's headers, where the token travels)."""
+    return f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}".rstrip(": ")
+
+
 def run_cli(main) -> None:
     """Run a command's `main`; a ConfigError ends it with its one line on stderr and exit code 2, a RunError with its
     one line and exit code 1, no traceback."""

@@ -6,6 +6,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .errors import cause  # noqa: F401 (hub.cause: one line naming an error)
 from .lora import card_lines
 from .metrics import PLOT_FILE, read_metrics
 
@@ -400,8 +401,3 @@ def check_write_access(repo_id: str, token: str | None, where: str = "job") -> s
 
 def _status(error) -> int | None:
     return getattr(getattr(error, "response", None), "status_code", None)
-
-
-def cause(error: BaseException) -> str:
-    """One line naming an error (never a request's headers, where the token travels)."""
-    return f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}".rstrip(": ")

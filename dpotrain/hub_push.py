@@ -27,7 +27,7 @@ from pathlib import Path
 from transformers import TrainerCallback
 
 from .checkpoints import MARKER, checkpoints
-from .hub import cause
+from .errors import cause
 
 PUSH_RECORD = "hub_pushes.jsonl"  # one line per upload attempt's outcome: step, branch, status, error
 STAGING = ".hub_staging"

@@ -717,11 +717,25 @@ def auto_max_length(
     found = cached_auto_max_length(dataset_id, tokenizer, coverage, cache_dir, max_positions)
     if found is not None:
         return found
+    return analyse(dataset, tokenizer, coverage, dataset_id, cache_dir, num_proc=num_proc, batch_size=batch_size,
+                   progress=progress, max_positions=max_positions)[1]  # fmt: skip
+
+
+def analyse(dataset, tokenizer, coverage: float, dataset_id: str, cache_dir: str | Path | None = None, *,
+            num_proc: int | None = None, batch_size: int = DEFAULT_BATCH_SIZE, progress: bool = True,
+            max_positions: int | None = None) -> tuple[Measured, dict]:  # fmt: skip
+    """Every pair's lengths, measured and cached (what `auto_max_length` does without a cached report), and the
+    `max_length: auto` answer from them (capped at the model's `max_positions`)."""
     m = measure(dataset, tokenizer, num_proc=num_proc or available_cpus(), progress=progress)
     report = summarize(m, target=coverage, batch_size=batch_size, max_positions=max_positions, dataset=dataset_id,
                        tokenizer=tokenizer.name_or_path)  # fmt: skip
     path = save_cache(m, report, dataset_id, tokenizer, cache_dir)
-    return _resolution(m, coverage, path, False, max_positions)
+    return m, _resolution(m, coverage, path, False, max_positions)
+
+
+def resolution_of(found: tuple[Measured, Path], coverage: float, max_positions: int | None = None) -> dict:
+    """The `max_length: auto` answer from a cached analysis (`cached_measure`'s)."""
+    return _resolution(found[0], coverage, found[1], True, max_positions)
 
 
 def model_positions(name_or_path: str, revision: str | None = None, local_only: bool = False) -> int | None:

@@ -34,7 +34,7 @@ class RunPlan:
 def make(lengths: plan.PairLengths, args, pairs_per_step: int, world_size: int, budget: int | None, padded: bool,
          forward: plan.Forward | None = None, reduce_per_backward: bool = True) -> RunPlan:  # fmt: skip
     """The run's plan from its pairs' lengths and the training arguments (seed, batch size, max_steps, epochs): what a
-    run plans at start and what a dry run previews (`resolve.preview_plan`). Raises `plan.PlanError` (with the budget
+    run plans at start and what a dry run plans (`stages.plan_batching`). Raises `plan.PlanError` (with the budget
     that would do) when a step cannot be cut."""
     step_plan = plan.StepPlan(pairs_per_step, world_size, args.seed, budget,
                               None if budget else args.per_device_train_batch_size, padded=padded)  # fmt: skip

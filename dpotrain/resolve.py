@@ -8,9 +8,9 @@ from pathlib import Path
 import numpy as np
 import yaml
 
-from . import cuts, data
+from . import data
 from .checkpoints import checkpoints, latest_complete_checkpoint
-from .config import Recipe
+from .config import Recipe, uses_live_reference  # noqa: F401 (resolve.uses_live_reference)
 from .errors import ConfigError
 
 RUN_COMPLETE = "run_complete.json"  # written last by a finished run
@@ -76,13 +76,6 @@ def fill_defaults(recipe: Recipe) -> None:
         t.run_name = Path(recipe.config_path).stem + "-dpo" if recipe.config_path else "dpo"
     if "output_dir" not in recipe.given:
         t.output_dir = str(Path("outputs") / t.run_name)
-
-
-def uses_live_reference(recipe: Recipe) -> bool:
-    """A reference model kept in memory and run at every step, instead of the reference stage's scores: asked for
-    with `precompute_ref_log_probs: false`, or needed by `sync_ref_model` (which updates the reference)."""
-    t = recipe.training
-    return bool(t.sync_ref_model or ("precompute_ref_log_probs" in recipe.given and not t.precompute_ref_log_probs))
 
 
 def plan_batch(recipe: Recipe, world: int) -> None:
@@ -266,179 +259,3 @@ def auto_max_length(recipe: Recipe, dataset, state) -> dict:
     if recipe.project.max_tokens_per_microbatch is not None:
         check_token_budget(recipe)
     return choice
-
-
-def preview_auto_max_length(recipe: Recipe) -> dict:
-    """What `max_length: auto` will resolve to, for a dry run: a cached analyzer report if one matches, read with
-    files already on this machine only (no network, no model, no data set)."""
-    from . import lengths
-
-    command = f"python scripts/analyze_dataset.py --config {recipe.config_path or '<recipe>'}"
-    pending = {"max_length": "auto", "target_coverage": recipe.project.auto_coverage, "cached": False,
-               "resolved": f"at start, by analysing the training split (to see it now: {command})"}  # fmt: skip
-    found = _local_tokenizer_and_data(recipe)
-    if found is None:
-        return pending
-    positions = lengths.model_positions(recipe.model.model_name_or_path, recipe.model.model_revision, local_only=True)
-    return lengths.cached_auto_max_length(found[1], found[0], recipe.project.auto_coverage,
-                                          max_positions=positions) or pending  # fmt: skip
-
-
-def _local_tokenizer_and_data(recipe: Recipe):
-    """The recipe's tokenizer (files already on this machine only) and its training split's identity, for a dry run;
-    None when the tokenizer is not here."""
-    from . import builtin, lengths
-
-    script, name = recipe.script, recipe.model.model_name_or_path
-    try:
-        from transformers import AutoTokenizer
-
-        path = builtin.existing_model_dir(name) if builtin.is_builtin(name) else name
-        if path is None:
-            return None
-        tokenizer = AutoTokenizer.from_pretrained(path, revision=recipe.model.model_revision, local_files_only=True)
-        dataset_id = lengths.dataset_identity(
-            script.dataset_name,
-            script.dataset_train_split,
-            script.dataset_config,
-            local_only=True,
-            hh_format=recipe.project.hh_format,
-        )
-        return tokenizer, dataset_id
-    except (OSError, ValueError):  # tokenizer not on this machine
-        return None
-
-
-def plans_for_gpu(recipe: Recipe) -> bool:
-    """Whether a dry run plans for GPUs: this machine has one, or the recipe names a GPU's memory, or trains in bf16 or
-    fp16 (as on GPUs) without `use_cpu`."""
-    import torch
-
-    t = recipe.training
-    return torch.cuda.is_available() or bool(recipe.project.gpu_memory_gib) or (
-        (t.bf16 or t.fp16) and not t.use_cpu)  # fmt: skip
-
-
-FA4_SETS = {"with FlashAttention 4 installed": "flash_attention_4", "without": None}  # a dry run for a GPU job
-
-
-def preview_forward(recipe: Recipe, max_length: int | None):
-    """What the run's forward will be (`derived.forward`), for a dry run: decided from the analyzer's cached lengths,
-    for this machine, or (a login node) for the recipe's GPU with and without FlashAttention 4 (`FA4_SETS`: Hopper and
-    Blackwell take it, requirements-gpu.txt installs it). Returns the record and the forward the step and memory plans
-    are made for (the one of heavier masks), or (the record, None) when the model's config is not on this machine."""
-    import copy
-
-    import torch
-
-    from . import memory
-    from .forwards import choice, cost
-
-    config, why = memory.load_model_config(recipe)
-    if config is None:
-        return {"decided": f"at start, from the data's lengths ({why})"}, None
-    recipe = copy.deepcopy(recipe)
-    recipe.training.max_length = max_length
-    found = _local_tokenizer_and_data(recipe)
-    measured = lengths_cache(found) if found else None
-    pairs = None
-    if measured is not None:
-        m, report = measured
-        pairs = cost.Lengths(m.prompt, m.chosen, m.rejected, f"the analyzer's cached lengths ({report})")
-    if torch.cuda.is_available():
-        sets = {"on this machine": choice.installed_varlen(True)}
-    elif plans_for_gpu(recipe):
-        sets = FA4_SETS
-    else:
-        sets = {"on the CPU": None}
-    cuda = torch.cuda.is_available() or plans_for_gpu(recipe)
-    chosen = {name: choice.choose(copy.deepcopy(config), recipe, cuda, varlen, pairs if max_length else None,
-                                  check_kernels=False)[0] for name, varlen in sets.items()}  # fmt: skip
-    planned = max(chosen, key=lambda name: choice.mask_weight(chosen[name].attention))
-    record = {name: forward.record() for name, forward in chosen.items()}
-    if pairs is None or not max_length:  # the candidates the run will weigh, how to see its choice now; plans made
-        options = {}  # for the one of heaviest masks
-        for name, varlen in sets.items():
-            options[name], _ = choice.candidates(copy.deepcopy(config), recipe, cuda, varlen, check_kernels=False)
-            record[name] = {"candidates": [c.describe() for c in options[name]]}
-        planned, heaviest = max(((name, c) for name in options for c in options[name]),
-                                key=lambda item: choice.mask_weight(item[1].attention))  # fmt: skip
-        hidden = chosen[planned].hidden_size
-        chosen[planned] = choice.ForwardChoice(heaviest.packed, heaviest.share_prompt, hidden, heaviest.attention,
-                                               "the candidate of heaviest masks")  # fmt: skip
-        command = f"python scripts/analyze_dataset.py --config {recipe.config_path or '<recipe>'}"
-        record["decided"] = f"at start, from the data's lengths (to see it now: {command}, then this dry run again)"
-        record["planned_for"] = f"{planned}: {heaviest.describe()}"
-    else:
-        record["planned_for"] = planned
-    return record, chosen[planned]
-
-
-def lengths_cache(found):
-    """The analyzer's cached lengths for (tokenizer, data set identity), or None."""
-    from . import lengths
-
-    return lengths.cached_measure(found[1], found[0])
-
-
-def preview_plan(recipe: Recipe, world: int, max_length: int | None, forward=None) -> dict:
-    """What the step plan will do (`derived.batching`), for a dry run: from the analyzer's cached per-pair lengths
-    (scripts/analyze_dataset.py caches a complete analysis), without loading a model or the data set, for `forward`
-    (`preview_forward`'s) or, without one, as the recipe and the model's config say."""
-    from . import packing, plan, plan_stage
-
-    command = f"python scripts/analyze_dataset.py --config {recipe.config_path or '<recipe>'}"
-    pending = {"planned": f"at start, from the token lengths (to see it now: {command}, then this dry run again)"}
-    found = _local_tokenizer_and_data(recipe)
-    measured = lengths_cache(found) if found else None
-    if measured is None or max_length is None:
-        return pending
-    m, report = measured[0], measured[1]
-    t, p = recipe.training, recipe.project
-    if forward is not None:
-        packs, share, hidden_size, note = forward.packed, forward.share_prompt, forward.hidden_size, ""
-    else:
-        packs, share, hidden_size, note = _packing_preview(recipe)
-    counted = cuts.count(m.prompt, m.chosen, m.rejected, max_length, t.truncation_mode)  # as the run will count
-    cuts.check(counted, m.prompt, f"the analyzer's cached lengths ({report})")
-    kept = m.prompt < max_length  # TRL drops the pairs whose prompt alone fills max_length
-    pair_lengths = plan.PairLengths.from_parts(m.prompt[kept], m.chosen[kept], m.rejected[kept], max_length, share,
-                                               t.truncation_mode)  # fmt: skip
-    pairs_per_step = p.pairs_per_step or t.per_device_train_batch_size * t.gradient_accumulation_steps * world
-    one_row = forward.one_row if forward is not None else packing.one_row(recipe.model.attn_implementation)
-    layout = plan.Forward("padded") if not packs else plan.Forward("one_row" if one_row else "rows", hidden_size)
-    deepspeed = _launch_engine(recipe).startswith("deepspeed")
-    # What the run's plan stage will make, from the cached lengths instead of the tokenized data set.
-    run_plan = plan_stage.make(pair_lengths, t, pairs_per_step, world, p.max_tokens_per_microbatch, padded=not packs,
-                               forward=layout, reduce_per_backward=deepspeed)  # fmt: skip
-    return {**run_plan.summary, "max_length_cuts": counted,
-            "planned": f"from the analyzer's cached lengths ({report}){note}"}  # fmt: skip
-
-
-def _packing_preview(recipe: Recipe) -> tuple[bool, bool, int, str]:
-    """Whether the run will pack and share prompts, and the model's hidden size (packed rows weigh attention with it),
-    from the model's config when it is on this machine; else as padding_free and share_prompt say, with a note."""
-    from . import builtin, packing, shared_prompt
-
-    name, packs = recipe.model.model_name_or_path, recipe.training.padding_free
-    attn = recipe.model.attn_implementation or "sdpa"
-    try:
-        from transformers import AutoConfig
-
-        path = builtin.existing_model_dir(name) if builtin.is_builtin(name) else name
-        config = AutoConfig.from_pretrained(path, revision=recipe.model.model_revision, local_files_only=True)
-    except (OSError, ValueError, TypeError):
-        share = packs and recipe.project.share_prompt is not False and attn in shared_prompt.SHARED_ATTENTION
-        return packs, share, 4096, "; the model's config is not on this machine: packing as padding_free says"
-    config._attn_implementation = attn
-    packs = packs and packing.packing_problem(config) is None and not uses_live_reference(recipe)
-    share = packs and recipe.project.share_prompt is not False and shared_prompt.share_problem(config, attn) is None
-    return packs, share, getattr(config.get_text_config(), "hidden_size", 4096), ""
-
-
-def _launch_engine(recipe: Recipe) -> str:
-    """The engine of the launch a dry run plans for: `distributed_type` of the accelerate config, lower-cased."""
-    launch = recipe.project.accelerate_config
-    if launch.lower() in ("", "none") or not Path(launch).is_file():
-        return "single"
-    return str((yaml.safe_load(Path(launch).read_text()) or {}).get("distributed_type", "NO")).lower()

@@ -18,10 +18,11 @@ def test_auto_max_length_is_chosen_recorded_and_then_shown_by_a_dry_run(tmp_path
     monkeypatch.setenv("DPOTRAIN_CACHE", str(tmp_path / "cache"))
     model = ["--model_name_or_path", tiny_model_dir]
 
-    before = dry_run(capsys, *model)
-    assert before["max_length"] == "auto"
-    assert before["derived"]["max_length"]["cached"] is False
-    assert "scripts/analyze_dataset.py" in before["derived"]["max_length"]["resolved"]
+    # A Hub data set the analyzer has not cached: the dry run says how to decide it now.
+    hub = dry_run(capsys, *model, "--dataset_name", "allenai/Dolci-Think-DPO-7B")
+    assert hub["max_length"] == "auto"
+    assert hub["derived"]["max_length"]["cached"] is False
+    assert "scripts/analyze_dataset.py" in hub["derived"]["max_length"]["resolved"]
 
     out = tmp_path / "run"
     train_dpo.main([*SMOKE, *model, "--output_dir", str(out), "--max_steps", "2", "--save_strategy", "no"])

@@ -36,10 +36,11 @@ def test_smoke_summary_says_what_the_run_does_and_writes_the_json_beside_the_out
     assert field(text, "steps") == "48 optimizer steps (1 epoch), 5 of warmup"  # 384 / 8, 10% warmup rounded up
     assert field(text, "processes").startswith("1 (single process")
     assert field(text, "per step") == "8 pairs, over all processes"
-    assert field(text, "micro-batches").startswith("at most 2,048 packed tokens each")
+    # The run's first half on the local data set: its step plan and forward, from the run's own seeded sample.
+    assert field(text, "micro-batches").startswith("1-2 per step on each process (mean 1.042)")
+    assert field(text, "micro-batches").endswith("(at most 2,048)")
     assert field(text, "engine") == "one process"
-    # The forward is decided at start from the data's lengths (none cached here): the CPU's candidates are named.
-    assert field(text, "forward").startswith("on the CPU: one of shared prompts on sdpa, unshared on sdpa; at start")
+    assert field(text, "forward").startswith("on this machine: shared prompts packing, balanced rows on sdpa (est.")
     assert "this recipe trains in fp32" in field(text, "memory/GPU")  # the plan is for bf16 GPU runs: said why not
     written = tmp_path / "run.dry-run.json"
     assert field(text, "everything") == f"{written} (or --json prints it)"

@@ -17,7 +17,7 @@ import train_dpo
 from conftest import ROOT
 from dpotrain import engine as engines
 from dpotrain import lengths as analyzer
-from dpotrain import memory
+from dpotrain import memory, stages
 from dpotrain.config import parse_args
 from dpotrain.errors import ConfigError
 from dpotrain.forwards import choice, cost
@@ -125,16 +125,17 @@ def test_the_memory_plan_and_the_runs_check_use_the_chosen_forward():
     recipe, zero2 = h100_zero2()
     with pytest.raises(ConfigError, match=r"needs ~81.6 GiB per GPU .*masks 8.0"):
         memory.plan(copy.deepcopy(recipe), 16, zero2, attention="sdpa")
-    # What train_dpo.run calls once the data set is read (here with the lengths given: no tokenizer ships with the
-    # config); without FlashAttention 4, so the forward is shared prompts on flex (with it, FA4: no mask at all).
-    derived = {}
+    # What the run's forward and memory stages make once the data set is read (here with the lengths given: no
+    # tokenizer ships with the config); without FlashAttention 4, so the forward is shared prompts on flex (with it,
+    # FA4: no mask at all).
     r = copy.deepcopy(recipe)  # the stage sets its attn_implementation and padding_free
-    forward = train_dpo.forward_stage(r, None, 16, zero2, derived, cuda=True, varlen=None, lengths=think_mix())
-    assert forward.attention == "flex_attention" == derived["forward"]["attention"] == derived["memory"]["attention"]
-    assert derived["memory"]["fits"] is True and derived["memory"]["per_gpu_gib"]["total"] == 72.8
-    assert derived["memory"]["per_gpu_gib"]["attention_masks"] == 0.0  # a block mask's few MiB
-    # Before anything loads, the run checks the lightest forward this machine could take: here, a CPU, sdpa.
-    assert train_dpo.lightest_attention(copy.deepcopy(recipe)) == "sdpa"
+    launch = stages.Launch(16, "2 nodes of 8", zero2, {"H100 without FA4": (True, None)}, planning=False)
+    pair_lengths = stages.Lengths(None, think_mix(), None, None)
+    forward = stages.decide_forward(r, launch, r.model.model_name_or_path, pair_lengths)
+    planned = stages.plan_memory(r, launch, forward)
+    assert forward.planned.attention == "flex_attention" == forward.record()["attention"] == planned["attention"]
+    assert planned["fits"] is True and planned["per_gpu_gib"]["total"] == 72.8
+    assert planned["per_gpu_gib"]["attention_masks"] == 0.0  # a block mask's few MiB
     assert choice.lightest_attention(memory.load_model_config(recipe)[0], recipe, cuda=True, varlen=None) == (
         "flex_attention")  # fmt: skip
 

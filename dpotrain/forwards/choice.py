@@ -30,7 +30,8 @@ import copy
 import os
 from dataclasses import asdict, dataclass
 
-from .. import packing, padded, resolve, shared_prompt
+from .. import packing, padded, shared_prompt
+from ..config import uses_live_reference
 from ..errors import ConfigError
 from . import masks
 
@@ -138,7 +139,7 @@ def recipe_packing_problem(recipe) -> str | None:
         return "padding_free is false"
     if t.sync_ref_model:
         return "sync_ref_model updates the reference during training, so it cannot be scored once and cached"
-    if resolve.uses_live_reference(recipe):
+    if uses_live_reference(recipe):
         return "the packed path scores the reference once before training (precompute_ref_log_probs: true)"
     return None
 
@@ -256,9 +257,14 @@ def decide_forward(recipe, model_path: str, cuda: bool | None = None, lengths=No
 
     cuda = cuda_available() if cuda is None else cuda
     varlen = installed_varlen(cuda) if varlen == INSTALLED else varlen
-    t = recipe.training
     config = AutoConfig.from_pretrained(model_path, revision=recipe.model.model_revision)
-    if not resolve.uses_live_reference(recipe):
+    return decide(recipe, config, cuda, varlen, lengths)
+
+
+def decide(recipe, config, cuda: bool, varlen: str | None, lengths=None) -> ForwardChoice:
+    """`decide_forward` for a model's config already read: the run's forward stage (`stages.decide_forward`)."""
+    t = recipe.training
+    if not uses_live_reference(recipe):
         t.precompute_ref_log_probs = True  # the reference stage (reference.py): only the policy stays in memory
     chosen, notes = choose(config, recipe, cuda, varlen, lengths)
     for note in notes:

@@ -1,0 +1,66 @@
+"""The run's last stage: the final model saved (or not, for a doomed or preempted run), its metrics, plot, model card
+and run_complete.json written, and the run pushed to the Hub where asked."""
+
+import json
+from pathlib import Path
+
+from . import health, hub, hub_push, lora, offline, resolve
+from .metrics import PLOT_FILE, plot_metrics, read_metrics
+
+
+def save_and_push(recipe, built, resolved: dict, push, state) -> int | None:
+    trainer, pusher, out = built.trainer, built.pusher, Path(recipe.training.output_dir)
+    # A doomed run (dpotrain/health.py): no final model, no run_complete.json, and no requeue.
+    if getattr(trainer, "health", None) and trainer.health.stop:
+        stop_file = trainer.graceful_stop.stop_file
+        if state.is_main_process:
+            if stop_file:  # a preemption at the same step must not requeue a doomed run either
+                Path(f"{stop_file}.checkpointed").unlink(missing_ok=True)
+            print(health.stop_line(trainer.health.stop, str(out)), flush=True)
+        if pusher:
+            pusher.finish(hub_push.STOP_WAIT_S)
+        return health.HEALTH_STOP_EXIT
+    if trainer.graceful_stop.stopped and trainer.state.global_step < trainer.state.max_steps:
+        if pusher:
+            pusher.finish(hub_push.STOP_WAIT_S)  # the requeued job pushes what is left
+        return None  # checkpointed on a stop request; the requeued job resumes from it
+
+    trainer.save_model(str(out))  # with use_peft: the adapter (adapter_model.safetensors, adapter_config.json)
+    # The last collective step. The other ranks end here rather than wait at a barrier while the main process waits
+    # for uploads: a barrier longer than ddp_timeout (30 min) would fail the job after training succeeded.
+    state.wait_for_everyone()
+    if state.is_main_process:
+        finish_outputs(recipe, built, resolved, push)
+    return None
+
+
+def finish_outputs(recipe, built, resolved: dict, push) -> None:
+    """The main process's outputs of a finished run: merged model, metrics, plot, card, run_complete.json, the push."""
+    trainer, pusher, training = built.trainer, built.pusher, recipe.training
+    out = Path(training.output_dir)
+    if recipe.project.merge_lora:
+        base, init = trainer.model_path, training.model_init_kwargs
+        merged = lora.save_merged(out, base, init.get("revision"), init.get("dtype"), trainer.processing_class)
+        print(f"Saved the merged model to {merged}", flush=True)
+    if pusher:
+        pusher.finish(hub_push.FINAL_WAIT_S)  # the card lists the pushed revisions
+    records = read_metrics(out)
+    plot_metrics(records, out / PLOT_FILE, title=training.run_name)
+    hub.write_model_card(out, resolved, push.repo_id)
+    summary = {"global_step": trainer.state.global_step, "final": records[-1] if records else None}
+    (out / resolve.RUN_COMPLETE).write_text(json.dumps(summary, indent=2) + "\n")
+    print(f"Saved model, metrics and {PLOT_FILE} to {out}", flush=True)
+    command = f"python scripts/push_to_hub.py {out} --repo-id {push.repo_id}"
+    command += " --checkpoints" if push.checkpoints else ""
+    if push.requested and offline.is_offline():
+        limit = training.save_total_limit if push.checkpoints else None  # rotation deleted the older ones
+        kept = f" (the last {limit} checkpoints, those still on disk)" if limit else ""
+        print(f"HF_HUB_OFFLINE is set, so nothing was pushed: push{kept} from a machine that reaches the Hub "
+              f"with `{command}`", flush=True)  # fmt: skip
+    elif push.requested:
+        try:
+            url = hub.push_run(out, push.repo_id, token=push.token, private=push.private)
+        except Exception as e:  # the run itself is saved and complete: say how to push it
+            raise SystemExit(f"error: pushing {out} to {push.repo_id} failed ({hub.cause(e)}); the run is saved, "
+                             f"push it with `{command}`") from None  # fmt: skip
+        print(f"Pushed to {url}", flush=True)

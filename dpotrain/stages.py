@@ -1,0 +1,391 @@
+"""The run's first half, as its stages: checks -> data -> lengths -> forward -> plan -> memory. Each stage takes
+what the earlier ones returned and returns a value; `resolved_config.json` and the dry run's summary only format
+their records.
+
+`train_dpo.py:run` takes these stages, then the second half (the trainer, the plan stage, the reference stage,
+training, save and push). A dry run (`--dry-run`) is this first half alone, stopping before a model weight loads: the
+same functions, deciding the same way. It differs from the run only in where two inputs come from:
+- the launch (`Launch`): planned from the recipe's accelerate config (or `WORLD_SIZE`), not the launched process;
+- the files: local ones only. A data set on the Hub is not loaded (its rows, steps and lengths are counted at start,
+  unless the analyzer cached them), a model whose files are not on this machine is not fetched; what depends on them
+  is recorded as decided at start, with the command that decides it now.
+"""
+
+import copy
+import os
+from contextlib import nullcontext
+from dataclasses import dataclass
+from pathlib import Path
+
+from . import builtin, cuts, data, engine, health, lengths, lora, memory, offline, options, resolve, rows, samples
+from .config import uses_live_reference
+from .forwards import choice, cost, sample
+
+FA4_SETS = {"with FlashAttention 4 installed": "flash_attention_4", "without": None}  # a dry run for a GPU job
+
+
+def analyze_command(recipe) -> str:
+    return f"python scripts/analyze_dataset.py --config {recipe.config_path or '<recipe>'}"
+
+
+# --- checks -----------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Launch:
+    """The processes and engine of the run: the launched ones, or for a dry run the ones its launch will have; and the
+    machines the forward is decided for (name -> (CUDA, the varlen FlashAttention installed))."""
+
+    world: int
+    world_source: str
+    engine: engine.Engine
+    machines: dict
+    planning: bool  # a dry run: the launch is planned, not running
+
+    def record(self) -> dict:
+        return {"world_size": self.world, "world_size_source": self.world_source}
+
+
+def plans_for_gpu(recipe) -> bool:
+    """Whether a dry run plans for GPUs: this machine has one, or the recipe names a GPU's memory, or trains in bf16 or
+    fp16 (as on GPUs) without `use_cpu`."""
+    t = recipe.training
+    return choice.cuda_available() or bool(recipe.project.gpu_memory_gib) or (
+        (t.bf16 or t.fp16) and not t.use_cpu)  # fmt: skip
+
+
+def launch(recipe) -> Launch:
+    """The world size, decided once per run, and the engine; an engine this project does not support is refused."""
+    run_engine = engine.launched()
+    planning = recipe.project.dry_run
+    planned = engine.from_config(recipe.project.accelerate_config) if planning else run_engine
+    world, source = resolve.world_size(recipe, planning=planning)
+    cuda = choice.cuda_available()
+    if planning and not cuda and plans_for_gpu(recipe):  # a login node planning a GPU job: with and without FA4
+        machines = {name: (True, varlen) for name, varlen in FA4_SETS.items()}
+    else:
+        machines = {"on this machine": (cuda, choice.installed_varlen(cuda))}
+    return Launch(world, source, planned, machines, planning)
+
+
+def checks(recipe) -> Launch:
+    """Everything that can be refused from the recipe alone, the same in a run and a dry run, before anything loads."""
+    resolve.check_values(recipe)
+    health.check_values(recipe.project)
+    samples.check_values(recipe.project)
+    options.check_options(recipe)  # options TRL would fail on, or ignore, only after loading the model
+    lora.check_lora(recipe)
+    found = launch(recipe)
+    resolve.fill_defaults(recipe)
+    return found
+
+
+def output_checks(recipe, found: Launch, push) -> resolve.OutputPlan:
+    """The batch per step for this world size, and the run's outputs: reference cache writable, push token, W&B,
+    output folder (resume, start afresh or refuse), offline files. The Hub's write-access check asks the network: the
+    run makes it, once, on its main process; a dry run does not."""
+    resolve.plan_batch(recipe, found.world)
+    training, only_reference = recipe.training, recipe.project.reference_only
+    if not uses_live_reference(recipe):
+        from . import reference
+
+        reference.check_writable()  # the reference stage saves as it goes
+    if not only_reference:
+        push.check_token()
+        options.check_wandb(recipe)
+        if push.requested and not found.planning and int(os.environ.get("RANK", "0")) == 0:  # one whoami per run
+            from . import hub
+
+            push.repo_id = hub.check_write_access(push.repo_id, push.token)  # now, not after training; user/name
+    pairs = recipe.project.pairs_per_step or (
+        training.per_device_train_batch_size * training.gradient_accumulation_steps * found.world
+    )
+    plan = resolve.OutputPlan(None, False) if only_reference else resolve.check_output_dir(recipe, pairs)
+    if not found.planning:  # a dry run says what it could not decide without them, and the command that decides it
+        offline.check_offline_artifacts(recipe)  # with HF_HUB_OFFLINE: model, tokenizer and data set must be cached
+    return plan
+
+
+# --- data -------------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Data:
+    """The training (and held-out) pairs, checked row by row, and the optimizer steps they make. `train` is None where
+    a dry run does not load the data set (on the Hub)."""
+
+    train: object | None
+    eval: object | None
+    steps: dict  # resolve.plan_steps: pairs_per_step, dataset_rows, total_steps, warmup_steps
+    checked: dict  # invalid_rows, invalid_eval_rows, eval_rows: what the row checks found
+
+    def record(self) -> dict:
+        return {**self.checked, **self.steps}
+
+
+def load_data(recipe, found: Launch, say: bool = True) -> Data:
+    """The data set loaded and every row checked before a model loads (a streamed data set is not: it is read once, by
+    the trainer); a dry run loads a local data set the same way, and leaves one on the Hub for the run."""
+    script, skip, shape = recipe.script, recipe.project.skip_invalid, recipe.project.hh_format
+    if found.planning and not data.is_local(script.dataset_name):
+        return Data(None, None, resolve.plan_steps(recipe, found.world, None), {})
+    if not found.planning:
+        offline.check_job_reachable(recipe, model=False)  # a data set to download: the Hub must answer, within seconds
+    checked: dict = {}
+    dataset = data.load_preference_dataset(
+        script.dataset_name, script.dataset_train_split, script.dataset_config, streaming=script.dataset_streaming
+    )
+    if hasattr(dataset, "__len__"):
+        dataset = rows.usable_pairs(dataset, skip, checked, "invalid_rows", shape, split=script.dataset_train_split,
+                                    say=say)  # fmt: skip
+    eval_dataset = None
+    if recipe.training.eval_strategy != "no":  # the held-out split (options.check_options: there is one)
+        eval_dataset = data.load_preference_dataset(script.dataset_name, script.dataset_test_split,
+                                                    script.dataset_config)  # fmt: skip
+        eval_dataset = rows.usable_pairs(eval_dataset, skip, checked, "invalid_eval_rows", shape,
+                                         split=script.dataset_test_split, say=say)  # fmt: skip
+        checked["eval_rows"] = len(eval_dataset)
+    steps = resolve.plan_steps(recipe, found.world, len(dataset) if hasattr(dataset, "__len__") else None)
+    options.check_plan(steps)
+    return Data(dataset, eval_dataset, steps, checked)
+
+
+def model_files(recipe, found: Launch) -> str:
+    """Where the model's files are: a built-in model materialized (a tiny random model, built here), else its folder
+    or Hub name. A run checks first that the Hub answers; a dry run reads only what this machine has."""
+    if not found.planning:
+        offline.check_job_reachable(recipe, dataset=False)  # the model's files next (tokenizer first): rows checked
+    name = recipe.model.model_name_or_path
+    return builtin.materialize_model(name) if builtin.is_builtin(name) else name
+
+
+# --- lengths ----------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Lengths:
+    """The pairs' token lengths: `max_length` (the analyzer's choice under `max_length: auto`), what the forward is
+    decided from (`pairs`: the analyzer's lengths of the whole split, else a seeded sample), and every pair's lengths
+    when the analyzer measured them (`measured`: (Measured, report path))."""
+
+    auto: dict | None  # derived.max_length under `max_length: auto`
+    pairs: cost.Lengths | None
+    measured: tuple | None
+    tokenizer: object | None
+
+    def record(self) -> dict:
+        return {} if self.auto is None else {"max_length": self.auto}
+
+
+def _tokenizer(recipe, model_path: str, local_only: bool):
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(model_path, revision=recipe.model.model_revision,
+                                             local_files_only=local_only)  # fmt: skip
+    except (OSError, ValueError):
+        if not local_only:
+            raise
+        return None  # a dry run: the tokenizer is not on this machine
+
+
+def _analyzer_cache(recipe, found: Launch, tokenizer, dataset) -> tuple[tuple | None, dict | None]:
+    """The one read of the analyzer's cache per run, and `max_length: auto`'s choice: from the cache, else analysed
+    now (cached for the next run) where the data set is loaded."""
+    script, p = recipe.script, recipe.project
+    try:
+        dataset_id = lengths.dataset_identity(script.dataset_name, script.dataset_train_split, script.dataset_config,
+                                              local_only=found.planning, hh_format=p.hh_format)  # fmt: skip
+    except (OSError, ValueError):
+        return None, None
+    measured = lengths.cached_measure(dataset_id, tokenizer)
+    if not recipe.max_length_auto:
+        return measured, None
+    model = recipe.model  # the recommendation is capped at the model's positions
+    positions = lengths.model_positions(model.model_name_or_path, model.model_revision, local_only=found.planning)
+    if measured is not None:
+        return measured, lengths.resolution_of(measured, p.auto_coverage, positions)
+    if dataset is None:
+        return None, None
+    m, auto = lengths.analyse(dataset, tokenizer, p.auto_coverage, dataset_id, progress=not found.planning,
+                              max_positions=positions)  # fmt: skip
+    return (m, Path(auto["report"])), auto
+
+
+def measure_lengths(recipe, found: Launch, pairs: Data, model_path: str, state=None) -> Lengths:
+    """The lengths stage. Under a launch the main process reads (or writes) the analyzer's cache first, then the
+    others read it. Sets `max_length` when it was `auto` (the trainer's drop filter reads it)."""
+    t, p = recipe.training, recipe.project
+    tokenizer = _tokenizer(recipe, model_path, local_only=found.planning)
+    if tokenizer is None:
+        measured, auto = None, None
+    else:
+        with state.main_process_first() if state is not None else nullcontext():
+            measured, auto = _analyzer_cache(recipe, found, tokenizer, pairs.train)
+    if recipe.max_length_auto and auto is None:
+        resolved = f"at start, by analysing the training split (to see it now: {analyze_command(recipe)})"
+        auto = {"max_length": "auto", "target_coverage": p.auto_coverage, "cached": False, "resolved": resolved}
+    elif auto is not None:
+        t.max_length = auto["max_length"]
+        recipe.max_length_auto = False  # decided: the token budget is now checked against it
+        if p.max_tokens_per_microbatch is not None:
+            resolve.check_token_budget(recipe)
+    if measured is not None:
+        m, report = measured
+        found_pairs = cost.Lengths(m.prompt, m.chosen, m.rejected, f"the analyzer's cached lengths ({report})")
+    elif pairs.train is not None and tokenizer is not None:
+        found_pairs = sample.sampled(pairs.train, tokenizer, t.seed, p.hh_format)
+    else:
+        found_pairs = None
+    return Lengths(auto, found_pairs, measured, tokenizer)
+
+
+# --- forward ----------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Forward:
+    """The forward the run takes (`planned`: the one the step and memory plans are made for), and what was weighed for
+    each machine of the launch (`options`: a forward's record, or its candidates while undecided)."""
+
+    planned: choice.ForwardChoice | None
+    options: dict
+    planned_for: str = ""
+    decided: str = ""  # why it is not decided yet, and the command that decides it now
+
+    def record(self) -> dict:
+        if len(self.options) == 1 and not self.decided:
+            return self.planned.record()
+        out = dict(self.options)
+        if self.decided:
+            out["decided"] = self.decided
+        if self.planned_for:
+            out["planned_for"] = self.planned_for
+        return out
+
+
+def _model_config(recipe, model_path: str, local_only: bool):
+    """The model's config (no weights), or (None, why) where a dry run does not have it on this machine."""
+    from transformers import AutoConfig
+
+    try:
+        config = AutoConfig.from_pretrained(model_path, revision=recipe.model.model_revision,
+                                            local_files_only=local_only)  # fmt: skip
+        return config, None
+    except (OSError, ValueError):
+        if not local_only:
+            raise
+        return None, memory.load_model_config(recipe)[1] or f"the config of {model_path!r} is not on this machine"
+
+
+def decide_forward(recipe, found: Launch, model_path: str, pair_lengths: Lengths) -> Forward:
+    """The forward stage: from the pairs' lengths, between the forwards each machine of the launch can run. One machine
+    (a run, or a dry run where it runs): the run's own decision, which sets the recipe's attention and packing."""
+    config, why = _model_config(recipe, model_path, local_only=found.planning)
+    if config is None:
+        return Forward(None, {}, decided=f"at start, from the data's lengths ({why})")
+    if pair_lengths.pairs is None:
+        return _undecided(recipe, found, config)
+    if len(found.machines) == 1:
+        ((name, (cuda, varlen)),) = found.machines.items()
+        chosen = choice.decide(recipe, config, cuda, varlen, pair_lengths.pairs)
+        return Forward(chosen, {name: chosen.record()}, planned_for=name)
+    chosen = {}
+    for name, (cuda, varlen) in found.machines.items():  # a login node: for the GPU, with and without FA4
+        chosen[name], _ = choice.choose(copy.deepcopy(config), recipe, cuda, varlen, pair_lengths.pairs,
+                                        check_kernels=False)  # fmt: skip
+    planned = max(chosen, key=lambda name: choice.mask_weight(chosen[name].attention))
+    return Forward(chosen[planned], {name: f.record() for name, f in chosen.items()}, planned_for=planned)
+
+
+def _undecided(recipe, found: Launch, config) -> Forward:
+    """No lengths yet (a dry run of a Hub data set the analyzer has not cached): the candidates the run will weigh, and
+    the plans made for the one of heaviest masks."""
+    options, weighed = {}, []
+    check = not found.planning or len(found.machines) == 1
+    for name, (cuda, varlen) in found.machines.items():
+        listed, _ = choice.candidates(copy.deepcopy(config), recipe, cuda, varlen, check_kernels=check)
+        options[name] = {"candidates": [c.describe() for c in listed]}
+        weighed += [(name, c) for c in listed]
+    name, heaviest = max(weighed, key=lambda item: choice.mask_weight(item[1].attention))
+    hidden = getattr(config.get_text_config(), "hidden_size", 4096)
+    planned = choice.ForwardChoice(heaviest.packed, heaviest.share_prompt, hidden, heaviest.attention,
+                                   "the candidate of heaviest masks")  # fmt: skip
+    decided = f"at start, from the data's lengths (to see it now: {analyze_command(recipe)}, then this dry run again)"
+    return Forward(planned, options, f"{name}: {heaviest.describe()}", decided)
+
+
+# --- plan and memory --------------------------------------------------------------------------------------------------
+
+
+def plan_batching(recipe, found: Launch, pairs: Data, pair_lengths: Lengths, forward: Forward) -> dict:
+    """The step plan a dry run records (`derived.batching`): the run's plan stage (`plan_stage.make`) on every pair's
+    lengths, as the analyzer measures them (the trainer's own tokenization), for the forward chosen. The run makes it
+    from the trainer's tokenized data set instead (`plan_stage.run_stage`)."""
+    from . import padded, plan, plan_stage
+
+    t, p = recipe.training, recipe.project
+    pending = {"planned": f"at start, from the token lengths (to see it now: {analyze_command(recipe)}, then this dry "
+                          "run again)"}  # fmt: skip
+    f = forward.planned
+    if f is None or t.max_length is None:
+        return pending
+    if pair_lengths.measured is not None:
+        m = pair_lengths.measured[0]
+    elif pairs.train is not None and pair_lengths.tokenizer is not None:
+        m = lengths.measure(pairs.train, pair_lengths.tokenizer, num_proc=lengths.available_cpus(), skip_invalid=True)
+    else:
+        return pending
+    counted = cuts.count(m.prompt, m.chosen, m.rejected, t.max_length, t.truncation_mode)  # as the run will count
+    cuts.check(counted, m.prompt, "the training split")
+    kept = m.prompt < t.max_length  # TRL drops the pairs whose prompt alone fills max_length
+    every = plan.PairLengths.from_parts(m.prompt[kept], m.chosen[kept], m.rejected[kept], t.max_length,
+                                        f.share_prompt, t.truncation_mode)  # fmt: skip
+    layout = (plan.Forward("one_row" if f.one_row else "rows", f.hidden_size) if f.packed
+              else plan.Forward("padded", max_groups=padded.MAX_GROUPS))  # fmt: skip
+    budget, deepspeed = p.max_tokens_per_microbatch, found.engine.deepspeed
+    run_plan = plan_stage.make(every, t, pairs.steps["pairs_per_step"], found.world, budget, padded=not f.packed,
+                               forward=layout, reduce_per_backward=deepspeed)  # fmt: skip
+    return {**run_plan.summary, "max_length_cuts": counted}
+
+
+def plan_memory(recipe, found: Launch, forward: Forward) -> dict:
+    """The memory plan, once per run, for the forward chosen and the launch's engine: refused when it cannot fit the
+    GPU. Its checkpointed decoder layers, and the dtype the weights load in, go to the training arguments."""
+    attention = forward.planned.attention if forward.planned is not None else None
+    planned = memory.plan(recipe, found.world, found.engine, attention=attention)
+    memory.apply_checkpointing(recipe, planned)
+    recipe.model.dtype = engine.load_dtype(recipe, found.engine)  # bf16 under DeepSpeed, not TRL's float32 default
+    return planned
+
+
+# --- the first half ---------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class FirstHalf:
+    """What the run decided before a model weight loads: all a dry run records."""
+
+    launch: Launch
+    data: Data
+    lengths: Lengths
+    forward: Forward
+    memory: dict
+    batching: dict | None  # a dry run's step plan; the run's comes from the plan stage
+
+    def record(self) -> dict:
+        batching = {} if self.batching is None else {"batching": self.batching}
+        return {**self.launch.record(), **self.data.record(), **self.lengths.record(),
+                "forward": self.forward.record(), "memory": self.memory, **batching}  # fmt: skip
+
+
+def first_half(recipe, found: Launch, state=None) -> FirstHalf:
+    """data -> lengths -> forward -> (a dry run: plan) -> memory, before the old run is removed and the model loads
+    (TRL loads it with the attention decided here)."""
+    say = state is None or state.is_main_process
+    pairs = load_data(recipe, found, say)
+    model_path = model_files(recipe, found)
+    pair_lengths = measure_lengths(recipe, found, pairs, model_path, state)
+    forward = decide_forward(recipe, found, model_path, pair_lengths)
+    batching = plan_batching(recipe, found, pairs, pair_lengths, forward) if found.planning else None
+    return FirstHalf(found, pairs, pair_lengths, forward, plan_memory(recipe, found, forward), batching)

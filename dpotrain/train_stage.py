@@ -1,0 +1,87 @@
+"""The run's second half up to training: the old run removed where it is replaced, the trainer built with the forward
+the first half chose (`stages.first_half`), and the run's resolved configuration written once the plan stage
+(`plan_stage.run_stage`) and the reference stage (`reference.run_stage`) have run."""
+
+import json
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+from . import offline, resolve
+from .hub_push import CheckpointPusher
+from .tracking import WandbStepIsGlobalStep, keep_offline_runs, setup_wandb
+
+
+@dataclass(frozen=True)
+class Built:
+    trainer: object
+    pusher: CheckpointPusher | None  # checkpoint branches pushed in the background, from the main process
+    output_existed: bool  # output_dir was there before the Trainer made it
+
+
+def clear_old_run(recipe, output: resolve.OutputPlan, state) -> None:
+    """Only now, once the data and the plans are checked: a refused data set must not cost the old run."""
+    out = Path(recipe.training.output_dir)
+    if output.start_afresh and state.is_main_process:
+        kept = keep_offline_runs(out)
+        if kept:
+            print(f"Kept the W&B offline runs of the replaced run in {kept} (`wandb sync {kept}/offline-run-*`)",
+                  flush=True)  # fmt: skip
+        shutil.rmtree(out)  # a stale run_complete.json or metrics.jsonl must not outlive the run it described
+    state.wait_for_everyone()
+
+
+def build(recipe, first, push, output: resolve.OutputPlan, state, stop) -> Built:
+    """The trainer (TRL loads the model with the attention `first.forward` chose, and tokenizes the data set)."""
+    from .trainer import build_trainer
+
+    training, only_reference = recipe.training, recipe.project.reference_only
+    out = Path(training.output_dir)
+    clear_old_run(recipe, output, state)
+    if state.is_main_process and not only_reference:
+        setup_wandb(training)
+    # Checkpoint branches: pushed from the main process in the background, only where the Hub is reachable.
+    pusher = None
+    if push.checkpoints and not offline.is_offline() and state.is_main_process and not only_reference:
+        pusher = CheckpointPusher(push.repo_id, push.token, push.private, out)
+    callbacks = [WandbStepIsGlobalStep(), *([pusher] if pusher else [])]
+    existed = out.exists()
+    trainer = build_trainer(recipe, first.data.train, eval_dataset=first.data.eval, callbacks=callbacks, stop=stop,
+                            forward=first.forward.planned)  # fmt: skip
+    return Built(trainer, pusher, existed)
+
+
+def ends_after_reference(recipe, built: Built, outcomes, state) -> bool:
+    """A stop request during the reference stage (the requeued job scores only the rest), or a reference-only run."""
+    trainer, out = built.trainer, Path(recipe.training.output_dir)
+    if outcomes and outcomes[-1].stopped:
+        if state.is_main_process:
+            trainer.graceful_stop.mark_saved(outcomes[-1].line())
+        return True
+    if recipe.project.reference_only:
+        if state.is_main_process and not built.output_existed and out.is_dir() and not any(out.iterdir()):
+            out.rmdir()  # the Trainer makes output_dir when it starts; a reference-only run writes nothing there
+        return True
+    return False
+
+
+def record_run(recipe, first, trainer, run_plan, outcomes, output: resolve.OutputPlan, push, state) -> dict:
+    """resolved_config.json: the first half's records, and what the trainer, the plan stage and the reference stage
+    decided (the forward as built: a hybrid that cannot pack trains padded)."""
+    training = recipe.training
+    derived = first.record()
+    derived["total_steps"] = trainer.state.max_steps or derived["total_steps"]
+    recipe.model.dtype = training.model_init_kwargs["dtype"]  # the dtype the weights loaded in (engine.load_dtype)
+    derived["batching"] = run_plan.summary
+    derived["reference"] = {o.name: o.record() for o in outcomes}  # its warm-up and steady tokens/s, when it scored
+    derived["forward"] = trainer.forward.record()  # the attention and layout chosen (dpotrain/forwards/choice.py)
+    derived["layers"] = trainer.layers_record  # the decoder layers as trained: checkpointed, compiled (layers.py)
+    resolved = push.record(resolve.resolved_config(recipe, derived | {"resumed_from": output.resume_from}))
+    if state.is_main_process:
+        out = Path(training.output_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "resolved_config.json").write_text(json.dumps(resolved, indent=2, default=str) + "\n")
+        print("Resolved configuration:", json.dumps(derived, default=str), flush=True)
+        if output.resume_from:
+            print(f"Resuming from {output.resume_from}", flush=True)
+    return resolved

@@ -1,0 +1,112 @@
+"""The run as its stages (dpotrain/stages.py): the dry run is the run's own first half, so it records what the run
+then writes in resolved_config.json; each decision is made once per run; a dry run's stdout is its JSON alone."""
+
+import json
+import os
+import subprocess
+
+import pytest
+
+import train_dpo
+from conftest import ROOT, launch_smoke, python, run_train
+from dpotrain import lengths, memory, resolve
+
+SMOKE = ["--config", str(ROOT / "configs" / "smoke.yaml")]
+
+
+def dry_json(args: list[str], env: dict | None = None) -> dict:
+    """`python train_dpo.py ... --dry-run --json`: its stdout, parsed (it must be the JSON alone)."""
+    result = subprocess.run([python(), str(ROOT / "train_dpo.py"), *SMOKE, *args, "--dry-run", "--json"], cwd=ROOT,
+                            env={**os.environ, **(env or {})}, capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    return json.loads(result.stdout)
+
+
+def assert_same_decisions(dry: dict, ran: dict) -> None:
+    """World size, pairs, rows, steps, max_length, forward, batching and memory plan: field by field."""
+    d, r = dry["derived"], ran["derived"]
+    for key in ("world_size", "world_size_source", "pairs_per_step", "dataset_rows", "total_steps", "warmup_steps",
+                "batching"):  # fmt: skip
+        assert d[key] == r[key], key
+    assert dry["max_length"] == ran["max_length"]
+    for key in ("attention", "packed", "share_prompt", "one_row", "layout", "decision"):
+        assert d["forward"][key] == r["forward"][key], key
+    # The engine is the same; where it was read from differs (the accelerate config, or the launched process).
+    d_memory, r_memory = dict(d["memory"]), dict(r["memory"])
+    d_engine, r_engine = d_memory.pop("engine", ""), r_memory.pop("engine", "")
+    assert d_engine.split(" (")[0] == r_engine.split(" (")[0]
+    assert d_memory == r_memory
+
+
+def test_the_dry_run_records_what_the_run_writes_on_one_process(tmp_path):
+    # bf16 on the CPU (use_cpu): a memory plan is made, for this machine, not for a GPU node.
+    args = ["--max_steps", "2", "--use_cpu", "true", "--bf16", "true", "--save_strategy", "no"]
+    dry = dry_json([*args, "--output_dir", str(tmp_path / "run")])
+    assert "per_gpu_gib" in dry["derived"]["memory"]
+    assert "micro_batches_per_step" in dry["derived"]["batching"]
+    result = run_train([*SMOKE, *args, "--output_dir", str(tmp_path / "run")])
+    assert result.returncode == 0, result.stdout[-3000:]
+    assert_same_decisions(dry, json.loads((tmp_path / "run" / "resolved_config.json").read_text()))
+
+
+def test_the_dry_run_records_what_a_two_process_launch_writes(tmp_path):
+    launch = ["--accelerate_config", str(ROOT / "accelerate_config.yaml")]
+    args = ["--max_steps", "2", "--save_strategy", "no", "--output_dir", str(tmp_path / "run")]
+    dry = dry_json([*launch, *args], env={"WORLD_SIZE": "2"})
+    assert dry["derived"]["world_size"] == 2
+    launch_smoke(2, [*launch, *args])
+    ran = json.loads((tmp_path / "run" / "resolved_config.json").read_text())
+    assert ran["derived"]["batching"]["gradient_reductions_per_epoch"] > 0  # DeepSpeed: one per backward
+    assert_same_decisions(dry, ran)
+
+
+def test_each_decision_is_made_once_per_run_and_per_dry_run(tmp_path, monkeypatch, capsys):
+    calls = {"memory plan": 0, "analyzer cache read": 0, "max_length": 0, "world size": 0}
+
+    def counted(name, fn):
+        def wrapper(*args, **kwargs):
+            calls[name] += 1
+            return fn(*args, **kwargs)
+
+        return wrapper
+
+    monkeypatch.setattr(memory, "plan", counted("memory plan", memory.plan))
+    monkeypatch.setattr(lengths, "cached_measure", counted("analyzer cache read", lengths.cached_measure))
+    monkeypatch.setattr(lengths, "analyse", counted("max_length", lengths.analyse))
+    monkeypatch.setattr(lengths, "resolution_of", counted("max_length", lengths.resolution_of))
+    monkeypatch.setattr(resolve, "world_size", counted("world size", resolve.world_size))
+    args = [*SMOKE, "--max_length", "auto", "--max_steps", "2", "--save_strategy", "no", "--use_cpu", "true",
+            "--bf16", "true", "--output_dir", str(tmp_path / "run")]  # fmt: skip
+    train_dpo.main([*args, "--dry-run", "--json"])
+    assert calls == {"memory plan": 1, "analyzer cache read": 1, "max_length": 1, "world size": 1}
+    capsys.readouterr()
+    train_dpo.main(args)  # the dry run analysed the split: the run reads the analyzer's cache once
+    assert calls == {"memory plan": 2, "analyzer cache read": 2, "max_length": 2, "world size": 2}
+
+
+def test_main_restores_the_environment_the_recipe_set(tmp_path, capsys):
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text((ROOT / "configs" / "smoke.yaml").read_text() + "\nenv:\n  DPOTRAIN_RECIPE_FLAG: 'on'\n")
+    assert "DPOTRAIN_RECIPE_FLAG" not in os.environ
+    train_dpo.main(["--config", str(recipe), "--output_dir", str(tmp_path / "run"), "--dry-run", "--json"])
+    assert "DPOTRAIN_RECIPE_FLAG" not in os.environ
+
+
+@pytest.mark.parametrize("dry", [True, False])
+def test_an_empty_chosen_in_a_local_file_is_refused_by_the_dry_run_as_by_the_run(tmp_path, dry):
+    rows = [json.loads(line) for line in (ROOT / "data" / "smoke_prefs.jsonl").read_text().splitlines()[:32]]
+    rows[5]["chosen"] = []
+    data = tmp_path / "prefs.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    args = [*SMOKE, "--dataset_name", str(data), "--output_dir", str(tmp_path / "run"), *(["--dry-run"] * dry)]
+    result = run_train(args)
+    assert result.returncode == 2, result.stdout[-2000:]
+    errors = [line for line in result.stdout.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "row 5" in errors[0] and "chosen" in errors[0], errors
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_dry_run_json_is_stdout_alone_where_libraries_print(tmp_path):
+    # W&B configured (offline) as a user would: what libraries print goes to stderr.
+    dry = dry_json(["--report_to", "wandb", "--output_dir", str(tmp_path / "run")], env={"WANDB_MODE": "offline"})
+    assert dry["derived"]["forward"]["attention"] == "sdpa"
