@@ -237,6 +237,11 @@ def measure_lengths(recipe, found: Launch, pairs: Data, model_path: str, state=N
         found_pairs = sample.sampled(pairs.train, tokenizer, t.seed, p.hh_format)
     else:
         found_pairs = None
+    if found_pairs is not None and t.max_length is not None:
+        # A max_length that drops every pair leaves the trainer nothing: refused here, before the model loads.
+        counted = cuts.count(found_pairs.prompt, found_pairs.chosen, found_pairs.rejected, t.max_length,
+                             t.truncation_mode)  # fmt: skip
+        cuts.check(counted, found_pairs.prompt, found_pairs.source)
     return Lengths(auto, found_pairs, measured, tokenizer)
 
 
