@@ -51,11 +51,12 @@ def gpu_name(gib: float | None) -> str:
     return next((name for name, size in KNOWN_GPUS.items() if abs(size - gib) <= 1.0), "")
 
 
-def summary(resolved: dict, json_file: Path | None) -> str:
-    """The lines a person reads before submitting: model, data, steps, batching, memory per GPU, the GPU, engine."""
+def summary(resolved: dict, json_file: Path | None, heading: str | None = None) -> str:
+    """The lines a person reads before submitting (and a run prints as it starts, under its own `heading`): model,
+    data, steps, batching, memory per GPU, the GPU, engine."""
     d = resolved["derived"]
     memory, batching = d.get("memory", {}), d.get("batching", {})
-    lines = [f"dry run of {resolved['config'] or 'the command line'}: nothing loaded, nothing trained"]
+    lines = [heading or f"dry run of {resolved['config'] or 'the command line'}: nothing loaded, nothing trained"]
 
     def row(name: str, text: str) -> None:
         lines.append(f"  {name + ':':<15}{text}")
@@ -88,7 +89,7 @@ def summary(resolved: dict, json_file: Path | None) -> str:
         row("micro-batches", f"{per['min']}-{per['max']} per step on each process (mean {per['mean']}), "
             f"~{positions:,.0f} positions each{cap}")  # fmt: skip
         tokens = per["mean"] * d["world_size"] * positions * (1 - batching["padding_share"])
-        row("tokens/step", f"~{tokens:,.0f} (the analyzer's lengths; padding {batching['padding_share']:.1%})")
+        row("tokens/step", f"~{tokens:,.0f} (from the pairs' token lengths; padding {batching['padding_share']:.1%})")
         row("layout", batching["forward"])
     else:
         cut = f"at most {budget:,} packed tokens each" if budget else f"{resolved['per_device_train_batch_size']} pairs"

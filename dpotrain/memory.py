@@ -458,7 +458,7 @@ def plan(recipe, world: int, engine: Engine | None = None, attention: str | None
     if engine.name == "unplanned":
         return {"skipped": engine.source}
     if not (recipe.training.bf16 or recipe.training.fp16):
-        return {"skipped": "planned for bf16 mixed precision (bf16: true), as on GPUs; this recipe trains in fp32"}
+        return {"skipped": "this recipe trains in fp32, and memory is planned for GPU runs in bf16 (bf16: true)"}
     tokens, width, token_source = micro_batch(recipe)
     if tokens is None:
         return {"skipped": token_source}

@@ -7,7 +7,7 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import offline, resolve
+from . import dry_run, offline, resolve
 from .hub_push import CheckpointPusher
 from .tracking import WandbStepIsGlobalStep, keep_offline_runs, setup_wandb
 
@@ -81,7 +81,9 @@ def record_run(recipe, first, trainer, run_plan, outcomes, output: resolve.Outpu
         out = Path(training.output_dir)
         out.mkdir(parents=True, exist_ok=True)
         (out / "resolved_config.json").write_text(json.dumps(resolved, indent=2, default=str) + "\n")
-        print("Resolved configuration:", json.dumps(derived, default=str), flush=True)
+        # A few readable lines (the dry run's summary, as decided now); every field is in the file.
+        heading = f"run of {recipe.config_path or 'the command line'}: all of it in {out / 'resolved_config.json'}"
+        print(dry_run.summary(resolved, None, heading), flush=True)
         if output.resume_from:
             print(f"Resuming from {output.resume_from}", flush=True)
     return resolved

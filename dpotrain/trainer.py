@@ -283,7 +283,8 @@ class RecipeDPOTrainer(DPOTrainer):
             batch_sampler=sampler,
             collate_fn=collate,
             num_workers=workers,
-            pin_memory=args.dataloader_pin_memory,
+            # Pinned memory only helps copies to a GPU; without one torch warns at every training start.
+            pin_memory=args.dataloader_pin_memory and self.args.device.type == "cuda",
             persistent_workers=args.dataloader_persistent_workers and workers > 0,
             prefetch_factor=args.dataloader_prefetch_factor if workers > 0 else None,
             worker_init_fn=functools.partial(seed_worker, num_workers=workers, rank=args.process_index)

@@ -22,3 +22,16 @@ def test_the_builtin_models_planning_config_is_the_config_it_is_built_with(tmp_p
             memory.load_model_config(recipe) if builtin.materialize_model(recipe.model.model_name_or_path) else None
         )
     assert built.eos_token_id == planned.eos_token_id and built.vocab_size == len(tokenizer)
+
+
+def test_the_demo_prints_no_warning_to_ignore_and_a_short_readable_start(demo_run):
+    """The README's demo as a newcomer runs it: no warning about the built-in model's config or pinned memory on a
+    machine without a GPU, and the resolved configuration as the dry run's few lines, not a 2,000-character JSON."""
+    _, _, result = demo_run
+    out = result.stdout
+    assert result.returncode == 0, out[-3000:]
+    for noise in ("eos_token_id must be", "'pin_memory' argument is set", "Resolved configuration:"):
+        assert noise not in out, noise
+    start = out[out.index("run of configs/smoke.yaml: all of it in") :].splitlines()
+    assert start[1].startswith("  model:") and all(len(line) < 240 for line in start[1:10]), start[:10]
+    assert "memory/GPU:    not planned: this recipe trains in fp32, and memory is planned for GPU runs in bf16" in out
