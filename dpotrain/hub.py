@@ -158,7 +158,7 @@ def model_card(resolved: dict, records: list[dict], revisions: list[tuple[int, s
         tags=["dpo", "trl", "olmo3-recipe", *(["lora", "peft"] if resolved.get("use_peft") else [])],
     )
     derived = resolved.get("derived", {})
-    recipe_rows = "\n".join(f"| `{k}` | {resolved.get(k)} |" for k in CARD_FIELDS)
+    recipe_rows = "\n".join(f"| `{k}` | {as_run(k, resolved)} |" for k in CARD_FIELDS)
     recipe_rows += f"\n| pairs per optimizer step | {derived.get('pairs_per_step')} |"
     counted = derived.get("batching", {}).get("max_length_cuts")
     if counted:  # what the trainer saw of the data: pairs cut or dropped at max_length (cuts.py)
@@ -190,6 +190,22 @@ DPO post-training of `{base}` on `{dataset}` with OLMo 3's length-normalized DPO
 ![training curves]({PLOT_FILE})
 """
     return str(ModelCard(content + revisions_section(revisions, repo_id or resolved.get("hub_model_id") or "")))
+
+
+def as_run(key: str, resolved: dict):
+    """A recipe field as the run used it: warm-up in steps (a float below 1 is the recipe's ratio), and per-device
+    batches as the token budget cut them (None in the recipe: micro-batches of as many pairs as fit)."""
+    derived, value = resolved.get("derived", {}), resolved.get(key)
+    per_step = derived.get("batching", {}).get("micro_batches_per_step")
+    if key == "warmup_steps" and derived.get("warmup_steps") is not None:
+        steps = derived["warmup_steps"]
+        return f"{steps} ({value:g} of the steps)" if 0 < (value or 0) < 1 else steps
+    if key == "per_device_train_batch_size" and value is None and per_step:
+        pairs = derived["batching"].get("pairs_per_micro_batch", {})
+        return f"{pairs.get('min')}-{pairs.get('max')} pairs per micro-batch (max_tokens_per_microbatch)"
+    if key == "gradient_accumulation_steps" and value is None and per_step:
+        return f"{per_step['min']}-{per_step['max']} micro-batches per step (mean {per_step['mean']})"
+    return value
 
 
 REVISIONS_HEADING = "## Checkpoint revisions"

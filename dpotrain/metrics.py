@@ -37,6 +37,10 @@ class MetricsRecorder(TrainerCallback):
     def __init__(self):
         self._trimmed = False
 
+    def on_step_end(self, args, state, control, **kwargs):
+        if state.global_step >= state.max_steps:  # the last step is always recorded, whatever logging_steps says
+            control.should_log = True
+
     def on_log(self, args, state, control, logs=None, **kwargs):
         if not state.is_world_process_zero or not logs or not ({"loss", "eval_loss"} & set(logs)):
             return

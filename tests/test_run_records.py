@@ -1,0 +1,28 @@
+"""What a run records says what ran: its last step, its own name, and the numbers it resolved (issue #35 item 7)."""
+
+import json
+
+from test_honest_runs import first_pairs
+
+from conftest import ROOT, run_train
+from dpotrain.metrics import read_metrics
+
+SMOKE = str(ROOT / "configs" / "smoke.yaml")
+
+
+def test_the_last_step_the_run_name_and_resolved_numbers_are_recorded(tmp_path, tiny_model_dir):
+    """5 steps logged every 2: metrics.jsonl, run_complete.json and the card end at step 5, not 4; the card and
+    plot are titled with the folder the user named, and the card shows warm-up in steps and the batches as cut."""
+    out = tmp_path / "my-first-try"
+    result = run_train(["--config", SMOKE, "--output_dir", str(out), "--report_to", "none", "--dataset_name",
+                        first_pairs(tmp_path, 5), "--max_steps", "5", "--logging_steps", "2", "--save_strategy", "no"],
+                       env={"DPOTRAIN_BUILTIN_DIR": str(tiny_model_dir.rsplit("/", 1)[0])})  # fmt: skip
+    assert result.returncode == 0, result.stdout[-3000:]
+    assert [r["step"] for r in read_metrics(out) if "loss" in r] == [1, 2, 4, 5]  # step 1: the health guard's
+    assert json.loads((out / "run_complete.json").read_text())["final"]["step"] == 5
+    card = (out / "README.md").read_text()
+    assert "\n# my-first-try\n" in card and "## Final metrics (step 5)" in card
+    assert "| `warmup_steps` | 1 (0.1 of the steps) |" in card  # 10% of 5 steps, rounded up
+    assert "| `per_device_train_batch_size` | None |" not in card and "pairs per micro-batch" in card
+    assert "| `gradient_accumulation_steps` | None |" not in card and "micro-batches per step" in card
+    assert json.loads((out / "resolved_config.json").read_text())["run_name"] == "my-first-try"
