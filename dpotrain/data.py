@@ -220,3 +220,28 @@ def count_local_rows(name: str, split: str = "train") -> int | None:
 
         return sum(pa.ipc.open_stream(path / f["filename"]).read_all().num_rows for f in state["_data_files"])
     return None
+
+
+def row_location(name: str, index: int) -> str:
+    """Where row `index` (from 0, as the data set counts its rows) of a data set is, as a person finds it in the file:
+    'line 8 of my.jsonl' (JSON Lines: the index-th line that is not blank, which is what the reader counts), 'line 9
+    of my.csv' (the line its record starts on, after the header; quoted fields may span lines), else 'row 7 (from 0)
+    of my.parquet'. Read only when a row is refused: a scan of the file up to that row."""
+    path = Path(name).expanduser()
+    if path.is_file() and path.suffix == ".jsonl" or (path.suffix == ".json" and file_kind(path) == "json lines"):
+        with open(path, "rb") as f:
+            rows = -1
+            for number, line in enumerate(f, 1):
+                rows += bool(line.strip())
+                if rows == index:
+                    return f"line {number} of {path.name}"
+    if path.is_file() and path.suffix == ".csv":
+        import csv
+
+        with open(path, newline="", encoding="utf-8", errors="replace") as f:
+            reader, start = csv.reader(f), 1
+            for record, _ in enumerate(reader, -1):  # -1: the header
+                if record == index:
+                    return f"line {start} of {path.name}"
+                start = reader.line_num + 1
+    return f"row {index} (from 0) of {path.name if path.exists() else name}"

@@ -20,12 +20,20 @@ ROW_COLUMNS = ("prompt", "chosen", "rejected", *shapes.KEPT_COLUMNS)
 class InvalidRowError(ConfigError):
     """A row the trainer cannot use: the message names the row index and the column."""
 
-    def __init__(self, index: int, column: str, problem: str, skip_flag: str = "--skip-invalid"):
-        self.index, self.column, self.problem = index, column, problem
+    def __init__(self, index: int, column: str, problem: str, skip_flag: str = "--skip-invalid", where: str = ""):
+        self.index, self.column, self.problem, self.skip_flag = index, column, problem, skip_flag
+        at = f"{where}; " if where else ""
         super().__init__(
-            f"row {index}, column {column!r}: {problem} (fix or remove the row, or pass {skip_flag} to drop and "
+            f"row {index}, column {column!r}: {problem} ({at}fix or remove the row, or pass {skip_flag} to drop and "
             "count such rows instead)"
         )
+
+    def located(self, dataset_name: str) -> "InvalidRowError":
+        """The same refusal, saying where the row is in the user's file (`data.row_location`: 'line 8 of x.jsonl')."""
+        from .data import row_location
+
+        return InvalidRowError(self.index, self.column, self.problem, self.skip_flag,
+                               row_location(dataset_name, self.index))  # fmt: skip
 
 
 # --- one row, as the trainer tokenizes it -----------------------------------------------------------------------------
@@ -173,14 +181,18 @@ def check_dataset(
 
 
 def usable_pairs(dataset, skip_invalid: bool, derived: dict, key: str, hh_format: str = "messages", split="train",
-                 say: bool = True):  # fmt: skip
+                 say: bool = True, source: str | None = None):  # fmt: skip
     """The data set's pairs as the trainer is to tokenize them (`read_row`: explicit prompt, other columns left out).
 
     Refused at its first bad row, or with `skip_invalid` without its bad rows: then they are recorded as
-    `derived[key]` (for resolved_config.json) and, where `say` (one process of a launch), said on the console. No
+    `derived[key]` (for resolved_config.json) and, where `say` (one process of a launch), said on the console; a
+    refusal says where the row is in `source` (the data set's name: its file and line, `data.row_location`). No
     usable row left is refused too: the trainer would fail on an empty data set only after loading the model.
     """
-    checked = check_dataset(dataset, skip_invalid=skip_invalid, hh_format=hh_format)
+    try:
+        checked = check_dataset(dataset, skip_invalid=skip_invalid, hh_format=hh_format)
+    except InvalidRowError as e:
+        raise e.located(source) if source else e from None
     if say:
         print(f"Data ({split}): {checked.rows} rows, {checked.fmt.shape.describe()}", flush=True)
     if checked.invalid:

@@ -153,6 +153,8 @@ def read(row: dict, shape: Shape) -> tuple[dict | None, tuple[str, str] | None]:
     else:
         chosen, rejected = row["chosen"], row["rejected"]
         if shape.name == "hh":
+            if _empty_hh(chosen, rejected):
+                return None, _empty_hh(chosen, rejected)
             chosen, rejected = hh_messages(chosen), hh_messages(rejected)
             for column, side in (("chosen", chosen), ("rejected", rejected)):
                 if side is None:
@@ -283,8 +285,17 @@ def hh_messages(text: str) -> list[dict] | None:
     return None if turns is None else [{"role": role, "content": content.strip()} for role, content, _ in turns]
 
 
+def _empty_hh(chosen: str, rejected: str) -> tuple[str, str] | None:
+    """An empty side of an HH-RLHF row is said as such, not as a conversation of another shape."""
+    column = next((c for c, text in (("chosen", chosen), ("rejected", rejected)) if not text.strip()), None)
+    return None if column is None else (column, "empty: an HH-RLHF conversation (`\\n\\nHuman: ...\\n\\nAssistant: "
+                                                "...`) was expected")  # fmt: skip
+
+
 def _hh_text(chosen: str, rejected: str):
     """`hh_format: text`: the prompt is the string up to the last `Assistant:`, checked turn by turn."""
+    if _empty_hh(chosen, rejected):
+        return None, _empty_hh(chosen, rejected)
     parsed = {}
     for column, text in (("chosen", chosen), ("rejected", rejected)):
         turns = hh_turns(text)

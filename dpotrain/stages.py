@@ -137,13 +137,13 @@ def load_data(recipe, found: Launch, say: bool = True) -> Data:
     )
     if hasattr(dataset, "__len__"):
         dataset = rows.usable_pairs(dataset, skip, checked, "invalid_rows", shape, split=script.dataset_train_split,
-                                    say=say)  # fmt: skip
+                                    say=say, source=script.dataset_name)  # fmt: skip
     eval_dataset = None
     if recipe.training.eval_strategy != "no":  # the held-out split (options.check_options: there is one)
         eval_dataset = data.load_preference_dataset(script.dataset_name, script.dataset_test_split,
                                                     script.dataset_config)  # fmt: skip
-        eval_dataset = rows.usable_pairs(eval_dataset, skip, checked, "invalid_eval_rows", shape,
-                                         split=script.dataset_test_split, say=say)  # fmt: skip
+        eval_dataset = rows.usable_pairs(eval_dataset, skip, checked, "invalid_eval_rows", shape, say=say,
+                                         split=script.dataset_test_split, source=script.dataset_name)  # fmt: skip
         checked["eval_rows"] = len(eval_dataset)
     steps = resolve.plan_steps(recipe, found.world, len(dataset) if hasattr(dataset, "__len__") else None)
     options.check_plan(steps)

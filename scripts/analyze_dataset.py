@@ -32,6 +32,7 @@ from dotenv import load_dotenv  # noqa: E402
 
 from dpotrain import config, cuts, data, lengths, lengths_report, offline, shapes  # noqa: E402
 from dpotrain.errors import ConfigError  # noqa: E402
+from dpotrain.rows import InvalidRowError  # noqa: E402
 
 DEFAULT_DATASET = "allenai/Dolci-Instruct-DPO"  # the seed's default
 
@@ -198,15 +199,11 @@ def analyze(args: argparse.Namespace) -> int:
     indices = None
     if args.sample:
         dataset, indices = sample(dataset, args.sample, args.seed)
-    m = lengths.measure(
-        dataset,
-        tokenizer,
-        num_proc=args.num_proc,
-        skip_invalid=args.skip_invalid,
-        indices=indices,
-        progress=True,
-        hh_format=hh_format,
-    )
+    try:
+        m = lengths.measure(dataset, tokenizer, num_proc=args.num_proc, skip_invalid=args.skip_invalid,
+                            indices=indices, progress=True, hh_format=hh_format)  # fmt: skip
+    except InvalidRowError as e:  # where the row is in the user's file (a sample keeps the rows' own indices)
+        raise e.located(name) from None
     print(f"Read as {m.shape}", file=sys.stderr, flush=True)
     candidates = [*args.candidates, *([current] if current else [])]
     report = lengths.summarize(

@@ -1,0 +1,74 @@
+"""A refused row is named as the user finds it in their file: its line in a .jsonl or .csv, and what is wrong with it
+in words that match (an empty HH side is 'empty'), the same in the run, the dry run and the analyzer."""
+
+import csv
+import json
+
+import pytest
+from test_analyzer import cli, error_line  # noqa: F401  (cli: a fixture)
+
+import train_dpo
+from conftest import ROOT
+from dpotrain import data
+from dpotrain.errors import ConfigError
+
+SMOKE = ROOT / "configs" / "smoke.yaml"
+
+
+def pairs(n: int) -> list[dict]:
+    return [{"chosen": [{"role": "user", "content": f"q{i}"}, {"role": "assistant", "content": f"yes {i}"}],
+             "rejected": [{"role": "user", "content": f"q{i}"}, {"role": "assistant", "content": f"no {i}"}]}
+            for i in range(n)]  # fmt: skip
+
+
+def jsonl_with_an_empty_chosen(path) -> str:
+    """Row 7 (from 0) has an empty answer; a blank line before it (which readers skip) puts it on line 9."""
+    rows = pairs(12)
+    rows[7]["chosen"][-1]["content"] = ""
+    lines = [json.dumps(r) for r in rows]
+    lines.insert(3, "")
+    path.write_text("\n".join(lines) + "\n")
+    return str(path)
+
+
+def test_the_dry_run_and_the_run_name_the_line_of_a_jsonl(tmp_path):
+    path = jsonl_with_an_empty_chosen(tmp_path / "my.jsonl")
+    for mode in (["--dry-run"], []):
+        with pytest.raises(ConfigError) as refused:
+            train_dpo.main(["--config", str(SMOKE), "--dataset_name", path, "--output_dir", str(tmp_path / "o"), *mode])
+        message = str(refused.value)
+        assert message.startswith("row 7, column 'chosen': empty completion") and "(line 9 of my.jsonl; fix" in message
+    assert not (tmp_path / "o").exists()
+
+
+def test_the_analyzer_names_the_same_line(cli, tmp_path, capsys):  # noqa: F811
+    path = jsonl_with_an_empty_chosen(tmp_path / "my.jsonl")
+    assert cli.main([path, "--tokenizer", "builtin:tiny-olmo3", "--num-proc", "1"]) == 2
+    line = error_line(capsys)
+    assert line.startswith("error: row 7, column 'chosen': empty completion") and "(line 9 of my.jsonl; fix" in line
+
+
+def test_a_csv_row_is_found_by_the_line_its_record_starts_on(tmp_path):
+    """A quoted field spanning two lines moves every later record down a line."""
+    path = tmp_path / "pairs.csv"
+    with open(path, "w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(["prompt", "chosen", "rejected"])
+        writer.writerow(["two\nlines", "a", "b"])
+        writer.writerow(["q", "c", "d"])
+    assert data.row_location(str(path), 0) == "line 2 of pairs.csv"
+    assert data.row_location(str(path), 1) == "line 4 of pairs.csv"
+    assert data.row_location("org/hub-set", 3) == "row 3 (from 0) of org/hub-set"
+
+
+def test_an_empty_hh_side_is_said_to_be_empty(tmp_path):
+    hh = [{"chosen": f"\n\nHuman: q{i}\n\nAssistant: yes", "rejected": f"\n\nHuman: q{i}\n\nAssistant: no"}
+          for i in range(6)]  # fmt: skip
+    hh[2]["chosen"] = ""
+    path = tmp_path / "hh.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in hh))
+    with pytest.raises(ConfigError) as refused:
+        train_dpo.main(["--config", str(SMOKE), "--dataset_name", str(path), "--output_dir", str(tmp_path / "o"),
+                        "--dry-run"])  # fmt: skip
+    message = str(refused.value)
+    assert message.startswith("row 2, column 'chosen': empty: an HH-RLHF conversation") and "(line 3 of hh" in message
