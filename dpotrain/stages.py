@@ -13,19 +13,53 @@ same functions, deciding the same way. It differs from the run only in where two
 
 import copy
 import os
+import shlex
 from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import builtin, cuts, data, engine, health, lengths, lora, memory, offline, options, resolve, rows, samples
+from . import (
+    builtin,
+    config,
+    cuts,
+    data,
+    engine,
+    health,
+    lengths,
+    lora,
+    memory,
+    offline,
+    options,
+    resolve,
+    rows,
+    samples,
+)
 from .config import uses_live_reference
 from .forwards import choice, cost, sample
 
 FA4_SETS = {"with FlashAttention 4 installed": "flash_attention_4", "without": None}  # a dry run for a GPU job
 
 
+ANALYZER_FIELDS = {  # the recipe field -> the recipe object that holds it, for what the analyzer measures
+    "model_name_or_path": "model", "dataset_name": "script", "dataset_train_split": "script",
+    "dataset_config": "script", "hh_format": "project", "auto_coverage": "project",
+}  # fmt: skip
+# What the analyzer takes where the recipe file says nothing (scripts/analyze_dataset.py).
+ANALYZER_DEFAULTS = {"dataset_train_split": "train", "hh_format": "messages", "auto_coverage": lengths.DEFAULT_COVERAGE}
+
+
 def analyze_command(recipe) -> str:
-    return f"python scripts/analyze_dataset.py --config {recipe.config_path or '<recipe>'}"
+    """The analyzer's command that measures what this run will train: the recipe, and every value the command line
+    changed from it (the model above all: the recipe's may not even be on this machine)."""
+    words = ["python", "scripts/analyze_dataset.py"]
+    written = config.read_recipe(recipe.config_path) if recipe.config_path else {}
+    if recipe.config_path:
+        words += ["--config", recipe.config_path]
+    for name, part in ANALYZER_FIELDS.items():
+        value = getattr(getattr(recipe, part), name)
+        if value is not None and value != written.get(name, ANALYZER_DEFAULTS.get(name)):
+            words += [f"--{name}", str(value)]
+    return shlex.join(words)
 
 
 # --- checks -----------------------------------------------------------------------------------------------------------

@@ -30,7 +30,7 @@ sys.path.insert(0, str(ROOT))  # run as `python scripts/analyze_dataset.py` from
 
 from dotenv import load_dotenv  # noqa: E402
 
-from dpotrain import config, cuts, data, lengths, lengths_report, offline, shapes  # noqa: E402
+from dpotrain import cli, config, cuts, data, lengths, lengths_report, offline, shapes  # noqa: E402
 from dpotrain.errors import ConfigError  # noqa: E402
 from dpotrain.rows import InvalidRowError  # noqa: E402
 
@@ -38,8 +38,10 @@ DEFAULT_DATASET = "allenai/Dolci-Instruct-DPO"  # the seed's default
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(
-        description="Token lengths of a DPO data set as TRL's DPOTrainer tokenizes it, and the max_length to use.",
+    p = cli.Parser(
+        prog="analyze_dataset.py",
+        description="Token lengths of a DPO data set as TRL's DPOTrainer tokenizes it, and the max_length to use. "
+        "Flags are spelled as train_dpo.py spells them too (--model_name_or_path, --skip_invalid, --dataset_name).",
     )
     p.add_argument(
         "dataset",
@@ -47,9 +49,13 @@ def parse_args(argv=None) -> argparse.Namespace:
         help=f"Hub name, or a local JSONL/JSON/Parquet/CSV file or saved folder (docs/data.md) [recipe's, else "
         f"{DEFAULT_DATASET}]",
     )
+    p.add_argument("--dataset_name", dest="dataset_flag", help="the data set, as train_dpo.py names it")
     p.add_argument("--config", help="recipe (configs/*.yaml) giving dataset, tokenizer, batch size and max_length")
-    p.add_argument("--tokenizer", help="tokenizer name or path [the recipe's model_name_or_path]")
-    p.add_argument("--split", help="split to analyse [the recipe's dataset_train_split, else train]")
+    p.add_argument("--tokenizer", "--model_name_or_path", help="tokenizer name or path (the model's) [the recipe's "
+                   "model_name_or_path]")  # fmt: skip
+    p.add_argument("--split", "--dataset_train_split", help="split to analyse [the recipe's dataset_train_split, else "
+                   "train]")  # fmt: skip
+    p.add_argument("--dataset_config", help="the Hub data set's configuration (subset) [the recipe's dataset_config]")
     p.add_argument("--revision", help="Hub data set revision (branch, tag or commit)")
     p.add_argument("--sample", type=int, help="analyse N rows drawn with --seed instead of every row")
     p.add_argument("--seed", type=int, default=42, help="for --sample and the shuffled-batch padding figures [42]")
@@ -66,6 +72,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     )
     p.add_argument(
         "--coverage",
+        "--auto_coverage",
         type=float,
         help="fraction of pairs that must fit untruncated: the recommendation is the smallest multiple of "
         f"{lengths.STEP} reaching it, shown with its packed compute [the recipe's auto_coverage, else "
@@ -73,7 +80,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     )
     p.add_argument("--json", help="write the report as JSON here")
     p.add_argument("--plot", help="write a PNG histogram of total length here")
-    p.add_argument("--skip-invalid", action="store_true", help="count and list bad rows instead of stopping at one")
+    p.add_argument("--skip-invalid", nargs="?", const=True, default=False, type=cli.flag,
+                   help="count and list bad rows instead of stopping at one (alone, or true/false)")  # fmt: skip
     p.add_argument("--streaming", action="store_true", help="stream the data set (larger than memory or disk)")
     p.add_argument(
         "--hh-format",
@@ -83,11 +91,16 @@ def parse_args(argv=None) -> argparse.Namespace:
     )
     p.add_argument(
         "--batch-size",
+        "--per_device_train_batch_size",
         type=int,
         help="pairs per device for the padding figures "
         f"[the recipe's per_device_train_batch_size, else {lengths.DEFAULT_BATCH_SIZE}]",
     )
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.dataset_flag and args.dataset and args.dataset_flag != args.dataset:
+        raise ConfigError(f"two data sets named: {args.dataset!r} and --dataset_name {args.dataset_flag!r}: keep one")
+    args.dataset = args.dataset or args.dataset_flag
+    return args
 
 
 def read_recipe(path: str | None, dataset: str | None) -> tuple[dict, str | None]:
@@ -116,7 +129,11 @@ def _load(path) -> dict:
 def main(argv=None) -> int:
     """Exit status: 0, or 2 after one line `error: ...` (bad input: which row, which column, what to do)."""
     load_dotenv(ROOT / ".env")  # HF_TOKEN for gated or private data sets; the environment wins
-    args = parse_args(argv)
+    try:
+        args = parse_args(argv)
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     from transformers.utils import logging as transformers_logging
 
     # Not "Token indices sequence length is longer than the specified maximum": measuring long rows is the point.
@@ -169,6 +186,7 @@ def analyze(args: argparse.Namespace) -> int:
     if not 0 < target <= 1:
         raise ConfigError(f"--coverage must be in (0, 1] (got {target})")
     hh_format = args.hh_format or recipe.get("hh_format") or "messages"
+    subset = args.dataset_config or recipe.get("dataset_config")
     if hh_format not in shapes.HH_FORMATS:
         raise ConfigError(f"hh_format {hh_format!r} in {recipe_path}: choose one of {', '.join(shapes.HH_FORMATS)}")
     truncation = recipe.get("truncation_mode", "keep_start")
@@ -181,16 +199,14 @@ def analyze(args: argparse.Namespace) -> int:
     )
 
     remedy = fetch_remedy(tokenizer_name, name, recipe, recipe_path, args)
-    offline.check_hub_reachable(hub_downloads(tokenizer_name, name, recipe.get("dataset_config"), split, args), remedy)
+    offline.check_hub_reachable(hub_downloads(tokenizer_name, name, subset, split, args), remedy)
     try:
         tokenizer = lengths.load_tokenizer(tokenizer_name)
     except Exception as e:  # unknown name, offline, gated: one line
         hint = f": {remedy}" if offline.is_hub_model(tokenizer_name) and offline.is_offline() else ""
         raise ConfigError(f"could not load the tokenizer of {tokenizer_name!r} ({_first_line(e)}){hint}") from None
     try:
-        dataset = data.load_preference_dataset(
-            name, split, recipe.get("dataset_config"), revision=args.revision, streaming=args.streaming
-        )
+        dataset = data.load_preference_dataset(name, split, subset, revision=args.revision, streaming=args.streaming)
     except ConfigError:  # already one line that names the fix
         raise
     except Exception as e:  # unknown Hub name, no access, offline, unreadable file: one line, not a traceback
@@ -240,7 +256,7 @@ def analyze(args: argparse.Namespace) -> int:
         lengths_report.plot(m, report, args.plot)
         print(f"wrote {args.plot}", file=sys.stderr)
     if not args.sample and not m.invalid:
-        dataset_id = lengths.dataset_identity(name, split, recipe.get("dataset_config"), args.revision,
+        dataset_id = lengths.dataset_identity(name, split, subset, args.revision,
                                               hh_format=hh_format)  # fmt: skip
         path = lengths.save_cache(m, report, dataset_id, tokenizer)
         print(f"cached for `max_length: auto` in training: {path}", file=sys.stderr)

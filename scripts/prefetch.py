@@ -12,7 +12,6 @@ offline job will, and says so. Any train_dpo.py override works here (--model_nam
 HF_TOKEN comes from .env or the environment, for gated or private repos; it is never printed.
 """
 
-import argparse
 import os
 import sys
 from pathlib import Path
@@ -22,14 +21,14 @@ sys.path.insert(0, str(ROOT))  # run as `python scripts/prefetch.py` from anywhe
 
 from dotenv import load_dotenv  # noqa: E402
 
-from dpotrain import data, offline  # noqa: E402
+from dpotrain import cli, data, offline  # noqa: E402
 from dpotrain.config import parse_args  # noqa: E402
 from dpotrain.errors import ConfigError, run_cli  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> None:
     load_dotenv(ROOT / ".env")  # HF_TOKEN for gated or private repos; the environment wins
-    parser = argparse.ArgumentParser(prog="prefetch.py", description=__doc__.split("\n\n")[0], allow_abbrev=False)
+    parser = cli.Parser(prog="prefetch.py", description=__doc__.split("\n\n")[0])
     parser.add_argument("--config", help="the recipe the job runs, e.g. configs/think.yaml")
     parser.add_argument("--split", help="the training split (= --dataset_train_split)")
     parser.add_argument("--revision", help="the data set's revision (branch, tag or commit); default: main")

@@ -19,20 +19,19 @@ sys.path.insert(0, str(ROOT))  # run as `python scripts/preflight.py` from anywh
 
 from dotenv import load_dotenv  # noqa: E402
 
-from dpotrain import health, offline, preflight, resolve, samples  # noqa: E402
+from dpotrain import cli, health, offline, preflight, resolve, samples  # noqa: E402
 from dpotrain.config import parse_args  # noqa: E402
 from dpotrain.errors import run_cli  # noqa: E402
 
 
 def parse_own(argv):
-    p = argparse.ArgumentParser(
+    p = cli.Parser(
         prog="scripts/preflight.py",
         description="The base model's log-prob gap between chosen and rejected responses, and a verdict on the run. "
         "Options not listed here (--config, --model_name_or_path, --dataset_name, --max_length, ...) are train_dpo.py "
         "fields.",
         epilog=preflight.HELP_THRESHOLDS,
         formatter_class=argparse.RawDescriptionHelpFormatter,
-        allow_abbrev=False,
     )
     p.add_argument(
         "--sample", type=int, default=preflight.DEFAULT_SAMPLE, help="pairs to score, drawn with --seed [512]"

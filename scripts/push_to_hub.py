@@ -15,7 +15,6 @@ resolved_config.json. HF_TOKEN comes from .env, the environment or `hf auth logi
 access to the repo is checked before anything uploads.
 """
 
-import argparse
 import json
 import sys
 from pathlib import Path
@@ -25,16 +24,17 @@ sys.path.insert(0, str(ROOT))  # run as `python scripts/push_to_hub.py` from any
 
 from dotenv import load_dotenv  # noqa: E402
 
-from dpotrain import checkpoints, hub, hub_push, offline  # noqa: E402
+from dpotrain import checkpoints, cli, hub, hub_push, offline  # noqa: E402
 from dpotrain.errors import ConfigError, run_cli  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> None:
     load_dotenv(ROOT / ".env")  # HF_TOKEN; the environment wins
-    parser = argparse.ArgumentParser(prog="push_to_hub.py", description=__doc__.split("\n\n")[0], allow_abbrev=False)
+    parser = cli.Parser(prog="push_to_hub.py", description=__doc__.split("\n\n")[0])
     parser.add_argument("run_dir", help="the run's output folder, e.g. outputs/think-dpo")
-    parser.add_argument("--repo-id", help="org/name to push to (default: hub_model_id of the run)")
-    parser.add_argument("--private", action="store_true", help="create the repo private (default: hub_private_repo)")
+    parser.add_argument("--repo-id", "--hub_model_id", help="org/name to push to (default: hub_model_id of the run)")
+    parser.add_argument("--private", "--hub_private_repo", action="store_true",
+                        help="create the repo private (default: hub_private_repo)")  # fmt: skip
     parser.add_argument(
         "--checkpoints", action="store_true", help="also push each complete checkpoint on disk to a branch step-<N>"
     )

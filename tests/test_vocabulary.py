@@ -1,0 +1,55 @@
+"""One vocabulary across the tools: the analyzer and the scripts take train_dpo.py's names for the same things, every
+tool answers a mistyped flag with "did you mean", and the dry run's analyzer hint repeats the user's own overrides."""
+
+import json
+import shlex
+
+import pytest
+from test_analyzer import cli, error_line  # noqa: F401  (cli: a fixture)
+
+from conftest import ROOT
+from dpotrain import stages
+from dpotrain.config import parse_args
+
+SMOKE = str(ROOT / "configs" / "smoke.yaml")
+DATA = str(ROOT / "data" / "smoke_prefs.jsonl")
+
+
+def test_the_analyzer_takes_the_trainers_spellings(cli, tmp_path, capsys):  # noqa: F811
+    out = tmp_path / "r.json"
+    argv = ["--dataset_name", DATA, "--model_name_or_path", "builtin:tiny-olmo3", "--skip_invalid", "true",
+            "--num_proc", "1", "--sample", "16", "--json", str(out)]  # fmt: skip
+    assert cli.main(argv) == 0
+    report = json.loads(out.read_text())
+    assert report["rows"] == 16 and report["tokenizer"] == "builtin:tiny-olmo3"
+
+
+@pytest.mark.parametrize(
+    ("argv", "suggested"),
+    [(["--skip-invalidd"], "--skip-invalid"), (["--model_name_or_pth", "x"], "--model_name_or_path")],
+)
+def test_the_analyzer_suggests_the_flag_meant(cli, capsys, argv, suggested):  # noqa: F811
+    assert cli.main([DATA, *argv]) == 2
+    assert f"(did you mean {suggested}?)" in error_line(capsys)
+
+
+def test_push_to_hub_suggests_the_flag_meant(tmp_path, capsys):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("push_to_hub", ROOT / "scripts" / "push_to_hub.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    with pytest.raises(Exception) as refused:
+        module.main([str(tmp_path), "--repo_idd", "org/x"])
+    assert "(did you mean --repo_id?)" in str(refused.value)
+
+
+def test_the_dry_runs_analyzer_hint_repeats_the_users_overrides(cli):  # noqa: F811
+    recipe = parse_args(["--config", SMOKE, "--model_name_or_path", "org/my-sft", "--dataset_name", "org/pairs",
+                         "--dry-run"])  # fmt: skip
+    words = shlex.split(stages.analyze_command(recipe))
+    assert words[:4] == ["python", "scripts/analyze_dataset.py", "--config", SMOKE]
+    assert dict(zip(words[4::2], words[5::2], strict=True)) == {"--model_name_or_path": "org/my-sft",
+                                                                 "--dataset_name": "org/pairs"}  # fmt: skip
+    args = cli.parse_args(words[2:])  # the analyzer reads the hint as meant: this model, this data set
+    assert (args.tokenizer, args.dataset, args.config) == ("org/my-sft", "org/pairs", SMOKE)
