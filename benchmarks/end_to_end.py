@@ -120,6 +120,10 @@ def recipe_args(args, data: str, model: Path, pairs: Path, out: Path, forward: s
              "--accelerate_config", "accelerate_config.yaml" if args.engine == "zero2" else "none"]  # fmt: skip
     if args.gpu_memory_gib:
         flags += ["--gpu_memory_gib", str(args.gpu_memory_gib)]
+    import torch
+
+    if not torch.cuda.is_available():  # bf16 autocast on the CPU: --tiny, and planning for a GPU from a CPU
+        flags += ["--use_cpu", "true"]
     if args.compile_layers:
         flags += ["--compile_layers", "true"]
     attn, share, padding_free = FORWARDS.get(forward, (None, None, None))
