@@ -8,6 +8,8 @@ import subprocess
 import sys
 import zipfile
 
+import torch
+
 from conftest import ROOT, python
 
 sys.path.insert(0, str(ROOT / "benchmarks"))
@@ -168,3 +170,35 @@ def test_kit_launches_accelerate_as_a_module():
     offenders = [f.name for f in files if '"accelerate"' in f.read_text() or "bin/accelerate" in f.read_text()
                  or "\naccelerate launch" in f.read_text()]  # fmt: skip
     assert offenders == [], offenders
+
+
+# --- 6: the GPU parity test runs on the attention a run would take ---
+
+
+def only_fa4_installed(monkeypatch, tmp_path) -> None:
+    """This machine as an H100 with FlashAttention 4 alone: its `flash_attn` package (which holds `flash_attn.cute`, no
+    FA2 kernels) importable, transformers' checks as they read there."""
+    import transformers.utils
+
+    package = tmp_path / "fa4" / "flash_attn"
+    (package / "cute").mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "cute" / "__init__.py").write_text("")
+    monkeypatch.syspath_prepend(str(tmp_path / "fa4"))
+    for name in ("flash_attn", "flash_attn.cute"):
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (9, 0))
+    for check, present in (("is_flash_attn_4_available", True), ("is_flash_attn_3_available", False),
+                           ("is_flash_attn_2_available", False)):  # fmt: skip
+        monkeypatch.setattr(transformers.utils, check, lambda present=present: present)
+
+
+def test_gpu_parity_test_takes_the_runs_varlen_attention(monkeypatch, tmp_path):
+    from test_architectures import parity_attention
+
+    from dpotrain.forwards import choice
+
+    only_fa4_installed(monkeypatch, tmp_path)
+    assert choice.installed_varlen(True) == "flash_attention_4"
+    assert parity_attention() == "flash_attention_4"
