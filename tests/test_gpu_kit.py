@@ -3,6 +3,7 @@ each test forces the setting a GPU would take (a memory plan that refuses, every
 4 present but not importable, a compiled decoder layer) and checks the kit takes it the first time."""
 
 import argparse
+import json
 import os
 import subprocess
 import sys
@@ -202,3 +203,28 @@ def test_gpu_parity_test_takes_the_runs_varlen_attention(monkeypatch, tmp_path):
     only_fa4_installed(monkeypatch, tmp_path)
     assert choice.installed_varlen(True) == "flash_attention_4"
     assert parity_attention() == "flash_attention_4"
+
+
+# --- 2 and 3: plain TRL at the project's settings, every k-th layer checkpointed ---
+
+
+def tiny_bench(tmp_path, path: str, **given) -> dict:
+    """One path of end_to_end.py --tiny, in this process: its JSON record."""
+    import end_to_end
+
+    end_to_end.write_model(tmp_path / "model", 2, tiny=True)
+    end_to_end.write_pairs(tmp_path / "think.jsonl", "think", 8, 480 / end_to_end.DATA["think"][0])
+    given = {"trl_settings": None, **given}
+    args = kit_args(tiny=True, worker=path, path=path, data="think", model=tmp_path / "model",
+                    pairs=tmp_path / "think.jsonl", run_out=tmp_path / path, **given)  # fmt: skip
+    return end_to_end.worker(args)
+
+
+def test_plain_trl_trains_with_every_k_th_layer_checkpointed(tmp_path, monkeypatch):
+    """TRL's live reference turns checkpointing off and on again with the training arguments' kwargs: given
+    `every_n_layers`, torch's checkpoint() gets it as a keyword and raises at the second micro-batch."""
+    monkeypatch.setenv("DPOTRAIN_CACHE", str(tmp_path / "cache"))
+    settings = {"dtype": "float32", "mixed_precision": "bf16", "checkpointing_every_n_layers": 2, "pairs_per_step": 4}
+    record = tiny_bench(tmp_path, "trl", trl_settings=json.dumps(settings))
+    assert record["steps"] == 2 and record["checkpointed_layers"] == [0], record
+    assert {k: record[k] for k in settings} == settings
