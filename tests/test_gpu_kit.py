@@ -5,10 +5,12 @@ each test forces the setting a GPU would take (a memory plan that refuses, every
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 import zipfile
 
+import pytest
 import torch
 
 from conftest import ROOT, python
@@ -168,8 +170,8 @@ def test_kit_launches_accelerate_as_a_module():
     files = [*(ROOT / "benchmarks").glob("*.py"), *(ROOT / "benchmarks").glob("*.sh"),
              ROOT / "docs" / "gpu-benchmarks.md", ROOT / "tests" / "test_gpu.py",
              ROOT / "tests" / "test_gpu_attention.py"]  # fmt: skip
-    offenders = [f.name for f in files if '"accelerate"' in f.read_text() or "bin/accelerate" in f.read_text()
-                 or "\naccelerate launch" in f.read_text()]  # fmt: skip
+    binary = re.compile(r"""["']accelerate["'],\s*["']launch|bin/accelerate|^\s*accelerate launch""", re.M)
+    offenders = [f.name for f in files if binary.search(f.read_text())]
     assert offenders == [], offenders
 
 
@@ -228,3 +230,61 @@ def test_plain_trl_trains_with_every_k_th_layer_checkpointed(tmp_path, monkeypat
     record = tiny_bench(tmp_path, "trl", trl_settings=json.dumps(settings))
     assert record["steps"] == 2 and record["checkpointed_layers"] == [0], record
     assert {k: record[k] for k in settings} == settings
+
+
+# --- 4 and 11: the probe piece counts flex's compilations on inductor ---
+
+
+@pytest.mark.slow  # ~1 min: two inductor compilations of FlexAttention on 2 cores
+def test_gpu_probe_counts_flex_compilations_on_inductor(tmp_path):
+    """benchmarks/gpu_probe.py --tiny: versions, kernels imported for real, and the project's flex compiled by the
+    compiler a GPU runs (inductor, not `eager`) once per autograd mode over several row widths (the CPU has no flex
+    backward: no_grad and inference mode)."""
+    out = tmp_path / "probe.json"
+    result = subprocess.run([python(), str(ROOT / "benchmarks" / "gpu_probe.py"), "--tiny", "--out", str(out)],
+                            capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    probe = json.loads(out.read_text())
+    assert probe["versions"]["torch"] and probe["kernels"]["imports"]["trl"] == "ok"
+    assert probe["kernels"]["imports"]["flash_attn.cute"].startswith("import flash_attn.cute: ")
+    assert probe["flex"]["backend"] == "inductor" and list(probe["flex"]["modes"]) == ["no_grad", "inference"]
+    assert probe["flex"]["compilations"] == 2, probe["flex"]
+    assert all(len(m["calls"]) == 3 and all(c["ms"] > 0 for c in m["calls"]) for m in probe["flex"]["modes"].values())
+
+
+# --- 4: gpu_all.sh is a list of pieces, each within one GPU command, resumable ---
+
+
+def test_gpu_all_lists_its_pieces_in_order_and_skips_finished_ones(tmp_path):
+    def dry_run() -> str:
+        result = subprocess.run(["bash", str(ROOT / "benchmarks" / "gpu_all.sh"), str(tmp_path), "--dry-run"],
+                                capture_output=True, text=True, timeout=60)  # fmt: skip
+        assert result.returncode == 0, result.stderr
+        return result.stdout
+
+    pieces = [line.split() for line in dry_run().splitlines() if line and not line.startswith((" ", "~"))]
+    names = [p[0] for p in pieces]
+    assert names == ["probe", "pytest-gpu", "pytest-gpu-recipes", "think-recipe", "attention-think",
+                     "attention-multiturn", "e2e-think", "e2e-multiturn", "e2e-zero2"], names  # fmt: skip
+    minutes = [int(p[1].removeprefix("~")) for p in pieces]
+    assert all(1 <= m <= 9 for m in minutes) and all(" ".join(p[3:]) == "to run" for p in pieces)
+    (tmp_path / "probe.json").write_text("{}")
+    (tmp_path / "e2e-think").mkdir()
+    (tmp_path / "e2e-think" / "results.json").write_text("{}")
+    finished = [line.split()[0] for line in dry_run().splitlines() if "finished" in line]
+    assert finished == ["probe", "e2e-think"]
+    # every piece's command names a script that exists, and writes the JSON the script looks for
+    text = (ROOT / "benchmarks" / "gpu_all.sh").read_text()
+    for script in ("gpu_probe.py", "gpu_tests.py", "recipe_steps.py", "attention.py", "end_to_end.py"):
+        assert f"benchmarks/{script}" in text and (ROOT / "benchmarks" / script).is_file()
+
+
+def test_gpu_tests_piece_records_each_skip_with_its_reason(tmp_path):
+    """The pytest piece on this CPU: every GPU test skipped, each with its reason, in the piece's JSON."""
+    out = tmp_path / "pytest-gpu.json"
+    cmd = [python(), str(ROOT / "benchmarks" / "gpu_tests.py"), "--out", str(out), "--", "-k", "not shipped_recipe"]
+    result = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout[-2000:]
+    record = json.loads(out.read_text())
+    assert record["counts"] == {"skipped": len(record["tests"])} and len(record["tests"]) >= 5
+    assert all(t["reason"].strip() for t in record["tests"].values()), record["tests"]
