@@ -52,6 +52,9 @@ def test_end_to_end_tiny_under_zero2_launches_both_under_deepspeed(tmp_path):
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
     rows = json.loads((tmp_path / "results.json").read_text())["results"]
     assert [(r["path"], r.get("deepspeed")) for r in rows] == [("project", True), ("trl", True)], rows
+    # DeepSpeed loads bf16 weights (engine.load_dtype): plain TRL too, and the same checkpointed layers
+    settings = [(r["dtype"], r["checkpointing_every_n_layers"], r["pairs_per_step"]) for r in rows]
+    assert settings == [("bfloat16", 2, 4)] * 2, rows
 
 
 @pytest.mark.slow
