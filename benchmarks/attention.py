@@ -219,6 +219,7 @@ def main() -> None:
     )
     parser.add_argument("--peak-tflops", type=float, default=None, help="default: the GPU's, by name (flops.py)")
     parser.add_argument("--paths", nargs="+", default=list(PATHS), choices=PATHS)
+    parser.add_argument("--out", type=Path, default=None, help="also write every record to this JSON file, at the end")
     args = parser.parse_args()
     if args.tiny:
         args.max_length, args.budget = min(args.max_length, 512), min(args.budget, 2048)
@@ -231,7 +232,8 @@ def main() -> None:
 
         gpu = torch.cuda.get_device_properties(0).total_memory if args.device == "cuda" else 80 * memory.GIB
         args.layers = layers_that_fit(gpu, Olmo3Config(vocab_size=100_278, max_position_embeddings=65536), args)
-    print(json.dumps({"layers": args.layers, "checkpointing": args.checkpointing, "budget": args.budget}), flush=True)
+    records = [{"layers": args.layers, "checkpointing": args.checkpointing, "budget": args.budget}]
+    print(json.dumps(records[0]), flush=True)
     prompt, chosen, rejected = lengths_of(args.data, 4000, args.max_length, seed=0)
     for path in args.paths:
         share = path.startswith("shared")
@@ -239,7 +241,11 @@ def main() -> None:
         step_plan = plan.StepPlan(128, 1, 0, args.budget, None, padded=path == "trl")
         micro_batches = [mb for step_ in plan.epoch_steps(lengths, step_plan, 0) for mb in step_[0]]
         result = run_path(path, args, micro_batches[: args.micro_batches], (prompt, chosen, rejected))
-        print(json.dumps({"data": args.data, "device": args.device, **result}), flush=True)
+        records.append({"data": args.data, "device": args.device, **result})
+        print(json.dumps(records[-1]), flush=True)
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(records, indent=2) + "\n")
 
 
 if __name__ == "__main__":

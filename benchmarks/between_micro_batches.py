@@ -1,6 +1,6 @@
 """What each engine holds in gradients between a step's micro-batches, against what the memory plan counts for them.
 
-    accelerate launch --config_file configs/accelerate/fsdp2.yaml --num_processes 2 \
+    python -m accelerate.commands.launch --config_file configs/accelerate/fsdp2.yaml --num_processes 2 \
         benchmarks/between_micro_batches.py [--defer] [--layers 8 --hidden 512]
     (also accelerate_config.yaml for ZeRO-2, configs/accelerate/zero3.yaml for ZeRO-3)
 

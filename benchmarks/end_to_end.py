@@ -7,24 +7,33 @@ forward, and each forward forced) and `trl.DPOTrainer` with its live reference, 
     python benchmarks/end_to_end.py --out /tmp/e2e --tiny                 # CPU, seconds: the script itself still runs
 
 The model is a random-init OLMo 3 at 7B's layer width (hidden 4096, intermediate 11008, 32 heads, sliding window 4096
-on 3 of 4 layers, vocabulary 100,278) with as many decoder layers as the memory plan (dpotrain/memory.py) fits on this
-GPU with the recipe's settings (bf16, activation checkpointing allowed, the token budget below); `--layers` fixes it.
-Every path sees the same model, the same pairs, the same pairs per step (`--pairs-per-step`), the same loss (OLMo 3's
-length-normalized DPO) and the same max_length; plain TRL runs the activation checkpointing the project's plan chose
-(the same every_n_layers), its padded micro-batches of `--trl-batch` pairs, on the best attention it can use (a varlen
-FlashAttention when installed, else sdpa). The data are generated words (the built-in tokenizer, ~1 token a word):
-think-like pairs with Dolci-Think-DPO's length mix (benchmarks/lengths_like.py) at max_length 16,384 and a token budget
-of 65,536 (configs/think.yaml), and multi-turn pairs (the shared history ~85% of a pair) at 4,096 and 32,768.
+on 3 of 4 layers, vocabulary 100,278) with 4 decoder layers (each run a few minutes on one H100); `--layers N` sets
+another count, `--layers fit` as many as the memory plan (dpotrain/memory.py) fits on this GPU with the think recipe's
+settings (the search stops at the first count the plan refuses).
+
+Equal settings: the project's path runs the run's own stages (train_dpo.forward_stage: the forward decided from the
+pairs, then the memory plan for that forward, which chooses the checkpointed layers; build_trainer; the plan stage; the
+reference stage). Plain TRL then runs at the settings that run took, printed for both sides: the weights' dtype as
+loaded (float32 on one process, bfloat16 under DeepSpeed: engine.load_dtype), bf16 autocast, the same every k-th
+decoder layer checkpointed, the same pairs per step (`--trl-batch` pairs per padded micro-batch, its live reference, on
+the best attention it can use: a varlen FlashAttention when installed, else sdpa). TRL gets one fix: it re-enables
+checkpointing around its live reference with `every_n_layers` handed to torch's checkpoint(), which raises, so its
+model is held to the plan's layers as the project's is (dpotrain/layers.py). The data are generated words (the
+built-in tokenizer, ~1 token a word): think-like pairs with Dolci-Think-DPO's length mix (benchmarks/lengths_like.py)
+at max_length 16,384 and a token budget of 65,536 (configs/think.yaml), and multi-turn pairs (the shared history ~85%
+of a pair) at 4,096 and 32,768. `--tiny` (CPU): a 2-layer hidden-64 model in bf16 autocast, layer 0 of 2 checkpointed
+(what the plan picks at 7B width, forced), and the layer search at 7B width for an 80 GiB GPU, to its refusal.
 
 Reported per path and data set, in `<out>/results.json` and `<out>/results.md`:
 - end to end: the reference stage + training (TRL: training, its reference inside), and the speed-up over TRL;
 - training loop: steady pair tokens/s per GPU (the pairs' tokens, whole, over the median step after the first) and MFU
   (the model FLOPs of what the path computed, dpotrain/flops.py, over the GPU's peak);
 - the reference stage's pair tokens/s (the project's paths);
-- the first step's time against the steady step's;
+- the first step's time against the steady step's, and inside the first step the compiler's time (dynamo + inductor)
+  apart from its compute; `setup_s`: engine start-up before the first step (DeepSpeed's op builds);
 - the GPU's peak memory beside the memory plan's total (`torch.cuda.max_memory_allocated`: every micro-batch's peak is
   at most it).
-The targets of issue 25 are printed as PASS/FAIL lines, not asserted: >= 2x plain TRL end to end on think-like data,
+The targets are printed as PASS/FAIL lines, not asserted: >= 2x plain TRL end to end on think-like data,
 >= 2.5x on multi-turn, training-loop MFU >= 45%, the first step <= 2x a steady one, no peak above the plan.
 """
 
@@ -47,6 +56,7 @@ WIDTH = dict(hidden_size=4096, intermediate_size=11008, num_attention_heads=32, 
              sliding_window=4096, vocab_size=100_278)  # fmt: skip
 TINY = dict(hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2, sliding_window=64,
             num_hidden_layers=2)  # fmt: skip
+TINY_EVERY = 2  # --tiny checkpoints 1 layer in 2 (of its 2: layer 0), on both sides
 DATA = {  # max_length, token budget per micro-batch, pairs per step
     "think": (16384, 65536, 32),
     "multiturn": (4096, 32768, 32),
@@ -62,6 +72,7 @@ FORWARDS = {
 }
 TARGETS = {"think": 2.0, "multiturn": 2.5}  # end-to-end speed-up over plain TRL
 MFU_TARGET, FIRST_STEP_TARGET = 0.45, 2.0
+SETTINGS = ("dtype", "mixed_precision", "checkpointing_every_n_layers", "pairs_per_step")  # equal on both sides
 GIB = 2**30
 
 
@@ -116,10 +127,16 @@ def recipe_args(args, data: str, model: Path, pairs: Path, out: Path, forward: s
              "--learning_rate", "1e-6", "--num_train_epochs", "1", "--max_grad_norm", "0", "--logging_steps", "1",
              "--save_strategy", "no", "--report_to", "none", "--seed", "42", "--samples_every", "0",
              "--dataloader_num_workers", "0", "--disable_tqdm", "true", "--overwrite_output_dir", "true",
-             "--bf16", str(not args.tiny).lower(), "--activation_checkpointing", "true",
+             "--bf16", "true", "--activation_checkpointing", "true",
              "--accelerate_config", "accelerate_config.yaml" if args.engine == "zero2" else "none"]  # fmt: skip
+    if args.tiny:  # what the plan chooses on an H100 at 7B width (1 layer in k), forced: no memory pressure here
+        flags += ["--activation_checkpointing_kwargs", json.dumps({"every_n_layers": TINY_EVERY})]
     if args.gpu_memory_gib:
         flags += ["--gpu_memory_gib", str(args.gpu_memory_gib)]
+    import torch
+
+    if not torch.cuda.is_available():  # bf16 autocast on the CPU: --tiny, and planning for a GPU from a CPU
+        flags += ["--use_cpu", "true"]
     if args.compile_layers:
         flags += ["--compile_layers", "true"]
     attn, share, padding_free = FORWARDS.get(forward, (None, None, None))
@@ -137,7 +154,10 @@ def recipe_args(args, data: str, model: Path, pairs: Path, out: Path, forward: s
 
 
 class StepClock:
-    """Wall time of each optimizer step (CUDA synchronized), the first one from the start of training."""
+    """Wall time of each optimizer step (CUDA synchronized), the first one from the start of training, and the
+    compiler's time (dynamo + inductor: `torch._dynamo.utils.calculate_time_spent`) inside each: the first step's
+    compilation apart from its compute. `setup_s`: from `train()` to its first step (engine start-up: DeepSpeed's
+    op builds, the optimizer)."""
 
     def __init__(self):
         from transformers import TrainerCallback
@@ -146,14 +166,16 @@ class StepClock:
 
         class Callback(TrainerCallback):
             def on_train_begin(self, *a, **k):
-                clock.last = clock.now()
+                clock.last, clock.last_compile = clock.now(), compile_s()
 
             def on_step_end(self, *a, **k):
-                now = clock.now()
+                now, compiled = clock.now(), compile_s()
                 clock.steps.append(now - clock.last)
-                clock.last = now
+                clock.compiles.append(compiled - clock.last_compile)
+                clock.last, clock.last_compile = now, compiled
 
         self.steps: list[float] = []
+        self.compiles: list[float] = []
         self.callback = Callback()
 
     @staticmethod
@@ -165,6 +187,95 @@ class StepClock:
         return time.perf_counter()
 
 
+def compile_s() -> float:
+    """Seconds this process has spent compiling (dynamo's tracing and the backend's code generation, forward and
+    backward graphs)."""
+    from torch._dynamo.utils import calculate_time_spent
+
+    return calculate_time_spent().get("total_wall_time", 0.0)
+
+
+def settings_of(trainer) -> dict:
+    """What a comparison at equal settings must hold equal: the weights' dtype as loaded, mixed precision, the decoder
+    layers checkpointed (every k-th), and the pairs in an optimizer step."""
+    from dpotrain import layers
+
+    args = trainer.args
+    pairs_per_step = getattr(trainer, "pairs_per_step", None) or (
+        args.per_device_train_batch_size * args.gradient_accumulation_steps * args.world_size
+    )
+    return {
+        "dtype": str(next(trainer.model.parameters()).dtype).replace("torch.", ""),
+        "mixed_precision": "bf16" if args.bf16 else "fp16" if args.fp16 else "none",
+        "checkpointing_every_n_layers": layers.checkpointed_every(args),
+        "checkpointed_layers": layers.checkpointed(trainer.model),
+        "pairs_per_step": pairs_per_step,
+    }
+
+
+def project_trainer(args, pairs, clock):
+    """This project's run, by its own stages (train_dpo.py): the forward decided from the pairs and the memory plan for
+    it (which chooses the checkpointed layers), the trainer, the plan stage, the reference stage (timed)."""
+    import train_dpo
+    from dpotrain import engine, plan_stage, reference, resolve
+    from dpotrain.config import parse_args
+    from dpotrain.trainer import build_trainer
+
+    recipe = parse_args(recipe_args(args, args.data, args.model, args.pairs, Path(args.run_out), args.path))
+    resolve.check_values(recipe)
+    run_engine = engine.launched()
+    world, _ = resolve.world_size(recipe, planning=False)
+    resolve.plan_batch(recipe, world)
+    derived = {}
+    forward = train_dpo.forward_stage(recipe, pairs, world, run_engine, derived)
+    trainer = build_trainer(recipe, pairs, callbacks=[clock.callback], forward=forward)
+    trainer.pairs_per_step = recipe.project.pairs_per_step
+    plan_stage.run_stage(trainer)
+    start = StepClock.now()
+    reference.run_stage(trainer, trainer.graceful_stop)
+    plan = derived["memory"]
+    extra = {"reference_s": StepClock.now() - start, "plan_gib": plan.get("per_gpu_gib", {}).get("total"),
+             "plan_attention": plan.get("attention"), "forward": forward.line()}  # fmt: skip
+    return trainer, extra
+
+
+def trl_trainer(args, pairs, clock):
+    """Plain `trl.DPOTrainer` (padded micro-batches of `--trl-batch` pairs, its live reference) at the settings the
+    project's run took (`--trl-settings`: dtype, mixed precision, checkpointed layers, pairs per step)."""
+    import torch
+    from trl import DPOConfig, DPOTrainer
+
+    from dpotrain import layers
+    from dpotrain.forwards import choice
+
+    same = json.loads(args.trl_settings) if args.trl_settings else {}
+    flags = recipe_args(args, args.data, args.model, args.pairs, Path(args.run_out), "project")
+    value = dict(zip(flags[::2], flags[1::2], strict=True))
+    per_step = same.get("pairs_per_step") or int(value["--pairs_per_step"])
+    batch = min(args.trl_batch, per_step)
+    if per_step % batch:
+        raise SystemExit(f"error: --trl-batch {batch} does not divide {per_step} pairs per step")
+    cuda = torch.cuda.is_available()
+    attn = choice.installed_varlen(cuda) or "sdpa"
+    every = same.get("checkpointing_every_n_layers")
+    config = DPOConfig(
+        output_dir=str(args.run_out), per_device_train_batch_size=batch, gradient_accumulation_steps=per_step // batch,
+        padding_free=False, precompute_ref_log_probs=False, loss_type=["sigmoid_norm"], beta=5.0,
+        learning_rate=1e-6, num_train_epochs=1, max_grad_norm=0.0, max_length=int(value["--max_length"]),
+        bf16=same.get("mixed_precision", "bf16") == "bf16", activation_checkpointing=every is not None,
+        activation_checkpointing_kwargs={"every_n_layers": every} if every else None, logging_steps=1,
+        save_strategy="no", report_to="none", seed=42, dataloader_num_workers=0, disable_tqdm=True, use_cpu=not cuda,
+        deepspeed=str(ROOT / "ds_config.json") if args.engine == "zero2" else None,
+        model_init_kwargs={"attn_implementation": attn, "dtype": same.get("dtype", "float32")},
+    )  # fmt: skip
+    trainer = DPOTrainer(model=str(args.model), args=config, train_dataset=pairs, callbacks=[clock.callback])
+    # TRL re-enables checkpointing around its live reference with `gradient_checkpointing_enable(kwargs)`: every layer,
+    # `every_n_layers` handed to torch's checkpoint(), which raises. The project's fix, the only one TRL gets: held to
+    # the same every k-th layer as the project's run.
+    layers.hold_checkpointing(trainer.model, config)
+    return trainer, {"reference_s": 0.0, "forward": f"padded, {batch} pairs a micro-batch, on {attn}"}
+
+
 def worker(args) -> dict:
     """One path on one data set, in this process: a JSON record."""
     import datasets
@@ -174,49 +285,8 @@ def worker(args) -> dict:
     from dpotrain.flops import ModelFlops
 
     pairs = datasets.load_dataset("json", data_files=str(args.pairs), split="train")
-    out = Path(args.run_out)
     clock = StepClock()
-    planned, checkpointing, reference_s = None, args.trl_every, 0.0
-    if args.path == "trl":
-        from trl import DPOConfig, DPOTrainer
-
-        flags = recipe_args(args, args.data, args.model, args.pairs, out, "project")
-        value = dict(zip(flags[::2], flags[1::2], strict=True))
-        per_step = int(value["--pairs_per_step"])
-        batch = min(args.trl_batch, per_step)
-        cuda = torch.cuda.is_available()
-        from dpotrain.forwards import choice
-
-        attn = choice.installed_varlen(cuda) or "sdpa"
-        kwargs = {"every_n_layers": checkpointing} if checkpointing else None
-        config = DPOConfig(
-            output_dir=str(out), per_device_train_batch_size=batch, gradient_accumulation_steps=per_step // batch,
-            padding_free=False, precompute_ref_log_probs=False, loss_type=["sigmoid_norm"], beta=5.0,
-            learning_rate=1e-6, num_train_epochs=1, max_grad_norm=0.0, max_length=int(value["--max_length"]),
-            bf16=not args.tiny, activation_checkpointing=checkpointing is not None,
-            activation_checkpointing_kwargs=kwargs, logging_steps=1, save_strategy="no", report_to="none", seed=42,
-            dataloader_num_workers=0, disable_tqdm=True, use_cpu=not cuda,
-            deepspeed=str(ROOT / "ds_config.json") if args.engine == "zero2" else None,
-            model_init_kwargs={"attn_implementation": attn, "dtype": "float32" if args.tiny else "bfloat16"},
-        )  # fmt: skip
-        trainer = DPOTrainer(model=str(args.model), args=config, train_dataset=pairs, callbacks=[clock.callback])
-        forward = f"padded, {batch} pairs a micro-batch, on {attn}"
-    else:
-        from dpotrain import engine, memory, plan_stage, reference
-        from dpotrain.config import parse_args
-        from dpotrain.trainer import build_trainer
-
-        recipe = parse_args(recipe_args(args, args.data, args.model, args.pairs, out, args.path))
-        plan = memory.plan(recipe, 1, engine.launched())
-        memory.apply_checkpointing(recipe, plan)
-        planned = plan.get("per_gpu_gib", {}).get("total")
-        checkpointing = (plan.get("checkpointing") or {}).get("every_n_layers")
-        trainer = build_trainer(recipe, pairs, callbacks=[clock.callback])
-        plan_stage.run_stage(trainer)
-        start = StepClock.now()
-        reference.run_stage(trainer, trainer.graceful_stop)
-        reference_s = StepClock.now() - start
-        forward = trainer.forward.line()
+    trainer, extra = (trl_trainer if args.path == "trl" else project_trainer)(args, pairs, clock)
     counting = Counting(trainer.data_collator, ModelFlops.of(trainer.model))
     trainer.data_collator = counting
     if torch.cuda.is_available():
@@ -224,24 +294,37 @@ def worker(args) -> dict:
     start = StepClock.now()
     trainer.train()
     train_s = StepClock.now() - start
-    steps = clock.steps
+    return record_of(args, trainer, clock, counting, extra, train_s, len(pairs))
+
+
+def record_of(args, trainer, clock, counting, extra, train_s: float, pairs: int) -> dict:
+    import torch
+
+    from dpotrain.forwards import flex
+
+    steps, compiles = clock.steps, clock.compiles
     steady = statistics.median(steps[1:]) if len(steps) > 1 else steps[0]
     pair_tokens = counting.tokens  # the pairs' tokens, both sequences whole: the same on every path
-    peak = flops_peak(args)
-    record = {
+    peak, reference_s = flops_peak(args), extra["reference_s"]
+    return {
         "path": args.path, "data": args.data, "engine": args.engine,
-        "deepspeed": bool(getattr(trainer, "is_deepspeed_enabled", False)), "forward": forward, "pairs": len(pairs),
-        "pair_tokens": pair_tokens, "steps": len(steps), "checkpointing_every_n_layers": checkpointing,
+        "deepspeed": bool(getattr(trainer, "is_deepspeed_enabled", False)), "forward": extra["forward"],
+        **settings_of(trainer), "pairs": pairs, "pair_tokens": pair_tokens, "steps": len(steps),
         "reference_s": round(reference_s, 3), "train_s": round(train_s, 3),
-        "end_to_end_s": round(reference_s + train_s, 3), "first_step_s": round(steps[0], 3),
+        "end_to_end_s": round(reference_s + train_s, 3),
+        "setup_s": round(train_s - sum(steps), 3),  # train() to its first step: engine start-up, op builds
+        "first_step_s": round(steps[0], 3),
+        "first_step_compile_s": round(compiles[0], 3),  # dynamo + inductor inside the first step
+        "first_step_compute_s": round(steps[0] - compiles[0], 3),
+        "later_compile_s": round(sum(compiles[1:]), 3),  # recompilations after the first step
         "steady_step_s": round(steady, 3),
+        "flex_compilations": flex.compilations(),
         "tokens_per_s_per_gpu": round(pair_tokens / len(steps) / steady, 1),
         "reference_tokens_per_s": round(pair_tokens / reference_s, 1) if reference_s else None,
         "mfu": round(counting.flops / len(steps) / steady / (peak * 1e12), 4) if peak else None,
         "peak_gib": round(torch.cuda.max_memory_allocated() / GIB, 2) if torch.cuda.is_available() else None,
-        "plan_gib": planned,
+        "plan_gib": extra.get("plan_gib"), "plan_attention": extra.get("plan_attention"),
     }  # fmt: skip
-    return record
 
 
 def flops_peak(args) -> float | None:
@@ -251,34 +334,50 @@ def flops_peak(args) -> float | None:
 
 
 def layers_that_fit(args, folder: Path) -> int:
-    """The most decoder layers of 7B width whose memory plan fits this GPU, with the think recipe's settings."""
-    from dpotrain import engine, memory
+    """The most decoder layers of 7B width whose memory plan fits the GPU (this one, else `--gpu-memory-gib`), with
+    the think recipe's settings and the forward a run would take on it (train_dpo.forward_stage: planned on a GPU's
+    forwards even from a CPU). The first count the plan refuses (its ConfigError, memory_check on) ends the search."""
+    import datasets
+    import torch
+    from transformers import Olmo3Config
+
+    import train_dpo
+    from dpotrain import builtin, engine
     from dpotrain.config import parse_args
+    from dpotrain.errors import ConfigError
+    from dpotrain.forwards import choice, sample
 
     folder.mkdir(parents=True, exist_ok=True)
-    pairs = folder / "none.jsonl"
-    pairs.write_text("")
-    best = 1
+    builtin.build_tokenizer().save_pretrained(folder)
+    write_pairs(folder / "think.jsonl", "think", 64)
+    pairs = datasets.load_dataset("json", data_files=str(folder / "think.jsonl"), split="train")
+    cuda = torch.cuda.is_available()
+    varlen = choice.installed_varlen(cuda) if cuda else None
+    planned = engine.from_config(str(ROOT / "accelerate_config.yaml") if args.engine == "zero2" else "none")
+    best, lengths = 0, None
     for layers in range(1, 33):
-        from transformers import Olmo3Config
-
         Olmo3Config(**WIDTH, num_hidden_layers=layers, layer_types=layer_types(layers)).save_pretrained(folder)
-        recipe = parse_args(recipe_args(args, "think", folder, pairs, folder / "out", "project"))
-        plan = memory.plan(recipe, 1, engine.from_config(str(ROOT / "accelerate_config.yaml") if args.engine == "zero2"
-                                                        else "none"))  # fmt: skip
-        if plan.get("fits") is False:
+        recipe = parse_args(recipe_args(argparse.Namespace(**{**vars(args), "tiny": False}), "think", folder,
+                                        folder / "think.jsonl", folder / "out", "project"))  # fmt: skip
+        lengths = lengths or sample.run_lengths(recipe, pairs, str(folder))
+        try:
+            train_dpo.forward_stage(recipe, pairs, 1, planned, {}, cuda=True, varlen=varlen, lengths=lengths)
+        except ConfigError as refused:  # the plan's refusal: this many layers do not fit
+            print(f"{layers} layers: {str(refused)[:200]}", flush=True)
             break
         best = layers
     return best
 
 
-def run_path(args, path: str, data: str, folder: Path, trl_every) -> dict:
-    """One path in a fresh process (its own CUDA peak; under `accelerate launch` for ZeRO-2); --tiny: in this one."""
+def run_path(args, path: str, data: str, folder: Path, trl_settings: dict | None) -> dict:
+    """One path in a fresh process (its own CUDA peak; under `accelerate launch` for ZeRO-2); --tiny: in this one.
+    Plain TRL runs at `trl_settings`, those the project's run took."""
     run_out = folder / f"{data}-{path}"
     common = ["--worker", path, "--data", data, "--model", str(folder / "model"), "--pairs",
               str(folder / f"{data}.jsonl"), "--run-out", str(run_out), "--engine", args.engine,
               "--trl-batch", str(args.trl_batch)]  # fmt: skip
-    common += ["--trl-every", str(trl_every)] if trl_every else []
+    settings = json.dumps(trl_settings) if trl_settings else None
+    common += ["--trl-settings", settings] if settings else []
     common += ["--tiny"] if args.tiny else []
     common += ["--compile-layers"] if args.compile_layers else []
     for name in ("pairs_per_step", "gpu_memory_gib", "peak_tflops"):
@@ -289,7 +388,7 @@ def run_path(args, path: str, data: str, folder: Path, trl_every) -> dict:
         os.environ.update(env)
         worker_args = argparse.Namespace(**{**vars(args), "worker": path, "path": path, "data": data,
                                             "model": folder / "model", "pairs": folder / f"{data}.jsonl",
-                                            "run_out": run_out, "trl_every": trl_every})  # fmt: skip
+                                            "run_out": run_out, "trl_settings": settings})  # fmt: skip
         return worker(worker_args)
     env = {**os.environ, **env}
     launch = [sys.executable]
@@ -333,9 +432,10 @@ def _verdict(ok: bool, text: str) -> str:
     return f"{'PASS' if ok else 'FAIL'} {text}"
 
 
-COLUMNS = ["data", "path", "forward", "end_to_end_s", "vs_trl", "reference_s", "reference_tokens_per_s", "train_s",
-           "tokens_per_s_per_gpu", "mfu", "first_step_s", "steady_step_s", "peak_gib", "plan_gib",
-           "checkpointing_every_n_layers"]  # fmt: skip
+COLUMNS = ["data", "path", "forward", "dtype", "mixed_precision", "checkpointing_every_n_layers", "pairs_per_step",
+           "end_to_end_s", "vs_trl", "reference_s", "reference_tokens_per_s", "train_s", "tokens_per_s_per_gpu", "mfu",
+           "setup_s", "first_step_s", "first_step_compile_s", "first_step_compute_s", "steady_step_s",
+           "flex_compilations", "peak_gib", "plan_gib"]  # fmt: skip
 
 
 def markdown(results: list[dict], header: str, lines: list[str]) -> str:
@@ -351,6 +451,31 @@ def markdown(results: list[dict], header: str, lines: list[str]) -> str:
     return "\n".join([header, "", *table, "", *[f"- {line}" for line in lines], ""])
 
 
+def run_all(args, paths: list[str], folder: Path, layers: int) -> list[dict]:
+    """Every path on every data set: the project's own run first, plain TRL then at the settings it took (the
+    project's run is made for that alone when not asked for)."""
+    write_model(folder / "model", layers, args.tiny)
+    results = []
+    for data in args.data:
+        per_step = args.pairs_per_step or (4 if args.tiny else DATA[data][2])
+        write_pairs(folder / f"{data}.jsonl", data, args.steps * per_step, 480 / DATA[data][0] if args.tiny else 1)
+        trl_settings = None
+        for path in sorted(set(paths) | ({"project"} if "trl" in paths else set()), key=lambda p: p != "project"):
+            if path == "trl" and trl_settings is None:  # unequal settings are no comparison
+                record = {"path": path, "data": data, "failed": "not run: the project's run failed, so the settings "
+                          "to compare at are unknown", "log": str(folder / f"{data}-project.log")}  # fmt: skip
+            else:
+                record = run_path(args, path, data, folder, trl_settings)
+            if path == "project" and "failed" not in record:
+                trl_settings = {k: record[k] for k in SETTINGS}
+            if path in paths:
+                results.append(record)
+                print(json.dumps(record), flush=True)
+                if "failed" not in record:
+                    print(f"{data} {path}: " + ", ".join(f"{k} {record[k]}" for k in SETTINGS), flush=True)
+    return results
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, help="folder for results.json, results.md and each run's log")
@@ -361,7 +486,8 @@ def main() -> None:
     parser.add_argument("--data", nargs="+", choices=sorted(DATA), default=sorted(DATA))
     parser.add_argument("--paths", nargs="+", choices=["trl", *FORWARDS], default=None,
                         help="default: trl and every forward (--tiny: trl, project, shared_sdpa)")  # fmt: skip
-    parser.add_argument("--layers", type=int, default=None, help="default: as many as the memory plan fits")
+    parser.add_argument("--layers", default="4", help="decoder layers of 7B width (default 4: each run within a few "
+                        "minutes on one H100), or `fit`: as many as the memory plan fits")  # fmt: skip
     parser.add_argument("--steps", type=int, default=6, help="optimizer steps per run (pairs = steps x per step)")
     parser.add_argument("--pairs-per-step", type=int, default=None, help="default: 32 (--tiny: 4)")
     parser.add_argument(
@@ -370,7 +496,9 @@ def main() -> None:
         default=2,
         help="pairs per padded micro-batch of plain TRL (2: 4 x 16,384 positions, the think budget)",
     )
-    parser.add_argument("--gpu-memory-gib", type=float, default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--gpu-memory-gib", type=float, default=None,
+                        help="the GPU memory the plan checks against where it cannot be detected (the CPU: --tiny's "
+                        "layer search plans 7B width for 80)")  # fmt: skip
     parser.add_argument("--peak-tflops", type=float, default=None, help="default: the GPU's, by name (flops.py)")
     parser.add_argument(
         "--compile-layers",
@@ -381,7 +509,7 @@ def main() -> None:
     parser.add_argument("--model", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--pairs", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--run-out", type=Path, help=argparse.SUPPRESS)
-    parser.add_argument("--trl-every", type=int, default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--trl-settings", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
         args.path, args.data = args.worker, args.data[0]
@@ -393,37 +521,27 @@ def main() -> None:
 
     if not args.tiny and not torch.cuda.is_available():
         sys.exit("error: no GPU here: run this on a GPU machine (docs/gpu-benchmarks.md), or --tiny on a CPU")
+    if args.layers != "fit" and not args.layers.isdigit():
+        parser.error(f"--layers takes a number or `fit` (got {args.layers!r})")
     paths = args.paths or (["trl", "project", "shared_sdpa"] if args.tiny else ["trl", *FORWARDS])
     folder = args.out.resolve()
     folder.mkdir(parents=True, exist_ok=True)
-    layers = TINY["num_hidden_layers"] if args.tiny else (args.layers or layers_that_fit(args, folder / "fit"))
-    write_model(folder / "model", layers, args.tiny)
-    results = []
-    for data in args.data:
-        per_step = args.pairs_per_step or (4 if args.tiny else DATA[data][2])
-        write_pairs(folder / f"{data}.jsonl", data, args.steps * per_step, 480 / DATA[data][0] if args.tiny else 1)
-        trl_every = None
-        # The project's own choice first: plain TRL then runs the checkpointing its plan chose (run for that alone
-        # when not asked for).
-        for path in sorted(set(paths) | ({"project"} if "trl" in paths else set()), key=lambda p: p != "project"):
-            record = run_path(args, path, data, folder, trl_every)
-            if path == "project" and "failed" not in record:
-                trl_every = record["checkpointing_every_n_layers"]
-            if path in paths:
-                results.append(record)
-                print(json.dumps(record), flush=True)
+    fit = None
+    if args.tiny or args.layers == "fit":  # --tiny: the search itself (7B width, an 80 GiB GPU), to keep it running
+        search = argparse.Namespace(**{**vars(args), "gpu_memory_gib": args.gpu_memory_gib or 80})
+        fit = layers_that_fit(search, folder / "fit")
+        print(f"Layers of 7B width the memory plan fits: {fit}", flush=True)
+    layers = TINY["num_hidden_layers"] if args.tiny else fit if args.layers == "fit" else int(args.layers)
+    results = run_all(args, paths, folder, layers)
     device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "CPU"
     header = (
         f"# End to end, {device}, {args.engine}, {layers} decoder layers of OLMo 3 7B's width"
         f"{' (tiny)' if args.tiny else ''}\n\n`python benchmarks/end_to_end.py {' '.join(sys.argv[1:])}`"
     )
     lines = verdicts(results)
-    (folder / "results.json").write_text(
-        json.dumps(
-            {"layers": layers, "device": device, "engine": args.engine, "results": results, "targets": lines}, indent=2
-        )
-        + "\n"
-    )
+    saved = {"layers": layers, "layers_that_fit": fit, "device": device, "engine": args.engine, "results": results,
+             "targets": lines}  # fmt: skip
+    (folder / "results.json").write_text(json.dumps(saved, indent=2) + "\n")
     (folder / "results.md").write_text(markdown(results, header, lines))
     print("\n".join(lines))
     print(f"results: {folder / 'results.md'}, {folder / 'results.json'}")

@@ -31,13 +31,22 @@ def checkpointed(model) -> list[int]:
     return [i for i, layer in enumerate(decoder_layers(model)) if layer.gradient_checkpointing]
 
 
+def checkpointed_every(training_args) -> int | None:
+    """The decoder layers the training arguments checkpoint: every k-th (1: all), or None (none)."""
+    if not training_args.activation_checkpointing:
+        return None
+    return int((training_args.activation_checkpointing_kwargs or {}).get("every_n_layers", 1))
+
+
 def hold_checkpointing(model, training_args) -> None:
     """Checkpoint the layers of the training arguments (the memory plan's) now, and from now on whenever anyone
     re-enables checkpointing on `model`, instead of every layer."""
-    if not training_args.activation_checkpointing:
+    every = checkpointed_every(training_args)
+    if every is None:
         return  # nothing is enabled, so TRL's helpers have nothing to turn back on
     kwargs = dict(training_args.activation_checkpointing_kwargs or {})
-    every, offload = kwargs.pop("every_n_layers", 1), kwargs.pop("offload", False)
+    kwargs.pop("every_n_layers", None)
+    offload = kwargs.pop("offload", False)
     base = model.get_base_model() if hasattr(model, "get_base_model") else model  # PEFT wraps the model
 
     def enable(*_, **__):

@@ -283,7 +283,7 @@ def formula_activation_bytes(text, tokens: int, checkpointing: bool | int) -> in
 REFERENCE_MULTIPLE_MOST = 8  # more buys little: a forward of 8 training micro-batches already fills a GPU's kernels
 
 
-def forward_only_multiple(config, tokens: int, width: int | None, attn: str, checkpointing: bool) -> int:
+def forward_only_multiple(config, tokens: int, width: int | None, attn: str, checkpointing: bool | int) -> int:
     """How many times a training micro-batch's `tokens` a forward-only micro-batch (the reference stage) may hold in
     the memory the plan gives a training micro-batch (activations, LM head, masks: the model states are the same).
 
@@ -291,7 +291,8 @@ def forward_only_multiple(config, tokens: int, width: int | None, attn: str, che
     one layer's working set at a time (at most what that layer would save for backward, `formula_activation_bytes`'
     per-layer term); TRL's fused LM head keeps only its logits tile and running statistics; masks are as large per
     token, but eager's attention probabilities exist for one layer at a time. Formulas on both sides (no trace: every
-    rank computes the same number at once), rounded down, at least 1 and at most `REFERENCE_MULTIPLE_MOST`."""
+    rank computes the same number at once), rounded down, at least 1 and at most `REFERENCE_MULTIPLE_MOST`.
+    `checkpointing`: training's, as `activation_bytes` takes it (False, True: every layer, or k: every k-th layer)."""
     text = config.get_text_config()
     h = text.hidden_size
     layer = formula_activation_bytes(text, 1, False) // (text.num_hidden_layers + 1)  # one layer, per token
@@ -301,7 +302,7 @@ def forward_only_multiple(config, tokens: int, width: int | None, attn: str, che
 
     tile = min(tokens, TOKEN_CHUNK_SIZE) * _CHUNKED_LOGPROB_CHUNK_SIZE * BF16
     training = (formula_activation_bytes(text, tokens, checkpointing) + tile + tokens * (h * (BF16 + 4) + 12 * 4)
-                + mask_bytes(attn, tokens, width, config, checkpointing))  # fmt: skip
+                + mask_bytes(attn, tokens, width, config, checkpoint_every(checkpointing) == 1))  # fmt: skip
     per_token = layer + 2 * BF16 * h + 12 * 4 + mask_bytes(attn, tokens, width, config, True) / tokens
     return max(1, min(REFERENCE_MULTIPLE_MOST, int((training - tile) / (tokens * per_token))))
 

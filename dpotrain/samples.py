@@ -16,7 +16,9 @@ in flight" at the next training step), FSDP2 reshards the weights a forward leav
 A model that trains on FlexAttention generates on sdpa (`dense_attention_while`): generation's KV cache, one-token
 queries and transformers' own masks would each be a new compilation of the training forward's FlexAttention
 (forwards/flex.py; 4 more in its test), and the compilations of a run are limited; sdpa needs none, and a few greedy
-answers gain nothing from block sparsity.
+answers gain nothing from block sparsity. For the same reason samples are generated with compilation off
+(`torch.compiler.set_stance("force_eager")`): with `compile_layers` every decoder layer runs one compiled code object,
+whose recompile limit generation's shapes would spend before training's first step, leaving training eager.
 """
 
 import contextlib
@@ -122,7 +124,9 @@ class SampleGenerator(TrainerCallback):
         was_training = model.training
         model.eval()  # no dropout; activation checkpointing is off outside training mode
         try:
-            with torch.no_grad(), dense_attention_while(model):
+            # Uncompiled: compiled decoder layers (compile_layers) share one code object and its recompile limit,
+            # which generation's KV cache and one-token steps would spend, leaving training eager (and silent).
+            with torch.no_grad(), dense_attention_while(model), torch.compiler.set_stance("force_eager"):
                 for i, ids in enumerate(self.prompt_ids):
                     inputs = torch.tensor([ids], device=model.device)
                     out = model.generate(

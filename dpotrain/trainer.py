@@ -354,7 +354,8 @@ class RecipeDPOTrainer(DPOTrainer):
         if not tokens:  # no max_length and no budget: nothing bounds a pair, so nothing to scale
             return None, args.per_device_train_batch_size
         width = min(tokens, 2 * args.max_length) if self.packed and args.max_length else args.max_length or tokens
-        checkpointing = bool(args.gradient_checkpointing)
+        # every k-th layer checkpointed keeps the others' activations: less room for a forward than all checkpointed
+        checkpointing = layers.checkpointed_every(args) or False
         multiple = forward_only_multiple(packing.causal_lm(self.model).config, tokens, width,
                                          self.forward.attention, checkpointing)  # fmt: skip
         if budget is not None:

@@ -28,6 +28,18 @@ def test_end_to_end_tiny_writes_its_tables(tmp_path):
     assert rows["project"]["reference_s"] > 0 and rows["trl"]["reference_s"] == 0  # TRL's reference is live
     assert all(r["steps"] == 2 and r["tokens_per_s_per_gpu"] > 0 for r in rows.values())
     assert rows["trl"]["pair_tokens"] == rows["project"]["pair_tokens"]  # the same pairs, whole, on both
+    # Equal settings, those the project's run took (its stages: the forward, then the memory plan for it): the
+    # weights' dtype, bf16 autocast, 1 layer in 2 checkpointed (--tiny forces what the plan picks at 7B width), the
+    # pairs per step; printed for both sides.
+    settings = ("dtype", "mixed_precision", "checkpointing_every_n_layers", "checkpointed_layers", "pairs_per_step")
+    assert {k: rows["trl"][k] for k in settings} == {k: rows["project"][k] for k in settings}, rows
+    assert rows["project"]["checkpointing_every_n_layers"] == 2 and rows["project"]["mixed_precision"] == "bf16"
+    assert rows["project"]["plan_attention"] in rows["project"]["forward"]  # planned for the forward it took
+    assert "think trl: dtype float32, mixed_precision bf16, checkpointing_every_n_layers 2" in result.stdout
+    # The layer search at 7B width for an 80 GiB GPU ran to the plan's refusal
+    assert 4 <= saved["layers_that_fit"] < 32 and "memory plan: one process on 1 GPU needs" in result.stdout
+    assert rows["project"]["first_step_compute_s"] + rows["project"]["first_step_compile_s"] == pytest.approx(
+        rows["project"]["first_step_s"], abs=2e-3)  # fmt: skip
     table = (tmp_path / "results.md").read_text()
     assert "| think | trl |" in table and "think: end to end" in table  # a PASS or FAIL line, never asserted
 
@@ -40,6 +52,9 @@ def test_end_to_end_tiny_under_zero2_launches_both_under_deepspeed(tmp_path):
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
     rows = json.loads((tmp_path / "results.json").read_text())["results"]
     assert [(r["path"], r.get("deepspeed")) for r in rows] == [("project", True), ("trl", True)], rows
+    # DeepSpeed loads bf16 weights (engine.load_dtype): plain TRL too, and the same checkpointed layers
+    settings = [(r["dtype"], r["checkpointing_every_n_layers"], r["pairs_per_step"]) for r in rows]
+    assert settings == [("bfloat16", 2, 4)] * 2, rows
 
 
 @pytest.mark.slow

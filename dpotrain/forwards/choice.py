@@ -40,6 +40,9 @@ VARLEN_PACKAGES = {  # transformers' name: (its availability check in transforme
     "flash_attention_3": ("is_flash_attn_3_available", "FlashAttention 3 built from its hopper/ folder"),
     "flash_attention_2": ("is_flash_attn_2_available", "pip install flash-attn --no-build-isolation"),
 }
+# transformers' check for FA4 finds the package, not its kernels: `flash_attn.cute` fails to import when a CUTLASS DSL
+# package is missing, and the run would crash at its first forward. Imported for real before FA4 counts as installed.
+KERNEL_MODULES = {"flash_attention_4": "flash_attn.cute"}
 
 
 @dataclass(frozen=True)
@@ -94,8 +97,25 @@ def kernel_problem(attn: str, cuda: bool) -> str | None:
             return f"{name} needs a CUDA GPU; use --attn_implementation sdpa on CPU"
         if not getattr(transformers.utils, check)():
             return f"{name}'s kernel is not installed ({install}), or pick another --attn_implementation"
+        broken = import_problem(KERNEL_MODULES.get(name))
+        if broken:
+            return f"{name}'s kernel does not import ({broken}): reinstall it ({install}), or pick another attention"
     elif name.startswith("kernels-community/") and not cuda:
         return f"{name} needs a CUDA GPU; use --attn_implementation sdpa on CPU"
+    return None
+
+
+def import_problem(module: str | None) -> str | None:
+    """Why `module` does not import, in a few words, or None (also for no module)."""
+    if module is None:
+        return None
+    import importlib
+
+    try:
+        importlib.import_module(module)
+    except Exception as e:  # noqa: BLE001 - a kernel package fails in many ways (missing libraries, CUDA versions)
+        first = str(e).strip().splitlines()[0][:160] if str(e).strip() else ""
+        return f"import {module}: {type(e).__name__}{': ' + first if first else ''}"
     return None
 
 

@@ -11,6 +11,8 @@ matrix: on an H100 the think recipe died at step 1 trying to allocate 310 GiB. H
   compilation (dynamo would otherwise compile the first width statically and only then generalize); a micro-batch of
   one tile (a row of <= 128 positions) is its own shape, as dynamo specializes sizes of 1;
 - the mask's rule reads the sliding window from a tensor (`masks.mask_mod_of`), so full and sliding layers share it;
+- the rows are whole 128-position tiles (the collators pad them), said to the compiler (`torch._check`), which with
+  dynamic sizes could not prove it and would add bounds checks to every tile;
 - what is left in the guards is the autograd mode: with gradients (training), without (evaluation, a no-grad
   reference, reentrant checkpointing's first pass) and inference mode, so a run compiles about three times.
 Generation does not come here: it runs on sdpa (`samples.py`), with a KV cache and widths of its own.
@@ -24,6 +26,7 @@ import torch
 from transformers import TrainerCallback
 
 from ..errors import RunError
+from .masks import BLOCK
 
 # The compiler backend. Tests set a cheap one ("eager"): recompilations are decided by dynamo's guards before any
 # backend sees the graph, so counting them holds for inductor too (tests/test_forwards.py).
@@ -36,6 +39,10 @@ def _flex(query, key, value, block_mask, scale, enable_gqa, score_mod):
 
     if not torch.compiler.is_compiling():  # dynamo ran this frame without compiling it
         raise RunError(uncompiled_reason())
+    # Rows are whole tiles (the collators pad them to BLOCK; `attention` sends no other width here). Compiled with
+    # dynamic sizes the compiler cannot prove it and bounds-checks every tile's loads: told, it leaves them out.
+    torch._check(query.shape[-2] % BLOCK == 0)
+    torch._check(key.shape[-2] % BLOCK == 0)
     return flex_attention(query, key, value, score_mod=score_mod, block_mask=block_mask, scale=scale,
                           enable_gqa=enable_gqa)  # fmt: skip
 
@@ -88,9 +95,15 @@ def attention(module, query, key, value, attention_mask, scaling=None, dropout=0
 
     if dropout > 0:
         raise ValueError("flex_attention does not support attention dropout: set the model's attention_dropout to 0")
-    if kwargs.get("s_aux") is not None or kwargs.get("position_bias") is not None or not isinstance(
-            attention_mask, BlockMask):  # fmt: skip
-        # attention sinks, position biases or a dense mask: none of the models this project packs; transformers' own
+    if (
+        kwargs.get("s_aux") is not None
+        or kwargs.get("position_bias") is not None
+        or not isinstance(attention_mask, BlockMask)
+        or query.shape[-2] % BLOCK
+        or key.shape[-2] % BLOCK
+    ):
+        # attention sinks, position biases, a dense mask or rows not padded to whole tiles (not the collators'): none
+        # of the models and batches this project packs; transformers' own
         return flex_attention_forward(module, query, key, value, attention_mask, scaling=scaling, softcap=softcap,
                                       **kwargs)  # fmt: skip
     enable_gqa = True
