@@ -11,7 +11,7 @@ on 3 of 4 layers, vocabulary 100,278) with 4 decoder layers (each run a few minu
 another count, `--layers fit` as many as the memory plan (dpotrain/memory.py) fits on this GPU with the think recipe's
 settings (the search stops at the first count the plan refuses).
 
-Equal settings: the project's path runs the run's own stages (train_dpo.forward_stage: the forward decided from the
+Equal settings: the project's path runs the run's own stages (dpotrain/stages.py: the forward decided from the
 pairs, then the memory plan for that forward, which chooses the checkpointed layers; build_trainer; the plan stage; the
 reference stage). Plain TRL then runs at the settings that run took, printed for both sides: the weights' dtype as
 loaded (float32 on one process, bfloat16 under DeepSpeed: engine.load_dtype), bf16 autocast, the same every k-th
@@ -214,9 +214,8 @@ def settings_of(trainer) -> dict:
 
 
 def project_trainer(args, pairs, clock):
-    """This project's run, by its own stages (train_dpo.py): the forward decided from the pairs and the memory plan for
-    it (which chooses the checkpointed layers), the trainer, the plan stage, the reference stage (timed)."""
-    import train_dpo
+    """This project's run, by its own stages (dpotrain/stages.py): the forward decided from the pairs and the memory
+    plan for it (which chooses the checkpointed layers), the trainer, the plan stage, the reference stage (timed)."""
     from dpotrain import engine, plan_stage, reference, resolve
     from dpotrain.config import parse_args
     from dpotrain.trainer import build_trainer
@@ -226,17 +225,33 @@ def project_trainer(args, pairs, clock):
     run_engine = engine.launched()
     world, _ = resolve.world_size(recipe, planning=False)
     resolve.plan_batch(recipe, world)
-    derived = {}
-    forward = train_dpo.forward_stage(recipe, pairs, world, run_engine, derived)
+    forward, plan = forward_and_plan(recipe, pairs, world, run_engine)
     trainer = build_trainer(recipe, pairs, callbacks=[clock.callback], forward=forward)
     trainer.pairs_per_step = recipe.project.pairs_per_step
     plan_stage.run_stage(trainer)
     start = StepClock.now()
     reference.run_stage(trainer, trainer.graceful_stop)
-    plan = derived["memory"]
     extra = {"reference_s": StepClock.now() - start, "plan_gib": plan.get("per_gpu_gib", {}).get("total"),
              "plan_attention": plan.get("attention"), "forward": forward.line()}  # fmt: skip
     return trainer, extra
+
+
+def forward_and_plan(recipe, pairs, world: int, run_engine, cuda: bool | None = None, varlen: str | None = "installed",
+                     lengths=None):  # fmt: skip
+    """The run's forward and memory stages (dpotrain/stages.py), on `pairs` for one machine: `cuda` and `varlen` as
+    detected unless given (a CPU can plan a GPU's forwards). The memory plan refuses what does not fit; it chooses
+    the checkpointed layers and the load dtype, into the recipe, as in a run."""
+    from dpotrain import stages
+    from dpotrain.forwards import choice, sample
+    from dpotrain.trainer import resolve_model_path
+
+    cuda = choice.cuda_available() if cuda is None else cuda
+    varlen = choice.installed_varlen(cuda) if varlen == "installed" else varlen
+    found = stages.Launch(world, "the benchmark's", run_engine, {"this machine": (cuda, varlen)}, planning=False)
+    model_path = resolve_model_path(recipe)
+    pair_lengths = stages.Lengths(None, lengths or sample.run_lengths(recipe, pairs, model_path), None, None)
+    forward = stages.decide_forward(recipe, found, model_path, pair_lengths)
+    return forward.planned, stages.plan_memory(recipe, found, forward)
 
 
 def trl_trainer(args, pairs, clock):
@@ -335,13 +350,12 @@ def flops_peak(args) -> float | None:
 
 def layers_that_fit(args, folder: Path) -> int:
     """The most decoder layers of 7B width whose memory plan fits the GPU (this one, else `--gpu-memory-gib`), with
-    the think recipe's settings and the forward a run would take on it (train_dpo.forward_stage: planned on a GPU's
+    the think recipe's settings and the forward a run would take on it (`forward_and_plan`: planned on a GPU's
     forwards even from a CPU). The first count the plan refuses (its ConfigError, memory_check on) ends the search."""
     import datasets
     import torch
     from transformers import Olmo3Config
 
-    import train_dpo
     from dpotrain import builtin, engine
     from dpotrain.config import parse_args
     from dpotrain.errors import ConfigError
@@ -361,7 +375,7 @@ def layers_that_fit(args, folder: Path) -> int:
                                         folder / "think.jsonl", folder / "out", "project"))  # fmt: skip
         lengths = lengths or sample.run_lengths(recipe, pairs, str(folder))
         try:
-            train_dpo.forward_stage(recipe, pairs, 1, planned, {}, cuda=True, varlen=varlen, lengths=lengths)
+            forward_and_plan(recipe, pairs, 1, planned, cuda=True, varlen=varlen, lengths=lengths)
         except ConfigError as refused:  # the plan's refusal: this many layers do not fit
             print(f"{layers} layers: {str(refused)[:200]}", flush=True)
             break
