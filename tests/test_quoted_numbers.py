@@ -1,0 +1,45 @@
+"""Every memory figure the README's recipe table and the recipes' headers quote is what the dry run prints for that
+recipe and launch (docs/memory.md's own table is held by tests/test_memory.py): a change to the plan that moves one
+fails here until the quote follows."""
+
+import json
+import re
+
+import pytest
+import torch
+
+import train_dpo
+from conftest import ROOT
+
+MODELS = {"7b": ROOT / "configs" / "models" / "olmo3-7b", "32b": ROOT / "configs" / "models" / "olmo3-32b"}
+# (file, the quote with {} for each figure, the launches planned for them: recipe, model, processes, GPUs per node)
+QUOTES = [
+    ("README.md", "7B: ~{} GiB under ZeRO-2: not 80 GB H100s", [("think", "7b", 4, 4)]),
+    ("README.md", "32B: ~{} GiB on 2 nodes, ~{} on 4", [("think-32b", "32b", 8, 4), ("think-32b", "32b", 16, 4)]),
+    ("README.md", "7B: ~{} GiB under ZeRO-2 (tight; ~{} on 8)", [("instruct", "7b", 4, 4), ("instruct", "7b", 8, 4)]),
+    ("configs/think.yaml", "--dry-run) is ~{} GiB", [("think", "7b", 4, 4)]),
+    ("configs/think.yaml", "2 nodes of 8 under ZeRO-2 (~{} GiB)", [("think", "7b", 16, 8)]),
+    ("configs/think-32b.yaml", "~{} GiB per GPU on 2 nodes, ~{} on 4", [("think-32b", "32b", 8, 4),
+                                                                         ("think-32b", "32b", 16, 4)]),
+    ("configs/think-32b.yaml", "One node (~{} GiB) does not fit", [("think-32b", "32b", 4, 4)]),
+    ("configs/instruct.yaml", "~{} GiB per GPU under ZeRO-2 on 4 GPUs (tight: ~{} on 8)", [("instruct", "7b", 4, 4),
+                                                                                          ("instruct", "7b", 8, 4)]),
+]  # fmt: skip
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the quotes are for the recipes' GPUs, planned from a CPU")
+def test_every_quoted_memory_figure_is_the_dry_runs(monkeypatch, capsys, tmp_path):
+    monkeypatch.setenv("WANDB_MODE", "offline")  # the dry run checks W&B as the run does; these recipes report to it
+    planned = {}
+    for launch in {launch for _, _, launches in QUOTES for launch in launches}:
+        recipe, model, world, per_node = launch
+        monkeypatch.setenv("WORLD_SIZE", str(world))
+        monkeypatch.setenv("GPUS_PER_NODE", str(per_node))
+        train_dpo.main(["--config", str(ROOT / "configs" / f"{recipe}.yaml"), "--model_name_or_path",
+                        str(MODELS[model]), "--output_dir", str(tmp_path / "o"), "--memory_check", "false",
+                        "--dry-run", "--json"])  # fmt: skip
+        planned[launch] = json.loads(capsys.readouterr().out)["derived"]["memory"]["per_gpu_gib"]["total"]
+    for path, quote, launches in QUOTES:
+        text = re.sub(r"\s*\n#\s*", " ", (ROOT / path).read_text())  # a YAML header's comment lines, joined
+        expected = quote.format(*(f"{planned[launch]:.1f}" for launch in launches))
+        assert expected in text, (path, expected)
