@@ -16,7 +16,12 @@ import os
 import sys
 from contextlib import nullcontext, redirect_stdout
 
-from dotenv import load_dotenv
+try:
+    import torch  # noqa: F401 - the stack comes from the project's venv; outside it, say so in one line
+    from dotenv import load_dotenv
+except ModuleNotFoundError as missing:
+    sys.exit(f"error: {missing.name} is not installed for {sys.executable}: run `source .venv/bin/activate` first "
+             "(bash scripts/setup_env.sh creates .venv), or call .venv/bin/python")  # fmt: skip
 
 from dpotrain import (
     agreement,

@@ -14,7 +14,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import recipe_file
+from . import recipe_file, usage
 from .errors import ConfigError
 
 
@@ -343,6 +343,12 @@ def parse_args(argv: list[str] | None = None) -> Recipe:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = make_parser()
     options = _options(parser)
+    if {"-h", "--help"} & set(argv):  # what users type first; every field one flag away
+        print(usage.short_help(parser, ProjectArguments))
+        raise SystemExit(0)
+    if "--help-all" in argv:
+        parser.print_help()
+        raise SystemExit(0)
 
     config_path = None
     yaml_args: list[str] = []
