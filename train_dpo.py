@@ -14,7 +14,6 @@ Any TRL / transformers field is a command-line override (--learning_rate 5e-7, -
 
 import json
 import os
-import shutil
 from pathlib import Path
 
 from dotenv import load_dotenv
@@ -32,18 +31,21 @@ from dpotrain import (
     memory,
     offline,
     options,
+    output_folder,
     plan_stage,
     reference,
     resolve,
     rows,
+    run_lock,
     samples,
+    writes,
 )
 from dpotrain.config import parse_args
 from dpotrain.errors import run_cli
 from dpotrain.hub_push import CheckpointPusher
 from dpotrain.metrics import PLOT_FILE, plot_metrics, read_metrics
 from dpotrain.preemption import GracefulStop
-from dpotrain.tracking import WandbStepIsGlobalStep, keep_offline_runs, setup_wandb
+from dpotrain.tracking import WandbStepIsGlobalStep, setup_wandb
 
 
 def main(argv=None) -> None:
@@ -54,6 +56,7 @@ def main(argv=None) -> None:
         engine.end_processes()  # not after an error: a rank may still be in a collective the others left
         return result
     finally:
+        run_lock.release()  # the output folder's lock (dpotrain/run_lock.py), however the run ended
         # Done (or failed): a preemption's SIGTERM from now on must not kill the process while Python shuts down,
         # which restores default handlers (the job would end FAILED after a complete run).
         stop.release()
@@ -118,6 +121,8 @@ def run(argv, stop: GracefulStop) -> int | None:
     world, world_source = resolve.world_size(recipe, planning=recipe.project.dry_run)
     resolve.plan_batch(recipe, world)
     derived = {"world_size": world, "world_size_source": world_source}
+    if not recipe.project.reference_only:  # a file, or a folder of files but no run: refused (output_folder.py)
+        output_folder.check(training.output_dir, lock=not recipe.project.dry_run)
     if recipe.project.dry_run:
         n_rows = None  # a Hub data set is counted when the run loads it
         if data.is_local(script.dataset_name):
@@ -160,10 +165,13 @@ def run(argv, stop: GracefulStop) -> int | None:
         training.per_device_train_batch_size * training.gradient_accumulation_steps * world
     )
     plan = resolve.OutputPlan(None, False) if only_reference else resolve.check_output_dir(recipe, pairs_per_step)
+    output_folder.check_plan(training.output_dir, plan.start_afresh)
     offline.check_offline_artifacts(recipe)  # with HF_HUB_OFFLINE: model, tokenizer and data set must be cached
 
     # The first process group, with every collective's timeout.
     state = engine.start_processes(training, run_engine)
+    if not only_reference:  # one run per output folder, taken before anything is written there (run_lock.py)
+        run_lock.take(training.output_dir, state.is_main_process)
     out = Path(training.output_dir)
     offline.check_job_reachable(recipe, model=False)  # a data set to download: the Hub must answer, within seconds
     dataset = data.load_preference_dataset(
@@ -189,12 +197,10 @@ def run(argv, stop: GracefulStop) -> int | None:
     # The forward, from the pairs' lengths, and the memory plan for it: before the old run is removed and the model
     # loads (TRL loads it with the attention chosen here).
     forward = forward_stage(recipe, dataset, world, run_engine, derived)
-    if plan.start_afresh and state.is_main_process:  # only now: a refused data set must not cost the old run
-        kept = keep_offline_runs(out)
-        if kept:
-            print(f"Kept the W&B offline runs of the replaced run in {kept} (`wandb sync {kept}/offline-run-*`)",
-                  flush=True)  # fmt: skip
-        shutil.rmtree(out)  # a stale run_complete.json or metrics.jsonl must not outlive the run it described
+    # Only now: a refused data set must not cost the old run. Its own files go (a stale run_complete.json or
+    # metrics.jsonl must not outlive the run it described), nothing else; this run's names are recorded.
+    if state.is_main_process and not only_reference:
+        output_folder.start(recipe, plan.start_afresh, push.requested)
     state.wait_for_everyone()
     if state.is_main_process and not only_reference:
         setup_wandb(training)
@@ -236,7 +242,7 @@ def run(argv, stop: GracefulStop) -> int | None:
     resolved = push.record(resolve.resolved_config(recipe, derived | {"resumed_from": plan.resume_from}))
     if state.is_main_process:
         out.mkdir(parents=True, exist_ok=True)
-        (out / "resolved_config.json").write_text(json.dumps(resolved, indent=2, default=str) + "\n")
+        writes.write_text(out / "resolved_config.json", json.dumps(resolved, indent=2, default=str) + "\n")
         print("Resolved configuration:", json.dumps(derived, default=str), flush=True)
         if plan.resume_from:
             print(f"Resuming from {plan.resume_from}", flush=True)
@@ -257,7 +263,8 @@ def run(argv, stop: GracefulStop) -> int | None:
             pusher.finish(hub_push.STOP_WAIT_S)  # the requeued job pushes what is left
         return  # checkpointed on a stop request; the requeued job resumes from it
 
-    trainer.save_model(str(out))  # with use_peft: the adapter (adapter_model.safetensors, adapter_config.json)
+    with output_folder.new_files(out, state.is_main_process):  # the model's files, recorded as the run's
+        trainer.save_model(str(out))  # with use_peft: the adapter (adapter_model.safetensors, adapter_config.json)
     # The last collective step. The other ranks end here rather than wait at a barrier while the main process waits
     # for uploads: a barrier longer than ddp_timeout (30 min) would fail the job after training succeeded.
     state.wait_for_everyone()
@@ -273,7 +280,7 @@ def run(argv, stop: GracefulStop) -> int | None:
         plot_metrics(records, out / PLOT_FILE, title=training.run_name)
         hub.write_model_card(out, resolved, push.repo_id)
         summary = {"global_step": trainer.state.global_step, "final": records[-1] if records else None}
-        (out / resolve.RUN_COMPLETE).write_text(json.dumps(summary, indent=2) + "\n")
+        writes.write_text(out / resolve.RUN_COMPLETE, json.dumps(summary, indent=2) + "\n")
         print(f"Saved model, metrics and {PLOT_FILE} to {out}", flush=True)
         command = f"python scripts/push_to_hub.py {out} --repo-id {push.repo_id}"
         command += " --checkpoints" if push.checkpoints else ""
