@@ -61,8 +61,8 @@ def test_overwrite_replaces_only_the_runs_own_files(tmp_path, tiny_model_dir):
     users = {k: v for k, v in snapshot(out).items() if k.startswith(("evals/", "notes.md"))}
     old_complete = (out / "run_complete.json").read_text()
     # A replacement that saves no checkpoint: the old run's checkpoints must go, the user's files must stay.
-    second = run_train(train_args(out, "--max_steps", "1", "--save_strategy", "no", "--overwrite_output_dir"),
-                       env=env_for(tiny_model_dir))  # fmt: skip
+    second = run_train(train_args(out, "--max_steps", "3", "--save_strategy", "no", "--logging_steps", "1",
+                                  "--overwrite_output_dir"), env=env_for(tiny_model_dir))  # fmt: skip
     assert second.returncode == 0, second.stdout[-3000:]
     after = snapshot(out)
     assert {k: after.get(k) for k in users} == users  # the notes and evals, byte for byte
