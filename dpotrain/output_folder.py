@@ -126,6 +126,7 @@ def replace(out: Path, names: list[str]) -> None:
     in between leaves a folder that is still a run's) and its lock."""
     import shutil
 
+    from .run_lock import LOCK_FILE
     from .tracking import keep_offline_runs
 
     kept = keep_offline_runs(out)
@@ -136,7 +137,7 @@ def replace(out: Path, names: list[str]) -> None:
     removed = [e for e in owned(out, names) if e.name != MANIFEST]
     for entry in removed:
         shutil.rmtree(entry) if entry.is_dir() and not entry.is_symlink() else entry.unlink(missing_ok=True)
-    left = [e.name for e in out.iterdir() if e.name not in (MANIFEST,)]
+    left = [e.name for e in out.iterdir() if e.name not in (MANIFEST, LOCK_FILE)]
     print(f"Replaced the run in {out}: removed its {len(removed)} own file(s) and folder(s)"
           + (f"; kept {len(left)} others ({', '.join(sorted(left)[:5])})" if left else ""), flush=True)  # fmt: skip
 
