@@ -34,6 +34,7 @@ from dpotrain import (
     publish,
     reference,
     resolve,
+    run_lock,
     stages,
     train_stage,
 )
@@ -54,6 +55,7 @@ def main(argv=None) -> None:
         # Done (or failed): a preemption's SIGTERM from now on must not kill the process while Python shuts down,
         # which restores default handlers (the job would end FAILED after a complete run).
         stop.release()
+        run_lock.release()  # the output folder's lock (dpotrain/run_lock.py), however the run ended
         for name in set(os.environ) - set(environment):
             del os.environ[name]
         os.environ.update(environment)
@@ -81,6 +83,8 @@ def run(argv, stop: GracefulStop) -> int | None:
             resolved = push.record(resolve.resolved_config(recipe, first.record()))
             return dry_run.report(resolved, recipe.training.output_dir, recipe.project.json, stdout)
     state = engine.start_processes(recipe.training, found.engine)  # the first process group, with every timeout
+    if not recipe.project.reference_only:  # one run per output folder, taken before anything is written there
+        run_lock.take(recipe.training.output_dir, state.is_main_process)
     first = stages.first_half(recipe, found, state)  # data -> lengths -> forward -> memory
     built = train_stage.build(recipe, first, push, output, state, stop)  # the old run removed, the model loaded
     trainer = built.trainer

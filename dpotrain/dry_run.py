@@ -9,6 +9,8 @@ import json
 import sys
 from pathlib import Path
 
+from .writes import check_not_input, input_files, write_text
+
 # Memory of GPUs users train on, in GiB as `gpu_memory_gib` takes it (nvidia-smi's total MiB / 1024): what a dry run
 # on a login node tells a user to pass to plan for their GPU.
 KNOWN_GPUS = {"H100 80GB": 79.6, "H200": 140.4, "B200": 179.0}
@@ -22,9 +24,9 @@ def json_path(output_dir: str) -> Path:
 
 def write_json(resolved: dict, output_dir: str) -> Path:
     path = json_path(output_dir)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(resolved, indent=2, default=str) + "\n")
-    return path
+    inputs = input_files(resolved.get("config"), resolved.get("dataset_name"), resolved.get("accelerate_config"))
+    check_not_input("the dry run's record (beside --output_dir)", path, inputs)
+    return write_text(path, json.dumps(resolved, indent=2, default=str) + "\n")
 
 
 def asked(argv: list[str]) -> bool:

@@ -52,6 +52,7 @@ IGNORE = [
     "training_args.bin",
     ".hub_staging/**",
     "hub_pushes.jsonl",
+    "run_files.json",  # output_folder.MANIFEST: which files of the folder are the run's, for this machine only
 ]
 HUB_STRATEGIES = ("every_save", "end")  # transformers' values that mean no more than "push the model": accepted
 
@@ -232,20 +233,21 @@ repo: `AutoModelForCausalLM.from_pretrained("{repo_id}", revision="{revisions[-1
 
 def write_model_card(output_dir: str | Path, resolved: dict, repo_id: str = "") -> Path:
     from .hub_push import pushed_revisions
+    from .writes import write_text
 
-    path = Path(output_dir) / "README.md"
-    path.write_text(model_card(resolved, read_metrics(output_dir), pushed_revisions(output_dir), repo_id))
-    return path
+    card = model_card(resolved, read_metrics(output_dir), pushed_revisions(output_dir), repo_id)
+    return write_text(Path(output_dir) / "README.md", card)
 
 
 def update_card_revisions(output_dir: str | Path, repo_id: str) -> None:
     """Replace the card's revisions section with what hub_pushes.jsonl says is on the Hub (push_to_hub.py)."""
     from .hub_push import pushed_revisions
+    from .writes import write_text
 
     path = Path(output_dir) / "README.md"
     card = path.read_text()
     kept = card.split("\n" + REVISIONS_HEADING)[0].rstrip("\n") + "\n"
-    path.write_text(kept + revisions_section(pushed_revisions(output_dir), repo_id))
+    write_text(path, kept + revisions_section(pushed_revisions(output_dir), repo_id))
 
 
 def push_run(output_dir: str | Path, repo_id: str, token: str | None = None, private: bool | None = None) -> str:

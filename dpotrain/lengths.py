@@ -41,6 +41,7 @@ from . import cuts
 from .config import ProjectArguments
 from .errors import ConfigError
 from .rows import ROW_COLUMNS, InvalidRowError, RowFormat, read_row, split_row
+from .writes import replacing, write_text
 
 STEP = 512  # the recommendation is a multiple of this: kernel- and memory-friendly shapes
 # The seed report's cumulative distribution, and the long lengths a thinking data set's tail reaches (OLMo 3: 16K-32K).
@@ -636,15 +637,11 @@ def save_cache(m: Measured, report: dict, dataset_id: str, tokenizer, cache_dir:
     """Keep a full analysis (per-row lengths + report) for `auto_max_length` to reuse; returns the report path."""
     key, identity = cache_key(dataset_id, tokenizer)
     folder = default_cache_dir(cache_dir)
-    folder.mkdir(parents=True, exist_ok=True)
-    # Written to a private name and renamed: several ranks of one launch may race here, a reader must never see half
-    # a file, and the rename is atomic.
-    tmp = folder / f".{key}.{os.getpid()}"
-    np.savez(f"{tmp}.npz", index=m.index, prompt=m.prompt, chosen=m.chosen, rejected=m.rejected)
-    Path(f"{tmp}.json").write_text(json.dumps({**report, "cache": identity}, indent=1) + "\n")
-    os.replace(f"{tmp}.npz", folder / f"{key}.npz")
-    os.replace(f"{tmp}.json", folder / f"{key}.json")
-    return folder / f"{key}.json"
+    # Renamed into place (writes.py): several ranks of one launch may race here, and a reader must never see half a
+    # file. The lengths first: a report is only ever found beside its lengths.
+    with replacing(folder / f"{key}.npz", "wb") as f:
+        np.savez(f, index=m.index, prompt=m.prompt, chosen=m.chosen, rejected=m.rejected)
+    return write_text(folder / f"{key}.json", json.dumps({**report, "cache": identity}, indent=1) + "\n")
 
 
 def _resolution(m: Measured, target: float, report_path: Path, cached: bool, max_positions: int | None) -> dict:

@@ -3,6 +3,7 @@
 from pathlib import Path
 
 from .lengths import STEP, Measured
+from .writes import replacing
 
 
 def to_markdown(report: dict, current_max_length: int | None = None) -> str:
@@ -136,6 +137,7 @@ def plot(m: Measured, report: dict, path: str | Path) -> Path:
     ax.set_title(f"{report.get('dataset', '')}: {m.rows:,} pairs")
     ax.legend()
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
+    with replacing(path, "wb") as f:  # never half an image where an earlier one was
+        fig.savefig(f, dpi=100, format=Path(path).suffix.lstrip(".").lower())
     plt.close(fig)
     return Path(path)

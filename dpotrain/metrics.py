@@ -5,6 +5,8 @@ from pathlib import Path
 
 from transformers import TrainerCallback
 
+from .writes import write_text
+
 METRICS_FILE = "metrics.jsonl"
 PLOT_FILE = "training_curves.png"
 # What a DPO run is judged by, one panel each: (title, y-axis label, keys drawn in it, why a run may have none of them).
@@ -47,8 +49,7 @@ class MetricsRecorder(TrainerCallback):
         path = Path(args.output_dir) / METRICS_FILE
         if not self._trimmed:
             kept = [r for r in read_metrics(path) if r["step"] < state.global_step]
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text("".join(json.dumps(r) + "\n" for r in kept))
+            write_text(path, "".join(json.dumps(r) + "\n" for r in kept))  # a kill here keeps the old history whole
             self._trimmed = True
         with open(path, "a") as f:
             f.write(json.dumps({"step": state.global_step, "epoch": state.epoch, **logs}) + "\n")

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
+from . import writes
 from .config import ProjectArguments
 from .errors import ConfigError
 
@@ -373,6 +374,9 @@ def run(recipe, sample_size: int = DEFAULT_SAMPLE, seed: int | None = None, json
     from . import rows as row_reading
 
     check_outputs(json_path, plot_path)
+    inputs = writes.input_files(recipe.script.dataset_name, recipe.config_path, recipe.model.model_name_or_path)
+    for flag, path in (("--json", json_path), ("--plot", plot_path)):
+        writes.check_not_input(flag, path, inputs)  # a report never replaces what it describes
     if sample_size < 1:
         raise ConfigError(f"--sample must be >= 1 (got {sample_size})")
     seed = recipe.training.seed if seed is None else seed
@@ -415,7 +419,7 @@ def run(recipe, sample_size: int = DEFAULT_SAMPLE, seed: int | None = None, json
     report["setup"] = setup
     print(to_markdown(report, setup), flush=True)
     if json_path:
-        Path(json_path).write_text(json.dumps(report, indent=1, default=_json_default) + "\n")
+        writes.write_text(json_path, json.dumps(report, indent=1, default=_json_default) + "\n")
         print(f"wrote {json_path}", file=sys.stderr)
     if plot_path:
         plot(s, report, plot_path)

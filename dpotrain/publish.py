@@ -4,7 +4,7 @@ and run_complete.json written, and the run pushed to the Hub where asked."""
 import json
 from pathlib import Path
 
-from . import health, hub, hub_push, lora, offline, resolve
+from . import health, hub, hub_push, lora, offline, output_folder, resolve, writes
 from .metrics import PLOT_FILE, plot_metrics, read_metrics
 
 
@@ -25,7 +25,8 @@ def save_and_push(recipe, built, resolved: dict, push, state) -> int | None:
             pusher.finish(hub_push.STOP_WAIT_S)  # the requeued job pushes what is left
         return None  # checkpointed on a stop request; the requeued job resumes from it
 
-    trainer.save_model(str(out))  # with use_peft: the adapter (adapter_model.safetensors, adapter_config.json)
+    with output_folder.new_files(out, state.is_main_process):  # the model's files, recorded as the run's
+        trainer.save_model(str(out))  # with use_peft: the adapter (adapter_model.safetensors, adapter_config.json)
     # The last collective step. The other ranks end here rather than wait at a barrier while the main process waits
     # for uploads: a barrier longer than ddp_timeout (30 min) would fail the job after training succeeded.
     state.wait_for_everyone()
@@ -48,7 +49,7 @@ def finish_outputs(recipe, built, resolved: dict, push) -> None:
     plot_metrics(records, out / PLOT_FILE, title=training.run_name)
     hub.write_model_card(out, resolved, push.repo_id)
     summary = {"global_step": trainer.state.global_step, "final": records[-1] if records else None}
-    (out / resolve.RUN_COMPLETE).write_text(json.dumps(summary, indent=2) + "\n")
+    writes.write_text(out / resolve.RUN_COMPLETE, json.dumps(summary, indent=2) + "\n")
     print(f"Saved model, metrics and {PLOT_FILE} to {out}", flush=True)
     command = f"python scripts/push_to_hub.py {out} --repo-id {push.repo_id}"
     command += " --checkpoints" if push.checkpoints else ""

@@ -51,6 +51,7 @@ import torch
 from .collectives import broadcast_from_main, gather_objects, max_of_ranks
 from .errors import ConfigError
 from .plan import COLUMNS, PairLengths, StepPlan, cut_step, steps_of
+from .writes import replacing, write_text
 
 CACHE_VERSION = 2
 COMPLETE = "complete.npz"
@@ -170,7 +171,7 @@ class Store:
 
     def write_complete(self, ident: dict, chosen: np.ndarray, rejected: np.ndarray) -> None:
         self._write(COMPLETE, chosen=chosen, rejected=rejected)
-        (self.folder / "identity.json").write_text(json.dumps(ident, indent=1) + "\n")
+        write_text(self.folder / "identity.json", json.dumps(ident, indent=1) + "\n")
 
     def remove_parts(self, attempt: str | None = None, rank: int | None = None) -> None:
         pattern = "part-*.npz" if attempt is None else f"part-{attempt}-r{rank}.npz"
@@ -178,19 +179,9 @@ class Store:
             path.unlink(missing_ok=True)
 
     def _write(self, name: str, **arrays) -> None:
-        self.folder.mkdir(parents=True, exist_ok=True)
-        # Renamed into place: a reader never sees half a file. Unique per process (ranks may share the folder).
-        tmp = self.folder / f".{name}.{socket.gethostname()}.{os.getpid()}.npz"
-        with open(tmp, "wb") as f:
+        # Renamed into place, data and name synced to disk before the run goes on (or deletes the parts it merged).
+        with replacing(self.folder / name, "wb") as f:
             np.savez(f, **arrays)
-            f.flush()
-            os.fsync(f.fileno())  # the data is on disk before the name points at it...
-        os.replace(tmp, self.folder / name)
-        folder = os.open(self.folder, os.O_RDONLY)
-        try:
-            os.fsync(folder)  # ...and the new name is on disk before the run goes on (or deletes the parts it merged)
-        finally:
-            os.close(folder)
 
     def _read(self, path: Path, *names: str) -> list[np.ndarray] | None:
         """The named arrays of `path`; None if it does not exist or is damaged (then warned about and removed)."""

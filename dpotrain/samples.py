@@ -30,6 +30,7 @@ from pathlib import Path
 from transformers import TrainerCallback
 
 from .errors import ConfigError
+from .writes import write_text
 
 SAMPLES_FILE = "samples.jsonl"
 NGRAM = 3
@@ -161,7 +162,7 @@ class SampleGenerator(TrainerCallback):
         path.parent.mkdir(parents=True, exist_ok=True)
         if not self._trimmed:  # after a resume, the steps past the checkpoint are sampled again
             kept = [r for r in _read(path) if r["step"] < state.global_step]
-            path.write_text("".join(json.dumps(r) + "\n" for r in kept))
+            write_text(path, "".join(json.dumps(r) + "\n" for r in kept))
             self._trimmed = True
         with open(path, "a") as f:
             f.writelines(json.dumps(r) + "\n" for r in records)

@@ -30,6 +30,7 @@ from . import (
     memory,
     offline,
     options,
+    output_folder,
     resolve,
     rows,
     samples,
@@ -120,6 +121,8 @@ def output_checks(recipe, found: Launch, push) -> resolve.OutputPlan:
     run makes it, once, on its main process; a dry run does not."""
     resolve.plan_batch(recipe, found.world)
     training, only_reference = recipe.training, recipe.project.reference_only
+    if not only_reference:  # a file, or a folder of files but no run: refused (output_folder.py); a held lock too
+        output_folder.check(training.output_dir, lock=not found.planning)
     if not uses_live_reference(recipe):
         from . import reference
 
@@ -135,6 +138,7 @@ def output_checks(recipe, found: Launch, push) -> resolve.OutputPlan:
         training.per_device_train_batch_size * training.gradient_accumulation_steps * found.world
     )
     plan = resolve.OutputPlan(None, False) if only_reference else resolve.check_output_dir(recipe, pairs)
+    output_folder.check_plan(training.output_dir, plan.start_afresh)
     if not found.planning:  # a dry run says what it could not decide without them, and the command that decides it
         offline.check_offline_artifacts(recipe)  # with HF_HUB_OFFLINE: model, tokenizer and data set must be cached
     return plan

@@ -3,13 +3,12 @@ the first half chose (`stages.first_half`), and the run's resolved configuration
 (`plan_stage.run_stage`) and the reference stage (`reference.run_stage`) have run."""
 
 import json
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import dry_run, offline, resolve
+from . import dry_run, offline, output_folder, resolve, writes
 from .hub_push import CheckpointPusher
-from .tracking import WandbStepIsGlobalStep, keep_offline_runs, setup_wandb
+from .tracking import WandbStepIsGlobalStep, setup_wandb
 
 
 @dataclass(frozen=True)
@@ -19,15 +18,11 @@ class Built:
     output_existed: bool  # output_dir was there before the Trainer made it
 
 
-def clear_old_run(recipe, output: resolve.OutputPlan, state) -> None:
-    """Only now, once the data and the plans are checked: a refused data set must not cost the old run."""
-    out = Path(recipe.training.output_dir)
-    if output.start_afresh and state.is_main_process:
-        kept = keep_offline_runs(out)
-        if kept:
-            print(f"Kept the W&B offline runs of the replaced run in {kept} (`wandb sync {kept}/offline-run-*`)",
-                  flush=True)  # fmt: skip
-        shutil.rmtree(out)  # a stale run_complete.json or metrics.jsonl must not outlive the run it described
+def clear_old_run(recipe, output: resolve.OutputPlan, state, push_requested: bool) -> None:
+    """Only now, once the data and the plans are checked: a refused data set must not cost the old run. The replaced
+    run's own files go (output_folder.py: never the user's), and this run's names are recorded before it writes."""
+    if state.is_main_process and not recipe.project.reference_only:  # the run's own files only (output_folder.py)
+        output_folder.start(recipe, output.start_afresh, push_requested)
     state.wait_for_everyone()
 
 
@@ -37,7 +32,7 @@ def build(recipe, first, push, output: resolve.OutputPlan, state, stop) -> Built
 
     training, only_reference = recipe.training, recipe.project.reference_only
     out = Path(training.output_dir)
-    clear_old_run(recipe, output, state)
+    clear_old_run(recipe, output, state, push.requested)
     if state.is_main_process and not only_reference:
         setup_wandb(training)
     # Checkpoint branches: pushed from the main process in the background, only where the Hub is reachable.
@@ -80,7 +75,7 @@ def record_run(recipe, first, trainer, run_plan, outcomes, output: resolve.Outpu
     if state.is_main_process:
         out = Path(training.output_dir)
         out.mkdir(parents=True, exist_ok=True)
-        (out / "resolved_config.json").write_text(json.dumps(resolved, indent=2, default=str) + "\n")
+        writes.write_text(out / "resolved_config.json", json.dumps(resolved, indent=2, default=str) + "\n")
         # A few readable lines (the dry run's summary, as decided now); every field is in the file.
         heading = f"run of {recipe.config_path or 'the command line'}: all of it in {out / 'resolved_config.json'}"
         print(dry_run.summary(resolved, None, heading), flush=True)

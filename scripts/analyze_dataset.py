@@ -30,7 +30,7 @@ sys.path.insert(0, str(ROOT))  # run as `python scripts/analyze_dataset.py` from
 
 from dotenv import load_dotenv  # noqa: E402
 
-from dpotrain import cli, config, cuts, data, lengths, lengths_report, offline, shapes  # noqa: E402
+from dpotrain import cli, config, cuts, data, lengths, lengths_report, offline, shapes, writes  # noqa: E402
 from dpotrain.errors import ConfigError  # noqa: E402
 from dpotrain.rows import InvalidRowError  # noqa: E402
 
@@ -191,6 +191,9 @@ def analyze(args: argparse.Namespace) -> int:
         raise ConfigError(f"hh_format {hh_format!r} in {recipe_path}: choose one of {', '.join(shapes.HH_FORMATS)}")
     truncation = recipe.get("truncation_mode", "keep_start")
     batch_size = args.batch_size or int(recipe.get("per_device_train_batch_size", lengths.DEFAULT_BATCH_SIZE))
+    inputs = writes.input_files(name, recipe_path, tokenizer_name)  # a report never replaces what it describes
+    for flag, path in (("--json", args.json), ("--plot", args.plot)):
+        writes.check_not_input(flag, path, inputs)
     print(
         f"Analysing {name} ({split}) with the tokenizer of {tokenizer_name}"
         + (f" (recipe {recipe_path})" if recipe_path else ""),
@@ -250,7 +253,7 @@ def analyze(args: argparse.Namespace) -> int:
               f"would need {r['capped']['uncapped']:,}, longer than the model can take")  # fmt: skip
 
     if args.json:
-        Path(args.json).write_text(json.dumps(report, indent=1) + "\n")
+        writes.write_text(args.json, json.dumps(report, indent=1) + "\n")
         print(f"wrote {args.json}", file=sys.stderr)
     if args.plot:
         lengths_report.plot(m, report, args.plot)

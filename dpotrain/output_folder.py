@@ -1,0 +1,156 @@
+"""The output folder holds one run, and the run owns only its own files.
+
+A run records the names it writes in `run_files.json` (top-level names of the folder, written atomically, before the
+run writes anything else there): its records, its checkpoints, its W&B folder, the model files `save_model` wrote.
+`--overwrite_output_dir` removes exactly those and nothing else: notes, evals or anything else a person put in the
+folder stay. A folder that holds files but no run (no `run_files.json`, no run_complete.json, no checkpoint) is
+refused whatever the flags, as transformers' examples refuse a non-empty output folder: training into `.` or into a
+model folder would write over files that are not the run's. A run written before runs recorded their files (no
+`run_files.json`) is resumed as ever; replacing it is refused, since which files are its own is not known.
+"""
+
+import fnmatch
+import json
+from contextlib import contextmanager
+from pathlib import Path
+
+from . import writes
+from .checkpoints import checkpoints
+from .errors import ConfigError
+from .resolve import RUN_COMPLETE
+
+MANIFEST = "run_files.json"
+CHECKPOINTS = "checkpoint-[0-9]*"  # transformers' checkpoint folders: a pattern, as their steps are not known ahead
+
+
+def run_names(recipe, pushes: bool) -> list[str]:
+    """The top-level names this run's settings make it write into its output folder (besides the model's files,
+    recorded as `save_model` writes them: `new_files`). One list, from the modules that write each."""
+    from .hub_push import PUSH_RECORD, STAGING
+    from .lora import MERGED_DIR
+    from .metrics import METRICS_FILE, PLOT_FILE
+    from .samples import SAMPLES_FILE
+    from .tracking import RUN_ID_FILE
+
+    t, p = recipe.training, recipe.project
+    names = [MANIFEST, "resolved_config.json", METRICS_FILE, PLOT_FILE, "README.md", RUN_COMPLETE, CHECKPOINTS]
+    names += [SAMPLES_FILE] if p.samples_every else []
+    names += [MERGED_DIR] if recipe.model.use_peft and p.merge_lora else []
+    names += ["wandb", RUN_ID_FILE] if "wandb" in (t.report_to or []) else []
+    names += [PUSH_RECORD, STAGING] if pushes else []
+    return names
+
+
+def read_manifest(out: Path) -> list[str] | None:
+    """The names the run in `out` recorded as its own; None when there is no record."""
+    try:
+        return list(json.loads((out / MANIFEST).read_text())["names"])
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise ConfigError(f"{out / MANIFEST} is unreadable ({type(e).__name__}): it lists the run's own files; move "
+                          "the folder aside and pass a new --output_dir") from None  # fmt: skip
+
+
+def claim(out: str | Path, names) -> None:
+    """Adds `names` to the run's record (main process only)."""
+    out = Path(out)
+    known = read_manifest(out) or []
+    added = [n for n in names if n not in known]
+    if added or not (out / MANIFEST).exists():
+        record = {"names": known + added, "written_by": "train_dpo.py: these are the run's own files; "
+                  "--overwrite_output_dir replaces these and nothing else"}  # fmt: skip
+        writes.write_text(out / MANIFEST, json.dumps(record, indent=1) + "\n")
+
+
+def owned(out: Path, names: list[str]) -> list[Path]:
+    """What in `out` the recorded names (and patterns) cover."""
+    from .run_lock import LOCK_FILE
+
+    return sorted(
+        e for e in out.iterdir() if e.name != LOCK_FILE and any(fnmatch.fnmatchcase(e.name, n) for n in names)
+    )
+
+
+def is_legacy_run(out: Path) -> bool:
+    """A run written before runs recorded their files: it has the marks only this project writes."""
+    return (out / RUN_COMPLETE).exists() or (out / "resolved_config.json").exists() or bool(checkpoints(out))
+
+
+def check(output_dir: str, lock: bool = True) -> None:
+    """Refuses an output_dir that is a file, or a folder that holds files but no run; then (`lock`) a folder another
+    live run holds (run_lock.py). Read-only: every rank may call it, and a dry run (which takes no lock)."""
+    from . import run_lock
+
+    out = Path(output_dir)
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"output_dir {output_dir!r} is a file, not a folder: pass --output_dir a folder (new or "
+                          "one of an earlier run)")  # fmt: skip
+    if not out.is_dir():
+        return
+    found = [e.name for e in out.iterdir() if e.name != run_lock.LOCK_FILE]
+    if found and read_manifest(out) is None and not is_legacy_run(out):
+        shown = ", ".join(sorted(found)[:3]) + (", ..." if len(found) > 3 else "")
+        raise ConfigError(f"output_dir {output_dir!r} holds files that are not a run's ({len(found)}: {shown}): a run "
+                          "would write over them, with or without --overwrite_output_dir; pass --output_dir a new or "
+                          "empty folder (e.g. outputs/<name>)")  # fmt: skip
+    if lock:
+        run_lock.check_free(out)
+
+
+def check_plan(output_dir: str, start_afresh: bool) -> None:
+    """Refuses to replace a run whose own files are not recorded (written before run_files.json existed)."""
+    out = Path(output_dir)
+    if start_afresh and out.is_dir() and read_manifest(out) is None and is_legacy_run(out):
+        raise ConfigError(f"output_dir {output_dir!r} holds a run written before runs recorded their own files (no "
+                          f"{MANIFEST}), so --overwrite_output_dir cannot tell them from yours: move or delete that "
+                          "run yourself, or pass a new --output_dir")  # fmt: skip
+
+
+def start(recipe, start_afresh: bool, pushes: bool) -> None:
+    """Main process, before the run writes anything in its folder: the replaced run's own files removed (its W&B
+    offline runs moved aside first), and this run's names recorded."""
+    out = Path(recipe.training.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    names = run_names(recipe, pushes)
+    old = read_manifest(out)
+    if start_afresh and old is not None:
+        replace(out, old)
+    else:
+        names = (old or []) + names  # resumed: what earlier attempts wrote is the run's too
+    claim(out, names)
+
+
+def replace(out: Path, names: list[str]) -> None:
+    """Removes what the run in `out` recorded as its own, but its record (rewritten by the next run in one step: a kill
+    in between leaves a folder that is still a run's) and its lock."""
+    import shutil
+
+    from .run_lock import LOCK_FILE
+    from .tracking import keep_offline_runs
+
+    kept = keep_offline_runs(out)
+    if kept:
+        print(
+            f"Kept the W&B offline runs of the replaced run in {kept} (`wandb sync {kept}/offline-run-*`)", flush=True
+        )
+    removed = [e for e in owned(out, names) if e.name != MANIFEST]
+    for entry in removed:
+        shutil.rmtree(entry) if entry.is_dir() and not entry.is_symlink() else entry.unlink(missing_ok=True)
+    left = [e.name for e in out.iterdir() if e.name not in (MANIFEST, LOCK_FILE)]
+    print(f"Replaced the run in {out}: removed its {len(removed)} own file(s) and folder(s)"
+          + (f"; kept {len(left)} others ({', '.join(sorted(left)[:5])})" if left else ""), flush=True)  # fmt: skip
+
+
+@contextmanager
+def new_files(out: str | Path, main: bool):
+    """Records the names written (created or rewritten) in `out` inside the block: the model files `save_model` writes,
+    whose names depend on the model, the engine and LoRA."""
+    out = Path(out)
+    before = {e.name: e.stat().st_mtime_ns for e in out.iterdir()} if main and out.is_dir() else {}
+    yield
+    if main:
+        from .run_lock import LOCK_FILE
+
+        written = [e.name for e in out.iterdir() if before.get(e.name) != e.stat().st_mtime_ns]
+        claim(out, [n for n in written if n != LOCK_FILE])  # the lock's time is its heartbeat

@@ -1,0 +1,289 @@
+"""Issue #42: a run owns only its own files, one run per output folder, and no command writes over its own input.
+
+Each test acts out the fault as it happens (a second run started on the same folder, a run killed with SIGKILL, a
+user's files in the way) on the tiny model, and asserts that nothing that was not the run's was lost."""
+
+import hashlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import PYTHON, ROOT, python, run_train
+from dpotrain import output_folder, run_lock
+from dpotrain.metrics import read_metrics
+
+SMOKE = str(ROOT / "configs" / "smoke.yaml")
+
+
+def env_for(tiny_model_dir, **extra) -> dict:
+    return {"DPOTRAIN_BUILTIN_DIR": str(Path(tiny_model_dir).parent), **extra}
+
+
+def train_args(out, *args) -> list[str]:
+    return ["--config", SMOKE, "--dataset_name", str(ROOT / "data" / "smoke_prefs.jsonl"), "--output_dir", str(out),
+            "--report_to", "none", *args]  # fmt: skip
+
+
+def snapshot(folder: Path) -> dict[str, str]:
+    """Every file under `folder` by its path and content digest: what a person would miss."""
+    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(folder.rglob("*")) if p.is_file()}  # fmt: skip
+
+
+def refusal(result) -> str:
+    assert result.returncode == 2 and "Traceback" not in result.stdout, result.stdout[-3000:]
+    last = result.stdout.strip().splitlines()[-1]
+    assert last.startswith("error: ")
+    return last
+
+
+def a_users_files(folder: Path) -> None:
+    """What a person keeps beside (or in) a run: notes, evaluations of its checkpoints, a model card of their own."""
+    (folder / "evals").mkdir(parents=True, exist_ok=True)
+    (folder / "evals" / "step-2.json").write_text('{"mmlu": 0.31}\n')
+    (folder / "notes.md").write_text("lr too high? compare with run b\n")
+
+
+# --- the user's files -------------------------------------------------------------------------------------------------
+
+
+def test_overwrite_replaces_only_the_runs_own_files(tmp_path, tiny_model_dir):
+    out = tmp_path / "run"
+    first = run_train(train_args(out, "--max_steps", "2", "--save_steps", "1"), env=env_for(tiny_model_dir))
+    assert first.returncode == 0, first.stdout[-3000:]
+    a_users_files(out)
+    users = {k: v for k, v in snapshot(out).items() if k.startswith(("evals/", "notes.md"))}
+    old_complete = (out / "run_complete.json").read_text()
+    # A replacement that saves no checkpoint: the old run's checkpoints must go, the user's files must stay.
+    second = run_train(train_args(out, "--max_steps", "3", "--save_strategy", "no", "--logging_steps", "1",
+                                  "--overwrite_output_dir"), env=env_for(tiny_model_dir))  # fmt: skip
+    assert second.returncode == 0, second.stdout[-3000:]
+    after = snapshot(out)
+    assert {k: after.get(k) for k in users} == users  # the notes and evals, byte for byte
+    assert not list(out.glob("checkpoint-*"))  # the old run's own, removed
+    assert json.loads(old_complete)["global_step"] == 2
+    assert json.loads((out / "run_complete.json").read_text())["global_step"] == 3
+    assert [r["step"] for r in read_metrics(out) if "loss" in r] == [1, 2, 3]  # each step once, none of the old run
+    assert "Replaced the run in" in second.stdout and "kept 2 others (evals, notes.md)" in second.stdout
+    # The new run's record names its own files and none of the user's.
+    names = output_folder.read_manifest(out)
+    assert "model.safetensors" in names and not {"notes.md", "evals"} & set(names)
+    assert not (out / run_lock.LOCK_FILE).exists()
+
+
+def test_a_folder_that_holds_files_but_no_run_is_refused_whatever_the_flags(tmp_path, tiny_model_dir):
+    # `--output_dir .` in a project, as in the issue: its README.md and config.json would have been replaced.
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "README.md").write_text("# my project\n")
+    (project / "config.json").write_text('{"model_type": "mine"}\n')
+    (project / "metrics.jsonl").write_text("not a run's metrics\n")  # a user's file by a name the run writes
+    before = snapshot(project)
+    for flags in ([], ["--overwrite_output_dir"]):
+        result = run_train(train_args(".", "--max_steps", "1", *flags), cwd=project, env=env_for(tiny_model_dir))
+        line = refusal(result)
+        assert "holds files that are not a run's (3: README.md, config.json, metrics.jsonl)" in line, line
+        assert "Loading" not in result.stdout and "Map" not in result.stdout  # refused before anything loaded
+        assert snapshot(project) == before
+    # The dry run says the same before a job is submitted.
+    assert "holds files that are not a run's" in refusal(
+        run_train(train_args(".", "--dry-run"), cwd=project, env=env_for(tiny_model_dir))
+    )
+
+
+def test_an_output_dir_that_is_a_file_is_refused_before_anything_loads(tmp_path, tiny_model_dir):
+    target = tmp_path / "model.bin"
+    target.write_bytes(b"weights I need")
+    start = time.monotonic()
+    result = run_train(train_args(target, "--max_steps", "1"), env=env_for(tiny_model_dir))
+    assert "is a file, not a folder" in refusal(result)
+    assert "Map" not in result.stdout and time.monotonic() - start < 120
+    assert target.read_bytes() == b"weights I need"
+
+
+def test_a_run_written_before_runs_recorded_their_files_resumes_but_is_not_replaced(tmp_path):
+    from dpotrain.config import parse_args
+    from dpotrain.errors import ConfigError
+
+    out = tmp_path / "run"
+    (out / "checkpoint-4").mkdir(parents=True)
+    (out / "checkpoint-4" / "COMPLETE").write_text("{}")
+    (out / "run_complete.json").write_text("{}")
+    (out / "my-eval.json").write_text("{}")
+    output_folder.check(str(out))  # a run: not refused as foreign files
+    recipe = parse_args(["--config", SMOKE, "--output_dir", str(out), "--overwrite_output_dir"])
+    with pytest.raises(ConfigError, match="written before runs recorded their own files"):
+        output_folder.check_plan(recipe.training.output_dir, start_afresh=True)
+    assert (out / "my-eval.json").exists() and (out / "checkpoint-4").is_dir()
+
+
+# --- no command writes over one of its own inputs ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("target", ["data", "recipe"])
+def test_the_analyzer_refuses_to_write_its_report_over_an_input(tmp_path, tiny_model_dir, target):
+    data = tmp_path / "pairs.jsonl"
+    data.write_text("".join((ROOT / "data" / "smoke_prefs.jsonl").read_text().splitlines(keepends=True)[:16]))
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(f"model_name_or_path: builtin:tiny-olmo3\ndataset_name: {data}\n")
+    before = snapshot(tmp_path)
+    path = {"data": data, "recipe": recipe}[target]
+    result = subprocess.run([python(), str(ROOT / "scripts" / "analyze_dataset.py"), "--config", str(recipe), "--json",
+                             str(path)], env={**os.environ, **env_for(tiny_model_dir)}, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, timeout=600)  # fmt: skip
+    line = refusal(result)
+    assert f"--json {str(path)!r} is one of this command's inputs" in line, line
+    assert snapshot(tmp_path) == before
+
+
+def test_records_are_written_whole_or_not_at_all(tmp_path):
+    from dpotrain import writes
+
+    path = tmp_path / "resolved_config.json"
+    writes.write_text(path, "old\n")
+
+    class Interrupted(Exception):
+        pass
+
+    with pytest.raises(Interrupted):
+        with writes.replacing(path) as f:
+            f.write("half of the new")
+            raise Interrupted
+    assert path.read_text() == "old\n" and [p.name for p in tmp_path.iterdir()] == [path.name]
+
+
+# --- one run per output folder ----------------------------------------------------------------------------------------
+
+
+def wait_for(predicate, process, timeout: float = 600) -> None:
+    end = time.monotonic() + timeout
+    while not predicate():
+        assert process.poll() is None, process.communicate()[0][-3000:]
+        assert time.monotonic() < end, "timed out"
+        time.sleep(0.2)
+
+
+def test_a_second_run_on_the_same_folder_is_refused_and_the_first_completes_untouched(tmp_path, tiny_model_dir):
+    out = tmp_path / "run"
+    args = [python(), str(ROOT / "train_dpo.py"), *train_args(out, "--max_steps", "6", "--save_steps", "2",
+                                                               "--logging_steps", "1")]  # fmt: skip
+    first = subprocess.Popen(args, env={**os.environ, **env_for(tiny_model_dir)}, stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    try:
+        wait_for(lambda: (out / run_lock.LOCK_FILE).exists(), first)
+        holder = json.loads((out / run_lock.LOCK_FILE).read_text())
+        # A double sbatch: the same command again, with --overwrite_output_dir even.
+        second = run_train(train_args(out, "--max_steps", "6", "--overwrite_output_dir"), env=env_for(tiny_model_dir))
+        assert first.poll() is None, "the first run ended before the second was refused: the test proves nothing"
+        line = refusal(second)
+        assert f"is in use by another run (host {socket.gethostname()}, pid {holder['pid']}" in line, line
+        stdout, _ = first.communicate(timeout=900)
+    finally:
+        first.kill()
+    assert first.returncode == 0, stdout[-3000:]
+    assert [r["step"] for r in read_metrics(out) if "loss" in r] == [1, 2, 3, 4, 5, 6]  # each step once
+    assert json.loads((out / "run_complete.json").read_text())["global_step"] == 6
+    assert (out / "checkpoint-6" / "COMPLETE").exists() and (out / "model.safetensors").exists()
+    assert not (out / run_lock.LOCK_FILE).exists()
+
+
+def test_the_lock_of_a_run_killed_with_sigkill_does_not_block_the_rerun(tmp_path, tiny_model_dir):
+    out = tmp_path / "run"
+    args = train_args(out, "--max_steps", "6", "--save_steps", "1", "--logging_steps", "1")
+    # The real interpreter, so that SIGKILL hits the process that holds the lock, as a node's OOM killer would.
+    env = {**os.environ, **env_for(tiny_model_dir)}
+    killed = subprocess.Popen([PYTHON, str(ROOT / "train_dpo.py"), *args], stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True, env=env)  # fmt: skip
+    try:
+        wait_for(lambda: (out / "checkpoint-2" / "COMPLETE").exists(), killed)
+    finally:
+        killed.send_signal(signal.SIGKILL)
+        killed.communicate()
+    assert json.loads((out / run_lock.LOCK_FILE).read_text())["pid"] == killed.pid  # left behind
+    rerun = run_train(args, env=env_for(tiny_model_dir))
+    assert rerun.returncode == 0, rerun.stdout[-3000:]
+    assert f"pid {killed.pid}" in rerun.stdout and "its process" in rerun.stdout and "is gone" in rerun.stdout
+    assert "Resuming from" in rerun.stdout
+    assert [r["step"] for r in read_metrics(out) if "loss" in r] == [1, 2, 3, 4, 5, 6]  # each step once
+    assert not (out / run_lock.LOCK_FILE).exists()
+
+
+def hold_lock(out: Path, **env) -> subprocess.Popen:
+    """A live process holding `out`'s lock, as a run's main process does (with the Slurm variables given)."""
+    code = ("import sys, time; from pathlib import Path; from dpotrain import run_lock; assert "
+            "run_lock.acquire(Path(sys.argv[1])) is None; print('held', flush=True); time.sleep(600)")  # fmt: skip
+    holder = subprocess.Popen([PYTHON, "-c", code, str(out)], cwd=ROOT, env={**os.environ, **env},
+                              stdout=subprocess.PIPE, text=True)  # fmt: skip
+    assert holder.stdout.readline().strip() == "held"
+    return holder
+
+
+def test_a_requeue_of_the_same_slurm_job_takes_over_its_lock(tmp_path, tiny_model_dir):
+    out = tmp_path / "run"
+    # The first start of job 4242 still holds the lock (alive, as far as this host can tell).
+    holder = hold_lock(out, SLURM_JOB_ID="4242", SLURM_RESTART_COUNT="0")
+    try:
+        other_job = run_train(train_args(out, "--max_steps", "1"),
+                              env=env_for(tiny_model_dir, SLURM_JOB_ID="777"))  # fmt: skip
+        assert "Slurm job 4242 (restart 0)" in refusal(other_job) and "scancel 4242" in refusal(other_job)
+        requeued = run_train(train_args(out, "--max_steps", "2", "--save_strategy", "no"),
+                             env=env_for(tiny_model_dir, SLURM_JOB_ID="4242", SLURM_RESTART_COUNT="1"))  # fmt: skip
+    finally:
+        holder.kill()
+        holder.wait()
+    assert requeued.returncode == 0, requeued.stdout[-3000:]
+    assert "an earlier start of this Slurm job (4242), now requeued" in requeued.stdout
+    assert (out / "run_complete.json").exists() and not (out / run_lock.LOCK_FILE).exists()
+
+
+# --- the lock's rules, on the lock alone ------------------------------------------------------------------------------
+
+
+def fabricated_lock(out: Path, age_s: float, **holder) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    record = {**run_lock.holder_record(), **holder}
+    (out / run_lock.LOCK_FILE).write_text(json.dumps(record))
+    then = time.time() - age_s
+    os.utime(out / run_lock.LOCK_FILE, (then, then))
+
+
+def test_a_lock_of_another_host_is_held_while_refreshed_and_taken_over_once_stale(tmp_path):
+    out = tmp_path / "run"
+    fabricated_lock(out, 20, host="gpu-node-17", pid=1)
+    refused = run_lock.acquire(out)
+    assert refused and "host gpu-node-17, pid 1" in refused and "refreshed 20 s ago" in refused
+    fabricated_lock(out, run_lock.STALE_S + 60, host="gpu-node-17", pid=1)
+    try:
+        assert run_lock.acquire(out) is None
+        assert json.loads((out / run_lock.LOCK_FILE).read_text())["pid"] == os.getpid()
+        assert run_lock.acquire(out) is not None  # held now: this process, alive, refuses a second taker
+    finally:
+        run_lock.release()
+    assert not (out / run_lock.LOCK_FILE).exists()
+
+
+def test_a_refused_launch_leaves_no_folder_behind(tmp_path):
+    out = tmp_path / "new-run"
+    assert run_lock.acquire(out) is None and out.is_dir()
+    run_lock.release()
+    assert not out.exists()  # nothing else was written: the folder made for the lock goes with it
+
+
+def test_the_slurm_job_variables_do_not_let_another_job_in(tmp_path, monkeypatch):
+    out = tmp_path / "run"
+    holder = hold_lock(out, SLURM_JOB_ID="4242", SLURM_RESTART_COUNT="2")
+    try:
+        monkeypatch.setenv("SLURM_JOB_ID", "4242")
+        monkeypatch.setenv("SLURM_RESTART_COUNT", "2")  # the same start of the same job: a second launch inside it
+        assert "is in use by another run" in run_lock.acquire(out)
+    finally:
+        holder.kill()
+        holder.wait()
+    assert run_lock.acquire(out) is None  # its process gone: taken over
+    run_lock.release()
