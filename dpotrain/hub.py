@@ -95,7 +95,7 @@ def take_push_settings(recipe, run_engine=None) -> PushSettings:
     training_args.bin. So the Trainer gets push_to_hub=False and hub_token=None, this project pushes (train_dpo.py,
     hub_push.py), and a token given as --hub_token is blanked from sys.argv, which W&B records.
     """
-    from . import resolve
+    from . import offline
     from .errors import ConfigError
 
     t, p = recipe.training, recipe.project
@@ -126,7 +126,7 @@ def take_push_settings(recipe, run_engine=None) -> PushSettings:
         repo_id=t.hub_model_id or t.run_name,
         private=t.hub_private_repo,
         checkpoints=p.push_checkpoints,
-        token=t.hub_token or resolve.hf_token(),
+        token=t.hub_token or offline.hf_token(),
     )
     t.push_to_hub = False
     t.hub_token = None

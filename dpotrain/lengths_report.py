@@ -71,6 +71,13 @@ def to_markdown(report: dict, current_max_length: int | None = None) -> str:
             f"{compute['positions_shared_prompt'] / n:,.0f} | {compute['relative_shared_prompt']:.1%} | {price} | "
             f"{p['padded']:.1%} ({p['wasted_per_pair']:,.0f} per pair) | {p['padded_dataset_order']:.1%} |"
         )
+    lines += _rationale(report, current_max_length, batch)
+    return "\n".join(lines) + "\n"
+
+
+def _rationale(report: dict, current_max_length: int | None, batch: int) -> list[str]:
+    """The markdown's last part: why the recommended max_length, the recipe's own, and the invalid rows."""
+    n, lines = report["rows"], []
     r = report["recommendation"]
     chosen = report["candidates"][str(r["max_length"])]
     lower, doubled = r["lower"], r["doubled"]
@@ -107,7 +114,7 @@ def to_markdown(report: dict, current_max_length: int | None = None) -> str:
         lines += [f"| {p['index']} | {p['column']} | {p['problem']} |" for p in invalid["rows"][:50]]
         if invalid["count"] > 50:
             lines.append(f"| ... | | {invalid['count'] - 50:,} more in the JSON report |")
-    return "\n".join(lines) + "\n"
+    return lines
 
 
 def plot(m: Measured, report: dict, path: str | Path) -> Path:

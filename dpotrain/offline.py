@@ -290,3 +290,10 @@ def check_job_reachable(recipe, model: bool = True, dataset: bool = True) -> Non
         f"on a machine with network, fill the cache with `{prefetch_command(recipe)}` and run this with "
         "HF_HUB_OFFLINE=1 (or fix HF_ENDPOINT / HTTPS_PROXY)",
     )
+
+
+def hf_token() -> str | None:
+    """The Hub token: HF_TOKEN (from .env or the environment), else the one `huggingface-cli login` saved."""
+    from huggingface_hub import get_token
+
+    return os.environ.get("HF_TOKEN") or get_token()

@@ -26,7 +26,6 @@ resumed job replays the same steps (`agreement.py` checks at start that the rank
 cannot be cut (fewer pairs than ranks; a pair longer than the budget) is refused at start, with the fix.
 """
 
-import functools
 import heapq
 import math
 from dataclasses import dataclass
@@ -35,64 +34,11 @@ import numpy as np
 from transformers.trainer_pt_utils import BatchRebalanceSampler
 
 from .errors import ConfigError
+from .pair_lengths import COLUMNS, PairLengths, token_counts  # noqa: F401 - plan.PairLengths, as the plan's callers read it
 
 # Losses computed across the pairs of a micro-batch (they sort the batch's log-ratios), not per pair: their value
 # depends on which pairs share a micro-batch, so a token budget would change what they optimize.
 BATCH_LEVEL_LOSSES = {"aot", "aot_unpaired"}
-COLUMNS = ("prompt_ids", "chosen_ids", "rejected_ids")
-
-
-def token_counts(dataset) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(prompt, chosen, rejected) token counts of a tokenized data set, from its Arrow offsets (no row read)."""
-    import pyarrow.compute as pc
-
-    table = dataset.with_format("arrow")[:]
-    return tuple(np.asarray(pc.list_value_length(table.column(c)), dtype=np.int64) for c in COLUMNS)
-
-
-@dataclass(frozen=True)
-class PairLengths:
-    """What the plan knows of each pair: its two sequences' lengths after truncation, as the collators cut them, and
-    whether its prompt is laid out once (shared_prompt.py)."""
-
-    chosen: np.ndarray  # prompt + chosen completion, truncated to max_length
-    rejected: np.ndarray  # prompt + rejected completion, truncated
-    prompt: np.ndarray | None = None  # with `shared`: the prompt's length
-    shared: np.ndarray | None = None  # per pair: its prompt is computed once
-
-    @classmethod
-    def of(cls, dataset, max_length: int | None, share: bool = False, truncation_mode: str = "keep_start"):
-        """From a tokenized data set's Arrow offsets (no row is read into Python)."""
-        return cls.from_parts(*token_counts(dataset), max_length, share, truncation_mode)
-
-    @classmethod
-    def from_parts(cls, prompt, chosen, rejected, max_length, share=False, truncation_mode="keep_start"):
-        """From token counts of prompt and completions; `share`: the pairs shared_prompt.py can share, share."""
-        sides = [prompt + chosen, prompt + rejected]
-        if max_length is not None:
-            sides = [np.minimum(s, max_length) for s in sides]
-        if not share:
-            return cls(*sides)
-        # As shared_prompt.shareable: keep_end shares only a pair whose truncation cuts nothing.
-        whole = max_length is None or truncation_mode == "keep_start" or (
-            (prompt + chosen <= max_length) & (prompt + rejected <= max_length))  # fmt: skip
-        return cls(*sides, prompt=np.asarray(prompt), shared=np.broadcast_to(whole, prompt.shape).copy())
-
-    def __len__(self) -> int:
-        return len(self.chosen)
-
-    # Computed once (the lengths never change): the plan reads them per pair, for every step of every epoch.
-    @functools.cached_property
-    def tokens(self) -> np.ndarray:
-        """Positions of each pair in a packed micro-batch: both sequences, less one copy of a shared prompt but its
-        last token (which each completion's first prediction needs)."""
-        both = self.chosen + self.rejected
-        return both if self.shared is None else both - np.where(self.shared, self.prompt - 1, 0)
-
-    @functools.cached_property
-    def longest(self) -> np.ndarray:
-        """Each pair's longer sequence: what a padded micro-batch pads its rows to."""
-        return np.maximum(self.chosen, self.rejected)
 
 
 @dataclass(frozen=True)

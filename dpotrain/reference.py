@@ -441,15 +441,7 @@ def run(trainer, dataset, name: str, layout: list[list[list[int]]] | None, stop,
     if is_complete:
         return _with_columns(dataset, chosen, rejected), Outcome(name, n, n, 0, False, store.folder)
 
-    size = ""
-    if layout is None:
-        # Cut over every pair, then what is scored left out: parts hold whole micro-batches, so a resumed stage scores
-        # the rest in the very micro-batches an uninterrupted one would (the same numbers, bit for bit).
-        layout = trainer.reference_layout(name, n)
-        budget, pairs = trainer.reference_budget()
-        size = f" of up to {budget:,} positions" if budget else f" of up to {pairs} pairs"
-    todo = [[[i for i in mb if np.isnan(chosen[i])] for mb in mine] for mine in layout]
-    todo = [[mb for mb in mine if mb] for mine in todo]
+    todo, size = _todo(trainer, name, n, layout, chosen)
     rounds = max(len(mine) for mine in todo)
     tokens = PairLengths.of(dataset, trainer.args.max_length).tokens  # every sequence whole, as training counts them
     round_tokens = [int(sum(tokens[mine[j]].sum() for mine in todo if j < len(mine))) for j in range(rounds)]
@@ -500,7 +492,28 @@ def run(trainer, dataset, name: str, layout: list[list[list[int]]] | None, stop,
     progress.advance(0, 0, force=True)
     speed = progress.speed() if rounds > 1 else None
 
-    for index, c, r in gather_objects((mine_index, mine_chosen, mine_rejected)):
+    _gather_and_keep(accelerator, store, ident, attempt, (mine_index, mine_chosen, mine_rejected), chosen, rejected)
+    outcome = Outcome(name, n, reused, n - reused, False, store.folder, world=world, micro_batches=rounds,
+                      warmup_seconds=progress.warmup, tokens_per_second=speed)  # fmt: skip
+    return _with_columns(dataset, chosen, rejected), outcome
+
+
+def _todo(trainer, name: str, n: int, layout, chosen: np.ndarray) -> tuple[list, str]:
+    """Each rank's micro-batches of pairs still to score, and the size they were cut to (said at the start)."""
+    size = ""
+    if layout is None:
+        # Cut over every pair, then what is scored left out: parts hold whole micro-batches, so a resumed stage scores
+        # the rest in the very micro-batches an uninterrupted one would (the same numbers, bit for bit).
+        layout = trainer.reference_layout(name, n)
+        budget, pairs = trainer.reference_budget()
+        size = f" of up to {budget:,} positions" if budget else f" of up to {pairs} pairs"
+    todo = [[[i for i in mb if np.isnan(chosen[i])] for mb in mine] for mine in layout]
+    return [[mb for mb in mine if mb] for mine in todo], size
+
+
+def _gather_and_keep(accelerator, store, ident, attempt: str, mine: tuple, chosen, rejected) -> None:
+    """Every rank's scores into `chosen` / `rejected` (all ranks), saved whole on every node, the parts removed."""
+    for index, c, r in gather_objects(mine):
         chosen[index], rejected[index] = c, r
     missing = np.flatnonzero(np.isnan(chosen) | np.isnan(rejected))
     if len(missing):
@@ -509,12 +522,9 @@ def run(trainer, dataset, name: str, layout: list[list[list[int]]] | None, stop,
     if accelerator.is_local_main_process:  # every node keeps the result: node-local caches find it on a requeue
         store.write_complete(ident, chosen, rejected)
     accelerator.wait_for_everyone()
-    store.remove_parts(attempt, rank)
+    store.remove_parts(attempt, accelerator.process_index)
     if accelerator.is_local_main_process:
         store.remove_parts()  # the interrupted attempts' parts, now in complete.npz
-    outcome = Outcome(name, n, reused, n - reused, False, store.folder, world=world, micro_batches=rounds,
-                      warmup_seconds=progress.warmup, tokens_per_second=speed)  # fmt: skip
-    return _with_columns(dataset, chosen, rejected), outcome
 
 
 def _with_columns(dataset, chosen: np.ndarray, rejected: np.ndarray):

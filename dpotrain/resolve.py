@@ -186,12 +186,6 @@ def check_output_dir(recipe: Recipe, pairs_per_step: int | None = None) -> Outpu
     return OutputPlan(None, False)
 
 
-def hf_token() -> str | None:
-    from huggingface_hub import get_token
-
-    return os.environ.get("HF_TOKEN") or get_token()
-
-
 def plan_steps(recipe: Recipe, world: int, rows: int | None) -> dict:
     """Optimizer steps as the Trainer will count them: steps of pairs_per_step pairs (plan.py, a tiny last step
     merged), one dataloader item each."""

@@ -59,7 +59,7 @@ def main(argv: list[str] | None = None) -> None:
         "run it on a machine with network (a login node), then the job with HF_HUB_OFFLINE=1 and the same HF_HOME; "
         "or fix HF_ENDPOINT / HTTPS_PROXY",
     )  # in seconds, not after huggingface_hub's minute of retries
-    from dpotrain.resolve import hf_token
+    from dpotrain.offline import hf_token
 
     token = hf_token()
     if hub_model:

@@ -56,7 +56,7 @@ def main(argv: list[str] | None = None) -> None:
         )
     private = args.private or bool(resolved.get("hub_private_repo"))
 
-    from dpotrain.resolve import hf_token
+    from dpotrain.offline import hf_token
 
     token = hf_token()
     if not token:

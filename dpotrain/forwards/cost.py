@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .. import flops, packing, padded
-from ..plan import PairLengths
+from ..pair_lengths import PairLengths
 
 
 @dataclass(frozen=True)
