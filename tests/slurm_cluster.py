@@ -40,6 +40,9 @@ import pytest
 
 CLUSTER_SH = Path(__file__).resolve().parent / "slurm" / "cluster.sh"
 DEFAULT_STATE_DIR = Path(os.environ.get("DPOTRAIN_SLURM_STATE_DIR", "/tmp/dpotrain-slurm"))
+# Where the tests submit jobs from, the script by its full path as the README allows: sbatch writes each job's log
+# (`dpo-think-<job>.out`) into the folder it was submitted from, which must not be the developer's checkout.
+SUBMIT_DIR = DEFAULT_STATE_DIR.with_name(DEFAULT_STATE_DIR.name + "-submitted")
 
 # A job in one of these states will not run again. A requeued job passes through REQUEUED and
 # goes back to PENDING, so neither counts. SPECIAL_EXIT is a requeue in held state: it never runs

@@ -14,7 +14,7 @@ import pytest
 from safetensors.torch import load_file
 
 from conftest import ROOT, launch_smoke
-from slurm_cluster import TERMINAL_STATES
+from slurm_cluster import SUBMIT_DIR, TERMINAL_STATES
 
 SCRIPTS = sorted(ROOT.glob("scripts/*.sh")) + sorted(ROOT.glob("tests/slurm/*.sh")) + [ROOT / ".ci" / "run"]
 
@@ -46,7 +46,15 @@ def weights(output_dir):
     return load_file(str(output_dir / "model.safetensors"))
 
 
-def log_path(job: int, submitted_from=ROOT) -> Path:
+SCRIPT = str(ROOT / "scripts" / "dpo_train.sh")
+
+
+def submit_dir() -> Path:
+    SUBMIT_DIR.mkdir(parents=True, exist_ok=True)
+    return SUBMIT_DIR
+
+
+def log_path(job: int, submitted_from=SUBMIT_DIR) -> Path:
     """Where the README says a job's log is: sbatch's --output, in the folder the job was submitted from."""
     return Path(submitted_from) / f"dpo-think-{job}.out"
 
@@ -172,8 +180,8 @@ def two_process_args(out, data) -> list[str]:
 
 def two_process_job(slurm, out, data, env=None) -> int:
     """Two training processes on the node (DeepSpeed ZeRO-2 on CPU) through scripts/dpo_train.sh."""
-    args = ["--gpus-per-node=0", f"--cpus-per-task={real_cpus()}", "scripts/dpo_train.sh", *two_process_args(out, data)]
-    return slurm.sbatch(args, cwd=ROOT, env={**TWO_PROCESSES, "DPOTRAIN_CACHE": f"{out}-cache", **(env or {})})
+    args = ["--gpus-per-node=0", f"--cpus-per-task={real_cpus()}", SCRIPT, *two_process_args(out, data)]
+    return slurm.sbatch(args, cwd=submit_dir(), env={**TWO_PROCESSES, "DPOTRAIN_CACHE": f"{out}-cache", **(env or {})})
 
 
 def preempt(slurm) -> int:
@@ -271,10 +279,12 @@ def test_two_jobs_sharing_a_node_run_at_once_and_a_cancelled_job_stays_cancelled
     not COMPLETED, so that an `afterok` dependency does not start on an unfinished run."""
     jobs = {}
     for name, extra in (("cancelled", []), ("no-requeue", ["--no-requeue"])):
-        args = ["--gpus-per-node=0", "--cpus-per-task=1", *extra, "scripts/dpo_train.sh", "--max_steps", "40",
+        args = ["--gpus-per-node=0", "--cpus-per-task=1", *extra, SCRIPT, "--max_steps", "40",
                 "--logging_steps", "1", "--save_steps", "1000", "--report_to", "none", "--output_dir",
                 str(tmp_path / name)]  # fmt: skip
-        jobs[name] = slurm.sbatch(args, cwd=ROOT, env={**TWO_PROCESSES, "DPOTRAIN_CACHE": str(tmp_path / "cache")})
+        jobs[name] = slurm.sbatch(
+            args, cwd=submit_dir(), env={**TWO_PROCESSES, "DPOTRAIN_CACHE": str(tmp_path / "cache")}
+        )
     deadline = time.time() + 400
     while not all(len(steps(tmp_path / name)) >= 3 for name in jobs):  # both mid-training at once
         assert time.time() < deadline and all(slurm.state(j) in ("PENDING", "RUNNING") for j in jobs.values())

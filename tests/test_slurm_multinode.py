@@ -19,7 +19,7 @@ import pytest
 from safetensors.torch import load_file
 
 from conftest import ROOT, launch_smoke
-from slurm_cluster import slurm_cluster
+from slurm_cluster import SUBMIT_DIR, slurm_cluster
 
 pytestmark = pytest.mark.slurm
 
@@ -35,13 +35,14 @@ def two_node_args(out: Path) -> list[str]:
 
 def two_node_job(slurm2, out: Path, env: dict | None = None) -> int:
     """`two_node_args` through scripts/dpo_train.sh on both nodes. CPUs: what a node really has (`slurmd -C`)."""
-    args = ["--nodes=2", "--gpus-per-node=0", f"--cpus-per-task={node_cpus(slurm2)}", "scripts/dpo_train.sh",
-            *two_node_args(out)]  # fmt: skip
+    args = ["--nodes=2", "--gpus-per-node=0", f"--cpus-per-task={node_cpus(slurm2)}",
+            str(ROOT / "scripts" / "dpo_train.sh"), *two_node_args(out)]  # fmt: skip
     # A fresh folder for the built-in model: both ranks build it at once, as on a first run (rank 1 must wait for
     # rank 0's weights; seeded, so every job gets the same model).
     env = {"RECIPE": "configs/smoke.yaml", "DPOTRAIN_BUILTIN_DIR": str(out.parent / f"builtin-{out.name}"),
            **(env or {})}  # fmt: skip
-    return slurm2.sbatch(args, cwd=ROOT, env=env)
+    SUBMIT_DIR.mkdir(parents=True, exist_ok=True)
+    return slurm2.sbatch(args, cwd=SUBMIT_DIR, env=env)
 
 
 def node_cpus(slurm) -> int:
@@ -49,7 +50,7 @@ def node_cpus(slurm) -> int:
 
 
 def job_log(job: int) -> str:
-    path = ROOT / f"dpo-think-{job}.out"  # sbatch's --output: the folder the job was submitted from
+    path = SUBMIT_DIR / f"dpo-think-{job}.out"  # sbatch's --output: the folder the job was submitted from
     return path.read_text(errors="replace") if path.exists() else ""  # progress bars cut mid-character
 
 
