@@ -29,7 +29,7 @@ from conftest import launch_smoke
 STEPS = 3
 BETA = 0.1  # TRL's default: the recipe's 5 is for sigmoid_norm's per-token log-ratios, not for sums
 LONGEST = sorted(ROWS, key=lambda row: -len(json.dumps(row)))[: 4 * STEPS * PAIRS_PER_STEP : 4]
-CUT = ["--warmup_steps", "0", "--max_length", "512", "--max_tokens_per_microbatch", "1400"]
+CUT = ["--warmup_steps", "0", "--max_length", "512", "--max_tokens_per_microbatch", "1400", "--beta", str(BETA)]
 ONE_BATCH = ["--max_tokens_per_microbatch", "none", "--per_device_train_batch_size", str(PAIRS_PER_STEP)]
 MPO = (["--loss_type", "sigmoid", "bco_pair", "sft", "--loss_weights", "0.8", "0.2", "1.0"],
        dict(loss_type=["sigmoid", "bco_pair", "sft"], loss_weights=[0.8, 0.2, 1.0]))  # fmt: skip
@@ -80,7 +80,7 @@ VARIANTS = {
 
 
 def ours_on_longest(tmp_path, model_dir, *flags):
-    return ours(tmp_path, model_dir, STEPS, *CUT, "--beta", str(BETA), *flags, rows=LONGEST)
+    return ours(tmp_path, model_dir, STEPS, *CUT, *flags, rows=LONGEST)
 
 
 def plain_on(trainer, model_dir, tmp_path, config):
