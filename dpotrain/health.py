@@ -2,8 +2,9 @@
 
 Two post-mortems of failed DPO runs (docs/health.md) motivate them:
 - 000: a reference cache computed under other settings silently disagreed with the policy. Before the first update the
-  policy IS the reference, so every log-ratio is 0: rewards are 0 and a sigmoid-type loss is exactly ln 2. Anything
-  else at step 1 means the reference is wrong (`step1`).
+  policy IS the reference, so every log-ratio is 0: rewards are 0 and the loss is what the configured loss gives at
+  log-ratios 0 (ln 2 for sigmoid-type losses; `losses.step1_loss`; not judged where it depends on the model: an SFT
+  term, WPO's weights). Anything else at step 1 means the reference is wrong (`step1`).
 - 001: a base model that found the chosen side ~960 nats less likely than the rejected one. Every learning rate either
   did nothing or collapsed: loss -> 0 (`loss_floor`), reward accuracy 1.0 from the start (`accuracy_pinned`), margins
   -> 18 (`margin`), outputs "hormonal hormonal hormonal". A collapsing policy also pushes the chosen AND the rejected
@@ -29,11 +30,10 @@ from transformers import TrainerCallback
 
 from .collectives import max_over_ranks
 from .errors import ConfigError
+from .losses import loss_types, step1_loss
 
 LN2 = math.log(2)
 HEALTH_STOP_EXIT = 3  # as preflight's "fail": the run is doomed, a retry would fail the same way
-# Losses equal to -log sigmoid(beta x 0) = ln 2 (per unit of weight) when every log-ratio is 0.
-SIGMOID_LOSSES = {"sigmoid", "sigmoid_norm", "robust"}
 
 
 @dataclass
@@ -170,14 +170,12 @@ class HealthGuard(TrainerCallback):
 
     def _check_step1(self, step, logs, r, args) -> list[Alarm]:
         tol = self.p.health_step1_tolerance
-        types = list(args.loss_type) if isinstance(args.loss_type, (list, tuple)) else [args.loss_type]
-        weights = list(args.loss_weights or [1.0] * len(types))
         problems = []
-        if all(t in SIGMOID_LOSSES for t in types):
-            expected = LN2 * sum(weights)
-            name, loss = dpo_loss(logs)
-            if abs(loss - expected) > tol:
-                problems.append(f"{name} {loss:.6g} (expected ln 2 = {expected:.6g})")
+        expected = step1_loss(args)  # None where the configured loss depends on the model (SFT term, WPO weights)
+        name, loss = dpo_loss(logs)
+        if expected is not None and abs(loss - expected) > tol:
+            value = f"ln 2 = {expected:.6g}" if math.isclose(expected, LN2) else f"{expected:.6g}"
+            problems.append(f"{name} {loss:.6g} (expected {value}, {'+'.join(loss_types(args))} at log-ratios 0)")
         if r and (abs(r["chosen"]) > tol or abs(r["rejected"]) > tol):
             problems.append(f"{r['source']}chosen {r['chosen']:.4g}, rejected {r['rejected']:.4g} (expected 0)")
         if not problems:

@@ -9,7 +9,7 @@ import os
 import re
 from pathlib import Path
 
-from . import builtin, data, shapes
+from . import builtin, data, losses, shapes
 from .config import Recipe
 from .errors import ConfigError
 
@@ -27,11 +27,11 @@ def check_options(recipe: Recipe) -> None:
     model = recipe.model.model_name_or_path or ""
     check_model(model)
     check_precision(recipe)
-    losses = t.loss_type if isinstance(t.loss_type, list) else [t.loss_type]
     valid = valid_loss_types()
-    for loss in losses:
+    for loss in losses.loss_types(t):
         if loss not in valid:
             raise ConfigError(f"unknown loss_type {loss!r}: choose from {', '.join(valid)} (OLMo 3: sigmoid_norm)")
+    losses.check_options(recipe)  # losses this project cannot train as TRL defines them (aot on a token budget...)
     if t.max_length is not None and t.max_length < 1:
         raise ConfigError(f"max_length must be >= 1 (got {t.max_length}), or `auto` to let the analyzer choose")
     if t.max_steps == 0 or t.max_steps < -1:

@@ -36,10 +36,6 @@ from transformers.trainer_pt_utils import BatchRebalanceSampler
 from .errors import ConfigError
 from .pair_lengths import COLUMNS, PairLengths, token_counts  # noqa: F401 - plan.PairLengths, as the plan's callers read it
 
-# Losses computed across the pairs of a micro-batch (they sort the batch's log-ratios), not per pair: their value
-# depends on which pairs share a micro-batch, so a token budget would change what they optimize.
-BATCH_LEVEL_LOSSES = {"aot", "aot_unpaired"}
-
 
 @dataclass(frozen=True)
 class StepPlan:

@@ -59,14 +59,6 @@ def check_token_budget(recipe: Recipe) -> None:
             f"max_tokens_per_microbatch={budget} must hold the longest possible pair, 2 x max_length "
             f"({'unbounded: set max_length' if t.max_length is None else 2 * t.max_length}); a pair is never split"
         )
-    from .plan import BATCH_LEVEL_LOSSES
-
-    batch_level = sorted(set(t.loss_type) & BATCH_LEVEL_LOSSES)
-    if batch_level:
-        raise ConfigError(
-            f"loss_type {'/'.join(batch_level)} compares the pairs of a micro-batch with each other, so a token "
-            "budget would change what it optimizes: remove max_tokens_per_microbatch"
-        )
 
 
 def fill_defaults(recipe: Recipe) -> None:

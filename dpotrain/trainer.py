@@ -28,7 +28,7 @@ from transformers import GraniteMoeHybridConfig, TrainerCallback
 from trl import DPOTrainer, get_peft_config, get_quantization_config
 from trl.models import prepare_deepspeed
 
-from . import builtin, engine, flops, layers, packing, padded, plan
+from . import builtin, engine, flops, layers, losses, packing, padded, plan
 from .checkpoints import CompleteMarker, clear_for_save, report_save
 from .collectives import all_reduce_sum, max_over_ranks
 from .config import Recipe
@@ -170,6 +170,9 @@ class RecipeDPOTrainer(DPOTrainer):
         # compute_loss weighs each micro-batch by its share of the step's pairs; the Trainer must not divide the
         # loss by the accumulation steps again.
         self.loss_is_scaled_for_ga = True
+        self.sft = losses.SftOverStep(training_args)  # TRL's SFT term, over the whole step (losses.py)
+        # The step's pairs and chosen completion tokens on all ranks (`get_batch_samples`), for the SFT term
+        self._step_pairs = self._step_chosen_tokens = None
         self.model_flops = flops.ModelFlops.of(self.model)
         peak = flops.peak_tflops(gpu_peak_tflops)
         self.pair_metrics = PairMetrics(self.accelerator.num_processes, peak)
@@ -312,10 +315,19 @@ class RecipeDPOTrainer(DPOTrainer):
         return total
 
     def get_batch_samples(self, epoch_iterator, num_batches, device):
-        """The step, and the number of pairs in the whole step over all ranks."""
+        """The step, and the number of pairs in the whole step over all ranks; with an SFT term, the step's chosen
+        completion tokens over all ranks as well (`losses.SftOverStep`), in the same all-reduce."""
         steps, _ = super().get_batch_samples(epoch_iterator, num_batches, device)
-        pairs = sum(pairs_in(mb) for step in steps for mb in step["micro_batches"])
-        return steps, all_reduce_sum(torch.tensor(pairs, device=device))
+        micro_batches = [mb for step in steps for mb in step["micro_batches"] if pairs_in(mb)]
+        pairs = sum(pairs_in(mb) for mb in micro_batches)
+        tokens = sum(int(losses.chosen_tokens(self._padded(mb))) for mb in micro_batches) if self.sft.active else 0
+        totals = all_reduce_sum(torch.tensor([pairs, tokens], device=device))
+        self._step_pairs, self._step_chosen_tokens = totals[0], totals[1]
+        return steps, totals[0]
+
+    def _padded(self, batch: dict) -> dict:
+        """A micro-batch in TRL's padded layout (a packed one's padded view; a padded one as it is)."""
+        return packing.padded_view(batch) if packing.is_packed(batch) else batch
 
     def floating_point_ops(self, inputs):
         if "micro_batches" in inputs:  # a filler's forward is not training: not counted
@@ -486,8 +498,12 @@ class RecipeDPOTrainer(DPOTrainer):
             ref = self.ref_model if self.ref_model is not None else self.model
             chosen, rejected = self.compute_ref_log_probs(self._stand_in(ref, inputs)[0], view)
             view = {**view, "ref_chosen_logps": chosen, "ref_rejected_logps": rejected}
-        with self._reference_in_inputs():
+        over_step = self.sft.active and mode == "train"  # evaluation keeps TRL's per-batch SFT term
+        with self._reference_in_inputs(), self._without_sft() if over_step else contextlib.nullcontext():
             result = super()._compute_loss(stand_in, view, return_outputs)
+        if over_step:
+            sft = self.sft.term(stand_in.outputs, view, pairs_in(inputs), self._step_pairs, self._step_chosen_tokens)
+            result = (result[0] + sft, result[1]) if return_outputs else result + sft
         # MoE: TRL's loss holds router_aux_loss_coef x the router's load-balancing loss; the DPO loss without it is
         # logged beside the total (`dpo_loss`), and the health guards judge it.
         loss = result[0] if return_outputs else result
@@ -515,6 +531,16 @@ class RecipeDPOTrainer(DPOTrainer):
             dpo_loss=None if router is None else loss - router,
         )
         return result
+
+    @contextlib.contextmanager
+    def _without_sft(self):
+        """TRL's loss without its SFT term, which `_compute_loss` adds over the whole step (`losses.SftOverStep`)."""
+        saved = self.loss_types, self.loss_weights
+        self.loss_types, self.loss_weights = self.sft.others
+        try:
+            yield
+        finally:
+            self.loss_types, self.loss_weights = saved
 
     @contextlib.contextmanager
     def _reference_in_inputs(self):

@@ -140,3 +140,24 @@ def test_accuracy_pinned_counts_consecutive_pairs_early_only():
             break
     assert tripped == [4] and g.stop.guard == "accuracy_pinned"  # 4 steps x 8 pairs = 32, step 4 <= 25% of 40
     assert "1.0 on the last 32 pairs" in g.stop.message
+
+
+def test_step_1_expects_the_configured_loss_or_judges_only_the_rewards():
+    """The loss at log-ratios 0 of each configured loss (dpotrain/losses.py: `step1_loss`), never ln 2 where it is not;
+    a loss that depends on the model (an SFT term, WPO's weights) is not judged, a wrong reference still is."""
+    zero = {"rewards_norm/chosen": 0.0, "rewards_norm/rejected": 0.0}
+    expected = {("hinge",): 1.0, ("ipo", "--beta", "0.1"): 25.0, ("sppo_hard", "--beta", "0.5"): 2.0,
+                ("bco_pair",): 2 * LN2, ("discopop",): (LN2 + 1) / 2, ("apo_down",): 1.0,
+                ("exo_pair", "--label_smoothing", "0.5"): 0.0,
+                ("sigmoid", "bco_pair", "--loss_weights", "0.8", "0.2"): 0.8 * LN2 + 0.2 * 2 * LN2}  # fmt: skip
+    for flags, loss in expected.items():
+        g, args = guard("--loss_type", *flags)
+        g._fresh = True
+        assert g.check(1, {"loss": loss, **zero}, args, 100) == [], flags
+        assert [a.guard for a in g.check(1, {"loss": loss + 0.05, **zero}, args, 100)] == ["step1"], flags
+    for flags in (["--use_weighting", "true"], ["--loss_type", "sigmoid", "bco_pair", "sft"]):
+        g, args = guard(*flags)
+        g._fresh = True
+        assert g.check(1, {"loss": 7.3, **zero}, args, 100) == [], flags
+        shifted = {"loss": 7.3, "rewards_norm/chosen": 0.5, "rewards_norm/rejected": 0.0}
+        assert [a.guard for a in g.check(1, shifted, args, 100)] == ["step1"], flags

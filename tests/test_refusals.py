@@ -65,6 +65,11 @@ def many_rows(n=40):
         (["--sync_ref_model", "true", "--precompute_ref_log_probs", "true"], "--precompute_ref_log_probs false"),
         (["--dataset_streaming", "true"], "dataset_streaming: the step plan and the reference stage need every pair"),
         (["--save_on_each_node", "true"], "save_on_each_node is not supported: checkpoints, their COMPLETE marks"),
+        # the smoke recipe cuts micro-batches by tokens: the refusal names the flag that makes them fixed
+        (["--loss_type", "aot"], "micro-batches cut by max_tokens_per_microbatch (2048) would change what it optimizes"
+         ": add --max_tokens_per_microbatch none, for micro-batches of per_device_train_batch_size pairs (now 8)"),
+        (["--loss_type", "sigmoid", "aot_unpaired", "--max_length", "auto"], "add --max_tokens_per_microbatch none"),
+        (["--loss_type", "sigmoid", "sft", "--use_weighting", "true"], "use_weighting with loss_type sft"),
     ],
 )  # fmt: skip
 def test_options_that_cannot_be_honoured(args, expected, tmp_path, monkeypatch, capsys):
