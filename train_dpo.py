@@ -35,6 +35,7 @@ from dpotrain import (
     plan_stage,
     reference,
     resolve,
+    resume,
     rows,
     samples,
 )
@@ -42,7 +43,7 @@ from dpotrain.config import parse_args
 from dpotrain.errors import run_cli
 from dpotrain.hub_push import CheckpointPusher
 from dpotrain.metrics import PLOT_FILE, plot_metrics, read_metrics
-from dpotrain.preemption import GracefulStop
+from dpotrain.preemption import STOPPED_EXIT, GracefulStop
 from dpotrain.tracking import WandbStepIsGlobalStep, keep_offline_runs, setup_wandb
 
 
@@ -164,6 +165,7 @@ def run(argv, stop: GracefulStop) -> int | None:
 
     # The first process group, with every collective's timeout.
     state = engine.start_processes(training, run_engine)
+    plan.resume_from = resume.confirm(plan.resume_from, explicit=bool(training.resume_from_checkpoint))  # checksums
     out = Path(training.output_dir)
     offline.check_job_reachable(recipe, model=False)  # a data set to download: the Hub must answer, within seconds
     dataset = data.load_preference_dataset(
@@ -219,7 +221,7 @@ def run(argv, stop: GracefulStop) -> int | None:
     if outcomes and outcomes[-1].stopped:
         if state.is_main_process:
             trainer.graceful_stop.mark_saved(outcomes[-1].line())  # the requeued job scores only the rest
-        return
+        return STOPPED_EXIT
     if only_reference:
         if state.is_main_process and not created_before and out.is_dir() and not any(out.iterdir()):
             out.rmdir()  # the Trainer makes output_dir when it starts; a reference-only run writes nothing there
@@ -255,7 +257,7 @@ def run(argv, stop: GracefulStop) -> int | None:
     if trainer.graceful_stop.stopped and trainer.state.global_step < trainer.state.max_steps:
         if pusher:
             pusher.finish(hub_push.STOP_WAIT_S)  # the requeued job pushes what is left
-        return  # checkpointed on a stop request; the requeued job resumes from it
+        return STOPPED_EXIT  # checkpointed on a stop request; the requeued job resumes from it
 
     trainer.save_model(str(out))  # with use_peft: the adapter (adapter_model.safetensors, adapter_config.json)
     # The last collective step. The other ranks end here rather than wait at a barrier while the main process waits

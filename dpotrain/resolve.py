@@ -8,8 +8,8 @@ from pathlib import Path
 import numpy as np
 import yaml
 
-from . import data
-from .checkpoints import checkpoints, latest_complete_checkpoint
+from . import data, resume
+from .checkpoints import checkpoints
 from .config import Recipe
 from .errors import ConfigError
 
@@ -161,8 +161,7 @@ def check_output_dir(recipe: Recipe, pairs_per_step: int | None = None) -> Outpu
     t, p = recipe.training, recipe.project
     out = Path(t.output_dir)
     if t.resume_from_checkpoint:
-        if not Path(t.resume_from_checkpoint).is_dir():
-            raise ConfigError(f"resume_from_checkpoint {t.resume_from_checkpoint!r} is not a folder")
+        resume.check_explicit(t.resume_from_checkpoint)
         return OutputPlan(t.resume_from_checkpoint, False)
     if (out / RUN_COMPLETE).exists():
         if not p.overwrite_output_dir:
@@ -171,7 +170,9 @@ def check_output_dir(recipe: Recipe, pairs_per_step: int | None = None) -> Outpu
                 "--overwrite_output_dir to replace it"
             )
         return OutputPlan(None, True)
-    latest = latest_complete_checkpoint(out)
+    if resume.after_health_stop(recipe, out):
+        return OutputPlan(None, True)
+    latest = resume.latest_sound_checkpoint(out, refuse=p.auto_resume and not p.overwrite_output_dir)
     if latest and p.auto_resume:
         changed = changed_settings(recipe, out, pairs_per_step)
         if changed and p.overwrite_output_dir:
@@ -184,7 +185,7 @@ def check_output_dir(recipe: Recipe, pairs_per_step: int | None = None) -> Outpu
             )
         return OutputPlan(str(latest), False)
     if checkpoints(out):
-        if p.overwrite_output_dir:
+        if p.overwrite_output_dir or resume.only_cut_short(out, changed_settings(recipe, out, pairs_per_step)):
             return OutputPlan(None, True)
         state = "has no complete checkpoint" if latest is None else "has checkpoints and --no_auto_resume is set"
         raise ConfigError(
