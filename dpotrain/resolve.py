@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import yaml
 
-from . import data, resume
+from . import data, data_identity, resume
 from .checkpoints import checkpoints
 from .config import Recipe
 from .errors import ConfigError
@@ -135,7 +135,7 @@ RESUME_FIELDS = (
 
 def changed_settings(recipe: Recipe, out: Path, pairs_per_step: int | None) -> list[str]:
     """`field: old -> new` for each RESUME_FIELDS value (and pairs per step) that differs from the unfinished run's
-    resolved_config.json; [] when there is none to compare with."""
+    resolved_config.json, and the data set's content (`data_identity`); [] when there is none to compare with."""
     import json
 
     saved = out / "resolved_config.json"
@@ -147,7 +147,9 @@ def changed_settings(recipe: Recipe, out: Path, pairs_per_step: int | None) -> l
         new["max_length"] = old["max_length"]  # auto again: the analyzer's choice for the same data and tokenizer
     new["pairs_per_step"], old["pairs_per_step"] = pairs_per_step, old.get("derived", {}).get("pairs_per_step")
     fields = [f for f in (*RESUME_FIELDS, "pairs_per_step") if f in old and old[f] != new.get(f)]
-    return [f"{f}: {old[f]!r} -> {new.get(f)!r}" for f in fields]
+    content = None if "dataset_name" in fields else data_identity.changed(old.get("derived", {}).get("data_identity"),
+                                                                          recipe.script.dataset_name)  # fmt: skip
+    return [f"{f}: {old[f]!r} -> {new.get(f)!r}" for f in fields] + ([f"dataset content: {content}"] if content else [])
 
 
 def check_output_dir(recipe: Recipe, pairs_per_step: int | None = None) -> OutputPlan:
