@@ -14,6 +14,7 @@ started (`verify_shares`), again each rank its share, so a resume reads the chec
 import hashlib
 import json
 import os
+import time
 from pathlib import Path
 
 MANIFEST = "MANIFEST.json"
@@ -62,6 +63,7 @@ def seal(folder: Path, mark: str, mark_text: str, is_main: bool) -> None:
 
     from .collectives import broadcast_from_main, gather_objects
 
+    start = time.monotonic()
     files = broadcast_from_main(listing(folder, leave_out=(MANIFEST, mark)) if is_main and folder.is_dir() else None)
     if files is None:
         return
@@ -83,6 +85,12 @@ def seal(folder: Path, mark: str, mark_text: str, is_main: bool) -> None:
     entries = {rel: {"bytes": size, "sha256": hashes[rel]} for rel, size in files}
     fsync_write(folder / MANIFEST, json.dumps({"files": entries}, indent=1) + "\n")
     fsync_write(folder / mark, mark_text)
+    total = sum(size for _, size in files) / 2**20
+    print(
+        f"{folder.name}: {len(files)} files ({total:,.1f} MiB) checksummed by {world} process(es) and marked "
+        f"{mark} in {time.monotonic() - start:.2f} s",
+        flush=True,
+    )
 
 
 def read(folder: Path) -> dict | None:

@@ -60,8 +60,12 @@ def confirm(resume_from: str | None, explicit: bool) -> str | None:
     Returns the checkpoint to resume from; every rank gets the same answer from the same collectives."""
     import torch.distributed as dist
 
+    from . import agreement
     from .collectives import gather_objects
 
+    # First, that every rank found the same checkpoint (a node-local output folder would not): else the ranks would
+    # run different collectives below and hang.
+    agreement.check({"the resume point": str(resume_from)})
     distributed = dist.is_available() and dist.is_initialized()
     rank, world = (dist.get_rank(), dist.get_world_size()) if distributed else (0, 1)
     folder, damaged = Path(resume_from) if resume_from else None, []
