@@ -185,7 +185,8 @@ def run(argv, stop: GracefulStop) -> int | None:
                                          split=script.dataset_test_split, say=state.is_main_process)  # fmt: skip
         derived["eval_rows"] = len(eval_dataset)
     derived.update(resolve.plan_steps(recipe, world, len(dataset) if hasattr(dataset, "__len__") else None))
-    derived["data_identity"] = data_identity.of(script.dataset_name) if state.is_main_process else None  # resume.py
+    derived["data_identity"] = (data_identity.of(script.dataset_name, script.dataset_train_split)
+                                if state.is_main_process else None)  # fmt: skip
     options.check_plan(derived)
     offline.check_job_reachable(recipe, dataset=False)  # the model's files next (tokenizer first): rows checked first
     if recipe.max_length_auto:

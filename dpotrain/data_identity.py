@@ -1,24 +1,27 @@
 """The training data's identity by content, not only its name: a run resumed on other data would go on mid-epoch on
 pairs its plan never saw.
 
-A local file (or a folder saved with `save_to_disk`) is recorded in the run's resolved_config.json with each file's
-size, modification time and SHA-256 (~1 s per GB, once at start on the main process: a 10 GB JSONL takes seconds
-beside the minutes datasets takes to read it). A rerun compares sizes first, then trusts an unchanged size and
-modification time (as datasets' own cache and make do) and hashes the file again only when the time differs (a copy,
-a checkout), so that touching a file does not refuse a resume but changing its content does. A Hub data set is named
-by its name, config and split (RESUME_FIELDS), not its content.
+A local file (or the training split's Arrow files of a folder saved with `save_to_disk`) is recorded in the run's
+resolved_config.json with each file's size, modification time and SHA-256 (~1 s per GB, once at start on the main
+process: a 10 GB JSONL takes seconds beside the minutes datasets takes to read it). A rerun compares sizes first,
+then trusts an unchanged size and modification time (as datasets' own cache and make do) and hashes the file again
+only when the time differs (a copy, a checkout), so that touching a file does not refuse a resume but changing its
+content does. A Hub data set is named by its name, config and split (RESUME_FIELDS), not its content.
 """
 
 import hashlib
 from pathlib import Path
 
 
-def _files(name: str) -> tuple[Path, list[Path]] | None:
+def _files(name: str, split: str) -> tuple[Path, list[Path]] | None:
+    """The files the training split is read from: the file itself, or a saved split's `data-*.arrow` (not the
+    `cache-*.arrow` files datasets adds beside them as the data is mapped and filtered)."""
     path = Path(name).expanduser()
     if path.is_file():
         return path.parent, [path]
     if path.is_dir():
-        return path, sorted(p for p in path.rglob("*") if p.is_file())
+        split_dir = path / split if (path / split).is_dir() else path
+        return path, sorted(split_dir.glob("data-*.arrow"))
     return None  # a Hub data set
 
 
@@ -27,9 +30,9 @@ def _sha256(path: Path) -> str:
         return hashlib.file_digest(f, "sha256").hexdigest()
 
 
-def of(name: str) -> dict | None:
-    """{relative path: {"bytes", "mtime_ns", "sha256"}} of a local data set; None for a Hub one."""
-    found = _files(name)
+def of(name: str, split: str = "train") -> dict | None:
+    """{relative path: {"bytes", "mtime_ns", "sha256"}} of a local data set's `split`; None for a Hub one."""
+    found = _files(name, split)
     if found is None:
         return None
     root, files = found
@@ -41,10 +44,10 @@ def of(name: str) -> dict | None:
     return record
 
 
-def changed(old: dict | None, name: str) -> str | None:
-    """How the local data set `name` differs from the run's record `old` (`of`), or None: the same content, a Hub
-    data set, or a run recorded before data identities."""
-    found = _files(name)
+def changed(old: dict | None, name: str, split: str = "train") -> str | None:
+    """How the local data set `name`'s `split` differs from the run's record `old` (`of`), or None: the same
+    content, a Hub data set, or a run recorded before data identities."""
+    found = _files(name, split)
     if not old or found is None:
         return None
     root, files = found

@@ -147,8 +147,13 @@ def changed_settings(recipe: Recipe, out: Path, pairs_per_step: int | None) -> l
         new["max_length"] = old["max_length"]  # auto again: the analyzer's choice for the same data and tokenizer
     new["pairs_per_step"], old["pairs_per_step"] = pairs_per_step, old.get("derived", {}).get("pairs_per_step")
     fields = [f for f in (*RESUME_FIELDS, "pairs_per_step") if f in old and old[f] != new.get(f)]
-    content = None if "dataset_name" in fields else data_identity.changed(old.get("derived", {}).get("data_identity"),
-                                                                          recipe.script.dataset_name)  # fmt: skip
+    content = (
+        None
+        if "dataset_name" in fields
+        else data_identity.changed(
+            old.get("derived", {}).get("data_identity"), recipe.script.dataset_name, recipe.script.dataset_train_split
+        )
+    )
     return [f"{f}: {old[f]!r} -> {new.get(f)!r}" for f in fields] + ([f"dataset content: {content}"] if content else [])
 
 

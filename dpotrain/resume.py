@@ -121,10 +121,10 @@ def after_health_stop(recipe, out: Path) -> bool:
     if recipe.project.health_action == "warn" and not stop.get("fatal"):
         _say(f"output_dir {out}: {what}; going on from its checkpoint, as health_action: warn asks")
         return False
+    go_on = "" if stop.get("fatal") else " (or --health_action warn to go on from its checkpoint anyway)"
     raise ConfigError(
         f"output_dir {str(out)!r}: {what}, and resuming would train on the values it stopped on: fix the cause "
-        "the stop named, then rerun with --overwrite_output_dir to start afresh (or --health_action warn to go on "
-        "from its checkpoint anyway)"
+        f"the stop named, then rerun with --overwrite_output_dir to start afresh{go_on}"
     )
 
 
