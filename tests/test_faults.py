@@ -315,3 +315,20 @@ def test_an_explicit_damaged_resume_point_is_refused(baseline, tmp_path, tiny_mo
                          str(out / "checkpoint-4")])  # fmt: skip
     with pytest.raises(ConfigError, match=r"resume_from_checkpoint .*checkpoint-4' is damaged \(scheduler.pt is "):
         check_output_dir(recipe, 8)
+
+
+def test_a_saved_data_sets_identity_is_its_training_splits_data_not_the_caches_beside_it(tmp_path):
+    import datasets
+
+    from dpotrain import data_identity
+
+    def save(rows):
+        pairs = [{"chosen": f"good {i}", "rejected": f"bad {i}"} for i in rows]
+        datasets.DatasetDict({"train": datasets.Dataset.from_list(pairs)}).save_to_disk(str(tmp_path / "saved"))
+
+    save(range(8))
+    recorded = data_identity.of(str(tmp_path / "saved"), "train")
+    (tmp_path / "saved" / "train" / "cache-0123456789abcdef.arrow").write_bytes(b"written by a map")
+    assert data_identity.changed(recorded, str(tmp_path / "saved"), "train") is None
+    save([0, 1, 2, 3, 4, 5, 6, 9])  # one pair replaced by another of the same length
+    assert "other content" in data_identity.changed(recorded, str(tmp_path / "saved"), "train")
