@@ -34,6 +34,7 @@ from dpotrain import (
     publish,
     reference,
     resolve,
+    resume,
     run_lock,
     stages,
     train_stage,
@@ -85,6 +86,8 @@ def run(argv, stop: GracefulStop) -> int | None:
     state = engine.start_processes(recipe.training, found.engine)  # the first process group, with every timeout
     if not recipe.project.reference_only:  # one run per output folder, taken before anything is written there
         run_lock.take(recipe.training.output_dir, state.is_main_process)
+    # The checkpoint to resume from, its files verified against its manifest (else the previous sound one).
+    output.resume_from = resume.confirm(output.resume_from, explicit=bool(recipe.training.resume_from_checkpoint))
     first = stages.first_half(recipe, found, state)  # data -> lengths -> forward -> memory
     built = train_stage.build(recipe, first, push, output, state, stop)  # the old run removed, the model loaded
     trainer = built.trainer
@@ -95,8 +98,9 @@ def run(argv, stop: GracefulStop) -> int | None:
     agreement.at_start(trainer, output.resume_from)
     # The reference stage (dpotrain/reference.py): scored once, saved as it goes, stopped cleanly on a stop request.
     outcomes = reference.run_stage(trainer, trainer.graceful_stop, recipe.project.reference_save_seconds)
-    if train_stage.ends_after_reference(recipe, built, outcomes, state):
-        return None
+    ended = train_stage.ends_after_reference(recipe, built, outcomes, state)
+    if ended is not None:
+        return ended
     resolved = train_stage.record_run(recipe, first, trainer, run_plan, outcomes, output, push, state)
     trainer.train(resume_from_checkpoint=output.resume_from)
     return publish.save_and_push(recipe, built, resolved, push, state)

@@ -23,6 +23,8 @@ from pathlib import Path
 
 from transformers import TrainerCallback
 
+from . import checkpoint_manifest
+
 MARKER = "COMPLETE"
 _CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
 
@@ -81,11 +83,11 @@ class CompleteMarker(TrainerCallback):
         from accelerate import PartialState
 
         PartialState().wait_for_everyone()  # DeepSpeed ranks write their own optimizer shards
+        folder = Path(args.output_dir) / f"checkpoint-{state.global_step}"
+        # Every rank hashes its share; the main process writes MANIFEST.json, then the mark, each flushed to disk.
+        marker = json.dumps({"global_step": state.global_step, "time": time.time()}) + "\n"
+        checkpoint_manifest.seal(folder, MARKER, marker, state.is_world_process_zero)
         if state.is_world_process_zero:
-            folder = Path(args.output_dir) / f"checkpoint-{state.global_step}"
-            if folder.is_dir():
-                marker = {"global_step": state.global_step, "time": time.time()}
-                (folder / MARKER).write_text(json.dumps(marker) + "\n")
             rotate(args.output_dir, args.save_total_limit, keep=(folder, state.best_model_checkpoint))
         return control
 

@@ -20,6 +20,8 @@ they are divided by the data set's mean completion length of each side, which pu
 A stop (`health_action: stop`, the default; NaN always stops) saves a resumable COMPLETE checkpoint when the state is
 finite, ends training on every rank at the same step, and leaves `HealthGuard.stop` set: train_dpo.py then exits with
 HEALTH_STOP_EXIT, writes no run_complete.json, and the Slurm job is not requeued (no `<stop file>.checkpointed`).
+The stop is recorded in the output folder (`resume.HEALTH_STOP`): a rerun of the same command is refused rather than
+resumed on the values it stopped on; `--overwrite_output_dir` starts afresh, `health_action: warn` goes on.
 """
 
 import math
@@ -31,6 +33,7 @@ from transformers import TrainerCallback
 from .collectives import max_over_ranks
 from .errors import ConfigError
 from .losses import loss_types, step1_loss
+from .resume import remember_health_stop
 
 LN2 = math.log(2)
 HEALTH_STOP_EXIT = 3  # as preflight's "fail": the run is doomed, a retry would fail the same way
@@ -121,6 +124,8 @@ class HealthGuard(TrainerCallback):
             self.stop.fatal = action == 2
             control.should_training_stop = True
             control.should_save = action == 1  # a finite state is worth resuming from; a NaN one is not
+            if state.is_world_process_zero:  # its rerun must not go on from the values it stopped on (resume.py)
+                remember_health_stop(args.output_dir, self.stop)
             _record_in_wandb(self.stop, state)
         return control
 
@@ -245,6 +250,9 @@ def _record_in_wandb(alarm: Alarm, state) -> None:
         wandb.run.summary["health/stopped"] = f"[{alarm.guard}] step {alarm.step}: {alarm.message}"
 
 
+_GO_ON = ", or with --health_action warn to go on from the checkpoint"
+
+
 def stop_line(alarm: Alarm, output_dir: str) -> str:
     """The run's last log line after a health stop."""
     where = (
@@ -254,5 +262,6 @@ def stop_line(alarm: Alarm, output_dir: str) -> str:
     )
     return (
         f"health: training STOPPED at step {alarm.step} by the {alarm.guard} guard; {where}. The job is not "
-        f"requeued (a retry would fail the same way): fix the cause above, or set health_action: warn to go on"
+        f"requeued (a retry would fail the same way), and the same command is refused: fix the cause above, then "
+        f"rerun with --overwrite_output_dir to start afresh{'' if alarm.fatal else _GO_ON}"
     )

@@ -5,11 +5,13 @@ each optimizer step all ranks agree (one all-reduce of one number) whether any o
 Trainer saves a checkpoint and leaves its loop, on every rank at the same step.
 
 Two ways to ask, because a batch script's pre-timeout signal (`--signal=B:USR1@...`) reaches the batch shell only:
-- SIGUSR1 or SIGTERM delivered to a training process (Slurm's preemption and `scancel` send SIGTERM to the job's
-  steps; scripts/launch.sh makes torchrun's agent ignore it, so that the workers finish their checkpoint);
+- SIGUSR1, SIGTERM or SIGINT (Ctrl-C; a second one stops at once) delivered to a training process (Slurm's
+  preemption and `scancel` send SIGTERM to the job's steps; scripts/launch.sh makes torchrun's agent ignore it, so
+  that the workers finish their checkpoint);
 - a stop file: the batch script's trap creates `$DPOTRAIN_STOP_FILE` (on a file system all nodes share).
 Once progress is safe on disk (a checkpoint, or the reference stage's partial results), the main process writes
-`<stop file>.checkpointed` saying what was saved, which tells the batch script to requeue the job rather than end it.
+`<stop file>.checkpointed` saying what was saved, which tells the batch script to requeue the job rather than end
+it. The process then exits with STOPPED_EXIT.
 """
 
 import os
@@ -22,7 +24,11 @@ from pathlib import Path
 from transformers import TrainerCallback
 
 STOP_FILE_ENV = "DPOTRAIN_STOP_FILE"
-STOP_SIGNALS = (signal.SIGUSR1, signal.SIGTERM)
+STOP_SIGNALS = (signal.SIGUSR1, signal.SIGTERM, signal.SIGINT)
+# A run that saved and stopped before its end exits with this code (EX_TEMPFAIL of sysexits.h: try again later): the
+# same command goes on from what was saved. A second Ctrl-C ends the process at once with 130 (128 + SIGINT).
+STOPPED_EXIT = 75
+INTERRUPTED_EXIT = 130
 
 
 class GracefulStop(TrainerCallback):
@@ -31,6 +37,7 @@ class GracefulStop(TrainerCallback):
         self.signal_received: int | None = None
         self.requested_at: float | None = None  # when this process first heard of the request (time.time())
         self.stopped = False
+        self.interrupted = False  # a first Ctrl-C was pressed
         if threading.current_thread() is threading.main_thread():  # Python only delivers signals there
             for sig in STOP_SIGNALS:
                 signal.signal(sig, self._on_signal)
@@ -46,7 +53,15 @@ class GracefulStop(TrainerCallback):
         # Nothing else: we may be in the middle of a collective. A second signal changes nothing: on a preemption
         # Slurm signals every process of the job and srun forwards its own SIGTERM to the tasks again; dying then
         # would lose the checkpoint being written. What ends a process for good is Slurm's SIGKILL at the end of the
-        # grace time (or torchrun's, ~30 s after another rank failed).
+        # grace time (or torchrun's, ~30 s after another rank failed). Only a person presses Ctrl-C twice: the
+        # second one ends the process at once (os.write: print is not safe inside a signal handler).
+        if signum == signal.SIGINT:
+            if self.interrupted:
+                os.write(2, b"\nSecond Ctrl-C: stopping at once; nothing more is saved\n")
+                os._exit(INTERRUPTED_EXIT)
+            self.interrupted = True
+            os.write(2, b"\nCtrl-C: saving a checkpoint at the end of this step, then stopping (Ctrl-C again: stop "
+                        b"at once, without it)\n")  # fmt: skip
         self.signal_received = self.signal_received or signum
         self.requested_at = self.requested_at or time.time()
 

@@ -6,6 +6,7 @@ from pathlib import Path
 
 from . import health, hub, hub_push, lora, offline, output_folder, resolve, writes
 from .metrics import PLOT_FILE, plot_metrics, read_metrics
+from .preemption import STOPPED_EXIT
 
 
 def save_and_push(recipe, built, resolved: dict, push, state) -> int | None:
@@ -23,7 +24,7 @@ def save_and_push(recipe, built, resolved: dict, push, state) -> int | None:
     if trainer.graceful_stop.stopped and trainer.state.global_step < trainer.state.max_steps:
         if pusher:
             pusher.finish(hub_push.STOP_WAIT_S)  # the requeued job pushes what is left
-        return None  # checkpointed on a stop request; the requeued job resumes from it
+        return STOPPED_EXIT  # checkpointed on a stop request; the requeued job resumes from it
 
     with output_folder.new_files(out, state.is_main_process):  # the model's files, recorded as the run's
         trainer.save_model(str(out))  # with use_peft: the adapter (adapter_model.safetensors, adapter_config.json)

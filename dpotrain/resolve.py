@@ -8,8 +8,8 @@ from pathlib import Path
 import numpy as np
 import yaml
 
-from . import data
-from .checkpoints import checkpoints, latest_complete_checkpoint
+from . import data, data_identity, resume
+from .checkpoints import checkpoints
 from .config import Recipe, uses_live_reference  # noqa: F401 (resolve.uses_live_reference)
 from .errors import ConfigError
 
@@ -120,7 +120,7 @@ RESUME_FIELDS = (
 
 def changed_settings(recipe: Recipe, out: Path, pairs_per_step: int | None) -> list[str]:
     """`field: old -> new` for each RESUME_FIELDS value (and pairs per step) that differs from the unfinished run's
-    resolved_config.json; [] when there is none to compare with."""
+    resolved_config.json, and the data set's content (`data_identity`); [] when there is none to compare with."""
     import json
 
     saved = out / "resolved_config.json"
@@ -132,7 +132,14 @@ def changed_settings(recipe: Recipe, out: Path, pairs_per_step: int | None) -> l
         new["max_length"] = old["max_length"]  # auto again: the analyzer's choice for the same data and tokenizer
     new["pairs_per_step"], old["pairs_per_step"] = pairs_per_step, old.get("derived", {}).get("pairs_per_step")
     fields = [f for f in (*RESUME_FIELDS, "pairs_per_step") if f in old and old[f] != new.get(f)]
-    return [f"{f}: {old[f]!r} -> {new.get(f)!r}" for f in fields]
+    content = (
+        None
+        if "dataset_name" in fields
+        else data_identity.changed(
+            old.get("derived", {}).get("data_identity"), recipe.script.dataset_name, recipe.script.dataset_train_split
+        )
+    )
+    return [f"{f}: {old[f]!r} -> {new.get(f)!r}" for f in fields] + ([f"dataset content: {content}"] if content else [])
 
 
 def check_output_dir(recipe: Recipe, pairs_per_step: int | None = None) -> OutputPlan:
@@ -146,8 +153,7 @@ def check_output_dir(recipe: Recipe, pairs_per_step: int | None = None) -> Outpu
     t, p = recipe.training, recipe.project
     out = Path(t.output_dir)
     if t.resume_from_checkpoint:
-        if not Path(t.resume_from_checkpoint).is_dir():
-            raise ConfigError(f"resume_from_checkpoint {t.resume_from_checkpoint!r} is not a folder")
+        resume.check_explicit(t.resume_from_checkpoint)
         return OutputPlan(t.resume_from_checkpoint, False)
     if (out / RUN_COMPLETE).exists():
         if not p.overwrite_output_dir:
@@ -156,7 +162,9 @@ def check_output_dir(recipe: Recipe, pairs_per_step: int | None = None) -> Outpu
                 "--overwrite_output_dir to replace it"
             )
         return OutputPlan(None, True)
-    latest = latest_complete_checkpoint(out)
+    if resume.after_health_stop(recipe, out):
+        return OutputPlan(None, True)
+    latest = resume.latest_sound_checkpoint(out, refuse=p.auto_resume and not p.overwrite_output_dir)
     if latest and p.auto_resume:
         changed = changed_settings(recipe, out, pairs_per_step)
         if changed and p.overwrite_output_dir:
@@ -169,7 +177,7 @@ def check_output_dir(recipe: Recipe, pairs_per_step: int | None = None) -> Outpu
             )
         return OutputPlan(str(latest), False)
     if checkpoints(out):
-        if p.overwrite_output_dir:
+        if p.overwrite_output_dir or resume.only_cut_short(out, changed_settings(recipe, out, pairs_per_step)):
             return OutputPlan(None, True)
         state = "has no complete checkpoint" if latest is None else "has checkpoints and --no_auto_resume is set"
         raise ConfigError(

@@ -23,6 +23,7 @@ from . import (
     config,
     cuts,
     data,
+    data_identity,
     engine,
     health,
     lengths,
@@ -184,6 +185,8 @@ def load_data(recipe, found: Launch, say: bool = True) -> Data:
                                          split=script.dataset_test_split, source=script.dataset_name)  # fmt: skip
         checked["eval_rows"] = len(eval_dataset)
     steps = resolve.plan_steps(recipe, found.world, len(dataset) if hasattr(dataset, "__len__") else None)
+    if say and not found.planning:  # the data's content, recorded: a rerun on changed data refuses to resume
+        checked["data_identity"] = data_identity.of(script.dataset_name, script.dataset_train_split)
     options.check_plan(steps)
     return Data(dataset, eval_dataset, steps, checked)
 

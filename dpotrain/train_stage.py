@@ -8,6 +8,7 @@ from pathlib import Path
 
 from . import dry_run, offline, output_folder, resolve, writes
 from .hub_push import CheckpointPusher
+from .preemption import STOPPED_EXIT
 from .tracking import WandbStepIsGlobalStep, setup_wandb
 
 
@@ -46,18 +47,19 @@ def build(recipe, first, push, output: resolve.OutputPlan, state, stop) -> Built
     return Built(trainer, pusher, existed)
 
 
-def ends_after_reference(recipe, built: Built, outcomes, state) -> bool:
-    """A stop request during the reference stage (the requeued job scores only the rest), or a reference-only run."""
+def ends_after_reference(recipe, built: Built, outcomes, state) -> int | None:
+    """The exit code of a run that ends here: a stop request during the reference stage (STOPPED_EXIT: the requeued
+    job scores only the rest), or a reference-only run (0); None: training goes on."""
     trainer, out = built.trainer, Path(recipe.training.output_dir)
     if outcomes and outcomes[-1].stopped:
         if state.is_main_process:
             trainer.graceful_stop.mark_saved(outcomes[-1].line())
-        return True
+        return STOPPED_EXIT
     if recipe.project.reference_only:
         if state.is_main_process and not built.output_existed and out.is_dir() and not any(out.iterdir()):
             out.rmdir()  # the Trainer makes output_dir when it starts; a reference-only run writes nothing there
-        return True
-    return False
+        return 0
+    return None
 
 
 def record_run(recipe, first, trainer, run_plan, outcomes, output: resolve.OutputPlan, push, state) -> dict:

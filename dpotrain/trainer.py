@@ -21,6 +21,7 @@ import functools
 import os
 import time
 from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -28,7 +29,7 @@ from transformers import GraniteMoeHybridConfig, TrainerCallback
 from trl import DPOTrainer, get_peft_config, get_quantization_config
 from trl.models import prepare_deepspeed
 
-from . import builtin, engine, flops, layers, losses, packing, padded, plan
+from . import builtin, disk_full, engine, flops, layers, losses, packing, padded, plan
 from .checkpoints import CompleteMarker, clear_for_save, report_save
 from .collectives import all_reduce_sum, max_over_ranks
 from .config import Recipe
@@ -213,10 +214,16 @@ class RecipeDPOTrainer(DPOTrainer):
         state dict (accelerate's `get_state_dict`), the main process writes it as safetensors. transformers writes no
         weights there with SHARDED_STATE_DICT, the state dict type checkpoints use (`engine.launched`); checkpoints
         (`_internal_call`) stay sharded: each rank writes its own shard (torch.distributed.checkpoint)."""
-        if self.is_fsdp_enabled and not _internal_call:
-            self._save(output_dir, state_dict=self.accelerator.get_state_dict(self.model))
-            return
-        super().save_model(output_dir, _internal_call)
+        try:
+            if self.is_fsdp_enabled and not _internal_call:
+                self._save(output_dir, state_dict=self.accelerator.get_state_dict(self.model))
+                return
+            super().save_model(output_dir, _internal_call)
+        except Exception as e:
+            why = None if _internal_call else disk_full.why_full(e, Path(output_dir or self.args.output_dir))
+            if why is None:  # inside a checkpoint: `_save_checkpoint` says it
+                raise
+            raise disk_full.final_save_failed(Path(output_dir or self.args.output_dir), why) from None
 
     def _save_checkpoint(self, model, trial):
         start = time.monotonic()
@@ -226,14 +233,28 @@ class RecipeDPOTrainer(DPOTrainer):
         # transformers rotates at the end of this call, before the COMPLETE mark: CompleteMarker rotates after it.
         # (The checkpoint's training_args.bin, written inside, records save_total_limit as None.)
         limit, self.args.save_total_limit = self.args.save_total_limit, None
+        folder = Path(self._get_output_dir(trial)) / f"checkpoint-{self.state.global_step}"
         try:
             super()._save_checkpoint(model, trial)
+        except Exception as e:  # a full disk: one line naming the folder and the space, not "basic_ios::clear"
+            why = disk_full.why_full(e, folder.parent)
+            if why is None:
+                raise
+            raise disk_full.save_failed(folder, why, remove=self.is_world_process_zero()) from None
         finally:
             self.args.save_total_limit = limit
         if self.graceful_stop.stopped:  # test-only: a slow checkpoint on a stop request (tests/test_slurm_jobs.py)
             time.sleep(float(os.environ.get("DPOTRAIN_TEST_SAVE_DELAY_S") or 0))
         if self.is_world_process_zero():
             report_save(self.state.global_step, time.monotonic() - start)
+
+    def _run_epoch(self, *args, **kwargs):
+        """transformers checks `max_steps` only after a step: resumed from a checkpoint of the last step (a run killed
+        after its last save, before the final model), it trained a step past max_steps. Nothing is left to train."""
+        if self.state.global_step >= self.state.max_steps > 0:
+            self.control.should_training_stop = True
+            return
+        super()._run_epoch(*args, **kwargs)
 
     # --- the plan: steps of pairs_per_step pairs, cut into micro-batches (made by the plan stage) ----------------
     def use_plan(self, run_plan: RunPlan) -> None:

@@ -5,10 +5,14 @@ import os
 import subprocess
 from types import SimpleNamespace
 
+import pytest
+
 from conftest import ROOT, python, ready
 from dpotrain import data
 from dpotrain.config import parse_args
+from dpotrain.errors import ConfigError
 from dpotrain.health import LN2, HealthGuard
+from dpotrain.resolve import OutputPlan, check_output_dir
 from dpotrain.trainer import build_trainer
 
 SMOKE = str(ROOT / "configs" / "smoke.yaml")
@@ -36,6 +40,18 @@ def test_a_wrong_reference_stops_at_step_1_with_a_complete_checkpoint(tmp_path, 
     assert "expected ln 2" in stop.message and "reference" in stop.message
     assert trainer.state.global_step == 1  # logging_steps is 2: the guard logs step 1 itself
     assert (out / "checkpoint-1" / "COMPLETE").is_file()  # resumable, finite state
+
+    # The stop is remembered. The same command, which resumed and trained to the end on the values it stopped on, is
+    # refused with the fix; the command the stop suggests (--overwrite_output_dir) starts afresh instead of resuming;
+    # health_action: warn goes on from the checkpoint, as asked.
+    def plan(*extra):
+        return check_output_dir(parse_args(["--config", SMOKE, "--model_name_or_path", tiny_model_dir, "--output_dir",
+                                            str(out), "--max_steps", "3", *extra]), 8)  # fmt: skip
+
+    with pytest.raises(ConfigError, match=r"the step1 guard stopped it at step 1, and resuming would train on the "):
+        plan()
+    assert plan("--overwrite_output_dir") == OutputPlan(None, True)
+    assert plan("--health_action", "warn") == OutputPlan(str(out / "checkpoint-1"), False)
 
 
 def test_an_untouched_reference_passes_step_1(tmp_path, tiny_model_dir):

@@ -16,6 +16,7 @@ import pytest
 from conftest import ROOT, python, rank_python, ready
 from dpotrain import builtin, plan_stage, reference
 from dpotrain.config import parse_args
+from dpotrain.preemption import STOPPED_EXIT
 from dpotrain.trainer import build_trainer
 
 SMOKE = str(ROOT / "configs" / "smoke.yaml")
@@ -225,7 +226,7 @@ def test_a_stopped_or_killed_stage_keeps_what_it_scored(tmp_path, tiny_model_dir
     out = tmp_path / "run"
     code, log = stop_half_way(command(tiny_model_dir, many_pairs, out), env, cache, how)
     if how == signal.SIGTERM:  # saved what it had, told the batch script to requeue, exited cleanly
-        assert code == 0, log[-3000:]
+        assert code == STOPPED_EXIT, log[-3000:]
         marker = (tmp_path / "stop.checkpointed").read_text()
         assert "pairs saved in" in marker and "reference log-probs (train): stopped with" in log
     else:

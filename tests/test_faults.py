@@ -1,0 +1,334 @@
+"""Faults as they happen, on the tiny model: kills at each phase, damaged and missing checkpoint files, changed data
+between attempts, Ctrl-C, a full disk. Each asserts that nothing was lost and that the continued run ends with the
+uninterrupted run's weights, or is refused with one line naming the file.
+
+One uninterrupted run (4 steps of 8 pairs, checkpoints at steps 2 and 4) is shared: most cases start from a copy of
+its folder in the state a fault leaves, and rerun the same command."""
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from safetensors.torch import load_file
+
+from conftest import PYTHON, ROOT, python
+from dpotrain import checkpoint_manifest, resume
+from dpotrain.config import parse_args
+from dpotrain.errors import ConfigError
+from dpotrain.preemption import INTERRUPTED_EXIT, STOPPED_EXIT
+from dpotrain.resolve import check_output_dir
+
+STEPS = 4
+ARGS = ["--config", str(ROOT / "configs" / "smoke.yaml"), "--max_steps", str(STEPS), "--save_steps", "2",
+        "--logging_steps", "1", "--report_to", "none"]  # fmt: skip
+FINAL = ("model.safetensors", "run_complete.json", "README.md", "training_curves.png")  # written after training
+
+
+@pytest.fixture(scope="module")
+def pairs(tmp_path_factory):
+    """The smoke data's first 32 pairs: the 4 steps train on no others."""
+    path = tmp_path_factory.mktemp("pairs") / "pairs.jsonl"
+    path.write_text("".join((ROOT / "data" / "smoke_prefs.jsonl").read_text().splitlines(keepends=True)[: 8 * STEPS]))
+    return path
+
+
+def command(out, model_dir, data, interpreter=None) -> list[str]:
+    return [interpreter or python(), str(ROOT / "train_dpo.py"), *ARGS, "--output_dir", str(out),
+            "--model_name_or_path", model_dir, "--dataset_name", str(data)]  # fmt: skip
+
+
+def train(out, model_dir, data, *extra, prefix=(), interpreter=None, env=None) -> subprocess.CompletedProcess:
+    return subprocess.run([*prefix, *command(out, model_dir, data, interpreter), *extra], cwd=ROOT,
+                          env={**os.environ, **(env or {})}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          text=True, timeout=600)  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def baseline(tmp_path_factory, tiny_model_dir, pairs):
+    out = tmp_path_factory.mktemp("baseline") / "run"
+    result = train(out, tiny_model_dir, pairs)
+    assert result.returncode == 0, result.stdout[-3000:]
+    return out
+
+
+def weights(out):
+    return load_file(str(out / "model.safetensors"))
+
+
+def assert_same_weights(out, baseline):
+    expected, got = weights(baseline), weights(out)
+    assert all((got[k] - w).abs().max().item() < 1e-6 for k, w in expected.items())
+
+
+def logged_steps(out) -> list[int]:
+    path = out / "metrics.jsonl"
+    return [json.loads(line)["step"] for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def unfinished(baseline, tmp_path, drop_checkpoint_4=False):
+    """The baseline's folder as a run killed after its last checkpoint (before the final model) left it."""
+    out = tmp_path / "run"
+    shutil.copytree(baseline, out)
+    for name in FINAL:
+        (out / name).unlink()
+    if drop_checkpoint_4:
+        shutil.rmtree(out / "checkpoint-4")
+    return out
+
+
+def test_a_run_killed_after_its_last_checkpoint_trains_no_step_past_max_steps(baseline, tmp_path, tiny_model_dir,
+                                                                               pairs):  # fmt: skip
+    out = unfinished(baseline, tmp_path)
+    result = train(out, tiny_model_dir, pairs)
+    assert result.returncode == 0, result.stdout[-3000:]
+    assert f"Resuming from {out}/checkpoint-4" in result.stdout
+    assert logged_steps(out) == [1, 2, 3, 4] and not (out / "checkpoint-5").exists()  # it trained a 5th step
+    assert json.loads((out / "run_complete.json").read_text())["global_step"] == STEPS
+    assert_same_weights(out, baseline)
+
+
+# Each file a checkpoint needs, damaged as a fault leaves it: deleted, cut short, or a byte changed in place.
+DAMAGE = [("model.safetensors", "cut"), ("optimizer.pt", "missing"), ("scheduler.pt", "flipped"),
+          ("trainer_state.json", "missing"), ("rng_state.pth", "cut")]  # fmt: skip
+
+
+def damage(path, how):
+    if how == "missing":
+        path.unlink()
+    elif how == "cut":
+        path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+    else:
+        data = bytearray(path.read_bytes())
+        data[len(data) // 2] ^= 0xFF
+        path.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize("name,how", DAMAGE)
+def test_a_damaged_latest_checkpoint_is_skipped_for_the_one_before_naming_the_file(
+    name, how, baseline, tmp_path, tiny_model_dir, pairs, capsys
+):
+    """What train_dpo.py runs to pick the resume point: sizes before anything loads, checksums once processes run."""
+    out = unfinished(baseline, tmp_path)
+    damage(out / "checkpoint-4" / name, how)
+    recipe = parse_args(command(out, tiny_model_dir, pairs)[2:])
+    chosen = resume.confirm(check_output_dir(recipe, 8).resume_from, explicit=False)
+    assert chosen == str(out / "checkpoint-2")
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("Not resuming"))
+    why = {"missing": "is missing", "cut": "bytes", "flipped": "does not match its checksum"}[how]
+    assert line.startswith(f"Not resuming from {out / 'checkpoint-4'}: {name} ") and why in line, line
+
+    # With the one before it damaged too, nothing is left: refused, naming both files.
+    damage(out / "checkpoint-2" / name, how)
+    with pytest.raises(Exception) as refused:
+        resume.confirm(check_output_dir(recipe, 8).resume_from, explicit=False)
+    assert "no checkpoint left to resume from" in str(refused.value)
+    assert f"checkpoint-4: {name}" in str(refused.value) and f"checkpoint-2: {name}" in str(refused.value)
+
+
+def test_a_checkpoint_missing_its_optimizer_resumes_from_the_one_before_to_the_same_weights(
+    baseline, tmp_path, tiny_model_dir, pairs
+):
+    out = unfinished(baseline, tmp_path)
+    (out / "checkpoint-4" / "optimizer.pt").unlink()  # resumed before: a fresh optimizer and a restarted warm-up
+    result = train(out, tiny_model_dir, pairs)
+    assert result.returncode == 0, result.stdout[-3000:]
+    assert f"Not resuming from {out / 'checkpoint-4'}: optimizer.pt is missing" in result.stdout
+    assert f"Resuming from {out}/checkpoint-2" in result.stdout
+    assert logged_steps(out) == [1, 2, 3, 4]
+    assert_same_weights(out, baseline)
+    assert checkpoint_manifest.size_problem(out / "checkpoint-4") is None  # written again, whole
+
+
+def start(out, model_dir, data, env=None):
+    return subprocess.Popen(command(out, model_dir, data), cwd=ROOT, env={**os.environ, **(env or {})},
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
+
+
+def wait_until(proc, done, timeout=300):
+    deadline = time.time() + timeout
+    while not done():
+        assert proc.poll() is None and time.time() < deadline, proc.stdout.read()[-3000:]
+        time.sleep(0.05)
+
+
+@pytest.mark.slow
+def test_a_kill_mid_training_then_changed_data_is_refused_and_restored_data_resumes_exactly(
+    baseline, tmp_path, tiny_model_dir, pairs
+):
+    data = tmp_path / "pairs.jsonl"
+    shutil.copy(pairs, data)
+    out = tmp_path / "run"
+    proc = start(out, tiny_model_dir, data)
+    wait_until(proc, lambda: len(logged_steps(out)) >= 3)  # past checkpoint-2
+    proc.kill()
+    proc.wait()
+
+    # The same path, other content (the same size: one letter changed): refused before anything loads.
+    original = data.read_text()
+    data.write_text(original.replace("a", "e", 1))
+    result = train(out, tiny_model_dir, data)
+    assert result.returncode == 2, result.stdout[-3000:]
+    assert (
+        result.stdout.strip()
+        .splitlines()[-1]
+        .startswith(
+            f"error: output_dir {str(out)!r} holds an unfinished run with other settings (dataset content: pairs.jsonl "
+            "has other content (SHA-256 "
+        )
+    )
+    data.write_text(original)  # the content it trained on, a new modification time
+    result = train(out, tiny_model_dir, data)
+    assert result.returncode == 0, result.stdout[-3000:]
+    assert f"Resuming from {out}/checkpoint-2" in result.stdout
+    assert logged_steps(out) == [1, 2, 3, 4]
+    assert_same_weights(out, baseline)
+
+
+@pytest.mark.slow
+def test_a_kill_during_the_first_save_does_not_block_the_identical_rerun(baseline, tmp_path, tiny_model_dir, pairs):
+    """A stop request at step 1 saves checkpoint-1, held open (the test-only save delay); the job is killed there,
+    before the COMPLETE mark, as Slurm's SIGKILL ends a save past the grace time. A requeue reruns the same command."""
+    out, stop_file = tmp_path / "run", tmp_path / "stop"
+    env = {"DPOTRAIN_STOP_FILE": str(stop_file), "DPOTRAIN_TEST_SAVE_DELAY_S": "120"}
+    proc = start(out, tiny_model_dir, pairs, env=env)
+    wait_until(proc, lambda: len(logged_steps(out)) >= 1)
+    stop_file.touch()
+    wait_until(proc, lambda: any((p / "trainer_state.json").exists() for p in out.glob("checkpoint-*")))
+    proc.kill()
+    proc.wait()
+    assert [p.name for p in out.glob("checkpoint-*/COMPLETE")] == []
+
+    result = train(out, tiny_model_dir, pairs)
+    assert result.returncode == 0, result.stdout[-3000:]
+    assert "cut short (no COMPLETE mark), nothing to resume from: starting afresh" in result.stdout
+    assert logged_steps(out) == [1, 2, 3, 4]
+    assert_same_weights(out, baseline)
+
+
+@pytest.mark.slow
+def test_ctrl_c_saves_and_stops_with_the_stopped_code_and_the_rerun_ends_like_the_uninterrupted_run(
+    baseline, tmp_path, tiny_model_dir, pairs
+):
+    out = tmp_path / "run"
+    proc = start(out, tiny_model_dir, pairs)
+    wait_until(proc, lambda: len(logged_steps(out)) >= 1)
+    proc.send_signal(signal.SIGINT)
+    log = proc.communicate(timeout=300)[0]
+    assert proc.returncode == STOPPED_EXIT, log[-3000:]
+    assert "Ctrl-C: saving a checkpoint at the end of this step" in log and "Traceback" not in log
+    saved = sorted(out.glob("checkpoint-*/COMPLETE"))
+    assert saved and not (out / "run_complete.json").exists()
+
+    result = train(out, tiny_model_dir, pairs)
+    assert result.returncode == 0, result.stdout[-3000:]
+    assert f"Resuming from {saved[-1].parent}" in result.stdout
+    assert logged_steps(out) == [1, 2, 3, 4]
+    assert_same_weights(out, baseline)
+
+
+def test_a_second_ctrl_c_stops_at_once():
+    code = """
+import os, signal, time
+from dpotrain.preemption import GracefulStop
+stop = GracefulStop()
+os.kill(os.getpid(), signal.SIGINT)
+time.sleep(0.1)
+print("asked:", stop.asked_here(), flush=True)
+os.kill(os.getpid(), signal.SIGINT)
+time.sleep(5)
+print("still running", flush=True)
+"""
+    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert result.returncode == INTERRUPTED_EXIT, result.stderr
+    assert result.stdout == "asked: True\n" and "Second Ctrl-C: stopping at once" in result.stderr
+
+
+def small_disk(folder, megabytes) -> tuple[list[str], object]:
+    """A command prefix (and a preexec_fn) under which writing in `folder` runs out of space: a tmpfs of `megabytes`
+    mounted there in a mount namespace of its own where root may (the files are copied to `folder`.kept when the
+    command ends, as the mount ends with it); else a file-size limit (RLIMIT_FSIZE: the kernel's EFBIG)."""
+    kept = folder.with_name(folder.name + ".kept")
+    mount = f'mount -t tmpfs -o size={megabytes}m tmpfs "$0" && "$@"; rc=$?; cp -a "$0" "{kept}"; exit $rc'
+    prefix = ["unshare", "--mount", "sh", "-c", mount, str(folder)]
+    folder.mkdir()
+    if os.geteuid() == 0 and subprocess.run([*prefix, "true"], capture_output=True).returncode == 0:
+        shutil.rmtree(kept)
+        return prefix, None
+
+    def limit():
+        import resource
+
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # the write fails with EFBIG instead of killing the process
+        resource.setrlimit(resource.RLIMIT_FSIZE, (megabytes << 20, megabytes << 20))
+
+    return ["sh", "-c", f'"$@"; rc=$?; cp -a "{folder}" "{kept}"; exit $rc', "sh"], limit
+
+
+@pytest.mark.slow
+def test_a_full_disk_during_a_save_is_one_line_and_the_earlier_checkpoint_is_kept(
+    baseline, tmp_path, tiny_model_dir, pairs
+):
+    disk = tmp_path / "disk"
+    prefix, preexec = small_disk(disk, 4)  # a checkpoint takes ~2.3 MB: checkpoint-2 fits, checkpoint-4 does not
+    out = disk / "run"
+    result = subprocess.run([*prefix, *command(out, tiny_model_dir, pairs, interpreter=PYTHON)], cwd=ROOT,
+                            preexec_fn=preexec, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            timeout=600)  # fmt: skip
+    kept = tmp_path / "disk.kept" / "run"
+    errors = [line for line in result.stdout.splitlines() if line.startswith("error:")]
+    assert result.returncode == 1 and "Traceback" not in result.stdout and len(errors) == 1, result.stdout[-3000:]
+    last = errors[0]
+    why = "the disk is full" if preexec is None else "a file size limit is reached (ulimit -f)"
+    if preexec is None:  # the whole disk: checkpoint-2 was written, checkpoint-4 did not fit
+        assert last.startswith(f"error: {why}: checkpoint-4 could not be written in {out} (")
+        assert "a checkpoint takes 2.3 MiB, as checkpoint-2 did" in last, last
+        assert "checkpoint-2 is kept, and the same command goes on from it" in last
+        assert [p.name for p in kept.glob("checkpoint-*")] == ["checkpoint-2"]
+        assert checkpoint_manifest.size_problem(kept / "checkpoint-2") is None
+    else:  # a limit per file: the first save's optimizer state is larger than it
+        assert last.startswith(f"error: {why}: checkpoint-2 could not be written in {out} ("), last
+        assert list(kept.glob("checkpoint-*")) == []
+
+    result = train(kept, tiny_model_dir, pairs)  # the same run with room again
+    assert result.returncode == 0, result.stdout[-3000:]
+    assert logged_steps(kept) == [1, 2, 3, 4]
+    assert_same_weights(kept, baseline)
+
+
+def test_a_checkpoint_without_a_manifest_still_resumes(baseline, tmp_path, tiny_model_dir, pairs):
+    """Checkpoints written before manifests existed: their COMPLETE mark is all there is to go by."""
+    out = unfinished(baseline, tmp_path)
+    (out / "checkpoint-4" / checkpoint_manifest.MANIFEST).unlink()
+    recipe = parse_args(command(out, tiny_model_dir, pairs)[2:])
+    assert resume.confirm(check_output_dir(recipe, 8).resume_from, explicit=False) == str(out / "checkpoint-4")
+
+
+def test_an_explicit_damaged_resume_point_is_refused(baseline, tmp_path, tiny_model_dir, pairs):
+    out = unfinished(baseline, tmp_path)
+    (out / "checkpoint-4" / "scheduler.pt").unlink()
+    recipe = parse_args([*command(out, tiny_model_dir, pairs)[2:], "--resume_from_checkpoint",
+                         str(out / "checkpoint-4")])  # fmt: skip
+    with pytest.raises(ConfigError, match=r"resume_from_checkpoint .*checkpoint-4' is damaged \(scheduler.pt is "):
+        check_output_dir(recipe, 8)
+
+
+def test_a_saved_data_sets_identity_is_its_training_splits_data_not_the_caches_beside_it(tmp_path):
+    import datasets
+
+    from dpotrain import data_identity
+
+    def save(rows):
+        pairs = [{"chosen": f"good {i}", "rejected": f"bad {i}"} for i in rows]
+        datasets.DatasetDict({"train": datasets.Dataset.from_list(pairs)}).save_to_disk(str(tmp_path / "saved"))
+
+    save(range(8))
+    recorded = data_identity.of(str(tmp_path / "saved"), "train")
+    (tmp_path / "saved" / "train" / "cache-0123456789abcdef.arrow").write_bytes(b"written by a map")
+    assert data_identity.changed(recorded, str(tmp_path / "saved"), "train") is None
+    save([0, 1, 2, 3, 4, 5, 6, 9])  # one pair replaced by another of the same length
+    assert "other content" in data_identity.changed(recorded, str(tmp_path / "saved"), "train")
