@@ -122,10 +122,10 @@ def after_health_stop(recipe, out: Path) -> bool:
         _say(f"output_dir {out}: {what}; going on from its checkpoint, as health_action: warn asks")
         return False
     go_on = "" if stop.get("fatal") else " (or --health_action warn to go on from its checkpoint anyway)"
-    raise ConfigError(
-        f"output_dir {str(out)!r}: {what}, and resuming would train on the values it stopped on: fix the cause "
-        f"the stop named, then rerun with --overwrite_output_dir to start afresh{go_on}"
-    )
+    again = ("resuming would train on the values it stopped on" if any(is_complete(p) for p in checkpoints(out))
+             else "the same command would fail the same way")  # fmt: skip
+    raise ConfigError(f"output_dir {str(out)!r}: {what}, and {again}: fix the cause the stop named, then rerun with "
+                      f"--overwrite_output_dir to start afresh{go_on}")  # fmt: skip
 
 
 def only_cut_short(out: Path, changed: list[str]) -> bool:

@@ -109,6 +109,15 @@ def test_nan_stops_the_cli_run_without_checkpoint_requeue_or_completion(tmp_path
     assert not list(out.glob("checkpoint-*"))  # nothing saved from a NaN state
     assert not stop_file.with_name("stop.checkpointed").exists()  # launch.sh requeues only on this file
 
+    # The same command again: refused in seconds, before anything loads, rather than going on from checkpoint 0.
+    again = subprocess.run(result.args, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                           timeout=600)  # fmt: skip
+    assert again.returncode == 2, again.stdout[-3000:]
+    assert again.stdout.strip().splitlines()[-1] == (
+        f"error: output_dir {str(out)!r}: the nonfinite guard stopped it at step 2, and the same command would fail "
+        "the same way: fix the cause the stop named, then rerun with --overwrite_output_dir to start afresh"
+    )
+
 
 def guard(*overrides):
     recipe = parse_args(["--config", SMOKE, "--output_dir", "/tmp/unused", *overrides])
