@@ -23,25 +23,15 @@ except ModuleNotFoundError as missing:
     sys.exit(f"error: {missing.name} is not installed for {sys.executable}: run `source .venv/bin/activate` first "
              "(bash scripts/setup_env.sh creates .venv), or call .venv/bin/python")  # fmt: skip
 
-from dpotrain import (
-    agreement,
-    build_locks,
-    dry_run,
-    engine,
-    hub,
-    offline,
-    plan_stage,
-    publish,
-    reference,
-    resolve,
-    resume,
-    run_lock,
-    stages,
-    train_stage,
-)
-from dpotrain.config import parse_args
-from dpotrain.errors import run_cli
-from dpotrain.preemption import GracefulStop
+from dpotrain import dry_run, publish, resolve, stages, train_stage
+from dpotrain.cluster import build_locks, engine, offline, run_lock
+from dpotrain.hub import hub
+from dpotrain.plan import plan_stage
+from dpotrain.recipe.config import parse_args
+from dpotrain.recipe.errors import run_cli
+from dpotrain.reference import reference
+from dpotrain.train import agreement, resume
+from dpotrain.train.preemption import GracefulStop
 
 
 def main(argv=None) -> None:
@@ -56,7 +46,7 @@ def main(argv=None) -> None:
         # Done (or failed): a preemption's SIGTERM from now on must not kill the process while Python shuts down,
         # which restores default handlers (the job would end FAILED after a complete run).
         stop.release()
-        run_lock.release()  # the output folder's lock (dpotrain/run_lock.py), however the run ended
+        run_lock.release()  # the output folder's lock (dpotrain/cluster/run_lock.py), however the run ended
         for name in set(os.environ) - set(environment):
             del os.environ[name]
         os.environ.update(environment)
@@ -96,7 +86,8 @@ def run(argv, stop: GracefulStop) -> int | None:
     run_plan = plan_stage.run_stage(trainer)
     # What every rank decided alone (its data's lengths, its plan, its resume point...) must be the same everywhere.
     agreement.at_start(trainer, output.resume_from)
-    # The reference stage (dpotrain/reference.py): scored once, saved as it goes, stopped cleanly on a stop request.
+    # The reference stage (dpotrain/reference/reference.py): scored once, saved as it goes, stopped cleanly on a stop
+    # request.
     outcomes = reference.run_stage(trainer, trainer.graceful_stop, recipe.project.reference_save_seconds)
     ended = train_stage.ends_after_reference(recipe, built, outcomes, state)
     if ended is not None:

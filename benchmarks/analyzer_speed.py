@@ -35,7 +35,7 @@ def make_dataset(path: Path, rows: int, tokenizer, seed: int = 0) -> None:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from dpotrain import builtin
+    from dpotrain.data import builtin
 
     rng = np.random.default_rng(seed)
     words = " ".join(builtin._FACTS + builtin._TOPICS + builtin._SLOPPY).split() + [str(i) for i in range(100)]
@@ -92,7 +92,7 @@ def main(argv=None) -> None:
     os.environ.setdefault("HF_DATASETS_CACHE", str(out / "hf-datasets"))  # before datasets is imported
     import numpy as np
 
-    from dpotrain import data, lengths
+    from dpotrain.data import data, lengths
 
     tokenizer = lengths.load_tokenizer("builtin:tiny-olmo3")
     num_proc = args.num_proc or lengths.available_cpus()

@@ -7,14 +7,16 @@ varlen FlashAttention, shared prompts on FlexAttention and shared prompts on sdp
     python benchmarks/attention.py --device cpu --tiny                 # a few seconds: the script itself still runs
 
 Each path runs the same micro-batches (a token budget of `--budget` positions, cut by the project's own plan,
-dpotrain/plan.py, from Dolci-Think-like lengths at max_length 16384 or a multi-turn mix) through forward and backward
+dpotrain/plan/plan.py, from Dolci-Think-like lengths at max_length 16384 or a multi-turn mix) through forward and
+backward
 of a random-init OLMo 3 (`Olmo3Config` defaults: hidden 4096, intermediate 11008, 32 heads, sliding window 4096 on 3
 of 4 layers, vocabulary 100,278) in bf16, with activation checkpointing as `--checkpointing` says (all layers, as the
 recipes allow; none; or every k-th layer) and as many decoder layers as the memory plan fits on the GPU with it (its
 parts this loop holds, with the plan's allowance for the CUDA context and fragmentation; `--layers` fixes the count),
 the loss the sum of the completions' log-probs (TRL's fused LM head): the step's work without the optimizer. Printed per
 path: pair tokens/s per GPU (both sequences of every pair, whole),
-training-loop MFU (the model FLOPs of what the path computed, dpotrain/flops.py, over the GPU's peak), the memory
+training-loop MFU (the model FLOPs of what the path computed, dpotrain/forwards/flops.py, over the GPU's peak), the
+memory
 plan's activations + LM head + masks + bf16 weights and gradients beside `torch.cuda.max_memory_allocated`.
 Paths whose kernel is not installed (flash_attn) are skipped with the reason. Token ids are random: speed does not
 depend on them.
@@ -33,9 +35,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from dpotrain import flops, memory, packing, plan  # noqa: E402
-from dpotrain.forwards import choice, masks  # noqa: E402
-from dpotrain.shared_prompt import SharedPromptCollator  # noqa: E402
+from dpotrain.forwards import choice, flops, masks, packing  # noqa: E402  # noqa: E402
+from dpotrain.forwards.shared_prompt import SharedPromptCollator  # noqa: E402
+from dpotrain.plan.plan import memory, plan  # noqa: E402
 
 PATHS = ("trl", "packed_varlen", "shared_flex", "shared_sdpa")
 TINY = dict(hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=4, sliding_window=64,

@@ -9,7 +9,7 @@ recipe, two steps of four micro-batches with the gradient sync deferred as train
 (`Engine.defers_gradient_sync`; `--defer`: FSDP2's `no_sync` on every micro-batch but the last, as before). After the
 second step's first micro-batch, the main process prints one JSON line: the gradient bytes this process holds, counted
 from the tensors (FSDP2: unsharded and sharded gradients; ZeRO-2: its bf16 gradient partition; ZeRO-3: its fp32
-gradient partition), what the plan counts for them per GPU (dpotrain/memory.py), and the seconds of the last step
+gradient partition), what the plan counts for them per GPU (dpotrain/plan/memory.py), and the seconds of the last step
 (gloo on a shared CPU: not what GPUs take).
 """
 
@@ -71,7 +71,7 @@ def main() -> None:
     from accelerate import Accelerator
     from transformers import AutoModelForCausalLM, Olmo3Config
 
-    from dpotrain import engine
+    from dpotrain.cluster import engine
 
     run_engine = engine.launched()
     # What start_processes reads of the training arguments: their timeout, and gloo where there is no GPU.

@@ -8,7 +8,8 @@ forward, and each forward forced) and `trl.DPOTrainer` with its live reference, 
 
 The model is a random-init OLMo 3 at 7B's layer width (hidden 4096, intermediate 11008, 32 heads, sliding window 4096
 on 3 of 4 layers, vocabulary 100,278) with 4 decoder layers (each run a few minutes on one H100); `--layers N` sets
-another count, `--layers fit` as many as the memory plan (dpotrain/memory.py) fits on this GPU with the think recipe's
+another count, `--layers fit` as many as the memory plan (dpotrain/plan/memory.py) fits on this GPU with the think
+recipe's
 settings (the search stops at the first count the plan refuses).
 
 Equal settings: the project's path runs the run's own stages (dpotrain/stages.py: the forward decided from the
@@ -18,7 +19,7 @@ loaded (float32 on one process, bfloat16 under DeepSpeed: engine.load_dtype), bf
 decoder layer checkpointed, the same pairs per step (`--trl-batch` pairs per padded micro-batch, its live reference, on
 the best attention it can use: a varlen FlashAttention when installed, else sdpa). TRL gets one fix: it re-enables
 checkpointing around its live reference with `every_n_layers` handed to torch's checkpoint(), which raises, so its
-model is held to the plan's layers as the project's is (dpotrain/layers.py). The data are generated words (the
+model is held to the plan's layers as the project's is (dpotrain/plan/layers.py). The data are generated words (the
 built-in tokenizer, ~1 token a word): think-like pairs with Dolci-Think-DPO's length mix (benchmarks/lengths_like.py)
 at max_length 16,384 and a token budget of 65,536 (configs/think.yaml), and multi-turn pairs (the shared history ~85%
 of a pair) at 4,096 and 32,768. `--tiny` (CPU): a 2-layer hidden-64 model in bf16 autocast, layer 0 of 2 checkpointed
@@ -27,7 +28,7 @@ of a pair) at 4,096 and 32,768. `--tiny` (CPU): a 2-layer hidden-64 model in bf1
 Reported per path and data set, in `<out>/results.json` and `<out>/results.md`:
 - end to end: the reference stage + training (TRL: training, its reference inside), and the speed-up over TRL;
 - training loop: steady pair tokens/s per GPU (the pairs' tokens, whole, over the median step after the first) and MFU
-  (the model FLOPs of what the path computed, dpotrain/flops.py, over the GPU's peak);
+  (the model FLOPs of what the path computed, dpotrain/forwards/flops.py, over the GPU's peak);
 - the reference stage's pair tokens/s (the project's paths);
 - the first step's time against the steady step's, and inside the first step the compiler's time (dynamo + inductor)
   apart from its compute; `setup_s`: engine start-up before the first step (DeepSpeed's op builds);
@@ -84,7 +85,7 @@ def write_model(folder: Path, layers: int, tiny: bool) -> None:
     import torch
     from transformers import AutoModelForCausalLM, Olmo3Config
 
-    from dpotrain import builtin
+    from dpotrain.data import builtin
 
     tokenizer = builtin.build_tokenizer()
     tokenizer.save_pretrained(folder)
@@ -198,7 +199,7 @@ def compile_s() -> float:
 def settings_of(trainer) -> dict:
     """What a comparison at equal settings must hold equal: the weights' dtype as loaded, mixed precision, the decoder
     layers checkpointed (every k-th), and the pairs in an optimizer step."""
-    from dpotrain import layers
+    from dpotrain.plan import layers
 
     args = trainer.args
     pairs_per_step = getattr(trainer, "pairs_per_step", None) or (
@@ -216,9 +217,12 @@ def settings_of(trainer) -> dict:
 def project_trainer(args, pairs, clock):
     """This project's run, by its own stages (dpotrain/stages.py): the forward decided from the pairs and the memory
     plan for it (which chooses the checkpointed layers), the trainer, the plan stage, the reference stage (timed)."""
-    from dpotrain import engine, plan_stage, reference, resolve
-    from dpotrain.config import parse_args
-    from dpotrain.trainer import build_trainer
+    from dpotrain import resolve
+    from dpotrain.cluster import engine
+    from dpotrain.plan import plan_stage
+    from dpotrain.recipe.config import parse_args
+    from dpotrain.reference import reference
+    from dpotrain.train.trainer import build_trainer
 
     recipe = parse_args(recipe_args(args, args.data, args.model, args.pairs, Path(args.run_out), args.path))
     resolve.check_values(recipe)
@@ -243,7 +247,7 @@ def forward_and_plan(recipe, pairs, world: int, run_engine, cuda: bool | None = 
     the checkpointed layers and the load dtype, into the recipe, as in a run."""
     from dpotrain import stages
     from dpotrain.forwards import choice, sample
-    from dpotrain.trainer import resolve_model_path
+    from dpotrain.train.trainer import resolve_model_path
 
     cuda = choice.cuda_available() if cuda is None else cuda
     varlen = choice.installed_varlen(cuda) if varlen == "installed" else varlen
@@ -260,8 +264,8 @@ def trl_trainer(args, pairs, clock):
     import torch
     from trl import DPOConfig, DPOTrainer
 
-    from dpotrain import layers
     from dpotrain.forwards import choice
+    from dpotrain.plan import layers
 
     same = json.loads(args.trl_settings) if args.trl_settings else {}
     flags = recipe_args(args, args.data, args.model, args.pairs, Path(args.run_out), "project")
@@ -297,7 +301,7 @@ def worker(args) -> dict:
     import torch
     from throughput import Counting
 
-    from dpotrain.flops import ModelFlops
+    from dpotrain.forwards.flops import ModelFlops
 
     pairs = datasets.load_dataset("json", data_files=str(args.pairs), split="train")
     clock = StepClock()
@@ -343,7 +347,7 @@ def record_of(args, trainer, clock, counting, extra, train_s: float, pairs: int)
 
 
 def flops_peak(args) -> float | None:
-    from dpotrain import flops
+    from dpotrain.forwards import flops
 
     return flops.peak_tflops(args.peak_tflops)
 
@@ -356,10 +360,11 @@ def layers_that_fit(args, folder: Path) -> int:
     import torch
     from transformers import Olmo3Config
 
-    from dpotrain import builtin, engine
-    from dpotrain.config import parse_args
-    from dpotrain.errors import ConfigError
+    from dpotrain.cluster import engine
+    from dpotrain.data import builtin
     from dpotrain.forwards import choice, sample
+    from dpotrain.recipe.config import parse_args
+    from dpotrain.recipe.errors import ConfigError
 
     folder.mkdir(parents=True, exist_ok=True)
     builtin.build_tokenizer().save_pretrained(folder)

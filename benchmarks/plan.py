@@ -1,4 +1,4 @@
-"""Micro-batches and gradient reductions per optimizer step: the step plan (dpotrain/plan.py) against the plan it
+"""Micro-batches and gradient reductions per optimizer step: the step plan (dpotrain/plan/plan.py) against the plan it
 replaced, on Dolci-like lengths, at 4 to 256 GPUs. CPU only, no model: the plan needs only each pair's length.
 
     python benchmarks/plan.py                       # the table of BENCHMARKS.md
@@ -14,7 +14,8 @@ For each data set (a Dolci-Think-like heavy-tailed mix, and the same with ~15% o
 and each token budget (the think recipe's 65,536, and 2 x max_length, the smallest allowed), it prints, per optimizer
 step: the micro-batches each GPU runs (mean and max), what the step needs at least (the lower bound of plan.py's
 `fewest_bins`), the empty micro-batches (each one crashed the old collator), and the padding the padded path (TRL's
-collator, for models that cannot pack, its rows run in groups of similar length: dpotrain/padded.py) gets under the
+collator, for models that cannot pack, its rows run in groups of similar length: dpotrain/forwards/padded.py) gets
+under the
 plan against TRL's own sampler and collator. "Before" is the plan as of
 commit 8b35cc8 (dpotrain/batching.py), read from git; each ZeRO backward is one gradient reduction, so micro-batches
 per step are reductions per step.
@@ -38,17 +39,17 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from lengths_like import at_max_length, dolci_think  # noqa: E402
 
-from dpotrain import plan  # noqa: E402
+from dpotrain.plan.plan import plan  # noqa: E402
 
 BEFORE = "8b35cc8"
 SLOW_PLAN = "fdcbfa8"  # plan.py before it was made fast (tokens recomputed over every pair, per pair per step)
 
 
 def plan_module(commit: str | None):
-    """dpotrain/plan.py as it is (None) or at `commit`, read from git."""
+    """dpotrain/plan/plan.py as it is (None) or at `commit`, read from git."""
     if commit is None:
         return plan
-    source = subprocess.run(["git", "-C", str(ROOT), "show", f"{commit}:dpotrain/plan.py"], capture_output=True,
+    source = subprocess.run(["git", "-C", str(ROOT), "show", f"{commit}:dpotrain/plan/plan.py"], capture_output=True,
                             text=True, check=True).stdout  # fmt: skip
     folder = Path(tempfile.mkdtemp()) / "old_plan"
     folder.mkdir()
@@ -127,7 +128,7 @@ def after(lengths: plan.PairLengths, pairs_per_step: int, world: int, budget: in
         epoch = plan.plan_run(lengths, p, 1)
     except plan.PlanError as refused:
         return {"refused": str(refused)}
-    # the padded path runs its rows in groups of similar length (dpotrain/padded.py)
+    # the padded path runs its rows in groups of similar length (dpotrain/forwards/padded.py)
     s = plan.summary(lengths, p, epoch, plan.Forward("padded") if padded else None)
     per_step = s["micro_batches_per_step"]
     empty = sum(1 for step in epoch[0] for rank in step for mb in rank if not mb)

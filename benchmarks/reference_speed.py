@@ -87,7 +87,7 @@ def run_once(mode: dict, model: str, data: Path, folder: Path, checkpointing: bo
 def make_inputs(mode: dict, folder: Path, data_set: str) -> tuple[str, Path]:
     from throughput import DATA_SETS, build_model
 
-    from dpotrain import builtin
+    from dpotrain.data import builtin
 
     if mode["shape"] == "tiny":
         model = builtin.materialize_model("builtin:tiny-olmo3")

@@ -86,7 +86,7 @@ def _longer_knots(iterations: int = 30, rows: int = 200_000) -> np.ndarray:
 
 def synthetic_think_lengths(rows: int = 150_000, seed: int = 0):
     """(prompt, chosen, rejected) token counts of `rows` pairs, as a `lengths.Measured`."""
-    from dpotrain.lengths import Measured
+    from dpotrain.data.lengths import Measured
 
     rng = np.random.default_rng(seed)
     knots_z, _ = _knots()
@@ -124,7 +124,7 @@ def fit_check(m) -> str:
 def main(argv=None) -> None:
     import yaml
 
-    from dpotrain import lengths, lengths_report
+    from dpotrain.data import lengths, lengths_report
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--rows", type=int, default=150_000, help="pairs to draw [150,000: the data set's size]")

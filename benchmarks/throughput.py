@@ -14,12 +14,14 @@ length-normalized DPO) and the same max_length:
 - plain TRL (`trl`): `trl.DPOTrainer` as shipped: padded micro-batches of `--batch` pairs, the reference model in
   memory;
 - this project, packed (`packed`, `--share_prompt false`) and packed with each pair's prompt once (`shared`):
-  `dpotrain.trainer.build_trainer`, micro-batches cut by a token budget of `--batch` x 2 x max_length positions (the
+  `dpotrain.train.trainer.build_trainer`, micro-batches cut by a token budget of `--batch` x 2 x max_length positions
+  (the
   most a padded micro-batch of `--batch` pairs can hold), reference log-probs scored once before training (into a
   fresh cache, so every run pays for them).
 Printed: wall time, pairs/s, pair tokens/s (both sequences of each pair, whole: the same work on every path), the
 positions each path ran per pair and their padding share, peak memory, MFU (model FLOPs of what each path computed,
-dpotrain/flops.py), and the ratios. Data sets: `dolci`, a heavy-tailed mix of single-turn pairs; `multiturn`, long
+dpotrain/forwards/flops.py), and the ratios. Data sets: `dolci`, a heavy-tailed mix of single-turn pairs; `multiturn`,
+long
 shared histories and short last answers (the prompt ~85% of a pair's tokens). Nothing is downloaded: the model is
 built from a config, the tokenizer and data are generated.
 """
@@ -59,7 +61,7 @@ def build_model(folder: Path, shape: str, vocab_size: int | None) -> None:
     import torch
     from transformers import AutoModelForCausalLM, Olmo3Config
 
-    from dpotrain import builtin
+    from dpotrain.data import builtin
 
     tokenizer = builtin.build_tokenizer()
     tokenizer.save_pretrained(folder)
@@ -124,7 +126,7 @@ class Counting:
         self.flops = 0.0
 
     def __call__(self, examples):
-        from dpotrain.trainer import computed_tokens, sequence_lengths, shared_prefixes
+        from dpotrain.train.trainer import computed_tokens, sequence_lengths, shared_prefixes
 
         batch = self.collate(examples)
         self.positions += batch["input_ids"].numel()
@@ -162,9 +164,10 @@ def worker(args) -> None:
                            model_init_kwargs={"attn_implementation": args.attn, "dtype": dtype})  # fmt: skip
         trainer = DPOTrainer(model=str(args.model), args=config, train_dataset=data)
     else:
-        from dpotrain import plan_stage, reference
-        from dpotrain.config import parse_args
-        from dpotrain.trainer import build_trainer
+        from dpotrain.plan import plan_stage
+        from dpotrain.recipe.config import parse_args
+        from dpotrain.reference import reference
+        from dpotrain.train.trainer import build_trainer
 
         flags = [f"--{k}={v}" for k, v in common.items() if k != "loss_type"]
         recipe = parse_args([*flags, "--loss_type", "sigmoid_norm", "--attn_implementation", args.attn, "--dtype",
@@ -175,7 +178,7 @@ def worker(args) -> None:
         trainer = build_trainer(recipe, data)
         plan_stage.run_stage(trainer)
         reference.run_stage(trainer, trainer.graceful_stop)  # the reference pass: part of the end-to-end time
-    from dpotrain.flops import ModelFlops
+    from dpotrain.forwards.flops import ModelFlops
 
     trainer.data_collator = Counting(trainer.data_collator, ModelFlops.of(trainer.model))  # the training epoch's
     if torch.cuda.is_available():
@@ -224,7 +227,8 @@ def summarize(runs: list[dict], peak_tflops: float | None) -> dict:
         "micro_batches_per_step": r["micro_batches_per_step"], "walls": [round(x["wall_s"], 1) for x in runs],
     }  # fmt: skip
     if peak_tflops:
-        # Model FLOPs of the tokens each path computed (dpotrain/flops.py): the policy's forward + backward, and the
+        # Model FLOPs of the tokens each path computed (dpotrain/forwards/flops.py): the policy's forward + backward,
+        # and the
         # reference's forward (a third of that: live in TRL, the reference stage here), over the whole epoch.
         out["mfu"] = 4 / 3 * r["flops"] / wall / (peak_tflops * 1e12)
     return out

@@ -9,7 +9,7 @@ import json
 import sys
 from pathlib import Path
 
-from .writes import check_not_input, input_files, write_text
+from dpotrain.recipe.writes import check_not_input, input_files, write_text
 
 # Memory of GPUs users train on, in GiB as `gpu_memory_gib` takes it (nvidia-smi's total MiB / 1024): what a dry run
 # on a login node tells a user to pass to plan for their GPU.
@@ -101,7 +101,7 @@ def summary(resolved: dict, json_file: Path | None, heading: str | None = None) 
     row("forward", forward_text(d.get("forward") or {}))
     lines += _memory_lines(memory, row)
     if resolved.get("compile_layers"):
-        row("compile", "each decoder layer (compile_layers): the first steps compile (dpotrain/layers.py)")
+        row("compile", "each decoder layer (compile_layers): the first steps compile (dpotrain/plan/layers.py)")
     if json_file is not None:
         row("everything", f"{json_file} (or --json prints it)")
     return "\n".join(lines)
@@ -110,7 +110,7 @@ def summary(resolved: dict, json_file: Path | None, heading: str | None = None) 
 def forward_text(forward: dict) -> str:
     """'with FlashAttention 4 installed: unshared packing, one row per micro-batch on flash_attention_4 (est. 890
     against 1.11e+03 for shared prompts on flex_attention, H100-seconds per 1,000 pairs); without: ...'."""
-    from .forwards.cost import shown
+    from dpotrain.forwards.cost import shown
 
     parts = []
     if "layout" in forward:  # the forward this machine takes, as the run records it
@@ -164,7 +164,7 @@ def _memory_lines(memory: dict, row) -> list[str]:
 
 def other_nodes(world: int, per_node: int) -> str:
     """How to plan the same number of nodes with the other node size of the sbatch scripts (not the one planned)."""
-    from .memory import NODE_SIZES
+    from dpotrain.plan.memory import NODE_SIZES
 
     nodes = -(-world // per_node)
     return "; ".join(

@@ -9,9 +9,10 @@ import os
 import re
 from pathlib import Path
 
-from . import builtin, data, losses, shapes
-from .config import Recipe
-from .errors import ConfigError
+from dpotrain.data import builtin, data, shapes
+from dpotrain.recipe.config import Recipe
+from dpotrain.recipe.errors import ConfigError
+from dpotrain.train import losses
 
 
 def valid_loss_types() -> list[str]:

@@ -14,10 +14,10 @@ import json
 from contextlib import contextmanager
 from pathlib import Path
 
-from . import writes
-from .checkpoints import checkpoints
-from .errors import ConfigError
-from .resolve import RUN_COMPLETE
+from dpotrain.recipe import writes
+from dpotrain.recipe.errors import ConfigError
+from dpotrain.resolve import RUN_COMPLETE
+from dpotrain.train.checkpoints import checkpoints
 
 MANIFEST = "run_files.json"
 CHECKPOINTS = "checkpoint-[0-9]*"  # transformers' checkpoint folders: a pattern, as their steps are not known ahead
@@ -26,11 +26,11 @@ CHECKPOINTS = "checkpoint-[0-9]*"  # transformers' checkpoint folders: a pattern
 def run_names(recipe, pushes: bool) -> list[str]:
     """The top-level names this run's settings make it write into its output folder (besides the model's files,
     recorded as `save_model` writes them: `new_files`). One list, from the modules that write each."""
-    from .hub_push import PUSH_RECORD, STAGING
-    from .lora import MERGED_DIR
-    from .metrics import METRICS_FILE, PLOT_FILE
-    from .samples import SAMPLES_FILE
-    from .tracking import RUN_ID_FILE
+    from dpotrain.hub.hub_push import PUSH_RECORD, STAGING
+    from dpotrain.train.lora import MERGED_DIR
+    from dpotrain.train.metrics import METRICS_FILE, PLOT_FILE
+    from dpotrain.train.samples import SAMPLES_FILE
+    from dpotrain.train.tracking import RUN_ID_FILE
 
     t, p = recipe.training, recipe.project
     names = [MANIFEST, "resolved_config.json", METRICS_FILE, PLOT_FILE, "README.md", RUN_COMPLETE, CHECKPOINTS]
@@ -65,7 +65,7 @@ def claim(out: str | Path, names) -> None:
 
 def owned(out: Path, names: list[str]) -> list[Path]:
     """What in `out` the recorded names (and patterns) cover."""
-    from .run_lock import LOCK_FILE
+    from dpotrain.cluster.run_lock import LOCK_FILE
 
     return sorted(
         e for e in out.iterdir() if e.name != LOCK_FILE and any(fnmatch.fnmatchcase(e.name, n) for n in names)
@@ -80,7 +80,7 @@ def is_legacy_run(out: Path) -> bool:
 def check(output_dir: str, lock: bool = True) -> None:
     """Refuses an output_dir that is a file, or a folder that holds files but no run; then (`lock`) a folder another
     live run holds (run_lock.py). Read-only: every rank may call it, and a dry run (which takes no lock)."""
-    from . import run_lock
+    from dpotrain.cluster import run_lock
 
     out = Path(output_dir)
     if out.exists() and not out.is_dir():
@@ -126,8 +126,8 @@ def replace(out: Path, names: list[str]) -> None:
     in between leaves a folder that is still a run's) and its lock."""
     import shutil
 
-    from .run_lock import LOCK_FILE
-    from .tracking import keep_offline_runs
+    from dpotrain.cluster.run_lock import LOCK_FILE
+    from dpotrain.train.tracking import keep_offline_runs
 
     kept = keep_offline_runs(out)
     if kept:
@@ -150,7 +150,7 @@ def new_files(out: str | Path, main: bool):
     before = {e.name: e.stat().st_mtime_ns for e in out.iterdir()} if main and out.is_dir() else {}
     yield
     if main:
-        from .run_lock import LOCK_FILE
+        from dpotrain.cluster.run_lock import LOCK_FILE
 
         written = [e.name for e in out.iterdir() if before.get(e.name) != e.stat().st_mtime_ns]
         claim(out, [n for n in written if n != LOCK_FILE])  # the lock's time is its heartbeat

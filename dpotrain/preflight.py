@@ -21,9 +21,9 @@ from pathlib import Path
 
 import numpy as np
 
-from . import writes
-from .config import ProjectArguments
-from .errors import ConfigError
+from dpotrain.recipe import writes
+from dpotrain.recipe.config import ProjectArguments
+from dpotrain.recipe.errors import ConfigError
 
 DEFAULT_SAMPLE = 512
 PREFLIGHT_FAIL_EXIT = 3
@@ -107,11 +107,13 @@ def score(recipe, sample) -> dict:
     """Reference log-probs of the sample, with training's tokenization, truncation and forward.
 
     The project's trainer is built on the sample with `precompute_ref_log_probs`, and its prepared data set read back:
-    whatever forward training uses for the reference (TRL's padded one, the packed one of dpotrain/reference.py) is the
+    whatever forward training uses for the reference (TRL's padded one, the packed one of
+    dpotrain/reference/reference.py) is the
     one that scores here. Returns per kept row: prompt / chosen / rejected token counts and summed log-probs.
     """
-    from . import plan_stage, reference
-    from .trainer import build_trainer
+    from dpotrain.plan import plan_stage
+    from dpotrain.reference import reference
+    from dpotrain.train.trainer import build_trainer
 
     t, p = recipe.training, recipe.project
     from transformers.trainer_utils import IntervalStrategy
@@ -122,7 +124,8 @@ def score(recipe, sample) -> dict:
     t.eval_strategy, t.do_eval = IntervalStrategy.NO, False  # the sample is all it scores
     p.health_checks, p.samples_every = False, 0  # no training happens here
     with tempfile.TemporaryDirectory(prefix="preflight-") as tmp, _env("DPOTRAIN_CACHE", tmp):
-        # A sample's reference log-probs are of no use to training: the reference cache (dpotrain/reference.py,
+        # A sample's reference log-probs are of no use to training: the reference cache
+        # (dpotrain/reference/reference.py,
         # under $DPOTRAIN_CACHE) and the output folder live in a folder removed afterwards.
         t.output_dir = tmp
         trainer = build_trainer(recipe, sample)
@@ -370,8 +373,9 @@ def gaps(s: dict, max_length: int | None):
 
 def run(recipe, sample_size: int = DEFAULT_SAMPLE, seed: int | None = None, json_path=None, plot_path=None) -> int:
     """The whole preflight on a parsed, checked recipe; returns the exit status."""
-    from . import data, resolve
-    from . import rows as row_reading
+    from dpotrain import resolve
+    from dpotrain.data import data
+    from dpotrain.data import rows as row_reading
 
     check_outputs(json_path, plot_path)
     inputs = writes.input_files(recipe.script.dataset_name, recipe.config_path, recipe.model.model_name_or_path)
@@ -388,7 +392,7 @@ def run(recipe, sample_size: int = DEFAULT_SAMPLE, seed: int | None = None, json
         dataset = row_reading.usable_pairs(dataset, recipe.project.skip_invalid, {}, "invalid_rows",
                                            recipe.project.hh_format)  # fmt: skip
     if recipe.max_length_auto:  # as training resolves it (the analyzer's cached report when there is one)
-        from . import engine
+        from dpotrain.cluster import engine
 
         state = engine.start_processes(recipe.training, engine.launched())  # the recipe's timeout, as training's
         resolve.auto_max_length(recipe, dataset, state)

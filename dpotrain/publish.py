@@ -4,14 +4,18 @@ and run_complete.json written, and the run pushed to the Hub where asked."""
 import json
 from pathlib import Path
 
-from . import health, hub, hub_push, lora, offline, output_folder, resolve, writes
-from .metrics import PLOT_FILE, plot_metrics, read_metrics
-from .preemption import STOPPED_EXIT
+from dpotrain import output_folder, resolve
+from dpotrain.cluster import offline
+from dpotrain.hub import hub, hub_push
+from dpotrain.recipe import writes
+from dpotrain.train import health, lora
+from dpotrain.train.metrics import PLOT_FILE, plot_metrics, read_metrics
+from dpotrain.train.preemption import STOPPED_EXIT
 
 
 def save_and_push(recipe, built, resolved: dict, push, state) -> int | None:
     trainer, pusher, out = built.trainer, built.pusher, Path(recipe.training.output_dir)
-    # A doomed run (dpotrain/health.py): no final model, no run_complete.json, and no requeue.
+    # A doomed run (dpotrain/train/health.py): no final model, no run_complete.json, and no requeue.
     if getattr(trainer, "health", None) and trainer.health.stop:
         stop_file = trainer.graceful_stop.stop_file
         if state.is_main_process:

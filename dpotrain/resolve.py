@@ -8,12 +8,12 @@ from pathlib import Path
 import numpy as np
 import yaml
 
-from . import data, data_identity, resume
-from .checkpoints import checkpoints
-from .config import Recipe, uses_live_reference  # noqa: F401 (resolve.uses_live_reference)
-from .errors import ConfigError
-
-RUN_COMPLETE = "run_complete.json"  # written last by a finished run
+from dpotrain.data import data, data_identity
+from dpotrain.hub.hub import RUN_COMPLETE  # noqa: F401 - resolve.RUN_COMPLETE, as the run's callers read it
+from dpotrain.recipe.config import Recipe, uses_live_reference  # noqa: F401 (resolve.uses_live_reference)
+from dpotrain.recipe.errors import ConfigError
+from dpotrain.train import resume
+from dpotrain.train.checkpoints import checkpoints
 
 
 def world_size(recipe: Recipe, planning: bool) -> tuple[int, str]:
@@ -189,7 +189,7 @@ def check_output_dir(recipe: Recipe, pairs_per_step: int | None = None) -> Outpu
 def plan_steps(recipe: Recipe, world: int, rows: int | None) -> dict:
     """Optimizer steps as the Trainer will count them: steps of pairs_per_step pairs (plan.py, a tiny last step
     merged), one dataloader item each."""
-    from .plan import steps_of
+    from dpotrain.plan.plan import steps_of
 
     t = recipe.training
     pairs = recipe.project.pairs_per_step or t.per_device_train_batch_size * t.gradient_accumulation_steps * world
@@ -237,7 +237,7 @@ def auto_max_length(recipe: Recipe, dataset, state) -> dict:
     Sets `max_length` before the trainer is built (its drop filter reads it then) and returns the choice with its
     coverage, for the resolved config. The main process analyses first; the other ranks then read its cache.
     """
-    from . import lengths
+    from dpotrain.data import lengths
 
     script = recipe.script
     tokenizer = lengths.load_tokenizer(recipe.model.model_name_or_path, recipe.model.model_revision)

@@ -18,26 +18,14 @@ from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import (
-    builtin,
-    config,
-    cuts,
-    data,
-    data_identity,
-    engine,
-    health,
-    lengths,
-    lora,
-    memory,
-    offline,
-    options,
-    output_folder,
-    resolve,
-    rows,
-    samples,
-)
-from .config import uses_live_reference
-from .forwards import choice, cost, sample
+from dpotrain import options, output_folder, resolve
+from dpotrain.cluster import engine, offline
+from dpotrain.data import builtin, cuts, data, data_identity, lengths, rows
+from dpotrain.forwards import choice, cost, sample
+from dpotrain.plan import memory
+from dpotrain.recipe import config
+from dpotrain.recipe.config import uses_live_reference
+from dpotrain.train import health, lora, samples
 
 FA4_SETS = {"with FlashAttention 4 installed": "flash_attention_4", "without": None}  # a dry run for a GPU job
 
@@ -125,14 +113,14 @@ def output_checks(recipe, found: Launch, push) -> resolve.OutputPlan:
     if not only_reference:  # a file, or a folder of files but no run: refused (output_folder.py); a held lock too
         output_folder.check(training.output_dir, lock=not found.planning)
     if not uses_live_reference(recipe):
-        from . import reference
+        from dpotrain.reference import reference
 
         reference.check_writable()  # the reference stage saves as it goes
     if not only_reference:
         push.check_token()
         options.check_wandb(recipe)
         if push.requested and not found.planning and int(os.environ.get("RANK", "0")) == 0:  # one whoami per run
-            from . import hub
+            from dpotrain.hub import hub
 
             push.repo_id = hub.check_write_access(push.repo_id, push.token)  # now, not after training; user/name
     pairs = recipe.project.pairs_per_step or (
@@ -368,7 +356,8 @@ def plan_batching(recipe, found: Launch, pairs: Data, pair_lengths: Lengths, for
     """The step plan a dry run records (`derived.batching`): the run's plan stage (`plan_stage.make`) on every pair's
     lengths, as the analyzer measures them (the trainer's own tokenization), for the forward chosen. The run makes it
     from the trainer's tokenized data set instead (`plan_stage.run_stage`)."""
-    from . import padded, plan, plan_stage
+    from dpotrain.forwards import padded
+    from dpotrain.plan import plan, plan_stage
 
     t, p = recipe.training, recipe.project
     pending = {"planned": f"at start, from the token lengths (to see it now: {analyze_command(recipe)}, then this dry "

@@ -6,10 +6,12 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import dry_run, offline, output_folder, resolve, writes
-from .hub_push import CheckpointPusher
-from .preemption import STOPPED_EXIT
-from .tracking import WandbStepIsGlobalStep, setup_wandb
+from dpotrain import dry_run, output_folder, resolve
+from dpotrain.cluster import offline
+from dpotrain.hub.hub_push import CheckpointPusher
+from dpotrain.recipe import writes
+from dpotrain.train.preemption import STOPPED_EXIT
+from dpotrain.train.tracking import WandbStepIsGlobalStep, setup_wandb
 
 
 @dataclass(frozen=True)
@@ -29,7 +31,7 @@ def clear_old_run(recipe, output: resolve.OutputPlan, state, push_requested: boo
 
 def build(recipe, first, push, output: resolve.OutputPlan, state, stop) -> Built:
     """The trainer (TRL loads the model with the attention `first.forward` chose, and tokenizes the data set)."""
-    from .trainer import build_trainer
+    from dpotrain.train.trainer import build_trainer
 
     training, only_reference = recipe.training, recipe.project.reference_only
     out = Path(training.output_dir)

@@ -112,9 +112,9 @@ fi
 [[ -f "$RECIPE" ]] || die "recipe $RECIPE not found: set RECIPE=configs/<name>.yaml (see configs/)"
 [[ -f "$ACCELERATE_CONFIG" ]] || die "accelerate config $ACCELERATE_CONFIG not found: set ACCELERATE_CONFIG"
 # A job killed while DeepSpeed compiled an op leaves its build lock, and every later job waits on it silently.
-"$VENV/bin/python" -m dpotrain.build_locks
+"$VENV/bin/python" -m dpotrain.cluster.build_locks
 mkdir -p logs
-# The stop file (below): set before the dry run, which refuses a folder it cannot write in (dpotrain/preemption.py).
+# The stop file (below): set before the dry run, which refuses a folder it cannot write in (dpotrain/train/preemption.py).
 export DPOTRAIN_STOP_FILE="$PWD/logs/.stop-${SLURM_JOB_ID:-$$}"
 rm -f "$DPOTRAIN_STOP_FILE" "$DPOTRAIN_STOP_FILE.checkpointed"
 if grep -qE '^push_to_hub: *true' "$RECIPE" || [[ " $* " == *" --push_to_hub"* ]]; then
@@ -162,7 +162,7 @@ fi
 
 # --- preemption and time limit: checkpoint, then requeue ---
 # --signal=B:USR1@... reaches this shell only; the trap creates a stop file that every rank checks at the end of
-# each optimizer step (dpotrain/preemption.py). A trap runs only between foreground commands, so srun runs in the
+# each optimizer step (dpotrain/train/preemption.py). A trap runs only between foreground commands, so srun runs in the
 # background and this shell waits for it.
 signalled=""
 stop_request() {

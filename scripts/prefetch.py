@@ -21,9 +21,11 @@ sys.path.insert(0, str(ROOT))  # run as `python scripts/prefetch.py` from anywhe
 
 from dotenv import load_dotenv  # noqa: E402
 
-from dpotrain import cli, data, offline  # noqa: E402
-from dpotrain.config import parse_args  # noqa: E402
-from dpotrain.errors import ConfigError, run_cli  # noqa: E402
+from dpotrain.cluster import offline  # noqa: E402
+from dpotrain.data.data import data  # noqa: E402
+from dpotrain.recipe import cli  # noqa: E402
+from dpotrain.recipe.config import parse_args  # noqa: E402
+from dpotrain.recipe.errors import ConfigError, run_cli  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -59,7 +61,7 @@ def main(argv: list[str] | None = None) -> None:
         "run it on a machine with network (a login node), then the job with HF_HUB_OFFLINE=1 and the same HF_HOME; "
         "or fix HF_ENDPOINT / HTTPS_PROXY",
     )  # in seconds, not after huggingface_hub's minute of retries
-    from dpotrain.offline import hf_token
+    from dpotrain.cluster.offline import hf_token
 
     token = hf_token()
     if hub_model:

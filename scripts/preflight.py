@@ -19,9 +19,12 @@ sys.path.insert(0, str(ROOT))  # run as `python scripts/preflight.py` from anywh
 
 from dotenv import load_dotenv  # noqa: E402
 
-from dpotrain import cli, health, offline, preflight, resolve, samples  # noqa: E402
-from dpotrain.config import parse_args  # noqa: E402
-from dpotrain.errors import run_cli  # noqa: E402
+from dpotrain import preflight, resolve  # noqa: E402
+from dpotrain.cluster import offline  # noqa: E402
+from dpotrain.recipe import cli  # noqa: E402
+from dpotrain.recipe.config import parse_args  # noqa: E402
+from dpotrain.recipe.errors import run_cli  # noqa: E402
+from dpotrain.train import health, samples  # noqa: E402
 
 
 def parse_own(argv):

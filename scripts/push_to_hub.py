@@ -4,7 +4,8 @@
     python scripts/push_to_hub.py outputs/think-dpo --checkpoints            # and each checkpoint to a branch step-<N>
     python scripts/push_to_hub.py outputs/think-dpo --repo-id org/name --private
 
-Uploads what the job would have pushed (dpotrain.hub.push_run) to the repo's main branch: the model, tokenizer, model
+Uploads what the job would have pushed (dpotrain.hub.hub.push_run) to the repo's main branch: the model, tokenizer,
+model
 card (README.md), training_curves.png, metrics and resolved config. With --checkpoints, first each complete checkpoint
 still on disk goes to a branch `step-<N>` (model weights, config, tokenizer; never optimizer state): save_total_limit
 has deleted the older ones, which no command can push any more. A branch or main that already holds the same files is
@@ -24,8 +25,11 @@ sys.path.insert(0, str(ROOT))  # run as `python scripts/push_to_hub.py` from any
 
 from dotenv import load_dotenv  # noqa: E402
 
-from dpotrain import checkpoints, cli, hub, hub_push, offline  # noqa: E402
-from dpotrain.errors import ConfigError, run_cli  # noqa: E402
+from dpotrain.cluster import offline  # noqa: E402
+from dpotrain.hub.hub import hub, hub_push  # noqa: E402
+from dpotrain.recipe import cli  # noqa: E402
+from dpotrain.recipe.errors import ConfigError, run_cli  # noqa: E402
+from dpotrain.train import checkpoints  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -56,7 +60,7 @@ def main(argv: list[str] | None = None) -> None:
         )
     private = args.private or bool(resolved.get("hub_private_repo"))
 
-    from dpotrain.offline import hf_token
+    from dpotrain.cluster.offline import hf_token
 
     token = hf_token()
     if not token:

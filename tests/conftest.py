@@ -38,16 +38,17 @@ def own_cache(tmp_path_factory, monkeypatch):
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory) -> str:
     """The built-in 2-layer OLMo 3 and its tokenizer, built in a session folder (not the user's outputs/)."""
-    from dpotrain import builtin
+    from dpotrain.data import builtin
 
     os.environ["DPOTRAIN_BUILTIN_DIR"] = str(tmp_path_factory.mktemp("builtin"))
     return builtin.materialize_model("builtin:tiny-olmo3")
 
 
 def ready(trainer):
-    """A trainer built by `build_trainer` after its plan stage (dpotrain/plan_stage.py) and reference stage
-    (dpotrain/reference.py), as train_dpo.py runs them."""
-    from dpotrain import plan_stage, reference
+    """A trainer built by `build_trainer` after its plan stage (dpotrain/plan/plan_stage.py) and reference stage
+    (dpotrain/reference/reference.py), as train_dpo.py runs them."""
+    from dpotrain.plan import plan_stage
+    from dpotrain.reference import reference
 
     plan_stage.run_stage(trainer)
     reference.run_stage(trainer, trainer.graceful_stop)
@@ -282,7 +283,7 @@ def splits(tmp_path_factory):
     """A saved DatasetDict with a held-out split (evaluation needs one)."""
     import datasets
 
-    from dpotrain import builtin
+    from dpotrain.data import builtin
 
     rows = builtin.make_preference_rows(60, seed=13)
     path = tmp_path_factory.mktemp("data") / "pairs"

@@ -1,4 +1,5 @@
-"""Rank agreement at start (dpotrain/agreement.py): two real gloo processes that disagree are refused with one line
+"""Rank agreement at start (dpotrain/train/agreement.py): two real gloo processes that disagree are refused with one
+line
 naming the value and the rank."""
 
 import json
@@ -15,8 +16,8 @@ CHECK = textwrap.dedent("""
     import os, sys
     import torch.distributed as dist
     sys.path.insert(0, {root!r})
-    from dpotrain import agreement
-    from dpotrain.errors import ConfigError
+    from dpotrain.train import agreement
+    from dpotrain.recipe.errors import ConfigError
     dist.init_process_group("gloo")
     rank = dist.get_rank()
     values = {{"the engine": "zero2", "the resume point": "None"}}
@@ -68,7 +69,7 @@ WRAPPER = textwrap.dedent("""
 
 @pytest.mark.slow
 def test_two_ranks_given_different_data_are_refused_at_start(tmp_path, tiny_model_dir):
-    from dpotrain import builtin
+    from dpotrain.data import builtin
 
     rows = builtin.make_preference_rows(40, seed=3)
     same, other = tmp_path / "pairs.jsonl", tmp_path / "other.jsonl"
@@ -97,9 +98,11 @@ def test_the_evaluation_set_is_among_what_the_ranks_must_agree_on(tmp_path, tiny
     evaluate on them unseen, unless their lengths are part of the digest."""
     import datasets
 
-    from dpotrain import agreement, builtin, plan_stage
-    from dpotrain.config import parse_args
-    from dpotrain.trainer import build_trainer
+    from dpotrain.data import builtin
+    from dpotrain.plan import plan_stage
+    from dpotrain.recipe.config import parse_args
+    from dpotrain.train import agreement
+    from dpotrain.train.trainer import build_trainer
 
     args = ["--config", str(ROOT / "configs" / "smoke.yaml"), "--model_name_or_path", tiny_model_dir,
             "--output_dir", str(tmp_path / "run"), "--report_to", "none", "--save_strategy", "no",

@@ -1,4 +1,5 @@
-"""scripts/analyze_dataset.py and dpotrain/lengths.py: the lengths are the trainer's own, the numbers follow from them.
+"""scripts/analyze_dataset.py and dpotrain/data/lengths.py: the lengths are the trainer's own, the numbers follow from
+them.
 
 Every expected number here is computed from what TRL itself produces: `DPOTrainer._prepare_dataset` (the trainer's
 tokenization, and its filter of rows whose prompt fills max_length) and `DataCollatorForPreference` (truncation and
@@ -14,7 +15,8 @@ import numpy as np
 import pytest
 
 from conftest import ROOT, python
-from dpotrain import builtin, data, lengths, packing
+from dpotrain.data import builtin, data, lengths
+from dpotrain.forwards import packing
 
 SCRIPT = ROOT / "scripts" / "analyze_dataset.py"
 

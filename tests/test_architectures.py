@@ -20,10 +20,11 @@ from transformers import GraniteMoeHybridConfig
 from trl.trainer.dpo_trainer import DataCollatorForPreference
 
 from conftest import ROOT, ready
-from dpotrain import builtin, packing
-from dpotrain.config import parse_args
-from dpotrain.errors import ConfigError
-from dpotrain.trainer import build_trainer
+from dpotrain.data import builtin
+from dpotrain.forwards import packing
+from dpotrain.recipe.config import parse_args
+from dpotrain.recipe.errors import ConfigError
+from dpotrain.train.trainer import build_trainer
 
 SMOKE = str(ROOT / "configs" / "smoke.yaml")
 # Sliding windows shorter than the longer pairs (up to ~550 tokens), so that packed rows must honour them too.
@@ -241,7 +242,7 @@ def test_moe_router_loss_keeps_prompts_unshared():
     prompt twice, unless the recipe sets the loss off (router_aux_loss_coef 0)."""
     from transformers import AutoConfig
 
-    from dpotrain import shared_prompt
+    from dpotrain.forwards import shared_prompt
 
     olmoe = AutoConfig.for_model("olmoe", num_hidden_layers=2)
     assert "router auxiliary loss" in shared_prompt.share_problem(olmoe, "sdpa")

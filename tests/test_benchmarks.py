@@ -73,7 +73,7 @@ def test_attention_default_layers_fit_the_plan():
     import attention
     from transformers import Olmo3Config
 
-    from dpotrain import memory
+    from dpotrain.plan import memory
 
     gpu = 79.6 * memory.GIB
     config = Olmo3Config(vocab_size=100_278, max_position_embeddings=65536)

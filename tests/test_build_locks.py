@@ -22,7 +22,9 @@ BUILD = (
 
 
 def check_locks(env) -> subprocess.CompletedProcess:
-    return subprocess.run([PYTHON, "-m", "dpotrain.build_locks"], cwd=ROOT, env=env, capture_output=True, text=True)
+    return subprocess.run(
+        [PYTHON, "-m", "dpotrain.cluster.build_locks"], cwd=ROOT, env=env, capture_output=True, text=True
+    )
 
 
 def test_a_killed_build_leaves_a_lock_that_is_reported_with_the_fix(tmp_path):
@@ -78,7 +80,7 @@ def test_a_lock_released_while_it_is_checked_is_not_stale(tmp_path):
     """torch's FileBaton.release closes the lock, then deletes it: a check between the two must not call it stale."""
     import threading
 
-    from dpotrain.build_locks import stale_locks
+    from dpotrain.cluster.build_locks import stale_locks
 
     lock = tmp_path / "some_op" / "lock"
     lock.parent.mkdir()
@@ -163,7 +165,7 @@ def test_a_lock_held_by_a_live_build_is_waited_for_not_refused(tmp_path, tiny_mo
     once it is done."""
     import json
 
-    from dpotrain import builtin
+    from dpotrain.data import builtin
 
     # The op built once for real: when the lock goes, the waiting ranks load what the builder left.
     env = {**os.environ, "TORCH_EXTENSIONS_DIR": str(tmp_path / "ext")}

@@ -15,7 +15,7 @@ RANK_SCRIPT = """
 import json, os, sys
 import torch.distributed as dist
 dist.init_process_group("gloo")
-from dpotrain import builtin
+from dpotrain.data import builtin
 path = builtin.materialize_model("builtin:tiny-olmo3")
 # A file per rank: the ranks' prints share one pipe, and one rank's line can land inside the other's.
 with open(os.path.join(sys.argv[1], f"rank{dist.get_rank()}.json"), "w") as f:

@@ -5,10 +5,10 @@ import datasets
 from transformers import TrainerCallback
 
 from conftest import ROOT, ready
-from dpotrain import builtin
-from dpotrain.checkpoints import MARKER, checkpoints, is_complete, latest_complete_checkpoint
-from dpotrain.config import parse_args
-from dpotrain.trainer import build_trainer
+from dpotrain.data import builtin
+from dpotrain.recipe.config import parse_args
+from dpotrain.train.checkpoints import MARKER, checkpoints, is_complete, latest_complete_checkpoint
+from dpotrain.train.trainer import build_trainer
 
 SMOKE = str(ROOT / "configs" / "smoke.yaml")
 

@@ -6,7 +6,7 @@ import pytest
 
 import train_dpo
 from conftest import ROOT, run_train
-from dpotrain.errors import ConfigError
+from dpotrain.recipe.errors import ConfigError
 
 # A model that cannot load here (offline, not on disk): if a check came after loading, the error would be another.
 BASE = ["--config", str(ROOT / "configs" / "smoke.yaml"), "--model_name_or_path", "org/not-a-model-here"]
@@ -92,7 +92,7 @@ def test_push_without_a_token_from_the_command_line(tmp_path):
 
 def test_overwrite_replaces_a_finished_run_but_never_discards_resumable_progress(tmp_path):
     from dpotrain import resolve
-    from dpotrain.config import parse_args
+    from dpotrain.recipe.config import parse_args
 
     out = tmp_path / "run"
     recipe = parse_args([*BASE, "--output_dir", str(out), "--overwrite_output_dir"])

@@ -10,8 +10,8 @@ import yaml
 
 import train_dpo
 from conftest import ROOT
-from dpotrain.config import parse_args
-from dpotrain.errors import ConfigError, run_cli
+from dpotrain.recipe.config import parse_args
+from dpotrain.recipe.errors import ConfigError, run_cli
 
 RECIPES = sorted((ROOT / "configs").glob("*.yaml"))
 

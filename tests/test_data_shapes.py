@@ -1,5 +1,5 @@
 """Issue #21: a user's data in the shapes public preference sets have (docs/data.md), read once for the analyzer and
-the trainer (dpotrain/shapes.py, rows.usable_pairs).
+the trainer (dpotrain/data/shapes.py, rows.usable_pairs).
 
 Every data set here is generated (the built-in Dolci-shaped rows, rewritten into each shape) and written as a file
 with the real `datasets` library. The trainer's lengths are TRL's own: `DPOTrainer._prepare_dataset` on the pairs
@@ -16,9 +16,9 @@ from test_refusals import refused
 
 import train_dpo
 from conftest import ROOT, ready
-from dpotrain import builtin, data, lengths, rows
-from dpotrain.config import parse_args
-from dpotrain.trainer import build_trainer
+from dpotrain.data import builtin, data, lengths, rows
+from dpotrain.recipe.config import parse_args
+from dpotrain.train.trainer import build_trainer
 
 SMOKE = str(ROOT / "configs" / "smoke.yaml")
 N = 24  # 3 optimizer steps of the smoke recipe's 8 pairs

@@ -12,7 +12,7 @@ import pytest
 from safetensors.torch import load_file
 
 from conftest import GROUP_TIMEOUT_S, REPORT_GROUPS, ROOT, assert_every_group_has_the_recipes_timeout, rank_python
-from dpotrain.config import parse_args
+from dpotrain.recipe.config import parse_args
 
 ACCELERATE = str(ROOT / ".venv" / "bin" / "accelerate") if (ROOT / ".venv").exists() else "accelerate"
 

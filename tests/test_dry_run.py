@@ -9,7 +9,7 @@ import pytest
 
 import train_dpo
 from conftest import ROOT
-from dpotrain.errors import ConfigError
+from dpotrain.recipe.errors import ConfigError
 
 SMOKE = ["--config", str(ROOT / "configs" / "smoke.yaml")]
 OLMO3_7B = str(ROOT / "configs" / "models" / "olmo3-7b")  # a shipped config.json: a real plan on a fresh clone
@@ -88,7 +88,7 @@ def test_the_summary_counts_the_rows_of_every_local_data_set_as_datasets_loads_t
     and of named splits: the dry run's row count is the one `datasets` loads, and its steps follow from it."""
     import datasets
 
-    from dpotrain import data
+    from dpotrain.data import data
 
     rows = [{"chosen": f"Q{i}\nA good answer,\nover lines", "rejected": f"Q{i}\nA bad one"} for i in range(40)]
     table = datasets.Dataset.from_list(rows)
@@ -132,8 +132,10 @@ def test_every_suggested_command_plans_the_world_size_it_names(tmp_path, capsys,
     """Two nodes of 4 and of 8 GPUs (GPUS_PER_NODE, as scripts/launch.sh passes the job's --gpus-per-node): the summary
     plans in those nodes and offers the other node size only, and every sbatch line of a refusal, run as printed, gives
     the GPUs it names in nodes of the size planned."""
-    from dpotrain import engine, memory, resolve
-    from dpotrain.config import parse_args
+    from dpotrain import resolve
+    from dpotrain.cluster import engine
+    from dpotrain.plan import memory
+    from dpotrain.recipe.config import parse_args
 
     think = ["--config", str(ROOT / "configs" / "think.yaml"), "--model_name_or_path", OLMO3_7B,
              "--output_dir", str(tmp_path / "think")]  # fmt: skip

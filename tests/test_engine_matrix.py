@@ -139,7 +139,7 @@ import json, sys
 import torch, torch.distributed as dist
 from transformers import AutoModelForCausalLM
 from trl.trainer.utils import add_fused_lm_head
-from dpotrain import padded
+from dpotrain.forwards import padded
 
 dist.init_process_group("gloo")
 rank = dist.get_rank()

@@ -22,8 +22,8 @@ from conftest import (
     python,
     rank_python,
 )
-from dpotrain import engine
-from dpotrain.errors import ConfigError
+from dpotrain.cluster import engine
+from dpotrain.recipe.errors import ConfigError
 
 ENGINES = {"zero3": "configs/accelerate/zero3.yaml", "fsdp2": "configs/accelerate/fsdp2.yaml"}
 RUN = ["--max_steps", "4", "--logging_steps", "1", "--save_steps", "2", "--report_to", "none", "--eval_strategy",

@@ -17,11 +17,11 @@ import pytest
 from safetensors.torch import load_file
 
 from conftest import PYTHON, ROOT, python
-from dpotrain import checkpoint_manifest, resume
-from dpotrain.config import parse_args
-from dpotrain.errors import ConfigError
-from dpotrain.preemption import INTERRUPTED_EXIT, STOPPED_EXIT
+from dpotrain.recipe.config import parse_args
+from dpotrain.recipe.errors import ConfigError
 from dpotrain.resolve import check_output_dir
+from dpotrain.train import checkpoint_manifest, resume
+from dpotrain.train.preemption import INTERRUPTED_EXIT, STOPPED_EXIT
 
 STEPS = 4
 ARGS = ["--config", str(ROOT / "configs" / "smoke.yaml"), "--max_steps", str(STEPS), "--save_steps", "2",
@@ -234,7 +234,7 @@ def test_ctrl_c_saves_and_stops_with_the_stopped_code_and_the_rerun_ends_like_th
 def test_a_second_ctrl_c_stops_at_once():
     code = """
 import os, signal, time
-from dpotrain.preemption import GracefulStop
+from dpotrain.train.preemption import GracefulStop
 stop = GracefulStop()
 os.kill(os.getpid(), signal.SIGINT)
 time.sleep(0.1)
@@ -320,7 +320,7 @@ def test_an_explicit_damaged_resume_point_is_refused(baseline, tmp_path, tiny_mo
 def test_a_saved_data_sets_identity_is_its_training_splits_data_not_the_caches_beside_it(tmp_path):
     import datasets
 
-    from dpotrain import data_identity
+    from dpotrain.data import data_identity
 
     def save(rows):
         pairs = [{"chosen": f"good {i}", "rejected": f"bad {i}"} for i in rows]

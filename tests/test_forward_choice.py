@@ -15,12 +15,13 @@ import pytest
 
 import train_dpo
 from conftest import ROOT
-from dpotrain import engine as engines
-from dpotrain import lengths as analyzer
-from dpotrain import memory, stages
-from dpotrain.config import parse_args
-from dpotrain.errors import ConfigError
+from dpotrain import stages
+from dpotrain.cluster import engine as engines
+from dpotrain.data import lengths as analyzer
 from dpotrain.forwards import choice, cost
+from dpotrain.plan import memory
+from dpotrain.recipe.config import parse_args
+from dpotrain.recipe.errors import ConfigError
 
 sys.path.insert(0, str(ROOT / "benchmarks"))
 from attention import lengths_of  # noqa: E402  (the benchmark's multi-turn mix)

@@ -10,11 +10,11 @@ from test_shared_prompt import fused, llama_dir, per_token, random_pairs  # noqa
 from torch.nn.attention.flex_attention import create_mask
 
 from conftest import ROOT
-from dpotrain import packing, plan
-from dpotrain.config import parse_args
-from dpotrain.errors import ConfigError, RunError, run_cli
-from dpotrain.forwards import choice, flex, masks
-from dpotrain.shared_prompt import SharedPromptCollator
+from dpotrain.forwards import choice, flex, masks, packing
+from dpotrain.forwards.shared_prompt import SharedPromptCollator
+from dpotrain.plan import plan
+from dpotrain.recipe.config import parse_args
+from dpotrain.recipe.errors import ConfigError, RunError, run_cli
 
 sys.path.insert(0, str(ROOT / "benchmarks"))
 SMOKE = str(ROOT / "configs" / "smoke.yaml")
@@ -143,7 +143,7 @@ def test_generation_leaves_the_training_flex_compilation_alone(tiny_model_dir, c
 
     from transformers import AutoTokenizer, TrainerState
 
-    from dpotrain.samples import SampleGenerator
+    from dpotrain.train.samples import SampleGenerator
 
     model = fused(tiny_model_dir, "flex_attention")
     batch = flex_batches(1)[0]
@@ -193,7 +193,7 @@ def test_rows_stay_within_the_memory_plan_on_a_think_epoch():
     and dense masks no larger than its mask (unshared and shared prompts; shared pairs are up to 2 x max_length)."""
     from lengths_like import dolci_think
 
-    from dpotrain import memory
+    from dpotrain.plan import memory
 
     recipe = parse_args(["--config", SMOKE, "--max_length", "16384", "--max_tokens_per_microbatch", "65536",
                          "--output_dir", "/tmp/unused"])  # fmt: skip

@@ -6,9 +6,9 @@ import pytest
 import torch
 
 from conftest import ROOT, ready
-from dpotrain import data
-from dpotrain.config import parse_args
-from dpotrain.trainer import build_trainer
+from dpotrain.data import data
+from dpotrain.recipe.config import parse_args
+from dpotrain.train.trainer import build_trainer
 
 pytestmark = [
     pytest.mark.gpu,

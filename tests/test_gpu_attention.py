@@ -11,9 +11,8 @@ import torch
 from test_shared_prompt import random_pairs
 
 from conftest import ROOT, python, run_bounded
-from dpotrain import packing
-from dpotrain.forwards import choice, flex, masks
-from dpotrain.shared_prompt import SharedPromptCollator
+from dpotrain.forwards import choice, flex, masks, packing
+from dpotrain.forwards.shared_prompt import SharedPromptCollator
 
 pytestmark = [
     pytest.mark.gpu,

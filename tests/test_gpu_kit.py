@@ -73,9 +73,11 @@ def wider_model(folder, tiny_model_dir) -> str:
 def test_reference_budget_follows_every_k_th_layer_checkpointing(tmp_path, tiny_model_dir):
     """A plan that checkpoints 1 layer in k keeps the others' activations: the forward-only multiple is that of the
     plan's k, not of every layer."""
-    from dpotrain import data, memory, packing
-    from dpotrain.config import parse_args
-    from dpotrain.trainer import build_trainer
+    from dpotrain.data import data
+    from dpotrain.forwards import packing
+    from dpotrain.plan import memory
+    from dpotrain.recipe.config import parse_args
+    from dpotrain.train.trainer import build_trainer
 
     model = wider_model(tmp_path / "model", tiny_model_dir)
     recipe = parse_args(["--config", str(ROOT / "configs" / "smoke.yaml"), "--model_name_or_path", model,
@@ -99,7 +101,7 @@ def test_forward_only_multiple_at_7b_width_with_every_other_layer():
     """At 7B width the multiple with every other layer checkpointed lies between all layers' (2-3x) and none (8x)."""
     from transformers import Olmo3Config
 
-    from dpotrain import memory
+    from dpotrain.plan import memory
 
     seven_b = Olmo3Config(vocab_size=100278, hidden_size=4096, intermediate_size=11008, num_hidden_layers=32,
                           num_attention_heads=32, num_key_value_heads=32)  # fmt: skip
@@ -116,10 +118,11 @@ def test_sample_generation_compiles_nothing(tmp_path, tiny_model_dir):
     (a KV cache, one-token steps) must not spend it, so the step-0 samples run the layers uncompiled."""
     import torch._dynamo
 
-    from dpotrain import data, layers
-    from dpotrain.config import parse_args
-    from dpotrain.samples import SampleGenerator
-    from dpotrain.trainer import build_trainer
+    from dpotrain.data import data
+    from dpotrain.plan import layers
+    from dpotrain.recipe.config import parse_args
+    from dpotrain.train.samples import SampleGenerator
+    from dpotrain.train.trainer import build_trainer
 
     recipe = parse_args(["--config", str(ROOT / "configs" / "smoke.yaml"), "--model_name_or_path", tiny_model_dir,
                          "--output_dir", str(tmp_path), "--max_steps", "1", "--samples_every", "4",

@@ -8,12 +8,12 @@ from types import SimpleNamespace
 import pytest
 
 from conftest import ROOT, python, ready
-from dpotrain import data
-from dpotrain.config import parse_args
-from dpotrain.errors import ConfigError
-from dpotrain.health import LN2, HealthGuard
+from dpotrain.data import data
+from dpotrain.recipe.config import parse_args
+from dpotrain.recipe.errors import ConfigError
 from dpotrain.resolve import OutputPlan, check_output_dir
-from dpotrain.trainer import build_trainer
+from dpotrain.train.health import LN2, HealthGuard
+from dpotrain.train.trainer import build_trainer
 
 SMOKE = str(ROOT / "configs" / "smoke.yaml")
 
@@ -168,7 +168,8 @@ def test_accuracy_pinned_counts_consecutive_pairs_early_only():
 
 
 def test_step_1_expects_the_configured_loss_or_judges_only_the_rewards():
-    """The loss at log-ratios 0 of each configured loss (dpotrain/losses.py: `step1_loss`), never ln 2 where it is not;
+    """The loss at log-ratios 0 of each configured loss (dpotrain/train/losses.py: `step1_loss`), never ln 2 where it
+    is not;
     a loss that depends on the model (an SFT term, WPO's weights) is not judged, a wrong reference still is."""
     zero = {"rewards_norm/chosen": 0.0, "rewards_norm/rejected": 0.0}
     expected = {("hinge",): 1.0, ("ipo", "--beta", "0.1"): 25.0, ("sppo_hard", "--beta", "0.5"): 2.0,

@@ -8,8 +8,9 @@ import torch
 from safetensors.torch import load_file
 
 from conftest import ROOT, run_train
-from dpotrain import hub, output_folder
-from dpotrain.metrics import read_metrics
+from dpotrain import output_folder
+from dpotrain.hub import hub
+from dpotrain.train.metrics import read_metrics
 
 SMOKE = str(ROOT / "configs" / "smoke.yaml")
 

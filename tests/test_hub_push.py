@@ -23,7 +23,7 @@ import torch
 from safetensors import safe_open
 
 from conftest import ROOT, python, run_train
-from dpotrain.hub_push import PUSH_RECORD, read_pushes
+from dpotrain.hub.hub_push import PUSH_RECORD, read_pushes
 from hub_server import StandInHub
 
 SMOKE = str(ROOT / "configs" / "smoke.yaml")
@@ -224,9 +224,9 @@ def test_offline_run_finishes_and_push_to_hub_pushes_it_later(hub, tmp_path, tin
     ],
 )
 def test_pushes_the_project_cannot_make_are_refused(args, refusal):
-    from dpotrain import hub
-    from dpotrain.config import parse_args
-    from dpotrain.errors import ConfigError
+    from dpotrain.hub import hub
+    from dpotrain.recipe.config import parse_args
+    from dpotrain.recipe.errors import ConfigError
 
     recipe = parse_args(["--config", SMOKE, "--push_to_hub", "true", "--hub_model_id", REPO, *args])
     with pytest.raises(ConfigError, match=refusal):
@@ -234,9 +234,9 @@ def test_pushes_the_project_cannot_make_are_refused(args, refusal):
 
 
 def test_push_checkpoints_needs_push_to_hub():
-    from dpotrain import hub
-    from dpotrain.config import parse_args
-    from dpotrain.errors import ConfigError
+    from dpotrain.hub import hub
+    from dpotrain.recipe.config import parse_args
+    from dpotrain.recipe.errors import ConfigError
 
     with pytest.raises(ConfigError, match="push_checkpoints needs push_to_hub: true"):
         hub.take_push_settings(parse_args(["--config", SMOKE, "--push_checkpoints", "true"]))
@@ -245,9 +245,10 @@ def test_push_checkpoints_needs_push_to_hub():
 def test_checkpoint_pushes_under_fsdp2_are_refused_by_the_run_and_by_its_dry_run(monkeypatch):
     """FSDP2's checkpoints are each rank's shard (torch.distributed.checkpoint): a branch would get no model."""
     import train_dpo
-    from dpotrain import engine, hub
-    from dpotrain.config import parse_args
-    from dpotrain.errors import ConfigError
+    from dpotrain.cluster import engine
+    from dpotrain.hub import hub
+    from dpotrain.recipe.config import parse_args
+    from dpotrain.recipe.errors import ConfigError
 
     args = ["--config", SMOKE, "--push_to_hub", "true", "--hub_model_id", REPO, "--push_checkpoints", "true"]
     refusal = "push_checkpoints under FSDP2: its checkpoints are sharded"
@@ -263,8 +264,8 @@ def test_checkpoint_pushes_under_fsdp2_are_refused_by_the_run_and_by_its_dry_run
 
 
 def test_the_trainer_gets_no_push_and_no_token(monkeypatch):
-    from dpotrain import hub
-    from dpotrain.config import parse_args
+    from dpotrain.hub import hub
+    from dpotrain.recipe.config import parse_args
 
     argv = ["train_dpo.py", "--config", SMOKE, "--push_to_hub", "--hub_token", SECRET, f"--hub_token={SECRET}"]
     monkeypatch.setattr("sys.argv", argv)
@@ -285,8 +286,8 @@ def test_pusher_takes_only_marked_checkpoints_and_a_resumed_run_pushes_what_is_l
     from huggingface_hub import constants
     from transformers import TrainerState
 
-    from dpotrain.checkpoints import MARKER
-    from dpotrain.hub_push import CheckpointPusher, record_push
+    from dpotrain.hub.hub_push import CheckpointPusher, record_push
+    from dpotrain.train.checkpoints import MARKER
 
     monkeypatch.setattr(constants, "ENDPOINT", hub.endpoint)
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
@@ -320,7 +321,7 @@ def test_a_failing_final_push_is_retried_then_recorded(hub, tmp_path, monkeypatc
     from huggingface_hub import constants
     from huggingface_hub.errors import HfHubHTTPError
 
-    from dpotrain.hub import push_run
+    from dpotrain.hub.hub import push_run
 
     monkeypatch.setattr(constants, "ENDPOINT", hub.endpoint)
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)

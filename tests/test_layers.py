@@ -1,4 +1,5 @@
-"""The decoder layers as trained (dpotrain/layers.py): the memory plan's checkpointed layers reach the model and stay
+"""The decoder layers as trained (dpotrain/plan/layers.py): the memory plan's checkpointed layers reach the model and
+stay
 there through TRL's own re-enabling; partial checkpointing trains the same numbers; the throughput clock leaves sample
 generation out."""
 
@@ -8,11 +9,12 @@ import pytest
 from trl.models.utils import disable_gradient_checkpointing
 
 from conftest import ROOT, ready
-from dpotrain import data, layers
-from dpotrain.config import parse_args
-from dpotrain.pair_metrics import PairMetrics
-from dpotrain.samples import SampleGenerator
-from dpotrain.trainer import build_trainer
+from dpotrain.data import data
+from dpotrain.plan import layers
+from dpotrain.recipe.config import parse_args
+from dpotrain.train.pair_metrics import PairMetrics
+from dpotrain.train.samples import SampleGenerator
+from dpotrain.train.trainer import build_trainer
 
 SMOKE = str(ROOT / "configs" / "smoke.yaml")
 

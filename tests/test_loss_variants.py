@@ -5,7 +5,7 @@ alone and in MPO, does not depend on how a step is cut into micro-batches and pr
 
 The project cuts each step of 8 pairs into 2-3 micro-batches (the longest pairs of the smoke data, max_length 512,
 a budget of 1400 positions); plain TRL runs each step as one batch. A per-pair loss is the same either way; the SFT
-term is the step's mean over its chosen tokens (dpotrain/losses.py), which is TRL's when the step is one batch.
+term is the step's mean over its chosen tokens (dpotrain/train/losses.py), which is TRL's when the step is one batch.
 """
 
 import json

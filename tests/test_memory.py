@@ -1,4 +1,4 @@
-"""The memory plan (dpotrain/memory.py): model states equal DeepSpeed's own estimates, the traced activations equal
+"""The memory plan (dpotrain/plan/memory.py): model states equal DeepSpeed's own estimates, the traced activations equal
 what autograd really keeps, a plan that cannot fit is refused with what would fit, and the engine configs load with
 accelerate's and DeepSpeed's own code. Models are configs shaped like OLMo 3 7B and 32B, saved locally (no weights)."""
 
@@ -14,10 +14,10 @@ import pytest
 import torch
 
 from conftest import ROOT, run_train
-from dpotrain import engine as engines
-from dpotrain import memory
-from dpotrain.config import parse_args
-from dpotrain.errors import ConfigError
+from dpotrain.cluster import engine as engines
+from dpotrain.plan import memory
+from dpotrain.recipe.config import parse_args
+from dpotrain.recipe.errors import ConfigError
 
 OLMO3 = dict(vocab_size=100278, max_position_embeddings=65536, sliding_window=4096, rope_theta=500000.0,
              rms_norm_eps=1e-6, tie_word_embeddings=False)  # fmt: skip

@@ -1,4 +1,4 @@
-"""A memory refusal's advice closes the loop (dpotrain/memory_advice.py): every option it prints, typed as printed,
+"""A memory refusal's advice closes the loop (dpotrain/plan/memory_advice.py): every option it prints, typed as printed,
 gives a dry run whose plan fits; it never offers a lever that is already pulled."""
 
 import re
@@ -8,7 +8,7 @@ import pytest
 
 import train_dpo
 from conftest import ROOT
-from dpotrain.errors import ConfigError
+from dpotrain.recipe.errors import ConfigError
 
 MODELS = ROOT / "configs" / "models"
 RECIPES = {"7b": ("think.yaml", "olmo3-7b"), "32b": ("think-32b.yaml", "olmo3-32b")}

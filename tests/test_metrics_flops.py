@@ -1,10 +1,10 @@
-"""The model FLOPs behind the logged MFU (dpotrain/flops.py), against PyTorch's own FLOP counter."""
+"""The model FLOPs behind the logged MFU (dpotrain/forwards/flops.py), against PyTorch's own FLOP counter."""
 
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM
 
-from dpotrain.flops import ModelFlops
+from dpotrain.forwards.flops import ModelFlops
 
 
 def test_forward_flops_match_torchs_counter():

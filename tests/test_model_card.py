@@ -1,6 +1,6 @@
 """The model card pushed with a run names its base model, data set, recipe values and final metrics."""
 
-from dpotrain.hub import model_card
+from dpotrain.hub.hub import model_card
 
 
 def test_model_card_names_base_dataset_recipe_and_final_metrics():
@@ -39,8 +39,8 @@ def test_model_card_lists_the_loss_scale_rewards_when_logged():
 
 
 def test_card_lists_the_checkpoint_branches_on_the_hub(tmp_path):
-    from dpotrain.hub import update_card_revisions
-    from dpotrain.hub_push import pushed_revisions, record_push
+    from dpotrain.hub.hub import update_card_revisions
+    from dpotrain.hub.hub_push import pushed_revisions, record_push
 
     record_push(tmp_path, step=2, branch="step-2", status="pushed")
     record_push(tmp_path, step=4, branch="step-4", status="failed", error="HfHubHTTPError: 500")
@@ -63,7 +63,7 @@ def test_card_lists_the_checkpoint_branches_on_the_hub(tmp_path):
 
 
 def test_lora_run_card_and_folder(tmp_path):
-    from dpotrain.hub import run_folder_problems
+    from dpotrain.hub.hub import run_folder_problems
 
     resolved = {"model_name_or_path": "org/sft-7b", "use_peft": True, "lora_r": 16, "lora_alpha": 32,
                 "lora_dropout": 0.05, "lora_target_modules": ["q_proj", "v_proj"], "merge_lora": False}  # fmt: skip

@@ -24,8 +24,9 @@ from pathlib import Path
 import pytest
 
 from conftest import PYTHON, ROOT, python
-from dpotrain import hub, offline
-from dpotrain.errors import ConfigError
+from dpotrain.cluster import offline
+from dpotrain.hub import hub
+from dpotrain.recipe.errors import ConfigError
 from hub_server import StandInHub
 from hub_server import whoami_answer as whoami
 
@@ -111,9 +112,9 @@ def load_script(name: str):
 
 JOB = r"""
 import json, sys, time
-from dpotrain import offline
-from dpotrain.config import parse_args
-from dpotrain.errors import ConfigError
+from dpotrain.cluster import offline
+from dpotrain.recipe.config import parse_args
+from dpotrain.recipe.errors import ConfigError
 
 results = {}
 
@@ -134,7 +135,7 @@ def check(name, *args):
     results[name + "_seconds"] = time.perf_counter() - start
 
 from transformers import AutoModelForCausalLM, AutoProcessor
-from dpotrain.data import load_preference_dataset
+from dpotrain.data.data import load_preference_dataset
 
 library("model", lambda: type(AutoModelForCausalLM.from_pretrained("org/tiny-olmo3")).__name__)
 library("processor", lambda: AutoProcessor.from_pretrained("org/tiny-olmo3").eos_token)
@@ -227,7 +228,7 @@ def test_the_shipped_recipe_names_its_hub_artifacts_and_no_overrides(offline_job
 def test_online_jobs_are_not_checked(monkeypatch):
     from huggingface_hub import constants
 
-    from dpotrain.config import parse_args
+    from dpotrain.recipe.config import parse_args
 
     recipe = parse_args(
         ["--config", THINK, "--dry-run", "--model_name_or_path", "org/never", "--dataset_name", "o/never"]
@@ -509,7 +510,7 @@ def test_a_job_with_everything_cached_asks_the_hub_nothing(monkeypatch, hf_home,
     import datasets.config
     from huggingface_hub import constants
 
-    from dpotrain.config import parse_args
+    from dpotrain.recipe.config import parse_args
 
     monkeypatch.setattr(constants, "ENDPOINT", silent_endpoint)
     monkeypatch.setattr(constants, "HF_HUB_CACHE", str(hf_home / "hub"))
@@ -539,7 +540,7 @@ def test_a_job_with_everything_cached_asks_the_hub_nothing(monkeypatch, hf_home,
 UNREACHABLE = r"""
 import contextlib, importlib.util, io, json, sys, time
 import train_dpo
-from dpotrain.errors import run_cli
+from dpotrain.recipe.errors import run_cli
 
 def script(name):
     spec = importlib.util.spec_from_file_location(name, f"scripts/{name}.py")

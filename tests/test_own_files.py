@@ -15,8 +15,9 @@ from pathlib import Path
 import pytest
 
 from conftest import PYTHON, ROOT, python, run_train
-from dpotrain import output_folder, run_lock
-from dpotrain.metrics import read_metrics
+from dpotrain import output_folder
+from dpotrain.cluster import run_lock
+from dpotrain.train.metrics import read_metrics
 
 SMOKE = str(ROOT / "configs" / "smoke.yaml")
 
@@ -108,8 +109,8 @@ def test_an_output_dir_that_is_a_file_is_refused_before_anything_loads(tmp_path,
 
 
 def test_a_run_written_before_runs_recorded_their_files_resumes_but_is_not_replaced(tmp_path):
-    from dpotrain.config import parse_args
-    from dpotrain.errors import ConfigError
+    from dpotrain.recipe.config import parse_args
+    from dpotrain.recipe.errors import ConfigError
 
     out = tmp_path / "run"
     (out / "checkpoint-4").mkdir(parents=True)
@@ -143,7 +144,7 @@ def test_the_analyzer_refuses_to_write_its_report_over_an_input(tmp_path, tiny_m
 
 
 def test_records_are_written_whole_or_not_at_all(tmp_path):
-    from dpotrain import writes
+    from dpotrain.recipe import writes
 
     path = tmp_path / "resolved_config.json"
     writes.write_text(path, "old\n")

@@ -12,10 +12,11 @@ import pytest
 import torch
 
 from conftest import ROOT, ready
-from dpotrain import builtin, packing
-from dpotrain.config import parse_args
-from dpotrain.errors import ConfigError
-from dpotrain.trainer import build_trainer
+from dpotrain.data import builtin
+from dpotrain.forwards import packing
+from dpotrain.recipe.config import parse_args
+from dpotrain.recipe.errors import ConfigError
+from dpotrain.train.trainer import build_trainer
 
 SMOKE = str(ROOT / "configs" / "smoke.yaml")
 

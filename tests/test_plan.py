@@ -14,8 +14,9 @@ import numpy as np
 import pytest
 
 from conftest import ROOT, python, rank_python
-from dpotrain import builtin, plan
-from dpotrain.plan import PairLengths, StepPlan
+from dpotrain.data import builtin
+from dpotrain.plan import plan
+from dpotrain.plan.plan import PairLengths, StepPlan
 
 MAX_LENGTH = 8192
 

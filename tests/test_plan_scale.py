@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from conftest import ROOT
-from dpotrain import plan
-from dpotrain.plan import PairLengths, StepPlan
+from dpotrain.plan import plan
+from dpotrain.plan.plan import PairLengths, StepPlan
 from test_plan import heavy_tailed  # the same mix, at the same MAX_LENGTH (8192)
 
 sys.path.insert(0, str(ROOT / "benchmarks"))

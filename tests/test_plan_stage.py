@@ -5,9 +5,11 @@ import datasets
 import pytest
 
 from conftest import ROOT, run_train
-from dpotrain import builtin, plan, plan_stage, reference
-from dpotrain.config import parse_args
-from dpotrain.trainer import build_trainer
+from dpotrain.data import builtin
+from dpotrain.plan import plan, plan_stage
+from dpotrain.recipe.config import parse_args
+from dpotrain.reference import reference
+from dpotrain.train.trainer import build_trainer
 
 SMOKE = str(ROOT / "configs" / "smoke.yaml")
 

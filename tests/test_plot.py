@@ -1,8 +1,8 @@
-"""The training-curve plot (dpotrain/metrics.py) shows what the run measured, with legends beside the data."""
+"""The training-curve plot (dpotrain/train/metrics.py) shows what the run measured, with legends beside the data."""
 
 import pytest
 
-from dpotrain.metrics import metrics_figure, plot_metrics
+from dpotrain.train.metrics import metrics_figure, plot_metrics
 
 
 def records(steps=6, **extra_keys):

@@ -12,7 +12,7 @@ import pytest
 from safetensors.torch import load_file
 
 from conftest import ROOT, python
-from dpotrain.preemption import STOPPED_EXIT
+from dpotrain.train.preemption import STOPPED_EXIT
 
 STEPS = 12  # of the smoke recipe's 8 pairs
 ARGS = ["--config", str(ROOT / "configs" / "smoke.yaml"), "--max_steps", str(STEPS), "--logging_steps", "1",
@@ -97,7 +97,7 @@ def test_a_second_signal_does_not_end_the_process():
     # second signal must not kill a worker that is writing its checkpoint (Slurm's SIGKILL ends it after GraceTime).
     code = """
 import os, signal, time
-from dpotrain.preemption import GracefulStop
+from dpotrain.train.preemption import GracefulStop
 stop = GracefulStop()
 os.kill(os.getpid(), signal.SIGTERM)
 time.sleep(0.1)

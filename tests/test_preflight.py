@@ -12,7 +12,7 @@ import subprocess
 import pytest
 
 from conftest import ROOT, python
-from dpotrain import builtin
+from dpotrain.data import builtin
 from dpotrain.preflight import PREFLIGHT_FAIL_EXIT
 
 PREFLIGHT = str(ROOT / "scripts" / "preflight.py")
@@ -150,7 +150,7 @@ def test_bad_input_is_refused_before_loading(args, message, tmp_path, capfd):
     # reaches the process's stdout and stderr, progress bars of a model load included.
     import importlib.util
 
-    from dpotrain.errors import run_cli
+    from dpotrain.recipe.errors import run_cli
 
     spec = importlib.util.spec_from_file_location("preflight_script", PREFLIGHT)
     script = importlib.util.module_from_spec(spec)

@@ -2,8 +2,9 @@
 
 import warnings
 
-from dpotrain import builtin, memory
-from dpotrain.config import parse_args
+from dpotrain.data import builtin
+from dpotrain.plan import memory
+from dpotrain.recipe.config import parse_args
 
 
 def test_the_builtin_models_planning_config_is_the_config_it_is_built_with(tmp_path, monkeypatch):

@@ -17,9 +17,10 @@ from test_refusals import refused
 
 import train_dpo
 from conftest import ROOT
-from dpotrain import builtin, config, cuts, data, lengths, rows
-from dpotrain.config import parse_args
-from dpotrain.errors import ConfigError, run_cli
+from dpotrain.data import builtin, cuts, data, lengths, rows
+from dpotrain.recipe import config
+from dpotrain.recipe.config import parse_args
+from dpotrain.recipe.errors import ConfigError, run_cli
 
 SMOKE = ROOT / "configs" / "smoke.yaml"
 

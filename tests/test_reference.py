@@ -14,10 +14,12 @@ import datasets
 import pytest
 
 from conftest import ROOT, python, rank_python, ready
-from dpotrain import builtin, plan_stage, reference
-from dpotrain.config import parse_args
-from dpotrain.preemption import STOPPED_EXIT
-from dpotrain.trainer import build_trainer
+from dpotrain.data import builtin
+from dpotrain.plan import plan_stage
+from dpotrain.recipe.config import parse_args
+from dpotrain.reference import reference
+from dpotrain.train.preemption import STOPPED_EXIT
+from dpotrain.train.trainer import build_trainer
 
 SMOKE = str(ROOT / "configs" / "smoke.yaml")
 
@@ -150,7 +152,7 @@ def test_step_one_is_ln_2_within_rounding_and_the_stage_scores_as_training_would
 
 def test_an_unwritable_cache_is_one_line_before_anything_loads(tmp_path, tiny_model_dir, monkeypatch, capfd):
     import train_dpo
-    from dpotrain.errors import run_cli
+    from dpotrain.recipe.errors import run_cli
 
     blocked = tmp_path / "readonly"
     blocked.mkdir()
@@ -283,7 +285,7 @@ def stopped_after_a_part(trainer, dataset, layout, cache, stop_file):
     """The real stage, stopped by its stop file once it has saved a part it had not saved before (a requeue's stop)."""
     import threading
 
-    from dpotrain.preemption import GracefulStop
+    from dpotrain.train.preemption import GracefulStop
 
     before = set(cache.glob("*/part-*.npz"))
     stop = GracefulStop(str(stop_file))
@@ -344,7 +346,7 @@ def test_a_truncated_part_is_named_and_its_pairs_scored_again(tmp_path, tiny_mod
 
 
 def _never_stopped():
-    from dpotrain.preemption import GracefulStop
+    from dpotrain.train.preemption import GracefulStop
 
     return GracefulStop(None)
 
@@ -378,7 +380,7 @@ def test_the_stage_cuts_its_own_balanced_micro_batches_within_its_budget():
     or so, on 1-3 ranks, packed and padded; a resumed stage's last pairs, fewer than the ranks, one each."""
     import numpy as np
 
-    from dpotrain.plan import PairLengths, fewest_bins
+    from dpotrain.plan.plan import PairLengths, fewest_bins
 
     rng = np.random.default_rng(0)
     n = 500
@@ -410,7 +412,7 @@ def test_a_forward_only_micro_batch_holds_more_tokens_where_training_keeps_activ
     less than training's, and dense masks, which a forward needs as much as training, keep it at 1x on a tiny model."""
     from transformers import Olmo3Config
 
-    from dpotrain import memory
+    from dpotrain.plan import memory
 
     seven_b = Olmo3Config(vocab_size=100278, hidden_size=4096, intermediate_size=11008, num_hidden_layers=32,
                           num_attention_heads=32, num_key_value_heads=32)  # fmt: skip

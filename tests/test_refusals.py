@@ -12,8 +12,8 @@ import pytest
 import train_dpo
 from conftest import ROOT, run_train
 from dpotrain import resolve
-from dpotrain.config import parse_args
-from dpotrain.errors import run_cli
+from dpotrain.recipe.config import parse_args
+from dpotrain.recipe.errors import run_cli
 
 SMOKE = str(ROOT / "configs" / "smoke.yaml")
 MESSAGES = [{"role": "user", "content": "Name a colour."}]

@@ -9,8 +9,8 @@ from test_analyzer import cli, error_line  # noqa: F401  (cli: a fixture)
 
 import train_dpo
 from conftest import ROOT
-from dpotrain import data
-from dpotrain.errors import ConfigError
+from dpotrain.data import data
+from dpotrain.recipe.errors import ConfigError
 
 SMOKE = ROOT / "configs" / "smoke.yaml"
 

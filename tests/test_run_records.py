@@ -5,7 +5,7 @@ import json
 from test_honest_runs import first_pairs
 
 from conftest import ROOT, run_train
-from dpotrain.metrics import read_metrics
+from dpotrain.train.metrics import read_metrics
 
 SMOKE = str(ROOT / "configs" / "smoke.yaml")
 

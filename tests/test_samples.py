@@ -9,10 +9,10 @@ import sys
 import pytest
 
 from conftest import ROOT, python, rank_python, ready
-from dpotrain import data
-from dpotrain.config import parse_args
-from dpotrain.samples import SAMPLES_FILE, repetition
-from dpotrain.trainer import build_trainer
+from dpotrain.data import data
+from dpotrain.recipe.config import parse_args
+from dpotrain.train.samples import SAMPLES_FILE, repetition
+from dpotrain.train.trainer import build_trainer
 
 SMOKE = str(ROOT / "configs" / "smoke.yaml")
 

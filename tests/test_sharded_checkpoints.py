@@ -12,8 +12,8 @@ import sys
 import pytest
 
 from conftest import ROOT, rank_python
-from dpotrain import engine
-from dpotrain.errors import ConfigError
+from dpotrain.cluster import engine
+from dpotrain.recipe.errors import ConfigError
 
 
 @pytest.mark.parametrize("value", ["FULL_STATE_DICT", "LOCAL_STATE_DICT"])

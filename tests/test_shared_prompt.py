@@ -8,12 +8,12 @@ import pytest
 import torch
 
 from conftest import ROOT, ready
-from dpotrain import builtin, packing, shared_prompt
-from dpotrain.config import parse_args
-from dpotrain.errors import ConfigError
-from dpotrain.forwards import masks
-from dpotrain.shared_prompt import SharedPromptCollator
-from dpotrain.trainer import build_trainer
+from dpotrain.data import builtin
+from dpotrain.forwards import masks, packing, shared_prompt
+from dpotrain.forwards.shared_prompt import SharedPromptCollator
+from dpotrain.recipe.config import parse_args
+from dpotrain.recipe.errors import ConfigError
+from dpotrain.train.trainer import build_trainer
 
 SMOKE = str(ROOT / "configs" / "smoke.yaml")
 

@@ -163,7 +163,7 @@ PAIRS = 1200  # scored in ~7 s over 2 processes: time for a preemption to land i
 
 @pytest.fixture(scope="module")
 def pairs_file(tmp_path_factory):
-    from dpotrain import builtin
+    from dpotrain.data import builtin
 
     path = tmp_path_factory.mktemp("pairs") / f"pairs{PAIRS}.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in builtin.make_preference_rows(PAIRS, seed=21)))
@@ -384,7 +384,7 @@ def test_eight_gpus_per_node_are_eight_processes_per_node_and_the_plan_counts_no
     line = print_launch(2, gpus="8")
     assert "--num_machines 2" in line and "--num_processes 16" in line
     # launch.sh's dry run passes GPUS_PER_NODE: a refusal then suggests nodes of 8, not the config's 4.
-    from dpotrain import engine
+    from dpotrain.cluster import engine
 
     assert engine.from_config(str(ROOT / "accelerate_config.yaml")).gpus_per_node == 4
     monkeypatch.setenv("GPUS_PER_NODE", "8")

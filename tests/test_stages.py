@@ -9,7 +9,9 @@ import pytest
 
 import train_dpo
 from conftest import ROOT, launch_smoke, python, run_train
-from dpotrain import lengths, memory, resolve
+from dpotrain import resolve
+from dpotrain.data import lengths
+from dpotrain.plan import memory
 
 SMOKE = ["--config", str(ROOT / "configs" / "smoke.yaml")]
 

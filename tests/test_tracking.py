@@ -6,8 +6,8 @@ import sys
 import pytest
 
 from conftest import ROOT
-from dpotrain.config import parse_args
-from dpotrain.tracking import RUN_ID_FILE, setup_wandb
+from dpotrain.recipe.config import parse_args
+from dpotrain.train.tracking import RUN_ID_FILE, setup_wandb
 
 
 def test_resumed_job_reuses_the_wandb_run_id(tmp_path, monkeypatch):
@@ -37,7 +37,7 @@ def test_wandb_is_not_imported_unless_reported_to(monkeypatch):
     installed, and the callback's train begin still passes."""
     from transformers import TrainerControl, TrainerState
 
-    from dpotrain.tracking import WandbStepIsGlobalStep
+    from dpotrain.train.tracking import WandbStepIsGlobalStep
 
     monkeypatch.setitem(sys.modules, "wandb", None)  # `import wandb` now raises ImportError
     training = parse_args(["--config", str(ROOT / "configs" / "smoke.yaml"), "--report_to", "none",

@@ -7,9 +7,9 @@ import pytest
 import torch
 
 from conftest import DEMO_SECRETS, ROOT, ready
-from dpotrain import data
-from dpotrain.config import parse_args
-from dpotrain.trainer import build_trainer
+from dpotrain.data import data
+from dpotrain.recipe.config import parse_args
+from dpotrain.train.trainer import build_trainer
 
 SMOKE = str(ROOT / "configs" / "smoke.yaml")
 

@@ -9,7 +9,7 @@ from test_analyzer import cli, error_line  # noqa: F401  (cli: a fixture)
 
 from conftest import ROOT
 from dpotrain import stages
-from dpotrain.config import parse_args
+from dpotrain.recipe.config import parse_args
 
 SMOKE = str(ROOT / "configs" / "smoke.yaml")
 DATA = str(ROOT / "data" / "smoke_prefs.jsonl")

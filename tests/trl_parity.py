@@ -15,8 +15,8 @@ from safetensors.torch import load_file
 from torch.utils.data import SequentialSampler
 
 from conftest import ROOT, ready
-from dpotrain.config import parse_args
-from dpotrain.trainer import build_trainer
+from dpotrain.recipe.config import parse_args
+from dpotrain.train.trainer import build_trainer
 
 PAIRS_PER_STEP = 8
 ROWS = [json.loads(line) for line in (ROOT / "data" / "smoke_prefs.jsonl").read_text().splitlines()]

@@ -30,10 +30,9 @@ import copy
 import os
 from dataclasses import asdict, dataclass
 
-from .. import packing, padded, shared_prompt
-from ..config import uses_live_reference
-from ..errors import ConfigError
-from . import masks
+from dpotrain.forwards import masks, packing, padded, shared_prompt
+from dpotrain.recipe.config import uses_live_reference
+from dpotrain.recipe.errors import ConfigError
 
 VARLEN_PACKAGES = {  # transformers' name: (its availability check in transformers.utils, what to install)
     "flash_attention_4": ("is_flash_attn_4_available", "pip install -r requirements-gpu.txt (flash-attn-4)"),
@@ -169,7 +168,7 @@ def candidates(config, recipe, cuda: bool, varlen: str | None, check_kernels: bo
     the recipe's explicit options applied; and the notes to print (an option off by necessity). Raises a ConfigError
     when an option the recipe gives cannot be honoured. `varlen`: the varlen FlashAttention installed, or None;
     `check_kernels`: refuse an asked attention whose kernel this machine lacks (a dry run plans for other machines)."""
-    from .cost import Candidate
+    from dpotrain.forwards.cost import Candidate
 
     t, want_share = recipe.training, recipe.project.share_prompt
     coef = t.router_aux_loss_coef
@@ -247,7 +246,7 @@ def mask_weight(attn: str) -> int:
 def choose(config, recipe, cuda: bool, varlen: str | None, lengths=None, check_kernels: bool = True):
     """(the forward, the notes to print) for this model, recipe and machine; from `lengths` (`cost.Lengths`) when
     given, else by the candidates' order. Changes nothing and prints nothing."""
-    from . import cost
+    from dpotrain.forwards import cost
 
     hidden_size = getattr(config.get_text_config(), "hidden_size", 4096)
     options, notes = candidates(config, recipe, cuda, varlen, check_kernels)

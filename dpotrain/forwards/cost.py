@@ -24,8 +24,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .. import flops, packing, padded
-from ..pair_lengths import PairLengths
+from dpotrain.data.pair_lengths import PairLengths
+from dpotrain.forwards import flops, packing, padded
 
 
 @dataclass(frozen=True)

@@ -12,8 +12,8 @@ a data set, which TRL does later anyway.
 
 import numpy as np
 
-from .. import cuts, lengths
-from .cost import Lengths
+from dpotrain.data import cuts, lengths
+from dpotrain.forwards.cost import Lengths
 
 SAMPLE_ROWS = 1024
 

@@ -9,7 +9,7 @@ import sys
 
 sys.path.insert(0, os.getcwd())
 
-from dpotrain import engine  # noqa: E402  (the project, from the folder the launch runs in)
+from dpotrain.cluster import engine  # noqa: E402  (the project, from the folder the launch runs in)
 
 end_processes = engine.end_processes
 

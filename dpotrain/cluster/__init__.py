@@ -1,0 +1,1 @@
+"""The launch: engine, collectives, build locks, offline and Hub reachability."""

@@ -1,0 +1,269 @@
+"""The engine a launch asked for — one process, DDP, DeepSpeed ZeRO-2 or ZeRO-3, FSDP2 — and what each needs.
+
+`accelerate launch --config_file X` tells the training processes through its environment which engine to use; this
+module reads it, refuses what the project does not support (before anything loads), and holds the few places where an
+engine changes what the run must do:
+- ZeRO-3 and FSDP2 shard the weights, so every rank takes part in every forward (the reference stage's filler
+  micro-batches, sample generation with `synced_gpus`), and the weights' hash must be taken from the full weights;
+- the weights are loaded in the dtype the engine trains them in, without a full host copy per process where the
+  engine can avoid it (ZeRO-3's `zero3_init_flag`, FSDP2's RAM-efficient loading: accelerate's configs);
+- accelerate 1.15 turns FSDP and DDP on only for accelerator devices (accelerate/state.py: the FSDP branch sits under
+  MULTI_GPU/..., and a CPU launch without `use_cpu` comes out as DistributedType.NO): on a CPU-only node such a
+  launch would run independent processes that never exchange a gradient. `enable_on_cpu` makes accelerate set them
+  up, so CPU-only clusters and the tests run the real engine.
+"""
+
+import contextlib
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import yaml
+
+from dpotrain.data.builtin import PROJECT_ROOT
+from dpotrain.recipe.errors import ConfigError
+
+LAUNCHED = "this launch"  # the source of an engine read from the environment `accelerate launch` sets
+SUPPORTED = "one process, DDP, DeepSpeed ZeRO-2 or ZeRO-3, FSDP2 (accelerate_config.yaml, configs/accelerate/)"
+
+
+@dataclass(frozen=True)
+class Engine:
+    """An engine and the settings that change what it holds per GPU, from an accelerate config file (a dry run:
+    `from_config`) or from the environment of a launch (`launched`). One description for the launch checks, the
+    trainer and the memory plan (dpotrain/plan/memory.py)."""
+
+    name: str  # "single", "ddp", "zero2", "zero3", "fsdp2"; "unplanned" from a config plans do not cover
+    source: str = LAUNCHED  # the file(s) it was read from, or why it is unplanned
+    gpus_per_node: int = 1
+    offload_optimizer: bool = False
+    offload_params: bool = False
+    reduce_bucket: int | None = None  # DeepSpeed's reduce_bucket_size in elements; None: "auto" (hidden^2)
+    overlap_comm: bool = False
+
+    @property
+    def shards_weights(self) -> bool:
+        """Every forward gathers weights from every rank: all ranks must run each forward together."""
+        return self.name in ("zero3", "fsdp2")
+
+    @property
+    def deepspeed(self) -> bool:
+        return self.name.startswith("zero")
+
+    @property
+    def defers_gradient_sync(self) -> bool:
+        """Whether a step's micro-batches but the last skip the gradient reduction (`accelerator.no_sync`).
+
+        DDP: yes, its full gradients exist anyway, so deferring saves a reduction per micro-batch for free.
+        DeepSpeed: no, its engine reduces at every backward into its own partitioned buffers.
+        FSDP2: no. Deferring (`set_requires_gradient_sync(False)`) keeps every layer's unsharded bf16 gradient until
+        the step's last micro-batch: +2 bytes x parameters per GPU (14.6 GB for 7B, 64 GB for 32B). Reducing at
+        every micro-batch adds one reduce-scatter of the gradients (the volume of one of the two all-gathers each
+        micro-batch already runs), overlapped with the backward of the layers before it; micro-batches here hold
+        thousands of tokens, whose backward outlasts it."""
+        return self.name == "ddp"
+
+
+def launched() -> Engine:
+    """The engine of this process's launch, from the environment `accelerate launch` sets (it does not pass on the
+    config file's path); refuses the engines this project does not support."""
+    env = os.environ.get
+    world, per_node = int(env("WORLD_SIZE", "1")), int(env("LOCAL_WORLD_SIZE", "1"))
+    if env("ACCELERATE_USE_DEEPSPEED", "false").lower() == "true":
+        ds_file = env("ACCELERATE_DEEPSPEED_CONFIG_FILE") or "none"
+        if ds_file != "none" and os.path.isfile(ds_file):
+            found = _deepspeed_file(Path(ds_file), per_node, f"{LAUNCHED} -> {ds_file}")
+        else:  # the settings inline in the accelerate config, passed one by one
+            stage = int(env("ACCELERATE_DEEPSPEED_ZERO_STAGE") or 0)
+            offload = [env(f"ACCELERATE_DEEPSPEED_OFFLOAD_{part}_DEVICE", "none") != "none"
+                       for part in ("OPTIMIZER", "PARAM")]  # fmt: skip
+            found = Engine(f"zero{stage}", LAUNCHED, per_node, *offload, int(5e8), stage == 3)
+        if found.name not in ("zero2", "zero3"):
+            stage = found.name.removeprefix("zero")
+            raise ConfigError(f"DeepSpeed ZeRO stage {stage} is not supported: use ZeRO-2 (accelerate_config.yaml) or "
+                              "ZeRO-3 (ACCELERATE_CONFIG=configs/accelerate/zero3.yaml)")  # fmt: skip
+        return found
+    if env("ACCELERATE_USE_FSDP", "false").lower() == "true":
+        version = env("FSDP_VERSION", "1")
+        if version != "2":
+            raise ConfigError(f"FSDP version {version} is not supported: set fsdp_version: 2 in the accelerate config "
+                              "(configs/accelerate/fsdp2.yaml)")  # fmt: skip
+        if not env("FSDP_STATE_DICT_TYPE", "SHARDED_STATE_DICT").upper().endswith("SHARDED_STATE_DICT"):
+            # FULL_STATE_DICT: the main process gathers and writes model and optimizer at every checkpoint (~88 GB
+            # for 7B) while every other rank waits at a barrier; sharded, each rank writes its own part.
+            raise ConfigError(f"fsdp_state_dict_type {env('FSDP_STATE_DICT_TYPE')} is not supported: set "
+                              "fsdp_state_dict_type: SHARDED_STATE_DICT (configs/accelerate/fsdp2.yaml); the final "
+                              "model is written as safetensors either way")  # fmt: skip
+        return Engine("fsdp2", LAUNCHED, per_node, offload_params=env("FSDP_OFFLOAD_PARAMS", "false").lower() == "true")
+    for flag in ("ACCELERATE_USE_MEGATRON_LM", "ACCELERATE_USE_SAGEMAKER"):
+        if env(flag, "false").lower() == "true":
+            raise ConfigError(f"{flag.removeprefix('ACCELERATE_USE_').lower()} is not supported: use {SUPPORTED}")
+    return Engine("ddp" if world > 1 else "single", LAUNCHED, per_node)
+
+
+def from_config(accelerate_config: str) -> Engine:
+    """The engine an accelerate config file selects (a dry run plans for it). Never raises: an engine plans do not
+    cover is named "unplanned", with the reason in `source`."""
+    if accelerate_config.lower() in ("", "none"):
+        return Engine("single", "no launcher (python train_dpo.py)")
+    path = Path(accelerate_config)
+    if not path.is_file():
+        return Engine("unplanned", f"accelerate config {accelerate_config!r} not found")
+    config = yaml.safe_load(path.read_text()) or {}
+    per_node = max(int(config.get("num_processes", 1)) // max(int(config.get("num_machines", 1)), 1), 1)
+    # The job's GPUs per node, when given (scripts/launch.sh: from --gpus-per-node), over the config's: what a refusal
+    # counts nodes in.
+    per_node = int(os.environ.get("GPUS_PER_NODE") or 0) or per_node
+    kind = str(config.get("distributed_type", "NO")).upper()
+    if kind == "DEEPSPEED":
+        ds = config.get("deepspeed_config") or {}
+        ds_file = ds.get("deepspeed_config_file")
+        if ds_file:  # relative to where jobs start (the project root), as accelerate reads it
+            ds_path = Path(ds_file) if Path(ds_file).is_file() else PROJECT_ROOT / ds_file
+            if not ds_path.is_file():
+                return Engine("unplanned", f"DeepSpeed config {ds_file!r} ({accelerate_config}) not found")
+            found = _deepspeed_file(ds_path, per_node, f"{accelerate_config} -> {ds_file}")
+        else:  # the settings inline in the accelerate config
+            stage = int(ds.get("zero_stage", 0))
+            off_opt = ds.get("offload_optimizer_device", "none") != "none"
+            off_par = ds.get("offload_param_device", "none") != "none"
+            found = Engine(f"zero{stage}", accelerate_config, per_node, off_opt, off_par, int(5e8), stage == 3)
+        if found.name not in ("zero2", "zero3"):
+            stage = found.name.removeprefix("zero")
+            return Engine("unplanned", f"DeepSpeed ZeRO stage {stage} ({accelerate_config}): plans cover stages 2, 3")
+        return found
+    if kind == "FSDP":
+        fsdp = config.get("fsdp_config") or {}
+        if int(fsdp.get("fsdp_version", 1)) != 2:
+            return Engine("unplanned", f"FSDP version 1 ({accelerate_config}): plans cover FSDP2 (fsdp_version: 2)")
+        return Engine("fsdp2", accelerate_config, per_node, offload_params=bool(fsdp.get("fsdp_offload_params")))
+    if kind == "MULTI_GPU":
+        return Engine("ddp", accelerate_config, per_node)
+    if kind == "NO":
+        return Engine("single", accelerate_config)
+    return Engine("unplanned", f"distributed_type {kind} ({accelerate_config}) is not one plans cover")
+
+
+def _deepspeed_file(path: Path, per_node: int, source: str) -> Engine:
+    """A DeepSpeed JSON config; a ZeRO stage other than 2 or 3 comes back as "zero<stage>", for the caller to refuse
+    or leave unplanned."""
+    zero = json.loads(path.read_text()).get("zero_optimization", {})
+    stage = int(zero.get("stage", 0))
+    if stage not in (2, 3):
+        return Engine(f"zero{stage}", source)
+    off_opt = zero.get("offload_optimizer", {}).get("device", "none") not in ("none", None)
+    off_par = zero.get("offload_param", {}).get("device", "none") not in ("none", None)
+    bucket = zero.get("reduce_bucket_size", 5e8)  # DeepSpeed's default
+    bucket = None if bucket == "auto" else int(float(bucket))
+    overlap = bool(zero.get("overlap_comm", stage == 3))
+    return Engine(f"zero{stage}", source, per_node, off_opt, off_par, bucket, overlap)
+
+
+def load_dtype(recipe, engine: Engine) -> str | None:
+    """The dtype the weights load in when the recipe names none (TRL's default is float32).
+
+    DeepSpeed trains bf16 weights and keeps its own fp32 master copy in the optimizer, so with bf16 the weights load in
+    bf16: half the host memory per process, as open-instruct does. FSDP2 keeps fp32 parameters and computes in bf16
+    (its mixed-precision policy), so they load in fp32 (once, on the main process: RAM-efficient loading)."""
+    if "dtype" in recipe.given:
+        return recipe.model.dtype
+    if engine.deepspeed and recipe.training.bf16:
+        return "bfloat16"
+    return recipe.model.dtype
+
+
+def enable_on_cpu(engine: Engine) -> None:
+    """Before accelerate builds its state on a CPU-only node: make an FSDP or DDP launch distributed (see the module
+    doc). A no-op with a GPU, for one process, and for DeepSpeed (which accelerate sets up on CPU with gloo)."""
+    if torch.cuda.is_available() or engine.name not in ("fsdp2", "ddp"):
+        return
+    from accelerate.state import PartialState
+    from accelerate.utils import DistributedType
+
+    state = PartialState()
+    if state.distributed_type == DistributedType.NO and state.num_processes > 1:
+        # FSDP: the branch of AcceleratorState that sets it up is taken for accelerator types only; it then becomes
+        # DistributedType.FSDP. DDP: MULTI_CPU makes accelerate wrap the model in DistributedDataParallel.
+        kind = DistributedType.MULTI_GPU if engine.name == "fsdp2" else DistributedType.MULTI_CPU
+        PartialState._shared_state["distributed_type"] = kind
+
+
+def zero3_weights_sha256(model, is_main: bool) -> str | None:
+    """sha256 of the full weights of a ZeRO-3 model, as TRL's `hash_module` takes it of an unsharded one (so the
+    reference cache key does not depend on the engine), on the main process. Each tensor is gathered from its shards
+    first: a collective, every rank calls this. (TRL hashes the empty local partitions.)"""
+    import hashlib
+
+    import deepspeed
+
+    h = hashlib.sha256()
+    params = dict(model.named_parameters(remove_duplicate=False))  # tied weights under each of their names
+    for name, tensor in sorted(model.state_dict().items()):
+        param = params.get(name)
+        with deepspeed.zero.GatheredParameters([param]) if param is not None else contextlib.nullcontext():
+            if is_main:
+                full = (param.data if param is not None else tensor).detach().cpu()
+                h.update(str(full.dtype).encode())
+                if full.dtype in (torch.bfloat16, torch.float8_e4m3fn, torch.float8_e5m2):
+                    full = full.to(torch.float32)
+                h.update(full.numpy().tobytes())
+    return h.hexdigest() if is_main else None
+
+
+def start_processes(training, run_engine: Engine):
+    """The process group of this launch, made here, first, with the recipe's collective timeout (`ddp_timeout`), and
+    the same timeout for every group the engines make later; printed once, as torch holds it.
+
+    The first group made decides: made without a timeout (a bare `PartialState()`), it gets torch's and DeepSpeed's
+    default of 10 minutes, and the Trainer's `ddp_timeout` no longer applies (TrainingArguments finds the group made
+    and keeps it). Anything one rank does alone for longer than the timeout — the final model's write, a large data
+    set tokenized main process first — ends the job while the other ranks wait at a barrier. Groups made later
+    (DeepSpeed makes its own data-parallel group in `deepspeed.initialize`) take torch's default, which
+    `distributed_c10d._get_default_timeout` reads from its module at each `new_group` (torch 2.13): that default
+    becomes the recipe's too. tests/test_distributed.py (ZeRO-2) and tests/test_engines.py (ZeRO-3, FSDP2, DDP) read
+    every group's timeout back."""
+    from datetime import timedelta
+
+    import torch.distributed.distributed_c10d as c10d
+    from accelerate import PartialState
+
+    timeout = timedelta(seconds=training.ddp_timeout)
+    c10d.default_pg_timeout = c10d.default_pg_nccl_timeout = timeout
+    # As TrainingArguments would make it (`ddp_backend`: gloo on CPU-only nodes, dpotrain/recipe/config.py; DeepSpeed
+    # picks
+    # its own).
+    backend = None if run_engine.deepspeed else training.ddp_backend
+    state = PartialState(timeout=timeout, **({"backend": backend} if backend else {}))
+    if c10d.is_initialized() and c10d.get_rank() == 0:  # torch's rank: accelerate's is not settled yet on CPU
+        held = group_timeouts()[c10d._world.pg_names[c10d._get_default_group()]]
+        print(f"Collective timeout: {held:.0f} s (ddp_timeout) for every process group", flush=True)
+    return state
+
+
+def end_processes() -> None:
+    """Every process group of this process destroyed, once a run has made its last collective (every rank calls it).
+
+    Left to the interpreter's exit, the groups' C++ threads are torn down in whatever order Python frees them: a rank
+    that finished before the main process (which still writes the model card and plot) once died at exit with
+    "terminate called without an active exception" (SIGABRT), failing a completed FSDP2 launch."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def group_timeouts() -> dict[str, float]:
+    """Every process group of this process, by torch's name for it ("0" is the default group), and its collective
+    timeout in seconds as torch holds it (the shortest of its backends: NCCL for GPUs, gloo beside it)."""
+    import torch.distributed as dist
+    from torch.distributed import distributed_c10d as c10d
+
+    if not dist.is_available() or not dist.is_initialized():
+        return {}
+    found = {}
+    for group in c10d._world.pg_map:
+        seconds = [group._get_backend(device).options._timeout.total_seconds() for device in group._device_types]
+        found[c10d._world.pg_names.get(group, "?")] = min(seconds)
+    return found

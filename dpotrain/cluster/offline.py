@@ -1,0 +1,299 @@
+"""Offline compute nodes: is everything a job reads already in the local Hugging Face cache?
+
+Many clusters run jobs on nodes without network. There a job runs with `HF_HUB_OFFLINE=1` and reads the model,
+tokenizer and data set from the cache that `scripts/prefetch.py` filled on a login node. `check_offline_artifacts`
+runs before anything loads and, when a piece is missing, stops the job in its first seconds with the prefetch command
+to run, instead of minutes later from deep inside transformers or datasets. It only looks at files in the cache:
+no network, no weights loaded, nothing written.
+
+A machine that cannot reach the Hub without saying so (no HF_HUB_OFFLINE) is the other case: `check_hub_reachable`
+asks HF_ENDPOINT once, with a deadline of seconds, before the first download of a piece that is not cached, and
+refuses with the remedy instead of letting huggingface_hub retry for a minute. A cached piece costs no request.
+"""
+
+import fnmatch
+import glob
+import json
+import os
+import shlex
+from dataclasses import fields
+from pathlib import Path
+
+import yaml
+
+from dpotrain.data import builtin, data
+from dpotrain.recipe.errors import ConfigError
+
+_TRUE = {"1", "ON", "YES", "TRUE"}  # huggingface_hub.constants.ENV_VARS_TRUE_VALUES
+
+# What a training job reads from a model repo, as prefetch selects it. Top-level files only, apart from the extra chat
+# templates: repos often keep other formats (GGUF, original checkpoints, ONNX) in subfolders.
+MODEL_FILES = [
+    "*.json",  # config, generation config, tokenizer config, special tokens, weight index, processor config
+    "*.jinja",  # chat_template.jinja (transformers 5 saves the chat template here)
+    "additional_chat_templates/*.jinja",
+    "tokenizer.model",
+    "*.tiktoken",
+    "merges.txt",
+    "vocab.txt",
+    "spiece.model",
+]
+WEIGHTS = ["model*.safetensors", "*.safetensors", "pytorch_model*.bin"]  # the first pattern a repo has wins
+TOKENIZER_VOCAB = ("tokenizer.json", "tokenizer.model", "vocab.json", "vocab.txt", "spiece.model")
+# What from_pretrained needs of a model repo, as `missing_model_files` names the pieces.
+NEEDED = ["config.json", "weights (model.safetensors or a sharded index)", "tokenizer_config.json", "a tokenizer file"]
+# The fields whose values decide what the job reads; prefetch takes them as train_dpo.py does.
+ARTIFACT_FIELDS = [
+    ("model", "model_name_or_path"),
+    ("model", "model_revision"),
+    ("script", "dataset_name"),
+    ("script", "dataset_config"),
+    ("script", "dataset_train_split"),
+]
+
+
+def _true(value: str | None) -> bool:
+    return (value or "").upper() in _TRUE
+
+
+def is_offline() -> bool:
+    """Whether the Hub is off for models. huggingface_hub reads HF_HUB_OFFLINE once, at import; the variable may have
+    been set after that (a .env loaded late), and then the job is meant to be offline all the same."""
+    from huggingface_hub import constants
+
+    env = os.environ.get("HF_HUB_OFFLINE") or os.environ.get("TRANSFORMERS_OFFLINE")
+    return constants.HF_HUB_OFFLINE or _true(env)
+
+
+def datasets_offline() -> bool:
+    """datasets has its own switch, HF_DATASETS_OFFLINE, that falls back to HF_HUB_OFFLINE (datasets/config.py)."""
+    value = os.environ.get("HF_DATASETS_OFFLINE")
+    return is_offline() if value is None else _true(value)
+
+
+def is_hub_model(name: str | None) -> bool:
+    """A Hub repo id, not a `builtin:` model or a local folder."""
+    if not name or builtin.is_builtin(name):
+        return False
+    return not (name.startswith((".", "/", "~")) or Path(name).expanduser().exists())
+
+
+def is_hub_dataset(name: str | None) -> bool:
+    return bool(name) and not data.is_local(name)
+
+
+def select_model_files(repo_files: list[str]) -> list[str]:
+    """The files of a model repo that training reads: config, tokenizer, chat template and one set of weights."""
+    top = [f for f in repo_files if "/" not in f]
+    chosen = [f for f in repo_files if any(fnmatch.fnmatch(f, p) for p in MODEL_FILES) and _depth_ok(f)]
+    for pattern in WEIGHTS:  # one format only: a repo with both safetensors and .bin needs the safetensors
+        weights = [f for f in top if fnmatch.fnmatch(f, pattern)]
+        if weights:
+            chosen += weights
+            break
+    return sorted(set(chosen))
+
+
+def _depth_ok(path: str) -> bool:
+    return "/" not in path or path.startswith("additional_chat_templates/")
+
+
+def missing_model_files(repo_id: str, revision: str | None = None, weights: bool = True) -> list[str]:
+    """What from_pretrained would miss in the Hub cache for `repo_id` at `revision` (a branch, tag or commit);
+    `weights=False`: what AutoTokenizer would miss (config, tokenizer files)."""
+    from huggingface_hub import try_to_load_from_cache
+
+    def cached(filename: str) -> str | None:
+        path = try_to_load_from_cache(repo_id, filename, revision=revision)
+        return path if isinstance(path, str) else None
+
+    missing = [] if cached("config.json") else [NEEDED[0]]
+    index = next((p for p in map(cached, ("model.safetensors.index.json", "pytorch_model.bin.index.json")) if p), None)
+    if weights and index:
+        shards = sorted(set(json.loads(Path(index).read_text())["weight_map"].values()))
+        absent = [s for s in shards if not cached(s)]
+        if absent:
+            missing.append(f"{len(absent)} of {len(shards)} weight shards ({absent[0]}, ...)")
+    elif weights and not (cached("model.safetensors") or cached("pytorch_model.bin")):
+        missing.append(NEEDED[1])
+    if not cached("tokenizer_config.json"):
+        missing.append(NEEDED[2])
+    if not any(map(cached, TOKENIZER_VOCAB)):
+        missing.append(NEEDED[3])
+    return missing
+
+
+def cached_dataset(name: str, config: str | None = None, split: str = "train") -> tuple[Path | None, str | None]:
+    """The folder an offline `datasets.load_dataset(name, config)` reads, or None and why it would fail.
+
+    Offline, datasets 5.2 skips the Hub and takes the newest prepared copy in its own cache,
+    `<HF_DATASETS_CACHE>/<namespace>___<snake_name>/<config>/<version>/<commit>/` (datasets/load.py,
+    `CachedDatasetModuleFactory`, and packaged_modules/cache/cache.py, `_find_hash_in_cache`). This follows the same
+    rules on the same files: dataset_info.json names the config and the splits, the Arrow files hold the rows.
+    """
+    import datasets.config
+    from datasets.naming import camelcase_to_snakecase, filenames_for_dataset_split
+
+    parts = name.split("/")
+    parts[-1] = camelcase_to_snakecase(parts[-1])
+    root = Path(datasets.config.HF_DATASETS_CACHE) / "___".join(parts)
+    pattern = os.path.join(glob.escape(str(root)), glob.escape(config) if config else "*", "*", "*")
+    found = [Path(p) for p in glob.glob(pattern) if os.path.isdir(p)]
+    broken = [p for p in found if not (p / "dataset_info.json").is_file()]
+    if broken:  # datasets would stop on it with a FileNotFoundError
+        return None, f"an interrupted download left {broken[0]}: delete it"
+    infos = {p: json.loads((p / "dataset_info.json").read_text()) for p in found}
+    usable = [p for p in found if infos[p].get("config_name") == p.parts[-3]]
+    if not usable:
+        return None, "not cached" + (f" for config {config!r}" if config else "")
+    newest = max(usable, key=lambda p: p.stat().st_mtime)
+    configs = {p.parts[-3] for p in usable if p.parts[-2:] == newest.parts[-2:]}
+    if config is None and len(configs) > 1:
+        return None, f"several configurations cached ({', '.join(sorted(configs))}): set dataset_config"
+    splits = infos[newest].get("splits") or {}
+    if split not in splits:
+        return None, f"the cached copy ({newest}) has no split {split!r}, only {sorted(splits)}"
+    shard_lengths = splits[split].get("shard_lengths")
+    files = filenames_for_dataset_split(
+        str(newest), camelcase_to_snakecase(name.split("/")[-1]), split, "arrow", shard_lengths
+    )
+    absent = [f for f in files if not os.path.isfile(f)]
+    if absent:
+        return None, f"the cached copy ({newest}) lacks {Path(absent[0]).name}: delete the folder"
+    return newest, None
+
+
+def missing_artifacts(recipe, model: bool = True, dataset: bool = True) -> list[str]:
+    """One entry per Hub artifact of the recipe that is not fully in the local cache; [] when all are there."""
+    missing = []
+    name, revision = recipe.model.model_name_or_path, recipe.model.model_revision
+    if model and is_hub_model(name):
+        absent = missing_model_files(name, revision)
+        at = f" at revision {revision!r}" if revision not in (None, "main") else ""
+        if absent == NEEDED:  # nothing of it at all
+            missing.append(f"model {name!r}{at} is not cached")
+        elif absent:
+            missing.append(f"model {name!r}{at} lacks {', '.join(absent)}")
+    script = recipe.script
+    if dataset and is_hub_dataset(script.dataset_name):
+        _, why = cached_dataset(script.dataset_name, script.dataset_config, script.dataset_train_split)
+        if why:
+            missing.append(f"dataset {script.dataset_name!r}: {why}")
+    return missing
+
+
+def prefetch_command(recipe) -> str:
+    """`python scripts/prefetch.py ...` for this recipe, with the cache variables and the overrides the job has."""
+    args = ["python", "scripts/prefetch.py"]
+    in_file = {}
+    if recipe.config_path:
+        args += ["--config", recipe.config_path]
+        in_file = yaml.safe_load(Path(recipe.config_path).read_text()) or {}
+    for part, field in ARTIFACT_FIELDS:
+        value = getattr(getattr(recipe, part), field)
+        default = next(f.default for f in fields(getattr(recipe, part)) if f.name == field)
+        if value is not None and value != in_file.get(field, default):
+            args += [f"--{field}", str(value)]
+    env = [
+        f"{k}={shlex.quote(os.environ[k])}"
+        for k in ("HF_HOME", "HF_HUB_CACHE", "HF_DATASETS_CACHE")
+        if os.environ.get(k)
+    ]
+    return " ".join(env + [shlex.join(args)])  # the login node must fill the cache this job reads
+
+
+def check_offline_artifacts(recipe, offline: bool | None = None) -> None:
+    """When the job is offline (HF_HUB_OFFLINE), refuse it unless its Hub model and data set are in the local cache.
+
+    Local paths and `builtin:` models are not looked at. `offline=True` checks as an offline job would (prefetch
+    uses it to prove the job will find everything); None reads HF_HUB_OFFLINE / HF_DATASETS_OFFLINE.
+    """
+    model = is_offline() if offline is None else offline
+    dataset = datasets_offline() if offline is None else offline
+    if not (model or dataset):
+        return
+    missing = missing_artifacts(recipe, model=model, dataset=dataset)
+    if missing:
+        raise ConfigError(
+            f"offline (HF_HUB_OFFLINE) and not in the local Hugging Face cache: {'; '.join(missing)}. "
+            f"On a login node with network, run: {prefetch_command(recipe)}"
+        )
+
+
+# --- a Hub that does not answer, said in seconds ----------------------------------------------------------------------
+
+# A reachable Hub answers one HEAD request well within this. huggingface_hub itself, for a file it has not cached,
+# retries a request that cannot connect 5 times, 1 + 2 + 4 + 8 + 8 s apart (utils/_http.py, `_http_backoff_base`;
+# file_download.py retries the metadata request when no local copy exists), and waits 10 s (HF_HUB_ETAG_TIMEOUT) on
+# a server that never answers each time: 23 s to minutes per file before its first error.
+PROBE_SECONDS = 3.0
+
+
+def within(seconds: float, fn):
+    """fn() with a deadline. huggingface_hub's HTTP client has no timeout of its own (utils/_http.py: `timeout=None`)
+    and a name lookup has none at all: on a node whose firewall drops packets a call would hang the job, GPUs
+    allocated, instead of failing it."""
+    import threading
+
+    result = {}
+
+    def run():
+        try:
+            result["value"] = fn()
+        except BaseException as e:
+            result["error"] = e
+
+    thread = threading.Thread(target=run, daemon=True)  # daemon: a hung call must not keep the process alive
+    thread.start()
+    thread.join(seconds)
+    if thread.is_alive():
+        raise TimeoutError(f"no answer within {seconds:g} s")
+    if "error" in result:
+        raise result["error"]
+    return result["value"]
+
+
+def hub_unreachable(seconds: float = PROBE_SECONDS) -> str | None:
+    """Why HF_ENDPOINT gives no answer here within `seconds` (one line), or None when it answers, with any status.
+
+    One HEAD request through huggingface_hub's own HTTP client, so with the proxy and certificate settings its
+    downloads would use; the deadline covers the name lookup too."""
+    from huggingface_hub import constants
+    from huggingface_hub.utils import get_session
+
+    try:
+        within(seconds, lambda: get_session().head(constants.ENDPOINT + "/", timeout=seconds))
+    except Exception as e:
+        text = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        return f"{constants.ENDPOINT}: {type(e).__name__}{': ' + text if text else ''}"
+    return None
+
+
+def check_hub_reachable(missing: list[str], remedy: str) -> None:
+    """Refuse work that would download the `missing` pieces (each in words: "model 'org/x' is not cached") from a Hub
+    that does not answer, in seconds and in one line ending with `remedy`. Nothing is asked when nothing is missing:
+    a cached piece is read without waiting on the Hub (huggingface_hub falls back to it at the first failure)."""
+    if not missing:
+        return
+    why = hub_unreachable()
+    if why:
+        raise ConfigError(f"{'; '.join(missing)}, and the Hugging Face Hub does not answer here ({why}): {remedy}")
+
+
+def check_job_reachable(recipe, model: bool = True, dataset: bool = True) -> None:
+    """A job (training, preflight) that would download its model or data set (asked just before each is needed, so
+    every check of the arguments and rows comes first): refused at once when the Hub does not answer, with the
+    prefetch command and HF_HUB_OFFLINE=1 instead of a minute of retries from inside the libraries."""
+    missing = missing_artifacts(recipe, model=model and not is_offline(), dataset=dataset and not datasets_offline())
+    check_hub_reachable(
+        missing,
+        f"on a machine with network, fill the cache with `{prefetch_command(recipe)}` and run this with "
+        "HF_HUB_OFFLINE=1 (or fix HF_ENDPOINT / HTTPS_PROXY)",
+    )
+
+
+def hf_token() -> str | None:
+    """The Hub token: HF_TOKEN (from .env or the environment), else the one `huggingface-cli login` saved."""
+    from huggingface_hub import get_token
+
+    return os.environ.get("HF_TOKEN") or get_token()

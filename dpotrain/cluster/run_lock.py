@@ -1,0 +1,234 @@
+"""One run per output folder: `<output_dir>/run.lock`, taken by the launch's main process before anything is written.
+
+Two runs on one folder (a double `sbatch`) would delete each other's checkpoints and interleave metrics.jsonl. The lock
+is made the way that is atomic on the shared file systems clusters use (NFS, Lustre), not with fcntl/flock: the
+holder's record is written to a file of its own, then hard-linked to `run.lock`; the link fails when the lock exists
+(open(2), "O_EXCL ... on NFS"). The record names the holder (host, pid, Slurm job and restart), for the one-line
+refusal the second run gets.
+
+Nobody may be left blocked by a run that is gone (a node lost to SIGKILL releases nothing). A lock is taken over when:
+- its holder is an earlier start of this same Slurm job (same SLURM_JOB_ID, lower SLURM_RESTART_COUNT): a requeue;
+- its holder ran on this host and its process is gone (pid and the process's start time, since pids are reused);
+- its holder ran on another host and the lock was not refreshed for `STALE_S`: a live holder touches it every
+  `HEARTBEAT_S` from a background thread.
+"""
+
+import json
+import os
+import socket
+import sys
+import threading
+import time
+from pathlib import Path
+
+from dpotrain.recipe.errors import ConfigError
+
+LOCK_FILE = "run.lock"
+HEARTBEAT_S = 30  # how often a live run refreshes its lock's time
+STALE_S = 300  # a lock of another host not refreshed for this long is a dead run's (node clocks agree to well within)
+BREAK_STALE_S = 60  # a takeover in progress (run.lock.break) older than this was itself killed
+
+
+def _proc_start(pid: int) -> str | None:
+    """The process's start time in clock ticks since boot (/proc/<pid>/stat, field 22); None when it does not exist."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return stat.rsplit(")", 1)[1].split()[19]
+
+
+def _boot_id() -> str | None:
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        return None
+
+
+def holder_record() -> dict:
+    """Who this process is, as the lock names it. No command line: it may hold a token."""
+    return {
+        "host": socket.gethostname(),
+        "pid": os.getpid(),
+        "process_start": _proc_start(os.getpid()),
+        "boot_id": _boot_id(),
+        "slurm_job_id": os.environ.get("SLURM_JOB_ID"),
+        "slurm_restart_count": int(os.environ.get("SLURM_RESTART_COUNT") or 0),
+        "since": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+    }
+
+
+def _alive_here(holder: dict) -> bool:
+    """Whether the holder, a process of this host, still runs."""
+    if holder.get("boot_id") and _boot_id() and holder["boot_id"] != _boot_id():
+        return False  # the host restarted since
+    try:
+        os.kill(int(holder["pid"]), 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass  # another user's process: alive
+    except (KeyError, TypeError, ValueError):
+        return False
+    started = _proc_start(int(holder["pid"]))
+    return holder.get("process_start") is None or started is None or started == holder["process_start"]
+
+
+def free_reason(holder: dict | None, age_s: float) -> str | None:
+    """Why a lock held by `holder` (refreshed `age_s` ago) may be taken over; None when its holder may be alive."""
+    if holder is None:
+        return "unreadable" if age_s > STALE_S else None
+    job = os.environ.get("SLURM_JOB_ID")
+    restart = int(os.environ.get("SLURM_RESTART_COUNT") or 0)
+    if job and holder.get("slurm_job_id") == job and int(holder.get("slurm_restart_count") or 0) < restart:
+        return f"an earlier start of this Slurm job ({job}), now requeued"
+    if holder.get("host") == socket.gethostname():
+        return None if _alive_here(holder) else f"its process ({holder.get('pid')}) is gone"
+    if age_s > STALE_S:
+        return f"not refreshed for {age_s:.0f} s (> {STALE_S} s): its node is gone"
+    return None
+
+
+def _read(lock: Path) -> tuple[bytes, dict | None, float] | None:
+    """The lock's bytes, its holder (None if unreadable) and seconds since it was refreshed; None when there is none."""
+    try:
+        raw, age = lock.read_bytes(), time.time() - lock.stat().st_mtime
+    except FileNotFoundError:
+        return None
+    try:
+        holder = json.loads(raw)
+    except ValueError:
+        holder = None
+    return raw, holder if isinstance(holder, dict) else None, age
+
+
+def describe(holder: dict | None, age_s: float) -> str:
+    if holder is None:
+        return f"an unreadable lock, refreshed {age_s:.0f} s ago"
+    job = holder.get("slurm_job_id")
+    slurm = f", Slurm job {job} (restart {holder.get('slurm_restart_count', 0)})" if job else ""
+    return (f"host {holder.get('host')}, pid {holder.get('pid')}{slurm}, since {holder.get('since')}; its lock was "
+            f"refreshed {age_s:.0f} s ago")  # fmt: skip
+
+
+def refusal(out: Path, holder: dict | None, age_s: float) -> str:
+    job = (holder or {}).get("slurm_job_id")
+    stop = f"stop it (scancel {job})" if job else "stop it"
+    return (f"output_dir {str(out)!r} is in use by another run ({describe(holder, age_s)}; {out / LOCK_FILE}): wait "
+            f"for it to end, {stop}, or pass another --output_dir. A dead run's lock is taken over by itself: on its "
+            f"host once its process is gone, from another host once not refreshed for {STALE_S} s")  # fmt: skip
+
+
+def check_free(out: Path) -> None:
+    """Refuses a folder a live run holds (read-only: any rank, before anything loads). `take` decides for real."""
+    found = _read(out / LOCK_FILE)
+    if found and free_reason(found[1], found[2]) is None:
+        raise ConfigError(refusal(out, found[1], found[2]))
+
+
+class Lock:
+    """The lock this process holds on `out`, refreshed in the background until `release`."""
+
+    def __init__(self, out: Path, raw: bytes, created_folder: bool):
+        self.out, self.path, self.raw, self.created_folder = out, out / LOCK_FILE, raw, created_folder
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._refresh, name="run-lock-heartbeat", daemon=True)
+        self._thread.start()
+
+    def _refresh(self) -> None:
+        while not self._stop.wait(HEARTBEAT_S):
+            found = _read(self.path)
+            if found is None or found[0] != self.raw:
+                now = "removed" if found is None else f"taken by {describe(found[1], found[2])}"
+                print(f"warning: the lock {self.path} is no longer this run's ({now}): another run may write into "
+                      f"{self.out}", file=sys.stderr, flush=True)  # fmt: skip
+                return
+            try:
+                os.utime(self.path)
+            except OSError:  # a file system hiccup: the next beat tries again, long before the lock is stale
+                pass
+
+    def release(self) -> None:
+        self._stop.set()
+        found = _read(self.path)
+        if found is not None and found[0] == self.raw:
+            self.path.unlink(missing_ok=True)
+        if self.created_folder and self.out.is_dir() and not any(self.out.iterdir()):
+            self.out.rmdir()  # refused before it wrote anything: no empty folder left for it
+
+
+_held: list[Lock] = []
+
+
+def _link(lock: Path, raw: bytes) -> bool:
+    """Makes `lock` hold `raw`, atomically, unless it exists (link(2): atomic on NFS where O_EXCL may not be)."""
+    own = lock.with_name(f".{lock.name}.{socket.gethostname()}.{os.getpid()}")
+    with open(own, "wb") as f:
+        f.write(raw)
+        f.flush()
+        os.fsync(f.fileno())
+    try:
+        os.link(own, lock)
+        return True
+    except FileExistsError:
+        return False
+    except OSError:  # NFS may report a failed link that was made: the link count tells (open(2))
+        return os.stat(own).st_nlink == 2
+    finally:
+        own.unlink(missing_ok=True)
+
+
+def _break(lock: Path, seen: bytes, why: str) -> None:
+    """Removes a dead holder's lock, unless another run did so first (then it may hold a new one: left alone)."""
+    breaker = lock.with_name(f"{lock.name}.break")
+    if not _link(breaker, b""):
+        found = _read(breaker)
+        if found and found[2] > BREAK_STALE_S:
+            breaker.unlink(missing_ok=True)  # a takeover killed half-way: the next attempt takes its place
+        return
+    try:
+        found = _read(lock)
+        if found and found[0] == seen:
+            lock.unlink()
+            print(f"Took over {lock} from {describe(found[1], found[2])}: {why}", flush=True)
+    finally:
+        breaker.unlink(missing_ok=True)
+
+
+def acquire(out: Path) -> str | None:
+    """Takes the lock on `out` for this process; returns None, or the refusal when a live run holds it."""
+    created = not out.exists()
+    out.mkdir(parents=True, exist_ok=True)
+    lock = out / LOCK_FILE
+    raw = json.dumps(holder_record(), indent=1).encode() + b"\n"
+    for _ in range(5):  # a takeover raced by another run: each try ends with a holder or a broken lock
+        if _link(lock, raw):
+            _held.append(Lock(out, raw, created))
+            return None
+        found = _read(lock)
+        if found is None:
+            continue  # released meanwhile
+        why = free_reason(found[1], found[2])
+        if why is None:
+            return refusal(out, found[1], found[2])
+        _break(lock, found[0], why)
+        time.sleep(0.2)
+    found = _read(lock)
+    return refusal(out, *(found[1:] if found else (None, 0.0)))
+
+
+def take(output_dir: str, main: bool) -> None:
+    """The launch's main process takes the lock; every rank learns the outcome from it (one broadcast, after the
+    process group is made) and a refused launch ends on every rank with the same line."""
+    from dpotrain.cluster.collectives import broadcast_from_main
+
+    refused = acquire(Path(output_dir)) if main else None
+    refused = broadcast_from_main(refused)
+    if refused:
+        raise ConfigError(refused)
+
+
+def release() -> None:
+    """Releases the locks this process holds (the end of a run, however it ends but SIGKILL)."""
+    while _held:
+        _held.pop().release()

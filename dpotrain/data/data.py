@@ -1,0 +1,247 @@
+"""Load a preference data set: from the Hub, a JSONL/JSON/Parquet/CSV file, or a folder saved with `save_to_disk`."""
+
+import json
+from pathlib import Path
+
+from dpotrain.recipe.errors import ConfigError
+
+LOCAL_SUFFIXES = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
+REQUIRED_COLUMNS = ("chosen", "rejected")
+JSON_ARRAY_COUNT_LIMIT = 1 << 30  # bytes: a JSON array is counted by parsing it whole (Python objects, ~5x its size)
+
+
+def looks_like_path(name: str) -> bool:
+    """Written as a path, not as a Hub repo id (`org/name`: one slash, no leading `.`, `/` or `~`), or starting with
+    a folder that exists here (`outputs/my-sft`, `data/pairs.jsnl`: a mistyped local path, not an `org`)."""
+    return name.startswith((".", "/", "~")) or name.count("/") >= 2 or ("/" in name and Path(name).parent.is_dir())
+
+
+def is_local(name: str) -> bool:
+    """A path the user means as a local file or folder (a Hub name is `org/name` and does not exist on disk)."""
+    path = Path(name).expanduser()
+    return path.suffix in LOCAL_SUFFIXES or looks_like_path(name) or path.exists()
+
+
+def check_dataset_name(name: str | None) -> None:
+    if not name:
+        raise ConfigError("no dataset: set dataset_name in the recipe or pass --dataset_name (Hub name or local file)")
+    if is_local(name) and not Path(name).expanduser().exists():
+        raise ConfigError(f"dataset {name!r} does not exist: check the path, or give a Hub name like org/dataset")
+    path = Path(name).expanduser()
+    if path.is_file() and path.suffix in LOCAL_SUFFIXES:
+        check_file_kind(path)
+
+
+SUFFIX_OF = {"parquet": ".parquet", "json lines": ".jsonl", "a json array": ".json"}
+
+
+def file_kind(path: Path) -> str | None:
+    """What a data file holds, from its first and last bytes: parquet, json lines, a json array, or None (text: CSV,
+    or something loading it will name)."""
+    with open(path, "rb") as f:
+        head = f.read(4096)
+        if head[:4] == b"PAR1":
+            f.seek(-4, 2)
+            return "parquet" if f.read(4) == b"PAR1" else None
+    text = head.removeprefix(b"\xef\xbb\xbf").lstrip()
+    return {b"{": "json lines", b"[": "a json array"}.get(text[:1])
+
+
+def check_file_kind(path: Path) -> None:
+    """A file whose name says another format than it holds (JSON Lines named .parquet, Parquet named .jsonl): one line
+    saying what it is and how to name it, instead of the reader's traceback."""
+    kind = file_kind(path)
+    fits = {".parquet": kind == "parquet", ".jsonl": kind != "parquet", ".json": kind != "parquet",
+            ".csv": kind is None}[path.suffix]  # fmt: skip
+    if not fits:
+        right = SUFFIX_OF[kind]
+        raise ConfigError(f"dataset file {str(path)!r} is named {path.suffix} but holds {kind}: rename it to "
+                          f"{path.with_suffix(right).name!r} (the suffix decides how it is read)")  # fmt: skip
+
+
+def load_preference_dataset(
+    name: str, split: str = "train", config: str | None = None, revision: str | None = None, streaming: bool = False
+):
+    """The `split` of the data set `name`, checked for the `chosen`/`rejected` columns DPO needs."""
+    import datasets
+
+    check_dataset_name(name)
+    path = Path(name).expanduser()
+    if path.is_dir() and ((path / "dataset_info.json").exists() or (path / "dataset_dict.json").exists()):
+        empty = _empty_saved_splits(path)
+        if empty:  # datasets cannot read a split saved with no rows back (IndexError inside load_from_disk)
+            raise ConfigError(f"dataset {name!r}: split(s) {empty} saved with no rows; remove them or save rows")
+        loaded = datasets.load_from_disk(str(path))
+    elif path.is_file():
+        builder = LOCAL_SUFFIXES.get(path.suffix)
+        if builder is None:
+            raise ConfigError(f"dataset file {name!r}: use .jsonl, .json, .parquet or .csv (docs/data.md)")
+        if path.stat().st_size == 0:
+            raise ConfigError(f"dataset file {name!r} is empty: it needs one JSON object per line with chosen/rejected")
+        if not _has_rows(path):  # datasets: "Instruction 'train' corresponds to no data!"
+            raise ConfigError(f"dataset file {name!r} has no rows: it needs one pair per row, with chosen/rejected")
+        try:
+            loaded = datasets.load_dataset(builder, data_files={split: str(path)}, streaming=streaming)
+        except Exception as e:  # datasets names neither the file's line nor the fix
+            raise ConfigError(_unreadable(path, e)) from None
+        if builder in ("json", "csv") and not streaming:
+            _check_utf8(loaded[split], path)
+    else:
+        try:
+            loaded = datasets.load_dataset(name, name=config, revision=revision, streaming=streaming)
+        except Exception as e:  # unknown name, no access, no network: one line, not a traceback
+            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise ConfigError(f"could not load data set {name!r} from the Hub: {first}") from None
+    if isinstance(loaded, (datasets.DatasetDict, datasets.IterableDatasetDict)):
+        if split not in loaded:
+            raise ConfigError(f"dataset {name!r} has no split {split!r}: choose one of {sorted(loaded)}")
+        loaded = loaded[split]
+    check_columns(loaded.column_names, name)
+    return loaded
+
+
+def _has_rows(path: Path) -> bool:
+    """Whether a local file holds a row, read from its head only: every rank checks this at start, so the whole-file
+    parse of `count_local_rows` (a JSON array, a CSV) is no place for it. A file the head cannot settle counts as
+    holding rows; loading it says what is wrong."""
+    if path.suffix == ".parquet":
+        import pyarrow.parquet as pq
+
+        return pq.ParquetFile(path).metadata.num_rows > 0
+    if path.suffix not in (".jsonl", ".json"):
+        return True
+    with open(path, encoding="utf-8", errors="replace") as f:
+        for line in f:  # up to the first non-blank line
+            if line.strip():
+                head = line.strip() + f.read(4096)
+                return not (head.startswith("[") and head[1:].lstrip().startswith("]"))
+    return False
+
+
+def _empty_saved_splits(path: Path) -> list[str]:
+    """Splits of a `save_to_disk` folder (a Dataset's own folder counts as one) that hold no data file."""
+    states = [path / "state.json"] if (path / "state.json").exists() else sorted(path.glob("*/state.json"))
+    return [s.parent.name for s in states if not json.loads(s.read_text()).get("_data_files")]
+
+
+def _check_utf8(dataset, path: Path) -> None:
+    """pyarrow's JSON reader keeps invalid UTF-8 bytes in its strings, and reading the row fails later (a
+    UnicodeDecodeError naming neither file nor line): Arrow's full validation finds such bytes in C++."""
+    import pyarrow as pa
+
+    try:
+        dataset.data.table.validate(full=True)
+    except pa.ArrowInvalid as e:
+        if "UTF8" not in str(e):
+            raise
+        raise ConfigError(_invalid_utf8(path) or f"dataset file {str(path)!r} is not valid UTF-8") from None
+
+
+def _invalid_utf8(path: Path) -> str | None:
+    """`file:line: not valid UTF-8 ...` for the first line of `path` that is not UTF-8, or None."""
+    with open(path, "rb") as f:
+        for number, line in enumerate(f, 1):
+            try:
+                line.decode("utf-8")
+            except UnicodeDecodeError as e:
+                return (f"{path}:{number}: not valid UTF-8 (byte {line[e.start]:#04x} at column {e.start + 1}): save "
+                        "the file as UTF-8 (from Latin-1: `iconv -f latin1 -t utf-8`), or fix that line")  # fmt: skip
+    return None
+
+
+def _unreadable(path: Path, error: Exception) -> str:
+    """Why a local file did not load: a line that is not UTF-8, or for JSON Lines the first line that is not a JSON
+    object, by its number."""
+    found = _invalid_utf8(path) if path.suffix in (".jsonl", ".json", ".csv") else None  # wrapped by datasets
+    if found:
+        return found
+    if path.suffix == ".jsonl":
+        with open(path, encoding="utf-8", errors="replace") as f:
+            for number, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                try:
+                    row = json.loads(line.rstrip("\n"))
+                except json.JSONDecodeError as e:
+                    return f"{path}:{number}: not valid JSON ({e.msg} at column {e.colno}): fix or remove that line"
+                if not isinstance(row, dict):
+                    return f"{path}:{number}: a JSON {type(row).__name__}, not an object: each line is one pair"
+    first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+    return f"could not read dataset file {str(path)!r}: {first}"
+
+
+def check_columns(columns, name: str) -> None:
+    missing = [c for c in REQUIRED_COLUMNS if c not in (columns or [])]
+    if missing:
+        raise ConfigError(
+            f"dataset {name!r} has no {'/'.join(missing)} column(s) (it has {sorted(columns or [])}): DPO needs "
+            "`chosen` and `rejected` (message lists or strings), optionally `prompt`; rename the columns or "
+            "pick a preference data set"
+        )
+
+
+def count_local_rows(name: str, split: str = "train") -> int | None:
+    """Rows in a local data set (its `split`, for a folder of splits) without loading it into `datasets` (the dry
+    run's step counts); None where they are not cheaply known."""
+    path = Path(name).expanduser()
+    if path.suffix in (".jsonl", ".json") and path.is_file():
+        with open(path, encoding="utf-8", errors="replace") as f:
+            head = f.read(4096).lstrip()
+            f.seek(0)
+            if head.startswith("["):  # a JSON array of rows (datasets' json builder reads both)
+                if head[1:].lstrip().startswith("]"):
+                    return 0
+                if path.stat().st_size > JSON_ARRAY_COUNT_LIMIT:  # only a full parse counts it: not on a login node
+                    return None
+                try:
+                    rows = json.load(f)
+                except ValueError:  # not JSON: loading it says where (`_unreadable`)
+                    return None
+                return len(rows) if isinstance(rows, list) else None
+            return sum(1 for line in f if line.strip())  # JSON Lines
+    if path.suffix == ".parquet" and path.is_file():
+        import pyarrow.parquet as pq
+
+        return pq.ParquetFile(path).metadata.num_rows
+    if path.suffix == ".csv" and path.is_file():
+        import pyarrow.csv as pcsv
+
+        # Quoted fields may hold newlines (a multi-line answer): rows, not lines, are counted.
+        try:
+            with pcsv.open_csv(path, parse_options=pcsv.ParseOptions(newlines_in_values=True)) as reader:
+                return sum(batch.num_rows for batch in reader)
+        except ValueError:  # pyarrow's ArrowInvalid: a file its parser refuses; loading it (pandas) says what is wrong
+            return None
+    if (path / "dataset_dict.json").exists():  # DatasetDict.save_to_disk: one folder per split
+        path = path / split
+    if (path / "dataset_info.json").exists() and (path / "state.json").exists():
+        state = json.loads((path / "state.json").read_text())
+        import pyarrow as pa
+
+        return sum(pa.ipc.open_stream(path / f["filename"]).read_all().num_rows for f in state["_data_files"])
+    return None
+
+
+def row_location(name: str, index: int) -> str:
+    """Where row `index` (from 0, as the data set counts its rows) of a data set is, as a person finds it in the file:
+    'line 8 of my.jsonl' (JSON Lines: the index-th line that is not blank, which is what the reader counts), 'line 9
+    of my.csv' (the line its record starts on, after the header; quoted fields may span lines), else 'row 7 (from 0)
+    of my.parquet'. Read only when a row is refused: a scan of the file up to that row."""
+    path = Path(name).expanduser()
+    if path.is_file() and path.suffix == ".jsonl" or (path.suffix == ".json" and file_kind(path) == "json lines"):
+        with open(path, "rb") as f:
+            rows = -1
+            for number, line in enumerate(f, 1):
+                rows += bool(line.strip())
+                if rows == index:
+                    return f"line {number} of {path.name}"
+    if path.is_file() and path.suffix == ".csv":
+        import csv
+
+        with open(path, newline="", encoding="utf-8", errors="replace") as f:
+            reader, start = csv.reader(f), 1
+            for record, _ in enumerate(reader, -1):  # -1: the header
+                if record == index:
+                    return f"line {start} of {path.name}"
+                start = reader.line_num + 1
+    return f"row {index} (from 0) of {path.name if path.exists() else name}"

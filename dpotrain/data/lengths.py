@@ -1,0 +1,756 @@
+"""Token lengths of a preference data set exactly as TRL's `DPOTrainer` sees them, and the `max_length` they call for.
+
+Rows are first read as training reads them (`rows.read_row`: any shape of `shapes.py` into an explicit prompt and two
+completions). The trainer (`DPOTrainer._prepare_dataset`, TRL 1.16) then appends EOS to plain-text completions,
+tokenizes prompt (with the generation prompt), prompt+chosen and prompt+rejected, and starts the completion where
+the tokenized prompt and prompt+completion stop agreeing. Rows whose prompt alone fills `max_length` are dropped;
+the collator cuts the others at `max_length` (keep_start).
+
+Two ways to the same numbers, both built on TRL's own functions (`extract_prompt`, `is_conversational`, `_tokenize`,
+`common_prefix_length`):
+- `row_lengths`: one row at a time through `trl.data_utils._tokenize`, the call the trainer makes. The reference.
+- `batch_lengths`: renders the chat template to text and encodes many texts in one fast-tokenizer call, which is
+  what `apply_chat_template(tokenize=True)` does per row (render, then encode with `add_special_tokens=False`).
+  ~2-3x faster; every batch checks its first row against `row_lengths` and falls back to it on any difference,
+  and tests/test_analyzer.py proves equality with the trainer's processed data set row by row.
+
+The recommendation (`recommendation`) is the smallest multiple of 512 that leaves `coverage` of the pairs untruncated,
+shown with what it trades under packing, where a pair costs only its real positions (`packed_positions`): the packed
+compute of every candidate relative to it, with the prompt computed twice (today) and once per pair (shared-prompt
+packing). README "Choosing max_length" says why the rule is a coverage and not a compute knee.
+
+Training with `max_length: auto` calls `auto_max_length` (analyses or reuses a cached report), a `--dry-run`
+calls `cached_auto_max_length` (never analyses). `scripts/analyze_dataset.py` is the command-line report. Rows are
+checked by `rows.check_row` (shared with training); the markdown tables and the plot are in `lengths_report.py`.
+"""
+
+import dataclasses
+import hashlib
+import json
+import math
+import os
+import sys
+import time
+from collections import deque
+from pathlib import Path
+
+import numpy as np
+from trl.data_utils import _tokenize, common_prefix_length, is_conversational
+
+from dpotrain.data import cuts
+from dpotrain.data.rows import ROW_COLUMNS, InvalidRowError, RowFormat, read_row, split_row
+from dpotrain.recipe.config import ProjectArguments
+from dpotrain.recipe.errors import ConfigError
+from dpotrain.recipe.writes import replacing, write_text
+
+STEP = 512  # the recommendation is a multiple of this: kernel- and memory-friendly shapes
+# The seed report's cumulative distribution, and the long lengths a thinking data set's tail reaches (OLMo 3: 16K-32K).
+REPORT_LENGTHS = (2048, 4096, 8192, 12288, 16384, 24576, 32768)
+PERCENTILES = (50, 90, 95, 99)
+DEFAULT_COVERAGE = ProjectArguments.auto_coverage  # one default for the analyzer and `max_length: auto`
+DEFAULT_BATCH_SIZE = 4  # pairs per device when no recipe says (OLMo 3 recipes: 4)
+ANALYSIS_VERSION = 2  # bump when the numbers an analysis produces change, so cached reports are not reused
+
+
+def _template_kwargs(example: dict) -> dict:
+    tools = example.get("tools")  # as DPOTrainer's tokenize_fn: a JSON string or a list
+    tools = json.loads(tools) if isinstance(tools, str) else tools
+    return {"tools": tools, **(example.get("chat_template_kwargs") or {})}
+
+
+def row_lengths(example: dict, tokenizer) -> tuple[int, int, int]:
+    """(prompt, chosen, rejected) token counts of one split row, by the same calls as DPOTrainer's tokenize_fn."""
+    if is_conversational(example):
+        kwargs = _template_kwargs(example)
+        prompt_ids = _tokenize(tokenizer, example["prompt"], add_generation_prompt=True, **kwargs)["input_ids"]
+        chosen_ids = _tokenize(tokenizer, example["prompt"] + example["chosen"], **kwargs)["input_ids"]
+        rejected_ids = _tokenize(tokenizer, example["prompt"] + example["rejected"], **kwargs)["input_ids"]
+    else:
+        prompt_ids = _tokenize(tokenizer, example["prompt"])["input_ids"]
+        chosen_ids = _tokenize(tokenizer, example["prompt"] + example["chosen"])["input_ids"]
+        rejected_ids = _tokenize(tokenizer, example["prompt"] + example["rejected"])["input_ids"]
+    return _split_lengths(prompt_ids, chosen_ids, rejected_ids)
+
+
+def _split_lengths(prompt_ids, chosen_ids, rejected_ids) -> tuple[int, int, int]:
+    n = min(common_prefix_length(prompt_ids, chosen_ids), common_prefix_length(prompt_ids, rejected_ids))
+    return n, len(chosen_ids) - n, len(rejected_ids) - n
+
+
+def render_row(example: dict, tokenizer) -> tuple[str, str, str]:
+    """The three texts `row_lengths` tokenizes: chat template rendered (not tokenized) for message lists."""
+    if not is_conversational(example):
+        prompt = example["prompt"]
+        return prompt, prompt + example["chosen"], prompt + example["rejected"]
+    kwargs = _template_kwargs(example)
+    prompt = example["prompt"]
+    return (
+        tokenizer.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True, **kwargs),
+        tokenizer.apply_chat_template(prompt + example["chosen"], tokenize=False, **kwargs),
+        tokenizer.apply_chat_template(prompt + example["rejected"], tokenize=False, **kwargs),
+    )
+
+
+def encode(tokenizer, texts: list[str], add_special_tokens: bool) -> list[list[int]]:
+    """`tokenizer(texts)["input_ids"]`, through the Rust backend directly when there is one (no offsets: faster)."""
+    backend = getattr(tokenizer, "backend_tokenizer", None) if tokenizer.is_fast else None
+    if backend is None or not hasattr(backend, "encode_batch_fast"):
+        return tokenizer(texts, add_special_tokens=add_special_tokens, return_attention_mask=False)["input_ids"]
+    # What transformers' fast-tokenizer __call__ sets before its own encode_batch (no truncation or padding).
+    if backend.truncation is not None:
+        backend.no_truncation()
+    if backend.padding is not None:
+        backend.no_padding()
+    backend.encode_special_tokens = bool(getattr(tokenizer, "split_special_tokens", False))
+    return [e.ids for e in backend.encode_batch_fast(texts, add_special_tokens=add_special_tokens)]
+
+
+def batch_lengths(examples: list[dict], tokenizer, conversational: bool) -> list[tuple[int, int, int]]:
+    """`row_lengths` of many split rows: rendered one by one, encoded in one batch."""
+    return _lengths_of_texts([render_row(example, tokenizer) for example in examples], tokenizer, conversational)
+
+
+def _lengths_of_texts(texts: list[tuple[str, str, str]], tokenizer, conversational: bool):
+    # apply_chat_template(tokenize=True) encodes with add_special_tokens=False; plain text goes through
+    # tokenizer(text=...), which adds them.
+    ids = encode(tokenizer, [t for row in texts for t in row], add_special_tokens=not conversational)
+    return [_split_lengths(*ids[i : i + 3]) for i in range(0, len(ids), 3)]
+
+
+# --- a whole data set ------------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class Measured:
+    """Per-row token counts of the valid rows (in the order analysed) and the rows left out, with why."""
+
+    index: np.ndarray  # the row's index in the data set
+    prompt: np.ndarray
+    chosen: np.ndarray
+    rejected: np.ndarray
+    invalid: list[dict]  # {"index", "column", "problem"}
+    conversational: bool
+    shape: str = ""  # how the rows were read (shapes.Shape.describe)
+    fast_path_mismatches: int = 0  # batches where batch_lengths disagreed with row_lengths (then row_lengths is used)
+    seconds: float = 0.0
+
+    @property
+    def total(self) -> np.ndarray:
+        return self.prompt + np.maximum(self.chosen, self.rejected)
+
+    @property
+    def rows(self) -> int:
+        return len(self.index)
+
+
+_WORKER: dict = {}
+
+
+def _init_worker(tokenizer, dataset, fmt: RowFormat, method: str) -> None:
+    _WORKER.update(tokenizer=tokenizer, dataset=dataset, fmt=fmt, method=method)
+
+
+def _measure_chunk(item) -> tuple[list[int], list[tuple[int, int, int]], list[dict], int]:
+    """Lengths of one chunk of rows: `(indices, rows)`, or `(indices, (start, stop))` of the worker's data set."""
+    indices, rows = item
+    if isinstance(rows, tuple):  # read here, in the worker, rather than pickled over from the main process
+        columns = _WORKER["dataset"][rows[0] : rows[1]]
+        rows = [dict(zip(columns, values, strict=True)) for values in zip(*columns.values(), strict=True)]
+    return measure_rows(indices, rows, _WORKER["tokenizer"], _WORKER["fmt"], _WORKER["method"])
+
+
+def measure_rows(indices, rows, tokenizer, fmt: RowFormat, method: str = "batched"):
+    """(valid indices, their (prompt, chosen, rejected) lengths, problems, fast-path mismatches) for some rows."""
+    kept, examples, texts, lengths, problems = [], [], [], [], []
+    for index, row in zip(indices, rows, strict=True):
+        example, problem = read_row(row, fmt)  # the same reading as training's (rows.usable_pairs)
+        if problem is None:
+            example = split_row(example, fmt)
+            try:  # a chat template may refuse a row (e.g. roles that do not alternate): so does the trainer
+                if method == "batched":
+                    texts.append(render_row(example, tokenizer))
+                else:
+                    lengths.append(row_lengths(example, tokenizer))
+            except Exception as e:
+                problem = _template_problem(example, tokenizer) or ("chosen", f"{type(e).__name__}: {e}")
+        if problem:
+            problems.append({"index": int(index), "column": problem[0], "problem": problem[1]})
+        else:
+            kept.append(int(index))
+            examples.append(example)
+    if method == "reference" or not examples:
+        return kept, lengths, problems, 0
+    lengths = _lengths_of_texts(texts, tokenizer, fmt.conversational)
+    if lengths[0] != row_lengths(examples[0], tokenizer):  # the fast path must equal the trainer's tokenization
+        return kept, [row_lengths(example, tokenizer) for example in examples], problems, 1
+    return kept, lengths, problems, 0
+
+
+def _template_problem(example: dict, tokenizer) -> tuple[str, str] | None:
+    """Which text the chat template refuses, and why."""
+    if not is_conversational(example):
+        return None
+    kwargs = _template_kwargs(example)
+    for column, messages, generation in (
+        ("prompt", example["prompt"], True),
+        ("chosen", example["prompt"] + example["chosen"], False),
+        ("rejected", example["prompt"] + example["rejected"], False),
+    ):
+        try:
+            tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=generation, **kwargs)
+        except Exception as e:
+            return column, f"chat template error: {type(e).__name__}: {e}"
+    return None
+
+
+def measure(
+    dataset,
+    tokenizer,
+    *,
+    num_proc: int = 1,
+    skip_invalid: bool = False,
+    method: str = "batched",
+    chunk_size: int = 256,
+    indices=None,
+    progress: bool = False,
+    hh_format: str = "messages",
+) -> Measured:
+    """Token lengths of every row of `dataset` (a `Dataset` or a streaming `IterableDataset`).
+
+    `indices`: the original index of each row when `dataset` is a selection (for messages). `method`: "batched" or
+    "reference" (one row at a time). `hh_format`: HH-RLHF strings as messages or as text (shapes.py). Invalid rows
+    raise `InvalidRowError` unless `skip_invalid`, which lists them.
+    """
+    import datasets
+
+    if method not in ("batched", "reference"):
+        raise ValueError(f"method must be 'batched' or 'reference', not {method!r}")
+    start = time.perf_counter()
+    columns = [c for c in ROW_COLUMNS if c in _columns(dataset)]
+    dataset = dataset.select_columns(columns)
+    first = next(iter(dataset), None)
+    if first is None:
+        raise ConfigError("the data set has no rows")
+    fmt = RowFormat.of(first, columns, tokenizer.eos_token, hh_format)
+    in_memory = isinstance(dataset, datasets.Dataset)
+    total = len(dataset) if in_memory else _known_rows(dataset)
+
+    items = _table_chunks(total, chunk_size, indices) if in_memory else _stream_chunks(dataset, chunk_size, indices)
+
+    from tqdm.auto import tqdm
+
+    bar = tqdm(total=total, unit="rows", desc="Tokenizing", disable=not progress, smoothing=0.1)
+    kept, lengths, invalid, mismatches = [], [], [], 0
+    try:
+        for chunk_kept, chunk_lengths, problems, bad in _ordered_map(
+            _measure_chunk, items, num_proc, (tokenizer, dataset if in_memory else None, fmt, method)
+        ):
+            if problems and not skip_invalid:
+                first_bad = min(problems, key=lambda p: p["index"])
+                raise InvalidRowError(first_bad["index"], first_bad["column"], first_bad["problem"])
+            kept += chunk_kept
+            lengths += chunk_lengths
+            invalid += problems
+            mismatches += bad
+            bar.update(len(chunk_kept) + len(problems))
+    finally:
+        bar.close()
+    if mismatches:
+        print(
+            f"warning: the batched tokenization differed from TRL's in {mismatches} chunk(s); those were measured "
+            "one row at a time (exact, slower)",
+            file=sys.stderr,
+        )
+    arr = np.asarray(lengths, dtype=np.int64).reshape(-1, 3)
+    return Measured(
+        index=np.asarray(kept, dtype=np.int64),
+        prompt=arr[:, 0],
+        chosen=arr[:, 1],
+        rejected=arr[:, 2],
+        invalid=sorted(invalid, key=lambda p: p["index"]),
+        conversational=fmt.conversational,
+        shape=fmt.shape.describe(tokenizer.name_or_path),
+        fast_path_mismatches=mismatches,
+        seconds=time.perf_counter() - start,
+    )
+
+
+def _columns(dataset) -> list[str]:
+    if dataset.column_names is not None:
+        return dataset.column_names
+    return list(next(iter(dataset)).keys())  # a streaming data set whose features are not declared
+
+
+def _known_rows(dataset) -> int | None:
+    try:
+        return dataset.info.splits[dataset.split].num_examples
+    except (AttributeError, KeyError, TypeError):
+        return None
+
+
+def _table_chunks(total: int, chunk_size: int, indices):
+    for start in range(0, total, chunk_size):
+        stop = min(start + chunk_size, total)
+        positions = indices[start:stop] if indices is not None else range(start, stop)
+        yield [int(i) for i in positions], (start, stop)
+
+
+def _stream_chunks(dataset, chunk_size: int, indices):
+    rows, positions = [], []
+    for position, row in enumerate(dataset):
+        rows.append(row)
+        positions.append(int(indices[position]) if indices is not None else position)
+        if len(rows) == chunk_size:
+            yield positions, rows
+            rows, positions = [], []
+    if rows:
+        yield positions, rows
+
+
+def _ordered_map(fn, items, num_proc: int, initargs: tuple):
+    """`map(fn, items)` over `num_proc` processes, in order, with a bounded number of chunks in flight: a streaming
+    data set larger than memory is never read ahead of the workers (multiprocessing's imap would read it all)."""
+    if num_proc <= 1:
+        _init_worker(*initargs)
+        try:
+            yield from map(fn, items)
+        finally:
+            _WORKER.clear()  # do not keep the data set alive
+        return
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    # Each worker is one tokenizer thread; Rust threads inside forked workers would oversubscribe the cores (and
+    # tokenizers warns when it is forked after having used them).
+    previous = os.environ.get("TOKENIZERS_PARALLELISM")
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"
+    context = multiprocessing.get_context("fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn")
+    try:
+        with ProcessPoolExecutor(num_proc, mp_context=context, initializer=_init_worker, initargs=initargs) as pool:
+            pending = deque()
+            for item in items:
+                pending.append(pool.submit(fn, item))
+                if len(pending) >= 2 * num_proc:
+                    yield pending.popleft().result()
+            while pending:
+                yield pending.popleft().result()
+    finally:
+        if previous is None:
+            os.environ.pop("TOKENIZERS_PARALLELISM", None)
+        else:
+            os.environ["TOKENIZERS_PARALLELISM"] = previous
+
+
+# --- the numbers -----------------------------------------------------------------------------------------------------
+
+
+def percentiles(values: np.ndarray) -> dict:
+    """p50/p90/p95/p99/max in tokens: the smallest length that at least that share of rows does not exceed."""
+    if len(values) == 0:
+        return {f"p{q}": None for q in PERCENTILES} | {"max": None}
+    out = {f"p{q}": int(np.percentile(values, q, method="inverted_cdf")) for q in PERCENTILES}
+    return out | {"max": int(values.max())}
+
+
+def coverage(total: np.ndarray, max_length: int) -> float:
+    """Fraction of rows whose prompt + longer completion fits in `max_length` (nothing truncated)."""
+    return float(np.count_nonzero(total <= max_length) / len(total))
+
+
+def recommend(total: np.ndarray, target: float, step: int = STEP) -> int:
+    """The smallest multiple of `step` whose coverage reaches `target`."""
+    if len(total) == 0:
+        raise ConfigError("no valid rows to choose max_length from")
+    lengths = step * np.arange(1, math.ceil(int(total.max()) / step) + 1)
+    covered = np.searchsorted(np.sort(total), lengths, side="right") / len(total)
+    return int(lengths[np.argmax(covered >= target)])
+
+
+def padding(m: Measured, max_length: int, batch_size: int, seed: int | None = None) -> dict:
+    """Padding in TRL's DataCollatorForPreference at `max_length`, batches of `batch_size` pairs.
+
+    The trainer first drops rows whose prompt fills `max_length`. A batch of B pairs is 2B sequences (prompt+chosen,
+    prompt+rejected), each cut at `max_length`, padded to the longest of the 2B. Packed batches hold the same tokens
+    without padding. `seed`: batches in a shuffled order (as the trainer's sampler draws them); None: data set order.
+    """
+    kept = m.prompt < max_length
+    a = np.minimum(m.prompt[kept] + m.chosen[kept], max_length)
+    b = np.minimum(m.prompt[kept] + m.rejected[kept], max_length)
+    if seed is not None:
+        order = np.random.default_rng(seed).permutation(len(a))
+        a, b = a[order], b[order]
+    if len(a) == 0:
+        return {"padded_positions": 0, "packed_positions": 0, "padding_fraction": 0.0, "wasted_per_pair": 0.0}
+    starts = np.arange(0, len(a), batch_size)
+    longest = np.maximum.reduceat(np.maximum(a, b), starts)
+    pairs = np.diff(np.append(starts, len(a)))
+    padded = int((2 * pairs * longest).sum())
+    real = int((a + b).sum())
+    return {
+        "padded_positions": padded,
+        "packed_positions": real,
+        "padding_fraction": 1 - real / padded,
+        "wasted_per_pair": (padded - real) / len(a),
+    }
+
+
+def packed_positions(m: Measured, max_length: int) -> tuple[int, int]:
+    """Positions the packed forward runs over all pairs the trainer keeps at `max_length`: (unshared, shared prompt).
+
+    Unshared (`dpotrain/forwards/packing.py`): the chosen and the rejected sequence, each prompt + completion cut at
+    `max_length`, so (P + C) + (P + R) per pair. Shared prompt (the prompt once, then each completion cut where its own
+    sequence would be cut): P + C + R after the same cuts, the unshared count less one prompt per pair. Padding is not
+    counted: packed rows carry none (a row's end at most). Pairs whose prompt alone fills `max_length` are dropped.
+    """
+    kept = m.prompt < max_length
+    prompt = m.prompt[kept]
+    unshared = int(np.minimum(prompt + m.chosen[kept], max_length).sum())
+    unshared += int(np.minimum(prompt + m.rejected[kept], max_length).sum())
+    return unshared, unshared - int(prompt.sum())
+
+
+def candidate(m: Measured, max_length: int, batch_size: int, seed: int) -> dict:
+    counted = cuts.count(m.prompt, m.chosen, m.rejected, max_length)  # as training counts them (keep_start)
+    shuffled, ordered = padding(m, max_length, batch_size, seed), padding(m, max_length, batch_size, None)
+    unshared, shared = packed_positions(m, max_length)
+    return {
+        "coverage": coverage(m.total, max_length),
+        "truncated": counted["truncated"],
+        "dropped": counted["dropped"],
+        # What training costs packed (the default): positions the forward runs, padding-free. `relative` and
+        # `relative_shared_prompt` (to the recommended max_length) are filled in by `summarize`.
+        "compute": {"positions": unshared, "positions_shared_prompt": shared},
+        "padding": {
+            "batch_size": batch_size,
+            "padded": shuffled["padding_fraction"],  # the trainer shuffles
+            "padded_dataset_order": ordered["padding_fraction"],
+            "packed": 0.0,
+            "padded_positions": shuffled["padded_positions"],
+            "packed_positions": shuffled["packed_positions"],
+            "wasted_per_pair": shuffled["wasted_per_pair"],
+        },
+    }
+
+
+def recommendation(m: Measured, target: float = DEFAULT_COVERAGE, max_positions: int | None = None) -> dict:
+    """The recommended max_length and what it trades: the rule is `recommend` (coverage), the price is shown.
+
+    With packing a longer max_length costs only the extra tokens of the pairs longer than it, so the price of
+    leaving more pairs whole is small and close to flat (on Dolci-Think-shaped data 1-2.5% more compute for each
+    1% of pairs, at any max_length from 2K to 24K: BENCHMARKS.md). A compute knee would therefore be arbitrary; the
+    decision is how many cut pairs to accept (`target`), and this says what it costs: the packed compute saved by
+    the next shorter multiple of 512 and the compute and pairs that doubling max_length would add.
+
+    `max_positions`: the model's max_position_embeddings. A recommendation beyond it (a few outliers longer than the
+    model can take) is capped there, and `capped` says from what.
+    """
+    total = m.total
+    best = uncapped = recommend(total, target)
+    if max_positions and best > max_positions:
+        best = int(max_positions)
+    at_best = packed_positions(m, best)
+
+    def neighbour(n: int) -> dict:
+        unshared, shared = packed_positions(m, n)
+        return {
+            "max_length": n,
+            "coverage": coverage(total, n) if n > 0 else 0.0,
+            "compute": unshared / at_best[0] - 1,  # relative change of packed compute against the recommended
+            "compute_shared_prompt": shared / at_best[1] - 1,
+        }
+
+    counted = cuts.count(m.prompt, m.chosen, m.rejected, best)
+    r = {
+        "rule": f"smallest multiple of {STEP} leaving at least target_coverage of pairs whole",
+        "target_coverage": target,
+        "max_length": best,
+        "coverage": coverage(total, best),
+        "truncated": counted["truncated"],
+        "dropped": counted["dropped"],
+        "lower": neighbour(best - STEP),
+        "doubled": neighbour(2 * best),
+        "capped": None,
+    }
+    r["reason"] = _reason(r, m.rows)
+    if best != uncapped:
+        r["capped"] = {"max_position_embeddings": best, "uncapped": uncapped}
+        r["reason"] += (f"; capped at the model's {best:,} positions (max_position_embeddings): "
+                        f"{target:.1%} coverage would need {uncapped:,}, longer than the model can take")  # fmt: skip
+    return r
+
+
+def summarize(
+    m: Measured,
+    *,
+    target: float = DEFAULT_COVERAGE,
+    candidates=(),
+    batch_size: int = DEFAULT_BATCH_SIZE,
+    seed: int = 42,
+    rows_seen: int | None = None,
+    max_positions: int | None = None,
+    **about,
+) -> dict:
+    """The JSON report. `about`: what was analysed (dataset, split, tokenizer, ...), copied in as given.
+    `max_positions`: the model's max_position_embeddings, which caps the recommendation."""
+    if m.rows == 0:
+        raise ConfigError(f"no valid rows to analyse ({len(m.invalid)} invalid)")
+    total = m.total
+    chosen = recommendation(m, target, max_positions)
+    best = chosen["max_length"]
+    shown = sorted(set(REPORT_LENGTHS) | {int(c) for c in candidates})
+    lengths = sorted(set(shown) | {best, chosen["doubled"]["max_length"]})
+    report = {
+        **about,
+        "rows": m.rows,
+        "format": "messages" if m.conversational else "text",
+        "shape": m.shape,
+        "total": percentiles(total),
+        "prompt": percentiles(m.prompt),
+        "chosen": percentiles(m.chosen),
+        "rejected": percentiles(m.rejected),
+        "coverage": {str(n): coverage(total, n) for n in shown},
+        "candidates": {str(n): candidate(m, n, batch_size, seed) for n in lengths},
+        "recommended_max_length": best,
+        "recommendation": chosen,
+        "invalid": {"count": len(m.invalid), "rows": m.invalid},
+        "fast_path_mismatches": m.fast_path_mismatches,
+        "seconds": round(m.seconds, 2),
+    }
+    reference = report["candidates"][str(best)]["compute"]
+    for c in report["candidates"].values():
+        c["compute"]["relative"] = c["compute"]["positions"] / reference["positions"]
+        c["compute"]["relative_shared_prompt"] = (
+            c["compute"]["positions_shared_prompt"] / reference["positions_shared_prompt"]
+        )
+    if rows_seen is not None:
+        report["rows_seen"] = rows_seen
+    return report
+
+
+def _reason(r: dict, rows: int) -> str:
+    lower, doubled = r["lower"], r["doubled"]
+    below = (
+        f"{lower['max_length']:,} would leave {lower['coverage']:.1%} whole for {-lower['compute']:.1%} less compute"
+        if lower["max_length"] > 0
+        else f"no smaller multiple of {STEP} exists"
+    )
+    more = doubled["coverage"] - r["coverage"]
+    return (
+        f"max_length={r['max_length']:,} is the smallest multiple of {STEP} that leaves at least "
+        f"{r['target_coverage']:.1%} of pairs whole: {r['coverage']:.1%} of {rows:,} pairs fit untruncated ({below}); "
+        f"{r['truncated']:,} pairs ({r['truncated'] / rows:.1%}) are cut at the end and {r['dropped']:,} dropped by "
+        "the trainer because their prompt alone fills max_length. Packed, a longer max_length costs only the extra "
+        f"tokens of the longer pairs: doubling to {doubled['max_length']:,} would leave {more:.1%} more of the pairs "
+        f"whole for {doubled['compute']:+.1%} packed compute ({doubled['compute_shared_prompt']:+.1%} with the "
+        "prompt computed once per pair)"
+    )
+
+
+# --- max_length: auto, and its cache ---------------------------------------------------------------------------------
+
+
+def load_tokenizer(name_or_path: str, revision: str | None = None):
+    """The tokenizer training uses (`builtin:` names are built locally). No model weights are loaded."""
+    from transformers import AutoTokenizer
+
+    from dpotrain.data import builtin
+
+    if builtin.is_builtin(name_or_path):
+        name_or_path = builtin.materialize_model(name_or_path)
+    return AutoTokenizer.from_pretrained(name_or_path, revision=revision)
+
+
+def dataset_identity(
+    name: str,
+    split: str = "train",
+    config: str | None = None,
+    revision: str | None = None,
+    local_only: bool = False,
+    hh_format: str = "messages",
+) -> str:
+    """What a cached report is valid for: a local file's path + size + mtime, or a Hub data set's commit.
+
+    A Hub revision is resolved to its commit: online by asking the Hub (not with `local_only`, as in a dry run),
+    offline from the local Hub cache's refs (a data set downloaded on this machine), else the revision name stands in.
+    `hh_format: text` reads HH-RLHF strings into other tokens than the default, so it is part of the identity.
+    """
+    reading = "" if hh_format == "messages" else f":hh-{hh_format}"
+    from dpotrain.data import data
+
+    path = Path(name).expanduser()
+    if data.is_local(name):
+        files = sorted(p for p in ([path] if path.is_file() else path.rglob("*")) if p.is_file())
+        stamp = hashlib.sha256()
+        for f in files:
+            st = f.stat()
+            stamp.update(f"{f.relative_to(path) if f != path else ''}:{st.st_size}:{st.st_mtime_ns};".encode())
+        return f"local:{path.resolve()}:{split}:{stamp.hexdigest()[:16]}{reading}"
+    return f"hub:{name}:{config or 'default'}:{split}@{_hub_commit(name, revision, local_only)}{reading}"
+
+
+def _hub_commit(name: str, revision: str | None, local_only: bool = False) -> str:
+    from huggingface_hub import HfApi
+    from huggingface_hub.constants import HF_HUB_CACHE
+
+    try:
+        if local_only:
+            raise LookupError("no network in a dry run")
+        return HfApi().dataset_info(name, revision=revision, timeout=10).sha
+    except Exception:  # offline, or no access
+        ref = Path(HF_HUB_CACHE) / f"datasets--{name.replace('/', '--')}" / "refs" / (revision or "main")
+        return ref.read_text().strip() if ref.is_file() else revision or "main"
+
+
+def tokenizer_identity(tokenizer) -> dict:
+    """The tokenizer's name, a hash of everything that decides its ids, and the chat template text."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is not None:
+        content = backend.to_str()  # vocab, merges, normalizer, pre-tokenizer, post-processor, added tokens
+    else:
+        content = json.dumps(sorted(tokenizer.get_vocab().items()))
+    template = tokenizer.chat_template
+    return {
+        "name_or_path": tokenizer.name_or_path,
+        "sha256": hashlib.sha256((content + str(tokenizer.eos_token)).encode()).hexdigest(),
+        "chat_template": template if isinstance(template, str) else json.dumps(template, sort_keys=True),
+    }
+
+
+def cache_key(dataset_id: str, tokenizer) -> tuple[str, dict]:
+    identity = {"dataset": dataset_id, "tokenizer": tokenizer_identity(tokenizer), "version": ANALYSIS_VERSION}
+    return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:24], identity
+
+
+def cache_root() -> Path:
+    """Where this project caches what it computed (length reports, reference log-probs): `$DPOTRAIN_CACHE`, else
+    `~/.cache/dpotrain`."""
+    root = os.environ.get("DPOTRAIN_CACHE")
+    return Path(root).expanduser() if root else Path.home() / ".cache" / "dpotrain"
+
+
+def default_cache_dir(cache_dir: str | Path | None = None) -> Path:
+    """`cache_dir`, else `$DPOTRAIN_CACHE/lengths`, else `~/.cache/dpotrain/lengths`."""
+    return Path(cache_dir).expanduser() if cache_dir is not None else cache_root() / "lengths"
+
+
+def save_cache(m: Measured, report: dict, dataset_id: str, tokenizer, cache_dir: str | Path | None = None) -> Path:
+    """Keep a full analysis (per-row lengths + report) for `auto_max_length` to reuse; returns the report path."""
+    key, identity = cache_key(dataset_id, tokenizer)
+    folder = default_cache_dir(cache_dir)
+    # Renamed into place (writes.py): several ranks of one launch may race here, and a reader must never see half a
+    # file. The lengths first: a report is only ever found beside its lengths.
+    with replacing(folder / f"{key}.npz", "wb") as f:
+        np.savez(f, index=m.index, prompt=m.prompt, chosen=m.chosen, rejected=m.rejected)
+    return write_text(folder / f"{key}.json", json.dumps({**report, "cache": identity}, indent=1) + "\n")
+
+
+def _resolution(m: Measured, target: float, report_path: Path, cached: bool, max_positions: int | None) -> dict:
+    r = recommendation(m, target, max_positions)
+    return {
+        "max_length": r["max_length"],
+        "coverage": r["coverage"],
+        "target_coverage": target,
+        "rows": m.rows,
+        "truncated": r["truncated"],
+        "dropped": r["dropped"],
+        "doubled": r["doubled"],  # what twice this max_length would add: pairs whole, packed compute
+        "reason": r["reason"],
+        "capped": r["capped"],
+        "cached": cached,
+        "report": str(report_path),
+    }
+
+
+def cached_auto_max_length(
+    dataset_id: str,
+    tokenizer,
+    coverage: float = DEFAULT_COVERAGE,
+    cache_dir: str | Path | None = None,
+    max_positions: int | None = None,
+) -> dict | None:
+    """The `auto_max_length` answer from a cached report, or None when there is none (for --dry-run: loads no data)."""
+    found = cached_measure(dataset_id, tokenizer, cache_dir)
+    return None if found is None else _resolution(found[0], coverage, found[1], True, max_positions)
+
+
+def cached_measure(dataset_id: str, tokenizer, cache_dir: str | Path | None = None) -> tuple[Measured, Path] | None:
+    """A complete analysis cached for this data set, tokenizer and chat template (per-row lengths), and its report's
+    path; None when there is none. Read by `max_length: auto` and by a dry run's step plan."""
+    key, _ = cache_key(dataset_id, tokenizer)
+    folder = default_cache_dir(cache_dir)
+    report_path, lengths_path = folder / f"{key}.json", folder / f"{key}.npz"
+    if not (report_path.exists() and lengths_path.exists()):
+        return None
+    with np.load(lengths_path) as z:
+        return Measured(z["index"], z["prompt"], z["chosen"], z["rejected"], [], conversational=True), report_path
+
+
+def auto_max_length(
+    dataset,
+    tokenizer,
+    coverage: float = DEFAULT_COVERAGE,
+    dataset_id: str | None = None,
+    cache_dir: str | Path | None = None,
+    *,
+    num_proc: int | None = None,
+    batch_size: int = DEFAULT_BATCH_SIZE,
+    progress: bool = True,
+    max_positions: int | None = None,
+) -> dict:
+    """`max_length: auto`: the analyzer's recommendation (`recommendation`) for the training split's pairs.
+
+    Reuses the cached report for the same data set (`dataset_id`, from `dataset_identity`; the data set's
+    fingerprint when None), tokenizer and chat template; otherwise analyses every row and caches the result. Under a
+    multi-process launch, call it on the main process first (`PartialState().main_process_first()`): the other
+    ranks then read the cache instead of each analysing the data set.
+    Returns {"max_length", "coverage" (achieved), "target_coverage", "rows", "truncated", "dropped", "doubled" (the
+    pairs and packed compute twice the length would add), "reason", "cached", "report" (the cached JSON report's
+    path)}. Invalid rows raise `InvalidRowError` (a `ConfigError`).
+    """
+    if dataset_id is None:
+        if getattr(dataset, "_fingerprint", None) is None:
+            raise ValueError("a streaming data set has no fingerprint: pass dataset_id=dataset_identity(name, ...)")
+        dataset_id = f"fingerprint:{dataset._fingerprint}"
+    found = cached_auto_max_length(dataset_id, tokenizer, coverage, cache_dir, max_positions)
+    if found is not None:
+        return found
+    return analyse(dataset, tokenizer, coverage, dataset_id, cache_dir, num_proc=num_proc, batch_size=batch_size,
+                   progress=progress, max_positions=max_positions)[1]  # fmt: skip
+
+
+def analyse(dataset, tokenizer, coverage: float, dataset_id: str, cache_dir: str | Path | None = None, *,
+            num_proc: int | None = None, batch_size: int = DEFAULT_BATCH_SIZE, progress: bool = True,
+            max_positions: int | None = None) -> tuple[Measured, dict]:  # fmt: skip
+    """Every pair's lengths, measured and cached (what `auto_max_length` does without a cached report), and the
+    `max_length: auto` answer from them (capped at the model's `max_positions`)."""
+    m = measure(dataset, tokenizer, num_proc=num_proc or available_cpus(), progress=progress)
+    report = summarize(m, target=coverage, batch_size=batch_size, max_positions=max_positions, dataset=dataset_id,
+                       tokenizer=tokenizer.name_or_path)  # fmt: skip
+    path = save_cache(m, report, dataset_id, tokenizer, cache_dir)
+    return m, _resolution(m, coverage, path, False, max_positions)
+
+
+def resolution_of(found: tuple[Measured, Path], coverage: float, max_positions: int | None = None) -> dict:
+    """The `max_length: auto` answer from a cached analysis (`cached_measure`'s)."""
+    return _resolution(found[0], coverage, found[1], True, max_positions)
+
+
+def model_positions(name_or_path: str, revision: str | None = None, local_only: bool = False) -> int | None:
+    """The model's max_position_embeddings (its text config's), from its config.json alone (built-in: its recipe);
+    None when the config is not readable here or does not say."""
+    from dpotrain.data import builtin
+
+    if builtin.is_builtin(name_or_path):
+        key = name_or_path.removeprefix(builtin.BUILTIN_PREFIX)
+        return builtin.BUILTIN_MODELS.get(key, {}).get("max_position_embeddings")
+    try:
+        from transformers import AutoConfig
+
+        config = AutoConfig.from_pretrained(name_or_path, revision=revision, local_files_only=local_only)
+    except Exception:  # a tokenizer-only folder, no network: nothing to cap with
+        return None
+    return getattr(config.get_text_config(), "max_position_embeddings", None)
+
+
+def available_cpus() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1

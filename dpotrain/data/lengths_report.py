@@ -1,0 +1,150 @@
+"""The analyzer's report for people: the markdown tables and the length histogram (numbers from `lengths.summarize`)."""
+
+from pathlib import Path
+
+from dpotrain.data.lengths import STEP, Measured
+from dpotrain.recipe.writes import replacing
+
+
+def to_markdown(report: dict, current_max_length: int | None = None) -> str:
+    """The seed's "Sequence Length Analysis" section: percentiles, breakdown, cumulative distribution, rationale."""
+    n = report["rows"]
+    lines = [f"### Sequence Length Analysis: {report.get('dataset', 'dataset')}", ""]
+    seen = report.get("rows_seen", n)
+    sample = f" (a seeded sample of {seen:,} rows)" if report.get("sample") else ""
+    if report.get("synthetic"):
+        lines += [f"{n:,} pairs of synthetic token counts (nothing tokenized).", ""]
+    else:
+        how = (
+            f"with the chat template of `{report.get('tokenizer', '?')}`"
+            if report["format"] == "messages"
+            else f"as plain text with the tokenizer of `{report.get('tokenizer', '?')}` (no chat template)"
+        )
+        read = f" Rows read as: {report['shape']}." if report.get("shape") else ""
+        lines += [f"{n:,} pairs{sample} tokenized as TRL's DPOTrainer tokenizes them, {how}.{read}", ""]
+    lines += [
+        "**Total Length (prompt + max(chosen, rejected)):**",
+        "",
+        "| Percentile | Tokens |",
+        "|------------|--------|",
+    ]
+    names = {"p50": "Median (50th)", "p90": "90th", "p95": "95th", "p99": "99th", "max": "Max"}
+    lines += [f"| {names[k]} | {v:,} |" for k, v in report["total"].items()]
+    lines += [
+        "",
+        "**Component Breakdown:**",
+        "",
+        "| Component | Median | 90th | 95th | 99th | Max |",
+        "|-----------|--------|------|------|------|-----|",
+    ]
+    for key, label in (("prompt", "Prompt"), ("chosen", "Chosen Response"), ("rejected", "Rejected Response")):
+        lines.append(f"| {label} | " + " | ".join(f"{v:,}" for v in report[key].values()) + " |")
+    lines += ["", "**Cumulative Distribution:**", "", "| Max Length | Samples Covered |", "|---|---|"]
+    lines += [f"| {int(k):,} | {v:.1%} |" for k, v in report["coverage"].items()]
+    batch = next(iter(report["candidates"].values()))["padding"]["batch_size"]
+    best = report["recommended_max_length"]
+    lines += [
+        "",
+        f"**Candidates.** Packed (the default) a pair costs the positions of its two sequences cut at max_length, "
+        f"(P + C) + (P + R); with the prompt computed once per pair, P + C + R; both per pair and against "
+        f"max_length={best:,}. *Price*: extra packed compute per 1% of pairs made whole, against the row above "
+        f"(— where none is). Padded batches (TRL's DataCollatorForPreference, {batch} pairs = {2 * batch} sequences "
+        "padded to the longest) would also run the padding shown.",
+        "",
+        "| max_length | Covered | Truncated | Dropped (prompt fills it) | Packed per pair | vs recommended "
+        "| Prompt once: per pair | vs recommended | Price | Padded: padding (shuffled) | (data set order) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    previous = None
+    for k, c in report["candidates"].items():
+        p, compute = c["padding"], c["compute"]
+        mark = " (recommended)" if int(k) == best else ""
+        mark += " (recipe)" if current_max_length == int(k) else ""
+        price = "—"
+        if previous is not None and c["coverage"] > previous["coverage"]:
+            extra = compute["relative"] - previous["compute"]["relative"]
+            price = f"{extra / (c['coverage'] - previous['coverage']) / 100:+.1%}"
+        previous = c
+        lines.append(
+            f"| {int(k):,}{mark} | {c['coverage']:.1%} | {c['truncated']:,} ({c['truncated'] / n:.1%}) | "
+            f"{c['dropped']:,} | {compute['positions'] / n:,.0f} | {compute['relative']:.1%} | "
+            f"{compute['positions_shared_prompt'] / n:,.0f} | {compute['relative_shared_prompt']:.1%} | {price} | "
+            f"{p['padded']:.1%} ({p['wasted_per_pair']:,.0f} per pair) | {p['padded_dataset_order']:.1%} |"
+        )
+    lines += _rationale(report, current_max_length, batch)
+    return "\n".join(lines) + "\n"
+
+
+def _rationale(report: dict, current_max_length: int | None, batch: int) -> list[str]:
+    """The markdown's last part: why the recommended max_length, the recipe's own, and the invalid rows."""
+    n, lines = report["rows"], []
+    r = report["recommendation"]
+    chosen = report["candidates"][str(r["max_length"])]
+    lower, doubled = r["lower"], r["doubled"]
+    lines += [
+        "",
+        f"**Rationale for max_length={r['max_length']}:**",
+        "",
+        f"- Smallest multiple of {STEP} leaving at least {r['target_coverage']:.1%} of pairs whole: it leaves "
+        f"{r['coverage']:.1%}"
+        + (
+            f"; {lower['max_length']:,} leaves {lower['coverage']:.1%} for {-lower['compute']:.1%} less packed compute"
+            if lower["max_length"] > 0
+            else ""
+        ),
+        f"- {r['truncated']:,} pairs ({r['truncated'] / n:.1%}) are cut at max_length (the collator keeps the start); "
+        f"{r['dropped']:,} are dropped by the trainer because their prompt alone fills it",
+        f"- Packed, a longer max_length costs only the extra tokens of the longer pairs: doubling to "
+        f"{doubled['max_length']:,} would leave {doubled['coverage'] - r['coverage']:.1%} more pairs whole for "
+        f"{doubled['compute']:+.1%} packed compute ({doubled['compute_shared_prompt']:+.1%} with the prompt once)",
+        f"- Padded batches of {batch} pairs would add {chosen['padding']['padded']:.1%} padding "
+        f"({chosen['padding']['wasted_per_pair']:,.0f} positions per pair); packed batches: none",
+    ]
+    if current_max_length and str(current_max_length) in report["candidates"]:
+        c = report["candidates"][str(current_max_length)]
+        lines.append(
+            f"- The recipe's max_length={current_max_length:,} covers {c['coverage']:.1%} "
+            f"({c['truncated']:,} truncated, {c['dropped']:,} dropped) at {c['compute']['relative']:.1%} of the "
+            "recommended packed compute"
+        )
+    invalid = report["invalid"]
+    if invalid["count"]:
+        lines += ["", f"**Invalid rows, left out of every number above: {invalid['count']:,}**", ""]
+        lines += ["| Row | Column | Problem |", "|---|---|---|"]
+        lines += [f"| {p['index']} | {p['column']} | {p['problem']} |" for p in invalid["rows"][:50]]
+        if invalid["count"] > 50:
+            lines.append(f"| ... | | {invalid['count'] - 50:,} more in the JSON report |")
+    return lines
+
+
+def plot(m: Measured, report: dict, path: str | Path) -> Path:
+    """Histogram of total length, with the candidate cut-offs dashed and the recommendation in red."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # login nodes have no display
+    import matplotlib.pyplot as plt
+
+    total = m.total
+    fig, ax = plt.subplots(figsize=(10, 5))
+    ax.hist(total, bins=100, color="#4c72b0", alpha=0.8)
+    best = report["recommended_max_length"]
+    right = max(int(total.max()), best) * 1.05
+    ax.set_xlim(0, right)
+    for k, c in report["candidates"].items():
+        n = int(k)
+        if n == best or n > right:  # cut-offs far beyond the data would squash the histogram
+            continue
+        ax.axvline(n, color="grey", linestyle="--", linewidth=1)
+        ax.text(n, ax.get_ylim()[1] * 0.95, f" {n:,}\n {c['coverage']:.0%}", fontsize=8, va="top")
+    ax.axvline(
+        best, color="red", linewidth=2, label=f"recommended {best:,} ({report['recommendation']['coverage']:.1%})"
+    )
+    ax.set_xlabel("prompt + max(chosen, rejected), tokens")
+    ax.set_ylabel("pairs")
+    ax.set_title(f"{report.get('dataset', '')}: {m.rows:,} pairs")
+    ax.legend()
+    fig.tight_layout()
+    with replacing(path, "wb") as f:  # never half an image where an earlier one was
+        fig.savefig(f, dpi=100, format=Path(path).suffix.lstrip(".").lower())
+    plt.close(fig)
+    return Path(path)

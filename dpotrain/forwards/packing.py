@@ -1,0 +1,446 @@
+"""Padding-free (packed) DPO forward: the chosen and rejected sequences of a micro-batch side by side in rows.
+
+TRL pads a micro-batch of B pairs to `[2B, longest]`; on real preference data more than half of those positions are
+padding (58% on a Dolci-like mix). Here sequences are concatenated into rows with `position_ids` restarting
+at 0 for each, no `attention_mask` and `use_cache=False`: transformers then builds a per-sequence causal (and
+sliding-window) mask for sdpa/eager, and FlashAttention takes the boundaries from `cu_seq_lens_q/k` (its varlen
+kernel). After the forward, the per-token outputs are laid back out as `[2B, L-1]` in TRL's order (chosen 0..B-1,
+rejected 0..B-1), so TRL's own loss and metric code runs on them unchanged (`PackedModel`).
+
+Per-token log-probs come from TRL's fused LM head (`model(..., labels=..., fused_lm_head=True)`), which shifts the
+labels across a whole row: the label of each sequence's first token is therefore set to -100, or the last token of
+one sequence would be scored as predicting the first token of the next.
+"""
+
+import contextlib
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from dpotrain.forwards import masks
+
+# Which models may pack. A layer that carries state along a row (linear attention, Mamba/SSM mixers, RWKV) mixes the
+# sequences of a packed row silently, and a config need not say it has one (Mamba- or RWKV-only configs name no
+# `layer_types`), so packing is denied by default: it is used for the model types below, each of which
+# tests/test_architectures.py trains and proves equal to the padded path (per-token log-probs, loss and MoE auxiliary
+# loss, fp32). Models of any other type take TRL's padded collator, with a one-line note. Add a type here only with
+# its test.
+PACKING_TESTED = {
+    # dense
+    "llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3_text", "phi3", "olmo2", "olmo3", "granite", "cohere",
+    "cohere2", "glm", "glm4",
+    # mixture of experts (the router's auxiliary loss over real tokens only: see `PackedModel`)
+    "qwen3_moe", "olmoe", "mixtral",
+}  # fmt: skip
+# Hybrids whose stateful layers read sequence boundaries from a one-row varlen batch in transformers 5.23: the gated
+# delta rule takes `cu_seq_lens_q` (olmo_hybrid, qwen3_next, qwen3_5), Mamba-2 and causal-conv kernels `seq_idx`
+# (granitemoehybrid). Only their CUDA kernels use them (the PyTorch fallbacks, and so every CPU run, ignore them), so
+# these pack only with a varlen attention implementation and after `parity` has shown, at start, on the run's own
+# model and pairs, that packed rows score like sequences alone.
+BOUNDARY_HYBRIDS = {"olmo_hybrid", "qwen3_next", "qwen3_5_text", "qwen3_5_moe_text", "granitemoehybrid"}
+# Layer types that read only their own sequence when given packed position_ids / cu_seq_lens.
+ATTENTION_LAYER_TYPES = {"full_attention", "sliding_attention", "chunked_attention"}
+# Attention implementations whose varlen kernel takes the sequence boundaries (`cu_seq_lens_q/k`) of one packed row:
+# FlashAttention 2, 3 (Hopper) and 4 (Blackwell and Hopper, `flash-attn-4`), and the `kernels` hub builds that
+# transformers 5.23 loads for them (FLASH_ATTN_KERNEL_FALLBACK / FLASH_ATTN_KERNEL_VERSIONS in
+# modeling_flash_attention_utils.py, registered with its `flash_attention_forward`). A `@revision` suffix is allowed.
+VARLEN_ATTENTION = {
+    "flash_attention_2", "flash_attention_3", "flash_attention_4",
+    "kernels-community/flash-attn2", "kernels-community/flash-attn3", "kernels-community/vllm-flash-attn3",
+    "kernels-community/flash-attn4", "kernels-community/aiter-flash-attn",
+}  # fmt: skip
+# sdpa and eager build a per-sequence causal (and sliding-window) mask from position_ids; FlexAttention takes a block
+# mask built from the same inputs (forwards/masks.py), which skips the blocks between sequences.
+PACKED_ATTENTION = {"sdpa", "eager", "flex_attention"} | VARLEN_ATTENTION
+
+
+def attention_name(attn_implementation: str | None) -> str:
+    """The implementation without a kernel revision (`kernels-community/flash-attn3@v1`); transformers' default sdpa
+    for None."""
+    return (attn_implementation or "sdpa").split("@")[0]
+
+
+def one_row(attn_implementation: str | None) -> bool:
+    """FlashAttention's varlen kernel takes a whole micro-batch as one row; dense-mask attention (sdpa, eager) does
+    better with rows no wider than the longest sequence (see `PackedPreferenceCollator`)."""
+    return attention_name(attn_implementation) in VARLEN_ATTENTION
+
+
+def packing_problem(config) -> str | None:
+    """Why a model with this config cannot be trained packed, or None when it can (for a `BOUNDARY_HYBRIDS` model:
+    once `parity` agrees)."""
+    text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
+    model_type = config.model_type  # a multimodal wrapper is a type of its own (its text model's type is not enough)
+    attn = attention_name(getattr(config, "_attn_implementation", None))
+    if attn not in PACKED_ATTENTION:
+        return f"attn_implementation {attn!r} is not one that honours packed sequences ({sorted(PACKED_ATTENTION)})"
+    stateful = sorted(set(getattr(text_config, "layer_types", None) or []) - ATTENTION_LAYER_TYPES)
+    if model_type in BOUNDARY_HYBRIDS:
+        if attn in VARLEN_ATTENTION:
+            return None
+        return (f"{model_type} has {'/'.join(stateful) or 'recurrent'} layers, which carry state across packed "
+                "sequences; their CUDA kernels take sequence boundaries only from a varlen attention implementation "
+                "(flash_attention_2/3/4)")  # fmt: skip
+    if stateful:
+        return f"{model_type} has {'/'.join(stateful)} layers, which carry state across packed sequences"
+    if model_type not in PACKING_TESTED:
+        return (f"model type {model_type!r} is not among those proven to pack exactly "
+                "(dpotrain/forwards/packing.py PACKING_TESTED, each with its test in "
+                "tests/test_architectures.py)")  # fmt: skip
+    return None
+
+
+def needs_parity_check(config) -> bool:
+    """Whether a model that packs must first pass `parity` on its own pairs (see `BOUNDARY_HYBRIDS`)."""
+    return config.model_type in BOUNDARY_HYBRIDS
+
+
+def truncate(ids: list[int], mask: list[int], max_length: int | None, truncation_mode: str):
+    """Per-sequence truncation exactly as TRL's `DataCollatorForPreference`."""
+    if max_length is None or len(ids) <= max_length:
+        return ids, mask
+    if truncation_mode == "keep_start":
+        return ids[:max_length], mask[:max_length]
+    if truncation_mode == "keep_end":
+        return ids[-max_length:], mask[-max_length:]
+    raise ValueError(f"truncation_mode must be 'keep_start' or 'keep_end' (got {truncation_mode!r})")
+
+
+def sequences(example: dict, max_length: int | None, truncation_mode: str):
+    """(ids, completion_mask) of the chosen and the rejected sequence of one tokenized pair, truncated."""
+    prompt = example["prompt_ids"]
+    out = []
+    for side in ("chosen_ids", "rejected_ids"):
+        ids = prompt + example[side]
+        mask = [0] * len(prompt) + [1] * len(example[side])
+        out.append(truncate(ids, mask, max_length, truncation_mode))
+    return out
+
+
+def balanced_rows(lengths: list[int], count: int) -> list[list[int]]:
+    """Sequence indices in `count` rows of balanced fill: longest first into the emptiest row, then moves and swaps
+    out of the fullest row while they lower it (the width every row is padded to)."""
+    rows, fill = [[] for _ in range(count)], [0] * count
+    for i in sorted(range(len(lengths)), key=lambda i: -lengths[i]):
+        r = min(range(count), key=fill.__getitem__)
+        rows[r].append(i)
+        fill[r] += lengths[i]
+    for _ in range(4 * len(lengths)):  # each pass lowers the fullest row or stops
+        full = max(range(count), key=fill.__getitem__)
+        best = None  # (new width of the pair of rows, row, item out of `full`, item back or None)
+        for other in range(count):
+            if other == full:
+                continue
+            for a in rows[full]:
+                for b in [None, *rows[other]]:
+                    delta = lengths[a] - (lengths[b] if b is not None else 0)
+                    if delta <= 0:
+                        continue
+                    width = max(fill[full] - delta, fill[other] + delta)
+                    if width < fill[full] and (best is None or width < best[0]):
+                        best = (width, other, a, b)
+        if best is None:
+            break
+        _, other, a, b = best
+        delta = lengths[a] - (lengths[b] if b is not None else 0)
+        rows[full].remove(a)
+        rows[other].append(a)
+        if b is not None:
+            rows[other].remove(b)
+            rows[full].append(b)
+        fill[full] -= delta
+        fill[other] += delta
+    return [row for row in rows if row]
+
+
+def row_width_bound(max_length: int | None) -> int | None:
+    """The widest row `fill_rows` makes for sequences truncated to `max_length`: 2 x max_length. A shared pair (P + C +
+    R + 1 positions with C, R <= max_length - P and P >= 1) is at most that wide too, so it fits alone."""
+    return None if max_length is None else 2 * max_length
+
+
+def fill_rows(lengths: list[int], hidden_size: int, max_width: int | None = None) -> list[list[int]]:
+    """Rows for dense-mask attention: the row count whose estimated cost is lowest, rows no wider than `max_width`
+    (the memory plan's bound: `row_width_bound`).
+
+    A row of width W costs about W x (linear layers) + W^2 / (8 x hidden_size) x (the same) in attention, padding
+    included: per position, dense attention is ~4 x W x hidden FLOPs against ~30-40 x hidden^2 for the linear layers
+    of a block with a 4x MLP. Fewer, wider rows pad less and attend more; the count between "two longest sequences
+    per row" and "rows no wider than the longest sequence" that costs least wins.
+    """
+    longest, total = max(lengths), sum(lengths)
+    if max_width is not None and longest > max_width:
+        raise ValueError(f"a sequence of {longest} positions is wider than the rows' bound {max_width}")
+    best, best_cost = None, math.inf
+    for count in range(max(1, math.ceil(total / (2 * longest))), len(lengths) + 1):
+        rows = balanced_rows(lengths, count)
+        width = max(sum(lengths[i] for i in row) for row in rows)
+        cost = len(rows) * width * (1 + width / (8 * hidden_size))
+        if max_width is not None and width > max_width:  # one sequence per row always fits: the loop ends there
+            continue
+        if cost < best_cost:
+            best, best_cost = rows, cost
+        if width <= longest:  # narrower rows than the longest sequence cannot exist: more rows only pad more
+            break
+    return best
+
+
+def padded_width(width: int, multiple: int | None) -> int:
+    """`width` rounded up to a multiple of `multiple` (None: as is)."""
+    return width if not multiple else -(-width // multiple) * multiple
+
+
+@dataclass
+class PackedPreferenceCollator:
+    """Collates tokenized pairs (`prompt_ids`, `chosen_ids`, `rejected_ids`) into packed rows.
+
+    With `one_row` (FlashAttention: its varlen kernel attends within each sequence only, at the cost of the sequences
+    alone), all 2B sequences go into one row, with `cu_seq_lens_q/k` and `max_length_q/k`. sdpa and eager attention
+    instead build a dense mask over a row and compute all of it, so their cost grows with the square of the row:
+    sequences are packed into balanced rows whose count minimizes an estimate of linear plus attention cost
+    (`fill_rows`), and only the ends of rows are padded.
+
+    Emits `input_ids`, `position_ids`, `completion_mask` (`[rows, width]`), and per sequence (chosen 0..B-1, then
+    rejected 0..B-1, TRL's order) `seq_lens`, `seq_rows` and `seq_starts`, plus `ref_chosen_logps` /
+    `ref_rejected_logps` when the examples carry them.
+    """
+
+    max_length: int | None = None
+    truncation_mode: str = "keep_start"
+    one_row: bool = False
+    hidden_size: int = 4096  # the model's: weighs attention against the linear layers when rows are formed
+    pad_token_id: int = 0
+    pad_to_multiple_of: int | None = None  # FlexAttention's tile (forwards/masks.py BLOCK): rows end on a whole tile
+
+    def __call__(self, examples: list[dict[str, Any]]) -> dict[str, Any]:
+        per_pair = [sequences(e, self.max_length, self.truncation_mode) for e in examples]
+        seqs = [pair[0] for pair in per_pair] + [pair[1] for pair in per_pair]  # TRL's [chosen..., rejected...]
+        lengths = [len(ids) for ids, _ in seqs]
+        rows = ([list(range(len(seqs)))] if self.one_row
+                else fill_rows(lengths, self.hidden_size, row_width_bound(self.max_length)))  # fmt: skip
+        width = padded_width(max(sum(lengths[i] for i in row) for row in rows), self.pad_to_multiple_of)
+        input_ids = torch.full((len(rows), width), self.pad_token_id, dtype=torch.long)
+        completion_mask = torch.zeros((len(rows), width), dtype=torch.long)
+        position_ids = torch.zeros((len(rows), width), dtype=torch.long)
+        seq_rows, seq_starts = [0] * len(seqs), [0] * len(seqs)
+        for r, row in enumerate(rows):
+            start = 0
+            for i in row:
+                ids, mask = seqs[i]
+                n = len(ids)
+                input_ids[r, start : start + n] = torch.tensor(ids)
+                completion_mask[r, start : start + n] = torch.tensor(mask)
+                position_ids[r, start : start + n] = torch.arange(n)
+                seq_rows[i], seq_starts[i] = r, start
+                start += n
+            # The padding at the end of a row is a segment of its own (positions from 0): nothing attends to it.
+            position_ids[r, start:] = torch.arange(width - start)
+        batch = {
+            "input_ids": input_ids,
+            "position_ids": position_ids,
+            "completion_mask": completion_mask,
+            "seq_lens": torch.tensor(lengths, dtype=torch.long),
+            "seq_rows": torch.tensor(seq_rows, dtype=torch.long),
+            "seq_starts": torch.tensor(seq_starts, dtype=torch.long),
+        }
+        if self.one_row:
+            cu_seq_lens = torch.zeros(len(lengths) + 1, dtype=torch.int32)
+            cu_seq_lens[1:] = torch.tensor(lengths, dtype=torch.int32).cumsum(0)
+            batch |= {"cu_seq_lens_q": cu_seq_lens, "cu_seq_lens_k": cu_seq_lens, "max_length_q": max(lengths),
+                      "max_length_k": max(lengths),
+                      # Mamba-2 / causal-conv kernels (granitemoehybrid) take the boundaries as a sequence index
+                      "seq_idx": torch.repeat_interleave(torch.arange(len(lengths), dtype=torch.int32),
+                                                         torch.tensor(lengths))[None]}  # fmt: skip
+        for key in ("ref_chosen_logps", "ref_rejected_logps"):
+            if key in examples[0]:
+                batch[key] = torch.tensor([e[key] for e in examples], dtype=torch.float32)
+        return batch
+
+
+def is_packed(batch: dict) -> bool:
+    return "seq_lens" in batch
+
+
+MODEL_KEYS = ("input_ids", "position_ids", "cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k", "seq_idx")
+
+
+def packed_labels(batch: dict) -> torch.Tensor:
+    """Completion tokens as labels, -100 elsewhere and at every sequence's first position (see the module doc)."""
+    labels = batch["input_ids"].masked_fill(batch["completion_mask"] == 0, -100)
+    return labels.masked_fill(batch["position_ids"] == 0, -100)
+
+
+def forward(model, batch: dict, **kwargs):
+    """The model's fused-LM-head forward on packed rows: per-token outputs of shape `[rows, width-1]`, with the
+    attention mask the model's attention needs for them (`forwards/masks.py`)."""
+    model_kwargs = {k: batch[k] for k in MODEL_KEYS if k in batch}
+    mask = masks.attention_mask(model, batch)
+    if mask is not None:
+        model_kwargs["attention_mask"] = mask
+    return model(**model_kwargs, labels=packed_labels(batch), fused_lm_head=True, use_cache=False, **kwargs)
+
+
+def layout_index(starts: torch.Tensor, counts: torch.Tensor, width: int, jumps=None, offsets=None):
+    """`[n, width]` indices into a flat packed tensor: row i reads `counts[i]` entries from `starts[i]` (skipping
+    `offsets[i]` entries from its entry `jumps[i]` on); the rest of the row points at index 0 and is marked invalid."""
+    t = torch.arange(width, device=starts.device).unsqueeze(0)
+    valid = t < counts.unsqueeze(1)
+    index = starts.unsqueeze(1) + t
+    if jumps is not None:
+        index = index + torch.where(t >= jumps.unsqueeze(1), offsets.unsqueeze(1), 0)
+    return torch.where(valid, index, 0), valid
+
+
+def _layouts(batch: dict):
+    """Index maps from the packed rows to TRL's padded layout, for per-token predictions and for tokens."""
+    seq_lens, rows, starts = batch["seq_lens"], batch["seq_rows"], batch["seq_starts"]
+    row_width = batch["input_ids"].shape[1]
+    width = int(seq_lens.max())
+    # Prediction t of sequence i (log p of its token t+1) sits at column starts[i] + t of its row's [width-1]
+    # outputs; its token t at column starts[i] + t of its row. A rejected sequence that shares its prompt with the
+    # chosen one (shared_prompt.py) continues `seq_offsets` columns further on from its completion's first token (and
+    # its prediction of it).
+    jumps, offsets = batch.get("seq_jumps"), batch.get("seq_offsets")
+    predictions = layout_index(rows * (row_width - 1) + starts, seq_lens - 1, width - 1,
+                               None if jumps is None else jumps - 1, offsets)  # fmt: skip
+    tokens = layout_index(rows * row_width + starts, seq_lens, width, jumps, offsets)
+    return predictions, tokens
+
+
+def padded_view(batch: dict) -> dict:
+    """The packed batch as TRL's padded `[2B, L]` inputs: `input_ids`, `attention_mask`, `completion_mask` and the
+    reference log-probs, which is what TRL's `_compute_loss` reads besides the model's outputs."""
+    _, (index, valid) = _layouts(batch)
+
+    def lay_out(packed: torch.Tensor) -> torch.Tensor:
+        return packed.reshape(-1)[index].masked_fill(~valid, 0)
+
+    padded = {
+        "input_ids": lay_out(batch["input_ids"]),
+        "attention_mask": valid.long(),
+        "completion_mask": lay_out(batch["completion_mask"]),
+    }
+    for key in ("ref_chosen_logps", "ref_rejected_logps"):
+        if key in batch:
+            padded[key] = batch[key]
+    return padded
+
+
+PER_TOKEN_FIELDS = ("log_probs", "entropy", "log_sum_sq_probs", "mean_logits", "is_top1", "label_mask")
+
+
+def unpack_outputs(outputs, batch: dict):
+    """Per-token outputs of a packed forward (`[rows, width-1]`) laid out as `[2B, L-1]`, TRL's padded layout.
+
+    A gather, so gradients flow back into the packed forward. Only per-token scalars are laid out this way, never
+    activations: it costs 2B x L numbers.
+    """
+    (index, valid), _ = _layouts(batch)
+
+    def lay_out(packed: torch.Tensor | None) -> torch.Tensor | None:
+        return None if packed is None else packed.reshape(-1)[index].masked_fill(~valid, 0)
+
+    fields = {name: lay_out(getattr(outputs, name)) for name in PER_TOKEN_FIELDS}
+    return type(outputs)(loss=outputs.loss, aux_loss=outputs.aux_loss, **fields)
+
+
+def token_weights(batch: dict) -> torch.Tensor:
+    """`[rows, width]`: how many sequences of TRL's padded layout hold each position of the packed rows: 1 for a token
+    of a sequence, 0 for the padding that ends a row. Weighed so, the packed rows hold the padded batch's tokens."""
+    _, (index, valid) = _layouts(batch)
+    weights = torch.zeros(batch["input_ids"].numel(), device=index.device)
+    weights.index_add_(0, index[valid], torch.ones(int(valid.sum()), device=index.device))
+    return weights.view_as(batch["input_ids"])
+
+
+def causal_lm(model):
+    """The transformers model inside whatever wraps it (DeepSpeed, DDP, FSDP, PEFT): the first in module order."""
+    from transformers import PreTrainedModel
+
+    return next(m for m in model.modules() if isinstance(m, PreTrainedModel))
+
+
+@contextlib.contextmanager
+def captured_router_logits(model):
+    """The router logits (one `[positions, experts]` tensor per MoE layer) of the model's next forward, taken from
+    its backbone, the module TRL's fused LM head runs (a forward hook, removed on exit)."""
+    captured = []
+    hook = causal_lm(model).base_model.register_forward_hook(lambda m, a, output: captured.append(output.router_logits))
+    try:
+        yield captured
+    finally:
+        hook.remove()
+
+
+def router_aux_loss(model, router_logits, batch: dict) -> torch.Tensor:
+    """The MoE load-balancing loss over the tokens TRL's padded path counts (those its attention_mask marks), from the
+    router logits of packed rows: transformers' own `load_balancing_loss_func` (the one TRL's fused head calls), which
+    takes the mask as a weight per position (`token_weights`)."""
+    from transformers.models.mixtral.modeling_mixtral import load_balancing_loss_func
+
+    config = causal_lm(model).config.get_text_config()
+    weights = token_weights(batch)
+    return load_balancing_loss_func(router_logits, config.num_experts, config.num_experts_per_tok, weights)
+
+
+class PackedModel:
+    """Stands in for the model where TRL's code calls it on the padded view of a micro-batch.
+
+    TRL's `_compute_loss` and `compute_ref_log_probs` call `model(input_ids=..., attention_mask=..., labels=...,
+    fused_lm_head=True)` on `[2B, L]` tensors and read per-token outputs. This runs the packed forward of the real
+    model instead, inside whatever TRL entered around the call (no_grad, autocast, PEFT's adapter switch), and hands
+    back the same outputs in the padded layout. TRL's loss, LD-DPO and metric code then run unchanged.
+
+    MoE models: TRL's fused head computes the router's load-balancing loss over every position it is given, and a
+    packed row has no attention_mask to mark the padding at its end, so that padding would count. The auxiliary loss
+    is computed again here from the same router logits over the real tokens only, as the padded path counts them.
+    """
+
+    def __init__(self, model, batch: dict):
+        self.model = model
+        self.batch = batch
+        self.outputs = None  # the last call's outputs, in the padded layout
+
+    def __call__(self, *, fused_lm_head: bool = False, output_router_logits: bool | None = None, **padded_kwargs):
+        if not fused_lm_head:  # TRL's deprecated `return_outputs=True` path asks for logits: give the padded forward
+            return self.model(**padded_kwargs)
+        if not output_router_logits:
+            extra = {} if output_router_logits is None else {"output_router_logits": False}
+            self.outputs = unpack_outputs(forward(self.model, self.batch, **extra), self.batch)
+            return self.outputs
+        with captured_router_logits(self.model) as router_logits:
+            outputs = forward(self.model, self.batch, output_router_logits=True)
+        outputs.aux_loss = router_aux_loss(self.model, router_logits[0], self.batch)
+        self.outputs = unpack_outputs(outputs, self.batch)
+        return self.outputs
+
+
+# The largest per-token log-prob difference `parity` accepts. Measured on CPU with the tiny models of
+# tests/test_architectures.py: dense models agree to ~1e-6 in fp32 and ~1e-3 in bf16; through packed rows without
+# boundaries, OLMo hybrid is off by 3.6e-2, GraniteMoeHybrid by 2.9e-2, Qwen3-Next by 3.2e-3 (fp32 and bf16 alike). So
+# in fp32 every one of them is caught, in bf16 a leak as small as that Qwen3-Next's would pass. The check guards
+# against kernels that ignore the boundaries; GPU kernels in bf16 have not been measured here, and a check failed on
+# rounding alone costs speed (the padded path), never correctness.
+PARITY_TOLERANCE = {"fp32": 1e-3, "half": 2e-2}
+
+
+def parity(model, collator: PackedPreferenceCollator, examples: list[dict]) -> float:
+    """The largest difference between a completion token's log-prob in the packed rows of `examples` (as `collator`
+    lays them out) and in its sequence scored alone. Run under no_grad, in the caller's autocast."""
+    device = next(model.parameters()).device
+    batch = {k: v.to(device) if torch.is_tensor(v) else v for k, v in collator(examples).items()}
+    packed = unpack_outputs(forward(model, batch), batch).log_probs.float()
+    per_pair = [sequences(e, collator.max_length, collator.truncation_mode) for e in examples]
+    worst = 0.0
+    for i, (ids, mask) in enumerate([pair[0] for pair in per_pair] + [pair[1] for pair in per_pair]):
+        alone = {
+            "input_ids": torch.tensor([ids], device=device),
+            "position_ids": torch.arange(len(ids), device=device)[None],
+            "completion_mask": torch.tensor([mask], device=device),
+        }
+        scored = alone["completion_mask"][0, 1:].bool()
+        log_probs = forward(model, alone).log_probs[0].float()
+        worst = max(worst, float((packed[i, : len(ids) - 1] - log_probs)[scored].abs().max()))
+    return worst

@@ -1,0 +1,150 @@
+"""Padded micro-batches for models that cannot pack, padded far less than TRL pads them.
+
+TRL's collator pads all 2B sequences of a micro-batch (B chosen, B rejected) to the longest one. The plan already
+gives a micro-batch pairs of similar length (`plan._padded_runs`), but a pair's two sides differ: on Dolci-like data
+padding each chosen and rejected side to its pair's longer one alone is ~28% of the positions. So here the 2B
+sequences are sorted by length and cut into at most `MAX_GROUPS` groups (the cut that pads least), and the model runs
+once per group on that group's rows, padded to the group's own longest sequence. TRL's `_compute_loss` still sees
+its own padded `[2B, L]` batch: `GroupedModel` stands in for its model call, like `packing.PackedModel` for packed
+rows, and lays each group's per-token outputs back into TRL's layout. Right padding with an attention mask, as TRL
+runs it, so each sequence computes what it computes in TRL's one padded batch (to kernel rounding).
+
+MoE models that ask for their router's auxiliary loss run as one group: the load-balancing loss is taken over all of a
+batch's tokens at once, and groups would change it.
+
+Where the weights are sharded (ZeRO-3, FSDP2) each forward gathers them from every rank, and its backward again, so
+every rank must run the same number of forwards or the ranks wait on each other forever. Each rank's cut depends on its
+own rows, so there the ranks agree first: one all-reduce of a small integer per micro-batch gives the most groups any
+rank wants, and every rank cuts its rows into that many (the least padding for that count). A rank with fewer rows than
+groups runs its shortest row once more for each missing group, with its result multiplied by zero: its forward and
+backward gather what the other ranks' do, and add nothing. Keeping the groups (rather than one forward per micro-batch
+on sharded engines) keeps their saving in computed positions (~28% on Dolci-like data); each extra group costs one more
+gather of the weights in the forward and one in the backward, which the engines prefetch layer by layer behind the
+compute (a trade not yet measured on GPUs: a large model over a slow inter-node network may prefer fewer groups).
+"""
+
+import numpy as np
+import torch
+
+from dpotrain.cluster.collectives import max_over_ranks
+from dpotrain.forwards.packing import PER_TOKEN_FIELDS
+
+MAX_GROUPS = 4  # forward calls per micro-batch: more pads a little less and launches more, smaller kernels
+
+
+def row_groups(lengths: list[int], max_groups: int = MAX_GROUPS, count: int | None = None) -> list[list[int]]:
+    """Row indices in at most `max_groups` groups of similar length whose padding (each group to its longest) is the
+    least: the best cut of the rows sorted by length (dynamic programming over the cut points). With `count`: the best
+    cut into exactly that many groups (fewer only where there are fewer rows)."""
+    if count is not None:
+        max_groups = count = min(count, len(lengths))
+    order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
+    widths = np.asarray([lengths[i] for i in order], dtype=np.float64)
+    n = len(order)
+    starts = np.arange(n)
+    # best[g][i]: the fewest positions for the first i rows (longest first) in g groups; cut[g][i]: where its last
+    # group starts (the group j..i-1 is padded to widths[j])
+    best = np.full((max_groups + 1, n + 1), np.inf)
+    cut = np.zeros((max_groups + 1, n + 1), dtype=np.int64)
+    best[0, 0] = 0
+    for g in range(1, max_groups + 1):
+        for i in range(1, n + 1):
+            costs = best[g - 1, :i] + (i - starts[:i]) * widths[:i]
+            j = int(np.argmin(costs))
+            best[g, i], cut[g, i] = costs[j], j
+    # Each group is one more forward call: the fewest groups within 2% of the fewest positions.
+    groups = count or next(g for g in range(1, max_groups + 1) if best[g, n] <= 1.02 * best[1:, n].min())
+    bounds, i = [], n
+    for g in range(groups, 0, -1):
+        bounds.append((int(cut[g, i]), i))
+        i = int(cut[g, i])
+    return [order[a:b] for a, b in reversed(bounds) if b > a]
+
+
+def positions(lengths: list[int], groups: list[list[int]] | None = None, max_groups: int = MAX_GROUPS) -> int:
+    """Positions the grouped forward runs for sequences of these lengths (in `groups`, or the best cut)."""
+    groups = row_groups(lengths, max_groups) if groups is None else groups
+    return sum(len(group) * max(lengths[i] for i in group) for group in groups)
+
+
+class GroupedCollator:
+    """TRL's padded collator, plus `row_groups`: which rows run together (`row_groups`)."""
+
+    def __init__(self, collate, max_groups: int = MAX_GROUPS):
+        self.collate, self.max_groups = collate, max_groups
+
+    def __call__(self, examples):
+        batch = self.collate(examples)
+        batch["row_groups"] = row_groups(batch["attention_mask"].sum(dim=1).tolist(), self.max_groups)
+        return batch
+
+    def __getattr__(self, name):  # the wrapped collator's settings (pad_token_id, ...)
+        return getattr(self.collate, name)
+
+
+class GroupedModel:
+    """Stands in for the model where TRL's code calls it on a padded micro-batch: runs each row group on its own rows
+    and width, and hands back the per-token outputs in the full `[2B, L-1]` layout. Keeps the last outputs (for the
+    project's metrics) and the positions its forwards ran.
+
+    `lockstep`: the weights are sharded over the ranks (ZeRO-3, FSDP2), so every rank runs as many forwards as the rank
+    that wants the most groups (see the module doc); every rank must then call it together."""
+
+    def __init__(self, model, groups: list[list[int]] | None, lockstep: bool = False):
+        self.model, self.groups, self.lockstep = model, groups, lockstep
+        self.outputs = None
+        self.positions = 0
+
+    def __call__(self, *, fused_lm_head: bool = False, output_router_logits: bool | None = None, **padded_kwargs):
+        mask = padded_kwargs["attention_mask"]
+        rows, width = mask.shape
+        groups = self.groups
+        if fused_lm_head and not output_router_logits and groups is not None and self.lockstep:
+            lengths = mask.sum(dim=1).tolist()
+            count = max_over_ranks(len(groups), mask.device)  # the same on every rank: one call each, or `count`
+            groups = groups if count == len(groups) else row_groups(lengths, count=count)
+            fillers = count - len(groups)
+            if count > 1:
+                return self._grouped(groups, padded_kwargs, fillers)
+        if not fused_lm_head or output_router_logits or groups is None or len(groups) == 1:  # TRL's single forward
+            extra = {} if output_router_logits is None else {"output_router_logits": output_router_logits}
+            self.outputs = self.model(**padded_kwargs, fused_lm_head=fused_lm_head, **extra)
+            self.positions = rows * width
+            return self.outputs
+        return self._grouped(groups, padded_kwargs, 0)
+
+    def _grouped(self, groups: list[list[int]], padded_kwargs: dict, fillers: int):
+        mask = padded_kwargs["attention_mask"]
+        rows, width = mask.shape
+        lengths = mask.sum(dim=1)
+        fields, self.positions = {}, 0
+        for group in groups:
+            index = torch.tensor(group, device=mask.device)
+            length = int(lengths[index].max())
+            out = self.model(**self._rows(padded_kwargs, index, length), fused_lm_head=True)
+            self.positions += len(group) * length
+            for name in PER_TOKEN_FIELDS:
+                value = getattr(out, name, None)
+                if value is None:
+                    continue
+                if name not in fields:
+                    fields[name] = value.new_zeros((rows, width - 1))
+                # index_put keeps the graph: gradients flow back into each group's forward
+                columns = torch.arange(length - 1, device=mask.device)
+                fields[name] = fields[name].index_put((index.unsqueeze(1), columns), value[:, : length - 1])
+        shortest = torch.argmin(lengths).reshape(1)
+        for _ in range(fillers):  # the other ranks' extra forwards, matched; the result weighs nothing (zero)
+            length = int(lengths[shortest])
+            filler = self.model(**self._rows(padded_kwargs, shortest, length), fused_lm_head=True)
+            self.positions += length
+            # in the loss's graph, so its backward runs (and gathers) like the other ranks' real groups
+            fields["log_probs"] = fields["log_probs"] + 0.0 * filler.log_probs.sum()
+        self.outputs = type(out)(loss=None, aux_loss=None, **{n: fields.get(n) for n in PER_TOKEN_FIELDS})
+        return self.outputs
+
+    @staticmethod
+    def _rows(padded_kwargs: dict, index: torch.Tensor, length: int) -> dict:
+        """The padded inputs of the rows `index`, cut to `length` columns."""
+        rows = padded_kwargs["attention_mask"].shape[0]
+        return {k: (v[index, :length] if torch.is_tensor(v) and v.dim() == 2 and v.shape[0] == rows else v)
+                for k, v in padded_kwargs.items()}  # fmt: skip

@@ -1,0 +1,183 @@
+"""Shared-prompt packing: each pair's prompt computed once, not twice.
+
+Every DPO implementation computes a pair as two sequences, prompt + chosen and prompt + rejected: 2P + C + R positions
+where P + C + R suffice. On multi-turn data the shared history is most of a pair. Here each pair is laid out in its
+packed row as
+
+    prompt[0 .. P-2] | prompt[P-1] chosen[0 .. C-1] | prompt[P-1] rejected[0 .. R-1]
+        branch 0     |          branch 1             |           branch 2
+
+with position ids 0 .. P-1, P .. P+C-1, then P-1 again, P .. P+R-1. A token attends to tokens of its own pair at
+earlier or equal positions that are in branch 0 or in its own branch (and, in a sliding-window layer, within the
+window): the chosen completion sees the prompt and itself, the rejected one the prompt and itself, never the other.
+The last prompt token appears twice, once per branch: it is the token whose hidden state predicts each completion's
+first token, and TRL's fused LM head scores the next token in the row (`packing.py`); its second copy, at the same
+position, with the same context, computes what the first computes in the unshared rejected sequence. The per-token
+outputs are laid back out in TRL's `[2B, L-1]` layout exactly as for unshared packing (the rejected sequence's
+entries continue past the chosen completion: `seq_jumps`, `seq_offsets` in `packing._layouts`), so TRL's loss, every
+loss type, LD-DPO and the metrics are unchanged. A pair costs P + C + R + 1 positions.
+
+The mask is passed to the model (per layer kind where the model takes a dict of them): a block mask for FlexAttention,
+which skips the blocks no token of which sees another, or a dense 4D mask for sdpa and eager attention
+(`forwards/masks.py`); FlashAttention's varlen kernel cannot express it, so it keeps unshared packing. A pair whose
+prompt truncation would differ between its two sequences (keep_end cutting into the prompt) is laid out unshared
+within the same row.
+Only the compact inputs (`attention_block`, `attention_branch`, position ids) are built in the collator, once per
+micro-batch; the mask itself is built from them on the device.
+"""
+
+import importlib
+import inspect
+import sys
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from dpotrain.forwards.packing import (
+    attention_name,
+    fill_rows,
+    packing_problem,
+    padded_width,
+    row_width_bound,
+    sequences,
+)
+
+# implementations that take a mask of our own: a 4D one (sdpa, eager) or a block mask (flex_attention); decided by
+# tests/test_shared_prompt.py and tests/test_flex.py
+SHARED_ATTENTION = {"sdpa", "eager", "flex_attention"}
+
+
+def takes_mask_per_layer_kind(config) -> bool:
+    """Whether the model's forward accepts a dict of masks per layer kind (transformers' models with mixed layer kinds:
+    OLMo 3, Qwen 2/3, Gemma 2/3, Cohere 2, ...). Read from its modeling module, since the config does not say."""
+    from transformers import AutoModelForCausalLM
+
+    model_class = AutoModelForCausalLM._model_mapping.get(type(config), None)
+    if model_class is None:
+        return False
+    module = sys.modules.get(model_class.__module__) or importlib.import_module(model_class.__module__)
+    source = inspect.getsource(module)
+    return "causal_mask_mapping := attention_mask, dict" in source
+
+
+def share_problem(config, attn_implementation: str | None, router_aux_loss_coef: float | None = None) -> str | None:
+    """Why this model cannot share prompts in packed rows, or None when it can (`router_aux_loss_coef`: the recipe's,
+    None for the model's own)."""
+    problem = packing_problem(config)
+    if problem is not None:
+        return problem
+    attn = attention_name(attn_implementation)
+    if attn not in SHARED_ATTENTION:
+        return f"{attn} attends within each packed sequence (varlen) and cannot express a prompt shared by two"
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    kinds = set(getattr(text, "layer_types", None) or ["full_attention"])
+    if kinds - {"full_attention", "sliding_attention"}:
+        return f"{text.model_type} has {'/'.join(sorted(kinds))} layers, whose masks this project does not build"
+    # MoE: TRL adds the router's load-balancing loss when the config has `output_router_logits` and a coefficient
+    # other than 0 (its `aux_loss_enabled`); the model computes it from a per-token attention mask, which a shared
+    # prompt's rows replace with a 4D one.
+    coef = getattr(text, "router_aux_loss_coef", 0.0) if router_aux_loss_coef is None else router_aux_loss_coef
+    if hasattr(text, "output_router_logits") and coef != 0.0:
+        return f"{text.model_type}'s router auxiliary loss needs a per-token attention mask, not a shared prompt's"
+    window = getattr(text, "sliding_window", None) if getattr(text, "use_sliding_window", True) else None
+    if (window or "sliding_attention" in kinds) and not takes_mask_per_layer_kind(config):
+        return f"{text.model_type} builds its sliding-window mask itself and takes no mask per layer kind"
+    return None
+
+
+def _unit_shared(example: dict, max_length: int | None):
+    """One shared pair: (ids, positions, completion mask, branch, chosen length, rejected length, prompt length,
+    chosen completion length), truncated as TRL's collator truncates each sequence (keep_start)."""
+    prompt, chosen, rejected = example["prompt_ids"], example["chosen_ids"], example["rejected_ids"]
+    p = len(prompt)
+    room = None if max_length is None else max_length - p
+    chosen, rejected = chosen[:room], rejected[:room]
+    c, r = len(chosen), len(rejected)
+    ids = list(prompt) + list(chosen) + [prompt[-1]] + list(rejected)
+    positions = list(range(p + c)) + [p - 1] + list(range(p, p + r))
+    mask = [0] * p + [1] * c + [0] + [1] * r
+    branch = [0] * (p - 1) + [1] * (c + 1) + [2] * (r + 1)
+    return ids, positions, mask, branch, p + c, p + r, p, c
+
+
+def shareable(example: dict, max_length: int | None, truncation_mode: str) -> bool:
+    """Both sequences keep the whole prompt after truncation (keep_start always; keep_end when nothing is cut)."""
+    if truncation_mode == "keep_start" or max_length is None:
+        return True
+    p = len(example["prompt_ids"])
+    return p + len(example["chosen_ids"]) <= max_length and p + len(example["rejected_ids"]) <= max_length
+
+
+@dataclass
+class SharedPromptCollator:
+    """Collates tokenized pairs into packed rows, each pair's prompt once (see the module doc).
+
+    Emits what `packing.PackedPreferenceCollator` emits (`input_ids`, `position_ids`, `completion_mask`, and per
+    sequence `seq_lens`, `seq_rows`, `seq_starts`, in TRL's order), plus `seq_jumps` / `seq_offsets` (where a rejected
+    sequence continues past its pair's chosen completion) and the mask's inputs `attention_block` (which pair) and
+    `attention_branch` per position. Rows are balanced as for unshared packing (`packing.fill_rows`).
+    """
+
+    max_length: int | None = None
+    truncation_mode: str = "keep_start"
+    hidden_size: int = 4096
+    pad_token_id: int = 0
+    one_row: bool = False  # FlexAttention: the whole micro-batch in one row, its cost what the pairs' attention costs
+    pad_to_multiple_of: int | None = None  # FlexAttention's tile (forwards/masks.py BLOCK): rows end on a whole tile
+
+    def __call__(self, examples: list[dict[str, Any]]) -> dict[str, Any]:
+        n = len(examples)
+        units = []  # (ids, positions, completion mask, branch, [(sequence index, length, jump, offset)])
+        for k, example in enumerate(examples):
+            if shareable(example, self.max_length, self.truncation_mode):
+                ids, pos, mask, branch, chosen_len, rejected_len, p, c = _unit_shared(example, self.max_length)
+                # The chosen sequence is the unit's start; the rejected one jumps past the chosen completion and
+                # the second copy of the last prompt token (c + 1 positions) from its token p on.
+                members = [(k, chosen_len, chosen_len, 0), (n + k, rejected_len, p, c + 1)]
+                units.append((ids, pos, mask, branch, members))
+            else:
+                for side, (ids, mask) in enumerate(sequences(example, self.max_length, self.truncation_mode)):
+                    members = [(side * n + k, len(ids), len(ids), 0)]
+                    units.append((ids, list(range(len(ids))), mask, [0] * len(ids), members))
+        lengths = [len(u[0]) for u in units]
+        rows = ([list(range(len(units)))] if self.one_row
+                else fill_rows(lengths, self.hidden_size, row_width_bound(self.max_length)))  # fmt: skip
+        width = padded_width(max(sum(lengths[i] for i in row) for row in rows), self.pad_to_multiple_of)
+        shape = (len(rows), width)
+        input_ids = torch.full(shape, self.pad_token_id, dtype=torch.long)
+        position_ids = torch.zeros(shape, dtype=torch.long)
+        completion_mask = torch.zeros(shape, dtype=torch.long)
+        block = torch.zeros(shape, dtype=torch.long)
+        branch = torch.zeros(shape, dtype=torch.int8)
+        seq = torch.zeros((2 * n, 5), dtype=torch.long)  # length, row, start, jump, offset
+        for r, row in enumerate(rows):
+            start = 0
+            for u in row:
+                ids, pos, mask, br, members = units[u]
+                end = start + len(ids)
+                input_ids[r, start:end] = torch.tensor(ids)
+                position_ids[r, start:end] = torch.tensor(pos)
+                completion_mask[r, start:end] = torch.tensor(mask)
+                branch[r, start:end] = torch.tensor(br, dtype=torch.int8)
+                block[r, start:end] = u + 1
+                for index, length, jump, offset in members:
+                    seq[index] = torch.tensor([length, r, start, jump, offset])
+                start = end
+            position_ids[r, start:] = torch.arange(width - start)  # the row's end: a block of its own (0)
+        batch = {
+            "input_ids": input_ids,
+            "position_ids": position_ids,
+            "completion_mask": completion_mask,
+            "attention_block": block,
+            "attention_branch": branch,
+            "seq_lens": seq[:, 0].clone(),
+            "seq_rows": seq[:, 1].clone(),
+            "seq_starts": seq[:, 2].clone(),
+            "seq_jumps": seq[:, 3].clone(),
+            "seq_offsets": seq[:, 4].clone(),
+        }
+        for key in ("ref_chosen_logps", "ref_rejected_logps"):
+            if key in examples[0]:
+                batch[key] = torch.tensor([e[key] for e in examples], dtype=torch.float32)
+        return batch

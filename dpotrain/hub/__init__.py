@@ -1,0 +1,1 @@
+"""The last stage: the model card and the pushes to the Hugging Face Hub."""

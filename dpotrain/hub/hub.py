@@ -1,0 +1,422 @@
+"""This project's one push path: the run's repo, the token kept off disk, the model card, the final upload, and the
+write-access check at start. Checkpoint branches: hub_push.py."""
+
+import json
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from dpotrain.recipe.errors import cause  # noqa: F401 (hub.cause: one line naming an error)
+from dpotrain.train.lora import card_lines
+from dpotrain.train.metrics import PLOT_FILE, read_metrics
+
+RUN_COMPLETE = "run_complete.json"  # written last by a finished run (publish.py); a folder with it is a finished run
+
+# Recipe values a reader of the card needs to reproduce or judge the run.
+CARD_FIELDS = [
+    "loss_type",
+    "beta",
+    "learning_rate",
+    "lr_scheduler_type",
+    "warmup_steps",
+    "num_train_epochs",
+    "max_length",
+    "padding_free",
+    "max_tokens_per_microbatch",
+    "per_device_train_batch_size",
+    "gradient_accumulation_steps",
+    "weight_decay",
+    "max_grad_norm",
+    "bf16",
+    "seed",
+]
+# rewards/* are TRL's (beta x summed log-ratio); rewards_norm/* are on the loss's scale (beta x log-ratio per token).
+FINAL_METRICS = [
+    "loss",
+    "rewards/accuracies",
+    "rewards/margins",
+    "rewards/chosen",
+    "rewards/rejected",
+    "rewards_norm/accuracies",
+    "rewards_norm/margins",
+    "rewards_norm/chosen",
+    "rewards_norm/rejected",
+    "tokens_per_second",
+]
+# Never uploaded to main: resumable state (checkpoints go to their own branches), local tracking and push records, and
+# training_args.bin (a pickle of every argument: of no use on the Hub, and unsafe to load).
+IGNORE = [
+    "checkpoint-*",
+    "checkpoint-*/**",
+    "wandb/**",
+    "*.lock",
+    ".wandb_run_id",
+    "training_args.bin",
+    ".hub_staging/**",
+    "hub_pushes.jsonl",
+    "run_files.json",  # output_folder.MANIFEST: which files of the folder are the run's, for this machine only
+]
+HUB_STRATEGIES = ("every_save", "end")  # transformers' values that mean no more than "push the model": accepted
+
+
+# --- the push settings: this project's, taken out of the Trainer's hands --------------------------------------------
+
+
+@dataclass
+class PushSettings:
+    requested: bool  # push_to_hub as the user gave it
+    repo_id: str
+    private: bool | None
+    checkpoints: bool  # push_checkpoints
+    token: str | None = field(default=None, repr=False)  # in memory only
+
+    def check_token(self) -> None:
+        from dpotrain.recipe.errors import ConfigError
+
+        if self.requested and not self.token:
+            raise ConfigError(
+                "push_to_hub is set but no Hugging Face token was found: add HF_TOKEN=... to .env, "
+                "run `hf auth login`, or drop --push_to_hub"
+            )
+
+    def record(self, resolved: dict) -> dict:
+        """What the project does, in the resolved config (the Trainer itself runs with push_to_hub off)."""
+        resolved["push_to_hub"] = self.requested
+        if self.requested:
+            resolved["hub_model_id"] = self.repo_id  # the repo pushed to; push_to_hub.py reads it
+            resolved["hub_strategy"] = "end"  # the final model once training ends; checkpoints: push_checkpoints
+        return resolved
+
+
+def take_push_settings(recipe, run_engine=None) -> PushSettings:
+    """The push this run will make under `run_engine` (`engine.Engine`), checked; the Trainer's own Hub machinery
+    switched off; the token off disk.
+
+    transformers' Trainer with push_to_hub creates the repo at init (which fails offline), pushes at every save
+    ("Training in progress", and with hub_strategy=checkpoint the optimizer state), and pickles hub_token into every
+    training_args.bin. So the Trainer gets push_to_hub=False and hub_token=None, this project pushes (train_dpo.py,
+    hub_push.py), and a token given as --hub_token is blanked from sys.argv, which W&B records.
+    """
+    from dpotrain.cluster import offline
+    from dpotrain.recipe.errors import ConfigError
+
+    t, p = recipe.training, recipe.project
+    strategy = getattr(t.hub_strategy, "value", t.hub_strategy)
+    if t.push_to_hub and strategy not in HUB_STRATEGIES:
+        raise ConfigError(
+            f"hub_strategy {strategy!r} is transformers' push at every save (with 'checkpoint', of the optimizer "
+            "state too), which this project replaces: drop hub_strategy. The final model is pushed once training "
+            "ends; push_checkpoints: true pushes each checkpoint's model to a branch step-<N>"
+        )
+    if t.push_to_hub and t.hub_revision:
+        raise ConfigError(
+            f"hub_revision {t.hub_revision!r} is not supported: the final model goes to main and checkpoints "
+            "(push_checkpoints: true) to branches step-<N>; drop hub_revision"
+        )
+    if p.push_checkpoints and not t.push_to_hub:
+        raise ConfigError("push_checkpoints needs push_to_hub: true (and hub_model_id: org/name), or drop it")
+    if p.push_checkpoints and run_engine is not None and run_engine.name == "fsdp2":
+        raise ConfigError("push_checkpoints under FSDP2: its checkpoints are sharded (each rank's part, "
+                          "torch.distributed.checkpoint), with no model a branch could hold: drop push_checkpoints "
+                          "(the final model is still pushed as one safetensors folder), or train under ZeRO-2 or "
+                          "ZeRO-3")  # fmt: skip
+    if p.push_checkpoints and getattr(t.save_strategy, "value", t.save_strategy) == "no":
+        raise ConfigError("push_checkpoints is set but save_strategy is 'no', so no checkpoint is saved: set "
+                          "save_strategy: steps and save_steps, or drop push_checkpoints")  # fmt: skip
+    settings = PushSettings(
+        requested=bool(t.push_to_hub),
+        repo_id=t.hub_model_id or t.run_name,
+        private=t.hub_private_repo,
+        checkpoints=p.push_checkpoints,
+        token=t.hub_token or offline.hf_token(),
+    )
+    t.push_to_hub = False
+    t.hub_token = None
+    scrub_argv(sys.argv)
+    return settings
+
+
+def scrub_argv(argv: list[str]) -> None:
+    """Blank the value of --hub_token in place: W&B and crash reports record the process's command line."""
+    for i, arg in enumerate(argv):
+        name, eq, _ = arg.partition("=")
+        if name in ("--hub_token", "--hub-token"):
+            if eq:
+                argv[i] = f"{name}=<HUB_TOKEN>"
+            elif i + 1 < len(argv):
+                argv[i + 1] = "<HUB_TOKEN>"
+
+
+# --- the model card --------------------------------------------------------------------------------------------------
+
+
+def model_card(resolved: dict, records: list[dict], revisions: list[tuple[int, str]] = (), repo_id: str = "") -> str:
+    from huggingface_hub import ModelCard, ModelCardData
+
+    base, dataset = resolved.get("model_name_or_path"), resolved.get("dataset_name")
+    data = ModelCardData(
+        base_model=base if base and not base.startswith("builtin:") else None,
+        datasets=[dataset] if dataset and "/" in dataset and not Path(dataset).exists() else None,
+        library_name="peft" if resolved.get("use_peft") else "transformers",
+        tags=["dpo", "trl", "olmo3-recipe", *(["lora", "peft"] if resolved.get("use_peft") else [])],
+    )
+    derived = resolved.get("derived", {})
+    recipe_rows = "\n".join(f"| `{k}` | {as_run(k, resolved)} |" for k in CARD_FIELDS)
+    recipe_rows += f"\n| pairs per optimizer step | {derived.get('pairs_per_step')} |"
+    counted = derived.get("batching", {}).get("max_length_cuts")
+    if counted:  # what the trainer saw of the data: pairs cut or dropped at max_length (cuts.py)
+        recipe_rows += f"\n| pairs cut / dropped at max_length | {counted['truncated']} / {counted['dropped']} of " \
+                       f"{counted['pairs']} |"  # fmt: skip
+    last = next((r for r in reversed(records) if "loss" in r), {})  # a training record, not an evaluation
+    metric_rows = "\n".join(f"| `{k}` | {last[k]:.4f} |" for k in FINAL_METRICS if k in last) or "| (none logged) | |"
+    content = f"""---
+{data.to_yaml()}
+---
+
+# {resolved.get("run_name")}
+
+DPO post-training of `{base}` on `{dataset}` with OLMo 3's length-normalized DPO recipe, trained with TRL's
+`DPOTrainer` (config `{resolved.get("config")}`).
+{card_lines(resolved)}
+## Recipe
+
+| field | value |
+|---|---|
+{recipe_rows}
+
+## Final metrics (step {last.get("step", "-")})
+
+| metric | value |
+|---|---|
+{metric_rows}
+
+![training curves]({PLOT_FILE})
+"""
+    return str(ModelCard(content + revisions_section(revisions, repo_id or resolved.get("hub_model_id") or "")))
+
+
+def as_run(key: str, resolved: dict):
+    """A recipe field as the run used it: warm-up in steps (a float below 1 is the recipe's ratio), and per-device
+    batches as the token budget cut them (None in the recipe: micro-batches of as many pairs as fit)."""
+    derived, value = resolved.get("derived", {}), resolved.get(key)
+    per_step = derived.get("batching", {}).get("micro_batches_per_step")
+    if key == "warmup_steps" and derived.get("warmup_steps") is not None:
+        steps = derived["warmup_steps"]
+        return f"{steps} ({value:g} of the steps)" if 0 < (value or 0) < 1 else steps
+    if key == "per_device_train_batch_size" and value is None and per_step:
+        pairs = derived["batching"].get("pairs_per_micro_batch", {})
+        return f"{pairs.get('min')}-{pairs.get('max')} pairs per micro-batch (max_tokens_per_microbatch)"
+    if key == "gradient_accumulation_steps" and value is None and per_step:
+        return f"{per_step['min']}-{per_step['max']} micro-batches per step (mean {per_step['mean']})"
+    return value
+
+
+REVISIONS_HEADING = "## Checkpoint revisions"
+
+
+def revisions_section(revisions: list[tuple[int, str]], repo_id: str) -> str:
+    """The card's list of checkpoint branches (the last section, so that push_to_hub.py can replace it)."""
+    if not revisions:
+        return ""
+    from huggingface_hub import constants
+
+    rows = "\n".join(f"| {step} | [`{b}`]({constants.ENDPOINT}/{repo_id}/tree/{b}) |" for step, b in revisions)
+    return f"""
+{REVISIONS_HEADING}
+
+Checkpoints saved during training (model weights, config and tokenizer; no optimizer state) are branches of this
+repo: `AutoModelForCausalLM.from_pretrained("{repo_id}", revision="{revisions[-1][1]}")`.
+
+| step | revision |
+|---|---|
+{rows}
+"""
+
+
+def write_model_card(output_dir: str | Path, resolved: dict, repo_id: str = "") -> Path:
+    from dpotrain.hub.hub_push import pushed_revisions
+    from dpotrain.recipe.writes import write_text
+
+    card = model_card(resolved, read_metrics(output_dir), pushed_revisions(output_dir), repo_id)
+    return write_text(Path(output_dir) / "README.md", card)
+
+
+def update_card_revisions(output_dir: str | Path, repo_id: str) -> None:
+    """Replace the card's revisions section with what hub_pushes.jsonl says is on the Hub (push_to_hub.py)."""
+    from dpotrain.hub.hub_push import pushed_revisions
+    from dpotrain.recipe.writes import write_text
+
+    path = Path(output_dir) / "README.md"
+    card = path.read_text()
+    kept = card.split("\n" + REVISIONS_HEADING)[0].rstrip("\n") + "\n"
+    write_text(path, kept + revisions_section(pushed_revisions(output_dir), repo_id))
+
+
+def push_run(output_dir: str | Path, repo_id: str, token: str | None = None, private: bool | None = None) -> str:
+    """Upload the final model, tokenizer, card, plot and metrics of `output_dir` to main of `repo_id`, retried on
+    transient errors and recorded in hub_pushes.jsonl; returns the repo's URL."""
+    from huggingface_hub import HfApi, constants
+
+    from dpotrain.hub.hub_push import record_push, with_retries
+
+    api = HfApi(token=token)
+    step = (json.loads((Path(output_dir) / "run_complete.json").read_text()) or {}).get("global_step")
+
+    def upload():
+        api.create_repo(repo_id, private=private, exist_ok=True)
+        return api.upload_folder(
+            repo_id=repo_id, folder_path=str(output_dir), ignore_patterns=IGNORE, commit_message="Upload DPO run"
+        )
+
+    try:
+        commit, attempts = with_retries(upload, f"push to {repo_id}")
+    except Exception as e:
+        record_push(output_dir, step=step, branch="main", status="failed", attempts=e.attempts, error=cause(e))
+        raise
+    record_push(output_dir, step=step, branch="main", status="pushed", attempts=attempts, commit=commit.oid)
+    return f"{constants.ENDPOINT}/{repo_id}"
+
+
+# --- pushing later, from a login node ---------------------------------------------------------------------------------
+
+
+def run_folder_problems(output_dir: str | Path) -> list[str]:
+    """What keeps `output_dir` from being a finished run worth pushing; [] when it is one."""
+    from dpotrain.cluster.offline import TOKENIZER_VOCAB
+
+    out = Path(output_dir)
+    if not out.is_dir():
+        return ["the folder itself"]
+    problems = []
+    if not (out / RUN_COMPLETE).is_file():
+        problems.append(f"{RUN_COMPLETE} (training has not finished: resume it with the same command)")
+    adapter = (out / "adapter_config.json").is_file()  # a LoRA run (use_peft): an adapter instead of full weights
+    problems += [f for f in ("config.json", "tokenizer_config.json") if not (out / f).is_file() and not adapter]
+    index = out / "model.safetensors.index.json"
+    if adapter:
+        problems += [f for f in ("adapter_model.safetensors", "tokenizer_config.json") if not (out / f).is_file()]
+    elif index.is_file():
+        shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        problems += [s for s in shards if not (out / s).is_file()]
+    elif not (out / "model.safetensors").is_file():
+        problems.append("model.safetensors")
+    if not any((out / f).is_file() for f in TOKENIZER_VOCAB):
+        problems.append("tokenizer.json")
+    problems += [f for f in ("README.md", PLOT_FILE) if not (out / f).is_file()]
+    return problems
+
+
+def write_access_problem(whoami: dict, repo_id: str) -> str | None:
+    """Why the account and token described by `whoami` (HfApi.whoami's answer) cannot push to `repo_id`, or None.
+
+    Judged from the answer alone: the namespace must be the user or one of their organizations with a role above
+    `read`; a read token never writes; a fine-grained token needs `repo.write` on that namespace or on the repo. An
+    existing repo can still refuse a `contributor` (it writes only to its own repos): `check_write_access` asks.
+    """
+    user = whoami.get("name")
+    namespace, _, name = repo_id.rpartition("/")
+    namespace = namespace or user
+    token = (whoami.get("auth") or {}).get("accessToken") or {}
+    label = f"the Hugging Face token {token['displayName']!r}" if token.get("displayName") else "the Hugging Face token"
+    if token.get("role") == "read":
+        return (
+            f"{label} is read-only, so it cannot push to {repo_id}: create a write or fine-grained token at "
+            "https://huggingface.co/settings/tokens and set HF_TOKEN in .env"
+        )
+    if namespace != user:
+        orgs = {o.get("name"): o.get("roleInOrg") for o in whoami.get("orgs") or []}
+        if namespace not in orgs:
+            return (
+                f"{user!r} cannot create {repo_id}: {namespace!r} is neither the token's user nor one of its "
+                f"organizations ({', '.join(sorted(orgs)) or 'none'}); use --hub_model_id {user}/{name}, or join "
+                f"{namespace!r}"
+            )
+        if orgs[namespace] == "read":
+            return (
+                f"{user!r} has the read role in {namespace!r}, so it cannot push to {repo_id}: ask an admin of "
+                f"{namespace!r} for write access, or use --hub_model_id {user}/{name}"
+            )
+    if token.get("role") == "fineGrained":
+        scoped = (token.get("fineGrained") or {}).get("scoped") or []
+        if not any(
+            "repo.write" in s.get("permissions", []) and (s.get("entity") or {}).get("name") in (namespace, repo_id)
+            for s in scoped
+        ):
+            return (
+                f"{label} is fine-grained without write access to repos of {namespace!r}: give it "
+                "'Write access to contents/settings of all repos' there at https://huggingface.co/settings/tokens"
+            )
+    return None
+
+
+def check_write_access(repo_id: str, token: str | None, where: str = "job") -> str:
+    """Refuse a push that would fail: `token` must be able to write to `repo_id`. `where` is "job" (train_dpo.py at
+    start, so that the push cannot fail after training) or "push_to_hub.py" (pushing a finished run).
+
+    Returns the repo id with its namespace (a bare `name` is the token user's `user/name`: the Hub's branch and commit
+    endpoints need both parts). Asks the Hub (whoami, then the repo's write auth-check), so it is for real runs only.
+    In a job with HF_HUB_OFFLINE set it says that it skipped the check and returns `repo_id` as given: the push then
+    happens later, where the Hub is reachable.
+    """
+    from huggingface_hub import HfApi, get_token
+    from huggingface_hub.errors import HfHubHTTPError, RepositoryNotFoundError
+
+    from dpotrain.cluster.offline import is_offline, within
+    from dpotrain.recipe.errors import ConfigError
+
+    if is_offline():
+        print(
+            f"Skipped checking write access to {repo_id}: HF_HUB_OFFLINE is set, so nothing is pushed during the run. "
+            "Push from a machine that reaches the Hub after the run: python scripts/push_to_hub.py <output_dir>",
+            flush=True,
+        )
+        return repo_id
+    unreachable = (
+        "Compute nodes without network: set HF_HUB_OFFLINE=1 and push afterwards with scripts/push_to_hub.py"
+        if where == "job"
+        else "This machine cannot reach the Hub: run scripts/push_to_hub.py where it can (a login node with "
+        "network), or fix HF_ENDPOINT / the proxy settings (HTTPS_PROXY)"
+    )
+    token = token or get_token()
+    if not token:
+        raise ConfigError(
+            f"pushing to {repo_id} needs a Hugging Face token: add HF_TOKEN=... to .env or run `hf auth login`"
+        )
+    api = HfApi(token=token)
+    try:
+        whoami = within(30, api.whoami)
+    except HfHubHTTPError as e:
+        if _status(e) == 401:
+            raise ConfigError(
+                "the Hugging Face token is invalid or expired: create one at https://huggingface.co/settings/tokens "
+                "and set HF_TOKEN in .env"
+            ) from None
+        raise ConfigError(f"could not check write access to {repo_id}: {cause(e)}") from None
+    except Exception as e:  # no route, DNS, proxy, timeout: the node cannot reach the Hub
+        raise ConfigError(
+            f"could not reach the Hugging Face Hub to check write access to {repo_id} ({cause(e)}). {unreachable}"
+        ) from None
+    problem = write_access_problem(whoami, repo_id)
+    if problem:
+        raise ConfigError(problem)
+    repo_id = repo_id if "/" in repo_id else f"{whoami.get('name')}/{repo_id}"
+    try:
+        within(30, lambda: api.auth_check(repo_id, write=True))
+    except RepositoryNotFoundError:
+        return repo_id  # not created yet: the push creates it, in a namespace this token may write to
+    except HfHubHTTPError as e:
+        if _status(e) == 403:
+            raise ConfigError(
+                f"{whoami.get('name')!r} cannot write to the existing repo {repo_id}: ask its owners for write "
+                "access, or push to another --hub_model_id"
+            ) from None
+        raise ConfigError(f"could not check write access to {repo_id}: {cause(e)}") from None
+    except Exception as e:
+        raise ConfigError(
+            f"could not reach the Hugging Face Hub to check write access to {repo_id} ({cause(e)}). {unreachable}"
+        ) from None
+    return repo_id
+
+
+def _status(error) -> int | None:
+    return getattr(getattr(error, "response", None), "status_code", None)

@@ -1,0 +1,353 @@
+"""Checkpoints as Hub revisions: each complete checkpoint's model goes to a branch `step-<N>` of the run's repo.
+
+Only this project pushes: transformers' own Hub machinery (a repo created at trainer init, a push at every save,
+`hub_strategy` uploads of `last-checkpoint` with its optimizer state) is switched off in `take_push_settings`. What
+goes to a branch is the model as `from_pretrained(repo, revision="step-N")` loads it: weights, config, tokenizer, chat
+template. Never optimizer, scheduler or RNG state, never `training_args.bin`.
+
+`CheckpointPusher` runs on the main process only, after `CompleteMarker` has marked a checkpoint (never one without
+its mark). It links the checkpoint's files into `<output_dir>/.hub_staging/` at once, so a checkpoint that
+`save_total_limit` deletes while its upload is still running is uploaded all the same, and uploads in a background
+thread so training does not wait. Transient errors (HTTP 5xx / 429 / 408, dropped connections) are retried with
+backoff; an upload that still fails is a warning and a line in `<output_dir>/hub_pushes.jsonl`, never a failed run.
+"""
+
+import fnmatch
+import functools
+import json
+import os
+import queue
+import re
+import shutil
+import sys
+import threading
+import time
+from pathlib import Path
+
+from transformers import TrainerCallback
+
+from dpotrain.recipe.errors import cause
+from dpotrain.train.checkpoints import MARKER, checkpoints
+
+PUSH_RECORD = "hub_pushes.jsonl"  # one line per upload attempt's outcome: step, branch, status, error
+STAGING = ".hub_staging"
+# What a checkpoint branch holds: a loadable model and its tokenizer. An allowlist, so that whatever else a
+# checkpoint holds (optimizer.pt, scheduler.pt, rng_state*.pth, training_args.bin, DeepSpeed's global_step*/) stays.
+CHECKPOINT_FILES = [
+    "*.safetensors",
+    "model.safetensors.index.json",
+    "config.json",
+    "generation_config.json",
+    "adapter_config.json",  # LoRA checkpoints (peft)
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "tokenizer.model",
+    "vocab.json",
+    "vocab.txt",
+    "merges.txt",
+    "spiece.model",
+    "*.tiktoken",
+    "chat_template.jinja",
+    "chat_template.json",
+]
+# Pushed statuses: `pushed` by this run or push_to_hub.py, `present` found already on the Hub by push_to_hub.py.
+ON_THE_HUB = ("pushed", "present")
+# Seconds between attempts of one upload, on top of huggingface_hub's own retries of single requests (~20 s): a Hub
+# outage of a few minutes must not lose a checkpoint. DPOTRAIN_HUB_RETRY_WAITS="15,60,240" overrides (tests: "0").
+DEFAULT_RETRY_WAITS = (15.0, 60.0, 240.0)
+# How long the end of training waits for checkpoint uploads still running (a 7B checkpoint is ~15 GB).
+FINAL_WAIT_S = 30 * 60
+# How long a run stopped for requeue waits: Slurm's signal comes ~30-60 s before the kill. The requeued job pushes
+# what is left (CheckpointPusher.on_train_begin).
+STOP_WAIT_S = 10
+
+
+def branch_name(step: int) -> str:
+    return f"step-{step}"
+
+
+def checkpoint_step(folder: Path) -> int:
+    return int(re.fullmatch(r"checkpoint-(\d+)", folder.name).group(1))
+
+
+def checkpoint_files(folder: Path) -> list[str]:
+    """The names in a checkpoint folder that go to its branch (top-level files matching CHECKPOINT_FILES)."""
+    return sorted(
+        f.name for f in folder.iterdir() if f.is_file() and any(fnmatch.fnmatch(f.name, p) for p in CHECKPOINT_FILES)
+    )
+
+
+def has_weights(names: list[str]) -> bool:
+    return any(n.endswith(".safetensors") for n in names)
+
+
+# --- the record of pushes ---------------------------------------------------------------------------------------
+
+_record_lock = threading.Lock()
+
+
+def record_push(output_dir: str | Path, **entry) -> dict:
+    entry = {"time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), **entry}
+    with _record_lock, open(Path(output_dir) / PUSH_RECORD, "a") as f:
+        f.write(json.dumps(entry) + "\n")
+    return entry
+
+
+def read_pushes(output_dir: str | Path) -> list[dict]:
+    path = Path(output_dir) / PUSH_RECORD
+    if not path.is_file():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def pushed_revisions(output_dir: str | Path) -> list[tuple[int, str]]:
+    """(step, branch) of the checkpoint branches whose latest record says they are on the Hub, by step."""
+    latest = {r["branch"]: r for r in read_pushes(output_dir) if r.get("branch", "main") != "main"}
+    return sorted((r["step"], b) for b, r in latest.items() if r["status"] in ON_THE_HUB)
+
+
+# --- retries ----------------------------------------------------------------------------------------------------
+
+
+def retry_waits() -> tuple[float, ...]:
+    value = os.environ.get("DPOTRAIN_HUB_RETRY_WAITS")
+    return tuple(float(x) for x in value.split(",") if x.strip()) if value else DEFAULT_RETRY_WAITS
+
+
+def is_transient(error: BaseException) -> bool:
+    """Worth another attempt later: the Hub's 5xx, 429 and 408, and connections that failed or dropped."""
+    import httpx2
+    from huggingface_hub.errors import HfHubHTTPError
+
+    if isinstance(error, HfHubHTTPError):
+        status = getattr(error.response, "status_code", None)
+        return status is None or status in (408, 429) or status >= 500
+    return isinstance(error, (httpx2.TransportError, ConnectionError, TimeoutError))
+
+
+def with_retries(fn, what: str, waits: tuple[float, ...] | None = None):
+    """fn() retried after each of `waits` on transient errors; returns (result, attempts). A final error gets
+    `.attempts`."""
+    waits = retry_waits() if waits is None else waits
+    for attempt in range(1, len(waits) + 2):
+        try:
+            return fn(), attempt
+        except Exception as e:
+            if attempt > len(waits) or not is_transient(e):
+                e.attempts = attempt
+                raise
+            wait = waits[attempt - 1]
+            print(f"warning: {what} failed ({cause(e)}); retrying in {wait:.0f} s", file=sys.stderr, flush=True)
+            time.sleep(wait)
+
+
+# --- uploads ------------------------------------------------------------------------------------------------------
+
+
+def upload_checkpoint(api, repo_id: str, folder: Path, step: int):
+    """Branch `step-N` holding exactly the checkpoint's model files (files of an earlier push there are replaced)."""
+    branch = branch_name(step)
+    api.create_branch(repo_id, branch=branch, exist_ok=True)  # forks main: a fresh repo's first commit
+    return api.upload_folder(
+        repo_id=repo_id,
+        folder_path=str(folder),
+        revision=branch,
+        allow_patterns=CHECKPOINT_FILES,
+        delete_patterns=["*"],  # main's files (a card, an earlier run's model) do not belong to this step
+        commit_message=f"Checkpoint at step {step}",
+    )
+
+
+def local_files(folder: Path, allow: list[str] | None = None, ignore: list[str] | None = None) -> list[str]:
+    """The relative paths upload_folder sends from `folder` with these patterns (huggingface_hub's own filter)."""
+    from huggingface_hub.utils import DEFAULT_IGNORE_PATTERNS, filter_repo_objects
+
+    paths = [p.relative_to(folder).as_posix() for p in sorted(folder.rglob("*")) if p.is_file()]
+    ignore = [*(ignore or []), *DEFAULT_IGNORE_PATTERNS]
+    return list(filter_repo_objects(paths, allow_patterns=allow, ignore_patterns=ignore))
+
+
+def remote_matches(api, repo_id: str, revision: str, folder: Path, names: list[str]) -> bool:
+    """Whether `revision` of the repo holds exactly `names` of `folder`, with the same sizes (besides .gitattributes).
+
+    Sizes, not hashes: hashing a 15 GB checkpoint to skip it would cost what uploading it costs when the Hub already
+    has its content (huggingface_hub then sends no bytes).
+    """
+    from huggingface_hub.errors import RepositoryNotFoundError, RevisionNotFoundError
+
+    try:
+        remote = {
+            f.path: f.size for f in api.list_repo_tree(repo_id, revision=revision, recursive=True) if hasattr(f, "size")
+        }
+    except (RepositoryNotFoundError, RevisionNotFoundError):
+        return False
+    remote.pop(".gitattributes", None)
+    return remote == {n: (folder / n).stat().st_size for n in names}
+
+
+def stage(folder: Path, staging_root: Path) -> Path:
+    """Hard links (a copy across file systems) of the checkpoint's model files, which survive its deletion."""
+    target = staging_root / folder.name
+    shutil.rmtree(target, ignore_errors=True)
+    target.mkdir(parents=True)
+    for name in checkpoint_files(folder):
+        try:
+            os.link(folder / name, target / name)
+        except OSError:
+            shutil.copy2(folder / name, target / name)
+    return target
+
+
+def push_checkpoints(api, run_dir: Path, repo_id: str) -> list[dict]:
+    """scripts/push_to_hub.py --checkpoints: every complete checkpoint on disk to its branch, skipping the branches
+    that already hold it. Returns the records written."""
+    records = []
+    branches = set()
+    try:
+        branches = {b.name for b in api.list_repo_refs(repo_id).branches}
+    except Exception as e:  # a repo not created yet has no branches
+        from huggingface_hub.errors import RepositoryNotFoundError
+
+        if not isinstance(e, RepositoryNotFoundError):
+            raise
+    for folder in checkpoints(run_dir):
+        step, branch = checkpoint_step(folder), branch_name(checkpoint_step(folder))
+        if not (folder / MARKER).is_file():
+            print(f"Skipped {folder.name}: no {MARKER} mark (written only once a checkpoint is whole)", flush=True)
+            continue
+        names = checkpoint_files(folder)
+        if not has_weights(names):
+            print(f"warning: {folder.name} has no model weights (*.safetensors): not pushed", file=sys.stderr)
+            records.append(record_push(run_dir, step=step, branch=branch, status="failed", error="no model weights"))
+            continue
+        if branch in branches and remote_matches(api, repo_id, branch, folder, names):
+            print(f"Skipped {folder.name}: {repo_id}@{branch} already holds it", flush=True)
+            records.append(record_push(run_dir, step=step, branch=branch, status="present", files=names))
+            continue
+        try:
+            upload = functools.partial(upload_checkpoint, api, repo_id, folder, step)
+            commit, attempts = with_retries(upload, f"{branch} push")
+        except Exception as e:
+            print(f"warning: {folder.name} was not pushed to {repo_id}@{branch}: {cause(e)}", file=sys.stderr)
+            records.append(
+                record_push(run_dir, step=step, branch=branch, status="failed", attempts=e.attempts, error=cause(e))
+            )
+            continue
+        print(f"Pushed {folder.name} to {repo_id}@{branch}", flush=True)
+        records.append(
+            record_push(
+                run_dir, step=step, branch=branch, status="pushed", attempts=attempts, commit=commit.oid, files=names
+            )
+        )
+    return records
+
+
+class CheckpointPusher(TrainerCallback):
+    """Pushes each complete checkpoint to branch `step-<N>` in a background thread (main process only).
+
+    Place it after `CompleteMarker` in the callback list: its `on_save` runs after the mark is written. `finish`
+    waits, bounded, for uploads still running; what did not finish is recorded as `unfinished`.
+    """
+
+    def __init__(self, repo_id: str, token: str, private: bool | None, output_dir: str | Path):
+        self.repo_id, self.token, self.private = repo_id, token, private
+        self.out = Path(output_dir)
+        self.queue: queue.Queue = queue.Queue()
+        self.pending: dict[int, Path] = {}  # step -> staged folder, until its upload ends
+        self.thread: threading.Thread | None = None
+        self._repo_ready = False
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        """A resumed run first pushes the complete checkpoints a stopped job left unpushed."""
+        if not state.is_world_process_zero:
+            return
+        done = {s for s, _ in pushed_revisions(self.out)}
+        for folder in checkpoints(self.out):
+            if (folder / MARKER).is_file() and checkpoint_step(folder) not in done:
+                self.submit(folder)
+
+    def on_save(self, args, state, control, **kwargs):
+        if not state.is_world_process_zero:
+            return
+        folder = self.out / f"checkpoint-{state.global_step}"
+        if folder.is_dir() and (folder / MARKER).is_file():  # never a checkpoint without its mark
+            self.submit(folder)
+
+    def submit(self, folder: Path) -> None:
+        step = checkpoint_step(folder)
+        if step in self.pending:
+            return
+        staged = stage(folder, self.out / STAGING)
+        names = checkpoint_files(staged)
+        if not has_weights(names):
+            shutil.rmtree(staged, ignore_errors=True)
+            self._failed(step, 1, f"no model weights (*.safetensors) in {folder.name}")
+            return
+        self.pending[step] = staged
+        self.queue.put(step)
+        if self.thread is None:
+            # daemon: an upload hung on a dead network must not keep the finished job alive past `finish`
+            self.thread = threading.Thread(target=self._work, name="dpotrain-hub-push", daemon=True)
+            self.thread.start()
+
+    def _work(self) -> None:
+        from huggingface_hub import HfApi
+
+        api = HfApi(token=self.token)
+        while True:
+            step = self.queue.get()
+            staged = self.pending[step]
+            try:
+                self._push(api, step, staged)
+            except Exception as e:  # a bug here must not kill the thread and leave the others waiting
+                self._failed(step, getattr(e, "attempts", 1), cause(e))
+            finally:
+                shutil.rmtree(staged, ignore_errors=True)
+                self.pending.pop(step, None)
+                self.queue.task_done()
+
+    def _push(self, api, step: int, staged: Path) -> None:
+        branch = branch_name(step)
+        if not self._repo_ready:
+            with_retries(lambda: api.create_repo(self.repo_id, private=self.private, exist_ok=True), "create_repo")
+            self._repo_ready = True
+        commit, attempts = with_retries(lambda: upload_checkpoint(api, self.repo_id, staged, step), f"{branch} push")
+        record_push(
+            self.out, step=step, branch=branch, status="pushed", attempts=attempts, commit=commit.oid,
+            files=checkpoint_files(staged),
+        )  # fmt: skip
+        print(f"Pushed checkpoint-{step} to {self.repo_id}@{branch}", flush=True)
+
+    def _failed(self, step: int, attempts: int, error: str) -> None:
+        branch = branch_name(step)
+        record_push(self.out, step=step, branch=branch, status="failed", attempts=attempts, error=error)
+        print(
+            f"warning: checkpoint-{step} was not pushed to {self.repo_id}@{branch} ({error}); training goes on. "
+            f"Recorded in {self.out / PUSH_RECORD}; `python scripts/push_to_hub.py {self.out} --checkpoints` pushes "
+            "it later while it is still on disk",
+            file=sys.stderr,
+            flush=True,
+        )
+
+    def finish(self, timeout: float) -> list[int]:
+        """Wait up to `timeout` s for the uploads still running; returns the steps left unfinished (recorded)."""
+        deadline = time.monotonic() + timeout
+        with self.queue.all_tasks_done:
+            while self.queue.unfinished_tasks and time.monotonic() < deadline:
+                self.queue.all_tasks_done.wait(min(5.0, max(deadline - time.monotonic(), 0.01)))
+        left = sorted(self.pending)
+        if not left:
+            shutil.rmtree(self.out / STAGING, ignore_errors=True)
+        for step in left:
+            record_push(self.out, step=step, branch=branch_name(step), status="unfinished", error="still uploading")
+        if left:
+            print(
+                f"warning: checkpoint uploads still running after {timeout:.0f} s were abandoned (steps "
+                f"{', '.join(map(str, left))}): `python scripts/push_to_hub.py {self.out} --checkpoints` pushes the "
+                "ones still on disk",
+                file=sys.stderr,
+                flush=True,
+            )
+        return left

@@ -1,0 +1,619 @@
+"""Memory per GPU, planned before anything loads: does this recipe fit, under this engine, on this many GPUs?
+
+A plan is the sum of these parts, per GPU (README "Memory plan"):
+- model states: bf16 weights, gradients, fp32 master weights and Adam moments, as the engine holds and shards them.
+  ZeRO-2 and ZeRO-3 are DeepSpeed's own estimates (`estimate_zero2/3_model_states_mem_needs`: tests check equality);
+  FSDP2 as accelerate sets it up (fp32 sharded parameters, gradients and moments);
+- what the engine gathers or buffers beside them (reduce buckets; FSDP2's unsharded layers);
+- activations of one micro-batch: the backbone's forward and backward traced on fake tensors (shapes only: no memory,
+  no compute) at the micro-batch's token count, with and without activation checkpointing as the recipe says;
+- TRL's chunked LM head (`trl/trainer/utils.py`, `_CHUNKED_LOGPROB_CHUNK_SIZE`), which never builds the logits;
+- dense attention masks, for sdpa and eager attention (FlashAttention's varlen kernel takes none, FlexAttention a block
+  mask of a few MiB), for the attention of the forward the run takes (forwards/choice.py): a run plans once its forward
+  is decided from the data, and first, before anything loads, for the lightest forward it could take;
+- an allowance for the CUDA context, NCCL buffers and allocator fragmentation.
+Parameter counts come from the model's config alone: the model is built on the meta device (no weights).
+"""
+
+import copy
+import functools
+import json
+import math
+import warnings
+from dataclasses import dataclass
+
+from dpotrain.cluster.engine import Engine, from_config
+from dpotrain.plan.memory_advice import NAMES, NODE_SIZES, advice, node_size  # noqa: F401 - NODE_SIZES: dry_run reads it here
+from dpotrain.recipe.errors import ConfigError
+
+GIB = 2**30
+# CUDA context (~0.5-1 GiB with torch's kernels loaded) plus NCCL communicator buffers (~1-2 GiB), per process.
+CONTEXT_GIB = 3.0
+# The caching allocator rarely packs tensors perfectly: 10% of everything else, a usual margin for long-sequence
+# training (less with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True).
+FRAGMENTATION = 0.10
+BF16 = 2
+
+# --- the model, from its config only ---
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    params: int  # distinct parameters (tied ones once), as DeepSpeed's model_to_params counts them
+    trainable: int  # all of them, or LoRA's adapter
+    largest_layer: int  # the most parameters one module holds itself (DeepSpeed's largest_layer_params)
+    decoder_layer: int  # the largest decoder layer: one FSDP2 unit
+    lm_head: int  # the output embedding, vocabulary x hidden
+    lm_head_trains: bool
+    hidden: int
+    layers: int
+    load_bytes: int  # bytes per parameter as loaded (the recipe's dtype): LoRA's frozen base, one process
+
+
+def load_model_config(recipe):
+    """The model's config from files on this machine (a folder, the HF cache, a built-in), or (None, why not)."""
+    from transformers import AutoConfig
+
+    from dpotrain.data import builtin
+
+    name = recipe.model.model_name_or_path
+    if builtin.is_builtin(name):
+        builtin.check_name(name)
+        built = builtin.existing_model_dir(name)
+        if built:
+            return AutoConfig.from_pretrained(built), None
+        # Not built yet: the shape builtin.build_model gives it, with at most 1024 tokens (its tokenizer's bound).
+        return builtin.model_config(name.removeprefix(builtin.BUILTIN_PREFIX)), None
+    try:
+        return AutoConfig.from_pretrained(name, revision=recipe.model.model_revision, local_files_only=True), None
+    except (OSError, ValueError) as e:
+        from dpotrain.cluster.offline import is_hub_model
+
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        # A Hub name: transformers' text ("couldn't connect") would suggest a download was tried; none was.
+        where = "in the local Hugging Face cache" if is_hub_model(name) else f"on this machine ({first[:160]})"
+        return None, (
+            f"the config of {name!r} is not {where}; a dry run loads nothing from the network: `python "
+            f"scripts/prefetch.py --config <recipe> --model_name_or_path {name}` on a machine with network fetches it"
+        )
+
+
+def model_shape(recipe, config) -> ModelShape:
+    """The parameter counts of the model (with LoRA's adapter when the recipe trains one), from its config alone. Kept
+    per config and LoRA settings: a refusal plans many variants of one model (memory_advice), and PEFT's wrapping of
+    a 32B model on the meta device takes seconds."""
+    peft = None
+    if recipe.model.use_peft:
+        from trl import get_peft_config
+
+        peft = repr(get_peft_config(recipe.model))
+    key = (config.to_json_string(use_diff=False), peft, str(recipe.model.dtype))
+    if key not in _SHAPES:
+        _SHAPES[key] = _model_shape(recipe, config)
+    return _SHAPES[key]
+
+
+_SHAPES: dict[tuple, ModelShape] = {}
+
+
+def _model_shape(recipe, config) -> ModelShape:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    text = config.get_text_config()
+    with torch.device("meta"), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = AutoModelForCausalLM.from_config(config)
+    params = sum(p.numel() for p in model.parameters())  # parameters() yields a tied weight once
+    largest = max(sum(p.numel() for p in m.parameters(recurse=False)) for m in model.modules())
+    blocks = max((m for m in model.modules() if isinstance(m, torch.nn.ModuleList)), key=len, default=[])
+    decoder_layer = max((sum(p.numel() for p in b.parameters()) for b in blocks), default=0)
+    head = model.get_output_embeddings()
+    lm_head = head.weight.numel() if head is not None else 0
+    trainable, head_trains = params, True
+    if recipe.model.use_peft:  # TRL wraps the model with this same config (dpotrain/train/trainer.py)
+        from peft import get_peft_model
+        from trl import get_peft_config
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            model = get_peft_model(model, get_peft_config(recipe.model))
+        params = sum(p.numel() for p in model.parameters())  # the base and the adapter
+        trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+        head_trains = head is not None and head.weight.requires_grad
+    dtype = str(recipe.model.dtype or "float32").replace("torch.", "")
+    load_bytes = 4 if dtype == "float32" else BF16
+    return ModelShape(params, trainable, largest, decoder_layer, lm_head, head_trains, text.hidden_size,
+                      text.num_hidden_layers, load_bytes)  # fmt: skip
+
+
+# --- activations: the backbone traced on fake tensors ---
+
+ATTENTION_TYPES = {"full_attention", "sliding_attention", "chunked_attention"}
+
+
+def activation_bytes(config, tokens: int, checkpointing: bool | int) -> tuple[int, str]:
+    """Peak bytes of the backbone's forward + backward for one micro-batch of `tokens` tokens, and how they were found.
+
+    `checkpointing`: False (no layer checkpointed), True (every layer) or k, every k-th layer (transformers'
+    `every_n_layers`: layers 0, k, 2k, ... keep only their input, the others all their activations).
+
+    Copies of the model with 1 and 2 layers are run on fake tensors (shapes only) at the real width and token count;
+    their peaks, parameters and weight gradients left out (those are model states), give the cost of a layer (the
+    slope: with activation checkpointing, its saved input) and of the rest (the embedding, one layer's recomputation
+    and backward, the final norm); the model's cost is the rest + layers x slope. With every k-th layer checkpointed,
+    the rest is the checkpointed one's (a recomputation on top of everything kept), each checkpointed layer costs its
+    input and each other layer its full slope. Attention layers are traced as full attention with no mask, the memory
+    of FlashAttention and of sdpa's fused kernels; masks are counted apart (`mask_bytes`). Models with other layer
+    kinds (linear attention, Mamba: their CPU reference kernels are neither what CUDA runs nor fast to trace) and
+    models the trace fails on get `formula_activation_bytes`.
+    """
+    text = config.get_text_config()
+    every = checkpoint_every(checkpointing)
+    kept = checkpointed_layers(every, text.num_hidden_layers)
+    kinds = set(getattr(text, "layer_types", None) or ["full_attention"])
+    if kinds - ATTENTION_TYPES:
+        why = f"{'/'.join(sorted(kinds - ATTENTION_TYPES))} layers are not traced"
+        return formula_activation_bytes(text, tokens, every), f"formula ({why})"
+    try:
+        modes = [True] * (kept > 0) + [False] * (kept < text.num_hidden_layers)  # the layer kinds this plan has
+        costs = {mode: layer_costs(config, tokens, mode) for mode in modes}
+    except Exception as e:  # noqa: BLE001 - any failure of the trace falls back to the documented formula
+        reason = f"{type(e).__name__}: {str(e).splitlines()[0][:120]}" if str(e) else type(e).__name__
+        return formula_activation_bytes(text, tokens, every), f"formula (the trace failed: {reason})"
+    return _combine(costs, every, text.num_hidden_layers), "traced on fake tensors (1 and 2 layers, extrapolated)"
+
+
+def checkpoint_every(checkpointing: bool | int | None) -> int | None:
+    """None (no layer checkpointed) or k (every k-th layer; 1: all) from False / True / k."""
+    if checkpointing is None or checkpointing is False or checkpointing == 0:
+        return None
+    return 1 if checkpointing is True else int(checkpointing)
+
+
+def checkpointed_layers(every: int | None, layers: int) -> int:
+    """How many of `layers` transformers checkpoints with `every_n_layers=every`: indices 0, every, 2 x every, ..."""
+    return 0 if every is None else math.ceil(layers / every)
+
+
+def layer_costs(config, tokens: int, checkpointed: bool) -> tuple[int, int]:
+    """(rest, slope) of the backbone, every layer checkpointed or none, from traces of 1 and 2 layers (kept: the plan
+    asks the same ones for each checkpointing it weighs, and again for each engine a refusal tries)."""
+    key = copy.deepcopy(config)
+    key.get_text_config().num_hidden_layers = 1  # the traces set their own layer count and kinds
+    if getattr(key.get_text_config(), "layer_types", None):
+        key.get_text_config().layer_types = ["full_attention"]
+    return _layer_costs(key.to_json_string(use_diff=False), type(config), tokens, checkpointed)
+
+
+@functools.lru_cache(maxsize=16)
+def _layer_costs(config_json: str, config_class, tokens: int, checkpointed: bool) -> tuple[int, int]:
+    config = config_class.from_dict(json.loads(config_json))
+    one, two = (_traced_peak(config, n, tokens, checkpointed) for n in (1, 2))
+    return one - (two - one), two - one
+
+
+def _combine(costs: dict[bool, tuple[int, int]], every: int | None, layers: int) -> int:
+    """The backbone's peak from the (rest, slope) of a checkpointed layer (True) and of a plain one (False). Mixed, the
+    peak is the larger of: the backward's start (every plain layer's activations and the last one's backward), and the
+    recomputation of the last checkpointed layer, when the plain layers after it have freed theirs (equal to traces of
+    the mixed model: tests/test_memory.py)."""
+    kept = checkpointed_layers(every, layers)
+    if kept in (0, layers):
+        rest, slope = costs[kept > 0]
+        return rest + layers * slope
+    (rest_c, slope_c), (rest_p, slope_p) = costs[True], costs[False]
+    last = every * (kept - 1)  # index of the last checkpointed layer; last + 1 - kept plain layers come before it
+    return max(
+        rest_p + kept * slope_c + (layers - kept) * slope_p, rest_c + kept * slope_c + (last + 1 - kept) * slope_p
+    )
+
+
+TRACE_ATTENTION = "dpotrain_memory_plan"
+
+
+def _fused_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+    """What FlashAttention and sdpa's fused kernels keep for backward: q, k, v, the output and its log-sum-exp; no
+    mask and no repeated k/v for grouped-query attention. transformers builds a dense mask whenever it sees fake
+    tensors (it takes them for a compiler's tracing), so the trace registers this attention with no mask instead."""
+    import torch.nn.functional as F
+
+    gqa = query.shape[1] != key.shape[1]
+    out = F.scaled_dot_product_attention(query, key, value, is_causal=True, scale=scaling, enable_gqa=gqa)
+    return out.transpose(1, 2).contiguous(), None
+
+
+def register_trace_attention() -> None:
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, flash_attention_mask
+
+    AttentionInterface.register(TRACE_ATTENTION, _fused_attention)
+    AttentionMaskInterface.register(TRACE_ATTENTION, flash_attention_mask)  # no mask without padding
+
+
+def _traced_peak(config, layers: int, tokens: int, checkpointing: bool | int) -> int:
+    """The backbone's peak on fake tensors, without parameters: `checkpointing` False, True or every k-th layer."""
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.distributed._tools.mem_tracker import MemTracker, _MemRefType
+    from transformers import AutoModelForCausalLM
+
+    register_trace_attention()
+    config = copy.deepcopy(config)
+    text = config.get_text_config()
+    text.num_hidden_layers = layers
+    if getattr(text, "layer_types", None):  # sliding windows and chunks only change the mask, which is not traced
+        text.layer_types = ["full_attention"] * layers
+    with FakeTensorMode(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16, attn_implementation=TRACE_ATTENTION)
+        every = checkpoint_every(checkpointing)
+        if every:
+            model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False},
+                                                  every_n_layers=every)  # fmt: skip
+        model.train()
+        for p in model.parameters():  # the engine takes each weight gradient away as soon as it exists
+            p.register_post_accumulate_grad_hook(lambda p: setattr(p, "grad", None))
+        ids = torch.zeros(1, tokens, dtype=torch.long)
+        positions = torch.arange(tokens)[None]
+        tracker = MemTracker()
+        tracker.track_external(model)
+        with tracker:
+            hidden = model.base_model(input_ids=ids, position_ids=positions, use_cache=False).last_hidden_state
+            hidden.backward(torch.ones_like(hidden))
+        peak = tracker.get_tracker_snapshot("peak")[torch.device("cpu")]
+    return peak["Total"] - peak[_MemRefType.PARAM]
+
+
+def formula_activation_bytes(text, tokens: int, checkpointing: bool | int) -> int:
+    """Llama-shaped layer in bf16, when no trace is possible: per token, 2 x (10 H + 2 H_kv + 4 I) bytes saved per
+    layer (norms in fp32, q/k/v, attention output, the MLP's four I-wide tensors); with activation checkpointing each
+    checkpointed layer keeps only its input (2 H) and one layer is recomputed with its gradients (2 x that)."""
+    h = text.hidden_size
+    kv = getattr(text, "num_key_value_heads", None) or text.num_attention_heads
+    h_kv = kv * (getattr(text, "head_dim", None) or h // text.num_attention_heads)
+    inner = getattr(text, "moe_intermediate_size", None)
+    inner = inner * getattr(text, "num_experts_per_tok", 1) if inner else getattr(text, "intermediate_size", 4 * h)
+    per_layer = BF16 * (10 * h + 2 * h_kv + 4 * inner)
+    layers = text.num_hidden_layers
+    costs = {True: (2 * per_layer, BF16 * h), False: (per_layer, per_layer)}
+    return tokens * _combine(costs, checkpoint_every(checkpointing), layers)
+
+
+REFERENCE_MULTIPLE_MOST = 8  # more buys little: a forward of 8 training micro-batches already fills a GPU's kernels
+
+
+def forward_only_multiple(config, tokens: int, width: int | None, attn: str, checkpointing: bool | int) -> int:
+    """How many times a training micro-batch's `tokens` a forward-only micro-batch (the reference stage) may hold in
+    the memory the plan gives a training micro-batch (activations, LM head, masks: the model states are the same).
+
+    A forward without gradients keeps no activations: per token it holds the residual stream in and out (2 x H) and
+    one layer's working set at a time (at most what that layer would save for backward, `formula_activation_bytes`'
+    per-layer term); TRL's fused LM head keeps only its logits tile and running statistics; masks are as large per
+    token, but eager's attention probabilities exist for one layer at a time. Formulas on both sides (no trace: every
+    rank computes the same number at once), rounded down, at least 1 and at most `REFERENCE_MULTIPLE_MOST`.
+    `checkpointing`: training's, as `activation_bytes` takes it (False, True: every layer, or k: every k-th layer)."""
+    text = config.get_text_config()
+    h = text.hidden_size
+    layer = formula_activation_bytes(text, 1, False) // (text.num_hidden_layers + 1)  # one layer, per token
+    width = width or tokens
+    from trl.kernels.chunked_logprob import TOKEN_CHUNK_SIZE
+    from trl.trainer.utils import _CHUNKED_LOGPROB_CHUNK_SIZE
+
+    tile = min(tokens, TOKEN_CHUNK_SIZE) * _CHUNKED_LOGPROB_CHUNK_SIZE * BF16
+    training = (formula_activation_bytes(text, tokens, checkpointing) + tile + tokens * (h * (BF16 + 4) + 12 * 4)
+                + mask_bytes(attn, tokens, width, config, checkpoint_every(checkpointing) == 1))  # fmt: skip
+    per_token = layer + 2 * BF16 * h + 12 * 4 + mask_bytes(attn, tokens, width, config, True) / tokens
+    return max(1, min(REFERENCE_MULTIPLE_MOST, int((training - tile) / (tokens * per_token))))
+
+
+def mask_bytes(attn_implementation: str, tokens: int, width: int, config, checkpointing: bool) -> int:
+    """sdpa and eager build a dense mask per micro-batch row and layer kind (rows x width^2 = tokens x width: bool for
+    sdpa, bf16 for eager). On CUDA, sdpa's fused kernels take a float mask: PyTorch converts the boolean one to the
+    query's dtype at each call (a bf16 copy, one at a time: measured, tests/test_memory.py). Eager also keeps each
+    layer's attention probabilities (its fp32 softmax and a bf16 copy), of one layer at a time under activation
+    checkpointing."""
+    from dpotrain.forwards.masks import BLOCK
+    from dpotrain.forwards.packing import VARLEN_ATTENTION
+
+    if attn_implementation in VARLEN_ATTENTION:
+        return 0
+    text = config.get_text_config()
+    kinds = len(set(getattr(text, "layer_types", None) or ["full_attention"]) & ATTENTION_TYPES) or 1
+    if attn_implementation == "flex_attention":  # per kind, a BlockMask's int32 tables (partial and full, kv and q)
+        return kinds * 4 * 4 * math.ceil(tokens / BLOCK) ** 2
+    if attn_implementation != "eager":
+        return tokens * width * (kinds + BF16)
+    layers = 1 if checkpointing else text.num_hidden_layers
+    return tokens * width * (kinds * BF16 + text.num_attention_heads * (4 + BF16) * layers)
+
+
+def lm_head_bytes(shape: ModelShape, tokens: int) -> int:
+    """TRL's fused LM head (`trl.kernels.ChunkedLogProbFunction`): the scored hidden rows (a bf16 copy, saved) and
+    their fp32 gradient, one [TOKEN_CHUNK_SIZE x _CHUNKED_LOGPROB_CHUNK_SIZE] logits tile, fp32 running statistics,
+    and, when the head trains, its weight gradient accumulated in fp32 and cast to bf16. Every token counted as scored
+    (only completion tokens are, on CUDA)."""
+    from trl.kernels.chunked_logprob import TOKEN_CHUNK_SIZE
+    from trl.trainer.utils import _CHUNKED_LOGPROB_CHUNK_SIZE
+
+    tile = min(tokens, TOKEN_CHUNK_SIZE) * _CHUNKED_LOGPROB_CHUNK_SIZE * BF16
+    per_token = shape.hidden * (BF16 + 4) + 12 * 4
+    weight_grad = shape.lm_head * (4 + BF16) if shape.lm_head_trains else 0
+    return tile + tokens * per_token + weight_grad
+
+
+# --- the engines ---
+
+
+def model_state_bytes(engine: Engine, shape: ModelShape, world: int) -> tuple[int, str]:
+    """Weights, gradients and optimizer state per GPU, and the formula in bytes per parameter.
+
+    ZeRO-2 / ZeRO-3 are DeepSpeed's `estimate_zero{2,3}_model_states_mem_needs` (tests/test_memory.py): ZeRO-2 keeps
+    the bf16 weights whole (2 P) and shards 18 bytes per trained parameter (bf16 + fp32 gradients, fp32 master,
+    Adam's two moments); ZeRO-3 shards everything (2 P + 16 per trained parameter, DeepSpeed's 18 at full
+    fine-tuning) and adds 4 bytes x the largest layer for the parameters it gathers. FSDP2 under accelerate keeps
+    trained parameters in fp32 (4), their gradients in fp32 (4) and Adam's moments (8), all sharded; frozen ones
+    (LoRA's base) as loaded. One process or DDP: everything whole, Adam's moments in the weights' dtype.
+
+    Between a step's micro-batches each engine holds its gradients as counted here: ZeRO-2 its bf16 gradient
+    partition (`grads_in_partition`, the 2 of DeepSpeed's 18; the fp32 copy, 4 more, exists at the step), ZeRO-3 its
+    fp32 gradient partition (`grad_partitions_flat_buffer`, 4 of the 16), FSDP2 its fp32 sharded gradients (4 of the
+    16): it reduce-scatters every micro-batch (`Engine.defers_gradient_sync`) instead of keeping every layer's
+    unsharded bf16 gradient, which would add 2 bytes x parameters per GPU. DDP keeps its full gradients anyway.
+    """
+    p, t, n, L = shape.params, shape.trainable, world, shape.largest_layer
+    frozen = p - t
+    if engine.name == "zero2":
+        sharded = 0 if engine.offload_optimizer else int(18 * t / n)
+        return BF16 * p + sharded, f"2 x {p:,} + 18 x {t:,} / {n} (DeepSpeed's ZeRO-2 estimate)"
+    if engine.name == "zero3":
+        sharded = (0 if engine.offload_params else BF16 * p) + (0 if engine.offload_optimizer else 16 * t)
+        return 4 * L + int(sharded / n), f"4 x {L:,} + (2 x {p:,} + 16 x {t:,}) / {n} (DeepSpeed's ZeRO-3 estimate)"
+    if engine.name == "fsdp2":
+        if engine.offload_params:
+            return 0, "0 (fsdp_offload_params: parameters, gradients and optimizer state on the CPU)"
+        formula = f"(16 x {t:,} + {shape.load_bytes} x {frozen:,}) / {n}"
+        return int((16 * t + shape.load_bytes * frozen) / n), formula
+    w = shape.load_bytes  # the weights as loaded; the gradients and Adam's moments alike
+    copies = 5 if engine.name == "ddp" else 4  # DDP also keeps a copy of the gradients in its buckets
+    return copies * w * t + w * frozen, f"{copies} x {w} x {t:,} + {w} x {frozen:,}"
+
+
+def engine_buffer_bytes(engine: Engine, shape: ModelShape) -> int:
+    """Beside the model states: DeepSpeed's reduce buckets (bf16, kept between micro-batches; two with overlap_comm
+    under ZeRO-2), FSDP2's unsharded bf16 working set (the LM head kept from forward to backward, the layer computing
+    and the one prefetched, and the unsharded gradients of the head and of one layer before their reduce-scatter)."""
+    if engine.name in ("zero2", "zero3"):
+        bucket = engine.reduce_bucket if engine.reduce_bucket is not None else shape.hidden**2  # transformers' auto
+        return bucket * BF16 * (2 if engine.name == "zero2" and engine.overlap_comm else 1)
+    if engine.name == "fsdp2":
+        layer_trainable = shape.decoder_layer if shape.trainable == shape.params else shape.trainable // shape.layers
+        head_grad = shape.lm_head if shape.lm_head_trains else 0
+        return BF16 * (shape.lm_head + 2 * shape.decoder_layer + head_grad + layer_trainable)
+    return 0
+
+
+# --- the plan ---
+
+
+def gpu_memory(recipe) -> tuple[float | None, str]:
+    """GPU memory in GiB: the GPU of this machine when it has one (the job's first node, in scripts/launch.sh), else
+    the recipe's gpu_memory_gib."""
+    import torch
+
+    given = recipe.project.gpu_memory_gib
+    if torch.cuda.is_available():
+        props = torch.cuda.get_device_properties(0)
+        note = f" (gpu_memory_gib {given} not used: CUDA_VISIBLE_DEVICES= plans for it)" if given else ""
+        return props.total_memory / GIB, f"detected: {props.name}{note}"
+    if given:
+        return float(given), "gpu_memory_gib"
+    return None, "unknown: no GPU on this machine and no gpu_memory_gib in the recipe, so nothing is checked"
+
+
+def micro_batch(recipe) -> tuple[int | None, int | None, str]:
+    """Tokens of one micro-batch per GPU, the widest row attention sees, and where the count comes from."""
+    from dpotrain.forwards.packing import row_width_bound
+
+    t, budget = recipe.training, recipe.project.max_tokens_per_microbatch
+    if budget is not None:  # packed rows for dense-mask attention: fill_rows keeps them within row_width_bound
+        width = min(budget, row_width_bound(t.max_length)) if t.max_length else budget
+        return budget, width, f"max_tokens_per_microbatch ({budget})"
+    if t.max_length is None:
+        return None, None, "max_length unset or auto: no bound on a micro-batch's tokens"
+    tokens = t.per_device_train_batch_size * 2 * t.max_length
+    width = min(tokens, row_width_bound(t.max_length)) if t.padding_free else t.max_length  # padded: a row per sequence
+    return tokens, width, f"per_device_train_batch_size x 2 x max_length ({tokens})"
+
+
+@dataclass
+class Plan:
+    engine: Engine
+    world: int
+    states: int
+    states_formula: str
+    buffers: int
+    activations: int
+    activations_method: str
+    lm_head: int
+    masks: int
+
+    @property
+    def subtotal(self) -> int:
+        return self.states + self.buffers + self.activations + self.lm_head + self.masks
+
+    @property
+    def allowance(self) -> float:
+        return CONTEXT_GIB * GIB + FRAGMENTATION * self.subtotal
+
+    @property
+    def total(self) -> float:
+        return self.subtotal + self.allowance
+
+
+def plan(recipe, world: int, engine: Engine | None = None, attention: str | None = None) -> dict:
+    """derived.memory: for `engine`, else the recipe's accelerate config (a dry run); a ConfigError when the GPU memory
+    is known and the plan does not fit it. `attention`: the forward's attention implementation (its masks), else the
+    recipe's (which `forwards.choice.decide_forward` sets to the one chosen), else sdpa."""
+    engine = engine or from_config(recipe.project.accelerate_config)
+    if engine.name == "unplanned":
+        return {"skipped": engine.source}
+    if not (recipe.training.bf16 or recipe.training.fp16):
+        return {"skipped": "this recipe trains in fp32, and memory is planned for GPU runs in bf16 (bf16: true)"}
+    tokens, width, token_source = micro_batch(recipe)
+    if tokens is None:
+        return {"skipped": token_source}
+    config, why = load_model_config(recipe)
+    if config is None:
+        return {"skipped": why}
+    shape = model_shape(recipe, config)
+    attn = attention or recipe.model.attn_implementation or "sdpa"
+    gpu, gpu_source = gpu_memory(recipe)
+
+    def plan_for(e: Engine, n: int, every: int | None) -> Plan:
+        states, formula = model_state_bytes(e, shape, n)
+        activations, method = activation_bytes(config, tokens, every or False)
+        # eager keeps the probabilities of every layer not checkpointed: counted for all unless all are
+        masks = mask_bytes(attn, tokens, width, config, every == 1)
+        return Plan(e, n, states, formula, engine_buffer_bytes(e, shape), activations, method,
+                    lm_head_bytes(shape, tokens), masks)  # fmt: skip
+
+    # --- activation checkpointing: the least recomputation that fits (choose_checkpointing) ---
+    every, checkpointing_record = choose_checkpointing(recipe, shape.layers, gpu,
+                                                       lambda k: plan_for(engine, world, k).total)  # fmt: skip
+    checkpointing = every is not None
+
+    def for_engine(e: Engine, n: int) -> Plan:
+        return plan_for(e, n, every)
+
+    # --- end of activation checkpointing ---
+
+    chosen = for_engine(engine, world)
+    record = {
+        "engine": f"{NAMES[engine.name]} ({engine.source})",
+        "world_size": world,
+        "gpu_memory_gib": round(gpu, 1) if gpu else None,
+        "gpu_memory_source": gpu_source,
+        "gpus_per_node": node_size(engine),
+        "fits": None if gpu is None else chosen.total <= gpu * GIB,
+        "per_gpu_gib": {
+            "model_states": _gib(chosen.states),
+            "engine_buffers": _gib(chosen.buffers),
+            "activations": _gib(chosen.activations),
+            "lm_head": _gib(chosen.lm_head),
+            "attention_masks": _gib(chosen.masks),
+            "cuda_context_and_fragmentation": _gib(chosen.allowance),
+            "total": _gib(chosen.total),
+        },
+        "model": {
+            "parameters": shape.params,
+            "trained_parameters": shape.trainable,
+            "hidden_size": shape.hidden,
+            "layers": shape.layers,
+        },
+        "model_states_bytes": chosen.states_formula,
+        "micro_batch_tokens": tokens,
+        "micro_batch_tokens_from": token_source,
+        "activation_checkpointing": checkpointing,
+        "attention": attn,
+        "activations_from": chosen.activations_method,
+        "allowance": f"{CONTEXT_GIB:g} GiB CUDA context and NCCL + {FRAGMENTATION:.0%} of the rest",
+    }
+    record["checkpointing"] = checkpointing_record  # which layers: apply_checkpointing gives the run this choice
+    if record["fits"] is False and recipe.project.memory_check:
+        raise ConfigError(_refusal(recipe, chosen, gpu, gpu_source, attention))
+    return record
+
+
+# --- activation checkpointing, chosen per run ---
+
+
+def checkpointing_request(recipe) -> tuple[int | None, bool]:
+    """(every, explicit) from the recipe: `activation_checkpointing: false` is none, honoured; `every_n_layers` in
+    `activation_checkpointing_kwargs`, given by the user, is that, honoured; `activation_checkpointing: true` alone
+    allows every layer, and the plan may checkpoint fewer (never more)."""
+    t = recipe.training
+    if not t.activation_checkpointing:
+        return None, True
+    kwargs = t.activation_checkpointing_kwargs or {}
+    named = {"activation_checkpointing_kwargs", "gradient_checkpointing_kwargs"} & recipe.given
+    if named and "every_n_layers" in kwargs:
+        every = kwargs["every_n_layers"]
+        if not isinstance(every, int) or isinstance(every, bool) or every < 1:
+            raise ConfigError(f"activation_checkpointing_kwargs every_n_layers must be an integer >= 1 (got "
+                              f"{every!r}): 1 checkpoints every decoder layer, 2 every other one")  # fmt: skip
+        return every, True
+    return 1, False
+
+
+def describe_checkpointing(every: int | None, layers: int) -> str:
+    kept = checkpointed_layers(every, layers)
+    if kept == 0:
+        return "none"
+    if kept == layers:
+        return f"all {layers} layers"
+    return f"1 in {every} layers ({kept} of {layers}: layers 0, {every}, {2 * every}, ...)"
+
+
+def choose_checkpointing(recipe, layers: int, gpu: float | None, total_for) -> tuple[int | None, dict]:
+    """The decoder layers to checkpoint: every k-th layer (transformers' `every_n_layers`; None: none, 1: all), and
+    its record. An explicit setting is kept (a plan that does not fit it is refused as any other); a recipe that allows
+    checkpointing gets the least recomputation whose plan, `total_for(every)` with its margin, fits the GPU: none, then
+    ever more layers. A checkpointed layer runs its forward twice, so the recomputation is kept / layers of the
+    forward. With the GPU memory unknown, every layer the recipe allows."""
+    request, explicit = checkpointing_request(recipe)
+    chosen, why = request, "the recipe (activation_checkpointing)"
+    if explicit and request is not None:
+        why = "the recipe (activation_checkpointing_kwargs every_n_layers)"
+    elif not explicit and gpu is None:
+        why = "the recipe: the GPU memory is unknown, so fewer checkpointed layers are not weighed"
+    elif not explicit:
+        candidates = {}  # fewest checkpointed layers first; for each count the largest k
+        for every in [None, *range(layers, 0, -1)]:
+            candidates.setdefault(checkpointed_layers(every, layers), every)
+        fits = [every for every in candidates.values() if total_for(every) <= gpu * GIB]
+        chosen = fits[0] if fits else 1
+        why = ("the memory plan: the least recomputation that fits" if fits else
+               "the memory plan: nothing fits, so every layer (the least memory)")  # fmt: skip
+        if chosen is not None:
+            fewer = candidates[max(c for c in candidates if c < checkpointed_layers(chosen, layers))]
+            why += f" ({describe_checkpointing(fewer, layers)} would need ~{_gib(total_for(fewer))} GiB)"
+    kept = checkpointed_layers(chosen, layers)
+    return chosen, {
+        "layers": describe_checkpointing(chosen, layers),
+        "every_n_layers": chosen,
+        "checkpointed_layers": kept,
+        "recomputed_forward": f"{kept / layers:.0%}",
+        "chosen_by": why,
+    }
+
+
+def apply_checkpointing(recipe, memory_plan: dict) -> None:
+    """The plan's choice into the training arguments the Trainer enables it from (transformers pops `every_n_layers`
+    from `activation_checkpointing_kwargs`); a plan that was skipped leaves the recipe's setting."""
+    chosen = memory_plan.get("checkpointing")
+    if not chosen:
+        return
+    t = recipe.training
+    t.activation_checkpointing = t.gradient_checkpointing = chosen["every_n_layers"] is not None
+    kwargs = {k: v for k, v in (t.activation_checkpointing_kwargs or {}).items() if k != "every_n_layers"}
+    if chosen["every_n_layers"] is not None:
+        kwargs["every_n_layers"] = chosen["every_n_layers"]
+    t.activation_checkpointing_kwargs = t.gradient_checkpointing_kwargs = kwargs or None
+
+
+def _gib(n: float) -> float:
+    return round(n / GIB, 1)
+
+
+def _refusal(recipe, chosen: Plan, gpu: float, gpu_source: str, attention: str | None) -> str:
+    """One line: what does not fit, by how much and in which part, and what would fit (memory_advice: each option
+    planned for real)."""
+    e, world = chosen.engine, chosen.world
+    parts = (f"model states {_gib(chosen.states)}, buffers {_gib(chosen.buffers)}, activations "
+             f"{_gib(chosen.activations)}, LM head {_gib(chosen.lm_head)}, masks {_gib(chosen.masks)}, allowance "
+             f"{_gib(chosen.allowance)}")  # fmt: skip
+    options = advice(recipe, world, e, attention, gpu, plan)
+    return (f"memory plan: {NAMES[e.name]} on {world} GPU{'s' * (world > 1)} needs ~{_gib(chosen.total)} GiB per GPU "
+            f"({parts}), more than the {gpu:.1f} GiB GPU ({gpu_source}): {options} (the plan is an estimate: "
+            "--memory_check false runs anyway)")  # fmt: skip

@@ -1,0 +1,288 @@
+"""What would make a memory plan that does not fit, fit: the levers this run can take, each planned for real.
+
+A refusal that says "try LoRA" and then refuses the LoRA run again sends a user round in circles. So every option a
+refusal offers is a plan computed by the same function that refused (`memory.plan`, handed in as `plan`) on a copy of
+the recipe with the option's changes made, and offered only when that plan fits. The levers, cheapest to the run first:
+
+- fewer tokens per micro-batch (`--max_tokens_per_microbatch`, the largest that fits; never below one pair of
+  max_length, which a micro-batch must hold): more micro-batches per step, the same training;
+- activation checkpointing on every layer, where the recipe turned it off or fixed `every_n_layers` (otherwise the plan
+  already checkpoints as many layers as it must);
+- another engine (ZeRO-3 or FSDP2 shard the weights; ZeRO-2 keeps them whole on every GPU);
+- more nodes (the fewest that fit, at most `MAX_NODES`, never more processes than pairs per step);
+- a LoRA adapter instead of the full weights (`--use_peft true`, on every linear layer unless the recipe names some);
+- last, a shorter max_length with a token budget of one pair of it: longer pairs are then cut.
+
+Options are listed fewest changes first, and a set of changes that holds a smaller set that fits is not offered.
+"""
+
+import copy
+import itertools
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from dpotrain.cluster.engine import LAUNCHED, Engine, from_config
+from dpotrain.data.builtin import PROJECT_ROOT
+
+GIB = 2**30
+NAMES = {
+    "zero2": "DeepSpeed ZeRO-2",
+    "zero3": "DeepSpeed ZeRO-3",
+    "fsdp2": "FSDP2",
+    "ddp": "DDP",
+    "single": "one process",
+}
+# The accelerate configs this project ships, one per engine: what a refusal tells the user to pass.
+SHIPPED = {
+    "zero2": "accelerate_config.yaml",
+    "zero3": "configs/accelerate/zero3.yaml",
+    "fsdp2": "configs/accelerate/fsdp2.yaml",
+}
+MAX_NODES = 16  # how far a refusal looks for a node count that fits
+NODE_SIZES = (4, 8)  # GPUs per node the sbatch scripts are written for (their `#SBATCH --gpus-per-node`, # EDIT)
+MOST_OPTIONS = 4  # a refusal is one line: the first few that fit say enough
+# The token budgets a refusal weighs: 1, 1.5, 2, 3, 4, 6, ... x 1024. Each size is traced once (memory.layer_costs
+# keeps the traces), so every option shares them.
+TOKEN_GRID = sorted({1024 * m * 2**k for k in range(9) for m in (1, 3) if m * 2**k >= 2} | {1024})
+MIN_MAX_LENGTH = 1024  # the shortest max_length a refusal suggests
+SEARCHED = ("nodes", "tokens", "shorter")  # levers with a number to find: the fewest nodes, the most tokens
+
+
+def node_size(engine: Engine) -> int:
+    """GPUs per node the plan counts nodes in: the job's (GPUS_PER_NODE, from scripts/launch.sh) or the accelerate
+    config's; one process planned (no launcher): nodes of 4."""
+    return engine.gpus_per_node if engine.gpus_per_node > 1 else NODE_SIZES[0]
+
+
+def sbatch_line(accelerate_config: str, nodes: int, per_node: int) -> str:
+    """The submission that gives a job `nodes` x `per_node` GPUs, as printed in a suggestion. --gpus-per-node is always
+    named: scripts/launch.sh starts one process per GPU the job has, and the script's own `#SBATCH --gpus-per-node`
+    (4 as shipped, or as edited) must not decide a count the plan assumed."""
+    return f"ACCELERATE_CONFIG={accelerate_config} sbatch --nodes={nodes} --gpus-per-node={per_node}"
+
+
+@dataclass
+class Trial:
+    """A recipe copy with some levers pulled: the engine, processes and command-line flags they amount to."""
+
+    recipe: object
+    engine: Engine
+    world: int
+    flags: list[str]
+    config: str  # the accelerate config file to name for this engine
+
+
+@dataclass(frozen=True)
+class Option:
+    """Changes that make the plan fit, as the user types them, and the plan's GiB per GPU with them."""
+
+    levers: tuple[str, ...]
+    flags: tuple[str, ...]
+    engine: str
+    config: str
+    world: int
+    nodes: int
+    per_node: int
+    gib: float
+    moves_launch: bool  # another engine or node count: a different submission
+    tokens: int | None  # tokens per micro-batch
+
+    def better_than(self, other: "Option") -> bool:
+        return self.world < other.world or (self.tokens or 0) > (other.tokens or 0)
+
+    def text(self) -> str:
+        parts = []
+        if self.moves_launch:
+            launch = sbatch_line(self.config, self.nodes, self.per_node)
+            nodes = f"{self.nodes} node{'s' * (self.nodes > 1)}"
+            parts.append(f"{NAMES[self.engine]} fits on {self.world} GPUs ({nodes}: {launch})")
+        if self.flags:
+            parts.append(("with " if parts else "add ") + f"`{' '.join(self.flags)}`")
+        return f"{' '.join(parts)} (~{self.gib:.1f} GiB)"
+
+
+class Advisor:
+    """The levers for one refused plan, tried through `plan(recipe, world, engine, attention)` -> its record."""
+
+    def __init__(self, recipe, world: int, engine: Engine, attention: str | None, gpu_gib: float, plan: Callable):
+        self.recipe, self.world, self.engine, self.attention = recipe, world, engine, attention
+        self.gpu_gib, self._plan = gpu_gib, plan
+        self.per_node = node_size(engine)
+        launched = engine.source.startswith(LAUNCHED)  # the config file is not known: name the shipped one
+        self.config = SHIPPED.get(engine.name, "") if launched else recipe.project.accelerate_config
+        self.pairs = recipe.project.pairs_per_step or math.inf
+        self._seen: dict[tuple, tuple[bool, float]] = {}
+
+    # --- one plan ---
+
+    def planned(self, trial: Trial) -> tuple[bool, float]:
+        """(fits, GiB per GPU): the trial's plan, once for each distinct setting (combinations meet the same ones)."""
+        r = trial.recipe
+        key = (trial.engine.name, trial.config, trial.world, r.project.max_tokens_per_microbatch, r.training.max_length,
+               r.model.use_peft, str(r.model.lora_target_modules), r.training.activation_checkpointing,
+               str(r.training.activation_checkpointing_kwargs))  # fmt: skip
+        if key not in self._seen:
+            r.project.memory_check = False  # a plan that does not fit is what is being looked for
+            record = self._plan(r, trial.world, trial.engine, attention=self.attention)
+            gib = record["per_gpu_gib"]["total"] if "per_gpu_gib" in record else math.inf
+            self._seen[key] = (bool(record.get("fits")), gib)
+        return self._seen[key]
+
+    # --- the levers: each changes a trial, or returns False where it cannot apply ---
+
+    def levers(self) -> list[str]:
+        r, names = self.recipe, []
+        if r.project.max_tokens_per_microbatch is not None:
+            names.append("tokens")
+        if not r.training.activation_checkpointing or "every_n_layers" in (
+            r.training.activation_checkpointing_kwargs or {}
+        ):
+            names.append("checkpointing")
+        names += [kind for kind in ("zero3", "fsdp2") if kind != self.engine.name]
+        names.append("nodes")
+        if not r.model.use_peft:
+            names.append("lora")
+        if r.project.max_tokens_per_microbatch is not None and (r.training.max_length or 0) > MIN_MAX_LENGTH:
+            names.append("shorter")
+        return names
+
+    def checkpointing(self, trial: Trial) -> bool:
+        t = trial.recipe.training
+        kwargs = {**(t.activation_checkpointing_kwargs or {}), "every_n_layers": 1}
+        t.activation_checkpointing = t.gradient_checkpointing = True
+        t.activation_checkpointing_kwargs = t.gradient_checkpointing_kwargs = kwargs
+        trial.recipe.given = trial.recipe.given | {"activation_checkpointing", "activation_checkpointing_kwargs"}
+        trial.flags += ["--activation_checkpointing", "true", "--activation_checkpointing_kwargs",
+                        "'{\"every_n_layers\": 1}'"]  # fmt: skip
+        return True
+
+    def engine_lever(self, kind: str, trial: Trial) -> bool:
+        trial.engine = from_config(str(PROJECT_ROOT / SHIPPED[kind]))
+        trial.config = SHIPPED[kind]
+        trial.recipe.project.accelerate_config = SHIPPED[kind]
+        return True
+
+    def lora(self, trial: Trial) -> bool:
+        m = trial.recipe.model
+        m.use_peft = True
+        trial.flags += ["--use_peft", "true"]
+        if not m.lora_target_modules and not m.lora_target_parameters:
+            m.lora_target_modules = "all-linear"
+            trial.flags += ["--lora_target_modules", "all-linear"]
+        return True
+
+    def nodes(self, trial: Trial) -> bool:
+        """The fewest nodes beyond this job's on which the trial fits (never more processes than pairs per step)."""
+        counts = [n for n in range(self.world // self.per_node + 1, MAX_NODES + 1) if n * self.per_node <= self.pairs]
+        low, high, best = 0, len(counts) - 1, None
+        while low <= high:  # more processes never need more memory each: bisection
+            mid = (low + high) // 2
+            trial.world = counts[mid] * self.per_node
+            if self.planned(trial)[0]:
+                best, high = counts[mid], mid - 1
+            else:
+                low = mid + 1
+        if best is None:
+            return False
+        trial.world = best * self.per_node
+        return True
+
+    def tokens(self, trial: Trial) -> bool:
+        """The largest token budget that fits, from TOKEN_GRID, still holding a pair of max_length."""
+        return self._budget(trial, shorten=False)
+
+    def shorter(self, trial: Trial) -> bool:
+        """A max_length below the recipe's, and the token budget of a pair of it: longer pairs are cut (TRL's
+        truncation), so this comes last. The largest that fits, down to MIN_MAX_LENGTH."""
+        return self._budget(trial, shorten=True)
+
+    def _sizes(self, recipe, shorten: bool) -> list[int]:
+        pair = 2 * (recipe.training.max_length or 0)  # a micro-batch holds at least one whole pair
+        current = recipe.project.max_tokens_per_microbatch
+        if shorten:
+            return [g for g in TOKEN_GRID if 2 * MIN_MAX_LENGTH <= g < min(pair, current + 1)]
+        return [g for g in TOKEN_GRID if pair <= g < current]
+
+    def _budget(self, trial: Trial, shorten: bool) -> bool:
+        r = trial.recipe
+        sizes = self._sizes(self.recipe, shorten)  # from the recipe's own max_length and budget, not the trial's
+        low, high, best = 0, len(sizes) - 1, None
+        while low <= high:  # plans shrink with the tokens: bisection, on a grid every option shares (traces are kept)
+            mid = (low + high) // 2
+            self._set_budget(r, sizes[mid], shorten)
+            if self.planned(trial)[0]:
+                best, low = sizes[mid], mid + 1
+            else:
+                high = mid - 1
+        if best is None:
+            return False
+        self._set_budget(r, best, shorten)
+        trial.flags += ["--max_length", str(best // 2)] if shorten else []
+        trial.flags += ["--max_tokens_per_microbatch", str(best)]
+        return True
+
+    @staticmethod
+    def _set_budget(recipe, tokens: int, shorten: bool) -> None:
+        recipe.project.max_tokens_per_microbatch = tokens
+        if shorten:
+            recipe.training.max_length = tokens // 2
+
+    # --- combinations ---
+
+    def attempt(self, combo: tuple[str, ...]) -> Option | None:
+        trial = Trial(copy.deepcopy(self.recipe), self.engine, self.world, [], self.config)
+        # Fixed changes first, then the searched ones (nodes, then tokens: the largest budget for the rest).
+        budget = next((lever for lever in combo if lever in ("tokens", "shorter")), None)
+        if budget and "nodes" in combo:  # the fewest nodes at the smallest budget, then the largest budget on them
+            sizes = self._sizes(self.recipe, budget == "shorter")
+            if not sizes:
+                return None
+            self._set_budget(trial.recipe, sizes[0], budget == "shorter")
+        for lever in sorted(combo, key=lambda lever: SEARCHED.index(lever) + 1 if lever in SEARCHED else 0):
+            pull = (lambda t, k=lever: self.engine_lever(k, t)) if lever in SHIPPED else getattr(self, lever)
+            if not pull(trial):
+                return None
+        fits, gib = self.planned(trial)
+        if not fits:
+            return None
+        moves = trial.engine is not self.engine or trial.world != self.world
+        return Option(combo, tuple(trial.flags), trial.engine.name, trial.config, trial.world,
+                      trial.world // self.per_node, self.per_node, gib, moves,
+                      trial.recipe.project.max_tokens_per_microbatch)  # fmt: skip
+
+    def options(self) -> list[Option]:
+        """Fewest changes first; cutting pairs shorter (`shorter`) only where nothing that keeps them whole fits."""
+        levers = self.levers()
+        whole = [lever for lever in levers if lever != "shorter"]
+        return (self._search(whole) or self._search(levers))[:MOST_OPTIONS]
+
+    def _search(self, levers: list[str]) -> list[Option]:
+        found = []
+        for size in (1, 2, 3, 4):
+            for combo in itertools.combinations(levers, size):
+                if sum(lever in ("zero3", "fsdp2") for lever in combo) > 1 or {"tokens", "shorter"} <= set(combo):
+                    continue  # one engine at a time; one token budget
+                smaller = [o for o in found if set(o.levers) <= set(combo)]
+                if any(not set(o.levers) & set(SEARCHED) for o in smaller):
+                    continue  # a smaller set of these changes fits already
+                option = self.attempt(combo)
+                # A searched lever found with fewer changes stays offered; one more change is worth it only where it
+                # buys fewer nodes or more tokens per micro-batch (ZeRO-3 on 2 nodes rather than ZeRO-2 on 3).
+                if option and all(option.better_than(o) for o in smaller):
+                    found.append(option)
+            if len(found) >= MOST_OPTIONS or (found and size > min(len(o.levers) for o in found)):
+                break  # the fewest changes that fit, and the sets one larger (another engine on more nodes, say)
+        return found
+
+
+def advice(recipe, world: int, engine: Engine, attention: str | None, gpu_gib: float, plan: Callable) -> str:
+    """The refusal's second half: each option that fits, as flags to add and the submission, or why none does."""
+    options = Advisor(recipe, world, engine, attention, gpu_gib, plan).options()
+    if not options:
+        return (f"no change this run can make fits a {gpu_gib:.1f} GiB GPU on up to {MAX_NODES} nodes (fewer tokens "
+                f"per micro-batch, activation checkpointing, ZeRO-3, FSDP2, more nodes, LoRA, max_length down to "
+                f"{MIN_MAX_LENGTH}, and up to four of them together were planned): plan for larger GPUs with "
+                "--gpu_memory_gib")  # fmt: skip
+    listed = "; ".join(f"[{i}] {o.text()}" for i, o in enumerate(options, 1))
+    return f"these fit: {listed}"

@@ -1,0 +1,482 @@
+"""The plan: which pairs form each optimizer step, and how each rank's share of a step is cut into micro-batches.
+
+An optimizer step always holds `pairs_per_step` pairs (the recipe's 128), drawn in a seeded random order; a step is
+then cut into micro-batches, the same number on every rank (ZeRO reduces gradients on every backward, so a rank that
+ran one micro-batch more would wait forever), and no more than the step needs. That number may
+change from step to step: the Trainer sees one item per optimizer step (gradient accumulation 1) and
+`trainer.RecipeDPOTrainer.training_step` runs the step's micro-batches itself, so neither the schedule nor
+`max_steps` ever count micro-batches.
+
+How a step is cut depends on what a micro-batch costs:
+- packed sequences (`padding_free`, the default): a micro-batch costs the positions of its sequences; with a token
+  budget (`max_tokens_per_microbatch`) the step's pairs are packed into the fewest bins under the budget that every
+  rank can share equally, balanced by tokens (a pair is never split);
+- padded batches (TRL's collator: models that cannot pack): a micro-batch costs its pair count x 2 x its longest
+  sequence, so its pairs are runs of similar length, each padded only to its own longest sequence;
+- no budget: micro-batches of `per_device_train_batch_size` pairs, as in any Trainer.
+Both forwards see the same pairs in the same steps: the order and the steps come from the seed alone.
+
+When the ranks cannot each get the same number of micro-batches with a pair in every one (a step of long pairs, each
+needing a micro-batch of its own, on nearly as many ranks as pairs), each pair gets its own micro-batch and a rank
+dealt one fewer runs a filler micro-batch (`FILLER`): a forward and backward with weight 0. So any budget that holds
+the longest pair (any >= 2 x max_length) cuts every step.
+
+The plan depends only on the lengths, the seed, the world size and the epoch, so every rank computes it alone and a
+resumed job replays the same steps (`agreement.py` checks at start that the ranks' plans are the same). A step that
+cannot be cut (fewer pairs than ranks; a pair longer than the budget) is refused at start, with the fix.
+"""
+
+import heapq
+import math
+from dataclasses import dataclass
+
+import numpy as np
+from transformers.trainer_pt_utils import BatchRebalanceSampler
+
+from dpotrain.data.pair_lengths import COLUMNS, PairLengths, token_counts  # noqa: F401 - plan.PairLengths, as the plan's callers read it
+from dpotrain.recipe.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class StepPlan:
+    pairs_per_step: int
+    world_size: int
+    seed: int
+    max_tokens: int | None  # the token budget of a micro-batch, or None for micro-batches of a fixed number of pairs
+    pairs_per_micro_batch: int | None  # with max_tokens None
+    padded: bool = False  # micro-batches padded to their longest sequence (TRL's collator), not packed
+
+    def alone(self, lengths: PairLengths, pairs) -> np.ndarray:
+        """What each pair costs in a micro-batch of its own (`cost` of a one-pair micro-batch), for many pairs."""
+        return 2 * lengths.longest[pairs] if self.padded else lengths.tokens[pairs]
+
+    def cost(self, lengths: PairLengths, micro_batch) -> int:
+        """Positions a micro-batch takes: packed, its sequences; padded, 2 rows per pair of its longest sequence."""
+        idx = np.asarray(micro_batch)
+        if self.padded:
+            return 2 * len(idx) * int(lengths.longest[idx].max())
+        return int(lengths.tokens[idx].sum())
+
+
+class PlanError(ConfigError):
+    def __init__(self, message: str, needed_budget: int | None = None):
+        super().__init__(message)
+        self.needed_budget = needed_budget  # the smallest token budget that would cut the step, when one would
+
+
+# A filler micro-batch is an empty one in the plan: the rank runs a forward and backward on one of its own pairs' rows
+# with weight 0 (`StepRows` reads them, the collated batch carries `FILLER`), so it adds nothing to the loss, the
+# gradient, the pair count or the metrics, and exists only so that every rank runs the same collectives.
+FILLER = "filler"
+
+
+def epoch_order(n: int, seed: int, epoch: int) -> np.ndarray:
+    return np.random.default_rng([seed, epoch]).permutation(n)
+
+
+def steps_of(order: np.ndarray, pairs_per_step: int, world_size: int) -> list[np.ndarray]:
+    """Cut an epoch's order into optimizer steps of `pairs_per_step` pairs.
+
+    A last step with fewer pairs than processes joins the step before it (every rank needs at least one pair), so no
+    pair is dropped or repeated; that one step then holds up to world_size - 1 extra pairs, and its loss is still the
+    mean over its own pairs.
+    """
+    steps = [order[i : i + pairs_per_step] for i in range(0, len(order), pairs_per_step)]
+    if len(steps) > 1 and len(steps[-1]) < world_size:
+        last = steps.pop()
+        steps[-1] = np.concatenate([steps[-1], last])
+    return steps
+
+
+# --- cutting one step ------------------------------------------------------------------------------------------------
+
+
+def _lpt(items: list[int], costs: dict[int, int], bins: int) -> list[list[int]]:
+    """Longest processing time first: each item (already longest first) into the least loaded of `bins` bins."""
+    heap = [(0, b) for b in range(bins)]
+    out: list[list[int]] = [[] for _ in range(bins)]
+    for i in items:
+        load, b = heapq.heappop(heap)
+        out[b].append(i)
+        heapq.heappush(heap, (load + costs[i], b))
+    return out
+
+
+def _first_fit(items: list[int], costs: dict[int, int], budget: int, bins: int) -> list[list[int]] | None:
+    """First fit decreasing into at most `bins` bins of `budget`; None when the items do not fit."""
+    out: list[list[int]] = []
+    loads: list[int] = []
+    for i in items:
+        b = next((b for b, load in enumerate(loads) if load + costs[i] <= budget), None)
+        if b is None:
+            if len(out) == bins:
+                return None
+            out.append([])
+            loads.append(0)
+            b = len(out) - 1
+        out[b].append(i)
+        loads[b] += costs[i]
+    while len(out) < bins:  # more bins than first fit needs: split the heaviest bin that holds more than one pair
+        b = max((b for b in range(len(out)) if len(out[b]) > 1), key=lambda b: (loads[b], -b))
+        moved = out[b].pop()  # its shortest pair
+        loads[b] -= costs[moved]
+        out.append([moved])
+        loads.append(costs[moved])
+    return out
+
+
+def _packed_bins(order: list[int], lengths: PairLengths, budget: int, bins: int, tries: int = 0):
+    """`bins` non-empty micro-batches of at most `budget` packed positions, balanced when possible; None when neither
+    heuristic fits them. `tries` > 0 adds first-fit attempts on slightly shuffled orders (seeded by the step's pairs)
+    when the plain ones fail: they find the last micro-batch or so a lower bound says may be spared."""
+    costs = {i: int(lengths.tokens[i]) for i in order}
+    balanced = _lpt(order, costs, bins)
+    if max(sum(costs[i] for i in b) for b in balanced) <= budget:
+        return balanced
+    found = _first_fit(order, costs, budget, bins)
+    rng = np.random.default_rng(order[:8])
+    for _ in range(tries if found is None else 0):
+        noise = rng.uniform(0.85, 1.15, len(order))  # longest first, roughly
+        shuffled = [order[j] for j in np.argsort([-costs[i] * x for i, x in zip(order, noise, strict=True)])]
+        found = _first_fit(shuffled, costs, budget, bins)
+        if found is not None:
+            break
+    return found
+
+
+def fewest_bins(costs, budget: int) -> int:
+    """A lower bound on the micro-batches of at most `budget` that items of these costs need (Martello and Toth's
+    L2 bound for bin packing: items over half a bin each need their own, and what is left must fit around them).
+
+    For each candidate k (every distinct cost up to half the budget): the items over budget - k each need a bin
+    (`big`); those over half the budget up to budget - k (`mid`) need one each too, and the items from k to half the
+    budget (`small`) fit only into the room `mid` leaves, or into new bins. All k at once, on sorted costs."""
+    w = np.sort(np.asarray(costs, dtype=np.int64))
+    best = math.ceil(int(w.sum()) / budget)
+    half = budget / 2
+    over_half = int(np.count_nonzero(w > half))
+    k = np.unique(w[w <= half])
+    if len(k):
+        total = np.concatenate([[0], np.cumsum(w)])  # total[i]: the sum of the i smallest
+
+        def below(x, side):  # how many costs are < x (side "left") or <= x (side "right")
+            return np.searchsorted(w, x, side=side)
+
+        n_half = below(half, "right")  # costs <= half
+        n_mid_top = below(budget - k, "right")  # costs <= budget - k
+        big = len(w) - n_mid_top
+        mid = np.maximum(n_mid_top - n_half, 0)
+        mid_sum = np.where(n_mid_top > n_half, total[n_mid_top] - total[n_half], 0)
+        n_small_lo = below(k, "left")  # costs < k
+        small_sum = total[n_half] - total[n_small_lo]
+        room = mid * budget - mid_sum
+        extra = np.maximum(0, -((room - small_sum) // budget))  # ceil((small - room) / budget), in integers
+        best = max(best, int((big + mid + extra).max()))
+    return max(best, over_half, 1)
+
+
+def _padded_runs(order: list[int], lengths: PairLengths, budget: int, bins: int) -> list[list[int]] | None:
+    """`bins` non-empty runs of similar length (longest first) whose padded size stays within `budget`: the smallest
+    largest run that `bins` runs can achieve, so the micro-batches are balanced."""
+    widths = [2 * int(lengths.longest[i]) for i in order]  # sorted longest first: a run pads to its first pair
+
+    def runs_within(capacity: int) -> list[int] | None:
+        starts, start = [0], 0
+        for j in range(1, len(order)):
+            if (j - start + 1) * widths[start] > capacity:
+                starts.append(j)
+                start = j
+        return starts if len(starts) <= bins else None
+
+    lo, hi = max(widths), budget
+    if runs_within(hi) is None:
+        return None
+    while lo < hi:  # the smallest capacity that `bins` runs reach
+        mid = (lo + hi) // 2
+        if runs_within(mid) is None:
+            lo = mid + 1
+        else:
+            hi = mid
+    starts = runs_within(lo)
+    runs = [order[a:b] for a, b in zip(starts, [*starts[1:], len(order)], strict=True)]
+    while len(runs) < bins:  # fewer runs than bins: halve the largest run that holds more than one pair
+        r = max((r for r in range(len(runs)) if len(runs[r]) > 1),
+                key=lambda r: (len(runs[r]) * 2 * int(lengths.longest[runs[r][0]]), -r))  # fmt: skip
+        half = (len(runs[r]) + 1) // 2
+        runs[r : r + 1] = [runs[r][:half], runs[r][half:]]
+    return runs
+
+
+def _deal(bins: list[list[int]], costs: list[int], world_size: int, per_rank: int | None = None):
+    """The bins dealt to ranks, `per_rank` each (default: the same number each), balanced by cost; each rank's
+    heaviest first, so micro-batch j weighs about the same on every rank (ranks wait for each other at every
+    backward). A rank dealt fewer bins than `per_rank` ends with filler micro-batches (empty lists: see `FILLER`)."""
+    per_rank = per_rank or len(bins) // world_size
+    order = sorted(range(len(bins)), key=lambda b: (-costs[b], bins[b][0]))
+    heap = [(0, r) for r in range(world_size)]
+    ranks: list[list[int]] = [[] for _ in range(world_size)]
+    for b in order:
+        full = []
+        while True:
+            load, r = heapq.heappop(heap)
+            if len(ranks[r]) < per_rank:
+                break
+            full.append((load, r))
+        ranks[r].append(b)
+        heapq.heappush(heap, (load + costs[b], r))
+        for item in full:
+            heapq.heappush(heap, item)
+    # `order` is heaviest first, so each rank's list is too; its fillers come last
+    return [[bins[b] for b in rank] + [[] for _ in range(per_rank - len(rank))] for rank in ranks]
+
+
+def cut_step(pairs: np.ndarray, lengths: PairLengths, p: StepPlan) -> list[list[list[int]]]:
+    """One step's pairs as `[rank][micro-batch] -> pair indices`: the same number of micro-batches on every rank, the
+    fewest the step needs under the budget (padded: the fewest possible; packed: the fewest bin packing finds,
+    starting from a lower bound), non-empty unless no equal count of non-empty ones exists (then the ranks short of
+    one run a filler: `FILLER`)."""
+    w, n = p.world_size, len(pairs)
+    if n < w:
+        raise PlanError(f"a step of {n} pairs leaves {w - n} of the {w} processes without a pair: use "
+                        f"pairs_per_step >= {w}, or fewer processes")  # fmt: skip
+    if p.max_tokens is None:
+        shares = [[int(i) for i in pairs[r::w]] for r in range(w)]
+        count = min(math.ceil(len(shares[0]) / p.pairs_per_micro_batch), len(shares[-1]))
+        return [[[int(i) for i in part] for part in np.array_split(share, count)] for share in shares]
+    found = _cut(pairs, lengths, p, p.max_tokens)
+    if found is not None:
+        return found
+    alone = [int(c) for c in p.alone(lengths, pairs)]
+    lo, hi = p.max_tokens, 2 * sum(alone)  # at twice the whole step, one micro-batch per rank always fits
+    while lo < hi:  # the smallest budget that would cut this step, for the message
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if _cut(pairs, lengths, p, mid) is not None else (mid + 1, hi)
+    needed = math.ceil(lo / 1024) * 1024
+    raise PlanError(
+        f"a step of {n} pairs ({sum(alone):,} positions, the longest pair {max(alone):,}) cannot be cut into the same "
+        f"number of non-empty micro-batches of at most max_tokens_per_microbatch={p.max_tokens:,} on each of {w} "
+        f"processes (with {n} pairs no process can have more than {n // w}): raise max_tokens_per_microbatch to "
+        f"{needed:,}, or use fewer processes",
+        needed,
+    )
+
+
+def _cut(pairs: np.ndarray, lengths: PairLengths, p: StepPlan, budget: int) -> list[list[list[int]]] | None:
+    w, n = p.world_size, len(pairs)
+    key = lengths.longest if p.padded else lengths.tokens
+    order = [int(i) for i in pairs[np.lexsort((pairs, -key[pairs]))]]  # longest first, ties by index
+    alone = p.alone(lengths, order)  # what each pair costs in a micro-batch of its own
+    if alone.max() > budget:
+        return None
+    # A padded micro-batch costs at least what its pairs cost alone, so the bound holds for both forwards.
+    start = max(1, math.ceil(fewest_bins(alone, budget) / w))
+    for per_rank in range(start, n // w + 1):
+        if p.padded:
+            bins = _padded_runs(order, lengths, budget, w * per_rank)
+        else:
+            bins = _packed_bins(order, lengths, budget, w * per_rank, tries=16 if per_rank == start else 0)
+        if bins is not None:
+            return _deal(bins, [p.cost(lengths, b) for b in bins], w)
+    if n % w == 0:
+        return None
+    # No equal count of non-empty micro-batches: with n // w of them a rank each, the step does not fit, and one more
+    # would leave some rank without a pair for it. Every pair alone (which fits: a budget >= 2 x max_length holds any
+    # pair), n // w + 1 micro-batches a rank, and a rank dealt one fewer runs a filler: the ranks' collectives stay
+    # equal and the step computes what it would on any other cut.
+    return _deal([[i] for i in order], [int(c) for c in alone], w, per_rank=n // w + 1)
+
+
+def epoch_steps(lengths: PairLengths, p: StepPlan, epoch: int) -> list[list[list[list[int]]]]:
+    """Every step of one epoch: `[step][rank][micro-batch] -> pair indices`."""
+    steps = steps_of(epoch_order(len(lengths), p.seed, epoch), p.pairs_per_step, p.world_size)
+    return [cut_step(step, lengths, p) for step in steps]
+
+
+def plan_run(lengths: PairLengths, p: StepPlan, epochs: int) -> list:
+    """Every epoch of a run, planned at start: a step that cannot be cut is refused now, not hours in, and the
+    refusal names the budget that cuts every step of the run."""
+    planned, refused = [], []
+    for epoch in range(epochs):
+        steps = []
+        for step in steps_of(epoch_order(len(lengths), p.seed, epoch), p.pairs_per_step, p.world_size):
+            try:
+                steps.append(cut_step(step, lengths, p))
+            except PlanError as e:
+                if e.needed_budget is None:
+                    raise
+                refused.append(e)
+        planned.append(steps)
+    if refused:
+        worst = max(refused, key=lambda e: e.needed_budget)
+        raise PlanError(f"{len(refused)} step(s) of the run cannot be cut; the hardest: {worst}".replace(
+            f"to {worst.needed_budget:,},", f"to {worst.needed_budget:,} (enough for every step),"),
+            worst.needed_budget)  # fmt: skip
+    return planned
+
+
+@dataclass(frozen=True)
+class Forward:
+    """How a micro-batch becomes the positions the model runs: one varlen row (FlashAttention), balanced rows of a
+    dense-mask attention (`packing.fill_rows`, weighed with the model's hidden size), or padded row groups."""
+
+    kind: str  # "one_row", "rows" (unshared or shared prompts: `lengths.shared` says) or "padded"
+    hidden_size: int = 4096
+    max_groups: int = 4
+
+    def positions(self, lengths: PairLengths, micro_batch) -> int:
+        seqs = [int(lengths.chosen[i]) for i in micro_batch] + [int(lengths.rejected[i]) for i in micro_batch]
+        if lengths.shared is not None and self.kind != "padded":  # a shared pair is one unit of its row
+            seqs = [int(lengths.tokens[i]) for i in micro_batch if lengths.shared[i]]
+            seqs += [s for k, i in enumerate(micro_batch) if not lengths.shared[i]
+                     for s in (int(lengths.chosen[i]), int(lengths.rejected[i]))]  # fmt: skip
+        if self.kind == "one_row":
+            return sum(seqs)
+        if self.kind == "padded":
+            from dpotrain.forwards.padded import positions
+
+            return positions(seqs, max_groups=self.max_groups)
+        from dpotrain.forwards.packing import fill_rows
+
+        rows = fill_rows(seqs, self.hidden_size)
+        return len(rows) * max(sum(seqs[i] for i in row) for row in rows)
+
+
+def epochs_needed(max_steps: int, num_train_epochs: float, pairs: int, pairs_per_step: int, world_size: int) -> int:
+    """Epochs a run touches (the plan covers each): num_train_epochs, or what max_steps reaches."""
+    if max_steps > 0:
+        return max(1, math.ceil(max_steps / len(steps_of(range(pairs), pairs_per_step, world_size))))
+    return max(1, math.ceil(num_train_epochs))
+
+
+def summary(lengths: PairLengths, p: StepPlan, epochs: list[list], forward: Forward | None = None,
+            reduce_per_backward: bool = True) -> dict:  # fmt: skip
+    """What the plan does, for the run's records: micro-batches per step (min, mean, max) against the fewest the budget
+    allows, per epoch, gradient reductions per epoch (ZeRO reduces at every backward, DDP and FSDP once per step with
+    no_sync), pairs and positions per micro-batch, and the padding share. `forward` gives the positions a micro-batch
+    really takes (packed rows pad their ends); without it, the plan's own cost is taken."""
+    counts = [len(step[0]) for epoch in epochs for step in epoch]  # fillers included: they take their time
+    every = [mb for epoch in epochs for step in epoch for rank in step for mb in rank]
+    micro_batches = [mb for mb in every if mb]
+    pairs = [len(mb) for mb in micro_batches]
+    real = [int(lengths.tokens[mb].sum()) for mb in micro_batches]
+    taken = [forward.positions(lengths, mb) if forward else p.cost(lengths, mb) for mb in micro_batches]
+    out = {
+        "forward": "padded (TRL's collator)"
+        if p.padded
+        else "packed"
+        if lengths.shared is None
+        else (f"packed, prompts shared ({int(lengths.shared.sum())} of {len(lengths)} pairs)"),  # fmt: skip
+        "pairs_per_step": p.pairs_per_step,
+        "max_tokens_per_microbatch": p.max_tokens,
+        "micro_batches_per_step": {
+            "min": min(counts),
+            "mean": round(sum(counts) / len(counts), 3),
+            "max": max(counts),
+        },  # fmt: skip
+        "micro_batches_per_epoch": round(sum(counts) / len(epochs)),
+        "gradient_reductions_per_epoch": 0
+        if p.world_size == 1
+        else round(
+            (sum(counts) if reduce_per_backward else sum(len(epoch) for epoch in epochs)) / len(epochs)
+        ),  # fmt: skip
+        "pairs_per_micro_batch": _spread(pairs),
+        "positions_per_micro_batch": _spread(taken),
+        "padding_share": round(1 - sum(real) / sum(taken), 4),
+        "filler_micro_batches": len(every) - len(micro_batches),
+    }
+    if p.max_tokens is not None:
+        # No cut can do with fewer micro-batches per rank than this bound (`fewest_bins`) allows.
+        alone = p.alone(lengths, slice(None))
+        fewest = [math.ceil(fewest_bins(alone[[i for rank in step for mb in rank for i in mb]], p.max_tokens)
+                            / p.world_size) for epoch in epochs for step in epoch]  # fmt: skip
+        out["micro_batches_per_step"]["lower_bound_mean"] = round(sum(fewest) / len(fewest), 3)
+    return out
+
+
+def eval_batches(pairs: int, world_size: int, batch_size: int) -> list[list[list[int]]]:
+    """An evaluation set as `[rank][batch] -> pair indices`: every pair once, the same number of non-empty batches of
+    at most `batch_size` pairs on every rank (the evaluation loop gathers after every batch, and ZeRO-3 or FSDP2
+    gather weights in every forward), and no pair padded in twice (which would count it twice in the metrics)."""
+    if pairs < world_size:
+        raise PlanError(f"the evaluation split has {pairs} pair(s), fewer than the {world_size} processes: use a "
+                        "larger split, or no eval_strategy")  # fmt: skip
+    per_rank = math.ceil(pairs / (world_size * batch_size))
+    chunks = [[int(i) for i in c] for c in np.array_split(np.arange(pairs), world_size * per_rank)]
+    return [chunks[rank::world_size] for rank in range(world_size)]
+
+
+def _spread(values: list[int]) -> dict:
+    return {"min": min(values), "mean": round(sum(values) / len(values), 1), "max": max(values)}
+
+
+class StepSampler(BatchRebalanceSampler):
+    """The train dataloader's batch sampler: one item per optimizer step, this rank's micro-batches of that step
+    (a tuple of tuples of data set indices), which `StepRows` turns into rows.
+
+    A `BatchRebalanceSampler` subclass only so that transformers' Trainer treats it as the rank-aware batch sampler it
+    is (it stops accelerate from sharding it again). `planned` holds the epochs planned at start; an epoch beyond them
+    is planned when it starts.
+    """
+
+    def __init__(self, lengths: PairLengths, plan: StepPlan, rank: int, planned: list | None = None):
+        self.lengths, self.plan, self.rank = lengths, plan, rank
+        self.planned = list(planned or [])
+        self.epoch = 0
+        self.steps_per_epoch = len(steps_of(np.arange(len(lengths)), plan.pairs_per_step, plan.world_size))
+
+    def set_epoch(self, epoch: int):
+        self.epoch = epoch
+
+    def __iter__(self):
+        steps = self.planned[self.epoch] if self.epoch < len(self.planned) else epoch_steps(
+            self.lengths, self.plan, self.epoch)  # fmt: skip
+        for step in steps:
+            yield [tuple(tuple(mb) for mb in step[self.rank])]
+
+    def __len__(self):
+        return self.steps_per_epoch
+
+
+class FixedBatches(BatchRebalanceSampler):
+    """A batch sampler over batches fixed in advance (this rank's evaluation batches): rank-aware, so accelerate does
+    not shard it again."""
+
+    def __init__(self, batches: list[list[int]]):
+        self.batches = batches
+
+    def __iter__(self):
+        return iter(self.batches)
+
+    def __len__(self):
+        return len(self.batches)
+
+
+class StepRows:
+    """A data set read a whole step at a time: item = this rank's micro-batches of one step, each as its rows and
+    whether it is a filler (an empty micro-batch of the plan: the rows of this rank's last pair of the step, the
+    lightest of its lightest micro-batch)."""
+
+    def __init__(self, dataset):
+        self.dataset = dataset
+
+    def __len__(self):
+        return len(self.dataset)
+
+    def __getitem__(self, micro_batches):
+        stand_in = [next(mb for mb in reversed(micro_batches) if mb)[-1]]
+        return [(self.dataset.__getitems__(list(mb or stand_in)), not mb) for mb in micro_batches]
+
+
+@dataclass
+class StepCollator:
+    """Collates each micro-batch of a step with the forward's own collator (packed rows, or TRL's padded batch); a
+    filler's batch carries `FILLER`, which the trainer weighs 0 and leaves out of its counts and metrics."""
+
+    collate: object
+
+    def __call__(self, items: list) -> dict:
+        (step,) = items  # the sampler yields one step at a time
+        batches = []
+        for rows, filler in step:
+            batches.append({**self.collate(rows), FILLER: True} if filler else self.collate(rows))
+        return {"micro_batches": batches}

@@ -1,0 +1,66 @@
+"""The plan stage: every step of every epoch the run touches, cut into each rank's micro-batches (`plan.py`), made once
+the trainer is built (TRL has tokenized the data: the plan needs every pair's length) and before the reference stage
+(which scores in the plan's micro-batches) and training (which runs them).
+
+It is a stage of the run (`train_dpo.py`), not a side effect of building the trainer: building only has to leave the
+Trainer one item per optimizer step (gradient accumulation 1, set in `RecipeDPOTrainer.__init__`), since that is all
+transformers reads of the batching before `train()`, when it fills DeepSpeed's "auto" batch sizes. The dataloader,
+and with it the number of steps, is made in `train()`, from the plan given here.
+"""
+
+from dataclasses import dataclass
+
+from dpotrain.data import cuts
+from dpotrain.plan import plan
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    lengths: plan.PairLengths
+    step_plan: plan.StepPlan
+    epochs: list  # every epoch the run touches: [epoch][step][rank][micro-batch] -> pair indices
+    summary: dict  # `plan.summary`: what the run records as `derived.batching`
+
+    def line(self) -> str:
+        """The stage's one line: 'Plan: 24 steps of 8 pairs per epoch (3 epochs planned), 1-2 micro-batches per step
+        per rank, 3.8% padding (packed)'."""
+        per_step, s = self.summary["micro_batches_per_step"], self.summary
+        counts = f"{per_step['min']}" if per_step["min"] == per_step["max"] else f"{per_step['min']}-{per_step['max']}"
+        fillers = f", {s['filler_micro_batches']} filler micro-batch(es)" if s["filler_micro_batches"] else ""
+        return (f"Plan: {len(self.epochs[0])} steps of {self.step_plan.pairs_per_step} pairs per epoch "
+                f"({len(self.epochs)} epoch(s) planned), {counts} micro-batch(es) per step per rank{fillers}, "
+                f"{s['padding_share']:.1%} padding ({s['forward']})")  # fmt: skip
+
+
+def make(lengths: plan.PairLengths, args, pairs_per_step: int, world_size: int, budget: int | None, padded: bool,
+         forward: plan.Forward | None = None, reduce_per_backward: bool = True) -> RunPlan:  # fmt: skip
+    """The run's plan from its pairs' lengths and the training arguments (seed, batch size, max_steps, epochs): what a
+    run plans at start and what a dry run plans (`stages.plan_batching`). Raises `plan.PlanError` (with the budget
+    that would do) when a step cannot be cut."""
+    step_plan = plan.StepPlan(pairs_per_step, world_size, args.seed, budget,
+                              None if budget else args.per_device_train_batch_size, padded=padded)  # fmt: skip
+    epochs = plan.epochs_needed(args.max_steps, args.num_train_epochs, len(lengths), pairs_per_step, world_size)
+    # Every epoch is planned now: a step that cannot be cut is refused before the model does any work.
+    planned = plan.plan_run(lengths, step_plan, epochs)
+    return RunPlan(lengths, step_plan, planned, plan.summary(lengths, step_plan, planned, forward, reduce_per_backward))
+
+
+def run_stage(trainer) -> RunPlan:
+    """The stage: the plan of the trainer's tokenized training set, for the forward it chose (packed or padded, prompts
+    shared or not: `check_packing` may have switched to padded while it was built), given to the trainer. Every rank
+    plans alone, from the same lengths and seed (`agreement.at_start` checks the plans are equal)."""
+    args = trainer.args
+    counts = plan.token_counts(trainer.train_dataset)
+    lengths = plan.PairLengths.from_parts(*counts, args.max_length, trainer.forward.share_prompt, args.truncation_mode)
+    run_plan = make(lengths, args, trainer.pairs_per_step, args.world_size, trainer.max_tokens_per_microbatch,
+                    padded=not trainer.packed, forward=trainer.plan_forward(),
+                    reduce_per_backward=trainer.is_deepspeed_enabled)  # fmt: skip
+    # Pairs TRL cut or dropped at max_length: counted on the tokenized set, recorded with the plan (derived.batching).
+    given = getattr(trainer, "rows_given", len(trainer.train_dataset))
+    counted = cuts.count(*counts, args.max_length, args.truncation_mode, given - len(trainer.train_dataset))
+    run_plan.summary["max_length_cuts"] = counted
+    trainer.use_plan(run_plan)
+    if trainer.accelerator.is_main_process:
+        print(run_plan.line(), flush=True)
+        print(f"Cut at {cuts.line(counted)}", flush=True)
+    return run_plan

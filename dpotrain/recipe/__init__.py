@@ -1,0 +1,1 @@
+"""The recipe: its argument dataclasses and errors, the ground every stage stands on."""

@@ -1,0 +1,50 @@
+"""The scripts' command lines speak train_dpo.py's vocabulary, and a mistyped flag gets a "did you mean".
+
+`Parser` is argparse with two of the project's manners: every `--long-flag` is also taken as `--long_flag` (the
+trainer's fields are snake_case, the scripts' flags were kebab-case: a user types either), extra names make the
+trainer's name for the same thing work too (`--tokenizer` is `--model_name_or_path`), and an unknown flag is refused
+in one `error:` line naming the closest known one instead of argparse's usage dump (a `ConfigError`: exit code 2
+under `errors.run_cli`).
+"""
+
+import argparse
+import difflib
+
+from dpotrain.recipe.errors import ConfigError
+
+TRUE, FALSE = ("true", "1", "yes", "on"), ("false", "0", "no", "off")
+
+
+def flag(value: str | bool) -> bool:
+    """`--skip_invalid` alone, or `--skip_invalid true|false` as train_dpo.py takes it."""
+    if isinstance(value, bool):
+        return value
+    if value.lower() in TRUE + FALSE:
+        return value.lower() in TRUE
+    raise argparse.ArgumentTypeError(f"expected true or false, not {value!r}")
+
+
+class Parser(argparse.ArgumentParser):
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("allow_abbrev", False)  # an abbreviation must not silently mean another flag
+        super().__init__(*args, **kwargs)
+
+    def add_argument(self, *names, **kwargs):
+        spellings = []
+        for name in names:
+            spellings.append(name)
+            if name.startswith("--"):
+                spellings += [f"--{name[2:].replace('-', '_')}", f"--{name[2:].replace('_', '-')}"]
+        return super().add_argument(*dict.fromkeys(spellings), **kwargs)
+
+    def known_flags(self) -> list[str]:
+        return [s for action in self._actions for s in action.option_strings if s.startswith("--")]
+
+    def error(self, message: str):
+        words = message.split(": ", 1)[-1].split()
+        unknown = next((w.split("=")[0] for w in words if w.startswith("-")), None)
+        if message.startswith("unrecognized arguments") and unknown:
+            close = difflib.get_close_matches(unknown, self.known_flags(), n=1, cutoff=0.6)
+            hint = f" (did you mean {close[0]}?)" if close else ""
+            raise ConfigError(f"unknown argument {unknown!r}{hint}; see {self.prog} --help")
+        raise ConfigError(f"{message}; see {self.prog} --help")

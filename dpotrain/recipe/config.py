@@ -1,0 +1,454 @@
+"""Parse a recipe: TRL's own dataclasses plus `ProjectArguments`, with defaults < YAML < command line.
+
+A YAML recipe is turned into command-line tokens placed before the real command line, so both go through the same
+argparse types (YAML's `1e-6` is a string, `1.0e-6` a float: both parse as floats here) and the command line wins
+because argparse keeps the last value. Unknown keys are errors that name the key and the closest known one.
+"""
+
+import contextlib
+import difflib
+import functools
+import json
+import os
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from dpotrain.recipe import recipe_file, usage
+from dpotrain.recipe.errors import ConfigError
+
+
+@dataclass
+class ProjectArguments:
+    """Options of this project; everything else is a TRL / transformers field under its own name."""
+
+    pairs_per_step: int | None = field(
+        default=None,
+        metadata={
+            "help": "Preference pairs per optimizer step over all processes. When set, gradient_accumulation_steps is "
+            "derived as pairs_per_step / (per_device_train_batch_size x world size), so the effective batch stays the "
+            "same on any number of GPUs or nodes; a value that does not divide evenly is refused at start."
+        },
+    )
+    max_tokens_per_microbatch: int | None = field(
+        default=None,
+        metadata={
+            "help": "Token budget of a micro-batch (packed positions of all its chosen and rejected sequences, per "
+            "process). An optimizer step keeps pairs_per_step pairs; this decides how they are cut into micro-batches "
+            "(a pair is never split), and gradient_accumulation_steps is derived from the data. Must be at least "
+            "2 x max_length. Unset: micro-batches of per_device_train_batch_size pairs."
+        },
+    )
+    auto_coverage: float = field(
+        default=0.95,
+        metadata={
+            # argparse %-formats help texts: a literal percent sign is written %%.
+            "help": "With max_length: auto (and the analyzer's --coverage), the fraction of pairs that must fit "
+            "without truncation: max_length is the smallest multiple of 512 reaching it. Packed, a longer max_length "
+            "costs only the extra tokens of the longer pairs, so the default leaves 95%% of pairs whole (README: "
+            "Choosing max_length)."
+        },
+    )
+    overwrite_output_dir: bool = field(
+        default=False,
+        metadata={
+            "help": "Replace a finished run (or half-written checkpoints) in output_dir and start afresh. An "
+            "unfinished run with a complete checkpoint still resumes, so a requeued job keeps its progress."
+        },
+    )
+    auto_resume: bool = field(
+        default=True,
+        metadata={"help": "Resume from the newest complete checkpoint in output_dir when there is one."},
+    )
+    accelerate_config: str = field(
+        default="accelerate_config.yaml",
+        metadata={
+            "help": "Accelerate config whose num_processes a --dry-run outside a launcher predicts as world size "
+            "(the launch `accelerate launch --config_file <it>`); `none` predicts plain `python train_dpo.py`, "
+            "1 process."
+        },
+    )
+    gpu_memory_gib: float | None = field(
+        default=None,
+        metadata={
+            "help": "Memory of one of the job's GPUs in GiB (nvidia-smi's MiB / 1024), for the memory plan of a dry "
+            "run on a machine without a GPU (a login node); on a machine with a GPU, its memory is used instead. A "
+            "plan that does not fit is refused with the engine or node count that would (dpotrain/plan/memory.py)."
+        },
+    )
+    memory_check: bool = field(
+        default=True,
+        metadata={
+            "help": "Refuse a run whose memory plan (an estimate, README 'Memory plan') exceeds the GPU memory. false: "
+            "the plan is only shown, for a setup you know fits."
+        },
+    )
+    merge_lora: bool = field(
+        default=False,
+        metadata={
+            "help": "With use_peft: also save the base model with the trained LoRA adapter merged in, to "
+            "<output_dir>/merged/ (the adapter itself is always saved in output_dir)."
+        },
+    )
+    skip_invalid: bool = field(
+        default=False,
+        metadata={
+            "help": "Drop the rows the trainer cannot use (null or malformed messages, empty completions, chosen "
+            "identical to rejected, ...) and count them in resolved_config.json, instead of refusing the data set."
+        },
+    )
+    hh_format: str = field(
+        default="messages",
+        metadata={
+            "help": "HH-RLHF strings (`\\n\\nHuman: ... \\n\\nAssistant: ...`): `messages` turns them into message "
+            "lists, so the model's chat template applies (what a chat model is trained on); `text` trains the raw "
+            "strings, prompt up to the last `Assistant:`. Other data shapes are not affected (docs/data.md)."
+        },
+    )
+    push_checkpoints: bool = field(
+        default=False,
+        metadata={
+            "help": "With push_to_hub: also push each complete checkpoint's model weights, tokenizer and config (never "
+            "optimizer state) to a branch step-<N> of the hub_model_id repo, in the background while training goes "
+            "on. With HF_HUB_OFFLINE nothing is pushed during the run: scripts/push_to_hub.py --checkpoints does it "
+            "later, for the checkpoints still on disk (save_total_limit deletes older ones)."
+        },
+    )
+    dry_run: bool = field(
+        default=False,
+        metadata={
+            "help": "Show what the run will do and exit, without loading a model or data: a summary (steps, batching, "
+            "memory per GPU and the GPU it is checked against), and the full resolved configuration as JSON in "
+            "<output_dir>.dry-run.json."
+        },
+    )
+    json: bool = field(
+        default=False,
+        metadata={"help": "With --dry-run: print the full resolved configuration as JSON instead of the summary."},
+    )
+    share_prompt: bool | None = field(
+        default=None,
+        metadata={
+            "help": "Compute each pair's prompt once in its packed row instead of twice "
+            "(dpotrain/forwards/shared_prompt.py): "
+            "the same log-probs, loss and gradients, P + C + R positions per pair instead of 2P + C + R. Unset: on "
+            "where it is exact (packed rows with sdpa or eager attention; not FlashAttention's varlen kernel, which "
+            "cannot express it), with a note otherwise; true: required (refused where it cannot work); false: off."
+        },
+    )
+    gpu_peak_tflops: float | None = field(
+        default=None,
+        metadata={
+            "help": "The GPU's dense bf16 peak in TFLOP/s, for the MFU in the logs. Unset: detected for H100, H200, "
+            "B200 (dpotrain/forwards/flops.py); without a GPU, no MFU is logged."
+        },
+    )
+    compile_layers: bool = field(
+        default=False,
+        metadata={
+            "help": "Compile each decoder layer with torch.compile (regional: one graph per layer kind, the rest of "
+            "the model eager; dpotrain/plan/layers.py). Off by default: not yet measured to pay on a GPU "
+            "(BENCHMARKS.md)."
+        },
+    )
+    reference_only: bool = field(
+        default=False,
+        metadata={
+            "help": "Score and cache the reference log-probs (the reference stage), then exit without training: run it "
+            "on a larger allocation, or as a job of its own before the training job (sbatch --dependency=afterok:). "
+            "The training run with the same model, data and max_length reuses the result on any number of processes."
+        },
+    )
+    reference_save_seconds: float = field(
+        default=120.0,
+        metadata={
+            "help": "The reference stage writes what each process has scored at least this often (and when it stops), "
+            "so a killed job loses at most this much scoring."
+        },
+    )
+    preflight: bool = field(
+        default=False,
+        metadata={
+            "help": "Run the preflight (scripts/preflight.py: the base model's log-prob gap between chosen and "
+            "rejected on a sample) instead of training; exit 3 when it predicts the run is doomed."
+        },
+    )
+
+    # --- training health guards (dpotrain/train/health.py); values from two failed runs' post-mortems (docs/health.md)
+    # ---
+    health_checks: bool = field(default=True, metadata={"help": "Watch the logged metrics and stop a doomed run."})
+    health_action: str = field(
+        default="stop",
+        metadata={
+            "help": "What a tripped guard does: stop (a resumable checkpoint, exit 3, no requeue) or warn (a log "
+            "line). NaN/inf always stops.",
+            "choices": ["warn", "stop"],
+        },
+    )
+    health_step1_tolerance: float = field(
+        default=0.02,
+        metadata={
+            "help": "Step 1, before any update: |loss - ln 2| and |rewards| on the loss's scale (beta x log-ratio per "
+            "token) must stay within this, else the reference disagrees with the policy. fp32 differs by ~1e-6. 0: off."
+        },
+    )
+    health_loss_floor: float = field(
+        default=0.01,
+        metadata={"help": "Stop when the loss falls below this (001's collapsed runs: 0.006 -> 0.000). 0: off."},
+    )
+    health_max_margin: float = field(
+        default=5.0,
+        metadata={
+            "help": "Stop when the reward margin on the loss's scale exceeds this (001: > 5 unstable, collapse at "
+            "9-18; the sigmoid loss is already 0.007 at 5). 0: off."
+        },
+    )
+    health_logp_drop: float = field(
+        default=1.0,
+        metadata={
+            "help": "Stop when the chosen AND the rejected log-probs both fell by more than this many nats per token "
+            "against the reference (a collapsing policy pushes everything down). 0: off."
+        },
+    )
+    health_pinned_pairs: int = field(
+        default=1024,
+        metadata={
+            "help": "Stop when reward accuracy is 1.0 on this many consecutive pairs within health_early_fraction of "
+            "training (8 steps of 128 pairs; too rare by chance on real pairs, common in 001's collapse). 0: off."
+        },
+    )
+    health_early_fraction: float = field(
+        default=0.25, metadata={"help": "The share of training counted as early for health_pinned_pairs."}
+    )
+
+    # --- sample generations during training (dpotrain/train/samples.py) ---
+    samples_every: int = field(
+        default=0,
+        metadata={"help": "Generate from a few fixed prompts every N optimizer steps (and before step 1). 0: off."},
+    )
+    sample_prompts: list[str] | None = field(
+        default=None, metadata={"help": "Prompts to sample from (user turns). Default: the data set's first ones."}
+    )
+    sample_prompts_file: str | None = field(
+        default=None,
+        metadata={"help": "A file of prompts: .txt (one per line) or .jsonl (a `prompt` string per line)."},
+    )
+    sample_count: int = field(default=4, metadata={"help": "How many prompts (the first ones given or in the data)."})
+    sample_max_new_tokens: int = field(default=64, metadata={"help": "Greedy generation length per prompt."})
+    sample_repetition_warn: float = field(
+        default=0.5,
+        metadata={
+            "help": "Warn when a sample's repetition score (share of repeated word 3-grams) exceeds this: "
+            "001's collapsed model said 'hormonal hormonal hormonal'."
+        },
+    )
+
+
+@dataclass
+class Recipe:
+    script: object  # trl.ScriptArguments
+    training: object  # trl.DPOConfig
+    model: object  # trl.ModelConfig
+    project: ProjectArguments
+    config_path: str | None
+    max_length_auto: bool
+    given: set[str]  # the fields set by the recipe or the command line, not left at their defaults
+
+
+def make_parser():
+    from trl import DPOConfig, ModelConfig, ScriptArguments, TrlParser
+
+    # allow_abbrev=False: argparse would otherwise take `--learning_rat` for `--learning_rate`, and a typo of a
+    # longer flag for a shorter one.
+    parser = TrlParser(
+        (ScriptArguments, DPOConfig, ModelConfig, ProjectArguments), prog="train_dpo.py", allow_abbrev=False
+    )
+
+    # argparse's default error handler prints the whole usage (hundreds of Trainer fields) and exits 2. One line
+    # that names the problem is what a user needs.
+    def error(message):
+        raise ConfigError(message)
+
+    parser.error = error
+    return parser
+
+
+def _options(parser) -> dict[str, object]:
+    """`--name` (as written in YAML, snake_case) -> its argparse action."""
+    return {opt: action for action in parser._actions for opt in action.option_strings if opt.startswith("--")}
+
+
+# Names that older transformers / TRL versions (and many tutorials) use, with what replaced them.
+_MAX_LENGTH_ONLY = "TRL 1.16 has only max_length; rows whose prompt alone fills it are dropped"
+REMOVED = {
+    "warmup_ratio": "removed in transformers 5: use warmup_steps: 0.1, a float < 1 is a ratio",
+    "evaluation_strategy": "renamed eval_strategy in transformers 5",
+    "no_cuda": "removed in transformers 5: use use_cpu: true",
+    "logging_dir": "removed in transformers 5: W&B and metrics.jsonl log to output_dir",
+    "torch_dtype": "renamed dtype",
+    "max_prompt_length": _MAX_LENGTH_ONLY,
+    "max_completion_length": _MAX_LENGTH_ONLY,
+    "rpo_alpha": "removed in TRL 1.x",
+    "reference_free": "removed in TRL 1.x",
+    "padding_value": "removed in TRL 1.x: the tokenizer's pad token (pad_token) is used",
+    "label_pad_token_id": "removed in TRL 1.x",
+}
+
+
+def _suggest(name: str, options: dict) -> str:
+    """' (did you mean ...?)' for a misspelled field, written as given: `betta` -> 'beta', `--betta` -> '--beta'.
+
+    A field of an older transformers / TRL version gets what replaced it instead.
+    """
+    if name.lstrip("-").replace("-", "_") in REMOVED:
+        return f" ({REMOVED[name.lstrip('-').replace('-', '_')]})"
+    known = [o for o in options if "-" not in o[2:]]  # the snake_case spelling of each flag
+    if not name.startswith("--"):
+        known = [o[2:] for o in known]
+    close = difflib.get_close_matches(name, known, n=1, cutoff=0.75)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def yaml_to_args(config: dict, options: dict, source: str) -> list[str]:
+    args = []
+    for key, value in config.items():
+        if f"--{key}" not in options or "-" in key:
+            raise ConfigError(f"{source}: unknown key {key!r}{_suggest(key, options)}. Remove it or fix its spelling.")
+        args.append(f"--{key}")
+        if isinstance(value, bool):
+            args.append(str(value).lower())
+        elif isinstance(value, list):
+            args.extend(json.dumps(v) if isinstance(v, dict) else str(v) for v in value)
+        elif isinstance(value, dict):
+            args.append(json.dumps(value))
+        else:
+            args.append("None" if value is None else str(value))
+    return args
+
+
+def read_recipe(path: str, options: dict | None = None) -> dict:
+    """The recipe file at `path`, checked as training checks it: strict YAML (`recipe_file.load`: a key given twice,
+    a syntax error) and every key a field (a misspelled one is refused with the closest known one). The analyzer
+    reads recipes through here too, so both refuse the same recipe with the same line."""
+    if not Path(path).is_file():
+        raise ConfigError(f"recipe {path!r} not found: pass one of configs/*.yaml")
+    config = recipe_file.load(path)
+    yaml_to_args({k: v for k, v in config.items() if k != "env"}, options or _known_options(), path)
+    return config
+
+
+@functools.cache
+def _known_options() -> dict:
+    return _options(make_parser())
+
+
+def parse_args(argv: list[str] | None = None) -> Recipe:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = make_parser()
+    options = _options(parser)
+    if {"-h", "--help"} & set(argv):  # what users type first; every field one flag away
+        print(usage.short_help(parser, ProjectArguments))
+        raise SystemExit(0)
+    if "--help-all" in argv:
+        parser.print_help()
+        raise SystemExit(0)
+
+    config_path = None
+    yaml_args: list[str] = []
+    if "--config" in argv:
+        i = argv.index("--config")
+        if i + 1 >= len(argv):
+            raise ConfigError("--config needs a path, e.g. --config configs/think.yaml")
+        config_path = argv[i + 1]
+        del argv[i : i + 2]
+        config = read_recipe(config_path, options)
+        for key, value in (config.pop("env", None) or {}).items():  # TRL's `env:` block
+            os.environ.setdefault(key, str(value))
+        yaml_args = yaml_to_args(config, options, config_path)
+
+    tokens, max_length_auto = _take_max_length_auto(yaml_args + argv + _cpu_deepspeed_backend(yaml_args + argv))
+    _, remaining = parser.parse_known_args(tokens)  # name an unknown flag before any field is validated
+    if remaining:
+        flag = next((r for r in remaining if r.startswith("-")), remaining[0])
+        raise ConfigError(f"unknown argument {flag!r}{_suggest(flag.split('=')[0], options)}; see --help")
+    planning = bool({"--dry_run", "--dry-run"} & set(argv))
+    try:
+        with _gpu_checks_skipped() if planning else contextlib.nullcontext():
+            dataclasses = parser.parse_args_into_dataclasses(args=tokens)
+    except ValueError as e:  # transformers' own validation of TrainingArguments: a user error, said in one line
+        hint = " (on a CPU machine: --bf16 false, or the CPU demo configs/smoke.yaml)" if "bf16" in str(e) else ""
+        raise ConfigError(f"{e}{hint}") from None
+    script, training, model, project = dataclasses
+    given = {options[t.split("=")[0]].dest for t in tokens if t.split("=")[0] in options}
+    if "padding_free" not in given:
+        training.padding_free = True  # this project's default: packed sequences (TRL's is False)
+    on_command_line = {options[a.split("=")[0]].dest for a in argv if a.split("=")[0] in options}
+    _command_line_batch_wins(training, project, on_command_line)
+    if "output_dir" in on_command_line and "run_name" not in on_command_line:
+        # The run is the folder the user named: the model card, the plot and W&B say so, not the recipe's name for
+        # its own default folder (transformers, too, names a run after its output_dir).
+        training.run_name = Path(training.output_dir).resolve().name
+    return Recipe(script, training, model, project, config_path, max_length_auto, given)
+
+
+def _command_line_batch_wins(training, project, on_command_line: set[str]) -> None:
+    """`--per_device_train_batch_size 4 --gradient_accumulation_steps 1` on the command line mean steps of 4 pairs
+    per process in micro-batches of 4, as in any trainer, also under a recipe that sets pairs_per_step and a token
+    budget: the command line wins over the recipe, and the recipe's two values are dropped (and not recorded)."""
+    batch_flags = {"per_device_train_batch_size", "gradient_accumulation_steps"} & on_command_line
+    recipe_batching = [f for f in ("pairs_per_step", "max_tokens_per_microbatch") if getattr(project, f) is not None]
+    if not batch_flags or {"pairs_per_step", "max_tokens_per_microbatch"} & on_command_line or not recipe_batching:
+        return
+    for name in recipe_batching:
+        setattr(project, name, None)
+    print(f"Note: {' and '.join(sorted(batch_flags))} on the command line: micro-batches of "
+          f"{training.per_device_train_batch_size} pairs, {training.gradient_accumulation_steps} per step and "
+          f"process; the recipe's {' and '.join(recipe_batching)} are not used.", file=sys.stderr)  # fmt: skip
+
+
+def _cpu_deepspeed_backend(args: list[str]) -> list[str]:
+    """Several processes on CPU (tests, CPU-only clusters) need an explicit gloo backend.
+
+    Without one, accelerate's PartialState sees no backend and reports one process (accelerate/state.py: "No backend
+    == no distributed training") while DeepSpeed or FSDP run all of them: DeepSpeed's batch-size check fails, and under
+    FSDP every process believes it is the main one (each weighs its loss as if alone: step 1 logs ln 2 / 2).
+    """
+    import torch
+
+    several = "LOCAL_RANK" in os.environ and int(os.environ.get("WORLD_SIZE", "1")) > 1  # set by torchrun's launch
+    launched = several or os.environ.get("ACCELERATE_USE_DEEPSPEED") == "true"
+    if launched and not torch.cuda.is_available() and not any("ddp_backend" in a for a in args):
+        return ["--ddp_backend", "gloo"]
+    return []
+
+
+@contextlib.contextmanager
+def _gpu_checks_skipped():
+    """A dry run on a CPU login node plans a GPU job: transformers' "bf16 needs a GPU" check must not refuse it."""
+    from unittest import mock
+
+    with mock.patch("transformers.training_args.is_torch_bf16_gpu_available", return_value=True):
+        yield
+
+
+def _take_max_length_auto(tokens: list[str]) -> tuple[list[str], bool]:
+    """`max_length: auto` is this project's (the analyzer picks it); TRL's field only takes an int or None."""
+    auto = False
+    out = []
+    it = iter(tokens)
+    for tok in it:
+        name, eq, value = tok.partition("=")
+        if name in ("--max_length", "--max-length"):
+            value = value if eq else next(it, "")
+            auto = value == "auto"
+            out += [name, "None" if auto else value]
+        else:
+            out.append(tok)
+    return out, auto
+
+
+def uses_live_reference(recipe: Recipe) -> bool:
+    """A reference model kept in memory and run at every step, instead of the reference stage's scores: asked for
+    with `precompute_ref_log_probs: false`, or needed by `sync_ref_model` (which updates the reference)."""
+    t = recipe.training
+    return bool(t.sync_ref_model or ("precompute_ref_log_probs" in recipe.given and not t.precompute_ref_log_probs))

@@ -1,0 +1,52 @@
+"""A recipe's YAML read strictly: a key written twice or a syntax error is one line naming the file and the line.
+
+PyYAML keeps the last of two equal keys without a word (`beta: 5` ... `beta: 0.1` trains with 0.1), and its syntax
+errors are several lines of parser state. Training (`config.parse_args`) and the analyzer read recipes through here.
+"""
+
+from pathlib import Path
+
+import yaml
+
+from dpotrain.recipe.errors import ConfigError
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """SafeLoader that refuses a mapping key given twice (YAML 1.2 says keys are unique; PyYAML does not check)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)
+            line = key_node.start_mark.line + 1
+            if key in seen:
+                raise ConfigError(
+                    f"{self.name}:{line}: key {key!r} is given twice (first on line {seen[key]}); YAML would keep the "
+                    "last one silently: remove one of them"
+                )
+            seen[key] = line
+        return super().construct_mapping(node, deep=deep)
+
+
+def load(path: str | Path) -> dict:
+    """The recipe at `path` as a mapping (empty file: {}), or a ConfigError naming `path:line`."""
+    text = Path(path).read_text(encoding="utf-8", errors="replace")
+    loader = _StrictLoader(text)
+    loader.name = str(path)
+    try:
+        recipe = loader.get_single_data()
+    except yaml.MarkedYAMLError as e:
+        mark = e.problem_mark or e.context_mark
+        where = f"{path}:{mark.line + 1}" if mark else str(path)
+        what = e.problem or e.context or "a syntax error"
+        if e.context and e.context_mark and e.problem_mark and e.context_mark.line != e.problem_mark.line:
+            what += f", {e.context} opened on line {e.context_mark.line + 1}"  # an unclosed [ or {, a stray quote
+        raise ConfigError(f"{where}: not valid YAML ({what}): fix it (a recipe is `field: value` lines)") from None
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{path}: not valid YAML ({str(e).splitlines()[0]})") from None
+    finally:
+        loader.dispose()
+    recipe = recipe or {}
+    if not isinstance(recipe, dict):
+        raise ConfigError(f"{path}: a recipe is a YAML mapping of field: value")
+    return recipe

@@ -1,0 +1,77 @@
+"""How the project writes its reports and records: to a temporary name beside the target, flushed to disk, then renamed
+into place, so that a reader (a resuming run, a person, `wandb sync`) never sees half a file and a kill mid-write
+leaves the previous version whole; and never over one of the command's own inputs.
+"""
+
+import os
+import socket
+from contextlib import contextmanager
+from pathlib import Path
+
+from dpotrain.recipe.errors import ConfigError
+
+
+@contextmanager
+def replacing(path: str | Path, mode: str = "w"):
+    """A file object to write `path`'s new content to ("w" text, "wb" bytes); on leaving without an error the content
+    is on disk and renamed over `path` (the folder's entry synced too), on an error `path` is left as it was."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    # Unique per process and host: ranks, or two commands, may write into one folder of a shared file system.
+    tmp = path.with_name(f".{path.name}.{socket.gethostname()}.{os.getpid()}.tmp")
+    try:
+        with open(tmp, mode) as f:
+            yield f
+            f.flush()
+            os.fsync(f.fileno())  # the data is on disk before the name points at it...
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    _sync_folder(path.parent)  # ...and the new name is on disk before the command goes on
+
+
+def write_text(path: str | Path, text: str) -> Path:
+    with replacing(path) as f:
+        f.write(text)
+    return Path(path)
+
+
+def _sync_folder(folder: Path) -> None:
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:  # a platform without directory handles: the rename is still atomic
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def input_files(*paths) -> list[Path]:
+    """The files a command reads from `paths` (files, or folders: every file inside), resolved; None and names that
+    are not on this machine (a Hub name) are left out."""
+    found = []
+    for p in paths:
+        if not p:
+            continue
+        p = Path(p).expanduser()
+        if p.is_file():
+            found.append(p.resolve())
+        elif p.is_dir():
+            found += [f.resolve() for f in p.rglob("*") if f.is_file()]
+    return found
+
+
+def check_not_input(flag: str, path: str | Path | None, inputs: list[Path]) -> None:
+    """Refuses to write `path` when it is one of the command's inputs (`input_files`): the report would replace
+    what it describes."""
+    if not path:
+        return
+    target = Path(path).expanduser()
+    target = target.resolve() if target.exists() or target.is_symlink() else target.absolute()
+    for source in inputs:
+        if target == source or (target.exists() and source.exists() and os.path.samefile(target, source)):
+            raise ConfigError(f"{flag} {str(path)!r} is one of this command's inputs ({source}): writing there would "
+                              "replace it; write the report to another path")  # fmt: skip

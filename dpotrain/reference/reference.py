@@ -1,0 +1,561 @@
+"""The reference stage: every pair's reference log-probs, scored once between the plan and training, kept on disk as
+they are computed, and reused by any later run that would compute the same numbers.
+
+The reference model is the policy before its first update, so its log-probs can be scored once and the second model
+dropped from memory for the whole run. On a real data set this is hours of GPU time (150k pairs of ~5k tokens), so it
+is a stage of its own, run by `train_dpo.py` after the model loads and before training (or alone, `--reference-only`):
+- results are written per rank, atomically and synced to disk, every `reference_save_seconds` and whenever the stage
+  stops; a restarted job (requeued, preempted, killed, or rerun by hand) keeps what was scored and scores only the
+  rest; a damaged file (truncated by a crash or a full disk) is named in a warning and its pairs are scored again;
+- a stop request (stop file, USR1, SIGTERM: `preemption.GracefulStop`) is honoured between micro-batches: every rank
+  saves its part, the main process writes the marker that makes `scripts/launch.sh` requeue the job, and the run exits;
+- rank 0 alone decides hit, partial or miss and broadcasts what it found, so ranks whose caches differ (node-local
+  `DPOTRAIN_CACHE`) still enter the same collectives;
+- each pair is scored with the training forward (`RecipeDPOTrainer.reference_log_probs`: TRL's own reference code
+  around the packed or padded forward), at forward-only speed: in micro-batches of its own (`micro_batches`: the
+  plan's planner at a budget a forward-only pass fits in the memory of a training micro-batch,
+  `memory.forward_only_multiple`), balanced over the ranks; no autograd (inference mode, or no_grad where the engine
+  shards weights) and no activation checkpointing (eval mode); rows read and collated on a thread ahead of the
+  forward; scores kept on the device and copied to the host once per save; a stop request agreed on by one small
+  collective every few seconds (`_StopChecks`), not one per micro-batch;
+- its speed is measured after its first micro-batch (the warm-up: kernels loaded, compiled), which is reported apart:
+  "warm-up 2.1 s (first micro-batch), then 81,234 tokens/s", recorded in resolved_config.json (`derived.reference`).
+
+The cache key is what determines each pair's numbers and nothing else: the weights, every pair's token ids (so data set,
+revision, tokenizer and chat template are covered, in-memory data sets too), max_length and truncation, LD-DPO's alpha,
+dtype and autocast, attention implementation, the forward (packed or padded) and library versions. It leaves out the
+micro-batch layout — world size, node count, token budget, pairs per step, max_steps — although which pairs share a
+micro-batch changes the last bits of a sum: the stage's micro-batches are not training's, so at step 1 policy and
+reference differ by fp32 rounding (~1e-7 relative per pair; step 1 ~2e-7 from ln 2: tests/test_reference.py measures
+it), far inside the step-1 health guard, on any layout.
+"""
+
+import functools
+import hashlib
+import json
+import os
+import queue
+import secrets
+import socket
+import sys
+import threading
+import time
+import zipfile
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from dpotrain.cluster.collectives import broadcast_from_main, gather_objects, max_of_ranks
+from dpotrain.plan.plan import COLUMNS, PairLengths, StepPlan, cut_step, steps_of
+from dpotrain.recipe.errors import ConfigError
+from dpotrain.recipe.writes import replacing, write_text
+
+CACHE_VERSION = 2
+COMPLETE = "complete.npz"
+SAVE_SECONDS = 120  # default of `reference_save_seconds`
+PROGRESS_SECONDS = 60  # a progress line in the (Slurm) log at most this often
+STOP_CHECK_SECONDS = 5.0  # the ranks agree on a stop request about this often (one small collective)
+CHUNK_MICRO_BATCHES = 4  # micro-batches per rank the planner cuts at once (`micro_batches`)
+# What numpy and zipfile raise on an empty, truncated or foreign file (or one without the expected arrays)
+_UNREADABLE = (OSError, EOFError, ValueError, KeyError, TypeError, AttributeError, zipfile.BadZipFile, zlib.error)
+
+
+def cache_dir() -> Path:
+    """`$DPOTRAIN_CACHE/reference`, else `~/.cache/dpotrain/reference` (a few bytes per pair)."""
+    from dpotrain.data.lengths import cache_root
+
+    return cache_root() / "reference"
+
+
+def check_writable() -> None:
+    """The stage saves as it goes: an unwritable cache would lose hours of scoring. Checked before anything loads."""
+    folder = cache_dir()
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        probe = folder / f".write-test-{socket.gethostname()}-{os.getpid()}"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as e:
+        raise ConfigError(f"the reference cache folder {folder} is not writable ({e.strerror}): set DPOTRAIN_CACHE "
+                          "to a writable folder (on a cluster, one on a shared file system)") from None  # fmt: skip
+
+
+def token_hash(dataset) -> str:
+    """sha256 of every pair's token ids, in order (Arrow buffers: ~1 s per GB)."""
+    import pyarrow.compute as pc
+
+    h = hashlib.sha256()
+    table = dataset.with_format("arrow")[:]
+    for name in COLUMNS:
+        h.update(name.encode())
+        for chunk in table.column(name).chunks:
+            h.update(np.asarray(pc.list_value_length(chunk), dtype=np.int64).tobytes())
+            h.update(np.asarray(chunk.flatten(), dtype=np.int64).tobytes())
+    return h.hexdigest()
+
+
+def identity(trainer, dataset) -> dict:
+    import transformers
+    import trl
+
+    model, args = trainer.model, trainer.args
+    return {
+        "version": CACHE_VERSION,
+        "model": getattr(model.config, "_name_or_path", ""),
+        "weights_sha256": trainer.weights_hash,
+        "tokens_sha256": token_hash(dataset),
+        "pairs": len(dataset),
+        "max_length": args.max_length,
+        "truncation_mode": args.truncation_mode,
+        "ld_alpha": trainer.ld_alpha,
+        "dtype": str(model.dtype),
+        "autocast": "bf16" if args.bf16 else "fp16" if args.fp16 else None,
+        "attn_implementation": getattr(model.config, "_attn_implementation", None),
+        "forward": "packed" if trainer.packed else "padded",
+        "versions": {"torch": torch.__version__, "transformers": transformers.__version__, "trl": trl.__version__},
+    }
+
+
+class Store:
+    """One key's folder: `complete.npz` once every pair is scored; until then `part-<attempt>-r<rank>.npz` files, each
+    a rank's results of one attempt, rewritten atomically as they grow.
+
+    Files are synced to disk before and after they are renamed into place, so a crash (a node losing power, a kill
+    during a write) leaves either the old file or the new one. A file damaged anyway (a full disk, a file system that
+    lost its last writes) is named in a warning, removed, and its pairs are scored again: it never stops a start."""
+
+    def __init__(self, folder: Path, pairs: int):
+        self.folder, self.pairs = folder, pairs
+
+    @classmethod
+    def for_identity(cls, ident: dict) -> "Store":
+        key = hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:24]
+        return cls(cache_dir() / key, ident["pairs"])
+
+    def complete(self) -> tuple[np.ndarray, np.ndarray] | None:
+        path = self.folder / COMPLETE
+        arrays = self._read(path, "chosen", "rejected")
+        if arrays is None:
+            return None
+        chosen, rejected = arrays
+        if not chosen.shape == rejected.shape == (self.pairs,):
+            return self._damaged(path, f"arrays of shapes {chosen.shape}, {rejected.shape} for {self.pairs} pairs")
+        if np.isnan(chosen).any() or np.isnan(rejected).any():
+            return self._damaged(path, "pairs without a value")
+        return chosen, rejected
+
+    def parts(self) -> tuple[np.ndarray, np.ndarray]:
+        """Every pair scored by an interrupted attempt: NaN where not scored."""
+        chosen = np.full(self.pairs, np.nan, dtype=np.float32)
+        rejected = np.full(self.pairs, np.nan, dtype=np.float32)
+        for path in sorted(self.folder.glob("part-*.npz")):
+            arrays = self._read(path, "index", "chosen", "rejected")
+            if arrays is None:
+                continue
+            index, c, r = arrays
+            if not (index.ndim == 1 and index.shape == c.shape == r.shape and np.issubdtype(index.dtype, np.integer)):
+                self._damaged(path, f"arrays of shapes {index.shape}, {c.shape}, {r.shape}")
+            elif len(index) and (index.min() < 0 or index.max() >= self.pairs):
+                self._damaged(path, f"pair indices outside 0..{self.pairs - 1}")
+            else:
+                chosen[index], rejected[index] = c, r
+        return chosen, rejected
+
+    def write_part(self, attempt: str, rank: int, index: list[int], chosen: list[float], rejected: list[float]) -> None:
+        as32 = functools.partial(np.asarray, dtype=np.float32)
+        self._write(f"part-{attempt}-r{rank}.npz", index=np.asarray(index, dtype=np.int64), chosen=as32(chosen),
+                    rejected=as32(rejected))  # fmt: skip
+
+    def write_complete(self, ident: dict, chosen: np.ndarray, rejected: np.ndarray) -> None:
+        self._write(COMPLETE, chosen=chosen, rejected=rejected)
+        write_text(self.folder / "identity.json", json.dumps(ident, indent=1) + "\n")
+
+    def remove_parts(self, attempt: str | None = None, rank: int | None = None) -> None:
+        pattern = "part-*.npz" if attempt is None else f"part-{attempt}-r{rank}.npz"
+        for path in self.folder.glob(pattern):
+            path.unlink(missing_ok=True)
+
+    def _write(self, name: str, **arrays) -> None:
+        # Renamed into place, data and name synced to disk before the run goes on (or deletes the parts it merged).
+        with replacing(self.folder / name, "wb") as f:
+            np.savez(f, **arrays)
+
+    def _read(self, path: Path, *names: str) -> list[np.ndarray] | None:
+        """The named arrays of `path`; None if it does not exist or is damaged (then warned about and removed)."""
+        try:
+            with np.load(path) as f:
+                return [np.asarray(f[name]) for name in names]
+        except FileNotFoundError:  # none yet, or removed since the folder was listed (a finished attempt's part)
+            return None
+        except _UNREADABLE as e:
+            return self._damaged(path, f"{type(e).__name__}: {e}")
+
+    def _damaged(self, path: Path, why: str) -> None:
+        """Called by the main process only (it alone reads the cache and broadcasts what it found), so every rank
+        rescores the same pairs."""
+        print(f"warning: the reference cache file {path} is damaged ({why}); it is removed and its pairs are scored "
+              "again", file=sys.stderr, flush=True)  # fmt: skip
+        try:
+            path.unlink(missing_ok=True)
+        except OSError:  # a read-only cache: scored again next time too, but never a reason not to start
+            pass
+        return None
+
+
+@dataclass
+class Outcome:
+    name: str
+    pairs: int
+    reused: int  # pairs found in the cache
+    scored: int  # pairs scored by this attempt
+    stopped: bool
+    folder: Path
+    world: int = 1
+    micro_batches: int = 0  # per process (fillers included)
+    warmup_seconds: float | None = None  # the first micro-batch: kernels loaded, compiled, tuned
+    tokens_per_second: float | None = None  # steady: real tokens over all processes after the first micro-batch
+
+    def line(self) -> str:
+        if self.stopped:
+            return (f"reference log-probs ({self.name}): stopped with {self.reused + self.scored:,} of {self.pairs:,} "
+                    f"pairs saved in {self.folder}; the same command scores only the rest")  # fmt: skip
+        if not self.scored:
+            return f"reference log-probs ({self.name}): all {self.pairs:,} pairs reused from {self.folder}"
+        kept = f"{self.reused:,} reused from an interrupted run, " if self.reused else ""
+        return f"reference log-probs ({self.name}): {kept}{self.scored:,} scored, cached in {self.folder}"
+
+    def speed_line(self) -> str | None:
+        """'reference log-probs (train): warm-up 3.1 s (first micro-batch), then 81,234 tokens/s over 2 processes
+        (40,617 per process) in 120 micro-batches each'; None when nothing was scored."""
+        if self.stopped or not self.scored or self.warmup_seconds is None:
+            return None
+        steady = "" if self.tokens_per_second is None else (
+            f", then {self.tokens_per_second:,.0f} tokens/s over {self.world} process(es) "
+            f"({self.tokens_per_second / self.world:,.0f} per process)")  # fmt: skip
+        return (f"reference log-probs ({self.name}): warm-up {self.warmup_seconds:.1f} s (first micro-batch){steady} "
+                f"in {self.micro_batches:,} micro-batch(es) each")  # fmt: skip
+
+    def record(self) -> dict:
+        """What the run records of the stage (resolved_config.json's `derived.reference`)."""
+        warmup, speed = self.warmup_seconds, self.tokens_per_second
+        return {"pairs": self.pairs, "reused": self.reused, "scored": self.scored, "micro_batches": self.micro_batches,
+                "warmup_seconds": None if warmup is None else round(warmup, 3),
+                "tokens_per_second": None if speed is None else round(speed, 1)}  # fmt: skip
+
+
+class _Progress:
+    """Pairs done, total and time left, in the log (not a progress bar: Slurm logs keep every redraw). Its clock starts
+    after the first micro-batch (`steady`): the warm-up (kernels loaded, compiled, tuned) is reported apart."""
+
+    def __init__(self, name: str, total: int, done: int, tokens_todo: int, show: bool):
+        self.name, self.total, self.done, self.tokens_todo, self.show = name, total, done, tokens_todo, show
+        self.began = self.start = self.last = time.monotonic()
+        self.tokens = 0  # since the steady clock started
+        self.warmup: float | None = None
+
+    def steady(self, first_tokens: int) -> None:
+        """The first micro-batch is done (its results on the device): from here on the clock measures steady work."""
+        self.start = self.last = time.monotonic()
+        self.warmup = self.start - self.began
+        self.tokens_todo -= first_tokens
+
+    def advance(self, pairs: int, tokens: int, force: bool = False) -> None:
+        self.done += pairs
+        if self.warmup is not None:
+            self.tokens += tokens
+        now = time.monotonic()
+        if not self.show or (now - self.last < PROGRESS_SECONDS and not force):
+            return
+        self.last = now
+        elapsed = now - self.start
+        left = (self.tokens_todo - self.tokens) / max(self.speed(), 1e-9)
+        share = 100 * self.done / self.total
+        print(f"reference log-probs ({self.name}): {self.done:,}/{self.total:,} pairs ({share:.1f}%), "
+              f"{_duration(elapsed)} elapsed, ~{_duration(left)} left, {self.speed():,.0f} tokens/s",
+              flush=True)  # fmt: skip
+
+    def speed(self) -> float:
+        """Real tokens (every sequence of every pair, as training's `tokens_per_second` counts them) per second over
+        all processes, since the first micro-batch."""
+        return self.tokens / max(time.monotonic() - self.start, 1e-9)
+
+
+def _duration(seconds: float) -> str:
+    seconds = int(seconds)
+    if seconds < 3600:
+        return f"{seconds // 60}m{seconds % 60:02d}s"
+    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
+
+
+class _StopChecks:
+    """When the ranks agree on a stop request: one collective every `every` micro-batches, not one per micro-batch.
+
+    Each check reduces, over the ranks, whether a stop was asked and the seconds since the last check; every rank then
+    sets the next check from the same reduced numbers (the same collectives on every rank), about `STOP_CHECK_SECONDS`
+    apart: `every` at most doubles per check (the first intervals hold start-up) and is never below 1. The first check
+    comes before any scoring: a stop asked while the model loaded is honoured at once."""
+
+    def __init__(self, stop, device):
+        self.stop, self.device = stop, device
+        self.every, self.next = 1, 0
+        self.since = time.monotonic()
+
+    def stop_now(self, j: int) -> bool:
+        if j != self.next:
+            return False
+        asked, slowest = max_of_ranks([float(self.stop.asked_here()), time.monotonic() - self.since], self.device)
+        self.since = time.monotonic()
+        if j > 0:  # the first interval is start-up, not scoring
+            self.every = max(1, min(2 * self.every, round(self.every * STOP_CHECK_SECONDS / max(slowest, 1e-3))))
+        self.next = j + self.every
+        return bool(asked)
+
+
+class _Prefetch:
+    """Rows read and collated on a thread of their own, `AHEAD` micro-batches ahead of the forward (Arrow reads,
+    tokens laid out in rows and masks: CPU work the GPU would otherwise wait for). Yields each round's collated batch
+    (pinned on CUDA, so its copy to the GPU does not wait for the host), or None for a round this rank sits out."""
+
+    AHEAD = 2
+
+    def __init__(self, collate, rows, ids_per_round: list[list[int] | None], pin: bool):
+        self.queue: queue.Queue = queue.Queue(maxsize=self.AHEAD)
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self._work, args=(collate, rows, ids_per_round, pin), daemon=True,
+                                       name="reference-prefetch")  # fmt: skip
+        self.thread.start()
+
+    def _work(self, collate, rows, ids_per_round, pin):
+        try:
+            for ids in ids_per_round:
+                batch = None
+                if ids is not None:
+                    batch = collate(rows.__getitems__(ids))
+                    if pin:
+                        batch = {k: v.pin_memory() if torch.is_tensor(v) else v for k, v in batch.items()}
+                if not self._put((batch, None)):
+                    return
+        except BaseException as e:  # noqa: BLE001 - raised again on the main thread, where it stops the stage
+            self._put((None, e))
+
+    def _put(self, item) -> bool:
+        """Waits for room in the queue; False once the stage has closed it (stopped, or failed)."""
+        while not self.done.is_set():
+            try:
+                self.queue.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                pass
+        return False
+
+    def next(self):
+        batch, error = self.queue.get()
+        if error is not None:
+            raise error
+        return batch
+
+    def close(self) -> None:
+        self.done.set()
+        self.thread.join()
+
+
+def _synchronize(device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+class _Results:
+    """This rank's scores, kept on the device as they come (no copy to the host per micro-batch, which would wait for
+    the GPU each time) and copied to the host once per save."""
+
+    def __init__(self):
+        self.index: list[int] = []
+        self.chosen: list[float] = []
+        self.rejected: list[float] = []
+        self.pending: list[torch.Tensor] = []  # [2, pairs] per micro-batch, on the device
+
+    def add(self, pairs: list[int], chosen: torch.Tensor, rejected: torch.Tensor) -> None:
+        self.index += pairs
+        self.pending.append(torch.stack([chosen.float(), rejected.float()]))
+
+    def on_host(self) -> tuple[list[int], list[float], list[float]]:
+        if self.pending:
+            both = torch.cat(self.pending, dim=1).cpu()  # one copy, one wait for the device
+            self.pending = []
+            self.chosen += both[0].tolist()
+            self.rejected += both[1].tolist()
+        return self.index, self.chosen, self.rejected
+
+
+def micro_batches(lengths: PairLengths, pairs, world: int, budget: int | None, pairs_per_micro_batch: int | None,
+                  padded: bool, seed: int) -> list[list[list[int]]]:  # fmt: skip
+    """The reference stage's own micro-batches of `pairs`: `[rank][micro-batch] -> pair indices`, cut by the plan's
+    planner (`plan.cut_step`) at the stage's budget, in chunks of about `CHUNK_MICRO_BATCHES` micro-batches per rank
+    (bin packing over the whole data set at once would take minutes), so the ranks get the same number of
+    micro-batches of balanced work in every chunk.
+
+    Packed pairs come in a seeded random order (mixed lengths pack tightly); padded ones longest first (similar lengths
+    share a micro-batch, so little is padding). Every rank computes the same cut from the same lengths."""
+    pairs = np.asarray(pairs, dtype=np.int64)
+    if len(pairs) < world:  # a resumed stage's last few pairs: one each, the other ranks sit out (or run fillers)
+        return [[[int(pairs[r])]] if r < len(pairs) else [] for r in range(world)]
+    if padded:
+        order = pairs[np.lexsort((pairs, -lengths.longest[pairs]))]
+    else:
+        order = pairs[np.random.default_rng([seed, len(pairs)]).permutation(len(pairs))]
+    if budget is None:
+        per_chunk = world * CHUNK_MICRO_BATCHES * pairs_per_micro_batch
+    else:
+        cost = 2 * lengths.longest[pairs] if padded else lengths.tokens[pairs]
+        per_chunk = max(world, round(world * CHUNK_MICRO_BATCHES * budget / max(float(cost.mean()), 1.0)))
+    step = StepPlan(per_chunk, world, seed, budget, pairs_per_micro_batch, padded=padded)
+    out: list[list[list[int]]] = [[] for _ in range(world)]
+    for chunk in steps_of(order, per_chunk, world):
+        for rank, mine in enumerate(cut_step(chunk, lengths, step)):
+            out[rank] += [mb for mb in mine if mb]  # a filler of the planner: the stage runs its own (`run`)
+    return out
+
+
+def run(trainer, dataset, name: str, layout: list[list[list[int]]] | None, stop, save_seconds: float = SAVE_SECONDS):
+    """`dataset` with `ref_chosen_logps` / `ref_rejected_logps` columns (None when stopped), and the Outcome.
+
+    `layout[rank]` is the list of micro-batches rank `rank` scores, in order (every rank's, so all ranks know how many
+    pairs each round scores); None: the stage's own (`trainer.reference_layout`).
+    `stop` is the run's `GracefulStop`."""
+    accelerator = trainer.accelerator
+    rank, world, device = accelerator.process_index, accelerator.num_processes, accelerator.device
+    n = len(dataset)
+    ident = broadcast_from_main(identity(trainer, dataset) if accelerator.is_main_process else None)
+    store = Store.for_identity(ident)
+
+    # Rank 0's cache decides, for everyone: node-local caches then cannot lead ranks into different collectives.
+    found = None
+    if accelerator.is_main_process:
+        complete = store.complete()
+        found = (True, *complete) if complete is not None else (False, *store.parts())
+    is_complete, chosen, rejected = broadcast_from_main(found)
+    reused = int(np.count_nonzero(~np.isnan(chosen)))
+    if is_complete:
+        return _with_columns(dataset, chosen, rejected), Outcome(name, n, n, 0, False, store.folder)
+
+    todo, size = _todo(trainer, name, n, layout, chosen)
+    rounds = max(len(mine) for mine in todo)
+    tokens = PairLengths.of(dataset, trainer.args.max_length).tokens  # every sequence whole, as training counts them
+    round_tokens = [int(sum(tokens[mine[j]].sum() for mine in todo if j < len(mine))) for j in range(rounds)]
+    round_pairs = [sum(len(mine[j]) for mine in todo if j < len(mine)) for j in range(rounds)]
+    progress = _Progress(name, n, reused, sum(round_tokens), accelerator.is_main_process)
+    if accelerator.is_main_process:
+        kept = f", {reused:,} kept from an interrupted run" if reused else ""
+        print(f"reference log-probs ({name}): scoring {n - reused:,} of {n:,} pairs on {world} process(es) in "
+              f"{rounds:,} micro-batch(es) each{size}{kept}; saved to {store.folder} as they are scored",
+              flush=True)  # fmt: skip
+    attempt = broadcast_from_main(f"{time.strftime('%Y%m%d%H%M%S')}-{secrets.token_hex(3)}")
+    lockstep = trainer.forward_needs_every_rank()
+    # A rank out of pairs still takes part in the forward's collectives (ZeRO-3, FSDP) with a pair of the data set's,
+    # whose result is dropped.
+    filler = [int(np.argmin(tokens))]
+    mine = [todo[rank][j] if j < len(todo[rank]) else None for j in range(rounds)]
+    feed = [ids if ids is not None else filler if lockstep else None for ids in mine]
+    results = _Results()
+    checks = _StopChecks(stop, device)
+    last_save = time.monotonic()
+    scorer = trainer.reference_scorer()
+    was_training = scorer.training
+    scorer.eval()
+    prefetch = _Prefetch(trainer.reference_collate, dataset.select_columns(list(COLUMNS)), feed, device.type == "cuda")
+    try:
+        with trainer.reference_context():
+            for j in range(rounds):
+                if checks.stop_now(j):
+                    store.write_part(attempt, rank, *results.on_host())
+                    accelerator.wait_for_everyone()
+                    return None, Outcome(name, n, reused, progress.done - reused, True, store.folder)
+                batch = prefetch.next()
+                if batch is not None:
+                    c, r = trainer.reference_log_probs(scorer, batch)
+                    if mine[j] is not None:
+                        results.add(mine[j], c, r)
+                if j == 0:  # the warm-up: the clock of the steady speed starts once the first forward is done
+                    _synchronize(device)
+                    progress.steady(round_tokens[0])
+                progress.advance(round_pairs[j], round_tokens[j] if j else 0)
+                if time.monotonic() - last_save >= save_seconds:
+                    store.write_part(attempt, rank, *results.on_host())
+                    last_save = time.monotonic()
+    finally:
+        prefetch.close()
+        scorer.train(was_training)
+    mine_index, mine_chosen, mine_rejected = results.on_host()  # waits for the last forward: the clock stops after it
+    progress.advance(0, 0, force=True)
+    speed = progress.speed() if rounds > 1 else None
+
+    _gather_and_keep(accelerator, store, ident, attempt, (mine_index, mine_chosen, mine_rejected), chosen, rejected)
+    outcome = Outcome(name, n, reused, n - reused, False, store.folder, world=world, micro_batches=rounds,
+                      warmup_seconds=progress.warmup, tokens_per_second=speed)  # fmt: skip
+    return _with_columns(dataset, chosen, rejected), outcome
+
+
+def _todo(trainer, name: str, n: int, layout, chosen: np.ndarray) -> tuple[list, str]:
+    """Each rank's micro-batches of pairs still to score, and the size they were cut to (said at the start)."""
+    size = ""
+    if layout is None:
+        # Cut over every pair, then what is scored left out: parts hold whole micro-batches, so a resumed stage scores
+        # the rest in the very micro-batches an uninterrupted one would (the same numbers, bit for bit).
+        layout = trainer.reference_layout(name, n)
+        budget, pairs = trainer.reference_budget()
+        size = f" of up to {budget:,} positions" if budget else f" of up to {pairs} pairs"
+    todo = [[[i for i in mb if np.isnan(chosen[i])] for mb in mine] for mine in layout]
+    return [[mb for mb in mine if mb] for mine in todo], size
+
+
+def _gather_and_keep(accelerator, store, ident, attempt: str, mine: tuple, chosen, rejected) -> None:
+    """Every rank's scores into `chosen` / `rejected` (all ranks), saved whole on every node, the parts removed."""
+    for index, c, r in gather_objects(mine):
+        chosen[index], rejected[index] = c, r
+    missing = np.flatnonzero(np.isnan(chosen) | np.isnan(rejected))
+    if len(missing):
+        raise RuntimeError(f"reference scoring left pairs {missing[:10].tolist()} unscored: the ranks disagree on the "
+                           "data set (same data, seed and code on every node?)")  # fmt: skip
+    if accelerator.is_local_main_process:  # every node keeps the result: node-local caches find it on a requeue
+        store.write_complete(ident, chosen, rejected)
+    accelerator.wait_for_everyone()
+    store.remove_parts(attempt, accelerator.process_index)
+    if accelerator.is_local_main_process:
+        store.remove_parts()  # the interrupted attempts' parts, now in complete.npz
+
+
+def _with_columns(dataset, chosen: np.ndarray, rejected: np.ndarray):
+    for column in ("ref_chosen_logps", "ref_rejected_logps"):
+        if column in dataset.column_names:
+            dataset = dataset.remove_columns(column)
+    dataset = dataset.add_column("ref_chosen_logps", chosen.tolist())
+    return dataset.add_column("ref_rejected_logps", rejected.tolist())
+
+
+def run_stage(trainer, stop, save_seconds: float = SAVE_SECONDS) -> list[Outcome]:
+    """The stage: the reference of the training set (and of the evaluation set), set on the trainer's data sets.
+    Returns one Outcome per data set; the last one says `stopped` when a stop request ended the stage early."""
+    outcomes = []
+    if not trainer.precompute_ref_logps:  # a live reference model (sync_ref_model, or asked for)
+        return outcomes
+    for name in ("train", "eval"):
+        dataset = trainer.train_dataset if name == "train" else trainer.eval_dataset
+        if dataset is None:
+            continue
+        scored, outcome = run(trainer, dataset, name, None, stop, save_seconds)
+        outcomes.append(outcome)
+        if trainer.accelerator.is_main_process:
+            print(outcome.line(), flush=True)
+            if outcome.speed_line():
+                print(outcome.speed_line(), flush=True)
+        if outcome.stopped:
+            break
+        if name == "train":
+            trainer.train_dataset = scored
+        else:
+            trainer.eval_dataset = scored
+    trainer.reference_scored()
+    return outcomes

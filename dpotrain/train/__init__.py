@@ -1,0 +1,1 @@
+"""The training stage: the TRL seam and what runs inside training."""

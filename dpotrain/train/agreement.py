@@ -1,0 +1,110 @@
+"""Rank agreement at start: what each rank decided alone, but all ranks must share, checked with one all-gather.
+
+Each rank reads its own data set, plans its own steps and looks for its own checkpoint: a node-local cache, a node
+with another copy of the data, or a file system that shows one node an older output folder gives ranks different
+plans or resume points, and the job hangs at its first collective or trains on silently different steps. Each rank
+sends a short digest of each value; a difference is one `error:` line, on every rank, naming the value and the ranks.
+"""
+
+import hashlib
+import json
+
+import numpy as np
+
+from dpotrain.cluster.collectives import gather_objects
+from dpotrain.plan.plan import PairLengths
+from dpotrain.recipe.errors import ConfigError
+
+# What to do when the ranks disagree on a value, by the value's name.
+FIXES = {
+    "the data set's lengths": "every node must read the same data (a node-local cache, or another copy of the file?)",
+    "the evaluation set": "every node must read the same evaluation split (a node-local cache, or another copy?)",
+    "the plan": "every node must run the same code and recipe on the same data",
+    "the resume point": "every node must see the same output_dir (a shared file system, not a node-local one)",
+    "the engine": "launch every node with the same accelerate config",
+    "the forward": "install the same attention kernels on every node (requirements-gpu.txt), give every node GPUs "
+    "of one kind, and let every node see the same analyzer cache (or none): the forward is decided from its lengths",
+    "the packages": "install the same versions of torch, transformers, trl, accelerate and deepspeed on every node",
+    "the reference's model": "every node must load the same model (the same path and revision)",
+}
+
+
+def digest(value) -> str:
+    """A short, stable digest of a value: numpy arrays by their bytes, anything else by its JSON."""
+    h = hashlib.sha256()
+    if isinstance(value, np.ndarray):
+        h.update(str(value.dtype).encode() + str(value.shape).encode())
+        h.update(np.ascontiguousarray(value).tobytes())
+    else:
+        h.update(json.dumps(value, sort_keys=True, default=str).encode())
+    return h.hexdigest()[:16]
+
+
+def lengths_digest(lengths) -> str:
+    """The plan's view of the data set (`plan.PairLengths`): every pair's lengths, in order."""
+    parts = [lengths.chosen, lengths.rejected, lengths.prompt, lengths.shared]
+    return digest([digest(np.asarray(a)) for a in parts if a is not None])
+
+
+def plan_digest(planned) -> str:
+    """Every epoch's steps, ranks and micro-batches (`plan.plan_run`), as pair indices."""
+    h = hashlib.sha256()
+    for epoch in planned:
+        for step in epoch:
+            for rank in step:
+                for mb in rank:
+                    h.update(np.asarray(mb, dtype=np.int64).tobytes() + b"|")
+                h.update(b"/")
+            h.update(b";")
+    return h.hexdigest()[:16]
+
+
+def package_versions() -> dict:
+    from importlib.metadata import PackageNotFoundError, version
+
+    out = {}
+    for name in ("torch", "transformers", "trl", "accelerate", "deepspeed"):
+        try:
+            out[name] = version(name)
+        except PackageNotFoundError:
+            out[name] = None
+    return out
+
+
+def check(values: dict[str, str]) -> None:
+    """Every rank's `values` (name -> short digest or value) against rank 0's: one all-gather; the first value a rank
+    differs on is refused, on every rank, with the fix. Every rank must call this with the same names."""
+    ranks = gather_objects(values)
+    for name, mine in ranks[0].items():
+        for rank, theirs in enumerate(ranks[1:], start=1):
+            if theirs.get(name) != mine:
+                fix = FIXES.get(name, "every node must run the same job")
+                raise ConfigError(f"ranks disagree on {name}: rank {rank} has {theirs.get(name)}, rank 0 has {mine}: "
+                                  f"{fix}")  # fmt: skip
+
+
+def values(trainer, resume_from: str | None) -> dict[str, str]:
+    """The values of a run that must be equal on every rank once its plan is made: the data set's lengths, the
+    evaluation set's, the plan, the resume point, the engine, the forward (attention and packing), the package versions
+    and the model the reference is scored with."""
+    evaluation = trainer.eval_dataset
+    evaluation = "none" if evaluation is None else lengths_digest(PairLengths.of(evaluation, trainer.args.max_length))
+    return {
+        "the data set's lengths": lengths_digest(trainer.run_plan.lengths),
+        # Its batches are cut by count alone (plan.eval_batches): other pairs of the same count would pass unseen.
+        "the evaluation set": evaluation,
+        "the plan": plan_digest(trainer.run_plan.epochs),
+        "the resume point": str(resume_from),
+        "the engine": trainer.engine.name,
+        # Decided on each rank from the data's lengths and what is installed (forwards/choice.py): a node without a
+        # kernel, or with another analyzer cache, would run another forward.
+        "the forward": digest(trainer.forward.record()),
+        "the packages": digest(package_versions()),
+        # The path, not the weights' hash: under ZeRO-3, and FSDP2 with RAM-efficient loading, only rank 0 has them.
+        "the reference's model": str(getattr(trainer.model.config, "_name_or_path", "")),
+    }
+
+
+def at_start(trainer, resume_from: str | None) -> None:
+    """One all-gather of `values`: a rank that differs is refused, on every rank, with the value and the fix."""
+    check(values(trainer, resume_from))

@@ -1,0 +1,141 @@
+"""What a complete checkpoint holds: each file with its size and SHA-256, in MANIFEST.json, on disk before COMPLETE.
+
+The COMPLETE mark says that every rank finished writing; the manifest says what they wrote, so that a checkpoint
+damaged afterwards (a file deleted, a copy cut short, a bad disk block) is found before it is resumed from, and named.
+Hashing is shared between the ranks: after every rank has written its part, the main process lists the folder, each
+rank hashes its share of the files (the largest first, spread over the ranks), and the main process writes the manifest
+from what all of them gathered, flushed to disk (`fsync`) before the mark is. Every rank runs the same collectives
+(one broadcast, one all-gather) whatever it finds.
+
+What is checked when: sizes on every resume, before anything loads (a stat per file); checksums once processes have
+started (`verify_shares`), again each rank its share, so a resume reads the checkpoint once more, split over ranks.
+"""
+
+import hashlib
+import json
+import os
+import time
+from pathlib import Path
+
+MANIFEST = "MANIFEST.json"
+
+
+def sha256(path: Path) -> str:
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+def listing(folder: Path, leave_out: tuple = ()) -> list[tuple[str, int]]:
+    """Every file under `folder` (relative path, size), largest first; `leave_out`: top-level names left out."""
+    found = []
+    for path in folder.rglob("*"):
+        rel = path.relative_to(folder).as_posix()
+        if path.is_file() and rel not in leave_out:
+            found.append((rel, path.stat().st_size))
+    return sorted(found, key=lambda item: (-item[1], item[0]))
+
+
+def share(files: list, rank: int, world: int) -> list:
+    """This rank's files to hash: every `world`-th of the largest-first list, so ranks read about as much."""
+    return files[rank::world]
+
+
+def fsync_write(path: Path, text: str) -> None:
+    """`text` into `path`, flushed to the disk, and the folder's entry for it too: a crash after this returns cannot
+    leave the file empty or missing."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def seal(folder: Path, mark: str, mark_text: str, is_main: bool) -> None:
+    """On every rank, once all have written `folder`: hash it (each rank its share), then the main process writes
+    MANIFEST.json and the mark `mark`, each flushed to disk, the manifest first."""
+    import torch.distributed as dist
+
+    from dpotrain.cluster.collectives import broadcast_from_main, gather_objects
+
+    start = time.monotonic()
+    files = broadcast_from_main(listing(folder, leave_out=(MANIFEST, mark)) if is_main and folder.is_dir() else None)
+    if files is None:
+        return
+    rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+    world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+    mine = {}
+    for rel, _ in share(files, rank, world):
+        try:
+            mine[rel] = sha256(folder / rel)
+        except OSError as e:  # a node that does not see the file: the manifest says so, the mark is not written
+            mine[rel] = f"unreadable on rank {rank}: {e.strerror}"
+    hashes = {rel: digest for part in gather_objects(mine) for rel, digest in part.items()}
+    if not is_main:
+        return
+    unreadable = {rel: h for rel, h in hashes.items() if h.startswith("unreadable")}
+    if unreadable:
+        rel, why = next(iter(unreadable.items()))
+        raise OSError(f"{folder / rel}: {why} (every node must see the output folder: a shared file system)")
+    entries = {rel: {"bytes": size, "sha256": hashes[rel]} for rel, size in files}
+    fsync_write(folder / MANIFEST, json.dumps({"files": entries}, indent=1) + "\n")
+    fsync_write(folder / mark, mark_text)
+    total = sum(size for _, size in files) / 2**20
+    print(
+        f"{folder.name}: {len(files)} files ({total:,.1f} MiB) checksummed by {world} process(es) and marked "
+        f"{mark} in {time.monotonic() - start:.2f} s",
+        flush=True,
+    )
+
+
+def read(folder: Path) -> dict | None:
+    """The manifest's files ({relative path: {"bytes", "sha256"}}), or None for a checkpoint written without one."""
+    path = folder / MANIFEST
+    if not path.is_file():
+        return None
+    try:
+        return json.loads(path.read_text())["files"]
+    except (ValueError, KeyError, TypeError):
+        return {}  # a damaged manifest lists nothing: `size_problem` names it
+
+
+def size_problem(folder: Path) -> str | None:
+    """Why `folder` cannot be resumed from, by its files' presence and sizes (a stat per file), or None."""
+    files = read(folder)
+    if files is None:
+        return None  # written before manifests: its COMPLETE mark is all there is to go by
+    if not files:
+        return f"{MANIFEST} is unreadable"
+    for rel, entry in files.items():
+        path = folder / rel
+        if not path.is_file():
+            return f"{rel} is missing"
+        size = path.stat().st_size
+        if size != entry["bytes"]:
+            return f"{rel} has {size} bytes, {entry['bytes']} were written (cut short or replaced)"
+    return None
+
+
+def checksum_problems(folder: Path, rank: int, world: int) -> list[str]:
+    """This rank's share of `folder`'s files whose SHA-256 differs from the manifest's."""
+    files = read(folder) or {}
+    ordered = sorted(files.items(), key=lambda item: (-item[1]["bytes"], item[0]))
+    problems = []
+    for rel, entry in share(ordered, rank, world):
+        try:
+            if sha256(folder / rel) != entry["sha256"]:
+                problems.append(f"{rel} does not match its checksum (damaged after it was written)")
+        except OSError as e:
+            problems.append(f"{rel} is unreadable ({e.strerror})")
+    return problems
+
+
+def total_bytes(folder: Path) -> int | None:
+    """The bytes a checkpoint took on disk, by its manifest; None without one."""
+    files = read(folder)
+    return sum(entry["bytes"] for entry in files.values()) if files else None

@@ -1,0 +1,108 @@
+"""Checkpoints that are safe to resume from.
+
+transformers writes `checkpoint-N/` file by file, so a job killed mid-save leaves a folder that looks like a
+checkpoint but is not one. `CompleteMarker` writes `COMPLETE` into the folder once every rank has finished its part,
+and resuming only ever picks a folder with that mark.
+
+Deleting follows the mark, not the folder names: `save_total_limit` keeps that many *complete* checkpoints, rotated
+only after the new one is marked (transformers rotates before, counting a stale half-written folder as one of the
+kept ones, and could delete the newest complete checkpoint). A folder without the mark is a save that was cut short
+(saves are synchronous: once checkpoint-N is marked no other is being written); it is removed by rotation, and before
+the run writes the same step again, so a new checkpoint never mixes with an old one's files (a DeepSpeed shard from
+another world size, say). Only the main process deletes, as only it writes the mark: on a file system shared
+between nodes there is one deleter.
+"""
+
+import json
+import os
+import re
+import shutil
+import sys
+import time
+from pathlib import Path
+
+from transformers import TrainerCallback
+
+from dpotrain.train import checkpoint_manifest
+
+MARKER = "COMPLETE"
+_CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
+
+
+def checkpoints(output_dir: str | Path) -> list[Path]:
+    """`checkpoint-N` folders of `output_dir`, oldest step first, complete or not."""
+    root = Path(output_dir)
+    if not root.is_dir():
+        return []
+    found = [p for p in root.iterdir() if p.is_dir() and _CHECKPOINT.match(p.name)]
+    return sorted(found, key=lambda p: int(_CHECKPOINT.match(p.name).group(1)))
+
+
+def is_complete(folder: Path) -> bool:
+    return (folder / MARKER).exists()
+
+
+def latest_complete_checkpoint(output_dir: str | Path) -> Path | None:
+    complete = [p for p in checkpoints(output_dir) if is_complete(p)]
+    return complete[-1] if complete else None
+
+
+def rotate(output_dir: str | Path, limit: int | None, keep: tuple = ()) -> list[Path]:
+    """Deletes what `save_total_limit` lets go; returns what it deleted. Kept: the `limit` newest complete
+    checkpoints (by step, as resuming picks them) and the folders in `keep` (the checkpoint just written, the best
+    one); deleted: the other complete ones, and every folder without the mark. Nothing without a limit."""
+    if not limit or limit <= 0:
+        return []
+    folders = checkpoints(output_dir)
+    complete = [p for p in folders if is_complete(p)]
+    kept = {p.name for p in complete[-limit:]} | {Path(k).name for k in keep if k}
+    doomed = [p for p in folders if p.name not in kept or not is_complete(p)]
+    for folder in doomed:
+        if not is_complete(folder):
+            print(f"Removed {folder}: a checkpoint cut short (no {MARKER} mark), never resumed from", flush=True)
+        shutil.rmtree(folder, ignore_errors=True)
+    return doomed
+
+
+def clear_for_save(output_dir: str | Path, global_step: int) -> None:
+    """Main process, before `checkpoint-<global_step>` is written: a folder of that name is left from an earlier
+    attempt (a save cut short, or a run resumed from an older checkpoint on purpose). Removed, so that the new
+    checkpoint holds only its own files and is never marked complete by the old one's mark half-way through."""
+    folder = Path(output_dir) / f"checkpoint-{global_step}"
+    if folder.is_dir():
+        state = "complete" if is_complete(folder) else f"cut short (no {MARKER} mark)"
+        print(f"Removed {folder} of an earlier attempt ({state}) before writing it again", flush=True)
+        shutil.rmtree(folder)
+
+
+class CompleteMarker(TrainerCallback):
+    """Marks a checkpoint complete after all ranks saved it (`on_save` runs after `_save_checkpoint` returns), then
+    rotates (`RecipeDPOTrainer._save_checkpoint` keeps transformers from rotating before the mark)."""
+
+    def on_save(self, args, state, control, **kwargs):
+        from accelerate import PartialState
+
+        PartialState().wait_for_everyone()  # DeepSpeed ranks write their own optimizer shards
+        folder = Path(args.output_dir) / f"checkpoint-{state.global_step}"
+        # Every rank hashes its share; the main process writes MANIFEST.json, then the mark, each flushed to disk.
+        marker = json.dumps({"global_step": state.global_step, "time": time.time()}) + "\n"
+        checkpoint_manifest.seal(folder, MARKER, marker, state.is_world_process_zero)
+        if state.is_world_process_zero:
+            rotate(args.output_dir, args.save_total_limit, keep=(folder, state.best_model_checkpoint))
+        return control
+
+
+def report_save(step: int, seconds: float) -> None:
+    """Main process, after a checkpoint is written: how long it took, and a warning when that is more than a stop
+    leaves for it — the time-limit warning (`--signal=B:USR1@<s>`) or the partition's preemption GraceTime, which
+    scripts/launch.sh exports as DPOTRAIN_SAVE_WARN_S and DPOTRAIN_GRACE_S."""
+    print(f"checkpoint-{step} written in {seconds:.1f} s", flush=True)
+    limits = [(float(os.environ.get(name) or 0), what) for name, what in (
+        ("DPOTRAIN_SAVE_WARN_S", "what the time-limit warning leaves (raise #SBATCH --signal=B:USR1@<seconds>)"),
+        ("DPOTRAIN_GRACE_S", "the partition's preemption GraceTime (a preempted job is killed before its "
+                             "checkpoint is complete: ask your admins for a longer GraceTime, or save to a faster "
+                             "file system)"))]  # fmt: skip
+    for limit, what in limits:
+        if limit and seconds > limit:
+            print(f"warning: checkpoint-{step} took {seconds:.0f} s, longer than the {limit:.0f} s of {what}",
+                  file=sys.stderr, flush=True)  # fmt: skip

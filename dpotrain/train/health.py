@@ -1,0 +1,267 @@
+"""Guards that stop a doomed DPO run early, each with the step and the values that tripped it.
+
+Two post-mortems of failed DPO runs (docs/health.md) motivate them:
+- 000: a reference cache computed under other settings silently disagreed with the policy. Before the first update the
+  policy IS the reference, so every log-ratio is 0: rewards are 0 and the loss is what the configured loss gives at
+  log-ratios 0 (ln 2 for sigmoid-type losses; `losses.step1_loss`; not judged where it depends on the model: an SFT
+  term, WPO's weights). Anything else at step 1 means the reference is wrong (`step1`).
+- 001: a base model that found the chosen side ~960 nats less likely than the rejected one. Every learning rate either
+  did nothing or collapsed: loss -> 0 (`loss_floor`), reward accuracy 1.0 from the start (`accuracy_pinned`), margins
+  -> 18 (`margin`), outputs "hormonal hormonal hormonal". A collapsing policy also pushes the chosen AND the rejected
+  log-probs down together (`logps_falling`).
+Plus non-finite values (`nonfinite`): NaN/inf loss, grad norm or rewards.
+
+The guards read the logged metrics. The loss they judge is the DPO loss: for MoE models TRL adds the router's
+load-balancing term (`router_aux_loss_coef` x aux loss) to the logged `loss`, so they read `dpo_loss`, the loss
+without it, where the trainer logs one. Rewards are taken on the loss's scale, beta x log-ratio / completion tokens
+(`rewards_norm/*`, what `sigmoid_norm` sees); where a trainer only logs TRL's `rewards/*` (beta x SUMMED log-ratio),
+they are divided by the data set's mean completion length of each side, which puts them on about the same scale.
+
+A stop (`health_action: stop`, the default; NaN always stops) saves a resumable COMPLETE checkpoint when the state is
+finite, ends training on every rank at the same step, and leaves `HealthGuard.stop` set: train_dpo.py then exits with
+HEALTH_STOP_EXIT, writes no run_complete.json, and the Slurm job is not requeued (no `<stop file>.checkpointed`).
+The stop is recorded in the output folder (`resume.HEALTH_STOP`): a rerun of the same command is refused rather than
+resumed on the values it stopped on; `--overwrite_output_dir` starts afresh, `health_action: warn` goes on.
+"""
+
+import math
+import sys
+from dataclasses import dataclass
+
+from transformers import TrainerCallback
+
+from dpotrain.cluster.collectives import max_over_ranks
+from dpotrain.recipe.errors import ConfigError
+from dpotrain.train.losses import loss_types, step1_loss
+from dpotrain.train.resume import remember_health_stop
+
+LN2 = math.log(2)
+HEALTH_STOP_EXIT = 3  # as preflight's "fail": the run is doomed, a retry would fail the same way
+
+
+@dataclass
+class Alarm:
+    guard: str
+    step: int
+    message: str
+    fatal: bool = False  # stops whatever health_action says (NaN: nothing to continue from)
+
+
+def check_values(project) -> None:
+    """Refuse health settings that cannot work, before anything loads."""
+    p = project
+    if p.health_action not in ("warn", "stop"):
+        raise ConfigError(f"health_action must be warn or stop (got {p.health_action!r})")
+    for name in ("health_step1_tolerance", "health_loss_floor", "health_max_margin", "health_logp_drop"):
+        if getattr(p, name) < 0:
+            raise ConfigError(f"{name} must be >= 0 (got {getattr(p, name)}); 0 turns that guard off")
+    if not 0 <= p.health_early_fraction <= 1:
+        raise ConfigError(f"health_early_fraction must be in [0, 1] (got {p.health_early_fraction})")
+    if p.health_pinned_pairs < 0:
+        raise ConfigError(f"health_pinned_pairs must be >= 0 (got {p.health_pinned_pairs}); 0 turns that guard off")
+
+
+def completion_token_means(dataset, max_length: int | None) -> tuple[float, float] | None:
+    """Mean scored completion tokens (chosen, rejected) of a tokenized DPO data set, after keep_start truncation."""
+    import numpy as np
+    import pyarrow.compute as pc
+
+    columns = ("prompt_ids", "chosen_ids", "rejected_ids")
+    if not set(columns) <= set(getattr(dataset, "column_names", None) or []):
+        return None
+    lengths = {c: np.asarray(pc.list_value_length(dataset.data.column(c)), dtype=np.int64) for c in columns}
+    prompt = lengths["prompt_ids"]
+    limit = max_length or np.iinfo(np.int64).max
+    means = []
+    for side in ("chosen_ids", "rejected_ids"):
+        scored = np.minimum(prompt + lengths[side], limit) - prompt
+        scored = scored[scored > 0]
+        means.append(float(scored.mean()) if len(scored) else 0.0)
+    return means[0], means[1]
+
+
+class HealthGuard(TrainerCallback):
+    def __init__(self, project):
+        self.p = project
+        self.stop: Alarm | None = None  # the alarm that stopped training, read by train_dpo.py
+        self.alarms: list[Alarm] = []
+        self._warned: set[str] = set()
+        self._fresh = False
+        self._token_means: tuple[float, float] | None = None
+        self._pinned_pairs = 0
+        self._last_step = 0
+
+    # --- events ---
+
+    def on_train_begin(self, args, state, control, train_dataloader=None, **kwargs):
+        self._fresh = state.global_step == 0  # a resumed run has no step 1 to check
+        self._last_step = state.global_step
+        dataset = getattr(train_dataloader, "dataset", None)
+        self._token_means = completion_token_means(dataset, args.max_length) if dataset is not None else None
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if self._fresh and state.global_step == 1:
+            control.should_log = True  # step 1 alone, before the update shows in any metric (as logging_first_step)
+        return control
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if not logs or "loss" not in logs:  # eval records and the end-of-training summary
+            return control
+        alarms = self.check(state.global_step, logs, args, state.max_steps)
+        steps = state.global_step - self._last_step
+        self._last_step = state.global_step
+        self._count_pinned(logs, args, steps)
+        action = self._decide(alarms, args)
+        for alarm in alarms:
+            self.alarms.append(alarm)
+            if state.is_world_process_zero and (action or alarm.guard not in self._warned):
+                verb = "STOP" if action else "warning"
+                print(f"health {verb} [{alarm.guard}] step {alarm.step}: {alarm.message}", file=sys.stderr, flush=True)
+            self._warned.add(alarm.guard)
+        if action:
+            first = next((a for a in alarms if a.fatal), alarms[0] if alarms else None)
+            self.stop = first or Alarm("other rank", state.global_step, "another process's guard stopped training")
+            self.stop.fatal = action == 2
+            control.should_training_stop = True
+            control.should_save = action == 1  # a finite state is worth resuming from; a NaN one is not
+            if state.is_world_process_zero:  # its rerun must not go on from the values it stopped on (resume.py)
+                remember_health_stop(args.output_dir, self.stop)
+            _record_in_wandb(self.stop, state)
+        return control
+
+    # --- the guards ---
+
+    def check(self, step: int, logs: dict, args, max_steps: int) -> list[Alarm]:
+        p, alarms = self.p, []
+        bad = {k: v for k, v in logs.items() if isinstance(v, float) and not math.isfinite(v)}
+        if bad:
+            alarms.append(Alarm("nonfinite", step, f"non-finite values {_fmt(bad)}: the weights or the loss went NaN "
+                                f"or inf (too high a learning rate, bf16 overflow, a bad row). No checkpoint is "
+                                f"written from this state; resume from an earlier one with a lower --learning_rate",
+                                fatal=True))  # fmt: skip
+            return alarms
+        r = self.rewards(logs, args)
+        if step == 1 and self._fresh and p.health_step1_tolerance > 0:
+            alarms += self._check_step1(step, logs, r, args)
+            return alarms  # the collapse guards judge training, which has not happened yet
+        name, loss = dpo_loss(logs)
+        if p.health_loss_floor > 0 and loss < p.health_loss_floor:
+            alarms.append(Alarm("loss_floor", step, (
+                f"{name} {loss:.4g} < health_loss_floor {p.health_loss_floor}: the policy separates the pairs far "
+                "beyond what beta's KL term allows; in 001 this came right before mode collapse. Lower --learning_rate "
+                "(or raise beta), and run scripts/preflight.py on the data")))  # fmt: skip
+        if p.health_max_margin > 0 and r and r["margins"] > p.health_max_margin:
+            alarms.append(Alarm("margin", step, (
+                f"{r['source']}margins {r['margins']:.3g} > health_max_margin {p.health_max_margin} (chosen "
+                f"{r['chosen']:.3g}, rejected {r['rejected']:.3g}): margins exploding (001: > 5 unstable, then 9-18 "
+                "and collapse). Lower --learning_rate")))  # fmt: skip
+        drop = p.health_logp_drop
+        if drop > 0 and r and r["chosen"] / args.beta < -drop and r["rejected"] / args.beta < -drop:
+            alarms.append(Alarm("logps_falling", step, (
+                f"chosen and rejected log-probs both fell by more than {drop} nats/token against the reference "
+                f"({r['chosen'] / args.beta:.3g} and {r['rejected'] / args.beta:.3g}): the policy pushes everything "
+                "down instead of preferring the chosen side, the road to degenerate outputs. Lower --learning_rate; if "
+                "the chosen style is alien to the model (scripts/preflight.py), SFT on it first")))  # fmt: skip
+        pinned = self._pinned_pairs + self._pairs(args, step)
+        early = step <= p.health_early_fraction * max_steps
+        acc = r["accuracies"] if r else logs.get("rewards/accuracies")
+        if p.health_pinned_pairs and early and pinned >= p.health_pinned_pairs and acc is not None and acc >= 0.999:
+            alarms.append(Alarm("accuracy_pinned", step, (
+                f"reward accuracy has been 1.0 on the last {pinned} pairs, within the first "
+                f"{p.health_early_fraction:.0%} of training (step {step} of {max_steps}): the pairs are trivially "
+                "separable or the policy is collapsing onto them (001). Check the pairs with scripts/preflight.py; "
+                "lower --learning_rate")))  # fmt: skip
+        return alarms
+
+    def _check_step1(self, step, logs, r, args) -> list[Alarm]:
+        tol = self.p.health_step1_tolerance
+        problems = []
+        expected = step1_loss(args)  # None where the configured loss depends on the model (SFT term, WPO weights)
+        name, loss = dpo_loss(logs)
+        if expected is not None and abs(loss - expected) > tol:
+            value = f"ln 2 = {expected:.6g}" if math.isclose(expected, LN2) else f"{expected:.6g}"
+            problems.append(f"{name} {loss:.6g} (expected {value}, {'+'.join(loss_types(args))} at log-ratios 0)")
+        if r and (abs(r["chosen"]) > tol or abs(r["rejected"]) > tol):
+            problems.append(f"{r['source']}chosen {r['chosen']:.4g}, rejected {r['rejected']:.4g} (expected 0)")
+        if not problems:
+            return []
+        return [Alarm("step1", step, f"{'; '.join(problems)}, tolerance {tol}: before the first update the policy "
+                      "is the reference, so the reference log-probs disagree with the policy's. A reference cache "
+                      "computed with another model, max_length, batch or forward (000), a ref model that is not the "
+                      "base model, or a changed chat template. Recompute the reference (delete the stale cache) and "
+                      "restart with --overwrite_output_dir")]  # fmt: skip
+
+    def rewards(self, logs: dict, args) -> dict | None:
+        """chosen / rejected / margins / accuracies on the loss's scale (beta x log-ratio per completion token)."""
+        if "rewards_norm/chosen" in logs:
+            keys = ("chosen", "rejected", "margins", "accuracies")
+            return {k: logs.get(f"rewards_norm/{k}") for k in keys} | {"source": "rewards_norm/"}
+        if "rewards/chosen" not in logs or not self._token_means:
+            return None
+        chosen_tokens, rejected_tokens = (max(m, 1.0) for m in self._token_means)
+        chosen, rejected = logs["rewards/chosen"] / chosen_tokens, logs["rewards/rejected"] / rejected_tokens
+        source = "rewards/* ÷ mean completion tokens: "
+        accuracies = logs.get("rewards/accuracies")
+        return {"chosen": chosen, "rejected": rejected, "margins": chosen - rejected, "accuracies": accuracies,
+                "source": source}  # fmt: skip
+
+    # --- bookkeeping ---
+
+    def _pairs_per_step(self, args) -> int:
+        # The recipe's batch. With token-budget micro-batches gradient_accumulation_steps counts micro-batches,
+        # not micro-batches of per_device_train_batch_size pairs.
+        world = max(args.world_size, 1)
+        return self.p.pairs_per_step or args.per_device_train_batch_size * args.gradient_accumulation_steps * world
+
+    def _pairs(self, args, step: int) -> int:
+        """Pairs seen since the previous log."""
+        return (step - self._last_step) * self._pairs_per_step(args)
+
+    def _count_pinned(self, logs: dict, args, steps: int) -> None:
+        acc = logs.get("rewards_norm/accuracies", logs.get("rewards/accuracies"))
+        pairs = steps * self._pairs_per_step(args)
+        self._pinned_pairs = self._pinned_pairs + pairs if acc is not None and acc >= 0.999 else 0
+
+    def _decide(self, alarms: list[Alarm], args) -> int:
+        """0 go on, 1 stop with a checkpoint, 2 stop without one; the same answer on every rank."""
+        action = 0
+        if any(a.fatal for a in alarms):
+            action = 2
+        elif alarms and self.p.health_action == "stop":
+            action = 1
+        return max_over_ranks(action, args.device)  # one rank's verdict stops all, at the same step
+
+
+def dpo_loss(logs: dict) -> tuple[str, float]:
+    """The logged DPO loss and its name: `dpo_loss` (without the MoE router term) when logged, else `loss`."""
+    return ("dpo_loss", logs["dpo_loss"]) if "dpo_loss" in logs else ("loss", logs["loss"])
+
+
+def _fmt(values: dict) -> str:
+    return ", ".join(f"{k}={v}" for k, v in values.items())
+
+
+def _record_in_wandb(alarm: Alarm, state) -> None:
+    if not state.is_world_process_zero or "wandb" not in sys.modules:
+        return
+    import wandb
+
+    if wandb.run is not None:
+        wandb.run.summary["health/stopped"] = f"[{alarm.guard}] step {alarm.step}: {alarm.message}"
+
+
+_GO_ON = ", or with --health_action warn to go on from the checkpoint"
+
+
+def stop_line(alarm: Alarm, output_dir: str) -> str:
+    """The run's last log line after a health stop."""
+    where = (
+        f"no checkpoint written from the non-finite state; earlier complete checkpoints in {output_dir} still resume"
+        if alarm.fatal
+        else f"checkpoint {output_dir}/checkpoint-{alarm.step} is complete and resumable"
+    )
+    return (
+        f"health: training STOPPED at step {alarm.step} by the {alarm.guard} guard; {where}. The job is not "
+        f"requeued (a retry would fail the same way), and the same command is refused: fix the cause above, then "
+        f"rerun with --overwrite_output_dir to start afresh{'' if alarm.fatal else _GO_ON}"
+    )

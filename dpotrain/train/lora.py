@@ -1,0 +1,111 @@
+"""LoRA DPO (`--use_peft true`): what TRL's `DPOTrainer` does with a `peft_config`, checked before anything loads.
+
+TRL wraps the model in a PEFT adapter and scores the reference with the adapter disabled, so no second model is
+held in memory. The run folder then holds the adapter (`adapter_model.safetensors`, `adapter_config.json`), not
+full weights; `merge_lora: true` also writes the base with the adapter merged in to `<output_dir>/merged/`.
+"""
+
+import re
+from pathlib import Path
+
+from dpotrain.recipe.errors import ConfigError
+
+MERGED_DIR = "merged"
+# ModelConfig fields that only mean something with use_peft (TRL ignores them silently otherwise).
+LORA_FIELDS = (
+    "lora_r",
+    "lora_alpha",
+    "lora_dropout",
+    "lora_target_modules",
+    "lora_target_parameters",
+    "lora_modules_to_save",
+    "use_rslora",
+    "use_dora",
+)
+QUANTIZATION_FIELDS = ("bnb_4bit_quant_type", "use_bnb_nested_quant", "bnb_4bit_quant_storage")
+
+
+def check_lora(recipe) -> None:
+    """Refuse LoRA and quantization settings that TRL would ignore or reject only after loading the model."""
+    m, p, given = recipe.model, recipe.project, recipe.given
+    if not m.use_peft:
+        stray = [f for f in LORA_FIELDS if f in given] + (["merge_lora"] if p.merge_lora else [])
+        if stray:
+            raise ConfigError(f"{stray[0]} is set but use_peft is false, so it would be ignored: add --use_peft true "
+                              f"to train a LoRA adapter, or remove {stray[0]}")  # fmt: skip
+    else:
+        try:
+            import peft  # noqa: F401
+        except ImportError:
+            raise ConfigError("use_peft needs the peft package: `pip install -r requirements.txt`") from None
+        if not m.lora_target_modules and not m.lora_target_parameters:
+            raise ConfigError("use_peft needs the layers to adapt: pass --lora_target_modules q_proj v_proj (module "
+                              "names) or --lora_target_modules all-linear")  # fmt: skip
+        if m.lora_r < 1:
+            raise ConfigError(f"lora_r must be >= 1 (got {m.lora_r}); 8-64 is usual")
+        # TRL turns a single --lora_target_modules value into a string (so that `all-linear` works), and PEFT
+        # takes a string as a regular expression over the full module path: `q_proj` alone would match nothing.
+        name = m.lora_target_modules
+        if isinstance(name, str) and name != "all-linear" and re.fullmatch(r"[\w.]+", name):
+            m.lora_target_modules = [name]
+    quantized = "load_in_4bit" if m.load_in_4bit else "load_in_8bit" if m.load_in_8bit else None
+    if quantized is None:
+        stray = [f for f in QUANTIZATION_FIELDS if f in given]
+        if stray:
+            raise ConfigError(f"{stray[0]} only applies with --load_in_4bit true: add it, or remove {stray[0]}")
+        return
+    import torch
+
+    if not torch.cuda.is_available():
+        raise ConfigError(f"{quantized} needs a CUDA GPU (bitsandbytes); on this machine remove --{quantized}")
+    try:
+        import bitsandbytes  # noqa: F401
+    except ImportError:
+        raise ConfigError(f"{quantized} needs the bitsandbytes package: `pip install bitsandbytes`, or remove "
+                          f"--{quantized}") from None  # fmt: skip
+    if not m.use_peft:
+        raise ConfigError(f"{quantized} weights cannot be trained directly: add --use_peft true (QLoRA) or remove it")
+
+
+def save_merged(output_dir: str | Path, base: str, revision: str | None, dtype, tokenizer) -> Path:
+    """The adapter saved in `output_dir`, merged into its base and saved with the tokenizer to
+    `<output_dir>/merged/`.
+
+    The base is loaded afresh from disk on this process alone (the main one, after the last collective): under
+    ZeRO-3 or FSDP2 no rank holds the full weights, and a merge in place would need every rank; from disk, any
+    engine's run merges the same way, and the other ranks are not kept waiting at a barrier meanwhile.
+    """
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    target = Path(output_dir) / MERGED_DIR
+    import torch
+    from transformers.integrations.deepspeed import unset_hf_deepspeed_config
+
+    # Under ZeRO-3, transformers would build this model partitioned over the ranks (zero.Init, a collective), and the
+    # other ranks have gone: this copy is this process's own. Training is over, so the setting can go.
+    unset_hf_deepspeed_config()
+    dtype = getattr(torch, dtype) if isinstance(dtype, str) and dtype != "auto" else dtype
+    model = AutoModelForCausalLM.from_pretrained(base, revision=revision, dtype=dtype)
+    merged = PeftModel.from_pretrained(model, str(output_dir)).merge_and_unload()
+    merged.save_pretrained(target)
+    tokenizer.save_pretrained(target)
+    return target
+
+
+def card_lines(resolved: dict) -> str:
+    """Model card paragraph for an adapter run; "" for a full fine-tune."""
+    if not resolved.get("use_peft"):
+        return ""
+    targets = resolved.get("lora_target_modules") or resolved.get("lora_target_parameters")
+    merged = (
+        f" The merged model (base + adapter) is in `{MERGED_DIR}/`."
+        if resolved.get("merge_lora")
+        else " Pass `merge_lora: true` to also save the merged model."
+    )
+    return (
+        f"\nThis is a **LoRA adapter** (PEFT) for `{resolved.get('model_name_or_path')}`, not a full model: "
+        f"r={resolved.get('lora_r')}, alpha={resolved.get('lora_alpha')}, dropout={resolved.get('lora_dropout')}, "
+        f"target modules {targets}. The DPO reference was the base with the adapter disabled. Load it with "
+        f"`peft.AutoPeftModelForCausalLM.from_pretrained(<this repo>)`.{merged}\n"
+    )

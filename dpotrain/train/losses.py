@@ -1,0 +1,114 @@
+"""TRL's DPO loss as this project runs it: which terms hold per pair, the one normalized over the whole step, the
+losses refused on a token budget, and the loss a run must show before its first update.
+
+An audit of every term of TRL 1.16's `DPOTrainer._compute_loss` for whether a step's loss depends on how the step is
+cut into micro-batches and processes (this project weighs each micro-batch's loss by its share of the step's pairs,
+`trainer.RecipeDPOTrainer.compute_loss`, so a term that is a mean over pairs is the step's mean over its pairs):
+- per pair, so invariant: sigmoid, hinge, ipo and sigmoid_norm (their length normalization divides each pair by its
+  own completion lengths), exo_pair, nca_pair, robust, bco_pair, sppo_hard, apo_zero, apo_down, discopop; the
+  f-divergences, `ld_alpha` (LD-DPO) and `label_smoothing` change each pair's value only; WPO's weights
+  (`use_weighting`) are each pair's own.
+- per token: `sft`, TRL's mean NLL over the chosen tokens of one micro-batch. Here it is the sum of the step's chosen
+  token NLLs, on every rank, over the step's chosen tokens on every rank (as transformers normalizes by
+  `num_items_in_batch`): TRL's value when the step is one micro-batch (`SftOverStep`). Under WPO TRL scales it by the
+  micro-batch's mean pair weight, a product of two per-batch means that no cut of the step reproduces: refused.
+- per micro-batch: aot and aot_unpaired sort the log-ratios of the micro-batch's pairs and compare them by rank, so
+  their value depends on which pairs share a micro-batch: refused on a token budget (`check_options`); with fixed
+  micro-batches of per_device_train_batch_size pairs they compare exactly those, as TRL does.
+- the MoE router's load-balancing loss (`router_aux_loss_coef`) is per forward, as transformers computes it: each
+  micro-batch's, weighed by its pairs like the DPO loss (TRL's value when the step is one micro-batch).
+"""
+
+import math
+
+import torch
+
+from dpotrain.recipe.errors import ConfigError
+
+# Losses computed across the pairs of a micro-batch (they sort the batch's log-ratios), not per pair: their value
+# depends on which pairs share a micro-batch, so a token budget would change what they optimize.
+BATCH_LEVEL_LOSSES = {"aot", "aot_unpaired"}
+SFT = "sft"
+
+
+def loss_types(args) -> list[str]:
+    return list(args.loss_type) if isinstance(args.loss_type, (list, tuple)) else [args.loss_type]
+
+
+def loss_weights(args) -> list[float]:
+    return list(args.loss_weights or [1.0] * len(loss_types(args)))
+
+
+def check_options(recipe) -> None:
+    """Loss settings this project cannot train as TRL defines them, refused before anything loads."""
+    t, budget = recipe.training, recipe.project.max_tokens_per_microbatch
+    types = loss_types(t)
+    batch_level = sorted(set(types) & BATCH_LEVEL_LOSSES)
+    if batch_level and budget is not None:
+        raise ConfigError(
+            f"loss_type {'/'.join(batch_level)} compares each pair with the other pairs of its micro-batch (it sorts "
+            f"their log-ratios), so micro-batches cut by max_tokens_per_microbatch ({budget}) would change what it "
+            "optimizes: add --max_tokens_per_microbatch none, for micro-batches of per_device_train_batch_size pairs "
+            f"(now {t.per_device_train_batch_size}), the pairs compared together; choose them with "
+            "--per_device_train_batch_size N (N dividing pairs_per_step / processes; --dry-run shows whether it fits)"
+        )
+    if SFT in types and t.use_weighting:
+        raise ConfigError(
+            "use_weighting with loss_type sft: TRL scales the SFT term by the micro-batch's mean WPO weight, which "
+            "changes with how a step is cut into micro-batches and processes: remove use_weighting, or sft"
+        )
+
+
+def step1_loss(args) -> float | None:
+    """The loss before the first update, when the policy is the reference and every log-ratio is 0 (every
+    f-divergence's score is then 0 too, and LD-DPO's weighted sums are equal); None where it cannot be known in
+    advance: the SFT term (the model's NLL) and WPO's weights (the model's probabilities) depend on the model."""
+    if args.use_weighting:
+        return None
+    beta, eps = args.beta, args.label_smoothing
+    at_zero = {
+        "sigmoid": math.log(2), "sigmoid_norm": math.log(2), "robust": math.log(2),
+        "aot": math.log(2), "aot_unpaired": math.log(2),
+        "hinge": 1.0, "apo_zero": 1.0, "apo_down": 1.0,
+        "nca_pair": 2 * math.log(2), "bco_pair": 2 * math.log(2),
+        "ipo": 1 / (4 * beta**2), "sppo_hard": 1 / (2 * beta**2),
+        "discopop": (math.log(2) + 1) / 2,  # half logistic, half exponential at a modulation of sigmoid(0)
+        # KL([1/2, 1/2] || [1 - eps, eps])
+        "exo_pair": -math.log(2) - 0.5 * math.log(eps * (1 - eps)) if 0 < eps < 1 else None,
+    }  # fmt: skip
+    values = [at_zero.get(t) for t in loss_types(args)]
+    if any(v is None for v in values):
+        return None
+    return sum(v * w for v, w in zip(values, loss_weights(args), strict=True))
+
+
+def chosen_tokens(view: dict) -> torch.Tensor:
+    """The chosen completion tokens TRL's SFT term averages over, in its padded `[2B, L]` layout (`completion_mask`
+    shifted by one, as the predictions are)."""
+    mask = view["completion_mask"]
+    return mask[: mask.shape[0] // 2, 1:].sum()
+
+
+class SftOverStep:
+    """TRL's SFT term as the mean over the whole step's chosen tokens on all ranks.
+
+    The trainer weighs a micro-batch's loss by n_k x W / N (its pairs n_k of the step's N, on W ranks whose gradients
+    are averaged). The SFT term of micro-batch k is given as NLL_k x N / (n_k x T), T the step's chosen tokens, so that
+    what it contributes over the step is sum_k NLL_k / T: independent of the cut, and TRL's mean when it is one cut."""
+
+    def __init__(self, args):
+        types, weights = loss_types(args), loss_weights(args)
+        self.weight = sum(w for t, w in zip(types, weights, strict=True) if t == SFT)
+        self.active = SFT in types
+        # What TRL's `_compute_loss` computes besides it (the loss types it loops over, and their weights)
+        self.others = ([t for t in types if t != SFT], [w for t, w in zip(types, weights, strict=True) if t != SFT])
+
+    def term(self, outputs, view: dict, pairs: int, step_pairs, step_tokens) -> torch.Tensor:
+        """This micro-batch's SFT term, scaled as the class doc says."""
+        mask = view["completion_mask"][:, 1:]
+        chosen_mask = mask[: mask.shape[0] // 2].bool()
+        chosen_logps = outputs.log_probs[:, -mask.shape[1] :].chunk(2, dim=0)[0]
+        nll = -chosen_logps[chosen_mask].sum()
+        if pairs == 0:  # a filler: weighed 0 by the trainer
+            return nll * 0
+        return self.weight * nll * step_pairs / (pairs * step_tokens.clamp(min=1))

@@ -1,0 +1,124 @@
+"""The run's metrics history (`metrics.jsonl`, one record per logging step) and its training-curve plot."""
+
+import json
+from pathlib import Path
+
+from transformers import TrainerCallback
+
+from dpotrain.recipe.writes import write_text
+
+METRICS_FILE = "metrics.jsonl"
+PLOT_FILE = "training_curves.png"
+# What a DPO run is judged by, one panel each: (title, y-axis label, keys drawn in it, why a run may have none of them).
+# A key a run did not log leaves its line out; a panel with no line is left out, and its reason, if it has one, is
+# printed under the figure. TRL's rewards/* are beta x SUMMED log-ratios even with sigmoid_norm (hundreds on long
+# completions); rewards_norm/* are divided by each side's completion tokens, the scale the loss and the health
+# guards use (a few units): two panels, never one axis. tokens_per_second counts non-padding tokens.
+CURVES = [
+    ("loss", "", ["loss", "dpo_loss"], None),  # dpo_loss: without the MoE router term, logged when the loss has one
+    ("reward accuracy", "share of pairs, chosen > rejected", ["rewards/accuracies", "rewards_norm/accuracies"], None),
+    ("reward margin summed over tokens (TRL)", "beta x summed log-ratio,\nchosen - rejected",
+     ["rewards/margins"], None),
+    ("rewards per completion token (the loss's scale)", "beta x log-ratio\n/ completion tokens",
+     ["rewards_norm/margins", "rewards_norm/chosen", "rewards_norm/rejected"], None),
+    ("learning rate", "", ["learning_rate"], None),
+    ("tokens per second", "non-padding tokens / s", ["tokens_per_second", "tokens_per_second_per_gpu"], None),
+    ("MFU", "model FLOPs / GPU peak", ["mfu"],
+     "MFU not plotted: it needs a GPU's peak FLOP/s (H100/H200/B200 detected, or gpu_peak_tflops), none on a CPU."),
+]  # fmt: skip
+
+
+class MetricsRecorder(TrainerCallback):
+    """Appends every training or evaluation log record (`loss` / `eval_loss`) to `<output_dir>/metrics.jsonl` (main
+    process only).
+
+    After a resume the records past the checkpoint's step are dropped first: those steps are trained again, and the
+    history must hold each step once.
+    """
+
+    def __init__(self):
+        self._trimmed = False
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if state.global_step >= state.max_steps:  # the last step is always recorded, whatever logging_steps says
+            control.should_log = True
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if not state.is_world_process_zero or not logs or not ({"loss", "eval_loss"} & set(logs)):
+            return
+        path = Path(args.output_dir) / METRICS_FILE
+        if not self._trimmed:
+            kept = [r for r in read_metrics(path) if r["step"] < state.global_step]
+            write_text(path, "".join(json.dumps(r) + "\n" for r in kept))  # a kill here keeps the old history whole
+            self._trimmed = True
+        with open(path, "a") as f:
+            f.write(json.dumps({"step": state.global_step, "epoch": state.epoch, **logs}) + "\n")
+
+
+def read_metrics(path: str | Path) -> list[dict]:
+    path = Path(path)
+    if path.is_dir():
+        path = path / METRICS_FILE
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def measured_panels(records: list[dict]) -> tuple[list[tuple[str, str, dict]], list[str]]:
+    """The panels the run has data for, as (title, y label, {series name: [(step, value), ...]}), and the reasons
+    given for the panels left out."""
+    panels, absent = [], []
+    for title, ylabel, keys, why_absent in CURVES:
+        series = {}
+        for key in keys:
+            for name in (key, f"eval_{key}"):  # the held-out split's (dataset_test_split), when evaluated
+                points = [(r["step"], r[name]) for r in records if name in r]
+                if points:
+                    series[name] = points
+        if series:
+            panels.append((title, ylabel, series))
+        elif why_absent:
+            absent.append(why_absent)
+    return panels, absent
+
+
+def metrics_figure(records: list[dict], title: str = ""):
+    """The training curves as a matplotlib figure: one panel per measured curve group, legends beside the data."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # login and compute nodes have no display
+    import matplotlib.pyplot as plt
+
+    panels, absent = measured_panels(records)
+    rows = max(1, (len(panels) + 1) // 2)
+    fig, axes = plt.subplots(rows, 2, figsize=(13, 2.9 * rows), sharex=True, squeeze=False, layout="constrained")
+    for ax in axes.flat[len(panels) :]:
+        ax.set_visible(False)
+    for ax, (label, ylabel, series) in zip(axes.flat, panels, strict=False):
+        for i, (name, points) in enumerate(series.items()):
+            # Later lines dashed: series that coincide (accuracies, tokens/s on one GPU) stay visible as two.
+            ax.plot(*zip(*points, strict=True), marker="." if len(points) < 50 else None, label=name,
+                    linestyle="-" if i == 0 else "--")  # fmt: skip
+        if len(series) > 1:
+            # Beside the axes, never on the data: the free column between the two panels of a row.
+            ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False)
+        ax.set_title(label)
+        ax.set_ylabel(ylabel, fontsize=8)
+        ax.grid(alpha=0.3)
+        ax.tick_params(labelbottom=True)
+    for last in (len(panels) - 1, len(panels) - 2):  # the lowest panel of each column
+        if last >= 0:
+            axes.flat[last].set_xlabel("optimizer step")
+    fig.suptitle(title)
+    if absent:
+        fig.supxlabel("\n".join(absent), fontsize=8, color="0.35")
+    return fig
+
+
+def plot_metrics(records: list[dict], path: str | Path, title: str = "") -> Path:
+    import matplotlib.pyplot as plt
+
+    fig = metrics_figure(records, title)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return Path(path)

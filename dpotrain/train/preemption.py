@@ -1,0 +1,124 @@
+"""Checkpoint and stop cleanly when Slurm is about to end the job.
+
+A signal handler may run at any point of a step, also inside a collective, so it only sets a flag. At the end of
+each optimizer step all ranks agree (one all-reduce of one number) whether any of them was asked to stop; then the
+Trainer saves a checkpoint and leaves its loop, on every rank at the same step.
+
+Two ways to ask, because a batch script's pre-timeout signal (`--signal=B:USR1@...`) reaches the batch shell only:
+- SIGUSR1, SIGTERM or SIGINT (Ctrl-C; a second one stops at once) delivered to a training process (Slurm's
+  preemption and `scancel` send SIGTERM to the job's steps; scripts/launch.sh makes torchrun's agent ignore it, so
+  that the workers finish their checkpoint);
+- a stop file: the batch script's trap creates `$DPOTRAIN_STOP_FILE` (on a file system all nodes share).
+Once progress is safe on disk (a checkpoint, or the reference stage's partial results), the main process writes
+`<stop file>.checkpointed` saying what was saved, which tells the batch script to requeue the job rather than end
+it. The process then exits with STOPPED_EXIT.
+"""
+
+import os
+import signal
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+from transformers import TrainerCallback
+
+STOP_FILE_ENV = "DPOTRAIN_STOP_FILE"
+STOP_SIGNALS = (signal.SIGUSR1, signal.SIGTERM, signal.SIGINT)
+# A run that saved and stopped before its end exits with this code (EX_TEMPFAIL of sysexits.h: try again later): the
+# same command goes on from what was saved. A second Ctrl-C ends the process at once with 130 (128 + SIGINT).
+STOPPED_EXIT = 75
+INTERRUPTED_EXIT = 130
+
+
+class GracefulStop(TrainerCallback):
+    def __init__(self, stop_file: str | None = None):
+        self.stop_file = Path(stop_file) if stop_file else None
+        self.signal_received: int | None = None
+        self.requested_at: float | None = None  # when this process first heard of the request (time.time())
+        self.stopped = False
+        self.interrupted = False  # a first Ctrl-C was pressed
+        if threading.current_thread() is threading.main_thread():  # Python only delivers signals there
+            for sig in STOP_SIGNALS:
+                signal.signal(sig, self._on_signal)
+
+    @classmethod
+    def from_env(cls) -> "GracefulStop":
+        stop_file = os.environ.get(STOP_FILE_ENV) or None
+        if stop_file:
+            check_stop_file(Path(stop_file))
+        return cls(stop_file)
+
+    def _on_signal(self, signum, frame):
+        # Nothing else: we may be in the middle of a collective. A second signal changes nothing: on a preemption
+        # Slurm signals every process of the job and srun forwards its own SIGTERM to the tasks again; dying then
+        # would lose the checkpoint being written. What ends a process for good is Slurm's SIGKILL at the end of the
+        # grace time (or torchrun's, ~30 s after another rank failed). Only a person presses Ctrl-C twice: the
+        # second one ends the process at once (os.write: print is not safe inside a signal handler).
+        if signum == signal.SIGINT:
+            if self.interrupted:
+                os.write(2, b"\nSecond Ctrl-C: stopping at once; nothing more is saved\n")
+                os._exit(INTERRUPTED_EXIT)
+            self.interrupted = True
+            os.write(2, b"\nCtrl-C: saving a checkpoint at the end of this step, then stopping (Ctrl-C again: stop "
+                        b"at once, without it)\n")  # fmt: skip
+        self.signal_received = self.signal_received or signum
+        self.requested_at = self.requested_at or time.time()
+
+    def release(self) -> None:
+        """The run is over: stop signals are ignored from now on (see train_dpo.main)."""
+        if threading.current_thread() is threading.main_thread():
+            for sig in STOP_SIGNALS:
+                signal.signal(sig, signal.SIG_IGN)
+
+    def asked_here(self) -> bool:
+        if self.signal_received is not None:
+            return True
+        try:
+            created = self.stop_file.stat().st_mtime if self.stop_file else None
+        except FileNotFoundError:
+            created = None
+        self.requested_at = self.requested_at or created
+        return created is not None
+
+    def _asked_anywhere(self, args) -> bool:
+        from dpotrain.cluster.collectives import max_over_ranks
+
+        return bool(max_over_ranks(int(self.asked_here()), args.device))
+
+    def mark_saved(self, what: str) -> None:
+        """Main process, once progress is safely on disk: `<stop file>.checkpointed` tells the batch script to
+        requeue the job (the requeued job goes on from what was saved) rather than end it."""
+        after = f" {time.time() - self.requested_at:.0f} s after the request" if self.requested_at else ""
+        print(f"Stop requested: {what}{after}; exiting so that the job can be requeued.", flush=True)
+        if self.stop_file:
+            Path(f"{self.stop_file}.checkpointed").write_text(f"{what}\n")
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if self._asked_anywhere(args):
+            self.stopped = True
+            control.should_save = True
+            control.should_training_stop = True
+        return control
+
+    def on_save(self, args, state, control, **kwargs):
+        # Runs after the checkpoint's COMPLETE mark (this callback is registered after CompleteMarker).
+        if self.stopped and state.global_step < state.max_steps and state.is_world_process_zero:
+            self.mark_saved(f"checkpoint {Path(args.output_dir) / f'checkpoint-{state.global_step}'} written")
+        return control
+
+
+def check_stop_file(path: Path) -> None:
+    """The stop file's folder must take `<stop file>.checkpointed`: found unwritable only after a checkpoint, the job
+    would fail instead of being requeued. Checked at start (every rank writes and removes a file of its own)."""
+    from dpotrain.recipe.errors import ConfigError
+
+    try:
+        with tempfile.NamedTemporaryFile(dir=path.parent, prefix=f".{path.name}.probe-"):
+            pass
+    except OSError as e:
+        raise ConfigError(
+            f"{STOP_FILE_ENV}={path}: cannot write in {path.parent} ({e.strerror}), so a stop could not be confirmed "
+            f"and the job would not requeue: point {STOP_FILE_ENV} to a writable folder every node sees "
+            "(scripts/launch.sh uses the project's logs/)"
+        ) from None

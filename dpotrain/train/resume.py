@@ -1,0 +1,139 @@
+"""Which checkpoint a rerun goes on from, or why it may not: resume exactly or refuse.
+
+- A complete checkpoint is resumed from only if its files are all there at the sizes its manifest lists
+  (`checkpoint_manifest`; checked on every rank before anything loads) and match their checksums (checked once
+  processes have started, each rank its share: `confirm`). A damaged one is skipped for the one before it, with a line
+  naming the file and why; with none left the run is refused, naming the files.
+- A run stopped by a health guard is remembered (`HEALTH_STOP` in its output folder): the same command is refused
+  with the fix instead of resuming on the values it stopped on.
+- A folder whose only checkpoints were cut short (a job killed in its first save) holds nothing to resume: the
+  identical rerun, which a Slurm requeue runs, starts afresh.
+"""
+
+import json
+import os
+from pathlib import Path
+
+from dpotrain.recipe.errors import ConfigError, RunError
+from dpotrain.train import checkpoint_manifest
+from dpotrain.train.checkpoints import checkpoints, is_complete
+
+HEALTH_STOP = "health_stop.json"  # written by a run a health guard stopped (dpotrain/train/health.py)
+
+
+def _say(line: str) -> None:
+    if int(os.environ.get("RANK", "0")) == 0:  # before the processes start: every rank runs this
+        print(line, flush=True)
+
+
+def latest_sound_checkpoint(out: Path, before: Path | None = None, refuse: bool = True) -> Path | None:
+    """The newest complete checkpoint whose files are all there at their sizes (older than `before`, if given). A
+    damaged one is skipped with a line; when complete ones exist but none is sound, the run is refused (`refuse`),
+    or None is returned."""
+    complete = [p for p in checkpoints(out) if is_complete(p)]
+    if before is not None:
+        complete = [p for p in complete if p.name != before.name and _step(p) < _step(before)]
+    damaged = []
+    for folder in reversed(complete):
+        problem = checkpoint_manifest.size_problem(folder)
+        if problem is None:
+            return folder
+        damaged.append(f"{folder.name}: {problem}")
+        _say(f"Not resuming from {folder}: {problem}; trying the checkpoint before it")
+    if damaged and refuse:
+        raise ConfigError(no_sound_checkpoint(out, damaged))
+    return None
+
+
+def no_sound_checkpoint(out: Path, damaged: list[str]) -> str:
+    return (f"output_dir {str(out)!r} has no checkpoint left to resume from ({'; '.join(damaged)}): restore the "
+            "named file(s) from a copy, or pass --overwrite_output_dir to start afresh")  # fmt: skip
+
+
+def _step(folder: Path) -> int:
+    return int(folder.name.rsplit("-", 1)[1])
+
+
+def confirm(resume_from: str | None, explicit: bool) -> str | None:
+    """Once processes have started, on every rank: the resume point's checksums, each rank its share of the files; a
+    damaged checkpoint is skipped for the previous sound one (not one named with --resume_from_checkpoint: refused).
+    Returns the checkpoint to resume from; every rank gets the same answer from the same collectives."""
+    import torch.distributed as dist
+
+    from dpotrain.cluster.collectives import gather_objects
+    from dpotrain.train import agreement
+
+    # First, that every rank found the same checkpoint (a node-local output folder would not): else the ranks would
+    # run different collectives below and hang.
+    agreement.check({"the resume point": str(resume_from)})
+    distributed = dist.is_available() and dist.is_initialized()
+    rank, world = (dist.get_rank(), dist.get_world_size()) if distributed else (0, 1)
+    folder, damaged = Path(resume_from) if resume_from else None, []
+    while folder is not None:
+        found = [p for part in gather_objects(checkpoint_manifest.checksum_problems(folder, rank, world)) for p in part]
+        if not found:
+            return str(folder)
+        damaged.append(f"{folder.name}: {found[0]}")
+        if rank == 0:
+            print(f"Not resuming from {folder}: {found[0]}; trying the checkpoint before it", flush=True)
+        if explicit:
+            raise RunError(f"resume_from_checkpoint {str(folder)!r} is damaged ({found[0]}): restore the file, or "
+                           "name another checkpoint")  # fmt: skip
+        folder = latest_sound_checkpoint(folder.parent, before=folder, refuse=False)
+        if folder is None:
+            raise RunError(no_sound_checkpoint(Path(resume_from).parent, damaged))
+    return None
+
+
+def check_explicit(folder: str) -> None:
+    """--resume_from_checkpoint: a folder whose files are all there at their sizes."""
+    if not Path(folder).is_dir():
+        raise ConfigError(f"resume_from_checkpoint {folder!r} is not a folder")
+    problem = checkpoint_manifest.size_problem(Path(folder))
+    if problem:
+        raise ConfigError(f"resume_from_checkpoint {folder!r} is damaged ({problem}): restore the file, or name "
+                          "another checkpoint")  # fmt: skip
+
+
+# --- a health stop, remembered -------------------------------------------------------------------------------------
+
+
+def remember_health_stop(output_dir: str, alarm) -> None:
+    """Main process, when a guard stops the run: what stopped it, for the rerun (`after_health_stop`)."""
+    record = {"guard": alarm.guard, "step": alarm.step, "message": alarm.message, "fatal": alarm.fatal}
+    path = Path(output_dir) / HEALTH_STOP
+    path.parent.mkdir(parents=True, exist_ok=True)
+    checkpoint_manifest.fsync_write(path, json.dumps(record, indent=2) + "\n")
+
+
+def after_health_stop(recipe, out: Path) -> bool:
+    """A rerun of a run a health guard stopped: refused (it would resume on the values it stopped on, or a requeue
+    would repeat a doomed run); with --overwrite_output_dir it starts afresh (True); with `health_action: warn` it
+    goes on from the checkpoint the stop wrote, as the user asked (False, with a line). No record: False."""
+    path = out / HEALTH_STOP
+    if not path.is_file():
+        return False
+    stop = json.loads(path.read_text())
+    what = f"the {stop['guard']} guard stopped it at step {stop['step']}"
+    if recipe.project.overwrite_output_dir:
+        _say(f"output_dir {out}: {what}; starting afresh (--overwrite_output_dir)")
+        return True
+    if recipe.project.health_action == "warn" and not stop.get("fatal"):
+        _say(f"output_dir {out}: {what}; going on from its checkpoint, as health_action: warn asks")
+        return False
+    go_on = "" if stop.get("fatal") else " (or --health_action warn to go on from its checkpoint anyway)"
+    again = ("resuming would train on the values it stopped on" if any(is_complete(p) for p in checkpoints(out))
+             else "the same command would fail the same way")  # fmt: skip
+    raise ConfigError(f"output_dir {str(out)!r}: {what}, and {again}: fix the cause the stop named, then rerun with "
+                      f"--overwrite_output_dir to start afresh{go_on}")  # fmt: skip
+
+
+def only_cut_short(out: Path, changed: list[str]) -> bool:
+    """Whether `out`'s checkpoints were all cut short (no COMPLETE mark: a job killed during its first save) and the
+    rerun's settings are the run's: nothing to resume, so the identical rerun (a Slurm requeue) starts afresh."""
+    folders = checkpoints(out)
+    if not folders or any(is_complete(p) for p in folders) or changed:
+        return False
+    _say(f"output_dir {out}: {', '.join(p.name for p in folders)} cut short (no COMPLETE mark), nothing to resume "
+         "from: starting afresh")  # fmt: skip
+    return True

@@ -1,0 +1,223 @@
+"""Sample generations during training: a few fixed prompts, greedy, every N optimizer steps.
+
+What a collapsing run looks like before its metrics say so: 001's model answered "hormonal hormonal hormonal ...".
+Each sample gets a repetition score (the share of word 3-grams already seen earlier in the text: 0 for ordinary prose,
+~1 for a loop) and the longest run of one repeated word; a score over `sample_repetition_warn` is a warning in the log.
+
+Samples go to `<output_dir>/samples.jsonl` and, when W&B runs, to a `samples` table. Under ZeRO-2 (and DDP, one
+process) only the main process generates: every rank holds the full weights, and the others wait for it at the next
+collective. Under ZeRO-3 and FSDP2 no rank holds them, so every rank generates the same answers together (each forward
+gathers the weights from all of them; `synced_gpus` keeps them in step until the longest answer ends) and the main
+process writes them. Generation runs the model's own LM head, which training's fused LM head never calls, so afterwards
+the engine is left as training expects (`leave_for_training`): ZeRO-3 forgets the order of modules it recorded while
+generating (it would fetch the LM head's weights ahead for a forward that reads them directly: "Cannot partition a param
+in flight" at the next training step), FSDP2 reshards the weights a forward leaves gathered.
+
+A model that trains on FlexAttention generates on sdpa (`dense_attention_while`): generation's KV cache, one-token
+queries and transformers' own masks would each be a new compilation of the training forward's FlexAttention
+(forwards/flex.py; 4 more in its test), and the compilations of a run are limited; sdpa needs none, and a few greedy
+answers gain nothing from block sparsity. For the same reason samples are generated with compilation off
+(`torch.compiler.set_stance("force_eager")`): with `compile_layers` every decoder layer runs one compiled code object,
+whose recompile limit generation's shapes would spend before training's first step, leaving training eager.
+"""
+
+import contextlib
+import json
+import sys
+import time
+from pathlib import Path
+
+from transformers import TrainerCallback
+
+from dpotrain.recipe.errors import ConfigError
+from dpotrain.recipe.writes import write_text
+
+SAMPLES_FILE = "samples.jsonl"
+NGRAM = 3
+
+
+def check_values(project) -> None:
+    p = project
+    if p.samples_every < 0:
+        raise ConfigError(f"samples_every must be >= 0 (got {p.samples_every}); 0 turns samples off")
+    if p.sample_count < 1 or p.sample_max_new_tokens < 1:
+        raise ConfigError("sample_count and sample_max_new_tokens must be >= 1")
+    path = p.sample_prompts_file
+    if path and (not Path(path).is_file() or Path(path).suffix not in (".txt", ".jsonl")):
+        raise ConfigError(f"sample_prompts_file {path!r}: give an existing .txt (one prompt per line) or .jsonl file")
+
+
+def read_prompts_file(path: str) -> list[str]:
+    lines = [line for line in Path(path).read_text().splitlines() if line.strip()]
+    if Path(path).suffix == ".jsonl":
+        return [json.loads(line)["prompt"] for line in lines]
+    return lines
+
+
+def repetition(text: str) -> dict:
+    """{"repetition": share of word 3-grams seen before in the text, "longest_run": [word, times in a row]}."""
+    words = text.split()
+    grams = [tuple(words[i : i + NGRAM]) for i in range(len(words) - NGRAM + 1)]
+    seen, repeated = set(), 0
+    for g in grams:
+        repeated += g in seen
+        seen.add(g)
+    best, run = ("", 0), 0
+    for i, w in enumerate(words):
+        run = run + 1 if i and words[i - 1] == w else 1
+        if run > best[1]:
+            best = (w, run)
+    return {"repetition": repeated / len(grams) if grams else 0.0, "longest_run": list(best)}
+
+
+def _encode_prompt(tokenizer, text: str) -> list[int]:
+    if getattr(tokenizer, "chat_template", None):
+        ids = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True)
+        return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+    return tokenizer(text)["input_ids"]
+
+
+class SampleGenerator(TrainerCallback):
+    def __init__(self, prompt_ids: list[list[int]], tokenizer, every: int, max_new_tokens: int, warn_at: float,
+                 every_rank: bool = False):  # fmt: skip
+        self.prompt_ids, self.tokenizer = prompt_ids, tokenizer
+        self.every, self.max_new_tokens, self.warn_at = every, max_new_tokens, warn_at
+        self.every_rank = every_rank  # weights sharded over the ranks: all of them generate together
+        self.flagged: list[dict] = []  # samples over warn_at, for tests and callers
+        self._trimmed = False
+        self.spent = None  # called with the seconds each round of samples took (the throughput clock leaves them out)
+
+    @classmethod
+    def from_recipe(cls, recipe, train_dataset, tokenizer, every_rank: bool = False) -> "SampleGenerator":
+        """Prompts from the recipe (list or file), else the first `sample_count` prompts of the training data, as the
+        trainer tokenized them (chat template with the generation prompt)."""
+        p = recipe.project
+        texts = list(p.sample_prompts or [])
+        if not texts and p.sample_prompts_file:
+            texts = read_prompts_file(p.sample_prompts_file)
+        if texts:
+            ids = [_encode_prompt(tokenizer, t) for t in texts[: p.sample_count]]
+        else:
+            ids = [list(x) for x in train_dataset.select(range(min(p.sample_count, len(train_dataset))))["prompt_ids"]]
+        return cls(ids, tokenizer, p.samples_every, p.sample_max_new_tokens, p.sample_repetition_warn, every_rank)
+
+    def on_train_begin(self, args, state, control, model=None, optimizer=None, **kwargs):
+        if state.global_step == 0:  # the base model's answers, to compare later samples against
+            self._round(args, state, model, optimizer)
+
+    def on_step_end(self, args, state, control, model=None, optimizer=None, **kwargs):
+        if state.global_step % self.every == 0:
+            self._round(args, state, model, optimizer)
+
+    def _round(self, args, state, model, optimizer) -> None:
+        start = time.perf_counter()
+        self.generate(args, state, model)
+        leave_for_training(model, optimizer)
+        if self.spent:
+            self.spent(time.perf_counter() - start)
+
+    def generate(self, args, state, model) -> list[dict]:
+        if not (state.is_world_process_zero or self.every_rank):
+            return []
+        import torch
+
+        records = []
+        was_training = model.training
+        model.eval()  # no dropout; activation checkpointing is off outside training mode
+        try:
+            # Uncompiled: compiled decoder layers (compile_layers) share one code object and its recompile limit,
+            # which generation's KV cache and one-token steps would spend, leaving training eager (and silent).
+            with torch.no_grad(), dense_attention_while(model), torch.compiler.set_stance("force_eager"):
+                for i, ids in enumerate(self.prompt_ids):
+                    inputs = torch.tensor([ids], device=model.device)
+                    out = model.generate(
+                        inputs,
+                        attention_mask=torch.ones_like(inputs),
+                        max_new_tokens=self.max_new_tokens,
+                        do_sample=False,
+                        use_cache=True,  # training runs with use_cache off; generation needs it for speed
+                        pad_token_id=self.tokenizer.pad_token_id,
+                        synced_gpus=self.every_rank,
+                    )
+                    completion = self.tokenizer.decode(out[0, len(ids) :], skip_special_tokens=True)
+                    prompt = self.tokenizer.decode(ids, skip_special_tokens=False)
+                    records.append({"step": state.global_step, "prompt_index": i, "prompt": prompt,
+                                    "completion": completion, **repetition(completion)})  # fmt: skip
+        finally:
+            model.train(was_training)
+        if not state.is_world_process_zero:
+            return []
+        self._write(args, state, records)
+        for r in records:
+            if r["repetition"] > self.warn_at:
+                self.flagged.append(r)
+                word, times = r["longest_run"]
+                print(f"samples warning step {r['step']}: prompt {r['prompt_index']} repeats itself (repetition "
+                      f"{r['repetition']:.2f}, {word!r} x{times}): degenerate output, a sign of collapse (001); see "
+                      f"{SAMPLES_FILE}", file=sys.stderr, flush=True)  # fmt: skip
+        return records
+
+    def _write(self, args, state, records: list[dict]) -> None:
+        path = Path(args.output_dir) / SAMPLES_FILE
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if not self._trimmed:  # after a resume, the steps past the checkpoint are sampled again
+            kept = [r for r in _read(path) if r["step"] < state.global_step]
+            write_text(path, "".join(json.dumps(r) + "\n" for r in kept))
+            self._trimmed = True
+        with open(path, "a") as f:
+            f.writelines(json.dumps(r) + "\n" for r in records)
+        if "wandb" in sys.modules:
+            import wandb
+
+            if wandb.run is not None:
+                columns = ["step", "prompt_index", "prompt", "completion", "repetition"]
+                table = wandb.Table(columns=columns, data=[[r[c] for c in columns] for r in records])
+                # commit=False: goes out with the Trainer's next log, at the same W&B step
+                wandb.log({"samples": table, "samples/max_repetition": max(r["repetition"] for r in records)},
+                          commit=False)  # fmt: skip
+
+
+@contextlib.contextmanager
+def dense_attention_while(model):
+    """The model on sdpa (eager where it has no sdpa) inside, back on FlexAttention after, when it trains on it."""
+    from transformers import PreTrainedModel
+
+    # The Trainer hands callbacks its unwrapped model (not a DeepSpeed engine); a PEFT model holds the base model
+    base = next((m for m in model.modules() if isinstance(m, PreTrainedModel)), None) if model is not None else None
+    trained_on = getattr(getattr(base, "config", None), "_attn_implementation", None)
+    if trained_on != "flex_attention":
+        yield
+        return
+    base.set_attn_implementation("sdpa" if base._supports_sdpa else "eager")
+    try:
+        yield
+    finally:
+        base.set_attn_implementation(trained_on)
+
+
+def leave_for_training(model, optimizer) -> None:
+    """After generating: the engine as the next training (or evaluation) forward expects it.
+
+    ZeRO-3 records the order in which modules fetch their weights and, once two forwards agree, prefetches along it.
+    Generating records the model's own forward, LM head module included; training's forward is TRL's fused LM head,
+    which reads the head's weight directly inside a gather of its own (`trl.trainer.utils.maybe_gather_lm_head_ctx`).
+    Following the generation's order, ZeRO-3 prefetches the head's weight, and that gather then finds it in flight:
+    "Cannot partition a param in flight". Forgetting the recorded order makes the next forward record its own, as TRL's
+    `unwrap_model_for_generation` does after generating (`trl.models.utils.add_hooks`).
+
+    FSDP2 reshards the units a forward leaves gathered (the root: embeddings, final norm, LM head), which would
+    otherwise stay in memory, unsharded, beside the training step's activations."""
+    offload = getattr(getattr(optimizer, "optimizer", optimizer), "parameter_offload", None)
+    coordinator = getattr(offload, "param_coordinator", None)  # DeepSpeed ZeRO-3 only
+    if coordinator is not None and not coordinator.is_invalid_trace():
+        coordinator._invalidate_trace()
+    if model is not None:
+        from torch.distributed.fsdp import FSDPModule
+
+        for module in model.modules():
+            if isinstance(module, FSDPModule):
+                module.reshard()
+
+
+def _read(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []

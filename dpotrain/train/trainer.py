@@ -1,0 +1,643 @@
+"""The seam between TRL and this project: one `DPOTrainer` subclass, configured from a recipe, with our callbacks.
+
+Everything DPO-specific (tokenization, the loss and its variants, LD-DPO, the reference under PEFT) stays TRL's. The
+subclass changes how pairs reach TRL's loss code, and what surrounds it:
+- steps follow the plan (`plan.py`), made by the plan stage after the trainer is built (`plan_stage.py`, given with
+  `use_plan`): the dataloader yields one item per optimizer step, this rank's micro-batches of it, and
+  `training_step` runs them with the gradient-accumulation boundary on the last (`no_sync` before it; for DeepSpeed,
+  accelerate's `set_gradient_accumulation_boundary`), so the Trainer, its schedule and `max_steps` count optimizer
+  steps while the number of micro-batches changes from step to step;
+- each micro-batch's loss is weighed by its share of the step's pairs, so a step's loss and gradient are the mean over
+  its pairs whatever the micro-batching (`compute_loss`, `get_batch_samples`);
+- the forward is packed (`packing.py`): TRL's `_compute_loss` runs on the padded view of a packed micro-batch, with
+  `packing.PackedModel` answering its model call; models that cannot pack get TRL's padded collator, on the same plan;
+- reference log-probs are scored in a stage of their own before training (`reference.py`), with the training forward
+  (`reference_log_probs`);
+- metrics are sums and counts reduced once per log (`pair_metrics.py`), since ranks hold different numbers of pairs.
+"""
+
+import contextlib
+import functools
+import os
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import torch
+from transformers import GraniteMoeHybridConfig, TrainerCallback
+from trl import DPOTrainer, get_peft_config, get_quantization_config
+from trl.models import prepare_deepspeed
+
+from dpotrain.cluster import engine
+from dpotrain.cluster.collectives import all_reduce_sum, max_over_ranks
+from dpotrain.data import builtin
+from dpotrain.forwards import choice, flex, flops, packing, padded, sample
+from dpotrain.forwards.choice import ForwardChoice, decide_forward, padded_instead
+from dpotrain.plan import layers, plan
+from dpotrain.plan.plan_stage import RunPlan
+from dpotrain.recipe.config import Recipe
+from dpotrain.train import disk_full, losses
+from dpotrain.train.checkpoints import CompleteMarker, clear_for_save, report_save
+from dpotrain.train.health import HealthGuard
+from dpotrain.train.metrics import MetricsRecorder
+from dpotrain.train.pair_metrics import PairMetrics
+from dpotrain.train.preemption import GracefulStop
+from dpotrain.train.samples import SampleGenerator
+
+
+def model_init_kwargs(recipe: Recipe, run_engine: engine.Engine) -> dict:
+    """What TRL's own `trl/scripts/dpo.py` passes to `from_pretrained`, from ModelConfig's fields; the dtype the
+    engine trains in when the recipe names none (`engine.load_dtype`)."""
+    kwargs = dict(
+        revision=recipe.model.model_revision,
+        attn_implementation=recipe.model.attn_implementation,
+        dtype=engine.load_dtype(recipe, run_engine),
+    )
+    kwargs.update(recipe.training.model_init_kwargs or {})
+    return kwargs
+
+
+def resolve_model_path(recipe: Recipe) -> str:
+    name = recipe.model.model_name_or_path
+    return builtin.materialize_model(name) if builtin.is_builtin(name) else name
+
+
+class _GraniteMoeHybridConfig(GraniteMoeHybridConfig):
+    """GraniteMoeHybridConfig that also answers to `num_experts` (see `trl_compatible_config`)."""
+
+    attribute_map = {**GraniteMoeHybridConfig.attribute_map, "num_experts": "num_local_experts"}
+
+
+def trl_compatible_config(model) -> None:
+    """TRL 1.16's fused LM head reads `config.num_experts` for the MoE auxiliary loss (trl/trainer/utils.py,
+    `add_fused_lm_head` -> `_fused_forward`); GraniteMoeHybridConfig calls it `num_local_experts`, so the first forward
+    fails with an AttributeError. The loaded config answers to both names from here on; its values and the config.json
+    it saves are unchanged (tests/test_architectures.py). Drop this once TRL reads `num_local_experts` as well."""
+    config = packing.causal_lm(model).config.get_text_config()
+    if type(config) is GraniteMoeHybridConfig:
+        config.__class__ = _GraniteMoeHybridConfig
+
+
+def sequence_lengths(batch: dict) -> torch.Tensor:
+    """The real tokens of each sequence of a micro-batch, packed or padded."""
+    return batch["seq_lens"] if packing.is_packed(batch) else batch["attention_mask"].sum(dim=1)
+
+
+def shared_prefixes(batch: dict) -> torch.Tensor | None:
+    """Per shared pair, the prompt tokens computed once instead of twice (all but its last: shared_prompt.py)."""
+    if "seq_offsets" not in batch:
+        return None
+    shared = batch["seq_offsets"] > 0
+    return batch["seq_jumps"][shared] - 1
+
+
+def computed_tokens(batch: dict) -> int:
+    """The real tokens the forward computed: every sequence's, a shared prompt's once."""
+    shared = shared_prefixes(batch)
+    return int(sequence_lengths(batch).sum()) - (0 if shared is None else int(shared.sum()))
+
+
+def pairs_in(batch: dict) -> int:
+    """The pairs a micro-batch trains on: none in a filler (`plan.FILLER`), whose rows only keep collectives equal."""
+    if batch.get(plan.FILLER):
+        return 0
+    return len(batch["seq_lens"]) // 2 if packing.is_packed(batch) else batch["input_ids"].shape[0] // 2
+
+
+class _LocalGathers:
+    """The accelerator as TRL's metric code sees it inside `_compute_loss`: gathers stay on this rank.
+
+    TRL gathers per-pair tensors across ranks on every micro-batch; ranks with different pair counts would hang
+    there. Its metrics are discarded anyway (`RecipeDPOTrainer.log` logs `PairMetrics`' exact reductions instead).
+    """
+
+    def __init__(self, accelerator):
+        self._accelerator = accelerator
+
+    def __getattr__(self, name):
+        return getattr(self._accelerator, name)
+
+    def gather(self, tensor):
+        return tensor
+
+    gather_for_metrics = gather
+
+
+class _StartMetrics(TrainerCallback):
+    def __init__(self, metrics: PairMetrics):
+        self.metrics = metrics
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self.metrics.start(state.log_history)  # after a resume, log_history is the checkpoint's
+
+
+class RecipeDPOTrainer(DPOTrainer):
+    def __init__(
+        self,
+        *args,
+        forward: ForwardChoice,
+        pairs_per_step: int,
+        max_tokens_per_microbatch: int | None,
+        gpu_peak_tflops: float | None,
+        attn_implementation: str | None,
+        run_engine: engine.Engine,
+        **kwargs,
+    ):
+        self.engine = run_engine
+        self.forward = forward
+        self.packed = packed = forward.packed
+        self.pairs_per_step = pairs_per_step
+        self.max_tokens_per_microbatch = max_tokens_per_microbatch
+        self._run_plan: RunPlan | None = None  # given by the plan stage (`use_plan`), after construction
+        self.gpu_peak_tflops = gpu_peak_tflops
+        training_args = kwargs["args"]
+        training_args.padding_free = False  # TRL 1.16 warns "temporarily unavailable" and pads; we pack
+        # The micro-batches of a step run inside training_step: the Trainer sees one item per optimizer step. Set
+        # before transformers creates the accelerator and fills DeepSpeed's "auto" batch sizes from it.
+        training_args.gradient_accumulation_steps = 1
+        if packed:
+            kwargs["data_collator"] = choice.collator(forward, training_args)
+        with self._no_second_model_under_fsdp(kwargs):
+            super().__init__(*args, **kwargs)
+        for model in (self.model, self.ref_model):
+            if model is not None:
+                trl_compatible_config(model)
+        training_args.padding_free = packed  # the records say what ran
+        if not packed:  # TRL's padded collator, its rows run in groups of similar length (padded.py)
+            self.data_collator = padded.GroupedCollator(self.data_collator)
+        # The reference cache's key: the full weights. TRL hashed them in __init__, except under ZeRO-3, where it
+        # hashed each rank's empty partition.
+        self.weights_hash = self._precompute_model_hash
+        if self.engine.name == "zero3" and self.precompute_ref_logps:
+            self.weights_hash = engine.zero3_weights_sha256(self.model, self.accelerator.is_main_process)
+        # compute_loss weighs each micro-batch by its share of the step's pairs; the Trainer must not divide the
+        # loss by the accumulation steps again.
+        self.loss_is_scaled_for_ga = True
+        self.sft = losses.SftOverStep(training_args)  # TRL's SFT term, over the whole step (losses.py)
+        # The step's pairs and chosen completion tokens on all ranks (`get_batch_samples`), for the SFT term
+        self._step_pairs = self._step_chosen_tokens = None
+        self.model_flops = flops.ModelFlops.of(self.model)
+        peak = flops.peak_tflops(gpu_peak_tflops)
+        self.pair_metrics = PairMetrics(self.accelerator.num_processes, peak)
+        self.add_callback(_StartMetrics(self.pair_metrics))
+
+    def create_accelerator_and_postprocess(self):
+        engine.enable_on_cpu(self.engine)  # FSDP2 and DDP on a CPU-only node: see engine.py
+        super().create_accelerator_and_postprocess()
+
+    @contextlib.contextmanager
+    def _no_second_model_under_fsdp(self, kwargs):
+        """Under FSDP, TRL loads a second copy of the model for its precompute of the reference (trl/trainer/
+        dpo_trainer.py: "Under FSDP, the policy isn't sharded until `train`, so the precompute still loads a reference
+        model"), shards it at the root only and frees it at the end of __init__. The reference stage scores with the
+        policy, sharded by accelerate (`reference_scorer`), so that load is skipped: minutes and a full host copy for
+        a 32B model. Drop this when TRL stops loading it (its precompute under FSDP2 is broken: TRL #6470)."""
+        import trl.trainer.dpo_trainer as dpo
+
+        skip = (self.engine.name == "fsdp2" and kwargs["args"].precompute_ref_log_probs
+                and kwargs.get("peft_config") is None and kwargs.get("ref_model") is None)  # fmt: skip
+        if not skip:
+            yield
+            return
+        load, calls = dpo.create_model_from_path, []
+
+        def policy_only(*args, **kw):  # the first call loads the policy, the second the reference copy
+            calls.append(args)
+            return load(*args, **kw) if len(calls) == 1 else None
+
+        dpo.create_model_from_path = policy_only
+        try:
+            yield
+        finally:
+            dpo.create_model_from_path = load
+
+    def save_model(self, output_dir=None, _internal_call=False):
+        """The final model under FSDP2, as a plain HF folder written once: every rank takes part in gathering the full
+        state dict (accelerate's `get_state_dict`), the main process writes it as safetensors. transformers writes no
+        weights there with SHARDED_STATE_DICT, the state dict type checkpoints use (`engine.launched`); checkpoints
+        (`_internal_call`) stay sharded: each rank writes its own shard (torch.distributed.checkpoint)."""
+        try:
+            if self.is_fsdp_enabled and not _internal_call:
+                self._save(output_dir, state_dict=self.accelerator.get_state_dict(self.model))
+                return
+            super().save_model(output_dir, _internal_call)
+        except Exception as e:
+            why = None if _internal_call else disk_full.why_full(e, Path(output_dir or self.args.output_dir))
+            if why is None:  # inside a checkpoint: `_save_checkpoint` says it
+                raise
+            raise disk_full.final_save_failed(Path(output_dir or self.args.output_dir), why) from None
+
+    def _save_checkpoint(self, model, trial):
+        start = time.monotonic()
+        if self.is_world_process_zero():
+            clear_for_save(self._get_output_dir(trial), self.state.global_step)
+        self.accelerator.wait_for_everyone()  # no rank writes into the folder before it is cleared
+        # transformers rotates at the end of this call, before the COMPLETE mark: CompleteMarker rotates after it.
+        # (The checkpoint's training_args.bin, written inside, records save_total_limit as None.)
+        limit, self.args.save_total_limit = self.args.save_total_limit, None
+        folder = Path(self._get_output_dir(trial)) / f"checkpoint-{self.state.global_step}"
+        try:
+            super()._save_checkpoint(model, trial)
+        except Exception as e:  # a full disk: one line naming the folder and the space, not "basic_ios::clear"
+            why = disk_full.why_full(e, folder.parent)
+            if why is None:
+                raise
+            raise disk_full.save_failed(folder, why, remove=self.is_world_process_zero()) from None
+        finally:
+            self.args.save_total_limit = limit
+        if self.graceful_stop.stopped:  # test-only: a slow checkpoint on a stop request (tests/test_slurm_jobs.py)
+            time.sleep(float(os.environ.get("DPOTRAIN_TEST_SAVE_DELAY_S") or 0))
+        if self.is_world_process_zero():
+            report_save(self.state.global_step, time.monotonic() - start)
+
+    def _run_epoch(self, *args, **kwargs):
+        """transformers checks `max_steps` only after a step: resumed from a checkpoint of the last step (a run killed
+        after its last save, before the final model), it trained a step past max_steps. Nothing is left to train."""
+        if self.state.global_step >= self.state.max_steps > 0:
+            self.control.should_training_stop = True
+            return
+        super()._run_epoch(*args, **kwargs)
+
+    # --- the plan: steps of pairs_per_step pairs, cut into micro-batches (made by the plan stage) ----------------
+    def use_plan(self, run_plan: RunPlan) -> None:
+        """The run's plan (`plan_stage.run_stage`), for the reference stage and training."""
+        self._run_plan = run_plan
+
+    @property
+    def run_plan(self) -> RunPlan:
+        if self._run_plan is None:
+            raise RuntimeError("this trainer has no plan: run the plan stage after build_trainer "
+                               "(`dpotrain.plan.plan_stage.run_stage(trainer)`, as train_dpo.py does)")  # fmt: skip
+        return self._run_plan
+
+    def plan_forward(self) -> plan.Forward:
+        """How this trainer's collator lays out a micro-batch, for the positions the plan's summary counts."""
+        collate = self.data_collator
+        if not self.packed:
+            return plan.Forward("padded", max_groups=collate.max_groups)
+        return plan.Forward("one_row" if collate.one_row else "rows", collate.hidden_size)
+
+    def get_train_dataloader(self):
+        """One item per optimizer step (`plan.StepSampler`), rows read a step at a time and collated per
+        micro-batch with the forward's collator."""
+        args, run_plan = self.args, self.run_plan
+        sampler = plan.StepSampler(run_plan.lengths, run_plan.step_plan, args.process_index, run_plan.epochs)
+        columns = [c for c in (*plan.COLUMNS, "ref_chosen_logps", "ref_rejected_logps")
+                   if c in self.train_dataset.column_names]  # fmt: skip
+        return self._rank_aware_loader(plan.StepRows(self.train_dataset.select_columns(columns)), sampler,
+                                       plan.StepCollator(self.data_collator), training=True)  # fmt: skip
+
+    def get_eval_dataloader(self, eval_dataset=None):
+        """The evaluation set in `plan.eval_batches`: the same number of batches on every rank, no pair twice."""
+        dataset = self.eval_dataset if eval_dataset is None else eval_dataset
+        if isinstance(dataset, str):
+            dataset = self.eval_dataset[dataset]
+        columns = [c for c in (*plan.COLUMNS, "ref_chosen_logps", "ref_rejected_logps") if c in dataset.column_names]
+        batches = plan.eval_batches(len(dataset), self.accelerator.num_processes, self.args.per_device_eval_batch_size)
+        batches = batches[self.args.process_index]
+        return self._rank_aware_loader(dataset.select_columns(columns), plan.FixedBatches(batches), self.data_collator)
+
+    def _rank_aware_loader(self, dataset, sampler, collate, training: bool = False):
+        """A DataLoader over a batch sampler that already yields this rank's share, prepared by accelerate (device
+        placement) without being sharded again (as transformers' `_get_dataloader` does for a BatchRebalanceSampler)."""
+        from torch.utils.data import DataLoader
+        from transformers.trainer_utils import seed_worker
+
+        args, workers = self.args, self.args.dataloader_num_workers
+        loader = DataLoader(
+            dataset,
+            batch_sampler=sampler,
+            collate_fn=collate,
+            num_workers=workers,
+            # Pinned memory only helps copies to a GPU; without one torch warns at every training start.
+            pin_memory=args.dataloader_pin_memory and self.args.device.type == "cuda",
+            persistent_workers=args.dataloader_persistent_workers and workers > 0,
+            prefetch_factor=args.dataloader_prefetch_factor if workers > 0 else None,
+            worker_init_fn=functools.partial(seed_worker, num_workers=workers, rank=args.process_index)
+            if training else None,
+        )  # fmt: skip
+        loader = self.accelerator.prepare(loader)
+        shard = getattr(loader, "batch_sampler", None)
+        if shard is not None and getattr(shard, "batch_sampler", None) is sampler:
+            shard.num_processes, shard.process_index = 1, 0
+        return loader
+
+    # --- one optimizer step: its micro-batches, the accumulation boundary on the last -------------------------------
+    def training_step(self, model, inputs, num_items_in_batch=None):
+        micro_batches = inputs["micro_batches"]
+        total = 0.0
+        for i, micro_batch in enumerate(micro_batches):
+            last = i == len(micro_batches) - 1
+            # DeepSpeed's engine takes the boundary from accelerate (set_gradient_accumulation_boundary) and reduces
+            # at every backward; FSDP2 reduces at every backward too, DDP skips the sync until the last micro-batch
+            # (`Engine.defers_gradient_sync`: what each holds in between).
+            self.accelerator.gradient_state._set_sync_gradients(last)
+            defer = not last and self.engine.defers_gradient_sync
+            with self.accelerator.no_sync(model) if defer else contextlib.nullcontext():
+                total = total + super().training_step(model, micro_batch, num_items_in_batch)
+        return total
+
+    def get_batch_samples(self, epoch_iterator, num_batches, device):
+        """The step, and the number of pairs in the whole step over all ranks; with an SFT term, the step's chosen
+        completion tokens over all ranks as well (`losses.SftOverStep`), in the same all-reduce."""
+        steps, _ = super().get_batch_samples(epoch_iterator, num_batches, device)
+        micro_batches = [mb for step in steps for mb in step["micro_batches"] if pairs_in(mb)]
+        pairs = sum(pairs_in(mb) for mb in micro_batches)
+        tokens = sum(int(losses.chosen_tokens(self._padded(mb))) for mb in micro_batches) if self.sft.active else 0
+        totals = all_reduce_sum(torch.tensor([pairs, tokens], device=device))
+        self._step_pairs, self._step_chosen_tokens = totals[0], totals[1]
+        return steps, totals[0]
+
+    def _padded(self, batch: dict) -> dict:
+        """A micro-batch in TRL's padded layout (a packed one's padded view; a padded one as it is)."""
+        return packing.padded_view(batch) if packing.is_packed(batch) else batch
+
+    def floating_point_ops(self, inputs):
+        if "micro_batches" in inputs:  # a filler's forward is not training: not counted
+            return sum(super(RecipeDPOTrainer, self).floating_point_ops(mb) for mb in inputs["micro_batches"]
+                       if not mb.get(plan.FILLER))  # fmt: skip
+        return super().floating_point_ops(inputs)
+
+    # --- reference log-probs: a stage of its own (reference.py), run by train_dpo.py after construction ----------
+    def _precompute_ref_logps(self, dataset, name, batch_size):
+        return dataset  # deferred: `reference_layout` and `reference_log_probs` serve reference.run
+
+    def reference_layout(self, name: str, rows: int) -> list[list[list[int]]]:
+        """Every rank's micro-batches of the reference stage, over all `rows` pairs: its own micro-batches, not
+        training's (`reference.micro_batches`: the plan's planner at the stage's budget,
+        `reference_budget`), so each rank scores balanced work and every rank runs as many forwards."""
+        from dpotrain.reference import reference
+
+        dataset = self.train_dataset if name == "train" else self.eval_dataset
+        args = self.args
+        if name == "train":
+            lengths = self.run_plan.lengths
+        else:
+            lengths = plan.PairLengths.of(dataset, args.max_length, self.forward.share_prompt, args.truncation_mode)
+        budget, pairs = self.reference_budget()
+        return reference.micro_batches(lengths, np.arange(rows), self.accelerator.num_processes, budget, pairs,
+                                       padded=not self.packed, seed=args.seed)  # fmt: skip
+
+    def reference_budget(self) -> tuple[int | None, int | None]:
+        """A reference micro-batch's token budget (positions, as the plan counts them), or its pair count when
+        training has no budget: training's times `memory.forward_only_multiple`, the forward-only micro-batch that
+        takes the memory the plan gives a training micro-batch (a forward keeps no activations for a backward)."""
+        from dpotrain.plan.memory import forward_only_multiple
+
+        args, budget = self.args, self.max_tokens_per_microbatch
+        tokens = budget or args.per_device_train_batch_size * 2 * (args.max_length or 0)
+        if not tokens:  # no max_length and no budget: nothing bounds a pair, so nothing to scale
+            return None, args.per_device_train_batch_size
+        width = min(tokens, 2 * args.max_length) if self.packed and args.max_length else args.max_length or tokens
+        # every k-th layer checkpointed keeps the others' activations: less room for a forward than all checkpointed
+        checkpointing = layers.checkpointed_every(args) or False
+        multiple = forward_only_multiple(packing.causal_lm(self.model).config, tokens, width,
+                                         self.forward.attention, checkpointing)  # fmt: skip
+        if budget is not None:
+            return budget * multiple, None
+        return None, args.per_device_train_batch_size * multiple
+
+    def reference_scorer(self):
+        """The model that scores the reference: a reference model if one was given; else the policy before its first
+        update — under DeepSpeed in an inference engine that places (ZeRO-2) or gathers (ZeRO-3) its weights, as
+        TRL's `_precompute_ref_logps` does; under FSDP2 sharded by accelerate now, as training will use it (the
+        Trainer finds it prepared and leaves it; with RAM-efficient loading only the main process has its weights
+        until then)."""
+        if self.ref_model is not None:
+            return self.ref_model
+        if self.is_deepspeed_enabled:
+            if self._precompute_engine is None:
+                self._precompute_engine = prepare_deepspeed(self.model, self.accelerator)
+            return self._precompute_engine
+        if self.is_fsdp_enabled:
+            from accelerate.utils.fsdp_utils import fsdp2_prepare_model
+
+            self.model = self.model_wrapped = fsdp2_prepare_model(self.accelerator, self.model)
+        return self.model
+
+    def reference_scored(self) -> None:
+        """After the reference stage. FSDP2 leaves the root's weights gathered after a forward (it reshards only
+        inner units): reshard them, or accelerate's optimizer preparation, which pairs parameters by storage, misses
+        them and their updates are lost."""
+        if self.is_fsdp_enabled:
+            from torch.distributed.fsdp import FSDPModule
+
+            for module in self.model.modules():
+                if isinstance(module, FSDPModule):
+                    module.reshard()
+
+    def forward_needs_every_rank(self) -> bool:
+        """Whether a forward holds collectives (sharded weights), so every rank must run one together."""
+        return self.engine.shards_weights
+
+    def reference_collate(self, rows: list[dict]) -> dict:
+        """One reference micro-batch, collated on the host (the stage's prefetch thread calls it)."""
+        return self.data_collator(rows)
+
+    def reference_log_probs(self, model, batch: dict):
+        """Summed reference log-probs of the chosen and rejected completions of one collated micro-batch, on the
+        device, with the training forward: TRL's `compute_ref_log_probs` (adapter disabled for PEFT, no grad, autocast,
+        LD-DPO), the packed forward standing in for the model call when training packs."""
+        batch = {k: v.to(self.accelerator.device, non_blocking=True) if torch.is_tensor(v) else v
+                 for k, v in batch.items()}  # fmt: skip
+        stand_in, padded_batch = self._stand_in(model, batch)
+        return self.compute_ref_log_probs(stand_in, padded_batch)
+
+    @contextlib.contextmanager
+    def reference_context(self):
+        """Around the whole reference stage: no autograd at all (inference mode; plain no_grad when the engine shards
+        the weights, whose gathered parameters, allocated inside, are trained with afterwards), and activation
+        checkpointing left as it is. The scorer is in eval mode, where transformers' layers never checkpoint; TRL's
+        `compute_ref_log_probs` would turn checkpointing off and on around every micro-batch, re-enabled with TRL's
+        default arguments (a walk over every module each time, and a per-run choice of which layers checkpoint
+        replaced by all of them)."""
+        import trl.trainer.dpo_trainer as dpo
+
+        toggle = dpo.disable_gradient_checkpointing
+        dpo.disable_gradient_checkpointing = lambda *args, **kwargs: contextlib.nullcontext()
+        try:
+            with torch.no_grad() if self.engine.shards_weights else torch.inference_mode():
+                yield
+        finally:
+            dpo.disable_gradient_checkpointing = toggle
+
+    def _stand_in(self, model, batch: dict):
+        return choice.stand_in(model, batch, every_rank=self.forward_needs_every_rank())
+
+    # --- hybrids whose kernels take sequence boundaries pack only once their own model and pairs agree -----------
+    def check_packing(self, explicit: bool) -> None:
+        """Score the longest pairs in packed rows and each sequence alone, with the model that scores the reference
+        (`packing.parity`); past the tolerance, train padded with a note, or stop when packing was asked for
+        explicitly. Every rank runs the same forwards and takes the same decision."""
+        args = self.args  # it runs while the trainer is built, before the plan stage: it reads the lengths itself
+        tokens = plan.PairLengths.of(self.train_dataset, args.max_length, self.forward.share_prompt,
+                                     args.truncation_mode).tokens  # fmt: skip
+        examples = [self.train_dataset[int(i)] for i in np.argsort(-tokens, kind="stable")[:4]]
+        model = self.reference_scorer()
+        half = self.args.bf16 or self.args.fp16 or next(model.parameters()).dtype in (torch.bfloat16, torch.float16)
+        tolerance = packing.PARITY_TOLERANCE["half" if half else "fp32"]
+        try:
+            with torch.no_grad(), self.accelerator.autocast():
+                diff = packing.parity(model, self.data_collator, examples)
+            problem = None if diff <= tolerance else (
+                f"its packed rows score completion tokens up to {diff:.2g} nats away from the same sequences alone "
+                f"(tolerance {tolerance:g}): its layers carry state across packed sequences here")  # fmt: skip
+        except ValueError as e:  # transformers: the kernel that keeps packed sequences apart is not installed
+            problem = str(e).rstrip(".")
+        failed = max_over_ranks(int(problem is not None), self.accelerator.device)
+        if not failed:
+            return
+        padded_instead(problem or "another process's packed rows differ from its sequences alone", explicit)
+        self._use_padded()
+
+    def _use_padded(self) -> None:
+        """TRL's padded collator (as TRL builds it), before the plan stage cuts steps for it."""
+        from trl.trainer.dpo_trainer import DataCollatorForPreference
+
+        args = self.args
+        self.packed = args.padding_free = False
+        self.forward = replace(self.forward, packed=False, share_prompt=False)
+        trl_collator = DataCollatorForPreference(pad_token_id=self._tokenizer.pad_token_id, max_length=args.max_length,
+                                                 truncation_mode=args.truncation_mode,
+                                                 pad_to_multiple_of=args.pad_to_multiple_of)  # fmt: skip
+        self.data_collator = padded.GroupedCollator(trl_collator)  # as __init__ wraps it (padded.py)
+
+    # --- the loss ---------------------------------------------------------------------------------------------
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        result = super().compute_loss(model, inputs, return_outputs)  # TRL: the mean over this micro-batch
+        if num_items_in_batch is None:  # evaluation: no gradient, nothing to weigh
+            return result
+        # Gradients are averaged over ranks; summed over micro-batches. This weight makes the step's gradient
+        # the mean over all of its pairs: sum_k (mean_k x n_k x W / N) / W = sum over pairs / N (a filler: n_k = 0).
+        weight = pairs_in(inputs) * self.accelerator.num_processes / num_items_in_batch
+        if return_outputs:
+            return result[0] * weight, result[1]
+        return result * weight
+
+    def _compute_loss(self, model, inputs, return_outputs):
+        mode = "train" if self.model.training else "eval"
+        stand_in, view = self._stand_in(model, inputs)  # view: TRL's padded [2B, L] inputs
+        if "ref_chosen_logps" not in view:  # a live reference model (TRL's forward), run first so metrics see it
+            ref = self.ref_model if self.ref_model is not None else self.model
+            chosen, rejected = self.compute_ref_log_probs(self._stand_in(ref, inputs)[0], view)
+            view = {**view, "ref_chosen_logps": chosen, "ref_rejected_logps": rejected}
+        over_step = self.sft.active and mode == "train"  # evaluation keeps TRL's per-batch SFT term
+        with self._reference_in_inputs(), self._without_sft() if over_step else contextlib.nullcontext():
+            result = super()._compute_loss(stand_in, view, return_outputs)
+        if over_step:
+            sft = self.sft.term(stand_in.outputs, view, pairs_in(inputs), self._step_pairs, self._step_chosen_tokens)
+            result = (result[0] + sft, result[1]) if return_outputs else result + sft
+        # MoE: TRL's loss holds router_aux_loss_coef x the router's load-balancing loss; the DPO loss without it is
+        # logged beside the total (`dpo_loss`), and the health guards judge it.
+        loss = result[0] if return_outputs else result
+        router = self.router_aux_loss_coef * stand_in.outputs.aux_loss if self.aux_loss_enabled else None
+        if isinstance(stand_in, padded.GroupedModel):  # the positions the grouped padded forward ran
+            positions = stand_in.positions
+        else:
+            positions = inputs["input_ids"].numel()
+        if inputs.get(plan.FILLER):  # weighed 0 by compute_loss; nothing it computed is a metric
+            return result
+        self.pair_metrics.add(
+            mode,
+            stand_in.outputs,
+            view,
+            view["ref_chosen_logps"],
+            view["ref_rejected_logps"],
+            self.beta,
+            self.ld_alpha,
+            positions=positions,
+            computed_tokens=computed_tokens(inputs),
+            loss=loss,
+            model_flops=self.model_flops.training(sequence_lengths(inputs), shared_prefixes(inputs))
+            if mode == "train"
+            else 0.0,
+            dpo_loss=None if router is None else loss - router,
+        )
+        return result
+
+    @contextlib.contextmanager
+    def _without_sft(self):
+        """TRL's loss without its SFT term, which `_compute_loss` adds over the whole step (`losses.SftOverStep`)."""
+        saved = self.loss_types, self.loss_weights
+        self.loss_types, self.loss_weights = self.sft.others
+        try:
+            yield
+        finally:
+            self.loss_types, self.loss_weights = saved
+
+    @contextlib.contextmanager
+    def _reference_in_inputs(self):
+        """TRL's `_compute_loss` reads the reference from the inputs, and its gathers stay local (see
+        `_LocalGathers`), for the duration of one call."""
+        saved = self.precompute_ref_logps, self.accelerator
+        self.precompute_ref_logps, self.accelerator = True, _LocalGathers(self.accelerator)
+        try:
+            yield
+        finally:
+            self.precompute_ref_logps, self.accelerator = saved
+
+    def log(self, logs, start_time=None):
+        mode = "train" if self.model.training else "eval"
+        self._metrics[mode].clear()  # TRL's per-rank, per-micro-batch values: replaced by exact means
+        for name, value in self.pair_metrics.reduce(mode, self.accelerator.device).items():
+            self._metrics[mode][name].append(value)
+        super().log(logs, start_time)
+
+
+def build_trainer(recipe: Recipe, train_dataset, eval_dataset=None, callbacks=(), stop: GracefulStop | None = None,
+                  forward: ForwardChoice | None = None):  # fmt: skip
+    """The project's DPO trainer, with: COMPLETE marks on checkpoints, metrics.jsonl, a clean stop on Slurm's
+    signals, health guards and sample generations, its training set tokenized by TRL. It has no plan yet: the plan
+    stage (`plan_stage.run_stage`) comes next, then the reference stage (`reference.run_stage`), then `train()`.
+    `trainer.graceful_stop.stopped` tells after `train()` whether it ended early to be requeued; `trainer.health.stop`
+    whether a guard stopped it. `forward`: the forward train_dpo.py decided before its memory check; without it, the
+    forward is decided here, from the training set's lengths (`forwards/sample.py`)."""
+    t, p = recipe.training, recipe.project
+    run_engine = engine.launched()
+    model_path = resolve_model_path(recipe)
+    if forward is None:  # sets the recipe's attn_implementation and padding_free to the forward chosen
+        forward = decide_forward(recipe, model_path, lengths=sample.run_lengths(recipe, train_dataset, model_path))
+    if forward.attention == "flex_attention":
+        flex.install()  # compiled once per run, not transformers' compilation per width and training flag
+        callbacks = (*callbacks, flex.CompilationReport())
+    t.model_init_kwargs = model_init_kwargs(recipe, run_engine)
+    # The arguments set up the process group (with their ddp_backend) when first asked for their device; until then
+    # `world_size` reads 1.
+    world = t.world_size if t.device is not None else 1
+    graceful_stop = stop or GracefulStop.from_env()
+    health = HealthGuard(recipe.project) if recipe.project.health_checks else None
+    # Order matters: GracefulStop.on_save reports a checkpoint only after CompleteMarker has marked it.
+    trainer = RecipeDPOTrainer(
+        model=model_path,
+        args=t,
+        train_dataset=train_dataset,
+        eval_dataset=eval_dataset,
+        callbacks=[CompleteMarker(), MetricsRecorder(), graceful_stop, *([health] if health else []), *callbacks],
+        # LoRA (--use_peft): TRL wraps the model and scores the reference with the adapter disabled (no second model).
+        peft_config=get_peft_config(recipe.model),
+        quantization_config=get_quantization_config(recipe.model),  # --load_in_4bit/8bit, as TRL's own dpo.py
+        forward=forward,
+        pairs_per_step=p.pairs_per_step or t.per_device_train_batch_size * t.gradient_accumulation_steps * world,
+        max_tokens_per_microbatch=p.max_tokens_per_microbatch,
+        gpu_peak_tflops=p.gpu_peak_tflops,
+        attn_implementation=recipe.model.attn_implementation,
+        run_engine=run_engine,
+    )
+    # The memory plan's checkpointed layers, held against TRL's re-enabling of all of them; the optional compile.
+    layers.hold_checkpointing(trainer.model, t)
+    compiled = layers.compile_layers(trainer.model) if p.compile_layers else 0
+    trainer.layers_record = {"checkpointed": layers.checkpointed(trainer.model), "compiled": compiled,
+                             "decoder_layers": len(layers.decoder_layers(trainer.model))}  # fmt: skip
+    if forward.packed and packing.needs_parity_check(trainer.model.config):
+        trainer.check_packing(explicit="padding_free" in recipe.given)
+    trainer.graceful_stop = graceful_stop
+    trainer.rows_given = len(train_dataset)  # before TRL dropped the pairs whose prompt fills max_length (cuts.py)
+    trainer.model_path = model_path  # the base weights on disk (a built-in model materialized), for the LoRA merge
+    trainer.health = health  # .stop tells after `train()` whether a guard stopped it (dpotrain/train/health.py)
+    if recipe.project.samples_every > 0:
+        generator = SampleGenerator.from_recipe(recipe, trainer.train_dataset, trainer.processing_class,
+                                                every_rank=run_engine.shards_weights)  # fmt: skip
+        generator.spent = trainer.pair_metrics.exclude  # tokens/s and MFU do not count the time of samples
+        trainer.add_callback(generator)
+    return trainer

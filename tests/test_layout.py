@@ -1,0 +1,103 @@
+"""The package's shape, read from the source (nothing imported): the run's stages as sub-packages in run order, each
+importing only the ground and earlier stages; no import circle, imports inside functions included; a few orchestration
+modules flat in dpotrain/; no function longer than a reader holds in mind (docs/architecture.md)."""
+
+import ast
+from pathlib import Path
+
+from conftest import ROOT
+
+PACKAGE = ROOT / "dpotrain"
+# The stages in run order: a module may import its own stage and earlier ones. The flat modules orchestrate the run
+# (dpotrain/stages.py and its second half) and may import any stage; no stage imports them.
+ORDER = ["recipe", "data", "cluster", "forwards", "plan", "reference", "train", "hub"]
+MOST_FLAT = 8
+LONGEST = 80
+
+
+def modules() -> dict[str, Path]:
+    found = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        name = ".".join(path.relative_to(ROOT).with_suffix("").parts)
+        found[name.removesuffix(".__init__")] = path
+    return found
+
+
+def imports(name: str, path: Path, known: dict) -> set[str]:
+    """The package's modules `name` imports, anywhere in its file (a function's import counts)."""
+    here = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            targets = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = here.split(".")[: len(here.split(".")) - node.level + 1]
+                base = ".".join(parts + ([base] if base else []))
+            targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in known else base for a in node.names]
+        else:
+            continue
+        for target in targets:
+            while target and target not in known:
+                target = target.rpartition(".")[0]
+            if target and target != name:
+                found.add(target)
+    return found
+
+
+def stage(name: str) -> int:
+    """The module's place in ORDER; flat modules come after every stage."""
+    parts = name.split(".")
+    return ORDER.index(parts[1]) if len(parts) > 2 and parts[1] in ORDER else len(ORDER)
+
+
+def graph() -> dict[str, set[str]]:
+    known = modules()
+    return {name: imports(name, path, known) for name, path in known.items()}
+
+
+def test_every_sub_package_is_a_stage_and_few_modules_are_flat():
+    packages = {p.name for p in PACKAGE.iterdir() if (p / "__init__.py").exists()}
+    assert packages == set(ORDER), packages
+    flat = sorted(p.stem for p in PACKAGE.glob("*.py") if p.stem != "__init__")
+    assert len(flat) <= MOST_FLAT, flat
+
+
+def test_no_stage_imports_a_later_stage_or_the_orchestration():
+    """An earlier stage never needs a later one: data does not import plan, plan does not import train, no stage
+    imports the flat modules that run the stages."""
+    later = [(m, d) for m, deps in graph().items() for d in deps if stage(d) > stage(m) and d != "dpotrain"]
+    assert not later, later
+
+
+def test_no_import_circles():
+    edges, circles = graph(), []
+    state: dict[str, int] = {}
+
+    def visit(node: str, path: list[str]) -> None:
+        state[node] = 1
+        for nxt in edges.get(node, ()):
+            if state.get(nxt) == 1 and not nxt.endswith(path[0].rpartition(".")[0]):
+                circles.append(path[path.index(nxt) :] + [nxt] if nxt in path else [node, nxt])
+            elif nxt not in state:
+                visit(nxt, path + [nxt])
+        state[node] = 2
+
+    for node in edges:
+        if node not in state:
+            visit(node, [node])
+    # a package's __init__ that imports its own modules makes no circle of design
+    circles = [c for c in circles if not any(m.count(".") == 1 and (PACKAGE / m.split(".")[1]).is_dir() for m in c)]
+    assert not circles, circles
+
+
+def test_no_function_longer_than_a_screen():
+    long = []
+    for path in [*PACKAGE.rglob("*.py"), ROOT / "train_dpo.py"]:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                lines = node.end_lineno - node.lineno + 1
+                if lines > LONGEST:
+                    long.append(f"{path.relative_to(ROOT)}:{node.name} ({lines} lines)")
+    assert not long, long
