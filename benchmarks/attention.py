@@ -37,7 +37,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from dpotrain.forwards import choice, flops, masks, packing  # noqa: E402  # noqa: E402
 from dpotrain.forwards.shared_prompt import SharedPromptCollator  # noqa: E402
-from dpotrain.plan.plan import memory, plan  # noqa: E402
+from dpotrain.plan import memory, plan  # noqa: E402
 
 PATHS = ("trl", "packed_varlen", "shared_flex", "shared_sdpa")
 TINY = dict(hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=4, sliding_window=64,

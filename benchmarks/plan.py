@@ -39,7 +39,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from lengths_like import at_max_length, dolci_think  # noqa: E402
 
-from dpotrain.plan.plan import plan  # noqa: E402
+from dpotrain.plan import plan  # noqa: E402
 
 BEFORE = "8b35cc8"
 SLOW_PLAN = "fdcbfa8"  # plan.py before it was made fast (tokens recomputed over every pair, per pair per step)

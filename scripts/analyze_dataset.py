@@ -31,7 +31,7 @@ sys.path.insert(0, str(ROOT))  # run as `python scripts/analyze_dataset.py` from
 from dotenv import load_dotenv  # noqa: E402
 
 from dpotrain.cluster import offline  # noqa: E402
-from dpotrain.data.data import cuts, data, lengths, lengths_report, shapes  # noqa: E402
+from dpotrain.data import cuts, data, lengths, lengths_report, shapes  # noqa: E402
 from dpotrain.data.rows import InvalidRowError  # noqa: E402
 from dpotrain.recipe import cli, config, writes  # noqa: E402
 from dpotrain.recipe.errors import ConfigError  # noqa: E402

@@ -22,7 +22,7 @@ sys.path.insert(0, str(ROOT))  # run as `python scripts/prefetch.py` from anywhe
 from dotenv import load_dotenv  # noqa: E402
 
 from dpotrain.cluster import offline  # noqa: E402
-from dpotrain.data.data import data  # noqa: E402
+from dpotrain.data import data  # noqa: E402
 from dpotrain.recipe import cli  # noqa: E402
 from dpotrain.recipe.config import parse_args  # noqa: E402
 from dpotrain.recipe.errors import ConfigError, run_cli  # noqa: E402

@@ -26,7 +26,7 @@ sys.path.insert(0, str(ROOT))  # run as `python scripts/push_to_hub.py` from any
 from dotenv import load_dotenv  # noqa: E402
 
 from dpotrain.cluster import offline  # noqa: E402
-from dpotrain.hub.hub import hub, hub_push  # noqa: E402
+from dpotrain.hub import hub, hub_push  # noqa: E402
 from dpotrain.recipe import cli  # noqa: E402
 from dpotrain.recipe.errors import ConfigError, run_cli  # noqa: E402
 from dpotrain.train import checkpoints  # noqa: E402
