@@ -237,7 +237,8 @@ import os, signal, time
 from dpotrain.train.preemption import GracefulStop
 stop = GracefulStop()
 os.kill(os.getpid(), signal.SIGINT)
-time.sleep(0.1)
+os.kill(os.getpid(), signal.SIGINT)  # the same Ctrl-C, forwarded by torchrun's agent at once: not a second one
+time.sleep(1.5)
 print("asked:", stop.asked_here(), flush=True)
 os.kill(os.getpid(), signal.SIGINT)
 time.sleep(5)

@@ -29,6 +29,7 @@ STOP_SIGNALS = (signal.SIGUSR1, signal.SIGTERM, signal.SIGINT)
 # same command goes on from what was saved. A second Ctrl-C ends the process at once with 130 (128 + SIGINT).
 STOPPED_EXIT = 75
 INTERRUPTED_EXIT = 130
+SECOND_CTRL_C_S = 1.0
 
 
 class GracefulStop(TrainerCallback):
@@ -37,7 +38,7 @@ class GracefulStop(TrainerCallback):
         self.signal_received: int | None = None
         self.requested_at: float | None = None  # when this process first heard of the request (time.time())
         self.stopped = False
-        self.interrupted = False  # a first Ctrl-C was pressed
+        self.interrupted: float | None = None  # when a first Ctrl-C was pressed (time.monotonic())
         if threading.current_thread() is threading.main_thread():  # Python only delivers signals there
             for sig in STOP_SIGNALS:
                 signal.signal(sig, self._on_signal)
@@ -56,10 +57,14 @@ class GracefulStop(TrainerCallback):
         # grace time (or torchrun's, ~30 s after another rank failed). Only a person presses Ctrl-C twice: the
         # second one ends the process at once (os.write: print is not safe inside a signal handler).
         if signum == signal.SIGINT:
-            if self.interrupted:
+            # Under `accelerate launch` the terminal's Ctrl-C reaches the workers twice within milliseconds (directly,
+            # and forwarded by torchrun's agent): only one a person pressed later counts as the second.
+            if self.interrupted and time.monotonic() - self.interrupted > SECOND_CTRL_C_S:
                 os.write(2, b"\nSecond Ctrl-C: stopping at once; nothing more is saved\n")
                 os._exit(INTERRUPTED_EXIT)
-            self.interrupted = True
+            if self.interrupted:
+                return
+            self.interrupted = time.monotonic()
             os.write(2, b"\nCtrl-C: saving a checkpoint at the end of this step, then stopping (Ctrl-C again: stop "
                         b"at once, without it)\n")  # fmt: skip
         self.signal_received = self.signal_received or signum

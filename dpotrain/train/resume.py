@@ -129,10 +129,11 @@ def after_health_stop(recipe, out: Path) -> bool:
 
 
 def only_cut_short(out: Path, changed: list[str]) -> bool:
-    """Whether `out`'s checkpoints were all cut short (no COMPLETE mark: a job killed during its first save) and the
-    rerun's settings are the run's: nothing to resume, so the identical rerun (a Slurm requeue) starts afresh."""
+    """Whether `out`'s checkpoints were all cut short (no COMPLETE mark: a job killed during its first save) by a run
+    whose settings are the rerun's: nothing to resume, so the identical rerun (a Slurm requeue) starts afresh."""
     folders = checkpoints(out)
-    if not folders or any(is_complete(p) for p in folders) or changed:
+    ran_here = (out / "resolved_config.json").is_file()  # written as training starts: a run of this project was here
+    if not folders or any(is_complete(p) for p in folders) or changed or not ran_here:
         return False
     _say(f"output_dir {out}: {', '.join(p.name for p in folders)} cut short (no COMPLETE mark), nothing to resume "
          "from: starting afresh")  # fmt: skip
