@@ -30,7 +30,7 @@ from trl import DPOTrainer, get_peft_config, get_quantization_config
 from trl.models import prepare_deepspeed
 
 from . import builtin, disk_full, engine, flops, layers, packing, padded, plan
-from .checkpoints import CompleteMarker, clear_for_save, report_save
+from .checkpoints import CompleteMarker, clear_for_save
 from .collectives import all_reduce_sum, max_over_ranks
 from .config import Recipe
 from .forwards import choice, flex, sample
@@ -242,8 +242,10 @@ class RecipeDPOTrainer(DPOTrainer):
             self.args.save_total_limit = limit
         if self.graceful_stop.stopped:  # test-only: a slow checkpoint on a stop request (tests/test_slurm_jobs.py)
             time.sleep(float(os.environ.get("DPOTRAIN_TEST_SAVE_DELAY_S") or 0))
-        if self.is_world_process_zero():
-            report_save(self.state.global_step, time.monotonic() - start)
+        # Reported once the checkpoint is hashed and marked (CompleteMarker): the time a stop has to leave for it.
+        for callback in self.callback_handler.callbacks:
+            if isinstance(callback, CompleteMarker):
+                callback.save_started = start
 
     def _run_epoch(self, *args, **kwargs):
         """transformers checks `max_steps` only after a step: resumed from a checkpoint of the last step (a run killed
