@@ -213,7 +213,7 @@ fi
 if [[ -f "$DPOTRAIN_STOP_FILE.checkpointed" ]]; then
   saved=$(cat "$DPOTRAIN_STOP_FILE.checkpointed")
   rm -f "$DPOTRAIN_STOP_FILE" "$DPOTRAIN_STOP_FILE.checkpointed"
-  # Not a Slurm job: the stopped run's code (dpotrain/preemption.py STOPPED_EXIT), which `accelerate launch` turns
+  # Not a Slurm job: the stopped run's code (dpotrain/train/preemption.py STOPPED_EXIT), which `accelerate launch` turns
   # into 1 for any worker's non-zero exit.
   [[ -n "${SLURM_JOB_ID:-}" ]] || { echo "=== $(date -Is) $saved; not a Slurm job: run the same command to go on ==="; exit 75; }
   job=$(scontrol show job -o "$SLURM_JOB_ID" 2>/dev/null | grep -o 'JobState=[A-Z_]*\|Reason=[^ ]*\|Restarts=[0-9]*' | tr '\n' ' ' || true)

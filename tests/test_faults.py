@@ -31,9 +31,10 @@ FINAL = ("model.safetensors", "run_complete.json", "README.md", "training_curves
 
 @pytest.fixture(scope="module")
 def pairs(tmp_path_factory):
-    """The smoke data's first 32 pairs: the 4 steps train on no others."""
+    """The smoke data's first 48 pairs: an epoch of 6 steps, of which the run trains 4 (a run that ends mid-epoch, as
+    a `max_steps` run does: transformers went on to a 5th step after a resume from the 4th)."""
     path = tmp_path_factory.mktemp("pairs") / "pairs.jsonl"
-    path.write_text("".join((ROOT / "data" / "smoke_prefs.jsonl").read_text().splitlines(keepends=True)[: 8 * STEPS]))
+    path.write_text("".join((ROOT / "data" / "smoke_prefs.jsonl").read_text().splitlines(keepends=True)[:48]))
     return path
 
 
@@ -168,9 +169,11 @@ def test_a_kill_mid_training_then_changed_data_is_refused_and_restored_data_resu
     proc.kill()
     proc.wait()
 
-    # The same path, other content (the same size: one letter changed): refused before anything loads.
+    # The same path, other content of the same size (two pairs swapped, as a re-shuffle would): refused before
+    # anything loads.
     original = data.read_text()
-    data.write_text(original.replace("a", "e", 1))
+    lines = original.splitlines(keepends=True)
+    data.write_text("".join([lines[1], lines[0], *lines[2:]]))
     result = train(out, tiny_model_dir, data)
     assert result.returncode == 2, result.stdout[-3000:]
     assert (

@@ -77,7 +77,10 @@ def clear_for_save(output_dir: str | Path, global_step: int) -> None:
 
 class CompleteMarker(TrainerCallback):
     """Marks a checkpoint complete after all ranks saved it (`on_save` runs after `_save_checkpoint` returns), then
-    rotates (`RecipeDPOTrainer._save_checkpoint` keeps transformers from rotating before the mark)."""
+    rotates (`RecipeDPOTrainer._save_checkpoint` keeps transformers from rotating before the mark), and reports how
+    long the whole save took, from `save_started` (set by `RecipeDPOTrainer._save_checkpoint`) to the mark."""
+
+    save_started: float | None = None  # time.monotonic() when the checkpoint's save began
 
     def on_save(self, args, state, control, **kwargs):
         from accelerate import PartialState
@@ -88,14 +91,17 @@ class CompleteMarker(TrainerCallback):
         marker = json.dumps({"global_step": state.global_step, "time": time.time()}) + "\n"
         checkpoint_manifest.seal(folder, MARKER, marker, state.is_world_process_zero)
         if state.is_world_process_zero:
+            if self.save_started is not None:
+                report_save(state.global_step, time.monotonic() - self.save_started)
             rotate(args.output_dir, args.save_total_limit, keep=(folder, state.best_model_checkpoint))
+        self.save_started = None
         return control
 
 
 def report_save(step: int, seconds: float) -> None:
-    """Main process, after a checkpoint is written: how long it took, and a warning when that is more than a stop
-    leaves for it — the time-limit warning (`--signal=B:USR1@<s>`) or the partition's preemption GraceTime, which
-    scripts/launch.sh exports as DPOTRAIN_SAVE_WARN_S and DPOTRAIN_GRACE_S."""
+    """Main process, after a checkpoint is written, hashed and marked: how long it took, and a warning when that is
+    more than a stop leaves for it — the time-limit warning (`--signal=B:USR1@<s>`) or the partition's preemption
+    GraceTime, which scripts/launch.sh exports as DPOTRAIN_SAVE_WARN_S and DPOTRAIN_GRACE_S."""
     print(f"checkpoint-{step} written in {seconds:.1f} s", flush=True)
     limits = [(float(os.environ.get(name) or 0), what) for name, what in (
         ("DPOTRAIN_SAVE_WARN_S", "what the time-limit warning leaves (raise #SBATCH --signal=B:USR1@<seconds>)"),

@@ -38,7 +38,7 @@ from dpotrain.plan import layers, plan
 from dpotrain.plan.plan_stage import RunPlan
 from dpotrain.recipe.config import Recipe
 from dpotrain.train import disk_full, losses
-from dpotrain.train.checkpoints import CompleteMarker, clear_for_save, report_save
+from dpotrain.train.checkpoints import CompleteMarker, clear_for_save
 from dpotrain.train.health import HealthGuard
 from dpotrain.train.metrics import MetricsRecorder
 from dpotrain.train.pair_metrics import PairMetrics
@@ -248,8 +248,10 @@ class RecipeDPOTrainer(DPOTrainer):
             self.args.save_total_limit = limit
         if self.graceful_stop.stopped:  # test-only: a slow checkpoint on a stop request (tests/test_slurm_jobs.py)
             time.sleep(float(os.environ.get("DPOTRAIN_TEST_SAVE_DELAY_S") or 0))
-        if self.is_world_process_zero():
-            report_save(self.state.global_step, time.monotonic() - start)
+        # Reported once the checkpoint is hashed and marked (CompleteMarker): the time a stop has to leave for it.
+        for callback in self.callback_handler.callbacks:
+            if isinstance(callback, CompleteMarker):
+                callback.save_started = start
 
     def _run_epoch(self, *args, **kwargs):
         """transformers checks `max_steps` only after a step: resumed from a checkpoint of the last step (a run killed
