@@ -29,11 +29,14 @@ def run_names(recipe, pushes: bool) -> list[str]:
     from dpotrain.hub.hub_push import PUSH_RECORD, STAGING
     from dpotrain.train.lora import MERGED_DIR
     from dpotrain.train.metrics import METRICS_FILE, PLOT_FILE
+    from dpotrain.train.resume import HEALTH_STOP
     from dpotrain.train.samples import SAMPLES_FILE
     from dpotrain.train.tracking import RUN_ID_FILE
 
     t, p = recipe.training, recipe.project
-    names = [MANIFEST, "resolved_config.json", METRICS_FILE, PLOT_FILE, "README.md", RUN_COMPLETE, CHECKPOINTS]
+    # HEALTH_STOP: a guard's stop, which a replacing run must remove with the rest (its rerun would be refused)
+    names = [MANIFEST, "resolved_config.json", METRICS_FILE, PLOT_FILE, "README.md", RUN_COMPLETE, CHECKPOINTS,
+             HEALTH_STOP]  # fmt: skip
     names += [SAMPLES_FILE] if p.samples_every else []
     names += [MERGED_DIR] if recipe.model.use_peft and p.merge_lora else []
     names += ["wandb", RUN_ID_FILE] if "wandb" in (t.report_to or []) else []

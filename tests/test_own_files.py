@@ -18,6 +18,7 @@ from conftest import PYTHON, ROOT, python, run_train
 from dpotrain import output_folder
 from dpotrain.cluster import run_lock
 from dpotrain.train.metrics import read_metrics
+from dpotrain.train.resume import HEALTH_STOP
 
 SMOKE = str(ROOT / "configs" / "smoke.yaml")
 
@@ -61,13 +62,16 @@ def test_overwrite_replaces_only_the_runs_own_files(tmp_path, tiny_model_dir):
     a_users_files(out)
     users = {k: v for k, v in snapshot(out).items() if k.startswith(("evals/", "notes.md"))}
     old_complete = (out / "run_complete.json").read_text()
+    # A health guard's stop record is the run's too: the replacing run (the command the stop suggests) removes it, or
+    # the new run's own rerun would be refused on the old run's stop.
+    (out / HEALTH_STOP).write_text('{"guard": "step1", "step": 1}\n')
     # A replacement that saves no checkpoint: the old run's checkpoints must go, the user's files must stay.
     second = run_train(train_args(out, "--max_steps", "3", "--save_strategy", "no", "--logging_steps", "1",
                                   "--overwrite_output_dir"), env=env_for(tiny_model_dir))  # fmt: skip
     assert second.returncode == 0, second.stdout[-3000:]
     after = snapshot(out)
     assert {k: after.get(k) for k in users} == users  # the notes and evals, byte for byte
-    assert not list(out.glob("checkpoint-*"))  # the old run's own, removed
+    assert not list(out.glob("checkpoint-*")) and not (out / HEALTH_STOP).exists()  # the old run's own, removed
     assert json.loads(old_complete)["global_step"] == 2
     assert json.loads((out / "run_complete.json").read_text())["global_step"] == 3
     assert [r["step"] for r in read_metrics(out) if "loss" in r] == [1, 2, 3]  # each step once, none of the old run
