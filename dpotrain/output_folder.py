@@ -11,6 +11,7 @@ model folder would write over files that are not the run's. A run written before
 
 import fnmatch
 import json
+import os
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -91,13 +92,14 @@ def check(output_dir: str, lock: bool = True) -> None:
                           "one of an earlier run)")  # fmt: skip
     if not out.is_dir():
         return
-    found = [e.name for e in out.iterdir() if e.name != run_lock.LOCK_FILE]
+    found = [e.name for e in out.iterdir() if not run_lock.is_lock_file(e.name)]
     if found and read_manifest(out) is None and not is_legacy_run(out):
         shown = ", ".join(sorted(found)[:3]) + (", ..." if len(found) > 3 else "")
         raise ConfigError(f"output_dir {output_dir!r} holds files that are not a run's ({len(found)}: {shown}): a run "
                           "would write over them, with or without --overwrite_output_dir; pass --output_dir a new or "
                           "empty folder (e.g. outputs/<name>)")  # fmt: skip
-    if lock:
+    # The main process alone: another rank of this launch, slower here, would find the lock its main process just took.
+    if lock and int(os.environ.get("RANK", "0")) == 0:
         run_lock.check_free(out)
 
 

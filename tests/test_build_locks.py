@@ -68,9 +68,8 @@ def test_the_folder_checked_is_torchs_own_found_without_importing_torch(tmp_path
 
     monkeypatch.delenv("TORCH_EXTENSIONS_DIR", raising=False)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))  # torch's default root follows it; the real cache untouched
-    probe = (
-        "import sys\nfrom dpotrain.build_locks import extensions_root\nprint(extensions_root(), 'torch' in sys.modules)"
-    )
+    probe = ("import sys\nfrom dpotrain.cluster.build_locks import extensions_root\n"
+             "print(extensions_root(), 'torch' in sys.modules)")  # fmt: skip
     shown = subprocess.run([PYTHON, "-c", probe], cwd=ROOT, capture_output=True, text=True, check=True).stdout.split()
     torchs = os.path.dirname(_get_build_directory("dpotrain_probe", verbose=False))
     assert shown == [torchs, "False"] and torchs.startswith(str(tmp_path))

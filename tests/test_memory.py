@@ -270,13 +270,15 @@ def test_a_launched_job_plans_for_its_own_engine(olmo3):
 @no_gpu
 def test_a_run_launched_by_hand_plans_for_the_engine_it_runs_under(olmo3, tmp_path):
     """`accelerate launch` without launch.sh's dry run: the run plans for the engine of its launch (here DeepSpeed
-    ZeRO-2 from the default config, one process, whatever the recipe names) and is refused before anything loads.
+    ZeRO-2 from the default config, one process, whatever the recipe names) and is refused before the model loads
+    (its one memory plan is made for the forward decided from the data's lengths: a local data set here).
     (`use_cpu`: bf16 on this GPU-less machine, planned for the B200 of gpu_memory_gib.)"""
     env = {"WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1", "RANK": "0", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1",
            "MASTER_PORT": "29731", "ACCELERATE_USE_DEEPSPEED": "true",
            "ACCELERATE_DEEPSPEED_CONFIG_FILE": str(ROOT / "ds_config.json"), "CUDA_VISIBLE_DEVICES": ""}  # fmt: skip
     result = run_train(["--config", "configs/think-32b.yaml", "--model_name_or_path", olmo3["32b"], "--output_dir",
-                        str(tmp_path / "run"), "--use_cpu", "true"], env=env, timeout=300)  # fmt: skip
+                        str(tmp_path / "run"), "--use_cpu", "true", "--dataset_name",
+                        str(ROOT / "data" / "smoke_prefs.jsonl")], env=env, timeout=300)  # fmt: skip
     assert result.returncode == 2, result.stdout[-2000:]
     last = result.stdout.strip().splitlines()[-1]
     assert last.startswith("error: memory plan: DeepSpeed ZeRO-2 on 1 GPU needs"), last

@@ -200,7 +200,8 @@ def test_a_second_run_on_the_same_folder_is_refused_and_the_first_completes_unto
 
 def test_the_lock_of_a_run_killed_with_sigkill_does_not_block_the_rerun(tmp_path, tiny_model_dir):
     out = tmp_path / "run"
-    args = train_args(out, "--max_steps", "6", "--save_steps", "1", "--logging_steps", "1")
+    # 30 steps of ~0.1 s: the kill lands mid-run, well after checkpoint-2 (6 finished before it on a fast machine)
+    args = train_args(out, "--max_steps", "30", "--save_steps", "1", "--logging_steps", "1", "--save_total_limit", "3")
     # The real interpreter, so that SIGKILL hits the process that holds the lock, as a node's OOM killer would.
     env = {**os.environ, **env_for(tiny_model_dir)}
     killed = subprocess.Popen([PYTHON, str(ROOT / "train_dpo.py"), *args], stdout=subprocess.PIPE,
@@ -215,13 +216,13 @@ def test_the_lock_of_a_run_killed_with_sigkill_does_not_block_the_rerun(tmp_path
     assert rerun.returncode == 0, rerun.stdout[-3000:]
     assert f"pid {killed.pid}" in rerun.stdout and "its process" in rerun.stdout and "is gone" in rerun.stdout
     assert "Resuming from" in rerun.stdout
-    assert [r["step"] for r in read_metrics(out) if "loss" in r] == [1, 2, 3, 4, 5, 6]  # each step once
+    assert [r["step"] for r in read_metrics(out) if "loss" in r] == list(range(1, 31))  # each step once
     assert not (out / run_lock.LOCK_FILE).exists()
 
 
 def hold_lock(out: Path, **env) -> subprocess.Popen:
     """A live process holding `out`'s lock, as a run's main process does (with the Slurm variables given)."""
-    code = ("import sys, time; from pathlib import Path; from dpotrain import run_lock; assert "
+    code = ("import sys, time; from pathlib import Path; from dpotrain.cluster import run_lock; assert "
             "run_lock.acquire(Path(sys.argv[1])) is None; print('held', flush=True); time.sleep(600)")  # fmt: skip
     holder = subprocess.Popen([PYTHON, "-c", code, str(out)], cwd=ROOT, env={**os.environ, **env},
                               stdout=subprocess.PIPE, text=True)  # fmt: skip

@@ -29,6 +29,11 @@ STALE_S = 300  # a lock of another host not refreshed for this long is a dead ru
 BREAK_STALE_S = 60  # a takeover in progress (run.lock.break) older than this was itself killed
 
 
+def is_lock_file(name: str) -> bool:
+    """The lock's own names in the output folder: the lock, a holder's file before it links it, a takeover's mark."""
+    return name in (LOCK_FILE, f"{LOCK_FILE}.break") or name.startswith(f".{LOCK_FILE}.")
+
+
 def _proc_start(pid: int) -> str | None:
     """The process's start time in clock ticks since boot (/proc/<pid>/stat, field 22); None when it does not exist."""
     try:
