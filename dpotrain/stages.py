@@ -25,6 +25,7 @@ from dpotrain.forwards import choice, cost, sample
 from dpotrain.plan import memory
 from dpotrain.recipe import config
 from dpotrain.recipe.config import uses_live_reference
+from dpotrain.recipe.errors import ConfigError
 from dpotrain.train import health, lora, samples
 
 FA4_SETS = {"with FlashAttention 4 installed": "flash_attention_4", "without": None}  # a dry run for a GPU job
@@ -212,9 +213,13 @@ def _tokenizer(recipe, model_path: str, local_only: bool):
     try:
         return AutoTokenizer.from_pretrained(model_path, revision=recipe.model.model_revision,
                                              local_files_only=local_only)  # fmt: skip
-    except (OSError, ValueError):
-        if not local_only:
-            raise
+    except (OSError, ValueError) as e:
+        if not local_only:  # the run needs it (the pairs' lengths, then TRL): one line, not the loader's traceback
+            first = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
+            raise ConfigError(
+                f"could not load the tokenizer of {model_path!r} ({first}): a model folder needs its "
+                "tokenizer files (tokenizer.json, tokenizer_config.json) beside config.json"
+            ) from None
         return None  # a dry run: the tokenizer is not on this machine
 
 

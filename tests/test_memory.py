@@ -8,6 +8,7 @@ import io
 import json
 import os
 import re
+import shutil
 import subprocess
 
 import pytest
@@ -15,6 +16,7 @@ import torch
 
 from conftest import ROOT, run_train
 from dpotrain.cluster import engine as engines
+from dpotrain.data import builtin
 from dpotrain.plan import memory
 from dpotrain.recipe.config import parse_args
 from dpotrain.recipe.errors import ConfigError
@@ -276,7 +278,10 @@ def test_a_run_launched_by_hand_plans_for_the_engine_it_runs_under(olmo3, tmp_pa
     env = {"WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1", "RANK": "0", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1",
            "MASTER_PORT": "29731", "ACCELERATE_USE_DEEPSPEED": "true",
            "ACCELERATE_DEEPSPEED_CONFIG_FILE": str(ROOT / "ds_config.json"), "CUDA_VISIBLE_DEVICES": ""}  # fmt: skip
-    result = run_train(["--config", "configs/think-32b.yaml", "--model_name_or_path", olmo3["32b"], "--output_dir",
+    model = tmp_path / "olmo3-32b"  # its config, and a tokenizer: the run measures the pairs before it plans memory
+    shutil.copytree(olmo3["32b"], model)
+    builtin.build_tokenizer().save_pretrained(model)
+    result = run_train(["--config", "configs/think-32b.yaml", "--model_name_or_path", str(model), "--output_dir",
                         str(tmp_path / "run"), "--use_cpu", "true", "--dataset_name",
                         str(ROOT / "data" / "smoke_prefs.jsonl")], env=env, timeout=300)  # fmt: skip
     assert result.returncode == 2, result.stdout[-2000:]
