@@ -164,7 +164,7 @@ def _memory_lines(memory: dict, row) -> list[str]:
 
 def other_nodes(world: int, per_node: int) -> str:
     """How to plan the same number of nodes with the other node size of the sbatch scripts (not the one planned)."""
-    from dpotrain.plan.memory import NODE_SIZES
+    from dpotrain.plan.memory_advice import NODE_SIZES
 
     nodes = -(-world // per_node)
     return "; ".join(

@@ -23,7 +23,7 @@ import warnings
 from dataclasses import dataclass
 
 from dpotrain.cluster.engine import Engine, from_config
-from dpotrain.plan.memory_advice import NAMES, NODE_SIZES, advice, node_size  # noqa: F401 - NODE_SIZES: dry_run reads it here
+from dpotrain.plan.memory_advice import NAMES, advice, node_size
 from dpotrain.recipe.errors import ConfigError
 
 GIB = 2**30
