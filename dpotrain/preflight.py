@@ -358,7 +358,8 @@ def plot(s: dict, r: dict, path: str) -> None:
     axes[0].set_ylabel("pairs")
     fig.suptitle(f"DPO preflight: {r['verdict']} ({r['pairs']} pairs)")
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
+    with writes.replacing(path, "wb") as f:
+        fig.savefig(f, dpi=100, format=Path(path).suffix.lstrip(".").lower() or "png")
     plt.close(fig)
 
 

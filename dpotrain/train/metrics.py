@@ -5,7 +5,7 @@ from pathlib import Path
 
 from transformers import TrainerCallback
 
-from dpotrain.recipe.writes import write_text
+from dpotrain.recipe.writes import replacing, write_text
 
 METRICS_FILE = "metrics.jsonl"
 PLOT_FILE = "training_curves.png"
@@ -119,6 +119,7 @@ def plot_metrics(records: list[dict], path: str | Path, title: str = "") -> Path
     import matplotlib.pyplot as plt
 
     fig = metrics_figure(records, title)
-    fig.savefig(path, dpi=100)
+    with replacing(path, "wb") as f:  # a kill mid-write leaves the previous plot whole, never half an image
+        fig.savefig(f, dpi=100, format="png")
     plt.close(fig)
     return Path(path)
