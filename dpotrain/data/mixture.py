@@ -291,7 +291,8 @@ def load(sources: list[Source], seed: int, skip_invalid: bool, hh_format: str, c
     taken = [take(s, len(p), seed, n) for s, p, n in zip(sources, usable, share_rows(sources, [len(p) for p in usable]),
                                                         strict=True)]  # fmt: skip
     for record, picked, pairs in zip(records, taken, usable, strict=True):
-        record.update(taken=len(picked), upsampled=len(picked) > len(pairs))
+        digest = hashlib.sha256(np.asarray(picked, dtype=np.int64).tobytes()).hexdigest()[:16]
+        record.update(taken=len(picked), upsampled=len(picked) > len(pairs), taken_sha256=digest)
     if dropped:
         checked[key] = dropped
     _check_same_kind(usable, sources)

@@ -214,8 +214,10 @@ def sources_section(sources: list[dict]) -> str:
         share = f"{r['token_share']:.1%}" if "token_share" in r else ""
         rows.append(f"| `{r['source']}` | {r['rows_read']} | {r['rows_usable']} | {r['amount']} | {r['taken']}"
                     f"{' (upsampled)' if r['upsampled'] else ''} | {share} | {what} |")  # fmt: skip
-    return ("\n## Data\n\n| source | rows | usable | amount | taken | share of tokens | identity |\n"
-            "|---|---|---|---|---|---|---|\n" + "\n".join(rows) + "\n")
+    return (
+        "\n## Data\n\n| source | rows | usable | amount | taken | share of tokens | identity |\n"
+        "|---|---|---|---|---|---|---|\n" + "\n".join(rows) + "\n"
+    )
 
 
 def as_run(key: str, resolved: dict):

@@ -421,6 +421,8 @@ def parse_args(argv: list[str] | None = None) -> Recipe:
         training.padding_free = True  # this project's default: packed sequences (TRL's is False)
     on_command_line = {options[a.split("=")[0]].dest for a in argv if a.split("=")[0] in options}
     _command_line_batch_wins(training, project, on_command_line)
+    if on_command_line & {"datasets", "dataset_mixer_list"} and "dataset_name" not in on_command_line:
+        script.dataset_name = None  # a mixture on the command line replaces the recipe file's one data set
     if "output_dir" in on_command_line and "run_name" not in on_command_line:
         # The run is the folder the user named: the model card, the plot and W&B say so, not the recipe's name for
         # its own default folder (transformers, too, names a run after its output_dir).
