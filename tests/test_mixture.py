@@ -201,10 +201,14 @@ def test_skip_invalid_counts_per_source(files, tmp_path):
 def test_trls_datasets_recipe_trains(files, tmp_path):
     """`datasets:` as TRL's docs write it (path: json + data_files; TRL's `fraction` shares: normalized, the largest
     mixture that needs no row twice, the first rows), refused as "unknown key 'datasets'" before."""
-    recipe = (ROOT / "configs" / "smoke.yaml").read_text().replace(
-        "dataset_name: data/smoke_prefs.jsonl",
-        f"datasets:\n  - path: json\n    data_files: {files['trl']}\n    fraction: 0.75\n"
-        f"  - path: parquet\n    data_files: [{files['uf']}]\n    fraction: 0.25\n    split: train\n",
+    recipe = (
+        (ROOT / "configs" / "smoke.yaml")
+        .read_text()
+        .replace(
+            "dataset_name: data/smoke_prefs.jsonl",
+            f"datasets:\n  - path: json\n    data_files: {files['trl']}\n    fraction: 0.75\n"
+            f"  - path: parquet\n    data_files: [{files['uf']}]\n    fraction: 0.25\n    split: train\n",
+        )
     )
     (tmp_path / "trl.yaml").write_text(recipe)
     out = tmp_path / "out"
