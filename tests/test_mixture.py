@@ -135,7 +135,7 @@ def test_the_dry_run_and_the_model_card_describe_it_as_the_run_records_it(one_pr
 
 def test_two_processes_take_the_same_pairs(one_process, files, tmp_path):
     out = tmp_path / "two"
-    launch_smoke(2, [*mixer(files), "--output_dir", str(out), "--max_steps", "1", "--save_strategy", "no"])
+    launch_smoke(2, [*mixer(files), "--output_dir", str(out), "--max_steps", "2", "--save_strategy", "no"])
     two = json.loads((out / "resolved_config.json").read_text())["derived"]["data_sources"]
     one = one_process[3]["derived"]["data_sources"]
     assert [(r["taken"], r["taken_sha256"], r["tokens"]) for r in two] == [
