@@ -9,6 +9,7 @@ import json
 import sys
 from pathlib import Path
 
+from dpotrain.data import mixture
 from dpotrain.recipe.writes import check_not_input, input_files, write_text
 
 # Memory of GPUs users train on, in GiB as `gpu_memory_gib` takes it (nvidia-smi's total MiB / 1024): what a dry run
@@ -71,7 +72,10 @@ def summary(resolved: dict, json_file: Path | None, heading: str | None = None) 
     row("model", f"{model}; weights load in {resolved['dtype']}, training computes in {precision}")
     rows = d.get("dataset_rows")
     data = f"{resolved['dataset_name']} (split {resolved['dataset_train_split']})"
+    if d.get("data_sources"):  # a mixture: one line per source
+        data = f"a mixture of {len(d['data_sources'])} sources"
     row("data", f"{data}: {rows:,} rows" if rows is not None else f"{data}: rows counted when the run loads it")
+    lines.extend(f"  {'':<15}{mixture.describe(r)}" for r in d.get("data_sources") or [])
     if d.get("total_steps") is not None:
         n = resolved["num_train_epochs"]
         epochs = "" if resolved["max_steps"] > 0 else f" ({n:g} epoch{'s' * (n != 1)})"

@@ -9,7 +9,7 @@ import os
 import re
 from pathlib import Path
 
-from dpotrain.data import builtin, data, shapes
+from dpotrain.data import builtin, data, mixture, shapes
 from dpotrain.recipe.config import Recipe
 from dpotrain.recipe.errors import ConfigError
 from dpotrain.train import losses
@@ -65,7 +65,11 @@ def check_options(recipe: Recipe) -> None:
     if t.sync_ref_model and t.precompute_ref_log_probs:
         raise ConfigError("sync_ref_model updates the reference, so its log-probs cannot be precomputed: pass "
                           "--precompute_ref_log_probs false, or remove --sync_ref_model")  # fmt: skip
-    if t.eval_strategy != "no":
+    if t.eval_strategy != "no" and not mixture.given(mixture.fields_of(recipe), evaluation=True):
+        if s.dataset_name is None:  # a training mixture: the held-out pairs are a mixture too
+            raise ConfigError("eval_strategy with a training mixture needs its held-out pairs named the same way: "
+                              "`eval_datasets:` or --dataset_mixer_eval_list SOURCE AMOUNT ..., or remove "
+                              "eval_strategy")  # fmt: skip
         if data.is_local(s.dataset_name) and not Path(s.dataset_name).expanduser().is_dir():
             raise ConfigError(f"eval_strategy needs a held-out split, and the local file "
                               f"{s.dataset_name!r} has one split only: save a DatasetDict with a "

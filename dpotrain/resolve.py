@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import yaml
 
-from dpotrain.data import data, data_identity
+from dpotrain.data import mixture
 from dpotrain.hub.hub import RUN_COMPLETE  # noqa: F401 - resolve.RUN_COMPLETE, as the run's callers read it
 from dpotrain.recipe.config import Recipe, uses_live_reference  # noqa: F401 (resolve.uses_live_reference)
 from dpotrain.recipe.errors import ConfigError
@@ -47,7 +47,7 @@ def check_values(recipe: Recipe) -> None:
         raise ConfigError(f"auto_coverage must be in (0, 1] (got {p.auto_coverage})")
     if not recipe.model.model_name_or_path:
         raise ConfigError("no model: set model_name_or_path in the recipe or pass --model_name_or_path")
-    data.check_dataset_name(recipe.script.dataset_name)
+    mixture.check(recipe)  # one source (dataset_name) or a mixture of them
 
 
 def check_token_budget(recipe: Recipe) -> None:
@@ -110,7 +110,7 @@ class OutputPlan:
 # report_to, save_*, eval_*, push, dataloader, precision) may change between a run and its resumption.
 RESUME_FIELDS = (
     "model_name_or_path", "model_revision", "dataset_name", "dataset_config", "dataset_train_split", "skip_invalid",
-    "hh_format",
+    "hh_format", "datasets", "dataset_mixer_list", "dataset_mixer_list_splits",
     "learning_rate", "lr_scheduler_type", "lr_scheduler_kwargs", "warmup_steps", "num_train_epochs", "max_steps",
     "optim", "weight_decay", "adam_beta1", "adam_beta2", "adam_epsilon", "max_grad_norm", "seed", "data_seed",
     "beta", "loss_type", "loss_weights", "label_smoothing", "max_length", "truncation_mode",
@@ -132,13 +132,8 @@ def changed_settings(recipe: Recipe, out: Path, pairs_per_step: int | None) -> l
         new["max_length"] = old["max_length"]  # auto again: the analyzer's choice for the same data and tokenizer
     new["pairs_per_step"], old["pairs_per_step"] = pairs_per_step, old.get("derived", {}).get("pairs_per_step")
     fields = [f for f in (*RESUME_FIELDS, "pairs_per_step") if f in old and old[f] != new.get(f)]
-    content = (
-        None
-        if "dataset_name" in fields
-        else data_identity.changed(
-            old.get("derived", {}).get("data_identity"), recipe.script.dataset_name, recipe.script.dataset_train_split
-        )
-    )
+    mixed = {"dataset_name", "datasets", "dataset_mixer_list", "dataset_mixer_list_splits"}
+    content = None if mixed & set(fields) else mixture.content_changed(recipe, old.get("derived", {}))
     return [f"{f}: {old[f]!r} -> {new.get(f)!r}" for f in fields] + ([f"dataset content: {content}"] if content else [])
 
 
@@ -239,10 +234,8 @@ def auto_max_length(recipe: Recipe, dataset, state) -> dict:
     """
     from dpotrain.data import lengths
 
-    script = recipe.script
     tokenizer = lengths.load_tokenizer(recipe.model.model_name_or_path, recipe.model.model_revision)
-    dataset_id = lengths.dataset_identity(script.dataset_name, script.dataset_train_split, script.dataset_config,
-                                          hh_format=recipe.project.hh_format)  # fmt: skip
+    dataset_id = mixture.dataset_id(recipe)
     with state.main_process_first():
         choice = lengths.auto_max_length(
             dataset, tokenizer, recipe.project.auto_coverage, dataset_id, progress=state.is_main_process,

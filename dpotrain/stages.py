@@ -20,7 +20,7 @@ from pathlib import Path
 
 from dpotrain import options, output_folder, resolve
 from dpotrain.cluster import engine, offline
-from dpotrain.data import builtin, cuts, data, data_identity, lengths, rows
+from dpotrain.data import builtin, cuts, data, data_identity, lengths, mixture, rows
 from dpotrain.forwards import choice, cost, sample
 from dpotrain.plan import memory
 from dpotrain.recipe import config
@@ -145,7 +145,8 @@ class Data:
     train: object | None
     eval: object | None
     steps: dict  # resolve.plan_steps: pairs_per_step, dataset_rows, total_steps, warmup_steps
-    checked: dict  # invalid_rows, invalid_eval_rows, eval_rows: what the row checks found
+    checked: dict  # invalid_rows, invalid_eval_rows, eval_rows, data_sources: what the row checks found
+    mix: mixture.Mix | None = None  # the training mixture's sources, and the source of each pair
 
     def record(self) -> dict:
         return {**self.checked, **self.steps}
@@ -155,6 +156,8 @@ def load_data(recipe, found: Launch, say: bool = True) -> Data:
     """The data set loaded and every row checked before a model loads (a streamed data set is not: it is read once, by
     the trainer); a dry run loads a local data set the same way, and leaves one on the Hub for the run."""
     script, skip, shape = recipe.script, recipe.project.skip_invalid, recipe.project.hh_format
+    if mixture.given(mixture.fields_of(recipe)):
+        return _load_mixture(recipe, found, say)
     if found.planning and not data.is_local(script.dataset_name):
         return Data(None, None, resolve.plan_steps(recipe, found.world, None), {})
     if not found.planning:
@@ -166,18 +169,48 @@ def load_data(recipe, found: Launch, say: bool = True) -> Data:
     if hasattr(dataset, "__len__"):
         dataset = rows.usable_pairs(dataset, skip, checked, "invalid_rows", shape, split=script.dataset_train_split,
                                     say=say, source=script.dataset_name)  # fmt: skip
-    eval_dataset = None
-    if recipe.training.eval_strategy != "no":  # the held-out split (options.check_options: there is one)
-        eval_dataset = data.load_preference_dataset(script.dataset_name, script.dataset_test_split,
-                                                    script.dataset_config)  # fmt: skip
-        eval_dataset = rows.usable_pairs(eval_dataset, skip, checked, "invalid_eval_rows", shape, say=say,
-                                         split=script.dataset_test_split, source=script.dataset_name)  # fmt: skip
-        checked["eval_rows"] = len(eval_dataset)
+    eval_dataset = _load_eval(recipe, checked, say)
     steps = resolve.plan_steps(recipe, found.world, len(dataset) if hasattr(dataset, "__len__") else None)
     if say and not found.planning:  # the data's content, recorded: a rerun on changed data refuses to resume
         checked["data_identity"] = data_identity.of(script.dataset_name, script.dataset_train_split)
     options.check_plan(steps)
     return Data(dataset, eval_dataset, steps, checked)
+
+
+def _load_mixture(recipe, found: Launch, say: bool) -> Data:
+    """`load_data` for a training mixture (`data/mixture.py`): each source read in its shape and checked, its rows
+    taken by the seed. A dry run reads a mixture's Hub sources too: its counts are what it reports."""
+    if not found.planning:
+        offline.check_job_reachable(recipe, model=False)
+    p, checked = recipe.project, {}
+    identify = say and not found.planning  # the content, recorded: a rerun on changed data refuses to resume
+    train, mix = mixture.load(mixture.parse(mixture.fields_of(recipe)), recipe.training.seed, p.skip_invalid,
+                              p.hh_format, checked, "invalid_rows", say, identify)  # fmt: skip
+    checked["data_sources"] = mix.records
+    eval_dataset = _load_eval(recipe, checked, say)
+    steps = resolve.plan_steps(recipe, found.world, len(train))
+    options.check_plan(steps)
+    return Data(train, eval_dataset, steps, checked, mix)
+
+
+def _load_eval(recipe, checked: dict, say: bool):
+    """The held-out pairs (eval_strategy set): a held-out mixture, else dataset_name's test split
+    (options.check_options: there is one)."""
+    script, skip, shape = recipe.script, recipe.project.skip_invalid, recipe.project.hh_format
+    if recipe.training.eval_strategy == "no":
+        return None
+    held_out = mixture.parse(mixture.fields_of(recipe), evaluation=True)
+    if held_out is not None:
+        eval_dataset, eval_mix = mixture.load(held_out, recipe.training.seed, skip, shape, checked,
+                                              "invalid_eval_rows", say)  # fmt: skip
+        checked["eval_sources"] = eval_mix.records
+    else:
+        eval_dataset = data.load_preference_dataset(script.dataset_name, script.dataset_test_split,
+                                                    script.dataset_config)  # fmt: skip
+        eval_dataset = rows.usable_pairs(eval_dataset, skip, checked, "invalid_eval_rows", shape, say=say,
+                                         split=script.dataset_test_split, source=script.dataset_name)  # fmt: skip
+    checked["eval_rows"] = len(eval_dataset)
+    return eval_dataset
 
 
 def model_files(recipe, found: Launch) -> str:
@@ -202,9 +235,11 @@ class Lengths:
     pairs: cost.Lengths | None
     measured: tuple | None
     tokenizer: object | None
+    sources: list | None = None  # a mixture's data_sources, each with its share of the tokens
 
     def record(self) -> dict:
-        return {} if self.auto is None else {"max_length": self.auto}
+        return ({} if self.auto is None else {"max_length": self.auto}) | (
+            {} if self.sources is None else {"data_sources": self.sources})  # fmt: skip
 
 
 def _tokenizer(recipe, model_path: str, local_only: bool):
@@ -226,10 +261,9 @@ def _tokenizer(recipe, model_path: str, local_only: bool):
 def _analyzer_cache(recipe, found: Launch, tokenizer, dataset) -> tuple[tuple | None, dict | None]:
     """The one read of the analyzer's cache per run, and `max_length: auto`'s choice: from the cache, else analysed
     now (cached for the next run) where the data set is loaded."""
-    script, p = recipe.script, recipe.project
+    p = recipe.project
     try:
-        dataset_id = lengths.dataset_identity(script.dataset_name, script.dataset_train_split, script.dataset_config,
-                                              local_only=found.planning, hh_format=p.hh_format)  # fmt: skip
+        dataset_id = mixture.dataset_id(recipe, local_only=found.planning)
     except (OSError, ValueError):
         return None, None
     measured = lengths.cached_measure(dataset_id, tokenizer)
@@ -264,9 +298,13 @@ def measure_lengths(recipe, found: Launch, pairs: Data, model_path: str, state=N
         recipe.max_length_auto = False  # decided: the token budget is now checked against it
         if p.max_tokens_per_microbatch is not None:
             resolve.check_token_budget(recipe)
+    if measured is None and pairs.mix is not None and tokenizer is not None:  # every pair, for the sources' shares
+        every = lengths.measure(pairs.train, tokenizer, num_proc=lengths.available_cpus(), skip_invalid=True)
+        measured = (every, "the mixture's pairs, measured at start")
     if measured is not None:
         m, report = measured
-        found_pairs = cost.Lengths(m.prompt, m.chosen, m.rejected, f"the analyzer's cached lengths ({report})")
+        found_pairs = cost.Lengths(m.prompt, m.chosen, m.rejected, report if isinstance(report, str) else
+                                   f"the analyzer's cached lengths ({report})")  # fmt: skip
     elif pairs.train is not None and tokenizer is not None:
         found_pairs = sample.sampled(pairs.train, tokenizer, t.seed, p.hh_format)
     else:
@@ -276,7 +314,8 @@ def measure_lengths(recipe, found: Launch, pairs: Data, model_path: str, state=N
         counted = cuts.count(found_pairs.prompt, found_pairs.chosen, found_pairs.rejected, t.max_length,
                              t.truncation_mode)  # fmt: skip
         cuts.check(counted, found_pairs.prompt, found_pairs.source)
-    return Lengths(auto, found_pairs, measured, tokenizer)
+    shares = pairs.mix.with_token_shares(measured[0]) if pairs.mix is not None and measured is not None else None
+    return Lengths(auto, found_pairs, measured, tokenizer, shares)
 
 
 # --- forward ----------------------------------------------------------------------------------------------------------

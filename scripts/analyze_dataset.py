@@ -31,7 +31,7 @@ sys.path.insert(0, str(ROOT))  # run as `python scripts/analyze_dataset.py` from
 from dotenv import load_dotenv  # noqa: E402
 
 from dpotrain.cluster import offline  # noqa: E402
-from dpotrain.data import cuts, data, lengths, lengths_report, shapes  # noqa: E402
+from dpotrain.data import cuts, data, lengths, lengths_report, mixture, shapes  # noqa: E402
 from dpotrain.data.rows import InvalidRowError  # noqa: E402
 from dpotrain.recipe import cli, config, writes  # noqa: E402
 from dpotrain.recipe.errors import ConfigError  # noqa: E402
@@ -175,7 +175,8 @@ def check_args(args: argparse.Namespace) -> None:
 def analyze(args: argparse.Namespace) -> int:
     check_args(args)
     recipe, recipe_path = read_recipe(args.config, args.dataset)
-    name = args.dataset or recipe.get("dataset_name") or DEFAULT_DATASET
+    mixed = not args.dataset and mixture.given(recipe)  # a mixture: read as training reads it, then measured
+    name = recipe_path if mixed else args.dataset or recipe.get("dataset_name") or DEFAULT_DATASET
     split = args.split or recipe.get("dataset_train_split") or "train"
     tokenizer_name = args.tokenizer or recipe.get("model_name_or_path")
     if not tokenizer_name:
@@ -210,12 +211,13 @@ def analyze(args: argparse.Namespace) -> int:
     except Exception as e:  # unknown name, offline, gated: one line
         hint = f": {remedy}" if offline.is_hub_model(tokenizer_name) and offline.is_offline() else ""
         raise ConfigError(f"could not load the tokenizer of {tokenizer_name!r} ({_first_line(e)}){hint}") from None
-    try:
-        dataset = data.load_preference_dataset(name, split, subset, revision=args.revision, streaming=args.streaming)
-    except ConfigError:  # already one line that names the fix
-        raise
-    except Exception as e:  # unknown Hub name, no access, offline, unreadable file: one line, not a traceback
-        raise ConfigError(f"could not load data set {name!r} (split {split!r}): {_first_line(e)}") from None
+    dataset, mix = (
+        load(args, recipe, name, split, subset, hh_format)
+        if not mixed
+        else mixture.load(
+            mixture.parse(recipe), int(recipe.get("seed", 42)), args.skip_invalid, hh_format, {}, "invalid_rows"
+        )
+    )
 
     indices = None
     if args.sample:
@@ -226,6 +228,10 @@ def analyze(args: argparse.Namespace) -> int:
     except InvalidRowError as e:  # where the row is in the user's file (a sample keeps the rows' own indices)
         raise e.located(name) from None
     print(f"Read as {m.shape}", file=sys.stderr, flush=True)
+    for i, r in enumerate(mix.with_token_shares(m) if mix else []):  # each source's share, and its own lengths
+        spread = lengths.percentiles(m.total[mix.source_of_row[m.index] == i])
+        print(f"Source {mixture.describe(r)}; pair lengths p50 {spread['p50']}, p95 {spread['p95']}, max "
+              f"{spread['max']}")  # fmt: skip
     candidates = [*args.candidates, *([current] if current else [])]
     report = lengths.summarize(
         m,
@@ -261,11 +267,21 @@ def analyze(args: argparse.Namespace) -> int:
         lengths_report.plot(m, report, args.plot)
         print(f"wrote {args.plot}", file=sys.stderr)
     if not args.sample and not m.invalid:
-        dataset_id = lengths.dataset_identity(name, split, subset, args.revision,
-                                              hh_format=hh_format)  # fmt: skip
+        dataset_id = mixture.dataset_id_of(recipe, int(recipe.get("seed", 42)), hh_format) if mixed else (
+            lengths.dataset_identity(name, split, subset, args.revision, hh_format=hh_format))  # fmt: skip
         path = lengths.save_cache(m, report, dataset_id, tokenizer)
         print(f"cached for `max_length: auto` in training: {path}", file=sys.stderr)
     return 0
+
+
+def load(args, recipe: dict, name: str, split: str, subset: str | None, hh_format: str):
+    """One data set, and no mixture."""
+    try:
+        return data.load_preference_dataset(name, split, subset, revision=args.revision, streaming=args.streaming), None
+    except ConfigError:  # already one line that names the fix
+        raise
+    except Exception as e:  # unknown Hub name, no access, offline, unreadable file: one line, not a traceback
+        raise ConfigError(f"could not load data set {name!r} (split {split!r}): {_first_line(e)}") from None
 
 
 def hub_downloads(tokenizer: str, dataset: str, config: str | None, split: str, args) -> list[str]:

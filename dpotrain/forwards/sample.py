@@ -12,7 +12,7 @@ a data set, which TRL does later anyway.
 
 import numpy as np
 
-from dpotrain.data import cuts, lengths
+from dpotrain.data import cuts, lengths, mixture
 from dpotrain.forwards.cost import Lengths
 
 SAMPLE_ROWS = 1024
@@ -20,10 +20,8 @@ SAMPLE_ROWS = 1024
 
 def cached(recipe, tokenizer) -> Lengths | None:
     """The analyzer's cached lengths of the recipe's training split, read from this machine only; None without."""
-    script = recipe.script
     try:
-        dataset_id = lengths.dataset_identity(script.dataset_name, script.dataset_train_split, script.dataset_config,
-                                              local_only=True, hh_format=recipe.project.hh_format)  # fmt: skip
+        dataset_id = mixture.dataset_id(recipe, local_only=True)
     except (OSError, ValueError):
         return None
     found = lengths.cached_measure(dataset_id, tokenizer)

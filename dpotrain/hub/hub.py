@@ -154,9 +154,14 @@ def model_card(resolved: dict, records: list[dict], revisions: list[tuple[int, s
     from huggingface_hub import ModelCard, ModelCardData
 
     base, dataset = resolved.get("model_name_or_path"), resolved.get("dataset_name")
+    sources = resolved.get("derived", {}).get("data_sources") or []
+    names = [dataset] if dataset else [r["source"].split(" [")[0].split(":")[0] for r in sources]
+    hub_names = [n for n in names if "/" in n and not Path(n).exists()]
+    if sources:
+        dataset = f"a mixture of {len(sources)} sources"
     data = ModelCardData(
         base_model=base if base and not base.startswith("builtin:") else None,
-        datasets=[dataset] if dataset and "/" in dataset and not Path(dataset).exists() else None,
+        datasets=hub_names or None,
         library_name="peft" if resolved.get("use_peft") else "transformers",
         tags=["dpo", "trl", "olmo3-recipe", *(["lora", "peft"] if resolved.get("use_peft") else [])],
     )
@@ -177,7 +182,7 @@ def model_card(resolved: dict, records: list[dict], revisions: list[tuple[int, s
 
 DPO post-training of `{base}` on `{dataset}` with OLMo 3's length-normalized DPO recipe, trained with TRL's
 `DPOTrainer` (config `{resolved.get("config")}`).
-{card_lines(resolved)}
+{card_lines(resolved)}{sources_section(sources)}
 ## Recipe
 
 | field | value |
@@ -193,6 +198,26 @@ DPO post-training of `{base}` on `{dataset}` with OLMo 3's length-normalized DPO
 ![training curves]({PLOT_FILE})
 """
     return str(ModelCard(content + revisions_section(revisions, repo_id or resolved.get("hub_model_id") or "")))
+
+
+def sources_section(sources: list[dict]) -> str:
+    """A mixture's sources as the run recorded them (data/mixture.py): rows read and usable, taken, the share of the
+    tokens, and what identifies each (its files' SHA-256, or a Hub revision)."""
+    if not sources:
+        return ""
+    rows = []
+    for r in sources:
+        ident = r.get("identity") or {}
+        files = ident.get("files") or {}
+        what = ", ".join(f"`{name}` sha256 `{f['sha256'][:12]}`" for name, f in files.items()) or ident.get(
+            "revision", "")  # fmt: skip
+        share = f"{r['token_share']:.1%}" if "token_share" in r else ""
+        rows.append(f"| `{r['source']}` | {r['rows_read']} | {r['rows_usable']} | {r['amount']} | {r['taken']}"
+                    f"{' (upsampled)' if r['upsampled'] else ''} | {share} | {what} |")  # fmt: skip
+    return (
+        "\n## Data\n\n| source | rows | usable | amount | taken | share of tokens | identity |\n"
+        "|---|---|---|---|---|---|---|\n" + "\n".join(rows) + "\n"
+    )
 
 
 def as_run(key: str, resolved: dict):

@@ -97,6 +97,43 @@ class ProjectArguments:
             "identical to rejected, ...) and count them in resolved_config.json, instead of refusing the data set."
         },
     )
+    # --- a mixture of sources (dpotrain/data/mixture.py; docs/data.md "Several sources"); dataset_name names one ---
+    datasets: list[str] | None = field(
+        default=None,
+        metadata={
+            "help": "TRL's mixture (DatasetMixtureConfig): in YAML a list of sources, each a mapping with path, name, "
+            "data_dir, data_files, split, columns, and either TRL's fraction (its share of the mixture) or amount "
+            "(0.5: that fraction of the source, 2.0 upsamples; 1000: that many pairs). Instead of dataset_name."
+        },
+    )
+    eval_datasets: list[str] | None = field(
+        default=None,
+        metadata={"help": "The held-out mixture, written as `datasets` (split default: dataset_test_split)."},
+    )
+    dataset_mixer_list: list[str] | None = field(
+        default=None,
+        metadata={
+            "help": "open-instruct's mixture: SOURCE AMOUNT [SOURCE AMOUNT ...]; an amount with a decimal point is a "
+            "fraction of the source (above 1.0 upsamples), one without is a count of pairs. Instead of dataset_name."
+        },
+    )
+    dataset_mixer_list_splits: list[str] | None = field(
+        default=None, metadata={"help": "The split of each source (one for all). Default: dataset_train_split."}
+    )
+    dataset_mixer_eval_list: list[str] | None = field(
+        default=None, metadata={"help": "The held-out mixture, written as dataset_mixer_list."}
+    )
+    dataset_mixer_eval_list_splits: list[str] | None = field(
+        default=None, metadata={"help": "The split of each held-out source (one for all). Default: dataset_test_split."}
+    )
+    streaming: bool = field(
+        default=False,
+        metadata={"help": "TRL's mixture field, accepted as false only: a mixture counts and samples its sources."},
+    )
+    test_split_size: float | None = field(
+        default=None,
+        metadata={"help": "TRL's mixture field, refused (TRL splits without a seed): use eval_datasets instead."},
+    )
     hh_format: str = field(
         default="messages",
         metadata={
@@ -384,6 +421,8 @@ def parse_args(argv: list[str] | None = None) -> Recipe:
         training.padding_free = True  # this project's default: packed sequences (TRL's is False)
     on_command_line = {options[a.split("=")[0]].dest for a in argv if a.split("=")[0] in options}
     _command_line_batch_wins(training, project, on_command_line)
+    if on_command_line & {"datasets", "dataset_mixer_list"} and "dataset_name" not in on_command_line:
+        script.dataset_name = None  # a mixture on the command line replaces the recipe file's one data set
     if "output_dir" in on_command_line and "run_name" not in on_command_line:
         # The run is the folder the user named: the model card, the plot and W&B say so, not the recipe's name for
         # its own default folder (transformers, too, names a run after its output_dir).

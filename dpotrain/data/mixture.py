@@ -1,0 +1,389 @@
+"""Preference data from several sources: a mixture, as TRL's and open-instruct's users write it.
+
+Two spellings, one list of `Source`s:
+
+- the recipe's `datasets:` list, TRL's `DatasetMixtureConfig` (`trl dpo --config`): each entry `path`, `name`,
+  `data_dir`, `data_files`, `split`, `columns` as `datasets.load_dataset` takes them, plus either TRL's `fraction`
+  (a target share of the mixture, TRL's exact rule: shares normalized to one, the largest mixture that needs no
+  source twice, the first rows of each) or this project's `amount` (open-instruct's rule, below);
+- `--dataset_mixer_list SOURCE AMOUNT [SOURCE AMOUNT ...]` with `--dataset_mixer_list_splits`, as open-instruct
+  writes it: an amount with a decimal point is a fraction of the source (`0.5`; above 1.0 upsamples: whole repeats,
+  then a seeded sample), one without is a count of pairs (`1000`, at most the source's usable rows).
+
+Each source is read in its own shape and checked row by row (`rows.usable_pairs`: a bad row is named by its file and
+line), then its rows are taken with a generator seeded by the recipe's seed and the source's own spelling, so the
+same mixture takes the same pairs on every rank, node and rerun. `Mix.records` is what the run records per source.
+"""
+
+import dataclasses
+import hashlib
+import json
+import re
+
+import numpy as np
+
+from dpotrain.data import data, data_identity, lengths, rows
+from dpotrain.recipe.errors import ConfigError
+
+ENTRY_KEYS = ("path", "name", "data_dir", "data_files", "split", "columns", "fraction", "amount")
+BUILDERS = {"json", "csv", "parquet"}  # TRL's `path: json` + `data_files: x.jsonl`: a local file, read as one
+TRAIN_FIELDS = ("datasets", "dataset_mixer_list", "dataset_mixer_list_splits")
+EVAL_FIELDS = ("eval_datasets", "dataset_mixer_eval_list", "dataset_mixer_eval_list_splits")
+
+
+@dataclasses.dataclass(frozen=True)
+class Source:
+    path: str
+    split: str
+    name: str | None = None  # the data set's configuration (datasets' `name`, this project's dataset_config)
+    data_dir: str | None = None
+    data_files: object = None
+    columns: tuple | None = None
+    amount: str | None = None  # as written: "0.5" a fraction, "1000" a count, None every row
+    share: float | None = None  # TRL's `fraction`
+
+    @property
+    def file(self) -> str | None:
+        """The one local file a TRL entry `path: json, data_files: x.jsonl` names, read as `dataset_name: x.jsonl`."""
+        files = self.data_files
+        if isinstance(files, list) and len(files) == 1:
+            files = files[0]
+        return files if self.path in BUILDERS and isinstance(files, str) and not self.data_dir else None
+
+    @property
+    def where(self) -> str:
+        """The name rows are located in (`data.row_location`): the file, else the path."""
+        return self.file or self.path
+
+    def spec(self) -> str:
+        """One line naming the source: `data/a.jsonl [train]`, `org/set:config [train]`."""
+        extra = f" data_files={self.data_files}" if self.data_files and not self.file else ""
+        extra += f" data_dir={self.data_dir}" if self.data_dir else ""
+        return f"{self.where}{':' + self.name if self.name else ''} [{self.split}]{extra}"
+
+    def written(self) -> str:
+        return self.amount if self.amount is not None else (f"share {self.share}" if self.share is not None else "all")
+
+
+# --- parsing ----------------------------------------------------------------------------------------------------------
+
+
+def given(values: dict, evaluation: bool = False) -> bool:
+    return any(values.get(f) for f in (EVAL_FIELDS if evaluation else TRAIN_FIELDS)[:2])
+
+
+def fields_of(recipe) -> dict:
+    """The recipe's values a mixture is read from (the analyzer passes a recipe file's mapping instead)."""
+    s, p = recipe.script, recipe.project
+    names = ("dataset_name", "dataset_train_split", "dataset_test_split", "dataset_config")
+    return {**{n: getattr(s, n) for n in names}, **{n: getattr(p, n) for n in (*TRAIN_FIELDS, *EVAL_FIELDS)},
+            "streaming": p.streaming, "test_split_size": p.test_split_size}  # fmt: skip
+
+
+def parse(values: dict, evaluation: bool = False) -> list[Source] | None:
+    """The training (or evaluation) mixture's sources, checked as written; None where there is no mixture."""
+    entries, mixer, splits = (values.get(f) for f in (EVAL_FIELDS if evaluation else TRAIN_FIELDS))
+    default_split = values.get("dataset_test_split" if evaluation else "dataset_train_split") or (
+        "test" if evaluation else "train")  # fmt: skip
+    flag = "eval_datasets" if evaluation else "datasets"
+    if not entries and not mixer:
+        if splits:
+            names = EVAL_FIELDS if evaluation else TRAIN_FIELDS
+            raise ConfigError(f"{names[2]} without a mixer list: give --{names[1]} SOURCE AMOUNT ... too")
+        return None
+    if entries and mixer:
+        raise ConfigError(f"two mixtures: `{flag}:` and --{(EVAL_FIELDS if evaluation else TRAIN_FIELDS)[1]}: keep one")
+    if values.get("streaming"):
+        raise ConfigError("streaming: true with a mixture: sources are counted and sampled, which needs their rows; "
+                          "remove streaming (each source is read once, before the model loads)")  # fmt: skip
+    if not evaluation and values.get("test_split_size") is not None:
+        raise ConfigError("test_split_size is not supported (TRL splits without a seed, so a requeued run would "
+                          "evaluate on other pairs): name the held-out pairs with `eval_datasets:`")  # fmt: skip
+    if not evaluation and values.get("dataset_name"):
+        raise ConfigError(f"dataset_name {values['dataset_name']!r} and a mixture: a mixture names every source; put "
+                          "that data set in the mixture or remove dataset_name")  # fmt: skip
+    sources = [_entry(e, default_split, flag) for e in entries] if entries else _mixer(mixer, splits, default_split)
+    shares = [s.share is not None for s in sources]
+    if any(shares) and not all(shares):
+        raise ConfigError(f"`fraction` is given for some `{flag}:` entries only: TRL's shares need one on every entry "
+                          "(or use `amount`, a fraction or count of each source on its own)")  # fmt: skip
+    seen = [s.spec() for s in sources]
+    twice = next((s for s in seen if seen.count(s) > 1), None)
+    if twice:
+        raise ConfigError(f"source {twice} is named twice in the mixture: give it once, with one amount")
+    return sources
+
+
+def _entry(entry, split: str, flag: str) -> Source:
+    if isinstance(entry, str):
+        try:
+            entry = json.loads(entry)
+        except ValueError:
+            entry = {"path": entry}  # `--datasets a.jsonl b.jsonl`: whole sources
+    if not isinstance(entry, dict):
+        raise ConfigError(f"`{flag}:` entry {entry!r}: each is a mapping with `path` (and name, split, amount, ...)")
+    unknown = sorted(set(entry) - set(ENTRY_KEYS))
+    if unknown:
+        raise ConfigError(f"`{flag}:` entry {entry.get('path')!r}: unknown key(s) {unknown}; an entry takes "
+                          f"{', '.join(ENTRY_KEYS)}")  # fmt: skip
+    if not entry.get("path"):
+        raise ConfigError(f"`{flag}:` entry {entry}: no `path` (a Hub name, a local file or folder, or "
+                          "json/csv/parquet with data_files)")  # fmt: skip
+    if entry.get("fraction") is not None and entry.get("amount") is not None:
+        raise ConfigError(f"`{flag}:` entry {entry['path']!r}: `fraction` (TRL's share of the mixture) and `amount` "
+                          "(a fraction or count of this source): keep one")  # fmt: skip
+    share = entry.get("fraction")
+    if share is not None and (isinstance(share, bool) or not isinstance(share, (int, float)) or share < 0):
+        raise ConfigError(f"`{flag}:` entry {entry['path']!r}: fraction {share!r} must be a number >= 0")
+    amount = entry.get("amount")
+    amount = None if amount is None else _amount(json.dumps(amount) if not isinstance(amount, str) else amount)
+    columns = entry.get("columns")
+    return Source(str(entry["path"]), str(entry.get("split") or split), entry.get("name"), entry.get("data_dir"),
+                  entry.get("data_files"), tuple(columns) if columns else None, amount,
+                  None if share is None else float(share))  # fmt: skip
+
+
+def _mixer(tokens: list, splits: list | None, split: str) -> list[Source]:
+    tokens = [str(t) for t in tokens]
+    if len(tokens) % 2:
+        raise ConfigError(f"--dataset_mixer_list takes SOURCE AMOUNT pairs, got {len(tokens)} values ({tokens}): "
+                          "give each source its amount (1.0 for every row)")  # fmt: skip
+    pairs = list(zip(tokens[::2], tokens[1::2], strict=True))
+    splits = list(splits or [split])
+    if len(splits) not in (1, len(pairs)):
+        raise ConfigError(f"--dataset_mixer_list_splits has {len(splits)} splits for {len(pairs)} sources: give one "
+                          "for all, or one per source")  # fmt: skip
+    splits = splits * len(pairs) if len(splits) == 1 else splits
+    return [Source(name, s, amount=_amount(a)) for (name, a), s in zip(pairs, splits, strict=True)]
+
+
+def _amount(text: str) -> str:
+    """open-instruct's rule: with a decimal point a fraction of the source, without one a count of pairs."""
+    text = text.strip()
+    if re.fullmatch(r"[0-9]+", text) and int(text) > 0:
+        return text
+    if re.fullmatch(r"[0-9]*\.[0-9]*", text) and text != "." and float(text) > 0:
+        return text
+    raise ConfigError(f"amount {text!r}: write a fraction of the source with a decimal point (0.5, 1.0, 2.5 "
+                      "upsamples) or a count of pairs without one (1000), above 0")  # fmt: skip
+
+
+def check(recipe) -> None:
+    """The recipe's data, checked from the recipe alone: one source (dataset_name) or a mixture's spelling."""
+    values = fields_of(recipe)
+    train = parse(values)
+    parse(values, evaluation=True)
+    if train is None:
+        data.check_dataset_name(recipe.script.dataset_name)
+        return
+    for source in train:
+        if source.file or data.is_local(source.path):
+            data.check_dataset_name(source.file or source.path)
+
+
+# --- taking the rows --------------------------------------------------------------------------------------------------
+
+
+def _generator(seed: int, source: Source) -> np.random.Generator:
+    """One generator per source: the recipe's seed and the source's spelling, not its position or the process."""
+    key = int.from_bytes(hashlib.sha256(source.spec().encode()).digest()[:8], "little")
+    return np.random.default_rng([seed, key])
+
+
+def take(source: Source, usable: int, seed: int, share_rows: int | None = None) -> np.ndarray:
+    """The indices (into the source's usable rows) the mixture takes, in the source's order within each repeat."""
+    if share_rows is not None:  # TRL's fraction: the first rows
+        return np.arange(share_rows)
+    if source.amount is None:
+        return np.arange(usable)
+    rng = _generator(seed, source)
+    if "." not in source.amount:
+        count = int(source.amount)
+        if count > usable:
+            raise ConfigError(f"source {source.spec()} has {usable} usable rows and the mixture asks for {count}: "
+                              f"ask for fewer, or write a fraction to upsample ({count / usable:.2f} takes every "
+                              "row and a seeded sample of the rest)")  # fmt: skip
+        return np.sort(rng.choice(usable, count, replace=False))
+    wanted = int(float(source.amount) * usable)  # floor, as open-instruct
+    whole, rest = divmod(wanted, usable)
+    return np.concatenate([np.tile(np.arange(usable), whole), np.sort(rng.choice(usable, rest, replace=False))])
+
+
+def share_rows(sources: list[Source], usable: list[int]) -> list[int | None]:
+    """TRL's `fraction` rule (trl/scripts/utils.py:get_dataset): shares normalized to one, the largest mixture in
+    which no source gives more rows than it has, the first round(share x total) rows of each."""
+    if sources[0].share is None:
+        return [None] * len(sources)
+    total_share = sum(s.share for s in sources)
+    if total_share <= 0:
+        raise ConfigError("every `fraction` of the mixture is 0: give at least one source a share above 0")
+    weights = [s.share / total_share for s in sources]
+    total = min(n / w for n, w in zip(usable, weights, strict=True) if w > 0)
+    return [round(w * total) for w in weights]
+
+
+# --- loading ----------------------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Mix:
+    """The mixture as read: each source's record (for resolved_config.json's `data_sources`), and for every row of
+    the joined data set the source it came from (`source_of_row`, an index into `records`)."""
+
+    records: list
+    source_of_row: np.ndarray
+
+    def with_token_shares(self, measured) -> list:
+        """`records`, each with its share of the mixture's tokens (prompt with each answer, as measured)."""
+        tokens = 2 * measured.prompt.astype(np.int64) + measured.chosen + measured.rejected
+        per = np.bincount(self.source_of_row[measured.index], weights=tokens, minlength=len(self.records))
+        total = float(per.sum()) or 1.0
+        return [{**r, "tokens": int(n), "token_share": round(float(n) / total, 4)}
+                for r, n in zip(self.records, per, strict=True)]  # fmt: skip
+
+
+def read_source(source: Source):
+    """One source's rows, as the one-source loader reads them (a local file: refusals name its line)."""
+    if source.file:
+        loaded = data.load_preference_dataset(source.file, source.split)
+    elif source.data_files or source.data_dir:  # a builder or Hub repo with its own files: datasets reads it
+        import datasets
+
+        try:
+            loaded = datasets.load_dataset(source.path, name=source.name, data_dir=source.data_dir,
+                                           data_files=source.data_files, split=source.split)  # fmt: skip
+        except Exception as e:
+            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise ConfigError(f"could not load mixture source {source.spec()}: {first}") from None
+    else:
+        loaded = data.load_preference_dataset(source.path, source.split, source.name)
+    if source.columns:
+        missing = [c for c in source.columns if c not in loaded.column_names]
+        if missing:
+            raise ConfigError(f"mixture source {source.spec()}: no column(s) {missing} (it has "
+                              f"{sorted(loaded.column_names)}): fix `columns`")  # fmt: skip
+        loaded = loaded.select_columns(list(source.columns))
+    data.check_columns(loaded.column_names, source.spec())
+    return loaded
+
+
+def load(sources: list[Source], seed: int, skip_invalid: bool, hh_format: str, checked: dict, key: str,
+         say: bool = True, identify: bool = False):  # fmt: skip
+    """The mixture's pairs joined in the order the sources are written, and its `Mix`. Every source is read in its
+    own shape and checked (bad rows refused by source and line, or with skip_invalid dropped and counted per source,
+    under `checked[key]`)."""
+    import datasets
+
+    usable, records, dropped = [], [], {}
+    for source in sources:
+        raw = read_source(source)
+        found: dict = {}
+        pairs = rows.usable_pairs(raw, skip_invalid, found, "invalid", hh_format, split=source.spec(), say=say,
+                                  source=source.where)  # fmt: skip
+        if "invalid" in found:
+            dropped[source.spec()] = found["invalid"]
+        usable.append(pairs)
+        record = {"source": source.spec(), "amount": source.written(), "rows_read": len(raw),
+                  "rows_usable": len(pairs)}  # fmt: skip
+        if identify:  # the content, as one source's is recorded (data_identity): a Hub set by its revision
+            record["identity"] = identity_of(source)
+        records.append(record)
+    taken = [take(s, len(p), seed, n) for s, p, n in zip(sources, usable, share_rows(sources, [len(p) for p in usable]),
+                                                        strict=True)]  # fmt: skip
+    for record, picked, pairs in zip(records, taken, usable, strict=True):
+        digest = hashlib.sha256(np.asarray(picked, dtype=np.int64).tobytes()).hexdigest()[:16]
+        record.update(taken=len(picked), upsampled=len(picked) > len(pairs), taken_sha256=digest)
+    if dropped:
+        checked[key] = dropped
+    _check_same_kind(usable, sources)
+    parts = [p.select(t) for p, t in zip(usable, taken, strict=True) if len(t)]
+    if not parts:
+        raise ConfigError("the mixture takes no pair: give some source a larger amount")
+    joined = datasets.concatenate_datasets(_aligned(parts))
+    source_of_row = np.concatenate([np.full(len(t), i) for i, t in enumerate(taken)])
+    if say:
+        for r in records:
+            print(f"Mixture: {r['source']}: {r['rows_usable']} usable of {r['rows_read']} rows, took {r['taken']} "
+                  f"({r['amount']}{', upsampled' if r['upsampled'] else ''})", flush=True)  # fmt: skip
+    return joined, Mix(records, source_of_row)
+
+
+def _check_same_kind(parts, sources) -> None:
+    """Message lists and plain text cannot train together (one chat template, or none): refused by source."""
+    kinds = {s.spec(): isinstance(p[0]["chosen"], list) for s, p in zip(sources, parts, strict=True) if len(p)}
+    if len(set(kinds.values())) > 1:
+        text = [k for k, conversational in kinds.items() if not conversational]
+        lists = [k for k, conversational in kinds.items() if conversational]
+        raise ConfigError(f"the mixture joins message lists ({', '.join(lists)}) and plain text ({', '.join(text)}): "
+                          "a run applies the chat template to all or none; convert the text source to messages "
+                          "(HH-RLHF: hh_format: messages)")  # fmt: skip
+
+
+def _aligned(parts: list) -> list:
+    """The sources' columns made equal (`tools`, `chat_template_kwargs` only where some source has them: None in the
+    others) so that datasets can join them."""
+    columns = {c for p in parts for c in p.column_names}
+    out = []
+    for p in parts:
+        for c in sorted(columns - set(p.column_names)):
+            p = p.add_column(c, [None] * len(p))
+        out.append(p.select_columns(sorted(columns)))
+    features = out[0].features
+    return [p.cast(features) if p.features != features else p for p in out]
+
+
+def describe(record: dict) -> str:
+    """One source as the dry run, the analyzer and the model card say it: rows, taken, share of the tokens."""
+    dropped = record["rows_read"] - record["rows_usable"]
+    text = f"{record['source']}: {record['rows_read']:,} rows" + (f" ({dropped:,} invalid dropped)" if dropped else "")
+    text += f", took {record['taken']:,} ({record['amount']}{', upsampled' if record['upsampled'] else ''})"
+    if "token_share" in record:
+        text += f", {record['token_share']:.1%} of the tokens"
+    return text
+
+
+# --- identity ---------------------------------------------------------------------------------------------------------
+
+
+def identity_of(source: Source) -> dict:
+    """A local source's files (size, time, SHA-256: `data_identity.of`), or a Hub source's revision."""
+    local = source.file or (source.path if data.is_local(source.path) else None)
+    if local:
+        return {"files": data_identity.of(local, source.split)}
+    return {"revision": lengths.dataset_identity(source.path, source.split, source.name, local_only=False)}
+
+
+def content_changed(recipe, derived: dict) -> str | None:
+    """How the training data's content differs from the run's record (`derived`: one source's `data_identity`, a
+    mixture's `data_sources` with each local source's files), or None."""
+    sources = parse(fields_of(recipe))
+    if sources is None:
+        s = recipe.script
+        return data_identity.changed(derived.get("data_identity"), s.dataset_name, s.dataset_train_split)
+    recorded = {r["source"]: (r.get("identity") or {}).get("files") for r in derived.get("data_sources") or []}
+    for source in sources:
+        local = source.file or (source.path if data.is_local(source.path) else None)
+        if local and recorded.get(source.spec()):
+            why = data_identity.changed(recorded[source.spec()], local, source.split)
+            if why:
+                return f"{source.spec()}: {why}"
+    return None
+
+
+def dataset_id(recipe, local_only: bool = False) -> str:
+    """What the analyzer's cache of the training data is valid for: one source's identity (`lengths.dataset_identity`)
+    or the mixture's, made of its sources' identities, their amounts and the seed that picks their rows."""
+    values = fields_of(recipe)
+    return dataset_id_of(values, recipe.training.seed, recipe.project.hh_format, local_only)
+
+
+def dataset_id_of(values: dict, seed: int, hh_format: str, local_only: bool = False) -> str:
+    sources = parse(values)
+    if sources is None:
+        return lengths.dataset_identity(values["dataset_name"], values["dataset_train_split"],
+                                        values.get("dataset_config"), local_only=local_only,
+                                        hh_format=hh_format)  # fmt: skip
+    parts = [[lengths.dataset_identity(s.file or s.path, s.split, s.name, local_only=local_only, hh_format=hh_format),
+              s.spec(), s.written(), s.columns] for s in sources]  # fmt: skip
+    digest = hashlib.sha256(json.dumps([parts, seed], default=str).encode()).hexdigest()[:16]
+    return f"mixture:{digest}"

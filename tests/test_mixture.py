@@ -1,0 +1,220 @@
+"""Issue #40: preference data from several sources (dpotrain/data/mixture.py), in TRL's `datasets:` spelling and
+open-instruct's `--dataset_mixer_list`.
+
+The held-out mixture: three local files written with the real `datasets` library, in three shapes and formats (TRL's
+explicit prompt as JSON Lines, UltraFeedback-binarized as Parquet, HH-RLHF strings as CSV), taken as a fraction, a
+count and an upsampled fraction. Counts are read from the run's own records (resolved_config.json, the dry run's).
+"""
+
+import json
+
+import datasets
+import pytest
+from test_data_shapes import explicit_prompt, hh, ultrafeedback
+
+from conftest import ROOT, launch_smoke, run_train
+from dpotrain import resolve
+from dpotrain.data import mixture
+from dpotrain.recipe.config import parse_args
+from dpotrain.recipe.errors import ConfigError
+
+SMOKE = str(ROOT / "configs" / "smoke.yaml")
+ROWS = {"trl": 40, "uf": 30, "hh": 20}
+# floor(0.5 x 40), 12 of 30, floor(1.5 x 20): every hh row once, then 10 of them again
+TAKEN = {"trl": 20, "uf": 12, "hh": 30}
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("mixture")
+    datasets.Dataset.from_list(explicit_prompt(ROWS["trl"])).to_json(folder / "trl.jsonl")
+    datasets.Dataset.from_list(ultrafeedback(ROWS["uf"])).to_parquet(folder / "uf.parquet")
+    datasets.Dataset.from_list(hh(ROWS["hh"])).to_csv(folder / "hh.csv", index=False)
+    return {name: str(folder / f"{name}.{suffix}") for name, suffix in (("trl", "jsonl"), ("uf", "parquet"),
+                                                                         ("hh", "csv"))}  # fmt: skip
+
+
+def mixer(files) -> list[str]:
+    return ["--dataset_mixer_list", files["trl"], "0.5", files["uf"], "12", files["hh"], "1.5"]
+
+
+def by_source(records: list[dict], files) -> dict:
+    names = {path: name for name, path in files.items()}
+    return {names[r["source"].split(" [")[0]]: r for r in records}
+
+
+# --- the two spellings ------------------------------------------------------------------------------------------------
+
+
+def test_both_spellings_name_the_same_sources(tmp_path, files):
+    recipe_file = tmp_path / "mix.yaml"
+    recipe_file.write_text(
+        "bf16: false\ndatasets:\n"
+        f"  - path: {files['trl']}\n    amount: 0.5\n"
+        f"  - path: {files['uf']}\n    amount: 12\n"
+        f"  - path: csv\n    data_files: {files['hh']}\n    amount: 1.5\n"
+    )
+    from_yaml = mixture.parse(mixture.fields_of(parse_args(["--config", str(recipe_file)])))
+    from_cli = mixture.parse(mixture.fields_of(parse_args(["--config", SMOKE, *mixer(files)])))
+    assert [(s.spec(), s.amount) for s in from_yaml] == [(s.spec(), s.amount) for s in from_cli]
+    assert [s.amount for s in from_cli] == ["0.5", "12", "1.5"]
+
+
+@pytest.mark.parametrize(
+    "args, says",
+    [
+        (["--dataset_mixer_list", "a.jsonl"], "SOURCE AMOUNT pairs"),
+        (["--dataset_mixer_list", "a.jsonl", "1e3"], "with a decimal point"),
+        (["--dataset_mixer_list", "a.jsonl", "0"], "above 0"),
+        (["--dataset_mixer_list", "a.jsonl", "1.0", "--dataset_name", "b.jsonl"], "dataset_name 'b.jsonl' and a"),
+        (["--dataset_mixer_list", "a.jsonl", "1.0", "a.jsonl", "0.5"], "named twice"),
+        (["--dataset_mixer_list", "a.jsonl", "1.0", "--dataset_mixer_list_splits", "train", "test", "x"], "3 splits"),
+        (["--datasets", '{"path": "a.jsonl", "fraction": 0.5, "amount": 1.0}'], "keep one"),
+        (["--datasets", '{"path": "a.jsonl", "fraction": 0.5}', '{"path": "b.jsonl"}'], "for some"),
+        (["--datasets", '{"path": "a.jsonl", "weight": 2}'], "unknown key(s) ['weight']"),
+        (["--datasets", '{"path": "a.jsonl"}', "--streaming", "true"], "streaming: true"),
+        (["--datasets", '{"path": "a.jsonl"}', "--test_split_size", "0.1"], "test_split_size"),
+    ],
+)
+def test_a_mixture_written_wrong_is_one_line(args, says):
+    with pytest.raises(ConfigError, match=None) as e:
+        resolve.check_values(parse_args(["--config", SMOKE, *args]))
+    assert says in str(e.value) and "\n" not in str(e.value)
+
+
+def test_a_count_above_the_rows_is_refused_a_fraction_upsamples(files):
+    count = mixture.Source(files["hh"], "train", amount="21")
+    with pytest.raises(ConfigError, match="has 20 usable rows and the mixture asks for 21.*1.05"):
+        mixture.take(count, 20, seed=42)
+    taken = mixture.take(mixture.Source(files["hh"], "train", amount="2.5"), 20, seed=42)
+    assert len(taken) == 50 and sorted(set(taken.tolist())) == list(range(20))  # every row twice, then 10 of them
+    assert (mixture.take(mixture.Source(files["hh"], "train", amount="2.5"), 20, seed=42) == taken).all()
+    assert not (mixture.take(mixture.Source(files["hh"], "train", amount="0.5"), 20, seed=7) ==
+                mixture.take(mixture.Source(files["hh"], "train", amount="0.5"), 20, seed=42)).all()  # fmt: skip
+
+
+# --- the held-out mixture, trained --------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def one_process(files, tmp_path_factory):
+    """The mixture trained for 2 steps on one process, and its dry run."""
+    out = tmp_path_factory.mktemp("run") / "out"
+    args = ["--config", SMOKE, *mixer(files), "--output_dir", str(out), "--max_steps", "2", "--save_steps", "2"]
+    dry = run_train([*args, "--dry-run"])
+    assert dry.returncode == 0, dry.stdout[-3000:]
+    run = run_train(args)
+    assert run.returncode == 0, run.stdout[-3000:]
+    planned = json.loads((out.parent / "out.dry-run.json").read_text())
+    return out, dry.stdout, planned, json.loads((out / "resolved_config.json").read_text())
+
+
+def test_the_run_trains_exactly_the_pairs_the_mixture_names(one_process, files):
+    out, _, _, resolved = one_process
+    sources = by_source(resolved["derived"]["data_sources"], files)
+    assert {name: r["taken"] for name, r in sources.items()} == TAKEN
+    assert {name: r["rows_read"] for name, r in sources.items()} == ROWS
+    assert {name: r["upsampled"] for name, r in sources.items()} == {"trl": False, "uf": False, "hh": True}
+    assert resolved["derived"]["dataset_rows"] == sum(TAKEN.values())
+    assert abs(sum(r["token_share"] for r in sources.values()) - 1) < 1e-3
+    assert all(r["identity"]["files"] for r in sources.values())  # each file's SHA-256
+
+
+def test_the_dry_run_and_the_model_card_describe_it_as_the_run_records_it(one_process, files):
+    out, printed, planned, resolved = one_process
+    recorded = resolved["derived"]["data_sources"]
+    keys = ("source", "rows_read", "rows_usable", "taken", "upsampled", "taken_sha256", "tokens", "token_share")
+    assert [{k: r[k] for k in keys} for r in planned["derived"]["data_sources"]] == [
+        {k: r[k] for k in keys} for r in recorded
+    ]
+    card = (out / "README.md").read_text()
+    for r in recorded:
+        assert mixture.describe(r) in printed
+        assert f"| `{r['source']}` | {r['rows_read']} |" in card and f"{r['token_share']:.1%}" in card
+
+
+def test_two_processes_take_the_same_pairs(one_process, files, tmp_path):
+    out = tmp_path / "two"
+    launch_smoke(2, [*mixer(files), "--output_dir", str(out), "--max_steps", "2", "--save_strategy", "no"])
+    two = json.loads((out / "resolved_config.json").read_text())["derived"]["data_sources"]
+    one = one_process[3]["derived"]["data_sources"]
+    assert [(r["taken"], r["taken_sha256"], r["tokens"]) for r in two] == [
+        (r["taken"], r["taken_sha256"], r["tokens"]) for r in one
+    ]
+
+
+def test_a_resumed_run_with_another_mixture_or_changed_file_is_refused(one_process, files, tmp_path):
+    out = one_process[0]
+    same = parse_args(["--config", SMOKE, *mixer(files), "--output_dir", str(out), "--max_steps", "2"])
+    assert resolve.changed_settings(same, out, 8) == []
+    other = [*mixer(files)[:-1], "1.0"]  # the HH source once instead of 1.5 times
+    changed = resolve.changed_settings(parse_args(["--config", SMOKE, *other, "--max_steps", "2"]), out, 8)
+    assert changed and changed[0].startswith("dataset_mixer_list:")
+    copy = tmp_path / "out"
+    copy.mkdir()
+    (copy / "resolved_config.json").write_text((out / "resolved_config.json").read_text())
+    with open(files["trl"], "rb") as f:
+        original = f.read()
+    try:
+        with open(files["trl"], "ab") as f:
+            f.write(original.splitlines(keepends=True)[0])
+        changed = resolve.changed_settings(same, copy, 8)
+        assert changed and changed[0].startswith("dataset content: ") and "trl.jsonl" in changed[0]
+    finally:
+        with open(files["trl"], "wb") as f:
+            f.write(original)
+
+
+# --- refusals by source -----------------------------------------------------------------------------------------------
+
+
+def test_a_bad_row_is_named_by_its_source_and_line(files, tmp_path):
+    rows = explicit_prompt(10)
+    rows[6]["rejected"] = None
+    bad = tmp_path / "bad.jsonl"
+    datasets.Dataset.from_list(rows).to_json(bad)
+    result = run_train(["--config", SMOKE, "--dataset_mixer_list", files["uf"], "1.0", str(bad), "1.0", "--dry-run",
+                        "--output_dir", str(tmp_path / "out")])  # fmt: skip
+    assert result.returncode != 0
+    error = next(line for line in result.stdout.splitlines() if line.startswith("error:"))
+    assert "line 7 of bad.jsonl" in error and "'rejected'" in error
+
+
+def test_skip_invalid_counts_per_source(files, tmp_path):
+    rows = explicit_prompt(10)
+    rows[2]["chosen"] = rows[2]["rejected"]
+    bad = tmp_path / "bad.jsonl"
+    datasets.Dataset.from_list(rows).to_json(bad)
+    result = run_train(["--config", SMOKE, "--dataset_mixer_list", files["uf"], "1.0", str(bad), "1.0", "--dry-run",
+                        "--skip_invalid", "true", "--output_dir", str(tmp_path / "out")])  # fmt: skip
+    assert result.returncode == 0, result.stdout[-2000:]
+    derived = json.loads((tmp_path / "out.dry-run.json").read_text())["derived"]
+    assert list(derived["invalid_rows"]) == [f"{bad} [train]"] and derived["invalid_rows"][f"{bad} [train]"][
+        "dropped"] == 1  # fmt: skip
+    assert [(r["rows_read"], r["rows_usable"], r["taken"]) for r in derived["data_sources"]] == [(30, 30, 30),
+                                                                                                (10, 9, 9)]  # fmt: skip
+
+
+# --- TRL's recipe -----------------------------------------------------------------------------------------------------
+
+
+def test_trls_datasets_recipe_trains(files, tmp_path):
+    """`datasets:` as TRL's docs write it (path: json + data_files; TRL's `fraction` shares: normalized, the largest
+    mixture that needs no row twice, the first rows), refused as "unknown key 'datasets'" before."""
+    recipe = (
+        (ROOT / "configs" / "smoke.yaml")
+        .read_text()
+        .replace(
+            "dataset_name: data/smoke_prefs.jsonl",
+            f"datasets:\n  - path: json\n    data_files: {files['trl']}\n    fraction: 0.75\n"
+            f"  - path: parquet\n    data_files: [{files['uf']}]\n    fraction: 0.25\n    split: train\n",
+        )
+    )
+    (tmp_path / "trl.yaml").write_text(recipe)
+    out = tmp_path / "out"
+    result = run_train(["--config", str(tmp_path / "trl.yaml"), "--output_dir", str(out), "--max_steps", "2"])
+    assert result.returncode == 0, result.stdout[-3000:]
+    sources = json.loads((out / "resolved_config.json").read_text())["derived"]["data_sources"]
+    # weights 0.75/0.25; largest total with no source short: min(40 / 0.75, 30 / 0.25) = 53.3 -> 40 and 13 rows
+    assert [r["taken"] for r in sources] == [40, 13]
+    assert (out / "run_complete.json").exists()
