@@ -7,14 +7,16 @@ count and an upsampled fraction. Counts are read from the run's own records (res
 """
 
 import json
+import shutil
 
 import datasets
+import numpy as np
 import pytest
 from test_data_shapes import explicit_prompt, hh, ultrafeedback
 
 from conftest import ROOT, launch_smoke, run_train
 from dpotrain import resolve
-from dpotrain.data import mixture
+from dpotrain.data import builtin, mixture
 from dpotrain.recipe.config import parse_args
 from dpotrain.recipe.errors import ConfigError
 
@@ -218,3 +220,40 @@ def test_trls_datasets_recipe_trains(files, tmp_path):
     # weights 0.75/0.25; largest total with no source short: min(40 / 0.75, 30 / 0.25) = 53.3 -> 40 and 13 rows
     assert [r["taken"] for r in sources] == [40, 13]
     assert (out / "run_complete.json").exists()
+
+
+# --- the reference cache, reused pair by pair -------------------------------------------------------------------------
+
+
+def complete_cache(cache) -> dict:
+    (folder,) = [p.parent for p in (cache / "reference").glob("*/complete.npz")]
+    with np.load(folder / "complete.npz") as f:
+        return {k: np.asarray(f[k]) for k in f.files}
+
+
+def test_a_source_added_scores_only_its_pairs_with_the_values_a_fresh_run_gets(files, tmp_path):
+    """The mixture scored once (--reference-only), then trained with a fourth source: the first three sources' pairs
+    come from the first run's cache (counted in the run's record), only the new ones are scored, and every pair's
+    values equal a fresh scoring of the whole new mixture (fp32: the pairs met other micro-batches there)."""
+    more = tmp_path / "more.jsonl"
+    datasets.Dataset.from_list(builtin.make_preference_rows(8, seed=11)).to_json(more)
+    shared, fresh = tmp_path / "shared-cache", tmp_path / "fresh-cache"
+    first = run_train(["--config", SMOKE, *mixer(files), "--reference-only"], env={"DPOTRAIN_CACHE": str(shared)})
+    assert first.returncode == 0 and f"reference log-probs (train): {sum(TAKEN.values())} scored" in first.stdout
+    (old,) = (shared / "reference").iterdir()
+    out = tmp_path / "out"
+    grown = [*mixer(files), str(more), "8"]
+    second = run_train(["--config", SMOKE, *grown, "--output_dir", str(out), "--max_steps", "2", "--save_strategy",
+                        "no"], env={"DPOTRAIN_CACHE": str(shared)})  # fmt: skip
+    assert second.returncode == 0, second.stdout[-3000:]
+    record = json.loads((out / "resolved_config.json").read_text())["derived"]["reference"]["train"]
+    assert (record["reused_from_other_runs"], record["scored"]) == (sum(TAKEN.values()), 8), record
+    assert f"{sum(TAKEN.values())} reused from other runs' caches" in second.stdout
+    shutil.rmtree(old)  # the first run's cache: what is left is the second run's own
+    again = run_train(["--config", SMOKE, *grown, "--reference-only"], env={"DPOTRAIN_CACHE": str(fresh)})
+    assert again.returncode == 0 and f"reference log-probs (train): {sum(TAKEN.values()) + 8} scored" in again.stdout
+    reused, scored = complete_cache(shared), complete_cache(fresh)
+    assert (reused["digests"] == scored["digests"]).all()
+    for side in ("chosen", "rejected"):
+        relative = np.abs(reused[side] - scored[side]) / np.maximum(1, np.abs(scored[side]))
+        assert relative.max() <= 1e-5, (side, relative.max())

@@ -273,7 +273,8 @@ def test_the_stage_cache_folder_round_trips(tmp_path, monkeypatch):
     chosen, rejected = store.parts()
     assert np.isnan(chosen[[2, 4]]).all() and chosen[[0, 1, 3]].tolist() == [-1.0, -5.0, -3.0]
     assert store.complete() is None
-    store.write_complete({"pairs": 5}, np.arange(5, dtype=np.float32), np.arange(5, dtype=np.float32))
+    store.write_complete({"pairs": 5}, np.arange(5, dtype=np.float32), np.arange(5, dtype=np.float32),
+                         np.zeros((5, 16), dtype=np.uint8))  # fmt: skip
     store.remove_parts()
     assert store.complete()[0].tolist() == [0, 1, 2, 3, 4] and not list(store.folder.glob("part-*"))
 
@@ -361,12 +362,13 @@ def test_an_empty_complete_file_is_named_and_scored_again(tmp_path, monkeypatch,
 
     monkeypatch.setenv("DPOTRAIN_CACHE", str(tmp_path))
     store = reference.Store.for_identity({"pairs": 3, "tokens_sha256": "x"})
-    store.write_complete({"pairs": 3}, np.zeros(3, dtype=np.float32), np.zeros(3, dtype=np.float32))
+    digests = np.zeros((3, 16), dtype=np.uint8)
+    store.write_complete({"pairs": 3}, np.zeros(3, dtype=np.float32), np.zeros(3, dtype=np.float32), digests)
     assert store.complete() is not None
     (store.folder / reference.COMPLETE).write_bytes(b"")
     assert store.complete() is None
     assert f"{store.folder / reference.COMPLETE} is damaged (EOFError" in capsys.readouterr().err
-    store.write_complete({"pairs": 3}, np.zeros(2, dtype=np.float32), np.zeros(2, dtype=np.float32))  # wrong shape
+    store.write_complete({"pairs": 3}, np.zeros(2, dtype=np.float32), np.zeros(2, dtype=np.float32), digests)
     assert store.complete() is None and "arrays of shapes (2,), (2,) for 3 pairs" in capsys.readouterr().err
     store.write_part("a", 0, [0, 7], [-1.0, -2.0], [-3.0, -4.0])  # an index outside the data set
     assert np.isnan(store.parts()[0]).all() and "pair indices outside 0..2" in capsys.readouterr().err

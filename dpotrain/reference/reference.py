@@ -52,6 +52,7 @@ from dpotrain.cluster.collectives import broadcast_from_main, gather_objects, ma
 from dpotrain.plan.plan import COLUMNS, PairLengths, StepPlan, cut_step, steps_of
 from dpotrain.recipe.errors import ConfigError
 from dpotrain.recipe.writes import replacing, write_text
+from dpotrain.reference.reuse import fill_from_other_caches, pair_digests
 
 CACHE_VERSION = 2
 COMPLETE = "complete.npz"
@@ -169,8 +170,9 @@ class Store:
         self._write(f"part-{attempt}-r{rank}.npz", index=np.asarray(index, dtype=np.int64), chosen=as32(chosen),
                     rejected=as32(rejected))  # fmt: skip
 
-    def write_complete(self, ident: dict, chosen: np.ndarray, rejected: np.ndarray) -> None:
-        self._write(COMPLETE, chosen=chosen, rejected=rejected)
+    def write_complete(self, ident: dict, chosen: np.ndarray, rejected: np.ndarray, digests: np.ndarray) -> None:
+        """With each pair's digest: a later run whose data changed in part reuses the pairs it shares (`reuse.py`)."""
+        self._write(COMPLETE, chosen=chosen, rejected=rejected, digests=digests)
         write_text(self.folder / "identity.json", json.dumps(ident, indent=1) + "\n")
 
     def remove_parts(self, attempt: str | None = None, rank: int | None = None) -> None:
@@ -209,10 +211,11 @@ class Store:
 class Outcome:
     name: str
     pairs: int
-    reused: int  # pairs found in the cache
+    reused: int  # pairs found in the cache (the run's own key, or other runs' caches: `shared`)
     scored: int  # pairs scored by this attempt
     stopped: bool
     folder: Path
+    shared: int = 0  # of `reused`: found in other runs' caches (same model and settings, other data: `reuse.py`)
     world: int = 1
     micro_batches: int = 0  # per process (fillers included)
     warmup_seconds: float | None = None  # the first micro-batch: kernels loaded, compiled, tuned
@@ -224,7 +227,10 @@ class Outcome:
                     f"pairs saved in {self.folder}; the same command scores only the rest")  # fmt: skip
         if not self.scored:
             return f"reference log-probs ({self.name}): all {self.pairs:,} pairs reused from {self.folder}"
-        kept = f"{self.reused:,} reused from an interrupted run, " if self.reused else ""
+        interrupted = self.reused - self.shared
+        kept = f"{interrupted:,} reused from an interrupted run, " if interrupted else ""
+        if self.shared:
+            kept += f"{self.shared:,} reused from other runs' caches (the same pairs, model and settings), "
         return f"reference log-probs ({self.name}): {kept}{self.scored:,} scored, cached in {self.folder}"
 
     def speed_line(self) -> str | None:
@@ -241,7 +247,8 @@ class Outcome:
     def record(self) -> dict:
         """What the run records of the stage (resolved_config.json's `derived.reference`)."""
         warmup, speed = self.warmup_seconds, self.tokens_per_second
-        return {"pairs": self.pairs, "reused": self.reused, "scored": self.scored, "micro_batches": self.micro_batches,
+        return {"pairs": self.pairs, "reused": self.reused, "reused_from_other_runs": self.shared,
+                "scored": self.scored, "micro_batches": self.micro_batches,
                 "warmup_seconds": None if warmup is None else round(warmup, 3),
                 "tokens_per_second": None if speed is None else round(speed, 1)}  # fmt: skip
 
@@ -432,14 +439,15 @@ def run(trainer, dataset, name: str, layout: list[list[list[int]]] | None, stop,
     store = Store.for_identity(ident)
 
     # Rank 0's cache decides, for everyone: node-local caches then cannot lead ranks into different collectives.
-    found = None
-    if accelerator.is_main_process:
-        complete = store.complete()
-        found = (True, *complete) if complete is not None else (False, *store.parts())
-    is_complete, chosen, rejected = broadcast_from_main(found)
+    is_complete, chosen, rejected, digests, shared = broadcast_from_main(
+        _look_up(store, ident, dataset) if accelerator.is_main_process else None
+    )
     reused = int(np.count_nonzero(~np.isnan(chosen)))
     if is_complete:
         return _with_columns(dataset, chosen, rejected), Outcome(name, n, n, 0, False, store.folder)
+    if reused == n:  # every pair found in other runs' caches: kept under this run's key, nothing to score
+        _gather_and_keep(accelerator, store, ident, digests, "none", ([], [], []), chosen, rejected)
+        return _with_columns(dataset, chosen, rejected), Outcome(name, n, n, 0, False, store.folder, shared=shared)
 
     todo, size = _todo(trainer, name, n, layout, chosen)
     rounds = max(len(mine) for mine in todo)
@@ -448,7 +456,8 @@ def run(trainer, dataset, name: str, layout: list[list[list[int]]] | None, stop,
     round_pairs = [sum(len(mine[j]) for mine in todo if j < len(mine)) for j in range(rounds)]
     progress = _Progress(name, n, reused, sum(round_tokens), accelerator.is_main_process)
     if accelerator.is_main_process:
-        kept = f", {reused:,} kept from an interrupted run" if reused else ""
+        kept = f", {reused - shared:,} kept from an interrupted run" if reused - shared else ""
+        kept += f", {shared:,} found in other runs' caches" if shared else ""
         print(f"reference log-probs ({name}): scoring {n - reused:,} of {n:,} pairs on {world} process(es) in "
               f"{rounds:,} micro-batch(es) each{size}{kept}; saved to {store.folder} as they are scored",
               flush=True)  # fmt: skip
@@ -472,7 +481,7 @@ def run(trainer, dataset, name: str, layout: list[list[list[int]]] | None, stop,
                 if checks.stop_now(j):
                     store.write_part(attempt, rank, *results.on_host())
                     accelerator.wait_for_everyone()
-                    return None, Outcome(name, n, reused, progress.done - reused, True, store.folder)
+                    return None, Outcome(name, n, reused, progress.done - reused, True, store.folder, shared=shared)
                 batch = prefetch.next()
                 if batch is not None:
                     c, r = trainer.reference_log_probs(scorer, batch)
@@ -492,10 +501,24 @@ def run(trainer, dataset, name: str, layout: list[list[list[int]]] | None, stop,
     progress.advance(0, 0, force=True)
     speed = progress.speed() if rounds > 1 else None
 
-    _gather_and_keep(accelerator, store, ident, attempt, (mine_index, mine_chosen, mine_rejected), chosen, rejected)
-    outcome = Outcome(name, n, reused, n - reused, False, store.folder, world=world, micro_batches=rounds,
-                      warmup_seconds=progress.warmup, tokens_per_second=speed)  # fmt: skip
+    _gather_and_keep(accelerator, store, ident, digests, attempt, (mine_index, mine_chosen, mine_rejected), chosen,
+                     rejected)  # fmt: skip
+    outcome = Outcome(name, n, reused, n - reused, False, store.folder, shared=shared, world=world,
+                      micro_batches=rounds, warmup_seconds=progress.warmup, tokens_per_second=speed)  # fmt: skip
     return _with_columns(dataset, chosen, rejected), outcome
+
+
+def _look_up(store: Store, ident: dict, dataset) -> tuple:
+    """The main process's reading of the cache: (complete?, chosen, rejected, digests, shared). Without a finished
+    cache of its own key, the run keeps what an interrupted attempt scored, then takes the pairs other runs' finished
+    caches hold under the same model and settings (`shared` of them), matched by digest."""
+    complete = store.complete()
+    if complete is not None:
+        return True, *complete, None, 0
+    chosen, rejected = store.parts()
+    digests = pair_digests(dataset)
+    shared = fill_from_other_caches(cache_dir(), store.folder, ident, digests, chosen, rejected)
+    return False, chosen, rejected, digests, shared
 
 
 def _todo(trainer, name: str, n: int, layout, chosen: np.ndarray) -> tuple[list, str]:
@@ -511,7 +534,7 @@ def _todo(trainer, name: str, n: int, layout, chosen: np.ndarray) -> tuple[list,
     return [[mb for mb in mine if mb] for mine in todo], size
 
 
-def _gather_and_keep(accelerator, store, ident, attempt: str, mine: tuple, chosen, rejected) -> None:
+def _gather_and_keep(accelerator, store, ident, digests, attempt: str, mine: tuple, chosen, rejected) -> None:
     """Every rank's scores into `chosen` / `rejected` (all ranks), saved whole on every node, the parts removed."""
     for index, c, r in gather_objects(mine):
         chosen[index], rejected[index] = c, r
@@ -520,7 +543,7 @@ def _gather_and_keep(accelerator, store, ident, attempt: str, mine: tuple, chose
         raise RuntimeError(f"reference scoring left pairs {missing[:10].tolist()} unscored: the ranks disagree on the "
                            "data set (same data, seed and code on every node?)")  # fmt: skip
     if accelerator.is_local_main_process:  # every node keeps the result: node-local caches find it on a requeue
-        store.write_complete(ident, chosen, rejected)
+        store.write_complete(ident, chosen, rejected, digests)
     accelerator.wait_for_everyone()
     store.remove_parts(attempt, accelerator.process_index)
     if accelerator.is_local_main_process:

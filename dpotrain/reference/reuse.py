@@ -1,0 +1,98 @@
+"""Pairs reused across cache keys: a run whose data changed in part (one source of a mixture edited, a source added)
+scores only the pairs no earlier run has scored under the same model and settings.
+
+Each finished cache (`complete.npz`) stores, beside its log-probs, a digest per pair: 16 bytes of sha256 over the
+pair's prompt, chosen and rejected token ids. When a run's own key has no finished cache, the main process looks for
+finished caches whose identity equals the run's in everything but the data (`tokens_sha256`, `pairs`): the same
+weights, max_length, truncation, ld_alpha, dtype, autocast, attention, forward and library versions, so the same pair
+gets the same numbers (up to the last bits of a sum: they were scored in other micro-batches, as a layout change
+already allows). Their pairs are matched by digest. Caches written before digests were stored are not reused."""
+
+import hashlib
+import json
+import zipfile
+import zlib
+from pathlib import Path
+
+import numpy as np
+
+from dpotrain.data.pair_lengths import COLUMNS
+
+DIGEST_BYTES = 16
+DATA_KEYS = ("tokens_sha256", "pairs")  # what of a cache's identity names its data, not how its numbers are computed
+
+
+def pair_digests(dataset) -> np.ndarray:
+    """`[pairs, 16]` uint8: each pair's digest over its token ids (the columns' lengths too, so ids moved from one
+    column to the next make another digest). Arrow buffers, one sha256 per pair."""
+    import pyarrow.compute as pc
+
+    table = dataset.with_format("arrow")[:]
+    columns = []
+    for name in COLUMNS:
+        column = table.column(name).combine_chunks()
+        lengths = np.asarray(pc.list_value_length(column), dtype=np.int64)
+        ids = np.asarray(column.flatten(), dtype=np.int64)
+        columns.append((lengths, ids, np.concatenate([[0], np.cumsum(lengths)])))
+    out = np.empty((len(dataset), DIGEST_BYTES), dtype=np.uint8)
+    for i in range(len(dataset)):
+        h = hashlib.sha256()
+        for lengths, ids, starts in columns:
+            h.update(lengths[i].tobytes())
+            h.update(ids[starts[i] : starts[i + 1]].tobytes())
+        out[i] = np.frombuffer(h.digest()[:DIGEST_BYTES], dtype=np.uint8)
+    return out
+
+
+def fill_from_other_caches(caches: Path, own: Path, ident: dict, digests: np.ndarray, chosen: np.ndarray,
+                           rejected: np.ndarray) -> int:  # fmt: skip
+    """Fills the pairs of `chosen` / `rejected` still NaN from other finished caches under `caches` whose identity
+    equals `ident` but for the data; returns how many pairs it filled. Unreadable caches are passed over (their own
+    runs name and remove them)."""
+    wanted = _without_data(ident)
+    todo = np.flatnonzero(np.isnan(chosen))
+    keys = {digests[i].tobytes(): [] for i in todo}
+    for i in todo:
+        keys[digests[i].tobytes()].append(i)
+    filled = 0
+    for folder in sorted(caches.iterdir()) if caches.is_dir() else []:
+        if not keys:
+            break
+        if folder == own or _identity(folder) != wanted:
+            continue
+        found = _complete_with_digests(folder)
+        if found is None:
+            continue
+        for other, (c, r) in zip(*found, strict=True):
+            mine = keys.pop(other.tobytes(), None)
+            if mine is not None:
+                chosen[mine], rejected[mine] = c, r
+                filled += len(mine)
+    return filled
+
+
+def _without_data(ident: dict) -> dict:
+    return {k: v for k, v in ident.items() if k not in DATA_KEYS}
+
+
+def _identity(folder: Path) -> dict | None:
+    try:
+        return _without_data(json.loads((folder / "identity.json").read_text()))
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def _complete_with_digests(folder: Path):
+    """(digests, [(chosen, rejected)] per pair) of a finished cache that stored digests, else None."""
+    try:
+        with np.load(folder / "complete.npz") as f:
+            if "digests" not in f.files:
+                return None
+            digests, chosen, rejected = (np.asarray(f[k]) for k in ("digests", "chosen", "rejected"))
+    except (OSError, EOFError, ValueError, KeyError, zipfile.BadZipFile, zlib.error):
+        return None
+    if not (digests.shape == (len(chosen), DIGEST_BYTES) and chosen.shape == rejected.shape == (len(chosen),)):
+        return None
+    if np.isnan(chosen).any() or np.isnan(rejected).any():
+        return None
+    return digests, list(zip(chosen.tolist(), rejected.tolist(), strict=True))
