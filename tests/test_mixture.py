@@ -257,3 +257,42 @@ def test_a_source_added_scores_only_its_pairs_with_the_values_a_fresh_run_gets(f
     for side in ("chosen", "rejected"):
         relative = np.abs(reused[side] - scored[side]) / np.maximum(1, np.abs(scored[side]))
         assert relative.max() <= 1e-5, (side, relative.max())
+
+
+# --- a preempted mixture run --------------------------------------------------------------------------------------
+
+
+def test_a_preempted_run_resumes_on_the_same_pairs_in_the_same_steps(files, tmp_path):
+    """A stop request (the stop file Slurm's trap writes, tests/test_preemption.py) already there when training starts
+    stops the run at step 1 with a checkpoint (the reference comes from the uninterrupted run's cache, so the stage has
+    nothing to stop); the rerun of the same command resumes and ends like the uninterrupted run: the same per-source
+    pairs, the same loss at every step, the same weights."""
+    from safetensors.torch import load_file
+
+    from dpotrain.train.preemption import STOPPED_EXIT
+
+    args = ["--config", SMOKE, *mixer(files), "--max_steps", "4", "--logging_steps", "1", "--save_steps", "1000"]
+    whole, stopped, stop_file = tmp_path / "whole", tmp_path / "stopped", tmp_path / "stop"
+    assert run_train([*args, "--output_dir", str(whole)]).returncode == 0
+    stop_file.touch()
+    first = run_train([*args, "--output_dir", str(stopped)], env={"DPOTRAIN_STOP_FILE": str(stop_file)})
+    assert first.returncode == STOPPED_EXIT, first.stdout[-3000:]
+    assert stop_file.with_name("stop.checkpointed").read_text().startswith(f"checkpoint {stopped}/checkpoint-1 ")
+    stop_file.unlink()
+    rerun = run_train([*args, "--output_dir", str(stopped)], env={"DPOTRAIN_STOP_FILE": str(stop_file)})
+    assert rerun.returncode == 0 and f"Resuming from {stopped}/checkpoint-1" in rerun.stdout, rerun.stdout[-3000:]
+
+    def per_step(out) -> list[tuple]:
+        lines = (out / "metrics.jsonl").read_text().splitlines()
+        return [(r["step"], r["loss"], r["rewards/margins"]) for r in map(json.loads, lines) if "loss" in r]
+
+    def sources(out) -> list[tuple]:
+        records = json.loads((out / "resolved_config.json").read_text())["derived"]["data_sources"]
+        return [(r["source"], r["taken"], r["taken_sha256"]) for r in records]
+
+    assert sources(stopped) == sources(whole)
+    assert [s for s, *_ in per_step(stopped)] == [1, 2, 3, 4]
+    for (_, *got), (_, *want) in zip(per_step(stopped), per_step(whole), strict=True):
+        assert got == pytest.approx(want, rel=1e-5, abs=1e-6)
+    expected, got = load_file(str(whole / "model.safetensors")), load_file(str(stopped / "model.safetensors"))
+    assert all((got[k] - w).abs().max().item() < 1e-6 for k, w in expected.items())
