@@ -296,3 +296,44 @@ def test_a_preempted_run_resumes_on_the_same_pairs_in_the_same_steps(files, tmp_
         assert got == pytest.approx(want, rel=1e-5, abs=1e-6)
     expected, got = load_file(str(whole / "model.safetensors")), load_file(str(stopped / "model.safetensors"))
     assert all((got[k] - w).abs().max().item() < 1e-6 for k, w in expected.items())
+
+
+# --- the held-out mixture ---------------------------------------------------------------------------------------------
+
+
+def test_evaluation_runs_on_the_held_out_mixture(files, tmp_path):
+    """`--dataset_mixer_eval_list`: the held-out pairs are taken as a training mixture's are, recorded per source
+    (`derived.eval_sources`, the dry run's the same), scored by the reference stage and evaluated on."""
+    held = {}
+    for name, n, seed in (("held_a", 10, 13), ("held_b", 8, 17)):
+        held[name] = tmp_path / f"{name}.jsonl"
+        datasets.Dataset.from_list(builtin.make_preference_rows(n, seed=seed)).to_json(held[name])
+    out = tmp_path / "out"
+    args = ["--config", SMOKE, *mixer(files), "--dataset_mixer_eval_list", str(held["held_a"]), "6",
+            str(held["held_b"]), "0.5", "--eval_strategy", "steps", "--eval_steps", "2", "--max_steps", "2",
+            "--save_strategy", "no", "--output_dir", str(out)]  # fmt: skip
+    dry = run_train([*args, "--dry-run"])
+    assert dry.returncode == 0, dry.stdout[-3000:]
+    run = run_train(args)
+    assert run.returncode == 0, run.stdout[-3000:]
+    derived = json.loads((out / "resolved_config.json").read_text())["derived"]
+    planned = json.loads((out.parent / "out.dry-run.json").read_text())["derived"]
+    recorded = [(r["source"], r["rows_read"], r["taken"], r["taken_sha256"]) for r in derived["eval_sources"]]
+    # the split defaults to dataset_test_split; a local file is read whole under that name
+    assert [r[:3] for r in recorded] == [(f"{held['held_a']} [test]", 10, 6), (f"{held['held_b']} [test]", 8, 4)]
+    assert [(r["source"], r["taken"], r["taken_sha256"]) for r in planned["eval_sources"]] == [
+        (s, taken, sha) for s, _, taken, sha in recorded
+    ]
+    assert derived["eval_rows"] == 10 and derived["reference"]["eval"]["pairs"] == 10
+    assert derived["dataset_rows"] == sum(TAKEN.values())  # the training mixture is untouched by the held-out one
+    evaluated = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in evaluated if "eval_loss" in r] == [2]
+
+
+def test_eval_strategy_with_a_training_mixture_but_no_held_out_one_is_refused(files, tmp_path):
+    result = run_train(["--config", SMOKE, *mixer(files), "--eval_strategy", "steps", "--eval_steps", "2",
+                        "--dry-run", "--output_dir", str(tmp_path / "out")])  # fmt: skip
+    assert result.returncode != 0
+    (error,) = [line for line in result.stdout.splitlines() if line.startswith("error:")]
+    assert "eval_strategy with a training mixture needs its held-out pairs" in error
+    assert "--dataset_mixer_eval_list SOURCE AMOUNT" in error and "Mixture:" not in result.stdout  # before any read
