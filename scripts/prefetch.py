@@ -8,7 +8,9 @@ then run the job with HF_HUB_OFFLINE=1 (and the same HF_HOME). It fetches, at mo
 weights (one format), tokenizer, chat template and generation config, and loads the data set exactly as training
 does (datasets.load_dataset, so the prepared Arrow cache is the one the job reads). Last it checks the cache as an
 offline job will, and says so. Any train_dpo.py override works here (--model_name_or_path, --model_revision,
---dataset_name, --dataset_config, --dataset_train_split), plus --split and --revision (the data set's revision).
+--dataset_name, --dataset_config, --dataset_train_split, a mixture's --dataset_mixer_list, --dataset_mixer_eval_list
+and their splits), plus --split and --revision (dataset_name's revision). Each Hub source of a mixture (the recipe's
+`datasets:` and `eval_datasets:` too) is loaded as training reads it; its local sources are left where they are.
 HF_TOKEN comes from .env or the environment, for gated or private repos; it is never printed.
 """
 
@@ -22,7 +24,7 @@ sys.path.insert(0, str(ROOT))  # run as `python scripts/prefetch.py` from anywhe
 from dotenv import load_dotenv  # noqa: E402
 
 from dpotrain.cluster import offline  # noqa: E402
-from dpotrain.data import data  # noqa: E402
+from dpotrain.data import data, mixture  # noqa: E402
 from dpotrain.recipe import cli  # noqa: E402
 from dpotrain.recipe.config import parse_args  # noqa: E402
 from dpotrain.recipe.errors import ConfigError, run_cli  # noqa: E402
@@ -41,10 +43,13 @@ def main(argv: list[str] | None = None) -> None:
     recipe = parse_args(recipe_args + ["--dry-run"])
     model, script = recipe.model, recipe.script
 
-    hub_model, hub_dataset = offline.is_hub_model(model.model_name_or_path), offline.is_hub_dataset(script.dataset_name)
-    if not (hub_model or hub_dataset):
-        print(f"Nothing to fetch: {model.model_name_or_path} and {script.dataset_name} are local.")
+    hub_model, hub_data = offline.is_hub_model(model.model_name_or_path), offline.hub_datasets(recipe)
+    if not (hub_model or hub_data):
+        print(f"Nothing to fetch: {model.model_name_or_path} and {script.dataset_name or 'the mixture'} are local.")
         return
+    if args.revision and mixture.given(mixture.fields_of(recipe)):
+        raise ConfigError("--revision names dataset_name's revision, and this recipe has a mixture (each source is "
+                          "fetched at main): remove --revision")  # fmt: skip
     if offline.is_offline():  # nothing can download; say whether the cache already holds everything
         missing = offline.missing_artifacts(recipe)
         if missing:
@@ -55,7 +60,7 @@ def main(argv: list[str] | None = None) -> None:
         print("Everything is cached already (HF_HUB_OFFLINE is set, so nothing was downloaded).")
         return
 
-    pieces = [f"model {model.model_name_or_path!r}"] * hub_model + [f"data set {script.dataset_name!r}"] * hub_dataset
+    pieces = [f"model {model.model_name_or_path!r}"] * hub_model + [f"data set {s.path!r}" for s in hub_data]
     offline.check_hub_reachable(
         [f"prefetch.py downloads {' and '.join(pieces)}"],
         "run it on a machine with network (a login node), then the job with HF_HUB_OFFLINE=1 and the same HF_HOME; "
@@ -66,8 +71,8 @@ def main(argv: list[str] | None = None) -> None:
     token = hf_token()
     if hub_model:
         fetch_model(model.model_name_or_path, model.model_revision, token)
-    if hub_dataset:
-        fetch_dataset(script.dataset_name, script.dataset_config, script.dataset_train_split, args.revision, token)
+    for source in hub_data:
+        fetch_dataset(source, args.revision, token)
     offline.check_offline_artifacts(recipe, offline=True)
     home = f" and HF_HOME={os.environ['HF_HOME']}" if os.environ.get("HF_HOME") else ""
     print(f"Ready: a job with HF_HUB_OFFLINE=1{home} finds everything it reads from the Hub.")
@@ -85,9 +90,14 @@ def fetch_model(repo_id: str, revision: str | None, token: str | None) -> None:
     print(f"model   {repo_id}@{revision or 'main'}: {len(files)} files, {size / 1e9:.2f} GB -> {path}", flush=True)
 
 
-def fetch_dataset(name: str, config: str | None, split: str, revision: str | None, token: str | None) -> None:
+def fetch_dataset(source: mixture.Source, revision: str | None, token: str | None) -> None:
+    """One data set (dataset_name, or a mixture's Hub source) loaded as training loads it."""
+    name, config, split = source.path, source.name, source.split
     try:
-        dataset = data.load_preference_dataset(name, split, config, revision=revision)
+        if revision:
+            dataset = data.load_preference_dataset(name, split, config, revision=revision)
+        else:
+            dataset = mixture.read_source(source)
     except ConfigError:
         raise
     except Exception as e:

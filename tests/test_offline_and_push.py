@@ -151,6 +151,13 @@ check("absent_revision", *here, "--model_revision", "v2")
 check("absent_dataset", *here, "--dataset_name", "org/absent-prefs")
 check("absent_split", *here, "--dataset_train_split", "test")
 check("recipe_as_is")
+# A mixture's Hub sources, training and held-out, each as dataset_name is (its local sources are not looked at)
+mix = ["--model_name_or_path", "org/tiny-olmo3", "--dataset_mixer_list", "org/Tiny-Prefs", "1.0",
+       "data/smoke_prefs.jsonl", "10"]
+check("mixture", *mix)
+check("mixture_absent_source", *mix[:-2], "org/absent-prefs", "10")
+check("mixture_absent_eval_source", *mix, "--dataset_mixer_eval_list", "org/Tiny-Prefs", "5", "org/absent-prefs", "5",
+      "--dataset_mixer_eval_list_splits", "train")
 results["local"] = "ok"
 try:
     offline.check_offline_artifacts(parse_args(["--config", "configs/smoke.yaml"]))
@@ -164,6 +171,9 @@ spec.loader.exec_module(prefetch)
 with contextlib.redirect_stdout(io.StringIO()) as out:
     prefetch.main(["--config", sys.argv[1], *here, "--split", "train"])
 results["prefetch"] = out.getvalue()
+with contextlib.redirect_stdout(io.StringIO()) as out:
+    prefetch.main(["--config", sys.argv[1], *mix])
+results["prefetch_mixture"] = out.getvalue()
 print("RESULTS " + json.dumps(results))
 """
 
@@ -216,6 +226,27 @@ def test_a_missing_piece_is_refused_with_the_prefetch_command(offline_job, hf_ho
     assert "\n" not in message
     if library_case:  # the library agrees: it fails on the same cache
         assert offline_job[library_case].startswith("FAILED")
+
+
+@pytest.mark.parametrize(
+    "case, names",
+    [
+        ("mixture_absent_source", ["--dataset_mixer_list org/Tiny-Prefs 1.0 org/absent-prefs 10"]),
+        (
+            "mixture_absent_eval_source",
+            ["--dataset_mixer_eval_list org/Tiny-Prefs 5 org/absent-prefs 5 --dataset_mixer_eval_list_splits train"],
+        ),
+    ],
+)
+def test_a_missing_source_of_a_mixture_is_named_with_the_prefetch_command(offline_job, hf_home, case, names):
+    assert offline_job["mixture"] == "ok"  # its cached Hub source found, its local file not looked at
+    message = offline_job[case]
+    assert message.startswith("offline (HF_HUB_OFFLINE) and not in the local Hugging Face cache: dataset "
+                              "'org/absent-prefs': not cached. On a login node")  # fmt: skip
+    assert f"run: HF_HOME={hf_home} python scripts/prefetch.py --config {THINK} " in message and "\n" not in message
+    for name in names:
+        assert name in message
+    assert "Tiny-Prefs'" not in message  # the cached source is not named
 
 
 def test_the_shipped_recipe_names_its_hub_artifacts_and_no_overrides(offline_job, hf_home):
@@ -287,6 +318,23 @@ def test_prefetch_has_nothing_to_fetch_for_local_recipes(capsys):
 def test_prefetch_offline_confirms_a_complete_cache(offline_job):
     assert (
         offline_job["prefetch"] == "Everything is cached already (HF_HUB_OFFLINE is set, so nothing was downloaded).\n"
+    )
+
+
+def test_prefetch_offline_confirms_a_mixture_whose_hub_sources_are_cached(offline_job):
+    assert offline_job["prefetch_mixture"] == (
+        "Everything is cached already (HF_HUB_OFFLINE is set, so nothing was downloaded).\n"
+    )
+
+
+def test_prefetch_offline_names_each_missing_hub_source_of_a_mixture(tmp_path):
+    mix = ["--dataset_mixer_list", "org/set-a", "0.5", "data/smoke_prefs.jsonl", "10", "org/set-b", "100"]
+    result = run_script("prefetch.py", ["--config", THINK, *mix], job_env(tmp_path / "empty"))
+    assert result.returncode == 2
+    assert result.stdout.strip().splitlines()[-1] == (
+        "error: HF_HUB_OFFLINE is set, so nothing can download, and the cache lacks: model "
+        "'geodesic-research/sfm-sft_dolci_think_unfiltered' is not cached; dataset 'org/set-a': not cached; dataset "
+        "'org/set-b': not cached. Run this where the Hub is reachable, without HF_HUB_OFFLINE"
     )
 
 

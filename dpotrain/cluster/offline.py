@@ -21,7 +21,7 @@ from pathlib import Path
 
 import yaml
 
-from dpotrain.data import builtin, data
+from dpotrain.data import builtin, data, mixture
 from dpotrain.recipe.errors import ConfigError
 
 _TRUE = {"1", "ON", "YES", "TRUE"}  # huggingface_hub.constants.ENV_VARS_TRUE_VALUES
@@ -49,6 +49,7 @@ ARTIFACT_FIELDS = [
     ("script", "dataset_name"),
     ("script", "dataset_config"),
     ("script", "dataset_train_split"),
+    *(("project", name) for name in (*mixture.TRAIN_FIELDS, *mixture.EVAL_FIELDS)),
 ]
 
 
@@ -80,6 +81,17 @@ def is_hub_model(name: str | None) -> bool:
 
 def is_hub_dataset(name: str | None) -> bool:
     return bool(name) and not data.is_local(name)
+
+
+def hub_datasets(recipe) -> list[mixture.Source]:
+    """Each Hub data set the job reads: `dataset_name`'s training split, else every Hub source of the training and
+    held-out mixtures (local sources are read where they are)."""
+    values = mixture.fields_of(recipe)
+    sources = [s for evaluation in (False, True) for s in mixture.parse(values, evaluation=evaluation) or []]
+    script = recipe.script
+    if not mixture.given(values):
+        sources.append(mixture.Source(script.dataset_name, script.dataset_train_split, name=script.dataset_config))
+    return [s for s in sources if not s.file and is_hub_dataset(s.path)]
 
 
 def select_model_files(repo_files: list[str]) -> list[str]:
@@ -174,11 +186,12 @@ def missing_artifacts(recipe, model: bool = True, dataset: bool = True) -> list[
             missing.append(f"model {name!r}{at} is not cached")
         elif absent:
             missing.append(f"model {name!r}{at} lacks {', '.join(absent)}")
-    script = recipe.script
-    if dataset and is_hub_dataset(script.dataset_name):
-        _, why = cached_dataset(script.dataset_name, script.dataset_config, script.dataset_train_split)
+    for source in hub_datasets(recipe) if dataset else []:
+        if source.data_files or source.data_dir:  # prepared under a hash of those files: datasets' own check decides
+            continue
+        _, why = cached_dataset(source.path, source.name, source.split)
         if why:
-            missing.append(f"dataset {script.dataset_name!r}: {why}")
+            missing.append(f"dataset {source.path!r}: {why}")
     return missing
 
 
@@ -193,7 +206,8 @@ def prefetch_command(recipe) -> str:
         value = getattr(getattr(recipe, part), field)
         default = next(f.default for f in fields(getattr(recipe, part)) if f.name == field)
         if value is not None and value != in_file.get(field, default):
-            args += [f"--{field}", str(value)]
+            values = value if isinstance(value, list) else [value]  # a mixture's list, one word each
+            args += [f"--{field}", *(v if isinstance(v, str) else json.dumps(v) for v in values)]
     env = [
         f"{k}={shlex.quote(os.environ[k])}"
         for k in ("HF_HOME", "HF_HUB_CACHE", "HF_DATASETS_CACHE")
