@@ -441,3 +441,30 @@ def test_the_speed_benchmark_measures_both_speeds_in_one_run():
     speed_ratio = run["reference_tokens_per_second"] / run["training_tokens_per_second"]
     assert run["ratio"] == pytest.approx(speed_ratio, abs=0.006), run  # the two speeds it printed, rounded
     assert "reference stage" in result.stdout and "training loop" in result.stdout
+
+
+def test_other_caches_lend_pairs_by_digest_only_under_the_same_settings_and_with_digests(tmp_path, monkeypatch):
+    """reuse.fill_from_other_caches: a pair is taken from another finished cache whose identity differs only in the
+    data, matched by its digest; a cache under another max_length, and one written before digests were stored, lend
+    nothing."""
+    import numpy as np
+
+    from dpotrain.reference import reuse
+
+    monkeypatch.setenv("DPOTRAIN_CACHE", str(tmp_path))
+    ident = {"version": 2, "weights_sha256": "w", "max_length": 1024, "tokens_sha256": "new", "pairs": 3}
+    digests = np.arange(48, dtype=np.uint8).reshape(3, 16)
+    values = np.asarray([-1.0, -2.0], dtype=np.float32)
+    lender = {**ident, "tokens_sha256": "old", "pairs": 2}  # holds pair 2 of this run, and a pair it does not have
+    lent = np.stack([digests[2], digests[2] ^ 0xFF])
+    reference.Store.for_identity(lender).write_complete(lender, values, values - 10, lent)
+    other = {**lender, "max_length": 512}  # pair 1's digest, another max_length
+    reference.Store.for_identity(other).write_complete(other, values, values, digests[[1, 1]])
+    old = {**lender, "tokens_sha256": "older"}  # pair 0, written before digests were stored
+    store = reference.Store.for_identity(old)
+    store.write_complete(old, values, values, digests[[0, 0]])
+    np.savez(store.folder / reference.COMPLETE, chosen=values, rejected=values)
+    chosen, rejected = np.full(3, np.nan, dtype=np.float32), np.full(3, np.nan, dtype=np.float32)
+    own = reference.Store.for_identity(ident).folder
+    assert reuse.fill_from_other_caches(reference.cache_dir(), own, ident, digests, chosen, rejected) == 1
+    assert np.isnan(chosen[:2]).all() and (chosen[2], rejected[2]) == (-1.0, -11.0)
