@@ -278,7 +278,8 @@ class RecipeDPOTrainer(DPOTrainer):
         collate = self.data_collator
         if not self.packed:
             return plan.Forward("padded", max_groups=collate.max_groups)
-        return plan.Forward("one_row" if collate.one_row else "rows", collate.hidden_size)
+        return plan.Forward("one_row" if collate.one_row else "rows", collate.hidden_size,
+                            multiple=collate.pad_to_multiple_of)  # fmt: skip
 
     def get_train_dataloader(self):
         """One item per optimizer step (`plan.StepSampler`), rows read a step at a time and collated per
