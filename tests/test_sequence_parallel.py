@@ -247,3 +247,30 @@ def test_the_dry_run_records_the_data_parallel_degree(monkeypatch):
         "world_size_source": "environment (WORLD_SIZE)",
         "data_parallel_size": 2,
     }
+
+
+@no_gpu
+def test_the_analyzer_says_which_group_carries_a_max_length(tmp_path):
+    """Asked about 64K traces for the think recipe on one node of 8 H100s, the analyzer names the group that carries
+    them, from the same memory plan as the dry run (OLMo 3 7B's config, with the built-in tokenizer beside it)."""
+    import shutil
+    import subprocess
+
+    from conftest import python
+    from dpotrain.data import builtin
+
+    model = tmp_path / "olmo3-7b"
+    builtin.build_tokenizer().save_pretrained(model)
+    shutil.copy(ROOT / "configs" / "models" / "olmo3-7b" / "config.json", model / "config.json")
+    report = tmp_path / "report.json"
+    result = subprocess.run(
+        [python(), str(ROOT / "scripts" / "analyze_dataset.py"), str(ROOT / "data" / "smoke_prefs.jsonl"), "--config",
+         "configs/think.yaml", "--tokenizer", str(model), "--gpu_memory_gib", "79.6", "--candidates", "65536",
+         "--sample", "50", "--json", str(report)],
+        cwd=ROOT, env={**os.environ, **H100_NODE, "HF_HUB_OFFLINE": "1"}, capture_output=True, text=True, timeout=900,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    memory_report = json.loads(report.read_text())["memory"]
+    assert memory_report["lengths"]["65536"]["sequence_parallel_size"] == 4, memory_report
+    assert memory_report["lengths"]["16384"]["sequence_parallel_size"] == 1, memory_report  # the recipe's own
+    assert "max_length 65536 fits with --sequence_parallel_size 4 (~" in result.stdout, result.stdout[-2000:]

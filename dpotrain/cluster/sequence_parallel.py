@@ -76,6 +76,12 @@ def splits_heads(n: int, heads: int, kv_heads: int) -> bool:
     return heads % n == 0 and (kv_heads % n == 0 or n % kv_heads == 0)
 
 
+def groups_within(per_node: int, world: int, heads: tuple[int, int]) -> list[int]:
+    """The group sizes a refusal or the analyzer weighs: within a node (the all-to-all of every layer on the node's own
+    links), dividing the processes, splitting the model's (attention heads, key/value heads); 1 first."""
+    return [n for n in divisors(per_node) if world % n == 0 and splits_heads(n, *heads)]
+
+
 def check_heads(n: int, config, world: int) -> None:
     """Refused at the forward stage, where the model's config is first read: an `n` the heads do not split."""
     if n == 1:

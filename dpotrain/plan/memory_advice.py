@@ -185,11 +185,13 @@ class Advisor:
         return True
 
     def group_sizes(self, world: int) -> list[int]:
-        """The sequence-parallel sizes beyond the recipe's a refusal weighs: within a node (the all-to-all of every
-        layer on the node's own links), dividing the processes, splitting the model's heads."""
-        current = self.recipe.project.sequence_parallel_size
-        return [n for n in sequence_parallel.divisors(self.per_node)
-                if n > current and world % n == 0 and sequence_parallel.splits_heads(n, *self.heads)]  # fmt: skip
+        """The sequence-parallel sizes beyond the recipe's a refusal weighs (`sequence_parallel.groups_within`); none
+        for a forward that cannot split (padded rows, eager attention)."""
+        r, current = self.recipe, self.recipe.project.sequence_parallel_size
+        attention = self.attention or r.model.attn_implementation or ""
+        if not r.training.padding_free or attention.endswith("eager"):  # forwards/choice.py: only packed rows split
+            return []
+        return [n for n in sequence_parallel.groups_within(self.per_node, world, self.heads) if n > current]
 
     def sequence(self, trial: Trial) -> bool:
         """The smallest sequence_parallel_size that fits, under DeepSpeed's engine (Ulysses runs on no other)."""
