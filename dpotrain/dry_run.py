@@ -84,9 +84,9 @@ def summary(resolved: dict, json_file: Path | None, heading: str | None = None) 
     row("processes", f"{d['world_size']} ({d['world_size_source']}){shape}")
     n, ranks = resolved.get("sequence_parallel_size", 1), d.get("data_parallel_size", d["world_size"])
     if n > 1:
-        row("sequence", f"split over groups of {n} processes (--sequence_parallel_size {n}): {ranks} data-parallel "
-            f"rank{'s' * (ranks > 1)}, each reading its own pairs")  # fmt: skip
-    over = "all processes" if n == 1 else f"{ranks} data-parallel ranks"
+        row("sequence", f"each micro-batch split over a group of {n} processes (--sequence_parallel_size {n}): "
+            f"{ranks} data-parallel rank{'s' * (ranks > 1)} (processes / {n}) read the pairs")  # fmt: skip
+    over = "all processes" if n == 1 else f"{ranks} data-parallel rank{'s' * (ranks > 1)}"
     row("per step", f"{d['pairs_per_step']} pairs, over {over}")
     budget = resolved.get("max_tokens_per_microbatch")
     if "micro_batches_per_step" in batching:

@@ -52,7 +52,7 @@ def test_64k_traces_fit_one_h100_node_with_a_group_of_four():
     assert planned["per_gpu_gib"]["all_to_all"] > 0
     assert resolved["sequence_parallel_size"] == 4 and derived["data_parallel_size"] == 2
     text = dry_run.summary(resolved, None)
-    assert "split over groups of 4 processes (--sequence_parallel_size 4): 2 data-parallel ranks" in text, text
+    assert "split over a group of 4 processes (--sequence_parallel_size 4): 2 data-parallel ranks" in text, text
     assert "128 pairs, over 2 data-parallel ranks" in text
 
 

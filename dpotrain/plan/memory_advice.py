@@ -10,8 +10,8 @@ the recipe with the option's changes made, and offered only when that plan fits.
   already checkpoints as many layers as it must);
 - another engine (ZeRO-3 or FSDP2 shard the weights; ZeRO-2 keeps them whole on every GPU);
 - sequence parallelism (`--sequence_parallel_size N`, the smallest N that fits: each GPU holds 1/N of a micro-batch's
-  positions; N within a node, dividing the heads, under DeepSpeed's engine): the only lever for pairs longer than one
-  GPU holds, where more nodes never help (every GPU would still hold a whole pair);
+  positions; N within a node, dividing the heads, under DeepSpeed's engine), offered only where nothing else keeps a
+  whole pair on each GPU: for pairs longer than one GPU holds, where more nodes never help;
 - more nodes (the fewest that fit, at most `MAX_NODES`, never more data-parallel ranks than pairs per step);
 - a LoRA adapter instead of the full weights (`--use_peft true`, on every linear layer unless the recipe names some);
 - last, a shorter max_length with a token budget of one pair of it: longer pairs are then cut.
@@ -289,10 +289,13 @@ class Advisor:
                       trial.recipe.project.sequence_parallel_size)  # fmt: skip
 
     def options(self) -> list[Option]:
-        """Fewest changes first; cutting pairs shorter (`shorter`) only where nothing that keeps them whole fits."""
+        """Fewest changes first; splitting sequences (`sequence`) only where nothing fits a whole pair on each GPU (it
+        exchanges every layer's attention inputs), and cutting pairs shorter (`shorter`) only where nothing that keeps
+        them whole fits."""
         levers = self.levers()
         whole = [lever for lever in levers if lever != "shorter"]
-        return (self._search(whole) or self._search(levers))[:MOST_OPTIONS]
+        per_gpu = [lever for lever in whole if lever != "sequence"]
+        return (self._search(per_gpu) or self._search(whole) or self._search(levers))[:MOST_OPTIONS]
 
     def _search(self, levers: list[str]) -> list[Option]:
         found = []
