@@ -163,7 +163,7 @@ def test_a_packed_row_is_padded_to_a_multiple_of_the_group_and_counted_as_paddin
             "sequence_parallel_size 3 does not divide the 8 processes: use one of 1, 2, 4, 8",
         ),
         (8, 2, "configs/accelerate/fsdp2.yaml", "needs DeepSpeed's engine (Ulysses), not FSDP2: launch with DeepSpeed"),
-        (1, 2, "none", "sequence_parallel_size 2 does not divide the 1 processes"),
+        (1, 2, "none", "sequence_parallel_size 2 does not divide the 1 process: use one of 1,"),
     ],
 )
 def test_a_group_the_launch_cannot_form_is_refused(monkeypatch, world, n, config, message):

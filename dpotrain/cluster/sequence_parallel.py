@@ -38,22 +38,18 @@ def divisors(count: int) -> list[int]:
     return [d for d in range(1, count + 1) if count % d == 0]
 
 
-def check_value(n: int) -> None:
-    if n < 1:
-        raise ConfigError(f"sequence_parallel_size must be >= 1 (got {n}); 1 turns sequence parallelism off")
-
-
 def check_launch(n: int, world: int, engine, planning: bool) -> None:
     """What the launch alone decides: `n` divides the processes, and the engine runs Ulysses. A run (not a dry run)
     with `n` > 1 is refused until the forward splits sequences: it would otherwise train every rank on its own data and
     record `n` as if it had been honoured."""
-    check_value(n)
+    if n < 1:
+        raise ConfigError(f"sequence_parallel_size must be >= 1 (got {n}); 1 turns sequence parallelism off")
     if n == 1:
         return
     if world % n:
         works = ", ".join(str(d) for d in divisors(world))
-        raise ConfigError(f"sequence_parallel_size {n} does not divide the {world} processes: use one of {works}, or "
-                          f"launch a multiple of {n} processes")  # fmt: skip
+        raise ConfigError(f"sequence_parallel_size {n} does not divide the {world} process{'es' * (world > 1)}: use "
+                          f"one of {works}, or launch a multiple of {n} processes")  # fmt: skip
     if engine.name not in ENGINES:
         what = OTHERS.get(engine.name, f"an engine plans do not cover ({engine.source})")
         raise ConfigError(f"sequence_parallel_size {n} needs DeepSpeed's engine (Ulysses), not {what}: launch "
