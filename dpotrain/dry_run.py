@@ -86,7 +86,12 @@ def summary(resolved: dict, json_file: Path | None, heading: str | None = None) 
     nodes = -(-d["world_size"] // per_node) if per_node else None
     shape = f", {nodes} node{'s' * (nodes > 1)} of {per_node} GPUs" if per_node and d["world_size"] > 1 else ""
     row("processes", f"{d['world_size']} ({d['world_size_source']}){shape}")
-    row("per step", f"{d['pairs_per_step']} pairs, over all processes")
+    n, ranks = resolved.get("sequence_parallel_size", 1), d.get("data_parallel_size", d["world_size"])
+    if n > 1:
+        row("sequence", f"each micro-batch split over a group of {n} processes (--sequence_parallel_size {n}): "
+            f"{ranks} data-parallel rank{'s' * (ranks > 1)} (processes / {n}) read the pairs")  # fmt: skip
+    over = "all processes" if n == 1 else f"{ranks} data-parallel rank{'s' * (ranks > 1)}"
+    row("per step", f"{d['pairs_per_step']} pairs, over {over}")
     budget = resolved.get("max_tokens_per_microbatch")
     if "micro_batches_per_step" in batching:
         per = batching["micro_batches_per_step"]
@@ -94,7 +99,7 @@ def summary(resolved: dict, json_file: Path | None, heading: str | None = None) 
         cap = f" (at most {budget:,})" if budget else ""
         row("micro-batches", f"{per['min']}-{per['max']} per step on each process (mean {per['mean']}), "
             f"~{positions:,.0f} positions each{cap}")  # fmt: skip
-        tokens = per["mean"] * d["world_size"] * positions * (1 - batching["padding_share"])
+        tokens = per["mean"] * ranks * positions * (1 - batching["padding_share"])
         row("tokens/step", f"~{tokens:,.0f} (from the pairs' token lengths; padding {batching['padding_share']:.1%})")
         row("layout", batching["forward"])
     else:

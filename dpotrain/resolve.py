@@ -71,7 +71,8 @@ def fill_defaults(recipe: Recipe) -> None:
 
 
 def plan_batch(recipe: Recipe, world: int) -> None:
-    """Keep pairs_per_step fixed on any number of processes by deriving gradient accumulation."""
+    """Keep pairs_per_step fixed on any number of processes by deriving gradient accumulation. `world`: the processes
+    that read their own pairs (data-parallel ranks: processes / sequence_parallel_size)."""
     t, pairs = recipe.training, recipe.project.pairs_per_step
     if recipe.project.max_tokens_per_microbatch is not None:
         # Micro-batches are cut by tokens: gradient accumulation follows from the data (trainer.py). Each process
@@ -183,7 +184,7 @@ def check_output_dir(recipe: Recipe, pairs_per_step: int | None = None) -> Outpu
 
 def plan_steps(recipe: Recipe, world: int, rows: int | None) -> dict:
     """Optimizer steps as the Trainer will count them: steps of pairs_per_step pairs (plan.py, a tiny last step
-    merged), one dataloader item each."""
+    merged), one dataloader item each. `world`: the data-parallel ranks (processes / sequence_parallel_size)."""
     from dpotrain.plan.plan import steps_of
 
     t = recipe.training

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dpotrain import options, output_folder, resolve
-from dpotrain.cluster import engine, offline
+from dpotrain.cluster import engine, offline, sequence_parallel
 from dpotrain.data import builtin, cuts, data, data_identity, lengths, mixture, rows
 from dpotrain.forwards import choice, cost, sample
 from dpotrain.plan import memory
@@ -66,9 +66,16 @@ class Launch:
     engine: engine.Engine
     machines: dict
     planning: bool  # a dry run: the launch is planned, not running
+    sequence_parallel: int = 1  # processes per group that split each micro-batch's sequence (sequence_parallel.py)
+
+    @property
+    def data_parallel(self) -> int:
+        """The processes that read their own data (groups of `sequence_parallel`): what pairs and steps count."""
+        return sequence_parallel.data_parallel_size(self.world, self.sequence_parallel)
 
     def record(self) -> dict:
-        return {"world_size": self.world, "world_size_source": self.world_source}
+        return {"world_size": self.world, "world_size_source": self.world_source,
+                "data_parallel_size": self.data_parallel}  # fmt: skip
 
 
 def plans_for_gpu(recipe) -> bool:
@@ -90,7 +97,9 @@ def launch(recipe) -> Launch:
         machines = {name: (True, varlen) for name, varlen in FA4_SETS.items()}
     else:
         machines = {"on this machine": (cuda, choice.installed_varlen(cuda))}
-    return Launch(world, source, planned, machines, planning)
+    n = recipe.project.sequence_parallel_size
+    sequence_parallel.check_launch(n, world, planned, planning)  # N divides the processes, on DeepSpeed's engine
+    return Launch(world, source, planned, machines, planning, n)
 
 
 def checks(recipe) -> Launch:
@@ -109,7 +118,7 @@ def output_checks(recipe, found: Launch, push) -> resolve.OutputPlan:
     """The batch per step for this world size, and the run's outputs: reference cache writable, push token, W&B,
     output folder (resume, start afresh or refuse), offline files. The Hub's write-access check asks the network: the
     run makes it, once, on its main process; a dry run does not."""
-    resolve.plan_batch(recipe, found.world)
+    resolve.plan_batch(recipe, found.data_parallel)
     training, only_reference = recipe.training, recipe.project.reference_only
     if not only_reference:  # a file, or a folder of files but no run: refused (output_folder.py); a held lock too
         output_folder.check(training.output_dir, lock=not found.planning)
@@ -125,7 +134,7 @@ def output_checks(recipe, found: Launch, push) -> resolve.OutputPlan:
 
             push.repo_id = hub.check_write_access(push.repo_id, push.token)  # now, not after training; user/name
     pairs = recipe.project.pairs_per_step or (
-        training.per_device_train_batch_size * training.gradient_accumulation_steps * found.world
+        training.per_device_train_batch_size * training.gradient_accumulation_steps * found.data_parallel
     )
     plan = resolve.OutputPlan(None, False) if only_reference else resolve.check_output_dir(recipe, pairs)
     output_folder.check_plan(training.output_dir, plan.start_afresh)
@@ -159,7 +168,7 @@ def load_data(recipe, found: Launch, say: bool = True) -> Data:
     if mixture.given(mixture.fields_of(recipe)):
         return _load_mixture(recipe, found, say)
     if found.planning and not data.is_local(script.dataset_name):
-        return Data(None, None, resolve.plan_steps(recipe, found.world, None), {})
+        return Data(None, None, resolve.plan_steps(recipe, found.data_parallel, None), {})
     if not found.planning:
         offline.check_job_reachable(recipe, model=False)  # a data set to download: the Hub must answer, within seconds
     checked: dict = {}
@@ -170,7 +179,7 @@ def load_data(recipe, found: Launch, say: bool = True) -> Data:
         dataset = rows.usable_pairs(dataset, skip, checked, "invalid_rows", shape, split=script.dataset_train_split,
                                     say=say, source=script.dataset_name)  # fmt: skip
     eval_dataset = _load_eval(recipe, checked, say)
-    steps = resolve.plan_steps(recipe, found.world, len(dataset) if hasattr(dataset, "__len__") else None)
+    steps = resolve.plan_steps(recipe, found.data_parallel, len(dataset) if hasattr(dataset, "__len__") else None)
     if say and not found.planning:  # the data's content, recorded: a rerun on changed data refuses to resume
         checked["data_identity"] = data_identity.of(script.dataset_name, script.dataset_train_split)
     options.check_plan(steps)
@@ -188,7 +197,7 @@ def _load_mixture(recipe, found: Launch, say: bool) -> Data:
                               p.hh_format, checked, "invalid_rows", say, identify)  # fmt: skip
     checked["data_sources"] = mix.records
     eval_dataset = _load_eval(recipe, checked, say)
-    steps = resolve.plan_steps(recipe, found.world, len(train))
+    steps = resolve.plan_steps(recipe, found.data_parallel, len(train))
     options.check_plan(steps)
     return Data(train, eval_dataset, steps, checked, mix)
 
@@ -362,6 +371,7 @@ def decide_forward(recipe, found: Launch, model_path: str, pair_lengths: Lengths
     config, why = _model_config(recipe, model_path, local_only=found.planning)
     if config is None:
         return Forward(None, {}, decided=f"at start, from the data's lengths ({why})")
+    sequence_parallel.check_heads(found.sequence_parallel, config, found.world)  # a group splits the heads
     if pair_lengths.pairs is None:
         return _undecided(recipe, found, config)
     if len(found.machines) == 1:
@@ -388,7 +398,7 @@ def _undecided(recipe, found: Launch, config) -> Forward:
     name, heaviest = max(weighed, key=lambda item: choice.mask_weight(item[1].attention))
     hidden = getattr(config.get_text_config(), "hidden_size", 4096)
     planned = choice.ForwardChoice(heaviest.packed, heaviest.share_prompt, hidden, heaviest.attention,
-                                   "the candidate of heaviest masks")  # fmt: skip
+                                   "the candidate of heaviest masks", None, found.sequence_parallel)  # fmt: skip
     decided = f"at start, from the data's lengths (to see it now: {analyze_command(recipe)}, then this dry run again)"
     return Forward(planned, options, f"{name}: {heaviest.describe()}", decided)
 
@@ -420,11 +430,11 @@ def plan_batching(recipe, found: Launch, pairs: Data, pair_lengths: Lengths, for
     kept = m.prompt < t.max_length  # TRL drops the pairs whose prompt alone fills max_length
     every = plan.PairLengths.from_parts(m.prompt[kept], m.chosen[kept], m.rejected[kept], t.max_length,
                                         f.share_prompt, t.truncation_mode)  # fmt: skip
-    layout = (plan.Forward("one_row" if f.one_row else "rows", f.hidden_size) if f.packed
+    layout = (plan.Forward("one_row" if f.one_row else "rows", f.hidden_size, multiple=f.pad_multiple) if f.packed
               else plan.Forward("padded", max_groups=padded.MAX_GROUPS))  # fmt: skip
     budget, deepspeed = p.max_tokens_per_microbatch, found.engine.deepspeed
-    run_plan = plan_stage.make(every, t, pairs.steps["pairs_per_step"], found.world, budget, padded=not f.packed,
-                               forward=layout, reduce_per_backward=deepspeed)  # fmt: skip
+    run_plan = plan_stage.make(every, t, pairs.steps["pairs_per_step"], found.data_parallel, budget,
+                               padded=not f.packed, forward=layout, reduce_per_backward=deepspeed)  # fmt: skip
     return {**run_plan.summary, "max_length_cuts": counted}
 
 

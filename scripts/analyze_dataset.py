@@ -80,6 +80,8 @@ def parse_args(argv=None) -> argparse.Namespace:
         f"{lengths.STEP} reaching it, shown with its packed compute [the recipe's auto_coverage, else "
         f"{lengths.DEFAULT_COVERAGE}]",
     )
+    p.add_argument("--gpu_memory_gib", type=float, help="GPU memory to plan each max_length for, with the recipe's "
+                   "model, engine and processes (README: Long traces) [the recipe's gpu_memory_gib]")  # fmt: skip
     p.add_argument("--json", help="write the report as JSON here")
     p.add_argument("--plot", help="write a PNG histogram of total length here")
     p.add_argument("--skip-invalid", nargs="?", const=True, default=False, type=cli.flag,
@@ -259,6 +261,7 @@ def analyze(args: argparse.Namespace) -> int:
     if r["capped"]:
         print(f"Capped at the model's {r['max_length']:,} positions (max_position_embeddings): {target:.1%} coverage "
               f"would need {r['capped']['uncapped']:,}, longer than the model can take")  # fmt: skip
+    report["memory"] = memory_per_gpu(args, recipe_path, tokenizer_name, [*candidates, r["max_length"]])
 
     if args.json:
         writes.write_text(args.json, json.dumps(report, indent=1) + "\n")
@@ -313,6 +316,24 @@ def fetch_remedy(tokenizer: str, dataset: str, recipe: dict, recipe_path: str | 
 def _first_line(e: Exception) -> str:
     text = str(e).strip()
     return text.splitlines()[0] if text else type(e).__name__
+
+
+def memory_per_gpu(args, recipe_path: str | None, model: str, max_lengths: list[int]) -> dict:
+    """Whether each max_length asked about (the recipe's, --candidates, the recommendation) fits the recipe's GPUs, and
+    which --sequence_parallel_size carries one that does not (dpotrain/plan/long_traces.py): printed, and returned for
+    the JSON report. Planned only for a recipe (its engine, processes and GPU memory)."""
+    if recipe_path is None:
+        return {"skipped": "no recipe: pass --config to plan memory for its GPUs"}
+    from dpotrain import resolve
+    from dpotrain.cluster.engine import from_config
+    from dpotrain.plan import long_traces
+
+    gpu = ["--gpu_memory_gib", str(args.gpu_memory_gib)] if args.gpu_memory_gib else []
+    recipe = config.parse_args(["--config", recipe_path, "--dry-run", "--model_name_or_path", model, *gpu])
+    world, _ = resolve.world_size(recipe, planning=True)
+    found = long_traces.carrying_groups(recipe, world, from_config(recipe.project.accelerate_config), max_lengths)
+    print(long_traces.line(found), file=sys.stderr if "skipped" in found else sys.stdout)
+    return found
 
 
 def sample(dataset, n: int, seed: int):

@@ -89,7 +89,12 @@ def test_a_shorter_max_length_is_offered_only_where_nothing_keeps_the_pairs_whol
     # An 80 GiB GPU: a smaller token budget fits without cutting a single pair.
     error = refusal(command("7b", 80, tmp_path))
     assert "--max_tokens_per_microbatch 32768" in error and "--max_length" not in error, error
-    # 24 GiB: nothing short of a shorter max_length does; each option then names both numbers (a pair per budget).
+    # 24 GiB: sequence parallelism keeps the pairs whole (each GPU holds 1/N of a micro-batch's positions).
     for flags, _, _ in options(refusal(command("7b", 24, tmp_path))):
+        assert "--sequence_parallel_size" in flags and "--max_length" not in flags, flags
+    # Padded rows cannot be split: nothing short of a shorter max_length does; each option then names both numbers (a
+    # pair per budget).
+    for flags, _, _ in options(refusal(command("7b", 24, tmp_path, "--padding_free", "false"))):
+        assert "--sequence_parallel_size" not in flags, flags
         length = int(flags[flags.index("--max_length") + 1])
         assert int(flags[flags.index("--max_tokens_per_microbatch") + 1]) == 2 * length

@@ -27,6 +27,7 @@ layers carry state keep `packing.packing_problem`'s rules and, for the boundary 
 """
 
 import copy
+import math
 import os
 from dataclasses import asdict, dataclass
 
@@ -52,6 +53,14 @@ class ForwardChoice:
     attention: str = "sdpa"  # the attention implementation the model runs
     reason: str = ""  # why this forward, in a few words: the estimates against the runner-up
     decision: dict | None = None  # `cost.Decision.record()`: every candidate's estimate, and the lengths weighed
+    sequence_parallel: int = 1  # processes that split each packed row along its positions (cluster/sequence_parallel)
+
+    @property
+    def pad_multiple(self) -> int | None:
+        """What a packed row's width is padded to a multiple of: FlexAttention's tile, and the sequence-parallel group
+        (each of its N processes holds an equal 1/N of the row); None: no padding."""
+        multiple = math.lcm(masks.BLOCK if self.attention == "flex_attention" else 1, self.sequence_parallel)
+        return multiple if multiple > 1 else None
 
     @property
     def one_row(self) -> bool:
@@ -212,6 +221,7 @@ def candidates(config, recipe, cuda: bool, varlen: str | None, check_kernels: bo
                               "--share_prompt")  # fmt: skip
         if packed or share_problems:
             raise ConfigError(f"share_prompt cannot be used here: {share_problems[0]}; remove --share_prompt")
+    packed = sequence_parallel_forwards(recipe, packed, problems)
     if packed:
         if want_share is None and not shared and share_problems:
             notes.append(f"Note: each pair's prompt is computed twice (unshared packing): {share_problems[0]}.")
@@ -226,6 +236,25 @@ def candidates(config, recipe, cuda: bool, varlen: str | None, check_kernels: bo
     # TRL's padded rows on transformers' default attention, as before this project chose forwards (padded rows on a
     # varlen kernel, through its padding mask, are not measured here): an attention the recipe names is honoured.
     return [Candidate(asked or dense_attention(config), False, False)], notes
+
+
+def sequence_parallel_forwards(recipe, packed: list, problems: list[str]) -> list:
+    """With `sequence_parallel_size` N > 1, the packed forwards that can split their rows: a group of N processes holds
+    1/N of each row's positions, which padded rows (one sequence per row, TRL's collator) do not have; and eager
+    attention, which DeepSpeed's Ulysses refuses (it needs a dense 4D mask). A padded forward is not taken instead:
+    the user asked to split sequences, so a run that cannot is refused with what to change."""
+    n = recipe.project.sequence_parallel_size
+    if n == 1:
+        return packed
+    splittable = [c for c in packed if packing.attention_name(c.attention) != "eager"]
+    if splittable:
+        return splittable
+    if packed:
+        why = "eager attention has no split (DeepSpeed's Ulysses needs sdpa, flex_attention or a FlashAttention kernel)"
+    else:
+        why = problems[0] if problems else "no packed forward runs here"
+    raise ConfigError(f"sequence_parallel_size {n} splits packed sequences, which cannot be used here: {why}; use "
+                      "--sequence_parallel_size 1 (or another --attn_implementation)")  # fmt: skip
 
 
 def lightest_attention(config, recipe, cuda: bool | None = None, varlen: str | None = INSTALLED) -> str:
@@ -250,18 +279,20 @@ def choose(config, recipe, cuda: bool, varlen: str | None, lengths=None, check_k
 
     hidden_size = getattr(config.get_text_config(), "hidden_size", 4096)
     options, notes = candidates(config, recipe, cuda, varlen, check_kernels)
-    t = recipe.training
+    t, n = recipe.training, recipe.project.sequence_parallel_size
     if lengths is None:
         best = options[0]
         why = "the only forward here" if len(options) == 1 else "no lengths to weigh, the first of " + ", ".join(
             c.describe() for c in options)  # fmt: skip
-        return ForwardChoice(best.packed, best.share_prompt, hidden_size, best.attention, why), notes
+        return ForwardChoice(best.packed, best.share_prompt, hidden_size, best.attention, why,
+                             sequence_parallel=n), notes  # fmt: skip
     pairs = t.per_device_train_batch_size
     decision = cost.decide(options, lengths, config, cuda, t.max_length, t.truncation_mode,
                            recipe.project.max_tokens_per_microbatch, pairs)  # fmt: skip
     best = decision.winner.candidate
     reason = f"{decision.summary()}, from {decision.lengths_from}"
-    return ForwardChoice(best.packed, best.share_prompt, hidden_size, best.attention, reason, decision.record()), notes
+    return ForwardChoice(best.packed, best.share_prompt, hidden_size, best.attention, reason, decision.record(),
+                         n), notes  # fmt: skip
 
 
 def decide_forward(recipe, model_path: str, cuda: bool | None = None, lengths=None,
@@ -311,10 +342,9 @@ def collator(choice: ForwardChoice, args):
     """The packed collator of a packed forward (None: TRL's own, for the padded one)."""
     if not choice.packed:
         return None
-    multiple = masks.BLOCK if choice.attention == "flex_attention" else None
     kind = shared_prompt.SharedPromptCollator if choice.share_prompt else packing.PackedPreferenceCollator
     return kind(args.max_length, args.truncation_mode, one_row=choice.one_row, hidden_size=choice.hidden_size,
-                pad_to_multiple_of=multiple)  # fmt: skip
+                pad_to_multiple_of=choice.pad_multiple)  # fmt: skip
 
 
 def stand_in(model, batch: dict, every_rank: bool = False):

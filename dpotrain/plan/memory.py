@@ -23,6 +23,7 @@ import warnings
 from dataclasses import dataclass
 
 from dpotrain.cluster.engine import Engine, from_config
+from dpotrain.cluster.sequence_parallel import head_counts
 from dpotrain.plan.memory_advice import NAMES, advice, node_size
 from dpotrain.recipe.errors import ConfigError
 
@@ -437,10 +438,11 @@ class Plan:
     activations_method: str
     lm_head: int
     masks: int
+    all_to_all: int = 0  # sequence parallelism's exchange buffers (`all_to_all_bytes`)
 
     @property
     def subtotal(self) -> int:
-        return self.states + self.buffers + self.activations + self.lm_head + self.masks
+        return self.states + self.buffers + self.activations + self.lm_head + self.masks + self.all_to_all
 
     @property
     def allowance(self) -> float:
@@ -451,10 +453,32 @@ class Plan:
         return self.subtotal + self.allowance
 
 
+def all_to_all_bytes(config, tokens: int, n: int) -> int:
+    """Sequence parallelism's exchange, per GPU (0 without it): DeepSpeed's Ulysses (`UlyssesSPAttentionHF`) turns
+    each layer's q, k and v from 1/N of the positions x every head into every position x 1/N of the heads, and the
+    attention's output back. Both layouts of a tensor are alive around each exchange (its contiguous send buffer and
+    what it receives), for one layer at a time, in the forward and again for the gradients in the backward: counted
+    once, bf16, on top of the activations (which the trace counts at the 1/N positions a GPU holds; attention keeps as
+    many bytes for 1/N of the heads over every position). Key/value heads fewer than N are repeated to N. The gathered
+    position ids and per-token log-probs (one number per position of the micro-batch) are a few MiB, left out."""
+    if n == 1:
+        return 0
+    text = config.get_text_config()
+    heads, kv = head_counts(config)
+    head_dim = getattr(text, "head_dim", None) or text.hidden_size // heads
+    local = -(-tokens // n)
+    return BF16 * local * head_dim * (2 * (heads + 2 * max(kv, n)) + 2 * heads)
+
+
 def plan(recipe, world: int, engine: Engine | None = None, attention: str | None = None) -> dict:
     """derived.memory: for `engine`, else the recipe's accelerate config (a dry run); a ConfigError when the GPU memory
     is known and the plan does not fit it. `attention`: the forward's attention implementation (its masks), else the
-    recipe's (which `forwards.choice.decide_forward` sets to the one chosen), else sdpa."""
+    recipe's (which `forwards.choice.decide_forward` sets to the one chosen), else sdpa.
+
+    With `sequence_parallel_size` N, a GPU holds 1/N of each micro-batch's positions: its activations and LM head are
+    planned for those; the masks of a dense-mask attention stay whole (attention sees every position, for 1/N of the
+    heads), and the exchange buffers are added (`all_to_all_bytes`). Model states do not change with N: ZeRO shards
+    them over every process of the world, as DeepSpeed does under Ulysses (its sequence-data-parallel group)."""
     engine = engine or from_config(recipe.project.accelerate_config)
     if engine.name == "unplanned":
         return {"skipped": engine.source}
@@ -469,42 +493,55 @@ def plan(recipe, world: int, engine: Engine | None = None, attention: str | None
     shape = model_shape(recipe, config)
     attn = attention or recipe.model.attn_implementation or "sdpa"
     gpu, gpu_source = gpu_memory(recipe)
+    n = recipe.project.sequence_parallel_size
+    local = -(-tokens // n)  # the positions one GPU holds: the micro-batch padded to a multiple of N, split N ways
 
-    def plan_for(e: Engine, n: int, every: int | None) -> Plan:
-        states, formula = model_state_bytes(e, shape, n)
-        activations, method = activation_bytes(config, tokens, every or False)
+    def plan_for(e: Engine, every: int | None) -> Plan:
+        states, formula = model_state_bytes(e, shape, world)
+        activations, method = activation_bytes(config, local, every or False)
         # eager keeps the probabilities of every layer not checkpointed: counted for all unless all are
         masks = mask_bytes(attn, tokens, width, config, every == 1)
-        return Plan(e, n, states, formula, engine_buffer_bytes(e, shape), activations, method,
-                    lm_head_bytes(shape, tokens), masks)  # fmt: skip
+        return Plan(e, world, states, formula, engine_buffer_bytes(e, shape), activations, method,
+                    lm_head_bytes(shape, local), masks, all_to_all_bytes(config, tokens, n))  # fmt: skip
 
-    # --- activation checkpointing: the least recomputation that fits (choose_checkpointing) ---
+    # Activation checkpointing: the least recomputation that fits (choose_checkpointing).
     every, checkpointing_record = choose_checkpointing(recipe, shape.layers, gpu,
-                                                       lambda k: plan_for(engine, world, k).total)  # fmt: skip
-    checkpointing = every is not None
+                                                       lambda k: plan_for(engine, k).total)  # fmt: skip
+    chosen = plan_for(engine, every)
+    record = _record(chosen, shape, gpu, gpu_source)
+    record.update({"micro_batch_tokens": tokens, "micro_batch_tokens_from": token_source,
+                   "activation_checkpointing": every is not None, "attention": attn})  # fmt: skip
+    if n > 1:
+        record["sequence_parallel"] = {"size": n, "tokens_per_gpu": local, "data_parallel_size": world // n}
+    record["activations_from"] = chosen.activations_method
+    record["allowance"] = f"{CONTEXT_GIB:g} GiB CUDA context and NCCL + {FRAGMENTATION:.0%} of the rest"
+    record["checkpointing"] = checkpointing_record  # which layers: apply_checkpointing gives the run this choice
+    if record["fits"] is False and recipe.project.memory_check:
+        raise ConfigError(_refusal(recipe, chosen, gpu, gpu_source, attention, head_counts(config)))
+    return record
 
-    def for_engine(e: Engine, n: int) -> Plan:
-        return plan_for(e, n, every)
 
-    # --- end of activation checkpointing ---
-
-    chosen = for_engine(engine, world)
-    record = {
+def _record(chosen: Plan, shape: ModelShape, gpu: float | None, gpu_source: str) -> dict:
+    """The plan's parts per GPU and what they were planned for (`derived.memory`)."""
+    engine = chosen.engine
+    parts = {
+        "model_states": _gib(chosen.states),
+        "engine_buffers": _gib(chosen.buffers),
+        "activations": _gib(chosen.activations),
+        "lm_head": _gib(chosen.lm_head),
+        "attention_masks": _gib(chosen.masks),
+        **({"all_to_all": _gib(chosen.all_to_all)} if chosen.all_to_all else {}),
+        "cuda_context_and_fragmentation": _gib(chosen.allowance),
+        "total": _gib(chosen.total),
+    }
+    return {
         "engine": f"{NAMES[engine.name]} ({engine.source})",
-        "world_size": world,
+        "world_size": chosen.world,
         "gpu_memory_gib": round(gpu, 1) if gpu else None,
         "gpu_memory_source": gpu_source,
         "gpus_per_node": node_size(engine),
         "fits": None if gpu is None else chosen.total <= gpu * GIB,
-        "per_gpu_gib": {
-            "model_states": _gib(chosen.states),
-            "engine_buffers": _gib(chosen.buffers),
-            "activations": _gib(chosen.activations),
-            "lm_head": _gib(chosen.lm_head),
-            "attention_masks": _gib(chosen.masks),
-            "cuda_context_and_fragmentation": _gib(chosen.allowance),
-            "total": _gib(chosen.total),
-        },
+        "per_gpu_gib": parts,
         "model": {
             "parameters": shape.params,
             "trained_parameters": shape.trainable,
@@ -512,17 +549,7 @@ def plan(recipe, world: int, engine: Engine | None = None, attention: str | None
             "layers": shape.layers,
         },
         "model_states_bytes": chosen.states_formula,
-        "micro_batch_tokens": tokens,
-        "micro_batch_tokens_from": token_source,
-        "activation_checkpointing": checkpointing,
-        "attention": attn,
-        "activations_from": chosen.activations_method,
-        "allowance": f"{CONTEXT_GIB:g} GiB CUDA context and NCCL + {FRAGMENTATION:.0%} of the rest",
     }
-    record["checkpointing"] = checkpointing_record  # which layers: apply_checkpointing gives the run this choice
-    if record["fits"] is False and recipe.project.memory_check:
-        raise ConfigError(_refusal(recipe, chosen, gpu, gpu_source, attention))
-    return record
 
 
 # --- activation checkpointing, chosen per run ---
@@ -606,14 +633,18 @@ def _gib(n: float) -> float:
     return round(n / GIB, 1)
 
 
-def _refusal(recipe, chosen: Plan, gpu: float, gpu_source: str, attention: str | None) -> str:
+def _refusal(recipe, chosen: Plan, gpu: float, gpu_source: str, attention: str | None, heads: tuple[int, int]) -> str:
     """One line: what does not fit, by how much and in which part, and what would fit (memory_advice: each option
     planned for real)."""
     e, world = chosen.engine, chosen.world
     parts = (f"model states {_gib(chosen.states)}, buffers {_gib(chosen.buffers)}, activations "
              f"{_gib(chosen.activations)}, LM head {_gib(chosen.lm_head)}, masks {_gib(chosen.masks)}, allowance "
              f"{_gib(chosen.allowance)}")  # fmt: skip
-    options = advice(recipe, world, e, attention, gpu, plan)
-    return (f"memory plan: {NAMES[e.name]} on {world} GPU{'s' * (world > 1)} needs ~{_gib(chosen.total)} GiB per GPU "
+    if chosen.all_to_all:
+        parts = parts.replace(", allowance", f", all-to-all {_gib(chosen.all_to_all)}, allowance")
+    n = recipe.project.sequence_parallel_size
+    on = f"{world} GPU{'s' * (world > 1)}" + (f" (sequence_parallel_size {n})" if n > 1 else "")
+    options = advice(recipe, world, e, attention, gpu, plan, heads)
+    return (f"memory plan: {NAMES[e.name]} on {on} needs ~{_gib(chosen.total)} GiB per GPU "
             f"({parts}), more than the {gpu:.1f} GiB GPU ({gpu_source}): {options} (the plan is an estimate: "
             "--memory_check false runs anyway)")  # fmt: skip

@@ -9,7 +9,10 @@ the recipe with the option's changes made, and offered only when that plan fits.
 - activation checkpointing on every layer, where the recipe turned it off or fixed `every_n_layers` (otherwise the plan
   already checkpoints as many layers as it must);
 - another engine (ZeRO-3 or FSDP2 shard the weights; ZeRO-2 keeps them whole on every GPU);
-- more nodes (the fewest that fit, at most `MAX_NODES`, never more processes than pairs per step);
+- sequence parallelism (`--sequence_parallel_size N`, the smallest N that fits: each GPU holds 1/N of a micro-batch's
+  positions; N within a node, dividing the heads, under DeepSpeed's engine), offered only where nothing else keeps a
+  whole pair on each GPU: for pairs longer than one GPU holds, where more nodes never help;
+- more nodes (the fewest that fit, at most `MAX_NODES`, never more data-parallel ranks than pairs per step);
 - a LoRA adapter instead of the full weights (`--use_peft true`, on every linear layer unless the recipe names some);
 - last, a shorter max_length with a token budget of one pair of it: longer pairs are then cut.
 
@@ -22,6 +25,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from dpotrain.cluster import sequence_parallel
 from dpotrain.cluster.engine import LAUNCHED, Engine, from_config
 from dpotrain.data.builtin import PROJECT_ROOT
 
@@ -46,7 +50,8 @@ MOST_OPTIONS = 4  # a refusal is one line: the first few that fit say enough
 # keeps the traces), so every option shares them.
 TOKEN_GRID = sorted({1024 * m * 2**k for k in range(9) for m in (1, 3) if m * 2**k >= 2} | {1024})
 MIN_MAX_LENGTH = 1024  # the shortest max_length a refusal suggests
-SEARCHED = ("nodes", "tokens", "shorter")  # levers with a number to find: the fewest nodes, the most tokens
+# Levers with a number to find, in the order they are searched: the smallest group, the fewest nodes, the most tokens.
+SEARCHED = ("sequence", "nodes", "tokens", "shorter")
 
 
 def node_size(engine: Engine) -> int:
@@ -87,9 +92,11 @@ class Option:
     gib: float
     moves_launch: bool  # another engine or node count: a different submission
     tokens: int | None  # tokens per micro-batch
+    group: int = 1  # sequence_parallel_size
 
     def better_than(self, other: "Option") -> bool:
-        return self.world < other.world or (self.tokens or 0) > (other.tokens or 0)
+        """Fewer GPUs, more tokens per micro-batch, or a smaller sequence-parallel group (less exchanged per layer)."""
+        return self.world < other.world or (self.tokens or 0) > (other.tokens or 0) or self.group < other.group
 
     def text(self) -> str:
         parts = []
@@ -105,8 +112,10 @@ class Option:
 class Advisor:
     """The levers for one refused plan, tried through `plan(recipe, world, engine, attention)` -> its record."""
 
-    def __init__(self, recipe, world: int, engine: Engine, attention: str | None, gpu_gib: float, plan: Callable):
+    def __init__(self, recipe, world: int, engine: Engine, attention: str | None, gpu_gib: float, plan: Callable,
+                 heads: tuple[int, int] | None = None):  # fmt: skip
         self.recipe, self.world, self.engine, self.attention = recipe, world, engine, attention
+        self.heads = heads  # (attention heads, key/value heads): what a sequence-parallel group must split
         self.gpu_gib, self._plan = gpu_gib, plan
         self.per_node = node_size(engine)
         launched = engine.source.startswith(LAUNCHED)  # the config file is not known: name the shipped one
@@ -119,7 +128,8 @@ class Advisor:
     def planned(self, trial: Trial) -> tuple[bool, float]:
         """(fits, GiB per GPU): the trial's plan, once for each distinct setting (combinations meet the same ones)."""
         r = trial.recipe
-        key = (trial.engine.name, trial.config, trial.world, r.project.max_tokens_per_microbatch, r.training.max_length,
+        key = (trial.engine.name, trial.config, trial.world, r.project.sequence_parallel_size,
+               r.project.max_tokens_per_microbatch, r.training.max_length,
                r.model.use_peft, str(r.model.lora_target_modules), r.training.activation_checkpointing,
                str(r.training.activation_checkpointing_kwargs))  # fmt: skip
         if key not in self._seen:
@@ -140,6 +150,8 @@ class Advisor:
         ):
             names.append("checkpointing")
         names += [kind for kind in ("zero3", "fsdp2") if kind != self.engine.name]
+        if self.heads and self.group_sizes(self.world):
+            names.append("sequence")
         names.append("nodes")
         if not r.model.use_peft:
             names.append("lora")
@@ -172,9 +184,32 @@ class Advisor:
             trial.flags += ["--lora_target_modules", "all-linear"]
         return True
 
+    def group_sizes(self, world: int) -> list[int]:
+        """The sequence-parallel sizes beyond the recipe's a refusal weighs (`sequence_parallel.groups_within`); none
+        for a forward that cannot split (padded rows, eager attention)."""
+        r, current = self.recipe, self.recipe.project.sequence_parallel_size
+        attention = self.attention or r.model.attn_implementation or ""
+        if not r.training.padding_free or attention.endswith("eager"):  # forwards/choice.py: only packed rows split
+            return []
+        return [n for n in sequence_parallel.groups_within(self.per_node, world, self.heads) if n > current]
+
+    def sequence(self, trial: Trial) -> bool:
+        """The smallest sequence_parallel_size that fits, under DeepSpeed's engine (Ulysses runs on no other)."""
+        if trial.engine.name not in sequence_parallel.ENGINES:
+            return False
+        for n in self.group_sizes(trial.world):
+            trial.recipe.project.sequence_parallel_size = n
+            if self.planned(trial)[0]:
+                trial.flags += ["--sequence_parallel_size", str(n)]
+                return True
+        return False
+
     def nodes(self, trial: Trial) -> bool:
-        """The fewest nodes beyond this job's on which the trial fits (never more processes than pairs per step)."""
-        counts = [n for n in range(self.world // self.per_node + 1, MAX_NODES + 1) if n * self.per_node <= self.pairs]
+        """The fewest nodes beyond this job's on which the trial fits (never more data-parallel ranks than pairs per
+        step; whole sequence-parallel groups)."""
+        group = trial.recipe.project.sequence_parallel_size
+        counts = [n for n in range(self.world // self.per_node + 1, MAX_NODES + 1)
+                  if n * self.per_node // group <= self.pairs and n * self.per_node % group == 0]  # fmt: skip
         low, high, best = 0, len(counts) - 1, None
         while low <= high:  # more processes never need more memory each: bisection
             mid = (low + high) // 2
@@ -234,7 +269,8 @@ class Advisor:
         trial = Trial(copy.deepcopy(self.recipe), self.engine, self.world, [], self.config)
         # Fixed changes first, then the searched ones (nodes, then tokens: the largest budget for the rest).
         budget = next((lever for lever in combo if lever in ("tokens", "shorter")), None)
-        if budget and "nodes" in combo:  # the fewest nodes at the smallest budget, then the largest budget on them
+        if budget and {"nodes", "sequence"} & set(combo):  # the fewest nodes (smallest group) at the smallest budget,
+            # then the largest budget on them
             sizes = self._sizes(self.recipe, budget == "shorter")
             if not sizes:
                 return None
@@ -249,13 +285,17 @@ class Advisor:
         moves = trial.engine is not self.engine or trial.world != self.world
         return Option(combo, tuple(trial.flags), trial.engine.name, trial.config, trial.world,
                       trial.world // self.per_node, self.per_node, gib, moves,
-                      trial.recipe.project.max_tokens_per_microbatch)  # fmt: skip
+                      trial.recipe.project.max_tokens_per_microbatch,
+                      trial.recipe.project.sequence_parallel_size)  # fmt: skip
 
     def options(self) -> list[Option]:
-        """Fewest changes first; cutting pairs shorter (`shorter`) only where nothing that keeps them whole fits."""
+        """Fewest changes first; splitting sequences (`sequence`) only where nothing fits a whole pair on each GPU (it
+        exchanges every layer's attention inputs), and cutting pairs shorter (`shorter`) only where nothing that keeps
+        them whole fits."""
         levers = self.levers()
         whole = [lever for lever in levers if lever != "shorter"]
-        return (self._search(whole) or self._search(levers))[:MOST_OPTIONS]
+        per_gpu = [lever for lever in whole if lever != "sequence"]
+        return (self._search(per_gpu) or self._search(whole) or self._search(levers))[:MOST_OPTIONS]
 
     def _search(self, levers: list[str]) -> list[Option]:
         found = []
@@ -268,7 +308,8 @@ class Advisor:
                     continue  # a smaller set of these changes fits already
                 option = self.attempt(combo)
                 # A searched lever found with fewer changes stays offered; one more change is worth it only where it
-                # buys fewer nodes or more tokens per micro-batch (ZeRO-3 on 2 nodes rather than ZeRO-2 on 3).
+                # buys fewer nodes, more tokens per micro-batch or a smaller sequence-parallel group (ZeRO-3 on 2 nodes
+                # rather than ZeRO-2 on 3).
                 if option and all(option.better_than(o) for o in smaller):
                     found.append(option)
             if len(found) >= MOST_OPTIONS or (found and size > min(len(o.levers) for o in found)):
@@ -276,12 +317,15 @@ class Advisor:
         return found
 
 
-def advice(recipe, world: int, engine: Engine, attention: str | None, gpu_gib: float, plan: Callable) -> str:
-    """The refusal's second half: each option that fits, as flags to add and the submission, or why none does."""
-    options = Advisor(recipe, world, engine, attention, gpu_gib, plan).options()
+def advice(recipe, world: int, engine: Engine, attention: str | None, gpu_gib: float, plan: Callable,
+           heads: tuple[int, int] | None = None) -> str:  # fmt: skip
+    """The refusal's second half: each option that fits, as flags to add and the submission, or why none does.
+    `heads`: the model's (attention heads, key/value heads), for sequence parallelism (None: not weighed)."""
+    options = Advisor(recipe, world, engine, attention, gpu_gib, plan, heads).options()
     if not options:
         return (f"no change this run can make fits a {gpu_gib:.1f} GiB GPU on up to {MAX_NODES} nodes (fewer tokens "
-                f"per micro-batch, activation checkpointing, ZeRO-3, FSDP2, more nodes, LoRA, max_length down to "
+                f"per micro-batch, activation checkpointing, ZeRO-3, FSDP2, sequence parallelism within a node, more "
+                f"nodes, LoRA, max_length down to "
                 f"{MIN_MAX_LENGTH}, and up to four of them together were planned): plan for larger GPUs with "
                 "--gpu_memory_gib")  # fmt: skip
     listed = "; ".join(f"[{i}] {o.text()}" for i, o in enumerate(options, 1))

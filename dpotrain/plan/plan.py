@@ -322,6 +322,7 @@ class Forward:
     kind: str  # "one_row", "rows" (unshared or shared prompts: `lengths.shared` says) or "padded"
     hidden_size: int = 4096
     max_groups: int = 4
+    multiple: int | None = None  # a packed row's width is padded to a multiple of it (`ForwardChoice.pad_multiple`)
 
     def positions(self, lengths: PairLengths, micro_batch) -> int:
         seqs = [int(lengths.chosen[i]) for i in micro_batch] + [int(lengths.rejected[i]) for i in micro_batch]
@@ -329,16 +330,16 @@ class Forward:
             seqs = [int(lengths.tokens[i]) for i in micro_batch if lengths.shared[i]]
             seqs += [s for k, i in enumerate(micro_batch) if not lengths.shared[i]
                      for s in (int(lengths.chosen[i]), int(lengths.rejected[i]))]  # fmt: skip
-        if self.kind == "one_row":
-            return sum(seqs)
         if self.kind == "padded":
             from dpotrain.forwards.padded import positions
 
             return positions(seqs, max_groups=self.max_groups)
-        from dpotrain.forwards.packing import fill_rows
+        from dpotrain.forwards.packing import fill_rows, padded_width
 
+        if self.kind == "one_row":
+            return padded_width(sum(seqs), self.multiple)
         rows = fill_rows(seqs, self.hidden_size)
-        return len(rows) * max(sum(seqs[i] for i in row) for row in rows)
+        return len(rows) * padded_width(max(sum(seqs[i] for i in row) for row in rows), self.multiple)
 
 
 def epochs_needed(max_steps: int, num_train_epochs: float, pairs: int, pairs_per_step: int, world_size: int) -> int:

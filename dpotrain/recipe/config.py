@@ -39,6 +39,15 @@ class ProjectArguments:
             "2 x max_length. Unset: micro-batches of per_device_train_batch_size pairs."
         },
     )
+    sequence_parallel_size: int = field(
+        default=1,
+        metadata={
+            "help": "Split each micro-batch's packed sequences along the sequence over this many processes (DeepSpeed "
+            "Ulysses: attention sees the whole sequence for 1/N of the heads), for pairs longer than one GPU holds. "
+            "Data-parallel ranks = processes / N; steps and pairs_per_step count data-parallel ranks, so the same "
+            "pairs make the same steps on any N (README: Long traces)."
+        },
+    )
     auto_coverage: float = field(
         default=0.95,
         metadata={

@@ -29,7 +29,7 @@ from transformers import GraniteMoeHybridConfig, TrainerCallback
 from trl import DPOTrainer, get_peft_config, get_quantization_config
 from trl.models import prepare_deepspeed
 
-from dpotrain.cluster import engine
+from dpotrain.cluster import engine, sequence_parallel
 from dpotrain.cluster.collectives import all_reduce_sum, max_over_ranks
 from dpotrain.data import builtin
 from dpotrain.forwards import choice, flex, flops, packing, padded, sample
@@ -273,12 +273,24 @@ class RecipeDPOTrainer(DPOTrainer):
                                "(`dpotrain.plan.plan_stage.run_stage(trainer)`, as train_dpo.py does)")  # fmt: skip
         return self._run_plan
 
+    @property
+    def data_parallel_size(self) -> int:
+        """The processes that read their own pairs: groups of the forward's `sequence_parallel` processes share one
+        micro-batch (dpotrain/cluster/sequence_parallel.py)."""
+        return sequence_parallel.data_parallel_size(self.accelerator.num_processes, self.forward.sequence_parallel)
+
+    @property
+    def data_parallel_rank(self) -> int:
+        """This process's share of the data: its group's."""
+        return sequence_parallel.data_parallel_rank(self.args.process_index, self.forward.sequence_parallel)
+
     def plan_forward(self) -> plan.Forward:
         """How this trainer's collator lays out a micro-batch, for the positions the plan's summary counts."""
         collate = self.data_collator
         if not self.packed:
             return plan.Forward("padded", max_groups=collate.max_groups)
-        return plan.Forward("one_row" if collate.one_row else "rows", collate.hidden_size)
+        return plan.Forward("one_row" if collate.one_row else "rows", collate.hidden_size,
+                            multiple=collate.pad_to_multiple_of)  # fmt: skip
 
     def get_train_dataloader(self):
         """One item per optimizer step (`plan.StepSampler`), rows read a step at a time and collated per
@@ -296,8 +308,8 @@ class RecipeDPOTrainer(DPOTrainer):
         if isinstance(dataset, str):
             dataset = self.eval_dataset[dataset]
         columns = [c for c in (*plan.COLUMNS, "ref_chosen_logps", "ref_rejected_logps") if c in dataset.column_names]
-        batches = plan.eval_batches(len(dataset), self.accelerator.num_processes, self.args.per_device_eval_batch_size)
-        batches = batches[self.args.process_index]
+        batches = plan.eval_batches(len(dataset), self.data_parallel_size, self.args.per_device_eval_batch_size)
+        batches = batches[self.data_parallel_rank]
         return self._rank_aware_loader(dataset.select_columns(columns), plan.FixedBatches(batches), self.data_collator)
 
     def _rank_aware_loader(self, dataset, sampler, collate, training: bool = False):
@@ -607,6 +619,7 @@ def build_trainer(recipe: Recipe, train_dataset, eval_dataset=None, callbacks=()
     # The arguments set up the process group (with their ddp_backend) when first asked for their device; until then
     # `world_size` reads 1.
     world = t.world_size if t.device is not None else 1
+    data_parallel = sequence_parallel.data_parallel_size(world, forward.sequence_parallel)  # processes reading pairs
     graceful_stop = stop or GracefulStop.from_env()
     health = HealthGuard(recipe.project) if recipe.project.health_checks else None
     # Order matters: GracefulStop.on_save reports a checkpoint only after CompleteMarker has marked it.
@@ -620,7 +633,8 @@ def build_trainer(recipe: Recipe, train_dataset, eval_dataset=None, callbacks=()
         peft_config=get_peft_config(recipe.model),
         quantization_config=get_quantization_config(recipe.model),  # --load_in_4bit/8bit, as TRL's own dpo.py
         forward=forward,
-        pairs_per_step=p.pairs_per_step or t.per_device_train_batch_size * t.gradient_accumulation_steps * world,
+        pairs_per_step=p.pairs_per_step
+        or t.per_device_train_batch_size * t.gradient_accumulation_steps * data_parallel,
         max_tokens_per_microbatch=p.max_tokens_per_microbatch,
         gpu_peak_tflops=p.gpu_peak_tflops,
         attn_implementation=recipe.model.attn_implementation,

@@ -1,0 +1,90 @@
+"""Sequence parallelism (DeepSpeed Ulysses): how the launch's processes split into groups, and what each decision
+that counts processes for data must count instead.
+
+With `sequence_parallel_size: N`, the processes form groups of N consecutive ranks (ranks g x N .. g x N + N - 1 are
+group g, as `deepspeed.runtime.sequence_parallel.parallel_state_sp.initialize_sequence_parallel` makes them). A group
+reads one micro-batch and splits its packed sequence along the positions, 1/N to each rank; attention runs on the
+whole sequence for 1/N of the heads (an all-to-all before and after it). So the data is dealt to groups, not to
+processes: everything that counts processes for data — pairs per step, gradient accumulation, the step plan's
+micro-batches per rank, the sampler's split, the evaluation batches, the reference stage's rows — counts
+data-parallel ranks (`data_parallel_size`), and a process reads the share of its group (`data_parallel_rank`). The
+same pairs then make the same steps on any N. ZeRO still shards the model over every process of the world.
+"""
+
+from dpotrain.recipe.errors import ConfigError
+
+ENGINES = ("zero2", "zero3")  # DeepSpeed's Ulysses runs under its own engine only
+ENGINE_NAMES = "DeepSpeed ZeRO-2 (accelerate_config.yaml) or ZeRO-3 (ACCELERATE_CONFIG=configs/accelerate/zero3.yaml)"
+OTHERS = {"single": "one process", "ddp": "DDP", "fsdp2": "FSDP2"}  # the engines that cannot run it
+
+
+def data_parallel_size(world: int, n: int) -> int:
+    """Data-parallel ranks: the groups of `n` processes that each read their own micro-batches (`n` divides `world`:
+    `check_launch`)."""
+    return world // n
+
+
+def data_parallel_rank(process_index: int, n: int) -> int:
+    """The data-parallel rank of a process, its group: which share of the data it reads, with the rest of its group."""
+    return process_index // n
+
+
+def sequence_parallel_rank(process_index: int, n: int) -> int:
+    """The position of a process in its group: which 1/n of each micro-batch's sequence it holds."""
+    return process_index % n
+
+
+def divisors(count: int) -> list[int]:
+    return [d for d in range(1, count + 1) if count % d == 0]
+
+
+def check_launch(n: int, world: int, engine, planning: bool) -> None:
+    """What the launch alone decides: `n` divides the processes, and the engine runs Ulysses. A run (not a dry run)
+    with `n` > 1 is refused until the forward splits sequences: it would otherwise train every rank on its own data and
+    record `n` as if it had been honoured."""
+    if n < 1:
+        raise ConfigError(f"sequence_parallel_size must be >= 1 (got {n}); 1 turns sequence parallelism off")
+    if n == 1:
+        return
+    if world % n:
+        works = ", ".join(str(d) for d in divisors(world))
+        raise ConfigError(f"sequence_parallel_size {n} does not divide the {world} process{'es' * (world > 1)}: use "
+                          f"one of {works}, or launch a multiple of {n} processes")  # fmt: skip
+    if engine.name not in ENGINES:
+        what = OTHERS.get(engine.name, f"an engine plans do not cover ({engine.source})")
+        raise ConfigError(f"sequence_parallel_size {n} needs DeepSpeed's engine (Ulysses), not {what}: launch "
+                          f"with {ENGINE_NAMES}, or use --sequence_parallel_size 1")  # fmt: skip
+    if not planning:
+        raise ConfigError(f"sequence_parallel_size {n}: this version plans it (--dry-run) but does not yet split "
+                          "sequences in training; use --sequence_parallel_size 1 to train")  # fmt: skip
+
+
+def head_counts(config) -> tuple[int, int]:
+    """(attention heads, key/value heads) of a model's text config."""
+    text = config.get_text_config()
+    heads = text.num_attention_heads
+    return heads, getattr(text, "num_key_value_heads", None) or heads
+
+
+def splits_heads(n: int, heads: int, kv_heads: int) -> bool:
+    """DeepSpeed's rule (`UlyssesSPAttentionHF`): `n` divides the attention heads, and divides the key/value heads or
+    is a multiple of them (each rank then gets a replicated key/value head)."""
+    return heads % n == 0 and (kv_heads % n == 0 or n % kv_heads == 0)
+
+
+def groups_within(per_node: int, world: int, heads: tuple[int, int]) -> list[int]:
+    """The group sizes a refusal or the analyzer weighs: within a node (the all-to-all of every layer on the node's own
+    links), dividing the processes, splitting the model's (attention heads, key/value heads); 1 first."""
+    return [n for n in divisors(per_node) if world % n == 0 and splits_heads(n, *heads)]
+
+
+def check_heads(n: int, config, world: int) -> None:
+    """Refused at the forward stage, where the model's config is first read: an `n` the heads do not split."""
+    if n == 1:
+        return
+    heads, kv = head_counts(config)
+    if not splits_heads(n, heads, kv):
+        works = ", ".join(str(d) for d in divisors(world) if splits_heads(d, heads, kv))
+        raise ConfigError(f"sequence_parallel_size {n} does not split the model's {heads} attention heads and {kv} "
+                          f"key/value heads over a group: use one of {works} (dividing the heads and the "
+                          f"{world} processes)")  # fmt: skip

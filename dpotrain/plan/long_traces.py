@@ -1,0 +1,70 @@
+"""Which sequence-parallel group carries a max_length: what the analyzer (scripts/analyze_dataset.py) says of each
+length it is asked about, for the recipe's GPUs. Each answer is the memory plan itself (`memory.plan`, as a dry run
+makes it) on a copy of the recipe at that max_length, with micro-batches of one whole pair of it (the least a
+micro-batch holds: `--max_tokens_per_microbatch` 2 x max_length, so the answer does not depend on the recipe's
+budget). The groups weighed are those a refusal offers (`sequence_parallel.groups_within`: within a node, splitting
+the heads, under DeepSpeed's engine), smallest first."""
+
+import copy
+
+from dpotrain.cluster import sequence_parallel
+from dpotrain.cluster.engine import Engine
+from dpotrain.forwards import choice
+from dpotrain.plan import memory
+from dpotrain.plan.memory_advice import NAMES, node_size
+
+
+def group_sizes(engine: Engine, world: int, heads: tuple[int, int]) -> list[int]:
+    """1, then the groups a refusal would offer (`sequence_parallel.groups_within`), under DeepSpeed's engine only."""
+    if engine.name not in sequence_parallel.ENGINES:
+        return [1]
+    return sequence_parallel.groups_within(node_size(engine), world, heads)
+
+
+def carrying_groups(recipe, world: int, engine: Engine, max_lengths: list[int]) -> dict:
+    """For each max_length, the smallest `sequence_parallel_size` whose plan fits the GPU (1: none needed; None: no
+    group within a node does) and its GiB per GPU; or why nothing was planned (`skipped`)."""
+    config, why = memory.load_model_config(recipe)
+    if config is None:
+        return {"skipped": why}
+    if engine.name == "unplanned":
+        return {"skipped": engine.source}
+    r = copy.deepcopy(recipe)
+    r.project.memory_check, r.project.sequence_parallel_size = False, 1
+    # The forward of lightest masks a GPU run can take without FlashAttention 4 (a dry run weighs the real choice).
+    attention = choice.lightest_attention(copy.deepcopy(config), r, cuda=True, varlen=None)
+    found = {"engine": NAMES[engine.name], "world_size": world, "attention": attention, "lengths": {}}
+    for length in sorted(set(max_lengths)):
+        r.training.max_length, r.project.max_tokens_per_microbatch = length, 2 * length
+        found["lengths"][length] = {"sequence_parallel_size": None}
+        for n in group_sizes(engine, world, sequence_parallel.head_counts(config)):
+            r.project.sequence_parallel_size = n
+            planned = memory.plan(r, world, engine, attention=attention)
+            if "skipped" in planned or planned["fits"] is None:
+                return {"skipped": planned.get("skipped", "the GPU memory is unknown: pass --gpu_memory_gib")}
+            found["gpu_memory_gib"] = planned["gpu_memory_gib"]
+            found["lengths"][length] = {"sequence_parallel_size": n if planned["fits"] else None,
+                                        "gib": planned["per_gpu_gib"]["total"]}  # fmt: skip
+            if planned["fits"]:
+                break
+    return found
+
+
+def line(found: dict) -> str:
+    """'Memory per GPU (DeepSpeed ZeRO-2 on 8 GPUs of 79.6 GiB, flex_attention): max_length 16384 fits (~41.2 GiB);
+    65536 fits with --sequence_parallel_size 4 (~62.1 GiB)'."""
+    if "skipped" in found:
+        return f"Memory per GPU: not planned ({found['skipped']})"
+    parts = []
+    for length, it in found["lengths"].items():
+        n = it["sequence_parallel_size"]
+        if n == 1:
+            parts.append(f"max_length {length} fits (~{it['gib']} GiB)")
+        elif n:
+            parts.append(f"max_length {length} fits with --sequence_parallel_size {n} (~{it['gib']} GiB)")
+        else:
+            parts.append(f"max_length {length} does not fit with any sequence_parallel_size within a node "
+                         f"(~{it['gib']} GiB at the largest)")  # fmt: skip
+    where = (f"{found['engine']} on {found['world_size']} GPUs of {found['gpu_memory_gib']} GiB, {found['attention']}, "
+             "one whole pair per micro-batch")  # fmt: skip
+    return f"Memory per GPU ({where}): {'; '.join(parts)}"
