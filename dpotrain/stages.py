@@ -21,7 +21,7 @@ from pathlib import Path
 from dpotrain import options, output_folder, resolve
 from dpotrain.cluster import engine, offline
 from dpotrain.data import builtin, cuts, data, data_identity, lengths, rows
-from dpotrain.forwards import choice, cost, sample
+from dpotrain.forwards import choice, cost, sample, sequence_parallel
 from dpotrain.plan import memory
 from dpotrain.recipe import config
 from dpotrain.recipe.config import uses_live_reference
@@ -101,6 +101,7 @@ def checks(recipe) -> Launch:
     options.check_options(recipe)  # options TRL would fail on, or ignore, only after loading the model
     lora.check_lora(recipe)
     found = launch(recipe)
+    sequence_parallel.check(recipe, found.engine.name, found.world)  # which engines and attention split sequences
     resolve.fill_defaults(recipe)
     return found
 

@@ -66,6 +66,12 @@ class Engine:
         return self.name == "ddp"
 
 
+def data_parallel(process_index: int, num_processes: int, sequence_parallel_size: int = 1) -> tuple[int, int]:
+    """(data-parallel rank, data-parallel degree) of a process: a sequence-parallel group is N consecutive processes
+    that read the same micro-batches (dpotrain/forwards/sequence_parallel.py), so it counts as one rank of the plan."""
+    return process_index // sequence_parallel_size, num_processes // sequence_parallel_size
+
+
 def launched() -> Engine:
     """The engine of this process's launch, from the environment `accelerate launch` sets (it does not pass on the
     config file's path); refuses the engines this project does not support."""

@@ -27,10 +27,11 @@ layers carry state keep `packing.packing_problem`'s rules and, for the boundary 
 """
 
 import copy
+import math
 import os
 from dataclasses import asdict, dataclass
 
-from dpotrain.forwards import masks, packing, padded, shared_prompt
+from dpotrain.forwards import masks, packing, padded, sequence_parallel, shared_prompt
 from dpotrain.recipe.config import uses_live_reference
 from dpotrain.recipe.errors import ConfigError
 
@@ -307,11 +308,13 @@ def padded_instead(problem: str, explicit: bool) -> None:
           flush=True)  # fmt: skip
 
 
-def collator(choice: ForwardChoice, args):
+def collator(choice: ForwardChoice, args, sequence_parallel_size: int = 1):
     """The packed collator of a packed forward (None: TRL's own, for the padded one)."""
     if not choice.packed:
         return None
     multiple = masks.BLOCK if choice.attention == "flex_attention" else None
+    if sequence_parallel_size > 1:  # a row is split into equal slices, one per process of a group
+        multiple = math.lcm(multiple or 1, sequence_parallel_size)
     kind = shared_prompt.SharedPromptCollator if choice.share_prompt else packing.PackedPreferenceCollator
     return kind(args.max_length, args.truncation_mode, one_row=choice.one_row, hidden_size=choice.hidden_size,
                 pad_to_multiple_of=multiple)  # fmt: skip
@@ -322,6 +325,7 @@ def stand_in(model, batch: dict, every_rank: bool = False):
     forward (packing.py) or the grouped padded one (padded.py), its group count agreed over the ranks when every rank
     must run each forward (`every_rank`: the weights are sharded)."""
     if packing.is_packed(batch):
-        return packing.PackedModel(model, batch), packing.padded_view(batch)
+        split = sequence_parallel.forward if sequence_parallel.size() > 1 else None
+        return packing.PackedModel(model, batch, split), packing.padded_view(batch)
     batch = dict(batch)
     return padded.GroupedModel(model, batch.pop("row_groups", None), every_rank), batch

@@ -52,7 +52,8 @@ def run_stage(trainer) -> RunPlan:
     args = trainer.args
     counts = plan.token_counts(trainer.train_dataset)
     lengths = plan.PairLengths.from_parts(*counts, args.max_length, trainer.forward.share_prompt, args.truncation_mode)
-    run_plan = make(lengths, args, trainer.pairs_per_step, args.world_size, trainer.max_tokens_per_microbatch,
+    ranks = trainer.data_parallel[1]  # a sequence-parallel group reads one micro-batch: one rank of the plan
+    run_plan = make(lengths, args, trainer.pairs_per_step, ranks, trainer.max_tokens_per_microbatch,
                     padded=not trainer.packed, forward=trainer.plan_forward(),
                     reduce_per_backward=trainer.is_deepspeed_enabled)  # fmt: skip
     # Pairs TRL cut or dropped at max_length: counted on the tokenized set, recorded with the plan (derived.batching).

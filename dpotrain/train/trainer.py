@@ -32,7 +32,7 @@ from trl.models import prepare_deepspeed
 from dpotrain.cluster import engine
 from dpotrain.cluster.collectives import all_reduce_sum, max_over_ranks
 from dpotrain.data import builtin
-from dpotrain.forwards import choice, flex, flops, packing, padded, sample
+from dpotrain.forwards import choice, flex, flops, packing, padded, sample, sequence_parallel
 from dpotrain.forwards.choice import ForwardChoice, decide_forward, padded_instead
 from dpotrain.plan import layers, plan
 from dpotrain.plan.plan_stage import RunPlan
@@ -142,9 +142,11 @@ class RecipeDPOTrainer(DPOTrainer):
         gpu_peak_tflops: float | None,
         attn_implementation: str | None,
         run_engine: engine.Engine,
+        sequence_parallel_size: int = 1,
         **kwargs,
     ):
         self.engine = run_engine
+        self.sequence_parallel_size = sequence_parallel_size
         self.forward = forward
         self.packed = packed = forward.packed
         self.pairs_per_step = pairs_per_step
@@ -157,7 +159,7 @@ class RecipeDPOTrainer(DPOTrainer):
         # before transformers creates the accelerator and fills DeepSpeed's "auto" batch sizes from it.
         training_args.gradient_accumulation_steps = 1
         if packed:
-            kwargs["data_collator"] = choice.collator(forward, training_args)
+            kwargs["data_collator"] = choice.collator(forward, training_args, sequence_parallel_size)
         with self._no_second_model_under_fsdp(kwargs):
             super().__init__(*args, **kwargs)
         for model in (self.model, self.ref_model):
@@ -181,6 +183,13 @@ class RecipeDPOTrainer(DPOTrainer):
         peak = flops.peak_tflops(gpu_peak_tflops)
         self.pair_metrics = PairMetrics(self.accelerator.num_processes, peak)
         self.add_callback(_StartMetrics(self.pair_metrics))
+
+    @property
+    def data_parallel(self) -> tuple[int, int]:
+        """(this process's data-parallel rank, the degree): the plan's ranks, a sequence-parallel group counting as one
+        (`engine.data_parallel`)."""
+        return engine.data_parallel(self.args.process_index, self.accelerator.num_processes,
+                                    self.sequence_parallel_size)  # fmt: skip
 
     def create_accelerator_and_postprocess(self):
         engine.enable_on_cpu(self.engine)  # FSDP2 and DDP on a CPU-only node: see engine.py
@@ -283,8 +292,8 @@ class RecipeDPOTrainer(DPOTrainer):
     def get_train_dataloader(self):
         """One item per optimizer step (`plan.StepSampler`), rows read a step at a time and collated per
         micro-batch with the forward's collator."""
-        args, run_plan = self.args, self.run_plan
-        sampler = plan.StepSampler(run_plan.lengths, run_plan.step_plan, args.process_index, run_plan.epochs)
+        run_plan = self.run_plan
+        sampler = plan.StepSampler(run_plan.lengths, run_plan.step_plan, self.data_parallel[0], run_plan.epochs)
         columns = [c for c in (*plan.COLUMNS, "ref_chosen_logps", "ref_rejected_logps")
                    if c in self.train_dataset.column_names]  # fmt: skip
         return self._rank_aware_loader(plan.StepRows(self.train_dataset.select_columns(columns)), sampler,
@@ -296,8 +305,8 @@ class RecipeDPOTrainer(DPOTrainer):
         if isinstance(dataset, str):
             dataset = self.eval_dataset[dataset]
         columns = [c for c in (*plan.COLUMNS, "ref_chosen_logps", "ref_rejected_logps") if c in dataset.column_names]
-        batches = plan.eval_batches(len(dataset), self.accelerator.num_processes, self.args.per_device_eval_batch_size)
-        batches = batches[self.args.process_index]
+        rank, ranks = self.data_parallel  # a sequence-parallel group evaluates its batches together
+        batches = plan.eval_batches(len(dataset), ranks, self.args.per_device_eval_batch_size)[rank]
         return self._rank_aware_loader(dataset.select_columns(columns), plan.FixedBatches(batches), self.data_collator)
 
     def _rank_aware_loader(self, dataset, sampler, collate, training: bool = False):
@@ -378,7 +387,7 @@ class RecipeDPOTrainer(DPOTrainer):
         else:
             lengths = plan.PairLengths.of(dataset, args.max_length, self.forward.share_prompt, args.truncation_mode)
         budget, pairs = self.reference_budget()
-        return reference.micro_batches(lengths, np.arange(rows), self.accelerator.num_processes, budget, pairs,
+        return reference.micro_batches(lengths, np.arange(rows), self.data_parallel[1], budget, pairs,
                                        padded=not self.packed, seed=args.seed)  # fmt: skip
 
     def reference_budget(self) -> tuple[int | None, int | None]:
@@ -430,8 +439,9 @@ class RecipeDPOTrainer(DPOTrainer):
                     module.reshard()
 
     def forward_needs_every_rank(self) -> bool:
-        """Whether a forward holds collectives (sharded weights), so every rank must run one together."""
-        return self.engine.shards_weights
+        """Whether a forward holds collectives (sharded weights; a sequence split over a group), so every rank must run
+        one together."""
+        return self.engine.shards_weights or self.sequence_parallel_size > 1
 
     def reference_collate(self, rows: list[dict]) -> dict:
         """One reference micro-batch, collated on the host (the stage's prefetch thread calls it)."""
@@ -512,6 +522,8 @@ class RecipeDPOTrainer(DPOTrainer):
             return result
         # Gradients are averaged over ranks; summed over micro-batches. This weight makes the step's gradient
         # the mean over all of its pairs: sum_k (mean_k x n_k x W / N) / W = sum over pairs / N (a filler: n_k = 0).
+        # Split sequences (sequence_parallel.py): each pair is counted by the S processes of its group (N x S), and
+        # their gather's backward sums S equal gradients: the S cancel.
         weight = pairs_in(inputs) * self.accelerator.num_processes / num_items_in_batch
         if return_outputs:
             return result[0] * weight, result[1]
@@ -539,6 +551,8 @@ class RecipeDPOTrainer(DPOTrainer):
         else:
             positions = inputs["input_ids"].numel()
         if inputs.get(plan.FILLER):  # weighed 0 by compute_loss; nothing it computed is a metric
+            return result
+        if not sequence_parallel.leads_group():  # the group's other processes hold the same pairs: counted once
             return result
         self.pair_metrics.add(
             mode,
@@ -620,12 +634,15 @@ def build_trainer(recipe: Recipe, train_dataset, eval_dataset=None, callbacks=()
         peft_config=get_peft_config(recipe.model),
         quantization_config=get_quantization_config(recipe.model),  # --load_in_4bit/8bit, as TRL's own dpo.py
         forward=forward,
-        pairs_per_step=p.pairs_per_step or t.per_device_train_batch_size * t.gradient_accumulation_steps * world,
+        pairs_per_step=p.pairs_per_step
+        or t.per_device_train_batch_size * t.gradient_accumulation_steps * (world // p.sequence_parallel_size),
         max_tokens_per_microbatch=p.max_tokens_per_microbatch,
         gpu_peak_tflops=p.gpu_peak_tflops,
         attn_implementation=recipe.model.attn_implementation,
         run_engine=run_engine,
+        sequence_parallel_size=p.sequence_parallel_size,
     )
+    sequence_parallel.set_up(p.sequence_parallel_size, trainer.model)  # its groups, Ulysses around the attention
     # The memory plan's checkpointed layers, held against TRL's re-enabling of all of them; the optional compile.
     layers.hold_checkpointing(trainer.model, t)
     compiled = layers.compile_layers(trainer.model) if p.compile_layers else 0
