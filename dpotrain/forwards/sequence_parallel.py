@@ -109,6 +109,10 @@ def set_up(sp_size: int, model) -> None:
     )  # fmt: skip
     _group.update(size=sp_size, rank=ds_comm.get_rank(group=mine), group=mine, ulysses=ulysses)
     ALL_ATTENTION_FUNCTIONS[ATTENTION] = _Attention(ALL_ATTENTION_FUNCTIONS[ATTENTION], ulysses)
+    if rank == 0:
+        print(f"Sequence parallel: {world // sp_size} group(s) of {sp_size} processes, each process 1/{sp_size} of "
+              f"every packed row; attention over whole rows for {heads // sp_size} of {heads} heads per process "
+              "(DeepSpeed Ulysses all-to-all)", flush=True)  # fmt: skip
 
 
 class _Attention:
