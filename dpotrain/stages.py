@@ -98,7 +98,7 @@ def launch(recipe) -> Launch:
     else:
         machines = {"on this machine": (cuda, choice.installed_varlen(cuda))}
     n = recipe.project.sequence_parallel_size
-    sequence_parallel.check_launch(n, world, planned, planning)  # N divides the processes, on DeepSpeed's engine
+    sequence_parallel.check_launch(n, world, planned)  # N divides the processes, on DeepSpeed's engine
     return Launch(world, source, planned, machines, planning, n)
 
 

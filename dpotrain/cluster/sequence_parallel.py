@@ -38,10 +38,9 @@ def divisors(count: int) -> list[int]:
     return [d for d in range(1, count + 1) if count % d == 0]
 
 
-def check_launch(n: int, world: int, engine, planning: bool) -> None:
-    """What the launch alone decides: `n` divides the processes, and the engine runs Ulysses. A run (not a dry run)
-    with `n` > 1 is refused until the forward splits sequences: it would otherwise train every rank on its own data and
-    record `n` as if it had been honoured."""
+def check_launch(n: int, world: int, engine) -> None:
+    """What the launch alone decides: `n` divides the processes, and the engine runs Ulysses (the forward's checks:
+    `forwards/choice.py`; the heads: `check_heads`, once the model's config is read)."""
     if n < 1:
         raise ConfigError(f"sequence_parallel_size must be >= 1 (got {n}); 1 turns sequence parallelism off")
     if n == 1:
@@ -54,9 +53,6 @@ def check_launch(n: int, world: int, engine, planning: bool) -> None:
         what = OTHERS.get(engine.name, f"an engine plans do not cover ({engine.source})")
         raise ConfigError(f"sequence_parallel_size {n} needs DeepSpeed's engine (Ulysses), not {what}: launch "
                           f"with {ENGINE_NAMES}, or use --sequence_parallel_size 1")  # fmt: skip
-    if not planning:
-        raise ConfigError(f"sequence_parallel_size {n}: this version plans it (--dry-run) but does not yet split "
-                          "sequences in training; use --sequence_parallel_size 1 to train")  # fmt: skip
 
 
 def head_counts(config) -> tuple[int, int]:

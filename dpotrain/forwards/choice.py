@@ -31,7 +31,7 @@ import math
 import os
 from dataclasses import asdict, dataclass
 
-from dpotrain.forwards import masks, packing, padded, shared_prompt
+from dpotrain.forwards import masks, packing, padded, sequence_parallel, shared_prompt
 from dpotrain.recipe.config import uses_live_reference
 from dpotrain.recipe.errors import ConfigError
 
@@ -221,7 +221,7 @@ def candidates(config, recipe, cuda: bool, varlen: str | None, check_kernels: bo
                               "--share_prompt")  # fmt: skip
         if packed or share_problems:
             raise ConfigError(f"share_prompt cannot be used here: {share_problems[0]}; remove --share_prompt")
-    packed = sequence_parallel_forwards(recipe, packed, problems)
+    packed = sequence_parallel_forwards(recipe, config, packed, problems)
     if packed:
         if want_share is None and not shared and share_problems:
             notes.append(f"Note: each pair's prompt is computed twice (unshared packing): {share_problems[0]}.")
@@ -238,19 +238,25 @@ def candidates(config, recipe, cuda: bool, varlen: str | None, check_kernels: bo
     return [Candidate(asked or dense_attention(config), False, False)], notes
 
 
-def sequence_parallel_forwards(recipe, packed: list, problems: list[str]) -> list:
-    """With `sequence_parallel_size` N > 1, the packed forwards that can split their rows: a group of N processes holds
-    1/N of each row's positions, which padded rows (one sequence per row, TRL's collator) do not have; and eager
-    attention, which DeepSpeed's Ulysses refuses (it needs a dense 4D mask). A padded forward is not taken instead:
-    the user asked to split sequences, so a run that cannot is refused with what to change."""
+def sequence_parallel_forwards(recipe, config, packed: list, problems: list[str]) -> list:
+    """With `sequence_parallel_size` N > 1, the packed forwards that can split their rows (sequence_parallel.py): a
+    group of N processes holds 1/N of each row's positions, which padded rows (one sequence per row, TRL's collator) do
+    not have. The split runs sdpa with the whole rows' dense masks and flex_attention with their block masks; eager
+    (DeepSpeed's Ulysses needs a 4D boolean mask) and the varlen kernels (the whole row's `cu_seq_lens` are not carried
+    through the split yet) are not taken. A padded forward is not taken instead: the user asked to split sequences, so
+    a run that cannot is refused with what to change."""
     n = recipe.project.sequence_parallel_size
     if n == 1:
         return packed
-    splittable = [c for c in packed if packing.attention_name(c.attention) != "eager"]
+    if getattr(config.get_text_config(), "output_router_logits", False):
+        raise ConfigError(f"sequence_parallel_size {n}: the MoE router's auxiliary loss is not split over a group "
+                          "here; use --sequence_parallel_size 1 for MoE models")  # fmt: skip
+    splittable = [c for c in packed if packing.attention_name(c.attention) in sequence_parallel.ATTENTION]
     if splittable:
         return splittable
     if packed:
-        why = "eager attention has no split (DeepSpeed's Ulysses needs sdpa, flex_attention or a FlashAttention kernel)"
+        why = (f"{packing.attention_name(packed[0].attention)} has no split here (sequence parallelism runs "
+               f"{' or '.join(sequence_parallel.ATTENTION)})")  # fmt: skip
     else:
         why = problems[0] if problems else "no packed forward runs here"
     raise ConfigError(f"sequence_parallel_size {n} splits packed sequences, which cannot be used here: {why}; use "
@@ -352,6 +358,7 @@ def stand_in(model, batch: dict, every_rank: bool = False):
     forward (packing.py) or the grouped padded one (padded.py), its group count agreed over the ranks when every rank
     must run each forward (`every_rank`: the weights are sharded)."""
     if packing.is_packed(batch):
-        return packing.PackedModel(model, batch), packing.padded_view(batch)
+        split = sequence_parallel.forward if sequence_parallel.size() > 1 else None
+        return packing.PackedModel(model, batch, split), packing.padded_view(batch)
     batch = dict(batch)
     return padded.GroupedModel(model, batch.pop("row_groups", None), every_rank), batch

@@ -398,9 +398,10 @@ class PackedModel:
     is computed again here from the same router logits over the real tokens only, as the padded path counts them.
     """
 
-    def __init__(self, model, batch: dict):
+    def __init__(self, model, batch: dict, run=None):
         self.model = model
         self.batch = batch
+        self.run = run or forward  # the packed forward: `forward`, or split over a group (sequence_parallel.py)
         self.outputs = None  # the last call's outputs, in the padded layout
 
     def __call__(self, *, fused_lm_head: bool = False, output_router_logits: bool | None = None, **padded_kwargs):
@@ -408,10 +409,10 @@ class PackedModel:
             return self.model(**padded_kwargs)
         if not output_router_logits:
             extra = {} if output_router_logits is None else {"output_router_logits": False}
-            self.outputs = unpack_outputs(forward(self.model, self.batch, **extra), self.batch)
+            self.outputs = unpack_outputs(self.run(self.model, self.batch, **extra), self.batch)
             return self.outputs
         with captured_router_logits(self.model) as router_logits:
-            outputs = forward(self.model, self.batch, output_router_logits=True)
+            outputs = self.run(self.model, self.batch, output_router_logits=True)
         outputs.aux_loss = router_aux_loss(self.model, router_logits[0], self.batch)
         self.outputs = unpack_outputs(outputs, self.batch)
         return self.outputs

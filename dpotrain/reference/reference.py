@@ -433,7 +433,8 @@ def run(trainer, dataset, name: str, layout: list[list[list[int]]] | None, stop,
     pairs each round scores); None: the stage's own (`trainer.reference_layout`).
     `stop` is the run's `GracefulStop`."""
     accelerator = trainer.accelerator
-    rank, world, device = accelerator.process_index, accelerator.num_processes, accelerator.device
+    # A sequence-parallel group scores its micro-batches together: its processes count as one rank here.
+    rank, world, device = trainer.data_parallel_rank, trainer.data_parallel_size, accelerator.device
     n = len(dataset)
     ident = broadcast_from_main(identity(trainer, dataset) if accelerator.is_main_process else None)
     store = Store.for_identity(ident)
@@ -479,7 +480,7 @@ def run(trainer, dataset, name: str, layout: list[list[list[int]]] | None, stop,
         with trainer.reference_context():
             for j in range(rounds):
                 if checks.stop_now(j):
-                    store.write_part(attempt, rank, *results.on_host())
+                    store.write_part(attempt, accelerator.process_index, *results.on_host())
                     accelerator.wait_for_everyone()
                     return None, Outcome(name, n, reused, progress.done - reused, True, store.folder, shared=shared)
                 batch = prefetch.next()
@@ -492,7 +493,7 @@ def run(trainer, dataset, name: str, layout: list[list[list[int]]] | None, stop,
                     progress.steady(round_tokens[0])
                 progress.advance(round_pairs[j], round_tokens[j] if j else 0)
                 if time.monotonic() - last_save >= save_seconds:
-                    store.write_part(attempt, rank, *results.on_host())
+                    store.write_part(attempt, accelerator.process_index, *results.on_host())
                     last_save = time.monotonic()
     finally:
         prefetch.close()

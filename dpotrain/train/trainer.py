@@ -29,10 +29,11 @@ from transformers import GraniteMoeHybridConfig, TrainerCallback
 from trl import DPOTrainer, get_peft_config, get_quantization_config
 from trl.models import prepare_deepspeed
 
-from dpotrain.cluster import engine, sequence_parallel
+from dpotrain.cluster import engine
+from dpotrain.cluster import sequence_parallel as groups
 from dpotrain.cluster.collectives import all_reduce_sum, max_over_ranks
 from dpotrain.data import builtin
-from dpotrain.forwards import choice, flex, flops, packing, padded, sample
+from dpotrain.forwards import choice, flex, flops, packing, padded, sample, sequence_parallel
 from dpotrain.forwards.choice import ForwardChoice, decide_forward, padded_instead
 from dpotrain.plan import layers, plan
 from dpotrain.plan.plan_stage import RunPlan
@@ -277,12 +278,12 @@ class RecipeDPOTrainer(DPOTrainer):
     def data_parallel_size(self) -> int:
         """The processes that read their own pairs: groups of the forward's `sequence_parallel` processes share one
         micro-batch (dpotrain/cluster/sequence_parallel.py)."""
-        return sequence_parallel.data_parallel_size(self.accelerator.num_processes, self.forward.sequence_parallel)
+        return groups.data_parallel_size(self.accelerator.num_processes, self.forward.sequence_parallel)
 
     @property
     def data_parallel_rank(self) -> int:
         """This process's share of the data: its group's."""
-        return sequence_parallel.data_parallel_rank(self.args.process_index, self.forward.sequence_parallel)
+        return groups.data_parallel_rank(self.args.process_index, self.forward.sequence_parallel)
 
     def plan_forward(self) -> plan.Forward:
         """How this trainer's collator lays out a micro-batch, for the positions the plan's summary counts."""
@@ -295,8 +296,8 @@ class RecipeDPOTrainer(DPOTrainer):
     def get_train_dataloader(self):
         """One item per optimizer step (`plan.StepSampler`), rows read a step at a time and collated per
         micro-batch with the forward's collator."""
-        args, run_plan = self.args, self.run_plan
-        sampler = plan.StepSampler(run_plan.lengths, run_plan.step_plan, args.process_index, run_plan.epochs)
+        run_plan = self.run_plan
+        sampler = plan.StepSampler(run_plan.lengths, run_plan.step_plan, self.data_parallel_rank, run_plan.epochs)
         columns = [c for c in (*plan.COLUMNS, "ref_chosen_logps", "ref_rejected_logps")
                    if c in self.train_dataset.column_names]  # fmt: skip
         return self._rank_aware_loader(plan.StepRows(self.train_dataset.select_columns(columns)), sampler,
@@ -390,7 +391,7 @@ class RecipeDPOTrainer(DPOTrainer):
         else:
             lengths = plan.PairLengths.of(dataset, args.max_length, self.forward.share_prompt, args.truncation_mode)
         budget, pairs = self.reference_budget()
-        return reference.micro_batches(lengths, np.arange(rows), self.accelerator.num_processes, budget, pairs,
+        return reference.micro_batches(lengths, np.arange(rows), self.data_parallel_size, budget, pairs,
                                        padded=not self.packed, seed=args.seed)  # fmt: skip
 
     def reference_budget(self) -> tuple[int | None, int | None]:
@@ -442,8 +443,9 @@ class RecipeDPOTrainer(DPOTrainer):
                     module.reshard()
 
     def forward_needs_every_rank(self) -> bool:
-        """Whether a forward holds collectives (sharded weights), so every rank must run one together."""
-        return self.engine.shards_weights
+        """Whether a forward holds collectives (sharded weights; a sequence split over a group), so every rank must run
+        one together."""
+        return self.engine.shards_weights or self.forward.sequence_parallel > 1
 
     def reference_collate(self, rows: list[dict]) -> dict:
         """One reference micro-batch, collated on the host (the stage's prefetch thread calls it)."""
@@ -524,6 +526,8 @@ class RecipeDPOTrainer(DPOTrainer):
             return result
         # Gradients are averaged over ranks; summed over micro-batches. This weight makes the step's gradient
         # the mean over all of its pairs: sum_k (mean_k x n_k x W / N) / W = sum over pairs / N (a filler: n_k = 0).
+        # Split sequences (sequence_parallel.py): each pair is counted by the S processes of its group (N x S), and
+        # their gather's backward sums S equal gradients: the S cancel.
         weight = pairs_in(inputs) * self.accelerator.num_processes / num_items_in_batch
         if return_outputs:
             return result[0] * weight, result[1]
@@ -551,6 +555,8 @@ class RecipeDPOTrainer(DPOTrainer):
         else:
             positions = inputs["input_ids"].numel()
         if inputs.get(plan.FILLER):  # weighed 0 by compute_loss; nothing it computed is a metric
+            return result
+        if not sequence_parallel.leads_group():  # the group's other processes hold the same pairs: counted once
             return result
         self.pair_metrics.add(
             mode,
@@ -619,7 +625,7 @@ def build_trainer(recipe: Recipe, train_dataset, eval_dataset=None, callbacks=()
     # The arguments set up the process group (with their ddp_backend) when first asked for their device; until then
     # `world_size` reads 1.
     world = t.world_size if t.device is not None else 1
-    data_parallel = sequence_parallel.data_parallel_size(world, forward.sequence_parallel)  # processes reading pairs
+    data_parallel = groups.data_parallel_size(world, forward.sequence_parallel)  # processes reading pairs
     graceful_stop = stop or GracefulStop.from_env()
     health = HealthGuard(recipe.project) if recipe.project.health_checks else None
     # Order matters: GracefulStop.on_save reports a checkpoint only after CompleteMarker has marked it.
@@ -640,6 +646,7 @@ def build_trainer(recipe: Recipe, train_dataset, eval_dataset=None, callbacks=()
         attn_implementation=recipe.model.attn_implementation,
         run_engine=run_engine,
     )
+    sequence_parallel.set_up(forward.sequence_parallel, trainer.model)  # its groups, Ulysses around the attention
     # The memory plan's checkpointed layers, held against TRL's re-enabling of all of them; the optional compile.
     layers.hold_checkpointing(trainer.model, t)
     compiled = layers.compile_layers(trainer.model) if p.compile_layers else 0

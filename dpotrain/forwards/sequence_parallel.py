@@ -1,0 +1,161 @@
+"""Sequence parallelism: one packed micro-batch split along the sequence over the N processes of a group (DeepSpeed
+Ulysses), for pairs longer than one GPU holds (`sequence_parallel_size: N`).
+
+Every process of a group reads the same micro-batch (the sampler deals micro-batches to data-parallel ranks:
+`dpotrain/cluster/sequence_parallel.py`, which also holds the launch's checks; the forward's are in `choice.py`) and
+collates it the same way, its row width padded to a multiple of N (the padding is a segment of its own, no label: out
+of the loss). Each process then runs the model on its 1/N of the columns only; in every
+attention layer DeepSpeed's `UlyssesSPAttentionHF` all-to-alls queries, keys and values to the whole sequence for 1/N of
+the heads, the project's own attention runs on it with the mask of the WHOLE rows (packed documents, shared prompts and
+sliding windows keep their meaning: `whole_row_masks`, built from the full batch every process holds: sdpa's dense
+masks, FlexAttention's block masks), and a second all-to-all brings the output back to the process's columns.
+DeepSpeed's own wrapper (`register_with_transformers`) drops any 4D mask, and rebuilds a causal-only block mask for
+flex, attending over the whole row, which would let packed sequences see each other: only its attention module is used
+here, around the masks this project builds. The kernel never sees the split: after the all-to-all it holds whole rows.
+
+The LM head runs on the local columns only, each position labelled with the next token of the whole row
+(`shift_labels`: a label of the next process's first column is not lost at the cut). The per-token outputs (one float
+per token, never logits) are then gathered over the group with an autograd-aware all-gather, so TRL's loss sees whole
+sequences on every process of the group, and every loss variant is computed as without sequence parallelism.
+
+Gradients: every process of a group computes the same full loss; the gather's backward sums the group's gradients of
+it (torch.distributed.nn's all-gather), so each process holds N x its share of d(loss), and the engine's average over
+all N x D processes gives (1/D) x the sum over the D data-parallel groups: the same gradient as D processes without
+sequence parallelism. `RecipeDPOTrainer.compute_loss` weighs micro-batches by pairs counted on every process (each
+pair N times, the N cancelling), so nothing there changes.
+"""
+
+import contextlib
+import threading
+
+import torch
+
+from dpotrain.cluster import sequence_parallel as groups
+from dpotrain.forwards import masks, packing
+
+# The attentions a split forward runs, with the whole rows' masks (`whole_row_masks`); the forward choice takes no
+# other (`choice.sequence_parallel_forwards`). FlashAttention's varlen kernels would need the whole row's
+# `cu_seq_lens` carried through the split: not yet.
+ATTENTION = ("flex_attention", "sdpa")
+
+_state = threading.local()  # the forward in progress: its local position ids (the attention wrapper reads them)
+_group: dict = {}  # this process's group, set once by `set_up`: size, rank, process group, Ulysses module
+
+
+def size() -> int:
+    return _group.get("size", 1)
+
+
+def leads_group() -> bool:
+    """Whether this process is the first of its group (the one whose metrics count: the others hold the same pairs)."""
+    return _group.get("rank", 0) == 0
+
+
+def set_up(sp_size: int, model) -> None:
+    """This process's group (consecutive ranks, `groups.data_parallel_rank`) and the attention wrapper, once the process
+    group and the model exist. Every process calls it (each group is made by all). The heads, the attention and the
+    engine were checked before the weights loaded (`groups.check_launch`, `groups.check_heads`, `choice.py`)."""
+    if sp_size <= 1 or _group:
+        return
+    import torch.distributed as dist
+    from deepspeed.runtime.sequence_parallel.ulysses_sp import UlyssesSPAttentionHF
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    config = masks.text_config(model)
+    attention = config._attn_implementation
+    heads, kv_heads = groups.head_counts(model.config)
+    rank, world = dist.get_rank(), dist.get_world_size()
+    mine = None
+    for first in range(0, world, sp_size):
+        group = dist.new_group(list(range(first, first + sp_size)))
+        if groups.data_parallel_rank(first, sp_size) == groups.data_parallel_rank(rank, sp_size):
+            mine = group
+    ulysses = UlyssesSPAttentionHF(
+        attn=ALL_ATTENTION_FUNCTIONS[attention], batch_size=1, attn_head_count=heads,
+        attn_head_size=getattr(config, "head_dim", None) or config.hidden_size // heads, kv_head_count=kv_heads,
+        num_hidden_layers=config.num_hidden_layers, process_group=mine, seq_length_is_variable=True,
+    )  # fmt: skip
+    _group.update(size=sp_size, rank=groups.sequence_parallel_rank(rank, sp_size), group=mine, ulysses=ulysses)
+    ALL_ATTENTION_FUNCTIONS[attention] = _Attention(ALL_ATTENTION_FUNCTIONS[attention], ulysses)
+    if rank == 0:
+        print(f"Sequence parallel: {world // sp_size} group(s) of {sp_size} processes, each process 1/{sp_size} of "
+              f"every packed row; {attention} over whole rows for {heads // sp_size} of {heads} heads per process "
+              "(DeepSpeed Ulysses all-to-all)", flush=True)  # fmt: skip
+
+
+class _Attention:
+    """The attention function transformers calls: Ulysses around the original inside a sequence-parallel forward, the
+    original alone anywhere else (sample generation, a parity check), where a process holds whole sequences."""
+
+    def __init__(self, original, ulysses):
+        self.original, self.ulysses = original, ulysses
+
+    def __call__(self, module, query, key, value, attention_mask, *args, **kwargs):
+        local_positions = getattr(_state, "position_ids", None)
+        if local_positions is None:
+            return self.original(module, query, key, value, attention_mask, *args, **kwargs)
+        u = self.ulysses
+        # Rows per micro-batch vary: Ulysses holds a fixed batch size, its sequence length is variable (dim 0, set by
+        # its forward from the query).
+        rows = query.shape[0]
+        u.batch_size = rows
+        u.required_query_shape = torch.Size([1, rows, u.attn_head_count, u.attn_head_size])
+        u.required_key_value_shape = torch.Size([1, rows, u.global_kv_head_count, u.attn_head_size])
+        u.required_context_shape = torch.Size([1, rows, u.attn_head_size * u.attn_head_count // u.world_size])
+        kwargs["position_ids"] = local_positions  # Ulysses gathers them over the group
+        return u(module, query, key, value, attention_mask, *args, **kwargs)
+
+
+@contextlib.contextmanager
+def _forward_in_progress(position_ids: torch.Tensor):
+    _state.position_ids = position_ids
+    try:
+        yield
+    finally:
+        _state.position_ids = None
+
+
+def _gather(tensor: torch.Tensor | None) -> torch.Tensor | None:
+    """`[rows, width / N]` of each process of the group as `[rows, width]`, in rank order; autograd flows back."""
+    if tensor is None:
+        return None
+    from torch.distributed.nn.functional import all_gather
+
+    if tensor.requires_grad:
+        parts = all_gather(tensor.contiguous(), group=_group["group"])
+    else:
+        import torch.distributed as dist
+
+        parts = [torch.empty_like(tensor) for _ in range(_group["size"])]
+        dist.all_gather(parts, tensor.contiguous(), group=_group["group"])
+    return torch.cat(parts, dim=1)
+
+
+def whole_row_masks(model, batch: dict):
+    """The masks of the WHOLE rows, whatever slice this process holds: FlexAttention's block masks, else the dense masks
+    (sdpa). A dense mask is needed even without shared prompts: transformers would build one from the local slice's
+    position ids only, while attention runs on the whole rows."""
+    if masks.text_config(model)._attn_implementation == "flex_attention":
+        return masks.block_masks(model, batch)
+    return masks.dense_masks(model, batch)
+
+
+def forward(model, batch: dict, **kwargs):
+    """`packing.forward` split over the group: per-token outputs of the whole rows, `[rows, width-1]`."""
+    n, rank = _group["size"], _group["rank"]
+    width = batch["input_ids"].shape[1]
+    if width % n:
+        raise ValueError(f"a packed row of {width} positions cannot be split over {n} processes (the collator pads "
+                         "rows to a multiple of sequence_parallel_size)")  # fmt: skip
+    cols = slice(rank * width // n, (rank + 1) * width // n)
+    # The label of every position is the next token of the whole row (the fused head would shift within the slice)
+    shift_labels = torch.nn.functional.pad(packing.packed_labels(batch)[:, 1:], (0, 1), value=-100)
+    local_positions = batch["position_ids"][:, cols]
+    with _forward_in_progress(local_positions):
+        outputs = model(input_ids=batch["input_ids"][:, cols], position_ids=local_positions,
+                        attention_mask=whole_row_masks(model, batch), shift_labels=shift_labels[:, cols],
+                        fused_lm_head=True, use_cache=False, **kwargs)  # fmt: skip
+    fields = {name: _gather(getattr(outputs, name, None)) for name in packing.PER_TOKEN_FIELDS}
+    fields = {name: None if t is None else t[:, : width - 1] for name, t in fields.items()}  # the last predicts nothing
+    # `loss` is the local slice's (TRL's DPO loss reads the per-token outputs only)
+    return type(outputs)(loss=outputs.loss, aux_loss=outputs.aux_loss, **fields)
