@@ -284,7 +284,9 @@ def formula_activation_bytes(text, tokens: int, checkpointing: bool | int) -> in
 REFERENCE_MULTIPLE_MOST = 8  # more buys little: a forward of 8 training micro-batches already fills a GPU's kernels
 
 
-def forward_only_multiple(config, tokens: int, width: int | None, attn: str, checkpointing: bool | int) -> int:
+def forward_only_multiple(
+    config, tokens: int, width: int | None, attn: str, checkpointing: bool | int, n: int = 1
+) -> int:
     """How many times a training micro-batch's `tokens` a forward-only micro-batch (the reference stage) may hold in
     the memory the plan gives a training micro-batch (activations, LM head, masks: the model states are the same).
 
@@ -293,18 +295,23 @@ def forward_only_multiple(config, tokens: int, width: int | None, attn: str, che
     per-layer term); TRL's fused LM head keeps only its logits tile and running statistics; masks are as large per
     token, but eager's attention probabilities exist for one layer at a time. Formulas on both sides (no trace: every
     rank computes the same number at once), rounded down, at least 1 and at most `REFERENCE_MULTIPLE_MOST`.
-    `checkpointing`: training's, as `activation_bytes` takes it (False, True: every layer, or k: every k-th layer)."""
+    `checkpointing`: training's, as `activation_bytes` takes it (False, True: every layer, or k: every k-th layer).
+    `n`: the sequence-parallel group, as `plan` counts it: a GPU holds 1/n of the positions, the whole rows' masks and
+    the all-to-all's buffers, in training and in the reference's forward alike."""
     text = config.get_text_config()
     h = text.hidden_size
     layer = formula_activation_bytes(text, 1, False) // (text.num_hidden_layers + 1)  # one layer, per token
     width = width or tokens
+    local = -(-tokens // n)
     from trl.kernels.chunked_logprob import TOKEN_CHUNK_SIZE
     from trl.trainer.utils import _CHUNKED_LOGPROB_CHUNK_SIZE
 
-    tile = min(tokens, TOKEN_CHUNK_SIZE) * _CHUNKED_LOGPROB_CHUNK_SIZE * BF16
-    training = (formula_activation_bytes(text, tokens, checkpointing) + tile + tokens * (h * (BF16 + 4) + 12 * 4)
-                + mask_bytes(attn, tokens, width, config, checkpoint_every(checkpointing) == 1))  # fmt: skip
-    per_token = layer + 2 * BF16 * h + 12 * 4 + mask_bytes(attn, tokens, width, config, True) / tokens
+    tile = min(local, TOKEN_CHUNK_SIZE) * _CHUNKED_LOGPROB_CHUNK_SIZE * BF16
+    exchange = all_to_all_bytes(config, tokens, n)
+    training = (formula_activation_bytes(text, local, checkpointing) + tile + local * (h * (BF16 + 4) + 12 * 4)
+                + mask_bytes(attn, tokens, width, config, checkpoint_every(checkpointing) == 1) + exchange)  # fmt: skip
+    per_token = ((layer + 2 * BF16 * h + 12 * 4) / n + mask_bytes(attn, tokens, width, config, True) / tokens
+                 + exchange / tokens)  # fmt: skip
     return max(1, min(REFERENCE_MULTIPLE_MOST, int((training - tile) / (tokens * per_token))))
 
 

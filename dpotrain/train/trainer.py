@@ -407,8 +407,8 @@ class RecipeDPOTrainer(DPOTrainer):
         width = min(tokens, 2 * args.max_length) if self.packed and args.max_length else args.max_length or tokens
         # every k-th layer checkpointed keeps the others' activations: less room for a forward than all checkpointed
         checkpointing = layers.checkpointed_every(args) or False
-        multiple = forward_only_multiple(packing.causal_lm(self.model).config, tokens, width,
-                                         self.forward.attention, checkpointing)  # fmt: skip
+        multiple = forward_only_multiple(packing.causal_lm(self.model).config, tokens, width, self.forward.attention,
+                                         checkpointing, self.forward.sequence_parallel)  # fmt: skip
         if budget is not None:
             return budget * multiple, None
         return None, args.per_device_train_batch_size * multiple
