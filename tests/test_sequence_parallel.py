@@ -152,15 +152,17 @@ def test_two_processes_splitting_rows_on_flex_attention_score_what_one_process_s
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not __import__("torch").cuda.is_available() or __import__("torch").cuda.device_count() < 2,
+@pytest.mark.skipif(torch.cuda.device_count() < 2,
                     reason="needs 2 or more CUDA GPUs (sequence_parallel_size 2 splits a row over two)")  # fmt: skip
-def test_on_two_gpus_splitting_rows_in_bf16_trains_what_one_gpu_trains(tmp_path, tiny_model_dir):
-    """bf16 on GPUs, sdpa (the attention sequence parallelism runs on): the all-to-all and the gathers over NCCL. bf16
-    sums in another order round differently: the losses agree to 1e-2 relative, not to fp32's 1e-4."""
-    bf16 = ["--bf16", "true"]
-    train(tmp_path / "one", tiny_model_dir, *bf16)
-    log = train(tmp_path / "split", tiny_model_dir, *bf16, "--sequence_parallel_size", "2", processes=2)
-    assert "Sequence parallel: 1 group(s) of 2 processes" in log
+@pytest.mark.parametrize("attention", ["flex_attention", "sdpa"])
+def test_on_two_gpus_splitting_rows_in_bf16_trains_what_one_gpu_trains(tmp_path, tiny_model_dir, attention):
+    """bf16 on GPUs, each attention a group runs (flex's backward under a group runs only here: CPU has none): the
+    all-to-all and the gathers over NCCL. bf16 sums in another order round differently: the losses agree to 1e-2
+    relative, not to fp32's 1e-4."""
+    args = ["--bf16", "true", "--attn_implementation", attention]
+    train(tmp_path / "one", tiny_model_dir, *args)
+    log = train(tmp_path / "split", tiny_model_dir, *args, "--sequence_parallel_size", "2", processes=2)
+    assert f"Sequence parallel: 1 group(s) of 2 processes, each process 1/2 of every packed row; {attention}" in log
     want, got = records(tmp_path / "one"), records(tmp_path / "split")
     assert list(got) == list(want)
     for key, record in want.items():
