@@ -429,11 +429,10 @@ def micro_batches(lengths: PairLengths, pairs, world: int, budget: int | None, p
 def run(trainer, dataset, name: str, layout: list[list[list[int]]] | None, stop, save_seconds: float = SAVE_SECONDS):
     """`dataset` with `ref_chosen_logps` / `ref_rejected_logps` columns (None when stopped), and the Outcome.
 
-    `layout[rank]` is the list of micro-batches rank `rank` scores, in order (every rank's, so all ranks know how many
-    pairs each round scores); None: the stage's own (`trainer.reference_layout`).
-    `stop` is the run's `GracefulStop`."""
+    `layout[rank]` is the list of micro-batches data-parallel rank `rank` scores, in order (every rank's, so all ranks
+    know how many pairs each round scores; a sequence-parallel group scores its own together); None: the stage's own
+    (`trainer.reference_layout`). `stop` is the run's `GracefulStop`."""
     accelerator = trainer.accelerator
-    # A sequence-parallel group scores its micro-batches together: its processes count as one rank here.
     rank, world, device = trainer.data_parallel_rank, trainer.data_parallel_size, accelerator.device
     n = len(dataset)
     ident = broadcast_from_main(identity(trainer, dataset) if accelerator.is_main_process else None)
