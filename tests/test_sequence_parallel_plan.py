@@ -67,6 +67,18 @@ def test_64k_traces_without_it_are_refused_naming_the_group_that_fits():
     assert "--max_length" not in error.split("these fit:")[1], error
 
 
+@no_gpu
+def test_no_group_is_offered_to_an_attention_a_group_does_not_run():
+    """A recipe that names a varlen FlashAttention kernel is offered no group (the split runs flex_attention or sdpa):
+    the refusal names what fits without one."""
+    result = think_dry_run(*LONG, "--gpu_memory_gib", "79.6", "--attn_implementation", "flash_attention_3",
+                           env=H100_NODE)  # fmt: skip
+    assert result.returncode == 2, result.stdout[-3000:]
+    error = result.stdout.strip().splitlines()[-1]
+    assert error.startswith("error: memory plan: DeepSpeed ZeRO-2 on 8 GPUs needs ~"), error
+    assert "--sequence_parallel_size" not in error, error
+
+
 # --- the groups and the data-parallel degree ---
 
 

@@ -28,6 +28,8 @@ from dataclasses import dataclass
 from dpotrain.cluster import sequence_parallel
 from dpotrain.cluster.engine import LAUNCHED, Engine, from_config
 from dpotrain.data.builtin import PROJECT_ROOT
+from dpotrain.forwards import sequence_parallel as split_rows
+from dpotrain.forwards.packing import attention_name
 
 GIB = 2**30
 NAMES = {
@@ -186,10 +188,13 @@ class Advisor:
 
     def group_sizes(self, world: int) -> list[int]:
         """The sequence-parallel sizes beyond the recipe's a refusal weighs (`sequence_parallel.groups_within`); none
-        for a forward that cannot split (padded rows, eager attention)."""
+        for a forward that cannot split (padded rows, eager attention, an attention the recipe names that a group does
+        not run: `split_rows.ATTENTION`)."""
         r, current = self.recipe, self.recipe.project.sequence_parallel_size
-        attention = self.attention or r.model.attn_implementation or ""
+        attention, asked = self.attention or r.model.attn_implementation or "", r.model.attn_implementation
         if not r.training.padding_free or attention.endswith("eager"):  # forwards/choice.py: only packed rows split
+            return []
+        if asked is not None and attention_name(asked) not in split_rows.ATTENTION:
             return []
         return [n for n in sequence_parallel.groups_within(self.per_node, world, self.heads) if n > current]
 
