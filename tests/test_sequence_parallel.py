@@ -1,9 +1,10 @@
 """Sequence parallelism as it runs (`--sequence_parallel_size N`, dpotrain/forwards/sequence_parallel.py): 2 processes
 splitting every packed row in halves train the trajectory of 1 process (loss 1e-4 relative per step, weights 1e-5,
 fp32), through DeepSpeed Ulysses' all-to-all on gloo: multi-turn pairs with shared prompts and a cached reference on
-ZeRO-2; the same pairs unshared, with evaluation, on ZeRO-3 (both on sdpa, CPU's training attention). On flex_attention,
-forward only (no flex backward on CPU): a group of 2 scores what 1 process scores. Each 2-process launch costs ~60 s on
-2 cores. The plan's side (groups, steps, memory, refusals): tests/test_sequence_parallel_plan.py."""
+ZeRO-2 (and that group, preempted at step 1, resumes to the same trajectory); the same pairs unshared, with evaluation,
+on ZeRO-3 (both on sdpa, CPU's training attention). On flex_attention, forward only (no flex backward on CPU): a group
+of 2 scores what 1 process scores. Each 2-process launch costs ~60 s on 2 cores. The plan's side (groups, steps,
+memory, refusals): tests/test_sequence_parallel_plan.py."""
 
 import json
 import os
@@ -17,22 +18,23 @@ from safetensors.torch import load_file
 
 from conftest import ROOT, python, rank_python
 from dpotrain.forwards import packing, sequence_parallel
+from dpotrain.train.preemption import STOPPED_EXIT
 
 STEPS = ["--max_steps", "4", "--logging_steps", "1", "--save_strategy", "no", "--report_to", "none"]
 
 
-def train(out, model_dir, *args, processes=1, config="accelerate_config.yaml"):
+def train(out, model_dir, *args, processes=1, config="accelerate_config.yaml", env=(), exit_code=0):
     launcher = [python()]
     if processes > 1:
         launcher = [str(ROOT / ".venv" / "bin" / "accelerate"), "launch", "--config_file", str(ROOT / config),
                     "--num_processes", str(processes), *rank_python()]  # fmt: skip
     env = {**os.environ, "DPOTRAIN_CACHE": f"{out}-cache", "PATH": f"{os.path.dirname(sys.executable)}:"
-           f"{os.environ['PATH']}"}  # fmt: skip
+           f"{os.environ['PATH']}", **dict(env)}  # fmt: skip
     cmd = [*launcher, str(ROOT / "train_dpo.py"), "--config", str(ROOT / "configs" / "smoke.yaml"),
            "--model_name_or_path", model_dir, "--output_dir", str(out), *STEPS, *args]  # fmt: skip
     result = subprocess.run(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             timeout=900)  # fmt: skip
-    assert result.returncode == 0, result.stdout[-4000:]
+    assert result.returncode == exit_code, result.stdout[-4000:]
     return result.stdout
 
 
@@ -61,10 +63,28 @@ def assert_same_trajectory(one, split, log: str, model_dir) -> None:
 
 @pytest.mark.slow
 def test_two_processes_splitting_rows_train_what_one_process_trains_zero2_shared_prompts(tmp_path, tiny_model_dir):
-    train(tmp_path / "one", tiny_model_dir)
-    log = train(tmp_path / "split", tiny_model_dir, "--sequence_parallel_size", "2", processes=2)
+    """2 processes splitting rows train what 1 process trains (ZeRO-2, shared prompts); and a group preempted at step 1
+    resumes from its checkpoint to the uninterrupted group's trajectory: the stop file is there before the run starts
+    (tests/test_mixture.py's pattern), the reference comes from the uninterrupted group's cache (so the reference
+    stage has nothing to stop), and the rerun of the same command goes on."""
+    one, split, stopped, stop_file = tmp_path / "one", tmp_path / "split", tmp_path / "stopped", tmp_path / "stop"
+    train(one, tiny_model_dir)
+    log = train(split, tiny_model_dir, "--sequence_parallel_size", "2", processes=2)
     assert "prompts shared" in log
-    assert_same_trajectory(tmp_path / "one", tmp_path / "split", log, tiny_model_dir)
+    assert_same_trajectory(one, split, log, tiny_model_dir)
+
+    stop_file.touch()
+    env = {"DPOTRAIN_STOP_FILE": str(stop_file), "DPOTRAIN_CACHE": f"{split}-cache"}
+    # torchrun exits 1 when its workers exit STOPPED_EXIT (saved, not finished); the marker is what requeues the job
+    log = train(stopped, tiny_model_dir, "--sequence_parallel_size", "2", processes=2, env=env, exit_code=1)
+    assert log.count(f"exitcode  : {STOPPED_EXIT} ") == 2, log[-4000:]
+    assert stop_file.with_name("stop.checkpointed").read_text().startswith(f"checkpoint {stopped}/checkpoint-1 ")
+    stop_file.unlink()
+    log = train(stopped, tiny_model_dir, "--sequence_parallel_size", "2", processes=2, env=env)
+    assert f"Resuming from {stopped}/checkpoint-1" in log
+    lines = [json.loads(line) for line in (stopped / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in lines if "loss" in r] == [1, 2, 3, 4]  # step 1 once: the rerun went on, not over
+    assert_same_trajectory(split, stopped, log, tiny_model_dir)
 
 
 @pytest.mark.slow
