@@ -108,7 +108,9 @@ class OutputPlan:
 
 
 # Settings a resumed run must share with the run that wrote its checkpoint; others (output_dir, run_name, logging,
-# report_to, save_*, eval_*, push, dataloader, precision) may change between a run and its resumption.
+# report_to, save_*, eval_*, push, dataloader, precision) may change between a run and its resumption, and so may
+# sequence_parallel_size: it splits the same work otherwise, and the steps, pairs per step and reference cache do not
+# depend on it (tests/test_sequence_parallel.py resumes a group's checkpoint without one).
 RESUME_FIELDS = (
     "model_name_or_path", "model_revision", "dataset_name", "dataset_config", "dataset_train_split", "skip_invalid",
     "hh_format", "datasets", "dataset_mixer_list", "dataset_mixer_list_splits",

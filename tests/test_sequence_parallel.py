@@ -8,6 +8,7 @@ memory, refusals): tests/test_sequence_parallel_plan.py."""
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -20,6 +21,9 @@ from conftest import ROOT, python, rank_python
 from dpotrain.forwards import packing, sequence_parallel
 from dpotrain.train.preemption import STOPPED_EXIT
 
+# An SFT term: its totals (the step's pairs and chosen tokens) are counted on every process of a group, as pairs are in
+# the loss's weight, so the group's N cancels in the SFT term too (losses.SftOverStep).
+SFT_TERM = ["--loss_type", "sigmoid_norm", "sft", "--loss_weights", "1.0", "0.5"]
 STEPS = ["--max_steps", "4", "--logging_steps", "1", "--save_strategy", "no", "--report_to", "none"]
 
 
@@ -44,8 +48,13 @@ def records(out) -> dict:
     return {(r["step"], "eval" if "eval_loss" in r else "train"): r for r in map(json.loads, lines)}
 
 
-def assert_same_trajectory(one, split, log: str, model_dir) -> None:
-    assert "Sequence parallel: 1 group(s) of 2 processes, each process 1/2 of every packed row" in log
+def assert_same_trajectory(one, split, log: str, model_dir, group=True) -> None:
+    """`split` trained what `one` trained; `group`: `split`'s last launch ran a group of 2 (else processes of their own:
+    its micro-batches are dealt to 2 data-parallel ranks, so the plan's per-rank counts differ)."""
+    if group:
+        assert "Sequence parallel: 1 group(s) of 2 processes, each process 1/2 of every packed row" in log
+    else:
+        assert "Sequence parallel" not in log
     want, got = records(one), records(split)
     assert list(got) == list(want)
     for key, record in want.items():
@@ -54,7 +63,7 @@ def assert_same_trajectory(one, split, log: str, model_dir) -> None:
                 assert abs(got[key][metric] - record[metric]) <= 1e-4 * max(1, abs(record[metric])), (key, metric)
     # The group read one micro-batch at a time: the plan is the one of a single data-parallel rank
     batching = [json.loads((d / "resolved_config.json").read_text())["derived"]["batching"] for d in (one, split)]
-    assert batching[1]["micro_batches_per_step"] == batching[0]["micro_batches_per_step"]
+    assert not group or batching[1]["micro_batches_per_step"] == batching[0]["micro_batches_per_step"]
     wa, wb = load_file(str(one / "model.safetensors")), load_file(str(split / "model.safetensors"))
     assert max(float((wa[k] - wb[k]).abs().max()) for k in wa) <= 1e-5
     start = load_file(str(Path(model_dir) / "model.safetensors"))
@@ -68,6 +77,7 @@ def test_two_processes_splitting_rows_train_what_one_process_trains_zero2_shared
     (tests/test_mixture.py's pattern), the reference comes from the uninterrupted group's cache (so the reference
     stage has nothing to stop), and the rerun of the same command goes on."""
     one, split, stopped, stop_file = tmp_path / "one", tmp_path / "split", tmp_path / "stopped", tmp_path / "stop"
+    regrouped = tmp_path / "regrouped"
     train(one, tiny_model_dir)
     log = train(split, tiny_model_dir, "--sequence_parallel_size", "2", processes=2)
     assert "prompts shared" in log
@@ -80,18 +90,29 @@ def test_two_processes_splitting_rows_train_what_one_process_trains_zero2_shared
     assert log.count(f"exitcode  : {STOPPED_EXIT} ") == 2, log[-4000:]
     assert stop_file.with_name("stop.checkpointed").read_text().startswith(f"checkpoint {stopped}/checkpoint-1 ")
     stop_file.unlink()
+    shutil.copytree(stopped, regrouped)  # the same checkpoint, resumed below without a group
     log = train(stopped, tiny_model_dir, "--sequence_parallel_size", "2", processes=2, env=env)
     assert f"Resuming from {stopped}/checkpoint-1" in log
     lines = [json.loads(line) for line in (stopped / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in lines if "loss" in r] == [1, 2, 3, 4]  # step 1 once: the rerun went on, not over
     assert_same_trajectory(split, stopped, log, tiny_model_dir)
 
+    # Resumed on another N: the group's checkpoint goes on as 2 processes of their own (2 data-parallel ranks; the
+    # same world size, so ZeRO's partitions agree). N changes how the work is split, not what is computed.
+    log = train(regrouped, tiny_model_dir, "--sequence_parallel_size", "1", processes=2, env=env)
+    assert f"Resuming from {regrouped}/checkpoint-1" in log
+    lines = [json.loads(line) for line in (regrouped / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in lines if "loss" in r] == [1, 2, 3, 4]
+    assert_same_trajectory(split, regrouped, log, tiny_model_dir, group=False)
+
 
 @pytest.mark.slow
 def test_two_processes_splitting_rows_train_what_one_process_trains_zero3_unshared(tmp_path, tiny_model_dir, splits):
-    """ZeRO-3 (weights sharded over both processes of the group), prompts unshared, with evaluation. A live reference
-    is refused under a group (its forward is padded: tests/test_sequence_parallel_plan.py)."""
-    args = ["--dataset_name", str(splits), "--share_prompt", "false", "--eval_strategy", "steps", "--eval_steps", "2"]
+    """ZeRO-3 (weights sharded over both processes of the group), prompts unshared, with evaluation, and an SFT term
+    beside the DPO loss (`SFT_TERM`: its step totals counted on both processes of the group, which must cancel). A
+    live reference is refused under a group (its forward is padded: tests/test_sequence_parallel_plan.py)."""
+    args = ["--dataset_name", str(splits), "--share_prompt", "false", "--eval_strategy", "steps", "--eval_steps", "2",
+            *SFT_TERM]  # fmt: skip
     train(tmp_path / "one", tiny_model_dir, *args)
     log = train(tmp_path / "split", tiny_model_dir, *args, "--sequence_parallel_size", "2", processes=2,
                 config="configs/accelerate/zero3.yaml")  # fmt: skip
