@@ -26,7 +26,7 @@ from dpotrain.plan import memory
 from dpotrain.recipe import config
 from dpotrain.recipe.config import uses_live_reference
 from dpotrain.recipe.errors import ConfigError
-from dpotrain.train import health, lora, samples
+from dpotrain.train import health, lora, resume, samples
 
 FA4_SETS = {"with FlashAttention 4 installed": "flash_attention_4", "without": None}  # a dry run for a GPU job
 
@@ -137,6 +137,7 @@ def output_checks(recipe, found: Launch, push) -> resolve.OutputPlan:
         training.per_device_train_batch_size * training.gradient_accumulation_steps * found.data_parallel
     )
     plan = resolve.OutputPlan(None, False) if only_reference else resolve.check_output_dir(recipe, pairs)
+    resume.check_partitions(plan.resume_from, found.world)  # ZeRO's optimizer state: on the processes that wrote it
     output_folder.check_plan(training.output_dir, plan.start_afresh)
     if not found.planning:  # a dry run says what it could not decide without them, and the command that decides it
         offline.check_offline_artifacts(recipe)  # with HF_HUB_OFFLINE: model, tokenizer and data set must be cached

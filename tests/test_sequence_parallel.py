@@ -104,6 +104,11 @@ def test_two_processes_splitting_rows_train_what_one_process_trains_zero2_shared
     lines = [json.loads(line) for line in (regrouped / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in lines if "loss" in r] == [1, 2, 3, 4]
     assert_same_trajectory(split, regrouped, log, tiny_model_dir, group=False)
+    # Another world size cannot: ZeRO's optimizer state is partitioned over the 2 processes that wrote it. Refused
+    # before anything loads, not DeepSpeed's traceback after the weights load.
+    log = train(tmp_path / "fewer", tiny_model_dir, "--resume_from_checkpoint", str(regrouped / "checkpoint-1"),
+                exit_code=2)  # fmt: skip
+    assert "partitioned over 2 processes, and this run has 1: resume it on 2 processes" in log.splitlines()[-1]
 
 
 @pytest.mark.slow

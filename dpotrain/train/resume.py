@@ -95,6 +95,21 @@ def check_explicit(folder: str) -> None:
                           "another checkpoint")  # fmt: skip
 
 
+def check_partitions(folder: str | None, world: int) -> None:
+    """A DeepSpeed ZeRO checkpoint resumes only on the number of processes that wrote it: its optimizer state is
+    partitioned over them, one `zero_pp_rank_<r>_..._optim_states.pt` each, and DeepSpeed cannot repartition it on load
+    (it raises after the weights load). The sequence-parallel size may change: ZeRO partitions over all processes."""
+    if folder is None:
+        return
+    written = len(list(Path(folder).glob("global_step*/zero_pp_rank_*_optim_states.pt")))
+    if written and written != world:
+        raise ConfigError(
+            f"checkpoint {folder!r} holds DeepSpeed ZeRO optimizer state partitioned over {written} processes, and "
+            f"this run has {world}: resume it on {written} processes, or start afresh (a new --output_dir) from its "
+            "weights (--model_name_or_path on the checkpoint folder)"
+        )
+
+
 # --- a health stop, remembered -------------------------------------------------------------------------------------
 
 
