@@ -25,7 +25,10 @@ def json_path(output_dir: str) -> Path:
 
 def write_json(resolved: dict, output_dir: str) -> Path:
     path = json_path(output_dir)
-    inputs = input_files(resolved.get("config"), resolved.get("dataset_name"), resolved.get("accelerate_config"))
+    sources = mixture.local_files(resolved)  # a mixture's local sources, named as the recipe resolved them
+    inputs = input_files(
+        resolved.get("config"), resolved.get("dataset_name"), *sources, resolved.get("accelerate_config")
+    )
     check_not_input("the dry run's record (beside --output_dir)", path, inputs)
     return write_text(path, json.dumps(resolved, indent=2, default=str) + "\n")
 

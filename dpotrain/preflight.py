@@ -375,21 +375,31 @@ def gaps(s: dict, max_length: int | None):
 def run(recipe, sample_size: int = DEFAULT_SAMPLE, seed: int | None = None, json_path=None, plot_path=None) -> int:
     """The whole preflight on a parsed, checked recipe; returns the exit status."""
     from dpotrain import resolve
-    from dpotrain.data import data
+    from dpotrain.data import data, mixture
     from dpotrain.data import rows as row_reading
 
     check_outputs(json_path, plot_path)
-    inputs = writes.input_files(recipe.script.dataset_name, recipe.config_path, recipe.model.model_name_or_path)
+    sources = mixture.local_files(mixture.fields_of(recipe))
+    inputs = writes.input_files(
+        recipe.script.dataset_name, *sources, recipe.config_path, recipe.model.model_name_or_path
+    )
     for flag, path in (("--json", json_path), ("--plot", plot_path)):
         writes.check_not_input(flag, path, inputs)  # a report never replaces what it describes
     if sample_size < 1:
         raise ConfigError(f"--sample must be >= 1 (got {sample_size})")
     seed = recipe.training.seed if seed is None else seed
     script = recipe.script
-    dataset = data.load_preference_dataset(
-        script.dataset_name, script.dataset_train_split, script.dataset_config, streaming=script.dataset_streaming
-    )
-    if not script.dataset_streaming:  # the rows as training reads them (UltraFeedback's prompt column, HH strings...)
+    sources = mixture.parse(mixture.fields_of(recipe))
+    if sources is not None:  # a mixture: the pairs training takes from it, each source read in its shape and checked
+        p = recipe.project
+        dataset, _ = mixture.load(sources, recipe.training.seed, p.skip_invalid, p.hh_format, {}, "invalid_rows")
+    else:
+        dataset = data.load_preference_dataset(
+            script.dataset_name, script.dataset_train_split, script.dataset_config, streaming=script.dataset_streaming
+        )
+    if (
+        not script.dataset_streaming and sources is None
+    ):  # the rows as training reads them (UltraFeedback's prompt column, HH strings...)
         dataset = row_reading.usable_pairs(dataset, recipe.project.skip_invalid, {}, "invalid_rows",
                                            recipe.project.hh_format)  # fmt: skip
     if recipe.max_length_auto:  # as training resolves it (the analyzer's cached report when there is one)
@@ -415,7 +425,7 @@ def run(recipe, sample_size: int = DEFAULT_SAMPLE, seed: int | None = None, json
     report["max_length"] = recipe.training.max_length
     setup = {
         "model": recipe.model.model_name_or_path,
-        "dataset": script.dataset_name,
+        "dataset": script.dataset_name or [source.spec() for source in sources],
         "seed": seed,
         "max_length": recipe.training.max_length,
         "loss_type": "+".join(loss_types),

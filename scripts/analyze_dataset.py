@@ -196,7 +196,10 @@ def analyze(args: argparse.Namespace) -> int:
         raise ConfigError(f"hh_format {hh_format!r} in {recipe_path}: choose one of {', '.join(shapes.HH_FORMATS)}")
     truncation = recipe.get("truncation_mode", "keep_start")
     batch_size = args.batch_size or int(recipe.get("per_device_train_batch_size", lengths.DEFAULT_BATCH_SIZE))
-    inputs = writes.input_files(name, recipe_path, tokenizer_name)  # a report never replaces what it describes
+    sources = mixture.local_files(recipe) if mixed else []
+    inputs = writes.input_files(
+        name, *sources, recipe_path, tokenizer_name
+    )  # a report never replaces what it describes
     for flag, path in (("--json", args.json), ("--plot", args.plot)):
         writes.check_not_input(flag, path, inputs)
     print(

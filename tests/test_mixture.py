@@ -8,6 +8,8 @@ count and an upsampled fraction. Counts are read from the run's own records (res
 
 import json
 import shutil
+import subprocess
+from pathlib import Path
 
 import datasets
 import numpy as np
@@ -337,3 +339,26 @@ def test_eval_strategy_with_a_training_mixture_but_no_held_out_one_is_refused(fi
     (error,) = [line for line in result.stdout.splitlines() if line.startswith("error:")]
     assert "eval_strategy with a training mixture needs its held-out pairs" in error
     assert "--dataset_mixer_eval_list SOURCE AMOUNT" in error and "Mixture:" not in result.stdout  # before any read
+
+
+def test_the_preflight_reads_the_mixture_training_takes_and_never_writes_over_a_source(files, tmp_path):
+    """scripts/preflight.py (`PREFLIGHT=1` in the sbatch scripts) judges the pairs the run trains on: the mixture's,
+    taken as training takes them, not `dataset_name` (unset with a mixture)."""
+    from conftest import python
+
+    def preflight(*extra):
+        command = [python(), str(ROOT / "scripts" / "preflight.py"), "--config", SMOKE, *mixer(files), "--sample", "8",
+                   "--output_dir", str(tmp_path / "out"), *extra]  # fmt: skip
+        return subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=600)
+
+    report = tmp_path / "preflight.json"
+    result = preflight("--json", str(report))
+    assert result.returncode in (0, 3), result.stdout[-2000:] + result.stderr[-2000:]
+    judged = json.loads(report.read_text())
+    assert judged["quality_rows"] == sum(TAKEN.values()), judged
+    sources = mixture.parse(mixture.fields_of(parse_args(["--config", SMOKE, *mixer(files)])))
+    assert judged["setup"]["dataset"] == [s.spec() for s in sources]
+    before = Path(files["trl"]).read_bytes()
+    refused = preflight("--json", files["trl"])
+    assert refused.returncode != 0 and "is one of this command's inputs" in refused.stderr, refused.stderr[-2000:]
+    assert Path(files["trl"]).read_bytes() == before

@@ -114,6 +114,18 @@ def parse(values: dict, evaluation: bool = False) -> list[Source] | None:
     return sources
 
 
+def local_files(values: dict) -> list[str]:
+    """The sources of the training and held-out mixtures by the names they are read from (`Source.where`, with
+    `data_files` and `data_dir`): what a report must never be written over (`writes.input_files` keeps those on this
+    machine)."""
+    found = []
+    for evaluation in (False, True):
+        for source in parse(values, evaluation) or []:
+            files = source.data_files if isinstance(source.data_files, list) else [source.data_files]
+            found += [source.where, *(f for f in files if isinstance(f, str)), source.data_dir]
+    return [f for f in found if f]
+
+
 def _entry(entry, split: str, flag: str) -> Source:
     if isinstance(entry, str):
         try:
