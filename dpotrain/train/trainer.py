@@ -38,6 +38,7 @@ from dpotrain.forwards.choice import ForwardChoice, decide_forward, padded_inste
 from dpotrain.plan import layers, plan
 from dpotrain.plan.plan_stage import RunPlan
 from dpotrain.recipe.config import Recipe
+from dpotrain.recipe.errors import ConfigError
 from dpotrain.train import disk_full, losses
 from dpotrain.train.checkpoints import CompleteMarker, clear_for_save
 from dpotrain.train.health import HealthGuard
@@ -504,7 +505,11 @@ class RecipeDPOTrainer(DPOTrainer):
         failed = max_over_ranks(int(problem is not None), self.accelerator.device)
         if not failed:
             return
-        padded_instead(problem or "another process's packed rows differ from its sequences alone", explicit)
+        problem = problem or "another process's packed rows differ from its sequences alone"
+        if self.forward.sequence_parallel > 1:  # padded rows would run unsplit: the group asked for could not be kept
+            raise ConfigError(f"sequence_parallel_size {self.forward.sequence_parallel} splits packed rows, and this "
+                              f"model cannot be packed: {problem}; use --sequence_parallel_size 1")  # fmt: skip
+        padded_instead(problem, explicit)
         self._use_padded()
 
     def _use_padded(self) -> None:
