@@ -372,11 +372,28 @@ def gaps(s: dict, max_length: int | None):
     return gap, s["logp_chosen"] / scored_c - s["logp_rejected"] / scored_r, scored_c, scored_r
 
 
+def _training_pairs(recipe):
+    """(the pairs training reads, their name): a mixture's, each source read in its shape and checked; else
+    dataset_name's, checked as training reads them (UltraFeedback's prompt column, HH strings...) unless streamed."""
+    from dpotrain.data import data, mixture, rows
+
+    script, p = recipe.script, recipe.project
+    sources = mixture.parse(mixture.fields_of(recipe))
+    if sources is not None:
+        pairs, _ = mixture.load(sources, recipe.training.seed, p.skip_invalid, p.hh_format, {}, "invalid_rows")
+        return pairs, [source.spec() for source in sources]
+    dataset = data.load_preference_dataset(
+        script.dataset_name, script.dataset_train_split, script.dataset_config, streaming=script.dataset_streaming
+    )
+    if not script.dataset_streaming:
+        dataset = rows.usable_pairs(dataset, p.skip_invalid, {}, "invalid_rows", p.hh_format)
+    return dataset, script.dataset_name
+
+
 def run(recipe, sample_size: int = DEFAULT_SAMPLE, seed: int | None = None, json_path=None, plot_path=None) -> int:
     """The whole preflight on a parsed, checked recipe; returns the exit status."""
     from dpotrain import resolve
-    from dpotrain.data import data, mixture
-    from dpotrain.data import rows as row_reading
+    from dpotrain.data import mixture
 
     check_outputs(json_path, plot_path)
     sources = mixture.local_files(mixture.fields_of(recipe))
@@ -389,19 +406,7 @@ def run(recipe, sample_size: int = DEFAULT_SAMPLE, seed: int | None = None, json
         raise ConfigError(f"--sample must be >= 1 (got {sample_size})")
     seed = recipe.training.seed if seed is None else seed
     script = recipe.script
-    sources = mixture.parse(mixture.fields_of(recipe))
-    if sources is not None:  # a mixture: the pairs training takes from it, each source read in its shape and checked
-        p = recipe.project
-        dataset, _ = mixture.load(sources, recipe.training.seed, p.skip_invalid, p.hh_format, {}, "invalid_rows")
-    else:
-        dataset = data.load_preference_dataset(
-            script.dataset_name, script.dataset_train_split, script.dataset_config, streaming=script.dataset_streaming
-        )
-    if (
-        not script.dataset_streaming and sources is None
-    ):  # the rows as training reads them (UltraFeedback's prompt column, HH strings...)
-        dataset = row_reading.usable_pairs(dataset, recipe.project.skip_invalid, {}, "invalid_rows",
-                                           recipe.project.hh_format)  # fmt: skip
+    dataset, named = _training_pairs(recipe)
     if recipe.max_length_auto:  # as training resolves it (the analyzer's cached report when there is one)
         from dpotrain.cluster import engine
 
@@ -425,7 +430,7 @@ def run(recipe, sample_size: int = DEFAULT_SAMPLE, seed: int | None = None, json
     report["max_length"] = recipe.training.max_length
     setup = {
         "model": recipe.model.model_name_or_path,
-        "dataset": script.dataset_name or [source.spec() for source in sources],
+        "dataset": named,
         "seed": seed,
         "max_length": recipe.training.max_length,
         "loss_type": "+".join(loss_types),

@@ -51,6 +51,11 @@ class Source:
         return files if self.path in BUILDERS and isinstance(files, str) and not self.data_dir else None
 
     @property
+    def local(self) -> str | None:
+        """The local file or folder the source is read from, or None (a Hub data set)."""
+        return self.file or (self.path if data.is_local(self.path) else None)
+
+    @property
     def where(self) -> str:
         """The name rows are located in (`data.row_location`): the file, else the path."""
         return self.file or self.path
@@ -189,8 +194,8 @@ def check(recipe) -> None:
         data.check_dataset_name(recipe.script.dataset_name)
         return
     for source in train:
-        if source.file or data.is_local(source.path):
-            data.check_dataset_name(source.file or source.path)
+        if source.local:
+            data.check_dataset_name(source.local)
 
 
 # --- taking the rows --------------------------------------------------------------------------------------------------
@@ -359,9 +364,8 @@ def describe(record: dict) -> str:
 
 def identity_of(source: Source) -> dict:
     """A local source's files (size, time, SHA-256: `data_identity.of`), or a Hub source's revision."""
-    local = source.file or (source.path if data.is_local(source.path) else None)
-    if local:
-        return {"files": data_identity.of(local, source.split)}
+    if source.local:
+        return {"files": data_identity.of(source.local, source.split)}
     return {"revision": lengths.dataset_identity(source.path, source.split, source.name, local_only=False)}
 
 
@@ -374,9 +378,8 @@ def content_changed(recipe, derived: dict) -> str | None:
         return data_identity.changed(derived.get("data_identity"), s.dataset_name, s.dataset_train_split)
     recorded = {r["source"]: (r.get("identity") or {}).get("files") for r in derived.get("data_sources") or []}
     for source in sources:
-        local = source.file or (source.path if data.is_local(source.path) else None)
-        if local and recorded.get(source.spec()):
-            why = data_identity.changed(recorded[source.spec()], local, source.split)
+        if source.local and recorded.get(source.spec()):
+            why = data_identity.changed(recorded[source.spec()], source.local, source.split)
             if why:
                 return f"{source.spec()}: {why}"
     return None
