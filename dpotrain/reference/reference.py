@@ -40,8 +40,6 @@ import socket
 import sys
 import threading
 import time
-import zipfile
-import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -52,7 +50,7 @@ from dpotrain.cluster.collectives import broadcast_from_main, gather_objects, ma
 from dpotrain.plan.plan import COLUMNS, PairLengths, StepPlan, cut_step, steps_of
 from dpotrain.recipe.errors import ConfigError
 from dpotrain.recipe.writes import replacing, write_text
-from dpotrain.reference.reuse import fill_from_other_caches, pair_digests
+from dpotrain.reference.reuse import UNREADABLE, fill_from_other_caches, pair_digests
 
 CACHE_VERSION = 2
 COMPLETE = "complete.npz"
@@ -60,8 +58,6 @@ SAVE_SECONDS = 120  # default of `reference_save_seconds`
 PROGRESS_SECONDS = 60  # a progress line in the (Slurm) log at most this often
 STOP_CHECK_SECONDS = 5.0  # the ranks agree on a stop request about this often (one small collective)
 CHUNK_MICRO_BATCHES = 4  # micro-batches per rank the planner cuts at once (`micro_batches`)
-# What numpy and zipfile raise on an empty, truncated or foreign file (or one without the expected arrays)
-_UNREADABLE = (OSError, EOFError, ValueError, KeyError, TypeError, AttributeError, zipfile.BadZipFile, zlib.error)
 
 
 def cache_dir() -> Path:
@@ -192,7 +188,7 @@ class Store:
                 return [np.asarray(f[name]) for name in names]
         except FileNotFoundError:  # none yet, or removed since the folder was listed (a finished attempt's part)
             return None
-        except _UNREADABLE as e:
+        except UNREADABLE as e:
             return self._damaged(path, f"{type(e).__name__}: {e}")
 
     def _damaged(self, path: Path, why: str) -> None:

@@ -19,6 +19,8 @@ import numpy as np
 from dpotrain.data.pair_lengths import COLUMNS
 
 DIGEST_BYTES = 16
+# What numpy and zipfile raise on an empty, truncated or foreign file (or one without the expected arrays)
+UNREADABLE = (OSError, EOFError, ValueError, KeyError, TypeError, AttributeError, zipfile.BadZipFile, zlib.error)
 DATA_KEYS = ("tokens_sha256", "pairs")  # what of a cache's identity names its data, not how its numbers are computed
 
 
@@ -89,7 +91,7 @@ def _complete_with_digests(folder: Path):
             if "digests" not in f.files:
                 return None
             digests, chosen, rejected = (np.asarray(f[k]) for k in ("digests", "chosen", "rejected"))
-    except (OSError, EOFError, ValueError, KeyError, zipfile.BadZipFile, zlib.error):
+    except UNREADABLE:
         return None
     if not (digests.shape == (len(chosen), DIGEST_BYTES) and chosen.shape == rejected.shape == (len(chosen),)):
         return None
