@@ -2,7 +2,8 @@
 splitting every packed row in halves train the trajectory of 1 process (loss 1e-4 relative per step, weights 1e-5,
 fp32), through DeepSpeed Ulysses' all-to-all on gloo: multi-turn pairs with shared prompts and a cached reference on
 ZeRO-2 (and that group, preempted at step 1, resumes to the same trajectory); the same pairs unshared, with evaluation,
-on ZeRO-3 (both on sdpa, CPU's training attention). On flex_attention, forward only (no flex backward on CPU): a group
+on ZeRO-3 (both on sdpa, CPU's training attention); and 4 processes in 2 groups of 2 train what 2 processes without
+a group train. On flex_attention, forward only (no flex backward on CPU): a group
 of 2 scores what 1 process scores. Each 2-process launch costs ~60 s on 2 cores. The plan's side (groups, steps,
 memory, refusals): tests/test_sequence_parallel_plan.py."""
 
@@ -48,11 +49,12 @@ def records(out) -> dict:
     return {(r["step"], "eval" if "eval_loss" in r else "train"): r for r in map(json.loads, lines)}
 
 
-def assert_same_trajectory(one, split, log: str, model_dir, group=True) -> None:
-    """`split` trained what `one` trained; `group`: `split`'s last launch ran a group of 2 (else processes of their own:
-    its micro-batches are dealt to 2 data-parallel ranks, so the plan's per-rank counts differ)."""
+def assert_same_trajectory(one, split, log: str, model_dir, group=True, groups=1) -> None:
+    """`split` trained what `one` trained; `group`: `split`'s last launch ran `groups` groups of 2, as many as `one`
+    had processes (else processes of their own: its micro-batches are dealt to 2 data-parallel ranks, so the plan's
+    per-rank counts differ)."""
     if group:
-        assert "Sequence parallel: 1 group(s) of 2 processes, each process 1/2 of every packed row" in log
+        assert f"Sequence parallel: {groups} group(s) of 2 processes, each process 1/2 of every packed row" in log
     else:
         assert "Sequence parallel" not in log
     want, got = records(one), records(split)
@@ -123,6 +125,24 @@ def test_two_processes_splitting_rows_train_what_one_process_trains_zero3_unshar
                 config="configs/accelerate/zero3.yaml")  # fmt: skip
     assert (2, "eval") in records(tmp_path / "split")
     assert_same_trajectory(tmp_path / "one", tmp_path / "split", log, tiny_model_dir)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("layout", ["zero2-shared", pytest.param("zero3-unshared", marks=pytest.mark.extended)])
+def test_four_processes_in_two_groups_train_what_two_processes_train(tmp_path, tiny_model_dir, splits, layout):
+    """4 processes in 2 groups of 2 (2 data-parallel ranks, each group splitting its micro-batches in halves) train
+    what 2 processes without a group train (2 data-parallel ranks): the sampler deals micro-batches to groups, not to
+    processes, and the engine averages gradients over all 4 processes, the groups' sums giving the 2 ranks' mean.
+    Multi-turn pairs with shared prompts on ZeRO-2 (in CI), plain pairs unshared on ZeRO-3 (`-m extended`); the cached
+    reference is scored by the groups too. The second group's gradient gather failed on gloo before (torch's
+    all-gather backward scatters from global ranks: `sequence_parallel._GatherColumns`)."""
+    args, config = [], "accelerate_config.yaml"
+    if layout == "zero3-unshared":
+        args, config = ["--dataset_name", str(splits), "--share_prompt", "false"], "configs/accelerate/zero3.yaml"
+    train(tmp_path / "two", tiny_model_dir, *args, processes=2, config=config)
+    log = train(tmp_path / "four", tiny_model_dir, *args, "--sequence_parallel_size", "2", processes=4, config=config)
+    assert ("prompts shared" in log) == (layout == "zero2-shared")
+    assert_same_trajectory(tmp_path / "two", tmp_path / "four", log, tiny_model_dir, groups=2)
 
 
 def free_port() -> int:

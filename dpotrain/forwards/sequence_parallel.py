@@ -19,7 +19,7 @@ per token, never logits) are then gathered over the group with an autograd-aware
 sequences on every process of the group, and every loss variant is computed as without sequence parallelism.
 
 Gradients: every process of a group computes the same full loss; the gather's backward sums the group's gradients of
-it (torch.distributed.nn's all-gather), so each process holds N x its share of d(loss), and the engine's average over
+it (`_GatherColumns`), so each process holds N x its share of d(loss), and the engine's average over
 all N x D processes gives (1/D) x the sum over the D data-parallel groups: the same gradient as D processes without
 sequence parallelism. `RecipeDPOTrainer.compute_loss` weighs micro-batches by pairs counted on every process (each
 pair N times, the N cancelling), so nothing there changes.
@@ -115,20 +115,34 @@ def _forward_in_progress(position_ids: torch.Tensor):
         _state.position_ids = None
 
 
-def _gather(tensor: torch.Tensor | None) -> torch.Tensor | None:
-    """`[rows, width / N]` of each process of the group as `[rows, width]`, in rank order; autograd flows back."""
-    if tensor is None:
-        return None
-    from torch.distributed.nn.functional import all_gather
+class _GatherColumns(torch.autograd.Function):
+    """All-gather along the columns over the group, whose backward gives each process the group's summed gradient of
+    its own columns. torch.distributed.nn's all-gather does this with an all-to-all that gloo runs as scatters from
+    GLOBAL ranks, which fails in every group but the first (torch 2.13: "Global rank 0 is not part of group"): the
+    gradient here is all-reduced whole and sliced, which costs N x the bytes of a reduce-scatter, on one float per
+    token, and runs on every backend."""
 
-    if tensor.requires_grad:
-        parts = all_gather(tensor.contiguous(), group=_group["group"])
-    else:
+    @staticmethod
+    def forward(ctx, tensor):
         import torch.distributed as dist
 
         parts = [torch.empty_like(tensor) for _ in range(_group["size"])]
         dist.all_gather(parts, tensor.contiguous(), group=_group["group"])
-    return torch.cat(parts, dim=1)
+        ctx.cols = slice(_group["rank"] * tensor.shape[1], (_group["rank"] + 1) * tensor.shape[1])
+        return torch.cat(parts, dim=1)
+
+    @staticmethod
+    def backward(ctx, grad):
+        import torch.distributed as dist
+
+        grad = grad.contiguous().clone()
+        dist.all_reduce(grad, group=_group["group"])
+        return grad[:, ctx.cols]
+
+
+def _gather(tensor: torch.Tensor | None) -> torch.Tensor | None:
+    """`[rows, width / N]` of each process of the group as `[rows, width]`, in rank order; autograd flows back."""
+    return None if tensor is None else _GatherColumns.apply(tensor)
 
 
 def whole_row_masks(model, batch: dict):
