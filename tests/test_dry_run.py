@@ -39,7 +39,7 @@ def test_smoke_summary_says_what_the_run_does_and_writes_the_json_beside_the_out
     # The run's first half on the local data set: its step plan and forward, from the run's own seeded sample.
     assert field(text, "micro-batches").startswith("1-2 per step on each process (mean 1.042)")
     assert field(text, "micro-batches").endswith("(at most 2,048)")
-    assert field(text, "engine") == "one process"
+    assert field(text, "engine") == "one process (python train_dpo.py, no launcher)"
     assert field(text, "forward").startswith("on this machine: shared prompts packing, balanced rows on sdpa (est.")
     assert "this recipe trains in fp32" in field(text, "memory/GPU")  # the plan is for bf16 GPU runs: said why not
     written = tmp_path / "run.dry-run.json"

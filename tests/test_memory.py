@@ -239,6 +239,16 @@ def test_a_hub_model_not_on_this_machine_skips_the_plan():
     plan = memory.plan(recipe(), 4)  # think.yaml's model, not in this machine's HF cache
     assert "not in the local Hugging Face cache" in plan["skipped"] and "scripts/prefetch.py" in plan["skipped"]
 
+    assert plan["engine"].startswith("DeepSpeed ZeRO-2")  # recipe(): accelerate_config.yaml's engine
+
+
+def test_an_unplanned_run_still_names_its_engine():
+    """A run the plan skips (fp32, the tiny demo on CPU) is still summarised with the engine it runs on, not as "one
+    process" read from the recipe's accelerate_config (which a launch by hand does not use)."""
+    r = parse_args(["--config", str(ROOT / "configs" / "smoke.yaml"), "--dry-run"])
+    plan = memory.plan(r, 2, engines.from_config(str(ROOT / ZERO3)))
+    assert "trains in fp32" in plan["skipped"] and plan["engine"].startswith("DeepSpeed ZeRO-3")
+
 
 def test_engines_read_from_accelerate_configs():
     assert engines.from_config(str(ROOT / "accelerate_config.yaml")).name == "zero2"

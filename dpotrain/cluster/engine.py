@@ -107,7 +107,7 @@ def from_config(accelerate_config: str) -> Engine:
     """The engine an accelerate config file selects (a dry run plans for it). Never raises: an engine plans do not
     cover is named "unplanned", with the reason in `source`."""
     if accelerate_config.lower() in ("", "none"):
-        return Engine("single", "no launcher (python train_dpo.py)")
+        return Engine("single", "python train_dpo.py, no launcher")
     path = Path(accelerate_config)
     if not path.is_file():
         return Engine("unplanned", f"accelerate config {accelerate_config!r} not found")

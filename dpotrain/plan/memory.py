@@ -489,14 +489,16 @@ def plan(recipe, world: int, engine: Engine | None = None, attention: str | None
     engine = engine or from_config(recipe.project.accelerate_config)
     if engine.name == "unplanned":
         return {"skipped": engine.source}
+    named = {"engine": f"{NAMES[engine.name]} ({engine.source})"}  # what the run summary shows, planned or not
     if not (recipe.training.bf16 or recipe.training.fp16):
-        return {"skipped": "this recipe trains in fp32, and memory is planned for GPU runs in bf16 (bf16: true)"}
+        return {"skipped": "this recipe trains in fp32, and memory is planned for GPU runs in bf16 (bf16: true)",
+                **named}  # fmt: skip
     tokens, width, token_source = micro_batch(recipe)
     if tokens is None:
-        return {"skipped": token_source}
+        return {"skipped": token_source, **named}
     config, why = load_model_config(recipe)
     if config is None:
-        return {"skipped": why}
+        return {"skipped": why, **named}
     shape = model_shape(recipe, config)
     attn = attention or recipe.model.attn_implementation or "sdpa"
     gpu, gpu_source = gpu_memory(recipe)
