@@ -215,6 +215,19 @@ def test_a_forward_that_cannot_split_is_refused_not_swapped():
     assert forwards and all(c.packed for c in forwards)
 
 
+def test_a_group_whose_model_fails_the_packing_check_is_refused_not_padded(capsys):
+    """The packing check at start (`RecipeDPOTrainer.check_packing`: a hybrid's packed rows against its sequences
+    alone) failing falls back to padded rows with a note, or stops when packing was asked for; under a group it stops:
+    padded rows would run unsplit on every process while the run records the group."""
+    problem = "its packed rows score completion tokens up to 0.3 nats away from the same sequences alone"
+    with pytest.raises(ConfigError, match=f"sequence_parallel_size 2 splits packed rows, and this model cannot be "
+                                          f"packed: {problem}; use --sequence_parallel_size 1"):  # fmt: skip
+        choice.padded_instead(problem, explicit=False, sequence_parallel=2)
+    assert capsys.readouterr().out == ""
+    choice.padded_instead(problem, explicit=False)
+    assert capsys.readouterr().out.startswith("Note: padded micro-batches (TRL's collator) on the same step plan")
+
+
 def test_a_group_runs_flex_and_sdpa_not_the_varlen_kernels():
     """On a GPU with FlashAttention installed a group splits rows on flex_attention (block masks of the whole rows)
     or sdpa; the varlen kernels are left out, and refused when asked for (the split does not carry cu_seq_lens)."""

@@ -336,8 +336,12 @@ def announce(choice: ForwardChoice) -> ForwardChoice:
     return choice
 
 
-def padded_instead(problem: str, explicit: bool) -> None:
-    """Packing cannot be used: an error when `padding_free: true` was given, else a one-line note."""
+def padded_instead(problem: str, explicit: bool, sequence_parallel: int = 1) -> None:
+    """Packing cannot be used: an error when `padding_free: true` was given or a group splits rows (padded rows would
+    run unsplit on every process of the group while the run records the group), else a one-line note."""
+    if sequence_parallel > 1:
+        raise ConfigError(f"sequence_parallel_size {sequence_parallel} splits packed rows, and this model cannot be "
+                          f"packed: {problem}; use --sequence_parallel_size 1")  # fmt: skip
     if explicit:
         raise ConfigError(f"padding_free (packed sequences) cannot be used here: {problem}; set --padding_free false")
     print(f"Note: padded micro-batches (TRL's collator) on the same step plan, not packed sequences: {problem}.",

@@ -38,7 +38,6 @@ from dpotrain.forwards.choice import ForwardChoice, decide_forward, padded_inste
 from dpotrain.plan import layers, plan
 from dpotrain.plan.plan_stage import RunPlan
 from dpotrain.recipe.config import Recipe
-from dpotrain.recipe.errors import ConfigError
 from dpotrain.train import disk_full, losses
 from dpotrain.train.checkpoints import CompleteMarker, clear_for_save
 from dpotrain.train.health import HealthGuard
@@ -506,10 +505,7 @@ class RecipeDPOTrainer(DPOTrainer):
         if not failed:
             return
         problem = problem or "another process's packed rows differ from its sequences alone"
-        if self.forward.sequence_parallel > 1:  # padded rows would run unsplit: the group asked for could not be kept
-            raise ConfigError(f"sequence_parallel_size {self.forward.sequence_parallel} splits packed rows, and this "
-                              f"model cannot be packed: {problem}; use --sequence_parallel_size 1")  # fmt: skip
-        padded_instead(problem, explicit)
+        padded_instead(problem, explicit, self.forward.sequence_parallel)
         self._use_padded()
 
     def _use_padded(self) -> None:
