@@ -2,7 +2,8 @@
 splitting every packed row in halves train the trajectory of 1 process (loss 1e-4 relative per step, weights 1e-5,
 fp32), through DeepSpeed Ulysses' all-to-all on gloo: multi-turn pairs with shared prompts and a cached reference on
 ZeRO-2 (and that group, preempted at step 1, resumes to the same trajectory); the same pairs unshared, with evaluation,
-on ZeRO-3 (both on sdpa, CPU's training attention). On flex_attention, forward only (no flex backward on CPU): a group
+on ZeRO-3; unshared with a live reference model synced from the policy (TR-DPO) on ZeRO-3 (all on sdpa, CPU's
+training attention). On flex_attention, forward only (no flex backward on CPU): a group
 of 2 scores what 1 process scores. Each 2-process launch costs ~60 s on 2 cores. The plan's side (groups, steps,
 memory, refusals): tests/test_sequence_parallel_plan.py."""
 
