@@ -96,6 +96,24 @@ def test_the_decision_is_a_function_of_the_lengths():
     assert decide(reordered)[0].attention == FA4  # another sample of the same mix: the same winner
 
 
+@pytest.mark.parametrize("live", [["--precompute_ref_log_probs", "false"],
+                                  ["--precompute_ref_log_probs", "false", "--sync_ref_model", "true"]],
+                         ids=["live_reference", "tr_dpo"])  # fmt: skip
+def test_a_live_reference_model_packs_and_its_forward_is_counted(live):
+    """A live reference model (TR-DPO's too) takes the packed forwards the cached reference takes, ranked the same:
+    its no-grad forward of the same rows is a 4th forward beside training's 3 for every candidate, so each estimate
+    is 4/3 of the cached reference's."""
+    for mix in (think_mix(), multiturn_mix()):
+        cached, _ = decide(mix)
+        with_ref, recipe = decide(mix, True, FA4, *live)
+        assert with_ref.packed and recipe.training.padding_free and not recipe.training.precompute_ref_log_probs
+        assert (with_ref.attention, with_ref.share_prompt) == (cached.attention, cached.share_prompt)
+        pairs = zip(cached.decision["estimates"], with_ref.decision["estimates"], strict=True)
+        for plain, live_ in pairs:
+            assert plain["forward"] == live_["forward"]
+            assert live_["estimate"] == pytest.approx(plain["estimate"] * 4 / 3, rel=1e-3)
+
+
 def test_an_option_in_the_recipe_is_honoured_or_refused_never_replaced():
     think, multiturn = think_mix(), multiturn_mix()
     forced, _ = decide(think, True, FA4, "--attn_implementation", "flex_attention")

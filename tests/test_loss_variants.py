@@ -108,6 +108,10 @@ def test_every_trl_variant_trains_as_plain_trl_on_the_same_pairs(variant, tmp_pa
     trainer = ours_on_longest(tmp_path / "ours", tiny_model_dir, *flags)
     cuts = micro_batches_per_step(trainer, STEPS)
     assert cuts == [1] * STEPS if "--per_device_train_batch_size" in flags else max(cuts) > 1, cuts
+    # Every variant packs, TR-DPO's live reference model too: it is scored in the policy's packed rows (the same
+    # stand-in forward, no grad) instead of being cached, and synced from the policy every 2 steps
+    assert trainer.packed and trainer.forward.share_prompt, trainer.forward
+    assert (trainer.ref_model is not None) == ("--sync_ref_model" in flags)
     trainer.train()
     # The guards judged step 1 against the configured loss (WPO, SFT: not predictable, not judged) and let it train
     assert trainer.state.global_step == STEPS and trainer.health.stop is None, trainer.health.alarms

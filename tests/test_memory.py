@@ -235,6 +235,26 @@ def test_32b_recipe_fits_two_to_four_nodes_of_b200(olmo3):
 
 
 @no_gpu
+def test_a_live_reference_model_adds_its_weights_as_trl_prepares_them(olmo3):
+    """`precompute_ref_log_probs: false` keeps a second model beside the policy: bf16 weights, sharded over the world
+    under ZeRO-3, whole under ZeRO-2 (TRL's `prepare_deepspeed` gives it stage 0); nothing more with LoRA, whose
+    reference is the policy with its adapter disabled. Nothing else in the plan changes (its forward has no grad)."""
+    params = 7_298_011_136
+    for config, share in (("accelerate_config.yaml", 1), (ZERO3, 8)):
+        args = ["--model_name_or_path", olmo3["7b"], "--accelerate_config", config, "--memory_check", "false"]
+        cached, live = (memory.plan(recipe(*args, *more), 8) for more in ([], ["--precompute_ref_log_probs", "false"]))
+        assert "reference_model" not in cached["per_gpu_gib"], config
+        assert live["per_gpu_gib"]["reference_model"] == round(2 * params / share / 2**30, 1), config
+        assert {k: v for k, v in live["per_gpu_gib"].items() if k not in ("reference_model", "total",
+                "cuda_context_and_fragmentation")} == {k: v for k, v in cached["per_gpu_gib"].items() if k not in (
+                "total", "cuda_context_and_fragmentation")}, config  # fmt: skip
+        assert live["per_gpu_gib"]["total"] > cached["per_gpu_gib"]["total"]
+    lora = ["--use_peft", "true", "--lora_target_modules", "q_proj", "v_proj", "--precompute_ref_log_probs", "false"]
+    planned = memory.plan(recipe("--model_name_or_path", olmo3["7b"], "--memory_check", "false", *lora), 8)
+    assert "reference_model" not in planned["per_gpu_gib"]
+
+
+@no_gpu
 def test_a_hub_model_not_on_this_machine_skips_the_plan():
     plan = memory.plan(recipe(), 4)  # think.yaml's model, not in this machine's HF cache
     assert "not in the local Hugging Face cache" in plan["skipped"] and "scripts/prefetch.py" in plan["skipped"]

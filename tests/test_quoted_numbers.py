@@ -39,6 +39,9 @@ QUOTES = [
     ("configs/think.yaml", "128K traces on one node of 4 x B200: --sequence_parallel_size 2 (~{} GiB per GPU; ~{} "
      "with 4)", [("think", "7b", 4, 4, *LONG_128K, "--sequence_parallel_size", "2"),
                  ("think", "7b", 4, 4, *LONG_128K, *GROUP_4)]),
+    ("docs/memory.md", "plans ~{} GiB per GPU with the cached reference and ~{} GiB with `--precompute_ref_log_probs "
+     "false`", [("think", "7b", 8, 8, *H100, *LONG_64K, *GROUP_4),
+                ("think", "7b", 8, 8, *H100, *LONG_64K, *GROUP_4, "--precompute_ref_log_probs", "false")]),
 ]  # fmt: skip
 
 

@@ -2,8 +2,9 @@
 splitting every packed row in halves train the trajectory of 1 process (loss 1e-4 relative per step, weights 1e-5,
 fp32), through DeepSpeed Ulysses' all-to-all on gloo: multi-turn pairs with shared prompts and a cached reference on
 ZeRO-2 (and that group, preempted at step 1, resumes to the same trajectory); the same pairs unshared, with evaluation,
-on ZeRO-3 (both on sdpa, CPU's training attention); and 4 processes in 2 groups of 2 train what 2 processes without
-a group train. On flex_attention, forward only (no flex backward on CPU): a group
+on ZeRO-3; unshared with a live reference model synced from the policy (TR-DPO) on ZeRO-3 (all on sdpa, CPU's
+training attention); and 4 processes in 2 groups of 2 train what 2 processes without a group train. On
+flex_attention, forward only (no flex backward on CPU): a group
 of 2 scores what 1 process scores. Each 2-process launch costs ~60 s on 2 cores. The plan's side (groups, steps,
 memory, refusals): tests/test_sequence_parallel_plan.py."""
 
@@ -116,8 +117,7 @@ def test_two_processes_splitting_rows_train_what_one_process_trains_zero2_shared
 @pytest.mark.slow
 def test_two_processes_splitting_rows_train_what_one_process_trains_zero3_unshared(tmp_path, tiny_model_dir, splits):
     """ZeRO-3 (weights sharded over both processes of the group), prompts unshared, with evaluation, and an SFT term
-    beside the DPO loss (`SFT_TERM`: its step totals counted on both processes of the group, which must cancel). A
-    live reference is refused under a group (its forward is padded: tests/test_sequence_parallel_plan.py)."""
+    beside the DPO loss (`SFT_TERM`: its step totals counted on both processes of the group, which must cancel)."""
     args = ["--dataset_name", str(splits), "--share_prompt", "false", "--eval_strategy", "steps", "--eval_steps", "2",
             *SFT_TERM]  # fmt: skip
     train(tmp_path / "one", tiny_model_dir, *args)
@@ -143,6 +143,28 @@ def test_four_processes_in_two_groups_train_what_two_processes_train(tmp_path, t
     log = train(tmp_path / "four", tiny_model_dir, *args, "--sequence_parallel_size", "2", processes=4, config=config)
     assert ("prompts shared" in log) == (layout == "zero2-shared")
     assert_same_trajectory(tmp_path / "two", tmp_path / "four", log, tiny_model_dir, groups=2)
+
+
+@pytest.mark.slow
+def test_two_processes_splitting_rows_train_what_one_process_trains_with_a_live_reference_zero3(
+    tmp_path, tiny_model_dir
+):
+    """A live reference model, synced from the policy (TR-DPO: `sync_ref_model`, every 2 of the 4 steps, so steps 3-4
+    train against a reference that is no longer the start): no reference stage, the reference scored at every
+    micro-batch in the same split as the policy, no grad, by its own DeepSpeed ZeRO-3 engine (TRL's
+    `prepare_deepspeed`), whose weights are sharded too, so both processes of the group run its gathers together. One
+    launch covers the live reference and its sync (each 2-process launch costs ~60 s); prompts unshared."""
+    args = ["--share_prompt", "false", "--precompute_ref_log_probs", "false", "--sync_ref_model", "true",
+            "--ref_model_sync_steps", "2"]  # fmt: skip
+    one_log = train(tmp_path / "one", tiny_model_dir, *args)
+    log = train(tmp_path / "split", tiny_model_dir, *args, "--sequence_parallel_size", "2", processes=2,
+                config="configs/accelerate/zero3.yaml")  # fmt: skip
+    for output in (one_log, log):
+        assert "Forward: unshared packing, balanced rows on sdpa" in output
+        assert "reference log-probs (train)" not in output  # no reference stage: the live model scores each step
+    forward = json.loads((tmp_path / "split" / "resolved_config.json").read_text())["derived"]["forward"]
+    assert forward["packed"] and forward["sequence_parallel"] == 2
+    assert_same_trajectory(tmp_path / "one", tmp_path / "split", log, tiny_model_dir)
 
 
 def free_port() -> int:

@@ -203,16 +203,20 @@ def test_deepspeeds_head_rule():
 
 
 def test_a_forward_that_cannot_split_is_refused_not_swapped():
-    """N > 1 needs packed rows: padded ones (padding_free false) and eager attention are refused with what to change."""
+    """N > 1 needs packed rows: padded ones (padding_free false) and eager attention are refused with what to change.
+    A live reference model (precompute_ref_log_probs false, TR-DPO's sync_ref_model) packs and splits like the
+    policy."""
     config = memory.load_model_config(smoke())[0]
     for args, why in ((["--padding_free", "false"], "padding_free is false"),
-                      (["--precompute_ref_log_probs", "false"], "the packed path scores the reference once"),
                       (["--attn_implementation", "eager"], "eager has no split here")):  # fmt: skip
         recipe = smoke("--sequence_parallel_size", "2", *args)
         with pytest.raises(ConfigError, match=f"sequence_parallel_size 2 splits packed sequences, .*{why}"):
             choice.candidates(copy.deepcopy(config), recipe, cuda=False, varlen=None)
-    forwards, _ = choice.candidates(copy.deepcopy(config), smoke("--sequence_parallel_size", "2"), False, None)
-    assert forwards and all(c.packed for c in forwards)
+    for live in ([], ["--precompute_ref_log_probs", "false"], ["--precompute_ref_log_probs", "false",
+                                                               "--sync_ref_model", "true"]):  # fmt: skip
+        forwards, _ = choice.candidates(copy.deepcopy(config), smoke("--sequence_parallel_size", "2", *live), False,
+                                        None)  # fmt: skip
+        assert forwards and all(c.packed for c in forwards), live
 
 
 def test_a_group_whose_model_fails_the_packing_check_is_refused_not_padded(capsys):

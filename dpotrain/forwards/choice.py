@@ -8,7 +8,7 @@ The candidates (`candidates`), for a model that packs (`packing.packing_problem`
 - on the CPU: sdpa's packed rows, prompts shared or not (FlexAttention has no backward there, FlashAttention needs
   CUDA);
 - padded micro-batches (TRL's collator, `padded.py`) only where packing cannot be used (a model type not proven to
-  pack, a live reference, `padding_free: false`): where it can, the packed forwards are the ones weighed.
+  pack, `padding_free: false`): where it can, the packed forwards are the ones weighed.
 They are ranked by their estimated cost on the run's pairs (`cost.decide`: the work each computes, weighed by its
 kernel's measured speed) and the cheapest runs; the `Forward:` line names it and the runner-up with both estimates,
 and `derived.forward` records every estimate. Without lengths (a caller that has none) the order above decides.
@@ -161,15 +161,10 @@ INSTALLED = "installed"  # `varlen` of `decide_forward`: the varlen FlashAttenti
 
 
 def recipe_packing_problem(recipe) -> str | None:
-    """Why the recipe itself keeps the forward padded, or None."""
-    t = recipe.training
-    if not t.padding_free:
-        return "padding_free is false"
-    if t.sync_ref_model:
-        return "sync_ref_model updates the reference during training, so it cannot be scored once and cached"
-    if uses_live_reference(recipe):
-        return "the packed path scores the reference once before training (precompute_ref_log_probs: true)"
-    return None
+    """Why the recipe itself keeps the forward padded, or None. A live reference model (`precompute_ref_log_probs:
+    false`, TR-DPO's `sync_ref_model`) packs like the policy: the trainer scores it with the same stand-in forward on
+    the same micro-batch (`RecipeDPOTrainer._compute_loss`), split over a group like the policy's."""
+    return None if recipe.training.padding_free else "padding_free is false"
 
 
 def candidates(config, recipe, cuda: bool, varlen: str | None, check_kernels: bool = True):
@@ -294,7 +289,7 @@ def choose(config, recipe, cuda: bool, varlen: str | None, lengths=None, check_k
                              sequence_parallel=n), notes  # fmt: skip
     pairs = t.per_device_train_batch_size
     decision = cost.decide(options, lengths, config, cuda, t.max_length, t.truncation_mode,
-                           recipe.project.max_tokens_per_microbatch, pairs)  # fmt: skip
+                           recipe.project.max_tokens_per_microbatch, pairs, uses_live_reference(recipe))  # fmt: skip
     best = decision.winner.candidate
     reason = f"{decision.summary()}, from {decision.lengths_from}"
     return ForwardChoice(best.packed, best.share_prompt, hidden_size, best.attention, reason, decision.record(),

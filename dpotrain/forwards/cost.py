@@ -9,6 +9,9 @@ A forward's cost is the model FLOPs of training on what it computes, divided by 
 - attended keys: varlen FlashAttention and FlexAttention skip what the mask hides (causal, within each sequence or
   pair, within a sliding window); sdpa given a dense mask (packed rows, shared prompts, padded rows) runs every tile
   of a row, window or not, so a row of width W pays W^2 in every layer;
+- a live reference model (`precompute_ref_log_probs: false`, TR-DPO) adds a no-grad forward of the same rows per
+  micro-batch: 4 forwards' worth instead of 3 for every candidate alike (it cannot change their order; the estimates
+  then count it);
 - micro-batches: those of the plan's budget (`max_tokens_per_microbatch`, or `per_device_train_batch_size` pairs),
   laid out as each forward's collator lays them (`packing.fill_rows`, `padded.row_groups`).
 
@@ -202,9 +205,11 @@ class Decision:
 
 
 def decide(candidates: list[Candidate], lengths: Lengths, config, cuda: bool, max_length: int | None,
-           truncation_mode: str = "keep_start", budget: int | None = None, pairs: int = 4) -> Decision:  # fmt: skip
+           truncation_mode: str = "keep_start", budget: int | None = None, pairs: int = 4,
+           live_reference: bool = False) -> Decision:  # fmt: skip
     """The candidates ranked by their estimated cost on these pairs (ties: the order given). `cuda`: weigh by the
-    kernels' GPU speeds (`SPEED`); else every candidate runs at the CPU's one speed."""
+    kernels' GPU speeds (`SPEED`); else every candidate runs at the CPU's one speed. `live_reference`: a reference
+    model's no-grad forward of the same rows runs beside each micro-batch's training forward and backward."""
     if not candidates:
         raise ValueError("no candidate forward to decide between")
     if max_length is not None:  # TRL drops the pairs whose prompt alone fills max_length
@@ -216,6 +221,7 @@ def decide(candidates: list[Candidate], lengths: Lengths, config, cuda: bool, ma
     for c in candidates:
         speed = SPEED.get(packing.attention_name(c.attention), SPEED["sdpa"]) if cuda else CPU_SPEED
         total = training_flops(c, sample, work, max_length, truncation_mode, budget, pairs, hidden)
+        total *= 4 / 3 if live_reference else 1  # forward + backward is 3 forwards; the reference's is a 4th
         per_pair = total / len(sample.prompt)
         scale = UNIT_PEAK_TFLOPS * 1e12 if cuda else 1e12
         estimates.append(Estimate(c, 1000 * per_pair / (speed.share_of_peak * scale), speed))

@@ -8,6 +8,9 @@ A plan is the sum of these parts, per GPU (README "Memory plan"):
 - activations of one micro-batch: the backbone's forward and backward traced on fake tensors (shapes only: no memory,
   no compute) at the micro-batch's token count, with and without activation checkpointing as the recipe says;
 - TRL's chunked LM head (`trl/trainer/utils.py`, `_CHUNKED_LOGPROB_CHUNK_SIZE`), which never builds the logits;
+- a live reference model's weights (`precompute_ref_log_probs: false`, TR-DPO's `sync_ref_model`), as TRL prepares
+  it beside the policy (`reference_model_bytes`); its no-grad forward on the same micro-batch ends before the policy's
+  starts, so its activations and masks are never alive beside the training forward's, which hold more;
 - dense attention masks, for sdpa and eager attention (FlashAttention's varlen kernel takes none, FlexAttention a block
   mask of a few MiB), for the attention of the forward the run takes (forwards/choice.py): a run plans once its forward
   is decided from the data, and first, before anything loads, for the lightest forward it could take;
@@ -25,6 +28,7 @@ from dataclasses import dataclass
 from dpotrain.cluster.engine import Engine, from_config
 from dpotrain.cluster.sequence_parallel import head_counts
 from dpotrain.plan.memory_advice import NAMES, advice, node_size
+from dpotrain.recipe.config import uses_live_reference
 from dpotrain.recipe.errors import ConfigError
 
 GIB = 2**30
@@ -387,6 +391,19 @@ def model_state_bytes(engine: Engine, shape: ModelShape, world: int) -> tuple[in
     return copies * w * t + w * frozen, f"{copies} x {w} x {t:,} + {w} x {frozen:,}"
 
 
+def reference_model_bytes(recipe, engine: Engine, shape: ModelShape, world: int) -> int:
+    """A live reference model's weights per GPU (0 with the cached reference, the default, and with LoRA, whose
+    reference is the policy with its adapter disabled), as TRL's `prepare_deepspeed` / `prepare_fsdp` hold it: sharded
+    over the world under ZeRO-3 and FSDP2, whole under ZeRO-2 (DeepSpeed stage 0 for a model without optimizer), DDP
+    and one process. DeepSpeed casts it to bf16; the others keep the dtype it was loaded in. No gradients, no
+    optimizer state."""
+    if not uses_live_reference(recipe) or recipe.model.use_peft:
+        return 0
+    per_param = BF16 if engine.name in ("zero2", "zero3") else shape.load_bytes
+    shards = world if engine.name in ("zero3", "fsdp2") else 1
+    return int(per_param * shape.params / shards)
+
+
 def engine_buffer_bytes(engine: Engine, shape: ModelShape) -> int:
     """Beside the model states: DeepSpeed's reduce buckets (bf16, kept between micro-batches; two with overlap_comm
     under ZeRO-2), FSDP2's unsharded bf16 working set (the LM head kept from forward to backward, the layer computing
@@ -446,10 +463,12 @@ class Plan:
     lm_head: int
     masks: int
     all_to_all: int = 0  # sequence parallelism's exchange buffers (`all_to_all_bytes`)
+    reference: int = 0  # a live reference model's weights (`reference_model_bytes`)
 
     @property
     def subtotal(self) -> int:
-        return self.states + self.buffers + self.activations + self.lm_head + self.masks + self.all_to_all
+        return (self.states + self.buffers + self.activations + self.lm_head + self.masks + self.all_to_all
+                + self.reference)  # fmt: skip
 
     @property
     def allowance(self) -> float:
@@ -511,7 +530,8 @@ def plan(recipe, world: int, engine: Engine | None = None, attention: str | None
         # eager keeps the probabilities of every layer not checkpointed: counted for all unless all are
         masks = mask_bytes(attn, tokens, width, config, every == 1)
         return Plan(e, world, states, formula, engine_buffer_bytes(e, shape), activations, method,
-                    lm_head_bytes(shape, local), masks, all_to_all_bytes(config, tokens, n))  # fmt: skip
+                    lm_head_bytes(shape, local), masks, all_to_all_bytes(config, tokens, n),
+                    reference_model_bytes(recipe, e, shape, world))  # fmt: skip
 
     # Activation checkpointing: the least recomputation that fits (choose_checkpointing).
     every, checkpointing_record = choose_checkpointing(recipe, shape.layers, gpu,
@@ -535,6 +555,7 @@ def _record(chosen: Plan, shape: ModelShape, gpu: float | None, gpu_source: str)
     engine = chosen.engine
     parts = {
         "model_states": _gib(chosen.states),
+        **({"reference_model": _gib(chosen.reference)} if chosen.reference else {}),
         "engine_buffers": _gib(chosen.buffers),
         "activations": _gib(chosen.activations),
         "lm_head": _gib(chosen.lm_head),
@@ -651,6 +672,8 @@ def _refusal(recipe, chosen: Plan, gpu: float, gpu_source: str, attention: str |
              f"{_gib(chosen.allowance)}")  # fmt: skip
     if chosen.all_to_all:
         parts = parts.replace(", allowance", f", all-to-all {_gib(chosen.all_to_all)}, allowance")
+    if chosen.reference:
+        parts = parts.replace(", buffers", f", live reference model {_gib(chosen.reference)}, buffers")
     n = recipe.project.sequence_parallel_size
     on = f"{world} GPU{'s' * (world > 1)}" + (f" (sequence_parallel_size {n})" if n > 1 else "")
     options = advice(recipe, world, e, attention, gpu, plan, heads)
