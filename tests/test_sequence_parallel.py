@@ -305,17 +305,32 @@ def test_on_two_gpus_splitting_rows_in_bf16_trains_what_one_gpu_trains(tmp_path,
     run only here: CPU has neither): the all-to-all and the gathers over NCCL. `varlen`: the fastest one installed
     (FA4, FA3, FA2). bf16 sums in another order round differently: the losses agree to 1e-2 relative, not to fp32's
     1e-4."""
+    model_dir = tiny_model_dir
     if attention == "varlen":
         from dpotrain.forwards import choice
 
         attention = choice.installed_varlen(cuda=True)
         if attention is None:
             pytest.skip("no varlen FlashAttention kernel is installed (FA4: pip install -r requirements-gpu.txt)")
+        model_dir = with_head_dim_64(tiny_model_dir, tmp_path / "model")
     args = ["--bf16", "true", "--attn_implementation", attention]
-    train(tmp_path / "one", tiny_model_dir, *args)
-    log = train(tmp_path / "split", tiny_model_dir, *args, "--sequence_parallel_size", "2", processes=2)
+    train(tmp_path / "one", model_dir, *args)
+    log = train(tmp_path / "split", model_dir, *args, "--sequence_parallel_size", "2", processes=2)
     assert f"Sequence parallel: 1 group(s) of 2 processes, each process 1/2 of every packed row; {attention}" in log
     want, got = records(tmp_path / "one"), records(tmp_path / "split")
     assert list(got) == list(want)
     for key, record in want.items():
         assert abs(got[key]["loss"] - record["loss"]) <= 1e-2 * max(1, abs(record["loss"])), key
+
+
+def with_head_dim_64(tiny_model_dir, folder) -> str:
+    """The tiny OLMo 3 (4 heads, 2 key/value heads, its tokenizer) at hidden size 256: heads of 64, a size every
+    FlashAttention kernel takes (the tiny model's 16 is below what some build for)."""
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    config = AutoConfig.from_pretrained(tiny_model_dir)
+    config.hidden_size, config.intermediate_size = 256, 512
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(config).save_pretrained(folder)
+    AutoTokenizer.from_pretrained(tiny_model_dir).save_pretrained(folder)
+    return str(folder)
