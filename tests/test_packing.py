@@ -143,3 +143,26 @@ def test_model_whose_layers_mix_packed_sequences_gets_the_padded_path(tmp_path, 
     assert abs(trainer.state.log_history[0]["loss"] - math.log(2)) < 1e-5  # the reference stage scored it padded
     with pytest.raises(ConfigError, match="padding_free"):  # packing asked for explicitly: refused
         trainer_for(tmp_path / "run2", str(path), rows, "--padding_free", "true")
+
+
+def test_a_one_row_batch_padded_to_a_groups_multiple_bounds_its_padding_as_a_segment():
+    """A one-row micro-batch padded to a multiple of a sequence-parallel group (3 here): the padding is a segment of
+    its own in every boundary a varlen kernel or a hybrid's layers read, as in the position ids; a varlen kernel writes
+    only the positions its segments cover (the rest would be uninitialized memory, NaN x 0 in the backward)."""
+    pairs = [
+        {"prompt_ids": [5] * p, "chosen_ids": [6] * c, "rejected_ids": [7] * r} for p, c, r in ((2, 3, 1), (1, 2, 2))
+    ]
+    batch = packing.PackedPreferenceCollator(64, one_row=True, pad_to_multiple_of=3)(pairs)
+    lengths = [5, 3, 3, 3]  # chosen 0, 1, then rejected 0, 1: 14 positions, padded to 15
+    assert batch["input_ids"].shape == (1, 15)
+    assert batch["cu_seq_lens_q"].tolist() == batch["cu_seq_lens_k"].tolist() == [0, 5, 8, 11, 14, 15]
+    assert batch["max_length_q"] == batch["max_length_k"] == max(lengths)
+    assert batch["seq_idx"].tolist() == [[0] * 5 + [1] * 3 + [2] * 3 + [3] * 3 + [4]]
+    assert batch["position_ids"][0, 14] == 0  # the position ids began the padding's segment already
+    assert batch["seq_lens"].tolist() == lengths  # the sequences themselves do not change
+    # Padding longer than every sequence is the longest segment
+    wide = packing.PackedPreferenceCollator(64, one_row=True, pad_to_multiple_of=32)(pairs)
+    assert wide["cu_seq_lens_q"].tolist()[-2:] == [14, 32] and wide["max_length_q"] == wide["max_length_k"] == 18
+    # Without padding, the segments are the sequences'
+    exact = packing.PackedPreferenceCollator(64, one_row=True, pad_to_multiple_of=2)(pairs)
+    assert exact["cu_seq_lens_q"].tolist() == [0, 5, 8, 11, 14] and exact["seq_idx"].shape == (1, 14)

@@ -4,10 +4,12 @@ fp32), through DeepSpeed Ulysses' all-to-all on gloo: multi-turn pairs with shar
 ZeRO-2 (and that group, preempted at step 1, resumes to the same trajectory); the same pairs unshared, with evaluation,
 on ZeRO-3; unshared with a live reference model synced from the policy (TR-DPO) on ZeRO-3 (all on sdpa, CPU's
 training attention); and 4 processes in 2 groups of 2 train what 2 processes without a group train. On
-flex_attention, forward only (no flex backward on CPU): a group
-of 2 scores what 1 process scores. Each 2-process launch costs ~60 s on 2 cores. The plan's side (groups, steps,
+flex_attention, forward only (no flex backward on CPU): a group of 2 scores what 1 process scores. On a varlen
+FlashAttention kernel (a PyTorch stand-in registered under its name: CPU runs no FlashAttention), a group of 2 scores
+and differentiates what 1 process does. Each 2-process launch costs ~60 s on 2 cores. The plan's side (groups, steps,
 memory, refusals): tests/test_sequence_parallel_plan.py."""
 
+import itertools
 import json
 import os
 import shutil
@@ -239,19 +241,137 @@ def test_two_processes_splitting_rows_on_flex_attention_score_what_one_process_s
     assert torch.equal(got[0]["split"], got[1]["split"])
 
 
+def varlen_reference(module, query, key, value, attention_mask, scaling=None, dropout=0.0, sliding_window=None,
+                     cu_seq_lens_q=None, cu_seq_lens_k=None, **kwargs):  # fmt: skip
+    """What a varlen FlashAttention kernel computes, in PyTorch with autograd (CPU has no FlashAttention): causal
+    attention within each segment of the row that `cu_seq_lens_q/k` bound, in the layer's sliding window if it has one.
+    Like the kernel it takes the boundaries from the kwargs only, and writes only the positions its segments cover: the
+    rest are NaN here (the kernel leaves the memory it allocated as it was). A mask must not reach it: transformers'
+    `_flash_attention_forward` would unpad by a mask instead of taking `cu_seq_lens`."""
+    assert attention_mask is None, "a mask reached the varlen kernel, which would then ignore cu_seq_lens"
+    assert cu_seq_lens_q is not None and torch.equal(cu_seq_lens_q, cu_seq_lens_k), "no cu_seq_lens reached the kernel"
+    rows, heads, width, dim = query.shape
+    assert rows == 1, "a varlen kernel takes one row"
+    key, value = (x.repeat_interleave(heads // x.shape[1], dim=1) for x in (key, value))  # grouped key/value heads
+    bounds = cu_seq_lens_q.tolist()
+    parts = []
+    for start, end in itertools.pairwise(bounds):
+        i = torch.arange(end - start)
+        allowed = i[:, None] >= i[None, :]
+        if sliding_window is not None:
+            allowed &= i[:, None] - i[None, :] < sliding_window
+        scores = query[:, :, start:end] @ key[:, :, start:end].transpose(-1, -2) * (scaling or dim**-0.5)
+        parts.append(scores.masked_fill(~allowed, float("-inf")).softmax(-1) @ value[:, :, start:end])
+    parts.append(torch.full_like(query[:, :, bounds[-1] :], float("nan")))  # never written
+    return torch.cat(parts, dim=2).transpose(1, 2), None
+
+
+def varlen_batch():
+    """Three pairs of uneven lengths (two sequences longer than the tiny OLMo 3's 128-token sliding window) in one row,
+    729 positions padded to 730 for a group of 2: the padding is a segment of its own."""
+    g = torch.Generator().manual_seed(1)
+    pairs = [{"prompt_ids": torch.randint(5, 800, (p,), generator=g).tolist(),
+              "chosen_ids": torch.randint(5, 800, (c,), generator=g).tolist(),
+              "rejected_ids": torch.randint(5, 800, (r,), generator=g).tolist()}
+             for p, c, r in ((150, 40, 91), (30, 200, 21), (1, 7, 8))]  # fmt: skip
+    return packing.PackedPreferenceCollator(1024, one_row=True, hidden_size=64, pad_to_multiple_of=2)(pairs)
+
+
+def scores_and_grads(model, stand_in, batch):
+    """The per-token log-probs of `stand_in`'s forward (TRL's padded layout) and the gradients of their sum over the
+    completion tokens (what the loss reads) in every parameter of `model`."""
+    model.zero_grad()
+    log_probs = stand_in(fused_lm_head=True).log_probs
+    mask = packing.padded_view(batch)["completion_mask"][:, 1:]
+    (log_probs * mask).sum().backward()
+    return log_probs.detach(), {name: p.grad.clone() for name, p in model.named_parameters()}
+
+
+def score_split_on_varlen(rank: int, model_dir: str, port: int, out: str) -> None:
+    """One process of a group of 2 (gloo) running `varlen_reference` as transformers' flash_attention_2: the split
+    forward's log-probs and gradients; on rank 0 also the same kernel's and sdpa's on the whole row, unsplit."""
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank),
+                      WORLD_SIZE="2", LOCAL_WORLD_SIZE="2")  # fmt: skip
+    import deepspeed
+    from transformers import AttentionInterface
+
+    deepspeed.init_distributed(dist_backend="gloo")
+    # The name, so that transformers takes its FlashAttention mask path (no mask for packed rows) and the project its
+    # varlen one (`packing.one_row`); the kernel, this process's stand-in.
+    AttentionInterface.register("flash_attention_2", varlen_reference)
+    model = fused_model(model_dir, "sdpa")
+    model.config._attn_implementation = "flash_attention_2"
+    sequence_parallel.set_up(2, model)
+    batch = varlen_batch()
+    split = scores_and_grads(model, packing.PackedModel(model, batch, sequence_parallel.forward), batch)
+    result = {"split": split, "width": batch["input_ids"].shape[1]}
+    if rank == 0:  # outside a split the wrapper calls the kernel alone, on the whole row: one process
+        result["whole"] = scores_and_grads(model, packing.PackedModel(model, batch), batch)
+        sdpa = fused_model(model_dir, "sdpa")
+        result["sdpa"] = scores_and_grads(sdpa, packing.PackedModel(sdpa, batch), batch)
+    torch.save(result, f"{out}/rank{rank}.pt")
+
+
+def test_two_processes_splitting_a_row_on_a_varlen_kernel_score_and_train_what_one_process_does(
+    tmp_path, tiny_model_dir
+):
+    """A varlen FlashAttention kernel under N=2 (a PyTorch stand-in: CPU runs no FlashAttention): each process holds
+    half of the row, the whole row's cu_seq_lens (the padding a segment of its own) reach the kernel through Ulysses'
+    all-to-all, and the gathered per-token log-probs and the gradients (summed over the group and divided by its 2
+    processes, as DeepSpeed averages them) are one process's with the same kernel, to fp32 noise; that kernel gives
+    sdpa's on the whole row."""
+    torch.multiprocessing.spawn(score_split_on_varlen, args=(tiny_model_dir, free_port(), str(tmp_path)), nprocs=2)
+    got = [torch.load(tmp_path / f"rank{rank}.pt") for rank in (0, 1)]
+    assert got[0]["width"] == 730  # 729 positions and a padding segment
+    mask = packing.padded_view(varlen_batch())["completion_mask"][:, 1:].bool()
+    assert int(mask.sum()) == 367  # every completion token of the three pairs
+    (whole, whole_grads), (sdpa, sdpa_grads) = got[0]["whole"], got[0]["sdpa"]
+    assert (whole - sdpa)[mask].abs().max() < 1e-5  # the stand-in is the kernel sdpa's masks describe
+    for name, g in sdpa_grads.items():
+        assert (whole_grads[name] - g).abs().max() <= 1e-5 + 1e-4 * g.abs().max(), name
+    for result in got:  # both processes of the group hold the whole row's log-probs
+        assert (result["split"][0] - whole)[mask].abs().max() < 1e-5
+    assert torch.equal(got[0]["split"][0], got[1]["split"][0])
+    for name, g in whole_grads.items():
+        mean = (got[0]["split"][1][name] + got[1]["split"][1][name]) / 2
+        assert torch.isfinite(mean).all() and (mean - g).abs().max() <= 1e-5 + 1e-4 * g.abs().max(), name
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(torch.cuda.device_count() < 2,
                     reason="needs 2 or more CUDA GPUs (sequence_parallel_size 2 splits a row over two)")  # fmt: skip
-@pytest.mark.parametrize("attention", ["flex_attention", "sdpa"])
+@pytest.mark.parametrize("attention", ["flex_attention", "sdpa", "varlen"])
 def test_on_two_gpus_splitting_rows_in_bf16_trains_what_one_gpu_trains(tmp_path, tiny_model_dir, attention):
-    """bf16 on GPUs, each attention a group runs (flex's backward under a group runs only here: CPU has none): the
-    all-to-all and the gathers over NCCL. bf16 sums in another order round differently: the losses agree to 1e-2
-    relative, not to fp32's 1e-4."""
+    """bf16 on GPUs, each attention a group runs (flex's backward and the varlen FlashAttention kernels under a group
+    run only here: CPU has neither): the all-to-all and the gathers over NCCL. `varlen`: the fastest one installed
+    (FA4, FA3, FA2). bf16 sums in another order round differently: the losses agree to 1e-2 relative, not to fp32's
+    1e-4."""
+    model_dir = tiny_model_dir
+    if attention == "varlen":
+        from dpotrain.forwards import choice
+
+        attention = choice.installed_varlen(cuda=True)
+        if attention is None:
+            pytest.skip("no varlen FlashAttention kernel is installed (FA4: pip install -r requirements-gpu.txt)")
+        model_dir = with_head_dim_64(tiny_model_dir, tmp_path / "model")
     args = ["--bf16", "true", "--attn_implementation", attention]
-    train(tmp_path / "one", tiny_model_dir, *args)
-    log = train(tmp_path / "split", tiny_model_dir, *args, "--sequence_parallel_size", "2", processes=2)
+    train(tmp_path / "one", model_dir, *args)
+    log = train(tmp_path / "split", model_dir, *args, "--sequence_parallel_size", "2", processes=2)
     assert f"Sequence parallel: 1 group(s) of 2 processes, each process 1/2 of every packed row; {attention}" in log
     want, got = records(tmp_path / "one"), records(tmp_path / "split")
     assert list(got) == list(want)
     for key, record in want.items():
         assert abs(got[key]["loss"] - record["loss"]) <= 1e-2 * max(1, abs(record["loss"])), key
+
+
+def with_head_dim_64(tiny_model_dir, folder) -> str:
+    """The tiny OLMo 3 (4 heads, 2 key/value heads, its tokenizer) at hidden size 256: heads of 64, a size every
+    FlashAttention kernel takes (the tiny model's 16 is below what some build for)."""
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    config = AutoConfig.from_pretrained(tiny_model_dir)
+    config.hidden_size, config.intermediate_size = 256, 512
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(config).save_pretrained(folder)
+    AutoTokenizer.from_pretrained(tiny_model_dir).save_pretrained(folder)
+    return str(folder)

@@ -68,11 +68,21 @@ def test_64k_traces_without_it_are_refused_naming_the_group_that_fits():
 
 
 @no_gpu
-def test_no_group_is_offered_to_an_attention_a_group_does_not_run():
-    """A recipe that names a varlen FlashAttention kernel is offered no group (the split runs flex_attention or sdpa):
-    the refusal names what fits without one."""
+def test_a_varlen_kernel_is_offered_the_group_that_fits():
+    """A recipe that names a varlen FlashAttention kernel is offered a group as flex and sdpa are (the split carries
+    the whole row's cu_seq_lens); its plan holds no masks."""
     result = think_dry_run(*LONG, "--gpu_memory_gib", "79.6", "--attn_implementation", "flash_attention_3",
                            env=H100_NODE)  # fmt: skip
+    assert result.returncode == 2, result.stdout[-3000:]
+    error = result.stdout.strip().splitlines()[-1]
+    assert error.startswith("error: memory plan: DeepSpeed ZeRO-2 on 8 GPUs needs ~"), error
+    assert "masks 0.0" in error and "these fit: [1] add `--sequence_parallel_size 4` (~" in error, error
+
+
+@no_gpu
+def test_no_group_is_offered_to_an_attention_a_group_does_not_run():
+    """eager attention has no split (Ulysses takes boolean masks): a refusal names what fits without a group."""
+    result = think_dry_run(*LONG, "--gpu_memory_gib", "79.6", "--attn_implementation", "eager", env=H100_NODE)
     assert result.returncode == 2, result.stdout[-3000:]
     error = result.stdout.strip().splitlines()[-1]
     assert error.startswith("error: memory plan: DeepSpeed ZeRO-2 on 8 GPUs needs ~"), error
@@ -232,19 +242,37 @@ def test_a_group_whose_model_fails_the_packing_check_is_refused_not_padded(capsy
     assert capsys.readouterr().out.startswith("Note: padded micro-batches (TRL's collator) on the same step plan")
 
 
-def test_a_group_runs_flex_and_sdpa_not_the_varlen_kernels():
-    """On a GPU with FlashAttention installed a group splits rows on flex_attention (block masks of the whole rows)
-    or sdpa; the varlen kernels are left out, and refused when asked for (the split does not carry cu_seq_lens)."""
+def test_a_group_weighs_the_forwards_one_process_weighs_varlen_kernels_included():
+    """On a GPU with FlashAttention installed a group weighs what one process weighs: flex_attention (block masks of
+    the whole rows), the varlen kernel (the whole row's cu_seq_lens) and sdpa where flex cannot pack; a varlen kernel
+    asked for is honoured."""
     config = memory.load_model_config(smoke())[0]
     alone, _ = choice.candidates(copy.deepcopy(config), smoke(), True, "flash_attention_2", check_kernels=False)
     split, _ = choice.candidates(copy.deepcopy(config), smoke("--sequence_parallel_size", "2"), True,
                                  "flash_attention_2", check_kernels=False)  # fmt: skip
-    assert "flash_attention_2" in {c.attention for c in alone}
-    assert {c.attention for c in split} == {"flex_attention"} and split[0].share_prompt
-    recipe = smoke("--sequence_parallel_size", "2", "--attn_implementation", "flash_attention_2")
-    with pytest.raises(ConfigError, match="flash_attention_2 has no split here .sequence parallelism runs "
-                                          "flex_attention or sdpa."):  # fmt: skip
-        choice.candidates(copy.deepcopy(config), recipe, True, "flash_attention_2", check_kernels=False)
+    assert split == alone and {c.attention for c in split} == {"flex_attention", "flash_attention_2"}, split
+    recipe = smoke("--sequence_parallel_size", "2", "--attn_implementation", "kernels-community/flash-attn3@v1")
+    asked, _ = choice.candidates(copy.deepcopy(config), recipe, True, None, check_kernels=False)
+    assert [(c.attention, c.share_prompt) for c in asked] == [("kernels-community/flash-attn3@v1", False)]
+    forward = choice.ForwardChoice(True, False, 64, "flash_attention_4", sequence_parallel=4)
+    assert forward.one_row and forward.pad_multiple == 4  # one row, padded to the group: the padding a segment
+
+
+def test_a_hybrid_is_refused_under_a_group_with_one_line():
+    """A hybrid's recurrent layers read the whole row's boundaries (cu_seq_lens, seq_idx) and carry state along it, so
+    no group splits it (it packs only on a varlen kernel, which a group otherwise runs); a memory refusal offers
+    none."""
+    from transformers import AutoConfig
+
+    hybrid = AutoConfig.for_model("olmo_hybrid")
+    recipe = smoke("--sequence_parallel_size", "2")
+    with pytest.raises(ConfigError, match="^sequence_parallel_size 2: olmo_hybrid's recurrent layers read the sequence "
+                                          "boundaries of the whole row .* use --sequence_parallel_size 1 for hybrid "
+                                          "models$"):  # fmt: skip
+        choice.candidates(hybrid, recipe, True, "flash_attention_2", check_kernels=False)
+    assert choice.candidates(hybrid, smoke(), True, "flash_attention_2", check_kernels=False)[0][0].packed
+    assert memory.splittable_heads(hybrid) is None
+    assert memory.splittable_heads(memory.load_model_config(smoke())[0]) == (4, 2)
 
 
 # --- the memory plan per GPU ---

@@ -236,22 +236,26 @@ def candidates(config, recipe, cuda: bool, varlen: str | None, check_kernels: bo
 def sequence_parallel_forwards(recipe, config, packed: list, problems: list[str]) -> list:
     """With `sequence_parallel_size` N > 1, the packed forwards that can split their rows (sequence_parallel.py): a
     group of N processes holds 1/N of each row's positions, which padded rows (one sequence per row, TRL's collator) do
-    not have. The split runs sdpa with the whole rows' dense masks and flex_attention with their block masks; eager
-    (DeepSpeed's Ulysses needs a 4D boolean mask) and the varlen kernels (the whole row's `cu_seq_lens` are not carried
-    through the split yet) are not taken. A padded forward is not taken instead: the user asked to split sequences, so
-    a run that cannot is refused with what to change."""
+    not have. The split runs sdpa with the whole rows' dense masks, flex_attention with their block masks and the
+    varlen kernels with the whole row's `cu_seq_lens`, so the choice among them is the one made without a group; eager
+    (DeepSpeed's Ulysses needs a 4D boolean mask) is not taken. A padded forward is not taken instead: the user asked to
+    split sequences, so a run that cannot is refused with what to change."""
     n = recipe.project.sequence_parallel_size
     if n == 1:
         return packed
     if getattr(config.get_text_config(), "output_router_logits", False):
         raise ConfigError(f"sequence_parallel_size {n}: the MoE router's auxiliary loss is not split over a group "
                           "here; use --sequence_parallel_size 1 for MoE models")  # fmt: skip
+    if config.model_type in packing.BOUNDARY_HYBRIDS:  # their recurrent layers run on each process's columns only
+        raise ConfigError(f"sequence_parallel_size {n}: {config.model_type}'s recurrent layers read the sequence "
+                          "boundaries of the whole row (cu_seq_lens, seq_idx) and carry state along it, which a group "
+                          "splits; use --sequence_parallel_size 1 for hybrid models")  # fmt: skip
     splittable = [c for c in packed if packing.attention_name(c.attention) in sequence_parallel.ATTENTION]
     if splittable:
         return splittable
     if packed:
         why = (f"{packing.attention_name(packed[0].attention)} has no split here (sequence parallelism runs "
-               f"{' or '.join(sequence_parallel.ATTENTION)})")  # fmt: skip
+               "flex_attention, sdpa or a varlen FlashAttention kernel)")  # fmt: skip
     else:
         why = problems[0] if problems else "no packed forward runs here"
     raise ConfigError(f"sequence_parallel_size {n} splits packed sequences, which cannot be used here: {why}; use "

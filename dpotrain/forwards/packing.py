@@ -246,24 +246,35 @@ class PackedPreferenceCollator:
             "seq_starts": torch.tensor(seq_starts, dtype=torch.long),
         }
         if self.one_row:
-            cu_seq_lens = torch.zeros(len(lengths) + 1, dtype=torch.int32)
-            cu_seq_lens[1:] = torch.tensor(lengths, dtype=torch.int32).cumsum(0)
-            batch |= {"cu_seq_lens_q": cu_seq_lens, "cu_seq_lens_k": cu_seq_lens, "max_length_q": max(lengths),
-                      "max_length_k": max(lengths),
-                      # Mamba-2 / causal-conv kernels (granitemoehybrid) take the boundaries as a sequence index
-                      "seq_idx": torch.repeat_interleave(torch.arange(len(lengths), dtype=torch.int32),
-                                                         torch.tensor(lengths))[None]}  # fmt: skip
+            batch |= varlen_boundaries(lengths, width)
         for key in ("ref_chosen_logps", "ref_rejected_logps"):
             if key in examples[0]:
                 batch[key] = torch.tensor([e[key] for e in examples], dtype=torch.float32)
         return batch
 
 
+def varlen_boundaries(lengths: list[int], width: int) -> dict:
+    """The boundaries of one packed row of sequences of `lengths`, `width` wide, as varlen kernels take them:
+    `cu_seq_lens_q/k`, `max_length_q/k`, and `seq_idx` (Mamba-2 / causal-conv kernels: granitemoehybrid). Padding at
+    the row's end (a row padded to a multiple of a sequence-parallel group) is a segment of its own, as in the position
+    ids: a varlen kernel writes only the positions its segments cover, and an unwritten output is whatever memory held
+    (NaN x 0 is NaN in the backward)."""
+    segments = lengths + ([width - sum(lengths)] if width > sum(lengths) else [])
+    cu_seq_lens = torch.zeros(len(segments) + 1, dtype=torch.int32)
+    cu_seq_lens[1:] = torch.tensor(segments, dtype=torch.int32).cumsum(0)
+    seq_idx = torch.repeat_interleave(torch.arange(len(segments), dtype=torch.int32), torch.tensor(segments))
+    return {"cu_seq_lens_q": cu_seq_lens, "cu_seq_lens_k": cu_seq_lens, "max_length_q": max(segments),
+            "max_length_k": max(segments), "seq_idx": seq_idx[None]}  # fmt: skip
+
+
 def is_packed(batch: dict) -> bool:
     return "seq_lens" in batch
 
 
-MODEL_KEYS = ("input_ids", "position_ids", "cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k", "seq_idx")
+# What a varlen attention kernel reads of `varlen_boundaries`: the whole row's, also under a sequence-parallel group,
+# whose kernel holds whole rows after the all-to-all (sequence_parallel.py). `seq_idx` is read outside attention.
+VARLEN_KEYS = ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k")
+MODEL_KEYS = ("input_ids", "position_ids", *VARLEN_KEYS, "seq_idx")
 
 
 def packed_labels(batch: dict) -> torch.Tensor:

@@ -6,9 +6,11 @@ Every process of a group reads the same micro-batch (the sampler deals micro-bat
 collates it the same way, its row width padded to a multiple of N (the padding is a segment of its own, no label: out
 of the loss). Each process then runs the model on its 1/N of the columns only; in every
 attention layer DeepSpeed's `UlyssesSPAttentionHF` all-to-alls queries, keys and values to the whole sequence for 1/N of
-the heads, the project's own attention runs on it with the mask of the WHOLE rows (packed documents, shared prompts and
-sliding windows keep their meaning: `whole_row_masks`, built from the full batch every process holds: sdpa's dense
-masks, FlexAttention's block masks), and a second all-to-all brings the output back to the process's columns.
+the heads, the project's own attention runs on it with the boundaries of the WHOLE rows (packed documents, shared
+prompts and sliding windows keep their meaning: `whole_row_masks`, built from the full batch every process holds:
+sdpa's dense masks, FlexAttention's block masks; a varlen FlashAttention kernel takes the whole row's `cu_seq_lens_q/k`
+and `max_length_q/k` as the collator made them, passed as model kwargs that reach the kernel through Ulysses), and a
+second all-to-all brings the output back to the process's columns.
 DeepSpeed's own wrapper (`register_with_transformers`) drops any 4D mask, and rebuilds a causal-only block mask for
 flex, attending over the whole row, which would let packed sequences see each other: only its attention module is used
 here, around the masks this project builds. The kernel never sees the split: after the all-to-all it holds whole rows.
@@ -33,10 +35,10 @@ import torch
 from dpotrain.cluster import sequence_parallel as groups
 from dpotrain.forwards import masks, packing
 
-# The attentions a split forward runs, with the whole rows' masks (`whole_row_masks`); the forward choice takes no
-# other (`choice.sequence_parallel_forwards`). FlashAttention's varlen kernels would need the whole row's
-# `cu_seq_lens` carried through the split: not yet.
-ATTENTION = ("flex_attention", "sdpa")
+# The attentions a split forward runs, each with the whole rows' sequence boundaries (`whole_row_masks`, and the varlen
+# kernels' `cu_seq_lens` in `forward`); the forward choice takes no other (`choice.sequence_parallel_forwards`). Eager
+# is not among them: DeepSpeed's Ulysses takes boolean masks, eager's are additive.
+ATTENTION = ("flex_attention", "sdpa", *sorted(packing.VARLEN_ATTENTION))
 
 _state = threading.local()  # the forward in progress: its local position ids (the attention wrapper reads them)
 _group: dict = {}  # this process's group, set once by `set_up`: size, rank, process group, Ulysses module
@@ -146,12 +148,27 @@ def _gather(tensor: torch.Tensor | None) -> torch.Tensor | None:
 
 
 def whole_row_masks(model, batch: dict):
-    """The masks of the WHOLE rows, whatever slice this process holds: FlexAttention's block masks, else the dense masks
-    (sdpa). A dense mask is needed even without shared prompts: transformers would build one from the local slice's
-    position ids only, while attention runs on the whole rows."""
-    if masks.text_config(model)._attn_implementation == "flex_attention":
+    """The masks of the WHOLE rows, whatever slice this process holds: FlexAttention's block masks, none for a varlen
+    kernel (it takes the boundaries: `varlen_boundaries`), else the dense masks (sdpa). A dense mask is needed even
+    without shared prompts: transformers would build one from the local slice's position ids only, while attention runs
+    on the whole rows."""
+    attention = masks.text_config(model)._attn_implementation
+    if attention == "flex_attention":
         return masks.block_masks(model, batch)
+    if packing.one_row(attention):
+        return None
     return masks.dense_masks(model, batch)
+
+
+def varlen_boundaries(model, batch: dict) -> dict:
+    """For a varlen kernel, the whole row's `cu_seq_lens_q/k` and `max_length_q/k` (`packing.varlen_boundaries`), which
+    transformers' FlashAttention takes before the position ids (`_flash_attention_forward`: an attention mask first,
+    then these, then boundaries inferred from position ids), for the kernel that holds whole rows after the all-to-all;
+    none for another attention. Not `seq_idx`: the layers that read it (a hybrid's recurrent ones, refused under a
+    group) see only this process's columns."""
+    if not packing.one_row(masks.text_config(model)._attn_implementation):
+        return {}
+    return {key: batch[key] for key in packing.VARLEN_KEYS}
 
 
 def forward(model, batch: dict, **kwargs):
@@ -168,7 +185,7 @@ def forward(model, batch: dict, **kwargs):
     with _forward_in_progress(local_positions):
         outputs = model(input_ids=batch["input_ids"][:, cols], position_ids=local_positions,
                         attention_mask=whole_row_masks(model, batch), shift_labels=shift_labels[:, cols],
-                        fused_lm_head=True, use_cache=False, **kwargs)  # fmt: skip
+                        fused_lm_head=True, use_cache=False, **varlen_boundaries(model, batch), **kwargs)  # fmt: skip
     fields = {name: _gather(getattr(outputs, name, None)) for name in packing.PER_TOKEN_FIELDS}
     fields = {name: None if t is None else t[:, : width - 1] for name, t in fields.items()}  # the last predicts nothing
     # `loss` is the local slice's (TRL's DPO loss reads the per-token outputs only)

@@ -546,8 +546,16 @@ def plan(recipe, world: int, engine: Engine | None = None, attention: str | None
     record["allowance"] = f"{CONTEXT_GIB:g} GiB CUDA context and NCCL + {FRAGMENTATION:.0%} of the rest"
     record["checkpointing"] = checkpointing_record  # which layers: apply_checkpointing gives the run this choice
     if record["fits"] is False and recipe.project.memory_check:
-        raise ConfigError(_refusal(recipe, chosen, gpu, gpu_source, attention, head_counts(config)))
+        raise ConfigError(_refusal(recipe, chosen, gpu, gpu_source, attention, splittable_heads(config)))
     return record
+
+
+def splittable_heads(config) -> tuple[int, int] | None:
+    """The heads a sequence-parallel group would split, for a refusal to weigh groups; None for a model no group
+    runs (a hybrid's recurrent layers carry state along the row: `choice.sequence_parallel_forwards`)."""
+    from dpotrain.forwards.packing import BOUNDARY_HYBRIDS
+
+    return None if config.model_type in BOUNDARY_HYBRIDS else head_counts(config)
 
 
 def _record(chosen: Plan, shape: ModelShape, gpu: float | None, gpu_source: str) -> dict:
@@ -663,7 +671,8 @@ def _gib(n: float) -> float:
     return round(n / GIB, 1)
 
 
-def _refusal(recipe, chosen: Plan, gpu: float, gpu_source: str, attention: str | None, heads: tuple[int, int]) -> str:
+def _refusal(recipe, chosen: Plan, gpu: float, gpu_source: str, attention: str | None,
+             heads: tuple[int, int] | None) -> str:  # fmt: skip
     """One line: what does not fit, by how much and in which part, and what would fit (memory_advice: each option
     planned for real)."""
     e, world = chosen.engine, chosen.world
