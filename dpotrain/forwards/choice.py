@@ -243,13 +243,9 @@ def sequence_parallel_forwards(recipe, config, packed: list, problems: list[str]
     n = recipe.project.sequence_parallel_size
     if n == 1:
         return packed
-    if getattr(config.get_text_config(), "output_router_logits", False):
-        raise ConfigError(f"sequence_parallel_size {n}: the MoE router's auxiliary loss is not split over a group "
-                          "here; use --sequence_parallel_size 1 for MoE models")  # fmt: skip
-    if config.model_type in packing.BOUNDARY_HYBRIDS:  # their recurrent layers run on each process's columns only
-        raise ConfigError(f"sequence_parallel_size {n}: {config.model_type}'s recurrent layers read the sequence "
-                          "boundaries of the whole row (cu_seq_lens, seq_idx) and carry state along it, which a group "
-                          "splits; use --sequence_parallel_size 1 for hybrid models")  # fmt: skip
+    problem = sequence_parallel.model_problem(config)
+    if problem:
+        raise ConfigError(f"sequence_parallel_size {n}: {problem}")
     splittable = [c for c in packed if packing.attention_name(c.attention) in sequence_parallel.ATTENTION]
     if splittable:
         return splittable

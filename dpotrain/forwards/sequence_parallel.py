@@ -53,6 +53,19 @@ def leads_group() -> bool:
     return _group.get("rank", 0) == 0
 
 
+def model_problem(config) -> str | None:
+    """Why no group splits this model's rows, or None: the one place that says so, for the forward choice (which
+    refuses it) and the memory plan (which then offers no group)."""
+    if getattr(config.get_text_config(), "output_router_logits", False):
+        return ("the MoE router's auxiliary loss is not split over a group here; use --sequence_parallel_size 1 for "
+                "MoE models")  # fmt: skip
+    if config.model_type in packing.BOUNDARY_HYBRIDS:  # their recurrent layers run on each process's columns only
+        return (f"{config.model_type}'s recurrent layers read the sequence boundaries of the whole row (cu_seq_lens, "
+                "seq_idx) and carry state along it, which a group splits; use --sequence_parallel_size 1 for hybrid "
+                "models")  # fmt: skip
+    return None
+
+
 def set_up(sp_size: int, model) -> None:
     """This process's group (consecutive ranks, `groups.data_parallel_rank`) and the attention wrapper, once the process
     group and the model exist. Every process calls it (each group is made by all). The heads, the attention and the
@@ -149,7 +162,7 @@ def _gather(tensor: torch.Tensor | None) -> torch.Tensor | None:
 
 def whole_row_masks(model, batch: dict):
     """The masks of the WHOLE rows, whatever slice this process holds: FlexAttention's block masks, none for a varlen
-    kernel (it takes the boundaries: `varlen_boundaries`), else the dense masks (sdpa). A dense mask is needed even
+    kernel (it takes the boundaries: `varlen_kwargs`), else the dense masks (sdpa). A dense mask is needed even
     without shared prompts: transformers would build one from the local slice's position ids only, while attention runs
     on the whole rows."""
     attention = masks.text_config(model)._attn_implementation
@@ -160,7 +173,7 @@ def whole_row_masks(model, batch: dict):
     return masks.dense_masks(model, batch)
 
 
-def varlen_boundaries(model, batch: dict) -> dict:
+def varlen_kwargs(model, batch: dict) -> dict:
     """For a varlen kernel, the whole row's `cu_seq_lens_q/k` and `max_length_q/k` (`packing.varlen_boundaries`), which
     transformers' FlashAttention takes before the position ids (`_flash_attention_forward`: an attention mask first,
     then these, then boundaries inferred from position ids), for the kernel that holds whole rows after the all-to-all;
@@ -185,7 +198,7 @@ def forward(model, batch: dict, **kwargs):
     with _forward_in_progress(local_positions):
         outputs = model(input_ids=batch["input_ids"][:, cols], position_ids=local_positions,
                         attention_mask=whole_row_masks(model, batch), shift_labels=shift_labels[:, cols],
-                        fused_lm_head=True, use_cache=False, **varlen_boundaries(model, batch), **kwargs)  # fmt: skip
+                        fused_lm_head=True, use_cache=False, **varlen_kwargs(model, batch), **kwargs)  # fmt: skip
     fields = {name: _gather(getattr(outputs, name, None)) for name in packing.PER_TOKEN_FIELDS}
     fields = {name: None if t is None else t[:, : width - 1] for name, t in fields.items()}  # the last predicts nothing
     # `loss` is the local slice's (TRL's DPO loss reads the per-token outputs only)

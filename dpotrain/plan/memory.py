@@ -552,10 +552,10 @@ def plan(recipe, world: int, engine: Engine | None = None, attention: str | None
 
 def splittable_heads(config) -> tuple[int, int] | None:
     """The heads a sequence-parallel group would split, for a refusal to weigh groups; None for a model no group
-    runs (a hybrid's recurrent layers carry state along the row: `choice.sequence_parallel_forwards`)."""
-    from dpotrain.forwards.packing import BOUNDARY_HYBRIDS
+    runs (`forwards.sequence_parallel.model_problem`: an MoE router's loss, a hybrid's recurrent layers)."""
+    from dpotrain.forwards.sequence_parallel import model_problem
 
-    return None if config.model_type in BOUNDARY_HYBRIDS else head_counts(config)
+    return None if model_problem(config) else head_counts(config)
 
 
 def _record(chosen: Plan, shape: ModelShape, gpu: float | None, gpu_source: str) -> dict:
