@@ -28,6 +28,9 @@ def save_and_push(recipe, built, resolved: dict, push, state) -> int | None:
     if trainer.graceful_stop.stopped and trainer.state.global_step < trainer.state.max_steps:
         if pusher:
             pusher.finish(hub_push.STOP_WAIT_S)  # the requeued job pushes what is left
+        # The ranks leave together (the stop was decided over all of them): torchrun ends every worker still running
+        # as soon as one exits with a code other than 0, so a rank still at work would be killed at it.
+        state.wait_for_everyone()
         return STOPPED_EXIT  # checkpointed on a stop request; the requeued job resumes from it
 
     with output_folder.new_files(out, state.is_main_process):  # the model's files, recorded as the run's

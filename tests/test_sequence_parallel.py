@@ -12,6 +12,7 @@ memory, refusals): tests/test_sequence_parallel_plan.py."""
 import itertools
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -92,7 +93,10 @@ def test_two_processes_splitting_rows_train_what_one_process_trains_zero2_shared
     env = {"DPOTRAIN_STOP_FILE": str(stop_file), "DPOTRAIN_CACHE": f"{split}-cache"}
     # torchrun exits 1 when its workers exit STOPPED_EXIT (saved, not finished); the marker is what requeues the job
     log = train(stopped, tiny_model_dir, "--sequence_parallel_size", "2", processes=2, env=env, exit_code=1)
-    assert log.count(f"exitcode  : {STOPPED_EXIT} ") == 2, log[-4000:]
+    # Both ranks leave together after the checkpoint; torchrun still SIGTERMs one that is shutting down when the other
+    # has exited first, so each rank reads 75 or -15 (never a failure of its own), and the first to exit read 75.
+    codes = re.findall(r"exitcode  : (-?\d+) ", log)
+    assert str(STOPPED_EXIT) in codes and set(codes) <= {str(STOPPED_EXIT), "-15"}, log[-4000:]
     assert stop_file.with_name("stop.checkpointed").read_text().startswith(f"checkpoint {stopped}/checkpoint-1 ")
     stop_file.unlink()
     shutil.copytree(stopped, regrouped)  # the same checkpoint, resumed below without a group
