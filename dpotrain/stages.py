@@ -20,7 +20,7 @@ from pathlib import Path
 
 from dpotrain import options, output_folder, resolve
 from dpotrain.cluster import engine, offline, sequence_parallel
-from dpotrain.data import builtin, cuts, data, data_identity, lengths, mixture, rows
+from dpotrain.data import builtin, cuts, data, data_identity, lengths, mixture, positions, rows
 from dpotrain.forwards import choice, cost, sample
 from dpotrain.plan import memory
 from dpotrain.recipe import config
@@ -373,6 +373,9 @@ def decide_forward(recipe, found: Launch, model_path: str, pair_lengths: Lengths
     if config is None:
         return Forward(None, {}, decided=f"at start, from the data's lengths ({why})")
     sequence_parallel.check_heads(found.sequence_parallel, config, found.world)  # a group splits the heads
+    # Sequences past the model's positions: refused from the longest the data or max_length lets through
+    positions.check(config, recipe.model.model_name_or_path, recipe.training.max_length, pair_lengths.pairs,
+                    whole_split=pair_lengths.measured is not None)  # fmt: skip
     if pair_lengths.pairs is None:
         return _undecided(recipe, found, config)
     if len(found.machines) == 1:

@@ -37,7 +37,7 @@ from pathlib import Path
 import numpy as np
 from trl.data_utils import _tokenize, common_prefix_length, is_conversational
 
-from dpotrain.data import cuts
+from dpotrain.data import cuts, positions
 from dpotrain.data.rows import ROW_COLUMNS, InvalidRowError, RowFormat, read_row, split_row
 from dpotrain.recipe.config import ProjectArguments
 from dpotrain.recipe.errors import ConfigError
@@ -736,8 +736,9 @@ def resolution_of(found: tuple[Measured, Path], coverage: float, max_positions: 
 
 
 def model_positions(name_or_path: str, revision: str | None = None, local_only: bool = False) -> int | None:
-    """The model's max_position_embeddings (its text config's), from its config.json alone (built-in: its recipe);
-    None when the config is not readable here or does not say."""
+    """The positions the model takes (dpotrain/data/positions.py: max_position_embeddings, or what its RoPE scaling
+    extends it to), from its config.json alone (built-in: its recipe); None when the config is not readable here or
+    does not say."""
     from dpotrain.data import builtin
 
     if builtin.is_builtin(name_or_path):
@@ -749,7 +750,7 @@ def model_positions(name_or_path: str, revision: str | None = None, local_only: 
         config = AutoConfig.from_pretrained(name_or_path, revision=revision, local_files_only=local_only)
     except Exception:  # a tokenizer-only folder, no network: nothing to cap with
         return None
-    return getattr(config.get_text_config(), "max_position_embeddings", None)
+    return positions.model_limit(config)[0]
 
 
 def available_cpus() -> int:
