@@ -98,3 +98,18 @@ def test_a_shorter_max_length_is_offered_only_where_nothing_keeps_the_pairs_whol
         assert "--sequence_parallel_size" not in flags, flags
         length = int(flags[flags.index("--max_length") + 1])
         assert int(flags[flags.index("--max_tokens_per_microbatch") + 1]) == 2 * length
+
+
+def test_a_live_reference_that_does_not_fit_is_offered_the_cached_one_first(tmp_path, capsys, monkeypatch):
+    """`--precompute_ref_log_probs false` on 100 GiB: the reference model's weights (13.6 GiB under ZeRO-2) tip the plan
+    over; the reference stage's cached log-probs train the same without them, so that change comes first, and its dry
+    run fits. TR-DPO needs its live reference (it is updated): never offered there."""
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    argv = command("7b", 100, tmp_path, "--precompute_ref_log_probs", "false")
+    error = refusal(argv)
+    assert "live reference model" in error and "[1] add `--precompute_ref_log_probs true` (~" in error, error
+    flags, _, gib = options(error)[0]
+    train_dpo.main([*argv, *flags])  # raises if the plan does not fit
+    assert f"memory/GPU:    ~{gib:.1f} GiB" in capsys.readouterr().out
+    synced = refusal(command("7b", 100, tmp_path, "--sync_ref_model", "true"))
+    assert "these fit: " in synced and "--precompute_ref_log_probs" not in synced, synced

@@ -4,6 +4,9 @@ A refusal that says "try LoRA" and then refuses the LoRA run again sends a user 
 refusal offers is a plan computed by the same function that refused (`memory.plan`, handed in as `plan`) on a copy of
 the recipe with the option's changes made, and offered only when that plan fits. The levers, cheapest to the run first:
 
+- the reference stage's cached log-probs instead of a live reference model (`--precompute_ref_log_probs true`), where
+  the recipe asked for a live one and nothing needs it (TR-DPO's `sync_ref_model` does): the same training, without a
+  second copy of the weights on each GPU;
 - fewer tokens per micro-batch (`--max_tokens_per_microbatch`, the largest that fits; never below one pair of
   max_length, which a micro-batch must hold): more micro-batches per step, the same training;
 - activation checkpointing on every layer, where the recipe turned it off or fixed `every_n_layers` (otherwise the plan
@@ -30,6 +33,7 @@ from dpotrain.cluster.engine import LAUNCHED, Engine, from_config
 from dpotrain.data.builtin import PROJECT_ROOT
 from dpotrain.forwards import sequence_parallel as split_rows
 from dpotrain.forwards.packing import attention_name
+from dpotrain.recipe.config import uses_live_reference
 
 GIB = 2**30
 NAMES = {
@@ -133,7 +137,7 @@ class Advisor:
         key = (trial.engine.name, trial.config, trial.world, r.project.sequence_parallel_size,
                r.project.max_tokens_per_microbatch, r.training.max_length,
                r.model.use_peft, str(r.model.lora_target_modules), r.training.activation_checkpointing,
-               str(r.training.activation_checkpointing_kwargs))  # fmt: skip
+               str(r.training.activation_checkpointing_kwargs), uses_live_reference(r))  # fmt: skip
         if key not in self._seen:
             r.project.memory_check = False  # a plan that does not fit is what is being looked for
             record = self._plan(r, trial.world, trial.engine, attention=self.attention)
@@ -145,6 +149,8 @@ class Advisor:
 
     def levers(self) -> list[str]:
         r, names = self.recipe, []
+        if uses_live_reference(r) and not r.training.sync_ref_model:
+            names.append("cached")
         if r.project.max_tokens_per_microbatch is not None:
             names.append("tokens")
         if not r.training.activation_checkpointing or "every_n_layers" in (
@@ -160,6 +166,11 @@ class Advisor:
         if r.project.max_tokens_per_microbatch is not None and (r.training.max_length or 0) > MIN_MAX_LENGTH:
             names.append("shorter")
         return names
+
+    def cached(self, trial: Trial) -> bool:
+        trial.recipe.training.precompute_ref_log_probs = True
+        trial.flags += ["--precompute_ref_log_probs", "true"]
+        return True
 
     def checkpointing(self, trial: Trial) -> bool:
         t = trial.recipe.training
@@ -326,12 +337,13 @@ def advice(recipe, world: int, engine: Engine, attention: str | None, gpu_gib: f
            heads: tuple[int, int] | None = None) -> str:  # fmt: skip
     """The refusal's second half: each option that fits, as flags to add and the submission, or why none does.
     `heads`: the model's (attention heads, key/value heads), for sequence parallelism (None: not weighed)."""
-    options = Advisor(recipe, world, engine, attention, gpu_gib, plan, heads).options()
+    advisor = Advisor(recipe, world, engine, attention, gpu_gib, plan, heads)
+    options = advisor.options()
     if not options:
-        return (f"no change this run can make fits a {gpu_gib:.1f} GiB GPU on up to {MAX_NODES} nodes (fewer tokens "
-                f"per micro-batch, activation checkpointing, ZeRO-3, FSDP2, sequence parallelism within a node, more "
-                f"nodes, LoRA, max_length down to "
-                f"{MIN_MAX_LENGTH}, and up to four of them together were planned): plan for larger GPUs with "
-                "--gpu_memory_gib")  # fmt: skip
+        cached = "the cached reference, " if "cached" in advisor.levers() else ""
+        return (f"no change this run can make fits a {gpu_gib:.1f} GiB GPU on up to {MAX_NODES} nodes ({cached}fewer "
+                f"tokens per micro-batch, activation checkpointing, ZeRO-3, FSDP2, sequence parallelism within a node, "
+                f"more nodes, LoRA, max_length down to {MIN_MAX_LENGTH}, and up to four of them together were "
+                "planned): plan for larger GPUs with --gpu_memory_gib")  # fmt: skip
     listed = "; ".join(f"[{i}] {o.text()}" for i, o in enumerate(options, 1))
     return f"these fit: {listed}"
