@@ -53,10 +53,11 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
+# OLMo 3 7B's shape, its 65,536 positions included (Olmo3Config's default, 2048, is refused at the think recipe's 16K)
 WIDTH = dict(hidden_size=4096, intermediate_size=11008, num_attention_heads=32, num_key_value_heads=32,
-             sliding_window=4096, vocab_size=100_278)  # fmt: skip
+             sliding_window=4096, vocab_size=100_278, max_position_embeddings=65536)  # fmt: skip
 TINY = dict(hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2, sliding_window=64,
-            num_hidden_layers=2)  # fmt: skip
+            num_hidden_layers=2, max_position_embeddings=65536)  # fmt: skip
 TINY_EVERY = 2  # --tiny checkpoints 1 layer in 2 (of its 2: layer 0), on both sides
 DATA = {  # max_length, token budget per micro-batch, pairs per step
     "think": (16384, 65536, 32),
@@ -91,8 +92,7 @@ def write_model(folder: Path, layers: int, tiny: bool) -> None:
     tokenizer.save_pretrained(folder)
     spec = {**TINY, "vocab_size": len(tokenizer)} if tiny else {**WIDTH, "num_hidden_layers": layers}
     config = Olmo3Config(pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
-                         max_position_embeddings=65536, layer_types=layer_types(spec["num_hidden_layers"]),
-                         **spec)  # fmt: skip
+                         layer_types=layer_types(spec["num_hidden_layers"]), **spec)  # fmt: skip
     torch.manual_seed(0)
     with torch.device("cpu"):
         AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16).save_pretrained(folder)

@@ -65,6 +65,25 @@ def test_lora_trains_an_adapter_against_the_disabled_base_and_can_merge(tmp_path
     assert hub.run_folder_problems(out) == []  # pushable like any run
 
 
+def test_lora_with_a_live_reference_trains_what_the_cached_reference_trains(tmp_path, tiny_model_dir):
+    """`--precompute_ref_log_probs false` under LoRA: the live reference is the policy with its adapter disabled, run
+    on the same packed rows. Were the adapter left on, the rewards would stay 0 and the loss ln 2 from step 2 on."""
+    args = ["--dataset_name", first_pairs(tmp_path, 4), "--max_steps", "4", "--logging_steps", "1", "--save_strategy",
+            "no", "--use_peft", "true", "--lora_r", "8", "--lora_target_modules", "q_proj", "v_proj"]  # fmt: skip
+    cached, _ = train(tmp_path, tiny_model_dir, *args, out="cached")
+    live, _ = train(tmp_path, tiny_model_dir, *args, "--precompute_ref_log_probs", "false", out="live")
+    forward = json.loads((live / "resolved_config.json").read_text())["derived"]["forward"]
+    assert forward["packed"], forward
+    want, got = read_metrics(cached), read_metrics(live)
+    assert [r["step"] for r in got] == [r["step"] for r in want] == [1, 2, 3, 4]
+    for a, b in zip(want, got, strict=True):
+        for metric in ("loss", "rewards/margins", "grad_norm", "logps/chosen"):
+            assert abs(b[metric] - a[metric]) <= 1e-4 * max(1, abs(a[metric])), (a["step"], metric)
+    assert abs(got[-1]["rewards/margins"]) > 1e-3  # the reference and the policy have parted: the check can fail
+    wa, wb = load_file(cached / "adapter_model.safetensors"), load_file(live / "adapter_model.safetensors")
+    assert max(float((wa[k] - wb[k]).abs().max()) for k in wa) <= 1e-5
+
+
 def test_skip_invalid_drops_and_counts_rows(tmp_path, tiny_model_dir):
     rows = [json.loads(line) for line in (ROOT / "data" / "smoke_prefs.jsonl").read_text().splitlines()][:40]
     rows[5]["chosen"] = None
