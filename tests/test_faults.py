@@ -307,6 +307,30 @@ def test_a_full_disk_during_a_save_is_one_line_and_the_earlier_checkpoint_is_kep
     assert_same_weights(kept, baseline)
 
 
+@pytest.mark.slow
+def test_a_reference_cache_without_room_costs_only_the_saving(baseline, tmp_path, tiny_model_dir, pairs):
+    """DPOTRAIN_CACHE on a disk with no room left: the reference stage warns once and scores every pair, and training
+    goes on with the scores in memory to the uninterrupted run's weights; nothing half-written is left in the cache."""
+    cache = tmp_path / "cache"
+    prefix, preexec = small_disk(cache, 1)
+    if preexec is not None:  # a file-size limit would fail the run's own checkpoints too, not the cache alone
+        pytest.skip("needs a tmpfs mounted in a mount namespace of its own (root, unshare)")
+    fill = ["sh", "-c", 'head -c 4000000 /dev/zero > "$0/filler" 2>/dev/null; exec "$@"', str(cache)]  # no room left
+    out = tmp_path / "run"
+    result = train(out, tiny_model_dir, pairs, "--reference_save_seconds", "0", prefix=[*prefix, *fill],
+                   interpreter=PYTHON, env={"DPOTRAIN_CACHE": str(cache)})  # fmt: skip
+    assert result.returncode == 0 and "Traceback" not in result.stdout, result.stdout[-3000:]
+    warning = f"warning: the reference cache could not be written in {cache}/reference/"
+    assert result.stdout.count(warning) == 1, result.stdout[-3000:]  # once, though every round tried to save
+    assert "(No space left on device): scoring and training go on with the scores in memory" in result.stdout
+    assert "48 scored, not cached (No space left on device in " in result.stdout, result.stdout[-3000:]
+    record = json.loads((out / "resolved_config.json").read_text())["derived"]["reference"]
+    assert record["train"]["not_cached"] == "No space left on device", record
+    assert_same_weights(out, baseline)
+    left = [p.name for p in (tmp_path / "cache.kept").rglob("*") if p.is_file()]
+    assert left == ["filler"], left
+
+
 def test_a_checkpoint_without_a_manifest_still_resumes(baseline, tmp_path, tiny_model_dir, pairs):
     """Checkpoints written before manifests existed: their COMPLETE mark is all there is to go by."""
     out = unfinished(baseline, tmp_path)

@@ -122,10 +122,14 @@ class Store:
 
     Files are synced to disk before and after they are renamed into place, so a crash (a node losing power, a kill
     during a write) leaves either the old file or the new one. A file damaged anyway (a full disk, a file system that
-    lost its last writes) is named in a warning, removed, and its pairs are scored again: it never stops a start."""
+    lost its last writes) is named in a warning, removed, and its pairs are scored again: it never stops a start.
+
+    A write the cache cannot take (a full disk, a quota) costs only the saving: the scores are in memory, so the stage
+    and training go on, and a later run (a requeue too) scores what was not saved again. `unsaved` says why."""
 
     def __init__(self, folder: Path, pairs: int):
         self.folder, self.pairs = folder, pairs
+        self.unsaved: str | None = None
 
     @classmethod
     def for_identity(cls, ident: dict) -> "Store":
@@ -168,18 +172,34 @@ class Store:
 
     def write_complete(self, ident: dict, chosen: np.ndarray, rejected: np.ndarray, digests: np.ndarray) -> None:
         """With each pair's digest: a later run whose data changed in part reuses the pairs it shares (`reuse.py`)."""
-        self._write(COMPLETE, chosen=chosen, rejected=rejected, digests=digests)
-        write_text(self.folder / "identity.json", json.dumps(ident, indent=1) + "\n")
+        if self._write(COMPLETE, chosen=chosen, rejected=rejected, digests=digests):
+            try:  # only other runs read it, to share pairs: without it they score their own
+                write_text(self.folder / "identity.json", json.dumps(ident, indent=1) + "\n")
+            except OSError as e:
+                self._not_saved(e)
 
     def remove_parts(self, attempt: str | None = None, rank: int | None = None) -> None:
         pattern = "part-*.npz" if attempt is None else f"part-{attempt}-r{rank}.npz"
         for path in self.folder.glob(pattern):
             path.unlink(missing_ok=True)
 
-    def _write(self, name: str, **arrays) -> None:
+    def _write(self, name: str, **arrays) -> bool:
         # Renamed into place, data and name synced to disk before the run goes on (or deletes the parts it merged).
-        with replacing(self.folder / name, "wb") as f:
-            np.savez(f, **arrays)
+        try:
+            with replacing(self.folder / name, "wb") as f:
+                np.savez(f, **arrays)
+            return True
+        except OSError as e:  # `replacing` has removed its temporary file: nothing half-written is left
+            self._not_saved(e)
+            return False
+
+    def _not_saved(self, error: OSError) -> None:
+        if self.unsaved is None:  # once per process: a full disk stays full
+            print(f"warning: the reference cache could not be written in {self.folder} ({error.strerror or error}): "
+                  "scoring and training go on with the scores in memory, and a later run (a requeue too) scores the "
+                  "unsaved pairs again; free space there, or set DPOTRAIN_CACHE to a folder with room",
+                  file=sys.stderr, flush=True)  # fmt: skip
+        self.unsaved = error.strerror or str(error)
 
     def _read(self, path: Path, *names: str) -> list[np.ndarray] | None:
         """The named arrays of `path`; None if it does not exist or is damaged (then warned about and removed)."""
@@ -216,8 +236,13 @@ class Outcome:
     micro_batches: int = 0  # per process (fillers included)
     warmup_seconds: float | None = None  # the first micro-batch: kernels loaded, compiled, tuned
     tokens_per_second: float | None = None  # steady: real tokens over all processes after the first micro-batch
+    unsaved: str | None = None  # why the cache could not be written (this process's), where it could not
 
     def line(self) -> str:
+        if self.stopped and self.unsaved:
+            return (f"reference log-probs ({self.name}): stopped after {self.reused + self.scored:,} of {self.pairs:,} "
+                    f"pairs, not all saved ({self.unsaved} in {self.folder}); the same command scores the unsaved "
+                    "ones again")  # fmt: skip
         if self.stopped:
             return (f"reference log-probs ({self.name}): stopped with {self.reused + self.scored:,} of {self.pairs:,} "
                     f"pairs saved in {self.folder}; the same command scores only the rest")  # fmt: skip
@@ -227,6 +252,9 @@ class Outcome:
         kept = f"{interrupted:,} reused from an interrupted run, " if interrupted else ""
         if self.shared:
             kept += f"{self.shared:,} reused from other runs' caches (the same pairs, model and settings), "
+        if self.unsaved:
+            return (f"reference log-probs ({self.name}): {kept}{self.scored:,} scored, not cached ({self.unsaved} in "
+                    f"{self.folder}): the next run scores them again")  # fmt: skip
         return f"reference log-probs ({self.name}): {kept}{self.scored:,} scored, cached in {self.folder}"
 
     def speed_line(self) -> str | None:
@@ -246,7 +274,8 @@ class Outcome:
         return {"pairs": self.pairs, "reused": self.reused, "reused_from_other_runs": self.shared,
                 "scored": self.scored, "micro_batches": self.micro_batches,
                 "warmup_seconds": None if warmup is None else round(warmup, 3),
-                "tokens_per_second": None if speed is None else round(speed, 1)}  # fmt: skip
+                "tokens_per_second": None if speed is None else round(speed, 1),
+                **({"not_cached": self.unsaved} if self.unsaved else {})}  # fmt: skip
 
 
 class _Progress:
@@ -477,7 +506,8 @@ def run(trainer, dataset, name: str, layout: list[list[list[int]]] | None, stop,
                 if checks.stop_now(j):
                     store.write_part(attempt, accelerator.process_index, *results.on_host())
                     accelerator.wait_for_everyone()
-                    return None, Outcome(name, n, reused, progress.done - reused, True, store.folder, shared=shared)
+                    return None, Outcome(name, n, reused, progress.done - reused, True, store.folder, shared=shared,
+                                         unsaved=store.unsaved)  # fmt: skip
                 batch = prefetch.next()
                 if batch is not None:
                     c, r = trainer.reference_log_probs(scorer, batch)
@@ -493,14 +523,13 @@ def run(trainer, dataset, name: str, layout: list[list[list[int]]] | None, stop,
     finally:
         prefetch.close()
         scorer.train(was_training)
-    mine_index, mine_chosen, mine_rejected = results.on_host()  # waits for the last forward: the clock stops after it
+    scored = results.on_host()  # waits for the last forward: the clock stops after it
     progress.advance(0, 0, force=True)
     speed = progress.speed() if rounds > 1 else None
-
-    _gather_and_keep(accelerator, store, ident, digests, attempt, (mine_index, mine_chosen, mine_rejected), chosen,
-                     rejected)  # fmt: skip
+    _gather_and_keep(accelerator, store, ident, digests, attempt, scored, chosen, rejected)
     outcome = Outcome(name, n, reused, n - reused, False, store.folder, shared=shared, world=world,
-                      micro_batches=rounds, warmup_seconds=progress.warmup, tokens_per_second=speed)  # fmt: skip
+                      micro_batches=rounds, warmup_seconds=progress.warmup, tokens_per_second=speed,
+                      unsaved=store.unsaved)  # fmt: skip
     return _with_columns(dataset, chosen, rejected), outcome
 
 
