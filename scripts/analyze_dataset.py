@@ -264,7 +264,8 @@ def analyze(args: argparse.Namespace) -> int:
     if r["capped"]:
         print(f"Capped at the model's {r['max_length']:,} positions (max_position_embeddings): {target:.1%} coverage "
               f"would need {r['capped']['uncapped']:,}, longer than the model can take")  # fmt: skip
-    report["memory"] = memory_per_gpu(args, recipe_path, tokenizer_name, [*candidates, r["max_length"]])
+    longest = None if args.sample else int(m.total.max(initial=0))  # every pair measured: what reaches the model
+    report["memory"] = memory_per_gpu(args, recipe_path, tokenizer_name, [*candidates, r["max_length"]], longest)
 
     if args.json:
         writes.write_text(args.json, json.dumps(report, indent=1) + "\n")
@@ -321,7 +322,7 @@ def _first_line(e: Exception) -> str:
     return text.splitlines()[0] if text else type(e).__name__
 
 
-def memory_per_gpu(args, recipe_path: str | None, model: str, max_lengths: list[int]) -> dict:
+def memory_per_gpu(args, recipe_path: str | None, model: str, max_lengths: list[int], longest: int | None) -> dict:
     """Whether each max_length asked about (the recipe's, --candidates, the recommendation) fits the recipe's GPUs, and
     which --sequence_parallel_size carries one that does not (dpotrain/plan/long_traces.py): printed, and returned for
     the JSON report. Planned only for a recipe (its engine, processes and GPU memory)."""
@@ -334,7 +335,8 @@ def memory_per_gpu(args, recipe_path: str | None, model: str, max_lengths: list[
     gpu = ["--gpu_memory_gib", str(args.gpu_memory_gib)] if args.gpu_memory_gib else []
     recipe = config.parse_args(["--config", recipe_path, "--dry-run", "--model_name_or_path", model, *gpu])
     world, _ = resolve.world_size(recipe, planning=True)
-    found = long_traces.carrying_groups(recipe, world, from_config(recipe.project.accelerate_config), max_lengths)
+    engine = from_config(recipe.project.accelerate_config)
+    found = long_traces.carrying_groups(recipe, world, engine, max_lengths, longest)
     print(long_traces.line(found), file=sys.stderr if "skipped" in found else sys.stdout)
     return found
 

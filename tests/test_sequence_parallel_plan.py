@@ -328,7 +328,7 @@ def test_the_analyzer_says_which_group_carries_a_max_length(tmp_path):
     result = subprocess.run(
         [python(), str(ROOT / "scripts" / "analyze_dataset.py"), str(ROOT / "data" / "smoke_prefs.jsonl"), "--config",
          "configs/think.yaml", "--tokenizer", str(model), "--gpu_memory_gib", "79.6", "--candidates", "65536",
-         "--sample", "50", "--json", str(report)],
+         "131072", "--sample", "50", "--json", str(report)],
         cwd=ROOT, env={**os.environ, **H100_NODE, "HF_HUB_OFFLINE": "1"}, capture_output=True, text=True, timeout=900,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
@@ -336,6 +336,9 @@ def test_the_analyzer_says_which_group_carries_a_max_length(tmp_path):
     assert memory_report["lengths"]["65536"]["sequence_parallel_size"] == 4, memory_report
     assert memory_report["lengths"]["16384"]["sequence_parallel_size"] == 1, memory_report  # the recipe's own
     assert "max_length 65536 fits with --sequence_parallel_size 4 (~" in result.stdout, result.stdout[-2000:]
+    # Past OLMo 3 7B's 65,536 positions (a sample: the data's longest is not known): training would refuse it
+    assert memory_report["lengths"]["131072"] == {"past_positions": 65536}, memory_report
+    assert "max_length 131072 reaches past the model's 65,536 positions (training refuses it)" in result.stdout
 
 
 def test_a_groups_reference_micro_batch_grows_less_than_one_processs():

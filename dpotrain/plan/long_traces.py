@@ -3,12 +3,14 @@ length it is asked about, for the recipe's GPUs. Each answer is the memory plan 
 makes it) on a copy of the recipe at that max_length, with micro-batches of one whole pair of it (the least a
 micro-batch holds: `--max_tokens_per_microbatch` 2 x max_length, so the answer does not depend on the recipe's
 budget). The groups weighed are those a refusal offers (`sequence_parallel.groups_within`: within a node, splitting
-the heads, under DeepSpeed's engine), smallest first."""
+the heads, under DeepSpeed's engine), smallest first. A length past the model's positions is not planned: training
+refuses it (dpotrain/data/positions.py) where the data's longest sequence reaches that far."""
 
 import copy
 
 from dpotrain.cluster import sequence_parallel
 from dpotrain.cluster.engine import Engine
+from dpotrain.data import positions
 from dpotrain.forwards import choice
 from dpotrain.plan import memory
 from dpotrain.plan.memory_advice import NAMES, node_size
@@ -21,9 +23,10 @@ def group_sizes(engine: Engine, world: int, heads: tuple[int, int]) -> list[int]
     return sequence_parallel.groups_within(node_size(engine), world, heads)
 
 
-def carrying_groups(recipe, world: int, engine: Engine, max_lengths: list[int]) -> dict:
+def carrying_groups(recipe, world: int, engine: Engine, max_lengths: list[int], longest: int | None = None) -> dict:
     """For each max_length, the smallest `sequence_parallel_size` whose plan fits the GPU (1: none needed; None: no
-    group within a node does) and its GiB per GPU; or why nothing was planned (`skipped`)."""
+    group within a node does) and its GiB per GPU, or the model's positions where its sequences would reach past them
+    (`longest`: the data's longest sequence, where every pair was measured); or why nothing was planned (`skipped`)."""
     config, why = memory.load_model_config(recipe)
     if config is None:
         return {"skipped": why}
@@ -34,7 +37,11 @@ def carrying_groups(recipe, world: int, engine: Engine, max_lengths: list[int]) 
     # The forward of lightest masks a GPU run can take without FlashAttention 4 (a dry run weighs the real choice).
     attention = choice.lightest_attention(copy.deepcopy(config), r, cuda=True, varlen=None)
     found = {"engine": NAMES[engine.name], "world_size": world, "attention": attention, "lengths": {}}
+    limit, _ = positions.model_limit(config)
     for length in sorted(set(max_lengths)):
+        if limit and min(length, longest or length) > limit:
+            found["lengths"][length] = {"past_positions": limit}
+            continue
         r.training.max_length, r.project.max_tokens_per_microbatch = length, 2 * length
         found["lengths"][length] = {"sequence_parallel_size": None}
         for n in group_sizes(engine, world, sequence_parallel.head_counts(config)):
@@ -57,8 +64,11 @@ def line(found: dict) -> str:
         return f"Memory per GPU: not planned ({found['skipped']})"
     parts = []
     for length, it in found["lengths"].items():
-        n = it["sequence_parallel_size"]
-        if n == 1:
+        n = it.get("sequence_parallel_size")
+        if "past_positions" in it:
+            parts.append(f"max_length {length} reaches past the model's {it['past_positions']:,} positions (training "
+                         "refuses it)")  # fmt: skip
+        elif n == 1:
             parts.append(f"max_length {length} fits (~{it['gib']} GiB)")
         elif n:
             parts.append(f"max_length {length} fits with --sequence_parallel_size {n} (~{it['gib']} GiB)")
