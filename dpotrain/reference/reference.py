@@ -570,6 +570,8 @@ def _gather_and_keep(accelerator, store, ident, digests, attempt: str, mine: tup
     if accelerator.is_local_main_process:  # every node keeps the result: node-local caches find it on a requeue
         store.write_complete(ident, chosen, rejected, digests)
     accelerator.wait_for_everyone()
+    if not (store.folder / COMPLETE).is_file():  # not saved (a full disk): the parts keep their pairs for a later run
+        return
     store.remove_parts(attempt, accelerator.process_index)
     if accelerator.is_local_main_process:
         store.remove_parts()  # the interrupted attempts' parts, now in complete.npz
