@@ -9,7 +9,7 @@ import os
 import re
 from pathlib import Path
 
-from dpotrain.data import builtin, data, mixture, shapes
+from dpotrain.data import builtin, data, hub_revision, mixture, shapes
 from dpotrain.recipe.config import Recipe
 from dpotrain.recipe.errors import ConfigError
 from dpotrain.train import losses
@@ -78,6 +78,10 @@ def check_options(recipe: Recipe) -> None:
     elif "dataset_test_split" in recipe.given:
         raise ConfigError(f"dataset_test_split {s.dataset_test_split!r} is only used for evaluation: add "
                           "--eval_strategy steps --eval_steps N, or remove dataset_test_split")  # fmt: skip
+    if recipe.project.dataset_revision is not None and not hub_revision.applies(s.dataset_name):
+        reads = "this run reads a mixture" if s.dataset_name is None else f"{s.dataset_name!r} is local"
+        raise ConfigError(f"dataset_revision {recipe.project.dataset_revision!r} names a commit of a Hub data set, and "
+                          f"{reads}: remove dataset_revision")  # fmt: skip
 
 
 def check_model(model: str) -> None:

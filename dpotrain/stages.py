@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dpotrain import options, output_folder, resolve
-from dpotrain.cluster import engine, offline, sequence_parallel
-from dpotrain.data import builtin, cuts, data, data_identity, lengths, mixture, positions, rows
+from dpotrain.cluster import collectives, engine, offline, sequence_parallel
+from dpotrain.data import builtin, cuts, data, data_identity, hub_revision, lengths, mixture, positions, rows
 from dpotrain.forwards import choice, cost, sample
 from dpotrain.plan import memory
 from dpotrain.recipe import config
@@ -137,6 +137,9 @@ def output_checks(recipe, found: Launch, push) -> resolve.OutputPlan:
         training.per_device_train_batch_size * training.gradient_accumulation_steps * found.data_parallel
     )
     plan = resolve.OutputPlan(None, False) if only_reference else resolve.check_output_dir(recipe, pairs)
+    kept = None if plan.start_afresh else hub_revision.keep(recipe, training.output_dir)  # the data's commit
+    if kept and int(os.environ.get("RANK", "0")) == 0:
+        print(f"Resuming on {kept}", flush=True)
     resume.check_partitions(plan.resume_from, found.world)  # ZeRO's optimizer state: on the processes that wrote it
     output_folder.check_plan(training.output_dir, plan.start_afresh)
     if not found.planning:  # a dry run says what it could not decide without them, and the command that decides it
@@ -173,18 +176,30 @@ def load_data(recipe, found: Launch, say: bool = True) -> Data:
     if not found.planning:
         offline.check_job_reachable(recipe, model=False)  # a data set to download: the Hub must answer, within seconds
     checked: dict = {}
-    dataset = data.load_preference_dataset(
-        script.dataset_name, script.dataset_train_split, script.dataset_config, streaming=script.dataset_streaming
-    )
+    revision = recipe.project.dataset_revision  # a Hub data set's commit (pin_data)
+    dataset = data.load_preference_dataset(script.dataset_name, script.dataset_train_split, script.dataset_config,
+                                           revision, streaming=script.dataset_streaming)  # fmt: skip
     if hasattr(dataset, "__len__"):
         dataset = rows.usable_pairs(dataset, skip, checked, "invalid_rows", shape, split=script.dataset_train_split,
                                     say=say, source=script.dataset_name)  # fmt: skip
     eval_dataset = _load_eval(recipe, checked, say)
     steps = resolve.plan_steps(recipe, found.data_parallel, len(dataset) if hasattr(dataset, "__len__") else None)
     if say and not found.planning:  # the data's content, recorded: a rerun on changed data refuses to resume
-        checked["data_identity"] = data_identity.of(script.dataset_name, script.dataset_train_split)
+        checked["data_identity"] = data_identity.of(script.dataset_name, script.dataset_train_split) or (
+            hub_revision.identity(revision))  # fmt: skip
     options.check_plan(steps)
     return Data(dataset, eval_dataset, steps, checked)
+
+
+def pin_data(recipe, found: Launch, state) -> None:
+    """A Hub data set's revision resolved to the commit every rank loads, once, by the main process
+    (dpotrain/data/hub_revision.py); a dry run leaves it (it does not load a Hub data set)."""
+    name = recipe.script.dataset_name
+    if found.planning or mixture.given(mixture.fields_of(recipe)) or not hub_revision.applies(name):
+        return
+    main = state is None or state.is_main_process
+    commit = hub_revision.resolve(name, recipe.project.dataset_revision) if main else None
+    recipe.project.dataset_revision = collectives.broadcast_from_main(commit)
 
 
 def _load_mixture(recipe, found: Launch, say: bool) -> Data:
@@ -216,7 +231,7 @@ def _load_eval(recipe, checked: dict, say: bool):
         checked["eval_sources"] = eval_mix.records
     else:
         eval_dataset = data.load_preference_dataset(script.dataset_name, script.dataset_test_split,
-                                                    script.dataset_config)  # fmt: skip
+                                                    script.dataset_config, recipe.project.dataset_revision)  # fmt: skip
         eval_dataset = rows.usable_pairs(eval_dataset, skip, checked, "invalid_eval_rows", shape, say=say,
                                          split=script.dataset_test_split, source=script.dataset_name)  # fmt: skip
     checked["eval_rows"] = len(eval_dataset)
@@ -476,6 +491,7 @@ def first_half(recipe, found: Launch, state=None) -> FirstHalf:
     """data -> lengths -> forward -> (a dry run: plan) -> memory, before the old run is removed and the model loads
     (TRL loads it with the attention decided here)."""
     say = state is None or state.is_main_process
+    pin_data(recipe, found, state)
     pairs = load_data(recipe, found, say)
     model_path = model_files(recipe, found)
     pair_lengths = measure_lengths(recipe, found, pairs, model_path, state)

@@ -25,6 +25,7 @@ sys.path.insert(0, str(ROOT))  # run as `python scripts/push_to_hub.py` from any
 
 from dotenv import load_dotenv  # noqa: E402
 
+from dpotrain import output_folder  # noqa: E402
 from dpotrain.cluster import offline  # noqa: E402
 from dpotrain.hub import hub, hub_push  # noqa: E402
 from dpotrain.recipe import cli  # noqa: E402
@@ -75,6 +76,11 @@ def main(argv: list[str] | None = None) -> None:
     from huggingface_hub import HfApi
 
     api = HfApi(token=token)
+    # The record of what this script pushes is the run's own file: --overwrite_output_dir replaces it with the rest of
+    # the run, rather than refusing it as a file someone else put there (a run written before runs recorded their
+    # files has no record to add it to).
+    if output_folder.read_manifest(run) is not None:
+        output_folder.claim(run, [hub_push.PUSH_RECORD])
     on_disk = [c for c in checkpoints.checkpoints(run) if (c / checkpoints.MARKER).is_file()]
     failed = []
     if args.checkpoints:

@@ -23,6 +23,7 @@ import torch
 from safetensors import safe_open
 
 from conftest import ROOT, python, run_train
+from dpotrain import output_folder
 from dpotrain.hub.hub_push import PUSH_RECORD, read_pushes
 from hub_server import StandInHub
 
@@ -203,12 +204,20 @@ def test_offline_run_finishes_and_push_to_hub_pushes_it_later(hub, tmp_path, tin
     card = hub.state.repos[REPO]["main"]["README.md"].decode()
     assert "| 2 | [`step-2`]" in card and "| 4 | [`step-4`]" in card
     assert SECRET not in pushed.stdout + pushed.stderr
+    assert PUSH_RECORD in output_folder.read_manifest(out)  # the run's own file, replaced with the run, never refused
 
     again = push_to_hub()  # everything is there: nothing is uploaded twice
     assert again.returncode == 0, again.stdout + again.stderr
     assert len(hub.state.commits) == 3
     assert f"Skipped checkpoint-2: {REPO}@step-2 already holds it" in again.stdout
     assert f"Skipped main: {REPO} already holds this run" in again.stdout
+
+    # The run replaced: its record of pushes goes with it (kept, it would list the old run's revisions on the new
+    # run's model card)
+    replaced = train(hub, tmp_path, tiny_model_dir, "--overwrite_output_dir", "true", "--report_to", "none",
+                     offline=True)[1]  # fmt: skip
+    assert replaced.returncode == 0, replaced.stdout[-3000:]
+    assert not (out / PUSH_RECORD).exists()
 
 
 # --- what is refused, before anything loads ------------------------------------------------------------------------

@@ -585,10 +585,12 @@ def dataset_identity(
             st = f.stat()
             stamp.update(f"{f.relative_to(path) if f != path else ''}:{st.st_size}:{st.st_mtime_ns};".encode())
         return f"local:{path.resolve()}:{split}:{stamp.hexdigest()[:16]}{reading}"
-    return f"hub:{name}:{config or 'default'}:{split}@{_hub_commit(name, revision, local_only)}{reading}"
+    return f"hub:{name}:{config or 'default'}:{split}@{hub_commit(name, revision, local_only)}{reading}"
 
 
-def _hub_commit(name: str, revision: str | None, local_only: bool = False) -> str:
+def hub_commit(name: str, revision: str | None, local_only: bool = False) -> str:
+    """The commit `revision` (default: main) of the Hub data set `name` points to; the revision's name where neither
+    the Hub nor the local Hub cache says (offline, no access, a dry run)."""
     from huggingface_hub import HfApi
     from huggingface_hub.constants import HF_HUB_CACHE
 

@@ -22,7 +22,7 @@ import re
 
 import numpy as np
 
-from dpotrain.data import data, data_identity, lengths, rows
+from dpotrain.data import data, data_identity, hub_revision, lengths, rows
 from dpotrain.recipe.errors import ConfigError
 
 ENTRY_KEYS = ("path", "name", "data_dir", "data_files", "split", "columns", "fraction", "amount")
@@ -82,7 +82,8 @@ def fields_of(recipe) -> dict:
     s, p = recipe.script, recipe.project
     names = ("dataset_name", "dataset_train_split", "dataset_test_split", "dataset_config")
     return {**{n: getattr(s, n) for n in names}, **{n: getattr(p, n) for n in (*TRAIN_FIELDS, *EVAL_FIELDS)},
-            "streaming": p.streaming, "test_split_size": p.test_split_size}  # fmt: skip
+            "streaming": p.streaming, "test_split_size": p.test_split_size,
+            "dataset_revision": p.dataset_revision}  # fmt: skip
 
 
 def parse(values: dict, evaluation: bool = False) -> list[Source] | None:
@@ -374,8 +375,10 @@ def content_changed(recipe, derived: dict) -> str | None:
     mixture's `data_sources` with each local source's files), or None."""
     sources = parse(fields_of(recipe))
     if sources is None:
-        s = recipe.script
-        return data_identity.changed(derived.get("data_identity"), s.dataset_name, s.dataset_train_split)
+        s, old = recipe.script, derived.get("data_identity")
+        if isinstance(old, dict) and hub_revision.KEY in old:  # a Hub data set, by its commit
+            return hub_revision.changed(old[hub_revision.KEY], s.dataset_name, recipe.project.dataset_revision)
+        return data_identity.changed(old, s.dataset_name, s.dataset_train_split)
     recorded = {r["source"]: (r.get("identity") or {}).get("files") for r in derived.get("data_sources") or []}
     for source in sources:
         if source.local and recorded.get(source.spec()):
@@ -396,8 +399,8 @@ def dataset_id_of(values: dict, seed: int, hh_format: str, local_only: bool = Fa
     sources = parse(values)
     if sources is None:
         return lengths.dataset_identity(values["dataset_name"], values["dataset_train_split"],
-                                        values.get("dataset_config"), local_only=local_only,
-                                        hh_format=hh_format)  # fmt: skip
+                                        values.get("dataset_config"), values.get("dataset_revision"),
+                                        local_only=local_only, hh_format=hh_format)  # fmt: skip
     parts = [[lengths.dataset_identity(s.file or s.path, s.split, s.name, local_only=local_only, hh_format=hh_format),
               s.spec(), s.written(), s.columns] for s in sources]  # fmt: skip
     digest = hashlib.sha256(json.dumps([parts, seed], default=str).encode()).hexdigest()[:16]

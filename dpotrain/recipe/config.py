@@ -99,6 +99,13 @@ class ProjectArguments:
             "<output_dir>/merged/ (the adapter itself is always saved in output_dir)."
         },
     )
+    dataset_revision: str | None = field(
+        default=None,
+        metadata={
+            "help": "A Hub data set's commit, branch or tag to train on. Default: the commit `main` points to when the "
+            "run starts; a resumed run keeps the commit it started on, wherever `main` has moved since."
+        },
+    )
     skip_invalid: bool = field(
         default=False,
         metadata={

@@ -1,0 +1,63 @@
+"""The commit of a Hub data set a run trains on: decided once, when the run first starts, and kept by every resume.
+
+A Hub data set's `main` moves whenever its owners push. A run preempted mid-epoch and requeued after such a push would
+go on with other pairs than those its step plan and reference log-probs were made for, and nothing would say so. So
+the run resolves `dataset_revision` (default: `main`) to a commit on its main process (every rank then loads the same
+commit), loads the data set at that commit, and records it in resolved_config.json (`derived.data_identity`). A
+resumed run loads the recorded commit again, wherever `main` is by then; a `dataset_revision` given on the resume that
+names another commit is another data set, refused as changed data are. A local data set is known by its files'
+content instead (data_identity.py). The sources of a mixture are recorded by commit, not pinned (docs/data.md)."""
+
+import json
+import re
+from pathlib import Path
+
+from dpotrain.data import data, lengths
+
+KEY = "hub_commit"  # derived.data_identity's field for a Hub data set
+COMMIT = re.compile(r"[0-9a-f]{40}")
+
+
+def applies(name: str | None) -> bool:
+    """A single data set read from the Hub (not a local file or folder)."""
+    return bool(name) and not data.is_local(name)
+
+
+def resolve(name: str, revision: str | None) -> str | None:
+    """The commit `revision` (default: main) points to now; the revision itself where the Hub cannot say (offline: the
+    local Hub cache's refs are read first), so that the run still loads what it was asked for."""
+    found = lengths.hub_commit(name, revision)
+    return found if COMMIT.fullmatch(found) else revision
+
+
+def identity(revision: str | None) -> dict | None:
+    """What the run records of a Hub data set: the commit it loaded (nothing where it loaded a name, not a commit)."""
+    return {KEY: revision} if revision and COMMIT.fullmatch(revision) else None
+
+
+def keep(recipe, output_dir: str) -> str | None:
+    """A continued run (its resolved_config.json in `output_dir`) loads the commit it started on, unless a revision is
+    given (then `changed` has compared it): sets `dataset_revision` and returns the line that says so."""
+    name, given = recipe.script.dataset_name, recipe.project.dataset_revision
+    if given is not None or not applies(name):
+        return None
+    try:
+        recorded = json.loads((Path(output_dir) / "resolved_config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    commit = ((recorded.get("derived") or {}).get("data_identity") or {}).get(KEY)
+    if not commit:
+        return None
+    recipe.project.dataset_revision = commit
+    return f"{name}: commit {commit[:12]}, the one this run started on (dataset_revision)"
+
+
+def changed(recorded: str, name: str, given: str | None) -> str | None:
+    """How a `dataset_revision` given on a resume differs from the commit the run trained on; None when none is given
+    (the run keeps its commit) or it names that commit."""
+    if given is None:
+        return None
+    now = given if COMMIT.fullmatch(given) else lengths.hub_commit(name, given)
+    if now == recorded or not COMMIT.fullmatch(now):  # the same commit, or one the Hub cannot name here
+        return None
+    return f"{name} at {given} is commit {now[:12]}, the run trained on commit {recorded[:12]}"
