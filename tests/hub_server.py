@@ -10,6 +10,7 @@ Data set repos are served for reading, as `datasets.load_dataset(repo, revision=
 them: the repo's info at a revision, its tree, paths-info, and its files (HEAD and GET, byte ranges). A test makes
 their history with `state.add_dataset_commit(repo, {path: bytes}, branch="main") -> sha`: each call one commit
 holding exactly those files, the branch moving to it and earlier commits staying readable by their sha.
+`state.project_requests()` is `state.requests` less the libraries' own (LIBRARY_OWN, TRL's telemetry HEAD).
 
 Faults are injected per (kind, revision): `fail` answers 500 (with `Retry-After: 0`, which huggingface_hub honours
 after one second) a number of times (-1: always); `hold` runs a function before answering (to delay an upload until
@@ -81,10 +82,9 @@ def tree_entries(files: dict[str, bytes]) -> list[dict]:
 
 def in_folder(path: str, folder: str, recursive: bool) -> bool:
     """Whether `path` is listed under `folder` ("" for the root): its children, or with `recursive` everything in it."""
-    inside = path[len(folder) + 1 :] if folder else path
     if folder and not path.startswith(f"{folder}/"):
         return False
-    return recursive or "/" not in inside
+    return recursive or "/" not in (path[len(folder) + 1 :] if folder else path)
 
 
 def byte_range(header: str | None, size: int) -> tuple[int, int] | None:
