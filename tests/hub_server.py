@@ -6,6 +6,12 @@ whoami, the write auth-check, repo creation, branches (create, list), the tree o
 for model cards. Repos live in memory: {repo: {branch: {path: bytes}}}. Anything else is answered 404 and recorded,
 so a test sees a request it did not expect.
 
+Data set repos are served for reading, as `datasets.load_dataset(repo, revision=...)` and `HfApi().dataset_info` read
+them: the repo's info at a revision, its tree, paths-info, and its files (HEAD and GET, byte ranges). A test makes
+their history with `state.add_dataset_commit(repo, {path: bytes}, branch="main") -> sha`: each call one commit
+holding exactly those files, the branch moving to it and earlier commits staying readable by their sha.
+`state.project_requests()` is `state.requests` less the libraries' own (LIBRARY_OWN, TRL's telemetry HEAD).
+
 Faults are injected per (kind, revision): `fail` answers 500 (with `Retry-After: 0`, which huggingface_hub honours
 after one second) a number of times (-1: always); `hold` runs a function before answering (to delay an upload until
 something happened on disk).
@@ -20,8 +26,14 @@ import threading
 import time
 from urllib.parse import parse_qs, unquote, urlparse
 
+import yaml
+
 GITATTRIBUTES = b"*.safetensors filter=lfs diff=lfs merge=lfs -text\n"  # a new repo's first commit
 REPO = r"(?P<repo>[^/]+/[^/]+)"
+# huggingface_hub fetches a registry of AI-agent harnesses (for its user agent) once a day, and TRL's trainers report
+# their use (HEAD /api/telemetry/trl/...) unless HF_HUB_DISABLE_TELEMETRY: the libraries' requests, not the project's.
+LIBRARY_OWN = {"/api/agent-harnesses"}
+COMMIT_DATE = "2026-01-01T00:00:00.000Z"  # every data set commit's date: nothing here reads it
 ROUTES = [
     ("GET", r"/api/whoami-v2", "whoami"),
     ("GET", rf"/api/models/{REPO}/auth-check/write", "auth_check"),
@@ -32,6 +44,12 @@ ROUTES = [
     ("POST", rf"/api/models/{REPO}/preupload/(?P<rev>[^/]+)", "preupload"),
     ("POST", rf"/api/models/{REPO}/commit/(?P<rev>[^/]+)", "commit"),
     ("POST", r"/api/validate-yaml", "validate_yaml"),
+    ("HEAD", r"/api/telemetry/.+", "telemetry"),
+    ("GET", rf"/api/datasets/{REPO}(?:/revision/(?P<rev>[^/]+))?", "dataset_info"),
+    ("GET", rf"/api/datasets/{REPO}/tree/(?P<rev>[^/]+)(?:/(?P<path>.*))?", "dataset_tree"),
+    ("POST", rf"/api/datasets/{REPO}/paths-info/(?P<rev>[^/]+)", "dataset_paths_info"),
+    ("HEAD", rf"/datasets/{REPO}/resolve/(?P<rev>[^/]+)/(?P<path>.+)", "dataset_file"),
+    ("GET", rf"/datasets/{REPO}/resolve/(?P<rev>[^/]+)/(?P<path>.+)", "dataset_file"),
 ]
 
 
@@ -52,12 +70,56 @@ def git_blob_id(content: bytes) -> str:
     return hashlib.sha1(b"blob %d\0" % len(content) + content).hexdigest()
 
 
+def tree_entries(files: dict[str, bytes]) -> list[dict]:
+    """Every file and folder of a tree, as the tree and paths-info endpoints list them."""
+    folders = {"/".join(p.split("/")[:i]) for p in files for i in range(1, p.count("/") + 1)}
+    entries = [
+        {"type": "directory", "oid": hashlib.sha1(d.encode()).hexdigest(), "size": 0, "path": d} for d in folders
+    ]
+    entries += [{"type": "file", "oid": git_blob_id(c), "size": len(c), "path": p} for p, c in files.items()]
+    return sorted(entries, key=lambda e: e["path"])
+
+
+def in_folder(path: str, folder: str, recursive: bool) -> bool:
+    """Whether `path` is listed under `folder` ("" for the root): its children, or with `recursive` everything in it."""
+    if folder and not path.startswith(f"{folder}/"):
+        return False
+    return recursive or "/" not in (path[len(folder) + 1 :] if folder else path)
+
+
+def byte_range(header: str | None, size: int) -> tuple[int, int] | None:
+    """[start, end) of a `Range: bytes=a-b` (or `bytes=-n`, the last n bytes) header; None for no range."""
+    ranged = re.fullmatch(r"bytes=(\d*)-(\d*)", header or "")
+    if not ranged or not size or ranged.groups() == ("", ""):
+        return None
+    first, last = ranged.groups()
+    if not first:
+        return max(size - int(last), 0), size
+    return int(first), min(int(last) + 1 if last else size, size)
+
+
+def card_data(files: dict[str, bytes]) -> dict:
+    """The YAML header of the repo's README.md, which the Hub returns as `cardData` ({} without one)."""
+    found = re.match(rb"---\n(.*?)\n---\n", files.get("README.md", b""), re.DOTALL)
+    return (yaml.safe_load(found.group(1)) or {}) if found else {}
+
+
+def flag(query: dict[str, list[str]], name: str) -> bool:
+    """A boolean query or form field as huggingface_hub sends it ("true"/"false", "True"/"False")."""
+    return query.get(name, ["false"])[0].lower() in ("1", "true")
+
+
+def with_commit(entry: dict, sha: str) -> dict:
+    """An entry with the `lastCommit` that `expand` asks for (every path's last commit is the one asked about)."""
+    return {**entry, "lastCommit": {"id": sha, "title": "Upload data", "date": COMMIT_DATE}}
+
+
 class HubState:
     """What the stand-in knows and saw; tests read and set it."""
 
     def __init__(self):
         self.lock = threading.Lock()
-        self.requests: list[dict] = []  # every request: method, kind, path, revision, auth, time
+        self.requests: list[dict] = []  # every request: method, kind, path, query, repo, revision, auth, range, time
         self.commits: list[dict] = []  # every accepted commit: repo, revision, message, files {path: bytes}, deleted
         self.repos: dict[str, dict[str, dict[str, bytes]]] = {}
         self.heads: dict[tuple[str, str], str] = {}  # (repo, branch) -> commit id
@@ -66,9 +128,33 @@ class HubState:
         self.auth_status: dict[str, int] = {}  # repo -> status of its write auth-check (default: 200 if it exists)
         self.fail: dict[tuple[str, str], int] = {}  # (kind, revision) -> failures left (-1: always)
         self.hold: dict[tuple[str, str], object] = {}  # (kind, revision) -> fn() run before answering
+        self.dataset_commits: dict[str, dict[str, dict[str, bytes]]] = {}  # data set repo -> {sha: {path: bytes}}
+        self.dataset_heads: dict[tuple[str, str], str] = {}  # (data set repo, branch) -> sha
+
+    def add_dataset_commit(self, repo: str, files: dict[str, bytes], branch: str = "main") -> str:
+        """A new commit on data set `repo`'s `branch` holding exactly `files` (the whole tree, {path: bytes}); the
+        branch's head moves to it, earlier commits stay readable by their sha. Returns the commit's sha."""
+        with self.lock:
+            commits = self.dataset_commits.setdefault(repo, {})
+            parent = self.dataset_heads.get((repo, branch), "")
+            tree = {path: git_blob_id(content) for path, content in sorted(files.items())}
+            sha = hashlib.sha1(json.dumps([repo, branch, parent, len(commits), tree]).encode()).hexdigest()
+            commits[sha] = dict(files)
+            self.dataset_heads[(repo, branch)] = sha
+        return sha
+
+    def dataset_commit(self, repo: str, revision: str) -> str | None:
+        """The sha a branch name or a known sha of data set `repo` stands for; None if neither."""
+        if revision in self.dataset_commits.get(repo, {}):
+            return revision
+        return self.dataset_heads.get((repo, revision))
 
     def of(self, kind: str) -> list[dict]:
         return [r for r in self.requests if r["kind"] == kind]
+
+    def project_requests(self) -> list[dict]:
+        """Every request but the libraries' own (LIBRARY_OWN, telemetry)."""
+        return [r for r in self.requests if r["path"] not in LIBRARY_OWN and r["kind"] != "telemetry"]
 
 
 class Handler(http.server.BaseHTTPRequestHandler):
@@ -80,6 +166,9 @@ class Handler(http.server.BaseHTTPRequestHandler):
     def do_POST(self):
         self.route("POST")
 
+    def do_HEAD(self):
+        self.route("HEAD")
+
     def route(self, method):
         url = urlparse(self.path)
         body = self.read_body()
@@ -90,8 +179,9 @@ class Handler(http.server.BaseHTTPRequestHandler):
                 break
         params = {k: unquote(v) for k, v in (match.groupdict() if match else {}).items() if v is not None}
         record = {
-            "method": method, "kind": kind, "path": url.path, "repo": params.get("repo"), "revision": params.get("rev"),
-            "auth": self.headers.get("Authorization"), "time": time.time(),
+            "method": method, "kind": kind, "path": url.path, "query": parse_qs(url.query),
+            "repo": params.get("repo"), "revision": params.get("rev"), "auth": self.headers.get("Authorization"),
+            "range": self.headers.get("Range"), "time": time.time(),
         }  # fmt: skip
         with self.state.lock:
             self.state.requests.append(record)
@@ -205,6 +295,62 @@ class Handler(http.server.BaseHTTPRequestHandler):
     def validate_yaml(self, params, body, query):
         self.reply(200, {"errors": [], "warnings": []})
 
+    def telemetry(self, params, body, query):
+        self.reply(200, {})
+
+    # --- data sets, read-only ---
+
+    def dataset_info(self, params, body, query):
+        found = self.dataset_at(params["repo"], params.get("rev", "main"))
+        if found is None:
+            return
+        sha, files = found
+        self.reply(200, {
+            "_id": sha[:24], "id": params["repo"], "author": params["repo"].split("/")[0], "sha": sha,
+            "private": False, "gated": False, "disabled": False, "downloads": 0, "likes": 0, "tags": [],
+            "cardData": card_data(files), "createdAt": COMMIT_DATE, "lastModified": COMMIT_DATE,
+            "siblings": [{"rfilename": path} for path in sorted(files)],
+        })  # fmt: skip
+
+    def dataset_tree(self, params, body, query):
+        found = self.dataset_at(params["repo"], params["rev"])
+        if found is None:
+            return
+        sha, files = found
+        folder = params.get("path", "").strip("/")
+        if folder and folder in files or folder and not any(p.startswith(f"{folder}/") for p in files):
+            return self.reply(404, {"error": f"{folder} is not a folder"}, {"X-Error-Code": "EntryNotFound"})
+        entries = [e for e in tree_entries(files) if in_folder(e["path"], folder, flag(query, "recursive"))]
+        self.reply(200, [with_commit(e, sha) if flag(query, "expand") else e for e in entries])
+
+    def dataset_paths_info(self, params, body, query):
+        found = self.dataset_at(params["repo"], params["rev"])
+        if found is None:
+            return
+        sha, files = found
+        form = parse_qs(body.decode())
+        wanted = {path.strip("/") for path in form.get("paths", [])}
+        entries = [e for e in tree_entries(files) if e["path"] in wanted]
+        self.reply(200, [with_commit(e, sha) if flag(form, "expand") else e for e in entries])
+
+    def dataset_file(self, params, body, query):
+        """A file as /resolve/ serves one kept in git (no LFS, no Xet): the headers hf_hub_download reads, and
+        a byte range when asked for one."""
+        found = self.dataset_at(params["repo"], params["rev"])
+        if found is None:
+            return
+        sha, files = found
+        content = files.get(params["path"])
+        if content is None:
+            headers = {"X-Error-Code": "EntryNotFound", "X-Repo-Commit": sha}
+            return self.reply(404, {"error": f"Entry not found: {params['path']}"}, headers)
+        headers = {"X-Repo-Commit": sha, "ETag": f'"{git_blob_id(content)}"', "Accept-Ranges": "bytes"}
+        span = byte_range(self.headers.get("Range"), len(content))
+        status, (start, end) = (206, span) if span else (200, (0, len(content)))
+        if span:
+            headers["Content-Range"] = f"bytes {start}-{end - 1}/{len(content)}"
+        self.send(status, content[start:end], {"Content-Type": "application/octet-stream", **headers})
+
     # --- helpers ---
 
     def files_at(self, repo, revision):
@@ -218,17 +364,32 @@ class Handler(http.server.BaseHTTPRequestHandler):
             return None
         return branches[revision]
 
+    def dataset_at(self, repo, revision):
+        """(sha, files) of a data set repo at a branch or sha, or None after answering 404 as the Hub does."""
+        if repo not in self.state.dataset_commits:
+            self.reply(404, {"error": "Repository not found"}, {"X-Error-Code": "RepoNotFound"})
+            return None
+        sha = self.state.dataset_commit(repo, revision)
+        if sha is None:
+            self.reply(404, {"error": f"Invalid rev id: {revision}"}, {"X-Error-Code": "RevisionNotFound"})
+            return None
+        return sha, self.state.dataset_commits[repo][sha]
+
     def url(self, repo):
         return f"http://{self.headers.get('Host')}/{repo}"
 
     def reply(self, status, body, headers=None):
-        payload = json.dumps(body).encode()
+        self.send(status, json.dumps(body).encode(), {"Content-Type": "application/json", **(headers or {})})
+
+    def send(self, status, payload: bytes, headers: dict):
+        """Answer with `payload`; a HEAD request gets its headers (Content-Length included) and no body."""
         self.send_response(status)
-        for k, v in {"Content-Type": "application/json", **(headers or {})}.items():
+        for k, v in headers.items():
             self.send_header(k, v)
         self.send_header("Content-Length", str(len(payload)))
         self.end_headers()
-        self.wfile.write(payload)
+        if self.command != "HEAD":
+            self.wfile.write(payload)
 
     def log_message(self, *args):
         pass
