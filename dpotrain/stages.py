@@ -179,6 +179,7 @@ def load_data(recipe, found: Launch, say: bool = True) -> Data:
     revision = recipe.project.dataset_revision  # a Hub data set's commit (pin_data)
     dataset = data.load_preference_dataset(script.dataset_name, script.dataset_train_split, script.dataset_config,
                                            revision, streaming=script.dataset_streaming)  # fmt: skip
+    hub_revision.check_loaded(dataset, script.dataset_name, revision)
     if hasattr(dataset, "__len__"):
         dataset = rows.usable_pairs(dataset, skip, checked, "invalid_rows", shape, split=script.dataset_train_split,
                                     say=say, source=script.dataset_name)  # fmt: skip

@@ -35,7 +35,8 @@ def main(argv: list[str] | None = None) -> None:
     parser = cli.Parser(prog="prefetch.py", description=__doc__.split("\n\n")[0])
     parser.add_argument("--config", help="the recipe the job runs, e.g. configs/think.yaml")
     parser.add_argument("--split", help="the training split (= --dataset_train_split)")
-    parser.add_argument("--revision", help="the data set's revision (branch, tag or commit); default: main")
+    parser.add_argument("--revision", help="the data set's revision (branch, tag or commit); default: the recipe's "
+                        "dataset_revision, else main")  # fmt: skip
     args, overrides = parser.parse_known_args(argv)
     recipe_args = (["--config", args.config] if args.config else []) + overrides
     recipe_args += ["--dataset_train_split", args.split] if args.split else []
@@ -72,7 +73,7 @@ def main(argv: list[str] | None = None) -> None:
     if hub_model:
         fetch_model(model.model_name_or_path, model.model_revision, token)
     for source in hub_data:
-        fetch_dataset(source, args.revision, token)
+        fetch_dataset(source, args.revision or recipe.project.dataset_revision, token)
     offline.check_offline_artifacts(recipe, offline=True)
     home = f" and HF_HOME={os.environ['HF_HOME']}" if os.environ.get("HF_HOME") else ""
     print(f"Ready: a job with HF_HUB_OFFLINE=1{home} finds everything it reads from the Hub.")

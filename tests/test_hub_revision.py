@@ -2,13 +2,18 @@
 recorded, and loaded again by every resume wherever `main` has moved; `dataset_revision` pins it by hand."""
 
 import json
+import os
+import subprocess
 
 import pytest
+from safetensors.torch import load_file
 
-from conftest import ROOT
+from conftest import ROOT, python
 from dpotrain.data import hub_revision
 from dpotrain.recipe.config import parse_args
 from dpotrain.recipe.errors import ConfigError
+from dpotrain.train.metrics import read_metrics
+from dpotrain.train.preemption import STOPPED_EXIT
 
 SMOKE = ["--config", str(ROOT / "configs" / "smoke.yaml")]
 FIRST, SECOND = "1" * 40, "2" * 40
@@ -62,3 +67,61 @@ def test_a_revision_for_data_that_is_not_one_hub_data_set_is_refused(args, refus
         r.script.dataset_name = None  # the mixture replaces the recipe's dataset_name
     with pytest.raises(ConfigError, match=refusal):
         options.check_options(r)
+
+
+# --- a run on a Hub data set whose main moves between attempts (the test Hub stand-in, tests/hub_server.py) ---------
+
+
+@pytest.fixture
+def hub():
+    from hub_server import StandInHub
+
+    server = StandInHub()
+    yield server
+    server.close()
+
+
+def train_online(hub, tmp_path, out, model_dir, *extra, env=None, exit_code=0) -> str:
+    """The smoke recipe on the stand-in's `org/prefs`, as a user runs it where the Hub is reachable."""
+    online = {k: v for k, v in os.environ.items() if k not in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")}
+    online.update(HF_ENDPOINT=hub.endpoint, HF_HOME=str(tmp_path / "hf_home"), HF_TOKEN="",
+                  HF_DATASETS_CACHE=str(tmp_path / "datasets_cache"), **(env or {}))  # fmt: skip
+    args = [*SMOKE, "--dataset_name", "org/prefs", "--model_name_or_path", model_dir, "--output_dir", str(out),
+            "--logging_steps", "1", "--save_steps", "1", "--report_to", "none", *extra]  # fmt: skip
+    result = subprocess.run([python(), str(ROOT / "train_dpo.py"), *args], cwd=ROOT, env=online,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=600)  # fmt: skip
+    assert result.returncode == exit_code, result.stdout[-3000:]
+    return result.stdout
+
+
+def recorded_commit(out) -> str:
+    return json.loads((out / "resolved_config.json").read_text())["derived"]["data_identity"]["hub_commit"]
+
+
+@pytest.mark.slow
+def test_a_run_resumed_after_the_data_sets_main_moved_trains_on_the_commit_it_started_on(hub, tmp_path, tiny_model_dir):
+    pairs = (ROOT / "data" / "smoke_prefs.jsonl").read_text().splitlines(keepends=True)
+    first = hub.state.add_dataset_commit("org/prefs", {"train.jsonl": "".join(pairs[:32]).encode()})  # 4 steps of 8
+    one, run, stop = tmp_path / "one", tmp_path / "run", tmp_path / "stop"
+    train_online(hub, tmp_path, one, tiny_model_dir)  # uninterrupted, on the first commit
+    assert recorded_commit(one) == first
+    stop.touch()  # preempted at step 1 (the reference is the uninterrupted run's, in the same cache)
+    train_online(hub, tmp_path, run, tiny_model_dir, env={"DPOTRAIN_STOP_FILE": str(stop)}, exit_code=STOPPED_EXIT)
+    stop.unlink()
+    second = hub.state.add_dataset_commit("org/prefs", {"train.jsonl": "".join(pairs[32:64]).encode()})  # main moves
+    # Asked to go on with the new commit: other pairs than the checkpoint's, refused as changed data
+    log = train_online(hub, tmp_path, run, tiny_model_dir, "--dataset_revision", second, exit_code=2)
+    assert f"org/prefs at {second} is commit {second[:12]}, the run trained on commit {first[:12]}" in log, log
+
+    log = train_online(hub, tmp_path, run, tiny_model_dir)  # the requeue: the same command
+    assert f"Resuming on org/prefs: commit {first[:12]}, the one this run started on (dataset_revision)" in log, log
+    assert f"Resuming from {run}/checkpoint-1" in log
+    assert recorded_commit(run) == first
+    want, got = (read_metrics(d) for d in (one, run))
+    assert [r["step"] for r in got] == [r["step"] for r in want] == [1, 2, 3, 4]
+    assert all(abs(a["loss"] - b["loss"]) < 1e-6 for a, b in zip(want, got, strict=True))
+    wa, wb = load_file(one / "model.safetensors"), load_file(run / "model.safetensors")
+    assert max(float((wa[k] - wb[k]).abs().max()) for k in wa) < 1e-6
+    # A new run takes main's new commit
+    train_online(hub, tmp_path, tmp_path / "new", tiny_model_dir, "--max_steps", "2", "--save_strategy", "no")
+    assert recorded_commit(tmp_path / "new") == second
