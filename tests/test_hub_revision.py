@@ -3,6 +3,7 @@ recorded, and loaded again by every resume wherever `main` has moved; `dataset_r
 
 import json
 import os
+import shutil
 import subprocess
 
 import pytest
@@ -113,6 +114,8 @@ def test_a_run_resumed_after_the_data_sets_main_moved_trains_on_the_commit_it_st
     log = train_online(hub, tmp_path, run, tiny_model_dir, "--dataset_revision", second, exit_code=2)
     assert f"org/prefs at {second} is commit {second[:12]}, the run trained on commit {first[:12]}" in log, log
 
+    shutil.copytree(run, tmp_path / "offline")  # the same stopped run, resumed below on a node without the Hub
+
     log = train_online(hub, tmp_path, run, tiny_model_dir)  # the requeue: the same command
     assert f"Resuming on org/prefs: commit {first[:12]}, the one this run started on (dataset_revision)" in log, log
     assert f"Resuming from {run}/checkpoint-1" in log
@@ -125,3 +128,7 @@ def test_a_run_resumed_after_the_data_sets_main_moved_trains_on_the_commit_it_st
     # A new run takes main's new commit
     train_online(hub, tmp_path, tmp_path / "new", tiny_model_dir, "--max_steps", "2", "--save_strategy", "no")
     assert recorded_commit(tmp_path / "new") == second
+    # Offline, datasets reads the copy it prepared last (the new commit's) whatever the revision: refused, not trained
+    offline = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+    log = train_online(hub, tmp_path, tmp_path / "offline", tiny_model_dir, env=offline, exit_code=2)
+    assert f"org/prefs: the copy read is not commit {first[:12]}, which this run trains on (" in log, log
