@@ -9,7 +9,7 @@ import subprocess
 import pytest
 from safetensors.torch import load_file
 
-from conftest import ROOT, python
+from conftest import PYTHON, ROOT
 from dpotrain.data import hub_revision
 from dpotrain.recipe.config import parse_args
 from dpotrain.recipe.errors import ConfigError
@@ -89,7 +89,7 @@ def train_online(hub, tmp_path, out, model_dir, *extra, env=None, exit_code=0) -
                   HF_DATASETS_CACHE=str(tmp_path / "datasets_cache"), **(env or {}))  # fmt: skip
     args = [*SMOKE, "--dataset_name", "org/prefs", "--model_name_or_path", model_dir, "--output_dir", str(out),
             "--logging_steps", "1", "--save_steps", "1", "--report_to", "none", *extra]  # fmt: skip
-    result = subprocess.run([python(), str(ROOT / "train_dpo.py"), *args], cwd=ROOT, env=online,
+    result = subprocess.run([PYTHON, str(ROOT / "train_dpo.py"), *args], cwd=ROOT, env=online,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=600)  # fmt: skip
     assert result.returncode == exit_code, result.stdout[-3000:]
     return result.stdout
@@ -132,3 +132,25 @@ def test_a_run_resumed_after_the_data_sets_main_moved_trains_on_the_commit_it_st
     offline = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
     log = train_online(hub, tmp_path, tmp_path / "offline", tiny_model_dir, env=offline, exit_code=2)
     assert f"org/prefs: the copy read is not commit {first[:12]}, which this run trains on (" in log, log
+
+
+@pytest.mark.slow
+def test_a_mixture_whose_hub_source_moved_is_refused_on_resume_not_trained(hub, tmp_path, tiny_model_dir):
+    """A mixture's sources are not pinned: a resume after one of them moved would train other pairs, so it is refused
+    with the source and both commits (a local source beside it, unchanged)."""
+    pairs = (ROOT / "data" / "smoke_prefs.jsonl").read_text().splitlines(keepends=True)
+    first = hub.state.add_dataset_commit("org/prefs", {"train.jsonl": "".join(pairs[:16]).encode()})
+    local = tmp_path / "local.jsonl"
+    local.write_text("".join(pairs[16:32]))
+    mix = ["--dataset_name", "", "--dataset_mixer_list", "org/prefs", "1.0", str(local), "1.0"]
+    run, stop = tmp_path / "run", tmp_path / "stop"
+    train_online(hub, tmp_path, tmp_path / "one", tiny_model_dir, *mix)  # its reference log-probs, cached for `run`
+    stop.touch()  # preempted at step 1, after its checkpoint
+    train_online(hub, tmp_path, run, tiny_model_dir, *mix, env={"DPOTRAIN_STOP_FILE": str(stop)},
+                 exit_code=STOPPED_EXIT)  # fmt: skip
+    assert (run / "checkpoint-1").is_dir()
+    stop.unlink()
+    second = hub.state.add_dataset_commit("org/prefs", {"train.jsonl": "".join(pairs[32:48]).encode()})
+    log = train_online(hub, tmp_path, run, tiny_model_dir, *mix, exit_code=2)
+    assert (f"dataset content: org/prefs [train]: its main moved to commit {second[:12]} since the run read commit "
+            f"{first[:12]} (a mixture's sources are not pinned)") in log, log  # fmt: skip

@@ -6,7 +6,8 @@ the run resolves `dataset_revision` (default: `main`) to a commit on its main pr
 commit), loads the data set at that commit, and records it in resolved_config.json (`derived.data_identity`). A
 resumed run loads the recorded commit again, wherever `main` is by then; a `dataset_revision` given on the resume that
 names another commit is another data set, refused as changed data are. A local data set is known by its files'
-content instead (data_identity.py). The sources of a mixture are recorded by commit, not pinned (docs/data.md)."""
+content instead (data_identity.py). The Hub sources of a mixture are recorded by commit, not pinned: a resume after
+one moved is refused (`moved`)."""
 
 import json
 import re
@@ -75,4 +76,16 @@ def check_loaded(dataset, name: str, revision: str | None) -> None:
         f"{name}: the copy read is not commit {revision[:12]}, which this run trains on ({Path(files[0]).parent}), "
         "as datasets reads the copy cached last when HF_HUB_OFFLINE is set: fetch that commit where the Hub is "
         f"reachable (python scripts/prefetch.py --config <recipe> --revision {revision}), or start a new run"
+    )
+
+
+def moved(recorded: str, now: str) -> str | None:
+    """How a mixture's Hub source moved since the run read it (`lengths.dataset_identity` strings, `...@<commit>`);
+    None where it did not, or where the commit cannot be told here (offline, without the Hub cache's refs)."""
+    old, new = recorded.rsplit("@", 1)[-1][:40], now.rsplit("@", 1)[-1][:40]
+    if old == new or not (COMMIT.fullmatch(old) and COMMIT.fullmatch(new)):
+        return None
+    return (
+        f"its main moved to commit {new[:12]} since the run read commit {old[:12]} (a mixture's sources are not "
+        "pinned): start a new run (--overwrite_output_dir, or another --output_dir)"
     )

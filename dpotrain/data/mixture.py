@@ -372,19 +372,22 @@ def identity_of(source: Source) -> dict:
 
 def content_changed(recipe, derived: dict) -> str | None:
     """How the training data's content differs from the run's record (`derived`: one source's `data_identity`, a
-    mixture's `data_sources` with each local source's files), or None."""
+    mixture's `data_sources` with each local source's files and each Hub source's commit), or None."""
     sources = parse(fields_of(recipe))
     if sources is None:
         s, old = recipe.script, derived.get("data_identity")
         if isinstance(old, dict) and hub_revision.KEY in old:  # a Hub data set, by its commit
             return hub_revision.changed(old[hub_revision.KEY], s.dataset_name, recipe.project.dataset_revision)
         return data_identity.changed(old, s.dataset_name, s.dataset_train_split)
-    recorded = {r["source"]: (r.get("identity") or {}).get("files") for r in derived.get("data_sources") or []}
+    recorded = {r["source"]: r.get("identity") or {} for r in derived.get("data_sources") or []}
     for source in sources:
-        if source.local and recorded.get(source.spec()):
-            why = data_identity.changed(recorded[source.spec()], source.local, source.split)
-            if why:
-                return f"{source.spec()}: {why}"
+        was, why = recorded.get(source.spec(), {}), None
+        if source.local and was.get("files"):
+            why = data_identity.changed(was["files"], source.local, source.split)
+        elif not source.local and was.get("revision"):  # a Hub source is not pinned: its main must not have moved
+            why = hub_revision.moved(was["revision"], identity_of(source)["revision"])
+        if why:
+            return f"{source.spec()}: {why}"
     return None
 
 
