@@ -58,7 +58,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--split", "--dataset_train_split", help="split to analyse [the recipe's dataset_train_split, else "
                    "train]")  # fmt: skip
     p.add_argument("--dataset_config", help="the Hub data set's configuration (subset) [the recipe's dataset_config]")
-    p.add_argument("--revision", help="Hub data set revision (branch, tag or commit)")
+    p.add_argument("--revision", help="Hub data set revision (branch, tag or commit); default: the recipe's "
+                   "dataset_revision, else main")  # fmt: skip
     p.add_argument("--sample", type=int, help="analyse N rows drawn with --seed instead of every row")
     p.add_argument("--seed", type=int, default=42, help="for --sample and the shuffled-batch padding figures [42]")
     p.add_argument(
@@ -180,6 +181,8 @@ def analyze(args: argparse.Namespace) -> int:
     mixed = not args.dataset and mixture.given(recipe)  # a mixture: read as training reads it, then measured
     name = recipe_path if mixed else args.dataset or recipe.get("dataset_name") or DEFAULT_DATASET
     split = args.split or recipe.get("dataset_train_split") or "train"
+    if not args.dataset:  # the recipe's data set at the recipe's commit, as training reads it
+        args.revision = args.revision or recipe.get("dataset_revision")
     tokenizer_name = args.tokenizer or recipe.get("model_name_or_path")
     if not tokenizer_name:
         raise ConfigError(f"no tokenizer for {name!r}: pass --tokenizer NAME_OR_PATH or --config configs/<recipe>.yaml")
