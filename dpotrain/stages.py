@@ -165,7 +165,7 @@ class Data:
         return {**self.checked, **self.steps}
 
 
-def load_data(recipe, found: Launch, say: bool = True) -> Data:
+def load_data(recipe, found: Launch, say: bool = True, state=None) -> Data:
     """The data set loaded and every row checked before a model loads (a streamed data set is not: it is read once, by
     the trainer); a dry run loads a local data set the same way, and leaves one on the Hub for the run."""
     script, skip, shape = recipe.script, recipe.project.skip_invalid, recipe.project.hh_format
@@ -175,6 +175,7 @@ def load_data(recipe, found: Launch, say: bool = True) -> Data:
         return Data(None, None, resolve.plan_steps(recipe, found.data_parallel, None), {})
     if not found.planning:
         offline.check_job_reachable(recipe, model=False)  # a data set to download: the Hub must answer, within seconds
+        pin_data(recipe, found, state)
     checked: dict = {}
     revision = recipe.project.dataset_revision  # a Hub data set's commit (pin_data)
     dataset = data.load_preference_dataset(script.dataset_name, script.dataset_train_split, script.dataset_config,
@@ -492,8 +493,7 @@ def first_half(recipe, found: Launch, state=None) -> FirstHalf:
     """data -> lengths -> forward -> (a dry run: plan) -> memory, before the old run is removed and the model loads
     (TRL loads it with the attention decided here)."""
     say = state is None or state.is_main_process
-    pin_data(recipe, found, state)
-    pairs = load_data(recipe, found, say)
+    pairs = load_data(recipe, found, say, state)
     model_path = model_files(recipe, found)
     pair_lengths = measure_lengths(recipe, found, pairs, model_path, state)
     forward = decide_forward(recipe, found, model_path, pair_lengths)
