@@ -77,8 +77,8 @@ def main(argv: list[str] | None = None) -> None:
 
     api = HfApi(token=token)
     # The record of what this script pushes is the run's own file: --overwrite_output_dir replaces it with the rest of
-    # the run, rather than refusing it as a file someone else put there (a run written before runs recorded their
-    # files has no record to add it to).
+    # the run, rather than keeping it as a user's file that the next run's pushes would be added to (a run written
+    # before runs recorded their files has no record to add it to).
     if output_folder.read_manifest(run) is not None:
         output_folder.claim(run, [hub_push.PUSH_RECORD])
     on_disk = [c for c in checkpoints.checkpoints(run) if (c / checkpoints.MARKER).is_file()]
