@@ -202,7 +202,6 @@ def test_offline_run_finishes_and_push_to_hub_pushes_it_later(hub, tmp_path, tin
     card = hub.state.repos[REPO]["main"]["README.md"].decode()
     assert "| 2 | [`step-2`]" in card and "| 4 | [`step-4`]" in card
     assert SECRET not in pushed.stdout + pushed.stderr
-    assert PUSH_RECORD in output_folder.read_manifest(out)  # the run's own file, replaced with the run, never refused
 
     again = push_to_hub()  # everything is there: nothing is uploaded twice
     assert again.returncode == 0, again.stdout + again.stderr
@@ -210,10 +209,23 @@ def test_offline_run_finishes_and_push_to_hub_pushes_it_later(hub, tmp_path, tin
     assert f"Skipped checkpoint-2: {REPO}@step-2 already holds it" in again.stdout
     assert f"Skipped main: {REPO} already holds this run" in again.stdout
 
-    # The run replaced: its record of pushes goes with it (kept, it would list the old run's revisions on the new
-    # run's model card)
-    replaced = train(hub, tmp_path, tiny_model_dir, "--overwrite_output_dir", "true", "--report_to", "none",
-                     offline=True)[1]  # fmt: skip
+
+def test_a_run_pushed_only_by_the_script_owns_its_record_of_pushes(hub, tmp_path, tiny_model_dir):
+    """A run trained without pushing, pushed later by scripts/push_to_hub.py: the record the script writes is the
+    run's, so replacing the run replaces it too (kept as a user's file, the next run's pushes would join the old
+    run's in it, and its model card would list the old revisions)."""
+    out = tmp_path / "run"
+    args = ["--config", SMOKE, "--model_name_or_path", tiny_model_dir, "--output_dir", str(out), "--max_steps", "2",
+            "--save_strategy", "no", "--report_to", "none"]  # fmt: skip
+    trained = run_train(args, env=env_for(hub, tmp_path, offline=True), timeout=300)
+    assert trained.returncode == 0, trained.stdout[-3000:]
+    assert PUSH_RECORD not in output_folder.read_manifest(out)
+    pushed = subprocess.run([python(), str(ROOT / "scripts" / "push_to_hub.py"), str(out), "--repo-id", REPO],
+                            cwd=tmp_path, env={**os.environ, **env_for(hub, tmp_path, HF_TOKEN=SECRET)},
+                            capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert pushed.returncode == 0 and (out / PUSH_RECORD).is_file(), pushed.stdout + pushed.stderr
+    assert PUSH_RECORD in output_folder.read_manifest(out)
+    replaced = run_train([*args, "--overwrite_output_dir", "true"], env=env_for(hub, tmp_path, offline=True))
     assert replaced.returncode == 0, replaced.stdout[-3000:]
     assert not (out / PUSH_RECORD).exists()
 
