@@ -175,7 +175,7 @@ def load_data(recipe, found: Launch, say: bool = True, state=None) -> Data:
         return Data(None, None, resolve.plan_steps(recipe, found.data_parallel, None), {})
     if not found.planning:
         offline.check_job_reachable(recipe, model=False)  # a data set to download: the Hub must answer, within seconds
-        pin_data(recipe, found, state)
+        pin_data(recipe, state)
     checked: dict = {}
     revision = recipe.project.dataset_revision  # a Hub data set's commit (pin_data)
     dataset = data.load_preference_dataset(script.dataset_name, script.dataset_train_split, script.dataset_config,
@@ -193,11 +193,12 @@ def load_data(recipe, found: Launch, say: bool = True, state=None) -> Data:
     return Data(dataset, eval_dataset, steps, checked)
 
 
-def pin_data(recipe, found: Launch, state) -> None:
-    """A Hub data set's revision resolved to the commit every rank loads, once, by the main process
-    (dpotrain/data/hub_revision.py); a dry run leaves it (it does not load a Hub data set)."""
+def pin_data(recipe, state) -> None:
+    """A single Hub data set's revision resolved to the commit every rank loads, once, by the main process
+    (dpotrain/data/hub_revision.py). `load_data` calls it for a run only (a dry run does not load a Hub data set), and
+    after a mixture has gone its own way."""
     name = recipe.script.dataset_name
-    if found.planning or mixture.given(mixture.fields_of(recipe)) or not hub_revision.applies(name):
+    if not hub_revision.applies(name):
         return
     main = state is None or state.is_main_process
     commit = hub_revision.resolve(name, recipe.project.dataset_revision) if main else None

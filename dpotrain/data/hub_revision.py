@@ -26,8 +26,11 @@ def applies(name: str | None) -> bool:
 
 
 def resolve(name: str, revision: str | None) -> str | None:
-    """The commit `revision` (default: main) points to now; the revision itself where the Hub cannot say (offline: the
-    local Hub cache's refs are read first), so that the run still loads what it was asked for."""
+    """The commit `revision` (default: main) points to now (a commit: itself, without asking the Hub); the revision
+    itself where the Hub cannot say (offline: the local Hub cache's refs are read first), so that the run still loads
+    what it was asked for."""
+    if revision and COMMIT.fullmatch(revision):  # a resumed run's recorded commit, or one given by hand
+        return revision
     found = lengths.hub_commit(name, revision)
     return found if COMMIT.fullmatch(found) else revision
 
@@ -59,7 +62,7 @@ def changed(recorded: str, name: str, given: str | None) -> str | None:
     (the run keeps its commit) or it names that commit."""
     if given is None:
         return None
-    now = given if COMMIT.fullmatch(given) else lengths.hub_commit(name, given)
+    now = resolve(name, given)
     if now == recorded or not COMMIT.fullmatch(now):  # the same commit, or one the Hub cannot name here
         return None
     return f"{name} at {given} is commit {now[:12]}, the run trained on commit {recorded[:12]}"

@@ -150,7 +150,7 @@ class _GatherColumns(torch.autograd.Function):
     def backward(ctx, grad):
         import torch.distributed as dist
 
-        grad = grad.contiguous().clone()
+        grad = grad.clone(memory_format=torch.contiguous_format)  # all_reduce works in place, on contiguous memory
         dist.all_reduce(grad, group=_group["group"])
         return grad[:, ctx.cols]
 
