@@ -22,6 +22,7 @@ from pathlib import Path
 import torch
 import yaml
 
+from dpotrain import upstream
 from dpotrain.data.builtin import PROJECT_ROOT
 from dpotrain.recipe.errors import ConfigError
 
@@ -187,7 +188,7 @@ def enable_on_cpu(engine: Engine) -> None:
         # FSDP: the branch of AcceleratorState that sets it up is taken for accelerator types only; it then becomes
         # DistributedType.FSDP. DDP: MULTI_CPU makes accelerate wrap the model in DistributedDataParallel.
         kind = DistributedType.MULTI_GPU if engine.name == "fsdp2" else DistributedType.MULTI_CPU
-        PartialState._shared_state["distributed_type"] = kind
+        upstream.set_distributed_type(kind)
 
 
 def zero3_weights_sha256(model, is_main: bool) -> str | None:
@@ -226,18 +227,18 @@ def start_processes(training, run_engine: Engine):
     every group's timeout back."""
     from datetime import timedelta
 
-    import torch.distributed.distributed_c10d as c10d
+    import torch.distributed as dist
     from accelerate import PartialState
 
     timeout = timedelta(seconds=training.ddp_timeout)
-    c10d.default_pg_timeout = c10d.default_pg_nccl_timeout = timeout
+    upstream.set_default_collective_timeout(timeout)
     # As TrainingArguments would make it (`ddp_backend`: gloo on CPU-only nodes, dpotrain/recipe/config.py; DeepSpeed
     # picks
     # its own).
     backend = None if run_engine.deepspeed else training.ddp_backend
     state = PartialState(timeout=timeout, **({"backend": backend} if backend else {}))
-    if c10d.is_initialized() and c10d.get_rank() == 0:  # torch's rank: accelerate's is not settled yet on CPU
-        held = group_timeouts()[c10d._world.pg_names[c10d._get_default_group()]]
+    if dist.is_initialized() and dist.get_rank() == 0:  # torch's rank: accelerate's is not settled yet on CPU
+        held = group_timeouts()[upstream.default_group_name()]
         print(f"Collective timeout: {held:.0f} s (ddp_timeout) for every process group", flush=True)
     return state
 
@@ -258,12 +259,7 @@ def group_timeouts() -> dict[str, float]:
     """Every process group of this process, by torch's name for it ("0" is the default group), and its collective
     timeout in seconds as torch holds it (the shortest of its backends: NCCL for GPUs, gloo beside it)."""
     import torch.distributed as dist
-    from torch.distributed import distributed_c10d as c10d
 
     if not dist.is_available() or not dist.is_initialized():
         return {}
-    found = {}
-    for group in c10d._world.pg_map:
-        seconds = [group._get_backend(device).options._timeout.total_seconds() for device in group._device_types]
-        found[c10d._world.pg_names.get(group, "?")] = min(seconds)
-    return found
+    return upstream.group_timeouts()

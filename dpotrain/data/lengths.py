@@ -35,8 +35,9 @@ from collections import deque
 from pathlib import Path
 
 import numpy as np
-from trl.data_utils import _tokenize, common_prefix_length, is_conversational
+from trl.data_utils import common_prefix_length, is_conversational
 
+from dpotrain import upstream
 from dpotrain.data import cuts, positions
 from dpotrain.data.rows import ROW_COLUMNS, InvalidRowError, RowFormat, read_row, split_row
 from dpotrain.recipe.config import ProjectArguments
@@ -62,13 +63,13 @@ def row_lengths(example: dict, tokenizer) -> tuple[int, int, int]:
     """(prompt, chosen, rejected) token counts of one split row, by the same calls as DPOTrainer's tokenize_fn."""
     if is_conversational(example):
         kwargs = _template_kwargs(example)
-        prompt_ids = _tokenize(tokenizer, example["prompt"], add_generation_prompt=True, **kwargs)["input_ids"]
-        chosen_ids = _tokenize(tokenizer, example["prompt"] + example["chosen"], **kwargs)["input_ids"]
-        rejected_ids = _tokenize(tokenizer, example["prompt"] + example["rejected"], **kwargs)["input_ids"]
+        prompt_ids = upstream.tokenize(tokenizer, example["prompt"], add_generation_prompt=True, **kwargs)["input_ids"]
+        chosen_ids = upstream.tokenize(tokenizer, example["prompt"] + example["chosen"], **kwargs)["input_ids"]
+        rejected_ids = upstream.tokenize(tokenizer, example["prompt"] + example["rejected"], **kwargs)["input_ids"]
     else:
-        prompt_ids = _tokenize(tokenizer, example["prompt"])["input_ids"]
-        chosen_ids = _tokenize(tokenizer, example["prompt"] + example["chosen"])["input_ids"]
-        rejected_ids = _tokenize(tokenizer, example["prompt"] + example["rejected"])["input_ids"]
+        prompt_ids = upstream.tokenize(tokenizer, example["prompt"])["input_ids"]
+        chosen_ids = upstream.tokenize(tokenizer, example["prompt"] + example["chosen"])["input_ids"]
+        rejected_ids = upstream.tokenize(tokenizer, example["prompt"] + example["rejected"])["input_ids"]
     return _split_lengths(prompt_ids, chosen_ids, rejected_ids)
 
 
@@ -710,9 +711,9 @@ def auto_max_length(
     path)}. Invalid rows raise `InvalidRowError` (a `ConfigError`).
     """
     if dataset_id is None:
-        if getattr(dataset, "_fingerprint", None) is None:
+        if upstream.fingerprint(dataset) is None:
             raise ValueError("a streaming data set has no fingerprint: pass dataset_id=dataset_identity(name, ...)")
-        dataset_id = f"fingerprint:{dataset._fingerprint}"
+        dataset_id = f"fingerprint:{upstream.fingerprint(dataset)}"
     found = cached_auto_max_length(dataset_id, tokenizer, coverage, cache_dir, max_positions)
     if found is not None:
         return found

@@ -31,6 +31,7 @@ import math
 import os
 from dataclasses import asdict, dataclass
 
+from dpotrain import upstream
 from dpotrain.forwards import masks, packing, padded, sequence_parallel, shared_prompt
 from dpotrain.recipe.config import uses_live_reference
 from dpotrain.recipe.errors import ConfigError
@@ -141,7 +142,7 @@ def installed_varlen(cuda: bool) -> str | None:
 
 
 def _packs(config, attn: str) -> bool:
-    config._attn_implementation = attn
+    upstream.set_attn_implementation(config, attn)
     return packing.packing_problem(config) is None
 
 

@@ -25,6 +25,7 @@ uncompiled into an out-of-memory error: at the recompile limit (dynamo raises fo
 import torch
 from transformers import TrainerCallback
 
+from dpotrain import upstream
 from dpotrain.forwards.masks import BLOCK
 from dpotrain.recipe.errors import RunError
 
@@ -55,9 +56,7 @@ def compiled_flex():
 
 def compilations() -> int:
     """How many compiled variants of the flex function this process holds (one per set of guards)."""
-    from torch._dynamo.eval_frame import _debug_get_cache_entry_list
-
-    return len(_debug_get_cache_entry_list(_flex.__code__))
+    return upstream.compilations_of(_flex.__code__)
 
 
 def uncompiled_reason() -> str:

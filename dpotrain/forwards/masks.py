@@ -18,6 +18,8 @@ Two builders of the same rule:
 
 import torch
 
+from dpotrain import upstream
+
 BLOCK = 128  # FlexAttention's default tile: rows for flex are padded to a multiple of it (see the collators)
 CACHE = "_block_masks"  # the batch key under which a micro-batch keeps its block masks
 
@@ -84,7 +86,7 @@ def dense_masks(model, batch: dict):
     """The 4D masks of a shared-prompt batch for sdpa (boolean) or eager (additive), on its device: one per layer kind
     (a dict) where the model has kinds, else one."""
     config = text_config(model)
-    eager = config._attn_implementation == "eager"
+    eager = upstream.attn_implementation(config) == "eager"
     dtype = next(model.parameters()).dtype
 
     def finish(allowed: torch.Tensor) -> torch.Tensor:
@@ -173,7 +175,7 @@ def attention_mask(model, batch: dict):
     """What a packed forward passes as `attention_mask`: block masks for FlexAttention, a dense mask for a shared
     prompt's rows on sdpa/eager, else nothing (transformers finds the packed sequences from the position ids, a varlen
     kernel from `cu_seq_lens_q/k`)."""
-    attn = text_config(model)._attn_implementation
+    attn = upstream.attn_implementation(text_config(model))
     if attn == "flex_attention":
         return block_masks(model, batch)
     if "attention_branch" in batch:

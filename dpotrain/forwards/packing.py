@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 
+from dpotrain import upstream
 from dpotrain.forwards import masks
 
 # Which models may pack. A layer that carries state along a row (linear attention, Mamba/SSM mixers, RWKV) mixes the
@@ -73,7 +74,7 @@ def packing_problem(config) -> str | None:
     once `parity` agrees)."""
     text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
     model_type = config.model_type  # a multimodal wrapper is a type of its own (its text model's type is not enough)
-    attn = attention_name(getattr(config, "_attn_implementation", None))
+    attn = attention_name(upstream.attn_implementation(config))
     if attn not in PACKED_ATTENTION:
         return f"attn_implementation {attn!r} is not one that honours packed sequences ({sorted(PACKED_ATTENTION)})"
     stateful = sorted(set(getattr(text_config, "layer_types", None) or []) - ATTENTION_LAYER_TYPES)

@@ -32,6 +32,7 @@ import threading
 
 import torch
 
+from dpotrain import upstream
 from dpotrain.cluster import sequence_parallel as groups
 from dpotrain.forwards import masks, packing
 
@@ -77,7 +78,7 @@ def set_up(sp_size: int, model) -> None:
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
     config = masks.text_config(model)
-    attention = config._attn_implementation
+    attention = upstream.attn_implementation(config)
     heads, kv_heads = groups.head_counts(model.config)
     rank, world = dist.get_rank(), dist.get_world_size()
     mine = None
@@ -165,7 +166,7 @@ def whole_row_masks(model, batch: dict):
     kernel (it takes the boundaries: `varlen_kwargs`), else the dense masks (sdpa). A dense mask is needed even
     without shared prompts: transformers would build one from the local slice's position ids only, while attention runs
     on the whole rows."""
-    attention = masks.text_config(model)._attn_implementation
+    attention = upstream.attn_implementation(masks.text_config(model))
     if attention == "flex_attention":
         return masks.block_masks(model, batch)
     if packing.one_row(attention):
@@ -179,7 +180,7 @@ def varlen_kwargs(model, batch: dict) -> dict:
     then these, then boundaries inferred from position ids), for the kernel that holds whole rows after the all-to-all;
     none for another attention. Not `seq_idx`: the layers that read it (a hybrid's recurrent ones, refused under a
     group) see only this process's columns."""
-    if not packing.one_row(masks.text_config(model)._attn_implementation):
+    if not packing.one_row(upstream.attn_implementation(masks.text_config(model))):
         return {}
     return {key: batch[key] for key in packing.VARLEN_KEYS}
 

@@ -25,6 +25,7 @@ import math
 import warnings
 from dataclasses import dataclass
 
+from dpotrain import upstream
 from dpotrain.cluster.engine import Engine, from_config
 from dpotrain.cluster.sequence_parallel import head_counts
 from dpotrain.plan.memory_advice import NAMES, advice, node_size
@@ -240,7 +241,7 @@ def _traced_peak(config, layers: int, tokens: int, checkpointing: bool | int) ->
     """The backbone's peak on fake tensors, without parameters: `checkpointing` False, True or every k-th layer."""
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
-    from torch.distributed._tools.mem_tracker import MemTracker, _MemRefType
+    from torch.distributed._tools.mem_tracker import MemTracker
     from transformers import AutoModelForCausalLM
 
     register_trace_attention()
@@ -267,7 +268,7 @@ def _traced_peak(config, layers: int, tokens: int, checkpointing: bool | int) ->
             hidden = model.base_model(input_ids=ids, position_ids=positions, use_cache=False).last_hidden_state
             hidden.backward(torch.ones_like(hidden))
         peak = tracker.get_tracker_snapshot("peak")[torch.device("cpu")]
-    return peak["Total"] - peak[_MemRefType.PARAM]
+    return peak["Total"] - peak[upstream.mem_ref_types().PARAM]
 
 
 def formula_activation_bytes(text, tokens: int, checkpointing: bool | int) -> int:
@@ -308,9 +309,8 @@ def forward_only_multiple(
     width = width or tokens
     local = -(-tokens // n)
     from trl.kernels.chunked_logprob import TOKEN_CHUNK_SIZE
-    from trl.trainer.utils import _CHUNKED_LOGPROB_CHUNK_SIZE
 
-    tile = min(local, TOKEN_CHUNK_SIZE) * _CHUNKED_LOGPROB_CHUNK_SIZE * BF16
+    tile = min(local, TOKEN_CHUNK_SIZE) * upstream.chunked_logprob_chunk_size() * BF16
     exchange = all_to_all_bytes(config, tokens, n)
     training = (formula_activation_bytes(text, local, checkpointing) + tile + local * (h * (BF16 + 4) + 12 * 4)
                 + mask_bytes(attn, tokens, width, config, checkpoint_every(checkpointing) == 1) + exchange)  # fmt: skip
@@ -346,9 +346,8 @@ def lm_head_bytes(shape: ModelShape, tokens: int) -> int:
     and, when the head trains, its weight gradient accumulated in fp32 and cast to bf16. Every token counted as scored
     (only completion tokens are, on CUDA)."""
     from trl.kernels.chunked_logprob import TOKEN_CHUNK_SIZE
-    from trl.trainer.utils import _CHUNKED_LOGPROB_CHUNK_SIZE
 
-    tile = min(tokens, TOKEN_CHUNK_SIZE) * _CHUNKED_LOGPROB_CHUNK_SIZE * BF16
+    tile = min(tokens, TOKEN_CHUNK_SIZE) * upstream.chunked_logprob_chunk_size() * BF16
     per_token = shape.hidden * (BF16 + 4) + 12 * 4
     weight_grad = shape.lm_head * (4 + BF16) if shape.lm_head_trains else 0
     return tile + tokens * per_token + weight_grad

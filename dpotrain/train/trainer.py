@@ -27,8 +27,8 @@ import numpy as np
 import torch
 from transformers import GraniteMoeHybridConfig, TrainerCallback
 from trl import DPOTrainer, get_peft_config, get_quantization_config
-from trl.models import prepare_deepspeed
 
+from dpotrain import upstream
 from dpotrain.cluster import engine
 from dpotrain.cluster import sequence_parallel as groups
 from dpotrain.cluster.collectives import all_reduce_sum, max_over_ranks
@@ -169,7 +169,7 @@ class RecipeDPOTrainer(DPOTrainer):
             self.data_collator = padded.GroupedCollator(self.data_collator)
         # The reference cache's key: the full weights. TRL hashed them in __init__, except under ZeRO-3, where it
         # hashed each rank's empty partition.
-        self.weights_hash = self._precompute_model_hash
+        self.weights_hash = upstream.weights_hash(self)
         if self.engine.name == "zero3" and self.precompute_ref_logps:
             self.weights_hash = engine.zero3_weights_sha256(self.model, self.accelerator.is_main_process)
         # compute_loss weighs each micro-batch by its share of the step's pairs; the Trainer must not divide the
@@ -194,24 +194,19 @@ class RecipeDPOTrainer(DPOTrainer):
         model"), shards it at the root only and frees it at the end of __init__. The reference stage scores with the
         policy, sharded by accelerate (`reference_scorer`), so that load is skipped: minutes and a full host copy for
         a 32B model. Drop this when TRL stops loading it (its precompute under FSDP2 is broken: TRL #6470)."""
-        import trl.trainer.dpo_trainer as dpo
-
         skip = (self.engine.name == "fsdp2" and kwargs["args"].precompute_ref_log_probs
                 and kwargs.get("peft_config") is None and kwargs.get("ref_model") is None)  # fmt: skip
         if not skip:
             yield
             return
-        load, calls = dpo.create_model_from_path, []
+        calls = []
 
         def policy_only(*args, **kw):  # the first call loads the policy, the second the reference copy
             calls.append(args)
             return load(*args, **kw) if len(calls) == 1 else None
 
-        dpo.create_model_from_path = policy_only
-        try:
+        with upstream.patched("trl.trainer.dpo_trainer:create_model_from_path", policy_only) as load:
             yield
-        finally:
-            dpo.create_model_from_path = load
 
     def save_model(self, output_dir=None, _internal_call=False):
         """The final model under FSDP2, as a plain HF folder written once: every rank takes part in gathering the full
@@ -220,7 +215,7 @@ class RecipeDPOTrainer(DPOTrainer):
         (`_internal_call`) stay sharded: each rank writes its own shard (torch.distributed.checkpoint)."""
         try:
             if self.is_fsdp_enabled and not _internal_call:
-                self._save(output_dir, state_dict=self.accelerator.get_state_dict(self.model))
+                upstream.save_weights(self, output_dir, self.accelerator.get_state_dict(self.model))
                 return
             super().save_model(output_dir, _internal_call)
         except Exception as e:
@@ -232,12 +227,12 @@ class RecipeDPOTrainer(DPOTrainer):
     def _save_checkpoint(self, model, trial):
         start = time.monotonic()
         if self.is_world_process_zero():
-            clear_for_save(self._get_output_dir(trial), self.state.global_step)
+            clear_for_save(upstream.checkpoint_parent(self, trial), self.state.global_step)
         self.accelerator.wait_for_everyone()  # no rank writes into the folder before it is cleared
         # transformers rotates at the end of this call, before the COMPLETE mark: CompleteMarker rotates after it.
         # (The checkpoint's training_args.bin, written inside, records save_total_limit as None.)
         limit, self.args.save_total_limit = self.args.save_total_limit, None
-        folder = Path(self._get_output_dir(trial)) / f"checkpoint-{self.state.global_step}"
+        folder = Path(upstream.checkpoint_parent(self, trial)) / f"checkpoint-{self.state.global_step}"
         try:
             super()._save_checkpoint(model, trial)
         except Exception as e:  # a full disk: one line naming the folder and the space, not "basic_ios::clear"
@@ -347,7 +342,7 @@ class RecipeDPOTrainer(DPOTrainer):
             # DeepSpeed's engine takes the boundary from accelerate (set_gradient_accumulation_boundary) and reduces
             # at every backward; FSDP2 reduces at every backward too, DDP skips the sync until the last micro-batch
             # (`Engine.defers_gradient_sync`: what each holds in between).
-            self.accelerator.gradient_state._set_sync_gradients(last)
+            upstream.set_sync_gradients(self.accelerator, last)
             defer = not last and self.engine.defers_gradient_sync
             with self.accelerator.no_sync(model) if defer else contextlib.nullcontext():
                 total = total + super().training_step(model, micro_batch, num_items_in_batch)
@@ -422,9 +417,7 @@ class RecipeDPOTrainer(DPOTrainer):
         if self.ref_model is not None:
             return self.ref_model
         if self.is_deepspeed_enabled:
-            if self._precompute_engine is None:
-                self._precompute_engine = prepare_deepspeed(self.model, self.accelerator)
-            return self._precompute_engine
+            return upstream.reference_engine(self)
         if self.is_fsdp_enabled:
             from accelerate.utils.fsdp_utils import fsdp2_prepare_model
 
@@ -468,15 +461,10 @@ class RecipeDPOTrainer(DPOTrainer):
         `compute_ref_log_probs` would turn checkpointing off and on around every micro-batch, re-enabled with TRL's
         default arguments (a walk over every module each time, and a per-run choice of which layers checkpoint
         replaced by all of them)."""
-        import trl.trainer.dpo_trainer as dpo
-
-        toggle = dpo.disable_gradient_checkpointing
-        dpo.disable_gradient_checkpointing = lambda *args, **kwargs: contextlib.nullcontext()
-        try:
+        leave_alone = lambda *args, **kwargs: contextlib.nullcontext()  # noqa: E731
+        with upstream.patched("trl.trainer.dpo_trainer:disable_gradient_checkpointing", leave_alone):
             with torch.no_grad() if self.engine.shards_weights else torch.inference_mode():
                 yield
-        finally:
-            dpo.disable_gradient_checkpointing = toggle
 
     def _stand_in(self, model, batch: dict):
         return choice.stand_in(model, batch, every_rank=self.forward_needs_every_rank())
@@ -515,9 +503,12 @@ class RecipeDPOTrainer(DPOTrainer):
         args = self.args
         self.packed = args.padding_free = False
         self.forward = replace(self.forward, packed=False, share_prompt=False)
-        trl_collator = DataCollatorForPreference(pad_token_id=self._tokenizer.pad_token_id, max_length=args.max_length,
-                                                 truncation_mode=args.truncation_mode,
-                                                 pad_to_multiple_of=args.pad_to_multiple_of)  # fmt: skip
+        trl_collator = DataCollatorForPreference(
+            pad_token_id=upstream.trl_tokenizer(self).pad_token_id,
+            max_length=args.max_length,
+            truncation_mode=args.truncation_mode,
+            pad_to_multiple_of=args.pad_to_multiple_of,
+        )
         self.data_collator = padded.GroupedCollator(trl_collator)  # as __init__ wraps it (padded.py)
 
     # --- the loss ---------------------------------------------------------------------------------------------
@@ -580,29 +571,23 @@ class RecipeDPOTrainer(DPOTrainer):
     @contextlib.contextmanager
     def _without_sft(self):
         """TRL's loss without its SFT term, which `_compute_loss` adds over the whole step (`losses.SftOverStep`)."""
-        saved = self.loss_types, self.loss_weights
-        self.loss_types, self.loss_weights = self.sft.others
-        try:
+        loss_types, loss_weights = self.sft.others
+        with upstream.attributes_set(self, loss_types=loss_types, loss_weights=loss_weights):
             yield
-        finally:
-            self.loss_types, self.loss_weights = saved
 
     @contextlib.contextmanager
     def _reference_in_inputs(self):
         """TRL's `_compute_loss` reads the reference from the inputs, and its gathers stay local (see
         `_LocalGathers`), for the duration of one call."""
-        saved = self.precompute_ref_logps, self.accelerator
-        self.precompute_ref_logps, self.accelerator = True, _LocalGathers(self.accelerator)
-        try:
+        with upstream.attributes_set(self, precompute_ref_logps=True, accelerator=_LocalGathers(self.accelerator)):
             yield
-        finally:
-            self.precompute_ref_logps, self.accelerator = saved
 
     def log(self, logs, start_time=None):
         mode = "train" if self.model.training else "eval"
-        self._metrics[mode].clear()  # TRL's per-rank, per-micro-batch values: replaced by exact means
+        trl_metrics = upstream.trl_metrics(self)[mode]
+        trl_metrics.clear()  # TRL's per-rank, per-micro-batch values: replaced by exact means
         for name, value in self.pair_metrics.reduce(mode, self.accelerator.device).items():
-            self._metrics[mode][name].append(value)
+            trl_metrics[name].append(value)
         super().log(logs, start_time)
 
 

@@ -1,0 +1,319 @@
+"""The seam: every private name of TRL, transformers, accelerate, datasets and torch that this project touches.
+
+A public API changes with a deprecation; a private name moves without one. Each private name the project relies on is
+listed here once (`SEAMS`: what it is, how the project uses it, and why), and the code reaches it only through this
+module's functions. An upgrade that moves one then fails in tests/test_upstream.py, naming the symbol and the seam,
+instead of at run time deep inside a training step; `check()` runs the same test in a shell after an upgrade:
+
+    python -c "from dpotrain import upstream; upstream.check()"
+
+Kinds of seam:
+- `override`: a private method of an upstream class that `RecipeDPOTrainer` overrides; its parameters must be the ones
+  the override takes, or upstream stops calling it (or calls it wrongly).
+- `call`: a private function or method the project calls, with the parameters it passes.
+- `read`: a private attribute or constant the project reads.
+- `set`: an attribute upstream code reads from `self` inside a private method, which the project sets around the call
+  (`_compute_loss` reads the reference from the inputs while the attribute says so); the name must still occur in
+  that method's source.
+- `patch`: a module-level name an upstream function looks up at call time, which the project replaces for the
+  duration of one call (`patched`).
+"""
+
+import contextlib
+import importlib
+import inspect
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Seam:
+    symbol: str  # "package.module:Qualified.name"
+    kind: str  # override, call, read, set, patch (module docstring)
+    why: str  # what the project does with it, and where
+    params: tuple[str, ...] = ()  # override / call: the parameters relied on, in order (self excluded)
+    read_in: str = ""  # set: the upstream function ("module:Qualified.name") whose source must use the name
+
+
+DPO = "trl.trainer.dpo_trainer"
+TRAINER = "transformers.trainer"
+
+SEAMS = (
+    # --- RecipeDPOTrainer's overrides of private methods (dpotrain/train/trainer.py) ----------------------------
+    Seam(f"{DPO}:DPOTrainer._compute_loss", "override", "the packed forward answers TRL's model call; the reference "
+         "comes from the inputs; metrics are reduced once per log", ("model", "inputs", "return_outputs")),
+    Seam(f"{DPO}:DPOTrainer._precompute_ref_logps", "override", "deferred: the reference stage (dpotrain/reference) "
+         "scores every pair after the plan stage", ("dataset", "name", "batch_size")),
+    Seam(f"{TRAINER}:Trainer._save_checkpoint", "override", "the folder cleared first, rotation after the COMPLETE "
+         "mark, a full disk in one line", ("model", "trial")),
+    Seam(f"{TRAINER}:Trainer._run_epoch", "override", "a run resumed from its last step's checkpoint trains nothing "
+         "more (transformers checks max_steps only after a step)"),
+    # --- private methods and functions called -------------------------------------------------------------------
+    Seam(f"{TRAINER}:Trainer._get_output_dir", "call", "the checkpoint folder's parent, to clear and name it",
+         ("trial",)),
+    Seam(f"{TRAINER}:Trainer._save", "call", "FSDP2's final model: the gathered full state dict written once",
+         ("output_dir", "state_dict")),
+    Seam("accelerate.state:GradientState._set_sync_gradients", "call", "the accumulation boundary on a step's last "
+         "micro-batch, since one Trainer step runs all of a step's micro-batches", ("sync_gradients",)),
+    Seam("trl.data_utils:_tokenize", "call", "the analyzer and the length stage tokenize one row as DPOTrainer does "
+         "(dpotrain/data/lengths.py)", ("processing_class", "input")),
+    Seam("torch._dynamo.eval_frame:_debug_get_cache_entry_list", "call", "counts FlexAttention's compilations "
+         "(dpotrain/forwards/flex.py)", ("code",)),
+    # --- private attributes and constants read ------------------------------------------------------------------
+    Seam(f"{DPO}:DPOTrainer._precompute_model_hash", "read", "the reference cache's key: the weights' hash TRL takes "
+         "in __init__"),
+    Seam(f"{DPO}:DPOTrainer._metrics", "read", "TRL's per-micro-batch metrics, replaced by exact means at each log"),
+    Seam(f"{DPO}:DPOTrainer._tokenizer", "read", "the pad token of TRL's padded collator, when a model cannot pack"),
+    Seam(f"{DPO}:DPOTrainer._precompute_engine", "read", "the DeepSpeed inference engine that scores the reference "
+         "under ZeRO, made once and kept where TRL keeps it"),
+    Seam("trl.trainer.utils:_CHUNKED_LOGPROB_CHUNK_SIZE", "read", "the fused LM head's vocabulary tile, in the "
+         "memory plan (dpotrain/plan/memory.py)"),
+    Seam("datasets.arrow_dataset:Dataset._fingerprint", "read", "an in-memory data set's identity for the length "
+         "cache (dpotrain/data/lengths.py)"),
+    Seam("transformers.configuration_utils:PretrainedConfig._attn_implementation", "read", "which attention a config "
+         "(and the masks built for it) will use: the forward choice sets it on a copy to ask whether it packs"),
+    Seam("torch.distributed._tools.mem_tracker:_MemRefType", "read", "the memory plan's traced peak sorts memory "
+         "by kind (dpotrain/plan/memory.py)"),
+    # --- attributes set around TRL's private methods ------------------------------------------------------------
+    Seam(f"{DPO}:DPOTrainer.precompute_ref_logps", "set", "True around `_compute_loss`: the reference (live or "
+         "cached) comes from the inputs", read_in=f"{DPO}:DPOTrainer._compute_loss"),
+    Seam(f"{DPO}:DPOTrainer.accelerator", "set", "a local stand-in around `_compute_loss`: its per-micro-batch "
+         "gathers would hang ranks holding different numbers of pairs", read_in=f"{DPO}:DPOTrainer._compute_loss"),
+    Seam(f"{DPO}:DPOTrainer.loss_types", "set", "without `sft` around `_compute_loss`: the SFT term is added over "
+         "the whole step (dpotrain/train/losses.py)", read_in=f"{DPO}:DPOTrainer._compute_loss"),
+    Seam(f"{DPO}:DPOTrainer.loss_weights", "set", "the weights of the loss types left without `sft`",
+         read_in=f"{DPO}:DPOTrainer._compute_loss"),
+    Seam("accelerate.state:PartialState._shared_state", "set", "FSDP2 and DDP on CPU-only nodes: the distributed type "
+         "accelerate only sets for accelerator devices (dpotrain/cluster/engine.py)",
+         read_in="accelerate.state:PartialState.__init__"),
+    Seam("torch.distributed.distributed_c10d:default_pg_timeout", "set", "the recipe's collective timeout for every "
+         "process group made later (DeepSpeed's own)",
+         read_in="torch.distributed.distributed_c10d:_get_default_timeout"),
+    Seam("torch.distributed.distributed_c10d:default_pg_nccl_timeout", "set", "the same, for NCCL groups",
+         read_in="torch.distributed.distributed_c10d:_get_default_timeout"),
+    Seam("torch.distributed.distributed_c10d:_world", "read", "every process group and its name, to print and test "
+         "their timeouts (dpotrain/cluster/engine.py)"),
+    Seam("torch.distributed.distributed_c10d:_get_default_group", "call", "the default group's name"),
+    Seam("torch.distributed.distributed_c10d:ProcessGroup._get_backend", "call", "a group's backend per device, whose "
+         "options hold its timeout", ("device",)),
+    # --- module-level names replaced for one call ---------------------------------------------------------------
+    Seam(f"{DPO}:create_model_from_path", "patch", "under FSDP2, the reference copy TRL loads for its precompute is "
+         "skipped (the reference stage scores with the sharded policy)", read_in=f"{DPO}:DPOTrainer.__init__"),
+    Seam(f"{DPO}:disable_gradient_checkpointing", "patch", "left alone in the reference stage, which runs in eval "
+         "mode; TRL would re-enable checkpointing on every layer after each micro-batch",
+         read_in=f"{DPO}:DPOTrainer.compute_ref_log_probs"),
+)  # fmt: skip
+
+
+class SeamMoved(RuntimeError):
+    """An upstream private name the project relies on is gone or changed."""
+
+    def __init__(self, seam: Seam, problem: str):
+        super().__init__(
+            f"{seam.symbol} ({seam.kind}): {problem}. The project uses it because: {seam.why}. "
+            "Adapt that use (dpotrain/upstream.py lists them all) or pin the version in requirements.txt"
+        )
+        self.seam = seam
+
+
+def _lookup(symbol: str):
+    """(owner, name, value) for "module:A.b": the object holding the last name, the name, and its value (or a missing
+    marker for an instance attribute that only exists once __init__ ran)."""
+    module_name, _, path = symbol.partition(":")
+    owner = importlib.import_module(module_name)
+    *parents, name = path.split(".")
+    for part in parents:
+        owner = getattr(owner, part)
+    return owner, name, getattr(owner, name, _MISSING)
+
+
+_MISSING = object()
+
+
+def _assigned_in_class(cls, name: str) -> bool:
+    """An instance attribute upstream sets in one of the class's methods (`self.<name> = ...`)."""
+    for klass in inspect.getmro(cls):
+        if klass is object:
+            continue
+        try:
+            source = inspect.getsource(klass)
+        except (OSError, TypeError):
+            continue
+        if f"self.{name} =" in source or f"self.{name}: " in source:
+            return True
+    return False
+
+
+def verify(seam: Seam) -> None:
+    """Raises SeamMoved when the upstream name is gone or no longer takes the parameters the project passes."""
+    try:
+        owner, name, value = _lookup(seam.symbol)
+    except (ImportError, AttributeError) as e:
+        raise SeamMoved(seam, f"cannot be imported ({e})") from None
+    if value is _MISSING and not (inspect.isclass(owner) and _assigned_in_class(owner, name)):
+        raise SeamMoved(seam, "no longer exists")
+    if value is not _MISSING and seam.kind in ("override", "call") and seam.params:
+        try:
+            params = [p for p in inspect.signature(value).parameters if p != "self"]
+        except (TypeError, ValueError):
+            return  # a builtin without a signature: existing is all that can be checked
+        if params[: len(seam.params)] != list(seam.params):
+            raise SeamMoved(seam, f"takes ({', '.join(params)}), the project relies on ({', '.join(seam.params)})")
+    if seam.read_in:
+        _, _, reader = _lookup(seam.read_in)
+        if name not in inspect.getsource(reader):
+            raise SeamMoved(seam, f"is no longer read by {seam.read_in}")
+
+
+def check() -> None:
+    """Every seam verified; all problems reported at once."""
+    problems = []
+    for seam in SEAMS:
+        try:
+            verify(seam)
+        except SeamMoved as e:
+            problems.append(str(e))
+    if problems:
+        raise SystemExit("upstream names this project relies on have moved:\n" + "\n".join(problems))
+
+
+def seam(symbol: str) -> Seam:
+    return next(s for s in SEAMS if s.symbol == symbol)
+
+
+# --- the accessors: the only places the code reaches these names ----------------------------------------------------
+
+
+def tokenize(processing_class, input, **apply_chat_template_kwargs) -> dict:
+    """TRL's tokenization of one row (`trl.data_utils._tokenize`), the call DPOTrainer makes."""
+    from trl.data_utils import _tokenize
+
+    return _tokenize(processing_class, input, **apply_chat_template_kwargs)
+
+
+def chunked_logprob_chunk_size() -> int:
+    from trl.trainer.utils import _CHUNKED_LOGPROB_CHUNK_SIZE
+
+    return _CHUNKED_LOGPROB_CHUNK_SIZE
+
+
+def compilations_of(code) -> int:
+    """How many compiled variants dynamo holds for a function's code object."""
+    from torch._dynamo.eval_frame import _debug_get_cache_entry_list
+
+    return len(_debug_get_cache_entry_list(code))
+
+
+def mem_ref_types():
+    from torch.distributed._tools.mem_tracker import _MemRefType
+
+    return _MemRefType
+
+
+def fingerprint(dataset) -> str | None:
+    """A `datasets.Dataset`'s fingerprint (None for a streaming data set, which has none)."""
+    return getattr(dataset, "_fingerprint", None)
+
+
+def set_attn_implementation(config, name: str) -> None:
+    """Which attention a config's masks are built for, without loading a model (`from_pretrained` sets it so)."""
+    config._attn_implementation = name
+
+
+def attn_implementation(config) -> str | None:
+    return getattr(config, "_attn_implementation", None)
+
+
+def set_sync_gradients(accelerator, sync: bool) -> None:
+    """Whether this micro-batch ends the accumulation (accelerate sets it per `accumulate()` context; the project
+    runs a step's micro-batches inside one Trainer step)."""
+    accelerator.gradient_state._set_sync_gradients(sync)
+
+
+def weights_hash(trainer) -> str:
+    return trainer._precompute_model_hash
+
+
+def trl_metrics(trainer) -> dict:
+    """TRL's metric lists by mode ("train", "eval"), which its `log` averages."""
+    return trainer._metrics
+
+
+def trl_tokenizer(trainer):
+    return trainer._tokenizer
+
+
+def reference_engine(trainer):
+    """The DeepSpeed inference engine that scores the reference, made on first use and kept on the trainer."""
+    if trainer._precompute_engine is None:
+        from trl.models import prepare_deepspeed
+
+        trainer._precompute_engine = prepare_deepspeed(trainer.model, trainer.accelerator)
+    return trainer._precompute_engine
+
+
+def checkpoint_parent(trainer, trial) -> str:
+    return trainer._get_output_dir(trial)
+
+
+def save_weights(trainer, output_dir, state_dict) -> None:
+    trainer._save(output_dir, state_dict=state_dict)
+
+
+@contextlib.contextmanager
+def patched(symbol: str, replacement):
+    """A `patch` seam's module-level name replaced for the duration of the block."""
+    module_name, _, name = symbol.partition(":")
+    module = importlib.import_module(module_name)
+    original = getattr(module, name)
+    setattr(module, name, replacement)
+    try:
+        yield original
+    finally:
+        setattr(module, name, original)
+
+
+@contextlib.contextmanager
+def attributes_set(obj, **values):
+    """`set` seams: attributes upstream reads inside one call, set for the duration of the block."""
+    saved = {name: getattr(obj, name) for name in values}
+    for name, value in values.items():
+        setattr(obj, name, value)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            setattr(obj, name, value)
+
+
+def set_distributed_type(kind) -> None:
+    """accelerate's distributed type for every state made from now on (its shared state, read by `PartialState` and
+    `AcceleratorState`): FSDP2 and DDP on CPU-only nodes (dpotrain/cluster/engine.py)."""
+    from accelerate.state import PartialState
+
+    PartialState._shared_state["distributed_type"] = kind
+
+
+def set_default_collective_timeout(timeout) -> None:
+    """The timeout torch gives every process group made without one (DeepSpeed's own among them): it reads these module
+    defaults at each `new_group`."""
+    import torch.distributed.distributed_c10d as c10d
+
+    c10d.default_pg_timeout = c10d.default_pg_nccl_timeout = timeout
+
+
+def default_group_name() -> str:
+    import torch.distributed.distributed_c10d as c10d
+
+    return c10d._world.pg_names[c10d._get_default_group()]
+
+
+def group_timeouts() -> dict[str, float]:
+    """Every process group of this process by torch's name for it, and the shortest collective timeout of its backends
+    in seconds."""
+    import torch.distributed.distributed_c10d as c10d
+
+    found = {}
+    for group in c10d._world.pg_map:
+        seconds = [group._get_backend(device).options._timeout.total_seconds() for device in group._device_types]
+        found[c10d._world.pg_names.get(group, "?")] = min(seconds)
+    return found

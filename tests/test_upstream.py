@@ -1,0 +1,184 @@
+"""The seam with TRL, transformers, accelerate, datasets and torch (dpotrain/upstream.py): every private name the
+project touches is listed there and reached only through it, and an upgrade that moves one fails here by name."""
+
+import ast
+import importlib
+import inspect
+from pathlib import Path
+
+import pytest
+
+from dpotrain import upstream
+
+ROOT = Path(__file__).resolve().parents[1]
+UPSTREAM = ("trl", "transformers", "accelerate", "deepspeed", "datasets", "torch", "peft", "huggingface_hub")
+# torch keeps documented APIs in modules named like private ones (torch._dynamo.config, torch._subclasses'
+# FakeTensorMode, torch.distributed._tools' MemTracker): importing those modules is no seam, a private name is.
+PRIVATE_MODULES_ALLOWED = ("torch",)
+SEAM_FILE = ROOT / "dpotrain" / "upstream.py"
+# The upstream classes whose private members the project could reach through `self`, an instance or `super()`.
+CLASSES = (
+    "trl.trainer.dpo_trainer:DPOTrainer",
+    "accelerate.accelerator:Accelerator",
+    "accelerate.state:GradientState",
+    "transformers.configuration_utils:PretrainedConfig",
+    "datasets.arrow_dataset:Dataset",
+)
+
+
+def project_sources():
+    files = sorted((ROOT / "dpotrain").rglob("*.py")) + [ROOT / "train_dpo.py"]
+    return [(f, ast.parse(f.read_text())) for f in files if f != SEAM_FILE]
+
+
+def upstream_private_names() -> set[str]:
+    """Private methods and instance attributes of the upstream classes (and their bases)."""
+    names = set()
+    for symbol in CLASSES:
+        module, _, name = symbol.partition(":")
+        for klass in inspect.getmro(getattr(importlib.import_module(module), name)):
+            if klass is object or klass.__module__.split(".")[0] not in UPSTREAM:
+                continue
+            names |= {n for n in vars(klass) if n.startswith("_") and not n.startswith("__")}
+            try:
+                source = inspect.getsource(klass)
+            except (OSError, TypeError):
+                continue
+            for node in ast.walk(ast.parse(source)):
+                if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "self"
+                        and isinstance(node.ctx, ast.Store) and node.attr.startswith("_")
+                        and not node.attr.startswith("__")):  # fmt: skip
+                    names.add(node.attr)
+    return names
+
+
+def upstream_imports(tree) -> set[str]:
+    return {a.asname or a.name for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module
+            and n.module.split(".")[0] in UPSTREAM for a in n.names}  # fmt: skip
+
+
+def upstream_subclasses(tree) -> set[str]:
+    """The classes of a module that derive from an upstream class."""
+    imported = upstream_imports(tree)
+    return {c.name for c in ast.walk(tree) if isinstance(c, ast.ClassDef)
+            and any(isinstance(b, ast.Name) and b.id in imported for b in c.bases)}  # fmt: skip
+
+
+def own_private_names(sources) -> set[str]:
+    """Private names the project's own classes define (not subclasses of an upstream class): reading them is no seam."""
+    names = set()
+    for _, tree in sources:
+        for cls in (n for n in ast.walk(tree) if isinstance(n, ast.ClassDef)):
+            if cls.name in upstream_subclasses(tree):
+                continue
+            for node in ast.walk(cls):
+                if isinstance(node, ast.FunctionDef):
+                    names.add(node.name)
+                if isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store):
+                    names.add(node.attr)
+    return names
+
+
+@pytest.mark.parametrize("seam", upstream.SEAMS, ids=lambda s: s.symbol)
+def test_every_seam_is_where_the_project_expects_it(seam):
+    upstream.verify(seam)  # raises SeamMoved naming the symbol, how it is used and why
+
+
+@pytest.mark.parametrize(
+    "seam, says",
+    [
+        (upstream.Seam("trl.trainer.dpo_trainer:DPOTrainer._compute_loss_v2", "override", "a renamed method"),
+         "no longer exists"),
+        (upstream.Seam("trl.trainer.dpo_trainer:DPOTrainer._compute_loss", "override", "a changed signature",
+                       ("model", "batch", "return_outputs")), "takes (model, inputs, return_outputs)"),
+        (upstream.Seam("trl.data_utils_v2:_tokenize", "call", "a moved module"), "cannot be imported"),
+        (upstream.Seam("trl.trainer.dpo_trainer:DPOTrainer.no_such_flag", "set", "an attribute no longer read",
+                       read_in="trl.trainer.dpo_trainer:DPOTrainer._compute_loss"), "no longer exists"),
+        (upstream.Seam("trl.trainer.dpo_trainer:DPOTrainer.beta", "set", "an attribute no longer read",
+                       read_in="trl.trainer.dpo_trainer:DPOTrainer._precompute_ref_logps"), "is no longer read by"),
+    ],
+)  # fmt: skip
+def test_a_moved_seam_fails_naming_the_symbol_and_why(seam, says):
+    with pytest.raises(upstream.SeamMoved) as raised:
+        upstream.verify(seam)
+    assert seam.symbol in str(raised.value) and says in str(raised.value) and seam.why in str(raised.value)
+
+
+def test_no_private_upstream_name_is_imported_outside_the_seam():
+    found = []
+    for path, tree in project_sources():
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] in UPSTREAM:
+                private = [a.name for a in node.names if a.name.startswith("_")]
+                parts = [p for p in node.module.split(".") if p.startswith("_") and not p.startswith("__")]
+                parts = [] if node.module.split(".")[0] in PRIVATE_MODULES_ALLOWED else parts
+                if private or parts:
+                    found.append(f"{path.relative_to(ROOT)}:{node.lineno}: from {node.module} import {private}")
+            if isinstance(node, ast.Import):
+                for alias in node.names:
+                    package, *parts = alias.name.split(".")
+                    strict = package in UPSTREAM and package not in PRIVATE_MODULES_ALLOWED
+                    if strict and any(p.startswith("_") and not p.startswith("__") for p in parts):
+                        found.append(f"{path.relative_to(ROOT)}:{node.lineno}: import {alias.name}")
+    assert not found, "reach these through dpotrain/upstream.py (a Seam and an accessor):\n" + "\n".join(found)
+
+
+def test_no_private_member_of_an_upstream_class_is_reached_outside_the_seam():
+    sources = project_sources()
+    private = upstream_private_names() - own_private_names(sources)
+    overrides = {s.symbol.rpartition(".")[2] for s in upstream.SEAMS if s.kind == "override"}
+    found = []
+    for path, tree in sources:
+        for cls in (n for n in ast.walk(tree) if isinstance(n, ast.ClassDef) and n.name in upstream_subclasses(tree)):
+            for method in (n for n in cls.body if isinstance(n, ast.FunctionDef)):
+                if method.name in private and method.name not in overrides:
+                    found.append(f"{path.relative_to(ROOT)}:{method.lineno}: {cls.name}.{method.name} overrides a "
+                                 "private upstream method: list it as an override seam")  # fmt: skip
+        for node in ast.walk(tree):
+            where = f"{path.relative_to(ROOT)}:{getattr(node, 'lineno', '?')}"
+            if isinstance(node, ast.Attribute) and node.attr in private:
+                is_super = isinstance(node.value, ast.Call) and getattr(node.value.func, "id", "") == "super"
+                if not (is_super and node.attr in overrides):
+                    found.append(f"{where}: {ast.unparse(node)}")
+    assert not found, "reach these through dpotrain/upstream.py (a Seam and an accessor):\n" + "\n".join(found)
+
+
+def test_no_upstream_module_name_is_replaced_outside_the_seam():
+    """A monkeypatch of an upstream module (`dpo.create_model_from_path = ...`) goes through `upstream.patched`."""
+    found = []
+    for path, tree in project_sources():
+        modules = set()
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                modules |= {a.asname or a.name.split(".")[0] for a in node.names
+                            if a.name.split(".")[0] in UPSTREAM}  # fmt: skip
+        for node in ast.walk(tree):
+            for target in node.targets if isinstance(node, ast.Assign) else []:
+                owner = target.value if isinstance(target, ast.Attribute) else None
+                if isinstance(owner, ast.Name) and owner.id in modules:
+                    found.append(f"{path.relative_to(ROOT)}:{node.lineno}: {ast.unparse(target)} = ...")
+    assert not found, "replace upstream names with dpotrain/upstream.py's `patched` (a `patch` Seam):\n" + "\n".join(
+        found
+    )
+
+
+def test_check_reports_every_moved_seam_at_once(monkeypatch):
+    moved = (
+        upstream.Seam("trl.data_utils:_tokenize_v2", "call", "one"),
+        upstream.Seam("trl.trainer.utils:_NO_SUCH_CONSTANT", "read", "two"),
+    )
+    monkeypatch.setattr(upstream, "SEAMS", upstream.SEAMS + moved)
+    with pytest.raises(SystemExit) as raised:
+        upstream.check()
+    assert "trl.data_utils:_tokenize_v2" in str(raised.value) and "_NO_SUCH_CONSTANT" in str(raised.value)
+
+
+def test_patched_restores_the_upstream_name_after_an_error():
+    import trl.trainer.dpo_trainer as dpo
+
+    original = dpo.disable_gradient_checkpointing
+    with pytest.raises(KeyError):
+        with upstream.patched("trl.trainer.dpo_trainer:disable_gradient_checkpointing", None) as saved:
+            assert dpo.disable_gradient_checkpointing is None and saved is original
+            raise KeyError
+    assert dpo.disable_gradient_checkpointing is original
