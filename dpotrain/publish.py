@@ -59,6 +59,9 @@ def finish_outputs(recipe, built, resolved: dict, push) -> None:
     summary = {"global_step": trainer.state.global_step, "final": records[-1] if records else None}
     writes.write_text(out / resolve.RUN_COMPLETE, json.dumps(summary, indent=2) + "\n")
     print(f"Saved model, metrics and {PLOT_FILE} to {out}", flush=True)
+    measured = next((r for r in reversed(records) if "memory/peak_rss_gib" in r), None)  # peaks since the start
+    if measured is not None:
+        print(f"Memory, the run's peak: {trainer.memory_use.line(measured)}", flush=True)
     command = f"python scripts/push_to_hub.py {out} --repo-id {push.repo_id}"
     command += " --checkpoints" if push.checkpoints else ""
     if push.requested and offline.is_offline():

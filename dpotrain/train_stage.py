@@ -45,7 +45,7 @@ def build(recipe, first, push, output: resolve.OutputPlan, state, stop) -> Built
     callbacks = [WandbStepIsGlobalStep(), *([pusher] if pusher else [])]
     existed = out.exists()
     trainer = build_trainer(recipe, first.data.train, eval_dataset=first.data.eval, callbacks=callbacks, stop=stop,
-                            forward=first.forward.planned)  # fmt: skip
+                            forward=first.forward.planned, memory_plan=first.memory)  # fmt: skip
     return Built(trainer, pusher, existed)
 
 

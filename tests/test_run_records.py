@@ -26,3 +26,7 @@ def test_the_last_step_the_run_name_and_resolved_numbers_are_recorded(tmp_path, 
     assert "| `per_device_train_batch_size` | None |" not in card and "pairs per micro-batch" in card
     assert "| `gradient_accumulation_steps` | None |" not in card and "micro-batches per step" in card
     assert json.loads((out / "resolved_config.json").read_text())["run_name"] == "my-first-try"
+    # The memory the run used, measured at every log and after the first step (a CPU run: host RSS, nothing planned)
+    rss = [r["memory/peak_rss_gib"] for r in read_metrics(out) if "loss" in r]
+    assert len(rss) == 4 and 0.05 < rss[0] <= rss[-1] < 64, rss  # a peak only grows; a real process's size
+    assert "Memory after step 1: peak host RSS" in result.stdout and "Memory, the run's peak: " in result.stdout

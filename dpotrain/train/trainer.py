@@ -19,6 +19,7 @@ subclass changes how pairs reach TRL's loss code, and what surrounds it:
 import contextlib
 import functools
 import os
+import sys
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -41,6 +42,7 @@ from dpotrain.recipe.config import Recipe
 from dpotrain.train import disk_full, losses
 from dpotrain.train.checkpoints import CompleteMarker, clear_for_save
 from dpotrain.train.health import HealthGuard
+from dpotrain.train.memory_use import FirstStepMemory, MemoryUse
 from dpotrain.train.metrics import MetricsRecorder
 from dpotrain.train.pair_metrics import PairMetrics
 from dpotrain.train.preemption import GracefulStop
@@ -143,6 +145,7 @@ class RecipeDPOTrainer(DPOTrainer):
         gpu_peak_tflops: float | None,
         attn_implementation: str | None,
         run_engine: engine.Engine,
+        memory_plan: dict | None = None,
         **kwargs,
     ):
         self.engine = run_engine
@@ -182,6 +185,9 @@ class RecipeDPOTrainer(DPOTrainer):
         peak = flops.peak_tflops(gpu_peak_tflops)
         self.pair_metrics = PairMetrics(self.accelerator.num_processes, peak)
         self.add_callback(_StartMetrics(self.pair_metrics))
+        # The memory used, beside the plan: after the first step, and in every training log (memory_use.py).
+        self.memory_use = MemoryUse(memory_plan)
+        self.add_callback(FirstStepMemory(self.memory_use, self.accelerator.device))
 
     def create_accelerator_and_postprocess(self):
         engine.enable_on_cpu(self.engine)  # FSDP2 and DDP on a CPU-only node: see engine.py
@@ -588,16 +594,23 @@ class RecipeDPOTrainer(DPOTrainer):
         trl_metrics.clear()  # TRL's per-rank, per-micro-batch values: replaced by exact means
         for name, value in self.pair_metrics.reduce(mode, self.accelerator.device).items():
             trl_metrics[name].append(value)
+        if mode == "train" and "loss" in logs:  # every rank logs: the peaks are one collective
+            found = self.memory_use.measure(self.accelerator.device)
+            logs = {**logs, **found}
+            warning = self.memory_use.past_plan(found)
+            if warning and self.accelerator.is_main_process:
+                print(warning, file=sys.stderr, flush=True)
         super().log(logs, start_time)
 
 
 def build_trainer(recipe: Recipe, train_dataset, eval_dataset=None, callbacks=(), stop: GracefulStop | None = None,
-                  forward: ForwardChoice | None = None):  # fmt: skip
+                  forward: ForwardChoice | None = None, memory_plan: dict | None = None):  # fmt: skip
     """The project's DPO trainer, with: COMPLETE marks on checkpoints, metrics.jsonl, a clean stop on Slurm's
     signals, health guards and sample generations, its training set tokenized by TRL. It has no plan yet: the plan
     stage (`plan_stage.run_stage`) comes next, then the reference stage (`reference.run_stage`), then `train()`.
     `trainer.graceful_stop.stopped` tells after `train()` whether it ended early to be requeued; `trainer.health.stop`
-    whether a guard stopped it. `forward`: the forward train_dpo.py decided before its memory check; without it, the
+    whether a guard stopped it. `memory_plan`: the first half's memory plan, logged beside the memory the run uses
+    (memory_use.py). `forward`: the forward train_dpo.py decided before its memory check; without it, the
     forward is decided here, from the training set's lengths (`forwards/sample.py`)."""
     t, p = recipe.training, recipe.project
     run_engine = engine.launched()
@@ -631,6 +644,7 @@ def build_trainer(recipe: Recipe, train_dataset, eval_dataset=None, callbacks=()
         gpu_peak_tflops=p.gpu_peak_tflops,
         attn_implementation=recipe.model.attn_implementation,
         run_engine=run_engine,
+        memory_plan=memory_plan,
     )
     sequence_parallel.set_up(forward.sequence_parallel, trainer.model)  # its groups, Ulysses around the attention
     # The memory plan's checkpointed layers, held against TRL's re-enabling of all of them; the optional compile.

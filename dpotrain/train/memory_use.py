@@ -1,0 +1,90 @@
+"""The memory a run used, measured beside the memory plan (`dpotrain/plan/memory.py`), so every run checks the plan.
+
+At each training log, and once after the first step, the largest process's peak goes into the log record (so into
+`metrics.jsonl` and W&B): on a GPU `memory/peak_allocated_gib` (tensors) and `memory/peak_reserved_gib` (what
+PyTorch's allocator holds: what the plan's total estimates, context aside); on every machine `memory/peak_rss_gib`,
+the process's peak resident memory (host RAM: on a CPU run, the whole run). `memory/planned_gib` is the plan's total
+per GPU when the run was planned. A GPU run whose peak passes the plan says so once, with both numbers.
+"""
+
+import resource
+import sys
+
+import torch
+from transformers import TrainerCallback
+
+from dpotrain.cluster.collectives import max_of_ranks
+
+GIB = 1024**3
+
+
+def peaks() -> dict[str, float]:
+    """This process's peaks in GiB."""
+    # ru_maxrss is in KiB on Linux, in bytes on macOS.
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * (1 if sys.platform == "darwin" else 1024)
+    found = {"memory/peak_rss_gib": rss / GIB}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        found["memory/peak_allocated_gib"] = torch.cuda.max_memory_allocated() / GIB
+        found["memory/peak_reserved_gib"] = torch.cuda.max_memory_reserved() / GIB
+    return found
+
+
+def planned_gib(memory_plan: dict | None) -> float | None:
+    """The plan's total per GPU, or None where memory was not planned (a CPU run, fp32, no config on this machine)."""
+    return ((memory_plan or {}).get("per_gpu_gib") or {}).get("total")
+
+
+class MemoryUse:
+    """The peaks of the largest process (every rank calls `measure`: it is one collective), with the plan's total."""
+
+    def __init__(self, memory_plan: dict | None):
+        self.planned = planned_gib(memory_plan)
+        self.warned = False
+
+    def measure(self, device) -> dict[str, float]:
+        mine = peaks()
+        names = sorted(mine)
+        found = dict(zip(names, (round(v, 3) for v in max_of_ranks([mine[n] for n in names], device)), strict=True))
+        if self.planned is not None:
+            found["memory/planned_gib"] = self.planned
+        return found
+
+    def line(self, found: dict[str, float]) -> str:
+        """'Memory after step 1: peak 61.2 GiB reserved (58.0 allocated) per GPU, plan 64.1 GiB; host RSS 12.3 GiB'."""
+        host = f"host RSS {found['memory/peak_rss_gib']:.1f} GiB"
+        if "memory/peak_reserved_gib" not in found:
+            plan = "" if self.planned is None else f", plan {self.planned:.1f} GiB per GPU (for a GPU run)"
+            return f"peak {host} (a CPU run: no GPU memory to compare{plan})"
+        gpu = (f"peak {found['memory/peak_reserved_gib']:.1f} GiB reserved "
+               f"({found['memory/peak_allocated_gib']:.1f} allocated) per GPU")  # fmt: skip
+        plan = "not planned" if self.planned is None else f"plan {self.planned:.1f} GiB"
+        return f"{gpu}, {plan}; {host}"
+
+    def past_plan(self, found: dict[str, float]) -> str | None:
+        """Once: the warning for a GPU peak past the plan's total."""
+        reserved = found.get("memory/peak_reserved_gib")
+        if self.warned or reserved is None or self.planned is None or reserved <= self.planned:
+            return None
+        self.warned = True
+        return (f"warning: this run's GPU memory peak, {reserved:.1f} GiB reserved, passes the memory plan's "
+                f"{self.planned:.1f} GiB: the plan underestimates this setup (a longer run may run out of memory); "
+                "the per-part plan is in resolved_config.json (derived.memory)")  # fmt: skip
+
+
+class FirstStepMemory(TrainerCallback):
+    """The peaks once the run's first optimizer step is done (its optimizer states allocated), printed by the main
+    process with the plan beside them. Every rank measures: `on_step_end` runs on each."""
+
+    def __init__(self, use: MemoryUse, device):
+        self.use, self.device, self.done = use, device, False
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if self.done:
+            return
+        self.done = True
+        found = self.use.measure(self.device)
+        if state.is_world_process_zero:
+            print(f"Memory after step {state.global_step}: {self.use.line(found)}", flush=True)
+            warning = self.use.past_plan(found)
+            if warning:
+                print(warning, file=sys.stderr, flush=True)

@@ -1,0 +1,34 @@
+"""The memory a run used beside the memory plan (dpotrain/train/memory_use.py); a real run's records are checked in
+tests/test_run_records.py."""
+
+from dpotrain.train import memory_use
+from dpotrain.train.memory_use import MemoryUse
+
+PLAN = {"per_gpu_gib": {"model_states": 40.0, "activations": 20.1, "total": 64.1}}
+
+
+def test_the_measured_peaks_are_this_process_real_size():
+    found = memory_use.peaks()
+    ballast = bytearray(256 * 1024**2)  # touched pages count in the resident size
+    ballast[::4096] = b"x" * len(ballast[::4096])
+    after = memory_use.peaks()
+    assert after["memory/peak_rss_gib"] >= found["memory/peak_rss_gib"] + 0.2
+    assert "memory/peak_reserved_gib" not in after  # no GPU here: nothing is made up for one
+
+
+def test_a_gpu_peak_is_shown_beside_the_plan_and_one_past_it_warned_once():
+    use = MemoryUse(PLAN)
+    under = {"memory/peak_rss_gib": 12.3, "memory/peak_allocated_gib": 58.0, "memory/peak_reserved_gib": 61.2}
+    assert use.line(under) == "peak 61.2 GiB reserved (58.0 allocated) per GPU, plan 64.1 GiB; host RSS 12.3 GiB"
+    assert use.past_plan(under) is None
+    over = {**under, "memory/peak_reserved_gib": 70.4}
+    warning = use.past_plan(over)
+    assert "70.4 GiB reserved" in warning and "64.1 GiB" in warning
+    assert use.past_plan(over) is None  # said once
+
+
+def test_an_unplanned_run_says_so():
+    assert memory_use.planned_gib({"skipped": "this recipe trains in fp32"}) is None
+    use = MemoryUse({"skipped": "fp32"})
+    assert use.line({"memory/peak_rss_gib": 0.5}) == "peak host RSS 0.5 GiB (a CPU run: no GPU memory to compare)"
+    assert use.past_plan({"memory/peak_rss_gib": 500.0}) is None  # host memory is not what the plan estimates
