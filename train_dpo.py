@@ -65,7 +65,7 @@ def run(argv, stop: GracefulStop) -> int | None:
     with redirect_stdout(sys.stderr) if recipe.project.dry_run else nullcontext():
         found = stages.checks(recipe)  # everything that can be refused from the recipe, before anything loads
         if recipe.project.preflight:  # the base model's view of the data, instead of training (dpotrain/preflight.py)
-            return preflight(recipe)
+            return preflight(recipe, found)
         # This project pushes, not the Trainer; the token stays in memory. For the engine that will run.
         push = hub.take_push_settings(recipe, found.engine)
         output = stages.output_checks(recipe, found, push)  # resume, start afresh or refuse; token, W&B, offline
@@ -97,11 +97,11 @@ def run(argv, stop: GracefulStop) -> int | None:
     return publish.save_and_push(recipe, built, resolved, push, state)
 
 
-def preflight(recipe) -> int | None:
+def preflight(recipe, found) -> int | None:
     from dpotrain import preflight
 
     offline.check_job_reachable(recipe)  # a model or data set to download: the Hub must answer, within seconds
-    return preflight.main_from_recipe(recipe)
+    return preflight.main_from_recipe(recipe, found)
 
 
 if __name__ == "__main__":

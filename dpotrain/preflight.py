@@ -372,27 +372,20 @@ def gaps(s: dict, max_length: int | None):
     return gap, s["logp_chosen"] / scored_c - s["logp_rejected"] / scored_r, scored_c, scored_r
 
 
-def _training_pairs(recipe):
-    """(the pairs training reads, their name): a mixture's, each source read in its shape and checked; else
-    dataset_name's, checked as training reads them (UltraFeedback's prompt column, HH strings...) unless streamed."""
-    from dpotrain.data import data, mixture, rows
+def _name(recipe):
+    """The data set the report names: a mixture's sources, else dataset_name."""
+    from dpotrain.data import mixture
 
-    script, p = recipe.script, recipe.project
     sources = mixture.parse(mixture.fields_of(recipe))
-    if sources is not None:
-        pairs, _ = mixture.load(sources, recipe.training.seed, p.skip_invalid, p.hh_format, {}, "invalid_rows")
-        return pairs, [source.spec() for source in sources]
-    dataset = data.load_preference_dataset(
-        script.dataset_name, script.dataset_train_split, script.dataset_config, streaming=script.dataset_streaming
-    )
-    if not script.dataset_streaming:
-        dataset = rows.usable_pairs(dataset, p.skip_invalid, {}, "invalid_rows", p.hh_format)
-    return dataset, script.dataset_name
+    return [source.spec() for source in sources] if sources is not None else recipe.script.dataset_name
 
 
-def run(recipe, sample_size: int = DEFAULT_SAMPLE, seed: int | None = None, json_path=None, plot_path=None) -> int:
-    """The whole preflight on a parsed, checked recipe; returns the exit status."""
-    from dpotrain import resolve
+def run(recipe, found, sample_size: int = DEFAULT_SAMPLE, seed: int | None = None, json_path=None,
+        plot_path=None) -> int:  # fmt: skip
+    """The whole preflight on a recipe checked by `stages.checks` (`found`: its launch); returns the exit status. The
+    pairs are the run's: loaded by the run's data stage (a Hub data set at the run's commit, every row checked), and
+    `max_length: auto` resolved by its lengths stage."""
+    from dpotrain import stages
     from dpotrain.data import mixture
 
     check_outputs(json_path, plot_path)
@@ -406,12 +399,13 @@ def run(recipe, sample_size: int = DEFAULT_SAMPLE, seed: int | None = None, json
         raise ConfigError(f"--sample must be >= 1 (got {sample_size})")
     seed = recipe.training.seed if seed is None else seed
     script = recipe.script
-    dataset, named = _training_pairs(recipe)
+    pairs = stages.load_data(recipe, found, say=False)
+    dataset, named = pairs.train, _name(recipe)
     if recipe.max_length_auto:  # as training resolves it (the analyzer's cached report when there is one)
         from dpotrain.cluster import engine
 
         state = engine.start_processes(recipe.training, engine.launched())  # the recipe's timeout, as training's
-        resolve.auto_max_length(recipe, dataset, state)
+        stages.measure_lengths(recipe, found, pairs, stages.model_files(recipe, found), state)
     rows, duplicates, identical = pair_keys(dataset) if not script.dataset_streaming else (None, None, None)
     sample = sample_rows(dataset, sample_size, seed)
     if rows is None:  # a stream: judge duplicates on the sample
@@ -455,6 +449,6 @@ def _json_default(x):
     raise TypeError(type(x))
 
 
-def main_from_recipe(recipe) -> int:
+def main_from_recipe(recipe, found) -> int:
     """`train_dpo.py --preflight`: the default sample, the recipe's seed, markdown only."""
-    return run(recipe)
+    return run(recipe, found)

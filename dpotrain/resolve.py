@@ -53,7 +53,7 @@ def check_values(recipe: Recipe) -> None:
 def check_token_budget(recipe: Recipe) -> None:
     t, budget = recipe.training, recipe.project.max_tokens_per_microbatch
     if recipe.max_length_auto:
-        return  # checked against the analyzer's choice once it is made (auto_max_length)
+        return  # checked against the analyzer's choice once it is made (the lengths stage: stages.measure_lengths)
     if t.max_length is None or budget < 2 * t.max_length:
         raise ConfigError(
             f"max_tokens_per_microbatch={budget} must hold the longest possible pair, 2 x max_length "
@@ -227,25 +227,3 @@ def resolved_config(recipe: Recipe, derived: dict) -> dict:
     resolved["config"] = recipe.config_path
     resolved["derived"] = derived
     return resolved
-
-
-def auto_max_length(recipe: Recipe, dataset, state) -> dict:
-    """`max_length: auto`: the analyzer's choice on the training split (cached per data set, tokenizer, template).
-
-    Sets `max_length` before the trainer is built (its drop filter reads it then) and returns the choice with its
-    coverage, for the resolved config. The main process analyses first; the other ranks then read its cache.
-    """
-    from dpotrain.data import lengths
-
-    tokenizer = lengths.load_tokenizer(recipe.model.model_name_or_path, recipe.model.model_revision)
-    dataset_id = mixture.dataset_id(recipe)
-    with state.main_process_first():
-        choice = lengths.auto_max_length(
-            dataset, tokenizer, recipe.project.auto_coverage, dataset_id, progress=state.is_main_process,
-            max_positions=lengths.model_positions(recipe.model.model_name_or_path, recipe.model.model_revision),
-        )  # fmt: skip
-    recipe.training.max_length = choice["max_length"]
-    recipe.max_length_auto = False  # decided: the token budget is now checked against it
-    if recipe.project.max_tokens_per_microbatch is not None:
-        check_token_budget(recipe)
-    return choice

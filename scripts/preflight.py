@@ -19,12 +19,11 @@ sys.path.insert(0, str(ROOT))  # run as `python scripts/preflight.py` from anywh
 
 from dotenv import load_dotenv  # noqa: E402
 
-from dpotrain import preflight, resolve  # noqa: E402
+from dpotrain import preflight, stages  # noqa: E402
 from dpotrain.cluster import offline  # noqa: E402
 from dpotrain.recipe import cli  # noqa: E402
 from dpotrain.recipe.config import parse_args  # noqa: E402
 from dpotrain.recipe.errors import run_cli  # noqa: E402
-from dpotrain.train import health, samples  # noqa: E402
 
 
 def parse_own(argv):
@@ -54,12 +53,9 @@ def main(argv=None) -> int:
     if not torch.cuda.is_available() and not any(a.split("=")[0] in ("--bf16",) for a in rest):
         rest += ["--bf16", "false"]  # scoring on CPU: fp32 (the recipes' bf16 needs a GPU)
     recipe = parse_args(rest)
-    resolve.check_values(recipe)
-    health.check_values(recipe.project)
-    samples.check_values(recipe.project)
-    resolve.fill_defaults(recipe)
+    found = stages.checks(recipe)  # what the run refuses from the recipe alone, the run's own checks
     offline.check_job_reachable(recipe)  # a model or data set to download: the Hub must answer, within seconds
-    return preflight.run(recipe, own.sample, own.seed, own.json, own.plot)
+    return preflight.run(recipe, found, own.sample, own.seed, own.json, own.plot)
 
 
 if __name__ == "__main__":

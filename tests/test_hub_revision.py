@@ -154,3 +154,26 @@ def test_a_mixture_whose_hub_source_moved_is_refused_on_resume_not_trained(hub, 
     log = train_online(hub, tmp_path, run, tiny_model_dir, *mix, exit_code=2)
     assert (f"dataset content: org/prefs [train]: its main moved to commit {second[:12]} since the run read commit "
             f"{first[:12]} (a mixture's sources are not pinned)") in log, log  # fmt: skip
+
+
+@pytest.mark.slow
+def test_the_preflight_scores_the_pinned_commit_and_caches_its_lengths_under_it(hub, tmp_path, tiny_model_dir):
+    """`--preflight --dataset_revision X --max_length auto` goes through the run's own data and lengths stages: it
+    scores X's pairs, not main's, and the lengths it caches for X's key are X's (it read main's pairs and cached them
+    under X's key when it loaded its data by a path of its own)."""
+    pairs = (ROOT / "data" / "smoke_prefs.jsonl").read_text().splitlines(keepends=True)
+    first = hub.state.add_dataset_commit("org/prefs", {"train.jsonl": "".join(pairs[:32]).encode()})
+    hub.state.add_dataset_commit("org/prefs", {"train.jsonl": "".join(pairs[32:96]).encode()})  # main: 64 other pairs
+    cache, report = tmp_path / "cache", tmp_path / "preflight.json"
+    online = {k: v for k, v in os.environ.items() if k not in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")}
+    online.update(HF_ENDPOINT=hub.endpoint, HF_HOME=str(tmp_path / "hf_home"), HF_TOKEN="", DPOTRAIN_CACHE=str(cache),
+                  HF_DATASETS_CACHE=str(tmp_path / "datasets_cache"))  # fmt: skip
+    args = [*SMOKE, "--dataset_name", "org/prefs", "--dataset_revision", first, "--max_length", "auto", "--json",
+            str(report), "--model_name_or_path", tiny_model_dir, "--output_dir", str(tmp_path / "unused")]  # fmt: skip
+    result = subprocess.run([PYTHON, str(ROOT / "scripts" / "preflight.py"), *args], cwd=ROOT, env=online,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=600)  # fmt: skip
+    assert result.returncode in (0, 3), result.stdout[-3000:]  # 3: a verdict of "fail" on the tiny random model
+    scored = json.loads(report.read_text())
+    assert scored["quality_rows"] == 32 and scored["max_length"] != "auto", scored
+    (cached,) = [json.loads(p.read_text()) for p in (cache / "lengths").glob("*.json")]
+    assert first in json.dumps(cached["cache"]) and cached["rows"] == 32, cached
