@@ -97,8 +97,11 @@ def check_saving(recipe: Recipe) -> None:
                           "the run (0.1), or --save_strategy no to save none on purpose")  # fmt: skip
     preemptible = os.environ.get("SLURM_JOB_ID") or os.environ.get("DPOTRAIN_STOP_FILE")
     if strategy == "no" and preemptible and int(os.environ.get("RANK", "0")) == 0:
-        print("Note: save_strategy no: no checkpoint on the way; a stop request (preemption, time limit) still saves "
-              "one, but a job killed without one (a node lost, out of memory) restarts from step 0", flush=True)
+        print(
+            "Note: save_strategy no: no checkpoint on the way; a stop request (preemption, time limit) still saves "
+            "one, but a job killed without one (a node lost, out of memory) restarts from step 0",
+            flush=True,
+        )
 
 
 def check_model(model: str) -> None:
