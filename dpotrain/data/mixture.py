@@ -18,6 +18,7 @@ same mixture takes the same pairs on every rank, node and rerun. `Mix.records` i
 import dataclasses
 import hashlib
 import json
+import os
 import re
 
 import numpy as np
@@ -66,6 +67,17 @@ class Source:
         extra += f" data_dir={self.data_dir}" if self.data_dir else ""
         return f"{self.where}{':' + self.name if self.name else ''} [{self.split}]{extra}"
 
+    def identity(self) -> str:
+        """What the source is, whatever its spelling: a local file by its real path (a symlink, a relative path or
+        `path: json` + `data_files` name the same file; a file has one split, whatever it is called), a local folder
+        by its real path and what is read of it, a Hub data set by its spec."""
+        if self.file or (self.local and os.path.isfile(self.local)):
+            return os.path.realpath(os.path.expanduser(self.local))
+        if self.local:
+            where = os.path.realpath(os.path.expanduser(self.local))
+            return Source(where, self.split, self.name, self.data_dir, self.data_files).spec()
+        return self.spec()
+
     def written(self) -> str:
         return self.amount if self.amount is not None else (f"share {self.share}" if self.share is not None else "all")
 
@@ -113,10 +125,12 @@ def parse(values: dict, evaluation: bool = False) -> list[Source] | None:
     if any(shares) and not all(shares):
         raise ConfigError(f"`fraction` is given for some `{flag}:` entries only: TRL's shares need one on every entry "
                           "(or use `amount`, a fraction or count of each source on its own)")  # fmt: skip
-    seen = [s.spec() for s in sources]
-    twice = next((s for s in seen if seen.count(s) > 1), None)
-    if twice:
-        raise ConfigError(f"source {twice} is named twice in the mixture: give it once, with one amount")
+    seen = [s.identity() for s in sources]  # by what each source is: a symlink or a relative path is no other source
+    twice = next((i for i, s in enumerate(seen) if seen.index(s) < i), None)
+    if twice is not None:
+        first, again = sources[seen.index(seen[twice])].spec(), sources[twice].spec()
+        what = f"source {first} is named twice" if first == again else f"sources {first} and {again} are the same data"
+        raise ConfigError(f"{what} in the mixture: give it once, with one amount")
     return sources
 
 
