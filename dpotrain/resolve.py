@@ -140,6 +140,21 @@ def changed_settings(recipe: Recipe, out: Path, pairs_per_step: int | None) -> l
     return [f"{f}: {old[f]!r} -> {new.get(f)!r}" for f in fields] + ([f"dataset content: {content}"] if content else [])
 
 
+def check_explicit_settings(recipe: Recipe, folder: Path, pairs_per_step: int | None) -> None:
+    """--resume_from_checkpoint gets the comparison the automatic resume makes, with the record of the run that wrote
+    the checkpoint (its folder's resolved_config.json): the checkpoint's schedule and data order are that run's."""
+    run = folder.resolve().parent
+    if not (run / "resolved_config.json").is_file():
+        resume.say(f"resume_from_checkpoint {folder}: no resolved_config.json beside it (not a run of this project), "
+                    "so its settings cannot be compared with this run's")  # fmt: skip
+        return
+    changed = changed_settings(recipe, run, pairs_per_step)
+    if changed:
+        raise ConfigError(f"resume_from_checkpoint {str(folder)!r} was written by a run with other settings "
+                          f"({'; '.join(changed)}): rerun with its settings to resume it, or start a new run from its "
+                          f"weights (--model_name_or_path {folder}, a new --output_dir)")  # fmt: skip
+
+
 def check_output_dir(recipe: Recipe, pairs_per_step: int | None = None) -> OutputPlan:
     """Resume, start afresh, or refuse: never write over a finished run by accident, never lose checkpoints.
 
@@ -152,6 +167,7 @@ def check_output_dir(recipe: Recipe, pairs_per_step: int | None = None) -> Outpu
     out = Path(t.output_dir)
     if t.resume_from_checkpoint:
         resume.check_explicit(t.resume_from_checkpoint)
+        check_explicit_settings(recipe, Path(t.resume_from_checkpoint), pairs_per_step)
         return OutputPlan(t.resume_from_checkpoint, False)
     if (out / RUN_COMPLETE).exists():
         if not p.overwrite_output_dir:

@@ -240,6 +240,32 @@ def test_resume_with_changed_settings_is_refused(args, expected, tmp_path, monke
     assert "new --output_dir, or --overwrite_output_dir to start afresh" in message
 
 
+@pytest.mark.parametrize(
+    "args, expected",
+    [
+        (["--learning_rate", "1e-3"], "learning_rate: 0.0001 -> 0.001"),
+        (["--max_steps", "7"], "max_steps: 5 -> 7"),
+    ],
+)  # fmt: skip
+def test_resume_from_checkpoint_with_changed_settings_is_refused_as_the_automatic_resume(
+    args, expected, tmp_path, monkeypatch, capsys
+):
+    """It trained at the checkpoint's schedule while resolved_config.json and the card recorded the new value."""
+    out = unfinished_run(tmp_path, capsys, "--max_steps", "5")
+    checkpoint = str(out / "checkpoint-4")
+    elsewhere = ["--output_dir", str(tmp_path / "continued")]  # TRL's users resume into a new folder as often
+    for where in ([], elsewhere):
+        message = refused(tmp_path, monkeypatch, capsys, "--max_steps", "5", "--resume_from_checkpoint", checkpoint,
+                          *args, *where)  # fmt: skip
+        assert message.startswith(
+            f"error: resume_from_checkpoint {checkpoint!r} was written by a run with other "
+            f"settings ({expected}): rerun with its settings to resume it, or start a new run "
+            f"from its weights (--model_name_or_path {checkpoint}, a new --output_dir)"
+        ), message
+    same = parse_args(["--config", SMOKE, "--max_steps", "5", "--resume_from_checkpoint", checkpoint, *elsewhere])
+    assert resolve.check_output_dir(same, 8) == resolve.OutputPlan(checkpoint, False)
+
+
 def test_requeue_resumes_and_overwrite_starts_afresh_only_when_settings_changed(tmp_path, capsys):
     out = unfinished_run(tmp_path, capsys)
     same = parse_args(["--config", SMOKE, "--output_dir", str(out), "--logging_steps", "1", "--overwrite_output_dir"])
