@@ -378,9 +378,11 @@ def describe(record: dict) -> str:
 
 
 def identity_of(source: Source) -> dict:
-    """A local source's files (size, time, SHA-256: `data_identity.of`), or a Hub source's revision."""
-    if source.local:
-        return {"files": data_identity.of(source.local, source.split)}
+    """A local source's files (size, time, SHA-256: `data_identity.of`: a file, a folder of shards or a saved one,
+    the local `data_files` of a builder), or a Hub source's revision."""
+    files = data_identity.of(source.local or source.path, source.split, source.data_dir, source.data_files)
+    if files is not None:
+        return {"files": files}
     return {"revision": lengths.dataset_identity(source.path, source.split, source.name, local_only=False)}
 
 
@@ -396,8 +398,9 @@ def content_changed(recipe, derived: dict) -> str | None:
     recorded = {r["source"]: r.get("identity") or {} for r in derived.get("data_sources") or []}
     for source in sources:
         was, why = recorded.get(source.spec(), {}), None
-        if source.local and was.get("files"):
-            why = data_identity.changed(was["files"], source.local, source.split)
+        if was.get("files"):
+            why = data_identity.changed(was["files"], source.local or source.path, source.split, source.data_dir,
+                                        source.data_files)  # fmt: skip
         elif not source.local and was.get("revision"):  # a Hub source is not pinned: its main must not have moved
             why = hub_revision.moved(was["revision"], identity_of(source)["revision"])
         if why:
