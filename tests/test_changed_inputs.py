@@ -144,18 +144,24 @@ def test_a_replaced_shard_of_a_data_folder_is_refused_and_the_original_resumes(s
 
 def test_a_mixture_sources_data_files_and_shard_folders_are_known_by_content(tmp_path):
     lines = (ROOT / "data" / "smoke_prefs.jsonl").read_text().splitlines(keepends=True)
-    (tmp_path / "shards").mkdir()
+    shards = tmp_path / "shards"
+    shards.mkdir()
     for i in range(2):
-        (tmp_path / "shards" / f"part-{i}.jsonl").write_text("".join(lines[16 * i : 16 * (i + 1)]))
-    folder = mixture.Source(str(tmp_path / "shards"), "train")
-    files = mixture.Source("json", "train", data_files=[str(tmp_path / "shards" / "part-0.jsonl"),
-                                                        str(tmp_path / "shards" / "part-1.jsonl")])  # fmt: skip
-    records = [mixture.identity_of(s)["files"] for s in (folder, files)]
-    assert [sorted(r) for r in records] == [["part-0.jsonl", "part-1.jsonl"]] * 2  # each file, not a Hub revision
-    (tmp_path / "shards" / "part-1.jsonl").write_text("".join(lines[40:56]))
-    for source, record in zip((folder, files), records, strict=True):
-        why = data_identity.changed(record, source.local or source.path, "train", None, source.data_files)
-        assert why and why.startswith("part-1.jsonl has 22412 bytes, the run trained on 14312"), why
+        (shards / f"part-{i}.jsonl").write_text("".join(lines[16 * i : 16 * (i + 1)]))
+    entries = [{"path": str(shards)}, {"path": "json", "data_files": [str(shards / "part-0.jsonl"),
+                                                                      str(shards / "part-1.jsonl")]}]  # fmt: skip
+    recipes = [parse_args(["--config", str(ROOT / "configs" / "smoke.yaml"), "--datasets", json.dumps(e)])
+               for e in entries]  # fmt: skip
+    records = []
+    for recipe in recipes:
+        (source,) = mixture.parse(mixture.fields_of(recipe))
+        records.append({"data_sources": [{"source": source.spec(), "identity": mixture.identity_of(source)}]})
+    assert [sorted(r["data_sources"][0]["identity"]["files"]) for r in records] == [["part-0.jsonl",
+                                                                                     "part-1.jsonl"]] * 2  # fmt: skip
+    (shards / "part-1.jsonl").write_text("".join(lines[40:56]))
+    for recipe, record in zip(recipes, records, strict=True):
+        why = mixture.content_changed(recipe, record)
+        assert why and why.endswith("part-1.jsonl has 22412 bytes, the run trained on 14312"), why
 
 
 def test_large_weights_are_known_by_their_ends_and_time(tmp_path):

@@ -35,15 +35,16 @@ def _saved(path: Path) -> bool:
     return (path / "dataset_info.json").exists() or (path / "dataset_dict.json").exists()
 
 
-def _listed(data_files, split: str) -> list[Path]:
-    """The local files a mixture source's `data_files` names (a path, a glob, a list of them, or {split: ...})."""
+def _listed(data_files, split: str, base: Path) -> list[Path]:
+    """The local files a mixture source's `data_files` names (a path, a glob, a list of them, or {split: ...}),
+    relative to `base` as datasets reads them (the source's folder, or the working folder for a builder)."""
     if isinstance(data_files, dict):
         data_files = data_files.get(split)
     names = [data_files] if isinstance(data_files, str) else [f for f in data_files or [] if isinstance(f, str)]
     found = []
     for name in names:
-        matches = sorted(glob.glob(os.path.expanduser(name))) if glob.has_magic(name) else [os.path.expanduser(name)]
-        found += [Path(m) for m in matches if Path(m).is_file()]
+        name = os.path.join(base, os.path.expanduser(name))
+        found += [Path(m) for m in (sorted(glob.glob(name)) if glob.has_magic(name) else [name]) if Path(m).is_file()]
     return found
 
 
@@ -51,12 +52,13 @@ def files(name: str, split: str = "train", data_dir: str | None = None, data_fil
     """The files the training split is read from, by the names a record keeps (relative to the data set): the file
     itself; a saved split's `data-*.arrow` (not the `cache-*.arrow` files datasets adds beside them as the data is
     mapped and filtered); every file of a folder of shards (`data_dir` of it, if given), hidden ones aside; the local
-    files `data_files` lists. None for a data set on the Hub."""
-    listed = _listed(data_files, split)
+    files `data_files` lists, relative to the folder `name` (`.` for a builder's: json, csv, parquet). None for a data
+    set on the Hub."""
+    path = Path(name).expanduser()
+    listed = _listed(data_files, split, path) if data_files and path.is_dir() else []
     if listed:
         root = Path(os.path.commonpath([str(p.resolve().parent) for p in listed]))
         return {p.resolve().relative_to(root).as_posix(): p for p in listed}
-    path = Path(name).expanduser()
     if path.is_file():
         return {path.name: path}
     if not path.is_dir():

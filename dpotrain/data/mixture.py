@@ -377,10 +377,18 @@ def describe(record: dict) -> str:
 # --- identity ---------------------------------------------------------------------------------------------------------
 
 
+def _read_from(source: Source) -> tuple | None:
+    """What `data_identity` reads a source's files from: its file or folder, or a builder's `data_files` (relative to
+    the working folder); None for a Hub data set (its `data_files` are the repo's)."""
+    if source.path in BUILDERS and not source.file:
+        return ".", source.split, None, source.data_files
+    return (source.local, source.split, source.data_dir, source.data_files) if source.local else None
+
+
 def identity_of(source: Source) -> dict:
     """A local source's files (size, time, SHA-256: `data_identity.of`: a file, a folder of shards or a saved one,
     the local `data_files` of a builder), or a Hub source's revision."""
-    files = data_identity.of(source.local or source.path, source.split, source.data_dir, source.data_files)
+    files = data_identity.of(*_read_from(source)) if _read_from(source) else None
     if files is not None:
         return {"files": files}
     return {"revision": lengths.dataset_identity(source.path, source.split, source.name, local_only=False)}
@@ -398,9 +406,8 @@ def content_changed(recipe, derived: dict) -> str | None:
     recorded = {r["source"]: r.get("identity") or {} for r in derived.get("data_sources") or []}
     for source in sources:
         was, why = recorded.get(source.spec(), {}), None
-        if was.get("files"):
-            why = data_identity.changed(was["files"], source.local or source.path, source.split, source.data_dir,
-                                        source.data_files)  # fmt: skip
+        if was.get("files") and _read_from(source):
+            why = data_identity.changed(was["files"], *_read_from(source))
         elif not source.local and was.get("revision"):  # a Hub source is not pinned: its main must not have moved
             why = hub_revision.moved(was["revision"], identity_of(source)["revision"])
         if why:
