@@ -185,3 +185,23 @@ def test_large_weights_are_known_by_their_ends_and_time(tmp_path):
     save_file({**weights, "a.first": torch.ones(300_000)}, str(path))  # the first MiB differs
     assert "other content (its first and last MiB differ" in data_identity.changed_files(record, {"model.safetensors":
                                                                                                  path})  # fmt: skip
+
+
+def test_a_hub_model_is_known_by_the_commit_its_revision_resolved_to(tmp_path, monkeypatch):
+    """Offline, the commit is read from the local Hub cache's refs, as transformers reads them; a download after the
+    model's owners pushed moves `refs/main`, and the rerun is refused instead of loading the new weights."""
+    import huggingface_hub.constants
+
+    from dpotrain.data import model_identity
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    refs = tmp_path / "hub" / "models--org--model" / "refs"
+    refs.mkdir(parents=True)
+    (refs / "main").write_text("a" * 40)
+    recipe = parse_args(["--config", str(ROOT / "configs" / "smoke.yaml"), "--model_name_or_path", "org/model"])
+    record = model_identity.of(recipe)
+    assert record == {"hub_commit": "a" * 40}
+    assert model_identity.changed(recipe, record) is None
+    (refs / "main").write_text("b" * 40)
+    assert model_identity.changed(recipe, record) == (f"org/model at main is commit {'b' * 12}, the run started on "
+                                                      f"commit {'a' * 12}")  # fmt: skip
