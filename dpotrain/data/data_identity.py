@@ -55,9 +55,9 @@ def files(name: str, split: str = "train", data_dir: str | None = None, data_fil
     files `data_files` lists, relative to the folder `name` (`.` for a builder's: json, csv, parquet). None for a data
     set on the Hub."""
     path = Path(name).expanduser()
-    listed = _listed(data_files, split, path) if data_files and path.is_dir() else []
-    if listed:
-        root = Path(os.path.commonpath([str(p.resolve().parent) for p in listed]))
+    if data_files and path.is_dir():  # those files only, never the whole folder they are named from
+        listed = _listed(data_files, split, path)
+        root = Path(os.path.commonpath([str(p.resolve().parent) for p in listed])) if listed else path
         return {p.resolve().relative_to(root).as_posix(): p for p in listed}
     if path.is_file():
         return {path.name: path}
@@ -82,17 +82,13 @@ def _sha256(path: Path, ends: bool = False) -> str:
         return digest.hexdigest()
 
 
-def _by_ends(size: int, ends: bool) -> bool:
-    return ends and size > 2 * ENDS
-
-
 def of_files(found: dict[str, Path], ends: bool = False) -> dict:
     """{name: {"bytes", "mtime_ns", and "sha256" (the whole file) or "sha256_ends" (its first and last MiB)}} of the
     files `found` (name -> path); `ends`: files larger than 2 MiB are known by their ends."""
     record = {}
     for name, path in found.items():
         stat = path.stat()
-        key = "sha256_ends" if _by_ends(stat.st_size, ends) else "sha256"
+        key = "sha256_ends" if ends and stat.st_size > 2 * ENDS else "sha256"
         record[name] = {"bytes": stat.st_size, "mtime_ns": stat.st_mtime_ns, key: _sha256(path, key == "sha256_ends")}
     return record
 
