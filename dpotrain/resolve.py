@@ -150,8 +150,9 @@ def check_explicit_settings(recipe: Recipe, folder: Path, pairs_per_step: int | 
     the checkpoint (its folder's resolved_config.json): the checkpoint's schedule and data order are that run's."""
     run = folder.resolve().parent
     if not (run / "resolved_config.json").is_file():
-        resume.say(f"resume_from_checkpoint {folder}: no resolved_config.json beside it (not a run of this project), "
-                    "so its settings cannot be compared with this run's")  # fmt: skip
+        if int(os.environ.get("RANK", "0")) == 0:  # every rank runs this, before the processes start
+            print(f"resume_from_checkpoint {folder}: no resolved_config.json beside it (not a run of this project), so "
+                  "its settings cannot be compared with this run's", flush=True)  # fmt: skip
         return
     changed = changed_settings(recipe, run, pairs_per_step)
     if changed:

@@ -266,6 +266,18 @@ def test_resume_from_checkpoint_with_changed_settings_is_refused_as_the_automati
     assert resolve.check_output_dir(same, 8) == resolve.OutputPlan(checkpoint, False)
 
 
+def test_resume_from_a_checkpoint_without_a_record_says_its_settings_are_not_compared(tmp_path, capsys):
+    checkpoint = tmp_path / "trl-run" / "checkpoint-3"  # written by TRL's own script: no resolved_config.json
+    checkpoint.mkdir(parents=True)
+    recipe = parse_args(["--config", SMOKE, "--output_dir", str(tmp_path / "run"), "--resume_from_checkpoint",
+                         str(checkpoint)])  # fmt: skip
+    assert resolve.check_output_dir(recipe, 8) == resolve.OutputPlan(str(checkpoint), False)
+    assert capsys.readouterr().out == (
+        f"resume_from_checkpoint {checkpoint}: no resolved_config.json beside it (not a "
+        "run of this project), so its settings cannot be compared with this run's\n"
+    )
+
+
 def test_requeue_resumes_and_overwrite_starts_afresh_only_when_settings_changed(tmp_path, capsys):
     out = unfinished_run(tmp_path, capsys)
     same = parse_args(["--config", SMOKE, "--output_dir", str(out), "--logging_steps", "1", "--overwrite_output_dir"])

@@ -21,7 +21,7 @@ from dpotrain.train.checkpoints import checkpoints, is_complete
 HEALTH_STOP = "health_stop.json"  # written by a run a health guard stopped (dpotrain/train/health.py)
 
 
-def say(line: str) -> None:
+def _say(line: str) -> None:
     if int(os.environ.get("RANK", "0")) == 0:  # before the processes start: every rank runs this
         print(line, flush=True)
 
@@ -39,7 +39,7 @@ def latest_sound_checkpoint(out: Path, before: Path | None = None, refuse: bool 
         if problem is None:
             return folder
         damaged.append(f"{folder.name}: {problem}")
-        say(f"Not resuming from {folder}: {problem}; trying the checkpoint before it")
+        _say(f"Not resuming from {folder}: {problem}; trying the checkpoint before it")
     if damaged and refuse:
         raise ConfigError(no_sound_checkpoint(out, damaged))
     return None
@@ -131,10 +131,10 @@ def after_health_stop(recipe, out: Path) -> bool:
     stop = json.loads(path.read_text())
     what = f"the {stop['guard']} guard stopped it at step {stop['step']}"
     if recipe.project.overwrite_output_dir:
-        say(f"output_dir {out}: {what}; starting afresh (--overwrite_output_dir)")
+        _say(f"output_dir {out}: {what}; starting afresh (--overwrite_output_dir)")
         return True
     if recipe.project.health_action == "warn" and not stop.get("fatal"):
-        say(f"output_dir {out}: {what}; going on from its checkpoint, as health_action: warn asks")
+        _say(f"output_dir {out}: {what}; going on from its checkpoint, as health_action: warn asks")
         return False
     go_on = "" if stop.get("fatal") else " (or --health_action warn to go on from its checkpoint anyway)"
     again = ("resuming would train on the values it stopped on" if any(is_complete(p) for p in checkpoints(out))
@@ -150,6 +150,6 @@ def only_cut_short(out: Path, changed: list[str]) -> bool:
     ran_here = (out / "resolved_config.json").is_file()  # written as training starts: a run of this project was here
     if not folders or any(is_complete(p) for p in folders) or changed or not ran_here:
         return False
-    say(f"output_dir {out}: {', '.join(p.name for p in folders)} cut short (no COMPLETE mark), nothing to resume "
+    _say(f"output_dir {out}: {', '.join(p.name for p in folders)} cut short (no COMPLETE mark), nothing to resume "
          "from: starting afresh")  # fmt: skip
     return True
