@@ -40,6 +40,7 @@ def check_options(recipe: Recipe) -> None:
                           "leave max_steps unset (-1) to train num_train_epochs")  # fmt: skip
     if t.max_steps < 0 and t.num_train_epochs <= 0:
         raise ConfigError(f"num_train_epochs={t.num_train_epochs:g} trains nothing: the recipes use 1 (or --max_steps)")
+    check_saving(recipe)
     if s.dataset_streaming:
         raise ConfigError("dataset_streaming: the step plan and the reference stage need every pair's length up front; "
                           "remove it (datasets memory-maps a loaded data set, so it need not fit in RAM)")  # fmt: skip
@@ -82,6 +83,25 @@ def check_options(recipe: Recipe) -> None:
         reads = "this run reads a mixture" if s.dataset_name is None else f"{s.dataset_name!r} is local"
         raise ConfigError(f"dataset_revision {recipe.project.dataset_revision!r} names a commit of a Hub data set, and "
                           f"{reads}: remove dataset_revision")  # fmt: skip
+
+
+def check_saving(recipe: Recipe) -> None:
+    """`save_steps 0` saves no checkpoint until the end (transformers reads it as a fraction of the steps, and 0 of
+    them is none): a requeued job would restart from nothing. Refused, as a slip; `save_strategy no` is a choice, said
+    once at start where a job may be preempted (Slurm, or a stop file): only a stop request saves a checkpoint then."""
+    t = recipe.training
+    strategy = getattr(t.save_strategy, "value", t.save_strategy)
+    if strategy == "steps" and t.save_steps <= 0:
+        raise ConfigError(f"save_steps={t.save_steps:g} saves no checkpoint until the end, and a requeued job would "
+                          "restart from step 0: give a number of steps (the recipes save every 100) or a fraction of "
+                          "the run (0.1), or --save_strategy no to save none on purpose")  # fmt: skip
+    preemptible = os.environ.get("SLURM_JOB_ID") or os.environ.get("DPOTRAIN_STOP_FILE")
+    if strategy == "no" and preemptible and int(os.environ.get("RANK", "0")) == 0:
+        print(
+            "Note: save_strategy no: no checkpoint on the way; a stop request (preemption, time limit) still saves "
+            "one, but a job killed without one (a node lost, out of memory) restarts from step 0",
+            flush=True,
+        )
 
 
 def check_model(model: str) -> None:

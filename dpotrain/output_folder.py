@@ -1,32 +1,34 @@
 """The output folder holds one run, and the run owns only its own files.
 
 A run records the names it writes in `run_files.json` (top-level names of the folder, written atomically, before the
-run writes anything else there): its records, its checkpoints, its W&B folder, the model files `save_model` wrote.
-`--overwrite_output_dir` removes exactly those and nothing else: notes, evals or anything else a person put in the
-folder stay. A folder that holds files but no run (no `run_files.json`, no run_complete.json, no checkpoint) is
-refused whatever the flags, as transformers' examples refuse a non-empty output folder: training into `.` or into a
+run writes anything else there): its records, its W&B folder, the model files `save_model` wrote, and each checkpoint
+folder by name as it is saved (`checkpoint-4`, claimed before its first file is written; a name rotation deleted is
+dropped again: dpotrain/train/run_files.py). `--overwrite_output_dir` removes exactly those and nothing else: notes,
+evals or anything else a person put in the folder stay, `checkpoint-4-evals.json` and a backup `checkpoint-4.bak/`
+among them. A folder that holds files but no run (no `run_files.json`, no run_complete.json, no checkpoint) is refused
+whatever the flags, as transformers' examples refuse a non-empty output folder: training into `.` or into a
 model folder would write over files that are not the run's. A run written before runs recorded their files (no
 `run_files.json`) is resumed as ever; replacing it is refused, since which files are its own is not known.
 """
 
-import fnmatch
-import json
 import os
 from contextlib import contextmanager
 from pathlib import Path
 
-from dpotrain.recipe import writes
 from dpotrain.recipe.errors import ConfigError
 from dpotrain.resolve import RUN_COMPLETE
+from dpotrain.train import run_files
 from dpotrain.train.checkpoints import checkpoints
+from dpotrain.train.run_files import MANIFEST, claim
 
-MANIFEST = "run_files.json"
-CHECKPOINTS = "checkpoint-[0-9]*"  # transformers' checkpoint folders: a pattern, as their steps are not known ahead
+# What records written before checkpoints were recorded by name hold for them: read as the folder's checkpoint folders.
+OLD_CHECKPOINTS = "checkpoint-[0-9]*"
 
 
 def run_names(recipe, pushes: bool) -> list[str]:
     """The top-level names this run's settings make it write into its output folder (besides the model's files,
-    recorded as `save_model` writes them: `new_files`). One list, from the modules that write each."""
+    recorded as `save_model` writes them: `new_files`, and its checkpoints, as they are saved: `claim`). One list,
+    from the modules that write each."""
     from dpotrain.hub.hub_push import PUSH_RECORD, STAGING
     from dpotrain.train.lora import MERGED_DIR
     from dpotrain.train.metrics import METRICS_FILE, PLOT_FILE
@@ -36,8 +38,7 @@ def run_names(recipe, pushes: bool) -> list[str]:
 
     t, p = recipe.training, recipe.project
     # HEALTH_STOP: a guard's stop, which a replacing run must remove with the rest (its rerun would be refused)
-    names = [MANIFEST, "resolved_config.json", METRICS_FILE, PLOT_FILE, "README.md", RUN_COMPLETE, CHECKPOINTS,
-             HEALTH_STOP]  # fmt: skip
+    names = [MANIFEST, "resolved_config.json", METRICS_FILE, PLOT_FILE, "README.md", RUN_COMPLETE, HEALTH_STOP]
     names += [SAMPLES_FILE] if p.samples_every else []
     names += [MERGED_DIR] if recipe.model.use_peft and p.merge_lora else []
     names += ["wandb", RUN_ID_FILE] if "wandb" in (t.report_to or []) else []
@@ -47,33 +48,17 @@ def run_names(recipe, pushes: bool) -> list[str]:
 
 def read_manifest(out: Path) -> list[str] | None:
     """The names the run in `out` recorded as its own; None when there is no record."""
-    try:
-        return list(json.loads((out / MANIFEST).read_text())["names"])
-    except FileNotFoundError:
-        return None
-    except (OSError, ValueError, KeyError, TypeError) as e:
-        raise ConfigError(f"{out / MANIFEST} is unreadable ({type(e).__name__}): it lists the run's own files; move "
-                          "the folder aside and pass a new --output_dir") from None  # fmt: skip
-
-
-def claim(out: str | Path, names) -> None:
-    """Adds `names` to the run's record (main process only)."""
-    out = Path(out)
-    known = read_manifest(out) or []
-    added = [n for n in names if n not in known]
-    if added or not (out / MANIFEST).exists():
-        record = {"names": known + added, "written_by": "train_dpo.py: these are the run's own files; "
-                  "--overwrite_output_dir replaces these and nothing else"}  # fmt: skip
-        writes.write_text(out / MANIFEST, json.dumps(record, indent=1) + "\n")
+    names = run_files.read(out)
+    if names is not None and OLD_CHECKPOINTS in names:  # the best an older record knows: the checkpoint folders
+        names = [n for n in names if n != OLD_CHECKPOINTS] + [p.name for p in checkpoints(out)]
+    return names
 
 
 def owned(out: Path, names: list[str]) -> list[Path]:
-    """What in `out` the recorded names (and patterns) cover."""
+    """What in `out` the recorded names cover: those names exactly."""
     from dpotrain.cluster.run_lock import LOCK_FILE
 
-    return sorted(
-        e for e in out.iterdir() if e.name != LOCK_FILE and any(fnmatch.fnmatchcase(e.name, n) for n in names)
-    )
+    return sorted(e for e in out.iterdir() if e.name != LOCK_FILE and e.name in set(names))
 
 
 def is_legacy_run(out: Path) -> bool:
@@ -121,9 +106,9 @@ def start(recipe, start_afresh: bool, pushes: bool) -> None:
     old = read_manifest(out)
     if start_afresh and old is not None:
         replace(out, old)
-    else:
-        names = (old or []) + names  # resumed: what earlier attempts wrote is the run's too
-    claim(out, names)
+    else:  # resumed: what earlier attempts wrote is the run's too (before records, its checkpoint folders)
+        names = (old if old is not None else [p.name for p in checkpoints(out)]) + names
+    run_files.write(out, names)
 
 
 def replace(out: Path, names: list[str]) -> None:

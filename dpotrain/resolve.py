@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import yaml
 
-from dpotrain.data import mixture
+from dpotrain.data import mixture, model_identity
 from dpotrain.hub.hub import RUN_COMPLETE  # noqa: F401 - resolve.RUN_COMPLETE, as the run's callers read it
 from dpotrain.recipe.config import Recipe, uses_live_reference  # noqa: F401 (resolve.uses_live_reference)
 from dpotrain.recipe.errors import ConfigError
@@ -123,7 +123,8 @@ RESUME_FIELDS = (
 
 def changed_settings(recipe: Recipe, out: Path, pairs_per_step: int | None) -> list[str]:
     """`field: old -> new` for each RESUME_FIELDS value (and pairs per step) that differs from the unfinished run's
-    resolved_config.json, and the data set's content (`data_identity`); [] when there is none to compare with."""
+    resolved_config.json, the data set's content (`data_identity`) and the model's (`model_identity`); [] when there
+    is none to compare with."""
     import json
 
     saved = out / "resolved_config.json"
@@ -137,7 +138,27 @@ def changed_settings(recipe: Recipe, out: Path, pairs_per_step: int | None) -> l
     fields = [f for f in (*RESUME_FIELDS, "pairs_per_step") if f in old and old[f] != new.get(f)]
     mixed = {"dataset_name", "datasets", "dataset_mixer_list", "dataset_mixer_list_splits"}
     content = None if mixed & set(fields) else mixture.content_changed(recipe, old.get("derived", {}))
-    return [f"{f}: {old[f]!r} -> {new.get(f)!r}" for f in fields] + ([f"dataset content: {content}"] if content else [])
+    # The model's weights, tokenizer and template by their files (a Hub model by its commit): model_identity.py
+    model = None if {"model_name_or_path", "model_revision"} & set(fields) else (
+        model_identity.changed(recipe, old.get("derived", {}).get("model_identity")))  # fmt: skip
+    return ([f"{f}: {old[f]!r} -> {new.get(f)!r}" for f in fields] + ([f"dataset content: {content}"] if content
+            else []) + ([f"model: {model}"] if model else []))  # fmt: skip
+
+
+def check_explicit_settings(recipe: Recipe, folder: Path, pairs_per_step: int | None) -> None:
+    """--resume_from_checkpoint gets the comparison the automatic resume makes, with the record of the run that wrote
+    the checkpoint (its folder's resolved_config.json): the checkpoint's schedule and data order are that run's."""
+    run = folder.resolve().parent
+    if not (run / "resolved_config.json").is_file():
+        if int(os.environ.get("RANK", "0")) == 0:  # every rank runs this, before the processes start
+            print(f"resume_from_checkpoint {folder}: no resolved_config.json beside it (not a run of this project), so "
+                  "its settings cannot be compared with this run's", flush=True)  # fmt: skip
+        return
+    changed = changed_settings(recipe, run, pairs_per_step)
+    if changed:
+        raise ConfigError(f"resume_from_checkpoint {str(folder)!r} was written by a run with other settings "
+                          f"({'; '.join(changed)}): rerun with its settings to resume it, or start a new run from its "
+                          f"weights (--model_name_or_path {folder}, a new --output_dir)")  # fmt: skip
 
 
 def check_output_dir(recipe: Recipe, pairs_per_step: int | None = None) -> OutputPlan:
@@ -152,6 +173,7 @@ def check_output_dir(recipe: Recipe, pairs_per_step: int | None = None) -> Outpu
     out = Path(t.output_dir)
     if t.resume_from_checkpoint:
         resume.check_explicit(t.resume_from_checkpoint)
+        check_explicit_settings(recipe, Path(t.resume_from_checkpoint), pairs_per_step)
         return OutputPlan(t.resume_from_checkpoint, False)
     if (out / RUN_COMPLETE).exists():
         if not p.overwrite_output_dir:

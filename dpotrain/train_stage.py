@@ -8,6 +8,7 @@ from pathlib import Path
 
 from dpotrain import dry_run, output_folder, resolve
 from dpotrain.cluster import offline
+from dpotrain.data import model_identity
 from dpotrain.hub.hub_push import CheckpointPusher
 from dpotrain.recipe import writes
 from dpotrain.train.preemption import STOPPED_EXIT
@@ -77,6 +78,8 @@ def record_run(recipe, first, trainer, run_plan, outcomes, output: resolve.Outpu
     derived["layers"] = trainer.layers_record  # the decoder layers as trained: checkpointed, compiled (layers.py)
     resolved = push.record(resolve.resolved_config(recipe, derived | {"resumed_from": output.resume_from}))
     if state.is_main_process:
+        # The model's files as this run loaded them (or its Hub commit): a rerun on others is refused (resolve.py)
+        resolved["derived"]["model_identity"] = model_identity.of(recipe)
         out = Path(training.output_dir)
         out.mkdir(parents=True, exist_ok=True)
         writes.write_text(out / "resolved_config.json", json.dumps(resolved, indent=2, default=str) + "\n")

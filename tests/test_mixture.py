@@ -86,6 +86,31 @@ def test_a_mixture_written_wrong_is_one_line(args, says):
     assert says in str(e.value) and "\n" not in str(e.value)
 
 
+def test_one_source_through_a_symlink_or_a_relative_path_is_refused_as_twice(files, tmp_path, monkeypatch):
+    """`good.jsonl` and `alias.jsonl -> good.jsonl` planned every pair twice (the same path twice was refused)."""
+    good = tmp_path / "data" / "good.jsonl"
+    good.parent.mkdir()
+    shutil.copy(files["trl"], good)
+    (tmp_path / "alias.jsonl").symlink_to(good)
+    monkeypatch.chdir(tmp_path)
+    spellings = [
+        ["--dataset_mixer_list", str(good), "1.0", "alias.jsonl", "0.5"],  # a symlink
+        ["--dataset_mixer_list", "data/good.jsonl", "1.0", "./data/../data/good.jsonl", "0.5"],  # two relative paths
+        ["--datasets", json.dumps({"path": "data/good.jsonl"}), json.dumps({"path": "json", "data_files": str(good)})],
+        # a file has one split, whatever the mixture calls it
+        ["--dataset_mixer_list", "data/good.jsonl", "1.0", "alias.jsonl", "1.0", "--dataset_mixer_list_splits",
+         "train", "test"],
+    ]  # fmt: skip
+    for args in spellings:
+        with pytest.raises(ConfigError) as e:
+            resolve.check_values(parse_args(["--config", SMOKE, *args]))
+        assert "are the same data in the mixture: give it once, with one amount" in str(e.value), args
+    # Two files with the same content are two sources, as the user may mean (a copy kept apart on purpose).
+    shutil.copy(good, tmp_path / "copy.jsonl")
+    resolve.check_values(parse_args(["--config", SMOKE, "--dataset_mixer_list", "alias.jsonl", "1.0", "copy.jsonl",
+                                     "1.0"]))  # fmt: skip
+
+
 def test_a_count_above_the_rows_is_refused_a_fraction_upsamples(files):
     count = mixture.Source(files["hh"], "train", amount="21")
     with pytest.raises(ConfigError, match="has 20 usable rows and the mixture asks for 21.*1.05"):

@@ -55,12 +55,30 @@ def a_users_files(folder: Path) -> None:
 # --- the user's files -------------------------------------------------------------------------------------------------
 
 
+def checkpoint_named_files(folder: Path) -> None:
+    """A person's files whose names start as a checkpoint's: evals and samples of one, a note, a backup copy."""
+    (folder / "checkpoint-4-evals.json").write_text('{"gsm8k": 0.12}\n')
+    (folder / "checkpoint-6.md").write_text("step 6 looked best\n")
+    (folder / "checkpoint-2-samples").mkdir()
+    (folder / "checkpoint-2-samples" / "0.txt").write_text("a sample\n")
+    (folder / "checkpoint-4.bak").mkdir()
+    (folder / "checkpoint-4.bak" / "model.safetensors").write_bytes(b"a backup")
+
+
 def test_overwrite_replaces_only_the_runs_own_files(tmp_path, tiny_model_dir):
     out = tmp_path / "run"
-    first = run_train(train_args(out, "--max_steps", "2", "--save_steps", "1"), env=env_for(tiny_model_dir))
+    first = run_train(train_args(out, "--max_steps", "2", "--save_steps", "1", "--save_total_limit", "1"),
+                      env=env_for(tiny_model_dir))  # fmt: skip
     assert first.returncode == 0, first.stdout[-3000:]
+    # Each checkpoint by name as it was saved; checkpoint-1, which rotation deleted, is no longer the run's.
+    names = output_folder.read_manifest(out)
+    assert "checkpoint-2" in names and "checkpoint-1" not in names and not [n for n in names if "*" in n], names
     a_users_files(out)
-    users = {k: v for k, v in snapshot(out).items() if k.startswith(("evals/", "notes.md"))}
+    checkpoint_named_files(out)
+    users = {k: v for k, v in snapshot(out).items() if k.startswith(("evals/", "notes.md", "checkpoint-4-evals.json",
+                                                                     "checkpoint-6.md", "checkpoint-2-samples/",
+                                                                     "checkpoint-4.bak/"))}  # fmt: skip
+    assert len(users) == 6
     old_complete = (out / "run_complete.json").read_text()
     # A health guard's stop record is the run's too: the replacing run (the command the stop suggests) removes it, or
     # the new run's own rerun would be refused on the old run's stop.
@@ -71,14 +89,18 @@ def test_overwrite_replaces_only_the_runs_own_files(tmp_path, tiny_model_dir):
     assert second.returncode == 0, second.stdout[-3000:]
     after = snapshot(out)
     assert {k: after.get(k) for k in users} == users  # the notes and evals, byte for byte
-    assert not list(out.glob("checkpoint-*")) and not (out / HEALTH_STOP).exists()  # the old run's own, removed
+    assert not (out / "checkpoint-2").exists() and not (out / HEALTH_STOP).exists()  # the old run's own, removed
     assert json.loads(old_complete)["global_step"] == 2
     assert json.loads((out / "run_complete.json").read_text())["global_step"] == 3
     assert [r["step"] for r in read_metrics(out) if "loss" in r] == [1, 2, 3]  # each step once, none of the old run
-    assert "Replaced the run in" in second.stdout and "kept 2 others (evals, notes.md)" in second.stdout
+    assert (
+        "Replaced the run in" in second.stdout
+        and ("kept 6 others (checkpoint-2-samples, checkpoint-4-evals.json, checkpoint-4.bak, checkpoint-6.md, evals)")
+        in second.stdout
+    )
     # The new run's record names its own files and none of the user's.
     names = output_folder.read_manifest(out)
-    assert "model.safetensors" in names and not {"notes.md", "evals"} & set(names)
+    assert "model.safetensors" in names and not {"notes.md", "evals", "checkpoint-4.bak"} & set(names)
     assert not (out / run_lock.LOCK_FILE).exists()
 
 
@@ -126,6 +148,19 @@ def test_a_run_written_before_runs_recorded_their_files_resumes_but_is_not_repla
     with pytest.raises(ConfigError, match="written before runs recorded their own files"):
         output_folder.check_plan(recipe.training.output_dir, start_afresh=True)
     assert (out / "my-eval.json").exists() and (out / "checkpoint-4").is_dir()
+
+
+def test_a_record_written_before_checkpoints_were_named_removes_only_checkpoint_folders(tmp_path):
+    """Records of earlier versions hold the pattern `checkpoint-[0-9]*`: read as the folders named exactly as
+    checkpoints are, never as the user's files the pattern also matched."""
+    out = tmp_path / "run"
+    (out / "checkpoint-2").mkdir(parents=True)
+    (out / "checkpoint-2" / "COMPLETE").write_text("{}")
+    checkpoint_named_files(out)
+    (out / output_folder.MANIFEST).write_text(json.dumps({"names": ["run_files.json", "checkpoint-[0-9]*"]}))
+    output_folder.replace(out, output_folder.read_manifest(out))
+    kept = ["checkpoint-2-samples", "checkpoint-4-evals.json", "checkpoint-4.bak", "checkpoint-6.md", "run_files.json"]
+    assert sorted(p.name for p in out.iterdir()) == kept
 
 
 # --- no command writes over one of its own inputs ---------------------------------------------------------------------

@@ -138,6 +138,10 @@ def test_runs_that_train_nothing(args, rows, expected, tmp_path, monkeypatch, ca
         (["--eval_strategy", "steps"], "has one split only: save a DatasetDict with a 'test' split"),
         (["--dataset_test_split", "validation"], "dataset_test_split 'validation' is only used for evaluation"),
         (["--warmup_ratio", "0.1"], "unknown argument '--warmup_ratio' (removed in transformers 5: use warmup_steps"),
+        # transformers reads 0 as a fraction of the run: no checkpoint until the end, a requeue restarts from nothing
+        (["--save_steps", "0"], "save_steps=0 saves no checkpoint until the end, and a requeued job would restart from "
+         "step 0: give a number of steps (the recipes save every 100) or a fraction of the run (0.1), or "
+         "--save_strategy no to save none on purpose"),
         (["--evaluation_strategy", "steps"], "(renamed eval_strategy in transformers 5)"),
     ],
 )  # fmt: skip
@@ -167,6 +171,36 @@ def test_wandb_without_a_login(tmp_path, monkeypatch, capsys):
     data = str(ROOT / "data" / "smoke_prefs.jsonl")
     message = refused(tmp_path, monkeypatch, capsys, "--report_to", "wandb", "--dataset_name", data)
     assert "report_to wandb but no W&B login" in message and "WANDB_MODE=offline" in message
+
+
+@pytest.mark.parametrize("text", ["", "# my recipe: beta 5, OLMo 3's\n#beta: 5\n\n"])
+def test_an_empty_or_comment_only_recipe_is_refused(text, tmp_path, monkeypatch, capsys):
+    """It trained TRL's defaults (beta 0.1, sigmoid, 3 epochs) under the recipe's name."""
+    recipe = tmp_path / "olmo3-mine.yaml"
+    recipe.write_text(text)
+    monkeypatch.setenv("DPOTRAIN_BUILTIN_DIR", str(tmp_path / "builtin"))
+    for argv in (["--config", str(recipe)], ["--config", str(recipe), "--dry-run"]):
+        with pytest.raises(SystemExit) as ended:
+            run_cli(lambda argv=argv: train_dpo.main(argv))
+        err = capsys.readouterr().err
+        assert ended.value.code == 2 and "Traceback" not in err, err
+        assert err.strip().splitlines()[-1] == (f"error: {recipe}: the recipe holds no settings (empty, or comments "
+                                                "only): write its `field: value` lines (configs/smoke.yaml is a small "
+                                                "one to start from)")  # fmt: skip
+    assert not (tmp_path / "olmo3-mine-dpo").exists() and not (tmp_path / "builtin").exists()
+
+
+def test_save_strategy_no_in_a_slurm_job_says_what_it_risks_at_start(tmp_path, monkeypatch, capsys):
+    from dpotrain import options
+
+    recipe = parse_args(["--config", SMOKE, "--output_dir", str(tmp_path / "run"), "--save_strategy", "no"])
+    options.check_options(recipe)
+    assert "Note: save_strategy no" not in capsys.readouterr().out  # not preemptible: nothing to say
+    monkeypatch.setenv("SLURM_JOB_ID", "4242")
+    options.check_options(recipe)
+    assert capsys.readouterr().out == ("Note: save_strategy no: no checkpoint on the way; a stop request (preemption, "
+                                       "time limit) still saves one, but a job killed without one (a node lost, out of "
+                                       "memory) restarts from step 0\n")  # fmt: skip
 
 
 def test_a_real_process_exits_2_with_one_line(tmp_path):
@@ -204,6 +238,44 @@ def test_resume_with_changed_settings_is_refused(args, expected, tmp_path, monke
     message = refused(tmp_path, monkeypatch, capsys, *args)
     assert "holds an unfinished run with other settings" in message and expected in message
     assert "new --output_dir, or --overwrite_output_dir to start afresh" in message
+
+
+@pytest.mark.parametrize(
+    "args, expected",
+    [
+        (["--learning_rate", "1e-3"], "learning_rate: 0.0001 -> 0.001"),
+        (["--max_steps", "7"], "max_steps: 5 -> 7"),
+    ],
+)  # fmt: skip
+def test_resume_from_checkpoint_with_changed_settings_is_refused_as_the_automatic_resume(
+    args, expected, tmp_path, monkeypatch, capsys
+):
+    """It trained at the checkpoint's schedule while resolved_config.json and the card recorded the new value."""
+    out = unfinished_run(tmp_path, capsys, "--max_steps", "5")
+    checkpoint = str(out / "checkpoint-4")
+    elsewhere = ["--output_dir", str(tmp_path / "continued")]  # TRL's users resume into a new folder as often
+    for where in ([], elsewhere):
+        message = refused(tmp_path, monkeypatch, capsys, "--max_steps", "5", "--resume_from_checkpoint", checkpoint,
+                          *args, *where)  # fmt: skip
+        assert message.startswith(
+            f"error: resume_from_checkpoint {checkpoint!r} was written by a run with other "
+            f"settings ({expected}): rerun with its settings to resume it, or start a new run "
+            f"from its weights (--model_name_or_path {checkpoint}, a new --output_dir)"
+        ), message
+    same = parse_args(["--config", SMOKE, "--max_steps", "5", "--resume_from_checkpoint", checkpoint, *elsewhere])
+    assert resolve.check_output_dir(same, 8) == resolve.OutputPlan(checkpoint, False)
+
+
+def test_resume_from_a_checkpoint_without_a_record_says_its_settings_are_not_compared(tmp_path, capsys):
+    checkpoint = tmp_path / "trl-run" / "checkpoint-3"  # written by TRL's own script: no resolved_config.json
+    checkpoint.mkdir(parents=True)
+    recipe = parse_args(["--config", SMOKE, "--output_dir", str(tmp_path / "run"), "--resume_from_checkpoint",
+                         str(checkpoint)])  # fmt: skip
+    assert resolve.check_output_dir(recipe, 8) == resolve.OutputPlan(str(checkpoint), False)
+    assert capsys.readouterr().out == (
+        f"resume_from_checkpoint {checkpoint}: no resolved_config.json beside it (not a "
+        "run of this project), so its settings cannot be compared with this run's\n"
+    )
 
 
 def test_requeue_resumes_and_overwrite_starts_afresh_only_when_settings_changed(tmp_path, capsys):

@@ -1,64 +1,134 @@
-"""The training data's identity by content, not only its name: a run resumed on other data would go on mid-epoch on
-pairs its plan never saw.
+"""A run's input files by identity, not only by name: a run resumed on other data, or on another model at the same
+path, would go on mid-epoch on pairs its plan never saw, or score its reference with other weights.
 
-A local file (or the training split's Arrow files of a folder saved with `save_to_disk`) is recorded in the run's
-resolved_config.json with each file's size, modification time and SHA-256 (~1 s per GB, once at start on the main
-process: a 10 GB JSONL takes seconds beside the minutes datasets takes to read it). A rerun compares sizes first,
-then trusts an unchanged size and modification time (as datasets' own cache and make do) and hashes the file again
-only when the time differs (a copy, a checkout), so that touching a file does not refuse a resume but changing its
-content does. A Hub data set is named by its name, config and split (RESUME_FIELDS), not its content.
+`of_files` records each file of a list with its size, modification time and a SHA-256; `changed_files` says how the
+files differ now from such a record, naming the file. Every input goes through these two, so adding a file to what a
+resume compares is one more entry in the list given to them.
+
+- Data files (this module: a JSONL, JSON, CSV or Parquet file, a folder of shards, the training split's Arrow files of
+  a folder saved with `save_to_disk`, the local files of a mixture's sources) are hashed whole (~1 s per GB, once at
+  start on the main process: a 10 GB JSONL takes seconds beside the minutes datasets takes to read it).
+- The model's files (model_identity.py: weights, config, tokenizer, chat template) can be tens of GB: a file larger
+  than 2 MiB is known by the SHA-256 of its first and last MiB (`ENDS`), read in milliseconds whatever its size.
+
+A rerun compares sizes first, then trusts an unchanged size and modification time (as datasets' own cache and make
+do). A file whose time changed is hashed again: a file hashed whole resumes when its content is the same (a copy, a
+checkout), and is refused otherwise; a file known by its ends is refused when they differ, and also when they do not,
+since re-exporting weights rewrites the file (a new time) while its size, header and first and last tensors may stay
+the same: the message gives the `touch` command that restores the recorded time, for a file copied unchanged.
 """
 
+import glob
 import hashlib
+import os
 from pathlib import Path
 
+ENDS = 1 << 20  # bytes hashed at each end of a file known by its ends (a file up to 2 x ENDS is hashed whole)
 
-def _files(name: str, split: str) -> tuple[Path, list[Path]] | None:
-    """The files the training split is read from: the file itself, or a saved split's `data-*.arrow` (not the
-    `cache-*.arrow` files datasets adds beside them as the data is mapped and filtered)."""
+
+def _hidden(path: Path, root: Path) -> bool:
+    return any(part.startswith(".") for part in path.relative_to(root).parts)
+
+
+def _saved(path: Path) -> bool:
+    """A folder written by `save_to_disk` (as data.load_preference_dataset tells it from a folder of data files)."""
+    return (path / "dataset_info.json").exists() or (path / "dataset_dict.json").exists()
+
+
+def _listed(data_files, split: str, base: Path) -> list[Path]:
+    """The local files a mixture source's `data_files` names (a path, a glob, a list of them, or {split: ...}),
+    relative to `base` as datasets reads them (the source's folder, or the working folder for a builder)."""
+    if isinstance(data_files, dict):
+        data_files = data_files.get(split)
+    names = [data_files] if isinstance(data_files, str) else [f for f in data_files or [] if isinstance(f, str)]
+    found = []
+    for name in names:
+        name = os.path.join(base, os.path.expanduser(name))
+        found += [Path(m) for m in (sorted(glob.glob(name)) if glob.has_magic(name) else [name]) if Path(m).is_file()]
+    return found
+
+
+def files(name: str, split: str = "train", data_dir: str | None = None, data_files=None) -> dict[str, Path] | None:
+    """The files the training split is read from, by the names a record keeps (relative to the data set): the file
+    itself; a saved split's `data-*.arrow` (not the `cache-*.arrow` files datasets adds beside them as the data is
+    mapped and filtered); every file of a folder of shards (`data_dir` of it, if given), hidden ones aside; the local
+    files `data_files` lists, relative to the folder `name` (`.` for a builder's: json, csv, parquet). None for a data
+    set on the Hub."""
     path = Path(name).expanduser()
+    if data_files and path.is_dir():  # those files only, never the whole folder they are named from
+        listed = _listed(data_files, split, path)
+        root = Path(os.path.commonpath([str(p.resolve().parent) for p in listed])) if listed else path
+        return {p.resolve().relative_to(root).as_posix(): p for p in listed}
     if path.is_file():
-        return path.parent, [path]
-    if path.is_dir():
-        split_dir = path / split if (path / split).is_dir() else path
-        return path, sorted(split_dir.glob("data-*.arrow"))
-    return None  # a Hub data set
-
-
-def _sha256(path: Path) -> str:
-    with open(path, "rb") as f:
-        return hashlib.file_digest(f, "sha256").hexdigest()
-
-
-def of(name: str, split: str = "train") -> dict | None:
-    """{relative path: {"bytes", "mtime_ns", "sha256"}} of a local data set's `split`; None for a Hub one."""
-    found = _files(name, split)
-    if found is None:
+        return {path.name: path}
+    if not path.is_dir():
         return None
-    root, files = found
+    if _saved(path):
+        split_dir = path / split if (path / split).is_dir() else path
+        found = sorted(split_dir.glob("data-*.arrow"))
+    else:
+        folder = path / data_dir if data_dir else path
+        found = sorted(p for p in folder.rglob("*") if p.is_file() and not _hidden(p, path))
+    return {p.relative_to(path).as_posix(): p for p in found}
+
+
+def _sha256(path: Path, ends: bool = False) -> str:
+    with open(path, "rb") as f:
+        if not ends:
+            return hashlib.file_digest(f, "sha256").hexdigest()
+        digest = hashlib.sha256(f.read(ENDS))
+        f.seek(-ENDS, os.SEEK_END)
+        digest.update(f.read(ENDS))
+        return digest.hexdigest()
+
+
+def of_files(found: dict[str, Path], ends: bool = False) -> dict:
+    """{name: {"bytes", "mtime_ns", and "sha256" (the whole file) or "sha256_ends" (its first and last MiB)}} of the
+    files `found` (name -> path); `ends`: files larger than 2 MiB are known by their ends."""
     record = {}
-    for path in files:
+    for name, path in found.items():
         stat = path.stat()
-        record[path.relative_to(root).as_posix()] = {"bytes": stat.st_size, "mtime_ns": stat.st_mtime_ns,
-                                                     "sha256": _sha256(path)}  # fmt: skip
+        key = "sha256_ends" if ends and stat.st_size > 2 * ENDS else "sha256"
+        record[name] = {"bytes": stat.st_size, "mtime_ns": stat.st_mtime_ns, key: _sha256(path, key == "sha256_ends")}
     return record
 
 
-def changed(old: dict | None, name: str, split: str = "train") -> str | None:
+def changed_files(old: dict, found: dict[str, Path]) -> str | None:
+    """How the files `found` differ from the record `old` (`of_files`), naming the file; None: the same."""
+    if set(found) != set(old):
+        added, gone = sorted(set(found) - set(old)), sorted(set(old) - set(found))
+        return ", ".join([*(f"{n} is new" for n in added), *(f"{n} is gone" for n in gone)]) + " since the run started"
+    for name, path in found.items():
+        stat, was = path.stat(), old[name]
+        if stat.st_size != was["bytes"]:
+            return f"{name} has {stat.st_size} bytes, the run trained on {was['bytes']}"
+        if stat.st_mtime_ns == was["mtime_ns"]:
+            continue
+        if "sha256" in was:
+            digest, then = _sha256(path), was["sha256"]
+            if digest != then:
+                return f"{name} has other content (SHA-256 {digest[:12]}..., the run trained on {then[:12]}...)"
+            continue
+        if _sha256(path, ends=True) != was["sha256_ends"]:
+            return f"{name} has other content (its first and last MiB differ from those the run trained on)"
+        seconds, nanoseconds = divmod(was["mtime_ns"], 10**9)
+        return (f"{name} was rewritten since the run started (its first and last MiB, all that is compared of a "
+                f"large file, are the same); if it is the same file copied, `touch -d @{seconds}.{nanoseconds:09d} "
+                f"{path}` gives it back the time the run recorded")  # fmt: skip
+    return None
+
+
+def of(name: str, split: str = "train", data_dir: str | None = None, data_files=None) -> dict | None:
+    """{name: {"bytes", "mtime_ns", "sha256"}} of a local data set's `split` (`files`); None for a Hub one."""
+    found = files(name, split, data_dir, data_files)
+    return None if found is None else of_files(found)
+
+
+def changed(old: dict | None, name: str, split: str = "train", data_dir: str | None = None,
+            data_files=None) -> str | None:  # fmt: skip
     """How the local data set `name`'s `split` differs from the run's record `old` (`of`), or None: the same
     content, a Hub data set, or a run recorded before data identities."""
-    found = _files(name, split)
+    found = files(name, split, data_dir, data_files)
     if not old or found is None:
         return None
-    root, files = found
-    now = {path.relative_to(root).as_posix(): path for path in files}
-    if set(now) != set(old):
-        return f"{name} holds {sorted(now)}, the run trained on {sorted(old)}"
-    for rel, path in now.items():
-        stat, was = path.stat(), old[rel]
-        if stat.st_size != was["bytes"]:
-            return f"{rel} has {stat.st_size} bytes, the run trained on {was['bytes']}"
-        digest = _sha256(path) if stat.st_mtime_ns != was["mtime_ns"] else was["sha256"]
-        if digest != was["sha256"]:
-            return f"{rel} has other content (SHA-256 {digest[:12]}..., the run trained on {was['sha256'][:12]}...)"
-    return None
+    return changed_files(old, found)

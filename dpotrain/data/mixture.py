@@ -18,6 +18,7 @@ same mixture takes the same pairs on every rank, node and rerun. `Mix.records` i
 import dataclasses
 import hashlib
 import json
+import os
 import re
 
 import numpy as np
@@ -66,6 +67,17 @@ class Source:
         extra += f" data_dir={self.data_dir}" if self.data_dir else ""
         return f"{self.where}{':' + self.name if self.name else ''} [{self.split}]{extra}"
 
+    def identity(self) -> str:
+        """What the source is, whatever its spelling: a local file by its real path (a symlink, a relative path or
+        `path: json` + `data_files` name the same file; a file has one split, whatever it is called), a local folder
+        by its real path and what is read of it, a Hub data set by its spec."""
+        if self.file or (self.local and os.path.isfile(self.local)):
+            return os.path.realpath(os.path.expanduser(self.local))
+        if self.local:
+            where = os.path.realpath(os.path.expanduser(self.local))
+            return Source(where, self.split, self.name, self.data_dir, self.data_files).spec()
+        return self.spec()
+
     def written(self) -> str:
         return self.amount if self.amount is not None else (f"share {self.share}" if self.share is not None else "all")
 
@@ -113,10 +125,12 @@ def parse(values: dict, evaluation: bool = False) -> list[Source] | None:
     if any(shares) and not all(shares):
         raise ConfigError(f"`fraction` is given for some `{flag}:` entries only: TRL's shares need one on every entry "
                           "(or use `amount`, a fraction or count of each source on its own)")  # fmt: skip
-    seen = [s.spec() for s in sources]
-    twice = next((s for s in seen if seen.count(s) > 1), None)
-    if twice:
-        raise ConfigError(f"source {twice} is named twice in the mixture: give it once, with one amount")
+    seen = [s.identity() for s in sources]  # by what each source is: a symlink or a relative path is no other source
+    twice = next((i for i, s in enumerate(seen) if seen.index(s) < i), None)
+    if twice is not None:
+        first, again = sources[seen.index(seen[twice])].spec(), sources[twice].spec()
+        what = f"source {first} is named twice" if first == again else f"sources {first} and {again} are the same data"
+        raise ConfigError(f"{what} in the mixture: give it once, with one amount")
     return sources
 
 
@@ -363,10 +377,20 @@ def describe(record: dict) -> str:
 # --- identity ---------------------------------------------------------------------------------------------------------
 
 
+def _read_from(source: Source) -> tuple | None:
+    """What `data_identity` reads a source's files from: its file or folder, or a builder's `data_files` (relative to
+    the working folder); None for a Hub data set (its `data_files` are the repo's)."""
+    if source.path in BUILDERS and not source.file:
+        return ".", source.split, None, source.data_files
+    return (source.local, source.split, source.data_dir, source.data_files) if source.local else None
+
+
 def identity_of(source: Source) -> dict:
-    """A local source's files (size, time, SHA-256: `data_identity.of`), or a Hub source's revision."""
-    if source.local:
-        return {"files": data_identity.of(source.local, source.split)}
+    """A local source's files (size, time, SHA-256: `data_identity.of`: a file, a folder of shards or a saved one,
+    the local `data_files` of a builder), or a Hub source's revision."""
+    files = data_identity.of(*_read_from(source)) if _read_from(source) else None
+    if files is not None:
+        return {"files": files}
     return {"revision": lengths.dataset_identity(source.path, source.split, source.name, local_only=False)}
 
 
@@ -382,8 +406,8 @@ def content_changed(recipe, derived: dict) -> str | None:
     recorded = {r["source"]: r.get("identity") or {} for r in derived.get("data_sources") or []}
     for source in sources:
         was, why = recorded.get(source.spec(), {}), None
-        if source.local and was.get("files"):
-            why = data_identity.changed(was["files"], source.local, source.split)
+        if was.get("files") and _read_from(source):
+            why = data_identity.changed(was["files"], *_read_from(source))
         elif not source.local and was.get("revision"):  # a Hub source is not pinned: its main must not have moved
             why = hub_revision.moved(was["revision"], identity_of(source)["revision"])
         if why:

@@ -1,7 +1,8 @@
 """A recipe's YAML read strictly: a key written twice or a syntax error is one line naming the file and the line.
 
 PyYAML keeps the last of two equal keys without a word (`beta: 5` ... `beta: 0.1` trains with 0.1), and its syntax
-errors are several lines of parser state. Training (`config.parse_args`) and the analyzer read recipes through here.
+errors are several lines of parser state. An empty or comment-only recipe is refused too: it would train TRL's
+defaults under the recipe's name. Training (`config.parse_args`) and the analyzer read recipes through here.
 """
 
 from pathlib import Path
@@ -29,7 +30,7 @@ class _StrictLoader(yaml.SafeLoader):
 
 
 def load(path: str | Path) -> dict:
-    """The recipe at `path` as a mapping (empty file: {}), or a ConfigError naming `path:line`."""
+    """The recipe at `path` as a mapping, or a ConfigError naming `path:line` (or an empty recipe)."""
     text = Path(path).read_text(encoding="utf-8", errors="replace")
     loader = _StrictLoader(text)
     loader.name = str(path)
@@ -46,7 +47,9 @@ def load(path: str | Path) -> dict:
         raise ConfigError(f"{path}: not valid YAML ({str(e).splitlines()[0]})") from None
     finally:
         loader.dispose()
-    recipe = recipe or {}
+    if recipe is None:  # every field would take TRL's default (beta 0.1, sigmoid, 3 epochs) under this recipe's name
+        raise ConfigError(f"{path}: the recipe holds no settings (empty, or comments only): write its `field: value` "
+                          "lines (configs/smoke.yaml is a small one to start from)")  # fmt: skip
     if not isinstance(recipe, dict):
         raise ConfigError(f"{path}: a recipe is a YAML mapping of field: value")
     return recipe

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from transformers import TrainerCallback
 
-from dpotrain.train import checkpoint_manifest
+from dpotrain.train import checkpoint_manifest, run_files
 
 MARKER = "COMPLETE"
 _CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
@@ -93,7 +93,8 @@ class CompleteMarker(TrainerCallback):
         if state.is_world_process_zero:
             if self.save_started is not None:
                 report_save(state.global_step, time.monotonic() - self.save_started)
-            rotate(args.output_dir, args.save_total_limit, keep=(folder, state.best_model_checkpoint))
+            deleted = rotate(args.output_dir, args.save_total_limit, keep=(folder, state.best_model_checkpoint))
+            run_files.disown(args.output_dir, [p.name for p in deleted])  # the record names what is there
         self.save_started = None
         return control
 

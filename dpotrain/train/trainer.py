@@ -39,7 +39,7 @@ from dpotrain.forwards.choice import ForwardChoice, decide_forward, padded_inste
 from dpotrain.plan import layers, plan
 from dpotrain.plan.plan_stage import RunPlan
 from dpotrain.recipe.config import Recipe
-from dpotrain.train import disk_full, losses
+from dpotrain.train import disk_full, losses, run_files
 from dpotrain.train.checkpoints import CompleteMarker, clear_for_save
 from dpotrain.train.health import HealthGuard
 from dpotrain.train.memory_use import FirstStepMemory, MemoryUse
@@ -233,7 +233,10 @@ class RecipeDPOTrainer(DPOTrainer):
     def _save_checkpoint(self, model, trial):
         start = time.monotonic()
         if self.is_world_process_zero():
-            clear_for_save(upstream.checkpoint_parent(self, trial), self.state.global_step)
+            parent = upstream.checkpoint_parent(self, trial)
+            clear_for_save(parent, self.state.global_step)
+            # The run's by name, before its first file: --overwrite_output_dir removes it and no other checkpoint-*
+            run_files.claim(parent, [f"checkpoint-{self.state.global_step}"])
         self.accelerator.wait_for_everyone()  # no rank writes into the folder before it is cleared
         # transformers rotates at the end of this call, before the COMPLETE mark: CompleteMarker rotates after it.
         # (The checkpoint's training_args.bin, written inside, records save_total_limit as None.)

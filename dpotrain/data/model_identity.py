@@ -1,0 +1,88 @@
+"""The model a run trains, by identity: its weights, config, tokenizer and chat template, as resume compares them.
+
+A model re-exported with other weights at the same path, or a folder whose `chat_template.jinja` was edited, would
+resume with the reference scored by other weights, or on pairs tokenized another way. So a run records, in
+resolved_config.json (`derived.model_identity`), the model's files by size, modification time and SHA-256 (large files
+by their first and last MiB: data_identity.py says what that catches), and a rerun compares them as it compares the
+data. A Hub model is known by the commit its revision resolved to when the run started.
+"""
+
+import fnmatch
+import re
+from pathlib import Path
+
+from dpotrain.data import builtin, data_identity
+
+# What transformers reads from a model folder: weights (safetensors, PyTorch, a LoRA adapter), their index, config,
+# generation config, tokenizer and chat template files, and the modeling code of a remote-code model.
+MODEL_FILES = (
+    "config.json", "generation_config.json", "*.safetensors", "*.safetensors.index.json", "pytorch_model*.bin",
+    "pytorch_model*.bin.index.json", "adapter_config.json", "adapter_model.bin", "tokenizer*",
+    "special_tokens_map.json", "added_tokens.json", "vocab*", "merges.txt", "*.model", "*.tiktoken",
+    "chat_template.jinja", "chat_template.json", "*.py",
+)  # fmt: skip
+TEMPLATES_DIR = "additional_chat_templates"  # transformers reads the named templates of a tokenizer from here
+KEY = "hub_commit"
+COMMIT = re.compile(r"[0-9a-f]{40}")
+
+
+def folder(name: str | None) -> Path | None:
+    """The local folder the model loads from (a built-in one once built); None for a Hub model."""
+    if builtin.is_builtin(name):
+        found = builtin.existing_model_dir(name)
+        return Path(found) if found else None
+    path = Path(name or "").expanduser()
+    return path if name and path.is_dir() else None
+
+
+def input_files(recipe) -> dict[str, Path] | None:
+    """The local files the run reads its model, tokenizer and chat template from, by the names its record keeps;
+    None for a Hub model. Another file the model is read with is one more entry here."""
+    root = folder(recipe.model.model_name_or_path)
+    if root is None:
+        return None
+    found = [p for p in root.iterdir() if p.is_file() and any(fnmatch.fnmatchcase(p.name, m) for m in MODEL_FILES)]
+    found += (root / TEMPLATES_DIR).glob("*.jinja")
+    return {p.relative_to(root).as_posix(): p for p in sorted(found)}
+
+
+def hub_commit(name: str, revision: str | None) -> str | None:
+    """The commit `revision` (default: main) of the Hub model `name` points to: asked of the Hub, else read from the
+    local Hub cache's refs (offline); None where neither says."""
+    if revision and COMMIT.fullmatch(revision):
+        return revision
+    from huggingface_hub import HfApi
+    from huggingface_hub.constants import HF_HUB_CACHE
+
+    try:
+        return HfApi().model_info(name, revision=revision, timeout=10).sha
+    except Exception:  # offline, or no access
+        ref = Path(HF_HUB_CACHE) / f"models--{name.replace('/', '--')}" / "refs" / (revision or "main")
+        return ref.read_text().strip() if ref.is_file() else None
+
+
+def of(recipe) -> dict | None:
+    """What resolved_config.json records of the model: {"files": ...} (`data_identity.of_files`) for local files,
+    {"hub_commit": ...} for a Hub model, None where the Hub cannot say."""
+    found = input_files(recipe)
+    if found is not None:
+        return {"files": data_identity.of_files(found, ends=True)}
+    commit = hub_commit(recipe.model.model_name_or_path, recipe.model.model_revision)
+    return {KEY: commit} if commit else None
+
+
+def changed(recipe, old: dict | None) -> str | None:
+    """How the model differs from the run's record `old` (`of`), naming the file; None: the same, or no record."""
+    if not old:
+        return None
+    name = recipe.model.model_name_or_path
+    found = input_files(recipe)
+    if found is not None and old.get("files"):
+        why = data_identity.changed_files(old["files"], found)
+        return f"{folder(name)}: {why}" if why else None
+    if found is None and old.get(KEY):
+        now = hub_commit(name, recipe.model.model_revision)
+        if now and now != old[KEY]:
+            return f"{name} at {recipe.model.model_revision or 'main'} is commit {now[:12]}, the run started on " \
+                   f"commit {old[KEY][:12]}"  # fmt: skip
+    return None

@@ -1,0 +1,44 @@
+"""The run's record of its own files in its output folder (`run_files.json`): the names it wrote there, and nothing
+else. `--overwrite_output_dir` removes exactly these (dpotrain/output_folder.py). Checkpoints are added by name as
+they are saved (`claim`, before their first file) and dropped when rotation deletes them (`disown`). Main process
+only; written to a temporary name and renamed, so the record is always whole."""
+
+import json
+from pathlib import Path
+
+from dpotrain.recipe import writes
+from dpotrain.recipe.errors import ConfigError
+
+MANIFEST = "run_files.json"
+
+
+def read(out: Path) -> list[str] | None:
+    """The names as recorded; None when there is no record."""
+    try:
+        return list(json.loads((Path(out) / MANIFEST).read_text())["names"])
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise ConfigError(f"{Path(out) / MANIFEST} is unreadable ({type(e).__name__}): it lists the run's own files; "
+                          "move the folder aside and pass a new --output_dir") from None  # fmt: skip
+
+
+def write(out: str | Path, names: list[str]) -> None:
+    record = {"names": list(dict.fromkeys(names)), "written_by": "train_dpo.py: these are the run's own files; "
+              "--overwrite_output_dir replaces these and nothing else"}  # fmt: skip
+    writes.write_text(Path(out) / MANIFEST, json.dumps(record, indent=1) + "\n")
+
+
+def claim(out: str | Path, names) -> None:
+    """Adds `names` to the run's record."""
+    known = read(Path(out)) or []
+    added = [n for n in names if n not in known]
+    if added or not (Path(out) / MANIFEST).exists():
+        write(out, known + added)
+
+
+def disown(out: str | Path, names) -> None:
+    """Drops `names` from the run's record: checkpoints rotation deleted are no longer there to be the run's."""
+    known = read(Path(out))
+    if known is not None and set(names) & set(known):
+        write(out, [n for n in known if n not in set(names)])

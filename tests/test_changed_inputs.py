@@ -1,0 +1,207 @@
+"""Inputs changed between attempts, as they change: the base model re-exported with other weights at the same path, its
+chat template edited, a shard of a data set folder replaced. A rerun resumes only on what the run trained on, or is
+refused naming the file (docs/reliability.md, "Checkpoints and resuming").
+
+One run (4 steps, checkpoints at 2 and 4) of a copy of the tiny model on a folder of three JSONL shards is shared;
+each case starts from its folder as a kill after checkpoint-4 leaves it, changes an input in place, and puts the
+input back as it was (bytes and time) when it ends."""
+
+import json
+import shutil
+import subprocess
+
+import pytest
+import torch
+from safetensors.torch import save_file
+from test_faults import FINAL, STEPS
+
+from conftest import ROOT, python
+from dpotrain.data import data_identity, mixture
+from dpotrain.recipe.config import parse_args
+from dpotrain.recipe.errors import ConfigError
+from dpotrain.resolve import check_output_dir
+
+ARGS = ["--config", str(ROOT / "configs" / "smoke.yaml"), "--max_steps", str(STEPS), "--save_steps", "2",
+        "--logging_steps", "1", "--report_to", "none"]  # fmt: skip
+SHARDS = 3
+
+
+@pytest.fixture(scope="module")
+def first_run(tmp_path_factory, tiny_model_dir):
+    """The finished run, its model folder (a copy of the tiny model) and its data folder (three shards of 16 pairs)."""
+    root = tmp_path_factory.mktemp("inputs")
+    model, shards = root / "model", root / "shards"
+    shutil.copytree(tiny_model_dir, model)
+    shards.mkdir()
+    lines = (ROOT / "data" / "smoke_prefs.jsonl").read_text().splitlines(keepends=True)
+    for i in range(SHARDS):
+        (shards / f"part-{i}.jsonl").write_text("".join(lines[16 * i : 16 * (i + 1)]))
+    out = root / "run"
+    result = subprocess.run(command(out, model, shards), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, timeout=900)  # fmt: skip
+    assert result.returncode == 0, result.stdout[-3000:]
+    return out, model, shards
+
+
+def command(out, model, data) -> list[str]:
+    return [python(), str(ROOT / "train_dpo.py"), *ARGS, "--output_dir", str(out), "--model_name_or_path", str(model),
+            "--dataset_name", str(data)]  # fmt: skip
+
+
+@pytest.fixture
+def stopped(first_run, tmp_path):
+    """The run's folder as a kill after checkpoint-4 left it (in place of the finished run, whose paths it records),
+    the model and data folders as they were; both are put back, bytes and times, after the test."""
+    out, model, shards = first_run
+    kept = tmp_path / "kept"
+    for folder in (out, model, shards):
+        shutil.copytree(folder, kept / folder.name)  # copy2: times kept
+    for name in FINAL:
+        (out / name).unlink()
+    yield out, model, shards
+    for folder in (out, model, shards):
+        shutil.rmtree(folder)
+        shutil.copytree(kept / folder.name, folder)
+
+
+def refusal(out, model, data) -> str:
+    """The rerun's refusal: `check_output_dir`, what train_dpo.py runs before anything loads."""
+    recipe = parse_args(command(out, model, data)[2:])
+    with pytest.raises(ConfigError) as refused:
+        check_output_dir(recipe, 8)
+    return str(refused.value)
+
+
+def resumes_from(out, model, data) -> str | None:
+    return check_output_dir(parse_args(command(out, model, data)[2:]), 8).resume_from
+
+
+def reexport(source, model, scale: float) -> None:
+    """The model of `source` saved at `model`, each weight moved by `scale` x noise (0: the same weights)."""
+    from transformers import AutoModelForCausalLM
+
+    loaded = AutoModelForCausalLM.from_pretrained(str(source))
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for parameter in loaded.parameters():
+            parameter.add_(scale * torch.randn_like(parameter))
+    loaded.save_pretrained(str(model))
+
+
+def test_the_run_records_every_file_of_its_model_and_of_its_data_folder(first_run):
+    derived = json.loads((first_run[0] / "resolved_config.json").read_text())["derived"]
+    assert sorted(derived["data_identity"]) == [f"part-{i}.jsonl" for i in range(SHARDS)]  # it was None
+    files = derived["model_identity"]["files"]
+    assert {"model.safetensors", "config.json", "tokenizer.json", "chat_template.jinja"} <= set(files), files
+
+
+def test_a_model_re_exported_with_other_weights_at_the_same_path_is_refused(stopped, tmp_path):
+    out, model, shards = stopped
+    size = (model / "model.safetensors").stat().st_size
+    reexport(model, model, 0.01)
+    assert (model / "model.safetensors").stat().st_size == size  # the same size: only the content tells
+    # The same command, as a requeue runs it: one line, before anything loads.
+    result = subprocess.run(command(out, model, shards), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, timeout=600)  # fmt: skip
+    assert result.returncode == 2 and "Traceback" not in result.stdout, result.stdout[-3000:]
+    last = result.stdout.strip().splitlines()[-1]
+    assert last.startswith(f"error: output_dir {str(out)!r} holds an unfinished run with other settings (model: "
+                           f"{model}: model.safetensors has other content (SHA-256 "), last  # fmt: skip
+    assert "Resuming" not in result.stdout and "Loading" not in result.stdout
+    # Re-exported with the weights it had: a new time, the same bytes; the run resumes.
+    reexport(tmp_path / "kept" / "model", model, 0.0)
+    assert resumes_from(out, model, shards) == str(out / "checkpoint-4")
+
+
+@pytest.mark.parametrize("name", ["chat_template.jinja", "tokenizer_config.json"])
+def test_an_edited_template_or_tokenizer_file_of_the_model_folder_is_refused(stopped, name):
+    out, model, shards = stopped
+    path = model / name
+    text = path.read_text()
+    if name == "chat_template.jinja":  # the assistant's turn opened with a space: pairs tokenized another way
+        path.write_text(text.replace("<|im_start|>assistant", "<|im_start|>assistant ", 1))
+    else:  # the same size, one character changed
+        path.write_text(text.replace('"<|endoftext|>"', '"<|endoftexT|>"', 1))
+    assert path.read_text() != text
+    message = refusal(out, model, shards)
+    assert f"(model: {model}: {name} has " in message, message
+
+
+def test_a_replaced_shard_of_a_data_folder_is_refused_and_the_original_resumes(stopped):
+    out, _, shards = stopped
+    shard = shards / "part-1.jsonl"
+    original = shard.read_bytes()
+    other = (ROOT / "data" / "smoke_prefs.jsonl").read_text().splitlines(keepends=True)[100:116]
+    shard.write_text("".join(other))  # 16 other pairs in place of the shard's 16
+    message = refusal(out, stopped[1], shards)
+    assert "(dataset content: part-1.jsonl has " in message, message
+    (shards / "part-3.jsonl").write_text("".join(other))  # a shard added: more pairs in the same folder
+    shard.write_bytes(original)
+    assert "(dataset content: part-3.jsonl is new since the run started)" in refusal(out, stopped[1], shards)
+    (shards / "part-3.jsonl").unlink()
+    assert resumes_from(out, stopped[1], shards) == str(out / "checkpoint-4")  # its own bytes, a new time
+
+
+def test_a_mixture_sources_data_files_and_shard_folders_are_known_by_content(tmp_path):
+    lines = (ROOT / "data" / "smoke_prefs.jsonl").read_text().splitlines(keepends=True)
+    shards = tmp_path / "shards"
+    shards.mkdir()
+    for i in range(2):
+        (shards / f"part-{i}.jsonl").write_text("".join(lines[16 * i : 16 * (i + 1)]))
+    entries = [{"path": str(shards)}, {"path": "json", "data_files": [str(shards / "part-0.jsonl"),
+                                                                      str(shards / "part-1.jsonl")]}]  # fmt: skip
+    recipes = [parse_args(["--config", str(ROOT / "configs" / "smoke.yaml"), "--datasets", json.dumps(e)])
+               for e in entries]  # fmt: skip
+    records = []
+    for recipe in recipes:
+        (source,) = mixture.parse(mixture.fields_of(recipe))
+        records.append({"data_sources": [{"source": source.spec(), "identity": mixture.identity_of(source)}]})
+    assert [sorted(r["data_sources"][0]["identity"]["files"]) for r in records] == [["part-0.jsonl",
+                                                                                     "part-1.jsonl"]] * 2  # fmt: skip
+    (shards / "part-1.jsonl").write_text("".join(lines[40:56]))
+    for recipe, record in zip(recipes, records, strict=True):
+        why = mixture.content_changed(recipe, record)
+        assert why and why.endswith("part-1.jsonl has 22412 bytes, the run trained on 14312"), why
+
+
+def test_large_weights_are_known_by_their_ends_and_time(tmp_path):
+    """A file over 2 MiB is hashed at its ends only: a re-export with other weights in its middle (the same size, the
+    same first and last MiB) is still refused, by its new time; the `touch` the message gives puts a copy right."""
+    path = tmp_path / "model.safetensors"
+    weights = {"a.first": torch.zeros(300_000), "b.middle": torch.zeros(300_000), "c.last": torch.zeros(300_000)}
+    save_file(weights, str(path))
+    assert path.stat().st_size > 3 * data_identity.ENDS
+    record = data_identity.of_files({"model.safetensors": path}, ends=True)
+    assert "sha256_ends" in record["model.safetensors"] and "sha256" not in record["model.safetensors"]
+    save_file({**weights, "b.middle": torch.ones(300_000)}, str(path))  # only the middle tensor differs
+    why = data_identity.changed_files(record, {"model.safetensors": path})
+    assert why.startswith("model.safetensors was rewritten since the run started"), why
+    # The same bytes, copied without keeping the time: the printed command gives the file back the recorded time.
+    save_file(weights, str(path))
+    why = data_identity.changed_files(record, {"model.safetensors": path})
+    touch = why[why.index("`touch") + 1 : why.index("` gives")]
+    subprocess.run(touch, shell=True, check=True)
+    assert data_identity.changed_files(record, {"model.safetensors": path}) is None
+    save_file({**weights, "a.first": torch.ones(300_000)}, str(path))  # the first MiB differs
+    assert "other content (its first and last MiB differ" in data_identity.changed_files(record, {"model.safetensors":
+                                                                                                 path})  # fmt: skip
+
+
+def test_a_hub_model_is_known_by_the_commit_its_revision_resolved_to(tmp_path, monkeypatch):
+    """Offline, the commit is read from the local Hub cache's refs, as transformers reads them; a download after the
+    model's owners pushed moves `refs/main`, and the rerun is refused instead of loading the new weights."""
+    import huggingface_hub.constants
+
+    from dpotrain.data import model_identity
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    refs = tmp_path / "hub" / "models--org--model" / "refs"
+    refs.mkdir(parents=True)
+    (refs / "main").write_text("a" * 40)
+    recipe = parse_args(["--config", str(ROOT / "configs" / "smoke.yaml"), "--model_name_or_path", "org/model"])
+    record = model_identity.of(recipe)
+    assert record == {"hub_commit": "a" * 40}
+    assert model_identity.changed(recipe, record) is None
+    (refs / "main").write_text("b" * 40)
+    assert model_identity.changed(recipe, record) == (f"org/model at main is commit {'b' * 12}, the run started on "
+                                                      f"commit {'a' * 12}")  # fmt: skip
