@@ -1,4 +1,4 @@
-"""The seam with TRL, transformers, accelerate, datasets and torch (dpotrain/upstream.py): every private name the
+"""The seam with TRL, transformers, accelerate, datasets and torch (dpotrain/recipe/upstream.py): every private name the
 project touches is listed there and reached only through it, and an upgrade that moves one fails here by name."""
 
 import ast
@@ -8,14 +8,14 @@ from pathlib import Path
 
 import pytest
 
-from dpotrain import upstream
+from dpotrain.recipe import upstream
 
 ROOT = Path(__file__).resolve().parents[1]
 UPSTREAM = ("trl", "transformers", "accelerate", "deepspeed", "datasets", "torch", "peft", "huggingface_hub")
 # torch keeps documented APIs in modules named like private ones (torch._dynamo.config, torch._subclasses'
 # FakeTensorMode, torch.distributed._tools' MemTracker): importing those modules is no seam, a private name is.
 PRIVATE_MODULES_ALLOWED = ("torch",)
-SEAM_FILE = ROOT / "dpotrain" / "upstream.py"
+SEAM_FILE = ROOT / "dpotrain" / "recipe" / "upstream.py"
 # The upstream classes whose private members the project could reach through `self`, an instance or `super()`.
 CLASSES = (
     "trl.trainer.dpo_trainer:DPOTrainer",
@@ -120,7 +120,7 @@ def test_no_private_upstream_name_is_imported_outside_the_seam():
                     strict = package in UPSTREAM and package not in PRIVATE_MODULES_ALLOWED
                     if strict and any(p.startswith("_") and not p.startswith("__") for p in parts):
                         found.append(f"{path.relative_to(ROOT)}:{node.lineno}: import {alias.name}")
-    assert not found, "reach these through dpotrain/upstream.py (a Seam and an accessor):\n" + "\n".join(found)
+    assert not found, "reach these through dpotrain/recipe/upstream.py (a Seam and an accessor):\n" + "\n".join(found)
 
 
 def test_no_private_member_of_an_upstream_class_is_reached_outside_the_seam():
@@ -140,7 +140,7 @@ def test_no_private_member_of_an_upstream_class_is_reached_outside_the_seam():
                 is_super = isinstance(node.value, ast.Call) and getattr(node.value.func, "id", "") == "super"
                 if not (is_super and node.attr in overrides):
                     found.append(f"{where}: {ast.unparse(node)}")
-    assert not found, "reach these through dpotrain/upstream.py (a Seam and an accessor):\n" + "\n".join(found)
+    assert not found, "reach these through dpotrain/recipe/upstream.py (a Seam and an accessor):\n" + "\n".join(found)
 
 
 def test_no_upstream_module_name_is_replaced_outside_the_seam():
@@ -157,8 +157,8 @@ def test_no_upstream_module_name_is_replaced_outside_the_seam():
                 owner = target.value if isinstance(target, ast.Attribute) else None
                 if isinstance(owner, ast.Name) and owner.id in modules:
                     found.append(f"{path.relative_to(ROOT)}:{node.lineno}: {ast.unparse(target)} = ...")
-    assert not found, "replace upstream names with dpotrain/upstream.py's `patched` (a `patch` Seam):\n" + "\n".join(
-        found
+    assert not found, (
+        "replace upstream names with dpotrain/recipe/upstream.py's `patched` (a `patch` Seam):\n" + "\n".join(found)
     )
 
 

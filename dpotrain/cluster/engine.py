@@ -22,8 +22,8 @@ from pathlib import Path
 import torch
 import yaml
 
-from dpotrain import upstream
 from dpotrain.data.builtin import PROJECT_ROOT
+from dpotrain.recipe import upstream
 from dpotrain.recipe.errors import ConfigError
 
 LAUNCHED = "this launch"  # the source of an engine read from the environment `accelerate launch` sets

@@ -37,9 +37,9 @@ from pathlib import Path
 import numpy as np
 from trl.data_utils import common_prefix_length, is_conversational
 
-from dpotrain import upstream
 from dpotrain.data import cuts, positions
 from dpotrain.data.rows import ROW_COLUMNS, InvalidRowError, RowFormat, read_row, split_row
+from dpotrain.recipe import upstream
 from dpotrain.recipe.config import ProjectArguments
 from dpotrain.recipe.errors import ConfigError
 from dpotrain.recipe.writes import replacing, write_text

@@ -31,8 +31,8 @@ import math
 import os
 from dataclasses import asdict, dataclass
 
-from dpotrain import upstream
 from dpotrain.forwards import masks, packing, padded, sequence_parallel, shared_prompt
+from dpotrain.recipe import upstream
 from dpotrain.recipe.config import uses_live_reference
 from dpotrain.recipe.errors import ConfigError
 

@@ -25,8 +25,8 @@ uncompiled into an out-of-memory error: at the recompile limit (dynamo raises fo
 import torch
 from transformers import TrainerCallback
 
-from dpotrain import upstream
 from dpotrain.forwards.masks import BLOCK
+from dpotrain.recipe import upstream
 from dpotrain.recipe.errors import RunError
 
 # The compiler backend. Tests set a cheap one ("eager"): recompilations are decided by dynamo's guards before any

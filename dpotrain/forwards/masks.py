@@ -18,7 +18,7 @@ Two builders of the same rule:
 
 import torch
 
-from dpotrain import upstream
+from dpotrain.recipe import upstream
 
 BLOCK = 128  # FlexAttention's default tile: rows for flex are padded to a multiple of it (see the collators)
 CACHE = "_block_masks"  # the batch key under which a micro-batch keeps its block masks

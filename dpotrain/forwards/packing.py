@@ -19,8 +19,8 @@ from typing import Any
 
 import torch
 
-from dpotrain import upstream
 from dpotrain.forwards import masks
+from dpotrain.recipe import upstream
 
 # Which models may pack. A layer that carries state along a row (linear attention, Mamba/SSM mixers, RWKV) mixes the
 # sequences of a packed row silently, and a config need not say it has one (Mamba- or RWKV-only configs name no

@@ -32,9 +32,9 @@ import threading
 
 import torch
 
-from dpotrain import upstream
 from dpotrain.cluster import sequence_parallel as groups
 from dpotrain.forwards import masks, packing
+from dpotrain.recipe import upstream
 
 # The attentions a split forward runs, each with the whole rows' sequence boundaries (`whole_row_masks`, and the varlen
 # kernels' `cu_seq_lens` in `forward`); the forward choice takes no other (`choice.sequence_parallel_forwards`). Eager

@@ -25,10 +25,10 @@ import math
 import warnings
 from dataclasses import dataclass
 
-from dpotrain import upstream
 from dpotrain.cluster.engine import Engine, from_config
 from dpotrain.cluster.sequence_parallel import head_counts
 from dpotrain.plan.memory_advice import NAMES, advice, node_size
+from dpotrain.recipe import upstream
 from dpotrain.recipe.config import uses_live_reference
 from dpotrain.recipe.errors import ConfigError
 

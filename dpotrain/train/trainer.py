@@ -29,7 +29,6 @@ import torch
 from transformers import GraniteMoeHybridConfig, TrainerCallback
 from trl import DPOTrainer, get_peft_config, get_quantization_config
 
-from dpotrain import upstream
 from dpotrain.cluster import engine
 from dpotrain.cluster import sequence_parallel as groups
 from dpotrain.cluster.collectives import all_reduce_sum, max_over_ranks
@@ -38,6 +37,7 @@ from dpotrain.forwards import choice, flex, flops, packing, padded, sample, sequ
 from dpotrain.forwards.choice import ForwardChoice, decide_forward, padded_instead
 from dpotrain.plan import layers, plan
 from dpotrain.plan.plan_stage import RunPlan
+from dpotrain.recipe import upstream
 from dpotrain.recipe.config import Recipe
 from dpotrain.train import disk_full, losses, run_files
 from dpotrain.train.checkpoints import CompleteMarker, clear_for_save

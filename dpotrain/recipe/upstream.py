@@ -5,7 +5,7 @@ listed here once (`SEAMS`: what it is, how the project uses it, and why), and th
 module's functions. An upgrade that moves one then fails in tests/test_upstream.py, naming the symbol and the seam,
 instead of at run time deep inside a training step; `check()` runs the same test in a shell after an upgrade:
 
-    python -c "from dpotrain import upstream; upstream.check()"
+    python -c "from dpotrain.recipe import upstream; upstream.check()"
 
 Kinds of seam:
 - `override`: a private method of an upstream class that `RecipeDPOTrainer` overrides; its parameters must be the ones
@@ -110,7 +110,7 @@ class SeamMoved(RuntimeError):
     def __init__(self, seam: Seam, problem: str):
         super().__init__(
             f"{seam.symbol} ({seam.kind}): {problem}. The project uses it because: {seam.why}. "
-            "Adapt that use (dpotrain/upstream.py lists them all) or pin the version in requirements.txt"
+            "Adapt that use (dpotrain/recipe/upstream.py lists them all) or pin the version in requirements.txt"
         )
         self.seam = seam
 
