@@ -375,18 +375,23 @@ def gaps(s: dict, max_length: int | None):
 def _training_pairs(recipe):
     """(the pairs training reads, their name): a mixture's, each source read in its shape and checked; else
     dataset_name's, checked as training reads them (UltraFeedback's prompt column, HH strings...) unless streamed."""
-    from dpotrain.data import data, mixture, rows
+    from dpotrain.data import data, lengths, mixture, rows
 
     script, p = recipe.script, recipe.project
     sources = mixture.parse(mixture.fields_of(recipe))
+
+    def template():  # the answers checked against the chat template training tokenizes with (rows.py)
+        return lengths.recipe_tokenizer(recipe)
+
     if sources is not None:
-        pairs, _ = mixture.load(sources, recipe.training.seed, p.skip_invalid, p.hh_format, {}, "invalid_rows")
+        pairs, _ = mixture.load(sources, recipe.training.seed, p.skip_invalid, p.hh_format, {}, "invalid_rows",
+                                template=template)  # fmt: skip
         return pairs, [source.spec() for source in sources]
     dataset = data.load_preference_dataset(
         script.dataset_name, script.dataset_train_split, script.dataset_config, streaming=script.dataset_streaming
     )
     if not script.dataset_streaming:
-        dataset = rows.usable_pairs(dataset, p.skip_invalid, {}, "invalid_rows", p.hh_format)
+        dataset = rows.usable_pairs(dataset, p.skip_invalid, {}, "invalid_rows", p.hh_format, template=template)
     return dataset, script.dataset_name
 
 

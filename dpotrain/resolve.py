@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import yaml
 
-from dpotrain.data import mixture
+from dpotrain.data import chat_template, mixture
 from dpotrain.hub.hub import RUN_COMPLETE  # noqa: F401 - resolve.RUN_COMPLETE, as the run's callers read it
 from dpotrain.recipe.config import Recipe, uses_live_reference  # noqa: F401 (resolve.uses_live_reference)
 from dpotrain.recipe.errors import ConfigError
@@ -47,6 +47,7 @@ def check_values(recipe: Recipe) -> None:
         raise ConfigError(f"auto_coverage must be in (0, 1] (got {p.auto_coverage})")
     if not recipe.model.model_name_or_path:
         raise ConfigError("no model: set model_name_or_path in the recipe or pass --model_name_or_path")
+    chat_template.check(p.chat_template_path)  # the file the recipe names, before anything loads
     mixture.check(recipe)  # one source (dataset_name) or a mixture of them
 
 
@@ -137,7 +138,10 @@ def changed_settings(recipe: Recipe, out: Path, pairs_per_step: int | None) -> l
     fields = [f for f in (*RESUME_FIELDS, "pairs_per_step") if f in old and old[f] != new.get(f)]
     mixed = {"dataset_name", "datasets", "dataset_mixer_list", "dataset_mixer_list_splits"}
     content = None if mixed & set(fields) else mixture.content_changed(recipe, old.get("derived", {}))
-    return [f"{f}: {old[f]!r} -> {new.get(f)!r}" for f in fields] + ([f"dataset content: {content}"] if content else [])
+    # The template by its content (chat_template.py): the same file moved resumes, an edited one does not.
+    template = chat_template.changed(old.get("derived", {}).get("chat_template"), recipe.project.chat_template_path)
+    return ([f"{f}: {old[f]!r} -> {new.get(f)!r}" for f in fields] + ([f"dataset content: {content}"] if content
+            else []) + ([f"chat template: {template}"] if template else []))  # fmt: skip
 
 
 def check_output_dir(recipe: Recipe, pairs_per_step: int | None = None) -> OutputPlan:
@@ -237,7 +241,7 @@ def auto_max_length(recipe: Recipe, dataset, state) -> dict:
     """
     from dpotrain.data import lengths
 
-    tokenizer = lengths.load_tokenizer(recipe.model.model_name_or_path, recipe.model.model_revision)
+    tokenizer = lengths.recipe_tokenizer(recipe)
     dataset_id = mixture.dataset_id(recipe)
     with state.main_process_first():
         choice = lengths.auto_max_length(
