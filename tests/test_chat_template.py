@@ -150,7 +150,8 @@ def test_the_analyzer_measures_with_the_recipes_template(tmp_path, tiny_model_di
     with_template, own = (json.loads(p.read_text()) for p in (report, tmp_path / "own.json"))
     system = len(lengths.load_tokenizer(tiny_model_dir)(DEFAULT_SYSTEM)["input_ids"])
     # Longer by the default system prompt, and the <think> the generation prompt holds (tokens of the prompt now).
-    assert with_template["tokens"]["prompt"]["p50"] > own["tokens"]["prompt"]["p50"] + system - 1
+    assert with_template["prompt"]["p50"] > own["prompt"]["p50"] + system - 1
+    assert with_template["shape"].endswith(f"the chat template {OLMO_THINKER}")
     assert main([str(data), "--tokenizer", tiny_model_dir, "--chat_template_path", str(tmp_path / "x.jinja")]) == 2
     assert "error: chat_template_path" in capsys.readouterr().err
 

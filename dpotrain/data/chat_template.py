@@ -64,6 +64,7 @@ def apply(tokenizer, path: str | None):
     """`tokenizer` with the template `path` names (unchanged without one): saved with it, as the run trained."""
     if path:
         tokenizer.chat_template = read(path)
+        tokenizer.chat_template_file = str(template_file(path))  # what the analyzer's report says it read rows with
     return tokenizer
 
 

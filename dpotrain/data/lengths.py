@@ -269,7 +269,7 @@ def measure(
         rejected=arr[:, 2],
         invalid=sorted(invalid, key=lambda p: p["index"]),
         conversational=fmt.conversational,
-        shape=fmt.shape.describe(tokenizer.name_or_path),
+        shape=fmt.shape.describe(tokenizer.name_or_path, getattr(tokenizer, "chat_template_file", None)),
         fast_path_mismatches=mismatches,
         seconds=time.perf_counter() - start,
     )
