@@ -211,11 +211,13 @@ def answers_template(recipe, found: Launch):
     machine; a run asks the Hub for the model's files first (as `model_files` does)."""
 
     def load():
+        name = recipe.model.model_name_or_path
+        if builtin.is_builtin(name):  # its tokenizer alone, as built for it: the model is built when it loads
+            builtin.check_name(name)
+            return chat_template.apply(builtin.build_tokenizer(), recipe.project.chat_template_path)
         if not found.planning:
             offline.check_job_reachable(recipe, dataset=False)
-        name = recipe.model.model_name_or_path
-        return _tokenizer(recipe, builtin.materialize_model(name) if builtin.is_builtin(name) else name,
-                          local_only=found.planning)  # fmt: skip
+        return _tokenizer(recipe, name, local_only=found.planning)
 
     return load
 
