@@ -12,6 +12,7 @@ same functions, deciding the same way. It differs from the run only in where two
 """
 
 import copy
+import functools
 import os
 import shlex
 from contextlib import nullcontext
@@ -208,8 +209,10 @@ def load_data(recipe, found: Launch, say: bool = True, state=None) -> Data:
 def answers_template(recipe, found: Launch):
     """What loads the tokenizer whose chat template every message pair's answers are checked against
     (chat_template.answer_problem), called only for message rows. A dry run checks where the tokenizer is on this
-    machine; a run asks the Hub for the model's files first (as `model_files` does)."""
+    machine; a run asks the Hub for the model's files first (as `model_files` does). Loaded once for all the splits and
+    sources that need it."""
 
+    @functools.cache
     def load():
         name = recipe.model.model_name_or_path
         if builtin.is_builtin(name):  # its tokenizer alone, as built for it: the model is built when it loads

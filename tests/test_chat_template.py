@@ -156,6 +156,19 @@ def test_the_analyzer_measures_with_the_recipes_template(tmp_path, tiny_model_di
     assert "error: chat_template_path" in capsys.readouterr().err
 
 
+def test_the_preflight_scores_with_the_recipes_template(tmp_path, tiny_model_dir):
+    from dpotrain import preflight
+
+    data = think_pairs(tmp_path / "pairs.jsonl", 4)
+    prompts = {}
+    for extra in ([], ["--chat_template_path", str(OLMO_THINKER)]):
+        recipe = parse_args([*SMOKE, "--model_name_or_path", tiny_model_dir, "--dataset_name", str(data), *extra])
+        pairs, _ = preflight._training_pairs(recipe)
+        prompts[bool(extra)] = preflight.score(recipe, preflight.sample_rows(pairs, 4, 0))["prompt"]
+    system = len(lengths.load_tokenizer(tiny_model_dir)(DEFAULT_SYSTEM)["input_ids"])
+    assert (prompts[True] >= prompts[False] + system).all()  # the default system prompt and <think> are prompt
+
+
 # --- answers that leave the generation prompt ---------------------------------------------------------------------
 
 
