@@ -166,7 +166,8 @@ def test_the_preflight_scores_with_the_recipes_template(tmp_path, tiny_model_dir
         pairs, _ = preflight._training_pairs(recipe)
         prompts[bool(extra)] = preflight.score(recipe, preflight.sample_rows(pairs, 4, 0))["prompt"]
     system = len(lengths.load_tokenizer(tiny_model_dir)(DEFAULT_SYSTEM)["input_ids"])
-    assert (prompts[True] >= prompts[False] + system).all()  # the default system prompt and <think> are prompt
+    # Longer by the default system prompt where a row has no system message of its own, and by <think> (prompt now).
+    assert (prompts[True] > prompts[False]).all() and prompts[True][0] >= prompts[False][0] + system
 
 
 # --- answers that leave the generation prompt ---------------------------------------------------------------------
