@@ -95,8 +95,8 @@ def test_a_missing_template_or_a_folder_without_one_is_refused_in_one_line(tmp_p
         with pytest.raises(ConfigError) as refused:
             stages.checks(recipe)  # the run's and the dry run's first stage, and the preflight's checks
         assert says in str(refused.value) and "\n" not in str(refused.value)
-        result = run_train([*SMOKE, "--chat_template_path", str(given), "--dry-run"])
-        assert result.returncode == 2 and result.stdout.strip().splitlines()[-1].startswith("error: chat_template_path")
+    result = run_train([*SMOKE, "--chat_template_path", str(tmp_path / "nope.jinja"), "--dry-run"])
+    assert result.returncode == 2 and result.stdout.strip().splitlines()[-1].startswith("error: chat_template_path")
     # A tokenizer folder saved with its template is taken as it is.
     shutil.copy(OLMO_THINKER, tmp_path / "folder" / "chat_template.jinja")
     tokenizer = lengths.load_tokenizer(tiny_model_dir, chat_template_path=str(tmp_path / "folder"))
