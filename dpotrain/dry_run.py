@@ -57,6 +57,16 @@ def gpu_name(gib: float | None) -> str:
     return next((name for name, size in KNOWN_GPUS.items() if abs(size - gib) <= 1.0), "")
 
 
+def template_text(resolved: dict) -> str:
+    """The chat template the pairs are tokenized with: the recipe's file, or the model's own (its SHA-256 where the
+    tokenizer was at hand)."""
+    record = resolved["derived"].get("chat_template") or {}
+    digest = f"sha256 {record['sha256'][:12]}" if record.get("sha256") else ""
+    if resolved.get("chat_template_path"):
+        return f"{resolved['chat_template_path']} ({digest}; chat_template_path)"
+    return f"the model's own ({digest or 'its tokenizer is not on this machine'})"
+
+
 def summary(resolved: dict, json_file: Path | None, heading: str | None = None) -> str:
     """The lines a person reads before submitting (and a run prints as it starts, under its own `heading`): model,
     data, steps, batching, memory per GPU, the GPU, engine."""
@@ -79,6 +89,7 @@ def summary(resolved: dict, json_file: Path | None, heading: str | None = None) 
         data = f"a mixture of {len(d['data_sources'])} sources"
     row("data", f"{data}: {rows:,} rows" if rows is not None else f"{data}: rows counted when the run loads it")
     lines.extend(f"  {'':<15}{mixture.describe(r)}" for r in d.get("data_sources") or [])
+    row("template", template_text(resolved))
     if d.get("total_steps") is not None:
         n = resolved["num_train_epochs"]
         epochs = "" if resolved["max_steps"] > 0 else f" ({n:g} epoch{'s' * (n != 1)})"

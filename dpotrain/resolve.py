@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import yaml
 
-from dpotrain.data import mixture, model_identity
+from dpotrain.data import chat_template, mixture, model_identity
 from dpotrain.hub.hub import RUN_COMPLETE  # noqa: F401 - resolve.RUN_COMPLETE, as the run's callers read it
 from dpotrain.recipe.config import Recipe, uses_live_reference  # noqa: F401 (resolve.uses_live_reference)
 from dpotrain.recipe.errors import ConfigError
@@ -47,6 +47,7 @@ def check_values(recipe: Recipe) -> None:
         raise ConfigError(f"auto_coverage must be in (0, 1] (got {p.auto_coverage})")
     if not recipe.model.model_name_or_path:
         raise ConfigError("no model: set model_name_or_path in the recipe or pass --model_name_or_path")
+    chat_template.check(p.chat_template_path)  # the file the recipe names, before anything loads
     mixture.check(recipe)  # one source (dataset_name) or a mixture of them
 
 
@@ -141,8 +142,11 @@ def changed_settings(recipe: Recipe, out: Path, pairs_per_step: int | None) -> l
     # The model's weights, tokenizer and template by their files (a Hub model by its commit): model_identity.py
     model = None if {"model_name_or_path", "model_revision"} & set(fields) else (
         model_identity.changed(recipe, old.get("derived", {}).get("model_identity")))  # fmt: skip
+    # The template by its content (chat_template.py): the same file moved resumes, an edited one does not.
+    template = chat_template.changed(old.get("derived", {}).get("chat_template"), recipe.project.chat_template_path)
     return ([f"{f}: {old[f]!r} -> {new.get(f)!r}" for f in fields] + ([f"dataset content: {content}"] if content
-            else []) + ([f"model: {model}"] if model else []))  # fmt: skip
+            else []) + ([f"model: {model}"] if model else []) + ([f"chat template: {template}"] if template
+            else []))  # fmt: skip
 
 
 def check_explicit_settings(recipe: Recipe, folder: Path, pairs_per_step: int | None) -> None:

@@ -12,6 +12,7 @@ same functions, deciding the same way. It differs from the run only in where two
 """
 
 import copy
+import functools
 import os
 import shlex
 from contextlib import nullcontext
@@ -20,7 +21,18 @@ from pathlib import Path
 
 from dpotrain import options, output_folder, resolve
 from dpotrain.cluster import collectives, engine, offline, sequence_parallel
-from dpotrain.data import builtin, cuts, data, data_identity, hub_revision, lengths, mixture, positions, rows
+from dpotrain.data import (
+    builtin,
+    chat_template,
+    cuts,
+    data,
+    data_identity,
+    hub_revision,
+    lengths,
+    mixture,
+    positions,
+    rows,
+)
 from dpotrain.forwards import choice, cost, sample
 from dpotrain.plan import memory
 from dpotrain.recipe import config
@@ -33,7 +45,7 @@ FA4_SETS = {"with FlashAttention 4 installed": "flash_attention_4", "without": N
 
 ANALYZER_FIELDS = {  # the recipe field -> the recipe object that holds it, for what the analyzer measures
     "model_name_or_path": "model", "dataset_name": "script", "dataset_train_split": "script",
-    "dataset_config": "script", "hh_format": "project", "auto_coverage": "project",
+    "dataset_config": "script", "hh_format": "project", "auto_coverage": "project", "chat_template_path": "project",
 }  # fmt: skip
 # What the analyzer takes where the recipe file says nothing (scripts/analyze_dataset.py).
 ANALYZER_DEFAULTS = {"dataset_train_split": "train", "hh_format": "messages", "auto_coverage": lengths.DEFAULT_COVERAGE}
@@ -181,16 +193,36 @@ def load_data(recipe, found: Launch, say: bool = True, state=None) -> Data:
     dataset = data.load_preference_dataset(script.dataset_name, script.dataset_train_split, script.dataset_config,
                                            revision, streaming=script.dataset_streaming)  # fmt: skip
     hub_revision.check_loaded(dataset, script.dataset_name, revision)
+    template = answers_template(recipe, found)
     if hasattr(dataset, "__len__"):
         dataset = rows.usable_pairs(dataset, skip, checked, "invalid_rows", shape, split=script.dataset_train_split,
-                                    say=say, source=script.dataset_name)  # fmt: skip
-    eval_dataset = _load_eval(recipe, checked, say)
+                                    say=say, source=script.dataset_name, template=template)  # fmt: skip
+    eval_dataset = _load_eval(recipe, checked, say, template)
     steps = resolve.plan_steps(recipe, found.data_parallel, len(dataset) if hasattr(dataset, "__len__") else None)
     if say and not found.planning:  # the data's content, recorded: a rerun on changed data refuses to resume
         checked["data_identity"] = data_identity.of(script.dataset_name, script.dataset_train_split) or (
             hub_revision.identity(revision))  # fmt: skip
     options.check_plan(steps)
     return Data(dataset, eval_dataset, steps, checked)
+
+
+def answers_template(recipe, found: Launch):
+    """What loads the tokenizer whose chat template every message pair's answers are checked against
+    (chat_template.answer_problem), called only for message rows. A dry run checks where the tokenizer is on this
+    machine; a run asks the Hub for the model's files first (as `model_files` does). Loaded once for all the splits and
+    sources that need it."""
+
+    @functools.cache
+    def load():
+        name = recipe.model.model_name_or_path
+        if builtin.is_builtin(name):  # its tokenizer alone, as built for it: the model is built when it loads
+            builtin.check_name(name)
+            return chat_template.apply(builtin.build_tokenizer(), recipe.project.chat_template_path)
+        if not found.planning:
+            offline.check_job_reachable(recipe, dataset=False)
+        return _tokenizer(recipe, name, local_only=found.planning)
+
+    return load
 
 
 def pin_data(recipe, state) -> None:
@@ -212,16 +244,17 @@ def _load_mixture(recipe, found: Launch, say: bool) -> Data:
         offline.check_job_reachable(recipe, model=False)
     p, checked = recipe.project, {}
     identify = say and not found.planning  # the content, recorded: a rerun on changed data refuses to resume
+    template = answers_template(recipe, found)
     train, mix = mixture.load(mixture.parse(mixture.fields_of(recipe)), recipe.training.seed, p.skip_invalid,
-                              p.hh_format, checked, "invalid_rows", say, identify)  # fmt: skip
+                              p.hh_format, checked, "invalid_rows", say, identify, template)  # fmt: skip
     checked["data_sources"] = mix.records
-    eval_dataset = _load_eval(recipe, checked, say)
+    eval_dataset = _load_eval(recipe, checked, say, template)
     steps = resolve.plan_steps(recipe, found.data_parallel, len(train))
     options.check_plan(steps)
     return Data(train, eval_dataset, steps, checked, mix)
 
 
-def _load_eval(recipe, checked: dict, say: bool):
+def _load_eval(recipe, checked: dict, say: bool, template=None):
     """The held-out pairs (eval_strategy set): a held-out mixture, else dataset_name's test split
     (options.check_options: there is one)."""
     script, skip, shape = recipe.script, recipe.project.skip_invalid, recipe.project.hh_format
@@ -230,13 +263,14 @@ def _load_eval(recipe, checked: dict, say: bool):
     held_out = mixture.parse(mixture.fields_of(recipe), evaluation=True)
     if held_out is not None:
         eval_dataset, eval_mix = mixture.load(held_out, recipe.training.seed, skip, shape, checked,
-                                              "invalid_eval_rows", say)  # fmt: skip
+                                              "invalid_eval_rows", say, template=template)  # fmt: skip
         checked["eval_sources"] = eval_mix.records
     else:
         eval_dataset = data.load_preference_dataset(script.dataset_name, script.dataset_test_split,
                                                     script.dataset_config, recipe.project.dataset_revision)  # fmt: skip
         eval_dataset = rows.usable_pairs(eval_dataset, skip, checked, "invalid_eval_rows", shape, say=say,
-                                         split=script.dataset_test_split, source=script.dataset_name)  # fmt: skip
+                                         split=script.dataset_test_split, source=script.dataset_name,
+                                         template=template)  # fmt: skip
     checked["eval_rows"] = len(eval_dataset)
     return eval_dataset
 
@@ -264,18 +298,17 @@ class Lengths:
     measured: tuple | None
     tokenizer: object | None
     sources: list | None = None  # a mixture's data_sources, each with its share of the tokens
+    template: dict | None = None  # the chat template tokenized with (chat_template.record): a resume compares it
 
     def record(self) -> dict:
         return ({} if self.auto is None else {"max_length": self.auto}) | (
-            {} if self.sources is None else {"data_sources": self.sources})  # fmt: skip
+            {} if self.sources is None else {"data_sources": self.sources}) | (
+            {} if self.template is None else {"chat_template": self.template})  # fmt: skip
 
 
 def _tokenizer(recipe, model_path: str, local_only: bool):
-    from transformers import AutoTokenizer
-
     try:
-        return AutoTokenizer.from_pretrained(model_path, revision=recipe.model.model_revision,
-                                             local_files_only=local_only)  # fmt: skip
+        return lengths.recipe_tokenizer(recipe, model_path, local_files_only=local_only)
     except (OSError, ValueError) as e:
         if not local_only:  # the run needs it (the pairs' lengths, then TRL): one line, not the loader's traceback
             first = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
@@ -343,7 +376,8 @@ def measure_lengths(recipe, found: Launch, pairs: Data, model_path: str, state=N
                              t.truncation_mode)  # fmt: skip
         cuts.check(counted, found_pairs.prompt, found_pairs.source)
     shares = pairs.mix.with_token_shares(measured[0]) if pairs.mix is not None and measured is not None else None
-    return Lengths(auto, found_pairs, measured, tokenizer, shares)
+    template = chat_template.record(p.chat_template_path, tokenizer)
+    return Lengths(auto, found_pairs, measured, tokenizer, shares, template)
 
 
 # --- forward ----------------------------------------------------------------------------------------------------------

@@ -31,7 +31,7 @@ sys.path.insert(0, str(ROOT))  # run as `python scripts/analyze_dataset.py` from
 from dotenv import load_dotenv  # noqa: E402
 
 from dpotrain.cluster import offline  # noqa: E402
-from dpotrain.data import cuts, data, lengths, lengths_report, mixture, shapes  # noqa: E402
+from dpotrain.data import chat_template, cuts, data, lengths, lengths_report, mixture, shapes  # noqa: E402
 from dpotrain.data.rows import InvalidRowError  # noqa: E402
 from dpotrain.recipe import cli, config, writes  # noqa: E402
 from dpotrain.recipe.errors import ConfigError  # noqa: E402
@@ -55,6 +55,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--config", help="recipe (configs/*.yaml) giving dataset, tokenizer, batch size and max_length")
     p.add_argument("--tokenizer", "--model_name_or_path", help="tokenizer name or path (the model's) [the recipe's "
                    "model_name_or_path]")  # fmt: skip
+    p.add_argument("--chat_template_path", help="the chat template to tokenize with, as training's "
+                   "chat_template_path: a .jinja file or a folder holding chat_template.jinja [the recipe's, else the "
+                   "model's own]")  # fmt: skip
     p.add_argument("--split", "--dataset_train_split", help="split to analyse [the recipe's dataset_train_split, else "
                    "train]")  # fmt: skip
     p.add_argument("--dataset_config", help="the Hub data set's configuration (subset) [the recipe's dataset_config]")
@@ -186,6 +189,8 @@ def analyze(args: argparse.Namespace) -> int:
     tokenizer_name = args.tokenizer or recipe.get("model_name_or_path")
     if not tokenizer_name:
         raise ConfigError(f"no tokenizer for {name!r}: pass --tokenizer NAME_OR_PATH or --config configs/<recipe>.yaml")
+    template = args.chat_template_path or recipe.get("chat_template_path")
+    chat_template.check(template)  # before anything loads
     recipe_max = recipe.get("max_length")
     current = recipe_max if isinstance(recipe_max, int) else None
     target = (
@@ -201,12 +206,13 @@ def analyze(args: argparse.Namespace) -> int:
     batch_size = args.batch_size or int(recipe.get("per_device_train_batch_size", lengths.DEFAULT_BATCH_SIZE))
     sources = mixture.local_files(recipe) if mixed else []
     inputs = writes.input_files(
-        name, *sources, recipe_path, tokenizer_name
+        name, *sources, recipe_path, tokenizer_name, template
     )  # a report never replaces what it describes
     for flag, path in (("--json", args.json), ("--plot", args.plot)):
         writes.check_not_input(flag, path, inputs)
     print(
         f"Analysing {name} ({split}) with the tokenizer of {tokenizer_name}"
+        + (f" and the chat template {template}" if template else "")
         + (f" (recipe {recipe_path})" if recipe_path else ""),
         file=sys.stderr,
         flush=True,
@@ -215,7 +221,7 @@ def analyze(args: argparse.Namespace) -> int:
     remedy = fetch_remedy(tokenizer_name, name, recipe, recipe_path, args)
     offline.check_hub_reachable(hub_downloads(tokenizer_name, name, subset, split, args), remedy)
     try:
-        tokenizer = lengths.load_tokenizer(tokenizer_name)
+        tokenizer = lengths.load_tokenizer(tokenizer_name, chat_template_path=template)
     except Exception as e:  # unknown name, offline, gated: one line
         hint = f": {remedy}" if offline.is_hub_model(tokenizer_name) and offline.is_offline() else ""
         raise ConfigError(f"could not load the tokenizer of {tokenizer_name!r} ({_first_line(e)}){hint}") from None
@@ -223,7 +229,13 @@ def analyze(args: argparse.Namespace) -> int:
         load(args, recipe, name, split, subset, hh_format)
         if not mixed
         else mixture.load(
-            mixture.parse(recipe), int(recipe.get("seed", 42)), args.skip_invalid, hh_format, {}, "invalid_rows"
+            mixture.parse(recipe),
+            int(recipe.get("seed", 42)),
+            args.skip_invalid,
+            hh_format,
+            {},
+            "invalid_rows",
+            template=tokenizer,
         )
     )
 

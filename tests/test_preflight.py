@@ -143,6 +143,7 @@ def test_balanced_pairs_pass_through_train_dpo_preflight(tmp_path, styled_model)
         (["--json", "/nonexistent/dir/r.json"], "does not exist"),
         (["--sample", "0"], "--sample must be >= 1"),
         (["--betta", "5"], "unknown argument '--betta' (did you mean '--beta'?)"),
+        (["--chat_template_path", "/nonexistent/t.jinja"], "chat_template_path '/nonexistent/t.jinja' does not exist"),
     ],
 )
 def test_bad_input_is_refused_before_loading(args, message, tmp_path, capfd):

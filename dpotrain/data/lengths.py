@@ -232,7 +232,7 @@ def measure(
     first = next(iter(dataset), None)
     if first is None:
         raise ConfigError("the data set has no rows")
-    fmt = RowFormat.of(first, columns, tokenizer.eos_token, hh_format)
+    fmt = RowFormat.of(first, columns, tokenizer.eos_token, hh_format, template=tokenizer)
     in_memory = isinstance(dataset, datasets.Dataset)
     total = len(dataset) if in_memory else _known_rows(dataset)
 
@@ -270,7 +270,7 @@ def measure(
         rejected=arr[:, 2],
         invalid=sorted(invalid, key=lambda p: p["index"]),
         conversational=fmt.conversational,
-        shape=fmt.shape.describe(tokenizer.name_or_path),
+        shape=fmt.shape.describe(tokenizer.name_or_path, getattr(tokenizer, "chat_template_file", None)),
         fast_path_mismatches=mismatches,
         seconds=time.perf_counter() - start,
     )
@@ -550,15 +550,27 @@ def _reason(r: dict, rows: int) -> str:
 # --- max_length: auto, and its cache ---------------------------------------------------------------------------------
 
 
-def load_tokenizer(name_or_path: str, revision: str | None = None):
-    """The tokenizer training uses (`builtin:` names are built locally). No model weights are loaded."""
+def load_tokenizer(name_or_path: str, revision: str | None = None, chat_template_path: str | None = None,
+                   local_files_only: bool = False):  # fmt: skip
+    """The tokenizer training uses (`builtin:` names are built locally), with the recipe's chat template where it
+    names one (`chat_template.py`): every tokenizer of the project is loaded here, so that training, its reference
+    stage, the analyzer, the dry run and the preflight tokenize alike. No model weights are loaded."""
     from transformers import AutoTokenizer
 
-    from dpotrain.data import builtin
+    from dpotrain.data import builtin, chat_template
 
     if builtin.is_builtin(name_or_path):
         name_or_path = builtin.materialize_model(name_or_path)
-    return AutoTokenizer.from_pretrained(name_or_path, revision=revision)
+    tokenizer = AutoTokenizer.from_pretrained(name_or_path, revision=revision, local_files_only=local_files_only)
+    return chat_template.apply(tokenizer, chat_template_path)
+
+
+def recipe_tokenizer(recipe, model_path: str | None = None, local_files_only: bool = False):
+    """`load_tokenizer` for a parsed recipe: its model (or the folder `model_path` it was materialized to), revision
+    and chat template."""
+    model = recipe.model
+    return load_tokenizer(model_path or model.model_name_or_path, model.model_revision,
+                          recipe.project.chat_template_path, local_files_only)  # fmt: skip
 
 
 def dataset_identity(

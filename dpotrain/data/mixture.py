@@ -300,10 +300,10 @@ def read_source(source: Source):
 
 
 def load(sources: list[Source], seed: int, skip_invalid: bool, hh_format: str, checked: dict, key: str,
-         say: bool = True, identify: bool = False):  # fmt: skip
+         say: bool = True, identify: bool = False, template=None):  # fmt: skip
     """The mixture's pairs joined in the order the sources are written, and its `Mix`. Every source is read in its
     own shape and checked (bad rows refused by source and line, or with skip_invalid dropped and counted per source,
-    under `checked[key]`)."""
+    under `checked[key]`; `template`: rows.usable_pairs')."""
     import datasets
 
     usable, records, dropped = [], [], {}
@@ -311,7 +311,7 @@ def load(sources: list[Source], seed: int, skip_invalid: bool, hh_format: str, c
         raw = read_source(source)
         found: dict = {}
         pairs = rows.usable_pairs(raw, skip_invalid, found, "invalid", hh_format, split=source.spec(), say=say,
-                                  source=source.where)  # fmt: skip
+                                  source=source.where, template=template)  # fmt: skip
         if "invalid" in found:
             dropped[source.spec()] = found["invalid"]
         usable.append(pairs)

@@ -11,7 +11,7 @@ import dataclasses
 import re
 import time
 
-from dpotrain.data import shapes
+from dpotrain.data import chat_template, shapes
 from dpotrain.recipe.errors import ConfigError
 
 ROW_COLUMNS = ("prompt", "chosen", "rejected", *shapes.KEPT_COLUMNS)
@@ -45,10 +45,18 @@ class RowFormat:
 
     shape: shapes.Shape
     eos_token: str | None  # appended to plain-text completions (None: checks only)
+    # The tokenizer whose chat template each message pair's answers must follow (chat_template.answer_problem); None:
+    # not checked here.
+    template: object | None = None
 
     @classmethod
-    def of(cls, first_row: dict, columns, eos_token: str | None, hh_format: str = "messages") -> "RowFormat":
-        return cls(shapes.Shape.of(first_row, columns, hh_format), eos_token)
+    def of(cls, first_row: dict, columns, eos_token: str | None, hh_format: str = "messages",
+           template=None) -> "RowFormat":  # fmt: skip
+        """`template`: a tokenizer, or a function that loads it (called only for message rows, which it reads)."""
+        shape = shapes.Shape.of(first_row, columns, hh_format)
+        if callable(template) and not hasattr(template, "apply_chat_template"):
+            template = template() if shape.conversational else None
+        return cls(shape, eos_token, template if shape.conversational else None)
 
     @property
     def conversational(self) -> bool:
@@ -88,6 +96,10 @@ def read_row(row: dict, fmt: RowFormat) -> tuple[dict | None, tuple[str, str] | 
             return None, (column, "empty completion: every completion message has empty content")
         if not fmt.conversational and not completion.removesuffix(fmt.eos_token or "").strip():
             return None, (column, "empty completion")
+    if fmt.template is not None:  # the answers against the template's generation prompt
+        problem = chat_template.answer_problem(example, fmt.template)
+        if problem:
+            return None, problem
     return example, None
 
 
@@ -156,9 +168,12 @@ def check_dataset(
     skip_invalid: bool = False,
     batch_size: int = 2048,
     hh_format: str = "messages",
+    template=None,
 ) -> RowCheck:
     """`read_row` on every row of an in-memory `Dataset`. The first bad row raises `InvalidRowError` naming the
-    training flag, unless `skip_invalid`: then every bad row is listed in the returned `RowCheck`.
+    training flag, unless `skip_invalid`: then every bad row is listed in the returned `RowCheck`. Answers that leave
+    the chat template's generation prompt (`template`: RowFormat.of) are refused together, naming every such row:
+    a data set that has one usually has many.
 
     Rows are read a column batch at a time (Arrow to Python in bulk), which is what keeps 150k rows in seconds.
     """
@@ -166,31 +181,39 @@ def check_dataset(
     columns = [c for c in ROW_COLUMNS if c in dataset.column_names]
     if len(dataset) == 0:
         raise ConfigError("the data set has no rows: check the file or the split")
-    fmt = RowFormat.of(dataset[0], columns, eos_token, hh_format)
-    invalid = []
+    fmt = RowFormat.of(dataset[0], columns, eos_token, hh_format, template)
+    invalid, off_template = [], []
     index = 0
     for batch in dataset.select_columns(columns).iter(batch_size=batch_size):
         for values in zip(*batch.values(), strict=True):
             problem = check_row(dict(zip(columns, values, strict=True)), fmt)
-            if problem:
+            if problem and not skip_invalid and problem[1].startswith(chat_template.MISMATCH):
+                off_template.append((index, problem))
+            elif problem:
                 if not skip_invalid:
                     raise InvalidRowError(index, *problem, skip_flag="--skip_invalid true")
                 invalid.append({"index": index, "column": problem[0], "problem": problem[1]})
             index += 1
+    if off_template:
+        first, (column, problem) = off_template[0]
+        rows = ", ".join(str(i) for i, _ in off_template[:10]) + (", ..." if len(off_template) > 10 else "")
+        raise InvalidRowError(first, column, f"{problem}; {len(off_template)} of {index} rows do so (rows {rows})",
+                              skip_flag="--skip_invalid true")  # fmt: skip
     return RowCheck(index, invalid, time.perf_counter() - start, fmt)
 
 
 def usable_pairs(dataset, skip_invalid: bool, derived: dict, key: str, hh_format: str = "messages", split="train",
-                 say: bool = True, source: str | None = None):  # fmt: skip
+                 say: bool = True, source: str | None = None, template=None):  # fmt: skip
     """The data set's pairs as the trainer is to tokenize them (`read_row`: explicit prompt, other columns left out).
 
     Refused at its first bad row, or with `skip_invalid` without its bad rows: then they are recorded as
     `derived[key]` (for resolved_config.json) and, where `say` (one process of a launch), said on the console; a
     refusal says where the row is in `source` (the data set's name: its file and line, `data.row_location`). No
     usable row left is refused too: the trainer would fail on an empty data set only after loading the model.
+    `template`: the tokenizer (or a function loading it) whose chat template the answers are checked against.
     """
     try:
-        checked = check_dataset(dataset, skip_invalid=skip_invalid, hh_format=hh_format)
+        checked = check_dataset(dataset, skip_invalid=skip_invalid, hh_format=hh_format, template=template)
     except InvalidRowError as e:
         raise e.located(source) if source else e from None
     if say:

@@ -48,7 +48,7 @@ def sampled(dataset, tokenizer, seed: int, hh_format: str = "messages", rows: in
 
 def run_lengths(recipe, dataset, model_path: str) -> Lengths:
     """The lengths a real run decides from: cached for the whole split, else a seeded sample of `dataset`."""
-    tokenizer = lengths.load_tokenizer(model_path, recipe.model.model_revision)
+    tokenizer = lengths.recipe_tokenizer(recipe, model_path)
     found = cached(recipe, tokenizer) or sampled(dataset, tokenizer, recipe.training.seed, recipe.project.hh_format)
     # A max_length that drops every pair leaves the trainer nothing: refused here, before the model loads.
     t = recipe.training

@@ -168,6 +168,7 @@ def model_card(resolved: dict, records: list[dict], revisions: list[tuple[int, s
     derived = resolved.get("derived", {})
     recipe_rows = "\n".join(f"| `{k}` | {as_run(k, resolved)} |" for k in CARD_FIELDS)
     recipe_rows += f"\n| pairs per optimizer step | {derived.get('pairs_per_step')} |"
+    recipe_rows += f"\n| chat template | {template_named(resolved)} |"
     counted = derived.get("batching", {}).get("max_length_cuts")
     if counted:  # what the trainer saw of the data: pairs cut or dropped at max_length (cuts.py)
         recipe_rows += f"\n| pairs cut / dropped at max_length | {counted['truncated']} / {counted['dropped']} of " \
@@ -198,6 +199,15 @@ DPO post-training of `{base}` on `{dataset}` with OLMo 3's length-normalized DPO
 ![training curves]({PLOT_FILE})
 """
     return str(ModelCard(content + revisions_section(revisions, repo_id or resolved.get("hub_model_id") or "")))
+
+
+def template_named(resolved: dict) -> str:
+    """The chat template trained with (the model's `chat_template.jinja` holds it): the recipe's file, by name and
+    SHA-256, or the base model's own."""
+    given = resolved.get("chat_template_path")
+    record = resolved.get("derived", {}).get("chat_template") or {}
+    digest = f" (sha256 `{record['sha256'][:12]}`)" if record.get("sha256") else ""
+    return f"`{Path(given).name}`{digest}" if given else f"the base model's own{digest}"
 
 
 def sources_section(sources: list[dict]) -> str:

@@ -158,6 +158,15 @@ class ProjectArguments:
             "strings, prompt up to the last `Assistant:`. Other data shapes are not affected (docs/data.md)."
         },
     )
+    chat_template_path: str | None = field(
+        default=None,
+        metadata={
+            "help": "The chat template to tokenize with instead of the model's own: a .jinja file, or a folder holding "
+            "chat_template.jinja (TRL's spelling). Training, its reference stage, the analyzer, the dry run and the "
+            "preflight all use it; it is saved with the model and checkpoints (chat_template.jinja) and recorded by "
+            "content. configs/templates/olmo_thinker.jinja is OLMo 3 Think's (docs/data.md, 'Chat template')."
+        },
+    )
     push_checkpoints: bool = field(
         default=False,
         metadata={

@@ -32,7 +32,7 @@ from trl import DPOTrainer, get_peft_config, get_quantization_config
 from dpotrain.cluster import engine
 from dpotrain.cluster import sequence_parallel as groups
 from dpotrain.cluster.collectives import all_reduce_sum, max_over_ranks
-from dpotrain.data import builtin
+from dpotrain.data import builtin, lengths
 from dpotrain.forwards import choice, flex, flops, packing, padded, sample, sequence_parallel
 from dpotrain.forwards.choice import ForwardChoice, decide_forward, padded_instead
 from dpotrain.plan import layers, plan
@@ -633,6 +633,9 @@ def build_trainer(recipe: Recipe, train_dataset, eval_dataset=None, callbacks=()
     # Order matters: GracefulStop.on_save reports a checkpoint only after CompleteMarker has marked it.
     trainer = RecipeDPOTrainer(
         model=model_path,
+        # The tokenizer every tokenization of the project loads (lengths.load_tokenizer): the recipe's chat template,
+        # which TRL tokenizes with and the Trainer saves with the model and each checkpoint.
+        processing_class=lengths.recipe_tokenizer(recipe, model_path),
         args=t,
         train_dataset=train_dataset,
         eval_dataset=eval_dataset,

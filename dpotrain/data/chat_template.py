@@ -1,0 +1,133 @@
+"""The chat template a recipe chooses (`chat_template_path`), and what a pair's answers must be to be read under it.
+
+`chat_template_path` names a Jinja file (`.jinja`), or a folder holding `chat_template.jinja` (a tokenizer folder as
+transformers 5 saves it). `lengths.load_tokenizer` sets it on every tokenizer the project loads (training and its
+reference stage, the analyzer, the dry run, the preflight, sample generations), so each of them tokenizes with it; the
+run saves it with the tokenizer (`chat_template.jinja` of the final model and of each checkpoint is the template
+trained with). Unset: the model's own template.
+
+The template's content, not its path, is what a run depends on: its SHA-256 is recorded (`record`,
+resolved_config.json `derived.chat_template`) and a resumed run whose template reads differently is refused
+(`changed`). The reference cache needs no entry of its own: its key hashes every pair's token ids, which the template
+decides.
+
+Answers and the generation prompt (`answer_problem`): TRL splits a pair at the common prefix of the tokenized prompt
+(rendered with the generation prompt) and prompt + answer; open-instruct, which trained OLMo 3, masks by position, the
+length of the tokenized prompt with the generation prompt. Where the rendered answer begins with the generation
+prompt the two agree. Where it does not (under open-instruct's `olmo_thinker`, whose generation prompt ends in
+`<think>`: an answer that does not start with `<think>`), TRL labels the tokens where they diverge and open-instruct
+masks the answer's first tokens instead: such a pair is refused, naming the rows, or dropped and counted with
+`skip_invalid` (docs/data.md "Chat template").
+"""
+
+import hashlib
+from pathlib import Path
+
+from dpotrain.recipe.errors import ConfigError
+
+MISMATCH = "the answer does not begin with the chat template's generation prompt"
+FILE = "chat_template.jinja"  # the name transformers 5 saves a tokenizer's template under
+SHOWN = 40  # characters of an answer shown where it leaves the generation prompt
+
+
+def template_file(path: str) -> Path:
+    """The Jinja file `path` names (itself, or a folder's chat_template.jinja); refused in one line if there is none."""
+    given = Path(path).expanduser()
+    if given.is_dir():
+        if not (given / FILE).is_file():
+            raise ConfigError(f"chat_template_path {path!r} is a folder without {FILE}: name the template file "
+                              f"itself, or a tokenizer folder saved with its template")  # fmt: skip
+        return given / FILE
+    if not given.is_file():
+        raise ConfigError(f"chat_template_path {path!r} does not exist: give a .jinja file (e.g. "
+                          "configs/templates/olmo_thinker.jinja) or a folder holding chat_template.jinja, relative to "
+                          "the folder you run from")  # fmt: skip
+    return given
+
+
+def check(path: str | None) -> None:
+    """Before anything loads: the file is there and reads as text."""
+    if path:
+        read(path)
+
+
+def read(path: str) -> str:
+    file = template_file(path)
+    try:
+        return file.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(f"chat_template_path {path!r}: cannot read {file} ({e}): give a readable UTF-8 Jinja "
+                          "file") from None  # fmt: skip
+
+
+def apply(tokenizer, path: str | None):
+    """`tokenizer` with the template `path` names (unchanged without one): saved with it, as the run trained."""
+    if path:
+        tokenizer.chat_template = read(path)
+        tokenizer.chat_template_file = str(template_file(path))  # what the analyzer's report says it read rows with
+    return tokenizer
+
+
+def sha256(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def record(path: str | None, tokenizer=None) -> dict:
+    """What resolved_config.json says of the template in effect: where it comes from and its content's SHA-256 (of
+    the model's own, where its tokenizer is at hand)."""
+    if path:
+        return {"path": str(template_file(path).resolve()), "sha256": sha256(read(path))}
+    own = getattr(tokenizer, "chat_template", None)
+    return {"path": None, "source": "the model's own", "sha256": sha256(own) if isinstance(own, str) else None}
+
+
+def changed(old: dict | None, path: str | None) -> str | None:
+    """How the template now differs from the one a run recorded (`record`), or None: the same content, or no record
+    (a run written before templates were recorded). A file given now is compared by content with what the run used,
+    the model's own template included; a run that used a file, resumed without one, is a change."""
+    if not old:
+        return None
+    if path:
+        now = sha256(read(path))
+        if now == old.get("sha256"):
+            return None
+        was, digest = old.get("path") or "the model's own template", str(old.get("sha256"))[:12]
+        return f"{path} (SHA-256 {now[:12]}...) is not the template the run trained with, {was} ({digest}...)"
+    if old.get("path"):
+        return f"the run trained with {old['path']}, this one with the model's own (pass --chat_template_path)"
+    return None
+
+
+# --- answers against the generation prompt ---------------------------------------------------------------------------
+
+
+def answer_problem(example: dict, tokenizer) -> tuple[str, str] | None:
+    """(column, problem) for a conversational pair whose rendered prompt + answer does not begin with the rendered
+    prompt + generation prompt, the text TRL's prefix split and open-instruct's position-based masking agree on;
+    None for a pair read alike by both. A template that fails on the row is left to the trainer's own error."""
+    import json
+
+    tools = example.get("tools")  # as DPOTrainer's tokenize_fn
+    kwargs = {"tools": json.loads(tools) if isinstance(tools, str) else tools, **(example.get("chat_template_kwargs")
+                                                                                  or {})}  # fmt: skip
+    try:
+        prompt = tokenizer.apply_chat_template(example["prompt"], tokenize=False, add_generation_prompt=True, **kwargs)
+        for column in ("chosen", "rejected"):
+            whole = tokenizer.apply_chat_template(example["prompt"] + example[column], tokenize=False, **kwargs)
+            if not whole.startswith(prompt):
+                return column, _mismatch(prompt, whole)
+    except Exception:
+        return None
+    return None
+
+
+def _mismatch(prompt: str, whole: str) -> str:
+    same = 0
+    for a, b in zip(prompt, whole, strict=False):
+        if a != b:
+            break
+        same += 1
+    expected, found = prompt[same:][:SHOWN], whole[same:][:SHOWN]
+    return (f"{MISMATCH}: it reads {found!r} where the "
+            f"generation prompt goes on with {expected!r}, so TRL's prompt/answer split would label other tokens "
+            "than open-instruct's position-based masking (OLMo 3's)")  # fmt: skip

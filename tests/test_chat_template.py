@@ -1,0 +1,288 @@
+"""A chat template chosen by the recipe (`chat_template_path`, dpotrain/data/chat_template.py): OLMo 3 Think's
+`olmo_thinker` renders as open-instruct's does; every tokenizer of the project takes the recipe's template; a missing
+file is refused before anything loads; answers that leave the generation prompt are refused or dropped and counted;
+the template is saved with the model and checkpoints, named in the card and the dry run, recorded by content and
+checked on resume."""
+
+import json
+import runpy
+import shutil
+
+import pytest
+
+from conftest import ROOT, run_train
+from dpotrain import resolve, stages
+from dpotrain.data import chat_template, lengths
+from dpotrain.data.rows import InvalidRowError
+from dpotrain.recipe.config import parse_args
+from dpotrain.recipe.errors import ConfigError
+
+OLMO_THINKER = ROOT / "configs" / "templates" / "olmo_thinker.jinja"
+UPSTREAM = runpy.run_path(str(ROOT / "tests" / "data" / "chat_templates" / "open_instruct_olmo_thinker.py"))
+SMOKE = ["--config", str(ROOT / "configs" / "smoke.yaml")]
+DEFAULT_SYSTEM = (
+    "<|im_start|>system\nYou are OLMo, a helpful function-calling AI assistant built by Ai2. Your date cutoff is "
+    "November 2024, and your model weights are available at https://huggingface.co/allenai. You do not currently have "
+    "access to any functions. <functions></functions><|im_end|>\n"
+)
+GENERATION_PROMPT = "<|im_start|>assistant\n<think>"
+
+USER = {"role": "user", "content": "What is 51 plus 99?"}
+THINKING = {"role": "assistant", "content": "<think>\n51 + 99 = 150.\n</think>\n\nThe answer is 150."}
+# OLMo 3 Think's conversations: single turn, with a system message (plain, and with `functions`), multi-turn, tools.
+CONVERSATIONS = {
+    "one turn": [USER, THINKING],
+    "system": [{"role": "system", "content": "Be brief."}, USER, THINKING],
+    "system with functions": [{"role": "system", "content": "Use tools.", "functions": '[{"name": "add"}]'}, USER,
+                              {"role": "assistant", "content": "<think>add</think>", "function_calls": "add(51, 99)"},
+                              {"role": "environment", "content": "150"}, THINKING],
+    "multi-turn": [USER, THINKING, {"role": "user", "content": "And 2 + 2?"},
+                   {"role": "assistant", "content": "<think>\nsmall\n</think>\n4"}],
+    "user with functions": [{**USER, "functions": '[{"name": "add"}]'}, THINKING],
+}  # fmt: skip
+
+
+def tokenizers(model_dir: str):
+    """The built-in tiny tokenizer with the shipped template, and with open-instruct's string; EOS set to OLMo's
+    `<|endoftext|>`, so that EOS and `<|im_end|>` are told apart."""
+    ours = lengths.load_tokenizer(model_dir, chat_template_path=str(OLMO_THINKER))
+    theirs = lengths.load_tokenizer(model_dir)
+    theirs.chat_template = UPSTREAM["UPSTREAM"]["olmo_thinker"]
+    for tokenizer in (ours, theirs):
+        tokenizer.eos_token = "<|endoftext|>"
+    return ours, theirs
+
+
+@pytest.mark.parametrize("name", CONVERSATIONS)
+def test_olmo_thinker_renders_as_open_instructs(tiny_model_dir, name):
+    ours, theirs = tokenizers(tiny_model_dir)
+    messages = CONVERSATIONS[name]
+    for conversation, generation in ((messages, False), (messages[:-1], True)):
+        text = ours.apply_chat_template(conversation, tokenize=False, add_generation_prompt=generation)
+        assert text == theirs.apply_chat_template(conversation, tokenize=False, add_generation_prompt=generation)
+        ids = ours.apply_chat_template(conversation, add_generation_prompt=generation)["input_ids"]
+        assert ids == theirs.apply_chat_template(conversation, add_generation_prompt=generation)["input_ids"]
+        # What OLMo 3 Think was trained on, spelled out.
+        assert text.startswith(DEFAULT_SYSTEM) == (conversation[0]["role"] != "system")
+        if generation:
+            assert text.endswith(GENERATION_PROMPT)
+        else:  # EOS after the final assistant turn, <|im_end|> and a newline after the earlier ones
+            assert text.endswith(messages[-1]["content"] + "<|endoftext|>")
+            assert text.count("<|endoftext|>") == 1
+            assert text.count("<|im_end|>\n<|im_start|>") == len(messages) - 1 + (conversation[0]["role"] != "system")
+    system = messages[0] if messages[0]["role"] == "system" else None
+    if system is not None and "functions" not in system:
+        text = ours.apply_chat_template(messages, tokenize=False)
+        assert text.startswith("<|im_start|>system\nBe brief. You do not currently have access to any functions. "
+                               "<functions></functions><|im_end|>\n")  # fmt: skip
+
+
+def test_the_think_recipe_uses_olmo_thinker_and_32b_the_models_own():
+    think = parse_args(["--config", str(ROOT / "configs" / "think.yaml"), "--dry-run"])
+    assert think.project.chat_template_path == "configs/templates/olmo_thinker.jinja"
+    assert chat_template.template_file(think.project.chat_template_path).resolve() == OLMO_THINKER
+    big = parse_args(["--config", str(ROOT / "configs" / "think-32b.yaml"), "--model_name_or_path", "x", "--dry-run"])
+    assert big.project.chat_template_path is None  # 32B Think ran on its checkpoint's template (olmo123: unknown)
+
+
+# --- the option: refused before anything loads, applied by every tokenizer ------------------------------------------
+
+
+def test_a_missing_template_or_a_folder_without_one_is_refused_in_one_line(tmp_path, tiny_model_dir):
+    (tmp_path / "folder").mkdir()
+    for given, says in ((tmp_path / "nope.jinja", "does not exist"), (tmp_path / "folder", "without chat_template")):
+        recipe = parse_args([*SMOKE, "--chat_template_path", str(given)])
+        with pytest.raises(ConfigError) as refused:
+            stages.checks(recipe)  # the run's and the dry run's first stage, and the preflight's checks
+        assert says in str(refused.value) and "\n" not in str(refused.value)
+    result = run_train([*SMOKE, "--chat_template_path", str(tmp_path / "nope.jinja"), "--dry-run"])
+    assert result.returncode == 2 and result.stdout.strip().splitlines()[-1].startswith("error: chat_template_path")
+    # A tokenizer folder saved with its template is taken as it is.
+    shutil.copy(OLMO_THINKER, tmp_path / "folder" / "chat_template.jinja")
+    tokenizer = lengths.load_tokenizer(tiny_model_dir, chat_template_path=str(tmp_path / "folder"))
+    assert tokenizer.chat_template == OLMO_THINKER.read_text()
+
+
+def test_every_tokenizer_of_the_run_has_the_recipes_template(tiny_model_dir):
+    from dpotrain.train.trainer import build_trainer
+
+    recipe = parse_args([*SMOKE, "--model_name_or_path", tiny_model_dir, "--chat_template_path", str(OLMO_THINKER),
+                         "--max_steps", "1", "--report_to", "none"])  # fmt: skip
+    text = OLMO_THINKER.read_text()
+    assert stages._tokenizer(recipe, tiny_model_dir, local_only=True).chat_template == text  # lengths, dry run
+    assert lengths.recipe_tokenizer(recipe).chat_template == text  # max_length: auto, run lengths, preflight's rows
+    rows = [
+        {"prompt": [USER], "chosen": [THINKING], "rejected": [{"role": "assistant", "content": "<think>x</think>"}]}
+    ]
+    import datasets
+
+    trainer = build_trainer(recipe, datasets.Dataset.from_list(rows * 4))
+    assert trainer.processing_class.chat_template == text  # TRL tokenizes with it, the Trainer saves it
+    prompt = trainer.processing_class.decode(trainer.train_dataset[0]["prompt_ids"])
+    assert prompt.startswith(DEFAULT_SYSTEM) and prompt.endswith(GENERATION_PROMPT)
+
+
+@pytest.fixture(scope="module")
+def analyzer():
+    """scripts/analyze_dataset.py as a module (it hides GPUs on import; undone here)."""
+    import importlib.util
+    import os
+
+    before = os.environ.get("CUDA_VISIBLE_DEVICES")
+    spec = importlib.util.spec_from_file_location("analyze_dataset", ROOT / "scripts" / "analyze_dataset.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    if before is None:
+        os.environ.pop("CUDA_VISIBLE_DEVICES", None)
+    else:
+        os.environ["CUDA_VISIBLE_DEVICES"] = before
+    return module
+
+
+def test_the_analyzer_measures_with_the_recipes_template(tmp_path, tiny_model_dir, capsys, analyzer):
+    main = analyzer.main
+    data = think_pairs(tmp_path / "pairs.jsonl", 8)
+    report = tmp_path / "with.json"
+    assert main([str(data), "--tokenizer", tiny_model_dir, "--chat_template_path", str(OLMO_THINKER), "--json",
+                 str(report), "--num-proc", "1"]) == 0  # fmt: skip
+    assert main([str(data), "--tokenizer", tiny_model_dir, "--json", str(tmp_path / "own.json"), "--num-proc",
+                 "1"]) == 0  # fmt: skip
+    with_template, own = (json.loads(p.read_text()) for p in (report, tmp_path / "own.json"))
+    system = len(lengths.load_tokenizer(tiny_model_dir)(DEFAULT_SYSTEM)["input_ids"])
+    # Longer by the default system prompt, and the <think> the generation prompt holds (tokens of the prompt now).
+    assert with_template["prompt"]["p50"] > own["prompt"]["p50"] + system - 1
+    assert with_template["shape"].endswith(f"the chat template {OLMO_THINKER}")
+    assert main([str(data), "--tokenizer", tiny_model_dir, "--chat_template_path", str(tmp_path / "x.jinja")]) == 2
+    assert "error: chat_template_path" in capsys.readouterr().err
+
+
+def test_the_preflight_scores_with_the_recipes_template(tmp_path, tiny_model_dir):
+    from dpotrain import preflight
+
+    data = think_pairs(tmp_path / "pairs.jsonl", 4)
+    prompts = {}
+    for extra in ([], ["--chat_template_path", str(OLMO_THINKER)]):
+        recipe = parse_args([*SMOKE, "--model_name_or_path", tiny_model_dir, "--dataset_name", str(data), *extra])
+        pairs, _ = preflight._training_pairs(recipe)
+        prompts[bool(extra)] = preflight.score(recipe, preflight.sample_rows(pairs, 4, 0))["prompt"]
+    system = len(lengths.load_tokenizer(tiny_model_dir)(DEFAULT_SYSTEM)["input_ids"])
+    # Longer by the default system prompt where a row has no system message of its own, and by <think> (prompt now).
+    assert (prompts[True] > prompts[False]).all() and prompts[True][0] >= prompts[False][0] + system
+
+
+# --- answers that leave the generation prompt ---------------------------------------------------------------------
+
+
+def think_pairs(path, n: int, plain: tuple[int, ...] = ()):
+    """The bundled pairs with a thinking trace opening each answer (a row in `plain` keeps its plain chosen answer)."""
+    rows = [json.loads(line) for line in (ROOT / "data" / "smoke_prefs.jsonl").read_text().splitlines()[:n]]
+    for i, row in enumerate(rows):
+        for side in ("chosen", "rejected"):
+            if not (side == "chosen" and i in plain):
+                row[side][-1]["content"] = f"<think>\nLet me see.\n</think>\n\n{row[side][-1]['content']}"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def open_instruct_prompt_length(tokenizer, prompt: list[dict]) -> int:
+    """Where open-instruct's labels start on the final turn (`sft_tulu_tokenize_and_truncate_v1`): the length of the
+    tokenized messages before it, with the generation prompt."""
+    return len(tokenizer.apply_chat_template(prompt, add_generation_prompt=True)["input_ids"])
+
+
+def test_trl_and_open_instruct_split_alike_exactly_where_the_answer_follows_the_generation_prompt(tiny_model_dir):
+    tokenizer = lengths.load_tokenizer(tiny_model_dir, chat_template_path=str(OLMO_THINKER))
+    plain = {"role": "assistant", "content": "The answer is 150."}
+    for answer, alike in ((THINKING, True), (plain, False)):
+        example = {"prompt": [USER], "chosen": [answer], "rejected": [THINKING]}
+        trl_prompt = lengths.row_lengths(example, tokenizer)[0]  # TRL's common-prefix split
+        assert (trl_prompt == open_instruct_prompt_length(tokenizer, [USER])) == alike
+        assert (chat_template.answer_problem(example, tokenizer) is None) == alike
+
+
+def test_answers_off_the_generation_prompt_are_refused_naming_the_rows_or_dropped_and_counted(tmp_path, tiny_model_dir):
+    data = think_pairs(tmp_path / "pairs.jsonl", 12, plain=(3, 7))
+    args = [*SMOKE, "--model_name_or_path", tiny_model_dir, "--dataset_name", str(data), "--chat_template_path",
+            str(OLMO_THINKER), "--output_dir", str(tmp_path / "run")]  # fmt: skip
+    recipe = parse_args(args)
+    found = stages.checks(recipe)
+    with pytest.raises(InvalidRowError) as refused:
+        stages.load_data(recipe, found, say=False)
+    line = str(refused.value)
+    assert "\n" not in line and line.startswith("row 3, column 'chosen': the answer does not begin with the chat ")
+    assert "2 of 12 rows do so (rows 3, 7)" in line and "'<think>'" in line and "--skip_invalid true" in line
+    assert "line 4 of pairs.jsonl" in line  # where the row is in the user's file
+    skipped = parse_args([*args, "--skip_invalid", "true"])
+    pairs = stages.load_data(skipped, stages.checks(skipped), say=False)
+    assert len(pairs.train) == 10 and pairs.checked["invalid_rows"]["dropped"] == 2
+    assert [r["index"] for r in pairs.checked["invalid_rows"]["first"]] == [3, 7]
+    # The model's own template (no <think> in its generation prompt) reads the same rows alike: none refused.
+    own = parse_args([a for a in args if a not in ("--chat_template_path", str(OLMO_THINKER))])
+    assert len(stages.load_data(own, stages.checks(own), say=False).train) == 12
+
+
+# --- the run: saved, named, recorded, checked on resume; the reference key ---------------------------------------
+
+
+def test_a_run_saves_and_names_its_template_and_a_resume_with_another_is_refused(tmp_path, tiny_model_dir):
+    template = tmp_path / "olmo_thinker.jinja"
+    shutil.copy(OLMO_THINKER, template)
+    data = think_pairs(tmp_path / "pairs.jsonl", 16)
+    out = tmp_path / "run"
+    args = [*SMOKE, "--model_name_or_path", tiny_model_dir, "--dataset_name", str(data), "--chat_template_path",
+            str(template), "--max_steps", "2", "--save_steps", "1", "--output_dir", str(out)]  # fmt: skip
+    result = run_train(args)
+    assert result.returncode == 0, result.stdout[-3000:]
+    text = OLMO_THINKER.read_text()
+    for folder in (out, out / "checkpoint-2"):  # the final model and its checkpoints: the template trained with
+        assert (folder / "chat_template.jinja").read_text() == text
+    resolved = json.loads((out / "resolved_config.json").read_text())
+    assert resolved["chat_template_path"] == str(template)
+    assert resolved["derived"]["chat_template"] == {"path": str(template), "sha256": chat_template.sha256(text)}
+    card = (out / "README.md").read_text()
+    assert f"| chat template | `olmo_thinker.jinja` (sha256 `{chat_template.sha256(text)[:12]}`) |" in card
+    assert "template:" in result.stdout and str(template) in result.stdout  # the run's summary names it
+
+    # The run unfinished (its completion mark gone, as after a kill past its last checkpoint): resuming with the
+    # template file edited is refused before anything loads; the same content elsewhere resumes.
+    (out / resolve.RUN_COMPLETE).unlink()
+    template.write_text(text.replace("You are OLMo", "You are Olmo"))
+    result = run_train(args)
+    assert result.returncode == 2, result.stdout[-3000:]
+    last = result.stdout.strip().splitlines()[-1]
+    assert last.startswith(f"error: output_dir {str(out)!r} holds an unfinished run with other settings (chat "
+                           f"template: {template} (SHA-256 ")  # fmt: skip
+    moved = tmp_path / "elsewhere.jinja"
+    moved.write_text(text)
+    assert (
+        resolve.changed_settings(parse_args([*args[:-1], str(out), "--chat_template_path", str(moved)]), out, 8) == []
+    )
+    assert "the model's own" in resolve.changed_settings(
+        parse_args([a for a in args if a not in ("--chat_template_path", str(template))]), out, 8)[0]  # fmt: skip
+
+
+def test_the_reference_cache_key_follows_the_template(tiny_model_dir, tmp_path):
+    import datasets
+
+    from dpotrain.reference import reference
+    from dpotrain.train.trainer import build_trainer
+
+    rows = [
+        {"prompt": [USER], "chosen": [THINKING], "rejected": [{"role": "assistant", "content": "<think>x</think>"}]}
+    ]
+    keys = []
+    for template in (str(OLMO_THINKER), None):
+        extra = ["--chat_template_path", template] if template else []
+        recipe = parse_args([*SMOKE, "--model_name_or_path", tiny_model_dir, "--max_steps", "1", "--report_to",
+                             "none", "--output_dir", str(tmp_path / "run"), *extra])  # fmt: skip
+        trainer = build_trainer(recipe, datasets.Dataset.from_list(rows * 4))
+        keys.append(reference.identity(trainer, trainer.train_dataset))
+    assert keys[0]["tokens_sha256"] != keys[1]["tokens_sha256"]  # so the cache folder differs (Store.for_identity)
+    assert reference.Store.for_identity(keys[0]).folder != reference.Store.for_identity(keys[1]).folder
+
+
+def test_the_think_dry_run_shows_the_template():
+    result = run_train(["--config", "configs/think.yaml", "--model_name_or_path", "configs/models/olmo3-7b",
+                        "--dry-run", "--report_to", "none"])  # fmt: skip
+    assert result.returncode == 0, result.stdout[-3000:]
+    assert "  template:      configs/templates/olmo_thinker.jinja (sha256 " in result.stdout, result.stdout[-3000:]
