@@ -30,7 +30,7 @@ from dpotrain.plan import plan_stage
 from dpotrain.recipe.config import parse_args
 from dpotrain.recipe.errors import run_cli
 from dpotrain.reference import reference
-from dpotrain.train import agreement, resume
+from dpotrain.train import agreement, disk_full, resume
 from dpotrain.train.preemption import GracefulStop
 
 
@@ -42,6 +42,11 @@ def main(argv=None) -> None:
         result = run(argv, stop)
         engine.end_processes()  # not after an error: a rank may still be in a collective the others left
         return result
+    except Exception as e:  # any write of the run (metrics, plot, card, samples, records, caches) that did not fit
+        full = disk_full.full_write(e)
+        if full is None:
+            raise
+        raise disk_full.write_failed(*full) from None
     finally:
         # Done (or failed): a preemption's SIGTERM from now on must not kill the process while Python shuts down,
         # which restores default handlers (the job would end FAILED after a complete run).
