@@ -17,21 +17,25 @@ import sys
 from contextlib import nullcontext, redirect_stdout
 
 try:
-    import torch  # noqa: F401 - the stack comes from the project's venv; outside it, say so in one line
-    from dotenv import load_dotenv
-except ModuleNotFoundError as missing:
-    sys.exit(f"error: {missing.name} is not installed for {sys.executable}: run `source .venv/bin/activate` first "
-             "(bash scripts/setup_env.sh creates .venv), or call .venv/bin/python")  # fmt: skip
+    try:
+        import torch  # noqa: F401 - the stack comes from the project's venv; outside it, say so in one line
+        from dotenv import load_dotenv
+    except ModuleNotFoundError as missing:
+        sys.exit(f"error: {missing.name} is not installed for {sys.executable}: run `source .venv/bin/activate` "
+                 "first (bash scripts/setup_env.sh creates .venv), or call .venv/bin/python")  # fmt: skip
 
-from dpotrain import dry_run, publish, resolve, stages, train_stage
-from dpotrain.cluster import build_locks, engine, offline, run_lock
-from dpotrain.hub import hub
-from dpotrain.plan import plan_stage
-from dpotrain.recipe.config import parse_args
-from dpotrain.recipe.errors import run_cli
-from dpotrain.reference import reference
-from dpotrain.train import agreement, disk_full, resume
-from dpotrain.train.preemption import GracefulStop
+    from dpotrain import dry_run, publish, resolve, stages, train_stage
+    from dpotrain.cluster import build_locks, engine, offline, run_lock
+    from dpotrain.hub import hub
+    from dpotrain.plan import plan_stage
+    from dpotrain.recipe.config import parse_args
+    from dpotrain.recipe.errors import run_cli
+    from dpotrain.reference import reference
+    from dpotrain.train import agreement, disk_full, resume
+    from dpotrain.train.preemption import GracefulStop
+except KeyboardInterrupt:  # Ctrl-C while the libraries load (seconds): nothing has started, nothing is lost
+    print("\nCtrl-C: stopped while loading the libraries; nothing was started", file=sys.stderr)
+    sys.exit(130)  # 128 + SIGINT, as a shell reports it (preemption.INTERRUPTED_EXIT, not importable yet)
 
 
 def main(argv=None) -> None:

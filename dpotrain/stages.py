@@ -140,7 +140,7 @@ def output_checks(recipe, found: Launch, push) -> resolve.OutputPlan:
     kept = None if plan.start_afresh else hub_revision.keep(recipe, training.output_dir)  # the data's commit
     if kept and int(os.environ.get("RANK", "0")) == 0:
         print(f"Resuming on {kept}", flush=True)
-    resume.check_partitions(plan.resume_from, found.world)  # ZeRO's optimizer state: on the processes that wrote it
+    resume.check_partitions(plan.resume_from, found.world, found.engine)  # the engine and processes that wrote it
     output_folder.check_plan(training.output_dir, plan.start_afresh)
     if not found.planning:  # a dry run says what it could not decide without them, and the command that decides it
         offline.check_offline_artifacts(recipe)  # with HF_HUB_OFFLINE: model, tokenizer and data set must be cached
