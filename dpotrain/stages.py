@@ -129,6 +129,8 @@ def output_checks(recipe, found: Launch, push) -> resolve.OutputPlan:
     if not only_reference:
         push.check_token()
         options.check_wandb(recipe)
+        if not found.planning and int(os.environ.get("RANK", "0")) == 0:  # the process that logs to W&B
+            options.check_wandb_reachable(recipe)
         if push.requested and not found.planning and int(os.environ.get("RANK", "0")) == 0:  # one whoami per run
             from dpotrain.hub import hub
 
