@@ -93,12 +93,11 @@ def test_stop_request_checkpoints_and_a_rerun_ends_like_an_uninterrupted_run(
 
 
 @pytest.mark.slow
-def test_a_closed_terminal_checkpoints_frees_the_folder_and_a_rerun_ends_like_an_uninterrupted_run(
-    tmp_path, tiny_model_dir, pairs, uninterrupted_weights
-):
+def test_a_closed_terminal_checkpoints_and_frees_the_folder(tmp_path, tiny_model_dir, pairs):
     """The run started in a terminal (a pseudo-terminal it has as its controlling terminal), which is then closed: the
     kernel sends the run SIGHUP, and every later write to the terminal fails (EIO). It saves at the end of the step,
-    exits with the stopped code and releases its lock; the same command goes on from the checkpoint."""
+    exits with the stopped code and releases its lock, as on the stop requests above (whose rerun ends like the
+    uninterrupted run: the same path from here on)."""
     import fcntl
     import pty
     import select
@@ -133,16 +132,10 @@ def test_a_closed_terminal_checkpoints_frees_the_folder_and_a_rerun_ends_like_an
     reader.join()
     os.close(master)  # the terminal closes: SIGHUP
     assert proc.wait(timeout=300) == STOPPED_EXIT, "".join(shown)[-3000:]
-    saved = sorted(out.glob("checkpoint-*/COMPLETE"))
-    assert saved and not (out / "run_complete.json").exists() and not (out / "run.lock").exists()
-
-    rerun = start(out, tiny_model_dir, pairs)
-    log = rerun.communicate(timeout=300)[0]
-    assert rerun.returncode == 0, log[-3000:]
-    assert f"Resuming from {saved[-1].parent}" in log
-    assert logged_steps(out) == list(range(1, STEPS + 1))
-    resumed = load_file(str(out / "model.safetensors"))
-    assert all((resumed[k] - w).abs().max().item() < 1e-6 for k, w in uninterrupted_weights.items())
+    saved = [int(p.parent.name.split("-")[1]) for p in out.glob("checkpoint-*/COMPLETE")]
+    assert len(saved) == 1 and 3 <= saved[0] < STEPS, saved  # saved at the end of the step it was in
+    assert logged_steps(out) == list(range(1, saved[0] + 1))
+    assert not (out / "run_complete.json").exists() and not (out / "run.lock").exists()
 
 
 def test_a_second_signal_does_not_end_the_process():
