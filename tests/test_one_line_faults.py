@@ -85,6 +85,9 @@ print("unchanged", path.read_bytes() == before, sorted(os.listdir(disk)))
 # --- one line where a traceback was -----------------------------------------------------------------------------------
 
 
+READ_ONLY = "Read-only file system" if os.geteuid() == 0 else "Permission denied"  # a mount for root, else a mode
+
+
 def read_only_prefix(folder) -> list[str]:
     """A command prefix under which `folder` is read-only: a read-only bind mount in a mount namespace of its own for
     root (whom file modes do not stop), the folder's mode otherwise."""
@@ -110,7 +113,7 @@ def test_a_read_only_output_location_is_one_line_before_anything_loads(tmp_path,
     result = run_in(read_only_prefix(shared), ["--output_dir", str(out), "--model_name_or_path", tiny_model_dir])
     assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-3000:]
     assert result.stderr.strip().splitlines()[-1] == (
-        f"error: output_dir {str(out)!r}: cannot write in {shared} (Read-only file system): pass --output_dir a "
+        f"error: output_dir {str(out)!r}: cannot write in {shared} ({READ_ONLY}): pass --output_dir a "
         "folder this job can write in"
     )
     assert "Data (train)" not in result.stdout + result.stderr  # refused before the data loaded, the model too
@@ -167,7 +170,7 @@ def test_a_read_only_home_names_the_datasets_cache_not_the_data_file(tmp_path, t
     result = run_in([*read_only_prefix(home), *unset], args, env={"HOME": str(home), "DPOTRAIN_CACHE": str(cache)})
     assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-3000:]
     assert result.stderr.strip().splitlines()[-1] == (
-        f"error: the datasets cache {home}/.cache/huggingface/datasets is not writable (Read-only file system in "
+        f"error: the datasets cache {home}/.cache/huggingface/datasets is not writable ({READ_ONLY} in "
         f"{home}), and datasets caches every data set it reads there, local files too: set HF_HOME (or "
         "HF_DATASETS_CACHE) to a writable folder"
     )
