@@ -12,7 +12,7 @@ import os
 import shutil
 from pathlib import Path
 
-from dpotrain.recipe.errors import RunError
+from dpotrain.recipe.errors import ConfigError, RunError
 from dpotrain.train import checkpoint_manifest
 from dpotrain.train.checkpoints import checkpoints, is_complete
 
@@ -81,11 +81,11 @@ def full_write(error: BaseException) -> tuple[OSError, str] | None:
     """The failed write behind `error` (itself, or the error it was raised from: a library may wrap it) and why, when
     it failed for lack of space; else None."""
     seen = set()
-    while error is not None and id(error) not in seen:
-        seen.add(id(error))
+    while error is not None and id(error) not in seen and not isinstance(error, (RunError, ConfigError)):
+        seen.add(id(error))  # a RunError (a checkpoint that did not fit, above) is already the one line
         if isinstance(error, OSError) and error.errno in FULL:
             return error, FULL[error.errno]
-        error = error.__cause__ or error.__context__
+        error = error.__cause__ or (None if error.__suppress_context__ else error.__context__)
     return None
 
 
