@@ -17,21 +17,25 @@ import sys
 from contextlib import nullcontext, redirect_stdout
 
 try:
-    import torch  # noqa: F401 - the stack comes from the project's venv; outside it, say so in one line
-    from dotenv import load_dotenv
-except ModuleNotFoundError as missing:
-    sys.exit(f"error: {missing.name} is not installed for {sys.executable}: run `source .venv/bin/activate` first "
-             "(bash scripts/setup_env.sh creates .venv), or call .venv/bin/python")  # fmt: skip
+    try:
+        import torch  # noqa: F401 - the stack comes from the project's venv; outside it, say so in one line
+        from dotenv import load_dotenv
+    except ModuleNotFoundError as missing:
+        sys.exit(f"error: {missing.name} is not installed for {sys.executable}: run `source .venv/bin/activate` "
+                 "first (bash scripts/setup_env.sh creates .venv), or call .venv/bin/python")  # fmt: skip
 
-from dpotrain import dry_run, publish, resolve, stages, train_stage
-from dpotrain.cluster import build_locks, engine, offline, run_lock
-from dpotrain.hub import hub
-from dpotrain.plan import plan_stage
-from dpotrain.recipe.config import parse_args
-from dpotrain.recipe.errors import run_cli
-from dpotrain.reference import reference
-from dpotrain.train import agreement, resume
-from dpotrain.train.preemption import GracefulStop
+    from dpotrain import dry_run, publish, resolve, stages, train_stage
+    from dpotrain.cluster import build_locks, engine, offline, run_lock
+    from dpotrain.hub import hub
+    from dpotrain.plan import plan_stage
+    from dpotrain.recipe.config import parse_args
+    from dpotrain.recipe.errors import run_cli
+    from dpotrain.reference import reference
+    from dpotrain.train import agreement, disk_full, resume
+    from dpotrain.train.preemption import GracefulStop
+except KeyboardInterrupt:  # Ctrl-C while the libraries load (seconds): nothing has started, nothing is lost
+    print("\nCtrl-C: stopped while loading the libraries; nothing was started", file=sys.stderr)
+    sys.exit(130)  # 128 + SIGINT, as a shell reports it (preemption.INTERRUPTED_EXIT, not importable yet)
 
 
 def main(argv=None) -> None:
@@ -42,6 +46,11 @@ def main(argv=None) -> None:
         result = run(argv, stop)
         engine.end_processes()  # not after an error: a rank may still be in a collective the others left
         return result
+    except Exception as e:  # any write of the run (metrics, plot, card, samples, records, caches) that did not fit
+        full = disk_full.full_write(e)
+        if full is None:
+            raise
+        raise disk_full.write_failed(*full) from None
     finally:
         # Done (or failed): a preemption's SIGTERM from now on must not kill the process while Python shuts down,
         # which restores default handlers (the job would end FAILED after a complete run).

@@ -132,11 +132,14 @@ def check_precision(recipe: Recipe) -> None:
                           "fp32): pass --fp16 false, or run on a GPU")  # fmt: skip
 
 
+WANDB_OFFLINE_MODES = ("offline", "disabled", "dryrun")  # W&B modes that never reach its server
+
+
 def check_wandb(recipe: Recipe) -> None:
     """report_to wandb without a way to log in fails after the model loaded (wandb.errors.UsageError): say so now."""
     if "wandb" not in (recipe.training.report_to or []):
         return
-    if os.environ.get("WANDB_MODE", "").lower() in ("offline", "disabled", "dryrun") or os.environ.get("WANDB_API_KEY"):
+    if os.environ.get("WANDB_MODE", "").lower() in WANDB_OFFLINE_MODES or os.environ.get("WANDB_API_KEY"):
         return
     try:
         from wandb.sdk.lib.wbauth.wbnetrc import read_netrc_auth
@@ -147,6 +150,33 @@ def check_wandb(recipe: Recipe) -> None:
         return
     raise ConfigError("report_to wandb but no W&B login: add WANDB_API_KEY=... to .env, run `wandb login`, set "
                       "WANDB_MODE=offline (sync later with `wandb sync`), or pass --report_to none")  # fmt: skip
+
+
+def check_wandb_reachable(recipe: Recipe) -> None:
+    """report_to wandb, online: W&B's server must answer now, within seconds, as the Hub must. Without an answer
+    wandb.init retries for minutes (108 s on a node without a route) and fails with the model loaded (CommError).
+    One HEAD request to WANDB_BASE_URL, through the proxy settings (HTTPS_PROXY) wandb's own requests would use; any
+    HTTP answer, an error status too, is an answer. WANDB_MODE=offline asks nothing."""
+    if "wandb" not in (recipe.training.report_to or []):
+        return
+    if os.environ.get("WANDB_MODE", "").lower() in WANDB_OFFLINE_MODES:
+        return
+    import urllib.error
+    import urllib.request
+
+    from dpotrain.cluster.offline import PROBE_SECONDS, within
+
+    url = os.environ.get("WANDB_BASE_URL", "https://api.wandb.ai").rstrip("/")
+    try:
+        within(PROBE_SECONDS, lambda: urllib.request.urlopen(urllib.request.Request(url, method="HEAD"),
+                                                             timeout=PROBE_SECONDS).close())  # fmt: skip
+    except urllib.error.HTTPError:
+        return  # the server answered
+    except Exception as e:
+        reason = getattr(e, "reason", None) or e
+        raise ConfigError(f"report_to wandb, and W&B does not answer here ({url}: {reason}): set WANDB_MODE=offline "
+                          "to log to files (sync them later with `wandb sync`), fix WANDB_BASE_URL / HTTPS_PROXY, or "
+                          "pass --report_to none") from None  # fmt: skip
 
 
 def check_plan(plan: dict) -> None:

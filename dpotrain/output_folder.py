@@ -75,6 +75,8 @@ def check(output_dir: str, lock: bool = True) -> None:
     if out.exists() and not out.is_dir():
         raise ConfigError(f"output_dir {output_dir!r} is a file, not a folder: pass --output_dir a folder (new or "
                           "one of an earlier run)")  # fmt: skip
+    if lock and int(os.environ.get("RANK", "0")) == 0:  # the run writes there; a dry run does not
+        check_writable(out)
     if not out.is_dir():
         return
     found = [e.name for e in out.iterdir() if not run_lock.is_lock_file(e.name)]
@@ -86,6 +88,20 @@ def check(output_dir: str, lock: bool = True) -> None:
     # The main process alone: another rank of this launch, slower here, would find the lock its main process just took.
     if lock and int(os.environ.get("RANK", "0")) == 0:
         run_lock.check_free(out)
+
+
+def check_writable(out: Path) -> None:
+    """The run writes its lock in `out` first, then everything else: a folder it cannot write in (a read-only mount,
+    no permission) is refused in one line now. A folder still to be made is probed in the nearest one that exists."""
+    import tempfile
+
+    folder = next(p for p in (out, *out.absolute().parents) if p.exists())
+    try:
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=".dpotrain-write-test-"):
+            pass
+    except OSError as e:
+        raise ConfigError(f"output_dir {str(out)!r}: cannot write in {folder} ({e.strerror}): pass --output_dir a "
+                          "folder this job can write in") from None  # fmt: skip
 
 
 def check_plan(output_dir: str, start_afresh: bool) -> None:

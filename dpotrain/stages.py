@@ -141,6 +141,8 @@ def output_checks(recipe, found: Launch, push) -> resolve.OutputPlan:
     if not only_reference:
         push.check_token()
         options.check_wandb(recipe)
+        if not found.planning and int(os.environ.get("RANK", "0")) == 0:  # the process that logs to W&B
+            options.check_wandb_reachable(recipe)
         if push.requested and not found.planning and int(os.environ.get("RANK", "0")) == 0:  # one whoami per run
             from dpotrain.hub import hub
 
@@ -152,7 +154,7 @@ def output_checks(recipe, found: Launch, push) -> resolve.OutputPlan:
     kept = None if plan.start_afresh else hub_revision.keep(recipe, training.output_dir)  # the data's commit
     if kept and int(os.environ.get("RANK", "0")) == 0:
         print(f"Resuming on {kept}", flush=True)
-    resume.check_partitions(plan.resume_from, found.world)  # ZeRO's optimizer state: on the processes that wrote it
+    resume.check_partitions(plan.resume_from, found.world, found.engine)  # the engine and processes that wrote it
     output_folder.check_plan(training.output_dir, plan.start_afresh)
     if not found.planning:  # a dry run says what it could not decide without them, and the command that decides it
         offline.check_offline_artifacts(recipe)  # with HF_HUB_OFFLINE: model, tokenizer and data set must be cached

@@ -12,11 +12,12 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 from safetensors.torch import load_file
 
-from conftest import PYTHON, ROOT, python
+from conftest import PYTHON, ROOT, python, rank_python
 from dpotrain.recipe.config import parse_args
 from dpotrain.recipe.errors import ConfigError
 from dpotrain.resolve import check_output_dir
@@ -329,6 +330,110 @@ def test_a_reference_cache_without_room_costs_only_the_saving(baseline, tmp_path
     assert_same_weights(out, baseline)
     left = [p.name for p in (tmp_path / "cache.kept").rglob("*") if p.is_file()]
     assert left == ["filler"], left
+
+
+def test_a_torn_last_metrics_record_is_dropped_with_one_warning_and_the_rerun_resumes_exactly(
+    baseline, tmp_path, tiny_model_dir, pairs
+):
+    """The node was lost while step 3's record was appended (after checkpoint-2): metrics.jsonl ends in half a line.
+    The same command resumes from the checkpoint, says once what it dropped, and records step 3 again."""
+    out = unfinished(baseline, tmp_path, drop_checkpoint_4=True)
+    lines = (out / "metrics.jsonl").read_text().splitlines(keepends=True)
+    (out / "metrics.jsonl").write_text("".join(lines[:2]) + lines[2][: len(lines[2]) // 2])
+    result = train(out, tiny_model_dir, pairs)
+    assert result.returncode == 0 and "Traceback" not in result.stdout, result.stdout[-3000:]
+    assert result.stdout.count(f"warning: {out}/metrics.jsonl: dropped its last line (3: ") == 1, result.stdout[-3000:]
+    assert f"Resuming from {out}/checkpoint-2" in result.stdout
+    assert logged_steps(out) == [1, 2, 3, 4]
+    assert_same_weights(out, baseline)
+
+
+def small_block_disk(folder, megabytes) -> list[str]:
+    """A command prefix under which `folder` is a disk of `megabytes` with 1 KiB blocks (ext2 on a loop device, in a
+    mount namespace of its own; its files are copied to `folder`.kept when the command ends). tmpfs allocates 4 KiB
+    pages: a metrics record (~800 bytes) appended into a page already there would not meet the full disk."""
+    kept, image = folder.with_name(folder.name + ".kept"), folder.with_name(folder.name + ".img")
+    folder.mkdir()
+    subprocess.run(["truncate", "-s", f"{megabytes}M", str(image)], check=True)
+    made = subprocess.run(["mkfs.ext2", "-q", "-b", "1024", "-m", "0", str(image)], capture_output=True)
+    mount = f'mount -o loop "{image}" "$0" && "$@"; rc=$?; cp -a "$0" "{kept}"; exit $rc'
+    prefix = ["unshare", "--mount", "sh", "-c", mount, str(folder)]
+    if made.returncode != 0 or os.geteuid() != 0 or subprocess.run([*prefix, "true"], capture_output=True).returncode:
+        pytest.skip("needs a loop-mounted file system in a mount namespace of its own (root, mkfs.ext2, loop devices)")
+    shutil.rmtree(kept)
+    return prefix
+
+
+def fill(folder) -> None:
+    """Another job takes every free block of `folder`'s disk."""
+    fd = os.open(folder / "filler", os.O_WRONLY | os.O_CREAT)
+    try:
+        for size in (1 << 16, 1024):
+            while True:
+                try:
+                    os.write(fd, b"\0" * size)
+                except OSError:
+                    break
+    finally:
+        os.close(fd)
+
+
+@pytest.mark.slow
+def test_a_disk_filled_mid_training_ends_at_the_metrics_in_one_line_without_a_torn_record(
+    baseline, tmp_path, tiny_model_dir, pairs
+):
+    disk = tmp_path / "disk"
+    prefix = small_block_disk(disk, 16)
+    out = disk / "run"
+    proc = subprocess.Popen([*prefix, *command(out, tiny_model_dir, pairs, interpreter=PYTHON)], cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    seen = Path(f"/proc/{proc.pid}/root") / out.relative_to("/")  # the run's folder, on the run's own disk
+    wait_until(proc, lambda: (seen / "checkpoint-2" / "COMPLETE").exists())
+    run = int(Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()[0])
+    os.kill(run, signal.SIGSTOP)  # before step 3 is logged: its record is the next write
+    try:
+        fill(seen.parent)
+    finally:
+        os.kill(run, signal.SIGCONT)
+    log = proc.communicate(timeout=300)[0]
+    errors = [line for line in log.splitlines() if line.startswith("error:")]
+    assert proc.returncode == 1 and "Traceback" not in log and len(errors) == 1, log[-3000:]
+    assert errors[0] == (
+        f"error: the disk is full: {out}/metrics.jsonl could not be written (0 bytes free there): free space there, "
+        "then rerun; checkpoint-2 is kept, and the same command goes on from it"
+    )
+    kept = tmp_path / "disk.kept" / "run"
+    assert (kept / "metrics.jsonl").read_text().endswith("\n") and logged_steps(kept) == [1, 2]  # whole records
+    assert checkpoint_manifest.size_problem(kept / "checkpoint-2") is None
+
+    result = train(kept, tiny_model_dir, pairs)  # the same command, space freed
+    assert result.returncode == 0 and "warning:" not in result.stdout, result.stdout[-3000:]
+    assert f"Resuming from {kept}/checkpoint-2" in result.stdout
+    assert logged_steps(kept) == [1, 2, 3, 4]
+    assert_same_weights(kept, baseline)
+
+
+@pytest.mark.slow
+def test_a_one_process_run_requeued_under_a_two_process_deepspeed_launch_is_refused_at_start(
+    baseline, tmp_path, tiny_model_dir, pairs
+):
+    """A requeue that changed the launch (scripts/launch.sh's accelerate launch of 2 processes, ZeRO-2) finds
+    checkpoints a single process wrote: refused before the model loads, as the launch that lost processes is."""
+    out = unfinished(baseline, tmp_path)
+    bin_dir = os.path.dirname(PYTHON)
+    launch = [os.path.join(bin_dir, "accelerate"), "launch", "--config_file", str(ROOT / "accelerate_config.yaml"),
+              "--num_processes", "2", *rank_python()]  # fmt: skip
+    result = subprocess.run([*launch, *command(out, tiny_model_dir, pairs)[1:]], cwd=ROOT, stdout=subprocess.PIPE,
+                            env={**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}, stderr=subprocess.STDOUT,
+                            text=True, timeout=600)  # fmt: skip
+    errors = {line for line in result.stdout.splitlines() if line.startswith("error:")}
+    assert result.returncode != 0 and errors == {
+        f"error: checkpoint '{out}/checkpoint-4' was written without DeepSpeed (one process, DDP or FSDP), and this "
+        "run uses DeepSpeed (zero2, 2 processes), which cannot load it: resume it with the launch that wrote it (one "
+        "process: `python train_dpo.py` with the same arguments, without accelerate launch), or start afresh (a new "
+        "--output_dir) from its weights (--model_name_or_path on the checkpoint folder)"
+    }, result.stdout[-3000:]
+    assert "Data (train)" not in result.stdout  # nothing loaded
 
 
 def test_a_checkpoint_without_a_manifest_still_resumes(baseline, tmp_path, tiny_model_dir, pairs):

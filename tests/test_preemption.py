@@ -11,7 +11,7 @@ import time
 import pytest
 from safetensors.torch import load_file
 
-from conftest import ROOT, python
+from conftest import PYTHON, ROOT, python
 from dpotrain.train.preemption import STOPPED_EXIT
 
 STEPS = 12  # of the smoke recipe's 8 pairs
@@ -90,6 +90,52 @@ def test_stop_request_checkpoints_and_a_rerun_ends_like_an_uninterrupted_run(
 
     resumed = load_file(str(out / "model.safetensors"))
     assert all((resumed[k] - w).abs().max().item() < 1e-6 for k, w in uninterrupted_weights.items())
+
+
+@pytest.mark.slow
+def test_a_closed_terminal_checkpoints_and_frees_the_folder(tmp_path, tiny_model_dir, pairs):
+    """The run started in a terminal (a pseudo-terminal it has as its controlling terminal), which is then closed: the
+    kernel sends the run SIGHUP, and every later write to the terminal fails (EIO). It saves at the end of the step,
+    exits with the stopped code and releases its lock, as on the stop requests above (whose rerun ends like the
+    uninterrupted run: the same path from here on)."""
+    import fcntl
+    import pty
+    import select
+    import termios
+    import threading
+
+    out = tmp_path / "run"
+    master, terminal = pty.openpty()
+    proc = subprocess.Popen(
+        [PYTHON, str(ROOT / "train_dpo.py"), *ARGS, "--output_dir", str(out), "--model_name_or_path", tiny_model_dir,
+         "--dataset_name", str(pairs)], cwd=ROOT, stdin=terminal, stdout=terminal, stderr=terminal,
+        start_new_session=True, preexec_fn=lambda: fcntl.ioctl(0, termios.TIOCSCTTY, 0),
+    )  # fmt: skip
+    os.close(terminal)
+    shown, closing = [], threading.Event()
+
+    def read_terminal():  # what the run shows, read as a terminal would, until the terminal is closed
+        while not closing.is_set():
+            if select.select([master], [], [], 0.1)[0]:
+                try:
+                    shown.append(os.read(master, 1 << 16).decode(errors="replace"))
+                except OSError:
+                    return
+
+    reader = threading.Thread(target=read_terminal, daemon=True)
+    reader.start()
+    deadline = time.time() + 300
+    while len(logged_steps(out)) < 3:
+        assert proc.poll() is None and time.time() < deadline, "".join(shown)[-3000:]
+        time.sleep(0.1)
+    closing.set()
+    reader.join()
+    os.close(master)  # the terminal closes: SIGHUP
+    assert proc.wait(timeout=300) == STOPPED_EXIT, "".join(shown)[-3000:]
+    saved = [int(p.parent.name.split("-")[1]) for p in out.glob("checkpoint-*/COMPLETE")]
+    assert len(saved) == 1 and 3 <= saved[0] < STEPS, saved  # saved at the end of the step it was in
+    assert logged_steps(out) == list(range(1, saved[0] + 1))
+    assert not (out / "run_complete.json").exists() and not (out / "run.lock").exists()
 
 
 def test_a_second_signal_does_not_end_the_process():

@@ -168,10 +168,14 @@ _held: list[Lock] = []
 def _link(lock: Path, raw: bytes) -> bool:
     """Makes `lock` hold `raw`, atomically, unless it exists (link(2): atomic on NFS where O_EXCL may not be)."""
     own = lock.with_name(f".{lock.name}.{socket.gethostname()}.{os.getpid()}")
-    with open(own, "wb") as f:
-        f.write(raw)
-        f.flush()
-        os.fsync(f.fileno())
+    try:
+        with open(own, "wb") as f:
+            f.write(raw)
+            f.flush()
+            os.fsync(f.fileno())
+    except OSError as e:  # a full disk: said of the lock it was for (train_dpo.main), with nothing left behind
+        own.unlink(missing_ok=True)
+        raise OSError(e.errno, e.strerror, str(lock)) from e
     try:
         os.link(own, lock)
         return True

@@ -1,5 +1,6 @@
 """Load a preference data set: from the Hub, a JSONL/JSON/Parquet/CSV file, or a folder saved with `save_to_disk`."""
 
+import functools
 import json
 from pathlib import Path
 
@@ -67,6 +68,8 @@ def load_preference_dataset(
 
     check_dataset_name(name)
     path = Path(name).expanduser()
+    if not (path / "dataset_info.json").exists() and not (path / "dataset_dict.json").exists():
+        check_datasets_cache()  # a saved data set is read in place; any other is written to the cache first
     if path.is_dir() and ((path / "dataset_info.json").exists() or (path / "dataset_dict.json").exists()):
         empty = _empty_saved_splits(path)
         if empty:  # datasets cannot read a split saved with no rows back (IndexError inside load_from_disk)
@@ -147,6 +150,27 @@ def _invalid_utf8(path: Path) -> str | None:
                 return (f"{path}:{number}: not valid UTF-8 (byte {line[e.start]:#04x} at column {e.start + 1}): save "
                         "the file as UTF-8 (from Latin-1: `iconv -f latin1 -t utf-8`), or fix that line")  # fmt: skip
     return None
+
+
+@functools.cache
+def check_datasets_cache() -> None:
+    """datasets writes every data set it reads, a local JSON Lines file too, as Arrow files in its cache
+    (HF_DATASETS_CACHE, else $HF_HOME/datasets, else ~/.cache/huggingface/datasets). In a cache it cannot write in, it
+    fails with a message about the data file: the cache is named instead (once per process; a folder still to be made
+    is probed in the nearest one that exists)."""
+    import tempfile
+
+    import datasets
+
+    folder = Path(datasets.config.HF_DATASETS_CACHE)
+    existing = next(p for p in (folder, *folder.absolute().parents) if p.exists())
+    try:
+        with tempfile.NamedTemporaryFile(dir=existing, prefix=".dpotrain-write-test-"):
+            pass
+    except OSError as e:
+        raise ConfigError(f"the datasets cache {folder} is not writable ({e.strerror} in {existing}), and datasets "
+                          "caches every data set it reads there, local files too: set HF_HOME (or HF_DATASETS_CACHE) "
+                          "to a writable folder") from None  # fmt: skip
 
 
 def _unreadable(path: Path, error: Exception) -> str:

@@ -233,6 +233,7 @@ def measure(
     if first is None:
         raise ConfigError("the data set has no rows")
     fmt = RowFormat.of(first, columns, tokenizer.eos_token, hh_format, template=tokenizer)
+    check_chat_template(tokenizer, fmt)
     in_memory = isinstance(dataset, datasets.Dataset)
     total = len(dataset) if in_memory else _known_rows(dataset)
 
@@ -274,6 +275,17 @@ def measure(
         fast_path_mismatches=mismatches,
         seconds=time.perf_counter() - start,
     )
+
+
+def check_chat_template(tokenizer, fmt: RowFormat) -> None:
+    """Message lists become text through the tokenizer's chat template: without one, every row would fail (the analyzer
+    on its first row, a run's length sample on all of them). One line instead, the same for the analyzer and the run."""
+    if not fmt.conversational or getattr(tokenizer, "chat_template", None):
+        return
+    instead = ", or set hh_format: text to train the HH-RLHF strings as plain text" if fmt.shape.name == "hh" else ""
+    raise ConfigError(f"the tokenizer of {tokenizer.name_or_path} has no chat template, and the data set's rows are "
+                      "message lists, which need one: use a model folder whose tokenizer has one (chat_template.jinja "
+                      f"beside tokenizer_config.json, or a chat_template entry in it){instead}")  # fmt: skip
 
 
 def _columns(dataset) -> list[str]:

@@ -281,6 +281,7 @@ def read_source(source: Source):
     elif source.data_files or source.data_dir:  # a builder or Hub repo with its own files: datasets reads it
         import datasets
 
+        data.check_datasets_cache()
         try:
             loaded = datasets.load_dataset(source.path, name=source.name, data_dir=source.data_dir,
                                            data_files=source.data_files, split=source.split)  # fmt: skip

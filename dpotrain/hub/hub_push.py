@@ -14,7 +14,6 @@ backoff; an upload that still fails is a warning and a line in `<output_dir>/hub
 
 import fnmatch
 import functools
-import json
 import os
 import queue
 import re
@@ -26,6 +25,7 @@ from pathlib import Path
 
 from transformers import TrainerCallback
 
+from dpotrain.recipe import records as run_records
 from dpotrain.recipe.errors import cause
 from dpotrain.train.checkpoints import MARKER, checkpoints
 
@@ -90,16 +90,13 @@ _record_lock = threading.Lock()
 
 def record_push(output_dir: str | Path, **entry) -> dict:
     entry = {"time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), **entry}
-    with _record_lock, open(Path(output_dir) / PUSH_RECORD, "a") as f:
-        f.write(json.dumps(entry) + "\n")
+    with _record_lock:
+        run_records.append(Path(output_dir) / PUSH_RECORD, [entry])
     return entry
 
 
 def read_pushes(output_dir: str | Path) -> list[dict]:
-    path = Path(output_dir) / PUSH_RECORD
-    if not path.is_file():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return run_records.read(Path(output_dir) / PUSH_RECORD)
 
 
 def pushed_revisions(output_dir: str | Path) -> list[tuple[int, str]]:

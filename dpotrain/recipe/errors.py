@@ -19,8 +19,20 @@ def run_cli(main) -> None:
     try:
         sys.exit(main())
     except ConfigError as e:
+        _end_progress_bars()
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
     except RunError as e:
+        _end_progress_bars()
         print(f"error: {e}", file=sys.stderr)
         sys.exit(1)
+
+
+def _end_progress_bars() -> None:
+    """An error met mid-step (a full disk while training) leaves the Trainer's progress bar open, its line unended:
+    closed first, the error line starts a line of its own."""
+    import sys
+
+    tqdm = sys.modules.get("tqdm")
+    for bar in list(getattr(getattr(tqdm, "tqdm", None), "_instances", ())):
+        bar.close()

@@ -25,6 +25,10 @@ def replacing(path: str | Path, mode: str = "w"):
             f.flush()
             os.fsync(f.fileno())  # the data is on disk before the name points at it...
         os.replace(tmp, path)
+    except OSError as e:  # a full disk names the file meant, not the temporary one (or none: a failed write)
+        if not e.errno:
+            raise
+        raise OSError(e.errno, e.strerror, str(path)) from e
     finally:
         tmp.unlink(missing_ok=True)
     _sync_folder(path.parent)  # ...and the new name is on disk before the command goes on

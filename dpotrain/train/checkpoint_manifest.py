@@ -44,10 +44,14 @@ def fsync_write(path: Path, text: str) -> None:
     """`text` into `path`, flushed to the disk, and the folder's entry for it too: a crash after this returns cannot
     leave the file empty or missing."""
     tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
+    try:
+        with open(tmp, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+    except OSError as e:  # a full disk: said of the file meant (train_dpo.main), with nothing half-written left
+        tmp.unlink(missing_ok=True)
+        raise OSError(e.errno, e.strerror, str(path)) from e
     os.replace(tmp, path)
     fd = os.open(path.parent, os.O_RDONLY)
     try:

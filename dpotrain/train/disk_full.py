@@ -12,7 +12,7 @@ import os
 import shutil
 from pathlib import Path
 
-from dpotrain.recipe.errors import RunError
+from dpotrain.recipe.errors import ConfigError, RunError
 from dpotrain.train import checkpoint_manifest
 from dpotrain.train.checkpoints import checkpoints, is_complete
 
@@ -75,3 +75,31 @@ def final_save_failed(out: Path, why: str) -> RunError:
     after = f"the same command goes on from {kept[-1].name}" if kept else "the same command trains again"
     return RunError(f"{why}: the final model could not be written in {out} ({_size(shutil.disk_usage(out).free)} "
                     f"free there): free space there, then rerun; {after}")  # fmt: skip
+
+
+def full_write(error: BaseException) -> tuple[OSError, str] | None:
+    """The failed write behind `error` (itself, or the error it was raised from: a library may wrap it) and why, when
+    it failed for lack of space; else None."""
+    seen = set()
+    while error is not None and id(error) not in seen and not isinstance(error, (RunError, ConfigError)):
+        seen.add(id(error))  # a RunError (a checkpoint that did not fit, above) is already the one line
+        if isinstance(error, OSError) and error.errno in FULL:
+            return error, FULL[error.errno]
+        error = error.__cause__ or (None if error.__suppress_context__ else error.__context__)
+    return None
+
+
+def write_failed(error: OSError, why: str) -> RunError:
+    """The one line for a write of the run other than a checkpoint (metrics, plot, card, samples, records, caches) that
+    did not fit: the file, the space left there, and what the same command does next when the file is in a run's
+    folder (the nearest of the three folders above it that holds run_files.json or checkpoints)."""
+    path = Path(error.filename) if error.filename else None
+    above = list(path.parents)[:3] if path else []
+    where = f"{path} could not be written" if path else "a file could not be written"
+    folder = next((p for p in above if p.is_dir()), None)
+    free = f" ({_size(shutil.disk_usage(folder).free)} free there)" if folder else ""
+    out = next((p for p in above if (p / "run_files.json").is_file() or checkpoints(p)), None)
+    kept = [p for p in checkpoints(out) if is_complete(p)] if out else []
+    after = (f"; {kept[-1].name} is kept, and the same command goes on from it" if kept else
+             "; no checkpoint was complete yet: the same command starts afresh" if out else "")  # fmt: skip
+    return RunError(f"{why}: {where}{free}: free space there, then rerun{after}")

@@ -5,6 +5,7 @@ from pathlib import Path
 
 from transformers import TrainerCallback
 
+from dpotrain.recipe import records as run_records
 from dpotrain.recipe.writes import replacing, write_text
 
 METRICS_FILE = "metrics.jsonl"
@@ -51,17 +52,14 @@ class MetricsRecorder(TrainerCallback):
             kept = [r for r in read_metrics(path) if r["step"] < state.global_step]
             write_text(path, "".join(json.dumps(r) + "\n" for r in kept))  # a kill here keeps the old history whole
             self._trimmed = True
-        with open(path, "a") as f:
-            f.write(json.dumps({"step": state.global_step, "epoch": state.epoch, **logs}) + "\n")
+        run_records.append(path, [{"step": state.global_step, "epoch": state.epoch, **logs}])  # whole, or not at all
 
 
 def read_metrics(path: str | Path) -> list[dict]:
     path = Path(path)
     if path.is_dir():
         path = path / METRICS_FILE
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return run_records.read(path)  # a last line cut short by a crash is dropped, with a warning
 
 
 def measured_panels(records: list[dict]) -> tuple[list[tuple[str, str, dict]], list[str]]:

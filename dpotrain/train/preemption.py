@@ -5,9 +5,12 @@ each optimizer step all ranks agree (one all-reduce of one number) whether any o
 Trainer saves a checkpoint and leaves its loop, on every rank at the same step.
 
 Two ways to ask, because a batch script's pre-timeout signal (`--signal=B:USR1@...`) reaches the batch shell only:
-- SIGUSR1, SIGTERM or SIGINT (Ctrl-C; a second one stops at once) delivered to a training process (Slurm's
-  preemption and `scancel` send SIGTERM to the job's steps; scripts/launch.sh makes torchrun's agent ignore it, so
-  that the workers finish their checkpoint);
+- SIGUSR1, SIGTERM, SIGINT (Ctrl-C; a second one stops at once) or SIGHUP (the terminal closed) delivered to a
+  training process (Slurm's preemption and `scancel` send SIGTERM to the job's steps; scripts/launch.sh makes
+  torchrun's agent ignore it, so that the workers finish their checkpoint). A closed terminal sends SIGHUP to every
+  process of the command, torchrun's agent too, which sends it on to its workers and kills them ~30 s later, as it does
+  on Ctrl-C; and writing to a closed terminal fails (EIO), so from a SIGHUP on, what went to the terminal goes to
+  /dev/null;
 - a stop file: the batch script's trap creates `$DPOTRAIN_STOP_FILE` (on a file system all nodes share).
 Once progress is safe on disk (a checkpoint, or the reference stage's partial results), the main process writes
 `<stop file>.checkpointed` saying what was saved, which tells the batch script to requeue the job rather than end
@@ -24,7 +27,7 @@ from pathlib import Path
 from transformers import TrainerCallback
 
 STOP_FILE_ENV = "DPOTRAIN_STOP_FILE"
-STOP_SIGNALS = (signal.SIGUSR1, signal.SIGTERM, signal.SIGINT)
+STOP_SIGNALS = (signal.SIGUSR1, signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 # A run that saved and stopped before its end exits with this code (EX_TEMPFAIL of sysexits.h: try again later): the
 # same command goes on from what was saved. A second Ctrl-C ends the process at once with 130 (128 + SIGINT).
 STOPPED_EXIT = 75
@@ -39,6 +42,7 @@ class GracefulStop(TrainerCallback):
         self.requested_at: float | None = None  # when this process first heard of the request (time.time())
         self.stopped = False
         self.interrupted: float | None = None  # when a first Ctrl-C was pressed (time.monotonic())
+        self.terminal = [fd for fd in (1, 2) if _is_terminal(fd)]  # stdout, stderr: the terminal a SIGHUP closes
         if threading.current_thread() is threading.main_thread():  # Python only delivers signals there
             for sig in STOP_SIGNALS:
                 signal.signal(sig, self._on_signal)
@@ -67,6 +71,8 @@ class GracefulStop(TrainerCallback):
             self.interrupted = time.monotonic()
             os.write(2, b"\nCtrl-C: saving a checkpoint at the end of this step, then stopping (Ctrl-C again: stop "
                         b"at once, without it)\n")  # fmt: skip
+        if signum == signal.SIGHUP and self.terminal:
+            _detach(self.terminal)
         self.signal_received = self.signal_received or signum
         self.requested_at = self.requested_at or time.time()
 
@@ -111,6 +117,22 @@ class GracefulStop(TrainerCallback):
         if self.stopped and state.global_step < state.max_steps and state.is_world_process_zero:
             self.mark_saved(f"checkpoint {Path(args.output_dir) / f'checkpoint-{state.global_step}'} written")
         return control
+
+
+def _is_terminal(fd: int) -> bool:
+    try:
+        return os.isatty(fd)
+    except OSError:
+        return False
+
+
+def _detach(fds: list[int]) -> None:
+    """Points `fds` at /dev/null: the terminal is gone, and a print to it would end the run in an OSError (EIO)."""
+    null = os.open(os.devnull, os.O_WRONLY)
+    for fd in fds:
+        os.dup2(null, fd)
+    os.close(null)
+    fds.clear()
 
 
 def check_stop_file(path: Path) -> None:

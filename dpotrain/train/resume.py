@@ -95,19 +95,37 @@ def check_explicit(folder: str) -> None:
                           "another checkpoint")  # fmt: skip
 
 
-def check_partitions(folder: str | None, world: int) -> None:
+def check_partitions(folder: str | None, world: int, run_engine=None) -> None:
     """A DeepSpeed ZeRO checkpoint resumes only on the number of processes that wrote it: its optimizer state is
     partitioned over them, one `zero_pp_rank_<r>_..._optim_states.pt` each, and DeepSpeed cannot repartition it on load
-    (it raises after the weights load). The sequence-parallel size may change: ZeRO partitions over all processes."""
+    (it raises after the weights load). The sequence-parallel size may change: ZeRO partitions over all processes.
+
+    Nor does a checkpoint cross between DeepSpeed and the other engines (`run_engine`, when known): DeepSpeed loads only
+    its own `global_step*` folder (transformers raises "Can't find a valid checkpoint" after the model loaded), and
+    without DeepSpeed transformers finds no optimizer.pt in a DeepSpeed checkpoint and goes on with a fresh optimizer,
+    silently."""
     if folder is None:
         return
     written = len(list(Path(folder).glob("global_step*/zero_pp_rank_*_optim_states.pt")))
+    fix = "start afresh (a new --output_dir) from its weights (--model_name_or_path on the checkpoint folder)"
     if written and written != world:
         raise ConfigError(
             f"checkpoint {folder!r} holds DeepSpeed ZeRO optimizer state partitioned over {written} processes, and "
-            f"this run has {world}: resume it on {written} processes, or start afresh (a new --output_dir) from its "
-            "weights (--model_name_or_path on the checkpoint folder)"
+            f"this run has {world}: resume it on {written} processes, or {fix}"
         )
+    if run_engine is None or bool(written) == run_engine.deepspeed:
+        return
+    if written:
+        raise ConfigError(
+            f"checkpoint {folder!r} holds DeepSpeed ZeRO optimizer state, and this run does not use DeepSpeed (engine: "
+            f"{run_engine.name}), which would go on with a fresh optimizer: resume it under the DeepSpeed launch that "
+            f"wrote it, or {fix}"
+        )
+    raise ConfigError(
+        f"checkpoint {folder!r} was written without DeepSpeed (one process, DDP or FSDP), and this run uses DeepSpeed "
+        f"({run_engine.name}, {world} processes), which cannot load it: resume it with the launch that wrote it (one "
+        f"process: `python train_dpo.py` with the same arguments, without accelerate launch), or {fix}"
+    )
 
 
 # --- a health stop, remembered -------------------------------------------------------------------------------------

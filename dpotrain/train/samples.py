@@ -29,6 +29,7 @@ from pathlib import Path
 
 from transformers import TrainerCallback
 
+from dpotrain.recipe import records as run_records
 from dpotrain.recipe.errors import ConfigError
 from dpotrain.recipe.writes import write_text
 
@@ -164,8 +165,7 @@ class SampleGenerator(TrainerCallback):
             kept = [r for r in _read(path) if r["step"] < state.global_step]
             write_text(path, "".join(json.dumps(r) + "\n" for r in kept))
             self._trimmed = True
-        with open(path, "a") as f:
-            f.writelines(json.dumps(r) + "\n" for r in records)
+        run_records.append(path, records)
         if "wandb" in sys.modules:
             import wandb
 
@@ -220,4 +220,4 @@ def leave_for_training(model, optimizer) -> None:
 
 
 def _read(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+    return run_records.read(path)

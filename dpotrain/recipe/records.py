@@ -1,0 +1,83 @@
+"""The run's append-only records (metrics.jsonl, samples.jsonl, hub_pushes.jsonl): one JSON object per line, each line
+appended whole or not at all, and read back tolerating the one fault appending can leave.
+
+A node lost while appending (power, SIGKILL, a kernel panic) can leave the last line cut short; nothing else can be
+damaged by appending. The checkpoint, not the record, is what a rerun goes on from, and the rerun writes the steps
+past it again: so a cut last line is dropped, with one warning line saying what was dropped, instead of ending every
+rerun in a JSONDecodeError. A damaged line before the last was not left by a crash while appending: that is an error
+naming the file and the line.
+
+A full disk (or quota) while appending leaves no part of the line: `append` writes it with one `os.write` on a file
+opened O_APPEND and, if the write fails or is short, truncates the file back to where it was.
+"""
+
+import json
+import os
+import sys
+from pathlib import Path
+
+from dpotrain.recipe.errors import RunError
+
+_warned: set[tuple[str, int]] = set()  # (file, size): a torn line is reported once per process, however often read
+
+
+def read(path: str | Path) -> list[dict]:
+    """The records of `path` (none when it does not exist); a torn last line is dropped with one warning."""
+    path = Path(path)
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        return []
+    lines = raw.split(b"\n")
+    records = []
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except ValueError as e:
+            if number == len(lines):  # the last line, with no newline after it: an append cut short
+                _say_dropped(path, len(raw), number, line)
+                break
+            raise RunError(
+                f"{path}: line {number} is not a JSON record ({e}); a crash can cut only the last line of this file, "
+                "so it was changed by hand or another program: restore it, or delete that line, then rerun"
+            ) from None
+        if number == len(lines):  # whole JSON, but no newline: the append was cut just before it
+            _say_dropped(path, len(raw), number, line)
+            break
+        records.append(record)
+    return records
+
+
+def _say_dropped(path: Path, size: int, number: int, line: bytes) -> None:
+    if (str(path), size) in _warned:
+        return
+    _warned.add((str(path), size))
+    print(f"warning: {path}: dropped its last line ({number}: {len(line)} bytes, cut short as a crash while writing it "
+          "leaves it); the checkpoint is what the run goes on from, and the steps after it are recorded again",
+          file=sys.stderr, flush=True)  # fmt: skip
+
+
+def append(path: str | Path, records: list[dict]) -> None:
+    """Appends `records` (one line each) to `path`, all of them or none: a write that fails (a full disk: ENOSPC,
+    EDQUOT) leaves the file as it was and raises OSError naming `path`. A torn last line left by a crash is cut off
+    first, so that the new lines never join it."""
+    path = Path(path)
+    data = "".join(json.dumps(r) + "\n" for r in records).encode()
+    fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        size = os.fstat(fd).st_size
+        if size and os.pread(fd, 1, size - 1) != b"\n":
+            read(path)  # says what is dropped
+            size = size - len(os.pread(fd, size, 0).rsplit(b"\n", 1)[-1])
+            os.ftruncate(fd, size)
+        try:
+            written = 0
+            while written < len(data):  # a regular file takes it in one write unless the disk fills on the way
+                written += os.write(fd, data[written:])
+        except OSError as e:
+            os.ftruncate(fd, size)  # no partial line left behind
+            raise OSError(e.errno, e.strerror, str(path)) from None
+    finally:
+        os.close(fd)

@@ -1,0 +1,188 @@
+"""Faults met outside training's own steps, each acted out as it happens, each ending in one line (or a warning) and
+never in a traceback: a record cut short by a crash, a full disk in the run's other writes, a read-only output folder
+or home, a model without a chat template, W&B out of reach, Ctrl-C while the libraries load."""
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import time
+
+import pytest
+from test_refusals import SMOKE, refused
+
+from conftest import PYTHON, ROOT
+from dpotrain.recipe import records
+from dpotrain.recipe.errors import RunError
+
+# --- records cut short ------------------------------------------------------------------------------------------------
+
+
+def test_a_torn_last_record_is_dropped_once_with_a_warning_and_a_torn_middle_one_is_an_error(tmp_path, capsys):
+    path = tmp_path / "metrics.jsonl"
+    whole = [{"step": 1, "loss": 0.69}, {"step": 2, "loss": 0.6}]
+    path.write_text("".join(json.dumps(r) + "\n" for r in whole) + '{"step": 3, "lo')  # the node lost mid-append
+    assert records.read(path) == whole
+    assert records.read(path) == whole
+    err = capsys.readouterr().err
+    assert err.count("warning:") == 1 and f"{path}: dropped its last line (3: 15 bytes, cut short" in err, err
+
+    records.append(path, [{"step": 3, "loss": 0.5}])  # the rerun's record of step 3 does not join the torn one
+    assert records.read(path) == [*whole, {"step": 3, "loss": 0.5}]
+    assert path.read_text().endswith('"loss": 0.5}\n')
+
+    lines = path.read_text().splitlines(keepends=True)
+    path.write_text(lines[0] + lines[1][:9] + "\n" + lines[2])  # not what a crash while appending leaves
+    with pytest.raises(RunError, match=f"^{path}: line 2 is not a JSON record .*restore it, or delete that line"):
+        records.read(path)
+
+
+def test_a_record_that_does_not_fit_leaves_no_part_of_its_line(tmp_path):
+    """On a full disk (a real small tmpfs), an append fails whole: the file is byte for byte what it was."""
+    folder = tmp_path / "disk"
+    folder.mkdir()
+    code = f"""
+import json, os
+from pathlib import Path
+from dpotrain.recipe import records
+from dpotrain.train import disk_full
+from dpotrain.train.metrics import plot_metrics
+from dpotrain.hub.hub import write_model_card
+disk = Path({str(folder)!r})
+path = disk / "metrics.jsonl"
+records.append(path, [{{"step": 1, "loss": 0.69}}])
+try:
+    with open(disk / "filler", "wb") as f:  # another job fills the disk
+        f.write(b"x" * (1 << 20))
+except OSError:
+    pass
+before = path.read_bytes()
+for name, write in [("metrics", lambda: records.append(path, [{{"step": s, "loss": 0.5}} for s in range(2, 500)])),
+                    ("plot", lambda: plot_metrics([{{"step": s, "loss": 1 / s}} for s in range(1, 50)],
+                                                  disk / "training_curves.png")),
+                    ("card", lambda: write_model_card(disk, {{}}, None))]:
+    try:
+        write()
+        print(name, "written")
+    except Exception as e:
+        print(name, disk_full.write_failed(*disk_full.full_write(e)))
+print("unchanged", path.read_bytes() == before, sorted(os.listdir(disk)))
+"""
+    mount = 'mount -t tmpfs -o size=64k tmpfs "$0" && exec "$@"'
+    prefix = ["unshare", "--mount", "sh", "-c", mount, str(folder)]
+    if os.geteuid() != 0 or subprocess.run([*prefix, "true"], capture_output=True).returncode != 0:
+        pytest.skip("needs a tmpfs mounted in a mount namespace of its own (root, unshare)")
+    result = subprocess.run([*prefix, PYTHON, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-3000:]
+    lines = result.stdout.strip().splitlines()
+    for name, file in [("metrics", "metrics.jsonl"), ("plot", "training_curves.png"), ("card", "README.md")]:
+        assert f"{name} the disk is full: {folder / file} could not be written (" in result.stdout, result.stdout
+    assert all("free there): free space there, then rerun" in line for line in lines[:3]), lines
+    assert lines[-1] == "unchanged True ['filler', 'metrics.jsonl']"  # no half-written file, no temporary one
+
+
+# --- one line where a traceback was -----------------------------------------------------------------------------------
+
+
+READ_ONLY = "Read-only file system" if os.geteuid() == 0 else "Permission denied"  # a mount for root, else a mode
+
+
+def read_only_prefix(folder) -> list[str]:
+    """A command prefix under which `folder` is read-only: a read-only bind mount in a mount namespace of its own for
+    root (whom file modes do not stop), the folder's mode otherwise."""
+    if os.geteuid() != 0:
+        folder.chmod(0o555)
+        return []
+    remount = 'mount --bind "$0" "$0" && mount -o remount,bind,ro "$0" && exec "$@"'
+    prefix = ["unshare", "--mount", "sh", "-c", remount, str(folder)]
+    if subprocess.run([*prefix, "true"], capture_output=True).returncode != 0:
+        pytest.skip("cannot make a read-only bind mount here (unshare --mount needs CAP_SYS_ADMIN)")
+    return prefix
+
+
+def run_in(prefix, args, env=None) -> subprocess.CompletedProcess:
+    return subprocess.run([*prefix, PYTHON, str(ROOT / "train_dpo.py"), "--config", SMOKE, *args], cwd=ROOT,
+                          env={**os.environ, **(env or {})}, capture_output=True, text=True, timeout=300)  # fmt: skip
+
+
+def test_a_read_only_output_location_is_one_line_before_anything_loads(tmp_path, tiny_model_dir):
+    shared = tmp_path / "outputs"
+    shared.mkdir()
+    out = shared / "run"
+    result = run_in(read_only_prefix(shared), ["--output_dir", str(out), "--model_name_or_path", tiny_model_dir])
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-3000:]
+    assert result.stderr.strip().splitlines()[-1] == (
+        f"error: output_dir {str(out)!r}: cannot write in {shared} ({READ_ONLY}): pass --output_dir a "
+        "folder this job can write in"
+    )
+    assert "Data (train)" not in result.stdout + result.stderr  # refused before the data loaded, the model too
+
+
+def test_a_model_without_a_chat_template_for_message_lists_is_refused_as_the_analyzer_refuses_it(
+    tmp_path, monkeypatch, capsys, tiny_model_dir
+):
+    model = tmp_path / "model"
+    shutil.copytree(tiny_model_dir, model)
+    (model / "chat_template.jinja").unlink()  # an exported model with its tokenizer only
+    line = refused(tmp_path, monkeypatch, capsys, "--model_name_or_path", str(model), "--report_to", "none")
+    assert line == (
+        f"error: the tokenizer of {model} has no chat template, and the data set's rows are message lists, which need "
+        "one: use a model folder whose tokenizer has one (chat_template.jinja beside tokenizer_config.json, or a "
+        "chat_template entry in it)"
+    )
+    assert not (tmp_path / "run").exists()  # before anything was written, the model's weights unread
+    analyzer = subprocess.run([PYTHON, str(ROOT / "scripts" / "analyze_dataset.py"), str(ROOT / "data" /
+                               "smoke_prefs.jsonl"), "--tokenizer", str(model)], cwd=ROOT, capture_output=True,
+                              text=True, timeout=300)  # fmt: skip
+    assert analyzer.returncode == 2 and analyzer.stderr.strip().splitlines()[-1] == line, analyzer.stderr[-2000:]
+
+
+def test_wandb_out_of_reach_is_refused_in_seconds_and_offline_mode_asks_nothing(
+    tmp_path, monkeypatch, capsys, silent_endpoint
+):
+    from dpotrain import options
+    from dpotrain.recipe.config import parse_args
+
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    monkeypatch.setenv("WANDB_API_KEY", "0123456789abcdef0123456789abcdef01234567")
+    monkeypatch.setenv("WANDB_BASE_URL", silent_endpoint)  # a server behind a firewall that drops packets
+    start = time.monotonic()
+    line = refused(tmp_path, monkeypatch, capsys, "--report_to", "wandb")
+    assert time.monotonic() - start < 30
+    assert line == (
+        f"error: report_to wandb, and W&B does not answer here ({silent_endpoint}: no answer within 3 s): set "
+        "WANDB_MODE=offline to log to files (sync them later with `wandb sync`), fix WANDB_BASE_URL / HTTPS_PROXY, or "
+        "pass --report_to none"
+    )
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    start = time.monotonic()
+    options.check_wandb_reachable(parse_args(["--config", SMOKE, "--report_to", "wandb"]))
+    assert time.monotonic() - start < 1  # nothing asked
+
+
+def test_a_read_only_home_names_the_datasets_cache_not_the_data_file(tmp_path, tiny_model_dir):
+    """DPOTRAIN_CACHE moved the project's caches off a read-only home; datasets' cache is still there."""
+    home, cache = tmp_path / "home", tmp_path / "cache"
+    home.mkdir()
+    unset = ["env", "-u", "HF_HOME", "-u", "HF_DATASETS_CACHE", "-u", "XDG_CACHE_HOME"]  # datasets' default cache
+    args = ["--output_dir", str(tmp_path / "run"), "--model_name_or_path", tiny_model_dir, "--report_to", "none"]
+    result = run_in([*read_only_prefix(home), *unset], args, env={"HOME": str(home), "DPOTRAIN_CACHE": str(cache)})
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-3000:]
+    assert result.stderr.strip().splitlines()[-1] == (
+        f"error: the datasets cache {home}/.cache/huggingface/datasets is not writable ({READ_ONLY} in "
+        f"{home}), and datasets caches every data set it reads there, local files too: set HF_HOME (or "
+        "HF_DATASETS_CACHE) to a writable folder"
+    )
+
+
+def test_ctrl_c_while_the_libraries_load_is_one_line():
+    # SIGINT as a terminal's Ctrl-C delivers it (a shell's background job, which this may run under, ignores it)
+    proc = subprocess.Popen([PYTHON, str(ROOT / "train_dpo.py"), "--config", SMOKE, "--dry-run"], cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # fmt: skip
+    time.sleep(0.5)  # torch alone takes seconds to import
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130 and out == "", err[-3000:]
+    assert err.strip() == "Ctrl-C: stopped while loading the libraries; nothing was started", err[-3000:]
