@@ -157,13 +157,13 @@ def test_the_analyzer_measures_with_the_recipes_template(tmp_path, tiny_model_di
 
 
 def test_the_preflight_scores_with_the_recipes_template(tmp_path, tiny_model_dir):
-    from dpotrain import preflight
+    from dpotrain import preflight, stages
 
-    data = think_pairs(tmp_path / "pairs.jsonl", 4)
+    data = think_pairs(tmp_path / "pairs.jsonl", 16)  # two steps: the run (and so its preflight) refuses fewer
     prompts = {}
     for extra in ([], ["--chat_template_path", str(OLMO_THINKER)]):
         recipe = parse_args([*SMOKE, "--model_name_or_path", tiny_model_dir, "--dataset_name", str(data), *extra])
-        pairs, _ = preflight._training_pairs(recipe)
+        pairs = stages.load_data(recipe, stages.checks(recipe), say=False).train  # the preflight's pairs: the run's
         prompts[bool(extra)] = preflight.score(recipe, preflight.sample_rows(pairs, 4, 0))["prompt"]
     system = len(lengths.load_tokenizer(tiny_model_dir)(DEFAULT_SYSTEM)["input_ids"])
     # Longer by the default system prompt where a row has no system message of its own, and by <think> (prompt now).
