@@ -15,19 +15,35 @@ import os
 import subprocess
 import sys
 
+import datasets
 import pytest
 import yaml
 from safetensors.torch import load_file
-from trl_parity import ROWS, ours
+from trl_parity import ROWS
 
-from conftest import ROOT, python, rank_python
+from conftest import ROOT, python, rank_python, ready
 from dpotrain import stages
 from dpotrain.cluster import engine
 from dpotrain.recipe.config import parse_args
 from dpotrain.recipe.errors import ConfigError
+from dpotrain.train.trainer import build_trainer
 
 LR = 0.5
-SGD_STEP = ["--optim", "sgd", "--learning_rate", str(LR), "--lr_scheduler_type", "constant", "--warmup_steps", "0"]
+SGD_STEP = ["--optim", "sgd", "--learning_rate", str(LR), "--lr_scheduler_type", "constant", "--warmup_steps", "0",
+            "--max_steps", "1", "--logging_steps", "1", "--save_strategy", "no", "--report_to", "none"]  # fmt: skip
+# The smoke data's first 48 pairs; the step takes 8 of them (pairs_per_step), the same 8 on any number of processes.
+# (With only the step's 8 pairs, a ZeRO-3 launch stops at its first training forward in DeepSpeed's parameter
+# coordinator, "pop from an empty deque", clipped or not.)
+PAIRS = ROWS[:48]
+
+
+def one_step(out, model_dir, *flags: str):
+    """The smoke recipe's first optimizer step, in this process, after its plan and reference stages."""
+    recipe = parse_args(["--config", str(ROOT / "configs" / "smoke.yaml"), "--model_name_or_path", model_dir,
+                         "--output_dir", str(out), *SGD_STEP, *flags])  # fmt: skip
+    trainer = ready(build_trainer(recipe, datasets.Dataset.from_list(PAIRS)))
+    trainer.train()
+    return trainer
 
 
 def moves(weights: dict, model_dir) -> dict:
@@ -47,8 +63,7 @@ def grad_norms(log_history) -> list[float]:
 @pytest.fixture(scope="module")
 def unclipped(tmp_path_factory, tiny_model_dir):
     """The step unclipped, in this process: (each parameter's move, the gradient's norm |g| = |move| / lr)."""
-    trainer = ours(tmp_path_factory.mktemp("free") / "run", tiny_model_dir, 1, *SGD_STEP, "--max_grad_norm", "0")
-    trainer.train()
+    trainer = one_step(tmp_path_factory.mktemp("free") / "run", tiny_model_dir, "--max_grad_norm", "0")
     moved = moves(dict(trainer.model.named_parameters()), tiny_model_dir)
     g = norm(moved.values()) / LR
     assert abs(grad_norms(trainer.state.log_history)[0] - g) <= 1e-5 * g  # logged as computed, unclipped
@@ -68,8 +83,7 @@ def assert_clipped_by_hand(moved: dict, logged: float, unclipped, tolerance: flo
 
 
 def test_one_process_clips_the_step_at_one_global_norm(tmp_path, tiny_model_dir, unclipped):
-    trainer = ours(tmp_path / "run", tiny_model_dir, 1, *SGD_STEP, "--max_grad_norm", "1.0")
-    trainer.train()
+    trainer = one_step(tmp_path / "run", tiny_model_dir, "--max_grad_norm", "1.0")
     moved = moves(dict(trainer.model.named_parameters()), tiny_model_dir)
     assert_clipped_by_hand(moved, grad_norms(trainer.state.log_history)[0], unclipped, 1e-4)
 
@@ -103,13 +117,12 @@ def test_two_processes_clip_the_step_at_one_global_norm(name, extra, tmp_path, t
     """2 processes: the same pairs' step (a mean over all of them, as on one process), clipped at ONE norm over both
     processes' gradients: a norm per rank, or per shard, would scale the parts differently."""
     data = tmp_path / "pairs.jsonl"
-    data.write_text("".join(json.dumps(r) + "\n" for r in ROWS[:8]))  # the 8 pairs of the one step `unclipped` took
+    data.write_text("".join(json.dumps(r) + "\n" for r in PAIRS))
     out = tmp_path / "run"
     cmd = [os.path.join(os.path.dirname(sys.executable), "accelerate"), "launch", "--config_file",
            engine_config(tmp_path, name), "--num_processes", "2", *rank_python(), str(ROOT / "train_dpo.py"),
            "--config", str(ROOT / "configs" / "smoke.yaml"), "--model_name_or_path", tiny_model_dir,
-           "--dataset_name", str(data), "--output_dir", str(out), "--max_steps", "1", "--logging_steps", "1",
-           "--save_strategy", "no", "--report_to", "none", *SGD_STEP, *extra]  # fmt: skip
+           "--dataset_name", str(data), "--output_dir", str(out), *SGD_STEP, *extra]  # fmt: skip
     env = {**os.environ, "DPOTRAIN_CACHE": f"{out}-cache", "PATH": f"{os.path.dirname(python())}:{os.environ['PATH']}"}
     result = subprocess.run(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             timeout=900)  # fmt: skip
@@ -180,3 +193,19 @@ def test_transformers_fills_deepspeeds_auto_from_max_grad_norm():
         config = HfTrainerDeepSpeedConfig(json.loads((ROOT / "ds_config.json").read_text()))
         config.trainer_config_process(TrainingArguments(output_dir="unused", max_grad_norm=value, use_cpu=True))
         assert config.config["gradient_clipping"] == value
+
+
+def test_the_recipes_page_quotes_the_recipes():
+    """docs/recipes.md's table says each recipe's max_length, learning rate and clipping as its YAML holds them."""
+    rows = {}
+    for line in (ROOT / "docs" / "recipes.md").read_text().splitlines():
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        if len(cells) == 5 and cells[0] in ("`max_length`", "`learning_rate`", "weight decay / gradient clipping"):
+            rows[cells[0]] = cells[1:]
+    names = ("think", "think-32b", "instruct", "smoke")
+    recipes = [yaml.safe_load((ROOT / "configs" / f"{n}.yaml").read_text()) for n in names]
+    assert [int(c) for c in rows["`max_length`"]] == [r["max_length"] for r in recipes]
+    assert [float(c) for c in rows["`learning_rate`"]] == [r["learning_rate"] for r in recipes]
+    assert rows["weight decay / gradient clipping"][0] == "0 / global norm 1.0 (`max_grad_norm`)"
+    assert rows["weight decay / gradient clipping"][1:] == ["same"] * 3
+    assert {(r["weight_decay"], r["max_grad_norm"]) for r in recipes} == {(0.0, 1.0)}
