@@ -121,6 +121,11 @@ def summary(resolved: dict, json_file: Path | None, heading: str | None = None) 
         row("micro-batches", f"{cut}; how many per step, and tokens per step: {batching.get('planned', 'at start')}")
     launcher = resolved["accelerate_config"]
     row("engine", memory.get("engine") or ("one process" if launcher.lower() in ("", "none") else launcher))
+    clipping = d.get("gradient_clipping")
+    if clipping:  # the value in effect (engine.gradient_clipping); grad_norm in the logs is the norm before it
+        norm = clipping["max_grad_norm"]
+        row("clipping", clipping["clipped_by"] if norm is None else
+            f"global gradient norm {norm} (max_grad_norm), by {clipping['clipped_by']}")  # fmt: skip
     row("forward", forward_text(d.get("forward") or {}))
     lines += _memory_lines(memory, row)
     if resolved.get("compile_layers"):

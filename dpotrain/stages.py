@@ -79,6 +79,7 @@ class Launch:
     machines: dict
     planning: bool  # a dry run: the launch is planned, not running
     sequence_parallel: int = 1  # processes per group that split each micro-batch's sequence (sequence_parallel.py)
+    clipping: dict | None = None  # the gradient clipping in effect on this engine (`engine.gradient_clipping`)
 
     @property
     def data_parallel(self) -> int:
@@ -87,7 +88,7 @@ class Launch:
 
     def record(self) -> dict:
         return {"world_size": self.world, "world_size_source": self.world_source,
-                "data_parallel_size": self.data_parallel}  # fmt: skip
+                "data_parallel_size": self.data_parallel, "gradient_clipping": self.clipping}  # fmt: skip
 
 
 def plans_for_gpu(recipe) -> bool:
@@ -111,7 +112,8 @@ def launch(recipe) -> Launch:
         machines = {"on this machine": (cuda, choice.installed_varlen(cuda))}
     n = recipe.project.sequence_parallel_size
     sequence_parallel.check_launch(n, world, planned)  # N divides the processes, on DeepSpeed's engine
-    return Launch(world, source, planned, machines, planning, n)
+    clipping = engine.gradient_clipping(recipe.training.max_grad_norm, planned)  # its DeepSpeed config agrees
+    return Launch(world, source, planned, machines, planning, n, clipping)
 
 
 def checks(recipe) -> Launch:

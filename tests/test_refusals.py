@@ -70,10 +70,48 @@ def many_rows(n=40):
          ": add --max_tokens_per_microbatch none, for micro-batches of per_device_train_batch_size pairs (now 8)"),
         (["--loss_type", "sigmoid", "aot_unpaired", "--max_length", "auto"], "add --max_tokens_per_microbatch none"),
         (["--loss_type", "sigmoid", "sft", "--use_weighting", "true"], "use_weighting with loss_type sft"),
+        # DPOConfig options the configured loss types would not read (TRL 1.16 `_compute_loss`), or that TRL refuses
+        # only after loading the model
+        (["--label_smoothing", "0.1"], "label_smoothing 0.1 would be ignored: TRL's sigmoid_norm loss does not read "
+         "it (only exo_pair, robust, aot and aot_unpaired do; open-instruct's dpo_norm smooths, TRL's sigmoid_norm "
+         "does not): remove label_smoothing, or choose one of those loss types"),
+        (["--loss_type", "sigmoid", "ipo", "--label_smoothing", "0.1"], "TRL's sigmoid/ipo loss does not read it"),
+        (["--loss_type", "exo_pair"], "loss_type exo_pair needs 0 < label_smoothing < 1 (got 0)"),
+        (["--loss_type", "robust", "--label_smoothing", "0.5"], "loss_type robust needs 0 <= label_smoothing < 0.5"),
+        (["--loss_type", "bco_pair", "--f_divergence_type", "js_divergence"],
+         "f_divergence_type js_divergence does not apply to loss_type bco_pair"),
+        (["--loss_type", "sft", "--f_divergence_type", "forward_kl"], "f_divergence_type forward_kl would be ignored"),
+        (["--f_alpha_divergence_coef", "0.3"], "f_alpha_divergence_coef 0.3 would be ignored: it is read only with "
+         "--f_divergence_type alpha_divergence"),
+        (["--discopop_tau", "0.1"], "discopop_tau 0.1 would be ignored: only loss_type discopop reads it"),
+        (["--loss_type", "sft", "--ld_alpha", "0.5"], "ld_alpha 0.5 would be ignored"),
+        (["--loss_type", "aot", "--use_weighting", "true", "--max_tokens_per_microbatch", "none"],
+         "use_weighting with loss_type aot: TRL does not implement WPO's weights"),
+        (["--ref_model_sync_steps", "4"], "ref_model_sync_steps 4 would be ignored: it is read only with "
+         "--sync_ref_model true (TR-DPO)"),
+        (["--ref_model_mixup_alpha", "0.9"], "ref_model_mixup_alpha 0.9 would be ignored"),
     ],
 )  # fmt: skip
 def test_options_that_cannot_be_honoured(args, expected, tmp_path, monkeypatch, capsys):
     assert expected in refused(tmp_path, monkeypatch, capsys, *args)
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--label_smoothing", "0.0", "--discopop_tau", "0.05", "--ref_model_sync_steps", "512"],  # the defaults
+        ["--loss_type", "sigmoid", "robust", "--label_smoothing", "0.1"],  # robust reads it
+        ["--loss_type", "discopop", "--discopop_tau", "0.1"],
+        ["--f_divergence_type", "alpha_divergence", "--f_alpha_divergence_coef", "0.3"],
+        ["--loss_type", "sigmoid", "sft", "--ld_alpha", "0.5"],
+        ["--sync_ref_model", "true", "--precompute_ref_log_probs", "false", "--ref_model_sync_steps", "4"],
+    ],
+)  # fmt: skip
+def test_options_the_loss_reads_pass(args):
+    """The other side of the refusals above: an option at its default, or read by one of the configured losses."""
+    from dpotrain.train import losses
+
+    losses.check_options(parse_args(["--config", SMOKE, *args]))
 
 
 # --- 3: rows the trainer would crash on or silently train on ---------------------------------------------------------

@@ -308,6 +308,7 @@ def test_the_dry_run_records_the_data_parallel_degree(monkeypatch):
         "world_size": 4,
         "world_size_source": "environment (WORLD_SIZE)",
         "data_parallel_size": 2,
+        "gradient_clipping": {"max_grad_norm": 1.0, "clipped_by": engines.CLIPPED_BY["zero2"]},
     }
 
 

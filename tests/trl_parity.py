@@ -54,7 +54,7 @@ def plain_trl(model_dir, rows: list[dict], output_dir, steps: int, **config):
             return SequentialSampler(train_dataset or self.train_dataset)
 
     values = dict(output_dir=str(output_dir), loss_type=["sigmoid_norm"], beta=5.0, learning_rate=1e-4,
-                  lr_scheduler_type="linear", warmup_steps=0.1, max_steps=steps, weight_decay=0.0, max_grad_norm=0.0,
+                  lr_scheduler_type="linear", warmup_steps=0.1, max_steps=steps, weight_decay=0.0, max_grad_norm=1.0,
                   per_device_train_batch_size=PAIRS_PER_STEP, gradient_accumulation_steps=1, max_length=1024,
                   seed=42, logging_steps=1, report_to="none", save_strategy="no", bf16=False,
                   dataloader_num_workers=0, padding_free=False, precompute_ref_log_probs=False)  # fmt: skip

@@ -43,6 +43,9 @@ class Engine:
     offload_params: bool = False
     reduce_bucket: int | None = None  # DeepSpeed's reduce_bucket_size in elements; None: "auto" (hidden^2)
     overlap_comm: bool = False
+    # DeepSpeed's gradient_clipping as its config gives it: "auto" (transformers fills it from max_grad_norm), a number,
+    # or None when the config has no such key (DeepSpeed then does not clip, whatever max_grad_norm says)
+    gradient_clipping: str | float | None = "auto"
 
     @property
     def shards_weights(self) -> bool:
@@ -80,7 +83,9 @@ def launched() -> Engine:
             stage = int(env("ACCELERATE_DEEPSPEED_ZERO_STAGE") or 0)
             offload = [env(f"ACCELERATE_DEEPSPEED_OFFLOAD_{part}_DEVICE", "none") != "none"
                        for part in ("OPTIMIZER", "PARAM")]  # fmt: skip
-            found = Engine(f"zero{stage}", LAUNCHED, per_node, *offload, int(5e8), stage == 3)
+            clip = env("ACCELERATE_GRADIENT_CLIPPING", "auto")  # accelerate's own default: "auto"
+            found = Engine(f"zero{stage}", LAUNCHED, per_node, *offload, int(5e8), stage == 3,
+                           clip if clip == "auto" else float(clip))  # fmt: skip
         if found.name not in ("zero2", "zero3"):
             stage = found.name.removeprefix("zero")
             raise ConfigError(f"DeepSpeed ZeRO stage {stage} is not supported: use ZeRO-2 (accelerate_config.yaml) or "
@@ -130,7 +135,8 @@ def from_config(accelerate_config: str) -> Engine:
             stage = int(ds.get("zero_stage", 0))
             off_opt = ds.get("offload_optimizer_device", "none") != "none"
             off_par = ds.get("offload_param_device", "none") != "none"
-            found = Engine(f"zero{stage}", accelerate_config, per_node, off_opt, off_par, int(5e8), stage == 3)
+            clip = ds.get("gradient_clipping", "auto")  # accelerate's own default: "auto"
+            found = Engine(f"zero{stage}", accelerate_config, per_node, off_opt, off_par, int(5e8), stage == 3, clip)
         if found.name not in ("zero2", "zero3"):
             stage = found.name.removeprefix("zero")
             return Engine("unplanned", f"DeepSpeed ZeRO stage {stage} ({accelerate_config}): plans cover stages 2, 3")
@@ -150,7 +156,8 @@ def from_config(accelerate_config: str) -> Engine:
 def _deepspeed_file(path: Path, per_node: int, source: str) -> Engine:
     """A DeepSpeed JSON config; a ZeRO stage other than 2 or 3 comes back as "zero<stage>", for the caller to refuse
     or leave unplanned."""
-    zero = json.loads(path.read_text()).get("zero_optimization", {})
+    config = json.loads(path.read_text())
+    zero = config.get("zero_optimization", {})
     stage = int(zero.get("stage", 0))
     if stage not in (2, 3):
         return Engine(f"zero{stage}", source)
@@ -159,7 +166,42 @@ def _deepspeed_file(path: Path, per_node: int, source: str) -> Engine:
     bucket = zero.get("reduce_bucket_size", 5e8)  # DeepSpeed's default
     bucket = None if bucket == "auto" else int(float(bucket))
     overlap = bool(zero.get("overlap_comm", stage == 3))
-    return Engine(f"zero{stage}", source, per_node, off_opt, off_par, bucket, overlap)
+    clip = config.get("gradient_clipping")
+    return Engine(f"zero{stage}", source, per_node, off_opt, off_par, bucket, overlap, clip)
+
+
+# Who clips, per engine. Each computes ONE norm over every trained parameter's gradient of the whole step, after the
+# gradients are averaged over all processes (a sequence-parallel group's processes included: the engine's
+# data-parallel group is the whole world, sequence_parallel.py), and scales them all by max_norm / norm when it is
+# larger; transformers logs that norm, before clipping, as grad_norm.
+CLIPPED_BY = {
+    "single": "torch's clip_grad_norm_",
+    "ddp": "torch's clip_grad_norm_, after the all-reduce",
+    "fsdp2": "accelerate's clip_grad_norm_, one norm over every rank's shards",
+    "zero2": "DeepSpeed's engine (gradient_clipping, filled from max_grad_norm), one norm over every rank's partition",
+    "zero3": "DeepSpeed's engine (gradient_clipping, filled from max_grad_norm), one norm over every rank's partition",
+}
+
+
+def gradient_clipping(max_grad_norm: float, run_engine: Engine) -> dict:
+    """The clipping in effect (resolved_config.json: derived.gradient_clipping). A DeepSpeed config decides DeepSpeed's
+    clipping: one without "gradient_clipping" never clips, and one with a number other than max_grad_norm makes
+    transformers stop only once the model has loaded; both are refused here, before anything loads."""
+    if max_grad_norm < 0:
+        raise ConfigError(f"max_grad_norm must be >= 0 (got {max_grad_norm:g}): the global gradient norm to clip at, "
+                          "0 for no clipping (the OLMo 3 recipes: 1.0)")  # fmt: skip
+    clip = run_engine.gradient_clipping
+    if run_engine.deepspeed and clip is None and max_grad_norm > 0:
+        raise ConfigError(f"the DeepSpeed config ({run_engine.source}) has no gradient_clipping, so DeepSpeed would "
+                          f"not clip while max_grad_norm is {max_grad_norm:g}: add \"gradient_clipping\": \"auto\" "
+                          "to it (filled from max_grad_norm), or pass --max_grad_norm 0")  # fmt: skip
+    if run_engine.deepspeed and clip not in (None, "auto") and float(clip) != max_grad_norm:
+        raise ConfigError(f"the DeepSpeed config ({run_engine.source}) sets gradient_clipping {clip} and max_grad_norm "
+                          f"is {max_grad_norm:g}: set \"gradient_clipping\": \"auto\" there (it then takes "
+                          f"max_grad_norm), or pass --max_grad_norm {clip}")  # fmt: skip
+    if max_grad_norm == 0:
+        return {"max_grad_norm": None, "clipped_by": "none (max_grad_norm 0)"}
+    return {"max_grad_norm": max_grad_norm, "clipped_by": CLIPPED_BY.get(run_engine.name, run_engine.source)}
 
 
 def load_dtype(recipe, engine: Engine) -> str | None:

@@ -25,6 +25,13 @@ import torch
 
 from dpotrain.recipe.errors import ConfigError
 
+# Which DPOConfig options each of TRL 1.16's loss types reads (`DPOTrainer._compute_loss`); an option set to other than
+# its default where no configured loss type reads it would be ignored silently, so it is refused (`check_ignored`).
+# label_smoothing: not sigmoid, nor sigmoid_norm (open-instruct's dpo_norm applies it; TRL's does not).
+READS_LABEL_SMOOTHING = {"exo_pair", "robust", "aot", "aot_unpaired"}
+# f_divergence_type: TRL allows these loss types; of them, sft scores the chosen tokens' NLL, not the log-ratios.
+F_DIVERGENCE_ALLOWED = {"sigmoid", "sigmoid_norm", "hinge", "ipo", "exo_pair", "robust", "discopop", "sft"}
+READS_F_DIVERGENCE = F_DIVERGENCE_ALLOWED - {"sft"}
 # Losses computed across the pairs of a micro-batch (they sort the batch's log-ratios), not per pair: their value
 # depends on which pairs share a micro-batch, so a token budget would change what they optimize.
 BATCH_LEVEL_LOSSES = {"aot", "aot_unpaired"}
@@ -57,6 +64,65 @@ def check_options(recipe) -> None:
             "use_weighting with loss_type sft: TRL scales the SFT term by the micro-batch's mean WPO weight, which "
             "changes with how a step is cut into micro-batches and processes: remove use_weighting, or sft"
         )
+    check_ignored(recipe)
+
+
+def _set(recipe, name: str) -> bool:
+    """Whether the recipe or the command line set `name` to other than DPOConfig's default."""
+    import dataclasses
+
+    from trl import DPOConfig
+
+    default = next(f.default for f in dataclasses.fields(DPOConfig) if f.name == name)
+    return name in recipe.given and getattr(recipe.training, name) != default
+
+
+def check_ignored(recipe) -> None:
+    """Options TRL's loss would not read, or would fail on only after the model loaded, for the configured loss types
+    (TRL 1.16 `DPOTrainer.__init__` and `_compute_loss`): each refused in one line that names the fix."""
+    t = recipe.training
+    types = loss_types(t)
+    named = "/".join(types)
+    if _set(recipe, "label_smoothing") and not set(types) & READS_LABEL_SMOOTHING:
+        raise ConfigError(
+            f"label_smoothing {t.label_smoothing:g} would be ignored: TRL's {named} loss does not read it (only "
+            "exo_pair, robust, aot and aot_unpaired do; open-instruct's dpo_norm smooths, TRL's sigmoid_norm does "
+            "not): remove label_smoothing, or choose one of those loss types"
+        )
+    if "exo_pair" in types and not 0 < t.label_smoothing < 1:
+        raise ConfigError(f"loss_type exo_pair needs 0 < label_smoothing < 1 (got {t.label_smoothing:g}): the EXO "
+                          "paper recommends --label_smoothing 1e-3")  # fmt: skip
+    if "robust" in types and not 0 <= t.label_smoothing < 0.5:
+        raise ConfigError(f"loss_type robust needs 0 <= label_smoothing < 0.5, the assumed share of flipped labels "
+                          f"(got {t.label_smoothing:g}): pass e.g. --label_smoothing 0.1")  # fmt: skip
+    if t.f_divergence_type != "reverse_kl":
+        other = [x for x in types if x not in F_DIVERGENCE_ALLOWED]
+        if other:
+            raise ConfigError(f"f_divergence_type {t.f_divergence_type} does not apply to loss_type "
+                              f"{'/'.join(other)} (TRL defines it for {', '.join(sorted(READS_F_DIVERGENCE))}): "
+                              "remove f_divergence_type, or choose one of those loss types")  # fmt: skip
+        if not set(types) & READS_F_DIVERGENCE:
+            raise ConfigError(f"f_divergence_type {t.f_divergence_type} would be ignored: loss_type sft does not "
+                              "compare log-ratios: remove f_divergence_type, or add a DPO loss type")  # fmt: skip
+    if _set(recipe, "f_alpha_divergence_coef") and t.f_divergence_type != "alpha_divergence":
+        raise ConfigError(f"f_alpha_divergence_coef {t.f_alpha_divergence_coef:g} would be ignored: it is read only "
+                          "with --f_divergence_type alpha_divergence: add that, or remove "
+                          "f_alpha_divergence_coef")  # fmt: skip
+    if _set(recipe, "discopop_tau") and "discopop" not in types:
+        raise ConfigError(f"discopop_tau {t.discopop_tau:g} would be ignored: only loss_type discopop reads it: "
+                          "remove discopop_tau, or add discopop to loss_type")  # fmt: skip
+    if t.ld_alpha is not None and types == [SFT]:
+        raise ConfigError(f"ld_alpha {t.ld_alpha:g} would be ignored: loss_type sft alone averages the chosen "
+                          "tokens' NLL, which LD-DPO does not weigh: remove ld_alpha, or add a DPO loss "
+                          "type")  # fmt: skip
+    if t.use_weighting and set(types) & BATCH_LEVEL_LOSSES:
+        raise ConfigError(f"use_weighting with loss_type {'/'.join(sorted(set(types) & BATCH_LEVEL_LOSSES))}: TRL "
+                          "does not implement WPO's weights for losses that sort the micro-batch's pairs: remove "
+                          "use_weighting, or choose another loss type")  # fmt: skip
+    for name in ("ref_model_mixup_alpha", "ref_model_sync_steps"):
+        if _set(recipe, name) and not t.sync_ref_model:
+            raise ConfigError(f"{name} {getattr(t, name):g} would be ignored: it is read only with "
+                              f"--sync_ref_model true (TR-DPO): add that, or remove {name}")  # fmt: skip
 
 
 def step1_loss(args) -> float | None:
