@@ -114,8 +114,12 @@ def summary(resolved: dict, json_file: Path | None, heading: str | None = None) 
     lines += _memory_lines(memory, row)
     if resolved.get("compile_layers"):
         row("compile", "each decoder layer (compile_layers): the first steps compile (dpotrain/plan/layers.py)")
+    if "output_folder" in d:  # a dry run: what the run would do with its folder
+        row("output", d["output_folder"])
     if json_file is not None:
         row("everything", f"{json_file} (or --json prints it)")
+    # Last, where the eye lands: what the run itself would refuse (a login missing on a login node, the folder).
+    lines += [f"warning: the run would refuse: {refusal}" for refusal in d.get("would_refuse") or []]
     return "\n".join(lines)
 
 

@@ -117,18 +117,32 @@ def checks(recipe) -> Launch:
 def output_checks(recipe, found: Launch, push) -> resolve.OutputPlan:
     """The batch per step for this world size, and the run's outputs: reference cache writable, push token, W&B,
     output folder (resume, start afresh or refuse), offline files. The Hub's write-access check asks the network: the
-    run makes it, once, on its main process; a dry run does not."""
+    run makes it, once, on its main process; a dry run does not.
+
+    A dry run shows its plan where the run would refuse for a missing login or its output folder (a login node before
+    credentials, a folder the demo filled): it lists those refusals instead, each as the run would say it."""
     resolve.plan_batch(recipe, found.data_parallel)
     training, only_reference = recipe.training, recipe.project.reference_only
+    refusals: list[str] = []
+
+    def check(step, *args):
+        try:
+            return step(*args)
+        except ConfigError as refused:
+            if not found.planning:
+                raise
+            refusals.append(str(refused))
+            return None
+
     if not only_reference:  # a file, or a folder of files but no run: refused (output_folder.py); a held lock too
-        output_folder.check(training.output_dir, lock=not found.planning)
+        check(output_folder.check, training.output_dir, not found.planning)
     if not uses_live_reference(recipe):
         from dpotrain.reference import reference
 
         reference.check_writable()  # the reference stage saves as it goes
     if not only_reference:
-        push.check_token()
-        options.check_wandb(recipe)
+        check(push.check_token)
+        check(options.check_wandb, recipe)
         if push.requested and not found.planning and int(os.environ.get("RANK", "0")) == 0:  # one whoami per run
             from dpotrain.hub import hub
 
@@ -136,15 +150,17 @@ def output_checks(recipe, found: Launch, push) -> resolve.OutputPlan:
     pairs = recipe.project.pairs_per_step or (
         training.per_device_train_batch_size * training.gradient_accumulation_steps * found.data_parallel
     )
-    plan = resolve.OutputPlan(None, False) if only_reference else resolve.check_output_dir(recipe, pairs)
+    plan = resolve.OutputPlan(None, False)
+    if not only_reference:
+        plan = check(resolve.check_output_dir, recipe, pairs) or plan
     kept = None if plan.start_afresh else hub_revision.keep(recipe, training.output_dir)  # the data's commit
     if kept and int(os.environ.get("RANK", "0")) == 0:
         print(f"Resuming on {kept}", flush=True)
     resume.check_partitions(plan.resume_from, found.world)  # ZeRO's optimizer state: on the processes that wrote it
-    output_folder.check_plan(training.output_dir, plan.start_afresh)
+    check(output_folder.check_plan, training.output_dir, plan.start_afresh)
     if not found.planning:  # a dry run says what it could not decide without them, and the command that decides it
         offline.check_offline_artifacts(recipe)  # with HF_HUB_OFFLINE: model, tokenizer and data set must be cached
-    return plan
+    return resolve.OutputPlan(plan.resume_from, plan.start_afresh, tuple(refusals))
 
 
 # --- data -------------------------------------------------------------------------------------------------------------
