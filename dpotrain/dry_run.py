@@ -94,7 +94,7 @@ def summary(resolved: dict, json_file: Path | None, heading: str | None = None) 
         row("sequence", f"each micro-batch split over a group of {n} processes (--sequence_parallel_size {n}): "
             f"{ranks} data-parallel rank{'s' * (ranks > 1)} (processes / {n}) read the pairs")  # fmt: skip
     over = "all processes" if n == 1 else f"{ranks} data-parallel rank{'s' * (ranks > 1)}"
-    row("per step", f"{d['pairs_per_step']} pairs, over {over}")
+    row("per step", f"{d['pairs_per_step']} pairs, over {over}{replaced_text(d, d['pairs_per_step'])}")
     budget = resolved.get("max_tokens_per_microbatch")
     if "micro_batches_per_step" in batching:
         per = batching["micro_batches_per_step"]
@@ -121,6 +121,16 @@ def summary(resolved: dict, json_file: Path | None, heading: str | None = None) 
     # Last, where the eye lands: what the run itself would refuse (a login missing on a login node, the folder).
     lines += [f"warning: the run would refuse: {refusal}" for refusal in d.get("would_refuse") or []]
     return "\n".join(lines)
+
+
+def replaced_text(derived: dict, pairs: int) -> str:
+    """'; NOT the recipe's 128: --per_device_train_batch_size on the command line replaced it (--pairs_per_step 128
+    --max_tokens_per_microbatch none keeps it, in micro-batches of that many pairs)'."""
+    replaced = derived.get("recipe_batching_replaced")
+    if not replaced or replaced.get("pairs_per_step") in (None, pairs):
+        return ""
+    keep = f" ({replaced['keep']} keeps it, in micro-batches of that many pairs)" if replaced.get("keep") else ""
+    return f"; NOT the recipe's {replaced['pairs_per_step']}: {replaced['by']} on the command line replaced it{keep}"
 
 
 def forward_text(forward: dict) -> str:

@@ -239,6 +239,8 @@ def resolved_config(recipe: Recipe, derived: dict) -> dict:
         per_step = derived["batching"]["micro_batches_per_step"]
         resolved["gradient_accumulation_steps"] = per_step["min"] if per_step["min"] == per_step["max"] else None
     resolved["config"] = recipe.config_path
+    if recipe.replaced_batching:  # batch flags replaced the recipe's pairs per step: said where people look
+        derived = {**derived, "recipe_batching_replaced": recipe.replaced_batching}
     resolved["derived"] = derived
     return resolved
 

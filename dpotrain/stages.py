@@ -53,6 +53,15 @@ def analyze_command(recipe) -> str:
     return shlex.join(words)
 
 
+def analyze_hint(recipe) -> str:
+    """How to see now what the run decides from the token lengths: the analyzer's command, then the dry run again; or,
+    for a model folder without a tokenizer (configs/models/*), that the lengths need the model's tokenizer."""
+    model = recipe.model.model_name_or_path or ""
+    if lengths.holds_no_tokenizer(model):
+        return f"{model} holds no tokenizer to measure them with: dry-run your own model to see them now"
+    return f"to see it now: {analyze_command(recipe)}, then this dry run again"
+
+
 # --- checks -----------------------------------------------------------------------------------------------------------
 
 
@@ -140,6 +149,7 @@ def output_checks(recipe, found: Launch, push) -> resolve.OutputPlan:
         from dpotrain.reference import reference
 
         reference.check_writable()  # the reference stage saves as it goes
+    check(lengths.check_tokenizer_folder, recipe.model.model_name_or_path or "")  # configs/models/*: a shape only
     if not only_reference:
         check(push.check_token)
         check(options.check_wandb, recipe)
@@ -335,7 +345,8 @@ def measure_lengths(recipe, found: Launch, pairs: Data, model_path: str, state=N
         with state.main_process_first() if state is not None else nullcontext():
             measured, auto = _analyzer_cache(recipe, found, tokenizer, pairs.train)
     if recipe.max_length_auto and auto is None:
-        resolved = f"at start, by analysing the training split (to see it now: {analyze_command(recipe)})"
+        hint = analyze_hint(recipe).removesuffix(", then this dry run again")
+        resolved = f"at start, by analysing the training split ({hint})"
         auto = {"max_length": "auto", "target_coverage": p.auto_coverage, "cached": False, "resolved": resolved}
     elif auto is not None:
         t.max_length = auto["max_length"]
@@ -437,7 +448,7 @@ def _undecided(recipe, found: Launch, config) -> Forward:
     hidden = getattr(config.get_text_config(), "hidden_size", 4096)
     planned = choice.ForwardChoice(heaviest.packed, heaviest.share_prompt, hidden, heaviest.attention,
                                    "the candidate of heaviest masks", None, found.sequence_parallel)  # fmt: skip
-    decided = f"at start, from the data's lengths (to see it now: {analyze_command(recipe)}, then this dry run again)"
+    decided = f"at start, from the data's lengths ({analyze_hint(recipe)})"
     return Forward(planned, options, f"{name}: {heaviest.describe()}", decided)
 
 
@@ -452,8 +463,7 @@ def plan_batching(recipe, found: Launch, pairs: Data, pair_lengths: Lengths, for
     from dpotrain.plan import plan, plan_stage
 
     t, p = recipe.training, recipe.project
-    pending = {"planned": f"at start, from the token lengths (to see it now: {analyze_command(recipe)}, then this dry "
-                          "run again)"}  # fmt: skip
+    pending = {"planned": f"at start, from the token lengths ({analyze_hint(recipe)})"}
     f = forward.planned
     if f is None or t.max_length is None:
         return pending

@@ -186,6 +186,7 @@ def analyze(args: argparse.Namespace) -> int:
     tokenizer_name = args.tokenizer or recipe.get("model_name_or_path")
     if not tokenizer_name:
         raise ConfigError(f"no tokenizer for {name!r}: pass --tokenizer NAME_OR_PATH or --config configs/<recipe>.yaml")
+    lengths.check_tokenizer_folder(tokenizer_name)  # configs/models/*: a shape, no tokenizer; said before anything
     recipe_max = recipe.get("max_length")
     current = recipe_max if isinstance(recipe_max, int) else None
     target = (

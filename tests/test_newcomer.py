@@ -48,8 +48,9 @@ def test_a_dry_run_without_a_wandb_login_shows_its_plan_and_what_the_run_would_r
                   "--output_dir", str(tmp_path / "run"))  # fmt: skip
     assert "memory/GPU:    ~" in out, out  # the plan, made
     refusals = [line for line in out.splitlines() if line.startswith("warning: the run would refuse: ")]
-    assert len(refusals) == 1 and "report_to wandb but no W&B login" in refusals[0], out
-    assert "WANDB_MODE=offline" in refusals[0] and "--report_to none" in refusals[0]
+    # The model folder is a shape with no tokenizer (README step 4), which the run would refuse too.
+    assert len(refusals) == 2 and "holds no tokenizer" in refusals[0], out
+    assert "report_to wandb but no W&B login" in refusals[1] and "WANDB_MODE=offline" in refusals[1]
 
 
 def test_a_dry_run_of_a_push_without_a_token_says_the_run_would_refuse_it(tmp_path, capsys, no_credentials):
@@ -84,3 +85,77 @@ def test_a_dry_run_on_a_finished_runs_folder_shows_its_plan_and_what_the_run_wou
     assert f"output:        {out}: replaced by the run (--overwrite_output_dir" in text and "warning:" not in text
     text = dry_run(capsys, "--config", SMOKE, "--output_dir", str(tmp_path / "new"))
     assert f"output:        {tmp_path / 'new'}: the run starts there (new)" in text, text
+
+
+# --- 12: every analyzer command a dry run prints runs; a model folder without a tokenizer is named -------------------
+
+
+def analyzer():
+    """scripts/analyze_dataset.py as a module: `main(argv)` returns the exit status (tests/test_analyzer.py)."""
+    import importlib.util
+    import os
+
+    before = os.environ.get("CUDA_VISIBLE_DEVICES")
+    spec = importlib.util.spec_from_file_location("analyze_dataset", ROOT / "scripts" / "analyze_dataset.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)  # it hides GPUs on import: undone
+    os.environ.pop("CUDA_VISIBLE_DEVICES", None) if before is None else os.environ.update(CUDA_VISIBLE_DEVICES=before)
+    return module
+
+
+def test_a_model_folder_without_a_tokenizer_is_named_with_what_to_pass_by_the_analyzer_and_the_run(tmp_path, capsys):
+    expected = (f"error: model folder {OLMO3_7B!r} holds no tokenizer (config.json alone: a model's shape, enough to "
+                "plan memory, not to tokenize): pass --model_name_or_path your model's Hub name (org/model) or the "
+                "folder save_pretrained wrote, with its tokenizer.json")  # fmt: skip
+    assert analyzer().main(["--config", THINK, "--model_name_or_path", OLMO3_7B]) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == expected
+    with pytest.raises(SystemExit) as ended:
+        run_cli(lambda: train_dpo.main(["--config", SMOKE, "--output_dir", str(tmp_path / "run"),
+                                        "--model_name_or_path", OLMO3_7B]))  # fmt: skip
+    assert ended.value.code == 2 and capsys.readouterr().err.strip().splitlines()[-1] == expected
+
+
+def test_the_dry_run_of_a_shape_without_a_tokenizer_prints_no_analyzer_command_it_cannot_run(capsys, no_credentials):
+    out = dry_run(capsys, "--config", "configs/think.yaml", "--model_name_or_path", "configs/models/olmo3-7b",
+                  "--output_dir", "/tmp/newcomer-think-dpo")  # fmt: skip
+    assert "analyze_dataset.py" not in out, out
+    assert "configs/models/olmo3-7b holds no tokenizer to measure them with: dry-run your own model" in out
+
+
+def test_the_analyzer_command_a_dry_run_prints_runs_as_printed(tiny_model_dir, capsys, no_credentials):
+    """A model with its tokenizer and a Hub data set not yet measured: the command the summary prints, run as printed
+    in the project folder, gets to the data set (which needs the Hub: offline here, so refused naming it)."""
+    import re
+    import shlex
+
+    out = dry_run(capsys, "--config", "configs/think.yaml", "--model_name_or_path", tiny_model_dir, "--max_length",
+                  "4096", "--max_tokens_per_microbatch", "8192", "--output_dir", "/tmp/newcomer-think-dpo")  # fmt: skip
+    printed = set(re.findall(r"(python scripts/analyze_dataset\.py[^,;)]*)", out))
+    assert len(printed) == 1, out
+    words = shlex.split(printed.pop())
+    assert analyzer().main(words[2:]) == 2
+    err = capsys.readouterr().err
+    assert f"Analysing allenai/Dolci-Think-DPO-7B (train) with the tokenizer of {tiny_model_dir}" in err, err
+    assert err.strip().splitlines()[-1].startswith("error: could not load data set 'allenai/Dolci-Think-DPO-7B'")
+
+
+# --- 13: batch flags that change the recipe's pairs per step are said where people look -------------------------------
+
+
+def test_batch_flags_that_replace_the_recipes_pairs_per_step_are_said_with_the_flags_that_keep_it(capsys):
+    args = ["--config", "configs/think.yaml", "--model_name_or_path", "configs/models/olmo3-7b", "--report_to", "none",
+            "--output_dir", "/tmp/newcomer-think-dpo", "--per_device_train_batch_size", "2"]  # fmt: skip
+    out = dry_run(capsys, *args)  # 4 processes (accelerate_config.yaml): 2 x 4 = 8 pairs per step
+    keep = "--pairs_per_step 128 --max_tokens_per_microbatch none"
+    assert ("  per step:      8 pairs, over all processes; NOT the recipe's 128: --per_device_train_batch_size on the "
+            f"command line replaced it ({keep} keeps it, in micro-batches of that many pairs)") in out, out
+    out = dry_run(capsys, *args, *keep.split())  # the flags it names: the recipe's 128, in micro-batches of 2
+    assert "  per step:      128 pairs, over all processes\n" in out and "  micro-batches: 2 pairs;" in out, out
+    # The run prints the same summary as its first lines, from the resolved configuration it records.
+    from dpotrain import resolve
+    from dpotrain.recipe.config import parse_args
+
+    recipe = parse_args(["--config", SMOKE, "--per_device_train_batch_size", "2"])
+    replaced = resolve.resolved_config(recipe, {})["derived"]["recipe_batching_replaced"]
+    assert replaced == {"pairs_per_step": 8, "max_tokens_per_microbatch": 2048, "by": "--per_device_train_batch_size",
+                        "keep": "--pairs_per_step 8 --max_tokens_per_microbatch none"}, replaced  # fmt: skip

@@ -306,6 +306,9 @@ class Recipe:
     config_path: str | None
     max_length_auto: bool
     given: set[str]  # the fields set by the recipe or the command line, not left at their defaults
+    # The recipe's pairs per step and token budget where batch flags on the command line replaced them, with the flags
+    # that keep them (`_command_line_batch_wins`): the dry run's summary and the run's first lines say so.
+    replaced_batching: dict | None = None
 
 
 def make_parser():
@@ -436,29 +439,40 @@ def parse_args(argv: list[str] | None = None) -> Recipe:
     if "padding_free" not in given:
         training.padding_free = True  # this project's default: packed sequences (TRL's is False)
     on_command_line = {options[a.split("=")[0]].dest for a in argv if a.split("=")[0] in options}
-    _command_line_batch_wins(training, project, on_command_line)
+    replaced = _command_line_batch_wins(training, project, on_command_line)
     if on_command_line & {"datasets", "dataset_mixer_list"} and "dataset_name" not in on_command_line:
         script.dataset_name = None  # a mixture on the command line replaces the recipe file's one data set
     if "output_dir" in on_command_line and "run_name" not in on_command_line:
         # The run is the folder the user named: the model card, the plot and W&B say so, not the recipe's name for
         # its own default folder (transformers, too, names a run after its output_dir).
         training.run_name = Path(training.output_dir).resolve().name
-    return Recipe(script, training, model, project, config_path, max_length_auto, given)
+    return Recipe(script, training, model, project, config_path, max_length_auto, given, replaced)
 
 
-def _command_line_batch_wins(training, project, on_command_line: set[str]) -> None:
+def _command_line_batch_wins(training, project, on_command_line: set[str]) -> dict | None:
     """`--per_device_train_batch_size 4 --gradient_accumulation_steps 1` on the command line mean steps of 4 pairs
     per process in micro-batches of 4, as in any trainer, also under a recipe that sets pairs_per_step and a token
-    budget: the command line wins over the recipe, and the recipe's two values are dropped (and not recorded)."""
+    budget: the command line wins over the recipe, and the recipe's two values are dropped (and not recorded).
+
+    Returns what was replaced and the flags that keep the recipe's pairs per step with micro-batches of the pairs asked
+    for (None when nothing was)."""
     batch_flags = {"per_device_train_batch_size", "gradient_accumulation_steps"} & on_command_line
     recipe_batching = [f for f in ("pairs_per_step", "max_tokens_per_microbatch") if getattr(project, f) is not None]
     if not batch_flags or {"pairs_per_step", "max_tokens_per_microbatch"} & on_command_line or not recipe_batching:
-        return
+        return None
+    replaced = {name: getattr(project, name) for name in recipe_batching}
     for name in recipe_batching:
         setattr(project, name, None)
+    flags = " ".join(f"--{name}" for name in sorted(batch_flags))
+    keep = []
+    if replaced.get("pairs_per_step") is not None and "gradient_accumulation_steps" not in batch_flags:
+        keep += ["--pairs_per_step", str(replaced["pairs_per_step"])]  # accumulation then follows from it
+        if replaced.get("max_tokens_per_microbatch") is not None:
+            keep += ["--max_tokens_per_microbatch", "none"]  # micro-batches of pairs, not of tokens
     print(f"Note: {' and '.join(sorted(batch_flags))} on the command line: micro-batches of "
           f"{training.per_device_train_batch_size} pairs, {training.gradient_accumulation_steps} per step and "
           f"process; the recipe's {' and '.join(recipe_batching)} are not used.", file=sys.stderr)  # fmt: skip
+    return {**replaced, "by": flags, "keep": " ".join(keep)}
 
 
 def _cpu_deepspeed_backend(args: list[str]) -> list[str]:
