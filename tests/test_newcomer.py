@@ -147,8 +147,10 @@ def test_batch_flags_that_replace_the_recipes_pairs_per_step_are_said_with_the_f
             "--output_dir", "/tmp/newcomer-think-dpo", "--per_device_train_batch_size", "2"]  # fmt: skip
     out = dry_run(capsys, *args)  # 4 processes (accelerate_config.yaml): 2 x 4 = 8 pairs per step
     keep = "--pairs_per_step 128 --max_tokens_per_microbatch none"
-    assert ("  per step:      8 pairs, over all processes; NOT the recipe's 128: --per_device_train_batch_size on the "
-            f"command line replaced it ({keep} keeps it, in micro-batches of that many pairs)") in out, out
+    assert (
+        "  per step:      8 pairs, over all processes; NOT the recipe's 128: --per_device_train_batch_size on the "
+        f"command line replaced it ({keep} keeps it, in micro-batches of that many pairs)"
+    ) in out, out
     out = dry_run(capsys, *args, *keep.split())  # the flags it names: the recipe's 128, in micro-batches of 2
     assert "  per step:      128 pairs, over all processes\n" in out and "  micro-batches: 2 pairs;" in out, out
     # The run prints the same summary as its first lines, from the resolved configuration it records.
