@@ -30,8 +30,9 @@ def no_credentials(tmp_path, monkeypatch):
 
 def dry_run(capsys, *args) -> str:
     """The summary a dry run prints (exit status 0 checked)."""
+    argv = [*args] if "--dry-run" in args else [*args, "--dry-run"]
     with pytest.raises(SystemExit) as ended:
-        run_cli(lambda: train_dpo.main([*args, "--dry-run"]))
+        run_cli(lambda: train_dpo.main(argv))
     out, err = capsys.readouterr()
     assert ended.value.code in (None, 0), out + err
     return out
@@ -161,3 +162,34 @@ def test_batch_flags_that_replace_the_recipes_pairs_per_step_are_said_with_the_f
     replaced = resolve.resolved_config(recipe, {})["derived"]["recipe_batching_replaced"]
     assert replaced == {"pairs_per_step": 8, "max_tokens_per_microbatch": 2048, "by": "--per_device_train_batch_size",
                         "keep": "--pairs_per_step 8 --max_tokens_per_microbatch none"}, replaced  # fmt: skip
+
+
+# --- 14: memory advice that moves the launch gives the dry run that checks it -----------------------------------------
+
+
+def test_every_launch_a_memory_refusal_offers_comes_with_a_dry_run_that_runs_as_printed(capsys, monkeypatch):
+    """The README's second dry run (think on an 80 GB H100): options on another engine or node count name the sbatch
+    line and the dry run that checks it; each dry run, typed as printed in the project folder, plans what it said."""
+    import re
+    import shlex
+
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    monkeypatch.delenv("GPUS_PER_NODE", raising=False)
+    monkeypatch.chdir(ROOT)
+    with pytest.raises(SystemExit):
+        run_cli(lambda: train_dpo.main(["--config", "configs/think.yaml", "--model_name_or_path",
+                                        "configs/models/olmo3-7b", "--dry-run", "--gpu_memory_gib", "79.6"]))  # fmt: skip
+    error = capsys.readouterr().err.strip().splitlines()[-1]
+    checks = re.findall(r"sbatch --nodes=\d+ --gpus-per-node=\d+\)[^(]*\(~([\d.]+) GiB; its dry run: ([^)]*)\)", error)
+    assert len(checks) == error.count(" sbatch --nodes=") >= 2, error  # ZeRO-2 on 3 nodes, ZeRO-3 on 1
+    for gib, line in checks:
+        words = shlex.split(line)
+        env = dict(word.split("=", 1) for word in words[:2])
+        assert list(env) == ["WORLD_SIZE", "GPUS_PER_NODE"] and words[2:4] == ["python", "train_dpo.py"], line
+        with monkeypatch.context() as m:
+            for name, value in env.items():
+                m.setenv(name, value)
+            out = dry_run(capsys, *words[4:])
+        assert f"  memory/GPU:    ~{gib} GiB" in out and "  GPU:           fits one 79.6 GiB GPU" in out, (line, out)
+        assert f"  processes:     {env['WORLD_SIZE']} (environment (WORLD_SIZE))" in out, out

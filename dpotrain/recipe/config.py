@@ -309,6 +309,8 @@ class Recipe:
     # The recipe's pairs per step and token budget where batch flags on the command line replaced them, with the flags
     # that keep them (`_command_line_batch_wins`): the dry run's summary and the run's first lines say so.
     replaced_batching: dict | None = None
+    # The command line as typed (a --hub_token's value left out): what a printed command that checks a change repeats.
+    command_line: tuple[str, ...] = ()
 
 
 def make_parser():
@@ -400,6 +402,7 @@ def _known_options() -> dict:
 
 def parse_args(argv: list[str] | None = None) -> Recipe:
     argv = list(sys.argv[1:] if argv is None else argv)
+    typed = _without_secrets(argv)
     parser = make_parser()
     options = _options(parser)
     if {"-h", "--help"} & set(argv):  # what users type first; every field one flag away
@@ -446,7 +449,20 @@ def parse_args(argv: list[str] | None = None) -> Recipe:
         # The run is the folder the user named: the model card, the plot and W&B say so, not the recipe's name for
         # its own default folder (transformers, too, names a run after its output_dir).
         training.run_name = Path(training.output_dir).resolve().name
-    return Recipe(script, training, model, project, config_path, max_length_auto, given, replaced)
+    return Recipe(script, training, model, project, config_path, max_length_auto, given, replaced, typed)
+
+
+def _without_secrets(argv: list[str]) -> tuple[str, ...]:
+    """The command line without a --hub_token and its value (a printed command must not carry the token)."""
+    words, skip = [], False
+    for word in argv:
+        if skip:
+            skip = False
+        elif word == "--hub_token":
+            skip = True
+        elif not word.startswith("--hub_token="):
+            words.append(word)
+    return tuple(words)
 
 
 def _command_line_batch_wins(training, project, on_command_line: set[str]) -> dict | None:
