@@ -177,9 +177,9 @@ def test_every_launch_a_memory_refusal_offers_comes_with_a_dry_run_that_runs_as_
     monkeypatch.delenv("WORLD_SIZE", raising=False)
     monkeypatch.delenv("GPUS_PER_NODE", raising=False)
     monkeypatch.chdir(ROOT)
+    readme = ["--config", "configs/think.yaml", "--model_name_or_path", "configs/models/olmo3-7b", "--dry-run"]
     with pytest.raises(SystemExit):
-        run_cli(lambda: train_dpo.main(["--config", "configs/think.yaml", "--model_name_or_path",
-                                        "configs/models/olmo3-7b", "--dry-run", "--gpu_memory_gib", "79.6"]))  # fmt: skip
+        run_cli(lambda: train_dpo.main([*readme, "--gpu_memory_gib", "79.6"]))
     error = capsys.readouterr().err.strip().splitlines()[-1]
     checks = re.findall(r"sbatch --nodes=\d+ --gpus-per-node=\d+\)[^(]*\(~([\d.]+) GiB; its dry run: ([^)]*)\)", error)
     assert len(checks) == error.count(" sbatch --nodes=") >= 2, error  # ZeRO-2 on 3 nodes, ZeRO-3 on 1
