@@ -193,3 +193,60 @@ def test_every_launch_a_memory_refusal_offers_comes_with_a_dry_run_that_runs_as_
             out = dry_run(capsys, *words[4:])
         assert f"  memory/GPU:    ~{gib} GiB" in out and "  GPU:           fits one 79.6 GiB GPU" in out, (line, out)
         assert f"  processes:     {env['WORLD_SIZE']} (environment (WORLD_SIZE))" in out, out
+
+
+# --- 15: one readable line per logging step, no bar or warning that is not the user's business ------------------------
+
+
+@pytest.fixture(scope="module")
+def short_run(tiny_model_dir, tmp_path_factory):
+    """4 steps of the smoke recipe on its first 32 pairs, in this process, as train_dpo.py runs them: a log record and
+    a checkpoint every 2 steps, samples before step 1 and every 2 steps. Returns (everything printed, the folder)."""
+    import contextlib
+    import io
+
+    from conftest import ready
+    from dpotrain.data import data
+    from dpotrain.recipe.config import parse_args
+    from dpotrain.train.trainer import build_trainer
+
+    out = tmp_path_factory.mktemp("short") / "run"
+    recipe = parse_args(["--config", SMOKE, "--model_name_or_path", tiny_model_dir, "--output_dir", str(out),
+                         "--report_to", "none", "--max_steps", "4", "--logging_steps", "2", "--save_steps", "2",
+                         "--samples_every", "2", "--sample_count", "2", "--sample_max_new_tokens", "24"])  # fmt: skip
+    pairs = data.load_preference_dataset(str(ROOT / recipe.script.dataset_name)).select(range(32))
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed), contextlib.redirect_stderr(printed):
+        trainer = ready(build_trainer(recipe, pairs))
+        trainer.train()
+    return printed.getvalue(), out
+
+
+def test_each_logging_step_is_one_readable_line(short_run):
+    import re
+
+    text, _ = short_run
+    assert "{'loss'" not in text and "'grad_norm'" not in text and "{'train_runtime'" not in text, text[-3000:]
+    lines = [line.split("\r")[-1] for line in text.splitlines() if re.search(r"(^|\r)step \d+/4  ", line)]
+    shape = r"step {}/4  loss \d\.\d{{4}}  acc \d\.\d\d  margin \S+  lr \d\.\de[-+]\d\d  grad_norm \S+  tok/s [\d,]+"
+    assert [int(line.split()[1].split("/")[0]) for line in lines] == [1, 2, 4], lines  # 1 is logged on its own
+    for line in lines:
+        assert re.fullmatch(shape.format(line.split()[1].split("/")[0]), line), line
+    assert re.search(r"trained to step 4/4 in [\d.]+ s, mean loss \d\.\d{4}", text), text[-2000:]
+
+
+def test_no_progress_bar_for_saving_or_an_index_and_no_collapse_warning_before_training(short_run):
+    text, out = short_run
+    assert (out / "checkpoint-2" / "COMPLETE").is_file()  # the saves happened, without their bars
+    for noise in ("Writing model shards", "Flattening the indices", "samples warning step 0"):
+        assert noise not in text, noise
+    # TRL's own card ("fine-tuned version of [None]") is not written at a checkpoint: the project's comes at the end.
+    assert not (out / "README.md").exists()
+
+
+def test_one_process_logs_its_tokens_per_second_once(short_run):
+    import json
+
+    _, out = short_run
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert all("tokens_per_second" in r and "tokens_per_second_per_gpu" not in r for r in records), records

@@ -247,12 +247,12 @@ class ProjectArguments:
     )
     health_loss_floor: float = field(
         default=0.01,
-        metadata={"help": "Stop when the loss falls below this (001's collapsed runs: 0.006 -> 0.000). 0: off."},
+        metadata={"help": "Stop when the loss falls below this (a collapsing run's went 0.006 -> 0.000). 0: off."},
     )
     health_max_margin: float = field(
         default=5.0,
         metadata={
-            "help": "Stop when the reward margin on the loss's scale exceeds this (001: > 5 unstable, collapse at "
+            "help": "Stop when the reward margin on the loss's scale exceeds this (above 5 unstable, collapse seen at "
             "9-18; the sigmoid loss is already 0.007 at 5). 0: off."
         },
     )
@@ -267,7 +267,7 @@ class ProjectArguments:
         default=1024,
         metadata={
             "help": "Stop when reward accuracy is 1.0 on this many consecutive pairs within health_early_fraction of "
-            "training (8 steps of 128 pairs; too rare by chance on real pairs, common in 001's collapse). 0: off."
+            "training (8 steps of 128 pairs; too rare by chance on real pairs, common in a collapsing run). 0: off."
         },
     )
     health_early_fraction: float = field(
@@ -292,7 +292,7 @@ class ProjectArguments:
         default=0.5,
         metadata={
             "help": "Warn when a sample's repetition score (share of repeated word 3-grams) exceeds this: "
-            "001's collapsed model said 'hormonal hormonal hormonal'."
+            "a collapsed model's samples read 'hormonal hormonal hormonal'."
         },
     )
 

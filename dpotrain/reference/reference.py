@@ -578,11 +578,14 @@ def _gather_and_keep(accelerator, store, ident, digests, attempt: str, mine: tup
 
 
 def _with_columns(dataset, chosen: np.ndarray, rejected: np.ndarray):
+    from dpotrain.train.trainer import quiet_progress_bars
+
     for column in ("ref_chosen_logps", "ref_rejected_logps"):
         if column in dataset.column_names:
             dataset = dataset.remove_columns(column)
-    dataset = dataset.add_column("ref_chosen_logps", chosen.tolist())
-    return dataset.add_column("ref_rejected_logps", rejected.tolist())
+    with quiet_progress_bars():  # add_column rewrites a filtered data set's index: "Flattening the indices", a bar
+        dataset = dataset.add_column("ref_chosen_logps", chosen.tolist())
+        return dataset.add_column("ref_rejected_logps", rejected.tolist())
 
 
 def run_stage(trainer, stop, save_seconds: float = SAVE_SECONDS) -> list[Outcome]:

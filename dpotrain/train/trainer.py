@@ -38,7 +38,7 @@ from dpotrain.forwards.choice import ForwardChoice, decide_forward, padded_inste
 from dpotrain.plan import layers, plan
 from dpotrain.plan.plan_stage import RunPlan
 from dpotrain.recipe.config import Recipe
-from dpotrain.train import disk_full, losses
+from dpotrain.train import disk_full, losses, step_log
 from dpotrain.train.checkpoints import CompleteMarker, clear_for_save
 from dpotrain.train.health import HealthGuard
 from dpotrain.train.metrics import MetricsRecorder
@@ -219,15 +219,20 @@ class RecipeDPOTrainer(DPOTrainer):
         weights there with SHARDED_STATE_DICT, the state dict type checkpoints use (`engine.launched`); checkpoints
         (`_internal_call`) stay sharded: each rank writes its own shard (torch.distributed.checkpoint)."""
         try:
-            if self.is_fsdp_enabled and not _internal_call:
-                self._save(output_dir, state_dict=self.accelerator.get_state_dict(self.model))
-                return
-            super().save_model(output_dir, _internal_call)
+            with quiet_progress_bars():  # "Writing model shards", a bar of one item per shard, at every checkpoint
+                if self.is_fsdp_enabled and not _internal_call:
+                    self._save(output_dir, state_dict=self.accelerator.get_state_dict(self.model))
+                    return
+                super().save_model(output_dir, _internal_call)
         except Exception as e:
             why = None if _internal_call else disk_full.why_full(e, Path(output_dir or self.args.output_dir))
             if why is None:  # inside a checkpoint: `_save_checkpoint` says it
                 raise
             raise disk_full.final_save_failed(Path(output_dir or self.args.output_dir), why) from None
+
+    def create_model_card(self, *args, **kwargs):
+        """Not TRL's card ("fine-tuned version of [None]"), which TRL writes at every checkpoint: the project writes its
+        own once the run ends (dpotrain/hub/hub.py), so a stopped run's folder holds no card until then."""
 
     def _save_checkpoint(self, model, trial):
         start = time.monotonic()
@@ -606,6 +611,24 @@ class RecipeDPOTrainer(DPOTrainer):
         super().log(logs, start_time)
 
 
+@contextlib.contextmanager
+def quiet_progress_bars():
+    """transformers' and datasets' progress bars off for a moment (saving, an index rewrite), as they were after."""
+    import datasets
+    from transformers.utils import logging as hf_logging
+
+    bars = hf_logging.is_progress_bar_enabled(), datasets.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    datasets.disable_progress_bars()
+    try:
+        yield
+    finally:
+        if bars[0]:
+            hf_logging.enable_progress_bar()
+        if bars[1]:
+            datasets.enable_progress_bars()
+
+
 def build_trainer(recipe: Recipe, train_dataset, eval_dataset=None, callbacks=(), stop: GracefulStop | None = None,
                   forward: ForwardChoice | None = None):  # fmt: skip
     """The project's DPO trainer, with: COMPLETE marks on checkpoints, metrics.jsonl, a clean stop on Slurm's
@@ -647,6 +670,7 @@ def build_trainer(recipe: Recipe, train_dataset, eval_dataset=None, callbacks=()
         attn_implementation=recipe.model.attn_implementation,
         run_engine=run_engine,
     )
+    step_log.install(trainer)  # one readable line per logging step, not the Trainer's dictionary
     sequence_parallel.set_up(forward.sequence_parallel, trainer.model)  # its groups, Ulysses around the attention
     # The memory plan's checkpointed layers, held against TRL's re-enabling of all of them; the optional compile.
     layers.hold_checkpointing(trainer.model, t)
