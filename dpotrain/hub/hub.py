@@ -173,7 +173,8 @@ def model_card(resolved: dict, records: list[dict], revisions: list[tuple[int, s
         recipe_rows += f"\n| pairs cut / dropped at max_length | {counted['truncated']} / {counted['dropped']} of " \
                        f"{counted['pairs']} |"  # fmt: skip
     last = next((r for r in reversed(records) if "loss" in r), {})  # a training record, not an evaluation
-    metric_rows = "\n".join(f"| `{k}` | {last[k]:.4f} |" for k in FINAL_METRICS if k in last and k != "tokens_per_second")
+    shown = [k for k in FINAL_METRICS if k in last and k != "tokens_per_second"]  # the speed: the run's (speed_row)
+    metric_rows = "\n".join(f"| `{k}` | {last[k]:.4f} |" for k in shown)
     metric_rows = (metric_rows + "\n" + speed_row(records)).strip() or "| (none logged) | |"
     content = f"""---
 {data.to_yaml()}
@@ -266,7 +267,8 @@ def speed_row(records: list[dict]) -> str:
     if not speeds:
         return ""
     steady = speeds[1:] or speeds
-    steps = f"step {steady[0][0]}" if len(steady) == 1 else f"{len(steady)} logging steps, {steady[0][0]}-{steady[-1][0]}"
+    (first_step, _), (last_step, _) = steady[0], steady[-1]
+    steps = f"{len(steady)} logging steps, {first_step}-{last_step}" if len(steady) > 1 else f"step {first_step}"
     first = "; the first, with the warm-up, left out" if len(speeds) > 1 else ""
     mean = sum(v for _, v in steady) / len(steady)
     return f"| `tokens_per_second` | {mean:,.1f} (mean of {steps}{first}) |"

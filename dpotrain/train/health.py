@@ -148,8 +148,8 @@ class HealthGuard(TrainerCallback):
         if p.health_loss_floor > 0 and loss < p.health_loss_floor:
             alarms.append(Alarm("loss_floor", step, (
                 f"{name} {loss:.4g} < health_loss_floor {p.health_loss_floor}: the policy separates the pairs far "
-                "beyond what beta's KL term allows; in a failed run this came right before mode collapse. Lower --learning_rate "
-                "(or raise beta), and run scripts/preflight.py on the data")))  # fmt: skip
+                "beyond what beta's KL term allows; in a failed run this came right before mode collapse. Lower "
+                "--learning_rate (or raise beta), and run scripts/preflight.py on the data")))  # fmt: skip
         if p.health_max_margin > 0 and r and r["margins"] > p.health_max_margin:
             alarms.append(Alarm("margin", step, (
                 f"{r['source']}margins {r['margins']:.3g} > health_max_margin {p.health_max_margin} (chosen "
