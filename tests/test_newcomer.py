@@ -240,6 +240,7 @@ def test_no_progress_bar_for_saving_or_an_index_and_no_collapse_warning_before_t
     assert (out / "checkpoint-2" / "COMPLETE").is_file()  # the saves happened, without their bars
     for noise in ("Writing model shards", "Flattening the indices", "samples warning step 0"):
         assert noise not in text, noise
+
     # TRL's own card ("fine-tuned version of [None]") is not written at a checkpoint: the project's comes at the end.
     assert not (out / "README.md").exists()
 
@@ -250,3 +251,40 @@ def test_one_process_logs_its_tokens_per_second_once(short_run):
     _, out = short_run
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert all("tokens_per_second" in r and "tokens_per_second_per_gpu" not in r for r in records), records
+
+
+def test_a_base_model_that_loops_already_is_no_collapse_and_a_run_that_starts_looping_is(tiny_model_dir, tmp_path,
+                                                                                          capsys):  # fmt: skip
+    """Real greedy generation on the built-in, untrained model, which loops on some prompts by itself ("143 143 143"):
+    at step 0 that is the base model's habit, not training's doing, and so is the same answer later. Looping where the
+    base model did not (made to, by suppressing every token but one: a logits processor of transformers' own) is
+    still flagged."""
+    from types import SimpleNamespace
+
+    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerState
+
+    from dpotrain.train.samples import SampleGenerator
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    (word,) = tokenizer(" the", add_special_tokens=False)["input_ids"]  # one token: " the the the ..."
+    loop = [i for i in range(model.config.vocab_size) if i != word]
+    args, state = SimpleNamespace(output_dir=str(tmp_path)), TrainerState(is_world_process_zero=True)
+
+    def generator(prompt: str) -> SampleGenerator:
+        (tmp_path / "samples.jsonl").unlink(missing_ok=True)
+        ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
+        return SampleGenerator([ids], tokenizer, every=2, max_new_tokens=16, warn_at=0.5)
+
+    def round_at(step: int, looping: bool) -> float:
+        model.generation_config.suppress_tokens = loop if looping else None
+        state.global_step = step
+        return samples.generate(args, state, model)[0]["repetition"]
+
+    samples = generator("What is insulin?")
+    assert round_at(0, looping=False) > 0.5 and round_at(2, looping=False) > 0.5  # the base model loops, no more later
+    assert samples.flagged == [] and "samples warning" not in capsys.readouterr().err
+    samples = generator("Tell me about tides.")
+    assert round_at(0, looping=False) <= 0.5 and round_at(2, looping=True) > 0.5  # training made it loop
+    assert [r["step"] for r in samples.flagged] == [2]
+    assert "samples warning step 2: prompt 0 repeats itself" in capsys.readouterr().err
