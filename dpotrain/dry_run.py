@@ -82,7 +82,8 @@ def summary(resolved: dict, json_file: Path | None, heading: str | None = None) 
     if d.get("total_steps") is not None:
         n = resolved["num_train_epochs"]
         epochs = "" if resolved["max_steps"] > 0 else f" ({n:g} epoch{'s' * (n != 1)})"
-        row("steps", f"{d['total_steps']:,} optimizer steps{epochs}, {d['warmup_steps']:,} of warmup")
+        total = d["total_steps"]
+        row("steps", f"{total:,} optimizer step{'s' * (total != 1)}{epochs}, {d['warmup_steps']:,} of warmup")
     else:
         row("steps", "counted when the run loads the data set (a dry run reads only local files)")
     per_node = memory.get("gpus_per_node")

@@ -215,7 +215,7 @@ def load_data(recipe, found: Launch, say: bool = True, state=None) -> Data:
     if say and not found.planning:  # the data's content, recorded: a rerun on changed data refuses to resume
         checked["data_identity"] = data_identity.of(script.dataset_name, script.dataset_train_split) or (
             hub_revision.identity(revision))  # fmt: skip
-    options.check_plan(steps)
+    options.check_plan(steps, recipe.training.max_steps)
     return Data(dataset, eval_dataset, steps, checked)
 
 
@@ -243,7 +243,7 @@ def _load_mixture(recipe, found: Launch, say: bool) -> Data:
     checked["data_sources"] = mix.records
     eval_dataset = _load_eval(recipe, checked, say)
     steps = resolve.plan_steps(recipe, found.data_parallel, len(train))
-    options.check_plan(steps)
+    options.check_plan(steps, recipe.training.max_steps)
     return Data(train, eval_dataset, steps, checked, mix)
 
 

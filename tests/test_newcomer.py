@@ -288,3 +288,20 @@ def test_a_base_model_that_loops_already_is_no_collapse_and_a_run_that_starts_lo
     assert round_at(0, looping=False) <= 0.5 and round_at(2, looping=True) > 0.5  # training made it loop
     assert [r["step"] for r in samples.flagged] == [2]
     assert "samples warning step 2: prompt 0 repeats itself" in capsys.readouterr().err
+
+
+# --- 16: smaller stumbles ---------------------------------------------------------------------------------------------
+
+
+def test_max_steps_1_is_refused_with_advice_that_works(tmp_path, capsys):
+    with pytest.raises(SystemExit) as ended:
+        run_cli(lambda: train_dpo.main(["--config", SMOKE, "--output_dir", str(tmp_path / "run"), "--max_steps", "1",
+                                        "--dry-run"]))  # fmt: skip
+    assert ended.value.code == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        "error: --max_steps 1 with warmup trains nothing (a warmup's first step runs at learning rate 0): add "
+        "--warmup_steps 0 to train that step at the full learning rate, or pass --max_steps 2 or more"
+    )
+    out = dry_run(capsys, "--config", SMOKE, "--output_dir", str(tmp_path / "run"), "--max_steps", "1",
+                  "--warmup_steps", "0")  # fmt: skip
+    assert "  steps:         1 optimizer step, 0 of warmup" in out, out
