@@ -305,3 +305,20 @@ def test_max_steps_1_is_refused_with_advice_that_works(tmp_path, capsys):
     out = dry_run(capsys, "--config", SMOKE, "--output_dir", str(tmp_path / "run"), "--max_steps", "1",
                   "--warmup_steps", "0")  # fmt: skip
     assert "  steps:         1 optimizer step, 0 of warmup" in out, out
+
+
+def test_a_message_with_an_unknown_role_is_named_as_such(tmp_path, capsys):
+    import json
+
+    prompt = [{"role": "user", "content": "Name a colour."}]
+    row = {"prompt": prompt, "chosen": [{"role": "bot", "content": "Blue."}],
+           "rejected": [{"role": "bot", "content": "Seven."}]}  # fmt: skip
+    data = tmp_path / "pairs.jsonl"
+    data.write_text(json.dumps(row) + "\n")
+    with pytest.raises(SystemExit) as ended:
+        run_cli(lambda: train_dpo.main(["--config", SMOKE, "--output_dir", str(tmp_path / "run"), "--dataset_name",
+                                        str(data), "--dry-run"]))  # fmt: skip
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert ended.value.code == 2 and "another prompt" not in line, line
+    assert line.startswith("error: row 0, column 'chosen': message 0 has role 'bot', which chat templates do not know: "
+                           "use 'assistant' for the model's turns"), line  # fmt: skip
