@@ -322,3 +322,23 @@ def test_a_message_with_an_unknown_role_is_named_as_such(tmp_path, capsys):
     assert ended.value.code == 2 and "another prompt" not in line, line
     assert line.startswith("error: row 0, column 'chosen': message 0 has role 'bot', which chat templates do not know: "
                            "use 'assistant' for the model's turns"), line  # fmt: skip
+
+
+def test_help_shows_each_description_whole_and_says_what_push_to_hub_does_here(capsys):
+    import re
+
+    from dpotrain.recipe.config import parse_args
+
+    with pytest.raises(SystemExit):
+        parse_args(["--help"])
+    shown = capsys.readouterr().out
+    lines = [line for line in shown.splitlines() if line.startswith(("  --", " " * 34))]  # the options, not the usage
+    assert all(len(line) <= 120 and not line.endswith("...") for line in lines), shown
+    flags = [line.split()[0] for line in lines if line.startswith("  --")]
+    assert "--dataset_mixer_eval_list_splits" in flags and all(re.fullmatch(r"--[a-z0-9_-]+", f) for f in flags), flags
+    assert "every time the model is saved" not in shown
+    assert "--push_to_hub                   Push the final model to the Hub once training ends" in shown
+    # Every option --help lists is documented in docs/ (or the README).
+    docs = "".join(p.read_text() for p in [ROOT / "README.md", *(ROOT / "docs").glob("*.md")])
+    own = [f for f in flags if f.startswith("--") and f not in ("--dry-run", "--json", "--config")]
+    assert [f for f in own if f[2:] not in docs] == []
