@@ -49,8 +49,8 @@ def to_markdown(report: dict, current_max_length: int | None = None) -> str:
         f"(P + C) + (P + R); with the prompt computed once per pair, P + C + R; both per pair and against "
         f"max_length={best:,}. *Price*: what this row costs over the row above per 1% more pairs made whole, in packed "
         f"compute as a share of the recommended row's (+0.50% per 1%: ten more pairs in a hundred whole for 5% more "
-        f"compute; — where none is made whole). Padded batches (TRL's DataCollatorForPreference, {batch} pairs = {2 * batch} sequences "
-        "padded to the longest) would also run the padding shown.",
+        f"compute; — where none is made whole). Padded batches (TRL's DataCollatorForPreference, {batch} pairs = "
+        f"{2 * batch} sequences padded to the longest) would also run the padding shown.",
         "",
         "| max_length | Covered | Truncated | Dropped (prompt fills it) | Packed per pair | vs recommended "
         "| Prompt once: per pair | vs recommended | Price | Padded: padding (shuffled) | (data set order) |",
@@ -78,7 +78,9 @@ def to_markdown(report: dict, current_max_length: int | None = None) -> str:
 
 def _per_point(compute: float, coverage: float) -> str:
     """The same trade in the Price column's unit: compute per 1% more pairs whole."""
-    return f", {compute / coverage / 100:+.2%} per 1% more pairs whole (the Price column's unit)" if coverage > 0 else ""
+    if coverage <= 0:
+        return ""
+    return f", {compute / coverage / 100:+.2%} per 1% more pairs whole (the Price column's unit)"
 
 
 def _rationale(report: dict, current_max_length: int | None, batch: int) -> list[str]:
