@@ -362,3 +362,29 @@ def test_the_analyzers_price_and_its_rationale_speak_one_unit():
     assert f"| {per_point} per 1% |" in row, row
     assert f"for +5.3% packed compute (+6.1% with the prompt once), {per_point} per 1% more pairs whole (the Price " \
            "column's unit)" in text, text  # fmt: skip
+
+
+def test_a_relative_dataset_name_of_a_slurm_job_is_where_the_user_submitted_and_a_miss_says_where_it_looked(
+    tmp_path, capsys, monkeypatch
+):
+    """scripts/dpo_train.sh runs the job in the project and names the folder it was submitted from
+    (DPOTRAIN_SUBMIT_DIR): `sbatch /path/to/dpotrain/scripts/dpo_train.sh --dataset_name my_pairs.jsonl` from the
+    user's folder trains on that folder's file."""
+    import shutil
+
+    submitted = tmp_path / "mine"
+    submitted.mkdir()
+    shutil.copy(ROOT / "data" / "smoke_prefs.jsonl", submitted / "my_pairs.jsonl")
+    monkeypatch.setenv("DPOTRAIN_SUBMIT_DIR", str(submitted))
+    monkeypatch.chdir(ROOT)  # where the job runs
+    out = dry_run(capsys, "--config", SMOKE, "--output_dir", str(tmp_path / "run"), "--dataset_name", "my_pairs.jsonl")
+    assert f"  data:          {submitted / 'my_pairs.jsonl'} (split train): 384 rows" in out, out
+    with pytest.raises(SystemExit) as ended:
+        run_cli(lambda: train_dpo.main(["--config", SMOKE, "--output_dir", str(tmp_path / "run"), "--dataset_name",
+                                        "nope.jsonl", "--dry-run"]))  # fmt: skip
+    assert ended.value.code == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        f"error: dataset 'nope.jsonl' does not exist (looked in {ROOT} and {submitted} (where the job was submitted)): "
+        "check the path, or give a Hub name like org/dataset"
+    )
+    assert "DPOTRAIN_SUBMIT_DIR=${SLURM_SUBMIT_DIR:-$PWD}" in (ROOT / "scripts" / "dpo_train.sh").read_text()

@@ -443,6 +443,8 @@ def parse_args(argv: list[str] | None = None) -> Recipe:
         training.padding_free = True  # this project's default: packed sequences (TRL's is False)
     on_command_line = {options[a.split("=")[0]].dest for a in argv if a.split("=")[0] in options}
     replaced = _command_line_batch_wins(training, project, on_command_line)
+    if "dataset_name" in on_command_line:
+        script.dataset_name = _from_submit_dir(script.dataset_name)
     if on_command_line & {"datasets", "dataset_mixer_list"} and "dataset_name" not in on_command_line:
         script.dataset_name = None  # a mixture on the command line replaces the recipe file's one data set
     if "output_dir" in on_command_line and "run_name" not in on_command_line:
@@ -450,6 +452,16 @@ def parse_args(argv: list[str] | None = None) -> Recipe:
         # its own default folder (transformers, too, names a run after its output_dir).
         training.run_name = Path(training.output_dir).resolve().name
     return Recipe(script, training, model, project, config_path, max_length_auto, given, replaced, typed)
+
+
+def _from_submit_dir(name: str | None) -> str | None:
+    """A relative path on the command line of a Slurm job means the folder the user submitted from
+    (DPOTRAIN_SUBMIT_DIR, set by scripts/dpo_train.sh), not the project folder the job runs in."""
+    submitted = os.environ.get("DPOTRAIN_SUBMIT_DIR")
+    if not name or not submitted or Path(name).expanduser().is_absolute():
+        return name
+    there = Path(submitted) / name
+    return str(there) if there.exists() else name
 
 
 def _without_secrets(argv: list[str]) -> tuple[str, ...]:
