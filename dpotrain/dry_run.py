@@ -36,7 +36,9 @@ def write_json(resolved: dict, output_dir: str) -> Path:
 def asked(argv: list[str]) -> bool:
     """`--dry-run` on the command line, before the arguments are parsed (what libraries print while they are goes to
     stderr too)."""
-    return any(arg.split("=")[0] in ("--dry-run", "--dry_run") for arg in argv)
+    from dpotrain.recipe.config import dry_run_asked
+
+    return dry_run_asked(argv)
 
 
 def report(resolved: dict, output_dir: str, as_json: bool, stdout=None) -> None:

@@ -388,3 +388,18 @@ def test_a_relative_dataset_name_of_a_slurm_job_is_where_the_user_submitted_and_
         "check the path, or give a Hub name like org/dataset"
     )
     assert "DPOTRAIN_SUBMIT_DIR=${SLURM_SUBMIT_DIR:-$PWD}" in (ROOT / "scripts" / "dpo_train.sh").read_text()
+
+
+@pytest.mark.parametrize("spelling", [["--dry_run=true"], ["--dry_run", "true"], ["--dry-run=True"], ["--dry_run"]])
+def test_one_dry_run_flag_however_it_is_spelled(spelling, capsys, no_credentials):
+    """A bf16 recipe on a machine without a GPU: every spelling plans, none meets transformers' bf16/GPU check."""
+    from dpotrain import dry_run as dry
+
+    assert dry.asked(spelling) and not dry.asked(["--dry_run=false"]) and not dry.asked(["--dry_run", "no"])
+    with pytest.raises(SystemExit) as ended:
+        run_cli(lambda: train_dpo.main(["--config", "configs/instruct.yaml", "--model_name_or_path",
+                                        "configs/models/olmo3-7b", "--output_dir", "/tmp/newcomer-instruct",
+                                        *spelling]))  # fmt: skip
+    out, err = capsys.readouterr()
+    assert ended.value.code in (None, 0), err
+    assert "memory/GPU:    ~" in out and "bf16/gpu" not in err

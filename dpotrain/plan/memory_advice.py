@@ -121,7 +121,9 @@ class Option:
         import shlex
 
         words = ["python", "train_dpo.py", *command_line]
-        if not any(word.split("=")[0] in ("--dry-run", "--dry_run") for word in command_line):
+        from dpotrain.recipe.config import dry_run_asked
+
+        if not dry_run_asked(list(command_line)):
             words.append("--dry-run")
         words += ["--accelerate_config", self.config, *self.flags]
         return f"WORLD_SIZE={self.world} GPUS_PER_NODE={self.per_node} {shlex.join(words)}"

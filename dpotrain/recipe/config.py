@@ -430,7 +430,7 @@ def parse_args(argv: list[str] | None = None) -> Recipe:
     if remaining:
         flag = next((r for r in remaining if r.startswith("-")), remaining[0])
         raise ConfigError(f"unknown argument {flag!r}{_suggest(flag.split('=')[0], options)}; see --help")
-    planning = bool({"--dry_run", "--dry-run"} & set(argv))
+    planning = dry_run_asked(argv)
     try:
         with _gpu_checks_skipped() if planning else contextlib.nullcontext():
             dataclasses = parser.parse_args_into_dataclasses(args=tokens)
@@ -452,6 +452,23 @@ def parse_args(argv: list[str] | None = None) -> Recipe:
         # its own default folder (transformers, too, names a run after its output_dir).
         training.run_name = Path(training.output_dir).resolve().name
     return Recipe(script, training, model, project, config_path, max_length_auto, given, replaced, typed)
+
+
+TRUE, FALSE = ("true", "yes", "1", "t", "y"), ("false", "no", "0", "f", "n")  # as transformers' string_to_bool
+
+
+def dry_run_asked(argv: list[str]) -> bool:
+    """A dry run on the command line however it is spelled: --dry-run, --dry_run, --dry_run=true, --dry-run true
+    (the one decision the whole run follows: its GPU checks are skipped, libraries print to stderr)."""
+    for i, word in enumerate(argv):
+        flag, _, value = word.partition("=")
+        if flag not in ("--dry-run", "--dry_run"):
+            continue
+        if not value and i + 1 < len(argv) and argv[i + 1].lower() in TRUE + FALSE:
+            value = argv[i + 1]
+        if value.lower() not in FALSE:
+            return True
+    return False
 
 
 def _from_submit_dir(name: str | None) -> str | None:
