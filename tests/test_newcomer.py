@@ -403,3 +403,22 @@ def test_one_dry_run_flag_however_it_is_spelled(spelling, capsys, no_credentials
     out, err = capsys.readouterr()
     assert ended.value.code in (None, 0), err
     assert "memory/GPU:    ~" in out and "bf16/gpu" not in err
+
+
+def test_a_job_ends_at_its_dry_run_on_what_the_run_would_refuse(tmp_path):
+    """scripts/launch.sh plans the job with a dry run first; what the run would refuse ends the job there, in
+    seconds, with the run's own line, before any process starts (the dry run itself now plans past it)."""
+    import os
+    import subprocess
+
+    env = {k: v for k, v in os.environ.items() if k not in ("WANDB_MODE", "WANDB_API_KEY") and
+           not k.startswith("SLURM_")}  # fmt: skip
+    env |= {"HOME": str(tmp_path), "NETRC": str(tmp_path / "no-netrc"), "RECIPE": "configs/smoke.yaml",
+            "DPOTRAIN_BUILTIN_DIR": str(tmp_path / "builtin")}  # fmt: skip
+    result = subprocess.run(["bash", "scripts/launch.sh", "--report_to", "wandb", "--output_dir",
+                             str(tmp_path / "run")], cwd=ROOT, env=env, capture_output=True, text=True,
+                            timeout=300)  # fmt: skip
+    assert result.returncode == 2, result.stdout[-2000:] + result.stderr[-2000:]
+    assert result.stderr.strip().splitlines()[-1].startswith("error: report_to wandb but no W&B login"), result.stderr
+    assert "batch: 8 pairs per step" in result.stdout  # planned, then ended
+    assert not (tmp_path / "run").exists()  # no process started: the run would have made its folder
