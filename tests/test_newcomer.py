@@ -248,7 +248,8 @@ def test_no_progress_bar_for_saving_or_an_index_and_no_collapse_warning_before_t
 def test_one_process_logs_its_tokens_per_second_once(short_run):
     import json
 
-    _, out = short_run
+    text, out = short_run
+    assert "tokens/s over 1 process(es) in " in text and "per process)" not in text, text[-3000:]  # the reference
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert all("tokens_per_second" in r and "tokens_per_second_per_gpu" not in r for r in records), records
 
