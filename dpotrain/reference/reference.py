@@ -579,7 +579,7 @@ def _gather_and_keep(accelerator, store, ident, digests, attempt: str, mine: tup
 
 
 def _with_columns(dataset, chosen: np.ndarray, rejected: np.ndarray):
-    from dpotrain.train.trainer import quiet_progress_bars
+    from dpotrain.recipe.writes import quiet_progress_bars
 
     for column in ("ref_chosen_logps", "ref_rejected_logps"):
         if column in dataset.column_names:

@@ -38,6 +38,7 @@ from dpotrain.forwards.choice import ForwardChoice, decide_forward, padded_inste
 from dpotrain.plan import layers, plan
 from dpotrain.plan.plan_stage import RunPlan
 from dpotrain.recipe.config import Recipe
+from dpotrain.recipe.writes import quiet_progress_bars
 from dpotrain.train import disk_full, losses, step_log
 from dpotrain.train.checkpoints import CompleteMarker, clear_for_save
 from dpotrain.train.health import HealthGuard
@@ -609,24 +610,6 @@ class RecipeDPOTrainer(DPOTrainer):
         for name, value in self.pair_metrics.reduce(mode, self.accelerator.device).items():
             self._metrics[mode][name].append(value)
         super().log(logs, start_time)
-
-
-@contextlib.contextmanager
-def quiet_progress_bars():
-    """transformers' and datasets' progress bars off for a moment (saving, an index rewrite), as they were after."""
-    import datasets
-    from transformers.utils import logging as hf_logging
-
-    bars = hf_logging.is_progress_bar_enabled(), datasets.is_progress_bar_enabled()
-    hf_logging.disable_progress_bar()
-    datasets.disable_progress_bars()
-    try:
-        yield
-    finally:
-        if bars[0]:
-            hf_logging.enable_progress_bar()
-        if bars[1]:
-            datasets.enable_progress_bars()
 
 
 def build_trainer(recipe: Recipe, train_dataset, eval_dataset=None, callbacks=(), stop: GracefulStop | None = None,
