@@ -80,7 +80,8 @@ def run(argv, stop: GracefulStop) -> int | None:
         output = stages.output_checks(recipe, found, push)  # resume, start afresh or refuse; token, W&B, offline
         if found.planning:  # the dry run: the run's first half, then its record instead of training
             first = stages.first_half(recipe, found)
-            resolved = push.record(resolve.resolved_config(recipe, first.record()))
+            derived = first.record() | output.record(recipe.training.output_dir)  # and what the run would refuse
+            resolved = push.record(resolve.resolved_config(recipe, derived))
             return dry_run.report(resolved, recipe.training.output_dir, recipe.project.json, stdout)
     state = engine.start_processes(recipe.training, found.engine)  # the first process group, with every timeout
     if not recipe.project.reference_only:  # one run per output folder, taken before anything is written there

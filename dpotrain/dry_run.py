@@ -36,7 +36,9 @@ def write_json(resolved: dict, output_dir: str) -> Path:
 def asked(argv: list[str]) -> bool:
     """`--dry-run` on the command line, before the arguments are parsed (what libraries print while they are goes to
     stderr too)."""
-    return any(arg.split("=")[0] in ("--dry-run", "--dry_run") for arg in argv)
+    from dpotrain.recipe.config import dry_run_asked
+
+    return dry_run_asked(argv)
 
 
 def report(resolved: dict, output_dir: str, as_json: bool, stdout=None) -> None:
@@ -93,7 +95,8 @@ def summary(resolved: dict, json_file: Path | None, heading: str | None = None) 
     if d.get("total_steps") is not None:
         n = resolved["num_train_epochs"]
         epochs = "" if resolved["max_steps"] > 0 else f" ({n:g} epoch{'s' * (n != 1)})"
-        row("steps", f"{d['total_steps']:,} optimizer steps{epochs}, {d['warmup_steps']:,} of warmup")
+        total = d["total_steps"]
+        row("steps", f"{total:,} optimizer step{'s' * (total != 1)}{epochs}, {d['warmup_steps']:,} of warmup")
     else:
         row("steps", "counted when the run loads the data set (a dry run reads only local files)")
     per_node = memory.get("gpus_per_node")
@@ -105,7 +108,7 @@ def summary(resolved: dict, json_file: Path | None, heading: str | None = None) 
         row("sequence", f"each micro-batch split over a group of {n} processes (--sequence_parallel_size {n}): "
             f"{ranks} data-parallel rank{'s' * (ranks > 1)} (processes / {n}) read the pairs")  # fmt: skip
     over = "all processes" if n == 1 else f"{ranks} data-parallel rank{'s' * (ranks > 1)}"
-    row("per step", f"{d['pairs_per_step']} pairs, over {over}")
+    row("per step", f"{d['pairs_per_step']} pairs, over {over}{replaced_text(d, d['pairs_per_step'])}")
     budget = resolved.get("max_tokens_per_microbatch")
     if "micro_batches_per_step" in batching:
         per = batching["micro_batches_per_step"]
@@ -130,9 +133,23 @@ def summary(resolved: dict, json_file: Path | None, heading: str | None = None) 
     lines += _memory_lines(memory, row)
     if resolved.get("compile_layers"):
         row("compile", "each decoder layer (compile_layers): the first steps compile (dpotrain/plan/layers.py)")
+    if "output_folder" in d:  # a dry run: what the run would do with its folder
+        row("output", d["output_folder"])
     if json_file is not None:
         row("everything", f"{json_file} (or --json prints it)")
+    # Last, where the eye lands: what the run itself would refuse (a login missing on a login node, the folder).
+    lines += [f"warning: the run would refuse: {refusal}" for refusal in d.get("would_refuse") or []]
     return "\n".join(lines)
+
+
+def replaced_text(derived: dict, pairs: int) -> str:
+    """'; NOT the recipe's 128: --per_device_train_batch_size on the command line replaced it (--pairs_per_step 128
+    --max_tokens_per_microbatch none keeps it, in micro-batches of that many pairs)'."""
+    replaced = derived.get("recipe_batching_replaced")
+    if not replaced or replaced.get("pairs_per_step") in (None, pairs):
+        return ""
+    keep = f" ({replaced['keep']} keeps it, in micro-batches of that many pairs)" if replaced.get("keep") else ""
+    return f"; NOT the recipe's {replaced['pairs_per_step']}: {replaced['by']} on the command line replaced it{keep}"
 
 
 def forward_text(forward: dict) -> str:

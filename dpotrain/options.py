@@ -179,7 +179,7 @@ def check_wandb_reachable(recipe: Recipe) -> None:
                           "pass --report_to none") from None  # fmt: skip
 
 
-def check_plan(plan: dict) -> None:
+def check_plan(plan: dict, max_steps: int = -1) -> None:
     """A run whose every optimizer step has learning rate 0 (or that has none) would be saved as if it had trained.
 
     transformers' schedules give step 1 the rate 0 whenever there is warmup, so with one step nothing changes.
@@ -187,9 +187,15 @@ def check_plan(plan: dict) -> None:
     total, warmup = plan.get("total_steps"), plan.get("warmup_steps") or 0
     if total is None:
         return
+    if total == 1 and warmup >= 1 and max_steps == 1:  # "--max_steps N" is no advice to one who asked for one step
+        raise ConfigError(
+            "--max_steps 1 with warmup trains nothing (a warmup's first step runs at learning rate 0): add "
+            "--warmup_steps 0 to train that step at the full learning rate, or pass --max_steps 2 or more"
+        )
     if total == 0 or (total == 1 and warmup >= 1):
         raise ConfigError(
             f"this run would train nothing: {total} optimizer step(s), {warmup} of warmup (learning rate 0 at step 1) "
             f"from {plan.get('dataset_rows')} rows at {plan.get('pairs_per_step')} pairs per step: use more data, "
-            "a smaller per_device_train_batch_size / pairs_per_step, more num_train_epochs, or --max_steps N"
+            "a smaller per_device_train_batch_size / pairs_per_step, more num_train_epochs, or --max_steps N (2 or "
+            "more; or --warmup_steps 0 for one step at the full learning rate)"
         )

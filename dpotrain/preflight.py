@@ -243,7 +243,7 @@ def _judge(report: dict, gap: np.ndarray, gap_tok: np.ndarray, th: Thresholds) -
             flag(
                 level,
                 f"{what}; median {median:.3g}: the base model finds the chosen responses far LESS likely than "
-                "the rejected ones (001: -960 summed, -4.4/token; every learning rate failed)",
+                "the rejected ones (a run at -960 summed, -4.4 per token failed at every learning rate)",
                 "SFT the model on the chosen responses first (or pick a base model that already writes that way), "
                 "then run this preflight again",
             )

@@ -106,6 +106,20 @@ def plan_batch(recipe: Recipe, world: int) -> None:
 class OutputPlan:
     resume_from: str | None  # a complete checkpoint to resume from
     start_afresh: bool  # remove what output_dir holds before training
+    # A dry run: what the run would refuse (credentials, the output folder), each the refusal's own line; a run refuses.
+    would_refuse: tuple[str, ...] = ()
+
+    def record(self, output_dir: str) -> dict:
+        """What the run would do with its folder, and what it would refuse: for a dry run's summary."""
+        if self.resume_from:
+            folder = f"{output_dir}: an unfinished run, which the run resumes from {self.resume_from}"
+        elif self.start_afresh:
+            folder = f"{output_dir}: replaced by the run (--overwrite_output_dir: the old run's own files only)"
+        elif any(output_dir in refusal for refusal in self.would_refuse):
+            folder = f"{output_dir}: refused by the run (below)"
+        else:
+            folder = f"{output_dir}: the run starts there" + ("" if Path(output_dir).is_dir() else " (new)")
+        return {"output_folder": folder, "would_refuse": list(self.would_refuse)}
 
 
 # Settings a resumed run must share with the run that wrote its checkpoint; others (output_dir, run_name, logging,
@@ -251,5 +265,7 @@ def resolved_config(recipe: Recipe, derived: dict) -> dict:
         per_step = derived["batching"]["micro_batches_per_step"]
         resolved["gradient_accumulation_steps"] = per_step["min"] if per_step["min"] == per_step["max"] else None
     resolved["config"] = recipe.config_path
+    if recipe.replaced_batching:  # batch flags replaced the recipe's pairs per step: said where people look
+        derived = {**derived, "recipe_batching_replaced": recipe.replaced_batching}
     resolved["derived"] = derived
     return resolved

@@ -65,6 +65,15 @@ def analyze_command(recipe) -> str:
     return shlex.join(words)
 
 
+def analyze_hint(recipe) -> str:
+    """How to see now what the run decides from the token lengths: the analyzer's command, then the dry run again; or,
+    for a model folder without a tokenizer (configs/models/*), that the lengths need the model's tokenizer."""
+    model = recipe.model.model_name_or_path or ""
+    if lengths.holds_no_tokenizer(model):
+        return f"{model} holds no tokenizer to measure them with: dry-run your own model to see them now"
+    return f"to see it now: {analyze_command(recipe)}, then this dry run again"
+
+
 # --- checks -----------------------------------------------------------------------------------------------------------
 
 
@@ -131,18 +140,33 @@ def checks(recipe) -> Launch:
 def output_checks(recipe, found: Launch, push) -> resolve.OutputPlan:
     """The batch per step for this world size, and the run's outputs: reference cache writable, push token, W&B,
     output folder (resume, start afresh or refuse), offline files. The Hub's write-access check asks the network: the
-    run makes it, once, on its main process; a dry run does not."""
+    run makes it, once, on its main process; a dry run does not.
+
+    A dry run shows its plan where the run would refuse for a missing login or its output folder (a login node before
+    credentials, a folder the demo filled): it lists those refusals instead, each as the run would say it."""
     resolve.plan_batch(recipe, found.data_parallel)
     training, only_reference = recipe.training, recipe.project.reference_only
+    refusals: list[str] = []
+
+    def check(step, *args):
+        try:
+            return step(*args)
+        except ConfigError as refused:
+            if not found.planning:
+                raise
+            refusals.append(str(refused))
+            return None
+
     if not only_reference:  # a file, or a folder of files but no run: refused (output_folder.py); a held lock too
-        output_folder.check(training.output_dir, lock=not found.planning)
+        check(output_folder.check, training.output_dir, not found.planning)
     if not uses_live_reference(recipe):
         from dpotrain.reference import reference
 
         reference.check_writable()  # the reference stage saves as it goes
+    check(lengths.check_tokenizer_folder, recipe.model.model_name_or_path or "")  # configs/models/*: a shape only
     if not only_reference:
-        push.check_token()
-        options.check_wandb(recipe)
+        check(push.check_token)
+        check(options.check_wandb, recipe)
         if not found.planning and int(os.environ.get("RANK", "0")) == 0:  # the process that logs to W&B
             options.check_wandb_reachable(recipe)
         if push.requested and not found.planning and int(os.environ.get("RANK", "0")) == 0:  # one whoami per run
@@ -152,15 +176,17 @@ def output_checks(recipe, found: Launch, push) -> resolve.OutputPlan:
     pairs = recipe.project.pairs_per_step or (
         training.per_device_train_batch_size * training.gradient_accumulation_steps * found.data_parallel
     )
-    plan = resolve.OutputPlan(None, False) if only_reference else resolve.check_output_dir(recipe, pairs)
+    plan = resolve.OutputPlan(None, False)
+    if not only_reference:
+        plan = check(resolve.check_output_dir, recipe, pairs) or plan
     kept = None if plan.start_afresh else hub_revision.keep(recipe, training.output_dir)  # the data's commit
     if kept and int(os.environ.get("RANK", "0")) == 0:
         print(f"Resuming on {kept}", flush=True)
     resume.check_partitions(plan.resume_from, found.world, found.engine)  # the engine and processes that wrote it
-    output_folder.check_plan(training.output_dir, plan.start_afresh)
+    check(output_folder.check_plan, training.output_dir, plan.start_afresh)
     if not found.planning:  # a dry run says what it could not decide without them, and the command that decides it
         offline.check_offline_artifacts(recipe)  # with HF_HUB_OFFLINE: model, tokenizer and data set must be cached
-    return plan
+    return resolve.OutputPlan(plan.resume_from, plan.start_afresh, tuple(refusals))
 
 
 # --- data -------------------------------------------------------------------------------------------------------------
@@ -206,7 +232,7 @@ def load_data(recipe, found: Launch, say: bool = True, state=None) -> Data:
     if say and not found.planning:  # the data's content, recorded: a rerun on changed data refuses to resume
         checked["data_identity"] = data_identity.of(script.dataset_name, script.dataset_train_split) or (
             hub_revision.identity(revision))  # fmt: skip
-    options.check_plan(steps)
+    options.check_plan(steps, recipe.training.max_steps)
     return Data(dataset, eval_dataset, steps, checked)
 
 
@@ -254,7 +280,7 @@ def _load_mixture(recipe, found: Launch, say: bool) -> Data:
     checked["data_sources"] = mix.records
     eval_dataset = _load_eval(recipe, checked, say, template)
     steps = resolve.plan_steps(recipe, found.data_parallel, len(train))
-    options.check_plan(steps)
+    options.check_plan(steps, recipe.training.max_steps)
     return Data(train, eval_dataset, steps, checked, mix)
 
 
@@ -356,7 +382,8 @@ def measure_lengths(recipe, found: Launch, pairs: Data, model_path: str, state=N
         with state.main_process_first() if state is not None else nullcontext():
             measured, auto = _analyzer_cache(recipe, found, tokenizer, pairs.train)
     if recipe.max_length_auto and auto is None:
-        resolved = f"at start, by analysing the training split (to see it now: {analyze_command(recipe)})"
+        hint = analyze_hint(recipe).removesuffix(", then this dry run again")
+        resolved = f"at start, by analysing the training split ({hint})"
         auto = {"max_length": "auto", "target_coverage": p.auto_coverage, "cached": False, "resolved": resolved}
     elif auto is not None:
         t.max_length = auto["max_length"]
@@ -459,7 +486,7 @@ def _undecided(recipe, found: Launch, config) -> Forward:
     hidden = getattr(config.get_text_config(), "hidden_size", 4096)
     planned = choice.ForwardChoice(heaviest.packed, heaviest.share_prompt, hidden, heaviest.attention,
                                    "the candidate of heaviest masks", None, found.sequence_parallel)  # fmt: skip
-    decided = f"at start, from the data's lengths (to see it now: {analyze_command(recipe)}, then this dry run again)"
+    decided = f"at start, from the data's lengths ({analyze_hint(recipe)})"
     return Forward(planned, options, f"{name}: {heaviest.describe()}", decided)
 
 
@@ -474,8 +501,7 @@ def plan_batching(recipe, found: Launch, pairs: Data, pair_lengths: Lengths, for
     from dpotrain.plan import plan, plan_stage
 
     t, p = recipe.training, recipe.project
-    pending = {"planned": f"at start, from the token lengths (to see it now: {analyze_command(recipe)}, then this dry "
-                          "run again)"}  # fmt: skip
+    pending = {"planned": f"at start, from the token lengths ({analyze_hint(recipe)})"}
     f = forward.planned
     if f is None or t.max_length is None:
         return pending

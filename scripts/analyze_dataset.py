@@ -191,6 +191,7 @@ def analyze(args: argparse.Namespace) -> int:
         raise ConfigError(f"no tokenizer for {name!r}: pass --tokenizer NAME_OR_PATH or --config configs/<recipe>.yaml")
     template = args.chat_template_path or recipe.get("chat_template_path")
     chat_template.check(template)  # before anything loads
+    lengths.check_tokenizer_folder(tokenizer_name)  # configs/models/*: a shape, no tokenizer; said before anything
     recipe_max = recipe.get("max_length")
     current = recipe_max if isinstance(recipe_max, int) else None
     target = (

@@ -38,4 +38,6 @@ if [[ ! -f $root/scripts/launch.sh ]]; then
   root=$(cd "$(dirname "${submitted:-$0}")/.." && pwd)
 fi
 export DPOTRAIN_ROOT=$root
+# The job runs in the project; a relative --dataset_name means the folder it was submitted from (recipe/config.py).
+export DPOTRAIN_SUBMIT_DIR=${SLURM_SUBMIT_DIR:-$PWD}
 exec bash "$root/scripts/launch.sh" "$@"

@@ -152,6 +152,11 @@ if "per_gpu_gib" in m:
     print(f"memory plan: ~{m['per_gpu_gib']['total']} GiB per GPU {gpu} under {m['engine']}")
 elif m:
     print(f"memory plan skipped: {m['skipped']}")
+# What the run would refuse (a login missing, the output folder): the dry run plans past it; the job ends here, in
+# seconds, with the run's own lines, instead of after starting every process.
+for refusal in d.get("would_refuse") or []:
+    print(f"error: {refusal}", file=sys.stderr)
+sys.exit(2 if d.get("would_refuse") else 0)
 PY
 
 # PREFLIGHT=1: the base model's gap between chosen and rejected on a sample, here on the batch node; a doomed run

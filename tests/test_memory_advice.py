@@ -12,7 +12,7 @@ from dpotrain.recipe.errors import ConfigError
 
 MODELS = ROOT / "configs" / "models"
 RECIPES = {"7b": ("think.yaml", "olmo3-7b"), "32b": ("think-32b.yaml", "olmo3-32b")}
-OPTION = re.compile(r"\[\d+\] (.*?) \(~([\d.]+) GiB\)(?:;|$| \(the plan)")
+OPTION = re.compile(r"\[\d+\] (.*?) \(~([\d.]+) GiB(?:; its dry run: ([^)]*))?\)(?:;|$| \(the plan)")
 SBATCH = re.compile(r"ACCELERATE_CONFIG=(\S+) sbatch --nodes=(\d+) --gpus-per-node=(\d+)")
 
 pytestmark = pytest.mark.skipif(
@@ -33,18 +33,23 @@ def refusal(argv: list[str]) -> str:
 
 
 def options(error: str) -> list[tuple[list[str], dict, float]]:
-    """Each printed option as (flags to add, environment of the launch it names, its GiB): an sbatch line becomes
-    what scripts/launch.sh gives its own dry run (--accelerate_config, WORLD_SIZE, GPUS_PER_NODE)."""
+    """Each printed option as (flags to add, environment of the launch it names, its GiB): an sbatch line comes with
+    the dry run that checks it, as scripts/launch.sh plans the job (WORLD_SIZE, GPUS_PER_NODE, --accelerate_config):
+    its flags after the refused command's are what it adds, the environment it names what it sets."""
     assert "these fit: " in error, error
     found = []
-    for text, gib in OPTION.findall(error.split("these fit: ", 1)[1]):
+    for text, gib, check in OPTION.findall(error.split("these fit: ", 1)[1]):
         flags = shlex.split(text.split("`")[1]) if "`" in text else []
         env = {}
         launch = SBATCH.search(text)
         if launch:
             config, nodes, per_node = launch.groups()
-            flags += ["--accelerate_config", config]
             env = {"WORLD_SIZE": str(int(nodes) * int(per_node)), "GPUS_PER_NODE": per_node}
+            words = shlex.split(check)
+            assert words[:2] == [f"WORLD_SIZE={env['WORLD_SIZE']}", f"GPUS_PER_NODE={per_node}"], check
+            added = words[words.index("--accelerate_config") :]
+            assert added == ["--accelerate_config", config, *flags], check
+            flags = added
         found.append((flags, env, float(gib)))
     assert found, error
     return found
@@ -80,9 +85,8 @@ def test_a_lever_already_pulled_is_not_offered_again(tmp_path):
     is another change."""
     lora = ["--use_peft", "true", "--lora_target_modules", "all-linear"]
     error = refusal(command("7b", 24, tmp_path, *lora))
-    assert "--use_peft" not in error.split("these fit: ", 1)[1], error
-    for flags, env, _ in options(error):
-        assert flags or env, error
+    for flags, env, _ in options(error):  # what each option adds (its dry run repeats the command, LoRA and all)
+        assert (flags or env) and "--use_peft" not in flags, error
 
 
 def test_a_shorter_max_length_is_offered_only_where_nothing_keeps_the_pairs_whole(tmp_path):

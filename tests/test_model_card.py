@@ -35,7 +35,17 @@ def test_model_card_lists_the_loss_scale_rewards_when_logged():
     ]
     card = model_card({"run_name": "r"}, records)
     assert "| `rewards_norm/margins` | 1.2500 |" in card and "| `rewards/margins` | 210.0000 |" in card
-    assert "| `tokens_per_second` | 9000.0000 |" in card
+    assert "| `tokens_per_second` | 9,000.0 (mean of step 5) |" in card
+
+
+def test_the_cards_speed_is_the_runs_mean_over_its_steady_steps_not_the_last_steps():
+    """Steps of one run range widely (723-9,362 tokens/s in one); the first holds the warm-up."""
+    speeds = {1: 723.0, 2: 9362.0, 3: 8000.0, 4: 1200.0}
+    records = [{"step": s, "loss": 0.6, "tokens_per_second": v} for s, v in speeds.items()]
+    card = model_card({"run_name": "r"}, [*records, {"step": 4, "eval_loss": 0.6}])
+    mean = (9362 + 8000 + 1200) / 3
+    assert f"| `tokens_per_second` | {mean:,.1f} (mean of 3 logging steps, 2-4; the first, with the warm-up, " \
+           "left out) |" in card, card  # fmt: skip
 
 
 def test_card_lists_the_checkpoint_branches_on_the_hub(tmp_path):

@@ -31,8 +31,14 @@ def test_the_demo_prints_no_warning_to_ignore_and_a_short_readable_start(demo_ru
     _, _, result = demo_run
     out = result.stdout
     assert result.returncode == 0, out[-3000:]
-    for noise in ("eos_token_id must be", "'pin_memory' argument is set", "Resolved configuration:"):
+    for noise in ("eos_token_id must be", "'pin_memory' argument is set", "Resolved configuration:",
+                  "{'loss'", "{'train_runtime'", "Writing model shards", "Flattening the indices"):  # fmt: skip
         assert noise not in out, noise
+    # One readable line per logging step (dpotrain/train/step_log.py), as a trainer prints it.
+    import re
+
+    assert re.search(r"step 1/48  loss 0\.6931  acc \d\.\d\d  margin \S+  lr ", out), out[-3000:]  # above the bar
+    assert re.search(r"trained to step 48/48 in [\d.]+ s, mean loss \d\.\d{4}", out), out[-3000:]
     start = out[out.index("run of configs/smoke.yaml: all of it in") :].splitlines()
     assert start[1].startswith("  model:") and all(len(line) < 240 for line in start[1:10]), start[:10]
     assert "memory/GPU:    not planned: this recipe trains in fp32, and memory is planned for GPU runs in bf16" in out

@@ -171,7 +171,7 @@ def test_runs_that_train_nothing(args, rows, expected, tmp_path, monkeypatch, ca
         (["--model_name_or_path", "./no-such-model"], "model folder './no-such-model' does not exist"),
         (["--model_name_or_path", "outputs/sft/final"], "model folder 'outputs/sft/final' does not exist"),
         (["--model_name_or_path", "data/no-such-model"], "model folder 'data/no-such-model' does not exist"),
-        (["--dataset_name", "data/smoke_prefs.jsnl"], "dataset 'data/smoke_prefs.jsnl' does not exist: check the path"),
+        (["--dataset_name", "data/smoke_prefs.jsnl"], "dataset 'data/smoke_prefs.jsnl' does not exist (looked in"),
         (["--train_sampling_strategy", "group_by_length"], "group_by_length does not work on preference data"),
         (["--eval_strategy", "steps"], "has one split only: save a DatasetDict with a 'test' split"),
         (["--dataset_test_split", "validation"], "dataset_test_split 'validation' is only used for evaluation"),

@@ -13,6 +13,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from dpotrain.recipe.writes import quiet_progress_bars
+
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 SMOKE_DATASET = PROJECT_ROOT / "data" / "smoke_prefs.jsonl"
 BUILTIN_PREFIX = "builtin:"
@@ -82,7 +84,8 @@ def materialize_model(name: str, vocab_size: int = 1024, seed: int = 0) -> str:
     try:
         tokenizer = build_tokenizer(vocab_size)
         tokenizer.save_pretrained(tmp)
-        build_model(key, tokenizer, seed).save_pretrained(tmp)
+        with quiet_progress_bars():  # "Writing model shards": a bar for one small file
+            build_model(key, tokenizer, seed).save_pretrained(tmp)
         if (tmp / "model.safetensors").exists():
             try:
                 tmp.rename(target)

@@ -2,6 +2,7 @@
 
 import functools
 import json
+import os
 from pathlib import Path
 
 from dpotrain.recipe.errors import ConfigError
@@ -23,11 +24,20 @@ def is_local(name: str) -> bool:
     return path.suffix in LOCAL_SUFFIXES or looks_like_path(name) or path.exists()
 
 
+def looked_in(name: str) -> str:
+    """Where a relative path was looked for: here, and for a Slurm job the folder it was submitted from too."""
+    submitted = os.environ.get("DPOTRAIN_SUBMIT_DIR")
+    here = str(Path.cwd())
+    return here + (f" and {submitted} (where the job was submitted)" if submitted and submitted != here else "")
+
+
 def check_dataset_name(name: str | None) -> None:
     if not name:
         raise ConfigError("no dataset: set dataset_name in the recipe or pass --dataset_name (Hub name or local file)")
     if is_local(name) and not Path(name).expanduser().exists():
-        raise ConfigError(f"dataset {name!r} does not exist: check the path, or give a Hub name like org/dataset")
+        where = "" if Path(name).expanduser().is_absolute() else f" (looked in {looked_in(name)})"
+        raise ConfigError(f"dataset {name!r} does not exist{where}: check the path, or give a Hub name like "
+                          "org/dataset")  # fmt: skip
     path = Path(name).expanduser()
     if path.is_file() and path.suffix in LOCAL_SUFFIXES:
         check_file_kind(path)

@@ -574,6 +574,7 @@ def load_tokenizer(name_or_path: str, revision: str | None = None, chat_template
 
     if builtin.is_builtin(name_or_path):
         name_or_path = builtin.materialize_model(name_or_path)
+    check_tokenizer_folder(name_or_path)
     tokenizer = AutoTokenizer.from_pretrained(name_or_path, revision=revision, local_files_only=local_files_only)
     return chat_template.apply(tokenizer, chat_template_path)
 
@@ -584,6 +585,31 @@ def recipe_tokenizer(recipe, model_path: str | None = None, local_files_only: bo
     model = recipe.model
     return load_tokenizer(model_path or model.model_name_or_path, model.model_revision,
                           recipe.project.chat_template_path, local_files_only)  # fmt: skip
+
+
+# Files of which a saved tokenizer has at least one (fast or slow, BPE or SentencePiece).
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "spiece.model")
+
+
+def holds_no_tokenizer(name_or_path: str) -> bool:
+    """A local model folder with a config.json and no tokenizer file: configs/models/* (a model's shape, which plans
+    memory), or a folder saved without its tokenizer."""
+    path = Path(name_or_path).expanduser()
+    return (path / "config.json").is_file() and not any((path / f).is_file() for f in TOKENIZER_FILES)
+
+
+def no_tokenizer(name_or_path: str) -> str:
+    """What a model folder without a tokenizer is, and what to pass instead, in one line."""
+    return (f"model folder {name_or_path!r} holds no tokenizer (config.json alone: a model's shape, enough to plan "
+            "memory, not to tokenize): pass --model_name_or_path your model's Hub name (org/model) or the folder "
+            "save_pretrained wrote, with its tokenizer.json")  # fmt: skip
+
+
+def check_tokenizer_folder(name_or_path: str) -> None:
+    """Refuses a model folder without a tokenizer in one line (transformers says "Couldn't instantiate the backend
+    tokenizer from one of: ..." and names neither the folder nor the fix)."""
+    if holds_no_tokenizer(name_or_path):
+        raise ConfigError(no_tokenizer(name_or_path))
 
 
 def dataset_identity(

@@ -47,9 +47,10 @@ def to_markdown(report: dict, current_max_length: int | None = None) -> str:
         "",
         f"**Candidates.** Packed (the default) a pair costs the positions of its two sequences cut at max_length, "
         f"(P + C) + (P + R); with the prompt computed once per pair, P + C + R; both per pair and against "
-        f"max_length={best:,}. *Price*: extra packed compute per 1% of pairs made whole, against the row above "
-        f"(— where none is). Padded batches (TRL's DataCollatorForPreference, {batch} pairs = {2 * batch} sequences "
-        "padded to the longest) would also run the padding shown.",
+        f"max_length={best:,}. *Price*: what this row costs over the row above per 1% more pairs made whole, in packed "
+        f"compute as a share of the recommended row's (+0.50% per 1%: ten more pairs in a hundred whole for 5% more "
+        f"compute; — where none is made whole). Padded batches (TRL's DataCollatorForPreference, {batch} pairs = "
+        f"{2 * batch} sequences padded to the longest) would also run the padding shown.",
         "",
         "| max_length | Covered | Truncated | Dropped (prompt fills it) | Packed per pair | vs recommended "
         "| Prompt once: per pair | vs recommended | Price | Padded: padding (shuffled) | (data set order) |",
@@ -63,7 +64,7 @@ def to_markdown(report: dict, current_max_length: int | None = None) -> str:
         price = "—"
         if previous is not None and c["coverage"] > previous["coverage"]:
             extra = compute["relative"] - previous["compute"]["relative"]
-            price = f"{extra / (c['coverage'] - previous['coverage']) / 100:+.1%}"
+            price = f"{extra / (c['coverage'] - previous['coverage']) / 100:+.2%} per 1%"
         previous = c
         lines.append(
             f"| {int(k):,}{mark} | {c['coverage']:.1%} | {c['truncated']:,} ({c['truncated'] / n:.1%}) | "
@@ -73,6 +74,13 @@ def to_markdown(report: dict, current_max_length: int | None = None) -> str:
         )
     lines += _rationale(report, current_max_length, batch)
     return "\n".join(lines) + "\n"
+
+
+def _per_point(compute: float, coverage: float) -> str:
+    """The same trade in the Price column's unit: compute per 1% more pairs whole."""
+    if coverage <= 0:
+        return ""
+    return f", {compute / coverage / 100:+.2%} per 1% more pairs whole (the Price column's unit)"
 
 
 def _rationale(report: dict, current_max_length: int | None, batch: int) -> list[str]:
@@ -96,7 +104,8 @@ def _rationale(report: dict, current_max_length: int | None, batch: int) -> list
         f"{r['dropped']:,} are dropped by the trainer because their prompt alone fills it",
         f"- Packed, a longer max_length costs only the extra tokens of the longer pairs: doubling to "
         f"{doubled['max_length']:,} would leave {doubled['coverage'] - r['coverage']:.1%} more pairs whole for "
-        f"{doubled['compute']:+.1%} packed compute ({doubled['compute_shared_prompt']:+.1%} with the prompt once)",
+        f"{doubled['compute']:+.1%} packed compute ({doubled['compute_shared_prompt']:+.1%} with the prompt once)"
+        + _per_point(doubled["compute"], doubled["coverage"] - r["coverage"]),
         f"- Padded batches of {batch} pairs would add {chosen['padding']['padded']:.1%} padding "
         f"({chosen['padding']['wasted_per_pair']:,.0f} positions per pair); packed batches: none",
     ]

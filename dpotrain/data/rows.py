@@ -108,6 +108,11 @@ def check_row(row: dict, fmt: RowFormat) -> tuple[str, str] | None:
     return read_row(row, fmt)[1]
 
 
+# The roles chat templates render (OpenAI's, which transformers and TRL follow; `developer`, `function`, `ipython` and
+# `environment` are other templates' names for system and tool turns).
+ROLES = {"system", "user", "assistant", "tool", "developer", "function", "ipython", "environment"}
+
+
 def _check_value(value, conversational: bool) -> str | None:
     if value is None:
         return "missing (null)"
@@ -125,6 +130,9 @@ def _check_value(value, conversational: bool) -> str | None:
                 return f"message {i} has no {key!r}"
             if not isinstance(message[key], str):
                 return f"message {i} has a non-string {key!r} ({type(message[key]).__name__})"
+        if message["role"] not in ROLES:  # read as something else further on ("a prompt followed by another prompt")
+            return (f"message {i} has role {message['role']!r}, which chat templates do not know: use 'assistant' "
+                    "for the model's turns ('user', 'system', 'tool' for the others)")  # fmt: skip
     return None
 
 

@@ -174,7 +174,9 @@ def model_card(resolved: dict, records: list[dict], revisions: list[tuple[int, s
         recipe_rows += f"\n| pairs cut / dropped at max_length | {counted['truncated']} / {counted['dropped']} of " \
                        f"{counted['pairs']} |"  # fmt: skip
     last = next((r for r in reversed(records) if "loss" in r), {})  # a training record, not an evaluation
-    metric_rows = "\n".join(f"| `{k}` | {last[k]:.4f} |" for k in FINAL_METRICS if k in last) or "| (none logged) | |"
+    shown = [k for k in FINAL_METRICS if k in last and k != "tokens_per_second"]  # the speed: the run's (speed_row)
+    metric_rows = "\n".join(f"| `{k}` | {last[k]:.4f} |" for k in shown)
+    metric_rows = (metric_rows + "\n" + speed_row(records)).strip() or "| (none logged) | |"
     content = f"""---
 {data.to_yaml()}
 ---
@@ -266,6 +268,20 @@ repo: `AutoModelForCausalLM.from_pretrained("{repo_id}", revision="{revisions[-1
 |---|---|
 {rows}
 """
+
+
+def speed_row(records: list[dict]) -> str:
+    """The run's speed: the mean tokens/s of its logging steps but the first (the first micro-batch's warm-up and any
+    compilation fall in it), not the last step's alone (one step's figure ranges widely)."""
+    speeds = [(r["step"], r["tokens_per_second"]) for r in records if "loss" in r and "tokens_per_second" in r]
+    if not speeds:
+        return ""
+    steady = speeds[1:] or speeds
+    (first_step, _), (last_step, _) = steady[0], steady[-1]
+    steps = f"{len(steady)} logging steps, {first_step}-{last_step}" if len(steady) > 1 else f"step {first_step}"
+    first = "; the first, with the warm-up, left out" if len(speeds) > 1 else ""
+    mean = sum(v for _, v in steady) / len(steady)
+    return f"| `tokens_per_second` | {mean:,.1f} (mean of {steps}{first}) |"
 
 
 def write_model_card(output_dir: str | Path, resolved: dict, repo_id: str = "") -> Path:

@@ -104,7 +104,7 @@ class Option:
         """Fewer GPUs, more tokens per micro-batch, or a smaller sequence-parallel group (less exchanged per layer)."""
         return self.world < other.world or (self.tokens or 0) > (other.tokens or 0) or self.group < other.group
 
-    def text(self) -> str:
+    def text(self, command_line: tuple[str, ...] = ()) -> str:
         parts = []
         if self.moves_launch:
             launch = sbatch_line(self.config, self.nodes, self.per_node)
@@ -112,7 +112,21 @@ class Option:
             parts.append(f"{NAMES[self.engine]} fits on {self.world} GPUs ({nodes}: {launch})")
         if self.flags:
             parts.append(("with " if parts else "add ") + f"`{' '.join(self.flags)}`")
-        return f"{' '.join(parts)} (~{self.gib:.1f} GiB)"
+        check = f"; its dry run: {self.dry_run_line(command_line)}" if self.moves_launch and command_line else ""
+        return f"{' '.join(parts)} (~{self.gib:.1f} GiB{check})"
+
+    def dry_run_line(self, command_line: tuple[str, ...]) -> str:
+        """The dry run that checks this option's submission before it is made, as scripts/launch.sh plans the job: its
+        processes and node size (WORLD_SIZE, GPUS_PER_NODE) and accelerate config, with the option's flags."""
+        import shlex
+
+        words = ["python", "train_dpo.py", *command_line]
+        from dpotrain.recipe.config import dry_run_asked
+
+        if not dry_run_asked(list(command_line)):
+            words.append("--dry-run")
+        words += ["--accelerate_config", self.config, *self.flags]
+        return f"WORLD_SIZE={self.world} GPUS_PER_NODE={self.per_node} {shlex.join(words)}"
 
 
 class Advisor:
@@ -345,5 +359,6 @@ def advice(recipe, world: int, engine: Engine, attention: str | None, gpu_gib: f
                 f"tokens per micro-batch, activation checkpointing, ZeRO-3, FSDP2, sequence parallelism within a node, "
                 f"more nodes, LoRA, max_length down to {MIN_MAX_LENGTH}, and up to four of them together were "
                 "planned): plan for larger GPUs with --gpu_memory_gib")  # fmt: skip
-    listed = "; ".join(f"[{i}] {o.text()}" for i, o in enumerate(options, 1))
+    typed = getattr(recipe, "command_line", ())
+    listed = "; ".join(f"[{i}] {o.text(typed)}" for i, o in enumerate(options, 1))
     return f"these fit: {listed}"

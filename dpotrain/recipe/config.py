@@ -256,12 +256,12 @@ class ProjectArguments:
     )
     health_loss_floor: float = field(
         default=0.01,
-        metadata={"help": "Stop when the loss falls below this (001's collapsed runs: 0.006 -> 0.000). 0: off."},
+        metadata={"help": "Stop when the loss falls below this (a collapsing run's went 0.006 -> 0.000). 0: off."},
     )
     health_max_margin: float = field(
         default=5.0,
         metadata={
-            "help": "Stop when the reward margin on the loss's scale exceeds this (001: > 5 unstable, collapse at "
+            "help": "Stop when the reward margin on the loss's scale exceeds this (above 5 unstable, collapse seen at "
             "9-18; the sigmoid loss is already 0.007 at 5). 0: off."
         },
     )
@@ -276,7 +276,7 @@ class ProjectArguments:
         default=1024,
         metadata={
             "help": "Stop when reward accuracy is 1.0 on this many consecutive pairs within health_early_fraction of "
-            "training (8 steps of 128 pairs; too rare by chance on real pairs, common in 001's collapse). 0: off."
+            "training (8 steps of 128 pairs; too rare by chance on real pairs, common in a collapsing run). 0: off."
         },
     )
     health_early_fraction: float = field(
@@ -301,7 +301,7 @@ class ProjectArguments:
         default=0.5,
         metadata={
             "help": "Warn when a sample's repetition score (share of repeated word 3-grams) exceeds this: "
-            "001's collapsed model said 'hormonal hormonal hormonal'."
+            "a collapsed model's samples read 'hormonal hormonal hormonal'."
         },
     )
 
@@ -315,6 +315,11 @@ class Recipe:
     config_path: str | None
     max_length_auto: bool
     given: set[str]  # the fields set by the recipe or the command line, not left at their defaults
+    # The recipe's pairs per step and token budget where batch flags on the command line replaced them, with the flags
+    # that keep them (`_command_line_batch_wins`): the dry run's summary and the run's first lines say so.
+    replaced_batching: dict | None = None
+    # The command line as typed (a --hub_token's value left out): what a printed command that checks a change repeats.
+    command_line: tuple[str, ...] = ()
 
 
 def make_parser():
@@ -406,6 +411,7 @@ def _known_options() -> dict:
 
 def parse_args(argv: list[str] | None = None) -> Recipe:
     argv = list(sys.argv[1:] if argv is None else argv)
+    typed = _without_secrets(argv)
     parser = make_parser()
     options = _options(parser)
     if {"-h", "--help"} & set(argv):  # what users type first; every field one flag away
@@ -433,7 +439,7 @@ def parse_args(argv: list[str] | None = None) -> Recipe:
     if remaining:
         flag = next((r for r in remaining if r.startswith("-")), remaining[0])
         raise ConfigError(f"unknown argument {flag!r}{_suggest(flag.split('=')[0], options)}; see --help")
-    planning = bool({"--dry_run", "--dry-run"} & set(argv))
+    planning = dry_run_asked(argv)
     try:
         with _gpu_checks_skipped() if planning else contextlib.nullcontext():
             dataclasses = parser.parse_args_into_dataclasses(args=tokens)
@@ -445,29 +451,83 @@ def parse_args(argv: list[str] | None = None) -> Recipe:
     if "padding_free" not in given:
         training.padding_free = True  # this project's default: packed sequences (TRL's is False)
     on_command_line = {options[a.split("=")[0]].dest for a in argv if a.split("=")[0] in options}
-    _command_line_batch_wins(training, project, on_command_line)
+    replaced = _command_line_batch_wins(training, project, on_command_line)
+    if "dataset_name" in on_command_line:
+        script.dataset_name = _from_submit_dir(script.dataset_name)
     if on_command_line & {"datasets", "dataset_mixer_list"} and "dataset_name" not in on_command_line:
         script.dataset_name = None  # a mixture on the command line replaces the recipe file's one data set
     if "output_dir" in on_command_line and "run_name" not in on_command_line:
         # The run is the folder the user named: the model card, the plot and W&B say so, not the recipe's name for
         # its own default folder (transformers, too, names a run after its output_dir).
         training.run_name = Path(training.output_dir).resolve().name
-    return Recipe(script, training, model, project, config_path, max_length_auto, given)
+    return Recipe(script, training, model, project, config_path, max_length_auto, given, replaced, typed)
 
 
-def _command_line_batch_wins(training, project, on_command_line: set[str]) -> None:
+TRUE, FALSE = ("true", "yes", "1", "t", "y"), ("false", "no", "0", "f", "n")  # as transformers' string_to_bool
+
+
+def dry_run_asked(argv: list[str]) -> bool:
+    """A dry run on the command line however it is spelled: --dry-run, --dry_run, --dry_run=true, --dry-run true
+    (the one decision the whole run follows: its GPU checks are skipped, libraries print to stderr)."""
+    for i, word in enumerate(argv):
+        flag, _, value = word.partition("=")
+        if flag not in ("--dry-run", "--dry_run"):
+            continue
+        if not value and i + 1 < len(argv) and argv[i + 1].lower() in TRUE + FALSE:
+            value = argv[i + 1]
+        if value.lower() not in FALSE:
+            return True
+    return False
+
+
+def _from_submit_dir(name: str | None) -> str | None:
+    """A relative path on the command line of a Slurm job means the folder the user submitted from
+    (DPOTRAIN_SUBMIT_DIR, set by scripts/dpo_train.sh), not the project folder the job runs in."""
+    submitted = os.environ.get("DPOTRAIN_SUBMIT_DIR")
+    if not name or not submitted or Path(name).expanduser().is_absolute():
+        return name
+    there = Path(submitted) / name
+    return str(there) if there.exists() else name
+
+
+def _without_secrets(argv: list[str]) -> tuple[str, ...]:
+    """The command line without a --hub_token and its value (a printed command must not carry the token)."""
+    words, skip = [], False
+    for word in argv:
+        if skip:
+            skip = False
+        elif word == "--hub_token":
+            skip = True
+        elif not word.startswith("--hub_token="):
+            words.append(word)
+    return tuple(words)
+
+
+def _command_line_batch_wins(training, project, on_command_line: set[str]) -> dict | None:
     """`--per_device_train_batch_size 4 --gradient_accumulation_steps 1` on the command line mean steps of 4 pairs
     per process in micro-batches of 4, as in any trainer, also under a recipe that sets pairs_per_step and a token
-    budget: the command line wins over the recipe, and the recipe's two values are dropped (and not recorded)."""
+    budget: the command line wins over the recipe, and the recipe's two values are dropped (and not recorded).
+
+    Returns what was replaced and the flags that keep the recipe's pairs per step with micro-batches of the pairs asked
+    for (None when nothing was)."""
     batch_flags = {"per_device_train_batch_size", "gradient_accumulation_steps"} & on_command_line
     recipe_batching = [f for f in ("pairs_per_step", "max_tokens_per_microbatch") if getattr(project, f) is not None]
     if not batch_flags or {"pairs_per_step", "max_tokens_per_microbatch"} & on_command_line or not recipe_batching:
-        return
+        return None
+    replaced = {name: getattr(project, name) for name in recipe_batching}
     for name in recipe_batching:
         setattr(project, name, None)
+    flags = " ".join(f"--{name}" for name in sorted(batch_flags))
+    keep = []
+    if replaced.get("pairs_per_step") is not None and "gradient_accumulation_steps" not in batch_flags:
+        keep += ["--pairs_per_step", str(replaced["pairs_per_step"])]  # accumulation then follows from it
+        if replaced.get("max_tokens_per_microbatch") is not None:
+            keep += ["--max_tokens_per_microbatch", "none"]  # micro-batches of pairs, not of tokens
+    kept = f" ({' '.join(keep)} keeps its {replaced['pairs_per_step']} pairs per step)" if keep else ""
     print(f"Note: {' and '.join(sorted(batch_flags))} on the command line: micro-batches of "
           f"{training.per_device_train_batch_size} pairs, {training.gradient_accumulation_steps} per step and "
-          f"process; the recipe's {' and '.join(recipe_batching)} are not used.", file=sys.stderr)  # fmt: skip
+          f"process; the recipe's {' and '.join(recipe_batching)} are not used{kept}.", file=sys.stderr)  # fmt: skip
+    return {**replaced, "by": flags, "keep": " ".join(keep)}
 
 
 def _cpu_deepspeed_backend(args: list[str]) -> list[str]:

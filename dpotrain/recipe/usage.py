@@ -11,10 +11,32 @@ COMMON = ("model_name_or_path", "dataset_name", "output_dir", "max_length", "lea
 RECIPES = "configs/think.yaml, instruct.yaml, think-32b.yaml, smoke.yaml (the CPU demo)"
 
 
-def _first_sentence(text: str | None, width: int = 96) -> str:
+# Fields whose transformers help says what this project does not do: what it does instead.
+OWN_WORDS = {
+    "push_to_hub": "Push the final model to the Hub once training ends (hub_model_id: the repo; docs/hub.md)",
+}
+WIDTH, FLAG = 120, 34  # the help's width, and the column its descriptions start at
+
+
+def _first_sentence(text: str | None) -> str:
+    """Up to the first '. ' or '; ' outside parentheses (a sentence whose parenthesis is left open reads as cut)."""
     text = re.sub(r"\s+", " ", (text or "").replace("%%", "%")).strip()
-    sentence = re.split(r"(?<=[a-z)`'])[.;]\s", text, maxsplit=1)[0].rstrip(".;")
-    return sentence if len(sentence) <= width else sentence[: width - 3].rstrip() + "..."
+    depth = 0
+    for i, char in enumerate(text):
+        depth += {"(": 1, ")": -1}.get(char, 0)
+        if depth == 0 and char in ".;" and text[i + 1 : i + 2] == " " and re.match(r"[a-z)`']", text[i - 1 : i]):
+            return text[:i]
+    return text.rstrip(".;")
+
+
+def _row(flag: str, text: str) -> list[str]:
+    """A flag and its whole description, wrapped under the description column (a long flag: on the next line)."""
+    import textwrap
+
+    lines = textwrap.wrap(text, WIDTH - FLAG) or [""]
+    first = f"  {flag}".ljust(FLAG) + lines[0] if len(flag) + 2 < FLAG - 1 else f"  {flag}"
+    rest = lines[1:] if first.endswith(lines[0]) and lines[0] else lines
+    return [first, *(" " * FLAG + line for line in rest)]
 
 
 def short_help(parser, project_fields) -> str:
@@ -23,7 +45,10 @@ def short_help(parser, project_fields) -> str:
     actions = {a.dest: a for a in parser._actions}
 
     def row(flag: str, text: str) -> str:
-        return f"  {flag:<32}{text}"
+        return "\n".join(_row(flag, text))
+
+    def described(name: str) -> str:
+        return OWN_WORDS.get(name) or _first_sentence(actions[name].help)
 
     own = [f.name for f in dataclasses.fields(project_fields) if f.name not in ("dry_run", "json")]
     lines = [
@@ -37,10 +62,10 @@ def short_help(parser, project_fields) -> str:
         row("--json", "with --dry-run: the whole resolved configuration as JSON on stdout, for scripts"),
         "",
         "Fields users set most (TRL / transformers, by their own names):",
-        *(row(f"--{name}", _first_sentence(actions[name].help)) for name in COMMON if name in actions),
+        *(row(f"--{name}", described(name)) for name in COMMON if name in actions),
         "",
         "This project's options (README, docs/running.md):",
-        *(row(f"--{name}", _first_sentence(actions[name].help)) for name in own if name in actions),
+        *(row(f"--{name}", described(name)) for name in own if name in actions),
         "",
         "Every TRL and transformers field (over a thousand lines): python train_dpo.py --help-all",
     ]

@@ -79,3 +79,21 @@ def check_not_input(flag: str, path: str | Path | None, inputs: list[Path]) -> N
         if target == source or (target.exists() and source.exists() and os.path.samefile(target, source)):
             raise ConfigError(f"{flag} {str(path)!r} is one of this command's inputs ({source}): writing there would "
                               "replace it; write the report to another path")  # fmt: skip
+
+
+@contextmanager
+def quiet_progress_bars():
+    """transformers' and datasets' progress bars off for a moment (saving, an index rewrite), as they were after."""
+    import datasets
+    from transformers.utils import logging as hf_logging
+
+    bars = hf_logging.is_progress_bar_enabled(), datasets.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    datasets.disable_progress_bars()
+    try:
+        yield
+    finally:
+        if bars[0]:
+            hf_logging.enable_progress_bar()
+        if bars[1]:
+            datasets.enable_progress_bars()

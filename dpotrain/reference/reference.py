@@ -262,9 +262,10 @@ class Outcome:
         (40,617 per process) in 120 micro-batches each'; None when nothing was scored."""
         if self.stopped or not self.scored or self.warmup_seconds is None:
             return None
-        steady = "" if self.tokens_per_second is None else (
-            f", then {self.tokens_per_second:,.0f} tokens/s over {self.world} process(es) "
-            f"({self.tokens_per_second / self.world:,.0f} per process)")  # fmt: skip
+        speed, per_process = self.tokens_per_second, ""
+        if speed is not None and self.world > 1:  # one process: the same number twice
+            per_process = f" ({speed / self.world:,.0f} per process)"
+        steady = "" if speed is None else f", then {speed:,.0f} tokens/s over {self.world} process(es){per_process}"
         return (f"reference log-probs ({self.name}): warm-up {self.warmup_seconds:.1f} s (first micro-batch){steady} "
                 f"in {self.micro_batches:,} micro-batch(es) each")  # fmt: skip
 
@@ -578,11 +579,14 @@ def _gather_and_keep(accelerator, store, ident, digests, attempt: str, mine: tup
 
 
 def _with_columns(dataset, chosen: np.ndarray, rejected: np.ndarray):
+    from dpotrain.recipe.writes import quiet_progress_bars
+
     for column in ("ref_chosen_logps", "ref_rejected_logps"):
         if column in dataset.column_names:
             dataset = dataset.remove_columns(column)
-    dataset = dataset.add_column("ref_chosen_logps", chosen.tolist())
-    return dataset.add_column("ref_rejected_logps", rejected.tolist())
+    with quiet_progress_bars():  # add_column rewrites a filtered data set's index: "Flattening the indices", a bar
+        dataset = dataset.add_column("ref_chosen_logps", chosen.tolist())
+        return dataset.add_column("ref_rejected_logps", rejected.tolist())
 
 
 def run_stage(trainer, stop, save_seconds: float = SAVE_SECONDS) -> list[Outcome]:

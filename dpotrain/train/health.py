@@ -148,13 +148,13 @@ class HealthGuard(TrainerCallback):
         if p.health_loss_floor > 0 and loss < p.health_loss_floor:
             alarms.append(Alarm("loss_floor", step, (
                 f"{name} {loss:.4g} < health_loss_floor {p.health_loss_floor}: the policy separates the pairs far "
-                "beyond what beta's KL term allows; in 001 this came right before mode collapse. Lower --learning_rate "
-                "(or raise beta), and run scripts/preflight.py on the data")))  # fmt: skip
+                "beyond what beta's KL term allows; in a failed run this came right before mode collapse. Lower "
+                "--learning_rate (or raise beta), and run scripts/preflight.py on the data")))  # fmt: skip
         if p.health_max_margin > 0 and r and r["margins"] > p.health_max_margin:
             alarms.append(Alarm("margin", step, (
                 f"{r['source']}margins {r['margins']:.3g} > health_max_margin {p.health_max_margin} (chosen "
-                f"{r['chosen']:.3g}, rejected {r['rejected']:.3g}): margins exploding (001: > 5 unstable, then 9-18 "
-                "and collapse). Lower --learning_rate")))  # fmt: skip
+                f"{r['chosen']:.3g}, rejected {r['rejected']:.3g}): margins exploding (above 5 unstable; a "
+                "collapsed run reached 9-18). Lower --learning_rate")))  # fmt: skip
         drop = p.health_logp_drop
         if drop > 0 and r and r["chosen"] / args.beta < -drop and r["rejected"] / args.beta < -drop:
             alarms.append(Alarm("logps_falling", step, (
@@ -169,7 +169,7 @@ class HealthGuard(TrainerCallback):
             alarms.append(Alarm("accuracy_pinned", step, (
                 f"reward accuracy has been 1.0 on the last {pinned} pairs, within the first "
                 f"{p.health_early_fraction:.0%} of training (step {step} of {max_steps}): the pairs are trivially "
-                "separable or the policy is collapsing onto them (001). Check the pairs with scripts/preflight.py; "
+                "separable or the policy is collapsing onto them. Check the pairs with scripts/preflight.py; "
                 "lower --learning_rate")))  # fmt: skip
         return alarms
 
@@ -187,7 +187,7 @@ class HealthGuard(TrainerCallback):
             return []
         return [Alarm("step1", step, f"{'; '.join(problems)}, tolerance {tol}: before the first update the policy "
                       "is the reference, so the reference log-probs disagree with the policy's. A reference cache "
-                      "computed with another model, max_length, batch or forward (000), a ref model that is not the "
+                      "computed with another model, max_length, batch or forward, a ref model that is not the "
                       "base model, or a changed chat template. Recompute the reference (delete the stale cache) and "
                       "restart with --overwrite_output_dir")]  # fmt: skip
 

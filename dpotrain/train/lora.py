@@ -9,6 +9,7 @@ import re
 from pathlib import Path
 
 from dpotrain.recipe.errors import ConfigError
+from dpotrain.recipe.writes import quiet_progress_bars
 
 MERGED_DIR = "merged"
 # ModelConfig fields that only mean something with use_peft (TRL ignores them silently otherwise).
@@ -88,7 +89,8 @@ def save_merged(output_dir: str | Path, base: str, revision: str | None, dtype, 
     dtype = getattr(torch, dtype) if isinstance(dtype, str) and dtype != "auto" else dtype
     model = AutoModelForCausalLM.from_pretrained(base, revision=revision, dtype=dtype)
     merged = PeftModel.from_pretrained(model, str(output_dir)).merge_and_unload()
-    merged.save_pretrained(target)
+    with quiet_progress_bars():  # "Writing model shards", as at every checkpoint
+        merged.save_pretrained(target)
     tokenizer.save_pretrained(target)
     return target
 

@@ -142,7 +142,8 @@ class PairMetrics:
             self._excluded = 0.0
             out["num_tokens"] = self.total_tokens
             out["tokens_per_second"] = (self.total_tokens - tokens_then) / elapsed
-            out["tokens_per_second_per_gpu"] = out["tokens_per_second"] / self.world_size
+            if self.world_size > 1:  # one process: the same number twice (two identical lines in the plot)
+                out["tokens_per_second_per_gpu"] = out["tokens_per_second"] / self.world_size
             if self.peak_tflops:  # model FLOPs per second per GPU over the peak: flops.py
                 out["mfu"] = s["model_flops"] / elapsed / self.world_size / (self.peak_tflops * 1e12)
             self._last_log = (now, self.total_tokens)

@@ -86,6 +86,7 @@ class SampleGenerator(TrainerCallback):
         self.every_rank = every_rank  # weights sharded over the ranks: all of them generate together
         self.flagged: list[dict] = []  # samples over warn_at, for tests and callers
         self._trimmed = False
+        self._base: dict[int, float] = {}  # prompt index -> the repetition of the base model's answer (step 0)
         self.spent = None  # called with the seconds each round of samples took (the throughput clock leaves them out)
 
     @classmethod
@@ -148,13 +149,18 @@ class SampleGenerator(TrainerCallback):
             model.train(was_training)
         if not state.is_world_process_zero:
             return []
+        if state.global_step == 0 or not self._base:  # the base model's answers (a resumed run reads them back)
+            before = records if state.global_step == 0 else _read(Path(args.output_dir) / SAMPLES_FILE)
+            self._base = {r["prompt_index"]: r["repetition"] for r in before if r["step"] == 0}
         self._write(args, state, records)
         for r in records:
-            if r["repetition"] > self.warn_at:
+            # A collapse is what training did: not at step 0 (an untrained model may loop already), and not an answer
+            # that repeats no more than the base model's to the same prompt.
+            if r["step"] > 0 and r["repetition"] > max(self.warn_at, self._base.get(r["prompt_index"], 0.0)):
                 self.flagged.append(r)
                 word, times = r["longest_run"]
                 print(f"samples warning step {r['step']}: prompt {r['prompt_index']} repeats itself (repetition "
-                      f"{r['repetition']:.2f}, {word!r} x{times}): degenerate output, a sign of collapse (001); see "
+                      f"{r['repetition']:.2f}, {word!r} x{times}): degenerate output, a sign of collapse; see "
                       f"{SAMPLES_FILE}", file=sys.stderr, flush=True)  # fmt: skip
         return records
 

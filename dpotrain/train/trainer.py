@@ -39,7 +39,8 @@ from dpotrain.plan import layers, plan
 from dpotrain.plan.plan_stage import RunPlan
 from dpotrain.recipe import upstream
 from dpotrain.recipe.config import Recipe
-from dpotrain.train import disk_full, losses, run_files
+from dpotrain.recipe.writes import quiet_progress_bars
+from dpotrain.train import disk_full, losses, run_files, step_log
 from dpotrain.train.checkpoints import CompleteMarker, clear_for_save
 from dpotrain.train.health import HealthGuard
 from dpotrain.train.memory_use import FirstStepMemory, MemoryUse
@@ -220,15 +221,20 @@ class RecipeDPOTrainer(DPOTrainer):
         weights there with SHARDED_STATE_DICT, the state dict type checkpoints use (`engine.launched`); checkpoints
         (`_internal_call`) stay sharded: each rank writes its own shard (torch.distributed.checkpoint)."""
         try:
-            if self.is_fsdp_enabled and not _internal_call:
-                upstream.save_weights(self, output_dir, self.accelerator.get_state_dict(self.model))
-                return
-            super().save_model(output_dir, _internal_call)
+            with quiet_progress_bars():  # "Writing model shards", a bar of one item per shard, at every checkpoint
+                if self.is_fsdp_enabled and not _internal_call:
+                    upstream.save_weights(self, output_dir, self.accelerator.get_state_dict(self.model))
+                    return
+                super().save_model(output_dir, _internal_call)
         except Exception as e:
             why = None if _internal_call else disk_full.why_full(e, Path(output_dir or self.args.output_dir))
             if why is None:  # inside a checkpoint: `_save_checkpoint` says it
                 raise
             raise disk_full.final_save_failed(Path(output_dir or self.args.output_dir), why) from None
+
+    def create_model_card(self, *args, **kwargs):
+        """Not TRL's card ("fine-tuned version of [None]"), which TRL writes at every checkpoint: the project writes its
+        own once the run ends (dpotrain/hub/hub.py), so a stopped run's folder holds no card until then."""
 
     def _save_checkpoint(self, model, trial):
         start = time.monotonic()
@@ -652,6 +658,7 @@ def build_trainer(recipe: Recipe, train_dataset, eval_dataset=None, callbacks=()
         run_engine=run_engine,
         memory_plan=memory_plan,
     )
+    step_log.install(trainer)  # one readable line per logging step, not the Trainer's dictionary
     sequence_parallel.set_up(forward.sequence_parallel, trainer.model)  # its groups, Ulysses around the attention
     # The memory plan's checkpointed layers, held against TRL's re-enabling of all of them; the optional compile.
     layers.hold_checkpointing(trainer.model, t)

@@ -1,0 +1,76 @@
+"""One readable line per logging step, as people expect from a trainer, instead of transformers' dictionary of ~23
+string-quoted fields printed inside the progress bar:
+
+    step 4/12  loss 0.6931  acc 0.50  margin 0.001  lr 1.0e-06  grad_norm 3.2  tok/s 812
+
+`acc` and `margin` are on the loss's scale (`rewards_norm/*`, log-ratios per completion token) where the run logs them,
+else TRL's `rewards/*`. Every field of every step is in metrics.jsonl (docs/metrics.md), and in W&B.
+"""
+
+from transformers.trainer_callback import PrinterCallback, ProgressCallback
+
+# (label, keys in order of preference, format)
+FIELDS = [
+    ("loss", ("loss",), "{:.4f}"),
+    ("acc", ("rewards_norm/accuracies", "rewards/accuracies"), "{:.2f}"),
+    ("margin", ("rewards_norm/margins", "rewards/margins"), "{:.3g}"),
+    ("lr", ("learning_rate",), "{:.1e}"),
+    ("grad_norm", ("grad_norm",), "{:.3g}"),
+    ("tok/s", ("tokens_per_second",), "{:,.0f}"),
+]
+
+
+def line(logs: dict, step: int, max_steps: int) -> str | None:
+    """The line of one log record: a training step's, an evaluation's, or the end of training's; None for others."""
+    if "train_runtime" in logs:  # transformers' summary once training ends
+        loss = f", mean loss {logs['train_loss']:.4f}" if isinstance(logs.get("train_loss"), float) else ""
+        return f"trained to step {step}/{max_steps} in {logs['train_runtime']:.1f} s{loss}"
+    evaluation = "eval_loss" in logs
+    if evaluation:
+        logs = {k.removeprefix("eval_"): v for k, v in logs.items()}
+    elif "loss" not in logs:
+        return None
+    parts = [f"eval at step {step}/{max_steps}" if evaluation else f"step {step}/{max_steps}"]
+    for label, keys, form in FIELDS:
+        key = next((k for k in keys if isinstance(logs.get(k), (int, float))), None)
+        if key is not None:
+            parts.append(f"{label} {form.format(logs[key])}")
+    return "  ".join(parts)
+
+
+class StepLog(ProgressCallback):
+    """transformers' progress bar, its log records written as `line`s (above the bar); without a bar
+    (`disable_tqdm`), the lines alone."""
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        if not args.disable_tqdm:
+            super().on_train_begin(args, state, control, **kwargs)
+        self.current_step = 0
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if self.training_bar is not None:
+            super().on_step_end(args, state, control, **kwargs)
+
+    def on_prediction_step(self, args, state, control, eval_dataloader=None, **kwargs):
+        if not args.disable_tqdm:
+            super().on_prediction_step(args, state, control, eval_dataloader, **kwargs)
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        text = line(logs or {}, state.global_step, state.max_steps) if state.is_world_process_zero else None
+        if text is None:
+            return
+        if self.training_bar is not None:
+            self.training_bar.write(text)
+        else:
+            print(text, flush=True)
+
+    def on_train_end(self, args, state, control, **kwargs):
+        if self.training_bar is not None:
+            super().on_train_end(args, state, control, **kwargs)
+
+
+def install(trainer) -> None:
+    """Replaces the Trainer's progress bar (or, with `disable_tqdm`, its printer of dictionaries) with `StepLog`."""
+    trainer.remove_callback(ProgressCallback)
+    trainer.remove_callback(PrinterCallback)
+    trainer.add_callback(StepLog())

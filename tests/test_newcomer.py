@@ -1,0 +1,425 @@
+"""Issue #47, a newcomer's path: from the demo to a cluster dry run, every command as printed, no stumble.
+
+Each case runs the real entry (`train_dpo.main` or `run_cli(train_dpo.main)`, in this process: cheap) on a login node
+as a newcomer has it: no W&B login, no Hugging Face token, no GPU.
+"""
+
+import pytest
+
+import train_dpo
+from conftest import ROOT
+from dpotrain import output_folder
+from dpotrain.recipe.errors import run_cli
+
+SMOKE = str(ROOT / "configs" / "smoke.yaml")
+THINK = str(ROOT / "configs" / "think.yaml")
+OLMO3_7B = str(ROOT / "configs" / "models" / "olmo3-7b")
+
+
+@pytest.fixture
+def no_credentials(tmp_path, monkeypatch):
+    """A fresh clone on a login node, in the project folder: no W&B key or mode, no ~/.netrc, no Hugging Face token or
+    cached login, no .env (a developer's own .env, found beside train_dpo.py, is not read)."""
+    for name in ("WANDB_MODE", "WANDB_API_KEY", "HF_TOKEN"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("NETRC", str(tmp_path / "no-netrc"))
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    monkeypatch.chdir(ROOT)
+    monkeypatch.setattr(train_dpo, "load_dotenv", lambda: None)
+
+
+def dry_run(capsys, *args) -> str:
+    """The summary a dry run prints (exit status 0 checked)."""
+    argv = [*args] if "--dry-run" in args else [*args, "--dry-run"]
+    with pytest.raises(SystemExit) as ended:
+        run_cli(lambda: train_dpo.main(argv))
+    out, err = capsys.readouterr()
+    assert ended.value.code in (None, 0), out + err
+    return out
+
+
+# --- 11: the README's dry runs before credentials ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("recipe", ["think", "instruct"])
+def test_a_dry_run_without_a_wandb_login_shows_its_plan_and_what_the_run_would_refuse(
+    recipe, tmp_path, capsys, no_credentials
+):
+    out = dry_run(capsys, "--config", str(ROOT / "configs" / f"{recipe}.yaml"), "--model_name_or_path", OLMO3_7B,
+                  "--output_dir", str(tmp_path / "run"))  # fmt: skip
+    assert "memory/GPU:    ~" in out, out  # the plan, made
+    refusals = [line for line in out.splitlines() if line.startswith("warning: the run would refuse: ")]
+    # The model folder is a shape with no tokenizer (README step 4), which the run would refuse too.
+    assert len(refusals) == 2 and "holds no tokenizer" in refusals[0], out
+    assert "report_to wandb but no W&B login" in refusals[1] and "WANDB_MODE=offline" in refusals[1]
+
+
+def test_a_dry_run_of_a_push_without_a_token_says_the_run_would_refuse_it(tmp_path, capsys, no_credentials):
+    out = dry_run(capsys, "--config", SMOKE, "--output_dir", str(tmp_path / "run"), "--push_to_hub",
+                  "--hub_model_id", "me/x")  # fmt: skip
+    assert "warning: the run would refuse: push_to_hub is set but no Hugging Face token was found" in out, out
+
+
+def test_the_run_itself_still_refuses_without_a_wandb_login(tmp_path, capsys, no_credentials):
+    with pytest.raises(SystemExit) as ended:
+        run_cli(lambda: train_dpo.main(["--config", SMOKE, "--output_dir", str(tmp_path / "run"), "--report_to",
+                                        "wandb"]))  # fmt: skip
+    assert ended.value.code == 2
+    assert "error: report_to wandb but no W&B login" in capsys.readouterr().err
+
+
+# --- 16: a dry run after the demo -------------------------------------------------------------------------------------
+
+
+def test_a_dry_run_on_a_finished_runs_folder_shows_its_plan_and_what_the_run_would_do(tmp_path, capsys):
+    out = tmp_path / "smoke-dpo"
+    out.mkdir()
+    (out / "run_complete.json").write_text("{}")  # what the demo leaves: a finished run, its own files recorded
+    output_folder.claim(out, ["run_complete.json"])
+    text = dry_run(capsys, "--config", SMOKE, "--output_dir", str(out))
+    assert f"output:        {out}: refused by the run (below)" in text, text
+    assert text.rstrip().splitlines()[-1] == (
+        f"warning: the run would refuse: output_dir {str(out)!r} already holds a finished run: pass --output_dir for "
+        "a new run, or --overwrite_output_dir to replace it"
+    )
+    text = dry_run(capsys, "--config", SMOKE, "--output_dir", str(out), "--overwrite_output_dir")
+    assert f"output:        {out}: replaced by the run (--overwrite_output_dir" in text and "warning:" not in text
+    text = dry_run(capsys, "--config", SMOKE, "--output_dir", str(tmp_path / "new"))
+    assert f"output:        {tmp_path / 'new'}: the run starts there (new)" in text, text
+
+
+# --- 12: every analyzer command a dry run prints runs; a model folder without a tokenizer is named -------------------
+
+
+def analyzer():
+    """scripts/analyze_dataset.py as a module: `main(argv)` returns the exit status (tests/test_analyzer.py)."""
+    import importlib.util
+    import os
+
+    before = os.environ.get("CUDA_VISIBLE_DEVICES")
+    spec = importlib.util.spec_from_file_location("analyze_dataset", ROOT / "scripts" / "analyze_dataset.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)  # it hides GPUs on import: undone
+    os.environ.pop("CUDA_VISIBLE_DEVICES", None) if before is None else os.environ.update(CUDA_VISIBLE_DEVICES=before)
+    return module
+
+
+def test_a_model_folder_without_a_tokenizer_is_named_with_what_to_pass_by_the_analyzer_and_the_run(tmp_path, capsys):
+    expected = (f"error: model folder {OLMO3_7B!r} holds no tokenizer (config.json alone: a model's shape, enough to "
+                "plan memory, not to tokenize): pass --model_name_or_path your model's Hub name (org/model) or the "
+                "folder save_pretrained wrote, with its tokenizer.json")  # fmt: skip
+    assert analyzer().main(["--config", THINK, "--model_name_or_path", OLMO3_7B]) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == expected
+    with pytest.raises(SystemExit) as ended:
+        run_cli(lambda: train_dpo.main(["--config", SMOKE, "--output_dir", str(tmp_path / "run"),
+                                        "--model_name_or_path", OLMO3_7B]))  # fmt: skip
+    assert ended.value.code == 2 and capsys.readouterr().err.strip().splitlines()[-1] == expected
+
+
+def test_the_dry_run_of_a_shape_without_a_tokenizer_prints_no_analyzer_command_it_cannot_run(capsys, no_credentials):
+    out = dry_run(capsys, "--config", "configs/think.yaml", "--model_name_or_path", "configs/models/olmo3-7b",
+                  "--output_dir", "/tmp/newcomer-think-dpo")  # fmt: skip
+    assert "analyze_dataset.py" not in out, out
+    assert "configs/models/olmo3-7b holds no tokenizer to measure them with: dry-run your own model" in out
+
+
+def test_the_analyzer_command_a_dry_run_prints_runs_as_printed(tiny_model_dir, capsys, no_credentials):
+    """A model with its tokenizer and a Hub data set not yet measured: the command the summary prints, run as printed
+    in the project folder, gets to the data set (which needs the Hub: offline here, so refused naming it)."""
+    import re
+    import shlex
+
+    out = dry_run(capsys, "--config", "configs/think.yaml", "--model_name_or_path", tiny_model_dir, "--max_length",
+                  "4096", "--max_tokens_per_microbatch", "8192", "--output_dir", "/tmp/newcomer-think-dpo")  # fmt: skip
+    printed = set(re.findall(r"(python scripts/analyze_dataset\.py[^,;)]*)", out))
+    assert len(printed) == 1, out
+    words = shlex.split(printed.pop())
+    assert analyzer().main(words[2:]) == 2
+    err = capsys.readouterr().err
+    assert f"Analysing allenai/Dolci-Think-DPO-7B (train) with the tokenizer of {tiny_model_dir}" in err, err
+    assert err.strip().splitlines()[-1].startswith("error: could not load data set 'allenai/Dolci-Think-DPO-7B'")
+
+
+# --- 13: batch flags that change the recipe's pairs per step are said where people look -------------------------------
+
+
+def test_batch_flags_that_replace_the_recipes_pairs_per_step_are_said_with_the_flags_that_keep_it(capsys):
+    args = ["--config", "configs/think.yaml", "--model_name_or_path", "configs/models/olmo3-7b", "--report_to", "none",
+            "--output_dir", "/tmp/newcomer-think-dpo", "--per_device_train_batch_size", "2"]  # fmt: skip
+    out = dry_run(capsys, *args)  # 4 processes (accelerate_config.yaml): 2 x 4 = 8 pairs per step
+    keep = "--pairs_per_step 128 --max_tokens_per_microbatch none"
+    assert (
+        "  per step:      8 pairs, over all processes; NOT the recipe's 128: --per_device_train_batch_size on the "
+        f"command line replaced it ({keep} keeps it, in micro-batches of that many pairs)"
+    ) in out, out
+    out = dry_run(capsys, *args, *keep.split())  # the flags it names: the recipe's 128, in micro-batches of 2
+    assert "  per step:      128 pairs, over all processes\n" in out and "  micro-batches: 2 pairs;" in out, out
+    # The run prints the same summary as its first lines, from the resolved configuration it records.
+    from dpotrain import resolve
+    from dpotrain.recipe.config import parse_args
+
+    recipe = parse_args(["--config", SMOKE, "--per_device_train_batch_size", "2"])
+    replaced = resolve.resolved_config(recipe, {})["derived"]["recipe_batching_replaced"]
+    assert replaced == {"pairs_per_step": 8, "max_tokens_per_microbatch": 2048, "by": "--per_device_train_batch_size",
+                        "keep": "--pairs_per_step 8 --max_tokens_per_microbatch none"}, replaced  # fmt: skip
+
+
+# --- 14: memory advice that moves the launch gives the dry run that checks it -----------------------------------------
+
+
+def test_every_launch_a_memory_refusal_offers_comes_with_a_dry_run_that_runs_as_printed(capsys, monkeypatch):
+    """The README's second dry run (think on an 80 GB H100): options on another engine or node count name the sbatch
+    line and the dry run that checks it; each dry run, typed as printed in the project folder, plans what it said."""
+    import re
+    import shlex
+
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    monkeypatch.delenv("GPUS_PER_NODE", raising=False)
+    monkeypatch.chdir(ROOT)
+    readme = ["--config", "configs/think.yaml", "--model_name_or_path", "configs/models/olmo3-7b", "--dry-run"]
+    with pytest.raises(SystemExit):
+        run_cli(lambda: train_dpo.main([*readme, "--gpu_memory_gib", "79.6"]))
+    error = capsys.readouterr().err.strip().splitlines()[-1]
+    checks = re.findall(r"sbatch --nodes=\d+ --gpus-per-node=\d+\)[^(]*\(~([\d.]+) GiB; its dry run: ([^)]*)\)", error)
+    assert len(checks) == error.count(" sbatch --nodes=") >= 2, error  # ZeRO-2 on 3 nodes, ZeRO-3 on 1
+    for gib, line in checks:
+        words = shlex.split(line)
+        env = dict(word.split("=", 1) for word in words[:2])
+        assert list(env) == ["WORLD_SIZE", "GPUS_PER_NODE"] and words[2:4] == ["python", "train_dpo.py"], line
+        with monkeypatch.context() as m:
+            for name, value in env.items():
+                m.setenv(name, value)
+            out = dry_run(capsys, *words[4:])
+        assert f"  memory/GPU:    ~{gib} GiB" in out and "  GPU:           fits one 79.6 GiB GPU" in out, (line, out)
+        assert f"  processes:     {env['WORLD_SIZE']} (environment (WORLD_SIZE))" in out, out
+
+
+# --- 15: one readable line per logging step, no bar or warning that is not the user's business ------------------------
+
+
+@pytest.fixture(scope="module")
+def short_run(tiny_model_dir, tmp_path_factory):
+    """4 steps of the smoke recipe on its first 32 pairs, in this process, as train_dpo.py runs them: a log record and
+    a checkpoint every 2 steps, samples before step 1 and every 2 steps. Returns (everything printed, the folder)."""
+    import contextlib
+    import io
+
+    from conftest import ready
+    from dpotrain.data import data
+    from dpotrain.recipe.config import parse_args
+    from dpotrain.train.trainer import build_trainer
+
+    out = tmp_path_factory.mktemp("short") / "run"
+    recipe = parse_args(["--config", SMOKE, "--model_name_or_path", tiny_model_dir, "--output_dir", str(out),
+                         "--report_to", "none", "--max_steps", "4", "--logging_steps", "2", "--save_steps", "2",
+                         "--samples_every", "2", "--sample_count", "2", "--sample_max_new_tokens", "24"])  # fmt: skip
+    pairs = data.load_preference_dataset(str(ROOT / recipe.script.dataset_name)).select(range(32))
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed), contextlib.redirect_stderr(printed):
+        trainer = ready(build_trainer(recipe, pairs))
+        trainer.train()
+    return printed.getvalue(), out
+
+
+def test_each_logging_step_is_one_readable_line(short_run):
+    import re
+
+    text, _ = short_run
+    assert "{'loss'" not in text and "'grad_norm'" not in text and "{'train_runtime'" not in text, text[-3000:]
+    lines = [line.split("\r")[-1] for line in text.splitlines() if re.search(r"(^|\r)step \d+/4  ", line)]
+    shape = r"step {}/4  loss \d\.\d{{4}}  acc \d\.\d\d  margin \S+  lr \d\.\de[-+]\d\d  grad_norm \S+  tok/s [\d,]+"
+    assert [int(line.split()[1].split("/")[0]) for line in lines] == [1, 2, 4], lines  # 1 is logged on its own
+    for line in lines:
+        assert re.fullmatch(shape.format(line.split()[1].split("/")[0]), line), line
+    assert re.search(r"trained to step 4/4 in [\d.]+ s, mean loss \d\.\d{4}", text), text[-2000:]
+
+
+def test_no_progress_bar_for_saving_or_an_index_and_no_collapse_warning_before_training(short_run):
+    text, out = short_run
+    assert (out / "checkpoint-2" / "COMPLETE").is_file()  # the saves happened, without their bars
+    for noise in ("Writing model shards", "Flattening the indices", "samples warning step 0"):
+        assert noise not in text, noise
+
+    # TRL's own card ("fine-tuned version of [None]") is not written at a checkpoint: the project's comes at the end.
+    assert not (out / "README.md").exists()
+
+
+def test_one_process_logs_its_tokens_per_second_once(short_run):
+    import json
+
+    text, out = short_run
+    assert "tokens/s over 1 process(es) in " in text and "per process)" not in text, text[-3000:]  # the reference
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert all("tokens_per_second" in r and "tokens_per_second_per_gpu" not in r for r in records), records
+
+
+def test_a_base_model_that_loops_already_is_no_collapse_and_a_run_that_starts_looping_is(tiny_model_dir, tmp_path,
+                                                                                          capsys):  # fmt: skip
+    """Real greedy generation on the built-in, untrained model, which loops on some prompts by itself ("143 143 143"):
+    at step 0 that is the base model's habit, not training's doing, and so is the same answer later. Looping where the
+    base model did not (made to, by suppressing every token but one: a logits processor of transformers' own) is
+    still flagged."""
+    from types import SimpleNamespace
+
+    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerState
+
+    from dpotrain.train.samples import SampleGenerator
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    (word,) = tokenizer(" the", add_special_tokens=False)["input_ids"]  # one token: " the the the ..."
+    loop = [i for i in range(model.config.vocab_size) if i != word]
+    args, state = SimpleNamespace(output_dir=str(tmp_path)), TrainerState(is_world_process_zero=True)
+
+    def generator(prompt: str) -> SampleGenerator:
+        (tmp_path / "samples.jsonl").unlink(missing_ok=True)
+        ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
+        return SampleGenerator([ids], tokenizer, every=2, max_new_tokens=16, warn_at=0.5)
+
+    def round_at(step: int, looping: bool) -> float:
+        model.generation_config.suppress_tokens = loop if looping else None
+        state.global_step = step
+        return samples.generate(args, state, model)[0]["repetition"]
+
+    samples = generator("What is insulin?")
+    assert round_at(0, looping=False) > 0.5 and round_at(2, looping=False) > 0.5  # the base model loops, no more later
+    assert samples.flagged == [] and "samples warning" not in capsys.readouterr().err
+    samples = generator("Tell me about tides.")
+    assert round_at(0, looping=False) <= 0.5 and round_at(2, looping=True) > 0.5  # training made it loop
+    assert [r["step"] for r in samples.flagged] == [2]
+    assert "samples warning step 2: prompt 0 repeats itself" in capsys.readouterr().err
+
+
+# --- 16: smaller stumbles ---------------------------------------------------------------------------------------------
+
+
+def test_max_steps_1_is_refused_with_advice_that_works(tmp_path, capsys):
+    with pytest.raises(SystemExit) as ended:
+        run_cli(lambda: train_dpo.main(["--config", SMOKE, "--output_dir", str(tmp_path / "run"), "--max_steps", "1",
+                                        "--dry-run"]))  # fmt: skip
+    assert ended.value.code == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        "error: --max_steps 1 with warmup trains nothing (a warmup's first step runs at learning rate 0): add "
+        "--warmup_steps 0 to train that step at the full learning rate, or pass --max_steps 2 or more"
+    )
+    out = dry_run(capsys, "--config", SMOKE, "--output_dir", str(tmp_path / "run"), "--max_steps", "1",
+                  "--warmup_steps", "0")  # fmt: skip
+    assert "  steps:         1 optimizer step, 0 of warmup" in out, out
+
+
+def test_a_message_with_an_unknown_role_is_named_as_such(tmp_path, capsys):
+    import json
+
+    prompt = [{"role": "user", "content": "Name a colour."}]
+    row = {"prompt": prompt, "chosen": [{"role": "bot", "content": "Blue."}],
+           "rejected": [{"role": "bot", "content": "Seven."}]}  # fmt: skip
+    data = tmp_path / "pairs.jsonl"
+    data.write_text(json.dumps(row) + "\n")
+    with pytest.raises(SystemExit) as ended:
+        run_cli(lambda: train_dpo.main(["--config", SMOKE, "--output_dir", str(tmp_path / "run"), "--dataset_name",
+                                        str(data), "--dry-run"]))  # fmt: skip
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert ended.value.code == 2 and "another prompt" not in line, line
+    assert line.startswith("error: row 0, column 'chosen': message 0 has role 'bot', which chat templates do not know: "
+                           "use 'assistant' for the model's turns"), line  # fmt: skip
+
+
+def test_help_shows_each_description_whole_and_says_what_push_to_hub_does_here(capsys):
+    import re
+
+    from dpotrain.recipe.config import parse_args
+
+    with pytest.raises(SystemExit):
+        parse_args(["--help"])
+    shown = capsys.readouterr().out
+    lines = [line for line in shown.splitlines() if line.startswith(("  --", " " * 34))]  # the options, not the usage
+    assert all(len(line) <= 120 and not line.endswith("...") for line in lines), shown
+    flags = [line.split()[0] for line in lines if line.startswith("  --")]
+    assert "--dataset_mixer_eval_list_splits" in flags and all(re.fullmatch(r"--[a-z0-9_-]+", f) for f in flags), flags
+    assert "every time the model is saved" not in shown
+    assert "--push_to_hub                   Push the final model to the Hub once training ends" in shown
+    # Every option --help lists is documented in docs/ (or the README).
+    docs = "".join(p.read_text() for p in [ROOT / "README.md", *(ROOT / "docs").glob("*.md")])
+    own = [f for f in flags if f.startswith("--") and f not in ("--dry-run", "--json", "--config")]
+    assert [f for f in own if f[2:] not in docs] == []
+
+
+def test_the_analyzers_price_and_its_rationale_speak_one_unit():
+    """The hand-computed lengths of tests/test_analyzer.py: 1,024 over 512 makes 10% more pairs whole for +5.3% packed
+    compute. The table's Price and the rationale say the same trade in the same words: +0.53% per 1% more whole."""
+    import numpy as np
+
+    from dpotrain.data import lengths, lengths_report
+
+    short, long = 90, 10
+    m = lengths.Measured(index=np.arange(short + long), prompt=np.full(short + long, 100),
+                         chosen=np.array([300] * short + [800] * long), rejected=np.array([200] * short + [400] * long),
+                         invalid=[], conversational=True)  # fmt: skip
+    text = lengths_report.to_markdown(lengths.summarize(m, target=0.9, dataset="pairs.jsonl"), 512)
+    at_512, at_1024 = short * 700 + long * 1012, short * 700 + long * 1400
+    per_point = f"{(at_1024 / at_512 - 1) / 10:+.2%}"  # +0.53%
+    row = next(line for line in text.splitlines() if line.startswith("| 1,024 |"))
+    assert f"| {per_point} per 1% |" in row, row
+    assert f"for +5.3% packed compute (+6.1% with the prompt once), {per_point} per 1% more pairs whole (the Price " \
+           "column's unit)" in text, text  # fmt: skip
+
+
+def test_a_relative_dataset_name_of_a_slurm_job_is_where_the_user_submitted_and_a_miss_says_where_it_looked(
+    tmp_path, capsys, monkeypatch
+):
+    """scripts/dpo_train.sh runs the job in the project and names the folder it was submitted from
+    (DPOTRAIN_SUBMIT_DIR): `sbatch /path/to/dpotrain/scripts/dpo_train.sh --dataset_name my_pairs.jsonl` from the
+    user's folder trains on that folder's file."""
+    import shutil
+
+    submitted = tmp_path / "mine"
+    submitted.mkdir()
+    shutil.copy(ROOT / "data" / "smoke_prefs.jsonl", submitted / "my_pairs.jsonl")
+    monkeypatch.setenv("DPOTRAIN_SUBMIT_DIR", str(submitted))
+    monkeypatch.chdir(ROOT)  # where the job runs
+    out = dry_run(capsys, "--config", SMOKE, "--output_dir", str(tmp_path / "run"), "--dataset_name", "my_pairs.jsonl")
+    assert f"  data:          {submitted / 'my_pairs.jsonl'} (split train): 384 rows" in out, out
+    with pytest.raises(SystemExit) as ended:
+        run_cli(lambda: train_dpo.main(["--config", SMOKE, "--output_dir", str(tmp_path / "run"), "--dataset_name",
+                                        "nope.jsonl", "--dry-run"]))  # fmt: skip
+    assert ended.value.code == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        f"error: dataset 'nope.jsonl' does not exist (looked in {ROOT} and {submitted} (where the job was submitted)): "
+        "check the path, or give a Hub name like org/dataset"
+    )
+    assert "DPOTRAIN_SUBMIT_DIR=${SLURM_SUBMIT_DIR:-$PWD}" in (ROOT / "scripts" / "dpo_train.sh").read_text()
+
+
+@pytest.mark.parametrize("spelling", [["--dry_run=true"], ["--dry_run", "true"], ["--dry-run=True"], ["--dry_run"]])
+def test_one_dry_run_flag_however_it_is_spelled(spelling, capsys, no_credentials):
+    """A bf16 recipe on a machine without a GPU: every spelling plans, none meets transformers' bf16/GPU check."""
+    from dpotrain import dry_run as dry
+
+    assert dry.asked(spelling) and not dry.asked(["--dry_run=false"]) and not dry.asked(["--dry_run", "no"])
+    with pytest.raises(SystemExit) as ended:
+        run_cli(lambda: train_dpo.main(["--config", "configs/instruct.yaml", "--model_name_or_path",
+                                        "configs/models/olmo3-7b", "--output_dir", "/tmp/newcomer-instruct",
+                                        *spelling]))  # fmt: skip
+    out, err = capsys.readouterr()
+    assert ended.value.code in (None, 0), err
+    assert "memory/GPU:    ~" in out and "bf16/gpu" not in err
+
+
+def test_a_job_ends_at_its_dry_run_on_what_the_run_would_refuse(tmp_path):
+    """scripts/launch.sh plans the job with a dry run first; what the run would refuse ends the job there, in
+    seconds, with the run's own line, before any process starts (the dry run itself now plans past it)."""
+    import os
+    import subprocess
+
+    env = {k: v for k, v in os.environ.items() if k not in ("WANDB_MODE", "WANDB_API_KEY") and
+           not k.startswith("SLURM_")}  # fmt: skip
+    env |= {"HOME": str(tmp_path), "NETRC": str(tmp_path / "no-netrc"), "RECIPE": "configs/smoke.yaml",
+            "DPOTRAIN_BUILTIN_DIR": str(tmp_path / "builtin")}  # fmt: skip
+    result = subprocess.run(["bash", "scripts/launch.sh", "--report_to", "wandb", "--output_dir",
+                             str(tmp_path / "run")], cwd=ROOT, env=env, capture_output=True, text=True,
+                            timeout=300)  # fmt: skip
+    assert result.returncode == 2, result.stdout[-2000:] + result.stderr[-2000:]
+    assert result.stderr.strip().splitlines()[-1].startswith("error: report_to wandb but no W&B login"), result.stderr
+    assert "batch: 8 pairs per step" in result.stdout  # planned, then ended
+    assert not (tmp_path / "run").exists()  # no process started: the run would have made its folder
