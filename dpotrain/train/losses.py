@@ -52,6 +52,19 @@ def check_options(recipe) -> None:
             f"(now {t.per_device_train_batch_size}), the pairs compared together; choose them with "
             "--per_device_train_batch_size N (N dividing pairs_per_step / processes; --dry-run shows whether it fits)"
         )
+    if recipe.project.assistant_turns == "all":
+        # Each side's labeled tokens are then its earlier assistant turns (shared by both sides) and its completion;
+        # sums, means and TRL's sequence-level losses read them all as open-instruct does. These two read the
+        # completion itself: WPO weighs a pair by the policy's per-token probability of each sampled completion,
+        # LD-DPO splits each completion into the part as long as the other side's and the verbose rest, by position
+        # among the labeled tokens (earlier turns would be counted as completion).
+        for name, value, what in (("use_weighting", t.use_weighting, "WPO weighs each pair by its completions' "
+                                   "per-token probabilities"),
+                                  ("ld_alpha", t.ld_alpha is not None, "LD-DPO splits each completion where the "
+                                   "shorter side's ends")):  # fmt: skip
+            if value:
+                raise ConfigError(f"{name} with assistant_turns all: {what}, which needs one completion per side, "
+                                  f"not every assistant turn: remove {name}, or set assistant_turns final")  # fmt: skip
     if SFT in types and t.use_weighting:
         raise ConfigError(
             "use_weighting with loss_type sft: TRL scales the SFT term by the micro-batch's mean WPO weight, which "
