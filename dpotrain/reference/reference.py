@@ -499,7 +499,8 @@ def run(trainer, dataset, name: str, layout: list[list[list[int]]] | None, stop,
     scorer = trainer.reference_scorer()
     was_training = scorer.training
     scorer.eval()
-    prefetch = _Prefetch(trainer.reference_collate, dataset.select_columns(pair_columns(dataset)), feed, device.type == "cuda")
+    rows = dataset.select_columns(pair_columns(dataset))
+    prefetch = _Prefetch(trainer.reference_collate, rows, feed, device.type == "cuda")
     try:
         with trainer.reference_context():
             for j in range(rounds):

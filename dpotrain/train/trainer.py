@@ -186,7 +186,7 @@ class RecipeDPOTrainer(DPOTrainer):
         self.add_callback(_StartMetrics(self.pair_metrics))
 
     def _prepare_dataset(self, dataset, processing_class, args, dataset_name):
-        """TRL's tokenization; with `assistant_turns: all`, plus each prompt's labeled tokens (dpotrain/data/turns.py)."""
+        """TRL's tokenization; with `assistant_turns: all`, each prompt's labeled tokens too (data/turns.py)."""
         dataset = super()._prepare_dataset(dataset, processing_class, args, dataset_name)
         if self.assistant_turns != "all":
             return dataset
