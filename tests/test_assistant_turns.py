@@ -12,7 +12,7 @@ import sys
 
 import datasets
 import pytest
-import torch
+from open_instruct_dpo import kept_pairs, sgd_steps, tokenize
 from safetensors.torch import load_file
 from transformers import AutoTokenizer, TrainerCallback
 
@@ -21,7 +21,6 @@ from dpotrain.data import turns
 from dpotrain.recipe.config import parse_args
 from dpotrain.recipe.errors import ConfigError
 from dpotrain.train.trainer import build_trainer
-from open_instruct_dpo import kept_pairs, sgd_steps, tokenize
 
 SMOKE = str(ROOT / "configs" / "smoke.yaml")
 ACCELERATE = str(ROOT / ".venv" / "bin" / "accelerate") if (ROOT / ".venv").exists() else "accelerate"
@@ -54,9 +53,10 @@ def pairs(seed: int = 0) -> list[dict]:
             history += [{"role": "user", "content": words(rng, rng.randint(2, 6))},
                         {"role": "assistant", "content": words(rng, rng.randint(3, 10))}]  # fmt: skip
         history.append({"role": "user", "content": words(rng, rng.randint(2, 6))})
-        long = 100 if kind == "truncated" else rng.randint(3, 15)
-        out.append({"chosen": history + [{"role": "assistant", "content": words(rng, long)}],
-                    "rejected": history + [{"role": "assistant", "content": words(rng, rng.randint(3, 15))}]})  # fmt: skip
+        chosen = words(rng, 100 if kind == "truncated" else rng.randint(3, 15))
+        rejected = words(rng, rng.randint(3, 15))
+        out.append({"chosen": history + [{"role": "assistant", "content": chosen}],
+                    "rejected": history + [{"role": "assistant", "content": rejected}]})  # fmt: skip
     return out
 
 
