@@ -180,8 +180,10 @@ def test_zero2_on_two_processes_equals_open_instruct(tmp_path, tiny_model_dir, o
 
 
 def test_a_pair_that_differs_before_its_final_turn_is_refused(tiny_model_dir):
-    """TRL then takes the shared messages as prompt and the rest (assistant, user, assistant) as one completion, in
-    which open-instruct would mask the user turn: refused in one line rather than trained on other labels."""
+    """TRL would take the shared messages as prompt and the rest (assistant, user, assistant) as one completion, in
+    which open-instruct masks the user turn: refused in one line rather than trained on other labels. (The data stage
+    already refuses such a pair, before anything loads: "answers another prompt than `chosen`"; this is the
+    tokenization's own guard, which a template that renders a final turn unlike an earlier one also reaches.)"""
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
     from trl.data_utils import _tokenize, extract_prompt
 

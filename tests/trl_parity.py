@@ -28,7 +28,7 @@ def ours(output_dir, model_dir, steps: int, *overrides: str, rows: list[dict] = 
     recipe = parse_args(["--config", str(ROOT / "configs" / "smoke.yaml"), "--model_name_or_path", model_dir,
                          "--output_dir", str(output_dir), "--report_to", "none", "--save_strategy", "no",
                          "--max_steps", str(steps), "--logging_steps", "1", "--pairs_per_step", str(PAIRS_PER_STEP),
-                         *overrides])  # fmt: skip
+                         "--assistant_turns", "final", *overrides])  # fmt: skip  (plain TRL trains the final turn)
     return ready(build_trainer(recipe, datasets.Dataset.from_list(rows[: steps * PAIRS_PER_STEP])))
 
 

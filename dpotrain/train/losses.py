@@ -52,6 +52,11 @@ def check_options(recipe) -> None:
             f"(now {t.per_device_train_batch_size}), the pairs compared together; choose them with "
             "--per_device_train_batch_size N (N dividing pairs_per_step / processes; --dry-run shows whether it fits)"
         )
+    if SFT in types and t.use_weighting:
+        raise ConfigError(
+            "use_weighting with loss_type sft: TRL scales the SFT term by the micro-batch's mean WPO weight, which "
+            "changes with how a step is cut into micro-batches and processes: remove use_weighting, or sft"
+        )
     if recipe.project.assistant_turns == "all":
         # Each side's labeled tokens are then its earlier assistant turns (shared by both sides) and its completion;
         # sums, means and TRL's sequence-level losses read them all as open-instruct does. These two read the
@@ -65,11 +70,6 @@ def check_options(recipe) -> None:
             if value:
                 raise ConfigError(f"{name} with assistant_turns all: {what}, which needs one completion per side, "
                                   f"not every assistant turn: remove {name}, or set assistant_turns final")  # fmt: skip
-    if SFT in types and t.use_weighting:
-        raise ConfigError(
-            "use_weighting with loss_type sft: TRL scales the SFT term by the micro-batch's mean WPO weight, which "
-            "changes with how a step is cut into micro-batches and processes: remove use_weighting, or sft"
-        )
 
 
 def step1_loss(args) -> float | None:
