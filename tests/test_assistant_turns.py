@@ -179,25 +179,26 @@ def test_zero2_on_two_processes_equals_open_instruct(tmp_path, tiny_model_dir, o
     check_steps(losses, after, start, open_instruct["builtin"])
 
 
-def test_a_pair_that_differs_before_its_final_turn_is_refused(tiny_model_dir):
-    """TRL would take the shared messages as prompt and the rest (assistant, user, assistant) as one completion, in
-    which open-instruct masks the user turn: refused in one line rather than trained on other labels. (The data stage
-    already refuses such a pair, before anything loads: "answers another prompt than `chosen`"; this is the
-    tokenization's own guard, which a template that renders a final turn unlike an earlier one also reaches.)"""
-    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
-    from trl.data_utils import _tokenize, extract_prompt
+def test_a_template_whose_generation_prompt_is_not_how_the_answer_starts_is_refused(tiny_model_dir):
+    """A generation prompt that ends in `<think>` where the answer has none: open-instruct masks the generation
+    prompt's length of positions, which reaches into the answer TRL's split trains. Refused in one line rather than
+    trained on other labels."""
+    from trl.data_utils import _tokenize
 
-    user = {"role": "user", "content": "river stone"}
-    pair = {
-        "chosen": [user, {"role": "assistant", "content": "light"}, user, {"role": "assistant", "content": "a"}],
-        "rejected": [user, {"role": "assistant", "content": "north"}, user, {"role": "assistant", "content": "b"}],
-    }
-    example = extract_prompt(dict(pair))
-    prompt = _tokenize(tokenizer, example["prompt"], add_generation_prompt=True)["input_ids"]
-    example |= {"prompt_ids": prompt,
-                "chosen_ids": _tokenize(tokenizer, pair["chosen"])["input_ids"][len(prompt):],
-                "rejected_ids": _tokenize(tokenizer, pair["rejected"])["input_ids"][len(prompt):]}  # fmt: skip
-    with pytest.raises(ValueError, match="assistant_turns all: the chosen side .* use assistant_turns final"):
+    from dpotrain.data.builtin import CHAT_TEMPLATE
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    tokenizer.chat_template = CHAT_TEMPLATE.replace("'<|im_start|>assistant\n'", "'<|im_start|>assistant\n<think>'")
+    prompt = [{"role": "user", "content": "river stone"}]
+    example = {"prompt": prompt, "chosen": [{"role": "assistant", "content": "light"}],
+               "rejected": [{"role": "assistant", "content": "north"}]}  # fmt: skip
+    full = {side: _tokenize(tokenizer, prompt + example[side])["input_ids"] for side in ("chosen", "rejected")}
+    generation = _tokenize(tokenizer, prompt, add_generation_prompt=True)["input_ids"]
+    p = next(i for i, (a, b) in enumerate(zip(generation, full["chosen"], strict=False)) if a != b)  # TRL's split
+    assert p < len(generation)  # `<think>` is only in the generation prompt: TRL's completion starts before its end
+    example |= {"prompt_ids": generation[:p], "chosen_ids": full["chosen"][p:], "rejected_ids": full["rejected"][p:]}
+    with pytest.raises(ValueError, match="assistant_turns all: the pair whose prompt starts 'river stone' .* use "
+                                         "assistant_turns final"):  # fmt: skip
         turns.prompt_labels(example, tokenizer)
 
 

@@ -17,60 +17,54 @@ collators build each sequence's completion mask as `prompt_labels` followed by t
 which sums (and for sigmoid_norm and ipo, averages) over the completion mask, sums over every labeled token; an
 earlier turn is part of the prompt both sides share, so it counts on both sides' sums and token counts. Without the
 column (`final`) every mask is what it was. A pair whose completion open-instruct would label otherwise than TRL's
-split (a chat template that renders a final turn differently from an earlier one) is refused, naming the row.
+split (a template whose prompt with generation prompt is not how the conversation starts) is refused, naming it.
 """
 
 from dpotrain.data.pair_lengths import LABELS
 
-ASSISTANT_TURNS = ("final", "all")
 
-
-def open_instruct_labels(messages: list[dict], tokenizer, **template_kwargs) -> list[int]:
-    """1 for each position of the rendered `messages` that open-instruct labels, 0 for the masked ones (its
-    `sft_tulu_tokenize_and_truncate_v1`, before truncation: cutting the result at max_length gives its truncated
-    labels, since it caps every index at max_length)."""
+def masked_spans(prompt: list[dict], tokenizer, **template_kwargs) -> list[tuple[int, int]]:
+    """The positions open-instruct masks in a conversation that starts with `prompt` and goes on with assistant
+    messages only (the completion): one (start, end) per non-assistant message of the prompt. Every message before
+    the completion is the prompt's, so rendering the prompt's own prefixes gives the same lengths as rendering the
+    whole conversation's (what open-instruct does), at a fraction of the cost on long answers."""
     from trl.data_utils import _tokenize
 
     def length(upto: int, generation: bool) -> int:
-        ids = _tokenize(tokenizer, messages[:upto], add_generation_prompt=generation, **template_kwargs)["input_ids"]
+        ids = _tokenize(tokenizer, prompt[:upto], add_generation_prompt=generation, **template_kwargs)["input_ids"]
         return len(ids)
 
-    labels = [1] * length(len(messages), False)
-    for i, message in enumerate(messages):
+    spans = []
+    for i, message in enumerate(prompt):
         if message["role"] == "assistant":
             continue
         start = 0 if i == 0 else length(i, False)
-        header = i < len(messages) - 1 and messages[i + 1]["role"] == "assistant"
-        end = length(i + 1, header)
-        labels[start:end] = [0] * len(labels[start:end])
-    return labels
+        # the generation prompt (the assistant header) when an assistant message follows: always after the last
+        header = i == len(prompt) - 1 or prompt[i + 1]["role"] == "assistant"
+        spans.append((start, length(i + 1, header)))
+    return spans
 
 
 def prompt_labels(example: dict, tokenizer) -> list[int]:
     """The `prompt_labels` of one tokenized pair (its `prompt_ids`, `chosen_ids`, `rejected_ids` as TRL made them
-    from its `prompt`, `chosen`, `rejected`)."""
+    from its `prompt`, `chosen`, `rejected`; the completions are assistant messages, as the data stage reads them)."""
     from trl.data_utils import is_conversational
 
     p = len(example["prompt_ids"])
     if not is_conversational(example):  # plain text has no turns: TRL's split is all there is
         return [0] * p
-    tools = example.get("tools")
-    kwargs = {"tools": tools, **(example.get("chat_template_kwargs") or {})}
-    sides = []
-    for side in ("chosen", "rejected"):
-        labels = open_instruct_labels(example["prompt"] + example[side], tokenizer, **kwargs)
-        completion = len(example[f"{side}_ids"])
-        if len(labels) != p + completion or not all(labels[p:]):
+    kwargs = {"tools": example.get("tools"), **(example.get("chat_template_kwargs") or {})}
+    labels = [1] * p
+    for start, end in masked_spans(example["prompt"], tokenizer, **kwargs):
+        if end > p:  # open-instruct would mask the first tokens of each completion, which TRL's split trains
             raise ValueError(
-                f"assistant_turns all: the {side} side of the pair whose prompt starts "
+                "assistant_turns all: the pair whose prompt starts "
                 f"{str(example['prompt'][0].get('content'))[:60]!r} is labeled by open-instruct's rule otherwise than "
-                "its completion is split (the chat template renders its final turn unlike an earlier one): fix the "
-                "pair or the template, or use assistant_turns final"
+                "its completions are split (the chat template renders the prompt with its generation prompt unlike "
+                "the start of the conversation): fix the pair or the template, or use assistant_turns final"
             )
-        sides.append(labels[:p])
-    if sides[0] != sides[1]:  # the prompt's messages are the same on both sides: so are their labels
-        raise ValueError("assistant_turns all: the two sides of a pair label their shared prompt differently")
-    return [0, *sides[0][1:]] if p else []
+        labels[start:end] = [0] * len(labels[start:end])
+    return [0, *labels[1:]] if p else []
 
 
 def add_prompt_labels(dataset, tokenizer, num_proc: int | None = None):
