@@ -209,7 +209,8 @@ def test_losses_that_read_one_completion_refuse_all(option):
     recipe = parse_args(["--config", SMOKE, "--output_dir", "/tmp/unused", "--assistant_turns", "all", *option])
     with pytest.raises(ConfigError, match=f"{option[0][2:]} with assistant_turns all: .*assistant_turns final"):
         options.check_options(recipe)
-    options.check_options(parse_args(["--config", SMOKE, "--output_dir", "/tmp/unused", *option]))  # final: TRL's
+    final = parse_args(["--config", SMOKE, "--output_dir", "/tmp/unused", "--assistant_turns", "final", *option])
+    options.check_options(final)  # TRL's split: one completion per side
 
 
 def test_every_collator_marks_the_labeled_prompt_tokens_on_both_sides():
