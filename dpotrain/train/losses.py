@@ -17,6 +17,10 @@ cut into micro-batches and processes (this project weighs each micro-batch's los
   micro-batches of per_device_train_batch_size pairs they compare exactly those, as TRL does.
 - the MoE router's load-balancing loss (`router_aux_loss_coef`) is per forward, as transformers computes it: each
   micro-batch's, weighed by its pairs like the DPO loss (TRL's value when the step is one micro-batch).
+With `assistant_turns: all` (dpotrain/data/turns.py) each side's labeled tokens are its earlier assistant turns and its
+completion; every term above reads them through the completion mask as sums or means (the `sft` term: the chosen
+side's NLL over all its labeled tokens), except WPO's weights and LD-DPO's split, which read one completion per side:
+refused with `all` (`check_options`).
 """
 
 import math
