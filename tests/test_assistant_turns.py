@@ -31,10 +31,12 @@ LR = 1.0  # plain SGD: a step moves each weight by -LR x its gradient, so the we
 STEPS = 2  # step 1 starts at the reference (loss ln 2); step 2's loss is the policy's after one update
 WORDS = ("river stone light north quiet market seven garden number winter paper bridge signal orange careful answer "
          "question simple think maybe because window").split()  # fmt: skip
-# Chat templates the check runs under (the overrides of the run; the tokenizer the reference renders with gets the
-# same template). A template case (e.g. OLMo 3 Think's, `--chat_template_path configs/templates/olmo_thinker.jinja`)
-# is one more entry here.
-TEMPLATES = {"builtin": ()}
+# Chat templates the check runs under: name -> (a .jinja file the reference renders with, None for the model's own;
+# the run's flags that choose it). OLMo 3 Think's is one more entry:
+#   "olmo_thinker": (ROOT / "configs/templates/olmo_thinker.jinja",
+#                    ["--chat_template_path", str(ROOT / "configs/templates/olmo_thinker.jinja")]),
+# with think-shaped pairs in `pairs` (an answer that starts with `<think>`).
+TEMPLATES = {"builtin": (None, [])}
 
 
 def words(rng: random.Random, n: int) -> str:
@@ -75,8 +77,13 @@ def args(output_dir, model_dir, turns_trained: str, *overrides: str) -> list[str
 @pytest.fixture(scope="module")
 def open_instruct(tiny_model_dir):
     """open-instruct's two SGD steps over all the pairs (tests/open_instruct_dpo.py), per template."""
-    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
-    return {name: sgd_steps(tiny_model_dir, pairs(), tokenizer, BETA, MAX_LENGTH, LR, STEPS) for name in TEMPLATES}
+    out = {}
+    for name, (template, _) in TEMPLATES.items():
+        tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+        if template is not None:
+            tokenizer.chat_template = template.read_text()
+        out[name] = sgd_steps(tiny_model_dir, pairs(), tokenizer, BETA, MAX_LENGTH, LR, STEPS)
+    return out
 
 
 def check_steps(losses: list[float], grads: list[dict], want, readout: dict | None = None) -> None:
@@ -160,7 +167,7 @@ def test_steps_equal_open_instructs_dpo_norm(tmp_path, tiny_model_dir, open_inst
     equal open-instruct's; with `final` (TRL's, the earlier turns unlabeled) they do not."""
     want = open_instruct[template]
     assert len(kept_pairs(pairs(), AutoTokenizer.from_pretrained(tiny_model_dir), MAX_LENGTH)) == len(pairs())
-    flags = [*FORWARDS[forward], *TEMPLATES[template]]
+    flags = [*FORWARDS[forward], *TEMPLATES[template][1]]
     trainer, losses, grads = one_process(tmp_path / "all", tiny_model_dir, "all", *flags)
     assert (trainer.packed, trainer.forward.share_prompt) == (forward != "padded", forward == "shared_prompt")
     assert abs(losses[0] - math.log(2)) < 1e-6 and abs(losses[1] - math.log(2)) > 1e-3
