@@ -273,3 +273,27 @@ def test_the_health_guards_count_labeled_prompt_tokens_as_scored():
     assert completion_token_means(final, None) == (4.0, 1.5)
     assert completion_token_means(labeled, None) == (5.5, 3.0)  # pair 0: 3 labeled prompt tokens on each side
     assert completion_token_means(labeled, 8) == (4.5, 3.0)  # chosen cut at 8: pair 0 keeps 2 of its 3 tokens
+
+
+def test_a_pair_whose_prompt_fills_max_length_adds_nothing_to_open_instructs_gradient(tiny_model_dir):
+    """Such a pair is dropped and counted here (TRL's rule, both modes: docs/data.md). open-instruct keeps it when an
+    earlier assistant turn fits in max_length, but its two sides are then the same tokens with the same labels: it
+    adds exactly ln 2 to the loss and nothing to the gradient (it only weighs the other pairs less)."""
+    from open_instruct_dpo import dpo_norm_loss
+    from transformers import AutoModelForCausalLM
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    pair = pairs()[3]  # three_turns: two earlier exchanges
+    prompt = tokenizer.apply_chat_template(pair["chosen"][:-1], add_generation_prompt=True, return_dict=True)
+    max_length = len(prompt["input_ids"]) - 2  # the prompt alone fills it
+    (chosen, rejected), *_ = kept_pairs([pair], tokenizer, max_length)  # kept: labeled earlier turns fit
+    assert chosen == rejected and any(x != -100 for x in chosen[1])
+    policy = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    reference = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    with torch.no_grad():
+        for p in policy.parameters():
+            p.add_(0.02 * torch.randn_like(p))  # a policy away from the reference
+    loss = dpo_norm_loss(policy, reference, [pair], tokenizer, BETA, max_length)
+    loss.backward()
+    assert loss.item() == pytest.approx(math.log(2), abs=1e-7)
+    assert max(float(p.grad.abs().max()) for p in policy.parameters() if p.grad is not None) <= 1e-6
