@@ -4,6 +4,7 @@ prompts, same everything else.
     python benchmarks/throughput.py                          # CPU: OLMo 3-shaped 4-layer model, 256 Dolci-like pairs
     python benchmarks/throughput.py --data-set multiturn     # long shared histories, short last answers
     python benchmarks/throughput.py --runs 3 --pairs 512 --paths trl shared
+    python benchmarks/throughput.py --data-set multiturn --paths shared shared_all   # every assistant turn trained
     python benchmarks/throughput.py --device cuda --shape 1b --bf16 --pairs 1024 --max-length 4096 \
         --peak-tflops 989   # a GPU; MFU against the given peak
 
@@ -174,7 +175,8 @@ def worker(args) -> None:
                              dtype, "--model_name_or_path", str(args.model),
                              "--dataset_name", str(args.data), "--pairs_per_step", str(per_step),
                              "--max_tokens_per_microbatch", str(args.batch * 2 * args.max_length),
-                             "--share_prompt", str(args.path == "shared").lower()])  # fmt: skip
+                             "--share_prompt", str(args.path.startswith("shared")).lower(),
+                             "--assistant_turns", "all" if args.path.endswith("_all") else "final"])  # fmt: skip
         trainer = build_trainer(recipe, data)
         plan_stage.run_stage(trainer)
         reference.run_stage(trainer, trainer.graceful_stop)  # the reference pass: part of the end-to-end time
@@ -234,7 +236,9 @@ def summarize(runs: list[dict], peak_tflops: float | None) -> dict:
     return out
 
 
-PATHS = {"trl": "plain TRL", "packed": "packed", "shared": "packed + shared prompt"}
+PATHS = {"trl": "plain TRL", "packed": "packed", "shared": "packed + shared prompt",
+         # the same with every assistant turn trained (`assistant_turns: all`; the others train the final one)
+         "packed_all": "packed, every turn", "shared_all": "packed + shared prompt, every turn"}  # fmt: skip
 
 
 def main() -> None:

@@ -92,6 +92,9 @@ def summary(resolved: dict, json_file: Path | None, heading: str | None = None) 
     row("data", f"{data}: {rows:,} rows" if rows is not None else f"{data}: rows counted when the run loads it")
     lines.extend(f"  {'':<15}{mixture.describe(r)}" for r in d.get("data_sources") or [])
     row("template", template_text(resolved))
+    turns = resolved.get("assistant_turns", "final")
+    row("trained", "every assistant turn of each side (assistant_turns all, as open-instruct trained OLMo 3)"
+        if turns == "all" else "the final assistant turn of each side (assistant_turns final, TRL's)")  # fmt: skip
     if d.get("total_steps") is not None:
         n = resolved["num_train_epochs"]
         epochs = "" if resolved["max_steps"] > 0 else f" ({n:g} epoch{'s' * (n != 1)})"

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
+from dpotrain.data.pair_lengths import LABELS, pair_columns
 from dpotrain.recipe import writes
 from dpotrain.recipe.config import ProjectArguments
 from dpotrain.recipe.errors import ConfigError
@@ -132,11 +133,14 @@ def score(recipe, sample) -> dict:
         plan_stage.run_stage(trainer)  # the reference is scored in the plan's micro-batches
         reference.run_stage(trainer, trainer.graceful_stop)
         ds = trainer.train_dataset
-        columns = ["prompt_ids", "chosen_ids", "rejected_ids", "ref_chosen_logps", "ref_rejected_logps"]
+        columns = [*pair_columns(ds), "ref_chosen_logps", "ref_rejected_logps"]
         rows = ds.select_columns(columns).to_dict()
         device = str(trainer.args.device)
         del trainer
     lengths = {k: np.array([len(x) for x in rows[f"{k}_ids"]]) for k in ("prompt", "chosen", "rejected")}
+    # With `assistant_turns: all`, the earlier assistant turns each side's log-prob also sums over (a prompt is
+    # shorter than max_length in every kept pair, so none of them is cut)
+    lengths["labeled"] = np.array([sum(x) for x in rows.get(LABELS, [[]] * len(rows["prompt_ids"]))])
     return {
         **lengths,
         "logp_chosen": np.array(rows["ref_chosen_logps"], dtype=np.float64),
@@ -364,10 +368,12 @@ def plot(s: dict, r: dict, path: str) -> None:
 
 
 def gaps(s: dict, max_length: int | None):
-    """Per pair: summed gap, per-token gap, and the scored completion tokens (keep_start truncation) of each side."""
+    """Per pair: summed gap, per-token gap, and the scored tokens (keep_start truncation) of each side: its completion's
+    and, with `assistant_turns: all`, its earlier assistant turns."""
     limit = max_length or sys.maxsize
-    scored_c = np.maximum(np.minimum(s["prompt"] + s["chosen"], limit) - s["prompt"], 1)
-    scored_r = np.maximum(np.minimum(s["prompt"] + s["rejected"], limit) - s["prompt"], 1)
+    labeled = s.get("labeled", 0)
+    scored_c = np.maximum(np.minimum(s["prompt"] + s["chosen"], limit) - s["prompt"] + labeled, 1)
+    scored_r = np.maximum(np.minimum(s["prompt"] + s["rejected"], limit) - s["prompt"] + labeled, 1)
     gap = s["logp_chosen"] - s["logp_rejected"]
     return gap, s["logp_chosen"] / scored_c - s["logp_rejected"] / scored_r, scored_c, scored_r
 

@@ -128,7 +128,7 @@ class OutputPlan:
 # depend on it (tests/test_sequence_parallel.py resumes a group's checkpoint without one).
 RESUME_FIELDS = (
     "model_name_or_path", "model_revision", "dataset_name", "dataset_config", "dataset_train_split", "skip_invalid",
-    "hh_format", "datasets", "dataset_mixer_list", "dataset_mixer_list_splits",
+    "hh_format", "assistant_turns", "datasets", "dataset_mixer_list", "dataset_mixer_list_splits",
     "learning_rate", "lr_scheduler_type", "lr_scheduler_kwargs", "warmup_steps", "num_train_epochs", "max_steps",
     "optim", "weight_decay", "adam_beta1", "adam_beta2", "adam_epsilon", "max_grad_norm", "seed", "data_seed",
     "beta", "loss_type", "loss_weights", "label_smoothing", "max_length", "truncation_mode",

@@ -33,6 +33,10 @@ def test_smoke_summary_says_what_the_run_does_and_writes_the_json_beside_the_out
     assert f"dry run of {ROOT / 'configs' / 'smoke.yaml'}: nothing loaded, nothing trained\n" in text
     assert field(text, "model").startswith("builtin:tiny-olmo3; weights load in float32, training computes in fp32")
     assert field(text, "data") == "data/smoke_prefs.jsonl (split train): 384 rows"
+    assert (
+        field(text, "trained") == "every assistant turn of each side (assistant_turns all, as open-instruct trained "
+        "OLMo 3)"
+    )
     assert field(text, "steps") == "48 optimizer steps (1 epoch), 5 of warmup"  # 384 / 8, 10% warmup rounded up
     assert field(text, "processes").startswith("1 (single process")
     assert field(text, "per step") == "8 pairs, over all processes"

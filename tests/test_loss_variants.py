@@ -139,10 +139,11 @@ def test_the_sft_term_is_the_same_however_a_step_is_cut(variant, tmp_path, tiny_
 
     data = tmp_path / "pairs.jsonl"
     data.write_text("".join(json.dumps(row) + "\n" for row in LONGEST))
-    out = tmp_path / "two"
+    out = tmp_path / "two"  # the final assistant turn trained, as plain TRL trains it
     launch_smoke(2, ["--model_name_or_path", tiny_model_dir, "--dataset_name", str(data), "--output_dir", str(out),
                      "--max_steps", str(STEPS), "--logging_steps", "1", "--save_strategy", "no", "--report_to", "none",
-                     "--pairs_per_step", str(PAIRS_PER_STEP), *CUT, *flags])  # fmt: skip
+                     "--pairs_per_step", str(PAIRS_PER_STEP), "--assistant_turns", "final", *CUT,
+                     *flags])  # fmt: skip
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     weights = load_file(str(out / "model.safetensors"))
     assert_same_training([r["loss"] for r in records], weights, plain, tiny_model_dir)

@@ -80,6 +80,12 @@ def test_recomputed_when_model_data_tokenizer_or_max_length_change(tmp_path, tin
     # data: one row more
     build(tmp_path / "data", tiny_model_dir, builtin.make_preference_rows(17, seed=3))
     assert new_entry()
+    # the turns trained: the same tokens, the multi-turn pair's earlier assistant turn no longer scored
+    earlier = [sum(m["role"] == "assistant" for m in r["chosen"]) > 1 for r in rows]
+    final = build(tmp_path / "turns", tiny_model_dir, rows, "--assistant_turns", "final")
+    assert new_entry()
+    changed = [a != b for a, b in zip(ref_columns(final)[0], ref_columns(base)[0], strict=True)]
+    assert changed == earlier and any(earlier)
     # tokenizer: the same model and rows rendered with another chat template
     templated = tmp_path / "template-model"
     shutil.copytree(tiny_model_dir, templated)

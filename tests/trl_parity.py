@@ -24,11 +24,12 @@ ROWS = [json.loads(line) for line in (ROOT / "data" / "smoke_prefs.jsonl").read_
 
 def ours(output_dir, model_dir, steps: int, *overrides: str, rows: list[dict] = ROWS):
     """The project's trainer of the smoke recipe for `steps` steps of PAIRS_PER_STEP pairs, after its plan and
-    reference stages, on the first pairs of `rows` those steps use (so that the reference stage scores no more)."""
+    reference stages, on the first pairs of `rows` those steps use (so that the reference stage scores no more), with
+    the final assistant turn trained, as plain TRL trains it."""
     recipe = parse_args(["--config", str(ROOT / "configs" / "smoke.yaml"), "--model_name_or_path", model_dir,
                          "--output_dir", str(output_dir), "--report_to", "none", "--save_strategy", "no",
                          "--max_steps", str(steps), "--logging_steps", "1", "--pairs_per_step", str(PAIRS_PER_STEP),
-                         *overrides])  # fmt: skip
+                         "--assistant_turns", "final", *overrides])  # fmt: skip
     return ready(build_trainer(recipe, datasets.Dataset.from_list(rows[: steps * PAIRS_PER_STEP])))
 
 

@@ -8,6 +8,13 @@ from dataclasses import dataclass
 import numpy as np
 
 COLUMNS = ("prompt_ids", "chosen_ids", "rejected_ids")
+# With `assistant_turns: all`, the prompt tokens that are trained (earlier assistant turns: dpotrain/data/turns.py)
+LABELS = "prompt_labels"
+
+
+def pair_columns(dataset) -> list[str]:
+    """The columns that make a tokenized pair: its token ids, and its prompt's labels where it has them."""
+    return [*COLUMNS, *([LABELS] if LABELS in dataset.column_names else [])]
 
 
 def token_counts(dataset) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 
+from dpotrain.data import turns
 from dpotrain.forwards import masks
 from dpotrain.recipe import upstream
 
@@ -113,9 +114,10 @@ def sequences(example: dict, max_length: int | None, truncation_mode: str):
     """(ids, completion_mask) of the chosen and the rejected sequence of one tokenized pair, truncated."""
     prompt = example["prompt_ids"]
     out = []
-    for side in ("chosen_ids", "rejected_ids"):
-        ids = prompt + example[side]
-        mask = [0] * len(prompt) + [1] * len(example[side])
+    for side in ("chosen", "rejected"):
+        ids = prompt + example[f"{side}_ids"]
+        # the completion's tokens, and with `assistant_turns: all` the prompt's earlier assistant turns (turns.py)
+        mask = turns.completion_mask(example, side)
         out.append(truncate(ids, mask, max_length, truncation_mode))
     return out
 

@@ -27,7 +27,9 @@ import numpy as np
 import torch
 
 from dpotrain.cluster.collectives import max_over_ranks
-from dpotrain.forwards.packing import PER_TOKEN_FIELDS
+from dpotrain.data import turns
+from dpotrain.data.pair_lengths import LABELS
+from dpotrain.forwards.packing import PER_TOKEN_FIELDS, truncate
 
 MAX_GROUPS = 4  # forward calls per micro-batch: more pads a little less and launches more, smaller kernels
 
@@ -67,6 +69,19 @@ def positions(lengths: list[int], groups: list[list[int]] | None = None, max_gro
     return sum(len(group) * max(lengths[i] for i in group) for group in groups)
 
 
+def labeled_completion_mask(mask: torch.Tensor, examples: list[dict], collate) -> torch.Tensor:
+    """TRL's `[2B, L]` completion mask with each sequence's labeled prompt tokens (dpotrain/data/turns.py) marked
+    too, truncated as TRL's collator truncates the sequence (right padding: each sequence starts at column 0)."""
+    mask = mask.clone()
+    max_length, mode = getattr(collate, "max_length", None), getattr(collate, "truncation_mode", "keep_start")
+    for side, offset in (("chosen", 0), ("rejected", len(examples))):
+        for k, example in enumerate(examples):
+            full = turns.completion_mask(example, side)
+            _, cut = truncate(full, full, max_length, mode)
+            mask[offset + k, : len(cut)] = torch.tensor(cut, dtype=mask.dtype)
+    return mask
+
+
 class GroupedCollator:
     """TRL's padded collator, plus `row_groups`: which rows run together (`row_groups`)."""
 
@@ -75,6 +90,8 @@ class GroupedCollator:
 
     def __call__(self, examples):
         batch = self.collate(examples)
+        if LABELS in examples[0]:  # `assistant_turns: all`: the prompt's labeled tokens join each completion mask
+            batch["completion_mask"] = labeled_completion_mask(batch["completion_mask"], examples, self.collate)
         batch["row_groups"] = row_groups(batch["attention_mask"].sum(dim=1).tolist(), self.max_groups)
         return batch
 

@@ -34,6 +34,7 @@ from typing import Any
 
 import torch
 
+from dpotrain.data.pair_lengths import LABELS
 from dpotrain.forwards.packing import (
     attention_name,
     fill_rows,
@@ -96,7 +97,9 @@ def _unit_shared(example: dict, max_length: int | None):
     c, r = len(chosen), len(rejected)
     ids = list(prompt) + list(chosen) + [prompt[-1]] + list(rejected)
     positions = list(range(p + c)) + [p - 1] + list(range(p, p + r))
-    mask = [0] * p + [1] * c + [0] + [1] * r
+    # The prompt's labels (earlier assistant turns with `assistant_turns: all`, turns.py) are laid out once and read by
+    # both sides; the copy of the last prompt token is never a label (the chosen completion's end predicts nothing).
+    mask = (example.get(LABELS) or [0] * p) + [1] * c + [0] + [1] * r
     branch = [0] * (p - 1) + [1] * (c + 1) + [2] * (r + 1)
     return ids, positions, mask, branch, p + c, p + r, p, c
 

@@ -167,6 +167,16 @@ class ProjectArguments:
             "content. configs/templates/olmo_thinker.jinja is OLMo 3 Think's (docs/data.md, 'Chat template')."
         },
     )
+    assistant_turns: str = field(
+        default="final",
+        metadata={
+            "help": "Which assistant turns of a multi-turn pair are trained. `final`: TRL's, everything before the "
+            "final assistant turn is prompt. `all`: open-instruct's (OLMo 3's), every assistant turn of each side is "
+            "labeled, earlier turns included (they are shared by both sides), and each side's log-prob sums (for "
+            "sigmoid_norm: averages) over all its labeled tokens (docs/data.md 'Assistant turns').",
+            "choices": ["final", "all"],
+        },
+    )
     push_checkpoints: bool = field(
         default=False,
         metadata={

@@ -47,7 +47,7 @@ import numpy as np
 import torch
 
 from dpotrain.cluster.collectives import broadcast_from_main, gather_objects, max_of_ranks
-from dpotrain.plan.plan import COLUMNS, PairLengths, StepPlan, cut_step, steps_of
+from dpotrain.plan.plan import PairLengths, StepPlan, cut_step, pair_columns, steps_of
 from dpotrain.recipe.errors import ConfigError
 from dpotrain.recipe.writes import replacing, write_text
 from dpotrain.reference.reuse import UNREADABLE, fill_from_other_caches, pair_digests
@@ -86,7 +86,7 @@ def token_hash(dataset) -> str:
 
     h = hashlib.sha256()
     table = dataset.with_format("arrow")[:]
-    for name in COLUMNS:
+    for name in pair_columns(dataset):  # with `assistant_turns: all`, which prompt tokens are scored too
         h.update(name.encode())
         for chunk in table.column(name).chunks:
             h.update(np.asarray(pc.list_value_length(chunk), dtype=np.int64).tobytes())
@@ -500,7 +500,8 @@ def run(trainer, dataset, name: str, layout: list[list[list[int]]] | None, stop,
     scorer = trainer.reference_scorer()
     was_training = scorer.training
     scorer.eval()
-    prefetch = _Prefetch(trainer.reference_collate, dataset.select_columns(list(COLUMNS)), feed, device.type == "cuda")
+    rows = dataset.select_columns(pair_columns(dataset))
+    prefetch = _Prefetch(trainer.reference_collate, rows, feed, device.type == "cuda")
     try:
         with trainer.reference_context():
             for j in range(rounds):

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from dpotrain.data.pair_lengths import COLUMNS
+from dpotrain.data.pair_lengths import pair_columns
 
 DIGEST_BYTES = 16
 # What numpy and zipfile raise on an empty, truncated or foreign file (or one without the expected arrays)
@@ -31,7 +31,7 @@ def pair_digests(dataset) -> np.ndarray:
 
     table = dataset.with_format("arrow")[:]
     columns = []
-    for name in COLUMNS:
+    for name in pair_columns(dataset):
         column = table.column(name).combine_chunks()
         lengths = np.asarray(pc.list_value_length(column), dtype=np.int64)
         ids = np.asarray(column.flatten(), dtype=np.int64)

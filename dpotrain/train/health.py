@@ -61,6 +61,23 @@ def check_values(project) -> None:
         raise ConfigError(f"health_pinned_pairs must be >= 0 (got {p.health_pinned_pairs}); 0 turns that guard off")
 
 
+def labeled_prompt_tokens(dataset, max_length: int | None):
+    """Per pair, its prompt tokens that are trained within max_length (keep_start): 0 without `prompt_labels`."""
+    import numpy as np
+    import pyarrow.compute as pc
+
+    from dpotrain.data.pair_lengths import LABELS
+
+    if LABELS not in dataset.column_names:
+        return np.zeros(len(dataset), dtype=np.int64)
+    column = dataset.data.column(LABELS).combine_chunks()
+    if max_length is not None:
+        column = pc.list_slice(column, 0, max_length)
+    flat = np.asarray(column.flatten(), dtype=np.int64)
+    rows = np.asarray(column.value_parent_indices(), dtype=np.int64)
+    return np.bincount(rows, weights=flat, minlength=len(dataset)).astype(np.int64)
+
+
 def completion_token_means(dataset, max_length: int | None) -> tuple[float, float] | None:
     """Mean scored completion tokens (chosen, rejected) of a tokenized DPO data set, after keep_start truncation."""
     import numpy as np
@@ -72,10 +89,13 @@ def completion_token_means(dataset, max_length: int | None) -> tuple[float, floa
     lengths = {c: np.asarray(pc.list_value_length(dataset.data.column(c)), dtype=np.int64) for c in columns}
     prompt = lengths["prompt_ids"]
     limit = max_length or np.iinfo(np.int64).max
+    # With `assistant_turns: all`, a pair's earlier assistant turns (labeled prompt tokens) are scored on both sides
+    labeled = labeled_prompt_tokens(dataset, max_length)
     means = []
     for side in ("chosen_ids", "rejected_ids"):
         scored = np.minimum(prompt + lengths[side], limit) - prompt
-        scored = scored[scored > 0]
+        keep = scored > 0
+        scored = (scored + labeled)[keep]
         means.append(float(scored.mean()) if len(scored) else 0.0)
     return means[0], means[1]
 

@@ -17,6 +17,10 @@ cut into micro-batches and processes (this project weighs each micro-batch's los
   micro-batches of per_device_train_batch_size pairs they compare exactly those, as TRL does.
 - the MoE router's load-balancing loss (`router_aux_loss_coef`) is per forward, as transformers computes it: each
   micro-batch's, weighed by its pairs like the DPO loss (TRL's value when the step is one micro-batch).
+With `assistant_turns: all` (dpotrain/data/turns.py) each side's labeled tokens are its earlier assistant turns and its
+completion; every term above reads them through the completion mask as sums or means (the `sft` term: the chosen
+side's NLL over all its labeled tokens), except WPO's weights and LD-DPO's split, which read one completion per side:
+refused with `all` (`check_options`).
 """
 
 import math
@@ -64,6 +68,19 @@ def check_options(recipe) -> None:
             "use_weighting with loss_type sft: TRL scales the SFT term by the micro-batch's mean WPO weight, which "
             "changes with how a step is cut into micro-batches and processes: remove use_weighting, or sft"
         )
+    if recipe.project.assistant_turns == "all":
+        # Each side's labeled tokens are then its earlier assistant turns (shared by both sides) and its completion;
+        # sums, means and TRL's sequence-level losses read them all as open-instruct does. These two read the
+        # completion itself: WPO weighs a pair by the policy's per-token probability of each sampled completion,
+        # LD-DPO splits each completion into the part as long as the other side's and the verbose rest, by position
+        # among the labeled tokens (earlier turns would be counted as completion).
+        for name, value, what in (("use_weighting", t.use_weighting, "WPO weighs each pair by its completions' "
+                                   "per-token probabilities"),
+                                  ("ld_alpha", t.ld_alpha is not None, "LD-DPO splits each completion where the "
+                                   "shorter side's ends")):  # fmt: skip
+            if value:
+                raise ConfigError(f"{name} with assistant_turns all: {what}, which needs one completion per side, "
+                                  f"not every assistant turn: remove {name}, or set assistant_turns final")  # fmt: skip
     check_ignored(recipe)
 
 

@@ -32,7 +32,7 @@ from trl import DPOTrainer, get_peft_config, get_quantization_config
 from dpotrain.cluster import engine
 from dpotrain.cluster import sequence_parallel as groups
 from dpotrain.cluster.collectives import all_reduce_sum, max_over_ranks
-from dpotrain.data import builtin, lengths
+from dpotrain.data import builtin, lengths, turns
 from dpotrain.forwards import choice, flex, flops, packing, padded, sample, sequence_parallel
 from dpotrain.forwards.choice import ForwardChoice, decide_forward, padded_instead
 from dpotrain.plan import layers, plan
@@ -147,9 +147,11 @@ class RecipeDPOTrainer(DPOTrainer):
         attn_implementation: str | None,
         run_engine: engine.Engine,
         memory_plan: dict | None = None,
+        assistant_turns: str = "final",
         **kwargs,
     ):
         self.engine = run_engine
+        self.assistant_turns = assistant_turns  # read by `_prepare_dataset`, which TRL's __init__ calls
         self.forward = forward
         self.packed = packed = forward.packed
         self.pairs_per_step = pairs_per_step
@@ -189,6 +191,16 @@ class RecipeDPOTrainer(DPOTrainer):
         # The memory used, beside the plan: after the first step, and in every training log (memory_use.py).
         self.memory_use = MemoryUse(memory_plan)
         self.add_callback(FirstStepMemory(self.memory_use, self.accelerator.device))
+
+    def _prepare_dataset(self, dataset, processing_class, args, dataset_name):
+        """TRL's tokenization; with `assistant_turns: all`, each prompt's labeled tokens too (data/turns.py)."""
+        dataset = super()._prepare_dataset(dataset, processing_class, args, dataset_name)
+        if self.assistant_turns != "all":
+            return dataset
+        from trl.trainer.utils import global_then_local_main_first  # as TRL's own map, the main process first
+
+        with global_then_local_main_first():
+            return turns.add_prompt_labels(dataset, self._tokenizer, args.dataset_num_proc)
 
     def create_accelerator_and_postprocess(self):
         engine.enable_on_cpu(self.engine)  # FSDP2 and DDP on a CPU-only node: see engine.py
@@ -308,7 +320,7 @@ class RecipeDPOTrainer(DPOTrainer):
         micro-batch with the forward's collator."""
         run_plan = self.run_plan
         sampler = plan.StepSampler(run_plan.lengths, run_plan.step_plan, self.data_parallel_rank, run_plan.epochs)
-        columns = [c for c in (*plan.COLUMNS, "ref_chosen_logps", "ref_rejected_logps")
+        columns = [c for c in (*plan.pair_columns(self.train_dataset), "ref_chosen_logps", "ref_rejected_logps")
                    if c in self.train_dataset.column_names]  # fmt: skip
         return self._rank_aware_loader(plan.StepRows(self.train_dataset.select_columns(columns)), sampler,
                                        plan.StepCollator(self.data_collator), training=True)  # fmt: skip
@@ -318,7 +330,8 @@ class RecipeDPOTrainer(DPOTrainer):
         dataset = self.eval_dataset if eval_dataset is None else eval_dataset
         if isinstance(dataset, str):
             dataset = self.eval_dataset[dataset]
-        columns = [c for c in (*plan.COLUMNS, "ref_chosen_logps", "ref_rejected_logps") if c in dataset.column_names]
+        columns = [c for c in (*plan.pair_columns(dataset), "ref_chosen_logps", "ref_rejected_logps")
+                   if c in dataset.column_names]  # fmt: skip
         batches = plan.eval_batches(len(dataset), self.data_parallel_size, self.args.per_device_eval_batch_size)
         batches = batches[self.data_parallel_rank]
         return self._rank_aware_loader(dataset.select_columns(columns), plan.FixedBatches(batches), self.data_collator)
@@ -657,6 +670,7 @@ def build_trainer(recipe: Recipe, train_dataset, eval_dataset=None, callbacks=()
         attn_implementation=recipe.model.attn_implementation,
         run_engine=run_engine,
         memory_plan=memory_plan,
+        assistant_turns=p.assistant_turns,
     )
     step_log.install(trainer)  # one readable line per logging step, not the Trainer's dictionary
     sequence_parallel.set_up(forward.sequence_parallel, trainer.model)  # its groups, Ulysses around the attention

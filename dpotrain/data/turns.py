@@ -1,0 +1,80 @@
+"""Which assistant turns a pair trains (`assistant_turns`): the final one (TRL's), or every one (open-instruct's).
+
+TRL tokenizes a pair as prompt (every message before the final assistant turn, with the generation prompt), chosen
+and rejected completion, and trains the completions only. open-instruct, which trained OLMo 3
+(`dataset_transformation.py:sft_tulu_tokenize_and_truncate_v1` at 2fd104e, through
+`preference_tulu_tokenize_and_truncate_v1`), renders each side's whole conversation and labels every position but
+those of non-assistant messages: a non-assistant message i covers the positions from the end of the rendered
+messages[:i] to the end of the rendered messages[:i+1] (with the generation prompt when message i+1 is the
+assistant's, so each assistant header is masked too). Everything else is labeled: every assistant turn, earlier ones
+included, with whatever the template writes after it (`<|im_end|>`, a newline). The positions are taken as they fall
+in the whole conversation. Its `_get_batch_logps(average_log_prob=True)` then averages each side's log-probs over
+its labeled positions but the first (the labels are shifted by one).
+
+With `all`, this project keeps TRL's tokenization and adds one column, `prompt_labels`: 1 for each prompt token that
+open-instruct labels (the earlier assistant turns), 0 elsewhere (and at position 0, which nothing predicts). The
+collators build each sequence's completion mask as `prompt_labels` followed by the completion's ones, so TRL's loss,
+which sums (and for sigmoid_norm and ipo, averages) over the completion mask, sums over every labeled token; an
+earlier turn is part of the prompt both sides share, so it counts on both sides' sums and token counts. Without the
+column (`final`) every mask is what it was. A pair whose completion open-instruct would label otherwise than TRL's
+split (a template whose prompt with generation prompt is not how the conversation starts) is refused, naming it.
+"""
+
+from dpotrain.data.pair_lengths import LABELS
+
+
+def masked_spans(prompt: list[dict], tokenizer, **template_kwargs) -> list[tuple[int, int]]:
+    """The positions open-instruct masks in a conversation that starts with `prompt` and goes on with assistant
+    messages only (the completion): one (start, end) per non-assistant message of the prompt. Every message before
+    the completion is the prompt's, so rendering the prompt's own prefixes gives the same lengths as rendering the
+    whole conversation's (what open-instruct does), at a fraction of the cost on long answers."""
+    from trl.data_utils import _tokenize
+
+    def length(upto: int, generation: bool) -> int:
+        ids = _tokenize(tokenizer, prompt[:upto], add_generation_prompt=generation, **template_kwargs)["input_ids"]
+        return len(ids)
+
+    spans = []
+    for i, message in enumerate(prompt):
+        if message["role"] == "assistant":
+            continue
+        start = 0 if i == 0 else length(i, False)
+        # the generation prompt (the assistant header) when an assistant message follows: always after the last
+        header = i == len(prompt) - 1 or prompt[i + 1]["role"] == "assistant"
+        spans.append((start, length(i + 1, header)))
+    return spans
+
+
+def prompt_labels(example: dict, tokenizer) -> list[int]:
+    """The `prompt_labels` of one tokenized pair (its `prompt_ids`, `chosen_ids`, `rejected_ids` as TRL made them
+    from its `prompt`, `chosen`, `rejected`; the completions are assistant messages, as the data stage reads them)."""
+    from trl.data_utils import is_conversational
+
+    p = len(example["prompt_ids"])
+    if not is_conversational(example):  # plain text has no turns: TRL's split is all there is
+        return [0] * p
+    kwargs = {"tools": example.get("tools"), **(example.get("chat_template_kwargs") or {})}
+    labels = [1] * p
+    for start, end in masked_spans(example["prompt"], tokenizer, **kwargs):
+        if end > p:  # open-instruct would mask the first tokens of each completion, which TRL's split trains
+            raise ValueError(
+                "assistant_turns all: the pair whose prompt starts "
+                f"{str(example['prompt'][0].get('content'))[:60]!r} is labeled by open-instruct's rule otherwise than "
+                "its completions are split (the chat template renders the prompt with its generation prompt unlike "
+                "the start of the conversation): fix the pair or the template, or use assistant_turns final"
+            )
+        labels[start:end] = [0] * len(labels[start:end])
+    return [0, *labels[1:]] if p else []
+
+
+def add_prompt_labels(dataset, tokenizer, num_proc: int | None = None):
+    """`dataset` (tokenized by TRL, its `prompt` / `chosen` / `rejected` still there) with a `prompt_labels` column."""
+    kwargs = {"num_proc": num_proc, "desc": "Labeling every assistant turn"} if hasattr(dataset, "num_rows") else {}
+    return dataset.map(lambda example: {LABELS: prompt_labels(example, tokenizer)}, **kwargs)
+
+
+def completion_mask(example: dict, side: str) -> list[int]:
+    """A sequence's completion mask before truncation: the prompt's labels (none without the column), then the
+    completion's tokens."""
+    prompt = example.get(LABELS) or [0] * len(example["prompt_ids"])
+    return list(prompt) + [1] * len(example[f"{side}_ids"])

@@ -1,0 +1,299 @@
+"""`assistant_turns: all` trains what open-instruct trained OLMo 3 on: every assistant turn of each side, each side's
+log-prob averaged over all its labeled tokens (dpotrain/data/turns.py). The project's optimizer steps equal
+open-instruct's `dpo_norm` written from its definition (tests/open_instruct_dpo.py), on single-turn, multi-turn and
+truncated pairs, packed and with shared prompts, on one process and on two under ZeRO-2; `final` stays TRL's."""
+
+import json
+import math
+import os
+import random
+import subprocess
+import sys
+
+import datasets
+import pytest
+import torch
+from open_instruct_dpo import kept_pairs, sgd_steps, tokenize
+from safetensors.torch import load_file
+from transformers import AutoTokenizer, TrainerCallback
+
+from conftest import ROOT, rank_python, ready
+from dpotrain.data import turns
+from dpotrain.recipe.config import parse_args
+from dpotrain.recipe.errors import ConfigError
+from dpotrain.train.trainer import build_trainer
+
+SMOKE = str(ROOT / "configs" / "smoke.yaml")
+ACCELERATE = str(ROOT / ".venv" / "bin" / "accelerate") if (ROOT / ".venv").exists() else "accelerate"
+MAX_LENGTH = 256
+BETA = 5.0
+LR = 1.0  # plain SGD: a step moves each weight by -LR x its gradient, so the weights tell the gradient
+STEPS = 2  # step 1 starts at the reference (loss ln 2); step 2's loss is the policy's after one update
+WORDS = ("river stone light north quiet market seven garden number winter paper bridge signal orange careful answer "
+         "question simple think maybe because window").split()  # fmt: skip
+# Chat templates the check runs under: name -> (a .jinja file the reference renders with, None for the model's own;
+# the run's flags that choose it). OLMo 3 Think's is one more entry:
+#   "olmo_thinker": (ROOT / "configs/templates/olmo_thinker.jinja",
+#                    ["--chat_template_path", str(ROOT / "configs/templates/olmo_thinker.jinja")]),
+# with think-shaped pairs in `pairs` (an answer that starts with `<think>`).
+TEMPLATES = {"builtin": (None, [])}
+
+
+def words(rng: random.Random, n: int) -> str:
+    return " ".join(rng.choice(WORDS) for _ in range(n))
+
+
+def pairs(seed: int = 0) -> list[dict]:
+    """Single-turn, multi-turn (one and two earlier exchanges, with and without a system message) and truncated pairs
+    (a final answer longer than MAX_LENGTH leaves), each kind twice."""
+    rng = random.Random(seed)
+    out = []
+    for kind in ("single", "multi", "multi_system", "three_turns", "truncated") * 2:
+        history = []
+        if kind == "multi_system":
+            history.append({"role": "system", "content": words(rng, 6)})
+        for _ in range({"multi": 1, "multi_system": 1, "three_turns": 2}.get(kind, 0)):
+            history += [{"role": "user", "content": words(rng, rng.randint(2, 6))},
+                        {"role": "assistant", "content": words(rng, rng.randint(3, 10))}]  # fmt: skip
+        history.append({"role": "user", "content": words(rng, rng.randint(2, 6))})
+        chosen = words(rng, 100 if kind == "truncated" else rng.randint(3, 15))
+        rejected = words(rng, rng.randint(3, 15))
+        out.append({"chosen": history + [{"role": "assistant", "content": chosen}],
+                    "rejected": history + [{"role": "assistant", "content": rejected}]})  # fmt: skip
+    return out
+
+
+def args(output_dir, model_dir, turns_trained: str, *overrides: str) -> list[str]:
+    """The smoke recipe as one step per pass over all the pairs: plain SGD at a constant rate, no clipping, no
+    guards (a step-2 loss far from ln 2 is what is checked here, not a doomed run)."""
+    return ["--config", SMOKE, "--model_name_or_path", model_dir, "--output_dir", str(output_dir),
+            "--report_to", "none", "--assistant_turns", turns_trained, "--max_length", str(MAX_LENGTH),
+            "--beta", str(BETA), "--optim", "sgd", "--learning_rate", str(LR), "--lr_scheduler_type", "constant",
+            "--warmup_steps", "0", "--max_grad_norm", "0", "--weight_decay", "0", "--max_steps", str(STEPS),
+            "--num_train_epochs", str(STEPS), "--pairs_per_step", str(len(pairs())), "--logging_steps", "1",
+            "--health_checks", "false", *overrides]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def open_instruct(tiny_model_dir):
+    """open-instruct's two SGD steps over all the pairs (tests/open_instruct_dpo.py), per template."""
+    out = {}
+    for name, (template, _) in TEMPLATES.items():
+        tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+        if template is not None:
+            tokenizer.chat_template = template.read_text()
+        out[name] = sgd_steps(tiny_model_dir, pairs(), tokenizer, BETA, MAX_LENGTH, LR, STEPS)
+    return out
+
+
+def check_steps(losses: list[float], grads: list[dict], want, readout: dict | None = None) -> None:
+    """Each step's loss within 1e-5 (relative) and gradient within 1e-4 (of the tensor's largest entry) of
+    open-instruct's. `readout`: per tensor, what reading a gradient from fp32 weights, (before - after) / LR, may add
+    (the weights' rounding)."""
+    assert len(losses) == len(grads) == len(want) == STEPS
+    for step, (loss, got, (want_loss, want_grads, _)) in enumerate(zip(losses, grads, want, strict=True), 1):
+        assert abs(loss - want_loss) <= 1e-5 * abs(want_loss), (step, loss, want_loss)
+        assert got.keys() == want_grads.keys()
+        for name, g in want_grads.items():
+            allowed = 1e-4 * g.abs().max() + (readout or {}).get(name, 0.0)
+            assert (got[name] - g).abs().max() <= allowed, (step, name, float((got[name] - g).abs().max()), allowed)
+
+
+def read_gradients(start: dict, after: list[dict]) -> tuple[list[dict], dict]:
+    """Each step's gradient from the weights before and after it (plain SGD: w - LR x g), and what fp32 rounding of
+    those weights allows the readout."""
+    grads, before = [], start
+    for weights in after:
+        grads.append({n: (before[n] - weights[n]) / LR for n in weights})
+        before = weights
+    ulp = torch.finfo(torch.float32).eps
+    readout = {n: 2 * ulp * max(float(w[n].abs().max()) for w in (start, *after)) / LR for n in start}
+    return grads, readout
+
+
+class _Gradients(TrainerCallback):
+    """Each optimizer step's gradients, as the optimizer is about to apply them (one process, no DeepSpeed)."""
+
+    def __init__(self):
+        self.steps = []
+
+    def on_pre_optimizer_step(self, args, state, control, model=None, **kwargs):
+        self.steps.append({n: p.grad.detach().clone() for n, p in model.named_parameters()})
+
+
+def one_process(tmp_path, model_dir, turns_trained: str, *overrides: str):
+    trainer = ready(build_trainer(parse_args(args(tmp_path, model_dir, turns_trained, "--save_strategy", "no",
+                                                  *overrides)), datasets.Dataset.from_list(pairs())))  # fmt: skip
+    gradients = _Gradients()
+    trainer.add_callback(gradients)
+    trainer.train()
+    losses = [r["loss"] for r in trainer.state.log_history if "loss" in r and "train_loss" not in r]
+    return trainer, losses, gradients.steps
+
+
+def test_the_labels_are_open_instructs(tiny_model_dir):
+    """The prompt tokens labeled (turns.py) are the earlier assistant turns open-instruct labels, position by
+    position; the completion is all of the final turn's; a single-turn pair labels no prompt token."""
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    from trl.data_utils import _tokenize, extract_prompt
+
+    labeled = 0
+    for pair in pairs():
+        example = extract_prompt(dict(pair))
+        prompt = _tokenize(tokenizer, example["prompt"], add_generation_prompt=True)["input_ids"]
+        example |= {"prompt_ids": prompt, "chosen_ids": tokenize(pair["chosen"], tokenizer, 10**6)[0][len(prompt):],
+                    "rejected_ids": tokenize(pair["rejected"], tokenizer, 10**6)[0][len(prompt):]}  # fmt: skip
+        mine = turns.prompt_labels(example, tokenizer)
+        for side in ("chosen", "rejected"):
+            _, labels = tokenize(pair[side], tokenizer, 10**6)
+            want = [int(x != -100) for x in labels]
+            got = mine + [1] * len(example[f"{side}_ids"])
+            assert got[1:] == want[1:]  # position 0 is never scored (labels are shifted by one)
+        assistants = sum(m["role"] == "assistant" for m in pair["chosen"])
+        assert (sum(mine) > 0) == (assistants > 1)
+        labeled += sum(mine)
+    assert labeled > 0
+
+
+# The forwards of one process: packed rows, packed rows with each prompt once, TRL's padded batches (grouped)
+FORWARDS = {"packed": ["--share_prompt", "false"], "shared_prompt": ["--share_prompt", "true"],
+            "padded": ["--padding_free", "false"]}  # fmt: skip
+
+
+@pytest.mark.parametrize("template", TEMPLATES)
+@pytest.mark.parametrize("forward", FORWARDS)
+def test_steps_equal_open_instructs_dpo_norm(tmp_path, tiny_model_dir, open_instruct, forward, template):
+    """Two SGD steps over single-turn, multi-turn and truncated pairs on one process: each step's loss and gradient
+    equal open-instruct's; with `final` (TRL's, the earlier turns unlabeled) they do not."""
+    want = open_instruct[template]
+    assert len(kept_pairs(pairs(), AutoTokenizer.from_pretrained(tiny_model_dir), MAX_LENGTH)) == len(pairs())
+    flags = [*FORWARDS[forward], *TEMPLATES[template][1]]
+    trainer, losses, grads = one_process(tmp_path / "all", tiny_model_dir, "all", *flags)
+    assert (trainer.packed, trainer.forward.share_prompt) == (forward != "padded", forward == "shared_prompt")
+    assert abs(losses[0] - math.log(2)) < 1e-6 and abs(losses[1] - math.log(2)) > 1e-3
+    check_steps(losses, grads, want)
+    if forward == "packed":  # the check can fail: TRL's labels give other steps
+        _, final_losses, final_grads = one_process(tmp_path / "final", tiny_model_dir, "final", *flags)
+        with pytest.raises(AssertionError):
+            check_steps(final_losses, final_grads, want)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("share_prompt", ["false", "true"], ids=["packed", "shared_prompt"])
+def test_zero2_on_two_processes_equals_open_instruct(tmp_path, tiny_model_dir, open_instruct, share_prompt):
+    """The same two steps through `accelerate launch` of 2 processes under ZeRO-2 (the pairs split over the ranks, cut
+    into micro-batches by the recipe's token budget): losses from metrics.jsonl, gradients from the checkpoint after
+    step 1 and the final weights."""
+    data = tmp_path / "pairs.jsonl"
+    data.write_text("".join(json.dumps(p) + "\n" for p in pairs()))
+    out = tmp_path / "run"
+    cmd = [ACCELERATE, "launch", "--config_file", str(ROOT / "accelerate_config.yaml"), "--num_processes", "2",
+           *rank_python(), str(ROOT / "train_dpo.py"),
+           *args(out, tiny_model_dir, "all", "--dataset_name", str(data), "--share_prompt", share_prompt,
+                 "--save_strategy", "steps", "--save_steps", "1", "--save_only_model", "true")]  # fmt: skip
+    env = {**os.environ, "PATH": f"{os.path.dirname(sys.executable)}:{os.environ['PATH']}"}
+    result = subprocess.run(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            timeout=900)  # fmt: skip
+    assert result.returncode == 0, result.stdout[-4000:]
+    resolved = json.loads((out / "resolved_config.json").read_text())
+    assert resolved["derived"]["world_size"] == 2 and resolved["assistant_turns"] == "all"
+    losses = [json.loads(line)["loss"] for line in (out / "metrics.jsonl").read_text().splitlines()]
+    start = load_file(f"{tiny_model_dir}/model.safetensors")
+    after = [load_file(out / "checkpoint-1" / "model.safetensors"), load_file(out / "model.safetensors")]
+    grads, readout = read_gradients(start, after)
+    check_steps(losses, grads, open_instruct["builtin"], readout)
+
+
+def test_a_template_whose_generation_prompt_is_not_how_the_answer_starts_is_refused(tiny_model_dir):
+    """A generation prompt that ends in `<think>` where the answer has none: open-instruct masks the generation
+    prompt's length of positions, which reaches into the answer TRL's split trains. Refused in one line rather than
+    trained on other labels."""
+    from trl.data_utils import _tokenize
+
+    from dpotrain.data.builtin import CHAT_TEMPLATE
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    tokenizer.chat_template = CHAT_TEMPLATE.replace("'<|im_start|>assistant\n'", "'<|im_start|>assistant\n<think>'")
+    prompt = [{"role": "user", "content": "river stone"}]
+    example = {"prompt": prompt, "chosen": [{"role": "assistant", "content": "light"}],
+               "rejected": [{"role": "assistant", "content": "north"}]}  # fmt: skip
+    full = {side: _tokenize(tokenizer, prompt + example[side])["input_ids"] for side in ("chosen", "rejected")}
+    generation = _tokenize(tokenizer, prompt, add_generation_prompt=True)["input_ids"]
+    p = next(i for i, (a, b) in enumerate(zip(generation, full["chosen"], strict=False)) if a != b)  # TRL's split
+    assert p < len(generation)  # `<think>` is only in the generation prompt: TRL's completion starts before its end
+    example |= {"prompt_ids": generation[:p], "chosen_ids": full["chosen"][p:], "rejected_ids": full["rejected"][p:]}
+    with pytest.raises(ValueError, match="assistant_turns all: the pair whose prompt starts 'river stone' .* use "
+                                         "assistant_turns final"):  # fmt: skip
+        turns.prompt_labels(example, tokenizer)
+
+
+@pytest.mark.parametrize("option", [["--use_weighting", "true"], ["--ld_alpha", "0.5"]], ids=["wpo", "ld_dpo"])
+def test_losses_that_read_one_completion_refuse_all(option):
+    from dpotrain import options
+
+    recipe = parse_args(["--config", SMOKE, "--output_dir", "/tmp/unused", "--assistant_turns", "all", *option])
+    with pytest.raises(ConfigError, match=f"{option[0][2:]} with assistant_turns all: .*assistant_turns final"):
+        options.check_options(recipe)
+    final = parse_args(["--config", SMOKE, "--output_dir", "/tmp/unused", "--assistant_turns", "final", *option])
+    options.check_options(final)  # TRL's split: one completion per side
+
+
+def test_every_collator_marks_the_labeled_prompt_tokens_on_both_sides():
+    """The packed, shared-prompt and padded collators lay out each sequence's completion mask as its prompt's labels
+    then its completion, cut at max_length; a shared prompt's labels count on both sides. Without the column (`final`)
+    the prompt is unlabeled, as TRL's collator has it."""
+    from trl.trainer.dpo_trainer import DataCollatorForPreference
+
+    from dpotrain.forwards import packing, padded, shared_prompt
+
+    examples = [
+        {"prompt_ids": [5, 6, 7, 8], "chosen_ids": [9, 10], "rejected_ids": [11], turns.LABELS: [0, 1, 1, 0]},
+        {"prompt_ids": [5, 6], "chosen_ids": [12], "rejected_ids": [13, 14, 15], turns.LABELS: [0, 0]},
+    ]
+    labeled = [[0, 1, 1, 0, 1], [0, 0, 1, 0, 0], [0, 1, 1, 0, 1], [0, 0, 1, 1, 1]]  # chosen 0, 1; rejected 0, 1
+    unlabeled = [[0, 0, 0, 0, 1], [0, 0, 1, 0, 0], [0, 0, 0, 0, 1], [0, 0, 1, 1, 1]]
+    collators = [packing.PackedPreferenceCollator(max_length=5), shared_prompt.SharedPromptCollator(max_length=5),
+                 padded.GroupedCollator(DataCollatorForPreference(pad_token_id=0, max_length=5))]  # fmt: skip
+    for collate in collators:
+        for rows, want in ((examples, labeled), ([{k: v for k, v in e.items() if k != turns.LABELS}
+                                                  for e in examples], unlabeled)):  # fmt: skip
+            batch = collate(rows)
+            view = packing.padded_view(batch) if packing.is_packed(batch) else batch
+            assert view["completion_mask"].tolist() == want, type(collate).__name__
+    assert "seq_offsets" in shared_prompt.SharedPromptCollator(max_length=5)(examples)  # the prompt was shared
+
+
+def test_the_health_guards_count_labeled_prompt_tokens_as_scored():
+    """The health guards' per-token scale (mean scored tokens per side) counts the earlier turns with `all`."""
+    from dpotrain.train.health import completion_token_means
+
+    columns = {"prompt_ids": [[1] * 6, [1] * 4], "chosen_ids": [[2] * 3, [2] * 5], "rejected_ids": [[3] * 2, [3] * 1]}
+    final = datasets.Dataset.from_dict(columns)
+    labeled = datasets.Dataset.from_dict({**columns, turns.LABELS: [[0, 1, 1, 0, 1, 0], [0, 0, 0, 0]]})
+    assert completion_token_means(final, None) == (4.0, 1.5)
+    assert completion_token_means(labeled, None) == (5.5, 3.0)  # pair 0: 3 labeled prompt tokens on each side
+    assert completion_token_means(labeled, 8) == (4.5, 3.0)  # chosen cut at 8: pair 0 keeps 2 of its 3 tokens
+
+
+def test_a_pair_whose_prompt_fills_max_length_adds_nothing_to_open_instructs_gradient(tiny_model_dir):
+    """Such a pair is dropped and counted here (TRL's rule, both modes: docs/data.md). open-instruct keeps it when an
+    earlier assistant turn fits in max_length, but its two sides are then the same tokens with the same labels: it
+    adds exactly ln 2 to the loss and nothing to the gradient (it only weighs the other pairs less)."""
+    from open_instruct_dpo import dpo_norm_loss
+    from transformers import AutoModelForCausalLM
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    pair = pairs()[3]  # three_turns: two earlier exchanges
+    prompt = tokenizer.apply_chat_template(pair["chosen"][:-1], add_generation_prompt=True, return_dict=True)
+    max_length = len(prompt["input_ids"]) - 2  # the prompt alone fills it
+    (chosen, rejected), *_ = kept_pairs([pair], tokenizer, max_length)  # kept: labeled earlier turns fit
+    assert chosen == rejected and any(x != -100 for x in chosen[1])
+    policy = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    reference = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    with torch.no_grad():
+        for p in policy.parameters():
+            p.add_(0.02 * torch.randn_like(p))  # a policy away from the reference
+    loss = dpo_norm_loss(policy, reference, [pair], tokenizer, BETA, max_length)
+    loss.backward()
+    assert loss.item() == pytest.approx(math.log(2), abs=1e-7)
+    assert max(float(p.grad.abs().max()) for p in policy.parameters() if p.grad is not None) <= 1e-6
