@@ -147,7 +147,9 @@ def assert_packed_equals_padded(trainer, moe: bool):
     """Per-token log-probs, TRL's loss (with the router term) and the MoE auxiliary loss of the trained model: packed
     rows (the trainer's balanced rows and FlashAttention's single row) against TRL's padded batch of the same pairs."""
     model = trainer.model.eval()
-    examples = [trainer.train_dataset[i] for i in range(8)]  # with their cached reference log-probs
+    # With their cached reference log-probs; the prompt's labeled earlier turns (assistant_turns: all) left out, as
+    # TRL's padded collator knows none: the layouts are compared on the same labels.
+    examples = [{k: v for k, v in trainer.train_dataset[i].items() if k != "prompt_labels"} for i in range(8)]
     padded = DataCollatorForPreference(pad_token_id=trainer.processing_class.pad_token_id,
                                        max_length=trainer.args.max_length)(examples)  # fmt: skip
     one_row = packing.PackedPreferenceCollator(trainer.args.max_length, one_row=True)(examples)
