@@ -90,6 +90,8 @@ def many_rows(n=40):
         (["--ref_model_sync_steps", "4"], "ref_model_sync_steps 4 would be ignored: it is read only with "
          "--sync_ref_model true (TR-DPO)"),
         (["--ref_model_mixup_alpha", "0.9"], "ref_model_mixup_alpha 0.9 would be ignored"),
+        (["--precompute_ref_batch_size", "64"], "precompute_ref_batch_size 64 would be ignored: the reference stage "
+         "cuts its own micro-batches"),
     ],
 )  # fmt: skip
 def test_options_that_cannot_be_honoured(args, expected, tmp_path, monkeypatch, capsys):
@@ -103,7 +105,7 @@ def test_options_that_cannot_be_honoured(args, expected, tmp_path, monkeypatch, 
         ["--loss_type", "sigmoid", "robust", "--label_smoothing", "0.1"],  # robust reads it
         ["--loss_type", "discopop", "--discopop_tau", "0.1"],
         ["--f_divergence_type", "alpha_divergence", "--f_alpha_divergence_coef", "0.3"],
-        ["--loss_type", "sigmoid", "sft", "--ld_alpha", "0.5"],
+        ["--loss_type", "sigmoid", "sft", "--ld_alpha", "0.5", "--assistant_turns", "final"],
         ["--sync_ref_model", "true", "--precompute_ref_log_probs", "false", "--ref_model_sync_steps", "4"],
     ],
 )  # fmt: skip

@@ -68,6 +68,7 @@ def check_options(recipe) -> None:
             "use_weighting with loss_type sft: TRL scales the SFT term by the micro-batch's mean WPO weight, which "
             "changes with how a step is cut into micro-batches and processes: remove use_weighting, or sft"
         )
+    check_ignored(recipe)  # options the configured loss does not read at all, first
     if recipe.project.assistant_turns == "all":
         # Each side's labeled tokens are then its earlier assistant turns (shared by both sides) and its completion;
         # sums, means and TRL's sequence-level losses read them all as open-instruct does. These two read the
@@ -81,7 +82,6 @@ def check_options(recipe) -> None:
             if value:
                 raise ConfigError(f"{name} with assistant_turns all: {what}, which needs one completion per side, "
                                   f"not every assistant turn: remove {name}, or set assistant_turns final")  # fmt: skip
-    check_ignored(recipe)
 
 
 def _set(recipe, name: str) -> bool:
@@ -136,6 +136,10 @@ def check_ignored(recipe) -> None:
         raise ConfigError(f"use_weighting with loss_type {'/'.join(sorted(set(types) & BATCH_LEVEL_LOSSES))}: TRL "
                           "does not implement WPO's weights for losses that sort the micro-batch's pairs: remove "
                           "use_weighting, or choose another loss type")  # fmt: skip
+    if t.precompute_ref_batch_size is not None:
+        raise ConfigError(f"precompute_ref_batch_size {t.precompute_ref_batch_size} would be ignored: the reference "
+                          "stage cuts its own micro-batches, by tokens, from training's budget (docs/reference.md): "
+                          "remove precompute_ref_batch_size")  # fmt: skip
     for name in ("ref_model_mixup_alpha", "ref_model_sync_steps"):
         if _set(recipe, name) and not t.sync_ref_model:
             raise ConfigError(f"{name} {getattr(t, name):g} would be ignored: it is read only with "
