@@ -452,6 +452,13 @@ def micro_batches(lengths: PairLengths, pairs, world: int, budget: int | None, p
     return out
 
 
+def _start_line(name: str, n: int, reused: int, shared: int, world: int, rounds: int, size: str, folder) -> str:
+    kept = f", {reused - shared:,} kept from an interrupted run" if reused - shared else ""
+    kept += f", {shared:,} found in other runs' caches" if shared else ""
+    return (f"reference log-probs ({name}): scoring {n - reused:,} of {n:,} pairs on {world} process(es) in "
+            f"{rounds:,} micro-batch(es) each{size}{kept}; saved to {folder} as they are scored")  # fmt: skip
+
+
 def run(trainer, dataset, name: str, layout: list[list[list[int]]] | None, stop, save_seconds: float = SAVE_SECONDS):
     """`dataset` with `ref_chosen_logps` / `ref_rejected_logps` columns (None when stopped), and the Outcome.
 
@@ -482,11 +489,7 @@ def run(trainer, dataset, name: str, layout: list[list[list[int]]] | None, stop,
     round_pairs = [sum(len(mine[j]) for mine in todo if j < len(mine)) for j in range(rounds)]
     progress = _Progress(name, n, reused, sum(round_tokens), accelerator.is_main_process)
     if accelerator.is_main_process:
-        kept = f", {reused - shared:,} kept from an interrupted run" if reused - shared else ""
-        kept += f", {shared:,} found in other runs' caches" if shared else ""
-        print(f"reference log-probs ({name}): scoring {n - reused:,} of {n:,} pairs on {world} process(es) in "
-              f"{rounds:,} micro-batch(es) each{size}{kept}; saved to {store.folder} as they are scored",
-              flush=True)  # fmt: skip
+        print(_start_line(name, n, reused, shared, world, rounds, size, store.folder), flush=True)
     attempt = broadcast_from_main(f"{time.strftime('%Y%m%d%H%M%S')}-{secrets.token_hex(3)}")
     lockstep = trainer.forward_needs_every_rank()
     # A rank out of pairs still takes part in the forward's collectives (ZeRO-3, FSDP) with a pair of the data set's,
