@@ -1,6 +1,10 @@
 """The memory a run used beside the memory plan (dpotrain/train/memory_use.py); a real run's records are checked in
 tests/test_run_records.py."""
 
+import subprocess
+import sys
+
+from conftest import ROOT
 from dpotrain.train import memory_use
 from dpotrain.train.memory_use import MemoryUse
 
@@ -8,12 +12,19 @@ PLAN = {"per_gpu_gib": {"model_states": 40.0, "activations": 20.1, "total": 64.1
 
 
 def test_the_measured_peaks_are_this_process_real_size():
-    found = memory_use.peaks()
-    ballast = bytearray(256 * 1024**2)  # touched pages count in the resident size
-    ballast[::4096] = b"x" * len(ballast[::4096])
-    after = memory_use.peaks()
-    assert after["memory/peak_rss_gib"] >= found["memory/peak_rss_gib"] + 0.2
-    assert "memory/peak_reserved_gib" not in after  # no GPU here: nothing is made up for one
+    """In a fresh process (this one's peak is whatever the session's largest test made it): 256 MiB touched raise it."""
+    code = (
+        "from dpotrain.train import memory_use\n"
+        "before = memory_use.peaks()['memory/peak_rss_gib']\n"
+        "ballast = bytearray(256 * 1024**2)\n"
+        "ballast[::4096] = b'x' * len(ballast[::4096])  # touched pages count in the resident size\n"
+        "after = memory_use.peaks()\n"
+        "print(before, after['memory/peak_rss_gib'], 'memory/peak_reserved_gib' in after)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    before, after, gpu = out.split()
+    assert float(after) >= float(before) + 0.2, out
+    assert gpu == "False"  # no GPU here: nothing is made up for one
 
 
 def test_a_gpu_peak_is_shown_beside_the_plan_and_one_past_it_warned_once():
