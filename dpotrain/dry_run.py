@@ -6,6 +6,7 @@ or printed instead of the summary with `--json`, for scripts (scripts/launch.sh 
 """
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -19,7 +20,7 @@ KNOWN_GPUS = {"H100 80GB": 79.6, "H200": 140.4, "B200": 179.0}
 
 def json_path(output_dir: str) -> Path:
     """Where the dry run writes the full plan: beside the output folder, so the real run finds no folder made for it."""
-    out = Path(output_dir)
+    out = Path(os.path.abspath(output_dir))  # `--output_dir .`: beside the folder, never inside it as `.dry-run.json`
     return out.parent / f"{out.name}.dry-run.json"
 
 

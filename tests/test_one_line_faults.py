@@ -128,8 +128,8 @@ def test_a_model_without_a_chat_template_for_message_lists_is_refused_as_the_ana
     line = refused(tmp_path, monkeypatch, capsys, "--model_name_or_path", str(model), "--report_to", "none")
     assert line == (
         f"error: the tokenizer of {model} has no chat template, and the data set's rows are message lists, which need "
-        "one: use a model folder whose tokenizer has one (chat_template.jinja beside tokenizer_config.json, or a "
-        "chat_template entry in it)"
+        "one: give one with --chat_template_path FILE.jinja, or use a model folder whose tokenizer has one "
+        "(chat_template.jinja beside tokenizer_config.json, or a chat_template entry in it)"
     )
     assert not (tmp_path / "run").exists()  # before anything was written, the model's weights unread
     analyzer = subprocess.run([PYTHON, str(ROOT / "scripts" / "analyze_dataset.py"), str(ROOT / "data" /

@@ -118,10 +118,10 @@ def test_a_folder_that_holds_files_but_no_run_is_refused_whatever_the_flags(tmp_
         assert "holds files that are not a run's (3: README.md, config.json, metrics.jsonl)" in line, line
         assert "Loading" not in result.stdout and "Map" not in result.stdout  # refused before anything loaded
         assert snapshot(project) == before
-    # The dry run says the same before a job is submitted.
-    assert "holds files that are not a run's" in refusal(
-        run_train(train_args(".", "--dry-run"), cwd=project, env=env_for(tiny_model_dir))
-    )
+    # The dry run says the same before a job is submitted: it plans, and lists the run's refusal last.
+    dry = run_train(train_args(".", "--dry-run"), cwd=project, env=env_for(tiny_model_dir)).stdout
+    assert "the run would refuse" in dry and "holds files that are not a run's" in dry, dry[-2000:]
+    assert snapshot(project) == before
 
 
 def test_an_output_dir_that_is_a_file_is_refused_before_anything_loads(tmp_path, tiny_model_dir):
