@@ -28,10 +28,12 @@ def masked_spans(prompt: list[dict], tokenizer, **template_kwargs) -> list[tuple
     messages only (the completion): one (start, end) per non-assistant message of the prompt. Every message before
     the completion is the prompt's, so rendering the prompt's own prefixes gives the same lengths as rendering the
     whole conversation's (what open-instruct does), at a fraction of the cost on long answers."""
-    from trl.data_utils import _tokenize
+    from dpotrain.recipe import upstream
 
     def length(upto: int, generation: bool) -> int:
-        ids = _tokenize(tokenizer, prompt[:upto], add_generation_prompt=generation, **template_kwargs)["input_ids"]
+        ids = upstream.tokenize(tokenizer, prompt[:upto], add_generation_prompt=generation, **template_kwargs)[
+            "input_ids"
+        ]
         return len(ids)
 
     spans = []

@@ -43,6 +43,9 @@ SEAMS = (
          "comes from the inputs; metrics are reduced once per log", ("model", "inputs", "return_outputs")),
     Seam(f"{DPO}:DPOTrainer._precompute_ref_logps", "override", "deferred: the reference stage (dpotrain/reference) "
          "scores every pair after the plan stage", ("dataset", "name", "batch_size")),
+    Seam(f"{DPO}:DPOTrainer._prepare_dataset", "override", "TRL's tokenization, then each prompt's labeled earlier "
+         "turns with assistant_turns all (dpotrain/data/turns.py)", ("dataset", "processing_class", "args",
+                                                                     "dataset_name")),
     Seam(f"{TRAINER}:Trainer._save_checkpoint", "override", "the folder cleared first, rotation after the COMPLETE "
          "mark, a full disk in one line", ("model", "trial")),
     Seam(f"{TRAINER}:Trainer._run_epoch", "override", "a run resumed from its last step's checkpoint trains nothing "
@@ -62,7 +65,8 @@ SEAMS = (
     Seam(f"{DPO}:DPOTrainer._precompute_model_hash", "read", "the reference cache's key: the weights' hash TRL takes "
          "in __init__"),
     Seam(f"{DPO}:DPOTrainer._metrics", "read", "TRL's per-micro-batch metrics, replaced by exact means at each log"),
-    Seam(f"{DPO}:DPOTrainer._tokenizer", "read", "the pad token of TRL's padded collator, when a model cannot pack"),
+    Seam(f"{DPO}:DPOTrainer._tokenizer", "read", "the pad token of TRL's padded collator, when a model cannot pack; "
+         "the tokenizer that labels earlier turns"),
     Seam(f"{DPO}:DPOTrainer._precompute_engine", "read", "the DeepSpeed inference engine that scores the reference "
          "under ZeRO, made once and kept where TRL keeps it"),
     Seam("trl.trainer.utils:_CHUNKED_LOGPROB_CHUNK_SIZE", "read", "the fused LM head's vocabulary tile, in the "

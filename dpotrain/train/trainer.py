@@ -200,7 +200,7 @@ class RecipeDPOTrainer(DPOTrainer):
         from trl.trainer.utils import global_then_local_main_first  # as TRL's own map, the main process first
 
         with global_then_local_main_first():
-            return turns.add_prompt_labels(dataset, self._tokenizer, args.dataset_num_proc)
+            return turns.add_prompt_labels(dataset, upstream.trl_tokenizer(self), args.dataset_num_proc)
 
     def create_accelerator_and_postprocess(self):
         engine.enable_on_cpu(self.engine)  # FSDP2 and DDP on a CPU-only node: see engine.py
