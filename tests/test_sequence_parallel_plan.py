@@ -328,10 +328,12 @@ def test_the_analyzer_says_which_group_carries_a_max_length(tmp_path):
     builtin.build_tokenizer().save_pretrained(model)
     shutil.copy(ROOT / "configs" / "models" / "olmo3-7b" / "config.json", model / "config.json")
     report = tmp_path / "report.json"
+    # The bundled answers hold no thinking trace, which think.yaml's olmo_thinker template opens: the model's own
+    # template measures them (the memory plan is what is tested).
     result = subprocess.run(
         [python(), str(ROOT / "scripts" / "analyze_dataset.py"), str(ROOT / "data" / "smoke_prefs.jsonl"), "--config",
-         "configs/think.yaml", "--tokenizer", str(model), "--gpu_memory_gib", "79.6", "--candidates", "65536",
-         "131072", "--sample", "50", "--json", str(report)],
+         "configs/think.yaml", "--tokenizer", str(model), "--chat_template_path", str(model / "chat_template.jinja"),
+         "--gpu_memory_gib", "79.6", "--candidates", "65536", "131072", "--sample", "50", "--json", str(report)],
         cwd=ROOT, env={**os.environ, **H100_NODE, "HF_HUB_OFFLINE": "1"}, capture_output=True, text=True, timeout=900,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
