@@ -16,6 +16,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from dpotrain.recipe.errors import ConfigError
+from dpotrain.recipe.writes import unwritable
 from dpotrain.resolve import RUN_COMPLETE
 from dpotrain.train import run_files
 from dpotrain.train.checkpoints import checkpoints
@@ -93,15 +94,10 @@ def check(output_dir: str, lock: bool = True) -> None:
 def check_writable(out: Path) -> None:
     """The run writes its lock in `out` first, then everything else: a folder it cannot write in (a read-only mount,
     no permission) is refused in one line now. A folder still to be made is probed in the nearest one that exists."""
-    import tempfile
-
-    folder = next(p for p in (out, *out.absolute().parents) if p.exists())
-    try:
-        with tempfile.NamedTemporaryFile(dir=folder, prefix=".dpotrain-write-test-"):
-            pass
-    except OSError as e:
-        raise ConfigError(f"output_dir {str(out)!r}: cannot write in {folder} ({e.strerror}): pass --output_dir a "
-                          "folder this job can write in") from None  # fmt: skip
+    problem = unwritable(out)
+    if problem:
+        raise ConfigError(f"output_dir {str(out)!r}: cannot write in {problem[0]} ({problem[1]}): pass --output_dir a "
+                          "folder this job can write in")  # fmt: skip
 
 
 def check_plan(output_dir: str, start_afresh: bool) -> None:

@@ -168,19 +168,16 @@ def check_datasets_cache() -> None:
     (HF_DATASETS_CACHE, else $HF_HOME/datasets, else ~/.cache/huggingface/datasets). In a cache it cannot write in, it
     fails with a message about the data file: the cache is named instead (once per process; a folder still to be made
     is probed in the nearest one that exists)."""
-    import tempfile
-
     import datasets
 
+    from dpotrain.recipe.writes import unwritable
+
     folder = Path(datasets.config.HF_DATASETS_CACHE)
-    existing = next(p for p in (folder, *folder.absolute().parents) if p.exists())
-    try:
-        with tempfile.NamedTemporaryFile(dir=existing, prefix=".dpotrain-write-test-"):
-            pass
-    except OSError as e:
-        raise ConfigError(f"the datasets cache {folder} is not writable ({e.strerror} in {existing}), and datasets "
+    problem = unwritable(folder)
+    if problem:
+        raise ConfigError(f"the datasets cache {folder} is not writable ({problem[1]} in {problem[0]}), and datasets "
                           "caches every data set it reads there, local files too: set HF_HOME (or HF_DATASETS_CACHE) "
-                          "to a writable folder") from None  # fmt: skip
+                          "to a writable folder")  # fmt: skip
 
 
 def _unreadable(path: Path, error: Exception) -> str:

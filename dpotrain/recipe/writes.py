@@ -97,3 +97,18 @@ def quiet_progress_bars():
             hf_logging.enable_progress_bar()
         if bars[1]:
             datasets.enable_progress_bars()
+
+
+def unwritable(path: str | Path) -> tuple[Path, str] | None:
+    """Whether this process can create files at `path` (a folder, or one still to be made: then the nearest one that
+    exists is probed): None, or (the folder probed, why not). A real file is made and removed: permission bits say
+    nothing to root, and a read-only mount or a full quota only shows on a write."""
+    import tempfile
+
+    path = Path(path)
+    folder = next(p for p in (path, *path.absolute().parents) if p.exists())
+    try:
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=".dpotrain-write-test-"):
+            return None
+    except OSError as e:
+        return folder, e.strerror or type(e).__name__
