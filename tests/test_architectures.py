@@ -163,7 +163,8 @@ def assert_packed_equals_padded(trainer, moe: bool):
         for batch in (packed, one_row):
             got = packing.PackedModel(model, batch)(fused_lm_head=True, output_router_logits=moe)
             assert (got.log_probs - want.log_probs).abs().max() < 1e-5
-            assert abs(trainer.compute_loss(model, batch) - want_loss) < 1e-6
+            # fp32 sums: relative past 1 (trained with every turn labeled, the loss on these labels is ~4.8)
+            assert abs(trainer.compute_loss(model, batch) - want_loss) < 1e-6 * max(1.0, abs(float(want_loss)))
             if moe:
                 assert abs(got.aux_loss - want.aux_loss) < 1e-6
                 # ... where TRL's own fused head, left alone, also counts the padding that ends each packed row
