@@ -9,6 +9,7 @@ input back as it was (bytes and time) when it ends."""
 import json
 import shutil
 import subprocess
+import time
 
 import pytest
 import torch
@@ -173,6 +174,9 @@ def test_large_weights_are_known_by_their_ends_and_time(tmp_path):
     assert path.stat().st_size > 3 * data_identity.ENDS
     record = data_identity.of_files({"model.safetensors": path}, ends=True)
     assert "sha256_ends" in record["model.safetensors"] and "sha256" not in record["model.safetensors"]
+    # A re-export comes later than the export it replaces: past the file system's clock tick (coarse, a few ms, on
+    # some kernels), which a test writing twice in a row would not be.
+    time.sleep(0.05)
     save_file({**weights, "b.middle": torch.ones(300_000)}, str(path))  # only the middle tensor differs
     why = data_identity.changed_files(record, {"model.safetensors": path})
     assert why.startswith("model.safetensors was rewritten since the run started"), why
