@@ -12,18 +12,18 @@ PLAN = {"per_gpu_gib": {"model_states": 40.0, "activations": 20.1, "total": 64.1
 
 
 def test_the_measured_peaks_are_this_process_real_size():
-    """In a fresh process (this one's peak is whatever the session's largest test made it): 256 MiB touched raise it."""
+    """In a fresh process (this one's peak is whatever the session's largest test made it): 768 MiB touched raise it."""
     code = (
         "from dpotrain.train import memory_use\n"
         "before = memory_use.peaks()['memory/peak_rss_gib']\n"
-        "ballast = bytearray(256 * 1024**2)\n"
+        "ballast = bytearray(768 * 1024**2)\n"
         "ballast[::4096] = b'x' * len(ballast[::4096])  # touched pages count in the resident size\n"
         "after = memory_use.peaks()\n"
         "print(before, after['memory/peak_rss_gib'], 'memory/peak_reserved_gib' in after)\n"
     )
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True).stdout
     before, after, gpu = out.split()
-    assert float(after) >= float(before) + 0.2, out
+    assert float(after) >= float(before) + 0.4, out  # 0.75 GiB touched: past any start-up peak
     assert gpu == "False"  # no GPU here: nothing is made up for one
 
 
