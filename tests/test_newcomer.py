@@ -204,6 +204,7 @@ def short_run(tiny_model_dir, tmp_path_factory):
     a checkpoint every 2 steps, samples before step 1 and every 2 steps. Returns (everything printed, the folder)."""
     import contextlib
     import io
+    import os
 
     from conftest import ready
     from dpotrain.data import data
@@ -216,9 +217,18 @@ def short_run(tiny_model_dir, tmp_path_factory):
                          "--samples_every", "2", "--sample_count", "2", "--sample_max_new_tokens", "24"])  # fmt: skip
     pairs = data.load_preference_dataset(str(ROOT / recipe.script.dataset_name)).select(range(32))
     printed = io.StringIO()
-    with contextlib.redirect_stdout(printed), contextlib.redirect_stderr(printed):
-        trainer = ready(build_trainer(recipe, pairs))
-        trainer.train()
+    # Its own reference cache: the session's may hold these pairs' scores from an earlier test, and a reference found
+    # whole prints no speed line.
+    cache, os.environ["DPOTRAIN_CACHE"] = os.environ.get("DPOTRAIN_CACHE"), str(tmp_path_factory.mktemp("cache"))
+    try:
+        with contextlib.redirect_stdout(printed), contextlib.redirect_stderr(printed):
+            trainer = ready(build_trainer(recipe, pairs))
+            trainer.train()
+    finally:
+        if cache is None:
+            del os.environ["DPOTRAIN_CACHE"]
+        else:
+            os.environ["DPOTRAIN_CACHE"] = cache
     return printed.getvalue(), out
 
 
