@@ -72,6 +72,7 @@ def main() -> None:
     from transformers import AutoModelForCausalLM, Olmo3Config
 
     from dpotrain.cluster import engine
+    from dpotrain.recipe import upstream
 
     run_engine = engine.launched()
     # What start_processes reads of the training arguments: their timeout, and gloo where there is no GPU.
@@ -97,7 +98,7 @@ def main() -> None:
         for i in range(4):
             last = i == 3
             ids = torch.randint(0, config.vocab_size, (1, args.tokens), device=accelerator.device)
-            accelerator.gradient_state._set_sync_gradients(last)  # as RecipeDPOTrainer.training_step
+            upstream.set_sync_gradients(accelerator, last)  # as RecipeDPOTrainer.training_step
             with accelerator.no_sync(model) if defer and not last else torch.enable_grad():
                 loss = model(input_ids=ids, labels=ids).loss
                 accelerator.backward(loss)
@@ -114,6 +115,9 @@ def main() -> None:
                   "held_gradient_bytes": held, "planned_gradient_bytes": planned_gradient_bytes(run_engine.name,
                   params, world), "step_seconds": round(seconds, 2)}  # fmt: skip
         print(json.dumps(record), flush=True)
+    # Every rank's process groups ended before the interpreter's exit, as train_dpo.py ends them: left to it, a rank's
+    # collective threads can be torn down out of order ("terminate called without an active exception", SIGABRT).
+    engine.end_processes()
 
 
 if __name__ == "__main__":
