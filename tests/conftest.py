@@ -290,3 +290,16 @@ def splits(tmp_path_factory):
     datasets.DatasetDict({"train": datasets.Dataset.from_list(rows[:48]),
                           "test": datasets.Dataset.from_list(rows[48:])}).save_to_disk(path)  # fmt: skip
     return path
+
+
+def read_only_prefix(folder) -> list[str]:
+    """A command prefix under which `folder` is read-only: a read-only bind mount in a mount namespace of its own for
+    root (whom file modes do not stop), the folder's mode otherwise."""
+    if os.geteuid() != 0:
+        folder.chmod(0o555)
+        return []
+    remount = 'mount --bind "$0" "$0" && mount -o remount,bind,ro "$0" && exec "$@"'
+    prefix = ["unshare", "--mount", "sh", "-c", remount, str(folder)]
+    if subprocess.run([*prefix, "true"], capture_output=True).returncode != 0:
+        pytest.skip("cannot make a read-only bind mount here (unshare --mount needs CAP_SYS_ADMIN)")
+    return prefix

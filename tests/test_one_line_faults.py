@@ -12,7 +12,7 @@ import time
 import pytest
 from test_refusals import SMOKE, refused
 
-from conftest import PYTHON, ROOT
+from conftest import PYTHON, ROOT, read_only_prefix
 from dpotrain.recipe import records
 from dpotrain.recipe.errors import RunError
 
@@ -86,19 +86,6 @@ print("unchanged", path.read_bytes() == before, sorted(os.listdir(disk)))
 
 
 READ_ONLY = "Read-only file system" if os.geteuid() == 0 else "Permission denied"  # a mount for root, else a mode
-
-
-def read_only_prefix(folder) -> list[str]:
-    """A command prefix under which `folder` is read-only: a read-only bind mount in a mount namespace of its own for
-    root (whom file modes do not stop), the folder's mode otherwise."""
-    if os.geteuid() != 0:
-        folder.chmod(0o555)
-        return []
-    remount = 'mount --bind "$0" "$0" && mount -o remount,bind,ro "$0" && exec "$@"'
-    prefix = ["unshare", "--mount", "sh", "-c", remount, str(folder)]
-    if subprocess.run([*prefix, "true"], capture_output=True).returncode != 0:
-        pytest.skip("cannot make a read-only bind mount here (unshare --mount needs CAP_SYS_ADMIN)")
-    return prefix
 
 
 def run_in(prefix, args, env=None) -> subprocess.CompletedProcess:

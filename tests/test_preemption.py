@@ -11,7 +11,7 @@ import time
 import pytest
 from safetensors.torch import load_file
 
-from conftest import PYTHON, ROOT, python
+from conftest import PYTHON, ROOT, python, read_only_prefix
 from dpotrain.train.preemption import STOPPED_EXIT
 
 STEPS = 12  # of the smoke recipe's 8 pairs
@@ -155,26 +155,13 @@ print("still alive, asked:", stop.asked_here(), stop.signal_received, flush=True
     assert result.returncode == 0 and result.stdout.strip() == f"still alive, asked: True {int(signal.SIGTERM)}"
 
 
-def read_only(folder) -> list[str]:
-    """A command prefix under which `folder` is read-only: a read-only bind mount in a mount namespace of its own for
-    root (whom file modes do not stop), the folder's mode otherwise."""
-    if os.geteuid() != 0:
-        folder.chmod(0o555)
-        return []
-    remount = 'mount --bind "$0" "$0" && mount -o remount,bind,ro "$0" && exec "$@"'
-    prefix = ["unshare", "--mount", "sh", "-c", remount, str(folder)]
-    if subprocess.run([*prefix, "true"], capture_output=True).returncode != 0:
-        pytest.skip("cannot make a read-only bind mount here (unshare --mount needs CAP_SYS_ADMIN)")
-    return prefix
-
-
 def test_a_stop_file_in_a_read_only_folder_is_refused_at_start(tmp_path):
     folder = tmp_path / "logs"
     folder.mkdir()
     stop_file = folder / ".stop-123"
     command = [sys.executable, str(ROOT / "train_dpo.py"), "--config", str(ROOT / "configs/smoke.yaml"), "--dry-run"]
-    result = subprocess.run([*read_only(folder), *command], cwd=ROOT, capture_output=True, text=True, timeout=120,
-                            env={**os.environ, "DPOTRAIN_STOP_FILE": str(stop_file)})  # fmt: skip
+    result = subprocess.run([*read_only_prefix(folder), *command], cwd=ROOT, capture_output=True, text=True,
+                            timeout=120, env={**os.environ, "DPOTRAIN_STOP_FILE": str(stop_file)})  # fmt: skip
     assert result.returncode == 2, result.stdout[-2000:] + result.stderr[-2000:]
     assert result.stderr.strip().splitlines()[-1] == (
         f"error: DPOTRAIN_STOP_FILE={stop_file}: cannot write in {folder} (Read-only file system), so a stop could "
