@@ -303,3 +303,20 @@ def read_only_prefix(folder) -> list[str]:
     if subprocess.run([*prefix, "true"], capture_output=True).returncode != 0:
         pytest.skip("cannot make a read-only bind mount here (unshare --mount needs CAP_SYS_ADMIN)")
     return prefix
+
+
+@pytest.fixture(scope="module")
+def cli():
+    """scripts/analyze_dataset.py as a module: `cli.main(argv)` returns the exit status. It hides GPUs on import;
+    undone here."""
+    import importlib.util
+
+    before = os.environ.get("CUDA_VISIBLE_DEVICES")
+    spec = importlib.util.spec_from_file_location("analyze_dataset", ROOT / "scripts" / "analyze_dataset.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    if before is None:
+        os.environ.pop("CUDA_VISIBLE_DEVICES", None)
+    else:
+        os.environ["CUDA_VISIBLE_DEVICES"] = before
+    return module

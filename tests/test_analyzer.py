@@ -6,7 +6,6 @@ tokenization, and its filter of rows whose prompt fills max_length) and `DataCol
 padding), on small local data sets with the built-in tiny tokenizer.
 """
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -27,20 +26,6 @@ SCRIPT = ROOT / "scripts" / "analyze_dataset.py"
 @pytest.fixture(scope="module")
 def tokenizer(tiny_model_dir):
     return lengths.load_tokenizer(tiny_model_dir)
-
-
-@pytest.fixture(scope="module")
-def cli():
-    """The script as a module: `cli.main(argv)` returns the exit status. It hides GPUs on import; undone here."""
-    before = os.environ.get("CUDA_VISIBLE_DEVICES")
-    spec = importlib.util.spec_from_file_location("analyze_dataset", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    if before is None:
-        os.environ.pop("CUDA_VISIBLE_DEVICES", None)
-    else:
-        os.environ["CUDA_VISIBLE_DEVICES"] = before
-    return module
 
 
 @pytest.fixture(autouse=True)

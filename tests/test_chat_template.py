@@ -122,25 +122,8 @@ def test_every_tokenizer_of_the_run_has_the_recipes_template(tiny_model_dir):
     assert prompt.startswith(DEFAULT_SYSTEM) and prompt.endswith(GENERATION_PROMPT)
 
 
-@pytest.fixture(scope="module")
-def analyzer():
-    """scripts/analyze_dataset.py as a module (it hides GPUs on import; undone here)."""
-    import importlib.util
-    import os
-
-    before = os.environ.get("CUDA_VISIBLE_DEVICES")
-    spec = importlib.util.spec_from_file_location("analyze_dataset", ROOT / "scripts" / "analyze_dataset.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    if before is None:
-        os.environ.pop("CUDA_VISIBLE_DEVICES", None)
-    else:
-        os.environ["CUDA_VISIBLE_DEVICES"] = before
-    return module
-
-
-def test_the_analyzer_measures_with_the_recipes_template(tmp_path, tiny_model_dir, capsys, analyzer):
-    main = analyzer.main
+def test_the_analyzer_measures_with_the_recipes_template(tmp_path, tiny_model_dir, capsys, cli):
+    main = cli.main
     data = think_pairs(tmp_path / "pairs.jsonl", 8)
     report = tmp_path / "with.json"
     assert main([str(data), "--tokenizer", tiny_model_dir, "--chat_template_path", str(OLMO_THINKER), "--json",
