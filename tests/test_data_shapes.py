@@ -11,7 +11,7 @@ import json
 import datasets
 import numpy as np
 import pytest
-from test_analyzer import cli, trainer_dataset  # noqa: F401  (cli: a fixture)
+from test_analyzer import trainer_dataset
 from test_refusals import refused
 
 import train_dpo

@@ -12,7 +12,7 @@ import datasets
 import numpy as np
 import pytest
 import torch
-from test_analyzer import cli, error_line, trainer_dataset, write_jsonl  # noqa: F401  (cli: a fixture)
+from test_analyzer import error_line, trainer_dataset, write_jsonl
 from test_refusals import refused
 
 import train_dpo

@@ -5,7 +5,7 @@ import csv
 import json
 
 import pytest
-from test_analyzer import cli, error_line  # noqa: F401  (cli: a fixture)
+from test_analyzer import error_line
 
 import train_dpo
 from conftest import ROOT

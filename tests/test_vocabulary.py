@@ -5,7 +5,7 @@ import json
 import shlex
 
 import pytest
-from test_analyzer import cli, error_line  # noqa: F401  (cli: a fixture)
+from test_analyzer import error_line
 
 from conftest import ROOT
 from dpotrain import stages
