@@ -15,6 +15,7 @@ Any TRL / transformers field is a command-line override (--learning_rate 5e-7, -
 import os
 import sys
 from contextlib import nullcontext, redirect_stdout
+from dataclasses import replace
 
 try:
     try:
@@ -79,17 +80,18 @@ def run(argv, stop: GracefulStop) -> int | None:
         push = hub.take_push_settings(recipe, found.engine)
         output = stages.output_checks(recipe, found, push)  # resume, start afresh or refuse; token, W&B, offline
         if found.planning:  # the dry run: the run's first half, then its record instead of training
-            first = stages.first_half(recipe, found)
-            derived = first.record() | output.record(recipe.training.output_dir)  # and what the run would refuse
-            resolved = push.record(resolve.resolved_config(recipe, derived))
-            return dry_run.report(resolved, recipe.training.output_dir, recipe.project.json, stdout)
+            resolved = stages.first_half(recipe, found, output=output, push=push)
+            derived = resolved.record() | output.record(recipe.training.output_dir)  # and what the run would refuse
+            record = push.record(resolve.resolved_config(resolved.settings, derived))
+            return dry_run.report(record, recipe.training.output_dir, recipe.project.json, stdout)
     state = engine.start_processes(recipe.training, found.engine)  # the first process group, with every timeout
     if not recipe.project.reference_only:  # one run per output folder, taken before anything is written there
         run_lock.take(recipe.training.output_dir, state.is_main_process)
     # The checkpoint to resume from, its files verified against its manifest (else the previous sound one).
-    output.resume_from = resume.confirm(output.resume_from, explicit=bool(recipe.training.resume_from_checkpoint))
-    first = stages.first_half(recipe, found, state)  # data -> lengths -> forward -> memory
-    built = train_stage.build(recipe, first, push, output, state, stop)  # the old run removed, the model loaded
+    confirmed = resume.confirm(output.resume_from, explicit=bool(recipe.training.resume_from_checkpoint))
+    output = replace(output, resume_from=confirmed)
+    resolved = stages.first_half(recipe, found, state, output, push)  # data -> lengths -> forward -> memory
+    built = train_stage.build(resolved, state, stop)  # the old run removed, the model loaded
     trainer = built.trainer
     # The plan stage: every step cut into micro-batches from the tokenized lengths; a step that cannot be cut is
     # refused here, before the reference is scored.
@@ -99,13 +101,12 @@ def run(argv, stop: GracefulStop) -> int | None:
     # The reference stage (dpotrain/reference/reference.py): scored once, saved as it goes, stopped cleanly on a stop
     # request.
     outcomes = reference.run_stage(trainer, trainer.graceful_stop, recipe.project.reference_save_seconds)
-    ended = train_stage.ends_after_reference(recipe, built, outcomes, state)
+    ended = train_stage.ends_after_reference(resolved.settings, built, outcomes, state)
     if ended is not None:
         return ended
-    resolved = train_stage.record_run(recipe, first, trainer, run_plan, outcomes, output, push, state)
+    record = train_stage.record_run(resolved, trainer, run_plan, outcomes, state)
     trainer.train(resume_from_checkpoint=output.resume_from)
-    return publish.save_and_push(recipe, built, resolved, push, state)
-
+    return publish.save_and_push(resolved.settings, built, record, push, state)
 
 def preflight(recipe, found) -> int | None:
     from dpotrain import preflight

@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from dpotrain.data.pair_lengths import LABELS, pair_columns
-from dpotrain.recipe import writes
+from dpotrain.recipe import config, writes
 from dpotrain.recipe.config import ProjectArguments
 from dpotrain.recipe.errors import ConfigError
 
@@ -104,7 +104,7 @@ def pair_keys(dataset) -> tuple[int, int, int]:
     return rows, duplicates, identical
 
 
-def score(recipe, sample) -> dict:
+def score(recipe, found, sample) -> dict:
     """Reference log-probs of the sample, with training's tokenization, truncation and forward.
 
     The project's trainer is built on the sample with `precompute_ref_log_probs`, and its prepared data set read back:
@@ -112,24 +112,23 @@ def score(recipe, sample) -> dict:
     dpotrain/reference/reference.py) is the
     one that scores here. Returns per kept row: prompt / chosen / rejected token counts and summed log-probs.
     """
+    from transformers.trainer_utils import IntervalStrategy
+
+    from dpotrain import stages
     from dpotrain.plan import plan_stage
     from dpotrain.reference import reference
     from dpotrain.train.trainer import build_trainer
 
-    t, p = recipe.training, recipe.project
-    from transformers.trainer_utils import IntervalStrategy
-
-    t.precompute_ref_log_probs = True
-    t.report_to = []
-    t.push_to_hub = False  # nothing to push; the Trainer would create the repo at start
-    t.eval_strategy, t.do_eval = IntervalStrategy.NO, False  # the sample is all it scores
-    p.health_checks, p.samples_every = False, 0  # no training happens here
     with tempfile.TemporaryDirectory(prefix="preflight-") as tmp, _env("DPOTRAIN_CACHE", tmp):
-        # A sample's reference log-probs are of no use to training: the reference cache
-        # (dpotrain/reference/reference.py,
-        # under $DPOTRAIN_CACHE) and the output folder live in a folder removed afterwards.
-        t.output_dir = tmp
-        trainer = build_trainer(recipe, sample)
+        # A sample's reference log-probs are of no use to training: the reference cache (reference.py, under
+        # $DPOTRAIN_CACHE) and the output folder live in a folder removed afterwards. Nothing to push (the Trainer
+        # would create the repo at start), no evaluation (the sample is all it scores), no training.
+        only_scoring = {"training": {"precompute_ref_log_probs": True, "report_to": [], "push_to_hub": False,
+                                     "eval_strategy": IntervalStrategy.NO, "do_eval": False, "output_dir": tmp},
+                        "project": {"health_checks": False, "samples_every": 0}}  # fmt: skip
+        scoring = config.decided(recipe, only_scoring)
+        resolved = stages.first_half(scoring, found, pairs=stages.given_pairs(scoring, found, sample))
+        trainer = build_trainer(resolved)
         plan_stage.run_stage(trainer)  # the reference is scored in the plan's micro-batches
         reference.run_stage(trainer, trainer.graceful_stop)
         ds = trainer.train_dataset
@@ -406,12 +405,14 @@ def run(recipe, found, sample_size: int = DEFAULT_SAMPLE, seed: int | None = Non
     seed = recipe.training.seed if seed is None else seed
     script = recipe.script
     pairs = stages.load_data(recipe, found, say=False)
+    recipe = config.decided(recipe, pairs.settings())  # a Hub data set's commit, as the run pins it
     dataset, named = pairs.train, _name(recipe)
     if recipe.max_length_auto:  # as training resolves it (the analyzer's cached report when there is one)
         from dpotrain.cluster import engine
 
         state = engine.start_processes(recipe.training, engine.launched())  # the recipe's timeout, as training's
-        stages.measure_lengths(recipe, found, pairs, stages.model_files(recipe, found), state)
+        lengths = stages.measure_lengths(recipe, found, pairs, stages.model_files(recipe, found), state)
+        recipe = config.decided(recipe, lengths.settings())
     rows, duplicates, identical = pair_keys(dataset) if not script.dataset_streaming else (None, None, None)
     sample = sample_rows(dataset, sample_size, seed)
     if rows is None:  # a stream: judge duplicates on the sample
@@ -425,7 +426,7 @@ def run(recipe, found, sample_size: int = DEFAULT_SAMPLE, seed: int | None = Non
         "identical_share": identical / max(rows, 1),
     }
     loss_types = list(recipe.training.loss_type)
-    s = score(recipe, sample)
+    s = score(recipe, found, sample)
     report = analyze(s, len(sample), recipe.training.max_length, loss_types, quality, Thresholds())
     report["max_length"] = recipe.training.max_length
     setup = {

@@ -62,32 +62,38 @@ def check_token_budget(recipe: Recipe) -> None:
         )
 
 
-def fill_defaults(recipe: Recipe) -> None:
-    """run_name from the recipe's file name, output_dir from run_name: outputs/<run_name>."""
-    t = recipe.training
-    if not t.run_name:
-        t.run_name = Path(recipe.config_path).stem + "-dpo" if recipe.config_path else "dpo"
-    if "output_dir" not in recipe.given:
-        t.output_dir = str(Path("outputs") / t.run_name)
+@dataclass(frozen=True)
+class Batch:
+    """Pairs per optimizer step, kept fixed on any number of processes, and the gradient accumulation that gives it
+    (None where micro-batches are cut by tokens: how many a step takes follows from the data, plan.py)."""
+
+    pairs_per_step: int
+    gradient_accumulation_steps: int | None
+
+    def settings(self) -> dict:
+        """The recipe fields this decision sets (`config.decided`)."""
+        accumulation = {} if self.gradient_accumulation_steps is None else {
+            "gradient_accumulation_steps": self.gradient_accumulation_steps}  # fmt: skip
+        return {"project": {"pairs_per_step": self.pairs_per_step}, "training": accumulation}
 
 
-def plan_batch(recipe: Recipe, world: int) -> None:
-    """Keep pairs_per_step fixed on any number of processes by deriving gradient accumulation. `world`: the processes
-    that read their own pairs (data-parallel ranks: processes / sequence_parallel_size)."""
+def plan_batch(recipe: Recipe, world: int) -> Batch:
+    """Keep pairs_per_step fixed on any number of processes by deriving gradient accumulation; without pairs_per_step,
+    per_device_train_batch_size x gradient_accumulation_steps x processes. `world`: the processes that read their own
+    pairs (data-parallel ranks: processes / sequence_parallel_size)."""
     t, pairs = recipe.training, recipe.project.pairs_per_step
+    per_step = t.per_device_train_batch_size * world
     if recipe.project.max_tokens_per_microbatch is not None:
         # Micro-batches are cut by tokens: gradient accumulation follows from the data (trainer.py). Each process
         # needs at least one pair per step.
-        pairs = pairs or t.per_device_train_batch_size * t.gradient_accumulation_steps * world
+        pairs = pairs or per_step * t.gradient_accumulation_steps
         if pairs < world:
             raise ConfigError(
                 f"pairs_per_step={pairs} gives some of the {world} processes no pair: use at least {world}"
             )
-        recipe.project.pairs_per_step = pairs
-        return
+        return Batch(pairs, None)
     if pairs is None:
-        return
-    per_step = t.per_device_train_batch_size * world
+        return Batch(per_step * t.gradient_accumulation_steps, t.gradient_accumulation_steps)
     if pairs % per_step:
         raise ConfigError(
             f"pairs_per_step={pairs} is not reachable with {world} process(es) x per_device_train_batch_size="
@@ -99,15 +105,16 @@ def plan_batch(recipe: Recipe, world: int) -> None:
             f"gradient_accumulation_steps={t.gradient_accumulation_steps} contradicts pairs_per_step={pairs} "
             f"(which needs {pairs // per_step} on {world} process(es)): set one of them, not both"
         )
-    t.gradient_accumulation_steps = pairs // per_step
+    return Batch(pairs, pairs // per_step)
 
 
-@dataclass
+@dataclass(frozen=True)
 class OutputPlan:
     resume_from: str | None  # a complete checkpoint to resume from
     start_afresh: bool  # remove what output_dir holds before training
     # A dry run: what the run would refuse (credentials, the output folder), each the refusal's own line; a run refuses.
     would_refuse: tuple[str, ...] = ()
+    data_commit: str | None = None  # a continued run's Hub data set commit, the one it started on (hub_revision.kept)
 
     def record(self, output_dir: str) -> dict:
         """What the run would do with its folder, and what it would refuse: for a dry run's summary."""
@@ -224,13 +231,12 @@ def check_output_dir(recipe: Recipe, pairs_per_step: int | None = None) -> Outpu
     return OutputPlan(None, False)
 
 
-def plan_steps(recipe: Recipe, world: int, rows: int | None) -> dict:
+def plan_steps(recipe: Recipe, batch: Batch, world: int, rows: int | None) -> dict:
     """Optimizer steps as the Trainer will count them: steps of pairs_per_step pairs (plan.py, a tiny last step
     merged), one dataloader item each. `world`: the data-parallel ranks (processes / sequence_parallel_size)."""
     from dpotrain.plan.plan import steps_of
 
-    t = recipe.training
-    pairs = recipe.project.pairs_per_step or t.per_device_train_batch_size * t.gradient_accumulation_steps * world
+    t, pairs = recipe.training, batch.pairs_per_step
     plan = {"pairs_per_step": pairs, "dataset_rows": rows, "total_steps": None, "warmup_steps": None}
     if t.max_steps > 0:
         total = t.max_steps

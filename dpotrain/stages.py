@@ -89,6 +89,7 @@ class Launch:
     planning: bool  # a dry run: the launch is planned, not running
     sequence_parallel: int = 1  # processes per group that split each micro-batch's sequence (sequence_parallel.py)
     clipping: dict | None = None  # the gradient clipping in effect on this engine (`engine.gradient_clipping`)
+    batch: resolve.Batch | None = None  # pairs per step for these processes, and the accumulation that gives it
 
     @property
     def data_parallel(self) -> int:
@@ -122,7 +123,8 @@ def launch(recipe) -> Launch:
     n = recipe.project.sequence_parallel_size
     sequence_parallel.check_launch(n, world, planned)  # N divides the processes, on DeepSpeed's engine
     clipping = engine.gradient_clipping(recipe.training.max_grad_norm, planned)  # its DeepSpeed config agrees
-    return Launch(world, source, planned, machines, planning, n, clipping)
+    batch = resolve.plan_batch(recipe, sequence_parallel.data_parallel_size(world, n))
+    return Launch(world, source, planned, machines, planning, n, clipping, batch)
 
 
 def checks(recipe) -> Launch:
@@ -132,9 +134,7 @@ def checks(recipe) -> Launch:
     samples.check_values(recipe.project)
     options.check_options(recipe)  # options TRL would fail on, or ignore, only after loading the model
     lora.check_lora(recipe)
-    found = launch(recipe)
-    resolve.fill_defaults(recipe)
-    return found
+    return launch(recipe)
 
 
 def output_checks(recipe, found: Launch, push) -> resolve.OutputPlan:
@@ -144,7 +144,6 @@ def output_checks(recipe, found: Launch, push) -> resolve.OutputPlan:
 
     A dry run shows its plan where the run would refuse for a missing login or its output folder (a login node before
     credentials, a folder the demo filled): it lists those refusals instead, each as the run would say it."""
-    resolve.plan_batch(recipe, found.data_parallel)
     training, only_reference = recipe.training, recipe.project.reference_only
     refusals: list[str] = []
 
@@ -173,20 +172,18 @@ def output_checks(recipe, found: Launch, push) -> resolve.OutputPlan:
             from dpotrain.hub import hub
 
             push.repo_id = hub.check_write_access(push.repo_id, push.token)  # now, not after training; user/name
-    pairs = recipe.project.pairs_per_step or (
-        training.per_device_train_batch_size * training.gradient_accumulation_steps * found.data_parallel
-    )
     plan = resolve.OutputPlan(None, False)
     if not only_reference:
-        plan = check(resolve.check_output_dir, recipe, pairs) or plan
-    kept = None if plan.start_afresh else hub_revision.keep(recipe, training.output_dir)  # the data's commit
+        plan = check(resolve.check_output_dir, recipe, found.batch.pairs_per_step) or plan
+    kept = None if plan.start_afresh else hub_revision.kept(recipe, training.output_dir)  # the data's commit
     if kept and int(os.environ.get("RANK", "0")) == 0:
-        print(f"Resuming on {kept}", flush=True)
+        print(f"Resuming on {recipe.script.dataset_name}: commit {kept[:12]}, the one this run started on "
+              "(dataset_revision)", flush=True)  # fmt: skip
     resume.check_partitions(plan.resume_from, found.world, found.engine)  # the engine and processes that wrote it
     check(output_folder.check_plan, training.output_dir, plan.start_afresh)
     if not found.planning:  # a dry run says what it could not decide without them, and the command that decides it
         offline.check_offline_artifacts(recipe)  # with HF_HUB_OFFLINE: model, tokenizer and data set must be cached
-    return resolve.OutputPlan(plan.resume_from, plan.start_afresh, tuple(refusals))
+    return resolve.OutputPlan(plan.resume_from, plan.start_afresh, tuple(refusals), kept)
 
 
 # --- data -------------------------------------------------------------------------------------------------------------
@@ -202,24 +199,30 @@ class Data:
     steps: dict  # resolve.plan_steps: pairs_per_step, dataset_rows, total_steps, warmup_steps
     checked: dict  # invalid_rows, invalid_eval_rows, eval_rows, data_sources: what the row checks found
     mix: mixture.Mix | None = None  # the training mixture's sources, and the source of each pair
+    revision: str | None = None  # the data set's revision as loaded: a Hub data set's commit (`pin_data`)
 
     def record(self) -> dict:
         return {**self.checked, **self.steps}
 
+    def settings(self) -> dict:
+        """The recipe fields this stage decides (`config.decided`): the commit every rank loads."""
+        return {} if self.revision is None else {"project": {"dataset_revision": self.revision}}
 
-def load_data(recipe, found: Launch, say: bool = True, state=None) -> Data:
+
+def load_data(recipe, found: Launch, say: bool = True, state=None, output: resolve.OutputPlan | None = None) -> Data:
     """The data set loaded and every row checked before a model loads (a streamed data set is not: it is read once, by
-    the trainer); a dry run loads a local data set the same way, and leaves one on the Hub for the run."""
+    the trainer); a dry run loads a local data set the same way, and leaves one on the Hub for the run. `output`: a
+    continued run loads the commit it started on."""
     script, skip, shape = recipe.script, recipe.project.skip_invalid, recipe.project.hh_format
+    revision = (output.data_commit if output is not None else None) or recipe.project.dataset_revision
     if mixture.given(mixture.fields_of(recipe)):
         return _load_mixture(recipe, found, say)
     if found.planning and not data.is_local(script.dataset_name):
-        return Data(None, None, resolve.plan_steps(recipe, found.data_parallel, None), {})
+        return Data(None, None, resolve.plan_steps(recipe, found.batch, found.data_parallel, None), {}, None, revision)
     if not found.planning:
         offline.check_job_reachable(recipe, model=False)  # a data set to download: the Hub must answer, within seconds
-        pin_data(recipe, state)
+        revision = pin_data(recipe, revision, state)
     checked: dict = {}
-    revision = recipe.project.dataset_revision  # a Hub data set's commit (pin_data)
     dataset = data.load_preference_dataset(script.dataset_name, script.dataset_train_split, script.dataset_config,
                                            revision, streaming=script.dataset_streaming)  # fmt: skip
     hub_revision.check_loaded(dataset, script.dataset_name, revision)
@@ -227,13 +230,14 @@ def load_data(recipe, found: Launch, say: bool = True, state=None) -> Data:
     if hasattr(dataset, "__len__"):
         dataset = rows.usable_pairs(dataset, skip, checked, "invalid_rows", shape, split=script.dataset_train_split,
                                     say=say, source=script.dataset_name, template=template)  # fmt: skip
-    eval_dataset = _load_eval(recipe, checked, say, template)
-    steps = resolve.plan_steps(recipe, found.data_parallel, len(dataset) if hasattr(dataset, "__len__") else None)
+    eval_dataset = _load_eval(recipe, checked, say, template, revision)
+    rows_read = len(dataset) if hasattr(dataset, "__len__") else None
+    steps = resolve.plan_steps(recipe, found.batch, found.data_parallel, rows_read)
     if say and not found.planning:  # the data's content, recorded: a rerun on changed data refuses to resume
         checked["data_identity"] = data_identity.of(script.dataset_name, script.dataset_train_split) or (
             hub_revision.identity(revision))  # fmt: skip
     options.check_plan(steps, recipe.training.max_steps)
-    return Data(dataset, eval_dataset, steps, checked)
+    return Data(dataset, eval_dataset, steps, checked, None, revision)
 
 
 def answers_template(recipe, found: Launch):
@@ -255,16 +259,15 @@ def answers_template(recipe, found: Launch):
     return load
 
 
-def pin_data(recipe, state) -> None:
+def pin_data(recipe, revision: str | None, state) -> str | None:
     """A single Hub data set's revision resolved to the commit every rank loads, once, by the main process
     (dpotrain/data/hub_revision.py). `load_data` calls it for a run only (a dry run does not load a Hub data set), and
     after a mixture has gone its own way."""
     name = recipe.script.dataset_name
     if not hub_revision.applies(name):
-        return
+        return revision
     main = state is None or state.is_main_process
-    commit = hub_revision.resolve(name, recipe.project.dataset_revision) if main else None
-    recipe.project.dataset_revision = collectives.broadcast_from_main(commit)
+    return collectives.broadcast_from_main(hub_revision.resolve(name, revision) if main else None)
 
 
 def _load_mixture(recipe, found: Launch, say: bool) -> Data:
@@ -279,12 +282,12 @@ def _load_mixture(recipe, found: Launch, say: bool) -> Data:
                               p.hh_format, checked, "invalid_rows", say, identify, template)  # fmt: skip
     checked["data_sources"] = mix.records
     eval_dataset = _load_eval(recipe, checked, say, template)
-    steps = resolve.plan_steps(recipe, found.data_parallel, len(train))
+    steps = resolve.plan_steps(recipe, found.batch, found.data_parallel, len(train))
     options.check_plan(steps, recipe.training.max_steps)
     return Data(train, eval_dataset, steps, checked, mix)
 
 
-def _load_eval(recipe, checked: dict, say: bool, template=None):
+def _load_eval(recipe, checked: dict, say: bool, template=None, revision: str | None = None):
     """The held-out pairs (eval_strategy set): a held-out mixture, else dataset_name's test split
     (options.check_options: there is one)."""
     script, skip, shape = recipe.script, recipe.project.skip_invalid, recipe.project.hh_format
@@ -297,7 +300,7 @@ def _load_eval(recipe, checked: dict, say: bool, template=None):
         checked["eval_sources"] = eval_mix.records
     else:
         eval_dataset = data.load_preference_dataset(script.dataset_name, script.dataset_test_split,
-                                                    script.dataset_config, recipe.project.dataset_revision)  # fmt: skip
+                                                    script.dataset_config, revision)  # fmt: skip
         eval_dataset = rows.usable_pairs(eval_dataset, skip, checked, "invalid_eval_rows", shape, say=say,
                                          split=script.dataset_test_split, source=script.dataset_name,
                                          template=template)  # fmt: skip
@@ -329,6 +332,12 @@ class Lengths:
     tokenizer: object | None
     sources: list | None = None  # a mixture's data_sources, each with its share of the tokens
     template: dict | None = None  # the chat template tokenized with (chat_template.record): a resume compares it
+    max_length: int | None = None  # the run's: the recipe's, or under `max_length: auto` the analyzer's choice
+
+    def settings(self) -> dict:
+        """The recipe fields this stage decides (`config.decided`): `max_length: auto` made a number."""
+        chosen = self.auto is not None and isinstance(self.auto["max_length"], int)
+        return {"training": {"max_length": self.max_length}} if chosen else {}
 
     def record(self) -> dict:
         return ({} if self.auto is None else {"max_length": self.auto}) | (
@@ -377,8 +386,10 @@ def _analyzer_cache(recipe, found: Launch, tokenizer, dataset) -> tuple[tuple | 
 
 def measure_lengths(recipe, found: Launch, pairs: Data, model_path: str, state=None) -> Lengths:
     """The lengths stage. Under a launch the main process reads (or writes) the analyzer's cache first, then the
-    others read it. Sets `max_length` when it was `auto` (the trainer's drop filter reads it)."""
+    others read it. Decides `max_length` when it was `auto` (the trainer's drop filter reads it)."""
+    recipe = config.decided(recipe, pairs.settings())  # the data set's commit: the analyzer's cache key
     t, p = recipe.training, recipe.project
+    max_length = t.max_length
     tokenizer = _tokenizer(recipe, model_path, local_only=found.planning)
     if tokenizer is None:
         measured, auto = None, None
@@ -390,10 +401,9 @@ def measure_lengths(recipe, found: Launch, pairs: Data, model_path: str, state=N
         resolved = f"at start, by analysing the training split ({hint})"
         auto = {"max_length": "auto", "target_coverage": p.auto_coverage, "cached": False, "resolved": resolved}
     elif auto is not None:
-        t.max_length = auto["max_length"]
-        recipe.max_length_auto = False  # decided: the token budget is now checked against it
-        if p.max_tokens_per_microbatch is not None:
-            resolve.check_token_budget(recipe)
+        max_length = auto["max_length"]
+        if p.max_tokens_per_microbatch is not None:  # decided: the token budget is now checked against it
+            resolve.check_token_budget(config.decided(recipe, {"training": {"max_length": max_length}}))
     if measured is None and pairs.mix is not None and tokenizer is not None:  # every pair, for the sources' shares
         every = lengths.measure(pairs.train, tokenizer, num_proc=lengths.available_cpus(), skip_invalid=True)
         measured = (every, "the mixture's pairs, measured at start")
@@ -405,14 +415,14 @@ def measure_lengths(recipe, found: Launch, pairs: Data, model_path: str, state=N
         found_pairs = sample.sampled(pairs.train, tokenizer, t.seed, p.hh_format)
     else:
         found_pairs = None
-    if found_pairs is not None and t.max_length is not None:
+    if found_pairs is not None and max_length is not None:
         # A max_length that drops every pair leaves the trainer nothing: refused here, before the model loads.
-        counted = cuts.count(found_pairs.prompt, found_pairs.chosen, found_pairs.rejected, t.max_length,
+        counted = cuts.count(found_pairs.prompt, found_pairs.chosen, found_pairs.rejected, max_length,
                              t.truncation_mode)  # fmt: skip
         cuts.check(counted, found_pairs.prompt, found_pairs.source)
     shares = pairs.mix.with_token_shares(measured[0]) if pairs.mix is not None and measured is not None else None
     template = chat_template.record(p.chat_template_path, tokenizer)
-    return Lengths(auto, found_pairs, measured, tokenizer, shares, template)
+    return Lengths(auto, found_pairs, measured, tokenizer, shares, template, max_length)
 
 
 # --- forward ----------------------------------------------------------------------------------------------------------
@@ -427,6 +437,14 @@ class Forward:
     options: dict
     planned_for: str = ""
     decided: str = ""  # why it is not decided yet, and the command that decides it now
+
+    def settings(self) -> dict:
+        """The recipe fields this stage decides (`config.decided`) where it decides for the one machine the run is on:
+        the attention the model loads with, packed or padded."""
+        if self.planned is None or len(self.options) != 1 or self.decided:
+            return {}
+        return {"model": {"attn_implementation": self.planned.attention},
+                "training": {"padding_free": self.planned.packed}}  # fmt: skip
 
     def record(self) -> dict:
         if len(self.options) == 1 and not self.decided:
@@ -530,27 +548,41 @@ def plan_batching(recipe, found: Launch, pairs: Data, pair_lengths: Lengths, for
 
 def plan_memory(recipe, found: Launch, forward: Forward) -> dict:
     """The memory plan, once per run, for the forward chosen and the launch's engine: refused when it cannot fit the
-    GPU. Its checkpointed decoder layers, and the dtype the weights load in, go to the training arguments."""
+    GPU. Its checkpointed decoder layers, and the dtype the weights load in, are the run's (`Resolved.settings`)."""
     attention = forward.planned.attention if forward.planned is not None else None
-    planned = memory.plan(recipe, found.world, found.engine, attention=attention)
-    memory.apply_checkpointing(recipe, planned)
-    recipe.model.dtype = engine.load_dtype(recipe, found.engine)  # bf16 under DeepSpeed, not TRL's float32 default
-    return planned
+    return memory.plan(recipe, found.world, found.engine, attention=attention)
 
 
 # --- the first half ---------------------------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
-class FirstHalf:
-    """What the run decided before a model weight loads: all a dry run records."""
+class Resolved:
+    """Every decision of the run, made once by the first half before a model weight loads: all a dry run records, and
+    all the second half reads. `recipe` is the user's intent as parsed (never written); `settings` is the recipe as the
+    run uses it, the intent with these decisions laid in (`config.decided`); `record()` is resolved_config.json's
+    `derived` block. docs/architecture.md lists each field, the stage that decides it and who reads it."""
 
-    launch: Launch
-    data: Data
-    lengths: Lengths
-    forward: Forward
-    memory: dict
+    recipe: config.Recipe
+    launch: Launch  # world and data-parallel size, engine, sequence-parallel group, clipping, pairs per step
+    data: Data  # the pairs, the steps they make, the data set's commit and content identity
+    lengths: Lengths  # max_length (auto: the analyzer's choice), the pairs' token lengths
+    forward: Forward  # packed or padded, prompts shared or not, the attention kernel
+    memory: dict  # the memory plan per GPU, its checkpointed layers
+    load_dtype: str | None  # the dtype the weights load in (`engine.load_dtype`)
     batching: dict | None  # a dry run's step plan; the run's comes from the plan stage
+    settings: config.Recipe
+    output: resolve.OutputPlan | None = None  # resume from a checkpoint, start afresh (None: no output folder)
+    push: object | None = None  # hub.PushSettings: the push the run makes (None: none)
+
+    @property
+    def pairs_per_step(self) -> int:
+        return self.launch.batch.pairs_per_step
+
+    @property
+    def reference(self) -> str:
+        """How the reference is scored: "cached" (the reference stage, once) or "live" (a model run at every step)."""
+        return "live" if uses_live_reference(self.recipe) else "cached"
 
     def record(self) -> dict:
         batching = {} if self.batching is None else {"batching": self.batching}
@@ -558,13 +590,35 @@ class FirstHalf:
                 "forward": self.forward.record(), "memory": self.memory, **batching}  # fmt: skip
 
 
-def first_half(recipe, found: Launch, state=None) -> FirstHalf:
+def settings_of(recipe, found: Launch, *stages) -> config.Recipe:
+    """The recipe as the run uses it: the intent with what the launch and each stage given decided (`.settings()`),
+    and the reference scored once by the reference stage unless the recipe asks for a live reference model."""
+    reference = {} if uses_live_reference(recipe) else {"training": {"precompute_ref_log_probs": True}}
+    return config.decided(recipe, found.batch.settings(), reference, *(stage.settings() for stage in stages))
+
+
+def first_half(recipe, found: Launch, state=None, output: resolve.OutputPlan | None = None, push=None,
+               pairs: Data | None = None) -> Resolved:  # fmt: skip
     """data -> lengths -> forward -> (a dry run: plan) -> memory, before the old run is removed and the model loads
-    (TRL loads it with the attention decided here)."""
+    (TRL loads it with the attention decided here). `pairs`: the data stage's value where a caller has it already (a
+    test's or benchmark's own pairs, `given_pairs`)."""
     say = state is None or state.is_main_process
-    pairs = load_data(recipe, found, say, state)
+    pairs = pairs if pairs is not None else load_data(recipe, found, say, state, output)
     model_path = model_files(recipe, found)
     pair_lengths = measure_lengths(recipe, found, pairs, model_path, state)
-    forward = decide_forward(recipe, found, model_path, pair_lengths)
-    batching = plan_batching(recipe, found, pairs, pair_lengths, forward) if found.planning else None
-    return FirstHalf(found, pairs, pair_lengths, forward, plan_memory(recipe, found, forward), batching)
+    sized = settings_of(recipe, found, pairs, pair_lengths)
+    forward = decide_forward(sized, found, model_path, pair_lengths)
+    shaped = settings_of(recipe, found, pairs, pair_lengths, forward)
+    batching = plan_batching(shaped, found, pairs, pair_lengths, forward) if found.planning else None
+    planned = plan_memory(shaped, found, forward)
+    load_dtype = engine.load_dtype(recipe, found.engine)  # bf16 under DeepSpeed, not TRL's float32 default
+    run = config.decided(shaped, memory.checkpointing_settings(recipe, planned), {"model": {"dtype": load_dtype}})
+    return Resolved(recipe, found, pairs, pair_lengths, forward, planned, load_dtype, batching, run, output, push)
+
+
+def given_pairs(recipe, found: Launch, train, eval_dataset=None) -> Data:
+    """The data stage's value for pairs a caller already holds (a test's, a benchmark's, the preflight's sample): the
+    steps they make, nothing recorded of their source."""
+    rows = len(train) if hasattr(train, "__len__") else None
+    steps = resolve.plan_steps(recipe, found.batch, found.data_parallel, rows)
+    return Data(train, eval_dataset, steps, {}, None, recipe.project.dataset_revision)

@@ -30,13 +30,14 @@ def clear_old_run(recipe, output: resolve.OutputPlan, state, push_requested: boo
     state.wait_for_everyone()
 
 
-def build(recipe, first, push, output: resolve.OutputPlan, state, stop) -> Built:
-    """The trainer (TRL loads the model with the attention `first.forward` chose, and tokenizes the data set)."""
+def build(resolved, state, stop) -> Built:
+    """The trainer (TRL loads the model with the attention `resolved.forward` chose, and tokenizes the data set)."""
     from dpotrain.train.trainer import build_trainer
 
+    recipe, push = resolved.settings, resolved.push
     training, only_reference = recipe.training, recipe.project.reference_only
     out = Path(training.output_dir)
-    clear_old_run(recipe, output, state, push.requested)
+    clear_old_run(recipe, resolved.output, state, push.requested)
     if state.is_main_process and not only_reference:
         setup_wandb(training)
     # Checkpoint branches: pushed from the main process in the background, only where the Hub is reachable.
@@ -45,8 +46,7 @@ def build(recipe, first, push, output: resolve.OutputPlan, state, stop) -> Built
         pusher = CheckpointPusher(push.repo_id, push.token, push.private, out)
     callbacks = [WandbStepIsGlobalStep(), *([pusher] if pusher else [])]
     existed = out.exists()
-    trainer = build_trainer(recipe, first.data.train, eval_dataset=first.data.eval, callbacks=callbacks, stop=stop,
-                            forward=first.forward.planned, memory_plan=first.memory)  # fmt: skip
+    trainer = build_trainer(resolved, callbacks=callbacks, stop=stop)
     return Built(trainer, pusher, existed)
 
 
@@ -65,13 +65,13 @@ def ends_after_reference(recipe, built: Built, outcomes, state) -> int | None:
     return None
 
 
-def record_run(recipe, first, trainer, run_plan, outcomes, output: resolve.OutputPlan, push, state) -> dict:
+def record_run(resolved, trainer, run_plan, outcomes, state) -> dict:
     """resolved_config.json: the first half's records, and what the trainer, the plan stage and the reference stage
     decided (the forward as built: a hybrid that cannot pack trains padded)."""
+    recipe, output, push = resolved.settings, resolved.output, resolved.push
     training = recipe.training
-    derived = first.record()
+    derived = resolved.record()
     derived["total_steps"] = trainer.state.max_steps or derived["total_steps"]
-    recipe.model.dtype = training.model_init_kwargs["dtype"]  # the dtype the weights loaded in (engine.load_dtype)
     derived["batching"] = run_plan.summary
     derived["reference"] = {o.name: o.record() for o in outcomes}  # its warm-up and steady tokens/s, when it scored
     derived["forward"] = trainer.forward.record()  # the attention and layout chosen (dpotrain/forwards/choice.py)

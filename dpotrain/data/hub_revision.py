@@ -40,9 +40,9 @@ def identity(revision: str | None) -> dict | None:
     return {KEY: revision} if revision and COMMIT.fullmatch(revision) else None
 
 
-def keep(recipe, output_dir: str) -> str | None:
-    """A continued run (its resolved_config.json in `output_dir`) loads the commit it started on, unless a revision is
-    given (then `changed` has compared it): sets `dataset_revision` and returns the line that says so."""
+def kept(recipe, output_dir: str) -> str | None:
+    """The commit a continued run (its resolved_config.json in `output_dir`) loads: the one it started on, unless a
+    revision is given (then `changed` has compared it); None for a new run."""
     name, given = recipe.script.dataset_name, recipe.project.dataset_revision
     if given is not None or not applies(name):
         return None
@@ -53,8 +53,7 @@ def keep(recipe, output_dir: str) -> str | None:
     commit = ((recorded.get("derived") or {}).get("data_identity") or {}).get(KEY)
     if not commit:
         return None
-    recipe.project.dataset_revision = commit
-    return f"{name}: commit {commit[:12]}, the one this run started on (dataset_revision)"
+    return commit
 
 
 def changed(recorded: str, name: str, given: str | None) -> str | None:

@@ -303,8 +303,8 @@ def decide_forward(recipe, model_path: str, cuda: bool | None = None, lengths=No
     pairs' `lengths` (`cost.Lengths`; forwards/sample.py): a one-line note when an option is off by necessity, an
     error when it was asked for explicitly and cannot be honoured. Either way the reference is scored once before
     training (only the policy stays in memory), unless the recipe asks for a live reference model. Reads the model's
-    config only (no weights). Sets the recipe's `attn_implementation` and `padding_free` to the forward chosen.
-    `varlen`: the varlen FlashAttention to weigh (None: none), by default the one installed here."""
+    config only (no weights). `varlen`: the varlen FlashAttention to weigh (None: none), by default the one installed
+    here."""
     from transformers import AutoConfig
 
     cuda = cuda_available() if cuda is None else cuda
@@ -315,14 +315,9 @@ def decide_forward(recipe, model_path: str, cuda: bool | None = None, lengths=No
 
 def decide(recipe, config, cuda: bool, varlen: str | None, lengths=None) -> ForwardChoice:
     """`decide_forward` for a model's config already read: the run's forward stage (`stages.decide_forward`)."""
-    t = recipe.training
-    if not uses_live_reference(recipe):
-        t.precompute_ref_log_probs = True  # the reference stage (reference.py): only the policy stays in memory
     chosen, notes = choose(config, recipe, cuda, varlen, lengths)
     for note in notes:
         print(note, flush=True)
-    recipe.model.attn_implementation = chosen.attention
-    t.padding_free = chosen.packed
     return announce(chosen)
 
 

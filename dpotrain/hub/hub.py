@@ -130,8 +130,6 @@ def take_push_settings(recipe, run_engine=None) -> PushSettings:
         checkpoints=p.push_checkpoints,
         token=t.hub_token or offline.hf_token(),
     )
-    t.push_to_hub = False
-    t.hub_token = None
     scrub_argv(sys.argv)
     return settings
 

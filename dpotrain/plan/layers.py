@@ -2,7 +2,7 @@
 regional `torch.compile` of each layer.
 
 Checkpointing: the memory plan (memory.choose_checkpointing) picks none, every k-th layer or all, and
-memory.apply_checkpointing writes it into the training arguments, which the Trainer enables with transformers'
+memory.checkpointing_settings lays it into the training arguments, which the Trainer enables with transformers'
 `every_n_layers`. TRL 1.16 turns checkpointing off and on again around its own no-grad forwards (a live reference,
 sample generation under TRL's unwrap helper: `trl.models.utils.disable_gradient_checkpointing`), and turns it back on
 with `model.gradient_checkpointing_enable(args.gradient_checkpointing_kwargs)`: every layer (every_n_layers left at its

@@ -22,18 +22,17 @@ the recipe with the option's changes made, and offered only when that plan fits.
 Options are listed fewest changes first, and a set of changes that holds a smaller set that fits is not offered.
 """
 
-import copy
 import itertools
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from dpotrain.cluster import sequence_parallel
 from dpotrain.cluster.engine import LAUNCHED, Engine, from_config
 from dpotrain.data.builtin import PROJECT_ROOT
 from dpotrain.forwards import sequence_parallel as split_rows
 from dpotrain.forwards.packing import attention_name
-from dpotrain.recipe.config import uses_live_reference
+from dpotrain.recipe.config import decided, uses_live_reference
 
 GIB = 2**30
 NAMES = {
@@ -153,8 +152,8 @@ class Advisor:
                r.model.use_peft, str(r.model.lora_target_modules), r.training.activation_checkpointing,
                str(r.training.activation_checkpointing_kwargs), uses_live_reference(r))  # fmt: skip
         if key not in self._seen:
-            r.project.memory_check = False  # a plan that does not fit is what is being looked for
-            record = self._plan(r, trial.world, trial.engine, attention=self.attention)
+            unchecked = decided(r, {"project": {"memory_check": False}})  # a plan that does not fit is looked for
+            record = self._plan(unchecked, trial.world, trial.engine, attention=self.attention)
             gib = record["per_gpu_gib"]["total"] if "per_gpu_gib" in record else math.inf
             self._seen[key] = (bool(record.get("fits")), gib)
         return self._seen[key]
@@ -182,16 +181,16 @@ class Advisor:
         return names
 
     def cached(self, trial: Trial) -> bool:
-        trial.recipe.training.precompute_ref_log_probs = True
+        trial.recipe = decided(trial.recipe, {"training": {"precompute_ref_log_probs": True}})
         trial.flags += ["--precompute_ref_log_probs", "true"]
         return True
 
     def checkpointing(self, trial: Trial) -> bool:
-        t = trial.recipe.training
-        kwargs = {**(t.activation_checkpointing_kwargs or {}), "every_n_layers": 1}
-        t.activation_checkpointing = t.gradient_checkpointing = True
-        t.activation_checkpointing_kwargs = t.gradient_checkpointing_kwargs = kwargs
-        trial.recipe.given = trial.recipe.given | {"activation_checkpointing", "activation_checkpointing_kwargs"}
+        kwargs = {**(trial.recipe.training.activation_checkpointing_kwargs or {}), "every_n_layers": 1}
+        every_layer = {"activation_checkpointing": True, "gradient_checkpointing": True,
+                       "activation_checkpointing_kwargs": kwargs, "gradient_checkpointing_kwargs": kwargs}  # fmt: skip
+        given = trial.recipe.given | {"activation_checkpointing", "activation_checkpointing_kwargs"}
+        trial.recipe = replace(decided(trial.recipe, {"training": every_layer}), given=given)
         trial.flags += ["--activation_checkpointing", "true", "--activation_checkpointing_kwargs",
                         "'{\"every_n_layers\": 1}'"]  # fmt: skip
         return True
@@ -199,16 +198,16 @@ class Advisor:
     def engine_lever(self, kind: str, trial: Trial) -> bool:
         trial.engine = from_config(str(PROJECT_ROOT / SHIPPED[kind]))
         trial.config = SHIPPED[kind]
-        trial.recipe.project.accelerate_config = SHIPPED[kind]
+        trial.recipe = decided(trial.recipe, {"project": {"accelerate_config": SHIPPED[kind]}})
         return True
 
     def lora(self, trial: Trial) -> bool:
-        m = trial.recipe.model
-        m.use_peft = True
+        m, lora = trial.recipe.model, {"use_peft": True}
         trial.flags += ["--use_peft", "true"]
         if not m.lora_target_modules and not m.lora_target_parameters:
-            m.lora_target_modules = "all-linear"
+            lora["lora_target_modules"] = "all-linear"
             trial.flags += ["--lora_target_modules", "all-linear"]
+        trial.recipe = decided(trial.recipe, {"model": lora})
         return True
 
     def group_sizes(self, world: int) -> list[int]:
@@ -228,7 +227,7 @@ class Advisor:
         if trial.engine.name not in sequence_parallel.ENGINES:
             return False
         for n in self.group_sizes(trial.world):
-            trial.recipe.project.sequence_parallel_size = n
+            trial.recipe = decided(trial.recipe, {"project": {"sequence_parallel_size": n}})
             if self.planned(trial)[0]:
                 trial.flags += ["--sequence_parallel_size", str(n)]
                 return True
@@ -275,28 +274,27 @@ class Advisor:
         low, high, best = 0, len(sizes) - 1, None
         while low <= high:  # plans shrink with the tokens: bisection, on a grid every option shares (traces are kept)
             mid = (low + high) // 2
-            self._set_budget(r, sizes[mid], shorten)
+            trial.recipe = self._with_budget(r, sizes[mid], shorten)
             if self.planned(trial)[0]:
                 best, low = sizes[mid], mid + 1
             else:
                 high = mid - 1
         if best is None:
             return False
-        self._set_budget(r, best, shorten)
+        trial.recipe = self._with_budget(r, best, shorten)
         trial.flags += ["--max_length", str(best // 2)] if shorten else []
         trial.flags += ["--max_tokens_per_microbatch", str(best)]
         return True
 
     @staticmethod
-    def _set_budget(recipe, tokens: int, shorten: bool) -> None:
-        recipe.project.max_tokens_per_microbatch = tokens
-        if shorten:
-            recipe.training.max_length = tokens // 2
+    def _with_budget(recipe, tokens: int, shorten: bool):
+        shorter = {"training": {"max_length": tokens // 2}} if shorten else {}
+        return decided(recipe, {"project": {"max_tokens_per_microbatch": tokens}}, shorter)
 
     # --- combinations ---
 
     def attempt(self, combo: tuple[str, ...]) -> Option | None:
-        trial = Trial(copy.deepcopy(self.recipe), self.engine, self.world, [], self.config)
+        trial = Trial(self.recipe, self.engine, self.world, [], self.config)
         # Fixed changes first, then the searched ones (nodes, then tokens: the largest budget for the rest).
         budget = next((lever for lever in combo if lever in ("tokens", "shorter")), None)
         if budget and {"nodes", "sequence"} & set(combo):  # the fewest nodes (smallest group) at the smallest budget,

@@ -6,12 +6,14 @@ because argparse keeps the last value. Unknown keys are errors that name the key
 """
 
 import contextlib
+import copy
 import difflib
 import functools
 import json
 import os
+import re
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from dpotrain.recipe import recipe_file, usage
@@ -470,7 +472,26 @@ def parse_args(argv: list[str] | None = None) -> Recipe:
         # The run is the folder the user named: the model card, the plot and W&B say so, not the recipe's name for
         # its own default folder (transformers, too, names a run after its output_dir).
         training.run_name = Path(training.output_dir).resolve().name
+    _default_names(training, config_path, given)
+    _lora_targets(model)
     return Recipe(script, training, model, project, config_path, max_length_auto, given, replaced, typed)
+
+
+def _default_names(training, config_path: str | None, given: set[str]) -> None:
+    """run_name from the recipe's file name, output_dir from run_name: outputs/<run_name>."""
+    if not training.run_name:
+        training.run_name = Path(config_path).stem + "-dpo" if config_path else "dpo"
+    if "output_dir" not in given:
+        training.output_dir = str(Path("outputs") / training.run_name)
+
+
+def _lora_targets(model) -> None:
+    """TRL turns a single --lora_target_modules value into a string (so that `all-linear` works), and PEFT takes a
+    string as a regular expression over the full module path: `q_proj` alone would match nothing. A single module
+    name becomes a list of one."""
+    name = model.lora_target_modules
+    if isinstance(name, str) and name != "all-linear" and re.fullmatch(r"[\w.]+", name):
+        model.lora_target_modules = [name]
 
 
 TRUE, FALSE = ("true", "yes", "1", "t", "y"), ("false", "no", "0", "f", "n")  # as transformers' string_to_bool
@@ -579,6 +600,28 @@ def _take_max_length_auto(tokens: list[str]) -> tuple[list[str], bool]:
         else:
             out.append(tok)
     return out, auto
+
+
+def decided(recipe: Recipe, *settings: dict) -> Recipe:
+    """A copy of `recipe` with the values the stages decided in place of the intent's: each of `settings` maps a part
+    (`training`, `model`, `project`) to its fields, as a stage's `.settings()` returns them. The parsed recipe is the
+    user's intent and is never written after `parse_args` (tests/test_resolved.py reads the source for a write); this
+    is the one function that lays decisions into a copy, for the code that reads a recipe as the run uses it (the
+    memory plan, the trainer's arguments, resolved_config.json)."""
+    changes: dict[str, dict] = {}
+    for setting in settings:
+        for part, fields in setting.items():
+            changes.setdefault(part, {}).update(fields)
+    parts = {}
+    for part, fields in changes.items():
+        copied = copy.copy(getattr(recipe, part))  # shallow: every value set here is replaced, never mutated
+        for name, value in fields.items():
+            if not hasattr(copied, name):
+                raise AttributeError(f"{part} has no field {name!r}")
+            setattr(copied, name, value)
+        parts[part] = copied
+    auto = recipe.max_length_auto and "max_length" not in changes.get("training", {})
+    return replace(recipe, **parts, max_length_auto=auto)
 
 
 def uses_live_reference(recipe: Recipe) -> bool:

@@ -228,10 +228,7 @@ class HealthGuard(TrainerCallback):
     # --- bookkeeping ---
 
     def _pairs_per_step(self, args) -> int:
-        # The recipe's batch. With token-budget micro-batches gradient_accumulation_steps counts micro-batches,
-        # not micro-batches of per_device_train_batch_size pairs.
-        world = max(args.world_size, 1)
-        return self.p.pairs_per_step or args.per_device_train_batch_size * args.gradient_accumulation_steps * world
+        return self.p.pairs_per_step  # the run's (resolve.plan_batch), never None in the settings the guard is given
 
     def _pairs(self, args, step: int) -> int:
         """Pairs seen since the previous log."""

@@ -5,7 +5,6 @@ held in memory. The run folder then holds the adapter (`adapter_model.safetensor
 full weights; `merge_lora: true` also writes the base with the adapter merged in to `<output_dir>/merged/`.
 """
 
-import re
 from pathlib import Path
 
 from dpotrain.recipe.errors import ConfigError
@@ -44,11 +43,6 @@ def check_lora(recipe) -> None:
                               "names) or --lora_target_modules all-linear")  # fmt: skip
         if m.lora_r < 1:
             raise ConfigError(f"lora_r must be >= 1 (got {m.lora_r}); 8-64 is usual")
-        # TRL turns a single --lora_target_modules value into a string (so that `all-linear` works), and PEFT
-        # takes a string as a regular expression over the full module path: `q_proj` alone would match nothing.
-        name = m.lora_target_modules
-        if isinstance(name, str) and name != "all-linear" and re.fullmatch(r"[\w.]+", name):
-            m.lora_target_modules = [name]
     quantized = "load_in_4bit" if m.load_in_4bit else "load_in_8bit" if m.load_in_8bit else None
     if quantized is None:
         stray = [f for f in QUANTIZATION_FIELDS if f in given]

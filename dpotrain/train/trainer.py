@@ -33,12 +33,12 @@ from dpotrain.cluster import engine
 from dpotrain.cluster import sequence_parallel as groups
 from dpotrain.cluster.collectives import all_reduce_sum, max_over_ranks
 from dpotrain.data import builtin, lengths, turns
-from dpotrain.forwards import choice, flex, flops, packing, padded, sample, sequence_parallel
-from dpotrain.forwards.choice import ForwardChoice, decide_forward, padded_instead
+from dpotrain.forwards import choice, flex, flops, packing, padded, sequence_parallel
+from dpotrain.forwards.choice import ForwardChoice, padded_instead
 from dpotrain.plan import layers, plan
 from dpotrain.plan.plan_stage import RunPlan
 from dpotrain.recipe import upstream
-from dpotrain.recipe.config import Recipe
+from dpotrain.recipe.config import Recipe, decided
 from dpotrain.recipe.writes import quiet_progress_bars
 from dpotrain.train import disk_full, losses, run_files, step_log
 from dpotrain.train.checkpoints import CompleteMarker, clear_for_save
@@ -50,16 +50,29 @@ from dpotrain.train.preemption import GracefulStop
 from dpotrain.train.samples import SampleGenerator
 
 
-def model_init_kwargs(recipe: Recipe, run_engine: engine.Engine) -> dict:
-    """What TRL's own `trl/scripts/dpo.py` passes to `from_pretrained`, from ModelConfig's fields; the dtype the
-    engine trains in when the recipe names none (`engine.load_dtype`)."""
+def model_init_kwargs(settings: Recipe) -> dict:
+    """What TRL's own `trl/scripts/dpo.py` passes to `from_pretrained`, from ModelConfig's fields as the run decided
+    them: the attention of the forward chosen, the dtype the engine trains in (`engine.load_dtype`)."""
     kwargs = dict(
-        revision=recipe.model.model_revision,
-        attn_implementation=recipe.model.attn_implementation,
-        dtype=engine.load_dtype(recipe, run_engine),
+        revision=settings.model.model_revision,
+        attn_implementation=settings.model.attn_implementation,
+        dtype=settings.model.dtype,
     )
-    kwargs.update(recipe.training.model_init_kwargs or {})
+    kwargs.update(settings.training.model_init_kwargs or {})
     return kwargs
+
+
+def training_arguments(settings: Recipe):
+    """What TRL and transformers see (`DPOConfig`), from the recipe as the run decided it (`Resolved.settings`): the
+    one place their fields differ from the run's own.
+    - gradient_accumulation_steps 1: a step's micro-batches run inside `training_step`, so the Trainer sees one item
+      per optimizer step (before transformers creates the accelerator and fills DeepSpeed's "auto" batch sizes);
+    - padding_free off: TRL 1.16 warns "temporarily unavailable" and pads; this project packs with its own collator;
+    - push_to_hub off and no hub_token: this project pushes (hub.take_push_settings);
+    - model_init_kwargs: `model_init_kwargs`."""
+    trl_only = {"gradient_accumulation_steps": 1, "padding_free": False, "push_to_hub": False, "hub_token": None,
+                "model_init_kwargs": model_init_kwargs(settings)}  # fmt: skip
+    return decided(settings, {"training": trl_only}).training
 
 
 def resolve_model_path(recipe: Recipe) -> str:
@@ -158,11 +171,7 @@ class RecipeDPOTrainer(DPOTrainer):
         self.max_tokens_per_microbatch = max_tokens_per_microbatch
         self._run_plan: RunPlan | None = None  # given by the plan stage (`use_plan`), after construction
         self.gpu_peak_tflops = gpu_peak_tflops
-        training_args = kwargs["args"]
-        training_args.padding_free = False  # TRL 1.16 warns "temporarily unavailable" and pads; we pack
-        # The micro-batches of a step run inside training_step: the Trainer sees one item per optimizer step. Set
-        # before transformers creates the accelerator and fills DeepSpeed's "auto" batch sizes from it.
-        training_args.gradient_accumulation_steps = 1
+        training_args = kwargs["args"]  # `training_arguments`: one item per optimizer step, TRL's padding off
         if packed:
             kwargs["data_collator"] = choice.collator(forward, training_args)
         with self._no_second_model_under_fsdp(kwargs):
@@ -170,7 +179,6 @@ class RecipeDPOTrainer(DPOTrainer):
         for model in (self.model, self.ref_model):
             if model is not None:
                 trl_compatible_config(model)
-        training_args.padding_free = packed  # the records say what ran
         if not packed:  # TRL's padded collator, its rows run in groups of similar length (padded.py)
             self.data_collator = padded.GroupedCollator(self.data_collator)
         # The reference cache's key: the full weights. TRL hashed them in __init__, except under ZeRO-3, where it
@@ -625,57 +633,48 @@ class RecipeDPOTrainer(DPOTrainer):
         super().log(logs, start_time)
 
 
-def build_trainer(recipe: Recipe, train_dataset, eval_dataset=None, callbacks=(), stop: GracefulStop | None = None,
-                  forward: ForwardChoice | None = None, memory_plan: dict | None = None):  # fmt: skip
-    """The project's DPO trainer, with: COMPLETE marks on checkpoints, metrics.jsonl, a clean stop on Slurm's
-    signals, health guards and sample generations, its training set tokenized by TRL. It has no plan yet: the plan
-    stage (`plan_stage.run_stage`) comes next, then the reference stage (`reference.run_stage`), then `train()`.
+def build_trainer(resolved, callbacks=(), stop: GracefulStop | None = None):
+    """The project's DPO trainer for the first half's decisions (`stages.Resolved`: its pairs, forward, memory plan
+    and settings), with: COMPLETE marks on checkpoints, metrics.jsonl, a clean stop on Slurm's signals, health guards
+    and sample generations, its training set tokenized by TRL. It has no plan yet: the plan stage
+    (`plan_stage.run_stage`) comes next, then the reference stage (`reference.run_stage`), then `train()`.
     `trainer.graceful_stop.stopped` tells after `train()` whether it ended early to be requeued; `trainer.health.stop`
-    whether a guard stopped it. `memory_plan`: the first half's memory plan, logged beside the memory the run uses
-    (memory_use.py). `forward`: the forward train_dpo.py decided before its memory check; without it, the
-    forward is decided here, from the training set's lengths (`forwards/sample.py`)."""
-    t, p = recipe.training, recipe.project
-    run_engine = engine.launched()
+    whether a guard stopped it."""
+    recipe, forward, train_dataset = resolved.settings, resolved.forward.planned, resolved.data.train
+    p, run_engine = recipe.project, resolved.launch.engine
     model_path = resolve_model_path(recipe)
-    if forward is None:  # sets the recipe's attn_implementation and padding_free to the forward chosen
-        forward = decide_forward(recipe, model_path, lengths=sample.run_lengths(recipe, train_dataset, model_path))
     if forward.attention == "flex_attention":
         flex.install()  # compiled once per run, not transformers' compilation per width and training flag
         callbacks = (*callbacks, flex.CompilationReport())
-    t.model_init_kwargs = model_init_kwargs(recipe, run_engine)
-    # The arguments set up the process group (with their ddp_backend) when first asked for their device; until then
-    # `world_size` reads 1.
-    world = t.world_size if t.device is not None else 1
-    data_parallel = groups.data_parallel_size(world, forward.sequence_parallel)  # processes reading pairs
+    args = training_arguments(recipe)
     graceful_stop = stop or GracefulStop.from_env()
-    health = HealthGuard(recipe.project) if recipe.project.health_checks else None
+    health = HealthGuard(p) if p.health_checks else None
     # Order matters: GracefulStop.on_save reports a checkpoint only after CompleteMarker has marked it.
     trainer = RecipeDPOTrainer(
         model=model_path,
         # The tokenizer every tokenization of the project loads (lengths.load_tokenizer): the recipe's chat template,
         # which TRL tokenizes with and the Trainer saves with the model and each checkpoint.
         processing_class=lengths.recipe_tokenizer(recipe, model_path),
-        args=t,
+        args=args,
         train_dataset=train_dataset,
-        eval_dataset=eval_dataset,
+        eval_dataset=resolved.data.eval,
         callbacks=[CompleteMarker(), MetricsRecorder(), graceful_stop, *([health] if health else []), *callbacks],
         # LoRA (--use_peft): TRL wraps the model and scores the reference with the adapter disabled (no second model).
         peft_config=get_peft_config(recipe.model),
         quantization_config=get_quantization_config(recipe.model),  # --load_in_4bit/8bit, as TRL's own dpo.py
         forward=forward,
-        pairs_per_step=p.pairs_per_step
-        or t.per_device_train_batch_size * t.gradient_accumulation_steps * data_parallel,
+        pairs_per_step=resolved.pairs_per_step,
         max_tokens_per_microbatch=p.max_tokens_per_microbatch,
         gpu_peak_tflops=p.gpu_peak_tflops,
         attn_implementation=recipe.model.attn_implementation,
         run_engine=run_engine,
-        memory_plan=memory_plan,
+        memory_plan=resolved.memory,
         assistant_turns=p.assistant_turns,
     )
     step_log.install(trainer)  # one readable line per logging step, not the Trainer's dictionary
     sequence_parallel.set_up(forward.sequence_parallel, trainer.model)  # its groups, Ulysses around the attention
     # The memory plan's checkpointed layers, held against TRL's re-enabling of all of them; the optional compile.
-    layers.hold_checkpointing(trainer.model, t)
+    layers.hold_checkpointing(trainer.model, args)
     compiled = layers.compile_layers(trainer.model) if p.compile_layers else 0
     trainer.layers_record = {"checkpointed": layers.checkpointed(trainer.model), "compiled": compiled,
                              "decoder_layers": len(layers.decoder_layers(trainer.model))}  # fmt: skip
