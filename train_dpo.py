@@ -108,6 +108,7 @@ def run(argv, stop: GracefulStop) -> int | None:
     trainer.train(resume_from_checkpoint=output.resume_from)
     return publish.save_and_push(resolved.settings, built, record, push, state)
 
+
 def preflight(recipe, found) -> int | None:
     from dpotrain import preflight
 

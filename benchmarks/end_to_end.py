@@ -217,21 +217,17 @@ def settings_of(trainer) -> dict:
 def project_trainer(args, pairs, clock):
     """This project's run, by its own stages (dpotrain/stages.py): the forward decided from the pairs and the memory
     plan for it (which chooses the checkpointed layers), the trainer, the plan stage, the reference stage (timed)."""
-    from dpotrain import resolve
-    from dpotrain.cluster import engine
+    from dpotrain import stages
     from dpotrain.plan import plan_stage
     from dpotrain.recipe.config import parse_args
     from dpotrain.reference import reference
     from dpotrain.train.trainer import build_trainer
 
     recipe = parse_args(recipe_args(args, args.data, args.model, args.pairs, Path(args.run_out), args.path))
-    resolve.check_values(recipe)
-    run_engine = engine.launched()
-    world, _ = resolve.world_size(recipe, planning=False)
-    resolve.plan_batch(recipe, world)
-    forward, plan = forward_and_plan(recipe, pairs, world, run_engine)
-    trainer = build_trainer(recipe, pairs, callbacks=[clock.callback], forward=forward)
-    trainer.pairs_per_step = recipe.project.pairs_per_step
+    found = stages.checks(recipe)
+    resolved = stages.first_half(recipe, found, pairs=stages.given_pairs(recipe, found, pairs))
+    forward, plan = resolved.forward.planned, resolved.memory
+    trainer = build_trainer(resolved, callbacks=[clock.callback])
     plan_stage.run_stage(trainer)
     start = StepClock.now()
     reference.run_stage(trainer, trainer.graceful_stop)
@@ -243,19 +239,21 @@ def project_trainer(args, pairs, clock):
 def forward_and_plan(recipe, pairs, world: int, run_engine, cuda: bool | None = None, varlen: str | None = "installed",
                      lengths=None):  # fmt: skip
     """The run's forward and memory stages (dpotrain/stages.py), on `pairs` for one machine: `cuda` and `varlen` as
-    detected unless given (a CPU can plan a GPU's forwards). The memory plan refuses what does not fit; it chooses
-    the checkpointed layers and the load dtype, into the recipe, as in a run."""
-    from dpotrain import stages
+    detected unless given (a CPU can plan a GPU's forwards): the launch and the lengths are fabricated, the stages
+    are the run's. The memory plan refuses what does not fit."""
+    from dpotrain import resolve, stages
     from dpotrain.forwards import choice, sample
     from dpotrain.train.trainer import resolve_model_path
 
     cuda = choice.cuda_available() if cuda is None else cuda
     varlen = choice.installed_varlen(cuda) if varlen == "installed" else varlen
-    found = stages.Launch(world, "the benchmark's", run_engine, {"this machine": (cuda, varlen)}, planning=False)
+    found = stages.Launch(world, "the benchmark's", run_engine, {"this machine": (cuda, varlen)}, planning=False,
+                          batch=resolve.plan_batch(recipe, world))  # fmt: skip
     model_path = resolve_model_path(recipe)
-    pair_lengths = stages.Lengths(None, lengths or sample.run_lengths(recipe, pairs, model_path), None, None)
+    pair_lengths = stages.Lengths(None, lengths or sample.run_lengths(recipe, pairs, model_path), None, None,
+                                  max_length=recipe.training.max_length)  # fmt: skip
     forward = stages.decide_forward(recipe, found, model_path, pair_lengths)
-    return forward.planned, stages.plan_memory(recipe, found, forward)
+    return forward.planned, stages.plan_memory(stages.settings_of(recipe, found, forward), found, forward)
 
 
 def trl_trainer(args, pairs, clock):

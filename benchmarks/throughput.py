@@ -168,7 +168,7 @@ def worker(args) -> None:
         from dpotrain.plan import plan_stage
         from dpotrain.recipe.config import parse_args
         from dpotrain.reference import reference
-        from dpotrain.train.trainer import build_trainer
+        from dpotrain.train_stage import trainer_on
 
         flags = [f"--{k}={v}" for k, v in common.items() if k != "loss_type"]
         recipe = parse_args([*flags, "--loss_type", "sigmoid_norm", "--attn_implementation", args.attn, "--dtype",
@@ -177,7 +177,7 @@ def worker(args) -> None:
                              "--max_tokens_per_microbatch", str(args.batch * 2 * args.max_length),
                              "--share_prompt", str(args.path.startswith("shared")).lower(),
                              "--assistant_turns", "all" if args.path.endswith("_all") else "final"])  # fmt: skip
-        trainer = build_trainer(recipe, data)
+        trainer = trainer_on(recipe, data)
         plan_stage.run_stage(trainer)
         reference.run_stage(trainer, trainer.graceful_stop)  # the reference pass: part of the end-to-end time
     from dpotrain.forwards.flops import ModelFlops

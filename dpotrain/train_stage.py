@@ -50,6 +50,19 @@ def build(resolved, state, stop) -> Built:
     return Built(trainer, pusher, existed)
 
 
+def trainer_on(recipe, train, eval_dataset=None, callbacks=(), stop=None):
+    """The trainer the run builds for `recipe`, on pairs the caller already holds (a test's, a benchmark's): the run's
+    own stages (`stages.checks`, then the first half on these pairs, `stages.given_pairs`), without an output folder's
+    checks or the old run's removal. It has no plan yet: the plan stage and the reference stage come next, as in the
+    run."""
+    from dpotrain import stages
+    from dpotrain.train.trainer import build_trainer
+
+    found = stages.checks(recipe)
+    resolved = stages.first_half(recipe, found, pairs=stages.given_pairs(recipe, found, train, eval_dataset))
+    return build_trainer(resolved, callbacks=callbacks, stop=stop)
+
+
 def ends_after_reference(recipe, built: Built, outcomes, state) -> int | None:
     """The exit code of a run that ends here: a stop request during the reference stage (STOPPED_EXIT: the requeued
     job scores only the rest), or a reference-only run (0); None: training goes on."""

@@ -102,7 +102,7 @@ def test_the_evaluation_set_is_among_what_the_ranks_must_agree_on(tmp_path, tiny
     from dpotrain.plan import plan_stage
     from dpotrain.recipe.config import parse_args
     from dpotrain.train import agreement
-    from dpotrain.train.trainer import build_trainer
+    from dpotrain.train_stage import trainer_on
 
     args = ["--config", str(ROOT / "configs" / "smoke.yaml"), "--model_name_or_path", tiny_model_dir,
             "--output_dir", str(tmp_path / "run"), "--report_to", "none", "--save_strategy", "no",
@@ -111,7 +111,7 @@ def test_the_evaluation_set_is_among_what_the_ranks_must_agree_on(tmp_path, tiny
     seen = []
     for seed in (6, 7):  # two evaluation splits of 12 pairs each; a recipe each (building fills it in)
         evaluation = datasets.Dataset.from_list(builtin.make_preference_rows(12, seed=seed))
-        trainer = build_trainer(parse_args(args), train, evaluation)
+        trainer = trainer_on(parse_args(args), train, evaluation)
         plan_stage.run_stage(trainer)
         seen.append(agreement.values(trainer, None))
     differ = {name for name in seen[0] if seen[0][name] != seen[1][name]}

@@ -24,7 +24,7 @@ from dpotrain.data import builtin
 from dpotrain.forwards import packing
 from dpotrain.recipe.config import parse_args
 from dpotrain.recipe.errors import ConfigError
-from dpotrain.train.trainer import build_trainer
+from dpotrain.train_stage import trainer_on
 
 SMOKE = str(ROOT / "configs" / "smoke.yaml")
 # Sliding windows shorter than the longer pairs (up to ~550 tokens), so that packed rows must honour them too.
@@ -98,7 +98,7 @@ def smoke_trainer(model_dir, output_dir, rows, *overrides, max_steps=3):
     """configs/smoke.yaml as it is, but for the model, the output folder and max_steps."""
     recipe = parse_args(["--config", SMOKE, "--model_name_or_path", model_dir, "--output_dir", str(output_dir),
                          "--max_steps", str(max_steps), *overrides])  # fmt: skip
-    return build_trainer(recipe, datasets.Dataset.from_list(rows))
+    return trainer_on(recipe, datasets.Dataset.from_list(rows))
 
 
 # ~25 s for all 20 on 2 quiet cores (1-3 s each): not marked slow.

@@ -21,7 +21,7 @@ from conftest import ROOT, rank_python, ready
 from dpotrain.data import turns
 from dpotrain.recipe.config import parse_args
 from dpotrain.recipe.errors import ConfigError
-from dpotrain.train.trainer import build_trainer
+from dpotrain.train_stage import trainer_on
 
 SMOKE = str(ROOT / "configs" / "smoke.yaml")
 ACCELERATE = str(ROOT / ".venv" / "bin" / "accelerate") if (ROOT / ".venv").exists() else "accelerate"
@@ -122,7 +122,7 @@ class _Gradients(TrainerCallback):
 
 
 def one_process(tmp_path, model_dir, turns_trained: str, *overrides: str):
-    trainer = ready(build_trainer(parse_args(args(tmp_path, model_dir, turns_trained, "--save_strategy", "no",
+    trainer = ready(trainer_on(parse_args(args(tmp_path, model_dir, turns_trained, "--save_strategy", "no",
                                                   *overrides)), datasets.Dataset.from_list(pairs())))  # fmt: skip
     gradients = _Gradients()
     trainer.add_callback(gradients)

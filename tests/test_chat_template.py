@@ -104,7 +104,7 @@ def test_a_missing_template_or_a_folder_without_one_is_refused_in_one_line(tmp_p
 
 
 def test_every_tokenizer_of_the_run_has_the_recipes_template(tiny_model_dir):
-    from dpotrain.train.trainer import build_trainer
+    from dpotrain.train_stage import trainer_on
 
     recipe = parse_args([*SMOKE, "--model_name_or_path", tiny_model_dir, "--chat_template_path", str(OLMO_THINKER),
                          "--max_steps", "1", "--report_to", "none"])  # fmt: skip
@@ -116,7 +116,7 @@ def test_every_tokenizer_of_the_run_has_the_recipes_template(tiny_model_dir):
     ]
     import datasets
 
-    trainer = build_trainer(recipe, datasets.Dataset.from_list(rows * 4))
+    trainer = trainer_on(recipe, datasets.Dataset.from_list(rows * 4))
     assert trainer.processing_class.chat_template == text  # TRL tokenizes with it, the Trainer saves it
     prompt = trainer.processing_class.decode(trainer.train_dataset[0]["prompt_ids"])
     assert prompt.startswith(DEFAULT_SYSTEM) and prompt.endswith(GENERATION_PROMPT)
@@ -248,7 +248,7 @@ def test_the_reference_cache_key_follows_the_template(tiny_model_dir, tmp_path):
     import datasets
 
     from dpotrain.reference import reference
-    from dpotrain.train.trainer import build_trainer
+    from dpotrain.train_stage import trainer_on
 
     rows = [
         {"prompt": [USER], "chosen": [THINKING], "rejected": [{"role": "assistant", "content": "<think>x</think>"}]}
@@ -258,7 +258,7 @@ def test_the_reference_cache_key_follows_the_template(tiny_model_dir, tmp_path):
         extra = ["--chat_template_path", template] if template else []
         recipe = parse_args([*SMOKE, "--model_name_or_path", tiny_model_dir, "--max_steps", "1", "--report_to",
                              "none", "--output_dir", str(tmp_path / "run"), *extra])  # fmt: skip
-        trainer = build_trainer(recipe, datasets.Dataset.from_list(rows * 4))
+        trainer = trainer_on(recipe, datasets.Dataset.from_list(rows * 4))
         keys.append(reference.identity(trainer, trainer.train_dataset))
     assert keys[0]["tokens_sha256"] != keys[1]["tokens_sha256"]  # so the cache folder differs (Store.for_identity)
     assert reference.Store.for_identity(keys[0]).folder != reference.Store.for_identity(keys[1]).folder

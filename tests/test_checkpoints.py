@@ -8,7 +8,7 @@ from conftest import ROOT, ready
 from dpotrain.data import builtin
 from dpotrain.recipe.config import parse_args
 from dpotrain.train.checkpoints import MARKER, checkpoints, is_complete, latest_complete_checkpoint
-from dpotrain.train.trainer import build_trainer
+from dpotrain.train_stage import trainer_on
 
 SMOKE = str(ROOT / "configs" / "smoke.yaml")
 
@@ -17,7 +17,7 @@ def trainer_for(out, model_dir, max_steps):
     recipe = parse_args(["--config", SMOKE, "--model_name_or_path", model_dir, "--output_dir", str(out),
                          "--max_steps", str(max_steps), "--save_steps", "2", "--save_total_limit", "2",
                          "--report_to", "none"])  # fmt: skip
-    return ready(build_trainer(recipe, datasets.Dataset.from_list(builtin.make_preference_rows(64, seed=4))))
+    return ready(trainer_on(recipe, datasets.Dataset.from_list(builtin.make_preference_rows(64, seed=4))))
 
 
 class CompleteOnDiskBeforeTheMark(TrainerCallback):

@@ -26,7 +26,7 @@ from dpotrain import stages
 from dpotrain.cluster import engine
 from dpotrain.recipe.config import parse_args
 from dpotrain.recipe.errors import ConfigError
-from dpotrain.train.trainer import build_trainer
+from dpotrain.train_stage import trainer_on
 
 LR = 0.5
 SGD_STEP = ["--optim", "sgd", "--learning_rate", str(LR), "--lr_scheduler_type", "constant", "--warmup_steps", "0",
@@ -41,7 +41,7 @@ def one_step(out, model_dir, *flags: str):
     """The smoke recipe's first optimizer step, in this process, after its plan and reference stages."""
     recipe = parse_args(["--config", str(ROOT / "configs" / "smoke.yaml"), "--model_name_or_path", model_dir,
                          "--output_dir", str(out), *SGD_STEP, *flags])  # fmt: skip
-    trainer = ready(build_trainer(recipe, datasets.Dataset.from_list(PAIRS)))
+    trainer = ready(trainer_on(recipe, datasets.Dataset.from_list(PAIRS)))
     trainer.train()
     return trainer
 

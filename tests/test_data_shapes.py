@@ -18,7 +18,7 @@ import train_dpo
 from conftest import ROOT, ready
 from dpotrain.data import builtin, data, lengths, rows
 from dpotrain.recipe.config import parse_args
-from dpotrain.train.trainer import build_trainer
+from dpotrain.train_stage import trainer_on
 
 SMOKE = str(ROOT / "configs" / "smoke.yaml")
 N = 24  # 3 optimizer steps of the smoke recipe's 8 pairs
@@ -175,7 +175,7 @@ def test_ultrafeedback_trains_exactly_as_without_its_prompt_column(tmp_path, tin
         recipe = parse_args(["--config", SMOKE, "--model_name_or_path", tiny_model_dir, "--dataset_name", name,
                              "--output_dir", str(tmp_path / "run"), "--save_strategy", "no", "--report_to", "none",
                              "--max_steps", "2", "--warmup_steps", "0", "--logging_steps", "1"])  # fmt: skip
-        trainer = ready(build_trainer(recipe, read_pairs(name, "train", "messages")[1]))
+        trainer = ready(trainer_on(recipe, read_pairs(name, "train", "messages")[1]))
         trainer.train()
         losses.append([r["loss"] for r in trainer.state.log_history if "loss" in r])
     assert len(losses[0]) == 2 and losses[0][1] != losses[0][0]  # step 2 trained on what step 1 learned

@@ -8,7 +8,7 @@ import torch
 from conftest import ROOT, ready
 from dpotrain.data import data
 from dpotrain.recipe.config import parse_args
-from dpotrain.train.trainer import build_trainer
+from dpotrain.train_stage import trainer_on
 
 pytestmark = [
     pytest.mark.gpu,
@@ -22,7 +22,7 @@ def test_bf16_and_activation_checkpointing_keep_the_step_one_invariant(tmp_path,
          "--output_dir", str(tmp_path), "--bf16", "true", "--activation_checkpointing", "true", "--max_steps", "3",
          "--logging_steps", "1", "--save_strategy", "no", "--report_to", "none"]
     )  # fmt: skip
-    trainer = ready(build_trainer(recipe, data.load_preference_dataset(str(ROOT / "data" / "smoke_prefs.jsonl"))))
+    trainer = ready(trainer_on(recipe, data.load_preference_dataset(str(ROOT / "data" / "smoke_prefs.jsonl"))))
     trainer.train()
     losses = [r["loss"] for r in trainer.state.log_history if "loss" in r]
     assert abs(losses[0] - math.log(2)) < 1e-3  # bf16 autocast: policy and reference still agree at step 1

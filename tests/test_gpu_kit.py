@@ -77,14 +77,14 @@ def test_reference_budget_follows_every_k_th_layer_checkpointing(tmp_path, tiny_
     from dpotrain.forwards import packing
     from dpotrain.plan import memory
     from dpotrain.recipe.config import parse_args
-    from dpotrain.train.trainer import build_trainer
+    from dpotrain.train_stage import trainer_on
 
     model = wider_model(tmp_path / "model", tiny_model_dir)
     recipe = parse_args(["--config", str(ROOT / "configs" / "smoke.yaml"), "--model_name_or_path", model,
                          "--output_dir", str(tmp_path), "--max_steps", "1", "--activation_checkpointing", "true",
                          "--activation_checkpointing_kwargs", '{"every_n_layers": 2}'])  # fmt: skip
     pairs = data.load_preference_dataset(str(ROOT / "data" / "smoke_prefs.jsonl")).select(range(8))
-    trainer = build_trainer(recipe, pairs)
+    trainer = trainer_on(recipe, pairs)
     args = trainer.args
     tokens = trainer.max_tokens_per_microbatch or args.per_device_train_batch_size * 2 * args.max_length
     width = min(tokens, 2 * args.max_length) if trainer.packed else args.max_length
@@ -122,13 +122,13 @@ def test_sample_generation_compiles_nothing(tmp_path, tiny_model_dir):
     from dpotrain.plan import layers
     from dpotrain.recipe.config import parse_args
     from dpotrain.train.samples import SampleGenerator
-    from dpotrain.train.trainer import build_trainer
+    from dpotrain.train_stage import trainer_on
 
     recipe = parse_args(["--config", str(ROOT / "configs" / "smoke.yaml"), "--model_name_or_path", tiny_model_dir,
                          "--output_dir", str(tmp_path), "--max_steps", "1", "--samples_every", "4",
                          "--sample_count", "1", "--sample_max_new_tokens", "3"])  # fmt: skip
     pairs = data.load_preference_dataset(str(ROOT / "data" / "smoke_prefs.jsonl")).select(range(8))
-    trainer = build_trainer(recipe, pairs)
+    trainer = trainer_on(recipe, pairs)
     for layer in layers.decoder_layers(trainer.model):  # what compile_layers does, on a backend that costs nothing
         layer.compile(backend="eager")
     generator = next(c for c in trainer.callback_handler.callbacks if isinstance(c, SampleGenerator))

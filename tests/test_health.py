@@ -13,7 +13,7 @@ from dpotrain.recipe.config import parse_args
 from dpotrain.recipe.errors import ConfigError
 from dpotrain.resolve import OutputPlan, check_output_dir
 from dpotrain.train.health import LN2, HealthGuard
-from dpotrain.train.trainer import build_trainer
+from dpotrain.train_stage import trainer_on
 
 SMOKE = str(ROOT / "configs" / "smoke.yaml")
 
@@ -22,7 +22,7 @@ def trainer_for(out, model_dir, *overrides, rows=None):
     recipe = parse_args(["--config", SMOKE, "--model_name_or_path", model_dir, "--output_dir", str(out),
                          "--report_to", "none", "--save_strategy", "no", *overrides])  # fmt: skip
     dataset = data.load_preference_dataset(str(ROOT / recipe.script.dataset_name))
-    return ready(build_trainer(recipe, dataset.select(range(rows)) if rows else dataset))
+    return ready(trainer_on(recipe, dataset.select(range(rows)) if rows else dataset))
 
 
 def test_a_wrong_reference_stops_at_step_1_with_a_complete_checkpoint(tmp_path, tiny_model_dir):

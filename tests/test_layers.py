@@ -14,7 +14,7 @@ from dpotrain.plan import layers
 from dpotrain.recipe.config import parse_args
 from dpotrain.train.pair_metrics import PairMetrics
 from dpotrain.train.samples import SampleGenerator
-from dpotrain.train.trainer import build_trainer
+from dpotrain.train_stage import trainer_on
 
 SMOKE = str(ROOT / "configs" / "smoke.yaml")
 
@@ -25,7 +25,7 @@ def trained(tmp_path, model_dir, *args):
     recipe = parse_args(["--config", SMOKE, "--model_name_or_path", model_dir, "--output_dir", str(tmp_path / "run"),
                          "--save_strategy", "no", "--max_steps", "2", "--precompute_ref_log_probs", "false",
                          *args])  # fmt: skip
-    trainer = ready(build_trainer(recipe, data.load_preference_dataset(str(ROOT / recipe.script.dataset_name))))
+    trainer = ready(trainer_on(recipe, data.load_preference_dataset(str(ROOT / recipe.script.dataset_name))))
     trainer.train()
     return trainer
 
@@ -50,7 +50,7 @@ def test_partial_checkpointing_holds_and_trains_the_same(tmp_path, tiny_model_di
 def test_compile_option_compiles_each_decoder_layer(tmp_path, tiny_model_dir):
     recipe = parse_args(["--config", SMOKE, "--model_name_or_path", tiny_model_dir, "--output_dir", str(tmp_path),
                          "--compile_layers", "true", "--samples_every", "4"])  # fmt: skip
-    trainer = build_trainer(recipe, data.load_preference_dataset(str(ROOT / recipe.script.dataset_name)))
+    trainer = trainer_on(recipe, data.load_preference_dataset(str(ROOT / recipe.script.dataset_name)))
     compiled = [layer._compiled_call_impl is not None for layer in layers.decoder_layers(trainer.model)]
     assert compiled == [True, True] and trainer.layers_record["compiled"] == 2
     generator = next(c for c in trainer.callback_handler.callbacks if isinstance(c, SampleGenerator))

@@ -209,7 +209,7 @@ def short_run(tiny_model_dir, tmp_path_factory):
     from conftest import ready
     from dpotrain.data import data
     from dpotrain.recipe.config import parse_args
-    from dpotrain.train.trainer import build_trainer
+    from dpotrain.train_stage import trainer_on
 
     out = tmp_path_factory.mktemp("short") / "run"
     recipe = parse_args(["--config", SMOKE, "--model_name_or_path", tiny_model_dir, "--output_dir", str(out),
@@ -222,7 +222,7 @@ def short_run(tiny_model_dir, tmp_path_factory):
     cache, os.environ["DPOTRAIN_CACHE"] = os.environ.get("DPOTRAIN_CACHE"), str(tmp_path_factory.mktemp("cache"))
     try:
         with contextlib.redirect_stdout(printed), contextlib.redirect_stderr(printed):
-            trainer = ready(build_trainer(recipe, pairs))
+            trainer = ready(trainer_on(recipe, pairs))
             trainer.train()
     finally:
         if cache is None:

@@ -16,7 +16,7 @@ from dpotrain.data import builtin
 from dpotrain.forwards import packing
 from dpotrain.recipe.config import parse_args
 from dpotrain.recipe.errors import ConfigError
-from dpotrain.train.trainer import build_trainer
+from dpotrain.train_stage import trainer_on
 
 SMOKE = str(ROOT / "configs" / "smoke.yaml")
 
@@ -47,7 +47,7 @@ def llama_dir(tmp_path_factory, tiny_model_dir):
 def trainer_for(tmp_path, model_dir, rows, *overrides):
     recipe = parse_args(["--config", SMOKE, "--model_name_or_path", model_dir, "--output_dir", str(tmp_path),
                          "--report_to", "none", "--save_strategy", "no", *overrides])  # fmt: skip
-    return ready(build_trainer(recipe, datasets.Dataset.from_list(rows)))
+    return ready(trainer_on(recipe, datasets.Dataset.from_list(rows)))
 
 
 def perturb(model, seed=1):

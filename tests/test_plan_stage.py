@@ -5,11 +5,14 @@ import datasets
 import pytest
 
 from conftest import ROOT, run_train
+from dpotrain import stages
 from dpotrain.data import builtin
 from dpotrain.plan import plan, plan_stage
+from dpotrain.recipe import config
 from dpotrain.recipe.config import parse_args
 from dpotrain.reference import reference
 from dpotrain.train.trainer import build_trainer
+from dpotrain.train_stage import trainer_on
 
 SMOKE = str(ROOT / "configs" / "smoke.yaml")
 
@@ -17,7 +20,7 @@ SMOKE = str(ROOT / "configs" / "smoke.yaml")
 def built(tmp_path, model_dir, *overrides):
     recipe = parse_args(["--config", SMOKE, "--model_name_or_path", model_dir, "--output_dir", str(tmp_path / "run"),
                          "--report_to", "none", "--save_strategy", "no", "--max_steps", "2", *overrides])  # fmt: skip
-    return build_trainer(recipe, datasets.Dataset.from_list(builtin.make_preference_rows(40, seed=5)))
+    return trainer_on(recipe, datasets.Dataset.from_list(builtin.make_preference_rows(40, seed=5)))
 
 
 def test_building_the_trainer_plans_nothing_and_an_unplanned_trainer_is_refused(tmp_path, tiny_model_dir):
@@ -44,7 +47,15 @@ def test_building_the_trainer_plans_nothing_and_an_unplanned_trainer_is_refused(
 
 
 def test_a_step_that_cannot_be_cut_is_refused_by_the_plan_stage_not_by_building(tmp_path, tiny_model_dir):
-    trainer = built(tmp_path, tiny_model_dir, "--max_length", "256", "--max_tokens_per_microbatch", "64")
+    """The checks refuse a token budget below a pair of max_length; the plan stage, its last line of defence, refuses
+    it too, for a budget given to the stages past the checks (a fabricated stage input)."""
+    recipe = parse_args(["--config", SMOKE, "--model_name_or_path", tiny_model_dir, "--output_dir",
+                         str(tmp_path / "run"), "--report_to", "none", "--save_strategy", "no", "--max_steps", "2",
+                         "--max_length", "256", "--max_tokens_per_microbatch", "512"])  # fmt: skip
+    found = stages.checks(recipe)
+    past_the_checks = config.decided(recipe, {"project": {"max_tokens_per_microbatch": 64}})
+    pairs = stages.given_pairs(recipe, found, datasets.Dataset.from_list(builtin.make_preference_rows(40, seed=5)))
+    trainer = build_trainer(stages.first_half(past_the_checks, found, pairs=pairs))
     with pytest.raises(plan.PlanError, match="cannot be cut"):
         plan_stage.run_stage(trainer)
 

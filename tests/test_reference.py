@@ -19,7 +19,7 @@ from dpotrain.plan import plan_stage
 from dpotrain.recipe.config import parse_args
 from dpotrain.reference import reference
 from dpotrain.train.preemption import STOPPED_EXIT
-from dpotrain.train.trainer import build_trainer
+from dpotrain.train_stage import trainer_on
 
 SMOKE = str(ROOT / "configs" / "smoke.yaml")
 
@@ -34,7 +34,7 @@ def cache(tmp_path, monkeypatch):
 def build(tmp_path, model_dir, rows, *overrides):
     recipe = parse_args(["--config", SMOKE, "--model_name_or_path", model_dir, "--output_dir", str(tmp_path / "out"),
                          "--report_to", "none", "--save_strategy", "no", *overrides])  # fmt: skip
-    return ready(build_trainer(recipe, datasets.Dataset.from_list(rows)))
+    return ready(trainer_on(recipe, datasets.Dataset.from_list(rows)))
 
 
 def entries(cache) -> set[str]:
@@ -321,7 +321,7 @@ def test_a_truncated_part_is_named_and_its_pairs_scored_again(tmp_path, tiny_mod
     recipe = parse_args(["--config", SMOKE, "--model_name_or_path", tiny_model_dir, "--output_dir",
                          str(tmp_path / "out"), "--report_to", "none", "--save_strategy", "no",
                          "--max_length", "256", "--max_tokens_per_microbatch", "512"])  # fmt: skip
-    trainer = build_trainer(recipe, datasets.Dataset.from_list(builtin.make_preference_rows(60, seed=9)))
+    trainer = trainer_on(recipe, datasets.Dataset.from_list(builtin.make_preference_rows(60, seed=9)))
     plan_stage.run_stage(trainer)
     dataset = trainer.train_dataset
     layout = trainer.reference_layout("train", len(dataset))

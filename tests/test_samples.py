@@ -12,7 +12,7 @@ from conftest import ROOT, python, rank_python, ready
 from dpotrain.data import data
 from dpotrain.recipe.config import parse_args
 from dpotrain.train.samples import SAMPLES_FILE, repetition
-from dpotrain.train.trainer import build_trainer
+from dpotrain.train_stage import trainer_on
 
 SMOKE = str(ROOT / "configs" / "smoke.yaml")
 
@@ -30,7 +30,7 @@ def test_samples_every_n_steps_from_the_datas_first_prompts(tmp_path, tiny_model
                          "--report_to", "none", "--save_strategy", "no", "--max_steps", "4", "--samples_every", "2",
                          "--sample_count", "2", "--sample_max_new_tokens", "12"])  # fmt: skip
     pairs = data.load_preference_dataset(str(ROOT / recipe.script.dataset_name)).select(range(32))  # its 4 steps' 32
-    trainer = ready(build_trainer(recipe, pairs))
+    trainer = ready(trainer_on(recipe, pairs))
     trainer.train()
     records = [json.loads(line) for line in (out / SAMPLES_FILE).read_text().splitlines()]
     assert [(r["step"], r["prompt_index"]) for r in records] == [(s, i) for s in (0, 2, 4) for i in (0, 1)]
@@ -47,7 +47,7 @@ def test_sample_prompts_from_the_recipe(tmp_path, tiny_model_dir):
                          str(tmp_path / "run"), "--report_to", "none", "--save_strategy", "no", "--max_steps", "1",
                          "--samples_every", "5", "--sample_prompts_file", str(prompts)])  # fmt: skip
     pairs = data.load_preference_dataset(str(ROOT / recipe.script.dataset_name)).select(range(8))  # its 1 step's 8
-    trainer = ready(build_trainer(recipe, pairs))
+    trainer = ready(trainer_on(recipe, pairs))
     trainer.train()
     records = [json.loads(line) for line in (tmp_path / "run" / SAMPLES_FILE).read_text().splitlines()]
     assert [r["step"] for r in records] == [0, 0]  # the base model's answers; step 1 is not a multiple of 5

@@ -13,7 +13,7 @@ from dpotrain.forwards import masks, packing, shared_prompt
 from dpotrain.forwards.shared_prompt import SharedPromptCollator
 from dpotrain.recipe.config import parse_args
 from dpotrain.recipe.errors import ConfigError
-from dpotrain.train.trainer import build_trainer
+from dpotrain.train_stage import trainer_on
 
 SMOKE = str(ROOT / "configs" / "smoke.yaml")
 
@@ -126,7 +126,7 @@ def test_truncation_is_trls_and_keep_end_cuts_are_laid_out_unshared(mode, tiny_m
 def trainer_for(tmp_path, model_dir, rows, *overrides):
     recipe = parse_args(["--config", SMOKE, "--model_name_or_path", model_dir, "--output_dir", str(tmp_path),
                          "--report_to", "none", "--save_strategy", "no", *overrides])  # fmt: skip
-    return ready(build_trainer(recipe, datasets.Dataset.from_list(rows)))
+    return ready(trainer_on(recipe, datasets.Dataset.from_list(rows)))
 
 
 def loss_and_grads(trainer, indices):

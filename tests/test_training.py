@@ -9,7 +9,7 @@ import torch
 from conftest import DEMO_SECRETS, ROOT, ready
 from dpotrain.data import data
 from dpotrain.recipe.config import parse_args
-from dpotrain.train.trainer import build_trainer
+from dpotrain.train_stage import trainer_on
 
 SMOKE = str(ROOT / "configs" / "smoke.yaml")
 
@@ -33,7 +33,7 @@ def smoke_trainer(tmp_path, model_dir, *overrides, rows: int):
         ]
     )
     dataset = data.load_preference_dataset(str(ROOT / recipe.script.dataset_name))
-    return ready(build_trainer(recipe, dataset.select(range(rows))))
+    return ready(trainer_on(recipe, dataset.select(range(rows))))
 
 
 def test_first_loss_is_ln2_and_rewards_zero(tmp_path, tiny_model_dir):

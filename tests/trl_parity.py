@@ -16,7 +16,7 @@ from torch.utils.data import SequentialSampler
 
 from conftest import ROOT, ready
 from dpotrain.recipe.config import parse_args
-from dpotrain.train.trainer import build_trainer
+from dpotrain.train_stage import trainer_on
 
 PAIRS_PER_STEP = 8
 ROWS = [json.loads(line) for line in (ROOT / "data" / "smoke_prefs.jsonl").read_text().splitlines()]
@@ -30,7 +30,7 @@ def ours(output_dir, model_dir, steps: int, *overrides: str, rows: list[dict] = 
                          "--output_dir", str(output_dir), "--report_to", "none", "--save_strategy", "no",
                          "--max_steps", str(steps), "--logging_steps", "1", "--pairs_per_step", str(PAIRS_PER_STEP),
                          "--assistant_turns", "final", *overrides])  # fmt: skip
-    return ready(build_trainer(recipe, datasets.Dataset.from_list(rows[: steps * PAIRS_PER_STEP])))
+    return ready(trainer_on(recipe, datasets.Dataset.from_list(rows[: steps * PAIRS_PER_STEP])))
 
 
 def plan_order(trainer, steps: int) -> list[int]:

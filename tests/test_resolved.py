@@ -1,0 +1,200 @@
+"""The parsed recipe is the user's intent, never written after `parse_args`; the first half returns one frozen value
+(`stages.Resolved`) holding every decision, and `config.decided` is the one function that lays decisions into a copy.
+
+Two checks: the source (no assignment to, or mutation of, anything reached through a recipe, in dpotrain/, train_dpo.py
+and scripts/), and a run's stages on the CPU demo (the recipe's every field the same after them)."""
+
+import ast
+import copy
+import dataclasses
+import functools
+import json
+from pathlib import Path
+
+import datasets
+import pytest
+
+from conftest import ROOT
+from dpotrain import resolve, stages
+from dpotrain.data import builtin
+from dpotrain.recipe import config
+from dpotrain.recipe.config import parse_args
+
+SOURCES = [*sorted((ROOT / "dpotrain").rglob("*.py")), ROOT / "train_dpo.py", *sorted((ROOT / "scripts").glob("*.py"))]
+# Methods that change a list, set or dict in place: called on something reached through a recipe, they write it.
+MUTATORS = {"add", "update", "append", "extend", "insert", "pop", "popitem", "remove", "discard", "clear", "setdefault"}
+# The one function that lays decisions into a recipe's copy (it sets fields of parts it has just copied).
+DECIDED = ("dpotrain/recipe/config.py", "decided")
+
+
+def _through_recipe(node) -> bool:
+    """Whether an expression is reached through a recipe: a name `recipe`, or an attribute `.recipe` on the way."""
+    while isinstance(node, (ast.Attribute, ast.Subscript)):
+        if isinstance(node, ast.Attribute) and node.attr == "recipe":
+            return True
+        node = node.value
+    return isinstance(node, ast.Name) and node.id == "recipe"
+
+
+def _root(node) -> str | None:
+    while isinstance(node, (ast.Attribute, ast.Subscript)):
+        node = node.value
+    return node.id if isinstance(node, ast.Name) else None
+
+
+def _aliases(function) -> set[str]:
+    """Local names bound to a part of a recipe (`t, p = recipe.training, recipe.project`)."""
+    names = set()
+    for node in ast.walk(function):
+        if isinstance(node, ast.Assign) and len(node.targets) == 1:
+            target, value = node.targets[0], node.value
+            both = isinstance(target, ast.Tuple) and isinstance(value, ast.Tuple)
+            pairs = zip(target.elts, value.elts, strict=False) if both else [(target, value)]
+            for name, bound in pairs:
+                if isinstance(name, ast.Name) and isinstance(bound, (ast.Attribute, ast.Subscript)):
+                    if _through_recipe(bound) or _root(bound) in names:
+                        names.add(name.id)
+    return names
+
+
+def _written(target, aliases: set[str]) -> bool:
+    """Whether an assignment's target is inside something reached through a recipe (not `trial.recipe = ...`)."""
+    if not isinstance(target, (ast.Attribute, ast.Subscript)):
+        return False
+    return _through_recipe(target.value) or _root(target) in aliases
+
+
+def writes_to_a_recipe(source: str) -> list[tuple[int, str]]:
+    """(line, code) of every assignment to, or in-place change of, something reached through a recipe."""
+    found = []
+    for function in ast.walk(ast.parse(source)):
+        if not isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        aliases = _aliases(function)
+        written = functools.partial(_written, aliases=aliases)
+        for node in ast.walk(function):
+            targets = []
+            if isinstance(node, ast.Assign):
+                targets = [t for target in node.targets for t in (target.elts if isinstance(target, ast.Tuple)
+                                                                   else [target])]  # fmt: skip
+            elif isinstance(node, (ast.AugAssign, ast.AnnAssign)):
+                targets = [node.target]
+            elif isinstance(node, ast.Delete):
+                targets = node.targets
+            elif isinstance(node, ast.Call):
+                f = node.func
+                if isinstance(f, ast.Name) and f.id in ("setattr", "delattr") and node.args:
+                    first = node.args[0]
+                    if _through_recipe(first) or _root(first) in aliases:
+                        found.append((node.lineno, ast.unparse(node)))
+                elif (
+                    isinstance(f, ast.Attribute)
+                    and f.attr in MUTATORS
+                    and (written(f.value) or isinstance(f.value, ast.Name) and f.value.id in aliases)
+                ):
+                    found.append((node.lineno, ast.unparse(node)))
+            found += [(node.lineno, ast.unparse(t)) for t in targets if written(t)]
+    return sorted(set(found))
+
+
+def test_no_module_writes_to_a_parsed_recipe():
+    writes = []
+    for path in SOURCES:
+        relative = str(path.relative_to(ROOT))
+        tree = ast.parse(path.read_text())
+        skip = set()
+        if relative == DECIDED[0]:
+            decided = next(f for f in ast.walk(tree) if isinstance(f, ast.FunctionDef) and f.name == DECIDED[1])
+            skip = set(range(decided.lineno, decided.end_lineno + 1))
+        writes += [f"{relative}:{line}: {code}" for line, code in writes_to_a_recipe(path.read_text())
+                   if line not in skip]  # fmt: skip
+    assert not writes, "the parsed recipe is intent: return the decision from the stage instead\n" + "\n".join(writes)
+
+
+@pytest.mark.parametrize("code", [
+    "def f(recipe):\n    recipe.training.max_length = 4\n",
+    "def f(recipe):\n    t = recipe.training\n    t.max_length = 4\n",
+    "def f(recipe):\n    t, p = recipe.training, recipe.project\n    p.pairs_per_step += 1\n",
+    "def f(self):\n    self.recipe.model.dtype = 'bfloat16'\n",
+    "def f(recipe):\n    setattr(recipe.training, 'max_length', 4)\n",
+    "def f(recipe):\n    recipe.given.add('max_length')\n",
+    "def f(recipe):\n    given = recipe.given\n    given.add('max_length')\n",
+    "def f(recipe):\n    recipe.training.model_init_kwargs['dtype'] = 'bfloat16'\n",
+])  # fmt: skip
+def test_the_source_check_finds_each_kind_of_write(code):
+    assert writes_to_a_recipe(code), code
+
+
+def test_the_source_check_leaves_copies_and_other_objects_alone():
+    code = ("def f(recipe, trial):\n    trial.recipe = config.decided(recipe, {})\n    args = copy.copy(x)\n"
+            "    args.max_length = 4\n    self.recipe = recipe\n")  # fmt: skip
+    assert writes_to_a_recipe(code) == []
+
+
+def _fields(recipe) -> str:
+    """Every field of every part, as resolved_config.json would write them (the intent: nothing decided)."""
+    parts = {name: dataclasses.asdict(getattr(recipe, name)) for name in ("script", "model", "project")}
+    parts["training"] = recipe.training.to_dict()
+    parts["top"] = [recipe.config_path, recipe.max_length_auto, sorted(recipe.given)]
+    return json.dumps(parts, sort_keys=True, default=str)
+
+
+def test_the_first_half_leaves_the_recipe_as_parsed_and_returns_one_frozen_value(tmp_path, tiny_model_dir):
+    """The CPU demo's stages, through the trainer: the recipe is the same after them, field by field; what they
+    decided (max_length under auto, the forward's attention, the load dtype, pairs per step) is in the resolved
+    value's settings and in TRL's arguments."""
+    from dpotrain.train.trainer import build_trainer
+
+    recipe = parse_args(["--config", str(ROOT / "configs" / "smoke.yaml"), "--model_name_or_path", tiny_model_dir,
+                         "--output_dir", str(tmp_path / "run"), "--report_to", "none", "--max_steps", "1",
+                         "--pairs_per_step", "8"])  # fmt: skip
+    before = _fields(recipe)
+    found = stages.checks(recipe)
+    output = stages.output_checks(recipe, found, copy.copy(_push(recipe, found)))
+    pairs = datasets.Dataset.from_list(builtin.make_preference_rows(24, seed=3))
+    resolved = stages.first_half(recipe, found, output=output, pairs=stages.given_pairs(recipe, found, pairs))
+    trainer = build_trainer(resolved)
+    assert _fields(recipe) == before
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        resolved.memory = {}  # type: ignore[misc]
+    assert resolved.recipe is recipe and resolved.settings is not recipe
+    run = resolved.settings
+    assert run.model.attn_implementation == resolved.forward.planned.attention
+    assert run.training.padding_free == resolved.forward.planned.packed
+    assert run.project.pairs_per_step == resolved.pairs_per_step == 8
+    assert run.training.precompute_ref_log_probs and resolved.reference == "cached"
+    # TRL's arguments: the run's settings, but one item per optimizer step and TRL's own padding off
+    assert trainer.args is not run.training and trainer.args.gradient_accumulation_steps == 1
+    assert not trainer.args.padding_free and trainer.args.max_length == run.training.max_length
+    assert trainer.args.model_init_kwargs["attn_implementation"] == resolved.forward.planned.attention
+    record = resolve.resolved_config(run, resolved.record())
+    assert record["attn_implementation"] == resolved.forward.planned.attention and record["pairs_per_step"] == 8
+
+
+def _push(recipe, found):
+    from dpotrain.hub import hub
+
+    return hub.take_push_settings(recipe, found.engine)
+
+
+def test_decided_copies_and_never_writes_the_original(tiny_model_dir):
+    recipe = parse_args(["--config", str(ROOT / "configs" / "smoke.yaml"), "--model_name_or_path", tiny_model_dir])
+    before = _fields(recipe)
+    run = config.decided(recipe, {"training": {"max_length": 77}}, {"project": {"pairs_per_step": 3}})
+    assert (run.training.max_length, run.project.pairs_per_step) == (77, 3)
+    assert _fields(recipe) == before and run.model is recipe.model  # parts not decided are shared, never written
+    with pytest.raises(AttributeError, match="no field 'max_lenght'"):
+        config.decided(recipe, {"training": {"max_lenght": 1}})
+
+
+def test_every_recipe_is_resolved_the_same_by_a_dry_run_and_leaves_its_file(tmp_path):
+    """Each shipped recipe's dry run (the first half on the launch its accelerate config describes) leaves the recipe
+    as parsed: the recipes the package ships are resolved without a write."""
+    for name in ("think", "instruct", "smoke"):
+        recipe = parse_args(["--config", str(ROOT / "configs" / f"{name}.yaml"), "--dry-run", "--output_dir",
+                             str(tmp_path / name)])  # fmt: skip
+        before = _fields(recipe)
+        found = stages.checks(recipe)
+        stages.first_half(recipe, found, output=stages.output_checks(recipe, found, _push(recipe, found)))
+        assert _fields(recipe) == before, name
+        assert Path(ROOT / "configs" / f"{name}.yaml").is_file()
