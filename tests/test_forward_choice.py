@@ -60,7 +60,7 @@ def test_the_choice_follows_the_data(capsys):
     # against FA4's 32.4%), multi-turn pairs with shared prompts on flex.
     on_think, recipe = decide(think)
     assert (on_think.attention, on_think.share_prompt, on_think.one_row) == (FA4, False, True)
-    assert (recipe.model.attn_implementation, recipe.training.padding_free) == (FA4, True)
+    assert recipe.model.attn_implementation is None  # decided, not written into the recipe (stages.Resolved)
     on_multiturn, _ = decide(multiturn)
     assert (on_multiturn.attention, on_multiturn.share_prompt) == ("flex_attention", True)
     # Each names the other as the runner-up, with both estimates (H100-seconds per 1,000 pairs).
@@ -147,7 +147,7 @@ def test_the_memory_plan_and_the_runs_check_use_the_chosen_forward():
     # What the run's forward and memory stages make once the data set is read (here with the lengths given: no
     # tokenizer ships with the config); without FlashAttention 4, so the forward is shared prompts on flex (with it,
     # FA4: no mask at all).
-    r = copy.deepcopy(recipe)  # the stage sets its attn_implementation and padding_free
+    r = copy.deepcopy(recipe)
     launch = stages.Launch(16, "2 nodes of 8", zero2, {"H100 without FA4": (True, None)}, planning=False)
     pair_lengths = stages.Lengths(None, think_mix(), None, None)
     forward = stages.decide_forward(r, launch, r.model.model_name_or_path, pair_lengths)

@@ -27,15 +27,14 @@ def recipe(*args):
 def test_a_resumed_run_keeps_the_commit_it_started_on(tmp_path):
     (tmp_path / "resolved_config.json").write_text(json.dumps({"derived": {"data_identity": {"hub_commit": FIRST}}}))
     r = recipe("--dataset_name", "org/prefs")
-    assert hub_revision.keep(r, str(tmp_path)) == f"org/prefs: commit {FIRST[:12]}, the one this run started on " \
-        "(dataset_revision)"  # fmt: skip
-    assert r.project.dataset_revision == FIRST
+    assert hub_revision.kept(r, str(tmp_path)) == FIRST  # the data stage loads it (stages.load_data's `output`)
+    assert r.project.dataset_revision is None  # the recipe, the user's intent, is left as parsed
     # A revision given by hand is the user's: kept as given (its commit is compared with the record instead)
     given = recipe("--dataset_name", "org/prefs", "--dataset_revision", SECOND)
-    assert hub_revision.keep(given, str(tmp_path)) is None and given.project.dataset_revision == SECOND
+    assert hub_revision.kept(given, str(tmp_path)) is None and given.project.dataset_revision == SECOND
     # A run recorded on a local data set (its files' content, not a commit) has nothing to keep
     (tmp_path / "resolved_config.json").write_text(json.dumps({"derived": {"data_identity": {"a.jsonl": {}}}}))
-    assert hub_revision.keep(recipe("--dataset_name", "org/prefs"), str(tmp_path)) is None
+    assert hub_revision.kept(recipe("--dataset_name", "org/prefs"), str(tmp_path)) is None
 
 
 def test_a_revision_given_on_a_resume_that_names_another_commit_is_changed_data():

@@ -302,7 +302,7 @@ class Advisor:
             sizes = self._sizes(self.recipe, budget == "shorter")
             if not sizes:
                 return None
-            self._set_budget(trial.recipe, sizes[0], budget == "shorter")
+            trial.recipe = self._with_budget(trial.recipe, sizes[0], budget == "shorter")
         for lever in sorted(combo, key=lambda lever: SEARCHED.index(lever) + 1 if lever in SEARCHED else 0):
             pull = (lambda t, k=lever: self.engine_lever(k, t)) if lever in SHIPPED else getattr(self, lever)
             if not pull(trial):
