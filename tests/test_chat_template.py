@@ -248,6 +248,7 @@ def test_the_reference_cache_key_follows_the_template(tiny_model_dir, tmp_path):
     import datasets
 
     from dpotrain.reference import reference
+    from dpotrain.reference.scorer import ReferenceScorer
     from dpotrain.train_stage import trainer_on
 
     rows = [
@@ -259,7 +260,7 @@ def test_the_reference_cache_key_follows_the_template(tiny_model_dir, tmp_path):
         recipe = parse_args([*SMOKE, "--model_name_or_path", tiny_model_dir, "--max_steps", "1", "--report_to",
                              "none", "--output_dir", str(tmp_path / "run"), *extra])  # fmt: skip
         trainer = trainer_on(recipe, datasets.Dataset.from_list(rows * 4))
-        keys.append(reference.identity(trainer, trainer.train_dataset))
+        keys.append(reference.identity(ReferenceScorer(trainer), trainer.train_dataset))
     assert keys[0]["tokens_sha256"] != keys[1]["tokens_sha256"]  # so the cache folder differs (Store.for_identity)
     assert reference.Store.for_identity(keys[0]).folder != reference.Store.for_identity(keys[1]).folder
 

@@ -77,6 +77,7 @@ def test_reference_budget_follows_every_k_th_layer_checkpointing(tmp_path, tiny_
     from dpotrain.forwards import packing
     from dpotrain.plan import memory
     from dpotrain.recipe.config import parse_args
+    from dpotrain.reference.scorer import ReferenceScorer
     from dpotrain.train_stage import trainer_on
 
     model = wider_model(tmp_path / "model", tiny_model_dir)
@@ -92,7 +93,7 @@ def test_reference_budget_follows_every_k_th_layer_checkpointing(tmp_path, tiny_
     attn = trainer.forward.attention
     every_other = memory.forward_only_multiple(config, tokens, width, attn, 2)
     every_layer = memory.forward_only_multiple(config, tokens, width, attn, True)
-    budget, pairs_per = trainer.reference_budget()
+    budget, pairs_per = ReferenceScorer(trainer).budget()
     got = budget // tokens if budget else pairs_per // args.per_device_train_batch_size
     assert every_layer < every_other and got == every_other, (got, every_other, every_layer)
 

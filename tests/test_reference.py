@@ -18,6 +18,7 @@ from dpotrain.data import builtin
 from dpotrain.plan import plan_stage
 from dpotrain.recipe.config import parse_args
 from dpotrain.reference import reference
+from dpotrain.reference.scorer import ReferenceScorer
 from dpotrain.train.preemption import STOPPED_EXIT
 from dpotrain.train_stage import trainer_on
 
@@ -126,7 +127,8 @@ def test_step_one_is_ln_2_within_rounding_and_the_stage_scores_as_training_would
     ours = ref_columns(trainer)
     # Before: scored in the micro-batches training meets each pair in first (epoch 0 of the plan).
     training_layout = [[mb for step in trainer.run_plan.epochs[0] for mb in step[0]]]
-    assert training_layout != trainer.reference_layout("train", 32)  # the stage's own micro-batches
+    scorer = ReferenceScorer(trainer)
+    assert training_layout != reference.stage_layout(scorer, "train", 32)  # the stage's own micro-batches
     trainer.model.gradient_checkpointing_enable({"use_reentrant": False})
     layers = [m for m in trainer.model.modules() if getattr(m, "gradient_checkpointing", False)]
     assert layers
@@ -136,7 +138,7 @@ def test_step_one_is_ln_2_within_rounding_and_the_stage_scores_as_training_would
         layer._gradient_checkpointing_func = lambda *a, f=layer._gradient_checkpointing_func, **k: (
             recomputed.append(1), f(*a, **k))[1]  # fmt: skip
     os.environ["DPOTRAIN_CACHE"] = str(tmp_path / "training-layout")  # restored by the `cache` fixture
-    before, _ = reference.run(trainer, trainer.train_dataset, "train", training_layout, _never_stopped())
+    before, _ = reference.run(scorer, trainer.train_dataset, "train", training_layout, _never_stopped())
     assert not recomputed
     for layer, func in zip(layers, checkpointing, strict=True):
         layer._gradient_checkpointing_func = func
@@ -306,7 +308,7 @@ def stopped_after_a_part(trainer, dataset, layout, cache, stop_file):
     watcher = threading.Thread(target=stop_at_first_new_part)
     watcher.start()
     try:
-        scored, outcome = reference.run(trainer, dataset, "train", layout, stop, save_seconds=0)
+        scored, outcome = reference.run(ReferenceScorer(trainer), dataset, "train", layout, stop, save_seconds=0)
     finally:
         watcher.join()
         stop_file.unlink()
@@ -324,7 +326,7 @@ def test_a_truncated_part_is_named_and_its_pairs_scored_again(tmp_path, tiny_mod
     trainer = trainer_on(recipe, datasets.Dataset.from_list(builtin.make_preference_rows(60, seed=9)))
     plan_stage.run_stage(trainer)
     dataset = trainer.train_dataset
-    layout = trainer.reference_layout("train", len(dataset))
+    layout = reference.stage_layout(ReferenceScorer(trainer), "train", len(dataset))
     assert len(layout[0]) >= 10  # micro-batches enough for two stops half-way
 
     # Two interrupted attempts: the second keeps the first's pairs and saves its own in a second part.
@@ -339,7 +341,8 @@ def test_a_truncated_part_is_named_and_its_pairs_scored_again(tmp_path, tiny_mod
     first.write_bytes(first.read_bytes()[: first.stat().st_size // 2])
     capsys.readouterr()
 
-    scored, outcome = reference.run(trainer, dataset, "train", layout, stop=_never_stopped(), save_seconds=60)
+    scored, outcome = reference.run(ReferenceScorer(trainer), dataset, "train", layout, stop=_never_stopped(),
+                                    save_seconds=60)  # fmt: skip
     err = capsys.readouterr().err
     assert f"warning: the reference cache file {first} is damaged (BadZipFile" in err, err
     assert "its pairs are scored again" in err
@@ -348,7 +351,7 @@ def test_a_truncated_part_is_named_and_its_pairs_scored_again(tmp_path, tiny_mod
     got = ref_columns_of(scored)
 
     monkeypatch.setenv("DPOTRAIN_CACHE", str(tmp_path / "clean-cache"))
-    clean, _ = reference.run(trainer, dataset, "train", layout, stop=_never_stopped(), save_seconds=60)
+    clean, _ = reference.run(ReferenceScorer(trainer), dataset, "train", layout, stop=_never_stopped(), save_seconds=60)
     assert got == ref_columns_of(clean)  # the same micro-batches: the same numbers, bit for bit
 
 

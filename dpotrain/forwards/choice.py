@@ -357,3 +357,9 @@ def stand_in(model, batch: dict, every_rank: bool = False):
         return packing.PackedModel(model, batch, split), packing.padded_view(batch)
     batch = dict(batch)
     return padded.GroupedModel(model, batch.pop("row_groups", None), every_rank), batch
+
+
+def needs_every_rank(run_engine, forward: ForwardChoice) -> bool:
+    """Whether a forward holds collectives (weights sharded by the engine; a sequence split over a group), so every
+    rank must run one together: the `every_rank` of `stand_in`, and why a rank out of pairs runs a filler."""
+    return run_engine.shards_weights or forward.sequence_parallel > 1

@@ -11,7 +11,7 @@ is a stage of its own, run by `train_dpo.py` after the model loads and before tr
   saves its part, the main process writes the marker that makes `scripts/launch.sh` requeue the job, and the run exits;
 - rank 0 alone decides hit, partial or miss and broadcasts what it found, so ranks whose caches differ (node-local
   `DPOTRAIN_CACHE`) still enter the same collectives;
-- each pair is scored with the training forward (`RecipeDPOTrainer.reference_log_probs`: TRL's own reference code
+- each pair is scored with the training forward (`ReferenceScorer.log_probs`, scorer.py: TRL's own reference code
   around the packed or padded forward), at forward-only speed: in micro-batches of its own (`micro_batches`: the
   plan's planner at a budget a forward-only pass fits in the memory of a training micro-batch,
   `memory.forward_only_multiple`), balanced over the ranks; no autograd (inference mode, or no_grad where the engine
@@ -51,6 +51,7 @@ from dpotrain.plan.plan import PairLengths, StepPlan, cut_step, pair_columns, st
 from dpotrain.recipe.errors import ConfigError
 from dpotrain.recipe.writes import replacing, write_text
 from dpotrain.reference.reuse import UNREADABLE, fill_from_other_caches, pair_digests
+from dpotrain.reference.scorer import ReferenceScorer
 
 CACHE_VERSION = 2
 COMPLETE = "complete.npz"
@@ -58,6 +59,7 @@ SAVE_SECONDS = 120  # default of `reference_save_seconds`
 PROGRESS_SECONDS = 60  # a progress line in the (Slurm) log at most this often
 STOP_CHECK_SECONDS = 5.0  # the ranks agree on a stop request about this often (one small collective)
 CHUNK_MICRO_BATCHES = 4  # micro-batches per rank the planner cuts at once (`micro_batches`)
+Layout = list[list[list[int]]]  # every rank's micro-batches, in order: [rank][micro-batch] -> pair indices
 
 
 def cache_dir() -> Path:
@@ -94,24 +96,24 @@ def token_hash(dataset) -> str:
     return h.hexdigest()
 
 
-def identity(trainer, dataset) -> dict:
+def identity(scorer: ReferenceScorer, dataset) -> dict:
     import transformers
     import trl
 
-    model, args = trainer.model, trainer.args
+    model, args = scorer.policy, scorer.args
     return {
         "version": CACHE_VERSION,
         "model": getattr(model.config, "_name_or_path", ""),
-        "weights_sha256": trainer.weights_hash,
+        "weights_sha256": scorer.weights_hash,
         "tokens_sha256": token_hash(dataset),
         "pairs": len(dataset),
         "max_length": args.max_length,
         "truncation_mode": args.truncation_mode,
-        "ld_alpha": trainer.ld_alpha,
+        "ld_alpha": scorer.ld_alpha,
         "dtype": str(model.dtype),
         "autocast": "bf16" if args.bf16 else "fp16" if args.fp16 else None,
         "attn_implementation": getattr(model.config, "_attn_implementation", None),
-        "forward": "packed" if trainer.packed else "padded",
+        "forward": "packed" if scorer.packed else "padded",
         "versions": {"torch": torch.__version__, "transformers": transformers.__version__, "trl": trl.__version__},
     }
 
@@ -424,7 +426,7 @@ class _Results:
 
 
 def micro_batches(lengths: PairLengths, pairs, world: int, budget: int | None, pairs_per_micro_batch: int | None,
-                  padded: bool, seed: int) -> list[list[list[int]]]:  # fmt: skip
+                  padded: bool, seed: int) -> Layout:  # fmt: skip
     """The reference stage's own micro-batches of `pairs`: `[rank][micro-batch] -> pair indices`, cut by the plan's
     planner (`plan.cut_step`) at the stage's budget, in chunks of about `CHUNK_MICRO_BATCHES` micro-batches per rank
     (bin packing over the whole data set at once would take minutes), so the ranks get the same number of
@@ -445,11 +447,20 @@ def micro_batches(lengths: PairLengths, pairs, world: int, budget: int | None, p
         cost = 2 * lengths.longest[pairs] if padded else lengths.tokens[pairs]
         per_chunk = max(world, round(world * CHUNK_MICRO_BATCHES * budget / max(float(cost.mean()), 1.0)))
     step = StepPlan(per_chunk, world, seed, budget, pairs_per_micro_batch, padded=padded)
-    out: list[list[list[int]]] = [[] for _ in range(world)]
+    out: Layout = [[] for _ in range(world)]
     for chunk in steps_of(order, per_chunk, world):
         for rank, mine in enumerate(cut_step(chunk, lengths, step)):
             out[rank] += [mb for mb in mine if mb]  # a filler of the planner: the stage runs its own (`run`)
     return out
+
+
+def stage_layout(scorer: ReferenceScorer, name: str, rows: int) -> Layout:
+    """Every rank's micro-batches of the reference stage, over all `rows` pairs of the data set `name`: its own
+    micro-batches, not training's (`micro_batches` at the scorer's budget), so each rank scores balanced work and every
+    rank runs as many forwards."""
+    budget, pairs = scorer.budget()
+    return micro_batches(scorer.lengths(name), np.arange(rows), scorer.world, budget, pairs, padded=not scorer.packed,
+                         seed=scorer.args.seed)  # fmt: skip
 
 
 def _start_line(name: str, n: int, reused: int, shared: int, world: int, rounds: int, size: str, folder) -> str:
@@ -459,16 +470,16 @@ def _start_line(name: str, n: int, reused: int, shared: int, world: int, rounds:
             f"{rounds:,} micro-batch(es) each{size}{kept}; saved to {folder} as they are scored")  # fmt: skip
 
 
-def run(trainer, dataset, name: str, layout: list[list[list[int]]] | None, stop, save_seconds: float = SAVE_SECONDS):
+def run(scorer: ReferenceScorer, dataset, name: str, layout: Layout | None, stop, save_seconds: float = SAVE_SECONDS):
     """`dataset` with `ref_chosen_logps` / `ref_rejected_logps` columns (None when stopped), and the Outcome.
 
     `layout[rank]` is the list of micro-batches data-parallel rank `rank` scores, in order (every rank's, so all ranks
     know how many pairs each round scores; a sequence-parallel group scores its own together); None: the stage's own
-    (`trainer.reference_layout`). `stop` is the run's `GracefulStop`."""
-    accelerator = trainer.accelerator
-    rank, world, device = trainer.data_parallel_rank, trainer.data_parallel_size, accelerator.device
+    (`stage_layout`). `stop` is the run's `GracefulStop`."""
+    accelerator = scorer.accelerator
+    rank, world, device = scorer.rank, scorer.world, accelerator.device
     n = len(dataset)
-    ident = broadcast_from_main(identity(trainer, dataset) if accelerator.is_main_process else None)
+    ident = broadcast_from_main(identity(scorer, dataset) if accelerator.is_main_process else None)
     store = Store.for_identity(ident)
 
     # Rank 0's cache decides, for everyone: node-local caches then cannot lead ranks into different collectives.
@@ -482,16 +493,16 @@ def run(trainer, dataset, name: str, layout: list[list[list[int]]] | None, stop,
         _gather_and_keep(accelerator, store, ident, digests, "none", ([], [], []), chosen, rejected)
         return _with_columns(dataset, chosen, rejected), Outcome(name, n, n, 0, False, store.folder, shared=shared)
 
-    todo, size = _todo(trainer, name, n, layout, chosen)
+    todo, size = _todo(scorer, name, n, layout, chosen)
     rounds = max(len(mine) for mine in todo)
-    tokens = PairLengths.of(dataset, trainer.args.max_length).tokens  # every sequence whole, as training counts them
+    tokens = PairLengths.of(dataset, scorer.args.max_length).tokens  # every sequence whole, as training counts them
     round_tokens = [int(sum(tokens[mine[j]].sum() for mine in todo if j < len(mine))) for j in range(rounds)]
     round_pairs = [sum(len(mine[j]) for mine in todo if j < len(mine)) for j in range(rounds)]
     progress = _Progress(name, n, reused, sum(round_tokens), accelerator.is_main_process)
     if accelerator.is_main_process:
         print(_start_line(name, n, reused, shared, world, rounds, size, store.folder), flush=True)
     attempt = broadcast_from_main(f"{time.strftime('%Y%m%d%H%M%S')}-{secrets.token_hex(3)}")
-    lockstep = trainer.forward_needs_every_rank()
+    lockstep = scorer.every_rank
     # A rank out of pairs still takes part in the forward's collectives (ZeRO-3, FSDP) with a pair of the data set's,
     # whose result is dropped.
     filler = [int(np.argmin(tokens))]
@@ -500,13 +511,13 @@ def run(trainer, dataset, name: str, layout: list[list[list[int]]] | None, stop,
     results = _Results()
     checks = _StopChecks(stop, device)
     last_save = time.monotonic()
-    scorer = trainer.reference_scorer()
-    was_training = scorer.training
-    scorer.eval()
+    model = scorer.model()
+    was_training = model.training
+    model.eval()
     rows = dataset.select_columns(pair_columns(dataset))
-    prefetch = _Prefetch(trainer.reference_collate, rows, feed, device.type == "cuda")
+    prefetch = _Prefetch(scorer.collate, rows, feed, device.type == "cuda")
     try:
-        with trainer.reference_context():
+        with scorer.context():
             for j in range(rounds):
                 if checks.stop_now(j):
                     store.write_part(attempt, accelerator.process_index, *results.on_host())
@@ -515,7 +526,7 @@ def run(trainer, dataset, name: str, layout: list[list[list[int]]] | None, stop,
                                          unsaved=store.unsaved)  # fmt: skip
                 batch = prefetch.next()
                 if batch is not None:
-                    c, r = trainer.reference_log_probs(scorer, batch)
+                    c, r = scorer.log_probs(model, batch)
                     if mine[j] is not None:
                         results.add(mine[j], c, r)
                 if j == 0:  # the warm-up: the clock of the steady speed starts once the first forward is done
@@ -527,7 +538,7 @@ def run(trainer, dataset, name: str, layout: list[list[list[int]]] | None, stop,
                     last_save = time.monotonic()
     finally:
         prefetch.close()
-        scorer.train(was_training)
+        model.train(was_training)
     scored = results.on_host()  # waits for the last forward: the clock stops after it
     progress.advance(0, 0, force=True)
     speed = progress.speed() if rounds > 1 else None
@@ -551,14 +562,14 @@ def _look_up(store: Store, ident: dict, dataset) -> tuple:
     return False, chosen, rejected, digests, shared
 
 
-def _todo(trainer, name: str, n: int, layout, chosen: np.ndarray) -> tuple[list, str]:
+def _todo(scorer: ReferenceScorer, name: str, n: int, layout, chosen: np.ndarray) -> tuple[list, str]:
     """Each rank's micro-batches of pairs still to score, and the size they were cut to (said at the start)."""
     size = ""
     if layout is None:
         # Cut over every pair, then what is scored left out: parts hold whole micro-batches, so a resumed stage scores
         # the rest in the very micro-batches an uninterrupted one would (the same numbers, bit for bit).
-        layout = trainer.reference_layout(name, n)
-        budget, pairs = trainer.reference_budget()
+        layout = stage_layout(scorer, name, n)
+        budget, pairs = scorer.budget()
         size = f" of up to {budget:,} positions" if budget else f" of up to {pairs} pairs"
     todo = [[[i for i in mb if np.isnan(chosen[i])] for mb in mine] for mine in layout]
     return [[mb for mb in mine if mb] for mine in todo], size
@@ -599,11 +610,12 @@ def run_stage(trainer, stop, save_seconds: float = SAVE_SECONDS) -> list[Outcome
     outcomes = []
     if not trainer.precompute_ref_logps:  # a live reference model (sync_ref_model, or asked for)
         return outcomes
+    scorer = ReferenceScorer(trainer)
     for name in ("train", "eval"):
         dataset = trainer.train_dataset if name == "train" else trainer.eval_dataset
         if dataset is None:
             continue
-        scored, outcome = run(trainer, dataset, name, None, stop, save_seconds)
+        scored, outcome = run(scorer, dataset, name, None, stop, save_seconds)
         outcomes.append(outcome)
         if trainer.accelerator.is_main_process:
             print(outcome.line(), flush=True)
@@ -615,5 +627,5 @@ def run_stage(trainer, stop, save_seconds: float = SAVE_SECONDS) -> list[Outcome
             trainer.train_dataset = scored
         else:
             trainer.eval_dataset = scored
-    trainer.reference_scored()
+    scorer.finish()
     return outcomes

@@ -12,7 +12,7 @@ subclass changes how pairs reach TRL's loss code, and what surrounds it:
 - the forward is packed (`packing.py`): TRL's `_compute_loss` runs on the padded view of a packed micro-batch, with
   `packing.PackedModel` answering its model call; models that cannot pack get TRL's padded collator, on the same plan;
 - reference log-probs are scored in a stage of their own before training (`reference.py`), with the training forward
-  (`reference_log_probs`);
+  around the same stand-in for TRL's model call as the loss's (`ReferenceScorer.log_probs`, reference/scorer.py);
 - metrics are sums and counts reduced once per log (`pair_metrics.py`), since ranks hold different numbers of pairs.
 """
 
@@ -40,6 +40,7 @@ from dpotrain.plan.plan_stage import RunPlan
 from dpotrain.recipe import upstream
 from dpotrain.recipe.config import Recipe, decided
 from dpotrain.recipe.writes import quiet_progress_bars
+from dpotrain.reference.scorer import ReferenceScorer
 from dpotrain.train import disk_full, losses, run_files, step_log
 from dpotrain.train.checkpoints import CompleteMarker, clear_for_save
 from dpotrain.train.health import HealthGuard
@@ -219,8 +220,8 @@ class RecipeDPOTrainer(DPOTrainer):
         """Under FSDP, TRL loads a second copy of the model for its precompute of the reference (trl/trainer/
         dpo_trainer.py: "Under FSDP, the policy isn't sharded until `train`, so the precompute still loads a reference
         model"), shards it at the root only and frees it at the end of __init__. The reference stage scores with the
-        policy, sharded by accelerate (`reference_scorer`), so that load is skipped: minutes and a full host copy for
-        a 32B model. Drop this when TRL stops loading it (its precompute under FSDP2 is broken: TRL #6470)."""
+        policy, sharded by accelerate (`ReferenceScorer.model`), so that load is skipped: minutes and a full host copy
+        for a 32B model. Drop this when TRL stops loading it (its precompute under FSDP2 is broken: TRL #6470)."""
         skip = (self.engine.name == "fsdp2" and kwargs["args"].precompute_ref_log_probs
                 and kwargs.get("peft_config") is None and kwargs.get("ref_model") is None)  # fmt: skip
         if not skip:
@@ -407,103 +408,7 @@ class RecipeDPOTrainer(DPOTrainer):
 
     # --- reference log-probs: a stage of its own (reference.py), run by train_dpo.py after construction ----------
     def _precompute_ref_logps(self, dataset, name, batch_size):
-        return dataset  # deferred: `reference_layout` and `reference_log_probs` serve reference.run
-
-    def reference_layout(self, name: str, rows: int) -> list[list[list[int]]]:
-        """Every rank's micro-batches of the reference stage, over all `rows` pairs: its own micro-batches, not
-        training's (`reference.micro_batches`: the plan's planner at the stage's budget,
-        `reference_budget`), so each rank scores balanced work and every rank runs as many forwards."""
-        from dpotrain.reference import reference
-
-        dataset = self.train_dataset if name == "train" else self.eval_dataset
-        args = self.args
-        if name == "train":
-            lengths = self.run_plan.lengths
-        else:
-            lengths = plan.PairLengths.of(dataset, args.max_length, self.forward.share_prompt, args.truncation_mode)
-        budget, pairs = self.reference_budget()
-        return reference.micro_batches(lengths, np.arange(rows), self.data_parallel_size, budget, pairs,
-                                       padded=not self.packed, seed=args.seed)  # fmt: skip
-
-    def reference_budget(self) -> tuple[int | None, int | None]:
-        """A reference micro-batch's token budget (positions, as the plan counts them), or its pair count when
-        training has no budget: training's times `memory.forward_only_multiple`, the forward-only micro-batch that
-        takes the memory the plan gives a training micro-batch (a forward keeps no activations for a backward)."""
-        from dpotrain.plan.memory import forward_only_multiple
-
-        args, budget = self.args, self.max_tokens_per_microbatch
-        tokens = budget or args.per_device_train_batch_size * 2 * (args.max_length or 0)
-        if not tokens:  # no max_length and no budget: nothing bounds a pair, so nothing to scale
-            return None, args.per_device_train_batch_size
-        width = min(tokens, 2 * args.max_length) if self.packed and args.max_length else args.max_length or tokens
-        # every k-th layer checkpointed keeps the others' activations: less room for a forward than all checkpointed
-        checkpointing = layers.checkpointed_every(args) or False
-        multiple = forward_only_multiple(packing.causal_lm(self.model).config, tokens, width, self.forward.attention,
-                                         checkpointing, self.forward.sequence_parallel)  # fmt: skip
-        if budget is not None:
-            return budget * multiple, None
-        return None, args.per_device_train_batch_size * multiple
-
-    def reference_scorer(self):
-        """The model that scores the reference: a reference model if one was given; else the policy before its first
-        update — under DeepSpeed in an inference engine that places (ZeRO-2) or gathers (ZeRO-3) its weights, as
-        TRL's `_precompute_ref_logps` does; under FSDP2 sharded by accelerate now, as training will use it (the
-        Trainer finds it prepared and leaves it; with RAM-efficient loading only the main process has its weights
-        until then)."""
-        if self.ref_model is not None:
-            return self.ref_model
-        if self.is_deepspeed_enabled:
-            return upstream.reference_engine(self)
-        if self.is_fsdp_enabled:
-            from accelerate.utils.fsdp_utils import fsdp2_prepare_model
-
-            self.model = self.model_wrapped = fsdp2_prepare_model(self.accelerator, self.model)
-        return self.model
-
-    def reference_scored(self) -> None:
-        """After the reference stage. FSDP2 leaves the root's weights gathered after a forward (it reshards only
-        inner units): reshard them, or accelerate's optimizer preparation, which pairs parameters by storage, misses
-        them and their updates are lost."""
-        if self.is_fsdp_enabled:
-            from torch.distributed.fsdp import FSDPModule
-
-            for module in self.model.modules():
-                if isinstance(module, FSDPModule):
-                    module.reshard()
-
-    def forward_needs_every_rank(self) -> bool:
-        """Whether a forward holds collectives (sharded weights; a sequence split over a group), so every rank must run
-        one together."""
-        return self.engine.shards_weights or self.forward.sequence_parallel > 1
-
-    def reference_collate(self, rows: list[dict]) -> dict:
-        """One reference micro-batch, collated on the host (the stage's prefetch thread calls it)."""
-        return self.data_collator(rows)
-
-    def reference_log_probs(self, model, batch: dict):
-        """Summed reference log-probs of the chosen and rejected completions of one collated micro-batch, on the
-        device, with the training forward: TRL's `compute_ref_log_probs` (adapter disabled for PEFT, no grad, autocast,
-        LD-DPO), the packed forward standing in for the model call when training packs."""
-        batch = {k: v.to(self.accelerator.device, non_blocking=True) if torch.is_tensor(v) else v
-                 for k, v in batch.items()}  # fmt: skip
-        stand_in, padded_batch = self._stand_in(model, batch)
-        return self.compute_ref_log_probs(stand_in, padded_batch)
-
-    @contextlib.contextmanager
-    def reference_context(self):
-        """Around the whole reference stage: no autograd at all (inference mode; plain no_grad when the engine shards
-        the weights, whose gathered parameters, allocated inside, are trained with afterwards), and activation
-        checkpointing left as it is. The scorer is in eval mode, where transformers' layers never checkpoint; TRL's
-        `compute_ref_log_probs` would turn checkpointing off and on around every micro-batch, re-enabled with TRL's
-        default arguments (a walk over every module each time, and a per-run choice of which layers checkpoint
-        replaced by all of them)."""
-        leave_alone = lambda *args, **kwargs: contextlib.nullcontext()  # noqa: E731
-        with upstream.patched("trl.trainer.dpo_trainer:disable_gradient_checkpointing", leave_alone):
-            with torch.no_grad() if self.engine.shards_weights else torch.inference_mode():
-                yield
-
-    def _stand_in(self, model, batch: dict):
-        return choice.stand_in(model, batch, every_rank=self.forward_needs_every_rank())
+        return dataset  # deferred: the reference stage scores every pair (dpotrain/reference/reference.py)
 
     # --- hybrids whose kernels take sequence boundaries pack only once their own model and pairs agree -----------
     def check_packing(self, explicit: bool) -> None:
@@ -514,7 +419,7 @@ class RecipeDPOTrainer(DPOTrainer):
         tokens = plan.PairLengths.of(self.train_dataset, args.max_length, self.forward.share_prompt,
                                      args.truncation_mode).tokens  # fmt: skip
         examples = [self.train_dataset[int(i)] for i in np.argsort(-tokens, kind="stable")[:4]]
-        model = self.reference_scorer()
+        model = ReferenceScorer(self).model()
         half = self.args.bf16 or self.args.fp16 or next(model.parameters()).dtype in (torch.bfloat16, torch.float16)
         tolerance = packing.PARITY_TOLERANCE["half" if half else "fp32"]
         try:
@@ -560,6 +465,11 @@ class RecipeDPOTrainer(DPOTrainer):
         if return_outputs:
             return result[0] * weight, result[1]
         return result * weight
+
+    def _stand_in(self, model, batch: dict):
+        """What answers TRL's model call, and TRL's padded view of the inputs (the reference stage's scorer uses the
+        same: `ReferenceScorer.log_probs`)."""
+        return choice.stand_in(model, batch, every_rank=choice.needs_every_rank(self.engine, self.forward))
 
     def _compute_loss(self, model, inputs, return_outputs):
         mode = "train" if self.model.training else "eval"
