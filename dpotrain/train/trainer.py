@@ -18,7 +18,6 @@ subclass changes how pairs reach TRL's loss code, and what surrounds it:
 
 import contextlib
 import functools
-import os
 import sys
 import time
 from dataclasses import replace
@@ -269,8 +268,6 @@ class RecipeDPOTrainer(DPOTrainer):
             raise disk_full.save_failed(folder, why, remove=self.is_world_process_zero()) from None
         finally:
             self.args.save_total_limit = limit
-        if self.graceful_stop.stopped:  # test-only: a slow checkpoint on a stop request (tests/test_slurm_jobs.py)
-            time.sleep(float(os.environ.get("DPOTRAIN_TEST_SAVE_DELAY_S") or 0))
         # Reported once the checkpoint is hashed and marked (CompleteMarker): the time a stop has to leave for it.
         for callback in self.callback_handler.callbacks:
             if isinstance(callback, CompleteMarker):
