@@ -586,7 +586,7 @@ def test_a_job_with_everything_cached_asks_the_hub_nothing(monkeypatch, hf_home,
 # Each command the way it runs, in one process that paid its imports first: what is timed is the command itself, the
 # part an unreachable Hub would stretch (huggingface_hub's retries: 23 s and more per file), not importing torch.
 UNREACHABLE = r"""
-import contextlib, importlib.util, io, json, sys, time
+import contextlib, importlib.util, io, json, os, sys, time
 import train_dpo
 from dpotrain.recipe.errors import run_cli
 
@@ -601,6 +601,7 @@ model, out = sys.argv[1], sys.argv[2]
 results = {}
 def timed(name, main):
     stdout, stderr = io.StringIO(), io.StringIO()
+    environment = dict(os.environ)  # each command in a fresh environment, as in a process of its own
     start = time.perf_counter()
     with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
         try:
@@ -609,6 +610,9 @@ def timed(name, main):
             code = e.code
     results[name] = {"seconds": time.perf_counter() - start, "code": code, "stdout": stdout.getvalue(),
                      "stderr": stderr.getvalue()}
+    for variable in set(os.environ) - set(environment):
+        del os.environ[variable]
+    os.environ.update(environment)
 
 timed("analyzer", lambda: analyzer.main(["data/smoke_prefs.jsonl", "--tokenizer", model]))
 smoke = ["--config", "configs/smoke.yaml", "--model_name_or_path", model, "--output_dir", out]
