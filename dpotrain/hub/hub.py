@@ -6,7 +6,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from dpotrain.recipe.errors import cause  # noqa: F401 (hub.cause: one line naming an error)
+from dpotrain.recipe.errors import cause
 from dpotrain.train.lora import card_lines
 from dpotrain.train.metrics import PLOT_FILE, read_metrics
 

@@ -32,6 +32,7 @@ from dpotrain.cluster import engine
 from dpotrain.cluster import sequence_parallel as groups
 from dpotrain.cluster.collectives import all_reduce_sum, max_over_ranks
 from dpotrain.data import builtin, lengths, turns
+from dpotrain.data.pair_lengths import PairLengths, pair_columns
 from dpotrain.forwards import choice, flex, flops, packing, padded, sample, sequence_parallel
 from dpotrain.forwards.choice import ForwardChoice, decide_forward, padded_instead
 from dpotrain.plan import layers, plan
@@ -317,7 +318,7 @@ class RecipeDPOTrainer(DPOTrainer):
         micro-batch with the forward's collator."""
         run_plan = self.run_plan
         sampler = plan.StepSampler(run_plan.lengths, run_plan.step_plan, self.data_parallel_rank, run_plan.epochs)
-        columns = [c for c in (*plan.pair_columns(self.train_dataset), "ref_chosen_logps", "ref_rejected_logps")
+        columns = [c for c in (*pair_columns(self.train_dataset), "ref_chosen_logps", "ref_rejected_logps")
                    if c in self.train_dataset.column_names]  # fmt: skip
         return self._rank_aware_loader(plan.StepRows(self.train_dataset.select_columns(columns)), sampler,
                                        plan.StepCollator(self.data_collator), training=True)  # fmt: skip
@@ -327,7 +328,7 @@ class RecipeDPOTrainer(DPOTrainer):
         dataset = self.eval_dataset if eval_dataset is None else eval_dataset
         if isinstance(dataset, str):
             dataset = self.eval_dataset[dataset]
-        columns = [c for c in (*plan.pair_columns(dataset), "ref_chosen_logps", "ref_rejected_logps")
+        columns = [c for c in (*pair_columns(dataset), "ref_chosen_logps", "ref_rejected_logps")
                    if c in dataset.column_names]  # fmt: skip
         batches = plan.eval_batches(len(dataset), self.data_parallel_size, self.args.per_device_eval_batch_size)
         batches = batches[self.data_parallel_rank]
@@ -409,7 +410,7 @@ class RecipeDPOTrainer(DPOTrainer):
         if name == "train":
             lengths = self.run_plan.lengths
         else:
-            lengths = plan.PairLengths.of(dataset, args.max_length, self.forward.share_prompt, args.truncation_mode)
+            lengths = PairLengths.of(dataset, args.max_length, self.forward.share_prompt, args.truncation_mode)
         budget, pairs = self.reference_budget()
         return reference.micro_batches(lengths, np.arange(rows), self.data_parallel_size, budget, pairs,
                                        padded=not self.packed, seed=args.seed)  # fmt: skip
@@ -500,7 +501,7 @@ class RecipeDPOTrainer(DPOTrainer):
         (`packing.parity`); past the tolerance, train padded with a note, or stop when packing was asked for
         explicitly. Every rank runs the same forwards and takes the same decision."""
         args = self.args  # it runs while the trainer is built, before the plan stage: it reads the lengths itself
-        tokens = plan.PairLengths.of(self.train_dataset, args.max_length, self.forward.share_prompt,
+        tokens = PairLengths.of(self.train_dataset, args.max_length, self.forward.share_prompt,
                                      args.truncation_mode).tokens  # fmt: skip
         examples = [self.train_dataset[int(i)] for i in np.argsort(-tokens, kind="stable")[:4]]
         model = self.reference_scorer()
