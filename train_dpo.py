@@ -12,7 +12,6 @@
 Any TRL / transformers field is a command-line override (--learning_rate 5e-7, --max_steps 100, ...).
 """
 
-import os
 import sys
 from contextlib import nullcontext, redirect_stdout
 from dataclasses import replace
@@ -42,7 +41,6 @@ except KeyboardInterrupt:  # Ctrl-C while the libraries load (seconds): nothing 
 def main(argv=None) -> None:
     # First: a SIGTERM or USR1 while the model loads is kept for the reference stage and training to honour.
     stop = GracefulStop.from_env()
-    environment = dict(os.environ)  # the recipe's `env:` block and .env set variables for this run only
     try:
         result = run(argv, stop)
         engine.end_processes()  # not after an error: a rank may still be in a collective the others left
@@ -57,9 +55,6 @@ def main(argv=None) -> None:
         # which restores default handlers (the job would end FAILED after a complete run).
         stop.release()
         run_lock.release()  # the output folder's lock (dpotrain/cluster/run_lock.py), however the run ended
-        for name in set(os.environ) - set(environment):
-            del os.environ[name]
-        os.environ.update(environment)
 
 
 def run(argv, stop: GracefulStop) -> int | None:

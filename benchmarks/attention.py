@@ -35,6 +35,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
+from dpotrain.data.pair_lengths import PairLengths  # noqa: E402
 from dpotrain.forwards import choice, flops, masks, packing  # noqa: E402  # noqa: E402
 from dpotrain.forwards.shared_prompt import SharedPromptCollator  # noqa: E402
 from dpotrain.plan import memory, plan  # noqa: E402
@@ -239,7 +240,7 @@ def main() -> None:
     prompt, chosen, rejected = lengths_of(args.data, 4000, args.max_length, seed=0)
     for path in args.paths:
         share = path.startswith("shared")
-        lengths = plan.PairLengths.from_parts(prompt, chosen, rejected, args.max_length, share)
+        lengths = PairLengths.from_parts(prompt, chosen, rejected, args.max_length, share)
         step_plan = plan.StepPlan(128, 1, 0, args.budget, None, padded=path == "trl")
         micro_batches = [mb for step_ in plan.epoch_steps(lengths, step_plan, 0) for mb in step_[0]]
         result = run_path(path, args, micro_batches[: args.micro_batches], (prompt, chosen, rejected))

@@ -39,6 +39,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from lengths_like import at_max_length, dolci_think  # noqa: E402
 
+from dpotrain.data.pair_lengths import PairLengths  # noqa: E402
 from dpotrain.plan import plan  # noqa: E402
 
 BEFORE = "8b35cc8"
@@ -105,15 +106,13 @@ def old_batching():
     return module
 
 
-def pair_lengths(parts, max_length: int) -> plan.PairLengths:
+def pair_lengths(parts, max_length: int) -> PairLengths:
     prompt, chosen, rejected = parts
     kept = prompt < max_length  # TRL drops the pairs whose prompt alone fills max_length
-    return plan.PairLengths(
-        np.minimum(prompt + chosen, max_length)[kept], np.minimum(prompt + rejected, max_length)[kept]
-    )
+    return PairLengths(np.minimum(prompt + chosen, max_length)[kept], np.minimum(prompt + rejected, max_length)[kept])
 
 
-def before(old, lengths: plan.PairLengths, pairs_per_step: int, world: int, budget: int) -> dict:
+def before(old, lengths: PairLengths, pairs_per_step: int, world: int, budget: int) -> dict:
     costs = lengths.tokens
     p = old.plan(costs, pairs_per_step, world, 42, 1, budget, None)
     per_rank = [list(old.epoch_micro_batches(costs, p, 42, 0, r)) for r in range(world)]
@@ -122,7 +121,7 @@ def before(old, lengths: plan.PairLengths, pairs_per_step: int, world: int, budg
     return {"mean": len(per_rank[0]) / steps, "max": p.micro_batches, "empty": empty}
 
 
-def after(lengths: plan.PairLengths, pairs_per_step: int, world: int, budget: int, padded=False) -> dict:
+def after(lengths: PairLengths, pairs_per_step: int, world: int, budget: int, padded=False) -> dict:
     p = plan.StepPlan(pairs_per_step, world, 42, budget, None, padded)
     try:
         epoch = plan.plan_run(lengths, p, 1)
@@ -136,7 +135,7 @@ def after(lengths: plan.PairLengths, pairs_per_step: int, world: int, budget: in
             "padding": s["padding_share"]}  # fmt: skip
 
 
-def trl_padding(lengths: plan.PairLengths, per_device: int = 4) -> float:
+def trl_padding(lengths: PairLengths, per_device: int = 4) -> float:
     """TRL's padded micro-batches: the sampler's random order, per_device pairs, padded to their longest sequence."""
     order = np.random.default_rng(0).permutation(len(lengths))
     real = padded = 0

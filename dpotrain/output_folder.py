@@ -15,9 +15,9 @@ import os
 from contextlib import contextmanager
 from pathlib import Path
 
+from dpotrain.hub.hub import RUN_COMPLETE
 from dpotrain.recipe.errors import ConfigError
 from dpotrain.recipe.writes import unwritable
-from dpotrain.resolve import RUN_COMPLETE
 from dpotrain.train import run_files
 from dpotrain.train.checkpoints import checkpoints
 from dpotrain.train.run_files import MANIFEST, claim

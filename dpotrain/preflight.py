@@ -54,11 +54,11 @@ class Thresholds:
 _T = Thresholds()
 HELP_THRESHOLDS = f"""\
 Thresholds (gap = log p(chosen) - log p(rejected) under the base model, per pair):
-  summed    |gap| > {_T.summed_warn:g} warns, > {_T.summed_critical:g} is critical: the post-mortem's rule (its doomed
-            data: -600 to -1027).
+  summed    |gap| > {_T.summed_warn:g} warns (reconsider the data), > {_T.summed_critical:g} is critical (DPO is
+            unlikely to work; a failed run's data sat at -600 to -1027: docs/health.md).
   per token |gap| > {_T.per_token_warn:g} nat warns (each chosen token ~2.7x less or more likely than a rejected one:
-            another register, not a preference), > {_T.per_token_critical:g} is critical (12x per token; the
-            post-mortem's doomed data: -4.4).
+            another register, not a preference), > {_T.per_token_critical:g} is critical (12x per token; the failed
+            run's data: -4.4).
   A verdict needs {_T.share:.0%} of the pairs past a threshold. The loss decides which scale counts: sigmoid_norm
   (OLMo 3) and ipo compare per-token averages, the others summed log-probs; the other scale can only warn.
   Also warned: median chosen/rejected length ratio beyond {_T.length_ratio:g}x either way, > {_T.truncated:.0%} of pairs

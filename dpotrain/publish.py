@@ -4,10 +4,11 @@ and run_complete.json written, and the run pushed to the Hub where asked."""
 import json
 from pathlib import Path
 
-from dpotrain import output_folder, resolve
+from dpotrain import output_folder
 from dpotrain.cluster import offline
 from dpotrain.hub import hub, hub_push
 from dpotrain.recipe import writes
+from dpotrain.recipe.errors import cause
 from dpotrain.train import health, lora
 from dpotrain.train.metrics import PLOT_FILE, plot_metrics, read_metrics
 from dpotrain.train.preemption import STOPPED_EXIT
@@ -57,7 +58,7 @@ def finish_outputs(recipe, built, resolved: dict, push) -> None:
     plot_metrics(records, out / PLOT_FILE, title=training.run_name)
     hub.write_model_card(out, resolved, push.repo_id)
     summary = {"global_step": trainer.state.global_step, "final": records[-1] if records else None}
-    writes.write_text(out / resolve.RUN_COMPLETE, json.dumps(summary, indent=2) + "\n")
+    writes.write_text(out / hub.RUN_COMPLETE, json.dumps(summary, indent=2) + "\n")
     print(f"Saved model, metrics and {PLOT_FILE} to {out}", flush=True)
     measured = next((r for r in reversed(records) if "memory/peak_rss_gib" in r), None)  # peaks since the start
     if measured is not None:
@@ -73,6 +74,6 @@ def finish_outputs(recipe, built, resolved: dict, push) -> None:
         try:
             url = hub.push_run(out, push.repo_id, token=push.token, private=push.private)
         except Exception as e:  # the run itself is saved and complete: say how to push it
-            raise SystemExit(f"error: pushing {out} to {push.repo_id} failed ({hub.cause(e)}); the run is saved, "
+            raise SystemExit(f"error: pushing {out} to {push.repo_id} failed ({cause(e)}); the run is saved, "
                              f"push it with `{command}`") from None  # fmt: skip
         print(f"Pushed to {url}", flush=True)

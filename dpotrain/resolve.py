@@ -9,8 +9,8 @@ import numpy as np
 import yaml
 
 from dpotrain.data import chat_template, mixture, model_identity
-from dpotrain.hub.hub import RUN_COMPLETE  # noqa: F401 - resolve.RUN_COMPLETE, as the run's callers read it
-from dpotrain.recipe.config import Recipe, uses_live_reference  # noqa: F401 (resolve.uses_live_reference)
+from dpotrain.hub.hub import RUN_COMPLETE
+from dpotrain.recipe.config import Recipe
 from dpotrain.recipe.errors import ConfigError
 from dpotrain.train import resume
 from dpotrain.train.checkpoints import checkpoints

@@ -33,6 +33,7 @@ from dpotrain.data import (
     positions,
     rows,
 )
+from dpotrain.data.pair_lengths import PairLengths
 from dpotrain.forwards import choice, cost, sample
 from dpotrain.plan import memory
 from dpotrain.recipe import config
@@ -536,7 +537,7 @@ def plan_batching(recipe, found: Launch, pairs: Data, pair_lengths: Lengths, for
     counted = cuts.count(m.prompt, m.chosen, m.rejected, t.max_length, t.truncation_mode)  # as the run will count
     cuts.check(counted, m.prompt, "the training split")
     kept = m.prompt < t.max_length  # TRL drops the pairs whose prompt alone fills max_length
-    every = plan.PairLengths.from_parts(m.prompt[kept], m.chosen[kept], m.rejected[kept], t.max_length,
+    every = PairLengths.from_parts(m.prompt[kept], m.chosen[kept], m.rejected[kept], t.max_length,
                                         f.share_prompt, t.truncation_mode)  # fmt: skip
     layout = (plan.Forward("one_row" if f.one_row else "rows", f.hidden_size, multiple=f.pad_multiple) if f.packed
               else plan.Forward("padded", max_groups=padded.MAX_GROUPS))  # fmt: skip

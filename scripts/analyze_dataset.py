@@ -36,7 +36,7 @@ from dpotrain.data.rows import InvalidRowError  # noqa: E402
 from dpotrain.recipe import cli, config, writes  # noqa: E402
 from dpotrain.recipe.errors import ConfigError  # noqa: E402
 
-DEFAULT_DATASET = "allenai/Dolci-Instruct-DPO"  # the seed's default
+DEFAULT_DATASET = "allenai/Dolci-Instruct-DPO"  # OLMo 3's released Instruct DPO data
 
 
 def parse_args(argv=None) -> argparse.Namespace:

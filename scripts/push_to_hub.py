@@ -30,7 +30,7 @@ from dpotrain.cluster import offline  # noqa: E402
 from dpotrain.hub import hub, hub_push  # noqa: E402
 from dpotrain.recipe import cli  # noqa: E402
 from dpotrain.recipe.errors import ConfigError, run_cli  # noqa: E402
-from dpotrain.train import checkpoints  # noqa: E402
+from dpotrain.train import checkpoints, run_files  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -80,7 +80,7 @@ def main(argv: list[str] | None = None) -> None:
     # the run, rather than keeping it as a user's file that the next run's pushes would be added to (a run written
     # before runs recorded their files has no record to add it to).
     if output_folder.read_manifest(run) is not None:
-        output_folder.claim(run, [hub_push.PUSH_RECORD])
+        run_files.claim(run, [hub_push.PUSH_RECORD])
     on_disk = [c for c in checkpoints.checkpoints(run) if (c / checkpoints.MARKER).is_file()]
     failed = []
     if args.checkpoints:

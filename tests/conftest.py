@@ -35,6 +35,18 @@ def own_cache(tmp_path_factory, monkeypatch):
     monkeypatch.setenv("DPOTRAIN_CACHE", str(tmp_path_factory.mktemp("cache")))
 
 
+@pytest.fixture(autouse=True)
+def own_environment():
+    """Every test leaves the environment as it found it. Tests call `train_dpo.main` and the scripts' `main` in this
+    process, and a run sets variables for itself (its recipe's `env:` block, .env, W&B's, DeepSpeed's): a user's
+    process runs one command and ends, but here the next test would start with them."""
+    before = dict(os.environ)
+    yield
+    for name in set(os.environ) - set(before):
+        del os.environ[name]
+    os.environ.update(before)
+
+
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory) -> str:
     """The built-in 2-layer OLMo 3 and its tokenizer, built in a session folder (not the user's outputs/)."""

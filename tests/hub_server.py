@@ -1,7 +1,8 @@
 """A local stand-in for the Hugging Face Hub's HTTP API that records every request.
 
 It answers, in the shapes the Hub documents and huggingface_hub 2.4 parses, what this project's push path uses:
-whoami, the write auth-check, repo creation, branches (create, list), the tree of a revision, preupload (every file
+whoami, the write auth-check, a model repo's info, repo creation, branches (create, list), the tree of a revision,
+preupload (every file
 "regular", so contents travel inside the commit and the stand-in keeps them) and commits (NDJSON), plus validate-yaml
 for model cards. Repos live in memory: {repo: {branch: {path: bytes}}}. Anything else is answered 404 and recorded,
 so a test sees a request it did not expect.
@@ -37,6 +38,7 @@ COMMIT_DATE = "2026-01-01T00:00:00.000Z"  # every data set commit's date: nothin
 ROUTES = [
     ("GET", r"/api/whoami-v2", "whoami"),
     ("GET", rf"/api/models/{REPO}/auth-check/write", "auth_check"),
+    ("GET", rf"/api/models/{REPO}", "model_info"),
     ("POST", r"/api/repos/create", "create_repo"),
     ("POST", rf"/api/models/{REPO}/branch/(?P<rev>[^/]+)", "create_branch"),
     ("GET", rf"/api/models/{REPO}/refs", "refs"),
@@ -125,7 +127,10 @@ class HubState:
         self.heads: dict[tuple[str, str], str] = {}  # (repo, branch) -> commit id
         self.whoami = whoami_answer(orgs=[("lab", "contributor")])
         self.whoami_status = 200
-        self.auth_status: dict[str, int] = {}  # repo -> status of its write auth-check (default: 200 if it exists)
+        # repo -> status of its write auth-check (default: 200 if it exists, else 404). An existing repo the token may
+        # not write to is answered 403, or 404 as if it did not exist (huggingface_hub's own `hf spaces hot-reload`
+        # reads a failed write check as RepositoryNotFoundError).
+        self.auth_status: dict[str, int] = {}
         self.fail: dict[tuple[str, str], int] = {}  # (kind, revision) -> failures left (-1: always)
         self.hold: dict[tuple[str, str], object] = {}  # (kind, revision) -> fn() run before answering
         self.dataset_commits: dict[str, dict[str, dict[str, bytes]]] = {}  # data set repo -> {sha: {path: bytes}}
@@ -142,6 +147,16 @@ class HubState:
             commits[sha] = dict(files)
             self.dataset_heads[(repo, branch)] = sha
         return sha
+
+    def add_repo(self, repo: str) -> bool:
+        """A new model repo `repo` ("namespace/name"), as the Hub creates it: a main branch with .gitattributes. False
+        if it exists already."""
+        with self.lock:
+            if repo in self.repos:
+                return False
+            self.repos[repo] = {"main": {".gitattributes": GITATTRIBUTES}}
+            self.heads[(repo, "main")] = hashlib.sha1(repo.encode()).hexdigest()
+        return True
 
     def dataset_commit(self, repo: str, revision: str) -> str | None:
         """The sha a branch name or a known sha of data set `repo` stands for; None if neither."""
@@ -223,12 +238,22 @@ class Handler(http.server.BaseHTTPRequestHandler):
     def create_repo(self, params, body, query):
         payload = json.loads(body)
         repo = f"{payload['organization'] or self.state.whoami['name']}/{payload['name']}"
-        with self.state.lock:
-            if repo in self.state.repos:
-                return self.reply(409, {"error": "You already created this model repo", "url": self.url(repo)})
-            self.state.repos[repo] = {"main": {".gitattributes": GITATTRIBUTES}}
-            self.state.heads[(repo, "main")] = hashlib.sha1(repo.encode()).hexdigest()
+        if not self.state.add_repo(repo):
+            return self.reply(409, {"error": "You already created this model repo", "url": self.url(repo)})
         self.reply(200, {"url": self.url(repo), "name": repo, "id": repo})
+
+    def model_info(self, params, body, query):
+        """What HfApi.repo_info / repo_exists read of a model repo (its id, head, files); 404 if there is none."""
+        files = self.files_at(params["repo"], "main")
+        if files is None:
+            return
+        repo = params["repo"]
+        sha = self.state.heads[(repo, "main")]
+        self.reply(200, {
+            "_id": sha[:24], "id": repo, "author": repo.split("/")[0], "sha": sha, "private": False, "gated": False,
+            "disabled": False, "downloads": 0, "likes": 0, "tags": [], "createdAt": COMMIT_DATE,
+            "lastModified": COMMIT_DATE, "siblings": [{"rfilename": path} for path in sorted(files)],
+        })  # fmt: skip
 
     def create_branch(self, params, body, query):
         repo, branch = params["repo"], params["rev"]

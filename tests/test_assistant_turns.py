@@ -19,6 +19,7 @@ from transformers import AutoTokenizer, TrainerCallback
 
 from conftest import ROOT, rank_python, ready
 from dpotrain.data import turns
+from dpotrain.data.pair_lengths import LABELS
 from dpotrain.recipe.config import parse_args
 from dpotrain.recipe.errors import ConfigError
 from dpotrain.train_stage import trainer_on
@@ -247,15 +248,15 @@ def test_every_collator_marks_the_labeled_prompt_tokens_on_both_sides():
     from dpotrain.forwards import packing, padded, shared_prompt
 
     examples = [
-        {"prompt_ids": [5, 6, 7, 8], "chosen_ids": [9, 10], "rejected_ids": [11], turns.LABELS: [0, 1, 1, 0]},
-        {"prompt_ids": [5, 6], "chosen_ids": [12], "rejected_ids": [13, 14, 15], turns.LABELS: [0, 0]},
+        {"prompt_ids": [5, 6, 7, 8], "chosen_ids": [9, 10], "rejected_ids": [11], LABELS: [0, 1, 1, 0]},
+        {"prompt_ids": [5, 6], "chosen_ids": [12], "rejected_ids": [13, 14, 15], LABELS: [0, 0]},
     ]
     labeled = [[0, 1, 1, 0, 1], [0, 0, 1, 0, 0], [0, 1, 1, 0, 1], [0, 0, 1, 1, 1]]  # chosen 0, 1; rejected 0, 1
     unlabeled = [[0, 0, 0, 0, 1], [0, 0, 1, 0, 0], [0, 0, 0, 0, 1], [0, 0, 1, 1, 1]]
     collators = [packing.PackedPreferenceCollator(max_length=5), shared_prompt.SharedPromptCollator(max_length=5),
                  padded.GroupedCollator(DataCollatorForPreference(pad_token_id=0, max_length=5))]  # fmt: skip
     for collate in collators:
-        for rows, want in ((examples, labeled), ([{k: v for k, v in e.items() if k != turns.LABELS}
+        for rows, want in ((examples, labeled), ([{k: v for k, v in e.items() if k != LABELS}
                                                   for e in examples], unlabeled)):  # fmt: skip
             batch = collate(rows)
             view = packing.padded_view(batch) if packing.is_packed(batch) else batch
@@ -269,7 +270,7 @@ def test_the_health_guards_count_labeled_prompt_tokens_as_scored():
 
     columns = {"prompt_ids": [[1] * 6, [1] * 4], "chosen_ids": [[2] * 3, [2] * 5], "rejected_ids": [[3] * 2, [3] * 1]}
     final = datasets.Dataset.from_dict(columns)
-    labeled = datasets.Dataset.from_dict({**columns, turns.LABELS: [[0, 1, 1, 0, 1, 0], [0, 0, 0, 0]]})
+    labeled = datasets.Dataset.from_dict({**columns, LABELS: [[0, 1, 1, 0, 1, 0], [0, 0, 0, 0]]})
     assert completion_token_means(final, None) == (4.0, 1.5)
     assert completion_token_means(labeled, None) == (5.5, 3.0)  # pair 0: 3 labeled prompt tokens on each side
     assert completion_token_means(labeled, 8) == (4.5, 3.0)  # chosen cut at 8: pair 0 keeps 2 of its 3 tokens

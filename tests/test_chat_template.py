@@ -14,6 +14,7 @@ from conftest import ROOT, run_train
 from dpotrain import resolve, stages
 from dpotrain.data import chat_template, lengths
 from dpotrain.data.rows import InvalidRowError
+from dpotrain.hub.hub import RUN_COMPLETE
 from dpotrain.recipe.config import parse_args
 from dpotrain.recipe.errors import ConfigError
 
@@ -228,7 +229,7 @@ def test_a_run_saves_and_names_its_template_and_a_resume_with_another_is_refused
 
     # The run unfinished (its completion mark gone, as after a kill past its last checkpoint): resuming with the
     # template file edited is refused before anything loads; the same content elsewhere resumes.
-    (out / resolve.RUN_COMPLETE).unlink()
+    (out / RUN_COMPLETE).unlink()
     template.write_text(text.replace("You are OLMo", "You are Olmo"))
     result = run_train(args)
     assert result.returncode == 2, result.stdout[-3000:]

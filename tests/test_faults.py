@@ -27,6 +27,7 @@ from dpotrain.train.preemption import INTERRUPTED_EXIT, STOPPED_EXIT
 STEPS = 4
 ARGS = ["--config", str(ROOT / "configs" / "smoke.yaml"), "--max_steps", str(STEPS), "--save_steps", "2",
         "--logging_steps", "1", "--report_to", "none"]  # fmt: skip
+SLOW_CHECKPOINT = ROOT / "tests" / "helpers" / "slow_checkpoint.py"  # train_dpo.py on a slow file system
 FINAL = ("model.safetensors", "run_complete.json", "README.md", "training_curves.png")  # written after training
 
 
@@ -39,8 +40,8 @@ def pairs(tmp_path_factory):
     return path
 
 
-def command(out, model_dir, data, interpreter=None) -> list[str]:
-    return [interpreter or python(), str(ROOT / "train_dpo.py"), *ARGS, "--output_dir", str(out),
+def command(out, model_dir, data, interpreter=None, script=ROOT / "train_dpo.py") -> list[str]:
+    return [interpreter or python(), str(script), *ARGS, "--output_dir", str(out),
             "--model_name_or_path", model_dir, "--dataset_name", str(data)]  # fmt: skip
 
 
@@ -146,10 +147,10 @@ def test_a_checkpoint_missing_its_optimizer_resumes_from_the_one_before_to_the_s
     assert checkpoint_manifest.size_problem(out / "checkpoint-4") is None  # written again, whole
 
 
-def start(out, model_dir, data, env=None):
+def start(out, model_dir, data, env=None, script=ROOT / "train_dpo.py"):
     """The run in its own interpreter: a kill reaches the process that holds the output folder's lock, as a node's
     SIGKILL does (the tests' warm interpreter would leave its forked child running a moment longer)."""
-    return subprocess.Popen(command(out, model_dir, data, interpreter=PYTHON), cwd=ROOT,
+    return subprocess.Popen(command(out, model_dir, data, interpreter=PYTHON, script=script), cwd=ROOT,
                             env={**os.environ, **(env or {})}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True)  # fmt: skip
 
@@ -198,11 +199,12 @@ def test_a_kill_mid_training_then_changed_data_is_refused_and_restored_data_resu
 
 @pytest.mark.slow
 def test_a_kill_during_the_first_save_does_not_block_the_identical_rerun(baseline, tmp_path, tiny_model_dir, pairs):
-    """A stop request at step 1 saves checkpoint-1, held open (the test-only save delay); the job is killed there,
-    before the COMPLETE mark, as Slurm's SIGKILL ends a save past the grace time. A requeue reruns the same command."""
+    """A stop request at step 1 saves checkpoint-1 on a slow file system (its files written, its mark 120 s away:
+    tests/helpers/slow_checkpoint.py); the job is killed there, before the COMPLETE mark, as Slurm's SIGKILL ends a
+    save past the grace time. A requeue reruns the same command."""
     out, stop_file = tmp_path / "run", tmp_path / "stop"
-    env = {"DPOTRAIN_STOP_FILE": str(stop_file), "DPOTRAIN_TEST_SAVE_DELAY_S": "120"}
-    proc = start(out, tiny_model_dir, pairs, env=env)
+    env = {"DPOTRAIN_STOP_FILE": str(stop_file), "SLOW_CHECKPOINT_S": "120"}
+    proc = start(out, tiny_model_dir, pairs, env=env, script=SLOW_CHECKPOINT)
     wait_until(proc, lambda: len(logged_steps(out)) >= 1)
     stop_file.touch()
     wait_until(proc, lambda: any((p / "trainer_state.json").exists() for p in out.glob("checkpoint-*")))

@@ -10,6 +10,7 @@ from test_shared_prompt import fused, llama_dir, per_token, random_pairs  # noqa
 from torch.nn.attention.flex_attention import create_mask
 
 from conftest import ROOT
+from dpotrain.data.pair_lengths import PairLengths
 from dpotrain.forwards import choice, flex, masks, packing
 from dpotrain.forwards.shared_prompt import SharedPromptCollator
 from dpotrain.plan import plan
@@ -201,7 +202,7 @@ def test_rows_stay_within_the_memory_plan_on_a_think_epoch():
     prompt, chosen, rejected = dolci_think(2000, seed=0)
     kept = prompt < 16384  # TRL drops a pair whose prompt fills max_length
     for shared in (True, False):
-        lengths = plan.PairLengths.from_parts(prompt[kept], chosen[kept], rejected[kept], 16384, shared)
+        lengths = PairLengths.from_parts(prompt[kept], chosen[kept], rejected[kept], 16384, shared)
         step_plan = plan.StepPlan(128, 8, 0, tokens, None)
         widest = 0
         for mb in (mb for step in plan.plan_run(lengths, step_plan, 1)[0] for rank in step for mb in rank):

@@ -8,8 +8,8 @@ import torch
 from safetensors.torch import load_file
 
 from conftest import ROOT, run_train
-from dpotrain import output_folder
 from dpotrain.hub import hub
+from dpotrain.train import run_files
 from dpotrain.train.metrics import read_metrics
 
 SMOKE = str(ROOT / "configs" / "smoke.yaml")
@@ -113,7 +113,7 @@ def test_held_out_split_is_evaluated_and_overwrite_keeps_offline_wandb_runs(tmp_
     (old / "wandb" / "offline-run-20260101_000000-abc").mkdir(parents=True)
     (old / "wandb" / "offline-run-20260101_000000-abc" / "run-abc.wandb").write_text("history")
     (old / "run_complete.json").write_text("{}")
-    output_folder.claim(old, ["run_complete.json", "wandb"])  # what the run recorded as its own (run_files.json)
+    run_files.claim(old, ["run_complete.json", "wandb"])  # what the run recorded as its own (run_files.json)
     out, stdout = train(tmp_path, tiny_model_dir, "--dataset_name", str(saved), "--max_steps", "4",
                         "--eval_strategy", "steps", "--eval_steps", "2", "--save_strategy", "no",
                         "--overwrite_output_dir")  # fmt: skip

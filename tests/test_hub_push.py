@@ -94,7 +94,8 @@ def test_online_run_pushes_once_to_main_after_training_and_never_saves_the_token
     assert result.returncode == 0, result.stdout[-3000:]
 
     kinds = [r["kind"] for r in requests(hub)]
-    assert kinds == ["whoami", "auth_check", "create_repo", "validate_yaml", "preupload", "commit"], kinds
+    # At start: the token's user, the write check, and (no repo found) whether the repo exists. Then the push.
+    assert kinds == ["whoami", "auth_check", "model_info", "create_repo", "validate_yaml", "preupload", "commit"], kinds
     assert all(r["auth"] == f"Bearer {SECRET}" for r in requests(hub))  # the command line's token is the one used
     # The repo is created by this project's push once the run is complete, not by the Trainer at init.
     assert hub.state.of("create_repo")[0]["time"] >= (out / "run_complete.json").stat().st_mtime

@@ -8,8 +8,8 @@ import pytest
 
 import train_dpo
 from conftest import ROOT
-from dpotrain import output_folder
 from dpotrain.recipe.errors import run_cli
+from dpotrain.train import run_files
 
 SMOKE = str(ROOT / "configs" / "smoke.yaml")
 THINK = str(ROOT / "configs" / "think.yaml")
@@ -75,7 +75,7 @@ def test_a_dry_run_on_a_finished_runs_folder_shows_its_plan_and_what_the_run_wou
     out = tmp_path / "smoke-dpo"
     out.mkdir()
     (out / "run_complete.json").write_text("{}")  # what the demo leaves: a finished run, its own files recorded
-    output_folder.claim(out, ["run_complete.json"])
+    run_files.claim(out, ["run_complete.json"])
     text = dry_run(capsys, "--config", SMOKE, "--output_dir", str(out))
     assert f"output:        {out}: refused by the run (below)" in text, text
     assert text.rstrip().splitlines()[-1] == (

@@ -28,7 +28,6 @@ from dpotrain.cluster import offline
 from dpotrain.hub import hub
 from dpotrain.recipe.errors import ConfigError
 from hub_server import StandInHub
-from hub_server import whoami_answer as whoami
 
 THINK = str(ROOT / "configs" / "think.yaml")
 MODEL, DATASET = "org/tiny-olmo3", "org/Tiny-Prefs"
@@ -451,34 +450,6 @@ def test_write_access_check_is_skipped_offline(monkeypatch, capsys):
     assert "python scripts/push_to_hub.py" in out and SECRET not in out
 
 
-def scope(name, *permissions, kind="org"):
-    return {"entity": {"_id": "x", "type": kind, "name": name}, "permissions": list(permissions)}
-
-
-@pytest.mark.parametrize(
-    "answer, repo, refusal",
-    [
-        (whoami(), "me/run", None),
-        (whoami(), "run", None),  # no namespace: the user's
-        (whoami(orgs=[("lab", "write")]), "lab/run", None),
-        (whoami(orgs=[("lab", "contributor")]), "lab/run", None),  # may create; an existing repo is asked about
-        (whoami(role="read"), "me/run", "token 'cluster' is read-only, so it cannot push to me/run"),
-        (whoami(orgs=[("lab", "admin")]), "other/run", "'other' is neither the token's user nor one of its"),
-        (whoami(orgs=[("lab", "read")]), "lab/run", "'me' has the read role in 'lab'"),
-        (whoami("fineGrained", [("lab", "write")], [scope("lab", "repo.write")]), "lab/run", None),
-        (whoami("fineGrained", scoped=[scope("me/run", "repo.write", kind="model")]), "me/run", None),
-        (whoami("fineGrained", scoped=[scope("me", "repo.content.read", kind="user")]), "me/run", "without write"),
-        (whoami("fineGrained", [("lab", "write")], [scope("me", "repo.write", kind="user")]), "lab/run", "'lab'"),
-    ],
-)
-def test_write_access_from_the_whoami_answer(answer, repo, refusal):
-    problem = hub.write_access_problem(answer, repo)
-    if refusal is None:
-        assert problem is None
-    else:
-        assert problem and refusal in problem
-
-
 @pytest.fixture
 def local_hub(monkeypatch):
     """huggingface_hub pointed at the recording stand-in, online: its real HTTP client, errors and parsing at work."""
@@ -488,7 +459,10 @@ def local_hub(monkeypatch):
     monkeypatch.setattr(constants, "ENDPOINT", hub_server.endpoint)
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
     monkeypatch.setenv("HF_HUB_OFFLINE", "0")
-    hub_server.state.auth_status.update({"lab/theirs": 403, "lab/mine": 200})
+    for repo in ("lab/mine", "lab/theirs", "lab/hidden", "me/read-only"):
+        hub_server.state.add_repo(repo)
+    # Existing repos this token may not write to: refused (403), or answered as if absent (404).
+    hub_server.state.auth_status.update({"lab/theirs": 403, "lab/hidden": 404, "me/read-only": 403})
     yield hub_server.state
     hub_server.close()
 
@@ -497,10 +471,13 @@ def test_write_access_against_the_hubs_answers(local_hub):
     assert hub.check_write_access("lab/mine", SECRET) == "lab/mine"  # exists, writable
     assert hub.check_write_access("lab/new", SECRET) == "lab/new"  # does not exist yet: created by the push
     assert hub.check_write_access("new-run", SECRET) == "me/new-run"  # the token user's namespace, spelled out
-    with pytest.raises(ConfigError, match="'me' cannot write to the existing repo lab/theirs"):
-        hub.check_write_access("lab/theirs", SECRET)
-    with pytest.raises(ConfigError, match="'other' is neither the token's user"):
-        hub.check_write_access("other/run", SECRET)
+    for repo in ("lab/theirs", "lab/hidden"):
+        with pytest.raises(ConfigError, match=f"^'me' cannot write to the existing repo {repo}: ask its owners"):
+            hub.check_write_access(repo, SECRET)
+    # Not found by the write check: whether the repo exists tells a refusal from a new repo.
+    assert [r["kind"] for r in local_hub.project_requests()][-3:] == ["whoami", "auth_check", "model_info"]
+    with pytest.raises(ConfigError, match="^the Hugging Face token 'cluster' has no write access to me/read-only: "):
+        hub.check_write_access("read-only", SECRET)  # the user's own repo: the token lacks write access
     local_hub.whoami_status = 401
     with pytest.raises(ConfigError, match="the Hugging Face token is invalid or expired"):
         hub.check_write_access("lab/mine", SECRET)
@@ -586,7 +563,7 @@ def test_a_job_with_everything_cached_asks_the_hub_nothing(monkeypatch, hf_home,
 # Each command the way it runs, in one process that paid its imports first: what is timed is the command itself, the
 # part an unreachable Hub would stretch (huggingface_hub's retries: 23 s and more per file), not importing torch.
 UNREACHABLE = r"""
-import contextlib, importlib.util, io, json, sys, time
+import contextlib, importlib.util, io, json, os, sys, time
 import train_dpo
 from dpotrain.recipe.errors import run_cli
 
@@ -601,6 +578,7 @@ model, out = sys.argv[1], sys.argv[2]
 results = {}
 def timed(name, main):
     stdout, stderr = io.StringIO(), io.StringIO()
+    environment = dict(os.environ)  # each command in a fresh environment, as in a process of its own
     start = time.perf_counter()
     with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
         try:
@@ -609,6 +587,9 @@ def timed(name, main):
             code = e.code
     results[name] = {"seconds": time.perf_counter() - start, "code": code, "stdout": stdout.getvalue(),
                      "stderr": stderr.getvalue()}
+    for variable in set(os.environ) - set(environment):
+        del os.environ[variable]
+    os.environ.update(environment)
 
 timed("analyzer", lambda: analyzer.main(["data/smoke_prefs.jsonl", "--tokenizer", model]))
 smoke = ["--config", "configs/smoke.yaml", "--model_name_or_path", model, "--output_dir", out]

@@ -17,6 +17,7 @@ import pytest
 from conftest import PYTHON, ROOT, python, run_train
 from dpotrain import output_folder
 from dpotrain.cluster import run_lock
+from dpotrain.train import run_files
 from dpotrain.train.metrics import read_metrics
 from dpotrain.train.resume import HEALTH_STOP
 
@@ -157,7 +158,7 @@ def test_a_record_written_before_checkpoints_were_named_removes_only_checkpoint_
     (out / "checkpoint-2").mkdir(parents=True)
     (out / "checkpoint-2" / "COMPLETE").write_text("{}")
     checkpoint_named_files(out)
-    (out / output_folder.MANIFEST).write_text(json.dumps({"names": ["run_files.json", "checkpoint-[0-9]*"]}))
+    (out / run_files.MANIFEST).write_text(json.dumps({"names": ["run_files.json", "checkpoint-[0-9]*"]}))
     output_folder.replace(out, output_folder.read_manifest(out))
     kept = ["checkpoint-2-samples", "checkpoint-4-evals.json", "checkpoint-4.bak", "checkpoint-6.md", "run_files.json"]
     assert sorted(p.name for p in out.iterdir()) == kept

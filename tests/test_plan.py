@@ -15,8 +15,9 @@ import pytest
 
 from conftest import ROOT, python, rank_python
 from dpotrain.data import builtin
+from dpotrain.data.pair_lengths import PairLengths
 from dpotrain.plan import plan
-from dpotrain.plan.plan import PairLengths, StepPlan
+from dpotrain.plan.plan import StepPlan
 
 MAX_LENGTH = 8192
 

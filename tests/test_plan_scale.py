@@ -10,8 +10,9 @@ import numpy as np
 import pytest
 
 from conftest import ROOT
+from dpotrain.data.pair_lengths import PairLengths
 from dpotrain.plan import plan
-from dpotrain.plan.plan import PairLengths, StepPlan
+from dpotrain.plan.plan import StepPlan
 from test_plan import heavy_tailed  # the same mix, at the same MAX_LENGTH (8192)
 
 sys.path.insert(0, str(ROOT / "benchmarks"))

@@ -7,6 +7,7 @@ import pytest
 from conftest import ROOT, run_train
 from dpotrain import stages
 from dpotrain.data import builtin
+from dpotrain.data.pair_lengths import PairLengths
 from dpotrain.plan import plan, plan_stage
 from dpotrain.recipe import config
 from dpotrain.recipe.config import parse_args
@@ -36,7 +37,7 @@ def test_building_the_trainer_plans_nothing_and_an_unplanned_trainer_is_refused(
     run_plan = plan_stage.run_stage(trainer)
     assert trainer.run_plan is run_plan
     # The stage's plan is the plan of the tokenized training set, as the plan module cuts it.
-    lengths = plan.PairLengths.of(trainer.train_dataset, trainer.args.max_length, trainer.forward.share_prompt)
+    lengths = PairLengths.of(trainer.train_dataset, trainer.args.max_length, trainer.forward.share_prompt)
     assert (run_plan.lengths.tokens == lengths.tokens).all()
     # The recipe's accumulation lives in the plan: steps of 3 micro-batches of 8 pairs (the smoke recipe's batch size).
     assert (run_plan.step_plan.pairs_per_step, run_plan.step_plan.pairs_per_micro_batch) == (24, 8)

@@ -391,7 +391,8 @@ def test_the_stage_cuts_its_own_balanced_micro_batches_within_its_budget():
     or so, on 1-3 ranks, packed and padded; a resumed stage's last pairs, fewer than the ranks, one each."""
     import numpy as np
 
-    from dpotrain.plan.plan import PairLengths, fewest_bins
+    from dpotrain.data.pair_lengths import PairLengths
+    from dpotrain.plan.plan import fewest_bins
 
     rng = np.random.default_rng(0)
     n = 500

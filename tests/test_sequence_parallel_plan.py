@@ -15,6 +15,7 @@ from conftest import ROOT, run_train
 from dpotrain import dry_run, stages
 from dpotrain.cluster import engine as engines
 from dpotrain.cluster import sequence_parallel
+from dpotrain.data.pair_lengths import PairLengths
 from dpotrain.forwards import choice
 from dpotrain.hub import hub
 from dpotrain.plan import memory, plan
@@ -159,7 +160,7 @@ def test_the_same_pairs_make_the_same_steps_on_any_group_size(monkeypatch):
 
 
 def test_a_packed_row_is_padded_to_a_multiple_of_the_group_and_counted_as_padding():
-    lengths = plan.PairLengths.from_parts(np.array([3, 4]), np.array([5, 6]), np.array([7, 2]), 64)
+    lengths = PairLengths.from_parts(np.array([3, 4]), np.array([5, 6]), np.array([7, 2]), 64)
     one = plan.Forward("one_row")
     four = plan.Forward("one_row", multiple=4)
     tokens = one.positions(lengths, [0, 1])

@@ -178,10 +178,23 @@ def two_process_args(out, data) -> list[str]:
             "0.2"]  # fmt: skip
 
 
-def two_process_job(slurm, out, data, env=None) -> int:
+def two_process_job(slurm, out, data, env=None, script=SCRIPT) -> int:
     """Two training processes on the node (DeepSpeed ZeRO-2 on CPU) through scripts/dpo_train.sh."""
-    args = ["--gpus-per-node=0", f"--cpus-per-task={real_cpus()}", SCRIPT, *two_process_args(out, data)]
+    args = ["--gpus-per-node=0", f"--cpus-per-task={real_cpus()}", str(script), *two_process_args(out, data)]
     return slurm.sbatch(args, cwd=submit_dir(), env={**TWO_PROCESSES, "DPOTRAIN_CACHE": f"{out}-cache", **(env or {})})
+
+
+def slow_checkpoint_project(folder: Path) -> Path:
+    """The project as a job finds it, on a slow file system: a checkpoint asked for by a stop takes SLOW_CHECKPOINT_S
+    seconds longer (its train_dpo.py is tests/helpers/slow_checkpoint.py). Every other entry links to this project;
+    a job submitted as `<folder>/scripts/dpo_train.sh` runs in `folder` (dpo_train.sh finds it from the script's
+    path) and keeps its stop files in its own logs/."""
+    folder.mkdir()
+    for entry in ROOT.iterdir():
+        if entry.name not in ("train_dpo.py", "logs"):
+            (folder / entry.name).symlink_to(entry)
+    (folder / "train_dpo.py").symlink_to(ROOT / "tests" / "helpers" / "slow_checkpoint.py")
+    return folder
 
 
 def preempt(slurm) -> int:
@@ -228,12 +241,15 @@ def test_a_job_preempted_in_its_reference_stage_then_mid_training_with_a_slow_ch
 ):
     """Two processes under accelerate launch (torchrun's agent), preempted twice by a job of the higher-priority
     partition. First in the reference stage: the pairs it scored are kept, the requeued run scores only the rest, and
-    the reference ends bit for bit what an uninterrupted job scored. Then mid-training, the checkpoint made to take
-    40 s under the partition's 90 s GraceTime (the test-only delay applies to a checkpoint asked for by a stop only):
-    it completes, the job requeues again, resumes from it and ends like an uninterrupted run. (One job for both
-    preemptions: each 2-process job on 2 CPUs is a minute or more.)"""
+    the reference ends bit for bit what an uninterrupted job scored. Then mid-training, the checkpoint takes 40 s
+    under the partition's 90 s GraceTime (a slow file system, for a checkpoint asked for by a stop only:
+    `slow_checkpoint_project`): it completes, the job requeues again, resumes from it and ends like an uninterrupted
+    run. (One job for both preemptions: each 2-process job on 2 CPUs is a minute or more.)"""
     out = tmp_path / "run"
-    job = two_process_job(slurm, out, pairs_file, env={"DPOTRAIN_TEST_SAVE_DELAY_S": "40"})
+    project = slow_checkpoint_project(tmp_path / "project")
+    job = two_process_job(
+        slurm, out, pairs_file, env={"SLOW_CHECKPOINT_S": "40"}, script=project / "scripts" / "dpo_train.sh"
+    )
     cache = Path(f"{out}-cache")
     wait_while_running(slurm, job, lambda: list(cache.glob("reference/*/part-*.npz")), poll=0.05)  # some pairs saved
     urgent = [preempt(slurm)]

@@ -86,12 +86,16 @@ def test_each_decision_is_made_once_per_run_and_per_dry_run(tmp_path, monkeypatc
     assert calls == {"memory plan": 2, "analyzer cache read": 2, "max_length": 2, "world size": 2}
 
 
-def test_main_restores_the_environment_the_recipe_set(tmp_path, capsys):
+def test_the_recipes_env_block_sets_what_the_environment_does_not(tmp_path, capsys, monkeypatch):
+    """The run's process gets the recipe's `env:` variables where the environment has none (conftest's
+    `own_environment` removes them after the test: a user's process runs one command)."""
     recipe = tmp_path / "recipe.yaml"
-    recipe.write_text((ROOT / "configs" / "smoke.yaml").read_text() + "\nenv:\n  DPOTRAIN_RECIPE_FLAG: 'on'\n")
-    assert "DPOTRAIN_RECIPE_FLAG" not in os.environ
+    env = "\nenv:\n  DPOTRAIN_RECIPE_FLAG: 'on'\n  DPOTRAIN_SET_BY_USER: recipe\n"
+    recipe.write_text((ROOT / "configs" / "smoke.yaml").read_text() + env)
+    monkeypatch.delenv("DPOTRAIN_RECIPE_FLAG", raising=False)
+    monkeypatch.setenv("DPOTRAIN_SET_BY_USER", "environment")
     train_dpo.main(["--config", str(recipe), "--output_dir", str(tmp_path / "run"), "--dry-run", "--json"])
-    assert "DPOTRAIN_RECIPE_FLAG" not in os.environ
+    assert os.environ["DPOTRAIN_RECIPE_FLAG"] == "on" and os.environ["DPOTRAIN_SET_BY_USER"] == "environment"
 
 
 @pytest.mark.parametrize("dry", [True, False])

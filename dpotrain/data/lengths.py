@@ -45,7 +45,8 @@ from dpotrain.recipe.errors import ConfigError
 from dpotrain.recipe.writes import replacing, write_text
 
 STEP = 512  # the recommendation is a multiple of this: kernel- and memory-friendly shapes
-# The seed report's cumulative distribution, and the long lengths a thinking data set's tail reaches (OLMo 3: 16K-32K).
+# The report's cumulative distribution: common max_length choices, and the long lengths a thinking data set's tail
+# reaches (OLMo 3: 16K-32K).
 REPORT_LENGTHS = (2048, 4096, 8192, 12288, 16384, 24576, 32768)
 PERCENTILES = (50, 90, 95, 99)
 DEFAULT_COVERAGE = ProjectArguments.auto_coverage  # one default for the analyzer and `max_length: auto`

@@ -7,7 +7,7 @@ from dpotrain.recipe.writes import replacing
 
 
 def to_markdown(report: dict, current_max_length: int | None = None) -> str:
-    """The seed's "Sequence Length Analysis" section: percentiles, breakdown, cumulative distribution, rationale."""
+    """The "Sequence Length Analysis" section: percentiles, breakdown, cumulative distribution, rationale."""
     n = report["rows"]
     lines = [f"### Sequence Length Analysis: {report.get('dataset', 'dataset')}", ""]
     seen = report.get("rows_seen", n)

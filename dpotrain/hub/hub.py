@@ -6,7 +6,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from dpotrain.recipe.errors import cause  # noqa: F401 (hub.cause: one line naming an error)
+from dpotrain.recipe.errors import cause
 from dpotrain.train.lora import card_lines
 from dpotrain.train.metrics import PLOT_FILE, read_metrics
 
@@ -355,60 +355,20 @@ def run_folder_problems(output_dir: str | Path) -> list[str]:
     return problems
 
 
-def write_access_problem(whoami: dict, repo_id: str) -> str | None:
-    """Why the account and token described by `whoami` (HfApi.whoami's answer) cannot push to `repo_id`, or None.
-
-    Judged from the answer alone: the namespace must be the user or one of their organizations with a role above
-    `read`; a read token never writes; a fine-grained token needs `repo.write` on that namespace or on the repo. An
-    existing repo can still refuse a `contributor` (it writes only to its own repos): `check_write_access` asks.
-    """
-    user = whoami.get("name")
-    namespace, _, name = repo_id.rpartition("/")
-    namespace = namespace or user
-    token = (whoami.get("auth") or {}).get("accessToken") or {}
-    label = f"the Hugging Face token {token['displayName']!r}" if token.get("displayName") else "the Hugging Face token"
-    if token.get("role") == "read":
-        return (
-            f"{label} is read-only, so it cannot push to {repo_id}: create a write or fine-grained token at "
-            "https://huggingface.co/settings/tokens and set HF_TOKEN in .env"
-        )
-    if namespace != user:
-        orgs = {o.get("name"): o.get("roleInOrg") for o in whoami.get("orgs") or []}
-        if namespace not in orgs:
-            return (
-                f"{user!r} cannot create {repo_id}: {namespace!r} is neither the token's user nor one of its "
-                f"organizations ({', '.join(sorted(orgs)) or 'none'}); use --hub_model_id {user}/{name}, or join "
-                f"{namespace!r}"
-            )
-        if orgs[namespace] == "read":
-            return (
-                f"{user!r} has the read role in {namespace!r}, so it cannot push to {repo_id}: ask an admin of "
-                f"{namespace!r} for write access, or use --hub_model_id {user}/{name}"
-            )
-    if token.get("role") == "fineGrained":
-        scoped = (token.get("fineGrained") or {}).get("scoped") or []
-        if not any(
-            "repo.write" in s.get("permissions", []) and (s.get("entity") or {}).get("name") in (namespace, repo_id)
-            for s in scoped
-        ):
-            return (
-                f"{label} is fine-grained without write access to repos of {namespace!r}: give it "
-                "'Write access to contents/settings of all repos' there at https://huggingface.co/settings/tokens"
-            )
-    return None
-
-
 def check_write_access(repo_id: str, token: str | None, where: str = "job") -> str:
-    """Refuse a push that would fail: `token` must be able to write to `repo_id`. `where` is "job" (train_dpo.py at
+    """Refuse a push the Hub would refuse: `token` must be able to write to `repo_id`. `where` is "job" (train_dpo.py at
     start, so that the push cannot fail after training) or "push_to_hub.py" (pushing a finished run).
 
     Returns the repo id with its namespace (a bare `name` is the token user's `user/name`: the Hub's branch and commit
-    endpoints need both parts). Asks the Hub (whoami, then the repo's write auth-check), so it is for real runs only.
-    In a job with HF_HUB_OFFLINE set it says that it skipped the check and returns `repo_id` as given: the push then
-    happens later, where the Hub is reachable.
+    endpoints need both parts). The Hub decides, not rules of roles and scopes kept here: whoami names the token's
+    user, and the repo's write auth-check allows or refuses. A repo that check does not find is new, unless it exists
+    (the Hub hides a repo from a token that may not write to it): the push creates a new one, and the Hub answers
+    then whether this token may. It asks the Hub, so it is for real runs only. In a job with HF_HUB_OFFLINE set it
+    says that it skipped the check and returns `repo_id` as given: the push then happens later, where the Hub is
+    reachable.
     """
     from huggingface_hub import HfApi, get_token
-    from huggingface_hub.errors import HfHubHTTPError, RepositoryNotFoundError
+    from huggingface_hub.errors import HfHubHTTPError
 
     from dpotrain.cluster.offline import is_offline, within
     from dpotrain.recipe.errors import ConfigError
@@ -420,12 +380,6 @@ def check_write_access(repo_id: str, token: str | None, where: str = "job") -> s
             flush=True,
         )
         return repo_id
-    unreachable = (
-        "Compute nodes without network: set HF_HUB_OFFLINE=1 and push afterwards with scripts/push_to_hub.py"
-        if where == "job"
-        else "This machine cannot reach the Hub: run scripts/push_to_hub.py where it can (a login node with "
-        "network), or fix HF_ENDPOINT / the proxy settings (HTTPS_PROXY)"
-    )
     token = token or get_token()
     if not token:
         raise ConfigError(
@@ -434,6 +388,8 @@ def check_write_access(repo_id: str, token: str | None, where: str = "job") -> s
     api = HfApi(token=token)
     try:
         whoami = within(30, api.whoami)
+        repo_id = repo_id if "/" in repo_id else f"{whoami.get('name')}/{repo_id}"
+        writable = _may_write(api, repo_id)
     except HfHubHTTPError as e:
         if _status(e) == 401:
             raise ConfigError(
@@ -442,29 +398,55 @@ def check_write_access(repo_id: str, token: str | None, where: str = "job") -> s
             ) from None
         raise ConfigError(f"could not check write access to {repo_id}: {cause(e)}") from None
     except Exception as e:  # no route, DNS, proxy, timeout: the node cannot reach the Hub
+        unreachable = (
+            "Compute nodes without network: set HF_HUB_OFFLINE=1 and push afterwards with scripts/push_to_hub.py"
+            if where == "job"
+            else "This machine cannot reach the Hub: run scripts/push_to_hub.py where it can (a login node with "
+            "network), or fix HF_ENDPOINT / the proxy settings (HTTPS_PROXY)"
+        )
         raise ConfigError(
             f"could not reach the Hugging Face Hub to check write access to {repo_id} ({cause(e)}). {unreachable}"
         ) from None
-    problem = write_access_problem(whoami, repo_id)
-    if problem:
-        raise ConfigError(problem)
-    repo_id = repo_id if "/" in repo_id else f"{whoami.get('name')}/{repo_id}"
+    if not writable:
+        raise ConfigError(write_refused(whoami, repo_id))
+    return repo_id
+
+
+def _may_write(api, repo_id: str) -> bool:
+    """The Hub's answer: True when the token may write to `repo_id`, or when there is no such repo yet (the push
+    creates it); False when the repo exists and the token may not write to it."""
+    from huggingface_hub.errors import HfHubHTTPError, RepositoryNotFoundError
+
+    from dpotrain.cluster.offline import within
+
     try:
         within(30, lambda: api.auth_check(repo_id, write=True))
     except RepositoryNotFoundError:
-        return repo_id  # not created yet: the push creates it, in a namespace this token may write to
+        # Also the answer for a repo the token may see but not write to (huggingface_hub's `hf spaces hot-reload`
+        # reads it so): whether the repo exists tells which.
+        return not within(30, lambda: api.repo_exists(repo_id))
     except HfHubHTTPError as e:
-        if _status(e) == 403:
-            raise ConfigError(
-                f"{whoami.get('name')!r} cannot write to the existing repo {repo_id}: ask its owners for write "
-                "access, or push to another --hub_model_id"
-            ) from None
-        raise ConfigError(f"could not check write access to {repo_id}: {cause(e)}") from None
-    except Exception as e:
-        raise ConfigError(
-            f"could not reach the Hugging Face Hub to check write access to {repo_id} ({cause(e)}). {unreachable}"
-        ) from None
-    return repo_id
+        if _status(e) == 403:  # the repo exists, and this token may not write to it
+            return False
+        raise
+    return True
+
+
+def write_refused(whoami: dict, repo_id: str) -> str:
+    """One line for a repo the Hub says this token may not write to: the user's own (the token lacks write access)
+    or another's (its owners grant it). `whoami`: HfApi.whoami's answer."""
+    user = whoami.get("name")
+    if repo_id.rpartition("/")[0] != user:
+        return (
+            f"{user!r} cannot write to the existing repo {repo_id}: ask its owners for write access, or push to "
+            "another --hub_model_id"
+        )
+    shown = ((whoami.get("auth") or {}).get("accessToken") or {}).get("displayName")
+    label = f"the Hugging Face token {shown!r}" if shown else "the Hugging Face token"
+    return (
+        f"{label} has no write access to {repo_id}: create a write token (or a fine-grained one that may write to "
+        f"{repo_id}) at https://huggingface.co/settings/tokens and set HF_TOKEN in .env"
+    )
 
 
 def _status(error) -> int | None:

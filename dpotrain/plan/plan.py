@@ -33,7 +33,7 @@ from dataclasses import dataclass
 import numpy as np
 from transformers.trainer_pt_utils import BatchRebalanceSampler
 
-from dpotrain.data.pair_lengths import COLUMNS, PairLengths, pair_columns, token_counts  # noqa: F401 - plan.PairLengths, as the plan's callers read it
+from dpotrain.data.pair_lengths import PairLengths
 from dpotrain.recipe.errors import ConfigError
 
 

@@ -11,12 +11,13 @@ and with it the number of steps, is made in `train()`, from the plan given here.
 from dataclasses import dataclass
 
 from dpotrain.data import cuts
+from dpotrain.data.pair_lengths import PairLengths, token_counts
 from dpotrain.plan import plan
 
 
 @dataclass(frozen=True)
 class RunPlan:
-    lengths: plan.PairLengths
+    lengths: PairLengths
     step_plan: plan.StepPlan
     epochs: list  # every epoch the run touches: [epoch][step][rank][micro-batch] -> pair indices
     summary: dict  # `plan.summary`: what the run records as `derived.batching`
@@ -32,7 +33,7 @@ class RunPlan:
                 f"{s['padding_share']:.1%} padding ({s['forward']})")  # fmt: skip
 
 
-def make(lengths: plan.PairLengths, args, pairs_per_step: int, world_size: int, budget: int | None, padded: bool,
+def make(lengths: PairLengths, args, pairs_per_step: int, world_size: int, budget: int | None, padded: bool,
          forward: plan.Forward | None = None, reduce_per_backward: bool = True) -> RunPlan:  # fmt: skip
     """The run's plan from its pairs' lengths and the training arguments (seed, batch size, max_steps, epochs): what a
     run plans at start and what a dry run plans (`stages.plan_batching`). Raises `plan.PlanError` (with the budget
@@ -50,8 +51,8 @@ def run_stage(trainer) -> RunPlan:
     shared or not: `check_packing` may have switched to padded while it was built), given to the trainer. Every rank
     plans alone, from the same lengths and seed (`agreement.at_start` checks the plans are equal)."""
     args = trainer.args
-    counts = plan.token_counts(trainer.train_dataset)
-    lengths = plan.PairLengths.from_parts(*counts, args.max_length, trainer.forward.share_prompt, args.truncation_mode)
+    counts = token_counts(trainer.train_dataset)
+    lengths = PairLengths.from_parts(*counts, args.max_length, trainer.forward.share_prompt, args.truncation_mode)
     run_plan = make(lengths, args, trainer.pairs_per_step, trainer.data_parallel_size,
                     trainer.max_tokens_per_microbatch, padded=not trainer.packed, forward=trainer.plan_forward(),
                     reduce_per_backward=trainer.is_deepspeed_enabled)  # fmt: skip

@@ -47,7 +47,8 @@ import numpy as np
 import torch
 
 from dpotrain.cluster.collectives import broadcast_from_main, gather_objects, max_of_ranks
-from dpotrain.plan.plan import PairLengths, StepPlan, cut_step, pair_columns, steps_of
+from dpotrain.data.pair_lengths import PairLengths, pair_columns
+from dpotrain.plan.plan import StepPlan, cut_step, steps_of
 from dpotrain.recipe.errors import ConfigError
 from dpotrain.recipe.writes import replacing, write_text
 from dpotrain.reference.reuse import UNREADABLE, fill_from_other_caches, pair_digests

@@ -17,10 +17,10 @@ import contextlib
 
 import torch
 
+from dpotrain.data.pair_lengths import PairLengths
 from dpotrain.forwards import choice, packing
 from dpotrain.plan import layers
 from dpotrain.plan.memory import forward_only_multiple
-from dpotrain.plan.plan import PairLengths
 from dpotrain.recipe import upstream
 
 

@@ -12,7 +12,7 @@ import json
 import numpy as np
 
 from dpotrain.cluster.collectives import gather_objects
-from dpotrain.plan.plan import PairLengths
+from dpotrain.data.pair_lengths import PairLengths
 from dpotrain.recipe.errors import ConfigError
 
 # What to do when the ranks disagree on a value, by the value's name.
@@ -41,7 +41,7 @@ def digest(value) -> str:
 
 
 def lengths_digest(lengths) -> str:
-    """The plan's view of the data set (`plan.PairLengths`): every pair's lengths, in order."""
+    """The plan's view of the data set (`PairLengths`): every pair's lengths, in order."""
     parts = [lengths.chosen, lengths.rejected, lengths.prompt, lengths.shared]
     return digest([digest(np.asarray(a)) for a in parts if a is not None])
 

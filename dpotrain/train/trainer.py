@@ -18,7 +18,6 @@ subclass changes how pairs reach TRL's loss code, and what surrounds it:
 
 import contextlib
 import functools
-import os
 import sys
 import time
 from dataclasses import replace
@@ -33,6 +32,7 @@ from dpotrain.cluster import engine
 from dpotrain.cluster import sequence_parallel as groups
 from dpotrain.cluster.collectives import all_reduce_sum, max_over_ranks
 from dpotrain.data import builtin, lengths, turns
+from dpotrain.data.pair_lengths import PairLengths, pair_columns
 from dpotrain.forwards import choice, flex, flops, packing, padded, sequence_parallel
 from dpotrain.forwards.choice import ForwardChoice, padded_instead
 from dpotrain.plan import layers, plan
@@ -278,8 +278,6 @@ class RecipeDPOTrainer(DPOTrainer):
             raise disk_full.save_failed(folder, why, remove=self.is_world_process_zero()) from None
         finally:
             self.args.save_total_limit = limit
-        if self.graceful_stop.stopped:  # test-only: a slow checkpoint on a stop request (tests/test_slurm_jobs.py)
-            time.sleep(float(os.environ.get("DPOTRAIN_TEST_SAVE_DELAY_S") or 0))
         # Reported once the checkpoint is hashed and marked (CompleteMarker): the time a stop has to leave for it.
         for callback in self.callback_handler.callbacks:
             if isinstance(callback, CompleteMarker):
@@ -329,7 +327,7 @@ class RecipeDPOTrainer(DPOTrainer):
         micro-batch with the forward's collator."""
         run_plan = self.run_plan
         sampler = plan.StepSampler(run_plan.lengths, run_plan.step_plan, self.data_parallel_rank, run_plan.epochs)
-        columns = [c for c in (*plan.pair_columns(self.train_dataset), "ref_chosen_logps", "ref_rejected_logps")
+        columns = [c for c in (*pair_columns(self.train_dataset), "ref_chosen_logps", "ref_rejected_logps")
                    if c in self.train_dataset.column_names]  # fmt: skip
         return self._rank_aware_loader(plan.StepRows(self.train_dataset.select_columns(columns)), sampler,
                                        plan.StepCollator(self.data_collator), training=True)  # fmt: skip
@@ -339,7 +337,7 @@ class RecipeDPOTrainer(DPOTrainer):
         dataset = self.eval_dataset if eval_dataset is None else eval_dataset
         if isinstance(dataset, str):
             dataset = self.eval_dataset[dataset]
-        columns = [c for c in (*plan.pair_columns(dataset), "ref_chosen_logps", "ref_rejected_logps")
+        columns = [c for c in (*pair_columns(dataset), "ref_chosen_logps", "ref_rejected_logps")
                    if c in dataset.column_names]  # fmt: skip
         batches = plan.eval_batches(len(dataset), self.data_parallel_size, self.args.per_device_eval_batch_size)
         batches = batches[self.data_parallel_rank]
@@ -416,7 +414,7 @@ class RecipeDPOTrainer(DPOTrainer):
         (`packing.parity`); past the tolerance, train padded with a note, or stop when packing was asked for
         explicitly. Every rank runs the same forwards and takes the same decision."""
         args = self.args  # it runs while the trainer is built, before the plan stage: it reads the lengths itself
-        tokens = plan.PairLengths.of(self.train_dataset, args.max_length, self.forward.share_prompt,
+        tokens = PairLengths.of(self.train_dataset, args.max_length, self.forward.share_prompt,
                                      args.truncation_mode).tokens  # fmt: skip
         examples = [self.train_dataset[int(i)] for i in np.argsort(-tokens, kind="stable")[:4]]
         model = ReferenceScorer(self).model()
