@@ -173,6 +173,7 @@ def output_checks(recipe, found: Launch, push) -> resolve.OutputPlan:
             from dpotrain.hub import hub
 
             push.repo_id = hub.check_write_access(push.repo_id, push.token)  # now, not after training; user/name
+            hub.create_at_start(push.repo_id, push.token, push.private)  # a new repo: may this token create it?
     plan = resolve.OutputPlan(None, False)
     if not only_reference:
         plan = check(resolve.check_output_dir, recipe, found.batch.pairs_per_step) or plan

@@ -131,6 +131,9 @@ class HubState:
         # not write to is answered 403, or 404 as if it did not exist (huggingface_hub's own `hf spaces hot-reload`
         # reads a failed write check as RepositoryNotFoundError).
         self.auth_status: dict[str, int] = {}
+        # namespace -> status of a repo creation there (default 200): 403 where this token may not create repos, as
+        # the Hub answers a read token or another user's namespace.
+        self.create_status: dict[str, int] = {}
         self.fail: dict[tuple[str, str], int] = {}  # (kind, revision) -> failures left (-1: always)
         self.hold: dict[tuple[str, str], object] = {}  # (kind, revision) -> fn() run before answering
         self.dataset_commits: dict[str, dict[str, dict[str, bytes]]] = {}  # data set repo -> {sha: {path: bytes}}
@@ -238,6 +241,10 @@ class Handler(http.server.BaseHTTPRequestHandler):
     def create_repo(self, params, body, query):
         payload = json.loads(body)
         repo = f"{payload['organization'] or self.state.whoami['name']}/{payload['name']}"
+        status = self.state.create_status.get(repo.split("/")[0], 200)
+        if status != 200:
+            return self.reply(status, {"error": f"You don't have the rights to create a model under the namespace "
+                                                f"\"{repo.split('/')[0]}\""})  # fmt: skip
         if not self.state.add_repo(repo):
             return self.reply(409, {"error": "You already created this model repo", "url": self.url(repo)})
         self.reply(200, {"url": self.url(repo), "name": repo, "id": repo})

@@ -483,6 +483,22 @@ def test_write_access_against_the_hubs_answers(local_hub):
         hub.check_write_access("lab/mine", SECRET)
 
 
+def test_a_new_repo_is_created_at_start_or_refused_there(local_hub):
+    """The write check cannot tell whether a token may create a repo that does not exist yet: the run creates it at
+    start, with the recipe's privacy, and the Hub's refusal (a read token, another's namespace) stops the run there,
+    not at the push after training."""
+    local_hub.create_status["other"] = 403
+    assert hub.check_write_access("other/new", SECRET) == "other/new"  # no such repo: the check lets it through
+    with pytest.raises(ConfigError, match="^the Hub refuses to create other/new with this Hugging Face token .*"
+                                          "a --hub_model_id in a namespace it can write to"):  # fmt: skip
+        hub.create_at_start("other/new", SECRET, private=True)
+    assert "other/new" not in local_hub.repos
+    hub.create_at_start("lab/new", SECRET, private=True)
+    assert "lab/new" in local_hub.repos
+    hub.create_at_start("lab/mine", SECRET, private=False)  # exists: left as it is (the Hub's 409, exist_ok)
+    assert [r["kind"] for r in local_hub.project_requests()][-1] == "create_repo"
+
+
 def test_write_access_says_when_the_hub_cannot_be_reached(monkeypatch):
     from huggingface_hub import constants
 

@@ -432,6 +432,32 @@ def _may_write(api, repo_id: str) -> bool:
     return True
 
 
+def create_at_start(repo_id: str, token: str | None, private: bool | None) -> None:
+    """A run's repo created at start where it does not exist yet (as transformers' Trainer does), with the privacy the
+    recipe asks for: the Hub answers now, not after training, whether this token may create a repo in that namespace
+    (a read token, another user's or an organization's namespace). An existing repo is left as it is. Called after
+    `check_write_access`, on the run's main process only; never with HF_HUB_OFFLINE (nothing is pushed then)."""
+    from huggingface_hub import HfApi, get_token
+    from huggingface_hub.errors import HfHubHTTPError
+
+    from dpotrain.cluster.offline import is_offline, within
+    from dpotrain.recipe.errors import ConfigError
+
+    if is_offline():
+        return
+    api = HfApi(token=token or get_token())
+    try:
+        within(30, lambda: api.create_repo(repo_id, private=bool(private), exist_ok=True))
+    except HfHubHTTPError as e:
+        if _status(e) in (401, 403):
+            raise ConfigError(
+                f"the Hub refuses to create {repo_id} with this Hugging Face token ({cause(e)}): use a write token "
+                f"that may create repos in {repo_id.rpartition('/')[0]!r}, or a --hub_model_id in a namespace it can "
+                "write to"
+            ) from None
+        raise ConfigError(f"could not create {repo_id} on the Hub: {cause(e)}") from None
+
+
 def write_refused(whoami: dict, repo_id: str) -> str:
     """One line for a repo the Hub says this token may not write to: the user's own (the token lacks write access)
     or another's (its owners grant it). `whoami`: HfApi.whoami's answer."""
