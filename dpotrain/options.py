@@ -7,6 +7,8 @@ import dataclasses
 import importlib.util
 import os
 import re
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 from dpotrain.data import builtin, data, hub_revision, mixture, shapes
@@ -161,8 +163,6 @@ def check_wandb_reachable(recipe: Recipe) -> None:
         return
     if os.environ.get("WANDB_MODE", "").lower() in WANDB_OFFLINE_MODES:
         return
-    import urllib.error
-    import urllib.request
 
     from dpotrain.cluster.offline import PROBE_SECONDS, within
 

@@ -12,6 +12,7 @@ model folder would write over files that are not the run's. A run written before
 """
 
 import os
+import shutil
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -126,7 +127,6 @@ def start(recipe, start_afresh: bool, pushes: bool) -> None:
 def replace(out: Path, names: list[str]) -> None:
     """Removes what the run in `out` recorded as its own, but its record (rewritten by the next run in one step: a kill
     in between leaves a folder that is still a run's) and its lock."""
-    import shutil
 
     from dpotrain.cluster.run_lock import LOCK_FILE
     from dpotrain.train.tracking import keep_offline_runs

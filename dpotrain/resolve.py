@@ -1,8 +1,9 @@
 """From parsed arguments to a checked plan: derived numbers, and every refusal that must come before a model loads."""
 
+import json
 import math
 import os
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
@@ -147,7 +148,6 @@ def changed_settings(recipe: Recipe, out: Path, pairs_per_step: int | None) -> l
     """`field: old -> new` for each RESUME_FIELDS value (and pairs per step) that differs from the unfinished run's
     resolved_config.json, the data set's content (`data_identity`) and the model's (`model_identity`); [] when there
     is none to compare with."""
-    import json
 
     saved = out / "resolved_config.json"
     if not saved.is_file():
@@ -251,7 +251,6 @@ def plan_steps(recipe: Recipe, batch: Batch, world: int, rows: int | None) -> di
 
 def resolved_config(recipe: Recipe, derived: dict) -> dict:
     """Every field by its own name (tokens redacted by `TrainingArguments.to_dict`), plus the derived numbers."""
-    from dataclasses import asdict
 
     resolved = {}
     for part in (recipe.script, recipe.model, recipe.project):

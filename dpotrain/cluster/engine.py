@@ -14,9 +14,11 @@ engine changes what the run must do:
 """
 
 import contextlib
+import hashlib
 import json
 import os
 from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
 
 import torch
@@ -237,7 +239,6 @@ def zero3_weights_sha256(model, is_main: bool) -> str | None:
     """sha256 of the full weights of a ZeRO-3 model, as TRL's `hash_module` takes it of an unsharded one (so the
     reference cache key does not depend on the engine), on the main process. Each tensor is gathered from its shards
     first: a collective, every rank calls this. (TRL hashes the empty local partitions.)"""
-    import hashlib
 
     import deepspeed
 
@@ -267,7 +268,6 @@ def start_processes(training, run_engine: Engine):
     `distributed_c10d._get_default_timeout` reads from its module at each `new_group` (torch 2.13): that default
     becomes the recipe's too. tests/test_distributed.py (ZeRO-2) and tests/test_engines.py (ZeRO-3, FSDP2, DDP) read
     every group's timeout back."""
-    from datetime import timedelta
 
     import torch.distributed as dist
     from accelerate import PartialState

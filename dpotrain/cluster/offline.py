@@ -16,6 +16,7 @@ import glob
 import json
 import os
 import shlex
+import threading
 from dataclasses import fields
 from pathlib import Path
 
@@ -247,7 +248,6 @@ def within(seconds: float, fn):
     """fn() with a deadline. huggingface_hub's HTTP client has no timeout of its own (utils/_http.py: `timeout=None`)
     and a name lookup has none at all: on a node whose firewall drops packets a call would hang the job, GPUs
     allocated, instead of failing it."""
-    import threading
 
     result = {}
 

@@ -21,6 +21,7 @@ masks the answer's first tokens instead: such a pair is refused, naming the rows
 """
 
 import hashlib
+import json
 from pathlib import Path
 
 from dpotrain.recipe.errors import ConfigError
@@ -105,7 +106,6 @@ def answer_problem(example: dict, tokenizer) -> tuple[str, str] | None:
     """(column, problem) for a conversational pair whose rendered prompt + answer does not begin with the rendered
     prompt + generation prompt, the text TRL's prefix split and open-instruct's position-based masking agree on;
     None for a pair read alike by both. A template that fails on the row is left to the trainer's own error."""
-    import json
 
     tools = example.get("tools")  # as DPOTrainer's tokenize_fn
     kwargs = {"tools": json.loads(tools) if isinstance(tools, str) else tools, **(example.get("chat_template_kwargs")

@@ -28,10 +28,12 @@ import dataclasses
 import hashlib
 import json
 import math
+import multiprocessing
 import os
 import sys
 import time
 from collections import deque
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -332,8 +334,6 @@ def _ordered_map(fn, items, num_proc: int, initargs: tuple):
         finally:
             _WORKER.clear()  # do not keep the data set alive
         return
-    import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor
 
     # Each worker is one tokenizer thread; Rust threads inside forked workers would oversubscribe the cores (and
     # tokenizers warns when it is forked after having used them).

@@ -24,6 +24,7 @@ Options are listed fewest changes first, and a set of changes that holds a small
 
 import itertools
 import math
+import shlex
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
@@ -117,7 +118,6 @@ class Option:
     def dry_run_line(self, command_line: tuple[str, ...]) -> str:
         """The dry run that checks this option's submission before it is made, as scripts/launch.sh plans the job: its
         processes and node size (WORLD_SIZE, GPUS_PER_NODE) and accelerate config, with the option's flags."""
-        import shlex
 
         words = ["python", "train_dpo.py", *command_line]
         from dpotrain.recipe.config import dry_run_asked

@@ -15,6 +15,7 @@ import re
 import sys
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from unittest import mock
 
 from dpotrain.recipe import recipe_file, usage
 from dpotrain.recipe.errors import ConfigError
@@ -580,7 +581,6 @@ def _cpu_deepspeed_backend(args: list[str]) -> list[str]:
 @contextlib.contextmanager
 def _gpu_checks_skipped():
     """A dry run on a CPU login node plans a GPU job: transformers' "bf16 needs a GPU" check must not refuse it."""
-    from unittest import mock
 
     with mock.patch("transformers.training_args.is_torch_bf16_gpu_available", return_value=True):
         yield

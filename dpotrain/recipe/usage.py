@@ -3,6 +3,7 @@ thousand lines), which argparse's own help would otherwise put between a user an
 
 import dataclasses
 import re
+import textwrap
 
 # The fields the README's commands and recipes set most, in the order a run meets them.
 COMMON = ("model_name_or_path", "dataset_name", "output_dir", "max_length", "learning_rate", "beta", "loss_type",
@@ -31,7 +32,6 @@ def _first_sentence(text: str | None) -> str:
 
 def _row(flag: str, text: str) -> list[str]:
     """A flag and its whole description, wrapped under the description column (a long flag: on the next line)."""
-    import textwrap
 
     lines = textwrap.wrap(text, WIDTH - FLAG) or [""]
     first = f"  {flag}".ljust(FLAG) + lines[0] if len(flag) + 2 < FLAG - 1 else f"  {flag}"

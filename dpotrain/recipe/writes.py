@@ -5,6 +5,7 @@ leaves the previous version whole; and never over one of the command's own input
 
 import os
 import socket
+import tempfile
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -103,7 +104,6 @@ def unwritable(path: str | Path) -> tuple[Path, str] | None:
     """Whether this process can create files at `path` (a folder, or one still to be made: then the nearest one that
     exists is probed): None, or (the folder probed, why not). A real file is made and removed: permission bits say
     nothing to root, and a read-only mount or a full quota only shows on a write."""
-    import tempfile
 
     path = Path(path)
     folder = next(p for p in (path, *path.absolute().parents) if p.exists())

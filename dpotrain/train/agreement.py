@@ -8,6 +8,7 @@ sends a short digest of each value; a difference is one `error:` line, on every 
 
 import hashlib
 import json
+from importlib.metadata import PackageNotFoundError, version
 
 import numpy as np
 
@@ -60,7 +61,6 @@ def plan_digest(planned) -> str:
 
 
 def package_versions() -> dict:
-    from importlib.metadata import PackageNotFoundError, version
 
     out = {}
     for name in ("torch", "transformers", "trl", "accelerate", "deepspeed"):

@@ -28,6 +28,7 @@ import math
 import sys
 from dataclasses import dataclass
 
+import numpy as np
 from transformers import TrainerCallback
 
 from dpotrain.cluster.collectives import max_over_ranks
@@ -63,7 +64,6 @@ def check_values(project) -> None:
 
 def labeled_prompt_tokens(dataset, max_length: int | None):
     """Per pair, its prompt tokens that are trained within max_length (keep_start): 0 without `prompt_labels`."""
-    import numpy as np
     import pyarrow.compute as pc
 
     from dpotrain.data.pair_lengths import LABELS
@@ -80,7 +80,6 @@ def labeled_prompt_tokens(dataset, max_length: int | None):
 
 def completion_token_means(dataset, max_length: int | None) -> tuple[float, float] | None:
     """Mean scored completion tokens (chosen, rejected) of a tokenized DPO data set, after keep_start truncation."""
-    import numpy as np
     import pyarrow.compute as pc
 
     columns = ("prompt_ids", "chosen_ids", "rejected_ids")

@@ -23,6 +23,7 @@ side's NLL over all its labeled tokens), except WPO's weights and LD-DPO's split
 refused with `all` (`check_options`).
 """
 
+import dataclasses
 import math
 
 import torch
@@ -86,7 +87,6 @@ def check_options(recipe) -> None:
 
 def _set(recipe, name: str) -> bool:
     """Whether the recipe or the command line set `name` to other than DPOConfig's default."""
-    import dataclasses
 
     from trl import DPOConfig
 
