@@ -67,7 +67,7 @@ def ends_after_reference(recipe, built: Built, outcomes, state) -> int | None:
 
 def record_run(recipe, first, trainer, run_plan, outcomes, output: resolve.OutputPlan, push, state) -> dict:
     """resolved_config.json: the first half's records, and what the trainer, the plan stage and the reference stage
-    decided (the forward as built: a hybrid that cannot pack trains padded)."""
+    decided (the forward, as the forward stage decided it)."""
     training = recipe.training
     derived = first.record()
     derived["total_steps"] = trainer.state.max_steps or derived["total_steps"]

@@ -23,7 +23,9 @@ are equal. A dry run decides from the cached lengths only, for the recipe's GPU 
 An option given in the recipe is honoured or refused with one line, never replaced: an `attn_implementation` limits
 the candidates to it (refused when its kernel cannot run here), `share_prompt` to shared or unshared ones (refused
 when none can), `padding_free: true` to packed ones, `padding_free: false` to padded micro-batches. Models whose
-layers carry state keep `packing.packing_problem`'s rules and, for the boundary hybrids, the start-up parity check.
+layers carry state keep `packing.packing_problem`'s rules; the boundary hybrids pack only when `padding_free: true` is
+given, on a varlen kernel (`hybrid_problem`), and the trainer then checks at start that packed rows score like the
+sequences alone, stopping the run if not: the forward decided here is never changed after.
 """
 
 import copy
@@ -168,6 +170,23 @@ def recipe_packing_problem(recipe) -> str | None:
     return None if recipe.training.padding_free else "padding_free is false"
 
 
+def asked_to_pack(recipe) -> bool:
+    """`padding_free: true` given in the recipe or on the command line (not this project's default)."""
+    return "padding_free" in recipe.given and recipe.training.padding_free
+
+
+def hybrid_problem(config, recipe) -> str | None:
+    """Why a boundary hybrid (`packing.BOUNDARY_HYBRIDS`) stays padded for this recipe, or None. Its recurrent layers
+    keep the sequences of a packed row apart only through CUDA kernels that read the boundaries, which only a check at
+    start on the loaded model can confirm (`packing.parity`): so it packs only when the recipe asks for packed
+    sequences (`padding_free: true` given), on a varlen FlashAttention. The check then passes or stops the run; it
+    never changes the forward decided here."""
+    if config.model_type not in packing.BOUNDARY_HYBRIDS or asked_to_pack(recipe):
+        return None
+    return (f"{config.model_type}'s recurrent layers pack only when asked for (--padding_free true, on a varlen "
+            "FlashAttention kernel, checked at start)")  # fmt: skip
+
+
 def candidates(config, recipe, cuda: bool, varlen: str | None, check_kernels: bool = True):
     """The forwards this machine can run for this model and recipe, in the order that decides without lengths, with
     the recipe's explicit options applied; and the notes to print (an option off by necessity). Raises a ConfigError
@@ -195,6 +214,7 @@ def candidates(config, recipe, cuda: bool, varlen: str | None, check_kernels: bo
         if cuda and attn == dense_attention(config) and asked is None and (shared or unshared):
             continue  # sdpa's dense rows cost flex's positions and more attention: weighed only where flex cannot pack
         problem = recipe_problem or (None if _packs(config, attn) else packing.packing_problem(config))
+        problem = problem or hybrid_problem(config, recipe)
         if problem is not None:
             problems.append(problem)
             continue
@@ -212,7 +232,7 @@ def candidates(config, recipe, cuda: bool, varlen: str | None, check_kernels: bo
         packed = sorted(packed, key=lambda c: (not (c.share_prompt and c.attention == "flex_attention"),
                                                c.attention == dense_attention(config), not c.share_prompt))  # fmt: skip
     if want_share and not shared:
-        if not packed and problems and not ("padding_free" in recipe.given and t.padding_free):
+        if not packed and problems and not asked_to_pack(recipe):
             raise ConfigError(f"share_prompt needs packed sequences, which cannot be used here: {problems[0]}; remove "
                               "--share_prompt")  # fmt: skip
         if packed or share_problems:
@@ -222,8 +242,7 @@ def candidates(config, recipe, cuda: bool, varlen: str | None, check_kernels: bo
         if want_share is None and not shared and share_problems:
             notes.append(f"Note: each pair's prompt is computed twice (unshared packing): {share_problems[0]}.")
         return packed, notes
-    explicit = "padding_free" in recipe.given and t.padding_free
-    if explicit:
+    if asked_to_pack(recipe):
         raise ConfigError(f"padding_free (packed sequences) cannot be used here: {problems[0]}; set --padding_free "
                           "false")  # fmt: skip
     if t.padding_free:
@@ -330,18 +349,6 @@ def announce(choice: ForwardChoice) -> ForwardChoice:
     if int(os.environ.get("RANK", "0")) == 0:  # the same choice on every rank: one line, not one per process
         print(choice.line(), flush=True)
     return choice
-
-
-def padded_instead(problem: str, explicit: bool, sequence_parallel: int = 1) -> None:
-    """Packing cannot be used: an error when `padding_free: true` was given or a group splits rows (padded rows would
-    run unsplit on every process of the group while the run records the group), else a one-line note."""
-    if sequence_parallel > 1:
-        raise ConfigError(f"sequence_parallel_size {sequence_parallel} splits packed rows, and this model cannot be "
-                          f"packed: {problem}; use --sequence_parallel_size 1")  # fmt: skip
-    if explicit:
-        raise ConfigError(f"padding_free (packed sequences) cannot be used here: {problem}; set --padding_free false")
-    print(f"Note: padded micro-batches (TRL's collator) on the same step plan, not packed sequences: {problem}.",
-          flush=True)  # fmt: skip
 
 
 def collator(choice: ForwardChoice, args):
