@@ -157,8 +157,9 @@ def replaced_text(derived: dict, pairs: int) -> str:
 
 
 def forward_text(forward: dict) -> str:
-    """'with FlashAttention 4 installed: unshared packing, one row per micro-batch on flash_attention_4 (est. 890
-    against 1.11e+03 for shared prompts on flex_attention, H100-seconds per 1,000 pairs); without: ...'."""
+    """'with FlashAttention 4 installed: unshared packing, one row per micro-batch on flash_attention_4 (cheapest
+    measured: est. 890 against 1,112 for shared prompts on flex_attention, H100-seconds per 1,000 pairs); without:
+    ...'."""
     from dpotrain.forwards.cost import shown
 
     parts = []
@@ -173,8 +174,8 @@ def forward_text(forward: dict) -> str:
         estimates = (f.get("decision") or {}).get("estimates", [])
         text = f"{f['layout']} on {f['attention']}"
         if len(estimates) > 1:
-            unit = f["decision"]["unit"]
-            text += (f" (est. {shown(estimates[0]['estimate'])} against {shown(estimates[1]['estimate'])} for "
+            unit, by = f["decision"]["unit"], f["decision"]["by"]
+            text += (f" ({by}: est. {shown(estimates[0]['estimate'])} against {shown(estimates[1]['estimate'])} for "
                      f"{estimates[1]['forward']}, {unit})")  # fmt: skip
         parts.append(f"{name}: {text}")
     if "decided" in forward:

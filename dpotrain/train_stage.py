@@ -80,7 +80,7 @@ def ends_after_reference(recipe, built: Built, outcomes, state) -> int | None:
 
 def record_run(resolved, trainer, run_plan, outcomes, state) -> dict:
     """resolved_config.json: the first half's records, and what the trainer, the plan stage and the reference stage
-    decided (the forward as built: a hybrid that cannot pack trains padded)."""
+    decided (the forward, as the forward stage decided it)."""
     recipe, output, push = resolved.settings, resolved.output, resolved.push
     training = recipe.training
     derived = resolved.record()

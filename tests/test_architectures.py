@@ -205,18 +205,24 @@ def test_parity_check_catches_state_carried_across_packed_rows(tmp_path, tiny_mo
                     packing.parity(model, packing.PackedPreferenceCollator(1024, one_row=True), examples)
 
 
-def test_hybrid_that_fails_the_parity_check_trains_padded(tmp_path, monkeypatch, capsys, tiny_model_dir, rows):
-    """A hybrid let through to the packed path (as a varlen FlashAttention would let it on a GPU) is caught by the
-    check at start and trains padded on the same step plan, with the note; asked for explicitly, it is refused."""
+def test_a_hybrid_packs_only_when_asked_and_a_failed_check_stops_the_run(tmp_path, monkeypatch, capsys,
+                                                                         tiny_model_dir, rows):  # fmt: skip
+    """A hybrid let through to the packed path (as a varlen FlashAttention would let it on a GPU): without
+    `padding_free: true` the forward stage decides padded, with the note, and the check at start never runs; asked for,
+    it packs, the check at start finds its packed rows apart from the sequences alone, and the run stops with the fix
+    (the forward is never re-decided after the trainer is built)."""
     monkeypatch.setenv("DPOTRAIN_CACHE", str(tmp_path / "cache"))
     model_dir = build_model("olmo_hybrid", tmp_path / "model", tiny_model_dir)
     monkeypatch.setattr(packing, "packing_problem", lambda config: None)
     trainer = ready(smoke_trainer(model_dir, tmp_path / "run", rows, max_steps=1))
-    assert "Note: padded micro-batches" in capsys.readouterr().out
-    assert not trainer.packed and trainer.run_plan.step_plan.padded and trainer.args.padding_free is False
+    assert "Note: padded micro-batches (TRL's collator) on the same step plan, not packed sequences: olmo_hybrid's " \
+        "recurrent layers pack only when asked for (--padding_free true" in capsys.readouterr().out  # fmt: skip
+    assert not trainer.forward.packed and trainer.run_plan.step_plan.padded and trainer.args.padding_free is False
     trainer.train()
     assert abs(trainer.state.log_history[0]["loss"] - math.log(2)) < 1e-5
-    with pytest.raises(ConfigError, match="padding_free .* nats away from the same sequences alone"):
+    with pytest.raises(ConfigError, match=r"^padding_free \(packed sequences\) cannot be used here: its packed rows "
+                                          r"score .* nats away from the same sequences alone .*; set --padding_free "
+                                          r"false$"):  # fmt: skip
         smoke_trainer(model_dir, tmp_path / "run2", rows, "--padding_free", "true")
 
 
@@ -238,6 +244,33 @@ def test_packing_is_denied_by_default():
     assert "varlen attention" in packing.packing_problem(hybrid)
     hybrid._attn_implementation = "flash_attention_2"
     assert packing.packing_problem(hybrid) is None and packing.needs_parity_check(hybrid)
+
+
+def test_a_hybrid_packs_only_when_padding_free_is_given():
+    """The forward stage's rule for hybrids whose kernels read sequence boundaries (choice.hybrid_problem): padded
+    with a note unless the recipe gives `padding_free: true`, then packed on the varlen kernel; on the CPU (no varlen
+    kernel) asking is refused with the fix."""
+    from transformers import AutoConfig
+
+    from dpotrain.forwards import choice
+
+    def smoke(*args):
+        return parse_args(["--config", SMOKE, "--output_dir", "/tmp/unused", *args])
+
+    for model_type in sorted(packing.BOUNDARY_HYBRIDS):
+        hybrid = AutoConfig.for_model(model_type)
+        forwards, notes = choice.candidates(copy.deepcopy(hybrid), smoke(), True, "flash_attention_4", False)
+        assert [c.packed for c in forwards] == [False], model_type
+        assert notes == [f"Note: padded micro-batches (TRL's collator) on the same step plan, not packed sequences: "
+                         f"{model_type}'s recurrent layers pack only when asked for (--padding_free true, on a varlen "
+                         "FlashAttention kernel, checked at start)."]  # fmt: skip
+        forwards, notes = choice.candidates(copy.deepcopy(hybrid), smoke("--padding_free", "true"), True,
+                                            "flash_attention_4", False)  # fmt: skip
+        assert [(c.attention, c.packed) for c in forwards] == [("flash_attention_4", True)]
+        assert not any("padded" in note for note in notes), notes
+        with pytest.raises(ConfigError, match="padding_free .* cannot be used here: .*varlen attention.*; set "
+                                              "--padding_free false"):  # fmt: skip
+            choice.candidates(copy.deepcopy(hybrid), smoke("--padding_free", "true"), False, None)
 
 
 def test_moe_router_loss_keeps_prompts_unshared():
@@ -271,26 +304,30 @@ def parity_attention() -> str | None:
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (none on this machine)")
 @pytest.mark.parametrize("model_type", ["llama", "olmo_hybrid", "granitemoehybrid"])
-def test_parity_check_on_a_gpu(tmp_path, capsys, tiny_model_dir, rows, model_type):
+def test_parity_check_on_a_gpu(tmp_path, tiny_model_dir, rows, model_type):
     """On a GPU, in bf16 with a varlen FlashAttention: a dense model passes the start-up check (this is where the bf16
-    tolerance meets real kernels), and a hybrid packs exactly when its boundary-aware kernels are installed."""
+    tolerance meets real kernels), and a hybrid asked to pack packs exactly when its boundary-aware kernels are
+    installed; without them the check stops the run, naming the fix."""
     import importlib.util
 
     attn = parity_attention()
     if attn is None:
         pytest.skip("no varlen FlashAttention installed (pip install -r requirements-gpu.txt)")
     model_dir = build_model(model_type, tmp_path / "model", tiny_model_dir)
-    trainer = smoke_trainer(model_dir, tmp_path / "run", rows, "--attn_implementation", attn, "--bf16", "true")
-    examples = [trainer.train_dataset[i] for i in range(4)]
-    collator = packing.PackedPreferenceCollator(trainer.args.max_length, one_row=True)
+    args = ["--attn_implementation", attn, "--bf16", "true"]
     if model_type == "llama":
+        trainer = smoke_trainer(model_dir, tmp_path / "run", rows, *args)
+        examples = [trainer.train_dataset[i] for i in range(4)]
+        collator = packing.PackedPreferenceCollator(trainer.args.max_length, one_row=True)
         with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16):
             diff = packing.parity(trainer.model, collator, examples)
         print(f"llama bf16 {attn}: packed rows vs sequences alone, largest per-token difference {diff:.3g}")
         assert trainer.packed and diff <= packing.PARITY_TOLERANCE["half"]
         return
+    args += ["--padding_free", "true"]  # a hybrid packs only when asked for (choice.hybrid_problem)
     kernels = {"olmo_hybrid": ("fla", "causal_conv1d"), "granitemoehybrid": ("mamba_ssm", "causal_conv1d")}[model_type]
-    if all(importlib.util.find_spec(k) for k in kernels):
-        assert trainer.packed  # the kernels keep the sequences of one row apart: the check passes
-    else:  # transformers refuses the boundaries without them: padded, and the note says which package is missing
-        assert not trainer.packed and "packed sequences apart" in capsys.readouterr().out
+    if all(importlib.util.find_spec(k) for k in kernels):  # they keep the sequences of one row apart: the check passes
+        assert smoke_trainer(model_dir, tmp_path / "run", rows, *args).packed
+    else:  # transformers refuses the boundaries without them: the run stops, naming the fix
+        with pytest.raises(ConfigError, match="packed sequences apart.*; set --padding_free false"):
+            smoke_trainer(model_dir, tmp_path / "run", rows, *args)

@@ -44,7 +44,8 @@ def test_smoke_summary_says_what_the_run_does_and_writes_the_json_beside_the_out
     assert field(text, "micro-batches").startswith("1-2 per step on each process (mean 1.042)")
     assert field(text, "micro-batches").endswith("(at most 2,048)")
     assert field(text, "engine") == "one process (python train_dpo.py, no launcher)"
-    assert field(text, "forward").startswith("on this machine: shared prompts packing, balanced rows on sdpa (est.")
+    assert field(text, "forward").startswith("on this machine: shared prompts packing, balanced rows on sdpa (by the "
+                                             "documented order, then the least work: est.")  # fmt: skip
     assert "this recipe trains in fp32" in field(text, "memory/GPU")  # the plan is for bf16 GPU runs: said why not
     written = tmp_path / "run.dry-run.json"
     assert field(text, "everything") == f"{written} (or --json prints it)"

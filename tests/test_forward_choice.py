@@ -70,9 +70,10 @@ def test_the_choice_follows_the_data(capsys):
     assert 1.15 < think_est[1] / think_est[0] < 1.35  # 0.324 / 0.250 = 1.30, less the ~4% sharing saves
     lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("Forward:")]
     assert len(lines) == 2
-    assert re.fullmatch(rf"Forward: unshared packing, one row per micro-batch on {FA4}: est\. [\d.,]+ against "
-                        r"[\d.,]+ for shared prompts on flex_attention \(H100-seconds per 1,000 pairs\), from "
-                        r"think-like \(1,024 of its 2,000 pairs weighed\)\.", lines[0]), lines[0]  # fmt: skip
+    want = (rf"Forward: unshared packing, one row per micro-batch on {FA4}: cheapest measured: est\. [\d.,]+ against "
+            r"[\d.,]+ for shared prompts on flex_attention \(H100-seconds per 1,000 pairs\), from think-like \(1,024 "
+            r"of its 2,000 pairs weighed\)\.")  # fmt: skip
+    assert re.fullmatch(want, lines[0]), lines[0]
     # Without a varlen kernel: shared prompts on flex for both, by far on multi-turn pairs, narrowly on think's.
     for mix, (low, high) in ((think, (1.0, 1.1)), (multiturn, (1.5, 2.5))):
         chosen, _ = decide(mix, varlen=None)
@@ -81,10 +82,38 @@ def test_the_choice_follows_the_data(capsys):
         assert estimates[1]["forward"] == "unshared on flex_attention"
         assert low < estimates[1]["estimate"] / estimates[0]["estimate"] < high
     # The CPU: sdpa's dense rows for both, unshared on think-shaped pairs (a shared pair is a unit twice as wide, and
-    # a dense mask costs its whole row), shared on multi-turn pairs.
+    # a dense mask costs its whole row), shared on multi-turn pairs: one kernel, its layouts ranked by their work.
     assert not decide(think, cuda=False)[0].share_prompt
     cpu_multiturn = decide(multiturn, cuda=False)[0]
     assert (cpu_multiturn.attention, cpu_multiturn.share_prompt, cpu_multiturn.one_row) == ("sdpa", True, False)
+    assert cpu_multiturn.reason.startswith("by the documented order, then the least work: est. ")
+    assert cpu_multiturn.decision["unit"] == "TFLOP per 1,000 pairs, all on sdpa"
+
+
+def test_only_kernels_whose_speed_was_measured_are_weighed_the_rest_by_the_documented_order():
+    """The cost model ranks FlashAttention 4 and FlexAttention (their speeds measured on an H100, cost.SPEED) against
+    each other; FlashAttention 3 and 2 were never measured, so they follow the documented order (after flex) and are
+    recorded as not weighed; named in the recipe, a kernel is honoured and its layouts ranked by their work alone."""
+    assert set(cost.SPEED) == {FA4, "flex_attention"}
+    think, multiturn = think_mix(), multiturn_mix()
+    for varlen in ("flash_attention_3", "flash_attention_2"):
+        for mix in (think, multiturn):
+            chosen, _ = decide(mix, True, varlen)
+            assert (chosen.attention, chosen.share_prompt) == ("flex_attention", True), varlen
+            assert chosen.decision["by"] == "cheapest measured"
+            assert chosen.decision["not_weighed"] == [f"unshared on {varlen}"]
+            assert chosen.reason.endswith(f"; not weighed (speed not measured): unshared on {varlen}")
+            assert {e["forward"] for e in chosen.decision["estimates"]} == {
+                "shared prompts on flex_attention", "unshared on flex_attention"}  # fmt: skip
+        config = memory.load_model_config(think_recipe())[0]
+        listed, _ = choice.candidates(copy.deepcopy(config), think_recipe(), True, varlen, check_kernels=False)
+        assert [c.describe() for c in listed] == ["shared prompts on flex_attention", "unshared on flex_attention",
+                                                  f"unshared on {varlen}"]  # fmt: skip
+    asked, _ = decide(think, True, FA4, "--attn_implementation", "sdpa")
+    assert asked.attention == "sdpa" and asked.decision["unit"] == "TFLOP per 1,000 pairs, all on sdpa"
+    assert asked.reason.startswith("as the recipe names it, then the least work: est. ")
+    padded, _ = decide(think, True, FA4, "--padding_free", "false")
+    assert padded.reason.startswith("the only candidate: est. ") and padded.decision["by"] == "the only candidate"
 
 
 def test_the_decision_is_a_function_of_the_lengths():
@@ -189,8 +218,8 @@ def test_a_dry_run_with_the_analyzers_lengths_states_both_decisions(tmp_path, ca
                     "--output_dir", str(tmp_path / "run"), "--dry-run"])  # fmt: skip
     line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("  forward:"))
     assert re.search(
-        rf"with FlashAttention 4 installed: unshared packing, one row per micro-batch on {FA4} \(est\. "
-        r"[\d.,]+ against [\d.,]+ for shared prompts on flex_attention, H100-seconds per 1,000 pairs\); "
+        rf"with FlashAttention 4 installed: unshared packing, one row per micro-batch on {FA4} \(cheapest measured: "
+        r"est\. [\d.,]+ against [\d.,]+ for shared prompts on flex_attention, H100-seconds per 1,000 pairs\); "
         r"without: shared prompts packing, one row per micro-batch on flex_attention",
         line,
     ), line

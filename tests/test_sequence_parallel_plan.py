@@ -232,19 +232,6 @@ def test_a_forward_that_cannot_split_is_refused_not_swapped():
         assert forwards and all(c.packed for c in forwards), live
 
 
-def test_a_group_whose_model_fails_the_packing_check_is_refused_not_padded(capsys):
-    """The packing check at start (`RecipeDPOTrainer.check_packing`: a hybrid's packed rows against its sequences
-    alone) failing falls back to padded rows with a note, or stops when packing was asked for; under a group it stops:
-    padded rows would run unsplit on every process while the run records the group."""
-    problem = "its packed rows score completion tokens up to 0.3 nats away from the same sequences alone"
-    with pytest.raises(ConfigError, match=f"sequence_parallel_size 2 splits packed rows, and this model cannot be "
-                                          f"packed: {problem}; use --sequence_parallel_size 1"):  # fmt: skip
-        choice.padded_instead(problem, explicit=False, sequence_parallel=2)
-    assert capsys.readouterr().out == ""
-    choice.padded_instead(problem, explicit=False)
-    assert capsys.readouterr().out.startswith("Note: padded micro-batches (TRL's collator) on the same step plan")
-
-
 def test_a_group_weighs_the_forwards_one_process_weighs_varlen_kernels_included():
     """On a GPU with FlashAttention installed a group weighs what one process weighs: flex_attention (block masks of
     the whole rows), the varlen kernel (the whole row's cu_seq_lens) and sdpa where flex cannot pack; a varlen kernel
@@ -273,7 +260,8 @@ def test_a_hybrid_is_refused_under_a_group_with_one_line():
                                           "boundaries of the whole row .* use --sequence_parallel_size 1 for hybrid "
                                           "models$"):  # fmt: skip
         choice.candidates(hybrid, recipe, True, "flash_attention_2", check_kernels=False)
-    assert choice.candidates(hybrid, smoke(), True, "flash_attention_2", check_kernels=False)[0][0].packed
+    asked = smoke("--padding_free", "true")  # a hybrid packs only when asked for (choice.hybrid_problem)
+    assert choice.candidates(hybrid, asked, True, "flash_attention_2", check_kernels=False)[0][0].packed
     assert memory.splittable_heads(hybrid) is None
     assert memory.splittable_heads(memory.load_model_config(smoke())[0]) == (4, 2)
 

@@ -1,6 +1,7 @@
 """The forwards a micro-batch can take, and the choice between them: `choice.py` lists what this machine and recipe
-allow and decides once per run, `cost.py` ranks them by their estimated cost on the run's pairs, `sample.py` finds
-those pairs' lengths before the model loads.
+allow, in a documented order, and decides once per run; `cost.py` ranks those on kernels whose speed was measured by
+their estimated cost on the run's pairs (any other kernel is taken by the order); `sample.py` finds those pairs'
+lengths before the model loads.
 
 - packed rows, unshared, on a varlen FlashAttention kernel: one row per micro-batch, boundaries from `cu_seq_lens_q/k`
   (`packing.PackedPreferenceCollator(one_row=True)`), no mask;

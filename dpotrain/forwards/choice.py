@@ -9,9 +9,14 @@ The candidates (`candidates`), for a model that packs (`packing.packing_problem`
   CUDA);
 - padded micro-batches (TRL's collator, `padded.py`) only where packing cannot be used (a model type not proven to
   pack, `padding_free: false`): where it can, the packed forwards are the ones weighed.
-They are ranked by their estimated cost on the run's pairs (`cost.decide`: the work each computes, weighed by its
-kernel's measured speed) and the cheapest runs; the `Forward:` line names it and the runner-up with both estimates,
-and `derived.forward` records every estimate. Without lengths (a caller that has none) the order above decides.
+On CUDA they are listed in a documented order (`documented_order`, docs/attention.md): shared prompts on flex, then
+unshared on a kernel whose speed this project measured (FA4, flex), then on FA3 or FA2 (not measured), then sdpa.
+Only kernels whose speed was measured (`cost.SPEED`: FA4 and flex, on an H100) are ranked against each other by their
+estimated cost on the run's pairs (`cost.decide`: the work each computes, weighed by its kernel's measured speed);
+where the first candidate runs a kernel whose speed was not measured, that kernel is taken by the order, and its
+layouts by their work alone (the CPU's sdpa is one). The `Forward:` line names the winner, the rule that took it
+("cheapest measured" or "by the documented order") and the runner-up with both estimates; `derived.forward` records
+every estimate and the candidates not weighed. Without lengths (a caller that has none) the order decides.
 
 Where the lengths come from (`forwards/sample.py`), before the memory check and before the model loads, since the
 attention is a `from_pretrained` argument and TRL loads the model and tokenizes in DPOTrainer's constructor: the
@@ -23,7 +28,9 @@ are equal. A dry run decides from the cached lengths only, for the recipe's GPU 
 An option given in the recipe is honoured or refused with one line, never replaced: an `attn_implementation` limits
 the candidates to it (refused when its kernel cannot run here), `share_prompt` to shared or unshared ones (refused
 when none can), `padding_free: true` to packed ones, `padding_free: false` to padded micro-batches. Models whose
-layers carry state keep `packing.packing_problem`'s rules and, for the boundary hybrids, the start-up parity check.
+layers carry state keep `packing.packing_problem`'s rules; the boundary hybrids pack only when `padding_free: true` is
+given, on a varlen kernel (`hybrid_problem`), and the trainer then checks at start that packed rows score like the
+sequences alone, stopping the run if not: the forward decided here is never changed after.
 """
 
 import copy
@@ -52,7 +59,7 @@ class ForwardChoice:
     share_prompt: bool  # each pair's prompt once in its row (shared_prompt.py)
     hidden_size: int  # the model's: packed rows weigh attention against the linear layers with it
     attention: str = "sdpa"  # the attention implementation the model runs
-    reason: str = ""  # why this forward, in a few words: the estimates against the runner-up
+    reason: str = ""  # why this forward: the rule that took it, the estimates against the runner-up
     decision: dict | None = None  # `cost.Decision.record()`: every candidate's estimate, and the lengths weighed
     sequence_parallel: int = 1  # processes that split each packed row along its positions (cluster/sequence_parallel)
 
@@ -168,6 +175,23 @@ def recipe_packing_problem(recipe) -> str | None:
     return None if recipe.training.padding_free else "padding_free is false"
 
 
+def asked_to_pack(recipe) -> bool:
+    """`padding_free: true` given in the recipe or on the command line (not this project's default)."""
+    return "padding_free" in recipe.given and recipe.training.padding_free
+
+
+def hybrid_problem(config, recipe) -> str | None:
+    """Why a boundary hybrid (`packing.BOUNDARY_HYBRIDS`) stays padded for this recipe, or None. Its recurrent layers
+    keep the sequences of a packed row apart only through CUDA kernels that read the boundaries, which only a check at
+    start on the loaded model can confirm (`packing.parity`): so it packs only when the recipe asks for packed
+    sequences (`padding_free: true` given), on a varlen FlashAttention. The check then passes or stops the run; it
+    never changes the forward decided here."""
+    if config.model_type not in packing.BOUNDARY_HYBRIDS or asked_to_pack(recipe):
+        return None
+    return (f"{config.model_type}'s recurrent layers pack only when asked for (--padding_free true, on a varlen "
+            "FlashAttention kernel, checked at start)")  # fmt: skip
+
+
 def candidates(config, recipe, cuda: bool, varlen: str | None, check_kernels: bool = True):
     """The forwards this machine can run for this model and recipe, in the order that decides without lengths, with
     the recipe's explicit options applied; and the notes to print (an option off by necessity). Raises a ConfigError
@@ -195,6 +219,7 @@ def candidates(config, recipe, cuda: bool, varlen: str | None, check_kernels: bo
         if cuda and attn == dense_attention(config) and asked is None and (shared or unshared):
             continue  # sdpa's dense rows cost flex's positions and more attention: weighed only where flex cannot pack
         problem = recipe_problem or (None if _packs(config, attn) else packing.packing_problem(config))
+        problem = problem or hybrid_problem(config, recipe)
         if problem is not None:
             problems.append(problem)
             continue
@@ -208,11 +233,10 @@ def candidates(config, recipe, cuda: bool, varlen: str | None, check_kernels: bo
             unshared.append(Candidate(attn, True, False))
     notes = []
     packed = shared + unshared if cuda else [c for attn in attentions for c in shared + unshared if c.attention == attn]
-    if cuda:  # the order without lengths: shared on flex, then a varlen kernel, then the rest
-        packed = sorted(packed, key=lambda c: (not (c.share_prompt and c.attention == "flex_attention"),
-                                               c.attention == dense_attention(config), not c.share_prompt))  # fmt: skip
+    if cuda:
+        packed = sorted(packed, key=lambda c: documented_order(c, config))
     if want_share and not shared:
-        if not packed and problems and not ("padding_free" in recipe.given and t.padding_free):
+        if not packed and problems and not asked_to_pack(recipe):
             raise ConfigError(f"share_prompt needs packed sequences, which cannot be used here: {problems[0]}; remove "
                               "--share_prompt")  # fmt: skip
         if packed or share_problems:
@@ -222,8 +246,7 @@ def candidates(config, recipe, cuda: bool, varlen: str | None, check_kernels: bo
         if want_share is None and not shared and share_problems:
             notes.append(f"Note: each pair's prompt is computed twice (unshared packing): {share_problems[0]}.")
         return packed, notes
-    explicit = "padding_free" in recipe.given and t.padding_free
-    if explicit:
+    if asked_to_pack(recipe):
         raise ConfigError(f"padding_free (packed sequences) cannot be used here: {problems[0]}; set --padding_free "
                           "false")  # fmt: skip
     if t.padding_free:
@@ -232,6 +255,18 @@ def candidates(config, recipe, cuda: bool, varlen: str | None, check_kernels: bo
     # TRL's padded rows on transformers' default attention, as before this project chose forwards (padded rows on a
     # varlen kernel, through its padding mask, are not measured here): an attention the recipe names is honoured.
     return [Candidate(asked or dense_attention(config), False, False)], notes
+
+
+def documented_order(candidate, config) -> tuple:
+    """Where a candidate stands in the order that decides on a GPU without lengths, and between kernels whose speed
+    was not measured (docs/attention.md): shared prompts on flex_attention; unshared on a kernel whose speed this
+    project measured (flash_attention_4, then flex_attention); on a varlen FlashAttention whose speed it did not
+    (flash_attention_3, flash_attention_2); sdpa's (or eager's) dense rows, shared before unshared."""
+    from dpotrain.forwards import cost
+
+    attn = candidate.attention
+    kernel = 0 if cost.measured(attn, cuda=True) else 2 if attn == dense_attention(config) else 1
+    return not (candidate.share_prompt and attn == "flex_attention"), kernel, not candidate.share_prompt
 
 
 def sequence_parallel_forwards(recipe, config, packed: list, problems: list[str]) -> list:
@@ -284,17 +319,39 @@ def choose(config, recipe, cuda: bool, varlen: str | None, lengths=None, check_k
     t, n = recipe.training, recipe.project.sequence_parallel_size
     if lengths is None:
         best = options[0]
-        why = "the only forward here" if len(options) == 1 else "no lengths to weigh, the first of " + ", ".join(
-            c.describe() for c in options)  # fmt: skip
+        listed = ", ".join(c.describe() for c in options)
+        why = f"by the documented order (no lengths to weigh), the first of {listed}"
+        why = "the only forward here" if len(options) == 1 else why
         return ForwardChoice(best.packed, best.share_prompt, hidden_size, best.attention, why,
                              sequence_parallel=n), notes  # fmt: skip
     pairs = t.per_device_train_batch_size
     decision = cost.decide(options, lengths, config, cuda, t.max_length, t.truncation_mode,
                            recipe.project.max_tokens_per_microbatch, pairs, uses_live_reference(recipe))  # fmt: skip
     best = decision.winner.candidate
-    reason = f"{decision.summary()}, from {decision.lengths_from}"
-    return ForwardChoice(best.packed, best.share_prompt, hidden_size, best.attention, reason, decision.record(),
-                         n), notes  # fmt: skip
+    rule = decision_rule(decision, asked=recipe.model.attn_implementation is not None)
+    return ForwardChoice(best.packed, best.share_prompt, hidden_size, best.attention, decision_reason(decision, rule),
+                         {**decision.record(), "by": rule}, n), notes  # fmt: skip
+
+
+def decision_rule(decision, asked: bool) -> str:
+    """Which rule took the winner, truthfully: 'cheapest measured' between kernels whose speed was measured; 'by the
+    documented order, then the least work' on the one kernel the order gave ('as the recipe names it': `asked`, the
+    recipe's attn_implementation), whose layouts differ in work only; 'the only candidate'."""
+    if decision.runner_up is None and not decision.not_weighed:
+        return "the only candidate"
+    if decision.measured:
+        return "cheapest measured"
+    by = "as the recipe names it" if asked else "by the documented order"
+    return f"{by}{', then the least work' if decision.runner_up else ''}"
+
+
+def decision_reason(decision, rule: str) -> str:
+    """'cheapest measured: est. 891 against 1,112 for shared prompts on flex_attention (H100-seconds per 1,000 pairs),
+    from ...', and the candidates the order left unweighed."""
+    why = f"{rule}: {decision.summary()}, from {decision.lengths_from}"
+    if decision.not_weighed:
+        why += f"; not weighed (speed not measured): {', '.join(decision.not_weighed)}"
+    return why
 
 
 def decide_forward(recipe, model_path: str, cuda: bool | None = None, lengths=None,
@@ -325,18 +382,6 @@ def announce(choice: ForwardChoice) -> ForwardChoice:
     if int(os.environ.get("RANK", "0")) == 0:  # the same choice on every rank: one line, not one per process
         print(choice.line(), flush=True)
     return choice
-
-
-def padded_instead(problem: str, explicit: bool, sequence_parallel: int = 1) -> None:
-    """Packing cannot be used: an error when `padding_free: true` was given or a group splits rows (padded rows would
-    run unsplit on every process of the group while the run records the group), else a one-line note."""
-    if sequence_parallel > 1:
-        raise ConfigError(f"sequence_parallel_size {sequence_parallel} splits packed rows, and this model cannot be "
-                          f"packed: {problem}; use --sequence_parallel_size 1")  # fmt: skip
-    if explicit:
-        raise ConfigError(f"padding_free (packed sequences) cannot be used here: {problem}; set --padding_free false")
-    print(f"Note: padded micro-batches (TRL's collator) on the same step plan, not packed sequences: {problem}.",
-          flush=True)  # fmt: skip
 
 
 def collator(choice: ForwardChoice, args):

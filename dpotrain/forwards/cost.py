@@ -15,12 +15,17 @@ A forward's cost is the model FLOPs of training on what it computes, divided by 
 - micro-batches: those of the plan's budget (`max_tokens_per_microbatch`, or `per_device_train_batch_size` pairs),
   laid out as each forward's collator lays them (`packing.fill_rows`, `padded.row_groups`).
 
-Speeds are in one table, `SPEED`, with their sources; the figures measured by this project on an H100 are recorded
-in BENCHMARKS.md ("Measured on one H100 80GB"). A speed is the share of the GPU's dense bf16 peak that the training
-loop reached on the model FLOPs it computed (its MFU) with that kernel. The data's own effect on speed is common to
-the kernels (packed FA4 ran 1.33x the MFU on multi-turn pairs that it ran on think-shaped ones in
-benchmarks/attention.py; shared prompts on flex 1.31x in the training loop), so one speed per kernel ranks them. On
-the CPU every candidate runs sdpa: only the work differs.
+Speeds are in one table, `SPEED`, and only speeds this project measured are in it: FlashAttention 4's varlen kernel
+and FlexAttention, on an H100 (BENCHMARKS.md, "Measured on one H100 80GB"). A speed is the share of the GPU's dense
+bf16 peak that the training loop reached on the model FLOPs it computed (its MFU) with that kernel. The data's own
+effect on speed is common to the kernels (packed FA4 ran 1.33x the MFU on multi-turn pairs that it ran on think-shaped
+ones in benchmarks/attention.py; shared prompts on flex 1.31x in the training loop), so one speed per kernel ranks them.
+
+Which candidates are weighed against each other (`comparable`): those on a measured kernel, when the first candidate in
+the documented order (`choice.candidates`) runs one; else those on the first candidate's kernel alone (the CPU's sdpa,
+an attention the recipe names, FlashAttention 3 or 2 for a model FlexAttention cannot pack), whose layouts differ in
+work only, so that no speed is needed. A kernel whose speed is not measured is never ranked against another by a
+guessed speed: the order decides (docs/attention.md, "How the forward is chosen").
 """
 
 from dataclasses import dataclass
@@ -37,21 +42,18 @@ class Speed:
     source: str
 
 
-# The speed each attention kernel trains at on a GPU. Measured: one H100 80GB, torch 2.11, transformers 5.23, TRL 1.16,
-# FlashAttention 4 4.0.0b36, OLMo 3 7B layer width (4 layers, 100,278 vocabulary), bf16, activation checkpointing,
-# one process, 32 pairs per step, MFU as train_dpo.py logs it (BENCHMARKS.md, "Measured on one H100 80GB").
+# The speed each attention kernel trains at on a GPU, only where measured: one H100 80GB, torch 2.11, transformers 5.23,
+# TRL 1.16, FlashAttention 4 4.0.0b36, OLMo 3 7B layer width (4 layers, 100,278 vocabulary), bf16, activation
+# checkpointing, one process, 32 pairs per step, MFU as train_dpo.py logs it (BENCHMARKS.md, "Measured on one H100
+# 80GB"). FlashAttention 3 and 2, sdpa and eager on a GPU, and the `kernels` hub builds were not measured: add one here
+# only with its measurement recorded in BENCHMARKS.md (`python benchmarks/attention.py --device cuda`, or the training
+# loop forced onto it with --attn_implementation).
 SPEED = {
     "flash_attention_4": Speed(0.324, "measured on an H100: think-shaped pairs, unshared packing on FA4 varlen, "
                                       "32.4% MFU (41.0k tokens/s)"),
-    "flash_attention_3": Speed(0.324, "not measured: FA4's (FA4 runs about as fast as FA3 on Hopper)"),
-    "flash_attention_2": Speed(0.287, "not measured: flex's / 0.87 (FlexAttention's published speed is ~90% / 85% "
-                                      "of FA2's forward / backward on an A100)"),
     "flex_attention": Speed(0.250, "measured on an H100: think-shaped pairs, shared prompts on flex, 25.0% MFU "
                                    "(33.9k tokens/s; multi-turn pairs 32.7%)"),
-    "sdpa": Speed(0.250, "not measured on a GPU: taken as flex's, for the dense rows it computes in full"),
-    "eager": Speed(0.125, "not measured: half sdpa's (it materializes every score and probability)"),
 }  # fmt: skip
-CPU_SPEED = Speed(1.0, "the CPU: every candidate runs sdpa, so only the work differs")
 UNIT_PEAK_TFLOPS = 989.0  # estimates are in seconds of an H100 (dense bf16 peak, flops.PEAK_BF16_TFLOPS)
 SAMPLE_PAIRS = 1024  # pairs a decision weighs (a seeded sample of more): the ranking, not the total, matters
 
@@ -166,10 +168,25 @@ def shown(estimate: float) -> str:
     return f"{estimate:,.0f}" if estimate >= 100 else f"{estimate:.3g}"
 
 
+def measured(attn: str, cuda: bool) -> bool:
+    """Whether this project measured the speed `attn` trains at on this device (`SPEED`: GPU speeds)."""
+    return cuda and packing.attention_name(attn) in SPEED
+
+
+def comparable(candidates: list, cuda: bool) -> list:
+    """The candidates the cost model ranks against each other, in their order: every one on a kernel whose speed was
+    measured, when the first (in the documented order: `choice.candidates`) runs one; else those on the first's kernel
+    alone, whose layouts (prompts shared or not) differ in work only, so no speed is needed to rank them."""
+    first = candidates[0]
+    if measured(first.attention, cuda):
+        return [c for c in candidates if measured(c.attention, cuda)]
+    return [c for c in candidates if c.attention == first.attention]
+
+
 @dataclass(frozen=True)
 class Estimate:
     candidate: Candidate
-    seconds: float  # per 1,000 pairs: on an H100 at the kernel's measured speed, or (CPU) at a unit speed
+    seconds: float  # per 1,000 pairs: on an H100 at the kernel's measured speed, or (one kernel) TFLOP of work
     speed: Speed
 
 
@@ -178,6 +195,8 @@ class Decision:
     ranked: tuple  # Estimates, cheapest first
     unit: str
     lengths_from: str
+    measured: bool = False  # ranked by the kernels' measured speeds; else by the work on one kernel
+    not_weighed: tuple = ()  # the candidates the order left out: on a kernel whose speed is not measured
 
     @property
     def winner(self) -> Estimate:
@@ -190,7 +209,7 @@ class Decision:
     def summary(self) -> str:
         """'est. 627 against 890 for unshared on flash_attention_4 (H100-seconds per 1,000 pairs)'."""
         if self.runner_up is None:
-            return f"est. {shown(self.winner.seconds)} {self.unit}, the only candidate"
+            return f"est. {shown(self.winner.seconds)} {self.unit}"
         second = self.runner_up
         return (f"est. {shown(self.winner.seconds)} against {shown(second.seconds)} for {second.candidate.describe()} "
                 f"({self.unit})")  # fmt: skip
@@ -201,15 +220,17 @@ class Decision:
             "unit": self.unit,
             "estimates": [{"forward": e.candidate.describe(), "estimate": round(e.seconds, 4),
                            "speed": e.speed.share_of_peak, "speed_source": e.speed.source} for e in self.ranked],
+            "not_weighed": list(self.not_weighed),
         }  # fmt: skip
 
 
 def decide(candidates: list[Candidate], lengths: Lengths, config, cuda: bool, max_length: int | None,
            truncation_mode: str = "keep_start", budget: int | None = None, pairs: int = 4,
            live_reference: bool = False) -> Decision:  # fmt: skip
-    """The candidates ranked by their estimated cost on these pairs (ties: the order given). `cuda`: weigh by the
-    kernels' GPU speeds (`SPEED`); else every candidate runs at the CPU's one speed. `live_reference`: a reference
-    model's no-grad forward of the same rows runs beside each micro-batch's training forward and backward."""
+    """The `comparable` candidates ranked by their estimated cost on these pairs (ties: the order given): on kernels
+    whose speed was measured, in H100-seconds at those speeds (`SPEED`); on one kernel, in TFLOP of work.
+    `live_reference`: a reference model's no-grad forward of the same rows runs beside each micro-batch's training
+    forward and backward."""
     if not candidates:
         raise ValueError("no candidate forward to decide between")
     if max_length is not None:  # TRL drops the pairs whose prompt alone fills max_length
@@ -217,16 +238,20 @@ def decide(candidates: list[Candidate], lengths: Lengths, config, cuda: bool, ma
         lengths = Lengths(lengths.prompt[kept], lengths.chosen[kept], lengths.rejected[kept], lengths.source)
     sample = lengths.sample()
     work, hidden = model_flops(config), config.get_text_config().hidden_size
+    weighed = comparable(candidates, cuda)
+    by_speed = measured(weighed[0].attention, cuda)
+    one_kernel = Speed(1.0, f"every candidate runs {weighed[0].attention}: only the work differs")
     estimates = []
-    for c in candidates:
-        speed = SPEED.get(packing.attention_name(c.attention), SPEED["sdpa"]) if cuda else CPU_SPEED
+    for c in weighed:
+        speed = SPEED[packing.attention_name(c.attention)] if by_speed else one_kernel
         total = training_flops(c, sample, work, max_length, truncation_mode, budget, pairs, hidden)
         total *= 4 / 3 if live_reference else 1  # forward + backward is 3 forwards; the reference's is a 4th
         per_pair = total / len(sample.prompt)
-        scale = UNIT_PEAK_TFLOPS * 1e12 if cuda else 1e12
+        scale = UNIT_PEAK_TFLOPS * 1e12 if by_speed else 1e12
         estimates.append(Estimate(c, 1000 * per_pair / (speed.share_of_peak * scale), speed))
     ranked = sorted(range(len(estimates)), key=lambda i: (round(estimates[i].seconds, 9), i))
-    unit = "H100-seconds per 1,000 pairs" if cuda else "TFLOP per 1,000 pairs, all on sdpa"
+    unit = "H100-seconds per 1,000 pairs" if by_speed else f"TFLOP per 1,000 pairs, all on {weighed[0].attention}"
     n, of = len(sample.prompt), len(lengths.prompt)
     source = lengths.source + (f" ({n:,} of its {of:,} pairs weighed)" if n < of else "")
-    return Decision(tuple(estimates[i] for i in ranked), unit, source)
+    left_out = tuple(c.describe() for c in candidates if c not in weighed)
+    return Decision(tuple(estimates[i] for i in ranked), unit, source, by_speed, left_out)

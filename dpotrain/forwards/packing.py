@@ -39,8 +39,9 @@ PACKING_TESTED = {
 # Hybrids whose stateful layers read sequence boundaries from a one-row varlen batch in transformers 5.23: the gated
 # delta rule takes `cu_seq_lens_q` (olmo_hybrid, qwen3_next, qwen3_5), Mamba-2 and causal-conv kernels `seq_idx`
 # (granitemoehybrid). Only their CUDA kernels use them (the PyTorch fallbacks, and so every CPU run, ignore them), so
-# these pack only with a varlen attention implementation and after `parity` has shown, at start, on the run's own
-# model and pairs, that packed rows score like sequences alone.
+# these pack only with a varlen attention implementation and when the recipe asks for packed sequences
+# (`padding_free: true` given: `choice.hybrid_problem`); `parity` then checks at start, on the run's own model and
+# pairs, that packed rows score like sequences alone, and the run stops if they do not.
 BOUNDARY_HYBRIDS = {"olmo_hybrid", "qwen3_next", "qwen3_5_text", "qwen3_5_moe_text", "granitemoehybrid"}
 # Layer types that read only their own sequence when given packed position_ids / cu_seq_lens.
 ATTENTION_LAYER_TYPES = {"full_attention", "sliding_attention", "chunked_attention"}
@@ -71,8 +72,8 @@ def one_row(attn_implementation: str | None) -> bool:
 
 
 def packing_problem(config) -> str | None:
-    """Why a model with this config cannot be trained packed, or None when it can (for a `BOUNDARY_HYBRIDS` model:
-    once `parity` agrees)."""
+    """Why a model with this config cannot be trained packed, or None when it can (a `BOUNDARY_HYBRIDS` model: when
+    asked for, and checked by `parity` at start)."""
     text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
     model_type = config.model_type  # a multimodal wrapper is a type of its own (its text model's type is not enough)
     attn = attention_name(upstream.attn_implementation(config))
@@ -437,7 +438,7 @@ class PackedModel:
 # boundaries, OLMo hybrid is off by 3.6e-2, GraniteMoeHybrid by 2.9e-2, Qwen3-Next by 3.2e-3 (fp32 and bf16 alike). So
 # in fp32 every one of them is caught, in bf16 a leak as small as that Qwen3-Next's would pass. The check guards
 # against kernels that ignore the boundaries; GPU kernels in bf16 have not been measured here, and a check failed on
-# rounding alone costs speed (the padded path), never correctness.
+# rounding alone stops a run that `--padding_free false` then trains padded, never trains it wrong.
 PARITY_TOLERANCE = {"fp32": 1e-3, "half": 2e-2}
 
 

@@ -47,8 +47,8 @@ def make(lengths: PairLengths, args, pairs_per_step: int, world_size: int, budge
 
 
 def run_stage(trainer) -> RunPlan:
-    """The stage: the plan of the trainer's tokenized training set, for the forward it chose (packed or padded, prompts
-    shared or not: `check_packing` may have switched to padded while it was built), given to the trainer. Every rank
+    """The stage: the plan of the trainer's tokenized training set, for the forward the forward stage decided (packed
+    or padded, prompts shared or not), given to the trainer. Every rank
     plans alone, from the same lengths and seed (`agreement.at_start` checks the plans are equal)."""
     args = trainer.args
     counts = token_counts(trainer.train_dataset)

@@ -20,7 +20,6 @@ import contextlib
 import functools
 import sys
 import time
-from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -34,11 +33,12 @@ from dpotrain.cluster.collectives import all_reduce_sum, max_over_ranks
 from dpotrain.data import builtin, lengths, turns
 from dpotrain.data.pair_lengths import PairLengths, pair_columns
 from dpotrain.forwards import choice, flex, flops, packing, padded, sequence_parallel
-from dpotrain.forwards.choice import ForwardChoice, padded_instead
+from dpotrain.forwards.choice import ForwardChoice
 from dpotrain.plan import layers, plan
 from dpotrain.plan.plan_stage import RunPlan
 from dpotrain.recipe import upstream
 from dpotrain.recipe.config import Recipe, decided
+from dpotrain.recipe.errors import ConfigError
 from dpotrain.recipe.writes import quiet_progress_bars
 from dpotrain.reference.scorer import ReferenceScorer
 from dpotrain.train import disk_full, losses, run_files, step_log
@@ -408,11 +408,11 @@ class RecipeDPOTrainer(DPOTrainer):
     def _precompute_ref_logps(self, dataset, name, batch_size):
         return dataset  # deferred: the reference stage scores every pair (dpotrain/reference/reference.py)
 
-    # --- hybrids whose kernels take sequence boundaries pack only once their own model and pairs agree -----------
-    def check_packing(self, explicit: bool) -> None:
+    # --- hybrids whose kernels take sequence boundaries: packed as decided, once their model and pairs agree ---------
+    def check_packing(self) -> None:
         """Score the longest pairs in packed rows and each sequence alone, with the model that scores the reference
-        (`packing.parity`); past the tolerance, train padded with a note, or stop when packing was asked for
-        explicitly. Every rank runs the same forwards and takes the same decision."""
+        (`packing.parity`); past the tolerance, stop with one line naming the fix, on every rank alike (one collective
+        whatever the outcome). A check only: the forward the forward stage decided is never changed here."""
         args = self.args  # it runs while the trainer is built, before the plan stage: it reads the lengths itself
         tokens = PairLengths.of(self.train_dataset, args.max_length, self.forward.share_prompt,
                                      args.truncation_mode).tokens  # fmt: skip
@@ -428,27 +428,10 @@ class RecipeDPOTrainer(DPOTrainer):
                 f"(tolerance {tolerance:g}): its layers carry state across packed sequences here")  # fmt: skip
         except ValueError as e:  # transformers: the kernel that keeps packed sequences apart is not installed
             problem = str(e).rstrip(".")
-        failed = max_over_ranks(int(problem is not None), self.accelerator.device)
-        if not failed:
-            return
-        problem = problem or "another process's packed rows differ from its sequences alone"
-        padded_instead(problem, explicit, self.forward.sequence_parallel)
-        self._use_padded()
-
-    def _use_padded(self) -> None:
-        """TRL's padded collator (as TRL builds it), before the plan stage cuts steps for it."""
-        from trl.trainer.dpo_trainer import DataCollatorForPreference
-
-        args = self.args
-        self.packed = args.padding_free = False
-        self.forward = replace(self.forward, packed=False, share_prompt=False)
-        trl_collator = DataCollatorForPreference(
-            pad_token_id=upstream.trl_tokenizer(self).pad_token_id,
-            max_length=args.max_length,
-            truncation_mode=args.truncation_mode,
-            pad_to_multiple_of=args.pad_to_multiple_of,
-        )
-        self.data_collator = padded.GroupedCollator(trl_collator)  # as __init__ wraps it (padded.py)
+        if max_over_ranks(int(problem is not None), self.accelerator.device):
+            problem = problem or "another process's packed rows differ from its sequences alone"
+            raise ConfigError(f"padding_free (packed sequences) cannot be used here: {problem}; set --padding_free "
+                              "false")  # fmt: skip
 
     # --- the loss ---------------------------------------------------------------------------------------------
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
@@ -587,7 +570,7 @@ def build_trainer(resolved, callbacks=(), stop: GracefulStop | None = None):
     trainer.layers_record = {"checkpointed": layers.checkpointed(trainer.model), "compiled": compiled,
                              "decoder_layers": len(layers.decoder_layers(trainer.model))}  # fmt: skip
     if forward.packed and packing.needs_parity_check(trainer.model.config):
-        trainer.check_packing(explicit="padding_free" in recipe.given)
+        trainer.check_packing()
     trainer.graceful_stop = graceful_stop
     trainer.rows_given = len(train_dataset)  # before TRL dropped the pairs whose prompt fills max_length (cuts.py)
     trainer.model_path = model_path  # the base weights on disk (a built-in model materialized), for the LoRA merge
