@@ -104,10 +104,12 @@ def test_the_evaluation_set_is_among_what_the_ranks_must_agree_on(tmp_path, tiny
     from dpotrain.train import agreement
     from dpotrain.train_stage import trainer_on
 
-    args = ["--config", str(ROOT / "configs" / "smoke.yaml"), "--model_name_or_path", tiny_model_dir,
-            "--output_dir", str(tmp_path / "run"), "--report_to", "none", "--save_strategy", "no",
-            "--eval_strategy", "steps", "--eval_steps", "2", "--max_steps", "2"]  # fmt: skip
     train = datasets.Dataset.from_list(builtin.make_preference_rows(40, seed=5))
+    held_out = datasets.Dataset.from_list(builtin.make_preference_rows(12, seed=6))
+    datasets.DatasetDict({"train": train, "test": held_out}).save_to_disk(tmp_path / "pairs")  # a split to evaluate on
+    args = ["--config", str(ROOT / "configs" / "smoke.yaml"), "--model_name_or_path", tiny_model_dir,
+            "--dataset_name", str(tmp_path / "pairs"), "--output_dir", str(tmp_path / "run"), "--report_to", "none",
+            "--save_strategy", "no", "--eval_strategy", "steps", "--eval_steps", "2", "--max_steps", "2"]  # fmt: skip
     seen = []
     for seed in (6, 7):  # two evaluation splits of 12 pairs each; a recipe each (building fills it in)
         evaluation = datasets.Dataset.from_list(builtin.make_preference_rows(12, seed=seed))

@@ -147,8 +147,9 @@ def test_the_preflight_scores_with_the_recipes_template(tmp_path, tiny_model_dir
     prompts = {}
     for extra in ([], ["--chat_template_path", str(OLMO_THINKER)]):
         recipe = parse_args([*SMOKE, "--model_name_or_path", tiny_model_dir, "--dataset_name", str(data), *extra])
-        pairs = stages.load_data(recipe, stages.checks(recipe), say=False).train  # the preflight's pairs: the run's
-        prompts[bool(extra)] = preflight.score(recipe, preflight.sample_rows(pairs, 4, 0))["prompt"]
+        found = stages.checks(recipe)
+        pairs = stages.load_data(recipe, found, say=False).train  # the preflight's pairs: the run's
+        prompts[bool(extra)] = preflight.score(recipe, found, preflight.sample_rows(pairs, 4, 0))["prompt"]
     system = len(lengths.load_tokenizer(tiny_model_dir)(DEFAULT_SYSTEM)["input_ids"])
     # Longer by the default system prompt where a row has no system message of its own, and by <think> (prompt now).
     assert (prompts[True] > prompts[False]).all() and prompts[True][0] >= prompts[False][0] + system

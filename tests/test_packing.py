@@ -69,7 +69,8 @@ def loss_and_grads(trainer, indices):
 @pytest.mark.parametrize("model", ["olmo3", "llama"])
 # Summed-log-prob losses get standard DPO's beta 0.1: at the recipe's beta 5 (made for length-normalized losses) a
 # loss on 3,000-token sums moves with fp32's rounding of those sums, in either path.
-@pytest.mark.parametrize("extra", [[], ["--ld_alpha", "0.5"], ["--loss_type", "sigmoid", "ipo", "--beta", "0.1"]],
+@pytest.mark.parametrize("extra", [[], ["--ld_alpha", "0.5", "--assistant_turns", "final"],
+                                   ["--loss_type", "sigmoid", "ipo", "--beta", "0.1"]],
                          ids=["sigmoid_norm", "ld_alpha", "sigmoid+ipo"])  # fmt: skip
 def test_packed_equals_padded(tmp_path, tiny_model_dir, llama_dir, rows, model, extra):
     model_dir = tiny_model_dir if model == "olmo3" else llama_dir

@@ -148,7 +148,7 @@ def perturb(model, seed=1):
 
 @pytest.mark.parametrize(
     "extra",
-    [[], ["--ld_alpha", "0.5"], ["--loss_type", "sigmoid", "ipo", "--beta", "0.1"],
+    [[], ["--ld_alpha", "0.5", "--assistant_turns", "final"], ["--loss_type", "sigmoid", "ipo", "--beta", "0.1"],
      ["--use_peft", "true", "--lora_r", "8", "--lora_target_modules", "q_proj", "v_proj"]],
     ids=["sigmoid_norm", "ld_alpha", "sigmoid+ipo", "lora"],
 )  # fmt: skip
