@@ -21,8 +21,10 @@ try:
         import torch  # noqa: F401 - the stack comes from the project's venv; outside it, say so in one line
         from dotenv import load_dotenv
     except ModuleNotFoundError as missing:
-        sys.exit(f"error: {missing.name} is not installed for {sys.executable}: run `source .venv/bin/activate` "
-                 "first (bash scripts/setup_env.sh creates .venv), or call .venv/bin/python")  # fmt: skip
+        sys.exit(
+            f"error: {missing.name} is not installed for {sys.executable}: run `source .venv/bin/activate` "
+            "first (bash scripts/setup_env.sh creates .venv), or call .venv/bin/python"
+        )
 
     from dpotrain import dry_run, publish, resolve, stages, train_stage
     from dpotrain.cluster import build_locks, engine, offline, run_lock

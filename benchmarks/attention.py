@@ -41,8 +41,15 @@ from dpotrain.forwards.shared_prompt import SharedPromptCollator  # noqa: E402
 from dpotrain.plan import memory, plan  # noqa: E402
 
 PATHS = ("trl", "packed_varlen", "shared_flex", "shared_sdpa")
-TINY = dict(hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=4, sliding_window=64,
-            vocab_size=1000, num_hidden_layers=4)  # fmt: skip
+TINY = dict(
+    hidden_size=64,
+    intermediate_size=128,
+    num_attention_heads=4,
+    num_key_value_heads=4,
+    sliding_window=64,
+    vocab_size=1000,
+    num_hidden_layers=4,
+)
 
 
 def lengths_of(data: str, pairs: int, max_length: int, seed: int):
@@ -100,9 +107,14 @@ def build_model(args, attn: str):
 
 
 def examples(prompt, chosen, rejected, micro_batch, vocab: int, rng):
-    return [{"prompt_ids": rng.integers(5, vocab, int(prompt[i])).tolist(),
-             "chosen_ids": rng.integers(5, vocab, int(chosen[i])).tolist(),
-             "rejected_ids": rng.integers(5, vocab, int(rejected[i])).tolist()} for i in micro_batch]  # fmt: skip
+    return [
+        {
+            "prompt_ids": rng.integers(5, vocab, int(prompt[i])).tolist(),
+            "chosen_ids": rng.integers(5, vocab, int(chosen[i])).tolist(),
+            "rejected_ids": rng.integers(5, vocab, int(rejected[i])).tolist(),
+        }
+        for i in micro_batch
+    ]
 
 
 def path_setup(path: str, args) -> tuple[str, object] | str:
@@ -121,8 +133,9 @@ def path_setup(path: str, args) -> tuple[str, object] | str:
     if path == "shared_flex":
         if not cuda and not args.tiny:
             return "FlexAttention has no backward on CPU"
-        return "flex_attention", SharedPromptCollator(args.max_length, one_row=True, hidden_size=args.hidden,
-                                                      pad_to_multiple_of=masks.BLOCK)  # fmt: skip
+        return "flex_attention", SharedPromptCollator(
+            args.max_length, one_row=True, hidden_size=args.hidden, pad_to_multiple_of=masks.BLOCK
+        )
     return "sdpa", SharedPromptCollator(args.max_length, hidden_size=args.hidden)
 
 
@@ -131,8 +144,13 @@ def step(model, batch: dict, backward: bool) -> None:
         log_probs = packing.forward(model, batch).log_probs
     else:
         labels = batch["input_ids"].masked_fill(batch["completion_mask"] == 0, -100)
-        log_probs = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], labels=labels,
-                          fused_lm_head=True, use_cache=False).log_probs  # fmt: skip
+        log_probs = model(
+            input_ids=batch["input_ids"],
+            attention_mask=batch["attention_mask"],
+            labels=labels,
+            fused_lm_head=True,
+            use_cache=False,
+        ).log_probs
     if backward:
         log_probs.float().sum().backward()
 
@@ -174,10 +192,15 @@ def run_path(path: str, args, micro_batches, parts) -> dict:
             model_work += model_flops.training(lens, shared)
     seconds = sum(timings)
     peak = flops.peak_tflops(args.peak_tflops)
-    result = {"path": path, "attention": attn, "micro_batches": len(timings), "seconds": round(seconds, 3),
-              "pair_tokens_per_s": round(tokens / seconds, 1),
-              "mfu": None if peak is None else round(model_work / seconds / (peak * 1e12), 4),
-              "backward": backward}  # fmt: skip
+    result = {
+        "path": path,
+        "attention": attn,
+        "micro_batches": len(timings),
+        "seconds": round(seconds, 3),
+        "pair_tokens_per_s": round(tokens / seconds, 1),
+        "mfu": None if peak is None else round(model_work / seconds / (peak * 1e12), 4),
+        "backward": backward,
+    }
     if args.device == "cuda":
         result["peak_gib"] = round(torch.cuda.max_memory_allocated() / 2**30, 2)
         result["plan_gib"] = round(planned_bytes(model.config, attn, args) / memory.GIB, 2)
@@ -197,9 +220,17 @@ def planned_bytes(config, attn: str, args) -> float:
         params = sum(p.numel() for p in AutoModelForCausalLM.from_config(config).parameters())
     activations, _ = memory.activation_bytes(config, args.budget, args.every or False)
     head = config.vocab_size * config.hidden_size
-    shape = memory.ModelShape(params=params, trainable=params, largest_layer=head, decoder_layer=0, lm_head=head,
-                              lm_head_trains=True, hidden=config.hidden_size, layers=config.num_hidden_layers,
-                              load_bytes=2)  # fmt: skip
+    shape = memory.ModelShape(
+        params=params,
+        trainable=params,
+        largest_layer=head,
+        decoder_layer=0,
+        lm_head=head,
+        lm_head_trains=True,
+        hidden=config.hidden_size,
+        layers=config.num_hidden_layers,
+        load_bytes=2,
+    )
     width = args.budget if attn == "flex_attention" else min(args.budget, packing.row_width_bound(args.max_length))
     masks_bytes = memory.mask_bytes(attn, args.budget, width, config, checkpointing=args.every == 1)
     return 4 * params + activations + memory.lm_head_bytes(shape, args.budget) + masks_bytes

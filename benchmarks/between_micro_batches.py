@@ -34,10 +34,11 @@ def fsdp2_gradient_bytes(model) -> dict[str, int]:
         group = module._get_fsdp_state()._fsdp_param_group if isinstance(module, FSDPModule) else None
         for param in group.fsdp_params if group else []:
             sharded = param.sharded_param.grad.to_local() if param.sharded_param.grad is not None else None
-            for kind, grad in (("unsharded", param.unsharded_accumulated_grad),
-                               ("unsharded", getattr(param, "_unsharded_param", None) is not None
-                                and param._unsharded_param.grad),
-                               ("sharded", sharded)):  # fmt: skip
+            for kind, grad in (
+                ("unsharded", param.unsharded_accumulated_grad),
+                ("unsharded", getattr(param, "_unsharded_param", None) is not None and param._unsharded_param.grad),
+                ("sharded", sharded),
+            ):
                 if isinstance(grad, torch.Tensor) and grad.data_ptr() not in seen:
                     seen.add(grad.data_ptr())
                     held[kind] += grad.numel() * grad.element_size()
@@ -84,10 +85,20 @@ def main() -> None:
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if run_engine.deepspeed:  # what the Trainer fills in for DeepSpeed's "auto" values
         ds = accelerator.state.deepspeed_plugin.deepspeed_config
-        ds.update(train_micro_batch_size_per_gpu=1, gradient_accumulation_steps=1, train_batch_size=world,
-                  gradient_clipping=0.0)  # fmt: skip
-    config = Olmo3Config(vocab_size=8192, hidden_size=args.hidden, intermediate_size=4 * args.hidden,
-                         num_attention_heads=8, num_key_value_heads=8, num_hidden_layers=args.layers)  # fmt: skip
+        ds.update(
+            train_micro_batch_size_per_gpu=1,
+            gradient_accumulation_steps=1,
+            train_batch_size=world,
+            gradient_clipping=0.0,
+        )
+    config = Olmo3Config(
+        vocab_size=8192,
+        hidden_size=args.hidden,
+        intermediate_size=4 * args.hidden,
+        num_attention_heads=8,
+        num_key_value_heads=8,
+        num_hidden_layers=args.layers,
+    )
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(config)
     params = sum(getattr(p, "ds_numel", p.numel()) for p in model.parameters())  # ZeRO-3 creates them partitioned
@@ -111,9 +122,15 @@ def main() -> None:
         optimizer.zero_grad()
         seconds = time.perf_counter() - start
     if int(os.environ.get("RANK", "0")) == 0:
-        record = {"engine": run_engine.name, "deferred": defer, "parameters": params, "world": world,
-                  "held_gradient_bytes": held, "planned_gradient_bytes": planned_gradient_bytes(run_engine.name,
-                  params, world), "step_seconds": round(seconds, 2)}  # fmt: skip
+        record = {
+            "engine": run_engine.name,
+            "deferred": defer,
+            "parameters": params,
+            "world": world,
+            "held_gradient_bytes": held,
+            "planned_gradient_bytes": planned_gradient_bytes(run_engine.name, params, world),
+            "step_seconds": round(seconds, 2),
+        }
         print(json.dumps(record), flush=True)
     # Every rank's process groups ended before the interpreter's exit, as train_dpo.py ends them: left to it, a rank's
     # collective threads can be torn down out of order ("terminate called without an active exception", SIGABRT).

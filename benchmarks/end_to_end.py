@@ -54,10 +54,24 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 # OLMo 3 7B's shape, its 65,536 positions included (Olmo3Config's default, 2048, is refused at the think recipe's 16K)
-WIDTH = dict(hidden_size=4096, intermediate_size=11008, num_attention_heads=32, num_key_value_heads=32,
-             sliding_window=4096, vocab_size=100_278, max_position_embeddings=65536)  # fmt: skip
-TINY = dict(hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2, sliding_window=64,
-            num_hidden_layers=2, max_position_embeddings=65536)  # fmt: skip
+WIDTH = dict(
+    hidden_size=4096,
+    intermediate_size=11008,
+    num_attention_heads=32,
+    num_key_value_heads=32,
+    sliding_window=4096,
+    vocab_size=100_278,
+    max_position_embeddings=65536,
+)
+TINY = dict(
+    hidden_size=64,
+    intermediate_size=128,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    sliding_window=64,
+    num_hidden_layers=2,
+    max_position_embeddings=65536,
+)
 TINY_EVERY = 2  # --tiny checkpoints 1 layer in 2 (of its 2: layer 0), on both sides
 DATA = {  # max_length, token budget per micro-batch, pairs per step
     "think": (16384, 65536, 32),
@@ -91,8 +105,12 @@ def write_model(folder: Path, layers: int, tiny: bool) -> None:
     tokenizer = builtin.build_tokenizer()
     tokenizer.save_pretrained(folder)
     spec = {**TINY, "vocab_size": len(tokenizer)} if tiny else {**WIDTH, "num_hidden_layers": layers}
-    config = Olmo3Config(pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
-                         layer_types=layer_types(spec["num_hidden_layers"]), **spec)  # fmt: skip
+    config = Olmo3Config(
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        layer_types=layer_types(spec["num_hidden_layers"]),
+        **spec,
+    )
     torch.manual_seed(0)
     with torch.device("cpu"):
         AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16).save_pretrained(folder)
@@ -114,22 +132,67 @@ def write_pairs(path: Path, data: str, n: int, scale: float = 1.0, seed: int = 0
     with path.open("w") as f:
         for p, c, r in zip(prompt, chosen, rejected, strict=True):
             user = [{"role": "user", "content": text(p)}]
-            f.write(json.dumps({"chosen": user + [{"role": "assistant", "content": text(c)}],
-                                "rejected": user + [{"role": "assistant", "content": text(r)}]}) + "\n")  # fmt: skip
+            f.write(
+                json.dumps(
+                    {
+                        "chosen": user + [{"role": "assistant", "content": text(c)}],
+                        "rejected": user + [{"role": "assistant", "content": text(r)}],
+                    }
+                )
+                + "\n"
+            )
 
 
 def recipe_args(args, data: str, model: Path, pairs: Path, out: Path, forward: str) -> list[str]:
     max_length, budget, per_step = DATA[data]
     if args.tiny:
         max_length, budget, per_step = 512, 2048, 4
-    flags = ["--model_name_or_path", str(model), "--dataset_name", str(pairs), "--output_dir", str(out),
-             "--max_length", str(max_length), "--max_tokens_per_microbatch", str(budget),
-             "--pairs_per_step", str(args.pairs_per_step or per_step), "--loss_type", "sigmoid_norm", "--beta", "5",
-             "--learning_rate", "1e-6", "--num_train_epochs", "1", "--max_grad_norm", "0", "--logging_steps", "1",
-             "--save_strategy", "no", "--report_to", "none", "--seed", "42", "--samples_every", "0",
-             "--dataloader_num_workers", "0", "--disable_tqdm", "true", "--overwrite_output_dir", "true",
-             "--bf16", "true", "--activation_checkpointing", "true",
-             "--accelerate_config", "accelerate_config.yaml" if args.engine == "zero2" else "none"]  # fmt: skip
+    flags = [
+        "--model_name_or_path",
+        str(model),
+        "--dataset_name",
+        str(pairs),
+        "--output_dir",
+        str(out),
+        "--max_length",
+        str(max_length),
+        "--max_tokens_per_microbatch",
+        str(budget),
+        "--pairs_per_step",
+        str(args.pairs_per_step or per_step),
+        "--loss_type",
+        "sigmoid_norm",
+        "--beta",
+        "5",
+        "--learning_rate",
+        "1e-6",
+        "--num_train_epochs",
+        "1",
+        "--max_grad_norm",
+        "0",
+        "--logging_steps",
+        "1",
+        "--save_strategy",
+        "no",
+        "--report_to",
+        "none",
+        "--seed",
+        "42",
+        "--samples_every",
+        "0",
+        "--dataloader_num_workers",
+        "0",
+        "--disable_tqdm",
+        "true",
+        "--overwrite_output_dir",
+        "true",
+        "--bf16",
+        "true",
+        "--activation_checkpointing",
+        "true",
+        "--accelerate_config",
+        "accelerate_config.yaml" if args.engine == "zero2" else "none",
+    ]
     if args.tiny:  # what the plan chooses on an H100 at 7B width (1 layer in k), forced: no memory pressure here
         flags += ["--activation_checkpointing_kwargs", json.dumps({"every_n_layers": TINY_EVERY})]
     if args.gpu_memory_gib:
@@ -231,13 +294,18 @@ def project_trainer(args, pairs, clock):
     plan_stage.run_stage(trainer)
     start = StepClock.now()
     reference.run_stage(trainer, trainer.graceful_stop)
-    extra = {"reference_s": StepClock.now() - start, "plan_gib": plan.get("per_gpu_gib", {}).get("total"),
-             "plan_attention": plan.get("attention"), "forward": forward.line()}  # fmt: skip
+    extra = {
+        "reference_s": StepClock.now() - start,
+        "plan_gib": plan.get("per_gpu_gib", {}).get("total"),
+        "plan_attention": plan.get("attention"),
+        "forward": forward.line(),
+    }
     return trainer, extra
 
 
-def forward_and_plan(recipe, pairs, world: int, run_engine, cuda: bool | None = None, varlen: str | None = "installed",
-                     lengths=None):  # fmt: skip
+def forward_and_plan(
+    recipe, pairs, world: int, run_engine, cuda: bool | None = None, varlen: str | None = "installed", lengths=None
+):
     """The run's forward and memory stages (dpotrain/stages.py), on `pairs` for one machine: `cuda` and `varlen` as
     detected unless given (a CPU can plan a GPU's forwards): the launch and the lengths are fabricated, the stages
     are the run's. The memory plan refuses what does not fit."""
@@ -247,11 +315,22 @@ def forward_and_plan(recipe, pairs, world: int, run_engine, cuda: bool | None = 
 
     cuda = choice.cuda_available() if cuda is None else cuda
     varlen = choice.installed_varlen(cuda) if varlen == "installed" else varlen
-    found = stages.Launch(world, "the benchmark's", run_engine, {"this machine": (cuda, varlen)}, planning=False,
-                          batch=resolve.plan_batch(recipe, world))  # fmt: skip
+    found = stages.Launch(
+        world,
+        "the benchmark's",
+        run_engine,
+        {"this machine": (cuda, varlen)},
+        planning=False,
+        batch=resolve.plan_batch(recipe, world),
+    )
     model_path = resolve_model_path(recipe)
-    pair_lengths = stages.Lengths(None, lengths or sample.run_lengths(recipe, pairs, model_path), None, None,
-                                  max_length=recipe.training.max_length)  # fmt: skip
+    pair_lengths = stages.Lengths(
+        None,
+        lengths or sample.run_lengths(recipe, pairs, model_path),
+        None,
+        None,
+        max_length=recipe.training.max_length,
+    )
     forward = stages.decide_forward(recipe, found, model_path, pair_lengths)
     return forward.planned, stages.plan_memory(stages.settings_of(recipe, found, forward), found, forward)
 
@@ -276,15 +355,30 @@ def trl_trainer(args, pairs, clock):
     attn = choice.installed_varlen(cuda) or "sdpa"
     every = same.get("checkpointing_every_n_layers")
     config = DPOConfig(
-        output_dir=str(args.run_out), per_device_train_batch_size=batch, gradient_accumulation_steps=per_step // batch,
-        padding_free=False, precompute_ref_log_probs=False, loss_type=["sigmoid_norm"], beta=5.0,
-        learning_rate=1e-6, num_train_epochs=1, max_grad_norm=0.0, max_length=int(value["--max_length"]),
-        bf16=same.get("mixed_precision", "bf16") == "bf16", activation_checkpointing=every is not None,
-        activation_checkpointing_kwargs={"every_n_layers": every} if every else None, logging_steps=1,
-        save_strategy="no", report_to="none", seed=42, dataloader_num_workers=0, disable_tqdm=True, use_cpu=not cuda,
+        output_dir=str(args.run_out),
+        per_device_train_batch_size=batch,
+        gradient_accumulation_steps=per_step // batch,
+        padding_free=False,
+        precompute_ref_log_probs=False,
+        loss_type=["sigmoid_norm"],
+        beta=5.0,
+        learning_rate=1e-6,
+        num_train_epochs=1,
+        max_grad_norm=0.0,
+        max_length=int(value["--max_length"]),
+        bf16=same.get("mixed_precision", "bf16") == "bf16",
+        activation_checkpointing=every is not None,
+        activation_checkpointing_kwargs={"every_n_layers": every} if every else None,
+        logging_steps=1,
+        save_strategy="no",
+        report_to="none",
+        seed=42,
+        dataloader_num_workers=0,
+        disable_tqdm=True,
+        use_cpu=not cuda,
         deepspeed=str(ROOT / "ds_config.json") if args.engine == "zero2" else None,
         model_init_kwargs={"attn_implementation": attn, "dtype": same.get("dtype", "float32")},
-    )  # fmt: skip
+    )
     trainer = DPOTrainer(model=str(args.model), args=config, train_dataset=pairs, callbacks=[clock.callback])
     # TRL re-enables checkpointing around its live reference with `gradient_checkpointing_enable(kwargs)`: every layer,
     # `every_n_layers` handed to torch's checkpoint(), which raises. The project's fix, the only one TRL gets: held to
@@ -324,10 +418,17 @@ def record_of(args, trainer, clock, counting, extra, train_s: float, pairs: int)
     pair_tokens = counting.tokens  # the pairs' tokens, both sequences whole: the same on every path
     peak, reference_s = flops_peak(args), extra["reference_s"]
     return {
-        "path": args.path, "data": args.data, "engine": args.engine,
-        "deepspeed": bool(getattr(trainer, "is_deepspeed_enabled", False)), "forward": extra["forward"],
-        **settings_of(trainer), "pairs": pairs, "pair_tokens": pair_tokens, "steps": len(steps),
-        "reference_s": round(reference_s, 3), "train_s": round(train_s, 3),
+        "path": args.path,
+        "data": args.data,
+        "engine": args.engine,
+        "deepspeed": bool(getattr(trainer, "is_deepspeed_enabled", False)),
+        "forward": extra["forward"],
+        **settings_of(trainer),
+        "pairs": pairs,
+        "pair_tokens": pair_tokens,
+        "steps": len(steps),
+        "reference_s": round(reference_s, 3),
+        "train_s": round(train_s, 3),
         "end_to_end_s": round(reference_s + train_s, 3),
         "setup_s": round(train_s - sum(steps), 3),  # train() to its first step: engine start-up, op builds
         "first_step_s": round(steps[0], 3),
@@ -340,8 +441,9 @@ def record_of(args, trainer, clock, counting, extra, train_s: float, pairs: int)
         "reference_tokens_per_s": round(pair_tokens / reference_s, 1) if reference_s else None,
         "mfu": round(counting.flops / len(steps) / steady / (peak * 1e12), 4) if peak else None,
         "peak_gib": round(torch.cuda.max_memory_allocated() / GIB, 2) if torch.cuda.is_available() else None,
-        "plan_gib": extra.get("plan_gib"), "plan_attention": extra.get("plan_attention"),
-    }  # fmt: skip
+        "plan_gib": extra.get("plan_gib"),
+        "plan_attention": extra.get("plan_attention"),
+    }
 
 
 def flops_peak(args) -> float | None:
@@ -374,8 +476,16 @@ def layers_that_fit(args, folder: Path) -> int:
     best, lengths = 0, None
     for layers in range(1, 33):
         Olmo3Config(**WIDTH, num_hidden_layers=layers, layer_types=layer_types(layers)).save_pretrained(folder)
-        recipe = parse_args(recipe_args(argparse.Namespace(**{**vars(args), "tiny": False}), "think", folder,
-                                        folder / "think.jsonl", folder / "out", "project"))  # fmt: skip
+        recipe = parse_args(
+            recipe_args(
+                argparse.Namespace(**{**vars(args), "tiny": False}),
+                "think",
+                folder,
+                folder / "think.jsonl",
+                folder / "out",
+                "project",
+            )
+        )
         lengths = lengths or sample.run_lengths(recipe, pairs, str(folder))
         try:
             forward_and_plan(recipe, pairs, 1, planned, cuda=True, varlen=varlen, lengths=lengths)
@@ -390,9 +500,22 @@ def run_path(args, path: str, data: str, folder: Path, trl_settings: dict | None
     """One path in a fresh process (its own CUDA peak; under `accelerate launch` for ZeRO-2); --tiny: in this one.
     Plain TRL runs at `trl_settings`, those the project's run took."""
     run_out = folder / f"{data}-{path}"
-    common = ["--worker", path, "--data", data, "--model", str(folder / "model"), "--pairs",
-              str(folder / f"{data}.jsonl"), "--run-out", str(run_out), "--engine", args.engine,
-              "--trl-batch", str(args.trl_batch)]  # fmt: skip
+    common = [
+        "--worker",
+        path,
+        "--data",
+        data,
+        "--model",
+        str(folder / "model"),
+        "--pairs",
+        str(folder / f"{data}.jsonl"),
+        "--run-out",
+        str(run_out),
+        "--engine",
+        args.engine,
+        "--trl-batch",
+        str(args.trl_batch),
+    ]
     settings = json.dumps(trl_settings) if trl_settings else None
     common += ["--trl-settings", settings] if settings else []
     common += ["--tiny"] if args.tiny else []
@@ -403,17 +526,36 @@ def run_path(args, path: str, data: str, folder: Path, trl_settings: dict | None
     env = {"DPOTRAIN_CACHE": tempfile.mkdtemp(dir=folder), "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
     if args.tiny and args.engine == "single":  # seconds, not a process start per run
         os.environ.update(env)
-        worker_args = argparse.Namespace(**{**vars(args), "worker": path, "path": path, "data": data,
-                                            "model": folder / "model", "pairs": folder / f"{data}.jsonl",
-                                            "run_out": run_out, "trl_settings": settings})  # fmt: skip
+        worker_args = argparse.Namespace(
+            **{
+                **vars(args),
+                "worker": path,
+                "path": path,
+                "data": data,
+                "model": folder / "model",
+                "pairs": folder / f"{data}.jsonl",
+                "run_out": run_out,
+                "trl_settings": settings,
+            }
+        )
         return worker(worker_args)
     env = {**os.environ, **env}
     launch = [sys.executable]
     if args.engine == "zero2":
-        launch = [sys.executable, "-m", "accelerate.commands.launch", "--config_file",
-                  str(ROOT / "accelerate_config.yaml"), "--num_processes", "1", "--num_machines", "1"]  # fmt: skip
-    result = subprocess.run([*launch, __file__, *common], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, cwd=ROOT)  # fmt: skip
+        launch = [
+            sys.executable,
+            "-m",
+            "accelerate.commands.launch",
+            "--config_file",
+            str(ROOT / "accelerate_config.yaml"),
+            "--num_processes",
+            "1",
+            "--num_machines",
+            "1",
+        ]
+    result = subprocess.run(
+        [*launch, __file__, *common], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT
+    )
     (folder / f"{data}-{path}.log").write_text(result.stdout)
     lines = [line for line in result.stdout.splitlines() if line.startswith("RESULT ")]
     if result.returncode or not lines:
@@ -429,19 +571,33 @@ def verdicts(results: list[dict]) -> list[str]:
         trl, own = rows.get("trl"), rows.get("project")
         if trl and own:
             ratio = trl["end_to_end_s"] / own["end_to_end_s"]
-            lines.append(_verdict(ratio >= TARGETS[data], f"{data}: end to end {ratio:.2f}x plain TRL "
-                                  f"(target >= {TARGETS[data]}x)"))  # fmt: skip
+            lines.append(
+                _verdict(
+                    ratio >= TARGETS[data], f"{data}: end to end {ratio:.2f}x plain TRL (target >= {TARGETS[data]}x)"
+                )
+            )
         if own and own["mfu"] is not None:
-            lines.append(_verdict(own["mfu"] >= MFU_TARGET, f"{data}: training-loop MFU {own['mfu']:.1%} (target >= "
-                                  f"{MFU_TARGET:.0%})"))  # fmt: skip
+            lines.append(
+                _verdict(
+                    own["mfu"] >= MFU_TARGET, f"{data}: training-loop MFU {own['mfu']:.1%} (target >= {MFU_TARGET:.0%})"
+                )
+            )
         if own:
             first = own["first_step_s"] / own["steady_step_s"]
-            lines.append(_verdict(first <= FIRST_STEP_TARGET, f"{data}: first step {first:.2f}x a steady one (target "
-                                  f"<= {FIRST_STEP_TARGET:g}x)"))  # fmt: skip
+            lines.append(
+                _verdict(
+                    first <= FIRST_STEP_TARGET,
+                    f"{data}: first step {first:.2f}x a steady one (target <= {FIRST_STEP_TARGET:g}x)",
+                )
+            )
         for r in rows.values():
             if r.get("peak_gib") is not None and r.get("plan_gib") is not None:
-                lines.append(_verdict(r["peak_gib"] <= r["plan_gib"], f"{data} {r['path']}: peak {r['peak_gib']} GiB "
-                                      f"within the plan's {r['plan_gib']} GiB"))  # fmt: skip
+                lines.append(
+                    _verdict(
+                        r["peak_gib"] <= r["plan_gib"],
+                        f"{data} {r['path']}: peak {r['peak_gib']} GiB within the plan's {r['plan_gib']} GiB",
+                    )
+                )
     return lines
 
 
@@ -449,10 +605,30 @@ def _verdict(ok: bool, text: str) -> str:
     return f"{'PASS' if ok else 'FAIL'} {text}"
 
 
-COLUMNS = ["data", "path", "forward", "dtype", "mixed_precision", "checkpointing_every_n_layers", "pairs_per_step",
-           "end_to_end_s", "vs_trl", "reference_s", "reference_tokens_per_s", "train_s", "tokens_per_s_per_gpu", "mfu",
-           "setup_s", "first_step_s", "first_step_compile_s", "first_step_compute_s", "steady_step_s",
-           "flex_compilations", "peak_gib", "plan_gib"]  # fmt: skip
+COLUMNS = [
+    "data",
+    "path",
+    "forward",
+    "dtype",
+    "mixed_precision",
+    "checkpointing_every_n_layers",
+    "pairs_per_step",
+    "end_to_end_s",
+    "vs_trl",
+    "reference_s",
+    "reference_tokens_per_s",
+    "train_s",
+    "tokens_per_s_per_gpu",
+    "mfu",
+    "setup_s",
+    "first_step_s",
+    "first_step_compile_s",
+    "first_step_compute_s",
+    "steady_step_s",
+    "flex_compilations",
+    "peak_gib",
+    "plan_gib",
+]
 
 
 def markdown(results: list[dict], header: str, lines: list[str]) -> str:
@@ -479,8 +655,12 @@ def run_all(args, paths: list[str], folder: Path, layers: int) -> list[dict]:
         trl_settings = None
         for path in sorted(set(paths) | ({"project"} if "trl" in paths else set()), key=lambda p: p != "project"):
             if path == "trl" and trl_settings is None:  # unequal settings are no comparison
-                record = {"path": path, "data": data, "failed": "not run: the project's run failed, so the settings "
-                          "to compare at are unknown", "log": str(folder / f"{data}-project.log")}  # fmt: skip
+                record = {
+                    "path": path,
+                    "data": data,
+                    "failed": "not run: the project's run failed, so the settings to compare at are unknown",
+                    "log": str(folder / f"{data}-project.log"),
+                }
             else:
                 record = run_path(args, path, data, folder, trl_settings)
             if path == "project" and "failed" not in record:
@@ -497,14 +677,26 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, help="folder for results.json, results.md and each run's log")
     parser.add_argument("--tiny", action="store_true", help="CPU: a 2-layer hidden-64 model, a few pairs")
-    parser.add_argument("--engine", choices=["single", "zero2"], default="single",
-                        help="zero2: every run under `accelerate launch` with accelerate_config.yaml (DeepSpeed "
-                        "ZeRO-2) on one process")  # fmt: skip
+    parser.add_argument(
+        "--engine",
+        choices=["single", "zero2"],
+        default="single",
+        help="zero2: every run under `accelerate launch` with accelerate_config.yaml (DeepSpeed ZeRO-2) on one process",
+    )
     parser.add_argument("--data", nargs="+", choices=sorted(DATA), default=sorted(DATA))
-    parser.add_argument("--paths", nargs="+", choices=["trl", *FORWARDS], default=None,
-                        help="default: trl and every forward (--tiny: trl, project, shared_sdpa)")  # fmt: skip
-    parser.add_argument("--layers", default="4", help="decoder layers of 7B width (default 4: each run within a few "
-                        "minutes on one H100), or `fit`: as many as the memory plan fits")  # fmt: skip
+    parser.add_argument(
+        "--paths",
+        nargs="+",
+        choices=["trl", *FORWARDS],
+        default=None,
+        help="default: trl and every forward (--tiny: trl, project, shared_sdpa)",
+    )
+    parser.add_argument(
+        "--layers",
+        default="4",
+        help="decoder layers of 7B width (default 4: each run within a few "
+        "minutes on one H100), or `fit`: as many as the memory plan fits",
+    )
     parser.add_argument("--steps", type=int, default=6, help="optimizer steps per run (pairs = steps x per step)")
     parser.add_argument("--pairs-per-step", type=int, default=None, help="default: 32 (--tiny: 4)")
     parser.add_argument(
@@ -513,9 +705,13 @@ def main() -> None:
         default=2,
         help="pairs per padded micro-batch of plain TRL (2: 4 x 16,384 positions, the think budget)",
     )
-    parser.add_argument("--gpu-memory-gib", type=float, default=None,
-                        help="the GPU memory the plan checks against where it cannot be detected (the CPU: --tiny's "
-                        "layer search plans 7B width for 80)")  # fmt: skip
+    parser.add_argument(
+        "--gpu-memory-gib",
+        type=float,
+        default=None,
+        help="the GPU memory the plan checks against where it cannot be detected (the CPU: --tiny's "
+        "layer search plans 7B width for 80)",
+    )
     parser.add_argument("--peak-tflops", type=float, default=None, help="default: the GPU's, by name (flops.py)")
     parser.add_argument(
         "--compile-layers",
@@ -556,8 +752,14 @@ def main() -> None:
         f"{' (tiny)' if args.tiny else ''}\n\n`python benchmarks/end_to_end.py {' '.join(sys.argv[1:])}`"
     )
     lines = verdicts(results)
-    saved = {"layers": layers, "layers_that_fit": fit, "device": device, "engine": args.engine, "results": results,
-             "targets": lines}  # fmt: skip
+    saved = {
+        "layers": layers,
+        "layers_that_fit": fit,
+        "device": device,
+        "engine": args.engine,
+        "results": results,
+        "targets": lines,
+    }
     (folder / "results.json").write_text(json.dumps(saved, indent=2) + "\n")
     (folder / "results.md").write_text(markdown(results, header, lines))
     print("\n".join(lines))

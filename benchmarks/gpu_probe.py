@@ -20,8 +20,18 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-PACKAGES = ("torch", "transformers", "trl", "accelerate", "datasets", "deepspeed", "flash-attn-4",
-            "nvidia-cutlass-dsl", "quack-kernels", "triton")  # fmt: skip
+PACKAGES = (
+    "torch",
+    "transformers",
+    "trl",
+    "accelerate",
+    "datasets",
+    "deepspeed",
+    "flash-attn-4",
+    "nvidia-cutlass-dsl",
+    "quack-kernels",
+    "triton",
+)
 MODULES = ("trl", "datasets", "deepspeed", "flash_attn.cute", "triton")
 
 
@@ -113,8 +123,11 @@ def main() -> None:
     record["flex"] = flex_probe(count, args.tiny)
     record["flex"]["seconds"] = round(time.perf_counter() - start, 1)
     modes = record["flex"]["modes"]
-    print(f"FlexAttention on {record['flex']['backend']}: {record['flex']['compilations']} compilations for "
-          f"{count} widths x {len(modes)} autograd modes ({', '.join(modes)})", flush=True)  # fmt: skip
+    print(
+        f"FlexAttention on {record['flex']['backend']}: {record['flex']['compilations']} compilations for "
+        f"{count} widths x {len(modes)} autograd modes ({', '.join(modes)})",
+        flush=True,
+    )
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(record, indent=2) + "\n")
 

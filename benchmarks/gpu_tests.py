@@ -41,13 +41,19 @@ def main() -> None:
     args = parser.parse_args()
     outcomes = Outcomes()
     start = time.perf_counter()
-    code = pytest.main(["-m", "gpu", "-q", "-p", "no:cacheprovider", "-rs", str(ROOT / "tests"), *args.pytest_args],
-                       plugins=[outcomes])  # fmt: skip
+    code = pytest.main(
+        ["-m", "gpu", "-q", "-p", "no:cacheprovider", "-rs", str(ROOT / "tests"), *args.pytest_args], plugins=[outcomes]
+    )
     counts = {}
     for entry in outcomes.tests.values():
         counts[entry["outcome"]] = counts.get(entry["outcome"], 0) + 1
-    record = {"exit_code": int(code), "seconds": round(time.perf_counter() - start, 1), "counts": counts,
-              "pytest_args": args.pytest_args, "tests": outcomes.tests}  # fmt: skip
+    record = {
+        "exit_code": int(code),
+        "seconds": round(time.perf_counter() - start, 1),
+        "counts": counts,
+        "pytest_args": args.pytest_args,
+        "tests": outcomes.tests,
+    }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(record, indent=2) + "\n")
     print(f"pytest -m gpu: {counts} in {record['seconds']} s -> {args.out}", flush=True)

@@ -50,8 +50,9 @@ def plan_module(commit: str | None):
     """dpotrain/plan/plan.py as it is (None) or at `commit`, read from git."""
     if commit is None:
         return plan
-    source = subprocess.run(["git", "-C", str(ROOT), "show", f"{commit}:dpotrain/plan/plan.py"], capture_output=True,
-                            text=True, check=True).stdout  # fmt: skip
+    source = subprocess.run(
+        ["git", "-C", str(ROOT), "show", f"{commit}:dpotrain/plan/plan.py"], capture_output=True, text=True, check=True
+    ).stdout
     folder = Path(tempfile.mkdtemp()) / "old_plan"
     folder.mkdir()
     (folder / "__init__.py").write_text("")
@@ -96,8 +97,9 @@ def timing(args) -> None:
 
 def old_batching():
     """dpotrain/batching.py as it was before the step plan, loaded from git."""
-    source = subprocess.run(["git", "-C", str(ROOT), "show", f"{BEFORE}:dpotrain/batching.py"], capture_output=True,
-                            text=True, check=True).stdout  # fmt: skip
+    source = subprocess.run(
+        ["git", "-C", str(ROOT), "show", f"{BEFORE}:dpotrain/batching.py"], capture_output=True, text=True, check=True
+    ).stdout
     path = Path(tempfile.mkdtemp()) / "old_batching.py"
     path.write_text(source)
     spec = importlib.util.spec_from_file_location("old_batching", path)
@@ -131,8 +133,13 @@ def after(lengths: PairLengths, pairs_per_step: int, world: int, budget: int, pa
     s = plan.summary(lengths, p, epoch, plan.Forward("padded") if padded else None)
     per_step = s["micro_batches_per_step"]
     empty = sum(1 for step in epoch[0] for rank in step for mb in rank if not mb)
-    return {"mean": per_step["mean"], "max": per_step["max"], "bound": per_step["lower_bound_mean"], "empty": empty,
-            "padding": s["padding_share"]}  # fmt: skip
+    return {
+        "mean": per_step["mean"],
+        "max": per_step["max"],
+        "bound": per_step["lower_bound_mean"],
+        "empty": empty,
+        "padding": s["padding_share"],
+    }
 
 
 def trl_padding(lengths: PairLengths, per_device: int = 4) -> float:
@@ -185,16 +192,22 @@ def main() -> None:
                     refused = after(lengths, args.pairs_per_step, world, budget)["refused"]
                     print(f"| {world} | {budget:,} | - | - | refused: {refused.split(':')[0]} | | | |")
                     continue
-                b, a = before(old, lengths, args.pairs_per_step, world, budget), after(
-                    lengths, args.pairs_per_step, world, budget)  # fmt: skip
+                b, a = (
+                    before(old, lengths, args.pairs_per_step, world, budget),
+                    after(lengths, args.pairs_per_step, world, budget),
+                )
                 padded = after(lengths, args.pairs_per_step, world, budget, padded=True)
                 if "refused" in a:
-                    print(f"| {world} | {budget:,} | {b['mean']:.2f} / {b['max']} | {b['empty']} | refused: "
-                          f"{a['refused'][:80]}... | | | |")  # fmt: skip
+                    print(
+                        f"| {world} | {budget:,} | {b['mean']:.2f} / {b['max']} | {b['empty']} | refused: "
+                        f"{a['refused'][:80]}... | | | |"
+                    )
                     continue
                 pad = f"{100 * padded['padding']:.1f}%" if "padding" in padded else "refused"
-                print(f"| {world} | {budget:,} | {b['mean']:.2f} / {b['max']} | {b['empty']} | {a['mean']:.2f} / "
-                      f"{a['max']} | {a['bound']:.2f} | {a['empty']} | {pad} |")  # fmt: skip
+                print(
+                    f"| {world} | {budget:,} | {b['mean']:.2f} / {b['max']} | {b['empty']} | {a['mean']:.2f} / "
+                    f"{a['max']} | {a['bound']:.2f} | {a['empty']} | {pad} |"
+                )
     print(f"\n(before = {BEFORE}: the largest count any step needs, on every step; after: each step its own count)")
 
 

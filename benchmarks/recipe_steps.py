@@ -24,13 +24,35 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 
 def command(args, folder: Path) -> list[str]:
-    flags = ["--config", str(ROOT / "configs" / f"{args.recipe}.yaml"), "--model_name_or_path", str(folder / "model"),
-             "--dataset_name", str(folder / "pairs.jsonl"), "--output_dir", str(folder / "run"),
-             "--max_steps", str(args.steps), "--report_to", "none", "--save_strategy", "no",
-             "--dataset_num_proc", "1"]  # fmt: skip
+    flags = [
+        "--config",
+        str(ROOT / "configs" / f"{args.recipe}.yaml"),
+        "--model_name_or_path",
+        str(folder / "model"),
+        "--dataset_name",
+        str(folder / "pairs.jsonl"),
+        "--output_dir",
+        str(folder / "run"),
+        "--max_steps",
+        str(args.steps),
+        "--report_to",
+        "none",
+        "--save_strategy",
+        "no",
+        "--dataset_num_proc",
+        "1",
+    ]
     if args.tiny:
-        flags += ["--use_cpu", "true", "--pairs_per_step", "8", "--sample_max_new_tokens", "16",
-                  "--dataloader_num_workers", "0"]  # fmt: skip
+        flags += [
+            "--use_cpu",
+            "true",
+            "--pairs_per_step",
+            "8",
+            "--sample_max_new_tokens",
+            "16",
+            "--dataloader_num_workers",
+            "0",
+        ]
     return [sys.executable, str(ROOT / "train_dpo.py"), *flags]
 
 
@@ -39,24 +61,32 @@ def summary(folder: Path, log: str, code: int, seconds: float) -> dict:
     run = folder / "run"
     resolved = json.loads((run / "resolved_config.json").read_text()) if (run / "resolved_config.json").exists() else {}
     derived = resolved.get("derived", resolved)
-    metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()] if (
-        run / "metrics.jsonl").exists() else []  # fmt: skip
-    samples = [json.loads(line) for line in (run / "samples.jsonl").read_text().splitlines()] if (
-        run / "samples.jsonl").exists() else []  # fmt: skip
+    metrics = (
+        [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+        if (run / "metrics.jsonl").exists()
+        else []
+    )
+    samples = (
+        [json.loads(line) for line in (run / "samples.jsonl").read_text().splitlines()]
+        if (run / "samples.jsonl").exists()
+        else []
+    )
     found = re.search(r"FlexAttention: (\d+) compilations this run", log)
     keep = ("step", "loss", "tokens_per_second_per_gpu", "mfu", "step_seconds")
     return {
-        "exit_code": code, "seconds": round(seconds, 1),
-        "forward": (derived.get("forward") or {}).get("layout"), "attention": (derived.get("forward") or {}).get(
-            "attention"),
+        "exit_code": code,
+        "seconds": round(seconds, 1),
+        "forward": (derived.get("forward") or {}).get("layout"),
+        "attention": (derived.get("forward") or {}).get("attention"),
         "memory_plan_gib": ((derived.get("memory") or {}).get("per_gpu_gib") or {}).get("total"),
-        "checkpointing": (derived.get("memory") or {}).get("checkpointing"), "layers": derived.get("layers"),
+        "checkpointing": (derived.get("memory") or {}).get("checkpointing"),
+        "layers": derived.get("layers"),
         "reference": derived.get("reference"),
         "flex_compilations": int(found.group(1)) if found else None,
         "sample_steps": sorted({s["step"] for s in samples}),
         "steps": [{k: m[k] for k in keep if k in m} for m in metrics if "loss" in m],
         "log_tail": log.strip().splitlines()[-30:] if code else [],
-    }  # fmt: skip
+    }
 
 
 def main() -> None:
@@ -81,8 +111,9 @@ def main() -> None:
     end_to_end.write_pairs(folder / "pairs.jsonl", "think", args.steps * per_step, scale)
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "DPOTRAIN_CACHE": str(folder / "cache"), "WANDB_MODE": "disabled"}
     start = time.perf_counter()
-    result = subprocess.run(command(args, folder), env=env, cwd=ROOT, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    result = subprocess.run(
+        command(args, folder), env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
     (folder / "run.log").write_text(result.stdout)
     record = summary(folder, result.stdout, result.returncode, time.perf_counter() - start)
     args.out.write_text(json.dumps(record, indent=2) + "\n")

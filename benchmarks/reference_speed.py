@@ -57,12 +57,38 @@ def training_speed(metrics_path: Path) -> tuple[float, int]:
 
 def run_once(mode: dict, model: str, data: Path, folder: Path, checkpointing: bool, device: str) -> dict:
     out, cache = folder / "out", folder / "cache"
-    cmd = [sys.executable, str(ROOT / "train_dpo.py"), "--config", str(ROOT / "configs" / "smoke.yaml"),
-           "--model_name_or_path", model, "--dataset_name", str(data), "--output_dir", str(out),
-           "--max_length", str(mode["max_length"]), "--max_tokens_per_microbatch", str(mode["budget"]),
-           "--pairs_per_step", str(mode["pairs_per_step"]), "--max_steps", str(mode["steps"]), "--logging_steps", "1",
-           "--save_strategy", "no", "--report_to", "none", "--health_checks", "false",
-           "--activation_checkpointing", str(checkpointing).lower(), "--bf16", str(mode["bf16"]).lower()]  # fmt: skip
+    cmd = [
+        sys.executable,
+        str(ROOT / "train_dpo.py"),
+        "--config",
+        str(ROOT / "configs" / "smoke.yaml"),
+        "--model_name_or_path",
+        model,
+        "--dataset_name",
+        str(data),
+        "--output_dir",
+        str(out),
+        "--max_length",
+        str(mode["max_length"]),
+        "--max_tokens_per_microbatch",
+        str(mode["budget"]),
+        "--pairs_per_step",
+        str(mode["pairs_per_step"]),
+        "--max_steps",
+        str(mode["steps"]),
+        "--logging_steps",
+        "1",
+        "--save_strategy",
+        "no",
+        "--report_to",
+        "none",
+        "--health_checks",
+        "false",
+        "--activation_checkpointing",
+        str(checkpointing).lower(),
+        "--bf16",
+        str(mode["bf16"]).lower(),
+    ]
     env = {**os.environ, "DPOTRAIN_CACHE": str(cache)}
     if device == "cpu":
         env["CUDA_VISIBLE_DEVICES"] = ""
@@ -106,27 +132,37 @@ def main(argv=None) -> list[dict]:
     parser.add_argument("--tiny", action="store_true", help="the built-in tiny model, seconds of work (a smoke test)")
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     parser.add_argument("--data-set", choices=["dolci", "multiturn"], default="dolci")
-    parser.add_argument("--checkpointing", choices=["both", "on", "off"], default="both",
-                        help="activation checkpointing in training (the stage never checkpoints)")  # fmt: skip
+    parser.add_argument(
+        "--checkpointing",
+        choices=["both", "on", "off"],
+        default="both",
+        help="activation checkpointing in training (the stage never checkpoints)",
+    )
     parser.add_argument("--pairs", type=int, help="override the mode's pair count")
     parser.add_argument("--steps", type=int, help="override the mode's optimizer steps")
     args = parser.parse_args(argv)
     mode = dict(MODES["tiny" if args.tiny else args.device])
     mode.update({k: v for k, v in (("pairs", args.pairs), ("steps", args.steps)) if v})
     settings = {"both": [False, True], "on": [True], "off": [False]}[args.checkpointing]
-    print(f"machine: {platform.platform()}, {os.cpu_count()} CPUs, python {platform.python_version()}; "
-          f"load average {os.getloadavg()[0]:.1f}; mode {mode}", flush=True)  # fmt: skip
+    print(
+        f"machine: {platform.platform()}, {os.cpu_count()} CPUs, python {platform.python_version()}; "
+        f"load average {os.getloadavg()[0]:.1f}; mode {mode}",
+        flush=True,
+    )
     results = []
     with tempfile.TemporaryDirectory(prefix="dpotrain-refspeed-") as tmp:
         model, data = make_inputs(mode, Path(tmp), args.data_set)
         for checkpointing in settings:
             r = run_once(mode, model, data, Path(tmp) / f"ckpt-{checkpointing}", checkpointing, args.device)
             results.append(r)
-            print(f"activation checkpointing {'on ' if checkpointing else 'off'}: reference stage "
-                  f"{r['reference_tokens_per_second']:,.0f} tokens/s (warm-up {r['reference_warmup_seconds']:.1f} s, "
-                  f"{r['reference_micro_batches']} micro-batches), training loop "
-                  f"{r['training_tokens_per_second']:,.0f} tokens/s (steps 2-{r['training_steps_measured'] + 1}): "
-                  f"{r['ratio']:.2f}x (goal {GOAL}x); {r['forward']}", flush=True)  # fmt: skip
+            print(
+                f"activation checkpointing {'on ' if checkpointing else 'off'}: reference stage "
+                f"{r['reference_tokens_per_second']:,.0f} tokens/s (warm-up {r['reference_warmup_seconds']:.1f} s, "
+                f"{r['reference_micro_batches']} micro-batches), training loop "
+                f"{r['training_tokens_per_second']:,.0f} tokens/s (steps 2-{r['training_steps_measured'] + 1}): "
+                f"{r['ratio']:.2f}x (goal {GOAL}x); {r['forward']}",
+                flush=True,
+            )
     print(json.dumps(results))
     return results
 

@@ -45,12 +45,24 @@ sys.path.insert(0, str(ROOT))
 
 SHAPES = {
     # OLMo 3's layout (3 sliding-window layers to 1 full, GQA, QK-norm) at CPU scale...
-    "small": dict(hidden_size=256, intermediate_size=1024, num_hidden_layers=4, num_attention_heads=4,
-                  num_key_value_heads=2, sliding_window=128),
+    "small": dict(
+        hidden_size=256,
+        intermediate_size=1024,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        sliding_window=128,
+    ),
     # ...and a ~1.3B one for a GPU (OLMo 3 7B's head size and window; 16 layers of hidden 2048).
-    "1b": dict(hidden_size=2048, intermediate_size=8192, num_hidden_layers=16, num_attention_heads=16,
-               num_key_value_heads=16, sliding_window=4096),
-}  # fmt: skip
+    "1b": dict(
+        hidden_size=2048,
+        intermediate_size=8192,
+        num_hidden_layers=16,
+        num_attention_heads=16,
+        num_key_value_heads=16,
+        sliding_window=4096,
+    ),
+}
 
 
 def layer_types(n: int) -> list[str]:
@@ -67,9 +79,14 @@ def build_model(folder: Path, shape: str, vocab_size: int | None) -> None:
     tokenizer = builtin.build_tokenizer()
     tokenizer.save_pretrained(folder)
     spec = SHAPES[shape]
-    config = Olmo3Config(vocab_size=vocab_size or len(tokenizer), pad_token_id=tokenizer.pad_token_id,
-                         eos_token_id=tokenizer.eos_token_id, max_position_embeddings=65536,
-                         layer_types=layer_types(spec["num_hidden_layers"]), **spec)  # fmt: skip
+    config = Olmo3Config(
+        vocab_size=vocab_size or len(tokenizer),
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        max_position_embeddings=65536,
+        layer_types=layer_types(spec["num_hidden_layers"]),
+        **spec,
+    )
     torch.manual_seed(0)
     AutoModelForCausalLM.from_config(config, dtype=torch.float32).save_pretrained(folder)
 
@@ -88,8 +105,12 @@ def dolci_like_pairs(n: int, seed: int) -> list[dict]:
     rows = []
     for _ in range(n):
         prompt = [{"role": "user", "content": text(25, 0.8)}]
-        rows.append({"chosen": prompt + [{"role": "assistant", "content": text(60, 1.0)}],
-                     "rejected": prompt + [{"role": "assistant", "content": text(45, 1.0)}]})  # fmt: skip
+        rows.append(
+            {
+                "chosen": prompt + [{"role": "assistant", "content": text(60, 1.0)}],
+                "rejected": prompt + [{"role": "assistant", "content": text(45, 1.0)}],
+            }
+        )
     return rows
 
 
@@ -109,8 +130,12 @@ def multi_turn_pairs(n: int, seed: int) -> list[dict]:
         for _ in range(rng.randint(2, 5)):
             history += [{"role": "user", "content": text(25, 0.5)}, {"role": "assistant", "content": text(55, 0.5)}]
         prompt = [*history, {"role": "user", "content": text(25, 0.5)}]
-        rows.append({"chosen": prompt + [{"role": "assistant", "content": text(55, 0.5)}],
-                     "rejected": prompt + [{"role": "assistant", "content": text(48, 0.5)}]})  # fmt: skip
+        rows.append(
+            {
+                "chosen": prompt + [{"role": "assistant", "content": text(55, 0.5)}],
+                "rejected": prompt + [{"role": "assistant", "content": text(48, 0.5)}],
+            }
+        )
     return rows
 
 
@@ -150,19 +175,38 @@ def worker(args) -> None:
     start = time.perf_counter()
     data = datasets.load_dataset("json", data_files=str(args.data), split="train")
     common = dict(
-        output_dir=str(args.out), loss_type=["sigmoid_norm"], beta=5.0, learning_rate=1e-6, lr_scheduler_type="linear",
-        warmup_steps=0.1, num_train_epochs=1, weight_decay=0.0, max_grad_norm=0.0, max_length=args.max_length,
-        bf16=args.bf16, activation_checkpointing=args.activation_checkpointing, logging_steps=10,
-        save_strategy="no", report_to="none", seed=42, dataloader_num_workers=0, disable_tqdm=True,
-    )  # fmt: skip
+        output_dir=str(args.out),
+        loss_type=["sigmoid_norm"],
+        beta=5.0,
+        learning_rate=1e-6,
+        lr_scheduler_type="linear",
+        warmup_steps=0.1,
+        num_train_epochs=1,
+        weight_decay=0.0,
+        max_grad_norm=0.0,
+        max_length=args.max_length,
+        bf16=args.bf16,
+        activation_checkpointing=args.activation_checkpointing,
+        logging_steps=10,
+        save_strategy="no",
+        report_to="none",
+        seed=42,
+        dataloader_num_workers=0,
+        disable_tqdm=True,
+    )
     dtype = "bfloat16" if args.bf16 else "float32"
     per_step = args.batch * args.accumulation
     if args.path == "trl":
         from trl import DPOConfig, DPOTrainer
 
-        config = DPOConfig(per_device_train_batch_size=args.batch, gradient_accumulation_steps=args.accumulation,
-                           padding_free=False, precompute_ref_log_probs=False, **common,
-                           model_init_kwargs={"attn_implementation": args.attn, "dtype": dtype})  # fmt: skip
+        config = DPOConfig(
+            per_device_train_batch_size=args.batch,
+            gradient_accumulation_steps=args.accumulation,
+            padding_free=False,
+            precompute_ref_log_probs=False,
+            **common,
+            model_init_kwargs={"attn_implementation": args.attn, "dtype": dtype},
+        )
         trainer = DPOTrainer(model=str(args.model), args=config, train_dataset=data)
     else:
         from dpotrain.plan import plan_stage
@@ -171,12 +215,29 @@ def worker(args) -> None:
         from dpotrain.train_stage import trainer_on
 
         flags = [f"--{k}={v}" for k, v in common.items() if k != "loss_type"]
-        recipe = parse_args([*flags, "--loss_type", "sigmoid_norm", "--attn_implementation", args.attn, "--dtype",
-                             dtype, "--model_name_or_path", str(args.model),
-                             "--dataset_name", str(args.data), "--pairs_per_step", str(per_step),
-                             "--max_tokens_per_microbatch", str(args.batch * 2 * args.max_length),
-                             "--share_prompt", str(args.path.startswith("shared")).lower(),
-                             "--assistant_turns", "all" if args.path.endswith("_all") else "final"])  # fmt: skip
+        recipe = parse_args(
+            [
+                *flags,
+                "--loss_type",
+                "sigmoid_norm",
+                "--attn_implementation",
+                args.attn,
+                "--dtype",
+                dtype,
+                "--model_name_or_path",
+                str(args.model),
+                "--dataset_name",
+                str(args.data),
+                "--pairs_per_step",
+                str(per_step),
+                "--max_tokens_per_microbatch",
+                str(args.batch * 2 * args.max_length),
+                "--share_prompt",
+                str(args.path.startswith("shared")).lower(),
+                "--assistant_turns",
+                "all" if args.path.endswith("_all") else "final",
+            ]
+        )
         trainer = trainer_on(recipe, data)
         plan_stage.run_stage(trainer)
         reference.run_stage(trainer, trainer.graceful_stop)  # the reference pass: part of the end-to-end time
@@ -191,23 +252,56 @@ def worker(args) -> None:
     peak = torch.cuda.max_memory_allocated() if torch.cuda.is_available() else None
     counting = trainer.data_collator
     params = sum(p.numel() for p in trainer.model.parameters())
-    print("RESULT " + json.dumps({
-        "path": args.path, "pairs": len(data), "steps": trainer.state.global_step, "pairs_per_step": per_step,
-        "in_process_s": end - start, "train_s": end - train_start, "tokens": counting.tokens,
-        "positions": counting.positions, "computed": counting.computed, "prompt_tokens": counting.prompt,
-        "flops": counting.flops, "params": params, "gpu_peak_bytes": peak,
-        "rss_peak_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
-        "micro_batches_per_step": (trainer.run_plan.summary["micro_batches_per_step"]["mean"] if args.path != "trl"
-                                   else trainer.args.gradient_accumulation_steps),
-    }), flush=True)  # fmt: skip
+    print(
+        "RESULT "
+        + json.dumps(
+            {
+                "path": args.path,
+                "pairs": len(data),
+                "steps": trainer.state.global_step,
+                "pairs_per_step": per_step,
+                "in_process_s": end - start,
+                "train_s": end - train_start,
+                "tokens": counting.tokens,
+                "positions": counting.positions,
+                "computed": counting.computed,
+                "prompt_tokens": counting.prompt,
+                "flops": counting.flops,
+                "params": params,
+                "gpu_peak_bytes": peak,
+                "rss_peak_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+                "micro_batches_per_step": (
+                    trainer.run_plan.summary["micro_batches_per_step"]["mean"]
+                    if args.path != "trl"
+                    else trainer.args.gradient_accumulation_steps
+                ),
+            }
+        ),
+        flush=True,
+    )
 
 
 def run_once(args, path: str, folder: Path) -> dict:
     out = folder / f"run-{path}"
-    env = {**os.environ, "DPOTRAIN_CACHE": tempfile.mkdtemp(dir=folder), "HF_HUB_OFFLINE": "1",
-           "TOKENIZERS_PARALLELISM": "false"}  # fmt: skip
-    cmd = [sys.executable, __file__, "--worker", path, "--model", str(folder / "model"), "--data",
-           str(folder / "pairs.jsonl"), "--out", str(out), *args.passthrough]  # fmt: skip
+    env = {
+        **os.environ,
+        "DPOTRAIN_CACHE": tempfile.mkdtemp(dir=folder),
+        "HF_HUB_OFFLINE": "1",
+        "TOKENIZERS_PARALLELISM": "false",
+    }
+    cmd = [
+        sys.executable,
+        __file__,
+        "--worker",
+        path,
+        "--model",
+        str(folder / "model"),
+        "--data",
+        str(folder / "pairs.jsonl"),
+        "--out",
+        str(out),
+        *args.passthrough,
+    ]
     start = time.perf_counter()
     result = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     wall = time.perf_counter() - start
@@ -222,12 +316,19 @@ def summarize(runs: list[dict], peak_tflops: float | None) -> dict:
     wall = statistics.median(x["wall_s"] for x in runs)
     train = statistics.median(x["train_s"] for x in runs)
     out = {
-        "wall_s": wall, "train_s": train, "pairs_per_s": r["pairs"] / wall, "tokens_per_s": r["tokens"] / wall,
-        "train_tokens_per_s": r["tokens"] / train, "padding_share": 1 - r["computed"] / r["positions"],
-        "positions_per_pair": r["positions"] / r["pairs"], "prompt_share": r["prompt_tokens"] / r["tokens"],
-        "peak_memory_gib": (r["gpu_peak_bytes"] or r["rss_peak_bytes"]) / 2**30, "steps": r["steps"],
-        "micro_batches_per_step": r["micro_batches_per_step"], "walls": [round(x["wall_s"], 1) for x in runs],
-    }  # fmt: skip
+        "wall_s": wall,
+        "train_s": train,
+        "pairs_per_s": r["pairs"] / wall,
+        "tokens_per_s": r["tokens"] / wall,
+        "train_tokens_per_s": r["tokens"] / train,
+        "padding_share": 1 - r["computed"] / r["positions"],
+        "positions_per_pair": r["positions"] / r["pairs"],
+        "prompt_share": r["prompt_tokens"] / r["tokens"],
+        "peak_memory_gib": (r["gpu_peak_bytes"] or r["rss_peak_bytes"]) / 2**30,
+        "steps": r["steps"],
+        "micro_batches_per_step": r["micro_batches_per_step"],
+        "walls": [round(x["wall_s"], 1) for x in runs],
+    }
     if peak_tflops:
         # Model FLOPs of the tokens each path computed (dpotrain/forwards/flops.py): the policy's forward + backward,
         # and the
@@ -236,9 +337,14 @@ def summarize(runs: list[dict], peak_tflops: float | None) -> dict:
     return out
 
 
-PATHS = {"trl": "plain TRL", "packed": "packed", "shared": "packed + shared prompt",
-         # the same with every assistant turn trained (`assistant_turns: all`; the others train the final one)
-         "packed_all": "packed, every turn", "shared_all": "packed + shared prompt, every turn"}  # fmt: skip
+PATHS = {
+    "trl": "plain TRL",
+    "packed": "packed",
+    "shared": "packed + shared prompt",
+    # the same with every assistant turn trained (`assistant_turns: all`; the others train the final one)
+    "packed_all": "packed, every turn",
+    "shared_all": "packed + shared prompt, every turn",
+}
 
 
 def main() -> None:
@@ -266,8 +372,12 @@ def main() -> None:
         args.path = args.worker
         return worker(args)
 
-    args.passthrough = [f"--batch={args.batch}", f"--accumulation={args.accumulation}",
-                        f"--max-length={args.max_length}", f"--attn={args.attn}"]  # fmt: skip
+    args.passthrough = [
+        f"--batch={args.batch}",
+        f"--accumulation={args.accumulation}",
+        f"--max-length={args.max_length}",
+        f"--attn={args.attn}",
+    ]
     args.passthrough += ["--bf16"] * args.bf16 + ["--activation-checkpointing"] * args.activation_checkpointing
     with tempfile.TemporaryDirectory(prefix="dpo-throughput-") as tmp:
         folder = Path(tmp)
@@ -285,10 +395,12 @@ def main() -> None:
     first = results[args.paths[0]]
     params = runs[args.paths[0]][0]["params"]
     machine = torch.cuda.get_device_name() if args.device == "cuda" else f"{platform.processor() or 'CPU'}"
-    print(f"# DPO throughput, one epoch of {args.pairs} {args.data_set} pairs (prompt {first['prompt_share']:.0%} of "
-          f"their tokens), {first['steps']} steps of {args.batch * args.accumulation} pairs, max_length "
-          f"{args.max_length}, OLMo 3 '{args.shape}' ({params / 1e6:.1f}M params), {'bf16' if args.bf16 else 'fp32'}, "
-          f"{args.attn}, activation checkpointing {'on' if args.activation_checkpointing else 'off'}")  # fmt: skip
+    print(
+        f"# DPO throughput, one epoch of {args.pairs} {args.data_set} pairs (prompt {first['prompt_share']:.0%} of "
+        f"their tokens), {first['steps']} steps of {args.batch * args.accumulation} pairs, max_length "
+        f"{args.max_length}, OLMo 3 '{args.shape}' ({params / 1e6:.1f}M params), {'bf16' if args.bf16 else 'fp32'}, "
+        f"{args.attn}, activation checkpointing {'on' if args.activation_checkpointing else 'off'}"
+    )
     print(f"# machine: {machine}, {os.cpu_count()} CPUs; {args.runs} alternating runs per path, median\n")
     rows = [
         ("wall time, whole process (s)", "wall_s", "{:.1f}"),
@@ -308,8 +420,10 @@ def main() -> None:
         print(f"| {label} | " + " | ".join(fmt.format(results[p][key]) for p in args.paths) + " |")
     if "trl" in results:
         for path in args.paths[1:] if args.paths[0] == "trl" else [p for p in args.paths if p != "trl"]:
-            print(f"speed-up of {PATHS[path]} over plain TRL, whole process: "
-                  f"{results['trl']['wall_s'] / results[path]['wall_s']:.2f}x")  # fmt: skip
+            print(
+                f"speed-up of {PATHS[path]} over plain TRL, whole process: "
+                f"{results['trl']['wall_s'] / results[path]['wall_s']:.2f}x"
+            )
     print(json.dumps(results))
 
 

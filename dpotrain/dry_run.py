@@ -94,8 +94,12 @@ def summary(resolved: dict, json_file: Path | None, heading: str | None = None) 
     lines.extend(f"  {'':<15}{mixture.describe(r)}" for r in d.get("data_sources") or [])
     row("template", template_text(resolved))
     turns = resolved.get("assistant_turns", "final")
-    row("trained", "every assistant turn of each side (assistant_turns all, as open-instruct trained OLMo 3)"
-        if turns == "all" else "the final assistant turn of each side (assistant_turns final, TRL's)")  # fmt: skip
+    row(
+        "trained",
+        "every assistant turn of each side (assistant_turns all, as open-instruct trained OLMo 3)"
+        if turns == "all"
+        else "the final assistant turn of each side (assistant_turns final, TRL's)",
+    )
     if d.get("total_steps") is not None:
         n = resolved["num_train_epochs"]
         epochs = "" if resolved["max_steps"] > 0 else f" ({n:g} epoch{'s' * (n != 1)})"
@@ -109,30 +113,25 @@ def summary(resolved: dict, json_file: Path | None, heading: str | None = None) 
     row("processes", f"{d['world_size']} ({d['world_size_source']}){shape}")
     n, ranks = resolved.get("sequence_parallel_size", 1), d.get("data_parallel_size", d["world_size"])
     if n > 1:
-        row("sequence", f"each micro-batch split over a group of {n} processes (--sequence_parallel_size {n}): "
-            f"{ranks} data-parallel rank{'s' * (ranks > 1)} (processes / {n}) read the pairs")  # fmt: skip
+        row(
+            "sequence",
+            f"each micro-batch split over a group of {n} processes (--sequence_parallel_size {n}): "
+            f"{ranks} data-parallel rank{'s' * (ranks > 1)} (processes / {n}) read the pairs",
+        )
     over = "all processes" if n == 1 else f"{ranks} data-parallel rank{'s' * (ranks > 1)}"
     row("per step", f"{d['pairs_per_step']} pairs, over {over}{replaced_text(d, d['pairs_per_step'])}")
-    budget = resolved.get("max_tokens_per_microbatch")
-    if "micro_batches_per_step" in batching:
-        per = batching["micro_batches_per_step"]
-        positions = batching["positions_per_micro_batch"]["mean"]
-        cap = f" (at most {budget:,})" if budget else ""
-        row("micro-batches", f"{per['min']}-{per['max']} per step on each process (mean {per['mean']}), "
-            f"~{positions:,.0f} positions each{cap}")  # fmt: skip
-        tokens = per["mean"] * ranks * positions * (1 - batching["padding_share"])
-        row("tokens/step", f"~{tokens:,.0f} (from the pairs' token lengths; padding {batching['padding_share']:.1%})")
-        row("layout", batching["forward"])
-    else:
-        cut = f"at most {budget:,} packed tokens each" if budget else f"{resolved['per_device_train_batch_size']} pairs"
-        row("micro-batches", f"{cut}; how many per step, and tokens per step: {batching.get('planned', 'at start')}")
+    _batching_rows(resolved, batching, ranks, row)
     launcher = resolved["accelerate_config"]
     row("engine", memory.get("engine") or ("one process" if launcher.lower() in ("", "none") else launcher))
     clipping = d.get("gradient_clipping")
     if clipping:  # the value in effect (engine.gradient_clipping); grad_norm in the logs is the norm before it
         norm = clipping["max_grad_norm"]
-        row("clipping", clipping["clipped_by"] if norm is None else
-            f"global gradient norm {norm} (max_grad_norm), by {clipping['clipped_by']}")  # fmt: skip
+        row(
+            "clipping",
+            clipping["clipped_by"]
+            if norm is None
+            else f"global gradient norm {norm} (max_grad_norm), by {clipping['clipped_by']}",
+        )
     row("forward", forward_text(d.get("forward") or {}))
     lines += _memory_lines(memory, row)
     if resolved.get("compile_layers"):
@@ -144,6 +143,26 @@ def summary(resolved: dict, json_file: Path | None, heading: str | None = None) 
     # Last, where the eye lands: what the run itself would refuse (a login missing on a login node, the folder).
     lines += [f"warning: the run would refuse: {refusal}" for refusal in d.get("would_refuse") or []]
     return "\n".join(lines)
+
+
+def _batching_rows(resolved: dict, batching: dict, ranks: int, row) -> None:
+    """The summary's micro-batch rows: from the step plan where it is made, else what decides them at start."""
+    budget = resolved.get("max_tokens_per_microbatch")
+    if "micro_batches_per_step" in batching:
+        per = batching["micro_batches_per_step"]
+        positions = batching["positions_per_micro_batch"]["mean"]
+        cap = f" (at most {budget:,})" if budget else ""
+        row(
+            "micro-batches",
+            f"{per['min']}-{per['max']} per step on each process (mean {per['mean']}), "
+            f"~{positions:,.0f} positions each{cap}",
+        )
+        tokens = per["mean"] * ranks * positions * (1 - batching["padding_share"])
+        row("tokens/step", f"~{tokens:,.0f} (from the pairs' token lengths; padding {batching['padding_share']:.1%})")
+        row("layout", batching["forward"])
+    else:
+        cut = f"at most {budget:,} packed tokens each" if budget else f"{resolved['per_device_train_batch_size']} pairs"
+        row("micro-batches", f"{cut}; how many per step, and tokens per step: {batching.get('planned', 'at start')}")
 
 
 def replaced_text(derived: dict, pairs: int) -> str:
@@ -175,8 +194,10 @@ def forward_text(forward: dict) -> str:
         text = f"{f['layout']} on {f['attention']}"
         if len(estimates) > 1:
             unit, by = f["decision"]["unit"], f["decision"]["by"]
-            text += (f" ({by}: est. {shown(estimates[0]['estimate'])} against {shown(estimates[1]['estimate'])} for "
-                     f"{estimates[1]['forward']}, {unit})")  # fmt: skip
+            text += (
+                f" ({by}: est. {shown(estimates[0]['estimate'])} against {shown(estimates[1]['estimate'])} for "
+                f"{estimates[1]['forward']}, {unit})"
+            )
         parts.append(f"{name}: {text}")
     if "decided" in forward:
         parts.append(forward["decided"])
@@ -200,15 +221,21 @@ def _memory_lines(memory: dict, row) -> list[str]:
         row("checkpointing", f"{c['layers']}, chosen by {c['chosen_by']}")
     gpu, source = memory["gpu_memory_gib"], memory["gpu_memory_source"]
     if gpu is None:
-        row("GPU", f"not checked: no GPU here and no gpu_memory_gib in the recipe. Plan for yours with "
-            f"--gpu_memory_gib: {others}")  # fmt: skip
+        row(
+            "GPU",
+            f"not checked: no GPU here and no gpu_memory_gib in the recipe. Plan for yours with "
+            f"--gpu_memory_gib: {others}",
+        )
         return lines
     name = gpu_name(gpu)
     verdict = "fits" if memory["fits"] else "does NOT fit (--memory_check false let it through)"
     row("GPU", f"{verdict} one {gpu} GiB GPU{f' ({name})' if name else ''}, from {source}")
     if not source.startswith("detected"):
-        row("other GPUs", f"--gpu_memory_gib {others}; {other_nodes(memory['world_size'], memory['gpus_per_node'])} "
-            "(scripts/launch.sh sets both from the job's --nodes and --gpus-per-node)")  # fmt: skip
+        row(
+            "other GPUs",
+            f"--gpu_memory_gib {others}; {other_nodes(memory['world_size'], memory['gpus_per_node'])} "
+            "(scripts/launch.sh sets both from the job's --nodes and --gpus-per-node)",
+        )
     return lines
 
 

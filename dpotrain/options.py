@@ -38,53 +38,85 @@ def check_options(recipe: Recipe) -> None:
     if t.max_length is not None and t.max_length < 1:
         raise ConfigError(f"max_length must be >= 1 (got {t.max_length}), or `auto` to let the analyzer choose")
     if t.max_steps == 0 or t.max_steps < -1:
-        raise ConfigError(f"max_steps={t.max_steps} trains nothing: give a positive number of optimizer steps, or "
-                          "leave max_steps unset (-1) to train num_train_epochs")  # fmt: skip
+        raise ConfigError(
+            f"max_steps={t.max_steps} trains nothing: give a positive number of optimizer steps, or "
+            "leave max_steps unset (-1) to train num_train_epochs"
+        )
     if t.max_steps < 0 and t.num_train_epochs <= 0:
         raise ConfigError(f"num_train_epochs={t.num_train_epochs:g} trains nothing: the recipes use 1 (or --max_steps)")
     check_saving(recipe)
     if s.dataset_streaming:
-        raise ConfigError("dataset_streaming: the step plan and the reference stage need every pair's length up front; "
-                          "remove it (datasets memory-maps a loaded data set, so it need not fit in RAM)")  # fmt: skip
+        raise ConfigError(
+            "dataset_streaming: the step plan and the reference stage need every pair's length up front; "
+            "remove it (datasets memory-maps a loaded data set, so it need not fit in RAM)"
+        )
     if t.save_on_each_node:
-        raise ConfigError("save_on_each_node is not supported: checkpoints, their COMPLETE marks and the resume point "
-                          "live once in output_dir, which every node must see (a shared file system): remove "
-                          "save_on_each_node")  # fmt: skip
+        raise ConfigError(
+            "save_on_each_node is not supported: checkpoints, their COMPLETE marks and the resume point "
+            "live once in output_dir, which every node must see (a shared file system): remove "
+            "save_on_each_node"
+        )
     if s.ignore_bias_buffers:
-        raise ConfigError("ignore_bias_buffers is a DDP workaround of TRL's own script that this project does not "
-                          "apply (it launches with DeepSpeed): remove it")  # fmt: skip
+        raise ConfigError(
+            "ignore_bias_buffers is a DDP workaround of TRL's own script that this project does not "
+            "apply (it launches with DeepSpeed): remove it"
+        )
     if recipe.project.hh_format not in shapes.HH_FORMATS:
-        raise ConfigError(f"hh_format {recipe.project.hh_format!r}: choose `messages` (HH-RLHF strings through the "
-                          "chat template, the default) or `text` (the raw strings)")  # fmt: skip
+        raise ConfigError(
+            f"hh_format {recipe.project.hh_format!r}: choose `messages` (HH-RLHF strings through the "
+            "chat template, the default) or `text` (the raw strings)"
+        )
     if t.train_sampling_strategy == "group_by_length":
-        raise ConfigError("train_sampling_strategy group_by_length does not work on preference data (it needs an "
-                          "input_ids column): remove it (the default, random, is what the recipes use)")  # fmt: skip
+        raise ConfigError(
+            "train_sampling_strategy group_by_length does not work on preference data (it needs an "
+            "input_ids column): remove it (the default, random, is what the recipes use)"
+        )
     if t.use_liger_kernel and importlib.util.find_spec("liger_kernel") is None:
-        raise ConfigError("use_liger_kernel needs the liger-kernel package, which this project does not install: "
-                          "remove --use_liger_kernel")  # fmt: skip
+        raise ConfigError(
+            "use_liger_kernel needs the liger-kernel package, which this project does not install: "
+            "remove --use_liger_kernel"
+        )
     if t.sync_ref_model and recipe.model.use_peft:
-        raise ConfigError("sync_ref_model does not work with use_peft (the reference is the base with the adapter "
-                          "disabled): remove one of them")  # fmt: skip
+        raise ConfigError(
+            "sync_ref_model does not work with use_peft (the reference is the base with the adapter "
+            "disabled): remove one of them"
+        )
     if t.sync_ref_model and t.precompute_ref_log_probs:
-        raise ConfigError("sync_ref_model updates the reference, so its log-probs cannot be precomputed: pass "
-                          "--precompute_ref_log_probs false, or remove --sync_ref_model")  # fmt: skip
-    if t.eval_strategy != "no" and not mixture.given(mixture.fields_of(recipe), evaluation=True):
-        if s.dataset_name is None:  # a training mixture: the held-out pairs are a mixture too
-            raise ConfigError("eval_strategy with a training mixture needs its held-out pairs named the same way: "
-                              "`eval_datasets:` or --dataset_mixer_eval_list SOURCE AMOUNT ..., or remove "
-                              "eval_strategy")  # fmt: skip
-        if data.is_local(s.dataset_name) and not Path(s.dataset_name).expanduser().is_dir():
-            raise ConfigError(f"eval_strategy needs a held-out split, and the local file "
-                              f"{s.dataset_name!r} has one split only: save a DatasetDict with a "
-                              f"{s.dataset_test_split!r} split (save_to_disk) or use a Hub data set that has one, "
-                              "or remove eval_strategy")  # fmt: skip
-    elif "dataset_test_split" in recipe.given:
-        raise ConfigError(f"dataset_test_split {s.dataset_test_split!r} is only used for evaluation: add "
-                          "--eval_strategy steps --eval_steps N, or remove dataset_test_split")  # fmt: skip
+        raise ConfigError(
+            "sync_ref_model updates the reference, so its log-probs cannot be precomputed: pass "
+            "--precompute_ref_log_probs false, or remove --sync_ref_model"
+        )
+    check_evaluation(recipe)
     if recipe.project.dataset_revision is not None and not hub_revision.applies(s.dataset_name):
         reads = "this run reads a mixture" if s.dataset_name is None else f"{s.dataset_name!r} is local"
-        raise ConfigError(f"dataset_revision {recipe.project.dataset_revision!r} names a commit of a Hub data set, and "
-                          f"{reads}: remove dataset_revision")  # fmt: skip
+        raise ConfigError(
+            f"dataset_revision {recipe.project.dataset_revision!r} names a commit of a Hub data set, and "
+            f"{reads}: remove dataset_revision"
+        )
+
+
+def check_evaluation(recipe: Recipe) -> None:
+    """Evaluation needs held-out pairs: a held-out mixture, or the data set's test split (a local file has none)."""
+    t, s = recipe.training, recipe.script
+    if t.eval_strategy != "no" and not mixture.given(mixture.fields_of(recipe), evaluation=True):
+        if s.dataset_name is None:  # a training mixture: the held-out pairs are a mixture too
+            raise ConfigError(
+                "eval_strategy with a training mixture needs its held-out pairs named the same way: "
+                "`eval_datasets:` or --dataset_mixer_eval_list SOURCE AMOUNT ..., or remove "
+                "eval_strategy"
+            )
+        if data.is_local(s.dataset_name) and not Path(s.dataset_name).expanduser().is_dir():
+            raise ConfigError(
+                f"eval_strategy needs a held-out split, and the local file "
+                f"{s.dataset_name!r} has one split only: save a DatasetDict with a "
+                f"{s.dataset_test_split!r} split (save_to_disk) or use a Hub data set that has one, "
+                "or remove eval_strategy"
+            )
+    elif "dataset_test_split" in recipe.given:
+        raise ConfigError(
+            f"dataset_test_split {s.dataset_test_split!r} is only used for evaluation: add "
+            "--eval_strategy steps --eval_steps N, or remove dataset_test_split"
+        )
 
 
 def check_saving(recipe: Recipe) -> None:
@@ -94,9 +126,11 @@ def check_saving(recipe: Recipe) -> None:
     t = recipe.training
     strategy = getattr(t.save_strategy, "value", t.save_strategy)
     if strategy == "steps" and t.save_steps <= 0:
-        raise ConfigError(f"save_steps={t.save_steps:g} saves no checkpoint until the end, and a requeued job would "
-                          "restart from step 0: give a number of steps (the recipes save every 100) or a fraction of "
-                          "the run (0.1), or --save_strategy no to save none on purpose")  # fmt: skip
+        raise ConfigError(
+            f"save_steps={t.save_steps:g} saves no checkpoint until the end, and a requeued job would "
+            "restart from step 0: give a number of steps (the recipes save every 100) or a fraction of "
+            "the run (0.1), or --save_strategy no to save none on purpose"
+        )
     preemptible = os.environ.get("SLURM_JOB_ID") or os.environ.get("DPOTRAIN_STOP_FILE")
     if strategy == "no" and preemptible and int(os.environ.get("RANK", "0")) == 0:
         print(
@@ -116,9 +150,11 @@ def check_model(model: str) -> None:
         raise ConfigError(f"model folder {model!r} does not exist: check the path, or give a Hub name like org/model")
     if path.is_dir() and not any((path / f).is_file() for f in ("config.json", "adapter_config.json")):
         what = "is empty" if not any(path.iterdir()) else "holds no config.json"
-        raise ConfigError(f"model folder {model!r} {what}: point model_name_or_path at the folder that "
-                          "save_pretrained wrote (config.json, weights, tokenizer), or give a Hub name like "
-                          "org/model")  # fmt: skip
+        raise ConfigError(
+            f"model folder {model!r} {what}: point model_name_or_path at the folder that "
+            "save_pretrained wrote (config.json, weights, tokenizer), or give a Hub name like "
+            "org/model"
+        )
 
 
 def check_precision(recipe: Recipe) -> None:
@@ -130,8 +166,10 @@ def check_precision(recipe: Recipe) -> None:
     import torch
 
     if t.use_cpu or not (recipe.project.dry_run or torch.cuda.is_available()):
-        raise ConfigError("fp16 needs a CUDA GPU and this run has none (fp16 would not be applied: it would train in "
-                          "fp32): pass --fp16 false, or run on a GPU")  # fmt: skip
+        raise ConfigError(
+            "fp16 needs a CUDA GPU and this run has none (fp16 would not be applied: it would train in "
+            "fp32): pass --fp16 false, or run on a GPU"
+        )
 
 
 WANDB_OFFLINE_MODES = ("offline", "disabled", "dryrun")  # W&B modes that never reach its server
@@ -150,8 +188,10 @@ def check_wandb(recipe: Recipe) -> None:
             return  # `wandb login` wrote ~/.netrc
     except Exception:  # wandb's internals moved: let wandb itself decide
         return
-    raise ConfigError("report_to wandb but no W&B login: add WANDB_API_KEY=... to .env, run `wandb login`, set "
-                      "WANDB_MODE=offline (sync later with `wandb sync`), or pass --report_to none")  # fmt: skip
+    raise ConfigError(
+        "report_to wandb but no W&B login: add WANDB_API_KEY=... to .env, run `wandb login`, set "
+        "WANDB_MODE=offline (sync later with `wandb sync`), or pass --report_to none"
+    )
 
 
 def check_wandb_reachable(recipe: Recipe) -> None:
@@ -168,15 +208,19 @@ def check_wandb_reachable(recipe: Recipe) -> None:
 
     url = os.environ.get("WANDB_BASE_URL", "https://api.wandb.ai").rstrip("/")
     try:
-        within(PROBE_SECONDS, lambda: urllib.request.urlopen(urllib.request.Request(url, method="HEAD"),
-                                                             timeout=PROBE_SECONDS).close())  # fmt: skip
+        within(
+            PROBE_SECONDS,
+            lambda: urllib.request.urlopen(urllib.request.Request(url, method="HEAD"), timeout=PROBE_SECONDS).close(),
+        )
     except urllib.error.HTTPError:
         return  # the server answered
     except Exception as e:
         reason = getattr(e, "reason", None) or e
-        raise ConfigError(f"report_to wandb, and W&B does not answer here ({url}: {reason}): set WANDB_MODE=offline "
-                          "to log to files (sync them later with `wandb sync`), fix WANDB_BASE_URL / HTTPS_PROXY, or "
-                          "pass --report_to none") from None  # fmt: skip
+        raise ConfigError(
+            f"report_to wandb, and W&B does not answer here ({url}: {reason}): set WANDB_MODE=offline "
+            "to log to files (sync them later with `wandb sync`), fix WANDB_BASE_URL / HTTPS_PROXY, or "
+            "pass --report_to none"
+        ) from None
 
 
 def check_plan(plan: dict, max_steps: int = -1) -> None:

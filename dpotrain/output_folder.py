@@ -75,8 +75,10 @@ def check(output_dir: str, lock: bool = True) -> None:
 
     out = Path(output_dir)
     if out.exists() and not out.is_dir():
-        raise ConfigError(f"output_dir {output_dir!r} is a file, not a folder: pass --output_dir a folder (new or "
-                          "one of an earlier run)")  # fmt: skip
+        raise ConfigError(
+            f"output_dir {output_dir!r} is a file, not a folder: pass --output_dir a folder (new or "
+            "one of an earlier run)"
+        )
     if lock and int(os.environ.get("RANK", "0")) == 0:  # the run writes there; a dry run does not
         check_writable(out)
     if not out.is_dir():
@@ -84,9 +86,11 @@ def check(output_dir: str, lock: bool = True) -> None:
     found = [e.name for e in out.iterdir() if not run_lock.is_lock_file(e.name)]
     if found and read_manifest(out) is None and not is_legacy_run(out):
         shown = ", ".join(sorted(found)[:3]) + (", ..." if len(found) > 3 else "")
-        raise ConfigError(f"output_dir {output_dir!r} holds files that are not a run's ({len(found)}: {shown}): a run "
-                          "would write over them, with or without --overwrite_output_dir; pass --output_dir a new or "
-                          "empty folder (e.g. outputs/<name>)")  # fmt: skip
+        raise ConfigError(
+            f"output_dir {output_dir!r} holds files that are not a run's ({len(found)}: {shown}): a run "
+            "would write over them, with or without --overwrite_output_dir; pass --output_dir a new or "
+            "empty folder (e.g. outputs/<name>)"
+        )
     # The main process alone: another rank of this launch, slower here, would find the lock its main process just took.
     if lock and int(os.environ.get("RANK", "0")) == 0:
         run_lock.check_free(out)
@@ -97,17 +101,21 @@ def check_writable(out: Path) -> None:
     no permission) is refused in one line now. A folder still to be made is probed in the nearest one that exists."""
     problem = unwritable(out)
     if problem:
-        raise ConfigError(f"output_dir {str(out)!r}: cannot write in {problem[0]} ({problem[1]}): pass --output_dir a "
-                          "folder this job can write in")  # fmt: skip
+        raise ConfigError(
+            f"output_dir {str(out)!r}: cannot write in {problem[0]} ({problem[1]}): pass --output_dir a "
+            "folder this job can write in"
+        )
 
 
 def check_plan(output_dir: str, start_afresh: bool) -> None:
     """Refuses to replace a run whose own files are not recorded (written before run_files.json existed)."""
     out = Path(output_dir)
     if start_afresh and out.is_dir() and read_manifest(out) is None and is_legacy_run(out):
-        raise ConfigError(f"output_dir {output_dir!r} holds a run written before runs recorded their own files (no "
-                          f"{MANIFEST}), so --overwrite_output_dir cannot tell them from yours: move or delete that "
-                          "run yourself, or pass a new --output_dir")  # fmt: skip
+        raise ConfigError(
+            f"output_dir {output_dir!r} holds a run written before runs recorded their own files (no "
+            f"{MANIFEST}), so --overwrite_output_dir cannot tell them from yours: move or delete that "
+            "run yourself, or pass a new --output_dir"
+        )
 
 
 def start(recipe, start_afresh: bool, pushes: bool) -> None:
@@ -140,8 +148,11 @@ def replace(out: Path, names: list[str]) -> None:
     for entry in removed:
         shutil.rmtree(entry) if entry.is_dir() and not entry.is_symlink() else entry.unlink(missing_ok=True)
     left = [e.name for e in out.iterdir() if e.name not in (MANIFEST, LOCK_FILE)]
-    print(f"Replaced the run in {out}: removed its {len(removed)} own file(s) and folder(s)"
-          + (f"; kept {len(left)} others ({', '.join(sorted(left)[:5])})" if left else ""), flush=True)  # fmt: skip
+    print(
+        f"Replaced the run in {out}: removed its {len(removed)} own file(s) and folder(s)"
+        + (f"; kept {len(left)} others ({', '.join(sorted(left)[:5])})" if left else ""),
+        flush=True,
+    )
 
 
 @contextmanager

@@ -123,9 +123,17 @@ def score(recipe, found, sample) -> dict:
         # A sample's reference log-probs are of no use to training: the reference cache (reference.py, under
         # $DPOTRAIN_CACHE) and the output folder live in a folder removed afterwards. Nothing to push (the Trainer
         # would create the repo at start), no evaluation (the sample is all it scores), no training.
-        only_scoring = {"training": {"precompute_ref_log_probs": True, "report_to": [], "push_to_hub": False,
-                                     "eval_strategy": IntervalStrategy.NO, "do_eval": False, "output_dir": tmp},
-                        "project": {"health_checks": False, "samples_every": 0}}  # fmt: skip
+        only_scoring = {
+            "training": {
+                "precompute_ref_log_probs": True,
+                "report_to": [],
+                "push_to_hub": False,
+                "eval_strategy": IntervalStrategy.NO,
+                "do_eval": False,
+                "output_dir": tmp,
+            },
+            "project": {"health_checks": False, "samples_every": 0},
+        }
         scoring = config.decided(recipe, only_scoring)
         resolved = stages.first_half(scoring, found, pairs=stages.given_pairs(scoring, found, sample))
         trainer = build_trainer(resolved)
@@ -385,8 +393,9 @@ def _name(recipe):
     return [source.spec() for source in sources] if sources is not None else recipe.script.dataset_name
 
 
-def run(recipe, found, sample_size: int = DEFAULT_SAMPLE, seed: int | None = None, json_path=None,
-        plot_path=None) -> int:  # fmt: skip
+def run(
+    recipe, found, sample_size: int = DEFAULT_SAMPLE, seed: int | None = None, json_path=None, plot_path=None
+) -> int:
     """The whole preflight on a recipe checked by `stages.checks` (`found`: its launch); returns the exit status. The
     pairs are the run's: loaded by the run's data stage (a Hub data set at the run's commit, every row checked), and
     `max_length: auto` resolved by its lengths stage."""

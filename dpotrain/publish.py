@@ -68,12 +68,17 @@ def finish_outputs(recipe, built, resolved: dict, push) -> None:
     if push.requested and offline.is_offline():
         limit = training.save_total_limit if push.checkpoints else None  # rotation deleted the older ones
         kept = f" (the last {limit} checkpoints, those still on disk)" if limit else ""
-        print(f"HF_HUB_OFFLINE is set, so nothing was pushed: push{kept} from a machine that reaches the Hub "
-              f"with `{command}`", flush=True)  # fmt: skip
+        print(
+            f"HF_HUB_OFFLINE is set, so nothing was pushed: push{kept} from a machine that reaches the Hub "
+            f"with `{command}`",
+            flush=True,
+        )
     elif push.requested:
         try:
             url = hub.push_run(out, push.repo_id, token=push.token, private=push.private)
         except Exception as e:  # the run itself is saved and complete: say how to push it
-            raise SystemExit(f"error: pushing {out} to {push.repo_id} failed ({cause(e)}); the run is saved, "
-                             f"push it with `{command}`") from None  # fmt: skip
+            raise SystemExit(
+                f"error: pushing {out} to {push.repo_id} failed ({cause(e)}); the run is saved, "
+                f"push it with `{command}`"
+            ) from None
         print(f"Pushed to {url}", flush=True)

@@ -73,8 +73,11 @@ class Batch:
 
     def settings(self) -> dict:
         """The recipe fields this decision sets (`config.decided`)."""
-        accumulation = {} if self.gradient_accumulation_steps is None else {
-            "gradient_accumulation_steps": self.gradient_accumulation_steps}  # fmt: skip
+        accumulation = (
+            {}
+            if self.gradient_accumulation_steps is None
+            else {"gradient_accumulation_steps": self.gradient_accumulation_steps}
+        )
         return {"project": {"pairs_per_step": self.pairs_per_step}, "training": accumulation}
 
 
@@ -135,13 +138,45 @@ class OutputPlan:
 # sequence_parallel_size: it splits the same work otherwise, and the steps, pairs per step and reference cache do not
 # depend on it (tests/test_sequence_parallel.py resumes a group's checkpoint without one).
 RESUME_FIELDS = (
-    "model_name_or_path", "model_revision", "dataset_name", "dataset_config", "dataset_train_split", "skip_invalid",
-    "hh_format", "assistant_turns", "datasets", "dataset_mixer_list", "dataset_mixer_list_splits",
-    "learning_rate", "lr_scheduler_type", "lr_scheduler_kwargs", "warmup_steps", "num_train_epochs", "max_steps",
-    "optim", "weight_decay", "adam_beta1", "adam_beta2", "adam_epsilon", "max_grad_norm", "seed", "data_seed",
-    "beta", "loss_type", "loss_weights", "label_smoothing", "max_length", "truncation_mode",
-    "use_peft", "lora_r", "lora_alpha", "lora_dropout", "lora_target_modules", "use_rslora", "use_dora",
-)  # fmt: skip
+    "model_name_or_path",
+    "model_revision",
+    "dataset_name",
+    "dataset_config",
+    "dataset_train_split",
+    "skip_invalid",
+    "hh_format",
+    "assistant_turns",
+    "datasets",
+    "dataset_mixer_list",
+    "dataset_mixer_list_splits",
+    "learning_rate",
+    "lr_scheduler_type",
+    "lr_scheduler_kwargs",
+    "warmup_steps",
+    "num_train_epochs",
+    "max_steps",
+    "optim",
+    "weight_decay",
+    "adam_beta1",
+    "adam_beta2",
+    "adam_epsilon",
+    "max_grad_norm",
+    "seed",
+    "data_seed",
+    "beta",
+    "loss_type",
+    "loss_weights",
+    "label_smoothing",
+    "max_length",
+    "truncation_mode",
+    "use_peft",
+    "lora_r",
+    "lora_alpha",
+    "lora_dropout",
+    "lora_target_modules",
+    "use_rslora",
+    "use_dora",
+)
 
 
 def changed_settings(recipe: Recipe, out: Path, pairs_per_step: int | None) -> list[str]:
@@ -161,13 +196,19 @@ def changed_settings(recipe: Recipe, out: Path, pairs_per_step: int | None) -> l
     mixed = {"dataset_name", "datasets", "dataset_mixer_list", "dataset_mixer_list_splits"}
     content = None if mixed & set(fields) else mixture.content_changed(recipe, old.get("derived", {}))
     # The model's weights, tokenizer and template by their files (a Hub model by its commit): model_identity.py
-    model = None if {"model_name_or_path", "model_revision"} & set(fields) else (
-        model_identity.changed(recipe, old.get("derived", {}).get("model_identity")))  # fmt: skip
+    model = (
+        None
+        if {"model_name_or_path", "model_revision"} & set(fields)
+        else (model_identity.changed(recipe, old.get("derived", {}).get("model_identity")))
+    )
     # The template by its content (chat_template.py): the same file moved resumes, an edited one does not.
     template = chat_template.changed(old.get("derived", {}).get("chat_template"), recipe.project.chat_template_path)
-    return ([f"{f}: {old[f]!r} -> {new.get(f)!r}" for f in fields] + ([f"dataset content: {content}"] if content
-            else []) + ([f"model: {model}"] if model else []) + ([f"chat template: {template}"] if template
-            else []))  # fmt: skip
+    return (
+        [f"{f}: {old[f]!r} -> {new.get(f)!r}" for f in fields]
+        + ([f"dataset content: {content}"] if content else [])
+        + ([f"model: {model}"] if model else [])
+        + ([f"chat template: {template}"] if template else [])
+    )
 
 
 def check_explicit_settings(recipe: Recipe, folder: Path, pairs_per_step: int | None) -> None:
@@ -176,14 +217,19 @@ def check_explicit_settings(recipe: Recipe, folder: Path, pairs_per_step: int | 
     run = folder.resolve().parent
     if not (run / "resolved_config.json").is_file():
         if int(os.environ.get("RANK", "0")) == 0:  # every rank runs this, before the processes start
-            print(f"resume_from_checkpoint {folder}: no resolved_config.json beside it (not a run of this project), so "
-                  "its settings cannot be compared with this run's", flush=True)  # fmt: skip
+            print(
+                f"resume_from_checkpoint {folder}: no resolved_config.json beside it (not a run of this project), so "
+                "its settings cannot be compared with this run's",
+                flush=True,
+            )
         return
     changed = changed_settings(recipe, run, pairs_per_step)
     if changed:
-        raise ConfigError(f"resume_from_checkpoint {str(folder)!r} was written by a run with other settings "
-                          f"({'; '.join(changed)}): rerun with its settings to resume it, or start a new run from its "
-                          f"weights (--model_name_or_path {folder}, a new --output_dir)")  # fmt: skip
+        raise ConfigError(
+            f"resume_from_checkpoint {str(folder)!r} was written by a run with other settings "
+            f"({'; '.join(changed)}): rerun with its settings to resume it, or start a new run from its "
+            f"weights (--model_name_or_path {folder}, a new --output_dir)"
+        )
 
 
 def check_output_dir(recipe: Recipe, pairs_per_step: int | None = None) -> OutputPlan:

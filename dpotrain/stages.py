@@ -45,9 +45,14 @@ FA4_SETS = {"with FlashAttention 4 installed": "flash_attention_4", "without": N
 
 
 ANALYZER_FIELDS = {  # the recipe field -> the recipe object that holds it, for what the analyzer measures
-    "model_name_or_path": "model", "dataset_name": "script", "dataset_train_split": "script",
-    "dataset_config": "script", "hh_format": "project", "auto_coverage": "project", "chat_template_path": "project",
-}  # fmt: skip
+    "model_name_or_path": "model",
+    "dataset_name": "script",
+    "dataset_train_split": "script",
+    "dataset_config": "script",
+    "hh_format": "project",
+    "auto_coverage": "project",
+    "chat_template_path": "project",
+}
 # What the analyzer takes where the recipe file says nothing (scripts/analyze_dataset.py).
 ANALYZER_DEFAULTS = {"dataset_train_split": "train", "hh_format": "messages", "auto_coverage": lengths.DEFAULT_COVERAGE}
 
@@ -98,16 +103,19 @@ class Launch:
         return sequence_parallel.data_parallel_size(self.world, self.sequence_parallel)
 
     def record(self) -> dict:
-        return {"world_size": self.world, "world_size_source": self.world_source,
-                "data_parallel_size": self.data_parallel, "gradient_clipping": self.clipping}  # fmt: skip
+        return {
+            "world_size": self.world,
+            "world_size_source": self.world_source,
+            "data_parallel_size": self.data_parallel,
+            "gradient_clipping": self.clipping,
+        }
 
 
 def plans_for_gpu(recipe) -> bool:
     """Whether a dry run plans for GPUs: this machine has one, or the recipe names a GPU's memory, or trains in bf16 or
     fp16 (as on GPUs) without `use_cpu`."""
     t = recipe.training
-    return choice.cuda_available() or bool(recipe.project.gpu_memory_gib) or (
-        (t.bf16 or t.fp16) and not t.use_cpu)  # fmt: skip
+    return choice.cuda_available() or bool(recipe.project.gpu_memory_gib) or ((t.bf16 or t.fp16) and not t.use_cpu)
 
 
 def launch(recipe) -> Launch:
@@ -179,8 +187,11 @@ def output_checks(recipe, found: Launch, push) -> resolve.OutputPlan:
         plan = check(resolve.check_output_dir, recipe, found.batch.pairs_per_step) or plan
     kept = None if plan.start_afresh else hub_revision.kept(recipe, training.output_dir)  # the data's commit
     if kept and int(os.environ.get("RANK", "0")) == 0:
-        print(f"Resuming on {recipe.script.dataset_name}: commit {kept[:12]}, the one this run started on "
-              "(dataset_revision)", flush=True)  # fmt: skip
+        print(
+            f"Resuming on {recipe.script.dataset_name}: commit {kept[:12]}, the one this run started on "
+            "(dataset_revision)",
+            flush=True,
+        )
     resume.check_partitions(plan.resume_from, found.world, found.engine)  # the engine and processes that wrote it
     check(output_folder.check_plan, training.output_dir, plan.start_afresh)
     if not found.planning:  # a dry run says what it could not decide without them, and the command that decides it
@@ -225,19 +236,34 @@ def load_data(recipe, found: Launch, say: bool = True, state=None, output: resol
         offline.check_job_reachable(recipe, model=False)  # a data set to download: the Hub must answer, within seconds
         revision = pin_data(recipe, revision, state)
     checked: dict = {}
-    dataset = data.load_preference_dataset(script.dataset_name, script.dataset_train_split, script.dataset_config,
-                                           revision, streaming=script.dataset_streaming)  # fmt: skip
+    dataset = data.load_preference_dataset(
+        script.dataset_name,
+        script.dataset_train_split,
+        script.dataset_config,
+        revision,
+        streaming=script.dataset_streaming,
+    )
     hub_revision.check_loaded(dataset, script.dataset_name, revision)
     template = answers_template(recipe, found)
     if hasattr(dataset, "__len__"):
-        dataset = rows.usable_pairs(dataset, skip, checked, "invalid_rows", shape, split=script.dataset_train_split,
-                                    say=say, source=script.dataset_name, template=template)  # fmt: skip
+        dataset = rows.usable_pairs(
+            dataset,
+            skip,
+            checked,
+            "invalid_rows",
+            shape,
+            split=script.dataset_train_split,
+            say=say,
+            source=script.dataset_name,
+            template=template,
+        )
     eval_dataset = _load_eval(recipe, checked, say, template, revision)
     rows_read = len(dataset) if hasattr(dataset, "__len__") else None
     steps = resolve.plan_steps(recipe, found.batch, found.data_parallel, rows_read)
     if say and not found.planning:  # the data's content, recorded: a rerun on changed data refuses to resume
         checked["data_identity"] = data_identity.of(script.dataset_name, script.dataset_train_split) or (
-            hub_revision.identity(revision))  # fmt: skip
+            hub_revision.identity(revision)
+        )
     options.check_plan(steps, recipe.training.max_steps)
     return Data(dataset, eval_dataset, steps, checked, None, revision)
 
@@ -280,8 +306,17 @@ def _load_mixture(recipe, found: Launch, say: bool) -> Data:
     p, checked = recipe.project, {}
     identify = say and not found.planning  # the content, recorded: a rerun on changed data refuses to resume
     template = answers_template(recipe, found)
-    train, mix = mixture.load(mixture.parse(mixture.fields_of(recipe)), recipe.training.seed, p.skip_invalid,
-                              p.hh_format, checked, "invalid_rows", say, identify, template)  # fmt: skip
+    train, mix = mixture.load(
+        mixture.parse(mixture.fields_of(recipe)),
+        recipe.training.seed,
+        p.skip_invalid,
+        p.hh_format,
+        checked,
+        "invalid_rows",
+        say,
+        identify,
+        template,
+    )
     checked["data_sources"] = mix.records
     eval_dataset = _load_eval(recipe, checked, say, template)
     steps = resolve.plan_steps(recipe, found.batch, found.data_parallel, len(train))
@@ -297,15 +332,25 @@ def _load_eval(recipe, checked: dict, say: bool, template=None, revision: str | 
         return None
     held_out = mixture.parse(mixture.fields_of(recipe), evaluation=True)
     if held_out is not None:
-        eval_dataset, eval_mix = mixture.load(held_out, recipe.training.seed, skip, shape, checked,
-                                              "invalid_eval_rows", say, template=template)  # fmt: skip
+        eval_dataset, eval_mix = mixture.load(
+            held_out, recipe.training.seed, skip, shape, checked, "invalid_eval_rows", say, template=template
+        )
         checked["eval_sources"] = eval_mix.records
     else:
-        eval_dataset = data.load_preference_dataset(script.dataset_name, script.dataset_test_split,
-                                                    script.dataset_config, revision)  # fmt: skip
-        eval_dataset = rows.usable_pairs(eval_dataset, skip, checked, "invalid_eval_rows", shape, say=say,
-                                         split=script.dataset_test_split, source=script.dataset_name,
-                                         template=template)  # fmt: skip
+        eval_dataset = data.load_preference_dataset(
+            script.dataset_name, script.dataset_test_split, script.dataset_config, revision
+        )
+        eval_dataset = rows.usable_pairs(
+            eval_dataset,
+            skip,
+            checked,
+            "invalid_eval_rows",
+            shape,
+            say=say,
+            split=script.dataset_test_split,
+            source=script.dataset_name,
+            template=template,
+        )
     checked["eval_rows"] = len(eval_dataset)
     return eval_dataset
 
@@ -342,9 +387,11 @@ class Lengths:
         return {"training": {"max_length": self.max_length}} if chosen else {}
 
     def record(self) -> dict:
-        return ({} if self.auto is None else {"max_length": self.auto}) | (
-            {} if self.sources is None else {"data_sources": self.sources}) | (
-            {} if self.template is None else {"chat_template": self.template})  # fmt: skip
+        return (
+            ({} if self.auto is None else {"max_length": self.auto})
+            | ({} if self.sources is None else {"data_sources": self.sources})
+            | ({} if self.template is None else {"chat_template": self.template})
+        )
 
 
 def _tokenizer(recipe, model_path: str, local_only: bool):
@@ -381,8 +428,9 @@ def _analyzer_cache(recipe, found: Launch, tokenizer, dataset) -> tuple[tuple | 
         return measured, lengths.resolution_of(measured, p.auto_coverage, positions)
     if dataset is None:
         return None, None
-    m, auto = lengths.analyse(dataset, tokenizer, p.auto_coverage, dataset_id, progress=not found.planning,
-                              max_positions=positions)  # fmt: skip
+    m, auto = lengths.analyse(
+        dataset, tokenizer, p.auto_coverage, dataset_id, progress=not found.planning, max_positions=positions
+    )
     return (m, Path(auto["report"])), auto
 
 
@@ -411,16 +459,21 @@ def measure_lengths(recipe, found: Launch, pairs: Data, model_path: str, state=N
         measured = (every, "the mixture's pairs, measured at start")
     if measured is not None:
         m, report = measured
-        found_pairs = cost.Lengths(m.prompt, m.chosen, m.rejected, report if isinstance(report, str) else
-                                   f"the analyzer's cached lengths ({report})")  # fmt: skip
+        found_pairs = cost.Lengths(
+            m.prompt,
+            m.chosen,
+            m.rejected,
+            report if isinstance(report, str) else f"the analyzer's cached lengths ({report})",
+        )
     elif pairs.train is not None and tokenizer is not None:
         found_pairs = sample.sampled(pairs.train, tokenizer, t.seed, p.hh_format)
     else:
         found_pairs = None
     if found_pairs is not None and max_length is not None:
         # A max_length that drops every pair leaves the trainer nothing: refused here, before the model loads.
-        counted = cuts.count(found_pairs.prompt, found_pairs.chosen, found_pairs.rejected, max_length,
-                             t.truncation_mode)  # fmt: skip
+        counted = cuts.count(
+            found_pairs.prompt, found_pairs.chosen, found_pairs.rejected, max_length, t.truncation_mode
+        )
         cuts.check(counted, found_pairs.prompt, found_pairs.source)
     shares = pairs.mix.with_token_shares(measured[0]) if pairs.mix is not None and measured is not None else None
     template = chat_template.record(p.chat_template_path, tokenizer)
@@ -445,8 +498,10 @@ class Forward:
         the attention the model loads with, packed or padded."""
         if self.planned is None or len(self.options) != 1 or self.decided:
             return {}
-        return {"model": {"attn_implementation": self.planned.attention},
-                "training": {"padding_free": self.planned.packed}}  # fmt: skip
+        return {
+            "model": {"attn_implementation": self.planned.attention},
+            "training": {"padding_free": self.planned.packed},
+        }
 
     def record(self) -> dict:
         if len(self.options) == 1 and not self.decided:
@@ -464,8 +519,9 @@ def _model_config(recipe, model_path: str, local_only: bool):
     from transformers import AutoConfig
 
     try:
-        config = AutoConfig.from_pretrained(model_path, revision=recipe.model.model_revision,
-                                            local_files_only=local_only)  # fmt: skip
+        config = AutoConfig.from_pretrained(
+            model_path, revision=recipe.model.model_revision, local_files_only=local_only
+        )
         return config, None
     except (OSError, ValueError):
         if not local_only:
@@ -481,8 +537,13 @@ def decide_forward(recipe, found: Launch, model_path: str, pair_lengths: Lengths
         return Forward(None, {}, decided=f"at start, from the data's lengths ({why})")
     sequence_parallel.check_heads(found.sequence_parallel, config, found.world)  # a group splits the heads
     # Sequences past the model's positions: refused from the longest the data or max_length lets through
-    positions.check(config, recipe.model.model_name_or_path, recipe.training.max_length, pair_lengths.pairs,
-                    whole_split=pair_lengths.measured is not None)  # fmt: skip
+    positions.check(
+        config,
+        recipe.model.model_name_or_path,
+        recipe.training.max_length,
+        pair_lengths.pairs,
+        whole_split=pair_lengths.measured is not None,
+    )
     if pair_lengths.pairs is None:
         return _undecided(recipe, found, config)
     if len(found.machines) == 1:
@@ -491,8 +552,9 @@ def decide_forward(recipe, found: Launch, model_path: str, pair_lengths: Lengths
         return Forward(chosen, {name: chosen.record()}, planned_for=name)
     chosen = {}
     for name, (cuda, varlen) in found.machines.items():  # a login node: for the GPU, with and without FA4
-        chosen[name], _ = choice.choose(copy.deepcopy(config), recipe, cuda, varlen, pair_lengths.pairs,
-                                        check_kernels=False)  # fmt: skip
+        chosen[name], _ = choice.choose(
+            copy.deepcopy(config), recipe, cuda, varlen, pair_lengths.pairs, check_kernels=False
+        )
     planned = max(chosen, key=lambda name: choice.mask_weight(chosen[name].attention))
     return Forward(chosen[planned], {name: f.record() for name, f in chosen.items()}, planned_for=planned)
 
@@ -508,8 +570,15 @@ def _undecided(recipe, found: Launch, config) -> Forward:
         weighed += [(name, c) for c in listed]
     name, heaviest = max(weighed, key=lambda item: choice.mask_weight(item[1].attention))
     hidden = getattr(config.get_text_config(), "hidden_size", 4096)
-    planned = choice.ForwardChoice(heaviest.packed, heaviest.share_prompt, hidden, heaviest.attention,
-                                   "the candidate of heaviest masks", None, found.sequence_parallel)  # fmt: skip
+    planned = choice.ForwardChoice(
+        heaviest.packed,
+        heaviest.share_prompt,
+        hidden,
+        heaviest.attention,
+        "the candidate of heaviest masks",
+        None,
+        found.sequence_parallel,
+    )
     decided = f"at start, from the data's lengths ({analyze_hint(recipe)})"
     return Forward(planned, options, f"{name}: {heaviest.describe()}", decided)
 
@@ -538,13 +607,25 @@ def plan_batching(recipe, found: Launch, pairs: Data, pair_lengths: Lengths, for
     counted = cuts.count(m.prompt, m.chosen, m.rejected, t.max_length, t.truncation_mode)  # as the run will count
     cuts.check(counted, m.prompt, "the training split")
     kept = m.prompt < t.max_length  # TRL drops the pairs whose prompt alone fills max_length
-    every = PairLengths.from_parts(m.prompt[kept], m.chosen[kept], m.rejected[kept], t.max_length,
-                                        f.share_prompt, t.truncation_mode)  # fmt: skip
-    layout = (plan.Forward("one_row" if f.one_row else "rows", f.hidden_size, multiple=f.pad_multiple) if f.packed
-              else plan.Forward("padded", max_groups=padded.MAX_GROUPS))  # fmt: skip
+    every = PairLengths.from_parts(
+        m.prompt[kept], m.chosen[kept], m.rejected[kept], t.max_length, f.share_prompt, t.truncation_mode
+    )
+    layout = (
+        plan.Forward("one_row" if f.one_row else "rows", f.hidden_size, multiple=f.pad_multiple)
+        if f.packed
+        else plan.Forward("padded", max_groups=padded.MAX_GROUPS)
+    )
     budget, deepspeed = p.max_tokens_per_microbatch, found.engine.deepspeed
-    run_plan = plan_stage.make(every, t, pairs.steps["pairs_per_step"], found.data_parallel, budget,
-                               padded=not f.packed, forward=layout, reduce_per_backward=deepspeed)  # fmt: skip
+    run_plan = plan_stage.make(
+        every,
+        t,
+        pairs.steps["pairs_per_step"],
+        found.data_parallel,
+        budget,
+        padded=not f.packed,
+        forward=layout,
+        reduce_per_backward=deepspeed,
+    )
     return {**run_plan.summary, "max_length_cuts": counted}
 
 
@@ -588,8 +669,14 @@ class Resolved:
 
     def record(self) -> dict:
         batching = {} if self.batching is None else {"batching": self.batching}
-        return {**self.launch.record(), **self.data.record(), **self.lengths.record(),
-                "forward": self.forward.record(), "memory": self.memory, **batching}  # fmt: skip
+        return {
+            **self.launch.record(),
+            **self.data.record(),
+            **self.lengths.record(),
+            "forward": self.forward.record(),
+            "memory": self.memory,
+            **batching,
+        }
 
 
 def settings_of(recipe, found: Launch, *stages) -> config.Recipe:
@@ -599,8 +686,9 @@ def settings_of(recipe, found: Launch, *stages) -> config.Recipe:
     return config.decided(recipe, found.batch.settings(), reference, *(stage.settings() for stage in stages))
 
 
-def first_half(recipe, found: Launch, state=None, output: resolve.OutputPlan | None = None, push=None,
-               pairs: Data | None = None) -> Resolved:  # fmt: skip
+def first_half(
+    recipe, found: Launch, state=None, output: resolve.OutputPlan | None = None, push=None, pairs: Data | None = None
+) -> Resolved:
     """data -> lengths -> forward -> (a dry run: plan) -> memory, before the old run is removed and the model loads
     (TRL loads it with the attention decided here). `pairs`: the data stage's value where a caller has it already (a
     test's or benchmark's own pairs, `given_pairs`)."""

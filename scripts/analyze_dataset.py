@@ -53,16 +53,25 @@ def parse_args(argv=None) -> argparse.Namespace:
     )
     p.add_argument("--dataset_name", dest="dataset_flag", help="the data set, as train_dpo.py names it")
     p.add_argument("--config", help="recipe (configs/*.yaml) giving dataset, tokenizer, batch size and max_length")
-    p.add_argument("--tokenizer", "--model_name_or_path", help="tokenizer name or path (the model's) [the recipe's "
-                   "model_name_or_path]")  # fmt: skip
-    p.add_argument("--chat_template_path", help="the chat template to tokenize with, as training's "
-                   "chat_template_path: a .jinja file or a folder holding chat_template.jinja [the recipe's, else the "
-                   "model's own]")  # fmt: skip
-    p.add_argument("--split", "--dataset_train_split", help="split to analyse [the recipe's dataset_train_split, else "
-                   "train]")  # fmt: skip
+    p.add_argument(
+        "--tokenizer",
+        "--model_name_or_path",
+        help="tokenizer name or path (the model's) [the recipe's model_name_or_path]",
+    )
+    p.add_argument(
+        "--chat_template_path",
+        help="the chat template to tokenize with, as training's "
+        "chat_template_path: a .jinja file or a folder holding chat_template.jinja [the recipe's, else the "
+        "model's own]",
+    )
+    p.add_argument(
+        "--split", "--dataset_train_split", help="split to analyse [the recipe's dataset_train_split, else train]"
+    )
     p.add_argument("--dataset_config", help="the Hub data set's configuration (subset) [the recipe's dataset_config]")
-    p.add_argument("--revision", help="Hub data set revision (branch, tag or commit); default: the recipe's "
-                   "dataset_revision, else main")  # fmt: skip
+    p.add_argument(
+        "--revision",
+        help="Hub data set revision (branch, tag or commit); default: the recipe's dataset_revision, else main",
+    )
     p.add_argument("--sample", type=int, help="analyse N rows drawn with --seed instead of every row")
     p.add_argument("--seed", type=int, default=42, help="for --sample and the shuffled-batch padding figures [42]")
     p.add_argument(
@@ -84,12 +93,22 @@ def parse_args(argv=None) -> argparse.Namespace:
         f"{lengths.STEP} reaching it, shown with its packed compute [the recipe's auto_coverage, else "
         f"{lengths.DEFAULT_COVERAGE}]",
     )
-    p.add_argument("--gpu_memory_gib", type=float, help="GPU memory to plan each max_length for, with the recipe's "
-                   "model, engine and processes (README: Long traces) [the recipe's gpu_memory_gib]")  # fmt: skip
+    p.add_argument(
+        "--gpu_memory_gib",
+        type=float,
+        help="GPU memory to plan each max_length for, with the recipe's "
+        "model, engine and processes (README: Long traces) [the recipe's gpu_memory_gib]",
+    )
     p.add_argument("--json", help="write the report as JSON here")
     p.add_argument("--plot", help="write a PNG histogram of total length here")
-    p.add_argument("--skip-invalid", nargs="?", const=True, default=False, type=cli.flag,
-                   help="count and list bad rows instead of stopping at one (alone, or true/false)")  # fmt: skip
+    p.add_argument(
+        "--skip-invalid",
+        nargs="?",
+        const=True,
+        default=False,
+        type=cli.flag,
+        help="count and list bad rows instead of stopping at one (alone, or true/false)",
+    )
     p.add_argument("--streaming", action="store_true", help="stream the data set (larger than memory or disk)")
     p.add_argument(
         "--hh-format",
@@ -163,8 +182,9 @@ def check_args(args: argparse.Namespace) -> None:
     """Values and output paths, checked before an analysis that may take minutes."""
     for flag, value in (("--batch-size", args.batch_size), ("--sample", args.sample), ("--num-proc", args.num_proc)):
         if value is not None and value < 1:
-            raise ConfigError(f"{flag} must be >= 1 (got {value})" + (", or leave it out" if flag != "--num-proc"
-                              else ""))  # fmt: skip
+            raise ConfigError(
+                f"{flag} must be >= 1 (got {value})" + (", or leave it out" if flag != "--num-proc" else "")
+            )
     bad = [n for n in args.candidates if n < 1]
     if bad:
         raise ConfigError(f"--candidates are max_length values and must be >= 1 (got {bad[0]})")
@@ -172,8 +192,10 @@ def check_args(args: argparse.Namespace) -> None:
         raise ConfigError(f"--plot {args.plot!r}: the histogram is an image, name it with one of {PLOT_SUFFIXES}")
     for flag, path in (("--json", args.json), ("--plot", args.plot)):
         if path and not Path(path).resolve().parent.is_dir():
-            raise ConfigError(f"{flag} {path!r}: folder {str(Path(path).resolve().parent)!r} does not exist; create "
-                              "it or write elsewhere")  # fmt: skip
+            raise ConfigError(
+                f"{flag} {path!r}: folder {str(Path(path).resolve().parent)!r} does not exist; create "
+                "it or write elsewhere"
+            )
         if path and not os.access(Path(path).resolve().parent, os.W_OK):
             raise ConfigError(f"{flag} {path!r}: cannot write in {str(Path(path).resolve().parent)!r}")
 
@@ -244,15 +266,23 @@ def analyze(args: argparse.Namespace) -> int:
     if args.sample:
         dataset, indices = sample(dataset, args.sample, args.seed)
     try:
-        m = lengths.measure(dataset, tokenizer, num_proc=args.num_proc, skip_invalid=args.skip_invalid,
-                            indices=indices, progress=True, hh_format=hh_format)  # fmt: skip
+        m = lengths.measure(
+            dataset,
+            tokenizer,
+            num_proc=args.num_proc,
+            skip_invalid=args.skip_invalid,
+            indices=indices,
+            progress=True,
+            hh_format=hh_format,
+        )
     except InvalidRowError as e:  # where the row is in the user's file (a sample keeps the rows' own indices)
         raise e.located(name) from None
     print(f"Read as {m.shape}", file=sys.stderr, flush=True)
     for i, r in enumerate(mix.with_token_shares(m) if mix else []):  # each source's share, and its own lengths
         spread = lengths.percentiles(m.total[mix.source_of_row[m.index] == i])
-        print(f"Source {mixture.describe(r)}; pair lengths p50 {spread['p50']}, p95 {spread['p95']}, max "
-              f"{spread['max']}")  # fmt: skip
+        print(
+            f"Source {mixture.describe(r)}; pair lengths p50 {spread['p50']}, p95 {spread['p95']}, max {spread['max']}"
+        )
     candidates = [*args.candidates, *([current] if current else [])]
     report = lengths.summarize(
         m,
@@ -278,8 +308,10 @@ def analyze(args: argparse.Namespace) -> int:
         f"{doubled['max_length']} would cover {doubled['coverage']:.1%} for {doubled['compute']:+.1%} packed compute)"
     )
     if r["capped"]:
-        print(f"Capped at the model's {r['max_length']:,} positions (max_position_embeddings): {target:.1%} coverage "
-              f"would need {r['capped']['uncapped']:,}, longer than the model can take")  # fmt: skip
+        print(
+            f"Capped at the model's {r['max_length']:,} positions (max_position_embeddings): {target:.1%} coverage "
+            f"would need {r['capped']['uncapped']:,}, longer than the model can take"
+        )
     longest = None if args.sample else int(m.total.max(initial=0))  # every pair measured: what reaches the model
     report["memory"] = memory_per_gpu(args, recipe_path, tokenizer_name, [*candidates, r["max_length"]], longest)
 
@@ -290,8 +322,11 @@ def analyze(args: argparse.Namespace) -> int:
         lengths_report.plot(m, report, args.plot)
         print(f"wrote {args.plot}", file=sys.stderr)
     if not args.sample and not m.invalid:
-        dataset_id = mixture.dataset_id_of(recipe, int(recipe.get("seed", 42)), hh_format) if mixed else (
-            lengths.dataset_identity(name, split, subset, args.revision, hh_format=hh_format))  # fmt: skip
+        dataset_id = (
+            mixture.dataset_id_of(recipe, int(recipe.get("seed", 42)), hh_format)
+            if mixed
+            else (lengths.dataset_identity(name, split, subset, args.revision, hh_format=hh_format))
+        )
         path = lengths.save_cache(m, report, dataset_id, tokenizer)
         print(f"cached for `max_length: auto` in training: {path}", file=sys.stderr)
     return 0

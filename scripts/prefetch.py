@@ -35,8 +35,10 @@ def main(argv: list[str] | None = None) -> None:
     parser = cli.Parser(prog="prefetch.py", description=__doc__.split("\n\n")[0])
     parser.add_argument("--config", help="the recipe the job runs, e.g. configs/think.yaml")
     parser.add_argument("--split", help="the training split (= --dataset_train_split)")
-    parser.add_argument("--revision", help="the data set's revision (branch, tag or commit); default: the recipe's "
-                        "dataset_revision, else main")  # fmt: skip
+    parser.add_argument(
+        "--revision",
+        help="the data set's revision (branch, tag or commit); default: the recipe's dataset_revision, else main",
+    )
     args, overrides = parser.parse_known_args(argv)
     recipe_args = (["--config", args.config] if args.config else []) + overrides
     recipe_args += ["--dataset_train_split", args.split] if args.split else []
@@ -49,8 +51,10 @@ def main(argv: list[str] | None = None) -> None:
         print(f"Nothing to fetch: {model.model_name_or_path} and {script.dataset_name or 'the mixture'} are local.")
         return
     if args.revision and mixture.given(mixture.fields_of(recipe)):
-        raise ConfigError("--revision names dataset_name's revision, and this recipe has a mixture (each source is "
-                          "fetched at main): remove --revision")  # fmt: skip
+        raise ConfigError(
+            "--revision names dataset_name's revision, and this recipe has a mixture (each source is "
+            "fetched at main): remove --revision"
+        )
     if offline.is_offline():  # nothing can download; say whether the cache already holds everything
         missing = offline.missing_artifacts(recipe)
         if missing:

@@ -38,8 +38,12 @@ def main(argv: list[str] | None = None) -> None:
     parser = cli.Parser(prog="push_to_hub.py", description=__doc__.split("\n\n")[0])
     parser.add_argument("run_dir", help="the run's output folder, e.g. outputs/think-dpo")
     parser.add_argument("--repo-id", "--hub_model_id", help="org/name to push to (default: hub_model_id of the run)")
-    parser.add_argument("--private", "--hub_private_repo", action="store_true",
-                        help="create the repo private (default: hub_private_repo)")  # fmt: skip
+    parser.add_argument(
+        "--private",
+        "--hub_private_repo",
+        action="store_true",
+        help="create the repo private (default: hub_private_repo)",
+    )
     parser.add_argument(
         "--checkpoints", action="store_true", help="also push each complete checkpoint on disk to a branch step-<N>"
     )
@@ -89,8 +93,10 @@ def main(argv: list[str] | None = None) -> None:
         hub.update_card_revisions(run, repo_id)
         failed = [r["branch"] for r in records if r["status"] == "failed"]
     elif on_disk:
-        print(f"{len(on_disk)} checkpoint(s) on disk are not pushed: add --checkpoints to push them to branches "
-              "step-<N>", flush=True)  # fmt: skip
+        print(
+            f"{len(on_disk)} checkpoint(s) on disk are not pushed: add --checkpoints to push them to branches step-<N>",
+            flush=True,
+        )
     main_files = hub_push.local_files(run, ignore=hub.IGNORE)
     if hub_push.remote_matches(api, repo_id, "main", run, main_files):
         print(f"Skipped main: {repo_id} already holds this run", flush=True)

@@ -83,27 +83,41 @@ def launched() -> Engine:
             found = _deepspeed_file(Path(ds_file), per_node, f"{LAUNCHED} -> {ds_file}")
         else:  # the settings inline in the accelerate config, passed one by one
             stage = int(env("ACCELERATE_DEEPSPEED_ZERO_STAGE") or 0)
-            offload = [env(f"ACCELERATE_DEEPSPEED_OFFLOAD_{part}_DEVICE", "none") != "none"
-                       for part in ("OPTIMIZER", "PARAM")]  # fmt: skip
+            offload = [
+                env(f"ACCELERATE_DEEPSPEED_OFFLOAD_{part}_DEVICE", "none") != "none" for part in ("OPTIMIZER", "PARAM")
+            ]
             clip = env("ACCELERATE_GRADIENT_CLIPPING", "auto")  # accelerate's own default: "auto"
-            found = Engine(f"zero{stage}", LAUNCHED, per_node, *offload, int(5e8), stage == 3,
-                           clip if clip == "auto" else float(clip))  # fmt: skip
+            found = Engine(
+                f"zero{stage}",
+                LAUNCHED,
+                per_node,
+                *offload,
+                int(5e8),
+                stage == 3,
+                clip if clip == "auto" else float(clip),
+            )
         if found.name not in ("zero2", "zero3"):
             stage = found.name.removeprefix("zero")
-            raise ConfigError(f"DeepSpeed ZeRO stage {stage} is not supported: use ZeRO-2 (accelerate_config.yaml) or "
-                              "ZeRO-3 (ACCELERATE_CONFIG=configs/accelerate/zero3.yaml)")  # fmt: skip
+            raise ConfigError(
+                f"DeepSpeed ZeRO stage {stage} is not supported: use ZeRO-2 (accelerate_config.yaml) or "
+                "ZeRO-3 (ACCELERATE_CONFIG=configs/accelerate/zero3.yaml)"
+            )
         return found
     if env("ACCELERATE_USE_FSDP", "false").lower() == "true":
         version = env("FSDP_VERSION", "1")
         if version != "2":
-            raise ConfigError(f"FSDP version {version} is not supported: set fsdp_version: 2 in the accelerate config "
-                              "(configs/accelerate/fsdp2.yaml)")  # fmt: skip
+            raise ConfigError(
+                f"FSDP version {version} is not supported: set fsdp_version: 2 in the accelerate config "
+                "(configs/accelerate/fsdp2.yaml)"
+            )
         if not env("FSDP_STATE_DICT_TYPE", "SHARDED_STATE_DICT").upper().endswith("SHARDED_STATE_DICT"):
             # FULL_STATE_DICT: the main process gathers and writes model and optimizer at every checkpoint (~88 GB
             # for 7B) while every other rank waits at a barrier; sharded, each rank writes its own part.
-            raise ConfigError(f"fsdp_state_dict_type {env('FSDP_STATE_DICT_TYPE')} is not supported: set "
-                              "fsdp_state_dict_type: SHARDED_STATE_DICT (configs/accelerate/fsdp2.yaml); the final "
-                              "model is written as safetensors either way")  # fmt: skip
+            raise ConfigError(
+                f"fsdp_state_dict_type {env('FSDP_STATE_DICT_TYPE')} is not supported: set "
+                "fsdp_state_dict_type: SHARDED_STATE_DICT (configs/accelerate/fsdp2.yaml); the final "
+                "model is written as safetensors either way"
+            )
         return Engine("fsdp2", LAUNCHED, per_node, offload_params=env("FSDP_OFFLOAD_PARAMS", "false").lower() == "true")
     for flag in ("ACCELERATE_USE_MEGATRON_LM", "ACCELERATE_USE_SAGEMAKER"):
         if env(flag, "false").lower() == "true":
@@ -190,17 +204,23 @@ def gradient_clipping(max_grad_norm: float, run_engine: Engine) -> dict:
     clipping: one without "gradient_clipping" never clips, and one with a number other than max_grad_norm makes
     transformers stop only once the model has loaded; both are refused here, before anything loads."""
     if max_grad_norm < 0:
-        raise ConfigError(f"max_grad_norm must be >= 0 (got {max_grad_norm:g}): the global gradient norm to clip at, "
-                          "0 for no clipping (the OLMo 3 recipes: 1.0)")  # fmt: skip
+        raise ConfigError(
+            f"max_grad_norm must be >= 0 (got {max_grad_norm:g}): the global gradient norm to clip at, "
+            "0 for no clipping (the OLMo 3 recipes: 1.0)"
+        )
     clip = run_engine.gradient_clipping
     if run_engine.deepspeed and clip is None and max_grad_norm > 0:
-        raise ConfigError(f"the DeepSpeed config ({run_engine.source}) has no gradient_clipping, so DeepSpeed would "
-                          f"not clip while max_grad_norm is {max_grad_norm:g}: add \"gradient_clipping\": \"auto\" "
-                          "to it (filled from max_grad_norm), or pass --max_grad_norm 0")  # fmt: skip
+        raise ConfigError(
+            f"the DeepSpeed config ({run_engine.source}) has no gradient_clipping, so DeepSpeed would "
+            f'not clip while max_grad_norm is {max_grad_norm:g}: add "gradient_clipping": "auto" '
+            "to it (filled from max_grad_norm), or pass --max_grad_norm 0"
+        )
     if run_engine.deepspeed and clip not in (None, "auto") and float(clip) != max_grad_norm:
-        raise ConfigError(f"the DeepSpeed config ({run_engine.source}) sets gradient_clipping {clip} and max_grad_norm "
-                          f"is {max_grad_norm:g}: set \"gradient_clipping\": \"auto\" there (it then takes "
-                          f"max_grad_norm), or pass --max_grad_norm {clip}")  # fmt: skip
+        raise ConfigError(
+            f"the DeepSpeed config ({run_engine.source}) sets gradient_clipping {clip} and max_grad_norm "
+            f'is {max_grad_norm:g}: set "gradient_clipping": "auto" there (it then takes '
+            f"max_grad_norm), or pass --max_grad_norm {clip}"
+        )
     if max_grad_norm == 0:
         return {"max_grad_norm": None, "clipped_by": "none (max_grad_norm 0)"}
     return {"max_grad_norm": max_grad_norm, "clipped_by": CLIPPED_BY.get(run_engine.name, run_engine.source)}

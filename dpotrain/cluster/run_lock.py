@@ -112,16 +112,20 @@ def describe(holder: dict | None, age_s: float) -> str:
         return f"an unreadable lock, refreshed {age_s:.0f} s ago"
     job = holder.get("slurm_job_id")
     slurm = f", Slurm job {job} (restart {holder.get('slurm_restart_count', 0)})" if job else ""
-    return (f"host {holder.get('host')}, pid {holder.get('pid')}{slurm}, since {holder.get('since')}; its lock was "
-            f"refreshed {age_s:.0f} s ago")  # fmt: skip
+    return (
+        f"host {holder.get('host')}, pid {holder.get('pid')}{slurm}, since {holder.get('since')}; its lock was "
+        f"refreshed {age_s:.0f} s ago"
+    )
 
 
 def refusal(out: Path, holder: dict | None, age_s: float) -> str:
     job = (holder or {}).get("slurm_job_id")
     stop = f"stop it (scancel {job})" if job else "stop it"
-    return (f"output_dir {str(out)!r} is in use by another run ({describe(holder, age_s)}; {out / LOCK_FILE}): wait "
-            f"for it to end, {stop}, or pass another --output_dir. A dead run's lock is taken over by itself: on its "
-            f"host once its process is gone, from another host once not refreshed for {STALE_S} s")  # fmt: skip
+    return (
+        f"output_dir {str(out)!r} is in use by another run ({describe(holder, age_s)}; {out / LOCK_FILE}): wait "
+        f"for it to end, {stop}, or pass another --output_dir. A dead run's lock is taken over by itself: on its "
+        f"host once its process is gone, from another host once not refreshed for {STALE_S} s"
+    )
 
 
 def check_free(out: Path) -> None:
@@ -145,8 +149,12 @@ class Lock:
             found = _read(self.path)
             if found is None or found[0] != self.raw:
                 now = "removed" if found is None else f"taken by {describe(found[1], found[2])}"
-                print(f"warning: the lock {self.path} is no longer this run's ({now}): another run may write into "
-                      f"{self.out}", file=sys.stderr, flush=True)  # fmt: skip
+                print(
+                    f"warning: the lock {self.path} is no longer this run's ({now}): another run may write into "
+                    f"{self.out}",
+                    file=sys.stderr,
+                    flush=True,
+                )
                 return
             try:
                 os.utime(self.path)

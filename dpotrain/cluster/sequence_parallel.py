@@ -47,12 +47,16 @@ def check_launch(n: int, world: int, engine) -> None:
         return
     if world % n:
         works = ", ".join(str(d) for d in divisors(world))
-        raise ConfigError(f"sequence_parallel_size {n} does not divide the {world} process{'es' * (world > 1)}: use "
-                          f"one of {works}, or launch a multiple of {n} processes")  # fmt: skip
+        raise ConfigError(
+            f"sequence_parallel_size {n} does not divide the {world} process{'es' * (world > 1)}: use "
+            f"one of {works}, or launch a multiple of {n} processes"
+        )
     if engine.name not in ENGINES:
         what = OTHERS.get(engine.name, f"an engine plans do not cover ({engine.source})")
-        raise ConfigError(f"sequence_parallel_size {n} needs DeepSpeed's engine (Ulysses), not {what}: launch "
-                          f"with {ENGINE_NAMES}, or use --sequence_parallel_size 1")  # fmt: skip
+        raise ConfigError(
+            f"sequence_parallel_size {n} needs DeepSpeed's engine (Ulysses), not {what}: launch "
+            f"with {ENGINE_NAMES}, or use --sequence_parallel_size 1"
+        )
 
 
 def head_counts(config) -> tuple[int, int]:
@@ -81,6 +85,8 @@ def check_heads(n: int, config, world: int) -> None:
     heads, kv = head_counts(config)
     if not splits_heads(n, heads, kv):
         works = ", ".join(str(d) for d in divisors(world) if splits_heads(d, heads, kv))
-        raise ConfigError(f"sequence_parallel_size {n} does not split the model's {heads} attention heads and {kv} "
-                          f"key/value heads over a group: use one of {works} (dividing the heads and the "
-                          f"{world} processes)")  # fmt: skip
+        raise ConfigError(
+            f"sequence_parallel_size {n} does not split the model's {heads} attention heads and {kv} "
+            f"key/value heads over a group: use one of {works} (dividing the heads and the "
+            f"{world} processes)"
+        )

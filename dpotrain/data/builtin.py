@@ -55,8 +55,10 @@ def check_name(name: str) -> None:
         from dpotrain.recipe.errors import ConfigError
 
         known = ", ".join(BUILTIN_PREFIX + k for k in BUILTIN_MODELS)
-        raise ConfigError(f"unknown built-in model {name!r}: the built-in ones are {known} (or give a Hub name or "
-                          "a local model folder)")  # fmt: skip
+        raise ConfigError(
+            f"unknown built-in model {name!r}: the built-in ones are {known} (or give a Hub name or "
+            "a local model folder)"
+        )
 
 
 def builtin_dir() -> Path:
@@ -146,8 +148,13 @@ def model_config(key: str, vocab_size: int = 1024):
     from transformers import Olmo3Config
 
     ids = {token: SPECIAL_TOKENS.index(token) for token in ("<|endoftext|>", "<|pad|>", "<|im_end|>")}
-    return Olmo3Config(vocab_size=vocab_size, bos_token_id=ids["<|endoftext|>"], pad_token_id=ids["<|pad|>"],
-                       eos_token_id=ids["<|im_end|>"], **BUILTIN_MODELS[key])  # fmt: skip
+    return Olmo3Config(
+        vocab_size=vocab_size,
+        bos_token_id=ids["<|endoftext|>"],
+        pad_token_id=ids["<|pad|>"],
+        eos_token_id=ids["<|im_end|>"],
+        **BUILTIN_MODELS[key],
+    )
 
 
 def build_model(key: str, tokenizer, seed: int = 0):

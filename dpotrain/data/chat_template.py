@@ -36,13 +36,17 @@ def template_file(path: str) -> Path:
     given = Path(path).expanduser()
     if given.is_dir():
         if not (given / FILE).is_file():
-            raise ConfigError(f"chat_template_path {path!r} is a folder without {FILE}: name the template file "
-                              f"itself, or a tokenizer folder saved with its template")  # fmt: skip
+            raise ConfigError(
+                f"chat_template_path {path!r} is a folder without {FILE}: name the template file "
+                f"itself, or a tokenizer folder saved with its template"
+            )
         return given / FILE
     if not given.is_file():
-        raise ConfigError(f"chat_template_path {path!r} does not exist: give a .jinja file (e.g. "
-                          "configs/templates/olmo_thinker.jinja) or a folder holding chat_template.jinja, relative to "
-                          "the folder you run from")  # fmt: skip
+        raise ConfigError(
+            f"chat_template_path {path!r} does not exist: give a .jinja file (e.g. "
+            "configs/templates/olmo_thinker.jinja) or a folder holding chat_template.jinja, relative to "
+            "the folder you run from"
+        )
     return given
 
 
@@ -57,8 +61,9 @@ def read(path: str) -> str:
     try:
         return file.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as e:
-        raise ConfigError(f"chat_template_path {path!r}: cannot read {file} ({e}): give a readable UTF-8 Jinja "
-                          "file") from None  # fmt: skip
+        raise ConfigError(
+            f"chat_template_path {path!r}: cannot read {file} ({e}): give a readable UTF-8 Jinja file"
+        ) from None
 
 
 def apply(tokenizer, path: str | None):
@@ -108,8 +113,10 @@ def answer_problem(example: dict, tokenizer) -> tuple[str, str] | None:
     None for a pair read alike by both. A template that fails on the row is left to the trainer's own error."""
 
     tools = example.get("tools")  # as DPOTrainer's tokenize_fn
-    kwargs = {"tools": json.loads(tools) if isinstance(tools, str) else tools, **(example.get("chat_template_kwargs")
-                                                                                  or {})}  # fmt: skip
+    kwargs = {
+        "tools": json.loads(tools) if isinstance(tools, str) else tools,
+        **(example.get("chat_template_kwargs") or {}),
+    }
     try:
         prompt = tokenizer.apply_chat_template(example["prompt"], tokenize=False, add_generation_prompt=True, **kwargs)
         for column in ("chosen", "rejected"):
@@ -128,6 +135,8 @@ def _mismatch(prompt: str, whole: str) -> str:
             break
         same += 1
     expected, found = prompt[same:][:SHOWN], whole[same:][:SHOWN]
-    return (f"{MISMATCH}: it reads {found!r} where the "
-            f"generation prompt goes on with {expected!r}, so TRL's prompt/answer split would label other tokens "
-            "than open-instruct's position-based masking (OLMo 3's)")  # fmt: skip
+    return (
+        f"{MISMATCH}: it reads {found!r} where the "
+        f"generation prompt goes on with {expected!r}, so TRL's prompt/answer split would label other tokens "
+        "than open-instruct's position-based masking (OLMo 3's)"
+    )

@@ -12,8 +12,9 @@ import numpy as np
 from dpotrain.recipe.errors import ConfigError
 
 
-def count(prompt, chosen, rejected, max_length: int | None, truncation_mode: str = "keep_start",
-          dropped_before: int = 0) -> dict:  # fmt: skip
+def count(
+    prompt, chosen, rejected, max_length: int | None, truncation_mode: str = "keep_start", dropped_before: int = 0
+) -> dict:
     """{"max_length", "truncation_mode", "pairs", "truncated", "dropped"} for pairs of these token counts.
     `dropped_before`: pairs already removed by the trainer (training counts on its filtered data set)."""
     prompt, chosen, rejected = (np.asarray(a, dtype=np.int64) for a in (prompt, chosen, rejected))
@@ -36,15 +37,19 @@ def line(cuts: dict) -> str:
     if cuts["max_length"] is None:
         return f"max_length unset: none of {cuts['pairs']:,} pairs cut or dropped"
     end = "their end" if cuts["truncation_mode"] == "keep_start" else "their start"
-    return (f"max_length {cuts['max_length']:,}: {cuts['truncated']:,} of {cuts['pairs']:,} pairs cut "
-            f"({cuts['truncation_mode']}: {end}), {cuts['dropped']:,} dropped (prompt alone fills "
-            "max_length)")  # fmt: skip
+    return (
+        f"max_length {cuts['max_length']:,}: {cuts['truncated']:,} of {cuts['pairs']:,} pairs cut "
+        f"({cuts['truncation_mode']}: {end}), {cuts['dropped']:,} dropped (prompt alone fills "
+        "max_length)"
+    )
 
 
 def check(cuts: dict, prompt, source: str) -> None:
     """Refuse a max_length that drops every pair (the trainer would be left with no data): say what length would do."""
     if cuts["pairs"] and cuts["dropped"] == cuts["pairs"]:
         shortest = int(np.min(prompt)) if len(prompt) else 0
-        raise ConfigError(f"max_length {cuts['max_length']} drops every pair of {source}: each prompt alone fills it "
-                          f"(the shortest prompt is {shortest:,} tokens): use a larger max_length, or `auto` to let "
-                          "the analyzer choose (docs/max_length.md)")  # fmt: skip
+        raise ConfigError(
+            f"max_length {cuts['max_length']} drops every pair of {source}: each prompt alone fills it "
+            f"(the shortest prompt is {shortest:,} tokens): use a larger max_length, or `auto` to let "
+            "the analyzer choose (docs/max_length.md)"
+        )

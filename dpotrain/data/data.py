@@ -36,8 +36,9 @@ def check_dataset_name(name: str | None) -> None:
         raise ConfigError("no dataset: set dataset_name in the recipe or pass --dataset_name (Hub name or local file)")
     if is_local(name) and not Path(name).expanduser().exists():
         where = "" if Path(name).expanduser().is_absolute() else f" (looked in {looked_in(name)})"
-        raise ConfigError(f"dataset {name!r} does not exist{where}: check the path, or give a Hub name like "
-                          "org/dataset")  # fmt: skip
+        raise ConfigError(
+            f"dataset {name!r} does not exist{where}: check the path, or give a Hub name like org/dataset"
+        )
     path = Path(name).expanduser()
     if path.is_file() and path.suffix in LOCAL_SUFFIXES:
         check_file_kind(path)
@@ -62,12 +63,18 @@ def check_file_kind(path: Path) -> None:
     """A file whose name says another format than it holds (JSON Lines named .parquet, Parquet named .jsonl): one line
     saying what it is and how to name it, instead of the reader's traceback."""
     kind = file_kind(path)
-    fits = {".parquet": kind == "parquet", ".jsonl": kind != "parquet", ".json": kind != "parquet",
-            ".csv": kind is None}[path.suffix]  # fmt: skip
+    fits = {
+        ".parquet": kind == "parquet",
+        ".jsonl": kind != "parquet",
+        ".json": kind != "parquet",
+        ".csv": kind is None,
+    }[path.suffix]
     if not fits:
         right = SUFFIX_OF[kind]
-        raise ConfigError(f"dataset file {str(path)!r} is named {path.suffix} but holds {kind}: rename it to "
-                          f"{path.with_suffix(right).name!r} (the suffix decides how it is read)")  # fmt: skip
+        raise ConfigError(
+            f"dataset file {str(path)!r} is named {path.suffix} but holds {kind}: rename it to "
+            f"{path.with_suffix(right).name!r} (the suffix decides how it is read)"
+        )
 
 
 def load_preference_dataset(
@@ -157,8 +164,10 @@ def _invalid_utf8(path: Path) -> str | None:
             try:
                 line.decode("utf-8")
             except UnicodeDecodeError as e:
-                return (f"{path}:{number}: not valid UTF-8 (byte {line[e.start]:#04x} at column {e.start + 1}): save "
-                        "the file as UTF-8 (from Latin-1: `iconv -f latin1 -t utf-8`), or fix that line")  # fmt: skip
+                return (
+                    f"{path}:{number}: not valid UTF-8 (byte {line[e.start]:#04x} at column {e.start + 1}): save "
+                    "the file as UTF-8 (from Latin-1: `iconv -f latin1 -t utf-8`), or fix that line"
+                )
     return None
 
 
@@ -175,9 +184,11 @@ def check_datasets_cache() -> None:
     folder = Path(datasets.config.HF_DATASETS_CACHE)
     problem = unwritable(folder)
     if problem:
-        raise ConfigError(f"the datasets cache {folder} is not writable ({problem[1]} in {problem[0]}), and datasets "
-                          "caches every data set it reads there, local files too: set HF_HOME (or HF_DATASETS_CACHE) "
-                          "to a writable folder")  # fmt: skip
+        raise ConfigError(
+            f"the datasets cache {folder} is not writable ({problem[1]} in {problem[0]}), and datasets "
+            "caches every data set it reads there, local files too: set HF_HOME (or HF_DATASETS_CACHE) "
+            "to a writable folder"
+        )
 
 
 def _unreadable(path: Path, error: Exception) -> str:

@@ -112,9 +112,11 @@ def changed_files(old: dict, found: dict[str, Path]) -> str | None:
         if _sha256(path, ends=True) != was["sha256_ends"]:
             return f"{name} has other content (its first and last MiB differ from those the run trained on)"
         seconds, nanoseconds = divmod(was["mtime_ns"], 10**9)
-        return (f"{name} was rewritten since the run started (its first and last MiB, all that is compared of a "
-                f"large file, are the same); if it is the same file copied, `touch -d @{seconds}.{nanoseconds:09d} "
-                f"{path}` gives it back the time the run recorded")  # fmt: skip
+        return (
+            f"{name} was rewritten since the run started (its first and last MiB, all that is compared of a "
+            f"large file, are the same); if it is the same file copied, `touch -d @{seconds}.{nanoseconds:09d} "
+            f"{path}` gives it back the time the run recorded"
+        )
     return None
 
 
@@ -124,8 +126,9 @@ def of(name: str, split: str = "train", data_dir: str | None = None, data_files=
     return None if found is None else of_files(found)
 
 
-def changed(old: dict | None, name: str, split: str = "train", data_dir: str | None = None,
-            data_files=None) -> str | None:  # fmt: skip
+def changed(
+    old: dict | None, name: str, split: str = "train", data_dir: str | None = None, data_files=None
+) -> str | None:
     """How the local data set `name`'s `split` differs from the run's record `old` (`of`), or None: the same
     content, a Hub data set, or a run recorded before data identities."""
     found = files(name, split, data_dir, data_files)

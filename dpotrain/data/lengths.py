@@ -286,10 +286,12 @@ def check_chat_template(tokenizer, fmt: RowFormat) -> None:
     if not fmt.conversational or getattr(tokenizer, "chat_template", None):
         return
     instead = ", or set hh_format: text to train the HH-RLHF strings as plain text" if fmt.shape.name == "hh" else ""
-    raise ConfigError(f"the tokenizer of {tokenizer.name_or_path} has no chat template, and the data set's rows are "
-                      "message lists, which need one: give one with --chat_template_path FILE.jinja, or use a model "
-                      "folder whose tokenizer has one (chat_template.jinja beside tokenizer_config.json, or a "
-                      f"chat_template entry in it){instead}")  # fmt: skip
+    raise ConfigError(
+        f"the tokenizer of {tokenizer.name_or_path} has no chat template, and the data set's rows are "
+        "message lists, which need one: give one with --chat_template_path FILE.jinja, or use a model "
+        "folder whose tokenizer has one (chat_template.jinja beside tokenizer_config.json, or a "
+        f"chat_template entry in it){instead}"
+    )
 
 
 def _columns(dataset) -> list[str]:
@@ -489,8 +491,10 @@ def recommendation(m: Measured, target: float = DEFAULT_COVERAGE, max_positions:
     r["reason"] = _reason(r, m.rows)
     if best != uncapped:
         r["capped"] = {"max_position_embeddings": best, "uncapped": uncapped}
-        r["reason"] += (f"; capped at the model's {best:,} positions (max_position_embeddings): "
-                        f"{target:.1%} coverage would need {uncapped:,}, longer than the model can take")  # fmt: skip
+        r["reason"] += (
+            f"; capped at the model's {best:,} positions (max_position_embeddings): "
+            f"{target:.1%} coverage would need {uncapped:,}, longer than the model can take"
+        )
     return r
 
 
@@ -564,8 +568,12 @@ def _reason(r: dict, rows: int) -> str:
 # --- max_length: auto, and its cache ---------------------------------------------------------------------------------
 
 
-def load_tokenizer(name_or_path: str, revision: str | None = None, chat_template_path: str | None = None,
-                   local_files_only: bool = False):  # fmt: skip
+def load_tokenizer(
+    name_or_path: str,
+    revision: str | None = None,
+    chat_template_path: str | None = None,
+    local_files_only: bool = False,
+):
     """The tokenizer training uses (`builtin:` names are built locally), with the recipe's chat template where it
     names one (`chat_template.py`): every tokenizer of the project is loaded here, so that training, its reference
     stage, the analyzer, the dry run and the preflight tokenize alike. No model weights are loaded."""
@@ -584,8 +592,12 @@ def recipe_tokenizer(recipe, model_path: str | None = None, local_files_only: bo
     """`load_tokenizer` for a parsed recipe: its model (or the folder `model_path` it was materialized to), revision
     and chat template."""
     model = recipe.model
-    return load_tokenizer(model_path or model.model_name_or_path, model.model_revision,
-                          recipe.project.chat_template_path, local_files_only)  # fmt: skip
+    return load_tokenizer(
+        model_path or model.model_name_or_path,
+        model.model_revision,
+        recipe.project.chat_template_path,
+        local_files_only,
+    )
 
 
 # Files of which a saved tokenizer has at least one (fast or slow, BPE or SentencePiece).
@@ -601,9 +613,11 @@ def holds_no_tokenizer(name_or_path: str) -> bool:
 
 def no_tokenizer(name_or_path: str) -> str:
     """What a model folder without a tokenizer is, and what to pass instead, in one line."""
-    return (f"model folder {name_or_path!r} holds no tokenizer (config.json alone: a model's shape, enough to plan "
-            "memory, not to tokenize): pass --model_name_or_path your model's Hub name (org/model) or the folder "
-            "save_pretrained wrote, with its tokenizer.json")  # fmt: skip
+    return (
+        f"model folder {name_or_path!r} holds no tokenizer (config.json alone: a model's shape, enough to plan "
+        "memory, not to tokenize): pass --model_name_or_path your model's Hub name (org/model) or the folder "
+        "save_pretrained wrote, with its tokenizer.json"
+    )
 
 
 def check_tokenizer_folder(name_or_path: str) -> None:
@@ -769,18 +783,42 @@ def auto_max_length(
     found = cached_auto_max_length(dataset_id, tokenizer, coverage, cache_dir, max_positions)
     if found is not None:
         return found
-    return analyse(dataset, tokenizer, coverage, dataset_id, cache_dir, num_proc=num_proc, batch_size=batch_size,
-                   progress=progress, max_positions=max_positions)[1]  # fmt: skip
+    return analyse(
+        dataset,
+        tokenizer,
+        coverage,
+        dataset_id,
+        cache_dir,
+        num_proc=num_proc,
+        batch_size=batch_size,
+        progress=progress,
+        max_positions=max_positions,
+    )[1]
 
 
-def analyse(dataset, tokenizer, coverage: float, dataset_id: str, cache_dir: str | Path | None = None, *,
-            num_proc: int | None = None, batch_size: int = DEFAULT_BATCH_SIZE, progress: bool = True,
-            max_positions: int | None = None) -> tuple[Measured, dict]:  # fmt: skip
+def analyse(
+    dataset,
+    tokenizer,
+    coverage: float,
+    dataset_id: str,
+    cache_dir: str | Path | None = None,
+    *,
+    num_proc: int | None = None,
+    batch_size: int = DEFAULT_BATCH_SIZE,
+    progress: bool = True,
+    max_positions: int | None = None,
+) -> tuple[Measured, dict]:
     """Every pair's lengths, measured and cached (what `auto_max_length` does without a cached report), and the
     `max_length: auto` answer from them (capped at the model's `max_positions`)."""
     m = measure(dataset, tokenizer, num_proc=num_proc or available_cpus(), progress=progress)
-    report = summarize(m, target=coverage, batch_size=batch_size, max_positions=max_positions, dataset=dataset_id,
-                       tokenizer=tokenizer.name_or_path)  # fmt: skip
+    report = summarize(
+        m,
+        target=coverage,
+        batch_size=batch_size,
+        max_positions=max_positions,
+        dataset=dataset_id,
+        tokenizer=tokenizer.name_or_path,
+    )
     path = save_cache(m, report, dataset_id, tokenizer, cache_dir)
     return m, _resolution(m, coverage, path, False, max_positions)
 

@@ -93,16 +93,21 @@ def fields_of(recipe) -> dict:
     """The recipe's values a mixture is read from (the analyzer passes a recipe file's mapping instead)."""
     s, p = recipe.script, recipe.project
     names = ("dataset_name", "dataset_train_split", "dataset_test_split", "dataset_config")
-    return {**{n: getattr(s, n) for n in names}, **{n: getattr(p, n) for n in (*TRAIN_FIELDS, *EVAL_FIELDS)},
-            "streaming": p.streaming, "test_split_size": p.test_split_size,
-            "dataset_revision": p.dataset_revision}  # fmt: skip
+    return {
+        **{n: getattr(s, n) for n in names},
+        **{n: getattr(p, n) for n in (*TRAIN_FIELDS, *EVAL_FIELDS)},
+        "streaming": p.streaming,
+        "test_split_size": p.test_split_size,
+        "dataset_revision": p.dataset_revision,
+    }
 
 
 def parse(values: dict, evaluation: bool = False) -> list[Source] | None:
     """The training (or evaluation) mixture's sources, checked as written; None where there is no mixture."""
     entries, mixer, splits = (values.get(f) for f in (EVAL_FIELDS if evaluation else TRAIN_FIELDS))
     default_split = values.get("dataset_test_split" if evaluation else "dataset_train_split") or (
-        "test" if evaluation else "train")  # fmt: skip
+        "test" if evaluation else "train"
+    )
     flag = "eval_datasets" if evaluation else "datasets"
     if not entries and not mixer:
         if splits:
@@ -112,19 +117,27 @@ def parse(values: dict, evaluation: bool = False) -> list[Source] | None:
     if entries and mixer:
         raise ConfigError(f"two mixtures: `{flag}:` and --{(EVAL_FIELDS if evaluation else TRAIN_FIELDS)[1]}: keep one")
     if values.get("streaming"):
-        raise ConfigError("streaming: true with a mixture: sources are counted and sampled, which needs their rows; "
-                          "remove streaming (each source is read once, before the model loads)")  # fmt: skip
+        raise ConfigError(
+            "streaming: true with a mixture: sources are counted and sampled, which needs their rows; "
+            "remove streaming (each source is read once, before the model loads)"
+        )
     if not evaluation and values.get("test_split_size") is not None:
-        raise ConfigError("test_split_size is not supported (TRL splits without a seed, so a requeued run would "
-                          "evaluate on other pairs): name the held-out pairs with `eval_datasets:`")  # fmt: skip
+        raise ConfigError(
+            "test_split_size is not supported (TRL splits without a seed, so a requeued run would "
+            "evaluate on other pairs): name the held-out pairs with `eval_datasets:`"
+        )
     if not evaluation and values.get("dataset_name"):
-        raise ConfigError(f"dataset_name {values['dataset_name']!r} and a mixture: a mixture names every source; put "
-                          "that data set in the mixture or remove dataset_name")  # fmt: skip
+        raise ConfigError(
+            f"dataset_name {values['dataset_name']!r} and a mixture: a mixture names every source; put "
+            "that data set in the mixture or remove dataset_name"
+        )
     sources = [_entry(e, default_split, flag) for e in entries] if entries else _mixer(mixer, splits, default_split)
     shares = [s.share is not None for s in sources]
     if any(shares) and not all(shares):
-        raise ConfigError(f"`fraction` is given for some `{flag}:` entries only: TRL's shares need one on every entry "
-                          "(or use `amount`, a fraction or count of each source on its own)")  # fmt: skip
+        raise ConfigError(
+            f"`fraction` is given for some `{flag}:` entries only: TRL's shares need one on every entry "
+            "(or use `amount`, a fraction or count of each source on its own)"
+        )
     seen = [s.identity() for s in sources]  # by what each source is: a symlink or a relative path is no other source
     twice = next((i for i, s in enumerate(seen) if seen.index(s) < i), None)
     if twice is not None:
@@ -156,35 +169,51 @@ def _entry(entry, split: str, flag: str) -> Source:
         raise ConfigError(f"`{flag}:` entry {entry!r}: each is a mapping with `path` (and name, split, amount, ...)")
     unknown = sorted(set(entry) - set(ENTRY_KEYS))
     if unknown:
-        raise ConfigError(f"`{flag}:` entry {entry.get('path')!r}: unknown key(s) {unknown}; an entry takes "
-                          f"{', '.join(ENTRY_KEYS)}")  # fmt: skip
+        raise ConfigError(
+            f"`{flag}:` entry {entry.get('path')!r}: unknown key(s) {unknown}; an entry takes {', '.join(ENTRY_KEYS)}"
+        )
     if not entry.get("path"):
-        raise ConfigError(f"`{flag}:` entry {entry}: no `path` (a Hub name, a local file or folder, or "
-                          "json/csv/parquet with data_files)")  # fmt: skip
+        raise ConfigError(
+            f"`{flag}:` entry {entry}: no `path` (a Hub name, a local file or folder, or "
+            "json/csv/parquet with data_files)"
+        )
     if entry.get("fraction") is not None and entry.get("amount") is not None:
-        raise ConfigError(f"`{flag}:` entry {entry['path']!r}: `fraction` (TRL's share of the mixture) and `amount` "
-                          "(a fraction or count of this source): keep one")  # fmt: skip
+        raise ConfigError(
+            f"`{flag}:` entry {entry['path']!r}: `fraction` (TRL's share of the mixture) and `amount` "
+            "(a fraction or count of this source): keep one"
+        )
     share = entry.get("fraction")
     if share is not None and (isinstance(share, bool) or not isinstance(share, (int, float)) or share < 0):
         raise ConfigError(f"`{flag}:` entry {entry['path']!r}: fraction {share!r} must be a number >= 0")
     amount = entry.get("amount")
     amount = None if amount is None else _amount(json.dumps(amount) if not isinstance(amount, str) else amount)
     columns = entry.get("columns")
-    return Source(str(entry["path"]), str(entry.get("split") or split), entry.get("name"), entry.get("data_dir"),
-                  entry.get("data_files"), tuple(columns) if columns else None, amount,
-                  None if share is None else float(share))  # fmt: skip
+    return Source(
+        str(entry["path"]),
+        str(entry.get("split") or split),
+        entry.get("name"),
+        entry.get("data_dir"),
+        entry.get("data_files"),
+        tuple(columns) if columns else None,
+        amount,
+        None if share is None else float(share),
+    )
 
 
 def _mixer(tokens: list, splits: list | None, split: str) -> list[Source]:
     tokens = [str(t) for t in tokens]
     if len(tokens) % 2:
-        raise ConfigError(f"--dataset_mixer_list takes SOURCE AMOUNT pairs, got {len(tokens)} values ({tokens}): "
-                          "give each source its amount (1.0 for every row)")  # fmt: skip
+        raise ConfigError(
+            f"--dataset_mixer_list takes SOURCE AMOUNT pairs, got {len(tokens)} values ({tokens}): "
+            "give each source its amount (1.0 for every row)"
+        )
     pairs = list(zip(tokens[::2], tokens[1::2], strict=True))
     splits = list(splits or [split])
     if len(splits) not in (1, len(pairs)):
-        raise ConfigError(f"--dataset_mixer_list_splits has {len(splits)} splits for {len(pairs)} sources: give one "
-                          "for all, or one per source")  # fmt: skip
+        raise ConfigError(
+            f"--dataset_mixer_list_splits has {len(splits)} splits for {len(pairs)} sources: give one "
+            "for all, or one per source"
+        )
     splits = splits * len(pairs) if len(splits) == 1 else splits
     return [Source(name, s, amount=_amount(a)) for (name, a), s in zip(pairs, splits, strict=True)]
 
@@ -196,8 +225,10 @@ def _amount(text: str) -> str:
         return text
     if re.fullmatch(r"[0-9]*\.[0-9]*", text) and text != "." and float(text) > 0:
         return text
-    raise ConfigError(f"amount {text!r}: write a fraction of the source with a decimal point (0.5, 1.0, 2.5 "
-                      "upsamples) or a count of pairs without one (1000), above 0")  # fmt: skip
+    raise ConfigError(
+        f"amount {text!r}: write a fraction of the source with a decimal point (0.5, 1.0, 2.5 "
+        "upsamples) or a count of pairs without one (1000), above 0"
+    )
 
 
 def check(recipe) -> None:
@@ -232,9 +263,11 @@ def take(source: Source, usable: int, seed: int, share_rows: int | None = None) 
     if "." not in source.amount:
         count = int(source.amount)
         if count > usable:
-            raise ConfigError(f"source {source.spec()} has {usable} usable rows and the mixture asks for {count}: "
-                              f"ask for fewer, or write a fraction to upsample ({count / usable:.2f} takes every "
-                              "row and a seeded sample of the rest)")  # fmt: skip
+            raise ConfigError(
+                f"source {source.spec()} has {usable} usable rows and the mixture asks for {count}: "
+                f"ask for fewer, or write a fraction to upsample ({count / usable:.2f} takes every "
+                "row and a seeded sample of the rest)"
+            )
         return np.sort(rng.choice(usable, count, replace=False))
     wanted = int(float(source.amount) * usable)  # floor, as open-instruct
     whole, rest = divmod(wanted, usable)
@@ -270,8 +303,10 @@ class Mix:
         tokens = 2 * measured.prompt.astype(np.int64) + measured.chosen + measured.rejected
         per = np.bincount(self.source_of_row[measured.index], weights=tokens, minlength=len(self.records))
         total = float(per.sum()) or 1.0
-        return [{**r, "tokens": int(n), "token_share": round(float(n) / total, 4)}
-                for r, n in zip(self.records, per, strict=True)]  # fmt: skip
+        return [
+            {**r, "tokens": int(n), "token_share": round(float(n) / total, 4)}
+            for r, n in zip(self.records, per, strict=True)
+        ]
 
 
 def read_source(source: Source):
@@ -283,8 +318,13 @@ def read_source(source: Source):
 
         data.check_datasets_cache()
         try:
-            loaded = datasets.load_dataset(source.path, name=source.name, data_dir=source.data_dir,
-                                           data_files=source.data_files, split=source.split)  # fmt: skip
+            loaded = datasets.load_dataset(
+                source.path,
+                name=source.name,
+                data_dir=source.data_dir,
+                data_files=source.data_files,
+                split=source.split,
+            )
         except Exception as e:
             first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
             raise ConfigError(f"could not load mixture source {source.spec()}: {first}") from None
@@ -293,15 +333,26 @@ def read_source(source: Source):
     if source.columns:
         missing = [c for c in source.columns if c not in loaded.column_names]
         if missing:
-            raise ConfigError(f"mixture source {source.spec()}: no column(s) {missing} (it has "
-                              f"{sorted(loaded.column_names)}): fix `columns`")  # fmt: skip
+            raise ConfigError(
+                f"mixture source {source.spec()}: no column(s) {missing} (it has "
+                f"{sorted(loaded.column_names)}): fix `columns`"
+            )
         loaded = loaded.select_columns(list(source.columns))
     data.check_columns(loaded.column_names, source.spec())
     return loaded
 
 
-def load(sources: list[Source], seed: int, skip_invalid: bool, hh_format: str, checked: dict, key: str,
-         say: bool = True, identify: bool = False, template=None):  # fmt: skip
+def load(
+    sources: list[Source],
+    seed: int,
+    skip_invalid: bool,
+    hh_format: str,
+    checked: dict,
+    key: str,
+    say: bool = True,
+    identify: bool = False,
+    template=None,
+):
     """The mixture's pairs joined in the order the sources are written, and its `Mix`. Every source is read in its
     own shape and checked (bad rows refused by source and line, or with skip_invalid dropped and counted per source,
     under `checked[key]`; `template`: rows.usable_pairs')."""
@@ -311,18 +362,28 @@ def load(sources: list[Source], seed: int, skip_invalid: bool, hh_format: str, c
     for source in sources:
         raw = read_source(source)
         found: dict = {}
-        pairs = rows.usable_pairs(raw, skip_invalid, found, "invalid", hh_format, split=source.spec(), say=say,
-                                  source=source.where, template=template)  # fmt: skip
+        pairs = rows.usable_pairs(
+            raw,
+            skip_invalid,
+            found,
+            "invalid",
+            hh_format,
+            split=source.spec(),
+            say=say,
+            source=source.where,
+            template=template,
+        )
         if "invalid" in found:
             dropped[source.spec()] = found["invalid"]
         usable.append(pairs)
-        record = {"source": source.spec(), "amount": source.written(), "rows_read": len(raw),
-                  "rows_usable": len(pairs)}  # fmt: skip
+        record = {"source": source.spec(), "amount": source.written(), "rows_read": len(raw), "rows_usable": len(pairs)}
         if identify:  # the content, as one source's is recorded (data_identity): a Hub set by its revision
             record["identity"] = identity_of(source)
         records.append(record)
-    taken = [take(s, len(p), seed, n) for s, p, n in zip(sources, usable, share_rows(sources, [len(p) for p in usable]),
-                                                        strict=True)]  # fmt: skip
+    taken = [
+        take(s, len(p), seed, n)
+        for s, p, n in zip(sources, usable, share_rows(sources, [len(p) for p in usable]), strict=True)
+    ]
     for record, picked, pairs in zip(records, taken, usable, strict=True):
         digest = hashlib.sha256(np.asarray(picked, dtype=np.int64).tobytes()).hexdigest()[:16]
         record.update(taken=len(picked), upsampled=len(picked) > len(pairs), taken_sha256=digest)
@@ -336,8 +397,11 @@ def load(sources: list[Source], seed: int, skip_invalid: bool, hh_format: str, c
     source_of_row = np.concatenate([np.full(len(t), i) for i, t in enumerate(taken)])
     if say:
         for r in records:
-            print(f"Mixture: {r['source']}: {r['rows_usable']} usable of {r['rows_read']} rows, took {r['taken']} "
-                  f"({r['amount']}{', upsampled' if r['upsampled'] else ''})", flush=True)  # fmt: skip
+            print(
+                f"Mixture: {r['source']}: {r['rows_usable']} usable of {r['rows_read']} rows, took {r['taken']} "
+                f"({r['amount']}{', upsampled' if r['upsampled'] else ''})",
+                flush=True,
+            )
     return joined, Mix(records, source_of_row)
 
 
@@ -347,9 +411,11 @@ def _check_same_kind(parts, sources) -> None:
     if len(set(kinds.values())) > 1:
         text = [k for k, conversational in kinds.items() if not conversational]
         lists = [k for k, conversational in kinds.items() if conversational]
-        raise ConfigError(f"the mixture joins message lists ({', '.join(lists)}) and plain text ({', '.join(text)}): "
-                          "a run applies the chat template to all or none; convert the text source to messages "
-                          "(HH-RLHF: hh_format: messages)")  # fmt: skip
+        raise ConfigError(
+            f"the mixture joins message lists ({', '.join(lists)}) and plain text ({', '.join(text)}): "
+            "a run applies the chat template to all or none; convert the text source to messages "
+            "(HH-RLHF: hh_format: messages)"
+        )
 
 
 def _aligned(parts: list) -> list:
@@ -426,10 +492,22 @@ def dataset_id(recipe, local_only: bool = False) -> str:
 def dataset_id_of(values: dict, seed: int, hh_format: str, local_only: bool = False) -> str:
     sources = parse(values)
     if sources is None:
-        return lengths.dataset_identity(values["dataset_name"], values["dataset_train_split"],
-                                        values.get("dataset_config"), values.get("dataset_revision"),
-                                        local_only=local_only, hh_format=hh_format)  # fmt: skip
-    parts = [[lengths.dataset_identity(s.file or s.path, s.split, s.name, local_only=local_only, hh_format=hh_format),
-              s.spec(), s.written(), s.columns] for s in sources]  # fmt: skip
+        return lengths.dataset_identity(
+            values["dataset_name"],
+            values["dataset_train_split"],
+            values.get("dataset_config"),
+            values.get("dataset_revision"),
+            local_only=local_only,
+            hh_format=hh_format,
+        )
+    parts = [
+        [
+            lengths.dataset_identity(s.file or s.path, s.split, s.name, local_only=local_only, hh_format=hh_format),
+            s.spec(),
+            s.written(),
+            s.columns,
+        ]
+        for s in sources
+    ]
     digest = hashlib.sha256(json.dumps([parts, seed], default=str).encode()).hexdigest()[:16]
     return f"mixture:{digest}"

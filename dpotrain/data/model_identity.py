@@ -16,11 +16,25 @@ from dpotrain.data import builtin, data_identity
 # What transformers reads from a model folder: weights (safetensors, PyTorch, a LoRA adapter), their index, config,
 # generation config, tokenizer and chat template files, and the modeling code of a remote-code model.
 MODEL_FILES = (
-    "config.json", "generation_config.json", "*.safetensors", "*.safetensors.index.json", "pytorch_model*.bin",
-    "pytorch_model*.bin.index.json", "adapter_config.json", "adapter_model.bin", "tokenizer*",
-    "special_tokens_map.json", "added_tokens.json", "vocab*", "merges.txt", "*.model", "*.tiktoken",
-    "chat_template.jinja", "chat_template.json", "*.py",
-)  # fmt: skip
+    "config.json",
+    "generation_config.json",
+    "*.safetensors",
+    "*.safetensors.index.json",
+    "pytorch_model*.bin",
+    "pytorch_model*.bin.index.json",
+    "adapter_config.json",
+    "adapter_model.bin",
+    "tokenizer*",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "vocab*",
+    "merges.txt",
+    "*.model",
+    "*.tiktoken",
+    "chat_template.jinja",
+    "chat_template.json",
+    "*.py",
+)
 TEMPLATES_DIR = "additional_chat_templates"  # transformers reads the named templates of a tokenizer from here
 KEY = "hub_commit"
 COMMIT = re.compile(r"[0-9a-f]{40}")
@@ -83,6 +97,8 @@ def changed(recipe, old: dict | None) -> str | None:
     if found is None and old.get(KEY):
         now = hub_commit(name, recipe.model.model_revision)
         if now and now != old[KEY]:
-            return f"{name} at {recipe.model.model_revision or 'main'} is commit {now[:12]}, the run started on " \
-                   f"commit {old[KEY][:12]}"  # fmt: skip
+            return (
+                f"{name} at {recipe.model.model_revision or 'main'} is commit {now[:12]}, the run started on "
+                f"commit {old[KEY][:12]}"
+            )
     return None

@@ -49,8 +49,11 @@ class PairLengths:
         if not share:
             return cls(*sides)
         # As shared_prompt.shareable: keep_end shares only a pair whose truncation cuts nothing.
-        whole = max_length is None or truncation_mode == "keep_start" or (
-            (prompt + chosen <= max_length) & (prompt + rejected <= max_length))  # fmt: skip
+        whole = (
+            max_length is None
+            or truncation_mode == "keep_start"
+            or ((prompt + chosen <= max_length) & (prompt + rejected <= max_length))
+        )
         return cls(*sides, prompt=np.asarray(prompt), shared=np.broadcast_to(whole, prompt.shape).copy())
 
     def __len__(self) -> int:

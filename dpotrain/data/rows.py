@@ -32,8 +32,9 @@ class InvalidRowError(ConfigError):
         """The same refusal, saying where the row is in the user's file (`data.row_location`: 'line 8 of x.jsonl')."""
         from dpotrain.data.data import row_location
 
-        return InvalidRowError(self.index, self.column, self.problem, self.skip_flag,
-                               row_location(dataset_name, self.index))  # fmt: skip
+        return InvalidRowError(
+            self.index, self.column, self.problem, self.skip_flag, row_location(dataset_name, self.index)
+        )
 
 
 # --- one row, as the trainer tokenizes it -----------------------------------------------------------------------------
@@ -50,8 +51,9 @@ class RowFormat:
     template: object | None = None
 
     @classmethod
-    def of(cls, first_row: dict, columns, eos_token: str | None, hh_format: str = "messages",
-           template=None) -> "RowFormat":  # fmt: skip
+    def of(
+        cls, first_row: dict, columns, eos_token: str | None, hh_format: str = "messages", template=None
+    ) -> "RowFormat":
         """`template`: a tokenizer, or a function that loads it (called only for message rows, which it reads)."""
         shape = shapes.Shape.of(first_row, columns, hh_format)
         if callable(template) and not hasattr(template, "apply_chat_template"):
@@ -70,8 +72,11 @@ def read_row(row: dict, fmt: RowFormat) -> tuple[dict | None, tuple[str, str] | 
     row, problem = shapes.decode(row, shape)  # message lists written as JSON text (CSV, Parquet strings)
     if problem:
         return None, problem
-    columns = ("prompt", "chosen", "rejected") if shape.name in ("prompt+messages", "prompt+text") else (
-        ("chosen", "rejected"))  # fmt: skip
+    columns = (
+        ("prompt", "chosen", "rejected")
+        if shape.name in ("prompt+messages", "prompt+text")
+        else (("chosen", "rejected"))
+    )
     for column in columns:
         problem = _check_value(row.get(column), shape.raw_lists)
         if problem:
@@ -81,8 +86,10 @@ def read_row(row: dict, fmt: RowFormat) -> tuple[dict | None, tuple[str, str] | 
     if shape.name == "ultrafeedback":  # a string prompt beside the conversations
         problem = _check_value(row.get("prompt"), False)
         if problem:
-            return None, ("prompt", problem.replace("plain text (its first row is text)", "a string prompt (its "
-                                                    "first row has one)"))  # fmt: skip
+            return None, (
+                "prompt",
+                problem.replace("plain text (its first row is text)", "a string prompt (its first row has one)"),
+            )
     if row["chosen"] == row["rejected"]:
         return None, ("chosen", "identical to `rejected`: the pair expresses no preference")
     example, problem = shapes.read(row, shape)
@@ -131,8 +138,10 @@ def _check_value(value, conversational: bool) -> str | None:
             if not isinstance(message[key], str):
                 return f"message {i} has a non-string {key!r} ({type(message[key]).__name__})"
         if message["role"] not in ROLES:  # read as something else further on ("a prompt followed by another prompt")
-            return (f"message {i} has role {message['role']!r}, which chat templates do not know: use 'assistant' "
-                    "for the model's turns ('user', 'system', 'tool' for the others)")  # fmt: skip
+            return (
+                f"message {i} has role {message['role']!r}, which chat templates do not know: use 'assistant' "
+                "for the model's turns ('user', 'system', 'tool' for the others)"
+            )
     return None
 
 
@@ -166,8 +175,13 @@ class RowCheck:
 
     def summary(self, examples: int = 20) -> dict:
         """For resolved_config.json: how many rows were dropped, why, and the first few of them."""
-        return {"rows": self.rows, "dropped": len(self.invalid), "by_reason": self.by_reason(),
-                "first": self.invalid[:examples], "seconds": round(self.seconds, 2)}  # fmt: skip
+        return {
+            "rows": self.rows,
+            "dropped": len(self.invalid),
+            "by_reason": self.by_reason(),
+            "first": self.invalid[:examples],
+            "seconds": round(self.seconds, 2),
+        }
 
 
 def check_dataset(
@@ -205,13 +219,26 @@ def check_dataset(
     if off_template:
         first, (column, problem) = off_template[0]
         rows = ", ".join(str(i) for i, _ in off_template[:10]) + (", ..." if len(off_template) > 10 else "")
-        raise InvalidRowError(first, column, f"{problem}; {len(off_template)} of {index} rows do so (rows {rows})",
-                              skip_flag="--skip_invalid true")  # fmt: skip
+        raise InvalidRowError(
+            first,
+            column,
+            f"{problem}; {len(off_template)} of {index} rows do so (rows {rows})",
+            skip_flag="--skip_invalid true",
+        )
     return RowCheck(index, invalid, time.perf_counter() - start, fmt)
 
 
-def usable_pairs(dataset, skip_invalid: bool, derived: dict, key: str, hh_format: str = "messages", split="train",
-                 say: bool = True, source: str | None = None, template=None):  # fmt: skip
+def usable_pairs(
+    dataset,
+    skip_invalid: bool,
+    derived: dict,
+    key: str,
+    hh_format: str = "messages",
+    split="train",
+    say: bool = True,
+    source: str | None = None,
+    template=None,
+):
     """The data set's pairs as the trainer is to tokenize them (`read_row`: explicit prompt, other columns left out).
 
     Refused at its first bad row, or with `skip_invalid` without its bad rows: then they are recorded as
@@ -232,10 +259,12 @@ def usable_pairs(dataset, skip_invalid: bool, derived: dict, key: str, hh_format
         if len(checked.invalid) == checked.rows:
             first = checked.invalid[0]
             top = "; ".join(f"{n} x {reason}" for reason, n in list(reasons.items())[:3])
-            raise ConfigError(f"no usable row in the {split} split: all {checked.rows} rows are invalid ({top}; "
-                              f"first: row {first['index']}, column {first['column']!r}): check that dataset_name and "
-                              "the split are the ones meant, and run without --skip_invalid to see the first problem "
-                              "in full")  # fmt: skip
+            raise ConfigError(
+                f"no usable row in the {split} split: all {checked.rows} rows are invalid ({top}; "
+                f"first: row {first['index']}, column {first['column']!r}): check that dataset_name and "
+                "the split are the ones meant, and run without --skip_invalid to see the first problem "
+                "in full"
+            )
         if say:
             print(f"Dropped {len(checked.invalid)} invalid row(s) of {checked.rows}: {reasons}", flush=True)
         bad = {p["index"] for p in checked.invalid}

@@ -45,8 +45,9 @@ class Shape:
     def of(cls, first_row: dict, columns, hh_format: str = "messages") -> "Shape":
         """The data set's shape, from its first row (a first row with a null `chosen` is judged by `rejected`; the
         row is then reported as invalid)."""
-        json_columns = tuple(c for c in ("prompt", "chosen", "rejected") if c in columns and
-                             json_messages(first_row.get(c)) is not None)  # fmt: skip
+        json_columns = tuple(
+            c for c in ("prompt", "chosen", "rejected") if c in columns and json_messages(first_row.get(c)) is not None
+        )
         if json_columns:
             first_row = {**first_row, **{c: json_messages(first_row[c]) for c in json_columns}}
         side = first_row.get("chosen") if first_row.get("chosen") is not None else first_row.get("rejected")
@@ -119,14 +120,20 @@ def decode(row: dict, shape: Shape) -> tuple[dict, tuple[str, str] | None]:
                 continue  # reported as missing by rows.read_row
             parsed = json_messages(value)
             if parsed is None:
-                return row, (column, "not a message list written as JSON, as this column is in the data set's first "
-                                     f"row{DETAIL}{_short(value)}")  # fmt: skip
+                return row, (
+                    column,
+                    "not a message list written as JSON, as this column is in the data set's first "
+                    f"row{DETAIL}{_short(value)}",
+                )
             row[column] = parsed
         elif not shape.raw_lists or column == "prompt" and shape.name == "ultrafeedback":
             if json_messages(value) is not None:
-                return row, (column, "a message list written as JSON text, where the data set's first row holds "
-                                     "plain text: it would be trained as JSON; write this column the same way in "
-                                     "every row")  # fmt: skip
+                return row, (
+                    column,
+                    "a message list written as JSON text, where the data set's first row holds "
+                    "plain text: it would be trained as JSON; write this column the same way in "
+                    "every row",
+                )
     return row, None
 
 
@@ -160,8 +167,11 @@ def read(row: dict, shape: Shape) -> tuple[dict | None, tuple[str, str] | None]:
             chosen, rejected = hh_messages(chosen), hh_messages(rejected)
             for column, side in (("chosen", chosen), ("rejected", rejected)):
                 if side is None:
-                    return None, (column, "not an HH-RLHF conversation (`\\n\\nHuman: ...\\n\\nAssistant: ...`) like "
-                                          "the data set's first row")  # fmt: skip
+                    return None, (
+                        column,
+                        "not an HH-RLHF conversation (`\\n\\nHuman: ...\\n\\nAssistant: ...`) like "
+                        "the data set's first row",
+                    )
         if shape.name == "ultrafeedback":
             sides, problem = _with_string_prompt(row["prompt"], chosen, rejected)
             if problem:
@@ -209,15 +219,21 @@ def _explicit_prompt(prompt: list, chosen: list, rejected: list):
         return {"prompt": prompt, "chosen": chosen[len(prompt) :], "rejected": rejected[len(prompt) :]}, None
     for column, other in (("chosen", "rejected"), ("rejected", "chosen")):
         if repeats[other] and not repeats[column]:
-            return None, (column, f"does not start with the `prompt` column's messages while `{other}` does: write "
-                                  "both sides the same way (the whole conversation, or the answer alone)")  # fmt: skip
+            return None, (
+                column,
+                f"does not start with the `prompt` column's messages while `{other}` does: write "
+                "both sides the same way (the whole conversation, or the answer alone)",
+            )
     for column, side in (("chosen", chosen), ("rejected", rejected)):
         role = side[0].get("role") if side else None
         if role not in ("assistant", None):
-            return None, (column, f"starts with a {role} message that is not the `prompt` column's, so the prompt "
-                                  "would be followed by another prompt: drop the `prompt` column if the conversations "
-                                  f"hold the whole exchange, or keep only the answer here{DETAIL}"
-                                  f"{_short(side[0].get('content'))}")  # fmt: skip
+            return None, (
+                column,
+                f"starts with a {role} message that is not the `prompt` column's, so the prompt "
+                "would be followed by another prompt: drop the `prompt` column if the conversations "
+                f"hold the whole exchange, or keep only the answer here{DETAIL}"
+                f"{_short(side[0].get('content'))}",
+            )
     return {"prompt": prompt, "chosen": chosen, "rejected": rejected}, None
 
 
@@ -226,9 +242,12 @@ def _prefix_pair(chosen: str, rejected: str) -> tuple[str, str] | None:
     start of the other, that leaves it its last character as the whole answer (TRL's `extract_prompt`): refused."""
     for column, side, other in (("chosen", chosen, rejected), ("rejected", rejected, chosen)):
         if len(side) < len(other) and other.startswith(side):
-            return (column, f"is the start of `{'rejected' if column == 'chosen' else 'chosen'}`, so the prompt the "
-                            "two share (their common start) would leave it a one-character answer: give the prompt "
-                            "in a `prompt` column and only the answers in chosen/rejected")  # fmt: skip
+            return (
+                column,
+                f"is the start of `{'rejected' if column == 'chosen' else 'chosen'}`, so the prompt the "
+                "two share (their common start) would leave it a one-character answer: give the prompt "
+                "in a `prompt` column and only the answers in chosen/rejected",
+            )
     return None
 
 
@@ -263,8 +282,11 @@ def _with_string_prompt(prompt: str, chosen: list, rejected: list):
             side = [{"role": "user", "content": prompt}, *side]
         elif user["content"].strip() != prompt.strip():
             detail = f"{DETAIL}{_short(prompt)} vs {_short(user['content'])}"
-            return None, ("prompt", f"the string prompt is not the first user turn of `{column}` (it must repeat "
-                                    f"it, or be left out){detail}")  # fmt: skip
+            return None, (
+                "prompt",
+                f"the string prompt is not the first user turn of `{column}` (it must repeat "
+                f"it, or be left out){detail}",
+            )
         sides.append(side)
     return sides, None
 
@@ -290,8 +312,11 @@ def hh_messages(text: str) -> list[dict] | None:
 def _empty_hh(chosen: str, rejected: str) -> tuple[str, str] | None:
     """An empty side of an HH-RLHF row is said as such, not as a conversation of another shape."""
     column = next((c for c, text in (("chosen", chosen), ("rejected", rejected)) if not text.strip()), None)
-    return None if column is None else (column, "empty: an HH-RLHF conversation (`\\n\\nHuman: ...\\n\\nAssistant: "
-                                                "...`) was expected")  # fmt: skip
+    return (
+        None
+        if column is None
+        else (column, "empty: an HH-RLHF conversation (`\\n\\nHuman: ...\\n\\nAssistant: ...`) was expected")
+    )
 
 
 def _hh_text(chosen: str, rejected: str):
@@ -302,8 +327,10 @@ def _hh_text(chosen: str, rejected: str):
     for column, text in (("chosen", chosen), ("rejected", rejected)):
         turns = hh_turns(text)
         if turns is None:
-            return None, (column, "not an HH-RLHF conversation (`\\n\\nHuman: ...\\n\\nAssistant: ...`) like the "
-                                  "data set's first row")  # fmt: skip
+            return None, (
+                column,
+                "not an HH-RLHF conversation (`\\n\\nHuman: ...\\n\\nAssistant: ...`) like the data set's first row",
+            )
         if turns[-1][0] != "assistant":
             return None, (column, "empty completion: the conversation does not end with an Assistant turn")
         parsed[column] = turns

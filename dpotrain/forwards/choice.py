@@ -188,8 +188,10 @@ def hybrid_problem(config, recipe) -> str | None:
     never changes the forward decided here."""
     if config.model_type not in packing.BOUNDARY_HYBRIDS or asked_to_pack(recipe):
         return None
-    return (f"{config.model_type}'s recurrent layers pack only when asked for (--padding_free true, on a varlen "
-            "FlashAttention kernel, checked at start)")  # fmt: skip
+    return (
+        f"{config.model_type}'s recurrent layers pack only when asked for (--padding_free true, on a varlen "
+        "FlashAttention kernel, checked at start)"
+    )
 
 
 def candidates(config, recipe, cuda: bool, varlen: str | None, check_kernels: bool = True):
@@ -237,8 +239,9 @@ def candidates(config, recipe, cuda: bool, varlen: str | None, check_kernels: bo
         packed = sorted(packed, key=lambda c: documented_order(c, config))
     if want_share and not shared:
         if not packed and problems and not asked_to_pack(recipe):
-            raise ConfigError(f"share_prompt needs packed sequences, which cannot be used here: {problems[0]}; remove "
-                              "--share_prompt")  # fmt: skip
+            raise ConfigError(
+                f"share_prompt needs packed sequences, which cannot be used here: {problems[0]}; remove --share_prompt"
+            )
         if packed or share_problems:
             raise ConfigError(f"share_prompt cannot be used here: {share_problems[0]}; remove --share_prompt")
     packed = sequence_parallel_forwards(recipe, config, packed, problems)
@@ -247,11 +250,13 @@ def candidates(config, recipe, cuda: bool, varlen: str | None, check_kernels: bo
             notes.append(f"Note: each pair's prompt is computed twice (unshared packing): {share_problems[0]}.")
         return packed, notes
     if asked_to_pack(recipe):
-        raise ConfigError(f"padding_free (packed sequences) cannot be used here: {problems[0]}; set --padding_free "
-                          "false")  # fmt: skip
+        raise ConfigError(
+            f"padding_free (packed sequences) cannot be used here: {problems[0]}; set --padding_free false"
+        )
     if t.padding_free:
-        notes.append(f"Note: padded micro-batches (TRL's collator) on the same step plan, not packed sequences: "
-                     f"{problems[0]}.")  # fmt: skip
+        notes.append(
+            f"Note: padded micro-batches (TRL's collator) on the same step plan, not packed sequences: {problems[0]}."
+        )
     # TRL's padded rows on transformers' default attention, as before this project chose forwards (padded rows on a
     # varlen kernel, through its padding mask, are not measured here): an attention the recipe names is honoured.
     return [Candidate(asked or dense_attention(config), False, False)], notes
@@ -286,12 +291,16 @@ def sequence_parallel_forwards(recipe, config, packed: list, problems: list[str]
     if splittable:
         return splittable
     if packed:
-        why = (f"{packing.attention_name(packed[0].attention)} has no split here (sequence parallelism runs "
-               "flex_attention, sdpa or a varlen FlashAttention kernel)")  # fmt: skip
+        why = (
+            f"{packing.attention_name(packed[0].attention)} has no split here (sequence parallelism runs "
+            "flex_attention, sdpa or a varlen FlashAttention kernel)"
+        )
     else:
         why = problems[0] if problems else "no packed forward runs here"
-    raise ConfigError(f"sequence_parallel_size {n} splits packed sequences, which cannot be used here: {why}; use "
-                      "--sequence_parallel_size 1 (or another --attn_implementation)")  # fmt: skip
+    raise ConfigError(
+        f"sequence_parallel_size {n} splits packed sequences, which cannot be used here: {why}; use "
+        "--sequence_parallel_size 1 (or another --attn_implementation)"
+    )
 
 
 def lightest_attention(config, recipe, cuda: bool | None = None, varlen: str | None = INSTALLED) -> str:
@@ -322,15 +331,32 @@ def choose(config, recipe, cuda: bool, varlen: str | None, lengths=None, check_k
         listed = ", ".join(c.describe() for c in options)
         why = f"by the documented order (no lengths to weigh), the first of {listed}"
         why = "the only forward here" if len(options) == 1 else why
-        return ForwardChoice(best.packed, best.share_prompt, hidden_size, best.attention, why,
-                             sequence_parallel=n), notes  # fmt: skip
+        return ForwardChoice(
+            best.packed, best.share_prompt, hidden_size, best.attention, why, sequence_parallel=n
+        ), notes
     pairs = t.per_device_train_batch_size
-    decision = cost.decide(options, lengths, config, cuda, t.max_length, t.truncation_mode,
-                           recipe.project.max_tokens_per_microbatch, pairs, uses_live_reference(recipe))  # fmt: skip
+    decision = cost.decide(
+        options,
+        lengths,
+        config,
+        cuda,
+        t.max_length,
+        t.truncation_mode,
+        recipe.project.max_tokens_per_microbatch,
+        pairs,
+        uses_live_reference(recipe),
+    )
     best = decision.winner.candidate
     rule = decision_rule(decision, asked=recipe.model.attn_implementation is not None)
-    return ForwardChoice(best.packed, best.share_prompt, hidden_size, best.attention, decision_reason(decision, rule),
-                         {**decision.record(), "by": rule}, n), notes  # fmt: skip
+    return ForwardChoice(
+        best.packed,
+        best.share_prompt,
+        hidden_size,
+        best.attention,
+        decision_reason(decision, rule),
+        {**decision.record(), "by": rule},
+        n,
+    ), notes
 
 
 def decision_rule(decision, asked: bool) -> str:
@@ -354,8 +380,9 @@ def decision_reason(decision, rule: str) -> str:
     return why
 
 
-def decide_forward(recipe, model_path: str, cuda: bool | None = None, lengths=None,
-                   varlen: str | None = INSTALLED) -> ForwardChoice:  # fmt: skip
+def decide_forward(
+    recipe, model_path: str, cuda: bool | None = None, lengths=None, varlen: str | None = INSTALLED
+) -> ForwardChoice:
     """Packed or padded forward, prompts shared or not, and the attention, for this model, recipe, machine and the
     pairs' `lengths` (`cost.Lengths`; forwards/sample.py): a one-line note when an option is off by necessity, an
     error when it was asked for explicitly and cannot be honoured. Either way the reference is scored once before
@@ -389,8 +416,13 @@ def collator(choice: ForwardChoice, args):
     if not choice.packed:
         return None
     kind = shared_prompt.SharedPromptCollator if choice.share_prompt else packing.PackedPreferenceCollator
-    return kind(args.max_length, args.truncation_mode, one_row=choice.one_row, hidden_size=choice.hidden_size,
-                pad_to_multiple_of=choice.pad_multiple)  # fmt: skip
+    return kind(
+        args.max_length,
+        args.truncation_mode,
+        one_row=choice.one_row,
+        hidden_size=choice.hidden_size,
+        pad_to_multiple_of=choice.pad_multiple,
+    )
 
 
 def stand_in(model, batch: dict, every_rank: bool = False):

@@ -49,11 +49,15 @@ class Speed:
 # only with its measurement recorded in BENCHMARKS.md (`python benchmarks/attention.py --device cuda`, or the training
 # loop forced onto it with --attn_implementation).
 SPEED = {
-    "flash_attention_4": Speed(0.324, "measured on an H100: think-shaped pairs, unshared packing on FA4 varlen, "
-                                      "32.4% MFU (41.0k tokens/s)"),
-    "flex_attention": Speed(0.250, "measured on an H100: think-shaped pairs, shared prompts on flex, 25.0% MFU "
-                                   "(33.9k tokens/s; multi-turn pairs 32.7%)"),
-}  # fmt: skip
+    "flash_attention_4": Speed(
+        0.324, "measured on an H100: think-shaped pairs, unshared packing on FA4 varlen, 32.4% MFU (41.0k tokens/s)"
+    ),
+    "flex_attention": Speed(
+        0.250,
+        "measured on an H100: think-shaped pairs, shared prompts on flex, 25.0% MFU "
+        "(33.9k tokens/s; multi-turn pairs 32.7%)",
+    ),
+}
 UNIT_PEAK_TFLOPS = 989.0  # estimates are in seconds of an H100 (dense bf16 peak, flops.PEAK_BF16_TFLOPS)
 SAMPLE_PAIRS = 1024  # pairs a decision weighs (a seeded sample of more): the ranking, not the total, matters
 
@@ -134,11 +138,20 @@ def _dense(work: flops.ModelFlops, widths: list[int]) -> float:
     return 2.0 * work.matmul_params * float(w.sum()) + 4.0 * work.attention_width * layers * float((w * w).sum())
 
 
-def training_flops(candidate: Candidate, lengths: Lengths, work: flops.ModelFlops, max_length: int | None,
-                   truncation_mode: str, budget: int | None, pairs: int, hidden_size: int) -> float:  # fmt: skip
+def training_flops(
+    candidate: Candidate,
+    lengths: Lengths,
+    work: flops.ModelFlops,
+    max_length: int | None,
+    truncation_mode: str,
+    budget: int | None,
+    pairs: int,
+    hidden_size: int,
+) -> float:
     """Forward + backward FLOPs the candidate computes on these pairs."""
-    pl = PairLengths.from_parts(lengths.prompt, lengths.chosen, lengths.rejected, max_length,
-                                candidate.share_prompt, truncation_mode)  # fmt: skip
+    pl = PairLengths.from_parts(
+        lengths.prompt, lengths.chosen, lengths.rejected, max_length, candidate.share_prompt, truncation_mode
+    )
     if candidate.one_row:  # skipped tiles cost nothing; a shared pair's prompt once (flops.ModelFlops.training)
         shared = None
         if pl.shared is not None:
@@ -156,8 +169,9 @@ def training_flops(candidate: Candidate, lengths: Lengths, work: flops.ModelFlop
             groups = padded.row_groups(seqs)
             widths = [max(seqs[i] for i in g) for g in groups for _ in g]
             if packing.one_row(candidate.attention):  # FlashAttention unpads: attention over real tokens only
-                total += 2.0 * work.matmul_params * sum(widths) + (work.forward(seqs) - 2.0 * work.matmul_params *
-                                                                   sum(seqs))  # fmt: skip
+                total += 2.0 * work.matmul_params * sum(widths) + (
+                    work.forward(seqs) - 2.0 * work.matmul_params * sum(seqs)
+                )
             else:
                 total += _dense(work, widths)
     return 3.0 * total
@@ -211,22 +225,39 @@ class Decision:
         if self.runner_up is None:
             return f"est. {shown(self.winner.seconds)} {self.unit}"
         second = self.runner_up
-        return (f"est. {shown(self.winner.seconds)} against {shown(second.seconds)} for {second.candidate.describe()} "
-                f"({self.unit})")  # fmt: skip
+        return (
+            f"est. {shown(self.winner.seconds)} against {shown(second.seconds)} for {second.candidate.describe()} "
+            f"({self.unit})"
+        )
 
     def record(self) -> dict:
         return {
             "lengths_from": self.lengths_from,
             "unit": self.unit,
-            "estimates": [{"forward": e.candidate.describe(), "estimate": round(e.seconds, 4),
-                           "speed": e.speed.share_of_peak, "speed_source": e.speed.source} for e in self.ranked],
+            "estimates": [
+                {
+                    "forward": e.candidate.describe(),
+                    "estimate": round(e.seconds, 4),
+                    "speed": e.speed.share_of_peak,
+                    "speed_source": e.speed.source,
+                }
+                for e in self.ranked
+            ],
             "not_weighed": list(self.not_weighed),
-        }  # fmt: skip
+        }
 
 
-def decide(candidates: list[Candidate], lengths: Lengths, config, cuda: bool, max_length: int | None,
-           truncation_mode: str = "keep_start", budget: int | None = None, pairs: int = 4,
-           live_reference: bool = False) -> Decision:  # fmt: skip
+def decide(
+    candidates: list[Candidate],
+    lengths: Lengths,
+    config,
+    cuda: bool,
+    max_length: int | None,
+    truncation_mode: str = "keep_start",
+    budget: int | None = None,
+    pairs: int = 4,
+    live_reference: bool = False,
+) -> Decision:
     """The `comparable` candidates ranked by their estimated cost on these pairs (ties: the order given): on kernels
     whose speed was measured, in H100-seconds at those speeds (`SPEED`); on one kernel, in TFLOP of work.
     `live_reference`: a reference model's no-grad forward of the same rows runs beside each micro-batch's training

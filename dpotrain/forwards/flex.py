@@ -44,8 +44,9 @@ def _flex(query, key, value, block_mask, scale, enable_gqa, score_mod):
     # dynamic sizes the compiler cannot prove it and bounds-checks every tile's loads: told, it leaves them out.
     torch._check(query.shape[-2] % BLOCK == 0)
     torch._check(key.shape[-2] % BLOCK == 0)
-    return flex_attention(query, key, value, score_mod=score_mod, block_mask=block_mask, scale=scale,
-                          enable_gqa=enable_gqa)  # fmt: skip
+    return flex_attention(
+        query, key, value, score_mod=score_mod, block_mask=block_mask, scale=scale, enable_gqa=enable_gqa
+    )
 
 
 def compiled_flex():
@@ -66,14 +67,26 @@ def uncompiled_reason() -> str:
     if dynamo.disable:
         why = "torch.compile is disabled (TORCH_COMPILE_DISABLE=1)"
     else:
-        why = (f"torch.compile gave it up after {compilations()} compilations (torch._dynamo.config.recompile_limit "
-               f"is {dynamo.recompile_limit}; TORCH_LOGS=recompiles says what changed)")  # fmt: skip
-    return (f"FlexAttention would run uncompiled, materializing each row's whole score matrix (out of memory at these "
-            f"widths): {why}; {fix}")  # fmt: skip
+        why = (
+            f"torch.compile gave it up after {compilations()} compilations (torch._dynamo.config.recompile_limit "
+            f"is {dynamo.recompile_limit}; TORCH_LOGS=recompiles says what changed)"
+        )
+    return (
+        f"FlexAttention would run uncompiled, materializing each row's whole score matrix (out of memory at these "
+        f"widths): {why}; {fix}"
+    )
 
 
-TABLES = ("kv_num_blocks", "kv_indices", "full_kv_num_blocks", "full_kv_indices", "q_num_blocks", "q_indices",
-          "full_q_num_blocks", "full_q_indices")  # fmt: skip
+TABLES = (
+    "kv_num_blocks",
+    "kv_indices",
+    "full_kv_num_blocks",
+    "full_kv_indices",
+    "q_num_blocks",
+    "q_indices",
+    "full_q_num_blocks",
+    "full_q_indices",
+)
 
 
 def _mark_dynamic(block_mask) -> None:
@@ -103,8 +116,9 @@ def attention(module, query, key, value, attention_mask, scaling=None, dropout=0
     ):
         # attention sinks, position biases, a dense mask or rows not padded to whole tiles (not the collators'): none
         # of the models and batches this project packs; transformers' own
-        return flex_attention_forward(module, query, key, value, attention_mask, scaling=scaling, softcap=softcap,
-                                      **kwargs)  # fmt: skip
+        return flex_attention_forward(
+            module, query, key, value, attention_mask, scaling=scaling, softcap=softcap, **kwargs
+        )
     enable_gqa = True
     heads = query.shape[1]
     if heads & (heads - 1):  # as transformers does: grouped-query attention in the kernel for powers of two only
@@ -142,5 +156,7 @@ class CompilationReport(TrainerCallback):
         if state.is_world_process_zero:
             import torch._dynamo.config as dynamo
 
-            print(f"FlexAttention: {compilations()} compilations this run (recompile limit "
-                  f"{dynamo.recompile_limit})", flush=True)  # fmt: skip
+            print(
+                f"FlexAttention: {compilations()} compilations this run (recompile limit {dynamo.recompile_limit})",
+                flush=True,
+            )

@@ -46,8 +46,14 @@ class ModelFlops:
             return int(torch.Size(shape).numel()) if len(shape) >= 2 else 0  # norms and biases do no matrix product
 
         # MoE: a token runs num_experts_per_tok of the routed experts; their weights count for that share.
-        experts = next((getattr(config, k) for k in ("num_experts", "num_local_experts", "n_routed_experts")
-                        if getattr(config, k, None)), None)  # fmt: skip
+        experts = next(
+            (
+                getattr(config, k)
+                for k in ("num_experts", "num_local_experts", "n_routed_experts")
+                if getattr(config, k, None)
+            ),
+            None,
+        )
         active = getattr(config, "num_experts_per_tok", None)
         share = active / experts if experts and active else 1.0
         total = sum(count(p) * (share if "experts" in name.split(".") else 1.0) for name, p in model.named_parameters())
@@ -58,8 +64,9 @@ class ModelFlops:
         head_dim = getattr(config, "head_dim", None) or (config.hidden_size // heads if heads else 0)
         layer_types = getattr(config, "layer_types", None) or ["full_attention"] * config.num_hidden_layers
         window = getattr(config, "sliding_window", None)
-        windows = tuple(None if kind == "full_attention" else window if kind == "sliding_attention" else 0
-                        for kind in layer_types)  # fmt: skip
+        windows = tuple(
+            None if kind == "full_attention" else window if kind == "sliding_attention" else 0 for kind in layer_types
+        )
         return cls(matmul, heads * head_dim, windows)
 
     def training(self, seq_lens, shared_prefixes=None) -> float:

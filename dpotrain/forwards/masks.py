@@ -156,8 +156,9 @@ def block_mask(block, branch, pos, window: int | None):
     num, indices = _kv_blocks(partial)
     full_num, full_indices = _kv_blocks(full)
     mask_mod = mask_mod_of(block, branch, pos, window)
-    return BlockMask.from_kv_blocks(num, indices, full_num, full_indices, BLOCK_SIZE=BLOCK, mask_mod=mask_mod,
-                                    seq_lengths=(width, width))  # fmt: skip
+    return BlockMask.from_kv_blocks(
+        num, indices, full_num, full_indices, BLOCK_SIZE=BLOCK, mask_mod=mask_mod, seq_lengths=(width, width)
+    )
 
 
 def block_masks(model, batch: dict):

@@ -31,11 +31,25 @@ from dpotrain.recipe import upstream
 # its test.
 PACKING_TESTED = {
     # dense
-    "llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3_text", "phi3", "olmo2", "olmo3", "granite", "cohere",
-    "cohere2", "glm", "glm4",
+    "llama",
+    "mistral",
+    "qwen2",
+    "qwen3",
+    "gemma2",
+    "gemma3_text",
+    "phi3",
+    "olmo2",
+    "olmo3",
+    "granite",
+    "cohere",
+    "cohere2",
+    "glm",
+    "glm4",
     # mixture of experts (the router's auxiliary loss over real tokens only: see `PackedModel`)
-    "qwen3_moe", "olmoe", "mixtral",
-}  # fmt: skip
+    "qwen3_moe",
+    "olmoe",
+    "mixtral",
+}
 # Hybrids whose stateful layers read sequence boundaries from a one-row varlen batch in transformers 5.23: the gated
 # delta rule takes `cu_seq_lens_q` (olmo_hybrid, qwen3_next, qwen3_5), Mamba-2 and causal-conv kernels `seq_idx`
 # (granitemoehybrid). Only their CUDA kernels use them (the PyTorch fallbacks, and so every CPU run, ignore them), so
@@ -50,10 +64,15 @@ ATTENTION_LAYER_TYPES = {"full_attention", "sliding_attention", "chunked_attenti
 # transformers 5.23 loads for them (FLASH_ATTN_KERNEL_FALLBACK / FLASH_ATTN_KERNEL_VERSIONS in
 # modeling_flash_attention_utils.py, registered with its `flash_attention_forward`). A `@revision` suffix is allowed.
 VARLEN_ATTENTION = {
-    "flash_attention_2", "flash_attention_3", "flash_attention_4",
-    "kernels-community/flash-attn2", "kernels-community/flash-attn3", "kernels-community/vllm-flash-attn3",
-    "kernels-community/flash-attn4", "kernels-community/aiter-flash-attn",
-}  # fmt: skip
+    "flash_attention_2",
+    "flash_attention_3",
+    "flash_attention_4",
+    "kernels-community/flash-attn2",
+    "kernels-community/flash-attn3",
+    "kernels-community/vllm-flash-attn3",
+    "kernels-community/flash-attn4",
+    "kernels-community/aiter-flash-attn",
+}
 # sdpa and eager build a per-sequence causal (and sliding-window) mask from position_ids; FlexAttention takes a block
 # mask built from the same inputs (forwards/masks.py), which skips the blocks between sequences.
 PACKED_ATTENTION = {"sdpa", "eager", "flex_attention"} | VARLEN_ATTENTION
@@ -83,15 +102,19 @@ def packing_problem(config) -> str | None:
     if model_type in BOUNDARY_HYBRIDS:
         if attn in VARLEN_ATTENTION:
             return None
-        return (f"{model_type} has {'/'.join(stateful) or 'recurrent'} layers, which carry state across packed "
-                "sequences; their CUDA kernels take sequence boundaries only from a varlen attention implementation "
-                "(flash_attention_2/3/4)")  # fmt: skip
+        return (
+            f"{model_type} has {'/'.join(stateful) or 'recurrent'} layers, which carry state across packed "
+            "sequences; their CUDA kernels take sequence boundaries only from a varlen attention implementation "
+            "(flash_attention_2/3/4)"
+        )
     if stateful:
         return f"{model_type} has {'/'.join(stateful)} layers, which carry state across packed sequences"
     if model_type not in PACKING_TESTED:
-        return (f"model type {model_type!r} is not among those proven to pack exactly "
-                "(dpotrain/forwards/packing.py PACKING_TESTED, each with its test in "
-                "tests/test_architectures.py)")  # fmt: skip
+        return (
+            f"model type {model_type!r} is not among those proven to pack exactly "
+            "(dpotrain/forwards/packing.py PACKING_TESTED, each with its test in "
+            "tests/test_architectures.py)"
+        )
     return None
 
 
@@ -222,8 +245,11 @@ class PackedPreferenceCollator:
         per_pair = [sequences(e, self.max_length, self.truncation_mode) for e in examples]
         seqs = [pair[0] for pair in per_pair] + [pair[1] for pair in per_pair]  # TRL's [chosen..., rejected...]
         lengths = [len(ids) for ids, _ in seqs]
-        rows = ([list(range(len(seqs)))] if self.one_row
-                else fill_rows(lengths, self.hidden_size, row_width_bound(self.max_length)))  # fmt: skip
+        rows = (
+            [list(range(len(seqs)))]
+            if self.one_row
+            else fill_rows(lengths, self.hidden_size, row_width_bound(self.max_length))
+        )
         width = padded_width(max(sum(lengths[i] for i in row) for row in rows), self.pad_to_multiple_of)
         input_ids = torch.full((len(rows), width), self.pad_token_id, dtype=torch.long)
         completion_mask = torch.zeros((len(rows), width), dtype=torch.long)
@@ -267,8 +293,13 @@ def varlen_boundaries(lengths: list[int], width: int) -> dict:
     cu_seq_lens = torch.zeros(len(segments) + 1, dtype=torch.int32)
     cu_seq_lens[1:] = torch.tensor(segments, dtype=torch.int32).cumsum(0)
     seq_idx = torch.repeat_interleave(torch.arange(len(segments), dtype=torch.int32), torch.tensor(segments))
-    return {"cu_seq_lens_q": cu_seq_lens, "cu_seq_lens_k": cu_seq_lens, "max_length_q": max(segments),
-            "max_length_k": max(segments), "seq_idx": seq_idx[None]}  # fmt: skip
+    return {
+        "cu_seq_lens_q": cu_seq_lens,
+        "cu_seq_lens_k": cu_seq_lens,
+        "max_length_q": max(segments),
+        "max_length_k": max(segments),
+        "seq_idx": seq_idx[None],
+    }
 
 
 def is_packed(batch: dict) -> bool:
@@ -318,8 +349,9 @@ def _layouts(batch: dict):
     # chosen one (shared_prompt.py) continues `seq_offsets` columns further on from its completion's first token (and
     # its prediction of it).
     jumps, offsets = batch.get("seq_jumps"), batch.get("seq_offsets")
-    predictions = layout_index(rows * (row_width - 1) + starts, seq_lens - 1, width - 1,
-                               None if jumps is None else jumps - 1, offsets)  # fmt: skip
+    predictions = layout_index(
+        rows * (row_width - 1) + starts, seq_lens - 1, width - 1, None if jumps is None else jumps - 1, offsets
+    )
     tokens = layout_index(rows * row_width + starts, seq_lens, width, jumps, offsets)
     return predictions, tokens
 

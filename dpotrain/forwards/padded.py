@@ -163,5 +163,7 @@ class GroupedModel:
     def _rows(padded_kwargs: dict, index: torch.Tensor, length: int) -> dict:
         """The padded inputs of the rows `index`, cut to `length` columns."""
         rows = padded_kwargs["attention_mask"].shape[0]
-        return {k: (v[index, :length] if torch.is_tensor(v) and v.dim() == 2 and v.shape[0] == rows else v)
-                for k, v in padded_kwargs.items()}  # fmt: skip
+        return {
+            k: (v[index, :length] if torch.is_tensor(v) and v.dim() == 2 and v.shape[0] == rows else v)
+            for k, v in padded_kwargs.items()
+        }

@@ -58,12 +58,16 @@ def model_problem(config) -> str | None:
     """Why no group splits this model's rows, or None: the one place that says so, for the forward choice (which
     refuses it) and the memory plan (which then offers no group)."""
     if getattr(config.get_text_config(), "output_router_logits", False):
-        return ("the MoE router's auxiliary loss is not split over a group here; use --sequence_parallel_size 1 for "
-                "MoE models")  # fmt: skip
+        return (
+            "the MoE router's auxiliary loss is not split over a group here; use --sequence_parallel_size 1 for "
+            "MoE models"
+        )
     if config.model_type in packing.BOUNDARY_HYBRIDS:  # their recurrent layers run on each process's columns only
-        return (f"{config.model_type}'s recurrent layers read the sequence boundaries of the whole row (cu_seq_lens, "
-                "seq_idx) and carry state along it, which a group splits; use --sequence_parallel_size 1 for hybrid "
-                "models")  # fmt: skip
+        return (
+            f"{config.model_type}'s recurrent layers read the sequence boundaries of the whole row (cu_seq_lens, "
+            "seq_idx) and carry state along it, which a group splits; use --sequence_parallel_size 1 for hybrid "
+            "models"
+        )
     return None
 
 
@@ -87,16 +91,24 @@ def set_up(sp_size: int, model) -> None:
         if groups.data_parallel_rank(first, sp_size) == groups.data_parallel_rank(rank, sp_size):
             mine = group
     ulysses = UlyssesSPAttentionHF(
-        attn=ALL_ATTENTION_FUNCTIONS[attention], batch_size=1, attn_head_count=heads,
-        attn_head_size=getattr(config, "head_dim", None) or config.hidden_size // heads, kv_head_count=kv_heads,
-        num_hidden_layers=config.num_hidden_layers, process_group=mine, seq_length_is_variable=True,
-    )  # fmt: skip
+        attn=ALL_ATTENTION_FUNCTIONS[attention],
+        batch_size=1,
+        attn_head_count=heads,
+        attn_head_size=getattr(config, "head_dim", None) or config.hidden_size // heads,
+        kv_head_count=kv_heads,
+        num_hidden_layers=config.num_hidden_layers,
+        process_group=mine,
+        seq_length_is_variable=True,
+    )
     _group.update(size=sp_size, rank=groups.sequence_parallel_rank(rank, sp_size), group=mine, ulysses=ulysses)
     ALL_ATTENTION_FUNCTIONS[attention] = _Attention(ALL_ATTENTION_FUNCTIONS[attention], ulysses)
     if rank == 0:
-        print(f"Sequence parallel: {world // sp_size} group(s) of {sp_size} processes, each process 1/{sp_size} of "
-              f"every packed row; {attention} over whole rows for {heads // sp_size} of {heads} heads per process "
-              "(DeepSpeed Ulysses all-to-all)", flush=True)  # fmt: skip
+        print(
+            f"Sequence parallel: {world // sp_size} group(s) of {sp_size} processes, each process 1/{sp_size} of "
+            f"every packed row; {attention} over whole rows for {heads // sp_size} of {heads} heads per process "
+            "(DeepSpeed Ulysses all-to-all)",
+            flush=True,
+        )
 
 
 class _Attention:
@@ -190,16 +202,25 @@ def forward(model, batch: dict, **kwargs):
     n, rank = _group["size"], _group["rank"]
     width = batch["input_ids"].shape[1]
     if width % n:
-        raise ValueError(f"a packed row of {width} positions cannot be split over {n} processes (the collator pads "
-                         "rows to a multiple of sequence_parallel_size)")  # fmt: skip
+        raise ValueError(
+            f"a packed row of {width} positions cannot be split over {n} processes (the collator pads "
+            "rows to a multiple of sequence_parallel_size)"
+        )
     cols = slice(rank * width // n, (rank + 1) * width // n)
     # The label of every position is the next token of the whole row (the fused head would shift within the slice)
     shift_labels = torch.nn.functional.pad(packing.packed_labels(batch)[:, 1:], (0, 1), value=-100)
     local_positions = batch["position_ids"][:, cols]
     with _forward_in_progress(local_positions):
-        outputs = model(input_ids=batch["input_ids"][:, cols], position_ids=local_positions,
-                        attention_mask=whole_row_masks(model, batch), shift_labels=shift_labels[:, cols],
-                        fused_lm_head=True, use_cache=False, **varlen_kwargs(model, batch), **kwargs)  # fmt: skip
+        outputs = model(
+            input_ids=batch["input_ids"][:, cols],
+            position_ids=local_positions,
+            attention_mask=whole_row_masks(model, batch),
+            shift_labels=shift_labels[:, cols],
+            fused_lm_head=True,
+            use_cache=False,
+            **varlen_kwargs(model, batch),
+            **kwargs,
+        )
     fields = {name: _gather(getattr(outputs, name, None)) for name in packing.PER_TOKEN_FIELDS}
     fields = {name: None if t is None else t[:, : width - 1] for name, t in fields.items()}  # the last predicts nothing
     # `loss` is the local slice's (TRL's DPO loss reads the per-token outputs only)

@@ -144,8 +144,11 @@ class SharedPromptCollator:
                     members = [(side * n + k, len(ids), len(ids), 0)]
                     units.append((ids, list(range(len(ids))), mask, [0] * len(ids), members))
         lengths = [len(u[0]) for u in units]
-        rows = ([list(range(len(units)))] if self.one_row
-                else fill_rows(lengths, self.hidden_size, row_width_bound(self.max_length)))  # fmt: skip
+        rows = (
+            [list(range(len(units)))]
+            if self.one_row
+            else fill_rows(lengths, self.hidden_size, row_width_bound(self.max_length))
+        )
         width = padded_width(max(sum(lengths[i] for i in row) for row in rows), self.pad_to_multiple_of)
         shape = (len(rows), width)
         input_ids = torch.full(shape, self.pad_token_id, dtype=torch.long)

@@ -116,13 +116,17 @@ def take_push_settings(recipe, run_engine=None) -> PushSettings:
     if p.push_checkpoints and not t.push_to_hub:
         raise ConfigError("push_checkpoints needs push_to_hub: true (and hub_model_id: org/name), or drop it")
     if p.push_checkpoints and run_engine is not None and run_engine.name == "fsdp2":
-        raise ConfigError("push_checkpoints under FSDP2: its checkpoints are sharded (each rank's part, "
-                          "torch.distributed.checkpoint), with no model a branch could hold: drop push_checkpoints "
-                          "(the final model is still pushed as one safetensors folder), or train under ZeRO-2 or "
-                          "ZeRO-3")  # fmt: skip
+        raise ConfigError(
+            "push_checkpoints under FSDP2: its checkpoints are sharded (each rank's part, "
+            "torch.distributed.checkpoint), with no model a branch could hold: drop push_checkpoints "
+            "(the final model is still pushed as one safetensors folder), or train under ZeRO-2 or "
+            "ZeRO-3"
+        )
     if p.push_checkpoints and getattr(t.save_strategy, "value", t.save_strategy) == "no":
-        raise ConfigError("push_checkpoints is set but save_strategy is 'no', so no checkpoint is saved: set "
-                          "save_strategy: steps and save_steps, or drop push_checkpoints")  # fmt: skip
+        raise ConfigError(
+            "push_checkpoints is set but save_strategy is 'no', so no checkpoint is saved: set "
+            "save_strategy: steps and save_steps, or drop push_checkpoints"
+        )
     settings = PushSettings(
         requested=bool(t.push_to_hub),
         repo_id=t.hub_model_id or t.run_name,
@@ -169,8 +173,10 @@ def model_card(resolved: dict, records: list[dict], revisions: list[tuple[int, s
     recipe_rows += f"\n| chat template | {template_named(resolved)} |"
     counted = derived.get("batching", {}).get("max_length_cuts")
     if counted:  # what the trainer saw of the data: pairs cut or dropped at max_length (cuts.py)
-        recipe_rows += f"\n| pairs cut / dropped at max_length | {counted['truncated']} / {counted['dropped']} of " \
-                       f"{counted['pairs']} |"  # fmt: skip
+        recipe_rows += (
+            f"\n| pairs cut / dropped at max_length | {counted['truncated']} / {counted['dropped']} of "
+            f"{counted['pairs']} |"
+        )
     last = next((r for r in reversed(records) if "loss" in r), {})  # a training record, not an evaluation
     shown = [k for k in FINAL_METRICS if k in last and k != "tokens_per_second"]  # the speed: the run's (speed_row)
     metric_rows = "\n".join(f"| `{k}` | {last[k]:.4f} |" for k in shown)
@@ -220,10 +226,13 @@ def sources_section(sources: list[dict]) -> str:
         ident = r.get("identity") or {}
         files = ident.get("files") or {}
         what = ", ".join(f"`{name}` sha256 `{f['sha256'][:12]}`" for name, f in files.items()) or ident.get(
-            "revision", "")  # fmt: skip
+            "revision", ""
+        )
         share = f"{r['token_share']:.1%}" if "token_share" in r else ""
-        rows.append(f"| `{r['source']}` | {r['rows_read']} | {r['rows_usable']} | {r['amount']} | {r['taken']}"
-                    f"{' (upsampled)' if r['upsampled'] else ''} | {share} | {what} |")  # fmt: skip
+        rows.append(
+            f"| `{r['source']}` | {r['rows_read']} | {r['rows_usable']} | {r['amount']} | {r['taken']}"
+            f"{' (upsampled)' if r['upsampled'] else ''} | {share} | {what} |"
+        )
     return (
         "\n## Data\n\n| source | rows | usable | amount | taken | share of tokens | identity |\n"
         "|---|---|---|---|---|---|---|\n" + "\n".join(rows) + "\n"

@@ -312,9 +312,14 @@ class CheckpointPusher(TrainerCallback):
             self._repo_ready = True
         commit, attempts = with_retries(lambda: upload_checkpoint(api, self.repo_id, staged, step), f"{branch} push")
         record_push(
-            self.out, step=step, branch=branch, status="pushed", attempts=attempts, commit=commit.oid,
+            self.out,
+            step=step,
+            branch=branch,
+            status="pushed",
+            attempts=attempts,
+            commit=commit.oid,
             files=checkpoint_files(staged),
-        )  # fmt: skip
+        )
         print(f"Pushed checkpoint-{step} to {self.repo_id}@{branch}", flush=True)
 
     def _failed(self, step: int, attempts: int, error: str) -> None:

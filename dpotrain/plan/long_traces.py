@@ -50,8 +50,10 @@ def carrying_groups(recipe, world: int, engine: Engine, max_lengths: list[int], 
             if "skipped" in planned or planned["fits"] is None:
                 return {"skipped": planned.get("skipped", "the GPU memory is unknown: pass --gpu_memory_gib")}
             found["gpu_memory_gib"] = planned["gpu_memory_gib"]
-            found["lengths"][length] = {"sequence_parallel_size": n if planned["fits"] else None,
-                                        "gib": planned["per_gpu_gib"]["total"]}  # fmt: skip
+            found["lengths"][length] = {
+                "sequence_parallel_size": n if planned["fits"] else None,
+                "gib": planned["per_gpu_gib"]["total"],
+            }
             if planned["fits"]:
                 break
     return found
@@ -66,15 +68,20 @@ def line(found: dict) -> str:
     for length, it in found["lengths"].items():
         n = it.get("sequence_parallel_size")
         if "past_positions" in it:
-            parts.append(f"max_length {length} reaches past the model's {it['past_positions']:,} positions (training "
-                         "refuses it)")  # fmt: skip
+            parts.append(
+                f"max_length {length} reaches past the model's {it['past_positions']:,} positions (training refuses it)"
+            )
         elif n == 1:
             parts.append(f"max_length {length} fits (~{it['gib']} GiB)")
         elif n:
             parts.append(f"max_length {length} fits with --sequence_parallel_size {n} (~{it['gib']} GiB)")
         else:
-            parts.append(f"max_length {length} does not fit with any sequence_parallel_size within a node "
-                         f"(~{it['gib']} GiB at the largest)")  # fmt: skip
-    where = (f"{found['engine']} on {found['world_size']} GPUs of {found['gpu_memory_gib']} GiB, {found['attention']}, "
-             "one whole pair per micro-batch")  # fmt: skip
+            parts.append(
+                f"max_length {length} does not fit with any sequence_parallel_size within a node "
+                f"(~{it['gib']} GiB at the largest)"
+            )
+    where = (
+        f"{found['engine']} on {found['world_size']} GPUs of {found['gpu_memory_gib']} GiB, {found['attention']}, "
+        "one whole pair per micro-batch"
+    )
     return f"Memory per GPU ({where}): {'; '.join(parts)}"

@@ -129,8 +129,17 @@ def _model_shape(recipe, config) -> ModelShape:
         head_trains = head is not None and head.weight.requires_grad
     dtype = str(recipe.model.dtype or "float32").replace("torch.", "")
     load_bytes = 4 if dtype == "float32" else BF16
-    return ModelShape(params, trainable, largest, decoder_layer, lm_head, head_trains, text.hidden_size,
-                      text.num_hidden_layers, load_bytes)  # fmt: skip
+    return ModelShape(
+        params,
+        trainable,
+        largest,
+        decoder_layer,
+        lm_head,
+        head_trains,
+        text.hidden_size,
+        text.num_hidden_layers,
+        load_bytes,
+    )
 
 
 # --- activations: the backbone traced on fake tensors ---
@@ -255,8 +264,9 @@ def _traced_peak(config, layers: int, tokens: int, checkpointing: bool | int) ->
         model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16, attn_implementation=TRACE_ATTENTION)
         every = checkpoint_every(checkpointing)
         if every:
-            model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False},
-                                                  every_n_layers=every)  # fmt: skip
+            model.activation_checkpointing_enable(
+                activation_checkpointing_kwargs={"use_reentrant": False}, every_n_layers=every
+            )
         model.train()
         for p in model.parameters():  # the engine takes each weight gradient away as soon as it exists
             p.register_post_accumulate_grad_hook(lambda p: setattr(p, "grad", None))
@@ -312,10 +322,16 @@ def forward_only_multiple(
 
     tile = min(local, TOKEN_CHUNK_SIZE) * upstream.chunked_logprob_chunk_size() * BF16
     exchange = all_to_all_bytes(config, tokens, n)
-    training = (formula_activation_bytes(text, local, checkpointing) + tile + local * (h * (BF16 + 4) + 12 * 4)
-                + mask_bytes(attn, tokens, width, config, checkpoint_every(checkpointing) == 1) + exchange)  # fmt: skip
-    per_token = ((layer + 2 * BF16 * h + 12 * 4) / n + mask_bytes(attn, tokens, width, config, True) / tokens
-                 + exchange / tokens)  # fmt: skip
+    training = (
+        formula_activation_bytes(text, local, checkpointing)
+        + tile
+        + local * (h * (BF16 + 4) + 12 * 4)
+        + mask_bytes(attn, tokens, width, config, checkpoint_every(checkpointing) == 1)
+        + exchange
+    )
+    per_token = (
+        (layer + 2 * BF16 * h + 12 * 4) / n + mask_bytes(attn, tokens, width, config, True) / tokens + exchange / tokens
+    )
     return max(1, min(REFERENCE_MULTIPLE_MOST, int((training - tile) / (tokens * per_token))))
 
 
@@ -466,8 +482,9 @@ class Plan:
 
     @property
     def subtotal(self) -> int:
-        return (self.states + self.buffers + self.activations + self.lm_head + self.masks + self.all_to_all
-                + self.reference)  # fmt: skip
+        return (
+            self.states + self.buffers + self.activations + self.lm_head + self.masks + self.all_to_all + self.reference
+        )
 
     @property
     def allowance(self) -> float:
@@ -509,8 +526,10 @@ def plan(recipe, world: int, engine: Engine | None = None, attention: str | None
         return {"skipped": engine.source}
     named = {"engine": f"{NAMES[engine.name]} ({engine.source})"}  # what the run summary shows, planned or not
     if not (recipe.training.bf16 or recipe.training.fp16):
-        return {"skipped": "this recipe trains in fp32, and memory is planned for GPU runs in bf16 (bf16: true)",
-                **named}  # fmt: skip
+        return {
+            "skipped": "this recipe trains in fp32, and memory is planned for GPU runs in bf16 (bf16: true)",
+            **named,
+        }
     tokens, width, token_source = micro_batch(recipe)
     if tokens is None:
         return {"skipped": token_source, **named}
@@ -528,17 +547,32 @@ def plan(recipe, world: int, engine: Engine | None = None, attention: str | None
         activations, method = activation_bytes(config, local, every or False)
         # eager keeps the probabilities of every layer not checkpointed: counted for all unless all are
         masks = mask_bytes(attn, tokens, width, config, every == 1)
-        return Plan(e, world, states, formula, engine_buffer_bytes(e, shape), activations, method,
-                    lm_head_bytes(shape, local), masks, all_to_all_bytes(config, tokens, n),
-                    reference_model_bytes(recipe, e, shape, world))  # fmt: skip
+        return Plan(
+            e,
+            world,
+            states,
+            formula,
+            engine_buffer_bytes(e, shape),
+            activations,
+            method,
+            lm_head_bytes(shape, local),
+            masks,
+            all_to_all_bytes(config, tokens, n),
+            reference_model_bytes(recipe, e, shape, world),
+        )
 
     # Activation checkpointing: the least recomputation that fits (choose_checkpointing).
-    every, checkpointing_record = choose_checkpointing(recipe, shape.layers, gpu,
-                                                       lambda k: plan_for(engine, k).total)  # fmt: skip
+    every, checkpointing_record = choose_checkpointing(recipe, shape.layers, gpu, lambda k: plan_for(engine, k).total)
     chosen = plan_for(engine, every)
     record = _record(chosen, shape, gpu, gpu_source)
-    record.update({"micro_batch_tokens": tokens, "micro_batch_tokens_from": token_source,
-                   "activation_checkpointing": every is not None, "attention": attn})  # fmt: skip
+    record.update(
+        {
+            "micro_batch_tokens": tokens,
+            "micro_batch_tokens_from": token_source,
+            "activation_checkpointing": every is not None,
+            "attention": attn,
+        }
+    )
     if n > 1:
         record["sequence_parallel"] = {"size": n, "tokens_per_gpu": local, "data_parallel_size": world // n}
     record["activations_from"] = chosen.activations_method
@@ -604,8 +638,10 @@ def checkpointing_request(recipe) -> tuple[int | None, bool]:
     if named and "every_n_layers" in kwargs:
         every = kwargs["every_n_layers"]
         if not isinstance(every, int) or isinstance(every, bool) or every < 1:
-            raise ConfigError(f"activation_checkpointing_kwargs every_n_layers must be an integer >= 1 (got "
-                              f"{every!r}): 1 checkpoints every decoder layer, 2 every other one")  # fmt: skip
+            raise ConfigError(
+                f"activation_checkpointing_kwargs every_n_layers must be an integer >= 1 (got "
+                f"{every!r}): 1 checkpoints every decoder layer, 2 every other one"
+            )
         return every, True
     return 1, False
 
@@ -637,8 +673,11 @@ def choose_checkpointing(recipe, layers: int, gpu: float | None, total_for) -> t
             candidates.setdefault(checkpointed_layers(every, layers), every)
         fits = [every for every in candidates.values() if total_for(every) <= gpu * GIB]
         chosen = fits[0] if fits else 1
-        why = ("the memory plan: the least recomputation that fits" if fits else
-               "the memory plan: nothing fits, so every layer (the least memory)")  # fmt: skip
+        why = (
+            "the memory plan: the least recomputation that fits"
+            if fits
+            else "the memory plan: nothing fits, so every layer (the least memory)"
+        )
         if chosen is not None:
             fewer = candidates[max(c for c in candidates if c < checkpointed_layers(chosen, layers))]
             why += f" ({describe_checkpointing(fewer, layers)} would need ~{_gib(total_for(fewer))} GiB)"
@@ -672,14 +711,17 @@ def _gib(n: float) -> float:
     return round(n / GIB, 1)
 
 
-def _refusal(recipe, chosen: Plan, gpu: float, gpu_source: str, attention: str | None,
-             heads: tuple[int, int] | None) -> str:  # fmt: skip
+def _refusal(
+    recipe, chosen: Plan, gpu: float, gpu_source: str, attention: str | None, heads: tuple[int, int] | None
+) -> str:
     """One line: what does not fit, by how much and in which part, and what would fit (memory_advice: each option
     planned for real)."""
     e, world = chosen.engine, chosen.world
-    parts = (f"model states {_gib(chosen.states)}, buffers {_gib(chosen.buffers)}, activations "
-             f"{_gib(chosen.activations)}, LM head {_gib(chosen.lm_head)}, masks {_gib(chosen.masks)}, allowance "
-             f"{_gib(chosen.allowance)}")  # fmt: skip
+    parts = (
+        f"model states {_gib(chosen.states)}, buffers {_gib(chosen.buffers)}, activations "
+        f"{_gib(chosen.activations)}, LM head {_gib(chosen.lm_head)}, masks {_gib(chosen.masks)}, allowance "
+        f"{_gib(chosen.allowance)}"
+    )
     if chosen.all_to_all:
         parts = parts.replace(", allowance", f", all-to-all {_gib(chosen.all_to_all)}, allowance")
     if chosen.reference:
@@ -687,6 +729,8 @@ def _refusal(recipe, chosen: Plan, gpu: float, gpu_source: str, attention: str |
     n = recipe.project.sequence_parallel_size
     on = f"{world} GPU{'s' * (world > 1)}" + (f" (sequence_parallel_size {n})" if n > 1 else "")
     options = advice(recipe, world, e, attention, gpu, plan, heads)
-    return (f"memory plan: {NAMES[e.name]} on {on} needs ~{_gib(chosen.total)} GiB per GPU "
-            f"({parts}), more than the {gpu:.1f} GiB GPU ({gpu_source}): {options} (the plan is an estimate: "
-            "--memory_check false runs anyway)")  # fmt: skip
+    return (
+        f"memory plan: {NAMES[e.name]} on {on} needs ~{_gib(chosen.total)} GiB per GPU "
+        f"({parts}), more than the {gpu:.1f} GiB GPU ({gpu_source}): {options} (the plan is an estimate: "
+        "--memory_check false runs anyway)"
+    )

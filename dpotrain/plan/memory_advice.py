@@ -131,8 +131,16 @@ class Option:
 class Advisor:
     """The levers for one refused plan, tried through `plan(recipe, world, engine, attention)` -> its record."""
 
-    def __init__(self, recipe, world: int, engine: Engine, attention: str | None, gpu_gib: float, plan: Callable,
-                 heads: tuple[int, int] | None = None):  # fmt: skip
+    def __init__(
+        self,
+        recipe,
+        world: int,
+        engine: Engine,
+        attention: str | None,
+        gpu_gib: float,
+        plan: Callable,
+        heads: tuple[int, int] | None = None,
+    ):
         self.recipe, self.world, self.engine, self.attention = recipe, world, engine, attention
         self.heads = heads  # (attention heads, key/value heads): what a sequence-parallel group must split
         self.gpu_gib, self._plan = gpu_gib, plan
@@ -147,10 +155,19 @@ class Advisor:
     def planned(self, trial: Trial) -> tuple[bool, float]:
         """(fits, GiB per GPU): the trial's plan, once for each distinct setting (combinations meet the same ones)."""
         r = trial.recipe
-        key = (trial.engine.name, trial.config, trial.world, r.project.sequence_parallel_size,
-               r.project.max_tokens_per_microbatch, r.training.max_length,
-               r.model.use_peft, str(r.model.lora_target_modules), r.training.activation_checkpointing,
-               str(r.training.activation_checkpointing_kwargs), uses_live_reference(r))  # fmt: skip
+        key = (
+            trial.engine.name,
+            trial.config,
+            trial.world,
+            r.project.sequence_parallel_size,
+            r.project.max_tokens_per_microbatch,
+            r.training.max_length,
+            r.model.use_peft,
+            str(r.model.lora_target_modules),
+            r.training.activation_checkpointing,
+            str(r.training.activation_checkpointing_kwargs),
+            uses_live_reference(r),
+        )
         if key not in self._seen:
             unchecked = decided(r, {"project": {"memory_check": False}})  # a plan that does not fit is looked for
             record = self._plan(unchecked, trial.world, trial.engine, attention=self.attention)
@@ -187,12 +204,20 @@ class Advisor:
 
     def checkpointing(self, trial: Trial) -> bool:
         kwargs = {**(trial.recipe.training.activation_checkpointing_kwargs or {}), "every_n_layers": 1}
-        every_layer = {"activation_checkpointing": True, "gradient_checkpointing": True,
-                       "activation_checkpointing_kwargs": kwargs, "gradient_checkpointing_kwargs": kwargs}  # fmt: skip
+        every_layer = {
+            "activation_checkpointing": True,
+            "gradient_checkpointing": True,
+            "activation_checkpointing_kwargs": kwargs,
+            "gradient_checkpointing_kwargs": kwargs,
+        }
         given = trial.recipe.given | {"activation_checkpointing", "activation_checkpointing_kwargs"}
         trial.recipe = replace(decided(trial.recipe, {"training": every_layer}), given=given)
-        trial.flags += ["--activation_checkpointing", "true", "--activation_checkpointing_kwargs",
-                        "'{\"every_n_layers\": 1}'"]  # fmt: skip
+        trial.flags += [
+            "--activation_checkpointing",
+            "true",
+            "--activation_checkpointing_kwargs",
+            "'{\"every_n_layers\": 1}'",
+        ]
         return True
 
     def engine_lever(self, kind: str, trial: Trial) -> bool:
@@ -237,8 +262,11 @@ class Advisor:
         """The fewest nodes beyond this job's on which the trial fits (never more data-parallel ranks than pairs per
         step; whole sequence-parallel groups)."""
         group = trial.recipe.project.sequence_parallel_size
-        counts = [n for n in range(self.world // self.per_node + 1, MAX_NODES + 1)
-                  if n * self.per_node // group <= self.pairs and n * self.per_node % group == 0]  # fmt: skip
+        counts = [
+            n
+            for n in range(self.world // self.per_node + 1, MAX_NODES + 1)
+            if n * self.per_node // group <= self.pairs and n * self.per_node % group == 0
+        ]
         low, high, best = 0, len(counts) - 1, None
         while low <= high:  # more processes never need more memory each: bisection
             mid = (low + high) // 2
@@ -311,10 +339,19 @@ class Advisor:
         if not fits:
             return None
         moves = trial.engine is not self.engine or trial.world != self.world
-        return Option(combo, tuple(trial.flags), trial.engine.name, trial.config, trial.world,
-                      trial.world // self.per_node, self.per_node, gib, moves,
-                      trial.recipe.project.max_tokens_per_microbatch,
-                      trial.recipe.project.sequence_parallel_size)  # fmt: skip
+        return Option(
+            combo,
+            tuple(trial.flags),
+            trial.engine.name,
+            trial.config,
+            trial.world,
+            trial.world // self.per_node,
+            self.per_node,
+            gib,
+            moves,
+            trial.recipe.project.max_tokens_per_microbatch,
+            trial.recipe.project.sequence_parallel_size,
+        )
 
     def options(self) -> list[Option]:
         """Fewest changes first; splitting sequences (`sequence`) only where nothing fits a whole pair on each GPU (it
@@ -345,18 +382,27 @@ class Advisor:
         return found
 
 
-def advice(recipe, world: int, engine: Engine, attention: str | None, gpu_gib: float, plan: Callable,
-           heads: tuple[int, int] | None = None) -> str:  # fmt: skip
+def advice(
+    recipe,
+    world: int,
+    engine: Engine,
+    attention: str | None,
+    gpu_gib: float,
+    plan: Callable,
+    heads: tuple[int, int] | None = None,
+) -> str:
     """The refusal's second half: each option that fits, as flags to add and the submission, or why none does.
     `heads`: the model's (attention heads, key/value heads), for sequence parallelism (None: not weighed)."""
     advisor = Advisor(recipe, world, engine, attention, gpu_gib, plan, heads)
     options = advisor.options()
     if not options:
         cached = "the cached reference, " if "cached" in advisor.levers() else ""
-        return (f"no change this run can make fits a {gpu_gib:.1f} GiB GPU on up to {MAX_NODES} nodes ({cached}fewer "
-                f"tokens per micro-batch, activation checkpointing, ZeRO-3, FSDP2, sequence parallelism within a node, "
-                f"more nodes, LoRA, max_length down to {MIN_MAX_LENGTH}, and up to four of them together were "
-                "planned): plan for larger GPUs with --gpu_memory_gib")  # fmt: skip
+        return (
+            f"no change this run can make fits a {gpu_gib:.1f} GiB GPU on up to {MAX_NODES} nodes ({cached}fewer "
+            f"tokens per micro-batch, activation checkpointing, ZeRO-3, FSDP2, sequence parallelism within a node, "
+            f"more nodes, LoRA, max_length down to {MIN_MAX_LENGTH}, and up to four of them together were "
+            "planned): plan for larger GPUs with --gpu_memory_gib"
+        )
     typed = getattr(recipe, "command_line", ())
     listed = "; ".join(f"[{i}] {o.text(typed)}" for i, o in enumerate(options, 1))
     return f"these fit: {listed}"

@@ -200,8 +200,10 @@ def _padded_runs(order: list[int], lengths: PairLengths, budget: int, bins: int)
     starts = runs_within(lo)
     runs = [order[a:b] for a, b in zip(starts, [*starts[1:], len(order)], strict=True)]
     while len(runs) < bins:  # fewer runs than bins: halve the largest run that holds more than one pair
-        r = max((r for r in range(len(runs)) if len(runs[r]) > 1),
-                key=lambda r: (len(runs[r]) * 2 * int(lengths.longest[runs[r][0]]), -r))  # fmt: skip
+        r = max(
+            (r for r in range(len(runs)) if len(runs[r]) > 1),
+            key=lambda r: (len(runs[r]) * 2 * int(lengths.longest[runs[r][0]]), -r),
+        )
         half = (len(runs[r]) + 1) // 2
         runs[r : r + 1] = [runs[r][:half], runs[r][half:]]
     return runs
@@ -237,8 +239,10 @@ def cut_step(pairs: np.ndarray, lengths: PairLengths, p: StepPlan) -> list[list[
     one run a filler: `FILLER`)."""
     w, n = p.world_size, len(pairs)
     if n < w:
-        raise PlanError(f"a step of {n} pairs leaves {w - n} of the {w} processes without a pair: use "
-                        f"pairs_per_step >= {w}, or fewer processes")  # fmt: skip
+        raise PlanError(
+            f"a step of {n} pairs leaves {w - n} of the {w} processes without a pair: use "
+            f"pairs_per_step >= {w}, or fewer processes"
+        )
     if p.max_tokens is None:
         shares = [[int(i) for i in pairs[r::w]] for r in range(w)]
         count = min(math.ceil(len(shares[0]) / p.pairs_per_micro_batch), len(shares[-1]))
@@ -308,9 +312,12 @@ def plan_run(lengths: PairLengths, p: StepPlan, epochs: int) -> list:
         planned.append(steps)
     if refused:
         worst = max(refused, key=lambda e: e.needed_budget)
-        raise PlanError(f"{len(refused)} step(s) of the run cannot be cut; the hardest: {worst}".replace(
-            f"to {worst.needed_budget:,},", f"to {worst.needed_budget:,} (enough for every step),"),
-            worst.needed_budget)  # fmt: skip
+        raise PlanError(
+            f"{len(refused)} step(s) of the run cannot be cut; the hardest: {worst}".replace(
+                f"to {worst.needed_budget:,},", f"to {worst.needed_budget:,} (enough for every step),"
+            ),
+            worst.needed_budget,
+        )
     return planned
 
 
@@ -328,8 +335,12 @@ class Forward:
         seqs = [int(lengths.chosen[i]) for i in micro_batch] + [int(lengths.rejected[i]) for i in micro_batch]
         if lengths.shared is not None and self.kind != "padded":  # a shared pair is one unit of its row
             seqs = [int(lengths.tokens[i]) for i in micro_batch if lengths.shared[i]]
-            seqs += [s for k, i in enumerate(micro_batch) if not lengths.shared[i]
-                     for s in (int(lengths.chosen[i]), int(lengths.rejected[i]))]  # fmt: skip
+            seqs += [
+                s
+                for k, i in enumerate(micro_batch)
+                if not lengths.shared[i]
+                for s in (int(lengths.chosen[i]), int(lengths.rejected[i]))
+            ]
         if self.kind == "padded":
             from dpotrain.forwards.padded import positions
 
@@ -349,8 +360,13 @@ def epochs_needed(max_steps: int, num_train_epochs: float, pairs: int, pairs_per
     return max(1, math.ceil(num_train_epochs))
 
 
-def summary(lengths: PairLengths, p: StepPlan, epochs: list[list], forward: Forward | None = None,
-            reduce_per_backward: bool = True) -> dict:  # fmt: skip
+def summary(
+    lengths: PairLengths,
+    p: StepPlan,
+    epochs: list[list],
+    forward: Forward | None = None,
+    reduce_per_backward: bool = True,
+) -> dict:
     """What the plan does, for the run's records: micro-batches per step (min, mean, max) against the fewest the budget
     allows, per epoch, gradient reductions per epoch (ZeRO reduces at every backward, DDP and FSDP once per step with
     no_sync), pairs and positions per micro-batch, and the padding share. `forward` gives the positions a micro-batch
@@ -366,20 +382,18 @@ def summary(lengths: PairLengths, p: StepPlan, epochs: list[list], forward: Forw
         if p.padded
         else "packed"
         if lengths.shared is None
-        else (f"packed, prompts shared ({int(lengths.shared.sum())} of {len(lengths)} pairs)"),  # fmt: skip
+        else (f"packed, prompts shared ({int(lengths.shared.sum())} of {len(lengths)} pairs)"),
         "pairs_per_step": p.pairs_per_step,
         "max_tokens_per_microbatch": p.max_tokens,
         "micro_batches_per_step": {
             "min": min(counts),
             "mean": round(sum(counts) / len(counts), 3),
             "max": max(counts),
-        },  # fmt: skip
+        },
         "micro_batches_per_epoch": round(sum(counts) / len(epochs)),
         "gradient_reductions_per_epoch": 0
         if p.world_size == 1
-        else round(
-            (sum(counts) if reduce_per_backward else sum(len(epoch) for epoch in epochs)) / len(epochs)
-        ),  # fmt: skip
+        else round((sum(counts) if reduce_per_backward else sum(len(epoch) for epoch in epochs)) / len(epochs)),
         "pairs_per_micro_batch": _spread(pairs),
         "positions_per_micro_batch": _spread(taken),
         "padding_share": round(1 - sum(real) / sum(taken), 4),
@@ -388,8 +402,11 @@ def summary(lengths: PairLengths, p: StepPlan, epochs: list[list], forward: Forw
     if p.max_tokens is not None:
         # No cut can do with fewer micro-batches per rank than this bound (`fewest_bins`) allows.
         alone = p.alone(lengths, slice(None))
-        fewest = [math.ceil(fewest_bins(alone[[i for rank in step for mb in rank for i in mb]], p.max_tokens)
-                            / p.world_size) for epoch in epochs for step in epoch]  # fmt: skip
+        fewest = [
+            math.ceil(fewest_bins(alone[[i for rank in step for mb in rank for i in mb]], p.max_tokens) / p.world_size)
+            for epoch in epochs
+            for step in epoch
+        ]
         out["micro_batches_per_step"]["lower_bound_mean"] = round(sum(fewest) / len(fewest), 3)
     return out
 
@@ -399,8 +416,10 @@ def eval_batches(pairs: int, world_size: int, batch_size: int) -> list[list[list
     at most `batch_size` pairs on every rank (the evaluation loop gathers after every batch, and ZeRO-3 or FSDP2
     gather weights in every forward), and no pair padded in twice (which would count it twice in the metrics)."""
     if pairs < world_size:
-        raise PlanError(f"the evaluation split has {pairs} pair(s), fewer than the {world_size} processes: use a "
-                        "larger split, or no eval_strategy")  # fmt: skip
+        raise PlanError(
+            f"the evaluation split has {pairs} pair(s), fewer than the {world_size} processes: use a "
+            "larger split, or no eval_strategy"
+        )
     per_rank = math.ceil(pairs / (world_size * batch_size))
     chunks = [[int(i) for i in c] for c in np.array_split(np.arange(pairs), world_size * per_rank)]
     return [chunks[rank::world_size] for rank in range(world_size)]
@@ -429,8 +448,11 @@ class StepSampler(BatchRebalanceSampler):
         self.epoch = epoch
 
     def __iter__(self):
-        steps = self.planned[self.epoch] if self.epoch < len(self.planned) else epoch_steps(
-            self.lengths, self.plan, self.epoch)  # fmt: skip
+        steps = (
+            self.planned[self.epoch]
+            if self.epoch < len(self.planned)
+            else epoch_steps(self.lengths, self.plan, self.epoch)
+        )
         for step in steps:
             yield [tuple(tuple(mb) for mb in step[self.rank])]
 

@@ -28,18 +28,34 @@ class RunPlan:
         per_step, s = self.summary["micro_batches_per_step"], self.summary
         counts = f"{per_step['min']}" if per_step["min"] == per_step["max"] else f"{per_step['min']}-{per_step['max']}"
         fillers = f", {s['filler_micro_batches']} filler micro-batch(es)" if s["filler_micro_batches"] else ""
-        return (f"Plan: {len(self.epochs[0])} steps of {self.step_plan.pairs_per_step} pairs per epoch "
-                f"({len(self.epochs)} epoch(s) planned), {counts} micro-batch(es) per step per rank{fillers}, "
-                f"{s['padding_share']:.1%} padding ({s['forward']})")  # fmt: skip
+        return (
+            f"Plan: {len(self.epochs[0])} steps of {self.step_plan.pairs_per_step} pairs per epoch "
+            f"({len(self.epochs)} epoch(s) planned), {counts} micro-batch(es) per step per rank{fillers}, "
+            f"{s['padding_share']:.1%} padding ({s['forward']})"
+        )
 
 
-def make(lengths: PairLengths, args, pairs_per_step: int, world_size: int, budget: int | None, padded: bool,
-         forward: plan.Forward | None = None, reduce_per_backward: bool = True) -> RunPlan:  # fmt: skip
+def make(
+    lengths: PairLengths,
+    args,
+    pairs_per_step: int,
+    world_size: int,
+    budget: int | None,
+    padded: bool,
+    forward: plan.Forward | None = None,
+    reduce_per_backward: bool = True,
+) -> RunPlan:
     """The run's plan from its pairs' lengths and the training arguments (seed, batch size, max_steps, epochs): what a
     run plans at start and what a dry run plans (`stages.plan_batching`). Raises `plan.PlanError` (with the budget
     that would do) when a step cannot be cut."""
-    step_plan = plan.StepPlan(pairs_per_step, world_size, args.seed, budget,
-                              None if budget else args.per_device_train_batch_size, padded=padded)  # fmt: skip
+    step_plan = plan.StepPlan(
+        pairs_per_step,
+        world_size,
+        args.seed,
+        budget,
+        None if budget else args.per_device_train_batch_size,
+        padded=padded,
+    )
     epochs = plan.epochs_needed(args.max_steps, args.num_train_epochs, len(lengths), pairs_per_step, world_size)
     # Every epoch is planned now: a step that cannot be cut is refused before the model does any work.
     planned = plan.plan_run(lengths, step_plan, epochs)
@@ -53,9 +69,16 @@ def run_stage(trainer) -> RunPlan:
     args = trainer.args
     counts = token_counts(trainer.train_dataset)
     lengths = PairLengths.from_parts(*counts, args.max_length, trainer.forward.share_prompt, args.truncation_mode)
-    run_plan = make(lengths, args, trainer.pairs_per_step, trainer.data_parallel_size,
-                    trainer.max_tokens_per_microbatch, padded=not trainer.packed, forward=trainer.plan_forward(),
-                    reduce_per_backward=trainer.is_deepspeed_enabled)  # fmt: skip
+    run_plan = make(
+        lengths,
+        args,
+        trainer.pairs_per_step,
+        trainer.data_parallel_size,
+        trainer.max_tokens_per_microbatch,
+        padded=not trainer.packed,
+        forward=trainer.plan_forward(),
+        reduce_per_backward=trainer.is_deepspeed_enabled,
+    )
     # Pairs TRL cut or dropped at max_length: counted on the tokenized set, recorded with the plan (derived.batching).
     given = getattr(trainer, "rows_given", len(trainer.train_dataset))
     counted = cuts.count(*counts, args.max_length, args.truncation_mode, given - len(trainer.train_dataset))

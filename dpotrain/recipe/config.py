@@ -556,9 +556,12 @@ def _command_line_batch_wins(training, project, on_command_line: set[str]) -> di
         if replaced.get("max_tokens_per_microbatch") is not None:
             keep += ["--max_tokens_per_microbatch", "none"]  # micro-batches of pairs, not of tokens
     kept = f" ({' '.join(keep)} keeps its {replaced['pairs_per_step']} pairs per step)" if keep else ""
-    print(f"Note: {' and '.join(sorted(batch_flags))} on the command line: micro-batches of "
-          f"{training.per_device_train_batch_size} pairs, {training.gradient_accumulation_steps} per step and "
-          f"process; the recipe's {' and '.join(recipe_batching)} are not used{kept}.", file=sys.stderr)  # fmt: skip
+    print(
+        f"Note: {' and '.join(sorted(batch_flags))} on the command line: micro-batches of "
+        f"{training.per_device_train_batch_size} pairs, {training.gradient_accumulation_steps} per step and "
+        f"process; the recipe's {' and '.join(recipe_batching)} are not used{kept}.",
+        file=sys.stderr,
+    )
     return {**replaced, "by": flags, "keep": " ".join(keep)}
 
 

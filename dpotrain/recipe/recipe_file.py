@@ -48,8 +48,10 @@ def load(path: str | Path) -> dict:
     finally:
         loader.dispose()
     if recipe is None:  # every field would take TRL's default (beta 0.1, sigmoid, 3 epochs) under this recipe's name
-        raise ConfigError(f"{path}: the recipe holds no settings (empty, or comments only): write its `field: value` "
-                          "lines (configs/smoke.yaml is a small one to start from)")  # fmt: skip
+        raise ConfigError(
+            f"{path}: the recipe holds no settings (empty, or comments only): write its `field: value` "
+            "lines (configs/smoke.yaml is a small one to start from)"
+        )
     if not isinstance(recipe, dict):
         raise ConfigError(f"{path}: a recipe is a YAML mapping of field: value")
     return recipe

@@ -54,9 +54,12 @@ def _say_dropped(path: Path, size: int, number: int, line: bytes) -> None:
     if (str(path), size) in _warned:
         return
     _warned.add((str(path), size))
-    print(f"warning: {path}: dropped its last line ({number}: {len(line)} bytes, cut short as a crash while writing it "
-          "leaves it); the checkpoint is what the run goes on from, and the steps after it are recorded again",
-          file=sys.stderr, flush=True)  # fmt: skip
+    print(
+        f"warning: {path}: dropped its last line ({number}: {len(line)} bytes, cut short as a crash while writing it "
+        "leaves it); the checkpoint is what the run goes on from, and the steps after it are recorded again",
+        file=sys.stderr,
+        flush=True,
+    )
 
 
 def append(path: str | Path, records: list[dict]) -> None:

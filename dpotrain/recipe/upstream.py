@@ -39,73 +39,178 @@ TRAINER = "transformers.trainer"
 
 SEAMS = (
     # --- RecipeDPOTrainer's overrides of private methods (dpotrain/train/trainer.py) ----------------------------
-    Seam(f"{DPO}:DPOTrainer._compute_loss", "override", "the packed forward answers TRL's model call; the reference "
-         "comes from the inputs; metrics are reduced once per log", ("model", "inputs", "return_outputs")),
-    Seam(f"{DPO}:DPOTrainer._precompute_ref_logps", "override", "deferred: the reference stage (dpotrain/reference) "
-         "scores every pair after the plan stage", ("dataset", "name", "batch_size")),
-    Seam(f"{DPO}:DPOTrainer._prepare_dataset", "override", "TRL's tokenization, then each prompt's labeled earlier "
-         "turns with assistant_turns all (dpotrain/data/turns.py)", ("dataset", "processing_class", "args",
-                                                                     "dataset_name")),
-    Seam(f"{TRAINER}:Trainer._save_checkpoint", "override", "the folder cleared first, rotation after the COMPLETE "
-         "mark, a full disk in one line", ("model", "trial")),
-    Seam(f"{TRAINER}:Trainer._run_epoch", "override", "a run resumed from its last step's checkpoint trains nothing "
-         "more (transformers checks max_steps only after a step)"),
+    Seam(
+        f"{DPO}:DPOTrainer._compute_loss",
+        "override",
+        "the packed forward answers TRL's model call; the reference "
+        "comes from the inputs; metrics are reduced once per log",
+        ("model", "inputs", "return_outputs"),
+    ),
+    Seam(
+        f"{DPO}:DPOTrainer._precompute_ref_logps",
+        "override",
+        "deferred: the reference stage (dpotrain/reference) scores every pair after the plan stage",
+        ("dataset", "name", "batch_size"),
+    ),
+    Seam(
+        f"{DPO}:DPOTrainer._prepare_dataset",
+        "override",
+        "TRL's tokenization, then each prompt's labeled earlier "
+        "turns with assistant_turns all (dpotrain/data/turns.py)",
+        ("dataset", "processing_class", "args", "dataset_name"),
+    ),
+    Seam(
+        f"{TRAINER}:Trainer._save_checkpoint",
+        "override",
+        "the folder cleared first, rotation after the COMPLETE mark, a full disk in one line",
+        ("model", "trial"),
+    ),
+    Seam(
+        f"{TRAINER}:Trainer._run_epoch",
+        "override",
+        "a run resumed from its last step's checkpoint trains nothing "
+        "more (transformers checks max_steps only after a step)",
+    ),
     # --- private methods and functions called -------------------------------------------------------------------
-    Seam(f"{TRAINER}:Trainer._get_output_dir", "call", "the checkpoint folder's parent, to clear and name it",
-         ("trial",)),
-    Seam(f"{TRAINER}:Trainer._save", "call", "FSDP2's final model: the gathered full state dict written once",
-         ("output_dir", "state_dict")),
-    Seam("accelerate.state:GradientState._set_sync_gradients", "call", "the accumulation boundary on a step's last "
-         "micro-batch, since one Trainer step runs all of a step's micro-batches", ("sync_gradients",)),
-    Seam("trl.data_utils:_tokenize", "call", "the analyzer and the length stage tokenize one row as DPOTrainer does "
-         "(dpotrain/data/lengths.py)", ("processing_class", "input")),
-    Seam("torch._dynamo.eval_frame:_debug_get_cache_entry_list", "call", "counts FlexAttention's compilations "
-         "(dpotrain/forwards/flex.py)", ("code",)),
+    Seam(
+        f"{TRAINER}:Trainer._get_output_dir", "call", "the checkpoint folder's parent, to clear and name it", ("trial",)
+    ),
+    Seam(
+        f"{TRAINER}:Trainer._save",
+        "call",
+        "FSDP2's final model: the gathered full state dict written once",
+        ("output_dir", "state_dict"),
+    ),
+    Seam(
+        "accelerate.state:GradientState._set_sync_gradients",
+        "call",
+        "the accumulation boundary on a step's last "
+        "micro-batch, since one Trainer step runs all of a step's micro-batches",
+        ("sync_gradients",),
+    ),
+    Seam(
+        "trl.data_utils:_tokenize",
+        "call",
+        "the analyzer and the length stage tokenize one row as DPOTrainer does (dpotrain/data/lengths.py)",
+        ("processing_class", "input"),
+    ),
+    Seam(
+        "torch._dynamo.eval_frame:_debug_get_cache_entry_list",
+        "call",
+        "counts FlexAttention's compilations (dpotrain/forwards/flex.py)",
+        ("code",),
+    ),
     # --- private attributes and constants read ------------------------------------------------------------------
-    Seam(f"{DPO}:DPOTrainer._precompute_model_hash", "read", "the reference cache's key: the weights' hash TRL takes "
-         "in __init__"),
+    Seam(
+        f"{DPO}:DPOTrainer._precompute_model_hash",
+        "read",
+        "the reference cache's key: the weights' hash TRL takes in __init__",
+    ),
     Seam(f"{DPO}:DPOTrainer._metrics", "read", "TRL's per-micro-batch metrics, replaced by exact means at each log"),
-    Seam(f"{DPO}:DPOTrainer._tokenizer", "read", "the pad token of TRL's padded collator, when a model cannot pack; "
-         "the tokenizer that labels earlier turns"),
-    Seam(f"{DPO}:DPOTrainer._precompute_engine", "read", "the DeepSpeed inference engine that scores the reference "
-         "under ZeRO, made once and kept where TRL keeps it"),
-    Seam("trl.trainer.utils:_CHUNKED_LOGPROB_CHUNK_SIZE", "read", "the fused LM head's vocabulary tile, in the "
-         "memory plan (dpotrain/plan/memory.py)"),
-    Seam("datasets.arrow_dataset:Dataset._fingerprint", "read", "an in-memory data set's identity for the length "
-         "cache (dpotrain/data/lengths.py)"),
-    Seam("transformers.configuration_utils:PretrainedConfig._attn_implementation", "read", "which attention a config "
-         "(and the masks built for it) will use: the forward choice sets it on a copy to ask whether it packs"),
-    Seam("torch.distributed._tools.mem_tracker:_MemRefType", "read", "the memory plan's traced peak sorts memory "
-         "by kind (dpotrain/plan/memory.py)"),
+    Seam(
+        f"{DPO}:DPOTrainer._tokenizer",
+        "read",
+        "the pad token of TRL's padded collator, when a model cannot pack; the tokenizer that labels earlier turns",
+    ),
+    Seam(
+        f"{DPO}:DPOTrainer._precompute_engine",
+        "read",
+        "the DeepSpeed inference engine that scores the reference under ZeRO, made once and kept where TRL keeps it",
+    ),
+    Seam(
+        "trl.trainer.utils:_CHUNKED_LOGPROB_CHUNK_SIZE",
+        "read",
+        "the fused LM head's vocabulary tile, in the memory plan (dpotrain/plan/memory.py)",
+    ),
+    Seam(
+        "datasets.arrow_dataset:Dataset._fingerprint",
+        "read",
+        "an in-memory data set's identity for the length cache (dpotrain/data/lengths.py)",
+    ),
+    Seam(
+        "transformers.configuration_utils:PretrainedConfig._attn_implementation",
+        "read",
+        "which attention a config "
+        "(and the masks built for it) will use: the forward choice sets it on a copy to ask whether it packs",
+    ),
+    Seam(
+        "torch.distributed._tools.mem_tracker:_MemRefType",
+        "read",
+        "the memory plan's traced peak sorts memory by kind (dpotrain/plan/memory.py)",
+    ),
     # --- attributes set around TRL's private methods ------------------------------------------------------------
-    Seam(f"{DPO}:DPOTrainer.precompute_ref_logps", "set", "True around `_compute_loss`: the reference (live or "
-         "cached) comes from the inputs", read_in=f"{DPO}:DPOTrainer._compute_loss"),
-    Seam(f"{DPO}:DPOTrainer.accelerator", "set", "a local stand-in around `_compute_loss`: its per-micro-batch "
-         "gathers would hang ranks holding different numbers of pairs", read_in=f"{DPO}:DPOTrainer._compute_loss"),
-    Seam(f"{DPO}:DPOTrainer.loss_types", "set", "without `sft` around `_compute_loss`: the SFT term is added over "
-         "the whole step (dpotrain/train/losses.py)", read_in=f"{DPO}:DPOTrainer._compute_loss"),
-    Seam(f"{DPO}:DPOTrainer.loss_weights", "set", "the weights of the loss types left without `sft`",
-         read_in=f"{DPO}:DPOTrainer._compute_loss"),
-    Seam("accelerate.state:PartialState._shared_state", "set", "FSDP2 and DDP on CPU-only nodes: the distributed type "
-         "accelerate only sets for accelerator devices (dpotrain/cluster/engine.py)",
-         read_in="accelerate.state:PartialState.__init__"),
-    Seam("torch.distributed.distributed_c10d:default_pg_timeout", "set", "the recipe's collective timeout for every "
-         "process group made later (DeepSpeed's own)",
-         read_in="torch.distributed.distributed_c10d:_get_default_timeout"),
-    Seam("torch.distributed.distributed_c10d:default_pg_nccl_timeout", "set", "the same, for NCCL groups",
-         read_in="torch.distributed.distributed_c10d:_get_default_timeout"),
-    Seam("torch.distributed.distributed_c10d:_world", "read", "every process group and its name, to print and test "
-         "their timeouts (dpotrain/cluster/engine.py)"),
+    Seam(
+        f"{DPO}:DPOTrainer.precompute_ref_logps",
+        "set",
+        "True around `_compute_loss`: the reference (live or cached) comes from the inputs",
+        read_in=f"{DPO}:DPOTrainer._compute_loss",
+    ),
+    Seam(
+        f"{DPO}:DPOTrainer.accelerator",
+        "set",
+        "a local stand-in around `_compute_loss`: its per-micro-batch "
+        "gathers would hang ranks holding different numbers of pairs",
+        read_in=f"{DPO}:DPOTrainer._compute_loss",
+    ),
+    Seam(
+        f"{DPO}:DPOTrainer.loss_types",
+        "set",
+        "without `sft` around `_compute_loss`: the SFT term is added over the whole step (dpotrain/train/losses.py)",
+        read_in=f"{DPO}:DPOTrainer._compute_loss",
+    ),
+    Seam(
+        f"{DPO}:DPOTrainer.loss_weights",
+        "set",
+        "the weights of the loss types left without `sft`",
+        read_in=f"{DPO}:DPOTrainer._compute_loss",
+    ),
+    Seam(
+        "accelerate.state:PartialState._shared_state",
+        "set",
+        "FSDP2 and DDP on CPU-only nodes: the distributed type "
+        "accelerate only sets for accelerator devices (dpotrain/cluster/engine.py)",
+        read_in="accelerate.state:PartialState.__init__",
+    ),
+    Seam(
+        "torch.distributed.distributed_c10d:default_pg_timeout",
+        "set",
+        "the recipe's collective timeout for every process group made later (DeepSpeed's own)",
+        read_in="torch.distributed.distributed_c10d:_get_default_timeout",
+    ),
+    Seam(
+        "torch.distributed.distributed_c10d:default_pg_nccl_timeout",
+        "set",
+        "the same, for NCCL groups",
+        read_in="torch.distributed.distributed_c10d:_get_default_timeout",
+    ),
+    Seam(
+        "torch.distributed.distributed_c10d:_world",
+        "read",
+        "every process group and its name, to print and test their timeouts (dpotrain/cluster/engine.py)",
+    ),
     Seam("torch.distributed.distributed_c10d:_get_default_group", "call", "the default group's name"),
-    Seam("torch.distributed.distributed_c10d:ProcessGroup._get_backend", "call", "a group's backend per device, whose "
-         "options hold its timeout", ("device",)),
+    Seam(
+        "torch.distributed.distributed_c10d:ProcessGroup._get_backend",
+        "call",
+        "a group's backend per device, whose options hold its timeout",
+        ("device",),
+    ),
     # --- module-level names replaced for one call ---------------------------------------------------------------
-    Seam(f"{DPO}:create_model_from_path", "patch", "under FSDP2, the reference copy TRL loads for its precompute is "
-         "skipped (the reference stage scores with the sharded policy)", read_in=f"{DPO}:DPOTrainer.__init__"),
-    Seam(f"{DPO}:disable_gradient_checkpointing", "patch", "left alone in the reference stage, which runs in eval "
-         "mode; TRL would re-enable checkpointing on every layer after each micro-batch",
-         read_in=f"{DPO}:DPOTrainer.compute_ref_log_probs"),
-)  # fmt: skip
+    Seam(
+        f"{DPO}:create_model_from_path",
+        "patch",
+        "under FSDP2, the reference copy TRL loads for its precompute is "
+        "skipped (the reference stage scores with the sharded policy)",
+        read_in=f"{DPO}:DPOTrainer.__init__",
+    ),
+    Seam(
+        f"{DPO}:disable_gradient_checkpointing",
+        "patch",
+        "left alone in the reference stage, which runs in eval "
+        "mode; TRL would re-enable checkpointing on every layer after each micro-batch",
+        read_in=f"{DPO}:DPOTrainer.compute_ref_log_probs",
+    ),
+)
 
 
 class SeamMoved(RuntimeError):

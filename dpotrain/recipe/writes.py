@@ -78,8 +78,10 @@ def check_not_input(flag: str, path: str | Path | None, inputs: list[Path]) -> N
     target = target.resolve() if target.exists() or target.is_symlink() else target.absolute()
     for source in inputs:
         if target == source or (target.exists() and source.exists() and os.path.samefile(target, source)):
-            raise ConfigError(f"{flag} {str(path)!r} is one of this command's inputs ({source}): writing there would "
-                              "replace it; write the report to another path")  # fmt: skip
+            raise ConfigError(
+                f"{flag} {str(path)!r} is one of this command's inputs ({source}): writing there would "
+                "replace it; write the report to another path"
+            )
 
 
 @contextmanager

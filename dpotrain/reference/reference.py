@@ -79,8 +79,10 @@ def check_writable() -> None:
         probe.write_text("")
         probe.unlink()
     except OSError as e:
-        raise ConfigError(f"the reference cache folder {folder} is not writable ({e.strerror}): set DPOTRAIN_CACHE "
-                          "to a writable folder (on a cluster, one on a shared file system)") from None  # fmt: skip
+        raise ConfigError(
+            f"the reference cache folder {folder} is not writable ({e.strerror}): set DPOTRAIN_CACHE "
+            "to a writable folder (on a cluster, one on a shared file system)"
+        ) from None
 
 
 def token_hash(dataset) -> str:
@@ -170,8 +172,12 @@ class Store:
 
     def write_part(self, attempt: str, rank: int, index: list[int], chosen: list[float], rejected: list[float]) -> None:
         as32 = functools.partial(np.asarray, dtype=np.float32)
-        self._write(f"part-{attempt}-r{rank}.npz", index=np.asarray(index, dtype=np.int64), chosen=as32(chosen),
-                    rejected=as32(rejected))  # fmt: skip
+        self._write(
+            f"part-{attempt}-r{rank}.npz",
+            index=np.asarray(index, dtype=np.int64),
+            chosen=as32(chosen),
+            rejected=as32(rejected),
+        )
 
     def write_complete(self, ident: dict, chosen: np.ndarray, rejected: np.ndarray, digests: np.ndarray) -> None:
         """With each pair's digest: a later run whose data changed in part reuses the pairs it shares (`reuse.py`)."""
@@ -198,10 +204,13 @@ class Store:
 
     def _not_saved(self, error: OSError) -> None:
         if self.unsaved is None:  # once per process: a full disk stays full
-            print(f"warning: the reference cache could not be written in {self.folder} ({error.strerror or error}): "
-                  "scoring and training go on with the scores in memory, and a later run (a requeue too) scores the "
-                  "unsaved pairs again; free space there, or set DPOTRAIN_CACHE to a folder with room",
-                  file=sys.stderr, flush=True)  # fmt: skip
+            print(
+                f"warning: the reference cache could not be written in {self.folder} ({error.strerror or error}): "
+                "scoring and training go on with the scores in memory, and a later run (a requeue too) scores the "
+                "unsaved pairs again; free space there, or set DPOTRAIN_CACHE to a folder with room",
+                file=sys.stderr,
+                flush=True,
+            )
         self.unsaved = error.strerror or str(error)
 
     def _read(self, path: Path, *names: str) -> list[np.ndarray] | None:
@@ -217,8 +226,12 @@ class Store:
     def _damaged(self, path: Path, why: str) -> None:
         """Called by the main process only (it alone reads the cache and broadcasts what it found), so every rank
         rescores the same pairs."""
-        print(f"warning: the reference cache file {path} is damaged ({why}); it is removed and its pairs are scored "
-              "again", file=sys.stderr, flush=True)  # fmt: skip
+        print(
+            f"warning: the reference cache file {path} is damaged ({why}); it is removed and its pairs are scored "
+            "again",
+            file=sys.stderr,
+            flush=True,
+        )
         try:
             path.unlink(missing_ok=True)
         except OSError:  # a read-only cache: scored again next time too, but never a reason not to start
@@ -243,12 +256,16 @@ class Outcome:
 
     def line(self) -> str:
         if self.stopped and self.unsaved:
-            return (f"reference log-probs ({self.name}): stopped after {self.reused + self.scored:,} of {self.pairs:,} "
-                    f"pairs, not all saved ({self.unsaved} in {self.folder}); the same command scores the unsaved "
-                    "ones again")  # fmt: skip
+            return (
+                f"reference log-probs ({self.name}): stopped after {self.reused + self.scored:,} of {self.pairs:,} "
+                f"pairs, not all saved ({self.unsaved} in {self.folder}); the same command scores the unsaved "
+                "ones again"
+            )
         if self.stopped:
-            return (f"reference log-probs ({self.name}): stopped with {self.reused + self.scored:,} of {self.pairs:,} "
-                    f"pairs saved in {self.folder}; the same command scores only the rest")  # fmt: skip
+            return (
+                f"reference log-probs ({self.name}): stopped with {self.reused + self.scored:,} of {self.pairs:,} "
+                f"pairs saved in {self.folder}; the same command scores only the rest"
+            )
         if not self.scored:
             return f"reference log-probs ({self.name}): all {self.pairs:,} pairs reused from {self.folder}"
         interrupted = self.reused - self.shared
@@ -256,8 +273,10 @@ class Outcome:
         if self.shared:
             kept += f"{self.shared:,} reused from other runs' caches (the same pairs, model and settings), "
         if self.unsaved:
-            return (f"reference log-probs ({self.name}): {kept}{self.scored:,} scored, not cached ({self.unsaved} in "
-                    f"{self.folder}): the next run scores them again")  # fmt: skip
+            return (
+                f"reference log-probs ({self.name}): {kept}{self.scored:,} scored, not cached ({self.unsaved} in "
+                f"{self.folder}): the next run scores them again"
+            )
         return f"reference log-probs ({self.name}): {kept}{self.scored:,} scored, cached in {self.folder}"
 
     def speed_line(self) -> str | None:
@@ -269,17 +288,24 @@ class Outcome:
         if speed is not None and self.world > 1:  # one process: the same number twice
             per_process = f" ({speed / self.world:,.0f} per process)"
         steady = "" if speed is None else f", then {speed:,.0f} tokens/s over {self.world} process(es){per_process}"
-        return (f"reference log-probs ({self.name}): warm-up {self.warmup_seconds:.1f} s (first micro-batch){steady} "
-                f"in {self.micro_batches:,} micro-batch(es) each")  # fmt: skip
+        return (
+            f"reference log-probs ({self.name}): warm-up {self.warmup_seconds:.1f} s (first micro-batch){steady} "
+            f"in {self.micro_batches:,} micro-batch(es) each"
+        )
 
     def record(self) -> dict:
         """What the run records of the stage (resolved_config.json's `derived.reference`)."""
         warmup, speed = self.warmup_seconds, self.tokens_per_second
-        return {"pairs": self.pairs, "reused": self.reused, "reused_from_other_runs": self.shared,
-                "scored": self.scored, "micro_batches": self.micro_batches,
-                "warmup_seconds": None if warmup is None else round(warmup, 3),
-                "tokens_per_second": None if speed is None else round(speed, 1),
-                **({"not_cached": self.unsaved} if self.unsaved else {})}  # fmt: skip
+        return {
+            "pairs": self.pairs,
+            "reused": self.reused,
+            "reused_from_other_runs": self.shared,
+            "scored": self.scored,
+            "micro_batches": self.micro_batches,
+            "warmup_seconds": None if warmup is None else round(warmup, 3),
+            "tokens_per_second": None if speed is None else round(speed, 1),
+            **({"not_cached": self.unsaved} if self.unsaved else {}),
+        }
 
 
 class _Progress:
@@ -309,9 +335,11 @@ class _Progress:
         elapsed = now - self.start
         left = (self.tokens_todo - self.tokens) / max(self.speed(), 1e-9)
         share = 100 * self.done / self.total
-        print(f"reference log-probs ({self.name}): {self.done:,}/{self.total:,} pairs ({share:.1f}%), "
-              f"{_duration(elapsed)} elapsed, ~{_duration(left)} left, {self.speed():,.0f} tokens/s",
-              flush=True)  # fmt: skip
+        print(
+            f"reference log-probs ({self.name}): {self.done:,}/{self.total:,} pairs ({share:.1f}%), "
+            f"{_duration(elapsed)} elapsed, ~{_duration(left)} left, {self.speed():,.0f} tokens/s",
+            flush=True,
+        )
 
     def speed(self) -> float:
         """Real tokens (every sequence of every pair, as training's `tokens_per_second` counts them) per second over
@@ -360,8 +388,9 @@ class _Prefetch:
     def __init__(self, collate, rows, ids_per_round: list[list[int] | None], pin: bool):
         self.queue: queue.Queue = queue.Queue(maxsize=self.AHEAD)
         self.done = threading.Event()
-        self.thread = threading.Thread(target=self._work, args=(collate, rows, ids_per_round, pin), daemon=True,
-                                       name="reference-prefetch")  # fmt: skip
+        self.thread = threading.Thread(
+            target=self._work, args=(collate, rows, ids_per_round, pin), daemon=True, name="reference-prefetch"
+        )
         self.thread.start()
 
     def _work(self, collate, rows, ids_per_round, pin):
@@ -426,8 +455,15 @@ class _Results:
         return self.index, self.chosen, self.rejected
 
 
-def micro_batches(lengths: PairLengths, pairs, world: int, budget: int | None, pairs_per_micro_batch: int | None,
-                  padded: bool, seed: int) -> Layout:  # fmt: skip
+def micro_batches(
+    lengths: PairLengths,
+    pairs,
+    world: int,
+    budget: int | None,
+    pairs_per_micro_batch: int | None,
+    padded: bool,
+    seed: int,
+) -> Layout:
     """The reference stage's own micro-batches of `pairs`: `[rank][micro-batch] -> pair indices`, cut by the plan's
     planner (`plan.cut_step`) at the stage's budget, in chunks of about `CHUNK_MICRO_BATCHES` micro-batches per rank
     (bin packing over the whole data set at once would take minutes), so the ranks get the same number of
@@ -460,15 +496,24 @@ def stage_layout(scorer: ReferenceScorer, name: str, rows: int) -> Layout:
     micro-batches, not training's (`micro_batches` at the scorer's budget), so each rank scores balanced work and every
     rank runs as many forwards."""
     budget, pairs = scorer.budget()
-    return micro_batches(scorer.lengths(name), np.arange(rows), scorer.world, budget, pairs, padded=not scorer.packed,
-                         seed=scorer.args.seed)  # fmt: skip
+    return micro_batches(
+        scorer.lengths(name),
+        np.arange(rows),
+        scorer.world,
+        budget,
+        pairs,
+        padded=not scorer.packed,
+        seed=scorer.args.seed,
+    )
 
 
 def _start_line(name: str, n: int, reused: int, shared: int, world: int, rounds: int, size: str, folder) -> str:
     kept = f", {reused - shared:,} kept from an interrupted run" if reused - shared else ""
     kept += f", {shared:,} found in other runs' caches" if shared else ""
-    return (f"reference log-probs ({name}): scoring {n - reused:,} of {n:,} pairs on {world} process(es) in "
-            f"{rounds:,} micro-batch(es) each{size}{kept}; saved to {folder} as they are scored")  # fmt: skip
+    return (
+        f"reference log-probs ({name}): scoring {n - reused:,} of {n:,} pairs on {world} process(es) in "
+        f"{rounds:,} micro-batch(es) each{size}{kept}; saved to {folder} as they are scored"
+    )
 
 
 def run(scorer: ReferenceScorer, dataset, name: str, layout: Layout | None, stop, save_seconds: float = SAVE_SECONDS):
@@ -494,11 +539,10 @@ def run(scorer: ReferenceScorer, dataset, name: str, layout: Layout | None, stop
         _gather_and_keep(accelerator, store, ident, digests, "none", ([], [], []), chosen, rejected)
         return _with_columns(dataset, chosen, rejected), Outcome(name, n, n, 0, False, store.folder, shared=shared)
 
+    ended = functools.partial(Outcome, name, n, reused, folder=store.folder, shared=shared)  # scored, stopped, ...
     todo, size = _todo(scorer, name, n, layout, chosen)
-    rounds = max(len(mine) for mine in todo)
     tokens = PairLengths.of(dataset, scorer.args.max_length).tokens  # every sequence whole, as training counts them
-    round_tokens = [int(sum(tokens[mine[j]].sum() for mine in todo if j < len(mine))) for j in range(rounds)]
-    round_pairs = [sum(len(mine[j]) for mine in todo if j < len(mine)) for j in range(rounds)]
+    rounds, round_tokens, round_pairs = _rounds(todo, tokens)
     progress = _Progress(name, n, reused, sum(round_tokens), accelerator.is_main_process)
     if accelerator.is_main_process:
         print(_start_line(name, n, reused, shared, world, rounds, size, store.folder), flush=True)
@@ -506,9 +550,8 @@ def run(scorer: ReferenceScorer, dataset, name: str, layout: Layout | None, stop
     lockstep = scorer.every_rank
     # A rank out of pairs still takes part in the forward's collectives (ZeRO-3, FSDP) with a pair of the data set's,
     # whose result is dropped.
-    filler = [int(np.argmin(tokens))]
     mine = [todo[rank][j] if j < len(todo[rank]) else None for j in range(rounds)]
-    feed = [ids if ids is not None else filler if lockstep else None for ids in mine]
+    feed = [ids if ids is not None else [int(np.argmin(tokens))] if lockstep else None for ids in mine]
     results = _Results()
     checks = _StopChecks(stop, device)
     last_save = time.monotonic()
@@ -523,8 +566,7 @@ def run(scorer: ReferenceScorer, dataset, name: str, layout: Layout | None, stop
                 if checks.stop_now(j):
                     store.write_part(attempt, accelerator.process_index, *results.on_host())
                     accelerator.wait_for_everyone()
-                    return None, Outcome(name, n, reused, progress.done - reused, True, store.folder, shared=shared,
-                                         unsaved=store.unsaved)  # fmt: skip
+                    return None, ended(progress.done - reused, True, unsaved=store.unsaved)
                 batch = prefetch.next()
                 if batch is not None:
                     c, r = scorer.log_probs(model, batch)
@@ -544,10 +586,25 @@ def run(scorer: ReferenceScorer, dataset, name: str, layout: Layout | None, stop
     progress.advance(0, 0, force=True)
     speed = progress.speed() if rounds > 1 else None
     _gather_and_keep(accelerator, store, ident, digests, attempt, scored, chosen, rejected)
-    outcome = Outcome(name, n, reused, n - reused, False, store.folder, shared=shared, world=world,
-                      micro_batches=rounds, warmup_seconds=progress.warmup, tokens_per_second=speed,
-                      unsaved=store.unsaved)  # fmt: skip
+    outcome = ended(
+        n - reused,
+        False,
+        world=world,
+        micro_batches=rounds,
+        warmup_seconds=progress.warmup,
+        tokens_per_second=speed,
+        unsaved=store.unsaved,
+    )
     return _with_columns(dataset, chosen, rejected), outcome
+
+
+def _rounds(todo: list, tokens) -> tuple[int, list[int], list[int]]:
+    """The rounds every rank runs (the most micro-batches any rank has), and each round's tokens and pairs over all
+    ranks (the progress line's)."""
+    rounds = max(len(mine) for mine in todo)
+    round_tokens = [int(sum(tokens[mine[j]].sum() for mine in todo if j < len(mine))) for j in range(rounds)]
+    round_pairs = [sum(len(mine[j]) for mine in todo if j < len(mine)) for j in range(rounds)]
+    return rounds, round_tokens, round_pairs
 
 
 def _look_up(store: Store, ident: dict, dataset) -> tuple:
@@ -582,8 +639,10 @@ def _gather_and_keep(accelerator, store, ident, digests, attempt: str, mine: tup
         chosen[index], rejected[index] = c, r
     missing = np.flatnonzero(np.isnan(chosen) | np.isnan(rejected))
     if len(missing):
-        raise RuntimeError(f"reference scoring left pairs {missing[:10].tolist()} unscored: the ranks disagree on the "
-                           "data set (same data, seed and code on every node?)")  # fmt: skip
+        raise RuntimeError(
+            f"reference scoring left pairs {missing[:10].tolist()} unscored: the ranks disagree on the "
+            "data set (same data, seed and code on every node?)"
+        )
     if accelerator.is_local_main_process:  # every node keeps the result: node-local caches find it on a requeue
         store.write_complete(ident, chosen, rejected, digests)
     accelerator.wait_for_everyone()

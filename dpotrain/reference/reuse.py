@@ -46,8 +46,9 @@ def pair_digests(dataset) -> np.ndarray:
     return out
 
 
-def fill_from_other_caches(caches: Path, own: Path, ident: dict, digests: np.ndarray, chosen: np.ndarray,
-                           rejected: np.ndarray) -> int:  # fmt: skip
+def fill_from_other_caches(
+    caches: Path, own: Path, ident: dict, digests: np.ndarray, chosen: np.ndarray, rejected: np.ndarray
+) -> int:
     """Fills the pairs of `chosen` / `rejected` still NaN from other finished caches under `caches` whose identity
     equals `ident` but for the data; returns how many pairs it filled. Unreadable caches are passed over (their own
     runs name and remove them)."""

@@ -49,8 +49,9 @@ class ReferenceScorer:
         if name == "train":
             return self._trainer.run_plan.lengths
         args = self.args
-        return PairLengths.of(self._trainer.eval_dataset, args.max_length, self.forward.share_prompt,
-                              args.truncation_mode)  # fmt: skip
+        return PairLengths.of(
+            self._trainer.eval_dataset, args.max_length, self.forward.share_prompt, args.truncation_mode
+        )
 
     def budget(self) -> tuple[int | None, int | None]:
         """A reference micro-batch's token budget (positions, as the plan counts them), or its pair count when
@@ -63,8 +64,14 @@ class ReferenceScorer:
         width = min(tokens, 2 * args.max_length) if self.packed and args.max_length else args.max_length or tokens
         # every k-th layer checkpointed keeps the others' activations: less room for a forward than all checkpointed
         checkpointing = layers.checkpointed_every(args) or False
-        multiple = forward_only_multiple(packing.causal_lm(self.policy).config, tokens, width, self.forward.attention,
-                                         checkpointing, self.forward.sequence_parallel)  # fmt: skip
+        multiple = forward_only_multiple(
+            packing.causal_lm(self.policy).config,
+            tokens,
+            width,
+            self.forward.attention,
+            checkpointing,
+            self.forward.sequence_parallel,
+        )
         if budget is not None:
             return budget * multiple, None
         return None, args.per_device_train_batch_size * multiple
@@ -95,8 +102,9 @@ class ReferenceScorer:
         """Summed reference log-probs of the chosen and rejected completions of one collated micro-batch, on the
         device, with the training forward: TRL's `compute_ref_log_probs` (adapter disabled for PEFT, no grad, autocast,
         LD-DPO), the packed forward standing in for the model call when training packs."""
-        batch = {k: v.to(self.accelerator.device, non_blocking=True) if torch.is_tensor(v) else v
-                 for k, v in batch.items()}  # fmt: skip
+        batch = {
+            k: v.to(self.accelerator.device, non_blocking=True) if torch.is_tensor(v) else v for k, v in batch.items()
+        }
         stand_in, padded_batch = choice.stand_in(model, batch, every_rank=self.every_rank)
         return self._trainer.compute_ref_log_probs(stand_in, padded_batch)
 

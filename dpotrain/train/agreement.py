@@ -79,8 +79,9 @@ def check(values: dict[str, str]) -> None:
         for rank, theirs in enumerate(ranks[1:], start=1):
             if theirs.get(name) != mine:
                 fix = FIXES.get(name, "every node must run the same job")
-                raise ConfigError(f"ranks disagree on {name}: rank {rank} has {theirs.get(name)}, rank 0 has {mine}: "
-                                  f"{fix}")  # fmt: skip
+                raise ConfigError(
+                    f"ranks disagree on {name}: rank {rank} has {theirs.get(name)}, rank 0 has {mine}: {fix}"
+                )
 
 
 def values(trainer, resume_from: str | None) -> dict[str, str]:

@@ -16,8 +16,11 @@ from dpotrain.recipe.errors import ConfigError, RunError
 from dpotrain.train import checkpoint_manifest
 from dpotrain.train.checkpoints import checkpoints, is_complete
 
-FULL = {errno.ENOSPC: "the disk is full", errno.EDQUOT: "the disk quota is exceeded",
-        errno.EFBIG: "a file size limit is reached (ulimit -f)"}  # fmt: skip
+FULL = {
+    errno.ENOSPC: "the disk is full",
+    errno.EDQUOT: "the disk quota is exceeded",
+    errno.EFBIG: "a file size limit is reached (ulimit -f)",
+}
 PROBE_BYTES = 1 << 20
 
 
@@ -62,19 +65,29 @@ def save_failed(folder: Path, why: str, remove: bool) -> RunError:
         shutil.rmtree(folder, ignore_errors=True)
     free = shutil.disk_usage(out).free
     previous = checkpoint_manifest.total_bytes(kept[-1]) if kept else None
-    need = f"a checkpoint takes {_size(previous)}, as {kept[-1].name} did" if previous else (
-        f"a checkpoint takes more than the {_size(written)} written before it failed")  # fmt: skip
-    after = (f"{kept[-1].name} is kept, and the same command goes on from it" if kept else
-             "no checkpoint was complete yet: the same command starts afresh")  # fmt: skip
-    return RunError(f"{why}: {folder.name} could not be written in {out} ({_size(free)} free there; {need}): free "
-                    f"space there (or lower --save_total_limit), then rerun; {after}")  # fmt: skip
+    need = (
+        f"a checkpoint takes {_size(previous)}, as {kept[-1].name} did"
+        if previous
+        else (f"a checkpoint takes more than the {_size(written)} written before it failed")
+    )
+    after = (
+        f"{kept[-1].name} is kept, and the same command goes on from it"
+        if kept
+        else "no checkpoint was complete yet: the same command starts afresh"
+    )
+    return RunError(
+        f"{why}: {folder.name} could not be written in {out} ({_size(free)} free there; {need}): free "
+        f"space there (or lower --save_total_limit), then rerun; {after}"
+    )
 
 
 def final_save_failed(out: Path, why: str) -> RunError:
     kept = [p for p in checkpoints(out) if is_complete(p)]
     after = f"the same command goes on from {kept[-1].name}" if kept else "the same command trains again"
-    return RunError(f"{why}: the final model could not be written in {out} ({_size(shutil.disk_usage(out).free)} "
-                    f"free there): free space there, then rerun; {after}")  # fmt: skip
+    return RunError(
+        f"{why}: the final model could not be written in {out} ({_size(shutil.disk_usage(out).free)} "
+        f"free there): free space there, then rerun; {after}"
+    )
 
 
 def full_write(error: BaseException) -> tuple[OSError, str] | None:
@@ -100,6 +113,11 @@ def write_failed(error: OSError, why: str) -> RunError:
     free = f" ({_size(shutil.disk_usage(folder).free)} free there)" if folder else ""
     out = next((p for p in above if (p / "run_files.json").is_file() or checkpoints(p)), None)
     kept = [p for p in checkpoints(out) if is_complete(p)] if out else []
-    after = (f"; {kept[-1].name} is kept, and the same command goes on from it" if kept else
-             "; no checkpoint was complete yet: the same command starts afresh" if out else "")  # fmt: skip
+    after = (
+        f"; {kept[-1].name} is kept, and the same command goes on from it"
+        if kept
+        else "; no checkpoint was complete yet: the same command starts afresh"
+        if out
+        else ""
+    )
     return RunError(f"{why}: {where}{free}: free space there, then rerun{after}")

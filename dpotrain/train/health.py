@@ -154,10 +154,16 @@ class HealthGuard(TrainerCallback):
         p, alarms = self.p, []
         bad = {k: v for k, v in logs.items() if isinstance(v, float) and not math.isfinite(v)}
         if bad:
-            alarms.append(Alarm("nonfinite", step, f"non-finite values {_fmt(bad)}: the weights or the loss went NaN "
-                                f"or inf (too high a learning rate, bf16 overflow, a bad row). No checkpoint is "
-                                f"written from this state; resume from an earlier one with a lower --learning_rate",
-                                fatal=True))  # fmt: skip
+            alarms.append(
+                Alarm(
+                    "nonfinite",
+                    step,
+                    f"non-finite values {_fmt(bad)}: the weights or the loss went NaN "
+                    f"or inf (too high a learning rate, bf16 overflow, a bad row). No checkpoint is "
+                    f"written from this state; resume from an earlier one with a lower --learning_rate",
+                    fatal=True,
+                )
+            )
             return alarms
         r = self.rewards(logs, args)
         if step == 1 and self._fresh and p.health_step1_tolerance > 0:
@@ -165,31 +171,60 @@ class HealthGuard(TrainerCallback):
             return alarms  # the collapse guards judge training, which has not happened yet
         name, loss = dpo_loss(logs)
         if p.health_loss_floor > 0 and loss < p.health_loss_floor:
-            alarms.append(Alarm("loss_floor", step, (
-                f"{name} {loss:.4g} < health_loss_floor {p.health_loss_floor}: the policy separates the pairs far "
-                "beyond what beta's KL term allows; in a failed run this came right before mode collapse. Lower "
-                "--learning_rate (or raise beta), and run scripts/preflight.py on the data")))  # fmt: skip
+            alarms.append(
+                Alarm(
+                    "loss_floor",
+                    step,
+                    (
+                        f"{name} {loss:.4g} < health_loss_floor {p.health_loss_floor}: the policy separates the "
+                        "pairs far beyond what beta's KL term allows; in a failed run this came right before mode "
+                        "collapse. Lower --learning_rate (or raise beta), and run scripts/preflight.py on the data"
+                    ),
+                )
+            )
         if p.health_max_margin > 0 and r and r["margins"] > p.health_max_margin:
-            alarms.append(Alarm("margin", step, (
-                f"{r['source']}margins {r['margins']:.3g} > health_max_margin {p.health_max_margin} (chosen "
-                f"{r['chosen']:.3g}, rejected {r['rejected']:.3g}): margins exploding (above 5 unstable; a "
-                "collapsed run reached 9-18). Lower --learning_rate")))  # fmt: skip
+            alarms.append(
+                Alarm(
+                    "margin",
+                    step,
+                    (
+                        f"{r['source']}margins {r['margins']:.3g} > health_max_margin {p.health_max_margin} (chosen "
+                        f"{r['chosen']:.3g}, rejected {r['rejected']:.3g}): margins exploding (above 5 unstable; a "
+                        "collapsed run reached 9-18). Lower --learning_rate"
+                    ),
+                )
+            )
         drop = p.health_logp_drop
         if drop > 0 and r and r["chosen"] / args.beta < -drop and r["rejected"] / args.beta < -drop:
-            alarms.append(Alarm("logps_falling", step, (
-                f"chosen and rejected log-probs both fell by more than {drop} nats/token against the reference "
-                f"({r['chosen'] / args.beta:.3g} and {r['rejected'] / args.beta:.3g}): the policy pushes everything "
-                "down instead of preferring the chosen side, the road to degenerate outputs. Lower --learning_rate; if "
-                "the chosen style is alien to the model (scripts/preflight.py), SFT on it first")))  # fmt: skip
+            alarms.append(
+                Alarm(
+                    "logps_falling",
+                    step,
+                    (
+                        f"chosen and rejected log-probs both fell by more than {drop} nats/token against the "
+                        f"reference ({r['chosen'] / args.beta:.3g} and {r['rejected'] / args.beta:.3g}): the policy "
+                        "pushes everything down instead of preferring the chosen side, the road to degenerate "
+                        "outputs. Lower --learning_rate; if the chosen style is alien to the model "
+                        "(scripts/preflight.py), SFT on it first"
+                    ),
+                )
+            )
         pinned = self._pinned_pairs + self._pairs(args, step)
         early = step <= p.health_early_fraction * max_steps
         acc = r["accuracies"] if r else logs.get("rewards/accuracies")
         if p.health_pinned_pairs and early and pinned >= p.health_pinned_pairs and acc is not None and acc >= 0.999:
-            alarms.append(Alarm("accuracy_pinned", step, (
-                f"reward accuracy has been 1.0 on the last {pinned} pairs, within the first "
-                f"{p.health_early_fraction:.0%} of training (step {step} of {max_steps}): the pairs are trivially "
-                "separable or the policy is collapsing onto them. Check the pairs with scripts/preflight.py; "
-                "lower --learning_rate")))  # fmt: skip
+            alarms.append(
+                Alarm(
+                    "accuracy_pinned",
+                    step,
+                    (
+                        f"reward accuracy has been 1.0 on the last {pinned} pairs, within the first "
+                        f"{p.health_early_fraction:.0%} of training (step {step} of {max_steps}): the pairs are "
+                        "trivially separable or the policy is collapsing onto them. Check the pairs with "
+                        "scripts/preflight.py; lower --learning_rate"
+                    ),
+                )
+            )
         return alarms
 
     def _check_step1(self, step, logs, r, args) -> list[Alarm]:
@@ -204,11 +239,17 @@ class HealthGuard(TrainerCallback):
             problems.append(f"{r['source']}chosen {r['chosen']:.4g}, rejected {r['rejected']:.4g} (expected 0)")
         if not problems:
             return []
-        return [Alarm("step1", step, f"{'; '.join(problems)}, tolerance {tol}: before the first update the policy "
-                      "is the reference, so the reference log-probs disagree with the policy's. A reference cache "
-                      "computed with another model, max_length, batch or forward, a ref model that is not the "
-                      "base model, or a changed chat template. Recompute the reference (delete the stale cache) and "
-                      "restart with --overwrite_output_dir")]  # fmt: skip
+        return [
+            Alarm(
+                "step1",
+                step,
+                f"{'; '.join(problems)}, tolerance {tol}: before the first update the policy "
+                "is the reference, so the reference log-probs disagree with the policy's. A reference cache "
+                "computed with another model, max_length, batch or forward, a ref model that is not the "
+                "base model, or a changed chat template. Recompute the reference (delete the stale cache) and "
+                "restart with --overwrite_output_dir",
+            )
+        ]
 
     def rewards(self, logs: dict, args) -> dict | None:
         """chosen / rejected / margins / accuracies on the loss's scale (beta x log-ratio per completion token)."""
@@ -221,8 +262,13 @@ class HealthGuard(TrainerCallback):
         chosen, rejected = logs["rewards/chosen"] / chosen_tokens, logs["rewards/rejected"] / rejected_tokens
         source = "rewards/* ÷ mean completion tokens: "
         accuracies = logs.get("rewards/accuracies")
-        return {"chosen": chosen, "rejected": rejected, "margins": chosen - rejected, "accuracies": accuracies,
-                "source": source}  # fmt: skip
+        return {
+            "chosen": chosen,
+            "rejected": rejected,
+            "margins": chosen - rejected,
+            "accuracies": accuracies,
+            "source": source,
+        }
 
     # --- bookkeeping ---
 

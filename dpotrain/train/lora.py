@@ -31,16 +31,20 @@ def check_lora(recipe) -> None:
     if not m.use_peft:
         stray = [f for f in LORA_FIELDS if f in given] + (["merge_lora"] if p.merge_lora else [])
         if stray:
-            raise ConfigError(f"{stray[0]} is set but use_peft is false, so it would be ignored: add --use_peft true "
-                              f"to train a LoRA adapter, or remove {stray[0]}")  # fmt: skip
+            raise ConfigError(
+                f"{stray[0]} is set but use_peft is false, so it would be ignored: add --use_peft true "
+                f"to train a LoRA adapter, or remove {stray[0]}"
+            )
     else:
         try:
             import peft  # noqa: F401
         except ImportError:
             raise ConfigError("use_peft needs the peft package: `pip install -r requirements.txt`") from None
         if not m.lora_target_modules and not m.lora_target_parameters:
-            raise ConfigError("use_peft needs the layers to adapt: pass --lora_target_modules q_proj v_proj (module "
-                              "names) or --lora_target_modules all-linear")  # fmt: skip
+            raise ConfigError(
+                "use_peft needs the layers to adapt: pass --lora_target_modules q_proj v_proj (module "
+                "names) or --lora_target_modules all-linear"
+            )
         if m.lora_r < 1:
             raise ConfigError(f"lora_r must be >= 1 (got {m.lora_r}); 8-64 is usual")
     quantized = "load_in_4bit" if m.load_in_4bit else "load_in_8bit" if m.load_in_8bit else None
@@ -56,8 +60,9 @@ def check_lora(recipe) -> None:
     try:
         import bitsandbytes  # noqa: F401
     except ImportError:
-        raise ConfigError(f"{quantized} needs the bitsandbytes package: `pip install bitsandbytes`, or remove "
-                          f"--{quantized}") from None  # fmt: skip
+        raise ConfigError(
+            f"{quantized} needs the bitsandbytes package: `pip install bitsandbytes`, or remove --{quantized}"
+        ) from None
     if not m.use_peft:
         raise ConfigError(f"{quantized} weights cannot be trained directly: add --use_peft true (QLoRA) or remove it")
 

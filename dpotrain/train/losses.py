@@ -76,13 +76,15 @@ def check_options(recipe) -> None:
         # completion itself: WPO weighs a pair by the policy's per-token probability of each sampled completion,
         # LD-DPO splits each completion into the part as long as the other side's and the verbose rest, by position
         # among the labeled tokens (earlier turns would be counted as completion).
-        for name, value, what in (("use_weighting", t.use_weighting, "WPO weighs each pair by its completions' "
-                                   "per-token probabilities"),
-                                  ("ld_alpha", t.ld_alpha is not None, "LD-DPO splits each completion where the "
-                                   "shorter side's ends")):  # fmt: skip
+        for name, value, what in (
+            ("use_weighting", t.use_weighting, "WPO weighs each pair by its completions' per-token probabilities"),
+            ("ld_alpha", t.ld_alpha is not None, "LD-DPO splits each completion where the shorter side's ends"),
+        ):
             if value:
-                raise ConfigError(f"{name} with assistant_turns all: {what}, which needs one completion per side, "
-                                  f"not every assistant turn: remove {name}, or set assistant_turns final")  # fmt: skip
+                raise ConfigError(
+                    f"{name} with assistant_turns all: {what}, which needs one completion per side, "
+                    f"not every assistant turn: remove {name}, or set assistant_turns final"
+                )
 
 
 def _set(recipe, name: str) -> bool:
@@ -107,43 +109,63 @@ def check_ignored(recipe) -> None:
             "not): remove label_smoothing, or choose one of those loss types"
         )
     if "exo_pair" in types and not 0 < t.label_smoothing < 1:
-        raise ConfigError(f"loss_type exo_pair needs 0 < label_smoothing < 1 (got {t.label_smoothing:g}): the EXO "
-                          "paper recommends --label_smoothing 1e-3")  # fmt: skip
+        raise ConfigError(
+            f"loss_type exo_pair needs 0 < label_smoothing < 1 (got {t.label_smoothing:g}): the EXO "
+            "paper recommends --label_smoothing 1e-3"
+        )
     if "robust" in types and not 0 <= t.label_smoothing < 0.5:
-        raise ConfigError(f"loss_type robust needs 0 <= label_smoothing < 0.5, the assumed share of flipped labels "
-                          f"(got {t.label_smoothing:g}): pass e.g. --label_smoothing 0.1")  # fmt: skip
+        raise ConfigError(
+            f"loss_type robust needs 0 <= label_smoothing < 0.5, the assumed share of flipped labels "
+            f"(got {t.label_smoothing:g}): pass e.g. --label_smoothing 0.1"
+        )
     if t.f_divergence_type != "reverse_kl":
         other = [x for x in types if x not in F_DIVERGENCE_ALLOWED]
         if other:
-            raise ConfigError(f"f_divergence_type {t.f_divergence_type} does not apply to loss_type "
-                              f"{'/'.join(other)} (TRL defines it for {', '.join(sorted(READS_F_DIVERGENCE))}): "
-                              "remove f_divergence_type, or choose one of those loss types")  # fmt: skip
+            raise ConfigError(
+                f"f_divergence_type {t.f_divergence_type} does not apply to loss_type "
+                f"{'/'.join(other)} (TRL defines it for {', '.join(sorted(READS_F_DIVERGENCE))}): "
+                "remove f_divergence_type, or choose one of those loss types"
+            )
         if not set(types) & READS_F_DIVERGENCE:
-            raise ConfigError(f"f_divergence_type {t.f_divergence_type} would be ignored: loss_type sft does not "
-                              "compare log-ratios: remove f_divergence_type, or add a DPO loss type")  # fmt: skip
+            raise ConfigError(
+                f"f_divergence_type {t.f_divergence_type} would be ignored: loss_type sft does not "
+                "compare log-ratios: remove f_divergence_type, or add a DPO loss type"
+            )
     if _set(recipe, "f_alpha_divergence_coef") and t.f_divergence_type != "alpha_divergence":
-        raise ConfigError(f"f_alpha_divergence_coef {t.f_alpha_divergence_coef:g} would be ignored: it is read only "
-                          "with --f_divergence_type alpha_divergence: add that, or remove "
-                          "f_alpha_divergence_coef")  # fmt: skip
+        raise ConfigError(
+            f"f_alpha_divergence_coef {t.f_alpha_divergence_coef:g} would be ignored: it is read only "
+            "with --f_divergence_type alpha_divergence: add that, or remove "
+            "f_alpha_divergence_coef"
+        )
     if _set(recipe, "discopop_tau") and "discopop" not in types:
-        raise ConfigError(f"discopop_tau {t.discopop_tau:g} would be ignored: only loss_type discopop reads it: "
-                          "remove discopop_tau, or add discopop to loss_type")  # fmt: skip
+        raise ConfigError(
+            f"discopop_tau {t.discopop_tau:g} would be ignored: only loss_type discopop reads it: "
+            "remove discopop_tau, or add discopop to loss_type"
+        )
     if t.ld_alpha is not None and types == [SFT]:
-        raise ConfigError(f"ld_alpha {t.ld_alpha:g} would be ignored: loss_type sft alone averages the chosen "
-                          "tokens' NLL, which LD-DPO does not weigh: remove ld_alpha, or add a DPO loss "
-                          "type")  # fmt: skip
+        raise ConfigError(
+            f"ld_alpha {t.ld_alpha:g} would be ignored: loss_type sft alone averages the chosen "
+            "tokens' NLL, which LD-DPO does not weigh: remove ld_alpha, or add a DPO loss "
+            "type"
+        )
     if t.use_weighting and set(types) & BATCH_LEVEL_LOSSES:
-        raise ConfigError(f"use_weighting with loss_type {'/'.join(sorted(set(types) & BATCH_LEVEL_LOSSES))}: TRL "
-                          "does not implement WPO's weights for losses that sort the micro-batch's pairs: remove "
-                          "use_weighting, or choose another loss type")  # fmt: skip
+        raise ConfigError(
+            f"use_weighting with loss_type {'/'.join(sorted(set(types) & BATCH_LEVEL_LOSSES))}: TRL "
+            "does not implement WPO's weights for losses that sort the micro-batch's pairs: remove "
+            "use_weighting, or choose another loss type"
+        )
     if t.precompute_ref_batch_size is not None:
-        raise ConfigError(f"precompute_ref_batch_size {t.precompute_ref_batch_size} would be ignored: the reference "
-                          "stage cuts its own micro-batches, by tokens, from training's budget (docs/reference.md): "
-                          "remove precompute_ref_batch_size")  # fmt: skip
+        raise ConfigError(
+            f"precompute_ref_batch_size {t.precompute_ref_batch_size} would be ignored: the reference "
+            "stage cuts its own micro-batches, by tokens, from training's budget (docs/reference.md): "
+            "remove precompute_ref_batch_size"
+        )
     for name in ("ref_model_mixup_alpha", "ref_model_sync_steps"):
         if _set(recipe, name) and not t.sync_ref_model:
-            raise ConfigError(f"{name} {getattr(t, name):g} would be ignored: it is read only with "
-                              f"--sync_ref_model true (TR-DPO): add that, or remove {name}")  # fmt: skip
+            raise ConfigError(
+                f"{name} {getattr(t, name):g} would be ignored: it is read only with "
+                f"--sync_ref_model true (TR-DPO): add that, or remove {name}"
+            )
 
 
 def step1_loss(args) -> float | None:
@@ -154,15 +176,22 @@ def step1_loss(args) -> float | None:
         return None
     beta, eps = args.beta, args.label_smoothing
     at_zero = {
-        "sigmoid": math.log(2), "sigmoid_norm": math.log(2), "robust": math.log(2),
-        "aot": math.log(2), "aot_unpaired": math.log(2),
-        "hinge": 1.0, "apo_zero": 1.0, "apo_down": 1.0,
-        "nca_pair": 2 * math.log(2), "bco_pair": 2 * math.log(2),
-        "ipo": 1 / (4 * beta**2), "sppo_hard": 1 / (2 * beta**2),
+        "sigmoid": math.log(2),
+        "sigmoid_norm": math.log(2),
+        "robust": math.log(2),
+        "aot": math.log(2),
+        "aot_unpaired": math.log(2),
+        "hinge": 1.0,
+        "apo_zero": 1.0,
+        "apo_down": 1.0,
+        "nca_pair": 2 * math.log(2),
+        "bco_pair": 2 * math.log(2),
+        "ipo": 1 / (4 * beta**2),
+        "sppo_hard": 1 / (2 * beta**2),
         "discopop": (math.log(2) + 1) / 2,  # half logistic, half exponential at a modulation of sigmoid(0)
         # KL([1/2, 1/2] || [1 - eps, eps])
         "exo_pair": -math.log(2) - 0.5 * math.log(eps * (1 - eps)) if 0 < eps < 1 else None,
-    }  # fmt: skip
+    }
     values = [at_zero.get(t) for t in loss_types(args)]
     if any(v is None for v in values):
         return None

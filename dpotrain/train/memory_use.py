@@ -55,8 +55,10 @@ class MemoryUse:
         if "memory/peak_reserved_gib" not in found:
             plan = "" if self.planned is None else f", plan {self.planned:.1f} GiB per GPU (for a GPU run)"
             return f"peak {host} (a CPU run: no GPU memory to compare{plan})"
-        gpu = (f"peak {found['memory/peak_reserved_gib']:.1f} GiB reserved "
-               f"({found['memory/peak_allocated_gib']:.1f} allocated) per GPU")  # fmt: skip
+        gpu = (
+            f"peak {found['memory/peak_reserved_gib']:.1f} GiB reserved "
+            f"({found['memory/peak_allocated_gib']:.1f} allocated) per GPU"
+        )
         plan = "not planned" if self.planned is None else f"plan {self.planned:.1f} GiB"
         return f"{gpu}, {plan}; {host}"
 
@@ -66,9 +68,11 @@ class MemoryUse:
         if self.warned or reserved is None or self.planned is None or reserved <= self.planned:
             return None
         self.warned = True
-        return (f"warning: this run's GPU memory peak, {reserved:.1f} GiB reserved, passes the memory plan's "
-                f"{self.planned:.1f} GiB: the plan underestimates this setup (a longer run may run out of memory); "
-                "the per-part plan is in resolved_config.json (derived.memory)")  # fmt: skip
+        return (
+            f"warning: this run's GPU memory peak, {reserved:.1f} GiB reserved, passes the memory plan's "
+            f"{self.planned:.1f} GiB: the plan underestimates this setup (a longer run may run out of memory); "
+            "the per-part plan is in resolved_config.json (derived.memory)"
+        )
 
 
 class FirstStepMemory(TrainerCallback):

@@ -18,15 +18,27 @@ PLOT_FILE = "training_curves.png"
 CURVES = [
     ("loss", "", ["loss", "dpo_loss"], None),  # dpo_loss: without the MoE router term, logged when the loss has one
     ("reward accuracy", "share of pairs, chosen > rejected", ["rewards/accuracies", "rewards_norm/accuracies"], None),
-    ("reward margin summed over tokens (TRL)", "beta x summed log-ratio,\nchosen - rejected",
-     ["rewards/margins"], None),
-    ("rewards per completion token (the loss's scale)", "beta x log-ratio\n/ completion tokens",
-     ["rewards_norm/margins", "rewards_norm/chosen", "rewards_norm/rejected"], None),
+    (
+        "reward margin summed over tokens (TRL)",
+        "beta x summed log-ratio,\nchosen - rejected",
+        ["rewards/margins"],
+        None,
+    ),
+    (
+        "rewards per completion token (the loss's scale)",
+        "beta x log-ratio\n/ completion tokens",
+        ["rewards_norm/margins", "rewards_norm/chosen", "rewards_norm/rejected"],
+        None,
+    ),
     ("learning rate", "", ["learning_rate"], None),
     ("tokens per second", "non-padding tokens / s", ["tokens_per_second", "tokens_per_second_per_gpu"], None),
-    ("MFU", "model FLOPs / GPU peak", ["mfu"],
-     "MFU not plotted: it needs a GPU's peak FLOP/s (H100/H200/B200 detected, or gpu_peak_tflops), none on a CPU."),
-]  # fmt: skip
+    (
+        "MFU",
+        "model FLOPs / GPU peak",
+        ["mfu"],
+        "MFU not plotted: it needs a GPU's peak FLOP/s (H100/H200/B200 detected, or gpu_peak_tflops), none on a CPU.",
+    ),
+]
 
 
 class MetricsRecorder(TrainerCallback):
@@ -95,8 +107,12 @@ def metrics_figure(records: list[dict], title: str = ""):
     for ax, (label, ylabel, series) in zip(axes.flat, panels, strict=False):
         for i, (name, points) in enumerate(series.items()):
             # Later lines dashed: series that coincide (accuracies, tokens/s on one GPU) stay visible as two.
-            ax.plot(*zip(*points, strict=True), marker="." if len(points) < 50 else None, label=name,
-                    linestyle="-" if i == 0 else "--")  # fmt: skip
+            ax.plot(
+                *zip(*points, strict=True),
+                marker="." if len(points) < 50 else None,
+                label=name,
+                linestyle="-" if i == 0 else "--",
+            )
         if len(series) > 1:
             # Beside the axes, never on the data: the free column between the two panels of a row.
             ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False)

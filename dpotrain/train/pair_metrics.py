@@ -15,13 +15,38 @@ import torch
 
 from dpotrain.cluster.collectives import all_reduce_sum
 
-PAIR_MEAN = ["rewards/chosen", "rewards/rejected", "rewards/accuracies", "rewards/margins", "logps/chosen",
-             "logps/rejected", "rewards_norm/chosen", "rewards_norm/rejected", "rewards_norm/accuracies",
-             "rewards_norm/margins"]  # fmt: skip
+PAIR_MEAN = [
+    "rewards/chosen",
+    "rewards/rejected",
+    "rewards/accuracies",
+    "rewards/margins",
+    "logps/chosen",
+    "logps/rejected",
+    "rewards_norm/chosen",
+    "rewards_norm/rejected",
+    "rewards_norm/accuracies",
+    "rewards_norm/margins",
+]
 # Every rank sums the same keys in the same order, so one all-reduce of one vector reduces them all.
-SUMS = PAIR_MEAN + ["loss", "pairs", "entropy", "completion_tokens", "logits/chosen", "logits/rejected",
-                    "chosen_tokens", "rejected_tokens", "top1", "tokens", "positions", "aux_loss", "aux_loss_pairs",
-                    "dpo_loss", "dpo_loss_pairs", "model_flops", "computed_tokens"]  # fmt: skip
+SUMS = PAIR_MEAN + [
+    "loss",
+    "pairs",
+    "entropy",
+    "completion_tokens",
+    "logits/chosen",
+    "logits/rejected",
+    "chosen_tokens",
+    "rejected_tokens",
+    "top1",
+    "tokens",
+    "positions",
+    "aux_loss",
+    "aux_loss_pairs",
+    "dpo_loss",
+    "dpo_loss_pairs",
+    "model_flops",
+    "computed_tokens",
+]
 
 
 def sequence_logps(per_token: torch.Tensor, shift_mask: torch.Tensor, ld_alpha: float | None) -> torch.Tensor:
@@ -54,9 +79,21 @@ class PairMetrics:
         self.total_tokens = int(counted[-1]) if counted else 0
         self._last_log, self._excluded = (time.perf_counter(), self.total_tokens), 0.0
 
-    def add(self, mode: str, outputs, inputs: dict, ref_chosen, ref_rejected, beta: float, ld_alpha, positions: int,
-            loss: torch.Tensor, model_flops: float = 0.0, computed_tokens: int | None = None,
-            dpo_loss: torch.Tensor | None = None):  # fmt: skip
+    def add(
+        self,
+        mode: str,
+        outputs,
+        inputs: dict,
+        ref_chosen,
+        ref_rejected,
+        beta: float,
+        ld_alpha,
+        positions: int,
+        loss: torch.Tensor,
+        model_flops: float = 0.0,
+        computed_tokens: int | None = None,
+        dpo_loss: torch.Tensor | None = None,
+    ):
         """Accumulate one micro-batch: `outputs` and `inputs` in TRL's padded `[2B, L]` layout, `loss` TRL's loss of
         the micro-batch (its mean over the micro-batch's pairs), `model_flops` its forward + backward (flops.py),
         `positions` what the model ran, `computed_tokens` the real tokens among them (a shared prompt counts once;
@@ -71,12 +108,17 @@ class PairMetrics:
             rewards = beta * (chosen - ref_chosen), beta * (rejected - ref_rejected)
             norm = rewards[0] / chosen_len, rewards[1] / rejected_len
             values = {
-                "rewards/chosen": rewards[0], "rewards/rejected": rewards[1],
-                "rewards/accuracies": (rewards[0] > rewards[1]).float(), "rewards/margins": rewards[0] - rewards[1],
-                "logps/chosen": chosen, "logps/rejected": rejected,
-                "rewards_norm/chosen": norm[0], "rewards_norm/rejected": norm[1],
-                "rewards_norm/accuracies": (norm[0] > norm[1]).float(), "rewards_norm/margins": norm[0] - norm[1],
-            }  # fmt: skip
+                "rewards/chosen": rewards[0],
+                "rewards/rejected": rewards[1],
+                "rewards/accuracies": (rewards[0] > rewards[1]).float(),
+                "rewards/margins": rewards[0] - rewards[1],
+                "logps/chosen": chosen,
+                "logps/rejected": rejected,
+                "rewards_norm/chosen": norm[0],
+                "rewards_norm/rejected": norm[1],
+                "rewards_norm/accuracies": (norm[0] > norm[1]).float(),
+                "rewards_norm/margins": norm[0] - norm[1],
+            }
             # Device tensors until the log step: a float() here would stall the GPU on every micro-batch.
             for name, v in values.items():
                 s[name] += v.sum()

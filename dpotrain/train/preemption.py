@@ -69,8 +69,11 @@ class GracefulStop(TrainerCallback):
             if self.interrupted:
                 return
             self.interrupted = time.monotonic()
-            os.write(2, b"\nCtrl-C: saving a checkpoint at the end of this step, then stopping (Ctrl-C again: stop "
-                        b"at once, without it)\n")  # fmt: skip
+            os.write(
+                2,
+                b"\nCtrl-C: saving a checkpoint at the end of this step, then stopping (Ctrl-C again: stop "
+                b"at once, without it)\n",
+            )
         if signum == signal.SIGHUP and self.terminal:
             _detach(self.terminal)
         self.signal_received = self.signal_received or signum

@@ -46,8 +46,10 @@ def latest_sound_checkpoint(out: Path, before: Path | None = None, refuse: bool 
 
 
 def no_sound_checkpoint(out: Path, damaged: list[str]) -> str:
-    return (f"output_dir {str(out)!r} has no checkpoint left to resume from ({'; '.join(damaged)}): restore the "
-            "named file(s) from a copy, or pass --overwrite_output_dir to start afresh")  # fmt: skip
+    return (
+        f"output_dir {str(out)!r} has no checkpoint left to resume from ({'; '.join(damaged)}): restore the "
+        "named file(s) from a copy, or pass --overwrite_output_dir to start afresh"
+    )
 
 
 def _step(folder: Path) -> int:
@@ -77,8 +79,10 @@ def confirm(resume_from: str | None, explicit: bool) -> str | None:
         if rank == 0:
             print(f"Not resuming from {folder}: {found[0]}; trying the checkpoint before it", flush=True)
         if explicit:
-            raise RunError(f"resume_from_checkpoint {str(folder)!r} is damaged ({found[0]}): restore the file, or "
-                           "name another checkpoint")  # fmt: skip
+            raise RunError(
+                f"resume_from_checkpoint {str(folder)!r} is damaged ({found[0]}): restore the file, or "
+                "name another checkpoint"
+            )
         folder = latest_sound_checkpoint(folder.parent, before=folder, refuse=False)
         if folder is None:
             raise RunError(no_sound_checkpoint(Path(resume_from).parent, damaged))
@@ -91,8 +95,9 @@ def check_explicit(folder: str) -> None:
         raise ConfigError(f"resume_from_checkpoint {folder!r} is not a folder")
     problem = checkpoint_manifest.size_problem(Path(folder))
     if problem:
-        raise ConfigError(f"resume_from_checkpoint {folder!r} is damaged ({problem}): restore the file, or name "
-                          "another checkpoint")  # fmt: skip
+        raise ConfigError(
+            f"resume_from_checkpoint {folder!r} is damaged ({problem}): restore the file, or name another checkpoint"
+        )
 
 
 def check_partitions(folder: str | None, world: int, run_engine=None) -> None:
@@ -155,10 +160,15 @@ def after_health_stop(recipe, out: Path) -> bool:
         _say(f"output_dir {out}: {what}; going on from its checkpoint, as health_action: warn asks")
         return False
     go_on = "" if stop.get("fatal") else " (or --health_action warn to go on from its checkpoint anyway)"
-    again = ("resuming would train on the values it stopped on" if any(is_complete(p) for p in checkpoints(out))
-             else "the same command would fail the same way")  # fmt: skip
-    raise ConfigError(f"output_dir {str(out)!r}: {what}, and {again}: fix the cause the stop named, then rerun with "
-                      f"--overwrite_output_dir to start afresh{go_on}")  # fmt: skip
+    again = (
+        "resuming would train on the values it stopped on"
+        if any(is_complete(p) for p in checkpoints(out))
+        else "the same command would fail the same way"
+    )
+    raise ConfigError(
+        f"output_dir {str(out)!r}: {what}, and {again}: fix the cause the stop named, then rerun with "
+        f"--overwrite_output_dir to start afresh{go_on}"
+    )
 
 
 def only_cut_short(out: Path, changed: list[str]) -> bool:
@@ -168,6 +178,8 @@ def only_cut_short(out: Path, changed: list[str]) -> bool:
     ran_here = (out / "resolved_config.json").is_file()  # written as training starts: a run of this project was here
     if not folders or any(is_complete(p) for p in folders) or changed or not ran_here:
         return False
-    _say(f"output_dir {out}: {', '.join(p.name for p in folders)} cut short (no COMPLETE mark), nothing to resume "
-         "from: starting afresh")  # fmt: skip
+    _say(
+        f"output_dir {out}: {', '.join(p.name for p in folders)} cut short (no COMPLETE mark), nothing to resume "
+        "from: starting afresh"
+    )
     return True

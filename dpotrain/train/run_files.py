@@ -19,13 +19,18 @@ def read(out: Path) -> list[str] | None:
     except FileNotFoundError:
         return None
     except (OSError, ValueError, KeyError, TypeError) as e:
-        raise ConfigError(f"{Path(out) / MANIFEST} is unreadable ({type(e).__name__}): it lists the run's own files; "
-                          "move the folder aside and pass a new --output_dir") from None  # fmt: skip
+        raise ConfigError(
+            f"{Path(out) / MANIFEST} is unreadable ({type(e).__name__}): it lists the run's own files; "
+            "move the folder aside and pass a new --output_dir"
+        ) from None
 
 
 def write(out: str | Path, names: list[str]) -> None:
-    record = {"names": list(dict.fromkeys(names)), "written_by": "train_dpo.py: these are the run's own files; "
-              "--overwrite_output_dir replaces these and nothing else"}  # fmt: skip
+    record = {
+        "names": list(dict.fromkeys(names)),
+        "written_by": "train_dpo.py: these are the run's own files; "
+        "--overwrite_output_dir replaces these and nothing else",
+    }
     writes.write_text(Path(out) / MANIFEST, json.dumps(record, indent=1) + "\n")
 
 

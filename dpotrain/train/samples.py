@@ -79,8 +79,15 @@ def _encode_prompt(tokenizer, text: str) -> list[int]:
 
 
 class SampleGenerator(TrainerCallback):
-    def __init__(self, prompt_ids: list[list[int]], tokenizer, every: int, max_new_tokens: int, warn_at: float,
-                 every_rank: bool = False):  # fmt: skip
+    def __init__(
+        self,
+        prompt_ids: list[list[int]],
+        tokenizer,
+        every: int,
+        max_new_tokens: int,
+        warn_at: float,
+        every_rank: bool = False,
+    ):
         self.prompt_ids, self.tokenizer = prompt_ids, tokenizer
         self.every, self.max_new_tokens, self.warn_at = every, max_new_tokens, warn_at
         self.every_rank = every_rank  # weights sharded over the ranks: all of them generate together
@@ -143,8 +150,15 @@ class SampleGenerator(TrainerCallback):
                     )
                     completion = self.tokenizer.decode(out[0, len(ids) :], skip_special_tokens=True)
                     prompt = self.tokenizer.decode(ids, skip_special_tokens=False)
-                    records.append({"step": state.global_step, "prompt_index": i, "prompt": prompt,
-                                    "completion": completion, **repetition(completion)})  # fmt: skip
+                    records.append(
+                        {
+                            "step": state.global_step,
+                            "prompt_index": i,
+                            "prompt": prompt,
+                            "completion": completion,
+                            **repetition(completion),
+                        }
+                    )
         finally:
             model.train(was_training)
         if not state.is_world_process_zero:
@@ -159,9 +173,13 @@ class SampleGenerator(TrainerCallback):
             if r["step"] > 0 and r["repetition"] > max(self.warn_at, self._base.get(r["prompt_index"], 0.0)):
                 self.flagged.append(r)
                 word, times = r["longest_run"]
-                print(f"samples warning step {r['step']}: prompt {r['prompt_index']} repeats itself (repetition "
-                      f"{r['repetition']:.2f}, {word!r} x{times}): degenerate output, a sign of collapse; see "
-                      f"{SAMPLES_FILE}", file=sys.stderr, flush=True)  # fmt: skip
+                print(
+                    f"samples warning step {r['step']}: prompt {r['prompt_index']} repeats itself (repetition "
+                    f"{r['repetition']:.2f}, {word!r} x{times}): degenerate output, a sign of collapse; see "
+                    f"{SAMPLES_FILE}",
+                    file=sys.stderr,
+                    flush=True,
+                )
         return records
 
     def _write(self, args, state, records: list[dict]) -> None:
@@ -179,8 +197,9 @@ class SampleGenerator(TrainerCallback):
                 columns = ["step", "prompt_index", "prompt", "completion", "repetition"]
                 table = wandb.Table(columns=columns, data=[[r[c] for c in columns] for r in records])
                 # commit=False: goes out with the Trainer's next log, at the same W&B step
-                wandb.log({"samples": table, "samples/max_repetition": max(r["repetition"] for r in records)},
-                          commit=False)  # fmt: skip
+                wandb.log(
+                    {"samples": table, "samples/max_repetition": max(r["repetition"] for r in records)}, commit=False
+                )
 
 
 @contextlib.contextmanager

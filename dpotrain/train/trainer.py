@@ -71,8 +71,13 @@ def training_arguments(settings: Recipe):
     - padding_free off: TRL 1.16 warns "temporarily unavailable" and pads; this project packs with its own collator;
     - push_to_hub off and no hub_token: this project pushes (hub.take_push_settings);
     - model_init_kwargs: `model_init_kwargs`."""
-    trl_only = {"gradient_accumulation_steps": 1, "padding_free": False, "push_to_hub": False, "hub_token": None,
-                "model_init_kwargs": model_init_kwargs(settings)}  # fmt: skip
+    trl_only = {
+        "gradient_accumulation_steps": 1,
+        "padding_free": False,
+        "push_to_hub": False,
+        "hub_token": None,
+        "model_init_kwargs": model_init_kwargs(settings),
+    }
     return decided(settings, {"training": trl_only}).training
 
 
@@ -222,8 +227,12 @@ class RecipeDPOTrainer(DPOTrainer):
         model"), shards it at the root only and frees it at the end of __init__. The reference stage scores with the
         policy, sharded by accelerate (`ReferenceScorer.model`), so that load is skipped: minutes and a full host copy
         for a 32B model. Drop this when TRL stops loading it (its precompute under FSDP2 is broken: TRL #6470)."""
-        skip = (self.engine.name == "fsdp2" and kwargs["args"].precompute_ref_log_probs
-                and kwargs.get("peft_config") is None and kwargs.get("ref_model") is None)  # fmt: skip
+        skip = (
+            self.engine.name == "fsdp2"
+            and kwargs["args"].precompute_ref_log_probs
+            and kwargs.get("peft_config") is None
+            and kwargs.get("ref_model") is None
+        )
         if not skip:
             yield
             return
@@ -299,8 +308,10 @@ class RecipeDPOTrainer(DPOTrainer):
     @property
     def run_plan(self) -> RunPlan:
         if self._run_plan is None:
-            raise RuntimeError("this trainer has no plan: run the plan stage after build_trainer "
-                               "(`dpotrain.plan.plan_stage.run_stage(trainer)`, as train_dpo.py does)")  # fmt: skip
+            raise RuntimeError(
+                "this trainer has no plan: run the plan stage after build_trainer "
+                "(`dpotrain.plan.plan_stage.run_stage(trainer)`, as train_dpo.py does)"
+            )
         return self._run_plan
 
     @property
@@ -319,26 +330,35 @@ class RecipeDPOTrainer(DPOTrainer):
         collate = self.data_collator
         if not self.packed:
             return plan.Forward("padded", max_groups=collate.max_groups)
-        return plan.Forward("one_row" if collate.one_row else "rows", collate.hidden_size,
-                            multiple=collate.pad_to_multiple_of)  # fmt: skip
+        return plan.Forward(
+            "one_row" if collate.one_row else "rows", collate.hidden_size, multiple=collate.pad_to_multiple_of
+        )
 
     def get_train_dataloader(self):
         """One item per optimizer step (`plan.StepSampler`), rows read a step at a time and collated per
         micro-batch with the forward's collator."""
         run_plan = self.run_plan
         sampler = plan.StepSampler(run_plan.lengths, run_plan.step_plan, self.data_parallel_rank, run_plan.epochs)
-        columns = [c for c in (*pair_columns(self.train_dataset), "ref_chosen_logps", "ref_rejected_logps")
-                   if c in self.train_dataset.column_names]  # fmt: skip
-        return self._rank_aware_loader(plan.StepRows(self.train_dataset.select_columns(columns)), sampler,
-                                       plan.StepCollator(self.data_collator), training=True)  # fmt: skip
+        columns = [
+            c
+            for c in (*pair_columns(self.train_dataset), "ref_chosen_logps", "ref_rejected_logps")
+            if c in self.train_dataset.column_names
+        ]
+        return self._rank_aware_loader(
+            plan.StepRows(self.train_dataset.select_columns(columns)),
+            sampler,
+            plan.StepCollator(self.data_collator),
+            training=True,
+        )
 
     def get_eval_dataloader(self, eval_dataset=None):
         """The evaluation set in `plan.eval_batches`: the same number of batches on every rank, no pair twice."""
         dataset = self.eval_dataset if eval_dataset is None else eval_dataset
         if isinstance(dataset, str):
             dataset = self.eval_dataset[dataset]
-        columns = [c for c in (*pair_columns(dataset), "ref_chosen_logps", "ref_rejected_logps")
-                   if c in dataset.column_names]  # fmt: skip
+        columns = [
+            c for c in (*pair_columns(dataset), "ref_chosen_logps", "ref_rejected_logps") if c in dataset.column_names
+        ]
         batches = plan.eval_batches(len(dataset), self.data_parallel_size, self.args.per_device_eval_batch_size)
         batches = batches[self.data_parallel_rank]
         return self._rank_aware_loader(dataset.select_columns(columns), plan.FixedBatches(batches), self.data_collator)
@@ -360,8 +380,9 @@ class RecipeDPOTrainer(DPOTrainer):
             persistent_workers=args.dataloader_persistent_workers and workers > 0,
             prefetch_factor=args.dataloader_prefetch_factor if workers > 0 else None,
             worker_init_fn=functools.partial(seed_worker, num_workers=workers, rank=args.process_index)
-            if training else None,
-        )  # fmt: skip
+            if training
+            else None,
+        )
         loader = self.accelerator.prepare(loader)
         shard = getattr(loader, "batch_sampler", None)
         if shard is not None and getattr(shard, "batch_sampler", None) is sampler:
@@ -400,8 +421,11 @@ class RecipeDPOTrainer(DPOTrainer):
 
     def floating_point_ops(self, inputs):
         if "micro_batches" in inputs:  # a filler's forward is not training: not counted
-            return sum(super(RecipeDPOTrainer, self).floating_point_ops(mb) for mb in inputs["micro_batches"]
-                       if not mb.get(plan.FILLER))  # fmt: skip
+            return sum(
+                super(RecipeDPOTrainer, self).floating_point_ops(mb)
+                for mb in inputs["micro_batches"]
+                if not mb.get(plan.FILLER)
+            )
         return super().floating_point_ops(inputs)
 
     # --- reference log-probs: a stage of its own (reference.py), run by train_dpo.py after construction ----------
@@ -414,8 +438,9 @@ class RecipeDPOTrainer(DPOTrainer):
         (`packing.parity`); past the tolerance, stop with one line naming the fix, on every rank alike (one collective
         whatever the outcome). A check only: the forward the forward stage decided is never changed here."""
         args = self.args  # it runs while the trainer is built, before the plan stage: it reads the lengths itself
-        tokens = PairLengths.of(self.train_dataset, args.max_length, self.forward.share_prompt,
-                                     args.truncation_mode).tokens  # fmt: skip
+        tokens = PairLengths.of(
+            self.train_dataset, args.max_length, self.forward.share_prompt, args.truncation_mode
+        ).tokens
         examples = [self.train_dataset[int(i)] for i in np.argsort(-tokens, kind="stable")[:4]]
         model = ReferenceScorer(self).model()
         half = self.args.bf16 or self.args.fp16 or next(model.parameters()).dtype in (torch.bfloat16, torch.float16)
@@ -423,15 +448,21 @@ class RecipeDPOTrainer(DPOTrainer):
         try:
             with torch.no_grad(), self.accelerator.autocast():
                 diff = packing.parity(model, self.data_collator, examples)
-            problem = None if diff <= tolerance else (
-                f"its packed rows score completion tokens up to {diff:.2g} nats away from the same sequences alone "
-                f"(tolerance {tolerance:g}): its layers carry state across packed sequences here")  # fmt: skip
+            problem = (
+                None
+                if diff <= tolerance
+                else (
+                    f"its packed rows score completion tokens up to {diff:.2g} nats away from the same sequences alone "
+                    f"(tolerance {tolerance:g}): its layers carry state across packed sequences here"
+                )
+            )
         except ValueError as e:  # transformers: the kernel that keeps packed sequences apart is not installed
             problem = str(e).rstrip(".")
         if max_over_ranks(int(problem is not None), self.accelerator.device):
             problem = problem or "another process's packed rows differ from its sequences alone"
-            raise ConfigError(f"padding_free (packed sequences) cannot be used here: {problem}; set --padding_free "
-                              "false")  # fmt: skip
+            raise ConfigError(
+                f"padding_free (packed sequences) cannot be used here: {problem}; set --padding_free false"
+            )
 
     # --- the loss ---------------------------------------------------------------------------------------------
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
@@ -567,8 +598,11 @@ def build_trainer(resolved, callbacks=(), stop: GracefulStop | None = None):
     # The memory plan's checkpointed layers, held against TRL's re-enabling of all of them; the optional compile.
     layers.hold_checkpointing(trainer.model, args)
     compiled = layers.compile_layers(trainer.model) if p.compile_layers else 0
-    trainer.layers_record = {"checkpointed": layers.checkpointed(trainer.model), "compiled": compiled,
-                             "decoder_layers": len(layers.decoder_layers(trainer.model))}  # fmt: skip
+    trainer.layers_record = {
+        "checkpointed": layers.checkpointed(trainer.model),
+        "compiled": compiled,
+        "decoder_layers": len(layers.decoder_layers(trainer.model)),
+    }
     if forward.packed and packing.needs_parity_check(trainer.model.config):
         trainer.check_packing()
     trainer.graceful_stop = graceful_stop
@@ -576,8 +610,9 @@ def build_trainer(resolved, callbacks=(), stop: GracefulStop | None = None):
     trainer.model_path = model_path  # the base weights on disk (a built-in model materialized), for the LoRA merge
     trainer.health = health  # .stop tells after `train()` whether a guard stopped it (dpotrain/train/health.py)
     if recipe.project.samples_every > 0:
-        generator = SampleGenerator.from_recipe(recipe, trainer.train_dataset, trainer.processing_class,
-                                                every_rank=run_engine.shards_weights)  # fmt: skip
+        generator = SampleGenerator.from_recipe(
+            recipe, trainer.train_dataset, trainer.processing_class, every_rank=run_engine.shards_weights
+        )
         generator.spent = trainer.pair_metrics.exclude  # tokens/s and MFU do not count the time of samples
         trainer.add_callback(generator)
     return trainer
