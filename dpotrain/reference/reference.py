@@ -33,10 +33,8 @@ it), far inside the step-1 health guard, on any layout.
 import functools
 import hashlib
 import json
-import os
 import queue
 import secrets
-import socket
 import sys
 import threading
 import time
@@ -50,7 +48,7 @@ from dpotrain.cluster.collectives import broadcast_from_main, gather_objects, ma
 from dpotrain.data.pair_lengths import PairLengths, pair_columns
 from dpotrain.plan.plan import StepPlan, cut_step, steps_of
 from dpotrain.recipe.errors import ConfigError
-from dpotrain.recipe.writes import replacing, write_text
+from dpotrain.recipe.writes import replacing, unwritable, write_text
 from dpotrain.reference.reuse import UNREADABLE, fill_from_other_caches, pair_digests
 from dpotrain.reference.scorer import ReferenceScorer
 
@@ -71,18 +69,15 @@ def cache_dir() -> Path:
 
 
 def check_writable() -> None:
-    """The stage saves as it goes: an unwritable cache would lose hours of scoring. Checked before anything loads."""
+    """The stage saves as it goes: an unwritable cache would lose hours of scoring. Checked before anything loads, by
+    a file made and removed at once (`writes.unwritable`); the folder itself is made when the stage first saves."""
     folder = cache_dir()
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-        probe = folder / f".write-test-{socket.gethostname()}-{os.getpid()}"
-        probe.write_text("")
-        probe.unlink()
-    except OSError as e:
+    problem = unwritable(folder)
+    if problem:
         raise ConfigError(
-            f"the reference cache folder {folder} is not writable ({e.strerror}): set DPOTRAIN_CACHE "
-            "to a writable folder (on a cluster, one on a shared file system)"
-        ) from None
+            f"the reference cache folder {folder} is not writable (cannot write in {problem[0]}: {problem[1]}): set "
+            "DPOTRAIN_CACHE to a writable folder (on a cluster, one on a shared file system)"
+        )
 
 
 def token_hash(dataset) -> str:
