@@ -94,11 +94,15 @@ def test_online_run_pushes_once_to_main_after_training_and_never_saves_the_token
     assert result.returncode == 0, result.stdout[-3000:]
 
     kinds = [r["kind"] for r in requests(hub)]
-    # At start: the token's user, the write check, and (no repo found) whether the repo exists. Then the push.
-    assert kinds == ["whoami", "auth_check", "model_info", "create_repo", "validate_yaml", "preupload", "commit"], kinds
+    # At start: the token's user, the write check, (no repo found) whether the repo exists, and the new repo created
+    # (the Hub says now whether this token may). Then the push, once the run is complete.
+    assert kinds == ["whoami", "auth_check", "model_info", "create_repo", "create_repo", "validate_yaml", "preupload",
+                     "commit"], kinds  # fmt: skip
     assert all(r["auth"] == f"Bearer {SECRET}" for r in requests(hub))  # the command line's token is the one used
-    # The repo is created by this project's push once the run is complete, not by the Trainer at init.
-    assert hub.state.of("create_repo")[0]["time"] >= (out / "run_complete.json").stat().st_mtime
+    # Created by this project at start (before any model weight loads), and again (it exists: left as it is) by the
+    # push after the run is complete; never by the Trainer.
+    at_start, at_push = hub.state.of("create_repo")
+    assert at_start["time"] < (out / "run_complete.json").stat().st_mtime <= at_push["time"]
     [commit] = hub.state.commits
     assert (commit["revision"], commit["message"]) == ("main", "Upload DPO run")
     assert MODEL_FILES | {"README.md", "training_curves.png", "metrics.jsonl"} <= set(commit["files"])
@@ -149,7 +153,7 @@ def test_checkpoints_go_to_branches_and_a_failing_one_does_not_fail_the_run(hub,
     assert tensor_names(step1) == tensor_names(out / "model.safetensors")
     assert step1 != step4 and step4 == (out / "model.safetensors").read_bytes()
 
-    assert len(hub.state.of("create_repo")) == 2  # the checkpoint pusher's and the final push's; none by the Trainer
+    assert len(hub.state.of("create_repo")) == 3  # at start, the checkpoint pusher, the final push; never the Trainer
     assert not [c for c in hub.state.commits if "Training in progress" in c["message"] or "save" in c["message"]]
 
     records = {r["branch"]: r for r in read_pushes(out)}
@@ -286,13 +290,16 @@ def test_checkpoint_pushes_under_fsdp2_are_refused_by_the_run_and_by_its_dry_run
 def test_the_trainer_gets_no_push_and_no_token(monkeypatch):
     from dpotrain.hub import hub
     from dpotrain.recipe.config import parse_args
+    from dpotrain.train.trainer import training_arguments
 
     argv = ["train_dpo.py", "--config", SMOKE, "--push_to_hub", "--hub_token", SECRET, f"--hub_token={SECRET}"]
     monkeypatch.setattr("sys.argv", argv)
     recipe = parse_args(argv[1:])
     push = hub.take_push_settings(recipe)
     assert (push.requested, push.token, push.repo_id, push.checkpoints) == (True, SECRET, "smoke-dpo", False)
-    assert recipe.training.push_to_hub is False and recipe.training.hub_token is None
+    trainer_args = training_arguments(recipe)  # what TRL and transformers see: the one place their fields are set
+    assert trainer_args.push_to_hub is False and trainer_args.hub_token is None
+    assert recipe.training.push_to_hub is True  # the recipe keeps the user's intent
     assert argv[-3:] == ["--hub_token", "<HUB_TOKEN>", "--hub_token=<HUB_TOKEN>"]  # what W&B records
     assert SECRET not in repr(push)
 
