@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The whole test suite, from a fresh machine: venv + requirements + test tools, then pytest.
 #   bash scripts/test.sh                 # everything CI runs (Slurm, DeepSpeed and accelerate launches included)
-#   bash scripts/test.sh -m "not slow"   # any pytest arguments
+#   bash scripts/test.sh -m "not slow"   # the fast tier, ~2 min (docs/testing.md); any pytest arguments go to pytest
 # Debian packages for the integration tests (Slurm, munge and iproute2 by tests/slurm/cluster.sh install; shellcheck)
 # are installed when missing and when this runs as root; otherwise those tests skip and say why.
 set -euo pipefail

@@ -122,6 +122,16 @@ class _Warm:
         return "\n".join([summary, *(f"  fresh x{n}: {why}" for why, n in fresh.most_common())])
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest's own -m deselection, which reads the markers added here
+def pytest_collection_modifyitems(items):
+    """`extended`, `slurm` and `gpu` tests are `slow` too: a -m on the command line replaces pyproject's
+    `-m "not extended"`, and the fast tier, `-m "not slow"`, must still leave out what is beyond CI's budget, what
+    submits jobs to a real Slurm and what trains on a GPU."""
+    for item in items:
+        if any(item.get_closest_marker(name) for name in ("extended", "slurm", "gpu")):
+            item.add_marker(pytest.mark.slow)
+
+
 def pytest_collection_finish(session):
     """The test modules imported torch, transformers, TRL and DeepSpeed while being collected, and what that made
     lives as long as this process: out of the collector's sight (gc.freeze), so that the full collections of the

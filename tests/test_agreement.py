@@ -49,6 +49,7 @@ def torchrun(tmp_path, differ: bool) -> str:
     return "".join(p.read_text() for p in sorted(out.iterdir()))
 
 
+@pytest.mark.slow
 def test_a_difference_between_two_ranks_is_one_line_naming_the_rank(tmp_path):
     lines = sorted(line for line in torchrun(tmp_path, differ=True).splitlines() if line.startswith("rank"))
     want = ("error: ranks disagree on the resume point: rank 1 has out/checkpoint-40, rank 0 has None: every node "

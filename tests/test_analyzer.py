@@ -482,6 +482,7 @@ def test_cli_run_is_reused_by_a_dry_run(cli, tokenizer, tmp_path, tiny_model_dir
 # --- the command line, end to end ------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_cli_end_to_end(tmp_path, tiny_model_dir):
     good = write_jsonl(tmp_path / "d.jsonl", _messages_rows())
     out = tmp_path / "r.json"

@@ -102,6 +102,7 @@ def smoke_trainer(model_dir, output_dir, rows, *overrides, max_steps=3):
 
 
 # ~25 s for all 20 on 2 quiet cores (1-3 s each): not marked slow.
+@pytest.mark.slow
 @pytest.mark.parametrize("model_type", list(FAMILIES))
 def test_family_trains_with_the_smoke_recipe(tmp_path, monkeypatch, capsys, tiny_model_dir, rows, model_type):
     monkeypatch.setenv("DPOTRAIN_CACHE", str(tmp_path / "cache"))
@@ -184,6 +185,7 @@ def assert_packed_equals_padded(trainer, moe: bool):
             assert (grads[0][name] - g).abs().max() <= 1e-5 + 1e-4 * g.abs().max(), name
 
 
+@pytest.mark.slow
 def test_parity_check_catches_state_carried_across_packed_rows(tmp_path, tiny_model_dir, rows):
     """`packing.parity`, the start-up check for hybrids, on CPU: OLMo hybrid's linear attention leaks from one
     sequence of a packed row into the next, and transformers refuses to pass it sequence boundaries without the
@@ -205,6 +207,7 @@ def test_parity_check_catches_state_carried_across_packed_rows(tmp_path, tiny_mo
                     packing.parity(model, packing.PackedPreferenceCollator(1024, one_row=True), examples)
 
 
+@pytest.mark.slow
 def test_a_hybrid_packs_only_when_asked_and_a_failed_check_stops_the_run(tmp_path, monkeypatch, capsys,
                                                                          tiny_model_dir, rows):  # fmt: skip
     """A hybrid let through to the packed path (as a varlen FlashAttention would let it on a GPU): without

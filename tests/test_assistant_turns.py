@@ -161,6 +161,7 @@ FORWARDS = {"packed": ["--share_prompt", "false"], "shared_prompt": ["--share_pr
             "padded": ["--padding_free", "false"]}  # fmt: skip
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("template", TEMPLATES)
 @pytest.mark.parametrize("forward", FORWARDS)
 def test_steps_equal_open_instructs_dpo_norm(tmp_path, tiny_model_dir, open_instruct, forward, template):
@@ -276,6 +277,7 @@ def test_the_health_guards_count_labeled_prompt_tokens_as_scored():
     assert completion_token_means(labeled, 8) == (4.5, 3.0)  # chosen cut at 8: pair 0 keeps 2 of its 3 tokens
 
 
+@pytest.mark.slow
 def test_a_pair_whose_prompt_fills_max_length_adds_nothing_to_open_instructs_gradient(tiny_model_dir):
     """Such a pair is dropped and counted here (TRL's rule, both modes: docs/data.md). open-instruct keeps it when an
     earlier assistant turn fits in max_length, but its two sides are then the same tokens with the same labels: it

@@ -2,6 +2,8 @@
 
 import json
 
+import pytest
+
 import train_dpo
 from conftest import ROOT
 
@@ -14,6 +16,7 @@ def dry_run(capsys, *args) -> dict:
     return json.loads(out[out.index("{\n") :])
 
 
+@pytest.mark.slow
 def test_auto_max_length_is_chosen_recorded_and_then_shown_by_a_dry_run(tmp_path, tiny_model_dir, monkeypatch, capsys):
     monkeypatch.setenv("DPOTRAIN_CACHE", str(tmp_path / "cache"))
     model = ["--model_name_or_path", tiny_model_dir]

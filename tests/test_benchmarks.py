@@ -67,6 +67,7 @@ def test_attention_tiny_runs_on_cpu():
     assert [r["path"] for r in rows[1:]] == ["trl", "shared_sdpa"] and all(r["pair_tokens_per_s"] > 0 for r in rows[1:])
 
 
+@pytest.mark.slow
 def test_attention_default_layers_fit_the_plan():
     """On an 80 GB H100 at the default budget: without checkpointing few 7B-width layers fit, with every other layer
     checkpointed more; the count chosen fits with the plan's allowance and one more would not."""

@@ -27,6 +27,7 @@ def check_locks(env) -> subprocess.CompletedProcess:
     )
 
 
+@pytest.mark.slow
 def test_a_killed_build_leaves_a_lock_that_is_reported_with_the_fix(tmp_path):
     env = {**os.environ, "TORCH_EXTENSIONS_DIR": str(tmp_path)}
     lock = tmp_path / "dpotrain_lock_probe" / "lock"
@@ -107,6 +108,7 @@ def launch_train(tmp_path, env, timeout):
     return subprocess.CompletedProcess(cmd, code, out, err), time.monotonic() - start
 
 
+@pytest.mark.slow
 def test_a_stale_lock_is_refused_by_train_dpo_under_accelerate_launch(tmp_path):
     """Not only launch.sh: the README's own `accelerate launch train_dpo.py` is refused with the line, on each rank,
     before anything loads (without the check both ranks wait on the lock forever: the timeout fails the test)."""

@@ -9,6 +9,8 @@ import json
 import os
 import subprocess
 
+import pytest
+
 from conftest import PYTHON, ROOT, rank_python
 
 RANK_SCRIPT = """
@@ -25,6 +27,7 @@ dist.destroy_process_group()
 """
 
 
+@pytest.mark.slow
 def test_two_ranks_building_the_builtin_model_both_get_its_weights(tmp_path):
     script = tmp_path / "build.py"
     script.write_text(RANK_SCRIPT)

@@ -89,6 +89,7 @@ def reexport(source, model, scale: float) -> None:
     loaded.save_pretrained(str(model))
 
 
+@pytest.mark.slow
 def test_the_run_records_every_file_of_its_model_and_of_its_data_folder(first_run):
     derived = json.loads((first_run[0] / "resolved_config.json").read_text())["derived"]
     assert sorted(derived["data_identity"]) == [f"part-{i}.jsonl" for i in range(SHARDS)]  # it was None
@@ -96,6 +97,7 @@ def test_the_run_records_every_file_of_its_model_and_of_its_data_folder(first_ru
     assert {"model.safetensors", "config.json", "tokenizer.json", "chat_template.jinja"} <= set(files), files
 
 
+@pytest.mark.slow
 def test_a_model_re_exported_with_other_weights_at_the_same_path_is_refused(stopped, tmp_path):
     out, model, shards = stopped
     size = (model / "model.safetensors").stat().st_size
@@ -114,6 +116,7 @@ def test_a_model_re_exported_with_other_weights_at_the_same_path_is_refused(stop
     assert resumes_from(out, model, shards) == str(out / "checkpoint-4")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["chat_template.jinja", "tokenizer_config.json"])
 def test_an_edited_template_or_tokenizer_file_of_the_model_folder_is_refused(stopped, name):
     out, model, shards = stopped
@@ -128,6 +131,7 @@ def test_an_edited_template_or_tokenizer_file_of_the_model_folder_is_refused(sto
     assert f"(model: {model}: {name} has " in message, message
 
 
+@pytest.mark.slow
 def test_a_replaced_shard_of_a_data_folder_is_refused_and_the_original_resumes(stopped):
     out, _, shards = stopped
     shard = shards / "part-1.jsonl"

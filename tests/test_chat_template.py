@@ -89,6 +89,7 @@ def test_the_think_recipe_uses_olmo_thinker_and_32b_the_models_own():
 # --- the option: refused before anything loads, applied by every tokenizer ------------------------------------------
 
 
+@pytest.mark.slow
 def test_a_missing_template_or_a_folder_without_one_is_refused_in_one_line(tmp_path, tiny_model_dir):
     (tmp_path / "folder").mkdir()
     for given, says in ((tmp_path / "nope.jinja", "does not exist"), (tmp_path / "folder", "without chat_template")):
@@ -209,6 +210,7 @@ def test_answers_off_the_generation_prompt_are_refused_naming_the_rows_or_droppe
 # --- the run: saved, named, recorded, checked on resume; the reference key ---------------------------------------
 
 
+@pytest.mark.slow
 def test_a_run_saves_and_names_its_template_and_a_resume_with_another_is_refused(tmp_path, tiny_model_dir):
     template = tmp_path / "olmo_thinker.jinja"
     shutil.copy(OLMO_THINKER, template)
@@ -267,6 +269,7 @@ def test_the_reference_cache_key_follows_the_template(tiny_model_dir, tmp_path):
     assert reference.Store.for_identity(keys[0]).folder != reference.Store.for_identity(keys[1]).folder
 
 
+@pytest.mark.slow
 def test_the_think_dry_run_shows_the_template():
     result = run_train(["--config", "configs/think.yaml", "--model_name_or_path", "configs/models/olmo3-7b",
                         "--dry-run", "--report_to", "none"])  # fmt: skip

@@ -2,6 +2,7 @@
 kept one, and a step written again starts from an empty folder: real training runs of the tiny model, resumed."""
 
 import datasets
+import pytest
 from transformers import TrainerCallback
 
 from conftest import ROOT, ready
@@ -38,6 +39,7 @@ def cut_short(folder):
     (folder / "model.safetensors").write_bytes(b"\0" * 100)
 
 
+@pytest.mark.slow
 def test_rotation_with_a_checkpoint_cut_short_keeps_the_newest_complete_ones(tmp_path, tiny_model_dir):
     out = tmp_path / "run"
     trainer_for(out, tiny_model_dir, max_steps=2).train()
@@ -60,6 +62,7 @@ def test_rotation_with_a_checkpoint_cut_short_keeps_the_newest_complete_ones(tmp
     assert all(is_complete(p) for p in checkpoints(out))
 
 
+@pytest.mark.slow
 def test_a_step_written_again_starts_from_an_empty_folder(tmp_path, tiny_model_dir, capsys):
     """A save cut short at a step the resumed run saves again: its old files (a DeepSpeed shard of another world size,
     say) must not end up in the new checkpoint."""

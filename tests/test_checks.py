@@ -78,6 +78,7 @@ def test_token_budget_needs_room_for_the_longest_pair(tmp_path):
     assert "must hold the longest possible pair, 2 x max_length (2048)" in msg
 
 
+@pytest.mark.slow
 def test_push_without_a_token_from_the_command_line(tmp_path):
     # No HF_TOKEN and an empty HF_HOME (no cached login): the CLI prints one line and exits non-zero.
     result = run_train(

@@ -82,6 +82,7 @@ def assert_clipped_by_hand(moved: dict, logged: float, unclipped, tolerance: flo
     assert worst <= tolerance * max(float(free[n].abs().max()) / g for n in names), worst
 
 
+@pytest.mark.slow
 def test_one_process_clips_the_step_at_one_global_norm(tmp_path, tiny_model_dir, unclipped):
     trainer = one_step(tmp_path / "run", tiny_model_dir, "--max_grad_norm", "1.0")
     moved = moves(dict(trainer.model.named_parameters()), tiny_model_dir)

@@ -175,6 +175,7 @@ def test_help_starts_with_what_users_type_and_every_option_is_one_flag_away(caps
     assert "--auto_coverage" in every and "leaves 95% of pairs whole" in every and len(every.splitlines()) > 500
 
 
+@pytest.mark.slow
 def test_outside_the_venv_the_run_says_to_activate_it():
     """`python train_dpo.py` by a Python without the stack (here: this one with its site-packages left out, -S) is one
     line naming the venv, not an 8-line traceback."""

@@ -167,6 +167,7 @@ def test_ultrafeedback_measures_and_tokenizes_exactly_as_without_its_prompt_colu
         np.testing.assert_array_equal(getattr(m_a, key), getattr(m_b, key))
 
 
+@pytest.mark.slow
 def test_ultrafeedback_trains_exactly_as_without_its_prompt_column(tmp_path, tiny_model_dir):
     with_prompt, _ = write(tmp_path, "uf", ultrafeedback, "jsonl")
     without, _ = write(tmp_path, "plain", dolci, "jsonl")
@@ -233,6 +234,7 @@ def test_a_short_run_trains_and_says_how_it_read_the_rows(shape, printed, tmp_pa
     assert resolved["derived"]["dataset_rows"] == N and resolved["hh_format"] == hh_format
 
 
+@pytest.mark.slow
 def test_pairs_with_other_prompts_are_dropped_and_counted_under_skip_invalid(tmp_path, monkeypatch, capsys,
                                                                              tiny_model_dir):  # fmt: skip
     pairs = hh()

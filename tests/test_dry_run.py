@@ -59,6 +59,7 @@ def test_smoke_summary_says_what_the_run_does_and_writes_the_json_beside_the_out
     assert printed == resolved
 
 
+@pytest.mark.slow
 def test_a_login_node_dry_run_names_the_gpu_it_planned_for_and_how_to_plan_for_another(tmp_path, capsys):
     think = ["--config", str(ROOT / "configs" / "think.yaml"), "--model_name_or_path", OLMO3_7B,
              "--output_dir", str(tmp_path / "think")]  # fmt: skip

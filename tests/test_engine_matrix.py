@@ -95,6 +95,7 @@ def samples(out) -> list[dict]:
     return [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("engine, forward, reference", CASES)
 def test_two_processes_compute_what_one_process_computes(engine, forward, reference, tmp_path, tiny_model_dir, splits,
                                                          one_process):  # fmt: skip
@@ -169,6 +170,7 @@ dist.destroy_process_group()
 """
 
 
+@pytest.mark.slow
 def test_padded_ranks_run_as_many_forwards_as_the_rank_that_wants_the_most(tmp_path, tiny_model_dir):
     """Two gloo ranks, one with rows that cut into several groups and one with a single group: alone each runs its own
     count (under ZeRO-3 or FSDP2, a hang); in lockstep both run the larger count, with the same log-probs and

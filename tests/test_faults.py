@@ -84,6 +84,7 @@ def unfinished(baseline, tmp_path, drop_checkpoint_4=False):
     return out
 
 
+@pytest.mark.slow
 def test_a_run_killed_after_its_last_checkpoint_trains_no_step_past_max_steps(baseline, tmp_path, tiny_model_dir,
                                                                                pairs):  # fmt: skip
     out = unfinished(baseline, tmp_path)
@@ -111,6 +112,7 @@ def damage(path, how):
         path.write_bytes(bytes(data))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name,how", DAMAGE)
 def test_a_damaged_latest_checkpoint_is_skipped_for_the_one_before_naming_the_file(
     name, how, baseline, tmp_path, tiny_model_dir, pairs, capsys
@@ -133,6 +135,7 @@ def test_a_damaged_latest_checkpoint_is_skipped_for_the_one_before_naming_the_fi
     assert f"checkpoint-4: {name}" in str(refused.value) and f"checkpoint-2: {name}" in str(refused.value)
 
 
+@pytest.mark.slow
 def test_a_checkpoint_missing_its_optimizer_resumes_from_the_one_before_to_the_same_weights(
     baseline, tmp_path, tiny_model_dir, pairs
 ):
@@ -240,6 +243,7 @@ def test_ctrl_c_saves_and_stops_with_the_stopped_code_and_the_rerun_ends_like_th
     assert_same_weights(out, baseline)
 
 
+@pytest.mark.slow
 def test_a_second_ctrl_c_stops_at_once():
     code = """
 import os, signal, time
@@ -334,6 +338,7 @@ def test_a_reference_cache_without_room_costs_only_the_saving(baseline, tmp_path
     assert left == ["filler"], left
 
 
+@pytest.mark.slow
 def test_a_torn_last_metrics_record_is_dropped_with_one_warning_and_the_rerun_resumes_exactly(
     baseline, tmp_path, tiny_model_dir, pairs
 ):
@@ -438,6 +443,7 @@ def test_a_one_process_run_requeued_under_a_two_process_deepspeed_launch_is_refu
     assert "Data (train)" not in result.stdout  # nothing loaded
 
 
+@pytest.mark.slow
 def test_a_checkpoint_without_a_manifest_still_resumes(baseline, tmp_path, tiny_model_dir, pairs):
     """Checkpoints written before manifests existed: their COMPLETE mark is all there is to go by."""
     out = unfinished(baseline, tmp_path)
@@ -446,6 +452,7 @@ def test_a_checkpoint_without_a_manifest_still_resumes(baseline, tmp_path, tiny_
     assert resume.confirm(check_output_dir(recipe, 8).resume_from, explicit=False) == str(out / "checkpoint-4")
 
 
+@pytest.mark.slow
 def test_an_explicit_damaged_resume_point_is_refused(baseline, tmp_path, tiny_model_dir, pairs):
     out = unfinished(baseline, tmp_path)
     (out / "checkpoint-4" / "scheduler.pt").unlink()

@@ -69,6 +69,7 @@ def cheap_flex(monkeypatch):
     torch._dynamo.reset()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("model", ["olmo3", "llama"])
 def test_flex_scores_packed_rows_as_sdpa_does(model, tiny_model_dir, llama_dir, cheap_flex):  # noqa: F811
     model_dir = tiny_model_dir if model == "olmo3" else llama_dir
@@ -137,6 +138,7 @@ def test_flex_on_inductor_compiles_once_over_widths(tiny_model_dir, monkeypatch)
     torch._dynamo.reset()
 
 
+@pytest.mark.slow
 def test_generation_leaves_the_training_flex_compilation_alone(tiny_model_dir, cheap_flex, tmp_path):
     """Samples are generated on sdpa: no new FlexAttention compilation (on flex, generation's cache and one-token
     queries would each be one), and the model is back on flex, in training mode, for the next step."""
@@ -166,6 +168,7 @@ def text_kinds(model):
     return masks.windows(masks.text_config(model))
 
 
+@pytest.mark.slow
 def test_flex_that_would_run_uncompiled_stops_the_run_in_one_line(tiny_model_dir, cheap_flex, monkeypatch, capsys):
     """At dynamo's recompile limit, or with compilation disabled, the forward raises RunError (train_dpo.py prints its
     one line) instead of running flex uncompiled into an out-of-memory error."""

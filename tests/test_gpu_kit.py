@@ -28,6 +28,7 @@ def kit_args(**given) -> argparse.Namespace:
 # --- 1: the layer search ends at the plan's refusal, not with it ---
 
 
+@pytest.mark.slow
 def test_layer_search_stops_where_the_memory_plan_refuses(tmp_path):
     """On a GPU memory_check is on and the GPU's memory known: the first layer count that does not fit raises the
     plan's ConfigError. The search takes that as its answer (here an 80 GiB GPU given on the CPU)."""
@@ -156,6 +157,7 @@ def fake_wheel(folder, name: str = "kitprobe") -> None:
         z.writestr(f"{info}/RECORD", "")
 
 
+@pytest.mark.slow
 def test_gpu_setup_fails_when_a_kernel_does_not_import(tmp_path):
     wheels = tmp_path / "wheels"
     wheels.mkdir()
@@ -226,6 +228,7 @@ def tiny_bench(tmp_path, path: str, **given) -> dict:
     return end_to_end.worker(args)
 
 
+@pytest.mark.slow
 def test_plain_trl_trains_with_every_k_th_layer_checkpointed(tmp_path, monkeypatch):
     """TRL's live reference turns checkpointing off and on again with the training arguments' kwargs: given
     `every_n_layers`, torch's checkpoint() gets it as a keyword and raises at the second micro-batch."""
@@ -283,6 +286,7 @@ def test_gpu_all_lists_its_pieces_in_order_and_skips_finished_ones(tmp_path):
         assert f"benchmarks/{script}" in text and (ROOT / "benchmarks" / script).is_file()
 
 
+@pytest.mark.slow
 def test_gpu_tests_piece_records_each_skip_with_its_reason(tmp_path):
     """The pytest piece on this CPU: every GPU test skipped, each with its reason, in the piece's JSON."""
     out = tmp_path / "pytest-gpu.json"

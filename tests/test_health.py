@@ -25,6 +25,7 @@ def trainer_for(out, model_dir, *overrides, rows=None):
     return ready(trainer_on(recipe, dataset.select(range(rows)) if rows else dataset))
 
 
+@pytest.mark.slow
 def test_a_wrong_reference_stops_at_step_1_with_a_complete_checkpoint(tmp_path, tiny_model_dir):
     # 000's failure: reference log-probs that are not the policy's. Shift the precomputed cache of the chosen side.
     out = tmp_path / "run"
@@ -54,6 +55,7 @@ def test_a_wrong_reference_stops_at_step_1_with_a_complete_checkpoint(tmp_path, 
     assert plan("--health_action", "warn") == OutputPlan(str(out / "checkpoint-1"), False)
 
 
+@pytest.mark.slow
 def test_an_untouched_reference_passes_step_1(tmp_path, tiny_model_dir):
     trainer = trainer_for(tmp_path / "run", tiny_model_dir, "--max_steps", "2", "--logging_steps", "2",
                           "--precompute_ref_log_probs", "true", rows=32)  # fmt: skip
@@ -63,6 +65,7 @@ def test_an_untouched_reference_passes_step_1(tmp_path, tiny_model_dir):
     assert first["step"] == 1 and abs(first["loss"] - LN2) < 1e-5
 
 
+@pytest.mark.slow
 def test_a_collapsing_learning_rate_is_stopped(tmp_path, tiny_model_dir, monkeypatch):
     # 001's collapse: 30x the demo's learning rate drives the loss to ~0 within a few steps (measured: 0.004 at step 6).
     out, stop_file = tmp_path / "run", tmp_path / "stop"
@@ -80,6 +83,7 @@ def test_a_collapsing_learning_rate_is_stopped(tmp_path, tiny_model_dir, monkeyp
     assert not stop_file.with_name("stop.checkpointed").exists()  # the checkpoint is not a requeue request
 
 
+@pytest.mark.slow
 def test_warn_mode_reports_and_goes_on(tmp_path, tiny_model_dir):
     # rows: the 24 pairs 3 steps of 8 use, so that the reference stage scores no more than that.
     trainer = trainer_for(tmp_path / "run", tiny_model_dir, "--max_steps", "3", "--logging_steps", "1",
@@ -90,6 +94,7 @@ def test_warn_mode_reports_and_goes_on(tmp_path, tiny_model_dir):
     assert [a.guard for a in trainer.health.alarms] == ["loss_floor", "loss_floor"]  # steps 2 and 3, not step 1
 
 
+@pytest.mark.slow
 def test_nan_stops_the_cli_run_without_checkpoint_requeue_or_completion(tmp_path, tiny_model_dir):
     # A learning rate of 1e30 turns the weights to inf/NaN at the first update: step 2 scores NaN.
     out, stop_file = tmp_path / "run", tmp_path / "stop"

@@ -31,6 +31,7 @@ def first_pairs(tmp_path, steps: int) -> str:
     return str(path)
 
 
+@pytest.mark.slow
 def test_lora_trains_an_adapter_against_the_disabled_base_and_can_merge(tmp_path, tiny_model_dir):
     out, _ = train(tmp_path, tiny_model_dir, "--dataset_name", first_pairs(tmp_path, 4), "--max_steps", "4",
                    "--logging_steps", "1", "--save_strategy", "no", "--use_peft", "true", "--lora_r", "8",
@@ -65,6 +66,7 @@ def test_lora_trains_an_adapter_against_the_disabled_base_and_can_merge(tmp_path
     assert hub.run_folder_problems(out) == []  # pushable like any run
 
 
+@pytest.mark.slow
 def test_lora_with_a_live_reference_trains_what_the_cached_reference_trains(tmp_path, tiny_model_dir):
     """`--precompute_ref_log_probs false` under LoRA: the live reference is the policy with its adapter disabled, run
     on the same packed rows. Were the adapter left on, the rewards would stay 0 and the loss ln 2 from step 2 on."""
@@ -84,6 +86,7 @@ def test_lora_with_a_live_reference_trains_what_the_cached_reference_trains(tmp_
     assert max(float((wa[k] - wb[k]).abs().max()) for k in wa) <= 1e-5
 
 
+@pytest.mark.slow
 def test_skip_invalid_drops_and_counts_rows(tmp_path, tiny_model_dir):
     rows = [json.loads(line) for line in (ROOT / "data" / "smoke_prefs.jsonl").read_text().splitlines()][:40]
     rows[5]["chosen"] = None
@@ -101,6 +104,7 @@ def test_skip_invalid_drops_and_counts_rows(tmp_path, tiny_model_dir):
     assert "Dropped 3 invalid row(s) of 40" in stdout
 
 
+@pytest.mark.slow
 def test_held_out_split_is_evaluated_and_overwrite_keeps_offline_wandb_runs(tmp_path, tiny_model_dir):
     import datasets
 

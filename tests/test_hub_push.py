@@ -89,6 +89,7 @@ def tensor_names(path: Path | bytes) -> list[str]:
         return sorted(f.keys())
 
 
+@pytest.mark.slow
 def test_online_run_pushes_once_to_main_after_training_and_never_saves_the_token(hub, tmp_path, tiny_model_dir):
     out, result = train(hub, tmp_path, tiny_model_dir, "--save_steps", "2", "--report_to", "wandb")
     assert result.returncode == 0, result.stdout[-3000:]
@@ -118,6 +119,7 @@ def test_online_run_pushes_once_to_main_after_training_and_never_saves_the_token
     assert_secret_nowhere(out, result)
 
 
+@pytest.mark.slow
 def test_checkpoints_go_to_branches_and_a_failing_one_does_not_fail_the_run(hub, tmp_path, tiny_model_dir):
     out = tmp_path / "run"
     rotated = {}
@@ -215,6 +217,7 @@ def test_offline_run_finishes_and_push_to_hub_pushes_it_later(hub, tmp_path, tin
     assert f"Skipped main: {REPO} already holds this run" in again.stdout
 
 
+@pytest.mark.slow
 def test_a_run_pushed_only_by_the_script_owns_its_record_of_pushes(hub, tmp_path, tiny_model_dir):
     """A run trained without pushing, pushed later by scripts/push_to_hub.py: the record the script writes is the
     run's, so replacing the run replaces it too (kept as a user's file, the next run's pushes would join the old

@@ -63,6 +63,7 @@ def pairs(rows: dict) -> list[tuple[str, str]]:
     return list(zip(rows["chosen"], rows["rejected"], strict=True))
 
 
+@pytest.mark.slow
 def test_load_dataset_reads_a_commit_by_sha_and_main_at_its_head(hub, commits, tmp_path):
     first, second = commits
     seen = run_online(hub, tmp_path, f"""
@@ -87,6 +88,7 @@ print(json.dumps({{
     assert all(r["auth"] is None for r in asked)  # HF_TOKEN="": no token sent, none needed
 
 
+@pytest.mark.slow
 def test_the_projects_loader_and_identity_read_a_hub_data_set_at_a_revision(hub, commits, tmp_path):
     first, second = commits
     seen = run_online(hub, tmp_path, f"""

@@ -197,6 +197,7 @@ def dry_run(*args, env=None):
     return json.loads(result.stdout[result.stdout.index("{\n") :])["derived"]["memory"]
 
 
+@pytest.mark.slow
 def test_dry_run_shows_the_plan_that_fits(olmo3):
     plan = dry_run("--config", "configs/think.yaml", "--model_name_or_path", olmo3["7b"], "--gpu_memory_gib", "179")
     assert plan["fits"] is True and plan["gpu_memory_source"] == "gpu_memory_gib"
@@ -207,6 +208,7 @@ def test_dry_run_shows_the_plan_that_fits(olmo3):
     assert plan["micro_batch_tokens"] == 65536 and plan["activation_checkpointing"] is True
 
 
+@pytest.mark.slow
 def test_plan_that_cannot_fit_is_refused_with_what_would_fit(olmo3):
     # 32B under ZeRO-2 on one node of 4 B200s: the whole bf16 weights on every GPU, beyond 179 GiB.
     result = dry_run("--config", "configs/think-32b.yaml", "--model_name_or_path", olmo3["32b"],
@@ -221,6 +223,7 @@ def test_plan_that_cannot_fit_is_refused_with_what_would_fit(olmo3):
     assert "Traceback" not in result.stdout
 
 
+@pytest.mark.slow
 @no_gpu
 def test_32b_recipe_fits_two_to_four_nodes_of_b200(olmo3):
     """configs/think-32b.yaml's engine, ZeRO-3, fits 2, 3 and 4 nodes of 4 B200s; one node is refused."""
@@ -299,6 +302,7 @@ def test_a_launched_job_plans_for_its_own_engine(olmo3):
     assert "error: memory plan: DeepSpeed ZeRO-3 on 4 GPUs needs" in result.stderr, result.stderr[-2000:]
 
 
+@pytest.mark.slow
 @no_gpu
 def test_a_run_launched_by_hand_plans_for_the_engine_it_runs_under(olmo3, tmp_path):
     """`accelerate launch` without launch.sh's dry run: the run plans for the engine of its launch (here DeepSpeed
@@ -322,6 +326,7 @@ def test_a_run_launched_by_hand_plans_for_the_engine_it_runs_under(olmo3, tmp_pa
     assert engines.launched().name == "single"  # this test process: no launcher
 
 
+@pytest.mark.slow
 @no_gpu
 def test_refusal_happens_only_with_a_known_gpu(olmo3):
     r = recipe("--model_name_or_path", olmo3["32b"], "--accelerate_config", "accelerate_config.yaml")
@@ -436,6 +441,7 @@ def test_readme_table_is_what_the_plan_says(olmo3):
 # --- activation checkpointing chosen by the plan ---
 
 
+@pytest.mark.slow
 def test_mixed_checkpointing_equals_a_trace_of_the_mixed_model():
     """Every k-th layer checkpointed (transformers' every_n_layers): the plan's combination of the 1- and 2-layer
     traces equals a trace of the whole 7-layer model checkpointed that way, for every k."""

@@ -4,6 +4,8 @@ tests/test_run_records.py."""
 import subprocess
 import sys
 
+import pytest
+
 from conftest import ROOT
 from dpotrain.train import memory_use
 from dpotrain.train.memory_use import MemoryUse
@@ -11,6 +13,7 @@ from dpotrain.train.memory_use import MemoryUse
 PLAN = {"per_gpu_gib": {"model_states": 40.0, "activations": 20.1, "total": 64.1}}
 
 
+@pytest.mark.slow
 def test_the_measured_peaks_are_this_process_real_size():
     """In a fresh process (this one's peak is whatever the session's largest test made it): memory touched past its
     start-up peak raises the peak."""

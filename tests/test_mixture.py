@@ -138,6 +138,7 @@ def one_process(files, tmp_path_factory):
     return out, dry.stdout, planned, json.loads((out / "resolved_config.json").read_text())
 
 
+@pytest.mark.slow
 def test_the_run_trains_exactly_the_pairs_the_mixture_names(one_process, files):
     out, _, _, resolved = one_process
     sources = by_source(resolved["derived"]["data_sources"], files)
@@ -149,6 +150,7 @@ def test_the_run_trains_exactly_the_pairs_the_mixture_names(one_process, files):
     assert all(r["identity"]["files"] for r in sources.values())  # each file's SHA-256
 
 
+@pytest.mark.slow
 def test_the_dry_run_and_the_model_card_describe_it_as_the_run_records_it(one_process, files):
     out, printed, planned, resolved = one_process
     recorded = resolved["derived"]["data_sources"]
@@ -162,6 +164,7 @@ def test_the_dry_run_and_the_model_card_describe_it_as_the_run_records_it(one_pr
         assert f"| `{r['source']}` | {r['rows_read']} |" in card and f"{r['token_share']:.1%}" in card
 
 
+@pytest.mark.slow
 def test_two_processes_take_the_same_pairs(one_process, files, tmp_path):
     out = tmp_path / "two"
     launch_smoke(2, [*mixer(files), "--output_dir", str(out), "--max_steps", "2", "--save_strategy", "no"])
@@ -172,6 +175,7 @@ def test_two_processes_take_the_same_pairs(one_process, files, tmp_path):
     ]
 
 
+@pytest.mark.slow
 def test_a_resumed_run_with_another_mixture_or_changed_file_is_refused(one_process, files, tmp_path):
     out = one_process[0]
     same = parse_args(["--config", SMOKE, *mixer(files), "--output_dir", str(out), "--max_steps", "2"])
@@ -197,6 +201,7 @@ def test_a_resumed_run_with_another_mixture_or_changed_file_is_refused(one_proce
 # --- refusals by source -----------------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_a_bad_row_is_named_by_its_source_and_line(files, tmp_path):
     rows = explicit_prompt(10)
     rows[6]["rejected"] = None
@@ -209,6 +214,7 @@ def test_a_bad_row_is_named_by_its_source_and_line(files, tmp_path):
     assert "line 7 of bad.jsonl" in error and "'rejected'" in error
 
 
+@pytest.mark.slow
 def test_skip_invalid_counts_per_source(files, tmp_path):
     rows = explicit_prompt(10)
     rows[2]["chosen"] = rows[2]["rejected"]
@@ -227,6 +233,7 @@ def test_skip_invalid_counts_per_source(files, tmp_path):
 # --- TRL's recipe -----------------------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_trls_datasets_recipe_trains(files, tmp_path):
     """`datasets:` as TRL's docs write it (path: json + data_files; TRL's `fraction` shares: normalized, the largest
     mixture that needs no row twice, the first rows), refused as "unknown key 'datasets'" before."""
@@ -258,6 +265,7 @@ def complete_cache(cache) -> dict:
         return {k: np.asarray(f[k]) for k in f.files}
 
 
+@pytest.mark.slow
 def test_a_source_added_scores_only_its_pairs_with_the_values_a_fresh_run_gets(files, tmp_path):
     """The mixture scored once (--reference-only), then trained with a fourth source: the first three sources' pairs
     come from the first run's cache (counted in the run's record), only the new ones are scored, and every pair's
@@ -289,6 +297,7 @@ def test_a_source_added_scores_only_its_pairs_with_the_values_a_fresh_run_gets(f
 # --- a preempted mixture run --------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_a_preempted_run_resumes_on_the_same_pairs_in_the_same_steps(files, tmp_path):
     """A stop request (the stop file Slurm's trap writes, tests/test_preemption.py) already there when training starts
     stops the run at step 1 with a checkpoint (the reference comes from the uninterrupted run's cache, so the stage has
@@ -328,6 +337,7 @@ def test_a_preempted_run_resumes_on_the_same_pairs_in_the_same_steps(files, tmp_
 # --- the held-out mixture ---------------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_evaluation_runs_on_the_held_out_mixture(files, tmp_path):
     """`--dataset_mixer_eval_list`: the held-out pairs are taken as a training mixture's are, recorded per source
     (`derived.eval_sources`, the dry run's the same), scored by the reference stage and evaluated on."""
@@ -357,6 +367,7 @@ def test_evaluation_runs_on_the_held_out_mixture(files, tmp_path):
     assert [r["step"] for r in evaluated if "eval_loss" in r] == [2]
 
 
+@pytest.mark.slow
 def test_eval_strategy_with_a_training_mixture_but_no_held_out_one_is_refused(files, tmp_path):
     result = run_train(["--config", SMOKE, *mixer(files), "--eval_strategy", "steps", "--eval_steps", "2",
                         "--dry-run", "--output_dir", str(tmp_path / "out")])  # fmt: skip
@@ -366,6 +377,7 @@ def test_eval_strategy_with_a_training_mixture_but_no_held_out_one_is_refused(fi
     assert "--dataset_mixer_eval_list SOURCE AMOUNT" in error and "Mixture:" not in result.stdout  # before any read
 
 
+@pytest.mark.slow
 def test_the_preflight_reads_the_mixture_training_takes_and_never_writes_over_a_source(files, tmp_path):
     """scripts/preflight.py (`PREFLIGHT=1` in the sbatch scripts) judges the pairs the run trains on: the mixture's,
     taken as training takes them, not `dataset_name` (unset with a mixture)."""

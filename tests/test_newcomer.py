@@ -167,6 +167,7 @@ def test_batch_flags_that_replace_the_recipes_pairs_per_step_are_said_with_the_f
 # --- 14: memory advice that moves the launch gives the dry run that checks it -----------------------------------------
 
 
+@pytest.mark.slow
 def test_every_launch_a_memory_refusal_offers_comes_with_a_dry_run_that_runs_as_printed(capsys, monkeypatch):
     """The README's second dry run (think on an 80 GB H100): options on another engine or node count name the sbatch
     line and the dry run that checks it; each dry run, typed as printed in the project folder, plans what it said."""
@@ -232,6 +233,7 @@ def short_run(tiny_model_dir, tmp_path_factory):
     return printed.getvalue(), out
 
 
+@pytest.mark.slow
 def test_each_logging_step_is_one_readable_line(short_run):
     import re
 
@@ -245,6 +247,7 @@ def test_each_logging_step_is_one_readable_line(short_run):
     assert re.search(r"trained to step 4/4 in [\d.]+ s, mean loss \d\.\d{4}", text), text[-2000:]
 
 
+@pytest.mark.slow
 def test_no_progress_bar_for_saving_or_an_index_and_no_collapse_warning_before_training(short_run):
     text, out = short_run
     assert (out / "checkpoint-2" / "COMPLETE").is_file()  # the saves happened, without their bars
@@ -255,6 +258,7 @@ def test_no_progress_bar_for_saving_or_an_index_and_no_collapse_warning_before_t
     assert not (out / "README.md").exists()
 
 
+@pytest.mark.slow
 def test_one_process_logs_its_tokens_per_second_once(short_run):
     import json
 
@@ -416,6 +420,7 @@ def test_one_dry_run_flag_however_it_is_spelled(spelling, capsys, no_credentials
     assert "memory/GPU:    ~" in out and "bf16/gpu" not in err
 
 
+@pytest.mark.slow
 def test_a_job_ends_at_its_dry_run_on_what_the_run_would_refuse(tmp_path):
     """scripts/launch.sh plans the job with a dry run first; what the run would refuse ends the job there, in
     seconds, with the run's own line, before any process starts (the dry run itself now plans past it)."""

@@ -182,6 +182,7 @@ def offline_job(hf_home) -> dict:
     return results_of(JOB, [THINK], {**job_env(hf_home, HF_TOKEN=SECRET), "PYTHONPATH": str(ROOT)})
 
 
+@pytest.mark.slow
 def test_the_cache_layout_is_the_one_the_libraries_read_offline(offline_job):
     assert offline_job["model"] == "Olmo3ForCausalLM"
     assert offline_job["processor"] == "<|im_end|>"  # the tokenizer with its config, not a bare one
@@ -189,15 +190,18 @@ def test_the_cache_layout_is_the_one_the_libraries_read_offline(offline_job):
     assert SECRET not in json.dumps(offline_job)
 
 
+@pytest.mark.slow
 def test_check_passes_when_everything_is_cached_and_is_fast(offline_job):
     assert offline_job["complete"] == "ok"
     assert offline_job["complete_seconds"] < 2
 
 
+@pytest.mark.slow
 def test_check_skips_builtin_models_and_local_data(offline_job):
     assert offline_job["local"] == "ok"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "case, library_case, names",
     [
@@ -227,6 +231,7 @@ def test_a_missing_piece_is_refused_with_the_prefetch_command(offline_job, hf_ho
         assert offline_job[library_case].startswith("FAILED")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "case, names",
     [
@@ -248,6 +253,7 @@ def test_a_missing_source_of_a_mixture_is_named_with_the_prefetch_command(offlin
     assert "Tiny-Prefs'" not in message  # the cached source is not named
 
 
+@pytest.mark.slow
 def test_the_shipped_recipe_names_its_hub_artifacts_and_no_overrides(offline_job, hf_home):
     message = offline_job["recipe_as_is"]
     assert "model 'geodesic-research/sfm-sft_dolci_think_unfiltered' is not cached" in message
@@ -314,18 +320,21 @@ def test_prefetch_has_nothing_to_fetch_for_local_recipes(capsys):
     assert "Nothing to fetch: builtin:tiny-olmo3 and data/smoke_prefs.jsonl are local." in capsys.readouterr().out
 
 
+@pytest.mark.slow
 def test_prefetch_offline_confirms_a_complete_cache(offline_job):
     assert (
         offline_job["prefetch"] == "Everything is cached already (HF_HUB_OFFLINE is set, so nothing was downloaded).\n"
     )
 
 
+@pytest.mark.slow
 def test_prefetch_offline_confirms_a_mixture_whose_hub_sources_are_cached(offline_job):
     assert offline_job["prefetch_mixture"] == (
         "Everything is cached already (HF_HUB_OFFLINE is set, so nothing was downloaded).\n"
     )
 
 
+@pytest.mark.slow
 def test_prefetch_offline_names_each_missing_hub_source_of_a_mixture(tmp_path):
     mix = ["--dataset_mixer_list", "org/set-a", "0.5", "data/smoke_prefs.jsonl", "10", "org/set-b", "100"]
     result = run_script("prefetch.py", ["--config", THINK, *mix], job_env(tmp_path / "empty"))
@@ -337,6 +346,7 @@ def test_prefetch_offline_names_each_missing_hub_source_of_a_mixture(tmp_path):
     )
 
 
+@pytest.mark.slow
 def test_prefetch_offline_with_an_empty_cache_says_so_in_one_line(tmp_path):
     result = run_script("prefetch.py", ["--config", THINK], job_env(tmp_path / "empty"))
     assert result.returncode == 2
@@ -408,6 +418,7 @@ def test_a_sharded_model_needs_every_shard(finished_run):
     assert hub.run_folder_problems(finished_run) == ["model-00002-of-00002.safetensors"]
 
 
+@pytest.mark.slow
 def test_push_refuses_without_a_token(tmp_path, finished_run):
     # The command line as a user without a login runs it: no HF_TOKEN, an empty HF_HOME (no cached login).
     env = {**os.environ, "HF_TOKEN": "", "HF_HOME": str(tmp_path / "hf")}
@@ -526,6 +537,7 @@ def test_write_access_says_when_the_hub_cannot_be_reached(monkeypatch):
 # --- a Hub that does not answer: refused in seconds, with the remedy ---------------------------------------------
 
 
+@pytest.mark.slow
 def test_the_probe_tells_a_silent_hub_from_one_that_answers(monkeypatch, silent_endpoint):
     from huggingface_hub import constants
 
@@ -545,6 +557,7 @@ def test_the_probe_tells_a_silent_hub_from_one_that_answers(monkeypatch, silent_
         server.close()
 
 
+@pytest.mark.slow
 def test_a_job_with_everything_cached_asks_the_hub_nothing(monkeypatch, hf_home, silent_endpoint):
     """Online, with model and data set in the cache, a silent Hub costs nothing: no request is made (a request would
     take PROBE_SECONDS and refuse the job); with one piece not cached, the job is refused with the prefetch command."""

@@ -38,6 +38,7 @@ def test_a_torn_last_record_is_dropped_once_with_a_warning_and_a_torn_middle_one
         records.read(path)
 
 
+@pytest.mark.slow
 def test_a_record_that_does_not_fit_leaves_no_part_of_its_line(tmp_path):
     """On a full disk (a real small tmpfs), an append fails whole: the file is byte for byte what it was."""
     folder = tmp_path / "disk"
@@ -93,6 +94,7 @@ def run_in(prefix, args, env=None) -> subprocess.CompletedProcess:
                           env={**os.environ, **(env or {})}, capture_output=True, text=True, timeout=300)  # fmt: skip
 
 
+@pytest.mark.slow
 def test_a_read_only_output_location_is_one_line_before_anything_loads(tmp_path, tiny_model_dir):
     shared = tmp_path / "outputs"
     shared.mkdir()
@@ -106,6 +108,7 @@ def test_a_read_only_output_location_is_one_line_before_anything_loads(tmp_path,
     assert "Data (train)" not in result.stdout + result.stderr  # refused before the data loaded, the model too
 
 
+@pytest.mark.slow
 def test_a_model_without_a_chat_template_for_message_lists_is_refused_as_the_analyzer_refuses_it(
     tmp_path, monkeypatch, capsys, tiny_model_dir
 ):
@@ -125,6 +128,7 @@ def test_a_model_without_a_chat_template_for_message_lists_is_refused_as_the_ana
     assert analyzer.returncode == 2 and analyzer.stderr.strip().splitlines()[-1] == line, analyzer.stderr[-2000:]
 
 
+@pytest.mark.slow
 def test_wandb_out_of_reach_is_refused_in_seconds_and_offline_mode_asks_nothing(
     tmp_path, monkeypatch, capsys, silent_endpoint
 ):
@@ -148,6 +152,7 @@ def test_wandb_out_of_reach_is_refused_in_seconds_and_offline_mode_asks_nothing(
     assert time.monotonic() - start < 1  # nothing asked
 
 
+@pytest.mark.slow
 def test_a_read_only_home_names_the_datasets_cache_not_the_data_file(tmp_path, tiny_model_dir):
     """DPOTRAIN_CACHE moved the project's caches off a read-only home; datasets' cache is still there."""
     home, cache = tmp_path / "home", tmp_path / "cache"
@@ -163,6 +168,7 @@ def test_a_read_only_home_names_the_datasets_cache_not_the_data_file(tmp_path, t
     )
 
 
+@pytest.mark.slow
 def test_ctrl_c_while_the_libraries_load_is_one_line():
     # SIGINT as a terminal's Ctrl-C delivers it (a shell's background job, which this may run under, ignores it)
     proc = subprocess.Popen([PYTHON, str(ROOT / "train_dpo.py"), "--config", SMOKE, "--dry-run"], cwd=ROOT,

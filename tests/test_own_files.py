@@ -66,6 +66,7 @@ def checkpoint_named_files(folder: Path) -> None:
     (folder / "checkpoint-4.bak" / "model.safetensors").write_bytes(b"a backup")
 
 
+@pytest.mark.slow
 def test_overwrite_replaces_only_the_runs_own_files(tmp_path, tiny_model_dir):
     out = tmp_path / "run"
     first = run_train(train_args(out, "--max_steps", "2", "--save_steps", "1", "--save_total_limit", "1"),
@@ -105,6 +106,7 @@ def test_overwrite_replaces_only_the_runs_own_files(tmp_path, tiny_model_dir):
     assert not (out / run_lock.LOCK_FILE).exists()
 
 
+@pytest.mark.slow
 def test_a_folder_that_holds_files_but_no_run_is_refused_whatever_the_flags(tmp_path, tiny_model_dir):
     # `--output_dir .` in a project, as in the issue: its README.md and config.json would have been replaced.
     project = tmp_path / "project"
@@ -125,6 +127,7 @@ def test_a_folder_that_holds_files_but_no_run_is_refused_whatever_the_flags(tmp_
     assert snapshot(project) == before
 
 
+@pytest.mark.slow
 def test_an_output_dir_that_is_a_file_is_refused_before_anything_loads(tmp_path, tiny_model_dir):
     target = tmp_path / "model.bin"
     target.write_bytes(b"weights I need")
@@ -167,6 +170,7 @@ def test_a_record_written_before_checkpoints_were_named_removes_only_checkpoint_
 # --- no command writes over one of its own inputs ---------------------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("target", ["data", "recipe"])
 def test_the_analyzer_refuses_to_write_its_report_over_an_input(tmp_path, tiny_model_dir, target):
     data = tmp_path / "pairs.jsonl"
@@ -210,6 +214,7 @@ def wait_for(predicate, process, timeout: float = 600) -> None:
         time.sleep(0.2)
 
 
+@pytest.mark.slow
 def test_a_second_run_on_the_same_folder_is_refused_and_the_first_completes_untouched(tmp_path, tiny_model_dir):
     out = tmp_path / "run"
     args = [python(), str(ROOT / "train_dpo.py"), *train_args(out, "--max_steps", "6", "--save_steps", "2",
@@ -234,6 +239,7 @@ def test_a_second_run_on_the_same_folder_is_refused_and_the_first_completes_unto
     assert not (out / run_lock.LOCK_FILE).exists()
 
 
+@pytest.mark.slow
 def test_the_lock_of_a_run_killed_with_sigkill_does_not_block_the_rerun(tmp_path, tiny_model_dir):
     out = tmp_path / "run"
     # 30 steps of ~0.1 s: the kill lands mid-run, well after checkpoint-2 (6 finished before it on a fast machine)
@@ -266,6 +272,7 @@ def hold_lock(out: Path, **env) -> subprocess.Popen:
     return holder
 
 
+@pytest.mark.slow
 def test_a_requeue_of_the_same_slurm_job_takes_over_its_lock(tmp_path, tiny_model_dir):
     out = tmp_path / "run"
     # The first start of job 4242 still holds the lock (alive, as far as this host can tell).

@@ -66,6 +66,7 @@ def loss_and_grads(trainer, indices):
     return loss.detach(), {n: p.grad.clone() for n, p in trainer.model.named_parameters()}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("model", ["olmo3", "llama"])
 # Summed-log-prob losses get standard DPO's beta 0.1: at the recipe's beta 5 (made for length-normalized losses) a
 # loss on 3,000-token sums moves with fp32's rounding of those sums, in either path.
@@ -115,6 +116,7 @@ def test_packed_equals_padded(tmp_path, tiny_model_dir, llama_dir, rows, model, 
         assert (grads_packed[name] - g).abs().max() <= 1e-5 + 1e-4 * g.abs().max(), name
 
 
+@pytest.mark.slow
 def test_model_whose_layers_mix_packed_sequences_gets_the_padded_path(tmp_path, tiny_model_dir, rows):
     """OLMo hybrid's linear-attention layers carry state along the row: packed log-probs differ from padded ones.
     That is why such models get the padded path: shown here, not assumed."""

@@ -24,6 +24,7 @@ def built(tmp_path, model_dir, *overrides):
     return trainer_on(recipe, datasets.Dataset.from_list(builtin.make_preference_rows(40, seed=5)))
 
 
+@pytest.mark.slow
 def test_building_the_trainer_plans_nothing_and_an_unplanned_trainer_is_refused(tmp_path, tiny_model_dir):
     trainer = built(tmp_path, tiny_model_dir, "--gradient_accumulation_steps", "3")
     # One item per optimizer step from construction on: what transformers filled DeepSpeed's "auto" values from.
@@ -61,6 +62,7 @@ def test_a_step_that_cannot_be_cut_is_refused_by_the_plan_stage_not_by_building(
         plan_stage.run_stage(trainer)
 
 
+@pytest.mark.slow
 def test_train_dpo_runs_its_stages_in_order(tmp_path, tiny_model_dir):
     """build -> plan -> reference, each stage's line in that order (a reference-only run: no training needed)."""
     rows = tmp_path / "pairs.jsonl"

@@ -51,6 +51,7 @@ def test_the_longest_sequence_is_the_datas_only_where_every_pair_was_measured():
         positions.check(Qwen2Config(max_position_embeddings=4096), "m", 8192, pairs, whole_split=True)
 
 
+@pytest.mark.slow
 def test_the_run_and_its_dry_run_refuse_a_max_length_past_the_models_positions_before_it_loads(tmp_path):
     out = tmp_path / "run"
     for extra in (["--dry-run"], []):
@@ -64,6 +65,7 @@ def test_the_run_and_its_dry_run_refuse_a_max_length_past_the_models_positions_b
         assert "Loading weights" not in result.stdout and not (out / "resolved_config.json").exists()
 
 
+@pytest.mark.slow
 def test_a_max_length_past_the_models_positions_is_taken_when_the_analyzer_measured_every_pair_within_them(tmp_path):
     """The analyzer's cache holds every pair's lengths: the longest (~550 tokens) is what reaches the model."""
     analyzed = subprocess.run([python(), str(ROOT / "scripts" / "analyze_dataset.py"), *SMOKE], cwd=ROOT,

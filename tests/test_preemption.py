@@ -138,6 +138,7 @@ def test_a_closed_terminal_checkpoints_and_frees_the_folder(tmp_path, tiny_model
     assert not (out / "run_complete.json").exists() and not (out / "run.lock").exists()
 
 
+@pytest.mark.slow
 def test_a_second_signal_does_not_end_the_process():
     # On a preemption Slurm signals every process of the job, and srun forwards its own SIGTERM to the tasks again: a
     # second signal must not kill a worker that is writing its checkpoint (Slurm's SIGKILL ends it after GraceTime).
@@ -155,6 +156,7 @@ print("still alive, asked:", stop.asked_here(), stop.signal_received, flush=True
     assert result.returncode == 0 and result.stdout.strip() == f"still alive, asked: True {int(signal.SIGTERM)}"
 
 
+@pytest.mark.slow
 def test_a_stop_file_in_a_read_only_folder_is_refused_at_start(tmp_path):
     folder = tmp_path / "logs"
     folder.mkdir()

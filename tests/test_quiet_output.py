@@ -2,6 +2,8 @@
 
 import warnings
 
+import pytest
+
 from dpotrain.data import builtin
 from dpotrain.plan import memory
 from dpotrain.recipe.config import parse_args
@@ -25,6 +27,7 @@ def test_the_builtin_models_planning_config_is_the_config_it_is_built_with(tmp_p
     assert built.eos_token_id == planned.eos_token_id and built.vocab_size == len(tokenizer)
 
 
+@pytest.mark.slow
 def test_the_demo_prints_no_warning_to_ignore_and_a_short_readable_start(demo_run):
     """The README's demo as a newcomer runs it: no warning about the built-in model's config or pinned memory on a
     machine without a GPU, and the resolved configuration as the dry run's few lines, not a 2,000-character JSON."""

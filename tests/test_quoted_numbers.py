@@ -51,6 +51,7 @@ QUOTES = [
 ]  # fmt: skip
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the quotes are for the recipes' GPUs, planned from a CPU")
 def test_every_quoted_memory_figure_is_the_dry_runs(monkeypatch, capsys, tmp_path):
     monkeypatch.setenv("WANDB_MODE", "offline")  # the dry run checks W&B as the run does; these recipes report to it

@@ -168,6 +168,7 @@ def cut_rows() -> list[dict]:
     return out
 
 
+@pytest.mark.slow
 def test_pairs_cut_and_dropped_are_counted_the_same_by_the_run_and_the_analyzer(analyzer, tmp_path, tiny_model_dir,
                                                                                  tokenizer, capsys):  # fmt: skip
     path = write_jsonl(tmp_path / "pairs.jsonl", cut_rows())

@@ -46,6 +46,7 @@ def ref_columns(trainer):
     return trainer.train_dataset["ref_chosen_logps"], trainer.train_dataset["ref_rejected_logps"]
 
 
+@pytest.mark.slow
 def test_reused_when_only_training_arguments_or_the_layout_change(tmp_path, tiny_model_dir, cache, capsys):
     rows = builtin.make_preference_rows(24, seed=3)
     first = build(tmp_path / "a", tiny_model_dir, rows)
@@ -63,6 +64,7 @@ def test_reused_when_only_training_arguments_or_the_layout_change(tmp_path, tiny
     assert not any(k in meta for k in ("world_size", "micro_batches_sha256", "pairs_per_step"))
 
 
+@pytest.mark.slow
 def test_recomputed_when_model_data_tokenizer_or_max_length_change(tmp_path, tiny_model_dir, cache):
     rows = builtin.make_preference_rows(16, seed=3)
     base = build(tmp_path / "base", tiny_model_dir, rows)
@@ -110,6 +112,7 @@ def test_recomputed_when_model_data_tokenizer_or_max_length_change(tmp_path, tin
     assert new_entry() and ref_columns(reweighted) != ref_columns(base)
 
 
+@pytest.mark.slow
 def test_step_one_is_ln_2_within_rounding_and_the_stage_scores_as_training_would(tmp_path, tiny_model_dir, cache):
     """The stage scores in micro-batches of its own, not training's, so a pair's sums differ from the policy's at step
     1 in their last bits only: measured here, <= 2e-7 relative (1e-5 allowed: what "the same log-probs" means in fp32,
@@ -317,6 +320,7 @@ def stopped_after_a_part(trainer, dataset, layout, cache, stop_file):
     return new
 
 
+@pytest.mark.slow
 def test_a_truncated_part_is_named_and_its_pairs_scored_again(tmp_path, tiny_model_dir, cache, capsys, monkeypatch):
     import numpy as np
 

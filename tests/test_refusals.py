@@ -243,6 +243,7 @@ def test_save_strategy_no_in_a_slurm_job_says_what_it_risks_at_start(tmp_path, m
                                        "memory) restarts from step 0\n")  # fmt: skip
 
 
+@pytest.mark.slow
 def test_a_real_process_exits_2_with_one_line(tmp_path):
     result = run_train(["--config", SMOKE, "--output_dir", str(tmp_path / "r"), "--loss_type", "sigmoid_nrom"],
                        env={"DPOTRAIN_BUILTIN_DIR": str(tmp_path / "builtin")})  # fmt: skip

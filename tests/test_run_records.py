@@ -2,6 +2,7 @@
 
 import json
 
+import pytest
 from test_honest_runs import first_pairs
 
 from conftest import ROOT, run_train
@@ -10,6 +11,7 @@ from dpotrain.train.metrics import read_metrics
 SMOKE = str(ROOT / "configs" / "smoke.yaml")
 
 
+@pytest.mark.slow
 def test_the_last_step_the_run_name_and_resolved_numbers_are_recorded(tmp_path, tiny_model_dir):
     """5 steps logged every 2: metrics.jsonl, run_complete.json and the card end at step 5, not 4; the card and
     plot are titled with the folder the user named, and the card shows warm-up in steps and the batches as cut."""

@@ -24,6 +24,7 @@ def test_repetition_flags_a_loop_and_not_prose():
     assert prose["repetition"] == 0 and prose["longest_run"][1] == 1
 
 
+@pytest.mark.slow
 def test_samples_every_n_steps_from_the_datas_first_prompts(tmp_path, tiny_model_dir):
     out = tmp_path / "run"
     recipe = parse_args(["--config", SMOKE, "--model_name_or_path", tiny_model_dir, "--output_dir", str(out),
@@ -40,6 +41,7 @@ def test_samples_every_n_steps_from_the_datas_first_prompts(tmp_path, tiny_model
     assert trainer.state.global_step == 4
 
 
+@pytest.mark.slow
 def test_sample_prompts_from_the_recipe(tmp_path, tiny_model_dir):
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("Tell me about tides.\nWhat is 2 plus 2?\n")

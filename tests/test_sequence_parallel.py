@@ -226,6 +226,7 @@ def score_split_on_flex(rank: int, model_dir: str, port: int, out: str) -> None:
     torch.save({"split": split, "whole": whole, "width": batch["input_ids"].shape[1]}, f"{out}/rank{rank}.pt")
 
 
+@pytest.mark.slow
 def test_two_processes_splitting_rows_on_flex_attention_score_what_one_process_scores(tmp_path, tiny_model_dir):
     """flex_attention under N=2, forward only (CPU has no flex backward): each process holds half of every packed row,
     the project's block masks of the WHOLE rows (shared prompts, sliding windows) pass through the all-to-all unchanged,
@@ -316,6 +317,7 @@ def score_split_on_varlen(rank: int, model_dir: str, port: int, out: str) -> Non
     torch.save(result, f"{out}/rank{rank}.pt")
 
 
+@pytest.mark.slow
 def test_two_processes_splitting_a_row_on_a_varlen_kernel_score_and_train_what_one_process_does(
     tmp_path, tiny_model_dir
 ):

@@ -44,6 +44,7 @@ def think_dry_run(*args, env=None):
 # --- the issue's "Done when": 64K traces on one node of 8 x H100 ---
 
 
+@pytest.mark.slow
 @no_gpu
 def test_64k_traces_fit_one_h100_node_with_a_group_of_four():
     resolved = think_dry_run(*LONG, "--gpu_memory_gib", "79.6", "--sequence_parallel_size", "4", env=H100_NODE)
@@ -58,6 +59,7 @@ def test_64k_traces_fit_one_h100_node_with_a_group_of_four():
     assert "128 pairs, over 2 data-parallel ranks" in text
 
 
+@pytest.mark.slow
 @no_gpu
 def test_64k_traces_without_it_are_refused_naming_the_group_that_fits():
     result = think_dry_run(*LONG, "--gpu_memory_gib", "79.6", env=H100_NODE)
@@ -70,6 +72,7 @@ def test_64k_traces_without_it_are_refused_naming_the_group_that_fits():
     assert "--max_length" not in offered, error
 
 
+@pytest.mark.slow
 @no_gpu
 def test_a_varlen_kernel_is_offered_the_group_that_fits():
     """A recipe that names a varlen FlashAttention kernel is offered a group as flex and sdpa are (the split carries
@@ -82,6 +85,7 @@ def test_a_varlen_kernel_is_offered_the_group_that_fits():
     assert "masks 0.0" in error and "these fit: [1] add `--sequence_parallel_size 4` (~" in error, error
 
 
+@pytest.mark.slow
 @no_gpu
 def test_no_group_is_offered_to_an_attention_a_group_does_not_run():
     """eager attention has no split (Ulysses takes boolean masks): a refusal names what fits without a group."""
@@ -112,6 +116,7 @@ def _groups_worker(rank: int, world: int, n: int, port: int, out) -> None:
     dist.destroy_process_group()
 
 
+@pytest.mark.slow
 def test_a_data_parallel_rank_is_one_of_deepspeeds_sequence_parallel_groups():
     """Every process of a DeepSpeed Ulysses group has the same data-parallel rank (the group reads one micro-batch),
     its place in the group is `sequence_parallel_rank`, and ZeRO's group spans the world (model states do not change
@@ -199,6 +204,7 @@ def test_a_group_the_launch_cannot_form_is_refused(monkeypatch, world, n, config
         stages.checks(recipe)
 
 
+@pytest.mark.slow
 @no_gpu
 def test_heads_a_group_cannot_split_are_refused_by_the_dry_run():
     result = think_dry_run("--sequence_parallel_size", "3", env={"WORLD_SIZE": "6"})
@@ -303,6 +309,7 @@ def test_the_dry_run_records_the_data_parallel_degree(monkeypatch):
     }
 
 
+@pytest.mark.slow
 @no_gpu
 def test_the_analyzer_says_which_group_carries_a_max_length(tmp_path):
     """Asked about 64K traces for the think recipe on one node of 8 H100s, the analyzer names the group that carries

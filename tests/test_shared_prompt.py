@@ -58,6 +58,7 @@ def per_token(model, batch):
     return packing.unpack_outputs(packing.forward(model, batch), batch).log_probs
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("model, attn", [("olmo3", "sdpa"), ("olmo3", "eager"), ("llama", "sdpa")])
 def test_shared_equals_unshared_log_probs(model, attn, tiny_model_dir, llama_dir):
     model_dir = tiny_model_dir if model == "olmo3" else llama_dir
@@ -146,6 +147,7 @@ def perturb(model, seed=1):
                 p.add_(torch.randn(p.shape, generator=generator) * 0.02)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "extra",
     [[], ["--ld_alpha", "0.5", "--assistant_turns", "final"], ["--loss_type", "sigmoid", "ipo", "--beta", "0.1"],
@@ -169,6 +171,7 @@ def test_loss_and_gradients_equal_unshared_packing(tmp_path, tiny_model_dir, ext
         assert (grads_s[name] - g).abs().max() <= 1e-6 + 1e-5 * g.abs().max(), name
 
 
+@pytest.mark.slow
 def test_step_one_is_ln2_with_the_cache(tmp_path, tiny_model_dir, monkeypatch):
     monkeypatch.setenv("DPOTRAIN_CACHE", str(tmp_path / "cache"))
     trainer = trainer_for(tmp_path / "run", tiny_model_dir, builtin.make_preference_rows(32, seed=5), "--max_steps",

@@ -60,6 +60,7 @@ def test_job_completes_with_gpus_per_node_0(slurm, tmp_path):
     assert out.read_text() == (f"hello from job {job}\ngpus per node: 0\n")
 
 
+@pytest.mark.slow
 def test_requeued_job_reruns_and_appends(slurm, tmp_path):
     script = write_script(
         tmp_path / "requeue.sh",
@@ -155,6 +156,7 @@ def wait_for_line(path, text, job, slurm, timeout=60):
         time.sleep(0.2)
 
 
+@pytest.mark.slow
 def test_preemption_signals_the_steps_and_a_job_that_ends_within_its_grace_time_is_not_requeued(slurm, tmp_path):
     """What scripts/launch.sh builds on: a job preempted by one in the higher-priority partition gets SIGTERM in its
     steps at once, none in its batch shell, and stays RUNNING through the partition's GraceTime; a job that ends in

@@ -376,6 +376,7 @@ def test_job_with_a_stale_build_lock_fails_at_once_naming_the_file(slurm, tmp_pa
     assert lock.exists()  # reported, not removed: a job on another node might be compiling
 
 
+@pytest.mark.slow
 def test_job_refuses_a_batch_its_size_cannot_reach():
     # Micro-batches of 4 pairs instead of the recipe's token budget, on 3 nodes x 4 GPUs = 12 processes: 128 pairs
     # per step is not a whole number of micro-steps. (Under a token budget, 128 pairs split over any 12 processes.)

@@ -40,6 +40,7 @@ def assert_same_decisions(dry: dict, ran: dict) -> None:
     assert d_memory == r_memory
 
 
+@pytest.mark.slow
 def test_the_dry_run_records_what_the_run_writes_on_one_process(tmp_path):
     # bf16 on the CPU (use_cpu): a memory plan is made, for this machine, not for a GPU node.
     args = ["--max_steps", "2", "--use_cpu", "true", "--bf16", "true", "--save_strategy", "no"]
@@ -51,6 +52,7 @@ def test_the_dry_run_records_what_the_run_writes_on_one_process(tmp_path):
     assert_same_decisions(dry, json.loads((tmp_path / "run" / "resolved_config.json").read_text()))
 
 
+@pytest.mark.slow
 def test_the_dry_run_records_what_a_two_process_launch_writes(tmp_path):
     launch = ["--accelerate_config", str(ROOT / "accelerate_config.yaml")]
     args = ["--max_steps", "2", "--save_strategy", "no", "--output_dir", str(tmp_path / "run")]
@@ -62,6 +64,7 @@ def test_the_dry_run_records_what_a_two_process_launch_writes(tmp_path):
     assert_same_decisions(dry, ran)
 
 
+@pytest.mark.slow
 def test_each_decision_is_made_once_per_run_and_per_dry_run(tmp_path, monkeypatch, capsys):
     calls = {"memory plan": 0, "analyzer cache read": 0, "max_length": 0, "world size": 0}
 
@@ -98,6 +101,7 @@ def test_the_recipes_env_block_sets_what_the_environment_does_not(tmp_path, caps
     assert os.environ["DPOTRAIN_RECIPE_FLAG"] == "on" and os.environ["DPOTRAIN_SET_BY_USER"] == "environment"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dry", [True, False])
 def test_an_empty_chosen_in_a_local_file_is_refused_by_the_dry_run_as_by_the_run(tmp_path, dry):
     rows = [json.loads(line) for line in (ROOT / "data" / "smoke_prefs.jsonl").read_text().splitlines()[:32]]
@@ -112,6 +116,7 @@ def test_an_empty_chosen_in_a_local_file_is_refused_by_the_dry_run_as_by_the_run
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.slow
 def test_a_dry_run_json_is_stdout_alone_where_libraries_print(tmp_path):
     # W&B configured (offline) as a user would: what libraries print goes to stderr.
     dry = dry_json(["--report_to", "wandb", "--output_dir", str(tmp_path / "run")], env={"WANDB_MODE": "offline"})

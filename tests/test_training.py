@@ -36,6 +36,7 @@ def smoke_trainer(tmp_path, model_dir, *overrides, rows: int):
     return ready(trainer_on(recipe, dataset.select(range(rows))))
 
 
+@pytest.mark.slow
 def test_first_loss_is_ln2_and_rewards_zero(tmp_path, tiny_model_dir):
     # Policy and reference start identical, so every log-ratio is 0: loss = -log sigmoid(0) = ln 2, rewards 0.
     trainer = smoke_trainer(tmp_path, tiny_model_dir, "--max_steps", "2", "--logging_steps", "1", rows=16)
@@ -48,6 +49,7 @@ def test_first_loss_is_ln2_and_rewards_zero(tmp_path, tiny_model_dir):
     assert all(abs(first[f"rewards/{k}"]) < 1e-4 for k in ("chosen", "rejected", "margins")), first  # beta x sums
 
 
+@pytest.mark.slow
 def test_training_changes_every_parameter_and_lowers_the_loss(tmp_path, tiny_model_dir):
     trainer = smoke_trainer(
         tmp_path, tiny_model_dir, "--max_steps", "12", "--logging_steps", "1", "--warmup_steps", "0", rows=96
