@@ -91,15 +91,18 @@ class _Warm:
             env = {**BASE_ENV, "DPOTRAIN_WARM_LOG": str(cls.folder / "requests.log")}
             serve = [PYTHON, str(WARM_HELPER), "serve", str(cls.folder / "socket"), str(ROOT)]
             with open(cls.folder / "server.log", "w") as log:
-                cls.server = subprocess.Popen(serve, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log,
-                                              text=True, env=env)  # fmt: skip
+                cls.server = subprocess.Popen(
+                    serve, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, text=True, env=env
+                )
             if cls.server.stdout.readline().strip() != "ready":
                 raise RuntimeError(f"the warm server did not start: {(cls.folder / 'server.log').read_text()[-3000:]}")
             for name, unbuffered in (("python", False), ("python-u", True)):  # torchrun's ranks run `python -u`
                 client = cls.folder / name
-                client.write_text(f"#!{PYTHON} -S\nimport sys\nsys.path.insert(0, {str(WARM_HELPER.parent)!r})\n"
-                                  f"import warm\nwarm.client({str(cls.folder / 'socket')!r}, {PYTHON!r}, "
-                                  f"sys.argv[1:], {unbuffered})\n")  # fmt: skip
+                client.write_text(
+                    f"#!{PYTHON} -S\nimport sys\nsys.path.insert(0, {str(WARM_HELPER.parent)!r})\n"
+                    f"import warm\nwarm.client({str(cls.folder / 'socket')!r}, {PYTHON!r}, "
+                    f"sys.argv[1:], {unbuffered})\n"
+                )
                 client.chmod(0o755)
         return cls.folder
 
@@ -171,12 +174,23 @@ def launch_smoke(processes: int, args: list[str], env: dict | None = None, timeo
     accelerate_config.yaml, ZeRO-2), run here outside Slurm, which changes nothing it computes: the uninterrupted run
     a preempted job is compared with. Ranks start as `rank_python()`; the venv's bin is first on PATH, as in a job."""
     bin_dir = os.path.dirname(PYTHON)
-    cmd = [os.path.join(bin_dir, "accelerate"), "launch", "--config_file", str(ROOT / "accelerate_config.yaml"),
-           "--num_processes", str(processes), *rank_python(), str(ROOT / "train_dpo.py"), "--config",
-           str(ROOT / "configs" / "smoke.yaml"), *args]  # fmt: skip
+    cmd = [
+        os.path.join(bin_dir, "accelerate"),
+        "launch",
+        "--config_file",
+        str(ROOT / "accelerate_config.yaml"),
+        "--num_processes",
+        str(processes),
+        *rank_python(),
+        str(ROOT / "train_dpo.py"),
+        "--config",
+        str(ROOT / "configs" / "smoke.yaml"),
+        *args,
+    ]
     env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", **(env or {})}
-    result = subprocess.run(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            timeout=timeout)  # fmt: skip
+    result = subprocess.run(
+        cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=timeout
+    )
     assert result.returncode == 0, result.stdout[-3000:]
 
 
@@ -234,8 +248,15 @@ def demo_run(tmp_path_factory, silent_endpoint):
     (project / "logs").mkdir()
     (project / ".venv").symlink_to(venv.resolve())
     home = tmp_path_factory.mktemp("home")
-    env = {"HOME": str(home), "PATH": FRESH_PATH, "LANG": "C.UTF-8", "HF_ENDPOINT": silent_endpoint,
-           "PIP_NO_INDEX": "1", "WANDB_MODE": "offline", **DEMO_SECRETS}  # fmt: skip
+    env = {
+        "HOME": str(home),
+        "PATH": FRESH_PATH,
+        "LANG": "C.UTF-8",
+        "HF_ENDPOINT": silent_endpoint,
+        "PIP_NO_INDEX": "1",
+        "WANDB_MODE": "offline",
+        **DEMO_SECRETS,
+    }
     result = subprocess.run(
         ["bash", "--noprofile", "--norc", "-c", "bash scripts/demo.sh --report_to wandb"],
         cwd=project,
@@ -309,8 +330,9 @@ def splits(tmp_path_factory):
 
     rows = builtin.make_preference_rows(60, seed=13)
     path = tmp_path_factory.mktemp("data") / "pairs"
-    datasets.DatasetDict({"train": datasets.Dataset.from_list(rows[:48]),
-                          "test": datasets.Dataset.from_list(rows[48:])}).save_to_disk(path)  # fmt: skip
+    datasets.DatasetDict(
+        {"train": datasets.Dataset.from_list(rows[:48]), "test": datasets.Dataset.from_list(rows[48:])}
+    ).save_to_disk(path)
     return path
 
 

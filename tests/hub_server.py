@@ -197,10 +197,16 @@ class Handler(http.server.BaseHTTPRequestHandler):
                 break
         params = {k: unquote(v) for k, v in (match.groupdict() if match else {}).items() if v is not None}
         record = {
-            "method": method, "kind": kind, "path": url.path, "query": parse_qs(url.query),
-            "repo": params.get("repo"), "revision": params.get("rev"), "auth": self.headers.get("Authorization"),
-            "range": self.headers.get("Range"), "time": time.time(),
-        }  # fmt: skip
+            "method": method,
+            "kind": kind,
+            "path": url.path,
+            "query": parse_qs(url.query),
+            "repo": params.get("repo"),
+            "revision": params.get("rev"),
+            "auth": self.headers.get("Authorization"),
+            "range": self.headers.get("Range"),
+            "time": time.time(),
+        }
         with self.state.lock:
             self.state.requests.append(record)
             left = self.state.fail.get((kind, params.get("rev")), 0)
@@ -243,8 +249,10 @@ class Handler(http.server.BaseHTTPRequestHandler):
         repo = f"{payload['organization'] or self.state.whoami['name']}/{payload['name']}"
         status = self.state.create_status.get(repo.split("/")[0], 200)
         if status != 200:
-            return self.reply(status, {"error": f"You don't have the rights to create a model under the namespace "
-                                                f"\"{repo.split('/')[0]}\""})  # fmt: skip
+            return self.reply(
+                status,
+                {"error": f'You don\'t have the rights to create a model under the namespace "{repo.split("/")[0]}"'},
+            )
         if not self.state.add_repo(repo):
             return self.reply(409, {"error": "You already created this model repo", "url": self.url(repo)})
         self.reply(200, {"url": self.url(repo), "name": repo, "id": repo})
@@ -256,11 +264,24 @@ class Handler(http.server.BaseHTTPRequestHandler):
             return
         repo = params["repo"]
         sha = self.state.heads[(repo, "main")]
-        self.reply(200, {
-            "_id": sha[:24], "id": repo, "author": repo.split("/")[0], "sha": sha, "private": False, "gated": False,
-            "disabled": False, "downloads": 0, "likes": 0, "tags": [], "createdAt": COMMIT_DATE,
-            "lastModified": COMMIT_DATE, "siblings": [{"rfilename": path} for path in sorted(files)],
-        })  # fmt: skip
+        self.reply(
+            200,
+            {
+                "_id": sha[:24],
+                "id": repo,
+                "author": repo.split("/")[0],
+                "sha": sha,
+                "private": False,
+                "gated": False,
+                "disabled": False,
+                "downloads": 0,
+                "likes": 0,
+                "tags": [],
+                "createdAt": COMMIT_DATE,
+                "lastModified": COMMIT_DATE,
+                "siblings": [{"rfilename": path} for path in sorted(files)],
+            },
+        )
 
     def create_branch(self, params, body, query):
         repo, branch = params["repo"], params["rev"]
@@ -337,12 +358,25 @@ class Handler(http.server.BaseHTTPRequestHandler):
         if found is None:
             return
         sha, files = found
-        self.reply(200, {
-            "_id": sha[:24], "id": params["repo"], "author": params["repo"].split("/")[0], "sha": sha,
-            "private": False, "gated": False, "disabled": False, "downloads": 0, "likes": 0, "tags": [],
-            "cardData": card_data(files), "createdAt": COMMIT_DATE, "lastModified": COMMIT_DATE,
-            "siblings": [{"rfilename": path} for path in sorted(files)],
-        })  # fmt: skip
+        self.reply(
+            200,
+            {
+                "_id": sha[:24],
+                "id": params["repo"],
+                "author": params["repo"].split("/")[0],
+                "sha": sha,
+                "private": False,
+                "gated": False,
+                "disabled": False,
+                "downloads": 0,
+                "likes": 0,
+                "tags": [],
+                "cardData": card_data(files),
+                "createdAt": COMMIT_DATE,
+                "lastModified": COMMIT_DATE,
+                "siblings": [{"rfilename": path} for path in sorted(files)],
+            },
+        )
 
     def dataset_tree(self, params, body, query):
         found = self.dataset_at(params["repo"], params["rev"])

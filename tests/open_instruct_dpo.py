@@ -25,8 +25,9 @@ def tokenize(messages: list[dict], tokenizer, max_length: int) -> tuple[list[int
     """(input_ids, labels) of one side, -100 where open-instruct masks."""
 
     def rendered(upto: int, generation: bool) -> list[int]:
-        ids = tokenizer.apply_chat_template(messages[:upto], tokenize=True, return_dict=True,
-                                            add_generation_prompt=generation)["input_ids"]  # fmt: skip
+        ids = tokenizer.apply_chat_template(
+            messages[:upto], tokenize=True, return_dict=True, add_generation_prompt=generation
+        )["input_ids"]
         return list(ids)[:max_length]  # truncation=True, max_length=max_seq_length: the start is kept
 
     input_ids = rendered(len(messages), False)

@@ -42,8 +42,16 @@ def torchrun(tmp_path, differ: bool) -> str:
     script.write_text(CHECK.format(root=str(ROOT), out=str(out)))
     # (ranks that agree: every multi-process training test)
     env = {**os.environ, "DPOTRAIN_TEST_DIFFER": "1" if differ else ""}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", *rank_python(),
-           str(script)]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node",
+        "2",
+        *rank_python(),
+        str(script),
+    ]
     result = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     return "".join(p.read_text() for p in sorted(out.iterdir()))
@@ -52,8 +60,10 @@ def torchrun(tmp_path, differ: bool) -> str:
 @pytest.mark.slow
 def test_a_difference_between_two_ranks_is_one_line_naming_the_rank(tmp_path):
     lines = sorted(line for line in torchrun(tmp_path, differ=True).splitlines() if line.startswith("rank"))
-    want = ("error: ranks disagree on the resume point: rank 1 has out/checkpoint-40, rank 0 has None: every node "
-            "must see the same output_dir (a shared file system, not a node-local one)")  # fmt: skip
+    want = (
+        "error: ranks disagree on the resume point: rank 1 has out/checkpoint-40, rank 0 has None: every node "
+        "must see the same output_dir (a shared file system, not a node-local one)"
+    )
     assert lines == [f"rank 0: {want}", f"rank 1: {want}"]  # every rank stops, with the same line
 
 
@@ -79,13 +89,36 @@ def test_two_ranks_given_different_data_are_refused_at_start(tmp_path, tiny_mode
     wrapper = tmp_path / "wrapper.py"
     wrapper.write_text(WRAPPER.format(root=str(ROOT), train=str(ROOT / "train_dpo.py"), other=str(other)))
     accelerate = str(ROOT / ".venv" / "bin" / "accelerate")
-    cmd = [accelerate, "launch", "--config_file", str(ROOT / "accelerate_config.yaml"), "--num_processes", "2",
-           *rank_python(), str(wrapper), "--config", str(ROOT / "configs" / "smoke.yaml"), "--model_name_or_path",
-           tiny_model_dir, "--dataset_name", str(same), "--output_dir", str(tmp_path / "run"), "--max_steps", "2",
-           "--warmup_steps", "0", "--report_to", "none", "--save_strategy", "no"]  # fmt: skip
+    cmd = [
+        accelerate,
+        "launch",
+        "--config_file",
+        str(ROOT / "accelerate_config.yaml"),
+        "--num_processes",
+        "2",
+        *rank_python(),
+        str(wrapper),
+        "--config",
+        str(ROOT / "configs" / "smoke.yaml"),
+        "--model_name_or_path",
+        tiny_model_dir,
+        "--dataset_name",
+        str(same),
+        "--output_dir",
+        str(tmp_path / "run"),
+        "--max_steps",
+        "2",
+        "--warmup_steps",
+        "0",
+        "--report_to",
+        "none",
+        "--save_strategy",
+        "no",
+    ]
     env = {**os.environ, "PATH": f"{os.path.dirname(sys.executable)}:{os.environ['PATH']}"}
-    result = subprocess.run(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            timeout=900)  # fmt: skip
+    result = subprocess.run(
+        cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=900
+    )
     assert result.returncode != 0
     errors = {line for line in result.stdout.splitlines() if line.startswith("error:")}
     assert len(errors) == 1, result.stdout[-4000:]
@@ -108,9 +141,26 @@ def test_the_evaluation_set_is_among_what_the_ranks_must_agree_on(tmp_path, tiny
     train = datasets.Dataset.from_list(builtin.make_preference_rows(40, seed=5))
     held_out = datasets.Dataset.from_list(builtin.make_preference_rows(12, seed=6))
     datasets.DatasetDict({"train": train, "test": held_out}).save_to_disk(tmp_path / "pairs")  # a split to evaluate on
-    args = ["--config", str(ROOT / "configs" / "smoke.yaml"), "--model_name_or_path", tiny_model_dir,
-            "--dataset_name", str(tmp_path / "pairs"), "--output_dir", str(tmp_path / "run"), "--report_to", "none",
-            "--save_strategy", "no", "--eval_strategy", "steps", "--eval_steps", "2", "--max_steps", "2"]  # fmt: skip
+    args = [
+        "--config",
+        str(ROOT / "configs" / "smoke.yaml"),
+        "--model_name_or_path",
+        tiny_model_dir,
+        "--dataset_name",
+        str(tmp_path / "pairs"),
+        "--output_dir",
+        str(tmp_path / "run"),
+        "--report_to",
+        "none",
+        "--save_strategy",
+        "no",
+        "--eval_strategy",
+        "steps",
+        "--eval_steps",
+        "2",
+        "--max_steps",
+        "2",
+    ]
     seen = []
     for seed in (6, 7):  # two evaluation splits of 12 pairs each; a recipe each (building fills it in)
         evaluation = datasets.Dataset.from_list(builtin.make_preference_rows(12, seed=seed))

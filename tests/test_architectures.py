@@ -53,7 +53,7 @@ FAMILIES = {
     # hybrids: linear attention / Mamba layers beside attention
     "olmo_hybrid": dict(
         linear_num_key_heads=2, linear_num_value_heads=2, linear_key_head_dim=16, linear_value_head_dim=32
-    ),  # fmt: skip
+    ),
     "qwen3_next": dict(
         layer_types=["linear_attention", "full_attention"],
         linear_num_key_heads=2,
@@ -62,7 +62,7 @@ FAMILIES = {
         linear_value_head_dim=16,
         shared_expert_intermediate_size=32,
         **MOE,
-    ),  # fmt: skip
+    ),
     "granitemoehybrid": dict(
         layer_types=["linear_attention", "full_attention"],
         num_local_experts=4,
@@ -71,7 +71,7 @@ FAMILIES = {
         mamba_d_head=32,
         mamba_d_state=16,
         mamba_chunk_size=64,
-    ),  # fmt: skip
+    ),
 }
 
 
@@ -84,10 +84,20 @@ def build_model(model_type: str, folder, tokenizer_dir: str) -> str:
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
-    config = AutoConfig.for_model(model_type, vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128,
-                                  num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
-                                  max_position_embeddings=4096, pad_token_id=tokenizer.pad_token_id,
-                                  eos_token_id=tokenizer.eos_token_id, **FAMILIES[model_type])  # fmt: skip
+    config = AutoConfig.for_model(
+        model_type,
+        vocab_size=len(tokenizer),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        max_position_embeddings=4096,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        **FAMILIES[model_type],
+    )
     torch.manual_seed(0)
     AutoModelForCausalLM.from_config(config, dtype=torch.float32).save_pretrained(folder)
     tokenizer.save_pretrained(folder)
@@ -96,8 +106,19 @@ def build_model(model_type: str, folder, tokenizer_dir: str) -> str:
 
 def smoke_trainer(model_dir, output_dir, rows, *overrides, max_steps=3):
     """configs/smoke.yaml as it is, but for the model, the output folder and max_steps."""
-    recipe = parse_args(["--config", SMOKE, "--model_name_or_path", model_dir, "--output_dir", str(output_dir),
-                         "--max_steps", str(max_steps), *overrides])  # fmt: skip
+    recipe = parse_args(
+        [
+            "--config",
+            SMOKE,
+            "--model_name_or_path",
+            model_dir,
+            "--output_dir",
+            str(output_dir),
+            "--max_steps",
+            str(max_steps),
+            *overrides,
+        ]
+    )
     return trainer_on(recipe, datasets.Dataset.from_list(rows))
 
 
@@ -151,15 +172,22 @@ def assert_packed_equals_padded(trainer, moe: bool):
     # With their cached reference log-probs; the prompt's labeled earlier turns (assistant_turns: all) left out, as
     # TRL's padded collator knows none: the layouts are compared on the same labels.
     examples = [{k: v for k, v in trainer.train_dataset[i].items() if k != "prompt_labels"} for i in range(8)]
-    padded = DataCollatorForPreference(pad_token_id=trainer.processing_class.pad_token_id,
-                                       max_length=trainer.args.max_length)(examples)  # fmt: skip
+    padded = DataCollatorForPreference(
+        pad_token_id=trainer.processing_class.pad_token_id, max_length=trainer.args.max_length
+    )(examples)
     one_row = packing.PackedPreferenceCollator(trainer.args.max_length, one_row=True)(examples)
     packed = trainer.data_collator(examples)
     assert packed["input_ids"].shape[0] > 1 and one_row["input_ids"].shape[0] == 1
     labels = padded["input_ids"].masked_fill(padded["completion_mask"] == 0, -100)
     with torch.no_grad():
-        want = model(input_ids=padded["input_ids"], attention_mask=padded["attention_mask"], labels=labels,
-                     fused_lm_head=True, use_cache=False, output_router_logits=moe)  # fmt: skip
+        want = model(
+            input_ids=padded["input_ids"],
+            attention_mask=padded["attention_mask"],
+            labels=labels,
+            fused_lm_head=True,
+            use_cache=False,
+            output_router_logits=moe,
+        )
         want_loss = trainer.compute_loss(model, padded)
         for batch in (packed, one_row):
             got = packing.PackedModel(model, batch)(fused_lm_head=True, output_router_logits=moe)
@@ -208,8 +236,9 @@ def test_parity_check_catches_state_carried_across_packed_rows(tmp_path, tiny_mo
 
 
 @pytest.mark.slow
-def test_a_hybrid_packs_only_when_asked_and_a_failed_check_stops_the_run(tmp_path, monkeypatch, capsys,
-                                                                         tiny_model_dir, rows):  # fmt: skip
+def test_a_hybrid_packs_only_when_asked_and_a_failed_check_stops_the_run(
+    tmp_path, monkeypatch, capsys, tiny_model_dir, rows
+):
     """A hybrid let through to the packed path (as a varlen FlashAttention would let it on a GPU): without
     `padding_free: true` the forward stage decides padded, with the note, and the check at start never runs; asked for,
     it packs, the check at start finds its packed rows apart from the sequences alone, and the run stops with the fix
@@ -218,14 +247,19 @@ def test_a_hybrid_packs_only_when_asked_and_a_failed_check_stops_the_run(tmp_pat
     model_dir = build_model("olmo_hybrid", tmp_path / "model", tiny_model_dir)
     monkeypatch.setattr(packing, "packing_problem", lambda config: None)
     trainer = ready(smoke_trainer(model_dir, tmp_path / "run", rows, max_steps=1))
-    assert "Note: padded micro-batches (TRL's collator) on the same step plan, not packed sequences: olmo_hybrid's " \
-        "recurrent layers pack only when asked for (--padding_free true" in capsys.readouterr().out  # fmt: skip
+    assert (
+        "Note: padded micro-batches (TRL's collator) on the same step plan, not packed sequences: olmo_hybrid's "
+        "recurrent layers pack only when asked for (--padding_free true" in capsys.readouterr().out
+    )
     assert not trainer.forward.packed and trainer.run_plan.step_plan.padded and trainer.args.padding_free is False
     trainer.train()
     assert abs(trainer.state.log_history[0]["loss"] - math.log(2)) < 1e-5
-    with pytest.raises(ConfigError, match=r"^padding_free \(packed sequences\) cannot be used here: its packed rows "
-                                          r"score .* nats away from the same sequences alone .*; set --padding_free "
-                                          r"false$"):  # fmt: skip
+    with pytest.raises(
+        ConfigError,
+        match=r"^padding_free \(packed sequences\) cannot be used here: its packed rows "
+        r"score .* nats away from the same sequences alone .*; set --padding_free "
+        r"false$",
+    ):
         smoke_trainer(model_dir, tmp_path / "run2", rows, "--padding_free", "true")
 
 
@@ -264,15 +298,19 @@ def test_a_hybrid_packs_only_when_padding_free_is_given():
         hybrid = AutoConfig.for_model(model_type)
         forwards, notes = choice.candidates(copy.deepcopy(hybrid), smoke(), True, "flash_attention_4", False)
         assert [c.packed for c in forwards] == [False], model_type
-        assert notes == [f"Note: padded micro-batches (TRL's collator) on the same step plan, not packed sequences: "
-                         f"{model_type}'s recurrent layers pack only when asked for (--padding_free true, on a varlen "
-                         "FlashAttention kernel, checked at start)."]  # fmt: skip
-        forwards, notes = choice.candidates(copy.deepcopy(hybrid), smoke("--padding_free", "true"), True,
-                                            "flash_attention_4", False)  # fmt: skip
+        assert notes == [
+            f"Note: padded micro-batches (TRL's collator) on the same step plan, not packed sequences: "
+            f"{model_type}'s recurrent layers pack only when asked for (--padding_free true, on a varlen "
+            "FlashAttention kernel, checked at start)."
+        ]
+        forwards, notes = choice.candidates(
+            copy.deepcopy(hybrid), smoke("--padding_free", "true"), True, "flash_attention_4", False
+        )
         assert [(c.attention, c.packed) for c in forwards] == [("flash_attention_4", True)]
         assert not any("padded" in note for note in notes), notes
-        with pytest.raises(ConfigError, match="padding_free .* cannot be used here: .*varlen attention.*; set "
-                                              "--padding_free false"):  # fmt: skip
+        with pytest.raises(
+            ConfigError, match="padding_free .* cannot be used here: .*varlen attention.*; set --padding_free false"
+        ):
             choice.candidates(copy.deepcopy(hybrid), smoke("--padding_free", "true"), False, None)
 
 

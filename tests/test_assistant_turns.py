@@ -30,8 +30,10 @@ MAX_LENGTH = 256
 BETA = 5.0
 LR = 1.0  # plain SGD: a step moves each weight by -LR x its gradient, so the weights tell the gradient
 STEPS = 2  # step 1 starts at the reference (loss ln 2); step 2's loss is the policy's after one update
-WORDS = ("river stone light north quiet market seven garden number winter paper bridge signal orange careful answer "
-         "question simple think maybe because window").split()  # fmt: skip
+WORDS = (
+    "river stone light north quiet market seven garden number winter paper bridge signal orange careful answer "
+    "question simple think maybe because window"
+).split()
 # Chat templates the check runs under: name -> (a .jinja file the reference renders with, None for the model's own;
 # the run's flags that choose it). OLMo 3 Think's is one more entry:
 #   "olmo_thinker": (ROOT / "configs/templates/olmo_thinker.jinja",
@@ -54,25 +56,64 @@ def pairs(seed: int = 0) -> list[dict]:
         if kind == "multi_system":
             history.append({"role": "system", "content": words(rng, 6)})
         for _ in range({"multi": 1, "multi_system": 1, "three_turns": 2}.get(kind, 0)):
-            history += [{"role": "user", "content": words(rng, rng.randint(2, 6))},
-                        {"role": "assistant", "content": words(rng, rng.randint(3, 10))}]  # fmt: skip
+            history += [
+                {"role": "user", "content": words(rng, rng.randint(2, 6))},
+                {"role": "assistant", "content": words(rng, rng.randint(3, 10))},
+            ]
         history.append({"role": "user", "content": words(rng, rng.randint(2, 6))})
         chosen = words(rng, 100 if kind == "truncated" else rng.randint(3, 15))
         rejected = words(rng, rng.randint(3, 15))
-        out.append({"chosen": history + [{"role": "assistant", "content": chosen}],
-                    "rejected": history + [{"role": "assistant", "content": rejected}]})  # fmt: skip
+        out.append(
+            {
+                "chosen": history + [{"role": "assistant", "content": chosen}],
+                "rejected": history + [{"role": "assistant", "content": rejected}],
+            }
+        )
     return out
 
 
 def args(output_dir, model_dir, turns_trained: str, *overrides: str) -> list[str]:
     """The smoke recipe as one step per pass over all the pairs: plain SGD at a constant rate, no clipping, no
     guards (a step-2 loss far from ln 2 is what is checked here, not a doomed run)."""
-    return ["--config", SMOKE, "--model_name_or_path", model_dir, "--output_dir", str(output_dir),
-            "--report_to", "none", "--assistant_turns", turns_trained, "--max_length", str(MAX_LENGTH),
-            "--beta", str(BETA), "--optim", "sgd", "--learning_rate", str(LR), "--lr_scheduler_type", "constant",
-            "--warmup_steps", "0", "--max_grad_norm", "0", "--weight_decay", "0", "--max_steps", str(STEPS),
-            "--num_train_epochs", str(STEPS), "--pairs_per_step", str(len(pairs())), "--logging_steps", "1",
-            "--health_checks", "false", *overrides]  # fmt: skip
+    return [
+        "--config",
+        SMOKE,
+        "--model_name_or_path",
+        model_dir,
+        "--output_dir",
+        str(output_dir),
+        "--report_to",
+        "none",
+        "--assistant_turns",
+        turns_trained,
+        "--max_length",
+        str(MAX_LENGTH),
+        "--beta",
+        str(BETA),
+        "--optim",
+        "sgd",
+        "--learning_rate",
+        str(LR),
+        "--lr_scheduler_type",
+        "constant",
+        "--warmup_steps",
+        "0",
+        "--max_grad_norm",
+        "0",
+        "--weight_decay",
+        "0",
+        "--max_steps",
+        str(STEPS),
+        "--num_train_epochs",
+        str(STEPS),
+        "--pairs_per_step",
+        str(len(pairs())),
+        "--logging_steps",
+        "1",
+        "--health_checks",
+        "false",
+        *overrides,
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -123,8 +164,12 @@ class _Gradients(TrainerCallback):
 
 
 def one_process(tmp_path, model_dir, turns_trained: str, *overrides: str):
-    trainer = ready(trainer_on(parse_args(args(tmp_path, model_dir, turns_trained, "--save_strategy", "no",
-                                                  *overrides)), datasets.Dataset.from_list(pairs())))  # fmt: skip
+    trainer = ready(
+        trainer_on(
+            parse_args(args(tmp_path, model_dir, turns_trained, "--save_strategy", "no", *overrides)),
+            datasets.Dataset.from_list(pairs()),
+        )
+    )
     gradients = _Gradients()
     trainer.add_callback(gradients)
     trainer.train()
@@ -142,8 +187,11 @@ def test_the_labels_are_open_instructs(tiny_model_dir):
     for pair in pairs():
         example = extract_prompt(dict(pair))
         prompt = _tokenize(tokenizer, example["prompt"], add_generation_prompt=True)["input_ids"]
-        example |= {"prompt_ids": prompt, "chosen_ids": tokenize(pair["chosen"], tokenizer, 10**6)[0][len(prompt):],
-                    "rejected_ids": tokenize(pair["rejected"], tokenizer, 10**6)[0][len(prompt):]}  # fmt: skip
+        example |= {
+            "prompt_ids": prompt,
+            "chosen_ids": tokenize(pair["chosen"], tokenizer, 10**6)[0][len(prompt) :],
+            "rejected_ids": tokenize(pair["rejected"], tokenizer, 10**6)[0][len(prompt) :],
+        }
         mine = turns.prompt_labels(example, tokenizer)
         for side in ("chosen", "rejected"):
             _, labels = tokenize(pair[side], tokenizer, 10**6)
@@ -157,8 +205,11 @@ def test_the_labels_are_open_instructs(tiny_model_dir):
 
 
 # The forwards of one process: packed rows, packed rows with each prompt once, TRL's padded batches (grouped)
-FORWARDS = {"packed": ["--share_prompt", "false"], "shared_prompt": ["--share_prompt", "true"],
-            "padded": ["--padding_free", "false"]}  # fmt: skip
+FORWARDS = {
+    "packed": ["--share_prompt", "false"],
+    "shared_prompt": ["--share_prompt", "true"],
+    "padded": ["--padding_free", "false"],
+}
 
 
 @pytest.mark.slow
@@ -189,13 +240,35 @@ def test_zero2_on_two_processes_equals_open_instruct(tmp_path, tiny_model_dir, o
     data = tmp_path / "pairs.jsonl"
     data.write_text("".join(json.dumps(p) + "\n" for p in pairs()))
     out = tmp_path / "run"
-    cmd = [ACCELERATE, "launch", "--config_file", str(ROOT / "accelerate_config.yaml"), "--num_processes", "2",
-           *rank_python(), str(ROOT / "train_dpo.py"),
-           *args(out, tiny_model_dir, "all", "--dataset_name", str(data), "--share_prompt", share_prompt,
-                 "--save_strategy", "steps", "--save_steps", "1", "--save_only_model", "true")]  # fmt: skip
+    cmd = [
+        ACCELERATE,
+        "launch",
+        "--config_file",
+        str(ROOT / "accelerate_config.yaml"),
+        "--num_processes",
+        "2",
+        *rank_python(),
+        str(ROOT / "train_dpo.py"),
+        *args(
+            out,
+            tiny_model_dir,
+            "all",
+            "--dataset_name",
+            str(data),
+            "--share_prompt",
+            share_prompt,
+            "--save_strategy",
+            "steps",
+            "--save_steps",
+            "1",
+            "--save_only_model",
+            "true",
+        ),
+    ]
     env = {**os.environ, "PATH": f"{os.path.dirname(sys.executable)}:{os.environ['PATH']}"}
-    result = subprocess.run(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            timeout=900)  # fmt: skip
+    result = subprocess.run(
+        cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=900
+    )
     assert result.returncode == 0, result.stdout[-4000:]
     resolved = json.loads((out / "resolved_config.json").read_text())
     assert resolved["derived"]["world_size"] == 2 and resolved["assistant_turns"] == "all"
@@ -217,15 +290,19 @@ def test_a_template_whose_generation_prompt_is_not_how_the_answer_starts_is_refu
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
     tokenizer.chat_template = CHAT_TEMPLATE.replace("'<|im_start|>assistant\n'", "'<|im_start|>assistant\n<think>'")
     prompt = [{"role": "user", "content": "river stone"}]
-    example = {"prompt": prompt, "chosen": [{"role": "assistant", "content": "light"}],
-               "rejected": [{"role": "assistant", "content": "north"}]}  # fmt: skip
+    example = {
+        "prompt": prompt,
+        "chosen": [{"role": "assistant", "content": "light"}],
+        "rejected": [{"role": "assistant", "content": "north"}],
+    }
     full = {side: _tokenize(tokenizer, prompt + example[side])["input_ids"] for side in ("chosen", "rejected")}
     generation = _tokenize(tokenizer, prompt, add_generation_prompt=True)["input_ids"]
     p = next(i for i, (a, b) in enumerate(zip(generation, full["chosen"], strict=False)) if a != b)  # TRL's split
     assert p < len(generation)  # `<think>` is only in the generation prompt: TRL's completion starts before its end
     example |= {"prompt_ids": generation[:p], "chosen_ids": full["chosen"][p:], "rejected_ids": full["rejected"][p:]}
-    with pytest.raises(ValueError, match="assistant_turns all: the pair whose prompt starts 'river stone' .* use "
-                                         "assistant_turns final"):  # fmt: skip
+    with pytest.raises(
+        ValueError, match="assistant_turns all: the pair whose prompt starts 'river stone' .* use assistant_turns final"
+    ):
         turns.prompt_labels(example, tokenizer)
 
 
@@ -254,11 +331,16 @@ def test_every_collator_marks_the_labeled_prompt_tokens_on_both_sides():
     ]
     labeled = [[0, 1, 1, 0, 1], [0, 0, 1, 0, 0], [0, 1, 1, 0, 1], [0, 0, 1, 1, 1]]  # chosen 0, 1; rejected 0, 1
     unlabeled = [[0, 0, 0, 0, 1], [0, 0, 1, 0, 0], [0, 0, 0, 0, 1], [0, 0, 1, 1, 1]]
-    collators = [packing.PackedPreferenceCollator(max_length=5), shared_prompt.SharedPromptCollator(max_length=5),
-                 padded.GroupedCollator(DataCollatorForPreference(pad_token_id=0, max_length=5))]  # fmt: skip
+    collators = [
+        packing.PackedPreferenceCollator(max_length=5),
+        shared_prompt.SharedPromptCollator(max_length=5),
+        padded.GroupedCollator(DataCollatorForPreference(pad_token_id=0, max_length=5)),
+    ]
     for collate in collators:
-        for rows, want in ((examples, labeled), ([{k: v for k, v in e.items() if k != LABELS}
-                                                  for e in examples], unlabeled)):  # fmt: skip
+        for rows, want in (
+            (examples, labeled),
+            ([{k: v for k, v in e.items() if k != LABELS} for e in examples], unlabeled),
+        ):
             batch = collate(rows)
             view = packing.padded_view(batch) if packing.is_packed(batch) else batch
             assert view["completion_mask"].tolist() == want, type(collate).__name__

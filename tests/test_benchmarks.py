@@ -19,8 +19,19 @@ def bench(*args: str) -> subprocess.CompletedProcess:
 
 @pytest.mark.slow
 def test_end_to_end_tiny_writes_its_tables(tmp_path):
-    result = bench("benchmarks/end_to_end.py", "--tiny", "--out", str(tmp_path), "--data", "think", "--paths", "trl",
-                   "project", "--steps", "2")  # fmt: skip
+    result = bench(
+        "benchmarks/end_to_end.py",
+        "--tiny",
+        "--out",
+        str(tmp_path),
+        "--data",
+        "think",
+        "--paths",
+        "trl",
+        "project",
+        "--steps",
+        "2",
+    )
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
     saved = json.loads((tmp_path / "results.json").read_text())
     rows = {r["path"]: r for r in saved["results"]}
@@ -39,7 +50,8 @@ def test_end_to_end_tiny_writes_its_tables(tmp_path):
     # The layer search at 7B width for an 80 GiB GPU ran to the plan's refusal
     assert 4 <= saved["layers_that_fit"] < 32 and "memory plan: one process on 1 GPU needs" in result.stdout
     assert rows["project"]["first_step_compute_s"] + rows["project"]["first_step_compile_s"] == pytest.approx(
-        rows["project"]["first_step_s"], abs=2e-3)  # fmt: skip
+        rows["project"]["first_step_s"], abs=2e-3
+    )
     table = (tmp_path / "results.md").read_text()
     assert "| think | trl |" in table and "think: end to end" in table  # a PASS or FAIL line, never asserted
 
@@ -47,8 +59,21 @@ def test_end_to_end_tiny_writes_its_tables(tmp_path):
 @pytest.mark.extended
 def test_end_to_end_tiny_under_zero2_launches_both_under_deepspeed(tmp_path):
     """--engine zero2: the project and plain TRL each under `accelerate launch` with accelerate_config.yaml."""
-    result = bench("benchmarks/end_to_end.py", "--tiny", "--engine", "zero2", "--out", str(tmp_path), "--data",
-                   "think", "--paths", "trl", "project", "--steps", "2")  # fmt: skip
+    result = bench(
+        "benchmarks/end_to_end.py",
+        "--tiny",
+        "--engine",
+        "zero2",
+        "--out",
+        str(tmp_path),
+        "--data",
+        "think",
+        "--paths",
+        "trl",
+        "project",
+        "--steps",
+        "2",
+    )
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
     rows = json.loads((tmp_path / "results.json").read_text())["results"]
     assert [(r["path"], r.get("deepspeed")) for r in rows] == [("project", True), ("trl", True)], rows
@@ -59,8 +84,19 @@ def test_end_to_end_tiny_under_zero2_launches_both_under_deepspeed(tmp_path):
 
 @pytest.mark.slow
 def test_attention_tiny_runs_on_cpu():
-    result = bench("benchmarks/attention.py", "--device", "cpu", "--tiny", "--micro-batches", "2", "--warmup", "0",
-                   "--paths", "trl", "shared_sdpa")  # fmt: skip
+    result = bench(
+        "benchmarks/attention.py",
+        "--device",
+        "cpu",
+        "--tiny",
+        "--micro-batches",
+        "2",
+        "--warmup",
+        "0",
+        "--paths",
+        "trl",
+        "shared_sdpa",
+    )
     assert result.returncode == 0, result.stderr[-2000:]
     rows = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
     assert rows[0]["layers"] == 4 and rows[0]["checkpointing"] == "all"
@@ -80,12 +116,23 @@ def test_attention_default_layers_fit_the_plan():
     config = Olmo3Config(vocab_size=100_278, max_position_embeddings=65536)
     counts = {}
     for every in (None, 2):
-        args = argparse.Namespace(device="cuda", tiny=False, budget=65536, max_length=16384, every=every,
-                                  paths=["trl", "shared_sdpa"], hidden=4096)  # fmt: skip
+        args = argparse.Namespace(
+            device="cuda",
+            tiny=False,
+            budget=65536,
+            max_length=16384,
+            every=every,
+            paths=["trl", "shared_sdpa"],
+            hidden=4096,
+        )
         counts[every] = n = attention.layers_that_fit(gpu, config, args)
         for layers, fits in ((n, True), (n + 1, False)):
-            trial = Olmo3Config(vocab_size=100_278, max_position_embeddings=65536, num_hidden_layers=layers,
-                                layer_types=attention.layer_types(layers))  # fmt: skip
+            trial = Olmo3Config(
+                vocab_size=100_278,
+                max_position_embeddings=65536,
+                num_hidden_layers=layers,
+                layer_types=attention.layer_types(layers),
+            )
             need = attention.planned_bytes(trial, "sdpa", args) * (1 + memory.FRAGMENTATION)
             assert (need + memory.CONTEXT_GIB * memory.GIB <= gpu) is fits, (every, layers)
     assert 1 <= counts[None] < counts[2]

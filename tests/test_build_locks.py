@@ -32,8 +32,9 @@ def test_a_killed_build_leaves_a_lock_that_is_reported_with_the_fix(tmp_path):
     env = {**os.environ, "TORCH_EXTENSIONS_DIR": str(tmp_path)}
     lock = tmp_path / "dpotrain_lock_probe" / "lock"
     # Its own session: the kill reaches the compiler (ninja, c++) too, as a job's end does.
-    build = subprocess.Popen([PYTHON, "-c", BUILD], env=env, start_new_session=True,
-                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    build = subprocess.Popen(
+        [PYTHON, "-c", BUILD], env=env, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
     try:
         deadline = time.time() + 120
         while not lock.exists():
@@ -69,8 +70,10 @@ def test_the_folder_checked_is_torchs_own_found_without_importing_torch(tmp_path
 
     monkeypatch.delenv("TORCH_EXTENSIONS_DIR", raising=False)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))  # torch's default root follows it; the real cache untouched
-    probe = ("import sys\nfrom dpotrain.cluster.build_locks import extensions_root\n"
-             "print(extensions_root(), 'torch' in sys.modules)")  # fmt: skip
+    probe = (
+        "import sys\nfrom dpotrain.cluster.build_locks import extensions_root\n"
+        "print(extensions_root(), 'torch' in sys.modules)"
+    )
     shown = subprocess.run([PYTHON, "-c", probe], cwd=ROOT, capture_output=True, text=True, check=True).stdout.split()
     torchs = os.path.dirname(_get_build_directory("dpotrain_probe", verbose=False))
     assert shown == [torchs, "False"] and torchs.startswith(str(tmp_path))
@@ -97,9 +100,21 @@ def test_a_lock_released_while_it_is_checked_is_not_stale(tmp_path):
 def launch_train(tmp_path, env, timeout):
     """`accelerate launch train_dpo.py` on 2 processes with the project's DeepSpeed ZeRO-2 config, as the README runs
     it. Past `timeout` the whole process group is killed (ranks waiting on a lock would outlive their launcher)."""
-    cmd = [str(ROOT / ".venv" / "bin" / "accelerate"), "launch", "--config_file", str(ROOT / "accelerate_config.yaml"),
-           "--num_processes", "2", str(ROOT / "train_dpo.py"), "--config", str(ROOT / "configs" / "smoke.yaml"),
-           "--output_dir", str(tmp_path / "out"), "--report_to", "none"]  # fmt: skip
+    cmd = [
+        str(ROOT / ".venv" / "bin" / "accelerate"),
+        "launch",
+        "--config_file",
+        str(ROOT / "accelerate_config.yaml"),
+        "--num_processes",
+        "2",
+        str(ROOT / "train_dpo.py"),
+        "--config",
+        str(ROOT / "configs" / "smoke.yaml"),
+        "--output_dir",
+        str(tmp_path / "out"),
+        "--report_to",
+        "none",
+    ]
     env = {**os.environ, "PATH": f"{os.path.dirname(PYTHON)}:{os.environ['PATH']}", **env}
     start = time.monotonic()
     code, out, err = run_bounded(cmd, timeout, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
@@ -177,18 +192,39 @@ def test_a_lock_held_by_a_live_build_is_waited_for_not_refused(tmp_path, tiny_mo
     lock = tmp_path / "ext" / "deepspeed_shm_comm" / "lock"
     assert (lock.parent / "deepspeed_shm_comm.so").exists() and not lock.exists()
     # Now another job on this node rebuilds it: it holds the lock.
-    holder = subprocess.Popen([PYTHON, "-c", HOLD, str(lock)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                              text=True)  # fmt: skip
+    holder = subprocess.Popen([PYTHON, "-c", HOLD, str(lock)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     assert holder.stdout.readline().strip() == "held"
     data = tmp_path / "pairs.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in builtin.make_preference_rows(16, seed=2)))
-    cmd = [str(ROOT / ".venv" / "bin" / "accelerate"), "launch", "--config_file", str(ROOT / "accelerate_config.yaml"),
-           "--num_processes", "2", str(ROOT / "train_dpo.py"), "--config", str(ROOT / "configs" / "smoke.yaml"),
-           "--model_name_or_path", tiny_model_dir, "--dataset_name", str(data), "--output_dir", str(tmp_path / "out"),
-           "--max_steps", "1", "--warmup_steps", "0", "--save_strategy", "no", "--report_to", "none"]  # fmt: skip
+    cmd = [
+        str(ROOT / ".venv" / "bin" / "accelerate"),
+        "launch",
+        "--config_file",
+        str(ROOT / "accelerate_config.yaml"),
+        "--num_processes",
+        "2",
+        str(ROOT / "train_dpo.py"),
+        "--config",
+        str(ROOT / "configs" / "smoke.yaml"),
+        "--model_name_or_path",
+        tiny_model_dir,
+        "--dataset_name",
+        str(data),
+        "--output_dir",
+        str(tmp_path / "out"),
+        "--max_steps",
+        "1",
+        "--warmup_steps",
+        "0",
+        "--save_strategy",
+        "no",
+        "--report_to",
+        "none",
+    ]
     env["PATH"] = f"{os.path.dirname(PYTHON)}:{os.environ['PATH']}"
-    launch = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                              start_new_session=True)  # fmt: skip
+    launch = subprocess.Popen(
+        cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+    )
     try:
         # Both ranks past the check and waiting on the lock: alive, and idle for 3 s (imports keep a process busy).
         deadline, idle_since, last = time.time() + 300, None, None

@@ -33,11 +33,23 @@ def test_two_ranks_building_the_builtin_model_both_get_its_weights(tmp_path):
     script.write_text(RANK_SCRIPT)
     env_dir = tmp_path / "builtin"
     result = subprocess.run(
-        [PYTHON, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", *rank_python(), str(script),
-         str(tmp_path)],
-        cwd=ROOT, env={**os.environ, "DPOTRAIN_BUILTIN_DIR": str(env_dir), "PYTHONPATH": str(ROOT)},
-        capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+        [
+            PYTHON,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc_per_node",
+            "2",
+            *rank_python(),
+            str(script),
+            str(tmp_path),
+        ],
+        cwd=ROOT,
+        env={**os.environ, "DPOTRAIN_BUILTIN_DIR": str(env_dir), "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     reports = [json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in (0, 1)]
     assert sorted(r["rank"] for r in reports) == [0, 1]

@@ -22,8 +22,18 @@ from dpotrain.recipe.config import parse_args
 from dpotrain.recipe.errors import ConfigError
 from dpotrain.resolve import check_output_dir
 
-ARGS = ["--config", str(ROOT / "configs" / "smoke.yaml"), "--max_steps", str(STEPS), "--save_steps", "2",
-        "--logging_steps", "1", "--report_to", "none"]  # fmt: skip
+ARGS = [
+    "--config",
+    str(ROOT / "configs" / "smoke.yaml"),
+    "--max_steps",
+    str(STEPS),
+    "--save_steps",
+    "2",
+    "--logging_steps",
+    "1",
+    "--report_to",
+    "none",
+]
 SHARDS = 3
 
 
@@ -38,15 +48,25 @@ def first_run(tmp_path_factory, tiny_model_dir):
     for i in range(SHARDS):
         (shards / f"part-{i}.jsonl").write_text("".join(lines[16 * i : 16 * (i + 1)]))
     out = root / "run"
-    result = subprocess.run(command(out, model, shards), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, timeout=900)  # fmt: skip
+    result = subprocess.run(
+        command(out, model, shards), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=900
+    )
     assert result.returncode == 0, result.stdout[-3000:]
     return out, model, shards
 
 
 def command(out, model, data) -> list[str]:
-    return [python(), str(ROOT / "train_dpo.py"), *ARGS, "--output_dir", str(out), "--model_name_or_path", str(model),
-            "--dataset_name", str(data)]  # fmt: skip
+    return [
+        python(),
+        str(ROOT / "train_dpo.py"),
+        *ARGS,
+        "--output_dir",
+        str(out),
+        "--model_name_or_path",
+        str(model),
+        "--dataset_name",
+        str(data),
+    ]
 
 
 @pytest.fixture
@@ -104,12 +124,15 @@ def test_a_model_re_exported_with_other_weights_at_the_same_path_is_refused(stop
     reexport(model, model, 0.01)
     assert (model / "model.safetensors").stat().st_size == size  # the same size: only the content tells
     # The same command, as a requeue runs it: one line, before anything loads.
-    result = subprocess.run(command(out, model, shards), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, timeout=600)  # fmt: skip
+    result = subprocess.run(
+        command(out, model, shards), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=600
+    )
     assert result.returncode == 2 and "Traceback" not in result.stdout, result.stdout[-3000:]
     last = result.stdout.strip().splitlines()[-1]
-    assert last.startswith(f"error: output_dir {str(out)!r} holds an unfinished run with other settings (model: "
-                           f"{model}: model.safetensors has other content (SHA-256 "), last  # fmt: skip
+    assert last.startswith(
+        f"error: output_dir {str(out)!r} holds an unfinished run with other settings (model: "
+        f"{model}: model.safetensors has other content (SHA-256 "
+    ), last
     assert "Resuming" not in result.stdout and "Loading" not in result.stdout
     # Re-exported with the weights it had: a new time, the same bytes; the run resumes.
     reexport(tmp_path / "kept" / "model", model, 0.0)
@@ -153,16 +176,20 @@ def test_a_mixture_sources_data_files_and_shard_folders_are_known_by_content(tmp
     shards.mkdir()
     for i in range(2):
         (shards / f"part-{i}.jsonl").write_text("".join(lines[16 * i : 16 * (i + 1)]))
-    entries = [{"path": str(shards)}, {"path": "json", "data_files": [str(shards / "part-0.jsonl"),
-                                                                      str(shards / "part-1.jsonl")]}]  # fmt: skip
-    recipes = [parse_args(["--config", str(ROOT / "configs" / "smoke.yaml"), "--datasets", json.dumps(e)])
-               for e in entries]  # fmt: skip
+    entries = [
+        {"path": str(shards)},
+        {"path": "json", "data_files": [str(shards / "part-0.jsonl"), str(shards / "part-1.jsonl")]},
+    ]
+    recipes = [
+        parse_args(["--config", str(ROOT / "configs" / "smoke.yaml"), "--datasets", json.dumps(e)]) for e in entries
+    ]
     records = []
     for recipe in recipes:
         (source,) = mixture.parse(mixture.fields_of(recipe))
         records.append({"data_sources": [{"source": source.spec(), "identity": mixture.identity_of(source)}]})
-    assert [sorted(r["data_sources"][0]["identity"]["files"]) for r in records] == [["part-0.jsonl",
-                                                                                     "part-1.jsonl"]] * 2  # fmt: skip
+    assert [sorted(r["data_sources"][0]["identity"]["files"]) for r in records] == [
+        ["part-0.jsonl", "part-1.jsonl"]
+    ] * 2
     (shards / "part-1.jsonl").write_text("".join(lines[40:56]))
     for recipe, record in zip(recipes, records, strict=True):
         why = mixture.content_changed(recipe, record)
@@ -191,8 +218,9 @@ def test_large_weights_are_known_by_their_ends_and_time(tmp_path):
     subprocess.run(touch, shell=True, check=True)
     assert data_identity.changed_files(record, {"model.safetensors": path}) is None
     save_file({**weights, "a.first": torch.ones(300_000)}, str(path))  # the first MiB differs
-    assert "other content (its first and last MiB differ" in data_identity.changed_files(record, {"model.safetensors":
-                                                                                                 path})  # fmt: skip
+    assert "other content (its first and last MiB differ" in data_identity.changed_files(
+        record, {"model.safetensors": path}
+    )
 
 
 def test_a_hub_model_is_known_by_the_commit_its_revision_resolved_to(tmp_path, monkeypatch):
@@ -211,5 +239,6 @@ def test_a_hub_model_is_known_by_the_commit_its_revision_resolved_to(tmp_path, m
     assert record == {"hub_commit": "a" * 40}
     assert model_identity.changed(recipe, record) is None
     (refs / "main").write_text("b" * 40)
-    assert model_identity.changed(recipe, record) == (f"org/model at main is commit {'b' * 12}, the run started on "
-                                                      f"commit {'a' * 12}")  # fmt: skip
+    assert model_identity.changed(recipe, record) == (
+        f"org/model at main is commit {'b' * 12}, the run started on commit {'a' * 12}"
+    )

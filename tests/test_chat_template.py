@@ -34,13 +34,21 @@ THINKING = {"role": "assistant", "content": "<think>\n51 + 99 = 150.\n</think>\n
 CONVERSATIONS = {
     "one turn": [USER, THINKING],
     "system": [{"role": "system", "content": "Be brief."}, USER, THINKING],
-    "system with functions": [{"role": "system", "content": "Use tools.", "functions": '[{"name": "add"}]'}, USER,
-                              {"role": "assistant", "content": "<think>add</think>", "function_calls": "add(51, 99)"},
-                              {"role": "environment", "content": "150"}, THINKING],
-    "multi-turn": [USER, THINKING, {"role": "user", "content": "And 2 + 2?"},
-                   {"role": "assistant", "content": "<think>\nsmall\n</think>\n4"}],
+    "system with functions": [
+        {"role": "system", "content": "Use tools.", "functions": '[{"name": "add"}]'},
+        USER,
+        {"role": "assistant", "content": "<think>add</think>", "function_calls": "add(51, 99)"},
+        {"role": "environment", "content": "150"},
+        THINKING,
+    ],
+    "multi-turn": [
+        USER,
+        THINKING,
+        {"role": "user", "content": "And 2 + 2?"},
+        {"role": "assistant", "content": "<think>\nsmall\n</think>\n4"},
+    ],
     "user with functions": [{**USER, "functions": '[{"name": "add"}]'}, THINKING],
-}  # fmt: skip
+}
 
 
 def tokenizers(model_dir: str):
@@ -74,8 +82,10 @@ def test_olmo_thinker_renders_as_open_instructs(tiny_model_dir, name):
     system = messages[0] if messages[0]["role"] == "system" else None
     if system is not None and "functions" not in system:
         text = ours.apply_chat_template(messages, tokenize=False)
-        assert text.startswith("<|im_start|>system\nBe brief. You do not currently have access to any functions. "
-                               "<functions></functions><|im_end|>\n")  # fmt: skip
+        assert text.startswith(
+            "<|im_start|>system\nBe brief. You do not currently have access to any functions. "
+            "<functions></functions><|im_end|>\n"
+        )
 
 
 def test_the_think_recipe_uses_olmo_thinker_and_32b_the_models_own():
@@ -108,8 +118,19 @@ def test_a_missing_template_or_a_folder_without_one_is_refused_in_one_line(tmp_p
 def test_every_tokenizer_of_the_run_has_the_recipes_template(tiny_model_dir):
     from dpotrain.train_stage import trainer_on
 
-    recipe = parse_args([*SMOKE, "--model_name_or_path", tiny_model_dir, "--chat_template_path", str(OLMO_THINKER),
-                         "--max_steps", "1", "--report_to", "none"])  # fmt: skip
+    recipe = parse_args(
+        [
+            *SMOKE,
+            "--model_name_or_path",
+            tiny_model_dir,
+            "--chat_template_path",
+            str(OLMO_THINKER),
+            "--max_steps",
+            "1",
+            "--report_to",
+            "none",
+        ]
+    )
     text = OLMO_THINKER.read_text()
     assert stages._tokenizer(recipe, tiny_model_dir, local_only=True).chat_template == text  # lengths, dry run
     assert lengths.recipe_tokenizer(recipe).chat_template == text  # max_length: auto, run lengths, preflight's rows
@@ -128,10 +149,25 @@ def test_the_analyzer_measures_with_the_recipes_template(tmp_path, tiny_model_di
     main = cli.main
     data = think_pairs(tmp_path / "pairs.jsonl", 8)
     report = tmp_path / "with.json"
-    assert main([str(data), "--tokenizer", tiny_model_dir, "--chat_template_path", str(OLMO_THINKER), "--json",
-                 str(report), "--num-proc", "1"]) == 0  # fmt: skip
-    assert main([str(data), "--tokenizer", tiny_model_dir, "--json", str(tmp_path / "own.json"), "--num-proc",
-                 "1"]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                str(data),
+                "--tokenizer",
+                tiny_model_dir,
+                "--chat_template_path",
+                str(OLMO_THINKER),
+                "--json",
+                str(report),
+                "--num-proc",
+                "1",
+            ]
+        )
+        == 0
+    )
+    assert (
+        main([str(data), "--tokenizer", tiny_model_dir, "--json", str(tmp_path / "own.json"), "--num-proc", "1"]) == 0
+    )
     with_template, own = (json.loads(p.read_text()) for p in (report, tmp_path / "own.json"))
     system = len(lengths.load_tokenizer(tiny_model_dir)(DEFAULT_SYSTEM)["input_ids"])
     # Longer by the default system prompt, and the <think> the generation prompt holds (tokens of the prompt now).
@@ -188,8 +224,17 @@ def test_trl_and_open_instruct_split_alike_exactly_where_the_answer_follows_the_
 
 def test_answers_off_the_generation_prompt_are_refused_naming_the_rows_or_dropped_and_counted(tmp_path, tiny_model_dir):
     data = think_pairs(tmp_path / "pairs.jsonl", 12, plain=(3, 7))
-    args = [*SMOKE, "--model_name_or_path", tiny_model_dir, "--dataset_name", str(data), "--chat_template_path",
-            str(OLMO_THINKER), "--output_dir", str(tmp_path / "run")]  # fmt: skip
+    args = [
+        *SMOKE,
+        "--model_name_or_path",
+        tiny_model_dir,
+        "--dataset_name",
+        str(data),
+        "--chat_template_path",
+        str(OLMO_THINKER),
+        "--output_dir",
+        str(tmp_path / "run"),
+    ]
     recipe = parse_args(args)
     found = stages.checks(recipe)
     with pytest.raises(InvalidRowError) as refused:
@@ -216,8 +261,21 @@ def test_a_run_saves_and_names_its_template_and_a_resume_with_another_is_refused
     shutil.copy(OLMO_THINKER, template)
     data = think_pairs(tmp_path / "pairs.jsonl", 16)
     out = tmp_path / "run"
-    args = [*SMOKE, "--model_name_or_path", tiny_model_dir, "--dataset_name", str(data), "--chat_template_path",
-            str(template), "--max_steps", "2", "--save_steps", "1", "--output_dir", str(out)]  # fmt: skip
+    args = [
+        *SMOKE,
+        "--model_name_or_path",
+        tiny_model_dir,
+        "--dataset_name",
+        str(data),
+        "--chat_template_path",
+        str(template),
+        "--max_steps",
+        "2",
+        "--save_steps",
+        "1",
+        "--output_dir",
+        str(out),
+    ]
     result = run_train(args)
     assert result.returncode == 0, result.stdout[-3000:]
     text = OLMO_THINKER.read_text()
@@ -237,15 +295,21 @@ def test_a_run_saves_and_names_its_template_and_a_resume_with_another_is_refused
     result = run_train(args)
     assert result.returncode == 2, result.stdout[-3000:]
     last = result.stdout.strip().splitlines()[-1]
-    assert last.startswith(f"error: output_dir {str(out)!r} holds an unfinished run with other settings (chat "
-                           f"template: {template} (SHA-256 ")  # fmt: skip
+    assert last.startswith(
+        f"error: output_dir {str(out)!r} holds an unfinished run with other settings (chat "
+        f"template: {template} (SHA-256 "
+    )
     moved = tmp_path / "elsewhere.jinja"
     moved.write_text(text)
     assert (
         resolve.changed_settings(parse_args([*args[:-1], str(out), "--chat_template_path", str(moved)]), out, 8) == []
     )
-    assert "the model's own" in resolve.changed_settings(
-        parse_args([a for a in args if a not in ("--chat_template_path", str(template))]), out, 8)[0]  # fmt: skip
+    assert (
+        "the model's own"
+        in resolve.changed_settings(
+            parse_args([a for a in args if a not in ("--chat_template_path", str(template))]), out, 8
+        )[0]
+    )
 
 
 def test_the_reference_cache_key_follows_the_template(tiny_model_dir, tmp_path):
@@ -261,8 +325,20 @@ def test_the_reference_cache_key_follows_the_template(tiny_model_dir, tmp_path):
     keys = []
     for template in (str(OLMO_THINKER), None):
         extra = ["--chat_template_path", template] if template else []
-        recipe = parse_args([*SMOKE, "--model_name_or_path", tiny_model_dir, "--max_steps", "1", "--report_to",
-                             "none", "--output_dir", str(tmp_path / "run"), *extra])  # fmt: skip
+        recipe = parse_args(
+            [
+                *SMOKE,
+                "--model_name_or_path",
+                tiny_model_dir,
+                "--max_steps",
+                "1",
+                "--report_to",
+                "none",
+                "--output_dir",
+                str(tmp_path / "run"),
+                *extra,
+            ]
+        )
         trainer = trainer_on(recipe, datasets.Dataset.from_list(rows * 4))
         keys.append(reference.identity(ReferenceScorer(trainer), trainer.train_dataset))
     assert keys[0]["tokens_sha256"] != keys[1]["tokens_sha256"]  # so the cache folder differs (Store.for_identity)
@@ -271,7 +347,16 @@ def test_the_reference_cache_key_follows_the_template(tiny_model_dir, tmp_path):
 
 @pytest.mark.slow
 def test_the_think_dry_run_shows_the_template():
-    result = run_train(["--config", "configs/think.yaml", "--model_name_or_path", "configs/models/olmo3-7b",
-                        "--dry-run", "--report_to", "none"])  # fmt: skip
+    result = run_train(
+        [
+            "--config",
+            "configs/think.yaml",
+            "--model_name_or_path",
+            "configs/models/olmo3-7b",
+            "--dry-run",
+            "--report_to",
+            "none",
+        ]
+    )
     assert result.returncode == 0, result.stdout[-3000:]
     assert "  template:      configs/templates/olmo_thinker.jinja (sha256 " in result.stdout, result.stdout[-3000:]

@@ -15,9 +15,24 @@ SMOKE = str(ROOT / "configs" / "smoke.yaml")
 
 
 def trainer_for(out, model_dir, max_steps):
-    recipe = parse_args(["--config", SMOKE, "--model_name_or_path", model_dir, "--output_dir", str(out),
-                         "--max_steps", str(max_steps), "--save_steps", "2", "--save_total_limit", "2",
-                         "--report_to", "none"])  # fmt: skip
+    recipe = parse_args(
+        [
+            "--config",
+            SMOKE,
+            "--model_name_or_path",
+            model_dir,
+            "--output_dir",
+            str(out),
+            "--max_steps",
+            str(max_steps),
+            "--save_steps",
+            "2",
+            "--save_total_limit",
+            "2",
+            "--report_to",
+            "none",
+        ]
+    )
     return ready(trainer_on(recipe, datasets.Dataset.from_list(builtin.make_preference_rows(64, seed=4))))
 
 

@@ -68,8 +68,9 @@ def test_output_dir_with_only_incomplete_checkpoints(tmp_path):
 def test_pairs_per_step_not_reachable(tmp_path, monkeypatch):
     # Micro-batches of a fixed number of pairs: 128 is no whole number of 4-pair micro-batches on 3 processes.
     monkeypatch.setenv("WORLD_SIZE", "3")
-    msg = refused(tmp_path, "--pairs_per_step", "128", "--per_device_train_batch_size", "4",
-                  "--max_tokens_per_microbatch", "None")  # fmt: skip
+    msg = refused(
+        tmp_path, "--pairs_per_step", "128", "--per_device_train_batch_size", "4", "--max_tokens_per_microbatch", "None"
+    )
     assert "pairs_per_step=128 is not reachable with 3 process(es)" in msg
 
 

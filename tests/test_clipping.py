@@ -29,8 +29,24 @@ from dpotrain.recipe.errors import ConfigError
 from dpotrain.train_stage import trainer_on
 
 LR = 0.5
-SGD_STEP = ["--optim", "sgd", "--learning_rate", str(LR), "--lr_scheduler_type", "constant", "--warmup_steps", "0",
-            "--max_steps", "1", "--logging_steps", "1", "--save_strategy", "no", "--report_to", "none"]  # fmt: skip
+SGD_STEP = [
+    "--optim",
+    "sgd",
+    "--learning_rate",
+    str(LR),
+    "--lr_scheduler_type",
+    "constant",
+    "--warmup_steps",
+    "0",
+    "--max_steps",
+    "1",
+    "--logging_steps",
+    "1",
+    "--save_strategy",
+    "no",
+    "--report_to",
+    "none",
+]
 # The smoke data's first 48 pairs; the step takes 8 of them (pairs_per_step), the same 8 on any number of processes.
 # (With only the step's 8 pairs, a ZeRO-3 launch stops at its first training forward in DeepSpeed's parameter
 # coordinator, "pop from an empty deque", clipped or not.)
@@ -39,8 +55,18 @@ PAIRS = ROWS[:48]
 
 def one_step(out, model_dir, *flags: str):
     """The smoke recipe's first optimizer step, in this process, after its plan and reference stages."""
-    recipe = parse_args(["--config", str(ROOT / "configs" / "smoke.yaml"), "--model_name_or_path", model_dir,
-                         "--output_dir", str(out), *SGD_STEP, *flags])  # fmt: skip
+    recipe = parse_args(
+        [
+            "--config",
+            str(ROOT / "configs" / "smoke.yaml"),
+            "--model_name_or_path",
+            model_dir,
+            "--output_dir",
+            str(out),
+            *SGD_STEP,
+            *flags,
+        ]
+    )
     trainer = ready(trainer_on(recipe, datasets.Dataset.from_list(PAIRS)))
     trainer.train()
     return trainer
@@ -92,8 +118,11 @@ def test_one_process_clips_the_step_at_one_global_norm(tmp_path, tiny_model_dir,
 def engine_config(tmp_path, name: str) -> str:
     """The engine's shipped accelerate config, its DeepSpeed file allowing plain SGD (DeepSpeed refuses an optimizer
     it has not tested with ZeRO unless told; it runs any torch optimizer)."""
-    shipped = {"zero2": "accelerate_config.yaml", "zero3": "configs/accelerate/zero3.yaml",
-               "fsdp2": "configs/accelerate/fsdp2.yaml"}[name]  # fmt: skip
+    shipped = {
+        "zero2": "accelerate_config.yaml",
+        "zero3": "configs/accelerate/zero3.yaml",
+        "fsdp2": "configs/accelerate/fsdp2.yaml",
+    }[name]
     config = yaml.safe_load((ROOT / shipped).read_text())
     if name.startswith("zero"):
         ds_file = ROOT / config["deepspeed_config"]["deepspeed_config_file"]
@@ -120,13 +149,30 @@ def test_two_processes_clip_the_step_at_one_global_norm(name, extra, tmp_path, t
     data = tmp_path / "pairs.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in PAIRS))
     out = tmp_path / "run"
-    cmd = [os.path.join(os.path.dirname(sys.executable), "accelerate"), "launch", "--config_file",
-           engine_config(tmp_path, name), "--num_processes", "2", *rank_python(), str(ROOT / "train_dpo.py"),
-           "--config", str(ROOT / "configs" / "smoke.yaml"), "--model_name_or_path", tiny_model_dir,
-           "--dataset_name", str(data), "--output_dir", str(out), *SGD_STEP, *extra]  # fmt: skip
+    cmd = [
+        os.path.join(os.path.dirname(sys.executable), "accelerate"),
+        "launch",
+        "--config_file",
+        engine_config(tmp_path, name),
+        "--num_processes",
+        "2",
+        *rank_python(),
+        str(ROOT / "train_dpo.py"),
+        "--config",
+        str(ROOT / "configs" / "smoke.yaml"),
+        "--model_name_or_path",
+        tiny_model_dir,
+        "--dataset_name",
+        str(data),
+        "--output_dir",
+        str(out),
+        *SGD_STEP,
+        *extra,
+    ]
     env = {**os.environ, "DPOTRAIN_CACHE": f"{out}-cache", "PATH": f"{os.path.dirname(python())}:{os.environ['PATH']}"}
-    result = subprocess.run(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            timeout=900)  # fmt: skip
+    result = subprocess.run(
+        cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=900
+    )
     assert result.returncode == 0, result.stdout[-4000:]
     resolved = json.loads((out / "resolved_config.json").read_text())
     assert resolved["derived"]["world_size"] == 2 and resolved["derived"]["gradient_clipping"]["max_grad_norm"] == 1.0
@@ -143,8 +189,10 @@ def test_the_olmo3_recipes_clip_at_one_and_the_dry_run_says_so(capsys):
         recipe = yaml.safe_load((ROOT / "configs" / f"{name}.yaml").read_text())
         assert recipe["max_grad_norm"] == 1.0, name
     recipe = parse_args(["--config", str(ROOT / "configs" / "smoke.yaml"), "--dry-run"])
-    assert stages.launch(recipe).record()["gradient_clipping"] == {"max_grad_norm": 1.0,
-                                                                   "clipped_by": "torch's clip_grad_norm_"}  # fmt: skip
+    assert stages.launch(recipe).record()["gradient_clipping"] == {
+        "max_grad_norm": 1.0,
+        "clipped_by": "torch's clip_grad_norm_",
+    }
     recipe = parse_args(["--config", str(ROOT / "configs" / "think.yaml"), "--dry-run"])
     clipping = stages.launch(recipe).record()["gradient_clipping"]
     assert clipping["max_grad_norm"] == 1.0 and clipping["clipped_by"].startswith("DeepSpeed's engine")
@@ -165,12 +213,16 @@ def ds_engine(tmp_path, clipping) -> engine.Engine:
 @pytest.mark.parametrize(
     "clipping, max_grad_norm, expected",
     [
-        (None, 1.0, 'has no gradient_clipping, so DeepSpeed would not clip while max_grad_norm is 1: add '
-                    '"gradient_clipping": "auto" to it (filled from max_grad_norm), or pass --max_grad_norm 0'),
+        (
+            None,
+            1.0,
+            "has no gradient_clipping, so DeepSpeed would not clip while max_grad_norm is 1: add "
+            '"gradient_clipping": "auto" to it (filled from max_grad_norm), or pass --max_grad_norm 0',
+        ),
         (0.5, 1.0, 'sets gradient_clipping 0.5 and max_grad_norm is 1: set "gradient_clipping": "auto" there'),
         ("auto", -1.0, "max_grad_norm must be >= 0 (got -1)"),
     ],
-)  # fmt: skip
+)
 def test_a_deepspeed_config_that_would_not_clip_as_asked_is_refused(clipping, max_grad_norm, expected, tmp_path):
     found = ds_engine(tmp_path, clipping)
     with pytest.raises(ConfigError) as refused:

@@ -130,8 +130,20 @@ def test_32b_recipe_holds_olmo3s_32b_think_values_and_needs_your_model(monkeypat
     think = yaml.safe_load((ROOT / "configs" / "think.yaml").read_text())
     think32 = yaml.safe_load((ROOT / "configs" / "think-32b.yaml").read_text())
     assert think32["learning_rate"] == 7e-8 and think32["max_length"] == 8192  # OLMo 3, Table 48: 32B Think
-    same = ("dataset_name", "loss_type", "beta", "lr_scheduler_type", "warmup_steps", "num_train_epochs",
-            "weight_decay", "max_grad_norm", "pairs_per_step", "seed", "bf16", "activation_checkpointing")  # fmt: skip
+    same = (
+        "dataset_name",
+        "loss_type",
+        "beta",
+        "lr_scheduler_type",
+        "warmup_steps",
+        "num_train_epochs",
+        "weight_decay",
+        "max_grad_norm",
+        "pairs_per_step",
+        "seed",
+        "bf16",
+        "activation_checkpointing",
+    )
     assert {k: think32[k] for k in same} == {k: think[k] for k in same}
     assert think32["accelerate_config"] == "configs/accelerate/zero3.yaml"  # the engine its memory plan fits on
     monkeypatch.chdir(ROOT)
@@ -182,8 +194,13 @@ def test_outside_the_venv_the_run_says_to_activate_it():
     import subprocess
     import sys
 
-    done = subprocess.run([sys.executable, "-S", "train_dpo.py", "--config", "configs/smoke.yaml"], cwd=ROOT,
-                          capture_output=True, text=True, timeout=60)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-S", "train_dpo.py", "--config", "configs/smoke.yaml"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 1 and "Traceback" not in done.stderr
     assert done.stderr.strip().splitlines() == [done.stderr.strip()]
     assert "is not installed" in done.stderr and "source .venv/bin/activate" in done.stderr

@@ -38,8 +38,17 @@ def first_user(messages) -> str:
 
 def ultrafeedback(n=N) -> list[dict]:
     """UltraFeedback-binarized: a string prompt repeating the first user turn, full conversations, extra columns."""
-    return [{"prompt": first_user(r["chosen"]), "prompt_id": f"{i:08x}", **r, "messages": r["chosen"],
-             "score_chosen": 8.5, "score_rejected": 3.0} for i, r in enumerate(dolci(n))]  # fmt: skip
+    return [
+        {
+            "prompt": first_user(r["chosen"]),
+            "prompt_id": f"{i:08x}",
+            **r,
+            "messages": r["chosen"],
+            "score_chosen": 8.5,
+            "score_rejected": 3.0,
+        }
+        for i, r in enumerate(dolci(n))
+    ]
 
 
 def explicit_prompt(n=N) -> list[dict]:
@@ -57,9 +66,13 @@ def hh(n=N) -> list[dict]:
 
 
 def text(n=N) -> list[dict]:
-    return [{"chosen": f"Question: {first_user(r['chosen'])}\nAnswer: {r['chosen'][-1]['content']}",
-             "rejected": f"Question: {first_user(r['chosen'])}\nAnswer: {r['rejected'][-1]['content']}"}
-            for r in dolci(n)]  # fmt: skip
+    return [
+        {
+            "chosen": f"Question: {first_user(r['chosen'])}\nAnswer: {r['chosen'][-1]['content']}",
+            "rejected": f"Question: {first_user(r['chosen'])}\nAnswer: {r['rejected'][-1]['content']}",
+        }
+        for r in dolci(n)
+    ]
 
 
 def text_prompt(n=N) -> list[dict]:
@@ -155,8 +168,12 @@ def test_hh_strings_become_the_turns_of_a_conversation(tmp_path):
 
 def test_ultrafeedback_measures_and_tokenizes_exactly_as_without_its_prompt_column(tokenizer, tmp_path):
     with_prompt, _ = write(tmp_path, "uf", ultrafeedback, "parquet")
-    without, _ = write(tmp_path, "plain", lambda: [{"chosen": r["chosen"], "rejected": r["rejected"]}
-                                                   for r in ultrafeedback()], "parquet")  # fmt: skip
+    without, _ = write(
+        tmp_path,
+        "plain",
+        lambda: [{"chosen": r["chosen"], "rejected": r["rejected"]} for r in ultrafeedback()],
+        "parquet",
+    )
     (raw_a, a), (raw_b, b) = read_pairs(with_prompt, "train", "messages"), read_pairs(without, "train", "messages")
     assert a.to_list() == b.to_list()
     ids_a, ids_b = trainer_dataset(a, tokenizer, tmp_path), trainer_dataset(b, tokenizer, tmp_path)
@@ -173,9 +190,28 @@ def test_ultrafeedback_trains_exactly_as_without_its_prompt_column(tmp_path, tin
     without, _ = write(tmp_path, "plain", dolci, "jsonl")
     losses = []
     for name in (with_prompt, without):
-        recipe = parse_args(["--config", SMOKE, "--model_name_or_path", tiny_model_dir, "--dataset_name", name,
-                             "--output_dir", str(tmp_path / "run"), "--save_strategy", "no", "--report_to", "none",
-                             "--max_steps", "2", "--warmup_steps", "0", "--logging_steps", "1"])  # fmt: skip
+        recipe = parse_args(
+            [
+                "--config",
+                SMOKE,
+                "--model_name_or_path",
+                tiny_model_dir,
+                "--dataset_name",
+                name,
+                "--output_dir",
+                str(tmp_path / "run"),
+                "--save_strategy",
+                "no",
+                "--report_to",
+                "none",
+                "--max_steps",
+                "2",
+                "--warmup_steps",
+                "0",
+                "--logging_steps",
+                "1",
+            ]
+        )
         trainer = ready(trainer_on(recipe, read_pairs(name, "train", "messages")[1]))
         trainer.train()
         losses.append([r["loss"] for r in trainer.state.log_history if "loss" in r])
@@ -192,12 +228,19 @@ def test_a_string_prompt_that_is_not_the_user_turn_is_refused():
 
 
 def test_sides_holding_only_the_answer_get_the_string_prompt_as_their_user_turn():
-    pairs = [{"prompt": "Name a colour.", "chosen": [{"role": "assistant", "content": "Blue."}],
-              "rejected": [{"role": "assistant", "content": "Seven."}]}] * 2  # fmt: skip
+    pairs = [
+        {
+            "prompt": "Name a colour.",
+            "chosen": [{"role": "assistant", "content": "Blue."}],
+            "rejected": [{"role": "assistant", "content": "Seven."}],
+        }
+    ] * 2
     read = rows.usable_pairs(datasets.Dataset.from_list(pairs), False, {}, "invalid_rows")
-    assert read[0] == {"prompt": [{"role": "user", "content": "Name a colour."}],
-                       "chosen": [{"role": "assistant", "content": "Blue."}],
-                       "rejected": [{"role": "assistant", "content": "Seven."}]}  # fmt: skip
+    assert read[0] == {
+        "prompt": [{"role": "user", "content": "Name a colour."}],
+        "chosen": [{"role": "assistant", "content": "Blue."}],
+        "rejected": [{"role": "assistant", "content": "Seven."}],
+    }
 
 
 # --- short training runs, as a user starts them -----------------------------------------------------------------------
@@ -207,8 +250,21 @@ def train(tmp_path, monkeypatch, capsys, tiny_model_dir, *args) -> tuple[dict, s
     """`python train_dpo.py --config smoke.yaml --max_steps 2 ARGS`, in this process: (resolved config, stdout)."""
     monkeypatch.setenv("DPOTRAIN_BUILTIN_DIR", tiny_model_dir.rsplit("/", 1)[0])
     out = tmp_path / "run"
-    train_dpo.main(["--config", SMOKE, "--output_dir", str(out), "--max_steps", "2", "--save_strategy", "no",
-                    "--report_to", "none", *args])  # fmt: skip
+    train_dpo.main(
+        [
+            "--config",
+            SMOKE,
+            "--output_dir",
+            str(out),
+            "--max_steps",
+            "2",
+            "--save_strategy",
+            "no",
+            "--report_to",
+            "none",
+            *args,
+        ]
+    )
     assert (out / "run_complete.json").is_file()
     return json.loads((out / "resolved_config.json").read_text()), capsys.readouterr().out
 
@@ -223,30 +279,44 @@ def train(tmp_path, monkeypatch, capsys, tiny_model_dir, *args) -> tuple[dict, s
         ("standard text with prompt, csv", "plain text with a prompt column; no chat template"),
         ("messages, DatasetDict split", "message lists, prompt = the messages before the last assistant turn"),
     ],
-)  # fmt: skip
-def test_a_short_run_trains_and_says_how_it_read_the_rows(shape, printed, tmp_path, monkeypatch, capsys,
-                                                          tiny_model_dir):  # fmt: skip
+)
+def test_a_short_run_trains_and_says_how_it_read_the_rows(
+    shape, printed, tmp_path, monkeypatch, capsys, tiny_model_dir
+):
     make, kind, hh_format, _ = SHAPES[shape]
     name, split = write(tmp_path, "d", make, kind)
-    resolved, stdout = train(tmp_path, monkeypatch, capsys, tiny_model_dir, "--dataset_name", name,
-                             "--dataset_train_split", split, "--hh_format", hh_format)  # fmt: skip
+    resolved, stdout = train(
+        tmp_path,
+        monkeypatch,
+        capsys,
+        tiny_model_dir,
+        "--dataset_name",
+        name,
+        "--dataset_train_split",
+        split,
+        "--hh_format",
+        hh_format,
+    )
     assert f"Data ({split}): {N} rows, " in stdout and printed in stdout
     assert resolved["derived"]["dataset_rows"] == N and resolved["hh_format"] == hh_format
 
 
 @pytest.mark.slow
-def test_pairs_with_other_prompts_are_dropped_and_counted_under_skip_invalid(tmp_path, monkeypatch, capsys,
-                                                                             tiny_model_dir):  # fmt: skip
+def test_pairs_with_other_prompts_are_dropped_and_counted_under_skip_invalid(
+    tmp_path, monkeypatch, capsys, tiny_model_dir
+):
     pairs = hh()
     for i in (4, 9):
         pairs[i]["rejected"] = pairs[i]["rejected"].replace("\n\nHuman: ", "\n\nHuman: Ignore that. ", 1)
     name, _ = write(tmp_path, "d", lambda: pairs, "jsonl")
-    resolved, stdout = train(tmp_path, monkeypatch, capsys, tiny_model_dir, "--dataset_name", name,
-                             "--skip_invalid", "true")  # fmt: skip
+    resolved, stdout = train(
+        tmp_path, monkeypatch, capsys, tiny_model_dir, "--dataset_name", name, "--skip_invalid", "true"
+    )
     dropped = resolved["derived"]["invalid_rows"]
     assert dropped["dropped"] == 2 and [r["index"] for r in dropped["first"]] == [4, 9]
-    assert dropped["by_reason"] == {"rejected: answers another prompt than `chosen` (a pair is two answers to one "
-                                    "prompt)": 2}  # fmt: skip
+    assert dropped["by_reason"] == {
+        "rejected: answers another prompt than `chosen` (a pair is two answers to one prompt)": 2
+    }
     assert resolved["derived"]["dataset_rows"] == N - 2 and f"Dropped 2 invalid row(s) of {N}" in stdout
 
 
@@ -269,8 +339,9 @@ def other_human_turn(n=N) -> list[dict]:
     return pairs
 
 
-@pytest.mark.parametrize("make, hh_format", [(other_user_turn, "messages"), (other_human_turn, "messages"),
-                                             (other_human_turn, "text")])  # fmt: skip
+@pytest.mark.parametrize(
+    "make, hh_format", [(other_user_turn, "messages"), (other_human_turn, "messages"), (other_human_turn, "text")]
+)
 def test_pairs_whose_sides_answer_other_prompts_are_refused(make, hh_format, tmp_path, monkeypatch, capsys):
     name, _ = write(tmp_path, "d", make, "jsonl")
     line = refused(tmp_path, monkeypatch, capsys, "--dataset_name", name, "--hh_format", hh_format)
@@ -282,8 +353,9 @@ def test_no_usable_row_under_skip_invalid_is_one_error_line(tmp_path, monkeypatc
     pairs = [{"chosen": r["chosen"], "rejected": r["chosen"]} for r in dolci()]  # every pair identical
     name, _ = write(tmp_path, "d", lambda: pairs, "jsonl")
     line = refused(tmp_path, monkeypatch, capsys, "--dataset_name", name, "--skip_invalid", "true")
-    assert line.startswith(f"error: no usable row in the train split: all {N} rows are invalid ({N} x chosen: "
-                           "identical to `rejected`")  # fmt: skip
+    assert line.startswith(
+        f"error: no usable row in the train split: all {N} rows are invalid ({N} x chosen: identical to `rejected`"
+    )
 
 
 def test_an_empty_split_is_one_error_line(tmp_path, monkeypatch, capsys):

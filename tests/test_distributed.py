@@ -61,14 +61,36 @@ def test_accelerate_config_loads_and_points_at_ds_config():
 def test_zero2_trains_on_cpu_through_accelerate_launch(tmp_path, tiny_model_dir):
     out = tmp_path / "zero2"
     cmd = [
-        ACCELERATE, "launch", "--config_file", str(ROOT / "accelerate_config.yaml"), "--num_processes", "2",
-        *rank_python(), REPORT_GROUPS, str(ROOT / "train_dpo.py"), "--config", str(ROOT / "configs" / "smoke.yaml"),
-        "--model_name_or_path", tiny_model_dir, "--output_dir", str(out), "--max_steps", "3", "--logging_steps", "1",
-        "--save_strategy", "no", "--report_to", "none", "--ddp_timeout", str(GROUP_TIMEOUT_S),
-    ]  # fmt: skip
+        ACCELERATE,
+        "launch",
+        "--config_file",
+        str(ROOT / "accelerate_config.yaml"),
+        "--num_processes",
+        "2",
+        *rank_python(),
+        REPORT_GROUPS,
+        str(ROOT / "train_dpo.py"),
+        "--config",
+        str(ROOT / "configs" / "smoke.yaml"),
+        "--model_name_or_path",
+        tiny_model_dir,
+        "--output_dir",
+        str(out),
+        "--max_steps",
+        "3",
+        "--logging_steps",
+        "1",
+        "--save_strategy",
+        "no",
+        "--report_to",
+        "none",
+        "--ddp_timeout",
+        str(GROUP_TIMEOUT_S),
+    ]
     env = {**os.environ, "PATH": f"{os.path.dirname(sys.executable)}:{os.environ['PATH']}"}
-    result = subprocess.run(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            timeout=900)  # fmt: skip
+    result = subprocess.run(
+        cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=900
+    )
     assert result.returncode == 0, result.stdout[-4000:]
     # DeepSpeed makes a group of its own in `deepspeed.initialize`, after start-up: it too holds the recipe's timeout.
     assert_every_group_has_the_recipes_timeout(result.stdout)
@@ -97,18 +119,43 @@ def test_a_bf16_zero2_run_records_the_dtype_its_weights_load_in(tmp_path, tiny_m
     data = tmp_path / "pairs16.jsonl"
     data.write_text("".join((ROOT / "data" / "smoke_prefs.jsonl").read_text().splitlines(keepends=True)[:16]))
     cmd = [
-        ACCELERATE, "launch", "--config_file", str(ROOT / "accelerate_config.yaml"), "--num_processes", "2",
-        *rank_python(), str(ROOT / "train_dpo.py"), "--config", str(ROOT / "configs" / "smoke.yaml"),
-        "--model_name_or_path", tiny_model_dir, "--dataset_name", str(data), "--output_dir", str(out), "--max_steps",
-        "2", "--warmup_steps", "0", "--save_strategy", "no", "--report_to", "none", "--bf16", "true", "--use_cpu",
+        ACCELERATE,
+        "launch",
+        "--config_file",
+        str(ROOT / "accelerate_config.yaml"),
+        "--num_processes",
+        "2",
+        *rank_python(),
+        str(ROOT / "train_dpo.py"),
+        "--config",
+        str(ROOT / "configs" / "smoke.yaml"),
+        "--model_name_or_path",
+        tiny_model_dir,
+        "--dataset_name",
+        str(data),
+        "--output_dir",
+        str(out),
+        "--max_steps",
+        "2",
+        "--warmup_steps",
+        "0",
+        "--save_strategy",
+        "no",
+        "--report_to",
+        "none",
+        "--bf16",
+        "true",
+        "--use_cpu",
         "true",
         # The dtype is what is tested. With every turn trained, bf16 on a CPU puts the step-1 guard's rejected
         # rewards_norm at -0.024 against its 0.02 tolerance here (fp32 agrees exactly: tests/test_assistant_turns.py).
-        "--assistant_turns", "final",
-    ]  # fmt: skip
+        "--assistant_turns",
+        "final",
+    ]
     env = {**os.environ, "PATH": f"{os.path.dirname(sys.executable)}:{os.environ['PATH']}"}
-    result = subprocess.run(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            timeout=900)  # fmt: skip
+    result = subprocess.run(
+        cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=900
+    )
     assert result.returncode == 0, result.stdout[-4000:]
     resolved = json.loads((out / "resolved_config.json").read_text())
     assert resolved["dtype"] == resolved["model_init_kwargs"]["dtype"] == "bfloat16"

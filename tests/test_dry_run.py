@@ -44,8 +44,10 @@ def test_smoke_summary_says_what_the_run_does_and_writes_the_json_beside_the_out
     assert field(text, "micro-batches").startswith("1-2 per step on each process (mean 1.042)")
     assert field(text, "micro-batches").endswith("(at most 2,048)")
     assert field(text, "engine") == "one process (python train_dpo.py, no launcher)"
-    assert field(text, "forward").startswith("on this machine: shared prompts packing, balanced rows on sdpa (by the "
-                                             "documented order, then the least work: est.")  # fmt: skip
+    assert field(text, "forward").startswith(
+        "on this machine: shared prompts packing, balanced rows on sdpa (by the "
+        "documented order, then the least work: est."
+    )
     assert "this recipe trains in fp32" in field(text, "memory/GPU")  # the plan is for bf16 GPU runs: said why not
     written = tmp_path / "run.dry-run.json"
     assert field(text, "everything") == f"{written} (or --json prints it)"
@@ -61,8 +63,14 @@ def test_smoke_summary_says_what_the_run_does_and_writes_the_json_beside_the_out
 
 @pytest.mark.slow
 def test_a_login_node_dry_run_names_the_gpu_it_planned_for_and_how_to_plan_for_another(tmp_path, capsys):
-    think = ["--config", str(ROOT / "configs" / "think.yaml"), "--model_name_or_path", OLMO3_7B,
-             "--output_dir", str(tmp_path / "think")]  # fmt: skip
+    think = [
+        "--config",
+        str(ROOT / "configs" / "think.yaml"),
+        "--model_name_or_path",
+        OLMO3_7B,
+        "--output_dir",
+        str(tmp_path / "think"),
+    ]
     text = dry_run(capsys, *think)
     model = field(text, "model")
     assert "7.30B parameters, 32 layers" in model
@@ -70,9 +78,11 @@ def test_a_login_node_dry_run_names_the_gpu_it_planned_for_and_how_to_plan_for_a
     assert field(text, "engine").startswith("DeepSpeed ZeRO-2 (accelerate_config.yaml")
     # Planned for the forward the GPUs can take (FlexAttention's block masks, not sdpa's dense ones: 106.9 GiB).
     assert field(text, "memory/GPU").startswith("~98.1 GiB (model states 44.2,")
-    assert field(text, "forward").startswith("with FlashAttention 4 installed: one of shared prompts on "
-                                             "flex_attention, unshared on flash_attention_4, unshared on "
-                                             "flex_attention; without: ")  # fmt: skip
+    assert field(text, "forward").startswith(
+        "with FlashAttention 4 installed: one of shared prompts on "
+        "flex_attention, unshared on flash_attention_4, unshared on "
+        "flex_attention; without: "
+    )
     assert field(text, "GPU") == "fits one 179.0 GiB GPU (B200), from gpu_memory_gib"  # the recipe's sizing
     assert field(text, "other GPUs").startswith("--gpu_memory_gib 79.6 (H100 80GB), 140.4 (H200), 179 (B200)")
     resolved = json.loads((tmp_path / "think.dry-run.json").read_text())
@@ -83,8 +93,17 @@ def test_a_login_node_dry_run_names_the_gpu_it_planned_for_and_how_to_plan_for_a
 
 
 def test_without_a_gpu_size_the_summary_says_nothing_was_checked_and_how_to_check(tmp_path, capsys):
-    text = dry_run(capsys, "--config", str(ROOT / "configs" / "think.yaml"), "--model_name_or_path", OLMO3_7B,
-                   "--output_dir", str(tmp_path / "t"), "--gpu_memory_gib", "None")  # fmt: skip
+    text = dry_run(
+        capsys,
+        "--config",
+        str(ROOT / "configs" / "think.yaml"),
+        "--model_name_or_path",
+        OLMO3_7B,
+        "--output_dir",
+        str(tmp_path / "t"),
+        "--gpu_memory_gib",
+        "None",
+    )
     assert field(text, "GPU").startswith("not checked: no GPU here and no gpu_memory_gib in the recipe")
     assert "--gpu_memory_gib: 79.6 (H100 80GB)" in field(text, "GPU")
 
@@ -143,8 +162,14 @@ def test_every_suggested_command_plans_the_world_size_it_names(tmp_path, capsys,
     from dpotrain.plan import memory
     from dpotrain.recipe.config import parse_args
 
-    think = ["--config", str(ROOT / "configs" / "think.yaml"), "--model_name_or_path", OLMO3_7B,
-             "--output_dir", str(tmp_path / "think")]  # fmt: skip
+    think = [
+        "--config",
+        str(ROOT / "configs" / "think.yaml"),
+        "--model_name_or_path",
+        OLMO3_7B,
+        "--output_dir",
+        str(tmp_path / "think"),
+    ]
     monkeypatch.setenv("WORLD_SIZE", str(2 * per_node))
     monkeypatch.setenv("GPUS_PER_NODE", str(per_node))
     text = dry_run(capsys, *think)

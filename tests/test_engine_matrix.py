@@ -25,19 +25,43 @@ import pytest
 
 from conftest import ROOT, python, rank_python, run_bounded
 
-ENGINES = {"zero2": "accelerate_config.yaml", "zero3": "configs/accelerate/zero3.yaml",
-           "fsdp2": "configs/accelerate/fsdp2.yaml"}  # fmt: skip
+ENGINES = {
+    "zero2": "accelerate_config.yaml",
+    "zero3": "configs/accelerate/zero3.yaml",
+    "fsdp2": "configs/accelerate/fsdp2.yaml",
+}
 FORWARDS = {"shared": [], "packed": ["--share_prompt", "false"], "padded": ["--padding_free", "false"]}
 FORWARD_RECORD = {"shared": "packed, prompts shared", "packed": "packed", "padded": "padded"}
-RUN = ["--max_steps", "3", "--logging_steps", "1", "--save_strategy", "no", "--report_to", "none",
-       "--eval_strategy", "steps", "--eval_steps", "2", "--samples_every", "2", "--sample_count", "2",
-       "--sample_max_new_tokens", "6"]  # fmt: skip
+RUN = [
+    "--max_steps",
+    "3",
+    "--logging_steps",
+    "1",
+    "--save_strategy",
+    "no",
+    "--report_to",
+    "none",
+    "--eval_strategy",
+    "steps",
+    "--eval_steps",
+    "2",
+    "--samples_every",
+    "2",
+    "--sample_count",
+    "2",
+    "--sample_max_new_tokens",
+    "6",
+]
 LIMIT_S = 480  # per launch; a 2-process run takes 1-2 min on 2 busy cores
 FAST = {("zero3", "padded", "reused"), ("fsdp2", "padded", "partial")}
 BEYOND_CI = (pytest.mark.slow, pytest.mark.extended)  # ~25 min together on 2 cores: `scripts/test.sh -m extended`
-CASES = [pytest.param(e, f, r, marks=() if (e, f, r) in FAST else BEYOND_CI, id=f"{e}-{f}-{r}")
-         for e in ENGINES for f in FORWARDS for r in ("scored", "reused", "partial")
-         if r != "partial" or (e, f, r) in FAST]  # fmt: skip
+CASES = [
+    pytest.param(e, f, r, marks=() if (e, f, r) in FAST else BEYOND_CI, id=f"{e}-{f}-{r}")
+    for e in ENGINES
+    for f in FORWARDS
+    for r in ("scored", "reused", "partial")
+    if r != "partial" or (e, f, r) in FAST
+]
 
 
 def launch(out, cache, model_dir, data, *args, config=None, limit=LIMIT_S) -> str:
@@ -45,17 +69,37 @@ def launch(out, cache, model_dir, data, *args, config=None, limit=LIMIT_S) -> st
     whole process group (launcher and ranks) past `limit` seconds: the test fails, naming the hang."""
     launcher = [python()]
     if config:
-        launcher = [str(ROOT / ".venv" / "bin" / "accelerate"), "launch", "--config_file", str(ROOT / config),
-                    "--num_processes", "2", *rank_python()]  # fmt: skip
+        launcher = [
+            str(ROOT / ".venv" / "bin" / "accelerate"),
+            "launch",
+            "--config_file",
+            str(ROOT / config),
+            "--num_processes",
+            "2",
+            *rank_python(),
+        ]
     path = f"{os.path.dirname(sys.executable)}:{os.environ['PATH']}"
     env = {**os.environ, "DPOTRAIN_CACHE": str(cache), "PATH": path}
-    cmd = [*launcher, str(ROOT / "train_dpo.py"), "--config", str(ROOT / "configs" / "smoke.yaml"),
-           "--model_name_or_path", model_dir, "--dataset_name", str(data), "--output_dir", str(out), *args]  # fmt: skip
+    cmd = [
+        *launcher,
+        str(ROOT / "train_dpo.py"),
+        "--config",
+        str(ROOT / "configs" / "smoke.yaml"),
+        "--model_name_or_path",
+        model_dir,
+        "--dataset_name",
+        str(data),
+        "--output_dir",
+        str(out),
+        *args,
+    ]
     start = time.monotonic()
     code, log, _ = run_bounded(cmd, limit, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     if code is None:
-        pytest.fail(f"{' '.join(args)} under {config or 'one process'} did not finish in {limit} s (a rank waiting in "
-                    f"a collective the others never run?): killed\n{log[-3000:]}")  # fmt: skip
+        pytest.fail(
+            f"{' '.join(args)} under {config or 'one process'} did not finish in {limit} s (a rank waiting in "
+            f"a collective the others never run?): killed\n{log[-3000:]}"
+        )
     assert code == 0, log[-4000:]
     print(f"{config or 'one process'} {' '.join(args)}: {time.monotonic() - start:.0f} s")
     return log
@@ -97,8 +141,9 @@ def samples(out) -> list[dict]:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("engine, forward, reference", CASES)
-def test_two_processes_compute_what_one_process_computes(engine, forward, reference, tmp_path, tiny_model_dir, splits,
-                                                         one_process):  # fmt: skip
+def test_two_processes_compute_what_one_process_computes(
+    engine, forward, reference, tmp_path, tiny_model_dir, splits, one_process
+):
     base, base_cache = one_process(forward)
     cache = tmp_path / "cache"
     if reference != "scored":  # the one-process run's cache: a rerun, or training after a --reference-only job
@@ -178,10 +223,24 @@ def test_padded_ranks_run_as_many_forwards_as_the_rank_that_wants_the_most(tmp_p
     script = tmp_path / "ranks.py"
     script.write_text(RANKS_SCRIPT)
     result = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", *rank_python(),
-         str(script), tiny_model_dir, str(tmp_path)],
-        cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc_per_node",
+            "2",
+            *rank_python(),
+            str(script),
+            tiny_model_dir,
+            str(tmp_path),
+        ],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     reports = [json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in (0, 1)]
     assert [r["rank"] for r in reports] == [0, 1]

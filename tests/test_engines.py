@@ -26,9 +26,28 @@ from dpotrain.cluster import engine
 from dpotrain.recipe.errors import ConfigError
 
 ENGINES = {"zero3": "configs/accelerate/zero3.yaml", "fsdp2": "configs/accelerate/fsdp2.yaml"}
-RUN = ["--max_steps", "4", "--logging_steps", "1", "--save_steps", "2", "--report_to", "none", "--eval_strategy",
-       "steps", "--eval_steps", "2", "--samples_every", "2", "--sample_count", "2",
-       "--sample_max_new_tokens", "8", "--ddp_timeout", str(GROUP_TIMEOUT_S)]  # fmt: skip
+RUN = [
+    "--max_steps",
+    "4",
+    "--logging_steps",
+    "1",
+    "--save_steps",
+    "2",
+    "--report_to",
+    "none",
+    "--eval_strategy",
+    "steps",
+    "--eval_steps",
+    "2",
+    "--samples_every",
+    "2",
+    "--sample_count",
+    "2",
+    "--sample_max_new_tokens",
+    "8",
+    "--ddp_timeout",
+    str(GROUP_TIMEOUT_S),
+]
 LORA = ["--use_peft", "true", "--lora_r", "8", "--lora_target_modules", "q_proj", "v_proj", "--merge_lora", "true"]
 
 
@@ -37,14 +56,34 @@ def train(out, model_dir, data, *args, config=None, timeout=900):
     whose ranks report their process groups as they end (tests/helpers/report_groups.py)."""
     launcher = [python()]
     if config:
-        launcher = [str(ROOT / ".venv" / "bin" / "accelerate"), "launch", "--config_file", str(ROOT / config),
-                    "--num_processes", "2", *rank_python(), REPORT_GROUPS]  # fmt: skip
+        launcher = [
+            str(ROOT / ".venv" / "bin" / "accelerate"),
+            "launch",
+            "--config_file",
+            str(ROOT / config),
+            "--num_processes",
+            "2",
+            *rank_python(),
+            REPORT_GROUPS,
+        ]
     path = f"{os.path.dirname(sys.executable)}:{os.environ['PATH']}"
     env = {**os.environ, "DPOTRAIN_CACHE": f"{out}-cache", "PATH": path}
-    cmd = [*launcher, str(ROOT / "train_dpo.py"), "--config", str(ROOT / "configs" / "smoke.yaml"),
-           "--model_name_or_path", model_dir, "--dataset_name", str(data), "--output_dir", str(out), *args]  # fmt: skip
-    result = subprocess.run(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            timeout=timeout)  # fmt: skip
+    cmd = [
+        *launcher,
+        str(ROOT / "train_dpo.py"),
+        "--config",
+        str(ROOT / "configs" / "smoke.yaml"),
+        "--model_name_or_path",
+        model_dir,
+        "--dataset_name",
+        str(data),
+        "--output_dir",
+        str(out),
+        *args,
+    ]
+    result = subprocess.run(
+        cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=timeout
+    )
     assert result.returncode == 0, result.stdout[-4000:]
     return result.stdout
 
@@ -91,8 +130,9 @@ def assert_fsdp2_checkpoint_is_sharded_and_the_model_one_hf_folder(out) -> None:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ENGINES)
-def test_engine_with_two_processes_computes_what_one_process_computes(name, tmp_path, tiny_model_dir, splits,
-                                                                      one_process):  # fmt: skip
+def test_engine_with_two_processes_computes_what_one_process_computes(
+    name, tmp_path, tiny_model_dir, splits, one_process
+):
     out = tmp_path / "run"
     log = train(out, tiny_model_dir, splits, *RUN, config=ENGINES[name])
     assert json.loads((out / "resolved_config.json").read_text())["derived"]["world_size"] == 2
@@ -131,15 +171,18 @@ def test_engine_with_two_processes_computes_what_one_process_computes(name, tmp_
     # LoRA with the merged model: the adapter and its merge as with one process.
     lora = tmp_path / "lora"
     train(lora, tiny_model_dir, splits, *RUN, *LORA, config=ENGINES[name])
-    assert_same_weights(one_process / "lora" / "merged" / "model.safetensors", lora / "merged" / "model.safetensors",
-                        1e-6)  # fmt: skip
+    assert_same_weights(
+        one_process / "lora" / "merged" / "model.safetensors", lora / "merged" / "model.safetensors", 1e-6
+    )
 
 
 @pytest.mark.slow
 def test_plain_ddp_with_two_processes_trains_like_one_process(tmp_path, tiny_model_dir, splits, one_process):
     config = tmp_path / "ddp.yaml"
-    config.write_text("compute_environment: LOCAL_MACHINE\ndistributed_type: MULTI_GPU\nnum_machines: 1\n"
-                      "num_processes: 2\nmain_process_port: 0\nmixed_precision: 'no'\nuse_cpu: false\n")  # fmt: skip
+    config.write_text(
+        "compute_environment: LOCAL_MACHINE\ndistributed_type: MULTI_GPU\nnum_machines: 1\n"
+        "num_processes: 2\nmain_process_port: 0\nmixed_precision: 'no'\nuse_cpu: false\n"
+    )
     out = tmp_path / "run"
     log = train(out, tiny_model_dir, splits, *RUN, config=config)
     assert_every_group_has_the_recipes_timeout(log)
@@ -155,7 +198,7 @@ def test_plain_ddp_with_two_processes_trains_like_one_process(tmp_path, tiny_mod
         ({"ACCELERATE_USE_DEEPSPEED": "true", "ACCELERATE_DEEPSPEED_ZERO_STAGE": "1"}, "ZeRO stage 1 is not supported"),
         ({"ACCELERATE_USE_MEGATRON_LM": "true"}, "megatron_lm is not supported"),
     ],
-)  # fmt: skip
+)
 def test_engines_the_project_does_not_support_are_refused(env, message, monkeypatch):
     for name in ("ACCELERATE_USE_FSDP", "ACCELERATE_USE_DEEPSPEED", "ACCELERATE_DEEPSPEED_CONFIG_FILE"):
         monkeypatch.delenv(name, raising=False)
@@ -169,9 +212,22 @@ def test_engines_the_project_does_not_support_are_refused(env, message, monkeypa
 def test_an_fsdp1_launch_is_refused_before_anything_loads(tmp_path, tiny_model_dir):
     config = tmp_path / "fsdp1.yaml"
     config.write_text((ROOT / ENGINES["fsdp2"]).read_text().replace("fsdp_version: 2", "fsdp_version: 1"))
-    cmd = [str(ROOT / ".venv" / "bin" / "accelerate"), "launch", "--config_file", str(config), "--num_processes", "2",
-           *rank_python(), str(ROOT / "train_dpo.py"), "--config", str(ROOT / "configs" / "smoke.yaml"),
-           "--model_name_or_path", tiny_model_dir, "--output_dir", str(tmp_path / "out")]  # fmt: skip
+    cmd = [
+        str(ROOT / ".venv" / "bin" / "accelerate"),
+        "launch",
+        "--config_file",
+        str(config),
+        "--num_processes",
+        "2",
+        *rank_python(),
+        str(ROOT / "train_dpo.py"),
+        "--config",
+        str(ROOT / "configs" / "smoke.yaml"),
+        "--model_name_or_path",
+        tiny_model_dir,
+        "--output_dir",
+        str(tmp_path / "out"),
+    ]
     env = {**os.environ, "PATH": f"{os.path.dirname(sys.executable)}:{os.environ['PATH']}"}
     result = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert result.returncode != 0

@@ -25,8 +25,18 @@ from dpotrain.train import checkpoint_manifest, resume
 from dpotrain.train.preemption import INTERRUPTED_EXIT, STOPPED_EXIT
 
 STEPS = 4
-ARGS = ["--config", str(ROOT / "configs" / "smoke.yaml"), "--max_steps", str(STEPS), "--save_steps", "2",
-        "--logging_steps", "1", "--report_to", "none"]  # fmt: skip
+ARGS = [
+    "--config",
+    str(ROOT / "configs" / "smoke.yaml"),
+    "--max_steps",
+    str(STEPS),
+    "--save_steps",
+    "2",
+    "--logging_steps",
+    "1",
+    "--report_to",
+    "none",
+]
 SLOW_CHECKPOINT = ROOT / "tests" / "helpers" / "slow_checkpoint.py"  # train_dpo.py on a slow file system
 FINAL = ("model.safetensors", "run_complete.json", "README.md", "training_curves.png")  # written after training
 
@@ -41,14 +51,29 @@ def pairs(tmp_path_factory):
 
 
 def command(out, model_dir, data, interpreter=None, script=ROOT / "train_dpo.py") -> list[str]:
-    return [interpreter or python(), str(script), *ARGS, "--output_dir", str(out),
-            "--model_name_or_path", model_dir, "--dataset_name", str(data)]  # fmt: skip
+    return [
+        interpreter or python(),
+        str(script),
+        *ARGS,
+        "--output_dir",
+        str(out),
+        "--model_name_or_path",
+        model_dir,
+        "--dataset_name",
+        str(data),
+    ]
 
 
 def train(out, model_dir, data, *extra, prefix=(), interpreter=None, env=None) -> subprocess.CompletedProcess:
-    return subprocess.run([*prefix, *command(out, model_dir, data, interpreter), *extra], cwd=ROOT,
-                          env={**os.environ, **(env or {})}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                          text=True, timeout=600)  # fmt: skip
+    return subprocess.run(
+        [*prefix, *command(out, model_dir, data, interpreter), *extra],
+        cwd=ROOT,
+        env={**os.environ, **(env or {})},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=600,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -85,8 +110,9 @@ def unfinished(baseline, tmp_path, drop_checkpoint_4=False):
 
 
 @pytest.mark.slow
-def test_a_run_killed_after_its_last_checkpoint_trains_no_step_past_max_steps(baseline, tmp_path, tiny_model_dir,
-                                                                               pairs):  # fmt: skip
+def test_a_run_killed_after_its_last_checkpoint_trains_no_step_past_max_steps(
+    baseline, tmp_path, tiny_model_dir, pairs
+):
     out = unfinished(baseline, tmp_path)
     result = train(out, tiny_model_dir, pairs)
     assert result.returncode == 0, result.stdout[-3000:]
@@ -97,8 +123,13 @@ def test_a_run_killed_after_its_last_checkpoint_trains_no_step_past_max_steps(ba
 
 
 # Each file a checkpoint needs, damaged as a fault leaves it: deleted, cut short, or a byte changed in place.
-DAMAGE = [("model.safetensors", "cut"), ("optimizer.pt", "missing"), ("scheduler.pt", "flipped"),
-          ("trainer_state.json", "missing"), ("rng_state.pth", "cut")]  # fmt: skip
+DAMAGE = [
+    ("model.safetensors", "cut"),
+    ("optimizer.pt", "missing"),
+    ("scheduler.pt", "flipped"),
+    ("trainer_state.json", "missing"),
+    ("rng_state.pth", "cut"),
+]
 
 
 def damage(path, how):
@@ -153,9 +184,14 @@ def test_a_checkpoint_missing_its_optimizer_resumes_from_the_one_before_to_the_s
 def start(out, model_dir, data, env=None, script=ROOT / "train_dpo.py"):
     """The run in its own interpreter: a kill reaches the process that holds the output folder's lock, as a node's
     SIGKILL does (the tests' warm interpreter would leave its forked child running a moment longer)."""
-    return subprocess.Popen(command(out, model_dir, data, interpreter=PYTHON, script=script), cwd=ROOT,
-                            env={**os.environ, **(env or {})}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True)  # fmt: skip
+    return subprocess.Popen(
+        command(out, model_dir, data, interpreter=PYTHON, script=script),
+        cwd=ROOT,
+        env={**os.environ, **(env or {})},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
 
 
 def wait_until(proc, done, timeout=300):
@@ -290,9 +326,15 @@ def test_a_full_disk_during_a_save_is_one_line_and_the_earlier_checkpoint_is_kep
     disk = tmp_path / "disk"
     prefix, preexec = small_disk(disk, 4)  # a checkpoint takes ~2.3 MB: checkpoint-2 fits, checkpoint-4 does not
     out = disk / "run"
-    result = subprocess.run([*prefix, *command(out, tiny_model_dir, pairs, interpreter=PYTHON)], cwd=ROOT,
-                            preexec_fn=preexec, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            timeout=600)  # fmt: skip
+    result = subprocess.run(
+        [*prefix, *command(out, tiny_model_dir, pairs, interpreter=PYTHON)],
+        cwd=ROOT,
+        preexec_fn=preexec,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=600,
+    )
     kept = tmp_path / "disk.kept" / "run"
     errors = [line for line in result.stdout.splitlines() if line.startswith("error:")]
     assert result.returncode == 1 and "Traceback" not in result.stdout and len(errors) == 1, result.stdout[-3000:]
@@ -324,8 +366,16 @@ def test_a_reference_cache_without_room_costs_only_the_saving(baseline, tmp_path
         pytest.skip("needs a tmpfs mounted in a mount namespace of its own (root, unshare)")
     fill = ["sh", "-c", 'head -c 4000000 /dev/zero > "$0/filler" 2>/dev/null; exec "$@"', str(cache)]  # no room left
     out = tmp_path / "run"
-    result = train(out, tiny_model_dir, pairs, "--reference_save_seconds", "0", prefix=[*prefix, *fill],
-                   interpreter=PYTHON, env={"DPOTRAIN_CACHE": str(cache)})  # fmt: skip
+    result = train(
+        out,
+        tiny_model_dir,
+        pairs,
+        "--reference_save_seconds",
+        "0",
+        prefix=[*prefix, *fill],
+        interpreter=PYTHON,
+        env={"DPOTRAIN_CACHE": str(cache)},
+    )
     assert result.returncode == 0 and "Traceback" not in result.stdout, result.stdout[-3000:]
     warning = f"warning: the reference cache could not be written in {cache}/reference/"
     assert result.stdout.count(warning) == 1, result.stdout[-3000:]  # once, though every round tried to save
@@ -392,8 +442,13 @@ def test_a_disk_filled_mid_training_ends_at_the_metrics_in_one_line_without_a_to
     disk = tmp_path / "disk"
     prefix = small_block_disk(disk, 16)
     out = disk / "run"
-    proc = subprocess.Popen([*prefix, *command(out, tiny_model_dir, pairs, interpreter=PYTHON)], cwd=ROOT,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    proc = subprocess.Popen(
+        [*prefix, *command(out, tiny_model_dir, pairs, interpreter=PYTHON)],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     seen = Path(f"/proc/{proc.pid}/root") / out.relative_to("/")  # the run's folder, on the run's own disk
     wait_until(proc, lambda: (seen / "checkpoint-2" / "COMPLETE").exists())
     run = int(Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()[0])
@@ -428,11 +483,24 @@ def test_a_one_process_run_requeued_under_a_two_process_deepspeed_launch_is_refu
     checkpoints a single process wrote: refused before the model loads, as the launch that lost processes is."""
     out = unfinished(baseline, tmp_path)
     bin_dir = os.path.dirname(PYTHON)
-    launch = [os.path.join(bin_dir, "accelerate"), "launch", "--config_file", str(ROOT / "accelerate_config.yaml"),
-              "--num_processes", "2", *rank_python()]  # fmt: skip
-    result = subprocess.run([*launch, *command(out, tiny_model_dir, pairs)[1:]], cwd=ROOT, stdout=subprocess.PIPE,
-                            env={**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}, stderr=subprocess.STDOUT,
-                            text=True, timeout=600)  # fmt: skip
+    launch = [
+        os.path.join(bin_dir, "accelerate"),
+        "launch",
+        "--config_file",
+        str(ROOT / "accelerate_config.yaml"),
+        "--num_processes",
+        "2",
+        *rank_python(),
+    ]
+    result = subprocess.run(
+        [*launch, *command(out, tiny_model_dir, pairs)[1:]],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        env={**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"},
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=600,
+    )
     errors = {line for line in result.stdout.splitlines() if line.startswith("error:")}
     assert result.returncode != 0 and errors == {
         f"error: checkpoint '{out}/checkpoint-4' was written without DeepSpeed (one process, DDP or FSDP), and this "
@@ -456,8 +524,9 @@ def test_a_checkpoint_without_a_manifest_still_resumes(baseline, tmp_path, tiny_
 def test_an_explicit_damaged_resume_point_is_refused(baseline, tmp_path, tiny_model_dir, pairs):
     out = unfinished(baseline, tmp_path)
     (out / "checkpoint-4" / "scheduler.pt").unlink()
-    recipe = parse_args([*command(out, tiny_model_dir, pairs)[2:], "--resume_from_checkpoint",
-                         str(out / "checkpoint-4")])  # fmt: skip
+    recipe = parse_args(
+        [*command(out, tiny_model_dir, pairs)[2:], "--resume_from_checkpoint", str(out / "checkpoint-4")]
+    )
     with pytest.raises(ConfigError, match=r"resume_from_checkpoint .*checkpoint-4' is damaged \(scheduler.pt is "):
         check_output_dir(recipe, 8)
 

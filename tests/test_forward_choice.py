@@ -44,8 +44,18 @@ def multiturn_mix(n: int = 2000, seed: int = 0) -> cost.Lengths:
 
 
 def think_recipe(*args):
-    return parse_args(["--config", str(ROOT / "configs" / "think.yaml"), "--model_name_or_path", OLMO3_7B,
-                       "--output_dir", "/tmp/unused", "--dry-run", *args])  # fmt: skip
+    return parse_args(
+        [
+            "--config",
+            str(ROOT / "configs" / "think.yaml"),
+            "--model_name_or_path",
+            OLMO3_7B,
+            "--output_dir",
+            "/tmp/unused",
+            "--dry-run",
+            *args,
+        ]
+    )
 
 
 def decide(lengths, cuda=True, varlen=FA4, *args):
@@ -70,9 +80,11 @@ def test_the_choice_follows_the_data(capsys):
     assert 1.15 < think_est[1] / think_est[0] < 1.35  # 0.324 / 0.250 = 1.30, less the ~4% sharing saves
     lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("Forward:")]
     assert len(lines) == 2
-    want = (rf"Forward: unshared packing, one row per micro-batch on {FA4}: cheapest measured: est\. [\d.,]+ against "
-            r"[\d.,]+ for shared prompts on flex_attention \(H100-seconds per 1,000 pairs\), from think-like \(1,024 "
-            r"of its 2,000 pairs weighed\)\.")  # fmt: skip
+    want = (
+        rf"Forward: unshared packing, one row per micro-batch on {FA4}: cheapest measured: est\. [\d.,]+ against "
+        r"[\d.,]+ for shared prompts on flex_attention \(H100-seconds per 1,000 pairs\), from think-like \(1,024 "
+        r"of its 2,000 pairs weighed\)\."
+    )
     assert re.fullmatch(want, lines[0]), lines[0]
     # Without a varlen kernel: shared prompts on flex for both, by far on multi-turn pairs, narrowly on think's.
     for mix, (low, high) in ((think, (1.0, 1.1)), (multiturn, (1.5, 2.5))):
@@ -104,11 +116,16 @@ def test_only_kernels_whose_speed_was_measured_are_weighed_the_rest_by_the_docum
             assert chosen.decision["not_weighed"] == [f"unshared on {varlen}"]
             assert chosen.reason.endswith(f"; not weighed (speed not measured): unshared on {varlen}")
             assert {e["forward"] for e in chosen.decision["estimates"]} == {
-                "shared prompts on flex_attention", "unshared on flex_attention"}  # fmt: skip
+                "shared prompts on flex_attention",
+                "unshared on flex_attention",
+            }
         config = memory.load_model_config(think_recipe())[0]
         listed, _ = choice.candidates(copy.deepcopy(config), think_recipe(), True, varlen, check_kernels=False)
-        assert [c.describe() for c in listed] == ["shared prompts on flex_attention", "unshared on flex_attention",
-                                                  f"unshared on {varlen}"]  # fmt: skip
+        assert [c.describe() for c in listed] == [
+            "shared prompts on flex_attention",
+            "unshared on flex_attention",
+            f"unshared on {varlen}",
+        ]
     asked, _ = decide(think, True, FA4, "--attn_implementation", "sdpa")
     assert asked.attention == "sdpa" and asked.decision["unit"] == "TFLOP per 1,000 pairs, all on sdpa"
     assert asked.reason.startswith("as the recipe names it, then the least work: est. ")
@@ -125,9 +142,11 @@ def test_the_decision_is_a_function_of_the_lengths():
     assert decide(reordered)[0].attention == FA4  # another sample of the same mix: the same winner
 
 
-@pytest.mark.parametrize("live", [["--precompute_ref_log_probs", "false"],
-                                  ["--precompute_ref_log_probs", "false", "--sync_ref_model", "true"]],
-                         ids=["live_reference", "tr_dpo"])  # fmt: skip
+@pytest.mark.parametrize(
+    "live",
+    [["--precompute_ref_log_probs", "false"], ["--precompute_ref_log_probs", "false", "--sync_ref_model", "true"]],
+    ids=["live_reference", "tr_dpo"],
+)
 def test_a_live_reference_model_packs_and_its_forward_is_counted(live):
     """A live reference model (TR-DPO's too) takes the packed forwards the cached reference takes, ranked the same:
     its no-grad forward of the same rows is a 4th forward beside training's 3 for every candidate, so each estimate
@@ -185,20 +204,34 @@ def test_the_memory_plan_and_the_runs_check_use_the_chosen_forward():
     assert planned["fits"] is True and planned["per_gpu_gib"]["total"] == 72.8
     assert planned["per_gpu_gib"]["attention_masks"] == 0.0  # a block mask's few MiB
     assert choice.lightest_attention(memory.load_model_config(recipe)[0], recipe, cuda=True, varlen=None) == (
-        "flex_attention")  # fmt: skip
+        "flex_attention"
+    )
 
 
 def test_a_login_node_dry_run_plans_for_what_the_gpus_will_run(tmp_path, capsys, monkeypatch):
     """Without cached lengths: the candidates of both kernel sets, and a plan that fits (refused before, for sdpa)."""
     monkeypatch.setenv("WORLD_SIZE", "16")
     monkeypatch.setenv("GPUS_PER_NODE", "8")
-    train_dpo.main(["--config", str(ROOT / "configs" / "think.yaml"), "--model_name_or_path", OLMO3_7B,
-                    "--output_dir", str(tmp_path / "t"), "--gpu_memory_gib", "79.6", "--dry-run"])  # fmt: skip
+    train_dpo.main(
+        [
+            "--config",
+            str(ROOT / "configs" / "think.yaml"),
+            "--model_name_or_path",
+            OLMO3_7B,
+            "--output_dir",
+            str(tmp_path / "t"),
+            "--gpu_memory_gib",
+            "79.6",
+            "--dry-run",
+        ]
+    )
     out = capsys.readouterr().out
     assert "fits one 79.6 GiB GPU (H100 80GB)" in out and "~72.8 GiB" in out
     forward = json.loads((tmp_path / "t.dry-run.json").read_text())["derived"]["forward"]
     assert forward["with FlashAttention 4 installed"]["candidates"][:2] == [
-        "shared prompts on flex_attention", f"unshared on {FA4}"]  # fmt: skip
+        "shared prompts on flex_attention",
+        f"unshared on {FA4}",
+    ]
     assert forward["without"]["candidates"] == ["shared prompts on flex_attention", "unshared on flex_attention"]
 
 
@@ -213,9 +246,25 @@ def test_a_dry_run_with_the_analyzers_lengths_states_both_decisions(tmp_path, ca
     measured = analyzer.Measured(np.arange(384), think.prompt, think.chosen, think.rejected, [], True)
     identity = analyzer.dataset_identity(str(data), "train", None, local_only=True)
     analyzer.save_cache(measured, {}, identity, AutoTokenizer.from_pretrained(tiny_model_dir))
-    train_dpo.main(["--config", str(ROOT / "configs" / "smoke.yaml"), "--dataset_name", str(data), "--max_length",
-                    "16384", "--max_tokens_per_microbatch", "65536", "--bf16", "true", "--gpu_memory_gib", "79.6",
-                    "--output_dir", str(tmp_path / "run"), "--dry-run"])  # fmt: skip
+    train_dpo.main(
+        [
+            "--config",
+            str(ROOT / "configs" / "smoke.yaml"),
+            "--dataset_name",
+            str(data),
+            "--max_length",
+            "16384",
+            "--max_tokens_per_microbatch",
+            "65536",
+            "--bf16",
+            "true",
+            "--gpu_memory_gib",
+            "79.6",
+            "--output_dir",
+            str(tmp_path / "run"),
+            "--dry-run",
+        ]
+    )
     line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("  forward:"))
     assert re.search(
         rf"with FlashAttention 4 installed: unshared packing, one row per micro-batch on {FA4} \(cheapest measured: "

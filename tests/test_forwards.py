@@ -27,8 +27,10 @@ def random_layout(seed: int, shared: bool):
     g = torch.Generator().manual_seed(seed)
     n = int(torch.randint(1, 7, (1,), generator=g))
     sizes = torch.randint(1, 300, (n, 3), generator=g).tolist()
-    pairs = [{"prompt_ids": [7] * p, "chosen_ids": [8] * (1 + c % 200), "rejected_ids": [9] * (1 + r % 200)}
-             for p, c, r in sizes]  # fmt: skip
+    pairs = [
+        {"prompt_ids": [7] * p, "chosen_ids": [8] * (1 + c % 200), "rejected_ids": [9] * (1 + r % 200)}
+        for p, c, r in sizes
+    ]
     kind = SharedPromptCollator if shared else packing.PackedPreferenceCollator
     return kind(4096, one_row=True, pad_to_multiple_of=masks.BLOCK)(pairs)
 
@@ -153,8 +155,9 @@ def test_generation_leaves_the_training_flex_compilation_alone(tiny_model_dir, c
     with torch.no_grad():
         want = per_token(model, dict(batch))
     assert flex.compilations() == 1
-    generator = SampleGenerator([[5, 6, 7, 8, 9]], AutoTokenizer.from_pretrained(tiny_model_dir), every=1,
-                                max_new_tokens=6, warn_at=1.0)  # fmt: skip
+    generator = SampleGenerator(
+        [[5, 6, 7, 8, 9]], AutoTokenizer.from_pretrained(tiny_model_dir), every=1, max_new_tokens=6, warn_at=1.0
+    )
     model.train()
     records = generator.generate(SimpleNamespace(output_dir=str(tmp_path)), TrainerState(), model)
     assert len(records) == 1 and records[0]["completion"]
@@ -199,8 +202,18 @@ def test_rows_stay_within_the_memory_plan_on_a_think_epoch():
 
     from dpotrain.plan import memory
 
-    recipe = parse_args(["--config", SMOKE, "--max_length", "16384", "--max_tokens_per_microbatch", "65536",
-                         "--output_dir", "/tmp/unused"])  # fmt: skip
+    recipe = parse_args(
+        [
+            "--config",
+            SMOKE,
+            "--max_length",
+            "16384",
+            "--max_tokens_per_microbatch",
+            "65536",
+            "--output_dir",
+            "/tmp/unused",
+        ]
+    )
     tokens, width, _ = memory.micro_batch(recipe)
     prompt, chosen, rejected = dolci_think(2000, seed=0)
     kept = prompt < 16384  # TRL drops a pair whose prompt fills max_length
@@ -209,8 +222,11 @@ def test_rows_stay_within_the_memory_plan_on_a_think_epoch():
         step_plan = plan.StepPlan(128, 8, 0, tokens, None)
         widest = 0
         for mb in (mb for step in plan.plan_run(lengths, step_plan, 1)[0] for rank in step for mb in rank):
-            units = ([int(lengths.tokens[i]) for i in mb] if shared else
-                     [int(lengths.chosen[i]) for i in mb] + [int(lengths.rejected[i]) for i in mb])  # fmt: skip
+            units = (
+                [int(lengths.tokens[i]) for i in mb]
+                if shared
+                else [int(lengths.chosen[i]) for i in mb] + [int(lengths.rejected[i]) for i in mb]
+            )
             rows = packing.fill_rows(units, 4096, packing.row_width_bound(16384))
             row_width = max(sum(units[i] for i in row) for row in rows)
             assert row_width <= width and len(rows) * row_width**2 <= tokens * width

@@ -18,10 +18,27 @@ pytestmark = [
 
 def test_bf16_and_activation_checkpointing_keep_the_step_one_invariant(tmp_path, tiny_model_dir):
     recipe = parse_args(
-        ["--config", str(ROOT / "configs" / "smoke.yaml"), "--model_name_or_path", tiny_model_dir,
-         "--output_dir", str(tmp_path), "--bf16", "true", "--activation_checkpointing", "true", "--max_steps", "3",
-         "--logging_steps", "1", "--save_strategy", "no", "--report_to", "none"]
-    )  # fmt: skip
+        [
+            "--config",
+            str(ROOT / "configs" / "smoke.yaml"),
+            "--model_name_or_path",
+            tiny_model_dir,
+            "--output_dir",
+            str(tmp_path),
+            "--bf16",
+            "true",
+            "--activation_checkpointing",
+            "true",
+            "--max_steps",
+            "3",
+            "--logging_steps",
+            "1",
+            "--save_strategy",
+            "no",
+            "--report_to",
+            "none",
+        ]
+    )
     trainer = ready(trainer_on(recipe, data.load_preference_dataset(str(ROOT / "data" / "smoke_prefs.jsonl"))))
     trainer.train()
     losses = [r["loss"] for r in trainer.state.log_history if "loss" in r]

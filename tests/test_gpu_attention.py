@@ -26,9 +26,16 @@ def olmo3(attn: str):
     from transformers import AutoModelForCausalLM, Olmo3Config
     from trl.trainer.utils import add_fused_lm_head
 
-    config = Olmo3Config(vocab_size=1000, hidden_size=256, intermediate_size=512, num_hidden_layers=4,
-                         num_attention_heads=4, num_key_value_heads=2, sliding_window=128,
-                         max_position_embeddings=4096)  # fmt: skip
+    config = Olmo3Config(
+        vocab_size=1000,
+        hidden_size=256,
+        intermediate_size=512,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        sliding_window=128,
+        max_position_embeddings=4096,
+    )
     torch.manual_seed(0)
     flex.install()  # flex_attention through the project's compiled function, as a run does
     model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16, attn_implementation=attn).cuda()
@@ -46,8 +53,13 @@ def alone(model, pairs) -> tuple[torch.Tensor, list]:
     for side in (0, 1):
         for pair in pairs:
             ids, mask = packing.sequences(pair, None, "keep_start")[side]
-            batch = on_gpu({"input_ids": torch.tensor([ids]), "position_ids": torch.arange(len(ids))[None],
-                            "completion_mask": torch.tensor([mask])})  # fmt: skip
+            batch = on_gpu(
+                {
+                    "input_ids": torch.tensor([ids]),
+                    "position_ids": torch.arange(len(ids))[None],
+                    "completion_mask": torch.tensor([mask]),
+                }
+            )
             s = packing.forward(model, batch).log_probs.float().sum()
             sums.append(s)
             total = total + s
@@ -85,8 +97,11 @@ def test_shared_prompts_on_flex_equal_each_sequence_alone():
 
 # Each shipped recipe on its engine, one GPU: the recipe's bf16, activation checkpointing, checkpoints and samples, plus
 # evaluation and samples at every step (the most flips between training, generation, evaluation and the reference).
-RECIPES = {"think": "accelerate_config.yaml", "instruct": "accelerate_config.yaml",
-           "think-32b": "configs/accelerate/zero3.yaml"}  # fmt: skip
+RECIPES = {
+    "think": "accelerate_config.yaml",
+    "instruct": "accelerate_config.yaml",
+    "think-32b": "configs/accelerate/zero3.yaml",
+}
 # Autograd modes (with gradients; without: evaluation, a no-grad reference, reentrant checkpointing's first pass;
 # inference mode), each at most twice (a micro-batch of one 128-position tile is a shape of its own for dynamo).
 MOST_COMPILATIONS = 6
@@ -99,12 +114,46 @@ LIMIT_S = 300
 def test_shipped_recipe_runs_on_flex_compiled_a_few_times(recipe, tmp_path, tiny_model_dir, splits):  # noqa: F811
     out = tmp_path / "run"
     # as a module: `pip install --target` (benchmarks/gpu_setup.sh) puts no console script on PATH
-    cmd = [python(), "-m", "accelerate.commands.launch", "--config_file", str(ROOT / RECIPES[recipe]),
-           "--num_processes", "1", str(ROOT / "train_dpo.py"), "--config", str(ROOT / "configs" / f"{recipe}.yaml"),
-           "--model_name_or_path", tiny_model_dir, "--dataset_name", str(splits), "--output_dir", str(out),
-           "--attn_implementation", "flex_attention", "--pairs_per_step", "8", "--max_steps", "4", "--save_steps", "2",
-           "--eval_strategy", "steps", "--eval_steps", "2", "--samples_every", "1", "--sample_count", "2",
-           "--sample_max_new_tokens", "16", "--report_to", "none", "--dataset_num_proc", "1"]  # fmt: skip
+    cmd = [
+        python(),
+        "-m",
+        "accelerate.commands.launch",
+        "--config_file",
+        str(ROOT / RECIPES[recipe]),
+        "--num_processes",
+        "1",
+        str(ROOT / "train_dpo.py"),
+        "--config",
+        str(ROOT / "configs" / f"{recipe}.yaml"),
+        "--model_name_or_path",
+        tiny_model_dir,
+        "--dataset_name",
+        str(splits),
+        "--output_dir",
+        str(out),
+        "--attn_implementation",
+        "flex_attention",
+        "--pairs_per_step",
+        "8",
+        "--max_steps",
+        "4",
+        "--save_steps",
+        "2",
+        "--eval_strategy",
+        "steps",
+        "--eval_steps",
+        "2",
+        "--samples_every",
+        "1",
+        "--sample_count",
+        "2",
+        "--sample_max_new_tokens",
+        "16",
+        "--report_to",
+        "none",
+        "--dataset_num_proc",
+        "1",
+    ]
     code, stdout, _ = run_bounded(cmd, LIMIT_S, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     assert code == 0, (stdout or "")[-4000:]
     found = re.search(r"FlexAttention: (\d+) compilations this run", stdout)
@@ -115,8 +164,10 @@ def test_shipped_recipe_runs_on_flex_compiled_a_few_times(recipe, tmp_path, tiny
     assert any("eval_loss" in line for line in (out / "metrics.jsonl").read_text().splitlines())
 
 
-@pytest.mark.skipif(choice.installed_varlen(torch.cuda.is_available()) is None,
-                    reason="no varlen FlashAttention installed (pip install -r requirements-gpu.txt)")  # fmt: skip
+@pytest.mark.skipif(
+    choice.installed_varlen(torch.cuda.is_available()) is None,
+    reason="no varlen FlashAttention installed (pip install -r requirements-gpu.txt)",
+)
 def test_packed_rows_on_varlen_flash_attention_equal_each_sequence_alone():
     attn = choice.installed_varlen(True)
     check_against_alone(attn, packing.PackedPreferenceCollator(1024, one_row=True))
@@ -129,9 +180,25 @@ def test_plan_holds_its_largest_micro_batch():
 
     from conftest import ROOT
 
-    out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "attention.py"), "--device", "cuda",
-                          "--layers", "2", "--micro-batches", "4", "--paths", "shared_flex", "shared_sdpa"],
-                         capture_output=True, text=True, check=True, timeout=LIMIT_S).stdout  # fmt: skip
+    out = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "benchmarks" / "attention.py"),
+            "--device",
+            "cuda",
+            "--layers",
+            "2",
+            "--micro-batches",
+            "4",
+            "--paths",
+            "shared_flex",
+            "shared_sdpa",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=LIMIT_S,
+    ).stdout
     import json
 
     for line in out.splitlines():

@@ -20,8 +20,16 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 def kit_args(**given) -> argparse.Namespace:
     """end_to_end.py's arguments as its GPU default (not --tiny), one process."""
-    base = dict(tiny=False, engine="single", gpu_memory_gib=None, pairs_per_step=None, compile_layers=False,
-                peak_tflops=None, trl_batch=2, steps=2)  # fmt: skip
+    base = dict(
+        tiny=False,
+        engine="single",
+        gpu_memory_gib=None,
+        pairs_per_step=None,
+        compile_layers=False,
+        peak_tflops=None,
+        trl_batch=2,
+        steps=2,
+    )
     return argparse.Namespace(**{**base, **given})
 
 
@@ -64,9 +72,17 @@ def wider_model(folder, tiny_model_dir) -> str:
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
     tokenizer.save_pretrained(folder)
-    config = Olmo3Config(vocab_size=len(tokenizer), hidden_size=512, intermediate_size=2048, num_hidden_layers=4,
-                         num_attention_heads=8, num_key_value_heads=8, pad_token_id=tokenizer.pad_token_id,
-                         eos_token_id=tokenizer.eos_token_id, bos_token_id=tokenizer.bos_token_id)  # fmt: skip
+    config = Olmo3Config(
+        vocab_size=len(tokenizer),
+        hidden_size=512,
+        intermediate_size=2048,
+        num_hidden_layers=4,
+        num_attention_heads=8,
+        num_key_value_heads=8,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        bos_token_id=tokenizer.bos_token_id,
+    )
     AutoModelForCausalLM.from_config(config).save_pretrained(folder)
     return str(folder)
 
@@ -82,9 +98,22 @@ def test_reference_budget_follows_every_k_th_layer_checkpointing(tmp_path, tiny_
     from dpotrain.train_stage import trainer_on
 
     model = wider_model(tmp_path / "model", tiny_model_dir)
-    recipe = parse_args(["--config", str(ROOT / "configs" / "smoke.yaml"), "--model_name_or_path", model,
-                         "--output_dir", str(tmp_path), "--max_steps", "1", "--activation_checkpointing", "true",
-                         "--activation_checkpointing_kwargs", '{"every_n_layers": 2}'])  # fmt: skip
+    recipe = parse_args(
+        [
+            "--config",
+            str(ROOT / "configs" / "smoke.yaml"),
+            "--model_name_or_path",
+            model,
+            "--output_dir",
+            str(tmp_path),
+            "--max_steps",
+            "1",
+            "--activation_checkpointing",
+            "true",
+            "--activation_checkpointing_kwargs",
+            '{"every_n_layers": 2}',
+        ]
+    )
     pairs = data.load_preference_dataset(str(ROOT / "data" / "smoke_prefs.jsonl")).select(range(8))
     trainer = trainer_on(recipe, pairs)
     args = trainer.args
@@ -105,8 +134,14 @@ def test_forward_only_multiple_at_7b_width_with_every_other_layer():
 
     from dpotrain.plan import memory
 
-    seven_b = Olmo3Config(vocab_size=100278, hidden_size=4096, intermediate_size=11008, num_hidden_layers=32,
-                          num_attention_heads=32, num_key_value_heads=32)  # fmt: skip
+    seven_b = Olmo3Config(
+        vocab_size=100278,
+        hidden_size=4096,
+        intermediate_size=11008,
+        num_hidden_layers=32,
+        num_attention_heads=32,
+        num_key_value_heads=32,
+    )
     every = memory.forward_only_multiple(seven_b, 16384, 16384, "flash_attention_2", True)
     other = memory.forward_only_multiple(seven_b, 16384, 16384, "flash_attention_2", 2)
     assert every < other <= memory.REFERENCE_MULTIPLE_MOST, (every, other)
@@ -126,9 +161,24 @@ def test_sample_generation_compiles_nothing(tmp_path, tiny_model_dir):
     from dpotrain.train.samples import SampleGenerator
     from dpotrain.train_stage import trainer_on
 
-    recipe = parse_args(["--config", str(ROOT / "configs" / "smoke.yaml"), "--model_name_or_path", tiny_model_dir,
-                         "--output_dir", str(tmp_path), "--max_steps", "1", "--samples_every", "4",
-                         "--sample_count", "1", "--sample_max_new_tokens", "3"])  # fmt: skip
+    recipe = parse_args(
+        [
+            "--config",
+            str(ROOT / "configs" / "smoke.yaml"),
+            "--model_name_or_path",
+            tiny_model_dir,
+            "--output_dir",
+            str(tmp_path),
+            "--max_steps",
+            "1",
+            "--samples_every",
+            "4",
+            "--sample_count",
+            "1",
+            "--sample_max_new_tokens",
+            "3",
+        ]
+    )
     pairs = data.load_preference_dataset(str(ROOT / "data" / "smoke_prefs.jsonl")).select(range(8))
     trainer = trainer_on(recipe, pairs)
     for layer in layers.decoder_layers(trainer.model):  # what compile_layers does, on a backend that costs nothing
@@ -163,8 +213,13 @@ def test_gpu_setup_fails_when_a_kernel_does_not_import(tmp_path):
     wheels.mkdir()
     fake_wheel(wheels)
     env = {**os.environ, "PYTHON": python()}
-    result = subprocess.run(["bash", str(ROOT / "benchmarks" / "gpu_setup.sh"), str(wheels), str(tmp_path / "t")],
-                            env=env, capture_output=True, text=True, timeout=600)  # fmt: skip
+    result = subprocess.run(
+        ["bash", str(ROOT / "benchmarks" / "gpu_setup.sh"), str(wheels), str(tmp_path / "t")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     out = result.stdout + result.stderr
     assert "flash_attn.cute" in out, out  # this CPU machine has no FlashAttention 4
     assert result.returncode != 0, out
@@ -173,9 +228,13 @@ def test_gpu_setup_fails_when_a_kernel_does_not_import(tmp_path):
 def test_kit_launches_accelerate_as_a_module():
     """`pip install --target` puts no console script on PATH: every launch in the kit and the GPU tests goes through
     `python -m accelerate.commands.launch`."""
-    files = [*(ROOT / "benchmarks").glob("*.py"), *(ROOT / "benchmarks").glob("*.sh"),
-             ROOT / "docs" / "gpu-benchmarks.md", ROOT / "tests" / "test_gpu.py",
-             ROOT / "tests" / "test_gpu_attention.py"]  # fmt: skip
+    files = [
+        *(ROOT / "benchmarks").glob("*.py"),
+        *(ROOT / "benchmarks").glob("*.sh"),
+        ROOT / "docs" / "gpu-benchmarks.md",
+        ROOT / "tests" / "test_gpu.py",
+        ROOT / "tests" / "test_gpu_attention.py",
+    ]
     binary = re.compile(r"""["']accelerate["'],\s*["']launch|bin/accelerate|^\s*accelerate launch""", re.M)
     offenders = [f.name for f in files if binary.search(f.read_text())]
     assert offenders == [], offenders
@@ -198,8 +257,11 @@ def only_fa4_installed(monkeypatch, tmp_path) -> None:
         monkeypatch.delitem(sys.modules, name, raising=False)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (9, 0))
-    for check, present in (("is_flash_attn_4_available", True), ("is_flash_attn_3_available", False),
-                           ("is_flash_attn_2_available", False)):  # fmt: skip
+    for check, present in (
+        ("is_flash_attn_4_available", True),
+        ("is_flash_attn_3_available", False),
+        ("is_flash_attn_2_available", False),
+    ):
         monkeypatch.setattr(transformers.utils, check, lambda present=present: present)
 
 
@@ -223,8 +285,16 @@ def tiny_bench(tmp_path, path: str, **given) -> dict:
     end_to_end.write_model(tmp_path / "model", 2, tiny=True)
     end_to_end.write_pairs(tmp_path / "think.jsonl", "think", 8, 480 / end_to_end.DATA["think"][0])
     given = {"trl_settings": None, **given}
-    args = kit_args(tiny=True, worker=path, path=path, data="think", model=tmp_path / "model",
-                    pairs=tmp_path / "think.jsonl", run_out=tmp_path / path, **given)  # fmt: skip
+    args = kit_args(
+        tiny=True,
+        worker=path,
+        path=path,
+        data="think",
+        model=tmp_path / "model",
+        pairs=tmp_path / "think.jsonl",
+        run_out=tmp_path / path,
+        **given,
+    )
     return end_to_end.worker(args)
 
 
@@ -248,8 +318,12 @@ def test_gpu_probe_counts_flex_compilations_on_inductor(tmp_path):
     compiler a GPU runs (inductor, not `eager`) once per autograd mode over several row widths (the CPU has no flex
     backward: no_grad and inference mode)."""
     out = tmp_path / "probe.json"
-    result = subprocess.run([python(), str(ROOT / "benchmarks" / "gpu_probe.py"), "--tiny", "--out", str(out)],
-                            capture_output=True, text=True, timeout=600)  # fmt: skip
+    result = subprocess.run(
+        [python(), str(ROOT / "benchmarks" / "gpu_probe.py"), "--tiny", "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     probe = json.loads(out.read_text())
     assert probe["versions"]["torch"] and probe["kernels"]["imports"]["trl"] == "ok"
@@ -264,15 +338,28 @@ def test_gpu_probe_counts_flex_compilations_on_inductor(tmp_path):
 
 def test_gpu_all_lists_its_pieces_in_order_and_skips_finished_ones(tmp_path):
     def dry_run() -> str:
-        result = subprocess.run(["bash", str(ROOT / "benchmarks" / "gpu_all.sh"), str(tmp_path), "--dry-run"],
-                                capture_output=True, text=True, timeout=60)  # fmt: skip
+        result = subprocess.run(
+            ["bash", str(ROOT / "benchmarks" / "gpu_all.sh"), str(tmp_path), "--dry-run"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert result.returncode == 0, result.stderr
         return result.stdout
 
     pieces = [line.split() for line in dry_run().splitlines() if line and not line.startswith((" ", "~"))]
     names = [p[0] for p in pieces]
-    assert names == ["probe", "pytest-gpu", "pytest-gpu-recipes", "think-recipe", "attention-think",
-                     "attention-multiturn", "e2e-think", "e2e-multiturn", "e2e-zero2"], names  # fmt: skip
+    assert names == [
+        "probe",
+        "pytest-gpu",
+        "pytest-gpu-recipes",
+        "think-recipe",
+        "attention-think",
+        "attention-multiturn",
+        "e2e-think",
+        "e2e-multiturn",
+        "e2e-zero2",
+    ], names
     minutes = [int(p[1].removeprefix("~")) for p in pieces]
     assert all(1 <= m <= 9 for m in minutes) and all(" ".join(p[3:]) == "to run" for p in pieces)
     (tmp_path / "probe.json").write_text("{}")

@@ -19,8 +19,21 @@ SMOKE = str(ROOT / "configs" / "smoke.yaml")
 
 
 def trainer_for(out, model_dir, *overrides, rows=None):
-    recipe = parse_args(["--config", SMOKE, "--model_name_or_path", model_dir, "--output_dir", str(out),
-                         "--report_to", "none", "--save_strategy", "no", *overrides])  # fmt: skip
+    recipe = parse_args(
+        [
+            "--config",
+            SMOKE,
+            "--model_name_or_path",
+            model_dir,
+            "--output_dir",
+            str(out),
+            "--report_to",
+            "none",
+            "--save_strategy",
+            "no",
+            *overrides,
+        ]
+    )
     dataset = data.load_preference_dataset(str(ROOT / recipe.script.dataset_name))
     return ready(trainer_on(recipe, dataset.select(range(rows)) if rows else dataset))
 
@@ -29,8 +42,9 @@ def trainer_for(out, model_dir, *overrides, rows=None):
 def test_a_wrong_reference_stops_at_step_1_with_a_complete_checkpoint(tmp_path, tiny_model_dir):
     # 000's failure: reference log-probs that are not the policy's. Shift the precomputed cache of the chosen side.
     out = tmp_path / "run"
-    trainer = trainer_for(out, tiny_model_dir, "--max_steps", "3", "--logging_steps", "2",
-                          "--precompute_ref_log_probs", "true", rows=48)  # fmt: skip
+    trainer = trainer_for(
+        out, tiny_model_dir, "--max_steps", "3", "--logging_steps", "2", "--precompute_ref_log_probs", "true", rows=48
+    )
     shifted = [x + 30.0 for x in trainer.train_dataset["ref_chosen_logps"]]
     trainer.train_dataset = trainer.train_dataset.remove_columns("ref_chosen_logps").add_column(
         "ref_chosen_logps", shifted
@@ -46,8 +60,22 @@ def test_a_wrong_reference_stops_at_step_1_with_a_complete_checkpoint(tmp_path, 
     # refused with the fix; the command the stop suggests (--overwrite_output_dir) starts afresh instead of resuming;
     # health_action: warn goes on from the checkpoint, as asked.
     def plan(*extra):
-        return check_output_dir(parse_args(["--config", SMOKE, "--model_name_or_path", tiny_model_dir, "--output_dir",
-                                            str(out), "--max_steps", "3", *extra]), 8)  # fmt: skip
+        return check_output_dir(
+            parse_args(
+                [
+                    "--config",
+                    SMOKE,
+                    "--model_name_or_path",
+                    tiny_model_dir,
+                    "--output_dir",
+                    str(out),
+                    "--max_steps",
+                    "3",
+                    *extra,
+                ]
+            ),
+            8,
+        )
 
     with pytest.raises(ConfigError, match=r"the step1 guard stopped it at step 1, and resuming would train on the "):
         plan()
@@ -57,8 +85,17 @@ def test_a_wrong_reference_stops_at_step_1_with_a_complete_checkpoint(tmp_path, 
 
 @pytest.mark.slow
 def test_an_untouched_reference_passes_step_1(tmp_path, tiny_model_dir):
-    trainer = trainer_for(tmp_path / "run", tiny_model_dir, "--max_steps", "2", "--logging_steps", "2",
-                          "--precompute_ref_log_probs", "true", rows=32)  # fmt: skip
+    trainer = trainer_for(
+        tmp_path / "run",
+        tiny_model_dir,
+        "--max_steps",
+        "2",
+        "--logging_steps",
+        "2",
+        "--precompute_ref_log_probs",
+        "true",
+        rows=32,
+    )
     trainer.train()
     assert trainer.health.stop is None and trainer.health.alarms == []
     first = trainer.state.log_history[0]
@@ -71,8 +108,19 @@ def test_a_collapsing_learning_rate_is_stopped(tmp_path, tiny_model_dir, monkeyp
     out, stop_file = tmp_path / "run", tmp_path / "stop"
     monkeypatch.setenv("DPOTRAIN_STOP_FILE", str(stop_file))  # as under launch.sh
     # rows: the 80 pairs 10 steps of 8 use, so that the reference stage scores no more than that.
-    trainer = trainer_for(out, tiny_model_dir, "--max_steps", "10", "--logging_steps", "1", "--warmup_steps", "0",
-                          "--learning_rate", "3e-3", rows=80)  # fmt: skip
+    trainer = trainer_for(
+        out,
+        tiny_model_dir,
+        "--max_steps",
+        "10",
+        "--logging_steps",
+        "1",
+        "--warmup_steps",
+        "0",
+        "--learning_rate",
+        "3e-3",
+        rows=80,
+    )
     trainer.train()
     stop = trainer.health.stop
     assert stop is not None and stop.guard in {"loss_floor", "margin"}, trainer.health.alarms
@@ -86,9 +134,21 @@ def test_a_collapsing_learning_rate_is_stopped(tmp_path, tiny_model_dir, monkeyp
 @pytest.mark.slow
 def test_warn_mode_reports_and_goes_on(tmp_path, tiny_model_dir):
     # rows: the 24 pairs 3 steps of 8 use, so that the reference stage scores no more than that.
-    trainer = trainer_for(tmp_path / "run", tiny_model_dir, "--max_steps", "3", "--logging_steps", "1",
-                          "--warmup_steps", "0", "--health_action", "warn", "--health_loss_floor", "0.69",
-                          rows=24)  # fmt: skip
+    trainer = trainer_for(
+        tmp_path / "run",
+        tiny_model_dir,
+        "--max_steps",
+        "3",
+        "--logging_steps",
+        "1",
+        "--warmup_steps",
+        "0",
+        "--health_action",
+        "warn",
+        "--health_loss_floor",
+        "0.69",
+        rows=24,
+    )
     trainer.train()
     assert trainer.health.stop is None and trainer.state.global_step == 3
     assert [a.guard for a in trainer.health.alarms] == ["loss_floor", "loss_floor"]  # steps 2 and 3, not step 1
@@ -99,12 +159,35 @@ def test_nan_stops_the_cli_run_without_checkpoint_requeue_or_completion(tmp_path
     # A learning rate of 1e30 turns the weights to inf/NaN at the first update: step 2 scores NaN.
     out, stop_file = tmp_path / "run", tmp_path / "stop"
     result = subprocess.run(
-        [python(), str(ROOT / "train_dpo.py"), "--config", SMOKE, "--model_name_or_path", tiny_model_dir,
-         "--output_dir", str(out), "--max_steps", "6", "--logging_steps", "1", "--warmup_steps", "0",
-         "--learning_rate", "1e30", "--save_steps", "1000", "--report_to", "none"],
-        cwd=ROOT, env={**os.environ, "DPOTRAIN_STOP_FILE": str(stop_file)}, stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT, text=True, timeout=600,
-    )  # fmt: skip
+        [
+            python(),
+            str(ROOT / "train_dpo.py"),
+            "--config",
+            SMOKE,
+            "--model_name_or_path",
+            tiny_model_dir,
+            "--output_dir",
+            str(out),
+            "--max_steps",
+            "6",
+            "--logging_steps",
+            "1",
+            "--warmup_steps",
+            "0",
+            "--learning_rate",
+            "1e30",
+            "--save_steps",
+            "1000",
+            "--report_to",
+            "none",
+        ],
+        cwd=ROOT,
+        env={**os.environ, "DPOTRAIN_STOP_FILE": str(stop_file)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=600,
+    )
     assert result.returncode == 3, result.stdout[-3000:]
     last = result.stdout.strip().splitlines()[-1]
     assert last.startswith("health: training STOPPED at step 2 by the nonfinite guard"), last
@@ -115,8 +198,9 @@ def test_nan_stops_the_cli_run_without_checkpoint_requeue_or_completion(tmp_path
     assert not stop_file.with_name("stop.checkpointed").exists()  # launch.sh requeues only on this file
 
     # The same command again: refused in seconds, before anything loads, rather than going on from checkpoint 0.
-    again = subprocess.run(result.args, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                           timeout=600)  # fmt: skip
+    again = subprocess.run(
+        result.args, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=600
+    )
     assert again.returncode == 2, again.stdout[-3000:]
     assert again.stdout.strip().splitlines()[-1] == (
         f"error: output_dir {str(out)!r}: the nonfinite guard stopped it at step 2, and the same command would fail "
@@ -133,9 +217,16 @@ def test_guards_prefer_the_loss_scale_rewards_and_report_step_and_values():
     g, args = guard()
     g._fresh, g._last_step = True, 0
     # rewards_norm/* (the lead's trainer): margins 6 > 5 trips `margin`, whatever the summed rewards say
-    logs = {"loss": 0.3, "rewards/chosen": 0.0, "rewards/rejected": 0.0, "rewards/margins": 0.0,
-            "rewards_norm/chosen": 1.0, "rewards_norm/rejected": -5.0, "rewards_norm/margins": 6.0,
-            "rewards_norm/accuracies": 0.9}  # fmt: skip
+    logs = {
+        "loss": 0.3,
+        "rewards/chosen": 0.0,
+        "rewards/rejected": 0.0,
+        "rewards/margins": 0.0,
+        "rewards_norm/chosen": 1.0,
+        "rewards_norm/rejected": -5.0,
+        "rewards_norm/margins": 6.0,
+        "rewards_norm/accuracies": 0.9,
+    }
     alarms = g.check(7, logs, args, max_steps=100)
     assert [a.guard for a in alarms] == ["margin"] and alarms[0].step == 7
     assert "rewards_norm/margins 6 > health_max_margin 5.0" in alarms[0].message
@@ -177,10 +268,16 @@ def test_step_1_expects_the_configured_loss_or_judges_only_the_rewards():
     is not;
     a loss that depends on the model (an SFT term, WPO's weights) is not judged, a wrong reference still is."""
     zero = {"rewards_norm/chosen": 0.0, "rewards_norm/rejected": 0.0}
-    expected = {("hinge",): 1.0, ("ipo", "--beta", "0.1"): 25.0, ("sppo_hard", "--beta", "0.5"): 2.0,
-                ("bco_pair",): 2 * LN2, ("discopop",): (LN2 + 1) / 2, ("apo_down",): 1.0,
-                ("exo_pair", "--label_smoothing", "0.5"): 0.0,
-                ("sigmoid", "bco_pair", "--loss_weights", "0.8", "0.2"): 0.8 * LN2 + 0.2 * 2 * LN2}  # fmt: skip
+    expected = {
+        ("hinge",): 1.0,
+        ("ipo", "--beta", "0.1"): 25.0,
+        ("sppo_hard", "--beta", "0.5"): 2.0,
+        ("bco_pair",): 2 * LN2,
+        ("discopop",): (LN2 + 1) / 2,
+        ("apo_down",): 1.0,
+        ("exo_pair", "--label_smoothing", "0.5"): 0.0,
+        ("sigmoid", "bco_pair", "--loss_weights", "0.8", "0.2"): 0.8 * LN2 + 0.2 * 2 * LN2,
+    }
     for flags, loss in expected.items():
         g, args = guard("--loss_type", *flags)
         g._fresh = True

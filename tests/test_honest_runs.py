@@ -33,9 +33,27 @@ def first_pairs(tmp_path, steps: int) -> str:
 
 @pytest.mark.slow
 def test_lora_trains_an_adapter_against_the_disabled_base_and_can_merge(tmp_path, tiny_model_dir):
-    out, _ = train(tmp_path, tiny_model_dir, "--dataset_name", first_pairs(tmp_path, 4), "--max_steps", "4",
-                   "--logging_steps", "1", "--save_strategy", "no", "--use_peft", "true", "--lora_r", "8",
-                   "--lora_target_modules", "q_proj", "v_proj", "--merge_lora", "true")  # fmt: skip
+    out, _ = train(
+        tmp_path,
+        tiny_model_dir,
+        "--dataset_name",
+        first_pairs(tmp_path, 4),
+        "--max_steps",
+        "4",
+        "--logging_steps",
+        "1",
+        "--save_strategy",
+        "no",
+        "--use_peft",
+        "true",
+        "--lora_r",
+        "8",
+        "--lora_target_modules",
+        "q_proj",
+        "v_proj",
+        "--merge_lora",
+        "true",
+    )
     adapter = load_file(out / "adapter_model.safetensors")
     assert adapter and all("lora_" in name for name in adapter)
     assert any(t.abs().sum() > 0 for n, t in adapter.items() if "lora_B" in n)  # B starts at 0: it was trained
@@ -70,8 +88,23 @@ def test_lora_trains_an_adapter_against_the_disabled_base_and_can_merge(tmp_path
 def test_lora_with_a_live_reference_trains_what_the_cached_reference_trains(tmp_path, tiny_model_dir):
     """`--precompute_ref_log_probs false` under LoRA: the live reference is the policy with its adapter disabled, run
     on the same packed rows. Were the adapter left on, the rewards would stay 0 and the loss ln 2 from step 2 on."""
-    args = ["--dataset_name", first_pairs(tmp_path, 4), "--max_steps", "4", "--logging_steps", "1", "--save_strategy",
-            "no", "--use_peft", "true", "--lora_r", "8", "--lora_target_modules", "q_proj", "v_proj"]  # fmt: skip
+    args = [
+        "--dataset_name",
+        first_pairs(tmp_path, 4),
+        "--max_steps",
+        "4",
+        "--logging_steps",
+        "1",
+        "--save_strategy",
+        "no",
+        "--use_peft",
+        "true",
+        "--lora_r",
+        "8",
+        "--lora_target_modules",
+        "q_proj",
+        "v_proj",
+    ]
     cached, _ = train(tmp_path, tiny_model_dir, *args, out="cached")
     live, _ = train(tmp_path, tiny_model_dir, *args, "--precompute_ref_log_probs", "false", out="live")
     forward = json.loads((live / "resolved_config.json").read_text())["derived"]["forward"]
@@ -94,8 +127,18 @@ def test_skip_invalid_drops_and_counts_rows(tmp_path, tiny_model_dir):
     rows[11]["rejected"][-1]["content"] = 7
     data = tmp_path / "d.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    out, stdout = train(tmp_path, tiny_model_dir, "--dataset_name", str(data), "--skip_invalid", "true",
-                        "--max_steps", "2", "--save_strategy", "no")  # fmt: skip
+    out, stdout = train(
+        tmp_path,
+        tiny_model_dir,
+        "--dataset_name",
+        str(data),
+        "--skip_invalid",
+        "true",
+        "--max_steps",
+        "2",
+        "--save_strategy",
+        "no",
+    )
     dropped = json.loads((out / "resolved_config.json").read_text())["derived"]["invalid_rows"]
     assert dropped["rows"] == 40 and dropped["dropped"] == 3
     assert [r["index"] for r in dropped["first"]] == [5, 9, 11]
@@ -110,17 +153,30 @@ def test_held_out_split_is_evaluated_and_overwrite_keeps_offline_wandb_runs(tmp_
 
     rows = [json.loads(line) for line in (ROOT / "data" / "smoke_prefs.jsonl").read_text().splitlines()]
     saved = tmp_path / "prefs"
-    datasets.DatasetDict({"train": datasets.Dataset.from_list(rows[:64]),
-                          "test": datasets.Dataset.from_list(rows[64:80])}).save_to_disk(saved)  # fmt: skip
+    datasets.DatasetDict(
+        {"train": datasets.Dataset.from_list(rows[:64]), "test": datasets.Dataset.from_list(rows[64:80])}
+    ).save_to_disk(saved)
     # A finished run in the way, with an offline W&B run never synced.
     old = tmp_path / "run"
     (old / "wandb" / "offline-run-20260101_000000-abc").mkdir(parents=True)
     (old / "wandb" / "offline-run-20260101_000000-abc" / "run-abc.wandb").write_text("history")
     (old / "run_complete.json").write_text("{}")
     run_files.claim(old, ["run_complete.json", "wandb"])  # what the run recorded as its own (run_files.json)
-    out, stdout = train(tmp_path, tiny_model_dir, "--dataset_name", str(saved), "--max_steps", "4",
-                        "--eval_strategy", "steps", "--eval_steps", "2", "--save_strategy", "no",
-                        "--overwrite_output_dir")  # fmt: skip
+    out, stdout = train(
+        tmp_path,
+        tiny_model_dir,
+        "--dataset_name",
+        str(saved),
+        "--max_steps",
+        "4",
+        "--eval_strategy",
+        "steps",
+        "--eval_steps",
+        "2",
+        "--save_strategy",
+        "no",
+        "--overwrite_output_dir",
+    )
     evals = [r for r in read_metrics(out) if "eval_loss" in r]
     assert [r["step"] for r in evals] == [2, 4]
     assert all("eval_rewards/accuracies" in r for r in evals)
@@ -156,8 +212,18 @@ def wandb_history_steps(run_file) -> list[int]:
 
 @pytest.mark.slow
 def test_resume_carries_the_token_count_and_the_wandb_step_on(tmp_path, tiny_model_dir):
-    args = ["--dataset_name", first_pairs(tmp_path, 6), "--max_steps", "6", "--logging_steps", "1", "--save_steps", "3",
-            "--report_to", "wandb"]  # fmt: skip
+    args = [
+        "--dataset_name",
+        first_pairs(tmp_path, 6),
+        "--max_steps",
+        "6",
+        "--logging_steps",
+        "1",
+        "--save_steps",
+        "3",
+        "--report_to",
+        "wandb",
+    ]
     out, _ = train(tmp_path, tiny_model_dir, *args)
     tokens = {r["step"]: r["num_tokens"] for r in read_metrics(out)}
     # Make it an unfinished run that stopped after checkpoint 3, and run the same command again.

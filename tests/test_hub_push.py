@@ -97,8 +97,16 @@ def test_online_run_pushes_once_to_main_after_training_and_never_saves_the_token
     kinds = [r["kind"] for r in requests(hub)]
     # At start: the token's user, the write check, (no repo found) whether the repo exists, and the new repo created
     # (the Hub says now whether this token may). Then the push, once the run is complete.
-    assert kinds == ["whoami", "auth_check", "model_info", "create_repo", "create_repo", "validate_yaml", "preupload",
-                     "commit"], kinds  # fmt: skip
+    assert kinds == [
+        "whoami",
+        "auth_check",
+        "model_info",
+        "create_repo",
+        "create_repo",
+        "validate_yaml",
+        "preupload",
+        "commit",
+    ], kinds
     assert all(r["auth"] == f"Bearer {SECRET}" for r in requests(hub))  # the command line's token is the one used
     # Created by this project at start (before any model weight loads), and again (it exists: left as it is) by the
     # push after the run is complete; never by the Trainer.
@@ -176,9 +184,17 @@ def test_checkpoints_go_to_branches_and_a_failing_one_does_not_fail_the_run(hub,
 @pytest.mark.slow  # a training run, W&B, and push_to_hub.py twice
 def test_offline_run_finishes_and_push_to_hub_pushes_it_later(hub, tmp_path, tiny_model_dir):
     out, result = train(
-        hub, tmp_path, tiny_model_dir, "--push_checkpoints", "true", "--save_steps", "2", "--report_to", "wandb",
+        hub,
+        tmp_path,
+        tiny_model_dir,
+        "--push_checkpoints",
+        "true",
+        "--save_steps",
+        "2",
+        "--report_to",
+        "wandb",
         offline=True,
-    )  # fmt: skip
+    )
     assert result.returncode == 0, result.stdout[-3000:]
     assert hub.state.requests == []  # nothing attempted
     assert (
@@ -223,14 +239,31 @@ def test_a_run_pushed_only_by_the_script_owns_its_record_of_pushes(hub, tmp_path
     run's, so replacing the run replaces it too (kept as a user's file, the next run's pushes would join the old
     run's in it, and its model card would list the old revisions)."""
     out = tmp_path / "run"
-    args = ["--config", SMOKE, "--model_name_or_path", tiny_model_dir, "--output_dir", str(out), "--max_steps", "2",
-            "--save_strategy", "no", "--report_to", "none"]  # fmt: skip
+    args = [
+        "--config",
+        SMOKE,
+        "--model_name_or_path",
+        tiny_model_dir,
+        "--output_dir",
+        str(out),
+        "--max_steps",
+        "2",
+        "--save_strategy",
+        "no",
+        "--report_to",
+        "none",
+    ]
     trained = run_train(args, env=env_for(hub, tmp_path, offline=True), timeout=300)
     assert trained.returncode == 0, trained.stdout[-3000:]
     assert PUSH_RECORD not in output_folder.read_manifest(out)
-    pushed = subprocess.run([python(), str(ROOT / "scripts" / "push_to_hub.py"), str(out), "--repo-id", REPO],
-                            cwd=tmp_path, env={**os.environ, **env_for(hub, tmp_path, HF_TOKEN=SECRET)},
-                            capture_output=True, text=True, timeout=120)  # fmt: skip
+    pushed = subprocess.run(
+        [python(), str(ROOT / "scripts" / "push_to_hub.py"), str(out), "--repo-id", REPO],
+        cwd=tmp_path,
+        env={**os.environ, **env_for(hub, tmp_path, HF_TOKEN=SECRET)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert pushed.returncode == 0 and (out / PUSH_RECORD).is_file(), pushed.stdout + pushed.stderr
     assert PUSH_RECORD in output_folder.read_manifest(out)
     replaced = run_train([*args, "--overwrite_output_dir", "true"], env=env_for(hub, tmp_path, offline=True))

@@ -54,11 +54,13 @@ def test_only_a_commit_is_recorded_as_the_data_sets_identity():
     "args, refusal",
     [
         (["--dataset_revision", FIRST], "'data/smoke_prefs.jsonl' is local: remove dataset_revision"),
-        (["--dataset_mixer_list", "data/smoke_prefs.jsonl", "1.0", "--dataset_revision", "v1"],
-         "this run reads a mixture: remove dataset_revision"),
+        (
+            ["--dataset_mixer_list", "data/smoke_prefs.jsonl", "1.0", "--dataset_revision", "v1"],
+            "this run reads a mixture: remove dataset_revision",
+        ),
     ],
     ids=["local", "mixture"],
-)  # fmt: skip
+)
 def test_a_revision_for_data_that_is_not_one_hub_data_set_is_refused(args, refusal):
     from dpotrain import options
 
@@ -84,12 +86,38 @@ def hub():
 def train_online(hub, tmp_path, out, model_dir, *extra, env=None, exit_code=0) -> str:
     """The smoke recipe on the stand-in's `org/prefs`, as a user runs it where the Hub is reachable."""
     online = {k: v for k, v in os.environ.items() if k not in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")}
-    online.update(HF_ENDPOINT=hub.endpoint, HF_HOME=str(tmp_path / "hf_home"), HF_TOKEN="",
-                  HF_DATASETS_CACHE=str(tmp_path / "datasets_cache"), **(env or {}))  # fmt: skip
-    args = [*SMOKE, "--dataset_name", "org/prefs", "--model_name_or_path", model_dir, "--output_dir", str(out),
-            "--logging_steps", "1", "--save_steps", "1", "--report_to", "none", *extra]  # fmt: skip
-    result = subprocess.run([PYTHON, str(ROOT / "train_dpo.py"), *args], cwd=ROOT, env=online,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=600)  # fmt: skip
+    online.update(
+        HF_ENDPOINT=hub.endpoint,
+        HF_HOME=str(tmp_path / "hf_home"),
+        HF_TOKEN="",
+        HF_DATASETS_CACHE=str(tmp_path / "datasets_cache"),
+        **(env or {}),
+    )
+    args = [
+        *SMOKE,
+        "--dataset_name",
+        "org/prefs",
+        "--model_name_or_path",
+        model_dir,
+        "--output_dir",
+        str(out),
+        "--logging_steps",
+        "1",
+        "--save_steps",
+        "1",
+        "--report_to",
+        "none",
+        *extra,
+    ]
+    result = subprocess.run(
+        [PYTHON, str(ROOT / "train_dpo.py"), *args],
+        cwd=ROOT,
+        env=online,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=600,
+    )
     assert result.returncode == exit_code, result.stdout[-3000:]
     return result.stdout
 
@@ -145,14 +173,17 @@ def test_a_mixture_whose_hub_source_moved_is_refused_on_resume_not_trained(hub, 
     run, stop = tmp_path / "run", tmp_path / "stop"
     train_online(hub, tmp_path, tmp_path / "one", tiny_model_dir, *mix)  # its reference log-probs, cached for `run`
     stop.touch()  # preempted at step 1, after its checkpoint
-    train_online(hub, tmp_path, run, tiny_model_dir, *mix, env={"DPOTRAIN_STOP_FILE": str(stop)},
-                 exit_code=STOPPED_EXIT)  # fmt: skip
+    train_online(
+        hub, tmp_path, run, tiny_model_dir, *mix, env={"DPOTRAIN_STOP_FILE": str(stop)}, exit_code=STOPPED_EXIT
+    )
     assert (run / "checkpoint-1").is_dir()
     stop.unlink()
     second = hub.state.add_dataset_commit("org/prefs", {"train.jsonl": "".join(pairs[32:48]).encode()})
     log = train_online(hub, tmp_path, run, tiny_model_dir, *mix, exit_code=2)
-    assert (f"dataset content: org/prefs [train]: its main moved to commit {second[:12]} since the run read commit "
-            f"{first[:12]} (a mixture's sources are not pinned)") in log, log  # fmt: skip
+    assert (
+        f"dataset content: org/prefs [train]: its main moved to commit {second[:12]} since the run read commit "
+        f"{first[:12]} (a mixture's sources are not pinned)"
+    ) in log, log
 
 
 @pytest.mark.slow
@@ -165,12 +196,37 @@ def test_the_preflight_scores_the_pinned_commit_and_caches_its_lengths_under_it(
     hub.state.add_dataset_commit("org/prefs", {"train.jsonl": "".join(pairs[32:96]).encode()})  # main: 64 other pairs
     cache, report = tmp_path / "cache", tmp_path / "preflight.json"
     online = {k: v for k, v in os.environ.items() if k not in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")}
-    online.update(HF_ENDPOINT=hub.endpoint, HF_HOME=str(tmp_path / "hf_home"), HF_TOKEN="", DPOTRAIN_CACHE=str(cache),
-                  HF_DATASETS_CACHE=str(tmp_path / "datasets_cache"))  # fmt: skip
-    args = [*SMOKE, "--dataset_name", "org/prefs", "--dataset_revision", first, "--max_length", "auto", "--json",
-            str(report), "--model_name_or_path", tiny_model_dir, "--output_dir", str(tmp_path / "unused")]  # fmt: skip
-    result = subprocess.run([PYTHON, str(ROOT / "scripts" / "preflight.py"), *args], cwd=ROOT, env=online,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=600)  # fmt: skip
+    online.update(
+        HF_ENDPOINT=hub.endpoint,
+        HF_HOME=str(tmp_path / "hf_home"),
+        HF_TOKEN="",
+        DPOTRAIN_CACHE=str(cache),
+        HF_DATASETS_CACHE=str(tmp_path / "datasets_cache"),
+    )
+    args = [
+        *SMOKE,
+        "--dataset_name",
+        "org/prefs",
+        "--dataset_revision",
+        first,
+        "--max_length",
+        "auto",
+        "--json",
+        str(report),
+        "--model_name_or_path",
+        tiny_model_dir,
+        "--output_dir",
+        str(tmp_path / "unused"),
+    ]
+    result = subprocess.run(
+        [PYTHON, str(ROOT / "scripts" / "preflight.py"), *args],
+        cwd=ROOT,
+        env=online,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=600,
+    )
     assert result.returncode in (0, 3), result.stdout[-3000:]  # 3: a verdict of "fail" on the tiny random model
     scored = json.loads(report.read_text())
     assert scored["quality_rows"] == 32 and scored["max_length"] != "auto", scored

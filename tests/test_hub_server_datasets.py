@@ -66,7 +66,10 @@ def pairs(rows: dict) -> list[tuple[str, str]]:
 @pytest.mark.slow
 def test_load_dataset_reads_a_commit_by_sha_and_main_at_its_head(hub, commits, tmp_path):
     first, second = commits
-    seen = run_online(hub, tmp_path, f"""
+    seen = run_online(
+        hub,
+        tmp_path,
+        f"""
 import json, datasets, huggingface_hub
 print(json.dumps({{
     "first": datasets.load_dataset("{REPO}", revision="{first}", split="train")[:],
@@ -75,7 +78,8 @@ print(json.dumps({{
     "sha": huggingface_hub.HfApi().dataset_info("{REPO}").sha,
     "sha_first": huggingface_hub.HfApi().dataset_info("{REPO}", revision="{first}").sha,
 }}))
-""")  # fmt: skip
+""",
+    )
     assert pairs(seen["first"]) == FIRST
     assert pairs(seen["main"]) == pairs(seen["default"]) == SECOND
     assert (seen["sha"], seen["sha_first"]) == (second, first)
@@ -91,7 +95,10 @@ print(json.dumps({{
 @pytest.mark.slow
 def test_the_projects_loader_and_identity_read_a_hub_data_set_at_a_revision(hub, commits, tmp_path):
     first, second = commits
-    seen = run_online(hub, tmp_path, f"""
+    seen = run_online(
+        hub,
+        tmp_path,
+        f"""
 import json
 from dpotrain.data.data import load_preference_dataset
 from dpotrain.data.lengths import dataset_identity
@@ -103,7 +110,8 @@ print(json.dumps({{
     "identity": dataset_identity("{REPO}"),
     "identity_first": dataset_identity("{REPO}", revision="{first}"),
 }}))
-""")  # fmt: skip
+""",
+    )
     assert pairs(seen["first"]) == FIRST
     assert pairs(seen["main"]) == SECOND
     assert [tuple(p) for p in seen["streamed"]] == FIRST

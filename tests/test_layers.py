@@ -22,9 +22,23 @@ SMOKE = str(ROOT / "configs" / "smoke.yaml")
 def trained(tmp_path, model_dir, *args):
     """Two steps of the CPU demo with a live reference: TRL runs it under `disable_gradient_checkpointing`, which
     turns checkpointing off and back on at every step."""
-    recipe = parse_args(["--config", SMOKE, "--model_name_or_path", model_dir, "--output_dir", str(tmp_path / "run"),
-                         "--save_strategy", "no", "--max_steps", "2", "--precompute_ref_log_probs", "false",
-                         *args])  # fmt: skip
+    recipe = parse_args(
+        [
+            "--config",
+            SMOKE,
+            "--model_name_or_path",
+            model_dir,
+            "--output_dir",
+            str(tmp_path / "run"),
+            "--save_strategy",
+            "no",
+            "--max_steps",
+            "2",
+            "--precompute_ref_log_probs",
+            "false",
+            *args,
+        ]
+    )
     trainer = ready(trainer_on(recipe, data.load_preference_dataset(str(ROOT / recipe.script.dataset_name))))
     trainer.train()
     return trainer
@@ -32,8 +46,14 @@ def trained(tmp_path, model_dir, *args):
 
 @pytest.mark.slow
 def test_partial_checkpointing_holds_and_trains_the_same(tmp_path, tiny_model_dir):
-    every_other = trained(tmp_path / "a", tiny_model_dir, "--activation_checkpointing", "true",
-                          "--activation_checkpointing_kwargs", '{"every_n_layers": 2}')  # fmt: skip
+    every_other = trained(
+        tmp_path / "a",
+        tiny_model_dir,
+        "--activation_checkpointing",
+        "true",
+        "--activation_checkpointing_kwargs",
+        '{"every_n_layers": 2}',
+    )
     model = every_other.model
     assert layers.checkpointed(model) == [0]  # 1 in 2 of the 2 layers, after TRL re-enabled it at each step
     with disable_gradient_checkpointing(model, every_other.args.gradient_checkpointing_kwargs):
@@ -48,8 +68,20 @@ def test_partial_checkpointing_holds_and_trains_the_same(tmp_path, tiny_model_di
 
 
 def test_compile_option_compiles_each_decoder_layer(tmp_path, tiny_model_dir):
-    recipe = parse_args(["--config", SMOKE, "--model_name_or_path", tiny_model_dir, "--output_dir", str(tmp_path),
-                         "--compile_layers", "true", "--samples_every", "4"])  # fmt: skip
+    recipe = parse_args(
+        [
+            "--config",
+            SMOKE,
+            "--model_name_or_path",
+            tiny_model_dir,
+            "--output_dir",
+            str(tmp_path),
+            "--compile_layers",
+            "true",
+            "--samples_every",
+            "4",
+        ]
+    )
     trainer = trainer_on(recipe, data.load_preference_dataset(str(ROOT / recipe.script.dataset_name)))
     compiled = [layer._compiled_call_impl is not None for layer in layers.decoder_layers(trainer.model)]
     assert compiled == [True, True] and trainer.layers_record["compiled"] == 2

@@ -31,8 +31,10 @@ BETA = 0.1  # TRL's default: the recipe's 5 is for sigmoid_norm's per-token log-
 LONGEST = sorted(ROWS, key=lambda row: -len(json.dumps(row)))[: 4 * STEPS * PAIRS_PER_STEP : 4]
 CUT = ["--warmup_steps", "0", "--max_length", "512", "--max_tokens_per_microbatch", "1400", "--beta", str(BETA)]
 ONE_BATCH = ["--max_tokens_per_microbatch", "none", "--per_device_train_batch_size", str(PAIRS_PER_STEP)]
-MPO = (["--loss_type", "sigmoid", "bco_pair", "sft", "--loss_weights", "0.8", "0.2", "1.0"],
-       dict(loss_type=["sigmoid", "bco_pair", "sft"], loss_weights=[0.8, 0.2, 1.0]))  # fmt: skip
+MPO = (
+    ["--loss_type", "sigmoid", "bco_pair", "sft", "--loss_weights", "0.8", "0.2", "1.0"],
+    dict(loss_type=["sigmoid", "bco_pair", "sft"], loss_weights=[0.8, 0.2, 1.0]),
+)
 SFT = (["--loss_type", "sft"], dict(loss_type=["sft"]))
 SLOW_LR = (["--learning_rate", "1e-5"], dict(learning_rate=1e-5))  # exp(-log-ratio) stays well-conditioned
 
@@ -52,12 +54,12 @@ VARIANTS = {
             "apo_down",
             "discopop",
         )
-    },  # fmt: skip
+    },
     "sigmoid_norm": (["--loss_type", "sigmoid_norm", "--beta", "5"], dict(loss_type=["sigmoid_norm"], beta=5.0)),
     "exo_pair": (
         ["--loss_type", "exo_pair", "--label_smoothing", "1e-3"],
         dict(loss_type=["exo_pair"], label_smoothing=1e-3),
-    ),  # fmt: skip
+    ),
     # compare the pairs of a micro-batch: one micro-batch of the step's 8 pairs, as TRL's batch
     "aot": (["--loss_type", "aot", *ONE_BATCH], dict(loss_type=["aot"])),
     "aot_unpaired": (["--loss_type", "aot_unpaired", *ONE_BATCH], dict(loss_type=["aot_unpaired"])),
@@ -75,7 +77,7 @@ VARIANTS = {
     "tr_dpo": (
         ["--sync_ref_model", "true", "--ref_model_sync_steps", "2", "--precompute_ref_log_probs", "false"],
         dict(sync_ref_model=True, ref_model_sync_steps=2),
-    ),  # fmt: skip
+    ),
 }
 
 
@@ -140,10 +142,31 @@ def test_the_sft_term_is_the_same_however_a_step_is_cut(variant, tmp_path, tiny_
     data = tmp_path / "pairs.jsonl"
     data.write_text("".join(json.dumps(row) + "\n" for row in LONGEST))
     out = tmp_path / "two"  # the final assistant turn trained, as plain TRL trains it
-    launch_smoke(2, ["--model_name_or_path", tiny_model_dir, "--dataset_name", str(data), "--output_dir", str(out),
-                     "--max_steps", str(STEPS), "--logging_steps", "1", "--save_strategy", "no", "--report_to", "none",
-                     "--pairs_per_step", str(PAIRS_PER_STEP), "--assistant_turns", "final", *CUT,
-                     *flags])  # fmt: skip
+    launch_smoke(
+        2,
+        [
+            "--model_name_or_path",
+            tiny_model_dir,
+            "--dataset_name",
+            str(data),
+            "--output_dir",
+            str(out),
+            "--max_steps",
+            str(STEPS),
+            "--logging_steps",
+            "1",
+            "--save_strategy",
+            "no",
+            "--report_to",
+            "none",
+            "--pairs_per_step",
+            str(PAIRS_PER_STEP),
+            "--assistant_turns",
+            "final",
+            *CUT,
+            *flags,
+        ],
+    )
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     weights = load_file(str(out / "model.safetensors"))
     assert_same_training([r["loss"] for r in records], weights, plain, tiny_model_dir)

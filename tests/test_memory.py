@@ -21,15 +21,21 @@ from dpotrain.plan import memory
 from dpotrain.recipe.config import decided, parse_args
 from dpotrain.recipe.errors import ConfigError
 
-OLMO3 = dict(vocab_size=100278, max_position_embeddings=65536, sliding_window=4096, rope_theta=500000.0,
-             rms_norm_eps=1e-6, tie_word_embeddings=False)  # fmt: skip
+OLMO3 = dict(
+    vocab_size=100278,
+    max_position_embeddings=65536,
+    sliding_window=4096,
+    rope_theta=500000.0,
+    rms_norm_eps=1e-6,
+    tie_word_embeddings=False,
+)
 SHAPES = {  # OLMo 3 7B and 32B (their config.json on the Hub)
     "7b": dict(
         hidden_size=4096, intermediate_size=11008, num_attention_heads=32, num_key_value_heads=32, num_hidden_layers=32
-    ),  # fmt: skip
+    ),
     "32b": dict(
         hidden_size=5120, intermediate_size=27648, num_attention_heads=40, num_key_value_heads=8, num_hidden_layers=64
-    ),  # fmt: skip
+    ),
 }
 ZERO3 = "configs/accelerate/zero3.yaml"
 no_gpu = pytest.mark.skipif(
@@ -85,9 +91,13 @@ def test_model_states_equal_deepspeeds_estimates(olmo3, size, nodes):
         assert ours == ds, ("zero2", offload)
     for offload_optimizer, offload_params in ((False, False), (True, False), (True, True)):
         _, ds, _ = estimate_zero3_model_states_mem_needs(
-            total_params=p, largest_layer_params=largest, cpu_offload=offload_optimizer,
-            cpu_offload_params=offload_params, zero_init=True, **gpus,
-        )  # fmt: skip
+            total_params=p,
+            largest_layer_params=largest,
+            cpu_offload=offload_optimizer,
+            cpu_offload_params=offload_params,
+            zero_init=True,
+            **gpus,
+        )
         e = engine(ZERO3, offload_optimizer=offload_optimizer, offload_params=offload_params)
         assert memory.model_state_bytes(e, shape, world)[0] == ds, ("zero3", offload_optimizer, offload_params)
 
@@ -99,13 +109,21 @@ def test_counts_equal_deepspeeds_live_estimators_on_a_real_model():
     from deepspeed.runtime.zero.stage_1_and_2 import estimate_zero2_model_states_mem_needs_all_live
     from transformers import AutoModelForCausalLM, Olmo3Config
 
-    config = Olmo3Config(**{**OLMO3, "vocab_size": 50000}, hidden_size=512, intermediate_size=1536,
-                         num_attention_heads=8, num_key_value_heads=2, num_hidden_layers=4)  # fmt: skip
+    config = Olmo3Config(
+        **{**OLMO3, "vocab_size": 50000},
+        hidden_size=512,
+        intermediate_size=1536,
+        num_attention_heads=8,
+        num_key_value_heads=2,
+        num_hidden_layers=4,
+    )
     model = AutoModelForCausalLM.from_config(config)  # ~64M real parameters
     shape = memory.model_shape(recipe("--model_name_or_path", "unused"), config)
     printed = {}
-    for stage, estimate in (("zero2", estimate_zero2_model_states_mem_needs_all_live),
-                            ("zero3", estimate_zero3_model_states_mem_needs_all_live)):  # fmt: skip
+    for stage, estimate in (
+        ("zero2", estimate_zero2_model_states_mem_needs_all_live),
+        ("zero3", estimate_zero3_model_states_mem_needs_all_live),
+    ):
         out = io.StringIO()
         with contextlib.redirect_stdout(out):
             estimate(model, num_gpus_per_node=4, num_nodes=1)
@@ -144,9 +162,18 @@ def test_trace_keeps_what_autograd_keeps_on_a_real_layer():
     from transformers import AutoModelForCausalLM, Olmo3Config
 
     tokens = 512
-    config = Olmo3Config(**{**OLMO3, "vocab_size": 1000}, hidden_size=256, intermediate_size=704, num_attention_heads=8,
-                         num_key_value_heads=2, num_hidden_layers=1, pad_token_id=0, eos_token_id=1, bos_token_id=1,
-                         layer_types=["full_attention"])  # fmt: skip
+    config = Olmo3Config(
+        **{**OLMO3, "vocab_size": 1000},
+        hidden_size=256,
+        intermediate_size=704,
+        num_attention_heads=8,
+        num_key_value_heads=2,
+        num_hidden_layers=1,
+        pad_token_id=0,
+        eos_token_id=1,
+        bos_token_id=1,
+        layer_types=["full_attention"],
+    )
     traced = memory._traced_peak(config, 2, tokens, False) - memory._traced_peak(config, 1, tokens, False)
     assert (
         memory._traced_peak(config, 2, tokens, True) - memory._traced_peak(config, 1, tokens, True) == 2 * 256 * tokens
@@ -211,15 +238,24 @@ def test_dry_run_shows_the_plan_that_fits(olmo3):
 @pytest.mark.slow
 def test_plan_that_cannot_fit_is_refused_with_what_would_fit(olmo3):
     # 32B under ZeRO-2 on one node of 4 B200s: the whole bf16 weights on every GPU, beyond 179 GiB.
-    result = dry_run("--config", "configs/think-32b.yaml", "--model_name_or_path", olmo3["32b"],
-                     "--accelerate_config", "accelerate_config.yaml")  # fmt: skip
+    result = dry_run(
+        "--config",
+        "configs/think-32b.yaml",
+        "--model_name_or_path",
+        olmo3["32b"],
+        "--accelerate_config",
+        "accelerate_config.yaml",
+    )
     assert result.returncode == 2
     error = result.stdout.strip().splitlines()[-1]
     assert error.startswith("error: memory plan: DeepSpeed ZeRO-2 on 4 GPUs needs ~"), error
     assert "more than the 179.0 GiB GPU (gpu_memory_gib)" in error
     # ZeRO-3 on this node with fewer tokens per micro-batch, each option planned for real (tests/test_memory_advice.py)
-    assert re.search(rf"DeepSpeed ZeRO-3 fits on 4 GPUs \(1 node: ACCELERATE_CONFIG={ZERO3} sbatch --nodes=1 "
-                     r"--gpus-per-node=4\) with `--max_tokens_per_microbatch \d+`", error), error  # fmt: skip
+    assert re.search(
+        rf"DeepSpeed ZeRO-3 fits on 4 GPUs \(1 node: ACCELERATE_CONFIG={ZERO3} sbatch --nodes=1 "
+        r"--gpus-per-node=4\) with `--max_tokens_per_microbatch \d+`",
+        error,
+    ), error
     assert "Traceback" not in result.stdout
 
 
@@ -227,8 +263,9 @@ def test_plan_that_cannot_fit_is_refused_with_what_would_fit(olmo3):
 @no_gpu
 def test_32b_recipe_fits_two_to_four_nodes_of_b200(olmo3):
     """configs/think-32b.yaml's engine, ZeRO-3, fits 2, 3 and 4 nodes of 4 B200s; one node is refused."""
-    r = parse_args(["--config", str(ROOT / "configs" / "think-32b.yaml"), "--model_name_or_path", olmo3["32b"],
-                    "--dry-run"])  # fmt: skip
+    r = parse_args(
+        ["--config", str(ROOT / "configs" / "think-32b.yaml"), "--model_name_or_path", olmo3["32b"], "--dry-run"]
+    )
     for nodes in (2, 3, 4):
         plan = memory.plan(r, 4 * nodes)
         assert plan["fits"] is True and plan["engine"].startswith(f"DeepSpeed ZeRO-3 ({ZERO3}"), nodes
@@ -248,9 +285,13 @@ def test_a_live_reference_model_adds_its_weights_as_trl_prepares_them(olmo3):
         cached, live = (memory.plan(recipe(*args, *more), 8) for more in ([], ["--precompute_ref_log_probs", "false"]))
         assert "reference_model" not in cached["per_gpu_gib"], config
         assert live["per_gpu_gib"]["reference_model"] == round(2 * params / share / 2**30, 1), config
-        assert {k: v for k, v in live["per_gpu_gib"].items() if k not in ("reference_model", "total",
-                "cuda_context_and_fragmentation")} == {k: v for k, v in cached["per_gpu_gib"].items() if k not in (
-                "total", "cuda_context_and_fragmentation")}, config  # fmt: skip
+        assert {
+            k: v
+            for k, v in live["per_gpu_gib"].items()
+            if k not in ("reference_model", "total", "cuda_context_and_fragmentation")
+        } == {k: v for k, v in cached["per_gpu_gib"].items() if k not in ("total", "cuda_context_and_fragmentation")}, (
+            config
+        )
         assert live["per_gpu_gib"]["total"] > cached["per_gpu_gib"]["total"]
     lora = ["--use_peft", "true", "--lora_target_modules", "q_proj", "v_proj", "--precompute_ref_log_probs", "false"]
     planned = memory.plan(recipe("--model_name_or_path", olmo3["7b"], "--memory_check", "false", *lora), 8)
@@ -285,19 +326,38 @@ def test_engines_read_from_accelerate_configs():
 def test_a_launched_job_plans_for_its_own_engine(olmo3):
     """scripts/launch.sh gives the dry run the job's engine: a 32B job on one node under the default
     ZeRO-2 config is refused before anything launches, and the log names the fix."""
-    env = {**os.environ, "RECIPE": "configs/think-32b.yaml", "ACCELERATE_CONFIG": "accelerate_config.yaml",
-           "SLURM_JOB_NUM_NODES": "1", "SLURM_GPUS_PER_NODE": "4", "SLURM_JOB_ID": "4242",
-           "HF_HUB_OFFLINE": "1", "CUDA_VISIBLE_DEVICES": ""}  # fmt: skip
+    env = {
+        **os.environ,
+        "RECIPE": "configs/think-32b.yaml",
+        "ACCELERATE_CONFIG": "accelerate_config.yaml",
+        "SLURM_JOB_NUM_NODES": "1",
+        "SLURM_GPUS_PER_NODE": "4",
+        "SLURM_JOB_ID": "4242",
+        "HF_HUB_OFFLINE": "1",
+        "CUDA_VISIBLE_DEVICES": "",
+    }
     env.pop("WORLD_SIZE", None)
-    result = subprocess.run(["bash", "scripts/launch.sh", "--model_name_or_path", olmo3["32b"]], cwd=ROOT, env=env,
-                            capture_output=True, text=True, timeout=300)  # fmt: skip
+    result = subprocess.run(
+        ["bash", "scripts/launch.sh", "--model_name_or_path", olmo3["32b"]],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert result.returncode != 0
     assert "error: memory plan: DeepSpeed ZeRO-2 on 4 GPUs needs" in result.stderr, result.stderr[-2000:]
     assert "launch: srun" not in result.stdout
     # Without ACCELERATE_CONFIG the job runs on the recipe's own engine (think-32b names ZeRO-3), planned as such.
     env.pop("ACCELERATE_CONFIG")
-    result = subprocess.run(["bash", "scripts/launch.sh", "--model_name_or_path", olmo3["32b"]], cwd=ROOT, env=env,
-                            capture_output=True, text=True, timeout=300)  # fmt: skip
+    result = subprocess.run(
+        ["bash", "scripts/launch.sh", "--model_name_or_path", olmo3["32b"]],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert "accelerate: configs/accelerate/zero3.yaml" in result.stdout, result.stdout[-2000:]
     assert "error: memory plan: DeepSpeed ZeRO-3 on 4 GPUs needs" in result.stderr, result.stderr[-2000:]
 
@@ -309,15 +369,36 @@ def test_a_run_launched_by_hand_plans_for_the_engine_it_runs_under(olmo3, tmp_pa
     ZeRO-2 from the default config, one process, whatever the recipe names) and is refused before the model loads
     (its one memory plan is made for the forward decided from the data's lengths: a local data set here).
     (`use_cpu`: bf16 on this GPU-less machine, planned for the B200 of gpu_memory_gib.)"""
-    env = {"WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1", "RANK": "0", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1",
-           "MASTER_PORT": "29731", "ACCELERATE_USE_DEEPSPEED": "true",
-           "ACCELERATE_DEEPSPEED_CONFIG_FILE": str(ROOT / "ds_config.json"), "CUDA_VISIBLE_DEVICES": ""}  # fmt: skip
+    env = {
+        "WORLD_SIZE": "1",
+        "LOCAL_WORLD_SIZE": "1",
+        "RANK": "0",
+        "LOCAL_RANK": "0",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": "29731",
+        "ACCELERATE_USE_DEEPSPEED": "true",
+        "ACCELERATE_DEEPSPEED_CONFIG_FILE": str(ROOT / "ds_config.json"),
+        "CUDA_VISIBLE_DEVICES": "",
+    }
     model = tmp_path / "olmo3-32b"  # its config, and a tokenizer: the run measures the pairs before it plans memory
     shutil.copytree(olmo3["32b"], model)
     builtin.build_tokenizer().save_pretrained(model)
-    result = run_train(["--config", "configs/think-32b.yaml", "--model_name_or_path", str(model), "--output_dir",
-                        str(tmp_path / "run"), "--use_cpu", "true", "--dataset_name",
-                        str(ROOT / "data" / "smoke_prefs.jsonl")], env=env, timeout=300)  # fmt: skip
+    result = run_train(
+        [
+            "--config",
+            "configs/think-32b.yaml",
+            "--model_name_or_path",
+            str(model),
+            "--output_dir",
+            str(tmp_path / "run"),
+            "--use_cpu",
+            "true",
+            "--dataset_name",
+            str(ROOT / "data" / "smoke_prefs.jsonl"),
+        ],
+        env=env,
+        timeout=300,
+    )
     assert result.returncode == 2, result.stdout[-2000:]
     last = result.stdout.strip().splitlines()[-1]
     assert last.startswith("error: memory plan: DeepSpeed ZeRO-2 on 1 GPU needs"), last
@@ -399,9 +480,17 @@ def test_traced_activations_against_cuda_memory():
     from transformers import AutoModelForCausalLM, Olmo3Config
 
     tokens = 16384
-    config = Olmo3Config(**{**OLMO3, "vocab_size": 1000}, hidden_size=1024, intermediate_size=2816,
-                         num_attention_heads=16, num_key_value_heads=4, num_hidden_layers=8, pad_token_id=0,
-                         eos_token_id=1, bos_token_id=1)  # fmt: skip
+    config = Olmo3Config(
+        **{**OLMO3, "vocab_size": 1000},
+        hidden_size=1024,
+        intermediate_size=2816,
+        num_attention_heads=16,
+        num_key_value_heads=4,
+        num_hidden_layers=8,
+        pad_token_id=0,
+        eos_token_id=1,
+        bos_token_id=1,
+    )
     planned = memory.activation_bytes(config, tokens, True)[0] + memory.mask_bytes("sdpa", tokens, tokens, config, True)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16, attn_implementation="sdpa").cuda()
     model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
@@ -432,8 +521,17 @@ def test_readme_table_is_what_the_plan_says(olmo3):
         size = "32b" if label.startswith("32B") else "7b"
         name = "think-32b.yaml" if size == "32b" else "think.yaml"
         for config, total in zip(("accelerate_config.yaml", ZERO3, FSDP2), totals, strict=True):
-            r = parse_args(["--config", str(ROOT / "configs" / name), "--model_name_or_path", olmo3[size],
-                            "--accelerate_config", config, "--dry-run"])  # fmt: skip
+            r = parse_args(
+                [
+                    "--config",
+                    str(ROOT / "configs" / name),
+                    "--model_name_or_path",
+                    olmo3[size],
+                    "--accelerate_config",
+                    config,
+                    "--dry-run",
+                ]
+            )
             r.project.gpu_memory_gib = None
             assert memory.plan(r, int(gpus))["per_gpu_gib"]["total"] == float(total), (row, config)
 
@@ -447,9 +545,17 @@ def test_mixed_checkpointing_equals_a_trace_of_the_mixed_model():
     traces equals a trace of the whole 7-layer model checkpointed that way, for every k."""
     from transformers import Olmo3Config
 
-    config = Olmo3Config(vocab_size=1000, hidden_size=256, intermediate_size=704, num_attention_heads=8,
-                         num_key_value_heads=2, num_hidden_layers=7, pad_token_id=0, eos_token_id=1,
-                         bos_token_id=1)  # fmt: skip
+    config = Olmo3Config(
+        vocab_size=1000,
+        hidden_size=256,
+        intermediate_size=704,
+        num_attention_heads=8,
+        num_key_value_heads=2,
+        num_hidden_layers=7,
+        pad_token_id=0,
+        eos_token_id=1,
+        bos_token_id=1,
+    )
     peaks = []
     for every in (None, 7, 4, 3, 2, 1):
         planned = memory.activation_bytes(config, 512, every or False)[0]
@@ -464,8 +570,16 @@ def test_plan_checkpoints_the_fewest_layers_that_fit():
     on 100 GiB, none where everything fits; the choice reaches the training arguments."""
     chosen = {}
     for gib in (80, 100, 140):
-        r = recipe("--model_name_or_path", str(ROOT / "configs/models/olmo3-7b"), "--gpu_memory_gib", str(gib),
-                   "--max_tokens_per_microbatch", "8192", "--max_length", "4096")  # fmt: skip
+        r = recipe(
+            "--model_name_or_path",
+            str(ROOT / "configs/models/olmo3-7b"),
+            "--gpu_memory_gib",
+            str(gib),
+            "--max_tokens_per_microbatch",
+            "8192",
+            "--max_length",
+            "4096",
+        )
         plan = memory.plan(r, 4)
         assert plan["fits"] is True and plan["per_gpu_gib"]["total"] <= gib
         chosen[gib] = plan["checkpointing"]["every_n_layers"]

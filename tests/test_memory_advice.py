@@ -22,8 +22,18 @@ pytestmark = pytest.mark.skipif(
 
 def command(size: str, gib: int, tmp_path, *extra) -> list[str]:
     recipe, model = RECIPES[size]
-    return ["--config", str(ROOT / "configs" / recipe), "--model_name_or_path", str(MODELS / model),
-            "--output_dir", str(tmp_path / "run"), "--gpu_memory_gib", str(gib), "--dry-run", *extra]  # fmt: skip
+    return [
+        "--config",
+        str(ROOT / "configs" / recipe),
+        "--model_name_or_path",
+        str(MODELS / model),
+        "--output_dir",
+        str(tmp_path / "run"),
+        "--gpu_memory_gib",
+        str(gib),
+        "--dry-run",
+        *extra,
+    ]
 
 
 def refusal(argv: list[str]) -> str:

@@ -8,8 +8,14 @@ from dpotrain.forwards.flops import ModelFlops
 
 
 def test_forward_flops_match_torchs_counter():
-    config = LlamaConfig(vocab_size=300, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2)  # fmt: skip
+    config = LlamaConfig(
+        vocab_size=300,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+    )
     config._attn_implementation = "eager"  # plain matmuls: the counter sees the whole score matrix
     model = LlamaForCausalLM(config).eval()
     s = 50
@@ -35,9 +41,18 @@ def test_sliding_windows_stop_at_the_window():
 
 def test_moe_counts_the_experts_a_token_runs():
     """A token runs 2 of the 8 routed experts: PyTorch's counter sees a quarter of the experts' weights per token."""
-    config = Qwen3MoeConfig(vocab_size=300, hidden_size=64, intermediate_size=128, moe_intermediate_size=32,
-                            num_experts=8, num_experts_per_tok=2, num_hidden_layers=2, num_attention_heads=4,
-                            num_key_value_heads=2, head_dim=16)  # fmt: skip
+    config = Qwen3MoeConfig(
+        vocab_size=300,
+        hidden_size=64,
+        intermediate_size=128,
+        moe_intermediate_size=32,
+        num_experts=8,
+        num_experts_per_tok=2,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+    )
     config._attn_implementation = "eager"
     config._experts_implementation = "eager"  # a loop of plain matmuls over the routed tokens, which the counter sees
     model = Qwen3MoeForCausalLM(config).eval()

@@ -34,8 +34,9 @@ def files(tmp_path_factory):
     datasets.Dataset.from_list(explicit_prompt(ROWS["trl"])).to_json(folder / "trl.jsonl")
     datasets.Dataset.from_list(ultrafeedback(ROWS["uf"])).to_parquet(folder / "uf.parquet")
     datasets.Dataset.from_list(hh(ROWS["hh"])).to_csv(folder / "hh.csv", index=False)
-    return {name: str(folder / f"{name}.{suffix}") for name, suffix in (("trl", "jsonl"), ("uf", "parquet"),
-                                                                         ("hh", "csv"))}  # fmt: skip
+    return {
+        name: str(folder / f"{name}.{suffix}") for name, suffix in (("trl", "jsonl"), ("uf", "parquet"), ("hh", "csv"))
+    }
 
 
 def mixer(files) -> list[str]:
@@ -98,17 +99,26 @@ def test_one_source_through_a_symlink_or_a_relative_path_is_refused_as_twice(fil
         ["--dataset_mixer_list", "data/good.jsonl", "1.0", "./data/../data/good.jsonl", "0.5"],  # two relative paths
         ["--datasets", json.dumps({"path": "data/good.jsonl"}), json.dumps({"path": "json", "data_files": str(good)})],
         # a file has one split, whatever the mixture calls it
-        ["--dataset_mixer_list", "data/good.jsonl", "1.0", "alias.jsonl", "1.0", "--dataset_mixer_list_splits",
-         "train", "test"],
-    ]  # fmt: skip
+        [
+            "--dataset_mixer_list",
+            "data/good.jsonl",
+            "1.0",
+            "alias.jsonl",
+            "1.0",
+            "--dataset_mixer_list_splits",
+            "train",
+            "test",
+        ],
+    ]
     for args in spellings:
         with pytest.raises(ConfigError) as e:
             resolve.check_values(parse_args(["--config", SMOKE, *args]))
         assert "are the same data in the mixture: give it once, with one amount" in str(e.value), args
     # Two files with the same content are two sources, as the user may mean (a copy kept apart on purpose).
     shutil.copy(good, tmp_path / "copy.jsonl")
-    resolve.check_values(parse_args(["--config", SMOKE, "--dataset_mixer_list", "alias.jsonl", "1.0", "copy.jsonl",
-                                     "1.0"]))  # fmt: skip
+    resolve.check_values(
+        parse_args(["--config", SMOKE, "--dataset_mixer_list", "alias.jsonl", "1.0", "copy.jsonl", "1.0"])
+    )
 
 
 def test_a_count_above_the_rows_is_refused_a_fraction_upsamples(files):
@@ -118,8 +128,10 @@ def test_a_count_above_the_rows_is_refused_a_fraction_upsamples(files):
     taken = mixture.take(mixture.Source(files["hh"], "train", amount="2.5"), 20, seed=42)
     assert len(taken) == 50 and sorted(set(taken.tolist())) == list(range(20))  # every row twice, then 10 of them
     assert (mixture.take(mixture.Source(files["hh"], "train", amount="2.5"), 20, seed=42) == taken).all()
-    assert not (mixture.take(mixture.Source(files["hh"], "train", amount="0.5"), 20, seed=7) ==
-                mixture.take(mixture.Source(files["hh"], "train", amount="0.5"), 20, seed=42)).all()  # fmt: skip
+    assert not (
+        mixture.take(mixture.Source(files["hh"], "train", amount="0.5"), 20, seed=7)
+        == mixture.take(mixture.Source(files["hh"], "train", amount="0.5"), 20, seed=42)
+    ).all()
 
 
 # --- the held-out mixture, trained --------------------------------------------------------------------------------
@@ -207,8 +219,20 @@ def test_a_bad_row_is_named_by_its_source_and_line(files, tmp_path):
     rows[6]["rejected"] = None
     bad = tmp_path / "bad.jsonl"
     datasets.Dataset.from_list(rows).to_json(bad)
-    result = run_train(["--config", SMOKE, "--dataset_mixer_list", files["uf"], "1.0", str(bad), "1.0", "--dry-run",
-                        "--output_dir", str(tmp_path / "out")])  # fmt: skip
+    result = run_train(
+        [
+            "--config",
+            SMOKE,
+            "--dataset_mixer_list",
+            files["uf"],
+            "1.0",
+            str(bad),
+            "1.0",
+            "--dry-run",
+            "--output_dir",
+            str(tmp_path / "out"),
+        ]
+    )
     assert result.returncode != 0
     error = next(line for line in result.stdout.splitlines() if line.startswith("error:"))
     assert "line 7 of bad.jsonl" in error and "'rejected'" in error
@@ -220,14 +244,32 @@ def test_skip_invalid_counts_per_source(files, tmp_path):
     rows[2]["chosen"] = rows[2]["rejected"]
     bad = tmp_path / "bad.jsonl"
     datasets.Dataset.from_list(rows).to_json(bad)
-    result = run_train(["--config", SMOKE, "--dataset_mixer_list", files["uf"], "1.0", str(bad), "1.0", "--dry-run",
-                        "--skip_invalid", "true", "--output_dir", str(tmp_path / "out")])  # fmt: skip
+    result = run_train(
+        [
+            "--config",
+            SMOKE,
+            "--dataset_mixer_list",
+            files["uf"],
+            "1.0",
+            str(bad),
+            "1.0",
+            "--dry-run",
+            "--skip_invalid",
+            "true",
+            "--output_dir",
+            str(tmp_path / "out"),
+        ]
+    )
     assert result.returncode == 0, result.stdout[-2000:]
     derived = json.loads((tmp_path / "out.dry-run.json").read_text())["derived"]
-    assert list(derived["invalid_rows"]) == [f"{bad} [train]"] and derived["invalid_rows"][f"{bad} [train]"][
-        "dropped"] == 1  # fmt: skip
-    assert [(r["rows_read"], r["rows_usable"], r["taken"]) for r in derived["data_sources"]] == [(30, 30, 30),
-                                                                                                (10, 9, 9)]  # fmt: skip
+    assert (
+        list(derived["invalid_rows"]) == [f"{bad} [train]"]
+        and derived["invalid_rows"][f"{bad} [train]"]["dropped"] == 1
+    )
+    assert [(r["rows_read"], r["rows_usable"], r["taken"]) for r in derived["data_sources"]] == [
+        (30, 30, 30),
+        (10, 9, 9),
+    ]
 
 
 # --- TRL's recipe -----------------------------------------------------------------------------------------------------
@@ -278,8 +320,10 @@ def test_a_source_added_scores_only_its_pairs_with_the_values_a_fresh_run_gets(f
     (old,) = (shared / "reference").iterdir()
     out = tmp_path / "out"
     grown = [*mixer(files), str(more), "8"]
-    second = run_train(["--config", SMOKE, *grown, "--output_dir", str(out), "--max_steps", "2", "--save_strategy",
-                        "no"], env={"DPOTRAIN_CACHE": str(shared)})  # fmt: skip
+    second = run_train(
+        ["--config", SMOKE, *grown, "--output_dir", str(out), "--max_steps", "2", "--save_strategy", "no"],
+        env={"DPOTRAIN_CACHE": str(shared)},
+    )
     assert second.returncode == 0, second.stdout[-3000:]
     record = json.loads((out / "resolved_config.json").read_text())["derived"]["reference"]["train"]
     assert (record["reused_from_other_runs"], record["scored"]) == (sum(TAKEN.values()), 8), record
@@ -346,9 +390,26 @@ def test_evaluation_runs_on_the_held_out_mixture(files, tmp_path):
         held[name] = tmp_path / f"{name}.jsonl"
         datasets.Dataset.from_list(builtin.make_preference_rows(n, seed=seed)).to_json(held[name])
     out = tmp_path / "out"
-    args = ["--config", SMOKE, *mixer(files), "--dataset_mixer_eval_list", str(held["held_a"]), "6",
-            str(held["held_b"]), "0.5", "--eval_strategy", "steps", "--eval_steps", "2", "--max_steps", "2",
-            "--save_strategy", "no", "--output_dir", str(out)]  # fmt: skip
+    args = [
+        "--config",
+        SMOKE,
+        *mixer(files),
+        "--dataset_mixer_eval_list",
+        str(held["held_a"]),
+        "6",
+        str(held["held_b"]),
+        "0.5",
+        "--eval_strategy",
+        "steps",
+        "--eval_steps",
+        "2",
+        "--max_steps",
+        "2",
+        "--save_strategy",
+        "no",
+        "--output_dir",
+        str(out),
+    ]
     dry = run_train([*args, "--dry-run"])
     assert dry.returncode == 0, dry.stdout[-3000:]
     run = run_train(args)
@@ -369,8 +430,20 @@ def test_evaluation_runs_on_the_held_out_mixture(files, tmp_path):
 
 @pytest.mark.slow
 def test_eval_strategy_with_a_training_mixture_but_no_held_out_one_is_refused(files, tmp_path):
-    result = run_train(["--config", SMOKE, *mixer(files), "--eval_strategy", "steps", "--eval_steps", "2",
-                        "--dry-run", "--output_dir", str(tmp_path / "out")])  # fmt: skip
+    result = run_train(
+        [
+            "--config",
+            SMOKE,
+            *mixer(files),
+            "--eval_strategy",
+            "steps",
+            "--eval_steps",
+            "2",
+            "--dry-run",
+            "--output_dir",
+            str(tmp_path / "out"),
+        ]
+    )
     assert result.returncode != 0
     (error,) = [line for line in result.stdout.splitlines() if line.startswith("error:")]
     assert "eval_strategy with a training mixture needs its held-out pairs" in error
@@ -384,8 +457,18 @@ def test_the_preflight_reads_the_mixture_training_takes_and_never_writes_over_a_
     from conftest import python
 
     def preflight(*extra):
-        command = [python(), str(ROOT / "scripts" / "preflight.py"), "--config", SMOKE, *mixer(files), "--sample", "8",
-                   "--output_dir", str(tmp_path / "out"), *extra]  # fmt: skip
+        command = [
+            python(),
+            str(ROOT / "scripts" / "preflight.py"),
+            "--config",
+            SMOKE,
+            *mixer(files),
+            "--sample",
+            "8",
+            "--output_dir",
+            str(tmp_path / "out"),
+            *extra,
+        ]
         return subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=600)
 
     report = tmp_path / "preflight.json"

@@ -5,12 +5,21 @@ from dpotrain.hub.hub import model_card
 
 def test_model_card_names_base_dataset_recipe_and_final_metrics():
     resolved = {
-        "run_name": "think-dpo", "config": "configs/think.yaml", "model_name_or_path": "org/sft-7b",
-        "dataset_name": "allenai/Dolci-Think-DPO-7B", "loss_type": ["sigmoid_norm"], "beta": 5.0,
-        "learning_rate": 1e-6, "lr_scheduler_type": "linear", "warmup_steps": 0.1, "num_train_epochs": 1,
-        "max_length": 8192, "per_device_train_batch_size": 4, "gradient_accumulation_steps": 8,
+        "run_name": "think-dpo",
+        "config": "configs/think.yaml",
+        "model_name_or_path": "org/sft-7b",
+        "dataset_name": "allenai/Dolci-Think-DPO-7B",
+        "loss_type": ["sigmoid_norm"],
+        "beta": 5.0,
+        "learning_rate": 1e-6,
+        "lr_scheduler_type": "linear",
+        "warmup_steps": 0.1,
+        "num_train_epochs": 1,
+        "max_length": 8192,
+        "per_device_train_batch_size": 4,
+        "gradient_accumulation_steps": 8,
         "derived": {"pairs_per_step": 128},
-    }  # fmt: skip
+    }
     records = [{"step": 1, "loss": 0.6931}, {"step": 1170, "loss": 0.41, "rewards/accuracies": 0.72}]
     card = model_card(resolved, records)
     assert "base_model: org/sft-7b" in card and "- allenai/Dolci-Think-DPO-7B" in card  # Hub metadata
@@ -44,8 +53,10 @@ def test_the_cards_speed_is_the_runs_mean_over_its_steady_steps_not_the_last_ste
     records = [{"step": s, "loss": 0.6, "tokens_per_second": v} for s, v in speeds.items()]
     card = model_card({"run_name": "r"}, [*records, {"step": 4, "eval_loss": 0.6}])
     mean = (9362 + 8000 + 1200) / 3
-    assert f"| `tokens_per_second` | {mean:,.1f} (mean of 3 logging steps, 2-4; the first, with the warm-up, " \
-           "left out) |" in card, card  # fmt: skip
+    assert (
+        f"| `tokens_per_second` | {mean:,.1f} (mean of 3 logging steps, 2-4; the first, with the warm-up, "
+        "left out) |" in card
+    ), card
 
 
 def test_card_lists_the_checkpoint_branches_on_the_hub(tmp_path):
@@ -75,15 +86,28 @@ def test_card_lists_the_checkpoint_branches_on_the_hub(tmp_path):
 def test_lora_run_card_and_folder(tmp_path):
     from dpotrain.hub.hub import run_folder_problems
 
-    resolved = {"model_name_or_path": "org/sft-7b", "use_peft": True, "lora_r": 16, "lora_alpha": 32,
-                "lora_dropout": 0.05, "lora_target_modules": ["q_proj", "v_proj"], "merge_lora": False}  # fmt: skip
+    resolved = {
+        "model_name_or_path": "org/sft-7b",
+        "use_peft": True,
+        "lora_r": 16,
+        "lora_alpha": 32,
+        "lora_dropout": 0.05,
+        "lora_target_modules": ["q_proj", "v_proj"],
+        "merge_lora": False,
+    }
     card = model_card(resolved, [])
     assert "library_name: peft" in card and "- lora" in card and "base_model: org/sft-7b" in card
     assert "**LoRA adapter** (PEFT) for `org/sft-7b`" in card and "r=16, alpha=32" in card
     assert "['q_proj', 'v_proj']" in card and "merge_lora: true" in card
     # An adapter folder is a complete run without config.json / model.safetensors, but not without its adapter.
-    for name in ("adapter_config.json", "tokenizer_config.json", "tokenizer.json", "README.md",
-                 "training_curves.png", "run_complete.json"):  # fmt: skip
+    for name in (
+        "adapter_config.json",
+        "tokenizer_config.json",
+        "tokenizer.json",
+        "README.md",
+        "training_curves.png",
+        "run_complete.json",
+    ):
         (tmp_path / name).write_text("{}")
     assert run_folder_problems(tmp_path) == ["adapter_model.safetensors"]
     (tmp_path / "adapter_model.safetensors").write_text("")

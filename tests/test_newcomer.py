@@ -45,8 +45,15 @@ def dry_run(capsys, *args) -> str:
 def test_a_dry_run_without_a_wandb_login_shows_its_plan_and_what_the_run_would_refuse(
     recipe, tmp_path, capsys, no_credentials
 ):
-    out = dry_run(capsys, "--config", str(ROOT / "configs" / f"{recipe}.yaml"), "--model_name_or_path", OLMO3_7B,
-                  "--output_dir", str(tmp_path / "run"))  # fmt: skip
+    out = dry_run(
+        capsys,
+        "--config",
+        str(ROOT / "configs" / f"{recipe}.yaml"),
+        "--model_name_or_path",
+        OLMO3_7B,
+        "--output_dir",
+        str(tmp_path / "run"),
+    )
     assert "memory/GPU:    ~" in out, out  # the plan, made
     refusals = [line for line in out.splitlines() if line.startswith("warning: the run would refuse: ")]
     # The model folder is a shape with no tokenizer (README step 4), which the run would refuse too.
@@ -55,15 +62,17 @@ def test_a_dry_run_without_a_wandb_login_shows_its_plan_and_what_the_run_would_r
 
 
 def test_a_dry_run_of_a_push_without_a_token_says_the_run_would_refuse_it(tmp_path, capsys, no_credentials):
-    out = dry_run(capsys, "--config", SMOKE, "--output_dir", str(tmp_path / "run"), "--push_to_hub",
-                  "--hub_model_id", "me/x")  # fmt: skip
+    out = dry_run(
+        capsys, "--config", SMOKE, "--output_dir", str(tmp_path / "run"), "--push_to_hub", "--hub_model_id", "me/x"
+    )
     assert "warning: the run would refuse: push_to_hub is set but no Hugging Face token was found" in out, out
 
 
 def test_the_run_itself_still_refuses_without_a_wandb_login(tmp_path, capsys, no_credentials):
     with pytest.raises(SystemExit) as ended:
-        run_cli(lambda: train_dpo.main(["--config", SMOKE, "--output_dir", str(tmp_path / "run"), "--report_to",
-                                        "wandb"]))  # fmt: skip
+        run_cli(
+            lambda: train_dpo.main(["--config", SMOKE, "--output_dir", str(tmp_path / "run"), "--report_to", "wandb"])
+        )
     assert ended.value.code == 2
     assert "error: report_to wandb but no W&B login" in capsys.readouterr().err
 
@@ -105,20 +114,32 @@ def analyzer():
 
 
 def test_a_model_folder_without_a_tokenizer_is_named_with_what_to_pass_by_the_analyzer_and_the_run(tmp_path, capsys):
-    expected = (f"error: model folder {OLMO3_7B!r} holds no tokenizer (config.json alone: a model's shape, enough to "
-                "plan memory, not to tokenize): pass --model_name_or_path your model's Hub name (org/model) or the "
-                "folder save_pretrained wrote, with its tokenizer.json")  # fmt: skip
+    expected = (
+        f"error: model folder {OLMO3_7B!r} holds no tokenizer (config.json alone: a model's shape, enough to "
+        "plan memory, not to tokenize): pass --model_name_or_path your model's Hub name (org/model) or the "
+        "folder save_pretrained wrote, with its tokenizer.json"
+    )
     assert analyzer().main(["--config", THINK, "--model_name_or_path", OLMO3_7B]) == 2
     assert capsys.readouterr().err.strip().splitlines()[-1] == expected
     with pytest.raises(SystemExit) as ended:
-        run_cli(lambda: train_dpo.main(["--config", SMOKE, "--output_dir", str(tmp_path / "run"),
-                                        "--model_name_or_path", OLMO3_7B]))  # fmt: skip
+        run_cli(
+            lambda: train_dpo.main(
+                ["--config", SMOKE, "--output_dir", str(tmp_path / "run"), "--model_name_or_path", OLMO3_7B]
+            )
+        )
     assert ended.value.code == 2 and capsys.readouterr().err.strip().splitlines()[-1] == expected
 
 
 def test_the_dry_run_of_a_shape_without_a_tokenizer_prints_no_analyzer_command_it_cannot_run(capsys, no_credentials):
-    out = dry_run(capsys, "--config", "configs/think.yaml", "--model_name_or_path", "configs/models/olmo3-7b",
-                  "--output_dir", "/tmp/newcomer-think-dpo")  # fmt: skip
+    out = dry_run(
+        capsys,
+        "--config",
+        "configs/think.yaml",
+        "--model_name_or_path",
+        "configs/models/olmo3-7b",
+        "--output_dir",
+        "/tmp/newcomer-think-dpo",
+    )
     assert "analyze_dataset.py" not in out, out
     assert "configs/models/olmo3-7b holds no tokenizer to measure them with: dry-run your own model" in out
 
@@ -129,8 +150,19 @@ def test_the_analyzer_command_a_dry_run_prints_runs_as_printed(tiny_model_dir, c
     import re
     import shlex
 
-    out = dry_run(capsys, "--config", "configs/think.yaml", "--model_name_or_path", tiny_model_dir, "--max_length",
-                  "4096", "--max_tokens_per_microbatch", "8192", "--output_dir", "/tmp/newcomer-think-dpo")  # fmt: skip
+    out = dry_run(
+        capsys,
+        "--config",
+        "configs/think.yaml",
+        "--model_name_or_path",
+        tiny_model_dir,
+        "--max_length",
+        "4096",
+        "--max_tokens_per_microbatch",
+        "8192",
+        "--output_dir",
+        "/tmp/newcomer-think-dpo",
+    )
     printed = set(re.findall(r"(python scripts/analyze_dataset\.py[^,;)]*)", out))
     assert len(printed) == 1, out
     words = shlex.split(printed.pop())
@@ -144,8 +176,18 @@ def test_the_analyzer_command_a_dry_run_prints_runs_as_printed(tiny_model_dir, c
 
 
 def test_batch_flags_that_replace_the_recipes_pairs_per_step_are_said_with_the_flags_that_keep_it(capsys):
-    args = ["--config", "configs/think.yaml", "--model_name_or_path", "configs/models/olmo3-7b", "--report_to", "none",
-            "--output_dir", "/tmp/newcomer-think-dpo", "--per_device_train_batch_size", "2"]  # fmt: skip
+    args = [
+        "--config",
+        "configs/think.yaml",
+        "--model_name_or_path",
+        "configs/models/olmo3-7b",
+        "--report_to",
+        "none",
+        "--output_dir",
+        "/tmp/newcomer-think-dpo",
+        "--per_device_train_batch_size",
+        "2",
+    ]
     out = dry_run(capsys, *args)  # 4 processes (accelerate_config.yaml): 2 x 4 = 8 pairs per step
     keep = "--pairs_per_step 128 --max_tokens_per_microbatch none"
     assert (
@@ -160,8 +202,12 @@ def test_batch_flags_that_replace_the_recipes_pairs_per_step_are_said_with_the_f
 
     recipe = parse_args(["--config", SMOKE, "--per_device_train_batch_size", "2"])
     replaced = resolve.resolved_config(recipe, {})["derived"]["recipe_batching_replaced"]
-    assert replaced == {"pairs_per_step": 8, "max_tokens_per_microbatch": 2048, "by": "--per_device_train_batch_size",
-                        "keep": "--pairs_per_step 8 --max_tokens_per_microbatch none"}, replaced  # fmt: skip
+    assert replaced == {
+        "pairs_per_step": 8,
+        "max_tokens_per_microbatch": 2048,
+        "by": "--per_device_train_batch_size",
+        "keep": "--pairs_per_step 8 --max_tokens_per_microbatch none",
+    }, replaced
 
 
 # --- 14: memory advice that moves the launch gives the dry run that checks it -----------------------------------------
@@ -213,9 +259,30 @@ def short_run(tiny_model_dir, tmp_path_factory):
     from dpotrain.train_stage import trainer_on
 
     out = tmp_path_factory.mktemp("short") / "run"
-    recipe = parse_args(["--config", SMOKE, "--model_name_or_path", tiny_model_dir, "--output_dir", str(out),
-                         "--report_to", "none", "--max_steps", "4", "--logging_steps", "2", "--save_steps", "2",
-                         "--samples_every", "2", "--sample_count", "2", "--sample_max_new_tokens", "24"])  # fmt: skip
+    recipe = parse_args(
+        [
+            "--config",
+            SMOKE,
+            "--model_name_or_path",
+            tiny_model_dir,
+            "--output_dir",
+            str(out),
+            "--report_to",
+            "none",
+            "--max_steps",
+            "4",
+            "--logging_steps",
+            "2",
+            "--save_steps",
+            "2",
+            "--samples_every",
+            "2",
+            "--sample_count",
+            "2",
+            "--sample_max_new_tokens",
+            "24",
+        ]
+    )
     pairs = data.load_preference_dataset(str(ROOT / recipe.script.dataset_name)).select(range(32))
     printed = io.StringIO()
     # Its own reference cache: the session's may hold these pairs' scores from an earlier test, and a reference found
@@ -268,8 +335,9 @@ def test_one_process_logs_its_tokens_per_second_once(short_run):
     assert all("tokens_per_second" in r and "tokens_per_second_per_gpu" not in r for r in records), records
 
 
-def test_a_base_model_that_loops_already_is_no_collapse_and_a_run_that_starts_looping_is(tiny_model_dir, tmp_path,
-                                                                                          capsys):  # fmt: skip
+def test_a_base_model_that_loops_already_is_no_collapse_and_a_run_that_starts_looping_is(
+    tiny_model_dir, tmp_path, capsys
+):
     """Real greedy generation on the built-in, untrained model, which loops on some prompts by itself ("143 143 143"):
     at step 0 that is the base model's habit, not training's doing, and so is the same answer later. Looping where the
     base model did not (made to, by suppressing every token but one: a logits processor of transformers' own) is
@@ -310,15 +378,19 @@ def test_a_base_model_that_loops_already_is_no_collapse_and_a_run_that_starts_lo
 
 def test_max_steps_1_is_refused_with_advice_that_works(tmp_path, capsys):
     with pytest.raises(SystemExit) as ended:
-        run_cli(lambda: train_dpo.main(["--config", SMOKE, "--output_dir", str(tmp_path / "run"), "--max_steps", "1",
-                                        "--dry-run"]))  # fmt: skip
+        run_cli(
+            lambda: train_dpo.main(
+                ["--config", SMOKE, "--output_dir", str(tmp_path / "run"), "--max_steps", "1", "--dry-run"]
+            )
+        )
     assert ended.value.code == 2
     assert capsys.readouterr().err.strip().splitlines()[-1] == (
         "error: --max_steps 1 with warmup trains nothing (a warmup's first step runs at learning rate 0): add "
         "--warmup_steps 0 to train that step at the full learning rate, or pass --max_steps 2 or more"
     )
-    out = dry_run(capsys, "--config", SMOKE, "--output_dir", str(tmp_path / "run"), "--max_steps", "1",
-                  "--warmup_steps", "0")  # fmt: skip
+    out = dry_run(
+        capsys, "--config", SMOKE, "--output_dir", str(tmp_path / "run"), "--max_steps", "1", "--warmup_steps", "0"
+    )
     assert "  steps:         1 optimizer step, 0 of warmup" in out, out
 
 
@@ -326,17 +398,25 @@ def test_a_message_with_an_unknown_role_is_named_as_such(tmp_path, capsys):
     import json
 
     prompt = [{"role": "user", "content": "Name a colour."}]
-    row = {"prompt": prompt, "chosen": [{"role": "bot", "content": "Blue."}],
-           "rejected": [{"role": "bot", "content": "Seven."}]}  # fmt: skip
+    row = {
+        "prompt": prompt,
+        "chosen": [{"role": "bot", "content": "Blue."}],
+        "rejected": [{"role": "bot", "content": "Seven."}],
+    }
     data = tmp_path / "pairs.jsonl"
     data.write_text(json.dumps(row) + "\n")
     with pytest.raises(SystemExit) as ended:
-        run_cli(lambda: train_dpo.main(["--config", SMOKE, "--output_dir", str(tmp_path / "run"), "--dataset_name",
-                                        str(data), "--dry-run"]))  # fmt: skip
+        run_cli(
+            lambda: train_dpo.main(
+                ["--config", SMOKE, "--output_dir", str(tmp_path / "run"), "--dataset_name", str(data), "--dry-run"]
+            )
+        )
     line = capsys.readouterr().err.strip().splitlines()[-1]
     assert ended.value.code == 2 and "another prompt" not in line, line
-    assert line.startswith("error: row 0, column 'chosen': message 0 has role 'bot', which chat templates do not know: "
-                           "use 'assistant' for the model's turns"), line  # fmt: skip
+    assert line.startswith(
+        "error: row 0, column 'chosen': message 0 has role 'bot', which chat templates do not know: "
+        "use 'assistant' for the model's turns"
+    ), line
 
 
 def test_help_shows_each_description_whole_and_says_what_push_to_hub_does_here(capsys):
@@ -367,16 +447,23 @@ def test_the_analyzers_price_and_its_rationale_speak_one_unit():
     from dpotrain.data import lengths, lengths_report
 
     short, long = 90, 10
-    m = lengths.Measured(index=np.arange(short + long), prompt=np.full(short + long, 100),
-                         chosen=np.array([300] * short + [800] * long), rejected=np.array([200] * short + [400] * long),
-                         invalid=[], conversational=True)  # fmt: skip
+    m = lengths.Measured(
+        index=np.arange(short + long),
+        prompt=np.full(short + long, 100),
+        chosen=np.array([300] * short + [800] * long),
+        rejected=np.array([200] * short + [400] * long),
+        invalid=[],
+        conversational=True,
+    )
     text = lengths_report.to_markdown(lengths.summarize(m, target=0.9, dataset="pairs.jsonl"), 512)
     at_512, at_1024 = short * 700 + long * 1012, short * 700 + long * 1400
     per_point = f"{(at_1024 / at_512 - 1) / 10:+.2%}"  # +0.53%
     row = next(line for line in text.splitlines() if line.startswith("| 1,024 |"))
     assert f"| {per_point} per 1% |" in row, row
-    assert f"for +5.3% packed compute (+6.1% with the prompt once), {per_point} per 1% more pairs whole (the Price " \
-           "column's unit)" in text, text  # fmt: skip
+    assert (
+        f"for +5.3% packed compute (+6.1% with the prompt once), {per_point} per 1% more pairs whole (the Price "
+        "column's unit)" in text
+    ), text
 
 
 def test_a_relative_dataset_name_of_a_slurm_job_is_where_the_user_submitted_and_a_miss_says_where_it_looked(
@@ -395,8 +482,11 @@ def test_a_relative_dataset_name_of_a_slurm_job_is_where_the_user_submitted_and_
     out = dry_run(capsys, "--config", SMOKE, "--output_dir", str(tmp_path / "run"), "--dataset_name", "my_pairs.jsonl")
     assert f"  data:          {submitted / 'my_pairs.jsonl'} (split train): 384 rows" in out, out
     with pytest.raises(SystemExit) as ended:
-        run_cli(lambda: train_dpo.main(["--config", SMOKE, "--output_dir", str(tmp_path / "run"), "--dataset_name",
-                                        "nope.jsonl", "--dry-run"]))  # fmt: skip
+        run_cli(
+            lambda: train_dpo.main(
+                ["--config", SMOKE, "--output_dir", str(tmp_path / "run"), "--dataset_name", "nope.jsonl", "--dry-run"]
+            )
+        )
     assert ended.value.code == 2
     assert capsys.readouterr().err.strip().splitlines()[-1] == (
         f"error: dataset 'nope.jsonl' does not exist (looked in {ROOT} and {submitted} (where the job was submitted)): "
@@ -412,9 +502,19 @@ def test_one_dry_run_flag_however_it_is_spelled(spelling, capsys, no_credentials
 
     assert dry.asked(spelling) and not dry.asked(["--dry_run=false"]) and not dry.asked(["--dry_run", "no"])
     with pytest.raises(SystemExit) as ended:
-        run_cli(lambda: train_dpo.main(["--config", "configs/instruct.yaml", "--model_name_or_path",
-                                        "configs/models/olmo3-7b", "--output_dir", "/tmp/newcomer-instruct",
-                                        *spelling]))  # fmt: skip
+        run_cli(
+            lambda: train_dpo.main(
+                [
+                    "--config",
+                    "configs/instruct.yaml",
+                    "--model_name_or_path",
+                    "configs/models/olmo3-7b",
+                    "--output_dir",
+                    "/tmp/newcomer-instruct",
+                    *spelling,
+                ]
+            )
+        )
     out, err = capsys.readouterr()
     assert ended.value.code in (None, 0), err
     assert "memory/GPU:    ~" in out and "bf16/gpu" not in err
@@ -427,13 +527,23 @@ def test_a_job_ends_at_its_dry_run_on_what_the_run_would_refuse(tmp_path):
     import os
     import subprocess
 
-    env = {k: v for k, v in os.environ.items() if k not in ("WANDB_MODE", "WANDB_API_KEY") and
-           not k.startswith("SLURM_")}  # fmt: skip
-    env |= {"HOME": str(tmp_path), "NETRC": str(tmp_path / "no-netrc"), "RECIPE": "configs/smoke.yaml",
-            "DPOTRAIN_BUILTIN_DIR": str(tmp_path / "builtin")}  # fmt: skip
-    result = subprocess.run(["bash", "scripts/launch.sh", "--report_to", "wandb", "--output_dir",
-                             str(tmp_path / "run")], cwd=ROOT, env=env, capture_output=True, text=True,
-                            timeout=300)  # fmt: skip
+    env = {
+        k: v for k, v in os.environ.items() if k not in ("WANDB_MODE", "WANDB_API_KEY") and not k.startswith("SLURM_")
+    }
+    env |= {
+        "HOME": str(tmp_path),
+        "NETRC": str(tmp_path / "no-netrc"),
+        "RECIPE": "configs/smoke.yaml",
+        "DPOTRAIN_BUILTIN_DIR": str(tmp_path / "builtin"),
+    }
+    result = subprocess.run(
+        ["bash", "scripts/launch.sh", "--report_to", "wandb", "--output_dir", str(tmp_path / "run")],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert result.returncode == 2, result.stdout[-2000:] + result.stderr[-2000:]
     assert result.stderr.strip().splitlines()[-1].startswith("error: report_to wandb but no W&B login"), result.stderr
     assert "batch: 8 pairs per step" in result.stdout  # planned, then ended

@@ -92,8 +92,9 @@ def run_script(script: str, args: list[str], env: dict, cwd: Path = ROOT) -> sub
 
 def results_of(program: str, args: list[str], env: dict) -> dict:
     """Run `program` (Python source) in a fresh process; the dict it prints on its `RESULTS ` line."""
-    result = subprocess.run([PYTHON, "-c", program, *args], cwd=ROOT, env=env, capture_output=True, text=True,
-                            timeout=300)  # fmt: skip
+    result = subprocess.run(
+        [PYTHON, "-c", program, *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300
+    )
     line = next((x for x in result.stdout.splitlines() if x.startswith("RESULTS ")), None)
     assert line, result.stdout[-2000:] + result.stderr[-3000:]
     return json.loads(line.removeprefix("RESULTS "))
@@ -245,8 +246,10 @@ def test_a_missing_piece_is_refused_with_the_prefetch_command(offline_job, hf_ho
 def test_a_missing_source_of_a_mixture_is_named_with_the_prefetch_command(offline_job, hf_home, case, names):
     assert offline_job["mixture"] == "ok"  # its cached Hub source found, its local file not looked at
     message = offline_job[case]
-    assert message.startswith("offline (HF_HUB_OFFLINE) and not in the local Hugging Face cache: dataset "
-                              "'org/absent-prefs': not cached. On a login node")  # fmt: skip
+    assert message.startswith(
+        "offline (HF_HUB_OFFLINE) and not in the local Hugging Face cache: dataset "
+        "'org/absent-prefs': not cached. On a login node"
+    )
     assert f"run: HF_HOME={hf_home} python scripts/prefetch.py --config {THINK} " in message and "\n" not in message
     for name in names:
         assert name in message
@@ -500,8 +503,11 @@ def test_a_new_repo_is_created_at_start_or_refused_there(local_hub):
     not at the push after training."""
     local_hub.create_status["other"] = 403
     assert hub.check_write_access("other/new", SECRET) == "other/new"  # no such repo: the check lets it through
-    with pytest.raises(ConfigError, match="^the Hub refuses to create other/new with this Hugging Face token .*"
-                                          "a --hub_model_id in a namespace it can write to"):  # fmt: skip
+    with pytest.raises(
+        ConfigError,
+        match="^the Hub refuses to create other/new with this Hugging Face token .*"
+        "a --hub_model_id in a namespace it can write to",
+    ):
         hub.create_at_start("other/new", SECRET, private=True)
     assert "other/new" not in local_hub.repos
     hub.create_at_start("lab/new", SECRET, private=True)
@@ -659,8 +665,10 @@ def test_an_unreachable_hub_is_refused_in_seconds_with_the_remedy(unreachable, s
     }[command]
     assert remedy in error, error
     if command == "training":
-        assert "python scripts/prefetch.py --config configs/smoke.yaml --model_name_or_path org/not-cached-model`" \
-            " and run this with HF_HUB_OFFLINE=1" in error  # fmt: skip
+        assert (
+            "python scripts/prefetch.py --config configs/smoke.yaml --model_name_or_path org/not-cached-model`"
+            " and run this with HF_HUB_OFFLINE=1" in error
+        )
 
 
 @pytest.mark.slow  # shares the fixture above

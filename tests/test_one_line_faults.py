@@ -90,8 +90,14 @@ READ_ONLY = "Read-only file system" if os.geteuid() == 0 else "Permission denied
 
 
 def run_in(prefix, args, env=None) -> subprocess.CompletedProcess:
-    return subprocess.run([*prefix, PYTHON, str(ROOT / "train_dpo.py"), "--config", SMOKE, *args], cwd=ROOT,
-                          env={**os.environ, **(env or {})}, capture_output=True, text=True, timeout=300)  # fmt: skip
+    return subprocess.run(
+        [*prefix, PYTHON, str(ROOT / "train_dpo.py"), "--config", SMOKE, *args],
+        cwd=ROOT,
+        env={**os.environ, **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 @pytest.mark.slow
@@ -122,9 +128,19 @@ def test_a_model_without_a_chat_template_for_message_lists_is_refused_as_the_ana
         "(chat_template.jinja beside tokenizer_config.json, or a chat_template entry in it)"
     )
     assert not (tmp_path / "run").exists()  # before anything was written, the model's weights unread
-    analyzer = subprocess.run([PYTHON, str(ROOT / "scripts" / "analyze_dataset.py"), str(ROOT / "data" /
-                               "smoke_prefs.jsonl"), "--tokenizer", str(model)], cwd=ROOT, capture_output=True,
-                              text=True, timeout=300)  # fmt: skip
+    analyzer = subprocess.run(
+        [
+            PYTHON,
+            str(ROOT / "scripts" / "analyze_dataset.py"),
+            str(ROOT / "data" / "smoke_prefs.jsonl"),
+            "--tokenizer",
+            str(model),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert analyzer.returncode == 2 and analyzer.stderr.strip().splitlines()[-1] == line, analyzer.stderr[-2000:]
 
 
@@ -171,9 +187,14 @@ def test_a_read_only_home_names_the_datasets_cache_not_the_data_file(tmp_path, t
 @pytest.mark.slow
 def test_ctrl_c_while_the_libraries_load_is_one_line():
     # SIGINT as a terminal's Ctrl-C delivers it (a shell's background job, which this may run under, ignores it)
-    proc = subprocess.Popen([PYTHON, str(ROOT / "train_dpo.py"), "--config", SMOKE, "--dry-run"], cwd=ROOT,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # fmt: skip
+    proc = subprocess.Popen(
+        [PYTHON, str(ROOT / "train_dpo.py"), "--config", SMOKE, "--dry-run"],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
     time.sleep(0.5)  # torch alone takes seconds to import
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=120)

@@ -29,14 +29,26 @@ def env_for(tiny_model_dir, **extra) -> dict:
 
 
 def train_args(out, *args) -> list[str]:
-    return ["--config", SMOKE, "--dataset_name", str(ROOT / "data" / "smoke_prefs.jsonl"), "--output_dir", str(out),
-            "--report_to", "none", *args]  # fmt: skip
+    return [
+        "--config",
+        SMOKE,
+        "--dataset_name",
+        str(ROOT / "data" / "smoke_prefs.jsonl"),
+        "--output_dir",
+        str(out),
+        "--report_to",
+        "none",
+        *args,
+    ]
 
 
 def snapshot(folder: Path) -> dict[str, str]:
     """Every file under `folder` by its path and content digest: what a person would miss."""
-    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(folder.rglob("*")) if p.is_file()}  # fmt: skip
+    return {
+        str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(folder.rglob("*"))
+        if p.is_file()
+    }
 
 
 def refusal(result) -> str:
@@ -69,25 +81,39 @@ def checkpoint_named_files(folder: Path) -> None:
 @pytest.mark.slow
 def test_overwrite_replaces_only_the_runs_own_files(tmp_path, tiny_model_dir):
     out = tmp_path / "run"
-    first = run_train(train_args(out, "--max_steps", "2", "--save_steps", "1", "--save_total_limit", "1"),
-                      env=env_for(tiny_model_dir))  # fmt: skip
+    first = run_train(
+        train_args(out, "--max_steps", "2", "--save_steps", "1", "--save_total_limit", "1"), env=env_for(tiny_model_dir)
+    )
     assert first.returncode == 0, first.stdout[-3000:]
     # Each checkpoint by name as it was saved; checkpoint-1, which rotation deleted, is no longer the run's.
     names = output_folder.read_manifest(out)
     assert "checkpoint-2" in names and "checkpoint-1" not in names and not [n for n in names if "*" in n], names
     a_users_files(out)
     checkpoint_named_files(out)
-    users = {k: v for k, v in snapshot(out).items() if k.startswith(("evals/", "notes.md", "checkpoint-4-evals.json",
-                                                                     "checkpoint-6.md", "checkpoint-2-samples/",
-                                                                     "checkpoint-4.bak/"))}  # fmt: skip
+    users = {
+        k: v
+        for k, v in snapshot(out).items()
+        if k.startswith(
+            (
+                "evals/",
+                "notes.md",
+                "checkpoint-4-evals.json",
+                "checkpoint-6.md",
+                "checkpoint-2-samples/",
+                "checkpoint-4.bak/",
+            )
+        )
+    }
     assert len(users) == 6
     old_complete = (out / "run_complete.json").read_text()
     # A health guard's stop record is the run's too: the replacing run (the command the stop suggests) removes it, or
     # the new run's own rerun would be refused on the old run's stop.
     (out / HEALTH_STOP).write_text('{"guard": "step1", "step": 1}\n')
     # A replacement that saves no checkpoint: the old run's checkpoints must go, the user's files must stay.
-    second = run_train(train_args(out, "--max_steps", "3", "--save_strategy", "no", "--logging_steps", "1",
-                                  "--overwrite_output_dir"), env=env_for(tiny_model_dir))  # fmt: skip
+    second = run_train(
+        train_args(out, "--max_steps", "3", "--save_strategy", "no", "--logging_steps", "1", "--overwrite_output_dir"),
+        env=env_for(tiny_model_dir),
+    )
     assert second.returncode == 0, second.stdout[-3000:]
     after = snapshot(out)
     assert {k: after.get(k) for k in users} == users  # the notes and evals, byte for byte
@@ -179,9 +205,14 @@ def test_the_analyzer_refuses_to_write_its_report_over_an_input(tmp_path, tiny_m
     recipe.write_text(f"model_name_or_path: builtin:tiny-olmo3\ndataset_name: {data}\n")
     before = snapshot(tmp_path)
     path = {"data": data, "recipe": recipe}[target]
-    result = subprocess.run([python(), str(ROOT / "scripts" / "analyze_dataset.py"), "--config", str(recipe), "--json",
-                             str(path)], env={**os.environ, **env_for(tiny_model_dir)}, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, timeout=600)  # fmt: skip
+    result = subprocess.run(
+        [python(), str(ROOT / "scripts" / "analyze_dataset.py"), "--config", str(recipe), "--json", str(path)],
+        env={**os.environ, **env_for(tiny_model_dir)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=600,
+    )
     line = refusal(result)
     assert f"--json {str(path)!r} is one of this command's inputs" in line, line
     assert snapshot(tmp_path) == before
@@ -217,10 +248,14 @@ def wait_for(predicate, process, timeout: float = 600) -> None:
 @pytest.mark.slow
 def test_a_second_run_on_the_same_folder_is_refused_and_the_first_completes_untouched(tmp_path, tiny_model_dir):
     out = tmp_path / "run"
-    args = [python(), str(ROOT / "train_dpo.py"), *train_args(out, "--max_steps", "6", "--save_steps", "2",
-                                                               "--logging_steps", "1")]  # fmt: skip
-    first = subprocess.Popen(args, env={**os.environ, **env_for(tiny_model_dir)}, stdout=subprocess.PIPE,
-                             stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    args = [
+        python(),
+        str(ROOT / "train_dpo.py"),
+        *train_args(out, "--max_steps", "6", "--save_steps", "2", "--logging_steps", "1"),
+    ]
+    first = subprocess.Popen(
+        args, env={**os.environ, **env_for(tiny_model_dir)}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
     try:
         wait_for(lambda: (out / run_lock.LOCK_FILE).exists(), first)
         holder = json.loads((out / run_lock.LOCK_FILE).read_text())
@@ -246,8 +281,13 @@ def test_the_lock_of_a_run_killed_with_sigkill_does_not_block_the_rerun(tmp_path
     args = train_args(out, "--max_steps", "30", "--save_steps", "1", "--logging_steps", "1", "--save_total_limit", "3")
     # The real interpreter, so that SIGKILL hits the process that holds the lock, as a node's OOM killer would.
     env = {**os.environ, **env_for(tiny_model_dir)}
-    killed = subprocess.Popen([PYTHON, str(ROOT / "train_dpo.py"), *args], stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True, env=env)  # fmt: skip
+    killed = subprocess.Popen(
+        [PYTHON, str(ROOT / "train_dpo.py"), *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
+    )
     try:
         wait_for(lambda: (out / "checkpoint-2" / "COMPLETE").exists(), killed)
     finally:
@@ -264,10 +304,13 @@ def test_the_lock_of_a_run_killed_with_sigkill_does_not_block_the_rerun(tmp_path
 
 def hold_lock(out: Path, **env) -> subprocess.Popen:
     """A live process holding `out`'s lock, as a run's main process does (with the Slurm variables given)."""
-    code = ("import sys, time; from pathlib import Path; from dpotrain.cluster import run_lock; assert "
-            "run_lock.acquire(Path(sys.argv[1])) is None; print('held', flush=True); time.sleep(600)")  # fmt: skip
-    holder = subprocess.Popen([PYTHON, "-c", code, str(out)], cwd=ROOT, env={**os.environ, **env},
-                              stdout=subprocess.PIPE, text=True)  # fmt: skip
+    code = (
+        "import sys, time; from pathlib import Path; from dpotrain.cluster import run_lock; assert "
+        "run_lock.acquire(Path(sys.argv[1])) is None; print('held', flush=True); time.sleep(600)"
+    )
+    holder = subprocess.Popen(
+        [PYTHON, "-c", code, str(out)], cwd=ROOT, env={**os.environ, **env}, stdout=subprocess.PIPE, text=True
+    )
     assert holder.stdout.readline().strip() == "held"
     return holder
 
@@ -278,11 +321,12 @@ def test_a_requeue_of_the_same_slurm_job_takes_over_its_lock(tmp_path, tiny_mode
     # The first start of job 4242 still holds the lock (alive, as far as this host can tell).
     holder = hold_lock(out, SLURM_JOB_ID="4242", SLURM_RESTART_COUNT="0")
     try:
-        other_job = run_train(train_args(out, "--max_steps", "1"),
-                              env=env_for(tiny_model_dir, SLURM_JOB_ID="777"))  # fmt: skip
+        other_job = run_train(train_args(out, "--max_steps", "1"), env=env_for(tiny_model_dir, SLURM_JOB_ID="777"))
         assert "Slurm job 4242 (restart 0)" in refusal(other_job) and "scancel 4242" in refusal(other_job)
-        requeued = run_train(train_args(out, "--max_steps", "2", "--save_strategy", "no"),
-                             env=env_for(tiny_model_dir, SLURM_JOB_ID="4242", SLURM_RESTART_COUNT="1"))  # fmt: skip
+        requeued = run_train(
+            train_args(out, "--max_steps", "2", "--save_strategy", "no"),
+            env=env_for(tiny_model_dir, SLURM_JOB_ID="4242", SLURM_RESTART_COUNT="1"),
+        )
     finally:
         holder.kill()
         holder.wait()

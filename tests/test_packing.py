@@ -34,9 +34,17 @@ def llama_dir(tmp_path_factory, tiny_model_dir):
     from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
-    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096,
-                         pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id)  # fmt: skip
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=4096,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+    )
     torch.manual_seed(0)
     path = tmp_path_factory.mktemp("llama")
     LlamaForCausalLM(config).save_pretrained(path)
@@ -45,8 +53,21 @@ def llama_dir(tmp_path_factory, tiny_model_dir):
 
 
 def trainer_for(tmp_path, model_dir, rows, *overrides):
-    recipe = parse_args(["--config", SMOKE, "--model_name_or_path", model_dir, "--output_dir", str(tmp_path),
-                         "--report_to", "none", "--save_strategy", "no", *overrides])  # fmt: skip
+    recipe = parse_args(
+        [
+            "--config",
+            SMOKE,
+            "--model_name_or_path",
+            model_dir,
+            "--output_dir",
+            str(tmp_path),
+            "--report_to",
+            "none",
+            "--save_strategy",
+            "no",
+            *overrides,
+        ]
+    )
     return ready(trainer_on(recipe, datasets.Dataset.from_list(rows)))
 
 
@@ -70,13 +91,16 @@ def loss_and_grads(trainer, indices):
 @pytest.mark.parametrize("model", ["olmo3", "llama"])
 # Summed-log-prob losses get standard DPO's beta 0.1: at the recipe's beta 5 (made for length-normalized losses) a
 # loss on 3,000-token sums moves with fp32's rounding of those sums, in either path.
-@pytest.mark.parametrize("extra", [[], ["--ld_alpha", "0.5", "--assistant_turns", "final"],
-                                   ["--loss_type", "sigmoid", "ipo", "--beta", "0.1"]],
-                         ids=["sigmoid_norm", "ld_alpha", "sigmoid+ipo"])  # fmt: skip
+@pytest.mark.parametrize(
+    "extra",
+    [[], ["--ld_alpha", "0.5", "--assistant_turns", "final"], ["--loss_type", "sigmoid", "ipo", "--beta", "0.1"]],
+    ids=["sigmoid_norm", "ld_alpha", "sigmoid+ipo"],
+)
 def test_packed_equals_padded(tmp_path, tiny_model_dir, llama_dir, rows, model, extra):
     model_dir = tiny_model_dir if model == "olmo3" else llama_dir
-    padded = trainer_for(tmp_path / "padded", model_dir, rows, "--padding_free", "false",
-                         "--precompute_ref_log_probs", "false", *extra)  # fmt: skip
+    padded = trainer_for(
+        tmp_path / "padded", model_dir, rows, "--padding_free", "false", "--precompute_ref_log_probs", "false", *extra
+    )
     packed = trainer_for(tmp_path / "packed", model_dir, rows, *extra)
     assert padded.ref_model is not None and packed.ref_model is None  # the packed path keeps one model in memory
     assert packed.packed and not padded.packed
@@ -91,9 +115,13 @@ def test_packed_equals_padded(tmp_path, tiny_model_dir, llama_dir, rows, model, 
 
     with torch.no_grad():
         # Per-token log-probs of the completions, laid out as TRL's [2B, L-1]
-        want = padded.model(input_ids=padded_batch["input_ids"], attention_mask=padded_batch["attention_mask"],
-                            labels=padded_batch["input_ids"].masked_fill(padded_batch["completion_mask"] == 0, -100),
-                            fused_lm_head=True, use_cache=False).log_probs  # fmt: skip
+        want = padded.model(
+            input_ids=padded_batch["input_ids"],
+            attention_mask=padded_batch["attention_mask"],
+            labels=padded_batch["input_ids"].masked_fill(padded_batch["completion_mask"] == 0, -100),
+            fused_lm_head=True,
+            use_cache=False,
+        ).log_probs
         got = packing.unpack_outputs(packing.forward(packed.model, packed_batch), packed_batch).log_probs
     assert got.shape == want.shape
     assert (got - want).abs().max() < 1e-5
@@ -123,9 +151,16 @@ def test_model_whose_layers_mix_packed_sequences_gets_the_padded_path(tmp_path, 
     from transformers import AutoModelForCausalLM, AutoTokenizer, OlmoHybridConfig
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
-    config = OlmoHybridConfig(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                              num_attention_heads=4, num_key_value_heads=2, pad_token_id=tokenizer.pad_token_id,
-                              eos_token_id=tokenizer.eos_token_id)  # fmt: skip
+    config = OlmoHybridConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+    )
     assert packing.packing_problem(config) is not None
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()

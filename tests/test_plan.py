@@ -159,8 +159,11 @@ def test_padded_micro_batches_group_similar_lengths():
     p = StepPlan(128, 4, 5, 65536, None, padded=True)
     summary = plan.summary(lengths, p, [plan.epoch_steps(lengths, p, 0)])
     # Padded in random micro-batches of 4 pairs (TRL) this mix pads far more; runs of similar length pad little.
-    random_cut = plan.summary(lengths, StepPlan(128, 4, 5, None, 4, padded=True), [
-        plan.epoch_steps(lengths, StepPlan(128, 4, 5, None, 4, padded=True), 0)])  # fmt: skip
+    random_cut = plan.summary(
+        lengths,
+        StepPlan(128, 4, 5, None, 4, padded=True),
+        [plan.epoch_steps(lengths, StepPlan(128, 4, 5, None, 4, padded=True), 0)],
+    )
     assert summary["padding_share"] < random_cut["padding_share"] / 2
 
 
@@ -190,11 +193,25 @@ CUTS = {
         "2048",
         "--padding_free",
         "false",
-    ],  # fmt: skip
+    ],
 }
 # One plain SGD step at learning rate 1: the weights move by exactly minus the step's gradient.
-ONE_SGD_STEP = ["--max_steps", "1", "--optim", "sgd", "--learning_rate", "1.0", "--lr_scheduler_type", "constant",
-                "--warmup_steps", "0", "--save_strategy", "no", "--report_to", "none"]  # fmt: skip
+ONE_SGD_STEP = [
+    "--max_steps",
+    "1",
+    "--optim",
+    "sgd",
+    "--learning_rate",
+    "1.0",
+    "--lr_scheduler_type",
+    "constant",
+    "--warmup_steps",
+    "0",
+    "--save_strategy",
+    "no",
+    "--report_to",
+    "none",
+]
 
 
 @pytest.fixture(scope="module")
@@ -208,15 +225,32 @@ def launch(tmp_path, model_dir, args, processes=1, timeout=900):
     """`train_dpo.py` with the smoke recipe; with `processes` > 1 DeepSpeed ZeRO-2 through `accelerate launch`."""
     launcher = [python()]
     if processes > 1:
-        launcher = [str(ROOT / ".venv" / "bin" / "accelerate"), "launch", "--config_file",
-                    str(ROOT / "accelerate_config.yaml"), "--num_processes", str(processes),
-                    *rank_python()]  # fmt: skip
-    env = {**os.environ, "DPOTRAIN_CACHE": str(tmp_path / "cache"),
-           "PATH": f"{os.path.dirname(sys.executable)}:{os.environ['PATH']}"}  # fmt: skip
-    cmd = [*launcher, str(ROOT / "train_dpo.py"), "--config", str(ROOT / "configs" / "smoke.yaml"),
-           "--model_name_or_path", model_dir, *args]  # fmt: skip
-    result = subprocess.run(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            timeout=timeout)  # fmt: skip
+        launcher = [
+            str(ROOT / ".venv" / "bin" / "accelerate"),
+            "launch",
+            "--config_file",
+            str(ROOT / "accelerate_config.yaml"),
+            "--num_processes",
+            str(processes),
+            *rank_python(),
+        ]
+    env = {
+        **os.environ,
+        "DPOTRAIN_CACHE": str(tmp_path / "cache"),
+        "PATH": f"{os.path.dirname(sys.executable)}:{os.environ['PATH']}",
+    }
+    cmd = [
+        *launcher,
+        str(ROOT / "train_dpo.py"),
+        "--config",
+        str(ROOT / "configs" / "smoke.yaml"),
+        "--model_name_or_path",
+        model_dir,
+        *args,
+    ]
+    result = subprocess.run(
+        cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=timeout
+    )
     assert result.returncode == 0, result.stdout[-4000:]
     return result.stdout
 
@@ -229,8 +263,18 @@ def weights(folder):
 
 def one_step_update(tmp_path, model_dir, pairs_file, cut, processes=1):
     out = tmp_path / "run"
-    args = ["--dataset_name", str(pairs_file), "--output_dir", str(out), "--max_tokens_per_microbatch", "None",
-            "--pairs_per_step", "None", *ONE_SGD_STEP, *cut]  # fmt: skip
+    args = [
+        "--dataset_name",
+        str(pairs_file),
+        "--output_dir",
+        str(out),
+        "--max_tokens_per_microbatch",
+        "None",
+        "--pairs_per_step",
+        "None",
+        *ONE_SGD_STEP,
+        *cut,
+    ]
     launch(tmp_path, model_dir, args, processes)
     assert json.loads((out / "resolved_config.json").read_text())["derived"]["world_size"] == processes
     before, after = weights(model_dir), weights(out)
@@ -242,8 +286,11 @@ def test_one_step_has_the_same_gradient_whatever_the_cut_the_forward_and_the_wor
     tmp_path, tiny_model_dir, pairs_file
 ):
     want = one_step_update(tmp_path / "base", tiny_model_dir, pairs_file, CUTS["16 pairs in one micro-batch"])
-    runs = {name: one_step_update(tmp_path / name.replace(" ", "-").replace(",", ""), tiny_model_dir, pairs_file, cut)
-            for name, cut in CUTS.items() if name != "16 pairs in one micro-batch"}  # fmt: skip
+    runs = {
+        name: one_step_update(tmp_path / name.replace(" ", "-").replace(",", ""), tiny_model_dir, pairs_file, cut)
+        for name, cut in CUTS.items()
+        if name != "16 pairs in one micro-batch"
+    }
     runs["ZeRO-2, 2 processes, token budget 2048"] = one_step_update(
         tmp_path / "w2-budget", tiny_model_dir, pairs_file, CUTS["token budget 2048"], processes=2
     )
@@ -260,8 +307,22 @@ def step_losses(out) -> dict[int, float]:
 @pytest.mark.slow
 def test_packed_and_padded_runs_take_the_same_steps(tmp_path, tiny_model_dir, pairs_file):
     """Same seed, same plan: the same pairs in each step, so the same per-step losses over several steps (fp32)."""
-    args = ["--dataset_name", str(pairs_file), "--max_steps", "6", "--logging_steps", "1", "--save_strategy", "no",
-            "--report_to", "none", "--pairs_per_step", "8", "--max_tokens_per_microbatch", "2048"]  # fmt: skip
+    args = [
+        "--dataset_name",
+        str(pairs_file),
+        "--max_steps",
+        "6",
+        "--logging_steps",
+        "1",
+        "--save_strategy",
+        "no",
+        "--report_to",
+        "none",
+        "--pairs_per_step",
+        "8",
+        "--max_tokens_per_microbatch",
+        "2048",
+    ]
     launch(tmp_path / "a", tiny_model_dir, [*args, "--output_dir", str(tmp_path / "packed")])
     launch(tmp_path / "b", tiny_model_dir, [*args, "--output_dir", str(tmp_path / "padded"), "--padding_free", "false"])
     packed, padded = step_losses(tmp_path / "packed"), step_losses(tmp_path / "padded")
@@ -281,9 +342,24 @@ def test_several_epochs_resumed_in_the_last_and_on_two_processes_end_with_the_sa
     and run by 2 ZeRO-2 processes, the final weights equal one uninterrupted process's."""
     data = tmp_path / "pairs45.jsonl"
     data.write_text("".join(pairs_file.read_text().splitlines(keepends=True)[:45]))
-    args = ["--dataset_name", str(data), "--num_train_epochs", "3", "--pairs_per_step", "8",
-            "--max_tokens_per_microbatch", "2048", "--logging_steps", "1", "--save_steps", "7", "--report_to", "none",
-            "--save_total_limit", "10"]  # fmt: skip
+    args = [
+        "--dataset_name",
+        str(data),
+        "--num_train_epochs",
+        "3",
+        "--pairs_per_step",
+        "8",
+        "--max_tokens_per_microbatch",
+        "2048",
+        "--logging_steps",
+        "1",
+        "--save_steps",
+        "7",
+        "--report_to",
+        "none",
+        "--save_total_limit",
+        "10",
+    ]
     whole = tmp_path / "whole"
     launch(tmp_path / "w", tiny_model_dir, [*args, "--output_dir", str(whole)])
     resolved = json.loads((whole / "resolved_config.json").read_text())["derived"]
@@ -323,8 +399,13 @@ def test_a_dry_run_shows_the_plan_training_records(tmp_path, tiny_model_dir, mon
         return json.loads(out[out.index("{\n") : out.rindex("}") + 1])["derived"]
 
     from_rows = dry_run()["batching"]
-    analysis = subprocess.run([python(), str(ROOT / "scripts" / "analyze_dataset.py"), "--config", smoke[1]],
-                              cwd=ROOT, env={**os.environ, **env}, capture_output=True, text=True)  # fmt: skip
+    analysis = subprocess.run(
+        [python(), str(ROOT / "scripts" / "analyze_dataset.py"), "--config", smoke[1]],
+        cwd=ROOT,
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+    )
     assert analysis.returncode == 0, analysis.stderr[-2000:]
     from_cache = dry_run()["batching"]
     result = run_train([*smoke, "--max_steps", "2", "--report_to", "none", "--save_strategy", "no"], env=env)

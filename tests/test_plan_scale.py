@@ -32,9 +32,13 @@ def think(n: int, seed: int, share: bool) -> PairLengths:
     return PairLengths.from_parts(prompt[kept], chosen[kept], rejected[kept], MAX_LENGTH, share, mode)
 
 
-MIXES = {"heavy-1531-0": lambda: heavy_tailed(1531, 0), "heavy-3001-3": lambda: heavy_tailed(3001, 3),
-         "think-2000-1-shared": lambda: think(2000, 1, True), "think-2000-2-shared": lambda: think(2000, 2, True),
-         "think-2500-5": lambda: think(2500, 5, False)}  # fmt: skip
+MIXES = {
+    "heavy-1531-0": lambda: heavy_tailed(1531, 0),
+    "heavy-3001-3": lambda: heavy_tailed(3001, 3),
+    "think-2000-1-shared": lambda: think(2000, 1, True),
+    "think-2000-2-shared": lambda: think(2000, 2, True),
+    "think-2500-5": lambda: think(2500, 5, False),
+}
 
 
 def cases(worlds=(1, 3, 16, 64, 128)):
@@ -159,18 +163,26 @@ def test_a_filler_changes_nothing_a_step_computes(tmp_path, tiny_model_dir):
     from test_plan import ONE_SGD_STEP, launch, weights
 
     words = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu".split()
-    rows = [{"prompt": [{"role": "user", "content": f"Tell me about {words[i]}."}],
-             "chosen": [{"role": "assistant", "content": " ".join(words[(i + k) % 12] for k in range(120))}],
-             "rejected": [{"role": "assistant", "content": " ".join(words[(i * k) % 12] for k in range(120))}]}
-            for i in range(3)]  # fmt: skip
+    rows = [
+        {
+            "prompt": [{"role": "user", "content": f"Tell me about {words[i]}."}],
+            "chosen": [{"role": "assistant", "content": " ".join(words[(i + k) % 12] for k in range(120))}],
+            "rejected": [{"role": "assistant", "content": " ".join(words[(i * k) % 12] for k in range(120))}],
+        }
+        for i in range(3)
+    ]
     data = tmp_path / "long.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
     cut = ["--pairs_per_step", "3", "--max_length", "64", "--max_tokens_per_microbatch", "128", "--logging_steps", "1"]
     runs = {}
     for processes in (1, 2):
         out = tmp_path / f"w{processes}"
-        launch(tmp_path / f"l{processes}", tiny_model_dir,
-               ["--dataset_name", str(data), "--output_dir", str(out), *ONE_SGD_STEP, *cut], processes)  # fmt: skip
+        launch(
+            tmp_path / f"l{processes}",
+            tiny_model_dir,
+            ["--dataset_name", str(data), "--output_dir", str(out), *ONE_SGD_STEP, *cut],
+            processes,
+        )
         batching = json.loads((out / "resolved_config.json").read_text())["derived"]["batching"]
         metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
         runs[processes] = (weights(out), batching, next(m for m in metrics if "loss" in m))

@@ -19,8 +19,23 @@ SMOKE = str(ROOT / "configs" / "smoke.yaml")
 
 
 def built(tmp_path, model_dir, *overrides):
-    recipe = parse_args(["--config", SMOKE, "--model_name_or_path", model_dir, "--output_dir", str(tmp_path / "run"),
-                         "--report_to", "none", "--save_strategy", "no", "--max_steps", "2", *overrides])  # fmt: skip
+    recipe = parse_args(
+        [
+            "--config",
+            SMOKE,
+            "--model_name_or_path",
+            model_dir,
+            "--output_dir",
+            str(tmp_path / "run"),
+            "--report_to",
+            "none",
+            "--save_strategy",
+            "no",
+            "--max_steps",
+            "2",
+            *overrides,
+        ]
+    )
     return trainer_on(recipe, datasets.Dataset.from_list(builtin.make_preference_rows(40, seed=5)))
 
 
@@ -30,8 +45,11 @@ def test_building_the_trainer_plans_nothing_and_an_unplanned_trainer_is_refused(
     # One item per optimizer step from construction on: what transformers filled DeepSpeed's "auto" values from.
     assert trainer.args.gradient_accumulation_steps == 1
     assert trainer.accelerator.gradient_state.num_steps == 1
-    for unplanned in (lambda: trainer.run_plan, trainer.train,
-                      lambda: reference.run_stage(trainer, trainer.graceful_stop)):  # fmt: skip
+    for unplanned in (
+        lambda: trainer.run_plan,
+        trainer.train,
+        lambda: reference.run_stage(trainer, trainer.graceful_stop),
+    ):
         with pytest.raises(RuntimeError, match="no plan: run the plan stage after build_trainer"):
             unplanned()
 
@@ -51,9 +69,26 @@ def test_building_the_trainer_plans_nothing_and_an_unplanned_trainer_is_refused(
 def test_a_step_that_cannot_be_cut_is_refused_by_the_plan_stage_not_by_building(tmp_path, tiny_model_dir):
     """The checks refuse a token budget below a pair of max_length; the plan stage, its last line of defence, refuses
     it too, for a budget given to the stages past the checks (a fabricated stage input)."""
-    recipe = parse_args(["--config", SMOKE, "--model_name_or_path", tiny_model_dir, "--output_dir",
-                         str(tmp_path / "run"), "--report_to", "none", "--save_strategy", "no", "--max_steps", "2",
-                         "--max_length", "256", "--max_tokens_per_microbatch", "512"])  # fmt: skip
+    recipe = parse_args(
+        [
+            "--config",
+            SMOKE,
+            "--model_name_or_path",
+            tiny_model_dir,
+            "--output_dir",
+            str(tmp_path / "run"),
+            "--report_to",
+            "none",
+            "--save_strategy",
+            "no",
+            "--max_steps",
+            "2",
+            "--max_length",
+            "256",
+            "--max_tokens_per_microbatch",
+            "512",
+        ]
+    )
     found = stages.checks(recipe)
     past_the_checks = config.decided(recipe, {"project": {"max_tokens_per_microbatch": 64}})
     pairs = stages.given_pairs(recipe, found, datasets.Dataset.from_list(builtin.make_preference_rows(40, seed=5)))
@@ -68,8 +103,19 @@ def test_train_dpo_runs_its_stages_in_order(tmp_path, tiny_model_dir):
     rows = tmp_path / "pairs.jsonl"
     datasets.Dataset.from_list(builtin.make_preference_rows(48, seed=5)).to_json(rows)
     env = {"DPOTRAIN_CACHE": str(tmp_path / "cache"), "DPOTRAIN_BUILTIN_DIR": str(tiny_model_dir.rsplit("/", 1)[0])}
-    result = run_train(["--config", SMOKE, "--dataset_name", str(rows), "--output_dir", str(tmp_path / "run"),
-                        "--reference_only", "true"], env=env)  # fmt: skip
+    result = run_train(
+        [
+            "--config",
+            SMOKE,
+            "--dataset_name",
+            str(rows),
+            "--output_dir",
+            str(tmp_path / "run"),
+            "--reference_only",
+            "true",
+        ],
+        env=env,
+    )
     assert result.returncode == 0, result.stdout[-3000:]
     log = result.stdout
     stage_line = "Plan: 6 steps of 8 pairs per epoch (1 epoch(s) planned), "

@@ -9,10 +9,19 @@ def records(steps=6, **extra_keys):
     """Log records shaped like a CPU demo run's: TRL's summed rewards, the loss-scale ones, tokens/s, no MFU."""
     out = []
     for step in range(1, steps + 1):
-        r = {"step": step, "loss": 0.69 / step, "learning_rate": 1e-4 * step, "rewards/accuracies": 1.0,
-             "rewards_norm/accuracies": 1.0, "rewards/margins": 40.0 * step, "rewards_norm/margins": 0.5 * step,
-             "rewards_norm/chosen": 0.2 * step, "rewards_norm/rejected": -0.3 * step, "tokens_per_second": 300.0,
-             "tokens_per_second_per_gpu": 300.0}  # fmt: skip
+        r = {
+            "step": step,
+            "loss": 0.69 / step,
+            "learning_rate": 1e-4 * step,
+            "rewards/accuracies": 1.0,
+            "rewards_norm/accuracies": 1.0,
+            "rewards/margins": 40.0 * step,
+            "rewards_norm/margins": 0.5 * step,
+            "rewards_norm/chosen": 0.2 * step,
+            "rewards_norm/rejected": -0.3 * step,
+            "tokens_per_second": 300.0,
+            "tokens_per_second_per_gpu": 300.0,
+        }
         out.append(r | {k: f(step) for k, f in extra_keys.items()})
     return out
 

@@ -22,16 +22,32 @@ PAST = ["--max_length", "8192", "--max_tokens_per_microbatch", "16384"]
     "config, limit",
     [
         (AutoConfig.from_pretrained(ROOT / "configs" / "models" / "olmo3-7b"), 65536),  # rope per layer type
-        (LlamaConfig(max_position_embeddings=131072, rope_scaling={"rope_type": "llama3", "factor": 8.0,
-         "original_max_position_embeddings": 8192, "low_freq_factor": 1.0, "high_freq_factor": 4.0}), 131072),
+        (
+            LlamaConfig(
+                max_position_embeddings=131072,
+                rope_scaling={
+                    "rope_type": "llama3",
+                    "factor": 8.0,
+                    "original_max_position_embeddings": 8192,
+                    "low_freq_factor": 1.0,
+                    "high_freq_factor": 4.0,
+                },
+            ),
+            131072,
+        ),
         # Qwen's long-context recipe: yarn added to config.json, max_position_embeddings left at 32768
-        (Qwen2Config(max_position_embeddings=32768, rope_scaling={"type": "yarn", "factor": 4.0,
-         "original_max_position_embeddings": 32768}), 131072),
+        (
+            Qwen2Config(
+                max_position_embeddings=32768,
+                rope_scaling={"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768},
+            ),
+            131072,
+        ),
         (Gemma3TextConfig(), 131072),  # linear scaling on full attention, no original: max_position_embeddings holds
         (GPT2Config(), 1024),  # learned positions (n_positions)
     ],
     ids=["olmo3-7b", "llama3.1", "qwen-yarn", "gemma3", "gpt2"],
-)  # fmt: skip
+)
 def test_the_limit_is_the_models_positions_or_what_its_rope_scaling_extends_them_to(config, limit):
     assert positions.model_limit(config)[0] == limit
 
@@ -58,18 +74,25 @@ def test_the_run_and_its_dry_run_refuse_a_max_length_past_the_models_positions_b
         result = run_train([*SMOKE, *PAST, "--output_dir", str(out), *extra])
         last = result.stdout.strip().splitlines()[-1]
         assert result.returncode == 2, result.stdout[-3000:]
-        assert last == ("error: max_length 8,192 reaches past the 4,096 positions builtin:tiny-olmo3 takes "
-                        "(max_position_embeddings 4096): set --max_length 4096 or lower (scripts/analyze_dataset.py "
-                        "shows what each length keeps), or extend the model's context in its config.json (rope_scaling,"
-                        " max_position_embeddings) if you mean to train it longer"), last  # fmt: skip
+        assert last == (
+            "error: max_length 8,192 reaches past the 4,096 positions builtin:tiny-olmo3 takes "
+            "(max_position_embeddings 4096): set --max_length 4096 or lower (scripts/analyze_dataset.py "
+            "shows what each length keeps), or extend the model's context in its config.json (rope_scaling,"
+            " max_position_embeddings) if you mean to train it longer"
+        ), last
         assert "Loading weights" not in result.stdout and not (out / "resolved_config.json").exists()
 
 
 @pytest.mark.slow
 def test_a_max_length_past_the_models_positions_is_taken_when_the_analyzer_measured_every_pair_within_them(tmp_path):
     """The analyzer's cache holds every pair's lengths: the longest (~550 tokens) is what reaches the model."""
-    analyzed = subprocess.run([python(), str(ROOT / "scripts" / "analyze_dataset.py"), *SMOKE], cwd=ROOT,
-                              capture_output=True, text=True, timeout=600)  # fmt: skip
+    analyzed = subprocess.run(
+        [python(), str(ROOT / "scripts" / "analyze_dataset.py"), *SMOKE],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert analyzed.returncode == 0, analyzed.stderr[-3000:]
     result = run_train([*SMOKE, *PAST, "--output_dir", str(tmp_path / "run"), "--dry-run"])
     assert result.returncode == 0, result.stdout[-3000:]

@@ -15,8 +15,18 @@ from conftest import PYTHON, ROOT, python, read_only_prefix
 from dpotrain.train.preemption import STOPPED_EXIT
 
 STEPS = 12  # of the smoke recipe's 8 pairs
-ARGS = ["--config", str(ROOT / "configs" / "smoke.yaml"), "--max_steps", str(STEPS), "--logging_steps", "1",
-        "--save_steps", "1000", "--report_to", "none"]  # fmt: skip
+ARGS = [
+    "--config",
+    str(ROOT / "configs" / "smoke.yaml"),
+    "--max_steps",
+    str(STEPS),
+    "--logging_steps",
+    "1",
+    "--save_steps",
+    "1000",
+    "--report_to",
+    "none",
+]
 
 
 @pytest.fixture(scope="module")
@@ -29,10 +39,23 @@ def pairs(tmp_path_factory):
 
 def start(out, model_dir, data, env=None):
     return subprocess.Popen(
-        [python(), str(ROOT / "train_dpo.py"), *ARGS, "--output_dir", str(out), "--model_name_or_path",
-         model_dir, "--dataset_name", str(data)], cwd=ROOT, env={**os.environ, **(env or {})},
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )  # fmt: skip
+        [
+            python(),
+            str(ROOT / "train_dpo.py"),
+            *ARGS,
+            "--output_dir",
+            str(out),
+            "--model_name_or_path",
+            model_dir,
+            "--dataset_name",
+            str(data),
+        ],
+        cwd=ROOT,
+        env={**os.environ, **(env or {})},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
 
 
 def logged_steps(out) -> list[int]:
@@ -107,10 +130,24 @@ def test_a_closed_terminal_checkpoints_and_frees_the_folder(tmp_path, tiny_model
     out = tmp_path / "run"
     master, terminal = pty.openpty()
     proc = subprocess.Popen(
-        [PYTHON, str(ROOT / "train_dpo.py"), *ARGS, "--output_dir", str(out), "--model_name_or_path", tiny_model_dir,
-         "--dataset_name", str(pairs)], cwd=ROOT, stdin=terminal, stdout=terminal, stderr=terminal,
-        start_new_session=True, preexec_fn=lambda: fcntl.ioctl(0, termios.TIOCSCTTY, 0),
-    )  # fmt: skip
+        [
+            PYTHON,
+            str(ROOT / "train_dpo.py"),
+            *ARGS,
+            "--output_dir",
+            str(out),
+            "--model_name_or_path",
+            tiny_model_dir,
+            "--dataset_name",
+            str(pairs),
+        ],
+        cwd=ROOT,
+        stdin=terminal,
+        stdout=terminal,
+        stderr=terminal,
+        start_new_session=True,
+        preexec_fn=lambda: fcntl.ioctl(0, termios.TIOCSCTTY, 0),
+    )
     os.close(terminal)
     shown, closing = [], threading.Event()
 
@@ -162,8 +199,14 @@ def test_a_stop_file_in_a_read_only_folder_is_refused_at_start(tmp_path):
     folder.mkdir()
     stop_file = folder / ".stop-123"
     command = [sys.executable, str(ROOT / "train_dpo.py"), "--config", str(ROOT / "configs/smoke.yaml"), "--dry-run"]
-    result = subprocess.run([*read_only_prefix(folder), *command], cwd=ROOT, capture_output=True, text=True,
-                            timeout=120, env={**os.environ, "DPOTRAIN_STOP_FILE": str(stop_file)})  # fmt: skip
+    result = subprocess.run(
+        [*read_only_prefix(folder), *command],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "DPOTRAIN_STOP_FILE": str(stop_file)},
+    )
     assert result.returncode == 2, result.stdout[-2000:] + result.stderr[-2000:]
     assert result.stderr.strip().splitlines()[-1] == (
         f"error: DPOTRAIN_STOP_FILE={stop_file}: cannot write in {folder} (Read-only file system), so a stop could "

@@ -171,11 +171,24 @@ def test_launch_sh_preflight_ends_a_doomed_job_before_the_launch(tmp_path, tiny_
 
     data = write_pairs(tmp_path / "doomed.jsonl", gibberish, careful, n=16)
     result = subprocess.run(
-        ["bash", str(ROOT / "scripts" / "launch.sh"), "--model_name_or_path", tiny_model_dir, "--dataset_name", data,
-         "--loss_type", "sigmoid", "--output_dir", str(tmp_path / "run")],
-        cwd=ROOT, env={**os.environ, "RECIPE": "configs/smoke.yaml", "PREFLIGHT": "1"}, capture_output=True,
-        text=True, timeout=600,
-    )  # fmt: skip
+        [
+            "bash",
+            str(ROOT / "scripts" / "launch.sh"),
+            "--model_name_or_path",
+            tiny_model_dir,
+            "--dataset_name",
+            data,
+            "--loss_type",
+            "sigmoid",
+            "--output_dir",
+            str(tmp_path / "run"),
+        ],
+        cwd=ROOT,
+        env={**os.environ, "RECIPE": "configs/smoke.yaml", "PREFLIGHT": "1"},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert result.returncode == 1, result.stdout[-2000:] + result.stderr[-2000:]
     assert "## Verdict: FAIL" in result.stdout and "error: preflight exited 3" in result.stderr
     assert "launch: srun" not in result.stdout  # the training launch never started

@@ -17,7 +17,10 @@ def test_the_builtin_models_planning_config_is_the_config_it_is_built_with(tmp_p
     planned, _ = memory.load_model_config(recipe)  # not built yet
     tokenizer = builtin.build_tokenizer()
     assert (planned.bos_token_id, planned.pad_token_id, planned.eos_token_id) == (
-        tokenizer.bos_token_id, tokenizer.pad_token_id, tokenizer.eos_token_id)  # fmt: skip
+        tokenizer.bos_token_id,
+        tokenizer.pad_token_id,
+        tokenizer.eos_token_id,
+    )
     assert planned.eos_token_id < planned.vocab_size
     with warnings.catch_warnings():
         warnings.simplefilter("error")
@@ -34,8 +37,15 @@ def test_the_demo_prints_no_warning_to_ignore_and_a_short_readable_start(demo_ru
     _, _, result = demo_run
     out = result.stdout
     assert result.returncode == 0, out[-3000:]
-    for noise in ("eos_token_id must be", "'pin_memory' argument is set", "Resolved configuration:",
-                  "{'loss'", "{'train_runtime'", "Writing model shards", "Flattening the indices"):  # fmt: skip
+    for noise in (
+        "eos_token_id must be",
+        "'pin_memory' argument is set",
+        "Resolved configuration:",
+        "{'loss'",
+        "{'train_runtime'",
+        "Writing model shards",
+        "Flattening the indices",
+    ):
         assert noise not in out, noise
     # One readable line per logging step (dpotrain/train/step_log.py), as a trainer prints it.
     import re

@@ -31,24 +31,46 @@ QUOTES = [
     ("README.md", "7B: ~{} GiB under ZeRO-2 (tight; ~{} on 8)", [("instruct", "7b", 4, 4), ("instruct", "7b", 8, 4)]),
     ("configs/think.yaml", "--dry-run) is ~{} GiB", [("think", "7b", 4, 4)]),
     ("configs/think.yaml", "2 nodes of 8 under ZeRO-2 (~{} GiB)", [("think", "7b", 16, 8)]),
-    ("configs/think-32b.yaml", "~{} GiB per GPU on 2 nodes, ~{} on 4", [("think-32b", "32b", 8, 4),
-                                                                         ("think-32b", "32b", 16, 4)]),
+    (
+        "configs/think-32b.yaml",
+        "~{} GiB per GPU on 2 nodes, ~{} on 4",
+        [("think-32b", "32b", 8, 4), ("think-32b", "32b", 16, 4)],
+    ),
     ("configs/think-32b.yaml", "One node (~{} GiB) does not fit", [("think-32b", "32b", 4, 4)]),
-    ("configs/instruct.yaml", "~{} GiB per GPU under ZeRO-2 on 4 GPUs (tight: ~{} on 8)", [("instruct", "7b", 4, 4),
-                                                                                          ("instruct", "7b", 8, 4)]),
+    (
+        "configs/instruct.yaml",
+        "~{} GiB per GPU under ZeRO-2 on 4 GPUs (tight: ~{} on 8)",
+        [("instruct", "7b", 4, 4), ("instruct", "7b", 8, 4)],
+    ),
     # Long traces (sequence parallelism): a launch's further flags after its GPUs per node.
     ("README.md", "that dry run plans ~{} GiB per GPU and is refused", [("think", "7b", 8, 8, *H100, *LONG_64K)]),
-    ("README.md", "With it: 64K traces on one node of 8 x H100, ~{} GiB per GPU",
-     [("think", "7b", 8, 8, *H100, *LONG_64K, *GROUP_4)]),
-    ("configs/think.yaml", "64K traces on one node of 8 x H100: --sequence_parallel_size 4 (~{} GiB per GPU",
-     [("think", "7b", 8, 8, *H100, *LONG_64K, *GROUP_4)]),
-    ("configs/think.yaml", "128K traces on one node of 4 x B200: --sequence_parallel_size 2 (~{} GiB per GPU; ~{} "
-     "with 4)", [("think", "7b-128k", 4, 4, *LONG_128K, "--sequence_parallel_size", "2"),
-                 ("think", "7b-128k", 4, 4, *LONG_128K, *GROUP_4)]),
-    ("docs/memory.md", "plans ~{} GiB per GPU with the cached reference and ~{} GiB with `--precompute_ref_log_probs "
-     "false`", [("think", "7b", 8, 8, *H100, *LONG_64K, *GROUP_4),
-                ("think", "7b", 8, 8, *H100, *LONG_64K, *GROUP_4, "--precompute_ref_log_probs", "false")]),
-]  # fmt: skip
+    (
+        "README.md",
+        "With it: 64K traces on one node of 8 x H100, ~{} GiB per GPU",
+        [("think", "7b", 8, 8, *H100, *LONG_64K, *GROUP_4)],
+    ),
+    (
+        "configs/think.yaml",
+        "64K traces on one node of 8 x H100: --sequence_parallel_size 4 (~{} GiB per GPU",
+        [("think", "7b", 8, 8, *H100, *LONG_64K, *GROUP_4)],
+    ),
+    (
+        "configs/think.yaml",
+        "128K traces on one node of 4 x B200: --sequence_parallel_size 2 (~{} GiB per GPU; ~{} with 4)",
+        [
+            ("think", "7b-128k", 4, 4, *LONG_128K, "--sequence_parallel_size", "2"),
+            ("think", "7b-128k", 4, 4, *LONG_128K, *GROUP_4),
+        ],
+    ),
+    (
+        "docs/memory.md",
+        "plans ~{} GiB per GPU with the cached reference and ~{} GiB with `--precompute_ref_log_probs false`",
+        [
+            ("think", "7b", 8, 8, *H100, *LONG_64K, *GROUP_4),
+            ("think", "7b", 8, 8, *H100, *LONG_64K, *GROUP_4, "--precompute_ref_log_probs", "false"),
+        ],
+    ),
+]
 
 
 @pytest.mark.slow
@@ -64,9 +86,21 @@ def test_every_quoted_memory_figure_is_the_dry_runs(monkeypatch, capsys, tmp_pat
         recipe, model, world, per_node, *flags = launch
         monkeypatch.setenv("WORLD_SIZE", str(world))
         monkeypatch.setenv("GPUS_PER_NODE", str(per_node))
-        train_dpo.main(["--config", str(ROOT / "configs" / f"{recipe}.yaml"), "--model_name_or_path",
-                        str(models[model]), "--output_dir", str(tmp_path / "o"), "--memory_check", "false",
-                        "--dry-run", "--json", *flags])  # fmt: skip
+        train_dpo.main(
+            [
+                "--config",
+                str(ROOT / "configs" / f"{recipe}.yaml"),
+                "--model_name_or_path",
+                str(models[model]),
+                "--output_dir",
+                str(tmp_path / "o"),
+                "--memory_check",
+                "false",
+                "--dry-run",
+                "--json",
+                *flags,
+            ]
+        )
         planned[launch] = json.loads(capsys.readouterr().out)["derived"]["memory"]["per_gpu_gib"]["total"]
     for path, quote, launches in QUOTES:
         text = re.sub(r"\s*\n#\s*", " ", (ROOT / path).read_text())  # a YAML header's comment lines, joined

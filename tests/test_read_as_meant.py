@@ -63,8 +63,12 @@ def test_a_prompt_column_repeated_in_the_conversations_is_trained_once(tokenizer
     assert pairs.to_list() == as_meant.to_list()
     # The trainer's tokens, and the analyzer's count of them, hold the prompt once.
     processed = trainer_dataset(pairs, tokenizer, tmp_path)
-    assert tokenizer.decode(processed[0]["prompt_ids"] + processed[0]["chosen_ids"]).count(plain[0]["chosen"][-2][
-        "content"]) == 1  # fmt: skip
+    assert (
+        tokenizer.decode(processed[0]["prompt_ids"] + processed[0]["chosen_ids"]).count(
+            plain[0]["chosen"][-2]["content"]
+        )
+        == 1
+    )
     m = lengths.measure(datasets.Dataset.from_list(repeated), tokenizer)
     np.testing.assert_array_equal(m.prompt, [len(p) for p in processed["prompt_ids"]])
     np.testing.assert_array_equal(m.chosen, [len(c) for c in processed["chosen_ids"]])
@@ -74,13 +78,17 @@ def test_a_prompt_column_repeated_in_the_conversations_is_trained_once(tokenizer
     "edit, column, problem",
     [
         (lambda r: {**r, "rejected": r["rejected"][-1:]}, "rejected", "does not start with the `prompt` column's"),
-        (lambda r: {**r, "prompt": [{"role": "user", "content": "Another question?"}]}, "chosen",
-         "starts with a user message that is not the `prompt` column's"),
+        (
+            lambda r: {**r, "prompt": [{"role": "user", "content": "Another question?"}]},
+            "chosen",
+            "starts with a user message that is not the `prompt` column's",
+        ),
     ],
     ids=["one side repeats it", "another prompt inside the conversation"],
-)  # fmt: skip
-def test_a_prompt_column_the_conversations_contradict_is_refused(edit, column, problem, analyzer, tmp_path,
-                                                                  tiny_model_dir, capsys, monkeypatch):  # fmt: skip
+)
+def test_a_prompt_column_the_conversations_contradict_is_refused(
+    edit, column, problem, analyzer, tmp_path, tiny_model_dir, capsys, monkeypatch
+):
     good = [{"prompt": r["chosen"][:-1], **r} for r in conversations()]
     path = write_jsonl(tmp_path / "bad.jsonl", [*good[:5], edit(good[5]), *good[6:]])
     expected = f"row 5, column '{column}': {problem}"
@@ -94,8 +102,10 @@ def test_a_prompt_column_the_conversations_contradict_is_refused(edit, column, p
 def test_text_pair_where_one_side_starts_the_other_is_refused(analyzer, tmp_path, tiny_model_dir, capsys, monkeypatch):
     """TRL takes the shared start as the prompt: 'Paris.' against 'Paris. It is in France.' leaves chosen the answer
     '.' — refused in training and in the analyzer, naming the row and the side."""
-    good = [{"chosen": f"Q{i}: capital of France? A: Paris.", "rejected": f"Q{i}: capital of France? A: Lyon."}
-            for i in range(12)]  # fmt: skip
+    good = [
+        {"chosen": f"Q{i}: capital of France? A: Paris.", "rejected": f"Q{i}: capital of France? A: Lyon."}
+        for i in range(12)
+    ]
     bad = {"chosen": "Q: capital of France? A: Paris.", "rejected": "Q: capital of France? A: Paris. It is in France."}
     path = write_jsonl(tmp_path / "text.jsonl", [*good[:7], bad, *good[7:]])
     expected = "row 7, column 'chosen': is the start of `rejected`"
@@ -104,8 +114,9 @@ def test_text_pair_where_one_side_starts_the_other_is_refused(analyzer, tmp_path
     # The same with the sides swapped names the other column.
     swapped = {"chosen": bad["rejected"], "rejected": bad["chosen"]}
     path = write_jsonl(tmp_path / "swapped.jsonl", [*good[:2], swapped, *good[2:]])
-    assert "row 2, column 'rejected': is the start of `chosen`" in analyzer_error(analyzer, capsys, path, "--tokenizer",
-                                                                                  tiny_model_dir)  # fmt: skip
+    assert "row 2, column 'rejected': is the start of `chosen`" in analyzer_error(
+        analyzer, capsys, path, "--tokenizer", tiny_model_dir
+    )
 
 
 # --- message lists written as JSON text -------------------------------------------------------------------------------
@@ -126,8 +137,9 @@ def test_message_lists_written_as_json_text_are_read_as_messages(kind, tokenizer
     np.testing.assert_array_equal(m.rejected, [len(r) for r in processed["rejected_ids"]])
 
 
-def test_json_text_cells_that_do_not_match_the_first_row_are_refused(analyzer, tmp_path, tiny_model_dir, capsys,
-                                                                      monkeypatch):  # fmt: skip
+def test_json_text_cells_that_do_not_match_the_first_row_are_refused(
+    analyzer, tmp_path, tiny_model_dir, capsys, monkeypatch
+):
     plain = conversations()
     cells = [{k: json.dumps(v) for k, v in r.items()} for r in plain]
     cells[4]["rejected"] = "Green."  # plain text in a column of JSON message lists
@@ -142,7 +154,8 @@ def test_json_text_cells_that_do_not_match_the_first_row_are_refused(analyzer, t
     path = str(tmp_path / "text.csv")
     datasets.Dataset.from_list(text).to_csv(path, index=False)
     assert "row 6, column 'chosen': a message list written as JSON text" in analyzer_error(
-        analyzer, capsys, path, "--tokenizer", tiny_model_dir)  # fmt: skip
+        analyzer, capsys, path, "--tokenizer", tiny_model_dir
+    )
 
 
 # --- precision --------------------------------------------------------------------------------------------------------
@@ -163,25 +176,40 @@ def cut_rows() -> list[dict]:
     out = conversations(30, seed=2)
     for i in (4, 17):
         long_user = {"role": "user", "content": f"Please explain tides number {i}. " * 25}
-        out[i] = {"chosen": [long_user, {"role": "assistant", "content": "The moon pulls the water."}],
-                  "rejected": [long_user, {"role": "assistant", "content": "No idea."}]}  # fmt: skip
+        out[i] = {
+            "chosen": [long_user, {"role": "assistant", "content": "The moon pulls the water."}],
+            "rejected": [long_user, {"role": "assistant", "content": "No idea."}],
+        }
     return out
 
 
 @pytest.mark.slow
-def test_pairs_cut_and_dropped_are_counted_the_same_by_the_run_and_the_analyzer(analyzer, tmp_path, tiny_model_dir,
-                                                                                 tokenizer, capsys):  # fmt: skip
+def test_pairs_cut_and_dropped_are_counted_the_same_by_the_run_and_the_analyzer(
+    analyzer, tmp_path, tiny_model_dir, tokenizer, capsys
+):
     path = write_jsonl(tmp_path / "pairs.jsonl", cut_rows())
     recipe = tmp_path / "recipe.yaml"
-    recipe.write_text(SMOKE.read_text().replace("max_length: 1024", "max_length: 160").replace(
-        "dataset_name: data/smoke_prefs.jsonl", f"dataset_name: {path}").replace("pairs_per_step: 8",
-                                                                                  "pairs_per_step: 4"))  # fmt: skip
+    recipe.write_text(
+        SMOKE.read_text()
+        .replace("max_length: 1024", "max_length: 160")
+        .replace("dataset_name: data/smoke_prefs.jsonl", f"dataset_name: {path}")
+        .replace("pairs_per_step: 8", "pairs_per_step: 4")
+    )
     # What TRL itself keeps and cuts, independently of this project's counting.
     processed = trainer_dataset(read(path), tokenizer, tmp_path, max_length=160)
-    total = np.array([len(p) + max(len(c), len(r)) for p, c, r in zip(
-        processed["prompt_ids"], processed["chosen_ids"], processed["rejected_ids"], strict=True)])  # fmt: skip
-    expected = {"max_length": 160, "truncation_mode": "keep_start", "pairs": 30,
-                "truncated": int((total > 160).sum()), "dropped": 30 - len(processed)}  # fmt: skip
+    total = np.array(
+        [
+            len(p) + max(len(c), len(r))
+            for p, c, r in zip(processed["prompt_ids"], processed["chosen_ids"], processed["rejected_ids"], strict=True)
+        ]
+    )
+    expected = {
+        "max_length": 160,
+        "truncation_mode": "keep_start",
+        "pairs": 30,
+        "truncated": int((total > 160).sum()),
+        "dropped": 30 - len(processed),
+    }
     assert expected["truncated"] > 0 and expected["dropped"] == 2
 
     out = tmp_path / "run"
@@ -246,15 +274,23 @@ def test_the_recommendation_is_capped_at_the_models_positions(analyzer, tmp_path
     ],
     ids=["duplicate key", "unclosed list", "bad indentation", "misspelled key"],
 )
-def test_a_bad_recipe_is_refused_alike_by_training_and_the_analyzer(text, expected, analyzer, tmp_path, tiny_model_dir,
-                                                                     capsys):  # fmt: skip
+def test_a_bad_recipe_is_refused_alike_by_training_and_the_analyzer(
+    text, expected, analyzer, tmp_path, tiny_model_dir, capsys
+):
     recipe = tmp_path / "my.yaml"
     recipe.write_text(text)
     with pytest.raises(ConfigError) as refused_by_training:
         parse_args(["--config", str(recipe)])
     assert f"{recipe}{expected}" in str(refused_by_training.value)
-    line = analyzer_error(analyzer, capsys, str(ROOT / "data" / "smoke_prefs.jsonl"), "--config", str(recipe),
-                          "--tokenizer", tiny_model_dir)  # fmt: skip
+    line = analyzer_error(
+        analyzer,
+        capsys,
+        str(ROOT / "data" / "smoke_prefs.jsonl"),
+        "--config",
+        str(recipe),
+        "--tokenizer",
+        tiny_model_dir,
+    )
     assert line == f"error: {refused_by_training.value}"
 
 
@@ -268,8 +304,11 @@ def test_shipped_recipes_read_strictly():
 
 def invalid_utf8(tmp_path, kind: str) -> tuple[str, int]:
     """A data file with one Latin-1 byte on line 5, and that line's number."""
-    plain = conversations(12) if kind == "jsonl" else [{"prompt": f"Q{i}?", "chosen": " Oui.", "rejected": " Non."}
-                                                       for i in range(12)]  # fmt: skip
+    plain = (
+        conversations(12)
+        if kind == "jsonl"
+        else [{"prompt": f"Q{i}?", "chosen": " Oui.", "rejected": " Non."} for i in range(12)]
+    )
     path = tmp_path / f"latin.{kind}"
     if kind == "jsonl":
         datasets.Dataset.from_list(plain).to_json(path)
@@ -299,7 +338,8 @@ def test_a_data_file_named_for_another_format(analyzer, tmp_path, tiny_model_dir
     parquet = tmp_path / "real.jsonl"
     datasets.Dataset.from_list(conversations(4)).to_parquet(parquet)
     assert "is named .jsonl but holds parquet: rename it to 'real.parquet'" in refused(
-        tmp_path, monkeypatch, capsys, "--dataset_name", str(parquet))  # fmt: skip
+        tmp_path, monkeypatch, capsys, "--dataset_name", str(parquet)
+    )
 
 
 @pytest.mark.parametrize("dry_run", [[], ["--dry-run"]], ids=["run", "dry run"])
@@ -311,5 +351,6 @@ def test_unknown_builtin_and_empty_model_folder(dry_run, tmp_path, monkeypatch, 
     line = refused(tmp_path, monkeypatch, capsys, "--model_name_or_path", str(empty), *dry_run)
     assert f"model folder '{empty}' is empty" in line
     (empty / "notes.txt").write_text("weights to come")
-    assert "holds no config.json" in refused(tmp_path, monkeypatch, capsys, "--model_name_or_path", str(empty),
-                                             *dry_run)  # fmt: skip
+    assert "holds no config.json" in refused(
+        tmp_path, monkeypatch, capsys, "--model_name_or_path", str(empty), *dry_run
+    )

@@ -61,8 +61,15 @@ def test_quickstart_runs_line_after_line_in_a_fresh_shell(demo_run):
     script = []
     for i, line in enumerate(ran):
         script += [f"echo '@@@ {i} start'", line, f's=$?; echo "@@@ {i} exit $s"; [ $s = 0 ] || exit $s']
-    result = subprocess.run(["bash", "--noprofile", "--norc", "-c", "\n".join(script)], cwd=project, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=600)  # fmt: skip
+    result = subprocess.run(
+        ["bash", "--noprofile", "--norc", "-c", "\n".join(script)],
+        cwd=project,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=600,
+    )
     out = result.stdout
     assert result.returncode == 0, out[-4000:]
     said = {line: out.split(f"@@@ {i} start\n")[1].split(f"@@@ {i} exit 0\n")[0] for i, line in enumerate(ran)}
@@ -75,8 +82,10 @@ def test_quickstart_runs_line_after_line_in_a_fresh_shell(demo_run):
         elif words[:2] == ["python", "train_dpo.py"]:
             assert "memory/GPU:    ~" in text, text[-2000:]  # a real plan, not "skipped"
             assert "warning: the run would refuse: report_to wandb but no W&B login" in text, text[-2000:]
-    assert {tuple(shlex.split(line)[:2]) for line in ran} >= {("python", "scripts/analyze_dataset.py"),
-                                                             ("python", "train_dpo.py")}  # fmt: skip
+    assert {tuple(shlex.split(line)[:2]) for line in ran} >= {
+        ("python", "scripts/analyze_dataset.py"),
+        ("python", "train_dpo.py"),
+    }
 
 
 @pytest.mark.parametrize("page", PAGES, ids=[str(p.relative_to(ROOT)) for p in PAGES])

@@ -33,8 +33,21 @@ def cache(tmp_path, monkeypatch):
 
 
 def build(tmp_path, model_dir, rows, *overrides):
-    recipe = parse_args(["--config", SMOKE, "--model_name_or_path", model_dir, "--output_dir", str(tmp_path / "out"),
-                         "--report_to", "none", "--save_strategy", "no", *overrides])  # fmt: skip
+    recipe = parse_args(
+        [
+            "--config",
+            SMOKE,
+            "--model_name_or_path",
+            model_dir,
+            "--output_dir",
+            str(tmp_path / "out"),
+            "--report_to",
+            "none",
+            "--save_strategy",
+            "no",
+            *overrides,
+        ]
+    )
     return ready(trainer_on(recipe, datasets.Dataset.from_list(rows)))
 
 
@@ -53,9 +66,11 @@ def test_reused_when_only_training_arguments_or_the_layout_change(tmp_path, tiny
     assert len(entries(cache)) == 1 and "24 scored, cached in" in capsys.readouterr().out
     # Training arguments, and everything that only changes which pairs share a micro-batch: pairs per step, the
     # token budget, max_steps (the world size is the same kind of change: test_world_size_1_then_2 below).
-    for other in (["--learning_rate", "3e-4", "--beta", "0.1", "--warmup_steps", "0", "--lr_scheduler_type",
-                   "constant"], ["--pairs_per_step", "4", "--max_tokens_per_microbatch", "4096"],
-                  ["--max_steps", "2"]):  # fmt: skip
+    for other in (
+        ["--learning_rate", "3e-4", "--beta", "0.1", "--warmup_steps", "0", "--lr_scheduler_type", "constant"],
+        ["--pairs_per_step", "4", "--max_tokens_per_microbatch", "4096"],
+        ["--max_steps", "2"],
+    ):
         again = build(tmp_path / "b", tiny_model_dir, rows, *other)
         assert "all 24 pairs reused" in capsys.readouterr().out and len(entries(cache)) == 1
         assert ref_columns(again) == ref_columns(first)
@@ -124,8 +139,21 @@ def test_step_one_is_ln_2_within_rounding_and_the_stage_scores_as_training_would
     import torch
 
     rows = builtin.make_preference_rows(32, seed=5)
-    trainer = build(tmp_path, tiny_model_dir, rows, "--max_steps", "1", "--logging_steps", "1", "--pairs_per_step",
-                    "16", "--max_tokens_per_microbatch", "2048", "--activation_checkpointing", "true")  # fmt: skip
+    trainer = build(
+        tmp_path,
+        tiny_model_dir,
+        rows,
+        "--max_steps",
+        "1",
+        "--logging_steps",
+        "1",
+        "--pairs_per_step",
+        "16",
+        "--max_tokens_per_microbatch",
+        "2048",
+        "--activation_checkpointing",
+        "true",
+    )
     assert trainer.run_plan.summary["micro_batches_per_step"]["max"] > 1  # several micro-batches of different sizes
     ours = ref_columns(trainer)
     # Before: scored in the micro-batches training meets each pair in first (epoch 0 of the plan).
@@ -139,7 +167,9 @@ def test_step_one_is_ln_2_within_rounding_and_the_stage_scores_as_training_would
     recomputed = []
     for layer in layers:  # what a checkpointed layer calls: never in the stage
         layer._gradient_checkpointing_func = lambda *a, f=layer._gradient_checkpointing_func, **k: (
-            recomputed.append(1), f(*a, **k))[1]  # fmt: skip
+            recomputed.append(1),
+            f(*a, **k),
+        )[1]
     os.environ["DPOTRAIN_CACHE"] = str(tmp_path / "training-layout")  # restored by the `cache` fixture
     before, _ = reference.run(scorer, trainer.train_dataset, "train", training_layout, _never_stopped())
     assert not recomputed
@@ -172,8 +202,16 @@ def test_an_unwritable_cache_is_one_line_before_anything_loads(tmp_path, tiny_mo
         blocked.chmod(0o700)
         blocked = tmp_path / "a-file"
         blocked.write_text("")
-    args = ["--config", SMOKE, "--model_name_or_path", tiny_model_dir, "--output_dir", str(tmp_path / "out"),
-            "--report_to", "none"]  # fmt: skip
+    args = [
+        "--config",
+        SMOKE,
+        "--model_name_or_path",
+        tiny_model_dir,
+        "--output_dir",
+        str(tmp_path / "out"),
+        "--report_to",
+        "none",
+    ]
     monkeypatch.setenv("DPOTRAIN_CACHE", str(blocked))
     with pytest.raises(SystemExit) as ended:  # the command line, in this process (capfd sees all it writes)
         run_cli(lambda: train_dpo.main(args))
@@ -195,14 +233,41 @@ def many_pairs(tmp_path_factory):
 
 
 def command(model_dir, data, out, *extra):
-    return [python(), str(ROOT / "train_dpo.py"), "--config", SMOKE, "--model_name_or_path", model_dir,
-            "--dataset_name", str(data), "--output_dir", str(out), "--max_steps", "3", "--logging_steps", "1",
-            "--report_to", "none", "--save_strategy", "no", "--reference_save_seconds", "0.2", *extra]  # fmt: skip
+    return [
+        python(),
+        str(ROOT / "train_dpo.py"),
+        "--config",
+        SMOKE,
+        "--model_name_or_path",
+        model_dir,
+        "--dataset_name",
+        str(data),
+        "--output_dir",
+        str(out),
+        "--max_steps",
+        "3",
+        "--logging_steps",
+        "1",
+        "--report_to",
+        "none",
+        "--save_strategy",
+        "no",
+        "--reference_save_seconds",
+        "0.2",
+        *extra,
+    ]
 
 
 def run(cmd, env, timeout=600):
-    result = subprocess.run(cmd, cwd=ROOT, env={**os.environ, **env}, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, timeout=timeout)  # fmt: skip
+    result = subprocess.run(
+        cmd,
+        cwd=ROOT,
+        env={**os.environ, **env},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=timeout,
+    )
     assert result.returncode == 0, result.stdout[-3000:]
     return result.stdout
 
@@ -215,8 +280,9 @@ def final_weights(out):
 
 def stop_half_way(cmd, env, cache, how):
     """Start the run, wait for the stage's first saved part, then stop it `how` (a signal number)."""
-    proc = subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, **env}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True)  # fmt: skip
+    proc = subprocess.Popen(
+        cmd, cwd=ROOT, env={**os.environ, **env}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
     deadline = time.time() + 300
     while not list(cache.glob("*/part-*.npz")):
         assert proc.poll() is None and time.time() < deadline, proc.stdout.read()[-3000:]
@@ -228,8 +294,9 @@ def stop_half_way(cmd, env, cache, how):
 @pytest.mark.slow
 # SIGTERM in the reference stage also reaches CI through Slurm's preemption of a 2-process job
 # (tests/test_slurm_jobs.py): here it is `extended`, beyond CI's budget.
-@pytest.mark.parametrize("how", [pytest.param(signal.SIGTERM, marks=pytest.mark.extended), signal.SIGKILL],
-                         ids=["SIGTERM", "SIGKILL"])  # fmt: skip
+@pytest.mark.parametrize(
+    "how", [pytest.param(signal.SIGTERM, marks=pytest.mark.extended), signal.SIGKILL], ids=["SIGTERM", "SIGKILL"]
+)
 def test_a_stopped_or_killed_stage_keeps_what_it_scored(tmp_path, tiny_model_dir, many_pairs, how):
     cache = tmp_path / "cache" / "reference"
     env = {"DPOTRAIN_CACHE": str(tmp_path / "cache"), "DPOTRAIN_STOP_FILE": str(tmp_path / "stop")}
@@ -264,8 +331,15 @@ def test_reference_only_then_train_on_two_processes_reuses_it(tmp_path, tiny_mod
     assert "1,200 scored, cached in" in log and not (tmp_path / "unused").exists()  # no output folder: nothing trained
 
     out = tmp_path / "two"
-    launch = [str(ROOT / ".venv" / "bin" / "accelerate"), "launch", "--config_file",
-              str(ROOT / "accelerate_config.yaml"), "--num_processes", "2", *rank_python()]  # fmt: skip
+    launch = [
+        str(ROOT / ".venv" / "bin" / "accelerate"),
+        "launch",
+        "--config_file",
+        str(ROOT / "accelerate_config.yaml"),
+        "--num_processes",
+        "2",
+        *rank_python(),
+    ]
     log = run([*launch, *command(tiny_model_dir, many_pairs, out)[1:]], env, timeout=900)
     assert "reference log-probs (train): all 1,200 pairs reused" in log
     first = json.loads((out / "metrics.jsonl").read_text().splitlines()[0])
@@ -284,8 +358,9 @@ def test_the_stage_cache_folder_round_trips(tmp_path, monkeypatch):
     chosen, rejected = store.parts()
     assert np.isnan(chosen[[2, 4]]).all() and chosen[[0, 1, 3]].tolist() == [-1.0, -5.0, -3.0]
     assert store.complete() is None
-    store.write_complete({"pairs": 5}, np.arange(5, dtype=np.float32), np.arange(5, dtype=np.float32),
-                         np.zeros((5, 16), dtype=np.uint8))  # fmt: skip
+    store.write_complete(
+        {"pairs": 5}, np.arange(5, dtype=np.float32), np.arange(5, dtype=np.float32), np.zeros((5, 16), dtype=np.uint8)
+    )
     store.remove_parts()
     assert store.complete()[0].tolist() == [0, 1, 2, 3, 4] and not list(store.folder.glob("part-*"))
 
@@ -324,9 +399,24 @@ def stopped_after_a_part(trainer, dataset, layout, cache, stop_file):
 def test_a_truncated_part_is_named_and_its_pairs_scored_again(tmp_path, tiny_model_dir, cache, capsys, monkeypatch):
     import numpy as np
 
-    recipe = parse_args(["--config", SMOKE, "--model_name_or_path", tiny_model_dir, "--output_dir",
-                         str(tmp_path / "out"), "--report_to", "none", "--save_strategy", "no",
-                         "--max_length", "256", "--max_tokens_per_microbatch", "512"])  # fmt: skip
+    recipe = parse_args(
+        [
+            "--config",
+            SMOKE,
+            "--model_name_or_path",
+            tiny_model_dir,
+            "--output_dir",
+            str(tmp_path / "out"),
+            "--report_to",
+            "none",
+            "--save_strategy",
+            "no",
+            "--max_length",
+            "256",
+            "--max_tokens_per_microbatch",
+            "512",
+        ]
+    )
     trainer = trainer_on(recipe, datasets.Dataset.from_list(builtin.make_preference_rows(60, seed=9)))
     plan_stage.run_stage(trainer)
     dataset = trainer.train_dataset
@@ -345,8 +435,9 @@ def test_a_truncated_part_is_named_and_its_pairs_scored_again(tmp_path, tiny_mod
     first.write_bytes(first.read_bytes()[: first.stat().st_size // 2])
     capsys.readouterr()
 
-    scored, outcome = reference.run(ReferenceScorer(trainer), dataset, "train", layout, stop=_never_stopped(),
-                                    save_seconds=60)  # fmt: skip
+    scored, outcome = reference.run(
+        ReferenceScorer(trainer), dataset, "train", layout, stop=_never_stopped(), save_seconds=60
+    )
     err = capsys.readouterr().err
     assert f"warning: the reference cache file {first} is damaged (BadZipFile" in err, err
     assert "its pairs are scored again" in err
@@ -408,8 +499,11 @@ def test_the_stage_cuts_its_own_balanced_micro_batches_within_its_budget():
             layout = reference.micro_batches(lengths, todo, world, 8192, None, padded=padded, seed=1)
             flat = sorted(i for mine in layout for mb in mine for i in mb)
             assert flat == todo.tolist()
-            cost = [2 * len(mb) * int(lengths.longest[mb].max()) if padded else int(lengths.tokens[mb].sum())
-                    for mine in layout for mb in mine]  # fmt: skip
+            cost = [
+                2 * len(mb) * int(lengths.longest[mb].max()) if padded else int(lengths.tokens[mb].sum())
+                for mine in layout
+                for mb in mine
+            ]
             assert max(cost) <= 8192
             if not padded:  # packed: within a few micro-batches of the fewest possible, and balanced over the ranks
                 assert sum(map(len, layout)) <= 1.15 * fewest_bins(lengths.tokens[todo], 8192) + 4 * world
@@ -430,8 +524,14 @@ def test_a_forward_only_micro_batch_holds_more_tokens_where_training_keeps_activ
 
     from dpotrain.plan import memory
 
-    seven_b = Olmo3Config(vocab_size=100278, hidden_size=4096, intermediate_size=11008, num_hidden_layers=32,
-                          num_attention_heads=32, num_key_value_heads=32)  # fmt: skip
+    seven_b = Olmo3Config(
+        vocab_size=100278,
+        hidden_size=4096,
+        intermediate_size=11008,
+        num_hidden_layers=32,
+        num_attention_heads=32,
+        num_key_value_heads=32,
+    )
     assert memory.forward_only_multiple(seven_b, 16384, 16384, "flash_attention_2", False) == 8
     assert 2 <= memory.forward_only_multiple(seven_b, 16384, 16384, "flash_attention_2", True) <= 3
     assert memory.forward_only_multiple(seven_b, 16384, 8192, "sdpa", True) >= 2
@@ -445,9 +545,14 @@ def test_the_speed_benchmark_measures_both_speeds_in_one_run():
     (resolved_config.json) against the training loop's (metrics.jsonl, steps 2..N). Timings on a shared 2-core machine
     are noisy, so the speeds and their goal (2.5x) are the benchmark's to report, not this test's: here the stage
     measured ~4x the loop on a quiet machine, and 0.74x once beside a second busy pytest worker."""
-    result = subprocess.run([python(), str(ROOT / "benchmarks" / "reference_speed.py"), "--tiny",
-                             "--checkpointing", "off"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, timeout=600)  # fmt: skip
+    result = subprocess.run(
+        [python(), str(ROOT / "benchmarks" / "reference_speed.py"), "--tiny", "--checkpointing", "off"],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=600,
+    )
     assert result.returncode == 0, result.stdout[-3000:]
     (run,) = json.loads(result.stdout.splitlines()[-1])
     assert run["reference_micro_batches"] >= 2 and run["reference_warmup_seconds"] > 0

@@ -20,8 +20,10 @@ MESSAGES = [{"role": "user", "content": "Name a colour."}]
 
 
 def pair(chosen="Blue.", rejected="Green.", prompt=MESSAGES):
-    return {"chosen": [*prompt, {"role": "assistant", "content": chosen}],
-            "rejected": [*prompt, {"role": "assistant", "content": rejected}]}  # fmt: skip
+    return {
+        "chosen": [*prompt, {"role": "assistant", "content": chosen}],
+        "rejected": [*prompt, {"role": "assistant", "content": rejected}],
+    }
 
 
 def write_rows(path, rows) -> str:
@@ -60,40 +62,58 @@ def many_rows(n=40):
         (["--load_in_4bit", "true", "--use_peft", "true", "--lora_target_modules", "q_proj"], "load_in_4bit needs"),
         (["--use_liger_kernel", "true"], "use_liger_kernel needs the liger-kernel package"),
         (["--ignore_bias_buffers", "true"], "ignore_bias_buffers is a DDP workaround of TRL's own script"),
-        (["--use_peft", "true", "--lora_target_modules", "q_proj", "--sync_ref_model", "true"],
-         "sync_ref_model does not work with use_peft"),
+        (
+            ["--use_peft", "true", "--lora_target_modules", "q_proj", "--sync_ref_model", "true"],
+            "sync_ref_model does not work with use_peft",
+        ),
         (["--sync_ref_model", "true", "--precompute_ref_log_probs", "true"], "--precompute_ref_log_probs false"),
         (["--dataset_streaming", "true"], "dataset_streaming: the step plan and the reference stage need every pair"),
         (["--save_on_each_node", "true"], "save_on_each_node is not supported: checkpoints, their COMPLETE marks"),
         # the smoke recipe cuts micro-batches by tokens: the refusal names the flag that makes them fixed
-        (["--loss_type", "aot"], "micro-batches cut by max_tokens_per_microbatch (2048) would change what it optimizes"
-         ": add --max_tokens_per_microbatch none, for micro-batches of per_device_train_batch_size pairs (now 8)"),
+        (
+            ["--loss_type", "aot"],
+            "micro-batches cut by max_tokens_per_microbatch (2048) would change what it optimizes"
+            ": add --max_tokens_per_microbatch none, for micro-batches of per_device_train_batch_size pairs (now 8)",
+        ),
         (["--loss_type", "sigmoid", "aot_unpaired", "--max_length", "auto"], "add --max_tokens_per_microbatch none"),
         (["--loss_type", "sigmoid", "sft", "--use_weighting", "true"], "use_weighting with loss_type sft"),
         # DPOConfig options the configured loss types would not read (TRL 1.16 `_compute_loss`), or that TRL refuses
         # only after loading the model
-        (["--label_smoothing", "0.1"], "label_smoothing 0.1 would be ignored: TRL's sigmoid_norm loss does not read "
-         "it (only exo_pair, robust, aot and aot_unpaired do; open-instruct's dpo_norm smooths, TRL's sigmoid_norm "
-         "does not): remove label_smoothing, or choose one of those loss types"),
+        (
+            ["--label_smoothing", "0.1"],
+            "label_smoothing 0.1 would be ignored: TRL's sigmoid_norm loss does not read "
+            "it (only exo_pair, robust, aot and aot_unpaired do; open-instruct's dpo_norm smooths, TRL's sigmoid_norm "
+            "does not): remove label_smoothing, or choose one of those loss types",
+        ),
         (["--loss_type", "sigmoid", "ipo", "--label_smoothing", "0.1"], "TRL's sigmoid/ipo loss does not read it"),
         (["--loss_type", "exo_pair"], "loss_type exo_pair needs 0 < label_smoothing < 1 (got 0)"),
         (["--loss_type", "robust", "--label_smoothing", "0.5"], "loss_type robust needs 0 <= label_smoothing < 0.5"),
-        (["--loss_type", "bco_pair", "--f_divergence_type", "js_divergence"],
-         "f_divergence_type js_divergence does not apply to loss_type bco_pair"),
+        (
+            ["--loss_type", "bco_pair", "--f_divergence_type", "js_divergence"],
+            "f_divergence_type js_divergence does not apply to loss_type bco_pair",
+        ),
         (["--loss_type", "sft", "--f_divergence_type", "forward_kl"], "f_divergence_type forward_kl would be ignored"),
-        (["--f_alpha_divergence_coef", "0.3"], "f_alpha_divergence_coef 0.3 would be ignored: it is read only with "
-         "--f_divergence_type alpha_divergence"),
+        (
+            ["--f_alpha_divergence_coef", "0.3"],
+            "f_alpha_divergence_coef 0.3 would be ignored: it is read only with --f_divergence_type alpha_divergence",
+        ),
         (["--discopop_tau", "0.1"], "discopop_tau 0.1 would be ignored: only loss_type discopop reads it"),
         (["--loss_type", "sft", "--ld_alpha", "0.5"], "ld_alpha 0.5 would be ignored"),
-        (["--loss_type", "aot", "--use_weighting", "true", "--max_tokens_per_microbatch", "none"],
-         "use_weighting with loss_type aot: TRL does not implement WPO's weights"),
-        (["--ref_model_sync_steps", "4"], "ref_model_sync_steps 4 would be ignored: it is read only with "
-         "--sync_ref_model true (TR-DPO)"),
+        (
+            ["--loss_type", "aot", "--use_weighting", "true", "--max_tokens_per_microbatch", "none"],
+            "use_weighting with loss_type aot: TRL does not implement WPO's weights",
+        ),
+        (
+            ["--ref_model_sync_steps", "4"],
+            "ref_model_sync_steps 4 would be ignored: it is read only with --sync_ref_model true (TR-DPO)",
+        ),
         (["--ref_model_mixup_alpha", "0.9"], "ref_model_mixup_alpha 0.9 would be ignored"),
-        (["--precompute_ref_batch_size", "64"], "precompute_ref_batch_size 64 would be ignored: the reference stage "
-         "cuts its own micro-batches"),
+        (
+            ["--precompute_ref_batch_size", "64"],
+            "precompute_ref_batch_size 64 would be ignored: the reference stage cuts its own micro-batches",
+        ),
     ],
-)  # fmt: skip
+)
 def test_options_that_cannot_be_honoured(args, expected, tmp_path, monkeypatch, capsys):
     assert expected in refused(tmp_path, monkeypatch, capsys, *args)
 
@@ -108,7 +128,7 @@ def test_options_that_cannot_be_honoured(args, expected, tmp_path, monkeypatch, 
         ["--loss_type", "sigmoid", "sft", "--ld_alpha", "0.5", "--assistant_turns", "final"],
         ["--sync_ref_model", "true", "--precompute_ref_log_probs", "false", "--ref_model_sync_steps", "4"],
     ],
-)  # fmt: skip
+)
 def test_options_the_loss_reads_pass(args):
     """The other side of the refusals above: an option at its default, or read by one of the configured losses."""
     from dpotrain.train import losses
@@ -124,13 +144,15 @@ def test_options_the_loss_reads_pass(args):
     [
         ({"chosen": None, "rejected": pair()["rejected"]}, "row 3, column 'chosen': missing (null)"),
         (pair(chosen=5), "row 3, column 'chosen': message 1 has a non-string 'content' (int)"),
-        ({**pair(), "rejected": [{"content": "Name a colour."}, {"role": "assistant", "content": "x"}]},
-         "row 3, column 'rejected': message 0 has no 'role'"),
+        (
+            {**pair(), "rejected": [{"content": "Name a colour."}, {"role": "assistant", "content": "x"}]},
+            "row 3, column 'rejected': message 0 has no 'role'",
+        ),
         ({"chosen": "Blue.", "rejected": "Green."}, "row 3, column 'chosen': a str where the data set has message"),
         (pair(chosen=""), "row 3, column 'chosen': empty completion"),
         (pair(chosen="Same.", rejected="Same."), "row 3, column 'chosen': identical to `rejected`"),
     ],
-)  # fmt: skip
+)
 def test_invalid_row_is_named_with_the_training_flag(bad, expected, tmp_path, monkeypatch, capsys):
     rows = many_rows()
     rows[3] = bad
@@ -152,11 +174,15 @@ def test_text_rows_then_message_rows(tmp_path, monkeypatch, capsys):
     [
         (["--max_steps", "0"], 40, "max_steps=0 trains nothing"),
         (["--num_train_epochs", "0"], 40, "num_train_epochs=0 trains nothing"),
-        ([], 1, "this run would train nothing: 1 optimizer step(s), 1 of warmup (learning rate 0 at step 1) from 1 "
-                "rows at 8 pairs per step"),
+        (
+            [],
+            1,
+            "this run would train nothing: 1 optimizer step(s), 1 of warmup (learning rate 0 at step 1) from 1 "
+            "rows at 8 pairs per step",
+        ),
         (["--per_device_train_batch_size", "16"], 12, "1 optimizer step(s), 1 of warmup"),
     ],
-)  # fmt: skip
+)
 def test_runs_that_train_nothing(args, rows, expected, tmp_path, monkeypatch, capsys):
     data = write_rows(tmp_path / "d.jsonl", many_rows(rows))
     assert expected in refused(tmp_path, monkeypatch, capsys, "--dataset_name", data, *args)
@@ -179,12 +205,15 @@ def test_runs_that_train_nothing(args, rows, expected, tmp_path, monkeypatch, ca
         (["--dataset_test_split", "validation"], "dataset_test_split 'validation' is only used for evaluation"),
         (["--warmup_ratio", "0.1"], "unknown argument '--warmup_ratio' (removed in transformers 5: use warmup_steps"),
         # transformers reads 0 as a fraction of the run: no checkpoint until the end, a requeue restarts from nothing
-        (["--save_steps", "0"], "save_steps=0 saves no checkpoint until the end, and a requeued job would restart from "
-         "step 0: give a number of steps (the recipes save every 100) or a fraction of the run (0.1), or "
-         "--save_strategy no to save none on purpose"),
+        (
+            ["--save_steps", "0"],
+            "save_steps=0 saves no checkpoint until the end, and a requeued job would restart from "
+            "step 0: give a number of steps (the recipes save every 100) or a fraction of the run (0.1), or "
+            "--save_strategy no to save none on purpose",
+        ),
         (["--evaluation_strategy", "steps"], "(renamed eval_strategy in transformers 5)"),
     ],
-)  # fmt: skip
+)
 def test_bad_values_refused_before_loading(args, expected, tmp_path, monkeypatch, capsys):
     assert expected in refused(tmp_path, monkeypatch, capsys, *args)
 
@@ -224,9 +253,11 @@ def test_an_empty_or_comment_only_recipe_is_refused(text, tmp_path, monkeypatch,
             run_cli(lambda argv=argv: train_dpo.main(argv))
         err = capsys.readouterr().err
         assert ended.value.code == 2 and "Traceback" not in err, err
-        assert err.strip().splitlines()[-1] == (f"error: {recipe}: the recipe holds no settings (empty, or comments "
-                                                "only): write its `field: value` lines (configs/smoke.yaml is a small "
-                                                "one to start from)")  # fmt: skip
+        assert err.strip().splitlines()[-1] == (
+            f"error: {recipe}: the recipe holds no settings (empty, or comments "
+            "only): write its `field: value` lines (configs/smoke.yaml is a small "
+            "one to start from)"
+        )
     assert not (tmp_path / "olmo3-mine-dpo").exists() and not (tmp_path / "builtin").exists()
 
 
@@ -238,15 +269,19 @@ def test_save_strategy_no_in_a_slurm_job_says_what_it_risks_at_start(tmp_path, m
     assert "Note: save_strategy no" not in capsys.readouterr().out  # not preemptible: nothing to say
     monkeypatch.setenv("SLURM_JOB_ID", "4242")
     options.check_options(recipe)
-    assert capsys.readouterr().out == ("Note: save_strategy no: no checkpoint on the way; a stop request (preemption, "
-                                       "time limit) still saves one, but a job killed without one (a node lost, out of "
-                                       "memory) restarts from step 0\n")  # fmt: skip
+    assert capsys.readouterr().out == (
+        "Note: save_strategy no: no checkpoint on the way; a stop request (preemption, "
+        "time limit) still saves one, but a job killed without one (a node lost, out of "
+        "memory) restarts from step 0\n"
+    )
 
 
 @pytest.mark.slow
 def test_a_real_process_exits_2_with_one_line(tmp_path):
-    result = run_train(["--config", SMOKE, "--output_dir", str(tmp_path / "r"), "--loss_type", "sigmoid_nrom"],
-                       env={"DPOTRAIN_BUILTIN_DIR": str(tmp_path / "builtin")})  # fmt: skip
+    result = run_train(
+        ["--config", SMOKE, "--output_dir", str(tmp_path / "r"), "--loss_type", "sigmoid_nrom"],
+        env={"DPOTRAIN_BUILTIN_DIR": str(tmp_path / "builtin")},
+    )
     assert result.returncode == 2 and "Traceback" not in result.stdout
     assert result.stdout.strip().splitlines()[-1].startswith("error: unknown loss_type 'sigmoid_nrom'")
     assert not (tmp_path / "builtin").exists()
@@ -273,7 +308,7 @@ def unfinished_run(tmp_path, capsys, *args):
         (["--model_name_or_path", "org/other-model"], "model_name_or_path: 'builtin:tiny-olmo3' -> 'org/other-model'"),
         (["--pairs_per_step", "16"], "pairs_per_step: 8 -> 16"),
     ],
-)  # fmt: skip
+)
 def test_resume_with_changed_settings_is_refused(args, expected, tmp_path, monkeypatch, capsys):
     unfinished_run(tmp_path, capsys)
     message = refused(tmp_path, monkeypatch, capsys, *args)
@@ -287,7 +322,7 @@ def test_resume_with_changed_settings_is_refused(args, expected, tmp_path, monke
         (["--learning_rate", "1e-3"], "learning_rate: 0.0001 -> 0.001"),
         (["--max_steps", "7"], "max_steps: 5 -> 7"),
     ],
-)  # fmt: skip
+)
 def test_resume_from_checkpoint_with_changed_settings_is_refused_as_the_automatic_resume(
     args, expected, tmp_path, monkeypatch, capsys
 ):
@@ -296,8 +331,9 @@ def test_resume_from_checkpoint_with_changed_settings_is_refused_as_the_automati
     checkpoint = str(out / "checkpoint-4")
     elsewhere = ["--output_dir", str(tmp_path / "continued")]  # TRL's users resume into a new folder as often
     for where in ([], elsewhere):
-        message = refused(tmp_path, monkeypatch, capsys, "--max_steps", "5", "--resume_from_checkpoint", checkpoint,
-                          *args, *where)  # fmt: skip
+        message = refused(
+            tmp_path, monkeypatch, capsys, "--max_steps", "5", "--resume_from_checkpoint", checkpoint, *args, *where
+        )
         assert message.startswith(
             f"error: resume_from_checkpoint {checkpoint!r} was written by a run with other "
             f"settings ({expected}): rerun with its settings to resume it, or start a new run "
@@ -310,8 +346,9 @@ def test_resume_from_checkpoint_with_changed_settings_is_refused_as_the_automati
 def test_resume_from_a_checkpoint_without_a_record_says_its_settings_are_not_compared(tmp_path, capsys):
     checkpoint = tmp_path / "trl-run" / "checkpoint-3"  # written by TRL's own script: no resolved_config.json
     checkpoint.mkdir(parents=True)
-    recipe = parse_args(["--config", SMOKE, "--output_dir", str(tmp_path / "run"), "--resume_from_checkpoint",
-                         str(checkpoint)])  # fmt: skip
+    recipe = parse_args(
+        ["--config", SMOKE, "--output_dir", str(tmp_path / "run"), "--resume_from_checkpoint", str(checkpoint)]
+    )
     assert resolve.check_output_dir(recipe, 8) == resolve.OutputPlan(str(checkpoint), False)
     assert capsys.readouterr().out == (
         f"resume_from_checkpoint {checkpoint}: no resolved_config.json beside it (not a "

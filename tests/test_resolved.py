@@ -75,8 +75,9 @@ def writes_to_a_recipe(source: str) -> list[tuple[int, str]]:
         for node in ast.walk(function):
             targets = []
             if isinstance(node, ast.Assign):
-                targets = [t for target in node.targets for t in (target.elts if isinstance(target, ast.Tuple)
-                                                                   else [target])]  # fmt: skip
+                targets = [
+                    t for target in node.targets for t in (target.elts if isinstance(target, ast.Tuple) else [target])
+                ]
             elif isinstance(node, (ast.AugAssign, ast.AnnAssign)):
                 targets = [node.target]
             elif isinstance(node, ast.Delete):
@@ -106,28 +107,34 @@ def test_no_module_writes_to_a_parsed_recipe():
         if relative == DECIDED[0]:
             decided = next(f for f in ast.walk(tree) if isinstance(f, ast.FunctionDef) and f.name == DECIDED[1])
             skip = set(range(decided.lineno, decided.end_lineno + 1))
-        writes += [f"{relative}:{line}: {code}" for line, code in writes_to_a_recipe(path.read_text())
-                   if line not in skip]  # fmt: skip
+        writes += [
+            f"{relative}:{line}: {code}" for line, code in writes_to_a_recipe(path.read_text()) if line not in skip
+        ]
     assert not writes, "the parsed recipe is intent: return the decision from the stage instead\n" + "\n".join(writes)
 
 
-@pytest.mark.parametrize("code", [
-    "def f(recipe):\n    recipe.training.max_length = 4\n",
-    "def f(recipe):\n    t = recipe.training\n    t.max_length = 4\n",
-    "def f(recipe):\n    t, p = recipe.training, recipe.project\n    p.pairs_per_step += 1\n",
-    "def f(self):\n    self.recipe.model.dtype = 'bfloat16'\n",
-    "def f(recipe):\n    setattr(recipe.training, 'max_length', 4)\n",
-    "def f(recipe):\n    recipe.given.add('max_length')\n",
-    "def f(recipe):\n    given = recipe.given\n    given.add('max_length')\n",
-    "def f(recipe):\n    recipe.training.model_init_kwargs['dtype'] = 'bfloat16'\n",
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "code",
+    [
+        "def f(recipe):\n    recipe.training.max_length = 4\n",
+        "def f(recipe):\n    t = recipe.training\n    t.max_length = 4\n",
+        "def f(recipe):\n    t, p = recipe.training, recipe.project\n    p.pairs_per_step += 1\n",
+        "def f(self):\n    self.recipe.model.dtype = 'bfloat16'\n",
+        "def f(recipe):\n    setattr(recipe.training, 'max_length', 4)\n",
+        "def f(recipe):\n    recipe.given.add('max_length')\n",
+        "def f(recipe):\n    given = recipe.given\n    given.add('max_length')\n",
+        "def f(recipe):\n    recipe.training.model_init_kwargs['dtype'] = 'bfloat16'\n",
+    ],
+)
 def test_the_source_check_finds_each_kind_of_write(code):
     assert writes_to_a_recipe(code), code
 
 
 def test_the_source_check_leaves_copies_and_other_objects_alone():
-    code = ("def f(recipe, trial):\n    trial.recipe = config.decided(recipe, {})\n    args = copy.copy(x)\n"
-            "    args.max_length = 4\n    self.recipe = recipe\n")  # fmt: skip
+    code = (
+        "def f(recipe, trial):\n    trial.recipe = config.decided(recipe, {})\n    args = copy.copy(x)\n"
+        "    args.max_length = 4\n    self.recipe = recipe\n"
+    )
     assert writes_to_a_recipe(code) == []
 
 
@@ -139,15 +146,29 @@ def _fields(recipe) -> str:
     return json.dumps(parts, sort_keys=True, default=str)
 
 
+@pytest.mark.slow
 def test_the_first_half_leaves_the_recipe_as_parsed_and_returns_one_frozen_value(tmp_path, tiny_model_dir):
     """The CPU demo's stages, through the trainer: the recipe is the same after them, field by field; what they
     decided (max_length under auto, the forward's attention, the load dtype, pairs per step) is in the resolved
     value's settings and in TRL's arguments."""
     from dpotrain.train.trainer import build_trainer
 
-    recipe = parse_args(["--config", str(ROOT / "configs" / "smoke.yaml"), "--model_name_or_path", tiny_model_dir,
-                         "--output_dir", str(tmp_path / "run"), "--report_to", "none", "--max_steps", "1",
-                         "--pairs_per_step", "8"])  # fmt: skip
+    recipe = parse_args(
+        [
+            "--config",
+            str(ROOT / "configs" / "smoke.yaml"),
+            "--model_name_or_path",
+            tiny_model_dir,
+            "--output_dir",
+            str(tmp_path / "run"),
+            "--report_to",
+            "none",
+            "--max_steps",
+            "1",
+            "--pairs_per_step",
+            "8",
+        ]
+    )
     before = _fields(recipe)
     found = stages.checks(recipe)
     output = stages.output_checks(recipe, found, copy.copy(_push(recipe, found)))
@@ -187,12 +208,14 @@ def test_decided_copies_and_never_writes_the_original(tiny_model_dir):
         config.decided(recipe, {"training": {"max_lenght": 1}})
 
 
+@pytest.mark.slow
 def test_every_recipe_is_resolved_the_same_by_a_dry_run_and_leaves_its_file(tmp_path):
     """Each shipped recipe's dry run (the first half on the launch its accelerate config describes) leaves the recipe
     as parsed: the recipes the package ships are resolved without a write."""
     for name in ("think", "instruct", "smoke"):
-        recipe = parse_args(["--config", str(ROOT / "configs" / f"{name}.yaml"), "--dry-run", "--output_dir",
-                             str(tmp_path / name)])  # fmt: skip
+        recipe = parse_args(
+            ["--config", str(ROOT / "configs" / f"{name}.yaml"), "--dry-run", "--output_dir", str(tmp_path / name)]
+        )
         before = _fields(recipe)
         found = stages.checks(recipe)
         stages.first_half(recipe, found, output=stages.output_checks(recipe, found, _push(recipe, found)))

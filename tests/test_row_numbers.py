@@ -16,9 +16,13 @@ SMOKE = ROOT / "configs" / "smoke.yaml"
 
 
 def pairs(n: int) -> list[dict]:
-    return [{"chosen": [{"role": "user", "content": f"q{i}"}, {"role": "assistant", "content": f"yes {i}"}],
-             "rejected": [{"role": "user", "content": f"q{i}"}, {"role": "assistant", "content": f"no {i}"}]}
-            for i in range(n)]  # fmt: skip
+    return [
+        {
+            "chosen": [{"role": "user", "content": f"q{i}"}, {"role": "assistant", "content": f"yes {i}"}],
+            "rejected": [{"role": "user", "content": f"q{i}"}, {"role": "assistant", "content": f"no {i}"}],
+        }
+        for i in range(n)
+    ]
 
 
 def jsonl_with_an_empty_chosen(path) -> str:
@@ -62,13 +66,16 @@ def test_a_csv_row_is_found_by_the_line_its_record_starts_on(tmp_path):
 
 
 def test_an_empty_hh_side_is_said_to_be_empty(tmp_path):
-    hh = [{"chosen": f"\n\nHuman: q{i}\n\nAssistant: yes", "rejected": f"\n\nHuman: q{i}\n\nAssistant: no"}
-          for i in range(6)]  # fmt: skip
+    hh = [
+        {"chosen": f"\n\nHuman: q{i}\n\nAssistant: yes", "rejected": f"\n\nHuman: q{i}\n\nAssistant: no"}
+        for i in range(6)
+    ]
     hh[2]["chosen"] = ""
     path = tmp_path / "hh.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in hh))
     with pytest.raises(ConfigError) as refused:
-        train_dpo.main(["--config", str(SMOKE), "--dataset_name", str(path), "--output_dir", str(tmp_path / "o"),
-                        "--dry-run"])  # fmt: skip
+        train_dpo.main(
+            ["--config", str(SMOKE), "--dataset_name", str(path), "--output_dir", str(tmp_path / "o"), "--dry-run"]
+        )
     message = str(refused.value)
     assert message.startswith("row 2, column 'chosen': empty: an HH-RLHF conversation") and "(line 3 of hh" in message

@@ -16,9 +16,25 @@ def test_the_last_step_the_run_name_and_resolved_numbers_are_recorded(tmp_path, 
     """5 steps logged every 2: metrics.jsonl, run_complete.json and the card end at step 5, not 4; the card and
     plot are titled with the folder the user named, and the card shows warm-up in steps and the batches as cut."""
     out = tmp_path / "my-first-try"
-    result = run_train(["--config", SMOKE, "--output_dir", str(out), "--report_to", "none", "--dataset_name",
-                        first_pairs(tmp_path, 5), "--max_steps", "5", "--logging_steps", "2", "--save_strategy", "no"],
-                       env={"DPOTRAIN_BUILTIN_DIR": str(tiny_model_dir.rsplit("/", 1)[0])})  # fmt: skip
+    result = run_train(
+        [
+            "--config",
+            SMOKE,
+            "--output_dir",
+            str(out),
+            "--report_to",
+            "none",
+            "--dataset_name",
+            first_pairs(tmp_path, 5),
+            "--max_steps",
+            "5",
+            "--logging_steps",
+            "2",
+            "--save_strategy",
+            "no",
+        ],
+        env={"DPOTRAIN_BUILTIN_DIR": str(tiny_model_dir.rsplit("/", 1)[0])},
+    )
     assert result.returncode == 0, result.stdout[-3000:]
     assert [r["step"] for r in read_metrics(out) if "loss" in r] == [1, 2, 4, 5]  # step 1: the health guard's
     assert json.loads((out / "run_complete.json").read_text())["final"]["step"] == 5

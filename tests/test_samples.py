@@ -27,9 +27,28 @@ def test_repetition_flags_a_loop_and_not_prose():
 @pytest.mark.slow
 def test_samples_every_n_steps_from_the_datas_first_prompts(tmp_path, tiny_model_dir):
     out = tmp_path / "run"
-    recipe = parse_args(["--config", SMOKE, "--model_name_or_path", tiny_model_dir, "--output_dir", str(out),
-                         "--report_to", "none", "--save_strategy", "no", "--max_steps", "4", "--samples_every", "2",
-                         "--sample_count", "2", "--sample_max_new_tokens", "12"])  # fmt: skip
+    recipe = parse_args(
+        [
+            "--config",
+            SMOKE,
+            "--model_name_or_path",
+            tiny_model_dir,
+            "--output_dir",
+            str(out),
+            "--report_to",
+            "none",
+            "--save_strategy",
+            "no",
+            "--max_steps",
+            "4",
+            "--samples_every",
+            "2",
+            "--sample_count",
+            "2",
+            "--sample_max_new_tokens",
+            "12",
+        ]
+    )
     pairs = data.load_preference_dataset(str(ROOT / recipe.script.dataset_name)).select(range(32))  # its 4 steps' 32
     trainer = ready(trainer_on(recipe, pairs))
     trainer.train()
@@ -45,9 +64,26 @@ def test_samples_every_n_steps_from_the_datas_first_prompts(tmp_path, tiny_model
 def test_sample_prompts_from_the_recipe(tmp_path, tiny_model_dir):
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("Tell me about tides.\nWhat is 2 plus 2?\n")
-    recipe = parse_args(["--config", SMOKE, "--model_name_or_path", tiny_model_dir, "--output_dir",
-                         str(tmp_path / "run"), "--report_to", "none", "--save_strategy", "no", "--max_steps", "1",
-                         "--samples_every", "5", "--sample_prompts_file", str(prompts)])  # fmt: skip
+    recipe = parse_args(
+        [
+            "--config",
+            SMOKE,
+            "--model_name_or_path",
+            tiny_model_dir,
+            "--output_dir",
+            str(tmp_path / "run"),
+            "--report_to",
+            "none",
+            "--save_strategy",
+            "no",
+            "--max_steps",
+            "1",
+            "--samples_every",
+            "5",
+            "--sample_prompts_file",
+            str(prompts),
+        ]
+    )
     pairs = data.load_preference_dataset(str(ROOT / recipe.script.dataset_name)).select(range(8))  # its 1 step's 8
     trainer = ready(trainer_on(recipe, pairs))
     trainer.train()
@@ -61,13 +97,40 @@ def test_main_process_generation_does_not_deadlock_zero2(tmp_path, tiny_model_di
     """Two DeepSpeed ZeRO-2 processes on CPU: rank 0 generates while rank 1 waits at the next collective."""
     out = tmp_path / "zero2"
     accelerate = str(ROOT / ".venv" / "bin" / "accelerate") if (ROOT / ".venv").exists() else "accelerate"
-    cmd = [accelerate, "launch", "--config_file", str(ROOT / "accelerate_config.yaml"), "--num_processes", "2",
-           *rank_python(), str(ROOT / "train_dpo.py"), "--config", SMOKE, "--model_name_or_path", tiny_model_dir,
-           "--output_dir", str(out), "--max_steps", "3", "--logging_steps", "1", "--save_strategy", "no", "--report_to",
-           "none", "--samples_every", "1", "--sample_count", "2", "--sample_max_new_tokens", "16"]  # fmt: skip
+    cmd = [
+        accelerate,
+        "launch",
+        "--config_file",
+        str(ROOT / "accelerate_config.yaml"),
+        "--num_processes",
+        "2",
+        *rank_python(),
+        str(ROOT / "train_dpo.py"),
+        "--config",
+        SMOKE,
+        "--model_name_or_path",
+        tiny_model_dir,
+        "--output_dir",
+        str(out),
+        "--max_steps",
+        "3",
+        "--logging_steps",
+        "1",
+        "--save_strategy",
+        "no",
+        "--report_to",
+        "none",
+        "--samples_every",
+        "1",
+        "--sample_count",
+        "2",
+        "--sample_max_new_tokens",
+        "16",
+    ]
     env = {**os.environ, "PATH": f"{os.path.dirname(sys.executable)}:{os.environ['PATH']}"}
-    result = subprocess.run(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            timeout=900)  # fmt: skip
+    result = subprocess.run(
+        cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=900
+    )
     assert result.returncode == 0, result.stdout[-4000:]
     records = [json.loads(line) for line in (out / SAMPLES_FILE).read_text().splitlines()]
     assert [r["step"] for r in records] == [0, 0, 1, 1, 2, 2, 3, 3]  # main process only: each sample once
@@ -78,12 +141,35 @@ def test_main_process_generation_does_not_deadlock_zero2(tmp_path, tiny_model_di
 def test_samples_reach_wandb_as_a_table(tmp_path, tiny_model_dir):
     out = tmp_path / "run"
     result = subprocess.run(
-        [python(), str(ROOT / "train_dpo.py"), "--config", SMOKE, "--model_name_or_path", tiny_model_dir,
-         "--output_dir", str(out), "--max_steps", "2", "--save_strategy", "no", "--report_to", "wandb",
-         "--samples_every", "2", "--sample_count", "2", "--sample_max_new_tokens", "8"],
-        cwd=ROOT, env={**os.environ, "WANDB_MODE": "offline"}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-        text=True, timeout=600,
-    )  # fmt: skip
+        [
+            python(),
+            str(ROOT / "train_dpo.py"),
+            "--config",
+            SMOKE,
+            "--model_name_or_path",
+            tiny_model_dir,
+            "--output_dir",
+            str(out),
+            "--max_steps",
+            "2",
+            "--save_strategy",
+            "no",
+            "--report_to",
+            "wandb",
+            "--samples_every",
+            "2",
+            "--sample_count",
+            "2",
+            "--sample_max_new_tokens",
+            "8",
+        ],
+        cwd=ROOT,
+        env={**os.environ, "WANDB_MODE": "offline"},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=600,
+    )
     assert result.returncode == 0, result.stdout[-3000:]
     tables = sorted(out.glob("wandb/offline-run-*/files/media/table/samples_*.table.json"))
     assert len(tables) == 2, tables  # before step 1 and at step 2

@@ -35,14 +35,36 @@ STEPS = ["--max_steps", "4", "--logging_steps", "1", "--save_strategy", "no", "-
 def train(out, model_dir, *args, processes=1, config="accelerate_config.yaml", env=(), exit_code=0):
     launcher = [python()]
     if processes > 1:
-        launcher = [str(ROOT / ".venv" / "bin" / "accelerate"), "launch", "--config_file", str(ROOT / config),
-                    "--num_processes", str(processes), *rank_python()]  # fmt: skip
-    env = {**os.environ, "DPOTRAIN_CACHE": f"{out}-cache", "PATH": f"{os.path.dirname(sys.executable)}:"
-           f"{os.environ['PATH']}", **dict(env)}  # fmt: skip
-    cmd = [*launcher, str(ROOT / "train_dpo.py"), "--config", str(ROOT / "configs" / "smoke.yaml"),
-           "--model_name_or_path", model_dir, "--output_dir", str(out), *STEPS, *args]  # fmt: skip
-    result = subprocess.run(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            timeout=900)  # fmt: skip
+        launcher = [
+            str(ROOT / ".venv" / "bin" / "accelerate"),
+            "launch",
+            "--config_file",
+            str(ROOT / config),
+            "--num_processes",
+            str(processes),
+            *rank_python(),
+        ]
+    env = {
+        **os.environ,
+        "DPOTRAIN_CACHE": f"{out}-cache",
+        "PATH": f"{os.path.dirname(sys.executable)}:{os.environ['PATH']}",
+        **dict(env),
+    }
+    cmd = [
+        *launcher,
+        str(ROOT / "train_dpo.py"),
+        "--config",
+        str(ROOT / "configs" / "smoke.yaml"),
+        "--model_name_or_path",
+        model_dir,
+        "--output_dir",
+        str(out),
+        *STEPS,
+        *args,
+    ]
+    result = subprocess.run(
+        cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=900
+    )
     assert result.returncode == exit_code, result.stdout[-4000:]
     return result.stdout
 
@@ -115,8 +137,9 @@ def test_two_processes_splitting_rows_train_what_one_process_trains_zero2_shared
     assert_same_trajectory(split, regrouped, log, tiny_model_dir, group=False)
     # Another world size cannot: ZeRO's optimizer state is partitioned over the 2 processes that wrote it. Refused
     # before anything loads, not DeepSpeed's traceback after the weights load.
-    log = train(tmp_path / "fewer", tiny_model_dir, "--resume_from_checkpoint", str(regrouped / "checkpoint-1"),
-                exit_code=2)  # fmt: skip
+    log = train(
+        tmp_path / "fewer", tiny_model_dir, "--resume_from_checkpoint", str(regrouped / "checkpoint-1"), exit_code=2
+    )
     assert "partitioned over 2 processes, and this run has 1: resume it on 2 processes" in log.splitlines()[-1]
 
 
@@ -124,11 +147,27 @@ def test_two_processes_splitting_rows_train_what_one_process_trains_zero2_shared
 def test_two_processes_splitting_rows_train_what_one_process_trains_zero3_unshared(tmp_path, tiny_model_dir, splits):
     """ZeRO-3 (weights sharded over both processes of the group), prompts unshared, with evaluation, and an SFT term
     beside the DPO loss (`SFT_TERM`: its step totals counted on both processes of the group, which must cancel)."""
-    args = ["--dataset_name", str(splits), "--share_prompt", "false", "--eval_strategy", "steps", "--eval_steps", "2",
-            *SFT_TERM]  # fmt: skip
+    args = [
+        "--dataset_name",
+        str(splits),
+        "--share_prompt",
+        "false",
+        "--eval_strategy",
+        "steps",
+        "--eval_steps",
+        "2",
+        *SFT_TERM,
+    ]
     train(tmp_path / "one", tiny_model_dir, *args)
-    log = train(tmp_path / "split", tiny_model_dir, *args, "--sequence_parallel_size", "2", processes=2,
-                config="configs/accelerate/zero3.yaml")  # fmt: skip
+    log = train(
+        tmp_path / "split",
+        tiny_model_dir,
+        *args,
+        "--sequence_parallel_size",
+        "2",
+        processes=2,
+        config="configs/accelerate/zero3.yaml",
+    )
     assert (2, "eval") in records(tmp_path / "split")
     assert_same_trajectory(tmp_path / "one", tmp_path / "split", log, tiny_model_dir)
 
@@ -160,11 +199,26 @@ def test_two_processes_splitting_rows_train_what_one_process_trains_with_a_live_
     micro-batch in the same split as the policy, no grad, by its own DeepSpeed ZeRO-3 engine (TRL's
     `prepare_deepspeed`), whose weights are sharded too, so both processes of the group run its gathers together. One
     launch covers the live reference and its sync (each 2-process launch costs ~60 s); prompts unshared."""
-    args = ["--share_prompt", "false", "--precompute_ref_log_probs", "false", "--sync_ref_model", "true",
-            "--ref_model_sync_steps", "2"]  # fmt: skip
+    args = [
+        "--share_prompt",
+        "false",
+        "--precompute_ref_log_probs",
+        "false",
+        "--sync_ref_model",
+        "true",
+        "--ref_model_sync_steps",
+        "2",
+    ]
     one_log = train(tmp_path / "one", tiny_model_dir, *args)
-    log = train(tmp_path / "split", tiny_model_dir, *args, "--sequence_parallel_size", "2", processes=2,
-                config="configs/accelerate/zero3.yaml")  # fmt: skip
+    log = train(
+        tmp_path / "split",
+        tiny_model_dir,
+        *args,
+        "--sequence_parallel_size",
+        "2",
+        processes=2,
+        config="configs/accelerate/zero3.yaml",
+    )
     for output in (one_log, log):
         assert "Forward: unshared packing, balanced rows on sdpa" in output
         assert "reference log-probs (train)" not in output  # no reference stage: the live model scores each step
@@ -196,18 +250,28 @@ def shared_prompt_batch(multiple):
     from dpotrain.forwards.shared_prompt import SharedPromptCollator
 
     g = torch.Generator().manual_seed(0)
-    pairs = [{"prompt_ids": torch.randint(5, 800, (p,), generator=g).tolist(),
-              "chosen_ids": torch.randint(5, 800, (c,), generator=g).tolist(),
-              "rejected_ids": torch.randint(5, 800, (r,), generator=g).tolist()}
-             for p, c, r in ((150, 40, 90), (30, 200, 20), (1, 7, 9), (400, 5, 3))]  # fmt: skip
+    pairs = [
+        {
+            "prompt_ids": torch.randint(5, 800, (p,), generator=g).tolist(),
+            "chosen_ids": torch.randint(5, 800, (c,), generator=g).tolist(),
+            "rejected_ids": torch.randint(5, 800, (r,), generator=g).tolist(),
+        }
+        for p, c, r in ((150, 40, 90), (30, 200, 20), (1, 7, 9), (400, 5, 3))
+    ]
     return SharedPromptCollator(1024, hidden_size=64, pad_to_multiple_of=multiple)(pairs)
 
 
 def score_split_on_flex(rank: int, model_dir: str, port: int, out: str) -> None:
     """One process of a group of 2 (gloo): the per-token log-probs of the same packed micro-batch, each process running
     its half of the columns on flex_attention through DeepSpeed's all-to-all, as the reference stage scores it."""
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank),
-                      WORLD_SIZE="2", LOCAL_WORLD_SIZE="2")  # fmt: skip
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        RANK=str(rank),
+        LOCAL_RANK=str(rank),
+        WORLD_SIZE="2",
+        LOCAL_WORLD_SIZE="2",
+    )
     import deepspeed
 
     from dpotrain.forwards import flex
@@ -246,8 +310,19 @@ def test_two_processes_splitting_rows_on_flex_attention_score_what_one_process_s
     assert torch.equal(got[0]["split"], got[1]["split"])
 
 
-def varlen_reference(module, query, key, value, attention_mask, scaling=None, dropout=0.0, sliding_window=None,
-                     cu_seq_lens_q=None, cu_seq_lens_k=None, **kwargs):  # fmt: skip
+def varlen_reference(
+    module,
+    query,
+    key,
+    value,
+    attention_mask,
+    scaling=None,
+    dropout=0.0,
+    sliding_window=None,
+    cu_seq_lens_q=None,
+    cu_seq_lens_k=None,
+    **kwargs,
+):
     """What a varlen FlashAttention kernel computes, in PyTorch with autograd (CPU has no FlashAttention): causal
     attention within each segment of the row that `cu_seq_lens_q/k` bound, in the layer's sliding window if it has one.
     Like the kernel it takes the boundaries from the kwargs only, and writes only the positions its segments cover: the
@@ -275,10 +350,14 @@ def varlen_batch():
     """Three pairs of uneven lengths (two sequences longer than the tiny OLMo 3's 128-token sliding window) in one row,
     729 positions padded to 730 for a group of 2: the padding is a segment of its own."""
     g = torch.Generator().manual_seed(1)
-    pairs = [{"prompt_ids": torch.randint(5, 800, (p,), generator=g).tolist(),
-              "chosen_ids": torch.randint(5, 800, (c,), generator=g).tolist(),
-              "rejected_ids": torch.randint(5, 800, (r,), generator=g).tolist()}
-             for p, c, r in ((150, 40, 91), (30, 200, 21), (1, 7, 8))]  # fmt: skip
+    pairs = [
+        {
+            "prompt_ids": torch.randint(5, 800, (p,), generator=g).tolist(),
+            "chosen_ids": torch.randint(5, 800, (c,), generator=g).tolist(),
+            "rejected_ids": torch.randint(5, 800, (r,), generator=g).tolist(),
+        }
+        for p, c, r in ((150, 40, 91), (30, 200, 21), (1, 7, 8))
+    ]
     return packing.PackedPreferenceCollator(1024, one_row=True, hidden_size=64, pad_to_multiple_of=2)(pairs)
 
 
@@ -295,8 +374,14 @@ def scores_and_grads(model, stand_in, batch):
 def score_split_on_varlen(rank: int, model_dir: str, port: int, out: str) -> None:
     """One process of a group of 2 (gloo) running `varlen_reference` as transformers' flash_attention_2: the split
     forward's log-probs and gradients; on rank 0 also the same kernel's and sdpa's on the whole row, unsplit."""
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank),
-                      WORLD_SIZE="2", LOCAL_WORLD_SIZE="2")  # fmt: skip
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        RANK=str(rank),
+        LOCAL_RANK=str(rank),
+        WORLD_SIZE="2",
+        LOCAL_WORLD_SIZE="2",
+    )
     import deepspeed
     from transformers import AttentionInterface
 
@@ -344,8 +429,9 @@ def test_two_processes_splitting_a_row_on_a_varlen_kernel_score_and_train_what_o
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(torch.cuda.device_count() < 2,
-                    reason="needs 2 or more CUDA GPUs (sequence_parallel_size 2 splits a row over two)")  # fmt: skip
+@pytest.mark.skipif(
+    torch.cuda.device_count() < 2, reason="needs 2 or more CUDA GPUs (sequence_parallel_size 2 splits a row over two)"
+)
 @pytest.mark.parametrize("attention", ["flex_attention", "sdpa", "varlen"])
 def test_on_two_gpus_splitting_rows_in_bf16_trains_what_one_gpu_trains(tmp_path, tiny_model_dir, attention):
     """bf16 on GPUs, each attention a group runs (flex's backward and the varlen FlashAttention kernels under a group

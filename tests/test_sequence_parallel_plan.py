@@ -77,8 +77,9 @@ def test_64k_traces_without_it_are_refused_naming_the_group_that_fits():
 def test_a_varlen_kernel_is_offered_the_group_that_fits():
     """A recipe that names a varlen FlashAttention kernel is offered a group as flex and sdpa are (the split carries
     the whole row's cu_seq_lens); its plan holds no masks."""
-    result = think_dry_run(*LONG, "--gpu_memory_gib", "79.6", "--attn_implementation", "flash_attention_3",
-                           env=H100_NODE)  # fmt: skip
+    result = think_dry_run(
+        *LONG, "--gpu_memory_gib", "79.6", "--attn_implementation", "flash_attention_3", env=H100_NODE
+    )
     assert result.returncode == 2, result.stdout[-3000:]
     error = result.stdout.strip().splitlines()[-1]
     assert error.startswith("error: memory plan: DeepSpeed ZeRO-2 on 8 GPUs needs ~"), error
@@ -104,15 +105,22 @@ def _groups_worker(rank: int, world: int, n: int, port: int, out) -> None:
     import torch.distributed as dist
     from deepspeed.runtime.sequence_parallel import parallel_state_sp as groups
 
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank),
-                      WORLD_SIZE=str(world))  # fmt: skip
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world)
+    )
     deepspeed.init_distributed("gloo", verbose=False)
     groups.initialize_sequence_parallel(n)
     mine = torch.tensor([sequence_parallel.data_parallel_rank(rank, n)])
     group = [torch.zeros(1, dtype=torch.long) for _ in range(n)]
     dist.all_gather(group, mine, group=groups.get_sequence_parallel_group())
-    out.put((rank, [int(t) for t in group], groups.get_sequence_parallel_rank(),
-             groups.get_sequence_data_parallel_world_size()))  # fmt: skip
+    out.put(
+        (
+            rank,
+            [int(t) for t in group],
+            groups.get_sequence_parallel_rank(),
+            groups.get_sequence_data_parallel_world_size(),
+        )
+    )
     dist.destroy_process_group()
 
 
@@ -198,8 +206,9 @@ def test_a_packed_row_is_padded_to_a_multiple_of_the_group_and_counted_as_paddin
 )
 def test_a_group_the_launch_cannot_form_is_refused(monkeypatch, world, n, config, message):
     monkeypatch.setenv("WORLD_SIZE", str(world))
-    recipe = smoke("--accelerate_config", str(ROOT / config) if config != "none" else "none",
-                   "--sequence_parallel_size", str(n))  # fmt: skip
+    recipe = smoke(
+        "--accelerate_config", str(ROOT / config) if config != "none" else "none", "--sequence_parallel_size", str(n)
+    )
     with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
         stages.checks(recipe)
 
@@ -210,8 +219,10 @@ def test_heads_a_group_cannot_split_are_refused_by_the_dry_run():
     result = think_dry_run("--sequence_parallel_size", "3", env={"WORLD_SIZE": "6"})
     assert result.returncode == 2, result
     error = result.stdout.strip().splitlines()[-1]
-    assert error == ("error: sequence_parallel_size 3 does not split the model's 32 attention heads and 32 key/value "
-                     "heads over a group: use one of 1, 2 (dividing the heads and the 6 processes)"), error  # fmt: skip
+    assert error == (
+        "error: sequence_parallel_size 3 does not split the model's 32 attention heads and 32 key/value "
+        "heads over a group: use one of 1, 2 (dividing the heads and the 6 processes)"
+    ), error
 
 
 def test_deepspeeds_head_rule():
@@ -226,15 +237,21 @@ def test_a_forward_that_cannot_split_is_refused_not_swapped():
     A live reference model (precompute_ref_log_probs false, TR-DPO's sync_ref_model) packs and splits like the
     policy."""
     config = memory.load_model_config(smoke())[0]
-    for args, why in ((["--padding_free", "false"], "padding_free is false"),
-                      (["--attn_implementation", "eager"], "eager has no split here")):  # fmt: skip
+    for args, why in (
+        (["--padding_free", "false"], "padding_free is false"),
+        (["--attn_implementation", "eager"], "eager has no split here"),
+    ):
         recipe = smoke("--sequence_parallel_size", "2", *args)
         with pytest.raises(ConfigError, match=f"sequence_parallel_size 2 splits packed sequences, .*{why}"):
             choice.candidates(copy.deepcopy(config), recipe, cuda=False, varlen=None)
-    for live in ([], ["--precompute_ref_log_probs", "false"], ["--precompute_ref_log_probs", "false",
-                                                               "--sync_ref_model", "true"]):  # fmt: skip
-        forwards, _ = choice.candidates(copy.deepcopy(config), smoke("--sequence_parallel_size", "2", *live), False,
-                                        None)  # fmt: skip
+    for live in (
+        [],
+        ["--precompute_ref_log_probs", "false"],
+        ["--precompute_ref_log_probs", "false", "--sync_ref_model", "true"],
+    ):
+        forwards, _ = choice.candidates(
+            copy.deepcopy(config), smoke("--sequence_parallel_size", "2", *live), False, None
+        )
         assert forwards and all(c.packed for c in forwards), live
 
 
@@ -244,8 +261,9 @@ def test_a_group_weighs_the_forwards_one_process_weighs_varlen_kernels_included(
     asked for is honoured."""
     config = memory.load_model_config(smoke())[0]
     alone, _ = choice.candidates(copy.deepcopy(config), smoke(), True, "flash_attention_2", check_kernels=False)
-    split, _ = choice.candidates(copy.deepcopy(config), smoke("--sequence_parallel_size", "2"), True,
-                                 "flash_attention_2", check_kernels=False)  # fmt: skip
+    split, _ = choice.candidates(
+        copy.deepcopy(config), smoke("--sequence_parallel_size", "2"), True, "flash_attention_2", check_kernels=False
+    )
     assert split == alone and {c.attention for c in split} == {"flex_attention", "flash_attention_2"}, split
     recipe = smoke("--sequence_parallel_size", "2", "--attn_implementation", "kernels-community/flash-attn3@v1")
     asked, _ = choice.candidates(copy.deepcopy(config), recipe, True, None, check_kernels=False)
@@ -262,9 +280,12 @@ def test_a_hybrid_is_refused_under_a_group_with_one_line():
 
     hybrid = AutoConfig.for_model("olmo_hybrid")
     recipe = smoke("--sequence_parallel_size", "2")
-    with pytest.raises(ConfigError, match="^sequence_parallel_size 2: olmo_hybrid's recurrent layers read the sequence "
-                                          "boundaries of the whole row .* use --sequence_parallel_size 1 for hybrid "
-                                          "models$"):  # fmt: skip
+    with pytest.raises(
+        ConfigError,
+        match="^sequence_parallel_size 2: olmo_hybrid's recurrent layers read the sequence "
+        "boundaries of the whole row .* use --sequence_parallel_size 1 for hybrid "
+        "models$",
+    ):
         choice.candidates(hybrid, recipe, True, "flash_attention_2", check_kernels=False)
     asked = smoke("--padding_free", "true")  # a hybrid packs only when asked for (choice.hybrid_problem)
     assert choice.candidates(hybrid, asked, True, "flash_attention_2", check_kernels=False)[0][0].packed
@@ -279,12 +300,22 @@ def test_a_hybrid_is_refused_under_a_group_with_one_line():
 def test_a_gpu_holds_a_quarter_of_the_positions_and_all_of_its_model_states():
     """N=4 at 131,072 tokens: activations and LM head of 32,768 tokens; model states, buffers and the masks as without
     groups (ZeRO shards over the world; attention sees every position); the all-to-all buffers on top."""
-    args = ["--model_name_or_path", OLMO3_7B, "--memory_check", "false", "--activation_checkpointing_kwargs",
-            '{"every_n_layers": 1}']  # fmt: skip
+    args = [
+        "--model_name_or_path",
+        OLMO3_7B,
+        "--memory_check",
+        "false",
+        "--activation_checkpointing_kwargs",
+        '{"every_n_layers": 1}',
+    ]
     zero2 = engines.from_config(str(ROOT / "accelerate_config.yaml"))
     grouped = memory.plan(parse_args([*_think(), *args, *LONG, "--sequence_parallel_size", "4"]), 8, zero2, "sdpa")
-    quarter = memory.plan(parse_args([*_think(), *args, "--max_length", "16384", "--max_tokens_per_microbatch",
-                                      "32768"]), 8, zero2, "sdpa")  # fmt: skip
+    quarter = memory.plan(
+        parse_args([*_think(), *args, "--max_length", "16384", "--max_tokens_per_microbatch", "32768"]),
+        8,
+        zero2,
+        "sdpa",
+    )
     whole = memory.plan(parse_args([*_think(), *args, *LONG]), 8, zero2, "sdpa")
     g, q, w = grouped["per_gpu_gib"], quarter["per_gpu_gib"], whole["per_gpu_gib"]
     assert g["activations"] == q["activations"] < w["activations"] and g["lm_head"] == q["lm_head"] < w["lm_head"]
@@ -327,11 +358,32 @@ def test_the_analyzer_says_which_group_carries_a_max_length(tmp_path):
     # The bundled answers hold no thinking trace, which think.yaml's olmo_thinker template opens: the model's own
     # template measures them (the memory plan is what is tested).
     result = subprocess.run(
-        [python(), str(ROOT / "scripts" / "analyze_dataset.py"), str(ROOT / "data" / "smoke_prefs.jsonl"), "--config",
-         "configs/think.yaml", "--tokenizer", str(model), "--chat_template_path", str(model / "chat_template.jinja"),
-         "--gpu_memory_gib", "79.6", "--candidates", "65536", "131072", "--sample", "50", "--json", str(report)],
-        cwd=ROOT, env={**os.environ, **H100_NODE, "HF_HUB_OFFLINE": "1"}, capture_output=True, text=True, timeout=900,
-    )  # fmt: skip
+        [
+            python(),
+            str(ROOT / "scripts" / "analyze_dataset.py"),
+            str(ROOT / "data" / "smoke_prefs.jsonl"),
+            "--config",
+            "configs/think.yaml",
+            "--tokenizer",
+            str(model),
+            "--chat_template_path",
+            str(model / "chat_template.jinja"),
+            "--gpu_memory_gib",
+            "79.6",
+            "--candidates",
+            "65536",
+            "131072",
+            "--sample",
+            "50",
+            "--json",
+            str(report),
+        ],
+        cwd=ROOT,
+        env={**os.environ, **H100_NODE, "HF_HUB_OFFLINE": "1"},
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     memory_report = json.loads(report.read_text())["memory"]
     assert memory_report["lengths"]["65536"]["sequence_parallel_size"] == 4, memory_report

@@ -28,20 +28,35 @@ def test_an_fsdp2_launch_whose_rank_0_writes_whole_checkpoints_is_refused(value,
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("config", ["accelerate_config.yaml", "configs/accelerate/zero3.yaml",
-                                    "configs/accelerate/fsdp2.yaml"])  # fmt: skip
+@pytest.mark.parametrize(
+    "config", ["accelerate_config.yaml", "configs/accelerate/zero3.yaml", "configs/accelerate/fsdp2.yaml"]
+)
 def test_gradients_held_between_micro_batches_are_what_the_plan_counts(config):
     """benchmarks/between_micro_batches.py under each engine: after a step's first micro-batch, the gradients a
     process holds are at most what the plan counts among its model states (ZeRO-2's partition may hold a parameter
     that straddles its boundary whole: 5%); FSDP2 holds no unsharded gradient between micro-batches. (16 tokens per
     micro-batch: what a process holds does not depend on them, and bf16 on a CPU is slow: 256 took 40 s a launch.)"""
     bin_dir = os.path.dirname(sys.executable)
-    cmd = [os.path.join(bin_dir, "accelerate"), "launch", "--config_file", str(ROOT / config), "--num_processes", "2",
-           *rank_python(), str(ROOT / "benchmarks" / "between_micro_batches.py"), "--layers", "2", "--hidden",
-           "256", "--tokens", "16"]  # fmt: skip
+    cmd = [
+        os.path.join(bin_dir, "accelerate"),
+        "launch",
+        "--config_file",
+        str(ROOT / config),
+        "--num_processes",
+        "2",
+        *rank_python(),
+        str(ROOT / "benchmarks" / "between_micro_batches.py"),
+        "--layers",
+        "2",
+        "--hidden",
+        "256",
+        "--tokens",
+        "16",
+    ]
     env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}
-    result = subprocess.run(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            timeout=600)  # fmt: skip
+    result = subprocess.run(
+        cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=600
+    )
     assert result.returncode == 0, result.stdout[-4000:]
     record = json.loads(next(line for line in result.stdout.splitlines() if line.startswith("{")))
     held = record["held_gradient_bytes"]

@@ -23,9 +23,17 @@ def llama_dir(tmp_path_factory, tiny_model_dir):
     from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
-    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096,
-                         pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id)  # fmt: skip
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=4096,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+    )
     torch.manual_seed(0)
     path = tmp_path_factory.mktemp("llama")
     LlamaForCausalLM(config).save_pretrained(path)
@@ -41,8 +49,10 @@ def random_pairs(seed=0, prompts=(150, 30, 1, 400), completions=((40, 90), (200,
     def ids(n):
         return torch.randint(5, 800, (n,), generator=g).tolist()
 
-    return [{"prompt_ids": ids(p), "chosen_ids": ids(c), "rejected_ids": ids(r)}
-            for p, (c, r) in zip(prompts, completions, strict=True)]  # fmt: skip
+    return [
+        {"prompt_ids": ids(p), "chosen_ids": ids(c), "rejected_ids": ids(r)}
+        for p, (c, r) in zip(prompts, completions, strict=True)
+    ]
 
 
 def fused(model_dir, attn="sdpa"):
@@ -68,8 +78,9 @@ def test_shared_equals_unshared_log_probs(model, attn, tiny_model_dir, llama_dir
     unshared = packing.PackedPreferenceCollator(1024, hidden_size=64)(pairs)
     shared = SharedPromptCollator(1024, hidden_size=64)(pairs)
     # P + C + R + 1 positions per pair instead of 2P + C + R
-    assert shared["attention_block"].gt(0).sum() == sum(len(p["prompt_ids"]) + len(p["chosen_ids"]) +
-                                                        len(p["rejected_ids"]) + 1 for p in pairs)  # fmt: skip
+    assert shared["attention_block"].gt(0).sum() == sum(
+        len(p["prompt_ids"]) + len(p["chosen_ids"]) + len(p["rejected_ids"]) + 1 for p in pairs
+    )
     with torch.no_grad():
         want, got = per_token(m, unshared), per_token(m, shared)
     assert got.shape == want.shape
@@ -103,8 +114,13 @@ def test_answers_that_share_more_than_the_prompt_stay_exact(tiny_model_dir):
     m = fused(tiny_model_dir)
     g = torch.Generator().manual_seed(3)
     common = torch.randint(5, 800, (30,), generator=g).tolist()
-    pairs = [{"prompt_ids": torch.randint(5, 800, (200,), generator=g).tolist(), "chosen_ids": common + [7, 8, 9],
-              "rejected_ids": common + [11]}]  # fmt: skip
+    pairs = [
+        {
+            "prompt_ids": torch.randint(5, 800, (200,), generator=g).tolist(),
+            "chosen_ids": common + [7, 8, 9],
+            "rejected_ids": common + [11],
+        }
+    ]
     with torch.no_grad():
         want = per_token(m, packing.PackedPreferenceCollator(1024, hidden_size=64)(pairs))
         got = per_token(m, SharedPromptCollator(1024, hidden_size=64)(pairs))
@@ -125,8 +141,21 @@ def test_truncation_is_trls_and_keep_end_cuts_are_laid_out_unshared(mode, tiny_m
 
 
 def trainer_for(tmp_path, model_dir, rows, *overrides):
-    recipe = parse_args(["--config", SMOKE, "--model_name_or_path", model_dir, "--output_dir", str(tmp_path),
-                         "--report_to", "none", "--save_strategy", "no", *overrides])  # fmt: skip
+    recipe = parse_args(
+        [
+            "--config",
+            SMOKE,
+            "--model_name_or_path",
+            model_dir,
+            "--output_dir",
+            str(tmp_path),
+            "--report_to",
+            "none",
+            "--save_strategy",
+            "no",
+            *overrides,
+        ]
+    )
     return ready(trainer_on(recipe, datasets.Dataset.from_list(rows)))
 
 
@@ -150,10 +179,14 @@ def perturb(model, seed=1):
 @pytest.mark.slow
 @pytest.mark.parametrize(
     "extra",
-    [[], ["--ld_alpha", "0.5", "--assistant_turns", "final"], ["--loss_type", "sigmoid", "ipo", "--beta", "0.1"],
-     ["--use_peft", "true", "--lora_r", "8", "--lora_target_modules", "q_proj", "v_proj"]],
+    [
+        [],
+        ["--ld_alpha", "0.5", "--assistant_turns", "final"],
+        ["--loss_type", "sigmoid", "ipo", "--beta", "0.1"],
+        ["--use_peft", "true", "--lora_r", "8", "--lora_target_modules", "q_proj", "v_proj"],
+    ],
     ids=["sigmoid_norm", "ld_alpha", "sigmoid+ipo", "lora"],
-)  # fmt: skip
+)
 def test_loss_and_gradients_equal_unshared_packing(tmp_path, tiny_model_dir, extra):
     rows = builtin.make_preference_rows(6, seed=4)
     unshared = trainer_for(tmp_path / "unshared", tiny_model_dir, rows, "--share_prompt", "false", *extra)
@@ -174,8 +207,19 @@ def test_loss_and_gradients_equal_unshared_packing(tmp_path, tiny_model_dir, ext
 @pytest.mark.slow
 def test_step_one_is_ln2_with_the_cache(tmp_path, tiny_model_dir, monkeypatch):
     monkeypatch.setenv("DPOTRAIN_CACHE", str(tmp_path / "cache"))
-    trainer = trainer_for(tmp_path / "run", tiny_model_dir, builtin.make_preference_rows(32, seed=5), "--max_steps",
-                          "1", "--logging_steps", "1", "--pairs_per_step", "16", "--share_prompt", "true")  # fmt: skip
+    trainer = trainer_for(
+        tmp_path / "run",
+        tiny_model_dir,
+        builtin.make_preference_rows(32, seed=5),
+        "--max_steps",
+        "1",
+        "--logging_steps",
+        "1",
+        "--pairs_per_step",
+        "16",
+        "--share_prompt",
+        "true",
+    )
     assert trainer.forward.share_prompt
     trainer.train()
     first = trainer.state.log_history[0]
@@ -186,12 +230,19 @@ def test_step_one_is_ln2_with_the_cache(tmp_path, tiny_model_dir, monkeypatch):
 def test_never_shared_where_it_is_not_exact(tmp_path, tiny_model_dir):
     from transformers import AutoConfig, OlmoHybridConfig
 
-    hybrid = OlmoHybridConfig(vocab_size=100, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                              num_attention_heads=4, num_key_value_heads=2)  # fmt: skip
+    hybrid = OlmoHybridConfig(
+        vocab_size=100,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+    )
     assert "carry state" in shared_prompt.share_problem(hybrid, "sdpa")
     olmo3 = AutoConfig.from_pretrained(tiny_model_dir)
     assert "varlen" in shared_prompt.share_problem(olmo3, "flash_attention_2")
     rows = builtin.make_preference_rows(4, seed=1)
     with pytest.raises(ConfigError, match="flash_attention_2 cannot run here: .*needs a CUDA GPU"):  # never replaced
-        trainer_for(tmp_path, tiny_model_dir, rows, "--share_prompt", "true", "--attn_implementation",
-                    "flash_attention_2")  # fmt: skip
+        trainer_for(
+            tmp_path, tiny_model_dir, rows, "--share_prompt", "true", "--attn_implementation", "flash_attention_2"
+        )

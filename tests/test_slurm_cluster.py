@@ -166,8 +166,9 @@ def test_preemption_signals_the_steps_and_a_job_that_ends_within_its_grace_time_
     job = slurm.sbatch(["--gpus-per-node=0", f"--cpus-per-task={cpus}", script.name], cwd=tmp_path)
     out = tmp_path / f"preempted.sh-{job}.out"
     wait_for_line(out, "ready", job, slurm)
-    urgent = slurm.sbatch(["--partition=urgent", f"--cpus-per-task={cpus}", "--output=/dev/null", "--wrap", "true"],
-                          cwd=tmp_path)  # fmt: skip
+    urgent = slurm.sbatch(
+        ["--partition=urgent", f"--cpus-per-task={cpus}", "--output=/dev/null", "--wrap", "true"], cwd=tmp_path
+    )
     assert slurm.wait(job, timeout=60) == "COMPLETED"
     assert slurm.job_info(job)["Restarts"] == "0"
     assert (tmp_path / f"step-{job}.log").read_text() == "step got TERM\n"

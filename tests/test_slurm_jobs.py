@@ -31,10 +31,28 @@ SECRET = "hf_dpotrainTestSecret123"  # a --hub_token value the job's log must ne
 # The README's CPU-only example as written, with more steps (room to preempt mid-training), no W&B, and a token
 # given on the command line.
 README_ENV, README_SBATCH = readme_cpu_example()
-SMOKE_JOB = [*README_SBATCH, "--max_steps", "10", "--logging_steps", "1", "--save_steps", "1000", "--report_to", "none",
-             "--hub_token", SECRET]  # fmt: skip
-RUN_FILES = ["model.safetensors", "tokenizer.json", "resolved_config.json", "metrics.jsonl", "training_curves.png",
-             "README.md", "run_complete.json"]  # fmt: skip
+SMOKE_JOB = [
+    *README_SBATCH,
+    "--max_steps",
+    "10",
+    "--logging_steps",
+    "1",
+    "--save_steps",
+    "1000",
+    "--report_to",
+    "none",
+    "--hub_token",
+    SECRET,
+]
+RUN_FILES = [
+    "model.safetensors",
+    "tokenizer.json",
+    "resolved_config.json",
+    "metrics.jsonl",
+    "training_curves.png",
+    "README.md",
+    "run_complete.json",
+]
 
 
 def steps(output_dir) -> list[int]:
@@ -138,8 +156,9 @@ def test_smoke_job_completes_with_log_and_outputs(slurm, readme_job):
 
 @pytest.mark.slurm
 @pytest.mark.slow
-def test_preempted_job_checkpoints_requeues_and_ends_like_an_uninterrupted_one(slurm, readme_job,
-                                                                               readme_run_uninterrupted):  # fmt: skip
+def test_preempted_job_checkpoints_requeues_and_ends_like_an_uninterrupted_one(
+    slurm, readme_job, readme_run_uninterrupted
+):
     job, state, out, submitted_from = readme_job
     log = log_path(job, submitted_from).read_text()
     assert state == "COMPLETED", log[-3000:]
@@ -173,9 +192,24 @@ def pairs_file(tmp_path_factory):
 def two_process_args(out, data) -> list[str]:
     """40 steps of 16 pairs, no checkpoint of its own before the end; the reference stage saves what it scored every
     0.2 s."""
-    return ["--dataset_name", str(data), "--max_steps", str(STEPS), "--pairs_per_step", "16", "--logging_steps", "1",
-            "--save_steps", "1000", "--report_to", "none", "--output_dir", str(out), "--reference_save_seconds",
-            "0.2"]  # fmt: skip
+    return [
+        "--dataset_name",
+        str(data),
+        "--max_steps",
+        str(STEPS),
+        "--pairs_per_step",
+        "16",
+        "--logging_steps",
+        "1",
+        "--save_steps",
+        "1000",
+        "--report_to",
+        "none",
+        "--output_dir",
+        str(out),
+        "--reference_save_seconds",
+        "0.2",
+    ]
 
 
 def two_process_job(slurm, out, data, env=None, script=SCRIPT) -> int:
@@ -200,8 +234,9 @@ def slow_checkpoint_project(folder: Path) -> Path:
 def preempt(slurm) -> int:
     """A job in the higher-priority partition that needs the whole node: Slurm preempts the running job (SIGTERM to
     its steps, SIGKILL after the partition's GraceTime of 90 s: tests/slurm/cluster.sh)."""
-    return slurm.sbatch(["--partition=urgent", f"--cpus-per-task={real_cpus()}", "--output=/dev/null", "--wrap",
-                         "sleep 2"], cwd=ROOT)  # fmt: skip
+    return slurm.sbatch(
+        ["--partition=urgent", f"--cpus-per-task={real_cpus()}", "--output=/dev/null", "--wrap", "sleep 2"], cwd=ROOT
+    )
 
 
 def job_log(job: int) -> str:
@@ -295,9 +330,22 @@ def test_two_jobs_sharing_a_node_run_at_once_and_a_cancelled_job_stays_cancelled
     not COMPLETED, so that an `afterok` dependency does not start on an unfinished run."""
     jobs = {}
     for name, extra in (("cancelled", []), ("no-requeue", ["--no-requeue"])):
-        args = ["--gpus-per-node=0", "--cpus-per-task=1", *extra, SCRIPT, "--max_steps", "40",
-                "--logging_steps", "1", "--save_steps", "1000", "--report_to", "none", "--output_dir",
-                str(tmp_path / name)]  # fmt: skip
+        args = [
+            "--gpus-per-node=0",
+            "--cpus-per-task=1",
+            *extra,
+            SCRIPT,
+            "--max_steps",
+            "40",
+            "--logging_steps",
+            "1",
+            "--save_steps",
+            "1000",
+            "--report_to",
+            "none",
+            "--output_dir",
+            str(tmp_path / name),
+        ]
         jobs[name] = slurm.sbatch(
             args, cwd=submit_dir(), env={**TWO_PROCESSES, "DPOTRAIN_CACHE": str(tmp_path / "cache")}
         )
@@ -327,10 +375,16 @@ def test_two_jobs_sharing_a_node_run_at_once_and_a_cancelled_job_stays_cancelled
 
 def print_launch(nodes: int, *train_args: str, gpus: str = "4") -> str:
     env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
-    env |= {"LAUNCH_PRINT_ONLY": "1", "RECIPE": "configs/think.yaml", "SLURM_JOB_NUM_NODES": str(nodes),
-            "SLURM_GPUS_PER_NODE": gpus, "SLURM_JOB_NODELIST": f"gpu[07-{6 + nodes:02d}]"}  # fmt: skip
-    result = subprocess.run(["bash", "scripts/launch.sh", *train_args], cwd=ROOT, env=env, capture_output=True,
-                            text=True, check=True)  # fmt: skip
+    env |= {
+        "LAUNCH_PRINT_ONLY": "1",
+        "RECIPE": "configs/think.yaml",
+        "SLURM_JOB_NUM_NODES": str(nodes),
+        "SLURM_GPUS_PER_NODE": gpus,
+        "SLURM_JOB_NODELIST": f"gpu[07-{6 + nodes:02d}]",
+    }
+    result = subprocess.run(
+        ["bash", "scripts/launch.sh", *train_args], cwd=ROOT, env=env, capture_output=True, text=True, check=True
+    )
     return result.stdout.strip()
 
 
@@ -338,22 +392,39 @@ def print_launch(nodes: int, *train_args: str, gpus: str = "4") -> str:
 def test_multi_node_launch_line(nodes):
     line = print_launch(nodes, "--learning_rate", "8e-8", gpus="h100:4")
     assert line.startswith(f"srun --nodes={nodes} --ntasks-per-node=1 ")
-    for part in [f"--num_machines {nodes}", f"--num_processes {4 * nodes}", "--main_process_ip gpu07",
-                 "--deepspeed_multinode_launcher standard", "--config_file accelerate_config.yaml",
-                 "train_dpo.py --config configs/think.yaml --learning_rate 8e-8"]:  # fmt: skip
+    for part in [
+        f"--num_machines {nodes}",
+        f"--num_processes {4 * nodes}",
+        "--main_process_ip gpu07",
+        "--deepspeed_multinode_launcher standard",
+        "--config_file accelerate_config.yaml",
+        "train_dpo.py --config configs/think.yaml --learning_rate 8e-8",
+    ]:
         assert part in line, part
     # Run the line with a stand-in srun that shows what each node's bash receives: the machine rank must still be
     # the variable, evaluated per node, not the batch shell's value.
-    shown = subprocess.run(["bash", "-c", f'srun() {{ printf "%s" "${{@: -1}}"; }}; SLURM_PROCID=0; {line}'],
-                           capture_output=True, text=True, check=True).stdout  # fmt: skip
+    shown = subprocess.run(
+        ["bash", "-c", f'srun() {{ printf "%s" "${{@: -1}}"; }}; SLURM_PROCID=0; {line}'],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     assert "--machine_rank $SLURM_PROCID " in shown
     # Each node finds the venv's tools first, as an activated venv would: DeepSpeed builds its ops with its ninja.
     assert f"export PATH={ROOT}/.venv/bin:$PATH " in shown
 
 
 def test_launch_line_masks_secrets_given_on_the_command_line():
-    line = print_launch(2, "--hub_token", SECRET, f"--wandb_api_key={SECRET}", "--max_tokens_per_microbatch", "4096",
-                        "--learning_rate", "8e-8")  # fmt: skip
+    line = print_launch(
+        2,
+        "--hub_token",
+        SECRET,
+        f"--wandb_api_key={SECRET}",
+        "--max_tokens_per_microbatch",
+        "4096",
+        "--learning_rate",
+        "8e-8",
+    )
     assert SECRET not in line
     assert "--hub_token REDACTED --wandb_api_key=REDACTED" in line
     assert "--max_tokens_per_microbatch 4096 --learning_rate 8e-8" in line  # not secrets: shown as given
@@ -367,8 +438,11 @@ def test_job_with_a_stale_build_lock_fails_at_once_naming_the_file(slurm, tmp_pa
     lock.parent.mkdir()
     lock.touch()
     log = tmp_path / "job.out"
-    job = slurm.sbatch([*README_SBATCH[:-1], f"--output={log}", "scripts/dpo_train.sh"], cwd=ROOT,
-                       env={**README_ENV, "TORCH_EXTENSIONS_DIR": str(tmp_path)})  # fmt: skip
+    job = slurm.sbatch(
+        [*README_SBATCH[:-1], f"--output={log}", "scripts/dpo_train.sh"],
+        cwd=ROOT,
+        env={**README_ENV, "TORCH_EXTENSIONS_DIR": str(tmp_path)},
+    )
     assert slurm.wait(job, timeout=120) == "FAILED"
     text = log.read_text()
     assert f"rm {lock}" in text and "error: stale build lock of the JIT-compiled op(s) deepspeed_shm_comm" in text
@@ -381,8 +455,12 @@ def test_job_refuses_a_batch_its_size_cannot_reach():
     # Micro-batches of 4 pairs instead of the recipe's token budget, on 3 nodes x 4 GPUs = 12 processes: 128 pairs
     # per step is not a whole number of micro-steps. (Under a token budget, 128 pairs split over any 12 processes.)
     env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
-    env |= {"RECIPE": "configs/think.yaml", "SLURM_JOB_NUM_NODES": "3", "SLURM_GPUS_PER_NODE": "4",
-            "SLURM_JOB_NODELIST": "gpu[01-03]"}  # fmt: skip
+    env |= {
+        "RECIPE": "configs/think.yaml",
+        "SLURM_JOB_NUM_NODES": "3",
+        "SLURM_GPUS_PER_NODE": "4",
+        "SLURM_JOB_NODELIST": "gpu[01-03]",
+    }
     fixed = ["--max_tokens_per_microbatch", "None", "--per_device_train_batch_size", "4"]
     result = subprocess.run(["bash", "scripts/launch.sh", *fixed], cwd=ROOT, env=env, capture_output=True, text=True)
     assert result.returncode != 0

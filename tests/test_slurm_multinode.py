@@ -29,18 +29,38 @@ RUN_FILES = ["model.safetensors", "tokenizer.json", "resolved_config.json", "met
 
 def two_node_args(out: Path) -> list[str]:
     """The smoke recipe, 16 pairs per step over 2 processes, cut into micro-batches by the recipe's token budget."""
-    return ["--max_steps", str(STEPS), "--pairs_per_step", "16", "--logging_steps", "1", "--save_steps", "1000",
-            "--report_to", "none", "--output_dir", str(out)]  # fmt: skip
+    return [
+        "--max_steps",
+        str(STEPS),
+        "--pairs_per_step",
+        "16",
+        "--logging_steps",
+        "1",
+        "--save_steps",
+        "1000",
+        "--report_to",
+        "none",
+        "--output_dir",
+        str(out),
+    ]
 
 
 def two_node_job(slurm2, out: Path, env: dict | None = None) -> int:
     """`two_node_args` through scripts/dpo_train.sh on both nodes. CPUs: what a node really has (`slurmd -C`)."""
-    args = ["--nodes=2", "--gpus-per-node=0", f"--cpus-per-task={node_cpus(slurm2)}",
-            str(ROOT / "scripts" / "dpo_train.sh"), *two_node_args(out)]  # fmt: skip
+    args = [
+        "--nodes=2",
+        "--gpus-per-node=0",
+        f"--cpus-per-task={node_cpus(slurm2)}",
+        str(ROOT / "scripts" / "dpo_train.sh"),
+        *two_node_args(out),
+    ]
     # A fresh folder for the built-in model: both ranks build it at once, as on a first run (rank 1 must wait for
     # rank 0's weights; seeded, so every job gets the same model).
-    env = {"RECIPE": "configs/smoke.yaml", "DPOTRAIN_BUILTIN_DIR": str(out.parent / f"builtin-{out.name}"),
-           **(env or {})}  # fmt: skip
+    env = {
+        "RECIPE": "configs/smoke.yaml",
+        "DPOTRAIN_BUILTIN_DIR": str(out.parent / f"builtin-{out.name}"),
+        **(env or {}),
+    }
     SUBMIT_DIR.mkdir(parents=True, exist_ok=True)
     return slurm2.sbatch(args, cwd=SUBMIT_DIR, env=env)
 
@@ -158,8 +178,11 @@ def training_process(job: int, node: str) -> int:
     for proc in Path("/proc").glob("[0-9]*"):
         try:
             cmdline = (proc / "cmdline").read_bytes().split(b"\0")
-            env = dict(kv.split("=", 1) for kv in (proc / "environ").read_bytes().decode(errors="replace").split("\0")
-                       if "=" in kv)  # fmt: skip
+            env = dict(
+                kv.split("=", 1)
+                for kv in (proc / "environ").read_bytes().decode(errors="replace").split("\0")
+                if "=" in kv
+            )
         except OSError:
             continue
         if (
@@ -191,8 +214,11 @@ def test_a_node_whose_training_dies_ends_the_whole_job_promptly(slurm2, tmp_path
 
 
 def netns_names() -> set[str]:
-    return {line.split()[0] for line in subprocess.run(["ip", "netns", "list"], capture_output=True,
-                                                       text=True).stdout.splitlines() if line.strip()}  # fmt: skip
+    return {
+        line.split()[0]
+        for line in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.splitlines()
+        if line.strip()
+    }
 
 
 def links() -> str:

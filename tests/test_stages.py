@@ -18,8 +18,14 @@ SMOKE = ["--config", str(ROOT / "configs" / "smoke.yaml")]
 
 def dry_json(args: list[str], env: dict | None = None) -> dict:
     """`python train_dpo.py ... --dry-run --json`: its stdout, parsed (it must be the JSON alone)."""
-    result = subprocess.run([python(), str(ROOT / "train_dpo.py"), *SMOKE, *args, "--dry-run", "--json"], cwd=ROOT,
-                            env={**os.environ, **(env or {})}, capture_output=True, text=True, timeout=600)  # fmt: skip
+    result = subprocess.run(
+        [python(), str(ROOT / "train_dpo.py"), *SMOKE, *args, "--dry-run", "--json"],
+        cwd=ROOT,
+        env={**os.environ, **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     return json.loads(result.stdout)
 
@@ -27,8 +33,15 @@ def dry_json(args: list[str], env: dict | None = None) -> dict:
 def assert_same_decisions(dry: dict, ran: dict) -> None:
     """World size, pairs, rows, steps, max_length, forward, batching and memory plan: field by field."""
     d, r = dry["derived"], ran["derived"]
-    for key in ("world_size", "world_size_source", "pairs_per_step", "dataset_rows", "total_steps", "warmup_steps",
-                "batching"):  # fmt: skip
+    for key in (
+        "world_size",
+        "world_size_source",
+        "pairs_per_step",
+        "dataset_rows",
+        "total_steps",
+        "warmup_steps",
+        "batching",
+    ):
         assert d[key] == r[key], key
     assert dry["max_length"] == ran["max_length"]
     for key in ("attention", "packed", "share_prompt", "one_row", "layout", "decision"):
@@ -80,8 +93,21 @@ def test_each_decision_is_made_once_per_run_and_per_dry_run(tmp_path, monkeypatc
     monkeypatch.setattr(lengths, "analyse", counted("max_length", lengths.analyse))
     monkeypatch.setattr(lengths, "resolution_of", counted("max_length", lengths.resolution_of))
     monkeypatch.setattr(resolve, "world_size", counted("world size", resolve.world_size))
-    args = [*SMOKE, "--max_length", "auto", "--max_steps", "2", "--save_strategy", "no", "--use_cpu", "true",
-            "--bf16", "true", "--output_dir", str(tmp_path / "run")]  # fmt: skip
+    args = [
+        *SMOKE,
+        "--max_length",
+        "auto",
+        "--max_steps",
+        "2",
+        "--save_strategy",
+        "no",
+        "--use_cpu",
+        "true",
+        "--bf16",
+        "true",
+        "--output_dir",
+        str(tmp_path / "run"),
+    ]
     train_dpo.main([*args, "--dry-run", "--json"])
     assert calls == {"memory plan": 1, "analyzer cache read": 1, "max_length": 1, "world size": 1}
     capsys.readouterr()

@@ -40,8 +40,9 @@ def test_wandb_is_not_imported_unless_reported_to(monkeypatch):
     from dpotrain.train.tracking import WandbStepIsGlobalStep
 
     monkeypatch.setitem(sys.modules, "wandb", None)  # `import wandb` now raises ImportError
-    training = parse_args(["--config", str(ROOT / "configs" / "smoke.yaml"), "--report_to", "none",
-                           "--output_dir", "/tmp/unused"]).training  # fmt: skip
+    training = parse_args(
+        ["--config", str(ROOT / "configs" / "smoke.yaml"), "--report_to", "none", "--output_dir", "/tmp/unused"]
+    ).training
     WandbStepIsGlobalStep().on_train_begin(training, TrainerState(), TrainerControl())
     training.report_to = ["wandb"]
     with pytest.raises(ImportError):  # the same call does import it when W&B is used: the test can fail

@@ -36,7 +36,8 @@ def test_forty_steps_equal_plain_trl_fed_the_same_pairs(tmp_path, tiny_model_dir
     # Adam divides each gradient by its own running scale, so an entry whose gradient is near zero (embedding rows of
     # tokens a step barely touches) turns fp32 rounding into a visible share of its update: the final weights agree
     # to 0.1% of how far training moved them (measured: 3e-4 for the embedding, 1e-5 elsewhere).
-    for name, (difference, moved) in weight_differences(dict(trainer.model.named_parameters()), plain.model,
-                                                        tiny_model_dir).items():  # fmt: skip
+    for name, (difference, moved) in weight_differences(
+        dict(trainer.model.named_parameters()), plain.model, tiny_model_dir
+    ).items():
         assert moved > 1e-3, name
         assert difference <= 1e-3 * moved, name

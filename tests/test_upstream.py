@@ -45,23 +45,35 @@ def upstream_private_names() -> set[str]:
             except (OSError, TypeError):
                 continue
             for node in ast.walk(ast.parse(source)):
-                if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "self"
-                        and isinstance(node.ctx, ast.Store) and node.attr.startswith("_")
-                        and not node.attr.startswith("__")):  # fmt: skip
+                if (
+                    isinstance(node, ast.Attribute)
+                    and isinstance(node.value, ast.Name)
+                    and node.value.id == "self"
+                    and isinstance(node.ctx, ast.Store)
+                    and node.attr.startswith("_")
+                    and not node.attr.startswith("__")
+                ):
                     names.add(node.attr)
     return names
 
 
 def upstream_imports(tree) -> set[str]:
-    return {a.asname or a.name for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module
-            and n.module.split(".")[0] in UPSTREAM for a in n.names}  # fmt: skip
+    return {
+        a.asname or a.name
+        for n in ast.walk(tree)
+        if isinstance(n, ast.ImportFrom) and n.module and n.module.split(".")[0] in UPSTREAM
+        for a in n.names
+    }
 
 
 def upstream_subclasses(tree) -> set[str]:
     """The classes of a module that derive from an upstream class."""
     imported = upstream_imports(tree)
-    return {c.name for c in ast.walk(tree) if isinstance(c, ast.ClassDef)
-            and any(isinstance(b, ast.Name) and b.id in imported for b in c.bases)}  # fmt: skip
+    return {
+        c.name
+        for c in ast.walk(tree)
+        if isinstance(c, ast.ClassDef) and any(isinstance(b, ast.Name) and b.id in imported for b in c.bases)
+    }
 
 
 def own_private_names(sources) -> set[str]:
@@ -87,17 +99,40 @@ def test_every_seam_is_where_the_project_expects_it(seam):
 @pytest.mark.parametrize(
     "seam, says",
     [
-        (upstream.Seam("trl.trainer.dpo_trainer:DPOTrainer._compute_loss_v2", "override", "a renamed method"),
-         "no longer exists"),
-        (upstream.Seam("trl.trainer.dpo_trainer:DPOTrainer._compute_loss", "override", "a changed signature",
-                       ("model", "batch", "return_outputs")), "takes (model, inputs, return_outputs)"),
+        (
+            upstream.Seam("trl.trainer.dpo_trainer:DPOTrainer._compute_loss_v2", "override", "a renamed method"),
+            "no longer exists",
+        ),
+        (
+            upstream.Seam(
+                "trl.trainer.dpo_trainer:DPOTrainer._compute_loss",
+                "override",
+                "a changed signature",
+                ("model", "batch", "return_outputs"),
+            ),
+            "takes (model, inputs, return_outputs)",
+        ),
         (upstream.Seam("trl.data_utils_v2:_tokenize", "call", "a moved module"), "cannot be imported"),
-        (upstream.Seam("trl.trainer.dpo_trainer:DPOTrainer.no_such_flag", "set", "an attribute no longer read",
-                       read_in="trl.trainer.dpo_trainer:DPOTrainer._compute_loss"), "no longer exists"),
-        (upstream.Seam("trl.trainer.dpo_trainer:DPOTrainer.beta", "set", "an attribute no longer read",
-                       read_in="trl.trainer.dpo_trainer:DPOTrainer._precompute_ref_logps"), "is no longer read by"),
+        (
+            upstream.Seam(
+                "trl.trainer.dpo_trainer:DPOTrainer.no_such_flag",
+                "set",
+                "an attribute no longer read",
+                read_in="trl.trainer.dpo_trainer:DPOTrainer._compute_loss",
+            ),
+            "no longer exists",
+        ),
+        (
+            upstream.Seam(
+                "trl.trainer.dpo_trainer:DPOTrainer.beta",
+                "set",
+                "an attribute no longer read",
+                read_in="trl.trainer.dpo_trainer:DPOTrainer._precompute_ref_logps",
+            ),
+            "is no longer read by",
+        ),
     ],
-)  # fmt: skip
+)
 def test_a_moved_seam_fails_naming_the_symbol_and_why(seam, says):
     with pytest.raises(upstream.SeamMoved) as raised:
         upstream.verify(seam)
@@ -132,8 +167,10 @@ def test_no_private_member_of_an_upstream_class_is_reached_outside_the_seam():
         for cls in (n for n in ast.walk(tree) if isinstance(n, ast.ClassDef) and n.name in upstream_subclasses(tree)):
             for method in (n for n in cls.body if isinstance(n, ast.FunctionDef)):
                 if method.name in private and method.name not in overrides:
-                    found.append(f"{path.relative_to(ROOT)}:{method.lineno}: {cls.name}.{method.name} overrides a "
-                                 "private upstream method: list it as an override seam")  # fmt: skip
+                    found.append(
+                        f"{path.relative_to(ROOT)}:{method.lineno}: {cls.name}.{method.name} overrides a "
+                        "private upstream method: list it as an override seam"
+                    )
         for node in ast.walk(tree):
             where = f"{path.relative_to(ROOT)}:{getattr(node, 'lineno', '?')}"
             if isinstance(node, ast.Attribute) and node.attr in private:
@@ -150,8 +187,7 @@ def test_no_upstream_module_name_is_replaced_outside_the_seam():
         modules = set()
         for node in ast.walk(tree):
             if isinstance(node, ast.Import):
-                modules |= {a.asname or a.name.split(".")[0] for a in node.names
-                            if a.name.split(".")[0] in UPSTREAM}  # fmt: skip
+                modules |= {a.asname or a.name.split(".")[0] for a in node.names if a.name.split(".")[0] in UPSTREAM}
         for node in ast.walk(tree):
             for target in node.targets if isinstance(node, ast.Assign) else []:
                 owner = target.value if isinstance(target, ast.Attribute) else None

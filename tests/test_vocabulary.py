@@ -17,8 +17,20 @@ DATA = str(ROOT / "data" / "smoke_prefs.jsonl")
 
 def test_the_analyzer_takes_the_trainers_spellings(cli, tmp_path, capsys):  # noqa: F811
     out = tmp_path / "r.json"
-    argv = ["--dataset_name", DATA, "--model_name_or_path", "builtin:tiny-olmo3", "--skip_invalid", "true",
-            "--num_proc", "1", "--sample", "16", "--json", str(out)]  # fmt: skip
+    argv = [
+        "--dataset_name",
+        DATA,
+        "--model_name_or_path",
+        "builtin:tiny-olmo3",
+        "--skip_invalid",
+        "true",
+        "--num_proc",
+        "1",
+        "--sample",
+        "16",
+        "--json",
+        str(out),
+    ]
     assert cli.main(argv) == 0
     report = json.loads(out.read_text())
     assert report["rows"] == 16 and report["tokenizer"] == "builtin:tiny-olmo3"
@@ -45,11 +57,14 @@ def test_push_to_hub_suggests_the_flag_meant(tmp_path, capsys):
 
 
 def test_the_dry_runs_analyzer_hint_repeats_the_users_overrides(cli):  # noqa: F811
-    recipe = parse_args(["--config", SMOKE, "--model_name_or_path", "org/my-sft", "--dataset_name", "org/pairs",
-                         "--dry-run"])  # fmt: skip
+    recipe = parse_args(
+        ["--config", SMOKE, "--model_name_or_path", "org/my-sft", "--dataset_name", "org/pairs", "--dry-run"]
+    )
     words = shlex.split(stages.analyze_command(recipe))
     assert words[:4] == ["python", "scripts/analyze_dataset.py", "--config", SMOKE]
-    assert dict(zip(words[4::2], words[5::2], strict=True)) == {"--model_name_or_path": "org/my-sft",
-                                                                 "--dataset_name": "org/pairs"}  # fmt: skip
+    assert dict(zip(words[4::2], words[5::2], strict=True)) == {
+        "--model_name_or_path": "org/my-sft",
+        "--dataset_name": "org/pairs",
+    }
     args = cli.parse_args(words[2:])  # the analyzer reads the hint as meant: this model, this data set
     assert (args.tokenizer, args.dataset, args.config) == ("org/my-sft", "org/pairs", SMOKE)

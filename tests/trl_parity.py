@@ -26,10 +26,29 @@ def ours(output_dir, model_dir, steps: int, *overrides: str, rows: list[dict] = 
     """The project's trainer of the smoke recipe for `steps` steps of PAIRS_PER_STEP pairs, after its plan and
     reference stages, on the first pairs of `rows` those steps use (so that the reference stage scores no more), with
     the final assistant turn trained, as plain TRL trains it."""
-    recipe = parse_args(["--config", str(ROOT / "configs" / "smoke.yaml"), "--model_name_or_path", model_dir,
-                         "--output_dir", str(output_dir), "--report_to", "none", "--save_strategy", "no",
-                         "--max_steps", str(steps), "--logging_steps", "1", "--pairs_per_step", str(PAIRS_PER_STEP),
-                         "--assistant_turns", "final", *overrides])  # fmt: skip
+    recipe = parse_args(
+        [
+            "--config",
+            str(ROOT / "configs" / "smoke.yaml"),
+            "--model_name_or_path",
+            model_dir,
+            "--output_dir",
+            str(output_dir),
+            "--report_to",
+            "none",
+            "--save_strategy",
+            "no",
+            "--max_steps",
+            str(steps),
+            "--logging_steps",
+            "1",
+            "--pairs_per_step",
+            str(PAIRS_PER_STEP),
+            "--assistant_turns",
+            "final",
+            *overrides,
+        ]
+    )
     return ready(trainer_on(recipe, datasets.Dataset.from_list(rows[: steps * PAIRS_PER_STEP])))
 
 
@@ -54,13 +73,31 @@ def plain_trl(model_dir, rows: list[dict], output_dir, steps: int, **config):
         def _get_train_sampler(self, train_dataset=None):
             return SequentialSampler(train_dataset or self.train_dataset)
 
-    values = dict(output_dir=str(output_dir), loss_type=["sigmoid_norm"], beta=5.0, learning_rate=1e-4,
-                  lr_scheduler_type="linear", warmup_steps=0.1, max_steps=steps, weight_decay=0.0, max_grad_norm=1.0,
-                  per_device_train_batch_size=PAIRS_PER_STEP, gradient_accumulation_steps=1, max_length=1024,
-                  seed=42, logging_steps=1, report_to="none", save_strategy="no", bf16=False,
-                  dataloader_num_workers=0, padding_free=False, precompute_ref_log_probs=False)  # fmt: skip
-    return InOrder(model=model_dir, args=DPOConfig(**{**values, **config}),
-                   train_dataset=datasets.Dataset.from_list(rows))  # fmt: skip
+    values = dict(
+        output_dir=str(output_dir),
+        loss_type=["sigmoid_norm"],
+        beta=5.0,
+        learning_rate=1e-4,
+        lr_scheduler_type="linear",
+        warmup_steps=0.1,
+        max_steps=steps,
+        weight_decay=0.0,
+        max_grad_norm=1.0,
+        per_device_train_batch_size=PAIRS_PER_STEP,
+        gradient_accumulation_steps=1,
+        max_length=1024,
+        seed=42,
+        logging_steps=1,
+        report_to="none",
+        save_strategy="no",
+        bf16=False,
+        dataloader_num_workers=0,
+        padding_free=False,
+        precompute_ref_log_probs=False,
+    )
+    return InOrder(
+        model=model_dir, args=DPOConfig(**{**values, **config}), train_dataset=datasets.Dataset.from_list(rows)
+    )
 
 
 def step_losses(trainer) -> list[float]:
@@ -77,8 +114,10 @@ def weight_differences(weights: dict, other, model_dir) -> dict[str, tuple[float
     the start)."""
     start = load_file(f"{model_dir}/model.safetensors")
     with torch.no_grad():
-        return {name: (float((weights[name] - w).abs().max()), float((w - start[name]).abs().max()))
-                for name, w in other.named_parameters()}  # fmt: skip
+        return {
+            name: (float((weights[name] - w).abs().max()), float((w - start[name]).abs().max()))
+            for name, w in other.named_parameters()
+        }
 
 
 def relative_weight_distances(weights: dict, other, model_dir) -> dict[str, float]:
@@ -87,5 +126,6 @@ def relative_weight_distances(weights: dict, other, model_dir) -> dict[str, floa
     learning rate either way, so fp32 rounding can flip single entries of an otherwise equal update."""
     start = load_file(f"{model_dir}/model.safetensors")
     with torch.no_grad():
-        return {name: float((weights[name] - w).norm() / (w - start[name]).norm())
-                for name, w in other.named_parameters()}  # fmt: skip
+        return {
+            name: float((weights[name] - w).norm() / (w - start[name]).norm()) for name, w in other.named_parameters()
+        }

@@ -29,10 +29,30 @@ import sys
 # Variables read at run time only (torchrun's and accelerate's per-rank settings, the project's own): they may differ
 # between the server and a request.
 RUNTIME_PREFIXES = ("DPOTRAIN_", "ACCELERATE_", "FSDP_", "TORCHELASTIC_", "TORCH_NCCL_", "NCCL_", "PYTEST_")
-RUNTIME_KEYS = {"PATH", "PWD", "OLDPWD", "_", "SHLVL", "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE",
-                "GROUP_RANK", "GROUP_WORLD_SIZE", "ROLE_RANK", "ROLE_NAME", "ROLE_WORLD_SIZE", "MASTER_ADDR",
-                "MASTER_PORT", "OMP_NUM_THREADS", "PYTHONUNBUFFERED", "PYTHONPATH", "CUDA_VISIBLE_DEVICES", "COLUMNS",
-                "LINES"}  # fmt: skip
+RUNTIME_KEYS = {
+    "PATH",
+    "PWD",
+    "OLDPWD",
+    "_",
+    "SHLVL",
+    "RANK",
+    "LOCAL_RANK",
+    "WORLD_SIZE",
+    "LOCAL_WORLD_SIZE",
+    "GROUP_RANK",
+    "GROUP_WORLD_SIZE",
+    "ROLE_RANK",
+    "ROLE_NAME",
+    "ROLE_WORLD_SIZE",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "OMP_NUM_THREADS",
+    "PYTHONUNBUFFERED",
+    "PYTHONPATH",
+    "CUDA_VISIBLE_DEVICES",
+    "COLUMNS",
+    "LINES",
+}
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2, signal.SIGQUIT)
 
 
@@ -200,8 +220,12 @@ def _child(conn, request: dict, fds: list[int], base: dict[str, str], set_by_imp
     for fd, name in ((1, "stdout"), (2, "stderr")):
         raw = io.FileIO(fd, "w", closefd=False)
         line = name == "stderr" or raw.isatty()
-        stream = io.TextIOWrapper(raw if unbuffered else io.BufferedWriter(raw), write_through=unbuffered,
-                                  line_buffering=line, errors="backslashreplace")  # fmt: skip
+        stream = io.TextIOWrapper(
+            raw if unbuffered else io.BufferedWriter(raw),
+            write_through=unbuffered,
+            line_buffering=line,
+            errors="backslashreplace",
+        )
         setattr(sys, name, stream)
         setattr(sys, f"__{name}__", stream)
 
