@@ -49,7 +49,7 @@ def finish_outputs(recipe, built, resolved: dict, push) -> None:
     trainer, pusher, training = built.trainer, built.pusher, recipe.training
     out = Path(training.output_dir)
     if recipe.project.merge_lora:
-        base, init = trainer.model_path, training.model_init_kwargs
+        base, init = trainer.model_path, trainer.args.model_init_kwargs  # what the model loaded with
         merged = lora.save_merged(out, base, init.get("revision"), init.get("dtype"), trainer.processing_class)
         print(f"Saved the merged model to {merged}", flush=True)
     if pusher:
