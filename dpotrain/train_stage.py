@@ -90,6 +90,8 @@ def record_run(resolved, trainer, run_plan, outcomes, state) -> dict:
     derived["forward"] = trainer.forward.record()  # the attention and layout chosen (dpotrain/forwards/choice.py)
     derived["layers"] = trainer.layers_record  # the decoder layers as trained: checkpointed, compiled (layers.py)
     resolved = push.record(resolve.resolved_config(recipe, derived | {"resumed_from": output.resume_from}))
+    # What the model loaded with (trainer.training_arguments): revision, the forward's attention, the load dtype.
+    resolved["model_init_kwargs"] = trainer.args.model_init_kwargs
     if state.is_main_process:
         # The model's files as this run loaded them (or its Hub commit): a rerun on others is refused (resolve.py)
         resolved["derived"]["model_identity"] = model_identity.of(recipe)

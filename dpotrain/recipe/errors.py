@@ -1,3 +1,6 @@
+import sys
+
+
 class ConfigError(Exception):
     """Bad input found before any expensive work: the message is one line that names the fix."""
 
@@ -14,25 +17,28 @@ def cause(error: BaseException) -> str:
 def run_cli(main) -> None:
     """Run a command's `main`; a ConfigError ends it with its one line on stderr and exit code 2, a RunError with its
     one line and exit code 1, no traceback."""
-    import sys
-
     try:
         sys.exit(main())
     except ConfigError as e:
         _end_progress_bars()
-        print(f"error: {e}", file=sys.stderr)
+        _error_line(e)
         sys.exit(2)
     except RunError as e:
         _end_progress_bars()
-        print(f"error: {e}", file=sys.stderr)
+        _error_line(e)
         sys.exit(1)
+
+
+def _error_line(error: Exception) -> None:
+    """The error's line in one write: the processes of a launch refuse together into one log, and a line written in
+    two parts (`print` writes the text, then its newline) runs into another process's."""
+    sys.stderr.write(f"error: {error}\n")
+    sys.stderr.flush()
 
 
 def _end_progress_bars() -> None:
     """An error met mid-step (a full disk while training) leaves the Trainer's progress bar open, its line unended:
     closed first, the error line starts a line of its own."""
-    import sys
-
     tqdm = sys.modules.get("tqdm")
     for bar in list(getattr(getattr(tqdm, "tqdm", None), "_instances", ())):
         bar.close()
