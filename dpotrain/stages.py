@@ -436,8 +436,8 @@ def _analyzer_cache(recipe, found: Launch, tokenizer, dataset) -> tuple[tuple | 
 
 def measure_lengths(recipe, found: Launch, pairs: Data, model_path: str, state=None) -> Lengths:
     """The lengths stage. Under a launch the main process reads (or writes) the analyzer's cache first, then the
-    others read it. Decides `max_length` when it was `auto` (the trainer's drop filter reads it)."""
-    recipe = config.decided(recipe, pairs.settings())  # the data set's commit: the analyzer's cache key
+    others read it. Decides `max_length` when it was `auto` (the trainer's drop filter reads it). `recipe` carries the
+    data stage's decisions (its commit: the analyzer's cache key)."""
     t, p = recipe.training, recipe.project
     max_length = t.max_length
     tokenizer = _tokenizer(recipe, model_path, local_only=found.planning)
@@ -695,7 +695,7 @@ def first_half(
     say = state is None or state.is_main_process
     pairs = pairs if pairs is not None else load_data(recipe, found, say, state, output)
     model_path = model_files(recipe, found)
-    pair_lengths = measure_lengths(recipe, found, pairs, model_path, state)
+    pair_lengths = measure_lengths(settings_of(recipe, found, pairs), found, pairs, model_path, state)
     sized = settings_of(recipe, found, pairs, pair_lengths)
     forward = decide_forward(sized, found, model_path, pair_lengths)
     shaped = settings_of(recipe, found, pairs, pair_lengths, forward)

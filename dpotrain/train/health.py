@@ -272,16 +272,13 @@ class HealthGuard(TrainerCallback):
 
     # --- bookkeeping ---
 
-    def _pairs_per_step(self, args) -> int:
-        return self.p.pairs_per_step  # the run's (resolve.plan_batch), never None in the settings the guard is given
-
     def _pairs(self, args, step: int) -> int:
         """Pairs seen since the previous log."""
-        return (step - self._last_step) * self._pairs_per_step(args)
+        return (step - self._last_step) * self.p.pairs_per_step
 
     def _count_pinned(self, logs: dict, args, steps: int) -> None:
         acc = logs.get("rewards_norm/accuracies", logs.get("rewards/accuracies"))
-        pairs = steps * self._pairs_per_step(args)
+        pairs = steps * self.p.pairs_per_step
         self._pinned_pairs = self._pinned_pairs + pairs if acc is not None and acc >= 0.999 else 0
 
     def _decide(self, alarms: list[Alarm], args) -> int:
