@@ -162,7 +162,7 @@ def dense_attention(config) -> str:
         model_class = MODEL_FOR_CAUSAL_LM_MAPPING[type(config)]
     except KeyError:  # a config the causal-LM auto class does not map: leave it to transformers' own check
         return "sdpa"
-    return "sdpa" if getattr(model_class, "_supports_sdpa", True) else "eager"
+    return "sdpa" if upstream.supports_sdpa(model_class) else "eager"
 
 
 INSTALLED = "installed"  # `varlen` of `decide_forward`: the varlen FlashAttention this machine has (installed_varlen)

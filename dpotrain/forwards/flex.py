@@ -33,6 +33,7 @@ from dpotrain.recipe.errors import RunError
 # backend sees the graph, so counting them holds for inductor too (tests/test_forwards.py).
 BACKEND = "inductor"
 _compiled = {}  # backend: the compiled `_flex`
+_assume = upstream.compiler_check()  # torch._check
 
 
 def _flex(query, key, value, block_mask, scale, enable_gqa, score_mod):
@@ -42,8 +43,8 @@ def _flex(query, key, value, block_mask, scale, enable_gqa, score_mod):
         raise RunError(uncompiled_reason())
     # Rows are whole tiles (the collators pad them to BLOCK; `attention` sends no other width here). Compiled with
     # dynamic sizes the compiler cannot prove it and bounds-checks every tile's loads: told, it leaves them out.
-    torch._check(query.shape[-2] % BLOCK == 0)
-    torch._check(key.shape[-2] % BLOCK == 0)
+    _assume(query.shape[-2] % BLOCK == 0)
+    _assume(key.shape[-2] % BLOCK == 0)
     return flex_attention(
         query, key, value, score_mod=score_mod, block_mask=block_mask, scale=scale, enable_gqa=enable_gqa
     )
@@ -61,8 +62,7 @@ def compilations() -> int:
 
 
 def uncompiled_reason() -> str:
-    import torch._dynamo.config as dynamo
-
+    dynamo = upstream.dynamo_config()
     fix = "see docs/attention.md, or run on another attention (--attn_implementation sdpa, or share_prompt false)"
     if dynamo.disable:
         why = "torch.compile is disabled (TORCH_COMPILE_DISABLE=1)"
@@ -95,7 +95,7 @@ def _mark_dynamic(block_mask) -> None:
         table = getattr(block_mask, name, None)
         if table is not None:
             for dim in range(2, table.dim()):
-                torch._dynamo.maybe_mark_dynamic(table, dim)
+                upstream.mark_dynamic(table, dim)
 
 
 def attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, softcap=None, **kwargs):
@@ -137,7 +137,7 @@ def attention(module, query, key, value, attention_mask, scaling=None, dropout=0
         _mark_dynamic(attention_mask)
         try:
             out = compiled_flex()(*args)
-        except torch._dynamo.exc.FailOnRecompileLimitHit as e:  # fullgraph: dynamo refuses to run it uncompiled
+        except upstream.recompile_limit_hit() as e:  # fullgraph: dynamo refuses to run it uncompiled
             raise RunError(uncompiled_reason()) from e
     return out.transpose(1, 2).contiguous(), None
 
@@ -154,8 +154,7 @@ class CompilationReport(TrainerCallback):
 
     def on_train_end(self, args, state, control, **kwargs):
         if state.is_world_process_zero:
-            import torch._dynamo.config as dynamo
-
+            dynamo = upstream.dynamo_config()
             print(
                 f"FlexAttention: {compilations()} compilations this run (recompile limit {dynamo.recompile_limit})",
                 flush=True,

@@ -26,9 +26,6 @@ Only the compact inputs (`attention_block`, `attention_branch`, position ids) ar
 micro-batch; the mask itself is built from them on the device.
 """
 
-import importlib
-import inspect
-import sys
 from dataclasses import dataclass
 from typing import Any
 
@@ -43,6 +40,7 @@ from dpotrain.forwards.packing import (
     row_width_bound,
     sequences,
 )
+from dpotrain.recipe import upstream
 
 # implementations that take a mask of our own: a 4D one (sdpa, eager) or a block mask (flex_attention); decided by
 # tests/test_shared_prompt.py and tests/test_flex.py
@@ -52,14 +50,13 @@ SHARED_ATTENTION = {"sdpa", "eager", "flex_attention"}
 def takes_mask_per_layer_kind(config) -> bool:
     """Whether the model's forward accepts a dict of masks per layer kind (transformers' models with mixed layer kinds:
     OLMo 3, Qwen 2/3, Gemma 2/3, Cohere 2, ...). Read from its modeling module, since the config does not say."""
-    from transformers import AutoModelForCausalLM
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
 
-    model_class = AutoModelForCausalLM._model_mapping.get(type(config), None)
-    if model_class is None:
+    try:
+        model_class = MODEL_FOR_CAUSAL_LM_MAPPING[type(config)]
+    except KeyError:
         return False
-    module = sys.modules.get(model_class.__module__) or importlib.import_module(model_class.__module__)
-    source = inspect.getsource(module)
-    return "causal_mask_mapping := attention_mask, dict" in source
+    return upstream.takes_mask_per_layer_kind(model_class)
 
 
 def share_problem(config, attn_implementation: str | None, router_aux_loss_coef: float | None = None) -> str | None:

@@ -18,6 +18,8 @@ stays eager: inductor can fuse RMSNorm, the q/k norms, RoPE and SwiGLU's element
 pays on a GPU, and what its compilation costs the first step, is to be measured (BENCHMARKS.md).
 """
 
+from dpotrain.recipe import upstream
+
 
 def decoder_layers(model) -> list:
     """The repeated blocks transformers checkpoints, in order (`GradientCheckpointingLayer`)."""
@@ -50,7 +52,7 @@ def hold_checkpointing(model, training_args) -> None:
     base = model.get_base_model() if hasattr(model, "get_base_model") else model  # PEFT wraps the model
 
     def enable(*_, **__):
-        base._activation_checkpointing_enable(kwargs or None, every_n_layers=every, offload=offload)
+        upstream.enable_checkpointing(base, kwargs or None, every, offload)
 
     for target in {id(model): model, id(base): base}.values():
         target.gradient_checkpointing_enable = target.activation_checkpointing_enable = enable  # an instance attribute

@@ -249,8 +249,6 @@ def register_trace_attention() -> None:
 def _traced_peak(config, layers: int, tokens: int, checkpointing: bool | int) -> int:
     """The backbone's peak on fake tensors, without parameters: `checkpointing` False, True or every k-th layer."""
     import torch
-    from torch._subclasses.fake_tensor import FakeTensorMode
-    from torch.distributed._tools.mem_tracker import MemTracker
     from transformers import AutoModelForCausalLM
 
     register_trace_attention()
@@ -259,7 +257,7 @@ def _traced_peak(config, layers: int, tokens: int, checkpointing: bool | int) ->
     text.num_hidden_layers = layers
     if getattr(text, "layer_types", None):  # sliding windows and chunks only change the mask, which is not traced
         text.layer_types = ["full_attention"] * layers
-    with FakeTensorMode(), warnings.catch_warnings():
+    with upstream.fake_tensor_mode(), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16, attn_implementation=TRACE_ATTENTION)
         every = checkpoint_every(checkpointing)
@@ -272,7 +270,7 @@ def _traced_peak(config, layers: int, tokens: int, checkpointing: bool | int) ->
             p.register_post_accumulate_grad_hook(lambda p: setattr(p, "grad", None))
         ids = torch.zeros(1, tokens, dtype=torch.long)
         positions = torch.arange(tokens)[None]
-        tracker = MemTracker()
+        tracker = upstream.mem_tracker()
         tracker.track_external(model)
         with tracker:
             hidden = model.base_model(input_ids=ids, position_ids=positions, use_cache=False).last_hidden_state

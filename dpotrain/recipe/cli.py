@@ -10,6 +10,7 @@ under `errors.run_cli`).
 import argparse
 import difflib
 
+from dpotrain.recipe import upstream
 from dpotrain.recipe.errors import ConfigError
 
 TRUE, FALSE = ("true", "1", "yes", "on"), ("false", "0", "no", "off")
@@ -38,7 +39,7 @@ class Parser(argparse.ArgumentParser):
         return super().add_argument(*dict.fromkeys(spellings), **kwargs)
 
     def known_flags(self) -> list[str]:
-        return [s for action in self._actions for s in action.option_strings if s.startswith("--")]
+        return [s for action in upstream.parser_actions(self) for s in action.option_strings if s.startswith("--")]
 
     def error(self, message: str):
         words = message.split(": ", 1)[-1].split()

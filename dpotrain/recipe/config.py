@@ -15,9 +15,8 @@ import re
 import sys
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from unittest import mock
 
-from dpotrain.recipe import recipe_file, usage
+from dpotrain.recipe import recipe_file, upstream, usage
 from dpotrain.recipe.errors import ConfigError
 
 
@@ -355,7 +354,12 @@ def make_parser():
 
 def _options(parser) -> dict[str, object]:
     """`--name` (as written in YAML, snake_case) -> its argparse action."""
-    return {opt: action for action in parser._actions for opt in action.option_strings if opt.startswith("--")}
+    return {
+        opt: action
+        for action in upstream.parser_actions(parser)
+        for opt in action.option_strings
+        if opt.startswith("--")
+    }
 
 
 # Names that older transformers / TRL versions (and many tutorials) use, with what replaced them.
@@ -585,7 +589,7 @@ def _cpu_deepspeed_backend(args: list[str]) -> list[str]:
 def _gpu_checks_skipped():
     """A dry run on a CPU login node plans a GPU job: transformers' "bf16 needs a GPU" check must not refuse it."""
 
-    with mock.patch("transformers.training_args.is_torch_bf16_gpu_available", return_value=True):
+    with upstream.bf16_gpu_check_skipped():
         yield
 
 

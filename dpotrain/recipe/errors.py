@@ -1,5 +1,7 @@
 import sys
 
+from dpotrain.recipe import upstream
+
 
 class ConfigError(Exception):
     """Bad input found before any expensive work: the message is one line that names the fix."""
@@ -39,6 +41,5 @@ def _error_line(error: Exception) -> None:
 def _end_progress_bars() -> None:
     """An error met mid-step (a full disk while training) leaves the Trainer's progress bar open, its line unended:
     closed first, the error line starts a line of its own."""
-    tqdm = sys.modules.get("tqdm")
-    for bar in list(getattr(getattr(tqdm, "tqdm", None), "_instances", ())):
+    for bar in upstream.open_progress_bars():
         bar.close()

@@ -17,11 +17,18 @@ Kinds of seam:
   that method's source.
 - `patch`: a module-level name an upstream function looks up at call time, which the project replaces for the
   duration of one call (`patched`).
+- `source`: a phrase of upstream source the project reads to learn what an API does not say (`text`: the phrase, in
+  the source of the symbol, a model that has it).
+
+Private names of the standard library (`argparse`) and of tqdm live here too: every private name the project touches,
+strings given to `getattr` and patch targets included (tests/test_upstream.py reads the package for any other).
 """
 
 import contextlib
 import importlib
+import importlib.util
 import inspect
+import sys
 from dataclasses import dataclass
 
 
@@ -32,9 +39,12 @@ class Seam:
     why: str  # what the project does with it, and where
     params: tuple[str, ...] = ()  # override / call: the parameters relied on, in order (self excluded)
     read_in: str = ""  # set: the upstream function ("module:Qualified.name") whose source must use the name
+    text: str = ""  # source: the phrase the symbol's source must hold
 
 
 DPO = "trl.trainer.dpo_trainer"
+# transformers' models with mixed layer kinds take a dict of masks, one per kind; their forward says so in this phrase
+MASK_PER_LAYER_KIND = "causal_mask_mapping := attention_mask, dict"
 TRAINER = "transformers.trainer"
 
 SEAMS = (
@@ -190,6 +200,72 @@ SEAMS = (
     ),
     Seam("torch.distributed.distributed_c10d:_get_default_group", "call", "the default group's name"),
     Seam(
+        "transformers.modeling_utils:PreTrainedModel._activation_checkpointing_enable",
+        "call",
+        "the plan's every k-th layer checkpointed, called by the model's own enable, which the project replaces on the "
+        "instance so that TRL's re-enables keep the plan (dpotrain/plan/layers.py)",
+        ("activation_checkpointing_kwargs", "every_n_layers", "offload"),
+    ),
+    Seam(
+        "transformers.modeling_utils:PreTrainedModel._supports_sdpa",
+        "read",
+        "sdpa, or eager for a model class without it: the dense attention of shared prompts and of generation",
+    ),
+    Seam(
+        "transformers.models.olmo3.modeling_olmo3:Olmo3Model.forward",
+        "source",
+        "a model whose forward takes a dict of masks per layer kind (the config does not say): the shared-prompt "
+        "forward hands it one mask per kind (dpotrain/forwards/shared_prompt.py)",
+        text=MASK_PER_LAYER_KIND,
+    ),
+    Seam(
+        "transformers.training_args:is_torch_bf16_gpu_available",
+        "patch",
+        "a dry run on a CPU login node plans a bf16 GPU job: transformers' check that bf16 needs a GPU must not "
+        "refuse it (dpotrain/recipe/config.py)",
+        read_in="transformers.training_args:TrainingArguments._validate_args",
+    ),
+    Seam(
+        "deepspeed.runtime.zero.partitioned_param_coordinator:PartitionedParameterCoordinator._invalidate_trace",
+        "call",
+        "after generating under ZeRO-3, the recorded fetch order is forgotten (dpotrain/train/samples.py)",
+    ),
+    Seam(
+        "torch:_check", "call", "FlexAttention's rows are whole tiles, said to the compiler (dpotrain/forwards/flex.py)"
+    ),
+    Seam(
+        "torch._dynamo:maybe_mark_dynamic",
+        "call",
+        "the block mask's tile tables as dynamic sizes: a new row width is no new compilation (forwards/flex.py)",
+        ("t", "index"),
+    ),
+    Seam(
+        "torch._dynamo:config", "read", "torch.compile's recompile limit and whether it is disabled (forwards/flex.py)"
+    ),
+    Seam(
+        "torch._dynamo.exc:FailOnRecompileLimitHit",
+        "read",
+        "dynamo gave the flex function up: the run stops in one line (forwards/flex.py)",
+    ),
+    Seam(
+        "torch._subclasses.fake_tensor:FakeTensorMode",
+        "read",
+        "the memory plan traces the backbone on fake tensors, without parameters (dpotrain/plan/memory.py)",
+    ),
+    Seam(
+        "torch.distributed._tools.mem_tracker:MemTracker",
+        "read",
+        "the memory plan's traced peak, by kind of memory (dpotrain/plan/memory.py)",
+    ),
+    Seam(
+        "tqdm.std:tqdm._instances", "read", "the open progress bars, closed before an error's line (recipe/errors.py)"
+    ),
+    Seam(
+        "argparse:ArgumentParser._actions",
+        "read",
+        "the recipe's flags and their help, for unknown-flag hints and the short --help (recipe/config.py, usage.py)",
+    ),
+    Seam(
         "torch.distributed.distributed_c10d:ProcessGroup._get_backend",
         "call",
         "a group's backend per device, whose options hold its timeout",
@@ -271,18 +347,27 @@ def verify(seam: Seam) -> None:
         _, _, reader = _lookup(seam.read_in)
         if name not in inspect.getsource(reader):
             raise SeamMoved(seam, f"is no longer read by {seam.read_in}")
+    if seam.text and seam.text not in inspect.getsource(value):
+        raise SeamMoved(seam, f"no longer holds {seam.text!r}")
+
+
+def installed(seam: Seam) -> bool:
+    """Whether the package a seam lives in is installed (DeepSpeed is optional where no recipe uses it)."""
+    return importlib.util.find_spec(seam.symbol.split(".")[0].split(":")[0]) is not None
 
 
 def check() -> None:
-    """Every seam verified; all problems reported at once."""
-    problems = []
+    """Every seam of an installed package verified; all problems reported at once, and the packages not installed."""
+    problems, absent = [], sorted({s.symbol.split(".")[0] for s in SEAMS if not installed(s)})
     for seam in SEAMS:
         try:
-            verify(seam)
+            if installed(seam):
+                verify(seam)
         except SeamMoved as e:
             problems.append(str(e))
     if problems:
         raise SystemExit("upstream names this project relies on have moved:\n" + "\n".join(problems))
+    print(f"upstream: {len(SEAMS)} seams checked" + (f" ({', '.join(absent)} not installed)" if absent else ""))
 
 
 def seam(symbol: str) -> Seam:
@@ -426,3 +511,81 @@ def group_timeouts() -> dict[str, float]:
         seconds = [group._get_backend(device).options._timeout.total_seconds() for device in group._device_types]
         found[c10d._world.pg_names.get(group, "?")] = min(seconds)
     return found
+
+
+def enable_checkpointing(model, kwargs, every_n_layers: int, offload: bool) -> None:
+    """transformers' own checkpointing of every k-th decoder layer, called past the public method that the project
+    replaces on the instance (`plan/layers.py:hold_checkpointing`)."""
+    model._activation_checkpointing_enable(kwargs, every_n_layers=every_n_layers, offload=offload)
+
+
+def supports_sdpa(model_or_class) -> bool:
+    """Whether a model (class) takes sdpa; transformers' default where a class does not say."""
+    return getattr(model_or_class, "_supports_sdpa", True)
+
+
+def takes_mask_per_layer_kind(model_class) -> bool:
+    """Whether a model class's forward accepts a dict of masks per layer kind, read from its modeling module."""
+    module = sys.modules.get(model_class.__module__) or importlib.import_module(model_class.__module__)
+    return MASK_PER_LAYER_KIND in inspect.getsource(module)
+
+
+def bf16_gpu_check_skipped():
+    """transformers' "bf16 needs a GPU" check answered yes for the block (a dry run planning a GPU job on a CPU)."""
+    return patched("transformers.training_args:is_torch_bf16_gpu_available", lambda *_, **__: True)
+
+
+def forget_fetch_order(coordinator) -> None:
+    """DeepSpeed ZeRO-3's recorded order of parameter fetches, forgotten (the next forward records its own)."""
+    coordinator._invalidate_trace()
+
+
+def compiler_check():
+    """`torch._check`: a fact the compiler cannot prove, said to it. Handed out as the function itself, so that a
+    compiled function calls torch's own (dynamo knows it) and not a wrapper."""
+    import torch
+
+    return torch._check
+
+
+def mark_dynamic(tensor, dim: int) -> None:
+    import torch._dynamo
+
+    torch._dynamo.maybe_mark_dynamic(tensor, dim)
+
+
+def dynamo_config():
+    """torch.compile's settings module (`recompile_limit`, `disable`)."""
+    import torch._dynamo.config
+
+    return torch._dynamo.config
+
+
+def recompile_limit_hit() -> type[Exception]:
+    """The exception dynamo raises when a `fullgraph` function passes its recompile limit."""
+    from torch._dynamo.exc import FailOnRecompileLimitHit
+
+    return FailOnRecompileLimitHit
+
+
+def fake_tensor_mode():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    return FakeTensorMode()
+
+
+def mem_tracker():
+    from torch.distributed._tools.mem_tracker import MemTracker
+
+    return MemTracker()
+
+
+def open_progress_bars() -> list:
+    """tqdm's open bars, where tqdm is imported (never imported here for it)."""
+    tqdm = sys.modules.get("tqdm")
+    return list(getattr(getattr(tqdm, "tqdm", None), "_instances", ()))
+
+
+def parser_actions(parser) -> list:
+    """An argparse parser's actions: its flags, their destinations and help."""
+    return parser._actions

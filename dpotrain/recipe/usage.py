@@ -5,6 +5,8 @@ import dataclasses
 import re
 import textwrap
 
+from dpotrain.recipe import upstream
+
 # The fields the README's commands and recipes set most, in the order a run meets them.
 COMMON = (
     "model_name_or_path",
@@ -57,7 +59,7 @@ def _row(flag: str, text: str) -> list[str]:
 def short_help(parser, project_fields) -> str:
     """The usage, the recipe and dry-run flags, the fields users set most, this project's own options (from their
     dataclass: `project_fields`), and where the rest is."""
-    actions = {a.dest: a for a in parser._actions}
+    actions = {a.dest: a for a in upstream.parser_actions(parser)}
 
     def row(flag: str, text: str) -> str:
         return "\n".join(_row(flag, text))

@@ -47,6 +47,7 @@ import torch
 from dpotrain.cluster.collectives import broadcast_from_main, gather_objects, max_of_ranks
 from dpotrain.data.pair_lengths import PairLengths, pair_columns
 from dpotrain.plan.plan import StepPlan, cut_step, steps_of
+from dpotrain.recipe import upstream
 from dpotrain.recipe.errors import ConfigError
 from dpotrain.recipe.writes import replacing, unwritable, write_text
 from dpotrain.reference.reuse import UNREADABLE, fill_from_other_caches, pair_digests
@@ -101,7 +102,7 @@ def identity(scorer: ReferenceScorer, dataset) -> dict:
     model, args = scorer.policy, scorer.args
     return {
         "version": CACHE_VERSION,
-        "model": getattr(model.config, "_name_or_path", ""),
+        "model": model.config.name_or_path,
         "weights_sha256": scorer.weights_hash,
         "tokens_sha256": token_hash(dataset),
         "pairs": len(dataset),
@@ -110,7 +111,7 @@ def identity(scorer: ReferenceScorer, dataset) -> dict:
         "ld_alpha": scorer.ld_alpha,
         "dtype": str(model.dtype),
         "autocast": "bf16" if args.bf16 else "fp16" if args.fp16 else None,
-        "attn_implementation": getattr(model.config, "_attn_implementation", None),
+        "attn_implementation": upstream.attn_implementation(model.config),
         "forward": "packed" if scorer.packed else "padded",
         "versions": {"torch": torch.__version__, "transformers": transformers.__version__, "trl": trl.__version__},
     }

@@ -102,7 +102,7 @@ def values(trainer, resume_from: str | None) -> dict[str, str]:
         "the forward": digest(trainer.forward.record()),
         "the packages": digest(package_versions()),
         # The path, not the weights' hash: under ZeRO-3, and FSDP2 with RAM-efficient loading, only rank 0 has them.
-        "the reference's model": str(getattr(trainer.model.config, "_name_or_path", "")),
+        "the reference's model": str(trainer.model.config.name_or_path),
     }
 
 

@@ -30,6 +30,7 @@ from pathlib import Path
 from transformers import TrainerCallback
 
 from dpotrain.recipe import records as run_records
+from dpotrain.recipe import upstream
 from dpotrain.recipe.errors import ConfigError
 from dpotrain.recipe.writes import write_text
 
@@ -209,11 +210,11 @@ def dense_attention_while(model):
 
     # The Trainer hands callbacks its unwrapped model (not a DeepSpeed engine); a PEFT model holds the base model
     base = next((m for m in model.modules() if isinstance(m, PreTrainedModel)), None) if model is not None else None
-    trained_on = getattr(getattr(base, "config", None), "_attn_implementation", None)
+    trained_on = upstream.attn_implementation(base.config) if base is not None else None
     if trained_on != "flex_attention":
         yield
         return
-    base.set_attn_implementation("sdpa" if base._supports_sdpa else "eager")
+    base.set_attn_implementation("sdpa" if upstream.supports_sdpa(base) else "eager")
     try:
         yield
     finally:
@@ -235,7 +236,7 @@ def leave_for_training(model, optimizer) -> None:
     offload = getattr(getattr(optimizer, "optimizer", optimizer), "parameter_offload", None)
     coordinator = getattr(offload, "param_coordinator", None)  # DeepSpeed ZeRO-3 only
     if coordinator is not None and not coordinator.is_invalid_trace():
-        coordinator._invalidate_trace()
+        upstream.forget_fetch_order(coordinator)
     if model is not None:
         from torch.distributed.fsdp import FSDPModule
 
