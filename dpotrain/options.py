@@ -11,6 +11,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+from dpotrain.cluster import collectives
 from dpotrain.data import builtin, data, hub_revision, mixture, shapes
 from dpotrain.recipe.config import Recipe
 from dpotrain.recipe.errors import ConfigError
@@ -132,7 +133,7 @@ def check_saving(recipe: Recipe) -> None:
             "the run (0.1), or --save_strategy no to save none on purpose"
         )
     preemptible = os.environ.get("SLURM_JOB_ID") or os.environ.get("DPOTRAIN_STOP_FILE")
-    if strategy == "no" and preemptible and int(os.environ.get("RANK", "0")) == 0:
+    if strategy == "no" and preemptible and collectives.launched_main():
         print(
             "Note: save_strategy no: no checkpoint on the way; a stop request (preemption, time limit) still saves "
             "one, but a job killed without one (a node lost, out of memory) restarts from step 0",

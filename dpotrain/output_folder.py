@@ -11,11 +11,11 @@ model folder would write over files that are not the run's. A run written before
 `run_files.json`) is resumed as ever; replacing it is refused, since which files are its own is not known.
 """
 
-import os
 import shutil
 from contextlib import contextmanager
 from pathlib import Path
 
+from dpotrain.cluster import collectives
 from dpotrain.hub.hub import RUN_COMPLETE
 from dpotrain.recipe.errors import ConfigError
 from dpotrain.recipe.writes import unwritable
@@ -79,7 +79,7 @@ def check(output_dir: str, lock: bool = True) -> None:
             f"output_dir {output_dir!r} is a file, not a folder: pass --output_dir a folder (new or "
             "one of an earlier run)"
         )
-    if lock and int(os.environ.get("RANK", "0")) == 0:  # the run writes there; a dry run does not
+    if lock and collectives.launched_main():  # the run writes there; a dry run does not
         check_writable(out)
     if not out.is_dir():
         return
@@ -92,7 +92,7 @@ def check(output_dir: str, lock: bool = True) -> None:
             "empty folder (e.g. outputs/<name>)"
         )
     # The main process alone: another rank of this launch, slower here, would find the lock its main process just took.
-    if lock and int(os.environ.get("RANK", "0")) == 0:
+    if lock and collectives.launched_main():
         run_lock.check_free(out)
 
 

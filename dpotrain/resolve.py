@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import yaml
 
+from dpotrain.cluster import collectives
 from dpotrain.data import chat_template, mixture, model_identity
 from dpotrain.hub.hub import RUN_COMPLETE
 from dpotrain.recipe.config import Recipe
@@ -216,7 +217,7 @@ def check_explicit_settings(recipe: Recipe, folder: Path, pairs_per_step: int | 
     the checkpoint (its folder's resolved_config.json): the checkpoint's schedule and data order are that run's."""
     run = folder.resolve().parent
     if not (run / "resolved_config.json").is_file():
-        if int(os.environ.get("RANK", "0")) == 0:  # every rank runs this, before the processes start
+        if collectives.launched_main():  # every rank runs this, before the processes start
             print(
                 f"resume_from_checkpoint {folder}: no resolved_config.json beside it (not a run of this project), so "
                 "its settings cannot be compared with this run's",

@@ -13,7 +13,6 @@ same functions, deciding the same way. It differs from the run only in where two
 
 import copy
 import functools
-import os
 import shlex
 from contextlib import nullcontext
 from dataclasses import dataclass
@@ -38,7 +37,7 @@ from dpotrain.forwards import choice, cost, sample
 from dpotrain.plan import memory
 from dpotrain.recipe import config
 from dpotrain.recipe.config import uses_live_reference
-from dpotrain.recipe.errors import ConfigError
+from dpotrain.recipe.errors import ConfigError, cause
 from dpotrain.train import health, lora, resume, samples
 
 FA4_SETS = {"with FlashAttention 4 installed": "flash_attention_4", "without": None}  # a dry run for a GPU job
@@ -175,9 +174,9 @@ def output_checks(recipe, found: Launch, push) -> resolve.OutputPlan:
     if not only_reference:
         check(push.check_token)
         check(options.check_wandb, recipe)
-        if not found.planning and int(os.environ.get("RANK", "0")) == 0:  # the process that logs to W&B
+        if not found.planning and collectives.launched_main():  # the process that logs to W&B
             options.check_wandb_reachable(recipe)
-        if push.requested and not found.planning and int(os.environ.get("RANK", "0")) == 0:  # one whoami per run
+        if push.requested and not found.planning and collectives.launched_main():  # one whoami per run
             from dpotrain.hub import hub
 
             push.repo_id = hub.check_write_access(push.repo_id, push.token)  # now, not after training; user/name
@@ -186,7 +185,7 @@ def output_checks(recipe, found: Launch, push) -> resolve.OutputPlan:
     if not only_reference:
         plan = check(resolve.check_output_dir, recipe, found.batch.pairs_per_step) or plan
     kept = None if plan.start_afresh else hub_revision.kept(recipe, training.output_dir)  # the data's commit
-    if kept and int(os.environ.get("RANK", "0")) == 0:
+    if kept and collectives.launched_main():
         print(
             f"Resuming on {recipe.script.dataset_name}: commit {kept[:12]}, the one this run started on "
             "(dataset_revision)",
@@ -403,9 +402,8 @@ def _tokenizer(recipe, model_path: str, local_only: bool):
         return None
     except (OSError, ValueError) as e:
         if not local_only:  # the run needs it (the pairs' lengths, then TRL): one line, not the loader's traceback
-            first = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
             raise ConfigError(
-                f"could not load the tokenizer of {model_path!r} ({first}): a model folder needs its "
+                f"could not load the tokenizer of {model_path!r} ({cause(e, 200)}): a model folder needs its "
                 "tokenizer files (tokenizer.json, tokenizer_config.json) beside config.json"
             ) from None
         return None  # a dry run: the tokenizer is not on this machine

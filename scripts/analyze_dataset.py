@@ -34,7 +34,7 @@ from dpotrain.cluster import offline  # noqa: E402
 from dpotrain.data import chat_template, cuts, data, lengths, lengths_report, mixture, shapes  # noqa: E402
 from dpotrain.data.rows import InvalidRowError  # noqa: E402
 from dpotrain.recipe import cli, config, writes  # noqa: E402
-from dpotrain.recipe.errors import ConfigError  # noqa: E402
+from dpotrain.recipe.errors import ConfigError, cause  # noqa: E402
 
 DEFAULT_DATASET = "allenai/Dolci-Instruct-DPO"  # OLMo 3's released Instruct DPO data
 
@@ -247,7 +247,7 @@ def analyze(args: argparse.Namespace) -> int:
         tokenizer = lengths.load_tokenizer(tokenizer_name, chat_template_path=template)
     except Exception as e:  # unknown name, offline, gated: one line
         hint = f": {remedy}" if offline.is_hub_model(tokenizer_name) and offline.is_offline() else ""
-        raise ConfigError(f"could not load the tokenizer of {tokenizer_name!r} ({_first_line(e)}){hint}") from None
+        raise ConfigError(f"could not load the tokenizer of {tokenizer_name!r} ({cause(e)}){hint}") from None
     dataset, mix = (
         load(args, recipe, name, split, subset, hh_format)
         if not mixed
@@ -339,7 +339,7 @@ def load(args, recipe: dict, name: str, split: str, subset: str | None, hh_forma
     except ConfigError:  # already one line that names the fix
         raise
     except Exception as e:  # unknown Hub name, no access, offline, unreadable file: one line, not a traceback
-        raise ConfigError(f"could not load data set {name!r} (split {split!r}): {_first_line(e)}") from None
+        raise ConfigError(f"could not load data set {name!r} (split {split!r}): {cause(e)}") from None
 
 
 def hub_downloads(tokenizer: str, dataset: str, config: str | None, split: str, args) -> list[str]:
@@ -366,11 +366,6 @@ def fetch_remedy(tokenizer: str, dataset: str, recipe: dict, recipe_path: str | 
         "pass a local tokenizer folder with --tokenizer PATH (and a local data file), or fill the cache on a machine "
         f"with network (`{shlex.join(command)}`) and run this with HF_HUB_OFFLINE=1"
     )
-
-
-def _first_line(e: Exception) -> str:
-    text = str(e).strip()
-    return text.splitlines()[0] if text else type(e).__name__
 
 
 def memory_per_gpu(args, recipe_path: str | None, model: str, max_lengths: list[int], longest: int | None) -> dict:

@@ -27,7 +27,7 @@ from dpotrain.cluster import offline  # noqa: E402
 from dpotrain.data import data, mixture  # noqa: E402
 from dpotrain.recipe import cli  # noqa: E402
 from dpotrain.recipe.config import parse_args  # noqa: E402
-from dpotrain.recipe.errors import ConfigError, run_cli  # noqa: E402
+from dpotrain.recipe.errors import ConfigError, cause, run_cli  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -121,7 +121,7 @@ def hub_error(error: Exception, kind: str, name: str, revision: str | None, toke
     from huggingface_hub.errors import GatedRepoError, RepositoryNotFoundError, RevisionNotFoundError
 
     url = f"https://huggingface.co/{'datasets/' if kind == 'dataset' else ''}{name}"
-    text = str(error).splitlines()[0] if str(error) else type(error).__name__
+    text = cause(error)
     if isinstance(error, GatedRepoError) or "gated" in text:
         return f"{kind} {name!r} is gated: accept its terms at {url}, and put that account's HF_TOKEN in .env"
     if isinstance(error, RevisionNotFoundError) or "Revision" in text:
@@ -131,7 +131,7 @@ def hub_error(error: Exception, kind: str, name: str, revision: str | None, toke
         return f"{kind} {name!r} is not on the Hub, or is private and {access}: check the name, or add HF_TOKEN to .env"
     if getattr(getattr(error, "response", None), "status_code", None) == 401 and token:
         return "the HF_TOKEN in use is invalid or expired: create one at https://huggingface.co/settings/tokens"
-    return f"could not fetch {kind} {name!r} ({type(error).__name__}: {text}): is the Hub reachable from here?"
+    return f"could not fetch {kind} {name!r} ({text}): is the Hub reachable from here?"
 
 
 if __name__ == "__main__":

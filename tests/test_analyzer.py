@@ -428,29 +428,34 @@ def test_skip_invalid_counts_and_lists_the_rows(cli, tmp_path, tiny_model_dir, c
 # --- max_length: auto ------------------------------------------------------------------------------------------------
 
 
+def cached_choice(dataset_id, tokenizer, coverage=lengths.DEFAULT_COVERAGE, cache=None):
+    """`max_length: auto` from the cache, as the lengths stage reads it (None: no cached analysis)."""
+    found = lengths.cached_measure(dataset_id, tokenizer, cache)
+    return None if found is None else lengths.resolution_of(found, coverage)
+
+
 def test_auto_max_length_caches_per_dataset_tokenizer_and_template(tokenizer, tmp_path):
     path = write_jsonl(tmp_path / "d.jsonl", _messages_rows())
     dataset = data.load_preference_dataset(path)
     dataset_id = lengths.dataset_identity(path)
     cache = tmp_path / "c"
-    assert lengths.cached_auto_max_length(dataset_id, tokenizer, 0.9, cache) is None
+    assert cached_choice(dataset_id, tokenizer, 0.9, cache) is None
 
-    first = lengths.auto_max_length(dataset, tokenizer, 0.9, dataset_id, cache, progress=False)
+    _, first = lengths.analyse(dataset, tokenizer, 0.9, dataset_id, cache, progress=False)
     total = lengths.measure(dataset, tokenizer).total
     assert first["cached"] is False and first["max_length"] == lengths.recommend(total, 0.9)
     assert first["coverage"] == pytest.approx(np.mean(total <= first["max_length"])) and first["rows"] == len(dataset)
     assert json.loads(open(first["report"]).read())["recommended_max_length"] == first["max_length"]
 
-    again = lengths.auto_max_length(dataset, tokenizer, 0.9, dataset_id, cache, progress=False)
+    again = cached_choice(dataset_id, tokenizer, 0.9, cache)
     assert again["cached"] is True and again["max_length"] == first["max_length"]
-    assert lengths.cached_auto_max_length(dataset_id, tokenizer, 0.9, cache) == again
-    other_target = lengths.cached_auto_max_length(dataset_id, tokenizer, 0.5, cache)
+    assert again == first | {"cached": True}
+    other_target = cached_choice(dataset_id, tokenizer, 0.5, cache)
     assert other_target["target_coverage"] == 0.5 and other_target["max_length"] == lengths.recommend(total, 0.5)
 
     other_template = lengths.load_tokenizer(tokenizer.name_or_path)
     other_template.chat_template = tokenizer.chat_template.replace("<|im_start|>", "<|im_start|> ")
-    assert lengths.cached_auto_max_length(dataset_id, other_template, 0.9, cache) is None
-    assert lengths.auto_max_length(dataset, other_template, 0.9, dataset_id, cache, progress=False)["cached"] is False
+    assert cached_choice(dataset_id, other_template, 0.9, cache) is None
 
     write_jsonl(tmp_path / "d.jsonl", _messages_rows()[:-1])  # the file changed: a new identity
     assert lengths.dataset_identity(path) != dataset_id
@@ -469,9 +474,9 @@ def test_hub_identity_offline_comes_from_the_local_hub_cache(tmp_path, monkeypat
 
 def test_cli_run_is_reused_by_a_dry_run(cli, tokenizer, tmp_path, tiny_model_dir):
     path = write_jsonl(tmp_path / "d.jsonl", _messages_rows())
-    assert lengths.cached_auto_max_length(lengths.dataset_identity(path), tokenizer) is None
+    assert cached_choice(lengths.dataset_identity(path), tokenizer) is None
     assert cli.main([path, "--tokenizer", tiny_model_dir, "--num-proc", "1"]) == 0
-    found = lengths.cached_auto_max_length(lengths.dataset_identity(path), tokenizer)
+    found = cached_choice(lengths.dataset_identity(path), tokenizer)
     assert (
         found["cached"] is True
         and found["max_length"] == 512

@@ -4,8 +4,16 @@ accelerate's `reduce` leaves a gloo (CPU) process group alone when its own state
 project's few collectives go through torch.distributed. Outside a process group each is the identity.
 """
 
+import os
+
 import torch
 import torch.distributed as dist
+
+
+def launched_main() -> bool:
+    """Whether this is the launch's first process (RANK 0, or no launcher): read from the launcher's environment, so it
+    holds before the process group starts. The one place the project reads RANK."""
+    return int(os.environ.get("RANK", "0")) == 0
 
 
 def _distributed() -> bool:

@@ -23,7 +23,7 @@ from pathlib import Path
 import yaml
 
 from dpotrain.data import builtin, data, mixture
-from dpotrain.recipe.errors import ConfigError
+from dpotrain.recipe.errors import ConfigError, cause
 
 _TRUE = {"1", "ON", "YES", "TRUE"}  # huggingface_hub.constants.ENV_VARS_TRUE_VALUES
 
@@ -278,8 +278,7 @@ def hub_unreachable(seconds: float = PROBE_SECONDS) -> str | None:
     try:
         within(seconds, lambda: get_session().head(constants.ENDPOINT + "/", timeout=seconds))
     except Exception as e:
-        text = str(e).strip().splitlines()[0] if str(e).strip() else ""
-        return f"{constants.ENDPOINT}: {type(e).__name__}{': ' + text if text else ''}"
+        return f"{constants.ENDPOINT}: {cause(e)}"
     return None
 
 

@@ -5,7 +5,7 @@ import json
 import os
 from pathlib import Path
 
-from dpotrain.recipe.errors import ConfigError
+from dpotrain.recipe.errors import ConfigError, cause
 
 LOCAL_SUFFIXES = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
 REQUIRED_COLUMNS = ("chosen", "rejected")
@@ -110,8 +110,7 @@ def load_preference_dataset(
         try:
             loaded = datasets.load_dataset(name, name=config, revision=revision, streaming=streaming)
         except Exception as e:  # unknown name, no access, no network: one line, not a traceback
-            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-            raise ConfigError(f"could not load data set {name!r} from the Hub: {first}") from None
+            raise ConfigError(f"could not load data set {name!r} from the Hub: {cause(e)}") from None
     if isinstance(loaded, (datasets.DatasetDict, datasets.IterableDatasetDict)):
         if split not in loaded:
             raise ConfigError(f"dataset {name!r} has no split {split!r}: choose one of {sorted(loaded)}")
@@ -208,8 +207,7 @@ def _unreadable(path: Path, error: Exception) -> str:
                     return f"{path}:{number}: not valid JSON ({e.msg} at column {e.colno}): fix or remove that line"
                 if not isinstance(row, dict):
                     return f"{path}:{number}: a JSON {type(row).__name__}, not an object: each line is one pair"
-    first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-    return f"could not read dataset file {str(path)!r}: {first}"
+    return f"could not read dataset file {str(path)!r}: {cause(error)}"
 
 
 def check_columns(columns, name: str) -> None:

@@ -19,9 +19,10 @@ shown with what it trades under packing, where a pair costs only its real positi
 compute of every candidate relative to it, with the prompt computed twice (today) and once per pair (shared-prompt
 packing). README "Choosing max_length" says why the rule is a coverage and not a compute knee.
 
-Training with `max_length: auto` calls `auto_max_length` (analyses or reuses a cached report), a `--dry-run`
-calls `cached_auto_max_length` (never analyses). `scripts/analyze_dataset.py` is the command-line report. Rows are
-checked by `rows.check_row` (shared with training); the markdown tables and the plot are in `lengths_report.py`.
+`max_length: auto` reads a cached analysis (`cached_measure`, then `resolution_of`) where one exists, and the run
+(never a `--dry-run`) otherwise analyses the split and caches it (`analyse`): the lengths stage,
+`stages.measure_lengths`. `scripts/analyze_dataset.py` is the command-line report. Rows are checked by
+`rows.check_row` (shared with training); the markdown tables and the plot are in `lengths_report.py`.
 """
 
 import dataclasses
@@ -703,7 +704,7 @@ def default_cache_dir(cache_dir: str | Path | None = None) -> Path:
 
 
 def save_cache(m: Measured, report: dict, dataset_id: str, tokenizer, cache_dir: str | Path | None = None) -> Path:
-    """Keep a full analysis (per-row lengths + report) for `auto_max_length` to reuse; returns the report path."""
+    """Keep a full analysis (per-row lengths + report) for later runs and dry runs; returns the report path."""
     key, identity = cache_key(dataset_id, tokenizer)
     folder = default_cache_dir(cache_dir)
     # Renamed into place (writes.py): several ranks of one launch may race here, and a reader must never see half a
@@ -730,18 +731,6 @@ def _resolution(m: Measured, target: float, report_path: Path, cached: bool, max
     }
 
 
-def cached_auto_max_length(
-    dataset_id: str,
-    tokenizer,
-    coverage: float = DEFAULT_COVERAGE,
-    cache_dir: str | Path | None = None,
-    max_positions: int | None = None,
-) -> dict | None:
-    """The `auto_max_length` answer from a cached report, or None when there is none (for --dry-run: loads no data)."""
-    found = cached_measure(dataset_id, tokenizer, cache_dir)
-    return None if found is None else _resolution(found[0], coverage, found[1], True, max_positions)
-
-
 def cached_measure(dataset_id: str, tokenizer, cache_dir: str | Path | None = None) -> tuple[Measured, Path] | None:
     """A complete analysis cached for this data set, tokenizer and chat template (per-row lengths), and its report's
     path; None when there is none. Read by `max_length: auto` and by a dry run's step plan."""
@@ -752,48 +741,6 @@ def cached_measure(dataset_id: str, tokenizer, cache_dir: str | Path | None = No
         return None
     with np.load(lengths_path) as z:
         return Measured(z["index"], z["prompt"], z["chosen"], z["rejected"], [], conversational=True), report_path
-
-
-def auto_max_length(
-    dataset,
-    tokenizer,
-    coverage: float = DEFAULT_COVERAGE,
-    dataset_id: str | None = None,
-    cache_dir: str | Path | None = None,
-    *,
-    num_proc: int | None = None,
-    batch_size: int = DEFAULT_BATCH_SIZE,
-    progress: bool = True,
-    max_positions: int | None = None,
-) -> dict:
-    """`max_length: auto`: the analyzer's recommendation (`recommendation`) for the training split's pairs.
-
-    Reuses the cached report for the same data set (`dataset_id`, from `dataset_identity`; the data set's
-    fingerprint when None), tokenizer and chat template; otherwise analyses every row and caches the result. Under a
-    multi-process launch, call it on the main process first (`PartialState().main_process_first()`): the other
-    ranks then read the cache instead of each analysing the data set.
-    Returns {"max_length", "coverage" (achieved), "target_coverage", "rows", "truncated", "dropped", "doubled" (the
-    pairs and packed compute twice the length would add), "reason", "cached", "report" (the cached JSON report's
-    path)}. Invalid rows raise `InvalidRowError` (a `ConfigError`).
-    """
-    if dataset_id is None:
-        if upstream.fingerprint(dataset) is None:
-            raise ValueError("a streaming data set has no fingerprint: pass dataset_id=dataset_identity(name, ...)")
-        dataset_id = f"fingerprint:{upstream.fingerprint(dataset)}"
-    found = cached_auto_max_length(dataset_id, tokenizer, coverage, cache_dir, max_positions)
-    if found is not None:
-        return found
-    return analyse(
-        dataset,
-        tokenizer,
-        coverage,
-        dataset_id,
-        cache_dir,
-        num_proc=num_proc,
-        batch_size=batch_size,
-        progress=progress,
-        max_positions=max_positions,
-    )[1]
 
 
 def analyse(
@@ -808,7 +755,7 @@ def analyse(
     progress: bool = True,
     max_positions: int | None = None,
 ) -> tuple[Measured, dict]:
-    """Every pair's lengths, measured and cached (what `auto_max_length` does without a cached report), and the
+    """Every pair's lengths, measured and cached (`max_length: auto` without a cached analysis), and the
     `max_length: auto` answer from them (capped at the model's `max_positions`)."""
     m = measure(dataset, tokenizer, num_proc=num_proc or available_cpus(), progress=progress)
     report = summarize(

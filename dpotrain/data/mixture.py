@@ -24,7 +24,7 @@ import re
 import numpy as np
 
 from dpotrain.data import data, data_identity, hub_revision, lengths, rows
-from dpotrain.recipe.errors import ConfigError
+from dpotrain.recipe.errors import ConfigError, cause
 
 ENTRY_KEYS = ("path", "name", "data_dir", "data_files", "split", "columns", "fraction", "amount")
 BUILDERS = {"json", "csv", "parquet"}  # TRL's `path: json` + `data_files: x.jsonl`: a local file, read as one
@@ -326,8 +326,7 @@ def read_source(source: Source):
                 split=source.split,
             )
         except Exception as e:
-            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-            raise ConfigError(f"could not load mixture source {source.spec()}: {first}") from None
+            raise ConfigError(f"could not load mixture source {source.spec()}: {cause(e)}") from None
     else:
         loaded = data.load_preference_dataset(source.path, source.split, source.name)
     if source.columns:

@@ -35,13 +35,13 @@ sequences alone, stopping the run if not: the forward decided here is never chan
 
 import copy
 import math
-import os
 from dataclasses import asdict, dataclass
 
+from dpotrain.cluster import collectives
 from dpotrain.forwards import masks, packing, padded, sequence_parallel, shared_prompt
 from dpotrain.recipe import upstream
 from dpotrain.recipe.config import uses_live_reference
-from dpotrain.recipe.errors import ConfigError
+from dpotrain.recipe.errors import ConfigError, cause
 
 VARLEN_PACKAGES = {  # transformers' name: (its availability check in transformers.utils, what to install)
     "flash_attention_4": ("is_flash_attn_4_available", "pip install -r requirements-gpu.txt (flash-attn-4)"),
@@ -130,8 +130,7 @@ def import_problem(module: str | None) -> str | None:
     try:
         importlib.import_module(module)
     except Exception as e:  # noqa: BLE001 - a kernel package fails in many ways (missing libraries, CUDA versions)
-        first = str(e).strip().splitlines()[0][:160] if str(e).strip() else ""
-        return f"import {module}: {type(e).__name__}{': ' + first if first else ''}"
+        return f"import {module}: {cause(e, 160)}"
     return None
 
 
@@ -406,7 +405,7 @@ def decide(recipe, config, cuda: bool, varlen: str | None, lengths=None) -> Forw
 
 
 def announce(choice: ForwardChoice) -> ForwardChoice:
-    if int(os.environ.get("RANK", "0")) == 0:  # the same choice on every rank: one line, not one per process
+    if collectives.launched_main():  # the same choice on every rank: one line, not one per process
         print(choice.line(), flush=True)
     return choice
 

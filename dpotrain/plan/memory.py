@@ -30,7 +30,7 @@ from dpotrain.cluster.sequence_parallel import head_counts
 from dpotrain.plan.memory_advice import NAMES, advice, node_size
 from dpotrain.recipe import upstream
 from dpotrain.recipe.config import uses_live_reference
-from dpotrain.recipe.errors import ConfigError
+from dpotrain.recipe.errors import ConfigError, cause
 
 GIB = 2**30
 # CUDA context (~0.5-1 GiB with torch's kernels loaded) plus NCCL communicator buffers (~1-2 GiB), per process.
@@ -75,9 +75,8 @@ def load_model_config(recipe):
     except (OSError, ValueError) as e:
         from dpotrain.cluster.offline import is_hub_model
 
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         # A Hub name: transformers' text ("couldn't connect") would suggest a download was tried; none was.
-        where = "in the local Hugging Face cache" if is_hub_model(name) else f"on this machine ({first[:160]})"
+        where = "in the local Hugging Face cache" if is_hub_model(name) else f"on this machine ({cause(e, 160)})"
         return None, (
             f"the config of {name!r} is not {where}; a dry run loads nothing from the network: `python "
             f"scripts/prefetch.py --config <recipe> --model_name_or_path {name}` on a machine with network fetches it"
@@ -174,8 +173,7 @@ def activation_bytes(config, tokens: int, checkpointing: bool | int) -> tuple[in
         modes = [True] * (kept > 0) + [False] * (kept < text.num_hidden_layers)  # the layer kinds this plan has
         costs = {mode: layer_costs(config, tokens, mode) for mode in modes}
     except Exception as e:  # noqa: BLE001 - any failure of the trace falls back to the documented formula
-        reason = f"{type(e).__name__}: {str(e).splitlines()[0][:120]}" if str(e) else type(e).__name__
-        return formula_activation_bytes(text, tokens, every), f"formula (the trace failed: {reason})"
+        return formula_activation_bytes(text, tokens, every), f"formula (the trace failed: {cause(e, 120)})"
     return _combine(costs, every, text.num_hidden_layers), "traced on fake tensors (1 and 2 layers, extrapolated)"
 
 

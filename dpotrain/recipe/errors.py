@@ -11,9 +11,11 @@ class RunError(Exception):
     """A run that cannot go on (found while it runs): the message is one line that says why and what to do."""
 
 
-def cause(error: BaseException) -> str:
-    """One line naming an error (never a request's headers, where the token travels)."""
-    return f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}".rstrip(": ")
+def cause(error: BaseException, limit: int = 300) -> str:
+    """One line naming an error: its type and the first line of its text, at most `limit` characters of it (never a
+    request's headers, where the token travels)."""
+    text = str(error).strip()
+    return f"{type(error).__name__}: {text.splitlines()[0][:limit] if text else ''}".rstrip(": ")
 
 
 def run_cli(main) -> None:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import yaml
 
-from dpotrain.recipe.errors import ConfigError
+from dpotrain.recipe.errors import ConfigError, cause
 
 
 class _StrictLoader(yaml.SafeLoader):
@@ -44,7 +44,7 @@ def load(path: str | Path) -> dict:
             what += f", {e.context} opened on line {e.context_mark.line + 1}"  # an unclosed [ or {, a stray quote
         raise ConfigError(f"{where}: not valid YAML ({what}): fix it (a recipe is `field: value` lines)") from None
     except yaml.YAMLError as e:
-        raise ConfigError(f"{path}: not valid YAML ({str(e).splitlines()[0]})") from None
+        raise ConfigError(f"{path}: not valid YAML ({cause(e)})") from None
     finally:
         loader.dispose()
     if recipe is None:  # every field would take TRL's default (beta 0.1, sigmoid, 3 epochs) under this recipe's name

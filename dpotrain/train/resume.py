@@ -11,9 +11,9 @@
 """
 
 import json
-import os
 from pathlib import Path
 
+from dpotrain.cluster import collectives
 from dpotrain.recipe.errors import ConfigError, RunError
 from dpotrain.train import checkpoint_manifest
 from dpotrain.train.checkpoints import checkpoints, is_complete
@@ -22,7 +22,7 @@ HEALTH_STOP = "health_stop.json"  # written by a run a health guard stopped (dpo
 
 
 def _say(line: str) -> None:
-    if int(os.environ.get("RANK", "0")) == 0:  # before the processes start: every rank runs this
+    if collectives.launched_main():  # before the processes start: every rank runs this
         print(line, flush=True)
 
 
