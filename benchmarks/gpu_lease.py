@@ -106,7 +106,7 @@ PIECES = {
     ),
     "tests-recipes": Piece(
         240,
-        120,
+        100,
         "tests-recipes.json",
         "each shipped recipe on its engine (needs DeepSpeed)",
         (*TESTS, "shipped_recipe"),
@@ -135,6 +135,7 @@ MODEL = Piece(
     ("benchmarks/end_to_end.py", "--write-model", "{model}", "--layers", "4"),
     ("benchmarks/end_to_end.py", "--write-model", "{model}", "--tiny"),
 )
+NAMED = {**PIECES, "model": MODEL}  # what PIECES may name: `model` alone for a call that only prepares
 
 
 def limit_for(left: float, share: float, later_shares: float) -> float:
@@ -254,9 +255,9 @@ def run_step(lease: Lease, name: str, piece: Piece, later_shares: float, python:
 def run_all(lease: Lease, names: list[str], python: str) -> None:
     """The environment check, the model (once per machine, before the first piece that needs it), the pieces."""
     steps = [("environment", ENVIRONMENT)]
-    if any(PIECES[n].needs_model for n in names):
+    if "model" not in names and any(PIECES[n].needs_model for n in names):
         steps.append(("model", MODEL))
-    steps += [(n, PIECES[n]) for n in names]
+    steps += [(n, NAMED[n]) for n in names]
     for i, (name, piece) in enumerate(steps):
         if name == "model" and lease.model.is_dir():
             lease.outcomes[name] = {"status": "finished", "reason": f"written earlier on this machine: {lease.model}"}
@@ -419,7 +420,7 @@ def logs(lease: Lease) -> None:
 
 def listing() -> str:
     rows = [f"{'piece':20} {'share':>6} {'least':>6}  answers"]
-    rows += [f"{n:20} {p.share_s:>5}s {p.least_s:>5}s  {p.answers}" for n, p in PIECES.items()]
+    rows += [f"{n:20} {p.share_s:>5}s {p.least_s:>5}s  {p.answers}" for n, p in NAMED.items()]
     return "\n".join(rows)
 
 
@@ -437,10 +438,10 @@ def main() -> None:
         print(listing())
         return
     names = [n.strip() for n in args.pieces.split(",") if n.strip()]
-    unknown = [n for n in names if n not in PIECES]
+    unknown = [n for n in names if n not in NAMED]
     if unknown or args.out is None or args.work is None:
         sys.exit(
-            f"error: unknown piece(s) {', '.join(unknown)}: pick from {', '.join(PIECES)}"
+            f"error: unknown piece(s) {', '.join(unknown)}: pick from {', '.join(NAMED)}"
             if unknown
             else "error: --out and --work are required (benchmarks/gpu_lease.sh passes them)"
         )
