@@ -9,33 +9,36 @@ forward, and each forward forced) and `trl.DPOTrainer` with its live reference, 
 The model is a random-init OLMo 3 at 7B's layer width (hidden 4096, intermediate 11008, 32 heads, sliding window 4096
 on 3 of 4 layers, vocabulary 100,278) with 4 decoder layers (each run a few minutes on one H100); `--layers N` sets
 another count, `--layers fit` as many as the memory plan (dpotrain/plan/memory.py) fits on this GPU with the think
-recipe's
-settings (the search stops at the first count the plan refuses).
+recipe's settings (the search stops at the first count the plan refuses); `--write-model DIR` writes it alone and
+`--model DIR` uses it (a GPU lease writes one and shares it: benchmarks/gpu_lease.sh).
 
-Equal settings: the project's path runs the run's own stages (dpotrain/stages.py: the forward decided from the
-pairs, then the memory plan for that forward, which chooses the checkpointed layers; build_trainer; the plan stage; the
+Equal settings: the project's path runs the run's own stages (dpotrain/stages.py: the forward decided from the pairs,
+then the memory plan for that forward, which chooses the checkpointed layers; build_trainer; the plan stage; the
 reference stage). Plain TRL then runs at the settings that run took, printed for both sides: the weights' dtype as
-loaded (float32 on one process, bfloat16 under DeepSpeed: engine.load_dtype), bf16 autocast, the same every k-th
-decoder layer checkpointed, the same pairs per step (`--trl-batch` pairs per padded micro-batch, its live reference, on
-the best attention it can use: a varlen FlashAttention when installed, else sdpa). TRL gets one fix: it re-enables
-checkpointing around its live reference with `every_n_layers` handed to torch's checkpoint(), which raises, so its
-model is held to the plan's layers as the project's is (dpotrain/plan/layers.py). The data are generated words (the
-built-in tokenizer, ~1 token a word): think-like pairs with Dolci-Think-DPO's length mix (benchmarks/lengths_like.py)
-at max_length 16,384 and a token budget of 65,536 (configs/think.yaml), and multi-turn pairs (the shared history ~85%
-of a pair) at 4,096 and 32,768. `--tiny` (CPU): a 2-layer hidden-64 model in bf16 autocast, layer 0 of 2 checkpointed
-(what the plan picks at 7B width, forced), and the layer search at 7B width for an 80 GiB GPU, to its refusal.
+loaded (float32 on one process, bfloat16 under DeepSpeed: engine.load_dtype), bf16 autocast, the same every k-th decoder
+layer checkpointed, the same pairs per step and token budget (`--trl-batch` pairs per padded micro-batch, by default the
+budget over 2 x max_length: 2 on think-like pairs, 4 on multi-turn; its live reference, on the best attention it can
+use: a varlen FlashAttention when installed, else sdpa, named in every row). TRL gets one fix: it re-enables
+checkpointing around its live reference with `every_n_layers` handed to torch's checkpoint(), which raises, so its model
+is held to the plan's layers as the project's is (dpotrain/plan/layers.py). The data are generated words (the built-in
+tokenizer, ~1 token a word): think-like pairs with Dolci-Think-DPO's length mix (benchmarks/lengths_like.py) at
+max_length 16,384 and a token budget of 65,536 (configs/think.yaml), and multi-turn pairs (the shared history ~85% of a
+pair) at 4,096 and 32,768. `--tiny` (CPU): a 2-layer hidden-64 model in bf16 autocast, layer 0 of 2 checkpointed (what
+the plan picks at 7B width, forced), and the layer search at 7B width for an 80 GiB GPU, to its refusal.
 
-Reported per path and data set, in `<out>/results.json` and `<out>/results.md`:
-- end to end: the reference stage + training (TRL: training, its reference inside), and the speed-up over TRL;
+Reported per path and data set, in `<out>/results.json` and `<out>/results.md`, rewritten as each path finishes:
+- end to end: the reference stage + training (TRL: training, its reference inside), and the speed-up over TRL, with
+  and without the compiler's time (dynamo + inductor, in the reference stage and training);
 - training loop: steady pair tokens/s per GPU (the pairs' tokens, whole, over the median step after the first) and MFU
   (the model FLOPs of what the path computed, dpotrain/forwards/flops.py, over the GPU's peak);
-- the reference stage's pair tokens/s (the project's paths);
+- the reference stage's pair tokens/s, with and without its compile time (the project's paths);
 - the first step's time against the steady step's, and inside the first step the compiler's time (dynamo + inductor)
   apart from its compute; `setup_s`: engine start-up before the first step (DeepSpeed's op builds);
-- the GPU's peak memory beside the memory plan's total (`torch.cuda.max_memory_allocated`: every micro-batch's peak is
-  at most it).
+- the GPU's peak memory over the reference stage and training (and after the reference stage alone) beside the memory
+  plan's total (`torch.cuda.max_memory_allocated`: every micro-batch's peak is at most it).
 The targets are printed as PASS/FAIL lines, not asserted: >= 2x plain TRL end to end on think-like data,
->= 2.5x on multi-turn, training-loop MFU >= 45%, the first step <= 2x a steady one, no peak above the plan.
+>= 2.5x on multi-turn, training-loop MFU >= 45%, the reference stage >= 2.5x the loop's tokens/s, the first step <= 2x
+a steady one, the plan >= the peak and within 10% of it.
 """
 
 import argparse
