@@ -97,7 +97,11 @@ PY
     note "fa4: joined $(basename "$big"), checked, installed $(ls "$WORK/fa4"/*.whl | wc -l) wheels"
   }
   for set in core ds; do
-    [[ -d $WHEELS/$set ]] && install_set "$set"
+    if [[ -d $WHEELS/$set ]]; then
+      install_set "$set"
+    elif [[ -f $WORK/installed/$set ]]; then
+      note "$set: installed earlier on this machine (not carried in this call)"
+    fi
   done
   [[ -d $WHEELS/fa4-1 || -d $WHEELS/fa4-2 || -f $WORK/installed/fa4 ]] && install_fa4
   [[ -s $WORK/install.txt ]] || note "installed: nothing carried, nothing installed earlier on this machine"

@@ -178,6 +178,7 @@ def test_carried_wheels_install_once_and_fa4_joins_across_two_calls(tmp_path):
     (second / "fa4-2").symlink_to(wheels / "fa4-2")
     result, _ = lease_call(tmp_path / "o2", work, "0", "tests", cpu=False, wheels=second)
     assert f"fa4: joined {big}, checked, installed 1 wheels" in result.stdout, result.stdout[-2000:]
+    assert "core: installed earlier on this machine (not carried in this call)" in result.stdout
     assert (work / "site" / "kitkernel" / "blob.bin").stat().st_size == 300_000
     result, _ = lease_call(tmp_path / "o3", work, "0", "tests", cpu=False, wheels=first)
     assert "core: installed earlier on this machine" in result.stdout and "fa4: installed earlier" in result.stdout
