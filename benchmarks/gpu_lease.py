@@ -197,6 +197,7 @@ def run_piece(lease: Lease, name: str, piece: Piece, limit: float, python: str) 
     copied into OUT/results.json whenever it changes."""
     paths = lease.paths(name, piece)
     paths["dir"].mkdir(parents=True, exist_ok=True)
+    paths["json"].unlink(missing_ok=True)  # an earlier call's, on this machine: not this call's result
     cmd = [python, *(arg.format(**paths) for arg in piece.command(lease.cpu))]
     env = {
         **os.environ,
@@ -264,7 +265,8 @@ def run_all(lease: Lease, names: list[str], python: str) -> None:
             continue
         run_step(lease, name, piece, sum(p.share_s for _, p in steps[i + 1 :]), python)
         if name == "environment":
-            found = read_json(lease.paths(name, piece)["json"]) or {}
+            ran = "seconds" in lease.outcomes[name]  # skipped: the file there is an earlier call's
+            found = (read_json(lease.paths(name, piece)["json"]) if ran else None) or {}
             install = lease.work / "install.txt"
             found["install"] = install.read_text().splitlines() if install.exists() else []
             found["nvidia_smi"] = nvidia_smi()
