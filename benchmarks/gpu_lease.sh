@@ -36,6 +36,8 @@ if [[ $CPU == 1 ]]; then
 else
   PYTHON=${PYTHON:-python3}  # the image's interpreter: it has no `python`
   SITE=$WORK/site
+  # No index to ask for a newer pip (there is no network), no warning per call about running as root (the lease does).
+  export PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_ROOT_USER_ACTION=ignore
   : > "$WORK/install.txt"
   note() { echo "$*" | tee -a "$WORK/install.txt"; }
   # pip into a folder of its own, never byte-compiling on the device, never reaching for an index.
@@ -45,7 +47,11 @@ else
     "$PYTHON" - "$@" <<'PY'
 import importlib.metadata as m
 import sys
-from packaging.version import Version
+
+try:
+    from packaging.version import Version
+except ImportError:  # pip's own copy: pip is there, it installs
+    from pip._vendor.packaging.version import Version
 
 for path in sys.argv[1:]:
     name, version = path.rsplit("/", 1)[-1].split("-")[:2]
@@ -64,8 +70,10 @@ PY
     local set=$1 dir=$WHEELS/$1
     if stamped "$set" "$dir/SHA256SUMS"; then note "$set: installed earlier on this machine"; return 0; fi
     (cd "$dir" && sha256sum --quiet -c SHA256SUMS) || { note "$set: FAILED its sha256 check: carry it again"; return 1; }
-    local wheels
-    mapfile -t wheels < <(needed "$dir"/*.whl)
+    local wheels listed
+    listed=$(needed "$dir"/*.whl) || { note "$set: FAILED to compare its wheels with the image's packages"; return 1; }
+    mapfile -t wheels <<< "$listed"
+    [[ -n ${wheels[0]} ]] || wheels=()
     ((${#wheels[@]} == 0)) || pip_target "${wheels[@]}" || { note "$set: pip FAILED"; return 1; }
     local sdist
     for sdist in "$dir"/*.tar.gz; do
