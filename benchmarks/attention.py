@@ -253,7 +253,9 @@ def main() -> None:
     )
     parser.add_argument("--peak-tflops", type=float, default=None, help="default: the GPU's, by name (flops.py)")
     parser.add_argument("--paths", nargs="+", default=list(PATHS), choices=PATHS)
-    parser.add_argument("--out", type=Path, default=None, help="also write every record to this JSON file, at the end")
+    parser.add_argument(
+        "--out", type=Path, default=None, help="also write the records to this JSON file, rewritten as each path ends"
+    )
     args = parser.parse_args()
     if args.tiny:
         args.max_length, args.budget = min(args.max_length, 512), min(args.budget, 2048)
@@ -268,6 +270,7 @@ def main() -> None:
         args.layers = layers_that_fit(gpu, Olmo3Config(vocab_size=100_278, max_position_embeddings=65536), args)
     records = [{"layers": args.layers, "checkpointing": args.checkpointing, "budget": args.budget}]
     print(json.dumps(records[0]), flush=True)
+    save(records, args.out)
     prompt, chosen, rejected = lengths_of(args.data, 4000, args.max_length, seed=0)
     for path in args.paths:
         share = path.startswith("shared")
@@ -277,9 +280,15 @@ def main() -> None:
         result = run_path(path, args, micro_batches[: args.micro_batches], (prompt, chosen, rejected))
         records.append({"data": args.data, "device": args.device, **result})
         print(json.dumps(records[-1]), flush=True)
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(records, indent=2) + "\n")
+        save(records, args.out)
+
+
+def save(records: list[dict], out: Path | None) -> None:
+    """The records so far, the file replaced whole: a run cut off keeps every path it finished."""
+    if out:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.with_suffix(".partial").write_text(json.dumps(records, indent=2) + "\n")
+        out.with_suffix(".partial").replace(out)
 
 
 if __name__ == "__main__":

@@ -2,7 +2,8 @@
 run compiles it (the project's compiled function, forwards/flex.py, on inductor, the GPU's compiler): how many, and
 milliseconds per call, over ~30 row widths with gradients, without (no_grad) and in inference mode.
 
-    python benchmarks/gpu_probe.py --out results/probe.json           # on the GPU (gpu_all.sh's first piece)
+    python3 benchmarks/gpu_probe.py --out /tmp/lease/probe.json       # on the GPU (gpu_lease.sh's `probe` piece)
+    python3 benchmarks/gpu_probe.py --out /tmp/lease/env.json --env   # versions, imports, upstream seams only
     python benchmarks/gpu_probe.py --out /tmp/probe.json --tiny       # CPU: 3 widths, no_grad and inference only
 
 A run compiles flex once per autograd mode (docs/attention.md): more compilations than modes here means the guards
@@ -26,13 +27,24 @@ PACKAGES = (
     "trl",
     "accelerate",
     "datasets",
+    "huggingface_hub",
+    "tokenizers",
+    "peft",
+    "python-dotenv",
+    "dill",
+    "multiprocess",
+    "pyarrow",
     "deepspeed",
+    "pydantic",
+    "typing_extensions",
     "flash-attn-4",
     "nvidia-cutlass-dsl",
     "quack-kernels",
     "triton",
 )
-MODULES = ("trl", "datasets", "deepspeed", "flash_attn.cute", "triton")
+# Imported for real: transformers finds a package without importing it (FlashAttention 4 counts as available when
+# `import flash_attn.cute` fails); where each came from tells a carried package from the image's.
+MODULES = ("transformers", "trl", "datasets", "peft", "dotenv", "deepspeed", "flash_attn.cute", "triton")
 
 
 def versions() -> dict:
@@ -58,7 +70,27 @@ def kernels() -> dict:
     from dpotrain.forwards import choice
 
     imports = {name: choice.import_problem(name) or "ok" for name in MODULES}
-    return {"imports": imports, "varlen": choice.installed_varlen(torch.cuda.is_available())}
+    origins = {name: where(name) for name, found in imports.items() if found == "ok"}
+    return {"imports": imports, "from": origins, "varlen": choice.installed_varlen(torch.cuda.is_available())}
+
+
+def where(module: str) -> str:
+    """The folder an imported module came from."""
+    import sys
+
+    top = sys.modules[module.split(".")[0]]
+    return str(Path(top.__file__).parent.parent) if getattr(top, "__file__", None) else ""
+
+
+def upstream() -> str:
+    """dpotrain/recipe/upstream.py's check of the private names this project relies on, against what is installed."""
+    from dpotrain.recipe import upstream as seams
+
+    try:
+        seams.check()
+    except SystemExit as moved:
+        return str(moved)
+    return "ok"
 
 
 def widths(count: int, largest: int = 16384) -> list[int]:
@@ -115,10 +147,15 @@ def main() -> None:
     parser.add_argument("--out", type=Path, required=True, help="the JSON file to write")
     parser.add_argument("--tiny", action="store_true", help="CPU: 3 widths, small heads")
     parser.add_argument("--widths", type=int, default=None, help="row widths per mode (default 30; --tiny 3)")
+    parser.add_argument("--env", action="store_true", help="versions, imports and upstream seams only (no flex)")
     args = parser.parse_args()
     count = args.widths or (3 if args.tiny else 30)
-    record = {"versions": versions(), "kernels": kernels()}
+    record = {"versions": versions(), "kernels": kernels(), "upstream": upstream()}
     print(json.dumps(record), flush=True)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(record, indent=2) + "\n")
+    if args.env:
+        return
     start = time.perf_counter()
     record["flex"] = flex_probe(count, args.tiny)
     record["flex"]["seconds"] = round(time.perf_counter() - start, 1)

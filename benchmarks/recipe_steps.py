@@ -1,19 +1,24 @@
 """A recipe's own settings for a few steps, as `train_dpo.py` runs them: configs/think.yaml (samples at step 0, its
 token budget, 128 pairs per step, the memory plan's checkpointing, the forward it decides) on OLMo 3 at 7B's layer
-width with 4 layers and generated think-like pairs. What it shows: the run starts, samples, and trains with few
-FlexAttention compilations (step-0 samples used to spend flex's recompile limit), and what its first steps cost.
+width with 4 layers and generated think-like pairs (each answer opening with `<think>`, as the recipe's template
+requires). What it shows: the run starts, samples, and trains with few FlexAttention compilations (step-0 samples used
+to spend flex's recompile limit), what its first steps cost, its speed and its memory beside the plan.
 
-    python benchmarks/recipe_steps.py --out results/think-recipe.json          # one GPU (gpu_all.sh's piece)
+    python benchmarks/recipe_steps.py --out /tmp/lease/think-recipe.json --model /tmp/lease/model   # one GPU
     python benchmarks/recipe_steps.py --out /tmp/think-recipe.json --tiny      # CPU: the tiny model, a minute
 
 Only what cannot run here is changed: no W&B (report_to none), no checkpoints, max_steps; --tiny also: 8 pairs per
-step, 16 new tokens per sample, the CPU.
+step, 16 new tokens per sample, the CPU. The final model is not wanted (a 7B-width fp32 model is 6.5 GB and 20-30 s of
+writing): the run is ended as its final save begins, after training has logged every step. The JSON is written when
+the run ends, however it ends.
 """
 
 import argparse
 import json
 import os
 import re
+import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -22,13 +27,27 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
+# What the JSON keeps of each logged step: speed, MFU and memory beside the plan.
+KEEP = (
+    "step",
+    "loss",
+    "num_tokens",
+    "tokens_per_second",
+    "tokens_per_second_per_gpu",
+    "mfu",
+    "memory/peak_allocated_gib",
+    "memory/peak_reserved_gib",
+    "memory/planned_gib",
+    "memory/peak_rss_gib",
+)
 
-def command(args, folder: Path) -> list[str]:
+
+def command(args, folder: Path, model: Path) -> list[str]:
     flags = [
         "--config",
         str(ROOT / "configs" / f"{args.recipe}.yaml"),
         "--model_name_or_path",
-        str(folder / "model"),
+        str(model),
         "--dataset_name",
         str(folder / "pairs.jsonl"),
         "--output_dir",
@@ -56,26 +75,49 @@ def command(args, folder: Path) -> list[str]:
     return [sys.executable, str(ROOT / "train_dpo.py"), *flags]
 
 
-def summary(folder: Path, log: str, code: int, seconds: float) -> dict:
+def jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def final_save_began(run: Path) -> bool:
+    """The final save writes the model's config and weights at the top of the output folder (checkpoints are
+    folders of their own, and there are none here)."""
+    return (run / "config.json").exists() or any(run.glob("*.safetensors"))
+
+
+def run_until_final_save(cmd: list[str], env: dict, log: Path, run: Path) -> tuple[int, bool]:
+    """The run, its output in `log`, ended (its whole process group) as soon as its final save begins: (exit code,
+    whether it was ended there)."""
+    with log.open("w") as out:
+        process = subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        while process.poll() is None:
+            if final_save_began(run):
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait()
+                return 0, True
+            time.sleep(0.2)
+    return process.returncode, False
+
+
+def summary(folder: Path, log: str, code: int, seconds: float, ended_at_save: bool) -> dict:
     """The run's own records: resolved_config.json (forward, memory plan, layers), metrics.jsonl, samples.jsonl."""
     run = folder / "run"
     resolved = json.loads((run / "resolved_config.json").read_text()) if (run / "resolved_config.json").exists() else {}
     derived = resolved.get("derived", resolved)
-    metrics = (
-        [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-        if (run / "metrics.jsonl").exists()
-        else []
-    )
-    samples = (
-        [json.loads(line) for line in (run / "samples.jsonl").read_text().splitlines()]
-        if (run / "samples.jsonl").exists()
-        else []
-    )
+    steps = [{k: m[k] for k in KEEP if k in m} for m in jsonl(run / "metrics.jsonl") if "loss" in m]
     found = re.search(r"FlexAttention: (\d+) compilations this run", log)
-    keep = ("step", "loss", "tokens_per_second_per_gpu", "mfu", "step_seconds")
+    # Each step's seconds from its log (logging_steps 1): its tokens over its tokens/s (samples' time left out).
+    before = 0
+    for step in steps:
+        step["step_seconds"] = round((step["num_tokens"] - before) / step["tokens_per_second"], 3)
+        before = step["num_tokens"]
+    seconds_of = [s["step_seconds"] for s in steps]
+    steady = sorted(seconds_of[1:])[len(seconds_of[1:]) // 2] if len(seconds_of) > 1 else None
+    peaks = [s["memory/peak_allocated_gib"] for s in steps if "memory/peak_allocated_gib" in s]
     return {
         "exit_code": code,
         "seconds": round(seconds, 1),
+        "final_model": "not saved (the run was ended as its final save began)" if ended_at_save else "saved",
         "forward": (derived.get("forward") or {}).get("layout"),
         "attention": (derived.get("forward") or {}).get("attention"),
         "memory_plan_gib": ((derived.get("memory") or {}).get("per_gpu_gib") or {}).get("total"),
@@ -83,8 +125,12 @@ def summary(folder: Path, log: str, code: int, seconds: float) -> dict:
         "layers": derived.get("layers"),
         "reference": derived.get("reference"),
         "flex_compilations": int(found.group(1)) if found else None,
-        "sample_steps": sorted({s["step"] for s in samples}),
-        "steps": [{k: m[k] for k in keep if k in m} for m in metrics if "loss" in m],
+        "sample_steps": sorted({s["step"] for s in jsonl(run / "samples.jsonl")}),
+        "first_step_s": seconds_of[0] if seconds_of else None,
+        "steady_step_s": steady,
+        "first_vs_steady": round(seconds_of[0] / steady, 2) if steady else None,
+        "peak_allocated_gib": max(peaks) if peaks else None,
+        "steps": steps,
         "log_tail": log.strip().splitlines()[-30:] if code else [],
     }
 
@@ -95,6 +141,7 @@ def main() -> None:
     parser.add_argument("--recipe", default="think", help="configs/<recipe>.yaml (default think)")
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--layers", type=int, default=4, help="decoder layers of 7B width")
+    parser.add_argument("--model", type=Path, default=None, help="a model written by end_to_end.py --write-model")
     parser.add_argument("--tiny", action="store_true", help="CPU: the 2-layer hidden-64 model")
     args = parser.parse_args()
     import torch
@@ -104,21 +151,20 @@ def main() -> None:
     import end_to_end
 
     folder = args.out.with_suffix("")
+    shutil.rmtree(folder / "run", ignore_errors=True)  # this script's own folder: a run of it before is not resumed
     folder.mkdir(parents=True, exist_ok=True)
-    end_to_end.write_model(folder / "model", args.layers, args.tiny)
+    model = args.model or end_to_end.write_model(folder / "model", args.layers, args.tiny)
     per_step = 8 if args.tiny else 128
     scale = 480 / end_to_end.DATA["think"][0] if args.tiny else 1
-    end_to_end.write_pairs(folder / "pairs.jsonl", "think", args.steps * per_step, scale)
+    end_to_end.write_pairs(folder / "pairs.jsonl", "think", args.steps * per_step, scale, think_tag=True)
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "DPOTRAIN_CACHE": str(folder / "cache"), "WANDB_MODE": "disabled"}
     start = time.perf_counter()
-    result = subprocess.run(
-        command(args, folder), env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-    )
-    (folder / "run.log").write_text(result.stdout)
-    record = summary(folder, result.stdout, result.returncode, time.perf_counter() - start)
+    log = folder / "run.log"
+    code, ended = run_until_final_save(command(args, folder, model), env, log, folder / "run")
+    record = summary(folder, log.read_text(), code, time.perf_counter() - start, ended)
     args.out.write_text(json.dumps(record, indent=2) + "\n")
-    print(json.dumps({k: v for k, v in record.items() if k != "log_tail"}), flush=True)
-    sys.exit(result.returncode)
+    print(json.dumps({k: v for k, v in record.items() if k not in ("log_tail", "steps")}), flush=True)
+    sys.exit(code)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,201 @@
+"""A GPU lease call on the CPU (benchmarks/gpu_lease.sh, docs/gpu-benchmarks.md): the same flow as on a lent GPU at
+tiny sizes, so the kit is known to work before a GPU comes; the deadline's rule; a piece cut off keeping what it
+finished; the install of carried wheels (once per machine, FlashAttention 4 joined from two calls and checked)."""
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import time
+import zipfile
+
+import pytest
+
+from conftest import PYTHON, ROOT
+
+sys.path.insert(0, str(ROOT / "benchmarks"))
+import gpu_lease  # noqa: E402
+
+LEASE = ROOT / "benchmarks" / "gpu_lease.sh"
+MIB = 1 << 20
+
+
+def lease_call(out, work, *args: str, cpu: bool = True, wheels=None, timeout: int = 600):
+    env = {**os.environ, "GPU_LEASE_WORK": str(work), "PYTHON": PYTHON}
+    if cpu:
+        env["GPU_LEASE_CPU"] = "1"
+    if wheels is not None:
+        env["GPU_LEASE_WHEELS"] = str(wheels)
+    result = subprocess.run(
+        ["bash", str(LEASE), str(out), *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout
+    )
+    return result, result.stdout.strip().splitlines()
+
+
+def check_out_folder(out) -> None:
+    """What comes back from a call: at most 8 files, each far below the tool's 16 MiB, none of them a model."""
+    files = sorted(p for p in out.rglob("*") if p.is_file())
+    assert 0 < len(files) <= 8 and {p.name for p in files} <= set(gpu_lease.OUT_FILES), files
+    assert all(p.stat().st_size < MIB for p in files), [(p.name, p.stat().st_size) for p in files]
+
+
+@pytest.mark.slow  # ~2.5 min on 2 busy cores: the environment check, the model once, four pieces at tiny sizes
+def test_cpu_trial_runs_lease_one_and_brings_back_a_few_small_files(tmp_path):
+    out, work = tmp_path / "out", tmp_path / "work"
+    result, lines = lease_call(out, work)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "installed: nothing (CPU trial uses the venv)" in result.stdout
+    assert lines[-1].startswith("RESULT device=CPU "), lines[-3:]
+    for name in ("environment", "model", "tests", "think-recipe", "e2e-think", "e2e-multiturn"):
+        assert f" {name}=finished" in lines[-1], (name, lines[-1])
+    check_out_folder(out)
+    saved = json.loads((out / "results.json").read_text())
+    assert all(p["status"] == "finished" for p in saved["pieces"].values()), saved["pieces"]
+    env = json.loads((out / "environment.json").read_text())
+    assert env["upstream"] == "ok" and env["versions"]["torch"] and env["kernels"]["imports"]["trl"] == "ok"
+    # the GPU tests: collected from their own files, every one skipped here with its reason
+    tests = saved["results"]["tests"]["tests"]
+    assert tests and all(t["outcome"] == "skipped" and t["reason"].strip() for t in tests.values()), tests
+    assert all(node.split("::")[0].startswith("tests/test_") for node in tests)
+    # the think recipe's own settings trained on pairs its template takes, and no final model was written
+    recipe = saved["results"]["think-recipe"]
+    assert recipe["exit_code"] == 0 and len(recipe["steps"]) == 2, recipe
+    assert recipe["final_model"].startswith("not saved") and recipe["first_vs_steady"] > 0
+    assert all("tokens_per_second" in s and "memory/planned_gib" in s for s in recipe["steps"]), recipe["steps"]
+    # end to end: plain TRL at the project's token budget, the attention named in every row
+    for data in ("think", "multiturn"):
+        rows = {r["path"]: r for r in saved["results"][f"e2e-{data}"]["results"]}
+        assert rows["trl"]["pair_tokens"] == rows["project"]["pair_tokens"], rows
+        assert rows["trl"]["forward"].startswith("padded, 2 pairs a micro-batch") and rows["trl"]["attention"] == "sdpa"
+        assert rows["project"]["attention"] and rows["project"]["end_to_end_less_compile_s"] > 0
+    # one model, written once in the work folder, shared by the pieces
+    assert (work / "model-tiny" / "config.json").exists() and not list(out.rglob("*.safetensors"))
+    assert (out / "table.md").read_text().count("| finished |") == 6
+
+
+def test_a_tiny_budget_skips_every_piece_with_its_reason_and_still_ends_with_result(tmp_path):
+    result, lines = lease_call(tmp_path / "out", tmp_path / "work", "3", "tests,e2e-think")
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert lines[-1].startswith("RESULT device=CPU used="), lines[-3:]
+    assert lines[-1].endswith("/3s environment=skipped model=skipped tests=skipped e2e-think=skipped"), lines[-1]
+    pieces = json.loads((tmp_path / "out" / "results.json").read_text())["pieces"]
+    assert [p["status"] for p in pieces.values()] == ["skipped"] * 4, pieces
+    assert pieces["tests"]["reason"].startswith("needs at least 60s, ")
+    assert pieces["e2e-think"]["reason"] == "no model: skipped"
+    check_out_folder(tmp_path / "out")
+
+
+def test_an_unknown_piece_is_refused_before_anything_runs(tmp_path):
+    result, _ = lease_call(tmp_path / "out", tmp_path / "work", "100", "tests,e2e-thinking")
+    # the script's output, its errors included, goes to stdout and OUT/lease.log
+    assert result.returncode == 1 and "unknown piece(s) e2e-thinking: pick from tests, think-recipe" in result.stdout
+    assert not (tmp_path / "out" / "results.json").exists()
+
+
+def test_each_piece_gets_its_share_and_spare_time_goes_first():
+    assert gpu_lease.limit_for(500, 200, 150) == 350  # the later pieces' shares are left to them
+    assert gpu_lease.limit_for(300, 200, 150) == 200  # its share, though the later ones then get less
+    assert gpu_lease.limit_for(120, 200, 150) == 120  # never past the deadline
+    assert gpu_lease.limit_for(-5, 200, 0) == 0
+
+
+@pytest.mark.slow  # a real process group killed at its limit (~2 s)
+def test_a_piece_cut_off_at_its_limit_keeps_what_it_finished(tmp_path):
+    """The piece writes one measurement, starts a child and waits: at its limit the whole group is killed, and the
+    measurement is in OUT/results.json."""
+    script = (
+        "import json, subprocess, sys, time; open(sys.argv[1], 'w').write(json.dumps(dict(paths=['trl'])));"
+        "child = subprocess.Popen(['sleep', '60']); open(sys.argv[1] + '.child', 'w').write(str(child.pid));"
+        "time.sleep(60)"
+    )
+    piece = gpu_lease.Piece(60, 1, "part.json", "a measurement, then a hang", ("-c", script, "{json}"))
+    lease = gpu_lease.Lease(tmp_path / "out", tmp_path / "work", time.time() + 60, 60, cpu=True)
+    lease.out.mkdir()
+    start = time.time()
+    outcome = gpu_lease.run_piece(lease, "slow", piece, 1, PYTHON)
+    assert outcome["status"] == "cut off at its limit of 1s" and time.time() - start < 10, outcome
+    assert json.loads((lease.out / "results.json").read_text())["results"]["slow"] == {"paths": ["trl"]}
+    child = int((tmp_path / "work" / "slow" / "part.json.child").read_text())
+    time.sleep(0.2)
+    assert not running(child)  # the piece's own child went with it
+
+
+def running(pid: int) -> bool:
+    """A process that is neither gone nor a zombie (killed, not yet reaped by whoever inherited it)."""
+    try:
+        state = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return False
+    return state not in ("Z", "X")
+
+
+# --- the install of carried folders (the GPU machine's step; here with the venv's pip into a folder of its own) ---
+
+
+def wheel(folder, name: str, version: str = "0.1", size: int = 0) -> str:
+    """A pure-Python wheel built by hand (no network, no build tool); `size` bytes of data to split."""
+    path = folder / f"{name}-{version}-py3-none-any.whl"
+    info = f"{name}-{version}.dist-info"
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_STORED) as z:
+        z.writestr(f"{name}/__init__.py", f"VERSION = {version!r}\n")
+        z.writestr(f"{name}/blob.bin", os.urandom(size))
+        z.writestr(f"{info}/METADATA", f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
+        z.writestr(f"{info}/WHEEL", "Wheel-Version: 1.0\nGenerator: hand\nRoot-Is-Purelib: true\nTag: py3-none-any\n")
+        z.writestr(f"{info}/RECORD", "")
+    return path.name
+
+
+def sums(folder, names) -> str:
+    return "".join(f"{hashlib.sha256((folder / n).read_bytes()).hexdigest()}  {n}\n" for n in names)
+
+
+@pytest.mark.slow  # three calls of the script, pip into a folder in each
+def test_carried_wheels_install_once_and_fa4_joins_across_two_calls(tmp_path):
+    wheels, work = tmp_path / "whl", tmp_path / "work"
+    core = wheels / "core"
+    core.mkdir(parents=True)
+    # one the venv lacks, one it has at a later version (kept as it is: the image's peft when new enough)
+    names = [wheel(core, "kitprobe"), wheel(core, "pyyaml", "0.1")]
+    (core / "SHA256SUMS").write_text(sums(core, names))
+    big = wheel(tmp_path, "kitkernel", size=300_000)
+    halves = (tmp_path / big).read_bytes()
+    for part, data in (("fa4-1", halves[:150_000]), ("fa4-2", halves[150_000:])):
+        (wheels / part).mkdir()
+        (wheels / part / f"{big}.part-{'aa' if part == 'fa4-1' else 'ab'}").write_bytes(data)
+        (wheels / part / "SHA256SUMS").write_text(sums(tmp_path, [big]))
+    first = wheels / "first"
+    first.mkdir()
+    for name in ("core", "fa4-1"):
+        (first / name).symlink_to(wheels / name)
+    result, lines = lease_call(tmp_path / "o1", work, "0", "tests", cpu=False, wheels=first)
+    assert "core: installed kitprobe-0.1-py3-none-any.whl" in result.stdout, result.stdout[-2000:]
+    assert "image has pyyaml" in result.stdout and "fa4: waiting for fa4-2 (the next call)" in result.stdout
+    assert lines[-1].startswith("RESULT "), lines[-3:]
+    assert (work / "site" / "kitprobe" / "__init__.py").exists() and not (work / "site" / "pyyaml").exists()
+    second = wheels / "second"
+    second.mkdir()
+    (second / "fa4-2").symlink_to(wheels / "fa4-2")
+    result, _ = lease_call(tmp_path / "o2", work, "0", "tests", cpu=False, wheels=second)
+    assert f"fa4: joined {big}, checked, installed 1 wheels" in result.stdout, result.stdout[-2000:]
+    assert "core: installed earlier on this machine (not carried in this call)" in result.stdout
+    assert (work / "site" / "kitkernel" / "blob.bin").stat().st_size == 300_000
+    result, _ = lease_call(tmp_path / "o3", work, "0", "tests", cpu=False, wheels=first)
+    assert "core: installed earlier on this machine" in result.stdout and "fa4: installed earlier" in result.stdout
+    env = json.loads((tmp_path / "o3" / "environment.json").read_text())  # its check skipped at a budget of 0
+    assert env["install"] == ["core: installed earlier on this machine", "fa4: installed earlier on this machine"]
+
+
+@pytest.mark.slow
+def test_a_damaged_part_fails_the_check_and_installs_nothing(tmp_path):
+    wheels, work = tmp_path / "whl", tmp_path / "work"
+    big = wheel(tmp_path, "kitkernel", size=100_000)
+    data = bytearray((tmp_path / big).read_bytes())
+    for part, piece in (("fa4-1", data[:50_000]), ("fa4-2", data[50_000:])):
+        (wheels / part).mkdir(parents=True)
+        (wheels / part / "SHA256SUMS").write_text(sums(tmp_path, [big]))
+        piece[-1] ^= 0xFF if part == "fa4-2" else 0  # one flipped byte in transit
+        (wheels / part / f"{big}.part-{'aa' if part == 'fa4-1' else 'ab'}").write_bytes(piece)
+    result, lines = lease_call(tmp_path / "out", work, "0", "tests", cpu=False, wheels=wheels)
+    assert "fa4: FAILED its sha256 check after the join" in result.stdout, result.stdout[-2000:]
+    assert not (work / "site" / "kitkernel").exists() and lines[-1].startswith("RESULT ")
