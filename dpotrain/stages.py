@@ -464,17 +464,17 @@ def measure_lengths(recipe, found: Launch, pairs: Data, model_path: str, state=N
             m.chosen,
             m.rejected,
             report if isinstance(report, str) else f"the analyzer's cached lengths ({report})",
+            m.shared,
         )
     elif pairs.train is not None and tokenizer is not None:
         found_pairs = sample.sampled(pairs.train, tokenizer, t.seed, p.hh_format)
     else:
         found_pairs = None
     if found_pairs is not None and max_length is not None:
-        # A max_length that drops every pair leaves the trainer nothing: refused here, before the model loads.
-        counted = cuts.count(
-            found_pairs.prompt, found_pairs.chosen, found_pairs.rejected, max_length, t.truncation_mode
-        )
-        cuts.check(counted, found_pairs.prompt, found_pairs.source)
+        # A max_length that leaves the pairs nothing to learn (dropped, or cut to the same tokens on both sides):
+        # refused here, before the model loads; a dry run says it too.
+        f = found_pairs
+        cuts.check(f.prompt, f.chosen, f.rejected, f.shared, max_length, t.truncation_mode, f.source)
     shares = pairs.mix.with_token_shares(measured[0]) if pairs.mix is not None and measured is not None else None
     template = chat_template.record(p.chat_template_path, tokenizer)
     return Lengths(auto, found_pairs, measured, tokenizer, shares, template, max_length)
@@ -605,7 +605,7 @@ def plan_batching(recipe, found: Launch, pairs: Data, pair_lengths: Lengths, for
     else:
         return pending
     counted = cuts.count(m.prompt, m.chosen, m.rejected, t.max_length, t.truncation_mode)  # as the run will count
-    cuts.check(counted, m.prompt, "the training split")
+    cuts.check(m.prompt, m.chosen, m.rejected, m.shared, t.max_length, t.truncation_mode, "the training split")
     kept = m.prompt < t.max_length  # TRL drops the pairs whose prompt alone fills max_length
     every = PairLengths.from_parts(
         m.prompt[kept], m.chosen[kept], m.rejected[kept], t.max_length, f.share_prompt, t.truncation_mode
