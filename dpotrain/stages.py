@@ -242,6 +242,7 @@ def load_data(recipe, found: Launch, say: bool = True, state=None, output: resol
         script.dataset_config,
         revision,
         streaming=script.dataset_streaming,
+        say=say,
     )
     hub_revision.check_loaded(dataset, script.dataset_name, revision)
     template = answers_template(recipe, found)
@@ -338,7 +339,7 @@ def _load_eval(recipe, checked: dict, say: bool, template=None, revision: str | 
         checked["eval_sources"] = eval_mix.records
     else:
         eval_dataset = data.load_preference_dataset(
-            script.dataset_name, script.dataset_test_split, script.dataset_config, revision
+            script.dataset_name, script.dataset_test_split, script.dataset_config, revision, say=say
         )
         eval_dataset = rows.usable_pairs(
             eval_dataset,

@@ -253,6 +253,13 @@ def usable_pairs(
         raise e.located(source) if source else e from None
     if say:
         print(f"Data ({split}): {checked.rows} rows, {checked.fmt.shape.describe()}", flush=True)
+        unread = [c for c in dataset.column_names if c not in ROW_COLUMNS]
+        if unread:
+            print(
+                f"Data ({split}): column(s) not read: {', '.join(unread)} (a pair is read from "
+                f"{', '.join(ROW_COLUMNS)}; rename a column to one of them to have it read)",
+                flush=True,
+            )
     if checked.invalid:
         derived[key] = checked.summary()
         reasons = checked.by_reason()
