@@ -107,6 +107,7 @@ def summary(resolved: dict, json_file: Path | None, heading: str | None = None) 
         row("steps", f"{total:,} optimizer step{'s' * (total != 1)}{epochs}, {d['warmup_steps']:,} of warmup")
     else:
         row("steps", "counted when the run loads the data set (a dry run reads only local files)")
+    row("reference", reference_text(resolved, batching.get("pairs_trained")))
     per_node = memory.get("gpus_per_node")
     nodes = -(-d["world_size"] // per_node) if per_node else None
     shape = f", {nodes} node{'s' * (nodes > 1)} of {per_node} GPUs" if per_node and d["world_size"] > 1 else ""
@@ -163,6 +164,21 @@ def _batching_rows(resolved: dict, batching: dict, ranks: int, row) -> None:
     else:
         cut = f"at most {budget:,} packed tokens each" if budget else f"{resolved['per_device_train_batch_size']} pairs"
         row("micro-batches", f"{cut}; how many per step, and tokens per step: {batching.get('planned', 'at start')}")
+
+
+def reference_text(resolved: dict, trained: dict | None) -> str:
+    """What the reference stage scores: the pairs the planned steps train (a short run's steps train some of them)."""
+    if not resolved.get("precompute_ref_log_probs"):
+        return "a live reference model, run beside every step (no reference stage)"
+    if trained is None:
+        return "the pairs the planned steps train, scored once before training (counted when the run plans its steps)"
+    pairs, of, steps = trained["pairs"], trained["of"], trained["steps"]
+    scope = (
+        f"all {of:,} pairs"
+        if pairs == of
+        else f"{pairs:,} of the {of:,} pairs (those the {steps:,} planned step{'s' * (steps != 1)} train)"
+    )
+    return f"{scope} scored once before training (the reference stage, cached for later runs)"
 
 
 def replaced_text(derived: dict, pairs: int) -> str:
