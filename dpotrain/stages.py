@@ -146,6 +146,14 @@ def checks(recipe) -> Launch:
     return launch(recipe)
 
 
+def data_folders(recipe) -> list[str]:
+    """The folders a run may read whole as data: the data set's, and each mixture source's read without data_files
+    (its folder, or data_dir of it). What is not a local folder is left out by the check that reads them."""
+    sources = [s for evaluation in (False, True) for s in mixture.parse(mixture.fields_of(recipe), evaluation) or []]
+    folders = [os.path.join(s.path, s.data_dir or "") for s in sources if not s.data_files]
+    return [name for name in (recipe.script.dataset_name, *folders) if name]
+
+
 def output_checks(recipe, found: Launch, push) -> resolve.OutputPlan:
     """The batch per step for this world size, and the run's outputs: reference cache writable, push token, W&B,
     output folder (resume, start afresh or refuse), offline files. The Hub's write-access check asks the network: the
@@ -166,6 +174,7 @@ def output_checks(recipe, found: Launch, push) -> resolve.OutputPlan:
             return None
 
     if not only_reference:  # a file, or a folder of files but no run: refused (output_folder.py); a held lock too
+        output_folder.check_outside_data(training.output_dir, data_folders(recipe))  # the dry run's JSON too
         check(output_folder.check, training.output_dir, not found.planning)
     if not uses_live_reference(recipe):
         from dpotrain.reference import reference

@@ -5,7 +5,7 @@ import json
 import os
 from pathlib import Path
 
-from dpotrain.data import shapes
+from dpotrain.data import data_identity, shapes
 from dpotrain.recipe.errors import ConfigError
 
 LOCAL_SUFFIXES = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
@@ -95,9 +95,9 @@ def load_preference_dataset(
 
     check_dataset_name(name)
     path = Path(name).expanduser()
-    if not (path / "dataset_info.json").exists() and not (path / "dataset_dict.json").exists():
+    if not data_identity.saved(path):
         check_datasets_cache()  # a saved data set is read in place; any other is written to the cache first
-    if path.is_dir() and ((path / "dataset_info.json").exists() or (path / "dataset_dict.json").exists()):
+    if path.is_dir() and data_identity.saved(path):
         empty = _empty_saved_splits(path)
         if empty:  # datasets cannot read a split saved with no rows back (IndexError inside load_from_disk)
             raise ConfigError(f"dataset {name!r}: split(s) {empty} saved with no rows; remove them or save rows")

@@ -38,7 +38,7 @@ from pathlib import Path
 import numpy as np
 from trl.data_utils import common_prefix_length, is_conversational
 
-from dpotrain.data import cuts, positions
+from dpotrain.data import cuts, data_identity, positions
 from dpotrain.data.cuts import STEP, recommend
 from dpotrain.data.rows import ROW_COLUMNS, InvalidRowError, RowFormat, read_row, split_row
 from dpotrain.recipe import upstream
@@ -640,12 +640,11 @@ def dataset_identity(
     from dpotrain.data import data
 
     path = Path(name).expanduser()
-    if data.is_local(name):
-        files = sorted(p for p in ([path] if path.is_file() else path.rglob("*")) if p.is_file())
+    if data.is_local(name):  # the files the split is read from (data_identity.files: not a run folder beside them)
         stamp = hashlib.sha256()
-        for f in files:
+        for relative, f in sorted((data_identity.files(name, split) or {}).items()):
             st = f.stat()
-            stamp.update(f"{f.relative_to(path) if f != path else ''}:{st.st_size}:{st.st_mtime_ns};".encode())
+            stamp.update(f"{relative if f != path else ''}:{st.st_size}:{st.st_mtime_ns};".encode())
         return f"local:{path.resolve()}:{split}:{stamp.hexdigest()[:16]}{reading}"
     return f"hub:{name}:{config or 'default'}:{split}@{hub_commit(name, revision, local_only)}{reading}"
 
