@@ -382,12 +382,20 @@ def test_pairs_whose_sides_answer_other_prompts_are_refused(make, hh_format, tmp
     assert "in chosen" in line and "--skip_invalid true" in line
 
 
-def test_no_usable_row_under_skip_invalid_is_one_error_line(tmp_path, monkeypatch, capsys):
+@pytest.mark.parametrize("skip", [[], ["--skip_invalid", "true"]], ids=["refused", "skip_invalid"])
+def test_no_usable_row_is_one_error_line_that_does_not_offer_skip_invalid(skip, tmp_path, monkeypatch, capsys):
     pairs = [{"chosen": r["chosen"], "rejected": r["chosen"]} for r in dolci()]  # every pair identical
     name, _ = write(tmp_path, "d", lambda: pairs, "jsonl")
-    line = refused(tmp_path, monkeypatch, capsys, "--dataset_name", name, "--skip_invalid", "true")
-    assert line.startswith(
-        f"error: no usable row in the train split: all {N} rows are invalid ({N} x chosen: identical to `rejected`"
+    line = refused(tmp_path, monkeypatch, capsys, "--dataset_name", name, *skip)
+    assert line == (
+        f"error: every row of the train split ({N} of {N}) fails one check: chosen: identical to `rejected`: the pair "
+        "expresses no preference; first: line 1 of d.jsonl"
+    )
+    several = [{**p, "rejected": None} if i % 2 else p for i, p in enumerate(pairs)]  # two checks, every row
+    name, _ = write(tmp_path, "e", lambda: several, "jsonl")
+    line = refused(tmp_path, monkeypatch, capsys, "--dataset_name", name, *skip)
+    assert line.startswith(f"error: no usable row in the train split: all {N} rows are invalid (12 x ") and (
+        "skip_invalid" not in line
     )
 
 

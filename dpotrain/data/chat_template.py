@@ -24,6 +24,7 @@ import hashlib
 import json
 from pathlib import Path
 
+from dpotrain.data.shapes import DETAIL
 from dpotrain.recipe.errors import ConfigError
 
 MISMATCH = "the answer does not begin with the chat template's generation prompt"
@@ -129,6 +130,8 @@ def answer_problem(example: dict, tokenizer) -> tuple[str, str] | None:
 
 
 def _mismatch(prompt: str, whole: str) -> str:
+    """The problem, then (after `shapes.DETAIL`) what this row's answer reads instead: rows are counted by the
+    problem alone (`rows.RowCheck.by_reason`)."""
     same = 0
     for a, b in zip(prompt, whole, strict=False):
         if a != b:
@@ -136,7 +139,17 @@ def _mismatch(prompt: str, whole: str) -> str:
         same += 1
     expected, found = prompt[same:][:SHOWN], whole[same:][:SHOWN]
     return (
-        f"{MISMATCH}: it reads {found!r} where the "
-        f"generation prompt goes on with {expected!r}, so TRL's prompt/answer split would label other tokens "
-        "than open-instruct's position-based masking (OLMo 3's)"
+        f"{MISMATCH} ({expected!r}), so TRL's prompt/answer split would label other tokens than open-instruct's "
+        f"position-based masking (OLMo 3's){DETAIL}it reads {found!r} there"
+    )
+
+
+def misfit(problem: str) -> str:
+    """What fits instead, where every row fails `answer_problem`: the template is not this data's."""
+    if not problem.startswith(MISMATCH):
+        return ""
+    return (
+        "; the chat template does not fit these answers: train them with the recipe whose template does "
+        "(configs/instruct.yaml for answers without a thinking block), or with no chat_template_path (the model's "
+        "own template)"
     )
