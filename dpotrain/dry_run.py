@@ -64,10 +64,23 @@ def template_text(resolved: dict) -> str:
     """The chat template the pairs are tokenized with: the recipe's file, or the model's own (its SHA-256 where the
     tokenizer was at hand)."""
     record = resolved["derived"].get("chat_template") or {}
+    if record.get("plain_text"):
+        unused = f"; chat_template_path is not used ({record['unused']})" if record.get("unused") else ""
+        return f"none: the pairs are plain text, no chat template applies{unused}"
     digest = f"sha256 {record['sha256'][:12]}" if record.get("sha256") else ""
     if resolved.get("chat_template_path"):
         return f"{resolved['chat_template_path']} ({digest}; chat_template_path)"
     return f"the model's own ({digest or 'its tokenizer is not on this machine'})"
+
+
+def trained_text(resolved: dict) -> str:
+    """Which tokens of each side are trained: of plain text, the completion; of messages, the assistant turns
+    `assistant_turns` names."""
+    if (resolved["derived"].get("chat_template") or {}).get("plain_text"):
+        return "the completion after the prompt (plain text has no assistant turns: assistant_turns does not apply)"
+    if resolved.get("assistant_turns", "final") == "all":
+        return "every assistant turn of each side (assistant_turns all, as open-instruct trained OLMo 3)"
+    return "the final assistant turn of each side (assistant_turns final, TRL's)"
 
 
 def summary(resolved: dict, json_file: Path | None, heading: str | None = None) -> str:
@@ -93,13 +106,7 @@ def summary(resolved: dict, json_file: Path | None, heading: str | None = None) 
     row("data", f"{data}: {rows:,} rows" if rows is not None else f"{data}: rows counted when the run loads it")
     lines.extend(f"  {'':<15}{mixture.describe(r)}" for r in d.get("data_sources") or [])
     row("template", template_text(resolved))
-    turns = resolved.get("assistant_turns", "final")
-    row(
-        "trained",
-        "every assistant turn of each side (assistant_turns all, as open-instruct trained OLMo 3)"
-        if turns == "all"
-        else "the final assistant turn of each side (assistant_turns final, TRL's)",
-    )
+    row("trained", trained_text(resolved))
     if d.get("total_steps") is not None:
         n = resolved["num_train_epochs"]
         epochs = "" if resolved["max_steps"] > 0 else f" ({n:g} epoch{'s' * (n != 1)})"

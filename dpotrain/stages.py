@@ -19,6 +19,8 @@ from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
+from trl.data_utils import is_conversational
+
 from dpotrain import options, output_folder, resolve
 from dpotrain.cluster import collectives, engine, offline, sequence_parallel
 from dpotrain.data import (
@@ -486,7 +488,8 @@ def measure_lengths(recipe, found: Launch, pairs: Data, model_path: str, state=N
         f = found_pairs
         cuts.check(f.prompt, f.chosen, f.rejected, f.shared, max_length, t.truncation_mode, f.source)
     shares = pairs.mix.with_token_shares(measured[0]) if pairs.mix is not None and measured is not None else None
-    template = chat_template.record(p.chat_template_path, tokenizer)
+    plain = pairs.train is not None and not is_conversational(next(iter(pairs.train)))  # TRL's test, as it reads
+    template = chat_template.record(p.chat_template_path, tokenizer, plain_text=plain)
     return Lengths(auto, found_pairs, measured, tokenizer, shares, template, max_length)
 
 

@@ -208,3 +208,25 @@ def test_every_suggested_command_plans_the_world_size_it_names(tmp_path, capsys,
         assert (world, gpus_per_node) == (int(gpus), per_node) and world == int(nodes) * per_node, line
         monkeypatch.setenv("GPUS_PER_NODE", str(gpus_per_node))  # what launch.sh's own dry run then plans with
         assert engine.from_config(config).gpus_per_node == per_node, line
+
+
+@pytest.mark.parametrize(
+    "template", [[], ["--chat_template_path", str(ROOT / "configs" / "templates" / "olmo_thinker.jinja")]]
+)
+def test_plain_text_pairs_are_said_to_train_without_a_template_on_the_completion(template, tmp_path, capsys):
+    """Issue 53 item 20: text pairs (no message lists) go through no chat template and have no assistant turns; the
+    summary and the model card said "the model's own" template and "every assistant turn" (smoke.yaml's
+    assistant_turns all). They say what applies to plain text: no template, the completion after the prompt."""
+    from dpotrain.hub.hub import model_card
+
+    rows = [{"prompt": f"Q: {i} + {i} =", "chosen": f" {2 * i}.", "rejected": f" {2 * i + 1}."} for i in range(16)]
+    data = tmp_path / "text.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    text = dry_run(capsys, *SMOKE, "--dataset_name", str(data), "--output_dir", str(tmp_path / "run"), *template)
+    assert field(text, "template").startswith("none: the pairs are plain text, no chat template applies"), text
+    assert ("chat_template_path is not used" in field(text, "template")) == bool(template)
+    assert field(text, "trained") == (
+        "the completion after the prompt (plain text has no assistant turns: assistant_turns does not apply)"
+    )
+    card = model_card(json.loads((tmp_path / "run.dry-run.json").read_text()), [])
+    assert "| chat template | none (the pairs are plain text) |" in card

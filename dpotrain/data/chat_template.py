@@ -79,9 +79,12 @@ def sha256(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-def record(path: str | None, tokenizer=None) -> dict:
+def record(path: str | None, tokenizer=None, plain_text: bool = False) -> dict:
     """What resolved_config.json says of the template in effect: where it comes from and its content's SHA-256 (of
-    the model's own, where its tokenizer is at hand)."""
+    the model's own, where its tokenizer is at hand); for plain-text pairs, that none applies (TRL tokenizes the text
+    as it is), and whether a `chat_template_path` was given to no effect."""
+    if plain_text:
+        return {"path": None, "source": "none: plain text", "sha256": None, "plain_text": True, "unused": path}
     if path:
         return {"path": str(template_file(path).resolve()), "sha256": sha256(read(path))}
     own = getattr(tokenizer, "chat_template", None)
@@ -90,9 +93,10 @@ def record(path: str | None, tokenizer=None) -> dict:
 
 def changed(old: dict | None, path: str | None) -> str | None:
     """How the template now differs from the one a run recorded (`record`), or None: the same content, or no record
-    (a run written before templates were recorded). A file given now is compared by content with what the run used,
-    the model's own template included; a run that used a file, resumed without one, is a change."""
-    if not old:
+    (a run written before templates were recorded), or a run on plain text, which no template reads. A file given now
+    is compared by content with what the run used, the model's own template included; a run that used a file,
+    resumed without one, is a change."""
+    if not old or old.get("plain_text"):
         return None
     if path:
         now = sha256(read(path))

@@ -239,11 +239,11 @@ def every_row_invalid(checked: RowCheck, split: str, source: str | None) -> str:
     where = row_location(source, first["index"]) if source else f"row {first['index']}"
     detail = first["problem"].split(shapes.DETAIL, 1)[1:]
     shown = f"; first: {where}" + (f", {detail[0]}" if detail else "")
-    if len(reasons) == 1:
-        (reason,) = reasons
+    if len(reasons) == 1:  # said as the first row has it (`message 0`, where the reason counts `message N`)
+        problem = first["problem"].split(shapes.DETAIL, 1)[0]
         return (
-            f"every row of the {split} split ({checked.rows} of {checked.rows}) fails one check: {reason}"
-            f"{chat_template.misfit(first['problem'])}{shown}"
+            f"every row of the {split} split ({checked.rows} of {checked.rows}) fails one check: {first['column']}: "
+            f"{problem}{chat_template.misfit(problem)}{shown}"
         )
     top = "; ".join(f"{n} x {reason}" for reason, n in list(reasons.items())[:3])
     return (
