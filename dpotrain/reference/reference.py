@@ -1,5 +1,6 @@
-"""The reference stage: every pair's reference log-probs, scored once between the plan and training, kept on disk as
-they are computed, and reused by any later run that would compute the same numbers.
+"""The reference stage: the reference log-probs of every pair the run's planned steps train (a short run's steps train
+some of the data set: `_run_on`), scored once between the plan and training, kept on disk as they are computed, and
+reused by any later run that would compute the same numbers.
 
 The reference model is the policy before its first update, so its log-probs can be scored once and the second model
 dropped from memory for the whole run. On a real data set this is hours of GPU time (150k pairs of ~5k tokens), so it
@@ -21,10 +22,10 @@ is a stage of its own, run by `train_dpo.py` after the model loads and before tr
 - its speed is measured after its first micro-batch (the warm-up: kernels loaded, compiled), which is reported apart:
   "warm-up 2.1 s (first micro-batch), then 81,234 tokens/s", recorded in resolved_config.json (`derived.reference`).
 
-The cache key is what determines each pair's numbers and nothing else: the weights, every pair's token ids (so data set,
-revision, tokenizer and chat template are covered, in-memory data sets too), max_length and truncation, LD-DPO's alpha,
-dtype and autocast, attention implementation, the forward (packed or padded) and library versions. It leaves out the
-micro-batch layout — world size, node count, token budget, pairs per step, max_steps — although which pairs share a
+The cache key is what determines each pair's numbers and nothing else: the weights, every scored pair's token ids (so
+data set, revision, tokenizer and chat template are covered, in-memory data sets too), max_length and truncation,
+LD-DPO's alpha, dtype and autocast, attention implementation, the forward (packed or padded) and library versions. It
+leaves out the micro-batch layout — world size, node count, token budget, pairs per step — although which pairs share a
 micro-batch changes the last bits of a sum: the stage's micro-batches are not training's, so at step 1 policy and
 reference differ by fp32 rounding (~1e-7 relative per pair; step 1 ~2e-7 from ln 2: tests/test_reference.py measures
 it), far inside the step-1 health guard, on any layout.
