@@ -6,7 +6,8 @@
     python benchmarks/reference_speed.py --device cuda     # a GPU: ~1.3B OLMo 3 shape, bf16, 4K pairs
 
 Each run is `train_dpo.py` as a user runs it, in a fresh process with a fresh reference cache, so the stage scores
-every pair; then it trains `--steps` optimizer steps. Both figures count the same tokens (every sequence of every pair,
+every pair its `--steps` optimizer steps train (steps x pairs per step of the generated pairs); then it trains them.
+Both figures count the same tokens (every sequence of every pair,
 whole: a shared prompt twice), over all processes, and both leave out their first unit of work:
 - the reference stage: its steady speed after its first micro-batch (`derived.reference.train` in the run's
   resolved_config.json: warm-up, compilation and the first kernels apart);

@@ -64,10 +64,23 @@ def template_text(resolved: dict) -> str:
     """The chat template the pairs are tokenized with: the recipe's file, or the model's own (its SHA-256 where the
     tokenizer was at hand)."""
     record = resolved["derived"].get("chat_template") or {}
+    if record.get("plain_text"):
+        unused = f"; chat_template_path is not used ({record['unused']})" if record.get("unused") else ""
+        return f"none: the pairs are plain text, no chat template applies{unused}"
     digest = f"sha256 {record['sha256'][:12]}" if record.get("sha256") else ""
     if resolved.get("chat_template_path"):
         return f"{resolved['chat_template_path']} ({digest}; chat_template_path)"
     return f"the model's own ({digest or 'its tokenizer is not on this machine'})"
+
+
+def trained_text(resolved: dict) -> str:
+    """Which tokens of each side are trained: of plain text, the completion; of messages, the assistant turns
+    `assistant_turns` names."""
+    if (resolved["derived"].get("chat_template") or {}).get("plain_text"):
+        return "the completion after the prompt (plain text has no assistant turns: assistant_turns does not apply)"
+    if resolved.get("assistant_turns", "final") == "all":
+        return "every assistant turn of each side (assistant_turns all, as open-instruct trained OLMo 3)"
+    return "the final assistant turn of each side (assistant_turns final, TRL's)"
 
 
 def summary(resolved: dict, json_file: Path | None, heading: str | None = None) -> str:
@@ -93,13 +106,7 @@ def summary(resolved: dict, json_file: Path | None, heading: str | None = None) 
     row("data", f"{data}: {rows:,} rows" if rows is not None else f"{data}: rows counted when the run loads it")
     lines.extend(f"  {'':<15}{mixture.describe(r)}" for r in d.get("data_sources") or [])
     row("template", template_text(resolved))
-    turns = resolved.get("assistant_turns", "final")
-    row(
-        "trained",
-        "every assistant turn of each side (assistant_turns all, as open-instruct trained OLMo 3)"
-        if turns == "all"
-        else "the final assistant turn of each side (assistant_turns final, TRL's)",
-    )
+    row("trained", trained_text(resolved))
     if d.get("total_steps") is not None:
         n = resolved["num_train_epochs"]
         epochs = "" if resolved["max_steps"] > 0 else f" ({n:g} epoch{'s' * (n != 1)})"
@@ -107,6 +114,7 @@ def summary(resolved: dict, json_file: Path | None, heading: str | None = None) 
         row("steps", f"{total:,} optimizer step{'s' * (total != 1)}{epochs}, {d['warmup_steps']:,} of warmup")
     else:
         row("steps", "counted when the run loads the data set (a dry run reads only local files)")
+    row("reference", reference_text(resolved, batching.get("pairs_trained")))
     per_node = memory.get("gpus_per_node")
     nodes = -(-d["world_size"] // per_node) if per_node else None
     shape = f", {nodes} node{'s' * (nodes > 1)} of {per_node} GPUs" if per_node and d["world_size"] > 1 else ""
@@ -163,6 +171,21 @@ def _batching_rows(resolved: dict, batching: dict, ranks: int, row) -> None:
     else:
         cut = f"at most {budget:,} packed tokens each" if budget else f"{resolved['per_device_train_batch_size']} pairs"
         row("micro-batches", f"{cut}; how many per step, and tokens per step: {batching.get('planned', 'at start')}")
+
+
+def reference_text(resolved: dict, trained: dict | None) -> str:
+    """What the reference stage scores: the pairs the planned steps train (a short run's steps train some of them)."""
+    if not resolved.get("precompute_ref_log_probs"):
+        return "a live reference model, run beside every step (no reference stage)"
+    if trained is None:
+        return "the pairs the planned steps train, scored once before training (counted when the run plans its steps)"
+    pairs, of, steps = trained["pairs"], trained["of"], trained["steps"]
+    scope = (
+        f"all {of:,} pairs"
+        if pairs == of
+        else f"{pairs:,} of the {of:,} pairs (those the {steps:,} planned step{'s' * (steps != 1)} train)"
+    )
+    return f"{scope} scored once before training (the reference stage, cached for later runs)"
 
 
 def replaced_text(derived: dict, pairs: int) -> str:

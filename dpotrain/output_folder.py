@@ -16,6 +16,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from dpotrain.cluster import collectives
+from dpotrain.data import data_identity
 from dpotrain.hub.hub import RUN_COMPLETE
 from dpotrain.recipe.errors import ConfigError
 from dpotrain.recipe.writes import unwritable
@@ -66,6 +67,24 @@ def owned(out: Path, names: list[str]) -> list[Path]:
 def is_legacy_run(out: Path) -> bool:
     """A run written before runs recorded their files: it has the marks only this project writes."""
     return (out / RUN_COMPLETE).exists() or (out / "resolved_config.json").exists() or bool(checkpoints(out))
+
+
+def check_outside_data(output_dir: str, data_names: list[str]) -> None:
+    """datasets reads every file under a folder of data files (not one `save_to_disk` wrote): a run's folder inside it
+    would be read as data at the run's next start (its PNG even makes datasets read the folder as images), and a
+    requeue would be refused for changed data. Refused in one line at start. A data file, or a saved data set, is
+    read alone: a run folder beside it is never data (`data_identity.files`)."""
+    out = Path(output_dir).expanduser().resolve()
+    for name in data_names:
+        folder = Path(name).expanduser()
+        if not folder.is_dir() or data_identity.saved(folder):
+            continue
+        if folder.resolve() == out or folder.resolve() in out.parents:
+            raise ConfigError(
+                f"output_dir {output_dir!r} is inside the data folder {name!r}, every file of which datasets reads as "
+                "data: the run's own files would be read as pairs at its next start (a requeue too); pass an "
+                "--output_dir outside it"
+            )
 
 
 def check(output_dir: str, lock: bool = True) -> None:

@@ -122,10 +122,13 @@ def score(recipe, found, sample) -> dict:
     with tempfile.TemporaryDirectory(prefix="preflight-") as tmp, _env("DPOTRAIN_CACHE", tmp):
         # A sample's reference log-probs are of no use to training: the reference cache (reference.py, under
         # $DPOTRAIN_CACHE) and the output folder live in a folder removed afterwards. Nothing to push (the Trainer
-        # would create the repo at start), no evaluation (the sample is all it scores), no training.
+        # would create the repo at start), no evaluation (the sample is all it scores), no training. One epoch: the
+        # reference stage scores the pairs the planned steps train, and every pair of the sample is wanted.
         only_scoring = {
             "training": {
                 "precompute_ref_log_probs": True,
+                "max_steps": -1,
+                "num_train_epochs": 1,
                 "report_to": [],
                 "push_to_hub": False,
                 "eval_strategy": IntervalStrategy.NO,

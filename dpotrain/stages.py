@@ -18,6 +18,8 @@ from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
+from trl.data_utils import is_conversational
+
 from dpotrain import options, output_folder, resolve
 from dpotrain.cluster import collectives, engine, offline, sequence_parallel
 from dpotrain.data import (
@@ -145,6 +147,14 @@ def checks(recipe) -> Launch:
     return launch(recipe)
 
 
+def data_folders(recipe) -> list[str]:
+    """The folders a run may read whole as data: the data set's, and each mixture source's read without data_files
+    (its folder, or data_dir of it). What is not a local folder is left out by the check that reads them."""
+    sources = [s for evaluation in (False, True) for s in mixture.parse(mixture.fields_of(recipe), evaluation) or []]
+    folders = [os.path.join(s.path, s.data_dir or "") for s in sources if not s.data_files]
+    return [name for name in (recipe.script.dataset_name, *folders) if name]
+
+
 def output_checks(recipe, found: Launch, push) -> resolve.OutputPlan:
     """The batch per step for this world size, and the run's outputs: reference cache writable, push token, W&B,
     output folder (resume, start afresh or refuse), offline files. The Hub's write-access check asks the network: the
@@ -165,6 +175,7 @@ def output_checks(recipe, found: Launch, push) -> resolve.OutputPlan:
             return None
 
     if not only_reference:  # a file, or a folder of files but no run: refused (output_folder.py); a held lock too
+        output_folder.check_outside_data(training.output_dir, data_folders(recipe))  # the dry run's JSON too
         check(output_folder.check, training.output_dir, not found.planning)
     if not uses_live_reference(recipe):
         from dpotrain.reference import reference
@@ -241,6 +252,7 @@ def load_data(recipe, found: Launch, say: bool = True, state=None, output: resol
         script.dataset_config,
         revision,
         streaming=script.dataset_streaming,
+        say=say,
     )
     hub_revision.check_loaded(dataset, script.dataset_name, revision)
     template = answers_template(recipe, found)
@@ -337,7 +349,7 @@ def _load_eval(recipe, checked: dict, say: bool, template=None, revision: str | 
         checked["eval_sources"] = eval_mix.records
     else:
         eval_dataset = data.load_preference_dataset(
-            script.dataset_name, script.dataset_test_split, script.dataset_config, revision
+            script.dataset_name, script.dataset_test_split, script.dataset_config, revision, say=say
         )
         eval_dataset = rows.usable_pairs(
             eval_dataset,
@@ -462,19 +474,20 @@ def measure_lengths(recipe, found: Launch, pairs: Data, model_path: str, state=N
             m.chosen,
             m.rejected,
             report if isinstance(report, str) else f"the analyzer's cached lengths ({report})",
+            m.shared,
         )
     elif pairs.train is not None and tokenizer is not None:
         found_pairs = sample.sampled(pairs.train, tokenizer, t.seed, p.hh_format)
     else:
         found_pairs = None
     if found_pairs is not None and max_length is not None:
-        # A max_length that drops every pair leaves the trainer nothing: refused here, before the model loads.
-        counted = cuts.count(
-            found_pairs.prompt, found_pairs.chosen, found_pairs.rejected, max_length, t.truncation_mode
-        )
-        cuts.check(counted, found_pairs.prompt, found_pairs.source)
+        # A max_length that leaves the pairs nothing to learn (dropped, or cut to the same tokens on both sides):
+        # refused here, before the model loads; a dry run says it too.
+        f = found_pairs
+        cuts.check(f.prompt, f.chosen, f.rejected, f.shared, max_length, t.truncation_mode, f.source)
     shares = pairs.mix.with_token_shares(measured[0]) if pairs.mix is not None and measured is not None else None
-    template = chat_template.record(p.chat_template_path, tokenizer)
+    plain = pairs.train is not None and not is_conversational(next(iter(pairs.train)))  # TRL's test, as it reads
+    template = chat_template.record(p.chat_template_path, tokenizer, plain_text=plain)
     return Lengths(auto, found_pairs, measured, tokenizer, shares, template, max_length)
 
 
@@ -603,7 +616,7 @@ def plan_batching(recipe, found: Launch, pairs: Data, pair_lengths: Lengths, for
     else:
         return pending
     counted = cuts.count(m.prompt, m.chosen, m.rejected, t.max_length, t.truncation_mode)  # as the run will count
-    cuts.check(counted, m.prompt, "the training split")
+    cuts.check(m.prompt, m.chosen, m.rejected, m.shared, t.max_length, t.truncation_mode, "the training split")
     kept = m.prompt < t.max_length  # TRL drops the pairs whose prompt alone fills max_length
     every = PairLengths.from_parts(
         m.prompt[kept], m.chosen[kept], m.rejected[kept], t.max_length, f.share_prompt, t.truncation_mode

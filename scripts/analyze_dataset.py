@@ -15,6 +15,7 @@ listed. The markdown report goes to stdout. A complete analysis (no --sample, no
 that training with `max_length: auto` on the same data set revision, tokenizer and chat template reuses it.
 """
 
+import contextlib
 import os
 
 os.environ["CUDA_VISIBLE_DEVICES"] = ""  # a login node or a laptop: never touch a GPU, even where there is one
@@ -248,19 +249,20 @@ def analyze(args: argparse.Namespace) -> int:
     except Exception as e:  # unknown name, offline, gated: one line
         hint = f": {remedy}" if offline.is_hub_model(tokenizer_name) and offline.is_offline() else ""
         raise ConfigError(f"could not load the tokenizer of {tokenizer_name!r} ({cause(e)}){hint}") from None
-    dataset, mix = (
-        load(args, recipe, name, split, subset, hh_format)
-        if not mixed
-        else mixture.load(
-            mixture.parse(recipe),
-            int(recipe.get("seed", 42)),
-            args.skip_invalid,
-            hh_format,
-            {},
-            "invalid_rows",
-            template=tokenizer,
+    with contextlib.redirect_stdout(sys.stderr):  # what loading says of the rows and columns: stdout is the report's
+        dataset, mix = (
+            load(args, recipe, name, split, subset, hh_format)
+            if not mixed
+            else mixture.load(
+                mixture.parse(recipe),
+                int(recipe.get("seed", 42)),
+                args.skip_invalid,
+                hh_format,
+                {},
+                "invalid_rows",
+                template=tokenizer,
+            )
         )
-    )
 
     indices = None
     if args.sample:

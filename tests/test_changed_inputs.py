@@ -10,6 +10,7 @@ import json
 import shutil
 import subprocess
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -242,3 +243,47 @@ def test_a_hub_model_is_known_by_the_commit_its_revision_resolved_to(tmp_path, m
     assert model_identity.changed(recipe, record) == (
         f"org/model at main is commit {'b' * 12}, the run started on commit {'a' * 12}"
     )
+
+
+@pytest.mark.parametrize("dry_run", [[], ["--dry-run"]], ids=["run", "dry run"])
+def test_an_output_folder_inside_a_folder_of_data_files_is_refused_at_start(dry_run, tmp_path, capsys):
+    """Issue 53 item 13: datasets reads every file under a data folder, so a run's output folder inside it was read as
+    new data (its PNG even made datasets read the folder as images), and every requeue was refused for "changed data".
+    Refused in one line at start, naming both folders, in the run and the dry run, before anything is written."""
+    import train_dpo
+    from dpotrain.recipe.errors import run_cli
+
+    shards = tmp_path / "shards"
+    shards.mkdir()
+    (shards / "part-0.jsonl").write_text(
+        "".join((ROOT / "data" / "smoke_prefs.jsonl").read_text().splitlines(True)[:16])
+    )
+    out = shards / "run"
+    with pytest.raises(SystemExit) as ended:
+        run_cli(lambda: train_dpo.main([*ARGS, "--dataset_name", str(shards), "--output_dir", str(out), *dry_run]))
+    err = capsys.readouterr().err
+    assert ended.value.code == 2 and "Traceback" not in err
+    line = err.strip().splitlines()[-1]
+    assert line.startswith(f"error: output_dir {str(out)!r} is inside the data folder {str(shards)!r}"), line
+    assert "pass an --output_dir outside it" in line
+    assert not out.exists() and not (shards / "run.dry-run.json").exists()
+
+
+def test_a_saved_data_set_or_a_data_file_is_known_without_the_run_folder_beside_it(tmp_path):
+    """Where the run's folder inside the data's folder is not read as data (a data set saved with `save_to_disk`: its
+    split's Arrow files; a data file: itself), it works: the data identity and the analyzer's cache key ignore it."""
+    import datasets
+
+    from dpotrain.data import builtin, lengths
+
+    saved, file = tmp_path / "saved", tmp_path / "files" / "pairs.jsonl"
+    datasets.Dataset.from_list(builtin.make_preference_rows(8, seed=1)).save_to_disk(str(saved))
+    file.parent.mkdir()
+    file.write_text("".join((ROOT / "data" / "smoke_prefs.jsonl").read_text().splitlines(True)[:8]))
+    for name in (str(saved), str(file)):
+        recorded, key = data_identity.of(name), lengths.dataset_identity(name)
+        run = Path(name).parent / "run" if Path(name).is_file() else Path(name) / "run"
+        (run / "checkpoint-2").mkdir(parents=True)
+        (run / "metrics.jsonl").write_text('{"step": 1}\n')
+        (run / "checkpoint-2" / "model.safetensors").write_bytes(b"weights")
+        assert data_identity.changed(recorded, name) is None and lengths.dataset_identity(name) == key, name

@@ -252,6 +252,40 @@ def test_answers_off_the_generation_prompt_are_refused_naming_the_rows_or_droppe
     assert len(stages.load_data(own, stages.checks(own), say=False).train) == 12
 
 
+@pytest.mark.parametrize("skip", [[], ["--skip_invalid", "true"]], ids=["refused", "skip_invalid"])
+def test_data_without_thinking_under_the_think_template_is_one_line_that_names_the_recipe_that_fits(
+    skip, tmp_path, tiny_model_dir
+):
+    """Issue 53 item 16: non-thinking answers under think.yaml's olmo_thinker template. The error blamed every row and
+    offered --skip_invalid, which then refused every row in a message split by answer text, with "OLMo 3's" printed
+    as "OLMo N's". Every row failing one check is said once, with what fits: instruct.yaml, or no
+    chat_template_path; --skip_invalid, which would drop everything, is not offered."""
+    args = [
+        *SMOKE,
+        "--model_name_or_path",
+        tiny_model_dir,
+        "--dataset_name",
+        str(ROOT / "data" / "smoke_prefs.jsonl"),
+        "--chat_template_path",
+        str(OLMO_THINKER),
+        "--output_dir",
+        str(tmp_path / "run"),
+        *skip,
+    ]
+    recipe = parse_args(args)
+    with pytest.raises(ConfigError) as refused:
+        stages.load_data(recipe, stages.checks(recipe), say=False)
+    line = str(refused.value)
+    assert "\n" not in line and line.startswith(
+        "every row of the train split (384 of 384) fails one check: chosen: the answer does not begin with the chat "
+        "template's generation prompt ('<think>')"
+    ), line
+    assert line.count("does not begin") == 1 and "OLMo 3's" in line and "OLMo N" not in line
+    assert "configs/instruct.yaml" in line and "chat_template_path" in line
+    assert "line 1 of smoke_prefs.jsonl" in line and "it reads 'Let us work it out step by step: 51 + 99'" in line
+    assert "skip_invalid" not in line
+
+
 # --- the run: saved, named, recorded, checked on resume; the reference key ---------------------------------------
 
 

@@ -83,6 +83,12 @@ def text_prompt(n=N) -> list[dict]:
     return out
 
 
+def text_instruction(n=N, column="instruction") -> list[dict]:
+    """Text answers alone, their prompt in a column of another common name (Alpaca's `instruction`, Orca's
+    `question`, ...), and a column no reading uses."""
+    return [{column: r["prompt"], **{k: r[k] for k in ("chosen", "rejected")}, "source": "gen"} for r in text_prompt(n)]
+
+
 def write(tmp_path, name: str, make, kind: str) -> tuple[str, str]:
     """(dataset_name, split) of the rows `make()` written as `kind`, with `datasets` itself."""
     dataset = datasets.Dataset.from_list(make())
@@ -118,6 +124,7 @@ SHAPES = {
     "hh-rlhf as text, json": (hh, "json", "text", False),
     "standard text, json array": (text, "json", "messages", False),
     "standard text with prompt, csv": (text_prompt, "csv", "messages", False),
+    "text with an instruction column, jsonl": (text_instruction, "jsonl", "messages", False),
     "messages, save_to_disk": (dolci, "saved", "messages", True),
     "messages, DatasetDict split": (dolci, "saved_dict", "messages", True),
 }
@@ -151,6 +158,32 @@ def test_analyzer_lengths_equal_the_trainers(shape, tokenizer, tmp_path):
     # Message lists go through the chat template (its <|im_start|> turns); text does not.
     prompt = tokenizer.decode(processed[0]["prompt_ids"])
     assert ("<|im_start|>user" in prompt) == conversational, prompt
+
+
+@pytest.mark.parametrize("column", ["instruction", "question", "input", "query"])
+def test_a_prompt_in_a_column_of_another_common_name_is_read_as_the_prompt(column, tmp_path, capsys):
+    """Issue 53 item 7: string answers whose prompt sits in `instruction` (or `question`, `input`, `query`) trained with
+    an empty prompt: the "prompt" was the characters both answers share. Read as the prompt, saying so in one line;
+    a column the run does not read is named at start (the dry run says both)."""
+    name, _ = write(tmp_path, "d", lambda: text_instruction(column=column), "jsonl")
+    _, pairs = read_pairs(name, "train", "messages")
+    assert pairs["prompt"] == [r["prompt"] for r in text_prompt()]
+    train_dpo.main(["--config", SMOKE, "--dataset_name", name, "--output_dir", str(tmp_path / "run"), "--dry-run"])
+    out = capsys.readouterr().out
+    assert f"Data (train): column '{column}' read as the prompt (there is no `prompt` column" in out
+    assert f"Data (train): {N} rows, plain text with a prompt column; no chat template" in out
+    assert "Data (train): column(s) not read: source (a pair is read from prompt, chosen, rejected" in out
+
+
+def test_two_columns_that_may_hold_the_prompt_are_refused(tmp_path, monkeypatch, capsys):
+    """Alpaca's `instruction` and `input` together: which is the prompt, or how they join, is the user's to say."""
+    pairs = [{"input": "Some text.", **r} for r in text_instruction()]
+    name, _ = write(tmp_path, "d", lambda: pairs, "jsonl")
+    line = refused(tmp_path, monkeypatch, capsys, "--dataset_name", name)
+    assert (
+        line.startswith("error: dataset ") and "no `prompt` column and 2 that may hold it (input, instruction)" in line
+    )
+    assert "rename the one that holds the prompt to `prompt`" in line
 
 
 def test_hh_strings_become_the_turns_of_a_conversation(tmp_path):
@@ -349,12 +382,20 @@ def test_pairs_whose_sides_answer_other_prompts_are_refused(make, hh_format, tmp
     assert "in chosen" in line and "--skip_invalid true" in line
 
 
-def test_no_usable_row_under_skip_invalid_is_one_error_line(tmp_path, monkeypatch, capsys):
+@pytest.mark.parametrize("skip", [[], ["--skip_invalid", "true"]], ids=["refused", "skip_invalid"])
+def test_no_usable_row_is_one_error_line_that_does_not_offer_skip_invalid(skip, tmp_path, monkeypatch, capsys):
     pairs = [{"chosen": r["chosen"], "rejected": r["chosen"]} for r in dolci()]  # every pair identical
     name, _ = write(tmp_path, "d", lambda: pairs, "jsonl")
-    line = refused(tmp_path, monkeypatch, capsys, "--dataset_name", name, "--skip_invalid", "true")
-    assert line.startswith(
-        f"error: no usable row in the train split: all {N} rows are invalid ({N} x chosen: identical to `rejected`"
+    line = refused(tmp_path, monkeypatch, capsys, "--dataset_name", name, *skip)
+    assert line == (
+        f"error: every row of the train split ({N} of {N}) fails one check: chosen: identical to `rejected`: the pair "
+        "expresses no preference; first: line 1 of d.jsonl"
+    )
+    several = [{**p, "rejected": None} if i % 2 else p for i, p in enumerate(pairs)]  # two checks, every row
+    name, _ = write(tmp_path, "e", lambda: several, "jsonl")
+    line = refused(tmp_path, monkeypatch, capsys, "--dataset_name", name, *skip)
+    assert line.startswith(f"error: no usable row in the train split: all {N} rows are invalid (12 x ") and (
+        "skip_invalid" not in line
     )
 
 

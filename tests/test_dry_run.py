@@ -38,6 +38,10 @@ def test_smoke_summary_says_what_the_run_does_and_writes_the_json_beside_the_out
         "OLMo 3)"
     )
     assert field(text, "steps") == "48 optimizer steps (1 epoch), 5 of warmup"  # 384 / 8, 10% warmup rounded up
+    assert (
+        field(text, "reference")
+        == "all 384 pairs scored once before training (the reference stage, cached for later runs)"
+    )
     assert field(text, "processes").startswith("1 (single process")
     assert field(text, "per step") == "8 pairs, over all processes"
     # The run's first half on the local data set: its step plan and forward, from the run's own seeded sample.
@@ -59,6 +63,15 @@ def test_smoke_summary_says_what_the_run_does_and_writes_the_json_beside_the_out
     assert "dry run of" not in printed  # libraries may print a line of their own before the JSON
     printed = json.loads(printed[printed.index("{\n") :])
     assert printed == resolved
+
+
+def test_a_short_run_says_how_many_pairs_the_reference_stage_scores(tmp_path, capsys):
+    """Issue 53 item 8: `--max_steps 6` of 8 pairs scores the 48 pairs those steps train, not all 384; the dry run says
+    so before the job is submitted (the run's record has the same count: derived.batching.pairs_trained)."""
+    text = dry_run(capsys, *SMOKE, "--output_dir", str(tmp_path / "run"), "--max_steps", "6")
+    assert field(text, "reference").startswith("48 of the 384 pairs (those the 6 planned steps train) scored once")
+    resolved = json.loads((tmp_path / "run.dry-run.json").read_text())
+    assert resolved["derived"]["batching"]["pairs_trained"] == {"pairs": 48, "of": 384, "steps": 6}
 
 
 @pytest.mark.slow
@@ -195,3 +208,25 @@ def test_every_suggested_command_plans_the_world_size_it_names(tmp_path, capsys,
         assert (world, gpus_per_node) == (int(gpus), per_node) and world == int(nodes) * per_node, line
         monkeypatch.setenv("GPUS_PER_NODE", str(gpus_per_node))  # what launch.sh's own dry run then plans with
         assert engine.from_config(config).gpus_per_node == per_node, line
+
+
+@pytest.mark.parametrize(
+    "template", [[], ["--chat_template_path", str(ROOT / "configs" / "templates" / "olmo_thinker.jinja")]]
+)
+def test_plain_text_pairs_are_said_to_train_without_a_template_on_the_completion(template, tmp_path, capsys):
+    """Issue 53 item 20: text pairs (no message lists) go through no chat template and have no assistant turns; the
+    summary and the model card said "the model's own" template and "every assistant turn" (smoke.yaml's
+    assistant_turns all). They say what applies to plain text: no template, the completion after the prompt."""
+    from dpotrain.hub.hub import model_card
+
+    rows = [{"prompt": f"Q: {i} + {i} =", "chosen": f" {2 * i}.", "rejected": f" {2 * i + 1}."} for i in range(16)]
+    data = tmp_path / "text.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    text = dry_run(capsys, *SMOKE, "--dataset_name", str(data), "--output_dir", str(tmp_path / "run"), *template)
+    assert field(text, "template").startswith("none: the pairs are plain text, no chat template applies"), text
+    assert ("chat_template_path is not used" in field(text, "template")) == bool(template)
+    assert field(text, "trained") == (
+        "the completion after the prompt (plain text has no assistant turns: assistant_turns does not apply)"
+    )
+    card = model_card(json.loads((tmp_path / "run.dry-run.json").read_text()), [])
+    assert "| chat template | none (the pairs are plain text) |" in card

@@ -148,20 +148,21 @@ def test_two_processes_compute_what_one_process_computes(
     cache = tmp_path / "cache"
     if reference != "scored":  # the one-process run's cache: a rerun, or training after a --reference-only job
         shutil.copytree(base_cache, cache)
+    # The training split: the 24 of its 48 pairs the 3 steps of 8 train (all the reference stage scores of it)
     if reference == "partial":  # an interrupted stage: the first half of the pairs saved, the rest to score
-        (folder,) = {p.parent for p in cache.glob("reference/*/complete.npz") if len(np.load(p)["chosen"]) == 48}
+        (folder,) = {p.parent for p in cache.glob("reference/*/complete.npz") if len(np.load(p)["chosen"]) == 24}
         with np.load(folder / "complete.npz") as f:
-            half = np.arange(24)
+            half = np.arange(12)
             np.savez(folder / "part-earlier-r0.npz", index=half, chosen=f["chosen"][half], rejected=f["rejected"][half])
         (folder / "complete.npz").unlink()
     out = tmp_path / "run"
     log = launch(out, cache, tiny_model_dir, splits, *RUN, *FORWARDS[forward], config=ENGINES[engine])
 
-    said = {"reused": "all 48 pairs reused", "scored": "48 scored", "partial": "24 reused from an interrupted run, 24"}
+    said = {"reused": "all 24 pairs reused", "scored": "24 scored", "partial": "12 reused from an interrupted run, 12"}
     assert [r for r, line in said.items() if line in log] == [reference]
     if reference != "reused":  # scored on 2 processes in the stage's micro-batches: one process's numbers
         want, got = reference_scores(base_cache), reference_scores(cache)
-        assert sorted(got) == sorted(want) == [12, 48]  # the evaluation and the training split
+        assert sorted(got) == sorted(want) == [12, 24]  # the evaluation split, and the training pairs the steps train
         for pairs, side in [(p, s) for p in want for s in ("chosen", "rejected")]:
             relative = np.abs(got[pairs][side] - want[pairs][side]) / np.maximum(1, np.abs(want[pairs][side]))
             assert relative.max() <= 1e-5, (pairs, side, relative.max())

@@ -321,7 +321,9 @@ def test_a_source_added_scores_only_its_pairs_with_the_values_a_fresh_run_gets(f
     out = tmp_path / "out"
     grown = [*mixer(files), str(more), "8"]
     second = run_train(
-        ["--config", SMOKE, *grown, "--output_dir", str(out), "--max_steps", "2", "--save_strategy", "no"],
+        # 2 steps of 35: every one of the 70 pairs trained (the reference stage scores those the steps train)
+        ["--config", SMOKE, *grown, "--output_dir", str(out), "--max_steps", "2", "--pairs_per_step", "35"]
+        + ["--save_strategy", "no"],
         env={"DPOTRAIN_CACHE": str(shared)},
     )
     assert second.returncode == 0, second.stdout[-3000:]

@@ -413,10 +413,11 @@ def test_a_message_with_an_unknown_role_is_named_as_such(tmp_path, capsys):
         )
     line = capsys.readouterr().err.strip().splitlines()[-1]
     assert ended.value.code == 2 and "another prompt" not in line, line
-    assert line.startswith(
-        "error: row 0, column 'chosen': message 0 has role 'bot', which chat templates do not know: "
-        "use 'assistant' for the model's turns"
+    assert line.startswith(  # its only row: said as every row failing one check, without --skip_invalid
+        "error: every row of the train split (1 of 1) fails one check: chosen: message 0 has role 'bot', which chat "
+        "templates do not know: use 'assistant' for the model's turns"
     ), line
+    assert "skip_invalid" not in line
 
 
 def test_help_shows_each_description_whole_and_says_what_push_to_hub_does_here(capsys):

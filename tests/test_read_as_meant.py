@@ -238,8 +238,46 @@ def test_a_max_length_that_drops_every_pair_is_one_line(tmp_path, capsys):
     printed = capsys.readouterr()
     assert ended.value.code == 2 and "Traceback" not in printed.out + printed.err
     line = printed.err.strip().splitlines()[-1]
-    assert line.startswith("error: max_length 8 drops every pair") and "the shortest prompt is" in line
+    assert line.startswith("error: max_length 8 leaves 0 of 384 pairs (0.0%) anything to learn"), line
+    assert "384 dropped (the prompt alone fills max_length; the shortest prompt is" in line
     assert not out.exists()  # nothing written: no model loaded, no trainer made the output folder
+
+
+def useless_rows() -> list[dict]:
+    """Text pairs that a max_length of 30 leaves nothing to learn from: three in four have a prompt longer than 30
+    tokens (dropped), the rest a short prompt and two answers that share their first ~28 tokens (cut to the same
+    tokens)."""
+    shared = " The answer, worked out step by step with care and attention to detail, is"
+    out = []
+    for i in range(64):
+        words = " ".join(("alpha", "beta", "gamma", "delta")[(i * k) % 4] for k in range(40))
+        prompt = f"Q{i}: add." if i % 4 == 0 else f"Question {i}: {words}"
+        out.append({"prompt": prompt, "chosen": f"{shared} {i + 1}.", "rejected": f"{shared} {i + 7}."})
+    return out
+
+
+@pytest.mark.parametrize("mode", ["run", "dry run", "analyzed"])
+def test_a_max_length_that_leaves_no_pair_anything_to_teach_is_refused(mode, analyzer, tmp_path, capsys):
+    """Issue 53 item 6: dropped pairs and pairs cut until both sides are the same tokens teach nothing (the run trained
+    at ln 2 with a gradient norm of ~1e-6 and exited 0). Refused before the model loads, naming max_length, the share
+    and what to pass; the dry run says it too, from the run's sample or from the analyzer's cached lengths."""
+    path = write_jsonl(tmp_path / "pairs.jsonl", useless_rows())
+    out = tmp_path / "run"
+    argv = ["--config", str(SMOKE), "--dataset_name", str(path), "--output_dir", str(out), "--max_length", "30"]
+    dry_run = [] if mode == "run" else ["--dry-run"]
+    if mode == "analyzed":  # the analyzer's cache of every pair, shared starts included
+        assert analyzer.main(["--config", str(SMOKE), "--dataset_name", str(path), "--num-proc", "1"]) == 0
+        capsys.readouterr()
+    with pytest.raises(SystemExit) as ended:
+        run_cli(lambda: train_dpo.main([*argv, "--max_tokens_per_microbatch", "64", *dry_run]))
+    printed = capsys.readouterr()
+    assert ended.value.code == 2 and "Traceback" not in printed.out + printed.err
+    line = printed.err.strip().splitlines()[-1]
+    assert line.startswith("error: max_length 30 leaves 0 of 64 pairs (0.0%) anything to learn"), line
+    assert "48 dropped" in line and "16 cut until chosen and rejected are the same tokens" in line
+    assert "--max_length 512" in line and "auto" in line
+    assert ("the analyzer's cached lengths" in line) == (mode == "analyzed")
+    assert not out.exists()  # nothing written: no model loaded
 
 
 def test_the_recommendation_is_capped_at_the_models_positions(analyzer, tmp_path, tiny_model_dir, capsys):

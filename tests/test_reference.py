@@ -65,11 +65,11 @@ def test_reused_when_only_training_arguments_or_the_layout_change(tmp_path, tiny
     first = build(tmp_path / "a", tiny_model_dir, rows)
     assert len(entries(cache)) == 1 and "24 scored, cached in" in capsys.readouterr().out
     # Training arguments, and everything that only changes which pairs share a micro-batch: pairs per step, the
-    # token budget, max_steps (the world size is the same kind of change: test_world_size_1_then_2 below).
+    # token budget (the world size is the same kind of change: test_world_size_1_then_2 below). A shorter run scores
+    # fewer pairs, found in this cache: test_a_short_run_scores_only_the_pairs_its_steps_train_... below.
     for other in (
         ["--learning_rate", "3e-4", "--beta", "0.1", "--warmup_steps", "0", "--lr_scheduler_type", "constant"],
         ["--pairs_per_step", "4", "--max_tokens_per_microbatch", "4096"],
-        ["--max_steps", "2"],
     ):
         again = build(tmp_path / "b", tiny_model_dir, rows, *other)
         assert "all 24 pairs reused" in capsys.readouterr().out and len(entries(cache)) == 1
@@ -77,6 +77,37 @@ def test_reused_when_only_training_arguments_or_the_layout_change(tmp_path, tiny
     meta = json.loads(next(cache.glob("*/identity.json")).read_text())
     assert meta["pairs"] == 24 and meta["max_length"] == 1024 and "weights_sha256" in meta  # what the key holds
     assert not any(k in meta for k in ("world_size", "micro_batches_sha256", "pairs_per_step"))
+
+
+@pytest.mark.slow
+def test_a_short_run_scores_only_the_pairs_its_steps_train_and_a_longer_one_only_the_rest(
+    tmp_path, tiny_model_dir, cache, capsys
+):
+    """Issue 53 item 8: `--max_steps 2` of 8 pairs on 48 pairs scored all 48 (on a Dolci-sized set, hours before the
+    first step). The stage scores the 16 pairs the planned steps train; a longer run on the same model and settings
+    reuses them and scores only the rest, and so does the whole epoch."""
+    import numpy as np
+
+    rows = builtin.make_preference_rows(48, seed=3)
+    short = build(tmp_path / "a", tiny_model_dir, rows, "--max_steps", "2")
+    out = capsys.readouterr().out
+    assert "reference log-probs (train): 16 scored, cached in" in out
+    assert "reference log-probs (train): only the 16 of 48 pairs the 2 planned steps train are scored" in out
+    trained = short.run_plan.trained
+    assert len(trained) == 16 and short.run_plan.summary["pairs_trained"] == {"pairs": 16, "of": 48, "steps": 2}
+    chosen = np.asarray(ref_columns(short)[0], dtype=np.float64)
+    assert not np.isnan(chosen[trained]).any() and np.isnan(chosen).sum() == 32  # the others are never read
+
+    longer = build(tmp_path / "b", tiny_model_dir, rows, "--max_steps", "4")
+    assert len(longer.run_plan.trained) == 32 and set(trained) <= set(longer.run_plan.trained)
+    assert (
+        "16 reused from other runs' caches (the same pairs, model and settings), 16 scored" in capsys.readouterr().out
+    )
+    whole = build(tmp_path / "c", tiny_model_dir, rows)
+    assert (
+        "32 reused from other runs' caches (the same pairs, model and settings), 16 scored" in capsys.readouterr().out
+    )
+    assert np.array_equal(np.asarray(ref_columns(whole)[0])[trained], chosen[trained])  # kept, not scored again
 
 
 @pytest.mark.slow
@@ -144,7 +175,7 @@ def test_step_one_is_ln_2_within_rounding_and_the_stage_scores_as_training_would
         tiny_model_dir,
         rows,
         "--max_steps",
-        "1",
+        "2",  # the whole epoch: the stage scores every pair
         "--logging_steps",
         "1",
         "--pairs_per_step",
@@ -159,7 +190,7 @@ def test_step_one_is_ln_2_within_rounding_and_the_stage_scores_as_training_would
     # Before: scored in the micro-batches training meets each pair in first (epoch 0 of the plan).
     training_layout = [[mb for step in trainer.run_plan.epochs[0] for mb in step[0]]]
     scorer = ReferenceScorer(trainer)
-    assert training_layout != reference.stage_layout(scorer, "train", 32)  # the stage's own micro-batches
+    assert training_layout != reference.stage_layout(scorer, trainer.train_dataset)  # the stage's own micro-batches
     trainer.model.gradient_checkpointing_enable({"use_reentrant": False})
     layers = [m for m in trainer.model.modules() if getattr(m, "gradient_checkpointing", False)]
     assert layers
@@ -226,7 +257,8 @@ def test_an_unwritable_cache_is_one_line_before_anything_loads(tmp_path, tiny_mo
 
 @pytest.fixture(scope="module")
 def many_pairs(tmp_path_factory):
-    """Enough pairs that scoring them takes several seconds on the tiny model: room to stop it half-way."""
+    """A data set of which the run's two steps train 64 pairs (`command`): the stage scores those alone, which takes
+    several seconds on the tiny model: room to stop it half-way."""
     path = tmp_path_factory.mktemp("data") / "pairs.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in builtin.make_preference_rows(1200, seed=11)))
     return path
@@ -245,7 +277,9 @@ def command(model_dir, data, out, *extra):
         "--output_dir",
         str(out),
         "--max_steps",
-        "3",
+        "2",
+        "--pairs_per_step",
+        "32",
         "--logging_steps",
         "1",
         "--report_to",
@@ -315,8 +349,8 @@ def test_a_stopped_or_killed_stage_keeps_what_it_scored(tmp_path, tiny_model_dir
 
     rerun = run(command(tiny_model_dir, many_pairs, out), {"DPOTRAIN_CACHE": str(tmp_path / "cache")})
     kept = int(rerun.split(" kept from an interrupted run")[0].rsplit(", ", 1)[1].replace(",", ""))
-    assert 0 < kept < 1200, rerun[-2000:]  # the log says how many were kept; only the rest was scored
-    assert f"{kept:,} reused from an interrupted run, {1200 - kept:,} scored" in rerun
+    assert 0 < kept < 64, rerun[-2000:]  # the log says how many were kept; only the rest was scored
+    assert f"{kept:,} reused from an interrupted run, {64 - kept:,} scored" in rerun
     assert not list(cache.glob("*/part-*.npz"))  # merged into complete.npz
     want, got = final_weights(whole), final_weights(out)
     assert all((got[k] - w).abs().max() == 0 for k, w in want.items())  # the same numbers, bit for bit
@@ -328,7 +362,7 @@ def test_reference_only_then_train_on_two_processes_reuses_it(tmp_path, tiny_mod
     within rounding of ln 2 rather than exactly on it: measured here in fp32."""
     env = {"DPOTRAIN_CACHE": str(tmp_path / "cache"), "PATH": f"{os.path.dirname(sys.executable)}:{os.environ['PATH']}"}
     log = run(command(tiny_model_dir, many_pairs, tmp_path / "unused", "--reference-only"), env)
-    assert "1,200 scored, cached in" in log and not (tmp_path / "unused").exists()  # no output folder: nothing trained
+    assert "64 scored, cached in" in log and not (tmp_path / "unused").exists()  # no output folder: nothing trained
 
     out = tmp_path / "two"
     launch = [
@@ -341,7 +375,7 @@ def test_reference_only_then_train_on_two_processes_reuses_it(tmp_path, tiny_mod
         *rank_python(),
     ]
     log = run([*launch, *command(tiny_model_dir, many_pairs, out)[1:]], env, timeout=900)
-    assert "reference log-probs (train): all 1,200 pairs reused" in log
+    assert "reference log-probs (train): all 64 pairs reused" in log
     first = json.loads((out / "metrics.jsonl").read_text().splitlines()[0])
     print(f"step 1 on another layout: |loss - ln 2| = {abs(first['loss'] - math.log(2)):.2e}")
     assert abs(first["loss"] - math.log(2)) < 1e-5  # fp32 rounding of sums over other packed rows
@@ -420,7 +454,7 @@ def test_a_truncated_part_is_named_and_its_pairs_scored_again(tmp_path, tiny_mod
     trainer = trainer_on(recipe, datasets.Dataset.from_list(builtin.make_preference_rows(60, seed=9)))
     plan_stage.run_stage(trainer)
     dataset = trainer.train_dataset
-    layout = reference.stage_layout(ReferenceScorer(trainer), "train", len(dataset))
+    layout = reference.stage_layout(ReferenceScorer(trainer), dataset)
     assert len(layout[0]) >= 10  # micro-batches enough for two stops half-way
 
     # Two interrupted attempts: the second keeps the first's pairs and saves its own in a second part.

@@ -127,6 +127,24 @@ def test_answers_that_share_more_than_the_prompt_stay_exact(tiny_model_dir):
     assert (got - want).abs().max() < 1e-5 and want[1].ne(0).sum() == 31  # the common 30 and its own last token
 
 
+def test_a_pair_without_a_prompt_is_laid_out_unshared_and_scored_as_trl_scores_it(tiny_model_dir):
+    """Issue 53 item 7: text answers that share no start (" 64." / " 66.", no prompt column) give TRL an empty prompt;
+    the reference stage crashed on it (IndexError: the prompt's last token). Such a pair has nothing to share: it is
+    laid out unshared in the same row, scored exactly as unshared packing scores it, and planned at its true size."""
+    from dpotrain.data.pair_lengths import PairLengths
+
+    m = fused(tiny_model_dir)
+    pairs = random_pairs(prompts=(0, 20, 0), completions=((6, 9), (15, 12), (1, 4)))
+    shared = SharedPromptCollator(1024, hidden_size=64)(pairs)
+    unshared = packing.PackedPreferenceCollator(1024, hidden_size=64)(pairs)
+    with torch.no_grad():
+        want, got = per_token(m, unshared), per_token(m, shared)
+    assert (got - want).abs().max() < 1e-5 and want[0].ne(0).sum() == 5  # a completion's first token has no predictor
+    counts = [torch.tensor([len(p[k]) for p in pairs]).numpy() for k in ("prompt_ids", "chosen_ids", "rejected_ids")]
+    planned = PairLengths.from_parts(*counts, 1024, share=True)
+    assert planned.tokens.sum() == shared["attention_block"].gt(0).sum() == 6 + 9 + 20 + 15 + 12 + 1 + 1 + 4
+
+
 @pytest.mark.parametrize("mode", ["keep_start", "keep_end"])
 def test_truncation_is_trls_and_keep_end_cuts_are_laid_out_unshared(mode, tiny_model_dir):
     m = fused(tiny_model_dir)

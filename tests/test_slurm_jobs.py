@@ -176,8 +176,8 @@ def test_preempted_job_checkpoints_requeues_and_ends_like_an_uninterrupted_one(
 # The test cluster binds tasks to cores (tests/slurm/cluster.sh): without launch.sh passing the job's --cpus-per-task
 # on to srun, the training step would get one CPU (tests/test_slurm_cluster.py).
 TWO_PROCESSES = {"RECIPE": "configs/smoke.yaml", "CPU_PROCESSES_PER_NODE": "2"}
-STEPS = 40  # of 16 pairs: ~8 s of training, time for a preemption to land mid-way
-PAIRS = 1200  # scored in ~7 s over 2 processes: time for a preemption to land inside the reference stage
+STEPS = 40  # of 30 pairs: ~15 s of training, time for a preemption to land mid-way
+PAIRS = 1200  # the 40 steps' pairs, scored in ~7 s over 2 processes: time for a preemption inside the reference stage
 
 
 @pytest.fixture(scope="module")
@@ -190,15 +190,15 @@ def pairs_file(tmp_path_factory):
 
 
 def two_process_args(out, data) -> list[str]:
-    """40 steps of 16 pairs, no checkpoint of its own before the end; the reference stage saves what it scored every
-    0.2 s."""
+    """40 steps of 30 pairs (the whole data set: the reference stage scores the pairs the steps train), no checkpoint
+    of its own before the end; the reference stage saves what it scored every 0.2 s."""
     return [
         "--dataset_name",
         str(data),
         "--max_steps",
         str(STEPS),
         "--pairs_per_step",
-        "16",
+        str(PAIRS // STEPS),
         "--logging_steps",
         "1",
         "--save_steps",

@@ -24,6 +24,7 @@ import hashlib
 import json
 from pathlib import Path
 
+from dpotrain.data.shapes import DETAIL
 from dpotrain.recipe.errors import ConfigError
 
 MISMATCH = "the answer does not begin with the chat template's generation prompt"
@@ -78,9 +79,12 @@ def sha256(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-def record(path: str | None, tokenizer=None) -> dict:
+def record(path: str | None, tokenizer=None, plain_text: bool = False) -> dict:
     """What resolved_config.json says of the template in effect: where it comes from and its content's SHA-256 (of
-    the model's own, where its tokenizer is at hand)."""
+    the model's own, where its tokenizer is at hand); for plain-text pairs, that none applies (TRL tokenizes the text
+    as it is), and whether a `chat_template_path` was given to no effect."""
+    if plain_text:
+        return {"path": None, "source": "none: plain text", "sha256": None, "plain_text": True, "unused": path}
     if path:
         return {"path": str(template_file(path).resolve()), "sha256": sha256(read(path))}
     own = getattr(tokenizer, "chat_template", None)
@@ -89,9 +93,10 @@ def record(path: str | None, tokenizer=None) -> dict:
 
 def changed(old: dict | None, path: str | None) -> str | None:
     """How the template now differs from the one a run recorded (`record`), or None: the same content, or no record
-    (a run written before templates were recorded). A file given now is compared by content with what the run used,
-    the model's own template included; a run that used a file, resumed without one, is a change."""
-    if not old:
+    (a run written before templates were recorded), or a run on plain text, which no template reads. A file given now
+    is compared by content with what the run used, the model's own template included; a run that used a file,
+    resumed without one, is a change."""
+    if not old or old.get("plain_text"):
         return None
     if path:
         now = sha256(read(path))
@@ -129,6 +134,8 @@ def answer_problem(example: dict, tokenizer) -> tuple[str, str] | None:
 
 
 def _mismatch(prompt: str, whole: str) -> str:
+    """The problem, then (after `shapes.DETAIL`) what this row's answer reads instead: rows are counted by the
+    problem alone (`rows.RowCheck.by_reason`)."""
     same = 0
     for a, b in zip(prompt, whole, strict=False):
         if a != b:
@@ -136,7 +143,17 @@ def _mismatch(prompt: str, whole: str) -> str:
         same += 1
     expected, found = prompt[same:][:SHOWN], whole[same:][:SHOWN]
     return (
-        f"{MISMATCH}: it reads {found!r} where the "
-        f"generation prompt goes on with {expected!r}, so TRL's prompt/answer split would label other tokens "
-        "than open-instruct's position-based masking (OLMo 3's)"
+        f"{MISMATCH} ({expected!r}), so TRL's prompt/answer split would label other tokens than open-instruct's "
+        f"position-based masking (OLMo 3's){DETAIL}it reads {found!r} there"
+    )
+
+
+def misfit(problem: str) -> str:
+    """What fits instead, where every row fails `answer_problem`: the template is not this data's."""
+    if not problem.startswith(MISMATCH):
+        return ""
+    return (
+        "; the chat template does not fit these answers: train them with the recipe whose template does "
+        "(configs/instruct.yaml for answers without a thinking block), or with no chat_template_path (the model's "
+        "own template)"
     )

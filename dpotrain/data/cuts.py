@@ -7,9 +7,16 @@ when either of its sequences is. Training counts from the tokenized training set
 and the analyzer from the analyzer's per-pair lengths: the same rows give the same counts.
 """
 
+import math
+
 import numpy as np
 
+from dpotrain.recipe.config import ProjectArguments
 from dpotrain.recipe.errors import ConfigError
+
+STEP = 512  # max_length is recommended as a multiple of this: kernel- and memory-friendly shapes
+COVERAGE = ProjectArguments.auto_coverage  # the share of pairs left whole a recommendation aims at (the analyzer's)
+TEACHING = 0.5  # a run is refused when fewer than this share of its pairs keep anything to learn after the cut
 
 
 def count(
@@ -44,12 +51,34 @@ def line(cuts: dict) -> str:
     )
 
 
-def check(cuts: dict, prompt, source: str) -> None:
-    """Refuse a max_length that drops every pair (the trainer would be left with no data): say what length would do."""
-    if cuts["pairs"] and cuts["dropped"] == cuts["pairs"]:
-        shortest = int(np.min(prompt)) if len(prompt) else 0
-        raise ConfigError(
-            f"max_length {cuts['max_length']} drops every pair of {source}: each prompt alone fills it "
-            f"(the shortest prompt is {shortest:,} tokens): use a larger max_length, or `auto` to let "
-            "the analyzer choose (docs/max_length.md)"
-        )
+def recommend(total: np.ndarray, target: float, step: int = STEP) -> int:
+    """The smallest multiple of `step` whose coverage reaches `target` (`total`: prompt + longer completion)."""
+    if len(total) == 0:
+        raise ConfigError("no valid rows to choose max_length from")
+    lengths = step * np.arange(1, math.ceil(int(total.max()) / step) + 1)
+    covered = np.searchsorted(np.sort(total), lengths, side="right") / len(total)
+    return int(lengths[np.argmax(covered >= target)])
+
+
+def check(prompt, chosen, rejected, shared, max_length: int, truncation_mode: str, source: str) -> None:
+    """Refuse a max_length that leaves fewer than `TEACHING` of the pairs anything to learn: a pair teaches nothing
+    when the trainer drops it, or (keep_start) when the cut falls inside the start its two completions share
+    (`shared`: their common tokens; None: not measured), so that both sides are the same tokens and every gradient is
+    zero. Say what length would do instead."""
+    prompt, chosen, rejected = (np.asarray(a, dtype=np.int64) for a in (prompt, chosen, rejected))
+    pairs = len(prompt)
+    counted = count(prompt, chosen, rejected, max_length, truncation_mode)
+    same = 0
+    if shared is not None and truncation_mode == "keep_start":
+        same = int(np.count_nonzero((prompt < max_length) & (max_length - prompt <= np.asarray(shared))))
+    teach = pairs - counted["dropped"] - same
+    if not pairs or teach >= TEACHING * pairs:
+        return
+    fits = recommend(prompt + np.maximum(chosen, rejected), COVERAGE)
+    raise ConfigError(
+        f"max_length {max_length:,} leaves {teach:,} of {pairs:,} pairs ({teach / pairs:.1%}) anything to learn "
+        f"({source}): {counted['dropped']:,} dropped (the prompt alone fills max_length; the shortest prompt is "
+        f"{int(prompt.min()):,} tokens), {same:,} cut until chosen and rejected are the same tokens; at least "
+        f"{TEACHING:.0%} must keep a difference: pass --max_length {fits:,} (the smallest multiple of {STEP} that "
+        f"leaves {COVERAGE:.0%} of these pairs whole) or --max_length auto (docs/max_length.md)"
+    )

@@ -5,10 +5,14 @@ import json
 import os
 from pathlib import Path
 
+from dpotrain.data import data_identity, shapes
 from dpotrain.recipe.errors import ConfigError, cause
 
 LOCAL_SUFFIXES = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
 REQUIRED_COLUMNS = ("chosen", "rejected")
+# Names public preference sets give a string prompt beside string answers (Alpaca's `instruction`, Orca's `question`
+# and `input`, ...): read as the `prompt` column where it is the only one (`prompt_column`).
+PROMPT_NAMES = ("instruction", "question", "input", "query", "problem", "request")
 JSON_ARRAY_COUNT_LIMIT = 1 << 30  # bytes: a JSON array is counted by parsing it whole (Python objects, ~5x its size)
 
 
@@ -78,16 +82,22 @@ def check_file_kind(path: Path) -> None:
 
 
 def load_preference_dataset(
-    name: str, split: str = "train", config: str | None = None, revision: str | None = None, streaming: bool = False
+    name: str,
+    split: str = "train",
+    config: str | None = None,
+    revision: str | None = None,
+    streaming: bool = False,
+    say: bool = True,
 ):
-    """The `split` of the data set `name`, checked for the `chosen`/`rejected` columns DPO needs."""
+    """The `split` of the data set `name`, checked for the `chosen`/`rejected` columns DPO needs, its prompt column
+    found under another common name (`prompt_column`; `say`: said on the console)."""
     import datasets
 
     check_dataset_name(name)
     path = Path(name).expanduser()
-    if not (path / "dataset_info.json").exists() and not (path / "dataset_dict.json").exists():
+    if not data_identity.saved(path):
         check_datasets_cache()  # a saved data set is read in place; any other is written to the cache first
-    if path.is_dir() and ((path / "dataset_info.json").exists() or (path / "dataset_dict.json").exists()):
+    if path.is_dir() and data_identity.saved(path):
         empty = _empty_saved_splits(path)
         if empty:  # datasets cannot read a split saved with no rows back (IndexError inside load_from_disk)
             raise ConfigError(f"dataset {name!r}: split(s) {empty} saved with no rows; remove them or save rows")
@@ -116,7 +126,38 @@ def load_preference_dataset(
             raise ConfigError(f"dataset {name!r} has no split {split!r}: choose one of {sorted(loaded)}")
         loaded = loaded[split]
     check_columns(loaded.column_names, name)
-    return loaded
+    return prompt_column(loaded, name, split, say)
+
+
+def prompt_column(dataset, name: str, split: str = "train", say: bool = True):
+    """String answers without a `prompt` column but with one column of a common prompt name (`PROMPT_NAMES`) that
+    the answers do not already start with: that column read as the prompt, and said so. Otherwise TRL would take the
+    characters both answers share as the prompt and train the rest. Two such columns are refused: which is the
+    prompt, or how they join, is the user's to say."""
+    columns = dataset.column_names or []
+    found = [c for c in PROMPT_NAMES if c in columns]
+    if "prompt" in columns or not found:
+        return dataset
+    first = next(iter(dataset), None) or {}
+    chosen, rejected = first.get("chosen"), first.get("rejected")
+    if not isinstance(chosen, str) or not isinstance(rejected, str) or shapes.is_hh(chosen):
+        return dataset  # message lists (the conversations hold the prompt), or HH-RLHF strings
+    if len(found) > 1:
+        raise ConfigError(
+            f"dataset {name!r} has string answers, no `prompt` column and {len(found)} that may hold it "
+            f"({', '.join(sorted(found))}): rename the one that holds the prompt to `prompt` (or join them into it)"
+        )
+    (column,) = found
+    value = first.get(column)
+    if not isinstance(value, str) or (chosen.startswith(value) and rejected.startswith(value)):
+        return dataset  # not text, or the answers start with it already (their common start is the prompt)
+    if say:
+        print(
+            f"Data ({split}): column {column!r} read as the prompt (there is no `prompt` column; chosen and rejected "
+            "are the answers to it)",
+            flush=True,
+        )
+    return dataset.rename_column(column, "prompt")
 
 
 def _has_rows(path: Path) -> bool:

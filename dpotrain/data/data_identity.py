@@ -30,8 +30,9 @@ def _hidden(path: Path, root: Path) -> bool:
     return any(part.startswith(".") for part in path.relative_to(root).parts)
 
 
-def _saved(path: Path) -> bool:
-    """A folder written by `save_to_disk` (as data.load_preference_dataset tells it from a folder of data files)."""
+def saved(path: Path) -> bool:
+    """A folder written by `save_to_disk` (read in place, its split's Arrow files alone), not a folder of data files
+    (which datasets reads whole, every file under it)."""
     return (path / "dataset_info.json").exists() or (path / "dataset_dict.json").exists()
 
 
@@ -63,7 +64,7 @@ def files(name: str, split: str = "train", data_dir: str | None = None, data_fil
         return {path.name: path}
     if not path.is_dir():
         return None
-    if _saved(path):
+    if saved(path):
         split_dir = path / split if (path / split).is_dir() else path
         found = sorted(split_dir.glob("data-*.arrow"))
     else:

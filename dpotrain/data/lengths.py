@@ -28,7 +28,6 @@ packing). README "Choosing max_length" says why the rule is a coverage and not a
 import dataclasses
 import hashlib
 import json
-import math
 import multiprocessing
 import os
 import sys
@@ -40,21 +39,20 @@ from pathlib import Path
 import numpy as np
 from trl.data_utils import common_prefix_length, is_conversational
 
-from dpotrain.data import cuts, positions
+from dpotrain.data import cuts, data_identity, positions
+from dpotrain.data.cuts import STEP, recommend
 from dpotrain.data.rows import ROW_COLUMNS, InvalidRowError, RowFormat, read_row, split_row
 from dpotrain.recipe import upstream
-from dpotrain.recipe.config import ProjectArguments
 from dpotrain.recipe.errors import ConfigError
 from dpotrain.recipe.writes import replacing, write_text
 
-STEP = 512  # the recommendation is a multiple of this: kernel- and memory-friendly shapes
 # The report's cumulative distribution: common max_length choices, and the long lengths a thinking data set's tail
 # reaches (OLMo 3: 16K-32K).
 REPORT_LENGTHS = (2048, 4096, 8192, 12288, 16384, 24576, 32768)
 PERCENTILES = (50, 90, 95, 99)
-DEFAULT_COVERAGE = ProjectArguments.auto_coverage  # one default for the analyzer and `max_length: auto`
+DEFAULT_COVERAGE = cuts.COVERAGE  # one default for the analyzer and `max_length: auto`
 DEFAULT_BATCH_SIZE = 4  # pairs per device when no recipe says (OLMo 3 recipes: 4)
-ANALYSIS_VERSION = 2  # bump when the numbers an analysis produces change, so cached reports are not reused
+ANALYSIS_VERSION = 3  # bump when the numbers an analysis produces change, so cached reports are not reused
 
 
 def _template_kwargs(example: dict) -> dict:
@@ -63,8 +61,9 @@ def _template_kwargs(example: dict) -> dict:
     return {"tools": tools, **(example.get("chat_template_kwargs") or {})}
 
 
-def row_lengths(example: dict, tokenizer) -> tuple[int, int, int]:
-    """(prompt, chosen, rejected) token counts of one split row, by the same calls as DPOTrainer's tokenize_fn."""
+def row_lengths(example: dict, tokenizer) -> tuple[int, int, int, int]:
+    """(prompt, chosen, rejected, shared) token counts of one split row, by the same calls as DPOTrainer's
+    tokenize_fn; `shared`: the tokens the two completions share at their start."""
     if is_conversational(example):
         kwargs = _template_kwargs(example)
         prompt_ids = upstream.tokenize(tokenizer, example["prompt"], add_generation_prompt=True, **kwargs)["input_ids"]
@@ -77,9 +76,12 @@ def row_lengths(example: dict, tokenizer) -> tuple[int, int, int]:
     return _split_lengths(prompt_ids, chosen_ids, rejected_ids)
 
 
-def _split_lengths(prompt_ids, chosen_ids, rejected_ids) -> tuple[int, int, int]:
+def _split_lengths(prompt_ids, chosen_ids, rejected_ids) -> tuple[int, int, int, int]:
     n = min(common_prefix_length(prompt_ids, chosen_ids), common_prefix_length(prompt_ids, rejected_ids))
-    return n, len(chosen_ids) - n, len(rejected_ids) - n
+    shared, stop = n, min(len(chosen_ids), len(rejected_ids))
+    while shared < stop and chosen_ids[shared] == rejected_ids[shared]:  # from the completions' start: a few tokens
+        shared += 1
+    return n, len(chosen_ids) - n, len(rejected_ids) - n, shared - n
 
 
 def render_row(example: dict, tokenizer) -> tuple[str, str, str]:
@@ -110,7 +112,7 @@ def encode(tokenizer, texts: list[str], add_special_tokens: bool) -> list[list[i
     return [e.ids for e in backend.encode_batch_fast(texts, add_special_tokens=add_special_tokens)]
 
 
-def batch_lengths(examples: list[dict], tokenizer, conversational: bool) -> list[tuple[int, int, int]]:
+def batch_lengths(examples: list[dict], tokenizer, conversational: bool) -> list[tuple[int, int, int, int]]:
     """`row_lengths` of many split rows: rendered one by one, encoded in one batch."""
     return _lengths_of_texts([render_row(example, tokenizer) for example in examples], tokenizer, conversational)
 
@@ -138,6 +140,7 @@ class Measured:
     shape: str = ""  # how the rows were read (shapes.Shape.describe)
     fast_path_mismatches: int = 0  # batches where batch_lengths disagreed with row_lengths (then row_lengths is used)
     seconds: float = 0.0
+    shared: np.ndarray | None = None  # tokens both completions start with (cuts.check); None: not measured
 
     @property
     def total(self) -> np.ndarray:
@@ -267,7 +270,7 @@ def measure(
             "one row at a time (exact, slower)",
             file=sys.stderr,
         )
-    arr = np.asarray(lengths, dtype=np.int64).reshape(-1, 3)
+    arr = np.asarray(lengths, dtype=np.int64).reshape(-1, 4)
     return Measured(
         index=np.asarray(kept, dtype=np.int64),
         prompt=arr[:, 0],
@@ -278,6 +281,7 @@ def measure(
         shape=fmt.shape.describe(tokenizer.name_or_path, getattr(tokenizer, "chat_template_file", None)),
         fast_path_mismatches=mismatches,
         seconds=time.perf_counter() - start,
+        shared=arr[:, 3],
     )
 
 
@@ -373,15 +377,6 @@ def percentiles(values: np.ndarray) -> dict:
 def coverage(total: np.ndarray, max_length: int) -> float:
     """Fraction of rows whose prompt + longer completion fits in `max_length` (nothing truncated)."""
     return float(np.count_nonzero(total <= max_length) / len(total))
-
-
-def recommend(total: np.ndarray, target: float, step: int = STEP) -> int:
-    """The smallest multiple of `step` whose coverage reaches `target`."""
-    if len(total) == 0:
-        raise ConfigError("no valid rows to choose max_length from")
-    lengths = step * np.arange(1, math.ceil(int(total.max()) / step) + 1)
-    covered = np.searchsorted(np.sort(total), lengths, side="right") / len(total)
-    return int(lengths[np.argmax(covered >= target)])
 
 
 def padding(m: Measured, max_length: int, batch_size: int, seed: int | None = None) -> dict:
@@ -646,12 +641,11 @@ def dataset_identity(
     from dpotrain.data import data
 
     path = Path(name).expanduser()
-    if data.is_local(name):
-        files = sorted(p for p in ([path] if path.is_file() else path.rglob("*")) if p.is_file())
+    if data.is_local(name):  # the files the split is read from (data_identity.files: not a run folder beside them)
         stamp = hashlib.sha256()
-        for f in files:
+        for relative, f in sorted((data_identity.files(name, split) or {}).items()):
             st = f.stat()
-            stamp.update(f"{f.relative_to(path) if f != path else ''}:{st.st_size}:{st.st_mtime_ns};".encode())
+            stamp.update(f"{relative if f != path else ''}:{st.st_size}:{st.st_mtime_ns};".encode())
         return f"local:{path.resolve()}:{split}:{stamp.hexdigest()[:16]}{reading}"
     return f"hub:{name}:{config or 'default'}:{split}@{hub_commit(name, revision, local_only)}{reading}"
 
@@ -710,7 +704,8 @@ def save_cache(m: Measured, report: dict, dataset_id: str, tokenizer, cache_dir:
     # Renamed into place (writes.py): several ranks of one launch may race here, and a reader must never see half a
     # file. The lengths first: a report is only ever found beside its lengths.
     with replacing(folder / f"{key}.npz", "wb") as f:
-        np.savez(f, index=m.index, prompt=m.prompt, chosen=m.chosen, rejected=m.rejected)
+        shared = {} if m.shared is None else {"shared": m.shared}
+        np.savez(f, index=m.index, prompt=m.prompt, chosen=m.chosen, rejected=m.rejected, **shared)
     return write_text(folder / f"{key}.json", json.dumps({**report, "cache": identity}, indent=1) + "\n")
 
 
@@ -740,7 +735,9 @@ def cached_measure(dataset_id: str, tokenizer, cache_dir: str | Path | None = No
     if not (report_path.exists() and lengths_path.exists()):
         return None
     with np.load(lengths_path) as z:
-        return Measured(z["index"], z["prompt"], z["chosen"], z["rejected"], [], conversational=True), report_path
+        shared = z["shared"] if "shared" in z.files else None
+        found = Measured(z["index"], z["prompt"], z["chosen"], z["rejected"], [], True, shared=shared)
+    return found, report_path
 
 
 def analyse(

@@ -309,10 +309,11 @@ class Mix:
         ]
 
 
-def read_source(source: Source):
-    """One source's rows, as the one-source loader reads them (a local file: refusals name its line)."""
+def read_source(source: Source, say: bool = True):
+    """One source's rows, as the one-source loader reads them (a local file: refusals name its line; a prompt column
+    under another common name read as the prompt, `data.prompt_column`)."""
     if source.file:
-        loaded = data.load_preference_dataset(source.file, source.split)
+        loaded = data.load_preference_dataset(source.file, source.split, say=say)
     elif source.data_files or source.data_dir:  # a builder or Hub repo with its own files: datasets reads it
         import datasets
 
@@ -327,8 +328,9 @@ def read_source(source: Source):
             )
         except Exception as e:
             raise ConfigError(f"could not load mixture source {source.spec()}: {cause(e)}") from None
+        loaded = data.prompt_column(loaded, source.spec(), source.split, say)
     else:
-        loaded = data.load_preference_dataset(source.path, source.split, source.name)
+        loaded = data.load_preference_dataset(source.path, source.split, source.name, say=say)
     if source.columns:
         missing = [c for c in source.columns if c not in loaded.column_names]
         if missing:
@@ -359,7 +361,7 @@ def load(
 
     usable, records, dropped = [], [], {}
     for source in sources:
-        raw = read_source(source)
+        raw = read_source(source, say)
         found: dict = {}
         pairs = rows.usable_pairs(
             raw,

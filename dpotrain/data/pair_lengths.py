@@ -48,13 +48,14 @@ class PairLengths:
             sides = [np.minimum(s, max_length) for s in sides]
         if not share:
             return cls(*sides)
-        # As shared_prompt.shareable: keep_end shares only a pair whose truncation cuts nothing.
+        # As shared_prompt.shareable: a pair with a prompt; keep_end shares only one whose truncation cuts nothing.
         whole = (
             max_length is None
             or truncation_mode == "keep_start"
             or ((prompt + chosen <= max_length) & (prompt + rejected <= max_length))
         )
-        return cls(*sides, prompt=np.asarray(prompt), shared=np.broadcast_to(whole, prompt.shape).copy())
+        shared = np.broadcast_to(whole, prompt.shape) & (np.asarray(prompt) > 0)
+        return cls(*sides, prompt=np.asarray(prompt), shared=shared)
 
     def __len__(self) -> int:
         return len(self.chosen)

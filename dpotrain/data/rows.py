@@ -169,7 +169,7 @@ class RowCheck:
         counts: dict[str, int] = {}
         for p in self.invalid:
             problem = p["problem"].split(shapes.DETAIL)[0]
-            reason = f"{p['column']}: {re.sub(r'[0-9]+', 'N', problem)}"
+            reason = f"{p['column']}: {re.sub(r'message [0-9]+', 'message N', problem)}"
             counts[reason] = counts.get(reason, 0) + 1
         return dict(sorted(counts.items(), key=lambda kv: -kv[1]))
 
@@ -192,10 +192,11 @@ def check_dataset(
     hh_format: str = "messages",
     template=None,
 ) -> RowCheck:
-    """`read_row` on every row of an in-memory `Dataset`. The first bad row raises `InvalidRowError` naming the
-    training flag, unless `skip_invalid`: then every bad row is listed in the returned `RowCheck`. Answers that leave
-    the chat template's generation prompt (`template`: RowFormat.of) are refused together, naming every such row:
-    a data set that has one usually has many.
+    """`read_row` on every row of an in-memory `Dataset`, every bad row listed in the returned `RowCheck`. Unless
+    `skip_invalid`, some bad rows among good ones raise `InvalidRowError` naming the training flag: the first bad row,
+    or answers that leave the chat template's generation prompt (`template`: RowFormat.of) all together, naming every
+    such row (a data set that has one usually has many). Every row bad is for the caller to say (`usable_pairs`):
+    dropping bad rows would leave nothing.
 
     Rows are read a column batch at a time (Arrow to Python in bulk), which is what keeps 150k rows in seconds.
     """
@@ -204,28 +205,51 @@ def check_dataset(
     if len(dataset) == 0:
         raise ConfigError("the data set has no rows: check the file or the split")
     fmt = RowFormat.of(dataset[0], columns, eos_token, hh_format, template)
-    invalid, off_template = [], []
+    invalid = []
     index = 0
     for batch in dataset.select_columns(columns).iter(batch_size=batch_size):
         for values in zip(*batch.values(), strict=True):
             problem = check_row(dict(zip(columns, values, strict=True)), fmt)
-            if problem and not skip_invalid and problem[1].startswith(chat_template.MISMATCH):
-                off_template.append((index, problem))
-            elif problem:
-                if not skip_invalid:
-                    raise InvalidRowError(index, *problem, skip_flag="--skip_invalid true")
+            if problem:
                 invalid.append({"index": index, "column": problem[0], "problem": problem[1]})
             index += 1
-    if off_template:
-        first, (column, problem) = off_template[0]
-        rows = ", ".join(str(i) for i, _ in off_template[:10]) + (", ..." if len(off_template) > 10 else "")
-        raise InvalidRowError(
-            first,
-            column,
-            f"{problem}; {len(off_template)} of {index} rows do so (rows {rows})",
-            skip_flag="--skip_invalid true",
+    checked = RowCheck(index, invalid, time.perf_counter() - start, fmt)
+    if skip_invalid or not invalid or len(invalid) == index:
+        return checked
+    other = [p for p in invalid if not p["problem"].startswith(chat_template.MISMATCH)]
+    if other:
+        raise InvalidRowError(other[0]["index"], other[0]["column"], other[0]["problem"], "--skip_invalid true")
+    shown = ", ".join(str(p["index"]) for p in invalid[:10]) + (", ..." if len(invalid) > 10 else "")
+    raise InvalidRowError(
+        invalid[0]["index"],
+        invalid[0]["column"],
+        f"{invalid[0]['problem']}; {len(invalid)} of {index} rows do so (rows {shown})",
+        skip_flag="--skip_invalid true",
+    )
+
+
+def every_row_invalid(checked: RowCheck, split: str, source: str | None) -> str:
+    """One line for a split none of whose rows is usable, said once: dropping bad rows (`--skip_invalid`) would leave
+    nothing, so it is not offered. Every row failing one check says which, and what fits instead where there is such
+    a thing (a chat template that does not fit the answers: `chat_template.misfit`); several checks, the three most
+    common."""
+    from dpotrain.data.data import row_location
+
+    reasons, first = checked.by_reason(), checked.invalid[0]
+    where = row_location(source, first["index"]) if source else f"row {first['index']}"
+    detail = first["problem"].split(shapes.DETAIL, 1)[1:]
+    shown = f"; first: {where}" + (f", {detail[0]}" if detail else "")
+    if len(reasons) == 1:  # said as the first row has it (`message 0`, where the reason counts `message N`)
+        problem = first["problem"].split(shapes.DETAIL, 1)[0]
+        return (
+            f"every row of the {split} split ({checked.rows} of {checked.rows}) fails one check: {first['column']}: "
+            f"{problem}{chat_template.misfit(problem)}{shown}"
         )
-    return RowCheck(index, invalid, time.perf_counter() - start, fmt)
+    top = "; ".join(f"{n} x {reason}" for reason, n in list(reasons.items())[:3])
+    return (
+        f"no usable row in the {split} split: all {checked.rows} rows are invalid ({top}{shown}): check that "
+        "dataset_name and the split are the ones meant"
+    )
 
 
 def usable_pairs(
@@ -253,18 +277,18 @@ def usable_pairs(
         raise e.located(source) if source else e from None
     if say:
         print(f"Data ({split}): {checked.rows} rows, {checked.fmt.shape.describe()}", flush=True)
+        unread = [c for c in dataset.column_names if c not in ROW_COLUMNS]
+        if unread:
+            print(
+                f"Data ({split}): column(s) not read: {', '.join(unread)} (a pair is read from "
+                f"{', '.join(ROW_COLUMNS)}; rename a column to one of them to have it read)",
+                flush=True,
+            )
     if checked.invalid:
         derived[key] = checked.summary()
         reasons = checked.by_reason()
         if len(checked.invalid) == checked.rows:
-            first = checked.invalid[0]
-            top = "; ".join(f"{n} x {reason}" for reason, n in list(reasons.items())[:3])
-            raise ConfigError(
-                f"no usable row in the {split} split: all {checked.rows} rows are invalid ({top}; "
-                f"first: row {first['index']}, column {first['column']!r}): check that dataset_name and "
-                "the split are the ones meant, and run without --skip_invalid to see the first problem "
-                "in full"
-            )
+            raise ConfigError(every_row_invalid(checked, split, source))
         if say:
             print(f"Dropped {len(checked.invalid)} invalid row(s) of {checked.rows}: {reasons}", flush=True)
         bad = {p["index"] for p in checked.invalid}

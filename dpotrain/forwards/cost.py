@@ -87,6 +87,7 @@ class Lengths:
     chosen: np.ndarray  # the chosen completion
     rejected: np.ndarray
     source: str
+    shared: np.ndarray | None = None  # tokens both completions start with (`cuts.check`); None: not measured
 
     def sample(self, pairs: int = SAMPLE_PAIRS, seed: int = 0) -> "Lengths":
         if len(self.prompt) <= pairs:

@@ -28,7 +28,7 @@ def cached(recipe, tokenizer) -> Lengths | None:
     if found is None:
         return None
     m, report = found
-    return Lengths(m.prompt, m.chosen, m.rejected, f"the analyzer's cached lengths ({report})")
+    return Lengths(m.prompt, m.chosen, m.rejected, f"the analyzer's cached lengths ({report})", m.shared)
 
 
 def sampled(dataset, tokenizer, seed: int, hh_format: str = "messages", rows: int = SAMPLE_ROWS) -> Lengths:
@@ -43,15 +43,17 @@ def sampled(dataset, tokenizer, seed: int, hh_format: str = "messages", rows: in
     m = lengths.measure(picked, tokenizer, num_proc=1, skip_invalid=True, indices=indices, hh_format=hh_format)
     if total is None:
         of = f"the first {m.rows:,}"
-    return Lengths(m.prompt, m.chosen, m.rejected, f"{of} rows, tokenized as the trainer does")
+    return Lengths(m.prompt, m.chosen, m.rejected, f"{of} rows, tokenized as the trainer does", m.shared)
 
 
 def run_lengths(recipe, dataset, model_path: str) -> Lengths:
     """The lengths a real run decides from: cached for the whole split, else a seeded sample of `dataset`."""
     tokenizer = lengths.recipe_tokenizer(recipe, model_path)
     found = cached(recipe, tokenizer) or sampled(dataset, tokenizer, recipe.training.seed, recipe.project.hh_format)
-    # A max_length that drops every pair leaves the trainer nothing: refused here, before the model loads.
+    # A max_length that leaves the pairs nothing to learn: refused here, before the model loads.
     t = recipe.training
-    counted = cuts.count(found.prompt, found.chosen, found.rejected, t.max_length, t.truncation_mode)
-    cuts.check(counted, found.prompt, found.source)
+    if t.max_length is not None:
+        cuts.check(
+            found.prompt, found.chosen, found.rejected, found.shared, t.max_length, t.truncation_mode, found.source
+        )
     return found

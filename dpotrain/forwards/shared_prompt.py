@@ -21,7 +21,7 @@ The mask is passed to the model (per layer kind where the model takes a dict of 
 which skips the blocks no token of which sees another, or a dense 4D mask for sdpa and eager attention
 (`forwards/masks.py`); FlashAttention's varlen kernel cannot express it, so it keeps unshared packing. A pair whose
 prompt truncation would differ between its two sequences (keep_end cutting into the prompt) is laid out unshared
-within the same row.
+within the same row, as is a pair without a prompt (text answers that share no start).
 Only the compact inputs (`attention_block`, `attention_branch`, position ids) are built in the collator, once per
 micro-batch; the mask itself is built from them on the device.
 """
@@ -102,7 +102,11 @@ def _unit_shared(example: dict, max_length: int | None):
 
 
 def shareable(example: dict, max_length: int | None, truncation_mode: str) -> bool:
-    """Both sequences keep the whole prompt after truncation (keep_start always; keep_end when nothing is cut)."""
+    """The pair has a prompt (text answers that share no start have none: nothing to share, and no last prompt token
+    to predict from), and both sequences keep the whole of it after truncation (keep_start always; keep_end when
+    nothing is cut)."""
+    if not example["prompt_ids"]:
+        return False
     if truncation_mode == "keep_start" or max_length is None:
         return True
     p = len(example["prompt_ids"])

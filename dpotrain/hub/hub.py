@@ -212,6 +212,8 @@ def template_named(resolved: dict) -> str:
     SHA-256, or the base model's own."""
     given = resolved.get("chat_template_path")
     record = resolved.get("derived", {}).get("chat_template") or {}
+    if record.get("plain_text"):
+        return "none (the pairs are plain text)"
     digest = f" (sha256 `{record['sha256'][:12]}`)" if record.get("sha256") else ""
     return f"`{Path(given).name}`{digest}" if given else f"the base model's own{digest}"
 

@@ -353,6 +353,14 @@ class Forward:
         return len(rows) * padded_width(max(sum(seqs[i] for i in row) for row in rows), self.multiple)
 
 
+def pairs_trained(epochs: list, steps: int) -> np.ndarray:
+    """The pairs the run's first `steps` optimizer steps train (the planned epochs' steps, in order), sorted: all the
+    reference stage scores, since training reads no other pair's reference."""
+    first = [step for epoch in epochs for step in epoch][:steps]
+    taken = [i for step in first for rank in step for mb in rank for i in mb]
+    return np.unique(np.asarray(taken, dtype=np.int64))
+
+
 def epochs_needed(max_steps: int, num_train_epochs: float, pairs: int, pairs_per_step: int, world_size: int) -> int:
     """Epochs a run touches (the plan covers each): num_train_epochs, or what max_steps reaches."""
     if max_steps > 0:

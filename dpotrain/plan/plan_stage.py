@@ -8,7 +8,10 @@ transformers reads of the batching before `train()`, when it fills DeepSpeed's "
 and with it the number of steps, is made in `train()`, from the plan given here.
 """
 
+import math
 from dataclasses import dataclass
+
+import numpy as np
 
 from dpotrain.data import cuts
 from dpotrain.data.pair_lengths import PairLengths, token_counts
@@ -21,6 +24,7 @@ class RunPlan:
     step_plan: plan.StepPlan
     epochs: list  # every epoch the run touches: [epoch][step][rank][micro-batch] -> pair indices
     summary: dict  # `plan.summary`: what the run records as `derived.batching`
+    trained: np.ndarray  # the pairs the run's steps train (`plan.pairs_trained`): what the reference stage scores
 
     def line(self) -> str:
         """The stage's one line: 'Plan: 24 steps of 8 pairs per epoch (3 epochs planned), 1-2 micro-batches per step
@@ -59,7 +63,12 @@ def make(
     epochs = plan.epochs_needed(args.max_steps, args.num_train_epochs, len(lengths), pairs_per_step, world_size)
     # Every epoch is planned now: a step that cannot be cut is refused before the model does any work.
     planned = plan.plan_run(lengths, step_plan, epochs)
-    return RunPlan(lengths, step_plan, planned, plan.summary(lengths, step_plan, planned, forward, reduce_per_backward))
+    # The steps the Trainer runs: max_steps, or num_train_epochs of the epoch's steps (as transformers counts them).
+    steps = args.max_steps if args.max_steps > 0 else math.ceil(args.num_train_epochs * len(planned[0]))
+    trained = plan.pairs_trained(planned, steps)
+    summary = plan.summary(lengths, step_plan, planned, forward, reduce_per_backward)
+    summary["pairs_trained"] = {"pairs": len(trained), "of": len(lengths), "steps": steps}
+    return RunPlan(lengths, step_plan, planned, summary, trained)
 
 
 def run_stage(trainer) -> RunPlan:

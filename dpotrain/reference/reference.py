@@ -1,5 +1,6 @@
-"""The reference stage: every pair's reference log-probs, scored once between the plan and training, kept on disk as
-they are computed, and reused by any later run that would compute the same numbers.
+"""The reference stage: the reference log-probs of every pair the run's planned steps train (a short run's steps train
+some of the data set: `_run_on`), scored once between the plan and training, kept on disk as they are computed, and
+reused by any later run that would compute the same numbers.
 
 The reference model is the policy before its first update, so its log-probs can be scored once and the second model
 dropped from memory for the whole run. On a real data set this is hours of GPU time (150k pairs of ~5k tokens), so it
@@ -21,15 +22,16 @@ is a stage of its own, run by `train_dpo.py` after the model loads and before tr
 - its speed is measured after its first micro-batch (the warm-up: kernels loaded, compiled), which is reported apart:
   "warm-up 2.1 s (first micro-batch), then 81,234 tokens/s", recorded in resolved_config.json (`derived.reference`).
 
-The cache key is what determines each pair's numbers and nothing else: the weights, every pair's token ids (so data set,
-revision, tokenizer and chat template are covered, in-memory data sets too), max_length and truncation, LD-DPO's alpha,
-dtype and autocast, attention implementation, the forward (packed or padded) and library versions. It leaves out the
-micro-batch layout — world size, node count, token budget, pairs per step, max_steps — although which pairs share a
+The cache key is what determines each pair's numbers and nothing else: the weights, every scored pair's token ids (so
+data set, revision, tokenizer and chat template are covered, in-memory data sets too), max_length and truncation,
+LD-DPO's alpha, dtype and autocast, attention implementation, the forward (packed or padded) and library versions. It
+leaves out the micro-batch layout — world size, node count, token budget, pairs per step — although which pairs share a
 micro-batch changes the last bits of a sum: the stage's micro-batches are not training's, so at step 1 policy and
 reference differ by fp32 rounding (~1e-7 relative per pair; step 1 ~2e-7 from ln 2: tests/test_reference.py measures
 it), far inside the step-1 health guard, on any layout.
 """
 
+import dataclasses
 import functools
 import hashlib
 import json
@@ -38,7 +40,6 @@ import secrets
 import sys
 import threading
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -235,7 +236,7 @@ class Store:
         return None
 
 
-@dataclass
+@dataclasses.dataclass
 class Outcome:
     name: str
     pairs: int
@@ -249,6 +250,7 @@ class Outcome:
     warmup_seconds: float | None = None  # the first micro-batch: kernels loaded, compiled, tuned
     tokens_per_second: float | None = None  # steady: real tokens over all processes after the first micro-batch
     unsaved: str | None = None  # why the cache could not be written (this process's), where it could not
+    of: int | None = None  # the data set's pairs, where the run's steps train only `pairs` of them (`_run_on`)
 
     def line(self) -> str:
         if self.stopped and self.unsaved:
@@ -301,6 +303,7 @@ class Outcome:
             "warmup_seconds": None if warmup is None else round(warmup, 3),
             "tokens_per_second": None if speed is None else round(speed, 1),
             **({"not_cached": self.unsaved} if self.unsaved else {}),
+            **({"of": self.of} if self.of is not None else {}),
         }
 
 
@@ -487,14 +490,14 @@ def micro_batches(
     return out
 
 
-def stage_layout(scorer: ReferenceScorer, name: str, rows: int) -> Layout:
-    """Every rank's micro-batches of the reference stage, over all `rows` pairs of the data set `name`: its own
-    micro-batches, not training's (`micro_batches` at the scorer's budget), so each rank scores balanced work and every
-    rank runs as many forwards."""
+def stage_layout(scorer: ReferenceScorer, dataset) -> Layout:
+    """Every rank's micro-batches of the reference stage, over every pair of `dataset`: its own micro-batches, not
+    training's (`micro_batches` at the scorer's budget), so each rank scores balanced work and every rank runs as many
+    forwards."""
     budget, pairs = scorer.budget()
     return micro_batches(
-        scorer.lengths(name),
-        np.arange(rows),
+        scorer.lengths(dataset),
+        np.arange(len(dataset)),
         scorer.world,
         budget,
         pairs,
@@ -536,7 +539,7 @@ def run(scorer: ReferenceScorer, dataset, name: str, layout: Layout | None, stop
         return _with_columns(dataset, chosen, rejected), Outcome(name, n, n, 0, False, store.folder, shared=shared)
 
     ended = functools.partial(Outcome, name, n, reused, folder=store.folder, shared=shared)  # scored, stopped, ...
-    todo, size = _todo(scorer, name, n, layout, chosen)
+    todo, size = _todo(scorer, dataset, layout, chosen)
     tokens = PairLengths.of(dataset, scorer.args.max_length).tokens  # every sequence whole, as training counts them
     rounds, round_tokens, round_pairs = _rounds(todo, tokens)
     progress = _Progress(name, n, reused, sum(round_tokens), accelerator.is_main_process)
@@ -616,13 +619,13 @@ def _look_up(store: Store, ident: dict, dataset) -> tuple:
     return False, chosen, rejected, digests, shared
 
 
-def _todo(scorer: ReferenceScorer, name: str, n: int, layout, chosen: np.ndarray) -> tuple[list, str]:
+def _todo(scorer: ReferenceScorer, dataset, layout, chosen: np.ndarray) -> tuple[list, str]:
     """Each rank's micro-batches of pairs still to score, and the size they were cut to (said at the start)."""
     size = ""
     if layout is None:
         # Cut over every pair, then what is scored left out: parts hold whole micro-batches, so a resumed stage scores
         # the rest in the very micro-batches an uninterrupted one would (the same numbers, bit for bit).
-        layout = stage_layout(scorer, name, n)
+        layout = stage_layout(scorer, dataset)
         budget, pairs = scorer.budget()
         size = f" of up to {budget:,} positions" if budget else f" of up to {pairs} pairs"
     todo = [[[i for i in mb if np.isnan(chosen[i])] for mb in mine] for mine in layout]
@@ -649,6 +652,28 @@ def _gather_and_keep(accelerator, store, ident, digests, attempt: str, mine: tup
         store.remove_parts()  # the interrupted attempts' parts, now in complete.npz
 
 
+def _run_on(scorer: ReferenceScorer, dataset, pairs: np.ndarray, steps: int, name: str, stop, save_seconds: float):
+    """`run` on the `pairs` of `dataset` the run trains (a short run's steps train some of them), keyed by those pairs
+    alone: a run that trains more pairs later reuses them by digest (`reuse.py`) and scores only the rest. The pairs
+    left out get NaN, which training never reads."""
+    n = len(dataset)
+    if len(pairs) == n:
+        return run(scorer, dataset, name, None, stop, save_seconds)
+    if scorer.accelerator.is_main_process:
+        print(
+            f"reference log-probs ({name}): only the {len(pairs):,} of {n:,} pairs the "
+            f"{steps:,} planned step{'s' * (steps != 1)} train are scored",
+            flush=True,
+        )
+    part, outcome = run(scorer, dataset.select(pairs), name, None, stop, save_seconds)
+    outcome = dataclasses.replace(outcome, of=n)
+    if part is None:  # stopped
+        return None, outcome
+    chosen, rejected = np.full(n, np.nan, dtype=np.float32), np.full(n, np.nan, dtype=np.float32)
+    chosen[pairs], rejected[pairs] = part["ref_chosen_logps"], part["ref_rejected_logps"]
+    return _with_columns(dataset, chosen, rejected), outcome
+
+
 def _with_columns(dataset, chosen: np.ndarray, rejected: np.ndarray):
     from dpotrain.recipe.writes import quiet_progress_bars
 
@@ -671,7 +696,9 @@ def run_stage(trainer, stop, save_seconds: float = SAVE_SECONDS) -> list[Outcome
         dataset = trainer.train_dataset if name == "train" else trainer.eval_dataset
         if dataset is None:
             continue
-        scored, outcome = run(scorer, dataset, name, None, stop, save_seconds)
+        trained = trainer.run_plan.trained if name == "train" else np.arange(len(dataset))  # every eval pair
+        steps = trainer.run_plan.summary["pairs_trained"]["steps"]
+        scored, outcome = _run_on(scorer, dataset, trained, steps, name, stop, save_seconds)
         outcomes.append(outcome)
         if trainer.accelerator.is_main_process:
             print(outcome.line(), flush=True)

@@ -44,14 +44,10 @@ class ReferenceScorer:
         return self._trainer.model
 
     # --- the stage's micro-batches (reference.py cuts them) ---------------------------------------------------------
-    def lengths(self, name: str) -> PairLengths:
-        """The token lengths of the training set ("train": the plan's) or of the evaluation set."""
-        if name == "train":
-            return self._trainer.run_plan.lengths
+    def lengths(self, dataset) -> PairLengths:
+        """The token lengths of the pairs the stage scores (of the training set, the plan's), from Arrow offsets."""
         args = self.args
-        return PairLengths.of(
-            self._trainer.eval_dataset, args.max_length, self.forward.share_prompt, args.truncation_mode
-        )
+        return PairLengths.of(dataset, args.max_length, self.forward.share_prompt, args.truncation_mode)
 
     def budget(self) -> tuple[int | None, int | None]:
         """A reference micro-batch's token budget (positions, as the plan counts them), or its pair count when
