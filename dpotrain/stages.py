@@ -13,6 +13,7 @@ same functions, deciding the same way. It differs from the run only in where two
 
 import copy
 import functools
+import os
 import shlex
 from contextlib import nullcontext
 from dataclasses import dataclass
