@@ -16,7 +16,7 @@ import sys
 from contextlib import nullcontext, redirect_stdout
 from dataclasses import replace
 
-from dpotrain import venv
+from dpotrain.recipe import venv
 
 venv.require()  # the stack comes from the project's venv; outside it, one line naming the fix
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run as `python scripts/preflight.py` from anywhere
-from dpotrain import venv  # noqa: E402
+from dpotrain.recipe import venv  # noqa: E402
 
 venv.require()  # outside the venv: one line naming the fix, not a traceback
 

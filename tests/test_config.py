@@ -193,7 +193,7 @@ ENTRY_POINTS = ["train_dpo.py", *sorted(str(p.relative_to(ROOT)) for p in (ROOT 
 @pytest.mark.parametrize("where", ["project", "elsewhere"])
 def test_outside_the_venv_every_entry_point_says_the_same_one_line(where, tmp_path):
     """`python train_dpo.py` or `python scripts/<any>.py` by a Python without the stack (here: this one with its
-    site-packages left out, -S) is the same one line naming the fix (dpotrain/venv.py), not a ModuleNotFoundError
+    site-packages left out, -S) is the same one line naming the fix (dpotrain/recipe/venv.py), not a ModuleNotFoundError
     traceback; the command it names runs from where it was typed (an absolute path from another folder)."""
     import re
     import subprocess

@@ -10,7 +10,7 @@ from pathlib import Path
 
 # What the entry points import first (import names, not the distributions of requirements.txt, which installs them).
 STACK = ("torch", "transformers", "trl", "datasets", "dotenv", "yaml")
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _shown(path: Path) -> str:
