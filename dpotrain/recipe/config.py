@@ -424,7 +424,7 @@ def _known_options() -> dict:
 
 def parse_args(argv: list[str] | None = None) -> Recipe:
     argv = list(sys.argv[1:] if argv is None else argv)
-    typed = _without_secrets(argv)
+    typed = without_secrets(argv)
     parser = make_parser()
     options = _options(parser)
     if {"-h", "--help"} & set(argv):  # what users type first; every field one flag away
@@ -522,7 +522,7 @@ def _from_submit_dir(name: str | None) -> str | None:
     return str(there) if there.exists() else name
 
 
-def _without_secrets(argv: list[str]) -> tuple[str, ...]:
+def without_secrets(argv: list[str]) -> tuple[str, ...]:
     """The command line without a --hub_token and its value (a printed command must not carry the token)."""
     words, skip = [], False
     for word in argv:
