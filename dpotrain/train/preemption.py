@@ -144,6 +144,8 @@ def rerun_command() -> str:
             words = os.fsdecode(Path(f"/proc/{os.getppid()}/cmdline").read_bytes()).split("\0")[:-1]
         except OSError:  # not Linux: the launcher's command line is not readable
             return "the same `accelerate launch ...` command"
+        if len(words) > 1 and Path(words[1]).name in ("accelerate", "torchrun"):
+            words = words[1:]  # `python .venv/bin/accelerate launch ...` as the user typed it: `accelerate launch ...`
     kept, after = [], None  # after: the dropped flag whose value may come next
     for word in without_secrets(words):
         takes_value = after == "--resume_from_checkpoint" or (after and word.lower() in TRUE + FALSE)
