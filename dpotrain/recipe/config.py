@@ -180,6 +180,13 @@ class ProjectArguments:
             "choices": ["final", "all"],
         },
     )
+    learning_rate_note: str | None = field(
+        default=None,
+        metadata={
+            "help": "A recipe's word on its learning_rate, shown beside it in the dry run's summary (and the run's "
+            "first lines): configs/think.yaml says which rate OLMo 3 used and the flag that reproduces it."
+        },
+    )
     push_checkpoints: bool = field(
         default=False,
         metadata={
