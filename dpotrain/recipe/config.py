@@ -481,6 +481,7 @@ def parse_args(argv: list[str] | None = None) -> Recipe:
         # its own default folder (transformers, too, names a run after its output_dir).
         training.run_name = Path(training.output_dir).resolve().name
     _default_names(training, config_path, given)
+    training.output_dir = _job_output_dir(training.output_dir, "output_dir" in on_command_line)
     _lora_targets(model)
     return Recipe(script, training, model, project, config_path, max_length_auto, given, replaced, typed)
 
@@ -521,12 +522,22 @@ def dry_run_asked(argv: list[str]) -> bool:
 
 def _from_submit_dir(name: str | None) -> str | None:
     """A relative path on the command line of a Slurm job means the folder the user submitted from
-    (DPOTRAIN_SUBMIT_DIR, set by scripts/dpo_train.sh), not the project folder the job runs in."""
+    (DPOTRAIN_SUBMIT_DIR, set by scripts/dpo_train.sh), not the project folder the job runs in: a data set found there
+    (else the project's file, or a Hub name)."""
     submitted = os.environ.get("DPOTRAIN_SUBMIT_DIR")
     if not name or not submitted or Path(name).expanduser().is_absolute():
         return name
     there = Path(submitted) / name
     return str(there) if there.exists() else name
+
+
+def _job_output_dir(output_dir: str, on_command_line: bool) -> str:
+    """A Slurm job's output folder as an absolute path, which its log prints: a relative --output_dir is in the folder
+    the user submitted from, as a relative --dataset_name is (`_from_submit_dir`); the recipe's own is the project's."""
+    submitted = os.environ.get("DPOTRAIN_SUBMIT_DIR")
+    if not submitted or Path(output_dir).expanduser().is_absolute():
+        return output_dir
+    return os.path.abspath(Path(submitted) / output_dir if on_command_line else output_dir)
 
 
 def without_secrets(argv: list[str]) -> tuple[str, ...]:
