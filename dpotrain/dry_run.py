@@ -193,12 +193,15 @@ def duration_text(resolved: dict) -> str:
     if "micro_batches_per_step" not in batching or d.get("total_steps") is None:
         return f"not estimated: tokens per step are known {batching.get('planned', 'at start')}"
     source = memory["gpu_memory_source"]
-    name = source.removeprefix("detected: ") if source.startswith("detected") else gpu_name(memory["gpu_memory_gib"])
+    detected = source.removeprefix("detected: ").split(" (")[0]  # "detected: NVIDIA H100 80GB HBM3 (a note)"
+    name = detected if source.startswith("detected") else gpu_name(memory["gpu_memory_gib"])
     peak = resolved.get("gpu_peak_tflops") or flops.peak_of(name)
     if not peak:
+        sizes = ", ".join(f"{size:g} ({gpu})" for gpu, size in KNOWN_GPUS.items())
+        other = "" if source.startswith("detected") else f", or --gpu_memory_gib {sizes}"  # a GPU here wins over it
+        why = name or "no GPU here and no gpu_memory_gib of a known GPU"
         return (
-            f"not estimated: the GPU's peak is unknown ({name or 'no GPU here and no gpu_memory_gib of a known GPU'}): "
-            f"pass --gpu_peak_tflops, or --gpu_memory_gib of one of {', '.join(KNOWN_GPUS)}"
+            f"not estimated: the GPU's peak is unknown ({why}): pass --gpu_peak_tflops (its dense bf16 TFLOP/s){other}"
         )
     mfu = min(speed.share_of_peak for speed in cost.SPEED.values())
     tokens = tokens_per_step(batching, d.get("data_parallel_size", d["world_size"])) * d["total_steps"]
