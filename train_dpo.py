@@ -16,15 +16,12 @@ import sys
 from contextlib import nullcontext, redirect_stdout
 from dataclasses import replace
 
+from dpotrain.recipe import venv
+
+venv.require()  # the stack comes from the project's venv; outside it, one line naming the fix
+
 try:
-    try:
-        import torch  # noqa: F401 - the stack comes from the project's venv; outside it, say so in one line
-        from dotenv import load_dotenv
-    except ModuleNotFoundError as missing:
-        sys.exit(
-            f"error: {missing.name} is not installed for {sys.executable}: run `source .venv/bin/activate` "
-            "first (bash scripts/setup_env.sh creates .venv), or call .venv/bin/python"
-        )
+    from dotenv import load_dotenv
 
     from dpotrain import dry_run, publish, resolve, stages, train_stage
     from dpotrain.cluster import build_locks, engine, offline, run_lock

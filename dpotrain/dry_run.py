@@ -11,7 +11,9 @@ import sys
 from pathlib import Path
 
 from dpotrain.data import mixture
+from dpotrain.forwards import cost, flops
 from dpotrain.recipe.writes import check_not_input, input_files, write_text
+from dpotrain.train import losses
 
 # Memory of GPUs users train on, in GiB as `gpu_memory_gib` takes it (nvidia-smi's total MiB / 1024): what a dry run
 # on a login node tells a user to pass to plan for their GPU.
@@ -107,6 +109,8 @@ def summary(resolved: dict, json_file: Path | None, heading: str | None = None) 
     lines.extend(f"  {'':<15}{mixture.describe(r)}" for r in d.get("data_sources") or [])
     row("template", template_text(resolved))
     row("trained", trained_text(resolved))
+    row("loss", loss_text(resolved))
+    row("learning rate", learning_rate_text(resolved))
     if d.get("total_steps") is not None:
         n = resolved["num_train_epochs"]
         epochs = "" if resolved["max_steps"] > 0 else f" ({n:g} epoch{'s' * (n != 1)})"
@@ -114,6 +118,16 @@ def summary(resolved: dict, json_file: Path | None, heading: str | None = None) 
         row("steps", f"{total:,} optimizer step{'s' * (total != 1)}{epochs}, {d['warmup_steps']:,} of warmup")
     else:
         row("steps", "counted when the run loads the data set (a dry run reads only local files)")
+    clipping = d.get("gradient_clipping")
+    if clipping:  # the value in effect (engine.gradient_clipping); grad_norm in the logs is the norm before it
+        norm = clipping["max_grad_norm"]
+        row(
+            "clipping",
+            clipping["clipped_by"]
+            if norm is None
+            else f"global gradient norm {norm} (max_grad_norm), by {clipping['clipped_by']}",
+        )
+    row("time", duration_text(resolved))
     row("reference", reference_text(resolved, batching.get("pairs_trained")))
     per_node = memory.get("gpus_per_node")
     nodes = -(-d["world_size"] // per_node) if per_node else None
@@ -131,15 +145,6 @@ def summary(resolved: dict, json_file: Path | None, heading: str | None = None) 
     _batching_rows(resolved, batching, ranks, row)
     launcher = resolved["accelerate_config"]
     row("engine", memory.get("engine") or ("one process" if launcher.lower() in ("", "none") else launcher))
-    clipping = d.get("gradient_clipping")
-    if clipping:  # the value in effect (engine.gradient_clipping); grad_norm in the logs is the norm before it
-        norm = clipping["max_grad_norm"]
-        row(
-            "clipping",
-            clipping["clipped_by"]
-            if norm is None
-            else f"global gradient norm {norm} (max_grad_norm), by {clipping['clipped_by']}",
-        )
     row("forward", forward_text(d.get("forward") or {}))
     lines += _memory_lines(memory, row)
     if resolved.get("compile_layers"):
@@ -151,6 +156,91 @@ def summary(resolved: dict, json_file: Path | None, heading: str | None = None) 
     # Last, where the eye lands: what the run itself would refuse (a login missing on a login node, the folder).
     lines += [f"warning: the run would refuse: {refusal}" for refusal in d.get("would_refuse") or []]
     return "\n".join(lines)
+
+
+def loss_text(resolved: dict) -> str:
+    """'sigmoid_norm, beta 5', with the option each configured variant reads where it has one (docs/losses.md)."""
+    types = resolved["loss_type"] if isinstance(resolved["loss_type"], list) else [resolved["loss_type"]]
+    weights = resolved.get("loss_weights")
+    parts = [" + ".join(f"{w:g} x {t}" for t, w in zip(types, weights, strict=True)) if weights else " + ".join(types)]
+    parts.append(f"beta {resolved['beta']:g}")
+    if set(types) & losses.READS_LABEL_SMOOTHING:
+        parts.append(f"label_smoothing {resolved['label_smoothing']:g}")
+    if "discopop" in types:
+        parts.append(f"discopop_tau {resolved['discopop_tau']:g}")
+    if resolved.get("f_divergence_type", "reverse_kl") != "reverse_kl":
+        parts.append(f"f_divergence_type {resolved['f_divergence_type']}")
+    if resolved.get("ld_alpha") is not None:
+        parts.append(f"ld_alpha {resolved['ld_alpha']:g} (LD-DPO)")
+    if resolved.get("use_weighting"):
+        parts.append("use_weighting (WPO)")
+    if resolved.get("sync_ref_model"):
+        parts.append("sync_ref_model (TR-DPO)")
+    return ", ".join(parts)
+
+
+def learning_rate_text(resolved: dict) -> str:
+    """'1e-06 (the recipe's learning_rate_note); linear schedule with 10% warm-up (warmup_steps 0.1)'."""
+    note = f" ({resolved['learning_rate_note']})" if resolved.get("learning_rate_note") else ""
+    warmup = resolved["warmup_steps"]
+    share = f"{warmup:.0%} warm-up" if 0 < warmup < 1 else f"{warmup:g} warm-up steps" if warmup else "no warm-up"
+    schedule = f"{resolved['lr_scheduler_type']} schedule with {share} (warmup_steps {warmup:g})"
+    return f"{resolved['learning_rate']:g}{note}; {schedule}"
+
+
+def duration_text(resolved: dict) -> str:
+    """How long the reference stage and the steps take at the planned size, by one rule: model FLOPs (6 x parameters
+    per token trained, 2 x per token the reference stage scores, a forward) / (GPUs x the GPU's peak x an assumed MFU,
+    the lowest this project measured: forwards/cost.py SPEED). An estimate for GPU runs; else why not."""
+    d = resolved["derived"]
+    memory, batching = d.get("memory", {}), d.get("batching", {})
+    if not (resolved["bf16"] or resolved["fp16"]):
+        return "not estimated: this recipe computes in fp32, a CPU run (the estimate is a GPU's: its peak FLOP/s)"
+    if "model" not in memory:
+        return f"not estimated: no memory plan, which counts the model's parameters ({memory.get('skipped', '')})"
+    if "micro_batches_per_step" not in batching or d.get("total_steps") is None:
+        return f"not estimated: tokens per step are known {batching.get('planned', 'at start')}"
+    source = memory["gpu_memory_source"]
+    detected = source.removeprefix("detected: ").split(" (")[0]  # "detected: NVIDIA H100 80GB HBM3 (a note)"
+    name = detected if source.startswith("detected") else gpu_name(memory["gpu_memory_gib"])
+    peak = resolved.get("gpu_peak_tflops") or flops.peak_of(name)
+    if not peak:
+        sizes = ", ".join(f"{size:g} ({gpu})" for gpu, size in KNOWN_GPUS.items())
+        other = "" if source.startswith("detected") else f", or --gpu_memory_gib {sizes}"  # a GPU here wins over it
+        why = name or "no GPU here and no gpu_memory_gib of a known GPU"
+        return (
+            f"not estimated: the GPU's peak is unknown ({why}): pass --gpu_peak_tflops (its dense bf16 TFLOP/s){other}"
+        )
+    mfu = min(speed.share_of_peak for speed in cost.SPEED.values())
+    tokens = tokens_per_step(batching, d.get("data_parallel_size", d["world_size"])) * d["total_steps"]
+    params, gpus = memory["model"]["parameters"], d["world_size"]
+    seconds = tokens * params / (gpus * mfu * peak * 1e12)  # per FLOP per token and parameter
+    if resolved.get("precompute_ref_log_probs") is False:  # a live reference model: its forward in every step
+        timed, per_token = "no reference stage (a live reference model, in each step)", 8
+    else:
+        timed, per_token = f"~{_took(2 * seconds)} reference stage", 6
+    steps, on = d["total_steps"], f"{gpus} GPU{'s' * (gpus > 1)} x {peak:,.0f} TFLOP/s{f' ({name})' if name else ''}"
+    return (
+        f"est. {timed} + ~{_took(per_token * seconds)} for {steps:,} step{'s' * (steps != 1)}: ~{tokens:,.0f} tokens "
+        f"x {per_token} x {params / 1e9:.2f}B parameters (the reference's forward: 2 x) / ({on} x {mfu:.0%} MFU, the "
+        "lowest this project measured): an estimate, not a measurement"
+    )
+
+
+def _took(seconds: float) -> str:
+    return (
+        f"{seconds / 3600:,.1f} h"
+        if seconds >= 3600
+        else f"{seconds / 60:.0f} min"
+        if seconds >= 60
+        else f"{seconds:.0f} s"
+    )
+
+
+def tokens_per_step(batching: dict, ranks: int) -> float:
+    """Real (non-padding) tokens a step trains on, from the step plan: the tokens/step row and the time estimate."""
+    per = batching["micro_batches_per_step"]["mean"]
+    return per * ranks * batching["positions_per_micro_batch"]["mean"] * (1 - batching["padding_share"])
 
 
 def _batching_rows(resolved: dict, batching: dict, ranks: int, row) -> None:
@@ -165,7 +255,7 @@ def _batching_rows(resolved: dict, batching: dict, ranks: int, row) -> None:
             f"{per['min']}-{per['max']} per step on each process (mean {per['mean']}), "
             f"~{positions:,.0f} positions each{cap}",
         )
-        tokens = per["mean"] * ranks * positions * (1 - batching["padding_share"])
+        tokens = tokens_per_step(batching, ranks)
         row("tokens/step", f"~{tokens:,.0f} (from the pairs' token lengths; padding {batching['padding_share']:.1%})")
         row("layout", batching["forward"])
     else:

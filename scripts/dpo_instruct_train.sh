@@ -4,7 +4,7 @@
 #   sbatch --gpus-per-node=8 scripts/dpo_instruct_train.sh        # nodes of 8 GPUs: 8 processes per node, planned for 8
 #   sbatch --nodes=4 scripts/dpo_instruct_train.sh                # 16 GPUs, still 128 pairs per step
 #   sbatch scripts/dpo_instruct_train.sh --model_name_or_path org/my-sft  # any train_dpo.py override after the script
-#   RECIPE=configs/smoke.yaml sbatch --gpus-per-node=0 --cpus-per-task=2 scripts/dpo_instruct_train.sh --max_steps 4  # CPU path
+#   RECIPE=configs/smoke.yaml sbatch --gpus-per-node=0 --cpus-per-task=2 scripts/dpo_instruct_train.sh --max_steps 4 --output_dir outputs/smoke-slurm-instruct  # CPU path
 # From any folder: sbatch /path/to/dpotrain/scripts/dpo_instruct_train.sh (the job finds the project from the
 # script's path).
 # Follow: tail -f dpo-instruct-<jobid>.out, in the folder you submitted from (its banner names the full

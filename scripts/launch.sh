@@ -136,16 +136,16 @@ echo "recipe: $RECIPE  accelerate: $ACCELERATE_CONFIG  args: ${SHOWN_ARGS[*]}"
 resolved=$(WORLD_SIZE=$NUM_PROCESSES GPUS_PER_NODE=$PROCS_PER_NODE "$VENV/bin/python" train_dpo.py --config "$RECIPE" --dry-run --json \
   --accelerate_config "$ACCELERATE_CONFIG" "$@")
 "$VENV/bin/python" - "$resolved" <<'PY'
-import json, sys
+import json, os, sys
 text = sys.argv[1]
 r = json.loads(text[text.index("{\n"):])  # libraries may print a line of their own before the JSON
-d = r["derived"]
+d, output = r["derived"], os.path.abspath(r["output_dir"])  # where the run writes, whatever folder reads the log
 if r.get("max_tokens_per_microbatch"):  # micro-batches cut by tokens: their count per step comes from the data
     print(f"batch: {d['pairs_per_step']} pairs per step over {d['world_size']} processes, micro-batches of at most "
-          f"{r['max_tokens_per_microbatch']} packed tokens per process; output: {r['output_dir']}")
+          f"{r['max_tokens_per_microbatch']} packed tokens per process; output: {output}")
 else:
     print(f"batch: {d['pairs_per_step']} pairs per step = {r['per_device_train_batch_size']} per process x "
-          f"{r['gradient_accumulation_steps']} accumulation x {d['world_size']} processes; output: {r['output_dir']}")
+          f"{r['gradient_accumulation_steps']} accumulation x {d['world_size']} processes; output: {output}")
 m = d.get("memory", {})
 if "per_gpu_gib" in m:
     gpu = f"of {m['gpu_memory_gib']} GiB" if m["gpu_memory_gib"] else f"(GPU memory {m['gpu_memory_source']})"

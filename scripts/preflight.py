@@ -16,6 +16,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run as `python scripts/preflight.py` from anywhere
+from dpotrain.recipe import venv  # noqa: E402
+
+venv.require()  # outside the venv: one line naming the fix, not a traceback
 
 from dotenv import load_dotenv  # noqa: E402
 

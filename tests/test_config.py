@@ -187,20 +187,35 @@ def test_help_starts_with_what_users_type_and_every_option_is_one_flag_away(caps
     assert "--auto_coverage" in every and "leaves 95% of pairs whole" in every and len(every.splitlines()) > 500
 
 
-@pytest.mark.slow
-def test_outside_the_venv_the_run_says_to_activate_it():
-    """`python train_dpo.py` by a Python without the stack (here: this one with its site-packages left out, -S) is one
-    line naming the venv, not an 8-line traceback."""
+ENTRY_POINTS = ["train_dpo.py", *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "scripts").glob("*.py"))]
+
+
+@pytest.mark.parametrize("where", ["project", "elsewhere"])
+def test_outside_the_venv_every_entry_point_says_the_same_one_line(where, tmp_path):
+    """`python train_dpo.py` or `python scripts/<any>.py` by a Python without the stack (here: this one with its
+    site-packages left out, -S) is the same one line naming the fix (dpotrain/recipe/venv.py), not a ModuleNotFoundError
+    traceback; the command it names runs from where it was typed (an absolute path from another folder)."""
+    import re
     import subprocess
     import sys
 
-    done = subprocess.run(
-        [sys.executable, "-S", "train_dpo.py", "--config", "configs/smoke.yaml"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert done.returncode == 1 and "Traceback" not in done.stderr
-    assert done.stderr.strip().splitlines() == [done.stderr.strip()]
-    assert "is not installed" in done.stderr and "source .venv/bin/activate" in done.stderr
+    cwd = ROOT if where == "project" else tmp_path
+    lines = set()
+    for entry in ENTRY_POINTS:
+        done = subprocess.run(
+            [sys.executable, "-S", str(ROOT / entry) if where == "elsewhere" else entry, "--help"],
+            cwd=cwd,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert done.returncode == 1 and "Traceback" not in done.stderr, (entry, done.stderr)
+        assert len(done.stderr.strip().splitlines()) == 1, (entry, done.stderr)
+        lines.add(done.stderr.strip())
+    assert len(lines) == 1, lines
+    line = lines.pop()
+    assert line.startswith(f"error: torch is not installed for {sys.executable}: run `source "), line
+    activate = re.search(r"`source (\S+)`", line).group(1)
+    assert (cwd / activate).is_file() and (where == "project") == (activate == ".venv/bin/activate"), line
+    setup = re.search(r"`bash (\S+)`", line).group(1)
+    assert (cwd / setup).is_file(), line

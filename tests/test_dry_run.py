@@ -230,3 +230,69 @@ def test_plain_text_pairs_are_said_to_train_without_a_template_on_the_completion
     )
     card = model_card(json.loads((tmp_path / "run.dry-run.json").read_text()), [])
     assert "| chat template | none (the pairs are plain text) |" in card
+
+
+def test_the_summary_shows_what_the_run_trains_in_one_block_and_why_a_cpu_run_has_no_time_estimate(tmp_path, capsys):
+    """Loss, learning rate and schedule, steps, clipping, turns and template, read from the record the run keeps."""
+    text = dry_run(capsys, *SMOKE, "--output_dir", str(tmp_path / "run"))
+    rows = [line.split(":")[0].strip() for line in text.splitlines()[1:] if line.startswith("  ")]
+    block = ["template", "trained", "loss", "learning rate", "steps", "clipping", "time"]
+    assert rows[rows.index("template") : rows.index("template") + len(block)] == block, rows  # together, clipping once
+    assert field(text, "loss") == "sigmoid_norm, beta 5"
+    assert field(text, "learning rate") == "0.0001; linear schedule with 10% warm-up (warmup_steps 0.1)"
+    assert field(text, "time") == (
+        "not estimated: this recipe computes in fp32, a CPU run (the estimate is a GPU's: its peak FLOP/s)"
+    )
+    text = dry_run(
+        capsys, *SMOKE, "--output_dir", str(tmp_path / "run"), "--loss_type", "sigmoid", "robust", "--loss_weights",
+        "0.5", "0.5", "--label_smoothing", "0.1", "--learning_rate", "3e-5", "--lr_scheduler_type", "cosine",
+        "--warmup_steps", "2",
+    )  # fmt: skip
+    assert field(text, "loss") == "0.5 x sigmoid + 0.5 x robust, beta 5, label_smoothing 0.1"  # robust's option
+    assert field(text, "learning rate") == "3e-05; cosine schedule with 2 warm-up steps (warmup_steps 2)"
+    assert field(text, "steps") == "48 optimizer steps (1 epoch), 2 of warmup"
+
+
+@pytest.mark.slow
+def test_a_gpu_dry_run_estimates_the_reference_stage_and_the_steps_and_think_names_olmo3s_learning_rate(
+    tmp_path, capsys, tiny_model_dir
+):
+    """OLMo 3 7B's shape with a tokenizer (the tiny model's) on the bundled pairs: the step plan is made, so the time
+    row holds the documented rule: tokens x 6 x parameters / (GPUs x peak x MFU); the reference's forward a third."""
+    import shutil
+    from pathlib import Path
+
+    model = tmp_path / "olmo3-7b-with-tokenizer"
+    model.mkdir()
+    shutil.copy(Path(OLMO3_7B) / "config.json", model)
+    for f in [*Path(tiny_model_dir).glob("tokenizer*"), Path(tiny_model_dir) / "chat_template.jinja"]:
+        shutil.copy(f, model)
+    args = ["--config", str(ROOT / "configs" / "instruct.yaml"), "--model_name_or_path", str(model)]
+    text = dry_run(capsys, *args, "--dataset_name", str(ROOT / "data" / "smoke_prefs.jsonl"), "--report_to", "none",
+                   "--output_dir", str(tmp_path / "i"))  # fmt: skip
+    time = field(text, "time")
+    said = re.fullmatch(
+        r"est\. ~(\d+) s reference stage \+ ~(\d+) s for 3 steps: ~([\d,]+) tokens x 6 x 7\.30B parameters \(the "
+        r"reference's forward: 2 x\) / \(4 GPUs x 989 TFLOP/s \(H100 80GB\) x 25% MFU, the lowest this project "
+        r"measured\): an estimate, not a measurement",
+        time,
+    )
+    assert said, time
+    tokens = int(said[3].replace(",", ""))
+    per_step = int(re.match(r"~([\d,]+) ", field(text, "tokens/step"))[1].replace(",", ""))
+    assert abs(tokens - 3 * per_step) <= 3  # the planned steps' tokens, as the tokens/step row counts them
+    resolved = json.loads((tmp_path / "i.dry-run.json").read_text())
+    params = resolved["derived"]["memory"]["model"]["parameters"]
+    assert int(said[2]) == round(tokens * 6 * params / (4 * 989e12 * 0.25))  # the rule, from the recorded values
+    assert int(said[1]) == round(tokens * 2 * params / (4 * 989e12 * 0.25))
+
+    # think.yaml trains at the product's 1e-6, not OLMo 3 7B Think's 8e-8: said by the rate, with the flag that
+    # reproduces it, which does.
+    think = ["--config", str(ROOT / "configs" / "think.yaml"), "--model_name_or_path", OLMO3_7B]
+    text = dry_run(capsys, *think, "--output_dir", str(tmp_path / "t"))
+    assert field(text, "learning rate").startswith(
+        "1e-06 (OLMo 3 7B Think used 8e-8: --learning_rate 8e-8 reproduces it); linear schedule with 10% warm-up"
+    )
+    text = dry_run(capsys, *think, "--output_dir", str(tmp_path / "t"), "--learning_rate", "8e-8")
+    assert json.loads((tmp_path / "t.dry-run.json").read_text())["learning_rate"] == 8e-8
+    assert field(text, "learning rate").startswith("8e-08 (")

@@ -480,8 +480,10 @@ def test_a_relative_dataset_name_of_a_slurm_job_is_where_the_user_submitted_and_
     shutil.copy(ROOT / "data" / "smoke_prefs.jsonl", submitted / "my_pairs.jsonl")
     monkeypatch.setenv("DPOTRAIN_SUBMIT_DIR", str(submitted))
     monkeypatch.chdir(ROOT)  # where the job runs
-    out = dry_run(capsys, "--config", SMOKE, "--output_dir", str(tmp_path / "run"), "--dataset_name", "my_pairs.jsonl")
+    out = dry_run(capsys, "--config", SMOKE, "--output_dir", "run", "--dataset_name", "my_pairs.jsonl")
     assert f"  data:          {submitted / 'my_pairs.jsonl'} (split train): 384 rows" in out, out
+    # A relative --output_dir is there too, not in the project, and named by its full path.
+    assert f"  output:        {submitted / 'run'}: the run starts there (new)" in out, out
     with pytest.raises(SystemExit) as ended:
         run_cli(
             lambda: train_dpo.main(

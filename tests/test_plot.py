@@ -82,6 +82,20 @@ def test_legends_lie_outside_every_panels_data_area(extra):
             assert not box.overlaps(ax.get_window_extent(renderer)), (legend.axes.get_title(), ax.get_title())
 
 
+def test_a_resume_recorded_in_the_metrics_is_a_dotted_line_in_every_panel_and_named_under_the_figure():
+    """metrics.jsonl's first record after a resume holds `resumed_from` (the checkpoint's step, MetricsRecorder)."""
+    history = records(steps=8)
+    history[5]["resumed_from"] = 5  # stopped after step 5's checkpoint, went on at step 6
+    fig = metrics_figure(history)
+    for title, ax in panels(fig).items():
+        marks = [line for line in ax.lines if line.get_linestyle() == ":"]
+        assert [list(line.get_xdata()) for line in marks] == [[5, 5]], title
+    assert "Dotted lines: resumed from a checkpoint at step 5." in fig.get_supxlabel()
+    assert not [
+        line for ax in panels(metrics_figure(records())).values() for line in ax.lines if line.get_linestyle() == ":"
+    ]
+
+
 def test_plot_metrics_writes_a_png(tmp_path):
     path = plot_metrics(records(), tmp_path / "curves.png", title="run")
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -3,6 +3,7 @@
 import json
 import os
 import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -12,6 +13,7 @@ import pytest
 from safetensors.torch import load_file
 
 from conftest import PYTHON, ROOT, python, read_only_prefix
+from dpotrain.train.metrics import metrics_figure, read_metrics
 from dpotrain.train.preemption import STOPPED_EXIT
 
 STEPS = 12  # of the smoke recipe's 8 pairs
@@ -79,37 +81,60 @@ def uninterrupted_weights(tmp_path_factory, tiny_model_dir, pairs):
 
 @pytest.mark.slow
 # SIGTERM (a preemption) also reaches CI through real Slurm preemptions of one- and two-node jobs
-# (tests/test_slurm_jobs.py, tests/test_slurm_multinode.py): here it is `extended`, beyond CI's budget.
-@pytest.mark.parametrize("how", ["SIGUSR1", pytest.param("SIGTERM", marks=pytest.mark.extended), "stop file"])
+# (tests/test_slurm_jobs.py, tests/test_slurm_multinode.py), and SIGUSR1 takes SIGTERM's path: here both are
+# `extended`, beyond CI's budget.
+@pytest.mark.parametrize(
+    "how",
+    [
+        "Ctrl-C",
+        "stop file",
+        pytest.param("SIGUSR1", marks=pytest.mark.extended),
+        pytest.param("SIGTERM", marks=pytest.mark.extended),
+    ],
+)
 def test_stop_request_checkpoints_and_a_rerun_ends_like_an_uninterrupted_run(
     how, tmp_path, tiny_model_dir, pairs, uninterrupted_weights
 ):
+    """Under scripts/launch.sh (its stop file) the job is requeued; Ctrl-C in a terminal (no stop file) says which
+    command goes on, and that command, run as printed, resumes; metrics.jsonl and the plot say where."""
     stop_file = tmp_path / "stop"
     out = tmp_path / "run"
-    proc = start(out, tiny_model_dir, pairs, env={"DPOTRAIN_STOP_FILE": str(stop_file)})
+    proc = start(out, tiny_model_dir, pairs, env={} if how == "Ctrl-C" else {"DPOTRAIN_STOP_FILE": str(stop_file)})
     wait_for_step(proc, out, 3)
     if how == "stop file":
         stop_file.touch()
     else:
-        proc.send_signal(getattr(signal, how))
+        proc.send_signal(signal.SIGINT if how == "Ctrl-C" else getattr(signal, how))
     log = proc.communicate(timeout=300)[0]
     assert proc.returncode == STOPPED_EXIT, log[-3000:]  # saved, not finished: the same command goes on
 
-    marker = stop_file.with_name("stop.checkpointed").read_text()
-    stopped_at = int(re.search(r"checkpoint-(\d+) written", marker).group(1))
-    assert 3 <= stopped_at < STEPS
-    assert (out / f"checkpoint-{stopped_at}" / "COMPLETE").is_file()
     # How long the stop took, to hold against a partition's GraceTime: the rest of a step and the save, seconds here.
-    waited = int(re.search(rf"Stop requested: checkpoint \S+-{stopped_at} written (\d+) s after the request;", log)[1])
-    assert waited < 30
+    said = re.search(r"Stop requested: checkpoint \S+-(\d+) written (\d+) s after the request; (.*)", log)
+    stopped_at, waited, how_to_go_on = int(said[1]), int(said[2]), said[3]
+    assert 3 <= stopped_at < STEPS and waited < 30
+    assert (out / f"checkpoint-{stopped_at}" / "COMPLETE").is_file()
     assert not (out / "run_complete.json").exists()  # not mistaken for a finished run
-
-    stop_file.unlink(missing_ok=True)
-    rerun = start(out, tiny_model_dir, pairs)
+    if how == "Ctrl-C":
+        assert "requeue" not in log and not stop_file.with_name("stop.checkpointed").exists(), log[-3000:]
+        cwd, command = re.fullmatch(
+            r"to go on from it, run the same command again, in (\S+): (.*)", how_to_go_on
+        ).groups()
+        rerun = subprocess.Popen(
+            shlex.split(command), cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        )
+    else:
+        assert how_to_go_on == "exiting so that the job can be requeued", log[-3000:]
+        marker = stop_file.with_name("stop.checkpointed").read_text()
+        assert f"checkpoint-{stopped_at} written" in marker
+        stop_file.unlink(missing_ok=True)
+        rerun = start(out, tiny_model_dir, pairs)
     log = rerun.communicate(timeout=300)[0]
     assert rerun.returncode == 0, log[-3000:]
     assert f"Resuming from {out}/checkpoint-{stopped_at}" in log
-    assert logged_steps(out) == list(range(1, STEPS + 1))  # each optimizer step once
+    history = read_metrics(out)
+    assert [r["step"] for r in history] == list(range(1, STEPS + 1))  # each optimizer step once
+    assert [(r["step"], r["resumed_from"]) for r in history if "resumed_from" in r] == [(stopped_at + 1, stopped_at)]
+    assert f"resumed from a checkpoint at step {stopped_at}." in metrics_figure(history).get_supxlabel()
 
     resumed = load_file(str(out / "model.safetensors"))
     assert all((resumed[k] - w).abs().max().item() < 1e-6 for k, w in uninterrupted_weights.items())

@@ -80,13 +80,17 @@ def log_path(job: int, submitted_from=SUBMIT_DIR) -> Path:
 @pytest.fixture(scope="module")
 def readme_job(slurm, tmp_path_factory):
     """The README's CPU example through the very same scripts/dpo_train.sh, submitted with --gpus-per-node=0 by its
-    full path from a folder outside the project that has no logs/ subfolder; preempted mid-training by the time-limit
-    warning's USR1, requeued, and run to its end. The two tests below check this one job (a job start is ~30 s)."""
+    full path from a folder outside the project that has no logs/ subfolder, its data and output folder named relative
+    to that folder (as a user types them there); preempted mid-training by the time-limit warning's USR1, requeued, and
+    run to its end. The two tests below check this one job (a job start is ~30 s)."""
     folder = tmp_path_factory.mktemp("slurm")
-    out, elsewhere = folder / "run", folder / "submitted-here"
+    elsewhere = folder / "submitted-here"
+    out = elsewhere / "run"
     elsewhere.mkdir()
+    shutil.copy(ROOT / "data" / "smoke_prefs.jsonl", elsewhere / "my_pairs.jsonl")  # the recipe's own pairs
     args = [str(ROOT / a) if a == "scripts/dpo_train.sh" else a for a in SMOKE_JOB]
-    job = slurm.sbatch([*args, "--output_dir", str(out)], cwd=elsewhere, env=README_ENV)
+    relative = ["--output_dir", "run", "--dataset_name", "my_pairs.jsonl"]
+    job = slurm.sbatch([*args, *relative], cwd=elsewhere, env=README_ENV)
     deadline = time.time() + 400
     while len(steps(out)) < 3:  # mid-training: a few optimizer steps done, most still to come
         assert time.time() < deadline and slurm.state(job) in ("PENDING", "RUNNING"), slurm.job_info(job)
@@ -142,7 +146,10 @@ def test_smoke_job_completes_with_log_and_outputs(slurm, readme_job):
     text = log.read_text()
     assert f"=== DPO job {job} (dpo-think) restart 0" in text
     assert f"project: {ROOT}  log: {log}" in text  # the banner says where the project and the log are
-    assert sorted(p.name for p in submitted_from.iterdir()) == [log.name]  # nothing else written there
+    # The relative --output_dir and --dataset_name both mean the folder submitted from, and the log says so in full.
+    assert sorted(p.name for p in submitted_from.iterdir()) == sorted([log.name, "my_pairs.jsonl", "run"])
+    assert f"; output: {out}\n" in text and f"  data:          {submitted_from / 'my_pairs.jsonl'} (split" in text
+    assert not (ROOT / "run").exists()
     # A token given on the command line is used but never shown (the banner and the launch line of each start mask
     # it).
     shown = [line for line in text.splitlines() if line.startswith(("recipe: ", "launch: "))]
@@ -169,6 +176,39 @@ def test_preempted_job_checkpoints_requeues_and_ends_like_an_uninterrupted_one(
     assert json.loads((out / "run_complete.json").read_text())["global_step"] == 10
     a, b = weights(readme_run_uninterrupted), weights(out)
     assert all((a[k] - b[k]).abs().max().item() < 1e-6 for k in a), "resumed run diverged from the uninterrupted one"
+
+
+@pytest.mark.slurm
+@pytest.mark.slow
+def test_the_readmes_cpu_line_runs_as_printed_right_after_the_demo(slurm, demo_run):
+    """The README's order: the demo (its outputs/smoke-dpo now holds a finished run), then its CPU-only sbatch line,
+    typed as printed in the project folder by the same newcomer (conftest.demo_run: a fresh shell, nothing
+    activated). The job trains to its end beside the demo's run, which it leaves whole."""
+    project, env, demo = demo_run
+    assert demo.returncode == 0, demo.stdout[-3000:]
+    demo_model = (project / "outputs" / "smoke-dpo" / "model.safetensors").read_bytes()
+    line = next(line for line in (ROOT / "README.md").read_text().splitlines() if line.endswith("# CPU-only node"))
+    line = line.split("  #")[0]
+    # DeepSpeed's CPU op as the session's other jobs built it: a newcomer's first job compiles it once (~45 s here).
+    from dpotrain.cluster.build_locks import extensions_root
+
+    built = {"TORCH_EXTENSIONS_DIR": str(extensions_root())}
+    typed = subprocess.run(
+        ["bash", "--noprofile", "--norc", "-c", line], cwd=project, env={**slurm.env, **env, **built},
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert typed.returncode == 0, typed.stderr
+    job = int(re.fullmatch(r"Submitted batch job (\d+)\n", typed.stdout)[1])
+    state = slurm.wait(job, timeout=600)
+    log = (project / f"dpo-think-{job}.out").read_text(errors="replace")
+    assert state == "COMPLETED", log[-3000:]
+    words = shlex.split(line)
+    out = project / words[words.index("--output_dir") + 1]
+    assert f"; output: {out}\n" in log and (out / "run_complete.json").is_file(), log[-3000:]
+    assert json.loads((out / "run_complete.json").read_text())["global_step"] == int(
+        words[words.index("--max_steps") + 1]
+    )
+    assert (project / "outputs" / "smoke-dpo" / "model.safetensors").read_bytes() == demo_model
 
 
 # --- preemption by a higher-priority job, as on shared clusters; CPUs and ports on shared nodes -----------------------

@@ -27,7 +27,11 @@ def peak_tflops(given: float | None = None) -> float | None:
         return given
     if not torch.cuda.is_available():
         return None
-    name = torch.cuda.get_device_name()
+    return peak_of(torch.cuda.get_device_name())
+
+
+def peak_of(name: str) -> float | None:
+    """The dense bf16 peak of the GPU so named ("NVIDIA H100 80GB HBM3", "B200"), None for one not in the table."""
     return next((peak for key, peak in PEAK_BF16_TFLOPS.items() if key in name), None)
 
 

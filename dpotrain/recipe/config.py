@@ -179,6 +179,13 @@ class ProjectArguments:
             "choices": ["final", "all"],
         },
     )
+    learning_rate_note: str | None = field(
+        default=None,
+        metadata={
+            "help": "A recipe's word on its learning_rate, shown beside it in the dry run's summary (and the run's "
+            "first lines): configs/think.yaml says which rate OLMo 3 used and the flag that reproduces it."
+        },
+    )
     push_checkpoints: bool = field(
         default=False,
         metadata={
@@ -428,7 +435,7 @@ def _known_options() -> dict:
 
 def parse_args(argv: list[str] | None = None) -> Recipe:
     argv = list(sys.argv[1:] if argv is None else argv)
-    typed = _without_secrets(argv)
+    typed = without_secrets(argv)
     parser = make_parser()
     options = _options(parser)
     if {"-h", "--help"} & set(argv):  # what users type first; every field one flag away
@@ -478,6 +485,7 @@ def parse_args(argv: list[str] | None = None) -> Recipe:
         # its own default folder (transformers, too, names a run after its output_dir).
         training.run_name = Path(training.output_dir).resolve().name
     _default_names(training, config_path, given)
+    training.output_dir = _job_output_dir(training.output_dir, "output_dir" in on_command_line)
     _lora_targets(model)
     return Recipe(script, training, model, project, config_path, max_length_auto, given, replaced, typed)
 
@@ -518,7 +526,8 @@ def dry_run_asked(argv: list[str]) -> bool:
 
 def _from_submit_dir(name: str | None) -> str | None:
     """A relative path on the command line of a Slurm job means the folder the user submitted from
-    (DPOTRAIN_SUBMIT_DIR, set by scripts/dpo_train.sh), not the project folder the job runs in."""
+    (DPOTRAIN_SUBMIT_DIR, set by scripts/dpo_train.sh), not the project folder the job runs in: a data set found there
+    (else the project's file, or a Hub name)."""
     submitted = os.environ.get("DPOTRAIN_SUBMIT_DIR")
     if not name or not submitted or Path(name).expanduser().is_absolute():
         return name
@@ -526,7 +535,16 @@ def _from_submit_dir(name: str | None) -> str | None:
     return str(there) if there.exists() else name
 
 
-def _without_secrets(argv: list[str]) -> tuple[str, ...]:
+def _job_output_dir(output_dir: str, on_command_line: bool) -> str:
+    """A Slurm job's output folder as an absolute path, which its log prints: a relative --output_dir is in the folder
+    the user submitted from, as a relative --dataset_name is (`_from_submit_dir`); the recipe's own is the project's."""
+    submitted = os.environ.get("DPOTRAIN_SUBMIT_DIR")
+    if not submitted or Path(output_dir).expanduser().is_absolute():
+        return output_dir
+    return os.path.abspath(Path(submitted) / output_dir if on_command_line else output_dir)
+
+
+def without_secrets(argv: list[str]) -> tuple[str, ...]:
     """The command line without a --hub_token and its value (a printed command must not carry the token)."""
     words, skip = [], False
     for word in argv:

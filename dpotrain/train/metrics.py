@@ -46,11 +46,16 @@ class MetricsRecorder(TrainerCallback):
     process only).
 
     After a resume the records past the checkpoint's step are dropped first: those steps are trained again, and the
-    history must hold each step once.
+    history must hold each step once. The first record after a resume says where it resumed (`resumed_from`: the
+    checkpoint's step), which the plot marks.
     """
 
     def __init__(self):
         self._trimmed = False
+        self._resumed_from = None
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self._resumed_from = state.global_step or None  # a resume: the Trainer has loaded the checkpoint's state
 
     def on_step_end(self, args, state, control, **kwargs):
         if state.global_step >= state.max_steps:  # the last step is always recorded, whatever logging_steps says
@@ -64,7 +69,10 @@ class MetricsRecorder(TrainerCallback):
             kept = [r for r in read_metrics(path) if r["step"] < state.global_step]
             write_text(path, "".join(json.dumps(r) + "\n" for r in kept))  # a kill here keeps the old history whole
             self._trimmed = True
-        run_records.append(path, [{"step": state.global_step, "epoch": state.epoch, **logs}])  # whole, or not at all
+        record = {"step": state.global_step, "epoch": state.epoch, **logs}
+        if self._resumed_from is not None:
+            record["resumed_from"], self._resumed_from = self._resumed_from, None
+        run_records.append(path, [record])  # whole, or not at all
 
 
 def read_metrics(path: str | Path) -> list[dict]:
@@ -99,7 +107,7 @@ def metrics_figure(records: list[dict], title: str = ""):
     matplotlib.use("Agg")  # login and compute nodes have no display
     import matplotlib.pyplot as plt
 
-    panels, absent = measured_panels(records)
+    panels, notes = measured_panels(records)  # notes: why a panel is left out, the resumes
     rows = max(1, (len(panels) + 1) // 2)
     fig, axes = plt.subplots(rows, 2, figsize=(13, 2.9 * rows), sharex=True, squeeze=False, layout="constrained")
     for ax in axes.flat[len(panels) :]:
@@ -120,12 +128,19 @@ def metrics_figure(records: list[dict], title: str = ""):
         ax.set_ylabel(ylabel, fontsize=8)
         ax.grid(alpha=0.3)
         ax.tick_params(labelbottom=True)
+    resumes = sorted({r["resumed_from"] for r in records if "resumed_from" in r})
+    for ax in axes.flat[: len(panels)]:
+        for step in resumes:  # a dotted line where the run went on from a checkpoint
+            ax.axvline(step, color="0.4", linestyle=":", linewidth=1)
+    if resumes:
+        steps = ", ".join(str(s) for s in resumes)
+        notes.append(f"Dotted lines: resumed from a checkpoint at step{'s' * (len(resumes) > 1)} {steps}.")
     for last in (len(panels) - 1, len(panels) - 2):  # the lowest panel of each column
         if last >= 0:
             axes.flat[last].set_xlabel("optimizer step")
     fig.suptitle(title)
-    if absent:
-        fig.supxlabel("\n".join(absent), fontsize=8, color="0.35")
+    if notes:
+        fig.supxlabel("\n".join(notes), fontsize=8, color="0.35")
     return fig
 
 

@@ -18,7 +18,9 @@ it. The process then exits with STOPPED_EXIT.
 """
 
 import os
+import shlex
 import signal
+import sys
 import tempfile
 import threading
 import time
@@ -104,7 +106,14 @@ class GracefulStop(TrainerCallback):
         """Main process, once progress is safely on disk: `<stop file>.checkpointed` tells the batch script to
         requeue the job (the requeued job goes on from what was saved) rather than end it."""
         after = f" {time.time() - self.requested_at:.0f} s after the request" if self.requested_at else ""
-        print(f"Stop requested: {what}{after}; exiting so that the job can be requeued.", flush=True)
+        # The stop file is scripts/launch.sh's, which requeues the job (or says how to go on); anywhere else a person
+        # started the run (Ctrl-C in a terminal) and goes on by typing the command again.
+        how = (
+            "exiting so that the job can be requeued"
+            if self.stop_file
+            else f"to go on from it, run the same command again, in {os.getcwd()}: {rerun_command()}"
+        )
+        print(f"Stop requested: {what}{after}; {how}", flush=True)
         if self.stop_file:
             Path(f"{self.stop_file}.checkpointed").write_text(f"{what}\n")
 
@@ -120,6 +129,35 @@ class GracefulStop(TrainerCallback):
         if self.stopped and state.global_step < state.max_steps and state.is_world_process_zero:
             self.mark_saved(f"checkpoint {Path(args.output_dir) / f'checkpoint-{state.global_step}'} written")
         return control
+
+
+def rerun_command() -> str:
+    """The command that started this run, to type again: this process's, or under a launcher (`accelerate launch`,
+    torchrun: LOCAL_RANK is set) the launcher's, its parent process. Without --overwrite_output_dir (it would start
+    afresh) and --resume_from_checkpoint (the rerun goes on from the newest verified checkpoint), and without a
+    --hub_token (a printed command never carries it: .env or the environment gives it)."""
+    from dpotrain.recipe.config import FALSE, TRUE, without_secrets
+
+    words = [sys.executable, *sys.argv]
+    if "LOCAL_RANK" in os.environ:
+        try:
+            words = os.fsdecode(Path(f"/proc/{os.getppid()}/cmdline").read_bytes()).split("\0")[:-1]
+        except OSError:  # not Linux: the launcher's command line is not readable
+            return "the same `accelerate launch ...` command"
+        if len(words) > 1 and Path(words[1]).name in ("accelerate", "torchrun"):
+            words = words[1:]  # `python .venv/bin/accelerate launch ...` as the user typed it: `accelerate launch ...`
+    kept, after = [], None  # after: the dropped flag whose value may come next
+    for word in without_secrets(words):
+        takes_value = after == "--resume_from_checkpoint" or (after and word.lower() in TRUE + FALSE)
+        after = None
+        if takes_value:
+            continue
+        flag, equals, _ = word.partition("=")
+        if flag in ("--overwrite_output_dir", "--resume_from_checkpoint"):
+            after = None if equals else flag
+            continue
+        kept.append(word)
+    return shlex.join(kept)
 
 
 def _is_terminal(fd: int) -> bool:

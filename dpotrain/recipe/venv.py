@@ -1,0 +1,35 @@
+"""The project's libraries come from its virtual environment: outside it, one line naming the fix, not a traceback.
+
+`train_dpo.py` and every script in scripts/ call `require()` before they import anything but the standard library
+(this module imports nothing else, so it runs under any python3). It looks the packages up without importing them.
+"""
+
+import importlib.util
+import sys
+from pathlib import Path
+
+# What the entry points import first (import names, not the distributions of requirements.txt, which installs them).
+STACK = ("torch", "transformers", "trl", "datasets", "dotenv", "yaml")
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _shown(path: Path) -> str:
+    """`path` as a command typed here would name it: relative inside the current folder, else absolute."""
+    try:
+        return str(path.relative_to(Path.cwd()))
+    except ValueError:
+        return str(path)
+
+
+def require() -> None:
+    """Ends the process with one `error:` line (exit 1) when a package of the stack is not installed for this Python."""
+    missing = next((name for name in STACK if importlib.util.find_spec(name) is None), None)
+    if missing is None:
+        return
+    venv = ROOT / ".venv"
+    fix = f"run `source {_shown(venv / 'bin' / 'activate')}` first, or call {_shown(venv / 'bin' / 'python')}"
+    if not (venv / "bin" / "python").exists():
+        fix = f"run `bash {_shown(ROOT / 'scripts' / 'setup_env.sh')}` (it creates .venv), then {fix}"
+    else:
+        fix += f" (`bash {_shown(ROOT / 'scripts' / 'setup_env.sh')}` installs what is missing)"
+    sys.exit(f"error: {missing} is not installed for {sys.executable}: {fix}")
