@@ -8,9 +8,12 @@ evals or anything else a person put in the folder stay, `checkpoint-4-evals.json
 among them. A folder that holds files but no run (no `run_files.json`, no run_complete.json, no checkpoint) is refused
 whatever the flags, as transformers' examples refuse a non-empty output folder: training into `.` or into a
 model folder would write over files that are not the run's. A run written before runs recorded their files (no
-`run_files.json`) is resumed as ever; replacing it is refused, since which files are its own is not known.
+`run_files.json`) is resumed as ever; replacing it is refused, since which files are its own is not known. And a run
+reads nothing from its own output folder (`check_reads_outside`): the finished model it would train from is one of the
+files it replaces.
 """
 
+import json
 import os
 import shutil
 from contextlib import contextmanager
@@ -94,6 +97,43 @@ def check(output_dir: str, lock: bool = True) -> None:
     # The main process alone: another rank of this launch, slower here, would find the lock its main process just took.
     if lock and int(os.environ.get("RANK", "0")) == 0:
         run_lock.check_free(out)
+
+
+def reads(recipe) -> list[tuple[str, str]]:
+    """What a run reads from paths, each named as its refusal names it: the model (and a LoRA adapter's base model,
+    named in its adapter_config.json), the data (a mixture's sources, held-out ones too) and the chat template."""
+    from dpotrain.data import mixture
+
+    model = recipe.model.model_name_or_path or ""
+    found = [(f"model_name_or_path {model!r}", model)]
+    adapter = Path(model).expanduser() / "adapter_config.json"
+    base = json.loads(adapter.read_text()).get("base_model_name_or_path") if adapter.is_file() else None
+    found += [(f"the base model of {model!r} ({base!r}, adapter_config.json)", base)] if base else []
+    found += [(f"dataset_name {recipe.script.dataset_name!r}", recipe.script.dataset_name or "")]
+    found += [(f"a mixture source {path!r}", path) for path in mixture.local_files(mixture.fields_of(recipe))]
+    template = recipe.project.chat_template_path
+    return found + ([(f"chat_template_path {template!r}", template)] if template else [])
+
+
+def check_reads_outside(recipe) -> None:
+    """A run never reads from its own output folder, by any path into it (a link too): it writes its files there and
+    removes them (checkpoints rotated, the old run's files under --overwrite_output_dir), so a model trained from that
+    folder's finished run or one of its checkpoints was deleted before it loaded. A name that is no path on this
+    machine (a Hub name) is read from elsewhere."""
+    out = recipe.training.output_dir
+    root = Path(out).expanduser().resolve()
+    for named, path in reads(recipe):
+        where = Path(path).expanduser()
+        if not path or not (where.exists() or where.is_symlink()):
+            continue
+        real = where.resolve()
+        if real == root or root in real.parents:
+            link = f" (a link to {real})" if str(real) != os.path.abspath(where) else ""
+            raise ConfigError(
+                f"{named}{link} is in output_dir {out!r}: a run writes and removes its own files there (checkpoints, "
+                "the final model, the old run's under --overwrite_output_dir), so it never reads from there: copy it "
+                "out of that folder first, or pass another --output_dir"
+            )
 
 
 def check_writable(out: Path) -> None:

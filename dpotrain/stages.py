@@ -166,6 +166,7 @@ def output_checks(recipe, found: Launch, push) -> resolve.OutputPlan:
             return None
 
     if not only_reference:  # a file, or a folder of files but no run: refused (output_folder.py); a held lock too
+        check(output_folder.check_reads_outside, recipe)  # first: nothing a run reads may be one of its own files
         check(output_folder.check, training.output_dir, not found.planning)
     if not uses_live_reference(recipe):
         from dpotrain.reference import reference
