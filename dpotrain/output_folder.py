@@ -1,22 +1,22 @@
 """The output folder holds one run, and the run owns only its own files.
 
 A run records the names it writes in `run_files.json` (top-level names of the folder, written atomically, before the
-run writes anything else there): its records, its W&B folder, the model files `save_model` wrote, and each checkpoint
-folder by name as it is saved (`checkpoint-4`, claimed before its first file is written; a name rotation deleted is
-dropped again: dpotrain/train/run_files.py). `--overwrite_output_dir` removes exactly those and nothing else: notes,
-evals or anything else a person put in the folder stay, `checkpoint-4-evals.json` and a backup `checkpoint-4.bak/`
-among them. A folder that holds files but no run (no `run_files.json`, no run_complete.json, no checkpoint) is refused
-whatever the flags, as transformers' examples refuse a non-empty output folder: training into `.` or into a
-model folder would write over files that are not the run's. A run written before runs recorded their files (no
-`run_files.json`) is resumed as ever; replacing it is refused, since which files are its own is not known. And a run
-reads nothing from its own output folder (`check_reads_outside`): the finished model it would train from is one of the
-files it replaces.
+run writes anything else there): its records, its W&B folder, the final model's files (written into `FINAL_STAGING`
+first, then recorded by name and moved in: `move_in`), and each checkpoint folder by name as it is saved
+(`checkpoint-4`, claimed before its first file is written; a name rotation deleted is dropped again:
+dpotrain/train/run_files.py). Only names the run wrote are recorded, never a file that changed in the folder
+meanwhile. `--overwrite_output_dir` removes exactly those and nothing else: notes, evals or anything else a person put
+in the folder stay, `checkpoint-4-evals.json` and a backup `checkpoint-4.bak/` among them. A folder that holds files
+but no run (no `run_files.json`, no run_complete.json, no checkpoint) is refused whatever the flags, as transformers'
+examples refuse a non-empty output folder: training into `.` or into a model folder would write over files that are
+not the run's. A run written before runs recorded their files (no `run_files.json`) is resumed as ever; replacing it
+is refused, since which files are its own is not known. And a run reads nothing from its own output folder
+(`check_reads_outside`): the finished model it would train from is one of the files it replaces.
 """
 
 import json
 import os
 import shutil
-from contextlib import contextmanager
 from pathlib import Path
 
 from dpotrain.hub.hub import RUN_COMPLETE
@@ -28,12 +28,15 @@ from dpotrain.train.run_files import MANIFEST, claim
 
 # What records written before checkpoints were recorded by name hold for them: read as the folder's checkpoint folders.
 OLD_CHECKPOINTS = "checkpoint-[0-9]*"
+# The final model is written here, then its names are recorded and it is moved into the folder: what `save_model`
+# writes depends on the model, the engine and LoRA, and a person's file written in the folder meanwhile is no run's.
+FINAL_STAGING = ".final_model"
 
 
 def run_names(recipe, pushes: bool) -> list[str]:
-    """The top-level names this run's settings make it write into its output folder (besides the model's files,
-    recorded as `save_model` writes them: `new_files`, and its checkpoints, as they are saved: `claim`). One list,
-    from the modules that write each."""
+    """The top-level names this run's settings make it write into its output folder (besides the final model's files,
+    recorded as they are moved in: `move_in`, and its checkpoints, as they are saved: `claim`). One list, from the
+    modules that write each."""
     from dpotrain.hub.hub_push import PUSH_RECORD, STAGING
     from dpotrain.train.lora import MERGED_DIR
     from dpotrain.train.metrics import METRICS_FILE, PLOT_FILE
@@ -44,6 +47,7 @@ def run_names(recipe, pushes: bool) -> list[str]:
     t, p = recipe.training, recipe.project
     # HEALTH_STOP: a guard's stop, which a replacing run must remove with the rest (its rerun would be refused)
     names = [MANIFEST, "resolved_config.json", METRICS_FILE, PLOT_FILE, "README.md", RUN_COMPLETE, HEALTH_STOP]
+    names += [FINAL_STAGING]
     names += [SAMPLES_FILE] if p.samples_every else []
     names += [MERGED_DIR] if recipe.model.use_peft and p.merge_lora else []
     names += ["wandb", RUN_ID_FILE] if "wandb" in (t.report_to or []) else []
@@ -170,6 +174,7 @@ def start(recipe, start_afresh: bool, pushes: bool) -> None:
     else:  # resumed: what earlier attempts wrote is the run's too (before records, its checkpoint folders)
         names = (old if old is not None else [p.name for p in checkpoints(out)]) + names
     run_files.write(out, names)
+    shutil.rmtree(out / FINAL_STAGING, ignore_errors=True)  # an earlier attempt's final save, cut short
 
 
 def replace(out: Path, names: list[str]) -> None:
@@ -195,15 +200,16 @@ def replace(out: Path, names: list[str]) -> None:
     )
 
 
-@contextmanager
-def new_files(out: str | Path, main: bool):
-    """Records the names written (created or rewritten) in `out` inside the block: the model files `save_model` writes,
-    whose names depend on the model, the engine and LoRA."""
+def move_in(out: str | Path) -> None:
+    """Main process, once every rank has written the final model into `FINAL_STAGING`: its names recorded as the run's,
+    then each moved into the folder (over an earlier attempt's)."""
     out = Path(out)
-    before = {e.name: e.stat().st_mtime_ns for e in out.iterdir()} if main and out.is_dir() else {}
-    yield
-    if main:
-        from dpotrain.cluster.run_lock import LOCK_FILE
-
-        written = [e.name for e in out.iterdir() if before.get(e.name) != e.stat().st_mtime_ns]
-        claim(out, [n for n in written if n != LOCK_FILE])  # the lock's time is its heartbeat
+    staging = out / FINAL_STAGING
+    names = sorted(e.name for e in staging.iterdir())
+    claim(out, names)
+    for name in names:
+        target = out / name
+        if target.is_dir() and not target.is_symlink():
+            shutil.rmtree(target)
+        os.replace(staging / name, target)
+    staging.rmdir()

@@ -34,12 +34,14 @@ def save_and_push(recipe, built, resolved: dict, push, state) -> int | None:
         state.wait_for_everyone()
         return STOPPED_EXIT  # checkpointed on a stop request; the requeued job resumes from it
 
-    with output_folder.new_files(out, state.is_main_process):  # the model's files, recorded as the run's
-        trainer.save_model(str(out))  # with use_peft: the adapter (adapter_model.safetensors, adapter_config.json)
+    # Written beside the folder's other files, then recorded by name and moved in (output_folder.py): the run's own
+    # files are the names it wrote, not whatever changed in the folder while it saved.
+    trainer.save_model(str(out / output_folder.FINAL_STAGING))  # with use_peft: the adapter
     # The last collective step. The other ranks end here rather than wait at a barrier while the main process waits
     # for uploads: a barrier longer than ddp_timeout (30 min) would fail the job after training succeeded.
     state.wait_for_everyone()
     if state.is_main_process:
+        output_folder.move_in(out)
         finish_outputs(recipe, built, resolved, push)
     return None
 

@@ -133,6 +133,50 @@ def test_overwrite_replaces_only_the_runs_own_files(tmp_path, tiny_model_dir):
 
 
 @pytest.mark.slow
+def test_a_users_file_written_while_the_final_model_is_saved_stays_the_users(tmp_path, tiny_model_dir):
+    """Issue #53: the final save claimed every name whose modification time moved while `save_model` ran, a person's
+    file written then among them, and a later --overwrite_output_dir deleted it. A person's tool (an evaluation that
+    rewrites its results) writes in the folder from the run's start to its end, and a note is put there before the
+    final save: run_files.json names neither, and the replacing run keeps both."""
+    out = tmp_path / "run"
+    args = train_args(out, "--max_steps", "2", "--save_steps", "2", "--logging_steps", "1")
+    log = tmp_path / "run.log"
+    with open(log, "w") as sink:
+        run = subprocess.Popen(
+            [PYTHON, str(ROOT / "train_dpo.py"), *args],
+            env={**os.environ, **env_for(tiny_model_dir)},
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+        end = time.monotonic() + 600
+        while not (out / run_files.MANIFEST).exists():
+            assert run.poll() is None and time.monotonic() < end, log.read_text()[-3000:]
+            time.sleep(0.01)
+        (out / "note.md").write_text("written before the final save\n")
+        writes = 0
+        while run.poll() is None and not (out / "run_complete.json").exists():
+            (out / "live-eval.json").write_text(json.dumps({"written": writes}) + "\n")  # rewritten every ~2 ms
+            writes += 1
+            time.sleep(0.002)
+        assert run.wait(timeout=600) == 0, log.read_text()[-3000:]
+    finally:
+        run.kill()
+    # Its last write came after the final model's: the file was written while the final model was being saved.
+    assert (out / "live-eval.json").stat().st_mtime_ns >= (out / "model.safetensors").stat().st_mtime_ns
+    names = output_folder.read_manifest(out)
+    assert "model.safetensors" in names and "config.json" in names, names
+    assert not {"live-eval.json", "note.md"} & set(names), names
+    users = {k: v for k, v in snapshot(out).items() if k in ("live-eval.json", "note.md")}
+    again = run_train(
+        train_args(out, "--max_steps", "2", "--save_strategy", "no", "--overwrite_output_dir"),
+        env=env_for(tiny_model_dir),
+    )
+    assert again.returncode == 0, again.stdout[-3000:]
+    assert {k: snapshot(out).get(k) for k in users} == users and len(users) == 2
+
+
+@pytest.mark.slow
 def test_a_folder_that_holds_files_but_no_run_is_refused_whatever_the_flags(tmp_path, tiny_model_dir):
     # `--output_dir .` in a project, as in the issue: its README.md and config.json would have been replaced.
     project = tmp_path / "project"

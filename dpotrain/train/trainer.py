@@ -256,11 +256,11 @@ class RecipeDPOTrainer(DPOTrainer):
                     upstream.save_weights(self, output_dir, self.accelerator.get_state_dict(self.model))
                     return
                 super().save_model(output_dir, _internal_call)
-        except Exception as e:
-            why = None if _internal_call else disk_full.why_full(e, Path(output_dir or self.args.output_dir))
+        except Exception as e:  # the final model is written in a folder inside the run's (publish.py): named by it
+            why = None if _internal_call else disk_full.why_full(e, Path(self.args.output_dir))
             if why is None:  # inside a checkpoint: `_save_checkpoint` says it
                 raise
-            raise disk_full.final_save_failed(Path(output_dir or self.args.output_dir), why) from None
+            raise disk_full.final_save_failed(Path(self.args.output_dir), why) from None
 
     def create_model_card(self, *args, **kwargs):
         """Not TRL's card ("fine-tuned version of [None]"), which TRL writes at every checkpoint: the project writes its
