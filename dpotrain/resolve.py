@@ -180,9 +180,9 @@ RESUME_FIELDS = (
 
 
 def changed_settings(recipe: Recipe, out: Path, pairs_per_step: int | None) -> list[str]:
-    """`field: old -> new` for each RESUME_FIELDS value (and pairs per step) that differs from the unfinished run's
-    resolved_config.json, the data set's content (`data_identity`) and the model's (`model_identity`); [] when there
-    is none to compare with."""
+    """`field: old -> new` for each RESUME_FIELDS value (and pairs per step) that differs from the resolved_config.json
+    in `out` (a run's folder, or a checkpoint's copy: `trained_under`), the data set's content (`data_identity`) and
+    the model's (`model_identity`); [] when there is none to compare with."""
 
     saved = out / "resolved_config.json"
     if not saved.is_file():
@@ -211,19 +211,25 @@ def changed_settings(recipe: Recipe, out: Path, pairs_per_step: int | None) -> l
     )
 
 
+def trained_under(checkpoint: Path) -> Path:
+    """The folder holding the record of the settings `checkpoint` was trained under: its own copy (saved with it and
+    covered by its manifest, so that a checkpoint copied out of its run is compared too), else its run's folder's
+    (checkpoints saved before they held one). Neither: refused, as a resume on settings nobody can compare."""
+    for folder in (checkpoint, checkpoint.resolve().parent):
+        if (folder / "resolved_config.json").is_file():
+            return folder
+    raise ConfigError(
+        f"checkpoint {str(checkpoint)!r} holds no record of the settings it was trained with (resolved_config.json), "
+        "and neither does the folder it is in, so a resume cannot be checked against them: copy its run's "
+        f"resolved_config.json into it, or start a new run from its weights (--model_name_or_path {checkpoint}, a new "
+        "--output_dir)"
+    )
+
+
 def check_explicit_settings(recipe: Recipe, folder: Path, pairs_per_step: int | None) -> None:
-    """--resume_from_checkpoint gets the comparison the automatic resume makes, with the record of the run that wrote
-    the checkpoint (its folder's resolved_config.json): the checkpoint's schedule and data order are that run's."""
-    run = folder.resolve().parent
-    if not (run / "resolved_config.json").is_file():
-        if int(os.environ.get("RANK", "0")) == 0:  # every rank runs this, before the processes start
-            print(
-                f"resume_from_checkpoint {folder}: no resolved_config.json beside it (not a run of this project), so "
-                "its settings cannot be compared with this run's",
-                flush=True,
-            )
-        return
-    changed = changed_settings(recipe, run, pairs_per_step)
+    """--resume_from_checkpoint gets the comparison the automatic resume makes, with the record the checkpoint was
+    trained under (`trained_under`): the checkpoint's schedule and data order are that run's."""
+    changed = changed_settings(recipe, trained_under(folder), pairs_per_step)
     if changed:
         raise ConfigError(
             f"resume_from_checkpoint {str(folder)!r} was written by a run with other settings "
@@ -257,7 +263,7 @@ def check_output_dir(recipe: Recipe, pairs_per_step: int | None = None) -> Outpu
         return OutputPlan(None, True)
     latest = resume.latest_sound_checkpoint(out, refuse=p.auto_resume and not p.overwrite_output_dir)
     if latest and p.auto_resume:
-        changed = changed_settings(recipe, out, pairs_per_step)
+        changed = changed_settings(recipe, trained_under(latest), pairs_per_step)
         if changed and p.overwrite_output_dir:
             return OutputPlan(None, True)
         if changed:

@@ -18,6 +18,7 @@ subclass changes how pairs reach TRL's loss code, and what surrounds it:
 
 import contextlib
 import functools
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -280,6 +281,10 @@ class RecipeDPOTrainer(DPOTrainer):
         folder = Path(upstream.checkpoint_parent(self, trial)) / f"checkpoint-{self.state.global_step}"
         try:
             super()._save_checkpoint(model, trial)
+            record = folder.parent / "resolved_config.json"
+            if self.is_world_process_zero() and record.is_file():
+                # The settings a resume must keep travel with the checkpoint, in its manifest (resolve.trained_under).
+                shutil.copy2(record, folder / record.name)
         except Exception as e:  # a full disk: one line naming the folder and the space, not "basic_ios::clear"
             why = disk_full.why_full(e, folder.parent)
             if why is None:
