@@ -65,6 +65,25 @@ def finish_outputs(recipe, built, resolved: dict, push) -> None:
     measured = next((r for r in reversed(records) if "memory/peak_rss_gib" in r), None)  # peaks since the start
     if measured is not None:
         print(f"Memory, the run's peak: {trainer.memory_use.line(measured)}", flush=True)
+    push_final(out, push, training)
+
+
+def complete_push(recipe, push, state) -> None:
+    """A rerun of a finished run whose final push was started and not confirmed (resolve.check_output_dir: the job was
+    killed while pushing, or the push failed): that push, from the main process, and nothing else."""
+    if state.is_main_process:
+        out = Path(recipe.training.output_dir)
+        print(
+            f"output_dir {out}: a finished run whose push to {push.repo_id} was started and not confirmed (the job "
+            "was killed while pushing, or the push failed): pushing it now; nothing is trained",
+            flush=True,
+        )
+        push_final(out, push, recipe.training)
+
+
+def push_final(out: Path, push, training) -> None:
+    """The finished run to main of its repo where asked (its start and its confirmation recorded by hub.push_run), or
+    with HF_HUB_OFFLINE the command that pushes it later."""
     command = f"python scripts/push_to_hub.py {out} --repo-id {push.repo_id}"
     command += " --checkpoints" if push.checkpoints else ""
     if push.requested and offline.is_offline():

@@ -10,6 +10,7 @@ import numpy as np
 import yaml
 
 from dpotrain.data import chat_template, mixture, model_identity
+from dpotrain.hub import hub_push
 from dpotrain.hub.hub import RUN_COMPLETE
 from dpotrain.recipe.config import Recipe
 from dpotrain.recipe.errors import ConfigError
@@ -119,10 +120,18 @@ class OutputPlan:
     # A dry run: what the run would refuse (credentials, the output folder), each the refusal's own line; a run refuses.
     would_refuse: tuple[str, ...] = ()
     data_commit: str | None = None  # a continued run's Hub data set commit, the one it started on (hub_revision.kept)
+    # A finished run whose final push was started and not confirmed (hub_push.unconfirmed_push): the repo it pushed to.
+    # The run completes that push and trains nothing.
+    push_left: str | None = None
 
     def record(self, output_dir: str) -> dict:
         """What the run would do with its folder, and what it would refuse: for a dry run's summary."""
-        if self.resume_from:
+        if self.push_left:
+            folder = (
+                f"{output_dir}: a finished run whose push to {self.push_left} was started and not confirmed: the run "
+                "pushes it, and trains nothing"
+            )
+        elif self.resume_from:
             folder = f"{output_dir}: an unfinished run, which the run resumes from {self.resume_from}"
         elif self.start_afresh:
             folder = f"{output_dir}: replaced by the run (--overwrite_output_dir: the old run's own files only)"
@@ -253,12 +262,22 @@ def check_output_dir(recipe: Recipe, pairs_per_step: int | None = None) -> Outpu
         check_explicit_settings(recipe, Path(t.resume_from_checkpoint), pairs_per_step)
         return OutputPlan(t.resume_from_checkpoint, False)
     if (out / RUN_COMPLETE).exists():
-        if not p.overwrite_output_dir:
-            raise ConfigError(
-                f"output_dir {str(out)!r} already holds a finished run: pass --output_dir for a new run, or "
-                "--overwrite_output_dir to replace it"
-            )
-        return OutputPlan(None, True)
+        if p.overwrite_output_dir:
+            return OutputPlan(None, True)
+        left = hub_push.unconfirmed_push(out)  # a push a kill cut short (or that failed): completed, or said how
+        repo = (left or {}).get("repo") or t.hub_model_id or t.run_name
+        if left and t.push_to_hub:
+            return OutputPlan(None, False, push_left=repo)
+        how = (
+            f"; its push to {repo} was started and not confirmed: rerun with --push_to_hub to complete it, or run "
+            f"`python scripts/push_to_hub.py {out} --repo-id {repo}`"
+            if left
+            else ""
+        )
+        raise ConfigError(
+            f"output_dir {str(out)!r} already holds a finished run: pass --output_dir for a new run, or "
+            f"--overwrite_output_dir to replace it{how}"
+        )
     if resume.after_health_stop(recipe, out):
         return OutputPlan(None, True)
     latest = resume.latest_sound_checkpoint(out, refuse=p.auto_resume and not p.overwrite_output_dir)
