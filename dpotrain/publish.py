@@ -73,9 +73,10 @@ def complete_push(recipe, push, state) -> None:
     killed while pushing, or the push failed): that push, from the main process, and nothing else."""
     if state.is_main_process:
         out = Path(recipe.training.output_dir)
+        now = "not now (below)" if offline.is_offline() else "pushing it now"  # HF_HUB_OFFLINE: push_final says how
         print(
             f"output_dir {out}: a finished run whose push to {push.repo_id} was started and not confirmed (the job "
-            "was killed while pushing, or the push failed): pushing it now; nothing is trained",
+            f"was killed while pushing, or the push failed): {now}; nothing is trained",
             flush=True,
         )
         push_final(out, push, recipe.training)
