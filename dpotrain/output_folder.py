@@ -1,18 +1,22 @@
 """The output folder holds one run, and the run owns only its own files.
 
 A run records the names it writes in `run_files.json` (top-level names of the folder, written atomically, before the
-run writes anything else there): its records, its W&B folder, the model files `save_model` wrote, and each checkpoint
-folder by name as it is saved (`checkpoint-4`, claimed before its first file is written; a name rotation deleted is
-dropped again: dpotrain/train/run_files.py). `--overwrite_output_dir` removes exactly those and nothing else: notes,
-evals or anything else a person put in the folder stay, `checkpoint-4-evals.json` and a backup `checkpoint-4.bak/`
-among them. A folder that holds files but no run (no `run_files.json`, no run_complete.json, no checkpoint) is refused
-whatever the flags, as transformers' examples refuse a non-empty output folder: training into `.` or into a
-model folder would write over files that are not the run's. A run written before runs recorded their files (no
-`run_files.json`) is resumed as ever; replacing it is refused, since which files are its own is not known.
+run writes anything else there): its records, its W&B folder, the final model's files (written into `FINAL_STAGING`
+first, then recorded by name and moved in: `move_in`), and each checkpoint folder by name as it is saved
+(`checkpoint-4`, claimed before its first file is written; a name rotation deleted is dropped again:
+dpotrain/train/run_files.py). Only names the run wrote are recorded, never a file that changed in the folder
+meanwhile. `--overwrite_output_dir` removes exactly those and nothing else: notes, evals or anything else a person put
+in the folder stay, `checkpoint-4-evals.json` and a backup `checkpoint-4.bak/` among them. A folder that holds files
+but no run (no `run_files.json`, no run_complete.json, no checkpoint) is refused whatever the flags, as transformers'
+examples refuse a non-empty output folder: training into `.` or into a model folder would write over files that are
+not the run's. A run written before runs recorded their files (no `run_files.json`) is resumed as ever; replacing it
+is refused, since which files are its own is not known. And a run reads nothing from its own output folder
+(`check_reads_outside`): the finished model it would train from is one of the files it replaces.
 """
 
+import json
+import os
 import shutil
-from contextlib import contextmanager
 from pathlib import Path
 
 from dpotrain.cluster import collectives
@@ -26,12 +30,15 @@ from dpotrain.train.run_files import MANIFEST, claim
 
 # What records written before checkpoints were recorded by name hold for them: read as the folder's checkpoint folders.
 OLD_CHECKPOINTS = "checkpoint-[0-9]*"
+# The final model is written here, then its names are recorded and it is moved into the folder: what `save_model`
+# writes depends on the model, the engine and LoRA, and a person's file written in the folder meanwhile is no run's.
+FINAL_STAGING = ".final_model"
 
 
 def run_names(recipe, pushes: bool) -> list[str]:
-    """The top-level names this run's settings make it write into its output folder (besides the model's files,
-    recorded as `save_model` writes them: `new_files`, and its checkpoints, as they are saved: `claim`). One list,
-    from the modules that write each."""
+    """The top-level names this run's settings make it write into its output folder (besides the final model's files,
+    recorded as they are moved in: `move_in`, and its checkpoints, as they are saved: `claim`). One list, from the
+    modules that write each."""
     from dpotrain.hub.hub_push import PUSH_RECORD, STAGING
     from dpotrain.train.lora import MERGED_DIR
     from dpotrain.train.metrics import METRICS_FILE, PLOT_FILE
@@ -42,6 +49,7 @@ def run_names(recipe, pushes: bool) -> list[str]:
     t, p = recipe.training, recipe.project
     # HEALTH_STOP: a guard's stop, which a replacing run must remove with the rest (its rerun would be refused)
     names = [MANIFEST, "resolved_config.json", METRICS_FILE, PLOT_FILE, "README.md", RUN_COMPLETE, HEALTH_STOP]
+    names += [FINAL_STAGING]
     names += [SAMPLES_FILE] if p.samples_every else []
     names += [MERGED_DIR] if recipe.model.use_peft and p.merge_lora else []
     names += ["wandb", RUN_ID_FILE] if "wandb" in (t.report_to or []) else []
@@ -115,6 +123,43 @@ def check(output_dir: str, lock: bool = True) -> None:
         run_lock.check_free(out)
 
 
+def reads(recipe) -> list[tuple[str, str]]:
+    """What a run reads from paths, each named as its refusal names it: the model (and a LoRA adapter's base model,
+    named in its adapter_config.json), the data (a mixture's sources, held-out ones too) and the chat template."""
+    from dpotrain.data import mixture
+
+    model = recipe.model.model_name_or_path or ""
+    found = [(f"model_name_or_path {model!r}", model)]
+    adapter = Path(model).expanduser() / "adapter_config.json"
+    base = json.loads(adapter.read_text()).get("base_model_name_or_path") if adapter.is_file() else None
+    found += [(f"the base model of {model!r} ({base!r}, adapter_config.json)", base)] if base else []
+    found += [(f"dataset_name {recipe.script.dataset_name!r}", recipe.script.dataset_name or "")]
+    found += [(f"a mixture source {path!r}", path) for path in mixture.local_files(mixture.fields_of(recipe))]
+    template = recipe.project.chat_template_path
+    return found + ([(f"chat_template_path {template!r}", template)] if template else [])
+
+
+def check_reads_outside(recipe) -> None:
+    """A run never reads from its own output folder, by any path into it (a link too): it writes its files there and
+    removes them (checkpoints rotated, the old run's files under --overwrite_output_dir), so a model trained from that
+    folder's finished run or one of its checkpoints was deleted before it loaded. A name that is no path on this
+    machine (a Hub name) is read from elsewhere."""
+    out = recipe.training.output_dir
+    root = Path(out).expanduser().resolve()
+    for named, path in reads(recipe):
+        where = Path(path).expanduser()
+        if not path or not (where.exists() or where.is_symlink()):
+            continue
+        real = where.resolve()
+        if real == root or root in real.parents:
+            link = f" (a link to {real})" if str(real) != os.path.abspath(where) else ""
+            raise ConfigError(
+                f"{named}{link} is in output_dir {out!r}: a run writes and removes its own files there (checkpoints, "
+                "the final model, the old run's under --overwrite_output_dir), so it never reads from there: copy it "
+                "out of that folder first, or pass another --output_dir"
+            )
+
+
 def check_writable(out: Path) -> None:
     """The run writes its lock in `out` first, then everything else: a folder it cannot write in (a read-only mount,
     no permission) is refused in one line now. A folder still to be made is probed in the nearest one that exists."""
@@ -149,6 +194,7 @@ def start(recipe, start_afresh: bool, pushes: bool) -> None:
     else:  # resumed: what earlier attempts wrote is the run's too (before records, its checkpoint folders)
         names = (old if old is not None else [p.name for p in checkpoints(out)]) + names
     run_files.write(out, names)
+    shutil.rmtree(out / FINAL_STAGING, ignore_errors=True)  # an earlier attempt's final save, cut short
 
 
 def replace(out: Path, names: list[str]) -> None:
@@ -174,15 +220,16 @@ def replace(out: Path, names: list[str]) -> None:
     )
 
 
-@contextmanager
-def new_files(out: str | Path, main: bool):
-    """Records the names written (created or rewritten) in `out` inside the block: the model files `save_model` writes,
-    whose names depend on the model, the engine and LoRA."""
+def move_in(out: str | Path) -> None:
+    """Main process, once every rank has written the final model into `FINAL_STAGING`: its names recorded as the run's,
+    then each moved into the folder (over an earlier attempt's)."""
     out = Path(out)
-    before = {e.name: e.stat().st_mtime_ns for e in out.iterdir()} if main and out.is_dir() else {}
-    yield
-    if main:
-        from dpotrain.cluster.run_lock import LOCK_FILE
-
-        written = [e.name for e in out.iterdir() if before.get(e.name) != e.stat().st_mtime_ns]
-        claim(out, [n for n in written if n != LOCK_FILE])  # the lock's time is its heartbeat
+    staging = out / FINAL_STAGING
+    names = sorted(e.name for e in staging.iterdir())
+    claim(out, names)
+    for name in names:
+        target = out / name
+        if target.is_dir() and not target.is_symlink():
+            shutil.rmtree(target)
+        os.replace(staging / name, target)
+    staging.rmdir()

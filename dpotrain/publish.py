@@ -34,12 +34,14 @@ def save_and_push(recipe, built, resolved: dict, push, state) -> int | None:
         state.wait_for_everyone()
         return STOPPED_EXIT  # checkpointed on a stop request; the requeued job resumes from it
 
-    with output_folder.new_files(out, state.is_main_process):  # the model's files, recorded as the run's
-        trainer.save_model(str(out))  # with use_peft: the adapter (adapter_model.safetensors, adapter_config.json)
+    # Written beside the folder's other files, then recorded by name and moved in (output_folder.py): the run's own
+    # files are the names it wrote, not whatever changed in the folder while it saved.
+    trainer.save_model(str(out / output_folder.FINAL_STAGING))  # with use_peft: the adapter
     # The last collective step. The other ranks end here rather than wait at a barrier while the main process waits
     # for uploads: a barrier longer than ddp_timeout (30 min) would fail the job after training succeeded.
     state.wait_for_everyone()
     if state.is_main_process:
+        output_folder.move_in(out)
         finish_outputs(recipe, built, resolved, push)
     return None
 
@@ -63,6 +65,26 @@ def finish_outputs(recipe, built, resolved: dict, push) -> None:
     measured = next((r for r in reversed(records) if "memory/peak_rss_gib" in r), None)  # peaks since the start
     if measured is not None:
         print(f"Memory, the run's peak: {trainer.memory_use.line(measured)}", flush=True)
+    push_final(out, push, training)
+
+
+def complete_push(recipe, push, state) -> None:
+    """A rerun of a finished run whose final push was started and not confirmed (resolve.check_output_dir: the job was
+    killed while pushing, or the push failed): that push, from the main process, and nothing else."""
+    if state.is_main_process:
+        out = Path(recipe.training.output_dir)
+        now = "not now (below)" if offline.is_offline() else "pushing it now"  # HF_HUB_OFFLINE: push_final says how
+        print(
+            f"output_dir {out}: a finished run whose push to {push.repo_id} was started and not confirmed (the job "
+            f"was killed while pushing, or the push failed): {now}; nothing is trained",
+            flush=True,
+        )
+        push_final(out, push, recipe.training)
+
+
+def push_final(out: Path, push, training) -> None:
+    """The finished run to main of its repo where asked (its start and its confirmation recorded by hub.push_run), or
+    with HF_HUB_OFFLINE the command that pushes it later."""
     command = f"python scripts/push_to_hub.py {out} --repo-id {push.repo_id}"
     command += " --checkpoints" if push.checkpoints else ""
     if push.requested and offline.is_offline():

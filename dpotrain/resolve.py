@@ -9,8 +9,8 @@ from pathlib import Path
 import numpy as np
 import yaml
 
-from dpotrain.cluster import collectives
 from dpotrain.data import chat_template, mixture, model_identity
+from dpotrain.hub import hub_push
 from dpotrain.hub.hub import RUN_COMPLETE
 from dpotrain.recipe.config import Recipe
 from dpotrain.recipe.errors import ConfigError
@@ -120,10 +120,18 @@ class OutputPlan:
     # A dry run: what the run would refuse (credentials, the output folder), each the refusal's own line; a run refuses.
     would_refuse: tuple[str, ...] = ()
     data_commit: str | None = None  # a continued run's Hub data set commit, the one it started on (hub_revision.kept)
+    # A finished run whose final push was started and not confirmed (hub_push.unconfirmed_push): the repo it pushed to.
+    # The run completes that push and trains nothing.
+    push_left: str | None = None
 
     def record(self, output_dir: str) -> dict:
         """What the run would do with its folder, and what it would refuse: for a dry run's summary."""
-        if self.resume_from:
+        if self.push_left:
+            folder = (
+                f"{output_dir}: a finished run whose push to {self.push_left} was started and not confirmed: the run "
+                "pushes it, and trains nothing"
+            )
+        elif self.resume_from:
             folder = f"{output_dir}: an unfinished run, which the run resumes from {self.resume_from}"
         elif self.start_afresh:
             folder = f"{output_dir}: replaced by the run (--overwrite_output_dir: the old run's own files only)"
@@ -181,9 +189,9 @@ RESUME_FIELDS = (
 
 
 def changed_settings(recipe: Recipe, out: Path, pairs_per_step: int | None) -> list[str]:
-    """`field: old -> new` for each RESUME_FIELDS value (and pairs per step) that differs from the unfinished run's
-    resolved_config.json, the data set's content (`data_identity`) and the model's (`model_identity`); [] when there
-    is none to compare with."""
+    """`field: old -> new` for each RESUME_FIELDS value (and pairs per step) that differs from the resolved_config.json
+    in `out` (a run's folder, or a checkpoint's copy: `trained_under`), the data set's content (`data_identity`) and
+    the model's (`model_identity`); [] when there is none to compare with."""
 
     saved = out / "resolved_config.json"
     if not saved.is_file():
@@ -212,19 +220,25 @@ def changed_settings(recipe: Recipe, out: Path, pairs_per_step: int | None) -> l
     )
 
 
+def trained_under(checkpoint: Path) -> Path:
+    """The folder holding the record of the settings `checkpoint` was trained under: its own copy (saved with it and
+    covered by its manifest, so that a checkpoint copied out of its run is compared too), else its run's folder's
+    (checkpoints saved before they held one). Neither: refused, as a resume on settings nobody can compare."""
+    for folder in (checkpoint, checkpoint.resolve().parent):
+        if (folder / "resolved_config.json").is_file():
+            return folder
+    raise ConfigError(
+        f"checkpoint {str(checkpoint)!r} holds no record of the settings it was trained with (resolved_config.json), "
+        "and neither does the folder it is in, so a resume cannot be checked against them: copy its run's "
+        f"resolved_config.json into it, or start a new run from its weights (--model_name_or_path {checkpoint}, a new "
+        "--output_dir)"
+    )
+
+
 def check_explicit_settings(recipe: Recipe, folder: Path, pairs_per_step: int | None) -> None:
-    """--resume_from_checkpoint gets the comparison the automatic resume makes, with the record of the run that wrote
-    the checkpoint (its folder's resolved_config.json): the checkpoint's schedule and data order are that run's."""
-    run = folder.resolve().parent
-    if not (run / "resolved_config.json").is_file():
-        if collectives.launched_main():  # every rank runs this, before the processes start
-            print(
-                f"resume_from_checkpoint {folder}: no resolved_config.json beside it (not a run of this project), so "
-                "its settings cannot be compared with this run's",
-                flush=True,
-            )
-        return
-    changed = changed_settings(recipe, run, pairs_per_step)
+    """--resume_from_checkpoint gets the comparison the automatic resume makes, with the record the checkpoint was
+    trained under (`trained_under`): the checkpoint's schedule and data order are that run's."""
+    changed = changed_settings(recipe, trained_under(folder), pairs_per_step)
     if changed:
         raise ConfigError(
             f"resume_from_checkpoint {str(folder)!r} was written by a run with other settings "
@@ -248,17 +262,27 @@ def check_output_dir(recipe: Recipe, pairs_per_step: int | None = None) -> Outpu
         check_explicit_settings(recipe, Path(t.resume_from_checkpoint), pairs_per_step)
         return OutputPlan(t.resume_from_checkpoint, False)
     if (out / RUN_COMPLETE).exists():
-        if not p.overwrite_output_dir:
-            raise ConfigError(
-                f"output_dir {str(out)!r} already holds a finished run: pass --output_dir for a new run, or "
-                "--overwrite_output_dir to replace it"
-            )
-        return OutputPlan(None, True)
+        if p.overwrite_output_dir:
+            return OutputPlan(None, True)
+        left = hub_push.unconfirmed_push(out)  # a push a kill cut short (or that failed): completed, or said how
+        repo = (left or {}).get("repo") or t.hub_model_id or t.run_name
+        if left and t.push_to_hub:
+            return OutputPlan(None, False, push_left=repo)
+        how = (
+            f"; its push to {repo} was started and not confirmed: rerun with --push_to_hub to complete it, or run "
+            f"`python scripts/push_to_hub.py {out} --repo-id {repo}`"
+            if left
+            else ""
+        )
+        raise ConfigError(
+            f"output_dir {str(out)!r} already holds a finished run: pass --output_dir for a new run, or "
+            f"--overwrite_output_dir to replace it{how}"
+        )
     if resume.after_health_stop(recipe, out):
         return OutputPlan(None, True)
     latest = resume.latest_sound_checkpoint(out, refuse=p.auto_resume and not p.overwrite_output_dir)
     if latest and p.auto_resume:
-        changed = changed_settings(recipe, out, pairs_per_step)
+        changed = changed_settings(recipe, trained_under(latest), pairs_per_step)
         if changed and p.overwrite_output_dir:
             return OutputPlan(None, True)
         if changed:

@@ -176,6 +176,7 @@ def output_checks(recipe, found: Launch, push) -> resolve.OutputPlan:
             return None
 
     if not only_reference:  # a file, or a folder of files but no run: refused (output_folder.py); a held lock too
+        check(output_folder.check_reads_outside, recipe)  # first: nothing a run reads may be one of its own files
         output_folder.check_outside_data(training.output_dir, data_folders(recipe))  # the dry run's JSON too
         check(output_folder.check, training.output_dir, not found.planning)
     if not uses_live_reference(recipe):
@@ -196,7 +197,7 @@ def output_checks(recipe, found: Launch, push) -> resolve.OutputPlan:
     plan = resolve.OutputPlan(None, False)
     if not only_reference:
         plan = check(resolve.check_output_dir, recipe, found.batch.pairs_per_step) or plan
-    kept = None if plan.start_afresh else hub_revision.kept(recipe, training.output_dir)  # the data's commit
+    kept = None if plan.start_afresh or plan.push_left else hub_revision.kept(recipe, training.output_dir)
     if kept and collectives.launched_main():
         print(
             f"Resuming on {recipe.script.dataset_name}: commit {kept[:12]}, the one this run started on "
@@ -207,7 +208,7 @@ def output_checks(recipe, found: Launch, push) -> resolve.OutputPlan:
     check(output_folder.check_plan, training.output_dir, plan.start_afresh)
     if not found.planning:  # a dry run says what it could not decide without them, and the command that decides it
         offline.check_offline_artifacts(recipe)  # with HF_HUB_OFFLINE: model, tokenizer and data set must be cached
-    return resolve.OutputPlan(plan.resume_from, plan.start_afresh, tuple(refusals), kept)
+    return resolve.OutputPlan(plan.resume_from, plan.start_afresh, tuple(refusals), kept, plan.push_left)
 
 
 # --- data -------------------------------------------------------------------------------------------------------------

@@ -103,6 +103,8 @@ def main(argv: list[str] | None = None) -> None:
     main_files = hub_push.local_files(run, ignore=hub.IGNORE)
     if hub_push.remote_matches(api, repo_id, "main", run, main_files):
         print(f"Skipped main: {repo_id} already holds this run", flush=True)
+        step = json.loads((run / hub.RUN_COMPLETE).read_text()).get("global_step")
+        hub_push.record_push(run, step=step, branch="main", status="present", repo=repo_id)  # confirmed: on the Hub
     else:
         print(f"Pushing {run} to {repo_id}{' (private)' if private else ''} ...", flush=True)
         url = hub.push_run(run, repo_id, token=token, private=private or None)

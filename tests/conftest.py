@@ -207,6 +207,19 @@ def run_train(args: list[str], cwd: Path = ROOT, env: dict | None = None, timeou
     )
 
 
+def sealed_checkpoint(folder: Path) -> Path:
+    """A checkpoint folder as a complete save leaves it, made without training: the state a resume needs (stand-in
+    bytes), then its manifest and COMPLETE mark, sealed as a run seals them (checkpoint_manifest.seal)."""
+    from dpotrain.train import checkpoint_manifest
+    from dpotrain.train.checkpoints import MARKER
+
+    folder.mkdir(parents=True, exist_ok=True)
+    for name in ("model.safetensors", "optimizer.pt", "scheduler.pt", "trainer_state.json"):
+        (folder / name).write_text(f"{name}\n")
+    checkpoint_manifest.seal(folder, MARKER, "{}\n", is_main=True)
+    return folder
+
+
 @pytest.fixture(scope="session")
 def silent_endpoint():
     """An HF_ENDPOINT that never answers, as a Hub behind a firewall that drops packets: a local port that listens

@@ -5,7 +5,7 @@ import json
 import pytest
 
 import train_dpo
-from conftest import ROOT, run_train
+from conftest import ROOT, run_train, sealed_checkpoint
 from dpotrain.recipe.errors import ConfigError
 
 # A model that cannot load here (offline, not on disk): if a check came after loading, the error would be another.
@@ -98,8 +98,8 @@ def test_overwrite_replaces_a_finished_run_but_never_discards_resumable_progress
 
     out = tmp_path / "run"
     recipe = parse_args([*BASE, "--output_dir", str(out), "--overwrite_output_dir"])
-    (out / "checkpoint-4").mkdir(parents=True)
-    (out / "checkpoint-4" / "COMPLETE").write_text("{}")
+    sealed_checkpoint(out / "checkpoint-4")
+    (out / "resolved_config.json").write_text(json.dumps({"derived": {}}))  # a record with no setting to compare
     assert resolve.check_output_dir(recipe) == resolve.OutputPlan(str(out / "checkpoint-4"), False)  # a requeue
     (out / "run_complete.json").write_text("{}")
     assert resolve.check_output_dir(recipe) == resolve.OutputPlan(None, True)

@@ -1,5 +1,6 @@
 """The health guards on the tiny model: each failure of the post-mortems built for real; a healthy run left alone."""
 
+import json
 import math
 import os
 import subprocess
@@ -11,7 +12,7 @@ from conftest import ROOT, python, ready
 from dpotrain.data import data
 from dpotrain.recipe.config import parse_args
 from dpotrain.recipe.errors import ConfigError
-from dpotrain.resolve import OutputPlan, check_output_dir
+from dpotrain.resolve import OutputPlan, check_output_dir, resolved_config
 from dpotrain.train.health import LN2, HealthGuard
 from dpotrain.train_stage import trainer_on
 
@@ -42,6 +43,11 @@ def trainer_for(out, model_dir, *overrides, rows=None):
 def test_a_wrong_reference_stops_at_step_1_with_a_complete_checkpoint(tmp_path, tiny_model_dir):
     # 000's failure: reference log-probs that are not the policy's. Shift the precomputed cache of the chosen side.
     out = tmp_path / "run"
+    # The run's record, as train_dpo.py writes it before training: each checkpoint carries a copy, which a resume
+    # compares with (a checkpoint without one is refused).
+    args = ["--config", SMOKE, "--model_name_or_path", tiny_model_dir, "--output_dir", str(out), "--max_steps", "3"]
+    out.mkdir(parents=True)
+    (out / "resolved_config.json").write_text(json.dumps(resolved_config(parse_args(args), {"pairs_per_step": 8})))
     trainer = trainer_for(
         out, tiny_model_dir, "--max_steps", "3", "--logging_steps", "2", "--precompute_ref_log_probs", "true", rows=48
     )
@@ -60,22 +66,7 @@ def test_a_wrong_reference_stops_at_step_1_with_a_complete_checkpoint(tmp_path, 
     # refused with the fix; the command the stop suggests (--overwrite_output_dir) starts afresh instead of resuming;
     # health_action: warn goes on from the checkpoint, as asked.
     def plan(*extra):
-        return check_output_dir(
-            parse_args(
-                [
-                    "--config",
-                    SMOKE,
-                    "--model_name_or_path",
-                    tiny_model_dir,
-                    "--output_dir",
-                    str(out),
-                    "--max_steps",
-                    "3",
-                    *extra,
-                ]
-            ),
-            8,
-        )
+        return check_output_dir(parse_args([*args, *extra]), 8)
 
     with pytest.raises(ConfigError, match=r"the step1 guard stopped it at step 1, and resuming would train on the "):
         plan()

@@ -24,7 +24,7 @@ from safetensors import safe_open
 
 from conftest import ROOT, python, run_train
 from dpotrain import output_folder
-from dpotrain.hub.hub_push import PUSH_RECORD, read_pushes
+from dpotrain.hub.hub_push import PUSH_RECORD, read_pushes, unconfirmed_push
 from hub_server import StandInHub
 
 SMOKE = str(ROOT / "configs" / "smoke.yaml")
@@ -118,7 +118,7 @@ def test_online_run_pushes_once_to_main_after_training_and_never_saves_the_token
     unwanted = ("checkpoint-", "wandb/", ".hub_staging/", "training_args.bin", "hub_pushes.jsonl", ".wandb_run_id")
     assert not [f for f in commit["files"] if f.startswith(unwanted)]
     assert "Checkpoint revisions" not in commit["files"]["README.md"].decode()
-    assert [r["status"] for r in read_pushes(out)] == ["pushed"]
+    assert [r["status"] for r in read_pushes(out)] == ["started", "pushed"]
 
     resolved = json.loads((out / "resolved_config.json").read_text())
     assert resolved["push_to_hub"] is True and resolved["hub_strategy"] == "end" and resolved["hub_model_id"] == REPO
@@ -231,6 +231,67 @@ def test_offline_run_finishes_and_push_to_hub_pushes_it_later(hub, tmp_path, tin
     assert len(hub.state.commits) == 3
     assert f"Skipped checkpoint-2: {REPO}@step-2 already holds it" in again.stdout
     assert f"Skipped main: {REPO} already holds this run" in again.stdout
+
+
+@pytest.mark.slow
+def test_a_run_killed_during_its_final_push_completes_it_when_run_again(hub, tmp_path, tiny_model_dir):
+    """Issue #53: killed while the final push ran, the rerun said the run was finished and never pushed. The push's
+    start and its confirmation are recorded in hub_pushes.jsonl: the same command again completes the push, and trains
+    nothing. The stand-in Hub holds the first commit to main, as a stalled upload; the job is SIGKILLed there."""
+    import signal
+    import threading
+
+    from conftest import PYTHON
+
+    stalled, release = threading.Event(), threading.Event()
+
+    def stall():  # the first commit to main hangs until the job is dead; the rerun's goes through
+        if not stalled.is_set():
+            stalled.set()
+            release.wait(600)
+
+    hub.state.hold[("commit", "main")] = stall
+    out = tmp_path / "run"
+    args = ["--config", SMOKE, "--model_name_or_path", tiny_model_dir, "--output_dir", str(out), "--max_steps", "2"]
+    args += ["--save_strategy", "no", "--report_to", "none", "--push_to_hub", "true", "--hub_model_id", REPO]
+    args += ["--hub_token", SECRET]
+    log = tmp_path / "killed.log"
+    try:
+        with open(log, "w") as sink:
+            killed = subprocess.Popen(
+                [PYTHON, str(ROOT / "train_dpo.py"), *args],
+                env={**os.environ, **env_for(hub, tmp_path)},
+                stdout=sink,
+                stderr=subprocess.STDOUT,
+            )
+        try:
+            assert stalled.wait(600), log.read_text()[-3000:]
+            killed.send_signal(signal.SIGKILL)
+        finally:
+            killed.kill()
+            killed.wait()
+        assert (out / "run_complete.json").is_file() and hub.state.commits == []
+
+        rerun = run_train(args, env=env_for(hub, tmp_path), timeout=300)
+        assert rerun.returncode == 0, rerun.stdout[-3000:]
+        assert (
+            f"output_dir {out}: a finished run whose push to {REPO} was started and not confirmed (the job was "
+            "killed while pushing, or the push failed): pushing it now; nothing is trained"
+        ) in rerun.stdout, rerun.stdout[-3000:]
+        assert f"Pushed to {hub.endpoint}/{REPO}" in rerun.stdout and "Data (train)" not in rerun.stdout
+        [commit] = hub.state.commits
+        assert commit["revision"] == "main" and MODEL_FILES | {"README.md", "run_complete.json"} <= set(commit["files"])
+        # Each attempt's start, then its confirmation: the killed job's push was started and never confirmed.
+        assert [(r["branch"], r["status"]) for r in read_pushes(out)] == [
+            ("main", "started"),
+            ("main", "started"),
+            ("main", "pushed"),
+        ]
+        again = run_train(args, env=env_for(hub, tmp_path), timeout=300)  # pushed and confirmed: finished
+        assert again.returncode == 2 and "already holds a finished run" in again.stdout, again.stdout[-3000:]
+        assert len(hub.state.commits) == 1
+    finally:
+        release.set()
 
 
 @pytest.mark.slow
@@ -378,6 +439,38 @@ def test_pusher_takes_only_marked_checkpoints_and_a_resumed_run_pushes_what_is_l
     assert not (out / ".hub_staging").exists()
 
 
+def test_a_finished_run_with_a_push_left_is_pushed_by_the_same_command_and_otherwise_said_how(tmp_path):
+    """What the rerun decides from hub_pushes.jsonl (resolve.check_output_dir), the run and the dry run alike: a push
+    started and not confirmed is completed where the command asks for a push, and named with the command that pushes
+    it where it does not; a confirmed one leaves a finished run."""
+    from dpotrain import resolve
+    from dpotrain.hub.hub_push import record_push
+    from dpotrain.recipe.config import parse_args
+    from dpotrain.recipe.errors import ConfigError
+
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "run_complete.json").write_text('{"global_step": 2}')
+    record_push(out, step=2, branch="step-2", status="pushed")  # a checkpoint's branch: not the final push
+    record_push(out, step=2, branch="main", status="started", repo=REPO)
+    asked = parse_args(["--config", SMOKE, "--output_dir", str(out), "--push_to_hub", "true", "--hub_model_id", REPO])
+    plan = resolve.check_output_dir(asked, 8)
+    assert plan == resolve.OutputPlan(None, False, push_left=REPO)
+    assert plan.record(str(out))["output_folder"] == (
+        f"{out}: a finished run whose push to {REPO} was started and not confirmed: the run pushes it, and trains "
+        "nothing"
+    )
+    with pytest.raises(ConfigError) as refused:
+        resolve.check_output_dir(parse_args(["--config", SMOKE, "--output_dir", str(out)]), 8)
+    assert str(refused.value).endswith(
+        f"; its push to {REPO} was started and not confirmed: rerun with --push_to_hub to complete it, or run "
+        f"`python scripts/push_to_hub.py {out} --repo-id {REPO}`"
+    )
+    record_push(out, step=2, branch="main", status="pushed", repo=REPO)
+    with pytest.raises(ConfigError, match="already holds a finished run: pass --output_dir for a new run, or "):
+        resolve.check_output_dir(asked, 8)
+
+
 def test_a_failing_final_push_is_retried_then_recorded(hub, tmp_path, monkeypatch, tiny_model_dir):
     import shutil
 
@@ -395,6 +488,8 @@ def test_a_failing_final_push_is_retried_then_recorded(hub, tmp_path, monkeypatc
     hub.state.fail[("create_repo", None)] = -1  # no retry of huggingface_hub's own there: only this project's
     with pytest.raises(HfHubHTTPError, match="500"):
         push_run(run, REPO, token=SECRET)
-    [record] = read_pushes(run)
+    started, record = read_pushes(run)  # its start, then its outcome: a push neither confirmed (unconfirmed_push)
+    assert (started["branch"], started["status"], started["repo"]) == ("main", "started", REPO)
     assert (record["branch"], record["step"], record["status"], record["attempts"]) == ("main", 7, "failed", 2)
     assert len(hub.state.of("create_repo")) == 2 and hub.state.commits == []
+    assert unconfirmed_push(run) == record

@@ -133,6 +133,50 @@ def test_overwrite_replaces_only_the_runs_own_files(tmp_path, tiny_model_dir):
 
 
 @pytest.mark.slow
+def test_a_users_file_written_while_the_final_model_is_saved_stays_the_users(tmp_path, tiny_model_dir):
+    """Issue #53: the final save claimed every name whose modification time moved while `save_model` ran, a person's
+    file written then among them, and a later --overwrite_output_dir deleted it. A person's tool (an evaluation that
+    rewrites its results) writes in the folder from the run's start to its end, and a note is put there before the
+    final save: run_files.json names neither, and the replacing run keeps both."""
+    out = tmp_path / "run"
+    args = train_args(out, "--max_steps", "2", "--save_steps", "2", "--logging_steps", "1")
+    log = tmp_path / "run.log"
+    with open(log, "w") as sink:
+        run = subprocess.Popen(
+            [PYTHON, str(ROOT / "train_dpo.py"), *args],
+            env={**os.environ, **env_for(tiny_model_dir)},
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+        end = time.monotonic() + 600
+        while not (out / run_files.MANIFEST).exists():
+            assert run.poll() is None and time.monotonic() < end, log.read_text()[-3000:]
+            time.sleep(0.01)
+        (out / "note.md").write_text("written before the final save\n")
+        writes = 0
+        while run.poll() is None and not (out / "run_complete.json").exists():
+            (out / "live-eval.json").write_text(json.dumps({"written": writes}) + "\n")  # rewritten every ~2 ms
+            writes += 1
+            time.sleep(0.002)
+        assert run.wait(timeout=600) == 0, log.read_text()[-3000:]
+    finally:
+        run.kill()
+    # Its last write came after the final model's: the file was written while the final model was being saved.
+    assert (out / "live-eval.json").stat().st_mtime_ns >= (out / "model.safetensors").stat().st_mtime_ns
+    names = output_folder.read_manifest(out)
+    assert "model.safetensors" in names and "config.json" in names, names
+    assert not {"live-eval.json", "note.md"} & set(names), names
+    users = {k: v for k, v in snapshot(out).items() if k in ("live-eval.json", "note.md")}
+    again = run_train(
+        train_args(out, "--max_steps", "2", "--save_strategy", "no", "--overwrite_output_dir"),
+        env=env_for(tiny_model_dir),
+    )
+    assert again.returncode == 0, again.stdout[-3000:]
+    assert {k: snapshot(out).get(k) for k in users} == users and len(users) == 2
+
+
+@pytest.mark.slow
 def test_a_folder_that_holds_files_but_no_run_is_refused_whatever_the_flags(tmp_path, tiny_model_dir):
     # `--output_dir .` in a project, as in the issue: its README.md and config.json would have been replaced.
     project = tmp_path / "project"
@@ -191,6 +235,96 @@ def test_a_record_written_before_checkpoints_were_named_removes_only_checkpoint_
     output_folder.replace(out, output_folder.read_manifest(out))
     kept = ["checkpoint-2-samples", "checkpoint-4-evals.json", "checkpoint-4.bak", "checkpoint-6.md", "run_files.json"]
     assert sorted(p.name for p in out.iterdir()) == kept
+
+
+# --- a run never reads from its own output folder --------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_a_run_whose_model_lives_in_its_output_folder_is_refused_before_anything_is_deleted(tmp_path, tiny_model_dir):
+    """Issue #53: training from the finished model of the folder the run replaces deleted that model (the old run's own
+    files), then failed on its tokenizer. Refused in one line naming both paths, before anything is removed; the dry
+    run says it too."""
+    import shutil
+
+    # A finished run as a run leaves it (its model's files, a checkpoint, recorded as its own), made without training.
+    out = tmp_path / "run"
+    shutil.copytree(tiny_model_dir, out)
+    shutil.copytree(tiny_model_dir, out / "checkpoint-1")
+    (out / "run_complete.json").write_text('{"global_step": 1}\n')
+    run_files.write(out, [run_files.MANIFEST, "run_complete.json", "checkpoint-1", *os.listdir(tiny_model_dir)])
+    before = snapshot(out)
+    result = run_train(
+        train_args(out, "--model_name_or_path", str(out), "--max_steps", "2", "--overwrite_output_dir"),
+        env=env_for(tiny_model_dir),
+    )
+    line = refusal(result)
+    assert line.startswith(f"error: model_name_or_path {str(out)!r} is in output_dir {str(out)!r}: "), line
+    assert snapshot(out) == before and "Replaced the run" not in result.stdout
+    checkpoint = out / "checkpoint-1"
+    dry = run_train(
+        train_args(out, "--model_name_or_path", str(checkpoint), "--overwrite_output_dir", "--dry-run"),
+        env=env_for(tiny_model_dir),
+    )
+    assert f"model_name_or_path {str(checkpoint)!r} is in output_dir {str(out)!r}" in dry.stdout, dry.stdout[-3000:]
+    assert snapshot(out) == before
+
+
+def test_nothing_a_run_reads_may_lie_in_its_output_folder(tmp_path, monkeypatch):
+    """The model by any path into the folder (a link too, or the folder given through a link), a LoRA adapter's base
+    model, the data (a mixture's source too) and the chat template: each refused naming both paths. What lies outside,
+    and a Hub name that is no path here, is not."""
+    from dpotrain.recipe.config import parse_args
+    from dpotrain.recipe.errors import ConfigError
+
+    out = tmp_path / "run"
+    (out / "checkpoint-2").mkdir(parents=True)
+    (out / "checkpoint-2" / "config.json").write_text("{}")
+    for name in ("pairs.jsonl", "chat_template.jinja"):
+        (out / name).write_text("{}\n")
+    (tmp_path / "model-link").symlink_to(out / "checkpoint-2")
+    (tmp_path / "out-link").symlink_to(out)
+    adapter = tmp_path / "adapter"
+    adapter.mkdir()
+    (adapter / "adapter_config.json").write_text(json.dumps({"base_model_name_or_path": str(out / "checkpoint-2")}))
+    outside = tmp_path / "pairs.jsonl"
+    outside.write_text("{}\n")
+
+    def refused(*args, output_dir=out) -> str:
+        recipe = parse_args(["--config", SMOKE, "--output_dir", str(output_dir), *args])
+        with pytest.raises(ConfigError) as error:
+            output_folder.check_reads_outside(recipe)
+        assert "\n" not in str(error.value)
+        return str(error.value)
+
+    checkpoint = out / "checkpoint-2"
+    assert refused("--model_name_or_path", str(checkpoint)).startswith(
+        f"model_name_or_path {str(checkpoint)!r} is in output_dir {str(out)!r}: "
+    )
+    assert f"model_name_or_path {str(tmp_path / 'model-link')!r} (a link to {checkpoint})" in refused(
+        "--model_name_or_path", str(tmp_path / "model-link")
+    )
+    assert f"is in output_dir {str(tmp_path / 'out-link')!r}" in refused(
+        "--model_name_or_path", str(checkpoint), output_dir=tmp_path / "out-link"
+    )
+    assert f"the base model of {str(adapter)!r} ({str(checkpoint)!r}, adapter_config.json)" in refused(
+        "--model_name_or_path", str(adapter)
+    )
+    assert f"dataset_name {str(out / 'pairs.jsonl')!r} is in output_dir" in refused(
+        "--dataset_name", str(out / "pairs.jsonl")
+    )
+    assert f"a mixture source {str(out / 'pairs.jsonl')!r} is in output_dir" in refused(
+        "--dataset_mixer_list", str(out / "pairs.jsonl"), "1.0"
+    )
+    assert f"chat_template_path {str(out / 'chat_template.jinja')!r} is in output_dir" in refused(
+        "--chat_template_path", str(out / "chat_template.jinja")
+    )
+    monkeypatch.chdir(tmp_path)  # `--output_dir .`: a Hub name is no path in it
+    for args, output_dir in (
+        (["--dataset_name", str(outside)], out),
+        (["--model_name_or_path", "org/model"], Path(".")),
+    ):
+        output_folder.check_reads_outside(parse_args(["--config", SMOKE, "--output_dir", str(output_dir), *args]))
 
 
 # --- no command writes over one of its own inputs ---------------------------------------------------------------------

@@ -10,10 +10,10 @@ import json
 import pytest
 
 import train_dpo
-from conftest import ROOT, run_train
+from conftest import ROOT, run_train, sealed_checkpoint
 from dpotrain import resolve
 from dpotrain.recipe.config import parse_args
-from dpotrain.recipe.errors import run_cli
+from dpotrain.recipe.errors import ConfigError, run_cli
 
 SMOKE = str(ROOT / "configs" / "smoke.yaml")
 MESSAGES = [{"role": "user", "content": "Name a colour."}]
@@ -295,8 +295,7 @@ def unfinished_run(tmp_path, capsys, *args):
     out = tmp_path / "run"
     train_dpo.main(["--config", SMOKE, "--output_dir", str(out), "--dry-run", "--json", *args])
     printed = capsys.readouterr().out
-    (out / "checkpoint-4").mkdir(parents=True)
-    (out / "checkpoint-4" / "COMPLETE").write_text("{}")
+    sealed_checkpoint(out / "checkpoint-4")
     (out / "resolved_config.json").write_text(printed[printed.index("{") :])
     return out
 
@@ -343,17 +342,27 @@ def test_resume_from_checkpoint_with_changed_settings_is_refused_as_the_automati
     assert resolve.check_output_dir(same, 8) == resolve.OutputPlan(checkpoint, False)
 
 
-def test_resume_from_a_checkpoint_without_a_record_says_its_settings_are_not_compared(tmp_path, capsys):
-    checkpoint = tmp_path / "trl-run" / "checkpoint-3"  # written by TRL's own script: no resolved_config.json
+def test_resume_from_a_checkpoint_that_is_not_this_projects_is_refused(tmp_path):
+    """Written by TRL's own script: no COMPLETE mark, no manifest, and no record of the settings it was trained with.
+    It cannot be verified, nor its settings compared: refused, naming what is missing and the way out."""
+    checkpoint = tmp_path / "trl-run" / "checkpoint-3"
     checkpoint.mkdir(parents=True)
+    for name in ("model.safetensors", "optimizer.pt", "scheduler.pt", "trainer_state.json"):
+        (checkpoint / name).write_text("{}")
     recipe = parse_args(
         ["--config", SMOKE, "--output_dir", str(tmp_path / "run"), "--resume_from_checkpoint", str(checkpoint)]
     )
-    assert resolve.check_output_dir(recipe, 8) == resolve.OutputPlan(str(checkpoint), False)
-    assert capsys.readouterr().out == (
-        f"resume_from_checkpoint {checkpoint}: no resolved_config.json beside it (not a "
-        "run of this project), so its settings cannot be compared with this run's\n"
+    with pytest.raises(ConfigError) as refused:
+        resolve.check_output_dir(recipe, 8)
+    assert str(refused.value) == (
+        f"resume_from_checkpoint {str(checkpoint)!r} cannot be verified (a save cut short, or not this project's: no "
+        "COMPLETE mark; MANIFEST.json is missing): restore the named file(s) from a copy, or start a new run from its "
+        f"weights (--model_name_or_path {checkpoint}, a new --output_dir)"
     )
+    # Sealed as this project seals a checkpoint, but moved out of its run without the record of its settings.
+    sealed_checkpoint(checkpoint)
+    with pytest.raises(ConfigError, match="holds no record of the settings it was trained with"):
+        resolve.check_output_dir(recipe, 8)
 
 
 def test_requeue_resumes_and_overwrite_starts_afresh_only_when_settings_changed(tmp_path, capsys):

@@ -314,7 +314,8 @@ def update_card_revisions(output_dir: str | Path, repo_id: str) -> None:
 
 def push_run(output_dir: str | Path, repo_id: str, token: str | None = None, private: bool | None = None) -> str:
     """Upload the final model, tokenizer, card, plot and metrics of `output_dir` to main of `repo_id`, retried on
-    transient errors and recorded in hub_pushes.jsonl; returns the repo's URL."""
+    transient errors; returns the repo's URL. Its start and its outcome are recorded in hub_pushes.jsonl, the start
+    first: a push a kill cuts short is one started and never confirmed (`hub_push.unconfirmed_push`)."""
     from huggingface_hub import HfApi, constants
 
     from dpotrain.hub.hub_push import record_push, with_retries
@@ -328,12 +329,16 @@ def push_run(output_dir: str | Path, repo_id: str, token: str | None = None, pri
             repo_id=repo_id, folder_path=str(output_dir), ignore_patterns=IGNORE, commit_message="Upload DPO run"
         )
 
+    record_push(output_dir, step=step, branch="main", status="started", repo=repo_id)
     try:
         commit, attempts = with_retries(upload, f"push to {repo_id}")
     except Exception as e:
-        record_push(output_dir, step=step, branch="main", status="failed", attempts=e.attempts, error=cause(e))
+        record_push(
+            output_dir, step=step, branch="main", status="failed", repo=repo_id, attempts=e.attempts, error=cause(e)
+        )
         raise
-    record_push(output_dir, step=step, branch="main", status="pushed", attempts=attempts, commit=commit.oid)
+    confirmed = {"attempts": attempts, "commit": commit.oid}
+    record_push(output_dir, step=step, branch="main", status="pushed", repo=repo_id, **confirmed)
     return f"{constants.ENDPOINT}/{repo_id}"
 
 

@@ -29,7 +29,7 @@ from dpotrain.recipe import records as run_records
 from dpotrain.recipe.errors import cause
 from dpotrain.train.checkpoints import MARKER, checkpoints
 
-PUSH_RECORD = "hub_pushes.jsonl"  # one line per upload attempt's outcome: step, branch, status, error
+PUSH_RECORD = "hub_pushes.jsonl"  # one line per upload's start (the final push) and outcome: step, branch, status
 STAGING = ".hub_staging"
 # What a checkpoint branch holds: a loadable model and its tokenizer. An allowlist, so that whatever else a
 # checkpoint holds (optimizer.pt, scheduler.pt, rng_state*.pth, training_args.bin, DeepSpeed's global_step*/) stays.
@@ -103,6 +103,13 @@ def pushed_revisions(output_dir: str | Path) -> list[tuple[int, str]]:
     """(step, branch) of the checkpoint branches whose latest record says they are on the Hub, by step."""
     latest = {r["branch"]: r for r in read_pushes(output_dir) if r.get("branch", "main") != "main"}
     return sorted((r["step"], b) for b, r in latest.items() if r["status"] in ON_THE_HUB)
+
+
+def unconfirmed_push(output_dir: str | Path) -> dict | None:
+    """The final push to main whose latest record is its start or a failure, not its confirmation (the job killed
+    while pushing, or the push failed): that record, for the rerun to complete the push; None where there is none."""
+    main = [r for r in read_pushes(output_dir) if r.get("branch") == "main"]
+    return main[-1] if main and main[-1]["status"] not in ON_THE_HUB else None
 
 
 # --- retries ----------------------------------------------------------------------------------------------------

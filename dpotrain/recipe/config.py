@@ -69,7 +69,7 @@ class ProjectArguments:
     )
     auto_resume: bool = field(
         default=True,
-        metadata={"help": "Resume from the newest complete checkpoint in output_dir when there is one."},
+        metadata={"help": "Resume from the newest verified checkpoint in output_dir when there is one."},
     )
     accelerate_config: str = field(
         default="accelerate_config.yaml",

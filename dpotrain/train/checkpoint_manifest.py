@@ -9,8 +9,11 @@ from what all of them gathered, flushed to disk (`fsync`) before the mark is. Ev
 
 What is checked when: sizes on every resume, before anything loads (a stat per file); checksums once processes have
 started (`verify_shares`), again each rank its share, so a resume reads the checkpoint once more, split over ranks.
+A checkpoint without a manifest, or whose manifest lists no optimizer or scheduler state, cannot be verified: it is
+never resumed from (transformers would go on with a fresh optimizer and a restarted warm-up, silently).
 """
 
+import fnmatch
 import hashlib
 import json
 import os
@@ -18,6 +21,13 @@ import time
 from pathlib import Path
 
 MANIFEST = "MANIFEST.json"
+# The state a resume goes on with besides the weights, by the names each engine writes it under: one process, DDP and
+# LoRA `optimizer.pt` and `scheduler.pt`; FSDP2 its optimizer's shards in `optimizer_0/`; DeepSpeed both in its
+# `global_step*/` folder (the scheduler's in the model-states file).
+STATE = {
+    "optimizer.pt": ("optimizer.pt", "optimizer.bin", "optimizer_0/*", "global_step*/*optim_states.pt"),
+    "scheduler.pt": ("scheduler.pt", "global_step*/*model_states.pt"),
+}
 
 
 def sha256(path: Path) -> str:
@@ -105,16 +115,33 @@ def read(folder: Path) -> dict | None:
     try:
         return json.loads(path.read_text())["files"]
     except (ValueError, KeyError, TypeError):
-        return {}  # a damaged manifest lists nothing: `size_problem` names it
+        return {}  # a damaged manifest lists nothing: `problem` names it
 
 
-def size_problem(folder: Path) -> str | None:
-    """Why `folder` cannot be resumed from, by its files' presence and sizes (a stat per file), or None."""
+def missing(folder: Path) -> list[str]:
+    """What `folder` lacks of a checkpoint's proof: its manifest, and the optimizer's and scheduler's state (as the
+    manifest lists them; without one, as found on disk)."""
     files = read(folder)
-    if files is None:
-        return None  # written before manifests: its COMPLETE mark is all there is to go by
-    if not files:
+    names = list(files or {}) if files is not None else [rel for rel, _ in listing(folder)] if folder.is_dir() else []
+    lacking = [name for name, kinds in STATE.items() if not any(fnmatch.fnmatch(n, k) for n in names for k in kinds)]
+    return ([MANIFEST] if files is None else []) + lacking
+
+
+def are_missing(names: list[str]) -> str:
+    """`x is missing`, `x and y are missing`, `x, y and z are missing`."""
+    listed = names[0] if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]}"
+    return f"{listed} {'is' if len(names) == 1 else 'are'} missing"
+
+
+def problem(folder: Path) -> str | None:
+    """Why `folder` cannot be verified by its manifest, its state and its files' presence and sizes (a stat per file),
+    or None. Its checksums are checked once processes run (`checksum_problems`)."""
+    files = read(folder)
+    if files == {}:
         return f"{MANIFEST} is unreadable"
+    lacking = missing(folder)
+    if lacking:
+        return are_missing(lacking)
     for rel, entry in files.items():
         path = folder / rel
         if not path.is_file():

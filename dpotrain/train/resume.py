@@ -1,9 +1,11 @@
 """Which checkpoint a rerun goes on from, or why it may not: resume exactly or refuse.
 
-- A complete checkpoint is resumed from only if its files are all there at the sizes its manifest lists
-  (`checkpoint_manifest`; checked on every rank before anything loads) and match their checksums (checked once
-  processes have started, each rank its share: `confirm`). A damaged one is skipped for the one before it, with a line
-  naming the file and why; with none left the run is refused, naming the files.
+- A checkpoint is resumed from only once verified: its COMPLETE mark, its manifest listing the optimizer's and the
+  scheduler's state, every file there at the size the manifest lists (`checkpoint_manifest`; checked on every rank
+  before anything loads) and matching its checksum (checked once processes have started, each rank its share:
+  `confirm`). The automatic resume takes the newest verified one and says in one line each which newer ones it skipped
+  and why; with none left the run is refused, naming the files. A checkpoint named with --resume_from_checkpoint that
+  cannot be verified is refused, naming what is missing and the checkpoint to pass instead.
 - A run stopped by a health guard is remembered (`HEALTH_STOP` in its output folder): the same command is refused
   with the fix instead of resuming on the values it stopped on.
 - A folder whose only checkpoints were cut short (a job killed in its first save) holds nothing to resume: the
@@ -16,7 +18,7 @@ from pathlib import Path
 from dpotrain.cluster import collectives
 from dpotrain.recipe.errors import ConfigError, RunError
 from dpotrain.train import checkpoint_manifest
-from dpotrain.train.checkpoints import checkpoints, is_complete
+from dpotrain.train.checkpoints import MARKER, checkpoints, is_complete
 
 HEALTH_STOP = "health_stop.json"  # written by a run a health guard stopped (dpotrain/train/health.py)
 
@@ -26,23 +28,42 @@ def _say(line: str) -> None:
         print(line, flush=True)
 
 
-def latest_sound_checkpoint(out: Path, before: Path | None = None, refuse: bool = True) -> Path | None:
-    """The newest complete checkpoint whose files are all there at their sizes (older than `before`, if given). A
-    damaged one is skipped with a line; when complete ones exist but none is sound, the run is refused (`refuse`),
-    or None is returned."""
-    complete = [p for p in checkpoints(out) if is_complete(p)]
+def unverified(folder: Path) -> str | None:
+    """Why `folder` is no checkpoint to resume from: a save cut short (no COMPLETE mark), or its proof incomplete or
+    damaged (`checkpoint_manifest.problem`); None: verified, but for its checksums (`confirm`)."""
+    problem = checkpoint_manifest.problem(folder)
+    if is_complete(folder):
+        return problem
+    return f"a save cut short, or not this project's: no {MARKER} mark" + (f"; {problem}" if problem else "")
+
+
+def newest_verified(out: Path, before: Path | None = None) -> tuple[Path | None, list[tuple[Path, str]]]:
+    """The newest checkpoint of `out` (older than `before`, if given) that passes `unverified`, and the newer ones
+    passed over, each with why."""
+    folders = checkpoints(out)
     if before is not None:
-        complete = [p for p in complete if p.name != before.name and _step(p) < _step(before)]
-    damaged = []
-    for folder in reversed(complete):
-        problem = checkpoint_manifest.size_problem(folder)
-        if problem is None:
-            return folder
-        damaged.append(f"{folder.name}: {problem}")
-        _say(f"Not resuming from {folder}: {problem}; trying the checkpoint before it")
-    if damaged and refuse:
-        raise ConfigError(no_sound_checkpoint(out, damaged))
-    return None
+        folders = [p for p in folders if p.name != before.name and _step(p) < _step(before)]
+    skipped = []
+    for folder in reversed(folders):
+        why = unverified(folder)
+        if why is None:
+            return folder, skipped
+        skipped.append((folder, why))
+    return None, skipped
+
+
+def latest_sound_checkpoint(out: Path, before: Path | None = None, refuse: bool = True) -> Path | None:
+    """The newest verified checkpoint (older than `before`, if given), each newer one it passes over said in a line.
+    With none left: refused when a complete checkpoint failed its checks (`refuse`), else None (saves only cut short:
+    `only_cut_short` decides)."""
+    found, skipped = newest_verified(out, before)
+    damaged = any(is_complete(folder) for folder, _ in skipped)
+    if found is not None or damaged:
+        for folder, why in skipped:
+            _say(f"Not resuming from {folder}: {why}; trying the checkpoint before it")
+    if found is None and damaged and refuse:
+        raise ConfigError(no_sound_checkpoint(out, [f"{folder.name}: {why}" for folder, why in skipped]))
+    return found
 
 
 def no_sound_checkpoint(out: Path, damaged: list[str]) -> str:
@@ -90,14 +111,20 @@ def confirm(resume_from: str | None, explicit: bool) -> str | None:
 
 
 def check_explicit(folder: str) -> None:
-    """--resume_from_checkpoint: a folder whose files are all there at their sizes."""
+    """--resume_from_checkpoint: a checkpoint that passes `unverified`; else refused, naming the newest verified one
+    beside it to pass instead."""
     if not Path(folder).is_dir():
         raise ConfigError(f"resume_from_checkpoint {folder!r} is not a folder")
-    problem = checkpoint_manifest.size_problem(Path(folder))
-    if problem:
-        raise ConfigError(
-            f"resume_from_checkpoint {folder!r} is damaged ({problem}): restore the file, or name another checkpoint"
+    why = unverified(Path(folder))
+    if why:
+        instead, _ = newest_verified(Path(folder).parent)
+        fix = (
+            f"pass --resume_from_checkpoint {instead}, the newest verified checkpoint beside it"
+            if instead
+            else f"restore the named file(s) from a copy, or start a new run from its weights (--model_name_or_path "
+            f"{folder}, a new --output_dir)"
         )
+        raise ConfigError(f"resume_from_checkpoint {folder!r} cannot be verified ({why}): {fix}")
 
 
 def check_partitions(folder: str | None, world: int, run_engine=None) -> None:

@@ -18,6 +18,7 @@ subclass changes how pairs reach TRL's loss code, and what surrounds it:
 
 import contextlib
 import functools
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -256,11 +257,11 @@ class RecipeDPOTrainer(DPOTrainer):
                     upstream.save_weights(self, output_dir, self.accelerator.get_state_dict(self.model))
                     return
                 super().save_model(output_dir, _internal_call)
-        except Exception as e:
-            why = None if _internal_call else disk_full.why_full(e, Path(output_dir or self.args.output_dir))
+        except Exception as e:  # the final model is written in a folder inside the run's (publish.py): named by it
+            why = None if _internal_call else disk_full.why_full(e, Path(self.args.output_dir))
             if why is None:  # inside a checkpoint: `_save_checkpoint` says it
                 raise
-            raise disk_full.final_save_failed(Path(output_dir or self.args.output_dir), why) from None
+            raise disk_full.final_save_failed(Path(self.args.output_dir), why) from None
 
     def create_model_card(self, *args, **kwargs):
         """Not TRL's card ("fine-tuned version of [None]"), which TRL writes at every checkpoint: the project writes its
@@ -280,6 +281,10 @@ class RecipeDPOTrainer(DPOTrainer):
         folder = Path(upstream.checkpoint_parent(self, trial)) / f"checkpoint-{self.state.global_step}"
         try:
             super()._save_checkpoint(model, trial)
+            record = folder.parent / "resolved_config.json"
+            if self.is_world_process_zero() and record.is_file():
+                # The settings a resume must keep travel with the checkpoint, in its manifest (resolve.trained_under).
+                shutil.copy2(record, folder / record.name)
         except Exception as e:  # a full disk: one line naming the folder and the space, not "basic_ios::clear"
             why = disk_full.why_full(e, folder.parent)
             if why is None:
