@@ -6,14 +6,13 @@ because argparse keeps the last value. Unknown keys are errors that name the key
 """
 
 import contextlib
-import copy
 import difflib
 import functools
 import json
 import os
 import re
 import sys
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
 from dpotrain.recipe import recipe_file, upstream, usage
@@ -628,23 +627,23 @@ def _take_max_length_auto(tokens: list[str]) -> tuple[list[str], bool]:
 
 
 def decided(recipe: Recipe, *settings: dict) -> Recipe:
-    """A copy of `recipe` with the values the stages decided in place of the intent's: each of `settings` maps a part
-    (`training`, `model`, `project`) to its fields, as a stage's `.settings()` returns them. The parsed recipe is the
-    user's intent and is never written after `parse_args` (tests/test_resolved.py reads the source for a write); this
-    is the one function that lays decisions into a copy, for the code that reads a recipe as the run uses it (the
-    memory plan, the trainer's arguments, resolved_config.json)."""
+    """The recipe as the run uses it: new values of its parts with what the stages decided in place of the intent's,
+    each of `settings` mapping a part (`training`, `model`, `project`) to its fields, as a stage's `.settings()`
+    returns them. Each part is built anew (`dataclasses.replace`), so TRL's and transformers' own checks run on the
+    decided values as they ran on the parsed ones; the parsed recipe is the user's intent and is never written after
+    `parse_args` (tests/test_resolved.py reads the source for a write). Their "bf16 needs a GPU" check is left out:
+    `parse_args` made it, or skipped it for a dry run planning a GPU job on a machine without one."""
     changes: dict[str, dict] = {}
     for setting in settings:
-        for part, fields in setting.items():
-            changes.setdefault(part, {}).update(fields)
+        for part, values in setting.items():
+            changes.setdefault(part, {}).update(values)
     parts = {}
-    for part, fields in changes.items():
-        copied = copy.copy(getattr(recipe, part))  # shallow: every value set here is replaced, never mutated
-        for name, value in fields.items():
-            if not hasattr(copied, name):
-                raise AttributeError(f"{part} has no field {name!r}")
-            setattr(copied, name, value)
-        parts[part] = copied
+    with upstream.bf16_gpu_check_skipped():
+        for part, values in changes.items():
+            unknown = set(values) - {f.name for f in fields(getattr(recipe, part))}
+            if unknown:
+                raise AttributeError(f"{part} has no field {sorted(unknown)[0]!r}")
+            parts[part] = replace(getattr(recipe, part), **values)
     auto = recipe.max_length_auto and "max_length" not in changes.get("training", {})
     return replace(recipe, **parts, max_length_auto=auto)
 
