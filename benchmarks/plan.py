@@ -130,7 +130,7 @@ def after(lengths: PairLengths, pairs_per_step: int, world: int, budget: int, pa
     except plan.PlanError as refused:
         return {"refused": str(refused)}
     # the padded path runs its rows in groups of similar length (dpotrain/forwards/padded.py)
-    s = plan.summary(lengths, p, epoch, plan.Forward("padded") if padded else None)
+    s = plan.summary(lengths, p, epoch, plan.RowLayout("padded") if padded else None)
     per_step = s["micro_batches_per_step"]
     empty = sum(1 for step in epoch[0] for rank in step for mb in rank if not mb)
     return {

@@ -387,7 +387,7 @@ class Lengths:
     when the analyzer measured them (`measured`: (Measured, report path))."""
 
     auto: dict | None  # derived.max_length under `max_length: auto`
-    pairs: cost.Lengths | None
+    pairs: cost.TokenCounts | None
     measured: tuple | None
     tokenizer: object | None
     sources: list | None = None  # a mixture's data_sources, each with its share of the tokens
@@ -471,7 +471,7 @@ def measure_lengths(recipe, found: Launch, pairs: Data, model_path: str, state=N
         measured = (every, "the mixture's pairs, measured at start")
     if measured is not None:
         m, report = measured
-        found_pairs = cost.Lengths(
+        found_pairs = cost.TokenCounts(
             m.prompt,
             m.chosen,
             m.rejected,
@@ -624,9 +624,9 @@ def plan_batching(recipe, found: Launch, pairs: Data, pair_lengths: Lengths, for
         m.prompt[kept], m.chosen[kept], m.rejected[kept], t.max_length, f.share_prompt, t.truncation_mode
     )
     layout = (
-        plan.Forward("one_row" if f.one_row else "rows", f.hidden_size, multiple=f.pad_multiple)
+        plan.RowLayout("one_row" if f.one_row else "rows", f.hidden_size, multiple=f.pad_multiple)
         if f.packed
-        else plan.Forward("padded", max_groups=padded.MAX_GROUPS)
+        else plan.RowLayout("padded", max_groups=padded.MAX_GROUPS)
     )
     budget, deepspeed = p.max_tokens_per_microbatch, found.engine.deepspeed
     run_plan = plan_stage.make(
@@ -644,7 +644,7 @@ def plan_batching(recipe, found: Launch, pairs: Data, pair_lengths: Lengths, for
 
 def plan_memory(recipe, found: Launch, forward: Forward) -> dict:
     """The memory plan, once per run, for the forward chosen and the launch's engine: refused when it cannot fit the
-    GPU. Its checkpointed decoder layers, and the dtype the weights load in, are the run's (`Resolved.settings`)."""
+    GPU. Its checkpointed decoder layers, and the dtype the weights load in, are the run's (`RunSpec.settings`)."""
     attention = forward.planned.attention if forward.planned is not None else None
     return memory.plan(recipe, found.world, found.engine, attention=attention)
 
@@ -653,7 +653,7 @@ def plan_memory(recipe, found: Launch, forward: Forward) -> dict:
 
 
 @dataclass(frozen=True)
-class Resolved:
+class RunSpec:
     """Every decision of the run, made once by the first half before a model weight loads: all a dry run records, and
     all the second half reads. `recipe` is the user's intent as parsed (never written); `settings` is the recipe as the
     run uses it, the intent with these decisions laid in (`config.decided`); `record()` is resolved_config.json's
@@ -701,7 +701,7 @@ def settings_of(recipe, found: Launch, *stages) -> config.Recipe:
 
 def first_half(
     recipe, found: Launch, state=None, output: resolve.OutputPlan | None = None, push=None, pairs: Data | None = None
-) -> Resolved:
+) -> RunSpec:
     """data -> lengths -> forward -> (a dry run: plan) -> memory, before the old run is removed and the model loads
     (TRL loads it with the attention decided here). `pairs`: the data stage's value where a caller has it already (a
     test's or benchmark's own pairs, `given_pairs`)."""
@@ -716,7 +716,7 @@ def first_half(
     planned = plan_memory(shaped, found, forward)
     load_dtype = engine.load_dtype(recipe, found.engine)  # bf16 under DeepSpeed, not TRL's float32 default
     run = config.decided(shaped, memory.checkpointing_settings(recipe, planned), {"model": {"dtype": load_dtype}})
-    return Resolved(recipe, found, pairs, pair_lengths, forward, planned, load_dtype, batching, run, output, push)
+    return RunSpec(recipe, found, pairs, pair_lengths, forward, planned, load_dtype, batching, run, output, push)
 
 
 def given_pairs(recipe, found: Launch, train, eval_dataset=None) -> Data:

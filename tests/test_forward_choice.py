@@ -30,17 +30,17 @@ OLMO3_7B = str(ROOT / "configs" / "models" / "olmo3-7b")  # a shipped config.jso
 FA4 = "flash_attention_4"
 
 
-def think_mix(n: int = 2000, seed: int = 0) -> cost.Lengths:
+def think_mix(n: int = 2000, seed: int = 0) -> cost.TokenCounts:
     """Think-shaped pairs as measured on the H100: a prompt of ~250 tokens, answers of ~2,500-3,500."""
     rng = np.random.default_rng(seed)
     prompt = np.maximum(1, rng.lognormal(np.log(250), 0.3, n)).astype(np.int64)
-    return cost.Lengths(prompt, rng.integers(2500, 3500, n), rng.integers(2500, 3500, n), "think-like")
+    return cost.TokenCounts(prompt, rng.integers(2500, 3500, n), rng.integers(2500, 3500, n), "think-like")
 
 
-def multiturn_mix(n: int = 2000, seed: int = 0) -> cost.Lengths:
+def multiturn_mix(n: int = 2000, seed: int = 0) -> cost.TokenCounts:
     """The benchmark's multi-turn pairs (benchmarks/attention.py): a history of ~3,000 tokens, answers of ~300."""
     prompt, chosen, rejected = lengths_of("multiturn", n, 4096, seed)
-    return cost.Lengths(prompt, chosen, rejected, "multi-turn")
+    return cost.TokenCounts(prompt, chosen, rejected, "multi-turn")
 
 
 def think_recipe(*args):
@@ -70,7 +70,7 @@ def test_the_choice_follows_the_data(capsys):
     # against FA4's 32.4%), multi-turn pairs with shared prompts on flex.
     on_think, recipe = decide(think)
     assert (on_think.attention, on_think.share_prompt, on_think.one_row) == (FA4, False, True)
-    assert recipe.model.attn_implementation is None  # decided, not written into the recipe (stages.Resolved)
+    assert recipe.model.attn_implementation is None  # decided, not written into the recipe (stages.RunSpec)
     on_multiturn, _ = decide(multiturn)
     assert (on_multiturn.attention, on_multiturn.share_prompt) == ("flex_attention", True)
     # Each names the other as the runner-up, with both estimates (H100-seconds per 1,000 pairs).
@@ -138,7 +138,7 @@ def test_the_decision_is_a_function_of_the_lengths():
     think = think_mix()
     first, second = (decide(copy.deepcopy(think))[0].record() for _ in range(2))
     assert first == second and first["decision"]["lengths_from"].startswith("think-like")
-    reordered = cost.Lengths(think.prompt[::-1], think.chosen[::-1], think.rejected[::-1], "think-like")
+    reordered = cost.TokenCounts(think.prompt[::-1], think.chosen[::-1], think.rejected[::-1], "think-like")
     assert decide(reordered)[0].attention == FA4  # another sample of the same mix: the same winner
 
 

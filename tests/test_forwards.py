@@ -249,7 +249,7 @@ def test_the_choice_per_device(tiny_model_dir, capsys):
     recipe = recipe_with("--model_name_or_path", tiny_model_dir)
     cpu = choice.decide_forward(recipe, tiny_model_dir, cuda=False)
     assert (cpu.attention, cpu.packed, cpu.share_prompt, cpu.one_row) == ("sdpa", True, True, False)
-    assert recipe.model.attn_implementation is None  # decided, not written into the recipe (stages.Resolved)
+    assert recipe.model.attn_implementation is None  # decided, not written into the recipe (stages.RunSpec)
     # On CUDA (the decision only: nothing runs): OLMo 3 shares prompts on FlexAttention, in one row per micro-batch.
     recipe = recipe_with("--model_name_or_path", tiny_model_dir)
     gpu = choice.decide_forward(recipe, tiny_model_dir, cuda=True)

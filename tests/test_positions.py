@@ -53,7 +53,7 @@ def test_the_limit_is_the_models_positions_or_what_its_rope_scaling_extends_them
 
 
 def test_the_longest_sequence_is_the_datas_only_where_every_pair_was_measured():
-    pairs = cost.Lengths(np.array([100, 3000]), np.array([50, 2000]), np.array([900, 10]), "test")
+    pairs = cost.TokenCounts(np.array([100, 3000]), np.array([50, 2000]), np.array([900, 10]), "test")
     assert positions.longest_sequence(8192, pairs, whole_split=True)[0] == 5000  # prompt + its longer completion
     assert positions.longest_sequence(8192, pairs, whole_split=False)[0] == 8192  # a sample: max_length bounds it
     assert positions.longest_sequence(4000, pairs, whole_split=True)[0] == 4000  # truncated to max_length

@@ -1,5 +1,5 @@
 """The parsed recipe is the user's intent, never written after `parse_args`; the first half returns one frozen value
-(`stages.Resolved`) holding every decision, and `config.decided` is the one function that lays decisions into a copy.
+(`stages.RunSpec`) holding every decision, and `config.decided` is the one function that lays decisions into a copy.
 
 Two checks: the source (no assignment to, or mutation of, anything reached through a recipe, in dpotrain/, train_dpo.py
 and scripts/), and a run's stages on the CPU demo (the recipe's every field the same after them)."""

@@ -174,8 +174,8 @@ def test_the_same_pairs_make_the_same_steps_on_any_group_size(monkeypatch):
 
 def test_a_packed_row_is_padded_to_a_multiple_of_the_group_and_counted_as_padding():
     lengths = PairLengths.from_parts(np.array([3, 4]), np.array([5, 6]), np.array([7, 2]), 64)
-    one = plan.Forward("one_row")
-    four = plan.Forward("one_row", multiple=4)
+    one = plan.RowLayout("one_row")
+    four = plan.RowLayout("one_row", multiple=4)
     tokens = one.positions(lengths, [0, 1])
     assert tokens == 3 + 5 + 3 + 7 + 4 + 6 + 4 + 2
     assert four.positions(lengths, [0, 1]) == -(-tokens // 4) * 4 > tokens

@@ -318,7 +318,7 @@ def mask_weight(attn: str) -> int:
 
 
 def choose(config, recipe, cuda: bool, varlen: str | None, lengths=None, check_kernels: bool = True):
-    """(the forward, the notes to print) for this model, recipe and machine; from `lengths` (`cost.Lengths`) when
+    """(the forward, the notes to print) for this model, recipe and machine; from `lengths` (`cost.TokenCounts`) when
     given, else by the candidates' order. Changes nothing and prints nothing."""
     from dpotrain.forwards import cost
 
@@ -383,7 +383,7 @@ def decide_forward(
     recipe, model_path: str, cuda: bool | None = None, lengths=None, varlen: str | None = INSTALLED
 ) -> ForwardChoice:
     """Packed or padded forward, prompts shared or not, and the attention, for this model, recipe, machine and the
-    pairs' `lengths` (`cost.Lengths`; forwards/sample.py): a one-line note when an option is off by necessity, an
+    pairs' `lengths` (`cost.TokenCounts`; forwards/sample.py): a one-line note when an option is off by necessity, an
     error when it was asked for explicitly and cannot be honoured. Either way the reference is scored once before
     training (only the policy stays in memory), unless the recipe asks for a live reference model. Reads the model's
     config only (no weights). `varlen`: the varlen FlashAttention to weigh (None: none), by default the one installed

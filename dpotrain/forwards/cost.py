@@ -79,7 +79,7 @@ class Candidate:
 
 
 @dataclass(frozen=True)
-class Lengths:
+class TokenCounts:
     """Token counts of the pairs a decision is made from, as the trainer tokenizes them (before truncation), and
     where they come from."""
 
@@ -89,11 +89,11 @@ class Lengths:
     source: str
     shared: np.ndarray | None = None  # tokens both completions start with (`cuts.check`); None: not measured
 
-    def sample(self, pairs: int = SAMPLE_PAIRS, seed: int = 0) -> "Lengths":
+    def sample(self, pairs: int = SAMPLE_PAIRS, seed: int = 0) -> "TokenCounts":
         if len(self.prompt) <= pairs:
             return self
         keep = np.sort(np.random.default_rng(seed).choice(len(self.prompt), pairs, replace=False))
-        return Lengths(self.prompt[keep], self.chosen[keep], self.rejected[keep], self.source)
+        return TokenCounts(self.prompt[keep], self.chosen[keep], self.rejected[keep], self.source)
 
 
 def model_flops(config) -> flops.ModelFlops:
@@ -141,7 +141,7 @@ def _dense(work: flops.ModelFlops, widths: list[int]) -> float:
 
 def training_flops(
     candidate: Candidate,
-    lengths: Lengths,
+    lengths: TokenCounts,
     work: flops.ModelFlops,
     max_length: int | None,
     truncation_mode: str,
@@ -250,7 +250,7 @@ class Decision:
 
 def decide(
     candidates: list[Candidate],
-    lengths: Lengths,
+    lengths: TokenCounts,
     config,
     cuda: bool,
     max_length: int | None,
@@ -267,7 +267,7 @@ def decide(
         raise ValueError("no candidate forward to decide between")
     if max_length is not None:  # TRL drops the pairs whose prompt alone fills max_length
         kept = lengths.prompt < max_length
-        lengths = Lengths(lengths.prompt[kept], lengths.chosen[kept], lengths.rejected[kept], lengths.source)
+        lengths = TokenCounts(lengths.prompt[kept], lengths.chosen[kept], lengths.rejected[kept], lengths.source)
     sample = lengths.sample()
     work, hidden = model_flops(config), config.get_text_config().hidden_size
     weighed = comparable(candidates, cuda)

@@ -13,12 +13,12 @@ a data set, which TRL does later anyway.
 import numpy as np
 
 from dpotrain.data import cuts, lengths, mixture
-from dpotrain.forwards.cost import Lengths
+from dpotrain.forwards.cost import TokenCounts
 
 SAMPLE_ROWS = 1024
 
 
-def cached(recipe, tokenizer) -> Lengths | None:
+def cached(recipe, tokenizer) -> TokenCounts | None:
     """The analyzer's cached lengths of the recipe's training split, read from this machine only; None without."""
     try:
         dataset_id = mixture.dataset_id(recipe, local_only=True)
@@ -28,10 +28,10 @@ def cached(recipe, tokenizer) -> Lengths | None:
     if found is None:
         return None
     m, report = found
-    return Lengths(m.prompt, m.chosen, m.rejected, f"the analyzer's cached lengths ({report})", m.shared)
+    return TokenCounts(m.prompt, m.chosen, m.rejected, f"the analyzer's cached lengths ({report})", m.shared)
 
 
-def sampled(dataset, tokenizer, seed: int, hh_format: str = "messages", rows: int = SAMPLE_ROWS) -> Lengths:
+def sampled(dataset, tokenizer, seed: int, hh_format: str = "messages", rows: int = SAMPLE_ROWS) -> TokenCounts:
     """The lengths of `rows` rows of `dataset` drawn with `seed` (a streamed data set: its first rows), as the trainer
     tokenizes them; rows the trainer could not tokenize are left out."""
     total = len(dataset) if hasattr(dataset, "__len__") else None
@@ -43,10 +43,10 @@ def sampled(dataset, tokenizer, seed: int, hh_format: str = "messages", rows: in
     m = lengths.measure(picked, tokenizer, num_proc=1, skip_invalid=True, indices=indices, hh_format=hh_format)
     if total is None:
         of = f"the first {m.rows:,}"
-    return Lengths(m.prompt, m.chosen, m.rejected, f"{of} rows, tokenized as the trainer does", m.shared)
+    return TokenCounts(m.prompt, m.chosen, m.rejected, f"{of} rows, tokenized as the trainer does", m.shared)
 
 
-def run_lengths(recipe, dataset, model_path: str) -> Lengths:
+def run_lengths(recipe, dataset, model_path: str) -> TokenCounts:
     """The lengths a real run decides from: cached for the whole split, else a seeded sample of `dataset`."""
     tokenizer = lengths.recipe_tokenizer(recipe, model_path)
     found = cached(recipe, tokenizer) or sampled(dataset, tokenizer, recipe.training.seed, recipe.project.hh_format)

@@ -322,7 +322,7 @@ def plan_run(lengths: PairLengths, p: StepPlan, epochs: int) -> list:
 
 
 @dataclass(frozen=True)
-class Forward:
+class RowLayout:
     """How a micro-batch becomes the positions the model runs: one varlen row (FlashAttention), balanced rows of a
     dense-mask attention (`packing.fill_rows`, weighed with the model's hidden size), or padded row groups."""
 
@@ -372,7 +372,7 @@ def summary(
     lengths: PairLengths,
     p: StepPlan,
     epochs: list[list],
-    forward: Forward | None = None,
+    forward: RowLayout | None = None,
     reduce_per_backward: bool = True,
 ) -> dict:
     """What the plan does, for the run's records: micro-batches per step (min, mean, max) against the fewest the budget

@@ -46,7 +46,7 @@ def make(
     world_size: int,
     budget: int | None,
     padded: bool,
-    forward: plan.Forward | None = None,
+    forward: plan.RowLayout | None = None,
     reduce_per_backward: bool = True,
 ) -> RunPlan:
     """The run's plan from its pairs' lengths and the training arguments (seed, batch size, max_steps, epochs): what a

@@ -65,7 +65,7 @@ def model_init_kwargs(settings: Recipe) -> dict:
 
 
 def training_arguments(settings: Recipe):
-    """What TRL and transformers see (`DPOConfig`), from the recipe as the run decided it (`Resolved.settings`): the
+    """What TRL and transformers see (`DPOConfig`), from the recipe as the run decided it (`RunSpec.settings`): the
     one place their fields differ from the run's own.
     - gradient_accumulation_steps 1: a step's micro-batches run inside `training_step`, so the Trainer sees one item
       per optimizer step (before transformers creates the accelerator and fills DeepSpeed's "auto" batch sizes);
@@ -330,12 +330,12 @@ class RecipeDPOTrainer(DPOTrainer):
         """This process's share of the data: its group's."""
         return groups.data_parallel_rank(self.args.process_index, self.forward.sequence_parallel)
 
-    def plan_forward(self) -> plan.Forward:
+    def plan_forward(self) -> plan.RowLayout:
         """How this trainer's collator lays out a micro-batch, for the positions the plan's summary counts."""
         collate = self.data_collator
         if not self.packed:
-            return plan.Forward("padded", max_groups=collate.max_groups)
-        return plan.Forward(
+            return plan.RowLayout("padded", max_groups=collate.max_groups)
+        return plan.RowLayout(
             "one_row" if collate.one_row else "rows", collate.hidden_size, multiple=collate.pad_to_multiple_of
         )
 
@@ -561,7 +561,7 @@ class RecipeDPOTrainer(DPOTrainer):
 
 
 def build_trainer(resolved, callbacks=(), stop: GracefulStop | None = None):
-    """The project's DPO trainer for the first half's decisions (`stages.Resolved`: its pairs, forward, memory plan
+    """The project's DPO trainer for the first half's decisions (`stages.RunSpec`: its pairs, forward, memory plan
     and settings), with: COMPLETE marks on checkpoints, metrics.jsonl, a clean stop on Slurm's signals, health guards
     and sample generations, its training set tokenized by TRL. It has no plan yet: the plan stage
     (`plan_stage.run_stage`) comes next, then the reference stage (`reference.run_stage`), then `train()`.
