@@ -103,7 +103,7 @@ def test_the_layout_index_reads_each_sequence_from_its_row():
 def test_the_padded_view_is_trls_own_batch():
     batch = packing.PackedPreferenceCollator()(PAIRS)
     assert as_lists(packing.padded_view(batch)) == PADDED
-    assert as_lists(DataCollatorForPreference(pad_token_id=0)(PAIRS)) == PADDED  # TRL's collator, for the record
+    assert as_lists(DataCollatorForPreference(pad_token_id=0)(PAIRS)) == PADDED  # what TRL's own collator makes
     with_ref = [
         {**A, "ref_chosen_logps": -1.5, "ref_rejected_logps": -2.0},
         {**B, "ref_chosen_logps": -0.5, "ref_rejected_logps": -3.0},
