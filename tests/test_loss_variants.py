@@ -1,7 +1,9 @@
 """Every DPO variant TRL's own DPO trainer tests train (tests/test_dpo_trainer.py of TRL 1.16: each loss type, MPO's
 weighted combination, WPO, LD-DPO, the f-divergences, TR-DPO's reference sync) trains through this project as plain
 TRL trains it on the same pairs in the same steps (tests/trl_parity.py), with the health guards on; and the SFT term,
-alone and in MPO, does not depend on how a step is cut into micro-batches and processes.
+alone and in MPO, does not depend on how a step is cut into micro-batches and processes: MPO also trains on two
+processes (a ZeRO-2 launch, as on a cluster) as plain TRL's one batch per step, and the term's share of a step, in one
+micro-batch or in several, is proven on literal tensors (tests/test_literal_tensors.py).
 
 The project cuts each step of 8 pairs into 2-3 micro-batches (the longest pairs of the smoke data, max_length 512,
 a budget of 1400 positions); plain TRL runs each step as one batch. A per-pair loss is the same either way; the SFT
@@ -103,6 +105,39 @@ def assert_same_training(got_losses, got_weights: dict, plain, model_dir):
     assert max(distances.values()) <= 1e-2, distances
 
 
+def on_two_processes(out, model_dir, flags) -> tuple[list[float], dict]:
+    """This project's run of the same steps as a ZeRO-2 launch of 2 processes: its per-step losses and final weights."""
+    data = out.parent / "pairs.jsonl"
+    data.write_text("".join(json.dumps(row) + "\n" for row in LONGEST))
+    launch_smoke(
+        2,
+        [
+            "--model_name_or_path",
+            model_dir,
+            "--dataset_name",
+            str(data),
+            "--output_dir",
+            str(out),
+            "--max_steps",
+            str(STEPS),
+            "--logging_steps",
+            "1",
+            "--save_strategy",
+            "no",
+            "--report_to",
+            "none",
+            "--pairs_per_step",
+            str(PAIRS_PER_STEP),
+            "--assistant_turns",
+            "final",  # the final assistant turn trained, as plain TRL trains it
+            *CUT,
+            *flags,
+        ],
+    )
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    return [r["loss"] for r in records], load_file(str(out / "model.safetensors"))
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_every_trl_variant_trains_as_plain_trl_on_the_same_pairs(variant, tmp_path, tiny_model_dir):
@@ -120,53 +155,5 @@ def test_every_trl_variant_trains_as_plain_trl_on_the_same_pairs(variant, tmp_pa
     assert "step1" not in [a.guard for a in trainer.health.alarms]
     plain = plain_on(trainer, tiny_model_dir, tmp_path, config)
     assert_same_training(step_losses(trainer), dict(trainer.model.named_parameters()), plain, tiny_model_dir)
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("variant", ["sft", "mpo"])
-def test_the_sft_term_is_the_same_however_a_step_is_cut(variant, tmp_path, tiny_model_dir):
-    """One process with 1 and with 2-3 micro-batches per step, and two processes (a ZeRO-2 launch, as on a cluster),
-    each equal to plain TRL's one batch per step."""
-    flags, config = {"sft": SFT, "mpo": MPO}[variant]
-    one = ours_on_longest(tmp_path / "one", tiny_model_dir, *flags, "--max_tokens_per_microbatch", "8192")
-    assert micro_batches_per_step(one, STEPS) == [1] * STEPS
-    one.train()
-    plain = plain_on(one, tiny_model_dir, tmp_path, config)
-    assert_same_training(step_losses(one), dict(one.model.named_parameters()), plain, tiny_model_dir)
-
-    cut = ours_on_longest(tmp_path / "cut", tiny_model_dir, *flags)
-    assert max(micro_batches_per_step(cut, STEPS)) == 3
-    cut.train()
-    assert_same_training(step_losses(cut), dict(cut.model.named_parameters()), plain, tiny_model_dir)
-
-    data = tmp_path / "pairs.jsonl"
-    data.write_text("".join(json.dumps(row) + "\n" for row in LONGEST))
-    out = tmp_path / "two"  # the final assistant turn trained, as plain TRL trains it
-    launch_smoke(
-        2,
-        [
-            "--model_name_or_path",
-            tiny_model_dir,
-            "--dataset_name",
-            str(data),
-            "--output_dir",
-            str(out),
-            "--max_steps",
-            str(STEPS),
-            "--logging_steps",
-            "1",
-            "--save_strategy",
-            "no",
-            "--report_to",
-            "none",
-            "--pairs_per_step",
-            str(PAIRS_PER_STEP),
-            "--assistant_turns",
-            "final",
-            *CUT,
-            *flags,
-        ],
-    )
-    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    weights = load_file(str(out / "model.safetensors"))
-    assert_same_training([r["loss"] for r in records], weights, plain, tiny_model_dir)
+    if variant == "mpo":  # the SFT term over the chosen tokens of both ranks, beside two per-pair losses
+        assert_same_training(*on_two_processes(tmp_path / "two", tiny_model_dir, flags), plain, tiny_model_dir)

@@ -90,6 +90,7 @@ def test_every_option_of_a_refusal_gives_a_dry_run_that_fits(size, gib, tmp_path
         )
 
 
+@pytest.mark.slow  # 4 s measured on the 2-core VM at load ~1: the planner's search, dry run by dry run
 def test_a_lever_already_pulled_is_not_offered_again(tmp_path):
     """LoRA already on (the issue's second command): the advice no longer offers it, and every option it does offer
     is another change."""
@@ -99,6 +100,7 @@ def test_a_lever_already_pulled_is_not_offered_again(tmp_path):
         assert (flags or env) and "--use_peft" not in flags, error
 
 
+@pytest.mark.slow  # 16 s measured on the 2-core VM at load ~1: the planner's search, dry run by dry run
 def test_a_shorter_max_length_is_offered_only_where_nothing_keeps_the_pairs_whole(tmp_path):
     # An 80 GiB GPU: a smaller token budget fits without cutting a single pair.
     error = refusal(command("7b", 80, tmp_path))
@@ -114,6 +116,7 @@ def test_a_shorter_max_length_is_offered_only_where_nothing_keeps_the_pairs_whol
         assert int(flags[flags.index("--max_tokens_per_microbatch") + 1]) == 2 * length
 
 
+@pytest.mark.slow  # 6 s measured on the 2-core VM at load ~1: the planner's search, dry run by dry run
 def test_a_live_reference_that_does_not_fit_is_offered_the_cached_one_first(tmp_path, capsys, monkeypatch):
     """`--precompute_ref_log_probs false` on 100 GiB: the reference model's weights (13.6 GiB under ZeRO-2) tip the plan
     over; the reference stage's cached log-probs train the same without them, so that change comes first, and its dry

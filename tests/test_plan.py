@@ -181,11 +181,12 @@ def test_the_sampler_yields_one_step_at_a_time_and_replays_after_a_restart():
 
 # --- what a step computes, whatever the cut, the forward and the world size -------------------------------------------
 
+# One micro-batch, and micro-batches of unequal pair counts packed and padded: every micro-batch is weighed by its share
+# of the step's pairs (`RecipeDPOTrainer.compute_loss`) whatever cut it came from, and the cuts themselves (a fixed
+# number of pairs per micro-batch, other budgets) are proven on literal steps (tests/test_literal_tensors.py).
 CUTS = {
     "16 pairs in one micro-batch": ["--per_device_train_batch_size", "16", "--gradient_accumulation_steps", "1"],
-    "4 micro-batches of 4 pairs": ["--per_device_train_batch_size", "4", "--gradient_accumulation_steps", "4"],
     "token budget 2048": ["--pairs_per_step", "16", "--max_tokens_per_microbatch", "2048"],
-    "token budget 6000": ["--pairs_per_step", "16", "--max_tokens_per_microbatch", "6000"],
     "padded, token budget 2048": [
         "--pairs_per_step",
         "16",
@@ -276,7 +277,10 @@ def one_step_update(tmp_path, model_dir, pairs_file, cut, processes=1):
         *cut,
     ]
     launch(tmp_path, model_dir, args, processes)
-    assert json.loads((out / "resolved_config.json").read_text())["derived"]["world_size"] == processes
+    derived = json.loads((out / "resolved_config.json").read_text())["derived"]
+    assert derived["world_size"] == processes
+    if "--padding_free" in cut:  # TRL's collator on the same plan, and the record says so
+        assert derived["batching"]["forward"].startswith("padded") and derived["batching"]["padding_share"] > 0
     before, after = weights(model_dir), weights(out)
     return {name: after[name] - before[name] for name in before}
 
@@ -298,40 +302,6 @@ def test_one_step_has_the_same_gradient_whatever_the_cut_the_forward_and_the_wor
     for name, got in runs.items():
         for param, d in want.items():
             assert (got[param] - d).abs().max() <= 1e-6 + 1e-5 * d.abs().max(), (name, param)
-
-
-def step_losses(out) -> dict[int, float]:
-    return {r["step"]: r["loss"] for r in map(json.loads, (Path(out) / "metrics.jsonl").read_text().splitlines())}
-
-
-@pytest.mark.slow
-def test_packed_and_padded_runs_take_the_same_steps(tmp_path, tiny_model_dir, pairs_file):
-    """Same seed, same plan: the same pairs in each step, so the same per-step losses over several steps (fp32)."""
-    args = [
-        "--dataset_name",
-        str(pairs_file),
-        "--max_steps",
-        "6",
-        "--logging_steps",
-        "1",
-        "--save_strategy",
-        "no",
-        "--report_to",
-        "none",
-        "--pairs_per_step",
-        "8",
-        "--max_tokens_per_microbatch",
-        "2048",
-    ]
-    launch(tmp_path / "a", tiny_model_dir, [*args, "--output_dir", str(tmp_path / "packed")])
-    launch(tmp_path / "b", tiny_model_dir, [*args, "--output_dir", str(tmp_path / "padded"), "--padding_free", "false"])
-    packed, padded = step_losses(tmp_path / "packed"), step_losses(tmp_path / "padded")
-    assert list(packed) == list(padded) == [1, 2, 3, 4, 5, 6]
-    assert len(set(packed.values())) > 3  # the loss moved: the steps differ from each other
-    for step, loss in packed.items():
-        assert abs(loss - padded[step]) < 1e-5, (step, loss, padded[step])
-    batching = json.loads((tmp_path / "padded" / "resolved_config.json").read_text())["derived"]["batching"]
-    assert batching["forward"].startswith("padded") and batching["padding_share"] > 0
 
 
 @pytest.mark.slow
@@ -374,7 +344,8 @@ def test_several_epochs_resumed_in_the_last_and_on_two_processes_end_with_the_sa
     stdout = launch(tmp_path / "r", tiny_model_dir, [*args, "--output_dir", str(resumed)])
     assert f"Resuming from {resumed}/checkpoint-14" in stdout
     two = tmp_path / "two"
-    launch(tmp_path / "t", tiny_model_dir, [*args, "--output_dir", str(two)], processes=2)
+    # Only its final weights are compared: no checkpoints, whose saves (every rank's optimizer state) it would wait on
+    launch(tmp_path / "t", tiny_model_dir, [*args, "--output_dir", str(two), "--save_strategy", "no"], processes=2)
     base = weights(whole)
     for name, other in (("resumed", weights(resumed)), ("2 processes", weights(two))):
         for param, w in base.items():

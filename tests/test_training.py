@@ -40,6 +40,7 @@ def smoke_trainer(tmp_path, model_dir, *overrides, rows: int):
 def test_first_loss_is_ln2_and_rewards_zero(tmp_path, tiny_model_dir):
     # Policy and reference start identical, so every log-ratio is 0: loss = -log sigmoid(0) = ln 2, rewards 0.
     trainer = smoke_trainer(tmp_path, tiny_model_dir, "--max_steps", "2", "--logging_steps", "1", rows=16)
+    assert trainer.packed and trainer.forward.share_prompt  # the CPU's forward for the smoke recipe: prompts shared
     trainer.train()
     first = trainer.state.log_history[0]
     assert first["step"] == 1
