@@ -311,7 +311,7 @@ def test_pair_lengths_are_the_collators_lengths():
 )
 def test_the_plans_positions_are_what_the_collators_lay_out(kind, multiple, share, want):
     lengths = PairLengths.from_parts(np.array([2, 1]), np.array([3, 1]), np.array([1, 2]), None, share=share)
-    assert plan.Forward(kind, multiple=multiple).positions(lengths, [0, 1]) == want
+    assert plan.RowLayout(kind, multiple=multiple).positions(lengths, [0, 1]) == want
     if kind == "rows":
         collate = SharedPromptCollator() if share else packing.PackedPreferenceCollator()
         assert collate(PAIRS)["input_ids"].numel() == want
