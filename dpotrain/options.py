@@ -140,6 +140,61 @@ def check_saving(recipe: Recipe) -> None:
         )
 
 
+# The run's own names below its output folder (a checkpoint's engine shards, W&B's offline files, temporary names) and
+# below the project's cache take less than this many bytes.
+ROOM_INSIDE = 256
+
+
+def check_path_limits(recipe: Recipe) -> None:
+    """A path past its file system's limits (a name longer than NAME_MAX bytes, the whole longer than PATH_MAX) fails at
+    the first call that touches it, in a traceback: refused here, naming the path and the limit. The folders the run
+    writes in (the output folder, the project's cache) need ROOM_INSIDE bytes more for the names it makes there."""
+    from dpotrain.data.lengths import cache_root
+
+    t, p, values = recipe.training, recipe.project, mixture.fields_of(recipe)
+    given = [
+        ("output_dir", t.output_dir, ROOM_INSIDE),
+        ("DPOTRAIN_CACHE", str(cache_root()), ROOM_INSIDE),
+        ("resume_from_checkpoint", t.resume_from_checkpoint, 0),
+        ("model_name_or_path", recipe.model.model_name_or_path, 0),
+        ("chat_template_path", p.chat_template_path, 0),
+        ("sample_prompts_file", p.sample_prompts_file, 0),
+        ("dataset_name", recipe.script.dataset_name, 0),
+        *(("dataset source", name, 0) for name in mixture.local_files(values)),
+    ]
+    for flag, path, room in given:
+        if path and not builtin.is_builtin(path):
+            check_path_limit(flag, path, room)
+
+
+def check_path_limit(flag: str, path: str, room: int = 0) -> None:
+    full = Path(path).expanduser().absolute()
+    name_max, path_max = _limits(full)
+    long = next((name for name in full.parts if len(os.fsencode(name)) > name_max), None)
+    if long is not None:
+        raise ConfigError(
+            f"{flag} {path!r}: the name {long[:24] + '...'!r} in it is {len(os.fsencode(long))} bytes, and this "
+            f"file system takes names of at most {name_max} bytes (NAME_MAX): give a shorter name"
+        )
+    size = len(os.fsencode(str(full)))
+    if size + room > path_max:
+        inside = f", and the run's own names inside it take up to {room} more" if room else ""
+        raise ConfigError(
+            f"{flag} {path!r}: the path is {size} bytes{inside}; this file system takes paths of at most "
+            f"{path_max} bytes (PATH_MAX): give a shorter path"
+        )
+
+
+def _limits(path: Path) -> tuple[int, int]:
+    """NAME_MAX and PATH_MAX of the file system `path` is on, or would be: that of the nearest folder that exists."""
+    for folder in (path, *path.parents):
+        try:
+            return os.pathconf(folder, "PC_NAME_MAX"), os.pathconf(folder, "PC_PATH_MAX")
+        except OSError:  # not there (yet), or itself past the limits
+            continue
+    return 255, 4096  # Linux's
+
+
 def check_model(model: str) -> None:
     """A `builtin:` name that exists, a local folder that holds a model: refused now, not when the model loads."""
     if builtin.is_builtin(model):

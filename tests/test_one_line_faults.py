@@ -114,6 +114,27 @@ def test_a_read_only_output_location_is_one_line_before_anything_loads(tmp_path,
     assert "Data (train)" not in result.stdout + result.stderr  # refused before the data loaded, the model too
 
 
+@pytest.mark.parametrize("dry_run", [[], ["--dry-run"]])
+def test_a_path_past_the_file_systems_limits_is_one_line_at_the_checks(tmp_path, monkeypatch, capsys, dry_run):
+    """A name over NAME_MAX (255 bytes on Linux's file systems), a path over PATH_MAX (4096 bytes) with the room the
+    run needs inside its folder, an input named past the limits: OSError: [Errno 36] File name too long, before."""
+    long_name = tmp_path / ("x" * 256) / "run"
+    line = refused(tmp_path, monkeypatch, capsys, "--output_dir", str(long_name), *dry_run)
+    assert line == (
+        f"error: output_dir {str(long_name)!r}: the name 'xxxxxxxxxxxxxxxxxxxxxxxx...' in it is 256 bytes, and this "
+        "file system takes names of at most 255 bytes (NAME_MAX): give a shorter name"
+    )
+    deep = tmp_path / "/".join(["y" * 200] * ((4096 - 256 - len(str(tmp_path))) // 201 + 1))  # under 4096 bytes
+    line = refused(tmp_path, monkeypatch, capsys, "--output_dir", str(deep), *dry_run)
+    assert line == (
+        f"error: output_dir {str(deep)!r}: the path is {len(str(deep))} bytes, and the run's own names inside it take "
+        "up to 256 more; this file system takes paths of at most 4096 bytes (PATH_MAX): give a shorter path"
+    )
+    data = tmp_path / ("z" * 300 + ".jsonl")
+    line = refused(tmp_path, monkeypatch, capsys, "--dataset_name", str(data), *dry_run)
+    assert line.startswith(f"error: dataset_name {str(data)!r}: the name 'zzzzzzzzzzzzzzzzzzzzzzzz...' in it is 306 ")
+
+
 @pytest.mark.slow
 def test_a_model_without_a_chat_template_for_message_lists_is_refused_as_the_analyzer_refuses_it(
     tmp_path, monkeypatch, capsys, tiny_model_dir
