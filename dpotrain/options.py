@@ -12,6 +12,7 @@ import urllib.request
 from pathlib import Path
 
 from dpotrain.data import builtin, data, hub_revision, mixture, shapes
+from dpotrain.recipe import writes
 from dpotrain.recipe.config import Recipe
 from dpotrain.recipe.errors import ConfigError
 from dpotrain.train import losses
@@ -164,35 +165,7 @@ def check_path_limits(recipe: Recipe) -> None:
     ]
     for flag, path, room in given:
         if path and not builtin.is_builtin(path):
-            check_path_limit(flag, path, room)
-
-
-def check_path_limit(flag: str, path: str, room: int = 0) -> None:
-    full = Path(path).expanduser().absolute()
-    name_max, path_max = _limits(full)
-    long = next((name for name in full.parts if len(os.fsencode(name)) > name_max), None)
-    if long is not None:
-        raise ConfigError(
-            f"{flag} {path!r}: the name {long[:24] + '...'!r} in it is {len(os.fsencode(long))} bytes, and this "
-            f"file system takes names of at most {name_max} bytes (NAME_MAX): give a shorter name"
-        )
-    size = len(os.fsencode(str(full)))
-    if size + room > path_max:
-        inside = f", and the run's own names inside it take up to {room} more" if room else ""
-        raise ConfigError(
-            f"{flag} {path!r}: the path is {size} bytes{inside}; this file system takes paths of at most "
-            f"{path_max} bytes (PATH_MAX): give a shorter path"
-        )
-
-
-def _limits(path: Path) -> tuple[int, int]:
-    """NAME_MAX and PATH_MAX of the file system `path` is on, or would be: that of the nearest folder that exists."""
-    for folder in (path, *path.parents):
-        try:
-            return os.pathconf(folder, "PC_NAME_MAX"), os.pathconf(folder, "PC_PATH_MAX")
-        except OSError:  # not there (yet), or itself past the limits
-            continue
-    return 255, 4096  # Linux's
+            writes.check_path_limit(flag, path, room)
 
 
 def check_model(model: str) -> None:

@@ -14,7 +14,8 @@ from test_refusals import SMOKE, refused
 
 from conftest import PYTHON, ROOT, read_only_prefix
 from dpotrain.recipe import records
-from dpotrain.recipe.errors import RunError
+from dpotrain.recipe.config import parse_args
+from dpotrain.recipe.errors import ConfigError, RunError
 
 # --- records cut short ------------------------------------------------------------------------------------------------
 
@@ -133,6 +134,9 @@ def test_a_path_past_the_file_systems_limits_is_one_line_at_the_checks(tmp_path,
     data = tmp_path / ("z" * 300 + ".jsonl")
     line = refused(tmp_path, monkeypatch, capsys, "--dataset_name", str(data), *dry_run)
     assert line.startswith(f"error: dataset_name {str(data)!r}: the name 'zzzzzzzzzzzzzzzzzzzzzzzz...' in it is 306 ")
+    recipe = tmp_path / ("r" * 256 + ".yaml")  # read as the arguments are parsed, before the checks
+    with pytest.raises(ConfigError, match=rf"^config '{recipe}': the name 'r{{24}}\.\.\.' in it is 261 bytes, "):
+        parse_args(["--config", str(recipe), *dry_run])
 
 
 @pytest.mark.slow
