@@ -16,7 +16,6 @@ resolved_config.json. HF_TOKEN comes from .env, the environment or `hf auth logi
 access to the repo is checked before anything uploads.
 """
 
-import json
 import sys
 from pathlib import Path
 
@@ -29,6 +28,7 @@ from dpotrain import output_folder  # noqa: E402
 from dpotrain.cluster import offline  # noqa: E402
 from dpotrain.hub import hub, hub_push  # noqa: E402
 from dpotrain.recipe import cli  # noqa: E402
+from dpotrain.recipe import records as run_records  # noqa: E402
 from dpotrain.recipe.errors import ConfigError, run_cli  # noqa: E402
 from dpotrain.train import checkpoints, run_files  # noqa: E402
 
@@ -55,9 +55,7 @@ def main(argv: list[str] | None = None) -> None:
     problems = hub.run_folder_problems(run)
     if problems:
         raise ConfigError(f"{run} is not a finished run: missing {', '.join(problems)}")
-    resolved = (
-        json.loads((run / "resolved_config.json").read_text()) if (run / "resolved_config.json").is_file() else {}
-    )
+    resolved = run_records.read_resolved(run) or {}
     repo_id = args.repo_id or resolved.get("hub_model_id")
     if not repo_id:
         raise ConfigError(

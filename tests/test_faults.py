@@ -14,6 +14,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 from safetensors.torch import load_file
 
@@ -546,3 +547,41 @@ def test_a_saved_data_sets_identity_is_its_training_splits_data_not_the_caches_b
     assert data_identity.changed(recorded, str(tmp_path / "saved"), "train") is None
     save([0, 1, 2, 3, 4, 5, 6, 9])  # one pair replaced by another of the same length
     assert "other content" in data_identity.changed(recorded, str(tmp_path / "saved"), "train")
+
+
+# --- records and caches read back, damaged ----------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("record", ["resolved_config.json", "health_stop.json"])
+def test_a_damaged_record_of_the_run_is_refused_in_one_line_naming_it(
+    record, baseline, tmp_path, tiny_model_dir, pairs
+):
+    """A record the rerun reads at start (written whole, renamed into place), damaged by a disk or a copy cut short:
+    every rerun, a requeue's too, ended in a JSONDecodeError traceback."""
+    out = unfinished(baseline, tmp_path)
+    whole = json.dumps({"guard": "loss", "step": 3, "message": "loss is nan", "fatal": False}, indent=2)
+    text = (out / record).read_text() if record == "resolved_config.json" else whole
+    (out / record).write_text(text[: len(text) // 2])
+    result = train(out, tiny_model_dir, pairs)
+    errors = [line for line in result.stdout.splitlines() if line.startswith("error:")]
+    assert result.returncode == 2 and "Traceback" not in result.stdout and len(errors) == 1, result.stdout[-3000:]
+    assert errors[0].startswith(f"error: {out / record} is unreadable (JSONDecodeError: "), errors[0]
+    assert "Data (train)" not in result.stdout  # refused before anything loaded
+
+
+@pytest.mark.slow
+def test_a_damaged_length_cache_is_removed_and_measured_again(tmp_path, tiny_model_dir, pairs, cli):
+    """The analyzer's cache (per-row token lengths), cut short as a node lost mid-write on a file system that does
+    not keep renames whole leaves it: every run reading it (the lengths stage, `max_length: auto`) ended in a
+    BadZipFile traceback."""
+    assert cli.main([str(pairs), "--tokenizer", tiny_model_dir, "--config", str(ROOT / "configs" / "smoke.yaml")]) == 0
+    [lengths] = (Path(os.environ["DPOTRAIN_CACHE"]) / "lengths").glob("*.npz")
+    lengths.write_bytes(lengths.read_bytes()[:200])
+    out = tmp_path / "run"
+    result = train(out, tiny_model_dir, pairs, "--max_length", "auto", "--max_steps", "2", "--save_strategy", "no")
+    assert result.returncode == 0 and "Traceback" not in result.stdout, result.stdout[-3000:]
+    assert result.stdout.count(f"warning: the length cache file {lengths} is damaged (BadZipFile: ") == 1
+    assert "it is removed and its lengths are measured again by the next analysis" in result.stdout
+    with np.load(lengths) as whole:  # written again, whole, by the run's own analysis (`max_length: auto`)
+        assert len(whole["chosen"]) == 48
