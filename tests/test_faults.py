@@ -477,6 +477,50 @@ def test_a_disk_filled_mid_training_ends_at_the_metrics_in_one_line_without_a_to
 
 
 @pytest.mark.slow
+def test_an_output_file_system_turned_read_only_mid_training_ends_in_one_line_and_the_rerun_resumes(
+    baseline, tmp_path, tiny_model_dir, pairs
+):
+    """The output folder's file system remounted read-only after checkpoint-2 (as the kernel does on a disk error, or
+    an admin): a traceback in the metrics append, before. The run's folder is a bind mount in a mount namespace of the
+    run's own, remounted there; the same folder, writable again outside, is what the rerun goes on from."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    prefix = ["unshare", "--mount", "sh", "-c", 'mount --bind "$0" "$0" && exec "$@"', str(disk)]
+    if os.geteuid() != 0 or subprocess.run([*prefix, "true"], capture_output=True).returncode != 0:
+        pytest.skip("needs a bind mount in a mount namespace of its own (root, unshare) to remount read-only")
+    out = disk / "run"
+    proc = subprocess.Popen(
+        [*prefix, *command(out, tiny_model_dir, pairs, interpreter=PYTHON)],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    wait_until(proc, lambda: (out / "checkpoint-2" / "COMPLETE").exists())
+    os.kill(proc.pid, signal.SIGSTOP)  # before step 3 is logged: its record is the next write
+    try:
+        remount = ["nsenter", "-t", str(proc.pid), "-m", "mount", "-o", "remount,bind,ro", str(disk)]
+        subprocess.run(remount, check=True, capture_output=True)
+    finally:
+        os.kill(proc.pid, signal.SIGCONT)
+    log = proc.communicate(timeout=300)[0]
+    errors = [line for line in log.splitlines() if line.startswith("error:")]
+    assert proc.returncode == 1 and "Traceback" not in log and len(errors) == 1, log[-3000:]
+    assert errors[0] == (
+        f"error: the file system is read-only: {out}/metrics.jsonl could not be written: make it writable again (a "
+        "file system remounted read-only after a disk error needs its administrator), then rerun; checkpoint-2 is "
+        "kept, and the same command goes on from it"
+    )
+    assert logged_steps(out) == [1, 2] and (out / "metrics.jsonl").read_text().endswith("\n")
+
+    result = train(out, tiny_model_dir, pairs)  # the same command, the file system writable again
+    assert result.returncode == 0 and "Traceback" not in result.stdout, result.stdout[-3000:]
+    assert f"Resuming from {out}/checkpoint-2" in result.stdout
+    assert logged_steps(out) == [1, 2, 3, 4]
+    assert_same_weights(out, baseline)
+
+
+@pytest.mark.slow
 def test_a_one_process_run_requeued_under_a_two_process_deepspeed_launch_is_refused_at_start(
     baseline, tmp_path, tiny_model_dir, pairs
 ):

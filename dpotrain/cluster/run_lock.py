@@ -15,6 +15,7 @@ Nobody may be left blocked by a run that is gone (a node lost to SIGKILL release
   `HEARTBEAT_S` from a background thread.
 """
 
+import contextlib
 import errno
 import json
 import os
@@ -170,10 +171,13 @@ class Lock:
     def release(self) -> None:
         self._stop.set()
         found = _read(self.path)
-        if found is not None and found[0] == self.raw:
-            self.path.unlink(missing_ok=True)
-        if self.created_folder and self.out.is_dir() and not any(self.out.iterdir()):
-            self.out.rmdir()  # refused before it wrote anything: no empty folder left for it
+        # A folder turned read-only keeps the lock: the run's error says why, and the rerun takes it over (its process
+        # is gone).
+        with contextlib.suppress(OSError):
+            if found is not None and found[0] == self.raw:
+                self.path.unlink(missing_ok=True)
+            if self.created_folder and self.out.is_dir() and not any(self.out.iterdir()):
+                self.out.rmdir()  # refused before it wrote anything: no empty folder left for it
 
 
 _held: list[Lock] = []
@@ -188,7 +192,8 @@ def _link(lock: Path, raw: bytes) -> bool:
             f.flush()
             os.fsync(f.fileno())
     except OSError as e:  # a full disk: said of the lock it was for (train_dpo.main), with nothing left behind
-        own.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):  # read-only: not even a missing file may be removed
+            own.unlink(missing_ok=True)
         raise OSError(e.errno, e.strerror, str(lock)) from e
     try:
         os.link(own, lock)

@@ -4,6 +4,7 @@ leaves the previous version whole; and never over one of the command's own input
 checked against their file system's limits first.
 """
 
+import contextlib
 import os
 import socket
 import tempfile
@@ -32,7 +33,8 @@ def replacing(path: str | Path, mode: str = "w"):
             raise
         raise OSError(e.errno, e.strerror, str(path)) from e
     finally:
-        tmp.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):  # a read-only file system refuses even to remove what is not there
+            tmp.unlink(missing_ok=True)
     _sync_folder(path.parent)  # ...and the new name is on disk before the command goes on
 
 

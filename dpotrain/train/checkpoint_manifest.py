@@ -11,6 +11,7 @@ What is checked when: sizes on every resume, before anything loads (a stat per f
 started (`verify_shares`), again each rank its share, so a resume reads the checkpoint once more, split over ranks.
 """
 
+import contextlib
 import hashlib
 import json
 import os
@@ -50,7 +51,8 @@ def fsync_write(path: Path, text: str) -> None:
             f.flush()
             os.fsync(f.fileno())
     except OSError as e:  # a full disk: said of the file meant (train_dpo.main), with nothing half-written left
-        tmp.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):  # read-only: not even a missing file may be removed
+            tmp.unlink(missing_ok=True)
         raise OSError(e.errno, e.strerror, str(path)) from e
     os.replace(tmp, path)
     fd = os.open(path.parent, os.O_RDONLY)
