@@ -16,6 +16,11 @@ import sys
 from contextlib import nullcontext, redirect_stdout
 from dataclasses import replace
 
+from dpotrain.recipe import terminal
+
+if __name__ == "__main__":  # first: the libraries' logging handlers and progress bars keep the streams they find
+    terminal.guard_streams()  # a `| tee` killed by the same Ctrl-C must not end the run before its checkpoint
+
 try:
     try:
         import torch  # noqa: F401 - the stack comes from the project's venv; outside it, say so in one line
