@@ -48,14 +48,15 @@ def refused(error: BaseException) -> str | None:
     return FULL[error.errno]
 
 
-def _todo(why: str, space: str = "free space there") -> str:
-    return FIX.get(why, space)
+def _todo(why: str) -> str:
+    return FIX.get(why, "free space there")
 
 
 def why_full(error: BaseException, folder: Path) -> str | None:
     """Why writing in `folder` failed, if the disk refused it (`FULL`); else None."""
-    if refused(error):
-        return refused(error)
+    why = refused(error)
+    if why:
+        return why
     probe = folder / f".dpotrain-space-probe-{os.getpid()}"
     try:
         with open(probe, "wb") as f:
@@ -105,7 +106,7 @@ def save_failed(folder: Path, why: str, remove: bool) -> RunError:
         else "no checkpoint was complete yet: the same command starts afresh"
     )
     if why in FIX:
-        return RunError(f"{why}: {folder.name} could not be written in {out}: {_todo(why)}, then rerun; {after}")
+        return RunError(f"{why}: {folder.name} could not be written in {out}: {FIX[why]}, then rerun; {after}")
     return RunError(
         f"{why}: {folder.name} could not be written in {out} ({_size(free)} free there; {need}): free "
         f"space there (or lower --save_total_limit), then rerun; {after}"
@@ -125,8 +126,9 @@ def full_write(error: BaseException) -> tuple[OSError, str] | None:
     seen = set()
     while error is not None and id(error) not in seen and not isinstance(error, (RunError, ConfigError)):
         seen.add(id(error))  # a RunError (a checkpoint that did not fit, above) is already the one line
-        if refused(error):
-            return error, refused(error)
+        why = refused(error)
+        if why:
+            return error, why
         error = error.__cause__ or (None if error.__suppress_context__ else error.__context__)
     return None
 
