@@ -16,8 +16,10 @@ import sys
 from contextlib import nullcontext, redirect_stdout
 from dataclasses import replace
 
-from dpotrain.recipe import venv
+from dpotrain.recipe import terminal, venv  # the standard library only
 
+if __name__ == "__main__":  # first: the libraries' logging handlers and progress bars keep the streams they find
+    terminal.guard_streams()  # a `| tee` killed by the same Ctrl-C must not end the run before its checkpoint
 venv.require()  # the stack comes from the project's venv; outside it, one line naming the fix
 
 try:

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from dpotrain.cluster import collectives
 from dpotrain.data import builtin, data, hub_revision, mixture, shapes
+from dpotrain.recipe import writes
 from dpotrain.recipe.config import Recipe
 from dpotrain.recipe.errors import ConfigError
 from dpotrain.train import losses
@@ -139,6 +140,33 @@ def check_saving(recipe: Recipe) -> None:
             "one, but a job killed without one (a node lost, out of memory) restarts from step 0",
             flush=True,
         )
+
+
+# The run's own names below its output folder (a checkpoint's engine shards, W&B's offline files, temporary names) and
+# below the project's cache take less than this many bytes.
+ROOM_INSIDE = 256
+
+
+def check_path_limits(recipe: Recipe) -> None:
+    """A path past its file system's limits (a name longer than NAME_MAX bytes, the whole longer than PATH_MAX) fails at
+    the first call that touches it, in a traceback: refused here, naming the path and the limit. The folders the run
+    writes in (the output folder, the project's cache) need ROOM_INSIDE bytes more for the names it makes there."""
+    from dpotrain.data.lengths import cache_root
+
+    t, p, values = recipe.training, recipe.project, mixture.fields_of(recipe)
+    given = [
+        ("output_dir", t.output_dir, ROOM_INSIDE),
+        ("DPOTRAIN_CACHE", str(cache_root()), ROOM_INSIDE),
+        ("resume_from_checkpoint", t.resume_from_checkpoint, 0),
+        ("model_name_or_path", recipe.model.model_name_or_path, 0),
+        ("chat_template_path", p.chat_template_path, 0),
+        ("sample_prompts_file", p.sample_prompts_file, 0),
+        ("dataset_name", recipe.script.dataset_name, 0),
+        *(("dataset source", name, 0) for name in mixture.local_files(values)),
+    ]
+    for flag, path, room in given:
+        if path and not builtin.is_builtin(path):
+            writes.check_path_limit(flag, path, room)
 
 
 def check_model(model: str) -> None:

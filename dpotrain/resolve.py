@@ -12,6 +12,7 @@ import yaml
 from dpotrain.data import chat_template, mixture, model_identity
 from dpotrain.hub import hub_push
 from dpotrain.hub.hub import RUN_COMPLETE
+from dpotrain.recipe import records as run_records
 from dpotrain.recipe.config import Recipe
 from dpotrain.recipe.errors import ConfigError
 from dpotrain.train import resume
@@ -193,10 +194,9 @@ def changed_settings(recipe: Recipe, out: Path, pairs_per_step: int | None) -> l
     in `out` (a run's folder, or a checkpoint's copy: `trained_under`), the data set's content (`data_identity`) and
     the model's (`model_identity`); [] when there is none to compare with."""
 
-    saved = out / "resolved_config.json"
-    if not saved.is_file():
+    old = run_records.read_resolved(out)
+    if old is None:
         return []
-    old = json.loads(saved.read_text())
     new = json.loads(json.dumps(resolved_config(recipe, {}), default=str))
     if recipe.max_length_auto and isinstance(old.get("derived", {}).get("max_length"), dict):
         new["max_length"] = old["max_length"]  # auto again: the analyzer's choice for the same data and tokenizer

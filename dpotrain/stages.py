@@ -140,6 +140,7 @@ def launch(recipe) -> Launch:
 
 def checks(recipe) -> Launch:
     """Everything that can be refused from the recipe alone, the same in a run and a dry run, before anything loads."""
+    options.check_path_limits(recipe)  # before the first call that touches a path
     resolve.check_values(recipe)
     health.check_values(recipe.project)
     samples.check_values(recipe.project)

@@ -16,7 +16,6 @@ resolved_config.json. HF_TOKEN comes from .env, the environment or `hf auth logi
 access to the repo is checked before anything uploads.
 """
 
-import json
 import sys
 from pathlib import Path
 
@@ -32,6 +31,7 @@ from dpotrain import output_folder  # noqa: E402
 from dpotrain.cluster import offline  # noqa: E402
 from dpotrain.hub import hub, hub_push  # noqa: E402
 from dpotrain.recipe import cli  # noqa: E402
+from dpotrain.recipe import records as run_records  # noqa: E402
 from dpotrain.recipe.errors import ConfigError, run_cli  # noqa: E402
 from dpotrain.train import checkpoints, run_files  # noqa: E402
 
@@ -58,9 +58,7 @@ def main(argv: list[str] | None = None) -> None:
     problems = hub.run_folder_problems(run)
     if problems:
         raise ConfigError(f"{run} is not a finished run: missing {', '.join(problems)}")
-    resolved = (
-        json.loads((run / "resolved_config.json").read_text()) if (run / "resolved_config.json").is_file() else {}
-    )
+    resolved = run_records.read_resolved(run) or {}
     repo_id = args.repo_id or resolved.get("hub_model_id")
     if not repo_id:
         raise ConfigError(
@@ -103,7 +101,8 @@ def main(argv: list[str] | None = None) -> None:
     main_files = hub_push.local_files(run, ignore=hub.IGNORE)
     if hub_push.remote_matches(api, repo_id, "main", run, main_files):
         print(f"Skipped main: {repo_id} already holds this run", flush=True)
-        step = json.loads((run / hub.RUN_COMPLETE).read_text()).get("global_step")
+        fix = "a finished run writes it last: rerun its training command to write it again"
+        step = (run_records.read_record(run / hub.RUN_COMPLETE, fix) or {}).get("global_step")
         hub_push.record_push(run, step=step, branch="main", status="present", repo=repo_id)  # confirmed: on the Hub
     else:
         print(f"Pushing {run} to {repo_id}{' (private)' if private else ''} ...", flush=True)

@@ -2,8 +2,8 @@
 # The whole test suite, from a fresh machine: venv + requirements + test tools, then pytest.
 #   bash scripts/test.sh                 # everything CI runs (Slurm, DeepSpeed and accelerate launches included)
 #   bash scripts/test.sh -m "not slow"   # the fast tier, ~2 min (docs/testing.md); any pytest arguments go to pytest
-# Debian packages for the integration tests (Slurm, munge and iproute2 by tests/slurm/cluster.sh install; shellcheck)
-# are installed when missing and when this runs as root; otherwise those tests skip and say why.
+# Debian packages for the integration tests (Slurm, munge and iproute2 by tests/slurm/cluster.sh install; shellcheck;
+# dosfstools and fusefat) are installed when missing and when this runs as root; otherwise those tests skip and say why.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -16,6 +16,11 @@ packages() {
   if ! command -v shellcheck >/dev/null; then
     (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends shellcheck) \
       >/dev/null || echo "warning: could not install shellcheck; its test will skip" >&2
+  fi
+  # A FAT image for the run lock on a file system without hard links; fusefat mounts it where the kernel has no vfat.
+  if ! command -v mkfs.vfat >/dev/null || ! command -v fusefat >/dev/null; then
+    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends dosfstools \
+      fusefat) >/dev/null || echo "warning: could not install dosfstools and fusefat; the FAT test will skip" >&2
   fi
 }
 apt_pid=""

@@ -14,6 +14,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 from safetensors.torch import load_file
 
@@ -484,6 +485,50 @@ def test_a_disk_filled_mid_training_ends_at_the_metrics_in_one_line_without_a_to
 
 
 @pytest.mark.slow
+def test_an_output_file_system_turned_read_only_mid_training_ends_in_one_line_and_the_rerun_resumes(
+    baseline, tmp_path, tiny_model_dir, pairs
+):
+    """The output folder's file system remounted read-only after checkpoint-2 (as the kernel does on a disk error, or
+    an admin): a traceback in the metrics append, before. The run's folder is a bind mount in a mount namespace of the
+    run's own, remounted there; the same folder, writable again outside, is what the rerun goes on from."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    prefix = ["unshare", "--mount", "sh", "-c", 'mount --bind "$0" "$0" && exec "$@"', str(disk)]
+    if os.geteuid() != 0 or subprocess.run([*prefix, "true"], capture_output=True).returncode != 0:
+        pytest.skip("needs a bind mount in a mount namespace of its own (root, unshare) to remount read-only")
+    out = disk / "run"
+    proc = subprocess.Popen(
+        [*prefix, *command(out, tiny_model_dir, pairs, interpreter=PYTHON)],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    wait_until(proc, lambda: (out / "checkpoint-2" / "COMPLETE").exists())
+    os.kill(proc.pid, signal.SIGSTOP)  # before step 3 is logged: its record is the next write
+    try:
+        remount = ["nsenter", "-t", str(proc.pid), "-m", "mount", "-o", "remount,bind,ro", str(disk)]
+        subprocess.run(remount, check=True, capture_output=True)
+    finally:
+        os.kill(proc.pid, signal.SIGCONT)
+    log = proc.communicate(timeout=300)[0]
+    errors = [line for line in log.splitlines() if line.startswith("error:")]
+    assert proc.returncode == 1 and "Traceback" not in log and len(errors) == 1, log[-3000:]
+    assert errors[0] == (
+        f"error: the file system is read-only: {out}/metrics.jsonl could not be written: make it writable again (a "
+        "file system remounted read-only after a disk error needs its administrator), then rerun; checkpoint-2 is "
+        "kept, and the same command goes on from it"
+    )
+    assert logged_steps(out) == [1, 2] and (out / "metrics.jsonl").read_text().endswith("\n")
+
+    result = train(out, tiny_model_dir, pairs)  # the same command, the file system writable again
+    assert result.returncode == 0 and "Traceback" not in result.stdout, result.stdout[-3000:]
+    assert f"Resuming from {out}/checkpoint-2" in result.stdout
+    assert logged_steps(out) == [1, 2, 3, 4]
+    assert_same_weights(out, baseline)
+
+
+@pytest.mark.slow
 def test_a_one_process_run_requeued_under_a_two_process_deepspeed_launch_is_refused_at_start(
     baseline, tmp_path, tiny_model_dir, pairs
 ):
@@ -603,3 +648,41 @@ def test_a_saved_data_sets_identity_is_its_training_splits_data_not_the_caches_b
     assert data_identity.changed(recorded, str(tmp_path / "saved"), "train") is None
     save([0, 1, 2, 3, 4, 5, 6, 9])  # one pair replaced by another of the same length
     assert "other content" in data_identity.changed(recorded, str(tmp_path / "saved"), "train")
+
+
+# --- records and caches read back, damaged ----------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("record", ["resolved_config.json", "health_stop.json"])
+def test_a_damaged_record_of_the_run_is_refused_in_one_line_naming_it(
+    record, baseline, tmp_path, tiny_model_dir, pairs
+):
+    """A record the rerun reads at start (written whole, renamed into place), damaged by a disk or a copy cut short:
+    every rerun, a requeue's too, ended in a JSONDecodeError traceback."""
+    out = unfinished(baseline, tmp_path)
+    whole = json.dumps({"guard": "loss", "step": 3, "message": "loss is nan", "fatal": False}, indent=2)
+    text = (out / record).read_text() if record == "resolved_config.json" else whole
+    (out / record).write_text(text[: len(text) // 2])
+    result = train(out, tiny_model_dir, pairs)
+    errors = [line for line in result.stdout.splitlines() if line.startswith("error:")]
+    assert result.returncode == 2 and "Traceback" not in result.stdout and len(errors) == 1, result.stdout[-3000:]
+    assert errors[0].startswith(f"error: {out / record} is unreadable (JSONDecodeError: "), errors[0]
+    assert "Data (train)" not in result.stdout  # refused before anything loaded
+
+
+@pytest.mark.slow
+def test_a_damaged_length_cache_is_removed_and_measured_again(tmp_path, tiny_model_dir, pairs, cli):
+    """The analyzer's cache (per-row token lengths), cut short as a node lost mid-write on a file system that does
+    not keep renames whole leaves it: every run reading it (the lengths stage, `max_length: auto`) ended in a
+    BadZipFile traceback."""
+    assert cli.main([str(pairs), "--tokenizer", tiny_model_dir, "--config", str(ROOT / "configs" / "smoke.yaml")]) == 0
+    [lengths] = (Path(os.environ["DPOTRAIN_CACHE"]) / "lengths").glob("*.npz")
+    lengths.write_bytes(lengths.read_bytes()[:200])
+    out = tmp_path / "run"
+    result = train(out, tiny_model_dir, pairs, "--max_length", "auto", "--max_steps", "2", "--save_strategy", "no")
+    assert result.returncode == 0 and "Traceback" not in result.stdout, result.stdout[-3000:]
+    assert result.stdout.count(f"warning: the length cache file {lengths} is damaged (BadZipFile: ") == 1
+    assert "it is removed and its lengths are measured again by the next analysis" in result.stdout
+    with np.load(lengths) as whole:  # written again, whole, by the run's own analysis (`max_length: auto`)
+        assert len(whole["chosen"]) == 48

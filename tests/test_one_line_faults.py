@@ -14,7 +14,8 @@ from test_refusals import SMOKE, refused
 
 from conftest import PYTHON, ROOT, read_only_prefix
 from dpotrain.recipe import records
-from dpotrain.recipe.errors import RunError
+from dpotrain.recipe.config import parse_args
+from dpotrain.recipe.errors import ConfigError, RunError
 
 # --- records cut short ------------------------------------------------------------------------------------------------
 
@@ -83,6 +84,59 @@ print("unchanged", path.read_bytes() == before, sorted(os.listdir(disk)))
     assert lines[-1] == "unchanged True ['filler', 'metrics.jsonl']"  # no half-written file, no temporary one
 
 
+@pytest.mark.slow
+def test_every_write_of_a_run_on_a_read_only_file_system_is_one_line(tmp_path):
+    """The records (metrics, samples and pushes append the same way), the plot, the card, a checkpoint (torch.save's
+    writer loses the errno: the folder is probed) and the final model, on a real read-only mount: why and what to do,
+    nothing about space."""
+    disk = tmp_path / "run"
+    disk.mkdir()
+    records.append(disk / "metrics.jsonl", [{"step": 1, "loss": 0.69}])
+    (disk / "checkpoint-2").mkdir()
+    (disk / "checkpoint-2" / "COMPLETE").touch()
+    code = f"""
+import torch
+from pathlib import Path
+from dpotrain.recipe import records
+from dpotrain.train import disk_full
+from dpotrain.train.metrics import plot_metrics
+from dpotrain.hub.hub import write_model_card
+disk = Path({str(disk)!r})
+for name, write in [("metrics", lambda: records.append(disk / "metrics.jsonl", [{{"step": 2, "loss": 0.5}}])),
+                    ("plot", lambda: plot_metrics([{{"step": 1, "loss": 1.0}}], disk / "training_curves.png")),
+                    ("card", lambda: write_model_card(disk, {{}}, None))]:
+    try:
+        write()
+        print(name, "written")
+    except Exception as e:
+        print(name, disk_full.write_failed(*disk_full.full_write(e)))
+try:
+    torch.save({{"step": 4}}, str(disk / "checkpoint-4" / "optimizer.pt"))
+except Exception as e:
+    print("checkpoint", disk_full.save_failed(disk / "checkpoint-4", disk_full.why_full(e, disk), remove=True))
+print("final", disk_full.final_save_failed(disk, disk_full.why_full(RuntimeError("file write failed"), disk)))
+"""
+    result = subprocess.run(
+        [*read_only_prefix(disk), PYTHON, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    why = "the file system is read-only" if os.geteuid() == 0 else "permission is denied"
+    fix = (
+        "make it writable again (a file system remounted read-only after a disk error needs its administrator)"
+        if os.geteuid() == 0
+        else "give this job write permission there"
+    )
+    after = "checkpoint-2 is kept, and the same command goes on from it"
+    assert result.stdout.splitlines() == [
+        f"metrics {why}: {disk}/metrics.jsonl could not be written: {fix}, then rerun; {after}",
+        f"plot {why}: {disk}/training_curves.png could not be written: {fix}, then rerun; {after}",
+        f"card {why}: {disk}/README.md could not be written: {fix}, then rerun; {after}",
+        f"checkpoint {why}: checkpoint-4 could not be written in {disk}: {fix}, then rerun; {after}",
+        f"final {why}: the final model could not be written in {disk}: {fix}, then rerun; the same command goes on "
+        "from checkpoint-2",
+    ], result.stdout
+
+
 # --- one line where a traceback was -----------------------------------------------------------------------------------
 
 
@@ -112,6 +166,30 @@ def test_a_read_only_output_location_is_one_line_before_anything_loads(tmp_path,
         "folder this job can write in"
     )
     assert "Data (train)" not in result.stdout + result.stderr  # refused before the data loaded, the model too
+
+
+@pytest.mark.parametrize("dry_run", [[], ["--dry-run"]])
+def test_a_path_past_the_file_systems_limits_is_one_line_at_the_checks(tmp_path, monkeypatch, capsys, dry_run):
+    """A name over NAME_MAX (255 bytes on Linux's file systems), a path over PATH_MAX (4096 bytes) with the room the
+    run needs inside its folder, an input named past the limits: OSError: [Errno 36] File name too long, before."""
+    long_name = tmp_path / ("x" * 256) / "run"
+    line = refused(tmp_path, monkeypatch, capsys, "--output_dir", str(long_name), *dry_run)
+    assert line == (
+        f"error: output_dir {str(long_name)!r}: the name 'xxxxxxxxxxxxxxxxxxxxxxxx...' in it is 256 bytes, and this "
+        "file system takes names of at most 255 bytes (NAME_MAX): give a shorter name"
+    )
+    deep = tmp_path / "/".join(["y" * 200] * ((4096 - 256 - len(str(tmp_path))) // 201 + 1))  # under 4096 bytes
+    line = refused(tmp_path, monkeypatch, capsys, "--output_dir", str(deep), *dry_run)
+    assert line == (
+        f"error: output_dir {str(deep)!r}: the path is {len(str(deep))} bytes, and the run's own names inside it take "
+        "up to 256 more; this file system takes paths of at most 4096 bytes (PATH_MAX): give a shorter path"
+    )
+    data = tmp_path / ("z" * 300 + ".jsonl")
+    line = refused(tmp_path, monkeypatch, capsys, "--dataset_name", str(data), *dry_run)
+    assert line.startswith(f"error: dataset_name {str(data)!r}: the name 'zzzzzzzzzzzzzzzzzzzzzzzz...' in it is 306 ")
+    recipe = tmp_path / ("r" * 256 + ".yaml")  # read as the arguments are parsed, before the checks
+    with pytest.raises(ConfigError, match=rf"^config '{recipe}': the name 'r{{24}}\.\.\.' in it is 261 bytes, "):
+        parse_args(["--config", str(recipe), *dry_run])
 
 
 @pytest.mark.slow

@@ -6,6 +6,7 @@ user's files in the way) on the tiny model, and asserts that nothing that was no
 import hashlib
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -514,3 +515,58 @@ def test_the_slurm_job_variables_do_not_let_another_job_in(tmp_path, monkeypatch
         holder.wait()
     assert run_lock.acquire(out) is None  # its process gone: taken over
     run_lock.release()
+
+
+def fat_prefix(folder: Path) -> list[str]:
+    """A command prefix under which `folder` is a FAT file system, which has no hard links (as exFAT and object-store
+    mounts): an image made by mkfs.vfat (dosfstools), mounted in a mount namespace of its own by the kernel, or by
+    fusefat where the kernel has no vfat."""
+    if os.geteuid() != 0 or not shutil.which("mkfs.vfat"):
+        pytest.skip("needs root and mkfs.vfat (dosfstools: scripts/test.sh installs it)")
+    folder.mkdir()
+    image = folder.with_name(folder.name + ".img")
+    subprocess.run(["truncate", "-s", "16M", str(image)], check=True)
+    subprocess.run(["mkfs.vfat", str(image)], check=True, capture_output=True)
+    mounts = [f'mount -t vfat -o loop "{image}" "$0"']
+    if shutil.which("fusefat"):  # a FUSE daemon: unmounted at the end, which ends it
+        mounts.append(f'fusefat -o rw+ "{image}" "$0" >/dev/null')
+    for mount in mounts:
+        prefix = ["unshare", "--mount", "sh", "-c", f'{mount} && "$@"; rc=$?; umount "$0"; exit $rc', str(folder)]
+        if subprocess.run([*prefix, "true"], capture_output=True).returncode == 0:
+            return prefix
+    pytest.skip("cannot mount a FAT image here (no vfat in the kernel and no fusefat, or no unshare --mount)")
+
+
+def test_the_lock_works_on_a_file_system_without_hard_links(tmp_path):
+    """vfat's link(2) fails with EPERM: the lock is made there without one, taken, refused to a second taker while
+    its holder lives, and released."""
+    prefix = fat_prefix(tmp_path / "fat")
+    code = """
+import subprocess, sys
+from pathlib import Path
+from dpotrain.cluster import run_lock
+out = Path(sys.argv[1]) / "run"
+print("first:", run_lock.acquire(out))
+second = "import sys, pathlib; from dpotrain.cluster import run_lock as l; print(l.acquire(pathlib.Path(sys.argv[1])))"
+taker = subprocess.run([sys.executable, "-c", second, str(out)], capture_output=True, text=True)
+print("second:", taker.stdout.strip())
+run_lock.release()
+print("after release:", out.exists())
+"""
+    result = subprocess.run(
+        [*prefix, PYTHON, "-c", code, str(tmp_path / "fat")], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    first, second, released = result.stdout.strip().splitlines()
+    assert first == "first: None", result.stdout
+    out = tmp_path / "fat" / "run"
+    assert second.startswith(f"second: output_dir '{out}' is in use by another run (host {socket.gethostname()}, pid ")
+    assert released == "after release: False"  # the lock gone, and the folder made for it
+
+
+def test_the_lock_made_without_a_hard_link_is_exclusive_and_names_its_holder(tmp_path):
+    lock = tmp_path / run_lock.LOCK_FILE
+    raw = json.dumps(run_lock.holder_record()).encode()
+    assert run_lock._create(lock, raw) and lock.read_bytes() == raw
+    assert not run_lock._create(lock, b"another run's record") and lock.read_bytes() == raw
+    assert run_lock.free_reason(json.loads(raw), 0.0) is None  # its holder, this process, is alive: held

@@ -201,6 +201,31 @@ def test_a_closed_terminal_checkpoints_and_frees_the_folder(tmp_path, tiny_model
 
 
 @pytest.mark.slow
+def test_ctrl_c_through_tee_saves_and_exits_as_without_it(tmp_path, tiny_model_dir, pairs):
+    """`python train_dpo.py ... 2>&1 | tee log`, then Ctrl-C: the terminal sends SIGINT to every process of the
+    pipeline, and tee dies of it. The run's next line met the closed pipe (BrokenPipeError), which ended it with exit
+    code 1 before the checkpoint its stop promised. The pipeline runs here in a shell of its own process group,
+    signalled as a group, as a terminal's Ctrl-C signals its foreground job."""
+    out, log, codes = tmp_path / "run", tmp_path / "log", tmp_path / "codes"
+    command = [PYTHON, str(ROOT / "train_dpo.py"), *ARGS, "--output_dir", str(out)]
+    command += ["--model_name_or_path", tiny_model_dir, "--dataset_name", str(pairs)]
+    # `trap : INT`: the shell itself waits for the pipeline and records how each part ended (tee's SIGINT: 130).
+    pipeline = f'trap : INT; {shlex.join(command)} 2>&1 | tee {log} >/dev/null; echo "${{PIPESTATUS[@]}}" > {codes}'
+    shell = subprocess.Popen(["bash", "-c", pipeline], cwd=ROOT, start_new_session=True)
+    deadline = time.time() + 300
+    while len(logged_steps(out)) < 3:
+        assert shell.poll() is None and time.time() < deadline, log.read_text()[-3000:]
+        time.sleep(0.1)
+    os.killpg(shell.pid, signal.SIGINT)
+    assert shell.wait(timeout=300) == 0
+    assert codes.read_text().split() == [str(STOPPED_EXIT), "130"], log.read_text()[-3000:]
+    saved = [int(p.parent.name.split("-")[1]) for p in out.glob("checkpoint-*/COMPLETE")]
+    assert len(saved) == 1 and 3 <= saved[0] < STEPS, (saved, log.read_text()[-3000:])
+    assert logged_steps(out) == list(range(1, saved[0] + 1))
+    assert not (out / "run_complete.json").exists() and not (out / "run.lock").exists()
+
+
+@pytest.mark.slow
 def test_a_second_signal_does_not_end_the_process():
     # On a preemption Slurm signals every process of the job, and srun forwards its own SIGTERM to the tasks again: a
     # second signal must not kill a worker that is writing its checkpoint (Slurm's SIGKILL ends it after GraceTime).

@@ -31,6 +31,11 @@ def test_resumed_job_reuses_the_wandb_run_id(tmp_path, monkeypatch):
     setup_wandb(parse_args([*args, "--output_dir", str(other)]).training)
     assert os.environ["WANDB_RUN_ID"] != first
 
+    monkeypatch.delenv("WANDB_RUN_ID")
+    (tmp_path / RUN_ID_FILE).write_text("")  # left empty by a kill between its creation and its write
+    setup_wandb(parse_args(args).training)
+    assert os.environ["WANDB_RUN_ID"] and (tmp_path / RUN_ID_FILE).read_text() == os.environ["WANDB_RUN_ID"]
+
 
 def test_wandb_is_not_imported_unless_reported_to(monkeypatch):
     """With `report_to: none` a run starts without importing wandb: here an import of it fails, as where it is not

@@ -4,7 +4,9 @@ Two runs on one folder (a double `sbatch`) would delete each other's checkpoints
 is made the way that is atomic on the shared file systems clusters use (NFS, Lustre), not with fcntl/flock: the
 holder's record is written to a file of its own, then hard-linked to `run.lock`; the link fails when the lock exists
 (open(2), "O_EXCL ... on NFS"). The record names the holder (host, pid, Slurm job and restart), for the one-line
-refusal the second run gets.
+refusal the second run gets. Where the file system has no hard links (vfat, exFAT, most object-store mounts: link(2)
+fails with EPERM, ENOTSUP or ENOSYS), the lock is created with O_CREAT|O_EXCL instead, atomic on local file systems
+and NFSv3+; its record is written just after, so a reader may find it empty for a moment, and refuses it as held.
 
 Nobody may be left blocked by a run that is gone (a node lost to SIGKILL releases nothing). A lock is taken over when:
 - its holder is an earlier start of this same Slurm job (same SLURM_JOB_ID, lower SLURM_RESTART_COUNT): a requeue;
@@ -13,6 +15,8 @@ Nobody may be left blocked by a run that is gone (a node lost to SIGKILL release
   `HEARTBEAT_S` from a background thread.
 """
 
+import contextlib
+import errno
 import json
 import os
 import socket
@@ -27,6 +31,9 @@ LOCK_FILE = "run.lock"
 HEARTBEAT_S = 30  # how often a live run refreshes its lock's time
 STALE_S = 300  # a lock of another host not refreshed for this long is a dead run's (node clocks agree to well within)
 BREAK_STALE_S = 60  # a takeover in progress (run.lock.break) older than this was itself killed
+# What link(2) says where the file system has no hard links: vfat and exFAT (EPERM), FUSE and object-store mounts
+# (ENOSYS, ENOTSUP), and a few network and union mounts (EXDEV, EMLINK).
+NO_HARD_LINKS = {errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.ENOSYS, errno.EXDEV, errno.EMLINK}
 
 
 def is_lock_file(name: str) -> bool:
@@ -164,10 +171,13 @@ class Lock:
     def release(self) -> None:
         self._stop.set()
         found = _read(self.path)
-        if found is not None and found[0] == self.raw:
-            self.path.unlink(missing_ok=True)
-        if self.created_folder and self.out.is_dir() and not any(self.out.iterdir()):
-            self.out.rmdir()  # refused before it wrote anything: no empty folder left for it
+        # A folder turned read-only keeps the lock: the run's error says why, and the rerun takes it over (its process
+        # is gone).
+        with contextlib.suppress(OSError):
+            if found is not None and found[0] == self.raw:
+                self.path.unlink(missing_ok=True)
+            if self.created_folder and self.out.is_dir() and not any(self.out.iterdir()):
+                self.out.rmdir()  # refused before it wrote anything: no empty folder left for it
 
 
 _held: list[Lock] = []
@@ -182,17 +192,37 @@ def _link(lock: Path, raw: bytes) -> bool:
             f.flush()
             os.fsync(f.fileno())
     except OSError as e:  # a full disk: said of the lock it was for (train_dpo.main), with nothing left behind
-        own.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):  # read-only: not even a missing file may be removed
+            own.unlink(missing_ok=True)
         raise OSError(e.errno, e.strerror, str(lock)) from e
     try:
         os.link(own, lock)
         return True
     except FileExistsError:
         return False
-    except OSError:  # NFS may report a failed link that was made: the link count tells (open(2))
-        return os.stat(own).st_nlink == 2
+    except OSError as e:  # NFS may report a failed link that was made: the link count tells (open(2))
+        if os.stat(own).st_nlink == 2:
+            return True
+        return _create(lock, raw) if e.errno in NO_HARD_LINKS else False
     finally:
         own.unlink(missing_ok=True)
+
+
+def _create(lock: Path, raw: bytes) -> bool:
+    """Makes `lock` hold `raw` unless it exists, without a hard link (O_CREAT|O_EXCL): where there are none."""
+    try:
+        fd = os.open(lock, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    except FileExistsError:
+        return False
+    try:
+        os.write(fd, raw)
+        os.fsync(fd)
+    except OSError as e:  # a full disk: no empty lock left for the next run to wait out
+        lock.unlink(missing_ok=True)
+        raise OSError(e.errno, e.strerror, str(lock)) from e
+    finally:
+        os.close(fd)
+    return True
 
 
 def _break(lock: Path, seen: bytes, why: str) -> None:

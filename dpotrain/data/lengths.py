@@ -42,6 +42,7 @@ from trl.data_utils import common_prefix_length, is_conversational
 from dpotrain.data import cuts, data_identity, positions
 from dpotrain.data.cuts import STEP, recommend
 from dpotrain.data.rows import ROW_COLUMNS, InvalidRowError, RowFormat, read_row, split_row
+from dpotrain.recipe import records as run_records
 from dpotrain.recipe import upstream
 from dpotrain.recipe.errors import ConfigError
 from dpotrain.recipe.writes import replacing, write_text
@@ -732,12 +733,17 @@ def cached_measure(dataset_id: str, tokenizer, cache_dir: str | Path | None = No
     key, _ = cache_key(dataset_id, tokenizer)
     folder = default_cache_dir(cache_dir)
     report_path, lengths_path = folder / f"{key}.json", folder / f"{key}.npz"
-    if not (report_path.exists() and lengths_path.exists()):
+    if not report_path.exists():
         return None
-    with np.load(lengths_path) as z:
-        shared = z["shared"] if "shared" in z.files else None
-        found = Measured(z["index"], z["prompt"], z["chosen"], z["rejected"], [], True, shared=shared)
-    return found, report_path
+
+    def lengths(path):
+        with np.load(path) as z:
+            shared = z["shared"] if "shared" in z.files else None
+            return Measured(z["index"], z["prompt"], z["chosen"], z["rejected"], [], True, shared=shared)
+
+    again = "its lengths are measured again by the next analysis (`max_length: auto`, scripts/analyze_dataset.py)"
+    found = run_records.read_cache(lengths_path, lengths, "length", again)
+    return None if found is None else (found, report_path)
 
 
 def analyse(

@@ -6,6 +6,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from dpotrain.recipe import records as run_records
 from dpotrain.recipe.errors import cause
 from dpotrain.train.lora import card_lines
 from dpotrain.train.metrics import PLOT_FILE, read_metrics
@@ -321,7 +322,8 @@ def push_run(output_dir: str | Path, repo_id: str, token: str | None = None, pri
     from dpotrain.hub.hub_push import record_push, with_retries
 
     api = HfApi(token=token)
-    step = (json.loads((Path(output_dir) / "run_complete.json").read_text()) or {}).get("global_step")
+    fix = "a finished run writes it last: rerun the same command to write it again"
+    step = (run_records.read_record(Path(output_dir) / RUN_COMPLETE, fix) or {}).get("global_step")
 
     def upload():
         api.create_repo(repo_id, private=private, exist_ok=True)

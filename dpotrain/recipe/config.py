@@ -15,7 +15,7 @@ import sys
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
-from dpotrain.recipe import recipe_file, upstream, usage
+from dpotrain.recipe import recipe_file, upstream, usage, writes
 from dpotrain.recipe.errors import ConfigError
 
 
@@ -420,6 +420,7 @@ def read_recipe(path: str, options: dict | None = None) -> dict:
     """The recipe file at `path`, checked as training checks it: strict YAML (`recipe_file.load`: a key given twice,
     a syntax error) and every key a field (a misspelled one is refused with the closest known one). The analyzer
     reads recipes through here too, so both refuse the same recipe with the same line."""
+    writes.check_path_limit("config", path)
     if not Path(path).is_file():
         raise ConfigError(f"recipe {path!r} not found: pass one of configs/*.yaml")
     config = recipe_file.load(path)

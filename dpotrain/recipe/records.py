@@ -1,5 +1,8 @@
-"""The run's append-only records (metrics.jsonl, samples.jsonl, hub_pushes.jsonl): one JSON object per line, each line
-appended whole or not at all, and read back tolerating the one fault appending can leave.
+"""What the run reads back of what it wrote: its append-only records (metrics.jsonl, samples.jsonl, hub_pushes.jsonl),
+its whole records (resolved_config.json, health_stop.json, run_files.json, run_complete.json) and its caches.
+
+Append-only records: one JSON object per line, each line appended whole or not at all, and read back tolerating the
+one fault appending can leave.
 
 A node lost while appending (power, SIGKILL, a kernel panic) can leave the last line cut short; nothing else can be
 damaged by appending. The checkpoint, not the record, is what a rerun goes on from, and the rerun writes the steps
@@ -9,14 +12,24 @@ naming the file and the line.
 
 A full disk (or quota) while appending leaves no part of the line: `append` writes it with one `os.write` on a file
 opened O_APPEND and, if the write fails or is short, truncates the file back to where it was.
+
+Whole records are renamed into place (writes.py), so a crash leaves the old one or the new one; one found damaged (a
+failing disk, a copy cut short, an edit) is what the rerun would decide on, so it is refused in one line naming the
+file and what to do (`read_record`). A damaged cache file is computed again: removed, with one warning (`read_cache`).
 """
 
 import json
 import os
 import sys
+import zipfile
+import zlib
 from pathlib import Path
 
-from dpotrain.recipe.errors import RunError
+from dpotrain.recipe.errors import ConfigError, RunError, cause
+
+# What reading a damaged file raises: numpy and zipfile on an empty, truncated or foreign file (or one without the
+# expected arrays), json on text cut short.
+UNREADABLE = (OSError, EOFError, ValueError, KeyError, TypeError, AttributeError, zipfile.BadZipFile, zlib.error)
 
 _warned: set[tuple[str, int]] = set()  # (file, size): a torn line is reported once per process, however often read
 
@@ -84,3 +97,51 @@ def append(path: str | Path, records: list[dict]) -> None:
             raise OSError(e.errno, e.strerror, str(path)) from None
     finally:
         os.close(fd)
+
+
+def read_record(path: str | Path, fix: str) -> dict | None:
+    """The JSON object in `path`, a record the run wrote whole; None when there is none. One that cannot be read (not
+    JSON, cut short, not an object, a read error) is refused: `<path> is unreadable (<why>): <fix>`."""
+    path = Path(path)
+    try:
+        record = json.loads(path.read_bytes())
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"{path} is unreadable ({cause(e)}): {fix}") from None
+    if not isinstance(record, dict):
+        raise ConfigError(f"{path} is unreadable (a JSON {type(record).__name__}, not an object): {fix}")
+    return record
+
+
+def read_resolved(out: str | Path) -> dict | None:
+    """The run's record in `out` (resolved_config.json), or None; refused, naming it, when it cannot be read."""
+    fix = (
+        "it holds the settings the run's checkpoints were trained with, which a rerun compares with its own: restore "
+        "it from a copy, delete it to go on without that comparison, or pass a new --output_dir"
+    )
+    return read_record(Path(out) / "resolved_config.json", fix)
+
+
+def read_cache(path: str | Path, load, kind: str, again: str):
+    """What `load(path)` reads of a file of the `kind` cache; None when there is none, or when it is damaged: then it
+    is removed, with one warning, and its content computed again (`again` says how)."""
+    try:
+        return load(path)
+    except FileNotFoundError:
+        return None
+    except UNREADABLE as e:
+        return damaged_cache(path, cause(e), kind, again)
+
+
+def damaged_cache(path: str | Path, why: str, kind: str, again: str) -> None:
+    print(
+        f"warning: the {kind} cache file {path} is damaged ({why}); it is removed and {again}",
+        file=sys.stderr,
+        flush=True,
+    )
+    try:
+        Path(path).unlink(missing_ok=True)
+    except OSError:  # a read-only cache: computed again next time too, but never a reason not to start
+        pass
+    return None

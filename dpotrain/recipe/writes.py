@@ -1,8 +1,10 @@
 """How the project writes its reports and records: to a temporary name beside the target, flushed to disk, then renamed
 into place, so that a reader (a resuming run, a person, `wandb sync`) never sees half a file and a kill mid-write
-leaves the previous version whole; and never over one of the command's own inputs.
+leaves the previous version whole; and never over one of the command's own inputs; and the paths the command is given
+checked against their file system's limits first.
 """
 
+import contextlib
 import os
 import socket
 import tempfile
@@ -31,7 +33,8 @@ def replacing(path: str | Path, mode: str = "w"):
             raise
         raise OSError(e.errno, e.strerror, str(path)) from e
     finally:
-        tmp.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):  # a read-only file system refuses even to remove what is not there
+            tmp.unlink(missing_ok=True)
     _sync_folder(path.parent)  # ...and the new name is on disk before the command goes on
 
 
@@ -114,3 +117,34 @@ def unwritable(path: str | Path) -> tuple[Path, str] | None:
             return None
     except OSError as e:
         return folder, e.strerror or type(e).__name__
+
+
+def check_path_limit(flag: str, path: str, room: int = 0) -> None:
+    """Refuses `path` (given as `flag`) past its file system's limits: a name longer than NAME_MAX bytes, or the whole
+    and `room` (what the run makes inside it) longer than PATH_MAX. Such a path fails at the first call that touches
+    it, in a traceback (`OSError: [Errno 36] File name too long`), even `exists()`."""
+    full = Path(path).expanduser().absolute()
+    name_max, path_max = _limits(full)
+    long = next((name for name in full.parts if len(os.fsencode(name)) > name_max), None)
+    if long is not None:
+        raise ConfigError(
+            f"{flag} {path!r}: the name {long[:24] + '...'!r} in it is {len(os.fsencode(long))} bytes, and this "
+            f"file system takes names of at most {name_max} bytes (NAME_MAX): give a shorter name"
+        )
+    size = len(os.fsencode(str(full)))
+    if size + room > path_max:
+        inside = f", and the run's own names inside it take up to {room} more" if room else ""
+        raise ConfigError(
+            f"{flag} {path!r}: the path is {size} bytes{inside}; this file system takes paths of at most "
+            f"{path_max} bytes (PATH_MAX): give a shorter path"
+        )
+
+
+def _limits(path: Path) -> tuple[int, int]:
+    """NAME_MAX and PATH_MAX of the file system `path` is on, or would be: that of the nearest folder that exists."""
+    for folder in (path, *path.parents):
+        try:
+            return os.pathconf(folder, "PC_NAME_MAX"), os.pathconf(folder, "PC_PATH_MAX")
+        except OSError:  # not there (yet), or itself past the limits
+            continue
+    return 255, 4096  # Linux's

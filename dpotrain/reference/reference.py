@@ -48,14 +48,16 @@ import torch
 from dpotrain.cluster.collectives import broadcast_from_main, gather_objects, max_of_ranks
 from dpotrain.data.pair_lengths import PairLengths, pair_columns
 from dpotrain.plan.plan import StepPlan, cut_step, steps_of
+from dpotrain.recipe import records as run_records
 from dpotrain.recipe import upstream
 from dpotrain.recipe.errors import ConfigError
 from dpotrain.recipe.writes import replacing, unwritable, write_text
-from dpotrain.reference.reuse import UNREADABLE, fill_from_other_caches, pair_digests
+from dpotrain.reference.reuse import fill_from_other_caches, pair_digests
 from dpotrain.reference.scorer import ReferenceScorer
 
 CACHE_VERSION = 2
 COMPLETE = "complete.npz"
+AGAIN = "its pairs are scored again"  # what follows a damaged cache file
 SAVE_SECONDS = 120  # default of `reference_save_seconds`
 PROGRESS_SECONDS = 60  # a progress line in the (Slurm) log at most this often
 STOP_CHECK_SECONDS = 5.0  # the ranks agree on a stop request about this often (one small collective)
@@ -210,30 +212,19 @@ class Store:
             )
         self.unsaved = error.strerror or str(error)
 
+    # Read by the main process only (it alone reads the cache and broadcasts what it found), so every rank rescores the
+    # same pairs of a damaged file. A file gone since the folder was listed (a finished attempt's part) is none.
     def _read(self, path: Path, *names: str) -> list[np.ndarray] | None:
         """The named arrays of `path`; None if it does not exist or is damaged (then warned about and removed)."""
-        try:
+
+        def arrays(path):
             with np.load(path) as f:
                 return [np.asarray(f[name]) for name in names]
-        except FileNotFoundError:  # none yet, or removed since the folder was listed (a finished attempt's part)
-            return None
-        except UNREADABLE as e:
-            return self._damaged(path, f"{type(e).__name__}: {e}")
+
+        return run_records.read_cache(path, arrays, "reference", AGAIN)
 
     def _damaged(self, path: Path, why: str) -> None:
-        """Called by the main process only (it alone reads the cache and broadcasts what it found), so every rank
-        rescores the same pairs."""
-        print(
-            f"warning: the reference cache file {path} is damaged ({why}); it is removed and its pairs are scored "
-            "again",
-            file=sys.stderr,
-            flush=True,
-        )
-        try:
-            path.unlink(missing_ok=True)
-        except OSError:  # a read-only cache: scored again next time too, but never a reason not to start
-            pass
-        return None
+        return run_records.damaged_cache(path, why, "reference", AGAIN)
 
 
 @dataclasses.dataclass

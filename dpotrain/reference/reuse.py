@@ -10,17 +10,14 @@ already allows). Their pairs are matched by digest. Caches written before digest
 
 import hashlib
 import json
-import zipfile
-import zlib
 from pathlib import Path
 
 import numpy as np
 
 from dpotrain.data.pair_lengths import pair_columns
+from dpotrain.recipe.records import UNREADABLE
 
 DIGEST_BYTES = 16
-# What numpy and zipfile raise on an empty, truncated or foreign file (or one without the expected arrays)
-UNREADABLE = (OSError, EOFError, ValueError, KeyError, TypeError, AttributeError, zipfile.BadZipFile, zlib.error)
 DATA_KEYS = ("tokens_sha256", "pairs")  # what of a cache's identity names its data, not how its numbers are computed
 
 

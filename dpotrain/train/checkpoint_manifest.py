@@ -13,6 +13,7 @@ A checkpoint without a manifest, or whose manifest lists no optimizer or schedul
 never resumed from (transformers would go on with a fresh optimizer and a restarted warm-up, silently).
 """
 
+import contextlib
 import fnmatch
 import hashlib
 import json
@@ -60,7 +61,8 @@ def fsync_write(path: Path, text: str) -> None:
             f.flush()
             os.fsync(f.fileno())
     except OSError as e:  # a full disk: said of the file meant (train_dpo.main), with nothing half-written left
-        tmp.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):  # read-only: not even a missing file may be removed
+            tmp.unlink(missing_ok=True)
         raise OSError(e.errno, e.strerror, str(path)) from e
     os.replace(tmp, path)
     fd = os.open(path.parent, os.O_RDONLY)

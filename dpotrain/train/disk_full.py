@@ -1,12 +1,15 @@
-"""A save that runs out of disk: one line naming the folder and the space needed, the earlier checkpoint kept.
+"""A write of the run that the disk refuses: one line naming the file or folder, why, and what to do; the earlier
+checkpoint kept, and the same command goes on from it.
 
-torch.save's C++ writer reports a full disk as "basic_ios::clear", "file write failed" or "unexpected pos ..."
-(the errno is lost) and safetensors as a SafetensorError, so a failed write is told apart by the folder itself: a
-small probe written there fails the same way (ENOSPC: the disk is full; EDQUOT: the quota; EFBIG: a file size limit,
-`ulimit -f`). The checkpoint cut short is this run's own, never resumed from (it has no COMPLETE mark): it is removed
+A disk refuses a write when it is full (ENOSPC), over its quota (EDQUOT), past a file size limit (EFBIG, `ulimit -f`),
+read-only (EROFS: remounted so after a disk error, or by an admin) or denies this job (EACCES, EPERM). torch.save's C++
+writer reports a full disk as "basic_ios::clear", "file write failed" or "unexpected pos ..." (the errno is lost) and
+safetensors as a SafetensorError, so a failed save is told apart by the folder itself: a small probe written there fails
+the same way. The checkpoint cut short is this run's own, never resumed from (it has no COMPLETE mark): it is removed
 to give the space back, and the newest complete checkpoint, untouched, is where the rerun goes on.
 """
 
+import contextlib
 import errno
 import os
 import shutil
@@ -20,14 +23,40 @@ FULL = {
     errno.ENOSPC: "the disk is full",
     errno.EDQUOT: "the disk quota is exceeded",
     errno.EFBIG: "a file size limit is reached (ulimit -f)",
+    errno.EROFS: "the file system is read-only",
+    errno.EACCES: "permission is denied",
+    errno.EPERM: "permission is denied",
+}
+# What to do where the disk has room but takes no write (else: free space there).
+FIX = {
+    FULL[errno.EROFS]: "make it writable again (a file system remounted read-only after a disk error needs its "
+    "administrator)",
+    FULL[errno.EACCES]: "give this job write permission there",
 }
 PROBE_BYTES = 1 << 20
 
 
+def refused(error: BaseException) -> str | None:
+    """Why, when `error` is a write the disk refused (`FULL`); else None. EACCES and EPERM only where the file (or the
+    folder it was to be made in) is not writable: a file the run may not read is no refusal of the disk's."""
+    if not isinstance(error, OSError) or error.errno not in FULL:
+        return None
+    if error.errno in (errno.EACCES, errno.EPERM):
+        target = Path(error.filename) if isinstance(error.filename, str) else None
+        if target is None or os.access(target if target.exists() else target.parent, os.W_OK):
+            return None
+    return FULL[error.errno]
+
+
+def _todo(why: str) -> str:
+    return FIX.get(why, "free space there")
+
+
 def why_full(error: BaseException, folder: Path) -> str | None:
-    """Why writing in `folder` failed, if for lack of space; else None."""
-    if isinstance(error, OSError) and error.errno in FULL:
-        return FULL[error.errno]
+    """Why writing in `folder` failed, if the disk refused it (`FULL`); else None."""
+    why = refused(error)
+    if why:
+        return why
     probe = folder / f".dpotrain-space-probe-{os.getpid()}"
     try:
         with open(probe, "wb") as f:
@@ -37,7 +66,8 @@ def why_full(error: BaseException, folder: Path) -> str | None:
     except OSError as e:
         return FULL.get(e.errno)
     finally:
-        probe.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):  # a read-only file system refuses even to remove what is not there
+            probe.unlink(missing_ok=True)
     return None
 
 
@@ -75,6 +105,8 @@ def save_failed(folder: Path, why: str, remove: bool) -> RunError:
         if kept
         else "no checkpoint was complete yet: the same command starts afresh"
     )
+    if why in FIX:
+        return RunError(f"{why}: {folder.name} could not be written in {out}: {FIX[why]}, then rerun; {after}")
     return RunError(
         f"{why}: {folder.name} could not be written in {out} ({_size(free)} free there; {need}): free "
         f"space there (or lower --save_total_limit), then rerun; {after}"
@@ -84,33 +116,33 @@ def save_failed(folder: Path, why: str, remove: bool) -> RunError:
 def final_save_failed(out: Path, why: str) -> RunError:
     kept = [p for p in checkpoints(out) if is_complete(p)]
     after = f"the same command goes on from {kept[-1].name}" if kept else "the same command trains again"
-    return RunError(
-        f"{why}: the final model could not be written in {out} ({_size(shutil.disk_usage(out).free)} "
-        f"free there): free space there, then rerun; {after}"
-    )
+    free = "" if why in FIX else f" ({_size(shutil.disk_usage(out).free)} free there)"
+    return RunError(f"{why}: the final model could not be written in {out}{free}: {_todo(why)}, then rerun; {after}")
 
 
 def full_write(error: BaseException) -> tuple[OSError, str] | None:
     """The failed write behind `error` (itself, or the error it was raised from: a library may wrap it) and why, when
-    it failed for lack of space; else None."""
+    the disk refused it (`refused`); else None."""
     seen = set()
     while error is not None and id(error) not in seen and not isinstance(error, (RunError, ConfigError)):
         seen.add(id(error))  # a RunError (a checkpoint that did not fit, above) is already the one line
-        if isinstance(error, OSError) and error.errno in FULL:
-            return error, FULL[error.errno]
+        why = refused(error)
+        if why:
+            return error, why
         error = error.__cause__ or (None if error.__suppress_context__ else error.__context__)
     return None
 
 
 def write_failed(error: OSError, why: str) -> RunError:
     """The one line for a write of the run other than a checkpoint (metrics, plot, card, samples, records, caches) that
-    did not fit: the file, the space left there, and what the same command does next when the file is in a run's
-    folder (the nearest of the three folders above it that holds run_files.json or checkpoints)."""
+    the disk refused: the file, the space left there (where space is the cause), and what the same command does next
+    when the file is in a run's folder (the nearest of the three folders above it that holds run_files.json or
+    checkpoints)."""
     path = Path(error.filename) if error.filename else None
     above = list(path.parents)[:3] if path else []
     where = f"{path} could not be written" if path else "a file could not be written"
     folder = next((p for p in above if p.is_dir()), None)
-    free = f" ({_size(shutil.disk_usage(folder).free)} free there)" if folder else ""
+    free = f" ({_size(shutil.disk_usage(folder).free)} free there)" if folder and why not in FIX else ""
     out = next((p for p in above if (p / "run_files.json").is_file() or checkpoints(p)), None)
     kept = [p for p in checkpoints(out) if is_complete(p)] if out else []
     after = (
@@ -120,4 +152,4 @@ def write_failed(error: OSError, why: str) -> RunError:
         if out
         else ""
     )
-    return RunError(f"{why}: {where}{free}: free space there, then rerun{after}")
+    return RunError(f"{why}: {where}{free}: {_todo(why)}, then rerun{after}")

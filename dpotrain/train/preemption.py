@@ -10,7 +10,8 @@ Two ways to ask, because a batch script's pre-timeout signal (`--signal=B:USR1@.
   torchrun's agent ignore it, so that the workers finish their checkpoint). A closed terminal sends SIGHUP to every
   process of the command, torchrun's agent too, which sends it on to its workers and kills them ~30 s later, as it does
   on Ctrl-C; and writing to a closed terminal fails (EIO), so from a SIGHUP on, what went to the terminal goes to
-  /dev/null;
+  /dev/null (and output through a `| tee` the same Ctrl-C killed, from its first failed write: dpotrain/recipe/
+  terminal.py);
 - a stop file: the batch script's trap creates `$DPOTRAIN_STOP_FILE` (on a file system all nodes share).
 Once progress is safe on disk (a checkpoint, or the reference stage's partial results), the main process writes
 `<stop file>.checkpointed` saying what was saved, which tells the batch script to requeue the job rather than end
@@ -28,6 +29,8 @@ from pathlib import Path
 
 from transformers import TrainerCallback
 
+from dpotrain.recipe import terminal
+
 STOP_FILE_ENV = "DPOTRAIN_STOP_FILE"
 STOP_SIGNALS = (signal.SIGUSR1, signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 # A run that saved and stopped before its end exits with this code (EX_TEMPFAIL of sysexits.h: try again later): the
@@ -44,7 +47,7 @@ class GracefulStop(TrainerCallback):
         self.requested_at: float | None = None  # when this process first heard of the request (time.time())
         self.stopped = False
         self.interrupted: float | None = None  # when a first Ctrl-C was pressed (time.monotonic())
-        self.terminal = [fd for fd in (1, 2) if _is_terminal(fd)]  # stdout, stderr: the terminal a SIGHUP closes
+        self.terminal = [fd for fd in terminal.STREAMS if terminal.is_terminal(fd)]  # what a SIGHUP closes
         if threading.current_thread() is threading.main_thread():  # Python only delivers signals there
             for sig in STOP_SIGNALS:
                 signal.signal(sig, self._on_signal)
@@ -61,23 +64,24 @@ class GracefulStop(TrainerCallback):
         # Slurm signals every process of the job and srun forwards its own SIGTERM to the tasks again; dying then
         # would lose the checkpoint being written. What ends a process for good is Slurm's SIGKILL at the end of the
         # grace time (or torchrun's, ~30 s after another rank failed). Only a person presses Ctrl-C twice: the
-        # second one ends the process at once (os.write: print is not safe inside a signal handler).
+        # second one ends the process at once (terminal.say, an os.write: print is not safe inside a signal handler).
         if signum == signal.SIGINT:
             # Under `accelerate launch` the terminal's Ctrl-C reaches the workers twice within milliseconds (directly,
             # and forwarded by torchrun's agent): only one a person pressed later counts as the second.
             if self.interrupted and time.monotonic() - self.interrupted > SECOND_CTRL_C_S:
-                os.write(2, b"\nSecond Ctrl-C: stopping at once; nothing more is saved\n")
+                terminal.say(2, b"\nSecond Ctrl-C: stopping at once; nothing more is saved\n")
                 os._exit(INTERRUPTED_EXIT)
             if self.interrupted:
                 return
             self.interrupted = time.monotonic()
-            os.write(
+            terminal.say(  # the `| tee` the same Ctrl-C killed may be gone already
                 2,
                 b"\nCtrl-C: saving a checkpoint at the end of this step, then stopping (Ctrl-C again: stop "
                 b"at once, without it)\n",
             )
         if signum == signal.SIGHUP and self.terminal:
-            _detach(self.terminal)
+            terminal.detach(self.terminal)
+            self.terminal.clear()
         self.signal_received = self.signal_received or signum
         self.requested_at = self.requested_at or time.time()
 
@@ -158,22 +162,6 @@ def rerun_command() -> str:
             continue
         kept.append(word)
     return shlex.join(kept)
-
-
-def _is_terminal(fd: int) -> bool:
-    try:
-        return os.isatty(fd)
-    except OSError:
-        return False
-
-
-def _detach(fds: list[int]) -> None:
-    """Points `fds` at /dev/null: the terminal is gone, and a print to it would end the run in an OSError (EIO)."""
-    null = os.open(os.devnull, os.O_WRONLY)
-    for fd in fds:
-        os.dup2(null, fd)
-    os.close(null)
-    fds.clear()
 
 
 def check_stop_file(path: Path) -> None:

@@ -16,6 +16,7 @@ import json
 from pathlib import Path
 
 from dpotrain.cluster import collectives
+from dpotrain.recipe import records as run_records
 from dpotrain.recipe.errors import ConfigError, RunError
 from dpotrain.train import checkpoint_manifest
 from dpotrain.train.checkpoints import MARKER, checkpoints, is_complete
@@ -178,11 +179,15 @@ def after_health_stop(recipe, out: Path) -> bool:
     path = out / HEALTH_STOP
     if not path.is_file():
         return False
-    stop = json.loads(path.read_text())
-    what = f"the {stop['guard']} guard stopped it at step {stop['step']}"
-    if recipe.project.overwrite_output_dir:
-        _say(f"output_dir {out}: {what}; starting afresh (--overwrite_output_dir)")
+    if recipe.project.overwrite_output_dir:  # whatever the record says
+        _say(f"output_dir {out}: a health guard stopped it ({path}); starting afresh (--overwrite_output_dir)")
         return True
+    fix = (
+        "it says which health guard stopped the run: pass --overwrite_output_dir to start afresh, or delete it to go "
+        "on from the checkpoint the stop wrote"
+    )
+    stop = run_records.read_record(path, fix)
+    what = f"the {stop.get('guard')} guard stopped it at step {stop.get('step')}"
     if recipe.project.health_action == "warn" and not stop.get("fatal"):
         _say(f"output_dir {out}: {what}; going on from its checkpoint, as health_action: warn asks")
         return False

@@ -6,6 +6,7 @@ only; written to a temporary name and renamed, so the record is always whole."""
 import json
 from pathlib import Path
 
+from dpotrain.recipe import records as run_records
 from dpotrain.recipe import writes
 from dpotrain.recipe.errors import ConfigError
 
@@ -14,15 +15,13 @@ MANIFEST = "run_files.json"
 
 def read(out: Path) -> list[str] | None:
     """The names as recorded; None when there is no record."""
-    try:
-        return list(json.loads((Path(out) / MANIFEST).read_text())["names"])
-    except FileNotFoundError:
+    fix = "it lists the run's own files; move the folder aside and pass a new --output_dir"
+    record = run_records.read_record(Path(out) / MANIFEST, fix)
+    if record is None:
         return None
-    except (OSError, ValueError, KeyError, TypeError) as e:
-        raise ConfigError(
-            f"{Path(out) / MANIFEST} is unreadable ({type(e).__name__}): it lists the run's own files; "
-            "move the folder aside and pass a new --output_dir"
-        ) from None
+    if not isinstance(record.get("names"), list):
+        raise ConfigError(f"{Path(out) / MANIFEST} is unreadable (no list of names): {fix}")
+    return record["names"]
 
 
 def write(out: str | Path, names: list[str]) -> None:

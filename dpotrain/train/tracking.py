@@ -7,6 +7,8 @@ from pathlib import Path
 
 from transformers import TrainerCallback
 
+from dpotrain.recipe.writes import write_text
+
 RUN_ID_FILE = ".wandb_run_id"
 
 
@@ -17,9 +19,11 @@ def setup_wandb(training) -> None:
     out.mkdir(parents=True, exist_ok=True)
     id_file = out / RUN_ID_FILE
     if "WANDB_RUN_ID" not in os.environ:
-        if not id_file.exists():
-            id_file.write_text(uuid.uuid4().hex[:12])
-        os.environ["WANDB_RUN_ID"] = id_file.read_text().strip()
+        run_id = id_file.read_text(errors="replace").strip() if id_file.is_file() else ""
+        if not run_id:  # none yet, or left empty by an older version killed while writing it: a new W&B run
+            run_id = uuid.uuid4().hex[:12]
+            write_text(id_file, run_id)
+        os.environ["WANDB_RUN_ID"] = run_id
     os.environ.setdefault("WANDB_RESUME", "allow")
     os.environ.setdefault("WANDB_DIR", str(out))  # offline runs live next to the model they describe
     os.environ.setdefault("WANDB_NAME", training.run_name)
