@@ -125,8 +125,7 @@ def launched() -> Engine:
 
 
 def read_accelerate_config(path: str):
-    """The accelerate config file at `path` as `accelerate launch --config_file` reads it: accelerate's own loader, its
-    defaults, and its refusal of a key it does not know or a missing distributed_type, in one line."""
+    """The accelerate config at `path` as `accelerate launch --config_file` reads it (accelerate's own loader)."""
     from accelerate.commands.config.config_args import load_config_from_file
 
     try:

@@ -422,11 +422,7 @@ def _as_flags(config: dict) -> list[str]:
             return str(value).lower()
         return json.dumps(value) if isinstance(value, dict) else str(value)  # None: "None", as typed
 
-    return [w for key, value in config.items() for w in (f"--{key}", *map(word, _as_list(value)))]
-
-
-def _as_list(value) -> list:
-    return value if isinstance(value, list) else [value]
+    return [w for key, v in config.items() for w in (f"--{key}", *map(word, v if isinstance(v, list) else [v]))]
 
 
 def parse_args(argv: list[str] | None = None) -> Recipe:
@@ -537,15 +533,8 @@ def _job_output_dir(output_dir: str, on_command_line: bool) -> str:
 
 def without_secrets(argv: list[str]) -> tuple[str, ...]:
     """The command line without a --hub_token and its value (a printed command must not carry the token)."""
-    words, skip = [], False
-    for word in argv:
-        if skip:
-            skip = False
-        elif word == "--hub_token":
-            skip = True
-        elif not word.startswith("--hub_token="):
-            words.append(word)
-    return tuple(words)
+    value = {i + 1 for i, word in enumerate(argv) if word == "--hub_token"}
+    return tuple(w for i, w in enumerate(argv) if i not in value and w.split("=")[0] != "--hub_token")
 
 
 def _command_line_batch_wins(training, project, on_command_line: set[str]) -> dict | None:
