@@ -7,8 +7,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
-import yaml
 
+from dpotrain.cluster import engine
 from dpotrain.data import chat_template, mixture, model_identity
 from dpotrain.hub import hub_push
 from dpotrain.hub.hub import RUN_COMPLETE
@@ -25,8 +25,7 @@ def world_size(recipe: Recipe, planning: bool) -> tuple[int, str]:
         return int(os.environ["WORLD_SIZE"]), "environment (WORLD_SIZE)"
     launch = recipe.project.accelerate_config
     if planning and launch.lower() not in ("", "none") and Path(launch).is_file():
-        config = yaml.safe_load(Path(launch).read_text()) or {}
-        return int(config.get("num_processes", 1)), (
+        return engine.processes(engine.read_accelerate_config(launch)), (
             f"predicted for `accelerate launch --config_file {launch}` ({launch}: num_processes); plain `python "
             "train_dpo.py` runs 1 process: --accelerate_config none plans that"
         )

@@ -46,30 +46,30 @@ from dpotrain.train import health, lora, resume, samples
 FA4_SETS = {"with FlashAttention 4 installed": "flash_attention_4", "without": None}  # a dry run for a GPU job
 
 
-ANALYZER_FIELDS = {  # the recipe field -> the recipe object that holds it, for what the analyzer measures
-    "model_name_or_path": "model",
-    "dataset_name": "script",
-    "dataset_train_split": "script",
-    "dataset_config": "script",
-    "hh_format": "project",
-    "auto_coverage": "project",
-    "chat_template_path": "project",
-}
-# What the analyzer takes where the recipe file says nothing (scripts/analyze_dataset.py).
-ANALYZER_DEFAULTS = {"dataset_train_split": "train", "hh_format": "messages", "auto_coverage": lengths.DEFAULT_COVERAGE}
+# The fields the analyzer measures with, as its flags name them; it reads the rest of the recipe as the run does.
+ANALYZER_FIELDS = (
+    "model_name_or_path",
+    "dataset_name",
+    "dataset_train_split",
+    "dataset_config",
+    "hh_format",
+    "auto_coverage",
+    "chat_template_path",
+)
 
 
 def analyze_command(recipe) -> str:
-    """The analyzer's command that measures what this run will train: the recipe, and every value the command line
-    changed from it (the model above all: the recipe's may not even be on this machine)."""
-    words = ["python", "scripts/analyze_dataset.py"]
-    written = config.read_recipe(recipe.config_path) if recipe.config_path else {}
-    if recipe.config_path:
-        words += ["--config", recipe.config_path]
-    for name, part in ANALYZER_FIELDS.items():
-        value = getattr(getattr(recipe, part), name)
-        if value is not None and value != written.get(name, ANALYZER_DEFAULTS.get(name)):
-            words += [f"--{name}", str(value)]
+    """The analyzer's command that measures what this run will train: the recipe, which the analyzer parses as the run
+    does (`config.parse_args`), and the command line's values of the fields it measures with (the model above all:
+    the recipe's may not even be on this machine)."""
+    words = ["python", "scripts/analyze_dataset.py", *(["--config", recipe.config_path] if recipe.config_path else [])]
+    values, changed = (
+        {**vars(recipe.script), **vars(recipe.model), **vars(recipe.project)},
+        config.fields_set(recipe.command_line),
+    )
+    for name in ANALYZER_FIELDS:
+        if name in changed and values[name] is not None:
+            words += [f"--{name}", str(values[name])]
     return shlex.join(words)
 
 

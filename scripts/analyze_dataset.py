@@ -134,27 +134,33 @@ def parse_args(argv=None) -> argparse.Namespace:
     return args
 
 
-def read_recipe(path: str | None, dataset: str | None) -> tuple[dict, str | None]:
-    """The recipe's few relevant values. Without --config, the recipe in configs/ that trains on `dataset`."""
-    if path is None:
-        wanted = dataset or DEFAULT_DATASET
-        path = next(
-            (_shown(p) for p in sorted((ROOT / "configs").glob("*.yaml")) if _load(p).get("dataset_name") == wanted),
-            None,
-        )
-        if path is None:
-            return {}, None
-    return _load(path), path
+def read_run(args: argparse.Namespace):
+    """The recipe as the run reads it (`config.parse_args`, planning as a dry run does: this machine's GPUs do not
+    matter), with this command's flags over it. Without --config, the recipe in configs/ that trains on the data set;
+    without one, the run's defaults (no recipe: `config_path` None)."""
+    path = args.config or recipe_for(args.dataset or DEFAULT_DATASET)
+    flags = {
+        "model_name_or_path": args.tokenizer,
+        "dataset_name": args.dataset,
+        "dataset_train_split": args.split,
+        "dataset_config": args.dataset_config,
+        "dataset_revision": args.revision,
+        "chat_template_path": args.chat_template_path,
+        "hh_format": args.hh_format,
+        "auto_coverage": args.coverage,
+        "gpu_memory_gib": args.gpu_memory_gib,
+    }
+    words = [w for name, value in flags.items() if value is not None for w in (f"--{name}", str(value))]
+    return config.parse_args([*(["--config", path] if path else []), *words, "--dry-run"])
 
 
-def _shown(path: Path) -> str:
-    """A path as a person types it: relative to the folder they run in when it lies inside, else absolute."""
-    return str(path.relative_to(Path.cwd())) if path.is_relative_to(Path.cwd()) else str(path)
-
-
-def _load(path) -> dict:
-    """A recipe checked as training checks it (a misspelled key, a key given twice, a YAML error: the same line)."""
-    return config.read_recipe(str(path))
+def recipe_for(dataset: str) -> str | None:
+    """The recipe in configs/ that trains on `dataset`, as a person types its path (relative to the folder they run
+    in when it lies inside, else absolute)."""
+    for path in sorted((ROOT / "configs").glob("*.yaml")):
+        if config.read_recipe(str(path)).get("dataset_name") == dataset:
+            return str(path.relative_to(Path.cwd())) if path.is_relative_to(Path.cwd()) else str(path)
+    return None
 
 
 def main(argv=None) -> int:
@@ -206,32 +212,29 @@ def check_args(args: argparse.Namespace) -> None:
 
 def analyze(args: argparse.Namespace) -> int:
     check_args(args)
-    recipe, recipe_path = read_recipe(args.config, args.dataset)
-    mixed = not args.dataset and mixture.given(recipe)  # a mixture: read as training reads it, then measured
-    name = recipe_path if mixed else args.dataset or recipe.get("dataset_name") or DEFAULT_DATASET
-    split = args.split or recipe.get("dataset_train_split") or "train"
-    if not args.dataset:  # the recipe's data set at the recipe's commit, as training reads it
-        args.revision = args.revision or recipe.get("dataset_revision")
-    tokenizer_name = args.tokenizer or recipe.get("model_name_or_path")
+    run = read_run(args)
+    script, training, project, recipe_path = run.script, run.training, run.project, run.config_path
+    fields = mixture.fields_of(run)
+    mixed = not args.dataset and mixture.given(fields)  # a mixture: read as training reads it, then measured
+    name = recipe_path if mixed else script.dataset_name or DEFAULT_DATASET
+    split, subset, hh_format = script.dataset_train_split, script.dataset_config, project.hh_format
+    if not args.dataset:  # the recipe's data set at the recipe's commit (or --revision's), as training reads it
+        args.revision = project.dataset_revision
+    tokenizer_name, template = run.model.model_name_or_path, project.chat_template_path
     if not tokenizer_name:
         raise ConfigError(f"no tokenizer for {name!r}: pass --tokenizer NAME_OR_PATH or --config configs/<recipe>.yaml")
-    template = args.chat_template_path or recipe.get("chat_template_path")
     chat_template.check(template)  # before anything loads
     lengths.check_tokenizer_folder(tokenizer_name)  # configs/models/*: a shape, no tokenizer; said before anything
-    recipe_max = recipe.get("max_length")
-    current = recipe_max if isinstance(recipe_max, int) else None
-    target = (
-        args.coverage if args.coverage is not None else float(recipe.get("auto_coverage", lengths.DEFAULT_COVERAGE))
-    )
+    current = training.max_length if recipe_path else None  # the run's (None for `max_length: auto`)
+    target = project.auto_coverage
     if not 0 < target <= 1:
         raise ConfigError(f"--coverage must be in (0, 1] (got {target})")
-    hh_format = args.hh_format or recipe.get("hh_format") or "messages"
-    subset = args.dataset_config or recipe.get("dataset_config")
     if hh_format not in shapes.HH_FORMATS:
         raise ConfigError(f"hh_format {hh_format!r} in {recipe_path}: choose one of {', '.join(shapes.HH_FORMATS)}")
-    truncation = recipe.get("truncation_mode", "keep_start")
-    batch_size = args.batch_size or int(recipe.get("per_device_train_batch_size", lengths.DEFAULT_BATCH_SIZE))
-    sources = mixture.local_files(recipe) if mixed else []
+    # The padding figures' batch: a recipe with a token budget pads no fixed batch, so they show OLMo 3's 4 pairs.
+    given_batch = training.per_device_train_batch_size if "per_device_train_batch_size" in run.given else None
+    batch_size = args.batch_size or given_batch or lengths.DEFAULT_BATCH_SIZE
+    sources = mixture.local_files(fields) if mixed else []
     inputs = writes.input_files(
         name, *sources, recipe_path, tokenizer_name, template
     )  # a report never replaces what it describes
@@ -245,7 +248,7 @@ def analyze(args: argparse.Namespace) -> int:
         flush=True,
     )
 
-    remedy = fetch_remedy(tokenizer_name, name, recipe, recipe_path, args)
+    remedy = fetch_remedy(tokenizer_name, name, subset, recipe_path, args)
     offline.check_hub_reachable(hub_downloads(tokenizer_name, name, subset, split, args), remedy)
     try:
         tokenizer = lengths.load_tokenizer(tokenizer_name, chat_template_path=template)
@@ -254,11 +257,11 @@ def analyze(args: argparse.Namespace) -> int:
         raise ConfigError(f"could not load the tokenizer of {tokenizer_name!r} ({cause(e)}){hint}") from None
     with contextlib.redirect_stdout(sys.stderr):  # what loading says of the rows and columns: stdout is the report's
         dataset, mix = (
-            load(args, recipe, name, split, subset, hh_format)
+            load(args, name, split, subset)
             if not mixed
             else mixture.load(
-                mixture.parse(recipe),
-                int(recipe.get("seed", 42)),
+                mixture.parse(fields),
+                training.seed,
                 args.skip_invalid,
                 hh_format,
                 {},
@@ -296,7 +299,7 @@ def analyze(args: argparse.Namespace) -> int:
         batch_size=batch_size,
         seed=args.seed,
         rows_seen=m.rows + len(m.invalid),
-        max_positions=lengths.model_positions(tokenizer_name, recipe.get("model_revision")),
+        max_positions=lengths.model_positions(tokenizer_name, run.model.model_revision),
         dataset=name,
         split=split,
         revision=args.revision,
@@ -305,7 +308,8 @@ def analyze(args: argparse.Namespace) -> int:
     )
     print(lengths_report.to_markdown(report, current))
     at = current or report["recommended_max_length"]  # the counts training will record at this max_length
-    print(f"Cut at {cuts.line(cuts.count(m.prompt, m.chosen, m.rejected, at, truncation))}", file=sys.stderr)
+    cut = cuts.count(m.prompt, m.chosen, m.rejected, at, training.truncation_mode)
+    print(f"Cut at {cuts.line(cut)}", file=sys.stderr)
     r = report["recommendation"]
     doubled = r["doubled"]
     print(
@@ -318,7 +322,7 @@ def analyze(args: argparse.Namespace) -> int:
             f"would need {r['capped']['uncapped']:,}, longer than the model can take"
         )
     longest = None if args.sample else int(m.total.max(initial=0))  # every pair measured: what reaches the model
-    report["memory"] = memory_per_gpu(args, recipe_path, tokenizer_name, [*candidates, r["max_length"]], longest)
+    report["memory"] = memory_per_gpu(run, [*candidates, r["max_length"]], longest)
 
     if args.json:
         writes.write_text(args.json, json.dumps(report, indent=1) + "\n")
@@ -328,7 +332,7 @@ def analyze(args: argparse.Namespace) -> int:
         print(f"wrote {args.plot}", file=sys.stderr)
     if not args.sample and not m.invalid:
         dataset_id = (
-            mixture.dataset_id_of(recipe, int(recipe.get("seed", 42)), hh_format)
+            mixture.dataset_id_of(fields, training.seed, hh_format)
             if mixed
             else (lengths.dataset_identity(name, split, subset, args.revision, hh_format=hh_format))
         )
@@ -337,7 +341,7 @@ def analyze(args: argparse.Namespace) -> int:
     return 0
 
 
-def load(args, recipe: dict, name: str, split: str, subset: str | None, hh_format: str):
+def load(args, name: str, split: str, subset: str | None):
     """One data set, and no mixture."""
     try:
         return data.load_preference_dataset(name, split, subset, revision=args.revision, streaming=args.streaming), None
@@ -359,35 +363,37 @@ def hub_downloads(tokenizer: str, dataset: str, config: str | None, split: str, 
     return missing
 
 
-def fetch_remedy(tokenizer: str, dataset: str, recipe: dict, recipe_path: str | None, args) -> str:
+def fetch_remedy(tokenizer: str, dataset: str, subset: str | None, recipe_path: str | None, args) -> str:
     """What to do where the Hub's files are out of reach: local files, or the cache filled elsewhere."""
     command = ["python", "scripts/prefetch.py", *(["--config", recipe_path] if recipe_path else [])]
     if offline.is_hub_model(tokenizer):
         command += ["--model_name_or_path", tokenizer]
     if offline.is_hub_dataset(dataset):
         command += ["--dataset_name", dataset, *(["--revision", args.revision] if args.revision else [])]
-        command += ["--dataset_config", recipe["dataset_config"]] if recipe.get("dataset_config") else []
+        command += ["--dataset_config", subset] if subset else []
     return (
         "pass a local tokenizer folder with --tokenizer PATH (and a local data file), or fill the cache on a machine "
         f"with network (`{shlex.join(command)}`) and run this with HF_HUB_OFFLINE=1"
     )
 
 
-def memory_per_gpu(args, recipe_path: str | None, model: str, max_lengths: list[int], longest: int | None) -> dict:
+def memory_per_gpu(run, max_lengths: list[int], longest: int | None) -> dict:
     """Whether each max_length asked about (the recipe's, --candidates, the recommendation) fits the recipe's GPUs, and
     which --sequence_parallel_size carries one that does not (dpotrain/plan/long_traces.py): printed, and returned for
     the JSON report. Planned only for a recipe (its engine, processes and GPU memory)."""
-    if recipe_path is None:
+    if run.config_path is None:
         return {"skipped": "no recipe: pass --config to plan memory for its GPUs"}
     from dpotrain import resolve
     from dpotrain.cluster.engine import from_config
     from dpotrain.plan import long_traces
 
-    gpu = ["--gpu_memory_gib", str(args.gpu_memory_gib)] if args.gpu_memory_gib else []
-    recipe = config.parse_args(["--config", recipe_path, "--dry-run", "--model_name_or_path", model, *gpu])
-    world, _ = resolve.world_size(recipe, planning=True)
-    engine = from_config(recipe.project.accelerate_config)
-    found = long_traces.carrying_groups(recipe, world, engine, max_lengths, longest)
+    try:
+        world, _ = resolve.world_size(run, planning=True)
+    except ConfigError as e:  # an accelerate config accelerate refuses (the dry run says so too): the lengths stand
+        found = {"skipped": str(e)}
+    else:
+        engine = from_config(run.project.accelerate_config)
+        found = long_traces.carrying_groups(run, world, engine, max_lengths, longest)
     print(long_traces.line(found), file=sys.stderr if "skipped" in found else sys.stdout)
     return found
 

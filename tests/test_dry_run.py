@@ -210,6 +210,24 @@ def test_every_suggested_command_plans_the_world_size_it_names(tmp_path, capsys,
         assert engine.from_config(config).gpus_per_node == per_node, line
 
 
+def test_an_accelerate_config_accelerate_would_refuse_is_refused_by_the_dry_run(tmp_path, capsys, monkeypatch):
+    """The accelerate config is read with accelerate's own loader, as `accelerate launch` reads it: a key it does not
+    know stops the launch, so the dry run that predicts it stops too, in one line with accelerate's reason (the engine
+    alone is left unplanned with that reason)."""
+    from dpotrain.cluster import engine
+    from dpotrain.recipe.errors import run_cli
+
+    bad = tmp_path / "accelerate.yaml"
+    bad.write_text((ROOT / "accelerate_config.yaml").read_text() + "gpus_per_node: 4\n")
+    assert "unknown keys (['gpus_per_node'])" in engine.from_config(str(bad)).source
+    monkeypatch.delenv("WORLD_SIZE", raising=False)  # planned from the file, as outside a launcher
+    with pytest.raises(SystemExit) as ended:
+        run_cli(lambda: dry_run(capsys, *SMOKE, "--accelerate_config", str(bad), "--output_dir", str(tmp_path / "o")))
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert ended.value.code == 2 and line.startswith(f"error: accelerate config {str(bad)!r} would be refused by"), line
+    assert "unknown keys (['gpus_per_node'])" in line
+
+
 @pytest.mark.parametrize(
     "template", [[], ["--chat_template_path", str(ROOT / "configs" / "templates" / "olmo_thinker.jinja")]]
 )

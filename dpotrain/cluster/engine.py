@@ -22,11 +22,10 @@ from datetime import timedelta
 from pathlib import Path
 
 import torch
-import yaml
 
 from dpotrain.data.builtin import PROJECT_ROOT
 from dpotrain.recipe import upstream
-from dpotrain.recipe.errors import ConfigError
+from dpotrain.recipe.errors import ConfigError, cause
 
 LAUNCHED = "this launch"  # the source of an engine read from the environment `accelerate launch` sets
 SUPPORTED = "one process, DDP, DeepSpeed ZeRO-2 or ZeRO-3, FSDP2 (accelerate_config.yaml, configs/accelerate/)"
@@ -125,22 +124,39 @@ def launched() -> Engine:
     return Engine("ddp" if world > 1 else "single", LAUNCHED, per_node)
 
 
+def read_accelerate_config(path: str):
+    """The accelerate config at `path` as `accelerate launch --config_file` reads it (accelerate's own loader)."""
+    from accelerate.commands.config.config_args import load_config_from_file
+
+    try:
+        return load_config_from_file(path)
+    except Exception as e:  # a YAML error, an unknown key, no distributed_type: `accelerate launch` refuses it too
+        raise ConfigError(f"accelerate config {path!r} would be refused by `accelerate launch`: {cause(e)}") from None
+
+
+def processes(config) -> int:
+    """The processes an accelerate config launches (its num_processes; accelerate's -1, unset, counted as 1)."""
+    return max(getattr(config, "num_processes", 1), 1)
+
+
 def from_config(accelerate_config: str) -> Engine:
     """The engine an accelerate config file selects (a dry run plans for it). Never raises: an engine plans do not
     cover is named "unplanned", with the reason in `source`."""
     if accelerate_config.lower() in ("", "none"):
         return Engine("single", "python train_dpo.py, no launcher")
-    path = Path(accelerate_config)
-    if not path.is_file():
+    if not Path(accelerate_config).is_file():
         return Engine("unplanned", f"accelerate config {accelerate_config!r} not found")
-    config = yaml.safe_load(path.read_text()) or {}
-    per_node = max(int(config.get("num_processes", 1)) // max(int(config.get("num_machines", 1)), 1), 1)
+    try:
+        config = read_accelerate_config(accelerate_config)
+    except ConfigError as e:
+        return Engine("unplanned", str(e))
+    per_node = max(processes(config) // max(config.num_machines, 1), 1)
     # The job's GPUs per node, when given (scripts/launch.sh: from --gpus-per-node), over the config's: what a refusal
     # counts nodes in.
     per_node = int(os.environ.get("GPUS_PER_NODE") or 0) or per_node
-    kind = str(config.get("distributed_type", "NO")).upper()
+    kind = config.distributed_type.value
     if kind == "DEEPSPEED":
-        ds = config.get("deepspeed_config") or {}
+        ds = config.deepspeed_config
         ds_file = ds.get("deepspeed_config_file")
         if ds_file:  # relative to where jobs start (the project root), as accelerate reads it
             ds_path = Path(ds_file) if Path(ds_file).is_file() else PROJECT_ROOT / ds_file
@@ -158,7 +174,7 @@ def from_config(accelerate_config: str) -> Engine:
             return Engine("unplanned", f"DeepSpeed ZeRO stage {stage} ({accelerate_config}): plans cover stages 2, 3")
         return found
     if kind == "FSDP":
-        fsdp = config.get("fsdp_config") or {}
+        fsdp = config.fsdp_config
         if int(fsdp.get("fsdp_version", 1)) != 2:
             return Engine("unplanned", f"FSDP version 1 ({accelerate_config}): plans cover FSDP2 (fsdp_version: 2)")
         return Engine("fsdp2", accelerate_config, per_node, offload_params=bool(fsdp.get("fsdp_offload_params")))

@@ -1,8 +1,9 @@
 """Parse a recipe: TRL's own dataclasses plus `ProjectArguments`, with defaults < YAML < command line.
 
-A YAML recipe is turned into command-line tokens placed before the real command line, so both go through the same
-argparse types (YAML's `1e-6` is a string, `1.0e-6` a float: both parse as floats here) and the command line wins
-because argparse keeps the last value. Unknown keys are errors that name the key and the closest known one.
+A YAML recipe is turned into command-line words placed before the real command line, so both go through the same
+argparse types and choices (YAML's `1e-6` is a string, `1.0e-6` a float: both parse as floats here) and the command line
+wins because argparse keeps the last value (TRL's `TrlParser.parse_args_and_config` would make the YAML's values
+argparse defaults, unchecked: docs/architecture.md). Unknown keys are errors that name the closest known one.
 """
 
 import contextlib
@@ -358,14 +359,17 @@ def make_parser():
     return parser
 
 
-def _options(parser) -> dict[str, object]:
-    """`--name` (as written in YAML, snake_case) -> its argparse action."""
-    return {
-        opt: action
-        for action in upstream.parser_actions(parser)
-        for opt in action.option_strings
-        if opt.startswith("--")
-    }
+@functools.cache
+def _options() -> dict[str, object]:
+    """`--name` (as written in YAML, snake_case, or kebab-case on the command line) -> its argparse action."""
+    actions = upstream.parser_actions(make_parser())
+    return {opt: action for action in actions for opt in action.option_strings if opt.startswith("--")}
+
+
+def fields_set(words) -> set[str]:
+    """The fields that command-line words set (`--name value`, `--name=value`, either spelling)."""
+    options = _options()
+    return {options[w.split("=")[0]].dest for w in words if w.split("=")[0] in options}
 
 
 # Names that older transformers / TRL versions (and many tutorials) use, with what replaced them.
@@ -385,59 +389,47 @@ REMOVED = {
 }
 
 
-def _suggest(name: str, options: dict) -> str:
+def _suggest(name: str) -> str:
     """' (did you mean ...?)' for a misspelled field, written as given: `betta` -> 'beta', `--betta` -> '--beta'.
 
     A field of an older transformers / TRL version gets what replaced it instead.
     """
-    if name.lstrip("-").replace("-", "_") in REMOVED:
-        return f" ({REMOVED[name.lstrip('-').replace('-', '_')]})"
-    known = [o for o in options if "-" not in o[2:]]  # the snake_case spelling of each flag
-    if not name.startswith("--"):
-        known = [o[2:] for o in known]
+    bare = name.lstrip("-").replace("-", "_")
+    if bare in REMOVED:
+        return f" ({REMOVED[bare]})"
+    known = [o if name.startswith("--") else o[2:] for o in _options() if "-" not in o[2:]]  # snake_case spellings
     close = difflib.get_close_matches(name, known, n=1, cutoff=0.75)
     return f" (did you mean {close[0]!r}?)" if close else ""
 
 
-def yaml_to_args(config: dict, options: dict, source: str) -> list[str]:
-    args = []
-    for key, value in config.items():
-        if f"--{key}" not in options or "-" in key:
-            raise ConfigError(f"{source}: unknown key {key!r}{_suggest(key, options)}. Remove it or fix its spelling.")
-        args.append(f"--{key}")
-        if isinstance(value, bool):
-            args.append(str(value).lower())
-        elif isinstance(value, list):
-            args.extend(json.dumps(v) if isinstance(v, dict) else str(v) for v in value)
-        elif isinstance(value, dict):
-            args.append(json.dumps(value))
-        else:
-            args.append("None" if value is None else str(value))
-    return args
-
-
-def read_recipe(path: str, options: dict | None = None) -> dict:
+def read_recipe(path: str) -> dict:
     """The recipe file at `path`, checked as training checks it: strict YAML (`recipe_file.load`: a key given twice,
-    a syntax error) and every key a field (a misspelled one is refused with the closest known one). The analyzer
-    reads recipes through here too, so both refuse the same recipe with the same line."""
+    a syntax error) and every key a field (a misspelled one is refused with the closest known one)."""
     writes.check_path_limit("config", path)
     if not Path(path).is_file():
         raise ConfigError(f"recipe {path!r} not found: pass one of configs/*.yaml")
     config = recipe_file.load(path)
-    yaml_to_args({k: v for k, v in config.items() if k != "env"}, options or _known_options(), path)
+    for key in config:
+        if key != "env" and (f"--{key}" not in _options() or "-" in key):
+            raise ConfigError(f"{path}: unknown key {key!r}{_suggest(key)}. Remove it or fix its spelling.")
     return config
 
 
-@functools.cache
-def _known_options() -> dict:
-    return _options(make_parser())
+def _as_flags(config: dict) -> list[str]:
+    """The recipe's fields as command-line words, read by the same argparse types and choices as the command line."""
+
+    def word(value) -> str:
+        if isinstance(value, bool):
+            return str(value).lower()
+        return json.dumps(value) if isinstance(value, dict) else str(value)  # None: "None", as typed
+
+    return [w for key, v in config.items() for w in (f"--{key}", *map(word, v if isinstance(v, list) else [v]))]
 
 
 def parse_args(argv: list[str] | None = None) -> Recipe:
     argv = list(sys.argv[1:] if argv is None else argv)
     typed = without_secrets(argv)
     parser = make_parser()
-    options = _options(parser)
     if {"-h", "--help"} & set(argv):  # what users type first; every field one flag away
         print(usage.short_help(parser, ProjectArguments))
         raise SystemExit(0)
@@ -445,36 +437,32 @@ def parse_args(argv: list[str] | None = None) -> Recipe:
         parser.print_help()
         raise SystemExit(0)
 
-    config_path = None
-    yaml_args: list[str] = []
+    config_path, config = None, {}
     if "--config" in argv:
         i = argv.index("--config")
         if i + 1 >= len(argv):
             raise ConfigError("--config needs a path, e.g. --config configs/think.yaml")
         config_path = argv[i + 1]
         del argv[i : i + 2]
-        config = read_recipe(config_path, options)
-        for key, value in (config.pop("env", None) or {}).items():  # TRL's `env:` block
-            os.environ.setdefault(key, str(value))
-        yaml_args = yaml_to_args(config, options, config_path)
-
-    tokens, max_length_auto = _take_max_length_auto(yaml_args + argv + _cpu_deepspeed_backend(yaml_args + argv))
+        config = read_recipe(config_path)
+    for key, value in (config.pop("env", None) or {}).items():  # TRL's `env:` block, under the environment
+        os.environ.setdefault(key, str(value))
+    words = _as_flags(config) + argv  # argparse keeps the last value: the command line wins
+    tokens, max_length_auto = _take_max_length_auto(words + _cpu_deepspeed_backend(words))
     _, remaining = parser.parse_known_args(tokens)  # name an unknown flag before any field is validated
     if remaining:
         flag = next((r for r in remaining if r.startswith("-")), remaining[0])
-        raise ConfigError(f"unknown argument {flag!r}{_suggest(flag.split('=')[0], options)}; see --help")
-    planning = dry_run_asked(argv)
+        raise ConfigError(f"unknown argument {flag!r}{_suggest(flag.split('=')[0])}; see --help")
     try:
-        with _gpu_checks_skipped() if planning else contextlib.nullcontext():
-            dataclasses = parser.parse_args_into_dataclasses(args=tokens)
+        with upstream.bf16_gpu_check_skipped() if dry_run_asked(argv) else contextlib.nullcontext():
+            script, training, model, project = parser.parse_args_into_dataclasses(args=tokens)
     except ValueError as e:  # transformers' own validation of TrainingArguments: a user error, said in one line
         hint = " (on a CPU machine: --bf16 false, or the CPU demo configs/smoke.yaml)" if "bf16" in str(e) else ""
         raise ConfigError(f"{e}{hint}") from None
-    script, training, model, project = dataclasses
-    given = {options[t.split("=")[0]].dest for t in tokens if t.split("=")[0] in options}
+    given = fields_set(tokens)
     if "padding_free" not in given:
         training.padding_free = True  # this project's default: packed sequences (TRL's is False)
-    on_command_line = {options[a.split("=")[0]].dest for a in argv if a.split("=")[0] in options}
+    on_command_line = fields_set(argv)
     replaced = _command_line_batch_wins(training, project, on_command_line)
     if "dataset_name" in on_command_line:
         script.dataset_name = _from_submit_dir(script.dataset_name)
@@ -546,15 +534,8 @@ def _job_output_dir(output_dir: str, on_command_line: bool) -> str:
 
 def without_secrets(argv: list[str]) -> tuple[str, ...]:
     """The command line without a --hub_token and its value (a printed command must not carry the token)."""
-    words, skip = [], False
-    for word in argv:
-        if skip:
-            skip = False
-        elif word == "--hub_token":
-            skip = True
-        elif not word.startswith("--hub_token="):
-            words.append(word)
-    return tuple(words)
+    value = {i + 1 for i, word in enumerate(argv) if word == "--hub_token"}
+    return tuple(w for i, w in enumerate(argv) if i not in value and w.split("=")[0] != "--hub_token")
 
 
 def _command_line_batch_wins(training, project, on_command_line: set[str]) -> dict | None:
@@ -601,14 +582,6 @@ def _cpu_deepspeed_backend(args: list[str]) -> list[str]:
     if launched and not torch.cuda.is_available() and not any("ddp_backend" in a for a in args):
         return ["--ddp_backend", "gloo"]
     return []
-
-
-@contextlib.contextmanager
-def _gpu_checks_skipped():
-    """A dry run on a CPU login node plans a GPU job: transformers' "bf16 needs a GPU" check must not refuse it."""
-
-    with upstream.bf16_gpu_check_skipped():
-        yield
 
 
 def _take_max_length_auto(tokens: list[str]) -> tuple[list[str], bool]:
