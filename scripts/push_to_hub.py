@@ -31,7 +31,7 @@ from dotenv import load_dotenv  # noqa: E402
 from dpotrain import output_folder  # noqa: E402
 from dpotrain.cluster import offline  # noqa: E402
 from dpotrain.hub import hub, hub_push  # noqa: E402
-from dpotrain.recipe import cli  # noqa: E402
+from dpotrain.recipe import cli, run_record  # noqa: E402
 from dpotrain.recipe.errors import ConfigError, run_cli  # noqa: E402
 from dpotrain.train import checkpoints, run_files  # noqa: E402
 
@@ -58,15 +58,12 @@ def main(argv: list[str] | None = None) -> None:
     problems = hub.run_folder_problems(run)
     if problems:
         raise ConfigError(f"{run} is not a finished run: missing {', '.join(problems)}")
-    resolved = (
-        json.loads((run / "resolved_config.json").read_text()) if (run / "resolved_config.json").is_file() else {}
-    )
-    repo_id = args.repo_id or resolved.get("hub_model_id")
+    saved = run / "resolved_config.json"
+    recorded = (run_record.read(saved) if saved.is_file() else run_record.of({})).settings  # the push it made
+    repo_id = args.repo_id or recorded.hub_model_id
     if not repo_id:
-        raise ConfigError(
-            f"no repo to push to: pass --repo-id org/name ({run}/resolved_config.json has no hub_model_id)"
-        )
-    private = args.private or bool(resolved.get("hub_private_repo"))
+        raise ConfigError(f"no repo to push to: pass --repo-id org/name ({saved} has no hub_model_id)")
+    private = args.private or bool(recorded.hub_private_repo)
 
     from dpotrain.cluster.offline import hf_token
 

@@ -9,11 +9,11 @@ names another commit is another data set, refused as changed data are. A local d
 content instead (data_identity.py). The Hub sources of a mixture are recorded by commit, not pinned: a resume after
 one moved is refused (`moved`)."""
 
-import json
 import re
 from pathlib import Path
 
 from dpotrain.data import data, lengths
+from dpotrain.recipe import run_record
 from dpotrain.recipe.errors import ConfigError
 
 KEY = "hub_commit"  # derived.data_identity's field for a Hub data set
@@ -47,13 +47,10 @@ def kept(recipe, output_dir: str) -> str | None:
     if given is not None or not applies(name):
         return None
     try:
-        recorded = json.loads((Path(output_dir) / "resolved_config.json").read_text())
-    except (OSError, ValueError):
+        recorded = run_record.read(Path(output_dir) / "resolved_config.json")
+    except ConfigError:  # no record, or none readable: a run that never started training here
         return None
-    commit = ((recorded.get("derived") or {}).get("data_identity") or {}).get(KEY)
-    if not commit:
-        return None
-    return commit
+    return (recorded.data.data_identity or {}).get(KEY) or None
 
 
 def changed(recorded: str, name: str, given: str | None) -> str | None:
