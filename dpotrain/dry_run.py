@@ -22,28 +22,17 @@ from dpotrain.train import losses
 KNOWN_GPUS = {"H100 80GB": 79.6, "H200": 140.4, "B200": 179.0}
 
 
-def json_path(output_dir: str) -> Path:
-    """Where the dry run writes the full plan: beside the output folder, so the real run finds no folder made for it."""
-    out = Path(os.path.abspath(output_dir))  # `--output_dir .`: beside the folder, never inside it as `.dry-run.json`
-    return out.parent / f"{out.name}.dry-run.json"
-
-
 def write_json(resolved: dict, output_dir: str) -> Path:
-    path = json_path(output_dir)
+    """The full plan, beside the output folder (never inside it, `--output_dir .` included: `./.dry-run.json`), so that
+    the real run finds no folder made for it."""
+    out = Path(os.path.abspath(output_dir))
+    path = out.parent / f"{out.name}.dry-run.json"
     sources = mixture.local_files(resolved)  # a mixture's local sources, named as the recipe resolved them
     inputs = input_files(
         resolved.get("config"), resolved.get("dataset_name"), *sources, resolved.get("accelerate_config")
     )
     check_not_input("the dry run's record (beside --output_dir)", path, inputs)
     return write_text(path, json.dumps(resolved, indent=2, default=str) + "\n")
-
-
-def asked(argv: list[str]) -> bool:
-    """`--dry-run` on the command line, before the arguments are parsed (what libraries print while they are goes to
-    stderr too)."""
-    from dpotrain.recipe.config import dry_run_asked
-
-    return dry_run_asked(argv)
 
 
 def report(resolved: dict, output_dir: str, as_json: bool, stdout=None) -> None:

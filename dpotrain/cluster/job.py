@@ -1,15 +1,6 @@
-"""What scripts/launch.sh asks the package, so that the script reads neither the recipe nor the record itself.
-
-    python -m dpotrain.cluster.job engine configs/think.yaml   # the accelerate config the job launches with
-    python -m dpotrain.cluster.job plan < dry-run.json         # the job's plan, and what the run would refuse
-
-`engine`: the recipe's own accelerate_config (configs/think-32b.yaml names ZeRO-3), read as training reads the file;
-a recipe that plans plain `python train_dpo.py` (`none`) or names none is launched under the default,
-accelerate_config.yaml. launch.sh's ACCELERATE_CONFIG wins over both.
-`plan`: the dry run's record (`train_dpo.py --dry-run --json`, recipe/run_record.py): the batch per step, the output
-folder and the memory plan per GPU on stdout; what the run would refuse (a login missing, the output folder) as the
-run's own `error:` lines on stderr, with exit code 2: the job ends there, in seconds, before any process starts.
-"""
+"""What scripts/launch.sh asks the package, so that the script reads neither the recipe nor the record itself:
+`engine <recipe>` names the accelerate config the job launches with, `plan` (the dry run's JSON on stdin) prints the
+job's batch, memory plan and output folder, and ends the job (exit code 2) where the run would refuse."""
 
 import os
 import sys
@@ -20,14 +11,18 @@ from dpotrain.recipe.errors import ConfigError, run_cli
 
 
 def engine(recipe: str) -> str:
+    """The recipe's own (think-32b.yaml names ZeRO-3); `none` (plain `python train_dpo.py`) or none given: the default,
+    accelerate_config.yaml. launch.sh's ACCELERATE_CONFIG wins over both."""
     named = recipe_file.load(recipe).get("accelerate_config")
     return str(named) if named and str(named).lower() != "none" else ProjectArguments.accelerate_config
 
 
 def plan(text: str) -> int:
-    """The lines a job's log shows of its dry run; 2 where the run would refuse."""
-    r = run_record.parse(text[text.find("{\n") :] if "{\n" in text else text, "the dry run's output")  # a library's
-    b, world, memory = r.batching, r.launch.world_size, r.memory  # line may come first
+    """The lines a job's log shows of its dry run; what the run would refuse (a login missing, the output folder) as
+    its own `error:` lines, and 2: the job ends in seconds, before any process starts."""
+    start = max(text.find("{\n"), 0)  # a library may print a line of its own before the JSON
+    r = run_record.parse(text[start:], "the dry run's output")
+    b, world, memory = r.batching, r.launch.world_size, r.memory
     output = os.path.abspath(r.output.output_dir)  # where the run writes, whatever folder reads the log
     if b.max_tokens_per_microbatch:  # micro-batches cut by tokens: their count per step comes from the data
         print(
