@@ -122,7 +122,6 @@ class Output:
     output_dir: str | None
     folder: str | None  # a dry run: what the run would do with it
     would_refuse: tuple[str, ...]  # a dry run: what the run would refuse, each as it would say it
-    resumed_from: str | None
 
 
 @dataclass(frozen=True)
@@ -220,6 +219,6 @@ def _record(r: dict) -> Record:
         d.get("forward") or {},
         batching,
         _view(Memory, d.get("memory")),
-        Output(r.get("output_dir"), d.get("output_folder"), tuple(d.get("would_refuse") or ()), d.get("resumed_from")),
+        Output(r.get("output_dir"), d.get("output_folder"), tuple(d.get("would_refuse") or ())),
         d.get("model_identity"),
     )
