@@ -70,7 +70,7 @@ class Template:
 @dataclass(frozen=True)
 class Lengths:
     max_length: int | None  # as trained: the recipe's, or `auto`'s choice; None: unbounded, or decided at start
-    auto: dict | None  # under `max_length: auto`: the analyzer's choice and its coverage (lengths.py), or when
+    auto: dict | None  # `max_length: auto`: the analyzer's choice and coverage (lengths.py), or when it is made
     template: Template | None
 
     @property
