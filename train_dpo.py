@@ -29,7 +29,7 @@ try:
     from dpotrain.cluster import build_locks, engine, offline, run_lock
     from dpotrain.hub import hub
     from dpotrain.plan import plan_stage
-    from dpotrain.recipe.config import parse_args
+    from dpotrain.recipe.config import dry_run_asked, parse_args
     from dpotrain.recipe.errors import run_cli
     from dpotrain.reference import reference
     from dpotrain.train import agreement, disk_full, resume
@@ -65,7 +65,7 @@ def run(argv, stop: GracefulStop) -> int | None:
     # device), which compiles an op first and would wait on a stale build lock of it forever, silently.
     build_locks.check_launch()
     stdout = sys.stdout
-    with redirect_stdout(sys.stderr) if dry_run.asked(sys.argv[1:] if argv is None else argv) else nullcontext():
+    with redirect_stdout(sys.stderr) if dry_run_asked(sys.argv[1:] if argv is None else argv) else nullcontext():
         recipe = parse_args(argv)  # transformers prints "[INFO] Running in WANDB offline mode" as it is imported
     # A dry run's stdout is its summary or JSON alone: what the stages and libraries print goes to stderr.
     with redirect_stdout(sys.stderr) if recipe.project.dry_run else nullcontext():

@@ -12,6 +12,8 @@ from pathlib import Path
 
 from dpotrain.data import mixture
 from dpotrain.forwards import cost, flops
+from dpotrain.recipe import run_record
+from dpotrain.recipe.run_record import Record
 from dpotrain.recipe.writes import check_not_input, input_files, write_text
 from dpotrain.train import losses
 
@@ -20,28 +22,17 @@ from dpotrain.train import losses
 KNOWN_GPUS = {"H100 80GB": 79.6, "H200": 140.4, "B200": 179.0}
 
 
-def json_path(output_dir: str) -> Path:
-    """Where the dry run writes the full plan: beside the output folder, so the real run finds no folder made for it."""
-    out = Path(os.path.abspath(output_dir))  # `--output_dir .`: beside the folder, never inside it as `.dry-run.json`
-    return out.parent / f"{out.name}.dry-run.json"
-
-
 def write_json(resolved: dict, output_dir: str) -> Path:
-    path = json_path(output_dir)
+    """The full plan, beside the output folder (never inside it, `--output_dir .` included: `./.dry-run.json`), so that
+    the real run finds no folder made for it."""
+    out = Path(os.path.abspath(output_dir))
+    path = out.parent / f"{out.name}.dry-run.json"
     sources = mixture.local_files(resolved)  # a mixture's local sources, named as the recipe resolved them
     inputs = input_files(
         resolved.get("config"), resolved.get("dataset_name"), *sources, resolved.get("accelerate_config")
     )
     check_not_input("the dry run's record (beside --output_dir)", path, inputs)
     return write_text(path, json.dumps(resolved, indent=2, default=str) + "\n")
-
-
-def asked(argv: list[str]) -> bool:
-    """`--dry-run` on the command line, before the arguments are parsed (what libraries print while they are goes to
-    stderr too)."""
-    from dpotrain.recipe.config import dry_run_asked
-
-    return dry_run_asked(argv)
 
 
 def report(resolved: dict, output_dir: str, as_json: bool, stdout=None) -> None:
@@ -52,7 +43,7 @@ def report(resolved: dict, output_dir: str, as_json: bool, stdout=None) -> None:
     if as_json:
         print(json.dumps(resolved, indent=2, default=str), file=stdout, flush=True)
     else:
-        print(summary(resolved, write_json(resolved, output_dir)), file=stdout, flush=True)
+        print(summary(run_record.of(resolved), write_json(resolved, output_dir)), file=stdout, flush=True)
 
 
 def gpu_name(gib: float | None) -> str:
@@ -62,78 +53,71 @@ def gpu_name(gib: float | None) -> str:
     return next((name for name, size in KNOWN_GPUS.items() if abs(size - gib) <= 1.0), "")
 
 
-def template_text(resolved: dict) -> str:
+def template_text(r: Record) -> str:
     """The chat template the pairs are tokenized with: the recipe's file, or the model's own (its SHA-256 where the
     tokenizer was at hand)."""
-    record = resolved["derived"].get("chat_template") or {}
-    if record.get("plain_text"):
-        unused = f"; chat_template_path is not used ({record['unused']})" if record.get("unused") else ""
+    t = r.lengths.template or run_record.Template(None, None, None, None)
+    if t.plain_text:
+        unused = f"; chat_template_path is not used ({t.unused})" if t.unused else ""
         return f"none: the pairs are plain text, no chat template applies{unused}"
-    digest = f"sha256 {record['sha256'][:12]}" if record.get("sha256") else ""
-    if resolved.get("chat_template_path"):
-        return f"{resolved['chat_template_path']} ({digest}; chat_template_path)"
+    digest = f"sha256 {t.sha256[:12]}" if t.sha256 else ""
+    if r.settings.chat_template_path:
+        return f"{r.settings.chat_template_path} ({digest}; chat_template_path)"
     return f"the model's own ({digest or 'its tokenizer is not on this machine'})"
 
 
-def trained_text(resolved: dict) -> str:
+def trained_text(r: Record) -> str:
     """Which tokens of each side are trained: of plain text, the completion; of messages, the assistant turns
     `assistant_turns` names."""
-    if (resolved["derived"].get("chat_template") or {}).get("plain_text"):
+    if r.lengths.template and r.lengths.template.plain_text:
         return "the completion after the prompt (plain text has no assistant turns: assistant_turns does not apply)"
-    if resolved.get("assistant_turns", "final") == "all":
+    if r.settings.assistant_turns == "all":
         return "every assistant turn of each side (assistant_turns all, as open-instruct trained OLMo 3)"
     return "the final assistant turn of each side (assistant_turns final, TRL's)"
 
 
-def summary(resolved: dict, json_file: Path | None, heading: str | None = None) -> str:
+def summary(r: Record, json_file: Path | None, heading: str | None = None) -> str:
     """The lines a person reads before submitting (and a run prints as it starts, under its own `heading`): model,
     data, steps, batching, memory per GPU, the GPU, engine."""
-    d = resolved["derived"]
-    memory, batching = d.get("memory", {}), d.get("batching", {})
-    lines = [heading or f"dry run of {resolved['config'] or 'the command line'}: nothing loaded, nothing trained"]
+    s, launch, memory = r.settings, r.launch, r.memory
+    lines = [heading or f"dry run of {s.config or 'the command line'}: nothing loaded, nothing trained"]
 
     def row(name: str, text: str) -> None:
         lines.append(f"  {name + ':':<15}{text}")
 
-    model = resolved["model_name_or_path"]
-    if "model" in memory:
-        m = memory["model"]
+    model = s.model_name_or_path
+    if memory.model:
+        m = memory.model
         model += f" ({m['parameters'] / 1e9:.2f}B parameters, {m['layers']} layers, hidden size {m['hidden_size']})"
-    precision = "bf16" if resolved["bf16"] else "fp16" if resolved["fp16"] else "fp32"
-    row("model", f"{model}; weights load in {resolved['dtype']}, training computes in {precision}")
-    rows = d.get("dataset_rows")
-    data = f"{resolved['dataset_name']} (split {resolved['dataset_train_split']})"
-    if d.get("data_sources"):  # a mixture: one line per source
-        data = f"a mixture of {len(d['data_sources'])} sources"
+    precision = "bf16" if s.bf16 else "fp16" if s.fp16 else "fp32"
+    row("model", f"{model}; weights load in {s.dtype}, training computes in {precision}")
+    rows, sources = r.data.dataset_rows, r.data.data_sources or []
+    data = f"a mixture of {len(sources)} sources" if sources else f"{s.dataset_name} (split {s.dataset_train_split})"
     row("data", f"{data}: {rows:,} rows" if rows is not None else f"{data}: rows counted when the run loads it")
-    lines.extend(f"  {'':<15}{mixture.describe(r)}" for r in d.get("data_sources") or [])
-    row("template", template_text(resolved))
-    row("trained", trained_text(resolved))
-    row("loss", loss_text(resolved))
-    row("learning rate", learning_rate_text(resolved))
-    if d.get("total_steps") is not None:
-        n = resolved["num_train_epochs"]
-        epochs = "" if resolved["max_steps"] > 0 else f" ({n:g} epoch{'s' * (n != 1)})"
-        total = d["total_steps"]
-        row("steps", f"{total:,} optimizer step{'s' * (total != 1)}{epochs}, {d['warmup_steps']:,} of warmup")
+    lines.extend(f"  {'':<15}{mixture.describe(source)}" for source in sources)
+    length = r.lengths
+    row("max length", f"{length.max_length} ({length.chosen_by})" if length.max_length else length.chosen_by)
+    row("template", template_text(r))
+    row("trained", trained_text(r))
+    row("loss", loss_text(s))
+    row("learning rate", learning_rate_text(s))
+    total = r.data.total_steps
+    if total is not None:
+        epochs = "" if s.max_steps > 0 else f" ({s.num_train_epochs:g} epoch{'s' * (s.num_train_epochs != 1)})"
+        row("steps", f"{total:,} optimizer step{'s' * (total != 1)}{epochs}, {r.data.warmup_steps:,} of warmup")
     else:
         row("steps", "counted when the run loads the data set (a dry run reads only local files)")
-    clipping = d.get("gradient_clipping")
+    clipping = launch.gradient_clipping
     if clipping:  # the value in effect (engine.gradient_clipping); grad_norm in the logs is the norm before it
-        norm = clipping["max_grad_norm"]
-        row(
-            "clipping",
-            clipping["clipped_by"]
-            if norm is None
-            else f"global gradient norm {norm} (max_grad_norm), by {clipping['clipped_by']}",
-        )
-    row("time", duration_text(resolved))
-    row("reference", reference_text(resolved, batching.get("pairs_trained")))
-    per_node = memory.get("gpus_per_node")
-    nodes = -(-d["world_size"] // per_node) if per_node else None
-    shape = f", {nodes} node{'s' * (nodes > 1)} of {per_node} GPUs" if per_node and d["world_size"] > 1 else ""
-    row("processes", f"{d['world_size']} ({d['world_size_source']}){shape}")
-    n, ranks = resolved.get("sequence_parallel_size", 1), d.get("data_parallel_size", d["world_size"])
+        norm, by = clipping["max_grad_norm"], clipping["clipped_by"]
+        row("clipping", by if norm is None else f"global gradient norm {norm} (max_grad_norm), by {by}")
+    row("time", duration_text(r))
+    row("reference", reference_text(s, r.batching.pairs_trained))
+    world, per_node, n = launch.world_size, memory.gpus_per_node, s.sequence_parallel_size or 1
+    nodes = -(-world // per_node) if per_node else None
+    shape = f", {nodes} node{'s' * (nodes > 1)} of {per_node} GPUs" if per_node and world > 1 else ""
+    row("processes", f"{world} ({launch.world_size_source}){shape}")
+    ranks = launch.data_parallel_size or world
     if n > 1:
         row(
             "sequence",
@@ -141,69 +125,69 @@ def summary(resolved: dict, json_file: Path | None, heading: str | None = None) 
             f"{ranks} data-parallel rank{'s' * (ranks > 1)} (processes / {n}) read the pairs",
         )
     over = "all processes" if n == 1 else f"{ranks} data-parallel rank{'s' * (ranks > 1)}"
-    row("per step", f"{d['pairs_per_step']} pairs, over {over}{replaced_text(d, d['pairs_per_step'])}")
-    _batching_rows(resolved, batching, ranks, row)
-    launcher = resolved["accelerate_config"]
-    row("engine", memory.get("engine") or ("one process" if launcher.lower() in ("", "none") else launcher))
-    row("forward", forward_text(d.get("forward") or {}))
-    lines += _memory_lines(memory, row)
-    if resolved.get("compile_layers"):
+    pairs = r.batching.pairs_per_step
+    row("per step", f"{pairs} pairs, over {over}{replaced_text(r.batching.replaced, pairs)}")
+    _batching_rows(r.batching, ranks, row)
+    launcher = s.accelerate_config or "none"
+    row("engine", memory.engine or ("one process" if launcher.lower() in ("", "none") else launcher))
+    row("forward", forward_text(r.forward))
+    _memory_rows(memory, row)
+    if s.compile_layers:
         row("compile", "each decoder layer (compile_layers): the first steps compile (dpotrain/plan/layers.py)")
-    if "output_folder" in d:  # a dry run: what the run would do with its folder
-        row("output", d["output_folder"])
+    if r.output.folder:  # a dry run: what the run would do with its folder
+        row("output", r.output.folder)
     if json_file is not None:
         row("everything", f"{json_file} (or --json prints it)")
     # Last, where the eye lands: what the run itself would refuse (a login missing on a login node, the folder).
-    lines += [f"warning: the run would refuse: {refusal}" for refusal in d.get("would_refuse") or []]
+    lines += [f"warning: the run would refuse: {refusal}" for refusal in r.output.would_refuse]
     return "\n".join(lines)
 
 
-def loss_text(resolved: dict) -> str:
+def loss_text(s) -> str:
     """'sigmoid_norm, beta 5', with the option each configured variant reads where it has one (docs/losses.md)."""
-    types = resolved["loss_type"] if isinstance(resolved["loss_type"], list) else [resolved["loss_type"]]
-    weights = resolved.get("loss_weights")
+    types = s.loss_type if isinstance(s.loss_type, list) else [s.loss_type]
+    weights = s.loss_weights
     parts = [" + ".join(f"{w:g} x {t}" for t, w in zip(types, weights, strict=True)) if weights else " + ".join(types)]
-    parts.append(f"beta {resolved['beta']:g}")
+    parts.append(f"beta {s.beta:g}")
     if set(types) & losses.READS_LABEL_SMOOTHING:
-        parts.append(f"label_smoothing {resolved['label_smoothing']:g}")
+        parts.append(f"label_smoothing {s.label_smoothing:g}")
     if "discopop" in types:
-        parts.append(f"discopop_tau {resolved['discopop_tau']:g}")
-    if resolved.get("f_divergence_type", "reverse_kl") != "reverse_kl":
-        parts.append(f"f_divergence_type {resolved['f_divergence_type']}")
-    if resolved.get("ld_alpha") is not None:
-        parts.append(f"ld_alpha {resolved['ld_alpha']:g} (LD-DPO)")
-    if resolved.get("use_weighting"):
+        parts.append(f"discopop_tau {s.discopop_tau:g}")
+    if s.f_divergence_type not in (None, "reverse_kl"):
+        parts.append(f"f_divergence_type {s.f_divergence_type}")
+    if s.ld_alpha is not None:
+        parts.append(f"ld_alpha {s.ld_alpha:g} (LD-DPO)")
+    if s.use_weighting:
         parts.append("use_weighting (WPO)")
-    if resolved.get("sync_ref_model"):
+    if s.sync_ref_model:
         parts.append("sync_ref_model (TR-DPO)")
     return ", ".join(parts)
 
 
-def learning_rate_text(resolved: dict) -> str:
+def learning_rate_text(s) -> str:
     """'1e-06 (the recipe's learning_rate_note); linear schedule with 10% warm-up (warmup_steps 0.1)'."""
-    note = f" ({resolved['learning_rate_note']})" if resolved.get("learning_rate_note") else ""
-    warmup = resolved["warmup_steps"]
+    note = f" ({s.learning_rate_note})" if s.learning_rate_note else ""
+    warmup = s.warmup_steps
     share = f"{warmup:.0%} warm-up" if 0 < warmup < 1 else f"{warmup:g} warm-up steps" if warmup else "no warm-up"
-    schedule = f"{resolved['lr_scheduler_type']} schedule with {share} (warmup_steps {warmup:g})"
-    return f"{resolved['learning_rate']:g}{note}; {schedule}"
+    schedule = f"{s.lr_scheduler_type} schedule with {share} (warmup_steps {warmup:g})"
+    return f"{s.learning_rate:g}{note}; {schedule}"
 
 
-def duration_text(resolved: dict) -> str:
+def duration_text(r: Record) -> str:
     """How long the reference stage and the steps take at the planned size, by one rule: model FLOPs (6 x parameters
     per token trained, 2 x per token the reference stage scores, a forward) / (GPUs x the GPU's peak x an assumed MFU,
     the lowest this project measured: forwards/cost.py SPEED). An estimate for GPU runs; else why not."""
-    d = resolved["derived"]
-    memory, batching = d.get("memory", {}), d.get("batching", {})
-    if not (resolved["bf16"] or resolved["fp16"]):
+    s, memory, batching, steps = r.settings, r.memory, r.batching, r.data.total_steps
+    if not (s.bf16 or s.fp16):
         return "not estimated: this recipe computes in fp32, a CPU run (the estimate is a GPU's: its peak FLOP/s)"
-    if "model" not in memory:
-        return f"not estimated: no memory plan, which counts the model's parameters ({memory.get('skipped', '')})"
-    if "micro_batches_per_step" not in batching or d.get("total_steps") is None:
-        return f"not estimated: tokens per step are known {batching.get('planned', 'at start')}"
-    source = memory["gpu_memory_source"]
+    if not memory.model:
+        return f"not estimated: no memory plan, which counts the model's parameters ({memory.skipped or ''})"
+    if batching.positions_per_micro_batch is None or steps is None:
+        return f"not estimated: tokens per step are known {batching.planned or 'at start'}"
+    source = memory.gpu_memory_source
     detected = source.removeprefix("detected: ").split(" (")[0]  # "detected: NVIDIA H100 80GB HBM3 (a note)"
-    name = detected if source.startswith("detected") else gpu_name(memory["gpu_memory_gib"])
-    peak = resolved.get("gpu_peak_tflops") or flops.peak_of(name)
+    name = detected if source.startswith("detected") else gpu_name(memory.gpu_memory_gib)
+    peak = s.gpu_peak_tflops or flops.peak_of(name)
     if not peak:
         sizes = ", ".join(f"{size:g} ({gpu})" for gpu, size in KNOWN_GPUS.items())
         other = "" if source.startswith("detected") else f", or --gpu_memory_gib {sizes}"  # a GPU here wins over it
@@ -212,14 +196,15 @@ def duration_text(resolved: dict) -> str:
             f"not estimated: the GPU's peak is unknown ({why}): pass --gpu_peak_tflops (its dense bf16 TFLOP/s){other}"
         )
     mfu = min(speed.share_of_peak for speed in cost.SPEED.values())
-    tokens = tokens_per_step(batching, d.get("data_parallel_size", d["world_size"])) * d["total_steps"]
-    params, gpus = memory["model"]["parameters"], d["world_size"]
+    gpus = r.launch.world_size
+    tokens = tokens_per_step(batching, r.launch.data_parallel_size or gpus) * steps
+    params = memory.model["parameters"]
     seconds = tokens * params / (gpus * mfu * peak * 1e12)  # per FLOP per token and parameter
-    if resolved.get("precompute_ref_log_probs") is False:  # a live reference model: its forward in every step
+    if s.precompute_ref_log_probs is False:  # a live reference model: its forward in every step
         timed, per_token = "no reference stage (a live reference model, in each step)", 8
     else:
         timed, per_token = f"~{_took(2 * seconds)} reference stage", 6
-    steps, on = d["total_steps"], f"{gpus} GPU{'s' * (gpus > 1)} x {peak:,.0f} TFLOP/s{f' ({name})' if name else ''}"
+    on = f"{gpus} GPU{'s' * (gpus > 1)} x {peak:,.0f} TFLOP/s{f' ({name})' if name else ''}"
     return (
         f"est. {timed} + ~{_took(per_token * seconds)} for {steps:,} step{'s' * (steps != 1)}: ~{tokens:,.0f} tokens "
         f"x {per_token} x {params / 1e9:.2f}B parameters (the reference's forward: 2 x) / ({on} x {mfu:.0%} MFU, the "
@@ -237,35 +222,32 @@ def _took(seconds: float) -> str:
     )
 
 
-def tokens_per_step(batching: dict, ranks: int) -> float:
+def tokens_per_step(b: run_record.Batching, ranks: int) -> float:
     """Real (non-padding) tokens a step trains on, from the step plan: the tokens/step row and the time estimate."""
-    per = batching["micro_batches_per_step"]["mean"]
-    return per * ranks * batching["positions_per_micro_batch"]["mean"] * (1 - batching["padding_share"])
+    return b.micro_batches_per_step.mean * ranks * b.positions_per_micro_batch.mean * (1 - b.padding_share)
 
 
-def _batching_rows(resolved: dict, batching: dict, ranks: int, row) -> None:
+def _batching_rows(b: run_record.Batching, ranks: int, row) -> None:
     """The summary's micro-batch rows: from the step plan where it is made, else what decides them at start."""
-    budget = resolved.get("max_tokens_per_microbatch")
-    if "micro_batches_per_step" in batching:
-        per = batching["micro_batches_per_step"]
-        positions = batching["positions_per_micro_batch"]["mean"]
-        cap = f" (at most {budget:,})" if budget else ""
+    budget = b.max_tokens_per_microbatch
+    if b.positions_per_micro_batch is not None:
+        per, cap = b.micro_batches_per_step, f" (at most {budget:,})" if budget else ""
         row(
             "micro-batches",
-            f"{per['min']}-{per['max']} per step on each process (mean {per['mean']}), "
-            f"~{positions:,.0f} positions each{cap}",
+            f"{per.min}-{per.max} per step on each process (mean {per.mean}), "
+            f"~{b.positions_per_micro_batch.mean:,.0f} positions each{cap}",
         )
-        tokens = tokens_per_step(batching, ranks)
-        row("tokens/step", f"~{tokens:,.0f} (from the pairs' token lengths; padding {batching['padding_share']:.1%})")
-        row("layout", batching["forward"])
+        tokens = f"~{tokens_per_step(b, ranks):,.0f}"
+        row("tokens/step", f"{tokens} (from the pairs' token lengths; padding {b.padding_share:.1%})")
+        row("layout", b.layout)
     else:
-        cut = f"at most {budget:,} packed tokens each" if budget else f"{resolved['per_device_train_batch_size']} pairs"
-        row("micro-batches", f"{cut}; how many per step, and tokens per step: {batching.get('planned', 'at start')}")
+        cut = f"at most {budget:,} packed tokens each" if budget else f"{b.pairs_per_micro_batch} pairs"
+        row("micro-batches", f"{cut}; how many per step, and tokens per step: {b.planned or 'at start'}")
 
 
-def reference_text(resolved: dict, trained: dict | None) -> str:
+def reference_text(s, trained: dict | None) -> str:
     """What the reference stage scores: the pairs the planned steps train (a short run's steps train some of them)."""
-    if not resolved.get("precompute_ref_log_probs"):
+    if not s.precompute_ref_log_probs:
         return "a live reference model, run beside every step (no reference stage)"
     if trained is None:
         return "the pairs the planned steps train, scored once before training (counted when the run plans its steps)"
@@ -278,10 +260,9 @@ def reference_text(resolved: dict, trained: dict | None) -> str:
     return f"{scope} scored once before training (the reference stage, cached for later runs)"
 
 
-def replaced_text(derived: dict, pairs: int) -> str:
+def replaced_text(replaced: dict | None, pairs: int) -> str:
     """'; NOT the recipe's 128: --per_device_train_batch_size on the command line replaced it (--pairs_per_step 128
     --max_tokens_per_microbatch none keeps it, in micro-batches of that many pairs)'."""
-    replaced = derived.get("recipe_batching_replaced")
     if not replaced or replaced.get("pairs_per_step") in (None, pairs):
         return ""
     keep = f" ({replaced['keep']} keeps it, in micro-batches of that many pairs)" if replaced.get("keep") else ""
@@ -319,37 +300,34 @@ def forward_text(forward: dict) -> str:
     return "; ".join(parts) or "decided at start"
 
 
-def _memory_lines(memory: dict, row) -> list[str]:
+def _memory_rows(memory: run_record.Memory, row) -> None:
     """The memory plan per GPU, whether it fits, which GPU it was checked against and how to plan for another."""
-    lines: list[str] = []
     others = ", ".join(f"{size:g} ({name})" for name, size in KNOWN_GPUS.items())
-    if "skipped" in memory:
-        row("memory/GPU", f"not planned: {memory['skipped']}")
-        return lines
-    parts = memory["per_gpu_gib"]
+    if memory.per_gpu_gib is None:
+        row("memory/GPU", f"not planned: {memory.skipped}")
+        return
+    parts = memory.per_gpu_gib
     detail = ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in parts.items() if k != "total")
     row("memory/GPU", f"~{parts['total']} GiB ({detail})")
-    if "checkpointing" in memory:  # activation checkpointing: which decoder layers, and who chose (memory.py)
-        c = memory["checkpointing"]
-        row("checkpointing", f"{c['layers']}, chosen by {c['chosen_by']}")
-    gpu, source = memory["gpu_memory_gib"], memory["gpu_memory_source"]
+    if memory.checkpointing:  # activation checkpointing: which decoder layers, and who chose (memory.py)
+        row("checkpointing", f"{memory.checkpointing['layers']}, chosen by {memory.checkpointing['chosen_by']}")
+    gpu, source = memory.gpu_memory_gib, memory.gpu_memory_source
     if gpu is None:
         row(
             "GPU",
             f"not checked: no GPU here and no gpu_memory_gib in the recipe. Plan for yours with "
             f"--gpu_memory_gib: {others}",
         )
-        return lines
+        return
     name = gpu_name(gpu)
-    verdict = "fits" if memory["fits"] else "does NOT fit (--memory_check false let it through)"
+    verdict = "fits" if memory.fits else "does NOT fit (--memory_check false let it through)"
     row("GPU", f"{verdict} one {gpu} GiB GPU{f' ({name})' if name else ''}, from {source}")
     if not source.startswith("detected"):
         row(
             "other GPUs",
-            f"--gpu_memory_gib {others}; {other_nodes(memory['world_size'], memory['gpus_per_node'])} "
+            f"--gpu_memory_gib {others}; {other_nodes(memory.world_size, memory.gpus_per_node)} "
             "(scripts/launch.sh sets both from the job's --nodes and --gpus-per-node)",
         )
-    return lines
 
 
 def other_nodes(world: int, per_node: int) -> str:

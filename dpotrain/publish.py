@@ -7,7 +7,7 @@ from pathlib import Path
 from dpotrain import output_folder
 from dpotrain.cluster import offline
 from dpotrain.hub import hub, hub_push
-from dpotrain.recipe import writes
+from dpotrain.recipe import run_record, writes
 from dpotrain.recipe.errors import cause
 from dpotrain.train import health, lora
 from dpotrain.train.metrics import PLOT_FILE, plot_metrics, read_metrics
@@ -58,7 +58,7 @@ def finish_outputs(recipe, built, resolved: dict, push) -> None:
         pusher.finish(hub_push.FINAL_WAIT_S)  # the card lists the pushed revisions
     records = read_metrics(out)
     plot_metrics(records, out / PLOT_FILE, title=training.run_name)
-    hub.write_model_card(out, resolved, push.repo_id)
+    hub.write_model_card(out, run_record.of(resolved), push.repo_id)
     summary = {"global_step": trainer.state.global_step, "final": records[-1] if records else None}
     writes.write_text(out / hub.RUN_COMPLETE, json.dumps(summary, indent=2) + "\n")
     print(f"Saved model, metrics and {PLOT_FILE} to {out}", flush=True)

@@ -1,6 +1,5 @@
 """From parsed arguments to a checked plan: derived numbers, and every refusal that must come before a model loads."""
 
-import json
 import math
 import os
 from dataclasses import asdict, dataclass
@@ -12,7 +11,7 @@ from dpotrain.cluster import engine
 from dpotrain.data import chat_template, mixture, model_identity
 from dpotrain.hub import hub_push
 from dpotrain.hub.hub import RUN_COMPLETE
-from dpotrain.recipe import records as run_records
+from dpotrain.recipe import run_record
 from dpotrain.recipe.config import Recipe
 from dpotrain.recipe.errors import ConfigError
 from dpotrain.train import resume
@@ -192,27 +191,23 @@ def changed_settings(recipe: Recipe, out: Path, pairs_per_step: int | None) -> l
     """`field: old -> new` for each RESUME_FIELDS value (and pairs per step) that differs from the resolved_config.json
     in `out` (a run's folder, or a checkpoint's copy: `trained_under`), the data set's content (`data_identity`) and
     the model's (`model_identity`); [] when there is none to compare with."""
-
-    old = run_records.read_resolved(out)
+    old, new = run_record.read(out / "resolved_config.json"), run_record.of(resolved_config(recipe, {}))
     if old is None:
         return []
-    new = json.loads(json.dumps(resolved_config(recipe, {}), default=str))
-    if recipe.max_length_auto and isinstance(old.get("derived", {}).get("max_length"), dict):
-        new["max_length"] = old["max_length"]  # auto again: the analyzer's choice for the same data and tokenizer
-    new["pairs_per_step"], old["pairs_per_step"] = pairs_per_step, old.get("derived", {}).get("pairs_per_step")
-    fields = [f for f in (*RESUME_FIELDS, "pairs_per_step") if f in old and old[f] != new.get(f)]
+    # auto again: the analyzer's choice for the same data and tokenizer
+    again = {"max_length"} if recipe.max_length_auto and old.lengths.auto is not None else set()
+    changed = old.changed(new, [f for f in RESUME_FIELDS if f not in again])
+    if old.batching.pairs_per_step != pairs_per_step:
+        changed["pairs_per_step"] = (old.batching.pairs_per_step, pairs_per_step)
     mixed = {"dataset_name", "datasets", "dataset_mixer_list", "dataset_mixer_list_splits"}
-    content = None if mixed & set(fields) else mixture.content_changed(recipe, old.get("derived", {}))
+    content = None if mixed & set(changed) else mixture.content_changed(recipe, old.derived)
     # The model's weights, tokenizer and template by their files (a Hub model by its commit): model_identity.py
-    model = (
-        None
-        if {"model_name_or_path", "model_revision"} & set(fields)
-        else (model_identity.changed(recipe, old.get("derived", {}).get("model_identity")))
-    )
+    same_model = not {"model_name_or_path", "model_revision"} & set(changed)
+    model = model_identity.changed(recipe, old.model_identity) if same_model else None
     # The template by its content (chat_template.py): the same file moved resumes, an edited one does not.
-    template = chat_template.changed(old.get("derived", {}).get("chat_template"), recipe.project.chat_template_path)
+    template = chat_template.changed(old.lengths.template, recipe.project.chat_template_path)
     return (
-        [f"{f}: {old[f]!r} -> {new.get(f)!r}" for f in fields]
+        [f"{f}: {was!r} -> {now!r}" for f, (was, now) in changed.items()]
         + ([f"dataset content: {content}"] if content else [])
         + ([f"model: {model}"] if model else [])
         + ([f"chat template: {template}"] if template else [])

@@ -10,7 +10,7 @@ from dpotrain import dry_run, output_folder, resolve
 from dpotrain.cluster import offline
 from dpotrain.data import model_identity
 from dpotrain.hub.hub_push import CheckpointPusher
-from dpotrain.recipe import writes
+from dpotrain.recipe import run_record, writes
 from dpotrain.train.preemption import STOPPED_EXIT
 from dpotrain.train.tracking import WandbStepIsGlobalStep, setup_wandb
 
@@ -100,7 +100,7 @@ def record_run(resolved, trainer, run_plan, outcomes, state) -> dict:
         writes.write_text(out / "resolved_config.json", json.dumps(resolved, indent=2, default=str) + "\n")
         # A few readable lines (the dry run's summary, as decided now); every field is in the file.
         heading = f"run of {recipe.config_path or 'the command line'}: all of it in {out / 'resolved_config.json'}"
-        print(dry_run.summary(resolved, None, heading), flush=True)
+        print(dry_run.summary(run_record.of(resolved), None, heading), flush=True)
         if output.resume_from:
             print(f"Resuming from {output.resume_from}", flush=True)
     return resolved

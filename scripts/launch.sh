@@ -17,12 +17,18 @@ set -euo pipefail
 
 cd "${DPOTRAIN_ROOT:-${SLURM_SUBMIT_DIR:-$PWD}}"  # the project (the sbatch scripts find it: Slurm runs a spool copy)
 RECIPE=${RECIPE:?set RECIPE, e.g. RECIPE=configs/think.yaml}
-# The engine: the recipe's own (configs/think-32b.yaml names ZeRO-3) unless ACCELERATE_CONFIG says otherwise.
-recipe_engine=$(sed -nE 's/^accelerate_config: *([^ #]+).*/\1/p' "$RECIPE" 2>/dev/null | head -1 || true)
-[[ $recipe_engine == none || $recipe_engine == None ]] && recipe_engine=""
-ACCELERATE_CONFIG=${ACCELERATE_CONFIG:-${recipe_engine:-accelerate_config.yaml}}
 VENV=${VENV:-.venv}
 case $VENV in /*) VENV_BIN=$VENV/bin ;; *) VENV_BIN=$PWD/$VENV/bin ;; esac
+
+die() { echo "error: $*" >&2; exit 1; }
+
+[[ -x "$VENV/bin/accelerate" ]] || die "no virtual environment at $VENV: run \`bash scripts/setup_env.sh\` on the login node"
+[[ -f "$RECIPE" ]] || die "recipe $RECIPE not found: set RECIPE=configs/<name>.yaml (see configs/)"
+# The engine: the recipe's own (configs/think-32b.yaml names ZeRO-3) unless ACCELERATE_CONFIG says otherwise; the
+# package reads the recipe (dpotrain/cluster/job.py), as training does.
+if [[ -z ${ACCELERATE_CONFIG:-} ]]; then
+  ACCELERATE_CONFIG=$("$VENV/bin/python" -m dpotrain.cluster.job engine "$RECIPE")
+fi
 # From the job id, below Linux's ephemeral port range: two jobs on one node must not meet at the same port.
 MAIN_PROCESS_PORT=${MAIN_PROCESS_PORT:-$((20000 + ${SLURM_JOB_ID:-9500} % 10000))}
 NNODES=${SLURM_JOB_NUM_NODES:-1}
@@ -35,8 +41,6 @@ else
   PROCS_PER_NODE=${CPU_PROCESSES_PER_NODE:-1}  # CPU-only cluster or CI: DeepSpeed on CPU with gloo
 fi
 NUM_PROCESSES=$((NNODES * PROCS_PER_NODE))  # accelerate's --num_processes is the TOTAL over all nodes
-
-die() { echo "error: $*" >&2; exit 1; }
 
 # The command every node runs. \$SLURM_PROCID is escaped: it must be read on each node inside srun, not here,
 # or every node gets machine rank 0 and the rendezvous hangs (accelerate issue #2816). Each node says in the log
@@ -108,8 +112,6 @@ if [[ "${LAUNCH_PRINT_ONLY:-0}" == 1 ]]; then
 fi
 
 # --- checks, each with its fix, before any GPU time is spent ---
-[[ -x "$VENV/bin/accelerate" ]] || die "no virtual environment at $VENV: run \`bash scripts/setup_env.sh\` on the login node"
-[[ -f "$RECIPE" ]] || die "recipe $RECIPE not found: set RECIPE=configs/<name>.yaml (see configs/)"
 [[ -f "$ACCELERATE_CONFIG" ]] || die "accelerate config $ACCELERATE_CONFIG not found: set ACCELERATE_CONFIG"
 # A job killed while DeepSpeed compiled an op leaves its build lock, and every later job waits on it silently.
 "$VENV/bin/python" -m dpotrain.cluster.build_locks
@@ -117,9 +119,6 @@ mkdir -p logs
 # The stop file (below): set before the dry run, which refuses a folder it cannot write in (dpotrain/train/preemption.py).
 export DPOTRAIN_STOP_FILE="$PWD/logs/.stop-${SLURM_JOB_ID:-$$}"
 rm -f "$DPOTRAIN_STOP_FILE" "$DPOTRAIN_STOP_FILE.checkpointed"
-if grep -qE '^push_to_hub: *true' "$RECIPE" || [[ " $* " == *" --push_to_hub"* ]]; then
-  [[ -n "${HF_TOKEN:-}" || -f .env ]] || die "pushing to the Hub needs HF_TOKEN: put it in .env (see .env.example)"
-fi
 
 echo "=== DPO job ${SLURM_JOB_ID:-local} (${SLURM_JOB_NAME:-}) restart ${SLURM_RESTART_COUNT:-0} at $(date -Is) ==="
 # The job's log is where sbatch's --output put it (the sbatch scripts: the folder submitted from), not in the project.
@@ -135,29 +134,10 @@ echo "recipe: $RECIPE  accelerate: $ACCELERATE_CONFIG  args: ${SHOWN_ARGS[*]}"
 # The memory plan per GPU is for this job's engine (ACCELERATE_CONFIG) and size; a plan that cannot fit is refused.
 resolved=$(WORLD_SIZE=$NUM_PROCESSES GPUS_PER_NODE=$PROCS_PER_NODE "$VENV/bin/python" train_dpo.py --config "$RECIPE" --dry-run --json \
   --accelerate_config "$ACCELERATE_CONFIG" "$@")
-"$VENV/bin/python" - "$resolved" <<'PY'
-import json, os, sys
-text = sys.argv[1]
-r = json.loads(text[text.index("{\n"):])  # libraries may print a line of their own before the JSON
-d, output = r["derived"], os.path.abspath(r["output_dir"])  # where the run writes, whatever folder reads the log
-if r.get("max_tokens_per_microbatch"):  # micro-batches cut by tokens: their count per step comes from the data
-    print(f"batch: {d['pairs_per_step']} pairs per step over {d['world_size']} processes, micro-batches of at most "
-          f"{r['max_tokens_per_microbatch']} packed tokens per process; output: {output}")
-else:
-    print(f"batch: {d['pairs_per_step']} pairs per step = {r['per_device_train_batch_size']} per process x "
-          f"{r['gradient_accumulation_steps']} accumulation x {d['world_size']} processes; output: {output}")
-m = d.get("memory", {})
-if "per_gpu_gib" in m:
-    gpu = f"of {m['gpu_memory_gib']} GiB" if m["gpu_memory_gib"] else f"(GPU memory {m['gpu_memory_source']})"
-    print(f"memory plan: ~{m['per_gpu_gib']['total']} GiB per GPU {gpu} under {m['engine']}")
-elif m:
-    print(f"memory plan skipped: {m['skipped']}")
-# What the run would refuse (a login missing, the output folder): the dry run plans past it; the job ends here, in
-# seconds, with the run's own lines, instead of after starting every process.
-for refusal in d.get("would_refuse") or []:
-    print(f"error: {refusal}", file=sys.stderr)
-sys.exit(2 if d.get("would_refuse") else 0)
-PY
+# Its batch, memory plan and output folder in the log, read from its record (dpotrain/cluster/job.py); what the run
+# would refuse (a login missing, a push without a token, the output folder) ends the job here with the run's own
+# lines and exit code 2, in seconds, instead of after starting every process.
+"$VENV/bin/python" -m dpotrain.cluster.job plan <<<"$resolved"
 
 # PREFLIGHT=1: the base model's gap between chosen and rejected on a sample, here on the batch node; a doomed run
 # (exit 3) or bad input ends the job in minutes, before the launch.

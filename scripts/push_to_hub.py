@@ -30,8 +30,7 @@ from dotenv import load_dotenv  # noqa: E402
 from dpotrain import output_folder  # noqa: E402
 from dpotrain.cluster import offline  # noqa: E402
 from dpotrain.hub import hub, hub_push  # noqa: E402
-from dpotrain.recipe import cli  # noqa: E402
-from dpotrain.recipe import records as run_records  # noqa: E402
+from dpotrain.recipe import cli, run_record  # noqa: E402
 from dpotrain.recipe.errors import ConfigError, run_cli  # noqa: E402
 from dpotrain.train import checkpoints, run_files  # noqa: E402
 
@@ -58,13 +57,12 @@ def main(argv: list[str] | None = None) -> None:
     problems = hub.run_folder_problems(run)
     if problems:
         raise ConfigError(f"{run} is not a finished run: missing {', '.join(problems)}")
-    resolved = run_records.read_resolved(run) or {}
-    repo_id = args.repo_id or resolved.get("hub_model_id")
+    saved = run / "resolved_config.json"
+    recorded = (run_record.read(saved) or run_record.of({})).settings  # the push it made
+    repo_id = args.repo_id or recorded.hub_model_id
     if not repo_id:
-        raise ConfigError(
-            f"no repo to push to: pass --repo-id org/name ({run}/resolved_config.json has no hub_model_id)"
-        )
-    private = args.private or bool(resolved.get("hub_private_repo"))
+        raise ConfigError(f"no repo to push to: pass --repo-id org/name ({saved} has no hub_model_id)")
+    private = args.private or bool(recorded.hub_private_repo)
 
     from dpotrain.cluster.offline import hf_token
 
@@ -101,9 +99,8 @@ def main(argv: list[str] | None = None) -> None:
     main_files = hub_push.local_files(run, ignore=hub.IGNORE)
     if hub_push.remote_matches(api, repo_id, "main", run, main_files):
         print(f"Skipped main: {repo_id} already holds this run", flush=True)
-        fix = "a finished run writes it last: rerun its training command to write it again"
-        step = (run_records.read_record(run / hub.RUN_COMPLETE, fix) or {}).get("global_step")
-        hub_push.record_push(run, step=step, branch="main", status="present", repo=repo_id)  # confirmed: on the Hub
+        # confirmed: on the Hub
+        hub_push.record_push(run, step=hub.finished_step(run), branch="main", status="present", repo=repo_id)
     else:
         print(f"Pushing {run} to {repo_id}{' (private)' if private else ''} ...", flush=True)
         url = hub.push_run(run, repo_id, token=token, private=private or None)

@@ -236,6 +236,7 @@ def test_plain_text_pairs_are_said_to_train_without_a_template_on_the_completion
     summary and the model card said "the model's own" template and "every assistant turn" (smoke.yaml's
     assistant_turns all). They say what applies to plain text: no template, the completion after the prompt."""
     from dpotrain.hub.hub import model_card
+    from dpotrain.recipe import run_record
 
     rows = [{"prompt": f"Q: {i} + {i} =", "chosen": f" {2 * i}.", "rejected": f" {2 * i + 1}."} for i in range(16)]
     data = tmp_path / "text.jsonl"
@@ -246,7 +247,7 @@ def test_plain_text_pairs_are_said_to_train_without_a_template_on_the_completion
     assert field(text, "trained") == (
         "the completion after the prompt (plain text has no assistant turns: assistant_turns does not apply)"
     )
-    card = model_card(json.loads((tmp_path / "run.dry-run.json").read_text()), [])
+    card = model_card(run_record.read(tmp_path / "run.dry-run.json"), [])
     assert "| chat template | none (the pairs are plain text) |" in card
 
 

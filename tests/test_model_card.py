@@ -1,6 +1,12 @@
 """The model card pushed with a run names its base model, data set, recipe values and final metrics."""
 
-from dpotrain.hub.hub import model_card
+from dpotrain.hub import hub
+from dpotrain.recipe import run_record
+
+
+def model_card(resolved: dict, *args) -> str:
+    """The card of a run whose record holds `resolved` (as resolved_config.json would)."""
+    return hub.model_card(run_record.of(resolved), *args)
 
 
 def test_model_card_names_base_dataset_recipe_and_final_metrics():

@@ -501,9 +501,9 @@ def test_a_relative_dataset_name_of_a_slurm_job_is_where_the_user_submitted_and_
 @pytest.mark.parametrize("spelling", [["--dry_run=true"], ["--dry_run", "true"], ["--dry-run=True"], ["--dry_run"]])
 def test_one_dry_run_flag_however_it_is_spelled(spelling, capsys, no_credentials):
     """A bf16 recipe on a machine without a GPU: every spelling plans, none meets transformers' bf16/GPU check."""
-    from dpotrain import dry_run as dry
+    from dpotrain.recipe.config import dry_run_asked as asked
 
-    assert dry.asked(spelling) and not dry.asked(["--dry_run=false"]) and not dry.asked(["--dry_run", "no"])
+    assert asked(spelling) and not asked(["--dry_run=false"]) and not asked(["--dry_run", "no"])
     with pytest.raises(SystemExit) as ended:
         run_cli(
             lambda: train_dpo.main(

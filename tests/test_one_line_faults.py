@@ -51,6 +51,7 @@ from dpotrain.recipe import records
 from dpotrain.train import disk_full
 from dpotrain.train.metrics import plot_metrics
 from dpotrain.hub.hub import write_model_card
+from dpotrain.recipe import run_record
 disk = Path({str(folder)!r})
 path = disk / "metrics.jsonl"
 records.append(path, [{{"step": 1, "loss": 0.69}}])
@@ -63,7 +64,7 @@ before = path.read_bytes()
 for name, write in [("metrics", lambda: records.append(path, [{{"step": s, "loss": 0.5}} for s in range(2, 500)])),
                     ("plot", lambda: plot_metrics([{{"step": s, "loss": 1 / s}} for s in range(1, 50)],
                                                   disk / "training_curves.png")),
-                    ("card", lambda: write_model_card(disk, {{}}, None))]:
+                    ("card", lambda: write_model_card(disk, run_record.of({{}}), None))]:
     try:
         write()
         print(name, "written")

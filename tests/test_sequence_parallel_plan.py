@@ -19,6 +19,7 @@ from dpotrain.data.pair_lengths import PairLengths
 from dpotrain.forwards import choice
 from dpotrain.hub import hub
 from dpotrain.plan import memory, plan
+from dpotrain.recipe import run_record
 from dpotrain.recipe.config import parse_args
 from dpotrain.recipe.errors import ConfigError
 
@@ -54,7 +55,7 @@ def test_64k_traces_fit_one_h100_node_with_a_group_of_four():
     assert planned["sequence_parallel"] == {"size": 4, "tokens_per_gpu": 32768, "data_parallel_size": 2}
     assert planned["per_gpu_gib"]["all_to_all"] > 0
     assert resolved["sequence_parallel_size"] == 4 and derived["data_parallel_size"] == 2
-    text = dry_run.summary(resolved, None)
+    text = dry_run.summary(run_record.of(resolved), None)
     assert "split over a group of 4 processes (--sequence_parallel_size 4): 2 data-parallel ranks" in text, text
     assert "128 pairs, over 2 data-parallel ranks" in text
 

@@ -26,6 +26,7 @@ from pathlib import Path
 
 from dpotrain.data.shapes import DETAIL
 from dpotrain.recipe.errors import ConfigError
+from dpotrain.recipe.run_record import Template
 
 MISMATCH = "the answer does not begin with the chat template's generation prompt"
 FILE = "chat_template.jinja"  # the name transformers 5 saves a tokenizer's template under
@@ -91,21 +92,21 @@ def record(path: str | None, tokenizer=None, plain_text: bool = False) -> dict:
     return {"path": None, "source": "the model's own", "sha256": sha256(own) if isinstance(own, str) else None}
 
 
-def changed(old: dict | None, path: str | None) -> str | None:
+def changed(old: Template | None, path: str | None) -> str | None:
     """How the template now differs from the one a run recorded (`record`), or None: the same content, or no record
     (a run written before templates were recorded), or a run on plain text, which no template reads. A file given now
     is compared by content with what the run used, the model's own template included; a run that used a file,
     resumed without one, is a change."""
-    if not old or old.get("plain_text"):
+    if not old or old.plain_text:
         return None
     if path:
         now = sha256(read(path))
-        if now == old.get("sha256"):
+        if now == old.sha256:
             return None
-        was, digest = old.get("path") or "the model's own template", str(old.get("sha256"))[:12]
+        was, digest = old.path or "the model's own template", str(old.sha256)[:12]
         return f"{path} (SHA-256 {now[:12]}...) is not the template the run trained with, {was} ({digest}...)"
-    if old.get("path"):
-        return f"the run trained with {old['path']}, this one with the model's own (pass --chat_template_path)"
+    if old.path:
+        return f"the run trained with {old.path}, this one with the model's own (pass --chat_template_path)"
     return None
 
 

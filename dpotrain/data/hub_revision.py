@@ -13,7 +13,7 @@ import re
 from pathlib import Path
 
 from dpotrain.data import data, lengths
-from dpotrain.recipe import records
+from dpotrain.recipe import run_record
 from dpotrain.recipe.errors import ConfigError
 
 KEY = "hub_commit"  # derived.data_identity's field for a Hub data set
@@ -47,13 +47,13 @@ def kept(recipe, output_dir: str) -> str | None:
     if given is not None or not applies(name):
         return None
     try:
-        recorded = records.read_resolved(output_dir) or {}
+        recorded = run_record.read(Path(output_dir) / "resolved_config.json")
     except ConfigError:  # refused by the output checks already (a dry run lists it)
         return None
-    commit = ((recorded.get("derived") or {}).get("data_identity") or {}).get(KEY)
-    if not commit:
+    if recorded is None:
         return None
-    return commit
+        return None
+    return (recorded.data.data_identity or {}).get(KEY) or None
 
 
 def changed(recorded: str, name: str, given: str | None) -> str | None:

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from dpotrain.recipe import records as run_records
 from dpotrain.recipe.errors import cause
+from dpotrain.recipe.run_record import Record
 from dpotrain.train.lora import card_lines
 from dpotrain.train.metrics import PLOT_FILE, read_metrics
 
@@ -153,32 +154,31 @@ def scrub_argv(argv: list[str]) -> None:
 # --- the model card --------------------------------------------------------------------------------------------------
 
 
-def model_card(resolved: dict, records: list[dict], revisions: list[tuple[int, str]] = (), repo_id: str = "") -> str:
+def model_card(r: Record, records: list[dict], revisions: list[tuple[int, str]] = (), repo_id: str = "") -> str:
     from huggingface_hub import ModelCard, ModelCardData
 
-    base, dataset = resolved.get("model_name_or_path"), resolved.get("dataset_name")
-    sources = resolved.get("derived", {}).get("data_sources") or []
-    names = [dataset] if dataset else [r["source"].split(" [")[0].split(":")[0] for r in sources]
+    s, sources = r.settings, r.data.data_sources or []
+    base, dataset = s.model_name_or_path, s.dataset_name
+    names = [dataset] if dataset else [source["source"].split(" [")[0].split(":")[0] for source in sources]
     hub_names = [n for n in names if "/" in n and not Path(n).exists()]
     if sources:
         dataset = f"a mixture of {len(sources)} sources"
     data = ModelCardData(
         base_model=base if base and not base.startswith("builtin:") else None,
         datasets=hub_names or None,
-        library_name="peft" if resolved.get("use_peft") else "transformers",
-        tags=["dpo", "trl", "olmo3-recipe", *(["lora", "peft"] if resolved.get("use_peft") else [])],
+        library_name="peft" if s.use_peft else "transformers",
+        tags=["dpo", "trl", "olmo3-recipe", *(["lora", "peft"] if s.use_peft else [])],
     )
-    derived = resolved.get("derived", {})
-    recipe_rows = "\n".join(f"| `{k}` | {as_run(k, resolved)} |" for k in CARD_FIELDS)
-    recipe_rows += f"\n| pairs per optimizer step | {derived.get('pairs_per_step')} |"
-    recipe_rows += f"\n| chat template | {template_named(resolved)} |"
-    counted = derived.get("batching", {}).get("max_length_cuts")
+    recipe_rows = "\n".join(f"| `{k}` | {as_run(k, r)} |" for k in CARD_FIELDS)
+    recipe_rows += f"\n| pairs per optimizer step | {r.batching.pairs_per_step} |"
+    recipe_rows += f"\n| chat template | {template_named(r)} |"
+    counted = r.batching.max_length_cuts
     if counted:  # what the trainer saw of the data: pairs cut or dropped at max_length (cuts.py)
         recipe_rows += (
             f"\n| pairs cut / dropped at max_length | {counted['truncated']} / {counted['dropped']} of "
             f"{counted['pairs']} |"
         )
-    last = next((r for r in reversed(records) if "loss" in r), {})  # a training record, not an evaluation
+    last = next((record for record in reversed(records) if "loss" in record), {})  # training, not an evaluation
     shown = [k for k in FINAL_METRICS if k in last and k != "tokens_per_second"]  # the speed: the run's (speed_row)
     metric_rows = "\n".join(f"| `{k}` | {last[k]:.4f} |" for k in shown)
     metric_rows = (metric_rows + "\n" + speed_row(records)).strip() or "| (none logged) | |"
@@ -186,11 +186,11 @@ def model_card(resolved: dict, records: list[dict], revisions: list[tuple[int, s
 {data.to_yaml()}
 ---
 
-# {resolved.get("run_name")}
+# {s.run_name}
 
 DPO post-training of `{base}` on `{dataset}` with OLMo 3's length-normalized DPO recipe, trained with TRL's
-`DPOTrainer` (config `{resolved.get("config")}`).
-{card_lines(resolved)}{sources_section(sources)}
+`DPOTrainer` (config `{s.config}`).
+{card_lines(s)}{sources_section(sources)}
 ## Recipe
 
 | field | value |
@@ -205,17 +205,16 @@ DPO post-training of `{base}` on `{dataset}` with OLMo 3's length-normalized DPO
 
 ![training curves]({PLOT_FILE})
 """
-    return str(ModelCard(content + revisions_section(revisions, repo_id or resolved.get("hub_model_id") or "")))
+    return str(ModelCard(content + revisions_section(revisions, repo_id or s.hub_model_id or "")))
 
 
-def template_named(resolved: dict) -> str:
+def template_named(r: Record) -> str:
     """The chat template trained with (the model's `chat_template.jinja` holds it): the recipe's file, by name and
     SHA-256, or the base model's own."""
-    given = resolved.get("chat_template_path")
-    record = resolved.get("derived", {}).get("chat_template") or {}
-    if record.get("plain_text"):
+    given, t = r.settings.chat_template_path, r.lengths.template
+    if t and t.plain_text:
         return "none (the pairs are plain text)"
-    digest = f" (sha256 `{record['sha256'][:12]}`)" if record.get("sha256") else ""
+    digest = f" (sha256 `{t.sha256[:12]}`)" if t and t.sha256 else ""
     return f"`{Path(given).name}`{digest}" if given else f"the base model's own{digest}"
 
 
@@ -242,19 +241,18 @@ def sources_section(sources: list[dict]) -> str:
     )
 
 
-def as_run(key: str, resolved: dict):
+def as_run(key: str, r: Record):
     """A recipe field as the run used it: warm-up in steps (a float below 1 is the recipe's ratio), and per-device
     batches as the token budget cut them (None in the recipe: micro-batches of as many pairs as fit)."""
-    derived, value = resolved.get("derived", {}), resolved.get(key)
-    per_step = derived.get("batching", {}).get("micro_batches_per_step")
-    if key == "warmup_steps" and derived.get("warmup_steps") is not None:
-        steps = derived["warmup_steps"]
-        return f"{steps} ({value:g} of the steps)" if 0 < (value or 0) < 1 else steps
-    if key == "per_device_train_batch_size" and value is None and per_step:
-        pairs = derived["batching"].get("pairs_per_micro_batch", {})
-        return f"{pairs.get('min')}-{pairs.get('max')} pairs per micro-batch (max_tokens_per_microbatch)"
-    if key == "gradient_accumulation_steps" and value is None and per_step:
-        return f"{per_step['min']}-{per_step['max']} micro-batches per step (mean {per_step['mean']})"
+    value, b = getattr(r.settings, key), r.batching
+    if key == "warmup_steps" and r.data.warmup_steps is not None:
+        return f"{r.data.warmup_steps} ({value:g} of the steps)" if 0 < (value or 0) < 1 else r.data.warmup_steps
+    if key == "per_device_train_batch_size" and value is None and b.pairs_per_micro_batch:
+        pairs = b.pairs_per_micro_batch
+        return f"{pairs.min}-{pairs.max} pairs per micro-batch (max_tokens_per_microbatch)"
+    if key == "gradient_accumulation_steps" and value is None and b.micro_batches_per_step:
+        per = b.micro_batches_per_step
+        return f"{per} micro-batches per step (mean {per.mean})"
     return value
 
 
@@ -294,11 +292,11 @@ def speed_row(records: list[dict]) -> str:
     return f"| `tokens_per_second` | {mean:,.1f} (mean of {steps}{first}) |"
 
 
-def write_model_card(output_dir: str | Path, resolved: dict, repo_id: str = "") -> Path:
+def write_model_card(output_dir: str | Path, r: Record, repo_id: str = "") -> Path:
     from dpotrain.hub.hub_push import pushed_revisions
     from dpotrain.recipe.writes import write_text
 
-    card = model_card(resolved, read_metrics(output_dir), pushed_revisions(output_dir), repo_id)
+    card = model_card(r, read_metrics(output_dir), pushed_revisions(output_dir), repo_id)
     return write_text(Path(output_dir) / "README.md", card)
 
 
@@ -313,6 +311,12 @@ def update_card_revisions(output_dir: str | Path, repo_id: str) -> None:
     write_text(path, kept + revisions_section(pushed_revisions(output_dir), repo_id))
 
 
+def finished_step(output_dir) -> int | None:
+    """The step a finished run ended at (run_complete.json), None where it has not finished."""
+    fix = "a finished run writes it last: rerun the same command to write it again"
+    return (run_records.read_record(Path(output_dir) / RUN_COMPLETE, fix) or {}).get("global_step")
+
+
 def push_run(output_dir: str | Path, repo_id: str, token: str | None = None, private: bool | None = None) -> str:
     """Upload the final model, tokenizer, card, plot and metrics of `output_dir` to main of `repo_id`, retried on
     transient errors; returns the repo's URL. Its start and its outcome are recorded in hub_pushes.jsonl, the start
@@ -322,8 +326,7 @@ def push_run(output_dir: str | Path, repo_id: str, token: str | None = None, pri
     from dpotrain.hub.hub_push import record_push, with_retries
 
     api = HfApi(token=token)
-    fix = "a finished run writes it last: rerun the same command to write it again"
-    step = (run_records.read_record(Path(output_dir) / RUN_COMPLETE, fix) or {}).get("global_step")
+    step = finished_step(output_dir)
 
     def upload():
         api.create_repo(repo_id, private=private, exist_ok=True)

@@ -114,13 +114,11 @@ def read_record(path: str | Path, fix: str) -> dict | None:
     return record
 
 
-def read_resolved(out: str | Path) -> dict | None:
-    """The run's record in `out` (resolved_config.json), or None; refused, naming it, when it cannot be read."""
-    fix = (
-        "it holds the settings the run's checkpoints were trained with, which a rerun compares with its own: restore "
-        "it from a copy, delete it to go on without that comparison, or pass a new --output_dir"
-    )
-    return read_record(Path(out) / "resolved_config.json", fix)
+# What to do about a damaged resolved_config.json (read typed by recipe/run_record.py)
+RESOLVED_FIX = (
+    "it holds the settings the run's checkpoints were trained with, which a rerun compares with its own: restore it "
+    "from a copy (each checkpoint keeps one), delete it to go on without that comparison, or pass a new --output_dir"
+)
 
 
 def read_cache(path: str | Path, load, kind: str, again: str):

@@ -94,19 +94,19 @@ def save_merged(output_dir: str | Path, base: str, revision: str | None, dtype, 
     return target
 
 
-def card_lines(resolved: dict) -> str:
-    """Model card paragraph for an adapter run; "" for a full fine-tune."""
-    if not resolved.get("use_peft"):
+def card_lines(s) -> str:
+    """Model card paragraph for an adapter run (`s`: the record's settings, run_record.Record.settings); "" for a full
+    fine-tune."""
+    if not s.use_peft:
         return ""
-    targets = resolved.get("lora_target_modules") or resolved.get("lora_target_parameters")
     merged = (
         f" The merged model (base + adapter) is in `{MERGED_DIR}/`."
-        if resolved.get("merge_lora")
+        if s.merge_lora
         else " Pass `merge_lora: true` to also save the merged model."
     )
     return (
-        f"\nThis is a **LoRA adapter** (PEFT) for `{resolved.get('model_name_or_path')}`, not a full model: "
-        f"r={resolved.get('lora_r')}, alpha={resolved.get('lora_alpha')}, dropout={resolved.get('lora_dropout')}, "
-        f"target modules {targets}. The DPO reference was the base with the adapter disabled. Load it with "
-        f"`peft.AutoPeftModelForCausalLM.from_pretrained(<this repo>)`.{merged}\n"
+        f"\nThis is a **LoRA adapter** (PEFT) for `{s.model_name_or_path}`, not a full model: r={s.lora_r}, "
+        f"alpha={s.lora_alpha}, dropout={s.lora_dropout}, target modules "
+        f"{s.lora_target_modules or s.lora_target_parameters}. The DPO reference was the base with the adapter "
+        f"disabled. Load it with `peft.AutoPeftModelForCausalLM.from_pretrained(<this repo>)`.{merged}\n"
     )

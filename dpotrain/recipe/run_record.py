@@ -1,0 +1,220 @@
+"""The run's record read back by type: resolved_config.json (a run's) and the dry run's JSON (`--dry-run --json`).
+
+Both hold one object: every recipe field as the run used it, by its own name, and under `derived` what the stages
+decided (`stages.RunSpec.record`, then the plan and reference stages), made by `resolve.resolved_config`. `read` (a
+file) and `of` (the object in hand, read as its file reads) give it back as a `Record`, one section per decision, for
+every reader: the dry run's summary and the run's first lines, the model card, the resume comparison,
+scripts/push_to_hub.py and scripts/launch.sh (`python -m dpotrain.cluster.job`). A view of the file, not a format of its
+own: a field that a record of an earlier version lacks reads None.
+"""
+
+import functools
+import json
+from dataclasses import dataclass, field, fields, make_dataclass
+from pathlib import Path
+
+from dpotrain.recipe import records
+from dpotrain.recipe.errors import ConfigError, cause
+
+
+def _view(cls, values):
+    """`cls` from a recorded mapping, field by field: None where it lacks one."""
+    values = values if isinstance(values, dict) else {}
+    return cls(**{f.name: values.get(f.name) for f in fields(cls)})
+
+
+@dataclass(frozen=True)
+class Spread:
+    """A count per step or micro-batch: fixed (min = mean = max), or the step plan's spread."""
+
+    min: float
+    mean: float
+    max: float
+
+    @classmethod
+    def of(cls, value) -> "Spread | None":
+        if isinstance(value, dict):
+            return cls(value["min"], value["mean"], value["max"])
+        return None if value is None else cls(value, value, value)
+
+    def __str__(self) -> str:
+        return f"{self.min}" if self.min == self.max else f"{self.min}-{self.max}"
+
+
+@dataclass(frozen=True)
+class Launch:
+    world_size: int | None
+    world_size_source: str | None
+    data_parallel_size: int | None  # processes / sequence_parallel_size: the ranks that read their own pairs
+    gradient_clipping: dict | None  # max_grad_norm and clipped_by, as in effect (engine.gradient_clipping)
+
+
+@dataclass(frozen=True)
+class Data:
+    dataset_rows: int | None  # None: a Hub data set, which a dry run does not load
+    total_steps: int | None
+    warmup_steps: int | None
+    data_sources: list | None  # a mixture's sources (data/mixture.py)
+    data_identity: dict | None  # the data set's content, or a Hub data set's commit (hub_revision.KEY)
+
+
+@dataclass(frozen=True)
+class Template:
+    """The chat template the pairs are tokenized with (chat_template.record)."""
+
+    path: str | None  # the recipe's file (chat_template_path); None: the model's own
+    sha256: str | None  # of its content; None where the model's tokenizer was not at hand
+    plain_text: bool | None  # plain-text pairs: no template applies
+    unused: str | None  # a chat_template_path given for plain-text pairs
+
+
+@dataclass(frozen=True)
+class Lengths:
+    max_length: int | None  # as trained: the recipe's, or `auto`'s choice; None: unbounded, or decided at start
+    auto: dict | None  # `max_length: auto`: the analyzer's choice and coverage (lengths.py), or when it is made
+    template: Template | None
+
+    @property
+    def chosen_by(self) -> str:
+        if self.auto is None:
+            return "the recipe's" if self.max_length is not None else "none: the recipe sets no max_length"
+        if self.max_length is None:
+            return f"max_length: auto, decided {self.auto.get('resolved', 'at start')}"
+        whole, target = self.auto["coverage"], self.auto["target_coverage"]
+        return f"max_length: auto, {whole:.1%} of the pairs whole (target {target:.0%})"
+
+
+@dataclass(frozen=True)
+class Batching:
+    """Pairs per step and the micro-batches they are cut into, in one place: the recipe's fixed micro-batches, or
+    where a token budget cuts them, the step plan's (`derived.batching`; None until it is made, at start)."""
+
+    pairs_per_step: int | None
+    micro_batches_per_step: Spread | None  # per process: gradient accumulation
+    pairs_per_micro_batch: Spread | None  # per_device_train_batch_size
+    max_tokens_per_microbatch: int | None  # the token budget that cuts them, where one does
+    planned: str | None  # the step plan not made: when it is
+    positions_per_micro_batch: Spread | None  # the plan's, as every other field below
+    padding_share: float | None
+    layout: str | None  # packed, prompts shared, or padded
+    pairs_trained: dict | None  # the pairs the planned steps train: pairs, of, steps
+    max_length_cuts: dict | None  # pairs cut or dropped at max_length (cuts.py)
+    replaced: dict | None  # the recipe's pairs per step, where batch flags on the command line replaced it
+
+
+@dataclass(frozen=True)
+class Memory:
+    """The memory plan per GPU (plan/memory.py), or why it was skipped."""
+
+    skipped: str | None
+    engine: str | None
+    world_size: int | None
+    gpus_per_node: int | None
+    gpu_memory_gib: float | None
+    gpu_memory_source: str | None
+    fits: bool | None
+    per_gpu_gib: dict | None  # its parts, and their total
+    model: dict | None  # parameters, layers, hidden_size
+    checkpointing: dict | None  # the checkpointed decoder layers, and who chose them
+
+
+@dataclass(frozen=True)
+class Output:
+    output_dir: str | None
+    folder: str | None  # a dry run: what the run would do with it
+    would_refuse: tuple[str, ...]  # a dry run: what the run would refuse, each as it would say it
+
+
+@dataclass(frozen=True)
+class Record:
+    values: dict = field(repr=False)  # the object as recorded
+    launch: Launch
+    data: Data
+    lengths: Lengths
+    forward: dict  # the forward chosen (choice.ForwardChoice.record), or a dry run's per machine
+    batching: Batching
+    memory: Memory
+    output: Output
+    model_identity: dict | None  # the model's files as the run loaded them (model_identity.py)
+
+    @functools.cached_property
+    def settings(self):
+        """Every recipe field as the run used it, by attribute; the push as the project makes it (hub_model_id)."""
+        return _view(_settings(), self.values)
+
+    @property
+    def derived(self) -> dict:
+        """The block as recorded, for what no section holds."""
+        return self.values.get("derived") or {}
+
+    def changed(self, new: "Record", names) -> dict[str, tuple]:
+        """name -> (old, new) for each of `names` this record holds that `new` gives another value (a field a record
+        of an earlier version lacks is not compared)."""
+        pairs = {n: (getattr(self.settings, n), getattr(new.settings, n)) for n in names if n in self.values}
+        return {n: (was, now) for n, (was, now) in pairs.items() if was != now}
+
+
+@functools.cache
+def _settings():
+    """The fields of the dataclasses a recipe is parsed into, and the recipe file's path (`config`)."""
+    from dpotrain.recipe.config import make_parser
+
+    names = {f.name: f.type for part in make_parser().dataclass_types for f in fields(part)} | {"config": str}
+    return make_dataclass("Settings", [(n, t, field(default=None)) for n, t in names.items()], frozen=True)
+
+
+def of(values: dict) -> Record:
+    """The record in hand (`resolve.resolved_config`'s object), read as its file reads: through JSON."""
+    return _record(json.loads(json.dumps(values, default=str)))
+
+
+def read(path: str | Path) -> Record | None:
+    """The record in `path`; None where there is none; one that cannot be read is refused in one line naming the file
+    and the fix (`records.read_record`, the one reader of the run's records)."""
+    values = records.read_record(path, records.RESOLVED_FIX)
+    return None if values is None else _record(values)
+
+
+def parse(text: str, source) -> Record:
+    """The record in `text`, read from `source` (named where it is not one)."""
+    try:
+        values = json.loads(text)
+        why = None if isinstance(values, dict) else f"a JSON {type(values).__name__}, not an object"
+    except ValueError as e:
+        why = cause(e)
+    if why:
+        raise ConfigError(f"{source}: not a run's record ({why})")
+    return _record(values)
+
+
+def _record(r: dict) -> Record:
+    d = r["derived"] if isinstance(r.get("derived"), dict) else {}
+    plan, auto, template = d.get("batching") or {}, d.get("max_length"), d.get("chat_template")
+    batching = Batching(
+        d.get("pairs_per_step"),
+        Spread.of(plan.get("micro_batches_per_step") or r.get("gradient_accumulation_steps")),
+        Spread.of(r.get("per_device_train_batch_size") or plan.get("pairs_per_micro_batch")),
+        r.get("max_tokens_per_microbatch"),
+        plan.get("planned"),
+        Spread.of(plan.get("positions_per_micro_batch")),
+        plan.get("padding_share"),
+        plan.get("forward"),
+        plan.get("pairs_trained"),
+        plan.get("max_length_cuts"),
+        d.get("recipe_batching_replaced"),
+    )
+    return Record(
+        r,
+        _view(Launch, d),
+        _view(Data, d),
+        Lengths(
+            r["max_length"] if isinstance(r.get("max_length"), int) else None,
+            auto if isinstance(auto, dict) else None,
+            _view(Template, template) if template else None,
+        ),
+        d.get("forward") or {},
+        batching,
+        _view(Memory, d.get("memory")),
+        Output(r.get("output_dir"), d.get("output_folder"), tuple(d.get("would_refuse") or ())),
+        d.get("model_identity"),
+    )

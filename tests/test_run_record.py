@@ -1,0 +1,176 @@
+"""The run's record read back by type (dpotrain/recipe/run_record.py), on literal records: the shape this version
+writes (a dry run's, with its step plan, and one planned at start), the shape of an earlier version (fields it did not
+write read None, and are not compared on a resume), and damaged files (one line naming the file). Then what
+scripts/launch.sh reads through it (dpotrain/cluster/job.py)."""
+
+import io
+import json
+
+import pytest
+
+from conftest import ROOT
+from dpotrain import resolve
+from dpotrain.cluster import job
+from dpotrain.recipe import run_record
+from dpotrain.recipe.config import parse_args
+from dpotrain.recipe.errors import ConfigError
+from dpotrain.recipe.run_record import Spread
+
+SMOKE = str(ROOT / "configs" / "smoke.yaml")
+
+# A dry run of configs/smoke.yaml as this version writes it, its fields cut to those read here.
+DRY_RUN = {
+    "config": "configs/smoke.yaml",
+    "output_dir": "outputs/smoke-dpo",
+    "max_length": 1024,
+    "per_device_train_batch_size": None,  # a token budget cuts the micro-batches
+    "gradient_accumulation_steps": None,
+    "max_tokens_per_microbatch": 2048,
+    "learning_rate": 0.0001,
+    "hub_model_id": "org/smoke",
+    "derived": {
+        "world_size": 1,
+        "world_size_source": "single process (python train_dpo.py, no launcher)",
+        "data_parallel_size": 1,
+        "gradient_clipping": {"max_grad_norm": 1.0, "clipped_by": "torch's clip_grad_norm_"},
+        "pairs_per_step": 8,
+        "dataset_rows": 384,
+        "total_steps": 48,
+        "warmup_steps": 5,
+        "chat_template": {"path": None, "source": "the model's own", "sha256": "f950548988e5"},
+        "batching": {
+            "forward": "packed, prompts shared (384 of 384 pairs)",
+            "pairs_per_step": 8,
+            "micro_batches_per_step": {"min": 1, "mean": 1.042, "max": 2, "lower_bound_mean": 1.042},
+            "pairs_per_micro_batch": {"min": 4, "mean": 7.7, "max": 8},
+            "positions_per_micro_batch": {"min": 872, "mean": 1589.6, "max": 2290},
+            "padding_share": 0.0558,
+            "pairs_trained": {"pairs": 384, "of": 384, "steps": 48},
+        },
+        "memory": {"skipped": "this recipe trains in fp32", "engine": "one process (python train_dpo.py)"},
+        "output_folder": "outputs/smoke-dpo: the run starts there (new)",
+        "would_refuse": [],
+    },
+}
+
+
+def test_a_dry_runs_record_reads_by_section():
+    r = run_record.of(DRY_RUN)
+    assert (r.launch.world_size, r.launch.data_parallel_size) == (1, 1)
+    assert (r.data.dataset_rows, r.data.total_steps, r.data.warmup_steps) == (384, 48, 5)
+    assert r.batching.pairs_per_step == 8 and r.batching.max_tokens_per_microbatch == 2048
+    # Cut by tokens: micro-batches per step and pairs per micro-batch are the step plan's, in one place.
+    assert r.batching.micro_batches_per_step == Spread(1, 1.042, 2) and str(r.batching.micro_batches_per_step) == "1-2"
+    assert r.batching.pairs_per_micro_batch == Spread(4, 7.7, 8) and r.batching.layout.startswith("packed")
+    assert r.lengths.max_length == 1024 and r.lengths.chosen_by == "the recipe's"
+    assert r.lengths.template.sha256 == "f950548988e5" and not r.lengths.template.plain_text
+    assert r.memory.skipped == "this recipe trains in fp32" and r.memory.per_gpu_gib is None
+    assert r.output.would_refuse == () and r.output.folder.endswith("(new)")
+    assert r.settings.learning_rate == 1e-4 and r.settings.hub_model_id == "org/smoke"
+    with pytest.raises(AttributeError):  # a field the recipe does not have is a mistake, not None
+        r.settings.learning_rat  # noqa: B018
+
+
+def test_fixed_micro_batches_and_a_plan_made_at_start_read_from_the_recipes_fields():
+    values = {
+        **DRY_RUN,
+        "max_tokens_per_microbatch": None,
+        "per_device_train_batch_size": 2,
+        "gradient_accumulation_steps": 4,
+        "derived": {**DRY_RUN["derived"], "batching": {"planned": "at start, from the token lengths"}},
+    }
+    b = run_record.of(values).batching
+    assert b.micro_batches_per_step == Spread(4, 4, 4) and str(b.micro_batches_per_step) == "4"
+    assert str(b.pairs_per_micro_batch) == "2" and b.positions_per_micro_batch is None
+    assert b.planned == "at start, from the token lengths"
+
+
+def test_max_length_auto_is_an_int_with_how_it_was_chosen_or_when_it_is():
+    chosen = {"max_length": 4096, "coverage": 0.951, "target_coverage": 0.95, "cached": True}
+    r = run_record.of({**DRY_RUN, "max_length": 4096, "derived": {"max_length": chosen}})
+    assert r.lengths.max_length == 4096
+    assert r.lengths.chosen_by == "max_length: auto, 95.1% of the pairs whole (target 95%)"
+    later = {"max_length": "auto", "target_coverage": 0.95, "resolved": "at start, by analysing the training split"}
+    r = run_record.of({**DRY_RUN, "max_length": "auto", "derived": {"max_length": later}})
+    assert r.lengths.max_length is None
+    assert r.lengths.chosen_by == "max_length: auto, decided at start, by analysing the training split"
+
+
+def test_a_record_of_an_earlier_version_reads_none_where_it_wrote_nothing():
+    earlier = {"learning_rate": 1e-4, "derived": {"pairs_per_step": 8, "world_size": 1}}
+    r = run_record.of(earlier)
+    assert r.launch.data_parallel_size is None and r.lengths.template is None and r.batching.planned is None
+    assert r.memory == run_record.Memory(*[None] * 10) and r.output.would_refuse == () and r.model_identity is None
+    assert r.settings.assistant_turns is None and r.settings.learning_rate == 1e-4
+    now = run_record.of({"learning_rate": 2e-4, "assistant_turns": "all"})
+    # Compared where the earlier record holds the field: assistant_turns did not exist then.
+    assert r.changed(now, ["learning_rate", "assistant_turns"]) == {"learning_rate": (1e-4, 2e-4)}
+
+
+def test_a_resume_compares_with_a_record_of_an_earlier_version(tmp_path):
+    """resolve.changed_settings on a run folder whose record lacks what this version adds (assistant_turns, the
+    template's record): the same settings resume, a changed learning rate is named."""
+    out = tmp_path / "run"
+    recipe = parse_args(["--config", SMOKE, "--output_dir", str(out)])
+    written = json.loads(json.dumps(resolve.resolved_config(recipe, {"pairs_per_step": 8}), default=str))
+    del written["assistant_turns"]
+    out.mkdir()
+    (out / "resolved_config.json").write_text(json.dumps(written))
+    assert resolve.changed_settings(recipe, out, 8) == []
+    other = parse_args(["--config", SMOKE, "--output_dir", str(out), "--learning_rate", "2e-4"])
+    assert resolve.changed_settings(other, out, 16) == ["learning_rate: 0.0001 -> 0.0002", "pairs_per_step: 8 -> 16"]
+
+
+@pytest.mark.parametrize(
+    "text, why",
+    [
+        ('{"learning_rate": 0.0001, "derived": {"pairs', "JSONDecodeError: Unterminated string"),  # cut short
+        ("[1, 2]", "a JSON list, not an object"),
+        (None, "is unreadable (IsADirectoryError"),
+    ],
+)
+def test_a_damaged_record_is_one_line_naming_the_file_and_the_fix(tmp_path, text, why):
+    path = tmp_path / "resolved_config.json"
+    path.mkdir() if text is None else path.write_text(text)
+    with pytest.raises(ConfigError) as refused:
+        run_record.read(path)
+    line = str(refused.value)
+    assert line.startswith(str(path)) and why in line and "\n" not in line, line
+    assert line.endswith("delete it to go on without that comparison, or pass a new --output_dir")
+
+
+def test_what_launch_sh_prints_of_its_dry_run_and_its_exit_code_where_the_run_would_refuse(monkeypatch, capsys):
+    shown = "[INFO] a library's line\n" + json.dumps(DRY_RUN, indent=2)  # a library may print before the JSON
+    monkeypatch.setattr("sys.stdin", io.StringIO(shown))
+    assert job.main(["plan"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("batch: 8 pairs per step over 1 processes, micro-batches of at most 2048 packed tokens")
+    assert out[1] == "memory plan skipped: this recipe trains in fp32"
+    fixed = {**DRY_RUN, "max_tokens_per_microbatch": None, "per_device_train_batch_size": 2}
+    fixed["gradient_accumulation_steps"] = 4
+    planned = {"engine": "DeepSpeed ZeRO-2", "gpu_memory_gib": 79.6, "per_gpu_gib": {"total": 61.2}}
+    refusals = ["report_to wandb but no W&B login", "output_dir 'x' already holds a finished run"]
+    fixed["derived"] = {**DRY_RUN["derived"], "batching": {}, "memory": planned, "would_refuse": refusals}
+    monkeypatch.setattr("sys.stdin", io.StringIO(json.dumps(fixed, indent=2)))
+    assert job.main(["plan"]) == 2
+    said = capsys.readouterr()
+    assert said.out.splitlines() == [
+        f"batch: 8 pairs per step = 2 per process x 4 accumulation x 1 processes; output: {ROOT / 'outputs/smoke-dpo'}",
+        "memory plan: ~61.2 GiB per GPU of 79.6 GiB under DeepSpeed ZeRO-2",
+    ]
+    assert said.err.splitlines() == [f"error: {refusal}" for refusal in refusals]
+
+
+@pytest.mark.parametrize(
+    "line, engine",
+    [
+        ("accelerate_config: configs/accelerate/zero3.yaml  # ZeRO-3", "configs/accelerate/zero3.yaml"),
+        ("accelerate_config: none  # plans `python train_dpo.py`; a job still launches", "accelerate_config.yaml"),
+        ("beta: 5", "accelerate_config.yaml"),
+    ],
+)
+def test_the_engine_launch_sh_launches_is_the_recipes_own(tmp_path, capsys, line, engine):
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(f"learning_rate: 1.0e-6\n{line}\n")
+    assert job.main(["engine", str(recipe)]) == 0
+    assert capsys.readouterr().out == f"{engine}\n"
