@@ -77,6 +77,9 @@ TINY = dict(
 )
 TINY_EVERY = 2  # --tiny checkpoints 1 layer in 2 (of its 2: layer 0), on both sides
 TINY_LENGTHS = (512, 2048)  # --tiny: max_length, token budget per micro-batch
+# --tiny's pairs: the mix's shapes scaled to this many words at most, so that the tiny tokenizer's tokens (more than
+# words, with the chat template's) fit max_length: a mix scaled to 480 words dropped 6 of 8 multi-turn pairs
+TINY_WORDS = 240
 DATA = {  # max_length, token budget per micro-batch, pairs per step
     "think": (16384, 65536, 32),
     "multiturn": (4096, 32768, 32),
@@ -735,7 +738,8 @@ def run_all(args, paths: list[str], folder: Path, saved: dict, header: str) -> l
     results = saved["results"]
     for data in args.data:
         per_step = args.pairs_per_step or (4 if args.tiny else DATA[data][2])
-        write_pairs(folder / f"{data}.jsonl", data, args.steps * per_step, 480 / DATA[data][0] if args.tiny else 1)
+        scale = TINY_WORDS / DATA[data][0] if args.tiny else 1
+        write_pairs(folder / f"{data}.jsonl", data, args.steps * per_step, scale)
         trl_settings = None
         for path in sorted(set(paths) | ({"project"} if "trl" in paths else set()), key=lambda p: p != "project"):
             if path == "trl" and trl_settings is None:  # unequal settings are no comparison
