@@ -654,21 +654,32 @@ def test_a_saved_data_sets_identity_is_its_training_splits_data_not_the_caches_b
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("record", ["resolved_config.json", "health_stop.json"])
-def test_a_damaged_record_of_the_run_is_refused_in_one_line_naming_it(
-    record, baseline, tmp_path, tiny_model_dir, pairs
-):
+def test_a_damaged_record_of_the_run_is_refused_in_one_line_naming_it(baseline, tmp_path, tiny_model_dir, pairs):
     """A record the rerun reads at start (written whole, renamed into place), damaged by a disk or a copy cut short:
     every rerun, a requeue's too, ended in a JSONDecodeError traceback."""
     out = unfinished(baseline, tmp_path)
     whole = json.dumps({"guard": "loss", "step": 3, "message": "loss is nan", "fatal": False}, indent=2)
-    text = (out / record).read_text() if record == "resolved_config.json" else whole
-    (out / record).write_text(text[: len(text) // 2])
+    (out / "health_stop.json").write_text(whole[: len(whole) // 2])
     result = train(out, tiny_model_dir, pairs)
     errors = [line for line in result.stdout.splitlines() if line.startswith("error:")]
     assert result.returncode == 2 and "Traceback" not in result.stdout and len(errors) == 1, result.stdout[-3000:]
-    assert errors[0].startswith(f"error: {out / record} is unreadable (JSONDecodeError: "), errors[0]
+    assert errors[0].startswith(f"error: {out / 'health_stop.json'} is unreadable (JSONDecodeError: "), errors[0]
     assert "Data (train)" not in result.stdout  # refused before anything loaded
+
+
+@pytest.mark.slow
+def test_a_damaged_run_record_is_written_anew_where_the_checkpoint_carries_its_own(
+    baseline, tmp_path, tiny_model_dir, pairs
+):
+    """The run folder's resolved_config.json cut short: the resume compares with the copy its checkpoint carries (in
+    its manifest), and the run writes its record whole again; no traceback, no refusal."""
+    out = unfinished(baseline, tmp_path)
+    text = (out / "resolved_config.json").read_text()
+    (out / "resolved_config.json").write_text(text[: len(text) // 2])
+    result = train(out, tiny_model_dir, pairs)
+    assert result.returncode == 0 and "Traceback" not in result.stdout, result.stdout[-3000:]
+    assert "Resuming from" in result.stdout
+    assert json.loads((out / "resolved_config.json").read_text())["derived"]["resumed_from"]
 
 
 @pytest.mark.slow
