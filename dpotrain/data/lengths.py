@@ -152,8 +152,7 @@ STREAM_BLOCK = 16  # a stream is read this many batches per process at a time (m
 
 
 class _Refused(Exception):
-    """An invalid row met inside `Dataset.map` (perhaps in a worker process): (position, column, problem), plain
-    arguments, so that it pickles back to the main process."""
+    """An invalid row met inside `Dataset.map`: (position, column, problem), which pickle back from a worker."""
 
 
 def _measure_batch(batch: dict, positions: list[int], tokenizer, fmt, method, skip_invalid, offset, version) -> dict:
@@ -249,8 +248,9 @@ def measure(
         raise ConfigError("the data set has no rows")
     fmt = RowFormat.of(first, columns, tokenizer.eos_token, hh_format, template=tokenizer)
     check_chat_template(tokenizer, fmt)
-    kwargs = {"tokenizer": tokenizer, "fmt": fmt, "method": method, "skip_invalid": skip_invalid, "offset": 0}
-    kwargs["version"] = ANALYSIS_VERSION
+    kwargs = dict(
+        tokenizer=tokenizer, fmt=fmt, method=method, skip_invalid=skip_invalid, offset=0, version=ANALYSIS_VERSION
+    )
     try:
         if isinstance(dataset, datasets.Dataset):
             with nullcontext() if progress else quiet_progress_bars():
@@ -262,7 +262,7 @@ def measure(
         raise InvalidRowError(int(indices[position]) if indices is not None else position, column, problem) from None
     c = counted.with_format("numpy")[:]
     index = np.asarray(indices, dtype=np.int64) if indices is not None else np.arange(len(counted), dtype=np.int64)
-    valid = c["prompt_tokens"] >= 0
+    valid, bad = c["prompt_tokens"] >= 0, c["prompt_tokens"] < 0
     mismatches = int(c["mismatch"].sum())
     if mismatches:
         print(
@@ -270,12 +270,9 @@ def measure(
             "one row at a time (exact, slower)",
             file=sys.stderr,
         )
-    bad = ~valid
     return Measured(
         index=index[valid],
-        prompt=c["prompt_tokens"][valid],
-        chosen=c["chosen_tokens"][valid],
-        rejected=c["rejected_tokens"][valid],
+        **{k: c[f"{k}_tokens"][valid] for k in COUNTS},
         invalid=[
             {"index": int(i), "column": column, "problem": problem}
             for i, column, problem in zip(index[bad], c["problem_column"][bad], c["problem"][bad], strict=True)
@@ -284,7 +281,6 @@ def measure(
         shape=fmt.shape.describe(tokenizer.name_or_path, getattr(tokenizer, "chat_template_file", None)),
         fast_path_mismatches=mismatches,
         seconds=time.perf_counter() - start,
-        shared=c["shared_tokens"][valid],
     )
 
 
@@ -319,19 +315,12 @@ def _map_stream(stream, kwargs: dict, num_proc: int, chunk_size: int, progress: 
     from datasets import Dataset, concatenate_datasets
     from tqdm.auto import tqdm
 
-    rows, done = iter(stream), []
+    rows, done, size = iter(stream), [], chunk_size * num_proc * STREAM_BLOCK
     with tqdm(total=_known_rows(stream), unit="rows", desc="Tokenizing", disable=not progress) as bar:
-        while block := list(itertools.islice(rows, chunk_size * num_proc * STREAM_BLOCK)):
-            offset = sum(len(d) for d in done)
+        while block := list(itertools.islice(rows, size)):
             with quiet_progress_bars():
-                done.append(
-                    _map(
-                        Dataset.from_list(block, features=stream.features),
-                        kwargs | {"offset": offset},
-                        num_proc,
-                        chunk_size,
-                    )
-                )
+                block = Dataset.from_list(block, features=stream.features)
+                done.append(_map(block, kwargs | {"offset": sum(map(len, done))}, num_proc, chunk_size))
             bar.update(len(block))
     return concatenate_datasets(done)
 
