@@ -169,6 +169,19 @@ def test_a_split_read_from_files_is_tokenized_once_per_tokenizer(tokenizer, tmp_
     assert len(set(maps()) - set(written)) == 1
 
 
+def test_measuring_in_processes_leaves_the_environment_as_it_found_it(tokenizer, tmp_path, monkeypatch):
+    """datasets, mapping in processes, sets TOKENIZERS_PARALLELISM and puts a copy of os.environ in its place: a patch
+    of the environment around the measure (the preflight's) must still be undone, and nothing else left behind."""
+    from unittest import mock
+
+    monkeypatch.delenv("TOKENIZERS_PARALLELISM", raising=False)
+    dataset = data.load_preference_dataset(write_jsonl(tmp_path / "d.jsonl", _messages_rows()))
+    environ, before = os.environ, dict(os.environ)
+    with mock.patch.dict(os.environ, DPOTRAIN_PATCHED="1"):
+        assert lengths.measure(dataset, tokenizer, num_proc=2, chunk_size=8).rows == len(dataset)
+    assert os.environ is environ and dict(os.environ) == before
+
+
 @pytest.mark.slow
 def test_a_saved_data_set_in_a_read_only_folder_is_analysed_without_writing_there(tmp_path, tiny_model_dir):
     import datasets

@@ -36,6 +36,7 @@ import sys
 import time
 from contextlib import nullcontext
 from pathlib import Path
+from unittest import mock
 
 import numpy as np
 from trl.data_utils import common_prefix_length, is_conversational
@@ -295,18 +296,21 @@ def _map(dataset, kwargs: dict, num_proc: int, chunk_size: int, desc: str | None
     # is kept in memory, not cached beside it.
     files = dataset.cache_files
     read_only = bool(files) and unwritable(Path(files[0]["filename"]).parent) is not None
-    return dataset.map(
-        _measure_batch,
-        batched=True,
-        batch_size=chunk_size,
-        with_indices=True,
-        fn_kwargs=kwargs,
-        remove_columns=dataset.column_names,
-        features=features,
-        num_proc=processes if processes > 1 else None,
-        keep_in_memory=read_only,
-        desc=desc,
-    )
+    # Mapping in processes, datasets sets TOKENIZERS_PARALLELISM=false (one tokenizer thread per process) and leaves a
+    # copy of os.environ in its place, which a patch of the original (mock.patch.dict, monkeypatch) would miss: undone.
+    with mock.patch.dict(os.environ), mock.patch.object(os, "environ", os.environ):
+        return dataset.map(
+            _measure_batch,
+            batched=True,
+            batch_size=chunk_size,
+            with_indices=True,
+            fn_kwargs=kwargs,
+            remove_columns=dataset.column_names,
+            features=features,
+            num_proc=processes if processes > 1 else None,
+            keep_in_memory=read_only,
+            desc=desc,
+        )
 
 
 def _map_stream(stream, kwargs: dict, num_proc: int, chunk_size: int, progress: bool):
