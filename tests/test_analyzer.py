@@ -145,6 +145,20 @@ def test_two_processes_and_streaming_give_the_same_lengths(tokenizer, tmp_path):
             np.testing.assert_array_equal(getattr(m, key), getattr(one, key))
 
 
+def test_a_batch_whose_fast_path_differs_from_the_trainers_is_measured_row_by_row(tokenizer, monkeypatch, capsys):
+    import datasets
+
+    rows = datasets.Dataset.from_list(_messages_rows())  # in memory: nothing cached
+    reference = lengths.measure(rows, tokenizer, method="reference")
+    fast = lengths._lengths_of_texts
+    monkeypatch.setattr(lengths, "_lengths_of_texts", lambda *a: [(p + 1, c, r, s) for p, c, r, s in fast(*a)])
+    m = lengths.measure(rows, tokenizer, chunk_size=16)
+    assert m.fast_path_mismatches == 3  # 41 rows: three batches, each checked on its first row
+    for key in ("index", "prompt", "chosen", "rejected", "shared"):
+        np.testing.assert_array_equal(getattr(m, key), getattr(reference, key))
+    assert "differed from TRL's in 3 chunk(s)" in capsys.readouterr().err
+
+
 def test_a_split_read_from_files_is_tokenized_once_per_tokenizer(tokenizer, tmp_path):
     """`Dataset.map`'s cache, beside the data set's own files: the same rows with the same tokenizer are read back (the
     file is not written again), another chat template is tokenized anew."""

@@ -9,7 +9,7 @@ the collator cuts the others at `max_length` (keep_start).
 Two ways to the same numbers, both built on TRL's own functions (`extract_prompt`, `is_conversational`, `_tokenize`,
 `common_prefix_length`):
 - `row_lengths`: one row at a time through `trl.data_utils._tokenize`, the call the trainer makes. The reference.
-- `measure_rows` (method "batched"): renders the chat template to text and encodes a batch of texts in one
+- `_measure_batch` (method "batched"): renders the chat template to text and encodes a batch of texts in one
   fast-tokenizer call, which is what `apply_chat_template(tokenize=True)` does per row (render, then encode with
   `add_special_tokens=False`). ~2-3x faster; every batch checks its first row against `row_lengths` and falls back to
   it on any difference, and tests/test_analyzer.py proves equality with the trainer's processed data set row by row.
@@ -157,47 +157,39 @@ class _Refused(Exception):
 
 
 def _measure_batch(batch: dict, positions: list[int], tokenizer, fmt, method, skip_invalid, offset, version) -> dict:
-    """`measure_rows` as `measure`'s `Dataset.map` function: per row its counts (-1 for an invalid row), why it is
-    invalid, and whether its batch fell back to one row at a time. `version` (ANALYSIS_VERSION) is part of the map's
+    """`measure`'s `Dataset.map` function: per row its (prompt, chosen, rejected, shared) counts (-1: an invalid row)
+    and why it is invalid, and whether the batch fell back to one row at a time (method "batched": the fast path must
+    equal the trainer's tokenization on the batch's first row). `version` (ANALYSIS_VERSION) is part of the map's
     fingerprint, so that a map cached by an older analysis is not reused."""
-    rows = [dict(zip(batch, values, strict=True)) for values in zip(*batch.values(), strict=True)]
-    positions = [offset + p for p in positions]
-    kept, counts, problems, mismatched = measure_rows(positions, rows, tokenizer, fmt, method)
-    if problems and not skip_invalid:
-        raise _Refused(problems[0]["index"], problems[0]["column"], problems[0]["problem"])
-    found, why = dict(zip(kept, counts, strict=True)), {p["index"]: p for p in problems}
-    out = {f"{k}_tokens": [found[i][n] if i in found else -1 for i in positions] for n, k in enumerate(COUNTS)}
-    out["problem_column"] = [why[i]["column"] if i in why else None for i in positions]
-    out["problem"] = [why[i]["problem"] if i in why else None for i in positions]
-    out["mismatch"] = [bool(mismatched) and n == 0 for n in range(len(positions))]
-    return out
-
-
-def measure_rows(indices, rows, tokenizer, fmt: RowFormat, method: str = "batched"):
-    """(valid indices, their (prompt, chosen, rejected) lengths, problems, fast-path mismatches) for some rows."""
-    kept, examples, texts, lengths, problems = [], [], [], [], []
-    for index, row in zip(indices, rows, strict=True):
-        example, problem = read_row(row, fmt)  # the same reading as training's (rows.usable_pairs)
+    examples, texts, counts, problems = {}, [], {}, {}
+    for position, values in zip(positions, zip(*batch.values(), strict=True), strict=True):
+        position += offset
+        example, problem = read_row(dict(zip(batch, values, strict=True)), fmt)  # as training reads it (rows.py)
         if problem is None:
             example = split_row(example, fmt)
             try:  # a chat template may refuse a row (e.g. roles that do not alternate): so does the trainer
                 if method == "batched":
                     texts.append(render_row(example, tokenizer))
                 else:
-                    lengths.append(row_lengths(example, tokenizer))
+                    counts[position] = row_lengths(example, tokenizer)
             except Exception as e:
                 problem = _template_problem(example, tokenizer) or ("chosen", f"{type(e).__name__}: {e}")
-        if problem:
-            problems.append({"index": int(index), "column": problem[0], "problem": problem[1]})
-        else:
-            kept.append(int(index))
-            examples.append(example)
-    if method == "reference" or not examples:
-        return kept, lengths, problems, 0
-    lengths = _lengths_of_texts(texts, tokenizer, fmt.conversational)
-    if lengths[0] != row_lengths(examples[0], tokenizer):  # the fast path must equal the trainer's tokenization
-        return kept, [row_lengths(example, tokenizer) for example in examples], problems, 1
-    return kept, lengths, problems, 0
+        if problem and not skip_invalid:
+            raise _Refused(position, *problem)
+        problems[position] = problem
+        if not problem:
+            examples[position] = example
+    mismatch = False
+    if method == "batched" and examples:
+        counts = dict(zip(examples, _lengths_of_texts(texts, tokenizer, fmt.conversational), strict=True))
+        first, example = next(iter(examples.items()))
+        if counts[first] != row_lengths(example, tokenizer):
+            mismatch, counts = True, {p: row_lengths(e, tokenizer) for p, e in examples.items()}
+    out = {f"{k}_tokens": [counts[p][n] if p in counts else -1 for p in problems] for n, k in enumerate(COUNTS)}
+    out["problem_column"] = [problem and problem[0] for problem in problems.values()]
+    out["problem"] = [problem and problem[1] for problem in problems.values()]
+    out["mismatch"] = [mismatch and n == 0 for n in range(len(problems))]
+    return out
 
 
 def _template_problem(example: dict, tokenizer) -> tuple[str, str] | None:
