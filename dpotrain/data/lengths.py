@@ -46,7 +46,7 @@ from dpotrain.data.cuts import STEP, recommend
 from dpotrain.data.rows import ROW_COLUMNS, InvalidRowError, RowFormat, read_row, split_row
 from dpotrain.recipe import upstream
 from dpotrain.recipe.errors import ConfigError
-from dpotrain.recipe.writes import quiet_progress_bars, replacing, unwritable, write_text
+from dpotrain.recipe.writes import quiet_progress_bars, replacing, write_text
 
 # The report's cumulative distribution: common max_length choices, and the long lengths a thinking data set's tail
 # reaches (OLMo 3: 16K-32K).
@@ -161,7 +161,7 @@ def _measure_batch(batch: dict, positions: list[int], tokenizer, fmt, method, sk
     and why it is invalid, and whether the batch fell back to one row at a time (method "batched": the fast path must
     equal the trainer's tokenization on the batch's first row). `version` (ANALYSIS_VERSION) is part of the map's
     fingerprint, so that a map cached by an older analysis is not reused."""
-    examples, texts, counts, problems = {}, [], {}, {}
+    examples, texts, counts, why = {}, [], {}, {}  # why: each row's problem, None for a valid one
     for position, values in zip(positions, zip(*batch.values(), strict=True), strict=True):
         position += offset
         example, problem = read_row(dict(zip(batch, values, strict=True)), fmt)  # as training reads it (rows.py)
@@ -176,7 +176,7 @@ def _measure_batch(batch: dict, positions: list[int], tokenizer, fmt, method, sk
                 problem = _template_problem(example, tokenizer) or ("chosen", f"{type(e).__name__}: {e}")
         if problem and not skip_invalid:
             raise _Refused(position, *problem)
-        problems[position] = problem
+        why[position] = problem
         if not problem:
             examples[position] = example
     mismatch = False
@@ -185,10 +185,10 @@ def _measure_batch(batch: dict, positions: list[int], tokenizer, fmt, method, sk
         first, example = next(iter(examples.items()))
         if counts[first] != row_lengths(example, tokenizer):
             mismatch, counts = True, {p: row_lengths(e, tokenizer) for p, e in examples.items()}
-    out = {f"{k}_tokens": [counts[p][n] if p in counts else -1 for p in problems] for n, k in enumerate(COUNTS)}
-    out["problem_column"] = [problem and problem[0] for problem in problems.values()]
-    out["problem"] = [problem and problem[1] for problem in problems.values()]
-    out["mismatch"] = [mismatch and n == 0 for n in range(len(problems))]
+    out = {f"{k}_tokens": [counts[p][n] if p in counts else -1 for p in why] for n, k in enumerate(COUNTS)}
+    out["problem_column"] = [problem and problem[0] for problem in why.values()]
+    out["problem"] = [problem and problem[1] for problem in why.values()]
+    out["mismatch"] = [mismatch and n == 0 for n in range(len(why))]
     return out
 
 
@@ -279,15 +279,16 @@ def measure(
 
 def _map(dataset, kwargs: dict, num_proc: int, chunk_size: int, desc: str | None = None):
     """`_measure_batch` over `dataset` (`measure`'s columns out), in `num_proc` processes, none without a batch."""
-    from datasets import Features, Value
+    import datasets
 
-    features = Features({f"{k}_tokens": Value("int64") for k in COUNTS})
-    features.update(problem_column=Value("string"), problem=Value("string"), mismatch=Value("bool"))
+    features = datasets.Features({f"{k}_tokens": datasets.Value("int64") for k in COUNTS})
+    features.update(problem=datasets.Value("string"), problem_column=datasets.Value("string"))
+    features["mismatch"] = datasets.Value("bool")
     processes = min(num_proc, -(-len(dataset) // chunk_size))
-    # A saved data set is read in place: in a folder this process cannot write in (a read-only or shared mount) the map
-    # is kept in memory, not cached beside it.
-    files = dataset.cache_files
-    read_only = bool(files) and unwritable(Path(files[0]["filename"]).parent) is not None
+    # Cached where datasets caches what it reads (a later run finds it there), never beside a data set saved in a
+    # folder of the user's own, which is read in place (maybe read-only or shared): there the map stays in memory.
+    files, cache = dataset.cache_files, Path(datasets.config.HF_DATASETS_CACHE).resolve()
+    in_cache = bool(files) and Path(files[0]["filename"]).resolve().is_relative_to(cache)
     # Mapping in processes, datasets sets TOKENIZERS_PARALLELISM=false (one tokenizer thread per process) and leaves a
     # copy of os.environ in its place, which a patch of the original (mock.patch.dict, monkeypatch) would miss: undone.
     with mock.patch.dict(os.environ), mock.patch.object(os, "environ", os.environ):
@@ -300,7 +301,7 @@ def _map(dataset, kwargs: dict, num_proc: int, chunk_size: int, desc: str | None
             remove_columns=dataset.column_names,
             features=features,
             num_proc=processes if processes > 1 else None,
-            keep_in_memory=read_only,
+            keep_in_memory=not in_cache,
             desc=desc,
         )
 
