@@ -289,21 +289,25 @@ def _map(dataset, kwargs: dict, num_proc: int, chunk_size: int, desc: str | None
     # folder of the user's own, which is read in place (maybe read-only or shared): there the map stays in memory.
     files, cache = dataset.cache_files, Path(datasets.config.HF_DATASETS_CACHE).resolve()
     in_cache = bool(files) and Path(files[0]["filename"]).resolve().is_relative_to(cache)
-    # Mapping in processes, datasets sets TOKENIZERS_PARALLELISM=false (one tokenizer thread per process) and leaves a
+    # Mapping in processes, datasets sets TOKENIZERS_PARALLELISM=false (one tokenizer thread per process) and puts a
     # copy of os.environ in its place, which a patch of the original (mock.patch.dict, monkeypatch) would miss: undone.
-    with mock.patch.dict(os.environ), mock.patch.object(os, "environ", os.environ):
-        return dataset.map(
-            _measure_batch,
-            batched=True,
-            batch_size=chunk_size,
-            with_indices=True,
-            fn_kwargs=kwargs,
-            remove_columns=dataset.column_names,
-            features=features,
-            num_proc=processes if processes > 1 else None,
-            keep_in_memory=not in_cache,
-            desc=desc,
-        )
+    environ = os.environ
+    try:
+        with mock.patch.dict(os.environ):
+            return dataset.map(
+                _measure_batch,
+                batched=True,
+                batch_size=chunk_size,
+                with_indices=True,
+                fn_kwargs=kwargs,
+                remove_columns=dataset.column_names,
+                features=features,
+                num_proc=processes if processes > 1 else None,
+                keep_in_memory=not in_cache,
+                desc=desc,
+            )
+    finally:
+        os.environ = environ  # noqa: B003 - the process's own object back, not a new environment
 
 
 def _map_stream(stream, kwargs: dict, num_proc: int, chunk_size: int, progress: bool):
