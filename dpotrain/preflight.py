@@ -9,7 +9,6 @@ the gap, the lengths and the data predict such a run, with what to do instead.
 `score` is the one place where the model runs; the rest is arithmetic on its output.
 """
 
-import contextlib
 import hashlib
 import json
 import math
@@ -18,6 +17,7 @@ import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from unittest import mock
 
 import numpy as np
 
@@ -119,7 +119,7 @@ def score(recipe, found, sample) -> dict:
     from dpotrain.reference import reference
     from dpotrain.train.trainer import build_trainer
 
-    with tempfile.TemporaryDirectory(prefix="preflight-") as tmp, _env("DPOTRAIN_CACHE", tmp):
+    with tempfile.TemporaryDirectory(prefix="preflight-") as tmp, mock.patch.dict(os.environ, DPOTRAIN_CACHE=tmp):
         # A sample's reference log-probs are of no use to training: the reference cache (reference.py, under
         # $DPOTRAIN_CACHE) and the output folder live in a folder removed afterwards. Nothing to push (the Trainer
         # would create the repo at start), no evaluation (the sample is all it scores), no training. One epoch: the
@@ -157,19 +157,6 @@ def score(recipe, found, sample) -> dict:
         "logp_rejected": np.array(rows["ref_rejected_logps"], dtype=np.float64),
         "device": device,
     }
-
-
-@contextlib.contextmanager
-def _env(name: str, value: str):
-    saved = os.environ.get(name)
-    os.environ[name] = value
-    try:
-        yield
-    finally:
-        if saved is None:
-            os.environ.pop(name, None)
-        else:
-            os.environ[name] = saved
 
 
 def _stats(values: np.ndarray) -> dict:

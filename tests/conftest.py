@@ -6,6 +6,7 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
+from unittest import mock
 
 import pytest
 
@@ -368,12 +369,8 @@ def cli():
     undone here."""
     import importlib.util
 
-    before = os.environ.get("CUDA_VISIBLE_DEVICES")
     spec = importlib.util.spec_from_file_location("analyze_dataset", ROOT / "scripts" / "analyze_dataset.py")
     module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    if before is None:
-        os.environ.pop("CUDA_VISIBLE_DEVICES", None)
-    else:
-        os.environ["CUDA_VISIBLE_DEVICES"] = before
+    with mock.patch.dict(os.environ):
+        spec.loader.exec_module(module)
     return module

@@ -13,7 +13,7 @@ import subprocess
 import numpy as np
 import pytest
 
-from conftest import ROOT, python
+from conftest import PYTHON, ROOT, python, read_only_prefix
 from dpotrain.data import builtin, data, lengths
 from dpotrain.forwards import packing
 
@@ -143,6 +143,71 @@ def test_two_processes_and_streaming_give_the_same_lengths(tokenizer, tmp_path):
     for m in (two, streamed):
         for key in ("index", "prompt", "chosen", "rejected"):
             np.testing.assert_array_equal(getattr(m, key), getattr(one, key))
+
+
+def test_a_batch_whose_fast_path_differs_from_the_trainers_is_measured_row_by_row(tokenizer, monkeypatch, capsys):
+    import datasets
+
+    rows = datasets.Dataset.from_list(_messages_rows())  # in memory: nothing cached
+    reference = lengths.measure(rows, tokenizer, method="reference")
+    fast = lengths._lengths_of_texts
+    monkeypatch.setattr(lengths, "_lengths_of_texts", lambda *a: [(p + 1, c, r, s) for p, c, r, s in fast(*a)])
+    m = lengths.measure(rows, tokenizer, chunk_size=16)
+    assert m.fast_path_mismatches == 3  # 41 rows: three batches, each checked on its first row
+    for key in ("index", "prompt", "chosen", "rejected", "shared"):
+        np.testing.assert_array_equal(getattr(m, key), getattr(reference, key))
+    assert "differed from TRL's in 3 chunk(s)" in capsys.readouterr().err
+
+
+def test_a_split_read_from_files_is_tokenized_once_per_tokenizer(tokenizer, tmp_path):
+    """`Dataset.map`'s cache, beside the data set's own files: the same rows with the same tokenizer are read back (the
+    file is not written again), another chat template is tokenized anew."""
+    path = write_jsonl(tmp_path / "d.jsonl", _messages_rows())
+    dataset = data.load_preference_dataset(path)
+    folder = os.path.dirname(dataset.cache_files[0]["filename"])
+
+    def maps():
+        return {f: os.stat(os.path.join(folder, f)).st_mtime_ns for f in os.listdir(folder) if f.startswith("cache-")}
+
+    before = maps()
+    first = lengths.measure(dataset, tokenizer, chunk_size=8)
+    written = maps()
+    assert len(set(written) - set(before)) == 1
+    again = lengths.measure(data.load_preference_dataset(path), tokenizer, num_proc=2, chunk_size=8)
+    assert maps() == written  # read back, not tokenized and written again
+    for key in ("index", "prompt", "chosen", "rejected", "shared"):
+        np.testing.assert_array_equal(getattr(again, key), getattr(first, key))
+    other = lengths.load_tokenizer(tokenizer.name_or_path)
+    other.chat_template = tokenizer.chat_template.replace("<|im_start|>", "<|im_start|> ")
+    lengths.measure(dataset, other, chunk_size=8)
+    assert len(set(maps()) - set(written)) == 1
+
+
+def test_measuring_in_processes_leaves_the_environment_as_it_found_it(tokenizer, tmp_path, monkeypatch):
+    """datasets, mapping in processes, sets TOKENIZERS_PARALLELISM and puts a copy of os.environ in its place: a patch
+    of the environment around the measure (the preflight's) must still be undone, and nothing else left behind."""
+    from unittest import mock
+
+    monkeypatch.delenv("TOKENIZERS_PARALLELISM", raising=False)
+    dataset = data.load_preference_dataset(write_jsonl(tmp_path / "d.jsonl", _messages_rows()))
+    environ, before = os.environ, dict(os.environ)
+    with mock.patch.dict(os.environ, DPOTRAIN_PATCHED="1"):
+        assert lengths.measure(dataset, tokenizer, num_proc=2, chunk_size=8).rows == len(dataset)
+    assert os.environ is environ and dict(os.environ) == before
+
+
+@pytest.mark.slow
+def test_a_saved_data_set_in_a_read_only_folder_is_analysed_without_writing_there(tmp_path, tiny_model_dir):
+    import datasets
+
+    saved = tmp_path / "shared" / "pairs"
+    datasets.DatasetDict({"train": datasets.Dataset.from_list(_messages_rows())}).save_to_disk(str(saved))
+    files = sorted(saved.rglob("*"))
+    argv = [PYTHON, str(SCRIPT), str(saved), "--tokenizer", tiny_model_dir, "--num-proc", "2"]  # in the mount namespace
+    env = {**os.environ, "DPOTRAIN_CACHE": str(tmp_path / "cache")}
+    done = subprocess.run([*read_only_prefix(saved.parent), *argv], capture_output=True, text=True, env=env)
+    assert done.returncode == 0 and "Recommended max_length: 512" in done.stdout, done.stderr[-3000:]
+    assert sorted(saved.rglob("*")) == files
 
 
 # --- the report's numbers ---------------------------------------------------------------------------------------------

@@ -1,9 +1,9 @@
 """Recipes: defaults < YAML < command line, unknown keys refused, every shipped file resolves, dry runs load nothing."""
 
-import contextlib
 import json
 import math
 import os
+from unittest import mock
 
 import pytest
 import yaml
@@ -22,17 +22,10 @@ def write(tmp_path, text: str):
     return str(path)
 
 
-@contextlib.contextmanager
 def environment(**env):
     """`env` set for a run in this process, and the environment as it was afterwards: a recipe's `env:` block sets
     its variables in the process (where unset), as in the user's `python train_dpo.py`, and must not outlive it."""
-    before = dict(os.environ)
-    os.environ.update(env)
-    try:
-        yield
-    finally:
-        os.environ.clear()
-        os.environ.update(before)
+    return mock.patch.dict(os.environ, env)
 
 
 @pytest.fixture

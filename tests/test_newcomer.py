@@ -104,12 +104,12 @@ def analyzer():
     """scripts/analyze_dataset.py as a module: `main(argv)` returns the exit status (tests/test_analyzer.py)."""
     import importlib.util
     import os
+    from unittest import mock
 
-    before = os.environ.get("CUDA_VISIBLE_DEVICES")
     spec = importlib.util.spec_from_file_location("analyze_dataset", ROOT / "scripts" / "analyze_dataset.py")
     module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)  # it hides GPUs on import: undone
-    os.environ.pop("CUDA_VISIBLE_DEVICES", None) if before is None else os.environ.update(CUDA_VISIBLE_DEVICES=before)
+    with mock.patch.dict(os.environ):  # it hides GPUs on import: undone
+        spec.loader.exec_module(module)
     return module
 
 

@@ -9,32 +9,34 @@ the collator cuts the others at `max_length` (keep_start).
 Two ways to the same numbers, both built on TRL's own functions (`extract_prompt`, `is_conversational`, `_tokenize`,
 `common_prefix_length`):
 - `row_lengths`: one row at a time through `trl.data_utils._tokenize`, the call the trainer makes. The reference.
-- `batch_lengths`: renders the chat template to text and encodes many texts in one fast-tokenizer call, which is
-  what `apply_chat_template(tokenize=True)` does per row (render, then encode with `add_special_tokens=False`).
-  ~2-3x faster; every batch checks its first row against `row_lengths` and falls back to it on any difference,
-  and tests/test_analyzer.py proves equality with the trainer's processed data set row by row.
+- `_measure_batch` (method "batched"): renders the chat template to text and encodes a batch of texts in one
+  fast-tokenizer call, which is what `apply_chat_template(tokenize=True)` does per row (render, then encode with
+  `add_special_tokens=False`). ~2-3x faster; every batch checks its first row against `row_lengths` and falls back to
+  it on any difference, and tests/test_analyzer.py proves equality with the trainer's processed data set row by row.
+`measure` runs it over a whole split with `Dataset.map` (its processes, and its fingerprint cache).
 
 The recommendation (`recommendation`) is the smallest multiple of 512 that leaves `coverage` of the pairs untruncated,
 shown with what it trades under packing, where a pair costs only its real positions (`packed_positions`): the packed
 compute of every candidate relative to it, with the prompt computed twice (today) and once per pair (shared-prompt
 packing). README "Choosing max_length" says why the rule is a coverage and not a compute knee.
 
-`max_length: auto` reads a cached analysis (`cached_measure`, then `resolution_of`) where one exists, and the run
-(never a `--dry-run`) otherwise analyses the split and caches it (`analyse`): the lengths stage,
+`max_length: auto` reads a cached analysis (`cached_measure`, then `resolution_of`: keyed by what the data set and
+the tokenizer are, not by a `Dataset`'s fingerprint, so that a dry run without the data and a run after a streamed
+analysis find it) where one exists, and the run (never a `--dry-run`) otherwise analyses the split and caches it (`analyse`): the lengths stage,
 `stages.measure_lengths`. `scripts/analyze_dataset.py` is the command-line report. Rows are checked by
 `rows.check_row` (shared with training); the markdown tables and the plot are in `lengths_report.py`.
 """
 
 import dataclasses
 import hashlib
+import itertools
 import json
-import multiprocessing
 import os
 import sys
 import time
-from collections import deque
-from concurrent.futures import ProcessPoolExecutor
+from contextlib import nullcontext
 from pathlib import Path
+from unittest import mock
 
 import numpy as np
 from trl.data_utils import common_prefix_length, is_conversational
@@ -45,7 +47,7 @@ from dpotrain.data.rows import ROW_COLUMNS, InvalidRowError, RowFormat, read_row
 from dpotrain.recipe import records as run_records
 from dpotrain.recipe import upstream
 from dpotrain.recipe.errors import ConfigError
-from dpotrain.recipe.writes import replacing, write_text
+from dpotrain.recipe.writes import quiet_progress_bars, replacing, write_text
 
 # The report's cumulative distribution: common max_length choices, and the long lengths a thinking data set's tail
 # reaches (OLMo 3: 16K-32K).
@@ -113,11 +115,6 @@ def encode(tokenizer, texts: list[str], add_special_tokens: bool) -> list[list[i
     return [e.ids for e in backend.encode_batch_fast(texts, add_special_tokens=add_special_tokens)]
 
 
-def batch_lengths(examples: list[dict], tokenizer, conversational: bool) -> list[tuple[int, int, int, int]]:
-    """`row_lengths` of many split rows: rendered one by one, encoded in one batch."""
-    return _lengths_of_texts([render_row(example, tokenizer) for example in examples], tokenizer, conversational)
-
-
 def _lengths_of_texts(texts: list[tuple[str, str, str]], tokenizer, conversational: bool):
     # apply_chat_template(tokenize=True) encodes with add_special_tokens=False; plain text goes through
     # tokenizer(text=...), which adds them.
@@ -152,47 +149,48 @@ class Measured:
         return len(self.index)
 
 
-_WORKER: dict = {}
+COUNTS = ("prompt", "chosen", "rejected", "shared")  # a row's token counts, as `measure`'s map writes them
+STREAM_BLOCK = 16  # a stream is read this many batches per process at a time (memory bounded, processes busy)
 
 
-def _init_worker(tokenizer, dataset, fmt: RowFormat, method: str) -> None:
-    _WORKER.update(tokenizer=tokenizer, dataset=dataset, fmt=fmt, method=method)
+class _Refused(Exception):
+    """An invalid row met inside `Dataset.map`: (position, column, problem), which pickle back from a worker."""
 
 
-def _measure_chunk(item) -> tuple[list[int], list[tuple[int, int, int]], list[dict], int]:
-    """Lengths of one chunk of rows: `(indices, rows)`, or `(indices, (start, stop))` of the worker's data set."""
-    indices, rows = item
-    if isinstance(rows, tuple):  # read here, in the worker, rather than pickled over from the main process
-        columns = _WORKER["dataset"][rows[0] : rows[1]]
-        rows = [dict(zip(columns, values, strict=True)) for values in zip(*columns.values(), strict=True)]
-    return measure_rows(indices, rows, _WORKER["tokenizer"], _WORKER["fmt"], _WORKER["method"])
-
-
-def measure_rows(indices, rows, tokenizer, fmt: RowFormat, method: str = "batched"):
-    """(valid indices, their (prompt, chosen, rejected) lengths, problems, fast-path mismatches) for some rows."""
-    kept, examples, texts, lengths, problems = [], [], [], [], []
-    for index, row in zip(indices, rows, strict=True):
-        example, problem = read_row(row, fmt)  # the same reading as training's (rows.usable_pairs)
+def _measure_batch(batch: dict, positions: list[int], tokenizer, fmt, method, skip_invalid, offset, version) -> dict:
+    """`measure`'s `Dataset.map` function: per row its (prompt, chosen, rejected, shared) counts (-1: an invalid row)
+    and why it is invalid, and whether the batch fell back to one row at a time (method "batched": the fast path must
+    equal the trainer's tokenization on the batch's first row). `version` (ANALYSIS_VERSION) is part of the map's
+    fingerprint, so that a map cached by an older analysis is not reused."""
+    examples, texts, counts, why = {}, [], {}, {}  # why: each row's problem, None for a valid one
+    for position, values in zip(positions, zip(*batch.values(), strict=True), strict=True):
+        position += offset
+        example, problem = read_row(dict(zip(batch, values, strict=True)), fmt)  # as training reads it (rows.py)
         if problem is None:
             example = split_row(example, fmt)
             try:  # a chat template may refuse a row (e.g. roles that do not alternate): so does the trainer
                 if method == "batched":
                     texts.append(render_row(example, tokenizer))
                 else:
-                    lengths.append(row_lengths(example, tokenizer))
+                    counts[position] = row_lengths(example, tokenizer)
             except Exception as e:
                 problem = _template_problem(example, tokenizer) or ("chosen", f"{type(e).__name__}: {e}")
-        if problem:
-            problems.append({"index": int(index), "column": problem[0], "problem": problem[1]})
-        else:
-            kept.append(int(index))
-            examples.append(example)
-    if method == "reference" or not examples:
-        return kept, lengths, problems, 0
-    lengths = _lengths_of_texts(texts, tokenizer, fmt.conversational)
-    if lengths[0] != row_lengths(examples[0], tokenizer):  # the fast path must equal the trainer's tokenization
-        return kept, [row_lengths(example, tokenizer) for example in examples], problems, 1
-    return kept, lengths, problems, 0
+        if problem and not skip_invalid:
+            raise _Refused(position, *problem)
+        why[position] = problem
+        if not problem:
+            examples[position] = example
+    mismatch = False
+    if method == "batched" and examples:
+        counts = dict(zip(examples, _lengths_of_texts(texts, tokenizer, fmt.conversational), strict=True))
+        first, example = next(iter(examples.items()))
+        if counts[first] != row_lengths(example, tokenizer):
+            mismatch, counts = True, {p: row_lengths(e, tokenizer) for p, e in examples.items()}
+    out = {f"{k}_tokens": [counts[p][n] if p in counts else -1 for p in why] for n, k in enumerate(COUNTS)}
+    out["problem_column"] = [problem and problem[0] for problem in why.values()]
+    out["problem"] = [problem and problem[1] for problem in why.values()]
+    out["mismatch"] = [mismatch and n == 0 for n in range(len(why))]
+    return out
 
 
 def _template_problem(example: dict, tokenizer) -> tuple[str, str] | None:
@@ -226,9 +224,11 @@ def measure(
 ) -> Measured:
     """Token lengths of every row of `dataset` (a `Dataset` or a streaming `IterableDataset`).
 
-    `indices`: the original index of each row when `dataset` is a selection (for messages). `method`: "batched" or
-    "reference" (one row at a time). `hh_format`: HH-RLHF strings as messages or as text (shapes.py). Invalid rows
-    raise `InvalidRowError` unless `skip_invalid`, which lists them.
+    `Dataset.map` over `num_proc` processes, `chunk_size` rows a batch; a `Dataset` read from files keeps the map in
+    datasets' own cache, found again by its fingerprint (the data set's, the tokenizer's and the analysis version), so
+    the same rows with the same tokenizer are tokenized once. `indices`: the original index of each row when `dataset`
+    is a selection (for messages). `method`: "batched" or "reference" (one row at a time). `hh_format`: HH-RLHF strings
+    as messages or as text (shapes.py). Invalid rows raise `InvalidRowError` unless `skip_invalid`, which lists them.
     """
     import datasets
 
@@ -242,48 +242,89 @@ def measure(
         raise ConfigError("the data set has no rows")
     fmt = RowFormat.of(first, columns, tokenizer.eos_token, hh_format, template=tokenizer)
     check_chat_template(tokenizer, fmt)
-    in_memory = isinstance(dataset, datasets.Dataset)
-    total = len(dataset) if in_memory else _known_rows(dataset)
-
-    items = _table_chunks(total, chunk_size, indices) if in_memory else _stream_chunks(dataset, chunk_size, indices)
-
-    from tqdm.auto import tqdm
-
-    bar = tqdm(total=total, unit="rows", desc="Tokenizing", disable=not progress, smoothing=0.1)
-    kept, lengths, invalid, mismatches = [], [], [], 0
+    kwargs = dict(
+        tokenizer=tokenizer, fmt=fmt, method=method, skip_invalid=skip_invalid, offset=0, version=ANALYSIS_VERSION
+    )
     try:
-        for chunk_kept, chunk_lengths, problems, bad in _ordered_map(
-            _measure_chunk, items, num_proc, (tokenizer, dataset if in_memory else None, fmt, method)
-        ):
-            if problems and not skip_invalid:
-                first_bad = min(problems, key=lambda p: p["index"])
-                raise InvalidRowError(first_bad["index"], first_bad["column"], first_bad["problem"])
-            kept += chunk_kept
-            lengths += chunk_lengths
-            invalid += problems
-            mismatches += bad
-            bar.update(len(chunk_kept) + len(problems))
-    finally:
-        bar.close()
+        if isinstance(dataset, datasets.Dataset):
+            with nullcontext() if progress else quiet_progress_bars():
+                counted = _map(dataset, kwargs, num_proc, chunk_size, "Tokenizing")
+        else:
+            counted = _map_stream(dataset, kwargs, num_proc, chunk_size, progress)
+    except _Refused as e:  # the first invalid row: by its index in the user's data set
+        position, column, problem = e.args
+        raise InvalidRowError(int(indices[position]) if indices is not None else position, column, problem) from None
+    c = counted.with_format("numpy")[:]
+    index = np.asarray(indices, dtype=np.int64) if indices is not None else np.arange(len(counted), dtype=np.int64)
+    valid, bad = c["prompt_tokens"] >= 0, c["prompt_tokens"] < 0
+    mismatches = int(c["mismatch"].sum())
     if mismatches:
         print(
             f"warning: the batched tokenization differed from TRL's in {mismatches} chunk(s); those were measured "
             "one row at a time (exact, slower)",
             file=sys.stderr,
         )
-    arr = np.asarray(lengths, dtype=np.int64).reshape(-1, 4)
     return Measured(
-        index=np.asarray(kept, dtype=np.int64),
-        prompt=arr[:, 0],
-        chosen=arr[:, 1],
-        rejected=arr[:, 2],
-        invalid=sorted(invalid, key=lambda p: p["index"]),
+        index=index[valid],
+        **{k: c[f"{k}_tokens"][valid] for k in COUNTS},
+        invalid=[
+            {"index": int(i), "column": column, "problem": problem}
+            for i, column, problem in zip(index[bad], c["problem_column"][bad], c["problem"][bad], strict=True)
+        ],
         conversational=fmt.conversational,
         shape=fmt.shape.describe(tokenizer.name_or_path, getattr(tokenizer, "chat_template_file", None)),
         fast_path_mismatches=mismatches,
         seconds=time.perf_counter() - start,
-        shared=arr[:, 3],
     )
+
+
+def _map(dataset, kwargs: dict, num_proc: int, chunk_size: int, desc: str | None = None):
+    """`_measure_batch` over `dataset` (`measure`'s columns out), in `num_proc` processes, none without a batch."""
+    import datasets
+
+    features = datasets.Features({f"{k}_tokens": datasets.Value("int64") for k in COUNTS})
+    features.update(problem=datasets.Value("string"), problem_column=datasets.Value("string"))
+    features["mismatch"] = datasets.Value("bool")
+    processes = min(num_proc, -(-len(dataset) // chunk_size))
+    # Cached where datasets caches what it reads (a later run finds it there), never beside a data set saved in a
+    # folder of the user's own, which is read in place (maybe read-only or shared): there the map stays in memory.
+    files, cache = dataset.cache_files, Path(datasets.config.HF_DATASETS_CACHE).resolve()
+    in_cache = bool(files) and Path(files[0]["filename"]).resolve().is_relative_to(cache)
+    # Mapping in processes, datasets sets TOKENIZERS_PARALLELISM=false (one tokenizer thread per process) and puts a
+    # copy of os.environ in its place, which a patch of the original (mock.patch.dict, monkeypatch) would miss: undone.
+    environ = os.environ
+    try:
+        with mock.patch.dict(os.environ):
+            return dataset.map(
+                _measure_batch,
+                batched=True,
+                batch_size=chunk_size,
+                with_indices=True,
+                fn_kwargs=kwargs,
+                remove_columns=dataset.column_names,
+                features=features,
+                num_proc=processes if processes > 1 else None,
+                keep_in_memory=not in_cache,
+                desc=desc,
+            )
+    finally:
+        os.environ = environ  # noqa: B003 - the process's own object back, not a new environment
+
+
+def _map_stream(stream, kwargs: dict, num_proc: int, chunk_size: int, progress: bool):
+    """A streaming data set: blocks of rows, each mapped as an in-memory `Dataset` (`_map`), so that a stream larger
+    than memory or disk is never read far ahead of the processes; what is kept is a few numbers a row."""
+    from datasets import Dataset, concatenate_datasets
+    from tqdm.auto import tqdm
+
+    rows, done, size = iter(stream), [], chunk_size * num_proc * STREAM_BLOCK
+    with tqdm(total=_known_rows(stream), unit="rows", desc="Tokenizing", disable=not progress) as bar:
+        while block := list(itertools.islice(rows, size)):
+            with quiet_progress_bars():
+                block = Dataset.from_list(block, features=stream.features)
+                done.append(_map(block, kwargs | {"offset": sum(map(len, done))}, num_proc, chunk_size))
+            bar.update(len(block))
+    return concatenate_datasets(done)
 
 
 def check_chat_template(tokenizer, fmt: RowFormat) -> None:
@@ -311,57 +352,6 @@ def _known_rows(dataset) -> int | None:
         return dataset.info.splits[dataset.split].num_examples
     except (AttributeError, KeyError, TypeError):
         return None
-
-
-def _table_chunks(total: int, chunk_size: int, indices):
-    for start in range(0, total, chunk_size):
-        stop = min(start + chunk_size, total)
-        positions = indices[start:stop] if indices is not None else range(start, stop)
-        yield [int(i) for i in positions], (start, stop)
-
-
-def _stream_chunks(dataset, chunk_size: int, indices):
-    rows, positions = [], []
-    for position, row in enumerate(dataset):
-        rows.append(row)
-        positions.append(int(indices[position]) if indices is not None else position)
-        if len(rows) == chunk_size:
-            yield positions, rows
-            rows, positions = [], []
-    if rows:
-        yield positions, rows
-
-
-def _ordered_map(fn, items, num_proc: int, initargs: tuple):
-    """`map(fn, items)` over `num_proc` processes, in order, with a bounded number of chunks in flight: a streaming
-    data set larger than memory is never read ahead of the workers (multiprocessing's imap would read it all)."""
-    if num_proc <= 1:
-        _init_worker(*initargs)
-        try:
-            yield from map(fn, items)
-        finally:
-            _WORKER.clear()  # do not keep the data set alive
-        return
-
-    # Each worker is one tokenizer thread; Rust threads inside forked workers would oversubscribe the cores (and
-    # tokenizers warns when it is forked after having used them).
-    previous = os.environ.get("TOKENIZERS_PARALLELISM")
-    os.environ["TOKENIZERS_PARALLELISM"] = "false"
-    context = multiprocessing.get_context("fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn")
-    try:
-        with ProcessPoolExecutor(num_proc, mp_context=context, initializer=_init_worker, initargs=initargs) as pool:
-            pending = deque()
-            for item in items:
-                pending.append(pool.submit(fn, item))
-                if len(pending) >= 2 * num_proc:
-                    yield pending.popleft().result()
-            while pending:
-                yield pending.popleft().result()
-    finally:
-        if previous is None:
-            os.environ.pop("TOKENIZERS_PARALLELISM", None)
-        else:
-            os.environ["TOKENIZERS_PARALLELISM"] = previous
 
 
 # --- the numbers -----------------------------------------------------------------------------------------------------
