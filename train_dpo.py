@@ -28,11 +28,9 @@ try:
     from dpotrain import dry_run, publish, resolve, stages, train_stage
     from dpotrain.cluster import build_locks, engine, offline, run_lock
     from dpotrain.hub import hub
-    from dpotrain.plan import plan_stage
     from dpotrain.recipe.config import dry_run_asked, parse_args
     from dpotrain.recipe.errors import run_cli
-    from dpotrain.reference import reference
-    from dpotrain.train import agreement, disk_full, resume
+    from dpotrain.train import disk_full, resume
     from dpotrain.train.preemption import GracefulStop
 except KeyboardInterrupt:  # Ctrl-C while the libraries load (seconds): nothing has started, nothing is lost
     print("\nCtrl-C: stopped while loading the libraries; nothing was started", file=sys.stderr)
@@ -88,23 +86,13 @@ def run(argv, stop: GracefulStop) -> int | None:
     # The checkpoint to resume from, its files verified against its manifest (else the previous sound one).
     confirmed = resume.confirm(output.resume_from, explicit=bool(recipe.training.resume_from_checkpoint))
     output = replace(output, resume_from=confirmed)
-    resolved = stages.first_half(recipe, found, state, output, push)  # data -> lengths -> forward -> memory
-    built = train_stage.build(resolved, state, stop)  # the old run removed, the model loaded
-    trainer = built.trainer
-    # The plan stage: every step cut into micro-batches from the tokenized lengths; a step that cannot be cut is
-    # refused here, before the reference is scored.
-    run_plan = plan_stage.run_stage(trainer)
-    # What every rank decided alone (its data's lengths, its plan, its resume point...) must be the same everywhere.
-    agreement.at_start(trainer, output.resume_from)
-    # The reference stage (dpotrain/reference/reference.py): scored once, saved as it goes, stopped cleanly on a stop
-    # request.
-    outcomes = reference.run_stage(trainer, trainer.graceful_stop, recipe.project.reference_save_seconds)
-    ended = train_stage.ends_after_reference(resolved.settings, built, outcomes, state)
-    if ended is not None:
-        return ended
-    record = train_stage.record_run(resolved, trainer, run_plan, outcomes, state)
-    trainer.train(resume_from_checkpoint=output.resume_from)
-    return publish.save_and_push(resolved.settings, built, record, push, state)
+    spec = stages.first_half(recipe, found, state, output, push)  # data -> lengths -> forward -> memory
+    train_stage.prepare_output(spec, state)  # the old run's files removed where it is replaced
+    # The ready run: the model loaded, its pairs tokenized and every step planned (a step that cannot be cut is refused
+    # here), what every rank decided alone checked equal everywhere.
+    ready = train_stage.build_run(spec, stop)
+    outcomes = ready.score_reference()  # scored once, saved as it goes, stopped cleanly on a stop request
+    return ready.train(outcomes)  # its record, training, the final model saved and pushed (dpotrain/publish.py)
 
 
 def preflight(recipe, found) -> int | None:

@@ -13,7 +13,7 @@ recipe's settings (the search stops at the first count the plan refuses); `--wri
 `--model DIR` uses it (a GPU lease writes one and shares it: benchmarks/gpu_lease.sh).
 
 Equal settings: the project's path runs the run's own stages (dpotrain/stages.py: the forward decided from the pairs,
-then the memory plan for that forward, which chooses the checkpointed layers; build_trainer; the plan stage; the
+then the memory plan for that forward, which chooses the checkpointed layers; build_run, with its plan; the
 reference stage). Plain TRL then runs at the settings that run took, printed for both sides: the weights' dtype as
 loaded (float32 on one process, bfloat16 under DeepSpeed: engine.load_dtype), bf16 autocast, the same every k-th decoder
 layer checkpointed, the same pairs per step and token budget (`--trl-batch` pairs per padded micro-batch, by default the
@@ -307,21 +307,18 @@ def settings_of(trainer) -> dict:
 
 def project_trainer(args, pairs, clock):
     """This project's run, by its own stages (dpotrain/stages.py): the forward decided from the pairs and the memory
-    plan for it (which chooses the checkpointed layers), the trainer, the plan stage, the reference stage (timed)."""
-    from dpotrain import stages
-    from dpotrain.plan import plan_stage
+    plan for it (which chooses the checkpointed layers), the ready run (the trainer with its plan), the reference
+    stage (timed)."""
+    from dpotrain import stages, train_stage
     from dpotrain.recipe.config import parse_args
-    from dpotrain.reference import reference
-    from dpotrain.train.trainer import build_trainer
 
     recipe = parse_args(recipe_args(args, args.data, args.model, args.pairs, Path(args.run_out), args.path))
     found = stages.checks(recipe)
-    resolved = stages.first_half(recipe, found, pairs=stages.given_pairs(recipe, found, pairs))
-    forward, plan = resolved.forward.planned, resolved.memory
-    trainer = build_trainer(resolved, callbacks=[clock.callback])
-    plan_stage.run_stage(trainer)
+    spec = stages.first_half(recipe, found, pairs=stages.given_pairs(recipe, found, pairs))
+    forward, plan = spec.forward.planned, spec.memory
+    ready = train_stage.build_run(spec, callbacks=[clock.callback])
     start, compiled = StepClock.now(), compile_s()
-    reference.run_stage(trainer, trainer.graceful_stop)
+    ready.score_reference()
     extra = {
         "reference_s": StepClock.now() - start,
         "reference_compile_s": compile_s() - compiled,
@@ -331,7 +328,7 @@ def project_trainer(args, pairs, clock):
         "attention": forward.attention,
         "forward": forward.line(),
     }
-    return trainer, extra
+    return ready.trainer, extra
 
 
 def forward_and_plan(

@@ -14,11 +14,10 @@ the same pairs, the same pairs per optimizer step, the same activation-checkpoin
 length-normalized DPO) and the same max_length:
 - plain TRL (`trl`): `trl.DPOTrainer` as shipped: padded micro-batches of `--batch` pairs, the reference model in
   memory;
-- this project, packed (`packed`, `--share_prompt false`) and packed with each pair's prompt once (`shared`):
-  `dpotrain.train.trainer.build_trainer`, micro-batches cut by a token budget of `--batch` x 2 x max_length positions
-  (the
-  most a padded micro-batch of `--batch` pairs can hold), reference log-probs scored once before training (into a
-  fresh cache, so every run pays for them).
+- this project, packed (`packed`, `--share_prompt false`) and packed with each pair's prompt once (`shared`): the run's
+  ready run (`dpotrain.train_stage.build_run`), micro-batches cut by a token budget of `--batch` x 2 x max_length
+  positions (the most a padded micro-batch of `--batch` pairs can hold), reference log-probs scored once before training
+  (into a fresh cache, so every run pays for them).
 Printed: wall time, pairs/s, pair tokens/s (both sequences of each pair, whole: the same work on every path), the
 positions each path ran per pair and their padding share, peak memory, MFU (model FLOPs of what each path computed,
 dpotrain/forwards/flops.py), and the ratios. Data sets: `dolci`, a heavy-tailed mix of single-turn pairs; `multiturn`,
@@ -209,10 +208,8 @@ def worker(args) -> None:
         )
         trainer = DPOTrainer(model=str(args.model), args=config, train_dataset=data)
     else:
-        from dpotrain.plan import plan_stage
+        from dpotrain import stages, train_stage
         from dpotrain.recipe.config import parse_args
-        from dpotrain.reference import reference
-        from dpotrain.train_stage import trainer_on
 
         flags = [f"--{k}={v}" for k, v in common.items() if k != "loss_type"]
         recipe = parse_args(
@@ -238,9 +235,10 @@ def worker(args) -> None:
                 "all" if args.path.endswith("_all") else "final",
             ]
         )
-        trainer = trainer_on(recipe, data)
-        plan_stage.run_stage(trainer)
-        reference.run_stage(trainer, trainer.graceful_stop)  # the reference pass: part of the end-to-end time
+        found = stages.checks(recipe)
+        ready = train_stage.build_run(stages.first_half(recipe, found, pairs=stages.given_pairs(recipe, found, data)))
+        ready.score_reference()  # the reference pass: part of the end-to-end time
+        trainer = ready.trainer
     from dpotrain.forwards.flops import ModelFlops
 
     trainer.data_collator = Counting(trainer.data_collator, ModelFlops.of(trainer.model))  # the training epoch's

@@ -114,10 +114,7 @@ def score(recipe, found, sample) -> dict:
     """
     from transformers.trainer_utils import IntervalStrategy
 
-    from dpotrain import stages
-    from dpotrain.plan import plan_stage
-    from dpotrain.reference import reference
-    from dpotrain.train.trainer import build_trainer
+    from dpotrain import stages, train_stage
 
     with tempfile.TemporaryDirectory(prefix="preflight-") as tmp, mock.patch.dict(os.environ, DPOTRAIN_CACHE=tmp):
         # A sample's reference log-probs are of no use to training: the reference cache (reference.py, under
@@ -138,15 +135,14 @@ def score(recipe, found, sample) -> dict:
             "project": {"health_checks": False, "samples_every": 0},
         }
         scoring = config.decided(recipe, only_scoring)
-        resolved = stages.first_half(scoring, found, pairs=stages.given_pairs(scoring, found, sample))
-        trainer = build_trainer(resolved)
-        plan_stage.run_stage(trainer)  # the reference is scored in the plan's micro-batches
-        reference.run_stage(trainer, trainer.graceful_stop)
-        ds = trainer.train_dataset
+        spec = stages.first_half(scoring, found, pairs=stages.given_pairs(scoring, found, sample))
+        ready = train_stage.build_run(spec)  # the run's trainer, planned: the reference is scored as training would
+        ready.score_reference()
+        ds = ready.trainer.train_dataset
         columns = [*pair_columns(ds), "ref_chosen_logps", "ref_rejected_logps"]
         rows = ds.select_columns(columns).to_dict()
-        device = str(trainer.args.device)
-        del trainer
+        device = str(ready.trainer.args.device)
+        del ready
     lengths = {k: np.array([len(x) for x in rows[f"{k}_ids"]]) for k in ("prompt", "chosen", "rejected")}
     # With `assistant_turns: all`, the earlier assistant turns each side's log-prob also sums over (a prompt is
     # shorter than max_length in every kept pair, so none of them is cut)

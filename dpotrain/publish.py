@@ -14,10 +14,13 @@ from dpotrain.train.metrics import PLOT_FILE, plot_metrics, read_metrics
 from dpotrain.train.preemption import STOPPED_EXIT
 
 
-def save_and_push(recipe, built, resolved: dict, push, state) -> int | None:
-    trainer, pusher, out = built.trainer, built.pusher, Path(recipe.training.output_dir)
+def save_and_push(run, resolved: dict) -> int | None:
+    """After training (`train_stage.ReadyRun.train`): the exit code of a doomed or stopped run, else None once the
+    final model and the run's outputs are saved and pushed."""
+    recipe, trainer, pusher = run.spec.settings, run.trainer, run.pusher
+    state, out = trainer.accelerator, Path(recipe.training.output_dir)  # every rank; the main process writes
     # A doomed run (dpotrain/train/health.py): no final model, no run_complete.json, and no requeue.
-    if getattr(trainer, "health", None) and trainer.health.stop:
+    if trainer.health and trainer.health.stop:
         stop_file = trainer.graceful_stop.stop_file
         if state.is_main_process:
             if stop_file:  # a preemption at the same step must not requeue a doomed run either
@@ -42,13 +45,14 @@ def save_and_push(recipe, built, resolved: dict, push, state) -> int | None:
     state.wait_for_everyone()
     if state.is_main_process:
         output_folder.move_in(out)
-        finish_outputs(recipe, built, resolved, push)
+        finish_outputs(run, resolved)
     return None
 
 
-def finish_outputs(recipe, built, resolved: dict, push) -> None:
+def finish_outputs(run, resolved: dict) -> None:
     """The main process's outputs of a finished run: merged model, metrics, plot, card, run_complete.json, the push."""
-    trainer, pusher, training = built.trainer, built.pusher, recipe.training
+    recipe, trainer, pusher, push = run.spec.settings, run.trainer, run.pusher, run.spec.push
+    training = recipe.training
     out = Path(training.output_dir)
     if recipe.project.merge_lora:
         base, init = trainer.model_path, trainer.args.model_init_kwargs  # what the model loaded with

@@ -603,7 +603,7 @@ def _undecided(recipe, found: Launch, config) -> Forward:
 def plan_batching(recipe, found: Launch, pairs: Data, pair_lengths: Lengths, forward: Forward) -> dict:
     """The step plan a dry run records (`derived.batching`): the run's plan stage (`plan_stage.make`) on every pair's
     lengths, as the analyzer measures them (the trainer's own tokenization), for the forward chosen. The run makes it
-    from the trainer's tokenized data set instead (`plan_stage.run_stage`)."""
+    from the trainer's tokenized data set instead (`plan_stage.for_trainer`)."""
     from dpotrain.forwards import padded
     from dpotrain.plan import plan, plan_stage
 

@@ -1,106 +1,147 @@
-"""The run's second half up to training: the old run removed where it is replaced, the trainer built with the forward
-the first half chose (`stages.first_half`), and the run's resolved configuration written once the plan stage
-(`plan_stage.run_stage`) and the reference stage (`reference.run_stage`) have run."""
+"""The run's second half, from the first half's decisions (`stages.RunSpec`): the old run removed where it is replaced
+(`prepare_output`), then one call that gives a ready run (`build_run`: the trainer built with its plan, its stop and
+health guards and the run's callbacks, the ranks agreed), whose two verbs are scoring the reference
+(`ReadyRun.score_reference`) and training (`ReadyRun.train`: the run's record, training, then publish.py). The run,
+the preflight, the tests and the benchmarks all build through `build_run`."""
 
 import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from dpotrain import dry_run, output_folder, resolve
-from dpotrain.cluster import offline
-from dpotrain.data import model_identity
+from dpotrain import dry_run, output_folder, publish, resolve
+from dpotrain.cluster import collectives, offline
+from dpotrain.data import lengths, model_identity
+from dpotrain.forwards import flex
 from dpotrain.hub.hub_push import CheckpointPusher
 from dpotrain.recipe import run_record, writes
-from dpotrain.train.preemption import STOPPED_EXIT
+from dpotrain.reference import reference
+from dpotrain.train import agreement
+from dpotrain.train.health import HealthGuard
+from dpotrain.train.preemption import STOPPED_EXIT, GracefulStop
+from dpotrain.train.samples import SampleGenerator
 from dpotrain.train.tracking import WandbStepIsGlobalStep, setup_wandb
 
 
-@dataclass(frozen=True)
-class Built:
-    trainer: object
-    pusher: CheckpointPusher | None  # checkpoint branches pushed in the background, from the main process
-    output_existed: bool  # output_dir was there before the Trainer made it
-
-
-def clear_old_run(recipe, output: resolve.OutputPlan, state, push_requested: bool) -> None:
+def prepare_output(spec, state) -> None:
     """Only now, once the data and the plans are checked: a refused data set must not cost the old run. The replaced
-    run's own files go (output_folder.py: never the user's), and this run's names are recorded before it writes."""
+    run's own files go (output_folder.py: never the user's), this run's names are recorded before it writes, and W&B's
+    run id is kept there (tracking.py)."""
+    recipe = spec.settings
     if state.is_main_process and not recipe.project.reference_only:  # the run's own files only (output_folder.py)
-        output_folder.start(recipe, output.start_afresh, push_requested)
+        output_folder.start(recipe, spec.output.start_afresh, spec.push.requested)
+        setup_wandb(recipe.training)
     state.wait_for_everyone()
 
 
-def build(resolved, state, stop) -> Built:
-    """The trainer (TRL loads the model with the attention `resolved.forward` chose, and tokenizes the data set)."""
-    from dpotrain.train.trainer import build_trainer
+@dataclass(frozen=True)
+class ReadyRun:
+    """A run ready to score its reference and train: what `build_run` returns."""
 
-    recipe, push = resolved.settings, resolved.push
-    training, only_reference = recipe.training, recipe.project.reference_only
-    out = Path(training.output_dir)
-    clear_old_run(recipe, resolved.output, state, push.requested)
-    if state.is_main_process and not only_reference:
-        setup_wandb(training)
+    spec: object  # stages.RunSpec: every decision of the first half
+    trainer: object  # trainer.RecipeDPOTrainer, with its plan
+    pusher: CheckpointPusher | None  # checkpoint branches pushed in the background, from the main process
+    output_existed: bool  # output_dir was there before the Trainer made it
+
+    def score_reference(self) -> list[reference.Outcome]:
+        """The reference stage (dpotrain/reference/reference.py): scored once, saved as it goes, stopped cleanly on a
+        stop request; one Outcome per data set."""
+        return reference.run_stage(self.trainer, self.spec.settings.project.reference_save_seconds)
+
+    def train(self, outcomes: list) -> int | None:
+        """What follows the reference stage: the run's record (resolved_config.json), training, then the final model
+        saved and pushed (publish.py); the exit code. A run that ends with the reference stage trains nothing: one a
+        stop request ended during it (STOPPED_EXIT: the requeued job scores only the rest), a reference-only run (0)."""
+        recipe, trainer = self.spec.settings, self.trainer
+        main, out = trainer.accelerator.is_main_process, Path(recipe.training.output_dir)
+        if outcomes and outcomes[-1].stopped:
+            if main:
+                trainer.graceful_stop.mark_saved(outcomes[-1].line())
+            return STOPPED_EXIT
+        if recipe.project.reference_only:
+            if main and not self.output_existed and out.is_dir() and not any(out.iterdir()):
+                out.rmdir()  # the Trainer makes output_dir when it starts; a reference-only run writes nothing there
+            return 0
+        record = record_run(self.spec, trainer, outcomes)
+        trainer.train(resume_from_checkpoint=self.spec.output.resume_from)
+        return publish.save_and_push(self, record)
+
+
+def build_run(spec, stop: GracefulStop | None = None, callbacks=()) -> ReadyRun:
+    """The ready run of `spec` (the first half's, on the run's data or on pairs a caller holds: `stages.given_pairs`).
+    TRL loads the model with the attention the forward stage chose and tokenizes the pairs; the trainer makes its plan
+    from them; every rank checks it decided as the others (`agreement.at_start`). `callbacks`: a caller's own, after
+    the run's optional ones (checkpoint branches, FlexAttention's report, samples), one module each."""
+    from trl import get_peft_config, get_quantization_config
+
+    from dpotrain.train.trainer import RecipeDPOTrainer, resolve_model_path, training_arguments
+
+    recipe, push, forward = spec.settings, spec.push, spec.forward.planned
+    p, out = recipe.project, Path(recipe.training.output_dir)
+    model_path = resolve_model_path(recipe)
+    # The tokenizer every tokenization of the project loads (lengths.load_tokenizer): the recipe's chat template,
+    # which TRL tokenizes with and the Trainer saves with the model and each checkpoint.
+    tokenizer = lengths.recipe_tokenizer(recipe, model_path)
     # Checkpoint branches: pushed from the main process in the background, only where the Hub is reachable.
     pusher = None
-    if push.checkpoints and not offline.is_offline() and state.is_main_process and not only_reference:
+    if push and push.checkpoints and not offline.is_offline() and collectives.launched_main() and not p.reference_only:
         pusher = CheckpointPusher(push.repo_id, push.token, push.private, out)
-    callbacks = [WandbStepIsGlobalStep(), *([pusher] if pusher else [])]
+    optional = [WandbStepIsGlobalStep(), *([pusher] if pusher else [])]
+    if forward.attention == "flex_attention":
+        flex.install()  # compiled once per run, not transformers' compilation per width and training flag
+        optional.append(flex.CompilationReport())
+    if p.samples_every > 0:
+        every_rank = spec.launch.engine.shards_weights
+        optional.append(SampleGenerator.from_recipe(recipe, tokenizer, every_rank=every_rank))
     existed = out.exists()
-    trainer = build_trainer(resolved, callbacks=callbacks, stop=stop)
-    return Built(trainer, pusher, existed)
+    trainer = RecipeDPOTrainer(
+        model=model_path,
+        processing_class=tokenizer,
+        args=training_arguments(recipe),
+        train_dataset=spec.data.train,
+        eval_dataset=spec.data.eval,
+        # LoRA (--use_peft): TRL wraps the model and scores the reference with the adapter disabled (no second model).
+        peft_config=get_peft_config(recipe.model),
+        quantization_config=get_quantization_config(recipe.model),  # --load_in_4bit/8bit, as TRL's own dpo.py
+        forward=forward,
+        pairs_per_step=spec.pairs_per_step,
+        max_tokens_per_microbatch=p.max_tokens_per_microbatch,
+        gpu_peak_tflops=p.gpu_peak_tflops,
+        run_engine=spec.launch.engine,
+        stop=stop or GracefulStop.from_env(),
+        health=HealthGuard(p) if p.health_checks else None,
+        memory_plan=spec.memory,
+        assistant_turns=p.assistant_turns,
+        compile_layers=p.compile_layers,
+        callbacks=[*optional, *callbacks],
+    )
+    # What every rank decided alone (its data's lengths, its plan, its resume point...) must be the same everywhere.
+    agreement.at_start(trainer, spec.output.resume_from if spec.output else None)
+    return ReadyRun(spec, trainer, pusher, existed)
 
 
-def trainer_on(recipe, train, eval_dataset=None, callbacks=(), stop=None):
-    """The trainer the run builds for `recipe`, on pairs the caller already holds (a test's, a benchmark's): the run's
-    own stages (`stages.checks`, then the first half on these pairs, `stages.given_pairs`), without an output folder's
-    checks or the old run's removal. It has no plan yet: the plan stage and the reference stage come next, as in the
-    run."""
-    from dpotrain import stages
-    from dpotrain.train.trainer import build_trainer
-
-    found = stages.checks(recipe)
-    resolved = stages.first_half(recipe, found, pairs=stages.given_pairs(recipe, found, train, eval_dataset))
-    return build_trainer(resolved, callbacks=callbacks, stop=stop)
-
-
-def ends_after_reference(recipe, built: Built, outcomes, state) -> int | None:
-    """The exit code of a run that ends here: a stop request during the reference stage (STOPPED_EXIT: the requeued
-    job scores only the rest), or a reference-only run (0); None: training goes on."""
-    trainer, out = built.trainer, Path(recipe.training.output_dir)
-    if outcomes and outcomes[-1].stopped:
-        if state.is_main_process:
-            trainer.graceful_stop.mark_saved(outcomes[-1].line())
-        return STOPPED_EXIT
-    if recipe.project.reference_only:
-        if state.is_main_process and not built.output_existed and out.is_dir() and not any(out.iterdir()):
-            out.rmdir()  # the Trainer makes output_dir when it starts; a reference-only run writes nothing there
-        return 0
-    return None
-
-
-def record_run(resolved, trainer, run_plan, outcomes, state) -> dict:
-    """resolved_config.json: the first half's records, and what the trainer, the plan stage and the reference stage
-    decided (the forward, as the forward stage decided it)."""
-    recipe, output, push = resolved.settings, resolved.output, resolved.push
+def record_run(spec, trainer, outcomes) -> dict:
+    """resolved_config.json: the first half's records, and what the trainer, its plan and the reference stage decided
+    (the forward, as the forward stage decided it)."""
+    recipe, output, push = spec.settings, spec.output, spec.push
     training = recipe.training
-    derived = resolved.record()
+    derived = spec.record()
     derived["total_steps"] = trainer.state.max_steps or derived["total_steps"]
-    derived["batching"] = run_plan.summary
+    derived["batching"] = trainer.run_plan.summary
     derived["reference"] = {o.name: o.record() for o in outcomes}  # its warm-up and steady tokens/s, when it scored
     derived["forward"] = trainer.forward.record()  # the attention and layout chosen (dpotrain/forwards/choice.py)
     derived["layers"] = trainer.layers_record  # the decoder layers as trained: checkpointed, compiled (layers.py)
-    resolved = push.record(resolve.resolved_config(recipe, derived | {"resumed_from": output.resume_from}))
+    record = push.record(resolve.resolved_config(recipe, derived | {"resumed_from": output.resume_from}))
     # What the model loaded with (trainer.training_arguments): revision, the forward's attention, the load dtype.
-    resolved["model_init_kwargs"] = trainer.args.model_init_kwargs
-    if state.is_main_process:
+    record["model_init_kwargs"] = trainer.args.model_init_kwargs
+    if trainer.accelerator.is_main_process:
         # The model's files as this run loaded them (or its Hub commit): a rerun on others is refused (resolve.py)
-        resolved["derived"]["model_identity"] = model_identity.of(recipe)
+        record["derived"]["model_identity"] = model_identity.of(recipe)
         out = Path(training.output_dir)
         out.mkdir(parents=True, exist_ok=True)
-        writes.write_text(out / "resolved_config.json", json.dumps(resolved, indent=2, default=str) + "\n")
+        writes.write_text(out / "resolved_config.json", json.dumps(record, indent=2, default=str) + "\n")
         # A few readable lines (the dry run's summary, as decided now); every field is in the file.
         heading = f"run of {recipe.config_path or 'the command line'}: all of it in {out / 'resolved_config.json'}"
-        print(dry_run.summary(run_record.of(resolved), None, heading), flush=True)
+        print(dry_run.summary(run_record.of(record), None, heading), flush=True)
         if output.resume_from:
             print(f"Resuming from {output.resume_from}", flush=True)
-    return resolved
+    return record

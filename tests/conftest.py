@@ -57,15 +57,20 @@ def tiny_model_dir(tmp_path_factory) -> str:
     return builtin.materialize_model("builtin:tiny-olmo3")
 
 
-def ready(trainer):
-    """A trainer built by `build_trainer` after its plan stage (dpotrain/plan/plan_stage.py) and reference stage
-    (dpotrain/reference/reference.py), as train_dpo.py runs them."""
-    from dpotrain.plan import plan_stage
-    from dpotrain.reference import reference
+def built(recipe, train, eval_dataset=None, callbacks=()):
+    """The run's ready run (dpotrain/train_stage.py) on pairs the test holds: the run's checks, its first half on
+    these pairs (`stages.given_pairs`), then the one builder, `train_stage.build_run` (the trainer with its plan)."""
+    from dpotrain import stages, train_stage
 
-    plan_stage.run_stage(trainer)
-    reference.run_stage(trainer, trainer.graceful_stop)
-    return trainer
+    found = stages.checks(recipe)
+    spec = stages.first_half(recipe, found, pairs=stages.given_pairs(recipe, found, train, eval_dataset))
+    return train_stage.build_run(spec, callbacks=callbacks)
+
+
+def ready(run):
+    """The trainer of a ready run (`built`) after its reference stage, as train_dpo.py trains it."""
+    run.score_reference()
+    return run.trainer
 
 
 # --- start-up paid once per session (tests/helpers/warm.py) -----------------------------------------------------------

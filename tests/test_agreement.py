@@ -10,7 +10,7 @@ import textwrap
 
 import pytest
 
-from conftest import ROOT, rank_python
+from conftest import ROOT, built, rank_python
 
 CHECK = textwrap.dedent("""
     import os, sys
@@ -133,10 +133,8 @@ def test_the_evaluation_set_is_among_what_the_ranks_must_agree_on(tmp_path, tiny
     import datasets
 
     from dpotrain.data import builtin
-    from dpotrain.plan import plan_stage
     from dpotrain.recipe.config import parse_args
     from dpotrain.train import agreement
-    from dpotrain.train_stage import trainer_on
 
     train = datasets.Dataset.from_list(builtin.make_preference_rows(40, seed=5))
     held_out = datasets.Dataset.from_list(builtin.make_preference_rows(12, seed=6))
@@ -164,8 +162,7 @@ def test_the_evaluation_set_is_among_what_the_ranks_must_agree_on(tmp_path, tiny
     seen = []
     for seed in (6, 7):  # two evaluation splits of 12 pairs each; a recipe each (building fills it in)
         evaluation = datasets.Dataset.from_list(builtin.make_preference_rows(12, seed=seed))
-        trainer = trainer_on(parse_args(args), train, evaluation)
-        plan_stage.run_stage(trainer)
+        trainer = built(parse_args(args), train, evaluation).trainer
         seen.append(agreement.values(trainer, None))
     differ = {name for name in seen[0] if seen[0][name] != seen[1][name]}
     assert differ == {"the evaluation set"}

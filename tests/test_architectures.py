@@ -19,12 +19,11 @@ import torch
 from transformers import GraniteMoeHybridConfig
 from trl.trainer.dpo_trainer import DataCollatorForPreference
 
-from conftest import ROOT, ready
+from conftest import ROOT, built, ready
 from dpotrain.data import builtin
 from dpotrain.forwards import packing
 from dpotrain.recipe.config import parse_args
 from dpotrain.recipe.errors import ConfigError
-from dpotrain.train_stage import trainer_on
 
 SMOKE = str(ROOT / "configs" / "smoke.yaml")
 # Sliding windows shorter than the longer pairs (up to ~550 tokens), so that packed rows must honour them too.
@@ -119,7 +118,7 @@ def smoke_trainer(model_dir, output_dir, rows, *overrides, max_steps=3):
             *overrides,
         ]
     )
-    return trainer_on(recipe, datasets.Dataset.from_list(rows))
+    return built(recipe, datasets.Dataset.from_list(rows))
 
 
 # ~25 s for all 20 on 2 quiet cores (1-3 s each): not marked slow.
@@ -220,7 +219,7 @@ def test_parity_check_catches_state_carried_across_packed_rows(tmp_path, tiny_mo
     kernels that honour them; a dense model agrees to fp32 rounding."""
     for model_type in ("olmo_hybrid", "llama"):
         folder = build_model(model_type, tmp_path / model_type, tiny_model_dir)
-        trainer = smoke_trainer(folder, tmp_path / f"run-{model_type}", rows[:8], "--padding_free", "false")
+        trainer = smoke_trainer(folder, tmp_path / f"run-{model_type}", rows[:8], "--padding_free", "false").trainer
         model = trainer.model.eval()  # with TRL's fused LM head
         examples = [trainer.train_dataset[i] for i in range(4)]
         rows_collator = packing.PackedPreferenceCollator(trainer.args.max_length, hidden_size=64)
@@ -357,7 +356,7 @@ def test_parity_check_on_a_gpu(tmp_path, tiny_model_dir, rows, model_type):
     model_dir = build_model(model_type, tmp_path / "model", tiny_model_dir)
     args = ["--attn_implementation", attn, "--bf16", "true"]
     if model_type == "llama":
-        trainer = smoke_trainer(model_dir, tmp_path / "run", rows, *args)
+        trainer = smoke_trainer(model_dir, tmp_path / "run", rows, *args).trainer
         examples = [trainer.train_dataset[i] for i in range(4)]
         collator = packing.PackedPreferenceCollator(trainer.args.max_length, one_row=True)
         with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16):
@@ -368,7 +367,7 @@ def test_parity_check_on_a_gpu(tmp_path, tiny_model_dir, rows, model_type):
     args += ["--padding_free", "true"]  # a hybrid packs only when asked for (choice.hybrid_problem)
     kernels = {"olmo_hybrid": ("fla", "causal_conv1d"), "granitemoehybrid": ("mamba_ssm", "causal_conv1d")}[model_type]
     if all(importlib.util.find_spec(k) for k in kernels):  # they keep the sequences of one row apart: the check passes
-        assert smoke_trainer(model_dir, tmp_path / "run", rows, *args).packed
+        assert smoke_trainer(model_dir, tmp_path / "run", rows, *args).trainer.packed
     else:  # transformers refuses the boundaries without them: the run stops, naming the fix
         with pytest.raises(ConfigError, match="packed sequences apart.*; set --padding_free false"):
             smoke_trainer(model_dir, tmp_path / "run", rows, *args)

@@ -17,12 +17,11 @@ from open_instruct_dpo import kept_pairs, sgd_steps, tokenize
 from safetensors.torch import load_file
 from transformers import AutoTokenizer, TrainerCallback
 
-from conftest import ROOT, rank_python, ready
+from conftest import ROOT, built, rank_python, ready
 from dpotrain.data import turns
 from dpotrain.data.pair_lengths import LABELS
 from dpotrain.recipe.config import parse_args
 from dpotrain.recipe.errors import ConfigError
-from dpotrain.train_stage import trainer_on
 
 SMOKE = str(ROOT / "configs" / "smoke.yaml")
 ACCELERATE = str(ROOT / ".venv" / "bin" / "accelerate") if (ROOT / ".venv").exists() else "accelerate"
@@ -164,14 +163,14 @@ class _Gradients(TrainerCallback):
 
 
 def one_process(tmp_path, model_dir, turns_trained: str, *overrides: str):
+    gradients = _Gradients()
     trainer = ready(
-        trainer_on(
+        built(
             parse_args(args(tmp_path, model_dir, turns_trained, "--save_strategy", "no", *overrides)),
             datasets.Dataset.from_list(pairs()),
+            callbacks=[gradients],
         )
     )
-    gradients = _Gradients()
-    trainer.add_callback(gradients)
     trainer.train()
     losses = [r["loss"] for r in trainer.state.log_history if "loss" in r and "train_loss" not in r]
     return trainer, losses, gradients.steps

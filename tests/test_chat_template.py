@@ -10,7 +10,7 @@ import shutil
 
 import pytest
 
-from conftest import ROOT, run_train
+from conftest import ROOT, built, run_train
 from dpotrain import resolve, stages
 from dpotrain.data import chat_template, lengths
 from dpotrain.data.rows import InvalidRowError
@@ -116,7 +116,6 @@ def test_a_missing_template_or_a_folder_without_one_is_refused_in_one_line(tmp_p
 
 
 def test_every_tokenizer_of_the_run_has_the_recipes_template(tiny_model_dir):
-    from dpotrain.train_stage import trainer_on
 
     recipe = parse_args(
         [
@@ -139,7 +138,7 @@ def test_every_tokenizer_of_the_run_has_the_recipes_template(tiny_model_dir):
     ]
     import datasets
 
-    trainer = trainer_on(recipe, datasets.Dataset.from_list(rows * 4))
+    trainer = built(recipe, datasets.Dataset.from_list(rows * 4)).trainer
     assert trainer.processing_class.chat_template == text  # TRL tokenizes with it, the Trainer saves it
     prompt = trainer.processing_class.decode(trainer.train_dataset[0]["prompt_ids"])
     assert prompt.startswith(DEFAULT_SYSTEM) and prompt.endswith(GENERATION_PROMPT)
@@ -351,7 +350,6 @@ def test_the_reference_cache_key_follows_the_template(tiny_model_dir, tmp_path):
 
     from dpotrain.reference import reference
     from dpotrain.reference.scorer import ReferenceScorer
-    from dpotrain.train_stage import trainer_on
 
     rows = [
         {"prompt": [USER], "chosen": [THINKING], "rejected": [{"role": "assistant", "content": "<think>x</think>"}]}
@@ -373,7 +371,7 @@ def test_the_reference_cache_key_follows_the_template(tiny_model_dir, tmp_path):
                 *extra,
             ]
         )
-        trainer = trainer_on(recipe, datasets.Dataset.from_list(rows * 4))
+        trainer = built(recipe, datasets.Dataset.from_list(rows * 4)).trainer
         keys.append(reference.identity(ReferenceScorer(trainer), trainer.train_dataset))
     assert keys[0]["tokens_sha256"] != keys[1]["tokens_sha256"]  # so the cache folder differs (Store.for_identity)
     assert reference.Store.for_identity(keys[0]).folder != reference.Store.for_identity(keys[1]).folder

@@ -5,11 +5,10 @@ import datasets
 import pytest
 from transformers import TrainerCallback
 
-from conftest import ROOT, ready
+from conftest import ROOT, built, ready
 from dpotrain.data import builtin
 from dpotrain.recipe.config import parse_args
 from dpotrain.train.checkpoints import MARKER, checkpoints, is_complete, latest_complete_checkpoint
-from dpotrain.train_stage import trainer_on
 
 SMOKE = str(ROOT / "configs" / "smoke.yaml")
 
@@ -33,7 +32,7 @@ def trainer_for(out, model_dir, max_steps):
             "none",
         ]
     )
-    return ready(trainer_on(recipe, datasets.Dataset.from_list(builtin.make_preference_rows(64, seed=4))))
+    return ready(built(recipe, datasets.Dataset.from_list(builtin.make_preference_rows(64, seed=4))))
 
 
 class CompleteOnDiskBeforeTheMark(TrainerCallback):

@@ -21,12 +21,11 @@ import yaml
 from safetensors.torch import load_file
 from trl_parity import ROWS
 
-from conftest import ROOT, python, rank_python, ready
+from conftest import ROOT, built, python, rank_python, ready
 from dpotrain import stages
 from dpotrain.cluster import engine
 from dpotrain.recipe.config import parse_args
 from dpotrain.recipe.errors import ConfigError
-from dpotrain.train_stage import trainer_on
 
 LR = 0.5
 SGD_STEP = [
@@ -67,7 +66,7 @@ def one_step(out, model_dir, *flags: str):
             *flags,
         ]
     )
-    trainer = ready(trainer_on(recipe, datasets.Dataset.from_list(PAIRS)))
+    trainer = ready(built(recipe, datasets.Dataset.from_list(PAIRS)))
     trainer.train()
     return trainer
 

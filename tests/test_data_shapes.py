@@ -15,10 +15,9 @@ from test_analyzer import trainer_dataset
 from test_refusals import refused
 
 import train_dpo
-from conftest import ROOT, ready
+from conftest import ROOT, built, ready
 from dpotrain.data import builtin, data, lengths, rows
 from dpotrain.recipe.config import parse_args
-from dpotrain.train_stage import trainer_on
 
 SMOKE = str(ROOT / "configs" / "smoke.yaml")
 N = 24  # 3 optimizer steps of the smoke recipe's 8 pairs
@@ -245,7 +244,7 @@ def test_ultrafeedback_trains_exactly_as_without_its_prompt_column(tmp_path, tin
                 "1",
             ]
         )
-        trainer = ready(trainer_on(recipe, read_pairs(name, "train", "messages")[1]))
+        trainer = ready(built(recipe, read_pairs(name, "train", "messages")[1]))
         trainer.train()
         losses.append([r["loss"] for r in trainer.state.log_history if "loss" in r])
     assert len(losses[0]) == 2 and losses[0][1] != losses[0][0]  # step 2 trained on what step 1 learned

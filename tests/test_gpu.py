@@ -5,10 +5,9 @@ import math
 import pytest
 import torch
 
-from conftest import ROOT, ready
+from conftest import ROOT, built, ready
 from dpotrain.data import data
 from dpotrain.recipe.config import parse_args
-from dpotrain.train_stage import trainer_on
 
 pytestmark = [
     pytest.mark.gpu,
@@ -39,7 +38,7 @@ def test_bf16_and_activation_checkpointing_keep_the_step_one_invariant(tmp_path,
             "none",
         ]
     )
-    trainer = ready(trainer_on(recipe, data.load_preference_dataset(str(ROOT / "data" / "smoke_prefs.jsonl"))))
+    trainer = ready(built(recipe, data.load_preference_dataset(str(ROOT / "data" / "smoke_prefs.jsonl"))))
     trainer.train()
     losses = [r["loss"] for r in trainer.state.log_history if "loss" in r]
     assert abs(losses[0] - math.log(2)) < 1e-3  # bf16 autocast: policy and reference still agree at step 1

@@ -12,7 +12,7 @@ import sys
 import pytest
 import torch
 
-from conftest import ROOT, python
+from conftest import ROOT, built, python
 
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
@@ -94,7 +94,6 @@ def test_reference_budget_follows_every_k_th_layer_checkpointing(tmp_path, tiny_
     from dpotrain.plan import memory
     from dpotrain.recipe.config import parse_args
     from dpotrain.reference.scorer import ReferenceScorer
-    from dpotrain.train_stage import trainer_on
 
     model = wider_model(tmp_path / "model", tiny_model_dir)
     recipe = parse_args(
@@ -114,7 +113,7 @@ def test_reference_budget_follows_every_k_th_layer_checkpointing(tmp_path, tiny_
         ]
     )
     pairs = data.load_preference_dataset(str(ROOT / "data" / "smoke_prefs.jsonl")).select(range(8))
-    trainer = trainer_on(recipe, pairs)
+    trainer = built(recipe, pairs).trainer
     args = trainer.args
     tokens = trainer.max_tokens_per_microbatch or args.per_device_train_batch_size * 2 * args.max_length
     width = min(tokens, 2 * args.max_length) if trainer.packed else args.max_length
@@ -158,7 +157,6 @@ def test_sample_generation_compiles_nothing(tmp_path, tiny_model_dir):
     from dpotrain.plan import layers
     from dpotrain.recipe.config import parse_args
     from dpotrain.train.samples import SampleGenerator
-    from dpotrain.train_stage import trainer_on
 
     recipe = parse_args(
         [
@@ -179,7 +177,7 @@ def test_sample_generation_compiles_nothing(tmp_path, tiny_model_dir):
         ]
     )
     pairs = data.load_preference_dataset(str(ROOT / "data" / "smoke_prefs.jsonl")).select(range(8))
-    trainer = trainer_on(recipe, pairs)
+    trainer = built(recipe, pairs).trainer
     for layer in layers.decoder_layers(trainer.model):  # what compile_layers does, on a backend that costs nothing
         layer.compile(backend="eager")
     generator = next(c for c in trainer.callback_handler.callbacks if isinstance(c, SampleGenerator))

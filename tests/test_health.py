@@ -8,13 +8,12 @@ from types import SimpleNamespace
 
 import pytest
 
-from conftest import ROOT, python, ready
+from conftest import ROOT, built, python, ready
 from dpotrain.data import data
 from dpotrain.recipe.config import parse_args
 from dpotrain.recipe.errors import ConfigError
 from dpotrain.resolve import OutputPlan, check_output_dir, resolved_config
 from dpotrain.train.health import LN2, HealthGuard
-from dpotrain.train_stage import trainer_on
 
 SMOKE = str(ROOT / "configs" / "smoke.yaml")
 
@@ -36,7 +35,7 @@ def trainer_for(out, model_dir, *overrides, rows=None):
         ]
     )
     dataset = data.load_preference_dataset(str(ROOT / recipe.script.dataset_name))
-    return ready(trainer_on(recipe, dataset.select(range(rows)) if rows else dataset))
+    return ready(built(recipe, dataset.select(range(rows)) if rows else dataset))
 
 
 @pytest.mark.slow
@@ -52,8 +51,8 @@ def test_a_wrong_reference_stops_at_step_1_with_a_complete_checkpoint(tmp_path, 
         out, tiny_model_dir, "--max_steps", "3", "--logging_steps", "2", "--precompute_ref_log_probs", "true", rows=48
     )
     shifted = [x + 30.0 for x in trainer.train_dataset["ref_chosen_logps"]]
-    trainer.train_dataset = trainer.train_dataset.remove_columns("ref_chosen_logps").add_column(
-        "ref_chosen_logps", shifted
+    trainer.use_reference(
+        "train", trainer.train_dataset.remove_columns("ref_chosen_logps").add_column("ref_chosen_logps", shifted)
     )
     trainer.train()
     stop = trainer.health.stop

@@ -8,13 +8,12 @@ import time
 import pytest
 from trl.models.utils import disable_gradient_checkpointing
 
-from conftest import ROOT, ready
+from conftest import ROOT, built, ready
 from dpotrain.data import data
 from dpotrain.plan import layers
 from dpotrain.recipe.config import parse_args
 from dpotrain.train.pair_metrics import PairMetrics
 from dpotrain.train.samples import SampleGenerator
-from dpotrain.train_stage import trainer_on
 
 SMOKE = str(ROOT / "configs" / "smoke.yaml")
 
@@ -39,7 +38,7 @@ def trained(tmp_path, model_dir, *args):
             *args,
         ]
     )
-    trainer = ready(trainer_on(recipe, data.load_preference_dataset(str(ROOT / recipe.script.dataset_name))))
+    trainer = ready(built(recipe, data.load_preference_dataset(str(ROOT / recipe.script.dataset_name))))
     trainer.train()
     return trainer
 
@@ -82,7 +81,7 @@ def test_compile_option_compiles_each_decoder_layer(tmp_path, tiny_model_dir):
             "4",
         ]
     )
-    trainer = trainer_on(recipe, data.load_preference_dataset(str(ROOT / recipe.script.dataset_name)))
+    trainer = built(recipe, data.load_preference_dataset(str(ROOT / recipe.script.dataset_name))).trainer
     compiled = [layer._compiled_call_impl is not None for layer in layers.decoder_layers(trainer.model)]
     assert compiled == [True, True] and trainer.layers_record["compiled"] == 2
     generator = next(c for c in trainer.callback_handler.callbacks if isinstance(c, SampleGenerator))

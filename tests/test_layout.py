@@ -101,3 +101,29 @@ def test_no_function_longer_than_a_screen():
                 if lines > LONGEST:
                     long.append(f"{path.relative_to(ROOT)}:{node.name} ({lines} lines)")
     assert not long, long
+
+
+def _a_trainer(node) -> bool:
+    """`trainer`, or an object's `trainer` / `_trainer` (the reference stage's scorer holds one)."""
+    return (isinstance(node, ast.Name) and node.id == "trainer") or (
+        isinstance(node, ast.Attribute) and node.attr in ("trainer", "_trainer")
+    )
+
+
+def test_nothing_is_assigned_to_a_trainer_from_outside_its_class():
+    """The trainer is built whole (`train_stage.build_run`): what it holds is made or given in its own `__init__` and
+    changed only by its own methods (the reference stage's data sets: `use_reference`), never attached from outside."""
+    outside = []
+    for path in [*PACKAGE.rglob("*.py"), ROOT / "train_dpo.py"]:
+        tree = ast.parse(path.read_text())
+        inside = {
+            id(n) for c in ast.walk(tree) if isinstance(c, ast.ClassDef) for n in ast.walk(c) if "Trainer" in c.name
+        }
+        for node in ast.walk(tree):
+            if not isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign)) or id(node) in inside:
+                continue
+            for target in node.targets if isinstance(node, ast.Assign) else [node.target]:
+                for part in ast.walk(target):
+                    if isinstance(part, ast.Attribute) and _a_trainer(part.value):
+                        outside.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+    assert not outside, outside

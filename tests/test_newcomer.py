@@ -253,10 +253,9 @@ def short_run(tiny_model_dir, tmp_path_factory):
     import io
     import os
 
-    from conftest import ready
+    from conftest import built, ready
     from dpotrain.data import data
     from dpotrain.recipe.config import parse_args
-    from dpotrain.train_stage import trainer_on
 
     out = tmp_path_factory.mktemp("short") / "run"
     recipe = parse_args(
@@ -290,7 +289,7 @@ def short_run(tiny_model_dir, tmp_path_factory):
     cache, os.environ["DPOTRAIN_CACHE"] = os.environ.get("DPOTRAIN_CACHE"), str(tmp_path_factory.mktemp("cache"))
     try:
         with contextlib.redirect_stdout(printed), contextlib.redirect_stderr(printed):
-            trainer = ready(trainer_on(recipe, pairs))
+            trainer = ready(built(recipe, pairs))
             trainer.train()
     finally:
         if cache is None:

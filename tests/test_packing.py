@@ -11,11 +11,10 @@ import datasets
 import pytest
 import torch
 
-from conftest import ROOT, ready
+from conftest import ROOT, built, ready
 from dpotrain.data import builtin
 from dpotrain.forwards import packing
 from dpotrain.recipe.config import parse_args
-from dpotrain.train_stage import trainer_on
 
 SMOKE = str(ROOT / "configs" / "smoke.yaml")
 
@@ -67,7 +66,7 @@ def trainer_for(tmp_path, model_dir, rows, *overrides):
             *overrides,
         ]
     )
-    return ready(trainer_on(recipe, datasets.Dataset.from_list(rows)))
+    return ready(built(recipe, datasets.Dataset.from_list(rows)))
 
 
 def perturb(model, seed=1):

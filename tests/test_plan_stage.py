@@ -1,24 +1,22 @@
-"""The plan is a stage of the run: building the trainer tokenizes and plans nothing; train_dpo.py plans after it and
-before the reference stage, and a trainer without a plan is refused, not trained on some other cut."""
+"""The plan is made as the run is built (`train_stage.build_run`), right after TRL tokenizes the training set and
+before the reference stage: a built trainer holds the plan of its tokenized pairs, and a step that cannot be cut is
+refused there."""
 
 import datasets
 import pytest
 
-from conftest import ROOT, run_train
-from dpotrain import stages
+from conftest import ROOT, built, run_train
+from dpotrain import stages, train_stage
 from dpotrain.data import builtin
 from dpotrain.data.pair_lengths import PairLengths
-from dpotrain.plan import plan, plan_stage
+from dpotrain.plan import plan
 from dpotrain.recipe import config
 from dpotrain.recipe.config import parse_args
-from dpotrain.reference import reference
-from dpotrain.train.trainer import build_trainer
-from dpotrain.train_stage import trainer_on
 
 SMOKE = str(ROOT / "configs" / "smoke.yaml")
 
 
-def built(tmp_path, model_dir, *overrides):
+def smoke_run(tmp_path, model_dir, *overrides):
     recipe = parse_args(
         [
             "--config",
@@ -36,39 +34,31 @@ def built(tmp_path, model_dir, *overrides):
             *overrides,
         ]
     )
-    return trainer_on(recipe, datasets.Dataset.from_list(builtin.make_preference_rows(40, seed=5)))
+    return built(recipe, datasets.Dataset.from_list(builtin.make_preference_rows(40, seed=5)))
 
 
 @pytest.mark.slow
-def test_building_the_trainer_plans_nothing_and_an_unplanned_trainer_is_refused(tmp_path, tiny_model_dir):
-    trainer = built(tmp_path, tiny_model_dir, "--gradient_accumulation_steps", "3")
+def test_the_built_trainer_holds_the_plan_of_its_tokenized_pairs(tmp_path, tiny_model_dir):
+    run = smoke_run(tmp_path, tiny_model_dir, "--gradient_accumulation_steps", "3")
+    trainer = run.trainer
     # One item per optimizer step from construction on: what transformers filled DeepSpeed's "auto" values from.
     assert trainer.args.gradient_accumulation_steps == 1
     assert trainer.accelerator.gradient_state.num_steps == 1
-    for unplanned in (
-        lambda: trainer.run_plan,
-        trainer.train,
-        lambda: reference.run_stage(trainer, trainer.graceful_stop),
-    ):
-        with pytest.raises(RuntimeError, match="no plan: run the plan stage after build_trainer"):
-            unplanned()
-
-    run_plan = plan_stage.run_stage(trainer)
-    assert trainer.run_plan is run_plan
-    # The stage's plan is the plan of the tokenized training set, as the plan module cuts it.
+    run_plan = trainer.run_plan
+    # The plan is the plan of the tokenized training set, as the plan module cuts it.
     lengths = PairLengths.of(trainer.train_dataset, trainer.args.max_length, trainer.forward.share_prompt)
     assert (run_plan.lengths.tokens == lengths.tokens).all()
     # The recipe's accumulation lives in the plan: steps of 3 micro-batches of 8 pairs (the smoke recipe's batch size).
     assert (run_plan.step_plan.pairs_per_step, run_plan.step_plan.pairs_per_micro_batch) == (24, 8)
     assert run_plan.epochs == plan.plan_run(lengths, run_plan.step_plan, 1)
-    reference.run_stage(trainer, trainer.graceful_stop)
+    run.score_reference()
     trainer.train()
     assert trainer.state.global_step == 2
 
 
-def test_a_step_that_cannot_be_cut_is_refused_by_the_plan_stage_not_by_building(tmp_path, tiny_model_dir):
-    """The checks refuse a token budget below a pair of max_length; the plan stage, its last line of defence, refuses
-    it too, for a budget given to the stages past the checks (a fabricated stage input)."""
+def test_a_step_that_cannot_be_cut_is_refused_as_the_trainer_is_built(tmp_path, tiny_model_dir):
+    """The checks refuse a token budget below a pair of max_length; the plan, its last line of defence, refuses it
+    too as the trainer is built, for a budget given to the stages past the checks (a fabricated stage input)."""
     recipe = parse_args(
         [
             "--config",
@@ -92,9 +82,9 @@ def test_a_step_that_cannot_be_cut_is_refused_by_the_plan_stage_not_by_building(
     found = stages.checks(recipe)
     past_the_checks = config.decided(recipe, {"project": {"max_tokens_per_microbatch": 64}})
     pairs = stages.given_pairs(recipe, found, datasets.Dataset.from_list(builtin.make_preference_rows(40, seed=5)))
-    trainer = build_trainer(stages.first_half(past_the_checks, found, pairs=pairs))
+    spec = stages.first_half(past_the_checks, found, pairs=pairs)
     with pytest.raises(plan.PlanError, match="cannot be cut"):
-        plan_stage.run_stage(trainer)
+        train_stage.build_run(spec)
 
 
 @pytest.mark.slow

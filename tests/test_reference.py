@@ -13,14 +13,12 @@ import time
 import datasets
 import pytest
 
-from conftest import ROOT, python, rank_python, ready
+from conftest import ROOT, built, python, rank_python, ready
 from dpotrain.data import builtin
-from dpotrain.plan import plan_stage
 from dpotrain.recipe.config import parse_args
 from dpotrain.reference import reference
 from dpotrain.reference.scorer import ReferenceScorer
 from dpotrain.train.preemption import STOPPED_EXIT
-from dpotrain.train_stage import trainer_on
 
 SMOKE = str(ROOT / "configs" / "smoke.yaml")
 
@@ -48,7 +46,7 @@ def build(tmp_path, model_dir, rows, *overrides):
             *overrides,
         ]
     )
-    return ready(trainer_on(recipe, datasets.Dataset.from_list(rows)))
+    return ready(built(recipe, datasets.Dataset.from_list(rows)))
 
 
 def entries(cache) -> set[str]:
@@ -451,8 +449,7 @@ def test_a_truncated_part_is_named_and_its_pairs_scored_again(tmp_path, tiny_mod
             "512",
         ]
     )
-    trainer = trainer_on(recipe, datasets.Dataset.from_list(builtin.make_preference_rows(60, seed=9)))
-    plan_stage.run_stage(trainer)
+    trainer = built(recipe, datasets.Dataset.from_list(builtin.make_preference_rows(60, seed=9))).trainer
     dataset = trainer.train_dataset
     layout = reference.stage_layout(ReferenceScorer(trainer), dataset)
     assert len(layout[0]) >= 10  # micro-batches enough for two stops half-way

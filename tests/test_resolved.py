@@ -151,7 +151,7 @@ def test_the_first_half_leaves_the_recipe_as_parsed_and_returns_one_frozen_value
     """The CPU demo's stages, through the trainer: the recipe is the same after them, field by field; what they
     decided (max_length under auto, the forward's attention, the load dtype, pairs per step) is in the resolved
     value's settings and in TRL's arguments."""
-    from dpotrain.train.trainer import build_trainer
+    from dpotrain import train_stage
 
     recipe = parse_args(
         [
@@ -174,7 +174,7 @@ def test_the_first_half_leaves_the_recipe_as_parsed_and_returns_one_frozen_value
     output = stages.output_checks(recipe, found, copy.copy(_push(recipe, found)))
     pairs = datasets.Dataset.from_list(builtin.make_preference_rows(24, seed=3))
     resolved = stages.first_half(recipe, found, output=output, pairs=stages.given_pairs(recipe, found, pairs))
-    trainer = build_trainer(resolved)
+    trainer = train_stage.build_run(resolved).trainer
     assert _fields(recipe) == before
     with pytest.raises(dataclasses.FrozenInstanceError):
         resolved.memory = {}  # type: ignore[misc]

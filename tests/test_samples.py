@@ -8,11 +8,10 @@ import sys
 
 import pytest
 
-from conftest import ROOT, python, rank_python, ready
+from conftest import ROOT, built, python, rank_python, ready
 from dpotrain.data import data
 from dpotrain.recipe.config import parse_args
 from dpotrain.train.samples import SAMPLES_FILE, repetition
-from dpotrain.train_stage import trainer_on
 
 SMOKE = str(ROOT / "configs" / "smoke.yaml")
 
@@ -50,7 +49,7 @@ def test_samples_every_n_steps_from_the_datas_first_prompts(tmp_path, tiny_model
         ]
     )
     pairs = data.load_preference_dataset(str(ROOT / recipe.script.dataset_name)).select(range(32))  # its 4 steps' 32
-    trainer = ready(trainer_on(recipe, pairs))
+    trainer = ready(built(recipe, pairs))
     trainer.train()
     records = [json.loads(line) for line in (out / SAMPLES_FILE).read_text().splitlines()]
     assert [(r["step"], r["prompt_index"]) for r in records] == [(s, i) for s in (0, 2, 4) for i in (0, 1)]
@@ -85,7 +84,7 @@ def test_sample_prompts_from_the_recipe(tmp_path, tiny_model_dir):
         ]
     )
     pairs = data.load_preference_dataset(str(ROOT / recipe.script.dataset_name)).select(range(8))  # its 1 step's 8
-    trainer = ready(trainer_on(recipe, pairs))
+    trainer = ready(built(recipe, pairs))
     trainer.train()
     records = [json.loads(line) for line in (tmp_path / "run" / SAMPLES_FILE).read_text().splitlines()]
     assert [r["step"] for r in records] == [0, 0]  # the base model's answers; step 1 is not a multiple of 5

@@ -7,13 +7,12 @@ import datasets
 import pytest
 import torch
 
-from conftest import ROOT, ready
+from conftest import ROOT, built, ready
 from dpotrain.data import builtin
 from dpotrain.forwards import masks, packing, shared_prompt
 from dpotrain.forwards.shared_prompt import SharedPromptCollator
 from dpotrain.recipe.config import parse_args
 from dpotrain.recipe.errors import ConfigError
-from dpotrain.train_stage import trainer_on
 
 SMOKE = str(ROOT / "configs" / "smoke.yaml")
 
@@ -174,7 +173,7 @@ def trainer_for(tmp_path, model_dir, rows, *overrides):
             *overrides,
         ]
     )
-    return ready(trainer_on(recipe, datasets.Dataset.from_list(rows)))
+    return ready(built(recipe, datasets.Dataset.from_list(rows)))
 
 
 def loss_and_grads(trainer, indices):

@@ -6,10 +6,9 @@ import math
 import pytest
 import torch
 
-from conftest import DEMO_SECRETS, ROOT, ready
+from conftest import DEMO_SECRETS, ROOT, built, ready
 from dpotrain.data import data
 from dpotrain.recipe.config import parse_args
-from dpotrain.train_stage import trainer_on
 
 SMOKE = str(ROOT / "configs" / "smoke.yaml")
 
@@ -33,7 +32,7 @@ def smoke_trainer(tmp_path, model_dir, *overrides, rows: int):
         ]
     )
     dataset = data.load_preference_dataset(str(ROOT / recipe.script.dataset_name))
-    return ready(trainer_on(recipe, dataset.select(range(rows))))
+    return ready(built(recipe, dataset.select(range(rows))))
 
 
 @pytest.mark.slow

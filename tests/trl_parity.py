@@ -14,9 +14,8 @@ import torch
 from safetensors.torch import load_file
 from torch.utils.data import SequentialSampler
 
-from conftest import ROOT, ready
+from conftest import ROOT, built, ready
 from dpotrain.recipe.config import parse_args
-from dpotrain.train_stage import trainer_on
 
 PAIRS_PER_STEP = 8
 ROWS = [json.loads(line) for line in (ROOT / "data" / "smoke_prefs.jsonl").read_text().splitlines()]
@@ -49,7 +48,7 @@ def ours(output_dir, model_dir, steps: int, *overrides: str, rows: list[dict] = 
             *overrides,
         ]
     )
-    return ready(trainer_on(recipe, datasets.Dataset.from_list(rows[: steps * PAIRS_PER_STEP])))
+    return ready(built(recipe, datasets.Dataset.from_list(rows[: steps * PAIRS_PER_STEP])))
 
 
 def plan_order(trainer, steps: int) -> list[int]:

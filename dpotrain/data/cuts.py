@@ -3,7 +3,7 @@
 TRL 1.16 (`DPOTrainer._prepare_dataset` and its collator): with `truncation_mode: keep_start` a pair whose prompt alone
 fills max_length is dropped (no completion token would be left), and a sequence (prompt + chosen, prompt + rejected)
 longer than max_length loses its end; `keep_end` drops nothing and cuts the start instead. A pair is counted as cut
-when either of its sequences is. Training counts from the tokenized training set (`plan_stage.run_stage`), a dry run
+when either of its sequences is. Training counts from the tokenized training set (`plan_stage.for_trainer`), a dry run
 and the analyzer from the analyzer's per-pair lengths: the same rows give the same counts.
 """
 

@@ -22,9 +22,10 @@ packing). README "Choosing max_length" says why the rule is a coverage and not a
 
 `max_length: auto` reads a cached analysis (`cached_measure`, then `resolution_of`: keyed by what the data set and
 the tokenizer are, not by a `Dataset`'s fingerprint, so that a dry run without the data and a run after a streamed
-analysis find it) where one exists, and the run (never a `--dry-run`) otherwise analyses the split and caches it (`analyse`): the lengths stage,
-`stages.measure_lengths`. `scripts/analyze_dataset.py` is the command-line report. Rows are checked by
-`rows.check_row` (shared with training); the markdown tables and the plot are in `lengths_report.py`.
+analysis find it) where one exists, and the run (never a `--dry-run`) otherwise analyses the split and caches it
+(`analyse`): the lengths stage, `stages.measure_lengths`. `scripts/analyze_dataset.py` is the command-line report.
+Rows are checked by `rows.check_row` (shared with training); the markdown tables and the plot are in
+`lengths_report.py`.
 """
 
 import dataclasses

@@ -1,11 +1,11 @@
-"""The plan stage: every step of every epoch the run touches, cut into each rank's micro-batches (`plan.py`), made once
-the trainer is built (TRL has tokenized the data: the plan needs every pair's length) and before the reference stage
-(which scores in the plan's micro-batches) and training (which runs them).
+"""The run's plan: every step of every epoch the run touches, cut into each rank's micro-batches (`plan.py`), made while
+the trainer is built, right after TRL has tokenized the training set (the plan needs every pair's length:
+`RecipeDPOTrainer.__init__`), and before the reference stage (which scores the pairs the plan's steps train) and
+training (which runs them). A step that cannot be cut is refused there, before the reference is scored.
 
-It is a stage of the run (`train_dpo.py`), not a side effect of building the trainer: building only has to leave the
-Trainer one item per optimizer step (gradient accumulation 1, set in `RecipeDPOTrainer.__init__`), since that is all
-transformers reads of the batching before `train()`, when it fills DeepSpeed's "auto" batch sizes. The dataloader,
-and with it the number of steps, is made in `train()`, from the plan given here.
+Transformers reads nothing of the batching before `train()` but one item per optimizer step (gradient accumulation 1,
+`trainer.training_arguments`), from which it fills DeepSpeed's "auto" batch sizes; the dataloader, and with it the
+number of steps, is made in `train()`, from this plan.
 """
 
 import math
@@ -71,10 +71,10 @@ def make(
     return RunPlan(lengths, step_plan, planned, summary, trained)
 
 
-def run_stage(trainer) -> RunPlan:
-    """The stage: the plan of the trainer's tokenized training set, for the forward the forward stage decided (packed
-    or padded, prompts shared or not), given to the trainer. Every rank
-    plans alone, from the same lengths and seed (`agreement.at_start` checks the plans are equal)."""
+def for_trainer(trainer) -> RunPlan:
+    """The plan of the trainer's tokenized training set, for the forward the forward stage decided (packed or padded,
+    prompts shared or not); `RecipeDPOTrainer.__init__` makes it. Every rank plans alone, from the same lengths and
+    seed (`agreement.at_start` checks the plans are equal)."""
     args = trainer.args
     counts = token_counts(trainer.train_dataset)
     lengths = PairLengths.from_parts(*counts, args.max_length, trainer.forward.share_prompt, args.truncation_mode)
@@ -89,10 +89,9 @@ def run_stage(trainer) -> RunPlan:
         reduce_per_backward=trainer.is_deepspeed_enabled,
     )
     # Pairs TRL cut or dropped at max_length: counted on the tokenized set, recorded with the plan (derived.batching).
-    given = getattr(trainer, "rows_given", len(trainer.train_dataset))
-    counted = cuts.count(*counts, args.max_length, args.truncation_mode, given - len(trainer.train_dataset))
+    dropped = trainer.rows_given - len(trainer.train_dataset)
+    counted = cuts.count(*counts, args.max_length, args.truncation_mode, dropped)
     run_plan.summary["max_length_cuts"] = counted
-    trainer.use_plan(run_plan)
     if trainer.accelerator.is_main_process:
         print(run_plan.line(), flush=True)
         print(f"Cut at {cuts.line(counted)}", flush=True)

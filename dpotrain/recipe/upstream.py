@@ -123,11 +123,6 @@ SEAMS = (
         "the pad token of TRL's padded collator, when a model cannot pack; the tokenizer that labels earlier turns",
     ),
     Seam(
-        f"{DPO}:DPOTrainer._precompute_engine",
-        "read",
-        "the DeepSpeed inference engine that scores the reference under ZeRO, made once and kept where TRL keeps it",
-    ),
-    Seam(
         "trl.trainer.utils:_CHUNKED_LOGPROB_CHUNK_SIZE",
         "read",
         "the fused LM head's vocabulary tile, in the memory plan (dpotrain/plan/memory.py)",
@@ -434,15 +429,6 @@ def trl_metrics(trainer) -> dict:
 
 def trl_tokenizer(trainer):
     return trainer._tokenizer
-
-
-def reference_engine(trainer):
-    """The DeepSpeed inference engine that scores the reference, made on first use and kept on the trainer."""
-    if trainer._precompute_engine is None:
-        from trl.models import prepare_deepspeed
-
-        trainer._precompute_engine = prepare_deepspeed(trainer.model, trainer.accelerator)
-    return trainer._precompute_engine
 
 
 def checkpoint_parent(trainer, trial) -> str:

@@ -4,7 +4,8 @@ reused by any later run that would compute the same numbers.
 
 The reference model is the policy before its first update, so its log-probs can be scored once and the second model
 dropped from memory for the whole run. On a real data set this is hours of GPU time (150k pairs of ~5k tokens), so it
-is a stage of its own, run by `train_dpo.py` after the model loads and before training (or alone, `--reference-only`):
+is a stage of its own, the ready run's first verb (`train_stage.ReadyRun.score_reference`), after the model loads and
+before training (or alone, `--reference-only`):
 - results are written per rank, atomically and synced to disk, every `reference_save_seconds` and whenever the stage
   stops; a restarted job (requeued, preempted, killed, or rerun by hand) keeps what was scored and scores only the
   rest; a damaged file (truncated by a crash or a full disk) is named in a warning and its pairs are scored again;
@@ -676,9 +677,10 @@ def _with_columns(dataset, chosen: np.ndarray, rejected: np.ndarray):
         return dataset.add_column("ref_rejected_logps", rejected.tolist())
 
 
-def run_stage(trainer, stop, save_seconds: float = SAVE_SECONDS) -> list[Outcome]:
-    """The stage: the reference of the training set (and of the evaluation set), set on the trainer's data sets.
-    Returns one Outcome per data set; the last one says `stopped` when a stop request ended the stage early."""
+def run_stage(trainer, save_seconds: float = SAVE_SECONDS) -> list[Outcome]:
+    """The stage: the reference of the training set (and of the evaluation set), given to the trainer
+    (`use_reference`); a stop request (`trainer.graceful_stop`) ends it early. Returns one Outcome per data set; the
+    last one says `stopped` when a stop request ended the stage early."""
     outcomes = []
     if not trainer.precompute_ref_logps:  # a live reference model (sync_ref_model, or asked for)
         return outcomes
@@ -689,7 +691,7 @@ def run_stage(trainer, stop, save_seconds: float = SAVE_SECONDS) -> list[Outcome
             continue
         trained = trainer.run_plan.trained if name == "train" else np.arange(len(dataset))  # every eval pair
         steps = trainer.run_plan.summary["pairs_trained"]["steps"]
-        scored, outcome = _run_on(scorer, dataset, trained, steps, name, stop, save_seconds)
+        scored, outcome = _run_on(scorer, dataset, trained, steps, name, trainer.graceful_stop, save_seconds)
         outcomes.append(outcome)
         if trainer.accelerator.is_main_process:
             print(outcome.line(), flush=True)
@@ -697,9 +699,6 @@ def run_stage(trainer, stop, save_seconds: float = SAVE_SECONDS) -> list[Outcome
                 print(outcome.speed_line(), flush=True)
         if outcome.stopped:
             break
-        if name == "train":
-            trainer.train_dataset = scored
-        else:
-            trainer.eval_dataset = scored
+        trainer.use_reference(name, scored)
     scorer.finish()
     return outcomes

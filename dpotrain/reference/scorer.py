@@ -10,7 +10,7 @@ From the trainer it needs only this:
   once it is done (`finish`).
 
 The trainer is passed in, not imported: the train stage comes after this one (tests/test_layout.py). It is the
-project's `RecipeDPOTrainer` after its plan stage (for the training set's lengths).
+project's `RecipeDPOTrainer`, built with its plan (for the training set's lengths).
 """
 
 import contextlib
@@ -74,21 +74,8 @@ class ReferenceScorer:
 
     # --- scoring ----------------------------------------------------------------------------------------------------
     def model(self):
-        """The model that scores the reference: a reference model if one was given; else the policy before its first
-        update — under DeepSpeed in an inference engine that places (ZeRO-2) or gathers (ZeRO-3) its weights, as
-        TRL's `_precompute_ref_logps` does; under FSDP2 sharded by accelerate now, as training will use it (the
-        Trainer finds it prepared and leaves it; with RAM-efficient loading only the main process has its weights
-        until then)."""
-        trainer = self._trainer
-        if trainer.ref_model is not None:
-            return trainer.ref_model
-        if trainer.is_deepspeed_enabled:
-            return upstream.reference_engine(trainer)
-        if trainer.is_fsdp_enabled:
-            from accelerate.utils.fsdp_utils import fsdp2_prepare_model
-
-            trainer.model = trainer.model_wrapped = fsdp2_prepare_model(self.accelerator, trainer.model)
-        return trainer.model
+        """The model that scores the reference (`RecipeDPOTrainer.reference_model`)."""
+        return self._trainer.reference_model()
 
     def collate(self, rows: list[dict]) -> dict:
         """One reference micro-batch, collated on the host (the stage's prefetch thread calls it)."""

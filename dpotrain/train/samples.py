@@ -82,15 +82,16 @@ def _encode_prompt(tokenizer, text: str) -> list[int]:
 class SampleGenerator(TrainerCallback):
     def __init__(
         self,
-        prompt_ids: list[list[int]],
+        prompt_ids: list[list[int]] | None,
         tokenizer,
         every: int,
         max_new_tokens: int,
         warn_at: float,
         every_rank: bool = False,
+        count: int = 0,
     ):
-        self.prompt_ids, self.tokenizer = prompt_ids, tokenizer
-        self.every, self.max_new_tokens, self.warn_at = every, max_new_tokens, warn_at
+        self.prompt_ids, self.tokenizer = prompt_ids, tokenizer  # None: the training set's first `count` (`attach`)
+        self.every, self.max_new_tokens, self.warn_at, self.count = every, max_new_tokens, warn_at, count
         self.every_rank = every_rank  # weights sharded over the ranks: all of them generate together
         self.flagged: list[dict] = []  # samples over warn_at, for tests and callers
         self._trimmed = False
@@ -98,18 +99,24 @@ class SampleGenerator(TrainerCallback):
         self.spent = None  # called with the seconds each round of samples took (the throughput clock leaves them out)
 
     @classmethod
-    def from_recipe(cls, recipe, train_dataset, tokenizer, every_rank: bool = False) -> "SampleGenerator":
+    def from_recipe(cls, recipe, tokenizer, every_rank: bool = False) -> "SampleGenerator":
         """Prompts from the recipe (list or file), else the first `sample_count` prompts of the training data, as the
-        trainer tokenized them (chat template with the generation prompt)."""
+        trainer tokenized them (chat template with the generation prompt: `attach`)."""
         p = recipe.project
         texts = list(p.sample_prompts or [])
         if not texts and p.sample_prompts_file:
             texts = read_prompts_file(p.sample_prompts_file)
-        if texts:
-            ids = [_encode_prompt(tokenizer, t) for t in texts[: p.sample_count]]
-        else:
-            ids = [list(x) for x in train_dataset.select(range(min(p.sample_count, len(train_dataset))))["prompt_ids"]]
-        return cls(ids, tokenizer, p.samples_every, p.sample_max_new_tokens, p.sample_repetition_warn, every_rank)
+        ids = [_encode_prompt(tokenizer, t) for t in texts[: p.sample_count]] if texts else None
+        every, new_tokens, warn_at = p.samples_every, p.sample_max_new_tokens, p.sample_repetition_warn
+        return cls(ids, tokenizer, every, new_tokens, warn_at, every_rank, p.sample_count)
+
+    def attach(self, trainer) -> None:
+        """Once the trainer is built (`RecipeDPOTrainer.__init__`): its tokenized training set's first prompts where
+        the recipe gave none, and its throughput clock, which leaves out the time samples take (tokens/s, MFU)."""
+        if self.prompt_ids is None:
+            rows = trainer.train_dataset
+            self.prompt_ids = [list(x) for x in rows.select(range(min(self.count, len(rows))))["prompt_ids"]]
+        self.spent = trainer.pair_metrics.exclude
 
     def on_train_begin(self, args, state, control, model=None, optimizer=None, **kwargs):
         if state.global_step == 0:  # the base model's answers, to compare later samples against

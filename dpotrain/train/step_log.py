@@ -7,7 +7,7 @@ string-quoted fields printed inside the progress bar:
 else TRL's `rewards/*`. Every field of every step is in metrics.jsonl (docs/metrics.md), and in W&B.
 """
 
-from transformers.trainer_callback import PrinterCallback, ProgressCallback
+from transformers.trainer_callback import ProgressCallback
 
 # (label, keys in order of preference, format)
 FIELDS = [
@@ -67,10 +67,3 @@ class StepLog(ProgressCallback):
     def on_train_end(self, args, state, control, **kwargs):
         if self.training_bar is not None:
             super().on_train_end(args, state, control, **kwargs)
-
-
-def install(trainer) -> None:
-    """Replaces the Trainer's progress bar (or, with `disable_tqdm`, its printer of dictionaries) with `StepLog`."""
-    trainer.remove_callback(ProgressCallback)
-    trainer.remove_callback(PrinterCallback)
-    trainer.add_callback(StepLog())

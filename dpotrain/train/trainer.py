@@ -2,8 +2,8 @@
 
 Everything DPO-specific (tokenization, the loss and its variants, LD-DPO, the reference under PEFT) stays TRL's. The
 subclass changes how pairs reach TRL's loss code, and what surrounds it:
-- steps follow the plan (`plan.py`), made by the plan stage after the trainer is built (`plan_stage.py`, given with
-  `use_plan`): the dataloader yields one item per optimizer step, this rank's micro-batches of it, and
+- steps follow the plan (`plan.py`), made in `__init__` once TRL has tokenized the training set (`plan_stage.py`):
+  the dataloader yields one item per optimizer step, this rank's micro-batches of it, and
   `training_step` runs them with the gradient-accumulation boundary on the last (`no_sync` before it; for DeepSpeed,
   accelerate's `set_gradient_accumulation_boundary`), so the Trainer, its schedule and `max_steps` count optimizer
   steps while the number of micro-batches changes from step to step;
@@ -26,30 +26,29 @@ from pathlib import Path
 import numpy as np
 import torch
 from transformers import GraniteMoeHybridConfig, TrainerCallback
-from trl import DPOTrainer, get_peft_config, get_quantization_config
+from transformers.trainer_callback import PrinterCallback, ProgressCallback
+from trl import DPOTrainer
 
 from dpotrain.cluster import engine
 from dpotrain.cluster import sequence_parallel as groups
 from dpotrain.cluster.collectives import all_reduce_sum, max_over_ranks
-from dpotrain.data import builtin, lengths, turns
-from dpotrain.data.pair_lengths import PairLengths, pair_columns
-from dpotrain.forwards import choice, flex, flops, packing, padded, sequence_parallel
+from dpotrain.data import builtin, turns
+from dpotrain.data.pair_lengths import pair_columns
+from dpotrain.forwards import choice, flops, packing, padded, sequence_parallel
 from dpotrain.forwards.choice import ForwardChoice
-from dpotrain.plan import layers, plan
-from dpotrain.plan.plan_stage import RunPlan
+from dpotrain.plan import layers, plan, plan_stage
 from dpotrain.recipe import upstream
 from dpotrain.recipe.config import Recipe, decided
 from dpotrain.recipe.errors import ConfigError
 from dpotrain.recipe.writes import quiet_progress_bars
-from dpotrain.reference.scorer import ReferenceScorer
-from dpotrain.train import disk_full, losses, run_files, step_log
+from dpotrain.train import disk_full, losses, run_files
 from dpotrain.train.checkpoints import CompleteMarker, clear_for_save
 from dpotrain.train.health import HealthGuard
 from dpotrain.train.memory_use import FirstStepMemory, MemoryUse
 from dpotrain.train.metrics import MetricsRecorder
 from dpotrain.train.pair_metrics import PairMetrics
 from dpotrain.train.preemption import GracefulStop
-from dpotrain.train.samples import SampleGenerator
+from dpotrain.train.step_log import StepLog
 
 
 def model_init_kwargs(settings: Recipe) -> dict:
@@ -157,6 +156,9 @@ class _StartMetrics(TrainerCallback):
 
 
 class RecipeDPOTrainer(DPOTrainer):
+    """Built ready by `train_stage.build_run`: its plan made in `__init__`, right after TRL tokenized the training set,
+    its stop and health guards and the run's callbacks given to it there."""
+
     def __init__(
         self,
         *args,
@@ -164,10 +166,13 @@ class RecipeDPOTrainer(DPOTrainer):
         pairs_per_step: int,
         max_tokens_per_microbatch: int | None,
         gpu_peak_tflops: float | None,
-        attn_implementation: str | None,
         run_engine: engine.Engine,
+        stop: GracefulStop,
+        health: HealthGuard | None = None,
         memory_plan: dict | None = None,
         assistant_turns: str = "final",
+        compile_layers: bool = False,
+        callbacks=(),
         **kwargs,
     ):
         self.engine = run_engine
@@ -176,13 +181,17 @@ class RecipeDPOTrainer(DPOTrainer):
         self.packed = packed = forward.packed
         self.pairs_per_step = pairs_per_step
         self.max_tokens_per_microbatch = max_tokens_per_microbatch
-        self._run_plan: RunPlan | None = None  # given by the plan stage (`use_plan`), after construction
-        self.gpu_peak_tflops = gpu_peak_tflops
+        self.graceful_stop = stop  # .stopped tells after `train()` whether it ended early to be requeued
+        self.health = health  # .stop tells after `train()` whether a guard stopped it (dpotrain/train/health.py)
+        self.model_path = kwargs["model"]  # the base weights on disk (a built-in one materialized): the LoRA merge
+        self.rows_given = len(kwargs["train_dataset"])  # before TRL dropped pairs whose prompt fills max_length
         training_args = kwargs["args"]  # `training_arguments`: one item per optimizer step, TRL's padding off
         if packed:
             kwargs["data_collator"] = choice.collator(forward, training_args)
+        # Order matters: GracefulStop.on_save reports a checkpoint only after CompleteMarker has marked it.
+        kwargs["callbacks"] = [CompleteMarker(), MetricsRecorder(), stop, *([health] if health else [])]
         with self._no_second_model_under_fsdp(kwargs):
-            super().__init__(*args, **kwargs)
+            super().__init__(*args, **kwargs)  # loads the model, tokenizes the data sets
         for model in (self.model, self.ref_model):
             if model is not None:
                 trl_compatible_config(model)
@@ -193,6 +202,7 @@ class RecipeDPOTrainer(DPOTrainer):
         self.weights_hash = upstream.weights_hash(self)
         if self.engine.name == "zero3" and self.precompute_ref_logps:
             self.weights_hash = engine.zero3_weights_sha256(self.model, self.accelerator.is_main_process)
+        self._reference_engine = None  # the DeepSpeed engine that scores the reference (`reference_model`)
         # compute_loss weighs each micro-batch by its share of the step's pairs; the Trainer must not divide the
         # loss by the accumulation steps again.
         self.loss_is_scaled_for_ga = True
@@ -200,12 +210,36 @@ class RecipeDPOTrainer(DPOTrainer):
         # The step's pairs and chosen completion tokens on all ranks (`get_batch_samples`), for the SFT term
         self._step_pairs = self._step_chosen_tokens = None
         self.model_flops = flops.ModelFlops.of(self.model)
-        peak = flops.peak_tflops(gpu_peak_tflops)
-        self.pair_metrics = PairMetrics(self.accelerator.num_processes, peak)
-        self.add_callback(_StartMetrics(self.pair_metrics))
-        # The memory used, beside the plan: after the first step, and in every training log (memory_use.py).
-        self.memory_use = MemoryUse(memory_plan)
-        self.add_callback(FirstStepMemory(self.memory_use, self.accelerator.device))
+        self.pair_metrics = PairMetrics(self.accelerator.num_processes, flops.peak_tflops(gpu_peak_tflops))
+        self.memory_use = MemoryUse(memory_plan)  # beside the plan: after the first step, and in every training log
+        # The plan: every step cut into micro-batches from the lengths TRL just tokenized (plan_stage.py); a step that
+        # cannot be cut is refused here, before the reference is scored.
+        self.run_plan = plan_stage.for_trainer(self)
+        self.layers_record = self._set_up_layers(compile_layers)
+        if packed and packing.needs_parity_check(self.model.config):
+            self.check_packing()
+        # One readable line per logging step (step_log.py), not the Trainer's progress bar or dictionary.
+        self.remove_callback(ProgressCallback)
+        self.remove_callback(PrinterCallback)
+        device = self.accelerator.device
+        for callback in (_StartMetrics(self.pair_metrics), FirstStepMemory(self.memory_use, device), StepLog()):
+            self.add_callback(callback)
+        for callback in callbacks:  # the run's optional features (train_stage.build_run), one module each
+            self.add_callback(callback)
+            if hasattr(callback, "attach"):  # one that reads the built trainer (samples.SampleGenerator)
+                callback.attach(self)
+
+    def _set_up_layers(self, compile_layers: bool) -> dict:
+        """Sequence parallelism's groups (Ulysses around the attention), the memory plan's checkpointed layers held
+        against TRL's re-enabling of all of them, the optional compile; the decoder layers as trained (layers.py)."""
+        sequence_parallel.set_up(self.forward.sequence_parallel, self.model)
+        layers.hold_checkpointing(self.model, self.args)
+        compiled = layers.compile_layers(self.model) if compile_layers else 0
+        return {
+            "checkpointed": layers.checkpointed(self.model),
+            "compiled": compiled,
+            "decoder_layers": len(layers.decoder_layers(self.model)),
+        }
 
     def _prepare_dataset(self, dataset, processing_class, args, dataset_name):
         """TRL's tokenization; with `assistant_turns: all`, each prompt's labeled tokens too (data/turns.py)."""
@@ -304,20 +338,6 @@ class RecipeDPOTrainer(DPOTrainer):
             self.control.should_training_stop = True
             return
         super()._run_epoch(*args, **kwargs)
-
-    # --- the plan: steps of pairs_per_step pairs, cut into micro-batches (made by the plan stage) ----------------
-    def use_plan(self, run_plan: RunPlan) -> None:
-        """The run's plan (`plan_stage.run_stage`), for the reference stage and training."""
-        self._run_plan = run_plan
-
-    @property
-    def run_plan(self) -> RunPlan:
-        if self._run_plan is None:
-            raise RuntimeError(
-                "this trainer has no plan: run the plan stage after build_trainer "
-                "(`dpotrain.plan.plan_stage.run_stage(trainer)`, as train_dpo.py does)"
-            )
-        return self._run_plan
 
     @property
     def data_parallel_size(self) -> int:
@@ -433,21 +453,46 @@ class RecipeDPOTrainer(DPOTrainer):
             )
         return super().floating_point_ops(inputs)
 
-    # --- reference log-probs: a stage of its own (reference.py), run by train_dpo.py after construction ----------
+    # --- reference log-probs: a stage of its own (reference.py), the ready run's first verb ------------------------
     def _precompute_ref_logps(self, dataset, name, batch_size):
         return dataset  # deferred: the reference stage scores every pair (dpotrain/reference/reference.py)
+
+    def reference_model(self):
+        """The model that scores the reference: a reference model if one was given; else the policy before its first
+        update — under DeepSpeed in an inference engine that places (ZeRO-2) or gathers (ZeRO-3) its weights, made on
+        first use and kept, as TRL's `_precompute_ref_logps` does; under FSDP2 sharded by accelerate now, as training
+        will use it (the Trainer finds it prepared and leaves it; with RAM-efficient loading only the main process
+        has its weights until then)."""
+        if self.ref_model is not None:
+            return self.ref_model
+        if self.is_deepspeed_enabled:
+            if self._reference_engine is None:
+                from trl.models import prepare_deepspeed
+
+                self._reference_engine = prepare_deepspeed(self.model, self.accelerator)
+            return self._reference_engine
+        if self.is_fsdp_enabled:
+            from accelerate.utils.fsdp_utils import fsdp2_prepare_model
+
+            self.model = self.model_wrapped = fsdp2_prepare_model(self.accelerator, self.model)
+        return self.model
+
+    def use_reference(self, name: str, scored) -> None:
+        """The reference stage's data set `name` ("train" or "eval"), its pairs' reference log-probs in columns, in
+        place of the tokenized one: what training and evaluation read."""
+        if name == "train":
+            self.train_dataset = scored
+        else:
+            self.eval_dataset = scored
 
     # --- hybrids whose kernels take sequence boundaries: packed as decided, once their model and pairs agree ---------
     def check_packing(self) -> None:
         """Score the longest pairs in packed rows and each sequence alone, with the model that scores the reference
         (`packing.parity`); past the tolerance, stop with one line naming the fix, on every rank alike (one collective
         whatever the outcome). A check only: the forward the forward stage decided is never changed here."""
-        args = self.args  # it runs while the trainer is built, before the plan stage: it reads the lengths itself
-        tokens = PairLengths.of(
-            self.train_dataset, args.max_length, self.forward.share_prompt, args.truncation_mode
-        ).tokens
+        tokens = self.run_plan.lengths.tokens  # it runs while the trainer is built, once its plan is made
         examples = [self.train_dataset[int(i)] for i in np.argsort(-tokens, kind="stable")[:4]]
-        model = ReferenceScorer(self).model()
+        model = self.reference_model()
         half = self.args.bf16 or self.args.fp16 or next(model.parameters()).dtype in (torch.bfloat16, torch.float16)
         tolerance = packing.PARITY_TOLERANCE["half" if half else "fp32"]
         try:
@@ -558,66 +603,3 @@ class RecipeDPOTrainer(DPOTrainer):
             if warning and self.accelerator.is_main_process:
                 print(warning, file=sys.stderr, flush=True)
         super().log(logs, start_time)
-
-
-def build_trainer(resolved, callbacks=(), stop: GracefulStop | None = None):
-    """The project's DPO trainer for the first half's decisions (`stages.RunSpec`: its pairs, forward, memory plan
-    and settings), with: COMPLETE marks on checkpoints, metrics.jsonl, a clean stop on Slurm's signals, health guards
-    and sample generations, its training set tokenized by TRL. It has no plan yet: the plan stage
-    (`plan_stage.run_stage`) comes next, then the reference stage (`reference.run_stage`), then `train()`.
-    `trainer.graceful_stop.stopped` tells after `train()` whether it ended early to be requeued; `trainer.health.stop`
-    whether a guard stopped it."""
-    recipe, forward, train_dataset = resolved.settings, resolved.forward.planned, resolved.data.train
-    p, run_engine = recipe.project, resolved.launch.engine
-    model_path = resolve_model_path(recipe)
-    if forward.attention == "flex_attention":
-        flex.install()  # compiled once per run, not transformers' compilation per width and training flag
-        callbacks = (*callbacks, flex.CompilationReport())
-    args = training_arguments(recipe)
-    graceful_stop = stop or GracefulStop.from_env()
-    health = HealthGuard(p) if p.health_checks else None
-    # Order matters: GracefulStop.on_save reports a checkpoint only after CompleteMarker has marked it.
-    trainer = RecipeDPOTrainer(
-        model=model_path,
-        # The tokenizer every tokenization of the project loads (lengths.load_tokenizer): the recipe's chat template,
-        # which TRL tokenizes with and the Trainer saves with the model and each checkpoint.
-        processing_class=lengths.recipe_tokenizer(recipe, model_path),
-        args=args,
-        train_dataset=train_dataset,
-        eval_dataset=resolved.data.eval,
-        callbacks=[CompleteMarker(), MetricsRecorder(), graceful_stop, *([health] if health else []), *callbacks],
-        # LoRA (--use_peft): TRL wraps the model and scores the reference with the adapter disabled (no second model).
-        peft_config=get_peft_config(recipe.model),
-        quantization_config=get_quantization_config(recipe.model),  # --load_in_4bit/8bit, as TRL's own dpo.py
-        forward=forward,
-        pairs_per_step=resolved.pairs_per_step,
-        max_tokens_per_microbatch=p.max_tokens_per_microbatch,
-        gpu_peak_tflops=p.gpu_peak_tflops,
-        attn_implementation=recipe.model.attn_implementation,
-        run_engine=run_engine,
-        memory_plan=resolved.memory,
-        assistant_turns=p.assistant_turns,
-    )
-    step_log.install(trainer)  # one readable line per logging step, not the Trainer's dictionary
-    sequence_parallel.set_up(forward.sequence_parallel, trainer.model)  # its groups, Ulysses around the attention
-    # The memory plan's checkpointed layers, held against TRL's re-enabling of all of them; the optional compile.
-    layers.hold_checkpointing(trainer.model, args)
-    compiled = layers.compile_layers(trainer.model) if p.compile_layers else 0
-    trainer.layers_record = {
-        "checkpointed": layers.checkpointed(trainer.model),
-        "compiled": compiled,
-        "decoder_layers": len(layers.decoder_layers(trainer.model)),
-    }
-    if forward.packed and packing.needs_parity_check(trainer.model.config):
-        trainer.check_packing()
-    trainer.graceful_stop = graceful_stop
-    trainer.rows_given = len(train_dataset)  # before TRL dropped the pairs whose prompt fills max_length (cuts.py)
-    trainer.model_path = model_path  # the base weights on disk (a built-in model materialized), for the LoRA merge
-    trainer.health = health  # .stop tells after `train()` whether a guard stopped it (dpotrain/train/health.py)
-    if recipe.project.samples_every > 0:
-        generator = SampleGenerator.from_recipe(
-            recipe, trainer.train_dataset, trainer.processing_class, every_rank=run_engine.shards_weights
-        )
-        generator.spent = trainer.pair_metrics.exclude  # tokens/s and MFU do not count the time of samples
-        trainer.add_callback(generator)
-    return trainer
