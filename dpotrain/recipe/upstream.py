@@ -43,6 +43,7 @@ class Seam:
 
 
 DPO = "trl.trainer.dpo_trainer"
+ROTATION = "transformers.trainer:rotate_checkpoints"  # the checkpoint rotation inside Trainer._save_checkpoint
 # transformers' models with mixed layer kinds take a dict of masks, one per kind; their forward says so in this phrase
 MASK_PER_LAYER_KIND = "causal_mask_mapping := attention_mask, dict"
 TRAINER = "transformers.trainer"
@@ -267,6 +268,13 @@ SEAMS = (
         ("device",),
     ),
     # --- module-level names replaced for one call ---------------------------------------------------------------
+    Seam(
+        ROTATION,
+        "patch",
+        "a no-op inside `_save_checkpoint`: checkpoints are rotated after their COMPLETE mark (train/checkpoints.py), "
+        "never before it, and without flipping `save_total_limit` on the run's arguments",
+        read_in=f"{TRAINER}:Trainer._save_checkpoint",
+    ),
     Seam(
         f"{DPO}:create_model_from_path",
         "patch",

@@ -309,12 +309,11 @@ class RecipeDPOTrainer(DPOTrainer):
             # The run's by name, before its first file: --overwrite_output_dir removes it and no other checkpoint-*
             run_files.claim(parent, [f"checkpoint-{self.state.global_step}"])
         self.accelerator.wait_for_everyone()  # no rank writes into the folder before it is cleared
-        # transformers rotates at the end of this call, before the COMPLETE mark: CompleteMarker rotates after it.
-        # (The checkpoint's training_args.bin, written inside, records save_total_limit as None.)
-        limit, self.args.save_total_limit = self.args.save_total_limit, None
         folder = Path(upstream.checkpoint_parent(self, trial)) / f"checkpoint-{self.state.global_step}"
         try:
-            super()._save_checkpoint(model, trial)
+            # transformers rotates at the end of this call, before the COMPLETE mark: CompleteMarker rotates after it
+            with upstream.patched(upstream.ROTATION, lambda **_: None):
+                super()._save_checkpoint(model, trial)
             record = folder.parent / "resolved_config.json"
             if self.is_world_process_zero() and record.is_file():
                 # The settings a resume must keep travel with the checkpoint, in its manifest (resolve.trained_under).
@@ -324,8 +323,6 @@ class RecipeDPOTrainer(DPOTrainer):
             if why is None:
                 raise
             raise disk_full.save_failed(folder, why, remove=self.is_world_process_zero()) from None
-        finally:
-            self.args.save_total_limit = limit
         # Reported once the checkpoint is hashed and marked (CompleteMarker): the time a stop has to leave for it.
         for callback in self.callback_handler.callbacks:
             if isinstance(callback, CompleteMarker):
