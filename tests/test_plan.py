@@ -360,7 +360,8 @@ def test_a_dry_run_shows_the_plan_training_records(tmp_path, tiny_model_dir, mon
     from conftest import run_train
 
     env = {"DPOTRAIN_CACHE": str(tmp_path / "cache"), "DPOTRAIN_BUILTIN_DIR": str(Path(tiny_model_dir).parent)}
-    smoke = ["--config", str(ROOT / "configs" / "smoke.yaml"), "--output_dir", str(tmp_path / "run")]
+    recipe = ["--config", str(ROOT / "configs" / "smoke.yaml")]
+    smoke = [*recipe, "--output_dir", str(tmp_path / "run"), "--max_steps", "2"]  # the run's own command, as it plans
     for name, value in env.items():
         monkeypatch.setenv(name, value)
 
@@ -371,7 +372,7 @@ def test_a_dry_run_shows_the_plan_training_records(tmp_path, tiny_model_dir, mon
 
     from_rows = dry_run()["batching"]
     analysis = subprocess.run(
-        [python(), str(ROOT / "scripts" / "analyze_dataset.py"), "--config", smoke[1]],
+        [python(), str(ROOT / "scripts" / "analyze_dataset.py"), *recipe],
         cwd=ROOT,
         env={**os.environ, **env},
         capture_output=True,
@@ -379,7 +380,7 @@ def test_a_dry_run_shows_the_plan_training_records(tmp_path, tiny_model_dir, mon
     )
     assert analysis.returncode == 0, analysis.stderr[-2000:]
     from_cache = dry_run()["batching"]
-    result = run_train([*smoke, "--max_steps", "2", "--report_to", "none", "--save_strategy", "no"], env=env)
+    result = run_train([*smoke, "--report_to", "none", "--save_strategy", "no"], env=env)
     assert result.returncode == 0, result.stdout[-2000:]
     trained = json.loads((tmp_path / "run" / "resolved_config.json").read_text())["derived"]["batching"]
     assert from_rows == trained and from_cache == trained
