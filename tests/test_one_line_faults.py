@@ -98,14 +98,14 @@ def test_every_write_of_a_run_on_a_read_only_file_system_is_one_line(tmp_path):
     code = f"""
 import torch
 from pathlib import Path
-from dpotrain.recipe import records
+from dpotrain.recipe import records, run_record
 from dpotrain.train import disk_full
 from dpotrain.train.metrics import plot_metrics
 from dpotrain.hub.hub import write_model_card
 disk = Path({str(disk)!r})
 for name, write in [("metrics", lambda: records.append(disk / "metrics.jsonl", [{{"step": 2, "loss": 0.5}}])),
                     ("plot", lambda: plot_metrics([{{"step": 1, "loss": 1.0}}], disk / "training_curves.png")),
-                    ("card", lambda: write_model_card(disk, {{}}, None))]:
+                    ("card", lambda: write_model_card(disk, run_record.of({{}}), None))]:
     try:
         write()
         print(name, "written")
