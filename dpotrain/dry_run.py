@@ -222,12 +222,12 @@ def _took(seconds: float) -> str:
     )
 
 
-def tokens_per_step(b: run_record.Batching, ranks: int) -> float:
+def tokens_per_step(b: run_record.RecordedBatching, ranks: int) -> float:
     """Real (non-padding) tokens a step trains on, from the step plan: the tokens/step row and the time estimate."""
     return b.micro_batches_per_step.mean * ranks * b.positions_per_micro_batch.mean * (1 - b.padding_share)
 
 
-def _batching_rows(b: run_record.Batching, ranks: int, row) -> None:
+def _batching_rows(b: run_record.RecordedBatching, ranks: int, row) -> None:
     """The summary's micro-batch rows: from the step plan where it is made, else what decides them at start."""
     budget = b.max_tokens_per_microbatch
     if b.positions_per_micro_batch is not None:
@@ -300,7 +300,7 @@ def forward_text(forward: dict) -> str:
     return "; ".join(parts) or "decided at start"
 
 
-def _memory_rows(memory: run_record.Memory, row) -> None:
+def _memory_rows(memory: run_record.RecordedMemory, row) -> None:
     """The memory plan per GPU, whether it fits, which GPU it was checked against and how to plan for another."""
     others = ", ".join(f"{size:g} ({name})" for name, size in KNOWN_GPUS.items())
     if memory.per_gpu_gib is None:

@@ -127,3 +127,14 @@ def test_nothing_is_assigned_to_a_trainer_from_outside_its_class():
                     if isinstance(part, ast.Attribute) and _a_trainer(part.value):
                         outside.append(f"{path.relative_to(ROOT)}:{node.lineno}")
     assert not outside, outside
+
+
+def test_no_class_name_is_defined_twice():
+    """One name per concept: a class name names one class in the package (the record's sections are `Recorded*`, the
+    run's own are the specification's)."""
+    where: dict[str, list[str]] = {}
+    for path in [*PACKAGE.rglob("*.py"), ROOT / "train_dpo.py"]:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ClassDef):
+                where.setdefault(node.name, []).append(f"{path.relative_to(ROOT)}:{node.lineno}")
+    assert not {name: places for name, places in where.items() if len(places) > 1}

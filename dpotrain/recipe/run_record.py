@@ -42,7 +42,7 @@ class Spread:
 
 
 @dataclass(frozen=True)
-class Launch:
+class RecordedLaunch:
     world_size: int | None
     world_size_source: str | None
     data_parallel_size: int | None  # processes / sequence_parallel_size: the ranks that read their own pairs
@@ -50,7 +50,7 @@ class Launch:
 
 
 @dataclass(frozen=True)
-class Data:
+class RecordedData:
     dataset_rows: int | None  # None: a Hub data set, which a dry run does not load
     total_steps: int | None
     warmup_steps: int | None
@@ -69,7 +69,7 @@ class Template:
 
 
 @dataclass(frozen=True)
-class Lengths:
+class RecordedLengths:
     max_length: int | None  # as trained: the recipe's, or `auto`'s choice; None: unbounded, or decided at start
     auto: dict | None  # `max_length: auto`: the analyzer's choice and coverage (lengths.py), or when it is made
     template: Template | None
@@ -85,7 +85,7 @@ class Lengths:
 
 
 @dataclass(frozen=True)
-class Batching:
+class RecordedBatching:
     """Pairs per step and the micro-batches they are cut into, in one place: the recipe's fixed micro-batches, or
     where a token budget cuts them, the step plan's (`derived.batching`; None until it is made, at start)."""
 
@@ -103,7 +103,7 @@ class Batching:
 
 
 @dataclass(frozen=True)
-class Memory:
+class RecordedMemory:
     """The memory plan per GPU (plan/memory.py), or why it was skipped."""
 
     skipped: str | None
@@ -119,7 +119,7 @@ class Memory:
 
 
 @dataclass(frozen=True)
-class Output:
+class RecordedOutput:
     output_dir: str | None
     folder: str | None  # a dry run: what the run would do with it
     would_refuse: tuple[str, ...]  # a dry run: what the run would refuse, each as it would say it
@@ -128,13 +128,13 @@ class Output:
 @dataclass(frozen=True)
 class Record:
     values: dict = field(repr=False)  # the object as recorded
-    launch: Launch
-    data: Data
-    lengths: Lengths
+    launch: RecordedLaunch
+    data: RecordedData
+    lengths: RecordedLengths
     forward: dict  # the forward chosen (choice.ForwardChoice.record), or a dry run's per machine
-    batching: Batching
-    memory: Memory
-    output: Output
+    batching: RecordedBatching
+    memory: RecordedMemory
+    output: RecordedOutput
     model_identity: dict | None  # the model's files as the run loaded them (model_identity.py)
 
     @functools.cached_property
@@ -190,7 +190,7 @@ def parse(text: str, source) -> Record:
 def _record(r: dict) -> Record:
     d = r["derived"] if isinstance(r.get("derived"), dict) else {}
     plan, auto, template = d.get("batching") or {}, d.get("max_length"), d.get("chat_template")
-    batching = Batching(
+    batching = RecordedBatching(
         d.get("pairs_per_step"),
         Spread.of(plan.get("micro_batches_per_step") or r.get("gradient_accumulation_steps")),
         Spread.of(r.get("per_device_train_batch_size") or plan.get("pairs_per_micro_batch")),
@@ -205,16 +205,16 @@ def _record(r: dict) -> Record:
     )
     return Record(
         r,
-        _view(Launch, d),
-        _view(Data, d),
-        Lengths(
+        _view(RecordedLaunch, d),
+        _view(RecordedData, d),
+        RecordedLengths(
             r["max_length"] if isinstance(r.get("max_length"), int) else None,
             auto if isinstance(auto, dict) else None,
             _view(Template, template) if template else None,
         ),
         d.get("forward") or {},
         batching,
-        _view(Memory, d.get("memory")),
-        Output(r.get("output_dir"), d.get("output_folder"), tuple(d.get("would_refuse") or ())),
+        _view(RecordedMemory, d.get("memory")),
+        RecordedOutput(r.get("output_dir"), d.get("output_folder"), tuple(d.get("would_refuse") or ())),
         d.get("model_identity"),
     )
