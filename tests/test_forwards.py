@@ -44,7 +44,9 @@ def test_block_mask_is_the_dense_mask(seed, shared):
     tiles = width // masks.BLOCK
     for window in (None, 100, 300):
         dense = masks.dense_mask(block, branch, pos, window)
-        assert torch.equal(create_mask(masks.mask_mod_of(block, branch, pos, window), rows, None, width, width), dense)
+        assert torch.equal(
+            create_mask(masks.mask_mod_of(block, branch, pos, window), rows, None, width, width, block.device), dense
+        )
         partial, full = masks.block_tables(block, branch, pos, window)
         per_tile = dense[:, 0].view(rows, tiles, masks.BLOCK, tiles, masks.BLOCK).transpose(2, 3)
         seen, all_seen = per_tile.any(-1).any(-1), per_tile.all(-1).all(-1)
