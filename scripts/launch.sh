@@ -113,8 +113,6 @@ fi
 
 # --- checks, each with its fix, before any GPU time is spent ---
 [[ -f "$ACCELERATE_CONFIG" ]] || die "accelerate config $ACCELERATE_CONFIG not found: set ACCELERATE_CONFIG"
-# A job killed while DeepSpeed compiled an op leaves its build lock, and every later job waits on it silently.
-"$VENV/bin/python" -m dpotrain.cluster.build_locks
 mkdir -p logs
 # The stop file (below): set before the dry run, which refuses a folder it cannot write in (dpotrain/train/preemption.py).
 export DPOTRAIN_STOP_FILE="$PWD/logs/.stop-${SLURM_JOB_ID:-$$}"

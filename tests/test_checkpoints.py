@@ -8,7 +8,8 @@ from transformers import TrainerCallback
 from conftest import ROOT, built, ready
 from dpotrain.data import builtin
 from dpotrain.recipe.config import parse_args
-from dpotrain.train.checkpoints import MARKER, checkpoints, is_complete, latest_complete_checkpoint
+from dpotrain.train.checkpoints import MARKER, checkpoints, is_complete
+from dpotrain.train.resume import newest_verified
 
 SMOKE = str(ROOT / "configs" / "smoke.yaml")
 
@@ -61,7 +62,7 @@ def test_rotation_with_a_checkpoint_cut_short_keeps_the_newest_complete_ones(tmp
 
     # A later job got to step 5 and was killed while saving there (a stop request's checkpoint): resuming ignores it.
     cut_short(out / "checkpoint-5")
-    assert latest_complete_checkpoint(out) == out / "checkpoint-2"
+    assert newest_verified(out)[0] == out / "checkpoint-2"
 
     resumed = trainer_for(out, tiny_model_dir, max_steps=6)
     probe = CompleteOnDiskBeforeTheMark(out)

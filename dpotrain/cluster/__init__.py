@@ -1,1 +1,1 @@
-"""The launch: engine, collectives, build locks, offline and Hub reachability."""
+"""The launch: engine, collectives, offline and Hub reachability."""

@@ -42,11 +42,6 @@ def is_complete(folder: Path) -> bool:
     return (folder / MARKER).exists()
 
 
-def latest_complete_checkpoint(output_dir: str | Path) -> Path | None:
-    complete = [p for p in checkpoints(output_dir) if is_complete(p)]
-    return complete[-1] if complete else None
-
-
 def rotate(output_dir: str | Path, limit: int | None, keep: tuple = ()) -> list[Path]:
     """Deletes what `save_total_limit` lets go; returns what it deleted. Kept: the `limit` newest complete
     checkpoints (by step, as resuming picks them) and the folders in `keep` (the checkpoint just written, the best
