@@ -198,12 +198,17 @@ def _start(conn, listener, project: str, base: dict, set_by_imports: dict, log: 
 def _child(conn, request: dict, fds: list[int], base: dict[str, str], set_by_imports: dict[str, str]) -> None:
     """Become `python [-u] SCRIPT ARGS` as the client was started; exits through the interpreter's own exit (atexit
     handlers, stdio flushed, exit code or signal)."""
+    import atexit
     import ctypes
     import io
     import runpy
     import threading
 
     ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG: never outlive the server
+    # Last at exit: the server's frozen objects back in the collector's sight for the interpreter's finalization, as a
+    # fresh interpreter's are: frozen, triton's nanobind bindings (imported with transformers on a CUDA build of torch)
+    # report them as leaked, in hundreds of lines after the script's own last line.
+    atexit.register(gc.unfreeze)
     for target, fd in zip((0, 1, 2), fds, strict=True):
         os.dup2(fd, target)
         os.close(fd)
