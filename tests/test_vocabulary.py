@@ -68,3 +68,22 @@ def test_the_dry_runs_analyzer_hint_repeats_the_users_overrides(cli):  # noqa: F
     }
     args = cli.parse_args(words[2:])  # the analyzer reads the hint as meant: this model, this data set
     assert (args.tokenizer, args.dataset, args.config) == ("org/my-sft", "org/pairs", SMOKE)
+
+
+def test_a_boolean_is_spelled_the_same_for_the_scripts_as_for_train_dpo():
+    """The scripts' `--skip-invalid true|false` takes exactly the spellings train_dpo.py's parser takes (transformers'
+    string_to_bool), no more ("on" was the scripts' alone) and no fewer ("t", "y" were the trainer's alone)."""
+    import argparse
+
+    from transformers.hf_argparser import string_to_bool
+
+    from dpotrain.recipe.cli import FALSE, TRUE, flag
+
+    for word in ("true", "TRUE", "yes", "1", "t", "y", "false", "No", "0", "f", "n"):
+        assert flag(word) is string_to_bool(word), word
+    for word in ("on", "off", "2", ""):
+        with pytest.raises(argparse.ArgumentTypeError):
+            flag(word)
+        with pytest.raises(argparse.ArgumentTypeError):
+            string_to_bool(word)
+    assert set(TRUE) | set(FALSE) == {"true", "yes", "1", "t", "y", "false", "no", "0", "f", "n"}

@@ -13,7 +13,8 @@ import difflib
 from dpotrain.recipe import upstream
 from dpotrain.recipe.errors import ConfigError
 
-TRUE, FALSE = ("true", "1", "yes", "on"), ("false", "0", "no", "off")
+# The spellings of a boolean value, train_dpo.py's (transformers' string_to_bool): the scripts take the same ones.
+TRUE, FALSE = ("true", "yes", "1", "t", "y"), ("false", "no", "0", "f", "n")
 
 
 def flag(value: str | bool) -> bool:

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
 from dpotrain.recipe import recipe_file, upstream, usage, writes
+from dpotrain.recipe.cli import FALSE, TRUE
 from dpotrain.recipe.errors import ConfigError
 
 
@@ -493,9 +494,6 @@ def _lora_targets(model) -> None:
     name = model.lora_target_modules
     if isinstance(name, str) and name != "all-linear" and re.fullmatch(r"[\w.]+", name):
         model.lora_target_modules = [name]
-
-
-TRUE, FALSE = ("true", "yes", "1", "t", "y"), ("false", "no", "0", "f", "n")  # as transformers' string_to_bool
 
 
 def dry_run_asked(argv: list[str]) -> bool:

@@ -140,7 +140,8 @@ def rerun_command() -> str:
     torchrun: LOCAL_RANK is set) the launcher's, its parent process. Without --overwrite_output_dir (it would start
     afresh) and --resume_from_checkpoint (the rerun goes on from the newest verified checkpoint), and without a
     --hub_token (a printed command never carries it: .env or the environment gives it)."""
-    from dpotrain.recipe.config import FALSE, TRUE, without_secrets
+    from dpotrain.recipe.cli import FALSE, TRUE
+    from dpotrain.recipe.config import without_secrets
 
     words = [sys.executable, *sys.argv]
     if "LOCAL_RANK" in os.environ:
