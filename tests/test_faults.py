@@ -189,11 +189,11 @@ def test_a_checkpoint_without_its_proof_is_skipped_for_the_verified_one_before_t
     assert checkpoint_manifest.problem(out / "checkpoint-4") is None  # written again, whole
 
 
-def start(out, model_dir, data, env=None, script=ROOT / "train_dpo.py"):
+def start(out, model_dir, data, env=None, script=ROOT / "train_dpo.py", prefix=()):
     """The run in its own interpreter: a kill reaches the process that holds the output folder's lock, as a node's
     SIGKILL does (the tests' warm interpreter would leave its forked child running a moment longer)."""
     return subprocess.Popen(
-        command(out, model_dir, data, interpreter=PYTHON, script=script),
+        [*prefix, *command(out, model_dir, data, interpreter=PYTHON, script=script)],
         cwd=ROOT,
         env={**os.environ, **(env or {})},
         stdout=subprocess.PIPE,
@@ -451,13 +451,7 @@ def test_a_disk_filled_mid_training_ends_at_the_metrics_in_one_line_without_a_to
     disk = tmp_path / "disk"
     prefix = small_block_disk(disk, 16)
     out = disk / "run"
-    proc = subprocess.Popen(
-        [*prefix, *command(out, tiny_model_dir, pairs, interpreter=PYTHON)],
-        cwd=ROOT,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
+    proc = start(out, tiny_model_dir, pairs, prefix=prefix)
     seen = Path(f"/proc/{proc.pid}/root") / out.relative_to("/")  # the run's folder, on the run's own disk
     wait_until(proc, lambda: (seen / "checkpoint-2" / "COMPLETE").exists())
     run = int(Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()[0])
@@ -497,13 +491,7 @@ def test_an_output_file_system_turned_read_only_mid_training_ends_in_one_line_an
     if os.geteuid() != 0 or subprocess.run([*prefix, "true"], capture_output=True).returncode != 0:
         pytest.skip("needs a bind mount in a mount namespace of its own (root, unshare) to remount read-only")
     out = disk / "run"
-    proc = subprocess.Popen(
-        [*prefix, *command(out, tiny_model_dir, pairs, interpreter=PYTHON)],
-        cwd=ROOT,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
+    proc = start(out, tiny_model_dir, pairs, prefix=prefix)
     wait_until(proc, lambda: (out / "checkpoint-2" / "COMPLETE").exists())
     os.kill(proc.pid, signal.SIGSTOP)  # before step 3 is logged: its record is the next write
     try:
