@@ -96,7 +96,7 @@ def preflight(recipe, found) -> int | None:
     from dpotrain import preflight
 
     offline.check_job_reachable(recipe)  # a model or data set to download: the Hub must answer, within seconds
-    return preflight.main_from_recipe(recipe, found)
+    return preflight.run(recipe, found)  # the default sample, the recipe's seed, markdown only
 
 
 if __name__ == "__main__":

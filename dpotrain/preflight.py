@@ -77,31 +77,26 @@ def check_outputs(json_path: str | None, plot_path: str | None) -> None:
 
 
 def sample_rows(dataset, n: int, seed: int):
-    """`n` rows drawn with `seed`, in data set order, as an in-memory Dataset (nothing cached on disk for it)."""
+    """`n` rows drawn with `seed`, in data set order, as an in-memory Dataset (nothing cached on disk for it). The data
+    set is loaded whole: `dataset_streaming` is refused by the run's checks (options.check_options)."""
     import datasets
 
-    if n < 1:
-        raise ConfigError(f"--sample must be >= 1 (got {n})")
-    if isinstance(dataset, datasets.Dataset):
-        if n < len(dataset):
-            dataset = dataset.select(np.sort(np.random.default_rng(seed).choice(len(dataset), size=n, replace=False)))
-        return datasets.Dataset.from_list(dataset.to_list(), features=dataset.features)
-    return datasets.Dataset.from_list(list(dataset.shuffle(seed=seed, buffer_size=10_000).take(n)))
+    if n < len(dataset):
+        dataset = dataset.select(np.sort(np.random.default_rng(seed).choice(len(dataset), size=n, replace=False)))
+    return datasets.Dataset.from_list(dataset.to_list(), features=dataset.features)
 
 
 def pair_keys(dataset) -> tuple[int, int, int]:
-    """(rows, duplicate rows, rows whose chosen equals rejected) over the whole data set (or stream)."""
+    """(rows, duplicate rows, rows whose chosen equals rejected) over the whole data set."""
     from tqdm.auto import tqdm
 
-    seen, duplicates, identical, rows = set(), 0, 0, 0
-    total = len(dataset) if hasattr(dataset, "__len__") else None
-    for row in tqdm(dataset, total=total, desc="Checking duplicate pairs", file=sys.stderr, mininterval=2):
+    seen, duplicates, identical = set(), 0, 0
+    for row in tqdm(dataset, desc="Checking duplicate pairs", file=sys.stderr, mininterval=2):
         key = hashlib.sha1(json.dumps([row.get("prompt"), row["chosen"], row["rejected"]]).encode()).digest()
         duplicates += key in seen
         seen.add(key)
         identical += row["chosen"] == row["rejected"]
-        rows += 1
-    return rows, duplicates, identical
+    return len(dataset), duplicates, identical
 
 
 def score(recipe, found, sample) -> dict:
@@ -398,7 +393,6 @@ def run(
     if sample_size < 1:
         raise ConfigError(f"--sample must be >= 1 (got {sample_size})")
     seed = recipe.training.seed if seed is None else seed
-    script = recipe.script
     pairs = stages.load_data(recipe, found, say=False)
     recipe = config.decided(recipe, pairs.settings())  # a Hub data set's commit, as the run pins it
     dataset, named = pairs.train, _name(recipe)
@@ -408,13 +402,11 @@ def run(
         state = engine.start_processes(recipe.training, engine.launched())  # the recipe's timeout, as training's
         lengths = stages.measure_lengths(recipe, found, pairs, stages.model_files(recipe, found), state)
         recipe = config.decided(recipe, lengths.settings())
-    rows, duplicates, identical = pair_keys(dataset) if not script.dataset_streaming else (None, None, None)
+    rows, duplicates, identical = pair_keys(dataset)
     sample = sample_rows(dataset, sample_size, seed)
-    if rows is None:  # a stream: judge duplicates on the sample
-        rows, duplicates, identical = pair_keys(sample)
     quality = {
         "quality_rows": rows,
-        "quality_scope": "the sample" if script.dataset_streaming else "whole data set",
+        "quality_scope": "whole data set",
         "duplicates": duplicates,
         "identical": identical,
         "duplicate_share": duplicates / max(rows, 1),
@@ -449,8 +441,3 @@ def _json_default(x):
     if isinstance(x, float) and not math.isfinite(x):
         return None
     raise TypeError(type(x))
-
-
-def main_from_recipe(recipe, found) -> int:
-    """`train_dpo.py --preflight`: the default sample, the recipe's seed, markdown only."""
-    return run(recipe, found)

@@ -236,10 +236,10 @@ class Data:
 
 
 def load_data(recipe, found: Launch, say: bool = True, state=None, output: resolve.OutputPlan | None = None) -> Data:
-    """The data set loaded and every row checked before a model loads (a streamed data set is not: it is read once, by
-    the trainer); a dry run loads a local data set the same way, and leaves one on the Hub for the run. `output`: a
-    continued run loads the commit it started on."""
-    script, skip, shape = recipe.script, recipe.project.skip_invalid, recipe.project.hh_format
+    """The data set loaded and every row checked before a model loads (`dataset_streaming` is refused by `checks`); a
+    dry run loads a local data set the same way, and leaves one on the Hub for the run. `output`: a continued run loads
+    the commit it started on."""
+    script = recipe.script
     revision = (output.data_commit if output is not None else None) or recipe.project.dataset_revision
     if mixture.given(mixture.fields_of(recipe)):
         return _load_mixture(recipe, found, say)
@@ -249,37 +249,26 @@ def load_data(recipe, found: Launch, say: bool = True, state=None, output: resol
         offline.check_job_reachable(recipe, model=False)  # a data set to download: the Hub must answer, within seconds
         revision = pin_data(recipe, revision, state)
     checked: dict = {}
-    dataset = data.load_preference_dataset(
-        script.dataset_name,
-        script.dataset_train_split,
-        script.dataset_config,
-        revision,
-        streaming=script.dataset_streaming,
-        say=say,
-    )
-    hub_revision.check_loaded(dataset, script.dataset_name, revision)
     template = answers_template(recipe, found)
-    if hasattr(dataset, "__len__"):
-        dataset = rows.usable_pairs(
-            dataset,
-            skip,
-            checked,
-            "invalid_rows",
-            shape,
-            split=script.dataset_train_split,
-            say=say,
-            source=script.dataset_name,
-            template=template,
-        )
+    dataset = _load_split(recipe, script.dataset_train_split, revision, checked, "invalid_rows", say, template)
     eval_dataset = _load_eval(recipe, checked, say, template, revision)
-    rows_read = len(dataset) if hasattr(dataset, "__len__") else None
-    steps = resolve.plan_steps(recipe, found.batch, found.data_parallel, rows_read)
+    steps = resolve.plan_steps(recipe, found.batch, found.data_parallel, len(dataset))
     if say and not found.planning:  # the data's content, recorded: a rerun on changed data refuses to resume
         checked["data_identity"] = data_identity.of(script.dataset_name, script.dataset_train_split) or (
             hub_revision.identity(revision)
         )
     options.check_plan(steps, recipe.training.max_steps)
     return Data(dataset, eval_dataset, steps, checked, None, revision)
+
+
+def _load_split(recipe, split: str, revision: str | None, checked: dict, key: str, say: bool, template):
+    """One split of dataset_name at `revision`, its rows checked (the invalid ones counted in `checked[key]`)."""
+    name, p = recipe.script.dataset_name, recipe.project
+    dataset = data.load_preference_dataset(name, split, recipe.script.dataset_config, revision, say=say)
+    hub_revision.check_loaded(dataset, name, revision)
+    return rows.usable_pairs(
+        dataset, p.skip_invalid, checked, key, p.hh_format, split=split, say=say, source=name, template=template
+    )
 
 
 def answers_template(recipe, found: Launch):
@@ -341,30 +330,25 @@ def _load_mixture(recipe, found: Launch, say: bool) -> Data:
 def _load_eval(recipe, checked: dict, say: bool, template=None, revision: str | None = None):
     """The held-out pairs (eval_strategy set): a held-out mixture, else dataset_name's test split
     (options.check_options: there is one)."""
-    script, skip, shape = recipe.script, recipe.project.skip_invalid, recipe.project.hh_format
     if recipe.training.eval_strategy == "no":
         return None
     held_out = mixture.parse(mixture.fields_of(recipe), evaluation=True)
     if held_out is not None:
+        p = recipe.project
         eval_dataset, eval_mix = mixture.load(
-            held_out, recipe.training.seed, skip, shape, checked, "invalid_eval_rows", say, template=template
+            held_out,
+            recipe.training.seed,
+            p.skip_invalid,
+            p.hh_format,
+            checked,
+            "invalid_eval_rows",
+            say,
+            template=template,
         )
         checked["eval_sources"] = eval_mix.records
     else:
-        eval_dataset = data.load_preference_dataset(
-            script.dataset_name, script.dataset_test_split, script.dataset_config, revision, say=say
-        )
-        eval_dataset = rows.usable_pairs(
-            eval_dataset,
-            skip,
-            checked,
-            "invalid_eval_rows",
-            shape,
-            say=say,
-            split=script.dataset_test_split,
-            source=script.dataset_name,
-            template=template,
-        )
+        split = recipe.script.dataset_test_split
+        eval_dataset = _load_split(recipe, split, revision, checked, "invalid_eval_rows", say, template)
     checked["eval_rows"] = len(eval_dataset)
     return eval_dataset
 
