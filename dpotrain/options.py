@@ -55,8 +55,7 @@ def check_options(recipe: Recipe) -> None:
     if t.save_on_each_node:
         raise ConfigError(
             "save_on_each_node is not supported: checkpoints, their COMPLETE marks and the resume point "
-            "live once in output_dir, which every node must see (a shared file system): remove "
-            "save_on_each_node"
+            "live once in output_dir, which every node must see (a shared file system): remove save_on_each_node"
         )
     if s.ignore_bias_buffers:
         raise ConfigError(
@@ -104,8 +103,7 @@ def check_evaluation(recipe: Recipe) -> None:
         if s.dataset_name is None:  # a training mixture: the held-out pairs are a mixture too
             raise ConfigError(
                 "eval_strategy with a training mixture needs its held-out pairs named the same way: "
-                "`eval_datasets:` or --dataset_mixer_eval_list SOURCE AMOUNT ..., or remove "
-                "eval_strategy"
+                "`eval_datasets:` or --dataset_mixer_eval_list SOURCE AMOUNT ..., or remove eval_strategy"
             )
         if data.is_local(s.dataset_name) and not Path(s.dataset_name).expanduser().is_dir():
             raise ConfigError(
@@ -181,8 +179,7 @@ def check_model(model: str) -> None:
         what = "is empty" if not any(path.iterdir()) else "holds no config.json"
         raise ConfigError(
             f"model folder {model!r} {what}: point model_name_or_path at the folder that "
-            "save_pretrained wrote (config.json, weights, tokenizer), or give a Hub name like "
-            "org/model"
+            "save_pretrained wrote (config.json, weights, tokenizer), or give a Hub name like org/model"
         )
 
 
@@ -204,11 +201,15 @@ def check_precision(recipe: Recipe) -> None:
 WANDB_OFFLINE_MODES = ("offline", "disabled", "dryrun")  # W&B modes that never reach its server
 
 
+def _wandb_online(recipe: Recipe) -> bool:
+    """The run logs to W&B's server: report_to wandb, and WANDB_MODE not one that stays off it."""
+    offline = os.environ.get("WANDB_MODE", "").lower() in WANDB_OFFLINE_MODES
+    return "wandb" in (recipe.training.report_to or []) and not offline
+
+
 def check_wandb(recipe: Recipe) -> None:
     """report_to wandb without a way to log in fails after the model loaded (wandb.errors.UsageError): say so now."""
-    if "wandb" not in (recipe.training.report_to or []):
-        return
-    if os.environ.get("WANDB_MODE", "").lower() in WANDB_OFFLINE_MODES or os.environ.get("WANDB_API_KEY"):
+    if not _wandb_online(recipe) or os.environ.get("WANDB_API_KEY"):
         return
     try:
         from wandb.sdk.lib.wbauth.wbnetrc import read_netrc_auth
@@ -228,11 +229,8 @@ def check_wandb_reachable(recipe: Recipe) -> None:
     wandb.init retries for minutes (108 s on a node without a route) and fails with the model loaded (CommError).
     One HEAD request to WANDB_BASE_URL, through the proxy settings (HTTPS_PROXY) wandb's own requests would use; any
     HTTP answer, an error status too, is an answer. WANDB_MODE=offline asks nothing."""
-    if "wandb" not in (recipe.training.report_to or []):
+    if not _wandb_online(recipe):
         return
-    if os.environ.get("WANDB_MODE", "").lower() in WANDB_OFFLINE_MODES:
-        return
-
     from dpotrain.cluster.offline import PROBE_SECONDS, within
 
     url = os.environ.get("WANDB_BASE_URL", "https://api.wandb.ai").rstrip("/")

@@ -229,18 +229,6 @@ def trained_under(checkpoint: Path) -> Path:
     )
 
 
-def check_explicit_settings(recipe: Recipe, folder: Path, pairs_per_step: int | None) -> None:
-    """--resume_from_checkpoint gets the comparison the automatic resume makes, with the record the checkpoint was
-    trained under (`trained_under`): the checkpoint's schedule and data order are that run's."""
-    changed = changed_settings(recipe, trained_under(folder), pairs_per_step)
-    if changed:
-        raise ConfigError(
-            f"resume_from_checkpoint {str(folder)!r} was written by a run with other settings "
-            f"({'; '.join(changed)}): rerun with its settings to resume it, or start a new run from its "
-            f"weights (--model_name_or_path {folder}, a new --output_dir)"
-        )
-
-
 def check_output_dir(recipe: Recipe, pairs_per_step: int | None = None) -> OutputPlan:
     """Resume, start afresh, or refuse: never write over a finished run by accident, never lose checkpoints.
 
@@ -253,7 +241,16 @@ def check_output_dir(recipe: Recipe, pairs_per_step: int | None = None) -> Outpu
     out = Path(t.output_dir)
     if t.resume_from_checkpoint:
         resume.check_explicit(t.resume_from_checkpoint)
-        check_explicit_settings(recipe, Path(t.resume_from_checkpoint), pairs_per_step)
+        # The comparison the automatic resume makes, with the record the checkpoint was trained under: its schedule
+        # and data order are that run's.
+        folder = Path(t.resume_from_checkpoint)
+        changed = changed_settings(recipe, trained_under(folder), pairs_per_step)
+        if changed:
+            raise ConfigError(
+                f"resume_from_checkpoint {str(folder)!r} was written by a run with other settings "
+                f"({'; '.join(changed)}): rerun with its settings to resume it, or start a new run from its "
+                f"weights (--model_name_or_path {folder}, a new --output_dir)"
+            )
         return OutputPlan(t.resume_from_checkpoint, False)
     if (out / RUN_COMPLETE).exists():
         if p.overwrite_output_dir:

@@ -613,16 +613,15 @@ def plan_batching(recipe, found: Launch, pairs: Data, pair_lengths: Lengths, for
         if f.packed
         else plan.RowLayout("padded", max_groups=padded.MAX_GROUPS)
     )
-    budget, deepspeed = p.max_tokens_per_microbatch, found.engine.deepspeed
     run_plan = plan_stage.make(
         every,
         t,
         pairs.steps["pairs_per_step"],
         found.data_parallel,
-        budget,
+        p.max_tokens_per_microbatch,
         padded=not f.packed,
         forward=layout,
-        reduce_per_backward=deepspeed,
+        reduce_per_backward=found.engine.deepspeed,
     )
     return {**run_plan.summary, "max_length_cuts": counted}
 
@@ -707,6 +706,5 @@ def first_half(
 def given_pairs(recipe, found: Launch, train, eval_dataset=None) -> Data:
     """The data stage's value for pairs a caller already holds (a test's, a benchmark's, the preflight's sample): the
     steps they make, nothing recorded of their source."""
-    rows = len(train) if hasattr(train, "__len__") else None
-    steps = resolve.plan_steps(recipe, found.batch, found.data_parallel, rows)
+    steps = resolve.plan_steps(recipe, found.batch, found.data_parallel, len(train))
     return Data(train, eval_dataset, steps, {}, None, recipe.project.dataset_revision)

@@ -23,25 +23,13 @@ def run_cli(main) -> None:
     one line and exit code 1, no traceback."""
     try:
         sys.exit(main())
-    except ConfigError as e:
-        _end_progress_bars()
-        _error_line(e)
-        sys.exit(2)
-    except RunError as e:
-        _end_progress_bars()
-        _error_line(e)
-        sys.exit(1)
-
-
-def _error_line(error: Exception) -> None:
-    """The error's line in one write: the processes of a launch refuse together into one log, and a line written in
-    two parts (`print` writes the text, then its newline) runs into another process's."""
-    sys.stderr.write(f"error: {error}\n")
-    sys.stderr.flush()
-
-
-def _end_progress_bars() -> None:
-    """An error met mid-step (a full disk while training) leaves the Trainer's progress bar open, its line unended:
-    closed first, the error line starts a line of its own."""
-    for bar in upstream.open_progress_bars():
-        bar.close()
+    except (ConfigError, RunError) as e:
+        # An error met mid-step (a full disk while training) leaves the Trainer's progress bar open, its line unended:
+        # closed first, the error line starts a line of its own.
+        for bar in upstream.open_progress_bars():
+            bar.close()
+        # One write: the processes of a launch refuse together into one log, and a line written in two parts (`print`
+        # writes the text, then its newline) runs into another process's.
+        sys.stderr.write(f"error: {e}\n")
+        sys.stderr.flush()
+        sys.exit(2 if isinstance(e, ConfigError) else 1)

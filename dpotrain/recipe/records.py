@@ -41,25 +41,20 @@ def read(path: str | Path) -> list[dict]:
         raw = path.read_bytes()
     except FileNotFoundError:
         return []
-    lines = raw.split(b"\n")
+    *whole, torn = raw.split(b"\n")  # appended whole, the file ends with a newline: nothing after it
     records = []
-    for number, line in enumerate(lines, 1):
+    for number, line in enumerate(whole, 1):
         if not line.strip():
             continue
         try:
-            record = json.loads(line)
+            records.append(json.loads(line))
         except ValueError as e:
-            if number == len(lines):  # the last line, with no newline after it: an append cut short
-                _say_dropped(path, len(raw), number, line)
-                break
             raise RunError(
                 f"{path}: line {number} is not a JSON record ({e}); a crash can cut only the last line of this file, "
                 "so it was changed by hand or another program: restore it, or delete that line, then rerun"
             ) from None
-        if number == len(lines):  # whole JSON, but no newline: the append was cut just before it
-            _say_dropped(path, len(raw), number, line)
-            break
-        records.append(record)
+    if torn.strip():  # the last line, with no newline after it (whole JSON or not): an append cut short
+        _say_dropped(path, len(raw), len(whole) + 1, torn)
     return records
 
 

@@ -45,16 +45,12 @@ def write_text(path: str | Path, text: str) -> Path:
 
 
 def _sync_folder(folder: Path) -> None:
-    try:
+    with contextlib.suppress(OSError):  # a platform without directory handles: the rename is still atomic
         fd = os.open(folder, os.O_RDONLY)
-    except OSError:  # a platform without directory handles: the rename is still atomic
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
 
 
 def input_files(*paths) -> list[Path]:
