@@ -21,308 +21,234 @@ from dpotrain.recipe.cli import FALSE, TRUE
 from dpotrain.recipe.errors import ConfigError
 
 
+def option(default, help: str, **metadata):
+    """A field of `ProjectArguments`: its default, and its help (and argparse's `choices`) as HfArgumentParser reads
+    them from the field's metadata."""
+    return field(default=default, metadata={"help": help, **metadata})
+
+
 @dataclass
 class ProjectArguments:
     """Options of this project; everything else is a TRL / transformers field under its own name."""
 
-    pairs_per_step: int | None = field(
-        default=None,
-        metadata={
-            "help": "Preference pairs per optimizer step over all processes. When set, gradient_accumulation_steps is "
-            "derived as pairs_per_step / (per_device_train_batch_size x world size), so the effective batch stays the "
-            "same on any number of GPUs or nodes; a value that does not divide evenly is refused at start."
-        },
+    pairs_per_step: int | None = option(
+        None,
+        "Preference pairs per optimizer step over all processes. When set, gradient_accumulation_steps is "
+        "derived as pairs_per_step / (per_device_train_batch_size x world size), so the effective batch stays the "
+        "same on any number of GPUs or nodes; a value that does not divide evenly is refused at start.",
     )
-    max_tokens_per_microbatch: int | None = field(
-        default=None,
-        metadata={
-            "help": "Token budget of a micro-batch (packed positions of all its chosen and rejected sequences, per "
-            "process). An optimizer step keeps pairs_per_step pairs; this decides how they are cut into micro-batches "
-            "(a pair is never split), and gradient_accumulation_steps is derived from the data. Must be at least "
-            "2 x max_length. Unset: micro-batches of per_device_train_batch_size pairs."
-        },
+    max_tokens_per_microbatch: int | None = option(
+        None,
+        "Token budget of a micro-batch (packed positions of all its chosen and rejected sequences, per "
+        "process). An optimizer step keeps pairs_per_step pairs; this decides how they are cut into micro-batches "
+        "(a pair is never split), and gradient_accumulation_steps is derived from the data. Must be at least "
+        "2 x max_length. Unset: micro-batches of per_device_train_batch_size pairs.",
     )
-    sequence_parallel_size: int = field(
-        default=1,
-        metadata={
-            "help": "Split each micro-batch's packed sequences along the sequence over this many processes (DeepSpeed "
-            "Ulysses: attention sees the whole sequence for 1/N of the heads), for pairs longer than one GPU holds. "
-            "Data-parallel ranks = processes / N; steps and pairs_per_step count data-parallel ranks, so the same "
-            "pairs make the same steps on any N (README: Long traces)."
-        },
+    sequence_parallel_size: int = option(
+        1,
+        "Split each micro-batch's packed sequences along the sequence over this many processes (DeepSpeed "
+        "Ulysses: attention sees the whole sequence for 1/N of the heads), for pairs longer than one GPU holds. "
+        "Data-parallel ranks = processes / N; steps and pairs_per_step count data-parallel ranks, so the same "
+        "pairs make the same steps on any N (README: Long traces).",
     )
-    auto_coverage: float = field(
-        default=0.95,
-        metadata={
-            # argparse %-formats help texts: a literal percent sign is written %%.
-            "help": "With max_length: auto (and the analyzer's --coverage), the fraction of pairs that must fit "
-            "without truncation: max_length is the smallest multiple of 512 reaching it. Packed, a longer max_length "
-            "costs only the extra tokens of the longer pairs, so the default leaves 95%% of pairs whole (README: "
-            "Choosing max_length)."
-        },
+    # argparse %-formats help texts: a literal percent sign is written %%.
+    auto_coverage: float = option(
+        0.95,
+        "With max_length: auto (and the analyzer's --coverage), the fraction of pairs that must fit "
+        "without truncation: max_length is the smallest multiple of 512 reaching it. Packed, a longer max_length "
+        "costs only the extra tokens of the longer pairs, so the default leaves 95%% of pairs whole (README: "
+        "Choosing max_length).",
     )
-    overwrite_output_dir: bool = field(
-        default=False,
-        metadata={
-            "help": "Replace a finished run (or half-written checkpoints) in output_dir and start afresh. An "
-            "unfinished run with a complete checkpoint still resumes, so a requeued job keeps its progress."
-        },
+    overwrite_output_dir: bool = option(
+        False,
+        "Replace a finished run (or half-written checkpoints) in output_dir and start afresh. An "
+        "unfinished run with a complete checkpoint still resumes, so a requeued job keeps its progress.",
     )
-    auto_resume: bool = field(
-        default=True,
-        metadata={"help": "Resume from the newest verified checkpoint in output_dir when there is one."},
+    auto_resume: bool = option(True, "Resume from the newest verified checkpoint in output_dir when there is one.")
+    accelerate_config: str = option(
+        "accelerate_config.yaml",
+        "Accelerate config whose num_processes a --dry-run outside a launcher predicts as world size (the launch "
+        "`accelerate launch --config_file <it>`); `none` predicts plain `python train_dpo.py`, 1 process.",
     )
-    accelerate_config: str = field(
-        default="accelerate_config.yaml",
-        metadata={
-            "help": "Accelerate config whose num_processes a --dry-run outside a launcher predicts as world size "
-            "(the launch `accelerate launch --config_file <it>`); `none` predicts plain `python train_dpo.py`, "
-            "1 process."
-        },
+    gpu_memory_gib: float | None = option(
+        None,
+        "Memory of one of the job's GPUs in GiB (nvidia-smi's MiB / 1024), for the memory plan of a dry "
+        "run on a machine without a GPU (a login node); on a machine with a GPU, its memory is used instead. A "
+        "plan that does not fit is refused with the engine or node count that would (dpotrain/plan/memory.py).",
     )
-    gpu_memory_gib: float | None = field(
-        default=None,
-        metadata={
-            "help": "Memory of one of the job's GPUs in GiB (nvidia-smi's MiB / 1024), for the memory plan of a dry "
-            "run on a machine without a GPU (a login node); on a machine with a GPU, its memory is used instead. A "
-            "plan that does not fit is refused with the engine or node count that would (dpotrain/plan/memory.py)."
-        },
+    memory_check: bool = option(
+        True,
+        "Refuse a run whose memory plan (an estimate, README 'Memory plan') exceeds the GPU memory. false: "
+        "the plan is only shown, for a setup you know fits.",
     )
-    memory_check: bool = field(
-        default=True,
-        metadata={
-            "help": "Refuse a run whose memory plan (an estimate, README 'Memory plan') exceeds the GPU memory. false: "
-            "the plan is only shown, for a setup you know fits."
-        },
+    merge_lora: bool = option(
+        False,
+        "With use_peft: also save the base model with the trained LoRA adapter merged in, to "
+        "<output_dir>/merged/ (the adapter itself is always saved in output_dir).",
     )
-    merge_lora: bool = field(
-        default=False,
-        metadata={
-            "help": "With use_peft: also save the base model with the trained LoRA adapter merged in, to "
-            "<output_dir>/merged/ (the adapter itself is always saved in output_dir)."
-        },
+    dataset_revision: str | None = option(
+        None,
+        "A Hub data set's commit, branch or tag to train on. Default: the commit `main` points to when the "
+        "run starts; a resumed run keeps the commit it started on, wherever `main` has moved since.",
     )
-    dataset_revision: str | None = field(
-        default=None,
-        metadata={
-            "help": "A Hub data set's commit, branch or tag to train on. Default: the commit `main` points to when the "
-            "run starts; a resumed run keeps the commit it started on, wherever `main` has moved since."
-        },
-    )
-    skip_invalid: bool = field(
-        default=False,
-        metadata={
-            "help": "Drop the rows the trainer cannot use (null or malformed messages, empty completions, chosen "
-            "identical to rejected, ...) and count them in resolved_config.json, instead of refusing the data set."
-        },
+    skip_invalid: bool = option(
+        False,
+        "Drop the rows the trainer cannot use (null or malformed messages, empty completions, chosen "
+        "identical to rejected, ...) and count them in resolved_config.json, instead of refusing the data set.",
     )
     # --- a mixture of sources (dpotrain/data/mixture.py; docs/data.md "Several sources"); dataset_name names one ---
-    datasets: list[str] | None = field(
-        default=None,
-        metadata={
-            "help": "TRL's mixture (DatasetMixtureConfig): in YAML a list of sources, each a mapping with path, name, "
-            "data_dir, data_files, split, columns, and either TRL's fraction (its share of the mixture) or amount "
-            "(0.5: that fraction of the source, 2.0 upsamples; 1000: that many pairs). Instead of dataset_name."
-        },
+    datasets: list[str] | None = option(
+        None,
+        "TRL's mixture (DatasetMixtureConfig): in YAML a list of sources, each a mapping with path, name, "
+        "data_dir, data_files, split, columns, and either TRL's fraction (its share of the mixture) or amount "
+        "(0.5: that fraction of the source, 2.0 upsamples; 1000: that many pairs). Instead of dataset_name.",
     )
-    eval_datasets: list[str] | None = field(
-        default=None,
-        metadata={"help": "The held-out mixture, written as `datasets` (split default: dataset_test_split)."},
+    eval_datasets: list[str] | None = option(
+        None, "The held-out mixture, written as `datasets` (split default: dataset_test_split)."
     )
-    dataset_mixer_list: list[str] | None = field(
-        default=None,
-        metadata={
-            "help": "open-instruct's mixture: SOURCE AMOUNT [SOURCE AMOUNT ...]; an amount with a decimal point is a "
-            "fraction of the source (above 1.0 upsamples), one without is a count of pairs. Instead of dataset_name."
-        },
+    dataset_mixer_list: list[str] | None = option(
+        None,
+        "open-instruct's mixture: SOURCE AMOUNT [SOURCE AMOUNT ...]; an amount with a decimal point is a "
+        "fraction of the source (above 1.0 upsamples), one without is a count of pairs. Instead of dataset_name.",
     )
-    dataset_mixer_list_splits: list[str] | None = field(
-        default=None, metadata={"help": "The split of each source (one for all). Default: dataset_train_split."}
+    dataset_mixer_list_splits: list[str] | None = option(
+        None, "The split of each source (one for all). Default: dataset_train_split."
     )
-    dataset_mixer_eval_list: list[str] | None = field(
-        default=None, metadata={"help": "The held-out mixture, written as dataset_mixer_list."}
+    dataset_mixer_eval_list: list[str] | None = option(None, "The held-out mixture, written as dataset_mixer_list.")
+    dataset_mixer_eval_list_splits: list[str] | None = option(
+        None, "The split of each held-out source (one for all). Default: dataset_test_split."
     )
-    dataset_mixer_eval_list_splits: list[str] | None = field(
-        default=None, metadata={"help": "The split of each held-out source (one for all). Default: dataset_test_split."}
+    streaming: bool = option(
+        False, "TRL's mixture field, accepted as false only: a mixture counts and samples its sources."
     )
-    streaming: bool = field(
-        default=False,
-        metadata={"help": "TRL's mixture field, accepted as false only: a mixture counts and samples its sources."},
+    test_split_size: float | None = option(
+        None, "TRL's mixture field, refused (TRL splits without a seed): use eval_datasets instead."
     )
-    test_split_size: float | None = field(
-        default=None,
-        metadata={"help": "TRL's mixture field, refused (TRL splits without a seed): use eval_datasets instead."},
+    hh_format: str = option(
+        "messages",
+        "HH-RLHF strings (`\\n\\nHuman: ... \\n\\nAssistant: ...`): `messages` turns them into message "
+        "lists, so the model's chat template applies (what a chat model is trained on); `text` trains the raw "
+        "strings, prompt up to the last `Assistant:`. Other data shapes are not affected (docs/data.md).",
     )
-    hh_format: str = field(
-        default="messages",
-        metadata={
-            "help": "HH-RLHF strings (`\\n\\nHuman: ... \\n\\nAssistant: ...`): `messages` turns them into message "
-            "lists, so the model's chat template applies (what a chat model is trained on); `text` trains the raw "
-            "strings, prompt up to the last `Assistant:`. Other data shapes are not affected (docs/data.md)."
-        },
+    chat_template_path: str | None = option(
+        None,
+        "The chat template to tokenize with instead of the model's own: a .jinja file, or a folder holding "
+        "chat_template.jinja (TRL's spelling). Training, its reference stage, the analyzer, the dry run and the "
+        "preflight all use it; it is saved with the model and checkpoints (chat_template.jinja) and recorded by "
+        "content. configs/templates/olmo_thinker.jinja is OLMo 3 Think's (docs/data.md, 'Chat template').",
     )
-    chat_template_path: str | None = field(
-        default=None,
-        metadata={
-            "help": "The chat template to tokenize with instead of the model's own: a .jinja file, or a folder holding "
-            "chat_template.jinja (TRL's spelling). Training, its reference stage, the analyzer, the dry run and the "
-            "preflight all use it; it is saved with the model and checkpoints (chat_template.jinja) and recorded by "
-            "content. configs/templates/olmo_thinker.jinja is OLMo 3 Think's (docs/data.md, 'Chat template')."
-        },
+    assistant_turns: str = option(
+        "final",
+        "Which assistant turns of a multi-turn pair are trained. `final`: TRL's, everything before the "
+        "final assistant turn is prompt. `all`: open-instruct's (OLMo 3's), every assistant turn of each side is "
+        "labeled, earlier turns included (they are shared by both sides), and each side's log-prob sums (for "
+        "sigmoid_norm: averages) over all its labeled tokens (docs/data.md 'Assistant turns').",
+        choices=["final", "all"],
     )
-    assistant_turns: str = field(
-        default="final",
-        metadata={
-            "help": "Which assistant turns of a multi-turn pair are trained. `final`: TRL's, everything before the "
-            "final assistant turn is prompt. `all`: open-instruct's (OLMo 3's), every assistant turn of each side is "
-            "labeled, earlier turns included (they are shared by both sides), and each side's log-prob sums (for "
-            "sigmoid_norm: averages) over all its labeled tokens (docs/data.md 'Assistant turns').",
-            "choices": ["final", "all"],
-        },
+    learning_rate_note: str | None = option(
+        None,
+        "A recipe's word on its learning_rate, shown beside it in the dry run's summary (and the run's "
+        "first lines): configs/think.yaml says which rate OLMo 3 used and the flag that reproduces it.",
     )
-    learning_rate_note: str | None = field(
-        default=None,
-        metadata={
-            "help": "A recipe's word on its learning_rate, shown beside it in the dry run's summary (and the run's "
-            "first lines): configs/think.yaml says which rate OLMo 3 used and the flag that reproduces it."
-        },
+    push_checkpoints: bool = option(
+        False,
+        "With push_to_hub: also push each complete checkpoint's model weights, tokenizer and config (never "
+        "optimizer state) to a branch step-<N> of the hub_model_id repo, in the background while training goes "
+        "on. With HF_HUB_OFFLINE nothing is pushed during the run: scripts/push_to_hub.py --checkpoints does it "
+        "later, for the checkpoints still on disk (save_total_limit deletes older ones).",
     )
-    push_checkpoints: bool = field(
-        default=False,
-        metadata={
-            "help": "With push_to_hub: also push each complete checkpoint's model weights, tokenizer and config (never "
-            "optimizer state) to a branch step-<N> of the hub_model_id repo, in the background while training goes "
-            "on. With HF_HUB_OFFLINE nothing is pushed during the run: scripts/push_to_hub.py --checkpoints does it "
-            "later, for the checkpoints still on disk (save_total_limit deletes older ones)."
-        },
+    dry_run: bool = option(
+        False,
+        "Show what the run will do and exit, without loading a model or data: a summary (steps, batching, "
+        "memory per GPU and the GPU it is checked against), and the full resolved configuration as JSON in "
+        "<output_dir>.dry-run.json.",
     )
-    dry_run: bool = field(
-        default=False,
-        metadata={
-            "help": "Show what the run will do and exit, without loading a model or data: a summary (steps, batching, "
-            "memory per GPU and the GPU it is checked against), and the full resolved configuration as JSON in "
-            "<output_dir>.dry-run.json."
-        },
+    json: bool = option(False, "With --dry-run: print the full resolved configuration as JSON instead of the summary.")
+    share_prompt: bool | None = option(
+        None,
+        "Compute each pair's prompt once in its packed row instead of twice "
+        "(dpotrain/forwards/shared_prompt.py): "
+        "the same log-probs, loss and gradients, P + C + R positions per pair instead of 2P + C + R. Unset: on "
+        "where it is exact (packed rows with sdpa or eager attention; not FlashAttention's varlen kernel, which "
+        "cannot express it), with a note otherwise; true: required (refused where it cannot work); false: off.",
     )
-    json: bool = field(
-        default=False,
-        metadata={"help": "With --dry-run: print the full resolved configuration as JSON instead of the summary."},
+    gpu_peak_tflops: float | None = option(
+        None,
+        "The GPU's dense bf16 peak in TFLOP/s, for the MFU in the logs. Unset: detected for H100, H200, "
+        "B200 (dpotrain/forwards/flops.py); without a GPU, no MFU is logged.",
     )
-    share_prompt: bool | None = field(
-        default=None,
-        metadata={
-            "help": "Compute each pair's prompt once in its packed row instead of twice "
-            "(dpotrain/forwards/shared_prompt.py): "
-            "the same log-probs, loss and gradients, P + C + R positions per pair instead of 2P + C + R. Unset: on "
-            "where it is exact (packed rows with sdpa or eager attention; not FlashAttention's varlen kernel, which "
-            "cannot express it), with a note otherwise; true: required (refused where it cannot work); false: off."
-        },
+    compile_layers: bool = option(
+        False,
+        "Compile each decoder layer with torch.compile (regional: one graph per layer kind, the rest of the model "
+        "eager; dpotrain/plan/layers.py). Off by default: not yet measured to pay on a GPU (BENCHMARKS.md).",
     )
-    gpu_peak_tflops: float | None = field(
-        default=None,
-        metadata={
-            "help": "The GPU's dense bf16 peak in TFLOP/s, for the MFU in the logs. Unset: detected for H100, H200, "
-            "B200 (dpotrain/forwards/flops.py); without a GPU, no MFU is logged."
-        },
+    reference_only: bool = option(
+        False,
+        "Score and cache the reference log-probs (the reference stage), then exit without training: run it "
+        "on a larger allocation, or as a job of its own before the training job (sbatch --dependency=afterok:). "
+        "The training run with the same model, data and max_length reuses the result on any number of processes.",
     )
-    compile_layers: bool = field(
-        default=False,
-        metadata={
-            "help": "Compile each decoder layer with torch.compile (regional: one graph per layer kind, the rest of "
-            "the model eager; dpotrain/plan/layers.py). Off by default: not yet measured to pay on a GPU "
-            "(BENCHMARKS.md)."
-        },
+    reference_save_seconds: float = option(
+        120.0,
+        "The reference stage writes what each process has scored at least this often (and when it stops), "
+        "so a killed job loses at most this much scoring.",
     )
-    reference_only: bool = field(
-        default=False,
-        metadata={
-            "help": "Score and cache the reference log-probs (the reference stage), then exit without training: run it "
-            "on a larger allocation, or as a job of its own before the training job (sbatch --dependency=afterok:). "
-            "The training run with the same model, data and max_length reuses the result on any number of processes."
-        },
-    )
-    reference_save_seconds: float = field(
-        default=120.0,
-        metadata={
-            "help": "The reference stage writes what each process has scored at least this often (and when it stops), "
-            "so a killed job loses at most this much scoring."
-        },
-    )
-    preflight: bool = field(
-        default=False,
-        metadata={
-            "help": "Run the preflight (scripts/preflight.py: the base model's log-prob gap between chosen and "
-            "rejected on a sample) instead of training; exit 3 when it predicts the run is doomed."
-        },
+    preflight: bool = option(
+        False,
+        "Run the preflight (scripts/preflight.py: the base model's log-prob gap between chosen and "
+        "rejected on a sample) instead of training; exit 3 when it predicts the run is doomed.",
     )
 
     # --- training health guards (dpotrain/train/health.py); values from two failed runs' post-mortems (docs/health.md)
     # ---
-    health_checks: bool = field(default=True, metadata={"help": "Watch the logged metrics and stop a doomed run."})
-    health_action: str = field(
-        default="stop",
-        metadata={
-            "help": "What a tripped guard does: stop (a resumable checkpoint, exit 3, no requeue) or warn (a log "
-            "line). NaN/inf always stops.",
-            "choices": ["warn", "stop"],
-        },
+    health_checks: bool = option(True, "Watch the logged metrics and stop a doomed run.")
+    health_action: str = option(
+        "stop",
+        "What a tripped guard does: stop (a resumable checkpoint, exit 3, no requeue) or warn (a log "
+        "line). NaN/inf always stops.",
+        choices=["warn", "stop"],
     )
-    health_step1_tolerance: float = field(
-        default=0.02,
-        metadata={
-            "help": "Step 1, before any update: |loss - ln 2| and |rewards| on the loss's scale (beta x log-ratio per "
-            "token) must stay within this, else the reference disagrees with the policy. fp32 differs by ~1e-6. 0: off."
-        },
+    health_step1_tolerance: float = option(
+        0.02,
+        "Step 1, before any update: |loss - ln 2| and |rewards| on the loss's scale (beta x log-ratio per "
+        "token) must stay within this, else the reference disagrees with the policy. fp32 differs by ~1e-6. 0: off.",
     )
-    health_loss_floor: float = field(
-        default=0.01,
-        metadata={"help": "Stop when the loss falls below this (a collapsing run's went 0.006 -> 0.000). 0: off."},
+    health_loss_floor: float = option(
+        0.01, "Stop when the loss falls below this (a collapsing run's went 0.006 -> 0.000). 0: off."
     )
-    health_max_margin: float = field(
-        default=5.0,
-        metadata={
-            "help": "Stop when the reward margin on the loss's scale exceeds this (above 5 unstable, collapse seen at "
-            "9-18; the sigmoid loss is already 0.007 at 5). 0: off."
-        },
+    health_max_margin: float = option(
+        5.0,
+        "Stop when the reward margin on the loss's scale exceeds this (above 5 unstable, collapse seen at "
+        "9-18; the sigmoid loss is already 0.007 at 5). 0: off.",
     )
-    health_logp_drop: float = field(
-        default=1.0,
-        metadata={
-            "help": "Stop when the chosen AND the rejected log-probs both fell by more than this many nats per token "
-            "against the reference (a collapsing policy pushes everything down). 0: off."
-        },
+    health_logp_drop: float = option(
+        1.0,
+        "Stop when the chosen AND the rejected log-probs both fell by more than this many nats per token "
+        "against the reference (a collapsing policy pushes everything down). 0: off.",
     )
-    health_pinned_pairs: int = field(
-        default=1024,
-        metadata={
-            "help": "Stop when reward accuracy is 1.0 on this many consecutive pairs within health_early_fraction of "
-            "training (8 steps of 128 pairs; too rare by chance on real pairs, common in a collapsing run). 0: off."
-        },
+    health_pinned_pairs: int = option(
+        1024,
+        "Stop when reward accuracy is 1.0 on this many consecutive pairs within health_early_fraction of "
+        "training (8 steps of 128 pairs; too rare by chance on real pairs, common in a collapsing run). 0: off.",
     )
-    health_early_fraction: float = field(
-        default=0.25, metadata={"help": "The share of training counted as early for health_pinned_pairs."}
-    )
+    health_early_fraction: float = option(0.25, "The share of training counted as early for health_pinned_pairs.")
 
     # --- sample generations during training (dpotrain/train/samples.py) ---
-    samples_every: int = field(
-        default=0,
-        metadata={"help": "Generate from a few fixed prompts every N optimizer steps (and before step 1). 0: off."},
+    samples_every: int = option(
+        0, "Generate from a few fixed prompts every N optimizer steps (and before step 1). 0: off."
     )
-    sample_prompts: list[str] | None = field(
-        default=None, metadata={"help": "Prompts to sample from (user turns). Default: the data set's first ones."}
+    sample_prompts: list[str] | None = option(
+        None, "Prompts to sample from (user turns). Default: the data set's first ones."
     )
-    sample_prompts_file: str | None = field(
-        default=None,
-        metadata={"help": "A file of prompts: .txt (one per line) or .jsonl (a `prompt` string per line)."},
+    sample_prompts_file: str | None = option(
+        None, "A file of prompts: .txt (one per line) or .jsonl (a `prompt` string per line)."
     )
-    sample_count: int = field(default=4, metadata={"help": "How many prompts (the first ones given or in the data)."})
-    sample_max_new_tokens: int = field(default=64, metadata={"help": "Greedy generation length per prompt."})
-    sample_repetition_warn: float = field(
-        default=0.5,
-        metadata={
-            "help": "Warn when a sample's repetition score (share of repeated word 3-grams) exceeds this: "
-            "a collapsed model's samples read 'hormonal hormonal hormonal'."
-        },
+    sample_count: int = option(4, "How many prompts (the first ones given or in the data).")
+    sample_max_new_tokens: int = option(64, "Greedy generation length per prompt.")
+    sample_repetition_warn: float = option(
+        0.5,
+        "Warn when a sample's repetition score (share of repeated word 3-grams) exceeds this: "
+        "a collapsed model's samples read 'hormonal hormonal hormonal'.",
     )
 
 
