@@ -20,6 +20,7 @@ from dpotrain.train import losses
 # Memory of GPUs users train on, in GiB as `gpu_memory_gib` takes it (nvidia-smi's total MiB / 1024): what a dry run
 # on a login node tells a user to pass to plan for their GPU.
 KNOWN_GPUS = {"H100 80GB": 79.6, "H200": 140.4, "B200": 179.0}
+GPU_SIZES = ", ".join(f"{size:g} ({name})" for name, size in KNOWN_GPUS.items())  # what --gpu_memory_gib takes
 
 
 def write_json(resolved: dict, output_dir: str) -> Path:
@@ -189,8 +190,7 @@ def duration_text(r: Record) -> str:
     name = detected if source.startswith("detected") else gpu_name(memory.gpu_memory_gib)
     peak = s.gpu_peak_tflops or flops.peak_of(name)
     if not peak:
-        sizes = ", ".join(f"{size:g} ({gpu})" for gpu, size in KNOWN_GPUS.items())
-        other = "" if source.startswith("detected") else f", or --gpu_memory_gib {sizes}"  # a GPU here wins over it
+        other = "" if source.startswith("detected") else f", or --gpu_memory_gib {GPU_SIZES}"  # a GPU here wins over it
         why = name or "no GPU here and no gpu_memory_gib of a known GPU"
         return (
             f"not estimated: the GPU's peak is unknown ({why}): pass --gpu_peak_tflops (its dense bf16 TFLOP/s){other}"
@@ -213,13 +213,9 @@ def duration_text(r: Record) -> str:
 
 
 def _took(seconds: float) -> str:
-    return (
-        f"{seconds / 3600:,.1f} h"
-        if seconds >= 3600
-        else f"{seconds / 60:.0f} min"
-        if seconds >= 60
-        else f"{seconds:.0f} s"
-    )
+    if seconds >= 3600:
+        return f"{seconds / 3600:,.1f} h"
+    return f"{seconds / 60:.0f} min" if seconds >= 60 else f"{seconds:.0f} s"
 
 
 def tokens_per_step(b: run_record.RecordedBatching, ranks: int) -> float:
@@ -302,7 +298,6 @@ def forward_text(forward: dict) -> str:
 
 def _memory_rows(memory: run_record.RecordedMemory, row) -> None:
     """The memory plan per GPU, whether it fits, which GPU it was checked against and how to plan for another."""
-    others = ", ".join(f"{size:g} ({name})" for name, size in KNOWN_GPUS.items())
     if memory.per_gpu_gib is None:
         row("memory/GPU", f"not planned: {memory.skipped}")
         return
@@ -316,7 +311,7 @@ def _memory_rows(memory: run_record.RecordedMemory, row) -> None:
         row(
             "GPU",
             f"not checked: no GPU here and no gpu_memory_gib in the recipe. Plan for yours with "
-            f"--gpu_memory_gib: {others}",
+            f"--gpu_memory_gib: {GPU_SIZES}",
         )
         return
     name = gpu_name(gpu)
@@ -325,7 +320,7 @@ def _memory_rows(memory: run_record.RecordedMemory, row) -> None:
     if not source.startswith("detected"):
         row(
             "other GPUs",
-            f"--gpu_memory_gib {others}; {other_nodes(memory.world_size, memory.gpus_per_node)} "
+            f"--gpu_memory_gib {GPU_SIZES}; {other_nodes(memory.world_size, memory.gpus_per_node)} "
             "(scripts/launch.sh sets both from the job's --nodes and --gpus-per-node)",
         )
 

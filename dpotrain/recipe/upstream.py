@@ -129,11 +129,6 @@ SEAMS = (
         "the fused LM head's vocabulary tile, in the memory plan (dpotrain/plan/memory.py)",
     ),
     Seam(
-        "datasets.arrow_dataset:Dataset._fingerprint",
-        "read",
-        "an in-memory data set's identity for the length cache (dpotrain/data/lengths.py)",
-    ),
-    Seam(
         "transformers.configuration_utils:PretrainedConfig._attn_implementation",
         "read",
         "which attention a config "
@@ -373,10 +368,6 @@ def check() -> None:
     print(f"upstream: {len(SEAMS)} seams checked" + (f" ({', '.join(absent)} not installed)" if absent else ""))
 
 
-def seam(symbol: str) -> Seam:
-    return next(s for s in SEAMS if s.symbol == symbol)
-
-
 # --- the accessors: the only places the code reaches these names ----------------------------------------------------
 
 
@@ -404,11 +395,6 @@ def mem_ref_types():
     from torch.distributed._tools.mem_tracker import _MemRefType
 
     return _MemRefType
-
-
-def fingerprint(dataset) -> str | None:
-    """A `datasets.Dataset`'s fingerprint (None for a streaming data set, which has none)."""
-    return getattr(dataset, "_fingerprint", None)
 
 
 def set_attn_implementation(config, name: str) -> None:
