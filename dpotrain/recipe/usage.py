@@ -47,22 +47,18 @@ def _first_sentence(text: str | None) -> str:
     return text.rstrip(".;")
 
 
-def _row(flag: str, text: str) -> list[str]:
+def _row(flag: str, text: str) -> str:
     """A flag and its whole description, wrapped under the description column (a long flag: on the next line)."""
-
     lines = textwrap.wrap(text, WIDTH - FLAG) or [""]
     first = f"  {flag}".ljust(FLAG) + lines[0] if len(flag) + 2 < FLAG - 1 else f"  {flag}"
     rest = lines[1:] if first.endswith(lines[0]) and lines[0] else lines
-    return [first, *(" " * FLAG + line for line in rest)]
+    return "\n".join([first, *(" " * FLAG + line for line in rest)])
 
 
 def short_help(parser, project_fields) -> str:
     """The usage, the recipe and dry-run flags, the fields users set most, this project's own options (from their
     dataclass: `project_fields`), and where the rest is."""
     actions = {a.dest: a for a in upstream.parser_actions(parser)}
-
-    def row(flag: str, text: str) -> str:
-        return "\n".join(_row(flag, text))
 
     def described(name: str) -> str:
         return OWN_WORDS.get(name) or _first_sentence(actions[name].help)
@@ -74,15 +70,15 @@ def short_help(parser, project_fields) -> str:
         "       sbatch scripts/dpo_train.sh [--FIELD VALUE ...]",
         "",
         "The recipe, then overrides (TRL's defaults < the recipe's YAML < the command line):",
-        row("--config RECIPE", f"a recipe: {RECIPES}"),
-        row("--dry-run", "what the run will do (data, steps, batching, forward, memory plan), loading no weights"),
-        row("--json", "with --dry-run: the whole resolved configuration as JSON on stdout, for scripts"),
+        _row("--config RECIPE", f"a recipe: {RECIPES}"),
+        _row("--dry-run", "what the run will do (data, steps, batching, forward, memory plan), loading no weights"),
+        _row("--json", "with --dry-run: the whole resolved configuration as JSON on stdout, for scripts"),
         "",
         "Fields users set most (TRL / transformers, by their own names):",
-        *(row(f"--{name}", described(name)) for name in COMMON if name in actions),
+        *(_row(f"--{name}", described(name)) for name in COMMON if name in actions),
         "",
         "This project's options (README, docs/running.md):",
-        *(row(f"--{name}", described(name)) for name in own if name in actions),
+        *(_row(f"--{name}", described(name)) for name in own if name in actions),
         "",
         "Every TRL and transformers field (over a thousand lines): python train_dpo.py --help-all",
     ]
