@@ -26,7 +26,7 @@ try:
     from dotenv import load_dotenv
 
     from dpotrain import dry_run, publish, resolve, stages, train_stage
-    from dpotrain.cluster import engine, offline, run_lock
+    from dpotrain.cluster import engine, run_lock
     from dpotrain.hub import hub
     from dpotrain.recipe.config import dry_run_asked, parse_args
     from dpotrain.recipe.errors import run_cli
@@ -66,7 +66,9 @@ def run(argv, stop: GracefulStop) -> int | None:
     with redirect_stdout(sys.stderr) if recipe.project.dry_run else nullcontext():
         found = stages.checks(recipe)  # everything that can be refused from the recipe, before anything loads
         if recipe.project.preflight:  # the base model's view of the data, instead of training (dpotrain/preflight.py)
-            return preflight(recipe, found)
+            from dpotrain import preflight
+
+            return preflight.run(recipe, found)  # the default sample, the recipe's seed, markdown only
         # This project pushes, not the Trainer; the token stays in memory. For the engine that will run.
         push = hub.take_push_settings(recipe, found.engine)
         output = stages.output_checks(recipe, found, push)  # resume, start afresh or refuse; token, W&B, offline
@@ -90,13 +92,6 @@ def run(argv, stop: GracefulStop) -> int | None:
     ready = train_stage.build_run(spec, stop)
     outcomes = ready.score_reference()  # scored once, saved as it goes, stopped cleanly on a stop request
     return ready.train(outcomes)  # its record, training, the final model saved and pushed (dpotrain/publish.py)
-
-
-def preflight(recipe, found) -> int | None:
-    from dpotrain import preflight
-
-    offline.check_job_reachable(recipe)  # a model or data set to download: the Hub must answer, within seconds
-    return preflight.run(recipe, found)  # the default sample, the recipe's seed, markdown only
 
 
 if __name__ == "__main__":

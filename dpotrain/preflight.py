@@ -381,8 +381,10 @@ def run(
     pairs are the run's: loaded by the run's data stage (a Hub data set at the run's commit, every row checked), and
     `max_length: auto` resolved by its lengths stage."""
     from dpotrain import stages
+    from dpotrain.cluster import offline
     from dpotrain.data import mixture
 
+    offline.check_job_reachable(recipe)  # a model or data set to download: the Hub must answer, within seconds
     check_outputs(json_path, plot_path)
     sources = mixture.local_files(mixture.fields_of(recipe))
     inputs = writes.input_files(

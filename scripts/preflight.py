@@ -23,7 +23,6 @@ venv.require()  # outside the venv: one line naming the fix, not a traceback
 from dotenv import load_dotenv  # noqa: E402
 
 from dpotrain import preflight, stages  # noqa: E402
-from dpotrain.cluster import offline  # noqa: E402
 from dpotrain.recipe import cli  # noqa: E402
 from dpotrain.recipe.config import parse_args  # noqa: E402
 from dpotrain.recipe.errors import run_cli  # noqa: E402
@@ -57,7 +56,6 @@ def main(argv=None) -> int:
         rest += ["--bf16", "false"]  # scoring on CPU: fp32 (the recipes' bf16 needs a GPU)
     recipe = parse_args(rest)
     found = stages.checks(recipe)  # what the run refuses from the recipe alone, the run's own checks
-    offline.check_job_reachable(recipe)  # a model or data set to download: the Hub must answer, within seconds
     return preflight.run(recipe, found, own.sample, own.seed, own.json, own.plot)
 
 
