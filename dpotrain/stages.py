@@ -236,29 +236,46 @@ class Data:
 
 
 def load_data(recipe, found: Launch, say: bool = True, state=None, output: resolve.OutputPlan | None = None) -> Data:
-    """The data set loaded and every row checked before a model loads (`dataset_streaming` is refused by `checks`); a
-    dry run loads a local data set the same way, and leaves one on the Hub for the run. `output`: a continued run loads
-    the commit it started on."""
-    script = recipe.script
-    revision = (output.data_commit if output is not None else None) or recipe.project.dataset_revision
-    if mixture.given(mixture.fields_of(recipe)):
-        return _load_mixture(recipe, found, say)
-    if found.planning and not data.is_local(script.dataset_name):
+    """The data set (or a mixture's sources, `data/mixture.py`) loaded and every row checked before a model loads
+    (`dataset_streaming` is refused by `checks`). A dry run loads a local data set the same way, and leaves one on the
+    Hub for the run; it reads a mixture's Hub sources too: its counts are what it reports. `output`: a continued run
+    loads the commit it started on."""
+    script, p = recipe.script, recipe.project
+    revision = (output.data_commit if output is not None else None) or p.dataset_revision
+    mixed = mixture.given(mixture.fields_of(recipe))
+    if found.planning and not mixed and not data.is_local(script.dataset_name):
         return Data(None, None, resolve.plan_steps(recipe, found.batch, found.data_parallel, None), {}, None, revision)
     if not found.planning:
         offline.check_job_reachable(recipe, model=False)  # a data set to download: the Hub must answer, within seconds
-        revision = pin_data(recipe, revision, state)
     checked: dict = {}
+    identify = say and not found.planning  # the content, recorded: a rerun on changed data refuses to resume
     template = answers_template(recipe, found)
-    dataset = _load_split(recipe, script.dataset_train_split, revision, checked, "invalid_rows", say, template)
+    mix = None
+    if mixed:  # each source read in its shape and checked, its rows taken by the seed
+        revision = None
+        dataset, mix = mixture.load(
+            mixture.parse(mixture.fields_of(recipe)),
+            recipe.training.seed,
+            p.skip_invalid,
+            p.hh_format,
+            checked,
+            "invalid_rows",
+            say,
+            identify,
+            template,
+        )
+        checked["data_sources"] = mix.records
+    else:
+        revision = revision if found.planning else pin_data(recipe, revision, state)
+        dataset = _load_split(recipe, script.dataset_train_split, revision, checked, "invalid_rows", say, template)
     eval_dataset = _load_eval(recipe, checked, say, template, revision)
     steps = resolve.plan_steps(recipe, found.batch, found.data_parallel, len(dataset))
-    if say and not found.planning:  # the data's content, recorded: a rerun on changed data refuses to resume
+    if identify and not mixed:
         checked["data_identity"] = data_identity.of(script.dataset_name, script.dataset_train_split) or (
             hub_revision.identity(revision)
         )
     options.check_plan(steps, recipe.training.max_steps)
-    return Data(dataset, eval_dataset, steps, checked, None, revision)
+    return Data(dataset, eval_dataset, steps, checked, mix, revision)
 
 
 def _load_split(recipe, split: str, revision: str | None, checked: dict, key: str, say: bool, template):
@@ -299,32 +316,6 @@ def pin_data(recipe, revision: str | None, state) -> str | None:
         return revision
     main = state is None or state.is_main_process
     return collectives.broadcast_from_main(hub_revision.resolve(name, revision) if main else None)
-
-
-def _load_mixture(recipe, found: Launch, say: bool) -> Data:
-    """`load_data` for a training mixture (`data/mixture.py`): each source read in its shape and checked, its rows
-    taken by the seed. A dry run reads a mixture's Hub sources too: its counts are what it reports."""
-    if not found.planning:
-        offline.check_job_reachable(recipe, model=False)
-    p, checked = recipe.project, {}
-    identify = say and not found.planning  # the content, recorded: a rerun on changed data refuses to resume
-    template = answers_template(recipe, found)
-    train, mix = mixture.load(
-        mixture.parse(mixture.fields_of(recipe)),
-        recipe.training.seed,
-        p.skip_invalid,
-        p.hh_format,
-        checked,
-        "invalid_rows",
-        say,
-        identify,
-        template,
-    )
-    checked["data_sources"] = mix.records
-    eval_dataset = _load_eval(recipe, checked, say, template)
-    steps = resolve.plan_steps(recipe, found.batch, found.data_parallel, len(train))
-    options.check_plan(steps, recipe.training.max_steps)
-    return Data(train, eval_dataset, steps, checked, mix)
 
 
 def _load_eval(recipe, checked: dict, say: bool, template=None, revision: str | None = None):
