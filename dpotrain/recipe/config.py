@@ -399,27 +399,18 @@ def parse_args(argv: list[str] | None = None) -> Recipe:
         # The run is the folder the user named: the model card, the plot and W&B say so, not the recipe's name for
         # its own default folder (transformers, too, names a run after its output_dir).
         training.run_name = Path(training.output_dir).resolve().name
-    _default_names(training, config_path, given)
-    training.output_dir = _job_output_dir(training.output_dir, "output_dir" in on_command_line)
-    _lora_targets(model)
-    return Recipe(script, training, model, project, config_path, max_length_auto, given, replaced, typed)
-
-
-def _default_names(training, config_path: str | None, given: set[str]) -> None:
-    """run_name from the recipe's file name, output_dir from run_name: outputs/<run_name>."""
-    if not training.run_name:
+    if not training.run_name:  # from the recipe's file name; output_dir from it, outputs/<run_name>
         training.run_name = Path(config_path).stem + "-dpo" if config_path else "dpo"
     if "output_dir" not in given:
         training.output_dir = str(Path("outputs") / training.run_name)
-
-
-def _lora_targets(model) -> None:
-    """TRL turns a single --lora_target_modules value into a string (so that `all-linear` works), and PEFT takes a
-    string as a regular expression over the full module path: `q_proj` alone would match nothing. A single module
-    name becomes a list of one."""
-    name = model.lora_target_modules
-    if isinstance(name, str) and name != "all-linear" and re.fullmatch(r"[\w.]+", name):
-        model.lora_target_modules = [name]
+    training.output_dir = _job_output_dir(training.output_dir, "output_dir" in on_command_line)
+    # TRL turns a single --lora_target_modules value into a string (so that `all-linear` works), and PEFT takes a
+    # string as a regular expression over the full module path: `q_proj` alone would match nothing. A single module
+    # name becomes a list of one.
+    targets = model.lora_target_modules
+    if isinstance(targets, str) and targets != "all-linear" and re.fullmatch(r"[\w.]+", targets):
+        model.lora_target_modules = [targets]
+    return Recipe(script, training, model, project, config_path, max_length_auto, given, replaced, typed)
 
 
 def dry_run_asked(argv: list[str]) -> bool:
