@@ -104,8 +104,8 @@ def score(recipe, found, sample) -> dict:
 
     The project's trainer is built on the sample with `precompute_ref_log_probs`, and its prepared data set read back:
     whatever forward training uses for the reference (TRL's padded one, the packed one of
-    dpotrain/reference/reference.py) is the
-    one that scores here. Returns per kept row: prompt / chosen / rejected token counts and summed log-probs.
+    dpotrain/reference/reference.py) is the one that scores here. Returns per kept row: prompt / chosen / rejected
+    token counts and summed log-probs.
     """
     from transformers.trainer_utils import IntervalStrategy
 
@@ -164,12 +164,9 @@ def analyze(s: dict, sampled: int, max_length: int | None, loss_types: list[str]
     truncated = (s["prompt"] + np.maximum(s["chosen"], s["rejected"])) > limit
     ratio = s["chosen"] / np.maximum(s["rejected"], 1)
     loss_scale = "per_token" if set(loss_types) & PER_TOKEN_LOSSES else "summed"
-    past = {
-        "summed": {"warn": _share(np.abs(gap) > th.summed_warn), "critical": _share(np.abs(gap) > th.summed_critical)},
-        "per_token": {
-            "warn": _share(np.abs(gap_tok) > th.per_token_warn),
-            "critical": _share(np.abs(gap_tok) > th.per_token_critical),
-        },
+    past = {  # the share of pairs past each threshold (Thresholds: <scale>_warn, <scale>_critical)
+        scale: {level: _share(np.abs(values) > getattr(th, f"{scale}_{level}")) for level in ("warn", "critical")}
+        for scale, values in (("summed", gap), ("per_token", gap_tok))
     }
     report = {
         "verdict": "ok",
