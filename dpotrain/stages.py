@@ -113,21 +113,16 @@ class Launch:
         }
 
 
-def plans_for_gpu(recipe) -> bool:
-    """Whether a dry run plans for GPUs: this machine has one, or the recipe names a GPU's memory, or trains in bf16 or
-    fp16 (as on GPUs) without `use_cpu`."""
-    t = recipe.training
-    return choice.cuda_available() or bool(recipe.project.gpu_memory_gib) or ((t.bf16 or t.fp16) and not t.use_cpu)
-
-
 def launch(recipe) -> Launch:
     """The world size, decided once per run, and the engine; an engine this project does not support is refused."""
     run_engine = engine.launched()
     planning = recipe.project.dry_run
     planned = engine.from_config(recipe.project.accelerate_config) if planning else run_engine
     world, source = resolve.world_size(recipe, planning=planning)
-    cuda = choice.cuda_available()
-    if planning and not cuda and plans_for_gpu(recipe):  # a login node planning a GPU job: with and without FA4
+    cuda, t = choice.cuda_available(), recipe.training
+    # A GPU job: the recipe names a GPU's memory, or trains in bf16 or fp16 (as on GPUs) without `use_cpu`
+    gpu_job = bool(recipe.project.gpu_memory_gib) or ((t.bf16 or t.fp16) and not t.use_cpu)
+    if planning and not cuda and gpu_job:  # a login node planning a GPU job: with and without FA4
         machines = {name: (True, varlen) for name, varlen in FA4_SETS.items()}
     else:
         machines = {"on this machine": (cuda, choice.installed_varlen(cuda))}
