@@ -377,16 +377,13 @@ def run(
     """The whole preflight on a recipe checked by `stages.checks` (`found`: its launch); returns the exit status. The
     pairs are the run's: loaded by the run's data stage (a Hub data set at the run's commit, every row checked), and
     `max_length: auto` resolved by its lengths stage."""
-    from dpotrain import stages
+    from dpotrain import output_folder, stages
     from dpotrain.cluster import offline
-    from dpotrain.data import mixture
 
     offline.check_job_reachable(recipe)  # a model or data set to download: the Hub must answer, within seconds
     check_outputs(json_path, plot_path)
-    sources = mixture.local_files(mixture.fields_of(recipe))
-    inputs = writes.input_files(
-        recipe.script.dataset_name, *sources, recipe.config_path, recipe.model.model_name_or_path
-    )
+    read = [path for _, path in output_folder.reads(recipe)]  # the model (and its base), the data, the template
+    inputs = writes.input_files(*read, recipe.config_path)
     for flag, path in (("--json", json_path), ("--plot", plot_path)):
         writes.check_not_input(flag, path, inputs)  # a report never replaces what it describes
     if sample_size < 1:
