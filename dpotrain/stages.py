@@ -371,11 +371,8 @@ class Lengths:
         return {"training": {"max_length": self.max_length}} if chosen else {}
 
     def record(self) -> dict:
-        return (
-            ({} if self.auto is None else {"max_length": self.auto})
-            | ({} if self.sources is None else {"data_sources": self.sources})
-            | ({} if self.template is None else {"chat_template": self.template})
-        )
+        named = {"max_length": self.auto, "data_sources": self.sources, "chat_template": self.template}
+        return {key: value for key, value in named.items() if value is not None}
 
 
 def _tokenizer(recipe, model_path: str, local_only: bool):
@@ -490,12 +487,8 @@ class Forward:
     def record(self) -> dict:
         if len(self.options) == 1 and not self.decided:
             return self.planned.record()
-        out = dict(self.options)
-        if self.decided:
-            out["decided"] = self.decided
-        if self.planned_for:
-            out["planned_for"] = self.planned_for
-        return out
+        given = {"decided": self.decided, "planned_for": self.planned_for}
+        return {**self.options, **{key: value for key, value in given.items() if value}}
 
 
 def _model_config(recipe, model_path: str, local_only: bool):
