@@ -73,11 +73,8 @@ class Batch:
 
     def settings(self) -> dict:
         """The recipe fields this decision sets (`config.decided`)."""
-        accumulation = (
-            {}
-            if self.gradient_accumulation_steps is None
-            else {"gradient_accumulation_steps": self.gradient_accumulation_steps}
-        )
+        steps = self.gradient_accumulation_steps
+        accumulation = {} if steps is None else {"gradient_accumulation_steps": steps}
         return {"project": {"pairs_per_step": self.pairs_per_step}, "training": accumulation}
 
 
