@@ -439,11 +439,8 @@ def patched(symbol: str, replacement):
     module_name, _, name = symbol.partition(":")
     module = importlib.import_module(module_name)
     original = getattr(module, name)
-    setattr(module, name, replacement)
-    try:
+    with attributes_set(module, **{name: replacement}):
         yield original
-    finally:
-        setattr(module, name, original)
 
 
 @contextlib.contextmanager
