@@ -113,16 +113,21 @@ def changed(old: Template | None, path: str | None) -> str | None:
 # --- answers against the generation prompt ---------------------------------------------------------------------------
 
 
+def template_kwargs(example: dict) -> dict:
+    """A message row's `apply_chat_template` arguments, as DPOTrainer's tokenize_fn passes them (`tools` a list or a
+    JSON string)."""
+    tools = example.get("tools")
+    return {
+        "tools": json.loads(tools) if isinstance(tools, str) else tools,
+        **(example.get("chat_template_kwargs") or {}),
+    }
+
+
 def answer_problem(example: dict, tokenizer) -> tuple[str, str] | None:
     """(column, problem) for a conversational pair whose rendered prompt + answer does not begin with the rendered
     prompt + generation prompt, the text TRL's prefix split and open-instruct's position-based masking agree on;
     None for a pair read alike by both. A template that fails on the row is left to the trainer's own error."""
-
-    tools = example.get("tools")  # as DPOTrainer's tokenize_fn
-    kwargs = {
-        "tools": json.loads(tools) if isinstance(tools, str) else tools,
-        **(example.get("chat_template_kwargs") or {}),
-    }
+    kwargs = template_kwargs(example)
     try:
         prompt = tokenizer.apply_chat_template(example["prompt"], tokenize=False, add_generation_prompt=True, **kwargs)
         for column in ("chosen", "rejected"):
