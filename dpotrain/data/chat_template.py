@@ -22,6 +22,7 @@ masks the answer's first tokens instead: such a pair is refused, naming the rows
 
 import hashlib
 import json
+import os
 from pathlib import Path
 
 from dpotrain.data.shapes import DETAIL
@@ -142,11 +143,7 @@ def answer_problem(example: dict, tokenizer) -> tuple[str, str] | None:
 def _mismatch(prompt: str, whole: str) -> str:
     """The problem, then (after `shapes.DETAIL`) what this row's answer reads instead: rows are counted by the
     problem alone (`rows.RowCheck.by_reason`)."""
-    same = 0
-    for a, b in zip(prompt, whole, strict=False):
-        if a != b:
-            break
-        same += 1
+    same = len(os.path.commonprefix([prompt, whole]))
     expected, found = prompt[same:][:SHOWN], whole[same:][:SHOWN]
     return (
         f"{MISMATCH} ({expected!r}), so TRL's prompt/answer split would label other tokens than open-instruct's "

@@ -24,7 +24,7 @@ packing). README "Choosing max_length" says why the rule is a coverage and not a
 the tokenizer are, not by a `Dataset`'s fingerprint, so that a dry run without the data and a run after a streamed
 analysis find it) where one exists, and the run (never a `--dry-run`) otherwise analyses the split and caches it
 (`analyse`): the lengths stage, `stages.measure_lengths`. `scripts/analyze_dataset.py` is the command-line report.
-Rows are checked by `rows.check_row` (shared with training); the markdown tables and the plot are in
+Rows are checked by `rows.read_row` (shared with training); the markdown tables and the plot are in
 `lengths_report.py`.
 """
 
@@ -79,10 +79,8 @@ def row_lengths(example: dict, tokenizer) -> tuple[int, int, int, int]:
 
 def _split_lengths(prompt_ids, chosen_ids, rejected_ids) -> tuple[int, int, int, int]:
     n = min(common_prefix_length(prompt_ids, chosen_ids), common_prefix_length(prompt_ids, rejected_ids))
-    shared, stop = n, min(len(chosen_ids), len(rejected_ids))
-    while shared < stop and chosen_ids[shared] == rejected_ids[shared]:  # from the completions' start: a few tokens
-        shared += 1
-    return n, len(chosen_ids) - n, len(rejected_ids) - n, shared - n
+    shared = common_prefix_length(chosen_ids[n:], rejected_ids[n:])  # from the completions' start
+    return n, len(chosen_ids) - n, len(rejected_ids) - n, shared
 
 
 def _render(example: dict, tokenizer) -> tuple[str, str, str]:
