@@ -508,11 +508,9 @@ def summarize(
         "seconds": round(m.seconds, 2),
     }
     reference = report["candidates"][str(best)]["compute"]
-    for c in report["candidates"].values():
-        c["compute"]["relative"] = c["compute"]["positions"] / reference["positions"]
-        c["compute"]["relative_shared_prompt"] = (
-            c["compute"]["positions_shared_prompt"] / reference["positions_shared_prompt"]
-        )
+    for compute in (c["compute"] for c in report["candidates"].values()):
+        compute["relative"] = compute["positions"] / reference["positions"]
+        compute["relative_shared_prompt"] = compute["positions_shared_prompt"] / reference["positions_shared_prompt"]
     if rows_seen is not None:
         report["rows_seen"] = rows_seen
     return report

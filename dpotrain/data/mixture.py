@@ -362,20 +362,17 @@ def load(
     usable, records, dropped = [], [], {}
     for source in sources:
         raw = read_source(source, say)
-        found: dict = {}
         pairs = rows.usable_pairs(
             raw,
             skip_invalid,
-            found,
-            "invalid",
+            dropped,  # its rows dropped, under its spec
+            source.spec(),
             hh_format,
             split=source.spec(),
             say=say,
             source=source.where,
             template=template,
         )
-        if "invalid" in found:
-            dropped[source.spec()] = found["invalid"]
         usable.append(pairs)
         record = {"source": source.spec(), "amount": source.written(), "rows_read": len(raw), "rows_usable": len(pairs)}
         if identify:  # the content, as one source's is recorded (data_identity): a Hub set by its revision
