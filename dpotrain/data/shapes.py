@@ -147,19 +147,14 @@ def read(row: dict, shape: Shape) -> tuple[dict | None, tuple[str, str] | None]:
     (column, problem))`. Values are expected to have the shape's types (`rows.read_row` checks them first)."""
     if shape.name == "prompt+messages":
         example, problem = _explicit_prompt(row["prompt"], row["chosen"], row["rejected"])
-        if problem:
-            return None, problem
     elif shape.name == "prompt+text":
-        example = {"prompt": row["prompt"], "chosen": row["chosen"], "rejected": row["rejected"]}
+        example, problem = {"prompt": row["prompt"], "chosen": row["chosen"], "rejected": row["rejected"]}, None
     elif shape.name == "text":
         problem = _prefix_pair(row["chosen"], row["rejected"])
-        if problem:
-            return None, problem
-        example = extract_prompt({"chosen": row["chosen"], "rejected": row["rejected"]})  # TRL's own reading
+        pair = {"chosen": row["chosen"], "rejected": row["rejected"]}
+        example = None if problem else extract_prompt(pair)  # TRL's own reading
     elif shape.name == "hh" and not shape.conversational:
         example, problem = _hh_text(row["chosen"], row["rejected"])
-        if problem:
-            return None, problem
     else:
         chosen, rejected = row["chosen"], row["rejected"]
         if shape.name == "hh":
@@ -175,8 +170,8 @@ def read(row: dict, shape: Shape) -> tuple[dict | None, tuple[str, str] | None]:
                 return None, problem
             chosen, rejected = sides
         example, problem = _messages(chosen, rejected)
-        if problem:
-            return None, problem
+    if problem:
+        return None, problem
     for column in KEPT_COLUMNS:
         if row.get(column) is not None:
             example[column] = row[column]
