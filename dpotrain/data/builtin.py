@@ -120,7 +120,9 @@ def build_tokenizer(vocab_size: int = 1024):
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
-    texts = [m["content"] for row in _read_jsonl(SMOKE_DATASET) for side in ("chosen", "rejected") for m in row[side]]
+    with open(SMOKE_DATASET) as f:
+        rows = [json.loads(line) for line in f if line.strip()]
+    texts = [m["content"] for row in rows for side in ("chosen", "rejected") for m in row[side]]
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
@@ -166,11 +168,6 @@ def build_model(key: str, tokenizer, seed: int = 0):
     assert specials == (tokenizer.bos_token_id, tokenizer.pad_token_id, tokenizer.eos_token_id), specials
     torch.manual_seed(seed)
     return AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-
-
-def _read_jsonl(path: Path) -> list[dict]:
-    with open(path) as f:
-        return [json.loads(line) for line in f if line.strip()]
 
 
 # --- the bundled data set --------------------------------------------------------------------------------------------

@@ -22,6 +22,7 @@ masks the answer's first tokens instead: such a pair is refused, naming the rows
 
 import hashlib
 import json
+import os
 from pathlib import Path
 
 from dpotrain.data.shapes import DETAIL
@@ -113,16 +114,21 @@ def changed(old: Template | None, path: str | None) -> str | None:
 # --- answers against the generation prompt ---------------------------------------------------------------------------
 
 
+def template_kwargs(example: dict) -> dict:
+    """A message row's `apply_chat_template` arguments, as DPOTrainer's tokenize_fn passes them (`tools` a list or a
+    JSON string)."""
+    tools = example.get("tools")
+    return {
+        "tools": json.loads(tools) if isinstance(tools, str) else tools,
+        **(example.get("chat_template_kwargs") or {}),
+    }
+
+
 def answer_problem(example: dict, tokenizer) -> tuple[str, str] | None:
     """(column, problem) for a conversational pair whose rendered prompt + answer does not begin with the rendered
     prompt + generation prompt, the text TRL's prefix split and open-instruct's position-based masking agree on;
     None for a pair read alike by both. A template that fails on the row is left to the trainer's own error."""
-
-    tools = example.get("tools")  # as DPOTrainer's tokenize_fn
-    kwargs = {
-        "tools": json.loads(tools) if isinstance(tools, str) else tools,
-        **(example.get("chat_template_kwargs") or {}),
-    }
+    kwargs = template_kwargs(example)
     try:
         prompt = tokenizer.apply_chat_template(example["prompt"], tokenize=False, add_generation_prompt=True, **kwargs)
         for column in ("chosen", "rejected"):
@@ -137,11 +143,7 @@ def answer_problem(example: dict, tokenizer) -> tuple[str, str] | None:
 def _mismatch(prompt: str, whole: str) -> str:
     """The problem, then (after `shapes.DETAIL`) what this row's answer reads instead: rows are counted by the
     problem alone (`rows.RowCheck.by_reason`)."""
-    same = 0
-    for a, b in zip(prompt, whole, strict=False):
-        if a != b:
-            break
-        same += 1
+    same = len(os.path.commonprefix([prompt, whole]))
     expected, found = prompt[same:][:SHOWN], whole[same:][:SHOWN]
     return (
         f"{MISMATCH} ({expected!r}), so TRL's prompt/answer split would label other tokens than open-instruct's "

@@ -13,7 +13,6 @@ REQUIRED_COLUMNS = ("chosen", "rejected")
 # Names public preference sets give a string prompt beside string answers (Alpaca's `instruction`, Orca's `question`
 # and `input`, ...): read as the `prompt` column where it is the only one (`prompt_column`).
 PROMPT_NAMES = ("instruction", "question", "input", "query", "problem", "request")
-JSON_ARRAY_COUNT_LIMIT = 1 << 30  # bytes: a JSON array is counted by parsing it whole (Python objects, ~5x its size)
 
 
 def looks_like_path(name: str) -> bool:
@@ -38,12 +37,12 @@ def looked_in(name: str) -> str:
 def check_dataset_name(name: str | None) -> None:
     if not name:
         raise ConfigError("no dataset: set dataset_name in the recipe or pass --dataset_name (Hub name or local file)")
-    if is_local(name) and not Path(name).expanduser().exists():
-        where = "" if Path(name).expanduser().is_absolute() else f" (looked in {looked_in(name)})"
+    path = Path(name).expanduser()
+    if is_local(name) and not path.exists():
+        where = "" if path.is_absolute() else f" (looked in {looked_in(name)})"
         raise ConfigError(
             f"dataset {name!r} does not exist{where}: check the path, or give a Hub name like org/dataset"
         )
-    path = Path(name).expanduser()
     if path.is_file() and path.suffix in LOCAL_SUFFIXES:
         check_file_kind(path)
 
@@ -67,17 +66,11 @@ def check_file_kind(path: Path) -> None:
     """A file whose name says another format than it holds (JSON Lines named .parquet, Parquet named .jsonl): one line
     saying what it is and how to name it, instead of the reader's traceback."""
     kind = file_kind(path)
-    fits = {
-        ".parquet": kind == "parquet",
-        ".jsonl": kind != "parquet",
-        ".json": kind != "parquet",
-        ".csv": kind is None,
-    }[path.suffix]
+    fits = {".parquet": kind == "parquet", ".csv": kind is None}.get(path.suffix, kind != "parquet")  # .jsonl, .json
     if not fits:
-        right = SUFFIX_OF[kind]
         raise ConfigError(
             f"dataset file {str(path)!r} is named {path.suffix} but holds {kind}: rename it to "
-            f"{path.with_suffix(right).name!r} (the suffix decides how it is read)"
+            f"{path.with_suffix(SUFFIX_OF[kind]).name!r} (the suffix decides how it is read)"
         )
 
 
@@ -161,9 +154,9 @@ def prompt_column(dataset, name: str, split: str = "train", say: bool = True):
 
 
 def _has_rows(path: Path) -> bool:
-    """Whether a local file holds a row, read from its head only: every rank checks this at start, so the whole-file
-    parse of `count_local_rows` (a JSON array, a CSV) is no place for it. A file the head cannot settle counts as
-    holding rows; loading it says what is wrong."""
+    """Whether a local file holds a row, read from its head only: every rank checks this at start, so a whole-file
+    parse (a JSON array, a CSV) is no place for it. A file the head cannot settle counts as holding rows; loading it
+    says what is wrong."""
     if path.suffix == ".parquet":
         import pyarrow.parquet as pq
 
@@ -259,48 +252,6 @@ def check_columns(columns, name: str) -> None:
             "`chosen` and `rejected` (message lists or strings), optionally `prompt`; rename the columns or "
             "pick a preference data set"
         )
-
-
-def count_local_rows(name: str, split: str = "train") -> int | None:
-    """Rows in a local data set (its `split`, for a folder of splits) without loading it into `datasets` (the dry
-    run's step counts); None where they are not cheaply known."""
-    path = Path(name).expanduser()
-    if path.suffix in (".jsonl", ".json") and path.is_file():
-        with open(path, encoding="utf-8", errors="replace") as f:
-            head = f.read(4096).lstrip()
-            f.seek(0)
-            if head.startswith("["):  # a JSON array of rows (datasets' json builder reads both)
-                if head[1:].lstrip().startswith("]"):
-                    return 0
-                if path.stat().st_size > JSON_ARRAY_COUNT_LIMIT:  # only a full parse counts it: not on a login node
-                    return None
-                try:
-                    rows = json.load(f)
-                except ValueError:  # not JSON: loading it says where (`_unreadable`)
-                    return None
-                return len(rows) if isinstance(rows, list) else None
-            return sum(1 for line in f if line.strip())  # JSON Lines
-    if path.suffix == ".parquet" and path.is_file():
-        import pyarrow.parquet as pq
-
-        return pq.ParquetFile(path).metadata.num_rows
-    if path.suffix == ".csv" and path.is_file():
-        import pyarrow.csv as pcsv
-
-        # Quoted fields may hold newlines (a multi-line answer): rows, not lines, are counted.
-        try:
-            with pcsv.open_csv(path, parse_options=pcsv.ParseOptions(newlines_in_values=True)) as reader:
-                return sum(batch.num_rows for batch in reader)
-        except ValueError:  # pyarrow's ArrowInvalid: a file its parser refuses; loading it (pandas) says what is wrong
-            return None
-    if (path / "dataset_dict.json").exists():  # DatasetDict.save_to_disk: one folder per split
-        path = path / split
-    if (path / "dataset_info.json").exists() and (path / "state.json").exists():
-        state = json.loads((path / "state.json").read_text())
-        import pyarrow as pa
-
-        return sum(pa.ipc.open_stream(path / f["filename"]).read_all().num_rows for f in state["_data_files"])
-    return None
 
 
 def row_location(name: str, index: int) -> str:

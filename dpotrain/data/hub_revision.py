@@ -12,7 +12,7 @@ one moved is refused (`moved`)."""
 import re
 from pathlib import Path
 
-from dpotrain.data import data, lengths
+from dpotrain.data import data
 from dpotrain.recipe import run_record
 from dpotrain.recipe.errors import ConfigError
 
@@ -25,14 +25,31 @@ def applies(name: str | None) -> bool:
     return bool(name) and not data.is_local(name)
 
 
+def commit(name: str, revision: str | None, kind: str = "dataset", local_only: bool = False) -> str | None:
+    """The commit `revision` (default: main) of the Hub `kind` ("dataset" or "model") `name` points to (a commit:
+    itself, without asking the Hub): asked of the Hub (not with `local_only`, as in a dry run), else read from the
+    local Hub cache's refs (offline, no access); None where neither says."""
+    if revision and COMMIT.fullmatch(revision):
+        return revision
+    from huggingface_hub import HfApi
+    from huggingface_hub.constants import HF_HUB_CACHE
+
+    try:
+        if local_only:
+            raise LookupError("no network in a dry run")
+        info = HfApi().dataset_info if kind == "dataset" else HfApi().model_info
+        return info(name, revision=revision, timeout=10).sha
+    except Exception:  # offline, or no access
+        ref = Path(HF_HUB_CACHE) / f"{kind}s--{name.replace('/', '--')}" / "refs" / (revision or "main")
+        return ref.read_text().strip() if ref.is_file() else None
+
+
 def resolve(name: str, revision: str | None) -> str | None:
     """The commit `revision` (default: main) points to now (a commit: itself, without asking the Hub); the revision
     itself where the Hub cannot say (offline: the local Hub cache's refs are read first), so that the run still loads
     what it was asked for."""
-    if revision and COMMIT.fullmatch(revision):  # a resumed run's recorded commit, or one given by hand
-        return revision
-    found = lengths.hub_commit(name, revision)
-    return found if COMMIT.fullmatch(found) else revision
+    found = commit(name, revision)  # a resumed run's recorded commit, or one given by hand: itself
+    return found if found and COMMIT.fullmatch(found) else revision
 
 
 def identity(revision: str | None) -> dict | None:
@@ -51,7 +68,6 @@ def kept(recipe, output_dir: str) -> str | None:
     except ConfigError:  # refused by the output checks already (a dry run lists it)
         return None
     if recorded is None:
-        return None
         return None
     return (recorded.data.data_identity or {}).get(KEY) or None
 

@@ -24,7 +24,7 @@ packing). README "Choosing max_length" says why the rule is a coverage and not a
 the tokenizer are, not by a `Dataset`'s fingerprint, so that a dry run without the data and a run after a streamed
 analysis find it) where one exists, and the run (never a `--dry-run`) otherwise analyses the split and caches it
 (`analyse`): the lengths stage, `stages.measure_lengths`. `scripts/analyze_dataset.py` is the command-line report.
-Rows are checked by `rows.check_row` (shared with training); the markdown tables and the plot are in
+Rows are checked by `rows.read_row` (shared with training); the markdown tables and the plot are in
 `lengths_report.py`.
 """
 
@@ -42,7 +42,7 @@ from unittest import mock
 import numpy as np
 from trl.data_utils import common_prefix_length, is_conversational
 
-from dpotrain.data import cuts, data_identity, positions
+from dpotrain.data import chat_template, cuts, data, data_identity, hub_revision, positions
 from dpotrain.data.cuts import STEP, recommend
 from dpotrain.data.rows import ROW_COLUMNS, InvalidRowError, RowFormat, read_row, split_row
 from dpotrain.recipe import records as run_records
@@ -59,46 +59,35 @@ DEFAULT_BATCH_SIZE = 4  # pairs per device when no recipe says (OLMo 3 recipes: 
 ANALYSIS_VERSION = 3  # bump when the numbers an analysis produces change, so cached reports are not reused
 
 
-def _template_kwargs(example: dict) -> dict:
-    tools = example.get("tools")  # as DPOTrainer's tokenize_fn: a JSON string or a list
-    tools = json.loads(tools) if isinstance(tools, str) else tools
-    return {"tools": tools, **(example.get("chat_template_kwargs") or {})}
+def _inputs(example: dict) -> list[tuple[str, object, dict]]:
+    """(column, input, apply_chat_template kwargs) of the three texts DPOTrainer's tokenize_fn tokenizes: prompt (with
+    the generation prompt), prompt+chosen, prompt+rejected. Plain text takes no kwargs."""
+    prompt, conversational = example["prompt"], is_conversational(example)
+    kwargs = chat_template.template_kwargs(example) if conversational else {}
+    return [
+        ("prompt", prompt, {"add_generation_prompt": True, **kwargs} if conversational else {}),
+        ("chosen", prompt + example["chosen"], kwargs),
+        ("rejected", prompt + example["rejected"], kwargs),
+    ]
 
 
 def row_lengths(example: dict, tokenizer) -> tuple[int, int, int, int]:
     """(prompt, chosen, rejected, shared) token counts of one split row, by the same calls as DPOTrainer's
     tokenize_fn; `shared`: the tokens the two completions share at their start."""
-    if is_conversational(example):
-        kwargs = _template_kwargs(example)
-        prompt_ids = upstream.tokenize(tokenizer, example["prompt"], add_generation_prompt=True, **kwargs)["input_ids"]
-        chosen_ids = upstream.tokenize(tokenizer, example["prompt"] + example["chosen"], **kwargs)["input_ids"]
-        rejected_ids = upstream.tokenize(tokenizer, example["prompt"] + example["rejected"], **kwargs)["input_ids"]
-    else:
-        prompt_ids = upstream.tokenize(tokenizer, example["prompt"])["input_ids"]
-        chosen_ids = upstream.tokenize(tokenizer, example["prompt"] + example["chosen"])["input_ids"]
-        rejected_ids = upstream.tokenize(tokenizer, example["prompt"] + example["rejected"])["input_ids"]
-    return _split_lengths(prompt_ids, chosen_ids, rejected_ids)
+    return _split_lengths(*(upstream.tokenize(tokenizer, x, **kw)["input_ids"] for _, x, kw in _inputs(example)))
 
 
 def _split_lengths(prompt_ids, chosen_ids, rejected_ids) -> tuple[int, int, int, int]:
     n = min(common_prefix_length(prompt_ids, chosen_ids), common_prefix_length(prompt_ids, rejected_ids))
-    shared, stop = n, min(len(chosen_ids), len(rejected_ids))
-    while shared < stop and chosen_ids[shared] == rejected_ids[shared]:  # from the completions' start: a few tokens
-        shared += 1
-    return n, len(chosen_ids) - n, len(rejected_ids) - n, shared - n
+    shared = common_prefix_length(chosen_ids[n:], rejected_ids[n:])  # from the completions' start
+    return n, len(chosen_ids) - n, len(rejected_ids) - n, shared
 
 
-def render_row(example: dict, tokenizer) -> tuple[str, str, str]:
+def _render(example: dict, tokenizer) -> tuple[str, str, str]:
     """The three texts `row_lengths` tokenizes: chat template rendered (not tokenized) for message lists."""
-    if not is_conversational(example):
-        prompt = example["prompt"]
-        return prompt, prompt + example["chosen"], prompt + example["rejected"]
-    kwargs = _template_kwargs(example)
-    prompt = example["prompt"]
-    return (
-        tokenizer.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True, **kwargs),
-        tokenizer.apply_chat_template(prompt + example["chosen"], tokenize=False, **kwargs),
-        tokenizer.apply_chat_template(prompt + example["rejected"], tokenize=False, **kwargs),
+    conversational = is_conversational(example)
+    return tuple(
+        tokenizer.apply_chat_template(x, tokenize=False, **kw) if conversational else x for _, x, kw in _inputs(example)
     )
 
 
@@ -171,7 +160,7 @@ def _measure_batch(batch: dict, positions: list[int], tokenizer, fmt, method, sk
             example = split_row(example, fmt)
             try:  # a chat template may refuse a row (e.g. roles that do not alternate): so does the trainer
                 if method == "batched":
-                    texts.append(render_row(example, tokenizer))
+                    texts.append(_render(example, tokenizer))
                 else:
                     counts[position] = row_lengths(example, tokenizer)
             except Exception as e:
@@ -198,14 +187,9 @@ def _template_problem(example: dict, tokenizer) -> tuple[str, str] | None:
     """Which text the chat template refuses, and why."""
     if not is_conversational(example):
         return None
-    kwargs = _template_kwargs(example)
-    for column, messages, generation in (
-        ("prompt", example["prompt"], True),
-        ("chosen", example["prompt"] + example["chosen"], False),
-        ("rejected", example["prompt"] + example["rejected"], False),
-    ):
+    for column, messages, kwargs in _inputs(example):
         try:
-            tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=generation, **kwargs)
+            tokenizer.apply_chat_template(messages, tokenize=False, **kwargs)
         except Exception as e:
             return column, f"chat template error: {type(e).__name__}: {e}"
     return None
@@ -524,11 +508,9 @@ def summarize(
         "seconds": round(m.seconds, 2),
     }
     reference = report["candidates"][str(best)]["compute"]
-    for c in report["candidates"].values():
-        c["compute"]["relative"] = c["compute"]["positions"] / reference["positions"]
-        c["compute"]["relative_shared_prompt"] = (
-            c["compute"]["positions_shared_prompt"] / reference["positions_shared_prompt"]
-        )
+    for compute in (c["compute"] for c in report["candidates"].values()):
+        compute["relative"] = compute["positions"] / reference["positions"]
+        compute["relative_shared_prompt"] = compute["positions_shared_prompt"] / reference["positions_shared_prompt"]
     if rows_seen is not None:
         report["rows_seen"] = rows_seen
     return report
@@ -567,7 +549,7 @@ def load_tokenizer(
     stage, the analyzer, the dry run and the preflight tokenize alike. No model weights are loaded."""
     from transformers import AutoTokenizer
 
-    from dpotrain.data import builtin, chat_template
+    from dpotrain.data import builtin
 
     if builtin.is_builtin(name_or_path):
         name_or_path = builtin.materialize_model(name_or_path)
@@ -599,20 +581,15 @@ def holds_no_tokenizer(name_or_path: str) -> bool:
     return (path / "config.json").is_file() and not any((path / f).is_file() for f in TOKENIZER_FILES)
 
 
-def no_tokenizer(name_or_path: str) -> str:
-    """What a model folder without a tokenizer is, and what to pass instead, in one line."""
-    return (
-        f"model folder {name_or_path!r} holds no tokenizer (config.json alone: a model's shape, enough to plan "
-        "memory, not to tokenize): pass --model_name_or_path your model's Hub name (org/model) or the folder "
-        "save_pretrained wrote, with its tokenizer.json"
-    )
-
-
 def check_tokenizer_folder(name_or_path: str) -> None:
     """Refuses a model folder without a tokenizer in one line (transformers says "Couldn't instantiate the backend
     tokenizer from one of: ..." and names neither the folder nor the fix)."""
     if holds_no_tokenizer(name_or_path):
-        raise ConfigError(no_tokenizer(name_or_path))
+        raise ConfigError(
+            f"model folder {name_or_path!r} holds no tokenizer (config.json alone: a model's shape, enough to plan "
+            "memory, not to tokenize): pass --model_name_or_path your model's Hub name (org/model) or the folder "
+            "save_pretrained wrote, with its tokenizer.json"
+        )
 
 
 def dataset_identity(
@@ -630,8 +607,6 @@ def dataset_identity(
     `hh_format: text` reads HH-RLHF strings into other tokens than the default, so it is part of the identity.
     """
     reading = "" if hh_format == "messages" else f":hh-{hh_format}"
-    from dpotrain.data import data
-
     path = Path(name).expanduser()
     if data.is_local(name):  # the files the split is read from (data_identity.files: not a run folder beside them)
         stamp = hashlib.sha256()
@@ -639,22 +614,8 @@ def dataset_identity(
             st = f.stat()
             stamp.update(f"{relative if f != path else ''}:{st.st_size}:{st.st_mtime_ns};".encode())
         return f"local:{path.resolve()}:{split}:{stamp.hexdigest()[:16]}{reading}"
-    return f"hub:{name}:{config or 'default'}:{split}@{hub_commit(name, revision, local_only)}{reading}"
-
-
-def hub_commit(name: str, revision: str | None, local_only: bool = False) -> str:
-    """The commit `revision` (default: main) of the Hub data set `name` points to; the revision's name where neither
-    the Hub nor the local Hub cache says (offline, no access, a dry run)."""
-    from huggingface_hub import HfApi
-    from huggingface_hub.constants import HF_HUB_CACHE
-
-    try:
-        if local_only:
-            raise LookupError("no network in a dry run")
-        return HfApi().dataset_info(name, revision=revision, timeout=10).sha
-    except Exception:  # offline, or no access
-        ref = Path(HF_HUB_CACHE) / f"datasets--{name.replace('/', '--')}" / "refs" / (revision or "main")
-        return ref.read_text().strip() if ref.is_file() else revision or "main"
+    commit = hub_revision.commit(name, revision, local_only=local_only) or revision or "main"
+    return f"hub:{name}:{config or 'default'}:{split}@{commit}{reading}"
 
 
 def tokenizer_identity(tokenizer) -> dict:
@@ -702,20 +663,11 @@ def save_cache(m: Measured, report: dict, dataset_id: str, tokenizer, cache_dir:
 
 
 def _resolution(m: Measured, target: float, report_path: Path, cached: bool, max_positions: int | None) -> dict:
+    """The `max_length: auto` answer: the recommendation's numbers (with `doubled`: what twice this max_length would
+    add, pairs whole and packed compute) and where its report is."""
     r = recommendation(m, target, max_positions)
-    return {
-        "max_length": r["max_length"],
-        "coverage": r["coverage"],
-        "target_coverage": target,
-        "rows": m.rows,
-        "truncated": r["truncated"],
-        "dropped": r["dropped"],
-        "doubled": r["doubled"],  # what twice this max_length would add: pairs whole, packed compute
-        "reason": r["reason"],
-        "capped": r["capped"],
-        "cached": cached,
-        "report": str(report_path),
-    }
+    kept = ("max_length", "coverage", "target_coverage", "truncated", "dropped", "doubled", "reason", "capped")
+    return {**{k: r[k] for k in kept}, "rows": m.rows, "cached": cached, "report": str(report_path)}
 
 
 def cached_measure(dataset_id: str, tokenizer, cache_dir: str | Path | None = None) -> tuple[Measured, Path] | None:

@@ -104,18 +104,18 @@ def fields_of(recipe) -> dict:
 
 def parse(values: dict, evaluation: bool = False) -> list[Source] | None:
     """The training (or evaluation) mixture's sources, checked as written; None where there is no mixture."""
-    entries, mixer, splits = (values.get(f) for f in (EVAL_FIELDS if evaluation else TRAIN_FIELDS))
+    names = EVAL_FIELDS if evaluation else TRAIN_FIELDS
+    entries, mixer, splits = (values.get(f) for f in names)
     default_split = values.get("dataset_test_split" if evaluation else "dataset_train_split") or (
         "test" if evaluation else "train"
     )
-    flag = "eval_datasets" if evaluation else "datasets"
+    flag = names[0]
     if not entries and not mixer:
         if splits:
-            names = EVAL_FIELDS if evaluation else TRAIN_FIELDS
             raise ConfigError(f"{names[2]} without a mixer list: give --{names[1]} SOURCE AMOUNT ... too")
         return None
     if entries and mixer:
-        raise ConfigError(f"two mixtures: `{flag}:` and --{(EVAL_FIELDS if evaluation else TRAIN_FIELDS)[1]}: keep one")
+        raise ConfigError(f"two mixtures: `{flag}:` and --{names[1]}: keep one")
     if values.get("streaming"):
         raise ConfigError(
             "streaming: true with a mixture: sources are counted and sampled, which needs their rows; "
@@ -362,20 +362,17 @@ def load(
     usable, records, dropped = [], [], {}
     for source in sources:
         raw = read_source(source, say)
-        found: dict = {}
         pairs = rows.usable_pairs(
             raw,
             skip_invalid,
-            found,
-            "invalid",
+            dropped,  # its rows dropped, under its spec
+            source.spec(),
             hh_format,
             split=source.spec(),
             say=say,
             source=source.where,
             template=template,
         )
-        if "invalid" in found:
-            dropped[source.spec()] = found["invalid"]
         usable.append(pairs)
         record = {"source": source.spec(), "amount": source.written(), "rows_read": len(raw), "rows_usable": len(pairs)}
         if identify:  # the content, as one source's is recorded (data_identity): a Hub set by its revision
@@ -456,7 +453,7 @@ def _read_from(source: Source) -> tuple | None:
 def identity_of(source: Source) -> dict:
     """A local source's files (size, time, SHA-256: `data_identity.of`: a file, a folder of shards or a saved one,
     the local `data_files` of a builder), or a Hub source's revision."""
-    files = data_identity.of(*_read_from(source)) if _read_from(source) else None
+    files = data_identity.of(*read_from) if (read_from := _read_from(source)) else None
     if files is not None:
         return {"files": files}
     return {"revision": lengths.dataset_identity(source.path, source.split, source.name, local_only=False)}
@@ -474,8 +471,8 @@ def content_changed(recipe, derived: dict) -> str | None:
     recorded = {r["source"]: r.get("identity") or {} for r in derived.get("data_sources") or []}
     for source in sources:
         was, why = recorded.get(source.spec(), {}), None
-        if was.get("files") and _read_from(source):
-            why = data_identity.changed(was["files"], *_read_from(source))
+        if was.get("files") and (read_from := _read_from(source)):
+            why = data_identity.changed(was["files"], *read_from)
         elif not source.local and was.get("revision"):  # a Hub source is not pinned: its main must not have moved
             why = hub_revision.moved(was["revision"], identity_of(source)["revision"])
         if why:

@@ -8,10 +8,9 @@ data. A Hub model is known by the commit its revision resolved to when the run s
 """
 
 import fnmatch
-import re
 from pathlib import Path
 
-from dpotrain.data import builtin, data_identity
+from dpotrain.data import builtin, data_identity, hub_revision
 
 # What transformers reads from a model folder: weights (safetensors, PyTorch, a LoRA adapter), their index, config,
 # generation config, tokenizer and chat template files, and the modeling code of a remote-code model.
@@ -37,7 +36,6 @@ MODEL_FILES = (
 )
 TEMPLATES_DIR = "additional_chat_templates"  # transformers reads the named templates of a tokenizer from here
 KEY = "hub_commit"
-COMMIT = re.compile(r"[0-9a-f]{40}")
 
 
 def folder(name: str | None) -> Path | None:
@@ -60,28 +58,13 @@ def input_files(recipe) -> dict[str, Path] | None:
     return {p.relative_to(root).as_posix(): p for p in sorted(found)}
 
 
-def hub_commit(name: str, revision: str | None) -> str | None:
-    """The commit `revision` (default: main) of the Hub model `name` points to: asked of the Hub, else read from the
-    local Hub cache's refs (offline); None where neither says."""
-    if revision and COMMIT.fullmatch(revision):
-        return revision
-    from huggingface_hub import HfApi
-    from huggingface_hub.constants import HF_HUB_CACHE
-
-    try:
-        return HfApi().model_info(name, revision=revision, timeout=10).sha
-    except Exception:  # offline, or no access
-        ref = Path(HF_HUB_CACHE) / f"models--{name.replace('/', '--')}" / "refs" / (revision or "main")
-        return ref.read_text().strip() if ref.is_file() else None
-
-
 def of(recipe) -> dict | None:
     """What resolved_config.json records of the model: {"files": ...} (`data_identity.of_files`) for local files,
     {"hub_commit": ...} for a Hub model, None where the Hub cannot say."""
     found = input_files(recipe)
     if found is not None:
         return {"files": data_identity.of_files(found, ends=True)}
-    commit = hub_commit(recipe.model.model_name_or_path, recipe.model.model_revision)
+    commit = hub_revision.commit(recipe.model.model_name_or_path, recipe.model.model_revision, "model")
     return {KEY: commit} if commit else None
 
 
@@ -95,7 +78,7 @@ def changed(recipe, old: dict | None) -> str | None:
         why = data_identity.changed_files(old["files"], found)
         return f"{folder(name)}: {why}" if why else None
     if found is None and old.get(KEY):
-        now = hub_commit(name, recipe.model.model_revision)
+        now = hub_revision.commit(name, recipe.model.model_revision, "model")
         if now and now != old[KEY]:
             return (
                 f"{name} at {recipe.model.model_revision or 'main'} is commit {now[:12]}, the run started on "

@@ -10,6 +10,7 @@ rejected). `usable_pairs` runs it on every row before training and hands the tra
 import dataclasses
 import re
 import time
+from collections import Counter
 
 from dpotrain.data import chat_template, shapes
 from dpotrain.recipe.errors import ConfigError
@@ -72,12 +73,7 @@ def read_row(row: dict, fmt: RowFormat) -> tuple[dict | None, tuple[str, str] | 
     row, problem = shapes.decode(row, shape)  # message lists written as JSON text (CSV, Parquet strings)
     if problem:
         return None, problem
-    columns = (
-        ("prompt", "chosen", "rejected")
-        if shape.name in ("prompt+messages", "prompt+text")
-        else (("chosen", "rejected"))
-    )
-    for column in columns:
+    for column in ("prompt", "chosen", "rejected") if shape.name.startswith("prompt+") else ("chosen", "rejected"):
         problem = _check_value(row.get(column), shape.raw_lists)
         if problem:
             return None, (column, problem)
@@ -108,11 +104,6 @@ def read_row(row: dict, fmt: RowFormat) -> tuple[dict | None, tuple[str, str] | 
         if problem:
             return None, problem
     return example, None
-
-
-def check_row(row: dict, fmt: RowFormat) -> tuple[str, str] | None:
-    """(column, problem) for a row the trainer cannot use or should not see, None for a good row."""
-    return read_row(row, fmt)[1]
 
 
 # The roles chat templates render (OpenAI's, which transformers and TRL follow; `developer`, `function`, `ipython` and
@@ -166,12 +157,11 @@ class RowCheck:
 
     def by_reason(self) -> dict[str, int]:
         """Counts per kind of problem (numbers in the message generalised: `message N has no 'role'`)."""
-        counts: dict[str, int] = {}
-        for p in self.invalid:
-            problem = p["problem"].split(shapes.DETAIL)[0]
-            reason = f"{p['column']}: {re.sub(r'message [0-9]+', 'message N', problem)}"
-            counts[reason] = counts.get(reason, 0) + 1
-        return dict(sorted(counts.items(), key=lambda kv: -kv[1]))
+        counts = Counter(
+            f"{p['column']}: {re.sub(r'message [0-9]+', 'message N', p['problem'].split(shapes.DETAIL)[0])}"
+            for p in self.invalid
+        )
+        return dict(counts.most_common())  # ties in the order first met
 
     def summary(self, examples: int = 20) -> dict:
         """For resolved_config.json: how many rows were dropped, why, and the first few of them."""
@@ -209,7 +199,7 @@ def check_dataset(
     index = 0
     for batch in dataset.select_columns(columns).iter(batch_size=batch_size):
         for values in zip(*batch.values(), strict=True):
-            problem = check_row(dict(zip(columns, values, strict=True)), fmt)
+            _, problem = read_row(dict(zip(columns, values, strict=True)), fmt)
             if problem:
                 invalid.append({"index": index, "column": problem[0], "problem": problem[1]})
             index += 1

@@ -32,6 +32,7 @@ DETAIL = " — "  # what follows is this row's own detail, left out of the count
 ANOTHER_PROMPT = "answers another prompt than `chosen` (a pair is two answers to one prompt)" + DETAIL
 HH_TURN = re.compile(r"(?:^|\n\n)(Human|Assistant):")
 HH_ROLES = {"Human": "user", "Assistant": "assistant"}
+NOT_HH = "not an HH-RLHF conversation (`\\n\\nHuman: ...\\n\\nAssistant: ...`) like the data set's first row"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -143,43 +144,34 @@ def is_hh(text: str) -> bool:
 
 def read(row: dict, shape: Shape) -> tuple[dict | None, tuple[str, str] | None]:
     """`({"prompt", "chosen", "rejected", ...}, None)` as the trainer and the analyzer use the row, or `(None,
-    (column, problem))`. Values are expected to have the shape's types (`rows.check_row` checks them first)."""
+    (column, problem))`. Values are expected to have the shape's types (`rows.read_row` checks them first)."""
     if shape.name == "prompt+messages":
         example, problem = _explicit_prompt(row["prompt"], row["chosen"], row["rejected"])
-        if problem:
-            return None, problem
     elif shape.name == "prompt+text":
-        example = {"prompt": row["prompt"], "chosen": row["chosen"], "rejected": row["rejected"]}
+        example, problem = {"prompt": row["prompt"], "chosen": row["chosen"], "rejected": row["rejected"]}, None
     elif shape.name == "text":
         problem = _prefix_pair(row["chosen"], row["rejected"])
-        if problem:
-            return None, problem
-        example = extract_prompt({"chosen": row["chosen"], "rejected": row["rejected"]})  # TRL's own reading
+        pair = {"chosen": row["chosen"], "rejected": row["rejected"]}
+        example = None if problem else extract_prompt(pair)  # TRL's own reading
     elif shape.name == "hh" and not shape.conversational:
         example, problem = _hh_text(row["chosen"], row["rejected"])
-        if problem:
-            return None, problem
     else:
         chosen, rejected = row["chosen"], row["rejected"]
         if shape.name == "hh":
-            if _empty_hh(chosen, rejected):
-                return None, _empty_hh(chosen, rejected)
+            if problem := _empty_hh(chosen, rejected):
+                return None, problem
             chosen, rejected = hh_messages(chosen), hh_messages(rejected)
             for column, side in (("chosen", chosen), ("rejected", rejected)):
                 if side is None:
-                    return None, (
-                        column,
-                        "not an HH-RLHF conversation (`\\n\\nHuman: ...\\n\\nAssistant: ...`) like "
-                        "the data set's first row",
-                    )
+                    return None, (column, NOT_HH)
         if shape.name == "ultrafeedback":
             sides, problem = _with_string_prompt(row["prompt"], chosen, rejected)
             if problem:
                 return None, problem
             chosen, rejected = sides
         example, problem = _messages(chosen, rejected)
-        if problem:
-            return None, problem
+    if problem:
+        return None, problem
     for column in KEPT_COLUMNS:
         if row.get(column) is not None:
             example[column] = row[column]
@@ -311,26 +303,21 @@ def hh_messages(text: str) -> list[dict] | None:
 
 def _empty_hh(chosen: str, rejected: str) -> tuple[str, str] | None:
     """An empty side of an HH-RLHF row is said as such, not as a conversation of another shape."""
-    column = next((c for c, text in (("chosen", chosen), ("rejected", rejected)) if not text.strip()), None)
-    return (
-        None
-        if column is None
-        else (column, "empty: an HH-RLHF conversation (`\\n\\nHuman: ...\\n\\nAssistant: ...`) was expected")
-    )
+    for column, text in (("chosen", chosen), ("rejected", rejected)):
+        if not text.strip():
+            return column, "empty: an HH-RLHF conversation (`\\n\\nHuman: ...\\n\\nAssistant: ...`) was expected"
+    return None
 
 
 def _hh_text(chosen: str, rejected: str):
     """`hh_format: text`: the prompt is the string up to the last `Assistant:`, checked turn by turn."""
-    if _empty_hh(chosen, rejected):
-        return None, _empty_hh(chosen, rejected)
+    if problem := _empty_hh(chosen, rejected):
+        return None, problem
     parsed = {}
     for column, text in (("chosen", chosen), ("rejected", rejected)):
         turns = hh_turns(text)
         if turns is None:
-            return None, (
-                column,
-                "not an HH-RLHF conversation (`\\n\\nHuman: ...\\n\\nAssistant: ...`) like the data set's first row",
-            )
+            return None, (column, NOT_HH)
         if turns[-1][0] != "assistant":
             return None, (column, "empty completion: the conversation does not end with an Assistant turn")
         parsed[column] = turns

@@ -20,6 +20,7 @@ column (`final`) every mask is what it was. A pair whose completion open-instruc
 split (a template whose prompt with generation prompt is not how the conversation starts) is refused, naming it.
 """
 
+from dpotrain.data import chat_template
 from dpotrain.data.pair_lengths import LABELS
 
 
@@ -55,9 +56,8 @@ def prompt_labels(example: dict, tokenizer) -> list[int]:
     p = len(example["prompt_ids"])
     if not is_conversational(example):  # plain text has no turns: TRL's split is all there is
         return [0] * p
-    kwargs = {"tools": example.get("tools"), **(example.get("chat_template_kwargs") or {})}
     labels = [1] * p
-    for start, end in masked_spans(example["prompt"], tokenizer, **kwargs):
+    for start, end in masked_spans(example["prompt"], tokenizer, **chat_template.template_kwargs(example)):
         if end > p:  # open-instruct would mask the first tokens of each completion, which TRL's split trains
             raise ValueError(
                 "assistant_turns all: the pair whose prompt starts "
