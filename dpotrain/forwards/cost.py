@@ -103,13 +103,10 @@ def model_flops(config) -> flops.ModelFlops:
     h, heads = text.hidden_size, text.num_attention_heads
     head_dim = getattr(text, "head_dim", None) or h // heads
     kv = getattr(text, "num_key_value_heads", None) or heads
-    inner = getattr(text, "moe_intermediate_size", None)
-    inner = inner * getattr(text, "num_experts_per_tok", 1) if inner else getattr(text, "intermediate_size", 4 * h)
-    layer = 2 * h * heads * head_dim + 2 * h * kv * head_dim + 3 * h * inner
-    kinds = getattr(text, "layer_types", None) or ["full_attention"] * text.num_hidden_layers
-    window = getattr(text, "sliding_window", None)
-    windows = tuple(None if k == "full_attention" else window if k == "sliding_attention" else 0 for k in kinds)
-    return flops.ModelFlops(text.num_hidden_layers * layer + text.vocab_size * h, heads * head_dim, windows)
+    layer = 2 * h * heads * head_dim + 2 * h * kv * head_dim + 3 * h * flops.mlp_width(text)
+    return flops.ModelFlops(
+        text.num_hidden_layers * layer + text.vocab_size * h, heads * head_dim, flops.layer_windows(text)
+    )
 
 
 def micro_batches(lengths: PairLengths, budget: int | None, pairs: int) -> list[list[int]]:

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 
 from dpotrain.cluster.engine import Engine, from_config
 from dpotrain.cluster.sequence_parallel import head_counts
+from dpotrain.forwards.flops import mlp_width
 from dpotrain.plan.memory_advice import NAMES, advice, node_size
 from dpotrain.recipe import upstream
 from dpotrain.recipe.config import uses_live_reference
@@ -284,12 +285,9 @@ def formula_activation_bytes(text, tokens: int, checkpointing: bool | int) -> in
     h = text.hidden_size
     kv = getattr(text, "num_key_value_heads", None) or text.num_attention_heads
     h_kv = kv * (getattr(text, "head_dim", None) or h // text.num_attention_heads)
-    inner = getattr(text, "moe_intermediate_size", None)
-    inner = inner * getattr(text, "num_experts_per_tok", 1) if inner else getattr(text, "intermediate_size", 4 * h)
-    per_layer = BF16 * (10 * h + 2 * h_kv + 4 * inner)
-    layers = text.num_hidden_layers
+    per_layer = BF16 * (10 * h + 2 * h_kv + 4 * mlp_width(text))
     costs = {True: (2 * per_layer, BF16 * h), False: (per_layer, per_layer)}
-    return tokens * _combine(costs, checkpoint_every(checkpointing), layers)
+    return tokens * _combine(costs, checkpoint_every(checkpointing), text.num_hidden_layers)
 
 
 REFERENCE_MULTIPLE_MOST = 8  # more buys little: a forward of 8 training micro-batches already fills a GPU's kernels

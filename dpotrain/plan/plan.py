@@ -393,11 +393,7 @@ def summary(
         else (f"packed, prompts shared ({int(lengths.shared.sum())} of {len(lengths)} pairs)"),
         "pairs_per_step": p.pairs_per_step,
         "max_tokens_per_microbatch": p.max_tokens,
-        "micro_batches_per_step": {
-            "min": min(counts),
-            "mean": round(sum(counts) / len(counts), 3),
-            "max": max(counts),
-        },
+        "micro_batches_per_step": {"min": min(counts), "mean": round(sum(counts) / len(counts), 3), "max": max(counts)},
         "micro_batches_per_epoch": round(sum(counts) / len(epochs)),
         "gradient_reductions_per_epoch": 0
         if p.world_size == 1
