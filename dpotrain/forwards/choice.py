@@ -167,13 +167,6 @@ def dense_attention(config) -> str:
 INSTALLED = "installed"  # `varlen` of `decide_forward`: the varlen FlashAttention this machine has (installed_varlen)
 
 
-def recipe_packing_problem(recipe) -> str | None:
-    """Why the recipe itself keeps the forward padded, or None. A live reference model (`precompute_ref_log_probs:
-    false`, TR-DPO's `sync_ref_model`) packs like the policy: the trainer scores it with the same stand-in forward on
-    the same micro-batch (`RecipeDPOTrainer._compute_loss`), split over a group like the policy's."""
-    return None if recipe.training.padding_free else "padding_free is false"
-
-
 def asked_to_pack(recipe) -> bool:
     """`padding_free: true` given in the recipe or on the command line (not this project's default)."""
     return "padding_free" in recipe.given and recipe.training.padding_free
@@ -204,9 +197,9 @@ def candidates(config, recipe, cuda: bool, varlen: str | None, check_kernels: bo
     coef = t.router_aux_loss_coef
     asked = recipe.model.attn_implementation
     if asked is not None:
-        kernel = kernel_problem(asked, cuda) if check_kernels else None
-        if kernel is None and not cuda and packing.attention_name(asked) == "flex_attention":
-            kernel = "FlexAttention has no backward pass on CPU in PyTorch; use --attn_implementation sdpa on CPU"
+        # FlexAttention on a CPU is refused even unchecked (a dry run): it has no backward pass there
+        flex = packing.attention_name(asked) == "flex_attention"
+        kernel = kernel_problem(asked, cuda) if check_kernels or flex else None
         if kernel is not None:
             raise ConfigError(f"attn_implementation {asked} cannot run here: {kernel}")
         attentions = [asked]
@@ -214,7 +207,10 @@ def candidates(config, recipe, cuda: bool, varlen: str | None, check_kernels: bo
         attentions = [*([varlen] if varlen else []), "flex_attention", dense_attention(config)]
     else:
         attentions = [dense_attention(config)]
-    recipe_problem = recipe_packing_problem(recipe)
+    # Only `padding_free: false` keeps the recipe padded: a live reference model (`precompute_ref_log_probs: false`,
+    # TR-DPO's `sync_ref_model`) packs like the policy, scored with the same stand-in forward on the same micro-batch
+    # (`RecipeDPOTrainer._compute_loss`), split over a group like the policy's.
+    recipe_problem = None if t.padding_free else "padding_free is false"
     shared, unshared, problems, share_problems = [], [], [], []
     for attn in attentions:
         if cuda and attn == dense_attention(config) and asked is None and (shared or unshared):
@@ -401,13 +397,9 @@ def decide(recipe, config, cuda: bool, varlen: str | None, lengths=None) -> Forw
     chosen, notes = choose(config, recipe, cuda, varlen, lengths)
     for note in notes:
         print(note, flush=True)
-    return announce(chosen)
-
-
-def announce(choice: ForwardChoice) -> ForwardChoice:
     if collectives.launched_main():  # the same choice on every rank: one line, not one per process
-        print(choice.line(), flush=True)
-    return choice
+        print(chosen.line(), flush=True)
+    return chosen
 
 
 def collator(choice: ForwardChoice, args):

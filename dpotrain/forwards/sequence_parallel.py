@@ -27,7 +27,6 @@ sequence parallelism. `RecipeDPOTrainer.compute_loss` weighs micro-batches by pa
 pair N times, the N cancelling), so nothing there changes.
 """
 
-import contextlib
 import threading
 
 import torch
@@ -134,15 +133,6 @@ class _Attention:
         return u(module, query, key, value, attention_mask, *args, **kwargs)
 
 
-@contextlib.contextmanager
-def _forward_in_progress(position_ids: torch.Tensor):
-    _state.position_ids = position_ids
-    try:
-        yield
-    finally:
-        _state.position_ids = None
-
-
 class _GatherColumns(torch.autograd.Function):
     """All-gather along the columns over the group, whose backward gives each process the group's summed gradient of
     its own columns. torch.distributed.nn's all-gather does this with an all-to-all that gloo runs as scatters from
@@ -166,11 +156,6 @@ class _GatherColumns(torch.autograd.Function):
         grad = grad.clone(memory_format=torch.contiguous_format)  # all_reduce works in place, on contiguous memory
         dist.all_reduce(grad, group=_group["group"])
         return grad[:, ctx.cols]
-
-
-def _gather(tensor: torch.Tensor | None) -> torch.Tensor | None:
-    """`[rows, width / N]` of each process of the group as `[rows, width]`, in rank order; autograd flows back."""
-    return None if tensor is None else _GatherColumns.apply(tensor)
 
 
 def whole_row_masks(model, batch: dict):
@@ -210,7 +195,8 @@ def forward(model, batch: dict, **kwargs):
     # The label of every position is the next token of the whole row (the fused head would shift within the slice)
     shift_labels = torch.nn.functional.pad(packing.packed_labels(batch)[:, 1:], (0, 1), value=-100)
     local_positions = batch["position_ids"][:, cols]
-    with _forward_in_progress(local_positions):
+    _state.position_ids = local_positions  # the forward in progress, for the attention wrapper
+    try:
         outputs = model(
             input_ids=batch["input_ids"][:, cols],
             position_ids=local_positions,
@@ -221,7 +207,11 @@ def forward(model, batch: dict, **kwargs):
             **varlen_kwargs(model, batch),
             **kwargs,
         )
-    fields = {name: _gather(getattr(outputs, name, None)) for name in packing.PER_TOKEN_FIELDS}
-    fields = {name: None if t is None else t[:, : width - 1] for name, t in fields.items()}  # the last predicts nothing
+    finally:
+        _state.position_ids = None
+    # Each process's `[rows, width / N]` gathered as `[rows, width]`, in rank order (autograd flows back); the last
+    # column predicts nothing.
+    fields = {name: getattr(outputs, name, None) for name in packing.PER_TOKEN_FIELDS}
+    fields = {name: None if t is None else _GatherColumns.apply(t)[:, : width - 1] for name, t in fields.items()}
     # `loss` is the local slice's (TRL's DPO loss reads the per-token outputs only)
     return type(outputs)(loss=outputs.loss, aux_loss=outputs.aux_loss, **fields)

@@ -558,15 +558,12 @@ def plan(recipe, world: int, engine: Engine | None = None, attention: str | None
     # Activation checkpointing: the least recomputation that fits (choose_checkpointing).
     every, checkpointing_record = choose_checkpointing(recipe, shape.layers, gpu, lambda k: plan_for(engine, k).total)
     chosen = plan_for(engine, every)
-    record = _record(chosen, shape, gpu, gpu_source)
-    record.update(
-        {
-            "micro_batch_tokens": tokens,
-            "micro_batch_tokens_from": token_source,
-            "activation_checkpointing": every is not None,
-            "attention": attn,
-        }
-    )
+    record = _record(chosen, shape, gpu, gpu_source) | {
+        "micro_batch_tokens": tokens,
+        "micro_batch_tokens_from": token_source,
+        "activation_checkpointing": every is not None,
+        "attention": attn,
+    }
     if n > 1:
         record["sequence_parallel"] = {"size": n, "tokens_per_gpu": local, "data_parallel_size": world // n}
     record["activations_from"] = chosen.activations_method

@@ -418,11 +418,6 @@ class _Prefetch:
         self.thread.join()
 
 
-def _synchronize(device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 class _Results:
     """This rank's scores, kept on the device as they come (no copy to the host per micro-batch, which would wait for
     the GPU each time) and copied to the host once per save."""
@@ -564,7 +559,8 @@ def run(scorer: ReferenceScorer, dataset, name: str, layout: Layout | None, stop
                     if mine[j] is not None:
                         results.add(mine[j], c, r)
                 if j == 0:  # the warm-up: the clock of the steady speed starts once the first forward is done
-                    _synchronize(device)
+                    if device.type == "cuda":
+                        torch.cuda.synchronize(device)
                     progress.steady(round_tokens[0])
                 progress.advance(round_pairs[j], round_tokens[j] if j else 0)
                 if time.monotonic() - last_save >= save_seconds:
