@@ -1,36 +1,13 @@
-"""Which forward a run takes: decided once, from the pairs' lengths, between the forwards this machine can run.
+"""Which forward a run takes (docs/attention.md): decided once, from the pairs' lengths, between the forwards this
+machine can run, before the memory check and the model load (the attention is a `from_pretrained` argument).
 
-The candidates (`candidates`), for a model that packs (`packing.packing_problem`) and a recipe that lets it:
-- on CUDA: prompts shared on FlexAttention (one row per micro-batch, a block mask per layer kind); unshared on a
-  varlen FlashAttention kernel when one is installed (FA4 on Hopper/Blackwell, FA3 on Hopper, FA2); unshared on
-  FlexAttention (a document mask); sdpa's packed rows, shared or not (dense masks), only where FlexAttention cannot
-  pack the model (they compute flex's positions with more attention);
-- on the CPU: sdpa's packed rows, prompts shared or not (FlexAttention has no backward there, FlashAttention needs
-  CUDA);
-- padded micro-batches (TRL's collator, `padded.py`) only where packing cannot be used (a model type not proven to
-  pack, `padding_free: false`): where it can, the packed forwards are the ones weighed.
-On CUDA they are listed in a documented order (`documented_order`, docs/attention.md): shared prompts on flex, then
-unshared on a kernel whose speed this project measured (FA4, flex), then on FA3 or FA2 (not measured), then sdpa.
-Only kernels whose speed was measured (`cost.SPEED`: FA4 and flex, on an H100) are ranked against each other by their
-estimated cost on the run's pairs (`cost.decide`: the work each computes, weighed by its kernel's measured speed);
-where the first candidate runs a kernel whose speed was not measured, that kernel is taken by the order, and its
-layouts by their work alone (the CPU's sdpa is one). The `Forward:` line names the winner, the rule that took it
-("cheapest measured" or "by the documented order") and the runner-up with both estimates; `derived.forward` records
-every estimate and the candidates not weighed. Without lengths (a caller that has none) the order decides.
-
-Where the lengths come from (`forwards/sample.py`), before the memory check and before the model loads, since the
-attention is a `from_pretrained` argument and TRL loads the model and tokenizes in DPOTrainer's constructor: the
-analyzer's cached lengths of the whole training split when they exist (`scripts/analyze_dataset.py`, or
-`max_length: auto`), else a fixed seeded sample of rows tokenized exactly as the trainer tokenizes them. Every rank
-reads the same rows and decides alone, deterministically; the rank agreement (agreement.py) checks that the forwards
-are equal. A dry run decides from the cached lengths only, for the recipe's GPU with and without FlashAttention 4.
-
-An option given in the recipe is honoured or refused with one line, never replaced: an `attn_implementation` limits
-the candidates to it (refused when its kernel cannot run here), `share_prompt` to shared or unshared ones (refused
-when none can), `padding_free: true` to packed ones, `padding_free: false` to padded micro-batches. Models whose
-layers carry state keep `packing.packing_problem`'s rules; the boundary hybrids pack only when `padding_free: true` is
-given, on a varlen kernel (`hybrid_problem`), and the trainer then checks at start that packed rows score like the
-sequences alone, stopping the run if not: the forward decided here is never changed after.
+`candidates` lists them in the documented order (`documented_order`) with the recipe's options applied: an option given
+is honoured or refused with one line, never replaced (`attn_implementation`, `share_prompt`, `padding_free`); models
+whose layers carry state keep `packing.packing_problem`'s rules, and the boundary hybrids pack only when asked
+(`hybrid_problem`). `choose` takes the first without lengths, else `cost.decide` ranks the candidates on kernels whose
+speed was measured (any other kernel is taken by the order); the `Forward:` line and `derived.forward` say which rule
+took the winner, against what. The lengths come from forwards/sample.py; every rank decides alone, deterministically,
+and the rank agreement (agreement.py) checks that the forwards are equal.
 """
 
 import copy

@@ -1,21 +1,12 @@
 """Memory per GPU, planned before anything loads: does this recipe fit, under this engine, on this many GPUs?
 
-A plan is the sum of these parts, per GPU (README "Memory plan"):
-- model states: bf16 weights, gradients, fp32 master weights and Adam moments, as the engine holds and shards them.
-  ZeRO-2 and ZeRO-3 are DeepSpeed's own estimates (`estimate_zero2/3_model_states_mem_needs`: tests check equality);
-  FSDP2 as accelerate sets it up (fp32 sharded parameters, gradients and moments);
-- what the engine gathers or buffers beside them (reduce buckets; FSDP2's unsharded layers);
-- activations of one micro-batch: the backbone's forward and backward traced on fake tensors (shapes only: no memory,
-  no compute) at the micro-batch's token count, with and without activation checkpointing as the recipe says;
-- TRL's chunked LM head (`trl/trainer/utils.py`, `_CHUNKED_LOGPROB_CHUNK_SIZE`), which never builds the logits;
-- a live reference model's weights (`precompute_ref_log_probs: false`, TR-DPO's `sync_ref_model`), as TRL prepares
-  it beside the policy (`reference_model_bytes`); its no-grad forward on the same micro-batch ends before the policy's
-  starts, so its activations and masks are never alive beside the training forward's, which hold more;
-- dense attention masks, for sdpa and eager attention (FlashAttention's varlen kernel takes none, FlexAttention a block
-  mask of a few MiB), for the attention of the forward the run takes (forwards/choice.py): a run plans once its forward
-  is decided from the data, and first, before anything loads, for the lightest forward it could take;
-- an allowance for the CUDA context, NCCL buffers and allocator fragmentation.
-Parameter counts come from the model's config alone: the model is built on the meta device (no weights).
+A plan is the sum of parts per GPU, each explained in docs/memory.md ("Memory plan"): model states as the engine holds
+and shards them (`model_state_bytes`; ZeRO's are DeepSpeed's own estimates, tests check equality), engine buffers, the
+activations of one micro-batch traced on fake tensors (`activation_bytes`), TRL's chunked LM head (`lm_head_bytes`), a
+live reference model's weights (`reference_model_bytes`; its forward ends before the policy's starts), the attention
+masks of the forward the run takes (`mask_bytes`: first, before anything loads, for the lightest it could take) and an
+allowance for the CUDA context, NCCL and fragmentation. Parameter counts come from the model's config alone: the model
+is built on the meta device (no weights).
 """
 
 import copy

@@ -1,35 +1,13 @@
-"""The reference stage: the reference log-probs of every pair the run's planned steps train (a short run's steps train
-some of the data set: `_run_on`), scored once between the plan and training, kept on disk as they are computed, and
-reused by any later run that would compute the same numbers.
+"""The reference stage (docs/reference.md): the reference log-probs of every pair the run's planned steps train
+(`_run_on`), scored once after the model loads and before training (`train_stage.ReadyRun.score_reference`, or alone
+with `--reference-only`), saved as they are computed, and reused by any later run that would compute the same numbers.
 
-The reference model is the policy before its first update, so its log-probs can be scored once and the second model
-dropped from memory for the whole run. On a real data set this is hours of GPU time (150k pairs of ~5k tokens), so it
-is a stage of its own, the ready run's first verb (`train_stage.ReadyRun.score_reference`), after the model loads and
-before training (or alone, `--reference-only`):
-- results are written per rank, atomically and synced to disk, every `reference_save_seconds` and whenever the stage
-  stops; a restarted job (requeued, preempted, killed, or rerun by hand) keeps what was scored and scores only the
-  rest; a damaged file (truncated by a crash or a full disk) is named in a warning and its pairs are scored again;
-- a stop request (stop file, USR1, SIGTERM: `preemption.GracefulStop`) is honoured between micro-batches: every rank
-  saves its part, the main process writes the marker that makes `scripts/launch.sh` requeue the job, and the run exits;
-- rank 0 alone decides hit, partial or miss and broadcasts what it found, so ranks whose caches differ (node-local
-  `DPOTRAIN_CACHE`) still enter the same collectives;
-- each pair is scored with the training forward (`ReferenceScorer.log_probs`, scorer.py: TRL's own reference code
-  around the packed or padded forward), at forward-only speed: in micro-batches of its own (`micro_batches`: the
-  plan's planner at a budget a forward-only pass fits in the memory of a training micro-batch,
-  `memory.forward_only_multiple`), balanced over the ranks; no autograd (inference mode, or no_grad where the engine
-  shards weights) and no activation checkpointing (eval mode); rows read and collated on a thread ahead of the
-  forward; scores kept on the device and copied to the host once per save; a stop request agreed on by one small
-  collective every few seconds (`_StopChecks`), not one per micro-batch;
-- its speed is measured after its first micro-batch (the warm-up: kernels loaded, compiled), which is reported apart:
-  "warm-up 2.1 s (first micro-batch), then 81,234 tokens/s", recorded in resolved_config.json (`derived.reference`).
-
-The cache key is what determines each pair's numbers and nothing else: the weights, every scored pair's token ids (so
-data set, revision, tokenizer and chat template are covered, in-memory data sets too), max_length and truncation,
-LD-DPO's alpha, dtype and autocast, attention implementation, the forward (packed or padded) and library versions. It
-leaves out the micro-batch layout — world size, node count, token budget, pairs per step — although which pairs share a
-micro-batch changes the last bits of a sum: the stage's micro-batches are not training's, so at step 1 policy and
-reference differ by fp32 rounding (~1e-7 relative per pair; step 1 ~2e-7 from ln 2: tests/test_reference.py measures
-it), far inside the step-1 health guard, on any layout.
+The pieces: the cache key (`identity`: what determines each pair's numbers and nothing else; not the micro-batch
+layout, which moves only the last fp32 bits of a sum: tests/test_reference.py measures it), its folder (`Store`:
+per-rank parts saved atomically, damaged files named and rescored), pairs taken from other runs' caches (reuse.py), the
+stage's own forward-only micro-batches (`micro_batches`, at scorer.py's budget), the loop every rank runs in lockstep
+(`run`: rank 0 alone reads the cache and broadcasts what it found, so node-local caches cannot split the collectives;
+`_Prefetch`, `_Results`, `_StopChecks`) and what it reports (`_Progress`, `Outcome`).
 """
 
 import dataclasses
