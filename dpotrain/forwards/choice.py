@@ -171,7 +171,6 @@ def candidates(config, recipe, cuda: bool, varlen: str | None, check_kernels: bo
     from dpotrain.forwards.cost import Candidate
 
     t, want_share = recipe.training, recipe.project.share_prompt
-    coef = t.router_aux_loss_coef
     asked = recipe.model.attn_implementation
     if asked is not None:
         # FlexAttention on a CPU is refused even unchecked (a dry run): it has no backward pass there
@@ -198,7 +197,7 @@ def candidates(config, recipe, cuda: bool, varlen: str | None, check_kernels: bo
             problems.append(problem)
             continue
         share = None if want_share is not False else "share_prompt is false"
-        share = share or shared_prompt.share_problem(config, attn, coef)
+        share = share or shared_prompt.share_problem(config, attn, t.router_aux_loss_coef)
         if share is None:
             shared.append(Candidate(attn, True, True))
         else:
@@ -299,36 +298,18 @@ def choose(config, recipe, cuda: bool, varlen: str | None, lengths=None, check_k
     options, notes = candidates(config, recipe, cuda, varlen, check_kernels)
     t, n = recipe.training, recipe.project.sequence_parallel_size
     if lengths is None:
-        best = options[0]
+        best, record = options[0], None
         listed = ", ".join(c.describe() for c in options)
         why = f"by the documented order (no lengths to weigh), the first of {listed}"
         why = "the only forward here" if len(options) == 1 else why
-        return ForwardChoice(
-            best.packed, best.share_prompt, hidden_size, best.attention, why, sequence_parallel=n
-        ), notes
-    pairs = t.per_device_train_batch_size
-    decision = cost.decide(
-        options,
-        lengths,
-        config,
-        cuda,
-        t.max_length,
-        t.truncation_mode,
-        recipe.project.max_tokens_per_microbatch,
-        pairs,
-        uses_live_reference(recipe),
-    )
-    best = decision.winner.candidate
-    rule = decision_rule(decision, asked=recipe.model.attn_implementation is not None)
-    return ForwardChoice(
-        best.packed,
-        best.share_prompt,
-        hidden_size,
-        best.attention,
-        decision_reason(decision, rule),
-        {**decision.record(), "by": rule},
-        n,
-    ), notes
+    else:
+        budget, live = recipe.project.max_tokens_per_microbatch, uses_live_reference(recipe)
+        pairs = t.per_device_train_batch_size
+        decision = cost.decide(options, lengths, config, cuda, t.max_length, t.truncation_mode, budget, pairs, live)
+        best = decision.winner.candidate
+        rule = decision_rule(decision, asked=recipe.model.attn_implementation is not None)
+        why, record = decision_reason(decision, rule), {**decision.record(), "by": rule}
+    return ForwardChoice(best.packed, best.share_prompt, hidden_size, best.attention, why, record, n), notes
 
 
 def decision_rule(decision, asked: bool) -> str:

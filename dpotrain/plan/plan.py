@@ -335,12 +335,8 @@ class RowLayout:
         seqs = [int(lengths.chosen[i]) for i in micro_batch] + [int(lengths.rejected[i]) for i in micro_batch]
         if lengths.shared is not None and self.kind != "padded":  # a shared pair is one unit of its row
             seqs = [int(lengths.tokens[i]) for i in micro_batch if lengths.shared[i]]
-            seqs += [
-                s
-                for k, i in enumerate(micro_batch)
-                if not lengths.shared[i]
-                for s in (int(lengths.chosen[i]), int(lengths.rejected[i]))
-            ]
+            unshared = [i for i in micro_batch if not lengths.shared[i]]
+            seqs += [int(s) for i in unshared for s in (lengths.chosen[i], lengths.rejected[i])]
         if self.kind == "padded":
             from dpotrain.forwards.padded import positions
 
