@@ -287,8 +287,11 @@ class _Progress:
         self.tokens = 0  # since the steady clock started
         self.warmup: float | None = None
 
-    def steady(self, first_tokens: int) -> None:
-        """The first micro-batch is done (its results on the device): from here on the clock measures steady work."""
+    def steady(self, first_tokens: int, device) -> None:
+        """The first micro-batch is done (its results on the device, waited for): from here on the clock measures steady
+        work."""
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
         self.start = self.last = time.monotonic()
         self.warmup = self.start - self.began
         self.tokens_todo -= first_tokens
@@ -537,9 +540,7 @@ def run(scorer: ReferenceScorer, dataset, name: str, layout: Layout | None, stop
                     if mine[j] is not None:
                         results.add(mine[j], c, r)
                 if j == 0:  # the warm-up: the clock of the steady speed starts once the first forward is done
-                    if device.type == "cuda":
-                        torch.cuda.synchronize(device)
-                    progress.steady(round_tokens[0])
+                    progress.steady(round_tokens[0], device)
                 progress.advance(round_pairs[j], round_tokens[j] if j else 0)
                 if time.monotonic() - last_save >= save_seconds:
                     store.write_part(attempt, accelerator.process_index, *results.on_host())
