@@ -274,12 +274,10 @@ def sequence_parallel_forwards(recipe, config, packed: list, problems: list[str]
     )
 
 
-def lightest_attention(config, recipe, cuda: bool | None = None, varlen: str | None = INSTALLED) -> str:
+def lightest_attention(config, recipe, cuda: bool, varlen: str | None) -> str:
     """The attention of the candidate forward whose masks take the least memory (a varlen kernel none, FlexAttention
     a block mask of a few MiB, sdpa and eager dense ones): what a run's memory is first checked for, before anything
     loads, since no forward it can choose needs less."""
-    cuda = cuda_available() if cuda is None else cuda
-    varlen = installed_varlen(cuda) if varlen == INSTALLED else varlen
     options, _ = candidates(copy.deepcopy(config), recipe, cuda, varlen)
     return min((c.attention for c in options), key=mask_weight)
 

@@ -171,7 +171,7 @@ def activation_bytes(config, tokens: int, checkpointing: bool | int) -> tuple[in
 
 def checkpoint_every(checkpointing: bool | int | None) -> int | None:
     """None (no layer checkpointed) or k (every k-th layer; 1: all) from False / True / k."""
-    if checkpointing is None or checkpointing is False or checkpointing == 0:
+    if not checkpointing:
         return None
     return 1 if checkpointing is True else int(checkpointing)
 
