@@ -132,9 +132,7 @@ def training_flops(
         lengths.prompt, lengths.chosen, lengths.rejected, max_length, candidate.share_prompt, truncation_mode
     )
     if candidate.one_row:  # skipped tiles cost nothing; a shared pair's prompt once (flops.ModelFlops.training)
-        shared = None
-        if pl.shared is not None:
-            shared = (pl.prompt - 1)[pl.shared]
+        shared = None if pl.shared is None else (pl.prompt - 1)[pl.shared]
         return work.training(np.concatenate([pl.chosen, pl.rejected]), shared)
     total = 0.0
     for mb in micro_batches(pl, budget, pairs):

@@ -13,12 +13,13 @@ stage's own forward-only micro-batches (`micro_batches`, at scorer.py's budget),
 import dataclasses
 import functools
 import hashlib
+import itertools
 import json
-import queue
 import secrets
 import sys
-import threading
 import time
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -353,50 +354,31 @@ class _StopChecks:
 class _Prefetch:
     """Rows read and collated on a thread of their own, `AHEAD` micro-batches ahead of the forward (Arrow reads,
     tokens laid out in rows and masks: CPU work the GPU would otherwise wait for). Yields each round's collated batch
-    (pinned on CUDA, so its copy to the GPU does not wait for the host), or None for a round this rank sits out."""
+    (pinned on CUDA, so its copy to the GPU does not wait for the host), or None for a round this rank sits out; an
+    error of the thread is raised on the main thread, where it stops the stage."""
 
     AHEAD = 2
 
     def __init__(self, collate, rows, ids_per_round: list[list[int] | None], pin: bool):
-        self.queue: queue.Queue = queue.Queue(maxsize=self.AHEAD)
-        self.done = threading.Event()
-        self.thread = threading.Thread(
-            target=self._work, args=(collate, rows, ids_per_round, pin), daemon=True, name="reference-prefetch"
-        )
-        self.thread.start()
+        self.pool = ThreadPoolExecutor(1, thread_name_prefix="reference-prefetch")
+        self.load = functools.partial(self._load, collate, rows, pin)
+        self.rounds = iter(ids_per_round)
+        self.ahead = deque(self.pool.submit(self.load, ids) for ids in itertools.islice(self.rounds, self.AHEAD))
 
-    def _work(self, collate, rows, ids_per_round, pin):
-        try:
-            for ids in ids_per_round:
-                batch = None
-                if ids is not None:
-                    batch = collate(rows.__getitems__(ids))
-                    if pin:
-                        batch = {k: v.pin_memory() if torch.is_tensor(v) else v for k, v in batch.items()}
-                if not self._put((batch, None)):
-                    return
-        except BaseException as e:  # noqa: BLE001 - raised again on the main thread, where it stops the stage
-            self._put((None, e))
-
-    def _put(self, item) -> bool:
-        """Waits for room in the queue; False once the stage has closed it (stopped, or failed)."""
-        while not self.done.is_set():
-            try:
-                self.queue.put(item, timeout=0.1)
-                return True
-            except queue.Full:
-                pass
-        return False
+    @staticmethod
+    def _load(collate, rows, pin: bool, ids: list[int] | None):
+        if ids is None:
+            return None
+        batch = collate(rows.__getitems__(ids))
+        return {k: v.pin_memory() if pin and torch.is_tensor(v) else v for k, v in batch.items()}
 
     def next(self):
-        batch, error = self.queue.get()
-        if error is not None:
-            raise error
-        return batch
+        for ids in itertools.islice(self.rounds, 1):
+            self.ahead.append(self.pool.submit(self.load, ids))
+        return self.ahead.popleft().result()
 
     def close(self) -> None:
-        self.done.set()
-        self.thread.join()
+        self.pool.shutdown(cancel_futures=True)  # what is queued is dropped; a batch being collated is waited for
 
 
 class _Results:
