@@ -1,36 +1,13 @@
-"""Which forward a run takes: decided once, from the pairs' lengths, between the forwards this machine can run.
+"""Which forward a run takes (docs/attention.md): decided once, from the pairs' lengths, between the forwards this
+machine can run, before the memory check and the model load (the attention is a `from_pretrained` argument).
 
-The candidates (`candidates`), for a model that packs (`packing.packing_problem`) and a recipe that lets it:
-- on CUDA: prompts shared on FlexAttention (one row per micro-batch, a block mask per layer kind); unshared on a
-  varlen FlashAttention kernel when one is installed (FA4 on Hopper/Blackwell, FA3 on Hopper, FA2); unshared on
-  FlexAttention (a document mask); sdpa's packed rows, shared or not (dense masks), only where FlexAttention cannot
-  pack the model (they compute flex's positions with more attention);
-- on the CPU: sdpa's packed rows, prompts shared or not (FlexAttention has no backward there, FlashAttention needs
-  CUDA);
-- padded micro-batches (TRL's collator, `padded.py`) only where packing cannot be used (a model type not proven to
-  pack, `padding_free: false`): where it can, the packed forwards are the ones weighed.
-On CUDA they are listed in a documented order (`documented_order`, docs/attention.md): shared prompts on flex, then
-unshared on a kernel whose speed this project measured (FA4, flex), then on FA3 or FA2 (not measured), then sdpa.
-Only kernels whose speed was measured (`cost.SPEED`: FA4 and flex, on an H100) are ranked against each other by their
-estimated cost on the run's pairs (`cost.decide`: the work each computes, weighed by its kernel's measured speed);
-where the first candidate runs a kernel whose speed was not measured, that kernel is taken by the order, and its
-layouts by their work alone (the CPU's sdpa is one). The `Forward:` line names the winner, the rule that took it
-("cheapest measured" or "by the documented order") and the runner-up with both estimates; `derived.forward` records
-every estimate and the candidates not weighed. Without lengths (a caller that has none) the order decides.
-
-Where the lengths come from (`forwards/sample.py`), before the memory check and before the model loads, since the
-attention is a `from_pretrained` argument and TRL loads the model and tokenizes in DPOTrainer's constructor: the
-analyzer's cached lengths of the whole training split when they exist (`scripts/analyze_dataset.py`, or
-`max_length: auto`), else a fixed seeded sample of rows tokenized exactly as the trainer tokenizes them. Every rank
-reads the same rows and decides alone, deterministically; the rank agreement (agreement.py) checks that the forwards
-are equal. A dry run decides from the cached lengths only, for the recipe's GPU with and without FlashAttention 4.
-
-An option given in the recipe is honoured or refused with one line, never replaced: an `attn_implementation` limits
-the candidates to it (refused when its kernel cannot run here), `share_prompt` to shared or unshared ones (refused
-when none can), `padding_free: true` to packed ones, `padding_free: false` to padded micro-batches. Models whose
-layers carry state keep `packing.packing_problem`'s rules; the boundary hybrids pack only when `padding_free: true` is
-given, on a varlen kernel (`hybrid_problem`), and the trainer then checks at start that packed rows score like the
-sequences alone, stopping the run if not: the forward decided here is never changed after.
+`candidates` lists them in the documented order (`documented_order`) with the recipe's options applied: an option given
+is honoured or refused with one line, never replaced (`attn_implementation`, `share_prompt`, `padding_free`); models
+whose layers carry state keep `packing.packing_problem`'s rules, and the boundary hybrids pack only when asked
+(`hybrid_problem`). `choose` takes the first without lengths, else `cost.decide` ranks the candidates on kernels whose
+speed was measured (any other kernel is taken by the order); the `Forward:` line and `derived.forward` say which rule
+took the winner, against what. The lengths come from forwards/sample.py; every rank decides alone, deterministically,
+and the rank agreement (agreement.py) checks that the forwards are equal.
 """
 
 import copy
@@ -167,13 +144,6 @@ def dense_attention(config) -> str:
 INSTALLED = "installed"  # `varlen` of `decide_forward`: the varlen FlashAttention this machine has (installed_varlen)
 
 
-def recipe_packing_problem(recipe) -> str | None:
-    """Why the recipe itself keeps the forward padded, or None. A live reference model (`precompute_ref_log_probs:
-    false`, TR-DPO's `sync_ref_model`) packs like the policy: the trainer scores it with the same stand-in forward on
-    the same micro-batch (`RecipeDPOTrainer._compute_loss`), split over a group like the policy's."""
-    return None if recipe.training.padding_free else "padding_free is false"
-
-
 def asked_to_pack(recipe) -> bool:
     """`padding_free: true` given in the recipe or on the command line (not this project's default)."""
     return "padding_free" in recipe.given and recipe.training.padding_free
@@ -201,12 +171,11 @@ def candidates(config, recipe, cuda: bool, varlen: str | None, check_kernels: bo
     from dpotrain.forwards.cost import Candidate
 
     t, want_share = recipe.training, recipe.project.share_prompt
-    coef = t.router_aux_loss_coef
     asked = recipe.model.attn_implementation
     if asked is not None:
-        kernel = kernel_problem(asked, cuda) if check_kernels else None
-        if kernel is None and not cuda and packing.attention_name(asked) == "flex_attention":
-            kernel = "FlexAttention has no backward pass on CPU in PyTorch; use --attn_implementation sdpa on CPU"
+        # FlexAttention on a CPU is refused even unchecked (a dry run): it has no backward pass there
+        flex = packing.attention_name(asked) == "flex_attention"
+        kernel = kernel_problem(asked, cuda) if check_kernels or flex else None
         if kernel is not None:
             raise ConfigError(f"attn_implementation {asked} cannot run here: {kernel}")
         attentions = [asked]
@@ -214,7 +183,10 @@ def candidates(config, recipe, cuda: bool, varlen: str | None, check_kernels: bo
         attentions = [*([varlen] if varlen else []), "flex_attention", dense_attention(config)]
     else:
         attentions = [dense_attention(config)]
-    recipe_problem = recipe_packing_problem(recipe)
+    # Only `padding_free: false` keeps the recipe padded: a live reference model (`precompute_ref_log_probs: false`,
+    # TR-DPO's `sync_ref_model`) packs like the policy, scored with the same stand-in forward on the same micro-batch
+    # (`RecipeDPOTrainer._compute_loss`), split over a group like the policy's.
+    recipe_problem = None if t.padding_free else "padding_free is false"
     shared, unshared, problems, share_problems = [], [], [], []
     for attn in attentions:
         if cuda and attn == dense_attention(config) and asked is None and (shared or unshared):
@@ -225,7 +197,7 @@ def candidates(config, recipe, cuda: bool, varlen: str | None, check_kernels: bo
             problems.append(problem)
             continue
         share = None if want_share is not False else "share_prompt is false"
-        share = share or shared_prompt.share_problem(config, attn, coef)
+        share = share or shared_prompt.share_problem(config, attn, t.router_aux_loss_coef)
         if share is None:
             shared.append(Candidate(attn, True, True))
         else:
@@ -302,12 +274,10 @@ def sequence_parallel_forwards(recipe, config, packed: list, problems: list[str]
     )
 
 
-def lightest_attention(config, recipe, cuda: bool | None = None, varlen: str | None = INSTALLED) -> str:
+def lightest_attention(config, recipe, cuda: bool, varlen: str | None) -> str:
     """The attention of the candidate forward whose masks take the least memory (a varlen kernel none, FlexAttention
     a block mask of a few MiB, sdpa and eager dense ones): what a run's memory is first checked for, before anything
     loads, since no forward it can choose needs less."""
-    cuda = cuda_available() if cuda is None else cuda
-    varlen = installed_varlen(cuda) if varlen == INSTALLED else varlen
     options, _ = candidates(copy.deepcopy(config), recipe, cuda, varlen)
     return min((c.attention for c in options), key=mask_weight)
 
@@ -326,36 +296,18 @@ def choose(config, recipe, cuda: bool, varlen: str | None, lengths=None, check_k
     options, notes = candidates(config, recipe, cuda, varlen, check_kernels)
     t, n = recipe.training, recipe.project.sequence_parallel_size
     if lengths is None:
-        best = options[0]
+        best, record = options[0], None
         listed = ", ".join(c.describe() for c in options)
         why = f"by the documented order (no lengths to weigh), the first of {listed}"
         why = "the only forward here" if len(options) == 1 else why
-        return ForwardChoice(
-            best.packed, best.share_prompt, hidden_size, best.attention, why, sequence_parallel=n
-        ), notes
-    pairs = t.per_device_train_batch_size
-    decision = cost.decide(
-        options,
-        lengths,
-        config,
-        cuda,
-        t.max_length,
-        t.truncation_mode,
-        recipe.project.max_tokens_per_microbatch,
-        pairs,
-        uses_live_reference(recipe),
-    )
-    best = decision.winner.candidate
-    rule = decision_rule(decision, asked=recipe.model.attn_implementation is not None)
-    return ForwardChoice(
-        best.packed,
-        best.share_prompt,
-        hidden_size,
-        best.attention,
-        decision_reason(decision, rule),
-        {**decision.record(), "by": rule},
-        n,
-    ), notes
+    else:
+        budget, live = recipe.project.max_tokens_per_microbatch, uses_live_reference(recipe)
+        pairs = t.per_device_train_batch_size
+        decision = cost.decide(options, lengths, config, cuda, t.max_length, t.truncation_mode, budget, pairs, live)
+        best = decision.winner.candidate
+        rule = decision_rule(decision, asked=recipe.model.attn_implementation is not None)
+        why, record = decision_reason(decision, rule), {**decision.record(), "by": rule}
+    return ForwardChoice(best.packed, best.share_prompt, hidden_size, best.attention, why, record, n), notes
 
 
 def decision_rule(decision, asked: bool) -> str:
@@ -401,13 +353,9 @@ def decide(recipe, config, cuda: bool, varlen: str | None, lengths=None) -> Forw
     chosen, notes = choose(config, recipe, cuda, varlen, lengths)
     for note in notes:
         print(note, flush=True)
-    return announce(chosen)
-
-
-def announce(choice: ForwardChoice) -> ForwardChoice:
     if collectives.launched_main():  # the same choice on every rank: one line, not one per process
-        print(choice.line(), flush=True)
-    return choice
+        print(chosen.line(), flush=True)
+    return chosen
 
 
 def collator(choice: ForwardChoice, args):

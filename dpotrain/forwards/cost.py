@@ -1,31 +1,12 @@
-"""What each candidate forward costs on a run's pairs, and the decision between them: a pure function of the pairs'
-lengths, the candidates, the model's shape and the kernels' measured speeds (`SPEED`), so every rank given the same
-lengths takes the same decision, and tests assert it without the hardware.
+"""What each candidate forward costs on a run's pairs, and the decision between them (docs/attention.md, "How the
+forward is chosen"): a pure function of the pairs' lengths, the candidates, the model's config and the kernels'
+measured speeds (`SPEED`), so every rank given the same lengths decides alike, and tests assert it without the hardware.
 
-A forward's cost is the model FLOPs of training on what it computes, divided by the speed its kernel trains at:
-- what it computes: every position it runs (a shared prompt once; dense rows and padded rows up to their width) at
-  2 x the matrix products' weights per position forward, plus attention at 2 x 2 x (heads x head dim) per attended
-  key per layer (`flops.ModelFlops`'s formula), x 3 with the backward;
-- attended keys: varlen FlashAttention and FlexAttention skip what the mask hides (causal, within each sequence or
-  pair, within a sliding window); sdpa given a dense mask (packed rows, shared prompts, padded rows) runs every tile
-  of a row, window or not, so a row of width W pays W^2 in every layer;
-- a live reference model (`precompute_ref_log_probs: false`, TR-DPO) adds a no-grad forward of the same rows per
-  micro-batch: 4 forwards' worth instead of 3 for every candidate alike (it cannot change their order; the estimates
-  then count it);
-- micro-batches: those of the plan's budget (`max_tokens_per_microbatch`, or `per_device_train_batch_size` pairs),
-  laid out as each forward's collator lays them (`packing.fill_rows`, `padded.row_groups`).
-
-Speeds are in one table, `SPEED`, and only speeds this project measured are in it: FlashAttention 4's varlen kernel
-and FlexAttention, on an H100 (BENCHMARKS.md, "Measured on one H100 80GB"). A speed is the share of the GPU's dense
-bf16 peak that the training loop reached on the model FLOPs it computed (its MFU) with that kernel. The data's own
-effect on speed is common to the kernels (packed FA4 ran 1.33x the MFU on multi-turn pairs that it ran on think-shaped
-ones in benchmarks/attention.py; shared prompts on flex 1.31x in the training loop), so one speed per kernel ranks them.
-
-Which candidates are weighed against each other (`comparable`): those on a measured kernel, when the first candidate in
-the documented order (`choice.candidates`) runs one; else those on the first candidate's kernel alone (the CPU's sdpa,
-an attention the recipe names, FlashAttention 3 or 2 for a model FlexAttention cannot pack), whose layouts differ in
-work only, so that no speed is needed. A kernel whose speed is not measured is never ranked against another by a
-guessed speed: the order decides (docs/attention.md, "How the forward is chosen").
+An estimate is the model FLOPs of training on what a forward computes (`training_flops`: every position it runs, in the
+micro-batches of the plan's budget laid out as its collator lays them, and the keys its attention attends: varlen
+FlashAttention and FlexAttention skip what the mask hides, a dense mask costs W^2 per row of width W), divided by the
+speed its kernel was measured to train at. Only kernels whose speed was measured are ranked against each other
+(`comparable`): a kernel whose speed is not is taken by the order, and its layouts ranked by their work alone.
 """
 
 from dataclasses import dataclass
@@ -103,13 +84,10 @@ def model_flops(config) -> flops.ModelFlops:
     h, heads = text.hidden_size, text.num_attention_heads
     head_dim = getattr(text, "head_dim", None) or h // heads
     kv = getattr(text, "num_key_value_heads", None) or heads
-    inner = getattr(text, "moe_intermediate_size", None)
-    inner = inner * getattr(text, "num_experts_per_tok", 1) if inner else getattr(text, "intermediate_size", 4 * h)
-    layer = 2 * h * heads * head_dim + 2 * h * kv * head_dim + 3 * h * inner
-    kinds = getattr(text, "layer_types", None) or ["full_attention"] * text.num_hidden_layers
-    window = getattr(text, "sliding_window", None)
-    windows = tuple(None if k == "full_attention" else window if k == "sliding_attention" else 0 for k in kinds)
-    return flops.ModelFlops(text.num_hidden_layers * layer + text.vocab_size * h, heads * head_dim, windows)
+    layer = 2 * h * heads * head_dim + 2 * h * kv * head_dim + 3 * h * flops.mlp_width(text)
+    return flops.ModelFlops(
+        text.num_hidden_layers * layer + text.vocab_size * h, heads * head_dim, flops.layer_windows(text)
+    )
 
 
 def micro_batches(lengths: PairLengths, budget: int | None, pairs: int) -> list[list[int]]:
@@ -154,9 +132,7 @@ def training_flops(
         lengths.prompt, lengths.chosen, lengths.rejected, max_length, candidate.share_prompt, truncation_mode
     )
     if candidate.one_row:  # skipped tiles cost nothing; a shared pair's prompt once (flops.ModelFlops.training)
-        shared = None
-        if pl.shared is not None:
-            shared = (pl.prompt - 1)[pl.shared]
+        shared = None if pl.shared is None else (pl.prompt - 1)[pl.shared]
         return work.training(np.concatenate([pl.chosen, pl.rejected]), shared)
     total = 0.0
     for mb in micro_batches(pl, budget, pairs):

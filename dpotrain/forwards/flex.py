@@ -1,25 +1,13 @@
-"""FlexAttention compiled once per run: the attention function every flex forward calls (training, the reference
-stage, evaluation), registered as transformers' `flex_attention` (`install`).
+"""FlexAttention compiled once per run (docs/attention.md, "FlexAttention, compiled once per run"): the attention
+function every flex forward calls (training, the reference stage, evaluation), registered as transformers'
+`flex_attention` (`install`) in place of transformers' own, which recompiles per row width, window and training flag
+until dynamo, past its recompile limit, runs it uncompiled and out of memory (310 GiB at the think recipe's step 1).
 
-Why not transformers' own (`integrations/flex_attention.py`): it makes a new `torch.compile(flex_attention)` each time
-the module's training flag flips (reference stage, generation, evaluation), compiles with static shapes (every
-micro-batch's row width is a new compilation), and passes closures dynamo guards on. Past torch's recompile limit
-(`torch._dynamo.config.recompile_limit`, 8) dynamo runs flex uncompiled, which materializes each row's whole score
-matrix: on an H100 the think recipe died at step 1 trying to allocate 310 GiB. Here:
-- one `torch.compile` of one function (`_flex`), `dynamic=True` and `fullgraph=True`, whatever the training flag;
-- the block mask's tile tables are marked dynamic on every call (`_mark_dynamic`), so a new row width is not a new
-  compilation (dynamo would otherwise compile the first width statically and only then generalize); a micro-batch of
-  one tile (a row of <= 128 positions) is its own shape, as dynamo specializes sizes of 1;
-- the mask's rule reads the sliding window from a tensor (`masks.mask_mod_of`), so full and sliding layers share it;
-- the rows are whole 128-position tiles (the collators pad them), said to the compiler (`torch._check`), which with
-  dynamic sizes could not prove it and would add bounds checks to every tile;
-- what is left in the guards is the autograd mode: with gradients (training), without (evaluation, a no-grad
-  reference, reentrant checkpointing's first pass) and inference mode, so a run compiles about three times.
-Generation does not come here: it runs on sdpa (`samples.py`), with a KV cache and widths of its own.
-
-Should dynamo still give flex up, the run stops with `errors.RunError`, one line that says why, instead of running it
-uncompiled into an out-of-memory error: at the recompile limit (dynamo raises for a `fullgraph` function, and
-`attention` says why), or with compilation disabled (`_flex` finds itself running uncompiled).
+Here: one `torch.compile(dynamic=True, fullgraph=True)` of one function (`_flex`), the block mask's tile tables marked
+dynamic (`_mark_dynamic`), the window read from a tensor (`masks.mask_mod_of`), and the rows' whole 128-position tiles
+said to the compiler (`torch._check`); what is left in the guards is the autograd mode, about three compilations a run.
+Should dynamo still give flex up (at the recompile limit, or with compilation disabled), the run stops with one line
+(`uncompiled_reason`) instead of running it uncompiled.
 """
 
 import torch

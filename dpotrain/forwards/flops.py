@@ -35,6 +35,20 @@ def peak_of(name: str) -> float | None:
     return next((peak for key, peak in PEAK_BF16_TFLOPS.items() if key in name), None)
 
 
+def layer_windows(text) -> tuple:
+    """Per layer of a text config: its sliding window, None for full attention, 0 for a linear-attention layer."""
+    kinds = getattr(text, "layer_types", None) or ["full_attention"] * text.num_hidden_layers
+    window = getattr(text, "sliding_window", None)
+    return tuple(None if k == "full_attention" else window if k == "sliding_attention" else 0 for k in kinds)
+
+
+def mlp_width(text) -> int:
+    """The MLP width a token runs: an MoE layer's experts per token x their width, else the dense intermediate size."""
+    if moe := getattr(text, "moe_intermediate_size", None):
+        return moe * getattr(text, "num_experts_per_tok", 1)
+    return getattr(text, "intermediate_size", 4 * text.hidden_size)
+
+
 @dataclass(frozen=True)
 class ModelFlops:
     matmul_params: int  # N: the weights of matrix products (no input embedding, norms or biases)
@@ -66,12 +80,7 @@ class ModelFlops:
         matmul = total - (count(embedding.weight) if embedding is not None and not tied else 0)
         heads = getattr(config, "num_attention_heads", 0) or 0
         head_dim = getattr(config, "head_dim", None) or (config.hidden_size // heads if heads else 0)
-        layer_types = getattr(config, "layer_types", None) or ["full_attention"] * config.num_hidden_layers
-        window = getattr(config, "sliding_window", None)
-        windows = tuple(
-            None if kind == "full_attention" else window if kind == "sliding_attention" else 0 for kind in layer_types
-        )
-        return cls(matmul, heads * head_dim, windows)
+        return cls(matmul, heads * head_dim, layer_windows(config))
 
     def training(self, seq_lens, shared_prefixes=None) -> float:
         """Forward + backward FLOPs of sequences of these lengths; less, for pairs whose prompt is computed once, its

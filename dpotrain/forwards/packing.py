@@ -245,12 +245,7 @@ class PackedPreferenceCollator:
         per_pair = [sequences(e, self.max_length, self.truncation_mode) for e in examples]
         seqs = [pair[0] for pair in per_pair] + [pair[1] for pair in per_pair]  # TRL's [chosen..., rejected...]
         lengths = [len(ids) for ids, _ in seqs]
-        rows = (
-            [list(range(len(seqs)))]
-            if self.one_row
-            else fill_rows(lengths, self.hidden_size, row_width_bound(self.max_length))
-        )
-        width = padded_width(max(sum(lengths[i] for i in row) for row in rows), self.pad_to_multiple_of)
+        rows, width = self.rows(lengths)
         input_ids = torch.full((len(rows), width), self.pad_token_id, dtype=torch.long)
         completion_mask = torch.zeros((len(rows), width), dtype=torch.long)
         position_ids = torch.zeros((len(rows), width), dtype=torch.long)
@@ -277,10 +272,22 @@ class PackedPreferenceCollator:
         }
         if self.one_row:
             batch |= varlen_boundaries(lengths, width)
-        for key in ("ref_chosen_logps", "ref_rejected_logps"):
-            if key in examples[0]:
-                batch[key] = torch.tensor([e[key] for e in examples], dtype=torch.float32)
-        return batch
+        return with_reference(batch, examples)
+
+    def rows(self, lengths: list[int]) -> tuple[list[list[int]], int]:
+        """The units of these lengths in rows (all in one, or `fill_rows`'), and the width every row is padded to."""
+        bound = row_width_bound(self.max_length)
+        rows = [list(range(len(lengths)))] if self.one_row else fill_rows(lengths, self.hidden_size, bound)
+        return rows, padded_width(max(sum(lengths[i] for i in row) for row in rows), self.pad_to_multiple_of)
+
+
+def with_reference(batch: dict, examples: list[dict]) -> dict:
+    """`batch` with the examples' reference log-probs (`ref_chosen_logps` / `ref_rejected_logps`) where they carry
+    them."""
+    for key in ("ref_chosen_logps", "ref_rejected_logps"):
+        if key in examples[0]:
+            batch[key] = torch.tensor([e[key] for e in examples], dtype=torch.float32)
+    return batch
 
 
 def varlen_boundaries(lengths: list[int], width: int) -> dict:
@@ -356,18 +363,19 @@ def _layouts(batch: dict):
     return predictions, tokens
 
 
+def _lay_out(packed: torch.Tensor | None, index: torch.Tensor, valid: torch.Tensor) -> torch.Tensor | None:
+    """A packed tensor read through `layout_index`'s map (invalid entries 0); None stays None."""
+    return None if packed is None else packed.reshape(-1)[index].masked_fill(~valid, 0)
+
+
 def padded_view(batch: dict) -> dict:
     """The packed batch as TRL's padded `[2B, L]` inputs: `input_ids`, `attention_mask`, `completion_mask` and the
     reference log-probs, which is what TRL's `_compute_loss` reads besides the model's outputs."""
     _, (index, valid) = _layouts(batch)
-
-    def lay_out(packed: torch.Tensor) -> torch.Tensor:
-        return packed.reshape(-1)[index].masked_fill(~valid, 0)
-
     padded = {
-        "input_ids": lay_out(batch["input_ids"]),
+        "input_ids": _lay_out(batch["input_ids"], index, valid),
         "attention_mask": valid.long(),
-        "completion_mask": lay_out(batch["completion_mask"]),
+        "completion_mask": _lay_out(batch["completion_mask"], index, valid),
     }
     for key in ("ref_chosen_logps", "ref_rejected_logps"):
         if key in batch:
@@ -385,11 +393,7 @@ def unpack_outputs(outputs, batch: dict):
     activations: it costs 2B x L numbers.
     """
     (index, valid), _ = _layouts(batch)
-
-    def lay_out(packed: torch.Tensor | None) -> torch.Tensor | None:
-        return None if packed is None else packed.reshape(-1)[index].masked_fill(~valid, 0)
-
-    fields = {name: lay_out(getattr(outputs, name)) for name in PER_TOKEN_FIELDS}
+    fields = {name: _lay_out(getattr(outputs, name), index, valid) for name in PER_TOKEN_FIELDS}
     return type(outputs)(loss=outputs.loss, aux_loss=outputs.aux_loss, **fields)
 
 

@@ -115,20 +115,19 @@ class GroupedModel:
     def __call__(self, *, fused_lm_head: bool = False, output_router_logits: bool | None = None, **padded_kwargs):
         mask = padded_kwargs["attention_mask"]
         rows, width = mask.shape
-        groups = self.groups
-        if fused_lm_head and not output_router_logits and groups is not None and self.lockstep:
-            lengths = mask.sum(dim=1).tolist()
+        groups, fillers = self.groups, 0
+        grouped = fused_lm_head and not output_router_logits and groups is not None
+        if grouped and self.lockstep:
             count = max_over_ranks(len(groups), mask.device)  # the same on every rank: one call each, or `count`
-            groups = groups if count == len(groups) else row_groups(lengths, count=count)
+            if count != len(groups):
+                groups = row_groups(mask.sum(dim=1).tolist(), count=count)
             fillers = count - len(groups)
-            if count > 1:
-                return self._grouped(groups, padded_kwargs, fillers)
-        if not fused_lm_head or output_router_logits or groups is None or len(groups) == 1:  # TRL's single forward
-            extra = {} if output_router_logits is None else {"output_router_logits": output_router_logits}
-            self.outputs = self.model(**padded_kwargs, fused_lm_head=fused_lm_head, **extra)
-            self.positions = rows * width
-            return self.outputs
-        return self._grouped(groups, padded_kwargs, 0)
+        if grouped and len(groups) + fillers > 1:
+            return self._grouped(groups, padded_kwargs, fillers)
+        extra = {} if output_router_logits is None else {"output_router_logits": output_router_logits}
+        self.outputs = self.model(**padded_kwargs, fused_lm_head=fused_lm_head, **extra)  # TRL's single forward
+        self.positions = rows * width
+        return self.outputs
 
     def _grouped(self, groups: list[list[int]], padded_kwargs: dict, fillers: int):
         mask = padded_kwargs["attention_mask"]

@@ -1,13 +1,8 @@
-"""The pairs' lengths a run decides its forward from, before the memory check and before the model loads.
-
-The analyzer's cached lengths of the whole training split when this data set, tokenizer and chat template have been
-analysed (`scripts/analyze_dataset.py`, or `max_length: auto` earlier in the run); else a fixed seeded sample of
-`SAMPLE_ROWS` rows tokenized exactly as the trainer tokenizes them (`lengths.measure`: TRL's own `_tokenize` calls).
-Every rank reads the same rows with the same seed, so every rank gets the same lengths and takes the same decision
-(agreement.py checks the forwards). The sample costs its tokenization only, whatever the data set's size: 1,024
-rows of a 20,000-row think-like set (benchmarks/analyzer_speed.py's generator, ~3,600 tokens a pair, the built-in
-tokenizer) took 9.8 CPU-seconds on one core (BENCHMARKS.md), against ~14 CPU-minutes to tokenize all 150k rows of such
-a data set, which TRL does later anyway.
+"""The pairs' lengths a run decides its forward from, before the memory check and before the model loads
+(docs/attention.md, "The lengths"): the analyzer's cached lengths of the whole training split when this data set,
+tokenizer and chat template have been analysed (`cached`), else a fixed seeded sample of `SAMPLE_ROWS` rows tokenized
+exactly as the trainer tokenizes them (`sampled`: its tokenization only, whatever the data set's size). Every rank reads
+the same rows with the same seed, so every rank takes the same decision (agreement.py checks the forwards).
 """
 
 import numpy as np

@@ -1,33 +1,19 @@
-"""Sequence parallelism: one packed micro-batch split along the sequence over the N processes of a group (DeepSpeed
-Ulysses), for pairs longer than one GPU holds (`sequence_parallel_size: N`).
+"""Sequence parallelism (docs/sequence_parallel.md): one packed micro-batch split along the sequence over the N
+processes of a group (DeepSpeed Ulysses), for pairs longer than one GPU holds (`sequence_parallel_size: N`).
 
-Every process of a group reads the same micro-batch (the sampler deals micro-batches to data-parallel ranks:
-`dpotrain/cluster/sequence_parallel.py`, which also holds the launch's checks; the forward's are in `choice.py`) and
-collates it the same way, its row width padded to a multiple of N (the padding is a segment of its own, no label: out
-of the loss). Each process then runs the model on its 1/N of the columns only; in every
-attention layer DeepSpeed's `UlyssesSPAttentionHF` all-to-alls queries, keys and values to the whole sequence for 1/N of
-the heads, the project's own attention runs on it with the boundaries of the WHOLE rows (packed documents, shared
-prompts and sliding windows keep their meaning: `whole_row_masks`, built from the full batch every process holds:
-sdpa's dense masks, FlexAttention's block masks; a varlen FlashAttention kernel takes the whole row's `cu_seq_lens_q/k`
-and `max_length_q/k` as the collator made them, passed as model kwargs that reach the kernel through Ulysses), and a
-second all-to-all brings the output back to the process's columns.
-DeepSpeed's own wrapper (`register_with_transformers`) drops any 4D mask, and rebuilds a causal-only block mask for
-flex, attending over the whole row, which would let packed sequences see each other: only its attention module is used
-here, around the masks this project builds. The kernel never sees the split: after the all-to-all it holds whole rows.
-
-The LM head runs on the local columns only, each position labelled with the next token of the whole row
-(`shift_labels`: a label of the next process's first column is not lost at the cut). The per-token outputs (one float
-per token, never logits) are then gathered over the group with an autograd-aware all-gather, so TRL's loss sees whole
-sequences on every process of the group, and every loss variant is computed as without sequence parallelism.
-
-Gradients: every process of a group computes the same full loss; the gather's backward sums the group's gradients of
-it (`_GatherColumns`), so each process holds N x its share of d(loss), and the engine's average over
-all N x D processes gives (1/D) x the sum over the D data-parallel groups: the same gradient as D processes without
-sequence parallelism. `RecipeDPOTrainer.compute_loss` weighs micro-batches by pairs counted on every process (each
-pair N times, the N cancelling), so nothing there changes.
+Every process of a group reads and collates the same micro-batch (its width padded to a multiple of N: a segment of its
+own, out of the loss) and runs the model on its 1/N of the columns (`forward`). In every attention layer DeepSpeed's
+`UlyssesSPAttentionHF` all-to-alls queries, keys and values to the whole rows for 1/N of the heads, and the project's
+attention runs on them with the WHOLE rows' boundaries (`whole_row_masks`, `varlen_kwargs`): DeepSpeed's own wrapper
+(`register_with_transformers`) drops 4D masks and rebuilds a causal-only block mask for flex, which would let packed
+sequences see each other, so only its attention module is used (`_Attention`). The LM head labels each local position
+with the next token of the whole row (`shift_labels`), and the per-token outputs are gathered over the group
+(`_GatherColumns`), so TRL's loss sees whole sequences. Every process of a group computes the same loss; the gather's
+backward sums the group's gradients of it, so the engine's average over all N x D processes is the gradient of D
+processes without the split. The launch's checks are in dpotrain/cluster/sequence_parallel.py, the forward's in
+choice.py.
 """
 
-import contextlib
 import threading
 
 import torch
@@ -134,15 +120,6 @@ class _Attention:
         return u(module, query, key, value, attention_mask, *args, **kwargs)
 
 
-@contextlib.contextmanager
-def _forward_in_progress(position_ids: torch.Tensor):
-    _state.position_ids = position_ids
-    try:
-        yield
-    finally:
-        _state.position_ids = None
-
-
 class _GatherColumns(torch.autograd.Function):
     """All-gather along the columns over the group, whose backward gives each process the group's summed gradient of
     its own columns. torch.distributed.nn's all-gather does this with an all-to-all that gloo runs as scatters from
@@ -166,11 +143,6 @@ class _GatherColumns(torch.autograd.Function):
         grad = grad.clone(memory_format=torch.contiguous_format)  # all_reduce works in place, on contiguous memory
         dist.all_reduce(grad, group=_group["group"])
         return grad[:, ctx.cols]
-
-
-def _gather(tensor: torch.Tensor | None) -> torch.Tensor | None:
-    """`[rows, width / N]` of each process of the group as `[rows, width]`, in rank order; autograd flows back."""
-    return None if tensor is None else _GatherColumns.apply(tensor)
 
 
 def whole_row_masks(model, batch: dict):
@@ -210,7 +182,8 @@ def forward(model, batch: dict, **kwargs):
     # The label of every position is the next token of the whole row (the fused head would shift within the slice)
     shift_labels = torch.nn.functional.pad(packing.packed_labels(batch)[:, 1:], (0, 1), value=-100)
     local_positions = batch["position_ids"][:, cols]
-    with _forward_in_progress(local_positions):
+    _state.position_ids = local_positions  # the forward in progress, for the attention wrapper
+    try:
         outputs = model(
             input_ids=batch["input_ids"][:, cols],
             position_ids=local_positions,
@@ -221,7 +194,11 @@ def forward(model, batch: dict, **kwargs):
             **varlen_kwargs(model, batch),
             **kwargs,
         )
-    fields = {name: _gather(getattr(outputs, name, None)) for name in packing.PER_TOKEN_FIELDS}
-    fields = {name: None if t is None else t[:, : width - 1] for name, t in fields.items()}  # the last predicts nothing
+    finally:
+        _state.position_ids = None
+    # Each process's `[rows, width / N]` gathered as `[rows, width]`, in rank order (autograd flows back); the last
+    # column predicts nothing.
+    fields = {name: getattr(outputs, name, None) for name in packing.PER_TOKEN_FIELDS}
+    fields = {name: None if t is None else _GatherColumns.apply(t)[:, : width - 1] for name, t in fields.items()}
     # `loss` is the local slice's (TRL's DPO loss reads the per-token outputs only)
     return type(outputs)(loss=outputs.loss, aux_loss=outputs.aux_loss, **fields)

@@ -26,19 +26,17 @@ Only the compact inputs (`attention_block`, `attention_branch`, position ids) ar
 micro-batch; the mask itself is built from them on the device.
 """
 
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from dpotrain.data.pair_lengths import LABELS
 from dpotrain.forwards.packing import (
+    PackedPreferenceCollator,
     attention_name,
-    fill_rows,
     packing_problem,
-    padded_width,
-    row_width_bound,
     sequences,
+    with_reference,
 )
 from dpotrain.recipe import upstream
 
@@ -113,22 +111,15 @@ def shareable(example: dict, max_length: int | None, truncation_mode: str) -> bo
     return p + len(example["chosen_ids"]) <= max_length and p + len(example["rejected_ids"]) <= max_length
 
 
-@dataclass
-class SharedPromptCollator:
-    """Collates tokenized pairs into packed rows, each pair's prompt once (see the module doc).
+class SharedPromptCollator(PackedPreferenceCollator):
+    """Collates tokenized pairs into packed rows, each pair's prompt once (see the module doc), with the settings of
+    `packing.PackedPreferenceCollator` (one row for FlexAttention, else balanced rows: `packing.fill_rows`).
 
     Emits what `packing.PackedPreferenceCollator` emits (`input_ids`, `position_ids`, `completion_mask`, and per
     sequence `seq_lens`, `seq_rows`, `seq_starts`, in TRL's order), plus `seq_jumps` / `seq_offsets` (where a rejected
     sequence continues past its pair's chosen completion) and the mask's inputs `attention_block` (which pair) and
-    `attention_branch` per position. Rows are balanced as for unshared packing (`packing.fill_rows`).
+    `attention_branch` per position.
     """
-
-    max_length: int | None = None
-    truncation_mode: str = "keep_start"
-    hidden_size: int = 4096
-    pad_token_id: int = 0
-    one_row: bool = False  # FlexAttention: the whole micro-batch in one row, its cost what the pairs' attention costs
-    pad_to_multiple_of: int | None = None  # FlexAttention's tile (forwards/masks.py BLOCK): rows end on a whole tile
 
     def __call__(self, examples: list[dict[str, Any]]) -> dict[str, Any]:
         n = len(examples)
@@ -144,13 +135,7 @@ class SharedPromptCollator:
                 for side, (ids, mask) in enumerate(sequences(example, self.max_length, self.truncation_mode)):
                     members = [(side * n + k, len(ids), len(ids), 0)]
                     units.append((ids, list(range(len(ids))), mask, [0] * len(ids), members))
-        lengths = [len(u[0]) for u in units]
-        rows = (
-            [list(range(len(units)))]
-            if self.one_row
-            else fill_rows(lengths, self.hidden_size, row_width_bound(self.max_length))
-        )
-        width = padded_width(max(sum(lengths[i] for i in row) for row in rows), self.pad_to_multiple_of)
+        rows, width = self.rows([len(u[0]) for u in units])
         shape = (len(rows), width)
         input_ids = torch.full(shape, self.pad_token_id, dtype=torch.long)
         position_ids = torch.zeros(shape, dtype=torch.long)
@@ -184,7 +169,4 @@ class SharedPromptCollator:
             "seq_jumps": seq[:, 3].clone(),
             "seq_offsets": seq[:, 4].clone(),
         }
-        for key in ("ref_chosen_logps", "ref_rejected_logps"):
-            if key in examples[0]:
-                batch[key] = torch.tensor([e[key] for e in examples], dtype=torch.float32)
-        return batch
+        return with_reference(batch, examples)

@@ -1,21 +1,15 @@
 """The decoder layers as the run trains them: activation checkpointing held to the memory plan's choice, and an optional
-regional `torch.compile` of each layer.
+regional `torch.compile` of each layer (docs/memory.md, "Activation checkpointing, chosen per run").
 
-Checkpointing: the memory plan (memory.choose_checkpointing) picks none, every k-th layer or all, and
-memory.checkpointing_settings lays it into the training arguments, which the Trainer enables with transformers'
-`every_n_layers`. TRL 1.16 turns checkpointing off and on again around its own no-grad forwards (a live reference,
-sample generation under TRL's unwrap helper: `trl.models.utils.disable_gradient_checkpointing`), and turns it back on
-with `model.gradient_checkpointing_enable(args.gradient_checkpointing_kwargs)`: every layer (every_n_layers left at its
-default, 1), with `every_n_layers` handed on to `torch.utils.checkpoint` as a keyword of the layer's forward.
-`hold_checkpointing` makes that call restore the plan's layers instead (transformers calls an instance's own
-`gradient_checkpointing_enable` from `activation_checkpointing_enable` too). TRL's DPOTrainer enables nothing else:
-its `__init__` leaves checkpointing to the Trainer (only the experimental ORPO/CPO trainers call PEFT's
-`prepare_model_for_kbit_training`, which would).
+The Trainer enables the plan's layers with transformers' `every_n_layers` (memory.checkpointing_settings). TRL 1.16
+turns checkpointing off and on again around its own no-grad forwards (`trl.models.utils.disable_gradient_checkpointing`)
+and back on with `model.gradient_checkpointing_enable(args.gradient_checkpointing_kwargs)`: every layer, with
+`every_n_layers` handed on to the layer's forward. `hold_checkpointing` makes that call restore the plan's layers
+instead (transformers' `activation_checkpointing_enable` calls the same instance attribute). TRL's DPOTrainer enables
+nothing else (only the experimental ORPO/CPO trainers call PEFT's `prepare_model_for_kbit_training`, which would).
 
-Regional compile (`compile_layers`): each decoder layer compiled on its own (`nn.Module.compile`), so one compiled
-graph serves every layer of a kind and the rest of the model (embedding, TRL's chunked LM head, the packing code)
-stays eager: inductor can fuse RMSNorm, the q/k norms, RoPE and SwiGLU's elementwise work. Off by default: whether it
-pays on a GPU, and what its compilation costs the first step, is to be measured (BENCHMARKS.md).
+`compile_layers` compiles each decoder layer on its own (`nn.Module.compile`): one graph serves every layer of a kind,
+the rest of the model stays eager. Off by default until a GPU measurement shows it pays (BENCHMARKS.md).
 """
 
 from dpotrain.recipe import upstream

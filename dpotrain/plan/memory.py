@@ -1,21 +1,12 @@
 """Memory per GPU, planned before anything loads: does this recipe fit, under this engine, on this many GPUs?
 
-A plan is the sum of these parts, per GPU (README "Memory plan"):
-- model states: bf16 weights, gradients, fp32 master weights and Adam moments, as the engine holds and shards them.
-  ZeRO-2 and ZeRO-3 are DeepSpeed's own estimates (`estimate_zero2/3_model_states_mem_needs`: tests check equality);
-  FSDP2 as accelerate sets it up (fp32 sharded parameters, gradients and moments);
-- what the engine gathers or buffers beside them (reduce buckets; FSDP2's unsharded layers);
-- activations of one micro-batch: the backbone's forward and backward traced on fake tensors (shapes only: no memory,
-  no compute) at the micro-batch's token count, with and without activation checkpointing as the recipe says;
-- TRL's chunked LM head (`trl/trainer/utils.py`, `_CHUNKED_LOGPROB_CHUNK_SIZE`), which never builds the logits;
-- a live reference model's weights (`precompute_ref_log_probs: false`, TR-DPO's `sync_ref_model`), as TRL prepares
-  it beside the policy (`reference_model_bytes`); its no-grad forward on the same micro-batch ends before the policy's
-  starts, so its activations and masks are never alive beside the training forward's, which hold more;
-- dense attention masks, for sdpa and eager attention (FlashAttention's varlen kernel takes none, FlexAttention a block
-  mask of a few MiB), for the attention of the forward the run takes (forwards/choice.py): a run plans once its forward
-  is decided from the data, and first, before anything loads, for the lightest forward it could take;
-- an allowance for the CUDA context, NCCL buffers and allocator fragmentation.
-Parameter counts come from the model's config alone: the model is built on the meta device (no weights).
+A plan is the sum of parts per GPU, each explained in docs/memory.md ("Memory plan"): model states as the engine holds
+and shards them (`model_state_bytes`; ZeRO's are DeepSpeed's own estimates, tests check equality), engine buffers, the
+activations of one micro-batch traced on fake tensors (`activation_bytes`), TRL's chunked LM head (`lm_head_bytes`), a
+live reference model's weights (`reference_model_bytes`; its forward ends before the policy's starts), the attention
+masks of the forward the run takes (`mask_bytes`: first, before anything loads, for the lightest it could take) and an
+allowance for the CUDA context, NCCL and fragmentation. Parameter counts come from the model's config alone: the model
+is built on the meta device (no weights).
 """
 
 import copy
@@ -27,6 +18,7 @@ from dataclasses import dataclass
 
 from dpotrain.cluster.engine import Engine, from_config
 from dpotrain.cluster.sequence_parallel import head_counts
+from dpotrain.forwards.flops import mlp_width
 from dpotrain.plan.memory_advice import NAMES, advice, node_size
 from dpotrain.recipe import upstream
 from dpotrain.recipe.config import uses_live_reference
@@ -179,7 +171,7 @@ def activation_bytes(config, tokens: int, checkpointing: bool | int) -> tuple[in
 
 def checkpoint_every(checkpointing: bool | int | None) -> int | None:
     """None (no layer checkpointed) or k (every k-th layer; 1: all) from False / True / k."""
-    if checkpointing is None or checkpointing is False or checkpointing == 0:
+    if not checkpointing:
         return None
     return 1 if checkpointing is True else int(checkpointing)
 
@@ -284,12 +276,9 @@ def formula_activation_bytes(text, tokens: int, checkpointing: bool | int) -> in
     h = text.hidden_size
     kv = getattr(text, "num_key_value_heads", None) or text.num_attention_heads
     h_kv = kv * (getattr(text, "head_dim", None) or h // text.num_attention_heads)
-    inner = getattr(text, "moe_intermediate_size", None)
-    inner = inner * getattr(text, "num_experts_per_tok", 1) if inner else getattr(text, "intermediate_size", 4 * h)
-    per_layer = BF16 * (10 * h + 2 * h_kv + 4 * inner)
-    layers = text.num_hidden_layers
+    per_layer = BF16 * (10 * h + 2 * h_kv + 4 * mlp_width(text))
     costs = {True: (2 * per_layer, BF16 * h), False: (per_layer, per_layer)}
-    return tokens * _combine(costs, checkpoint_every(checkpointing), layers)
+    return tokens * _combine(costs, checkpoint_every(checkpointing), text.num_hidden_layers)
 
 
 REFERENCE_MULTIPLE_MOST = 8  # more buys little: a forward of 8 training micro-batches already fills a GPU's kernels
@@ -560,15 +549,12 @@ def plan(recipe, world: int, engine: Engine | None = None, attention: str | None
     # Activation checkpointing: the least recomputation that fits (choose_checkpointing).
     every, checkpointing_record = choose_checkpointing(recipe, shape.layers, gpu, lambda k: plan_for(engine, k).total)
     chosen = plan_for(engine, every)
-    record = _record(chosen, shape, gpu, gpu_source)
-    record.update(
-        {
-            "micro_batch_tokens": tokens,
-            "micro_batch_tokens_from": token_source,
-            "activation_checkpointing": every is not None,
-            "attention": attn,
-        }
-    )
+    record = _record(chosen, shape, gpu, gpu_source) | {
+        "micro_batch_tokens": tokens,
+        "micro_batch_tokens_from": token_source,
+        "activation_checkpointing": every is not None,
+        "attention": attn,
+    }
     if n > 1:
         record["sequence_parallel"] = {"size": n, "tokens_per_gpu": local, "data_parallel_size": world // n}
     record["activations_from"] = chosen.activations_method

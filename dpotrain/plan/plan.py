@@ -335,12 +335,8 @@ class RowLayout:
         seqs = [int(lengths.chosen[i]) for i in micro_batch] + [int(lengths.rejected[i]) for i in micro_batch]
         if lengths.shared is not None and self.kind != "padded":  # a shared pair is one unit of its row
             seqs = [int(lengths.tokens[i]) for i in micro_batch if lengths.shared[i]]
-            seqs += [
-                s
-                for k, i in enumerate(micro_batch)
-                if not lengths.shared[i]
-                for s in (int(lengths.chosen[i]), int(lengths.rejected[i]))
-            ]
+            unshared = [i for i in micro_batch if not lengths.shared[i]]
+            seqs += [int(s) for i in unshared for s in (lengths.chosen[i], lengths.rejected[i])]
         if self.kind == "padded":
             from dpotrain.forwards.padded import positions
 
@@ -393,11 +389,7 @@ def summary(
         else (f"packed, prompts shared ({int(lengths.shared.sum())} of {len(lengths)} pairs)"),
         "pairs_per_step": p.pairs_per_step,
         "max_tokens_per_microbatch": p.max_tokens,
-        "micro_batches_per_step": {
-            "min": min(counts),
-            "mean": round(sum(counts) / len(counts), 3),
-            "max": max(counts),
-        },
+        "micro_batches_per_step": {"min": min(counts), "mean": round(sum(counts) / len(counts), 3), "max": max(counts)},
         "micro_batches_per_epoch": round(sum(counts) / len(epochs)),
         "gradient_reductions_per_epoch": 0
         if p.world_size == 1

@@ -1,46 +1,25 @@
-"""The reference stage: the reference log-probs of every pair the run's planned steps train (a short run's steps train
-some of the data set: `_run_on`), scored once between the plan and training, kept on disk as they are computed, and
-reused by any later run that would compute the same numbers.
+"""The reference stage (docs/reference.md): the reference log-probs of every pair the run's planned steps train
+(`_run_on`), scored once after the model loads and before training (`train_stage.ReadyRun.score_reference`, or alone
+with `--reference-only`), saved as they are computed, and reused by any later run that would compute the same numbers.
 
-The reference model is the policy before its first update, so its log-probs can be scored once and the second model
-dropped from memory for the whole run. On a real data set this is hours of GPU time (150k pairs of ~5k tokens), so it
-is a stage of its own, the ready run's first verb (`train_stage.ReadyRun.score_reference`), after the model loads and
-before training (or alone, `--reference-only`):
-- results are written per rank, atomically and synced to disk, every `reference_save_seconds` and whenever the stage
-  stops; a restarted job (requeued, preempted, killed, or rerun by hand) keeps what was scored and scores only the
-  rest; a damaged file (truncated by a crash or a full disk) is named in a warning and its pairs are scored again;
-- a stop request (stop file, USR1, SIGTERM: `preemption.GracefulStop`) is honoured between micro-batches: every rank
-  saves its part, the main process writes the marker that makes `scripts/launch.sh` requeue the job, and the run exits;
-- rank 0 alone decides hit, partial or miss and broadcasts what it found, so ranks whose caches differ (node-local
-  `DPOTRAIN_CACHE`) still enter the same collectives;
-- each pair is scored with the training forward (`ReferenceScorer.log_probs`, scorer.py: TRL's own reference code
-  around the packed or padded forward), at forward-only speed: in micro-batches of its own (`micro_batches`: the
-  plan's planner at a budget a forward-only pass fits in the memory of a training micro-batch,
-  `memory.forward_only_multiple`), balanced over the ranks; no autograd (inference mode, or no_grad where the engine
-  shards weights) and no activation checkpointing (eval mode); rows read and collated on a thread ahead of the
-  forward; scores kept on the device and copied to the host once per save; a stop request agreed on by one small
-  collective every few seconds (`_StopChecks`), not one per micro-batch;
-- its speed is measured after its first micro-batch (the warm-up: kernels loaded, compiled), which is reported apart:
-  "warm-up 2.1 s (first micro-batch), then 81,234 tokens/s", recorded in resolved_config.json (`derived.reference`).
-
-The cache key is what determines each pair's numbers and nothing else: the weights, every scored pair's token ids (so
-data set, revision, tokenizer and chat template are covered, in-memory data sets too), max_length and truncation,
-LD-DPO's alpha, dtype and autocast, attention implementation, the forward (packed or padded) and library versions. It
-leaves out the micro-batch layout — world size, node count, token budget, pairs per step — although which pairs share a
-micro-batch changes the last bits of a sum: the stage's micro-batches are not training's, so at step 1 policy and
-reference differ by fp32 rounding (~1e-7 relative per pair; step 1 ~2e-7 from ln 2: tests/test_reference.py measures
-it), far inside the step-1 health guard, on any layout.
+The pieces: the cache key (`identity`: what determines each pair's numbers and nothing else; not the micro-batch
+layout, which moves only the last fp32 bits of a sum: tests/test_reference.py measures it), its folder (`Store`:
+per-rank parts saved atomically, damaged files named and rescored), pairs taken from other runs' caches (reuse.py), the
+stage's own forward-only micro-batches (`micro_batches`, at scorer.py's budget), the loop every rank runs in lockstep
+(`run`: rank 0 alone reads the cache and broadcasts what it found, so node-local caches cannot split the collectives;
+`_Prefetch`, `_Results`, `_StopChecks`) and what it reports (`_Progress`, `Outcome`).
 """
 
 import dataclasses
 import functools
 import hashlib
+import itertools
 import json
-import queue
 import secrets
 import sys
-import threading
 import time
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -309,8 +288,11 @@ class _Progress:
         self.tokens = 0  # since the steady clock started
         self.warmup: float | None = None
 
-    def steady(self, first_tokens: int) -> None:
-        """The first micro-batch is done (its results on the device): from here on the clock measures steady work."""
+    def steady(self, first_tokens: int, device) -> None:
+        """The first micro-batch is done (its results on the device, waited for): from here on the clock measures steady
+        work."""
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
         self.start = self.last = time.monotonic()
         self.warmup = self.start - self.began
         self.tokens_todo -= first_tokens
@@ -372,55 +354,31 @@ class _StopChecks:
 class _Prefetch:
     """Rows read and collated on a thread of their own, `AHEAD` micro-batches ahead of the forward (Arrow reads,
     tokens laid out in rows and masks: CPU work the GPU would otherwise wait for). Yields each round's collated batch
-    (pinned on CUDA, so its copy to the GPU does not wait for the host), or None for a round this rank sits out."""
+    (pinned on CUDA, so its copy to the GPU does not wait for the host), or None for a round this rank sits out; an
+    error of the thread is raised on the main thread, where it stops the stage."""
 
     AHEAD = 2
 
     def __init__(self, collate, rows, ids_per_round: list[list[int] | None], pin: bool):
-        self.queue: queue.Queue = queue.Queue(maxsize=self.AHEAD)
-        self.done = threading.Event()
-        self.thread = threading.Thread(
-            target=self._work, args=(collate, rows, ids_per_round, pin), daemon=True, name="reference-prefetch"
-        )
-        self.thread.start()
+        self.pool = ThreadPoolExecutor(1, thread_name_prefix="reference-prefetch")
+        self.load = functools.partial(self._load, collate, rows, pin)
+        self.rounds = iter(ids_per_round)
+        self.ahead = deque(self.pool.submit(self.load, ids) for ids in itertools.islice(self.rounds, self.AHEAD))
 
-    def _work(self, collate, rows, ids_per_round, pin):
-        try:
-            for ids in ids_per_round:
-                batch = None
-                if ids is not None:
-                    batch = collate(rows.__getitems__(ids))
-                    if pin:
-                        batch = {k: v.pin_memory() if torch.is_tensor(v) else v for k, v in batch.items()}
-                if not self._put((batch, None)):
-                    return
-        except BaseException as e:  # noqa: BLE001 - raised again on the main thread, where it stops the stage
-            self._put((None, e))
-
-    def _put(self, item) -> bool:
-        """Waits for room in the queue; False once the stage has closed it (stopped, or failed)."""
-        while not self.done.is_set():
-            try:
-                self.queue.put(item, timeout=0.1)
-                return True
-            except queue.Full:
-                pass
-        return False
+    @staticmethod
+    def _load(collate, rows, pin: bool, ids: list[int] | None):
+        if ids is None:
+            return None
+        batch = collate(rows.__getitems__(ids))
+        return {k: v.pin_memory() if pin and torch.is_tensor(v) else v for k, v in batch.items()}
 
     def next(self):
-        batch, error = self.queue.get()
-        if error is not None:
-            raise error
-        return batch
+        for ids in itertools.islice(self.rounds, 1):
+            self.ahead.append(self.pool.submit(self.load, ids))
+        return self.ahead.popleft().result()
 
     def close(self) -> None:
-        self.done.set()
-        self.thread.join()
-
-
-def _synchronize(device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
+        self.pool.shutdown(cancel_futures=True)  # what is queued is dropped; a batch being collated is waited for
 
 
 class _Results:
@@ -564,8 +522,7 @@ def run(scorer: ReferenceScorer, dataset, name: str, layout: Layout | None, stop
                     if mine[j] is not None:
                         results.add(mine[j], c, r)
                 if j == 0:  # the warm-up: the clock of the steady speed starts once the first forward is done
-                    _synchronize(device)
-                    progress.steady(round_tokens[0])
+                    progress.steady(round_tokens[0], device)
                 progress.advance(round_pairs[j], round_tokens[j] if j else 0)
                 if time.monotonic() - last_save >= save_seconds:
                     store.write_part(attempt, accelerator.process_index, *results.on_host())

@@ -1,12 +1,8 @@
-"""Pairs reused across cache keys: a run whose data changed in part (one source of a mixture edited, a source added)
-scores only the pairs no earlier run has scored under the same model and settings.
-
-Each finished cache (`complete.npz`) stores, beside its log-probs, a digest per pair: 16 bytes of sha256 over the
-pair's prompt, chosen and rejected token ids. When a run's own key has no finished cache, the main process looks for
-finished caches whose identity equals the run's in everything but the data (`tokens_sha256`, `pairs`): the same
-weights, max_length, truncation, ld_alpha, dtype, autocast, attention, forward and library versions, so the same pair
-gets the same numbers (up to the last bits of a sum: they were scored in other micro-batches, as a layout change
-already allows). Their pairs are matched by digest. Caches written before digests were stored are not reused."""
+"""Pairs reused across cache keys (docs/reference.md, "Pair by pair across runs"): a run whose data changed in part
+scores only the pairs no earlier run has scored under the same model and settings. A finished cache stores a digest
+per pair (`pair_digests`); a run without a finished cache of its own key takes, by digest, the pairs of the finished
+caches whose identity equals its own in everything but the data (`DATA_KEYS`). Caches written before digests were
+stored are not reused."""
 
 import hashlib
 import json
