@@ -120,7 +120,9 @@ def _model_shape(recipe, config) -> ModelShape:
         from peft import get_peft_model
         from trl import get_peft_config
 
-        with warnings.catch_warnings():
+        # On the meta device too: PEFT otherwise initialises each adapter matrix on the CPU before moving it to the
+        # base layer's (meta) device, seconds for a 7B model and its counts are the same.
+        with torch.device("meta"), warnings.catch_warnings():
             warnings.simplefilter("ignore")
             model = get_peft_model(model, get_peft_config(recipe.model))
         params = sum(p.numel() for p in model.parameters())  # the base and the adapter
@@ -199,7 +201,9 @@ def layer_costs(config, tokens: int, checkpointed: bool) -> tuple[int, int]:
     return _layer_costs(key.to_json_string(use_diff=False), type(config), tokens, checkpointed)
 
 
-@functools.lru_cache(maxsize=16)
+# Unbounded: two ints per model, token count and checkpointing, and a process that plans many recipes (a refusal's
+# options, a test session's planner calls) then traces each once.
+@functools.cache
 def _layer_costs(config_json: str, config_class, tokens: int, checkpointed: bool) -> tuple[int, int]:
     config = config_class.from_dict(json.loads(config_json))
     one, two = (_traced_peak(config, n, tokens, checkpointed) for n in (1, 2))
