@@ -671,13 +671,13 @@ def choose_checkpointing(recipe, layers: int, gpu: float | None, total_for) -> t
         candidates = {}  # fewest checkpointed layers first; for each count the largest k
         for every in [None, *range(layers, 0, -1)]:
             candidates.setdefault(checkpointed_layers(every, layers), every)
-        fits = [every for every in candidates.values() if total_for(every) <= gpu * GIB]
-        chosen = fits[0] if fits else 1
-        why = (
-            "the memory plan: the least recomputation that fits"
-            if fits
-            else "the memory plan: nothing fits, so every layer (the least memory)"
-        )
+        # Weighed in order, none past the first that fits: where the plan fits with no layer checkpointed, a
+        # checkpointed layer is never traced.
+        nothing = object()
+        chosen = next((every for every in candidates.values() if total_for(every) <= gpu * GIB), nothing)
+        why = "the memory plan: the least recomputation that fits"
+        if chosen is nothing:
+            chosen, why = 1, "the memory plan: nothing fits, so every layer (the least memory)"
         if chosen is not None:
             fewer = candidates[max(c for c in candidates if c < checkpointed_layers(chosen, layers))]
             why += f" ({describe_checkpointing(fewer, layers)} would need ~{_gib(total_for(fewer))} GiB)"
