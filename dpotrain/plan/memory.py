@@ -112,7 +112,9 @@ def _model_shape(recipe, config) -> ModelShape:
         from peft import get_peft_model
         from trl import get_peft_config
 
-        with warnings.catch_warnings():
+        # On the meta device too: PEFT otherwise initialises each adapter matrix on the CPU before moving it to the
+        # base layer's (meta) device, seconds for a 7B model and its counts are the same.
+        with torch.device("meta"), warnings.catch_warnings():
             warnings.simplefilter("ignore")
             model = get_peft_model(model, get_peft_config(recipe.model))
         params = sum(p.numel() for p in model.parameters())  # the base and the adapter
@@ -191,7 +193,9 @@ def layer_costs(config, tokens: int, checkpointed: bool) -> tuple[int, int]:
     return _layer_costs(key.to_json_string(use_diff=False), type(config), tokens, checkpointed)
 
 
-@functools.lru_cache(maxsize=16)
+# Unbounded: two ints per model, token count and checkpointing, and a process that plans many recipes (a refusal's
+# options, a test session's planner calls) then traces each once.
+@functools.cache
 def _layer_costs(config_json: str, config_class, tokens: int, checkpointed: bool) -> tuple[int, int]:
     config = config_class.from_dict(json.loads(config_json))
     one, two = (_traced_peak(config, n, tokens, checkpointed) for n in (1, 2))
@@ -653,13 +657,13 @@ def choose_checkpointing(recipe, layers: int, gpu: float | None, total_for) -> t
         candidates = {}  # fewest checkpointed layers first; for each count the largest k
         for every in [None, *range(layers, 0, -1)]:
             candidates.setdefault(checkpointed_layers(every, layers), every)
-        fits = [every for every in candidates.values() if total_for(every) <= gpu * GIB]
-        chosen = fits[0] if fits else 1
-        why = (
-            "the memory plan: the least recomputation that fits"
-            if fits
-            else "the memory plan: nothing fits, so every layer (the least memory)"
-        )
+        # Weighed in order, none past the first that fits: where the plan fits with no layer checkpointed, a
+        # checkpointed layer is never traced.
+        nothing = object()
+        chosen = next((every for every in candidates.values() if total_for(every) <= gpu * GIB), nothing)
+        why = "the memory plan: the least recomputation that fits"
+        if chosen is nothing:
+            chosen, why = 1, "the memory plan: nothing fits, so every layer (the least memory)"
         if chosen is not None:
             fewer = candidates[max(c for c in candidates if c < checkpointed_layers(chosen, layers))]
             why += f" ({describe_checkpointing(fewer, layers)} would need ~{_gib(total_for(fewer))} GiB)"

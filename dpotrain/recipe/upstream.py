@@ -25,6 +25,7 @@ strings given to `getattr` and patch targets included (tests/test_upstream.py re
 """
 
 import contextlib
+import copy
 import importlib
 import importlib.util
 import inspect
@@ -247,6 +248,20 @@ SEAMS = (
         "torch.distributed._tools.mem_tracker:MemTracker",
         "read",
         "the memory plan's traced peak, by kind of memory (dpotrain/plan/memory.py)",
+    ),
+    Seam(
+        "torch.distributed._tools.mem_tracker:MemTracker._update_peak_stats",
+        "override",
+        "the memory plan's trace updates the global peak only, not every module's on every operator (mem_tracker)",
+        ("peak_state",),
+    ),
+    *(
+        Seam(
+            f"torch.distributed._tools.mem_tracker:{name}",
+            "read",
+            "the global peak, kept by the memory plan's tracker as the stock one keeps it (mem_tracker)",
+        )
+        for name in ("_TOTAL_KEY", "MemTracker._curr_mem_snap", "MemTracker._peak_mem", "MemTracker._peak_mem_snap")
     ),
     Seam(
         "tqdm.std:tqdm._instances", "read", "the open progress bars, closed before an error's line (recipe/errors.py)"
@@ -552,9 +567,19 @@ def fake_tensor_mode():
 
 
 def mem_tracker():
-    from torch.distributed._tools.mem_tracker import MemTracker
+    """torch's MemTracker, keeping the global peak only: the stock one also updates, on every operator, the peak of
+    every module it has seen (a third of a trace's time), and the plan reads the global peak alone, which this computes
+    as the stock one does."""
+    from torch.distributed._tools.mem_tracker import _TOTAL_KEY, MemTracker
 
-    return MemTracker()
+    class GlobalPeakTracker(MemTracker):
+        def _update_peak_stats(self, peak_state) -> None:
+            for device, snapshot in self._curr_mem_snap.items():
+                if self._peak_mem.get(device, 0) < snapshot[_TOTAL_KEY]:
+                    self._peak_mem[device] = snapshot[_TOTAL_KEY]
+                    self._peak_mem_snap[device] = copy.deepcopy(snapshot)
+
+    return GlobalPeakTracker()
 
 
 def open_progress_bars() -> list:

@@ -52,6 +52,7 @@ RUNTIME_KEYS = {
     "CUDA_VISIBLE_DEVICES",
     "COLUMNS",
     "LINES",
+    "GPUS_PER_NODE",  # scripts/launch.sh's node size, read by the project's plan (cluster/engine.py) at run time
 }
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2, signal.SIGQUIT)
 
