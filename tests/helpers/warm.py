@@ -283,7 +283,8 @@ def client(path: str, real_python: str, args: list[str], unbuffered: bool = Fals
     status = answer["status"] if answer else -1
     if status == -1 or os.WIFSIGNALED(status):
         sig = os.WTERMSIG(status) if status != -1 else signal.SIGKILL
-        signal.signal(sig, signal.SIG_DFL)
+        if sig not in (signal.SIGKILL, signal.SIGSTOP):  # the two a process cannot handle (signal() raises EINVAL)
+            signal.signal(sig, signal.SIG_DFL)
         os.kill(os.getpid(), sig)
     sys.exit(os.waitstatus_to_exitcode(status))
 
