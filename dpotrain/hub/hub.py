@@ -1,13 +1,14 @@
 """This project's one push path: the run's repo, the token kept off disk, the model card, the final upload, and the
 write-access check at start. Checkpoint branches: hub_push.py."""
 
+import functools
 import json
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from dpotrain.recipe import records as run_records
-from dpotrain.recipe.errors import cause
+from dpotrain.recipe.errors import ConfigError, cause
 from dpotrain.recipe.run_record import Record
 from dpotrain.train.lora import card_lines
 from dpotrain.train.metrics import PLOT_FILE, read_metrics
@@ -73,8 +74,6 @@ class PushSettings:
     token: str | None = field(default=None, repr=False)  # in memory only
 
     def check_token(self) -> None:
-        from dpotrain.recipe.errors import ConfigError
-
         if self.requested and not self.token:
             raise ConfigError(
                 "push_to_hub is set but no Hugging Face token was found: add HF_TOKEN=... to .env, "
@@ -100,7 +99,6 @@ def take_push_settings(recipe, run_engine=None) -> PushSettings:
     hub_push.py), and a token given as --hub_token is blanked from sys.argv, which W&B records.
     """
     from dpotrain.cluster import offline
-    from dpotrain.recipe.errors import ConfigError
 
     t, p = recipe.training, recipe.project
     strategy = getattr(t.hub_strategy, "value", t.hub_strategy)
@@ -334,16 +332,14 @@ def push_run(output_dir: str | Path, repo_id: str, token: str | None = None, pri
             repo_id=repo_id, folder_path=str(output_dir), ignore_patterns=IGNORE, commit_message="Upload DPO run"
         )
 
-    record_push(output_dir, step=step, branch="main", status="started", repo=repo_id)
+    record = functools.partial(record_push, output_dir, step=step, branch="main")
+    record(status="started", repo=repo_id)
     try:
         commit, attempts = with_retries(upload, f"push to {repo_id}")
     except Exception as e:
-        record_push(
-            output_dir, step=step, branch="main", status="failed", repo=repo_id, attempts=e.attempts, error=cause(e)
-        )
+        record(status="failed", repo=repo_id, attempts=e.attempts, error=cause(e))
         raise
-    confirmed = {"attempts": attempts, "commit": commit.oid}
-    record_push(output_dir, step=step, branch="main", status="pushed", repo=repo_id, **confirmed)
+    record(status="pushed", repo=repo_id, attempts=attempts, commit=commit.oid)
     return f"{constants.ENDPOINT}/{repo_id}"
 
 
@@ -392,7 +388,6 @@ def check_write_access(repo_id: str, token: str | None, where: str = "job") -> s
     from huggingface_hub.errors import HfHubHTTPError
 
     from dpotrain.cluster.offline import is_offline, within
-    from dpotrain.recipe.errors import ConfigError
 
     if is_offline():
         print(
@@ -462,7 +457,6 @@ def create_at_start(repo_id: str, token: str | None, private: bool | None) -> No
     from huggingface_hub.errors import HfHubHTTPError
 
     from dpotrain.cluster.offline import is_offline, within
-    from dpotrain.recipe.errors import ConfigError
 
     if is_offline():
         return
