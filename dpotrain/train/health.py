@@ -158,9 +158,9 @@ class HealthGuard(TrainerCallback):
                 Alarm(
                     "nonfinite",
                     step,
-                    f"non-finite values {', '.join(f'{k}={v}' for k, v in bad.items())}: the weights or the loss went NaN "
-                    f"or inf (too high a learning rate, bf16 overflow, a bad row). No checkpoint is "
-                    f"written from this state; resume from an earlier one with a lower --learning_rate",
+                    f"non-finite values {', '.join(f'{k}={v}' for k, v in bad.items())}: the weights or the loss "
+                    "went NaN or inf (too high a learning rate, bf16 overflow, a bad row). No checkpoint is written "
+                    "from this state; resume from an earlier one with a lower --learning_rate",
                     fatal=True,
                 )
             )
