@@ -128,6 +128,13 @@ def pairs_in(batch: dict) -> int:
     return len(batch["seq_lens"]) // 2 if packing.is_packed(batch) else batch["input_ids"].shape[0] // 2
 
 
+def _batch_columns(dataset):
+    """The columns the collators read: the pair's tokens and, once the reference stage has scored them, its
+    reference log-probs."""
+    columns = (*pair_columns(dataset), "ref_chosen_logps", "ref_rejected_logps")
+    return dataset.select_columns([c for c in columns if c in dataset.column_names])
+
+
 class _LocalGathers:
     """The accelerator as TRL's metric code sees it inside `_compute_loss`: gathers stay on this rank.
 
@@ -361,29 +368,17 @@ class RecipeDPOTrainer(DPOTrainer):
         micro-batch with the forward's collator."""
         run_plan = self.run_plan
         sampler = plan.StepSampler(run_plan.lengths, run_plan.step_plan, self.data_parallel_rank, run_plan.epochs)
-        columns = [
-            c
-            for c in (*pair_columns(self.train_dataset), "ref_chosen_logps", "ref_rejected_logps")
-            if c in self.train_dataset.column_names
-        ]
-        return self._rank_aware_loader(
-            plan.StepRows(self.train_dataset.select_columns(columns)),
-            sampler,
-            plan.StepCollator(self.data_collator),
-            training=True,
-        )
+        rows = plan.StepRows(_batch_columns(self.train_dataset))
+        return self._rank_aware_loader(rows, sampler, plan.StepCollator(self.data_collator), training=True)
 
     def get_eval_dataloader(self, eval_dataset=None):
         """The evaluation set in `plan.eval_batches`: the same number of batches on every rank, no pair twice."""
         dataset = self.eval_dataset if eval_dataset is None else eval_dataset
         if isinstance(dataset, str):
             dataset = self.eval_dataset[dataset]
-        columns = [
-            c for c in (*pair_columns(dataset), "ref_chosen_logps", "ref_rejected_logps") if c in dataset.column_names
-        ]
         batches = plan.eval_batches(len(dataset), self.data_parallel_size, self.args.per_device_eval_batch_size)
-        batches = batches[self.data_parallel_rank]
-        return self._rank_aware_loader(dataset.select_columns(columns), plan.FixedBatches(batches), self.data_collator)
+        batches = plan.FixedBatches(batches[self.data_parallel_rank])
+        return self._rank_aware_loader(_batch_columns(dataset), batches, self.data_collator)
 
     def _rank_aware_loader(self, dataset, sampler, collate, training: bool = False):
         """A DataLoader over a batch sampler that already yields this rank's share, prepared by accelerate (device
@@ -432,14 +427,12 @@ class RecipeDPOTrainer(DPOTrainer):
         steps, _ = super().get_batch_samples(epoch_iterator, num_batches, device)
         micro_batches = [mb for step in steps for mb in step["micro_batches"] if pairs_in(mb)]
         pairs = sum(pairs_in(mb) for mb in micro_batches)
-        tokens = sum(int(losses.chosen_tokens(self._padded(mb))) for mb in micro_batches) if self.sft.active else 0
+        # the chosen tokens as TRL counts them, in its padded layout (a packed micro-batch's padded view)
+        padded_views = (packing.padded_view(mb) if packing.is_packed(mb) else mb for mb in micro_batches)
+        tokens = sum(int(losses.chosen_tokens(mb)) for mb in padded_views) if self.sft.active else 0
         totals = all_reduce_sum(torch.tensor([pairs, tokens], device=device))
         self._step_pairs, self._step_chosen_tokens = totals[0], totals[1]
         return steps, totals[0]
-
-    def _padded(self, batch: dict) -> dict:
-        """A micro-batch in TRL's padded layout (a packed one's padded view; a padded one as it is)."""
-        return packing.padded_view(batch) if packing.is_packed(batch) else batch
 
     def floating_point_ops(self, inputs):
         if "micro_batches" in inputs:  # a filler's forward is not training: not counted
@@ -495,14 +488,12 @@ class RecipeDPOTrainer(DPOTrainer):
         try:
             with torch.no_grad(), self.accelerator.autocast():
                 diff = packing.parity(model, self.data_collator, examples)
-            problem = (
-                None
-                if diff <= tolerance
-                else (
+            problem = None
+            if diff > tolerance:
+                problem = (
                     f"its packed rows score completion tokens up to {diff:.2g} nats away from the same sequences alone "
                     f"(tolerance {tolerance:g}): its layers carry state across packed sequences here"
                 )
-            )
         except ValueError as e:  # transformers: the kernel that keeps packed sequences apart is not installed
             problem = str(e).rstrip(".")
         if max_over_ranks(int(problem is not None), self.accelerator.device):
@@ -547,14 +538,12 @@ class RecipeDPOTrainer(DPOTrainer):
         # logged beside the total (`dpo_loss`), and the health guards judge it.
         loss = result[0] if return_outputs else result
         router = self.router_aux_loss_coef * stand_in.outputs.aux_loss if self.aux_loss_enabled else None
-        if isinstance(stand_in, padded.GroupedModel):  # the positions the grouped padded forward ran
-            positions = stand_in.positions
-        else:
-            positions = inputs["input_ids"].numel()
-        if inputs.get(plan.FILLER):  # weighed 0 by compute_loss; nothing it computed is a metric
+        # A filler is weighed 0 by compute_loss: nothing it computed is a metric. The other processes of a
+        # sequence-parallel group hold the same pairs: counted once, by the group's lead.
+        if inputs.get(plan.FILLER) or not sequence_parallel.leads_group():
             return result
-        if not sequence_parallel.leads_group():  # the group's other processes hold the same pairs: counted once
-            return result
+        grouped = isinstance(stand_in, padded.GroupedModel)  # the positions the grouped padded forward ran
+        positions = stand_in.positions if grouped else inputs["input_ids"].numel()
         self.pair_metrics.add(
             mode,
             stand_in.outputs,
