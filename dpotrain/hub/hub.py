@@ -7,9 +7,16 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from huggingface_hub import HfApi, ModelCard, ModelCardData, constants, get_token
+from huggingface_hub.errors import HfHubHTTPError, RepositoryNotFoundError
+
+from dpotrain.cluster import offline
+from dpotrain.cluster.offline import TOKENIZER_VOCAB, is_offline, within
+from dpotrain.hub.hub_push import pushed_revisions, record_push, with_retries
 from dpotrain.recipe import records as run_records
 from dpotrain.recipe.errors import ConfigError, cause
 from dpotrain.recipe.run_record import Record
+from dpotrain.recipe.writes import write_text
 from dpotrain.train.lora import card_lines
 from dpotrain.train.metrics import PLOT_FILE, read_metrics
 
@@ -98,8 +105,6 @@ def take_push_settings(recipe, run_engine=None) -> PushSettings:
     training_args.bin. So the Trainer gets push_to_hub=False and hub_token=None, this project pushes (train_dpo.py,
     hub_push.py), and a token given as --hub_token is blanked from sys.argv, which W&B records.
     """
-    from dpotrain.cluster import offline
-
     t, p = recipe.training, recipe.project
     strategy = getattr(t.hub_strategy, "value", t.hub_strategy)
     if t.push_to_hub and strategy not in HUB_STRATEGIES:
@@ -153,8 +158,6 @@ def scrub_argv(argv: list[str]) -> None:
 
 
 def model_card(r: Record, records: list[dict], revisions: list[tuple[int, str]] = (), repo_id: str = "") -> str:
-    from huggingface_hub import ModelCard, ModelCardData
-
     s, sources = r.settings, r.data.data_sources or []
     base, dataset = s.model_name_or_path, s.dataset_name
     names = [dataset] if dataset else [source["source"].split(" [")[0].split(":")[0] for source in sources]
@@ -261,7 +264,6 @@ def revisions_section(revisions: list[tuple[int, str]], repo_id: str) -> str:
     """The card's list of checkpoint branches (the last section, so that push_to_hub.py can replace it)."""
     if not revisions:
         return ""
-    from huggingface_hub import constants
 
     rows = "\n".join(f"| {step} | [`{b}`]({constants.ENDPOINT}/{repo_id}/tree/{b}) |" for step, b in revisions)
     return f"""
@@ -291,18 +293,12 @@ def speed_row(records: list[dict]) -> str:
 
 
 def write_model_card(output_dir: str | Path, r: Record, repo_id: str = "") -> Path:
-    from dpotrain.hub.hub_push import pushed_revisions
-    from dpotrain.recipe.writes import write_text
-
     card = model_card(r, read_metrics(output_dir), pushed_revisions(output_dir), repo_id)
     return write_text(Path(output_dir) / "README.md", card)
 
 
 def update_card_revisions(output_dir: str | Path, repo_id: str) -> None:
     """Replace the card's revisions section with what hub_pushes.jsonl says is on the Hub (push_to_hub.py)."""
-    from dpotrain.hub.hub_push import pushed_revisions
-    from dpotrain.recipe.writes import write_text
-
     path = Path(output_dir) / "README.md"
     card = path.read_text()
     kept = card.split("\n" + REVISIONS_HEADING)[0].rstrip("\n") + "\n"
@@ -319,10 +315,6 @@ def push_run(output_dir: str | Path, repo_id: str, token: str | None = None, pri
     """Upload the final model, tokenizer, card, plot and metrics of `output_dir` to main of `repo_id`, retried on
     transient errors; returns the repo's URL. Its start and its outcome are recorded in hub_pushes.jsonl, the start
     first: a push a kill cuts short is one started and never confirmed (`hub_push.unconfirmed_push`)."""
-    from huggingface_hub import HfApi, constants
-
-    from dpotrain.hub.hub_push import record_push, with_retries
-
     api = HfApi(token=token)
     step = finished_step(output_dir)
 
@@ -348,8 +340,6 @@ def push_run(output_dir: str | Path, repo_id: str, token: str | None = None, pri
 
 def run_folder_problems(output_dir: str | Path) -> list[str]:
     """What keeps `output_dir` from being a finished run worth pushing; [] when it is one."""
-    from dpotrain.cluster.offline import TOKENIZER_VOCAB
-
     out = Path(output_dir)
     if not out.is_dir():
         return ["the folder itself"]
@@ -384,11 +374,6 @@ def check_write_access(repo_id: str, token: str | None, where: str = "job") -> s
     says that it skipped the check and returns `repo_id` as given: the push then happens later, where the Hub is
     reachable.
     """
-    from huggingface_hub import HfApi, get_token
-    from huggingface_hub.errors import HfHubHTTPError
-
-    from dpotrain.cluster.offline import is_offline, within
-
     if is_offline():
         print(
             f"Skipped checking write access to {repo_id}: HF_HUB_OFFLINE is set, so nothing is pushed during the run. "
@@ -431,10 +416,6 @@ def check_write_access(repo_id: str, token: str | None, where: str = "job") -> s
 def _may_write(api, repo_id: str) -> bool:
     """The Hub's answer: True when the token may write to `repo_id`, or when there is no such repo yet (the push
     creates it); False when the repo exists and the token may not write to it."""
-    from huggingface_hub.errors import HfHubHTTPError, RepositoryNotFoundError
-
-    from dpotrain.cluster.offline import within
-
     try:
         within(30, lambda: api.auth_check(repo_id, write=True))
     except RepositoryNotFoundError:
@@ -453,11 +434,6 @@ def create_at_start(repo_id: str, token: str | None, private: bool | None) -> No
     recipe asks for: the Hub answers now, not after training, whether this token may create a repo in that namespace
     (a read token, another user's or an organization's namespace). An existing repo is left as it is. Called after
     `check_write_access`, on the run's main process only; never with HF_HUB_OFFLINE (nothing is pushed then)."""
-    from huggingface_hub import HfApi, get_token
-    from huggingface_hub.errors import HfHubHTTPError
-
-    from dpotrain.cluster.offline import is_offline, within
-
     if is_offline():
         return
     api = HfApi(token=token or get_token())
