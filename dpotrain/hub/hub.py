@@ -41,17 +41,10 @@ CARD_FIELDS = [
     "seed",
 ]
 # rewards/* are TRL's (beta x summed log-ratio); rewards_norm/* are on the loss's scale (beta x log-ratio per token).
+# The speed follows them: the run's (`speed_row`), not the last step's.
 FINAL_METRICS = [
     "loss",
-    "rewards/accuracies",
-    "rewards/margins",
-    "rewards/chosen",
-    "rewards/rejected",
-    "rewards_norm/accuracies",
-    "rewards_norm/margins",
-    "rewards_norm/chosen",
-    "rewards_norm/rejected",
-    "tokens_per_second",
+    *(f"{scale}/{k}" for scale in ("rewards", "rewards_norm") for k in ("accuracies", "margins", "chosen", "rejected")),
 ]
 # Never uploaded to main: resumable state (checkpoints go to their own branches), local tracking and push records, and
 # training_args.bin (a pickle of every argument: of no use on the Hub, and unsafe to load).
@@ -180,8 +173,7 @@ def model_card(r: Record, records: list[dict], revisions: list[tuple[int, str]] 
             f"{counted['pairs']} |"
         )
     last = next((record for record in reversed(records) if "loss" in record), {})  # training, not an evaluation
-    shown = [k for k in FINAL_METRICS if k in last and k != "tokens_per_second"]  # the speed: the run's (speed_row)
-    metric_rows = "\n".join(f"| `{k}` | {last[k]:.4f} |" for k in shown)
+    metric_rows = "\n".join(f"| `{k}` | {last[k]:.4f} |" for k in FINAL_METRICS if k in last)
     metric_rows = (metric_rows + "\n" + speed_row(records)).strip() or "| (none logged) | |"
     content = f"""---
 {data.to_yaml()}
