@@ -196,7 +196,8 @@ class RecipeDPOTrainer(DPOTrainer):
         if packed:
             kwargs["data_collator"] = choice.collator(forward, training_args)
         # Order matters: GracefulStop.on_save reports a checkpoint only after CompleteMarker has marked it.
-        kwargs["callbacks"] = [CompleteMarker(), MetricsRecorder(), stop, *([health] if health else [])]
+        self.complete_marker = CompleteMarker()
+        kwargs["callbacks"] = [self.complete_marker, MetricsRecorder(), stop, *([health] if health else [])]
         with self._no_second_model_under_fsdp(kwargs):
             super().__init__(*args, **kwargs)  # loads the model, tokenizes the data sets
         for model in (self.model, self.ref_model):
@@ -331,9 +332,7 @@ class RecipeDPOTrainer(DPOTrainer):
                 raise
             raise disk_full.save_failed(folder, why, remove=self.is_world_process_zero()) from None
         # Reported once the checkpoint is hashed and marked (CompleteMarker): the time a stop has to leave for it.
-        for callback in self.callback_handler.callbacks:
-            if isinstance(callback, CompleteMarker):
-                callback.save_started = start
+        self.complete_marker.save_started = start
 
     def _run_epoch(self, *args, **kwargs):
         """transformers checks `max_steps` only after a step: resumed from a checkpoint of the last step (a run killed
@@ -470,10 +469,7 @@ class RecipeDPOTrainer(DPOTrainer):
     def use_reference(self, name: str, scored) -> None:
         """The reference stage's data set `name` ("train" or "eval"), its pairs' reference log-probs in columns, in
         place of the tokenized one: what training and evaluation read."""
-        if name == "train":
-            self.train_dataset = scored
-        else:
-            self.eval_dataset = scored
+        setattr(self, f"{name}_dataset", scored)
 
     # --- hybrids whose kernels take sequence boundaries: packed as decided, once their model and pairs agree ---------
     def check_packing(self) -> None:
