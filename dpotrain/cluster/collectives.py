@@ -30,11 +30,7 @@ def all_reduce_sum(tensor: torch.Tensor) -> torch.Tensor:
 
 def max_over_ranks(value: int, device) -> int:
     """The largest of every rank's `value`: one rank's request (stop, checkpoint) becomes every rank's."""
-    if not _distributed():
-        return value
-    flag = torch.tensor([value], device=device)
-    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-    return int(flag.item())
+    return int(max_of_ranks([value], device)[0])
 
 
 def max_of_ranks(values: list[float], device) -> list[float]:

@@ -81,19 +81,13 @@ def launched() -> Engine:
         if ds_file != "none" and os.path.isfile(ds_file):
             found = _deepspeed_file(Path(ds_file), per_node, f"{LAUNCHED} -> {ds_file}")
         else:  # the settings inline in the accelerate config, passed one by one
-            stage = int(env("ACCELERATE_DEEPSPEED_ZERO_STAGE") or 0)
             offload = [
                 env(f"ACCELERATE_DEEPSPEED_OFFLOAD_{part}_DEVICE", "none") != "none" for part in ("OPTIMIZER", "PARAM")
             ]
             clip = env("ACCELERATE_GRADIENT_CLIPPING", "auto")  # accelerate's own default: "auto"
-            found = Engine(
-                f"zero{stage}",
-                LAUNCHED,
-                per_node,
-                *offload,
-                int(5e8),
-                stage == 3,
-                clip if clip == "auto" else float(clip),
+            clip = clip if clip == "auto" else float(clip)
+            found = _inline_deepspeed(
+                int(env("ACCELERATE_DEEPSPEED_ZERO_STAGE") or 0), LAUNCHED, per_node, *offload, clip
             )
         if found.name not in ("zero2", "zero3"):
             stage = found.name.removeprefix("zero")
@@ -164,11 +158,9 @@ def from_config(accelerate_config: str) -> Engine:
                 return Engine("unplanned", f"DeepSpeed config {ds_file!r} ({accelerate_config}) not found")
             found = _deepspeed_file(ds_path, per_node, f"{accelerate_config} -> {ds_file}")
         else:  # the settings inline in the accelerate config
-            stage = int(ds.get("zero_stage", 0))
-            off_opt = ds.get("offload_optimizer_device", "none") != "none"
-            off_par = ds.get("offload_param_device", "none") != "none"
+            off_opt, off_par = (ds.get(f"offload_{part}_device", "none") != "none" for part in ("optimizer", "param"))
             clip = ds.get("gradient_clipping", "auto")  # accelerate's own default: "auto"
-            found = Engine(f"zero{stage}", accelerate_config, per_node, off_opt, off_par, int(5e8), stage == 3, clip)
+            found = _inline_deepspeed(int(ds.get("zero_stage", 0)), accelerate_config, per_node, off_opt, off_par, clip)
         if found.name not in ("zero2", "zero3"):
             stage = found.name.removeprefix("zero")
             return Engine("unplanned", f"DeepSpeed ZeRO stage {stage} ({accelerate_config}): plans cover stages 2, 3")
@@ -183,6 +175,12 @@ def from_config(accelerate_config: str) -> Engine:
     if kind == "NO":
         return Engine("single", accelerate_config)
     return Engine("unplanned", f"distributed_type {kind} ({accelerate_config}) is not one plans cover")
+
+
+def _inline_deepspeed(stage: int, source: str, per_node: int, offload_optimizer: bool, offload_params: bool, clip):
+    """DeepSpeed's settings inline in an accelerate config (no DeepSpeed JSON file): DeepSpeed's defaults for the
+    rest (a reduce bucket of 5e8 elements, overlap_comm on under ZeRO-3 only)."""
+    return Engine(f"zero{stage}", source, per_node, offload_optimizer, offload_params, int(5e8), stage == 3, clip)
 
 
 def _deepspeed_file(path: Path, per_node: int, source: str) -> Engine:
@@ -311,8 +309,7 @@ def start_processes(training, run_engine: Engine):
     timeout = timedelta(seconds=training.ddp_timeout)
     upstream.set_default_collective_timeout(timeout)
     # As TrainingArguments would make it (`ddp_backend`: gloo on CPU-only nodes, dpotrain/recipe/config.py; DeepSpeed
-    # picks
-    # its own).
+    # picks its own).
     backend = None if run_engine.deepspeed else training.ddp_backend
     state = PartialState(timeout=timeout, **({"backend": backend} if backend else {}))
     if dist.is_initialized() and dist.get_rank() == 0:  # torch's rank: accelerate's is not settled yet on CPU

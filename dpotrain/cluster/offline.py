@@ -98,17 +98,14 @@ def hub_datasets(recipe) -> list[mixture.Source]:
 def select_model_files(repo_files: list[str]) -> list[str]:
     """The files of a model repo that training reads: config, tokenizer, chat template and one set of weights."""
     top = [f for f in repo_files if "/" not in f]
-    chosen = [f for f in repo_files if any(fnmatch.fnmatch(f, p) for p in MODEL_FILES) and _depth_ok(f)]
+    top_or_template = [f for f in repo_files if "/" not in f or f.startswith("additional_chat_templates/")]
+    chosen = [f for f in top_or_template if any(fnmatch.fnmatch(f, p) for p in MODEL_FILES)]
     for pattern in WEIGHTS:  # one format only: a repo with both safetensors and .bin needs the safetensors
         weights = [f for f in top if fnmatch.fnmatch(f, pattern)]
         if weights:
             chosen += weights
             break
     return sorted(set(chosen))
-
-
-def _depth_ok(path: str) -> bool:
-    return "/" not in path or path.startswith("additional_chat_templates/")
 
 
 def missing_model_files(repo_id: str, revision: str | None = None, weights: bool = True) -> list[str]:

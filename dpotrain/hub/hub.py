@@ -1,14 +1,22 @@
 """This project's one push path: the run's repo, the token kept off disk, the model card, the final upload, and the
 write-access check at start. Checkpoint branches: hub_push.py."""
 
+import functools
 import json
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from huggingface_hub import HfApi, ModelCard, ModelCardData, constants, get_token
+from huggingface_hub.errors import HfHubHTTPError, RepositoryNotFoundError
+
+from dpotrain.cluster import offline
+from dpotrain.cluster.offline import TOKENIZER_VOCAB, is_offline, within
+from dpotrain.hub.hub_push import pushed_revisions, record_push, with_retries
 from dpotrain.recipe import records as run_records
-from dpotrain.recipe.errors import cause
+from dpotrain.recipe.errors import ConfigError, cause
 from dpotrain.recipe.run_record import Record
+from dpotrain.recipe.writes import write_text
 from dpotrain.train.lora import card_lines
 from dpotrain.train.metrics import PLOT_FILE, read_metrics
 
@@ -33,17 +41,10 @@ CARD_FIELDS = [
     "seed",
 ]
 # rewards/* are TRL's (beta x summed log-ratio); rewards_norm/* are on the loss's scale (beta x log-ratio per token).
+# The speed follows them: the run's (`speed_row`), not the last step's.
 FINAL_METRICS = [
     "loss",
-    "rewards/accuracies",
-    "rewards/margins",
-    "rewards/chosen",
-    "rewards/rejected",
-    "rewards_norm/accuracies",
-    "rewards_norm/margins",
-    "rewards_norm/chosen",
-    "rewards_norm/rejected",
-    "tokens_per_second",
+    *(f"{scale}/{k}" for scale in ("rewards", "rewards_norm") for k in ("accuracies", "margins", "chosen", "rejected")),
 ]
 # Never uploaded to main: resumable state (checkpoints go to their own branches), local tracking and push records, and
 # training_args.bin (a pickle of every argument: of no use on the Hub, and unsafe to load).
@@ -73,8 +74,6 @@ class PushSettings:
     token: str | None = field(default=None, repr=False)  # in memory only
 
     def check_token(self) -> None:
-        from dpotrain.recipe.errors import ConfigError
-
         if self.requested and not self.token:
             raise ConfigError(
                 "push_to_hub is set but no Hugging Face token was found: add HF_TOKEN=... to .env, "
@@ -99,9 +98,6 @@ def take_push_settings(recipe, run_engine=None) -> PushSettings:
     training_args.bin. So the Trainer gets push_to_hub=False and hub_token=None, this project pushes (train_dpo.py,
     hub_push.py), and a token given as --hub_token is blanked from sys.argv, which W&B records.
     """
-    from dpotrain.cluster import offline
-    from dpotrain.recipe.errors import ConfigError
-
     t, p = recipe.training, recipe.project
     strategy = getattr(t.hub_strategy, "value", t.hub_strategy)
     if t.push_to_hub and strategy not in HUB_STRATEGIES:
@@ -155,8 +151,6 @@ def scrub_argv(argv: list[str]) -> None:
 
 
 def model_card(r: Record, records: list[dict], revisions: list[tuple[int, str]] = (), repo_id: str = "") -> str:
-    from huggingface_hub import ModelCard, ModelCardData
-
     s, sources = r.settings, r.data.data_sources or []
     base, dataset = s.model_name_or_path, s.dataset_name
     names = [dataset] if dataset else [source["source"].split(" [")[0].split(":")[0] for source in sources]
@@ -179,8 +173,7 @@ def model_card(r: Record, records: list[dict], revisions: list[tuple[int, str]] 
             f"{counted['pairs']} |"
         )
     last = next((record for record in reversed(records) if "loss" in record), {})  # training, not an evaluation
-    shown = [k for k in FINAL_METRICS if k in last and k != "tokens_per_second"]  # the speed: the run's (speed_row)
-    metric_rows = "\n".join(f"| `{k}` | {last[k]:.4f} |" for k in shown)
+    metric_rows = "\n".join(f"| `{k}` | {last[k]:.4f} |" for k in FINAL_METRICS if k in last)
     metric_rows = (metric_rows + "\n" + speed_row(records)).strip() or "| (none logged) | |"
     content = f"""---
 {data.to_yaml()}
@@ -263,7 +256,6 @@ def revisions_section(revisions: list[tuple[int, str]], repo_id: str) -> str:
     """The card's list of checkpoint branches (the last section, so that push_to_hub.py can replace it)."""
     if not revisions:
         return ""
-    from huggingface_hub import constants
 
     rows = "\n".join(f"| {step} | [`{b}`]({constants.ENDPOINT}/{repo_id}/tree/{b}) |" for step, b in revisions)
     return f"""
@@ -293,18 +285,12 @@ def speed_row(records: list[dict]) -> str:
 
 
 def write_model_card(output_dir: str | Path, r: Record, repo_id: str = "") -> Path:
-    from dpotrain.hub.hub_push import pushed_revisions
-    from dpotrain.recipe.writes import write_text
-
     card = model_card(r, read_metrics(output_dir), pushed_revisions(output_dir), repo_id)
     return write_text(Path(output_dir) / "README.md", card)
 
 
 def update_card_revisions(output_dir: str | Path, repo_id: str) -> None:
     """Replace the card's revisions section with what hub_pushes.jsonl says is on the Hub (push_to_hub.py)."""
-    from dpotrain.hub.hub_push import pushed_revisions
-    from dpotrain.recipe.writes import write_text
-
     path = Path(output_dir) / "README.md"
     card = path.read_text()
     kept = card.split("\n" + REVISIONS_HEADING)[0].rstrip("\n") + "\n"
@@ -321,10 +307,6 @@ def push_run(output_dir: str | Path, repo_id: str, token: str | None = None, pri
     """Upload the final model, tokenizer, card, plot and metrics of `output_dir` to main of `repo_id`, retried on
     transient errors; returns the repo's URL. Its start and its outcome are recorded in hub_pushes.jsonl, the start
     first: a push a kill cuts short is one started and never confirmed (`hub_push.unconfirmed_push`)."""
-    from huggingface_hub import HfApi, constants
-
-    from dpotrain.hub.hub_push import record_push, with_retries
-
     api = HfApi(token=token)
     step = finished_step(output_dir)
 
@@ -334,16 +316,14 @@ def push_run(output_dir: str | Path, repo_id: str, token: str | None = None, pri
             repo_id=repo_id, folder_path=str(output_dir), ignore_patterns=IGNORE, commit_message="Upload DPO run"
         )
 
-    record_push(output_dir, step=step, branch="main", status="started", repo=repo_id)
+    record = functools.partial(record_push, output_dir, step=step, branch="main")
+    record(status="started", repo=repo_id)
     try:
         commit, attempts = with_retries(upload, f"push to {repo_id}")
     except Exception as e:
-        record_push(
-            output_dir, step=step, branch="main", status="failed", repo=repo_id, attempts=e.attempts, error=cause(e)
-        )
+        record(status="failed", repo=repo_id, attempts=e.attempts, error=cause(e))
         raise
-    confirmed = {"attempts": attempts, "commit": commit.oid}
-    record_push(output_dir, step=step, branch="main", status="pushed", repo=repo_id, **confirmed)
+    record(status="pushed", repo=repo_id, attempts=attempts, commit=commit.oid)
     return f"{constants.ENDPOINT}/{repo_id}"
 
 
@@ -352,8 +332,6 @@ def push_run(output_dir: str | Path, repo_id: str, token: str | None = None, pri
 
 def run_folder_problems(output_dir: str | Path) -> list[str]:
     """What keeps `output_dir` from being a finished run worth pushing; [] when it is one."""
-    from dpotrain.cluster.offline import TOKENIZER_VOCAB
-
     out = Path(output_dir)
     if not out.is_dir():
         return ["the folder itself"]
@@ -388,12 +366,6 @@ def check_write_access(repo_id: str, token: str | None, where: str = "job") -> s
     says that it skipped the check and returns `repo_id` as given: the push then happens later, where the Hub is
     reachable.
     """
-    from huggingface_hub import HfApi, get_token
-    from huggingface_hub.errors import HfHubHTTPError
-
-    from dpotrain.cluster.offline import is_offline, within
-    from dpotrain.recipe.errors import ConfigError
-
     if is_offline():
         print(
             f"Skipped checking write access to {repo_id}: HF_HUB_OFFLINE is set, so nothing is pushed during the run. "
@@ -436,10 +408,6 @@ def check_write_access(repo_id: str, token: str | None, where: str = "job") -> s
 def _may_write(api, repo_id: str) -> bool:
     """The Hub's answer: True when the token may write to `repo_id`, or when there is no such repo yet (the push
     creates it); False when the repo exists and the token may not write to it."""
-    from huggingface_hub.errors import HfHubHTTPError, RepositoryNotFoundError
-
-    from dpotrain.cluster.offline import within
-
     try:
         within(30, lambda: api.auth_check(repo_id, write=True))
     except RepositoryNotFoundError:
@@ -458,12 +426,6 @@ def create_at_start(repo_id: str, token: str | None, private: bool | None) -> No
     recipe asks for: the Hub answers now, not after training, whether this token may create a repo in that namespace
     (a read token, another user's or an organization's namespace). An existing repo is left as it is. Called after
     `check_write_access`, on the run's main process only; never with HF_HUB_OFFLINE (nothing is pushed then)."""
-    from huggingface_hub import HfApi, get_token
-    from huggingface_hub.errors import HfHubHTTPError
-
-    from dpotrain.cluster.offline import is_offline, within
-    from dpotrain.recipe.errors import ConfigError
-
     if is_offline():
         return
     api = HfApi(token=token or get_token())

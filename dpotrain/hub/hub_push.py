@@ -23,6 +23,10 @@ import threading
 import time
 from pathlib import Path
 
+import httpx2
+from huggingface_hub import HfApi
+from huggingface_hub.errors import HfHubHTTPError, RepositoryNotFoundError, RevisionNotFoundError
+from huggingface_hub.utils import DEFAULT_IGNORE_PATTERNS, filter_repo_objects
 from transformers import TrainerCallback
 
 from dpotrain.recipe import records as run_records
@@ -122,9 +126,6 @@ def retry_waits() -> tuple[float, ...]:
 
 def is_transient(error: BaseException) -> bool:
     """Worth another attempt later: the Hub's 5xx, 429 and 408, and connections that failed or dropped."""
-    import httpx2
-    from huggingface_hub.errors import HfHubHTTPError
-
     if isinstance(error, HfHubHTTPError):
         status = getattr(error.response, "status_code", None)
         return status is None or status in (408, 429) or status >= 500
@@ -166,8 +167,6 @@ def upload_checkpoint(api, repo_id: str, folder: Path, step: int):
 
 def local_files(folder: Path, allow: list[str] | None = None, ignore: list[str] | None = None) -> list[str]:
     """The relative paths upload_folder sends from `folder` with these patterns (huggingface_hub's own filter)."""
-    from huggingface_hub.utils import DEFAULT_IGNORE_PATTERNS, filter_repo_objects
-
     paths = [p.relative_to(folder).as_posix() for p in sorted(folder.rglob("*")) if p.is_file()]
     ignore = [*(ignore or []), *DEFAULT_IGNORE_PATTERNS]
     return list(filter_repo_objects(paths, allow_patterns=allow, ignore_patterns=ignore))
@@ -179,8 +178,6 @@ def remote_matches(api, repo_id: str, revision: str, folder: Path, names: list[s
     Sizes, not hashes: hashing a 15 GB checkpoint to skip it would cost what uploading it costs when the Hub already
     has its content (huggingface_hub then sends no bytes).
     """
-    from huggingface_hub.errors import RepositoryNotFoundError, RevisionNotFoundError
-
     try:
         remote = {
             f.path: f.size for f in api.list_repo_tree(repo_id, revision=revision, recursive=True) if hasattr(f, "size")
@@ -207,44 +204,36 @@ def stage(folder: Path, staging_root: Path) -> Path:
 def push_checkpoints(api, run_dir: Path, repo_id: str) -> list[dict]:
     """scripts/push_to_hub.py --checkpoints: every complete checkpoint on disk to its branch, skipping the branches
     that already hold it. Returns the records written."""
-    records = []
-    branches = set()
+    records, branches = [], set()
     try:
         branches = {b.name for b in api.list_repo_refs(repo_id).branches}
-    except Exception as e:  # a repo not created yet has no branches
-        from huggingface_hub.errors import RepositoryNotFoundError
-
-        if not isinstance(e, RepositoryNotFoundError):
-            raise
+    except RepositoryNotFoundError:  # a repo not created yet has no branches
+        pass
     for folder in checkpoints(run_dir):
-        step, branch = checkpoint_step(folder), branch_name(checkpoint_step(folder))
+        step = checkpoint_step(folder)
+        branch = branch_name(step)
+        record = functools.partial(record_push, run_dir, step=step, branch=branch)
         if not (folder / MARKER).is_file():
             print(f"Skipped {folder.name}: no {MARKER} mark (written only once a checkpoint is whole)", flush=True)
             continue
         names = checkpoint_files(folder)
         if not has_weights(names):
             print(f"warning: {folder.name} has no model weights (*.safetensors): not pushed", file=sys.stderr)
-            records.append(record_push(run_dir, step=step, branch=branch, status="failed", error="no model weights"))
+            records.append(record(status="failed", error="no model weights"))
             continue
         if branch in branches and remote_matches(api, repo_id, branch, folder, names):
             print(f"Skipped {folder.name}: {repo_id}@{branch} already holds it", flush=True)
-            records.append(record_push(run_dir, step=step, branch=branch, status="present", files=names))
+            records.append(record(status="present", files=names))
             continue
         try:
             upload = functools.partial(upload_checkpoint, api, repo_id, folder, step)
             commit, attempts = with_retries(upload, f"{branch} push")
         except Exception as e:
             print(f"warning: {folder.name} was not pushed to {repo_id}@{branch}: {cause(e)}", file=sys.stderr)
-            records.append(
-                record_push(run_dir, step=step, branch=branch, status="failed", attempts=e.attempts, error=cause(e))
-            )
+            records.append(record(status="failed", attempts=e.attempts, error=cause(e)))
             continue
         print(f"Pushed {folder.name} to {repo_id}@{branch}", flush=True)
-        records.append(
-            record_push(
-                run_dir, step=step, branch=branch, status="pushed", attempts=attempts, commit=commit.oid, files=names
-            )
-        )
+        records.append(record(status="pushed", attempts=attempts, commit=commit.oid, files=names))
     return records
 
 
@@ -297,8 +286,6 @@ class CheckpointPusher(TrainerCallback):
             self.thread.start()
 
     def _work(self) -> None:
-        from huggingface_hub import HfApi
-
         api = HfApi(token=self.token)
         while True:
             step = self.queue.get()
@@ -349,14 +336,14 @@ class CheckpointPusher(TrainerCallback):
         left = sorted(self.pending)
         if not left:
             shutil.rmtree(self.out / STAGING, ignore_errors=True)
+            return left
         for step in left:
             record_push(self.out, step=step, branch=branch_name(step), status="unfinished", error="still uploading")
-        if left:
-            print(
-                f"warning: checkpoint uploads still running after {timeout:.0f} s were abandoned (steps "
-                f"{', '.join(map(str, left))}): `python scripts/push_to_hub.py {self.out} --checkpoints` pushes the "
-                "ones still on disk",
-                file=sys.stderr,
-                flush=True,
-            )
+        print(
+            f"warning: checkpoint uploads still running after {timeout:.0f} s were abandoned (steps "
+            f"{', '.join(map(str, left))}): `python scripts/push_to_hub.py {self.out} --checkpoints` pushes the "
+            "ones still on disk",
+            file=sys.stderr,
+            flush=True,
+        )
         return left

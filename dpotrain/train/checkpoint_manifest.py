@@ -13,13 +13,13 @@ A checkpoint without a manifest, or whose manifest lists no optimizer or schedul
 never resumed from (transformers would go on with a fresh optimizer and a restarted warm-up, silently).
 """
 
-import contextlib
 import fnmatch
 import hashlib
 import json
-import os
 import time
 from pathlib import Path
+
+from dpotrain.recipe.writes import write_text
 
 MANIFEST = "MANIFEST.json"
 # The state a resume goes on with besides the weights, by the names each engine writes it under: one process, DDP and
@@ -51,27 +51,6 @@ def share(files: list, rank: int, world: int) -> list:
     return files[rank::world]
 
 
-def fsync_write(path: Path, text: str) -> None:
-    """`text` into `path`, flushed to the disk, and the folder's entry for it too: a crash after this returns cannot
-    leave the file empty or missing."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    try:
-        with open(tmp, "w") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-    except OSError as e:  # a full disk: said of the file meant (train_dpo.main), with nothing half-written left
-        with contextlib.suppress(OSError):  # read-only: not even a missing file may be removed
-            tmp.unlink(missing_ok=True)
-        raise OSError(e.errno, e.strerror, str(path)) from e
-    os.replace(tmp, path)
-    fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def seal(folder: Path, mark: str, mark_text: str, is_main: bool) -> None:
     """On every rank, once all have written `folder`: hash it (each rank its share), then the main process writes
     MANIFEST.json and the mark `mark`, each flushed to disk, the manifest first."""
@@ -99,8 +78,8 @@ def seal(folder: Path, mark: str, mark_text: str, is_main: bool) -> None:
         rel, why = next(iter(unreadable.items()))
         raise OSError(f"{folder / rel}: {why} (every node must see the output folder: a shared file system)")
     entries = {rel: {"bytes": size, "sha256": hashes[rel]} for rel, size in files}
-    fsync_write(folder / MANIFEST, json.dumps({"files": entries}, indent=1) + "\n")
-    fsync_write(folder / mark, mark_text)
+    write_text(folder / MANIFEST, json.dumps({"files": entries}, indent=1) + "\n")
+    write_text(folder / mark, mark_text)
     total = sum(size for _, size in files) / 2**20
     print(
         f"{folder.name}: {len(files)} files ({total:,.1f} MiB) checksummed by {world} process(es) and marked "

@@ -99,19 +99,15 @@ def report_save(step: int, seconds: float) -> None:
     more than a stop leaves for it — the time-limit warning (`--signal=B:USR1@<s>`) or the partition's preemption
     GraceTime, which scripts/launch.sh exports as DPOTRAIN_SAVE_WARN_S and DPOTRAIN_GRACE_S."""
     print(f"checkpoint-{step} written in {seconds:.1f} s", flush=True)
-    limits = [
-        (float(os.environ.get(name) or 0), what)
-        for name, what in (
-            ("DPOTRAIN_SAVE_WARN_S", "what the time-limit warning leaves (raise #SBATCH --signal=B:USR1@<seconds>)"),
-            (
-                "DPOTRAIN_GRACE_S",
-                "the partition's preemption GraceTime (a preempted job is killed before its "
-                "checkpoint is complete: ask your admins for a longer GraceTime, or save to a faster "
-                "file system)",
-            ),
-        )
-    ]
-    for limit, what in limits:
+    for name, what in (
+        ("DPOTRAIN_SAVE_WARN_S", "what the time-limit warning leaves (raise #SBATCH --signal=B:USR1@<seconds>)"),
+        (
+            "DPOTRAIN_GRACE_S",
+            "the partition's preemption GraceTime (a preempted job is killed before its checkpoint is complete: ask "
+            "your admins for a longer GraceTime, or save to a faster file system)",
+        ),
+    ):
+        limit = float(os.environ.get(name) or 0)
         if limit and seconds > limit:
             print(
                 f"warning: checkpoint-{step} took {seconds:.0f} s, longer than the {limit:.0f} s of {what}",

@@ -78,11 +78,13 @@ def _size(n: int | None) -> str:
         if n < 1024 or unit == "TiB":
             return f"{n:.0f} {unit}" if unit == "bytes" else f"{n:.1f} {unit}"
         n /= 1024
-    return f"{n} bytes"
 
 
-def _used(folder: Path) -> int:
-    return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file()) if folder.is_dir() else 0
+def _after(kept: list[Path]) -> str:
+    """What the same command does next, given the run's complete checkpoints."""
+    if kept:
+        return f"{kept[-1].name} is kept, and the same command goes on from it"
+    return "no checkpoint was complete yet: the same command starts afresh"
 
 
 def save_failed(folder: Path, why: str, remove: bool) -> RunError:
@@ -90,7 +92,7 @@ def save_failed(folder: Path, why: str, remove: bool) -> RunError:
     main process: the one that deletes)."""
     out = folder.parent
     kept = [p for p in checkpoints(out) if is_complete(p) and p != folder]
-    written = _used(folder)
+    written = sum(p.stat().st_size for p in folder.rglob("*") if p.is_file()) if folder.is_dir() else 0
     if remove:
         shutil.rmtree(folder, ignore_errors=True)
     free = shutil.disk_usage(out).free
@@ -98,13 +100,9 @@ def save_failed(folder: Path, why: str, remove: bool) -> RunError:
     need = (
         f"a checkpoint takes {_size(previous)}, as {kept[-1].name} did"
         if previous
-        else (f"a checkpoint takes more than the {_size(written)} written before it failed")
+        else f"a checkpoint takes more than the {_size(written)} written before it failed"
     )
-    after = (
-        f"{kept[-1].name} is kept, and the same command goes on from it"
-        if kept
-        else "no checkpoint was complete yet: the same command starts afresh"
-    )
+    after = _after(kept)
     if why in FIX:
         return RunError(f"{why}: {folder.name} could not be written in {out}: {FIX[why]}, then rerun; {after}")
     return RunError(
@@ -144,12 +142,5 @@ def write_failed(error: OSError, why: str) -> RunError:
     folder = next((p for p in above if p.is_dir()), None)
     free = f" ({_size(shutil.disk_usage(folder).free)} free there)" if folder and why not in FIX else ""
     out = next((p for p in above if (p / "run_files.json").is_file() or checkpoints(p)), None)
-    kept = [p for p in checkpoints(out) if is_complete(p)] if out else []
-    after = (
-        f"; {kept[-1].name} is kept, and the same command goes on from it"
-        if kept
-        else "; no checkpoint was complete yet: the same command starts afresh"
-        if out
-        else ""
-    )
+    after = f"; {_after([p for p in checkpoints(out) if is_complete(p)])}" if out else ""
     return RunError(f"{why}: {where}{free}: {_todo(why)}, then rerun{after}")

@@ -158,9 +158,9 @@ class HealthGuard(TrainerCallback):
                 Alarm(
                     "nonfinite",
                     step,
-                    f"non-finite values {_fmt(bad)}: the weights or the loss went NaN "
-                    f"or inf (too high a learning rate, bf16 overflow, a bad row). No checkpoint is "
-                    f"written from this state; resume from an earlier one with a lower --learning_rate",
+                    f"non-finite values {', '.join(f'{k}={v}' for k, v in bad.items())}: the weights or the loss "
+                    "went NaN or inf (too high a learning rate, bf16 overflow, a bad row). No checkpoint is written "
+                    "from this state; resume from an earlier one with a lower --learning_rate",
                     fatal=True,
                 )
             )
@@ -175,11 +175,9 @@ class HealthGuard(TrainerCallback):
                 Alarm(
                     "loss_floor",
                     step,
-                    (
-                        f"{name} {loss:.4g} < health_loss_floor {p.health_loss_floor}: the policy separates the "
-                        "pairs far beyond what beta's KL term allows; in a failed run this came right before mode "
-                        "collapse. Lower --learning_rate (or raise beta), and run scripts/preflight.py on the data"
-                    ),
+                    f"{name} {loss:.4g} < health_loss_floor {p.health_loss_floor}: the policy separates the "
+                    "pairs far beyond what beta's KL term allows; in a failed run this came right before mode "
+                    "collapse. Lower --learning_rate (or raise beta), and run scripts/preflight.py on the data",
                 )
             )
         if p.health_max_margin > 0 and r and r["margins"] > p.health_max_margin:
@@ -187,11 +185,9 @@ class HealthGuard(TrainerCallback):
                 Alarm(
                     "margin",
                     step,
-                    (
-                        f"{r['source']}margins {r['margins']:.3g} > health_max_margin {p.health_max_margin} (chosen "
-                        f"{r['chosen']:.3g}, rejected {r['rejected']:.3g}): margins exploding (above 5 unstable; a "
-                        "collapsed run reached 9-18). Lower --learning_rate"
-                    ),
+                    f"{r['source']}margins {r['margins']:.3g} > health_max_margin {p.health_max_margin} (chosen "
+                    f"{r['chosen']:.3g}, rejected {r['rejected']:.3g}): margins exploding (above 5 unstable; a "
+                    "collapsed run reached 9-18). Lower --learning_rate",
                 )
             )
         drop = p.health_logp_drop
@@ -200,16 +196,14 @@ class HealthGuard(TrainerCallback):
                 Alarm(
                     "logps_falling",
                     step,
-                    (
-                        f"chosen and rejected log-probs both fell by more than {drop} nats/token against the "
-                        f"reference ({r['chosen'] / args.beta:.3g} and {r['rejected'] / args.beta:.3g}): the policy "
-                        "pushes everything down instead of preferring the chosen side, the road to degenerate "
-                        "outputs. Lower --learning_rate; if the chosen style is alien to the model "
-                        "(scripts/preflight.py), SFT on it first"
-                    ),
+                    f"chosen and rejected log-probs both fell by more than {drop} nats/token against the "
+                    f"reference ({r['chosen'] / args.beta:.3g} and {r['rejected'] / args.beta:.3g}): the policy "
+                    "pushes everything down instead of preferring the chosen side, the road to degenerate "
+                    "outputs. Lower --learning_rate; if the chosen style is alien to the model "
+                    "(scripts/preflight.py), SFT on it first",
                 )
             )
-        pinned = self._pinned_pairs + self._pairs(args, step)
+        pinned = self._pinned_pairs + (step - self._last_step) * p.pairs_per_step  # and the pairs since the last log
         early = step <= p.health_early_fraction * max_steps
         acc = r["accuracies"] if r else logs.get("rewards/accuracies")
         if p.health_pinned_pairs and early and pinned >= p.health_pinned_pairs and acc is not None and acc >= 0.999:
@@ -217,12 +211,10 @@ class HealthGuard(TrainerCallback):
                 Alarm(
                     "accuracy_pinned",
                     step,
-                    (
-                        f"reward accuracy has been 1.0 on the last {pinned} pairs, within the first "
-                        f"{p.health_early_fraction:.0%} of training (step {step} of {max_steps}): the pairs are "
-                        "trivially separable or the policy is collapsing onto them. Check the pairs with "
-                        "scripts/preflight.py; lower --learning_rate"
-                    ),
+                    f"reward accuracy has been 1.0 on the last {pinned} pairs, within the first "
+                    f"{p.health_early_fraction:.0%} of training (step {step} of {max_steps}): the pairs are "
+                    "trivially separable or the policy is collapsing onto them. Check the pairs with "
+                    "scripts/preflight.py; lower --learning_rate",
                 )
             )
         return alarms
@@ -260,21 +252,15 @@ class HealthGuard(TrainerCallback):
             return None
         chosen_tokens, rejected_tokens = (max(m, 1.0) for m in self._token_means)
         chosen, rejected = logs["rewards/chosen"] / chosen_tokens, logs["rewards/rejected"] / rejected_tokens
-        source = "rewards/* ÷ mean completion tokens: "
-        accuracies = logs.get("rewards/accuracies")
-        return {
-            "chosen": chosen,
-            "rejected": rejected,
-            "margins": chosen - rejected,
-            "accuracies": accuracies,
-            "source": source,
-        }
+        return dict(
+            chosen=chosen,
+            rejected=rejected,
+            margins=chosen - rejected,
+            accuracies=logs.get("rewards/accuracies"),
+            source="rewards/* ÷ mean completion tokens: ",
+        )
 
     # --- bookkeeping ---
-
-    def _pairs(self, args, step: int) -> int:
-        """Pairs seen since the previous log."""
-        return (step - self._last_step) * self.p.pairs_per_step
 
     def _count_pinned(self, logs: dict, args, steps: int) -> None:
         acc = logs.get("rewards_norm/accuracies", logs.get("rewards/accuracies"))
@@ -283,21 +269,13 @@ class HealthGuard(TrainerCallback):
 
     def _decide(self, alarms: list[Alarm], args) -> int:
         """0 go on, 1 stop with a checkpoint, 2 stop without one; the same answer on every rank."""
-        action = 0
-        if any(a.fatal for a in alarms):
-            action = 2
-        elif alarms and self.p.health_action == "stop":
-            action = 1
+        action = 2 if any(a.fatal for a in alarms) else int(bool(alarms) and self.p.health_action == "stop")
         return max_over_ranks(action, args.device)  # one rank's verdict stops all, at the same step
 
 
 def dpo_loss(logs: dict) -> tuple[str, float]:
     """The logged DPO loss and its name: `dpo_loss` (without the MoE router term) when logged, else `loss`."""
     return ("dpo_loss", logs["dpo_loss"]) if "dpo_loss" in logs else ("loss", logs["loss"])
-
-
-def _fmt(values: dict) -> str:
-    return ", ".join(f"{k}={v}" for k, v in values.items())
 
 
 def _record_in_wandb(alarm: Alarm, state) -> None:

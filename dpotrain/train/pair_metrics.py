@@ -15,17 +15,12 @@ import torch
 
 from dpotrain.cluster.collectives import all_reduce_sum
 
+REWARD_STATS = ("chosen", "rejected", "accuracies", "margins")  # of TRL's rewards/* and the per-token rewards_norm/*
 PAIR_MEAN = [
-    "rewards/chosen",
-    "rewards/rejected",
-    "rewards/accuracies",
-    "rewards/margins",
+    *(f"rewards/{k}" for k in REWARD_STATS),
     "logps/chosen",
     "logps/rejected",
-    "rewards_norm/chosen",
-    "rewards_norm/rejected",
-    "rewards_norm/accuracies",
-    "rewards_norm/margins",
+    *(f"rewards_norm/{k}" for k in REWARD_STATS),
 ]
 # Every rank sums the same keys in the same order, so one all-reduce of one vector reduces them all.
 SUMS = PAIR_MEAN + [
@@ -107,18 +102,10 @@ class PairMetrics:
             chosen_len, rejected_len = shift_mask.sum(dim=1).clamp(min=1).chunk(2)
             rewards = beta * (chosen - ref_chosen), beta * (rejected - ref_rejected)
             norm = rewards[0] / chosen_len, rewards[1] / rejected_len
-            values = {
-                "rewards/chosen": rewards[0],
-                "rewards/rejected": rewards[1],
-                "rewards/accuracies": (rewards[0] > rewards[1]).float(),
-                "rewards/margins": rewards[0] - rewards[1],
-                "logps/chosen": chosen,
-                "logps/rejected": rejected,
-                "rewards_norm/chosen": norm[0],
-                "rewards_norm/rejected": norm[1],
-                "rewards_norm/accuracies": (norm[0] > norm[1]).float(),
-                "rewards_norm/margins": norm[0] - norm[1],
-            }
+            values = {"logps/chosen": chosen, "logps/rejected": rejected}
+            for scale, (c, r) in (("rewards", rewards), ("rewards_norm", norm)):
+                stats = (c, r, (c > r).float(), c - r)
+                values |= {f"{scale}/{k}": v for k, v in zip(REWARD_STATS, stats, strict=True)}
             # Device tensors until the log step: a float() here would stall the GPU on every micro-batch.
             for name, v in values.items():
                 s[name] += v.sum()

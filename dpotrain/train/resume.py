@@ -18,6 +18,7 @@ from pathlib import Path
 from dpotrain.cluster import collectives
 from dpotrain.recipe import records as run_records
 from dpotrain.recipe.errors import ConfigError, RunError
+from dpotrain.recipe.writes import write_text
 from dpotrain.train import checkpoint_manifest
 from dpotrain.train.checkpoints import MARKER, checkpoints, is_complete
 
@@ -167,9 +168,7 @@ def check_partitions(folder: str | None, world: int, run_engine=None) -> None:
 def remember_health_stop(output_dir: str, alarm) -> None:
     """Main process, when a guard stops the run: what stopped it, for the rerun (`after_health_stop`)."""
     record = {"guard": alarm.guard, "step": alarm.step, "message": alarm.message, "fatal": alarm.fatal}
-    path = Path(output_dir) / HEALTH_STOP
-    path.parent.mkdir(parents=True, exist_ok=True)
-    checkpoint_manifest.fsync_write(path, json.dumps(record, indent=2) + "\n")
+    write_text(Path(output_dir) / HEALTH_STOP, json.dumps(record, indent=2) + "\n")
 
 
 def after_health_stop(recipe, out: Path) -> bool:

@@ -49,13 +49,6 @@ def check_values(project) -> None:
         raise ConfigError(f"sample_prompts_file {path!r}: give an existing .txt (one prompt per line) or .jsonl file")
 
 
-def read_prompts_file(path: str) -> list[str]:
-    lines = [line for line in Path(path).read_text().splitlines() if line.strip()]
-    if Path(path).suffix == ".jsonl":
-        return [json.loads(line)["prompt"] for line in lines]
-    return lines
-
-
 def repetition(text: str) -> dict:
     """{"repetition": share of word 3-grams seen before in the text, "longest_run": [word, times in a row]}."""
     words = text.split()
@@ -104,11 +97,14 @@ class SampleGenerator(TrainerCallback):
         trainer tokenized them (chat template with the generation prompt: `attach`)."""
         p = recipe.project
         texts = list(p.sample_prompts or [])
-        if not texts and p.sample_prompts_file:
-            texts = read_prompts_file(p.sample_prompts_file)
+        if not texts and p.sample_prompts_file:  # a .txt file: one prompt a line; a .jsonl file: {"prompt": ...}
+            path = Path(p.sample_prompts_file)
+            texts = [line for line in path.read_text().splitlines() if line.strip()]
+            if path.suffix == ".jsonl":
+                texts = [json.loads(line)["prompt"] for line in texts]
         ids = [_encode_prompt(tokenizer, t) for t in texts[: p.sample_count]] if texts else None
-        every, new_tokens, warn_at = p.samples_every, p.sample_max_new_tokens, p.sample_repetition_warn
-        return cls(ids, tokenizer, every, new_tokens, warn_at, every_rank, p.sample_count)
+        warn_at = p.sample_repetition_warn
+        return cls(ids, tokenizer, p.samples_every, p.sample_max_new_tokens, warn_at, every_rank, p.sample_count)
 
     def attach(self, trainer) -> None:
         """Once the trainer is built (`RecipeDPOTrainer.__init__`): its tokenized training set's first prompts where
@@ -158,21 +154,14 @@ class SampleGenerator(TrainerCallback):
                     )
                     completion = self.tokenizer.decode(out[0, len(ids) :], skip_special_tokens=True)
                     prompt = self.tokenizer.decode(ids, skip_special_tokens=False)
-                    records.append(
-                        {
-                            "step": state.global_step,
-                            "prompt_index": i,
-                            "prompt": prompt,
-                            "completion": completion,
-                            **repetition(completion),
-                        }
-                    )
+                    record = dict(step=state.global_step, prompt_index=i, prompt=prompt, completion=completion)
+                    records.append({**record, **repetition(completion)})
         finally:
             model.train(was_training)
         if not state.is_world_process_zero:
             return []
         if state.global_step == 0 or not self._base:  # the base model's answers (a resumed run reads them back)
-            before = records if state.global_step == 0 else _read(Path(args.output_dir) / SAMPLES_FILE)
+            before = records if state.global_step == 0 else run_records.read(Path(args.output_dir) / SAMPLES_FILE)
             self._base = {r["prompt_index"]: r["repetition"] for r in before if r["step"] == 0}
         self._write(args, state, records)
         for r in records:
@@ -194,7 +183,7 @@ class SampleGenerator(TrainerCallback):
         path = Path(args.output_dir) / SAMPLES_FILE
         path.parent.mkdir(parents=True, exist_ok=True)
         if not self._trimmed:  # after a resume, the steps past the checkpoint are sampled again
-            kept = [r for r in _read(path) if r["step"] < state.global_step]
+            kept = [r for r in run_records.read(path) if r["step"] < state.global_step]
             write_text(path, "".join(json.dumps(r) + "\n" for r in kept))
             self._trimmed = True
         run_records.append(path, records)
@@ -250,7 +239,3 @@ def leave_for_training(model, optimizer) -> None:
         for module in model.modules():
             if isinstance(module, FSDPModule):
                 module.reshard()
-
-
-def _read(path: Path) -> list[dict]:
-    return run_records.read(path)

@@ -128,6 +128,13 @@ def pairs_in(batch: dict) -> int:
     return len(batch["seq_lens"]) // 2 if packing.is_packed(batch) else batch["input_ids"].shape[0] // 2
 
 
+def _batch_columns(dataset):
+    """The columns the collators read: the pair's tokens and, once the reference stage has scored them, its
+    reference log-probs."""
+    columns = (*pair_columns(dataset), "ref_chosen_logps", "ref_rejected_logps")
+    return dataset.select_columns([c for c in columns if c in dataset.column_names])
+
+
 class _LocalGathers:
     """The accelerator as TRL's metric code sees it inside `_compute_loss`: gathers stay on this rank.
 
@@ -189,7 +196,8 @@ class RecipeDPOTrainer(DPOTrainer):
         if packed:
             kwargs["data_collator"] = choice.collator(forward, training_args)
         # Order matters: GracefulStop.on_save reports a checkpoint only after CompleteMarker has marked it.
-        kwargs["callbacks"] = [CompleteMarker(), MetricsRecorder(), stop, *([health] if health else [])]
+        self.complete_marker = CompleteMarker()
+        kwargs["callbacks"] = [self.complete_marker, MetricsRecorder(), stop, *([health] if health else [])]
         with self._no_second_model_under_fsdp(kwargs):
             super().__init__(*args, **kwargs)  # loads the model, tokenizes the data sets
         for model in (self.model, self.ref_model):
@@ -324,9 +332,7 @@ class RecipeDPOTrainer(DPOTrainer):
                 raise
             raise disk_full.save_failed(folder, why, remove=self.is_world_process_zero()) from None
         # Reported once the checkpoint is hashed and marked (CompleteMarker): the time a stop has to leave for it.
-        for callback in self.callback_handler.callbacks:
-            if isinstance(callback, CompleteMarker):
-                callback.save_started = start
+        self.complete_marker.save_started = start
 
     def _run_epoch(self, *args, **kwargs):
         """transformers checks `max_steps` only after a step: resumed from a checkpoint of the last step (a run killed
@@ -361,29 +367,17 @@ class RecipeDPOTrainer(DPOTrainer):
         micro-batch with the forward's collator."""
         run_plan = self.run_plan
         sampler = plan.StepSampler(run_plan.lengths, run_plan.step_plan, self.data_parallel_rank, run_plan.epochs)
-        columns = [
-            c
-            for c in (*pair_columns(self.train_dataset), "ref_chosen_logps", "ref_rejected_logps")
-            if c in self.train_dataset.column_names
-        ]
-        return self._rank_aware_loader(
-            plan.StepRows(self.train_dataset.select_columns(columns)),
-            sampler,
-            plan.StepCollator(self.data_collator),
-            training=True,
-        )
+        rows = plan.StepRows(_batch_columns(self.train_dataset))
+        return self._rank_aware_loader(rows, sampler, plan.StepCollator(self.data_collator), training=True)
 
     def get_eval_dataloader(self, eval_dataset=None):
         """The evaluation set in `plan.eval_batches`: the same number of batches on every rank, no pair twice."""
         dataset = self.eval_dataset if eval_dataset is None else eval_dataset
         if isinstance(dataset, str):
             dataset = self.eval_dataset[dataset]
-        columns = [
-            c for c in (*pair_columns(dataset), "ref_chosen_logps", "ref_rejected_logps") if c in dataset.column_names
-        ]
         batches = plan.eval_batches(len(dataset), self.data_parallel_size, self.args.per_device_eval_batch_size)
-        batches = batches[self.data_parallel_rank]
-        return self._rank_aware_loader(dataset.select_columns(columns), plan.FixedBatches(batches), self.data_collator)
+        batches = plan.FixedBatches(batches[self.data_parallel_rank])
+        return self._rank_aware_loader(_batch_columns(dataset), batches, self.data_collator)
 
     def _rank_aware_loader(self, dataset, sampler, collate, training: bool = False):
         """A DataLoader over a batch sampler that already yields this rank's share, prepared by accelerate (device
@@ -432,14 +426,12 @@ class RecipeDPOTrainer(DPOTrainer):
         steps, _ = super().get_batch_samples(epoch_iterator, num_batches, device)
         micro_batches = [mb for step in steps for mb in step["micro_batches"] if pairs_in(mb)]
         pairs = sum(pairs_in(mb) for mb in micro_batches)
-        tokens = sum(int(losses.chosen_tokens(self._padded(mb))) for mb in micro_batches) if self.sft.active else 0
+        # the chosen tokens as TRL counts them, in its padded layout (a packed micro-batch's padded view)
+        padded_views = (packing.padded_view(mb) if packing.is_packed(mb) else mb for mb in micro_batches)
+        tokens = sum(int(losses.chosen_tokens(mb)) for mb in padded_views) if self.sft.active else 0
         totals = all_reduce_sum(torch.tensor([pairs, tokens], device=device))
         self._step_pairs, self._step_chosen_tokens = totals[0], totals[1]
         return steps, totals[0]
-
-    def _padded(self, batch: dict) -> dict:
-        """A micro-batch in TRL's padded layout (a packed one's padded view; a padded one as it is)."""
-        return packing.padded_view(batch) if packing.is_packed(batch) else batch
 
     def floating_point_ops(self, inputs):
         if "micro_batches" in inputs:  # a filler's forward is not training: not counted
@@ -477,10 +469,7 @@ class RecipeDPOTrainer(DPOTrainer):
     def use_reference(self, name: str, scored) -> None:
         """The reference stage's data set `name` ("train" or "eval"), its pairs' reference log-probs in columns, in
         place of the tokenized one: what training and evaluation read."""
-        if name == "train":
-            self.train_dataset = scored
-        else:
-            self.eval_dataset = scored
+        setattr(self, f"{name}_dataset", scored)
 
     # --- hybrids whose kernels take sequence boundaries: packed as decided, once their model and pairs agree ---------
     def check_packing(self) -> None:
@@ -495,14 +484,12 @@ class RecipeDPOTrainer(DPOTrainer):
         try:
             with torch.no_grad(), self.accelerator.autocast():
                 diff = packing.parity(model, self.data_collator, examples)
-            problem = (
-                None
-                if diff <= tolerance
-                else (
+            problem = None
+            if diff > tolerance:
+                problem = (
                     f"its packed rows score completion tokens up to {diff:.2g} nats away from the same sequences alone "
                     f"(tolerance {tolerance:g}): its layers carry state across packed sequences here"
                 )
-            )
         except ValueError as e:  # transformers: the kernel that keeps packed sequences apart is not installed
             problem = str(e).rstrip(".")
         if max_over_ranks(int(problem is not None), self.accelerator.device):
@@ -547,14 +534,12 @@ class RecipeDPOTrainer(DPOTrainer):
         # logged beside the total (`dpo_loss`), and the health guards judge it.
         loss = result[0] if return_outputs else result
         router = self.router_aux_loss_coef * stand_in.outputs.aux_loss if self.aux_loss_enabled else None
-        if isinstance(stand_in, padded.GroupedModel):  # the positions the grouped padded forward ran
-            positions = stand_in.positions
-        else:
-            positions = inputs["input_ids"].numel()
-        if inputs.get(plan.FILLER):  # weighed 0 by compute_loss; nothing it computed is a metric
+        # A filler is weighed 0 by compute_loss: nothing it computed is a metric. The other processes of a
+        # sequence-parallel group hold the same pairs: counted once, by the group's lead.
+        if inputs.get(plan.FILLER) or not sequence_parallel.leads_group():
             return result
-        if not sequence_parallel.leads_group():  # the group's other processes hold the same pairs: counted once
-            return result
+        grouped = isinstance(stand_in, padded.GroupedModel)  # the positions the grouped padded forward ran
+        positions = stand_in.positions if grouped else inputs["input_ids"].numel()
         self.pair_metrics.add(
             mode,
             stand_in.outputs,
