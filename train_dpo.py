@@ -64,20 +64,20 @@ def run(argv, stop: GracefulStop) -> int | None:
         recipe = parse_args(argv)  # transformers prints "[INFO] Running in WANDB offline mode" as it is imported
     # A dry run's stdout is its summary or JSON alone: what the stages and libraries print goes to stderr.
     with redirect_stdout(sys.stderr) if recipe.project.dry_run else nullcontext():
-        found = stages.checks(recipe)  # everything that can be refused from the recipe, before anything loads
+        launch = stages.checks(recipe)  # everything that can be refused from the recipe, before anything loads
         if recipe.project.preflight:  # the base model's view of the data, instead of training (dpotrain/preflight.py)
             from dpotrain import preflight
 
-            return preflight.run(recipe, found)  # the default sample, the recipe's seed, markdown only
+            return preflight.run(recipe, launch)  # the default sample, the recipe's seed, markdown only
         # This project pushes, not the Trainer; the token stays in memory. For the engine that will run.
-        push = hub.take_push_settings(recipe, found.engine)
-        output = stages.output_checks(recipe, found, push)  # resume, start afresh or refuse; token, W&B, offline
-        if found.planning:  # the dry run: the run's first half, then its record instead of training
-            resolved = stages.first_half(recipe, found, output=output, push=push)
+        push = hub.take_push_settings(recipe, launch.engine)
+        output = stages.output_checks(recipe, launch, push)  # resume, start afresh or refuse; token, W&B, offline
+        if launch.planning:  # the dry run: the run's first half, then its record instead of training
+            resolved = stages.first_half(recipe, launch, output=output, push=push)
             derived = resolved.record() | output.record(recipe.training.output_dir)  # and what the run would refuse
             record = push.record(resolve.resolved_config(resolved.settings, derived))
             return dry_run.report(record, recipe.training.output_dir, recipe.project.json, stdout)
-    state = engine.start_processes(recipe.training, found.engine)  # the first process group, with every timeout
+    state = engine.start_processes(recipe.training, launch.engine)  # the first process group, with every timeout
     if not recipe.project.reference_only:  # one run per output folder, taken before anything is written there
         run_lock.take(recipe.training.output_dir, state.is_main_process)
     if output.push_left:  # a finished run whose final push a kill cut short: that push, and nothing else
@@ -85,7 +85,7 @@ def run(argv, stop: GracefulStop) -> int | None:
     # The checkpoint to resume from, its files verified against its manifest (else the previous sound one).
     confirmed = resume.confirm(output.resume_from, explicit=bool(recipe.training.resume_from_checkpoint))
     output = replace(output, resume_from=confirmed)
-    spec = stages.first_half(recipe, found, state, output, push)  # data -> lengths -> forward -> memory
+    spec = stages.first_half(recipe, launch, state, output, push)  # data -> lengths -> forward -> memory
     train_stage.prepare_output(spec, state)  # the old run's files removed where it is replaced
     # The ready run: the model loaded, its pairs tokenized and every step planned (a step that cannot be cut is refused
     # here), what every rank decided alone checked equal everywhere.

@@ -313,8 +313,8 @@ def project_trainer(args, pairs, clock):
     from dpotrain.recipe.config import parse_args
 
     recipe = parse_args(recipe_args(args, args.data, args.model, args.pairs, Path(args.run_out), args.path))
-    found = stages.checks(recipe)
-    spec = stages.first_half(recipe, found, pairs=stages.given_pairs(recipe, found, pairs))
+    launch = stages.checks(recipe)
+    spec = stages.first_half(recipe, launch, pairs=stages.given_pairs(recipe, launch, pairs))
     forward, plan = spec.forward.planned, spec.memory
     ready = train_stage.build_run(spec, callbacks=[clock.callback])
     start, compiled = StepClock.now(), compile_s()
@@ -343,7 +343,7 @@ def forward_and_plan(
 
     cuda = choice.cuda_available() if cuda is None else cuda
     varlen = choice.installed_varlen(cuda) if varlen == "installed" else varlen
-    found = stages.Launch(
+    launch = stages.Launch(
         world,
         "the benchmark's",
         run_engine,
@@ -359,8 +359,8 @@ def forward_and_plan(
         None,
         max_length=recipe.training.max_length,
     )
-    forward = stages.decide_forward(recipe, found, model_path, pair_lengths)
-    return forward.planned, stages.plan_memory(stages.settings_of(recipe, found, forward), found, forward)
+    forward = stages.decide_forward(recipe, launch, model_path, pair_lengths)
+    return forward.planned, stages.plan_memory(stages.settings_of(recipe, launch, forward), launch, forward)
 
 
 def trl_trainer(args, pairs, clock):

@@ -235,8 +235,8 @@ def worker(args) -> None:
                 "all" if args.path.endswith("_all") else "final",
             ]
         )
-        found = stages.checks(recipe)
-        ready = train_stage.build_run(stages.first_half(recipe, found, pairs=stages.given_pairs(recipe, found, data)))
+        launch = stages.checks(recipe)
+        ready = train_stage.build_run(stages.first_half(recipe, launch, pairs=stages.given_pairs(recipe, launch, data)))
         ready.score_reference()  # the reference pass: part of the end-to-end time
         trainer = ready.trainer
     from dpotrain.forwards.flops import ModelFlops

@@ -99,7 +99,7 @@ def pair_keys(dataset) -> tuple[int, int, int]:
     return len(dataset), duplicates, identical
 
 
-def score(recipe, found, sample) -> dict:
+def score(recipe, launch, sample) -> dict:
     """Reference log-probs of the sample, with training's tokenization, truncation and forward.
 
     The project's trainer is built on the sample with `precompute_ref_log_probs`, and its prepared data set read back:
@@ -130,7 +130,7 @@ def score(recipe, found, sample) -> dict:
             "project": {"health_checks": False, "samples_every": 0},
         }
         scoring = config.decided(recipe, only_scoring)
-        spec = stages.first_half(scoring, found, pairs=stages.given_pairs(scoring, found, sample))
+        spec = stages.first_half(scoring, launch, pairs=stages.given_pairs(scoring, launch, sample))
         ready = train_stage.build_run(spec)  # the run's trainer, planned: the reference is scored as training would
         ready.score_reference()
         ds = ready.trainer.train_dataset
@@ -372,9 +372,9 @@ def _name(recipe):
 
 
 def run(
-    recipe, found, sample_size: int = DEFAULT_SAMPLE, seed: int | None = None, json_path=None, plot_path=None
+    recipe, launch, sample_size: int = DEFAULT_SAMPLE, seed: int | None = None, json_path=None, plot_path=None
 ) -> int:
-    """The whole preflight on a recipe checked by `stages.checks` (`found`: its launch); returns the exit status. The
+    """The whole preflight on a recipe checked by `stages.checks` (`launch`: its value); returns the exit status. The
     pairs are the run's: loaded by the run's data stage (a Hub data set at the run's commit, every row checked), and
     `max_length: auto` resolved by its lengths stage."""
     from dpotrain import output_folder, stages
@@ -389,14 +389,14 @@ def run(
     if sample_size < 1:
         raise ConfigError(f"--sample must be >= 1 (got {sample_size})")
     seed = recipe.training.seed if seed is None else seed
-    pairs = stages.load_data(recipe, found, say=False)
+    pairs = stages.load_data(recipe, launch, say=False)
     recipe = config.decided(recipe, pairs.settings())  # a Hub data set's commit, as the run pins it
     dataset, named = pairs.train, _name(recipe)
     if recipe.max_length_auto:  # as training resolves it (the analyzer's cached report when there is one)
         from dpotrain.cluster import engine
 
         state = engine.start_processes(recipe.training, engine.launched())  # the recipe's timeout, as training's
-        lengths = stages.measure_lengths(recipe, found, pairs, stages.model_files(recipe, found), state)
+        lengths = stages.measure_lengths(recipe, launch, pairs, stages.model_files(recipe, launch), state)
         recipe = config.decided(recipe, lengths.settings())
     rows, duplicates, identical = pair_keys(dataset)
     sample = sample_rows(dataset, sample_size, seed)
@@ -409,7 +409,7 @@ def run(
         "identical_share": identical / max(rows, 1),
     }
     loss_types = list(recipe.training.loss_type)
-    s = score(recipe, found, sample)
+    s = score(recipe, launch, sample)
     report = analyze(s, len(sample), recipe.training.max_length, loss_types, quality, Thresholds())
     report["max_length"] = recipe.training.max_length
     setup = {

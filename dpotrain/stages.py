@@ -113,7 +113,7 @@ class Launch:
         }
 
 
-def launch(recipe) -> Launch:
+def decide_launch(recipe) -> Launch:
     """The world size, decided once per run, and the engine; an engine this project does not support is refused."""
     run_engine = engine.launched()
     planning = recipe.project.dry_run
@@ -141,7 +141,7 @@ def checks(recipe) -> Launch:
     samples.check_values(recipe.project)
     options.check_options(recipe)  # options TRL would fail on, or ignore, only after loading the model
     lora.check_lora(recipe)
-    return launch(recipe)
+    return decide_launch(recipe)
 
 
 def data_folders(recipe) -> list[str]:
@@ -152,7 +152,7 @@ def data_folders(recipe) -> list[str]:
     return [name for name in (recipe.script.dataset_name, *folders) if name]
 
 
-def output_checks(recipe, found: Launch, push) -> resolve.OutputPlan:
+def output_checks(recipe, launch: Launch, push) -> resolve.OutputPlan:
     """The batch per step for this world size, and the run's outputs: reference cache writable, push token, W&B,
     output folder (resume, start afresh or refuse), offline files. The Hub's write-access check asks the network: the
     run makes it, once, on its main process; a dry run does not.
@@ -166,7 +166,7 @@ def output_checks(recipe, found: Launch, push) -> resolve.OutputPlan:
         try:
             return step(*args)
         except ConfigError as refused:
-            if not found.planning:
+            if not launch.planning:
                 raise
             refusals.append(str(refused))
             return None
@@ -174,7 +174,7 @@ def output_checks(recipe, found: Launch, push) -> resolve.OutputPlan:
     if not only_reference:  # a file, or a folder of files but no run: refused (output_folder.py); a held lock too
         check(output_folder.check_reads_outside, recipe)  # first: nothing a run reads may be one of its own files
         output_folder.check_outside_data(training.output_dir, data_folders(recipe))  # the dry run's JSON too
-        check(output_folder.check, training.output_dir, not found.planning)
+        check(output_folder.check, training.output_dir, not launch.planning)
     if not uses_live_reference(recipe):
         from dpotrain.reference import reference
 
@@ -183,16 +183,16 @@ def output_checks(recipe, found: Launch, push) -> resolve.OutputPlan:
     if not only_reference:
         check(push.check_token)
         check(options.check_wandb, recipe)
-        if not found.planning and collectives.launched_main():  # the process that logs to W&B
+        if not launch.planning and collectives.launched_main():  # the process that logs to W&B
             options.check_wandb_reachable(recipe)
-        if push.requested and not found.planning and collectives.launched_main():  # one whoami per run
+        if push.requested and not launch.planning and collectives.launched_main():  # one whoami per run
             from dpotrain.hub import hub
 
             push.repo_id = hub.check_write_access(push.repo_id, push.token)  # now, not after training; user/name
             hub.create_at_start(push.repo_id, push.token, push.private)  # a new repo: may this token create it?
     plan = resolve.OutputPlan(None, False)
     if not only_reference:
-        plan = check(resolve.check_output_dir, recipe, found.batch.pairs_per_step) or plan
+        plan = check(resolve.check_output_dir, recipe, launch.batch.pairs_per_step) or plan
     kept = None if plan.start_afresh or plan.push_left else hub_revision.kept(recipe, training.output_dir)
     if kept and collectives.launched_main():
         print(
@@ -200,9 +200,9 @@ def output_checks(recipe, found: Launch, push) -> resolve.OutputPlan:
             "(dataset_revision)",
             flush=True,
         )
-    resume.check_partitions(plan.resume_from, found.world, found.engine)  # the engine and processes that wrote it
+    resume.check_partitions(plan.resume_from, launch.world, launch.engine)  # the engine and processes that wrote it
     check(output_folder.check_plan, training.output_dir, plan.start_afresh)
-    if not found.planning:  # a dry run says what it could not decide without them, and the command that decides it
+    if not launch.planning:  # a dry run says what it could not decide without them, and the command that decides it
         offline.check_offline_artifacts(recipe)  # with HF_HUB_OFFLINE: model, tokenizer and data set must be cached
     return resolve.OutputPlan(plan.resume_from, plan.start_afresh, tuple(refusals), kept, plan.push_left)
 
@@ -230,7 +230,7 @@ class Data:
         return {} if self.revision is None else {"project": {"dataset_revision": self.revision}}
 
 
-def load_data(recipe, found: Launch, say: bool = True, state=None, output: resolve.OutputPlan | None = None) -> Data:
+def load_data(recipe, launch: Launch, say: bool = True, state=None, output: resolve.OutputPlan | None = None) -> Data:
     """The data set (or a mixture's sources, `data/mixture.py`) loaded and every row checked before a model loads
     (`dataset_streaming` is refused by `checks`). A dry run loads a local data set the same way, and leaves one on the
     Hub for the run; it reads a mixture's Hub sources too: its counts are what it reports. `output`: a continued run
@@ -238,13 +238,15 @@ def load_data(recipe, found: Launch, say: bool = True, state=None, output: resol
     script, p = recipe.script, recipe.project
     revision = (output.data_commit if output is not None else None) or p.dataset_revision
     mixed = mixture.given(mixture.fields_of(recipe))
-    if found.planning and not mixed and not data.is_local(script.dataset_name):
-        return Data(None, None, resolve.plan_steps(recipe, found.batch, found.data_parallel, None), {}, None, revision)
-    if not found.planning:
+    if launch.planning and not mixed and not data.is_local(script.dataset_name):
+        return Data(
+            None, None, resolve.plan_steps(recipe, launch.batch, launch.data_parallel, None), {}, None, revision
+        )
+    if not launch.planning:
         offline.check_job_reachable(recipe, model=False)  # a data set to download: the Hub must answer, within seconds
     checked: dict = {}
-    identify = say and not found.planning  # the content, recorded: a rerun on changed data refuses to resume
-    template = answers_template(recipe, found)
+    identify = say and not launch.planning  # the content, recorded: a rerun on changed data refuses to resume
+    template = answers_template(recipe, launch)
     mix = None
     if mixed:  # each source read in its shape and checked, its rows taken by the seed
         revision = None
@@ -261,10 +263,10 @@ def load_data(recipe, found: Launch, say: bool = True, state=None, output: resol
         )
         checked["data_sources"] = mix.records
     else:
-        revision = revision if found.planning else pin_data(recipe, revision, state)
+        revision = revision if launch.planning else pin_data(recipe, revision, state)
         dataset = _load_split(recipe, script.dataset_train_split, revision, checked, "invalid_rows", say, template)
     eval_dataset = _load_eval(recipe, checked, say, template, revision)
-    steps = resolve.plan_steps(recipe, found.batch, found.data_parallel, len(dataset))
+    steps = resolve.plan_steps(recipe, launch.batch, launch.data_parallel, len(dataset))
     if identify and not mixed:
         checked["data_identity"] = data_identity.of(script.dataset_name, script.dataset_train_split) or (
             hub_revision.identity(revision)
@@ -283,7 +285,7 @@ def _load_split(recipe, split: str, revision: str | None, checked: dict, key: st
     )
 
 
-def answers_template(recipe, found: Launch):
+def answers_template(recipe, launch: Launch):
     """What loads the tokenizer whose chat template every message pair's answers are checked against
     (chat_template.answer_problem), called only for message rows. A dry run checks where the tokenizer is on this
     machine; a run asks the Hub for the model's files first (as `model_files` does). Loaded once for all the splits and
@@ -295,9 +297,9 @@ def answers_template(recipe, found: Launch):
         if builtin.is_builtin(name):  # its tokenizer alone, as built for it: the model is built when it loads
             builtin.check_name(name)
             return chat_template.apply(builtin.build_tokenizer(), recipe.project.chat_template_path)
-        if not found.planning:
+        if not launch.planning:
             offline.check_job_reachable(recipe, dataset=False)
-        return _tokenizer(recipe, name, local_only=found.planning)
+        return _tokenizer(recipe, name, local_only=launch.planning)
 
     return load
 
@@ -339,10 +341,10 @@ def _load_eval(recipe, checked: dict, say: bool, template=None, revision: str | 
     return eval_dataset
 
 
-def model_files(recipe, found: Launch) -> str:
+def model_files(recipe, launch: Launch) -> str:
     """Where the model's files are: a built-in model materialized (a tiny random model, built here), else its folder
     or Hub name. A run checks first that the Hub answers; a dry run reads only what this machine has."""
-    if not found.planning:
+    if not launch.planning:
         offline.check_job_reachable(recipe, dataset=False)  # the model's files next (tokenizer first): rows checked
     name = recipe.model.model_name_or_path
     return builtin.materialize_model(name) if builtin.is_builtin(name) else name
@@ -391,41 +393,41 @@ def _tokenizer(recipe, model_path: str, local_only: bool):
         return None  # a dry run: the tokenizer is not on this machine
 
 
-def _analyzer_cache(recipe, found: Launch, tokenizer, dataset) -> tuple[tuple | None, dict | None]:
+def _analyzer_cache(recipe, launch: Launch, tokenizer, dataset) -> tuple[tuple | None, dict | None]:
     """The one read of the analyzer's cache per run, and `max_length: auto`'s choice: from the cache, else analysed
     now (cached for the next run) where the data set is loaded."""
     p = recipe.project
     try:
-        dataset_id = mixture.dataset_id(recipe, local_only=found.planning)
+        dataset_id = mixture.dataset_id(recipe, local_only=launch.planning)
     except (OSError, ValueError):
         return None, None
     measured = lengths.cached_measure(dataset_id, tokenizer)
     if not recipe.max_length_auto:
         return measured, None
     model = recipe.model  # the recommendation is capped at the model's positions
-    positions = lengths.model_positions(model.model_name_or_path, model.model_revision, local_only=found.planning)
+    positions = lengths.model_positions(model.model_name_or_path, model.model_revision, local_only=launch.planning)
     if measured is not None:
         return measured, lengths.resolution_of(measured, p.auto_coverage, positions)
     if dataset is None:
         return None, None
     m, auto = lengths.analyse(
-        dataset, tokenizer, p.auto_coverage, dataset_id, progress=not found.planning, max_positions=positions
+        dataset, tokenizer, p.auto_coverage, dataset_id, progress=not launch.planning, max_positions=positions
     )
     return (m, Path(auto["report"])), auto
 
 
-def measure_lengths(recipe, found: Launch, pairs: Data, model_path: str, state=None) -> Lengths:
+def measure_lengths(recipe, launch: Launch, pairs: Data, model_path: str, state=None) -> Lengths:
     """The lengths stage. Under a launch the main process reads (or writes) the analyzer's cache first, then the
     others read it. Decides `max_length` when it was `auto` (the trainer's drop filter reads it). `recipe` carries the
     data stage's decisions (its commit: the analyzer's cache key)."""
     t, p = recipe.training, recipe.project
     max_length = t.max_length
-    tokenizer = _tokenizer(recipe, model_path, local_only=found.planning)
+    tokenizer = _tokenizer(recipe, model_path, local_only=launch.planning)
     if tokenizer is None:
         measured, auto = None, None
     else:
         with state.main_process_first() if state is not None else nullcontext():
-            measured, auto = _analyzer_cache(recipe, found, tokenizer, pairs.train)
+            measured, auto = _analyzer_cache(recipe, launch, tokenizer, pairs.train)
     if recipe.max_length_auto and auto is None:
         hint = analyze_hint(recipe).removesuffix(", then this dry run again")
         resolved = f"at start, by analysing the training split ({hint})"
@@ -506,13 +508,13 @@ def _model_config(recipe, model_path: str, local_only: bool):
         return None, memory.load_model_config(recipe)[1] or f"the config of {model_path!r} is not on this machine"
 
 
-def decide_forward(recipe, found: Launch, model_path: str, pair_lengths: Lengths) -> Forward:
+def decide_forward(recipe, launch: Launch, model_path: str, pair_lengths: Lengths) -> Forward:
     """The forward stage: from the pairs' lengths, between the forwards each machine of the launch can run. One machine
     (a run, or a dry run where it runs): the run's own decision, which sets the recipe's attention and packing."""
-    config, why = _model_config(recipe, model_path, local_only=found.planning)
+    config, why = _model_config(recipe, model_path, local_only=launch.planning)
     if config is None:
         return Forward(None, {}, decided=f"at start, from the data's lengths ({why})")
-    sequence_parallel.check_heads(found.sequence_parallel, config, found.world)  # a group splits the heads
+    sequence_parallel.check_heads(launch.sequence_parallel, config, launch.world)  # a group splits the heads
     # Sequences past the model's positions: refused from the longest the data or max_length lets through
     positions.check(
         config,
@@ -522,13 +524,13 @@ def decide_forward(recipe, found: Launch, model_path: str, pair_lengths: Lengths
         whole_split=pair_lengths.measured is not None,
     )
     if pair_lengths.pairs is None:
-        return _undecided(recipe, found, config)
-    if len(found.machines) == 1:
-        ((name, (cuda, varlen)),) = found.machines.items()
+        return _undecided(recipe, launch, config)
+    if len(launch.machines) == 1:
+        ((name, (cuda, varlen)),) = launch.machines.items()
         chosen = choice.decide(recipe, config, cuda, varlen, pair_lengths.pairs)
         return Forward(chosen, {name: chosen.record()}, planned_for=name)
     chosen = {}
-    for name, (cuda, varlen) in found.machines.items():  # a login node: for the GPU, with and without FA4
+    for name, (cuda, varlen) in launch.machines.items():  # a login node: for the GPU, with and without FA4
         chosen[name], _ = choice.choose(
             copy.deepcopy(config), recipe, cuda, varlen, pair_lengths.pairs, check_kernels=False
         )
@@ -536,12 +538,12 @@ def decide_forward(recipe, found: Launch, model_path: str, pair_lengths: Lengths
     return Forward(chosen[planned], {name: f.record() for name, f in chosen.items()}, planned_for=planned)
 
 
-def _undecided(recipe, found: Launch, config) -> Forward:
+def _undecided(recipe, launch: Launch, config) -> Forward:
     """No lengths yet (a dry run of a Hub data set the analyzer has not cached): the candidates the run will weigh, and
     the plans made for the one of heaviest masks."""
     options, weighed = {}, []
-    check = not found.planning or len(found.machines) == 1
-    for name, (cuda, varlen) in found.machines.items():
+    check = not launch.planning or len(launch.machines) == 1
+    for name, (cuda, varlen) in launch.machines.items():
         listed, _ = choice.candidates(copy.deepcopy(config), recipe, cuda, varlen, check_kernels=check)
         options[name] = {"candidates": [c.describe() for c in listed]}
         weighed += [(name, c) for c in listed]
@@ -554,7 +556,7 @@ def _undecided(recipe, found: Launch, config) -> Forward:
         heaviest.attention,
         "the candidate of heaviest masks",
         None,
-        found.sequence_parallel,
+        launch.sequence_parallel,
     )
     decided = f"at start, from the data's lengths ({analyze_hint(recipe)})"
     return Forward(planned, options, f"{name}: {heaviest.describe()}", decided)
@@ -563,7 +565,7 @@ def _undecided(recipe, found: Launch, config) -> Forward:
 # --- plan and memory --------------------------------------------------------------------------------------------------
 
 
-def plan_batching(recipe, found: Launch, pairs: Data, pair_lengths: Lengths, forward: Forward) -> dict:
+def plan_batching(recipe, launch: Launch, pairs: Data, pair_lengths: Lengths, forward: Forward) -> dict:
     """The step plan a dry run records (`derived.batching`): the run's plan stage (`plan_stage.make`) on every pair's
     lengths, as the analyzer measures them (the trainer's own tokenization), for the forward chosen. The run makes it
     from the trainer's tokenized data set instead (`plan_stage.for_trainer`)."""
@@ -596,20 +598,20 @@ def plan_batching(recipe, found: Launch, pairs: Data, pair_lengths: Lengths, for
         every,
         t,
         pairs.steps["pairs_per_step"],
-        found.data_parallel,
+        launch.data_parallel,
         p.max_tokens_per_microbatch,
         padded=not f.packed,
         forward=layout,
-        reduce_per_backward=found.engine.deepspeed,
+        reduce_per_backward=launch.engine.deepspeed,
     )
     return {**run_plan.summary, "max_length_cuts": counted}
 
 
-def plan_memory(recipe, found: Launch, forward: Forward) -> dict:
+def plan_memory(recipe, launch: Launch, forward: Forward) -> dict:
     """The memory plan, once per run, for the forward chosen and the launch's engine: refused when it cannot fit the
     GPU. Its checkpointed decoder layers, and the dtype the weights load in, are the run's (`RunSpec.settings`)."""
     attention = forward.planned.attention if forward.planned is not None else None
-    return memory.plan(recipe, found.world, found.engine, attention=attention)
+    return memory.plan(recipe, launch.world, launch.engine, attention=attention)
 
 
 # --- the first half ---------------------------------------------------------------------------------------------------
@@ -655,35 +657,35 @@ class RunSpec:
         }
 
 
-def settings_of(recipe, found: Launch, *stages) -> config.Recipe:
+def settings_of(recipe, launch: Launch, *stages) -> config.Recipe:
     """The recipe as the run uses it: the intent with what the launch and each stage given decided (`.settings()`),
     and the reference scored once by the reference stage unless the recipe asks for a live reference model."""
     reference = {} if uses_live_reference(recipe) else {"training": {"precompute_ref_log_probs": True}}
-    return config.decided(recipe, found.batch.settings(), reference, *(stage.settings() for stage in stages))
+    return config.decided(recipe, launch.batch.settings(), reference, *(stage.settings() for stage in stages))
 
 
 def first_half(
-    recipe, found: Launch, state=None, output: resolve.OutputPlan | None = None, push=None, pairs: Data | None = None
+    recipe, launch: Launch, state=None, output: resolve.OutputPlan | None = None, push=None, pairs: Data | None = None
 ) -> RunSpec:
     """data -> lengths -> forward -> (a dry run: plan) -> memory, before the old run is removed and the model loads
     (TRL loads it with the attention decided here). `pairs`: the data stage's value where a caller has it already (a
     test's or benchmark's own pairs, `given_pairs`)."""
     say = state is None or state.is_main_process
-    pairs = pairs if pairs is not None else load_data(recipe, found, say, state, output)
-    model_path = model_files(recipe, found)
-    pair_lengths = measure_lengths(settings_of(recipe, found, pairs), found, pairs, model_path, state)
-    sized = settings_of(recipe, found, pairs, pair_lengths)
-    forward = decide_forward(sized, found, model_path, pair_lengths)
-    shaped = settings_of(recipe, found, pairs, pair_lengths, forward)
-    batching = plan_batching(shaped, found, pairs, pair_lengths, forward) if found.planning else None
-    planned = plan_memory(shaped, found, forward)
-    load_dtype = engine.load_dtype(recipe, found.engine)  # bf16 under DeepSpeed, not TRL's float32 default
+    pairs = pairs if pairs is not None else load_data(recipe, launch, say, state, output)
+    model_path = model_files(recipe, launch)
+    pair_lengths = measure_lengths(settings_of(recipe, launch, pairs), launch, pairs, model_path, state)
+    sized = settings_of(recipe, launch, pairs, pair_lengths)
+    forward = decide_forward(sized, launch, model_path, pair_lengths)
+    shaped = settings_of(recipe, launch, pairs, pair_lengths, forward)
+    batching = plan_batching(shaped, launch, pairs, pair_lengths, forward) if launch.planning else None
+    planned = plan_memory(shaped, launch, forward)
+    load_dtype = engine.load_dtype(recipe, launch.engine)  # bf16 under DeepSpeed, not TRL's float32 default
     run = config.decided(shaped, memory.checkpointing_settings(recipe, planned), {"model": {"dtype": load_dtype}})
-    return RunSpec(recipe, found, pairs, pair_lengths, forward, planned, load_dtype, batching, run, output, push)
+    return RunSpec(recipe, launch, pairs, pair_lengths, forward, planned, load_dtype, batching, run, output, push)
 
 
-def given_pairs(recipe, found: Launch, train, eval_dataset=None) -> Data:
+def given_pairs(recipe, launch: Launch, train, eval_dataset=None) -> Data:
     """The data stage's value for pairs a caller already holds (a test's, a benchmark's, the preflight's sample): the
     steps they make, nothing recorded of their source."""
-    steps = resolve.plan_steps(recipe, found.batch, found.data_parallel, len(train))
+    steps = resolve.plan_steps(recipe, launch.batch, launch.data_parallel, len(train))
     return Data(train, eval_dataset, steps, {}, None, recipe.project.dataset_revision)

@@ -38,7 +38,7 @@ def own_cache(tmp_path_factory, monkeypatch):
 
 @pytest.fixture(autouse=True)
 def own_environment():
-    """Every test leaves the environment as it found it. Tests call `train_dpo.main` and the scripts' `main` in this
+    """Every test leaves the environment as it launch it. Tests call `train_dpo.main` and the scripts' `main` in this
     process, and a run sets variables for itself (its recipe's `env:` block, .env, W&B's, DeepSpeed's): a user's
     process runs one command and ends, but here the next test would start with them."""
     before = dict(os.environ)
@@ -62,8 +62,8 @@ def built(recipe, train, eval_dataset=None, callbacks=()):
     these pairs (`stages.given_pairs`), then the one builder, `train_stage.build_run` (the trainer with its plan)."""
     from dpotrain import stages, train_stage
 
-    found = stages.checks(recipe)
-    spec = stages.first_half(recipe, found, pairs=stages.given_pairs(recipe, found, train, eval_dataset))
+    launch = stages.checks(recipe)
+    spec = stages.first_half(recipe, launch, pairs=stages.given_pairs(recipe, launch, train, eval_dataset))
     return train_stage.build_run(spec, callbacks=callbacks)
 
 

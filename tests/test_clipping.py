@@ -188,12 +188,12 @@ def test_the_olmo3_recipes_clip_at_one_and_the_dry_run_says_so(capsys):
         recipe = yaml.safe_load((ROOT / "configs" / f"{name}.yaml").read_text())
         assert recipe["max_grad_norm"] == 1.0, name
     recipe = parse_args(["--config", str(ROOT / "configs" / "smoke.yaml"), "--dry-run"])
-    assert stages.launch(recipe).record()["gradient_clipping"] == {
+    assert stages.decide_launch(recipe).record()["gradient_clipping"] == {
         "max_grad_norm": 1.0,
         "clipped_by": "torch's clip_grad_norm_",
     }
     recipe = parse_args(["--config", str(ROOT / "configs" / "think.yaml"), "--dry-run"])
-    clipping = stages.launch(recipe).record()["gradient_clipping"]
+    clipping = stages.decide_launch(recipe).record()["gradient_clipping"]
     assert clipping["max_grad_norm"] == 1.0 and clipping["clipped_by"].startswith("DeepSpeed's engine")
 
 

@@ -79,10 +79,10 @@ def test_a_step_that_cannot_be_cut_is_refused_as_the_trainer_is_built(tmp_path, 
             "512",
         ]
     )
-    found = stages.checks(recipe)
+    launch = stages.checks(recipe)
     past_the_checks = config.decided(recipe, {"project": {"max_tokens_per_microbatch": 64}})
-    pairs = stages.given_pairs(recipe, found, datasets.Dataset.from_list(builtin.make_preference_rows(40, seed=5)))
-    spec = stages.first_half(past_the_checks, found, pairs=pairs)
+    pairs = stages.given_pairs(recipe, launch, datasets.Dataset.from_list(builtin.make_preference_rows(40, seed=5)))
+    spec = stages.first_half(past_the_checks, launch, pairs=pairs)
     with pytest.raises(plan.PlanError, match="cannot be cut"):
         train_stage.build_run(spec)
 

@@ -170,10 +170,10 @@ def test_the_first_half_leaves_the_recipe_as_parsed_and_returns_one_frozen_value
         ]
     )
     before = _fields(recipe)
-    found = stages.checks(recipe)
-    output = stages.output_checks(recipe, found, copy.copy(_push(recipe, found)))
+    launch = stages.checks(recipe)
+    output = stages.output_checks(recipe, launch, copy.copy(_push(recipe, launch)))
     pairs = datasets.Dataset.from_list(builtin.make_preference_rows(24, seed=3))
-    resolved = stages.first_half(recipe, found, output=output, pairs=stages.given_pairs(recipe, found, pairs))
+    resolved = stages.first_half(recipe, launch, output=output, pairs=stages.given_pairs(recipe, launch, pairs))
     trainer = train_stage.build_run(resolved).trainer
     assert _fields(recipe) == before
     with pytest.raises(dataclasses.FrozenInstanceError):
@@ -192,10 +192,10 @@ def test_the_first_half_leaves_the_recipe_as_parsed_and_returns_one_frozen_value
     assert record["attn_implementation"] == resolved.forward.planned.attention and record["pairs_per_step"] == 8
 
 
-def _push(recipe, found):
+def _push(recipe, launch):
     from dpotrain.hub import hub
 
-    return hub.take_push_settings(recipe, found.engine)
+    return hub.take_push_settings(recipe, launch.engine)
 
 
 def test_decided_copies_and_never_writes_the_original(tiny_model_dir):
@@ -217,7 +217,7 @@ def test_every_recipe_is_resolved_the_same_by_a_dry_run_and_leaves_its_file(tmp_
             ["--config", str(ROOT / "configs" / f"{name}.yaml"), "--dry-run", "--output_dir", str(tmp_path / name)]
         )
         before = _fields(recipe)
-        found = stages.checks(recipe)
-        stages.first_half(recipe, found, output=stages.output_checks(recipe, found, _push(recipe, found)))
+        launch = stages.checks(recipe)
+        stages.first_half(recipe, launch, output=stages.output_checks(recipe, launch, _push(recipe, launch)))
         assert _fields(recipe) == before, name
         assert Path(ROOT / "configs" / f"{name}.yaml").is_file()
