@@ -309,14 +309,17 @@ def project_trainer(args, pairs, clock):
     """This project's run, by its own stages (dpotrain/stages.py): the forward decided from the pairs and the memory
     plan for it (which chooses the checkpointed layers), the ready run (the trainer with its plan), the reference
     stage (timed)."""
+    from throughput import counted
+
     from dpotrain import stages, train_stage
     from dpotrain.recipe.config import parse_args
+    from dpotrain.train.trainer import RecipeDPOTrainer
 
     recipe = parse_args(recipe_args(args, args.data, args.model, args.pairs, Path(args.run_out), args.path))
     launch = stages.checks(recipe)
     spec = stages.first_half(recipe, launch, pairs=stages.given_pairs(recipe, launch, pairs))
     forward, plan = spec.forward.planned, spec.memory
-    ready = train_stage.build_run(spec, callbacks=[clock.callback])
+    ready = train_stage.build_run(spec, callbacks=[clock.callback], trainer_class=counted(RecipeDPOTrainer))
     start, compiled = StepClock.now(), compile_s()
     ready.score_reference()
     extra = {
@@ -367,6 +370,7 @@ def trl_trainer(args, pairs, clock):
     """Plain `trl.DPOTrainer` (padded micro-batches of `--trl-batch` pairs, its live reference) at the settings the
     project's run took (`--trl-settings`: dtype, mixed precision, checkpointed layers, pairs per step)."""
     import torch
+    from throughput import counted
     from trl import DPOConfig, DPOTrainer
 
     from dpotrain.forwards import choice
@@ -407,7 +411,7 @@ def trl_trainer(args, pairs, clock):
         deepspeed=str(ROOT / "ds_config.json") if args.engine == "zero2" else None,
         model_init_kwargs={"attn_implementation": attn, "dtype": same.get("dtype", "float32")},
     )
-    trainer = DPOTrainer(model=str(args.model), args=config, train_dataset=pairs, callbacks=[clock.callback])
+    trainer = counted(DPOTrainer)(model=str(args.model), args=config, train_dataset=pairs, callbacks=[clock.callback])
     # TRL re-enables checkpointing around its live reference with `gradient_checkpointing_enable(kwargs)`: every layer,
     # `every_n_layers` handed to torch's checkpoint(), which raises. The project's fix, the only one TRL gets: held to
     # the same every k-th layer as the project's run.
@@ -435,21 +439,16 @@ def worker(args) -> dict:
     """One path on one data set, in this process: a JSON record."""
     import datasets
     import torch
-    from throughput import Counting
-
-    from dpotrain.forwards.flops import ModelFlops
 
     pairs = datasets.load_dataset("json", data_files=str(args.pairs), split="train")
     clock = StepClock()
     if torch.cuda.is_available():  # the peak over the reference stage and training, as the memory plan covers both
         torch.cuda.reset_peak_memory_stats()
     trainer, extra = (trl_trainer if args.path == "trl" else project_trainer)(args, pairs, clock)
-    counting = Counting(trainer.data_collator, ModelFlops.of(trainer.model))
-    trainer.data_collator = counting
     start = StepClock.now()
     trainer.train()
     train_s = StepClock.now() - start
-    return record_of(args, trainer, clock, counting, extra, train_s, len(pairs))
+    return record_of(args, trainer, clock, trainer.counting, extra, train_s, len(pairs))
 
 
 def record_of(args, trainer, clock, counting, extra, train_s: float, pairs: int) -> dict:

@@ -142,28 +142,45 @@ DATA_SETS = {"dolci": dolci_like_pairs, "multiturn": multi_turn_pairs}
 
 
 class Counting:
-    """Wraps a collator: counts the positions the model will run on, the pairs' tokens (both sequences, whole: the
-    same workload on every path), the tokens it really computes (a shared prompt once) and their model FLOPs."""
+    """Counts what a training epoch runs on, one training micro-batch at a time (`counted`): the positions the model
+    runs on, the pairs' tokens (both sequences, whole: the same workload on every path), the tokens it really computes
+    (a shared prompt once), the tokens outside the completions (the prompts, each sequence's) and their model FLOPs."""
 
-    def __init__(self, collate, model_flops):
-        self.collate, self.model_flops = collate, model_flops
+    def __init__(self, model_flops):
+        self.model_flops = model_flops
         self.positions = self.tokens = self.computed = self.prompt = 0
         self.flops = 0.0
 
-    def __call__(self, examples):
+    def add(self, batch: dict) -> None:
         from dpotrain.train.trainer import computed_tokens, sequence_lengths, shared_prefixes
 
-        batch = self.collate(examples)
         self.positions += batch["input_ids"].numel()
         lengths = sequence_lengths(batch)
         self.tokens += int(lengths.sum())
         self.computed += computed_tokens(batch)
-        self.prompt += 2 * sum(len(e["prompt_ids"]) for e in examples)
+        self.prompt += int(lengths.sum()) - int(batch["completion_mask"].sum())
         self.flops += self.model_flops.training(lengths, shared_prefixes(batch))
-        return batch
 
-    def __getattr__(self, name):
-        return getattr(self.collate, name)
+
+def counted(trainer_class):
+    """`trainer_class` (plain TRL's DPOTrainer, or the project's), counting each training micro-batch its loss is
+    computed on (`Counting`, as `.counting`): a subclass, so the trainer is built whole and nothing in it is replaced
+    from outside. A filler micro-batch (the step plan's, which keeps ranks' collectives equal) trains nothing and is
+    not counted."""
+    from dpotrain.forwards.flops import ModelFlops
+    from dpotrain.train.trainer import pairs_in
+
+    class CountingTrainer(trainer_class):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.counting = Counting(ModelFlops.of(self.model))
+
+        def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+            if model.training and pairs_in(inputs):
+                self.counting.add(inputs)
+            return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+
+    return CountingTrainer
 
 
 def worker(args) -> None:
@@ -206,10 +223,11 @@ def worker(args) -> None:
             **common,
             model_init_kwargs={"attn_implementation": args.attn, "dtype": dtype},
         )
-        trainer = DPOTrainer(model=str(args.model), args=config, train_dataset=data)
+        trainer = counted(DPOTrainer)(model=str(args.model), args=config, train_dataset=data)
     else:
         from dpotrain import stages, train_stage
         from dpotrain.recipe.config import parse_args
+        from dpotrain.train.trainer import RecipeDPOTrainer
 
         flags = [f"--{k}={v}" for k, v in common.items() if k != "loss_type"]
         recipe = parse_args(
@@ -236,19 +254,17 @@ def worker(args) -> None:
             ]
         )
         launch = stages.checks(recipe)
-        ready = train_stage.build_run(stages.first_half(recipe, launch, pairs=stages.given_pairs(recipe, launch, data)))
+        spec = stages.first_half(recipe, launch, pairs=stages.given_pairs(recipe, launch, data))
+        ready = train_stage.build_run(spec, trainer_class=counted(RecipeDPOTrainer))
         ready.score_reference()  # the reference pass: part of the end-to-end time
         trainer = ready.trainer
-    from dpotrain.forwards.flops import ModelFlops
-
-    trainer.data_collator = Counting(trainer.data_collator, ModelFlops.of(trainer.model))  # the training epoch's
     if torch.cuda.is_available():
         torch.cuda.reset_peak_memory_stats()
     train_start = time.perf_counter()
     trainer.train()
     end = time.perf_counter()
     peak = torch.cuda.max_memory_allocated() if torch.cuda.is_available() else None
-    counting = trainer.data_collator
+    counting = trainer.counting
     params = sum(p.numel() for p in trainer.model.parameters())
     print(
         "RESULT "

@@ -66,11 +66,12 @@ class ReadyRun:
         return publish.save_and_push(self, record)
 
 
-def build_run(spec, stop: GracefulStop | None = None, callbacks=()) -> ReadyRun:
+def build_run(spec, stop: GracefulStop | None = None, callbacks=(), trainer_class=None) -> ReadyRun:
     """The ready run of `spec` (the first half's, on the run's data or on pairs a caller holds: `stages.given_pairs`).
     TRL loads the model with the attention the forward stage chose and tokenizes the pairs; the trainer makes its plan
     from them; every rank checks it decided as the others (`agreement.at_start`). `callbacks`: a caller's own, after
-    the run's optional ones (checkpoint branches, FlexAttention's report, samples), one module each."""
+    the run's optional ones (checkpoint branches, FlexAttention's report, samples), one module each. `trainer_class`: a
+    subclass of `RecipeDPOTrainer` to build instead (the benchmarks' counting one)."""
     from trl import get_peft_config, get_quantization_config
 
     from dpotrain.train.trainer import RecipeDPOTrainer, resolve_model_path, training_arguments
@@ -93,7 +94,7 @@ def build_run(spec, stop: GracefulStop | None = None, callbacks=()) -> ReadyRun:
         every_rank = spec.launch.engine.shards_weights
         optional.append(SampleGenerator.from_recipe(recipe, tokenizer, every_rank=every_rank))
     existed = out.exists()
-    trainer = RecipeDPOTrainer(
+    trainer = (trainer_class or RecipeDPOTrainer)(
         model=model_path,
         processing_class=tokenizer,
         args=training_arguments(recipe),
