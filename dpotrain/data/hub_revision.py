@@ -34,14 +34,14 @@ def commit(name: str, revision: str | None, kind: str = "dataset", local_only: b
     from huggingface_hub import HfApi
     from huggingface_hub.constants import HF_HUB_CACHE
 
-    try:
-        if local_only:
-            raise LookupError("no network in a dry run")
+    if not local_only:
         info = HfApi().dataset_info if kind == "dataset" else HfApi().model_info
-        return info(name, revision=revision, timeout=10).sha
-    except Exception:  # offline, or no access
-        ref = Path(HF_HUB_CACHE) / f"{kind}s--{name.replace('/', '--')}" / "refs" / (revision or "main")
-        return ref.read_text().strip() if ref.is_file() else None
+        try:
+            return info(name, revision=revision, timeout=10).sha
+        except Exception:  # offline, or no access: the local cache's refs, below
+            pass
+    ref = Path(HF_HUB_CACHE) / f"{kind}s--{name.replace('/', '--')}" / "refs" / (revision or "main")
+    return ref.read_text().strip() if ref.is_file() else None
 
 
 def resolve(name: str, revision: str | None) -> str | None:
