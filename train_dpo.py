@@ -25,7 +25,7 @@ venv.require()  # the stack comes from the project's venv; outside it, one line 
 try:
     from dotenv import load_dotenv
 
-    from dpotrain import dry_run, publish, resolve, stages, train_stage
+    from dpotrain import dry_run, publish, stages, train_stage
     from dpotrain.cluster import engine, run_lock
     from dpotrain.hub import hub
     from dpotrain.recipe.config import dry_run_asked, parse_args
@@ -75,7 +75,7 @@ def run(argv, stop: GracefulStop) -> int | None:
         if launch.planning:  # the dry run: the run's first half, then its record instead of training
             resolved = stages.first_half(recipe, launch, output=output, push=push)
             derived = resolved.record() | output.record(recipe.training.output_dir)  # and what the run would refuse
-            record = push.record(resolve.resolved_config(resolved.settings, derived))
+            record = push.record(resolved.resolved_config(derived))
             return dry_run.report(record, recipe.training.output_dir, recipe.project.json, stdout)
     state = engine.start_processes(recipe.training, launch.engine)  # the first process group, with every timeout
     if not recipe.project.reference_only:  # one run per output folder, taken before anything is written there

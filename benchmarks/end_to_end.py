@@ -287,7 +287,7 @@ def compile_s() -> float:
     return calculate_time_spent().get("total_wall_time", 0.0)
 
 
-def settings_of(trainer) -> dict:
+def compared_settings(trainer) -> dict:
     """What a comparison at equal settings must hold equal: the weights' dtype as loaded, mixed precision, the decoder
     layers checkpointed (every k-th), and the pairs in an optimizer step."""
     from dpotrain.plan import layers
@@ -363,7 +363,8 @@ def forward_and_plan(
         max_length=recipe.training.max_length,
     )
     forward = stages.decide_forward(recipe, launch, model_path, pair_lengths)
-    return forward.planned, stages.plan_memory(stages.settings_of(recipe, launch, forward), launch, forward)
+    pairs_held = stages.given_pairs(recipe, launch, pairs)
+    return forward.planned, stages.plan_memory(recipe, launch, pairs_held, pair_lengths, forward)
 
 
 def trl_trainer(args, pairs, clock):
@@ -467,7 +468,7 @@ def record_of(args, trainer, clock, counting, extra, train_s: float, pairs: int)
         "deepspeed": bool(getattr(trainer, "is_deepspeed_enabled", False)),
         "attention": extra["attention"],
         "forward": extra["forward"],
-        **settings_of(trainer),
+        **compared_settings(trainer),
         "pairs": pairs,
         "pair_tokens": pair_tokens,
         "steps": len(steps),

@@ -129,7 +129,7 @@ def score(recipe, launch, sample) -> dict:
             },
             "project": {"health_checks": False, "samples_every": 0},
         }
-        scoring = config.decided(recipe, only_scoring)
+        scoring = config.replaced(recipe, **only_scoring)
         spec = stages.first_half(scoring, launch, pairs=stages.given_pairs(scoring, launch, sample))
         ready = train_stage.build_run(spec)  # the run's trainer, planned: the reference is scored as training would
         ready.score_reference()
@@ -390,14 +390,15 @@ def run(
         raise ConfigError(f"--sample must be >= 1 (got {sample_size})")
     seed = recipe.training.seed if seed is None else seed
     pairs = stages.load_data(recipe, launch, say=False)
-    recipe = config.decided(recipe, pairs.settings())  # a Hub data set's commit, as the run pins it
+    if pairs.revision is not None:  # a Hub data set's commit, as the run pins it
+        recipe = config.replaced(recipe, project={"dataset_revision": pairs.revision})
     dataset, named = pairs.train, _name(recipe)
     if recipe.max_length_auto:  # as training resolves it (the analyzer's cached report when there is one)
         from dpotrain.cluster import engine
 
         state = engine.start_processes(recipe.training, engine.launched())  # the recipe's timeout, as training's
         lengths = stages.measure_lengths(recipe, launch, pairs, stages.model_files(recipe, launch), state)
-        recipe = config.decided(recipe, lengths.settings())
+        recipe = config.replaced(recipe, training={"max_length": lengths.max_length})
     rows, duplicates, identical = pair_keys(dataset)
     sample = sample_rows(dataset, sample_size, seed)
     quality = {

@@ -17,7 +17,7 @@ from dpotrain.train.preemption import STOPPED_EXIT
 def save_and_push(run, resolved: dict) -> int | None:
     """After training (`train_stage.ReadyRun.train`): the exit code of a doomed or stopped run, else None once the
     final model and the run's outputs are saved and pushed."""
-    recipe, trainer, pusher = run.spec.settings, run.trainer, run.pusher
+    recipe, trainer, pusher = run.spec.recipe, run.trainer, run.pusher
     state, out = trainer.accelerator, Path(recipe.training.output_dir)  # every rank; the main process writes
     # A doomed run (dpotrain/train/health.py): no final model, no run_complete.json, and no requeue.
     if trainer.health and trainer.health.stop:
@@ -51,7 +51,7 @@ def save_and_push(run, resolved: dict) -> int | None:
 
 def finish_outputs(run, resolved: dict) -> None:
     """The main process's outputs of a finished run: merged model, metrics, plot, card, run_complete.json, the push."""
-    recipe, trainer, pusher, push = run.spec.settings, run.trainer, run.pusher, run.spec.push
+    recipe, trainer, pusher, push = run.spec.recipe, run.trainer, run.pusher, run.spec.push
     training = recipe.training
     out = Path(training.output_dir)
     if recipe.project.merge_lora:

@@ -42,8 +42,8 @@ def check_values(recipe: Recipe) -> None:
             raise ConfigError(f"{name} must be >= 1 (got {getattr(t, name)})")
     if p.pairs_per_step is not None and p.pairs_per_step < 1:
         raise ConfigError(f"pairs_per_step must be >= 1 (got {p.pairs_per_step}), or unset it")
-    if p.max_tokens_per_microbatch is not None:
-        check_token_budget(recipe)
+    if p.max_tokens_per_microbatch is not None and not recipe.max_length_auto:
+        check_token_budget(p.max_tokens_per_microbatch, t.max_length)
     if not 0 < p.auto_coverage <= 1:
         raise ConfigError(f"auto_coverage must be in (0, 1] (got {p.auto_coverage})")
     if not recipe.model.model_name_or_path:
@@ -52,14 +52,13 @@ def check_values(recipe: Recipe) -> None:
     mixture.check(recipe)  # one source (dataset_name) or a mixture of them
 
 
-def check_token_budget(recipe: Recipe) -> None:
-    t, budget = recipe.training, recipe.project.max_tokens_per_microbatch
-    if recipe.max_length_auto:
-        return  # checked against the analyzer's choice once it is made (the lengths stage: stages.measure_lengths)
-    if t.max_length is None or budget < 2 * t.max_length:
+def check_token_budget(budget: int, max_length: int | None) -> None:
+    """A token budget holds the longest pair there can be. Under `max_length: auto` it is checked against the
+    analyzer's choice once it is made (the lengths stage: stages.measure_lengths)."""
+    if max_length is None or budget < 2 * max_length:
         raise ConfigError(
             f"max_tokens_per_microbatch={budget} must hold the longest possible pair, 2 x max_length "
-            f"({'unbounded: set max_length' if t.max_length is None else 2 * t.max_length}); a pair is never split"
+            f"({'unbounded: set max_length' if max_length is None else 2 * max_length}); a pair is never split"
         )
 
 
@@ -70,12 +69,6 @@ class Batch:
 
     pairs_per_step: int
     gradient_accumulation_steps: int | None
-
-    def settings(self) -> dict:
-        """The recipe fields this decision sets (`config.decided`)."""
-        steps = self.gradient_accumulation_steps
-        accumulation = {} if steps is None else {"gradient_accumulation_steps": steps}
-        return {"project": {"pairs_per_step": self.pairs_per_step}, "training": accumulation}
 
 
 def plan_batch(recipe: Recipe, world: int) -> Batch:

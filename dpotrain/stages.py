@@ -225,10 +225,6 @@ class Data:
     def record(self) -> dict:
         return {**self.checked, **self.steps}
 
-    def settings(self) -> dict:
-        """The recipe fields this stage decides (`config.decided`): the commit every rank loads."""
-        return {} if self.revision is None else {"project": {"dataset_revision": self.revision}}
-
 
 def load_data(recipe, launch: Launch, say: bool = True, state=None, output: resolve.OutputPlan | None = None) -> Data:
     """The data set (or a mixture's sources, `data/mixture.py`) loaded and every row checked before a model loads
@@ -367,11 +363,6 @@ class Lengths:
     template: dict | None = None  # the chat template tokenized with (chat_template.record): a resume compares it
     max_length: int | None = None  # the run's: the recipe's, or under `max_length: auto` the analyzer's choice
 
-    def settings(self) -> dict:
-        """The recipe fields this stage decides (`config.decided`): `max_length: auto` made a number."""
-        chosen = self.auto is not None and isinstance(self.auto["max_length"], int)
-        return {"training": {"max_length": self.max_length}} if chosen else {}
-
     def record(self) -> dict:
         named = {"max_length": self.auto, "data_sources": self.sources, "chat_template": self.template}
         return {key: value for key, value in named.items() if value is not None}
@@ -393,12 +384,13 @@ def _tokenizer(recipe, model_path: str, local_only: bool):
         return None  # a dry run: the tokenizer is not on this machine
 
 
-def _analyzer_cache(recipe, launch: Launch, tokenizer, dataset) -> tuple[tuple | None, dict | None]:
+def _analyzer_cache(recipe, launch: Launch, tokenizer, pairs: Data) -> tuple[tuple | None, dict | None]:
     """The one read of the analyzer's cache per run, and `max_length: auto`'s choice: from the cache, else analysed
-    now (cached for the next run) where the data set is loaded."""
-    p = recipe.project
+    now (cached for the next run) where the data set is loaded. The cache is keyed by the commit the data stage
+    loaded."""
+    p, dataset = recipe.project, pairs.train
     try:
-        dataset_id = mixture.dataset_id(recipe, local_only=launch.planning)
+        dataset_id = mixture.dataset_id(recipe, local_only=launch.planning, revision=pairs.revision)
     except (OSError, ValueError):
         return None, None
     measured = lengths.cached_measure(dataset_id, tokenizer)
@@ -418,8 +410,7 @@ def _analyzer_cache(recipe, launch: Launch, tokenizer, dataset) -> tuple[tuple |
 
 def measure_lengths(recipe, launch: Launch, pairs: Data, model_path: str, state=None) -> Lengths:
     """The lengths stage. Under a launch the main process reads (or writes) the analyzer's cache first, then the
-    others read it. Decides `max_length` when it was `auto` (the trainer's drop filter reads it). `recipe` carries the
-    data stage's decisions (its commit: the analyzer's cache key)."""
+    others read it. Decides `max_length` when it was `auto` (the trainer's drop filter reads it)."""
     t, p = recipe.training, recipe.project
     max_length = t.max_length
     tokenizer = _tokenizer(recipe, model_path, local_only=launch.planning)
@@ -427,7 +418,7 @@ def measure_lengths(recipe, launch: Launch, pairs: Data, model_path: str, state=
         measured, auto = None, None
     else:
         with state.main_process_first() if state is not None else nullcontext():
-            measured, auto = _analyzer_cache(recipe, launch, tokenizer, pairs.train)
+            measured, auto = _analyzer_cache(recipe, launch, tokenizer, pairs)
     if recipe.max_length_auto and auto is None:
         hint = analyze_hint(recipe).removesuffix(", then this dry run again")
         resolved = f"at start, by analysing the training split ({hint})"
@@ -435,7 +426,7 @@ def measure_lengths(recipe, launch: Launch, pairs: Data, model_path: str, state=
     elif auto is not None:
         max_length = auto["max_length"]
         if p.max_tokens_per_microbatch is not None:  # decided: the token budget is now checked against it
-            resolve.check_token_budget(config.decided(recipe, {"training": {"max_length": max_length}}))
+            resolve.check_token_budget(p.max_tokens_per_microbatch, max_length)
     if measured is None and pairs.mix is not None and tokenizer is not None:  # every pair, for the sources' shares
         every = lengths.measure(pairs.train, tokenizer, num_proc=lengths.available_cpus(), skip_invalid=True)
         measured = (every, "the mixture's pairs, measured at start")
@@ -476,18 +467,14 @@ class Forward:
     planned_for: str = ""
     decided: str = ""  # why it is not decided yet, and the command that decides it now
 
-    def settings(self) -> dict:
-        """The recipe fields this stage decides (`config.decided`) where it decides for the one machine the run is on:
-        the attention the model loads with, packed or padded."""
-        if self.planned is None or len(self.options) != 1 or self.decided:
-            return {}
-        return {
-            "model": {"attn_implementation": self.planned.attention},
-            "training": {"padding_free": self.planned.packed},
-        }
+    @property
+    def decided_here(self) -> bool:
+        """Decided for the one machine the run is on: the attention the model loads with, packed or padded (a login
+        node's dry run plans for the heaviest of the GPU's candidates instead)."""
+        return self.planned is not None and len(self.options) == 1 and not self.decided
 
     def record(self) -> dict:
-        if len(self.options) == 1 and not self.decided:
+        if self.decided_here:
             return self.planned.record()
         given = {"decided": self.decided, "planned_for": self.planned_for}
         return {**self.options, **{key: value for key, value in given.items() if value}}
@@ -519,7 +506,7 @@ def decide_forward(recipe, launch: Launch, model_path: str, pair_lengths: Length
     positions.check(
         config,
         recipe.model.model_name_or_path,
-        recipe.training.max_length,
+        pair_lengths.max_length,
         pair_lengths.pairs,
         whole_split=pair_lengths.measured is not None,
     )
@@ -527,12 +514,12 @@ def decide_forward(recipe, launch: Launch, model_path: str, pair_lengths: Length
         return _undecided(recipe, launch, config)
     if len(launch.machines) == 1:
         ((name, (cuda, varlen)),) = launch.machines.items()
-        chosen = choice.decide(recipe, config, cuda, varlen, pair_lengths.pairs)
+        chosen = choice.decide(recipe, config, cuda, varlen, pair_lengths.pairs, pair_lengths.max_length)
         return Forward(chosen, {name: chosen.record()}, planned_for=name)
     chosen = {}
     for name, (cuda, varlen) in launch.machines.items():  # a login node: for the GPU, with and without FA4
         chosen[name], _ = choice.choose(
-            copy.deepcopy(config), recipe, cuda, varlen, pair_lengths.pairs, check_kernels=False
+            copy.deepcopy(config), recipe, cuda, varlen, pair_lengths.pairs, False, pair_lengths.max_length
         )
     planned = max(chosen, key=lambda name: choice.mask_weight(chosen[name].attention))
     return Forward(chosen[planned], {name: f.record() for name, f in chosen.items()}, planned_for=planned)
@@ -572,10 +559,10 @@ def plan_batching(recipe, launch: Launch, pairs: Data, pair_lengths: Lengths, fo
     from dpotrain.forwards import padded
     from dpotrain.plan import plan, plan_stage
 
-    t, p = recipe.training, recipe.project
+    t, p, max_length = recipe.training, recipe.project, pair_lengths.max_length
     pending = {"planned": f"at start, from the token lengths ({analyze_hint(recipe)})"}
     f = forward.planned
-    if f is None or t.max_length is None:
+    if f is None or max_length is None:
         return pending
     if pair_lengths.measured is not None:
         m = pair_lengths.measured[0]
@@ -583,11 +570,11 @@ def plan_batching(recipe, launch: Launch, pairs: Data, pair_lengths: Lengths, fo
         m = lengths.measure(pairs.train, pair_lengths.tokenizer, num_proc=lengths.available_cpus(), skip_invalid=True)
     else:
         return pending
-    counted = cuts.count(m.prompt, m.chosen, m.rejected, t.max_length, t.truncation_mode)  # as the run will count
-    cuts.check(m.prompt, m.chosen, m.rejected, m.shared, t.max_length, t.truncation_mode, "the training split")
-    kept = m.prompt < t.max_length  # TRL drops the pairs whose prompt alone fills max_length
+    counted = cuts.count(m.prompt, m.chosen, m.rejected, max_length, t.truncation_mode)  # as the run will count
+    cuts.check(m.prompt, m.chosen, m.rejected, m.shared, max_length, t.truncation_mode, "the training split")
+    kept = m.prompt < max_length  # TRL drops the pairs whose prompt alone fills max_length
     every = PairLengths.from_parts(
-        m.prompt[kept], m.chosen[kept], m.rejected[kept], t.max_length, f.share_prompt, t.truncation_mode
+        m.prompt[kept], m.chosen[kept], m.rejected[kept], max_length, f.share_prompt, t.truncation_mode
     )
     layout = (
         plan.RowLayout("one_row" if f.one_row else "rows", f.hidden_size, multiple=f.pad_multiple)
@@ -607,22 +594,49 @@ def plan_batching(recipe, launch: Launch, pairs: Data, pair_lengths: Lengths, fo
     return {**run_plan.summary, "max_length_cuts": counted}
 
 
-def plan_memory(recipe, launch: Launch, forward: Forward) -> dict:
+def plan_memory(recipe, launch: Launch, pairs: Data, pair_lengths: Lengths, forward: Forward) -> dict:
     """The memory plan, once per run, for the forward chosen and the launch's engine: refused when it cannot fit the
-    GPU. Its checkpointed decoder layers, and the dtype the weights load in, are the run's (`RunSpec.settings`)."""
+    GPU. It weighs recipes (what its advice names is a change to the recipe), so it is made for the recipe of this run
+    (`as_run`). Its checkpointed decoder layers are the run's (`memory.checkpointing_fields`)."""
     attention = forward.planned.attention if forward.planned is not None else None
-    return memory.plan(recipe, launch.world, launch.engine, attention=attention)
+    return memory.plan(as_run(recipe, launch, pairs, pair_lengths, forward), launch.world, launch.engine, attention)
 
 
 # --- the first half ---------------------------------------------------------------------------------------------------
 
 
+def as_run(
+    recipe, launch: Launch, pairs: Data, pair_lengths: Lengths, forward: Forward, planned=None, load_dtype=None
+) -> config.Recipe:
+    """The recipe a user would write to make this run: the intent with each decision of the first half in its own
+    field, named here and nowhere else. Read where a whole recipe is read: the memory plan, TRL's arguments
+    (`trainer.training_arguments`), resolved_config.json. `planned`, `load_dtype`: the memory stage's, once made."""
+    batch, f = launch.batch, forward
+    training = {"max_length": pair_lengths.max_length}  # the recipe's, or under `max_length: auto` the analyzer's
+    project = {"pairs_per_step": batch.pairs_per_step}
+    model = {}
+    if batch.gradient_accumulation_steps is not None:  # None: micro-batches are cut by tokens (plan.py)
+        training["gradient_accumulation_steps"] = batch.gradient_accumulation_steps
+    if not uses_live_reference(recipe):
+        training["precompute_ref_log_probs"] = True  # the reference stage scores once
+    if pairs.revision is not None:
+        project["dataset_revision"] = pairs.revision  # the commit every rank loaded
+    if f.decided_here:
+        training["padding_free"] = f.planned.packed
+        model["attn_implementation"] = f.planned.attention
+    if planned is not None:
+        training |= memory.checkpointing_fields(recipe.training, planned)
+        model["dtype"] = load_dtype
+    return config.replaced(recipe, training=training, model=model, project=project)
+
+
 @dataclass(frozen=True)
 class RunSpec:
     """Every decision of the run, made once by the first half before a model weight loads: all a dry run records, and
-    all the second half reads. `recipe` is the user's intent as parsed (never written); `settings` is the recipe as the
-    run uses it, the intent with these decisions laid in (`config.decided`); `record()` is resolved_config.json's
-    `derived` block. docs/architecture.md lists each field, the stage that decides it and who reads it."""
+    all the second half reads. `recipe` is the user's intent as parsed (never written); each decision is read from its
+    own section (`lengths.max_length`, `forward.planned`, `launch.batch`...); `as_run` is the recipe of this run, for
+    what reads a whole recipe; `record()` is resolved_config.json's `derived` block. docs/architecture.md lists each
+    field, the stage that decides it and who reads it."""
 
     recipe: config.Recipe
     launch: Launch  # world and data-parallel size, engine, sequence-parallel group, clipping, pairs per step
@@ -632,7 +646,6 @@ class RunSpec:
     memory: dict  # the memory plan per GPU, its checkpointed layers
     load_dtype: str | None  # the dtype the weights load in (`engine.load_dtype`)
     batching: dict | None  # a dry run's step plan; the run's comes from the plan stage
-    settings: config.Recipe
     output: resolve.OutputPlan | None = None  # resume from a checkpoint, start afresh (None: no output folder)
     push: object | None = None  # hub.PushSettings: the push the run makes (None: none)
 
@@ -644,6 +657,15 @@ class RunSpec:
     def reference(self) -> str:
         """How the reference is scored: "cached" (the reference stage, once) or "live" (a model run at every step)."""
         return "live" if uses_live_reference(self.recipe) else "cached"
+
+    @functools.cached_property
+    def as_run(self) -> config.Recipe:
+        """The recipe of this run (`as_run` above), built once."""
+        return as_run(self.recipe, self.launch, self.data, self.lengths, self.forward, self.memory, self.load_dtype)
+
+    def resolved_config(self, derived: dict) -> dict:
+        """resolved_config.json (and a dry run's JSON): every field as this run uses it, and `derived`."""
+        return resolve.resolved_config(self.as_run, derived)
 
     def record(self) -> dict:
         batching = {} if self.batching is None else {"batching": self.batching}
@@ -657,31 +679,22 @@ class RunSpec:
         }
 
 
-def settings_of(recipe, launch: Launch, *stages) -> config.Recipe:
-    """The recipe as the run uses it: the intent with what the launch and each stage given decided (`.settings()`),
-    and the reference scored once by the reference stage unless the recipe asks for a live reference model."""
-    reference = {} if uses_live_reference(recipe) else {"training": {"precompute_ref_log_probs": True}}
-    return config.decided(recipe, launch.batch.settings(), reference, *(stage.settings() for stage in stages))
-
-
 def first_half(
     recipe, launch: Launch, state=None, output: resolve.OutputPlan | None = None, push=None, pairs: Data | None = None
 ) -> RunSpec:
     """data -> lengths -> forward -> (a dry run: plan) -> memory, before the old run is removed and the model loads
-    (TRL loads it with the attention decided here). `pairs`: the data stage's value where a caller has it already (a
-    test's or benchmark's own pairs, `given_pairs`)."""
+    (TRL loads it with the attention decided here). Each stage reads the earlier ones' values, not a recipe with them
+    laid in. `pairs`: the data stage's value where a caller has it already (a test's or benchmark's own pairs,
+    `given_pairs`)."""
     say = state is None or state.is_main_process
     pairs = pairs if pairs is not None else load_data(recipe, launch, say, state, output)
     model_path = model_files(recipe, launch)
-    pair_lengths = measure_lengths(settings_of(recipe, launch, pairs), launch, pairs, model_path, state)
-    sized = settings_of(recipe, launch, pairs, pair_lengths)
-    forward = decide_forward(sized, launch, model_path, pair_lengths)
-    shaped = settings_of(recipe, launch, pairs, pair_lengths, forward)
-    batching = plan_batching(shaped, launch, pairs, pair_lengths, forward) if launch.planning else None
-    planned = plan_memory(shaped, launch, forward)
+    pair_lengths = measure_lengths(recipe, launch, pairs, model_path, state)
+    forward = decide_forward(recipe, launch, model_path, pair_lengths)
+    batching = plan_batching(recipe, launch, pairs, pair_lengths, forward) if launch.planning else None
+    planned = plan_memory(recipe, launch, pairs, pair_lengths, forward)
     load_dtype = engine.load_dtype(recipe, launch.engine)  # bf16 under DeepSpeed, not TRL's float32 default
-    run = config.decided(shaped, memory.checkpointing_settings(recipe, planned), {"model": {"dtype": load_dtype}})
-    return RunSpec(recipe, launch, pairs, pair_lengths, forward, planned, load_dtype, batching, run, output, push)
+    return RunSpec(recipe, launch, pairs, pair_lengths, forward, planned, load_dtype, batching, output, push)
 
 
 def given_pairs(recipe, launch: Launch, train, eval_dataset=None) -> Data:

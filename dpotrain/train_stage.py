@@ -8,7 +8,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from dpotrain import dry_run, output_folder, publish, resolve
+from dpotrain import dry_run, output_folder, publish
 from dpotrain.cluster import collectives, offline
 from dpotrain.data import lengths, model_identity
 from dpotrain.forwards import flex
@@ -26,7 +26,7 @@ def prepare_output(spec, state) -> None:
     """Only now, once the data and the plans are checked: a refused data set must not cost the old run. The replaced
     run's own files go (output_folder.py: never the user's), this run's names are recorded before it writes, and W&B's
     run id is kept there (tracking.py)."""
-    recipe = spec.settings
+    recipe = spec.recipe
     if state.is_main_process and not recipe.project.reference_only:  # the run's own files only (output_folder.py)
         output_folder.start(recipe, spec.output.start_afresh, spec.push.requested)
         setup_wandb(recipe.training)
@@ -45,13 +45,13 @@ class ReadyRun:
     def score_reference(self) -> list[reference.Outcome]:
         """The reference stage (dpotrain/reference/reference.py): scored once, saved as it goes, stopped cleanly on a
         stop request; one Outcome per data set."""
-        return reference.run_stage(self.trainer, self.spec.settings.project.reference_save_seconds)
+        return reference.run_stage(self.trainer, self.spec.recipe.project.reference_save_seconds)
 
     def train(self, outcomes: list) -> int | None:
         """What follows the reference stage: the run's record (resolved_config.json), training, then the final model
         saved and pushed (publish.py); the exit code. A run that ends with the reference stage trains nothing: one a
         stop request ended during it (STOPPED_EXIT: the requeued job scores only the rest), a reference-only run (0)."""
-        recipe, trainer = self.spec.settings, self.trainer
+        recipe, trainer = self.spec.recipe, self.trainer
         main, out = trainer.accelerator.is_main_process, Path(recipe.training.output_dir)
         if outcomes and outcomes[-1].stopped:
             if main:
@@ -76,7 +76,7 @@ def build_run(spec, stop: GracefulStop | None = None, callbacks=(), trainer_clas
 
     from dpotrain.train.trainer import RecipeDPOTrainer, resolve_model_path, training_arguments
 
-    recipe, push, forward = spec.settings, spec.push, spec.forward.planned
+    recipe, push, forward = spec.recipe, spec.push, spec.forward.planned
     p, out = recipe.project, Path(recipe.training.output_dir)
     model_path = resolve_model_path(recipe)
     # The tokenizer every tokenization of the project loads (lengths.load_tokenizer): the recipe's chat template,
@@ -97,19 +97,20 @@ def build_run(spec, stop: GracefulStop | None = None, callbacks=(), trainer_clas
     trainer = (trainer_class or RecipeDPOTrainer)(
         model=model_path,
         processing_class=tokenizer,
-        args=training_arguments(recipe),
+        args=training_arguments(spec.as_run),
         train_dataset=spec.data.train,
         eval_dataset=spec.data.eval,
         # LoRA (--use_peft): TRL wraps the model and scores the reference with the adapter disabled (no second model).
-        peft_config=get_peft_config(recipe.model),
-        quantization_config=get_quantization_config(recipe.model),  # --load_in_4bit/8bit, as TRL's own dpo.py
+        peft_config=get_peft_config(spec.as_run.model),
+        # --load_in_4bit/8bit, as TRL's own dpo.py (its compute dtype: the one the weights load in)
+        quantization_config=get_quantization_config(spec.as_run.model),
         forward=forward,
         pairs_per_step=spec.pairs_per_step,
         max_tokens_per_microbatch=p.max_tokens_per_microbatch,
         gpu_peak_tflops=p.gpu_peak_tflops,
         run_engine=spec.launch.engine,
         stop=stop or GracefulStop.from_env(),
-        health=HealthGuard(p) if p.health_checks else None,
+        health=HealthGuard(p, spec.pairs_per_step) if p.health_checks else None,
         memory_plan=spec.memory,
         assistant_turns=p.assistant_turns,
         compile_layers=p.compile_layers,
@@ -123,7 +124,7 @@ def build_run(spec, stop: GracefulStop | None = None, callbacks=(), trainer_clas
 def record_run(spec, trainer, outcomes) -> dict:
     """resolved_config.json: the first half's records, and what the trainer, its plan and the reference stage decided
     (the forward, as the forward stage decided it)."""
-    recipe, output, push = spec.settings, spec.output, spec.push
+    recipe, output, push = spec.recipe, spec.output, spec.push
     training = recipe.training
     derived = spec.record()
     derived["total_steps"] = trainer.state.max_steps or derived["total_steps"]
@@ -131,7 +132,7 @@ def record_run(spec, trainer, outcomes) -> dict:
     derived["reference"] = {o.name: o.record() for o in outcomes}  # its warm-up and steady tokens/s, when it scored
     derived["forward"] = trainer.forward.record()  # the attention and layout chosen (dpotrain/forwards/choice.py)
     derived["layers"] = trainer.layers_record  # the decoder layers as trained: checkpointed, compiled (layers.py)
-    record = push.record(resolve.resolved_config(recipe, derived | {"resumed_from": output.resume_from}))
+    record = push.record(spec.resolved_config(derived | {"resumed_from": output.resume_from}))
     # What the model loaded with (trainer.training_arguments): revision, the forward's attention, the load dtype.
     record["model_init_kwargs"] = trainer.args.model_init_kwargs
     if trainer.accelerator.is_main_process:

@@ -15,7 +15,7 @@ import pytest
 
 import train_dpo
 from conftest import ROOT
-from dpotrain import stages
+from dpotrain import resolve, stages
 from dpotrain.cluster import engine as engines
 from dpotrain.data import lengths as analyzer
 from dpotrain.forwards import choice, cost
@@ -196,10 +196,11 @@ def test_the_memory_plan_and_the_runs_check_use_the_chosen_forward():
     # tokenizer ships with the config); without FlashAttention 4, so the forward is shared prompts on flex (with it,
     # FA4: no mask at all).
     r = copy.deepcopy(recipe)
-    launch = stages.Launch(16, "2 nodes of 8", zero2, {"H100 without FA4": (True, None)}, planning=False)
-    pair_lengths = stages.Lengths(None, think_mix(), None, None)
+    machines = {"H100 without FA4": (True, None)}
+    launch = stages.Launch(16, "2 nodes of 8", zero2, machines, planning=False, batch=resolve.plan_batch(r, 16))
+    pair_lengths = stages.Lengths(None, think_mix(), None, None, max_length=r.training.max_length)
     forward = stages.decide_forward(r, launch, r.model.model_name_or_path, pair_lengths)
-    planned = stages.plan_memory(r, launch, forward)
+    planned = stages.plan_memory(r, launch, stages.Data(None, None, {}, {}), pair_lengths, forward)
     assert forward.planned.attention == "flex_attention" == forward.record()["attention"] == planned["attention"]
     assert planned["fits"] is True and planned["per_gpu_gib"]["total"] == 72.8
     assert planned["per_gpu_gib"]["attention_masks"] == 0.0  # a block mask's few MiB

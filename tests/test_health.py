@@ -12,7 +12,7 @@ from conftest import ROOT, built, python, ready
 from dpotrain.data import data
 from dpotrain.recipe.config import parse_args
 from dpotrain.recipe.errors import ConfigError
-from dpotrain.resolve import OutputPlan, check_output_dir, resolved_config
+from dpotrain.resolve import OutputPlan, check_output_dir, plan_batch, resolved_config
 from dpotrain.train.health import LN2, HealthGuard
 
 SMOKE = str(ROOT / "configs" / "smoke.yaml")
@@ -200,7 +200,7 @@ def test_nan_stops_the_cli_run_without_checkpoint_requeue_or_completion(tmp_path
 
 def guard(*overrides):
     recipe = parse_args(["--config", SMOKE, "--output_dir", "/tmp/unused", *overrides])
-    return HealthGuard(recipe.project), recipe.training
+    return HealthGuard(recipe.project, plan_batch(recipe, 1).pairs_per_step), recipe.training
 
 
 def test_guards_prefer_the_loss_scale_rewards_and_report_step_and_values():

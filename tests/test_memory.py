@@ -18,7 +18,7 @@ from conftest import ROOT, run_train
 from dpotrain.cluster import engine as engines
 from dpotrain.data import builtin
 from dpotrain.plan import memory
-from dpotrain.recipe.config import decided, parse_args
+from dpotrain.recipe.config import parse_args, replaced
 from dpotrain.recipe.errors import ConfigError
 
 OLMO3 = dict(
@@ -583,7 +583,7 @@ def test_plan_checkpoints_the_fewest_layers_that_fit():
         plan = memory.plan(r, 4)
         assert plan["fits"] is True and plan["per_gpu_gib"]["total"] <= gib
         chosen[gib] = plan["checkpointing"]["every_n_layers"]
-        run = decided(r, memory.checkpointing_settings(r, plan))  # the run's settings (stages.RunSpec)
+        run = replaced(r, training=memory.checkpointing_fields(r.training, plan))  # as the run uses it (as_run)
         assert run.training.activation_checkpointing is (chosen[gib] is not None)
         assert (run.training.activation_checkpointing_kwargs or {}).get("every_n_layers") == chosen[gib]
     assert chosen == {80: 1, 100: 2, 140: None}

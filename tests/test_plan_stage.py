@@ -80,7 +80,7 @@ def test_a_step_that_cannot_be_cut_is_refused_as_the_trainer_is_built(tmp_path, 
         ]
     )
     launch = stages.checks(recipe)
-    past_the_checks = config.decided(recipe, {"project": {"max_tokens_per_microbatch": 64}})
+    past_the_checks = config.replaced(recipe, project={"max_tokens_per_microbatch": 64})
     pairs = stages.given_pairs(recipe, launch, datasets.Dataset.from_list(builtin.make_preference_rows(40, seed=5)))
     spec = stages.first_half(past_the_checks, launch, pairs=pairs)
     with pytest.raises(plan.PlanError, match="cannot be cut"):

@@ -1,5 +1,6 @@
 """The parsed recipe is the user's intent, never written after `parse_args`; the first half returns one frozen value
-(`stages.RunSpec`) holding every decision, and `config.decided` is the one function that lays decisions into a copy.
+(`stages.RunSpec`) holding every decision in its own section, and `stages.as_run` is the one function that lays them
+into a recipe (a new one, `config.replaced`).
 
 Two checks: the source (no assignment to, or mutation of, anything reached through a recipe, in dpotrain/, train_dpo.py
 and scripts/), and a run's stages on the CPU demo (the recipe's every field the same after them)."""
@@ -15,7 +16,7 @@ import datasets
 import pytest
 
 from conftest import ROOT
-from dpotrain import resolve, stages
+from dpotrain import stages
 from dpotrain.data import builtin
 from dpotrain.recipe import config
 from dpotrain.recipe.config import parse_args
@@ -23,8 +24,8 @@ from dpotrain.recipe.config import parse_args
 SOURCES = [*sorted((ROOT / "dpotrain").rglob("*.py")), ROOT / "train_dpo.py", *sorted((ROOT / "scripts").glob("*.py"))]
 # Methods that change a list, set or dict in place: called on something reached through a recipe, they write it.
 MUTATORS = {"add", "update", "append", "extend", "insert", "pop", "popitem", "remove", "discard", "clear", "setdefault"}
-# The one function that lays decisions into a recipe's copy (it sets fields of parts it has just copied).
-DECIDED = ("dpotrain/recipe/config.py", "decided")
+# The one function that makes a recipe with fields replaced (it sets fields of parts it has just copied).
+REPLACED = ("dpotrain/recipe/config.py", "replaced")
 
 
 def _through_recipe(node) -> bool:
@@ -104,9 +105,9 @@ def test_no_module_writes_to_a_parsed_recipe():
         relative = str(path.relative_to(ROOT))
         tree = ast.parse(path.read_text())
         skip = set()
-        if relative == DECIDED[0]:
-            decided = next(f for f in ast.walk(tree) if isinstance(f, ast.FunctionDef) and f.name == DECIDED[1])
-            skip = set(range(decided.lineno, decided.end_lineno + 1))
+        if relative == REPLACED[0]:
+            new = next(f for f in ast.walk(tree) if isinstance(f, ast.FunctionDef) and f.name == REPLACED[1])
+            skip = set(range(new.lineno, new.end_lineno + 1))
         writes += [
             f"{relative}:{line}: {code}" for line, code in writes_to_a_recipe(path.read_text()) if line not in skip
         ]
@@ -132,7 +133,7 @@ def test_the_source_check_finds_each_kind_of_write(code):
 
 def test_the_source_check_leaves_copies_and_other_objects_alone():
     code = (
-        "def f(recipe, trial):\n    trial.recipe = config.decided(recipe, {})\n    args = copy.copy(x)\n"
+        "def f(recipe, trial):\n    trial.recipe = config.replaced(recipe)\n    args = copy.copy(x)\n"
         "    args.max_length = 4\n    self.recipe = recipe\n"
     )
     assert writes_to_a_recipe(code) == []
@@ -150,7 +151,7 @@ def _fields(recipe) -> str:
 def test_the_first_half_leaves_the_recipe_as_parsed_and_returns_one_frozen_value(tmp_path, tiny_model_dir):
     """The CPU demo's stages, through the trainer: the recipe is the same after them, field by field; what they
     decided (max_length under auto, the forward's attention, the load dtype, pairs per step) is in the resolved
-    value's settings and in TRL's arguments."""
+    value's recipe of the run (`as_run`) and in TRL's arguments."""
     from dpotrain import train_stage
 
     recipe = parse_args(
@@ -178,8 +179,8 @@ def test_the_first_half_leaves_the_recipe_as_parsed_and_returns_one_frozen_value
     assert _fields(recipe) == before
     with pytest.raises(dataclasses.FrozenInstanceError):
         resolved.memory = {}  # type: ignore[misc]
-    assert resolved.recipe is recipe and resolved.settings is not recipe
-    run = resolved.settings
+    assert resolved.recipe is recipe and resolved.as_run is not recipe
+    run = resolved.as_run
     assert run.model.attn_implementation == resolved.forward.planned.attention
     assert run.training.padding_free == resolved.forward.planned.packed
     assert run.project.pairs_per_step == resolved.pairs_per_step == 8
@@ -188,7 +189,7 @@ def test_the_first_half_leaves_the_recipe_as_parsed_and_returns_one_frozen_value
     assert trainer.args is not run.training and trainer.args.gradient_accumulation_steps == 1
     assert not trainer.args.padding_free and trainer.args.max_length == run.training.max_length
     assert trainer.args.model_init_kwargs["attn_implementation"] == resolved.forward.planned.attention
-    record = resolve.resolved_config(run, resolved.record())
+    record = resolved.resolved_config(resolved.record())
     assert record["attn_implementation"] == resolved.forward.planned.attention and record["pairs_per_step"] == 8
 
 
@@ -198,14 +199,14 @@ def _push(recipe, launch):
     return hub.take_push_settings(recipe, launch.engine)
 
 
-def test_decided_copies_and_never_writes_the_original(tiny_model_dir):
+def test_replaced_copies_and_never_writes_the_original(tiny_model_dir):
     recipe = parse_args(["--config", str(ROOT / "configs" / "smoke.yaml"), "--model_name_or_path", tiny_model_dir])
     before = _fields(recipe)
-    run = config.decided(recipe, {"training": {"max_length": 77}}, {"project": {"pairs_per_step": 3}})
+    run = config.replaced(recipe, training={"max_length": 77}, project={"pairs_per_step": 3})
     assert (run.training.max_length, run.project.pairs_per_step) == (77, 3)
     assert _fields(recipe) == before and run.model is recipe.model  # parts not decided are shared, never written
     with pytest.raises(AttributeError, match="no field 'max_lenght'"):
-        config.decided(recipe, {"training": {"max_lenght": 1}})
+        config.replaced(recipe, training={"max_lenght": 1})
 
 
 @pytest.mark.slow

@@ -480,10 +480,11 @@ def content_changed(recipe, derived: dict) -> str | None:
     return None
 
 
-def dataset_id(recipe, local_only: bool = False) -> str:
+def dataset_id(recipe, local_only: bool = False, revision: str | None = None) -> str:
     """What the analyzer's cache of the training data is valid for: one source's identity (`lengths.dataset_identity`)
-    or the mixture's, made of its sources' identities, their amounts and the seed that picks their rows."""
-    values = fields_of(recipe)
+    or the mixture's, made of its sources' identities, their amounts and the seed that picks their rows. `revision`:
+    the data set's commit as the run loads it (the data stage's), where it is known."""
+    values = fields_of(recipe) | ({} if revision is None else {"dataset_revision": revision})
     return dataset_id_of(values, recipe.training.seed, recipe.project.hh_format, local_only)
 
 

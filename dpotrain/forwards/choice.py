@@ -287,9 +287,10 @@ def mask_weight(attn: str) -> int:
     return 0 if packing.one_row(attn) else 1 if packing.attention_name(attn) == "flex_attention" else 2
 
 
-def choose(config, recipe, cuda: bool, varlen: str | None, lengths=None, check_kernels: bool = True):
+def choose(config, recipe, cuda: bool, varlen: str | None, lengths=None, check_kernels: bool = True, max_length=None):
     """(the forward, the notes to print) for this model, recipe and machine; from `lengths` (`cost.TokenCounts`) when
-    given, else by the candidates' order. Changes nothing and prints nothing."""
+    given, else by the candidates' order. `max_length`: the run's (the lengths stage's), else the recipe's. Changes
+    nothing and prints nothing."""
     from dpotrain.forwards import cost
 
     hidden_size = getattr(config.get_text_config(), "hidden_size", 4096)
@@ -303,7 +304,8 @@ def choose(config, recipe, cuda: bool, varlen: str | None, lengths=None, check_k
     else:
         budget, live = recipe.project.max_tokens_per_microbatch, uses_live_reference(recipe)
         pairs = t.per_device_train_batch_size
-        decision = cost.decide(options, lengths, config, cuda, t.max_length, t.truncation_mode, budget, pairs, live)
+        max_length = t.max_length if max_length is None else max_length
+        decision = cost.decide(options, lengths, config, cuda, max_length, t.truncation_mode, budget, pairs, live)
         best = decision.winner.candidate
         rule = decision_rule(decision, asked=recipe.model.attn_implementation is not None)
         why, record = decision_reason(decision, rule), {**decision.record(), "by": rule}
@@ -348,9 +350,9 @@ def decide_forward(
     return decide(recipe, config, cuda, varlen, lengths)
 
 
-def decide(recipe, config, cuda: bool, varlen: str | None, lengths=None) -> ForwardChoice:
+def decide(recipe, config, cuda: bool, varlen: str | None, lengths=None, max_length=None) -> ForwardChoice:
     """`decide_forward` for a model's config already read: the run's forward stage (`stages.decide_forward`)."""
-    chosen, notes = choose(config, recipe, cuda, varlen, lengths)
+    chosen, notes = choose(config, recipe, cuda, varlen, lengths, max_length=max_length)
     for note in notes:
         print(note, flush=True)
     if collectives.launched_main():  # the same choice on every rank: one line, not one per process

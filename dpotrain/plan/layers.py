@@ -1,7 +1,7 @@
 """The decoder layers as the run trains them: activation checkpointing held to the memory plan's choice, and an optional
 regional `torch.compile` of each layer (docs/memory.md, "Activation checkpointing, chosen per run").
 
-The Trainer enables the plan's layers with transformers' `every_n_layers` (memory.checkpointing_settings). TRL 1.16
+The Trainer enables the plan's layers with transformers' `every_n_layers` (memory.checkpointing_fields). TRL 1.16
 turns checkpointing off and on again around its own no-grad forwards (`trl.models.utils.disable_gradient_checkpointing`)
 and back on with `model.gradient_checkpointing_enable(args.gradient_checkpointing_kwargs)`: every layer, with
 `every_n_layers` handed on to the layer's forward. `hold_checkpointing` makes that call restore the plan's layers

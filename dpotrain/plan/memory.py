@@ -563,7 +563,7 @@ def plan(recipe, world: int, engine: Engine | None = None, attention: str | None
         record["sequence_parallel"] = {"size": n, "tokens_per_gpu": local, "data_parallel_size": world // n}
     record["activations_from"] = chosen.activations_method
     record["allowance"] = f"{CONTEXT_GIB:g} GiB CUDA context and NCCL + {FRAGMENTATION:.0%} of the rest"
-    record["checkpointing"] = checkpointing_record  # which layers: checkpointing_settings gives the run this choice
+    record["checkpointing"] = checkpointing_record  # which layers: checkpointing_fields gives the run this choice
     if record["fits"] is False and recipe.project.memory_check:
         raise ConfigError(_refusal(recipe, chosen, gpu, gpu_source, attention, splittable_heads(config)))
     return record
@@ -677,20 +677,19 @@ def choose_checkpointing(recipe, layers: int, gpu: float | None, total_for) -> t
     }
 
 
-def checkpointing_settings(recipe, memory_plan: dict) -> dict:
+def checkpointing_fields(training, memory_plan: dict) -> dict:
     """The plan's choice as the training arguments the Trainer enables it from (transformers pops `every_n_layers`
-    from `activation_checkpointing_kwargs`), for `config.decided`; a plan that was skipped leaves the recipe's
-    setting."""
+    from `activation_checkpointing_kwargs`); a plan that was skipped leaves the recipe's setting (no field)."""
     chosen = memory_plan.get("checkpointing")
     if not chosen:
         return {}
     on = chosen["every_n_layers"] is not None
-    kwargs = {k: v for k, v in (recipe.training.activation_checkpointing_kwargs or {}).items() if k != "every_n_layers"}
+    kwargs = {k: v for k, v in (training.activation_checkpointing_kwargs or {}).items() if k != "every_n_layers"}
     if on:
         kwargs["every_n_layers"] = chosen["every_n_layers"]
     kwargs = kwargs or None
     fields = {"activation_checkpointing": on, "gradient_checkpointing": on}
-    return {"training": fields | {"activation_checkpointing_kwargs": kwargs, "gradient_checkpointing_kwargs": kwargs}}
+    return fields | {"activation_checkpointing_kwargs": kwargs, "gradient_checkpointing_kwargs": kwargs}
 
 
 def _gib(n: float) -> float:

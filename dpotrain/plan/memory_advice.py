@@ -33,7 +33,7 @@ from dpotrain.cluster.engine import LAUNCHED, Engine, from_config
 from dpotrain.data.builtin import PROJECT_ROOT
 from dpotrain.forwards import sequence_parallel as split_rows
 from dpotrain.forwards.packing import attention_name
-from dpotrain.recipe.config import decided, uses_live_reference
+from dpotrain.recipe.config import replaced, uses_live_reference
 
 GIB = 2**30
 NAMES = {
@@ -169,7 +169,7 @@ class Advisor:
             uses_live_reference(r),
         )
         if key not in self._seen:
-            unchecked = decided(r, {"project": {"memory_check": False}})  # a plan that does not fit is looked for
+            unchecked = replaced(r, project={"memory_check": False})  # a plan that does not fit is looked for
             record = self._plan(unchecked, trial.world, trial.engine, attention=self.attention)
             gib = record["per_gpu_gib"]["total"] if "per_gpu_gib" in record else math.inf
             self._seen[key] = (bool(record.get("fits")), gib)
@@ -198,7 +198,7 @@ class Advisor:
         return names
 
     def cached(self, trial: Trial) -> bool:
-        trial.recipe = decided(trial.recipe, {"training": {"precompute_ref_log_probs": True}})
+        trial.recipe = replaced(trial.recipe, training={"precompute_ref_log_probs": True})
         trial.flags += ["--precompute_ref_log_probs", "true"]
         return True
 
@@ -211,7 +211,7 @@ class Advisor:
             "gradient_checkpointing_kwargs": kwargs,
         }
         given = trial.recipe.given | {"activation_checkpointing", "activation_checkpointing_kwargs"}
-        trial.recipe = replace(decided(trial.recipe, {"training": every_layer}), given=given)
+        trial.recipe = replace(replaced(trial.recipe, training=every_layer), given=given)
         trial.flags += [
             "--activation_checkpointing",
             "true",
@@ -223,7 +223,7 @@ class Advisor:
     def engine_lever(self, kind: str, trial: Trial) -> bool:
         trial.engine = from_config(str(PROJECT_ROOT / SHIPPED[kind]))
         trial.config = SHIPPED[kind]
-        trial.recipe = decided(trial.recipe, {"project": {"accelerate_config": SHIPPED[kind]}})
+        trial.recipe = replaced(trial.recipe, project={"accelerate_config": SHIPPED[kind]})
         return True
 
     def lora(self, trial: Trial) -> bool:
@@ -232,7 +232,7 @@ class Advisor:
         if not m.lora_target_modules and not m.lora_target_parameters:
             lora["lora_target_modules"] = "all-linear"
             trial.flags += ["--lora_target_modules", "all-linear"]
-        trial.recipe = decided(trial.recipe, {"model": lora})
+        trial.recipe = replaced(trial.recipe, model=lora)
         return True
 
     def group_sizes(self, world: int) -> list[int]:
@@ -252,7 +252,7 @@ class Advisor:
         if trial.engine.name not in sequence_parallel.ENGINES:
             return False
         for n in self.group_sizes(trial.world):
-            trial.recipe = decided(trial.recipe, {"project": {"sequence_parallel_size": n}})
+            trial.recipe = replaced(trial.recipe, project={"sequence_parallel_size": n})
             if self.planned(trial)[0]:
                 trial.flags += ["--sequence_parallel_size", str(n)]
                 return True
@@ -317,7 +317,7 @@ class Advisor:
     @staticmethod
     def _with_budget(recipe, tokens: int, shorten: bool):
         shorter = {"training": {"max_length": tokens // 2}} if shorten else {}
-        return decided(recipe, {"project": {"max_tokens_per_microbatch": tokens}}, shorter)
+        return replaced(recipe, project={"max_tokens_per_microbatch": tokens}, **shorter)
 
     # --- combinations ---
 

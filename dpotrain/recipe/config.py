@@ -515,26 +515,22 @@ def _take_max_length_auto(tokens: list[str]) -> tuple[list[str], bool]:
     return out, auto
 
 
-def decided(recipe: Recipe, *settings: dict) -> Recipe:
-    """The recipe as the run uses it: new values of its parts with what the stages decided in place of the intent's,
-    each of `settings` mapping a part (`training`, `model`, `project`) to its fields, as a stage's `.settings()`
-    returns them. Each part is built anew (`dataclasses.replace`), so TRL's and transformers' own checks run on the
-    decided values as they ran on the parsed ones; the parsed recipe is the user's intent and is never written after
-    `parse_args` (tests/test_resolved.py reads the source for a write). Their "bf16 needs a GPU" check is left out:
-    `parse_args` made it, or skipped it for a dry run planning a GPU job on a machine without one."""
-    changes: dict[str, dict] = {}
-    for setting in settings:
-        for part, values in setting.items():
-            changes.setdefault(part, {}).update(values)
-    parts = {}
+def replaced(recipe: Recipe, **parts: dict) -> Recipe:
+    """A new recipe: `recipe` with the fields given per part (`training=`, `model=`, `project=`: name -> value)
+    replaced, as a user would have written them. Each part is built anew (`dataclasses.replace`), so TRL's and
+    transformers' own checks run on the new values as they ran on the parsed ones; the parsed recipe is the user's
+    intent and is never written after `parse_args` (tests/test_resolved.py reads the source for a write). Their "bf16
+    needs a GPU" check is left out: `parse_args` made it, or skipped it for a dry run planning a GPU job on a machine
+    without one. `max_length: auto` holds while max_length is unset."""
+    new = {}
     with upstream.bf16_gpu_check_skipped():
-        for part, values in changes.items():
+        for part, values in parts.items():
             unknown = set(values) - {f.name for f in fields(getattr(recipe, part))}
             if unknown:
                 raise AttributeError(f"{part} has no field {sorted(unknown)[0]!r}")
-            parts[part] = replace(getattr(recipe, part), **values)
-    auto = recipe.max_length_auto and "max_length" not in changes.get("training", {})
-    return replace(recipe, **parts, max_length_auto=auto)
+            new[part] = replace(getattr(recipe, part), **values)
+    auto = recipe.max_length_auto and new.get("training", recipe.training).max_length is None
+    return replace(recipe, **new, max_length_auto=auto)
 
 
 def uses_live_reference(recipe: Recipe) -> bool:

@@ -100,8 +100,9 @@ def completion_token_means(dataset, max_length: int | None) -> tuple[float, floa
 
 
 class HealthGuard(TrainerCallback):
-    def __init__(self, project):
+    def __init__(self, project, pairs_per_step: int):
         self.p = project
+        self.pairs_per_step = pairs_per_step  # the run's (`resolve.plan_batch`), given or derived
         self.stop: Alarm | None = None  # the alarm that stopped training, read by train_dpo.py
         self.alarms: list[Alarm] = []
         self._warned: set[str] = set()
@@ -203,7 +204,7 @@ class HealthGuard(TrainerCallback):
                     "(scripts/preflight.py), SFT on it first",
                 )
             )
-        pinned = self._pinned_pairs + (step - self._last_step) * p.pairs_per_step  # and the pairs since the last log
+        pinned = self._pinned_pairs + (step - self._last_step) * self.pairs_per_step  # and the pairs since the last log
         early = step <= p.health_early_fraction * max_steps
         acc = r["accuracies"] if r else logs.get("rewards/accuracies")
         if p.health_pinned_pairs and early and pinned >= p.health_pinned_pairs and acc is not None and acc >= 0.999:
@@ -264,7 +265,7 @@ class HealthGuard(TrainerCallback):
 
     def _count_pinned(self, logs: dict, args, steps: int) -> None:
         acc = logs.get("rewards_norm/accuracies", logs.get("rewards/accuracies"))
-        pairs = steps * self.p.pairs_per_step
+        pairs = steps * self.pairs_per_step
         self._pinned_pairs = self._pinned_pairs + pairs if acc is not None and acc >= 0.999 else 0
 
     def _decide(self, alarms: list[Alarm], args) -> int:

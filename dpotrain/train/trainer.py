@@ -38,7 +38,7 @@ from dpotrain.forwards import choice, flops, packing, padded, sequence_parallel
 from dpotrain.forwards.choice import ForwardChoice
 from dpotrain.plan import layers, plan, plan_stage
 from dpotrain.recipe import upstream
-from dpotrain.recipe.config import Recipe, decided
+from dpotrain.recipe.config import Recipe, replaced
 from dpotrain.recipe.errors import ConfigError
 from dpotrain.recipe.writes import quiet_progress_bars
 from dpotrain.train import disk_full, losses, run_files
@@ -51,34 +51,36 @@ from dpotrain.train.preemption import GracefulStop
 from dpotrain.train.step_log import StepLog
 
 
-def model_init_kwargs(settings: Recipe) -> dict:
-    """What TRL's own `trl/scripts/dpo.py` passes to `from_pretrained`, from ModelConfig's fields as the run decided
-    them: the attention of the forward chosen, the dtype the engine trains in (`engine.load_dtype`)."""
+def model_init_kwargs(run: Recipe) -> dict:
+    """What TRL's own `trl/scripts/dpo.py` passes to `from_pretrained`, from ModelConfig's fields as the run uses them
+    (`RunSpec.as_run`): the attention of the forward chosen, the dtype the engine trains in (`engine.load_dtype`)."""
     kwargs = dict(
-        revision=settings.model.model_revision,
-        attn_implementation=settings.model.attn_implementation,
-        dtype=settings.model.dtype,
+        revision=run.model.model_revision,
+        attn_implementation=run.model.attn_implementation,
+        dtype=run.model.dtype,
     )
-    kwargs.update(settings.training.model_init_kwargs or {})
+    kwargs.update(run.training.model_init_kwargs or {})
     return kwargs
 
 
-def training_arguments(settings: Recipe):
-    """What TRL and transformers see (`DPOConfig`), from the recipe as the run decided it (`RunSpec.settings`): the
-    one place their fields differ from the run's own.
+def training_arguments(run: Recipe):
+    """What TRL and transformers see (a new `DPOConfig`, so their checks run), from the recipe of the run
+    (`stages.RunSpec.as_run`: each field as the run uses it): the one place their fields differ from the run's own.
     - gradient_accumulation_steps 1: a step's micro-batches run inside `training_step`, so the Trainer sees one item
-      per optimizer step (before transformers creates the accelerator and fills DeepSpeed's "auto" batch sizes);
-    - padding_free off: TRL 1.16 warns "temporarily unavailable" and pads; this project packs with its own collator;
-    - push_to_hub off and no hub_token: this project pushes (hub.take_push_settings);
+      per optimizer step (before transformers creates the accelerator and fills DeepSpeed's "auto" batch sizes); the
+      run's are `spec.launch.batch` and the step plan's;
+    - padding_free off: TRL 1.16 warns "temporarily unavailable" and pads; this project packs with its own collator
+      (`spec.forward.planned.packed`);
+    - push_to_hub off and no hub_token: this project pushes (`spec.push`, hub.take_push_settings);
     - model_init_kwargs: `model_init_kwargs`."""
     trl_only = {
         "gradient_accumulation_steps": 1,
         "padding_free": False,
         "push_to_hub": False,
         "hub_token": None,
-        "model_init_kwargs": model_init_kwargs(settings),
+        "model_init_kwargs": model_init_kwargs(run),
     }
-    return decided(settings, {"training": trl_only}).training
+    return replaced(run, training=trl_only).training
 
 
 def resolve_model_path(recipe: Recipe) -> str:
