@@ -72,7 +72,7 @@ def run(argv, stop: GracefulStop) -> int | None:
         # This project pushes, not the Trainer; the token stays in memory. For the engine that will run.
         push = hub.take_push_settings(recipe, launch.engine)
         output = stages.output_checks(recipe, launch, push)  # resume, start afresh or refuse; token, W&B, offline
-        if launch.planning:  # the dry run: the run's first half, then its record instead of training
+        if launch.dry_run:  # the dry run: the run's first half, then its record instead of training
             resolved = stages.first_half(recipe, launch, output=output, push=push)
             derived = resolved.record() | output.record(recipe.training.output_dir)  # and what the run would refuse
             record = push.record(resolved.resolved_config(derived))

@@ -351,8 +351,8 @@ def forward_and_plan(
         "the benchmark's",
         run_engine,
         {"this machine": (cuda, varlen)},
-        planning=False,
-        batch=resolve.plan_batch(recipe, world),
+        dry_run=False,
+        batch=resolve.decide_batch(recipe, world),
     )
     model_path = resolve_model_path(recipe)
     pair_lengths = stages.Lengths(

@@ -250,7 +250,7 @@ def check_wandb_reachable(recipe: Recipe) -> None:
         ) from None
 
 
-def check_plan(plan: dict, max_steps: int = -1) -> None:
+def check_steps(plan: dict, max_steps: int = -1) -> None:
     """A run whose every optimizer step has learning rate 0 (or that has none) would be saved as if it had trained.
 
     transformers' schedules give step 1 the rate 0 whenever there is warmup, so with one step nothing changes.

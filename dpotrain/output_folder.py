@@ -171,7 +171,7 @@ def check_writable(out: Path) -> None:
         )
 
 
-def check_plan(output_dir: str, start_afresh: bool) -> None:
+def check_replaceable(output_dir: str, start_afresh: bool) -> None:
     """Refuses to replace a run whose own files are not recorded (written before run_files.json existed)."""
     out = Path(output_dir)
     if start_afresh and out.is_dir() and read_manifest(out) is None and is_legacy_run(out):

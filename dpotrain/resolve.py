@@ -71,7 +71,7 @@ class Batch:
     gradient_accumulation_steps: int | None
 
 
-def plan_batch(recipe: Recipe, world: int) -> Batch:
+def decide_batch(recipe: Recipe, world: int) -> Batch:
     """Keep pairs_per_step fixed on any number of processes by deriving gradient accumulation; without pairs_per_step,
     per_device_train_batch_size x gradient_accumulation_steps x processes. `world`: the processes that read their own
     pairs (data-parallel ranks: processes / sequence_parallel_size)."""
@@ -103,7 +103,7 @@ def plan_batch(recipe: Recipe, world: int) -> Batch:
 
 
 @dataclass(frozen=True)
-class OutputPlan:
+class OutputDecision:
     resume_from: str | None  # a complete checkpoint to resume from
     start_afresh: bool  # remove what output_dir holds before training
     # A dry run: what the run would refuse (credentials, the output folder), each the refusal's own line; a run refuses.
@@ -219,7 +219,7 @@ def trained_under(checkpoint: Path) -> Path:
     )
 
 
-def check_output_dir(recipe: Recipe, pairs_per_step: int | None = None) -> OutputPlan:
+def check_output_dir(recipe: Recipe, pairs_per_step: int | None = None) -> OutputDecision:
     """Resume, start afresh, or refuse: never write over a finished run by accident, never lose checkpoints.
 
     --overwrite_output_dir replaces a finished run or half-written checkpoints, but an unfinished run with a complete
@@ -241,14 +241,14 @@ def check_output_dir(recipe: Recipe, pairs_per_step: int | None = None) -> Outpu
                 f"({'; '.join(changed)}): rerun with its settings to resume it, or start a new run from its "
                 f"weights (--model_name_or_path {folder}, a new --output_dir)"
             )
-        return OutputPlan(t.resume_from_checkpoint, False)
+        return OutputDecision(t.resume_from_checkpoint, False)
     if (out / RUN_COMPLETE).exists():
         if p.overwrite_output_dir:
-            return OutputPlan(None, True)
+            return OutputDecision(None, True)
         left = hub_push.unconfirmed_push(out)  # a push a kill cut short (or that failed): completed, or said how
         repo = (left or {}).get("repo") or t.hub_model_id or t.run_name
         if left and t.push_to_hub:
-            return OutputPlan(None, False, push_left=repo)
+            return OutputDecision(None, False, push_left=repo)
         how = (
             f"; its push to {repo} was started and not confirmed: rerun with --push_to_hub to complete it, or run "
             f"`python scripts/push_to_hub.py {out} --repo-id {repo}`"
@@ -260,30 +260,30 @@ def check_output_dir(recipe: Recipe, pairs_per_step: int | None = None) -> Outpu
             f"--overwrite_output_dir to replace it{how}"
         )
     if resume.after_health_stop(recipe, out):
-        return OutputPlan(None, True)
+        return OutputDecision(None, True)
     latest = resume.latest_sound_checkpoint(out, refuse=p.auto_resume and not p.overwrite_output_dir)
     if latest and p.auto_resume:
         changed = changed_settings(recipe, trained_under(latest), pairs_per_step)
         if changed and p.overwrite_output_dir:
-            return OutputPlan(None, True)
+            return OutputDecision(None, True)
         if changed:
             raise ConfigError(
                 f"output_dir {str(out)!r} holds an unfinished run with other settings ({'; '.join(changed)}): "
                 "rerun with its settings to resume it, pass a new --output_dir, or --overwrite_output_dir to start "
                 "afresh"
             )
-        return OutputPlan(str(latest), False)
+        return OutputDecision(str(latest), False)
     if checkpoints(out):
         if p.overwrite_output_dir or resume.only_cut_short(out, changed_settings(recipe, out, pairs_per_step)):
-            return OutputPlan(None, True)
+            return OutputDecision(None, True)
         state = "has no complete checkpoint" if latest is None else "has checkpoints and --no_auto_resume is set"
         raise ConfigError(
             f"output_dir {str(out)!r} {state}: pass --overwrite_output_dir to start afresh, or a new --output_dir"
         )
-    return OutputPlan(None, False)
+    return OutputDecision(None, False)
 
 
-def plan_steps(recipe: Recipe, batch: Batch, world: int, rows: int | None) -> dict:
+def count_steps(recipe: Recipe, batch: Batch, world: int, rows: int | None) -> dict:
     """Optimizer steps as the Trainer will count them: steps of pairs_per_step pairs (plan.py, a tiny last step
     merged), one dataloader item each. `world`: the data-parallel ranks (processes / sequence_parallel_size)."""
     from dpotrain.plan.plan import steps_of

@@ -94,7 +94,7 @@ class Launch:
     world_source: str
     engine: engine.Engine
     machines: dict
-    planning: bool  # a dry run: the launch is planned, not running
+    dry_run: bool  # the launch is planned (`--dry-run`), not running
     sequence_parallel: int = 1  # processes per group that split each micro-batch's sequence (sequence_parallel.py)
     clipping: dict | None = None  # the gradient clipping in effect on this engine (`engine.gradient_clipping`)
     batch: resolve.Batch | None = None  # pairs per step for these processes, and the accumulation that gives it
@@ -129,7 +129,7 @@ def decide_launch(recipe) -> Launch:
     n = recipe.project.sequence_parallel_size
     sequence_parallel.check_launch(n, world, planned)  # N divides the processes, on DeepSpeed's engine
     clipping = engine.gradient_clipping(recipe.training.max_grad_norm, planned)  # its DeepSpeed config agrees
-    batch = resolve.plan_batch(recipe, sequence_parallel.data_parallel_size(world, n))
+    batch = resolve.decide_batch(recipe, sequence_parallel.data_parallel_size(world, n))
     return Launch(world, source, planned, machines, planning, n, clipping, batch)
 
 
@@ -152,7 +152,7 @@ def data_folders(recipe) -> list[str]:
     return [name for name in (recipe.script.dataset_name, *folders) if name]
 
 
-def output_checks(recipe, launch: Launch, push) -> resolve.OutputPlan:
+def output_checks(recipe, launch: Launch, push) -> resolve.OutputDecision:
     """The batch per step for this world size, and the run's outputs: reference cache writable, push token, W&B,
     output folder (resume, start afresh or refuse), offline files. The Hub's write-access check asks the network: the
     run makes it, once, on its main process; a dry run does not.
@@ -166,7 +166,7 @@ def output_checks(recipe, launch: Launch, push) -> resolve.OutputPlan:
         try:
             return step(*args)
         except ConfigError as refused:
-            if not launch.planning:
+            if not launch.dry_run:
                 raise
             refusals.append(str(refused))
             return None
@@ -174,7 +174,7 @@ def output_checks(recipe, launch: Launch, push) -> resolve.OutputPlan:
     if not only_reference:  # a file, or a folder of files but no run: refused (output_folder.py); a held lock too
         check(output_folder.check_reads_outside, recipe)  # first: nothing a run reads may be one of its own files
         output_folder.check_outside_data(training.output_dir, data_folders(recipe))  # the dry run's JSON too
-        check(output_folder.check, training.output_dir, not launch.planning)
+        check(output_folder.check, training.output_dir, not launch.dry_run)
     if not uses_live_reference(recipe):
         from dpotrain.reference import reference
 
@@ -183,14 +183,14 @@ def output_checks(recipe, launch: Launch, push) -> resolve.OutputPlan:
     if not only_reference:
         check(push.check_token)
         check(options.check_wandb, recipe)
-        if not launch.planning and collectives.launched_main():  # the process that logs to W&B
+        if not launch.dry_run and collectives.launched_main():  # the process that logs to W&B
             options.check_wandb_reachable(recipe)
-        if push.requested and not launch.planning and collectives.launched_main():  # one whoami per run
+        if push.requested and not launch.dry_run and collectives.launched_main():  # one whoami per run
             from dpotrain.hub import hub
 
             push.repo_id = hub.check_write_access(push.repo_id, push.token)  # now, not after training; user/name
             hub.create_at_start(push.repo_id, push.token, push.private)  # a new repo: may this token create it?
-    plan = resolve.OutputPlan(None, False)
+    plan = resolve.OutputDecision(None, False)
     if not only_reference:
         plan = check(resolve.check_output_dir, recipe, launch.batch.pairs_per_step) or plan
     kept = None if plan.start_afresh or plan.push_left else hub_revision.kept(recipe, training.output_dir)
@@ -201,10 +201,10 @@ def output_checks(recipe, launch: Launch, push) -> resolve.OutputPlan:
             flush=True,
         )
     resume.check_partitions(plan.resume_from, launch.world, launch.engine)  # the engine and processes that wrote it
-    check(output_folder.check_plan, training.output_dir, plan.start_afresh)
-    if not launch.planning:  # a dry run says what it could not decide without them, and the command that decides it
+    check(output_folder.check_replaceable, training.output_dir, plan.start_afresh)
+    if not launch.dry_run:  # a dry run says what it could not decide without them, and the command that decides it
         offline.check_offline_artifacts(recipe)  # with HF_HUB_OFFLINE: model, tokenizer and data set must be cached
-    return resolve.OutputPlan(plan.resume_from, plan.start_afresh, tuple(refusals), kept, plan.push_left)
+    return resolve.OutputDecision(plan.resume_from, plan.start_afresh, tuple(refusals), kept, plan.push_left)
 
 
 # --- data -------------------------------------------------------------------------------------------------------------
@@ -217,7 +217,7 @@ class Data:
 
     train: object | None
     eval: object | None
-    steps: dict  # resolve.plan_steps: pairs_per_step, dataset_rows, total_steps, warmup_steps
+    steps: dict  # resolve.count_steps: pairs_per_step, dataset_rows, total_steps, warmup_steps
     checked: dict  # invalid_rows, invalid_eval_rows, eval_rows, data_sources: what the row checks found
     mix: mixture.Mix | None = None  # the training mixture's sources, and the source of each pair
     revision: str | None = None  # the data set's revision as loaded: a Hub data set's commit (`pin_data`)
@@ -226,7 +226,9 @@ class Data:
         return {**self.checked, **self.steps}
 
 
-def load_data(recipe, launch: Launch, say: bool = True, state=None, output: resolve.OutputPlan | None = None) -> Data:
+def load_data(
+    recipe, launch: Launch, say: bool = True, state=None, output: resolve.OutputDecision | None = None
+) -> Data:
     """The data set (or a mixture's sources, `data/mixture.py`) loaded and every row checked before a model loads
     (`dataset_streaming` is refused by `checks`). A dry run loads a local data set the same way, and leaves one on the
     Hub for the run; it reads a mixture's Hub sources too: its counts are what it reports. `output`: a continued run
@@ -234,14 +236,14 @@ def load_data(recipe, launch: Launch, say: bool = True, state=None, output: reso
     script, p = recipe.script, recipe.project
     revision = (output.data_commit if output is not None else None) or p.dataset_revision
     mixed = mixture.given(mixture.fields_of(recipe))
-    if launch.planning and not mixed and not data.is_local(script.dataset_name):
+    if launch.dry_run and not mixed and not data.is_local(script.dataset_name):
         return Data(
-            None, None, resolve.plan_steps(recipe, launch.batch, launch.data_parallel, None), {}, None, revision
+            None, None, resolve.count_steps(recipe, launch.batch, launch.data_parallel, None), {}, None, revision
         )
-    if not launch.planning:
+    if not launch.dry_run:
         offline.check_job_reachable(recipe, model=False)  # a data set to download: the Hub must answer, within seconds
     checked: dict = {}
-    identify = say and not launch.planning  # the content, recorded: a rerun on changed data refuses to resume
+    identify = say and not launch.dry_run  # the content, recorded: a rerun on changed data refuses to resume
     template = answers_template(recipe, launch)
     mix = None
     if mixed:  # each source read in its shape and checked, its rows taken by the seed
@@ -259,15 +261,15 @@ def load_data(recipe, launch: Launch, say: bool = True, state=None, output: reso
         )
         checked["data_sources"] = mix.records
     else:
-        revision = revision if launch.planning else pin_data(recipe, revision, state)
+        revision = revision if launch.dry_run else pin_data(recipe, revision, state)
         dataset = _load_split(recipe, script.dataset_train_split, revision, checked, "invalid_rows", say, template)
     eval_dataset = _load_eval(recipe, checked, say, template, revision)
-    steps = resolve.plan_steps(recipe, launch.batch, launch.data_parallel, len(dataset))
+    steps = resolve.count_steps(recipe, launch.batch, launch.data_parallel, len(dataset))
     if identify and not mixed:
         checked["data_identity"] = data_identity.of(script.dataset_name, script.dataset_train_split) or (
             hub_revision.identity(revision)
         )
-    options.check_plan(steps, recipe.training.max_steps)
+    options.check_steps(steps, recipe.training.max_steps)
     return Data(dataset, eval_dataset, steps, checked, mix, revision)
 
 
@@ -293,9 +295,9 @@ def answers_template(recipe, launch: Launch):
         if builtin.is_builtin(name):  # its tokenizer alone, as built for it: the model is built when it loads
             builtin.check_name(name)
             return chat_template.apply(builtin.build_tokenizer(), recipe.project.chat_template_path)
-        if not launch.planning:
+        if not launch.dry_run:
             offline.check_job_reachable(recipe, dataset=False)
-        return _tokenizer(recipe, name, local_only=launch.planning)
+        return _tokenizer(recipe, name, local_only=launch.dry_run)
 
     return load
 
@@ -340,7 +342,7 @@ def _load_eval(recipe, checked: dict, say: bool, template=None, revision: str | 
 def model_files(recipe, launch: Launch) -> str:
     """Where the model's files are: a built-in model materialized (a tiny random model, built here), else its folder
     or Hub name. A run checks first that the Hub answers; a dry run reads only what this machine has."""
-    if not launch.planning:
+    if not launch.dry_run:
         offline.check_job_reachable(recipe, dataset=False)  # the model's files next (tokenizer first): rows checked
     name = recipe.model.model_name_or_path
     return builtin.materialize_model(name) if builtin.is_builtin(name) else name
@@ -390,20 +392,20 @@ def _analyzer_cache(recipe, launch: Launch, tokenizer, pairs: Data) -> tuple[tup
     loaded."""
     p, dataset = recipe.project, pairs.train
     try:
-        dataset_id = mixture.dataset_id(recipe, local_only=launch.planning, revision=pairs.revision)
+        dataset_id = mixture.dataset_id(recipe, local_only=launch.dry_run, revision=pairs.revision)
     except (OSError, ValueError):
         return None, None
     measured = lengths.cached_measure(dataset_id, tokenizer)
     if not recipe.max_length_auto:
         return measured, None
     model = recipe.model  # the recommendation is capped at the model's positions
-    positions = lengths.model_positions(model.model_name_or_path, model.model_revision, local_only=launch.planning)
+    positions = lengths.model_positions(model.model_name_or_path, model.model_revision, local_only=launch.dry_run)
     if measured is not None:
         return measured, lengths.resolution_of(measured, p.auto_coverage, positions)
     if dataset is None:
         return None, None
     m, auto = lengths.analyse(
-        dataset, tokenizer, p.auto_coverage, dataset_id, progress=not launch.planning, max_positions=positions
+        dataset, tokenizer, p.auto_coverage, dataset_id, progress=not launch.dry_run, max_positions=positions
     )
     return (m, Path(auto["report"])), auto
 
@@ -413,7 +415,7 @@ def measure_lengths(recipe, launch: Launch, pairs: Data, model_path: str, state=
     others read it. Decides `max_length` when it was `auto` (the trainer's drop filter reads it)."""
     t, p = recipe.training, recipe.project
     max_length = t.max_length
-    tokenizer = _tokenizer(recipe, model_path, local_only=launch.planning)
+    tokenizer = _tokenizer(recipe, model_path, local_only=launch.dry_run)
     if tokenizer is None:
         measured, auto = None, None
     else:
@@ -498,7 +500,7 @@ def _model_config(recipe, model_path: str, local_only: bool):
 def decide_forward(recipe, launch: Launch, model_path: str, pair_lengths: Lengths) -> Forward:
     """The forward stage: from the pairs' lengths, between the forwards each machine of the launch can run. One machine
     (a run, or a dry run where it runs): the run's own decision, which sets the recipe's attention and packing."""
-    config, why = _model_config(recipe, model_path, local_only=launch.planning)
+    config, why = _model_config(recipe, model_path, local_only=launch.dry_run)
     if config is None:
         return Forward(None, {}, decided=f"at start, from the data's lengths ({why})")
     sequence_parallel.check_heads(launch.sequence_parallel, config, launch.world)  # a group splits the heads
@@ -529,7 +531,7 @@ def _undecided(recipe, launch: Launch, config) -> Forward:
     """No lengths yet (a dry run of a Hub data set the analyzer has not cached): the candidates the run will weigh, and
     the plans made for the one of heaviest masks."""
     options, weighed = {}, []
-    check = not launch.planning or len(launch.machines) == 1
+    check = not launch.dry_run or len(launch.machines) == 1
     for name, (cuda, varlen) in launch.machines.items():
         listed, _ = choice.candidates(copy.deepcopy(config), recipe, cuda, varlen, check_kernels=check)
         options[name] = {"candidates": [c.describe() for c in listed]}
@@ -646,7 +648,7 @@ class RunSpec:
     memory: dict  # the memory plan per GPU, its checkpointed layers
     load_dtype: str | None  # the dtype the weights load in (`engine.load_dtype`)
     batching: dict | None  # a dry run's step plan; the run's comes from the plan stage
-    output: resolve.OutputPlan | None = None  # resume from a checkpoint, start afresh (None: no output folder)
+    output: resolve.OutputDecision | None = None  # resume from a checkpoint, start afresh (None: no output folder)
     push: object | None = None  # hub.PushSettings: the push the run makes (None: none)
 
     @property
@@ -680,7 +682,12 @@ class RunSpec:
 
 
 def first_half(
-    recipe, launch: Launch, state=None, output: resolve.OutputPlan | None = None, push=None, pairs: Data | None = None
+    recipe,
+    launch: Launch,
+    state=None,
+    output: resolve.OutputDecision | None = None,
+    push=None,
+    pairs: Data | None = None,
 ) -> RunSpec:
     """data -> lengths -> forward -> (a dry run: plan) -> memory, before the old run is removed and the model loads
     (TRL loads it with the attention decided here). Each stage reads the earlier ones' values, not a recipe with them
@@ -691,7 +698,7 @@ def first_half(
     model_path = model_files(recipe, launch)
     pair_lengths = measure_lengths(recipe, launch, pairs, model_path, state)
     forward = decide_forward(recipe, launch, model_path, pair_lengths)
-    batching = plan_batching(recipe, launch, pairs, pair_lengths, forward) if launch.planning else None
+    batching = plan_batching(recipe, launch, pairs, pair_lengths, forward) if launch.dry_run else None
     planned = plan_memory(recipe, launch, pairs, pair_lengths, forward)
     load_dtype = engine.load_dtype(recipe, launch.engine)  # bf16 under DeepSpeed, not TRL's float32 default
     return RunSpec(recipe, launch, pairs, pair_lengths, forward, planned, load_dtype, batching, output, push)
@@ -700,5 +707,5 @@ def first_half(
 def given_pairs(recipe, launch: Launch, train, eval_dataset=None) -> Data:
     """The data stage's value for pairs a caller already holds (a test's, a benchmark's, the preflight's sample): the
     steps they make, nothing recorded of their source."""
-    steps = resolve.plan_steps(recipe, launch.batch, launch.data_parallel, len(train))
+    steps = resolve.count_steps(recipe, launch.batch, launch.data_parallel, len(train))
     return Data(train, eval_dataset, steps, {}, None, recipe.project.dataset_revision)

@@ -135,7 +135,7 @@ resolved=$(WORLD_SIZE=$NUM_PROCESSES GPUS_PER_NODE=$PROCS_PER_NODE "$VENV/bin/py
 # Its batch, memory plan and output folder in the log, read from its record (dpotrain/cluster/job.py); what the run
 # would refuse (a login missing, a push without a token, the output folder) ends the job here with the run's own
 # lines and exit code 2, in seconds, instead of after starting every process.
-"$VENV/bin/python" -m dpotrain.cluster.job plan <<<"$resolved"
+"$VENV/bin/python" -m dpotrain.cluster.job summary <<<"$resolved"
 
 # PREFLIGHT=1: the base model's gap between chosen and rejected on a sample, here on the batch node; a doomed run
 # (exit 3) or bad input ends the job in minutes, before the launch.

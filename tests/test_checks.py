@@ -100,6 +100,6 @@ def test_overwrite_replaces_a_finished_run_but_never_discards_resumable_progress
     recipe = parse_args([*BASE, "--output_dir", str(out), "--overwrite_output_dir"])
     sealed_checkpoint(out / "checkpoint-4")
     (out / "resolved_config.json").write_text(json.dumps({"derived": {}}))  # a record with no setting to compare
-    assert resolve.check_output_dir(recipe) == resolve.OutputPlan(str(out / "checkpoint-4"), False)  # a requeue
+    assert resolve.check_output_dir(recipe) == resolve.OutputDecision(str(out / "checkpoint-4"), False)  # a requeue
     (out / "run_complete.json").write_text("{}")
-    assert resolve.check_output_dir(recipe) == resolve.OutputPlan(None, True)
+    assert resolve.check_output_dir(recipe) == resolve.OutputDecision(None, True)

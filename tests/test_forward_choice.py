@@ -197,7 +197,7 @@ def test_the_memory_plan_and_the_runs_check_use_the_chosen_forward():
     # FA4: no mask at all).
     r = copy.deepcopy(recipe)
     machines = {"H100 without FA4": (True, None)}
-    launch = stages.Launch(16, "2 nodes of 8", zero2, machines, planning=False, batch=resolve.plan_batch(r, 16))
+    launch = stages.Launch(16, "2 nodes of 8", zero2, machines, dry_run=False, batch=resolve.decide_batch(r, 16))
     pair_lengths = stages.Lengths(None, think_mix(), None, None, max_length=r.training.max_length)
     forward = stages.decide_forward(r, launch, r.model.model_name_or_path, pair_lengths)
     planned = stages.plan_memory(r, launch, stages.Data(None, None, {}, {}), pair_lengths, forward)

@@ -12,7 +12,7 @@ from conftest import ROOT, built, python, ready
 from dpotrain.data import data
 from dpotrain.recipe.config import parse_args
 from dpotrain.recipe.errors import ConfigError
-from dpotrain.resolve import OutputPlan, check_output_dir, plan_batch, resolved_config
+from dpotrain.resolve import OutputDecision, check_output_dir, decide_batch, resolved_config
 from dpotrain.train.health import LN2, HealthGuard
 
 SMOKE = str(ROOT / "configs" / "smoke.yaml")
@@ -69,8 +69,8 @@ def test_a_wrong_reference_stops_at_step_1_with_a_complete_checkpoint(tmp_path, 
 
     with pytest.raises(ConfigError, match=r"the step1 guard stopped it at step 1, and resuming would train on the "):
         plan()
-    assert plan("--overwrite_output_dir") == OutputPlan(None, True)
-    assert plan("--health_action", "warn") == OutputPlan(str(out / "checkpoint-1"), False)
+    assert plan("--overwrite_output_dir") == OutputDecision(None, True)
+    assert plan("--health_action", "warn") == OutputDecision(str(out / "checkpoint-1"), False)
 
 
 @pytest.mark.slow
@@ -200,7 +200,7 @@ def test_nan_stops_the_cli_run_without_checkpoint_requeue_or_completion(tmp_path
 
 def guard(*overrides):
     recipe = parse_args(["--config", SMOKE, "--output_dir", "/tmp/unused", *overrides])
-    return HealthGuard(recipe.project, plan_batch(recipe, 1).pairs_per_step), recipe.training
+    return HealthGuard(recipe.project, decide_batch(recipe, 1).pairs_per_step), recipe.training
 
 
 def test_guards_prefer_the_loss_scale_rewards_and_report_step_and_values():

@@ -455,7 +455,7 @@ def test_a_finished_run_with_a_push_left_is_pushed_by_the_same_command_and_other
     record_push(out, step=2, branch="main", status="started", repo=REPO)
     asked = parse_args(["--config", SMOKE, "--output_dir", str(out), "--push_to_hub", "true", "--hub_model_id", REPO])
     plan = resolve.check_output_dir(asked, 8)
-    assert plan == resolve.OutputPlan(None, False, push_left=REPO)
+    assert plan == resolve.OutputDecision(None, False, push_left=REPO)
     assert plan.record(str(out))["output_folder"] == (
         f"{out}: a finished run whose push to {REPO} was started and not confirmed: the run pushes it, and trains "
         "nothing"

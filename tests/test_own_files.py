@@ -221,7 +221,7 @@ def test_a_run_written_before_runs_recorded_their_files_resumes_but_is_not_repla
     output_folder.check(str(out))  # a run: not refused as foreign files
     recipe = parse_args(["--config", SMOKE, "--output_dir", str(out), "--overwrite_output_dir"])
     with pytest.raises(ConfigError, match="written before runs recorded their own files"):
-        output_folder.check_plan(recipe.training.output_dir, start_afresh=True)
+        output_folder.check_replaceable(recipe.training.output_dir, start_afresh=True)
     assert (out / "my-eval.json").exists() and (out / "checkpoint-4").is_dir()
 
 

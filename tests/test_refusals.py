@@ -339,7 +339,7 @@ def test_resume_from_checkpoint_with_changed_settings_is_refused_as_the_automati
             f"from its weights (--model_name_or_path {checkpoint}, a new --output_dir)"
         ), message
     same = parse_args(["--config", SMOKE, "--max_steps", "5", "--resume_from_checkpoint", checkpoint, *elsewhere])
-    assert resolve.check_output_dir(same, 8) == resolve.OutputPlan(checkpoint, False)
+    assert resolve.check_output_dir(same, 8) == resolve.OutputDecision(checkpoint, False)
 
 
 def test_resume_from_a_checkpoint_that_is_not_this_projects_is_refused(tmp_path):
@@ -369,6 +369,6 @@ def test_requeue_resumes_and_overwrite_starts_afresh_only_when_settings_changed(
     out = unfinished_run(tmp_path, capsys)
     same = parse_args(["--config", SMOKE, "--output_dir", str(out), "--logging_steps", "1", "--overwrite_output_dir"])
     # logging is not a training setting: a requeue (even with --overwrite_output_dir) keeps its progress
-    assert resolve.check_output_dir(same, 8) == resolve.OutputPlan(str(out / "checkpoint-4"), False)
+    assert resolve.check_output_dir(same, 8) == resolve.OutputDecision(str(out / "checkpoint-4"), False)
     other = parse_args(["--config", SMOKE, "--output_dir", str(out), "--beta", "1", "--overwrite_output_dir"])
-    assert resolve.check_output_dir(other, 8) == resolve.OutputPlan(None, True)
+    assert resolve.check_output_dir(other, 8) == resolve.OutputDecision(None, True)

@@ -144,7 +144,7 @@ def test_a_damaged_record_is_one_line_naming_the_file_and_the_fix(tmp_path, text
 def test_what_launch_sh_prints_of_its_dry_run_and_its_exit_code_where_the_run_would_refuse(monkeypatch, capsys):
     shown = "[INFO] a library's line\n" + json.dumps(DRY_RUN, indent=2)  # a library may print before the JSON
     monkeypatch.setattr("sys.stdin", io.StringIO(shown))
-    assert job.main(["plan"]) == 0
+    assert job.main(["summary"]) == 0
     out = capsys.readouterr().out.splitlines()
     assert out[0].startswith("batch: 8 pairs per step over 1 processes, micro-batches of at most 2048 packed tokens")
     assert out[1] == "memory plan skipped: this recipe trains in fp32"
@@ -154,7 +154,7 @@ def test_what_launch_sh_prints_of_its_dry_run_and_its_exit_code_where_the_run_wo
     refusals = ["report_to wandb but no W&B login", "output_dir 'x' already holds a finished run"]
     fixed["derived"] = {**DRY_RUN["derived"], "batching": {}, "memory": planned, "would_refuse": refusals}
     monkeypatch.setattr("sys.stdin", io.StringIO(json.dumps(fixed, indent=2)))
-    assert job.main(["plan"]) == 2
+    assert job.main(["summary"]) == 2
     said = capsys.readouterr()
     assert said.out.splitlines() == [
         f"batch: 8 pairs per step = 2 per process x 4 accumulation x 1 processes; output: {ROOT / 'outputs/smoke-dpo'}",

@@ -1,5 +1,5 @@
 """What scripts/launch.sh asks the package, so that the script reads neither the recipe nor the record itself:
-`engine <recipe>` names the accelerate config the job launches with, `plan` (the dry run's JSON on stdin) prints the
+`engine <recipe>` names the accelerate config the job launches with, `summary` (the dry run's JSON on stdin) prints the
 job's batch, memory plan and output folder, and ends the job (exit code 2) where the run would refuse."""
 
 import os
@@ -17,7 +17,7 @@ def engine(recipe: str) -> str:
     return str(named) if named and str(named).lower() != "none" else ProjectArguments.accelerate_config
 
 
-def plan(text: str) -> int:
+def summary(text: str) -> int:
     """The lines a job's log shows of its dry run; what the run would refuse (a login missing, the output folder) as
     its own `error:` lines, and 2: the job ends in seconds, before any process starts."""
     start = max(text.find("{\n"), 0)  # a library may print a line of its own before the JSON
@@ -49,9 +49,9 @@ def main(argv: list[str] | None = None) -> int:
     if verb == "engine" and len(args) == 1:
         print(engine(*args))
         return 0
-    if verb == "plan" and not args:
-        return plan(sys.stdin.read())
-    raise ConfigError("usage: python -m dpotrain.cluster.job engine <recipe> | plan < <the dry run's JSON>")
+    if verb == "summary" and not args:
+        return summary(sys.stdin.read())
+    raise ConfigError("usage: python -m dpotrain.cluster.job engine <recipe> | summary < <the dry run's JSON>")
 
 
 if __name__ == "__main__":

@@ -102,7 +102,7 @@ def completion_token_means(dataset, max_length: int | None) -> tuple[float, floa
 class HealthGuard(TrainerCallback):
     def __init__(self, project, pairs_per_step: int):
         self.p = project
-        self.pairs_per_step = pairs_per_step  # the run's (`resolve.plan_batch`), given or derived
+        self.pairs_per_step = pairs_per_step  # the run's (`resolve.decide_batch`), given or derived
         self.stop: Alarm | None = None  # the alarm that stopped training, read by train_dpo.py
         self.alarms: list[Alarm] = []
         self._warned: set[str] = set()
