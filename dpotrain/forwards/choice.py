@@ -131,14 +131,10 @@ def _packs(config, attn: str) -> bool:
 
 def dense_attention(config) -> str:
     """sdpa, or eager for a model class that does not take sdpa (Gemma 2 in transformers 5.23: loading it with sdpa
-    raises), as transformers itself falls back when no attention is named."""
-    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
-
-    try:
-        model_class = MODEL_FOR_CAUSAL_LM_MAPPING[type(config)]
-    except KeyError:  # a config the causal-LM auto class does not map: leave it to transformers' own check
-        return "sdpa"
-    return "sdpa" if upstream.supports_sdpa(model_class) else "eager"
+    raises), as transformers itself falls back when no attention is named. A config the causal-LM auto class does not
+    map: sdpa, left to transformers' own check."""
+    model_class = upstream.causal_lm_class(config)
+    return "sdpa" if model_class is None or upstream.supports_sdpa(model_class) else "eager"
 
 
 INSTALLED = "installed"  # `varlen` of `decide_forward`: the varlen FlashAttention this machine has (installed_varlen)

@@ -48,13 +48,8 @@ SHARED_ATTENTION = {"sdpa", "eager", "flex_attention"}
 def takes_mask_per_layer_kind(config) -> bool:
     """Whether the model's forward accepts a dict of masks per layer kind (transformers' models with mixed layer kinds:
     OLMo 3, Qwen 2/3, Gemma 2/3, Cohere 2, ...). Read from its modeling module, since the config does not say."""
-    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
-
-    try:
-        model_class = MODEL_FOR_CAUSAL_LM_MAPPING[type(config)]
-    except KeyError:
-        return False
-    return upstream.takes_mask_per_layer_kind(model_class)
+    model_class = upstream.causal_lm_class(config)
+    return model_class is not None and upstream.takes_mask_per_layer_kind(model_class)
 
 
 def share_problem(config, attn_implementation: str | None, router_aux_loss_coef: float | None = None) -> str | None:

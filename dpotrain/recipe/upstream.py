@@ -511,6 +511,16 @@ def enable_checkpointing(model, kwargs, every_n_layers: int, offload: bool) -> N
     model._activation_checkpointing_enable(kwargs, every_n_layers=every_n_layers, offload=offload)
 
 
+def causal_lm_class(config):
+    """The causal-LM class transformers' auto class builds for `config`, or None where it maps none."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
+
+    try:
+        return MODEL_FOR_CAUSAL_LM_MAPPING[type(config)]
+    except KeyError:
+        return None
+
+
 def supports_sdpa(model_or_class) -> bool:
     """Whether a model (class) takes sdpa; transformers' default where a class does not say."""
     return getattr(model_or_class, "_supports_sdpa", True)

@@ -130,7 +130,7 @@ class HealthGuard(TrainerCallback):
         alarms = self.check(state.global_step, logs, args, state.max_steps)
         steps = state.global_step - self._last_step
         self._last_step = state.global_step
-        self._count_pinned(logs, args, steps)
+        self._count_pinned(logs, steps)
         action = self._decide(alarms, args)
         for alarm in alarms:
             self.alarms.append(alarm)
@@ -263,7 +263,7 @@ class HealthGuard(TrainerCallback):
 
     # --- bookkeeping ---
 
-    def _count_pinned(self, logs: dict, args, steps: int) -> None:
+    def _count_pinned(self, logs: dict, steps: int) -> None:
         acc = logs.get("rewards_norm/accuracies", logs.get("rewards/accuracies"))
         pairs = steps * self.pairs_per_step
         self._pinned_pairs = self._pinned_pairs + pairs if acc is not None and acc >= 0.999 else 0
