@@ -347,3 +347,31 @@ def test_the_kit_runs_python3_and_pip_never_byte_compiles():
     assert re.search(r"PYTHON=\$\{PYTHON:-python3\}", script)
     installs = re.findall(r"pip install[^\n]*(?:\\\n[^\n]*)?", script)
     assert installs and all("--no-compile" in i and "--no-index" in i and "--no-deps" in i for i in installs), installs
+
+
+# What the lent GPU machine's Python has (docs/gpu-benchmarks.md, "The machine"), and what lease 1 carries (`core`,
+# benchmarks/gpu_wheels.sh): by import name.
+ON_THE_GPU_IMAGE = {"torch", "numpy", "triton", "transformers", "accelerate", "tokenizers", "huggingface_hub", "peft"}
+ON_THE_GPU_IMAGE |= {"safetensors", "pyarrow", "pandas", "xxhash", "matplotlib", "pytest", "yaml", "httpx", "packaging"}
+CARRIED_IN_LEASE_ONE = {"trl", "datasets", "dill", "multiprocess", "dotenv"}
+
+
+def test_the_package_imports_only_what_lease_one_has():
+    """Every import the package makes when a module loads (not inside a function: DeepSpeed, W&B and FlashAttention
+    are imported where they are used) is on the lent machine's Python or in lease 1's carry. An HTTP library pinned
+    with huggingface_hub 2 (httpx2), imported at the top of hub_push.py, failed every piece that loads the run's
+    stages on the image's huggingface_hub 1.33: such a name goes through the seam (`upstream.http_transport_errors`)."""
+    import ast
+
+    missing = []
+    for path in [*sorted((ROOT / "dpotrain").rglob("*.py")), ROOT / "train_dpo.py"]:
+        for node in ast.parse(path.read_text()).body:
+            body = node.body if isinstance(node, ast.Try) else [node]
+            for n in body:
+                names = [a.name for a in n.names] if isinstance(n, ast.Import) else []
+                names += [n.module] if isinstance(n, ast.ImportFrom) and n.level == 0 else []
+                for name in names:
+                    top = name.split(".")[0]
+                    if top not in sys.stdlib_module_names | {"dpotrain"} | ON_THE_GPU_IMAGE | CARRIED_IN_LEASE_ONE:
+                        missing.append(f"{path.relative_to(ROOT)}:{n.lineno}: import {name}")
+    assert not missing, missing

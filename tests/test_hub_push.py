@@ -493,3 +493,16 @@ def test_a_failing_final_push_is_retried_then_recorded(hub, tmp_path, monkeypatc
     assert (record["branch"], record["step"], record["status"], record["attempts"]) == ("main", 7, "failed", 2)
     assert len(hub.state.of("create_repo")) == 2 and hub.state.commits == []
     assert unconfirmed_push(run) == record
+
+
+def test_a_refused_connection_is_retried_under_either_http_library_of_huggingface_hub():
+    """huggingface_hub 2 sends with httpx2 (requirements.txt), 1.x with httpx (the lent GPU machine's 1.33): a
+    connection refused by either is worth another attempt, a programming error is not."""
+    import httpx2
+
+    from dpotrain.hub.hub_push import is_transient
+
+    httpx = pytest.importorskip("httpx", reason="httpx (huggingface_hub 1.x's HTTP library) is not installed")
+
+    assert is_transient(httpx2.ConnectError("refused")) and is_transient(httpx.ConnectError("refused"))
+    assert is_transient(TimeoutError()) and not is_transient(ValueError("a bug"))

@@ -23,13 +23,13 @@ import threading
 import time
 from pathlib import Path
 
-import httpx2
 from huggingface_hub import HfApi
 from huggingface_hub.errors import HfHubHTTPError, RepositoryNotFoundError, RevisionNotFoundError
 from huggingface_hub.utils import DEFAULT_IGNORE_PATTERNS, filter_repo_objects
 from transformers import TrainerCallback
 
 from dpotrain.recipe import records as run_records
+from dpotrain.recipe import upstream
 from dpotrain.recipe.errors import cause
 from dpotrain.train.checkpoints import MARKER, checkpoints
 
@@ -129,7 +129,7 @@ def is_transient(error: BaseException) -> bool:
     if isinstance(error, HfHubHTTPError):
         status = getattr(error.response, "status_code", None)
         return status is None or status in (408, 429) or status >= 500
-    return isinstance(error, (httpx2.TransportError, ConnectionError, TimeoutError))
+    return isinstance(error, (*upstream.http_transport_errors(), ConnectionError, TimeoutError))
 
 
 def with_retries(fn, what: str, waits: tuple[float, ...] | None = None):

@@ -511,6 +511,16 @@ def enable_checkpointing(model, kwargs, every_n_layers: int, offload: bool) -> N
     model._activation_checkpointing_enable(kwargs, every_n_layers=every_n_layers, offload=offload)
 
 
+def http_transport_errors() -> tuple[type, ...]:
+    """The transport errors (refused, reset, timed out) of the HTTP library huggingface_hub sends with: httpx2 under
+    huggingface_hub 2 (requirements.txt), httpx under 1.x (the lent GPU machine's 1.33, which has no httpx2)."""
+    found = []
+    for name in ("httpx2", "httpx"):
+        if importlib.util.find_spec(name) is not None:
+            found.append(importlib.import_module(name).TransportError)
+    return tuple(found)
+
+
 def causal_lm_class(config):
     """The causal-LM class transformers' auto class builds for `config`, or None where it maps none."""
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
