@@ -16,7 +16,7 @@ import functools
 import os
 import shlex
 from contextlib import nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from trl.data_utils import is_conversational
@@ -116,13 +116,13 @@ class Launch:
 def decide_launch(recipe) -> Launch:
     """The world size, decided once per run, and the engine; an engine this project does not support is refused."""
     run_engine = engine.launched()
-    planning = recipe.project.dry_run
-    planned = engine.from_config(recipe.project.accelerate_config) if planning else run_engine
-    world, source = resolve.world_size(recipe, planning=planning)
+    dry_run = recipe.project.dry_run
+    planned = engine.from_config(recipe.project.accelerate_config) if dry_run else run_engine
+    world, source = resolve.world_size(recipe, planning=dry_run)
     cuda, t = choice.cuda_available(), recipe.training
     # A GPU job: the recipe names a GPU's memory, or trains in bf16 or fp16 (as on GPUs) without `use_cpu`
     gpu_job = bool(recipe.project.gpu_memory_gib) or ((t.bf16 or t.fp16) and not t.use_cpu)
-    if planning and not cuda and gpu_job:  # a login node planning a GPU job: with and without FA4
+    if dry_run and not cuda and gpu_job:  # a login node planning a GPU job: with and without FA4
         machines = {name: (True, varlen) for name, varlen in FA4_SETS.items()}
     else:
         machines = {"on this machine": (cuda, choice.installed_varlen(cuda))}
@@ -130,7 +130,7 @@ def decide_launch(recipe) -> Launch:
     sequence_parallel.check_launch(n, world, planned)  # N divides the processes, on DeepSpeed's engine
     clipping = engine.gradient_clipping(recipe.training.max_grad_norm, planned)  # its DeepSpeed config agrees
     batch = resolve.decide_batch(recipe, sequence_parallel.data_parallel_size(world, n))
-    return Launch(world, source, planned, machines, planning, n, clipping, batch)
+    return Launch(world, source, planned, machines, dry_run, n, clipping, batch)
 
 
 def checks(recipe) -> Launch:
@@ -190,21 +190,21 @@ def output_checks(recipe, launch: Launch, push) -> resolve.OutputDecision:
 
             push.repo_id = hub.check_write_access(push.repo_id, push.token)  # now, not after training; user/name
             hub.create_at_start(push.repo_id, push.token, push.private)  # a new repo: may this token create it?
-    plan = resolve.OutputDecision(None, False)
+    decision = resolve.OutputDecision(None, False)
     if not only_reference:
-        plan = check(resolve.check_output_dir, recipe, launch.batch.pairs_per_step) or plan
-    kept = None if plan.start_afresh or plan.push_left else hub_revision.kept(recipe, training.output_dir)
+        decision = check(resolve.check_output_dir, recipe, launch.batch.pairs_per_step) or decision
+    kept = None if decision.start_afresh or decision.push_left else hub_revision.kept(recipe, training.output_dir)
     if kept and collectives.launched_main():
         print(
             f"Resuming on {recipe.script.dataset_name}: commit {kept[:12]}, the one this run started on "
             "(dataset_revision)",
             flush=True,
         )
-    resume.check_partitions(plan.resume_from, launch.world, launch.engine)  # the engine and processes that wrote it
-    check(output_folder.check_replaceable, training.output_dir, plan.start_afresh)
+    resume.check_partitions(decision.resume_from, launch.world, launch.engine)  # the engine and processes that wrote it
+    check(output_folder.check_replaceable, training.output_dir, decision.start_afresh)
     if not launch.dry_run:  # a dry run says what it could not decide without them, and the command that decides it
         offline.check_offline_artifacts(recipe)  # with HF_HUB_OFFLINE: model, tokenizer and data set must be cached
-    return resolve.OutputDecision(plan.resume_from, plan.start_afresh, tuple(refusals), kept, plan.push_left)
+    return replace(decision, would_refuse=tuple(refusals), data_commit=kept)
 
 
 # --- data -------------------------------------------------------------------------------------------------------------
@@ -628,6 +628,7 @@ def as_run(
         model["attn_implementation"] = f.planned.attention
     if planned is not None:
         training |= memory.checkpointing_fields(recipe.training, planned)
+    if load_dtype is not None:  # the engine's (`engine.load_dtype`): bf16 under DeepSpeed, else the recipe's
         model["dtype"] = load_dtype
     return config.replaced(recipe, training=training, model=model, project=project)
 

@@ -26,6 +26,7 @@ strings given to `getattr` and patch targets included (tests/test_upstream.py re
 
 import contextlib
 import copy
+import functools
 import importlib
 import importlib.util
 import inspect
@@ -511,6 +512,7 @@ def enable_checkpointing(model, kwargs, every_n_layers: int, offload: bool) -> N
     model._activation_checkpointing_enable(kwargs, every_n_layers=every_n_layers, offload=offload)
 
 
+@functools.cache
 def http_transport_errors() -> tuple[type, ...]:
     """The transport errors (refused, reset, timed out) of the HTTP library huggingface_hub sends with: httpx2 under
     huggingface_hub 2 (requirements.txt), httpx under 1.x (the lent GPU machine's 1.33, which has no httpx2)."""
