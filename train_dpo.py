@@ -28,6 +28,7 @@ try:
     from dpotrain import dry_run, publish, stages, train_stage
     from dpotrain.cluster import engine, run_lock
     from dpotrain.hub import hub
+    from dpotrain.plan import memory
     from dpotrain.recipe.config import dry_run_asked, parse_args
     from dpotrain.recipe.errors import run_cli
     from dpotrain.train import disk_full, resume
@@ -62,6 +63,7 @@ def run(argv, stop: GracefulStop) -> int | None:
     stdout = sys.stdout
     with redirect_stdout(sys.stderr) if dry_run_asked(sys.argv[1:] if argv is None else argv) else nullcontext():
         recipe = parse_args(argv)  # transformers prints "[INFO] Running in WANDB offline mode" as it is imported
+    memory.default_allocator()  # after .env and the recipe's `env:` (a user's setting wins), before any GPU memory
     # A dry run's stdout is its summary or JSON alone: what the stages and libraries print goes to stderr.
     with redirect_stdout(sys.stderr) if recipe.project.dry_run else nullcontext():
         launch = stages.checks(recipe)  # everything that can be refused from the recipe, before anything loads

@@ -66,7 +66,7 @@ def attention(data: str) -> dict:
 TESTS = ("benchmarks/gpu_tests.py", "--out", "{json}", "--", "-k")
 PIECES = {
     "tests": Piece(
-        150,
+        240,  # lease 1 (H100): 8 tests in 47 s, then the plan's widest micro-batch on flex and sdpa past the 150 s cut
         60,
         "tests.json",
         "the GPU tests (bf16 flex, sdpa and, carried, FA4 rows = each alone)",
@@ -90,6 +90,44 @@ PIECES = {
         **e2e("think"),
     ),
     "e2e-multiturn": Piece(150, 90, "results.json", "multi-turn: the same", needs_model=True, **e2e("multiturn")),
+    "profile-think": Piece(
+        120,
+        80,
+        "results.json",
+        "think: the project's step 2 under torch.profiler: kernels by device time, by kind (a missed MFU's cause)",
+        needs_model=True,
+        gpu=(
+            "benchmarks/end_to_end.py",
+            "--data",
+            "think",
+            "--paths",
+            "project",
+            "--model",
+            "{model}",
+            "--steps",
+            "2",
+            "--profile-step",
+            "2",
+            "--out",
+            "{dir}",
+        ),
+        cpu=(
+            "benchmarks/end_to_end.py",
+            "--data",
+            "think",
+            "--paths",
+            "project",
+            "--model",
+            "{model}",
+            "--steps",
+            "2",
+            "--profile-step",
+            "2",
+            "--tiny",
+            "--out",
+            "{dir}",
+        ),
+    ),
     "attention-think": Piece(
         120, 60, "attention-think.json", "training-loop MFU per forward, think", **attention("think")
     ),
@@ -128,8 +166,8 @@ ENVIRONMENT = Piece(
     ("benchmarks/gpu_probe.py", "--env", "--out", "{json}"),
 )
 MODEL = Piece(
+    90,  # lease 1 (H100): 62-68 s to write (31 s on this project's 2-core VM)
     40,
-    15,
     "",
     "the model the pieces share (OLMo 3 7B width, 4 layers; --tiny on a CPU)",
     ("benchmarks/end_to_end.py", "--write-model", "{model}", "--layers", "4"),
@@ -297,8 +335,17 @@ def e2e_figures(result: dict) -> dict:
         "ref_vs_train": ratio(own.get("reference_tokens_per_s_less_compile"), own.get("tokens_per_s_per_gpu")),
         "first_vs_steady": ratio(own.get("first_step_s"), own.get("steady_step_s")),
         "peak_plan_gib": f"{own['peak_gib']}/{own.get('plan_gib')}" if own.get("peak_gib") else None,
+        "reserved_gib": own.get("peak_reserved_gib"),
+        "profile": profile_figures(own.get("profile")),
     }
     return found | ({"failed": "; ".join(failed)} if failed else {})
+
+
+def profile_figures(profile: dict | None) -> str | None:
+    """A profiled step's time by kernel kind, the largest first: `matmul 41%+attention 30%+...`."""
+    if not profile:
+        return None
+    return "+".join(f"{kind} {share:.0%}" for kind, share in list(profile["by_kind"].items())[:4])
 
 
 def recipe_figures(result: dict) -> dict:
@@ -314,6 +361,7 @@ def recipe_figures(result: dict) -> dict:
             if result.get("peak_allocated_gib")
             else None
         ),
+        "reserved_gib": result.get("peak_reserved_gib"),
         "exit": result.get("exit_code"),
     }
 
@@ -348,6 +396,9 @@ def _figures(name: str, result) -> dict:
         return recipe_figures(result)
     if name.startswith("e2e"):
         return e2e_figures(result)
+    if name.startswith("profile"):  # its step's time includes the profiler's: no speed figures, no goals
+        own = next((r for r in result.get("results", []) if r.get("profile")), {})
+        return {"profile": profile_figures(own.get("profile")), "step_ms": (own.get("profile") or {}).get("total_ms")}
     if name.startswith("attention"):
         return {r["path"]: r.get("skipped") or f"mfu {r['mfu']} on {r['attention']}" for r in result[1:]}
     if name == "probe":

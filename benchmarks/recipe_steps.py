@@ -114,13 +114,16 @@ def summary(folder: Path, log: str, code: int, seconds: float, ended_at_save: bo
     seconds_of = [s["step_seconds"] for s in steps]
     steady = sorted(seconds_of[1:])[len(seconds_of[1:]) // 2] if len(seconds_of) > 1 else None
     peaks = [s["memory/peak_allocated_gib"] for s in steps if "memory/peak_allocated_gib" in s]
+    reserved = [s["memory/peak_reserved_gib"] for s in steps if "memory/peak_reserved_gib" in s]
+    plan = (derived.get("memory") or {}).get("per_gpu_gib") or {}
     return {
         "exit_code": code,
         "seconds": round(seconds, 1),
         "final_model": "not saved (the run was ended as its final save began)" if ended_at_save else "saved",
         "forward": (derived.get("forward") or {}).get("layout"),
         "attention": (derived.get("forward") or {}).get("attention"),
-        "memory_plan_gib": ((derived.get("memory") or {}).get("per_gpu_gib") or {}).get("total"),
+        "memory_plan_gib": plan.get("total"),
+        "memory_plan_allowance_gib": plan.get("cuda_context_and_fragmentation"),
         "checkpointing": (derived.get("memory") or {}).get("checkpointing"),
         "layers": derived.get("layers"),
         "reference": derived.get("reference"),
@@ -130,6 +133,7 @@ def summary(folder: Path, log: str, code: int, seconds: float, ended_at_save: bo
         "steady_step_s": steady,
         "first_vs_steady": round(seconds_of[0] / steady, 2) if steady else None,
         "peak_allocated_gib": max(peaks) if peaks else None,
+        "peak_reserved_gib": max(reserved) if reserved else None,
         "steps": steps,
         "log_tail": log.strip().splitlines()[-30:] if code else [],
     }

@@ -31,11 +31,19 @@ def test_end_to_end_tiny_writes_its_tables(tmp_path):
         "project",
         "--steps",
         "2",
+        "--profile-step",
+        "2",
     )
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
     saved = json.loads((tmp_path / "results.json").read_text())
     rows = {r["path"]: r for r in saved["results"]}
     assert set(rows) == {"trl", "project"} and all("failed" not in r for r in rows.values()), rows
+    # The project's step 2 under torch.profiler (the CPU's self time here): every kernel counted once, by kind
+    profile = rows["project"]["profile"]
+    assert "profile" not in rows["trl"] and profile["step"] == 2 and profile["self_time_of"] == "cpu"
+    assert sum(profile["by_kind"].values()) == pytest.approx(1, abs=0.01) and profile["by_kind"]["matmul"] > 0
+    assert profile["top"][0]["ms"] >= profile["top"][-1]["ms"] > 0 and profile["total_ms"] > profile["top"][0]["ms"]
+    assert "Self CPU" in (tmp_path / "think-project" / "profile.txt").read_text()
     assert rows["project"]["reference_s"] > 0 and rows["trl"]["reference_s"] == 0  # TRL's reference is live
     assert all(r["steps"] == 2 and r["tokens_per_s_per_gpu"] > 0 for r in rows.values())
     assert rows["trl"]["pair_tokens"] == rows["project"]["pair_tokens"]  # the same pairs, whole, on both

@@ -26,6 +26,7 @@ def kit_args(**given) -> argparse.Namespace:
         pairs_per_step=None,
         compile_layers=False,
         peak_tflops=None,
+        profile_step=None,
         trl_batch=2,
         steps=2,
     )

@@ -314,6 +314,26 @@ def test_an_unplanned_run_still_names_its_engine():
     assert "trains in fp32" in plan["skipped"] and plan["engine"].startswith("DeepSpeed ZeRO-3")
 
 
+@pytest.mark.parametrize("given", [None, "PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF"])
+def test_the_allocator_the_plan_assumes_is_set_unless_the_user_chose_one(monkeypatch, given):
+    """Expandable segments (the plan's 10% for fragmentation assumes them), unless the user set the allocator under
+    either of torch's names: theirs is kept, and nothing is added beside it."""
+    for name in ("PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF"):
+        monkeypatch.delenv(name, raising=False)
+    if given:
+        monkeypatch.setenv(given, "max_split_size_mb:512")
+    in_force = memory.default_allocator()
+    if given:
+        assert in_force == f"{given}=max_split_size_mb:512 (the user's)"
+        assert os.environ.get("PYTORCH_ALLOC_CONF") == (os.environ[given] if given == "PYTORCH_ALLOC_CONF" else None)
+    else:
+        assert (
+            in_force
+            == "PYTORCH_ALLOC_CONF=expandable_segments:True"
+            == f"PYTORCH_ALLOC_CONF={os.environ['PYTORCH_ALLOC_CONF']}"
+        )
+
+
 def test_engines_read_from_accelerate_configs():
     assert engines.from_config(str(ROOT / "accelerate_config.yaml")).name == "zero2"
     assert engines.from_config(str(ROOT / ZERO3)).name == "zero3"

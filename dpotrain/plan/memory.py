@@ -13,6 +13,7 @@ import copy
 import functools
 import json
 import math
+import os
 import warnings
 from dataclasses import dataclass
 
@@ -28,9 +29,26 @@ GIB = 2**30
 # CUDA context (~0.5-1 GiB with torch's kernels loaded) plus NCCL communicator buffers (~1-2 GiB), per process.
 CONTEXT_GIB = 3.0
 # The caching allocator rarely packs tensors perfectly: 10% of everything else, a usual margin for long-sequence
-# training (less with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True).
+# training with expandable segments (ALLOCATOR, which every run sets unless the user chose otherwise).
 FRAGMENTATION = 0.10
+# Packed micro-batches change shape every step, which fragments the allocator's fixed segments: without expandable
+# segments, the think recipe on an H100 (BENCHMARKS.md, Nov 2026) reserved 65.9 GiB for a 51.8 GiB peak of tensors
+# (27% above it, past the 10%). TorchTitan's launcher sets the same.
+ALLOCATOR = ("PYTORCH_ALLOC_CONF", "expandable_segments:True")
 BF16 = 2
+
+
+def default_allocator() -> str:
+    """PYTORCH_ALLOC_CONF=expandable_segments:True unless the user set the allocator (under either of torch's names,
+    in the environment, .env or the recipe's `env:`), before any CUDA memory is allocated (the allocator reads it
+    once, then): the setting in force."""
+    name, value = ALLOCATOR
+    for given in (name, "PYTORCH_CUDA_ALLOC_CONF"):
+        if os.environ.get(given):
+            return f"{given}={os.environ[given]} (the user's)"
+    os.environ[name] = value
+    return f"{name}={value}"
+
 
 # --- the model, from its config only ---
 
