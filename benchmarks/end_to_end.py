@@ -507,7 +507,9 @@ class StepProfiler:
         device = torch.cuda.is_available()
         events = self.profile.key_averages()
         key = "self_device_time_total" if device else "self_cpu_time_total"
-        timed = sorted(((e.key, getattr(e, key), e.count) for e in events if getattr(e, key) > 0), key=lambda e: -e[1])
+        # On a GPU an operator (aten::mm) carries its kernels' device time too: the kernels alone, each counted once
+        kernels = [e for e in events if not device or e.device_type != torch.autograd.DeviceType.CPU]
+        timed = sorted(((e.key, getattr(e, key), e.count) for e in kernels if getattr(e, key) > 0), key=lambda e: -e[1])
         total = sum(t for _, t, _ in timed) or 1
         kinds: dict[str, float] = {}
         for name, t, _ in timed:
