@@ -111,10 +111,15 @@ def test_zero2_trains_on_cpu_through_accelerate_launch(tmp_path, tiny_model_dir)
 
 
 @pytest.mark.slow
-def test_a_bf16_zero2_run_records_the_dtype_its_weights_load_in(tmp_path, tiny_model_dir):
+def test_a_bf16_zero2_run_records_the_dtype_its_weights_load_in_and_starts_at_its_reference(tmp_path, tiny_model_dir):
     """DeepSpeed trains bf16 weights: resolved_config.json says bfloat16 (as the dry run does), not TRL's float32
     default, and the saved weights are bf16. On a CPU, bf16 needs `--use_cpu true`. The 2 steps' 16 pairs only: the
-    reference stage scores every pair it is given, and bf16 on a CPU is slow (the smoke data's 384 took 9 s)."""
+    reference stage scores every pair it is given, and bf16 on a CPU is slow (the smoke data's 384 took 9 s).
+
+    At step 1 the policy is the reference: its rewards are 0 here (0.0 measured; a reference micro-batch laid out
+    unlike the step's moves bf16 sums by ~3e-4). They were -0.024 (rejected, past the step-1 guard's 0.02) while
+    transformers cast the cached float32 reference sums to bf16 on their way into the step, rounding -3,111.24 to
+    -3,104 (`RecipeDPOTrainer._prepare_inputs`)."""
     out = tmp_path / "bf16"
     data = tmp_path / "pairs16.jsonl"
     data.write_text("".join((ROOT / "data" / "smoke_prefs.jsonl").read_text().splitlines(keepends=True)[:16]))
@@ -147,10 +152,8 @@ def test_a_bf16_zero2_run_records_the_dtype_its_weights_load_in(tmp_path, tiny_m
         "true",
         "--use_cpu",
         "true",
-        # The dtype is what is tested. With every turn trained, bf16 on a CPU puts the step-1 guard's rejected
-        # rewards_norm at -0.024 against its 0.02 tolerance here (fp32 agrees exactly: tests/test_assistant_turns.py).
-        "--assistant_turns",
-        "final",
+        "--logging_steps",
+        "1",
     ]
     env = {**os.environ, "PATH": f"{os.path.dirname(sys.executable)}:{os.environ['PATH']}"}
     result = subprocess.run(
@@ -160,3 +163,6 @@ def test_a_bf16_zero2_run_records_the_dtype_its_weights_load_in(tmp_path, tiny_m
     resolved = json.loads((out / "resolved_config.json").read_text())
     assert resolved["dtype"] == resolved["model_init_kwargs"]["dtype"] == "bfloat16"
     assert {str(t.dtype) for t in load_file(str(out / "model.safetensors")).values()} == {"torch.bfloat16"}
+    step1 = json.loads((out / "metrics.jsonl").read_text().splitlines()[0])
+    assert step1["step"] == 1
+    assert abs(step1["rewards_norm/chosen"]) < 1e-3 and abs(step1["rewards_norm/rejected"]) < 1e-3, step1

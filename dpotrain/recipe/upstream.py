@@ -79,6 +79,12 @@ SEAMS = (
         ("model", "trial"),
     ),
     Seam(
+        f"{TRAINER}:Trainer._prepare_inputs",
+        "override",
+        "the reference's float32 sums kept out of the cast of every float input to DeepSpeed's dtype (bf16)",
+        ("inputs",),
+    ),
+    Seam(
         f"{TRAINER}:Trainer._run_epoch",
         "override",
         "a run resumed from its last step's checkpoint trains nothing "

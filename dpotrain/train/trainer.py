@@ -130,10 +130,14 @@ def pairs_in(batch: dict) -> int:
     return len(batch["seq_lens"]) // 2 if packing.is_packed(batch) else batch["input_ids"].shape[0] // 2
 
 
+# The reference stage's summed log-probs, in float32 columns, collated as float32 tensors
+REFERENCE_COLUMNS = ("ref_chosen_logps", "ref_rejected_logps")
+
+
 def _batch_columns(dataset):
     """The columns the collators read: the pair's tokens and, once the reference stage has scored them, its
     reference log-probs."""
-    columns = (*pair_columns(dataset), "ref_chosen_logps", "ref_rejected_logps")
+    columns = (*pair_columns(dataset), *REFERENCE_COLUMNS)
     return dataset.select_columns([c for c in columns if c in dataset.column_names])
 
 
@@ -421,6 +425,16 @@ class RecipeDPOTrainer(DPOTrainer):
             with self.accelerator.no_sync(model) if defer else contextlib.nullcontext():
                 total = total + super().training_step(model, micro_batch, num_items_in_batch)
         return total
+
+    def _prepare_inputs(self, inputs):
+        """A micro-batch on the device, as transformers moves it (training and evaluation alike), but for the
+        reference's sums: under DeepSpeed transformers casts every floating-point input to the engine's dtype, and in
+        bf16 a sum of -3,111.24 nats becomes -3,104 (steps of 16 there), while the policy's own sums stay float32 (the
+        fused LM head's). At step 1 the rewards would be those roundings, not 0 (the step-1 guard stops a bf16 ZeRO-2
+        run on them). They go to the device as the reference stage scored them, in float32."""
+        kept = {key: inputs[key] for key in REFERENCE_COLUMNS if key in inputs}
+        prepared = super()._prepare_inputs({key: value for key, value in inputs.items() if key not in kept})
+        return {**prepared, **{key: value.to(self.args.device) for key, value in kept.items()}}
 
     def get_batch_samples(self, epoch_iterator, num_batches, device):
         """The step, and the number of pairs in the whole step over all ranks; with an SFT term, the step's chosen
