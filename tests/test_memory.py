@@ -14,7 +14,7 @@ import subprocess
 import pytest
 import torch
 
-from conftest import ROOT, run_train
+from conftest import ROOT, python, run_train
 from dpotrain.cluster import engine as engines
 from dpotrain.data import builtin
 from dpotrain.plan import memory
@@ -332,6 +332,49 @@ def test_the_allocator_the_plan_assumes_is_set_unless_the_user_chose_one(monkeyp
             == "PYTORCH_ALLOC_CONF=expandable_segments:True"
             == f"PYTORCH_ALLOC_CONF={os.environ['PYTORCH_ALLOC_CONF']}"
         )
+
+
+# One rank of a 1-process ZeRO-3 launch, up to its memory plan: DeepSpeed's config alive (transformers'
+# HfDeepSpeedConfig, as the Trainer's arguments make it) and torch.distributed's variables set, as accelerate sets them.
+ZERO3_RANK_PLANS = """
+from transformers.integrations import HfDeepSpeedConfig
+
+from dpotrain.cluster import engine
+from dpotrain.plan import memory
+from dpotrain.recipe.config import parse_args
+
+recipe = parse_args(["--config", "configs/smoke.yaml", "--bf16", "true", "--use_cpu", "true"])
+zero3 = HfDeepSpeedConfig({"zero_optimization": {"stage": 3}, "bf16": {"enabled": True}, "train_batch_size": 1})
+plan = memory.plan(recipe, 1, engine.from_config("configs/accelerate/zero3.yaml"))
+print("parameters", plan["model"]["parameters"], "activations", plan["activations_from"])
+"""
+
+
+def test_a_bf16_zero3_rank_plans_with_its_models_built_plain(tmp_path):
+    """Inside a ZeRO-3 launch transformers builds every model inside DeepSpeed's zero.Init; in bf16 the plan's model
+    on the meta device failed there ("Cannot copy out of meta tensor"), and its trace on fake tensors too: a bf16 ZeRO-3
+    run stopped at the memory plan with a traceback, before anything loaded. The plan's models are shapes and traces
+    only, built plain (`upstream.without_zero3_init`)."""
+    import socket
+
+    script = tmp_path / "zero3_rank_plans.py"
+    script.write_text(ZERO3_RANK_PLANS)
+    with socket.socket() as sock:  # a free port for the rank's process group, should DeepSpeed make one
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    ranks = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1"}
+    env = {**os.environ, **ranks, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+    result = subprocess.run(
+        [python(), str(script)],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stdout[-3000:]
+    assert "parameters 189056 activations traced on fake tensors" in result.stdout, result.stdout[-3000:]
 
 
 def test_engines_read_from_accelerate_configs():

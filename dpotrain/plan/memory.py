@@ -116,7 +116,7 @@ def _model_shape(recipe, config) -> ModelShape:
     from transformers import AutoModelForCausalLM
 
     text = config.get_text_config()
-    with torch.device("meta"), warnings.catch_warnings():
+    with torch.device("meta"), upstream.without_zero3_init(), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         model = AutoModelForCausalLM.from_config(config)
     params = sum(p.numel() for p in model.parameters())  # parameters() yields a tied weight once
@@ -269,7 +269,7 @@ def _traced_peak(config, layers: int, tokens: int, checkpointing: bool | int) ->
     text.num_hidden_layers = layers
     if getattr(text, "layer_types", None):  # sliding windows and chunks only change the mask, which is not traced
         text.layer_types = ["full_attention"] * layers
-    with upstream.fake_tensor_mode(), warnings.catch_warnings():
+    with upstream.fake_tensor_mode(), upstream.without_zero3_init(), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16, attn_implementation=TRACE_ATTENTION)
         every = checkpoint_every(checkpointing)

@@ -300,6 +300,13 @@ SEAMS = (
         read_in=f"{DPO}:DPOTrainer.__init__",
     ),
     Seam(
+        "transformers.modeling_utils:is_deepspeed_zero3_enabled",
+        "patch",
+        "the memory plan's models (meta device, fake tensors) built plain inside a ZeRO-3 launch, not in DeepSpeed's "
+        "zero.Init, which fails there in bf16 (dpotrain/plan/memory.py)",
+        read_in="transformers.modeling_utils:PreTrainedModel._from_config",
+    ),
+    Seam(
         f"{DPO}:disable_gradient_checkpointing",
         "patch",
         "left alone in the reference stage, which runs in eval "
@@ -449,6 +456,14 @@ def trl_tokenizer(trainer):
 
 def checkpoint_parent(trainer, trial) -> str:
     return trainer._get_output_dir(trial)
+
+
+def without_zero3_init():
+    """Models built in the block are plain ones. While a ZeRO-3 launch's DeepSpeed config is alive, transformers builds
+    every model inside DeepSpeed's `zero.Init` (parameters partitioned as they are made, then gathered to initialize
+    them); the memory plan's models, on the meta device or fake tensors and never trained, need none of it, and in bf16
+    it fails there ("Cannot copy out of meta tensor", "Padding_idx must be within num_embeddings")."""
+    return patched("transformers.modeling_utils:is_deepspeed_zero3_enabled", lambda: False)
 
 
 def save_weights(trainer, output_dir, state_dict) -> None:
