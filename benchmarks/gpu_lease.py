@@ -55,6 +55,15 @@ def e2e(data: str, *more: str) -> dict:
     }
 
 
+def profiled(data: str) -> dict:
+    """The project's path alone, its step 2 under torch.profiler (end_to_end.py --profile-step)."""
+    flags = ("benchmarks/end_to_end.py", "--data", data, "--paths", "project", "--model", "{model}", "--steps", "2")
+    return {
+        "gpu": (*flags, "--profile-step", "2", "--out", "{dir}"),
+        "cpu": (*flags, "--profile-step", "2", "--tiny", "--out", "{dir}"),
+    }
+
+
 def attention(data: str) -> dict:
     script = ("benchmarks/attention.py", "--data", data, "--out", "{json}")
     return {
@@ -96,37 +105,7 @@ PIECES = {
         "results.json",
         "think: the project's step 2 under torch.profiler: kernels by device time, by kind (a missed MFU's cause)",
         needs_model=True,
-        gpu=(
-            "benchmarks/end_to_end.py",
-            "--data",
-            "think",
-            "--paths",
-            "project",
-            "--model",
-            "{model}",
-            "--steps",
-            "2",
-            "--profile-step",
-            "2",
-            "--out",
-            "{dir}",
-        ),
-        cpu=(
-            "benchmarks/end_to_end.py",
-            "--data",
-            "think",
-            "--paths",
-            "project",
-            "--model",
-            "{model}",
-            "--steps",
-            "2",
-            "--profile-step",
-            "2",
-            "--tiny",
-            "--out",
-            "{dir}",
-        ),
+        **profiled("think"),
     ),
     "attention-think": Piece(
         120, 60, "attention-think.json", "training-loop MFU per forward, think", **attention("think")
