@@ -535,7 +535,7 @@ KINDS = (  # a kernel's kind by its name, first match: what a profile of a DPO s
     ("cross-entropy / log-softmax", ("log_softmax", "logsumexp", "cross_entropy", "nll_loss")),
     ("communication", ("nccl", "all_reduce", "reduce_scatter", "all_gather")),
     ("optimizer", ("adam", "multi_tensor", "foreach")),
-    ("copies / casts", ("copy", "memcpy", "memset", "cat", "to_copy")),
+    ("copies / casts", ("copy", "memcpy", "memset", "catarray", "aten::cat", "to_copy")),
     ("other fused (triton)", ("triton",)),
     ("elementwise / reductions", ("elementwise", "vectorized", "reduce", "unrolled")),
 )

@@ -376,3 +376,26 @@ def test_the_package_imports_only_what_lease_one_has():
                     if top not in sys.stdlib_module_names | {"dpotrain"} | ON_THE_GPU_IMAGE | CARRIED_IN_LEASE_ONE:
                         missing.append(f"{path.relative_to(ROOT)}:{n.lineno}: import {name}")
     assert not missing, missing
+
+
+def test_a_profiled_steps_kernels_are_sorted_by_kind_from_their_gpu_names():
+    """The profile's share per kind comes from kernel names only a GPU produces: each lands in its kind, the first
+    match winning (an all-reduce is communication, not a reduction; a scatter is not a concatenation)."""
+    import end_to_end
+
+    kinds = {
+        "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x256x64": "matmul",
+        "nvjet_tst_192x192_64x4_2x1_v_bz_coopB_TNT": "matmul",
+        "triton_tem_fused_0": "attention",  # FlexAttention's compiled template
+        "void flash::flash_fwd_kernel<Flash_fwd_kernel_traits>": "attention",
+        "ncclDevKernel_AllReduce_Sum_bf16_RING_LL": "communication",
+        "void at::native::(anonymous namespace)::CatArrayBatchedCopy<>": "copies / casts",
+        "Memcpy DtoD (Device -> Device)": "copies / casts",
+        "void at::native::_scatter_gather_elementwise_kernel<128, 4>": "elementwise / reductions",
+        "void at::native::vectorized_elementwise_kernel<4, at::native::AUnaryFunctor>": "elementwise / reductions",
+        "triton_red_fused__log_softmax_1": "cross-entropy / log-softmax",
+        "triton_poi_fused_mul_2": "other fused (triton)",
+        "void multi_tensor_apply_kernel<TensorListMetadata<4>, FusedAdamMathFunctor>": "optimizer",
+        "cudaLaunchKernel": "other",
+    }
+    assert {name: end_to_end.kind_of(name) for name in kinds} == kinds
