@@ -4,7 +4,8 @@ pieces share once per machine, and runs each named piece in its own process grou
 
     limit = min(time left, max(its share, time left - the shares of the pieces after it))
 
-so a piece that finishes early leaves its time to the later ones, and spare time goes to the earlier ones. A piece
+so a piece that finishes early leaves its time to the later ones, and spare time goes to the earlier ones (the model,
+which the later pieces need, counts only the least they need after it, not their shares). A piece
 whose limit is below the least it needs is skipped with that reason; a piece at its limit is cut off (its process
 group killed) and keeps what it finished: every piece rewrites its JSON as each measurement ends, and this rewrites
 OUT/results.json whenever a piece's JSON changes. Large files stay in the work folder; OUT gets five small files.
@@ -280,7 +281,10 @@ def run_all(lease: Lease, names: list[str], python: str) -> None:
         if name == "model" and lease.model.is_dir():
             lease.outcomes[name] = {"status": "finished", "reason": f"written earlier on this machine: {lease.model}"}
             continue
-        run_step(lease, name, piece, sum(p.share_s for _, p in steps[i + 1 :]), python)
+        # The model is what the later pieces need (lease 1 lost its think recipe to a model cut at its share): it may
+        # take all but the least they need; any other piece, all but their shares.
+        later = sum(p.least_s if name == "model" else p.share_s for _, p in steps[i + 1 :])
+        run_step(lease, name, piece, later, python)
         if name == "environment":
             ran = "seconds" in lease.outcomes[name]  # skipped: the file there is an earlier call's
             found = (read_json(lease.paths(name, piece)["json"]) if ran else None) or {}

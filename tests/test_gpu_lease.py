@@ -100,6 +100,29 @@ def test_each_piece_gets_its_share_and_spare_time_goes_first():
     assert gpu_lease.limit_for(-5, 200, 0) == 0
 
 
+def test_the_model_may_take_all_but_the_least_the_pieces_after_it_need(tmp_path, monkeypatch):
+    """The pieces after the model need it (lease 1 on an H100 lost its think recipe to a model cut at its 40 s
+    share, 62 s into a 68 s write): the model is held back only by the least the later pieces need, a piece by their
+    shares."""
+    held_back = {}
+
+    def step(lease, name, piece, later, python):
+        held_back[name] = later
+        lease.outcomes[name] = {"status": "finished"}
+        return True
+
+    monkeypatch.setattr(gpu_lease, "run_step", step)
+    lease = gpu_lease.Lease(tmp_path / "out", tmp_path / "work", time.time() + 600, 600, cpu=True)
+    lease.out.mkdir(parents=True)
+    gpu_lease.run_all(lease, ["tests", "think-recipe", "e2e-think"], PYTHON)
+    pieces = gpu_lease.PIECES
+    assert held_back["model"] == sum(pieces[n].least_s for n in ("tests", "think-recipe", "e2e-think"))
+    assert held_back["tests"] == pieces["think-recipe"].share_s + pieces["e2e-think"].share_s
+    assert held_back["environment"] == gpu_lease.MODEL.share_s + sum(
+        pieces[n].share_s for n in ("tests", "think-recipe", "e2e-think")
+    )
+
+
 @pytest.mark.slow  # a real process group killed at its limit (~2 s)
 def test_a_piece_cut_off_at_its_limit_keeps_what_it_finished(tmp_path):
     """The piece writes one measurement, starts a child and waits: at its limit the whole group is killed, and the
