@@ -306,6 +306,8 @@ def _memory_rows(memory: run_record.RecordedMemory, row) -> None:
     row("memory/GPU", f"~{parts['total']} GiB ({detail})")
     if memory.checkpointing:  # activation checkpointing: which decoder layers, and who chose (memory.py)
         row("checkpointing", f"{memory.checkpointing['layers']}, chosen by {memory.checkpointing['chosen_by']}")
+    if memory.allocator and "expandable_segments:True" not in memory.allocator:
+        row("allocator", f"{memory.allocator}: the plan's fragmentation allowance assumes expandable_segments:True")
     gpu, source = memory.gpu_memory_gib, memory.gpu_memory_source
     if gpu is None:
         row(

@@ -121,6 +121,23 @@ def test_without_a_gpu_size_the_summary_says_nothing_was_checked_and_how_to_chec
     assert "--gpu_memory_gib: 79.6 (H100 80GB)" in field(text, "GPU")
 
 
+def test_an_allocator_set_by_the_user_is_kept_and_the_summary_says_what_the_plan_assumed(tmp_path, capsys, monkeypatch):
+    """The run sets expandable segments (docs/memory.md) only where the user set no allocator; one of the user's own
+    is kept, recorded, and named beside the plan it was not planned for. The default is recorded, not shown."""
+    think = ["--config", str(ROOT / "configs" / "think.yaml"), "--model_name_or_path", OLMO3_7B, "--output_dir"]
+    monkeypatch.delenv("PYTORCH_CUDA_ALLOC_CONF", raising=False)
+    monkeypatch.setenv("PYTORCH_ALLOC_CONF", "max_split_size_mb:256")
+    text = dry_run(capsys, *think, str(tmp_path / "own"))
+    assert field(text, "allocator") == (
+        "PYTORCH_ALLOC_CONF=max_split_size_mb:256: the plan's fragmentation allowance assumes expandable_segments:True"
+    )
+    monkeypatch.delenv("PYTORCH_ALLOC_CONF")
+    text = dry_run(capsys, *think, str(tmp_path / "default"))
+    assert "allocator:" not in text
+    recorded = json.loads((tmp_path / "default.dry-run.json").read_text())
+    assert recorded["derived"]["memory"]["allocator"] == "PYTORCH_ALLOC_CONF=expandable_segments:True"
+
+
 def test_the_summary_counts_the_rows_of_every_local_data_set_as_datasets_loads_them(tmp_path, capsys):
     """JSON Lines, a JSON array, CSV (a quoted answer spanning lines), Parquet, `save_to_disk` folders of one data set
     and of named splits: the dry run's row count is the one `datasets` loads, and its steps follow from it."""

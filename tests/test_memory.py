@@ -315,23 +315,21 @@ def test_an_unplanned_run_still_names_its_engine():
 
 
 @pytest.mark.parametrize("given", [None, "PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF"])
-def test_the_allocator_the_plan_assumes_is_set_unless_the_user_chose_one(monkeypatch, given):
+def test_the_allocator_the_plan_assumes_is_set_unless_the_user_chose_one(monkeypatch, olmo3, given):
     """Expandable segments (the plan's 10% for fragmentation assumes them), unless the user set the allocator under
-    either of torch's names: theirs is kept, and nothing is added beside it."""
-    for name in ("PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF"):
+    either of torch's names: theirs is kept, nothing is added beside it, and the plan records the one in force."""
+    for name in memory.ALLOCATOR_NAMES:
         monkeypatch.delenv(name, raising=False)
+    assert memory.allocator() == "torch's default (no PYTORCH_ALLOC_CONF)"
     if given:
         monkeypatch.setenv(given, "max_split_size_mb:512")
     in_force = memory.default_allocator()
-    if given:
-        assert in_force == f"{given}=max_split_size_mb:512 (the user's)"
-        assert os.environ.get("PYTORCH_ALLOC_CONF") == (os.environ[given] if given == "PYTORCH_ALLOC_CONF" else None)
-    else:
-        assert (
-            in_force
-            == "PYTORCH_ALLOC_CONF=expandable_segments:True"
-            == f"PYTORCH_ALLOC_CONF={os.environ['PYTORCH_ALLOC_CONF']}"
-        )
+    assert in_force == (f"{given}=max_split_size_mb:512" if given else "PYTORCH_ALLOC_CONF=expandable_segments:True")
+    assert [n for n in memory.ALLOCATOR_NAMES if n in os.environ] == [given or "PYTORCH_ALLOC_CONF"]
+    recipe = parse_args(
+        ["--config", str(ROOT / "configs" / "think.yaml"), "--model_name_or_path", olmo3["7b"], "--dry-run"]
+    )
+    assert memory.plan(recipe, 4)["allocator"] == in_force
 
 
 # One rank of a 1-process ZeRO-3 launch, up to its memory plan: DeepSpeed's config alive (transformers'

@@ -35,19 +35,24 @@ FRAGMENTATION = 0.10
 # segments, the think recipe on an H100 (BENCHMARKS.md, Nov 2026) reserved 65.9 GiB for a 51.8 GiB peak of tensors
 # (27% above it, past the 10%). TorchTitan's launcher sets the same.
 ALLOCATOR = ("PYTORCH_ALLOC_CONF", "expandable_segments:True")
+ALLOCATOR_NAMES = ("PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF")  # torch's name, then its older one
 BF16 = 2
 
 
 def default_allocator() -> str:
     """PYTORCH_ALLOC_CONF=expandable_segments:True unless the user set the allocator (under either of torch's names,
     in the environment, .env or the recipe's `env:`), before any CUDA memory is allocated (the allocator reads it
-    once, then): the setting in force."""
+    once, then): the setting in force (`allocator`)."""
     name, value = ALLOCATOR
-    for given in (name, "PYTORCH_CUDA_ALLOC_CONF"):
-        if os.environ.get(given):
-            return f"{given}={os.environ[given]} (the user's)"
-    os.environ[name] = value
-    return f"{name}={value}"
+    if not any(os.environ.get(given) for given in ALLOCATOR_NAMES):
+        os.environ[name] = value
+    return allocator()
+
+
+def allocator() -> str:
+    """The caching allocator's setting in this process's environment, as the plan records it (`derived.memory`)."""
+    given = next((name for name in ALLOCATOR_NAMES if os.environ.get(name)), None)
+    return f"{given}={os.environ[given]}" if given else "torch's default (no PYTORCH_ALLOC_CONF)"
 
 
 # --- the model, from its config only ---
@@ -581,6 +586,7 @@ def plan(recipe, world: int, engine: Engine | None = None, attention: str | None
         record["sequence_parallel"] = {"size": n, "tokens_per_gpu": local, "data_parallel_size": world // n}
     record["activations_from"] = chosen.activations_method
     record["allowance"] = f"{CONTEXT_GIB:g} GiB CUDA context and NCCL + {FRAGMENTATION:.0%} of the rest"
+    record["allocator"] = allocator()  # the allowance assumes expandable segments (ALLOCATOR)
     record["checkpointing"] = checkpointing_record  # which layers: checkpointing_fields gives the run this choice
     if record["fits"] is False and recipe.project.memory_check:
         raise ConfigError(_refusal(recipe, chosen, gpu, gpu_source, attention, splittable_heads(config)))

@@ -116,6 +116,7 @@ class RecordedMemory:
     per_gpu_gib: dict | None  # its parts, and their total
     model: dict | None  # parameters, layers, hidden_size
     checkpointing: dict | None  # the checkpointed decoder layers, and who chose them
+    allocator: str | None  # the caching allocator's setting the run had (memory.allocator)
 
 
 @dataclass(frozen=True)
