@@ -30,7 +30,12 @@ ENGINES = {
     "zero3": "configs/accelerate/zero3.yaml",
     "fsdp2": "configs/accelerate/fsdp2.yaml",
 }
-FORWARDS = {"shared": [], "packed": ["--share_prompt", "false"], "padded": ["--padding_free", "false"]}
+# Each forward asked for: a run decides its own from the pairs (forwards/choice.py), on these packing unshared
+FORWARDS = {
+    "shared": ["--share_prompt", "true"],
+    "packed": ["--share_prompt", "false"],
+    "padded": ["--padding_free", "false"],
+}
 FORWARD_RECORD = {"shared": "packed, prompts shared", "packed": "packed", "padded": "padded"}
 RUN = [
     "--max_steps",
