@@ -47,8 +47,9 @@ SGD_STEP = [
     "none",
 ]
 # The smoke data's first 48 pairs; the step takes 8 of them (pairs_per_step), the same 8 on any number of processes.
-# (With only the step's 8 pairs, a ZeRO-3 launch stops at its first training forward in DeepSpeed's parameter
-# coordinator, "pop from an empty deque", clipped or not.)
+# The reference stage scores only those 8, in one micro-batch per rank: under ZeRO-3 its inference engine, which hooks
+# the same modules as training's, then stopped training's first forward in DeepSpeed's parameter coordinator ("pop
+# from an empty deque") until it forgot the pass it recorded (`RecipeDPOTrainer.leave_reference_for_training`).
 PAIRS = ROWS[:48]
 
 
@@ -134,7 +135,7 @@ def engine_config(tmp_path, name: str) -> str:
 
 LAUNCHES = [
     pytest.param("zero2", [], id="zero2"),
-    pytest.param("zero3", [], id="zero3", marks=pytest.mark.extended),
+    pytest.param("zero3", [], id="zero3"),  # also a ZeRO-3 run whose reference stage is one micro-batch per rank
     pytest.param("fsdp2", [], id="fsdp2", marks=pytest.mark.extended),
     pytest.param("zero2", ["--sequence_parallel_size", "2"], id="zero2-sequence-parallel", marks=pytest.mark.extended),
 ]

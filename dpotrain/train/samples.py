@@ -229,7 +229,9 @@ def leave_for_training(model, optimizer) -> None:
 
     FSDP2 reshards the units a forward leaves gathered (the root: embeddings, final norm, LM head), which would
     otherwise stay in memory, unsharded, beside the training step's activations."""
-    offload = getattr(getattr(optimizer, "optimizer", optimizer), "parameter_offload", None)
+    inner = getattr(optimizer, "optimizer", optimizer)
+    # A training engine's ZeRO-3 optimizer holds the parameter offload; an inference engine's "optimizer" is it
+    offload = getattr(inner, "parameter_offload", None) or inner
     coordinator = getattr(offload, "param_coordinator", None)  # DeepSpeed ZeRO-3 only
     if coordinator is not None and not coordinator.is_invalid_trace():
         upstream.forget_fetch_order(coordinator)

@@ -41,7 +41,7 @@ from dpotrain.recipe import upstream
 from dpotrain.recipe.config import Recipe, replaced
 from dpotrain.recipe.errors import ConfigError
 from dpotrain.recipe.writes import quiet_progress_bars
-from dpotrain.train import disk_full, losses, run_files
+from dpotrain.train import disk_full, losses, run_files, samples
 from dpotrain.train.checkpoints import CompleteMarker, clear_for_save
 from dpotrain.train.health import HealthGuard
 from dpotrain.train.memory_use import FirstStepMemory, MemoryUse
@@ -481,6 +481,14 @@ class RecipeDPOTrainer(DPOTrainer):
 
             self.model = self.model_wrapped = fsdp2_prepare_model(self.accelerator, self.model)
         return self.model
+
+    def leave_reference_for_training(self) -> None:
+        """Before training: the reference's inference engine (ZeRO-3) forgets the order in which it fetched weights.
+        It hooks the same modules as training's engine; having recorded a pass it never saw repeated (a stage of one
+        micro-batch per rank, or the packing check alone), it would build its prefetch order from that at training's
+        first forward and fail in DeepSpeed's coordinator ("pop from an empty deque")."""
+        if self._reference_engine is not None:
+            samples.leave_for_training(None, self._reference_engine.optimizer)
 
     def use_reference(self, name: str, scored) -> None:
         """The reference stage's data set `name` ("train" or "eval"), its pairs' reference log-probs in columns, in
