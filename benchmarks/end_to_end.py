@@ -513,7 +513,8 @@ class StepProfiler:
         total = sum(t for _, t, _ in timed) or 1
         kinds: dict[str, float] = {}
         for name, t, _ in timed:
-            kinds[kind_of(name)] = kinds.get(kind_of(name), 0.0) + t
+            kind = kind_of(name)
+            kinds[kind] = kinds.get(kind, 0.0) + t
         self.folder.mkdir(parents=True, exist_ok=True)
         (self.folder / "profile.txt").write_text(events.table(sort_by=key, row_limit=60) + "\n")
         self.summary = {

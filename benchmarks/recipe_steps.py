@@ -115,7 +115,8 @@ def summary(folder: Path, log: str, code: int, seconds: float, ended_at_save: bo
     steady = sorted(seconds_of[1:])[len(seconds_of[1:]) // 2] if len(seconds_of) > 1 else None
     peaks = [s["memory/peak_allocated_gib"] for s in steps if "memory/peak_allocated_gib" in s]
     reserved = [s["memory/peak_reserved_gib"] for s in steps if "memory/peak_reserved_gib" in s]
-    plan = (derived.get("memory") or {}).get("per_gpu_gib") or {}
+    memory = derived.get("memory") or {}
+    plan = memory.get("per_gpu_gib") or {}
     return {
         "exit_code": code,
         "seconds": round(seconds, 1),
@@ -124,7 +125,7 @@ def summary(folder: Path, log: str, code: int, seconds: float, ended_at_save: bo
         "attention": (derived.get("forward") or {}).get("attention"),
         "memory_plan_gib": plan.get("total"),
         "memory_plan_allowance_gib": plan.get("cuda_context_and_fragmentation"),
-        "checkpointing": (derived.get("memory") or {}).get("checkpointing"),
+        "checkpointing": memory.get("checkpointing"),
         "layers": derived.get("layers"),
         "reference": derived.get("reference"),
         "flex_compilations": int(found.group(1)) if found else None,

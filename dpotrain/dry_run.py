@@ -12,6 +12,7 @@ from pathlib import Path
 
 from dpotrain.data import mixture
 from dpotrain.forwards import cost, flops
+from dpotrain.plan.memory import EXPANDABLE
 from dpotrain.recipe import run_record
 from dpotrain.recipe.run_record import Record
 from dpotrain.recipe.writes import check_not_input, input_files, write_text
@@ -306,8 +307,8 @@ def _memory_rows(memory: run_record.RecordedMemory, row) -> None:
     row("memory/GPU", f"~{parts['total']} GiB ({detail})")
     if memory.checkpointing:  # activation checkpointing: which decoder layers, and who chose (memory.py)
         row("checkpointing", f"{memory.checkpointing['layers']}, chosen by {memory.checkpointing['chosen_by']}")
-    if memory.allocator and "expandable_segments:True" not in memory.allocator:
-        row("allocator", f"{memory.allocator}: the plan's fragmentation allowance assumes expandable_segments:True")
+    if memory.allocator and EXPANDABLE not in memory.allocator:
+        row("allocator", f"{memory.allocator}: the plan's fragmentation allowance assumes {EXPANDABLE}")
     gpu, source = memory.gpu_memory_gib, memory.gpu_memory_source
     if gpu is None:
         row(

@@ -62,7 +62,6 @@ class ReadyRun:
                 out.rmdir()  # the Trainer makes output_dir when it starts; a reference-only run writes nothing there
             return 0
         record = record_run(self.spec, trainer, outcomes)
-        trainer.leave_reference_for_training()
         trainer.train(resume_from_checkpoint=self.spec.output.resume_from)
         return publish.save_and_push(self, record)
 

@@ -49,7 +49,7 @@ SGD_STEP = [
 # The smoke data's first 48 pairs; the step takes 8 of them (pairs_per_step), the same 8 on any number of processes.
 # The reference stage scores only those 8, in one micro-batch per rank: under ZeRO-3 its inference engine, which hooks
 # the same modules as training's, then stopped training's first forward in DeepSpeed's parameter coordinator ("pop
-# from an empty deque") until it forgot the pass it recorded (`RecipeDPOTrainer.leave_reference_for_training`).
+# from an empty deque") until it forgot the pass it recorded (`RecipeDPOTrainer.train`).
 PAIRS = ROWS[:48]
 
 

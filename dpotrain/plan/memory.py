@@ -29,12 +29,12 @@ GIB = 2**30
 # CUDA context (~0.5-1 GiB with torch's kernels loaded) plus NCCL communicator buffers (~1-2 GiB), per process.
 CONTEXT_GIB = 3.0
 # The caching allocator rarely packs tensors perfectly: 10% of everything else, a usual margin for long-sequence
-# training with expandable segments (ALLOCATOR, which every run sets unless the user chose otherwise).
+# training with expandable segments (EXPANDABLE, which every run sets unless the user chose otherwise).
 FRAGMENTATION = 0.10
 # Packed micro-batches change shape every step, which fragments the allocator's fixed segments: without expandable
 # segments, the think recipe on an H100 (BENCHMARKS.md, Nov 2026) reserved 65.9 GiB for a 51.8 GiB peak of tensors
 # (27% above it, past the 10%). TorchTitan's launcher sets the same.
-ALLOCATOR = ("PYTORCH_ALLOC_CONF", "expandable_segments:True")
+EXPANDABLE = "expandable_segments:True"
 ALLOCATOR_NAMES = ("PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF")  # torch's name, then its older one
 BF16 = 2
 
@@ -43,9 +43,8 @@ def default_allocator() -> str:
     """PYTORCH_ALLOC_CONF=expandable_segments:True unless the user set the allocator (under either of torch's names,
     in the environment, .env or the recipe's `env:`), before any CUDA memory is allocated (the allocator reads it
     once, then): the setting in force (`allocator`)."""
-    name, value = ALLOCATOR
-    if not any(os.environ.get(given) for given in ALLOCATOR_NAMES):
-        os.environ[name] = value
+    if not any(os.environ.get(name) for name in ALLOCATOR_NAMES):
+        os.environ[ALLOCATOR_NAMES[0]] = EXPANDABLE
     return allocator()
 
 
@@ -586,7 +585,7 @@ def plan(recipe, world: int, engine: Engine | None = None, attention: str | None
         record["sequence_parallel"] = {"size": n, "tokens_per_gpu": local, "data_parallel_size": world // n}
     record["activations_from"] = chosen.activations_method
     record["allowance"] = f"{CONTEXT_GIB:g} GiB CUDA context and NCCL + {FRAGMENTATION:.0%} of the rest"
-    record["allocator"] = allocator()  # the allowance assumes expandable segments (ALLOCATOR)
+    record["allocator"] = allocator()  # the allowance assumes expandable segments (EXPANDABLE)
     record["checkpointing"] = checkpointing_record  # which layers: checkpointing_fields gives the run this choice
     if record["fits"] is False and recipe.project.memory_check:
         raise ConfigError(_refusal(recipe, chosen, gpu, gpu_source, attention, splittable_heads(config)))

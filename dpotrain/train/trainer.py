@@ -482,13 +482,14 @@ class RecipeDPOTrainer(DPOTrainer):
             self.model = self.model_wrapped = fsdp2_prepare_model(self.accelerator, self.model)
         return self.model
 
-    def leave_reference_for_training(self) -> None:
-        """Before training: the reference's inference engine (ZeRO-3) forgets the order in which it fetched weights.
-        It hooks the same modules as training's engine; having recorded a pass it never saw repeated (a stage of one
-        micro-batch per rank, or the packing check alone), it would build its prefetch order from that at training's
-        first forward and fail in DeepSpeed's coordinator ("pop from an empty deque")."""
+    def train(self, *args, **kwargs):
+        """Training, once the reference's inference engine (ZeRO-3) has forgotten the order in which it fetched
+        weights: it hooks the same modules as training's engine, and having recorded a pass it never saw repeated (a
+        stage of one micro-batch per rank, or the packing check alone), it would build its prefetch order from that at
+        training's first forward and fail in DeepSpeed's coordinator ("pop from an empty deque")."""
         if self._reference_engine is not None:
             samples.leave_for_training(None, self._reference_engine.optimizer)
+        return super().train(*args, **kwargs)
 
     def use_reference(self, name: str, scored) -> None:
         """The reference stage's data set `name` ("train" or "eval"), its pairs' reference log-probs in columns, in
