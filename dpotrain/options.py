@@ -231,13 +231,13 @@ def check_wandb_reachable(recipe: Recipe) -> None:
     HTTP answer, an error status too, is an answer. WANDB_MODE=offline asks nothing."""
     if not _wandb_online(recipe):
         return
-    from dpotrain.cluster.offline import PROBE_SECONDS, within
+    from dpotrain.cluster.offline import PROBE_SECONDS, SOCKET_SECONDS, within
 
     url = os.environ.get("WANDB_BASE_URL", "https://api.wandb.ai").rstrip("/")
     try:
         within(
             PROBE_SECONDS,
-            lambda: urllib.request.urlopen(urllib.request.Request(url, method="HEAD"), timeout=PROBE_SECONDS).close(),
+            lambda: urllib.request.urlopen(urllib.request.Request(url, method="HEAD"), timeout=SOCKET_SECONDS).close(),
         )
     except urllib.error.HTTPError:
         return  # the server answered

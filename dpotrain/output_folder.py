@@ -110,6 +110,11 @@ def check(output_dir: str, lock: bool = True) -> None:
         check_writable(out)
     if not out.is_dir():
         return
+    # A live run first: its folder is a run's whatever it holds at this instant (a record half-written under its
+    # temporary name, before any manifest exists). The main process alone: another rank of this launch, slower here,
+    # would find the lock its main process just took.
+    if lock and collectives.launched_main():
+        run_lock.check_free(out)
     found = [e.name for e in out.iterdir() if not run_lock.is_lock_file(e.name)]
     if found and read_manifest(out) is None and not is_legacy_run(out):
         shown = ", ".join(sorted(found)[:3]) + (", ..." if len(found) > 3 else "")
@@ -118,9 +123,6 @@ def check(output_dir: str, lock: bool = True) -> None:
             "would write over them, with or without --overwrite_output_dir; pass --output_dir a new or "
             "empty folder (e.g. outputs/<name>)"
         )
-    # The main process alone: another rank of this launch, slower here, would find the lock its main process just took.
-    if lock and collectives.launched_main():
-        run_lock.check_free(out)
 
 
 def reads(recipe) -> list[tuple[str, str]]:

@@ -450,6 +450,20 @@ def hold_lock(out: Path, **env) -> subprocess.Popen:
     return holder
 
 
+def test_a_live_run_caught_mid_write_of_its_first_record_is_named_as_a_live_run(tmp_path):
+    # The instant a second launch looks, the first run (lock taken) may hold only its record's temporary name, before
+    # any manifest exists: that folder is a live run's, not "files that are not a run's" (a race CI met).
+    out = tmp_path / "run"
+    holder = hold_lock(out)
+    try:
+        (out / f".{run_files.MANIFEST}.{socket.gethostname()}.{holder.pid}.tmp").write_text("[")
+        with pytest.raises(output_folder.ConfigError, match="is in use by another run"):
+            output_folder.check(str(out))
+    finally:
+        holder.kill()
+        holder.wait()
+
+
 @pytest.mark.slow
 def test_a_requeue_of_the_same_slurm_job_takes_over_its_lock(tmp_path, tiny_model_dir):
     out = tmp_path / "run"

@@ -239,6 +239,10 @@ def check_offline_artifacts(recipe, offline: bool | None = None) -> None:
 # file_download.py retries the metadata request when no local copy exists), and waits 10 s (HF_HUB_ETAG_TIMEOUT) on
 # a server that never answers each time: 23 s to minutes per file before its first error.
 PROBE_SECONDS = 3.0
+# The request's own socket timeout, longer than the deadline so that `within` always speaks first and a silent server
+# is named in one set of words (the two at one value raced: "timed out" or "no answer within 3 s"); it only ends the
+# abandoned daemon thread's wait.
+SOCKET_SECONDS = 2 * PROBE_SECONDS
 
 
 def within(seconds: float, fn):
@@ -273,7 +277,7 @@ def hub_unreachable(seconds: float = PROBE_SECONDS) -> str | None:
     from huggingface_hub.utils import get_session
 
     try:
-        within(seconds, lambda: get_session().head(constants.ENDPOINT + "/", timeout=seconds))
+        within(seconds, lambda: get_session().head(constants.ENDPOINT + "/", timeout=2 * seconds))
     except Exception as e:
         return f"{constants.ENDPOINT}: {cause(e)}"
     return None
