@@ -1,31 +1,16 @@
 """Token lengths of a preference data set exactly as TRL's `DPOTrainer` sees them, and the `max_length` they call for.
 
-Rows are first read as training reads them (`rows.read_row`: any shape of `shapes.py` into an explicit prompt and two
-completions). The trainer (`DPOTrainer._prepare_dataset`, TRL 1.16) then appends EOS to plain-text completions,
-tokenizes prompt (with the generation prompt), prompt+chosen and prompt+rejected, and starts the completion where
-the tokenized prompt and prompt+completion stop agreeing. Rows whose prompt alone fills `max_length` are dropped;
-the collator cuts the others at `max_length` (keep_start).
+Rows are read as training reads them (`rows.read_row`), then tokenized as `DPOTrainer._prepare_dataset` (TRL 1.16)
+does: EOS appended to plain-text completions, the completion starting where the tokenized prompt (with the generation
+prompt) and prompt+completion stop agreeing. `row_lengths` makes the trainer's own call, one row at a time (the
+reference); method "batched" renders the chat template to text and encodes a batch in one fast-tokenizer call (what
+`apply_chat_template(tokenize=True)` does per row), ~2-3x faster, each batch checked against `row_lengths` on its first
+row (tests/test_analyzer.py proves equality with the trainer's data set).
 
-Two ways to the same numbers, both built on TRL's own functions (`extract_prompt`, `is_conversational`, `_tokenize`,
-`common_prefix_length`):
-- `row_lengths`: one row at a time through `trl.data_utils._tokenize`, the call the trainer makes. The reference.
-- `_measure_batch` (method "batched"): renders the chat template to text and encodes a batch of texts in one
-  fast-tokenizer call, which is what `apply_chat_template(tokenize=True)` does per row (render, then encode with
-  `add_special_tokens=False`). ~2-3x faster; every batch checks its first row against `row_lengths` and falls back to
-  it on any difference, and tests/test_analyzer.py proves equality with the trainer's processed data set row by row.
-`measure` runs it over a whole split with `Dataset.map` (its processes, and its fingerprint cache).
-
-The recommendation (`recommendation`) is the smallest multiple of 512 that leaves `coverage` of the pairs untruncated,
-shown with what it trades under packing, where a pair costs only its real positions (`packed_positions`): the packed
-compute of every candidate relative to it, with the prompt computed twice (today) and once per pair (shared-prompt
-packing). README "Choosing max_length" says why the rule is a coverage and not a compute knee.
-
-`max_length: auto` reads a cached analysis (`cached_measure`, then `resolution_of`: keyed by what the data set and
-the tokenizer are, not by a `Dataset`'s fingerprint, so that a dry run without the data and a run after a streamed
-analysis find it) where one exists, and the run (never a `--dry-run`) otherwise analyses the split and caches it
-(`analyse`): the lengths stage, `stages.measure_lengths`. `scripts/analyze_dataset.py` is the command-line report.
-Rows are checked by `rows.read_row` (shared with training); the markdown tables and the plot are in
-`lengths_report.py`.
+The recommendation is the smallest multiple of 512 leaving `coverage` of the pairs whole, shown with its packed compute
+(README "Choosing max_length" says why a coverage and not a compute knee). `max_length: auto` reads a cached analysis
+keyed by what the data set and tokenizer are (not a `Dataset` fingerprint, so a dry run without the data finds it), or
+the run analyses the split and caches it (`analyse`). The markdown tables and the plot are in `lengths_report.py`.
 """
 
 import dataclasses
@@ -148,10 +133,9 @@ class _Refused(Exception):
 
 
 def _measure_batch(batch: dict, positions: list[int], tokenizer, fmt, method, skip_invalid, offset, version) -> dict:
-    """`measure`'s `Dataset.map` function: per row its (prompt, chosen, rejected, shared) counts (-1: an invalid row)
-    and why it is invalid, and whether the batch fell back to one row at a time (method "batched": the fast path must
-    equal the trainer's tokenization on the batch's first row). `version` (ANALYSIS_VERSION) is part of the map's
-    fingerprint, so that a map cached by an older analysis is not reused."""
+    """`measure`'s `Dataset.map` function: per row its `COUNTS` (-1: an invalid row) and why it is invalid, and whether
+    the batch fell back to `row_lengths`. `version` (ANALYSIS_VERSION) is only part of the map's fingerprint, so that a
+    map cached by an older analysis is not reused."""
     examples, texts, counts, why = {}, [], {}, {}  # why: each row's problem, None for a valid one
     for position, values in zip(positions, zip(*batch.values(), strict=True), strict=True):
         position += offset
@@ -207,20 +191,18 @@ def measure(
     progress: bool = False,
     hh_format: str = "messages",
 ) -> Measured:
-    """Token lengths of every row of `dataset` (a `Dataset` or a streaming `IterableDataset`).
-
-    `Dataset.map` over `num_proc` processes, `chunk_size` rows a batch; a `Dataset` read from files keeps the map in
-    datasets' own cache, found again by its fingerprint (the data set's, the tokenizer's and the analysis version), so
-    the same rows with the same tokenizer are tokenized once. `indices`: the original index of each row when `dataset`
-    is a selection (for messages). `method`: "batched" or "reference" (one row at a time). `hh_format`: HH-RLHF strings
-    as messages or as text (shapes.py). Invalid rows raise `InvalidRowError` unless `skip_invalid`, which lists them.
-    """
+    """Token lengths of every row of `dataset` (a `Dataset` or a streaming `IterableDataset`), by `Dataset.map` over
+    `num_proc` processes (a `Dataset` read from files keeps the map in datasets' cache, so the same rows with the same
+    tokenizer are tokenized once). `indices`: each row's original index when `dataset` is a selection. `method`:
+    "batched" or "reference". Invalid rows raise `InvalidRowError` unless `skip_invalid`, which lists them."""
     import datasets
 
     if method not in ("batched", "reference"):
         raise ValueError(f"method must be 'batched' or 'reference', not {method!r}")
     start = time.perf_counter()
-    columns = [c for c in ROW_COLUMNS if c in _columns(dataset)]
+    # A streaming data set may not declare its features: its first row's keys then
+    names = dataset.column_names if dataset.column_names is not None else list(next(iter(dataset)).keys())
+    columns = [c for c in ROW_COLUMNS if c in names]
     dataset = dataset.select_columns(columns)
     first = next(iter(dataset), None)
     if first is None:
@@ -326,12 +308,6 @@ def check_chat_template(tokenizer, fmt: RowFormat) -> None:
     )
 
 
-def _columns(dataset) -> list[str]:
-    if dataset.column_names is not None:
-        return dataset.column_names
-    return list(next(iter(dataset)).keys())  # a streaming data set whose features are not declared
-
-
 def _known_rows(dataset) -> int | None:
     try:
         return dataset.info.splits[dataset.split].num_examples
@@ -356,12 +332,9 @@ def coverage(total: np.ndarray, max_length: int) -> float:
 
 
 def padding(m: Measured, max_length: int, batch_size: int, seed: int | None = None) -> dict:
-    """Padding in TRL's DataCollatorForPreference at `max_length`, batches of `batch_size` pairs.
-
-    The trainer first drops rows whose prompt fills `max_length`. A batch of B pairs is 2B sequences (prompt+chosen,
-    prompt+rejected), each cut at `max_length`, padded to the longest of the 2B. Packed batches hold the same tokens
-    without padding. `seed`: batches in a shuffled order (as the trainer's sampler draws them); None: data set order.
-    """
+    """Padding in TRL's DataCollatorForPreference at `max_length`: after the trainer drops rows whose prompt fills
+    it, a batch of `batch_size` pairs is 2B sequences cut at `max_length` and padded to the longest. `seed`: batches in
+    a shuffled order (as the trainer's sampler draws them); None: data set order."""
     kept = m.prompt < max_length
     a = np.minimum(m.prompt[kept] + m.chosen[kept], max_length)
     b = np.minimum(m.prompt[kept] + m.rejected[kept], max_length)
@@ -384,13 +357,9 @@ def padding(m: Measured, max_length: int, batch_size: int, seed: int | None = No
 
 
 def packed_positions(m: Measured, max_length: int) -> tuple[int, int]:
-    """Positions the packed forward runs over all pairs the trainer keeps at `max_length`: (unshared, shared prompt).
-
-    Unshared (`dpotrain/forwards/packing.py`): the chosen and the rejected sequence, each prompt + completion cut at
-    `max_length`, so (P + C) + (P + R) per pair. Shared prompt (the prompt once, then each completion cut where its own
-    sequence would be cut): P + C + R after the same cuts, the unshared count less one prompt per pair. Padding is not
-    counted: packed rows carry none (a row's end at most). Pairs whose prompt alone fills `max_length` are dropped.
-    """
+    """Positions the packed forward runs (no padding) over the pairs the trainer keeps at `max_length`: (unshared,
+    shared prompt). Unshared: (P + C) + (P + R) per pair, each sequence cut at `max_length`; shared prompt: the same
+    less one prompt per pair."""
     kept = m.prompt < max_length
     prompt = m.prompt[kept]
     unshared = int(np.minimum(prompt + m.chosen[kept], max_length).sum())
@@ -422,17 +391,10 @@ def candidate(m: Measured, max_length: int, batch_size: int, seed: int) -> dict:
 
 
 def recommendation(m: Measured, target: float = DEFAULT_COVERAGE, max_positions: int | None = None) -> dict:
-    """The recommended max_length and what it trades: the rule is `recommend` (coverage), the price is shown.
-
-    With packing a longer max_length costs only the extra tokens of the pairs longer than it, so the price of
-    leaving more pairs whole is small and close to flat (on Dolci-Think-shaped data 1-2.5% more compute for each
-    1% of pairs, at any max_length from 2K to 24K: BENCHMARKS.md). A compute knee would therefore be arbitrary; the
-    decision is how many cut pairs to accept (`target`), and this says what it costs: the packed compute saved by
-    the next shorter multiple of 512 and the compute and pairs that doubling max_length would add.
-
-    `max_positions`: the model's max_position_embeddings. A recommendation beyond it (a few outliers longer than the
-    model can take) is capped there, and `capped` says from what.
-    """
+    """The recommended max_length (`recommend`: a coverage) and what it trades: packed, a longer max_length costs only
+    the extra tokens of the longer pairs, a price small and close to flat (BENCHMARKS.md), so a compute knee would be
+    arbitrary; shown are the compute the next shorter multiple of 512 saves and what doubling would add. Capped at the
+    model's `max_positions` (`capped` says from what)."""
     total = m.total
     best = uncapped = recommend(total, target)
     if max_positions and best > max_positions:
@@ -481,8 +443,7 @@ def summarize(
     max_positions: int | None = None,
     **about,
 ) -> dict:
-    """The JSON report. `about`: what was analysed (dataset, split, tokenizer, ...), copied in as given.
-    `max_positions`: the model's max_position_embeddings, which caps the recommendation."""
+    """The JSON report. `about`: what was analysed (dataset, split, tokenizer, ...), copied in as given."""
     if m.rows == 0:
         raise ConfigError(f"no valid rows to analyse ({len(m.invalid)} invalid)")
     total = m.total
@@ -559,15 +520,9 @@ def load_tokenizer(
 
 
 def recipe_tokenizer(recipe, model_path: str | None = None, local_files_only: bool = False):
-    """`load_tokenizer` for a parsed recipe: its model (or the folder `model_path` it was materialized to), revision
-    and chat template."""
-    model = recipe.model
-    return load_tokenizer(
-        model_path or model.model_name_or_path,
-        model.model_revision,
-        recipe.project.chat_template_path,
-        local_files_only,
-    )
+    """`load_tokenizer` for a parsed recipe (`model_path`: the folder its model was materialized to)."""
+    model, template = recipe.model, recipe.project.chat_template_path
+    return load_tokenizer(model_path or model.model_name_or_path, model.model_revision, template, local_files_only)
 
 
 # Files of which a saved tokenizer has at least one (fast or slow, BPE or SentencePiece).
@@ -600,12 +555,9 @@ def dataset_identity(
     local_only: bool = False,
     hh_format: str = "messages",
 ) -> str:
-    """What a cached report is valid for: a local file's path + size + mtime, or a Hub data set's commit.
-
-    A Hub revision is resolved to its commit: online by asking the Hub (not with `local_only`, as in a dry run),
-    offline from the local Hub cache's refs (a data set downloaded on this machine), else the revision name stands in.
-    `hh_format: text` reads HH-RLHF strings into other tokens than the default, so it is part of the identity.
-    """
+    """What a cached report is valid for: a local data set's files (path + size + mtime), or a Hub data set's commit
+    (`hub_revision.commit`; the revision name where it cannot be told). `hh_format: text` reads HH-RLHF strings into
+    other tokens, so it is part of the identity."""
     reading = "" if hh_format == "messages" else f":hh-{hh_format}"
     path = Path(name).expanduser()
     if data.is_local(name):  # the files the split is read from (data_identity.files: not a run folder beside them)
@@ -639,14 +591,12 @@ def cache_key(dataset_id: str, tokenizer) -> tuple[str, dict]:
 
 
 def cache_root() -> Path:
-    """Where this project caches what it computed (length reports, reference log-probs): `$DPOTRAIN_CACHE`, else
-    `~/.cache/dpotrain`."""
+    """Where this project caches what it computed (length reports, reference log-probs)."""
     root = os.environ.get("DPOTRAIN_CACHE")
     return Path(root).expanduser() if root else Path.home() / ".cache" / "dpotrain"
 
 
 def default_cache_dir(cache_dir: str | Path | None = None) -> Path:
-    """`cache_dir`, else `$DPOTRAIN_CACHE/lengths`, else `~/.cache/dpotrain/lengths`."""
     return Path(cache_dir).expanduser() if cache_dir is not None else cache_root() / "lengths"
 
 
@@ -663,16 +613,14 @@ def save_cache(m: Measured, report: dict, dataset_id: str, tokenizer, cache_dir:
 
 
 def _resolution(m: Measured, target: float, report_path: Path, cached: bool, max_positions: int | None) -> dict:
-    """The `max_length: auto` answer: the recommendation's numbers (with `doubled`: what twice this max_length would
-    add, pairs whole and packed compute) and where its report is."""
+    """The `max_length: auto` answer: the recommendation's numbers and where its report is."""
     r = recommendation(m, target, max_positions)
     kept = ("max_length", "coverage", "target_coverage", "truncated", "dropped", "doubled", "reason", "capped")
     return {**{k: r[k] for k in kept}, "rows": m.rows, "cached": cached, "report": str(report_path)}
 
 
 def cached_measure(dataset_id: str, tokenizer, cache_dir: str | Path | None = None) -> tuple[Measured, Path] | None:
-    """A complete analysis cached for this data set, tokenizer and chat template (per-row lengths), and its report's
-    path; None when there is none. Read by `max_length: auto` and by a dry run's step plan."""
+    """The per-row lengths cached for this data set, tokenizer and chat template, and its report's path; or None."""
     key, _ = cache_key(dataset_id, tokenizer)
     folder = default_cache_dir(cache_dir)
     report_path, lengths_path = folder / f"{key}.json", folder / f"{key}.npz"
@@ -701,8 +649,7 @@ def analyse(
     progress: bool = True,
     max_positions: int | None = None,
 ) -> tuple[Measured, dict]:
-    """Every pair's lengths, measured and cached (`max_length: auto` without a cached analysis), and the
-    `max_length: auto` answer from them (capped at the model's `max_positions`)."""
+    """Every pair's lengths, measured and cached, and the `max_length: auto` answer from them."""
     m = measure(dataset, tokenizer, num_proc=num_proc or available_cpus(), progress=progress)
     report = summarize(
         m,
@@ -722,9 +669,8 @@ def resolution_of(found: tuple[Measured, Path], coverage: float, max_positions: 
 
 
 def model_positions(name_or_path: str, revision: str | None = None, local_only: bool = False) -> int | None:
-    """The positions the model takes (dpotrain/data/positions.py: max_position_embeddings, or what its RoPE scaling
-    extends it to), from its config.json alone (built-in: its recipe); None when the config is not readable here or
-    does not say."""
+    """The positions the model takes (`positions.model_limit`), from its config.json alone (built-in: its recipe);
+    None when the config is not readable here or does not say."""
     from dpotrain.data import builtin
 
     if builtin.is_builtin(name_or_path):

@@ -1,21 +1,15 @@
 """Preference data from several sources: a mixture, as TRL's and open-instruct's users write it.
 
-Two spellings, one list of `Source`s:
-
-- the recipe's `datasets:` list, TRL's `DatasetMixtureConfig` (`trl dpo --config`): each entry `path`, `name`,
-  `data_dir`, `data_files`, `split`, `columns` as `datasets.load_dataset` takes them, plus either TRL's `fraction`
-  (a target share of the mixture, TRL's exact rule: shares normalized to one, the largest mixture that needs no
-  source twice, the first rows of each) or this project's `amount` (open-instruct's rule, below);
-- `--dataset_mixer_list SOURCE AMOUNT [SOURCE AMOUNT ...]` with `--dataset_mixer_list_splits`, as open-instruct
-  writes it: an amount with a decimal point is a fraction of the source (`0.5`; above 1.0 upsamples: whole repeats,
-  then a seeded sample), one without is a count of pairs (`1000`, at most the source's usable rows).
-
-Each source is read in its own shape and checked row by row (`rows.usable_pairs`: a bad row is named by its file and
-line), then its rows are taken with a generator seeded by the recipe's seed and the source's own spelling, so the
-same mixture takes the same pairs on every rank, node and rerun. `Mix.records` is what the run records per source.
+Two spellings, one list of `Source`s: the recipe's `datasets:` list, TRL's `DatasetMixtureConfig` (entries as
+`datasets.load_dataset` takes them, plus TRL's `fraction`, a share of the mixture, or this project's `amount`), and
+open-instruct's `--dataset_mixer_list SOURCE AMOUNT ...` (an amount with a decimal point is a fraction of the source,
+above 1.0 upsampling; one without is a count of pairs). Each source is read in its own shape and checked row by row
+(`rows.usable_pairs`), then its rows are taken with a generator seeded by the recipe's seed and the source's spelling,
+so the same mixture takes the same pairs on every rank, node and rerun.
 """
 
 import dataclasses
+import functools
 import hashlib
 import json
 import os
@@ -57,8 +51,7 @@ class Source:
         return self.file or (self.path if data.is_local(self.path) else None)
 
     @property
-    def where(self) -> str:
-        """The name rows are located in (`data.row_location`): the file, else the path."""
+    def where(self) -> str:  # the name rows are located in (`data.row_location`)
         return self.file or self.path
 
     def spec(self) -> str:
@@ -68,9 +61,8 @@ class Source:
         return f"{self.where}{':' + self.name if self.name else ''} [{self.split}]{extra}"
 
     def identity(self) -> str:
-        """What the source is, whatever its spelling: a local file by its real path (a symlink, a relative path or
-        `path: json` + `data_files` name the same file; a file has one split, whatever it is called), a local folder
-        by its real path and what is read of it, a Hub data set by its spec."""
+        """What the source is, whatever its spelling: a local file by its real path (a file has one split, whatever it
+        is called), a local folder by its real path and what is read of it, a Hub data set by its spec."""
         if self.file or (self.local and os.path.isfile(self.local)):
             return os.path.realpath(os.path.expanduser(self.local))
         if self.local:
@@ -148,9 +140,7 @@ def parse(values: dict, evaluation: bool = False) -> list[Source] | None:
 
 
 def local_files(values: dict) -> list[str]:
-    """The sources of the training and held-out mixtures by the names they are read from (`Source.where`, with
-    `data_files` and `data_dir`): what a report must never be written over (`writes.input_files` keeps those on this
-    machine)."""
+    """The names the training and held-out mixtures are read from: what a report must never be written over."""
     found = []
     for evaluation in (False, True):
         for source in parse(values, evaluation) or []:
@@ -310,8 +300,7 @@ class Mix:
 
 
 def read_source(source: Source, say: bool = True):
-    """One source's rows, as the one-source loader reads them (a local file: refusals name its line; a prompt column
-    under another common name read as the prompt, `data.prompt_column`)."""
+    """One source's rows, as the one-source loader reads them."""
     if source.file:
         loaded = data.load_preference_dataset(source.file, source.split, say=say)
     elif source.data_files or source.data_dir:  # a builder or Hub repo with its own files: datasets reads it
@@ -354,27 +343,19 @@ def load(
     identify: bool = False,
     template=None,
 ):
-    """The mixture's pairs joined in the order the sources are written, and its `Mix`. Every source is read in its
-    own shape and checked (bad rows refused by source and line, or with skip_invalid dropped and counted per source,
-    under `checked[key]`; `template`: rows.usable_pairs')."""
+    """The mixture's pairs joined in the order the sources are written, and its `Mix`. Bad rows are refused by source
+    and line, or with skip_invalid dropped and counted per source under `checked[key]`."""
     import datasets
 
     usable, records, dropped = [], [], {}
     for source in sources:
         raw = read_source(source, say)
+        spec = source.spec()  # its rows dropped are counted under it
         pairs = rows.usable_pairs(
-            raw,
-            skip_invalid,
-            dropped,  # its rows dropped, under its spec
-            source.spec(),
-            hh_format,
-            split=source.spec(),
-            say=say,
-            source=source.where,
-            template=template,
+            raw, skip_invalid, dropped, spec, hh_format, split=spec, say=say, source=source.where, template=template
         )
         usable.append(pairs)
-        record = {"source": source.spec(), "amount": source.written(), "rows_read": len(raw), "rows_usable": len(pairs)}
+        record = {"source": spec, "amount": source.written(), "rows_read": len(raw), "rows_usable": len(pairs)}
         if identify:  # the content, as one source's is recorded (data_identity): a Hub set by its revision
             record["identity"] = identity_of(source)
         records.append(record)
@@ -451,8 +432,7 @@ def _read_from(source: Source) -> tuple | None:
 
 
 def identity_of(source: Source) -> dict:
-    """A local source's files (size, time, SHA-256: `data_identity.of`: a file, a folder of shards or a saved one,
-    the local `data_files` of a builder), or a Hub source's revision."""
+    """A local source's files (`data_identity.of`), or a Hub source's revision."""
     files = data_identity.of(*read_from) if (read_from := _read_from(source)) else None
     if files is not None:
         return {"files": files}
@@ -482,8 +462,7 @@ def content_changed(recipe, derived: dict) -> str | None:
 
 def dataset_id(recipe, local_only: bool = False, revision: str | None = None) -> str:
     """What the analyzer's cache of the training data is valid for: one source's identity (`lengths.dataset_identity`)
-    or the mixture's, made of its sources' identities, their amounts and the seed that picks their rows. `revision`:
-    the data set's commit as the run loads it (the data stage's), where it is known."""
+    or the mixture's: its sources' identities, amounts and the seed. `revision`: the commit the run loads, if known."""
     values = fields_of(recipe) | ({} if revision is None else {"dataset_revision": revision})
     return dataset_id_of(values, recipe.training.seed, recipe.project.hh_format, local_only)
 
@@ -499,14 +478,7 @@ def dataset_id_of(values: dict, seed: int, hh_format: str, local_only: bool = Fa
             local_only=local_only,
             hh_format=hh_format,
         )
-    parts = [
-        [
-            lengths.dataset_identity(s.file or s.path, s.split, s.name, local_only=local_only, hh_format=hh_format),
-            s.spec(),
-            s.written(),
-            s.columns,
-        ]
-        for s in sources
-    ]
+    identity = functools.partial(lengths.dataset_identity, local_only=local_only, hh_format=hh_format)
+    parts = [[identity(s.file or s.path, s.split, s.name), s.spec(), s.written(), s.columns] for s in sources]
     digest = hashlib.sha256(json.dumps([parts, seed], default=str).encode()).hexdigest()[:16]
     return f"mixture:{digest}"
