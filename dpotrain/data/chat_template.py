@@ -1,23 +1,15 @@
 """The chat template a recipe chooses (`chat_template_path`), and what a pair's answers must be to be read under it.
 
-`chat_template_path` names a Jinja file (`.jinja`), or a folder holding `chat_template.jinja` (a tokenizer folder as
-transformers 5 saves it). `lengths.load_tokenizer` sets it on every tokenizer the project loads (training and its
-reference stage, the analyzer, the dry run, the preflight, sample generations), so each of them tokenizes with it; the
-run saves it with the tokenizer (`chat_template.jinja` of the final model and of each checkpoint is the template
-trained with). Unset: the model's own template.
-
-The template's content, not its path, is what a run depends on: its SHA-256 is recorded (`record`,
-resolved_config.json `derived.chat_template`) and a resumed run whose template reads differently is refused
-(`changed`). The reference cache needs no entry of its own: its key hashes every pair's token ids, which the template
-decides.
+`chat_template_path` names a Jinja file, or a folder holding `chat_template.jinja` (as transformers 5 saves a
+tokenizer). `lengths.load_tokenizer` sets it on every tokenizer the project loads, so all of them tokenize alike, and
+the run saves it with the tokenizer. Unset: the model's own template. Its content, not its path, is what a run depends
+on: its SHA-256 is recorded (`record`) and a resume whose template reads differently is refused (`changed`).
 
 Answers and the generation prompt (`answer_problem`): TRL splits a pair at the common prefix of the tokenized prompt
-(rendered with the generation prompt) and prompt + answer; open-instruct, which trained OLMo 3, masks by position, the
-length of the tokenized prompt with the generation prompt. Where the rendered answer begins with the generation
-prompt the two agree. Where it does not (under open-instruct's `olmo_thinker`, whose generation prompt ends in
-`<think>`: an answer that does not start with `<think>`), TRL labels the tokens where they diverge and open-instruct
-masks the answer's first tokens instead: such a pair is refused, naming the rows, or dropped and counted with
-`skip_invalid` (docs/data.md "Chat template").
+(with the generation prompt) and prompt + answer; open-instruct, which trained OLMo 3, masks by the length of the
+tokenized prompt with the generation prompt. The two agree only where the rendered answer begins with the generation
+prompt (under `olmo_thinker`, whose generation prompt ends in `<think>`, an answer without `<think>` does not): other
+pairs are refused, or dropped and counted with `skip_invalid` (docs/data.md "Chat template").
 """
 
 import hashlib
@@ -82,9 +74,8 @@ def sha256(text: str) -> str:
 
 
 def record(path: str | None, tokenizer=None, plain_text: bool = False) -> dict:
-    """What resolved_config.json says of the template in effect: where it comes from and its content's SHA-256 (of
-    the model's own, where its tokenizer is at hand); for plain-text pairs, that none applies (TRL tokenizes the text
-    as it is), and whether a `chat_template_path` was given to no effect."""
+    """What resolved_config.json says of the template in effect: where it comes from and its content's SHA-256; for
+    plain-text pairs, that none applies, and whether a `chat_template_path` was given to no effect."""
     if plain_text:
         return {"path": None, "source": "none: plain text", "sha256": None, "plain_text": True, "unused": path}
     if path:
@@ -94,10 +85,9 @@ def record(path: str | None, tokenizer=None, plain_text: bool = False) -> dict:
 
 
 def changed(old: Template | None, path: str | None) -> str | None:
-    """How the template now differs from the one a run recorded (`record`), or None: the same content, or no record
-    (a run written before templates were recorded), or a run on plain text, which no template reads. A file given now
-    is compared by content with what the run used, the model's own template included; a run that used a file,
-    resumed without one, is a change."""
+    """How the template now differs from the one a run recorded (`record`), or None: the same content, no record, or a
+    run on plain text. A file given now is compared by content; a run that used a file, resumed without one, is a
+    change."""
     if not old or old.plain_text:
         return None
     if path:
@@ -126,8 +116,7 @@ def template_kwargs(example: dict) -> dict:
 
 def answer_problem(example: dict, tokenizer) -> tuple[str, str] | None:
     """(column, problem) for a conversational pair whose rendered prompt + answer does not begin with the rendered
-    prompt + generation prompt, the text TRL's prefix split and open-instruct's position-based masking agree on;
-    None for a pair read alike by both. A template that fails on the row is left to the trainer's own error."""
+    prompt + generation prompt; None otherwise. A template that fails on the row is left to the trainer's own error."""
     kwargs = template_kwargs(example)
     try:
         prompt = tokenizer.apply_chat_template(example["prompt"], tokenize=False, add_generation_prompt=True, **kwargs)
@@ -141,8 +130,7 @@ def answer_problem(example: dict, tokenizer) -> tuple[str, str] | None:
 
 
 def _mismatch(prompt: str, whole: str) -> str:
-    """The problem, then (after `shapes.DETAIL`) what this row's answer reads instead: rows are counted by the
-    problem alone (`rows.RowCheck.by_reason`)."""
+    """The problem, then (after `shapes.DETAIL`, left out of the counts per reason) what this row's answer reads."""
     same = len(os.path.commonprefix([prompt, whole]))
     expected, found = prompt[same:][:SHOWN], whole[same:][:SHOWN]
     return (

@@ -1,21 +1,14 @@
 """A run's input files by identity, not only by name: a run resumed on other data, or on another model at the same
 path, would go on mid-epoch on pairs its plan never saw, or score its reference with other weights.
 
-`of_files` records each file of a list with its size, modification time and a SHA-256; `changed_files` says how the
-files differ now from such a record, naming the file. Every input goes through these two, so adding a file to what a
-resume compares is one more entry in the list given to them.
+`of_files` records each file with its size, modification time and a SHA-256; `changed_files` says how the files differ
+now from such a record, naming the file. Data files (this module) are hashed whole (~1 s per GB, once at start); the
+model's files (model_identity.py) can be tens of GB, so one larger than 2 MiB is known by its first and last MiB.
 
-- Data files (this module: a JSONL, JSON, CSV or Parquet file, a folder of shards, the training split's Arrow files of
-  a folder saved with `save_to_disk`, the local files of a mixture's sources) are hashed whole (~1 s per GB, once at
-  start on the main process: a 10 GB JSONL takes seconds beside the minutes datasets takes to read it).
-- The model's files (model_identity.py: weights, config, tokenizer, chat template) can be tens of GB: a file larger
-  than 2 MiB is known by the SHA-256 of its first and last MiB (`ENDS`), read in milliseconds whatever its size.
-
-A rerun compares sizes first, then trusts an unchanged size and modification time (as datasets' own cache and make
-do). A file whose time changed is hashed again: a file hashed whole resumes when its content is the same (a copy, a
-checkout), and is refused otherwise; a file known by its ends is refused when they differ, and also when they do not,
-since re-exporting weights rewrites the file (a new time) while its size, header and first and last tensors may stay
-the same: the message gives the `touch` command that restores the recorded time, for a file copied unchanged.
+A rerun trusts an unchanged size and modification time (as datasets' cache and make do). A file whose time changed is
+hashed again: one hashed whole resumes when its content is the same; one known by its ends is refused even when they
+are the same, since re-exporting weights rewrites the file while its size and first and last tensors may stay the
+same (the message gives the `touch` command that restores the recorded time, for a file copied unchanged).
 """
 
 import glob
@@ -50,11 +43,9 @@ def _listed(data_files, split: str, base: Path) -> list[Path]:
 
 
 def files(name: str, split: str = "train", data_dir: str | None = None, data_files=None) -> dict[str, Path] | None:
-    """The files the training split is read from, by the names a record keeps (relative to the data set): the file
-    itself; a saved split's `data-*.arrow` (not the `cache-*.arrow` files datasets adds beside them as the data is
-    mapped and filtered); every file of a folder of shards (`data_dir` of it, if given), hidden ones aside; the local
-    files `data_files` lists, relative to the folder `name` (`.` for a builder's: json, csv, parquet). None for a data
-    set on the Hub."""
+    """The files the training split is read from, by their names relative to the data set: the file itself; a saved
+    split's `data-*.arrow` (not datasets' `cache-*.arrow` beside them); every file of a folder of shards (or of its
+    `data_dir`), hidden ones aside; the local files `data_files` lists. None for a data set on the Hub."""
     path = Path(name).expanduser()
     if data_files and path.is_dir():  # those files only, never the whole folder they are named from
         listed = _listed(data_files, split, path)
@@ -84,8 +75,8 @@ def _sha256(path: Path, ends: bool = False) -> str:
 
 
 def of_files(found: dict[str, Path], ends: bool = False) -> dict:
-    """{name: {"bytes", "mtime_ns", and "sha256" (the whole file) or "sha256_ends" (its first and last MiB)}} of the
-    files `found` (name -> path); `ends`: files larger than 2 MiB are known by their ends."""
+    """{name: {"bytes", "mtime_ns", "sha256" or "sha256_ends"}} of the files `found` (name -> path); `ends`: files
+    larger than 2 MiB are known by their first and last MiB."""
     record = {}
     for name, path in found.items():
         stat = path.stat()
@@ -130,8 +121,7 @@ def of(name: str, split: str = "train", data_dir: str | None = None, data_files=
 def changed(
     old: dict | None, name: str, split: str = "train", data_dir: str | None = None, data_files=None
 ) -> str | None:
-    """How the local data set `name`'s `split` differs from the run's record `old` (`of`), or None: the same
-    content, a Hub data set, or a run recorded before data identities."""
+    """How the local data set `name`'s `split` differs from the run's record `old` (`of`), or None."""
     found = files(name, split, data_dir, data_files)
     if not old or found is None:
         return None

@@ -1,13 +1,10 @@
 """The commit of a Hub data set a run trains on: decided once, when the run first starts, and kept by every resume.
 
-A Hub data set's `main` moves whenever its owners push. A run preempted mid-epoch and requeued after such a push would
-go on with other pairs than those its step plan and reference log-probs were made for, and nothing would say so. So
-the run resolves `dataset_revision` (default: `main`) to a commit on its main process (every rank then loads the same
-commit), loads the data set at that commit, and records it in resolved_config.json (`derived.data_identity`). A
-resumed run loads the recorded commit again, wherever `main` is by then; a `dataset_revision` given on the resume that
-names another commit is another data set, refused as changed data are. A local data set is known by its files'
-content instead (data_identity.py). The Hub sources of a mixture are recorded by commit, not pinned: a resume after
-one moved is refused (`moved`)."""
+A Hub data set's `main` moves whenever its owners push: a run requeued after such a push would go on with other pairs
+than its step plan and reference log-probs were made for. So the run resolves `dataset_revision` to a commit once,
+loads the data set at that commit and records it (`derived.data_identity`); a resume loads the recorded commit again,
+and a `dataset_revision` naming another commit is refused as changed data are. The Hub sources of a mixture are
+recorded by commit, not pinned: a resume after one moved is refused (`moved`)."""
 
 import re
 from pathlib import Path
@@ -27,8 +24,7 @@ def applies(name: str | None) -> bool:
 
 def commit(name: str, revision: str | None, kind: str = "dataset", local_only: bool = False) -> str | None:
     """The commit `revision` (default: main) of the Hub `kind` ("dataset" or "model") `name` points to (a commit:
-    itself, without asking the Hub): asked of the Hub (not with `local_only`, as in a dry run), else read from the
-    local Hub cache's refs (offline, no access); None where neither says."""
+    itself): asked of the Hub (not with `local_only`), else read from the Hub cache's refs; None if neither says."""
     if revision and COMMIT.fullmatch(revision):
         return revision
     from huggingface_hub import HfApi
@@ -45,9 +41,8 @@ def commit(name: str, revision: str | None, kind: str = "dataset", local_only: b
 
 
 def resolve(name: str, revision: str | None) -> str | None:
-    """The commit `revision` (default: main) points to now (a commit: itself, without asking the Hub); the revision
-    itself where the Hub cannot say (offline: the local Hub cache's refs are read first), so that the run still loads
-    what it was asked for."""
+    """The commit `revision` points to now (`commit`); the revision itself where that cannot be told, so that the run
+    still loads what it was asked for."""
     found = commit(name, revision)  # a resumed run's recorded commit, or one given by hand: itself
     return found if found and COMMIT.fullmatch(found) else revision
 
@@ -73,8 +68,7 @@ def kept(recipe, output_dir: str) -> str | None:
 
 
 def changed(recorded: str, name: str, given: str | None) -> str | None:
-    """How a `dataset_revision` given on a resume differs from the commit the run trained on; None when none is given
-    (the run keeps its commit) or it names that commit."""
+    """How a `dataset_revision` given on a resume differs from the commit the run trained on, or None."""
     if given is None:
         return None
     now = resolve(name, given)
@@ -99,7 +93,7 @@ def check_loaded(dataset, name: str, revision: str | None) -> None:
 
 def moved(recorded: str, now: str) -> str | None:
     """How a mixture's Hub source moved since the run read it (`lengths.dataset_identity` strings, `...@<commit>`);
-    None where it did not, or where the commit cannot be told here (offline, without the Hub cache's refs)."""
+    None where it did not, or where the commit cannot be told here."""
     old, new = recorded.rsplit("@", 1)[-1][:40], now.rsplit("@", 1)[-1][:40]
     if old == new or not (COMMIT.fullmatch(old) and COMMIT.fullmatch(new)):
         return None

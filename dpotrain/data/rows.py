@@ -1,10 +1,9 @@
 """Is a preference row usable by TRL's DPOTrainer? One reading and one check for the analyzer and for training.
 
-`read_row` reads a row in any shape `shapes.py` knows (TRL's, UltraFeedback-binarized, HH-RLHF, Dolci) into an
-explicit prompt and its two completions, and refuses what the trainer would crash on after loading the model (a null
-side, non-string content, a message without `role`, text rows mixed with message rows) or silently train on (plain
-text inside a message data set, two sides that answer different prompts, empty completions, chosen identical to
-rejected). `usable_pairs` runs it on every row before training and hands the trainer the rows as read.
+`read_row` reads a row in any shape `shapes.py` knows into an explicit prompt and its two completions, and refuses
+what the trainer would crash on after loading the model (a null side, a message without `role`, ...) or silently
+train on (two sides that answer different prompts, empty completions, chosen identical to rejected). `usable_pairs`
+runs it on every row before training and hands the trainer the rows as read.
 """
 
 import dataclasses
@@ -47,9 +46,7 @@ class RowFormat:
 
     shape: shapes.Shape
     eos_token: str | None  # appended to plain-text completions (None: checks only)
-    # The tokenizer whose chat template each message pair's answers must follow (chat_template.answer_problem); None:
-    # not checked here.
-    template: object | None = None
+    template: object | None = None  # the tokenizer the answers are checked against (chat_template.answer_problem)
 
     @classmethod
     def of(
@@ -182,14 +179,10 @@ def check_dataset(
     hh_format: str = "messages",
     template=None,
 ) -> RowCheck:
-    """`read_row` on every row of an in-memory `Dataset`, every bad row listed in the returned `RowCheck`. Unless
-    `skip_invalid`, some bad rows among good ones raise `InvalidRowError` naming the training flag: the first bad row,
-    or answers that leave the chat template's generation prompt (`template`: RowFormat.of) all together, naming every
-    such row (a data set that has one usually has many). Every row bad is for the caller to say (`usable_pairs`):
-    dropping bad rows would leave nothing.
-
-    Rows are read a column batch at a time (Arrow to Python in bulk), which is what keeps 150k rows in seconds.
-    """
+    """`read_row` on every row of an in-memory `Dataset` (a column batch at a time: 150k rows in seconds), every bad
+    row listed in the returned `RowCheck`. Unless `skip_invalid`, bad rows among good ones raise `InvalidRowError`: the
+    first, or answers that leave the chat template's generation prompt all together (a data set that has one usually
+    has many). Every row bad is for the caller to say (`usable_pairs`): dropping bad rows would leave nothing."""
     start = time.perf_counter()
     columns = [c for c in ROW_COLUMNS if c in dataset.column_names]
     if len(dataset) == 0:
@@ -219,10 +212,8 @@ def check_dataset(
 
 
 def every_row_invalid(checked: RowCheck, split: str, source: str | None) -> str:
-    """One line for a split none of whose rows is usable, said once: dropping bad rows (`--skip_invalid`) would leave
-    nothing, so it is not offered. Every row failing one check says which, and what fits instead where there is such
-    a thing (a chat template that does not fit the answers: `chat_template.misfit`); several checks, the three most
-    common."""
+    """One line for a split none of whose rows is usable (`--skip_invalid` is not offered: it would leave nothing): the
+    one check every row fails and what fits instead (`chat_template.misfit`), or the three most common."""
     from dpotrain.data.data import row_location
 
     reasons, first = checked.by_reason(), checked.invalid[0]
@@ -253,14 +244,10 @@ def usable_pairs(
     source: str | None = None,
     template=None,
 ):
-    """The data set's pairs as the trainer is to tokenize them (`read_row`: explicit prompt, other columns left out).
-
-    Refused at its first bad row, or with `skip_invalid` without its bad rows: then they are recorded as
-    `derived[key]` (for resolved_config.json) and, where `say` (one process of a launch), said on the console; a
-    refusal says where the row is in `source` (the data set's name: its file and line, `data.row_location`). No
-    usable row left is refused too: the trainer would fail on an empty data set only after loading the model.
-    `template`: the tokenizer (or a function loading it) whose chat template the answers are checked against.
-    """
+    """The data set's pairs as the trainer is to tokenize them (`read_row`), refused at the first bad row (located in
+    `source`, `data.row_location`), or with `skip_invalid` without the bad rows, recorded as `derived[key]` (said on the
+    console where `say`). No usable row left is refused too: the trainer would fail only after loading the model.
+    `template`: the tokenizer (or a function loading it) whose chat template the answers are checked against."""
     try:
         checked = check_dataset(dataset, skip_invalid=skip_invalid, hh_format=hh_format, template=template)
     except InvalidRowError as e:

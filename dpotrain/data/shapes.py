@@ -2,22 +2,17 @@
 
 Read from the data set's first row (`Shape.of`), then row by row (`read`):
 
-- `messages` (Dolci, TRL conversational): chosen/rejected message lists. The prompt is each side's messages before
-  its trailing assistant turn(s); the two must be equal.
-- `prompt+messages` (TRL, explicit prompt): prompt, chosen, rejected message lists, as given.
-- `ultrafeedback` (UltraFeedback-binarized): a string prompt beside chosen/rejected conversations. The string is the
-  conversations' first user turn, so the row is read as `messages` without it (sides that hold only the answer get
-  it as their user turn).
-- `hh` (Anthropic HH-RLHF): chosen/rejected strings `\\n\\nHuman: ...\\n\\nAssistant: ...`. Turned into message
-  lists (`hh_format: messages`, so the model's chat template applies), or split as text after the last `Assistant:`
-  (`hh_format: text`); either way the Human/Assistant turns before the last answer must be equal.
-- `text` (TRL standard): chosen/rejected strings. The prompt is the start they share (TRL's `extract_prompt`).
-- `prompt+text` (TRL standard, CSV files): prompt, chosen, rejected strings, as given.
+- `messages` (Dolci, TRL conversational): message lists; the prompt is each side's messages before its trailing
+  assistant turn(s), the same on both sides.
+- `prompt+messages` (TRL, explicit prompt) and `prompt+text` (TRL standard, CSV files): as given.
+- `ultrafeedback` (UltraFeedback-binarized): a string prompt that repeats the conversations' first user turn, read as
+  `messages` without it.
+- `hh` (Anthropic HH-RLHF): `\\n\\nHuman: ...\\n\\nAssistant: ...` strings, turned into message lists
+  (`hh_format: messages`) or split as text after the last `Assistant:` (`hh_format: text`).
+- `text` (TRL standard): strings; the prompt is the start they share (TRL's `extract_prompt`).
 
-A row that cannot be read so (its sides answer different prompts, a string prompt that is not the conversation's
-user turn, an HH string without its turns) is a problem `(column, what)`, refused or dropped by `rows.py` like any
-other invalid row. Every other column (`score_chosen`, `prompt_id`, `messages`, ...) is left out, except the two TRL
-reads: `tools` and `chat_template_kwargs`.
+A row that cannot be read so is a problem `(column, what)`, refused or dropped by `rows.py` like any other invalid
+row. Other columns are left out, except the two TRL reads: `tools` and `chat_template_kwargs`.
 """
 
 import dataclasses
