@@ -1,10 +1,8 @@
 """Pairs cut or dropped at max_length, counted once for training, the dry run and the analyzer.
 
 TRL 1.16 (`DPOTrainer._prepare_dataset` and its collator): with `truncation_mode: keep_start` a pair whose prompt alone
-fills max_length is dropped (no completion token would be left), and a sequence (prompt + chosen, prompt + rejected)
-longer than max_length loses its end; `keep_end` drops nothing and cuts the start instead. A pair is counted as cut
-when either of its sequences is. Training counts from the tokenized training set (`plan_stage.for_trainer`), a dry run
-and the analyzer from the analyzer's per-pair lengths: the same rows give the same counts.
+fills max_length is dropped, and a sequence longer than max_length loses its end; `keep_end` drops nothing and cuts
+the start instead. A pair is cut when either of its sequences is.
 """
 
 import math
@@ -62,9 +60,8 @@ def recommend(total: np.ndarray, target: float, step: int = STEP) -> int:
 
 def check(prompt, chosen, rejected, shared, max_length: int, truncation_mode: str, source: str) -> None:
     """Refuse a max_length that leaves fewer than `TEACHING` of the pairs anything to learn: a pair teaches nothing
-    when the trainer drops it, or (keep_start) when the cut falls inside the start its two completions share
-    (`shared`: their common tokens; None: not measured), so that both sides are the same tokens and every gradient is
-    zero. Say what length would do instead."""
+    when the trainer drops it, or (keep_start) when the cut falls inside the start its completions share (`shared`;
+    None: not measured), so that both sides are the same tokens. Say what length would do instead."""
     prompt, chosen, rejected = (np.asarray(a, dtype=np.int64) for a in (prompt, chosen, rejected))
     pairs = len(prompt)
     counted = count(prompt, chosen, rejected, max_length, truncation_mode)

@@ -16,8 +16,8 @@ PROMPT_NAMES = ("instruction", "question", "input", "query", "problem", "request
 
 
 def looks_like_path(name: str) -> bool:
-    """Written as a path, not as a Hub repo id (`org/name`: one slash, no leading `.`, `/` or `~`), or starting with
-    a folder that exists here (`outputs/my-sft`, `data/pairs.jsnl`: a mistyped local path, not an `org`)."""
+    """Written as a path, not as a Hub repo id (`org/name`), or starting with a folder that exists here
+    (`data/pairs.jsnl`: a mistyped local path, not an `org`)."""
     return name.startswith((".", "/", "~")) or name.count("/") >= 2 or ("/" in name and Path(name).parent.is_dir())
 
 
@@ -51,8 +51,7 @@ SUFFIX_OF = {"parquet": ".parquet", "json lines": ".jsonl", "a json array": ".js
 
 
 def file_kind(path: Path) -> str | None:
-    """What a data file holds, from its first and last bytes: parquet, json lines, a json array, or None (text: CSV,
-    or something loading it will name)."""
+    """What a data file holds, from its first and last bytes: parquet, json lines, a json array, or None."""
     with open(path, "rb") as f:
         head = f.read(4096)
         if head[:4] == b"PAR1":
@@ -63,8 +62,8 @@ def file_kind(path: Path) -> str | None:
 
 
 def check_file_kind(path: Path) -> None:
-    """A file whose name says another format than it holds (JSON Lines named .parquet, Parquet named .jsonl): one line
-    saying what it is and how to name it, instead of the reader's traceback."""
+    """A file whose name says another format than it holds: one line saying how to name it, not the reader's
+    traceback."""
     kind = file_kind(path)
     fits = {".parquet": kind == "parquet", ".csv": kind is None}.get(path.suffix, kind != "parquet")  # .jsonl, .json
     if not fits:
@@ -82,8 +81,8 @@ def load_preference_dataset(
     streaming: bool = False,
     say: bool = True,
 ):
-    """The `split` of the data set `name`, checked for the `chosen`/`rejected` columns DPO needs, its prompt column
-    found under another common name (`prompt_column`; `say`: said on the console)."""
+    """The `split` of the data set `name`, checked for the `chosen`/`rejected` columns DPO needs (`prompt_column`:
+    `say` says so on the console)."""
     import datasets
 
     check_dataset_name(name)
@@ -123,10 +122,9 @@ def load_preference_dataset(
 
 
 def prompt_column(dataset, name: str, split: str = "train", say: bool = True):
-    """String answers without a `prompt` column but with one column of a common prompt name (`PROMPT_NAMES`) that
-    the answers do not already start with: that column read as the prompt, and said so. Otherwise TRL would take the
-    characters both answers share as the prompt and train the rest. Two such columns are refused: which is the
-    prompt, or how they join, is the user's to say."""
+    """String answers without a `prompt` column but with one column of a `PROMPT_NAMES` name that the answers do not
+    start with: that column read as the prompt (TRL would take the characters both answers share as the prompt).
+    Two such columns are refused: which is the prompt is the user's to say."""
     columns = dataset.column_names or []
     found = [c for c in PROMPT_NAMES if c in columns]
     if "prompt" in columns or not found:
@@ -154,9 +152,8 @@ def prompt_column(dataset, name: str, split: str = "train", say: bool = True):
 
 
 def _has_rows(path: Path) -> bool:
-    """Whether a local file holds a row, read from its head only: every rank checks this at start, so a whole-file
-    parse (a JSON array, a CSV) is no place for it. A file the head cannot settle counts as holding rows; loading it
-    says what is wrong."""
+    """Whether a local file holds a row, from its head only (every rank checks this at start); a file the head cannot
+    settle counts as holding rows."""
     if path.suffix == ".parquet":
         import pyarrow.parquet as pq
 
@@ -206,10 +203,8 @@ def _invalid_utf8(path: Path) -> str | None:
 
 @functools.cache
 def check_datasets_cache() -> None:
-    """datasets writes every data set it reads, a local JSON Lines file too, as Arrow files in its cache
-    (HF_DATASETS_CACHE, else $HF_HOME/datasets, else ~/.cache/huggingface/datasets). In a cache it cannot write in, it
-    fails with a message about the data file: the cache is named instead (once per process; a folder still to be made
-    is probed in the nearest one that exists)."""
+    """datasets writes every data set it reads, local files too, into its cache, and where it cannot write it fails
+    with a message about the data file: the cache is named instead (once per process)."""
     import datasets
 
     from dpotrain.recipe.writes import unwritable
@@ -225,8 +220,7 @@ def check_datasets_cache() -> None:
 
 
 def _unreadable(path: Path, error: Exception) -> str:
-    """Why a local file did not load: a line that is not UTF-8, or for JSON Lines the first line that is not a JSON
-    object, by its number."""
+    """Why a local file did not load: its first line that is not UTF-8 (or, JSON Lines, not a JSON object)."""
     found = _invalid_utf8(path) if path.suffix in (".jsonl", ".json", ".csv") else None  # wrapped by datasets
     if found:
         return found
@@ -255,10 +249,9 @@ def check_columns(columns, name: str) -> None:
 
 
 def row_location(name: str, index: int) -> str:
-    """Where row `index` (from 0, as the data set counts its rows) of a data set is, as a person finds it in the file:
-    'line 8 of my.jsonl' (JSON Lines: the index-th line that is not blank, which is what the reader counts), 'line 9
-    of my.csv' (the line its record starts on, after the header; quoted fields may span lines), else 'row 7 (from 0)
-    of my.parquet'. Read only when a row is refused: a scan of the file up to that row."""
+    """Where row `index` (from 0) of a data set is, as a person finds it in the file: 'line 8 of my.jsonl' (blank lines
+    are not rows), 'line 9 of my.csv' (where its record starts: quoted fields may span lines), else 'row 7 (from 0) of
+    my.parquet'."""
     path = Path(name).expanduser()
     if path.is_file() and path.suffix == ".jsonl" or (path.suffix == ".json" and file_kind(path) == "json lines"):
         with open(path, "rb") as f:

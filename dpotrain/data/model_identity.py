@@ -1,10 +1,8 @@
 """The model a run trains, by identity: its weights, config, tokenizer and chat template, as resume compares them.
 
-A model re-exported with other weights at the same path, or a folder whose `chat_template.jinja` was edited, would
-resume with the reference scored by other weights, or on pairs tokenized another way. So a run records, in
-resolved_config.json (`derived.model_identity`), the model's files by size, modification time and SHA-256 (large files
-by their first and last MiB: data_identity.py says what that catches), and a rerun compares them as it compares the
-data. A Hub model is known by the commit its revision resolved to when the run started.
+A model re-exported at the same path, or a folder whose `chat_template.jinja` was edited, would resume with the
+reference scored by other weights, or on pairs tokenized another way. So a run records the model's files
+(`derived.model_identity`, as data_identity.py records the data), or a Hub model's commit, and a rerun compares them.
 """
 
 import fnmatch
@@ -48,8 +46,7 @@ def folder(name: str | None) -> Path | None:
 
 
 def input_files(recipe) -> dict[str, Path] | None:
-    """The local files the run reads its model, tokenizer and chat template from, by the names its record keeps;
-    None for a Hub model. Another file the model is read with is one more entry here."""
+    """The local files the run reads its model, tokenizer and chat template from; None for a Hub model."""
     root = folder(recipe.model.model_name_or_path)
     if root is None:
         return None
@@ -59,8 +56,8 @@ def input_files(recipe) -> dict[str, Path] | None:
 
 
 def of(recipe) -> dict | None:
-    """What resolved_config.json records of the model: {"files": ...} (`data_identity.of_files`) for local files,
-    {"hub_commit": ...} for a Hub model, None where the Hub cannot say."""
+    """{"files": ...} (`data_identity.of_files`) for a local model, {"hub_commit": ...} for a Hub model, None where
+    the Hub cannot say."""
     found = input_files(recipe)
     if found is not None:
         return {"files": data_identity.of_files(found, ends=True)}

@@ -1,6 +1,5 @@
 """Each pair's token lengths as the collators lay it out: its two sequences cut at max_length, and whether its prompt
-is computed once. What the step plan cuts micro-batches by (plan.py), the forwards' costs are estimated on
-(forwards/cost.py) and the reference stage counts its tokens with: one class, in the data stage they all follow."""
+is computed once (the step plan, the forwards' costs and the reference stage all read these)."""
 
 import functools
 from dataclasses import dataclass

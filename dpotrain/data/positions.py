@@ -1,13 +1,10 @@
 """How many positions a model takes, and the refusal of a run whose sequences would go past them.
 
-A rotary model fed positions past its context trains without an error, on positions its attention never learned: the
-run looks healthy and the model comes out worse. A model with learned position embeddings fails on the GPU with a
-device-side assert instead. Either way the run is refused at start, before the model loads, with the limit and the fix.
-
-The limit is `max_position_embeddings`, or the context a RoPE scaling in the config extends it to (`factor` x
-`original_max_position_embeddings` for yarn, llama3, linear, dynamic and longrope), whichever is larger: Llama 3.1
-says 131072 for llama3 8 x 8192, OLMo 3 65536 for yarn 8 x 8192, and a Qwen config given yarn 4 x 32768 by its user
-keeps 32768 as max_position_embeddings."""
+A rotary model fed positions past its context trains without an error, on positions its attention never learned (a
+model with learned position embeddings fails with a device-side assert): the run is refused before the model loads.
+The limit is `max_position_embeddings`, or the context a RoPE scaling extends it to (`factor` x
+`original_max_position_embeddings`), whichever is larger: a Qwen config given yarn 4 x 32768 by its user keeps 32768
+as max_position_embeddings."""
 
 import numpy as np
 
@@ -33,8 +30,8 @@ def model_limit(config) -> tuple[int | None, str]:
 
 
 def longest_sequence(max_length: int | None, pairs, whole_split: bool) -> tuple[int | None, str]:
-    """The longest sequence (prompt + completion, truncated) the model will see, and what says so: the data's own
-    longest where every pair was measured (or nothing bounds it), else max_length."""
+    """The longest sequence the model will see, and what says so: the data's own longest where every pair was
+    measured (or nothing bounds it), else max_length."""
     if pairs is not None and len(pairs.prompt) and (whole_split or max_length is None):
         longest = int((np.asarray(pairs.prompt) + np.maximum(pairs.chosen, pairs.rejected)).max())
         if max_length is not None and longest > max_length:

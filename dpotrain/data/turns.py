@@ -1,23 +1,16 @@
 """Which assistant turns a pair trains (`assistant_turns`): the final one (TRL's), or every one (open-instruct's).
 
-TRL tokenizes a pair as prompt (every message before the final assistant turn, with the generation prompt), chosen
-and rejected completion, and trains the completions only. open-instruct, which trained OLMo 3
-(`dataset_transformation.py:sft_tulu_tokenize_and_truncate_v1` at 2fd104e, through
-`preference_tulu_tokenize_and_truncate_v1`), renders each side's whole conversation and labels every position but
-those of non-assistant messages: a non-assistant message i covers the positions from the end of the rendered
-messages[:i] to the end of the rendered messages[:i+1] (with the generation prompt when message i+1 is the
-assistant's, so each assistant header is masked too). Everything else is labeled: every assistant turn, earlier ones
-included, with whatever the template writes after it (`<|im_end|>`, a newline). The positions are taken as they fall
-in the whole conversation. Its `_get_batch_logps(average_log_prob=True)` then averages each side's log-probs over
-its labeled positions but the first (the labels are shifted by one).
+TRL trains a pair's completions only (the messages after the final assistant turn's start). open-instruct, which
+trained OLMo 3 (`dataset_transformation.py:sft_tulu_tokenize_and_truncate_v1` at 2fd104e, through
+`preference_tulu_tokenize_and_truncate_v1`), renders each side's whole conversation and masks only the non-assistant
+messages: message i covers the end of the rendered messages[:i] to the end of the rendered messages[:i+1] (with the
+generation prompt when message i+1 is the assistant's, so each assistant header is masked too); every assistant turn,
+earlier ones included, is labeled.
 
 With `all`, this project keeps TRL's tokenization and adds one column, `prompt_labels`: 1 for each prompt token that
-open-instruct labels (the earlier assistant turns), 0 elsewhere (and at position 0, which nothing predicts). The
-collators build each sequence's completion mask as `prompt_labels` followed by the completion's ones, so TRL's loss,
-which sums (and for sigmoid_norm and ipo, averages) over the completion mask, sums over every labeled token; an
-earlier turn is part of the prompt both sides share, so it counts on both sides' sums and token counts. Without the
-column (`final`) every mask is what it was. A pair whose completion open-instruct would label otherwise than TRL's
-split (a template whose prompt with generation prompt is not how the conversation starts) is refused, naming it.
+open-instruct labels, 0 elsewhere (and at position 0, which nothing predicts). The collators build each sequence's
+completion mask as `prompt_labels` followed by the completion's ones, so TRL's loss sums over every labeled token. A
+pair whose completion open-instruct would label otherwise than TRL's split is refused, naming it.
 """
 
 from dpotrain.data import chat_template
@@ -26,16 +19,13 @@ from dpotrain.data.pair_lengths import LABELS
 
 def masked_spans(prompt: list[dict], tokenizer, **template_kwargs) -> list[tuple[int, int]]:
     """The positions open-instruct masks in a conversation that starts with `prompt` and goes on with assistant
-    messages only (the completion): one (start, end) per non-assistant message of the prompt. Every message before
-    the completion is the prompt's, so rendering the prompt's own prefixes gives the same lengths as rendering the
-    whole conversation's (what open-instruct does), at a fraction of the cost on long answers."""
+    messages only: one (start, end) per non-assistant message of the prompt (rendering the prompt's own prefixes gives
+    the same lengths as the whole conversation's, at a fraction of the cost on long answers)."""
     from dpotrain.recipe import upstream
 
     def length(upto: int, generation: bool) -> int:
-        ids = upstream.tokenize(tokenizer, prompt[:upto], add_generation_prompt=generation, **template_kwargs)[
-            "input_ids"
-        ]
-        return len(ids)
+        rendered = upstream.tokenize(tokenizer, prompt[:upto], add_generation_prompt=generation, **template_kwargs)
+        return len(rendered["input_ids"])
 
     spans = []
     for i, message in enumerate(prompt):
