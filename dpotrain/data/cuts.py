@@ -44,8 +44,7 @@ def line(cuts: dict) -> str:
     end = "their end" if cuts["truncation_mode"] == "keep_start" else "their start"
     return (
         f"max_length {cuts['max_length']:,}: {cuts['truncated']:,} of {cuts['pairs']:,} pairs cut "
-        f"({cuts['truncation_mode']}: {end}), {cuts['dropped']:,} dropped (prompt alone fills "
-        "max_length)"
+        f"({cuts['truncation_mode']}: {end}), {cuts['dropped']:,} dropped (prompt alone fills max_length)"
     )
 
 

@@ -213,9 +213,8 @@ def check_datasets_cache() -> None:
     problem = unwritable(folder)
     if problem:
         raise ConfigError(
-            f"the datasets cache {folder} is not writable ({problem[1]} in {problem[0]}), and datasets "
-            "caches every data set it reads there, local files too: set HF_HOME (or HF_DATASETS_CACHE) "
-            "to a writable folder"
+            f"the datasets cache {folder} is not writable ({problem[1]} in {problem[0]}), and datasets caches every "
+            "data set it reads there, local files too: set HF_HOME (or HF_DATASETS_CACHE) to a writable folder"
         )
 
 

@@ -112,9 +112,8 @@ def _rationale(report: dict, current_max_length: int | None, batch: int) -> list
     if current_max_length and str(current_max_length) in report["candidates"]:
         c = report["candidates"][str(current_max_length)]
         lines.append(
-            f"- The recipe's max_length={current_max_length:,} covers {c['coverage']:.1%} "
-            f"({c['truncated']:,} truncated, {c['dropped']:,} dropped) at {c['compute']['relative']:.1%} of the "
-            "recommended packed compute"
+            f"- The recipe's max_length={current_max_length:,} covers {c['coverage']:.1%} ({c['truncated']:,} "
+            f"truncated, {c['dropped']:,} dropped) at {c['compute']['relative']:.1%} of the recommended packed compute"
         )
     invalid = report["invalid"]
     if invalid["count"]:

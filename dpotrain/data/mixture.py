@@ -254,9 +254,8 @@ def take(source: Source, usable: int, seed: int, share_rows: int | None = None) 
         count = int(source.amount)
         if count > usable:
             raise ConfigError(
-                f"source {source.spec()} has {usable} usable rows and the mixture asks for {count}: "
-                f"ask for fewer, or write a fraction to upsample ({count / usable:.2f} takes every "
-                "row and a seeded sample of the rest)"
+                f"source {source.spec()} has {usable} usable rows and the mixture asks for {count}: ask for fewer, or "
+                f"write a fraction to upsample ({count / usable:.2f} takes every row and a seeded sample of the rest)"
             )
         return np.sort(rng.choice(usable, count, replace=False))
     wanted = int(float(source.amount) * usable)  # floor, as open-instruct
@@ -391,9 +390,8 @@ def _check_same_kind(parts, sources) -> None:
         text = [k for k, conversational in kinds.items() if not conversational]
         lists = [k for k, conversational in kinds.items() if conversational]
         raise ConfigError(
-            f"the mixture joins message lists ({', '.join(lists)}) and plain text ({', '.join(text)}): "
-            "a run applies the chat template to all or none; convert the text source to messages "
-            "(HH-RLHF: hh_format: messages)"
+            f"the mixture joins message lists ({', '.join(lists)}) and plain text ({', '.join(text)}): a run applies "
+            "the chat template to all or none; convert the text source to messages (HH-RLHF: hh_format: messages)"
         )
 
 

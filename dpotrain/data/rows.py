@@ -272,8 +272,5 @@ def usable_pairs(
         dataset = dataset.select([i for i in range(len(dataset)) if i not in bad])
     columns = [c for c in ROW_COLUMNS if c in dataset.column_names]
     return dataset.select_columns(columns).map(
-        shapes.normalize,
-        fn_kwargs={"shape": checked.fmt.shape},
-        remove_columns=columns,
-        desc=f"Reading {split} pairs",
+        shapes.normalize, fn_kwargs={"shape": checked.fmt.shape}, remove_columns=columns, desc=f"Reading {split} pairs"
     )

@@ -126,9 +126,8 @@ def decode(row: dict, shape: Shape) -> tuple[dict, tuple[str, str] | None]:
             if json_messages(value) is not None:
                 return row, (
                     column,
-                    "a message list written as JSON text, where the data set's first row holds "
-                    "plain text: it would be trained as JSON; write this column the same way in "
-                    "every row",
+                    "a message list written as JSON text, where the data set's first row holds plain text: it would be "
+                    "trained as JSON; write this column the same way in every row",
                 )
     return row, None
 
@@ -216,10 +215,9 @@ def _explicit_prompt(prompt: list, chosen: list, rejected: list):
         if role not in ("assistant", None):
             return None, (
                 column,
-                f"starts with a {role} message that is not the `prompt` column's, so the prompt "
-                "would be followed by another prompt: drop the `prompt` column if the conversations "
-                f"hold the whole exchange, or keep only the answer here{DETAIL}"
-                f"{_short(side[0].get('content'))}",
+                f"starts with a {role} message that is not the `prompt` column's, so the prompt would be followed by "
+                "another prompt: drop the `prompt` column if the conversations hold the whole exchange, or keep only "
+                f"the answer here{DETAIL}{_short(side[0].get('content'))}",
             )
     return {"prompt": prompt, "chosen": chosen, "rejected": rejected}, None
 
@@ -320,11 +318,7 @@ def _hh_text(chosen: str, rejected: str):
     if prompts["chosen"] != prompts["rejected"]:
         return None, ("rejected", ANOTHER_PROMPT + _first_difference(prompts["chosen"], prompts["rejected"]))
     cut = parsed["chosen"][-1][2]
-    return {
-        "prompt": chosen[:cut],
-        "chosen": chosen[cut:],
-        "rejected": rejected[parsed["rejected"][-1][2] :],
-    }, None
+    return {"prompt": chosen[:cut], "chosen": chosen[cut:], "rejected": rejected[parsed["rejected"][-1][2] :]}, None
 
 
 def normalize(row: dict, shape: Shape) -> dict:
