@@ -74,10 +74,9 @@ def existing_model_dir(name: str) -> str | None:
 def materialize_model(name: str, vocab_size: int = 1024, seed: int = 0) -> str:
     """Return a local folder holding the built-in model `name` (with its tokenizer), building it on first use."""
     check_name(name)
-    key = name.removeprefix(BUILTIN_PREFIX)
-    existing = existing_model_dir(name)
-    if existing:
+    if existing := existing_model_dir(name):
         return existing
+    key = name.removeprefix(BUILTIN_PREFIX)
     target = builtin_dir() / f"{key}-v{_BUILD_VERSION}"
     target.parent.mkdir(parents=True, exist_ok=True)
     # Build in a private folder and rename: several ranks of one launch may race here, and a reader must never see

@@ -571,11 +571,8 @@ def dataset_identity(
 
 def tokenizer_identity(tokenizer) -> dict:
     """The tokenizer's name, a hash of everything that decides its ids, and the chat template text."""
-    backend = getattr(tokenizer, "backend_tokenizer", None)
-    if backend is not None:
-        content = backend.to_str()  # vocab, merges, normalizer, pre-tokenizer, post-processor, added tokens
-    else:
-        content = json.dumps(sorted(tokenizer.get_vocab().items()))
+    backend = getattr(tokenizer, "backend_tokenizer", None)  # its JSON: vocab, merges, normalizer, ..., added tokens
+    content = backend.to_str() if backend is not None else json.dumps(sorted(tokenizer.get_vocab().items()))
     template = tokenizer.chat_template
     return {
         "name_or_path": tokenizer.name_or_path,

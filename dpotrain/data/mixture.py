@@ -63,12 +63,12 @@ class Source:
     def identity(self) -> str:
         """What the source is, whatever its spelling: a local file by its real path (a file has one split, whatever it
         is called), a local folder by its real path and what is read of it, a Hub data set by its spec."""
-        if self.file or (self.local and os.path.isfile(self.local)):
-            return os.path.realpath(os.path.expanduser(self.local))
-        if self.local:
-            where = os.path.realpath(os.path.expanduser(self.local))
-            return Source(where, self.split, self.name, self.data_dir, self.data_files).spec()
-        return self.spec()
+        if not self.local:
+            return self.spec()
+        where = os.path.realpath(os.path.expanduser(self.local))
+        if self.file or os.path.isfile(self.local):
+            return where
+        return Source(where, self.split, self.name, self.data_dir, self.data_files).spec()
 
     def written(self) -> str:
         return self.amount if self.amount is not None else (f"share {self.share}" if self.share is not None else "all")

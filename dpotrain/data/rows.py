@@ -188,8 +188,7 @@ def check_dataset(
     if len(dataset) == 0:
         raise ConfigError("the data set has no rows: check the file or the split")
     fmt = RowFormat.of(dataset[0], columns, eos_token, hh_format, template)
-    invalid = []
-    index = 0
+    invalid, index = [], 0
     for batch in dataset.select_columns(columns).iter(batch_size=batch_size):
         for values in zip(*batch.values(), strict=True):
             _, problem = read_row(dict(zip(columns, values, strict=True)), fmt)

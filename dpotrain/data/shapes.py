@@ -144,9 +144,8 @@ def read(row: dict, shape: Shape) -> tuple[dict | None, tuple[str, str] | None]:
     elif shape.name == "prompt+text":
         example, problem = {"prompt": row["prompt"], "chosen": row["chosen"], "rejected": row["rejected"]}, None
     elif shape.name == "text":
-        problem = _prefix_pair(row["chosen"], row["rejected"])
-        pair = {"chosen": row["chosen"], "rejected": row["rejected"]}
-        example = None if problem else extract_prompt(pair)  # TRL's own reading
+        problem = _prefix_pair(row["chosen"], row["rejected"])  # then TRL's own reading
+        example = None if problem else extract_prompt({"chosen": row["chosen"], "rejected": row["rejected"]})
     elif shape.name == "hh" and not shape.conversational:
         example, problem = _hh_text(row["chosen"], row["rejected"])
     else:
