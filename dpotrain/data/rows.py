@@ -262,11 +262,10 @@ def usable_pairs(
             )
     if checked.invalid:
         derived[key] = checked.summary()
-        reasons = checked.by_reason()
         if len(checked.invalid) == checked.rows:
             raise ConfigError(every_row_invalid(checked, split, source))
         if say:
-            print(f"Dropped {len(checked.invalid)} invalid row(s) of {checked.rows}: {reasons}", flush=True)
+            print(f"Dropped {len(checked.invalid)} invalid row(s) of {checked.rows}: {checked.by_reason()}", flush=True)
         bad = {p["index"] for p in checked.invalid}
         dataset = dataset.select([i for i in range(len(dataset)) if i not in bad])
     columns = [c for c in ROW_COLUMNS if c in dataset.column_names]
