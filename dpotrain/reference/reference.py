@@ -1,13 +1,11 @@
-"""The reference stage (docs/reference.md): the reference log-probs of every pair the run's planned steps train
-(`_run_on`), scored once after the model loads and before training (`train_stage.ReadyRun.score_reference`, or alone
-with `--reference-only`), saved as they are computed, and reused by any later run that would compute the same numbers.
+"""The reference stage (docs/reference.md): the reference log-probs of every pair the run's planned steps train,
+scored once after the model loads and before training, saved as they are computed, and reused by any later run that
+would compute the same numbers.
 
-The pieces: the cache key (`identity`: what determines each pair's numbers and nothing else; not the micro-batch
-layout, which moves only the last fp32 bits of a sum: tests/test_reference.py measures it), its folder (`Store`:
-per-rank parts saved atomically, damaged files named and rescored), pairs taken from other runs' caches (reuse.py), the
-stage's own forward-only micro-batches (`micro_batches`, at scorer.py's budget), the loop every rank runs in lockstep
-(`run`: rank 0 alone reads the cache and broadcasts what it found, so node-local caches cannot split the collectives;
-`_Prefetch`, `_Results`, `_StopChecks`) and what it reports (`_Progress`, `Outcome`).
+The pieces: the cache key (`identity`: what determines each pair's numbers; not the micro-batch layout, which moves
+only the last fp32 bits of a sum), its folder (`Store`), pairs taken from other runs' caches (reuse.py), the stage's
+own forward-only micro-batches (`micro_batches`), the loop every rank runs in lockstep (`run`: rank 0 alone reads the
+cache and broadcasts what it found, so node-local caches cannot split the collectives) and what it reports (`Outcome`).
 """
 
 import dataclasses
@@ -53,8 +51,7 @@ def cache_dir() -> Path:
 
 
 def check_writable() -> None:
-    """The stage saves as it goes: an unwritable cache would lose hours of scoring. Checked before anything loads, by
-    a file made and removed at once (`writes.unwritable`); the folder itself is made when the stage first saves."""
+    """The stage saves as it goes: an unwritable cache would lose hours of scoring. Checked before anything loads."""
     folder = cache_dir()
     problem = unwritable(folder)
     if problem:
@@ -102,14 +99,9 @@ def identity(scorer: ReferenceScorer, dataset) -> dict:
 
 class Store:
     """One key's folder: `complete.npz` once every pair is scored; until then `part-<attempt>-r<rank>.npz` files, each
-    a rank's results of one attempt, rewritten atomically as they grow.
-
-    Files are synced to disk before and after they are renamed into place, so a crash (a node losing power, a kill
-    during a write) leaves either the old file or the new one. A file damaged anyway (a full disk, a file system that
-    lost its last writes) is named in a warning, removed, and its pairs are scored again: it never stops a start.
-
-    A write the cache cannot take (a full disk, a quota) costs only the saving: the scores are in memory, so the stage
-    and training go on, and a later run (a requeue too) scores what was not saved again. `unsaved` says why."""
+    a rank's results of one attempt, rewritten atomically as they grow. A file damaged anyway is named in a warning,
+    removed, and its pairs are scored again. A write the cache cannot take (a full disk) costs only the saving: the
+    scores are in memory, the stage and training go on (`unsaved` says why)."""
 
     def __init__(self, folder: Path, pairs: int):
         self.folder, self.pairs = folder, pairs
@@ -150,13 +142,8 @@ class Store:
         return chosen, rejected
 
     def write_part(self, attempt: str, rank: int, index: list[int], chosen: list[float], rejected: list[float]) -> None:
-        as32 = functools.partial(np.asarray, dtype=np.float32)
-        self._write(
-            f"part-{attempt}-r{rank}.npz",
-            index=np.asarray(index, dtype=np.int64),
-            chosen=as32(chosen),
-            rejected=as32(rejected),
-        )
+        as32, index = functools.partial(np.asarray, dtype=np.float32), np.asarray(index, dtype=np.int64)
+        self._write(f"part-{attempt}-r{rank}.npz", index=index, chosen=as32(chosen), rejected=as32(rejected))
 
     def write_complete(self, ident: dict, chosen: np.ndarray, rejected: np.ndarray, digests: np.ndarray) -> None:
         """With each pair's digest: a later run whose data changed in part reuses the pairs it shares (`reuse.py`)."""
@@ -172,7 +159,7 @@ class Store:
             path.unlink(missing_ok=True)
 
     def _write(self, name: str, **arrays) -> bool:
-        # Renamed into place, data and name synced to disk before the run goes on (or deletes the parts it merged).
+        # Renamed into place, data and name synced to disk: a crash leaves either the old file or the new one.
         try:
             with replacing(self.folder / name, "wb") as f:
                 np.savez(f, **arrays)
