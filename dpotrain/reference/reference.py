@@ -1,13 +1,11 @@
-"""The reference stage (docs/reference.md): the reference log-probs of every pair the run's planned steps train
-(`_run_on`), scored once after the model loads and before training (`train_stage.ReadyRun.score_reference`, or alone
-with `--reference-only`), saved as they are computed, and reused by any later run that would compute the same numbers.
+"""The reference stage (docs/reference.md): the reference log-probs of every pair the run's planned steps train,
+scored once after the model loads and before training, saved as they are computed, and reused by any later run that
+would compute the same numbers.
 
-The pieces: the cache key (`identity`: what determines each pair's numbers and nothing else; not the micro-batch
-layout, which moves only the last fp32 bits of a sum: tests/test_reference.py measures it), its folder (`Store`:
-per-rank parts saved atomically, damaged files named and rescored), pairs taken from other runs' caches (reuse.py), the
-stage's own forward-only micro-batches (`micro_batches`, at scorer.py's budget), the loop every rank runs in lockstep
-(`run`: rank 0 alone reads the cache and broadcasts what it found, so node-local caches cannot split the collectives;
-`_Prefetch`, `_Results`, `_StopChecks`) and what it reports (`_Progress`, `Outcome`).
+The pieces: the cache key (`identity`: what determines each pair's numbers; not the micro-batch layout, which moves
+only the last fp32 bits of a sum), its folder (`Store`), pairs taken from other runs' caches (reuse.py), the stage's
+own forward-only micro-batches (`micro_batches`), the loop every rank runs in lockstep (`run`: rank 0 alone reads the
+cache and broadcasts what it found, so node-local caches cannot split the collectives) and what it reports (`Outcome`).
 """
 
 import dataclasses
@@ -53,8 +51,7 @@ def cache_dir() -> Path:
 
 
 def check_writable() -> None:
-    """The stage saves as it goes: an unwritable cache would lose hours of scoring. Checked before anything loads, by
-    a file made and removed at once (`writes.unwritable`); the folder itself is made when the stage first saves."""
+    """The stage saves as it goes: an unwritable cache would lose hours of scoring. Checked before anything loads."""
     folder = cache_dir()
     problem = unwritable(folder)
     if problem:
@@ -102,14 +99,9 @@ def identity(scorer: ReferenceScorer, dataset) -> dict:
 
 class Store:
     """One key's folder: `complete.npz` once every pair is scored; until then `part-<attempt>-r<rank>.npz` files, each
-    a rank's results of one attempt, rewritten atomically as they grow.
-
-    Files are synced to disk before and after they are renamed into place, so a crash (a node losing power, a kill
-    during a write) leaves either the old file or the new one. A file damaged anyway (a full disk, a file system that
-    lost its last writes) is named in a warning, removed, and its pairs are scored again: it never stops a start.
-
-    A write the cache cannot take (a full disk, a quota) costs only the saving: the scores are in memory, so the stage
-    and training go on, and a later run (a requeue too) scores what was not saved again. `unsaved` says why."""
+    a rank's results of one attempt, rewritten atomically as they grow. A file damaged anyway is named in a warning,
+    removed, and its pairs are scored again. A write the cache cannot take (a full disk) costs only the saving: the
+    scores are in memory, the stage and training go on (`unsaved` says why)."""
 
     def __init__(self, folder: Path, pairs: int):
         self.folder, self.pairs = folder, pairs
@@ -150,13 +142,8 @@ class Store:
         return chosen, rejected
 
     def write_part(self, attempt: str, rank: int, index: list[int], chosen: list[float], rejected: list[float]) -> None:
-        as32 = functools.partial(np.asarray, dtype=np.float32)
-        self._write(
-            f"part-{attempt}-r{rank}.npz",
-            index=np.asarray(index, dtype=np.int64),
-            chosen=as32(chosen),
-            rejected=as32(rejected),
-        )
+        as32, index = functools.partial(np.asarray, dtype=np.float32), np.asarray(index, dtype=np.int64)
+        self._write(f"part-{attempt}-r{rank}.npz", index=index, chosen=as32(chosen), rejected=as32(rejected))
 
     def write_complete(self, ident: dict, chosen: np.ndarray, rejected: np.ndarray, digests: np.ndarray) -> None:
         """With each pair's digest: a later run whose data changed in part reuses the pairs it shares (`reuse.py`)."""
@@ -172,7 +159,7 @@ class Store:
             path.unlink(missing_ok=True)
 
     def _write(self, name: str, **arrays) -> bool:
-        # Renamed into place, data and name synced to disk before the run goes on (or deletes the parts it merged).
+        # Renamed into place, data and name synced to disk: a crash leaves either the old file or the new one.
         try:
             with replacing(self.folder / name, "wb") as f:
                 np.savez(f, **arrays)
@@ -280,7 +267,7 @@ class Outcome:
 
 class _Progress:
     """Pairs done, total and time left, in the log (not a progress bar: Slurm logs keep every redraw). Its clock starts
-    after the first micro-batch (`steady`): the warm-up (kernels loaded, compiled, tuned) is reported apart."""
+    after the first micro-batch (`steady`): the warm-up is reported apart."""
 
     def __init__(self, name: str, total: int, done: int, tokens_todo: int, show: bool):
         self.name, self.total, self.done, self.tokens_todo, self.show = name, total, done, tokens_todo, show
@@ -289,8 +276,7 @@ class _Progress:
         self.warmup: float | None = None
 
     def steady(self, first_tokens: int, device) -> None:
-        """The first micro-batch is done (its results on the device, waited for): from here on the clock measures steady
-        work."""
+        """The first micro-batch is done (waited for): from here on the clock measures steady work."""
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         self.start = self.last = time.monotonic()
@@ -315,8 +301,7 @@ class _Progress:
         )
 
     def speed(self) -> float:
-        """Real tokens (every sequence of every pair, as training's `tokens_per_second` counts them) per second over
-        all processes, since the first micro-batch."""
+        """Real tokens (as training's `tokens_per_second` counts them) per second over all processes, since `steady`."""
         return self.tokens / max(time.monotonic() - self.start, 1e-9)
 
 
@@ -328,12 +313,9 @@ def _duration(seconds: float) -> str:
 
 
 class _StopChecks:
-    """When the ranks agree on a stop request: one collective every `every` micro-batches, not one per micro-batch.
-
-    Each check reduces, over the ranks, whether a stop was asked and the seconds since the last check; every rank then
-    sets the next check from the same reduced numbers (the same collectives on every rank), about `STOP_CHECK_SECONDS`
-    apart: `every` at most doubles per check (the first intervals hold start-up) and is never below 1. The first check
-    comes before any scoring: a stop asked while the model loaded is honoured at once."""
+    """When the ranks agree on a stop request: one collective every `every` micro-batches, about `STOP_CHECK_SECONDS`
+    apart, every rank setting the next check from the same reduced numbers. The first check comes before any scoring:
+    a stop asked while the model loaded is honoured at once."""
 
     def __init__(self, stop, device):
         self.stop, self.device = stop, device
@@ -352,10 +334,8 @@ class _StopChecks:
 
 
 class _Prefetch:
-    """Rows read and collated on a thread of their own, `AHEAD` micro-batches ahead of the forward (Arrow reads,
-    tokens laid out in rows and masks: CPU work the GPU would otherwise wait for). Yields each round's collated batch
-    (pinned on CUDA, so its copy to the GPU does not wait for the host), or None for a round this rank sits out; an
-    error of the thread is raised on the main thread, where it stops the stage."""
+    """Rows read and collated on a thread of their own, `AHEAD` micro-batches ahead of the forward (CPU work the GPU
+    would otherwise wait for): each round's batch (pinned on CUDA), or None for a round this rank sits out."""
 
     AHEAD = 2
 
@@ -382,8 +362,8 @@ class _Prefetch:
 
 
 class _Results:
-    """This rank's scores, kept on the device as they come (no copy to the host per micro-batch, which would wait for
-    the GPU each time) and copied to the host once per save."""
+    """This rank's scores, kept on the device as they come (a copy per micro-batch would wait for the GPU each time)
+    and copied to the host once per save."""
 
     def __init__(self):
         self.index: list[int] = []
@@ -413,13 +393,10 @@ def micro_batches(
     padded: bool,
     seed: int,
 ) -> Layout:
-    """The reference stage's own micro-batches of `pairs`: `[rank][micro-batch] -> pair indices`, cut by the plan's
-    planner (`plan.cut_step`) at the stage's budget, in chunks of about `CHUNK_MICRO_BATCHES` micro-batches per rank
-    (bin packing over the whole data set at once would take minutes), so the ranks get the same number of
-    micro-batches of balanced work in every chunk.
-
-    Packed pairs come in a seeded random order (mixed lengths pack tightly); padded ones longest first (similar lengths
-    share a micro-batch, so little is padding). Every rank computes the same cut from the same lengths."""
+    """The reference stage's own micro-batches of `pairs`, cut by the plan's planner (`plan.cut_step`) at the stage's
+    budget, in chunks of about `CHUNK_MICRO_BATCHES` micro-batches per rank (bin packing the whole data set at once
+    would take minutes). Packed pairs come in a seeded random order (mixed lengths pack tightly), padded ones longest
+    first (little padding). Every rank computes the same cut from the same lengths."""
     pairs = np.asarray(pairs, dtype=np.int64)
     if len(pairs) < world:  # a resumed stage's last few pairs: one each, the other ranks sit out (or run fillers)
         return [[[int(pairs[r])]] if r < len(pairs) else [] for r in range(world)]
@@ -441,9 +418,7 @@ def micro_batches(
 
 
 def stage_layout(scorer: ReferenceScorer, dataset) -> Layout:
-    """Every rank's micro-batches of the reference stage, over every pair of `dataset`: its own micro-batches, not
-    training's (`micro_batches` at the scorer's budget), so each rank scores balanced work and every rank runs as many
-    forwards."""
+    """Every rank's micro-batches of the reference stage over every pair of `dataset`, at the scorer's budget."""
     budget, pairs = scorer.budget()
     return micro_batches(
         scorer.lengths(dataset),
@@ -467,9 +442,7 @@ def _start_line(name: str, n: int, reused: int, shared: int, world: int, rounds:
 
 def run(scorer: ReferenceScorer, dataset, name: str, layout: Layout | None, stop, save_seconds: float = SAVE_SECONDS):
     """`dataset` with `ref_chosen_logps` / `ref_rejected_logps` columns (None when stopped), and the Outcome.
-
-    `layout[rank]` is the list of micro-batches data-parallel rank `rank` scores, in order (every rank's, so all ranks
-    know how many pairs each round scores; a sequence-parallel group scores its own together); None: the stage's own
+    `layout[rank]`: the micro-batches data-parallel rank `rank` scores, in order; None: the stage's own
     (`stage_layout`). `stop` is the run's `GracefulStop`."""
     accelerator = scorer.accelerator
     rank, world, device = scorer.rank, scorer.world, accelerator.device
@@ -496,14 +469,11 @@ def run(scorer: ReferenceScorer, dataset, name: str, layout: Layout | None, stop
     if accelerator.is_main_process:
         print(_start_line(name, n, reused, shared, world, rounds, size, store.folder), flush=True)
     attempt = broadcast_from_main(f"{time.strftime('%Y%m%d%H%M%S')}-{secrets.token_hex(3)}")
-    lockstep = scorer.every_rank
-    # A rank out of pairs still takes part in the forward's collectives (ZeRO-3, FSDP) with a pair of the data set's,
-    # whose result is dropped.
+    # A rank out of pairs still takes part in the forward's collectives (ZeRO-3, FSDP) with a pair whose result is
+    # dropped.
     mine = [todo[rank][j] if j < len(todo[rank]) else None for j in range(rounds)]
-    feed = [ids if ids is not None else [int(np.argmin(tokens))] if lockstep else None for ids in mine]
-    results = _Results()
-    checks = _StopChecks(stop, device)
-    last_save = time.monotonic()
+    feed = [ids if ids is not None else [int(np.argmin(tokens))] if scorer.every_rank else None for ids in mine]
+    results, checks, last_save = _Results(), _StopChecks(stop, device), time.monotonic()
     model = scorer.model()
     was_training = model.training
     model.eval()
@@ -534,21 +504,12 @@ def run(scorer: ReferenceScorer, dataset, name: str, layout: Layout | None, stop
     progress.advance(0, 0, force=True)
     speed = progress.speed() if rounds > 1 else None
     _gather_and_keep(accelerator, store, ident, digests, attempt, scored, chosen, rejected)
-    outcome = ended(
-        n - reused,
-        False,
-        world=world,
-        micro_batches=rounds,
-        warmup_seconds=progress.warmup,
-        tokens_per_second=speed,
-        unsaved=store.unsaved,
-    )
-    return _with_columns(dataset, chosen, rejected), outcome
+    timing = dict(world=world, micro_batches=rounds, warmup_seconds=progress.warmup, tokens_per_second=speed)
+    return _with_columns(dataset, chosen, rejected), ended(n - reused, False, unsaved=store.unsaved, **timing)
 
 
 def _rounds(todo: list, tokens) -> tuple[int, list[int], list[int]]:
-    """The rounds every rank runs (the most micro-batches any rank has), and each round's tokens and pairs over all
-    ranks (the progress line's)."""
+    """The rounds every rank runs, and each round's tokens and pairs over all ranks (the progress line's)."""
     rounds = max(len(mine) for mine in todo)
     round_tokens = [int(sum(tokens[mine[j]].sum() for mine in todo if j < len(mine))) for j in range(rounds)]
     round_pairs = [sum(len(mine[j]) for mine in todo if j < len(mine)) for j in range(rounds)]
@@ -557,8 +518,7 @@ def _rounds(todo: list, tokens) -> tuple[int, list[int], list[int]]:
 
 def _look_up(store: Store, ident: dict, dataset) -> tuple:
     """The main process's reading of the cache: (complete?, chosen, rejected, digests, shared). Without a finished
-    cache of its own key, the run keeps what an interrupted attempt scored, then takes the pairs other runs' finished
-    caches hold under the same model and settings (`shared` of them), matched by digest."""
+    cache of its own key: what an interrupted attempt scored, then other runs' pairs by digest (`shared` of them)."""
     complete = store.complete()
     if complete is not None:
         return True, *complete, None, 0
@@ -602,9 +562,8 @@ def _gather_and_keep(accelerator, store, ident, digests, attempt: str, mine: tup
 
 
 def _run_on(scorer: ReferenceScorer, dataset, pairs: np.ndarray, steps: int, name: str, stop, save_seconds: float):
-    """`run` on the `pairs` of `dataset` the run trains (a short run's steps train some of them), keyed by those pairs
-    alone: a run that trains more pairs later reuses them by digest (`reuse.py`) and scores only the rest. The pairs
-    left out get NaN, which training never reads."""
+    """`run` on the `pairs` of `dataset` the run trains, keyed by those pairs alone (a run that trains more later
+    reuses them by digest). The pairs left out get NaN, which training never reads."""
     n = len(dataset)
     if len(pairs) == n:
         return run(scorer, dataset, name, None, stop, save_seconds)
@@ -636,8 +595,7 @@ def _with_columns(dataset, chosen: np.ndarray, rejected: np.ndarray):
 
 def run_stage(trainer, save_seconds: float = SAVE_SECONDS) -> list[Outcome]:
     """The stage: the reference of the training set (and of the evaluation set), given to the trainer
-    (`use_reference`); a stop request (`trainer.graceful_stop`) ends it early. Returns one Outcome per data set; the
-    last one says `stopped` when a stop request ended the stage early."""
+    (`use_reference`). Returns one Outcome per data set; the last says `stopped` when a stop request ended it."""
     outcomes = []
     if not trainer.precompute_ref_logps:  # a live reference model (sync_ref_model, or asked for)
         return outcomes

@@ -1,9 +1,8 @@
 """Rank agreement at start: what each rank decided alone, but all ranks must share, checked with one all-gather.
 
-Each rank reads its own data set, plans its own steps and looks for its own checkpoint: a node-local cache, a node
-with another copy of the data, or a file system that shows one node an older output folder gives ranks different
-plans or resume points, and the job hangs at its first collective or trains on silently different steps. Each rank
-sends a short digest of each value; a difference is one `error:` line, on every rank, naming the value and the ranks.
+Each rank reads its own data set, plans its own steps and looks for its own checkpoint: a node-local cache or an older
+copy of a folder gives ranks different plans or resume points, and the job hangs at its first collective or trains on
+silently different steps. A difference is one `error:` line, on every rank, naming the value and the ranks.
 """
 
 import hashlib
@@ -61,7 +60,6 @@ def plan_digest(planned) -> str:
 
 
 def package_versions() -> dict:
-
     out = {}
     for name in ("torch", "transformers", "trl", "accelerate", "deepspeed"):
         try:
@@ -85,9 +83,7 @@ def check(values: dict[str, str]) -> None:
 
 
 def values(trainer, resume_from: str | None) -> dict[str, str]:
-    """The values of a run that must be equal on every rank once its plan is made: the data set's lengths, the
-    evaluation set's, the plan, the resume point, the engine, the forward (attention and packing), the package versions
-    and the model the reference is scored with."""
+    """The values of a run that must be equal on every rank once its plan is made."""
     evaluation = trainer.eval_dataset
     evaluation = "none" if evaluation is None else lengths_digest(PairLengths.of(evaluation, trainer.args.max_length))
     return {

@@ -2,15 +2,10 @@
 
 The COMPLETE mark says that every rank finished writing; the manifest says what they wrote, so that a checkpoint
 damaged afterwards (a file deleted, a copy cut short, a bad disk block) is found before it is resumed from, and named.
-Hashing is shared between the ranks: after every rank has written its part, the main process lists the folder, each
-rank hashes its share of the files (the largest first, spread over the ranks), and the main process writes the manifest
-from what all of them gathered, flushed to disk (`fsync`) before the mark is. Every rank runs the same collectives
-(one broadcast, one all-gather) whatever it finds.
-
-What is checked when: sizes on every resume, before anything loads (a stat per file); checksums once processes have
-started (`verify_shares`), again each rank its share, so a resume reads the checkpoint once more, split over ranks.
-A checkpoint without a manifest, or whose manifest lists no optimizer or scheduler state, cannot be verified: it is
-never resumed from (transformers would go on with a fresh optimizer and a restarted warm-up, silently).
+Each rank hashes its share of the files (largest first, spread over the ranks); the main process writes the manifest,
+flushed to disk before the mark. Sizes are checked on every resume before anything loads, checksums once processes
+have started. A checkpoint without a manifest, or whose manifest lists no optimizer or scheduler state, is never
+resumed from (transformers would go on with a fresh optimizer and a restarted warm-up, silently).
 """
 
 import fnmatch
@@ -46,11 +41,6 @@ def listing(folder: Path, leave_out: tuple = ()) -> list[tuple[str, int]]:
     return sorted(found, key=lambda item: (-item[1], item[0]))
 
 
-def share(files: list, rank: int, world: int) -> list:
-    """This rank's files to hash: every `world`-th of the largest-first list, so ranks read about as much."""
-    return files[rank::world]
-
-
 def seal(folder: Path, mark: str, mark_text: str, is_main: bool) -> None:
     """On every rank, once all have written `folder`: hash it (each rank its share), then the main process writes
     MANIFEST.json and the mark `mark`, each flushed to disk, the manifest first."""
@@ -65,7 +55,7 @@ def seal(folder: Path, mark: str, mark_text: str, is_main: bool) -> None:
     rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
     world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
     mine = {}
-    for rel, _ in share(files, rank, world):
+    for rel, _ in files[rank::world]:  # every `world`-th of the largest-first list: ranks read about as much
         try:
             mine[rel] = sha256(folder / rel)
         except OSError as e:  # a node that does not see the file: the manifest says so, the mark is not written
@@ -115,8 +105,8 @@ def are_missing(names: list[str]) -> str:
 
 
 def problem(folder: Path) -> str | None:
-    """Why `folder` cannot be verified by its manifest, its state and its files' presence and sizes (a stat per file),
-    or None. Its checksums are checked once processes run (`checksum_problems`)."""
+    """Why `folder` cannot be verified by its manifest, its state and its files' sizes, or None (checksums:
+    `checksum_problems`)."""
     files = read(folder)
     if files == {}:
         return f"{MANIFEST} is unreadable"
@@ -138,7 +128,7 @@ def checksum_problems(folder: Path, rank: int, world: int) -> list[str]:
     files = read(folder) or {}
     ordered = sorted(files.items(), key=lambda item: (-item[1]["bytes"], item[0]))
     problems = []
-    for rel, entry in share(ordered, rank, world):
+    for rel, entry in ordered[rank::world]:
         try:
             if sha256(folder / rel) != entry["sha256"]:
                 problems.append(f"{rel} does not match its checksum (damaged after it was written)")

@@ -1,16 +1,13 @@
 """Checkpoints that are safe to resume from.
 
 transformers writes `checkpoint-N/` file by file, so a job killed mid-save leaves a folder that looks like a
-checkpoint but is not one. `CompleteMarker` writes `COMPLETE` into the folder once every rank has finished its part,
-and resuming only ever picks a folder with that mark.
+checkpoint but is not one. `CompleteMarker` writes `COMPLETE` once every rank has finished its part, and resuming only
+ever picks a folder with that mark.
 
-Deleting follows the mark, not the folder names: `save_total_limit` keeps that many *complete* checkpoints, rotated
-only after the new one is marked (transformers rotates before, counting a stale half-written folder as one of the
-kept ones, and could delete the newest complete checkpoint). A folder without the mark is a save that was cut short
-(saves are synchronous: once checkpoint-N is marked no other is being written); it is removed by rotation, and before
-the run writes the same step again, so a new checkpoint never mixes with an old one's files (a DeepSpeed shard from
-another world size, say). Only the main process deletes, as only it writes the mark: on a file system shared
-between nodes there is one deleter.
+Deleting follows the mark: `save_total_limit` keeps that many *complete* checkpoints, rotated only after the new one is
+marked (transformers rotates before, and could delete the newest complete checkpoint). A folder without the mark is a
+save cut short: removed by rotation, and before the run writes the same step again, so a new checkpoint never mixes
+with an old one's files. Only the main process deletes, as only it writes the mark.
 """
 
 import json
@@ -60,9 +57,8 @@ def rotate(output_dir: str | Path, limit: int | None, keep: tuple = ()) -> list[
 
 
 def clear_for_save(output_dir: str | Path, global_step: int) -> None:
-    """Main process, before `checkpoint-<global_step>` is written: a folder of that name is left from an earlier
-    attempt (a save cut short, or a run resumed from an older checkpoint on purpose). Removed, so that the new
-    checkpoint holds only its own files and is never marked complete by the old one's mark half-way through."""
+    """Main process, before `checkpoint-<global_step>` is written: a folder of that name left from an earlier attempt
+    is removed, so that the new checkpoint holds only its own files and never the old one's mark."""
     folder = Path(output_dir) / f"checkpoint-{global_step}"
     if folder.is_dir():
         state = "complete" if is_complete(folder) else f"cut short (no {MARKER} mark)"
@@ -72,8 +68,7 @@ def clear_for_save(output_dir: str | Path, global_step: int) -> None:
 
 class CompleteMarker(TrainerCallback):
     """Marks a checkpoint complete after all ranks saved it (`on_save` runs after `_save_checkpoint` returns), then
-    rotates (`RecipeDPOTrainer._save_checkpoint` keeps transformers from rotating before the mark), and reports how
-    long the whole save took, from `save_started` (set by `RecipeDPOTrainer._save_checkpoint`) to the mark."""
+    rotates, and reports how long the save took, from `save_started` (set by `RecipeDPOTrainer._save_checkpoint`)."""
 
     save_started: float | None = None  # time.monotonic() when the checkpoint's save began
 
@@ -95,9 +90,8 @@ class CompleteMarker(TrainerCallback):
 
 
 def report_save(step: int, seconds: float) -> None:
-    """Main process, after a checkpoint is written, hashed and marked: how long it took, and a warning when that is
-    more than a stop leaves for it — the time-limit warning (`--signal=B:USR1@<s>`) or the partition's preemption
-    GraceTime, which scripts/launch.sh exports as DPOTRAIN_SAVE_WARN_S and DPOTRAIN_GRACE_S."""
+    """Main process, after a checkpoint is marked: how long it took, and a warning when that is more than a stop
+    leaves for it (DPOTRAIN_SAVE_WARN_S and DPOTRAIN_GRACE_S, exported by scripts/launch.sh)."""
     print(f"checkpoint-{step} written in {seconds:.1f} s", flush=True)
     for name, what in (
         ("DPOTRAIN_SAVE_WARN_S", "what the time-limit warning leaves (raise #SBATCH --signal=B:USR1@<seconds>)"),

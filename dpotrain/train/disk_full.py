@@ -1,12 +1,9 @@
 """A write of the run that the disk refuses: one line naming the file or folder, why, and what to do; the earlier
 checkpoint kept, and the same command goes on from it.
 
-A disk refuses a write when it is full (ENOSPC), over its quota (EDQUOT), past a file size limit (EFBIG, `ulimit -f`),
-read-only (EROFS: remounted so after a disk error, or by an admin) or denies this job (EACCES, EPERM). torch.save's C++
-writer reports a full disk as "basic_ios::clear", "file write failed" or "unexpected pos ..." (the errno is lost) and
+torch.save's C++ writer reports a full disk as "basic_ios::clear" or "file write failed" (the errno is lost), and
 safetensors as a SafetensorError, so a failed save is told apart by the folder itself: a small probe written there fails
-the same way. The checkpoint cut short is this run's own, never resumed from (it has no COMPLETE mark): it is removed
-to give the space back, and the newest complete checkpoint, untouched, is where the rerun goes on.
+the same way. The checkpoint cut short (no COMPLETE mark) is removed to give the space back.
 """
 
 import contextlib
@@ -37,8 +34,8 @@ PROBE_BYTES = 1 << 20
 
 
 def refused(error: BaseException) -> str | None:
-    """Why, when `error` is a write the disk refused (`FULL`); else None. EACCES and EPERM only where the file (or the
-    folder it was to be made in) is not writable: a file the run may not read is no refusal of the disk's."""
+    """Why, when `error` is a write the disk refused (`FULL`); else None. EACCES and EPERM only where the file (or its
+    folder) is not writable."""
     if not isinstance(error, OSError) or error.errno not in FULL:
         return None
     if error.errno in (errno.EACCES, errno.EPERM):
@@ -88,8 +85,7 @@ def _after(kept: list[Path]) -> str:
 
 
 def save_failed(folder: Path, why: str, remove: bool) -> RunError:
-    """The error for checkpoint `folder` that did not fit (`why`: from `why_full`); removes it when `remove` (the
-    main process: the one that deletes)."""
+    """The error for checkpoint `folder` that did not fit (`why`: from `why_full`); removes it when `remove`."""
     out = folder.parent
     kept = [p for p in checkpoints(out) if is_complete(p) and p != folder]
     written = sum(p.stat().st_size for p in folder.rglob("*") if p.is_file()) if folder.is_dir() else 0
@@ -119,8 +115,7 @@ def final_save_failed(out: Path, why: str) -> RunError:
 
 
 def full_write(error: BaseException) -> tuple[OSError, str] | None:
-    """The failed write behind `error` (itself, or the error it was raised from: a library may wrap it) and why, when
-    the disk refused it (`refused`); else None."""
+    """The failed write behind `error` (itself, or the error it was raised from) and why, when the disk refused it."""
     seen = set()
     while error is not None and id(error) not in seen and not isinstance(error, (RunError, ConfigError)):
         seen.add(id(error))  # a RunError (a checkpoint that did not fit, above) is already the one line
@@ -132,10 +127,8 @@ def full_write(error: BaseException) -> tuple[OSError, str] | None:
 
 
 def write_failed(error: OSError, why: str) -> RunError:
-    """The one line for a write of the run other than a checkpoint (metrics, plot, card, samples, records, caches) that
-    the disk refused: the file, the space left there (where space is the cause), and what the same command does next
-    when the file is in a run's folder (the nearest of the three folders above it that holds run_files.json or
-    checkpoints)."""
+    """The one line for a write of the run other than a checkpoint that the disk refused: the file, the space left
+    there, and what the same command does next when the file is in a run's folder (one of the three above it)."""
     path = Path(error.filename) if error.filename else None
     above = list(path.parents)[:3] if path else []
     where = f"{path} could not be written" if path else "a file could not be written"

@@ -2,26 +2,21 @@
 
 Two post-mortems of failed DPO runs (docs/health.md) motivate them:
 - 000: a reference cache computed under other settings silently disagreed with the policy. Before the first update the
-  policy IS the reference, so every log-ratio is 0: rewards are 0 and the loss is what the configured loss gives at
-  log-ratios 0 (ln 2 for sigmoid-type losses; `losses.step1_loss`; not judged where it depends on the model: an SFT
-  term, WPO's weights). Anything else at step 1 means the reference is wrong (`step1`).
-- 001: a base model that found the chosen side ~960 nats less likely than the rejected one. Every learning rate either
-  did nothing or collapsed: loss -> 0 (`loss_floor`), reward accuracy 1.0 from the start (`accuracy_pinned`), margins
-  -> 18 (`margin`), outputs "hormonal hormonal hormonal". A collapsing policy also pushes the chosen AND the rejected
-  log-probs down together (`logps_falling`).
+  policy IS the reference: rewards are 0 and the loss is the configured loss at log-ratios 0 (`losses.step1_loss`);
+  anything else at step 1 means the reference is wrong (`step1`).
+- 001: a base model that found the chosen side ~960 nats less likely than the rejected one collapsed: loss -> 0
+  (`loss_floor`), reward accuracy 1.0 from the start (`accuracy_pinned`), margins -> 18 (`margin`), chosen AND
+  rejected log-probs falling together (`logps_falling`), outputs "hormonal hormonal hormonal".
 Plus non-finite values (`nonfinite`): NaN/inf loss, grad norm or rewards.
 
-The guards read the logged metrics. The loss they judge is the DPO loss: for MoE models TRL adds the router's
-load-balancing term (`router_aux_loss_coef` x aux loss) to the logged `loss`, so they read `dpo_loss`, the loss
-without it, where the trainer logs one. Rewards are taken on the loss's scale, beta x log-ratio / completion tokens
-(`rewards_norm/*`, what `sigmoid_norm` sees); where a trainer only logs TRL's `rewards/*` (beta x SUMMED log-ratio),
-they are divided by the data set's mean completion length of each side, which puts them on about the same scale.
+The loss judged is the DPO loss: `dpo_loss` where logged (MoE: without TRL's router term). Rewards are on the loss's
+scale, beta x log-ratio / completion tokens (`rewards_norm/*`); TRL's `rewards/*` (beta x SUMMED log-ratio) are divided
+by the data set's mean completion length of each side.
 
-A stop (`health_action: stop`, the default; NaN always stops) saves a resumable COMPLETE checkpoint when the state is
-finite, ends training on every rank at the same step, and leaves `HealthGuard.stop` set: train_dpo.py then exits with
-HEALTH_STOP_EXIT, writes no run_complete.json, and the Slurm job is not requeued (no `<stop file>.checkpointed`).
-The stop is recorded in the output folder (`resume.HEALTH_STOP`): a rerun of the same command is refused rather than
-resumed on the values it stopped on; `--overwrite_output_dir` starts afresh, `health_action: warn` goes on.
+A stop (`health_action: stop`, the default; NaN always stops) saves a resumable checkpoint when the state is finite,
+ends training on every rank at the same step and leaves `HealthGuard.stop` set: train_dpo.py exits with
+HEALTH_STOP_EXIT and the job is not requeued. The stop is recorded (`resume.HEALTH_STOP`): the same command is refused
+rather than resumed on the values it stopped on.
 """
 
 import math
@@ -128,9 +123,10 @@ class HealthGuard(TrainerCallback):
         if not logs or "loss" not in logs:  # eval records and the end-of-training summary
             return control
         alarms = self.check(state.global_step, logs, args, state.max_steps)
-        steps = state.global_step - self._last_step
+        acc = logs.get("rewards_norm/accuracies", logs.get("rewards/accuracies"))
+        pairs = (state.global_step - self._last_step) * self.pairs_per_step
+        self._pinned_pairs = self._pinned_pairs + pairs if acc is not None and acc >= 0.999 else 0
         self._last_step = state.global_step
-        self._count_pinned(logs, steps)
         action = self._decide(alarms, args)
         for alarm in alarms:
             self.alarms.append(alarm)
@@ -152,73 +148,51 @@ class HealthGuard(TrainerCallback):
     # --- the guards ---
 
     def check(self, step: int, logs: dict, args, max_steps: int) -> list[Alarm]:
-        p, alarms = self.p, []
+        p, found = self.p, {}  # guard -> message
         bad = {k: v for k, v in logs.items() if isinstance(v, float) and not math.isfinite(v)}
         if bad:
-            alarms.append(
-                Alarm(
-                    "nonfinite",
-                    step,
-                    f"non-finite values {', '.join(f'{k}={v}' for k, v in bad.items())}: the weights or the loss "
-                    "went NaN or inf (too high a learning rate, bf16 overflow, a bad row). No checkpoint is written "
-                    "from this state; resume from an earlier one with a lower --learning_rate",
-                    fatal=True,
-                )
+            message = (
+                f"non-finite values {', '.join(f'{k}={v}' for k, v in bad.items())}: the weights or the loss "
+                "went NaN or inf (too high a learning rate, bf16 overflow, a bad row). No checkpoint is written "
+                "from this state; resume from an earlier one with a lower --learning_rate"
             )
-            return alarms
+            return [Alarm("nonfinite", step, message, fatal=True)]
         r = self.rewards(logs, args)
         if step == 1 and self._fresh and p.health_step1_tolerance > 0:
-            alarms += self._check_step1(step, logs, r, args)
-            return alarms  # the collapse guards judge training, which has not happened yet
+            return self._check_step1(step, logs, r, args)  # the collapse guards judge training, not yet happened
         name, loss = dpo_loss(logs)
         if p.health_loss_floor > 0 and loss < p.health_loss_floor:
-            alarms.append(
-                Alarm(
-                    "loss_floor",
-                    step,
-                    f"{name} {loss:.4g} < health_loss_floor {p.health_loss_floor}: the policy separates the "
-                    "pairs far beyond what beta's KL term allows; in a failed run this came right before mode "
-                    "collapse. Lower --learning_rate (or raise beta), and run scripts/preflight.py on the data",
-                )
+            found["loss_floor"] = (
+                f"{name} {loss:.4g} < health_loss_floor {p.health_loss_floor}: the policy separates the "
+                "pairs far beyond what beta's KL term allows; in a failed run this came right before mode "
+                "collapse. Lower --learning_rate (or raise beta), and run scripts/preflight.py on the data"
             )
         if p.health_max_margin > 0 and r and r["margins"] > p.health_max_margin:
-            alarms.append(
-                Alarm(
-                    "margin",
-                    step,
-                    f"{r['source']}margins {r['margins']:.3g} > health_max_margin {p.health_max_margin} (chosen "
-                    f"{r['chosen']:.3g}, rejected {r['rejected']:.3g}): margins exploding (above 5 unstable; a "
-                    "collapsed run reached 9-18). Lower --learning_rate",
-                )
+            found["margin"] = (
+                f"{r['source']}margins {r['margins']:.3g} > health_max_margin {p.health_max_margin} (chosen "
+                f"{r['chosen']:.3g}, rejected {r['rejected']:.3g}): margins exploding (above 5 unstable; a "
+                "collapsed run reached 9-18). Lower --learning_rate"
             )
         drop = p.health_logp_drop
         if drop > 0 and r and r["chosen"] / args.beta < -drop and r["rejected"] / args.beta < -drop:
-            alarms.append(
-                Alarm(
-                    "logps_falling",
-                    step,
-                    f"chosen and rejected log-probs both fell by more than {drop} nats/token against the "
-                    f"reference ({r['chosen'] / args.beta:.3g} and {r['rejected'] / args.beta:.3g}): the policy "
-                    "pushes everything down instead of preferring the chosen side, the road to degenerate "
-                    "outputs. Lower --learning_rate; if the chosen style is alien to the model "
-                    "(scripts/preflight.py), SFT on it first",
-                )
+            found["logps_falling"] = (
+                f"chosen and rejected log-probs both fell by more than {drop} nats/token against the "
+                f"reference ({r['chosen'] / args.beta:.3g} and {r['rejected'] / args.beta:.3g}): the policy "
+                "pushes everything down instead of preferring the chosen side, the road to degenerate "
+                "outputs. Lower --learning_rate; if the chosen style is alien to the model "
+                "(scripts/preflight.py), SFT on it first"
             )
         pinned = self._pinned_pairs + (step - self._last_step) * self.pairs_per_step  # and the pairs since the last log
         early = step <= p.health_early_fraction * max_steps
         acc = r["accuracies"] if r else logs.get("rewards/accuracies")
         if p.health_pinned_pairs and early and pinned >= p.health_pinned_pairs and acc is not None and acc >= 0.999:
-            alarms.append(
-                Alarm(
-                    "accuracy_pinned",
-                    step,
-                    f"reward accuracy has been 1.0 on the last {pinned} pairs, within the first "
-                    f"{p.health_early_fraction:.0%} of training (step {step} of {max_steps}): the pairs are "
-                    "trivially separable or the policy is collapsing onto them. Check the pairs with "
-                    "scripts/preflight.py; lower --learning_rate",
-                )
+            found["accuracy_pinned"] = (
+                f"reward accuracy has been 1.0 on the last {pinned} pairs, within the first "
+                f"{p.health_early_fraction:.0%} of training (step {step} of {max_steps}): the pairs are "
+                "trivially separable or the policy is collapsing onto them. Check the pairs with "
+                "scripts/preflight.py; lower --learning_rate"
             )
-        return alarms
+        return [Alarm(guard, step, message) for guard, message in found.items()]
 
     def _check_step1(self, step, logs, r, args) -> list[Alarm]:
         tol = self.p.health_step1_tolerance
@@ -232,17 +206,14 @@ class HealthGuard(TrainerCallback):
             problems.append(f"{r['source']}chosen {r['chosen']:.4g}, rejected {r['rejected']:.4g} (expected 0)")
         if not problems:
             return []
-        return [
-            Alarm(
-                "step1",
-                step,
-                f"{'; '.join(problems)}, tolerance {tol}: before the first update the policy "
-                "is the reference, so the reference log-probs disagree with the policy's. A reference cache "
-                "computed with another model, max_length, batch or forward, a ref model that is not the "
-                "base model, or a changed chat template. Recompute the reference (delete the stale cache) and "
-                "restart with --overwrite_output_dir",
-            )
-        ]
+        message = (
+            f"{'; '.join(problems)}, tolerance {tol}: before the first update the policy "
+            "is the reference, so the reference log-probs disagree with the policy's. A reference cache "
+            "computed with another model, max_length, batch or forward, a ref model that is not the "
+            "base model, or a changed chat template. Recompute the reference (delete the stale cache) and "
+            "restart with --overwrite_output_dir"
+        )
+        return [Alarm("step1", step, message)]
 
     def rewards(self, logs: dict, args) -> dict | None:
         """chosen / rejected / margins / accuracies on the loss's scale (beta x log-ratio per completion token)."""
@@ -253,20 +224,8 @@ class HealthGuard(TrainerCallback):
             return None
         chosen_tokens, rejected_tokens = (max(m, 1.0) for m in self._token_means)
         chosen, rejected = logs["rewards/chosen"] / chosen_tokens, logs["rewards/rejected"] / rejected_tokens
-        return dict(
-            chosen=chosen,
-            rejected=rejected,
-            margins=chosen - rejected,
-            accuracies=logs.get("rewards/accuracies"),
-            source="rewards/* ÷ mean completion tokens: ",
-        )
-
-    # --- bookkeeping ---
-
-    def _count_pinned(self, logs: dict, steps: int) -> None:
-        acc = logs.get("rewards_norm/accuracies", logs.get("rewards/accuracies"))
-        pairs = steps * self.pairs_per_step
-        self._pinned_pairs = self._pinned_pairs + pairs if acc is not None and acc >= 0.999 else 0
+        accuracies, source = logs.get("rewards/accuracies"), "rewards/* ÷ mean completion tokens: "
+        return dict(chosen=chosen, rejected=rejected, margins=chosen - rejected, accuracies=accuracies, source=source)
 
     def _decide(self, alarms: list[Alarm], args) -> int:
         """0 go on, 1 stop with a checkpoint, 2 stop without one; the same answer on every rank."""

@@ -68,22 +68,17 @@ def check_lora(recipe) -> None:
 
 
 def save_merged(output_dir: str | Path, base: str, revision: str | None, dtype, tokenizer) -> Path:
-    """The adapter saved in `output_dir`, merged into its base and saved with the tokenizer to
-    `<output_dir>/merged/`.
-
-    The base is loaded afresh from disk on this process alone (the main one, after the last collective): under
-    ZeRO-3 or FSDP2 no rank holds the full weights, and a merge in place would need every rank; from disk, any
-    engine's run merges the same way, and the other ranks are not kept waiting at a barrier meanwhile.
-    """
+    """The adapter saved in `output_dir`, merged into its base and saved with the tokenizer to `<output_dir>/merged/`.
+    The base is loaded afresh from disk on the main process alone: under ZeRO-3 or FSDP2 no rank holds the full
+    weights, and a merge in place would keep every rank waiting."""
+    import torch
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
-
-    target = Path(output_dir) / MERGED_DIR
-    import torch
     from transformers.integrations.deepspeed import unset_hf_deepspeed_config
 
-    # Under ZeRO-3, transformers would build this model partitioned over the ranks (zero.Init, a collective), and the
-    # other ranks have gone: this copy is this process's own. Training is over, so the setting can go.
+    target = Path(output_dir) / MERGED_DIR
+    # Under ZeRO-3, transformers would build this model partitioned over the ranks (a collective), and the other ranks
+    # have gone. Training is over, so the setting can go.
     unset_hf_deepspeed_config()
     dtype = getattr(torch, dtype) if isinstance(dtype, str) and dtype != "auto" else dtype
     model = AutoModelForCausalLM.from_pretrained(base, revision=revision, dtype=dtype)
@@ -95,8 +90,7 @@ def save_merged(output_dir: str | Path, base: str, revision: str | None, dtype, 
 
 
 def card_lines(s) -> str:
-    """Model card paragraph for an adapter run (`s`: the record's settings, run_record.Record.settings); "" for a full
-    fine-tune."""
+    """Model card paragraph for an adapter run (`s`: the record's settings); "" for a full fine-tune."""
     if not s.use_peft:
         return ""
     merged = (

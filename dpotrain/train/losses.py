@@ -2,25 +2,16 @@
 losses refused on a token budget, and the loss a run must show before its first update.
 
 An audit of every term of TRL 1.16's `DPOTrainer._compute_loss` for whether a step's loss depends on how the step is
-cut into micro-batches and processes (this project weighs each micro-batch's loss by its share of the step's pairs,
-`trainer.RecipeDPOTrainer.compute_loss`, so a term that is a mean over pairs is the step's mean over its pairs):
-- per pair, so invariant: sigmoid, hinge, ipo and sigmoid_norm (their length normalization divides each pair by its
-  own completion lengths), exo_pair, nca_pair, robust, bco_pair, sppo_hard, apo_zero, apo_down, discopop; the
-  f-divergences, `ld_alpha` (LD-DPO) and `label_smoothing` change each pair's value only; WPO's weights
-  (`use_weighting`) are each pair's own.
-- per token: `sft`, TRL's mean NLL over the chosen tokens of one micro-batch. Here it is the sum of the step's chosen
-  token NLLs, on every rank, over the step's chosen tokens on every rank (as transformers normalizes by
-  `num_items_in_batch`): TRL's value when the step is one micro-batch (`SftOverStep`). Under WPO TRL scales it by the
-  micro-batch's mean pair weight, a product of two per-batch means that no cut of the step reproduces: refused.
-- per micro-batch: aot and aot_unpaired sort the log-ratios of the micro-batch's pairs and compare them by rank, so
-  their value depends on which pairs share a micro-batch: refused on a token budget (`check_options`); with fixed
-  micro-batches of per_device_train_batch_size pairs they compare exactly those, as TRL does.
-- the MoE router's load-balancing loss (`router_aux_loss_coef`) is per forward, as transformers computes it: each
-  micro-batch's, weighed by its pairs like the DPO loss (TRL's value when the step is one micro-batch).
-With `assistant_turns: all` (dpotrain/data/turns.py) each side's labeled tokens are its earlier assistant turns and its
-completion; every term above reads them through the completion mask as sums or means (the `sft` term: the chosen
-side's NLL over all its labeled tokens), except WPO's weights and LD-DPO's split, which read one completion per side:
-refused with `all` (`check_options`).
+cut into micro-batches and processes (each micro-batch's loss is weighed by its share of the step's pairs):
+- per pair, so invariant: sigmoid, hinge, ipo, sigmoid_norm, exo_pair, nca_pair, robust, bco_pair, sppo_hard,
+  apo_zero, apo_down, discopop; the f-divergences, `ld_alpha`, `label_smoothing` and WPO's weights are each pair's own.
+- per token: `sft`, TRL's mean NLL over one micro-batch's chosen tokens; here over the whole step's, on every rank
+  (`SftOverStep`). Under WPO TRL scales it by the micro-batch's mean pair weight, which no cut reproduces: refused.
+- per micro-batch: aot and aot_unpaired compare the micro-batch's pairs by rank: refused on a token budget
+  (`check_options`); with fixed micro-batches of per_device_train_batch_size pairs they compare those, as TRL does.
+- the MoE router's loss is per forward: each micro-batch's, weighed by its pairs like the DPO loss.
+With `assistant_turns: all` every term reads all labeled tokens through the completion mask, except WPO's weights and
+LD-DPO's split, which need one completion per side: refused with `all` (`check_options`).
 """
 
 import dataclasses
@@ -70,12 +61,7 @@ def check_options(recipe) -> None:
             "changes with how a step is cut into micro-batches and processes: remove use_weighting, or sft"
         )
     check_ignored(recipe)  # options the configured loss does not read at all, first
-    if recipe.project.assistant_turns == "all":
-        # Each side's labeled tokens are then its earlier assistant turns (shared by both sides) and its completion;
-        # sums, means and TRL's sequence-level losses read them all as open-instruct does. These two read the
-        # completion itself: WPO weighs a pair by the policy's per-token probability of each sampled completion,
-        # LD-DPO splits each completion into the part as long as the other side's and the verbose rest, by position
-        # among the labeled tokens (earlier turns would be counted as completion).
+    if recipe.project.assistant_turns == "all":  # each side's labeled tokens are its earlier turns and its completion
         for name, value, what in (
             ("use_weighting", t.use_weighting, "WPO weighs each pair by its completions' per-token probabilities"),
             ("ld_alpha", t.ld_alpha is not None, "LD-DPO splits each completion where the shorter side's ends"),
@@ -89,7 +75,6 @@ def check_options(recipe) -> None:
 
 def _set(recipe, name: str) -> bool:
     """Whether the recipe or the command line set `name` to other than DPOConfig's default."""
-
     from trl import DPOConfig
 
     default = next(f.default for f in dataclasses.fields(DPOConfig) if f.name == name)
@@ -110,8 +95,8 @@ def check_ignored(recipe) -> None:
         )
     if "exo_pair" in types and not 0 < t.label_smoothing < 1:
         raise ConfigError(
-            f"loss_type exo_pair needs 0 < label_smoothing < 1 (got {t.label_smoothing:g}): the EXO "
-            "paper recommends --label_smoothing 1e-3"
+            f"loss_type exo_pair needs 0 < label_smoothing < 1 (got {t.label_smoothing:g}): the EXO paper recommends "
+            "--label_smoothing 1e-3"
         )
     if "robust" in types and not 0 <= t.label_smoothing < 0.5:
         raise ConfigError(
@@ -128,43 +113,40 @@ def check_ignored(recipe) -> None:
             )
         if not set(types) & READS_F_DIVERGENCE:
             raise ConfigError(
-                f"f_divergence_type {t.f_divergence_type} would be ignored: loss_type sft does not "
-                "compare log-ratios: remove f_divergence_type, or add a DPO loss type"
+                f"f_divergence_type {t.f_divergence_type} would be ignored: loss_type sft does not compare log-ratios: "
+                "remove f_divergence_type, or add a DPO loss type"
             )
     if _set(recipe, "f_alpha_divergence_coef") and t.f_divergence_type != "alpha_divergence":
         raise ConfigError(
-            f"f_alpha_divergence_coef {t.f_alpha_divergence_coef:g} would be ignored: it is read only "
-            "with --f_divergence_type alpha_divergence: add that, or remove "
-            "f_alpha_divergence_coef"
+            f"f_alpha_divergence_coef {t.f_alpha_divergence_coef:g} would be ignored: it is read only with "
+            "--f_divergence_type alpha_divergence: add that, or remove f_alpha_divergence_coef"
         )
     if _set(recipe, "discopop_tau") and "discopop" not in types:
         raise ConfigError(
-            f"discopop_tau {t.discopop_tau:g} would be ignored: only loss_type discopop reads it: "
-            "remove discopop_tau, or add discopop to loss_type"
+            f"discopop_tau {t.discopop_tau:g} would be ignored: only loss_type discopop reads it: remove discopop_tau, "
+            "or add discopop to loss_type"
         )
     if t.ld_alpha is not None and types == [SFT]:
         raise ConfigError(
-            f"ld_alpha {t.ld_alpha:g} would be ignored: loss_type sft alone averages the chosen "
-            "tokens' NLL, which LD-DPO does not weigh: remove ld_alpha, or add a DPO loss "
-            "type"
+            f"ld_alpha {t.ld_alpha:g} would be ignored: loss_type sft alone averages the chosen tokens' NLL, which "
+            "LD-DPO does not weigh: remove ld_alpha, or add a DPO loss type"
         )
     if t.use_weighting and set(types) & BATCH_LEVEL_LOSSES:
         raise ConfigError(
-            f"use_weighting with loss_type {'/'.join(sorted(set(types) & BATCH_LEVEL_LOSSES))}: TRL "
-            "does not implement WPO's weights for losses that sort the micro-batch's pairs: remove "
-            "use_weighting, or choose another loss type"
+            f"use_weighting with loss_type {'/'.join(sorted(set(types) & BATCH_LEVEL_LOSSES))}: TRL does not "
+            "implement WPO's weights for losses that sort the micro-batch's pairs: remove use_weighting, or choose "
+            "another loss type"
         )
     if t.precompute_ref_batch_size is not None:
         raise ConfigError(
-            f"precompute_ref_batch_size {t.precompute_ref_batch_size} would be ignored: the reference "
-            "stage cuts its own micro-batches, by tokens, from training's budget (docs/reference.md): "
-            "remove precompute_ref_batch_size"
+            f"precompute_ref_batch_size {t.precompute_ref_batch_size} would be ignored: the reference stage cuts its "
+            "own micro-batches, by tokens, from training's budget (docs/reference.md): remove precompute_ref_batch_size"
         )
     for name in ("ref_model_mixup_alpha", "ref_model_sync_steps"):
         if _set(recipe, name) and not t.sync_ref_model:
             raise ConfigError(
-                f"{name} {getattr(t, name):g} would be ignored: it is read only with "
-                f"--sync_ref_model true (TR-DPO): add that, or remove {name}"
+                f"{name} {getattr(t, name):g} would be ignored: it is read only with --sync_ref_model true (TR-DPO): "
+                f"add that, or remove {name}"
             )
 
 
@@ -176,16 +158,9 @@ def step1_loss(args) -> float | None:
         return None
     beta, eps = args.beta, args.label_smoothing
     at_zero = {
-        "sigmoid": math.log(2),
-        "sigmoid_norm": math.log(2),
-        "robust": math.log(2),
-        "aot": math.log(2),
-        "aot_unpaired": math.log(2),
-        "hinge": 1.0,
-        "apo_zero": 1.0,
-        "apo_down": 1.0,
-        "nca_pair": 2 * math.log(2),
-        "bco_pair": 2 * math.log(2),
+        **dict.fromkeys(("sigmoid", "sigmoid_norm", "robust", "aot", "aot_unpaired"), math.log(2)),
+        **dict.fromkeys(("hinge", "apo_zero", "apo_down"), 1.0),
+        **dict.fromkeys(("nca_pair", "bco_pair"), 2 * math.log(2)),
         "ipo": 1 / (4 * beta**2),
         "sppo_hard": 1 / (2 * beta**2),
         "discopop": (math.log(2) + 1) / 2,  # half logistic, half exponential at a modulation of sigmoid(0)
@@ -209,8 +184,8 @@ class SftOverStep:
     """TRL's SFT term as the mean over the whole step's chosen tokens on all ranks.
 
     The trainer weighs a micro-batch's loss by n_k x W / N (its pairs n_k of the step's N, on W ranks whose gradients
-    are averaged). The SFT term of micro-batch k is given as NLL_k x N / (n_k x T), T the step's chosen tokens, so that
-    what it contributes over the step is sum_k NLL_k / T: independent of the cut, and TRL's mean when it is one cut."""
+    are averaged). The SFT term of micro-batch k is NLL_k x N / (n_k x T), T the step's chosen tokens, so that over the
+    step it gives sum_k NLL_k / T: independent of the cut, and TRL's mean when it is one cut."""
 
     def __init__(self, args):
         types, weights = loss_types(args), loss_weights(args)

@@ -1,10 +1,8 @@
 """The memory a run used, measured beside the memory plan (`dpotrain/plan/memory.py`), so every run checks the plan.
 
-At each training log, and once after the first step, the largest process's peak goes into the log record (so into
-`metrics.jsonl` and W&B): on a GPU `memory/peak_allocated_gib` (tensors) and `memory/peak_reserved_gib` (what
-PyTorch's allocator holds: what the plan's total estimates, context aside); on every machine `memory/peak_rss_gib`,
-the process's peak resident memory (host RAM: on a CPU run, the whole run). `memory/planned_gib` is the plan's total
-per GPU when the run was planned. A GPU run whose peak passes the plan says so once, with both numbers.
+At each training log, and once after the first step, the largest process's peaks go into the log record: on a GPU
+`memory/peak_allocated_gib` and `memory/peak_reserved_gib` (what the plan's total estimates), on every machine
+`memory/peak_rss_gib`, beside `memory/planned_gib`. A GPU run whose peak passes the plan says so once.
 """
 
 import resource
@@ -76,8 +74,7 @@ class MemoryUse:
 
 
 class FirstStepMemory(TrainerCallback):
-    """The peaks once the run's first optimizer step is done (its optimizer states allocated), printed by the main
-    process with the plan beside them. Every rank measures: `on_step_end` runs on each."""
+    """The peaks once the first optimizer step is done (its optimizer states allocated), printed beside the plan."""
 
     def __init__(self, use: MemoryUse, device):
         self.use, self.device, self.done = use, device, False

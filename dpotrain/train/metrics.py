@@ -42,13 +42,9 @@ CURVES = [
 
 
 class MetricsRecorder(TrainerCallback):
-    """Appends every training or evaluation log record (`loss` / `eval_loss`) to `<output_dir>/metrics.jsonl` (main
-    process only).
-
-    After a resume the records past the checkpoint's step are dropped first: those steps are trained again, and the
-    history must hold each step once. The first record after a resume says where it resumed (`resumed_from`: the
-    checkpoint's step), which the plot marks.
-    """
+    """Appends every training or evaluation log record to `<output_dir>/metrics.jsonl` (main process only). After a
+    resume the records past the checkpoint's step are dropped first (those steps are trained again), and the first
+    record says where it resumed (`resumed_from`), which the plot marks."""
 
     def __init__(self):
         self._trimmed = False
@@ -115,12 +111,8 @@ def metrics_figure(records: list[dict], title: str = ""):
     for ax, (label, ylabel, series) in zip(axes.flat, panels, strict=False):
         for i, (name, points) in enumerate(series.items()):
             # Later lines dashed: series that coincide (accuracies, tokens/s on one GPU) stay visible as two.
-            ax.plot(
-                *zip(*points, strict=True),
-                marker="." if len(points) < 50 else None,
-                label=name,
-                linestyle="-" if i == 0 else "--",
-            )
+            marker, linestyle = "." if len(points) < 50 else None, "-" if i == 0 else "--"
+            ax.plot(*zip(*points, strict=True), marker=marker, label=name, linestyle=linestyle)
         if len(series) > 1:
             # Beside the axes, never on the data: the free column between the two panels of a row.
             ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False)

@@ -1,12 +1,10 @@
 """DPO metrics as sums and counts, reduced across ranks once per logged step.
 
-TRL gathers per-pair tensors from every rank on every micro-batch (`accelerator.gather`) and averages per-micro-batch
-means. With token-budget micro-batches the ranks hold different numbers of pairs, where a gather of unequal tensors
-hangs or returns garbage, and a mean of means weights a pair by the size of its micro-batch. Here every metric is a
-(sum, count) pair kept per rank and summed over ranks with one all-reduce when the Trainer logs, so each value is the
-exact mean over the pairs (or tokens) since the last log. Definitions follow TRL's `DPOTrainer._compute_loss`, plus
-the length-normalized rewards that OLMo 3's `sigmoid_norm` loss actually uses (`rewards_norm/*`, as open-instruct
-logs them) and throughput.
+TRL gathers per-pair tensors from every rank on every micro-batch and averages per-micro-batch means: with token-budget
+micro-batches ranks hold different numbers of pairs (a gather of unequal tensors hangs), and a mean of means weights a
+pair by its micro-batch's size. Here every metric is a (sum, count) kept per rank and summed over ranks with one
+all-reduce when the Trainer logs: the exact mean since the last log. Definitions follow TRL's `_compute_loss`, plus the
+length-normalized rewards OLMo 3's `sigmoid_norm` loss uses (`rewards_norm/*`, as open-instruct logs them).
 """
 
 import time
@@ -23,25 +21,10 @@ PAIR_MEAN = [
     *(f"rewards_norm/{k}" for k in REWARD_STATS),
 ]
 # Every rank sums the same keys in the same order, so one all-reduce of one vector reduces them all.
-SUMS = PAIR_MEAN + [
-    "loss",
-    "pairs",
-    "entropy",
-    "completion_tokens",
-    "logits/chosen",
-    "logits/rejected",
-    "chosen_tokens",
-    "rejected_tokens",
-    "top1",
-    "tokens",
-    "positions",
-    "aux_loss",
-    "aux_loss_pairs",
-    "dpo_loss",
-    "dpo_loss_pairs",
-    "model_flops",
-    "computed_tokens",
-]
+SUMS = PAIR_MEAN + str.split(
+    "loss pairs entropy completion_tokens logits/chosen logits/rejected chosen_tokens rejected_tokens top1 tokens "
+    "positions aux_loss aux_loss_pairs dpo_loss dpo_loss_pairs model_flops computed_tokens"
+)
 
 
 def sequence_logps(per_token: torch.Tensor, shift_mask: torch.Tensor, ld_alpha: float | None) -> torch.Tensor:
@@ -89,11 +72,9 @@ class PairMetrics:
         computed_tokens: int | None = None,
         dpo_loss: torch.Tensor | None = None,
     ):
-        """Accumulate one micro-batch: `outputs` and `inputs` in TRL's padded `[2B, L]` layout, `loss` TRL's loss of
-        the micro-batch (its mean over the micro-batch's pairs), `model_flops` its forward + backward (flops.py),
-        `positions` what the model ran, `computed_tokens` the real tokens among them (a shared prompt counts once;
-        by default every token of the padded layout), `dpo_loss` the loss without the MoE router term, when the loss
-        has one."""
+        """Accumulate one micro-batch: `outputs` and `inputs` in TRL's padded `[2B, L]` layout, `loss` TRL's mean loss
+        of the micro-batch, `model_flops` its forward + backward, `positions` what the model ran, `computed_tokens` the
+        real tokens among them (by default the padded layout's), `dpo_loss` the loss without the MoE router term."""
         s = self.sums[mode]
         with torch.no_grad():
             shift_mask = inputs["completion_mask"][:, 1:].to(outputs.log_probs.dtype)

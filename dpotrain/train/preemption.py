@@ -5,17 +5,12 @@ each optimizer step all ranks agree (one all-reduce of one number) whether any o
 Trainer saves a checkpoint and leaves its loop, on every rank at the same step.
 
 Two ways to ask, because a batch script's pre-timeout signal (`--signal=B:USR1@...`) reaches the batch shell only:
-- SIGUSR1, SIGTERM, SIGINT (Ctrl-C; a second one stops at once) or SIGHUP (the terminal closed) delivered to a
-  training process (Slurm's preemption and `scancel` send SIGTERM to the job's steps; scripts/launch.sh makes
-  torchrun's agent ignore it, so that the workers finish their checkpoint). A closed terminal sends SIGHUP to every
-  process of the command, torchrun's agent too, which sends it on to its workers and kills them ~30 s later, as it does
-  on Ctrl-C; and writing to a closed terminal fails (EIO), so from a SIGHUP on, what went to the terminal goes to
-  /dev/null (and output through a `| tee` the same Ctrl-C killed, from its first failed write: dpotrain/recipe/
-  terminal.py);
+- SIGUSR1, SIGTERM (Slurm's preemption and `scancel`), SIGINT (Ctrl-C; a second one stops at once) or SIGHUP (the
+  terminal closed: from then on what went to the terminal goes to /dev/null, as writing there fails; terminal.py)
+  delivered to a training process;
 - a stop file: the batch script's trap creates `$DPOTRAIN_STOP_FILE` (on a file system all nodes share).
-Once progress is safe on disk (a checkpoint, or the reference stage's partial results), the main process writes
-`<stop file>.checkpointed` saying what was saved, which tells the batch script to requeue the job rather than end
-it. The process then exits with STOPPED_EXIT.
+Once progress is safe on disk, the main process writes `<stop file>.checkpointed`, which tells the batch script to
+requeue the job rather than end it, and the process exits with STOPPED_EXIT.
 """
 
 import os
@@ -60,14 +55,12 @@ class GracefulStop(TrainerCallback):
         return cls(stop_file)
 
     def _on_signal(self, signum, frame):
-        # Nothing else: we may be in the middle of a collective. A second signal changes nothing: on a preemption
-        # Slurm signals every process of the job and srun forwards its own SIGTERM to the tasks again; dying then
-        # would lose the checkpoint being written. What ends a process for good is Slurm's SIGKILL at the end of the
-        # grace time (or torchrun's, ~30 s after another rank failed). Only a person presses Ctrl-C twice: the
-        # second one ends the process at once (terminal.say, an os.write: print is not safe inside a signal handler).
+        # Nothing else: we may be in the middle of a collective. A second signal changes nothing (on a preemption srun
+        # forwards SIGTERM again; dying then would lose the checkpoint being written), but a second Ctrl-C a person
+        # pressed ends the process at once (terminal.say, an os.write: print is not safe inside a signal handler).
         if signum == signal.SIGINT:
-            # Under `accelerate launch` the terminal's Ctrl-C reaches the workers twice within milliseconds (directly,
-            # and forwarded by torchrun's agent): only one a person pressed later counts as the second.
+            # Under `accelerate launch` Ctrl-C reaches the workers twice within milliseconds (directly, and forwarded
+            # by torchrun's agent): only one pressed later counts as the second.
             if self.interrupted and time.monotonic() - self.interrupted > SECOND_CTRL_C_S:
                 terminal.say(2, b"\nSecond Ctrl-C: stopping at once; nothing more is saved\n")
                 os._exit(INTERRUPTED_EXIT)
@@ -108,10 +101,8 @@ class GracefulStop(TrainerCallback):
 
     def mark_saved(self, what: str) -> None:
         """Main process, once progress is safely on disk: `<stop file>.checkpointed` tells the batch script to
-        requeue the job (the requeued job goes on from what was saved) rather than end it."""
+        requeue the job rather than end it; without a stop file a person goes on by typing the command again."""
         after = f" {time.time() - self.requested_at:.0f} s after the request" if self.requested_at else ""
-        # The stop file is scripts/launch.sh's, which requeues the job (or says how to go on); anywhere else a person
-        # started the run (Ctrl-C in a terminal) and goes on by typing the command again.
         how = (
             "exiting so that the job can be requeued"
             if self.stop_file
@@ -136,10 +127,9 @@ class GracefulStop(TrainerCallback):
 
 
 def rerun_command() -> str:
-    """The command that started this run, to type again: this process's, or under a launcher (`accelerate launch`,
-    torchrun: LOCAL_RANK is set) the launcher's, its parent process. Without --overwrite_output_dir (it would start
-    afresh) and --resume_from_checkpoint (the rerun goes on from the newest verified checkpoint), and without a
-    --hub_token (a printed command never carries it: .env or the environment gives it)."""
+    """The command that started this run, to type again: this process's, or under a launcher (LOCAL_RANK is set) its
+    parent's. Without --overwrite_output_dir (it would start afresh), --resume_from_checkpoint (the rerun goes on from
+    the newest verified checkpoint) and secrets."""
     from dpotrain.recipe.cli import FALSE, TRUE
     from dpotrain.recipe.config import without_secrets
 
@@ -167,7 +157,7 @@ def rerun_command() -> str:
 
 def check_stop_file(path: Path) -> None:
     """The stop file's folder must take `<stop file>.checkpointed`: found unwritable only after a checkpoint, the job
-    would fail instead of being requeued. Checked at start (every rank writes and removes a file of its own)."""
+    would fail instead of being requeued."""
     from dpotrain.recipe.errors import ConfigError
 
     try:

@@ -1,15 +1,11 @@
 """Which checkpoint a rerun goes on from, or why it may not: resume exactly or refuse.
 
 - A checkpoint is resumed from only once verified: its COMPLETE mark, its manifest listing the optimizer's and the
-  scheduler's state, every file there at the size the manifest lists (`checkpoint_manifest`; checked on every rank
-  before anything loads) and matching its checksum (checked once processes have started, each rank its share:
-  `confirm`). The automatic resume takes the newest verified one and says in one line each which newer ones it skipped
-  and why; with none left the run is refused, naming the files. A checkpoint named with --resume_from_checkpoint that
-  cannot be verified is refused, naming what is missing and the checkpoint to pass instead.
-- A run stopped by a health guard is remembered (`HEALTH_STOP` in its output folder): the same command is refused
-  with the fix instead of resuming on the values it stopped on.
-- A folder whose only checkpoints were cut short (a job killed in its first save) holds nothing to resume: the
-  identical rerun, which a Slurm requeue runs, starts afresh.
+  scheduler's state, every file at its listed size (before anything loads) and checksum (once processes have started,
+  each rank its share: `confirm`). The automatic resume takes the newest verified one, saying which newer ones it
+  skipped and why; a checkpoint named with --resume_from_checkpoint that cannot be verified is refused.
+- A run stopped by a health guard is remembered (`HEALTH_STOP`): the same command is refused with the fix.
+- A folder whose only checkpoints were cut short holds nothing to resume: the identical rerun (a requeue) starts afresh.
 """
 
 import json
@@ -56,8 +52,7 @@ def newest_verified(out: Path, before: Path | None = None) -> tuple[Path | None,
 
 def latest_sound_checkpoint(out: Path, before: Path | None = None, refuse: bool = True) -> Path | None:
     """The newest verified checkpoint (older than `before`, if given), each newer one it passes over said in a line.
-    With none left: refused when a complete checkpoint failed its checks (`refuse`), else None (saves only cut short:
-    `only_cut_short` decides)."""
+    With none left: refused when a complete checkpoint failed its checks (`refuse`), else None."""
     found, skipped = newest_verified(out, before)
     damaged = any(is_complete(folder) for folder, _ in skipped)
     if found is not None or damaged:
@@ -81,15 +76,13 @@ def _step(folder: Path) -> int:
 
 def confirm(resume_from: str | None, explicit: bool) -> str | None:
     """Once processes have started, on every rank: the resume point's checksums, each rank its share of the files; a
-    damaged checkpoint is skipped for the previous sound one (not one named with --resume_from_checkpoint: refused).
-    Returns the checkpoint to resume from; every rank gets the same answer from the same collectives."""
+    damaged checkpoint is skipped for the previous sound one (one named with --resume_from_checkpoint is refused)."""
     import torch.distributed as dist
 
     from dpotrain.cluster.collectives import gather_objects
     from dpotrain.train import agreement
 
-    # First, that every rank found the same checkpoint (a node-local output folder would not): else the ranks would
-    # run different collectives below and hang.
+    # First, that every rank found the same checkpoint: else they would run different collectives below and hang.
     agreement.check({"the resume point": str(resume_from)})
     distributed = dist.is_available() and dist.is_initialized()
     rank, world = (dist.get_rank(), dist.get_world_size()) if distributed else (0, 1)
@@ -113,8 +106,7 @@ def confirm(resume_from: str | None, explicit: bool) -> str | None:
 
 
 def check_explicit(folder: str) -> None:
-    """--resume_from_checkpoint: a checkpoint that passes `unverified`; else refused, naming the newest verified one
-    beside it to pass instead."""
+    """--resume_from_checkpoint: a checkpoint that passes `unverified`; else refused, naming the one to pass instead."""
     if not Path(folder).is_dir():
         raise ConfigError(f"resume_from_checkpoint {folder!r} is not a folder")
     why = unverified(Path(folder))
@@ -131,13 +123,10 @@ def check_explicit(folder: str) -> None:
 
 def check_partitions(folder: str | None, world: int, run_engine=None) -> None:
     """A DeepSpeed ZeRO checkpoint resumes only on the number of processes that wrote it: its optimizer state is
-    partitioned over them, one `zero_pp_rank_<r>_..._optim_states.pt` each, and DeepSpeed cannot repartition it on load
-    (it raises after the weights load). The sequence-parallel size may change: ZeRO partitions over all processes.
+    partitioned over them, and DeepSpeed cannot repartition it on load (it raises after the weights load).
 
     Nor does a checkpoint cross between DeepSpeed and the other engines (`run_engine`, when known): DeepSpeed loads only
-    its own `global_step*` folder (transformers raises "Can't find a valid checkpoint" after the model loaded), and
-    without DeepSpeed transformers finds no optimizer.pt in a DeepSpeed checkpoint and goes on with a fresh optimizer,
-    silently."""
+    its own `global_step*` folder, and without DeepSpeed transformers goes on with a fresh optimizer, silently."""
     if folder is None:
         return
     written = len(list(Path(folder).glob("global_step*/zero_pp_rank_*_optim_states.pt")))
@@ -172,9 +161,8 @@ def remember_health_stop(output_dir: str, alarm) -> None:
 
 
 def after_health_stop(recipe, out: Path) -> bool:
-    """A rerun of a run a health guard stopped: refused (it would resume on the values it stopped on, or a requeue
-    would repeat a doomed run); with --overwrite_output_dir it starts afresh (True); with `health_action: warn` it
-    goes on from the checkpoint the stop wrote, as the user asked (False, with a line). No record: False."""
+    """A rerun of a run a health guard stopped: refused (it would resume on the values it stopped on); with
+    --overwrite_output_dir it starts afresh (True); with `health_action: warn` it goes on (False). No record: False."""
     path = out / HEALTH_STOP
     if not path.is_file():
         return False
@@ -203,8 +191,8 @@ def after_health_stop(recipe, out: Path) -> bool:
 
 
 def only_cut_short(out: Path, changed: list[str]) -> bool:
-    """Whether `out`'s checkpoints were all cut short (no COMPLETE mark: a job killed during its first save) by a run
-    whose settings are the rerun's: nothing to resume, so the identical rerun (a Slurm requeue) starts afresh."""
+    """Whether `out`'s checkpoints were all cut short (no COMPLETE mark) by a run whose settings are the rerun's:
+    nothing to resume, so the identical rerun (a Slurm requeue) starts afresh."""
     folders = checkpoints(out)
     ran_here = (out / "resolved_config.json").is_file()  # written as training starts: a run of this project was here
     if not folders or any(is_complete(p) for p in folders) or changed or not ran_here:

@@ -1,7 +1,6 @@
-"""The run's record of its own files in its output folder (`run_files.json`): the names it wrote there, and nothing
-else. `--overwrite_output_dir` removes exactly these (dpotrain/output_folder.py). Checkpoints are added by name as
-they are saved (`claim`, before their first file) and dropped when rotation deletes them (`disown`). Main process
-only; written to a temporary name and renamed, so the record is always whole."""
+"""The run's record of its own files in its output folder (`run_files.json`), which `--overwrite_output_dir` removes
+exactly: checkpoints are added by name before their first file (`claim`) and dropped when rotation deletes them
+(`disown`). Main process only."""
 
 import json
 from pathlib import Path

@@ -4,21 +4,15 @@ What a collapsing run looks like before its metrics say so: 001's model answered
 Each sample gets a repetition score (the share of word 3-grams already seen earlier in the text: 0 for ordinary prose,
 ~1 for a loop) and the longest run of one repeated word; a score over `sample_repetition_warn` is a warning in the log.
 
-Samples go to `<output_dir>/samples.jsonl` and, when W&B runs, to a `samples` table. Under ZeRO-2 (and DDP, one
-process) only the main process generates: every rank holds the full weights, and the others wait for it at the next
-collective. Under ZeRO-3 and FSDP2 no rank holds them, so every rank generates the same answers together (each forward
-gathers the weights from all of them; `synced_gpus` keeps them in step until the longest answer ends) and the main
-process writes them. Generation runs the model's own LM head, which training's fused LM head never calls, so afterwards
-the engine is left as training expects (`leave_for_training`): ZeRO-3 forgets the order of modules it recorded while
-generating (it would fetch the LM head's weights ahead for a forward that reads them directly: "Cannot partition a param
-in flight" at the next training step), FSDP2 reshards the weights a forward leaves gathered.
+Samples go to `<output_dir>/samples.jsonl` and, when W&B runs, to a `samples` table. Under ZeRO-2 (and DDP) only the
+main process generates: every rank holds the full weights. Under ZeRO-3 and FSDP2 every rank generates the same answers
+together (`synced_gpus`), and the main process writes them; afterwards the engine is left as training expects
+(`leave_for_training`).
 
-A model that trains on FlexAttention generates on sdpa (`dense_attention_while`): generation's KV cache, one-token
-queries and transformers' own masks would each be a new compilation of the training forward's FlexAttention
-(forwards/flex.py; 4 more in its test), and the compilations of a run are limited; sdpa needs none, and a few greedy
-answers gain nothing from block sparsity. For the same reason samples are generated with compilation off
-(`torch.compiler.set_stance("force_eager")`): with `compile_layers` every decoder layer runs one compiled code object,
-whose recompile limit generation's shapes would spend before training's first step, leaving training eager.
+A model that trains on FlexAttention generates on sdpa (`dense_attention_while`): generation's KV cache and one-token
+queries would each be a new compilation of FlexAttention, and a run's compilations are limited. For the same reason
+samples are generated with compilation off: with `compile_layers` generation's shapes would spend the layers' recompile
+limit before training's first step, leaving training eager.
 """
 
 import contextlib
@@ -86,15 +80,14 @@ class SampleGenerator(TrainerCallback):
         self.prompt_ids, self.tokenizer = prompt_ids, tokenizer  # None: the training set's first `count` (`attach`)
         self.every, self.max_new_tokens, self.warn_at, self.count = every, max_new_tokens, warn_at, count
         self.every_rank = every_rank  # weights sharded over the ranks: all of them generate together
-        self.flagged: list[dict] = []  # samples over warn_at, for tests and callers
+        self.flagged: list[dict] = []  # samples over warn_at
         self._trimmed = False
         self._base: dict[int, float] = {}  # prompt index -> the repetition of the base model's answer (step 0)
         self.spent = None  # called with the seconds each round of samples took (the throughput clock leaves them out)
 
     @classmethod
     def from_recipe(cls, recipe, tokenizer, every_rank: bool = False) -> "SampleGenerator":
-        """Prompts from the recipe (list or file), else the first `sample_count` prompts of the training data, as the
-        trainer tokenized them (chat template with the generation prompt: `attach`)."""
+        """Prompts from the recipe (list or file), else the training data's first `sample_count` (`attach`)."""
         p = recipe.project
         texts = list(p.sample_prompts or [])
         if not texts and p.sample_prompts_file:  # a .txt file: one prompt a line; a .jsonl file: {"prompt": ...}
@@ -107,8 +100,8 @@ class SampleGenerator(TrainerCallback):
         return cls(ids, tokenizer, p.samples_every, p.sample_max_new_tokens, warn_at, every_rank, p.sample_count)
 
     def attach(self, trainer) -> None:
-        """Once the trainer is built (`RecipeDPOTrainer.__init__`): its tokenized training set's first prompts where
-        the recipe gave none, and its throughput clock, which leaves out the time samples take (tokens/s, MFU)."""
+        """Once the trainer is built: its training set's first prompts where the recipe gave none, and its throughput
+        clock, which leaves out the time samples take."""
         if self.prompt_ids is None:
             rows = trainer.train_dataset
             self.prompt_ids = [list(x) for x in rows.select(range(min(self.count, len(rows))))["prompt_ids"]]
@@ -138,8 +131,6 @@ class SampleGenerator(TrainerCallback):
         was_training = model.training
         model.eval()  # no dropout; activation checkpointing is off outside training mode
         try:
-            # Uncompiled: compiled decoder layers (compile_layers) share one code object and its recompile limit,
-            # which generation's KV cache and one-token steps would spend, leaving training eager (and silent).
             with torch.no_grad(), dense_attention_while(model), torch.compiler.set_stance("force_eager"):
                 for i, ids in enumerate(self.prompt_ids):
                     inputs = torch.tensor([ids], device=model.device)
@@ -193,10 +184,9 @@ class SampleGenerator(TrainerCallback):
             if wandb.run is not None:
                 columns = ["step", "prompt_index", "prompt", "completion", "repetition"]
                 table = wandb.Table(columns=columns, data=[[r[c] for c in columns] for r in records])
+                worst = max(r["repetition"] for r in records)
                 # commit=False: goes out with the Trainer's next log, at the same W&B step
-                wandb.log(
-                    {"samples": table, "samples/max_repetition": max(r["repetition"] for r in records)}, commit=False
-                )
+                wandb.log({"samples": table, "samples/max_repetition": worst}, commit=False)
 
 
 @contextlib.contextmanager
@@ -220,15 +210,10 @@ def dense_attention_while(model):
 def leave_for_training(model, optimizer) -> None:
     """After generating: the engine as the next training (or evaluation) forward expects it.
 
-    ZeRO-3 records the order in which modules fetch their weights and, once two forwards agree, prefetches along it.
-    Generating records the model's own forward, LM head module included; training's forward is TRL's fused LM head,
-    which reads the head's weight directly inside a gather of its own (`trl.trainer.utils.maybe_gather_lm_head_ctx`).
-    Following the generation's order, ZeRO-3 prefetches the head's weight, and that gather then finds it in flight:
-    "Cannot partition a param in flight". Forgetting the recorded order makes the next forward record its own, as TRL's
-    `unwrap_model_for_generation` does after generating (`trl.models.utils.add_hooks`).
-
-    FSDP2 reshards the units a forward leaves gathered (the root: embeddings, final norm, LM head), which would
-    otherwise stay in memory, unsharded, beside the training step's activations."""
+    ZeRO-3 prefetches along the order in which modules fetched their weights. Generating records the model's LM head
+    module, which TRL's fused LM head reads directly inside a gather of its own (`maybe_gather_lm_head_ctx`):
+    prefetched, the weight is "in flight" there. Forgetting the order, as TRL's `unwrap_model_for_generation` does,
+    makes the next forward record its own. FSDP2 reshards the units a forward leaves gathered (the root, LM head)."""
     inner = getattr(optimizer, "optimizer", optimizer)
     # A training engine's ZeRO-3 optimizer holds the parameter offload; an inference engine's "optimizer" is it
     offload = getattr(inner, "parameter_offload", None) or inner

@@ -1,10 +1,9 @@
-"""One readable line per logging step, as people expect from a trainer, instead of transformers' dictionary of ~23
-string-quoted fields printed inside the progress bar:
+"""One readable line per logging step instead of transformers' dictionary printed inside the progress bar:
 
     step 4/12  loss 0.6931  acc 0.50  margin 0.001  lr 1.0e-06  grad_norm 3.2  tok/s 812
 
-`acc` and `margin` are on the loss's scale (`rewards_norm/*`, log-ratios per completion token) where the run logs them,
-else TRL's `rewards/*`. Every field of every step is in metrics.jsonl (docs/metrics.md), and in W&B.
+`acc` and `margin` are on the loss's scale (`rewards_norm/*`) where the run logs them, else TRL's `rewards/*`. Every
+field of every step is in metrics.jsonl.
 """
 
 from transformers.trainer_callback import ProgressCallback
@@ -39,8 +38,7 @@ def line(logs: dict, step: int, max_steps: int) -> str | None:
 
 
 class StepLog(ProgressCallback):
-    """transformers' progress bar, its log records written as `line`s (above the bar); without a bar
-    (`disable_tqdm`), the lines alone."""
+    """transformers' progress bar, its log records written as `line`s above it; with `disable_tqdm`, the lines alone."""
 
     def on_train_begin(self, args, state, control, **kwargs):
         if not args.disable_tqdm:

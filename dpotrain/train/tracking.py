@@ -30,11 +30,8 @@ def setup_wandb(training) -> None:
 
 
 def keep_offline_runs(output_dir: str | Path) -> Path | None:
-    """Move `<output_dir>/wandb` aside before the folder is replaced, when it holds offline runs.
-
-    Offline runs (WANDB_MODE=offline on nodes without network) exist nowhere else until `wandb sync`: replacing a run
-    must not delete its only history. They go to `<output_dir>.wandb-offline-<time>/`, next to the output folder.
-    """
+    """Move `<output_dir>/wandb` aside before the folder is replaced, when it holds offline runs: they exist nowhere
+    else until `wandb sync`. They go to `<output_dir>.wandb-offline-<time>/`, next to the output folder."""
     source = Path(output_dir) / "wandb"
     if not any(source.glob("offline-run-*")):
         return None
@@ -46,12 +43,9 @@ def keep_offline_runs(output_dir: str | Path) -> Path | None:
 class WandbStepIsGlobalStep(TrainerCallback):
     """Log to W&B at `_step` = the optimizer step, so a resumed run's history holds every step once.
 
-    transformers' WandbCallback logs without a step, so W&B numbers rows 0, 1, 2... per process. An offline run resumed
-    after a SIGKILL cannot know where the killed process stopped and restarts at 0; when both parts are synced, W&B
-    drops every row whose step is not above the last one it has: the re-trained steps went missing. With the optimizer
-    step as W&B step, the resumed part's rows after the checkpoint are kept, and a step logged twice (after the
-    checkpoint, before the kill) is kept once. It wraps `wandb.log` after WandbCallback has started the run.
-    """
+    transformers' WandbCallback logs without a step, so W&B numbers rows per process: an offline run resumed after a
+    SIGKILL restarts at 0, and once synced W&B drops every row whose step is not above the last one it has. It wraps
+    `wandb.log` after WandbCallback has started the run."""
 
     def on_train_begin(self, args, state, control, **kwargs):
         if "wandb" not in (args.report_to or []):  # W&B is optional: not imported (nor required) unless used

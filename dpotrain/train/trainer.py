@@ -2,17 +2,14 @@
 
 Everything DPO-specific (tokenization, the loss and its variants, LD-DPO, the reference under PEFT) stays TRL's. The
 subclass changes how pairs reach TRL's loss code, and what surrounds it:
-- steps follow the plan (`plan.py`), made in `__init__` once TRL has tokenized the training set (`plan_stage.py`):
-  the dataloader yields one item per optimizer step, this rank's micro-batches of it, and
-  `training_step` runs them with the gradient-accumulation boundary on the last (`no_sync` before it; for DeepSpeed,
-  accelerate's `set_gradient_accumulation_boundary`), so the Trainer, its schedule and `max_steps` count optimizer
-  steps while the number of micro-batches changes from step to step;
-- each micro-batch's loss is weighed by its share of the step's pairs, so a step's loss and gradient are the mean over
-  its pairs whatever the micro-batching (`compute_loss`, `get_batch_samples`);
-- the forward is packed (`packing.py`): TRL's `_compute_loss` runs on the padded view of a packed micro-batch, with
-  `packing.PackedModel` answering its model call; models that cannot pack get TRL's padded collator, on the same plan;
-- reference log-probs are scored in a stage of their own before training (`reference.py`), with the training forward
-  around the same stand-in for TRL's model call as the loss's (`ReferenceScorer.log_probs`, reference/scorer.py);
+- steps follow the plan (`plan_stage.py`, made in `__init__` once TRL has tokenized): the dataloader yields one item
+  per optimizer step, this rank's micro-batches of it, which `training_step` runs with the accumulation boundary on the
+  last, so the Trainer, its schedule and `max_steps` count optimizer steps whatever the micro-batches;
+- each micro-batch's loss is weighed by its share of the step's pairs: a step's loss and gradient are the mean over its
+  pairs whatever the micro-batching (`compute_loss`, `get_batch_samples`);
+- the forward is packed (`packing.py`): TRL's `_compute_loss` runs on the padded view, `packing.PackedModel` answering
+  its model call; models that cannot pack get TRL's padded collator, on the same plan;
+- reference log-probs are scored in a stage of their own before training (`reference.py`), with the same forward;
 - metrics are sums and counts reduced once per log (`pair_metrics.py`), since ranks hold different numbers of pairs.
 """
 
@@ -54,33 +51,18 @@ from dpotrain.train.step_log import StepLog
 def model_init_kwargs(run: Recipe) -> dict:
     """What TRL's own `trl/scripts/dpo.py` passes to `from_pretrained`, from ModelConfig's fields as the run uses them
     (`RunSpec.as_run`): the attention of the forward chosen, the dtype the engine trains in (`engine.load_dtype`)."""
-    kwargs = dict(
-        revision=run.model.model_revision,
-        attn_implementation=run.model.attn_implementation,
-        dtype=run.model.dtype,
-    )
-    kwargs.update(run.training.model_init_kwargs or {})
-    return kwargs
+    m = run.model
+    kwargs = dict(revision=m.model_revision, attn_implementation=m.attn_implementation, dtype=m.dtype)
+    return kwargs | (run.training.model_init_kwargs or {})
 
 
 def training_arguments(run: Recipe):
-    """What TRL and transformers see (a new `DPOConfig`, so their checks run), from the recipe of the run
-    (`stages.RunSpec.as_run`: each field as the run uses it): the one place their fields differ from the run's own.
-    - gradient_accumulation_steps 1: a step's micro-batches run inside `training_step`, so the Trainer sees one item
-      per optimizer step (before transformers creates the accelerator and fills DeepSpeed's "auto" batch sizes); the
-      run's are `spec.launch.batch` and the step plan's;
-    - padding_free off: TRL 1.16 warns "temporarily unavailable" and pads; this project packs with its own collator
-      (`spec.forward.planned.packed`);
-    - push_to_hub off and no hub_token: this project pushes (`spec.push`, hub.take_push_settings);
-    - model_init_kwargs: `model_init_kwargs`."""
-    trl_only = {
-        "gradient_accumulation_steps": 1,
-        "padding_free": False,
-        "push_to_hub": False,
-        "hub_token": None,
-        "model_init_kwargs": model_init_kwargs(run),
-    }
-    return replaced(run, training=trl_only).training
+    """What TRL and transformers see (a new `DPOConfig`, so their checks run) of the run's recipe, where it differs:
+    gradient_accumulation_steps 1 (a step's micro-batches run inside `training_step`, before transformers fills
+    DeepSpeed's "auto" batch sizes); padding_free off (TRL 1.16 warns "temporarily unavailable" and pads; this project
+    packs with its own collator); push_to_hub off and no hub_token (this project pushes: hub.take_push_settings)."""
+    trl_only = dict(gradient_accumulation_steps=1, padding_free=False, push_to_hub=False, hub_token=None)
+    return replaced(run, training={**trl_only, "model_init_kwargs": model_init_kwargs(run)}).training
 
 
 def resolve_model_path(recipe: Recipe) -> str:
@@ -96,9 +78,8 @@ class _GraniteMoeHybridConfig(GraniteMoeHybridConfig):
 
 def trl_compatible_config(model) -> None:
     """TRL 1.16's fused LM head reads `config.num_experts` for the MoE auxiliary loss (trl/trainer/utils.py,
-    `add_fused_lm_head` -> `_fused_forward`); GraniteMoeHybridConfig calls it `num_local_experts`, so the first forward
-    fails with an AttributeError. The loaded config answers to both names from here on; its values and the config.json
-    it saves are unchanged (tests/test_architectures.py). Drop this once TRL reads `num_local_experts` as well."""
+    `_fused_forward`); GraniteMoeHybridConfig calls it `num_local_experts`: the config answers to both names from here
+    on, its saved config.json unchanged. Drop this once TRL reads `num_local_experts` as well."""
     config = packing.causal_lm(model).config.get_text_config()
     if type(config) is GraniteMoeHybridConfig:
         config.__class__ = _GraniteMoeHybridConfig
@@ -135,18 +116,15 @@ REFERENCE_COLUMNS = ("ref_chosen_logps", "ref_rejected_logps")
 
 
 def _batch_columns(dataset):
-    """The columns the collators read: the pair's tokens and, once the reference stage has scored them, its
-    reference log-probs."""
+    """The columns the collators read: the pair's tokens and, once the reference stage scored them, its reference's."""
     columns = (*pair_columns(dataset), *REFERENCE_COLUMNS)
     return dataset.select_columns([c for c in columns if c in dataset.column_names])
 
 
 class _LocalGathers:
-    """The accelerator as TRL's metric code sees it inside `_compute_loss`: gathers stay on this rank.
-
-    TRL gathers per-pair tensors across ranks on every micro-batch; ranks with different pair counts would hang
-    there. Its metrics are discarded anyway (`RecipeDPOTrainer.log` logs `PairMetrics`' exact reductions instead).
-    """
+    """The accelerator as TRL's metric code sees it inside `_compute_loss`: gathers stay on this rank. TRL gathers
+    per-pair tensors on every micro-batch, which hangs where ranks hold different pair counts; its metrics are replaced
+    anyway (`RecipeDPOTrainer.log` logs `PairMetrics`' exact reductions)."""
 
     def __init__(self, accelerator):
         self._accelerator = accelerator
@@ -188,18 +166,15 @@ class RecipeDPOTrainer(DPOTrainer):
         callbacks=(),
         **kwargs,
     ):
-        self.engine = run_engine
+        self.engine, self.forward, self.packed = run_engine, forward, forward.packed
         self.assistant_turns = assistant_turns  # read by `_prepare_dataset`, which TRL's __init__ calls
-        self.forward = forward
-        self.packed = packed = forward.packed
-        self.pairs_per_step = pairs_per_step
-        self.max_tokens_per_microbatch = max_tokens_per_microbatch
+        self.pairs_per_step, self.max_tokens_per_microbatch = pairs_per_step, max_tokens_per_microbatch
         self.graceful_stop = stop  # .stopped tells after `train()` whether it ended early to be requeued
         self.health = health  # .stop tells after `train()` whether a guard stopped it (dpotrain/train/health.py)
         self.model_path = kwargs["model"]  # the base weights on disk (a built-in one materialized): the LoRA merge
         self.rows_given = len(kwargs["train_dataset"])  # before TRL dropped pairs whose prompt fills max_length
         training_args = kwargs["args"]  # `training_arguments`: one item per optimizer step, TRL's padding off
-        if packed:
+        if self.packed:
             kwargs["data_collator"] = choice.collator(forward, training_args)
         # Order matters: GracefulStop.on_save reports a checkpoint only after CompleteMarker has marked it.
         self.complete_marker = CompleteMarker()
@@ -209,7 +184,7 @@ class RecipeDPOTrainer(DPOTrainer):
         for model in (self.model, self.ref_model):
             if model is not None:
                 trl_compatible_config(model)
-        if not packed:  # TRL's padded collator, its rows run in groups of similar length (padded.py)
+        if not self.packed:  # TRL's padded collator, its rows run in groups of similar length (padded.py)
             self.data_collator = padded.GroupedCollator(self.data_collator)
         # The reference cache's key: the full weights. TRL hashed them in __init__, except under ZeRO-3, where it
         # hashed each rank's empty partition.
@@ -230,15 +205,14 @@ class RecipeDPOTrainer(DPOTrainer):
         # cannot be cut is refused here, before the reference is scored.
         self.run_plan = plan_stage.for_trainer(self)
         self.layers_record = self._set_up_layers(compile_layers)
-        if packed and packing.needs_parity_check(self.model.config):
+        if self.packed and packing.needs_parity_check(self.model.config):
             self.check_packing()
         # One readable line per logging step (step_log.py), not the Trainer's progress bar or dictionary.
         self.remove_callback(ProgressCallback)
         self.remove_callback(PrinterCallback)
-        device = self.accelerator.device
-        for callback in (_StartMetrics(self.pair_metrics), FirstStepMemory(self.memory_use, device), StepLog()):
-            self.add_callback(callback)
-        for callback in callbacks:  # the run's optional features (train_stage.build_run), one module each
+        ours = (_StartMetrics(self.pair_metrics), FirstStepMemory(self.memory_use, self.accelerator.device), StepLog())
+        # then the run's optional features (train_stage.build_run), one module each
+        for callback in (*ours, *callbacks):
             self.add_callback(callback)
             if hasattr(callback, "attach"):  # one that reads the built trainer (samples.SampleGenerator)
                 callback.attach(self)
@@ -249,11 +223,8 @@ class RecipeDPOTrainer(DPOTrainer):
         sequence_parallel.set_up(self.forward.sequence_parallel, self.model)
         layers.hold_checkpointing(self.model, self.args)
         compiled = layers.compile_layers(self.model) if compile_layers else 0
-        return {
-            "checkpointed": layers.checkpointed(self.model),
-            "compiled": compiled,
-            "decoder_layers": len(layers.decoder_layers(self.model)),
-        }
+        checkpointed, decoder_layers = layers.checkpointed(self.model), len(layers.decoder_layers(self.model))
+        return {"checkpointed": checkpointed, "compiled": compiled, "decoder_layers": decoder_layers}
 
     def _prepare_dataset(self, dataset, processing_class, args, dataset_name):
         """TRL's tokenization; with `assistant_turns: all`, each prompt's labeled tokens too (data/turns.py)."""
@@ -273,16 +244,10 @@ class RecipeDPOTrainer(DPOTrainer):
     def _no_second_model_under_fsdp(self, kwargs):
         """Under FSDP, TRL loads a second copy of the model for its precompute of the reference (trl/trainer/
         dpo_trainer.py: "Under FSDP, the policy isn't sharded until `train`, so the precompute still loads a reference
-        model"), shards it at the root only and frees it at the end of __init__. The reference stage scores with the
-        policy, sharded by accelerate (`ReferenceScorer.model`), so that load is skipped: minutes and a full host copy
-        for a 32B model. Drop this when TRL stops loading it (its precompute under FSDP2 is broken: TRL #6470)."""
-        skip = (
-            self.engine.name == "fsdp2"
-            and kwargs["args"].precompute_ref_log_probs
-            and kwargs.get("peft_config") is None
-            and kwargs.get("ref_model") is None
-        )
-        if not skip:
+        model"). The reference stage scores with the policy (`ReferenceScorer.model`), so that load is skipped: minutes
+        and a full host copy for a 32B model. Drop this when TRL stops loading it (TRL #6470)."""
+        alone = kwargs.get("peft_config") is None and kwargs.get("ref_model") is None
+        if not (self.engine.name == "fsdp2" and kwargs["args"].precompute_ref_log_probs and alone):
             yield
             return
         calls = []
@@ -295,10 +260,9 @@ class RecipeDPOTrainer(DPOTrainer):
             yield
 
     def save_model(self, output_dir=None, _internal_call=False):
-        """The final model under FSDP2, as a plain HF folder written once: every rank takes part in gathering the full
-        state dict (accelerate's `get_state_dict`), the main process writes it as safetensors. transformers writes no
-        weights there with SHARDED_STATE_DICT, the state dict type checkpoints use (`engine.launched`); checkpoints
-        (`_internal_call`) stay sharded: each rank writes its own shard (torch.distributed.checkpoint)."""
+        """The final model under FSDP2, as a plain HF folder: every rank gathers the full state dict (accelerate's
+        `get_state_dict`), the main process writes it. transformers writes no weights with SHARDED_STATE_DICT, the
+        state dict type checkpoints (`_internal_call`) use and keep: each rank writes its own shard."""
         try:
             with quiet_progress_bars():  # "Writing model shards", a bar of one item per shard, at every checkpoint
                 if self.is_fsdp_enabled and not _internal_call:
@@ -312,8 +276,8 @@ class RecipeDPOTrainer(DPOTrainer):
             raise disk_full.final_save_failed(Path(self.args.output_dir), why) from None
 
     def create_model_card(self, *args, **kwargs):
-        """Not TRL's card ("fine-tuned version of [None]"), which TRL writes at every checkpoint: the project writes its
-        own once the run ends (dpotrain/hub/hub.py), so a stopped run's folder holds no card until then."""
+        """Not TRL's card ("fine-tuned version of [None]") at every checkpoint: the project writes its own once the run
+        ends (dpotrain/hub/hub.py)."""
 
     def _save_checkpoint(self, model, trial):
         start = time.monotonic()
@@ -341,8 +305,8 @@ class RecipeDPOTrainer(DPOTrainer):
         self.complete_marker.save_started = start
 
     def _run_epoch(self, *args, **kwargs):
-        """transformers checks `max_steps` only after a step: resumed from a checkpoint of the last step (a run killed
-        after its last save, before the final model), it trained a step past max_steps. Nothing is left to train."""
+        """transformers checks `max_steps` only after a step: resumed from a checkpoint of the last step, it would
+        train a step past max_steps."""
         if self.state.global_step >= self.state.max_steps > 0:
             self.control.should_training_stop = True
             return
@@ -350,8 +314,7 @@ class RecipeDPOTrainer(DPOTrainer):
 
     @property
     def data_parallel_size(self) -> int:
-        """The processes that read their own pairs: groups of the forward's `sequence_parallel` processes share one
-        micro-batch (dpotrain/cluster/sequence_parallel.py)."""
+        """The processes that read their own pairs: a group of `sequence_parallel` processes shares one micro-batch."""
         return groups.data_parallel_size(self.accelerator.num_processes, self.forward.sequence_parallel)
 
     @property
@@ -369,8 +332,7 @@ class RecipeDPOTrainer(DPOTrainer):
         )
 
     def get_train_dataloader(self):
-        """One item per optimizer step (`plan.StepSampler`), rows read a step at a time and collated per
-        micro-batch with the forward's collator."""
+        """One item per optimizer step (`plan.StepSampler`), collated per micro-batch with the forward's collator."""
         run_plan = self.run_plan
         sampler = plan.StepSampler(run_plan.lengths, run_plan.step_plan, self.data_parallel_rank, run_plan.epochs)
         rows = plan.StepRows(_batch_columns(self.train_dataset))
@@ -392,6 +354,7 @@ class RecipeDPOTrainer(DPOTrainer):
         from transformers.trainer_utils import seed_worker
 
         args, workers = self.args, self.args.dataloader_num_workers
+        seeded = functools.partial(seed_worker, num_workers=workers, rank=args.process_index) if training else None
         loader = DataLoader(
             dataset,
             batch_sampler=sampler,
@@ -401,9 +364,7 @@ class RecipeDPOTrainer(DPOTrainer):
             pin_memory=args.dataloader_pin_memory and self.args.device.type == "cuda",
             persistent_workers=args.dataloader_persistent_workers and workers > 0,
             prefetch_factor=args.dataloader_prefetch_factor if workers > 0 else None,
-            worker_init_fn=functools.partial(seed_worker, num_workers=workers, rank=args.process_index)
-            if training
-            else None,
+            worker_init_fn=seeded,
         )
         loader = self.accelerator.prepare(loader)
         shard = getattr(loader, "batch_sampler", None)
@@ -427,11 +388,9 @@ class RecipeDPOTrainer(DPOTrainer):
         return total
 
     def _prepare_inputs(self, inputs):
-        """A micro-batch on the device, as transformers moves it (training and evaluation alike), but for the
-        reference's sums: under DeepSpeed transformers casts every floating-point input to the engine's dtype, and in
-        bf16 a sum of -3,111.24 nats becomes -3,104 (steps of 16 there), while the policy's own sums stay float32 (the
-        fused LM head's). At step 1 the rewards would be those roundings, not 0 (the step-1 guard stops a bf16 ZeRO-2
-        run on them). They go to the device as the reference stage scored them, in float32."""
+        """A micro-batch on the device, as transformers moves it, but for the reference's sums, kept float32: under
+        DeepSpeed transformers casts floating-point inputs to the engine's dtype, and in bf16 a sum of -3,111.24 nats
+        becomes -3,104, while the policy's sums stay float32: step 1's rewards would not be 0 (the step-1 guard)."""
         kept = {key: inputs[key] for key in REFERENCE_COLUMNS if key in inputs}
         prepared = super()._prepare_inputs({key: value for key, value in inputs.items() if key not in kept})
         return {**prepared, **{key: value.to(self.args.device) for key, value in kept.items()}}
@@ -464,10 +423,8 @@ class RecipeDPOTrainer(DPOTrainer):
 
     def reference_model(self):
         """The model that scores the reference: a reference model if one was given; else the policy before its first
-        update — under DeepSpeed in an inference engine that places (ZeRO-2) or gathers (ZeRO-3) its weights, made on
-        first use and kept, as TRL's `_precompute_ref_logps` does; under FSDP2 sharded by accelerate now, as training
-        will use it (the Trainer finds it prepared and leaves it; with RAM-efficient loading only the main process
-        has its weights until then)."""
+        update — under DeepSpeed in an inference engine made on first use and kept, as TRL's `_precompute_ref_logps`
+        does; under FSDP2 sharded by accelerate now, as training will use it (the Trainer finds it prepared)."""
         if self.ref_model is not None:
             return self.ref_model
         if self.is_deepspeed_enabled:
@@ -484,23 +441,22 @@ class RecipeDPOTrainer(DPOTrainer):
 
     def train(self, *args, **kwargs):
         """Training, once the reference's inference engine (ZeRO-3) has forgotten the order in which it fetched
-        weights: it hooks the same modules as training's engine, and having recorded a pass it never saw repeated (a
-        stage of one micro-batch per rank, or the packing check alone), it would build its prefetch order from that at
-        training's first forward and fail in DeepSpeed's coordinator ("pop from an empty deque")."""
+        weights: it hooks the same modules as training's engine, and from a pass it recorded once (a stage of one
+        micro-batch per rank) training's first forward would fail in DeepSpeed's coordinator ("pop from an empty
+        deque")."""
         if self._reference_engine is not None:
             samples.leave_for_training(None, self._reference_engine.optimizer)
         return super().train(*args, **kwargs)
 
     def use_reference(self, name: str, scored) -> None:
-        """The reference stage's data set `name` ("train" or "eval"), its pairs' reference log-probs in columns, in
-        place of the tokenized one: what training and evaluation read."""
+        """The reference stage's data set `name` ("train" or "eval"), with reference log-probs, in place of the
+        tokenized one."""
         setattr(self, f"{name}_dataset", scored)
 
     # --- hybrids whose kernels take sequence boundaries: packed as decided, once their model and pairs agree ---------
     def check_packing(self) -> None:
-        """Score the longest pairs in packed rows and each sequence alone, with the model that scores the reference
-        (`packing.parity`); past the tolerance, stop with one line naming the fix, on every rank alike (one collective
-        whatever the outcome). A check only: the forward the forward stage decided is never changed here."""
+        """Score the longest pairs in packed rows and each sequence alone (`packing.parity`); past the tolerance, stop
+        with one line naming the fix, on every rank alike. A check only: the forward decided is never changed here."""
         tokens = self.run_plan.lengths.tokens  # it runs while the trainer is built, once its plan is made
         examples = [self.train_dataset[int(i)] for i in np.argsort(-tokens, kind="stable")[:4]]
         model = self.reference_model()
