@@ -288,7 +288,9 @@ def choose(config, recipe, cuda: bool, varlen: str | None, lengths=None, check_k
         decision = cost.decide(options, lengths, config, cuda, max_length, t.truncation_mode, budget, pairs, live)
         best = decision.winner.candidate
         rule = decision_rule(decision, asked=recipe.model.attn_implementation is not None)
-        why, record = decision_reason(decision, rule), {**decision.record(), "by": rule}
+        why, record = f"{rule}: {decision.summary()}, from {decision.lengths_from}", {**decision.record(), "by": rule}
+        if decision.not_weighed:
+            why += f"; not weighed (speed not measured): {', '.join(decision.not_weighed)}"
     return ForwardChoice(best.packed, best.share_prompt, hidden_size, best.attention, why, record, n), notes
 
 
@@ -301,14 +303,6 @@ def decision_rule(decision, asked: bool) -> str:
         return "cheapest measured"
     by = "as the recipe names it" if asked else "by the documented order"
     return f"{by}{', then the least work' if decision.runner_up else ''}"
-
-
-def decision_reason(decision, rule: str) -> str:
-    """'cheapest measured: est. 891 against 1,112 for ... from ...', and the candidates the order left unweighed."""
-    why = f"{rule}: {decision.summary()}, from {decision.lengths_from}"
-    if decision.not_weighed:
-        why += f"; not weighed (speed not measured): {', '.join(decision.not_weighed)}"
-    return why
 
 
 def decide_forward(
@@ -361,5 +355,4 @@ def stand_in(model, batch: dict, every_rank: bool = False):
 
 def needs_every_rank(run_engine, forward: ForwardChoice) -> bool:
     """Whether a forward holds collectives (sharded weights, a split sequence), so every rank must run one together."""
-
     return run_engine.shards_weights or forward.sequence_parallel > 1

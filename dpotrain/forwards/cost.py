@@ -227,7 +227,6 @@ def decide(
     """The `comparable` candidates ranked by their estimated cost on these pairs (ties: the order given), in
     H100-seconds at the measured speeds, or in TFLOP of work on one kernel. `live_reference`: a reference forward runs
     beside each micro-batch's training."""
-
     if not candidates:
         raise ValueError("no candidate forward to decide between")
     if max_length is not None:  # TRL drops the pairs whose prompt alone fills max_length

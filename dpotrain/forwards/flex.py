@@ -78,7 +78,6 @@ def _mark_dynamic(block_mask) -> None:
 def attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, softcap=None, **kwargs):
     """transformers' attention interface: `[batch, heads, width, head_dim]` in, `([batch, width, heads, head_dim],
     None)` out, `attention_mask` a `BlockMask`."""
-
     from torch.nn.attention.flex_attention import BlockMask
     from transformers.integrations.flex_attention import flex_attention_forward, repeat_kv
 

@@ -77,7 +77,6 @@ class ModelFlops:
 
     def training(self, seq_lens, shared_prefixes=None) -> float:
         """Forward + backward FLOPs of sequences of these lengths, less `shared_prefixes` computed once for two."""
-
         saved = 0.0 if shared_prefixes is None or len(shared_prefixes) == 0 else self.forward(shared_prefixes)
         return 3 * (self.forward(seq_lens) - saved)
 

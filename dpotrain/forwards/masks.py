@@ -161,7 +161,6 @@ def block_masks(model, batch: dict):
 def attention_mask(model, batch: dict):
     """What a packed forward passes as `attention_mask`: block masks for FlexAttention, a dense mask for a shared
     prompt's rows on sdpa/eager, else nothing (transformers reads the position ids, a varlen kernel the boundaries)."""
-
     attn = upstream.attn_implementation(text_config(model))
     if attn == "flex_attention":
         return block_masks(model, batch)

@@ -126,7 +126,7 @@ def balanced_rows(lengths: list[int], count: int) -> list[list[int]]:
         fill[r] += lengths[i]
     for _ in range(4 * len(lengths)):  # each pass lowers the fullest row or stops
         full = max(range(count), key=fill.__getitem__)
-        best = None  # (new width of the pair of rows, row, item out of `full`, item back or None)
+        best = None  # (new width of the pair of rows, row, item out of `full`, item back or None, moved length)
         for other in range(count):
             if other == full:
                 continue
@@ -137,11 +137,10 @@ def balanced_rows(lengths: list[int], count: int) -> list[list[int]]:
                         continue
                     width = max(fill[full] - delta, fill[other] + delta)
                     if width < fill[full] and (best is None or width < best[0]):
-                        best = (width, other, a, b)
+                        best = (width, other, a, b, delta)
         if best is None:
             break
-        _, other, a, b = best
-        delta = lengths[a] - (lengths[b] if b is not None else 0)
+        _, other, a, b, delta = best
         rows[full].remove(a)
         rows[other].append(a)
         if b is not None:
@@ -203,34 +202,38 @@ class PackedPreferenceCollator:
         per_pair = [sequences(e, self.max_length, self.truncation_mode) for e in examples]
         seqs = [pair[0] for pair in per_pair] + [pair[1] for pair in per_pair]  # TRL's [chosen..., rejected...]
         lengths = [len(ids) for ids, _ in seqs]
-        rows, width = self.rows(lengths)
-        input_ids = torch.full((len(rows), width), self.pad_token_id, dtype=torch.long)
-        completion_mask = torch.zeros((len(rows), width), dtype=torch.long)
-        position_ids = torch.zeros((len(rows), width), dtype=torch.long)
-        seq_rows, seq_starts = [0] * len(seqs), [0] * len(seqs)
+        batch, where = self.lay_out([(ids, list(range(len(ids))), mask) for ids, mask in seqs])
+        batch["seq_lens"] = torch.tensor(lengths, dtype=torch.long)
+        batch["seq_rows"] = torch.tensor([r for r, _ in where], dtype=torch.long)
+        batch["seq_starts"] = torch.tensor([start for _, start in where], dtype=torch.long)
+        if self.one_row:
+            batch |= varlen_boundaries(lengths, batch["input_ids"].shape[1])
+        return with_reference(batch, examples)
+
+    def lay_out(self, units: list[tuple]) -> tuple[dict, list[tuple[int, int]]]:
+        """Units (ids, position ids, completion mask, ...) in rows (`rows`) as the batch's `input_ids`, `position_ids`
+        and `completion_mask`, and each unit's (row, start). The padding at the end of a row is a segment of its own
+        (positions from 0): nothing attends to it."""
+        rows, width = self.rows([len(u[0]) for u in units])
+        shape = (len(rows), width)
+        batch = {
+            "input_ids": torch.full(shape, self.pad_token_id, dtype=torch.long),
+            "position_ids": torch.zeros(shape, dtype=torch.long),
+            "completion_mask": torch.zeros(shape, dtype=torch.long),
+        }
+        where = [(0, 0)] * len(units)
         for r, row in enumerate(rows):
             start = 0
-            for i in row:
-                ids, mask = seqs[i]
-                n = len(ids)
-                input_ids[r, start : start + n] = torch.tensor(ids)
-                completion_mask[r, start : start + n] = torch.tensor(mask)
-                position_ids[r, start : start + n] = torch.arange(n)
-                seq_rows[i], seq_starts[i] = r, start
-                start += n
-            # The padding at the end of a row is a segment of its own (positions from 0): nothing attends to it.
-            position_ids[r, start:] = torch.arange(width - start)
-        batch = {
-            "input_ids": input_ids,
-            "position_ids": position_ids,
-            "completion_mask": completion_mask,
-            "seq_lens": torch.tensor(lengths, dtype=torch.long),
-            "seq_rows": torch.tensor(seq_rows, dtype=torch.long),
-            "seq_starts": torch.tensor(seq_starts, dtype=torch.long),
-        }
-        if self.one_row:
-            batch |= varlen_boundaries(lengths, width)
-        return with_reference(batch, examples)
+            for u in row:
+                ids, positions, mask = units[u][:3]
+                end = start + len(ids)
+                batch["input_ids"][r, start:end] = torch.tensor(ids)
+                batch["position_ids"][r, start:end] = torch.tensor(positions)
+                batch["completion_mask"][r, start:end] = torch.tensor(mask)
+                where[u] = (r, start)
+                start = end
+            batch["position_ids"][r, start:] = torch.arange(width - start)
+        return batch, where
 
     def rows(self, lengths: list[int]) -> tuple[list[list[int]], int]:
         """The units of these lengths in rows (all in one, or `fill_rows`'), and the width every row is padded to."""
@@ -418,7 +421,6 @@ PARITY_TOLERANCE = {"fp32": 1e-3, "half": 2e-2}
 def parity(model, collator: PackedPreferenceCollator, examples: list[dict]) -> float:
     """The largest difference between a completion token's log-prob in the packed rows of `examples` and in its
     sequence scored alone. Run under no_grad, in the caller's autocast."""
-
     device = next(model.parameters()).device
     batch = {k: v.to(device) if torch.is_tensor(v) else v for k, v in collator(examples).items()}
     packed = unpack_outputs(forward(model, batch), batch).log_probs.float()

@@ -151,7 +151,6 @@ def whole_row_masks(model, batch: dict):
 def varlen_kwargs(model, batch: dict) -> dict:
     """For a varlen kernel, the whole row's `cu_seq_lens_q/k` and `max_length_q/k`, which transformers' FlashAttention
     takes before the position ids; none for another attention. Not `seq_idx`: its readers see only local columns."""
-
     if not packing.one_row(upstream.attn_implementation(masks.text_config(model))):
         return {}
     return {key: batch[key] for key in packing.VARLEN_KEYS}

@@ -112,32 +112,16 @@ class SharedPromptCollator(PackedPreferenceCollator):
                 for side, (ids, mask) in enumerate(sequences(example, self.max_length, self.truncation_mode)):
                     members = [(side * n + k, len(ids), len(ids), 0)]
                     units.append((ids, list(range(len(ids))), mask, [0] * len(ids), members))
-        rows, width = self.rows([len(u[0]) for u in units])
-        shape = (len(rows), width)
-        input_ids = torch.full(shape, self.pad_token_id, dtype=torch.long)
-        position_ids = torch.zeros(shape, dtype=torch.long)
-        completion_mask = torch.zeros(shape, dtype=torch.long)
-        block = torch.zeros(shape, dtype=torch.long)
-        branch = torch.zeros(shape, dtype=torch.int8)
+        batch, where = self.lay_out(units)  # a row's end is a block of its own (0)
+        block = torch.zeros(batch["input_ids"].shape, dtype=torch.long)
+        branch = torch.zeros(batch["input_ids"].shape, dtype=torch.int8)
         seq = torch.zeros((2 * n, 5), dtype=torch.long)  # length, row, start, jump, offset
-        for r, row in enumerate(rows):
-            start = 0
-            for u in row:
-                ids, pos, mask, br, members = units[u]
-                end = start + len(ids)
-                input_ids[r, start:end] = torch.tensor(ids)
-                position_ids[r, start:end] = torch.tensor(pos)
-                completion_mask[r, start:end] = torch.tensor(mask)
-                branch[r, start:end] = torch.tensor(br, dtype=torch.int8)
-                block[r, start:end] = u + 1
-                for index, length, jump, offset in members:
-                    seq[index] = torch.tensor([length, r, start, jump, offset])
-                start = end
-            position_ids[r, start:] = torch.arange(width - start)  # the row's end: a block of its own (0)
-        batch = {
-            "input_ids": input_ids,
-            "position_ids": position_ids,
-            "completion_mask": completion_mask,
+        for u, ((r, start), (ids, _, _, br, members)) in enumerate(zip(where, units, strict=True)):
+            branch[r, start : start + len(ids)] = torch.tensor(br, dtype=torch.int8)
+            block[r, start : start + len(ids)] = u + 1
+            for index, length, jump, offset in members:
+                seq[index] = torch.tensor([length, r, start, jump, offset])
+        batch |= {
             "attention_block": block,
             "attention_branch": branch,
             "seq_lens": seq[:, 0].clone(),

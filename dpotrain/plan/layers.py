@@ -31,7 +31,6 @@ def checkpointed_every(training_args) -> int | None:
 
 def hold_checkpointing(model, training_args) -> None:
     """Checkpoint the plan's layers now, and whenever anyone re-enables checkpointing on `model`, not every layer."""
-
     every = checkpointed_every(training_args)
     if every is None:
         return  # nothing is enabled, so TRL's helpers have nothing to turn back on

@@ -160,7 +160,6 @@ def activation_bytes(config, tokens: int, checkpointing: bool | int) -> tuple[in
     mask, the memory of FlashAttention and sdpa's fused kernels; masks are counted apart (`mask_bytes`). Other layer
     kinds (linear attention, Mamba: their CPU kernels are not what CUDA runs) and failed traces take the formula.
     """
-
     text = config.get_text_config()
     every = checkpoint_every(checkpointing)
     kept = checkpointed_layers(every, text.num_hidden_layers)
@@ -343,7 +342,6 @@ def lm_head_bytes(shape: ModelShape, tokens: int) -> int:
     """TRL's fused LM head (`trl.kernels.ChunkedLogProbFunction`): the scored hidden rows (bf16, saved) and their fp32
     gradient, one logits tile, fp32 running statistics, and a head that trains its weight gradient (fp32, cast to
     bf16). Every token counted as scored (only completion tokens are, on CUDA)."""
-
     from trl.kernels.chunked_logprob import TOKEN_CHUNK_SIZE
 
     tile = min(tokens, TOKEN_CHUNK_SIZE) * upstream.chunked_logprob_chunk_size() * BF16
@@ -674,7 +672,6 @@ def _refusal(
     recipe, chosen: Plan, gpu: float, gpu_source: str, attention: str | None, heads: tuple[int, int] | None
 ) -> str:
     """One line: what does not fit, by how much and in which part, and what would fit (memory_advice)."""
-
     e, world = chosen.engine, chosen.world
     parts = (
         f"model states {_gib(chosen.states)}, buffers {_gib(chosen.buffers)}, activations "

@@ -168,9 +168,8 @@ class Advisor:
             names.append("cached")
         if r.project.max_tokens_per_microbatch is not None:
             names.append("tokens")
-        if not r.training.activation_checkpointing or "every_n_layers" in (
-            r.training.activation_checkpointing_kwargs or {}
-        ):
+        t = r.training
+        if not t.activation_checkpointing or "every_n_layers" in (t.activation_checkpointing_kwargs or {}):
             names.append("checkpointing")
         names += [kind for kind in ("zero3", "fsdp2") if kind != self.engine.name]
         if self.heads and self.group_sizes(self.world):
@@ -249,27 +248,45 @@ class Advisor:
             for n in range(self.world // self.per_node + 1, MAX_NODES + 1)
             if n * self.per_node // group <= self.pairs and n * self.per_node % group == 0
         ]
-        low, high, best = 0, len(counts) - 1, None
-        while low <= high:  # more processes never need more memory each: bisection
-            mid = (low + high) // 2
-            trial.world = counts[mid] * self.per_node
-            if self.planned(trial)[0]:
-                best, high = counts[mid], mid - 1
-            else:
-                low = mid + 1
+        # more processes never need more memory each
+        return self._bisect(trial, counts, lambda n: setattr(trial, "world", n * self.per_node)) is not None
+
+    def tokens(self, trial: Trial, shorten: bool = False) -> bool:
+        """The largest token budget that fits, from TOKEN_GRID, still holding a pair of max_length. `shorten` (the
+        `shorter` lever, last: longer pairs are cut): the largest max_length below the recipe's that fits (down to
+        MIN_MAX_LENGTH), with a budget of one pair of it."""
+        r = trial.recipe
+        sizes = self._sizes(self.recipe, shorten)  # from the recipe's own max_length and budget, not the trial's
+
+        def use(tokens: int):
+            trial.recipe = self._with_budget(r, tokens, shorten)
+
+        best = self._bisect(trial, sizes, use, last=True)  # plans shrink with the tokens (traces are kept)
+
         if best is None:
             return False
-        trial.world = best * self.per_node
+        trial.flags += ["--max_length", str(best // 2)] if shorten else []
+        trial.flags += ["--max_tokens_per_microbatch", str(best)]
         return True
 
-    def tokens(self, trial: Trial) -> bool:
-        """The largest token budget that fits, from TOKEN_GRID, still holding a pair of max_length."""
-        return self._budget(trial, shorten=False)
-
     def shorter(self, trial: Trial) -> bool:
-        """The largest max_length below the recipe's that fits (down to MIN_MAX_LENGTH), with a budget of one pair."""
+        return self.tokens(trial, shorten=True)
 
-        return self._budget(trial, shorten=True)
+    def _bisect(self, trial: Trial, values: list, use, last: bool = False):
+        """The first of `values` on which the trial fits (`last`: the last one), fitting being monotone along them;
+        `use(value)` sets one on the trial, which is left with the one found. None when none fits."""
+        low, high, best = 0, len(values) - 1, None
+        while low <= high:
+            mid = (low + high) // 2
+            use(values[mid])
+            if self.planned(trial)[0]:
+                best = values[mid]
+                low, high = (mid + 1, high) if last else (low, mid - 1)
+            else:
+                low, high = (low, mid - 1) if last else (mid + 1, high)
+        if best is not None:
+            use(best)
+        return best
 
     def _sizes(self, recipe, shorten: bool) -> list[int]:
         pair = 2 * (recipe.training.max_length or 0)  # a micro-batch holds at least one whole pair
@@ -277,24 +294,6 @@ class Advisor:
         if shorten:
             return [g for g in TOKEN_GRID if 2 * MIN_MAX_LENGTH <= g < min(pair, current + 1)]
         return [g for g in TOKEN_GRID if pair <= g < current]
-
-    def _budget(self, trial: Trial, shorten: bool) -> bool:
-        r = trial.recipe
-        sizes = self._sizes(self.recipe, shorten)  # from the recipe's own max_length and budget, not the trial's
-        low, high, best = 0, len(sizes) - 1, None
-        while low <= high:  # plans shrink with the tokens: bisection, on a grid every option shares (traces are kept)
-            mid = (low + high) // 2
-            trial.recipe = self._with_budget(r, sizes[mid], shorten)
-            if self.planned(trial)[0]:
-                best, low = sizes[mid], mid + 1
-            else:
-                high = mid - 1
-        if best is None:
-            return False
-        trial.recipe = self._with_budget(r, best, shorten)
-        trial.flags += ["--max_length", str(best // 2)] if shorten else []
-        trial.flags += ["--max_tokens_per_microbatch", str(best)]
-        return True
 
     @staticmethod
     def _with_budget(recipe, tokens: int, shorten: bool):

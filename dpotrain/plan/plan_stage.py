@@ -67,7 +67,6 @@ def make(
 def for_trainer(trainer) -> RunPlan:
     """The plan of the trainer's tokenized training set, for the forward decided. Every rank plans alone, from the same
     lengths and seed (`agreement.at_start` checks the plans are equal)."""
-
     args = trainer.args
     counts = token_counts(trainer.train_dataset)
     lengths = PairLengths.from_parts(*counts, args.max_length, trainer.forward.share_prompt, args.truncation_mode)
