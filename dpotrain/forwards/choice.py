@@ -78,19 +78,17 @@ def kernel_problem(attn: str, cuda: bool) -> str | None:
     name = packing.attention_name(attn)
     if name == "flex_attention" and not cuda:
         return "FlexAttention has no backward pass on CPU in PyTorch; use --attn_implementation sdpa on CPU"
+    if (name in VARLEN_PACKAGES or name.startswith("kernels-community/")) and not cuda:
+        return f"{name} needs a CUDA GPU; use --attn_implementation sdpa on CPU"
     if name in VARLEN_PACKAGES:
-        check, install = VARLEN_PACKAGES[name]
         import transformers.utils
 
-        if not cuda:
-            return f"{name} needs a CUDA GPU; use --attn_implementation sdpa on CPU"
+        check, install = VARLEN_PACKAGES[name]
         if not getattr(transformers.utils, check)():
             return f"{name}'s kernel is not installed ({install}), or pick another --attn_implementation"
         broken = import_problem(KERNEL_MODULES.get(name))
         if broken:
             return f"{name}'s kernel does not import ({broken}): reinstall it ({install}), or pick another attention"
-    elif name.startswith("kernels-community/") and not cuda:
-        return f"{name} needs a CUDA GPU; use --attn_implementation sdpa on CPU"
     return None
 
 
