@@ -1,13 +1,10 @@
 """Which forward a run takes (docs/attention.md): decided once, from the pairs' lengths, between the forwards this
 machine can run, before the memory check and the model load (the attention is a `from_pretrained` argument).
 
-`candidates` lists them in the documented order (`documented_order`) with the recipe's options applied: an option given
-is honoured or refused with one line, never replaced (`attn_implementation`, `share_prompt`, `padding_free`); models
-whose layers carry state keep `packing.packing_problem`'s rules, and the boundary hybrids pack only when asked
-(`hybrid_problem`). `choose` takes the first without lengths, else `cost.decide` ranks the candidates on kernels whose
-speed was measured (any other kernel is taken by the order); the `Forward:` line and `derived.forward` say which rule
-took the winner, against what. The lengths come from forwards/sample.py; every rank decides alone, deterministically,
-and the rank agreement (agreement.py) checks that the forwards are equal.
+`candidates` lists them in the documented order with the recipe's options applied: an option given is honoured or
+refused with one line, never replaced. `choose` takes the first without lengths, else `cost.decide` ranks them; the
+`Forward:` line and `derived.forward` say which rule took the winner, against what. Every rank decides alone,
+deterministically (agreement.py checks that the forwards are equal).
 """
 
 import copy
@@ -42,8 +39,7 @@ class ForwardChoice:
 
     @property
     def pad_multiple(self) -> int | None:
-        """What a packed row's width is padded to a multiple of: FlexAttention's tile, and the sequence-parallel group
-        (each of its N processes holds an equal 1/N of the row); None: no padding."""
+        """What a packed row's width is padded to a multiple of (FlexAttention's tile, the sequence-parallel group)."""
         multiple = math.lcm(masks.BLOCK if self.attention == "flex_attention" else 1, self.sequence_parallel)
         return multiple if multiple > 1 else None
 
@@ -82,19 +78,17 @@ def kernel_problem(attn: str, cuda: bool) -> str | None:
     name = packing.attention_name(attn)
     if name == "flex_attention" and not cuda:
         return "FlexAttention has no backward pass on CPU in PyTorch; use --attn_implementation sdpa on CPU"
+    if (name in VARLEN_PACKAGES or name.startswith("kernels-community/")) and not cuda:
+        return f"{name} needs a CUDA GPU; use --attn_implementation sdpa on CPU"
     if name in VARLEN_PACKAGES:
-        check, install = VARLEN_PACKAGES[name]
         import transformers.utils
 
-        if not cuda:
-            return f"{name} needs a CUDA GPU; use --attn_implementation sdpa on CPU"
+        check, install = VARLEN_PACKAGES[name]
         if not getattr(transformers.utils, check)():
             return f"{name}'s kernel is not installed ({install}), or pick another --attn_implementation"
         broken = import_problem(KERNEL_MODULES.get(name))
         if broken:
             return f"{name}'s kernel does not import ({broken}): reinstall it ({install}), or pick another attention"
-    elif name.startswith("kernels-community/") and not cuda:
-        return f"{name} needs a CUDA GPU; use --attn_implementation sdpa on CPU"
     return None
 
 
@@ -130,9 +124,8 @@ def _packs(config, attn: str) -> bool:
 
 
 def dense_attention(config) -> str:
-    """sdpa, or eager for a model class that does not take sdpa (Gemma 2 in transformers 5.23: loading it with sdpa
-    raises), as transformers itself falls back when no attention is named. A config the causal-LM auto class does not
-    map: sdpa, left to transformers' own check."""
+    """sdpa, or eager for a model class that does not take sdpa (Gemma 2 in transformers 5.23), as transformers itself
+    falls back when no attention is named."""
     model_class = upstream.causal_lm_class(config)
     return "sdpa" if model_class is None or upstream.supports_sdpa(model_class) else "eager"
 
@@ -146,11 +139,9 @@ def asked_to_pack(recipe) -> bool:
 
 
 def hybrid_problem(config, recipe) -> str | None:
-    """Why a boundary hybrid (`packing.BOUNDARY_HYBRIDS`) stays padded for this recipe, or None. Its recurrent layers
-    keep the sequences of a packed row apart only through CUDA kernels that read the boundaries, which only a check at
-    start on the loaded model can confirm (`packing.parity`): so it packs only when the recipe asks for packed
-    sequences (`padding_free: true` given), on a varlen FlashAttention. The check then passes or stops the run; it
-    never changes the forward decided here."""
+    """Why a boundary hybrid (`packing.BOUNDARY_HYBRIDS`) stays padded for this recipe, or None: only a check at start
+    on the loaded model (`packing.parity`) can confirm its kernels keep packed sequences apart, so it packs only when
+    asked (`padding_free: true` given)."""
     if config.model_type not in packing.BOUNDARY_HYBRIDS or asked_to_pack(recipe):
         return None
     return (
@@ -160,10 +151,9 @@ def hybrid_problem(config, recipe) -> str | None:
 
 
 def candidates(config, recipe, cuda: bool, varlen: str | None, check_kernels: bool = True):
-    """The forwards this machine can run for this model and recipe, in the order that decides without lengths, with
-    the recipe's explicit options applied; and the notes to print (an option off by necessity). Raises a ConfigError
-    when an option the recipe gives cannot be honoured. `varlen`: the varlen FlashAttention installed, or None;
-    `check_kernels`: refuse an asked attention whose kernel this machine lacks (a dry run plans for other machines)."""
+    """The forwards this machine can run for this model and recipe, in the order that decides without lengths, and the
+    notes to print; a ConfigError when an option the recipe gives cannot be honoured. `check_kernels`: refuse an asked
+    attention whose kernel this machine lacks (a dry run plans for other machines)."""
     from dpotrain.forwards.cost import Candidate
 
     t, want_share = recipe.training, recipe.project.share_prompt
@@ -230,10 +220,8 @@ def candidates(config, recipe, cuda: bool, varlen: str | None, check_kernels: bo
 
 
 def documented_order(candidate, config) -> tuple:
-    """Where a candidate stands in the order that decides on a GPU without lengths, and between kernels whose speed
-    was not measured (docs/attention.md): shared prompts on flex_attention; unshared on a kernel whose speed this
-    project measured (flash_attention_4, then flex_attention); on a varlen FlashAttention whose speed it did not
-    (flash_attention_3, flash_attention_2); sdpa's (or eager's) dense rows, shared before unshared."""
+    """Where a candidate stands in the order that decides on a GPU without lengths (docs/attention.md): shared prompts
+    on flex_attention; unshared on a measured kernel; on an unmeasured varlen kernel; dense rows, shared first."""
     from dpotrain.forwards import cost
 
     attn = candidate.attention
@@ -242,12 +230,8 @@ def documented_order(candidate, config) -> tuple:
 
 
 def sequence_parallel_forwards(recipe, config, packed: list, problems: list[str]) -> list:
-    """With `sequence_parallel_size` N > 1, the packed forwards that can split their rows (sequence_parallel.py): a
-    group of N processes holds 1/N of each row's positions, which padded rows (one sequence per row, TRL's collator) do
-    not have. The split runs sdpa with the whole rows' dense masks, flex_attention with their block masks and the
-    varlen kernels with the whole row's `cu_seq_lens`, so the choice among them is the one made without a group; eager
-    (DeepSpeed's Ulysses needs a 4D boolean mask) is not taken. A padded forward is not taken instead: the user asked to
-    split sequences, so a run that cannot is refused with what to change."""
+    """With `sequence_parallel_size` N > 1, the packed forwards that can split their rows (not eager: Ulysses needs a
+    boolean mask); a run that cannot split is refused, never given a padded forward instead."""
     n = recipe.project.sequence_parallel_size
     if n == 1:
         return packed
@@ -271,9 +255,8 @@ def sequence_parallel_forwards(recipe, config, packed: list, problems: list[str]
 
 
 def lightest_attention(config, recipe, cuda: bool, varlen: str | None) -> str:
-    """The attention of the candidate forward whose masks take the least memory (a varlen kernel none, FlexAttention
-    a block mask of a few MiB, sdpa and eager dense ones): what a run's memory is first checked for, before anything
-    loads, since no forward it can choose needs less."""
+    """The attention of the candidate forward whose masks take the least memory: what a run's memory is first checked
+    for, before anything loads."""
     options, _ = candidates(copy.deepcopy(config), recipe, cuda, varlen)
     return min((c.attention for c in options), key=mask_weight)
 
@@ -284,9 +267,8 @@ def mask_weight(attn: str) -> int:
 
 
 def choose(config, recipe, cuda: bool, varlen: str | None, lengths=None, check_kernels: bool = True, max_length=None):
-    """(the forward, the notes to print) for this model, recipe and machine; from `lengths` (`cost.TokenCounts`) when
-    given, else by the candidates' order. `max_length`: the run's (the lengths stage's), else the recipe's. Changes
-    nothing and prints nothing."""
+    """(the forward, the notes to print) for this model, recipe and machine; from `lengths` when given, else by the
+    candidates' order. `max_length`: the run's, else the recipe's. Prints nothing."""
     from dpotrain.forwards import cost
 
     hidden_size = getattr(config.get_text_config(), "hidden_size", 4096)
@@ -304,14 +286,15 @@ def choose(config, recipe, cuda: bool, varlen: str | None, lengths=None, check_k
         decision = cost.decide(options, lengths, config, cuda, max_length, t.truncation_mode, budget, pairs, live)
         best = decision.winner.candidate
         rule = decision_rule(decision, asked=recipe.model.attn_implementation is not None)
-        why, record = decision_reason(decision, rule), {**decision.record(), "by": rule}
+        why, record = f"{rule}: {decision.summary()}, from {decision.lengths_from}", {**decision.record(), "by": rule}
+        if decision.not_weighed:
+            why += f"; not weighed (speed not measured): {', '.join(decision.not_weighed)}"
     return ForwardChoice(best.packed, best.share_prompt, hidden_size, best.attention, why, record, n), notes
 
 
 def decision_rule(decision, asked: bool) -> str:
-    """Which rule took the winner, truthfully: 'cheapest measured' between kernels whose speed was measured; 'by the
-    documented order, then the least work' on the one kernel the order gave ('as the recipe names it': `asked`, the
-    recipe's attn_implementation), whose layouts differ in work only; 'the only candidate'."""
+    """Which rule took the winner: 'cheapest measured', 'by the documented order' or 'as the recipe names it' (then the
+    least work, between layouts of one kernel), or 'the only candidate'."""
     if decision.runner_up is None and not decision.not_weighed:
         return "the only candidate"
     if decision.measured:
@@ -320,24 +303,12 @@ def decision_rule(decision, asked: bool) -> str:
     return f"{by}{', then the least work' if decision.runner_up else ''}"
 
 
-def decision_reason(decision, rule: str) -> str:
-    """'cheapest measured: est. 891 against 1,112 for shared prompts on flex_attention (H100-seconds per 1,000 pairs),
-    from ...', and the candidates the order left unweighed."""
-    why = f"{rule}: {decision.summary()}, from {decision.lengths_from}"
-    if decision.not_weighed:
-        why += f"; not weighed (speed not measured): {', '.join(decision.not_weighed)}"
-    return why
-
-
 def decide_forward(
     recipe, model_path: str, cuda: bool | None = None, lengths=None, varlen: str | None = INSTALLED
 ) -> ForwardChoice:
     """Packed or padded forward, prompts shared or not, and the attention, for this model, recipe, machine and the
-    pairs' `lengths` (`cost.TokenCounts`; forwards/sample.py): a one-line note when an option is off by necessity, an
-    error when it was asked for explicitly and cannot be honoured. Either way the reference is scored once before
-    training (only the policy stays in memory), unless the recipe asks for a live reference model. Reads the model's
-    config only (no weights). `varlen`: the varlen FlashAttention to weigh (None: none), by default the one installed
-    here."""
+    pairs' `lengths`, from the model's config only. `varlen`: the varlen FlashAttention to weigh (None: none), by
+    default the one installed here."""
     from transformers import AutoConfig
 
     cuda = cuda_available() if cuda is None else cuda
@@ -371,9 +342,8 @@ def collator(choice: ForwardChoice, args):
 
 
 def stand_in(model, batch: dict, every_rank: bool = False):
-    """What answers TRL's model call for this micro-batch, and the padded `[2B, L]` inputs TRL reads: the packed
-    forward (packing.py) or the grouped padded one (padded.py), its group count agreed over the ranks when every rank
-    must run each forward (`every_rank`: the weights are sharded)."""
+    """What answers TRL's model call for this micro-batch (the packed or the grouped padded forward), and the padded
+    `[2B, L]` inputs TRL reads. `every_rank`: the weights are sharded, so the ranks agree on the group count."""
     if packing.is_packed(batch):
         split = sequence_parallel.forward if sequence_parallel.size() > 1 else None
         return packing.PackedModel(model, batch, split), packing.padded_view(batch)
@@ -382,6 +352,5 @@ def stand_in(model, batch: dict, every_rank: bool = False):
 
 
 def needs_every_rank(run_engine, forward: ForwardChoice) -> bool:
-    """Whether a forward holds collectives (weights sharded by the engine; a sequence split over a group), so every
-    rank must run one together: the `every_rank` of `stand_in`, and why a rank out of pairs runs a filler."""
+    """Whether a forward holds collectives (sharded weights, a split sequence), so every rank must run one together."""
     return run_engine.shards_weights or forward.sequence_parallel > 1

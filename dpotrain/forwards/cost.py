@@ -1,12 +1,8 @@
 """What each candidate forward costs on a run's pairs, and the decision between them (docs/attention.md, "How the
-forward is chosen"): a pure function of the pairs' lengths, the candidates, the model's config and the kernels'
-measured speeds (`SPEED`), so every rank given the same lengths decides alike, and tests assert it without the hardware.
-
-An estimate is the model FLOPs of training on what a forward computes (`training_flops`: every position it runs, in the
-micro-batches of the plan's budget laid out as its collator lays them, and the keys its attention attends: varlen
-FlashAttention and FlexAttention skip what the mask hides, a dense mask costs W^2 per row of width W), divided by the
-speed its kernel was measured to train at. Only kernels whose speed was measured are ranked against each other
-(`comparable`): a kernel whose speed is not is taken by the order, and its layouts ranked by their work alone.
+forward is chosen"): a pure function of the lengths, the candidates, the model's config and the kernels' measured
+speeds (`SPEED`), so every rank decides alike. An estimate is the training FLOPs of what a forward computes (every
+position, laid out as its collator lays them, and the keys its attention attends) divided by its kernel's measured
+speed; a kernel whose speed is not measured is taken by the order, its layouts ranked by their work alone.
 """
 
 from dataclasses import dataclass
@@ -23,12 +19,9 @@ class Speed:
     source: str
 
 
-# The speed each attention kernel trains at on a GPU, only where measured: one H100 80GB, torch 2.11, transformers 5.23,
-# TRL 1.16, FlashAttention 4 4.0.0b36, OLMo 3 7B layer width (4 layers, 100,278 vocabulary), bf16, activation
-# checkpointing, one process, 32 pairs per step, MFU as train_dpo.py logs it (BENCHMARKS.md, "Measured on one H100
-# 80GB"). FlashAttention 3 and 2, sdpa and eager on a GPU, and the `kernels` hub builds were not measured: add one here
-# only with its measurement recorded in BENCHMARKS.md (`python benchmarks/attention.py --device cuda`, or the training
-# loop forced onto it with --attn_implementation).
+# The speed each attention kernel trains at on a GPU, only where measured (BENCHMARKS.md, "Measured on one H100 80GB":
+# OLMo 3 7B layer width, bf16, activation checkpointing, MFU as train_dpo.py logs it). Add one here only with its
+# measurement recorded in BENCHMARKS.md.
 SPEED = {
     "flash_attention_4": Speed(
         0.324, "measured on an H100: think-shaped pairs, unshared packing on FA4 varlen, 32.4% MFU (41.0k tokens/s)"
@@ -61,8 +54,7 @@ class Candidate:
 
 @dataclass(frozen=True)
 class TokenCounts:
-    """Token counts of the pairs a decision is made from, as the trainer tokenizes them (before truncation), and
-    where they come from."""
+    """Token counts of the pairs a decision is made from, as the trainer tokenizes them, and where they come from."""
 
     prompt: np.ndarray
     chosen: np.ndarray  # the chosen completion
@@ -78,8 +70,7 @@ class TokenCounts:
 
 
 def model_flops(config) -> flops.ModelFlops:
-    """`flops.ModelFlops` from a model's config alone: the weights of its matrix products (attention projections, the
-    MLP or the experts a token runs, the LM head), its attention width and its layers' windows."""
+    """`flops.ModelFlops` from a model's config alone."""
     text = config.get_text_config()
     h, heads = text.hidden_size, text.num_attention_heads
     head_dim = getattr(text, "head_dim", None) or h // heads
@@ -110,8 +101,7 @@ def _units(lengths: PairLengths, mb: list[int]) -> list[int]:
 
 
 def _dense(work: flops.ModelFlops, widths: list[int]) -> float:
-    """Forward FLOPs of rows of these widths under a dense mask: every position, and every key of its row in every
-    attention layer."""
+    """Forward FLOPs of rows of these widths under a dense mask (every key of its row in every attention layer)."""
     w = np.asarray(widths, dtype=np.float64)
     layers = sum(1 for window in work.windows if window != 0)
     return 2.0 * work.matmul_params * float(w.sum()) + 4.0 * work.attention_width * layers * float((w * w).sum())
@@ -165,9 +155,8 @@ def measured(attn: str, cuda: bool) -> bool:
 
 
 def comparable(candidates: list, cuda: bool) -> list:
-    """The candidates the cost model ranks against each other, in their order: every one on a kernel whose speed was
-    measured, when the first (in the documented order: `choice.candidates`) runs one; else those on the first's kernel
-    alone, whose layouts (prompts shared or not) differ in work only, so no speed is needed to rank them."""
+    """The candidates ranked against each other: those on measured kernels when the first runs one; else those on the
+    first's kernel alone, whose layouts differ in work only."""
     first = candidates[0]
     if measured(first.attention, cuda):
         return [c for c in candidates if measured(c.attention, cuda)]
@@ -235,10 +224,9 @@ def decide(
     pairs: int = 4,
     live_reference: bool = False,
 ) -> Decision:
-    """The `comparable` candidates ranked by their estimated cost on these pairs (ties: the order given): on kernels
-    whose speed was measured, in H100-seconds at those speeds (`SPEED`); on one kernel, in TFLOP of work.
-    `live_reference`: a reference model's no-grad forward of the same rows runs beside each micro-batch's training
-    forward and backward."""
+    """The `comparable` candidates ranked by their estimated cost on these pairs (ties: the order given), in
+    H100-seconds at the measured speeds, or in TFLOP of work on one kernel. `live_reference`: a reference forward runs
+    beside each micro-batch's training."""
     if not candidates:
         raise ValueError("no candidate forward to decide between")
     if max_length is not None:  # TRL drops the pairs whose prompt alone fills max_length

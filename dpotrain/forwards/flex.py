@@ -1,13 +1,9 @@
-"""FlexAttention compiled once per run (docs/attention.md, "FlexAttention, compiled once per run"): the attention
-function every flex forward calls (training, the reference stage, evaluation), registered as transformers'
-`flex_attention` (`install`) in place of transformers' own, which recompiles per row width, window and training flag
-until dynamo, past its recompile limit, runs it uncompiled and out of memory (310 GiB at the think recipe's step 1).
-
-Here: one `torch.compile(dynamic=True, fullgraph=True)` of one function (`_flex`), the block mask's tile tables marked
-dynamic (`_mark_dynamic`), the window read from a tensor (`masks.mask_mod_of`), and the rows' whole 128-position tiles
-said to the compiler (`torch._check`); what is left in the guards is the autograd mode, about three compilations a run.
-Should dynamo still give flex up (at the recompile limit, or with compilation disabled), the run stops with one line
-(`uncompiled_reason`) instead of running it uncompiled.
+"""FlexAttention compiled once per run (docs/attention.md, "FlexAttention, compiled once per run"), registered as
+transformers' `flex_attention` (`install`) in place of transformers' own, which recompiles per row width, window and
+training flag until dynamo, past its recompile limit, runs it uncompiled and out of memory (310 GiB at the think
+recipe's step 1). Here one `torch.compile(dynamic=True, fullgraph=True)` of `_flex`, the block mask's tables marked
+dynamic, the window a tensor and whole tiles told to the compiler leave the autograd mode in the guards (about three
+compilations a run); should dynamo still give flex up, the run stops with one line (`uncompiled_reason`).
 """
 
 import torch
@@ -65,16 +61,9 @@ def uncompiled_reason() -> str:
     )
 
 
-TABLES = (
-    "kv_num_blocks",
-    "kv_indices",
-    "full_kv_num_blocks",
-    "full_kv_indices",
-    "q_num_blocks",
-    "q_indices",
-    "full_q_num_blocks",
-    "full_q_indices",
-)
+TABLES = [
+    f"{full}{side}_{part}" for full in ("", "full_") for side in ("kv", "q") for part in ("num_blocks", "indices")
+]
 
 
 def _mark_dynamic(block_mask) -> None:
@@ -87,9 +76,8 @@ def _mark_dynamic(block_mask) -> None:
 
 
 def attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, softcap=None, **kwargs):
-    """transformers' attention interface (`AttentionInterface`): `[batch, heads, width, head_dim]` in,
-    `([batch, width, heads, head_dim], None)` out, `attention_mask` a `BlockMask` (the project's, `masks.block_masks`,
-    or transformers' own)."""
+    """transformers' attention interface: `[batch, heads, width, head_dim]` in, `([batch, width, heads, head_dim],
+    None)` out, `attention_mask` a `BlockMask`."""
     from torch.nn.attention.flex_attention import BlockMask
     from transformers.integrations.flex_attention import flex_attention_forward, repeat_kv
 

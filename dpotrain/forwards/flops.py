@@ -1,16 +1,9 @@
 """Model FLOPs of a micro-batch and the GPU's peak: what MFU (model FLOPs utilization) is made of.
 
-Per real token, forward + backward of the weights' matrix products cost 6 x N FLOPs, N the weight matrices' entries
-(not the input embedding, a lookup, nor norms and biases; of an MoE layer's routed experts, the share a token runs:
-num_experts_per_tok / num_experts). Causal attention adds, per layer and per token at position
-t, 2 x 2 x t x d FLOPs forward (scores and weighted values, d = heads x head dim), x 3 with the backward; a
-sliding-window layer stops at its window. A sequence of s tokens thus costs 6 N s + 12 d sum_layers sum_t min(t, w)
-FLOPs (linear-attention layers are left out of the attention term: their cost is linear, and small). Padding and the
-ends of packed rows are not counted: MFU counts the useful work (model FLOPs), not what the hardware was made to do.
-The reference pass, scored once before training, is a forward: a third of those FLOPs per token.
-
-MFU = model FLOPs per second per GPU / the GPU's dense bf16 peak (H100 and H200: 989 TFLOP/s, B200: 2,250; or the
-recipe's `gpu_peak_tflops`). On a CPU there is no peak to compare with, and MFU is not logged.
+A sequence of s tokens costs 6 N s + 12 d sum_layers sum_t min(t, w) FLOPs forward + backward: N the weight matrices'
+entries (no input embedding, norms or biases; of routed experts, the share a token runs), d = heads x head dim, w a
+sliding window (linear-attention layers left out). Padding is not counted: MFU counts the useful work. MFU = model
+FLOPs per second per GPU / the GPU's dense bf16 peak (or the recipe's `gpu_peak_tflops`); not logged on a CPU.
 """
 
 from dataclasses import dataclass
@@ -83,8 +76,7 @@ class ModelFlops:
         return cls(matmul, heads * head_dim, layer_windows(config))
 
     def training(self, seq_lens, shared_prefixes=None) -> float:
-        """Forward + backward FLOPs of sequences of these lengths; less, for pairs whose prompt is computed once, its
-        first `shared_prefixes` tokens a second time (exactly a sequence of that length)."""
+        """Forward + backward FLOPs of sequences of these lengths, less `shared_prefixes` computed once for two."""
         saved = 0.0 if shared_prefixes is None or len(shared_prefixes) == 0 else self.forward(shared_prefixes)
         return 3 * (self.forward(seq_lens) - saved)
 

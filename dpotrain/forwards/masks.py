@@ -1,19 +1,12 @@
 """Attention masks of packed rows, built on the device from the compact inputs the collators make.
 
-A packed row says, per position, which unit it belongs to (`attention_block`: a pair whose prompt is shared, or one
-sequence), which branch of that unit (`attention_branch`: 0 the shared prompt, 1 the chosen, 2 the rejected completion;
-see shared_prompt.py) and its position id. Query q may attend to key k when they are in the same unit, k's position is
-not after q's, k is in the prompt or in q's own branch, and, in a sliding-window layer, q's position is less than
-`window` past k's. Unshared rows are the special case of one branch, units found where position ids restart at 0.
-
-Two builders of the same rule:
-- `dense_masks`: `[rows, 1, width, width]` booleans for sdpa (additive for eager), one per layer kind, built in place
-  so that the only temporaries are booleans of that shape (no `width x width` integer distance);
-- `block_masks`: FlexAttention `BlockMask`s, one per layer kind, whose block tables are computed from per-block
-  summaries of the compact inputs in `(width / 128)^2` small integers: a block pair no query of which may see any key
-  is skipped, one where every query sees every key runs without the mask, the rest evaluate `mask_mod`. Built once per
-  micro-batch and kept in the batch (`CACHE`), so every layer of a kind, and a live reference on the same micro-batch,
-  reuse them.
+A packed row says, per position, which unit it belongs to (`attention_block`: a shared pair, or one sequence), which
+branch of that unit (`attention_branch`: 0 the shared prompt, 1 the chosen, 2 the rejected completion) and its position
+id. Query q may attend to key k when they are in the same unit, k's position is not after q's, k is in the prompt or in
+q's own branch, and, in a sliding-window layer, q's position is less than `window` past k's. Unshared rows are the case
+of one branch, units found where position ids restart at 0. Two builders of the rule, one mask per layer kind:
+`dense_masks` (sdpa, eager), built in place so the only temporaries are booleans, and `block_masks` (FlexAttention),
+whose tables come from per-tile summaries, built once per micro-batch and kept in the batch (`CACHE`).
 """
 
 import torch
@@ -25,8 +18,7 @@ CACHE = "_block_masks"  # the batch key under which a micro-batch keeps its bloc
 
 
 def text_config(model):
-    """The model's (text) config, through the wrappers engines put around it (a DeepSpeed engine's own `config` is
-    its DeepSpeed settings)."""
+    """The model's (text) config, through the wrappers engines put around it (a DeepSpeed engine's `config` is not)."""
     from transformers import PretrainedConfig
 
     while hasattr(model, "module"):
@@ -38,11 +30,9 @@ def text_config(model):
 
 def windows(config) -> dict[str, int | None]:
     """The sliding window of each layer kind the model has (None: full attention)."""
-    kinds = getattr(config, "layer_types", None)
     window = getattr(config, "sliding_window", None)
-    if not kinds:
-        return {"full_attention": None}
-    return {kind: window if kind == "sliding_attention" else None for kind in sorted(set(kinds))}
+    kinds = sorted(set(getattr(config, "layer_types", None) or ["full_attention"]))
+    return {kind: window if kind == "sliding_attention" else None for kind in kinds}
 
 
 def compact(batch: dict) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -58,9 +48,8 @@ NO_WINDOW = 2**31 - 1  # the window of a full-attention layer in `mask_mod`: fur
 
 
 def mask_mod_of(block: torch.Tensor, branch: torch.Tensor, pos: torch.Tensor, window: int | None):
-    """FlexAttention's `mask_mod(b, h, q, k)` for the rule in the module doc, reading `[rows, width]` tensors. One
-    function for every layer kind, the window a tensor (NO_WINDOW for full attention): the compiled FlexAttention
-    (flex.py) guards on a Python value captured here, so an int window would be a compilation per layer kind."""
+    """FlexAttention's `mask_mod(b, h, q, k)` for the rule in the module doc. The window is a tensor (NO_WINDOW for
+    full attention): the compiled FlexAttention guards on a Python value captured here, recompiling per layer kind."""
     window = torch.tensor(NO_WINDOW if window is None else window, device=pos.device)
 
     def mask_mod(b, h, q, k):
@@ -72,8 +61,7 @@ def mask_mod_of(block: torch.Tensor, branch: torch.Tensor, pos: torch.Tensor, wi
 
 
 def dense_mask(block, branch, pos, window: int | None) -> torch.Tensor:
-    """`[rows, 1, width, width]` booleans (True: attend), in place: each comparison's boolean result is and-ed into
-    the mask, so at most one temporary of the mask's shape lives beside it."""
+    """`[rows, 1, width, width]` booleans (True: attend), each comparison and-ed in place into the mask."""
     allowed = block.unsqueeze(2) == block.unsqueeze(1)
     allowed &= pos.unsqueeze(2) >= pos.unsqueeze(1)
     allowed &= (branch.unsqueeze(1) == 0) | (branch.unsqueeze(1) == branch.unsqueeze(2))
@@ -83,8 +71,7 @@ def dense_mask(block, branch, pos, window: int | None) -> torch.Tensor:
 
 
 def dense_masks(model, batch: dict):
-    """The 4D masks of a shared-prompt batch for sdpa (boolean) or eager (additive), on its device: one per layer kind
-    (a dict) where the model has kinds, else one."""
+    """The 4D masks of a shared-prompt batch for sdpa (boolean) or eager (additive), per layer kind (`_per_kind`)."""
     config = text_config(model)
     eager = upstream.attn_implementation(config) == "eager"
     dtype = next(model.parameters()).dtype
@@ -96,7 +83,11 @@ def dense_masks(model, batch: dict):
         return additive.masked_fill_(~allowed, torch.finfo(dtype).min)
 
     block, branch, pos = compact(batch)
-    masks = {kind: finish(dense_mask(block, branch, pos, w)) for kind, w in windows(config).items()}
+    return _per_kind(config, {kind: finish(dense_mask(block, branch, pos, w)) for kind, w in windows(config).items()})
+
+
+def _per_kind(config, masks: dict):
+    """A dict of masks per layer kind where the model has kinds, else the one mask."""
     return masks if getattr(config, "layer_types", None) else masks["full_attention"]
 
 
@@ -109,12 +100,10 @@ def _tiles(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 def block_tables(block, branch, pos, window: int | None) -> tuple[torch.Tensor, torch.Tensor]:
     """`(partial, full)`, `[rows, q tiles, k tiles]` booleans: the tile pairs whose mask must be evaluated, and those
-    where every query attends to every key. The tests hold them to the dense mask: no allowed pair outside them, no
-    disallowed pair in a full one. Sufficient conditions only, from per-tile minima and maxima:
-    - empty: a key tile after the query tile (every layout here is causal along the row: a token attends only to
-      tokens before it in the row), unit ranges that do not meet, or every key further back than the window;
-    - full: one unit in both tiles, the key tile wholly before the query tile, every key position at most every query
-      position, every key in the prompt or all in the query tile's one branch, and within the window."""
+    where every query attends to every key (the tests hold them to the dense mask). Sufficient conditions from per-tile
+    minima and maxima: empty for a key tile after the query tile (every layout is causal along the row), unit ranges
+    that do not meet, or keys beyond the window; full for one unit, every key before every query, in the prompt or the
+    query's one branch, and within the window."""
     b_lo, b_hi = _tiles(block.long())
     r_lo, r_hi = _tiles(branch.long())
     p_lo, p_hi = _tiles(pos.long())
@@ -138,8 +127,7 @@ def block_tables(block, branch, pos, window: int | None) -> tuple[torch.Tensor, 
 
 
 def _kv_blocks(table: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """FlexAttention's `(num_blocks, indices)` for a `[rows, q tiles, k tiles]` table: per query tile, how many key
-    tiles, and which (those first)."""
+    """FlexAttention's `(num_blocks, indices)` for a `[rows, q tiles, k tiles]` table."""
     num = table.sum(dim=2, dtype=torch.int32)
     indices = torch.argsort(table.to(torch.int8), dim=2, descending=True, stable=True).to(torch.int32)
     return num.unsqueeze(1), indices.unsqueeze(1)  # one head dimension: the mask is the same for every head
@@ -162,20 +150,17 @@ def block_mask(block, branch, pos, window: int | None):
 
 
 def block_masks(model, batch: dict):
-    """The batch's block masks, one per layer kind (a dict) where the model has kinds, else one; built on the first
-    call for a micro-batch and kept in it."""
+    """The batch's block masks (`_per_kind`), built on the first call for a micro-batch and kept in it."""
     config = text_config(model)
     if CACHE not in batch:
         block, branch, pos = compact(batch)
         batch[CACHE] = {kind: block_mask(block, branch, pos, w) for kind, w in windows(config).items()}
-    masks = batch[CACHE]
-    return masks if getattr(config, "layer_types", None) else masks["full_attention"]
+    return _per_kind(config, batch[CACHE])
 
 
 def attention_mask(model, batch: dict):
     """What a packed forward passes as `attention_mask`: block masks for FlexAttention, a dense mask for a shared
-    prompt's rows on sdpa/eager, else nothing (transformers finds the packed sequences from the position ids, a varlen
-    kernel from `cu_seq_lens_q/k`)."""
+    prompt's rows on sdpa/eager, else nothing (transformers reads the position ids, a varlen kernel the boundaries)."""
     attn = upstream.attn_implementation(text_config(model))
     if attn == "flex_attention":
         return block_masks(model, batch)

@@ -23,56 +23,28 @@ from dpotrain.data import turns
 from dpotrain.forwards import masks
 from dpotrain.recipe import upstream
 
-# Which models may pack. A layer that carries state along a row (linear attention, Mamba/SSM mixers, RWKV) mixes the
-# sequences of a packed row silently, and a config need not say it has one (Mamba- or RWKV-only configs name no
-# `layer_types`), so packing is denied by default: it is used for the model types below, each of which
-# tests/test_architectures.py trains and proves equal to the padded path (per-token log-probs, loss and MoE auxiliary
-# loss, fp32). Models of any other type take TRL's padded collator, with a one-line note. Add a type here only with
-# its test.
-PACKING_TESTED = {
-    # dense
-    "llama",
-    "mistral",
-    "qwen2",
-    "qwen3",
-    "gemma2",
-    "gemma3_text",
-    "phi3",
-    "olmo2",
-    "olmo3",
-    "granite",
-    "cohere",
-    "cohere2",
-    "glm",
-    "glm4",
-    # mixture of experts (the router's auxiliary loss over real tokens only: see `PackedModel`)
-    "qwen3_moe",
-    "olmoe",
-    "mixtral",
-}
-# Hybrids whose stateful layers read sequence boundaries from a one-row varlen batch in transformers 5.23: the gated
-# delta rule takes `cu_seq_lens_q` (olmo_hybrid, qwen3_next, qwen3_5), Mamba-2 and causal-conv kernels `seq_idx`
-# (granitemoehybrid). Only their CUDA kernels use them (the PyTorch fallbacks, and so every CPU run, ignore them), so
-# these pack only with a varlen attention implementation and when the recipe asks for packed sequences
-# (`padding_free: true` given: `choice.hybrid_problem`); `parity` then checks at start, on the run's own model and
-# pairs, that packed rows score like sequences alone, and the run stops if they do not.
+# Which models may pack. A layer that carries state along a row (linear attention, Mamba, RWKV) mixes the sequences of
+# a packed row silently, and a config need not say it has one, so packing is denied by default: it is used for the
+# model types below, each of which tests/test_architectures.py proves equal to the padded path. Add a type here only
+# with its test.
+DENSE_PACKING = "llama mistral qwen2 qwen3 gemma2 gemma3_text phi3 olmo2 olmo3 granite cohere cohere2 glm glm4"
+# Mixture of experts: the router's auxiliary loss over real tokens only (see `PackedModel`).
+PACKING_TESTED = {*DENSE_PACKING.split(), "qwen3_moe", "olmoe", "mixtral"}
+# Hybrids whose stateful layers read sequence boundaries from a one-row varlen batch in transformers 5.23 (the gated
+# delta rule `cu_seq_lens_q`, Mamba-2 and causal-conv kernels `seq_idx`). Only their CUDA kernels use them, so these
+# pack only on a varlen attention and when the recipe asks for packed sequences (`choice.hybrid_problem`); `parity` then
+# checks at start that packed rows score like sequences alone, and the run stops if they do not.
 BOUNDARY_HYBRIDS = {"olmo_hybrid", "qwen3_next", "qwen3_5_text", "qwen3_5_moe_text", "granitemoehybrid"}
 # Layer types that read only their own sequence when given packed position_ids / cu_seq_lens.
 ATTENTION_LAYER_TYPES = {"full_attention", "sliding_attention", "chunked_attention"}
 # Attention implementations whose varlen kernel takes the sequence boundaries (`cu_seq_lens_q/k`) of one packed row:
-# FlashAttention 2, 3 (Hopper) and 4 (Blackwell and Hopper, `flash-attn-4`), and the `kernels` hub builds that
-# transformers 5.23 loads for them (FLASH_ATTN_KERNEL_FALLBACK / FLASH_ATTN_KERNEL_VERSIONS in
-# modeling_flash_attention_utils.py, registered with its `flash_attention_forward`). A `@revision` suffix is allowed.
-VARLEN_ATTENTION = {
-    "flash_attention_2",
-    "flash_attention_3",
-    "flash_attention_4",
-    "kernels-community/flash-attn2",
-    "kernels-community/flash-attn3",
-    "kernels-community/vllm-flash-attn3",
-    "kernels-community/flash-attn4",
-    "kernels-community/aiter-flash-attn",
+# FlashAttention 2, 3 and 4, and the `kernels` hub builds transformers 5.23 loads for them (FLASH_ATTN_KERNEL_FALLBACK /
+# FLASH_ATTN_KERNEL_VERSIONS in modeling_flash_attention_utils.py). A `@revision` suffix is allowed.
+VARLEN_ATTENTION = {"flash_attention_2", "flash_attention_3", "flash_attention_4"} | {
+    f"kernels-community/{name}"
+    for name in ("flash-attn2", "flash-attn3", "vllm-flash-attn3", "flash-attn4", "aiter-flash-attn")
 }
+
 # sdpa and eager build a per-sequence causal (and sliding-window) mask from position_ids; FlexAttention takes a block
 # mask built from the same inputs (forwards/masks.py), which skips the blocks between sequences.
 PACKED_ATTENTION = {"sdpa", "eager", "flex_attention"} | VARLEN_ATTENTION
@@ -85,14 +57,12 @@ def attention_name(attn_implementation: str | None) -> str:
 
 
 def one_row(attn_implementation: str | None) -> bool:
-    """FlashAttention's varlen kernel takes a whole micro-batch as one row; dense-mask attention (sdpa, eager) does
-    better with rows no wider than the longest sequence (see `PackedPreferenceCollator`)."""
+    """FlashAttention's varlen kernel takes a whole micro-batch as one row (dense masks do better with narrow rows)."""
     return attention_name(attn_implementation) in VARLEN_ATTENTION
 
 
 def packing_problem(config) -> str | None:
-    """Why a model with this config cannot be trained packed, or None when it can (a `BOUNDARY_HYBRIDS` model: when
-    asked for, and checked by `parity` at start)."""
+    """Why a model with this config cannot be trained packed, or None when it can."""
     text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
     model_type = config.model_type  # a multimodal wrapper is a type of its own (its text model's type is not enough)
     attn = attention_name(upstream.attn_implementation(config))
@@ -148,7 +118,7 @@ def sequences(example: dict, max_length: int | None, truncation_mode: str):
 
 def balanced_rows(lengths: list[int], count: int) -> list[list[int]]:
     """Sequence indices in `count` rows of balanced fill: longest first into the emptiest row, then moves and swaps
-    out of the fullest row while they lower it (the width every row is padded to)."""
+    out of the fullest row while they lower it."""
     rows, fill = [[] for _ in range(count)], [0] * count
     for i in sorted(range(len(lengths)), key=lambda i: -lengths[i]):
         r = min(range(count), key=fill.__getitem__)
@@ -156,7 +126,7 @@ def balanced_rows(lengths: list[int], count: int) -> list[list[int]]:
         fill[r] += lengths[i]
     for _ in range(4 * len(lengths)):  # each pass lowers the fullest row or stops
         full = max(range(count), key=fill.__getitem__)
-        best = None  # (new width of the pair of rows, row, item out of `full`, item back or None)
+        best = None  # (new width of the pair of rows, row, item out of `full`, item back or None, moved length)
         for other in range(count):
             if other == full:
                 continue
@@ -167,11 +137,10 @@ def balanced_rows(lengths: list[int], count: int) -> list[list[int]]:
                         continue
                     width = max(fill[full] - delta, fill[other] + delta)
                     if width < fill[full] and (best is None or width < best[0]):
-                        best = (width, other, a, b)
+                        best = (width, other, a, b, delta)
         if best is None:
             break
-        _, other, a, b = best
-        delta = lengths[a] - (lengths[b] if b is not None else 0)
+        _, other, a, b, delta = best
         rows[full].remove(a)
         rows[other].append(a)
         if b is not None:
@@ -183,20 +152,16 @@ def balanced_rows(lengths: list[int], count: int) -> list[list[int]]:
 
 
 def row_width_bound(max_length: int | None) -> int | None:
-    """The widest row `fill_rows` makes for sequences truncated to `max_length`: 2 x max_length. A shared pair (P + C +
-    R + 1 positions with C, R <= max_length - P and P >= 1) is at most that wide too, so it fits alone."""
+    """The widest row `fill_rows` makes for sequences truncated to `max_length`: 2 x max_length, which a shared pair
+    (P + C + R + 1 positions, C, R <= max_length - P, P >= 1) fits too."""
     return None if max_length is None else 2 * max_length
 
 
 def fill_rows(lengths: list[int], hidden_size: int, max_width: int | None = None) -> list[list[int]]:
-    """Rows for dense-mask attention: the row count whose estimated cost is lowest, rows no wider than `max_width`
-    (the memory plan's bound: `row_width_bound`).
-
-    A row of width W costs about W x (linear layers) + W^2 / (8 x hidden_size) x (the same) in attention, padding
-    included: per position, dense attention is ~4 x W x hidden FLOPs against ~30-40 x hidden^2 for the linear layers
-    of a block with a 4x MLP. Fewer, wider rows pad less and attend more; the count between "two longest sequences
-    per row" and "rows no wider than the longest sequence" that costs least wins.
-    """
+    """Rows for dense-mask attention: the row count whose estimated cost is lowest, rows no wider than `max_width`.
+    A row of width W costs about W x (linear layers) x (1 + W / (8 x hidden_size)): per position, dense attention is
+    ~4 x W x hidden FLOPs against ~30-40 x hidden^2 for a block's linear layers. Fewer, wider rows pad less and attend
+    more."""
     longest, total = max(lengths), sum(lengths)
     if max_width is not None and longest > max_width:
         raise ValueError(f"a sequence of {longest} positions is wider than the rows' bound {max_width}")
@@ -221,18 +186,10 @@ def padded_width(width: int, multiple: int | None) -> int:
 
 @dataclass
 class PackedPreferenceCollator:
-    """Collates tokenized pairs (`prompt_ids`, `chosen_ids`, `rejected_ids`) into packed rows.
-
-    With `one_row` (FlashAttention: its varlen kernel attends within each sequence only, at the cost of the sequences
-    alone), all 2B sequences go into one row, with `cu_seq_lens_q/k` and `max_length_q/k`. sdpa and eager attention
-    instead build a dense mask over a row and compute all of it, so their cost grows with the square of the row:
-    sequences are packed into balanced rows whose count minimizes an estimate of linear plus attention cost
-    (`fill_rows`), and only the ends of rows are padded.
-
-    Emits `input_ids`, `position_ids`, `completion_mask` (`[rows, width]`), and per sequence (chosen 0..B-1, then
-    rejected 0..B-1, TRL's order) `seq_lens`, `seq_rows` and `seq_starts`, plus `ref_chosen_logps` /
-    `ref_rejected_logps` when the examples carry them.
-    """
+    """Collates tokenized pairs into packed rows: with `one_row` (varlen FlashAttention) all 2B sequences in one row
+    with their boundaries, else balanced rows (`fill_rows`: a dense mask costs the square of the row). Emits
+    `input_ids`, `position_ids`, `completion_mask` (`[rows, width]`), and per sequence in TRL's order `seq_lens`,
+    `seq_rows` and `seq_starts`, plus the reference log-probs when the examples carry them."""
 
     max_length: int | None = None
     truncation_mode: str = "keep_start"
@@ -245,34 +202,38 @@ class PackedPreferenceCollator:
         per_pair = [sequences(e, self.max_length, self.truncation_mode) for e in examples]
         seqs = [pair[0] for pair in per_pair] + [pair[1] for pair in per_pair]  # TRL's [chosen..., rejected...]
         lengths = [len(ids) for ids, _ in seqs]
-        rows, width = self.rows(lengths)
-        input_ids = torch.full((len(rows), width), self.pad_token_id, dtype=torch.long)
-        completion_mask = torch.zeros((len(rows), width), dtype=torch.long)
-        position_ids = torch.zeros((len(rows), width), dtype=torch.long)
-        seq_rows, seq_starts = [0] * len(seqs), [0] * len(seqs)
+        batch, where = self.lay_out([(ids, list(range(len(ids))), mask) for ids, mask in seqs])
+        batch["seq_lens"] = torch.tensor(lengths, dtype=torch.long)
+        batch["seq_rows"] = torch.tensor([r for r, _ in where], dtype=torch.long)
+        batch["seq_starts"] = torch.tensor([start for _, start in where], dtype=torch.long)
+        if self.one_row:
+            batch |= varlen_boundaries(lengths, batch["input_ids"].shape[1])
+        return with_reference(batch, examples)
+
+    def lay_out(self, units: list[tuple]) -> tuple[dict, list[tuple[int, int]]]:
+        """Units (ids, position ids, completion mask, ...) in rows (`rows`) as the batch's `input_ids`, `position_ids`
+        and `completion_mask`, and each unit's (row, start). The padding at the end of a row is a segment of its own
+        (positions from 0): nothing attends to it."""
+        rows, width = self.rows([len(u[0]) for u in units])
+        shape = (len(rows), width)
+        batch = {
+            "input_ids": torch.full(shape, self.pad_token_id, dtype=torch.long),
+            "position_ids": torch.zeros(shape, dtype=torch.long),
+            "completion_mask": torch.zeros(shape, dtype=torch.long),
+        }
+        where = [(0, 0)] * len(units)
         for r, row in enumerate(rows):
             start = 0
-            for i in row:
-                ids, mask = seqs[i]
-                n = len(ids)
-                input_ids[r, start : start + n] = torch.tensor(ids)
-                completion_mask[r, start : start + n] = torch.tensor(mask)
-                position_ids[r, start : start + n] = torch.arange(n)
-                seq_rows[i], seq_starts[i] = r, start
-                start += n
-            # The padding at the end of a row is a segment of its own (positions from 0): nothing attends to it.
-            position_ids[r, start:] = torch.arange(width - start)
-        batch = {
-            "input_ids": input_ids,
-            "position_ids": position_ids,
-            "completion_mask": completion_mask,
-            "seq_lens": torch.tensor(lengths, dtype=torch.long),
-            "seq_rows": torch.tensor(seq_rows, dtype=torch.long),
-            "seq_starts": torch.tensor(seq_starts, dtype=torch.long),
-        }
-        if self.one_row:
-            batch |= varlen_boundaries(lengths, width)
-        return with_reference(batch, examples)
+            for u in row:
+                ids, positions, mask = units[u][:3]
+                end = start + len(ids)
+                batch["input_ids"][r, start:end] = torch.tensor(ids)
+                batch["position_ids"][r, start:end] = torch.tensor(positions)
+                batch["completion_mask"][r, start:end] = torch.tensor(mask)
+                where[u] = (r, start)
+                start = end
+            batch["position_ids"][r, start:] = torch.arange(width - start)
+        return batch, where
 
     def rows(self, lengths: list[int]) -> tuple[list[list[int]], int]:
         """The units of these lengths in rows (all in one, or `fill_rows`'), and the width every row is padded to."""
@@ -282,8 +243,7 @@ class PackedPreferenceCollator:
 
 
 def with_reference(batch: dict, examples: list[dict]) -> dict:
-    """`batch` with the examples' reference log-probs (`ref_chosen_logps` / `ref_rejected_logps`) where they carry
-    them."""
+    """`batch` with the examples' reference log-probs where they carry them."""
     for key in ("ref_chosen_logps", "ref_rejected_logps"):
         if key in examples[0]:
             batch[key] = torch.tensor([e[key] for e in examples], dtype=torch.float32)
@@ -291,11 +251,9 @@ def with_reference(batch: dict, examples: list[dict]) -> dict:
 
 
 def varlen_boundaries(lengths: list[int], width: int) -> dict:
-    """The boundaries of one packed row of sequences of `lengths`, `width` wide, as varlen kernels take them:
-    `cu_seq_lens_q/k`, `max_length_q/k`, and `seq_idx` (Mamba-2 / causal-conv kernels: granitemoehybrid). Padding at
-    the row's end (a row padded to a multiple of a sequence-parallel group) is a segment of its own, as in the position
-    ids: a varlen kernel writes only the positions its segments cover, and an unwritten output is whatever memory held
-    (NaN x 0 is NaN in the backward)."""
+    """The boundaries of one packed row of sequences of `lengths`, `width` wide, as varlen kernels take them
+    (`seq_idx`: Mamba-2 / causal-conv kernels). Padding at the row's end is a segment of its own: a varlen kernel writes
+    only the positions its segments cover, and an unwritten output is whatever memory held (NaN x 0 is NaN)."""
     segments = lengths + ([width - sum(lengths)] if width > sum(lengths) else [])
     cu_seq_lens = torch.zeros(len(segments) + 1, dtype=torch.int32)
     cu_seq_lens[1:] = torch.tensor(segments, dtype=torch.int32).cumsum(0)
@@ -337,7 +295,7 @@ def forward(model, batch: dict, **kwargs):
 
 def layout_index(starts: torch.Tensor, counts: torch.Tensor, width: int, jumps=None, offsets=None):
     """`[n, width]` indices into a flat packed tensor: row i reads `counts[i]` entries from `starts[i]` (skipping
-    `offsets[i]` entries from its entry `jumps[i]` on); the rest of the row points at index 0 and is marked invalid."""
+    `offsets[i]` from its entry `jumps[i]` on); the rest points at index 0, marked invalid."""
     t = torch.arange(width, device=starts.device).unsqueeze(0)
     valid = t < counts.unsqueeze(1)
     index = starts.unsqueeze(1) + t
@@ -351,10 +309,8 @@ def _layouts(batch: dict):
     seq_lens, rows, starts = batch["seq_lens"], batch["seq_rows"], batch["seq_starts"]
     row_width = batch["input_ids"].shape[1]
     width = int(seq_lens.max())
-    # Prediction t of sequence i (log p of its token t+1) sits at column starts[i] + t of its row's [width-1]
-    # outputs; its token t at column starts[i] + t of its row. A rejected sequence that shares its prompt with the
-    # chosen one (shared_prompt.py) continues `seq_offsets` columns further on from its completion's first token (and
-    # its prediction of it).
+    # Prediction t of sequence i sits at column starts[i] + t of its row's [width-1] outputs, its token t at column
+    # starts[i] + t of its row; a shared-prompt rejected sequence continues `seq_offsets` columns on from `seq_jumps`.
     jumps, offsets = batch.get("seq_jumps"), batch.get("seq_offsets")
     predictions = layout_index(
         rows * (row_width - 1) + starts, seq_lens - 1, width - 1, None if jumps is None else jumps - 1, offsets
@@ -369,8 +325,7 @@ def _lay_out(packed: torch.Tensor | None, index: torch.Tensor, valid: torch.Tens
 
 
 def padded_view(batch: dict) -> dict:
-    """The packed batch as TRL's padded `[2B, L]` inputs: `input_ids`, `attention_mask`, `completion_mask` and the
-    reference log-probs, which is what TRL's `_compute_loss` reads besides the model's outputs."""
+    """The packed batch as the padded `[2B, L]` inputs TRL's `_compute_loss` reads besides the model's outputs."""
     _, (index, valid) = _layouts(batch)
     padded = {
         "input_ids": _lay_out(batch["input_ids"], index, valid),
@@ -387,19 +342,16 @@ PER_TOKEN_FIELDS = ("log_probs", "entropy", "log_sum_sq_probs", "mean_logits", "
 
 
 def unpack_outputs(outputs, batch: dict):
-    """Per-token outputs of a packed forward (`[rows, width-1]`) laid out as `[2B, L-1]`, TRL's padded layout.
-
-    A gather, so gradients flow back into the packed forward. Only per-token scalars are laid out this way, never
-    activations: it costs 2B x L numbers.
-    """
+    """Per-token outputs of a packed forward (`[rows, width-1]`) laid out as TRL's `[2B, L-1]`: a gather, so gradients
+    flow back into the packed forward."""
     (index, valid), _ = _layouts(batch)
     fields = {name: _lay_out(getattr(outputs, name), index, valid) for name in PER_TOKEN_FIELDS}
     return type(outputs)(loss=outputs.loss, aux_loss=outputs.aux_loss, **fields)
 
 
 def token_weights(batch: dict) -> torch.Tensor:
-    """`[rows, width]`: how many sequences of TRL's padded layout hold each position of the packed rows: 1 for a token
-    of a sequence, 0 for the padding that ends a row. Weighed so, the packed rows hold the padded batch's tokens."""
+    """`[rows, width]`: how many sequences of TRL's padded layout hold each position of the packed rows (1, or 0 for
+    the padding that ends a row)."""
     _, (index, valid) = _layouts(batch)
     weights = torch.zeros(batch["input_ids"].numel(), device=index.device)
     weights.index_add_(0, index[valid], torch.ones(int(valid.sum()), device=index.device))
@@ -415,8 +367,7 @@ def causal_lm(model):
 
 @contextlib.contextmanager
 def captured_router_logits(model):
-    """The router logits (one `[positions, experts]` tensor per MoE layer) of the model's next forward, taken from
-    its backbone, the module TRL's fused LM head runs (a forward hook, removed on exit)."""
+    """The router logits of the model's next forward, hooked on its backbone (the module TRL's fused LM head runs)."""
     captured = []
     hook = causal_lm(model).base_model.register_forward_hook(lambda m, a, output: captured.append(output.router_logits))
     try:
@@ -426,9 +377,8 @@ def captured_router_logits(model):
 
 
 def router_aux_loss(model, router_logits, batch: dict) -> torch.Tensor:
-    """The MoE load-balancing loss over the tokens TRL's padded path counts (those its attention_mask marks), from the
-    router logits of packed rows: transformers' own `load_balancing_loss_func` (the one TRL's fused head calls), which
-    takes the mask as a weight per position (`token_weights`)."""
+    """The MoE load-balancing loss over the tokens TRL's padded path counts, from the router logits of packed rows:
+    transformers' own `load_balancing_loss_func` (the one TRL's fused head calls), weighed by `token_weights`."""
     from transformers.models.mixtral.modeling_mixtral import load_balancing_loss_func
 
     config = causal_lm(model).config.get_text_config()
@@ -437,17 +387,10 @@ def router_aux_loss(model, router_logits, batch: dict) -> torch.Tensor:
 
 
 class PackedModel:
-    """Stands in for the model where TRL's code calls it on the padded view of a micro-batch.
-
-    TRL's `_compute_loss` and `compute_ref_log_probs` call `model(input_ids=..., attention_mask=..., labels=...,
-    fused_lm_head=True)` on `[2B, L]` tensors and read per-token outputs. This runs the packed forward of the real
-    model instead, inside whatever TRL entered around the call (no_grad, autocast, PEFT's adapter switch), and hands
-    back the same outputs in the padded layout. TRL's loss, LD-DPO and metric code then run unchanged.
-
-    MoE models: TRL's fused head computes the router's load-balancing loss over every position it is given, and a
-    packed row has no attention_mask to mark the padding at its end, so that padding would count. The auxiliary loss
-    is computed again here from the same router logits over the real tokens only, as the padded path counts them.
-    """
+    """Stands in for the model where TRL's code calls it on the padded view of a micro-batch: runs the packed forward
+    of the real model inside whatever TRL entered around the call (no_grad, autocast, PEFT's adapter switch), and hands
+    back the outputs in the padded layout. MoE: TRL's fused head would count the padding that ends a packed row in the
+    router's load-balancing loss, so that loss is computed again over the real tokens only."""
 
     def __init__(self, model, batch: dict, run=None):
         self.model = model
@@ -469,18 +412,15 @@ class PackedModel:
         return self.outputs
 
 
-# The largest per-token log-prob difference `parity` accepts. Measured on CPU with the tiny models of
-# tests/test_architectures.py: dense models agree to ~1e-6 in fp32 and ~1e-3 in bf16; through packed rows without
-# boundaries, OLMo hybrid is off by 3.6e-2, GraniteMoeHybrid by 2.9e-2, Qwen3-Next by 3.2e-3 (fp32 and bf16 alike). So
-# in fp32 every one of them is caught, in bf16 a leak as small as that Qwen3-Next's would pass. The check guards
-# against kernels that ignore the boundaries; GPU kernels in bf16 have not been measured here, and a check failed on
-# rounding alone stops a run that `--padding_free false` then trains padded, never trains it wrong.
+# The largest per-token log-prob difference `parity` accepts. Measured on CPU with tests/test_architectures.py's tiny
+# models: dense models agree to ~1e-6 in fp32 and ~1e-3 in bf16; without boundaries, OLMo hybrid is off by 3.6e-2,
+# GraniteMoeHybrid by 2.9e-2, Qwen3-Next by 3.2e-3. A check failed on rounding alone stops a run, never trains it wrong.
 PARITY_TOLERANCE = {"fp32": 1e-3, "half": 2e-2}
 
 
 def parity(model, collator: PackedPreferenceCollator, examples: list[dict]) -> float:
-    """The largest difference between a completion token's log-prob in the packed rows of `examples` (as `collator`
-    lays them out) and in its sequence scored alone. Run under no_grad, in the caller's autocast."""
+    """The largest difference between a completion token's log-prob in the packed rows of `examples` and in its
+    sequence scored alone. Run under no_grad, in the caller's autocast."""
     device = next(model.parameters()).device
     batch = {k: v.to(device) if torch.is_tensor(v) else v for k, v in collator(examples).items()}
     packed = unpack_outputs(forward(model, batch), batch).log_probs.float()

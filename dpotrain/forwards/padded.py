@@ -1,26 +1,15 @@
 """Padded micro-batches for models that cannot pack, padded far less than TRL pads them.
 
-TRL's collator pads all 2B sequences of a micro-batch (B chosen, B rejected) to the longest one. The plan already
-gives a micro-batch pairs of similar length (`plan._padded_runs`), but a pair's two sides differ: on Dolci-like data
-padding each chosen and rejected side to its pair's longer one alone is ~28% of the positions. So here the 2B
-sequences are sorted by length and cut into at most `MAX_GROUPS` groups (the cut that pads least), and the model runs
-once per group on that group's rows, padded to the group's own longest sequence. TRL's `_compute_loss` still sees
-its own padded `[2B, L]` batch: `GroupedModel` stands in for its model call, like `packing.PackedModel` for packed
-rows, and lays each group's per-token outputs back into TRL's layout. Right padding with an attention mask, as TRL
-runs it, so each sequence computes what it computes in TRL's one padded batch (to kernel rounding).
+TRL's collator pads all 2B sequences of a micro-batch to the longest one; even with pairs of similar length a pair's
+two sides differ (~28% of the positions on Dolci-like data). So here the 2B sequences are sorted by length and cut into
+at most `MAX_GROUPS` groups (the cut that pads least), and the model runs once per group, right-padded to the group's
+longest sequence. `GroupedModel` stands in for TRL's model call and lays each group's per-token outputs back into TRL's
+`[2B, L]` layout. MoE models that ask for their router's auxiliary loss run as one group (groups would change it).
 
-MoE models that ask for their router's auxiliary loss run as one group: the load-balancing loss is taken over all of a
-batch's tokens at once, and groups would change it.
-
-Where the weights are sharded (ZeRO-3, FSDP2) each forward gathers them from every rank, and its backward again, so
-every rank must run the same number of forwards or the ranks wait on each other forever. Each rank's cut depends on its
-own rows, so there the ranks agree first: one all-reduce of a small integer per micro-batch gives the most groups any
-rank wants, and every rank cuts its rows into that many (the least padding for that count). A rank with fewer rows than
-groups runs its shortest row once more for each missing group, with its result multiplied by zero: its forward and
-backward gather what the other ranks' do, and add nothing. Keeping the groups (rather than one forward per micro-batch
-on sharded engines) keeps their saving in computed positions (~28% on Dolci-like data); each extra group costs one more
-gather of the weights in the forward and one in the backward, which the engines prefetch layer by layer behind the
-compute (a trade not yet measured on GPUs: a large model over a slow inter-node network may prefer fewer groups).
+Where the weights are sharded (ZeRO-3, FSDP2) every rank must run the same number of forwards, or the ranks wait on
+each other forever: the ranks agree on the most groups any rank wants (one all-reduce per micro-batch), and a rank with
+fewer rows than groups runs its shortest row again for each missing group, its result multiplied by zero. Each extra
+group costs one more gather of the weights in the forward and in the backward (not yet measured on GPUs).
 """
 
 import numpy as np
@@ -35,9 +24,8 @@ MAX_GROUPS = 4  # forward calls per micro-batch: more pads a little less and lau
 
 
 def row_groups(lengths: list[int], max_groups: int = MAX_GROUPS, count: int | None = None) -> list[list[int]]:
-    """Row indices in at most `max_groups` groups of similar length whose padding (each group to its longest) is the
-    least: the best cut of the rows sorted by length (dynamic programming over the cut points). With `count`: the best
-    cut into exactly that many groups (fewer only where there are fewer rows)."""
+    """Row indices in at most `max_groups` groups of similar length whose padding is the least: the best cut of the rows
+    sorted by length (dynamic programming). With `count`: the best cut into exactly that many (fewer rows: fewer)."""
     if count is not None:
         max_groups = count = min(count, len(lengths))
     order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
@@ -70,8 +58,8 @@ def positions(lengths: list[int], groups: list[list[int]] | None = None, max_gro
 
 
 def labeled_completion_mask(mask: torch.Tensor, examples: list[dict], collate) -> torch.Tensor:
-    """TRL's `[2B, L]` completion mask with each sequence's labeled prompt tokens (dpotrain/data/turns.py) marked
-    too, truncated as TRL's collator truncates the sequence (right padding: each sequence starts at column 0)."""
+    """TRL's `[2B, L]` completion mask with each sequence's labeled prompt tokens (turns.py) marked too, truncated as
+    TRL's collator truncates the sequence."""
     mask = mask.clone()
     max_length, mode = getattr(collate, "max_length", None), getattr(collate, "truncation_mode", "keep_start")
     for side, offset in (("chosen", 0), ("rejected", len(examples))):
@@ -83,7 +71,7 @@ def labeled_completion_mask(mask: torch.Tensor, examples: list[dict], collate) -
 
 
 class GroupedCollator:
-    """TRL's padded collator, plus `row_groups`: which rows run together (`row_groups`)."""
+    """TRL's padded collator, plus `row_groups`: which rows run together."""
 
     def __init__(self, collate, max_groups: int = MAX_GROUPS):
         self.collate, self.max_groups = collate, max_groups
@@ -101,11 +89,8 @@ class GroupedCollator:
 
 class GroupedModel:
     """Stands in for the model where TRL's code calls it on a padded micro-batch: runs each row group on its own rows
-    and width, and hands back the per-token outputs in the full `[2B, L-1]` layout. Keeps the last outputs (for the
-    project's metrics) and the positions its forwards ran.
-
-    `lockstep`: the weights are sharded over the ranks (ZeRO-3, FSDP2), so every rank runs as many forwards as the rank
-    that wants the most groups (see the module doc); every rank must then call it together."""
+    and width, and hands back the per-token outputs in the full `[2B, L-1]` layout; keeps the last outputs and the
+    positions its forwards ran. `lockstep`: the weights are sharded, so the ranks run as many forwards each."""
 
     def __init__(self, model, groups: list[list[int]] | None, lockstep: bool = False):
         self.model, self.groups, self.lockstep = model, groups, lockstep

@@ -1,8 +1,6 @@
-"""The pairs' lengths a run decides its forward from, before the memory check and before the model loads
-(docs/attention.md, "The lengths"): the analyzer's cached lengths of the whole training split when this data set,
-tokenizer and chat template have been analysed (`cached`), else a fixed seeded sample of `SAMPLE_ROWS` rows tokenized
-exactly as the trainer tokenizes them (`sampled`: its tokenization only, whatever the data set's size). Every rank reads
-the same rows with the same seed, so every rank takes the same decision (agreement.py checks the forwards).
+"""The pairs' lengths a run decides its forward from, before the model loads (docs/attention.md, "The lengths"): the
+analyzer's cached lengths of the whole training split (`cached`), else a seeded sample of `SAMPLE_ROWS` rows tokenized
+as the trainer tokenizes them (`sampled`). Every rank reads the same rows, so every rank takes the same decision.
 """
 
 import numpy as np

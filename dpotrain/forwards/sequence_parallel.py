@@ -1,17 +1,13 @@
 """Sequence parallelism (docs/sequence_parallel.md): one packed micro-batch split along the sequence over the N
 processes of a group (DeepSpeed Ulysses), for pairs longer than one GPU holds (`sequence_parallel_size: N`).
 
-Every process of a group reads and collates the same micro-batch (its width padded to a multiple of N: a segment of its
-own, out of the loss) and runs the model on its 1/N of the columns (`forward`). In every attention layer DeepSpeed's
-`UlyssesSPAttentionHF` all-to-alls queries, keys and values to the whole rows for 1/N of the heads, and the project's
-attention runs on them with the WHOLE rows' boundaries (`whole_row_masks`, `varlen_kwargs`): DeepSpeed's own wrapper
-(`register_with_transformers`) drops 4D masks and rebuilds a causal-only block mask for flex, which would let packed
-sequences see each other, so only its attention module is used (`_Attention`). The LM head labels each local position
-with the next token of the whole row (`shift_labels`), and the per-token outputs are gathered over the group
-(`_GatherColumns`), so TRL's loss sees whole sequences. Every process of a group computes the same loss; the gather's
-backward sums the group's gradients of it, so the engine's average over all N x D processes is the gradient of D
-processes without the split. The launch's checks are in dpotrain/cluster/sequence_parallel.py, the forward's in
-choice.py.
+Every process of a group collates the same micro-batch (its width padded to a multiple of N) and runs the model on its
+1/N of the columns (`forward`). In every attention layer DeepSpeed's `UlyssesSPAttentionHF` all-to-alls q, k and v to
+the whole rows for 1/N of the heads, and attention runs with the WHOLE rows' boundaries (`whole_row_masks`,
+`varlen_kwargs`): DeepSpeed's own wrapper drops 4D masks and rebuilds a causal-only block mask for flex, which would
+let packed sequences see each other, so only its attention module is used. Each local position is labelled with the
+next token of the whole row, and the per-token outputs are gathered over the group, so TRL's loss sees whole sequences;
+the gather's backward sums the group's gradients, so the engine's average is the gradient without the split.
 """
 
 import threading
@@ -41,8 +37,7 @@ def leads_group() -> bool:
 
 
 def model_problem(config) -> str | None:
-    """Why no group splits this model's rows, or None: the one place that says so, for the forward choice (which
-    refuses it) and the memory plan (which then offers no group)."""
+    """Why no group splits this model's rows, or None (for the forward choice and the memory plan alike)."""
     if getattr(config.get_text_config(), "output_router_logits", False):
         return (
             "the MoE router's auxiliary loss is not split over a group here; use --sequence_parallel_size 1 for "
@@ -58,9 +53,8 @@ def model_problem(config) -> str | None:
 
 
 def set_up(sp_size: int, model) -> None:
-    """This process's group (consecutive ranks, `groups.data_parallel_rank`) and the attention wrapper, once the process
-    group and the model exist. Every process calls it (each group is made by all). The heads, the attention and the
-    engine were checked before the weights loaded (`groups.check_launch`, `groups.check_heads`, `choice.py`)."""
+    """This process's group (consecutive ranks) and the attention wrapper, once the process group and the model exist.
+    Every process calls it (each group is made by all)."""
     if sp_size <= 1 or _group:
         return
     import torch.distributed as dist
@@ -99,7 +93,7 @@ def set_up(sp_size: int, model) -> None:
 
 class _Attention:
     """The attention function transformers calls: Ulysses around the original inside a sequence-parallel forward, the
-    original alone anywhere else (sample generation, a parity check), where a process holds whole sequences."""
+    original alone anywhere else (where a process holds whole sequences)."""
 
     def __init__(self, original, ulysses):
         self.original, self.ulysses = original, ulysses
@@ -122,10 +116,8 @@ class _Attention:
 
 class _GatherColumns(torch.autograd.Function):
     """All-gather along the columns over the group, whose backward gives each process the group's summed gradient of
-    its own columns. torch.distributed.nn's all-gather does this with an all-to-all that gloo runs as scatters from
-    GLOBAL ranks, which fails in every group but the first (torch 2.13: "Global rank 0 is not part of group"): the
-    gradient here is all-reduced whole and sliced, which costs N x the bytes of a reduce-scatter, on one float per
-    token, and runs on every backend."""
+    its own columns: all-reduced whole and sliced, since torch.distributed.nn's all-gather fails under gloo in every
+    group but the first (torch 2.13: "Global rank 0 is not part of group")."""
 
     @staticmethod
     def forward(ctx, tensor):
@@ -146,10 +138,8 @@ class _GatherColumns(torch.autograd.Function):
 
 
 def whole_row_masks(model, batch: dict):
-    """The masks of the WHOLE rows, whatever slice this process holds: FlexAttention's block masks, none for a varlen
-    kernel (it takes the boundaries: `varlen_kwargs`), else the dense masks (sdpa). A dense mask is needed even
-    without shared prompts: transformers would build one from the local slice's position ids only, while attention runs
-    on the whole rows."""
+    """The masks of the WHOLE rows: FlexAttention's block masks, none for a varlen kernel (`varlen_kwargs`), else dense
+    ones, even without shared prompts (transformers would build one from the local slice's position ids only)."""
     attention = upstream.attn_implementation(masks.text_config(model))
     if attention == "flex_attention":
         return masks.block_masks(model, batch)
@@ -159,11 +149,8 @@ def whole_row_masks(model, batch: dict):
 
 
 def varlen_kwargs(model, batch: dict) -> dict:
-    """For a varlen kernel, the whole row's `cu_seq_lens_q/k` and `max_length_q/k` (`packing.varlen_boundaries`), which
-    transformers' FlashAttention takes before the position ids (`_flash_attention_forward`: an attention mask first,
-    then these, then boundaries inferred from position ids), for the kernel that holds whole rows after the all-to-all;
-    none for another attention. Not `seq_idx`: the layers that read it (a hybrid's recurrent ones, refused under a
-    group) see only this process's columns."""
+    """For a varlen kernel, the whole row's `cu_seq_lens_q/k` and `max_length_q/k`, which transformers' FlashAttention
+    takes before the position ids; none for another attention. Not `seq_idx`: its readers see only local columns."""
     if not packing.one_row(upstream.attn_implementation(masks.text_config(model))):
         return {}
     return {key: batch[key] for key in packing.VARLEN_KEYS}

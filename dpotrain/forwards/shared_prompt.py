@@ -8,22 +8,13 @@ packed row as
         branch 0     |          branch 1             |           branch 2
 
 with position ids 0 .. P-1, P .. P+C-1, then P-1 again, P .. P+R-1. A token attends to tokens of its own pair at
-earlier or equal positions that are in branch 0 or in its own branch (and, in a sliding-window layer, within the
-window): the chosen completion sees the prompt and itself, the rejected one the prompt and itself, never the other.
-The last prompt token appears twice, once per branch: it is the token whose hidden state predicts each completion's
-first token, and TRL's fused LM head scores the next token in the row (`packing.py`); its second copy, at the same
-position, with the same context, computes what the first computes in the unshared rejected sequence. The per-token
-outputs are laid back out in TRL's `[2B, L-1]` layout exactly as for unshared packing (the rejected sequence's
-entries continue past the chosen completion: `seq_jumps`, `seq_offsets` in `packing._layouts`), so TRL's loss, every
-loss type, LD-DPO and the metrics are unchanged. A pair costs P + C + R + 1 positions.
-
-The mask is passed to the model (per layer kind where the model takes a dict of them): a block mask for FlexAttention,
-which skips the blocks no token of which sees another, or a dense 4D mask for sdpa and eager attention
-(`forwards/masks.py`); FlashAttention's varlen kernel cannot express it, so it keeps unshared packing. A pair whose
-prompt truncation would differ between its two sequences (keep_end cutting into the prompt) is laid out unshared
-within the same row, as is a pair without a prompt (text answers that share no start).
-Only the compact inputs (`attention_block`, `attention_branch`, position ids) are built in the collator, once per
-micro-batch; the mask itself is built from them on the device.
+earlier or equal positions in branch 0 or in its own branch: each completion sees the prompt and itself, never the
+other. The last prompt token appears twice, once per branch: its hidden state predicts each completion's first token
+(TRL's fused LM head scores the next token in the row). The per-token outputs are laid back out in TRL's `[2B, L-1]`
+layout as for unshared packing (`seq_jumps`, `seq_offsets`), so TRL's loss and metrics are unchanged. A pair costs
+P + C + R + 1 positions. The mask (forwards/masks.py, built on the device from the collator's compact inputs) is a block
+mask for FlexAttention or a dense 4D one for sdpa and eager; FlashAttention's varlen kernel cannot express it. A pair
+whose truncation would cut into its prompt, or without a prompt, is laid out unshared within the same row.
 """
 
 from typing import Any
@@ -40,14 +31,12 @@ from dpotrain.forwards.packing import (
 )
 from dpotrain.recipe import upstream
 
-# implementations that take a mask of our own: a 4D one (sdpa, eager) or a block mask (flex_attention); decided by
-# tests/test_shared_prompt.py and tests/test_flex.py
+# implementations that take a mask of our own: a 4D one (sdpa, eager) or a block mask (flex_attention)
 SHARED_ATTENTION = {"sdpa", "eager", "flex_attention"}
 
 
 def takes_mask_per_layer_kind(config) -> bool:
-    """Whether the model's forward accepts a dict of masks per layer kind (transformers' models with mixed layer kinds:
-    OLMo 3, Qwen 2/3, Gemma 2/3, Cohere 2, ...). Read from its modeling module, since the config does not say."""
+    """Whether the model's forward accepts a dict of masks per layer kind, read from its modeling module."""
     model_class = upstream.causal_lm_class(config)
     return model_class is not None and upstream.takes_mask_per_layer_kind(model_class)
 
@@ -95,9 +84,7 @@ def _unit_shared(example: dict, max_length: int | None):
 
 
 def shareable(example: dict, max_length: int | None, truncation_mode: str) -> bool:
-    """The pair has a prompt (text answers that share no start have none: nothing to share, and no last prompt token
-    to predict from), and both sequences keep the whole of it after truncation (keep_start always; keep_end when
-    nothing is cut)."""
+    """The pair has a prompt, and both sequences keep the whole of it after truncation (keep_end: nothing is cut)."""
     if not example["prompt_ids"]:
         return False
     if truncation_mode == "keep_start" or max_length is None:
@@ -107,14 +94,9 @@ def shareable(example: dict, max_length: int | None, truncation_mode: str) -> bo
 
 
 class SharedPromptCollator(PackedPreferenceCollator):
-    """Collates tokenized pairs into packed rows, each pair's prompt once (see the module doc), with the settings of
-    `packing.PackedPreferenceCollator` (one row for FlexAttention, else balanced rows: `packing.fill_rows`).
-
-    Emits what `packing.PackedPreferenceCollator` emits (`input_ids`, `position_ids`, `completion_mask`, and per
-    sequence `seq_lens`, `seq_rows`, `seq_starts`, in TRL's order), plus `seq_jumps` / `seq_offsets` (where a rejected
-    sequence continues past its pair's chosen completion) and the mask's inputs `attention_block` (which pair) and
-    `attention_branch` per position.
-    """
+    """Collates tokenized pairs into packed rows, each pair's prompt once, with the settings of
+    `packing.PackedPreferenceCollator`. Emits what it emits, plus `seq_jumps` / `seq_offsets` (where a rejected sequence
+    continues past its pair's chosen completion) and the mask's inputs `attention_block` and `attention_branch`."""
 
     def __call__(self, examples: list[dict[str, Any]]) -> dict[str, Any]:
         n = len(examples)
@@ -130,32 +112,16 @@ class SharedPromptCollator(PackedPreferenceCollator):
                 for side, (ids, mask) in enumerate(sequences(example, self.max_length, self.truncation_mode)):
                     members = [(side * n + k, len(ids), len(ids), 0)]
                     units.append((ids, list(range(len(ids))), mask, [0] * len(ids), members))
-        rows, width = self.rows([len(u[0]) for u in units])
-        shape = (len(rows), width)
-        input_ids = torch.full(shape, self.pad_token_id, dtype=torch.long)
-        position_ids = torch.zeros(shape, dtype=torch.long)
-        completion_mask = torch.zeros(shape, dtype=torch.long)
-        block = torch.zeros(shape, dtype=torch.long)
-        branch = torch.zeros(shape, dtype=torch.int8)
+        batch, where = self.lay_out(units)  # a row's end is a block of its own (0)
+        block = torch.zeros(batch["input_ids"].shape, dtype=torch.long)
+        branch = torch.zeros(batch["input_ids"].shape, dtype=torch.int8)
         seq = torch.zeros((2 * n, 5), dtype=torch.long)  # length, row, start, jump, offset
-        for r, row in enumerate(rows):
-            start = 0
-            for u in row:
-                ids, pos, mask, br, members = units[u]
-                end = start + len(ids)
-                input_ids[r, start:end] = torch.tensor(ids)
-                position_ids[r, start:end] = torch.tensor(pos)
-                completion_mask[r, start:end] = torch.tensor(mask)
-                branch[r, start:end] = torch.tensor(br, dtype=torch.int8)
-                block[r, start:end] = u + 1
-                for index, length, jump, offset in members:
-                    seq[index] = torch.tensor([length, r, start, jump, offset])
-                start = end
-            position_ids[r, start:] = torch.arange(width - start)  # the row's end: a block of its own (0)
-        batch = {
-            "input_ids": input_ids,
-            "position_ids": position_ids,
-            "completion_mask": completion_mask,
+        for u, ((r, start), (ids, _, _, br, members)) in enumerate(zip(where, units, strict=True)):
+            branch[r, start : start + len(ids)] = torch.tensor(br, dtype=torch.int8)
+            block[r, start : start + len(ids)] = u + 1
+            for index, length, jump, offset in members:
+                seq[index] = torch.tensor([length, r, start, jump, offset])
+        batch |= {
             "attention_block": block,
             "attention_branch": branch,
             "seq_lens": seq[:, 0].clone(),

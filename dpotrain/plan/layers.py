@@ -1,15 +1,10 @@
 """The decoder layers as the run trains them: activation checkpointing held to the memory plan's choice, and an optional
 regional `torch.compile` of each layer (docs/memory.md, "Activation checkpointing, chosen per run").
 
-The Trainer enables the plan's layers with transformers' `every_n_layers` (memory.checkpointing_fields). TRL 1.16
-turns checkpointing off and on again around its own no-grad forwards (`trl.models.utils.disable_gradient_checkpointing`)
-and back on with `model.gradient_checkpointing_enable(args.gradient_checkpointing_kwargs)`: every layer, with
-`every_n_layers` handed on to the layer's forward. `hold_checkpointing` makes that call restore the plan's layers
-instead (transformers' `activation_checkpointing_enable` calls the same instance attribute). TRL's DPOTrainer enables
-nothing else (only the experimental ORPO/CPO trainers call PEFT's `prepare_model_for_kbit_training`, which would).
-
-`compile_layers` compiles each decoder layer on its own (`nn.Module.compile`): one graph serves every layer of a kind,
-the rest of the model stays eager. Off by default until a GPU measurement shows it pays (BENCHMARKS.md).
+TRL 1.16 turns checkpointing off and on again around its own no-grad forwards
+(`trl.models.utils.disable_gradient_checkpointing`), back on with `model.gradient_checkpointing_enable(...)`: every
+layer. `hold_checkpointing` makes that call restore the plan's layers instead. `compile_layers` compiles each decoder
+layer on its own: one graph serves every layer of a kind. Off by default until a GPU measurement shows it pays.
 """
 
 from dpotrain.recipe import upstream
@@ -35,8 +30,7 @@ def checkpointed_every(training_args) -> int | None:
 
 
 def hold_checkpointing(model, training_args) -> None:
-    """Checkpoint the layers of the training arguments (the memory plan's) now, and from now on whenever anyone
-    re-enables checkpointing on `model`, instead of every layer."""
+    """Checkpoint the plan's layers now, and whenever anyone re-enables checkpointing on `model`, not every layer."""
     every = checkpointed_every(training_args)
     if every is None:
         return  # nothing is enabled, so TRL's helpers have nothing to turn back on

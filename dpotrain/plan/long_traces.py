@@ -1,10 +1,7 @@
 """Which sequence-parallel group carries a max_length: what the analyzer (scripts/analyze_dataset.py) says of each
-length it is asked about, for the recipe's GPUs. Each answer is the memory plan itself (`memory.plan`, as a dry run
-makes it) on a copy of the recipe at that max_length, with micro-batches of one whole pair of it (the least a
-micro-batch holds: `--max_tokens_per_microbatch` 2 x max_length, so the answer does not depend on the recipe's
-budget). The groups weighed are those a refusal offers (`sequence_parallel.groups_within`: within a node, splitting
-the heads, under DeepSpeed's engine), smallest first. A length past the model's positions is not planned: training
-refuses it (dpotrain/data/positions.py) where the data's longest sequence reaches that far."""
+length, for the recipe's GPUs. Each answer is the memory plan itself on a copy of the recipe at that max_length, with
+micro-batches of one whole pair of it (so it does not depend on the recipe's budget), for the groups a refusal offers,
+smallest first. A length past the model's positions is not planned: training refuses it."""
 
 import copy
 
@@ -24,9 +21,9 @@ def group_sizes(engine: Engine, world: int, heads: tuple[int, int]) -> list[int]
 
 
 def carrying_groups(recipe, world: int, engine: Engine, max_lengths: list[int], longest: int | None = None) -> dict:
-    """For each max_length, the smallest `sequence_parallel_size` whose plan fits the GPU (1: none needed; None: no
-    group within a node does) and its GiB per GPU, or the model's positions where its sequences would reach past them
-    (`longest`: the data's longest sequence, where every pair was measured); or why nothing was planned (`skipped`)."""
+    """For each max_length, the smallest `sequence_parallel_size` whose plan fits the GPU (None: no group within a node
+    does) and its GiB per GPU, or the model's positions where sequences would reach past them (`longest`: the data's
+    longest sequence); or why nothing was planned (`skipped`)."""
     config, why = memory.load_model_config(recipe)
     if config is None:
         return {"skipped": why}

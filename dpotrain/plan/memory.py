@@ -1,12 +1,10 @@
 """Memory per GPU, planned before anything loads: does this recipe fit, under this engine, on this many GPUs?
 
-A plan is the sum of parts per GPU, each explained in docs/memory.md ("Memory plan"): model states as the engine holds
-and shards them (`model_state_bytes`; ZeRO's are DeepSpeed's own estimates, tests check equality), engine buffers, the
-activations of one micro-batch traced on fake tensors (`activation_bytes`), TRL's chunked LM head (`lm_head_bytes`), a
-live reference model's weights (`reference_model_bytes`; its forward ends before the policy's starts), the attention
-masks of the forward the run takes (`mask_bytes`: first, before anything loads, for the lightest it could take) and an
-allowance for the CUDA context, NCCL and fragmentation. Parameter counts come from the model's config alone: the model
-is built on the meta device (no weights).
+A plan is the sum of parts per GPU (docs/memory.md, "Memory plan"): model states (`model_state_bytes`; ZeRO's are
+DeepSpeed's own estimates), engine buffers, one micro-batch's activations traced on fake tensors, TRL's chunked LM head,
+a live reference model's weights, the attention masks of the forward the run takes (first, before anything loads, for
+the lightest it could take) and an allowance for the CUDA context, NCCL and fragmentation. Parameter counts come from
+the model's config alone, built on the meta device.
 """
 
 import copy
@@ -40,9 +38,8 @@ BF16 = 2
 
 
 def default_allocator() -> str:
-    """PYTORCH_ALLOC_CONF=expandable_segments:True unless the user set the allocator (under either of torch's names,
-    in the environment, .env or the recipe's `env:`), before any CUDA memory is allocated (the allocator reads it
-    once, then): the setting in force (`allocator`)."""
+    """PYTORCH_ALLOC_CONF=expandable_segments:True unless the user set the allocator (either of torch's names), before
+    any CUDA memory is allocated (the allocator reads it once, then): the setting in force."""
     if not any(os.environ.get(name) for name in ALLOCATOR_NAMES):
         os.environ[ALLOCATOR_NAMES[0]] = EXPANDABLE
     return allocator()
@@ -98,9 +95,8 @@ def load_model_config(recipe):
 
 
 def model_shape(recipe, config) -> ModelShape:
-    """The parameter counts of the model (with LoRA's adapter when the recipe trains one), from its config alone. Kept
-    per config and LoRA settings: a refusal plans many variants of one model (memory_advice), and PEFT's wrapping of
-    a 32B model on the meta device takes seconds."""
+    """The model's parameter counts (with LoRA's adapter when the recipe trains one), from its config alone. Kept per
+    config and LoRA settings: a refusal plans many variants of one model, and PEFT wraps a 32B model in seconds."""
     peft = None
     if recipe.model.use_peft:
         from trl import get_peft_config
@@ -143,17 +139,9 @@ def _model_shape(recipe, config) -> ModelShape:
         trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
         head_trains = head is not None and head.weight.requires_grad
     dtype = str(recipe.model.dtype or "float32").replace("torch.", "")
-    load_bytes = 4 if dtype == "float32" else BF16
+    load = 4 if dtype == "float32" else BF16
     return ModelShape(
-        params,
-        trainable,
-        largest,
-        decoder_layer,
-        lm_head,
-        head_trains,
-        text.hidden_size,
-        text.num_hidden_layers,
-        load_bytes,
+        params, trainable, largest, decoder_layer, lm_head, head_trains, text.hidden_size, text.num_hidden_layers, load
     )
 
 
@@ -164,19 +152,13 @@ ATTENTION_TYPES = {"full_attention", "sliding_attention", "chunked_attention"}
 
 def activation_bytes(config, tokens: int, checkpointing: bool | int) -> tuple[int, str]:
     """Peak bytes of the backbone's forward + backward for one micro-batch of `tokens` tokens, and how they were found.
+    `checkpointing`: False, True (every layer) or k (every k-th layer: transformers' `every_n_layers`).
 
-    `checkpointing`: False (no layer checkpointed), True (every layer) or k, every k-th layer (transformers'
-    `every_n_layers`: layers 0, k, 2k, ... keep only their input, the others all their activations).
-
-    Copies of the model with 1 and 2 layers are run on fake tensors (shapes only) at the real width and token count;
-    their peaks, parameters and weight gradients left out (those are model states), give the cost of a layer (the
-    slope: with activation checkpointing, its saved input) and of the rest (the embedding, one layer's recomputation
-    and backward, the final norm); the model's cost is the rest + layers x slope. With every k-th layer checkpointed,
-    the rest is the checkpointed one's (a recomputation on top of everything kept), each checkpointed layer costs its
-    input and each other layer its full slope. Attention layers are traced as full attention with no mask, the memory
-    of FlashAttention and of sdpa's fused kernels; masks are counted apart (`mask_bytes`). Models with other layer
-    kinds (linear attention, Mamba: their CPU reference kernels are neither what CUDA runs nor fast to trace) and
-    models the trace fails on get `formula_activation_bytes`.
+    Copies of the model with 1 and 2 layers run on fake tensors at the real width and token count; their peaks, less
+    parameters and weight gradients (model states), give the cost of a layer (the slope) and of the rest; the model
+    costs the rest + layers x slope (`_combine` for every k-th layer). Attention is traced as full attention with no
+    mask, the memory of FlashAttention and sdpa's fused kernels; masks are counted apart (`mask_bytes`). Other layer
+    kinds (linear attention, Mamba: their CPU kernels are not what CUDA runs) and failed traces take the formula.
     """
     text = config.get_text_config()
     every = checkpoint_every(checkpointing)
@@ -206,8 +188,8 @@ def checkpointed_layers(every: int | None, layers: int) -> int:
 
 
 def layer_costs(config, tokens: int, checkpointed: bool) -> tuple[int, int]:
-    """(rest, slope) of the backbone, every layer checkpointed or none, from traces of 1 and 2 layers (kept: the plan
-    asks the same ones for each checkpointing it weighs, and again for each engine a refusal tries)."""
+    """(rest, slope) of the backbone, every layer checkpointed or none, from traces of 1 and 2 layers (kept: each
+    checkpointing the plan weighs and each engine a refusal tries asks the same ones)."""
     key = copy.deepcopy(config)
     key.get_text_config().num_hidden_layers = 1  # the traces set their own layer count and kinds
     if getattr(key.get_text_config(), "layer_types", None):
@@ -215,9 +197,7 @@ def layer_costs(config, tokens: int, checkpointed: bool) -> tuple[int, int]:
     return _layer_costs(key.to_json_string(use_diff=False), type(config), tokens, checkpointed)
 
 
-# Unbounded: two ints per model, token count and checkpointing, and a process that plans many recipes (a refusal's
-# options, a test session's planner calls) then traces each once.
-@functools.cache
+@functools.cache  # unbounded: two ints per model, token count and checkpointing
 def _layer_costs(config_json: str, config_class, tokens: int, checkpointed: bool) -> tuple[int, int]:
     config = config_class.from_dict(json.loads(config_json))
     one, two = (_traced_peak(config, n, tokens, checkpointed) for n in (1, 2))
@@ -225,10 +205,9 @@ def _layer_costs(config_json: str, config_class, tokens: int, checkpointed: bool
 
 
 def _combine(costs: dict[bool, tuple[int, int]], every: int | None, layers: int) -> int:
-    """The backbone's peak from the (rest, slope) of a checkpointed layer (True) and of a plain one (False). Mixed, the
-    peak is the larger of: the backward's start (every plain layer's activations and the last one's backward), and the
-    recomputation of the last checkpointed layer, when the plain layers after it have freed theirs (equal to traces of
-    the mixed model: tests/test_memory.py)."""
+    """The backbone's peak from the (rest, slope) of a checkpointed layer (True) and of a plain one (False). Mixed: the
+    larger of the backward's start and the recomputation of the last checkpointed layer, once the plain layers after it
+    have freed theirs (equal to traces of the mixed model: tests/test_memory.py)."""
     kept = checkpointed_layers(every, layers)
     if kept in (0, layers):
         rest, slope = costs[kept > 0]
@@ -244,9 +223,8 @@ TRACE_ATTENTION = "dpotrain_memory_plan"
 
 
 def _fused_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
-    """What FlashAttention and sdpa's fused kernels keep for backward: q, k, v, the output and its log-sum-exp; no
-    mask and no repeated k/v for grouped-query attention. transformers builds a dense mask whenever it sees fake
-    tensors (it takes them for a compiler's tracing), so the trace registers this attention with no mask instead."""
+    """What FlashAttention and sdpa's fused kernels keep for backward (q, k, v, the output, its log-sum-exp), with no
+    mask: transformers builds a dense one whenever it sees fake tensors, taking them for a compiler's tracing."""
     import torch.nn.functional as F
 
     gqa = query.shape[1] != key.shape[1]
@@ -297,8 +275,7 @@ def _traced_peak(config, layers: int, tokens: int, checkpointing: bool | int) ->
 
 def formula_activation_bytes(text, tokens: int, checkpointing: bool | int) -> int:
     """Llama-shaped layer in bf16, when no trace is possible: per token, 2 x (10 H + 2 H_kv + 4 I) bytes saved per
-    layer (norms in fp32, q/k/v, attention output, the MLP's four I-wide tensors); with activation checkpointing each
-    checkpointed layer keeps only its input (2 H) and one layer is recomputed with its gradients (2 x that)."""
+    layer; a checkpointed layer keeps only its input (2 H), and one is recomputed with its gradients (2 x that)."""
     h = text.hidden_size
     kv = getattr(text, "num_key_value_heads", None) or text.num_attention_heads
     h_kv = kv * (getattr(text, "head_dim", None) or h // text.num_attention_heads)
@@ -314,16 +291,12 @@ def forward_only_multiple(
     config, tokens: int, width: int | None, attn: str, checkpointing: bool | int, n: int = 1
 ) -> int:
     """How many times a training micro-batch's `tokens` a forward-only micro-batch (the reference stage) may hold in
-    the memory the plan gives a training micro-batch (activations, LM head, masks: the model states are the same).
+    the memory the plan gives a training micro-batch (activations, LM head, masks; the model states are the same).
 
-    A forward without gradients keeps no activations: per token it holds the residual stream in and out (2 x H) and
-    one layer's working set at a time (at most what that layer would save for backward, `formula_activation_bytes`'
-    per-layer term); TRL's fused LM head keeps only its logits tile and running statistics; masks are as large per
-    token, but eager's attention probabilities exist for one layer at a time. Formulas on both sides (no trace: every
-    rank computes the same number at once), rounded down, at least 1 and at most `REFERENCE_MULTIPLE_MOST`.
-    `checkpointing`: training's, as `activation_bytes` takes it (False, True: every layer, or k: every k-th layer).
-    `n`: the sequence-parallel group, as `plan` counts it: a GPU holds 1/n of the positions, the whole rows' masks and
-    the all-to-all's buffers, in training and in the reference's forward alike."""
+    A forward without gradients holds, per token, the residual stream in and out and one layer's working set at a
+    time; TRL's fused LM head its logits tile and running statistics; eager's probabilities one layer at a time.
+    Formulas on both sides (no trace: every rank gets the same number at once), rounded down, in [1,
+    `REFERENCE_MULTIPLE_MOST`]. `checkpointing` as `activation_bytes` takes it; `n`: the sequence-parallel group."""
     text = config.get_text_config()
     h = text.hidden_size
     layer = formula_activation_bytes(text, 1, False) // (text.num_hidden_layers + 1)  # one layer, per token
@@ -347,11 +320,9 @@ def forward_only_multiple(
 
 
 def mask_bytes(attn_implementation: str, tokens: int, width: int, config, checkpointing: bool) -> int:
-    """sdpa and eager build a dense mask per micro-batch row and layer kind (rows x width^2 = tokens x width: bool for
-    sdpa, bf16 for eager). On CUDA, sdpa's fused kernels take a float mask: PyTorch converts the boolean one to the
-    query's dtype at each call (a bf16 copy, one at a time: measured, tests/test_memory.py). Eager also keeps each
-    layer's attention probabilities (its fp32 softmax and a bf16 copy), of one layer at a time under activation
-    checkpointing."""
+    """sdpa and eager build a dense mask per row and layer kind (tokens x width: bool for sdpa, bf16 for eager); sdpa's
+    fused CUDA kernels convert it to a bf16 copy at each call (measured, tests/test_memory.py). Eager also keeps each
+    layer's probabilities (fp32 softmax and a bf16 copy), of one layer at a time under activation checkpointing."""
     from dpotrain.forwards.masks import BLOCK
     from dpotrain.forwards.packing import VARLEN_ATTENTION
 
@@ -368,10 +339,9 @@ def mask_bytes(attn_implementation: str, tokens: int, width: int, config, checkp
 
 
 def lm_head_bytes(shape: ModelShape, tokens: int) -> int:
-    """TRL's fused LM head (`trl.kernels.ChunkedLogProbFunction`): the scored hidden rows (a bf16 copy, saved) and
-    their fp32 gradient, one [TOKEN_CHUNK_SIZE x _CHUNKED_LOGPROB_CHUNK_SIZE] logits tile, fp32 running statistics,
-    and, when the head trains, its weight gradient accumulated in fp32 and cast to bf16. Every token counted as scored
-    (only completion tokens are, on CUDA)."""
+    """TRL's fused LM head (`trl.kernels.ChunkedLogProbFunction`): the scored hidden rows (bf16, saved) and their fp32
+    gradient, one logits tile, fp32 running statistics, and a head that trains its weight gradient (fp32, cast to
+    bf16). Every token counted as scored (only completion tokens are, on CUDA)."""
     from trl.kernels.chunked_logprob import TOKEN_CHUNK_SIZE
 
     tile = min(tokens, TOKEN_CHUNK_SIZE) * upstream.chunked_logprob_chunk_size() * BF16
@@ -387,17 +357,11 @@ def model_state_bytes(engine: Engine, shape: ModelShape, world: int) -> tuple[in
     """Weights, gradients and optimizer state per GPU, and the formula in bytes per parameter.
 
     ZeRO-2 / ZeRO-3 are DeepSpeed's `estimate_zero{2,3}_model_states_mem_needs` (tests/test_memory.py): ZeRO-2 keeps
-    the bf16 weights whole (2 P) and shards 18 bytes per trained parameter (bf16 + fp32 gradients, fp32 master,
-    Adam's two moments); ZeRO-3 shards everything (2 P + 16 per trained parameter, DeepSpeed's 18 at full
-    fine-tuning) and adds 4 bytes x the largest layer for the parameters it gathers. FSDP2 under accelerate keeps
-    trained parameters in fp32 (4), their gradients in fp32 (4) and Adam's moments (8), all sharded; frozen ones
-    (LoRA's base) as loaded. One process or DDP: everything whole, Adam's moments in the weights' dtype.
-
-    Between a step's micro-batches each engine holds its gradients as counted here: ZeRO-2 its bf16 gradient
-    partition (`grads_in_partition`, the 2 of DeepSpeed's 18; the fp32 copy, 4 more, exists at the step), ZeRO-3 its
-    fp32 gradient partition (`grad_partitions_flat_buffer`, 4 of the 16), FSDP2 its fp32 sharded gradients (4 of the
-    16): it reduce-scatters every micro-batch (`Engine.defers_gradient_sync`) instead of keeping every layer's
-    unsharded bf16 gradient, which would add 2 bytes x parameters per GPU. DDP keeps its full gradients anyway.
+    the bf16 weights whole and shards 18 bytes per trained parameter; ZeRO-3 shards 2 P + 16 per trained parameter and
+    adds 4 bytes x the largest layer it gathers. FSDP2 shards fp32 trained parameters, their fp32 gradients and Adam's
+    moments (16), frozen ones as loaded. One process or DDP: everything whole, in the weights' dtype. FSDP2
+    reduce-scatters every micro-batch (`Engine.defers_gradient_sync`), so between micro-batches every engine holds its
+    gradients as counted here.
     """
     p, t, n, L = shape.params, shape.trainable, world, shape.largest_layer
     frozen = p - t
@@ -418,11 +382,9 @@ def model_state_bytes(engine: Engine, shape: ModelShape, world: int) -> tuple[in
 
 
 def reference_model_bytes(recipe, engine: Engine, shape: ModelShape, world: int) -> int:
-    """A live reference model's weights per GPU (0 with the cached reference, the default, and with LoRA, whose
-    reference is the policy with its adapter disabled), as TRL's `prepare_deepspeed` / `prepare_fsdp` hold it: sharded
-    over the world under ZeRO-3 and FSDP2, whole under ZeRO-2 (DeepSpeed stage 0 for a model without optimizer), DDP
-    and one process. DeepSpeed casts it to bf16; the others keep the dtype it was loaded in. No gradients, no
-    optimizer state."""
+    """A live reference model's weights per GPU (0 with the cached reference, and with LoRA, whose reference is the
+    policy without its adapter), as TRL's `prepare_deepspeed` / `prepare_fsdp` hold it: sharded under ZeRO-3 and FSDP2,
+    else whole; in bf16 under DeepSpeed, else as loaded."""
     if not uses_live_reference(recipe) or recipe.model.use_peft:
         return 0
     per_param = BF16 if engine.name in ("zero2", "zero3") else shape.load_bytes
@@ -431,9 +393,8 @@ def reference_model_bytes(recipe, engine: Engine, shape: ModelShape, world: int)
 
 
 def engine_buffer_bytes(engine: Engine, shape: ModelShape) -> int:
-    """Beside the model states: DeepSpeed's reduce buckets (bf16, kept between micro-batches; two with overlap_comm
-    under ZeRO-2), FSDP2's unsharded bf16 working set (the LM head kept from forward to backward, the layer computing
-    and the one prefetched, and the unsharded gradients of the head and of one layer before their reduce-scatter)."""
+    """Beside the model states: DeepSpeed's bf16 reduce buckets (two with overlap_comm under ZeRO-2), FSDP2's unsharded
+    bf16 working set (the LM head, the layer computing and the one prefetched, the head's and a layer's gradients)."""
     if engine.name in ("zero2", "zero3"):
         bucket = engine.reduce_bucket if engine.reduce_bucket is not None else shape.hidden**2  # transformers' auto
         return bucket * BF16 * (2 if engine.name == "zero2" and engine.overlap_comm else 1)
@@ -448,8 +409,7 @@ def engine_buffer_bytes(engine: Engine, shape: ModelShape) -> int:
 
 
 def gpu_memory(recipe) -> tuple[float | None, str]:
-    """GPU memory in GiB: the GPU of this machine when it has one (the job's first node, in scripts/launch.sh), else
-    the recipe's gpu_memory_gib."""
+    """GPU memory in GiB: this machine's GPU when it has one, else the recipe's gpu_memory_gib."""
     import torch
 
     given = recipe.project.gpu_memory_gib
@@ -507,13 +467,10 @@ class Plan:
 
 
 def all_to_all_bytes(config, tokens: int, n: int) -> int:
-    """Sequence parallelism's exchange, per GPU (0 without it): DeepSpeed's Ulysses (`UlyssesSPAttentionHF`) turns
-    each layer's q, k and v from 1/N of the positions x every head into every position x 1/N of the heads, and the
-    attention's output back. Both layouts of a tensor are alive around each exchange (its contiguous send buffer and
-    what it receives), for one layer at a time, in the forward and again for the gradients in the backward: counted
-    once, bf16, on top of the activations (which the trace counts at the 1/N positions a GPU holds; attention keeps as
-    many bytes for 1/N of the heads over every position). Key/value heads fewer than N are repeated to N. The gathered
-    position ids and per-token log-probs (one number per position of the micro-batch) are a few MiB, left out."""
+    """Sequence parallelism's exchange, per GPU (0 without it): DeepSpeed's Ulysses turns each layer's q, k and v from
+    1/N of the positions x every head into every position x 1/N of the heads, and the output back. Both layouts are
+    alive around each exchange, one layer at a time: counted once, bf16, on top of the activations. Key/value heads
+    fewer than N are repeated to N."""
     if n == 1:
         return 0
     text = config.get_text_config()
@@ -525,13 +482,9 @@ def all_to_all_bytes(config, tokens: int, n: int) -> int:
 
 def plan(recipe, world: int, engine: Engine | None = None, attention: str | None = None) -> dict:
     """derived.memory: for `engine`, else the recipe's accelerate config (a dry run); a ConfigError when the GPU memory
-    is known and the plan does not fit it. `attention`: the forward's attention implementation (its masks), else the
-    recipe's (which `forwards.choice.decide_forward` sets to the one chosen), else sdpa.
-
-    With `sequence_parallel_size` N, a GPU holds 1/N of each micro-batch's positions: its activations and LM head are
-    planned for those; the masks of a dense-mask attention stay whole (attention sees every position, for 1/N of the
-    heads), and the exchange buffers are added (`all_to_all_bytes`). Model states do not change with N: ZeRO shards
-    them over every process of the world, as DeepSpeed does under Ulysses (its sequence-data-parallel group)."""
+    is known and the plan does not fit it. `attention`: the forward's attention (its masks), else the recipe's, else
+    sdpa. With `sequence_parallel_size` N a GPU's activations and LM head are planned for 1/N of the positions; masks
+    stay whole and the exchange buffers are added. Model states do not change with N (ZeRO shards over the world)."""
     engine = engine or from_config(recipe.project.accelerate_config)
     if engine.name == "unplanned":
         return {"skipped": engine.source}
@@ -593,8 +546,7 @@ def plan(recipe, world: int, engine: Engine | None = None, attention: str | None
 
 
 def splittable_heads(config) -> tuple[int, int] | None:
-    """The heads a sequence-parallel group would split, for a refusal to weigh groups; None for a model no group
-    runs (`forwards.sequence_parallel.model_problem`: an MoE router's loss, a hybrid's recurrent layers)."""
+    """The heads a sequence-parallel group would split; None for a model no group runs (`model_problem`)."""
     from dpotrain.forwards.sequence_parallel import model_problem
 
     return None if model_problem(config) else head_counts(config)
@@ -636,9 +588,8 @@ def _record(chosen: Plan, shape: ModelShape, gpu: float | None, gpu_source: str)
 
 
 def checkpointing_request(recipe) -> tuple[int | None, bool]:
-    """(every, explicit) from the recipe: `activation_checkpointing: false` is none, honoured; `every_n_layers` in
-    `activation_checkpointing_kwargs`, given by the user, is that, honoured; `activation_checkpointing: true` alone
-    allows every layer, and the plan may checkpoint fewer (never more)."""
+    """(every, explicit) from the recipe: `activation_checkpointing: false` or a given `every_n_layers` are honoured;
+    `activation_checkpointing: true` alone allows every layer, and the plan may checkpoint fewer."""
     t = recipe.training
     if not t.activation_checkpointing:
         return None, True
@@ -665,11 +616,9 @@ def describe_checkpointing(every: int | None, layers: int) -> str:
 
 
 def choose_checkpointing(recipe, layers: int, gpu: float | None, total_for) -> tuple[int | None, dict]:
-    """The decoder layers to checkpoint: every k-th layer (transformers' `every_n_layers`; None: none, 1: all), and
-    its record. An explicit setting is kept (a plan that does not fit it is refused as any other); a recipe that allows
-    checkpointing gets the least recomputation whose plan, `total_for(every)` with its margin, fits the GPU: none, then
-    ever more layers. A checkpointed layer runs its forward twice, so the recomputation is kept / layers of the
-    forward. With the GPU memory unknown, every layer the recipe allows."""
+    """The decoder layers to checkpoint: every k-th layer (None: none, 1: all), and its record. An explicit setting is
+    kept; a recipe that allows checkpointing gets the least recomputation whose plan, `total_for(every)`, fits the GPU
+    (every layer where the GPU memory is unknown)."""
     request, explicit = checkpointing_request(recipe)
     chosen, why = request, "the recipe (activation_checkpointing)"
     if explicit and request is not None:
@@ -701,8 +650,8 @@ def choose_checkpointing(recipe, layers: int, gpu: float | None, total_for) -> t
 
 
 def checkpointing_fields(training, memory_plan: dict) -> dict:
-    """The plan's choice as the training arguments the Trainer enables it from (transformers pops `every_n_layers`
-    from `activation_checkpointing_kwargs`); a plan that was skipped leaves the recipe's setting (no field)."""
+    """The plan's choice as training arguments (transformers pops `every_n_layers` from the kwargs); none where the
+    plan was skipped."""
     chosen = memory_plan.get("checkpointing")
     if not chosen:
         return {}
@@ -722,8 +671,7 @@ def _gib(n: float) -> float:
 def _refusal(
     recipe, chosen: Plan, gpu: float, gpu_source: str, attention: str | None, heads: tuple[int, int] | None
 ) -> str:
-    """One line: what does not fit, by how much and in which part, and what would fit (memory_advice: each option
-    planned for real)."""
+    """One line: what does not fit, by how much and in which part, and what would fit (memory_advice)."""
     e, world = chosen.engine, chosen.world
     parts = (
         f"model states {_gib(chosen.states)}, buffers {_gib(chosen.buffers)}, activations "

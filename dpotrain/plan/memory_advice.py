@@ -1,25 +1,13 @@
 """What would make a memory plan that does not fit, fit: the levers this run can take, each planned for real.
 
-A refusal that says "try LoRA" and then refuses the LoRA run again sends a user round in circles. So every option a
-refusal offers is a plan computed by the same function that refused (`memory.plan`, handed in as `plan`) on a copy of
-the recipe with the option's changes made, and offered only when that plan fits. The levers, cheapest to the run first:
-
-- the reference stage's cached log-probs instead of a live reference model (`--precompute_ref_log_probs true`), where
-  the recipe asked for a live one and nothing needs it (TR-DPO's `sync_ref_model` does): the same training, without a
-  second copy of the weights on each GPU;
-- fewer tokens per micro-batch (`--max_tokens_per_microbatch`, the largest that fits; never below one pair of
-  max_length, which a micro-batch must hold): more micro-batches per step, the same training;
-- activation checkpointing on every layer, where the recipe turned it off or fixed `every_n_layers` (otherwise the plan
-  already checkpoints as many layers as it must);
-- another engine (ZeRO-3 or FSDP2 shard the weights; ZeRO-2 keeps them whole on every GPU);
-- sequence parallelism (`--sequence_parallel_size N`, the smallest N that fits: each GPU holds 1/N of a micro-batch's
-  positions; N within a node, dividing the heads, under DeepSpeed's engine), offered only where nothing else keeps a
-  whole pair on each GPU: for pairs longer than one GPU holds, where more nodes never help;
-- more nodes (the fewest that fit, at most `MAX_NODES`, never more data-parallel ranks than pairs per step);
-- a LoRA adapter instead of the full weights (`--use_peft true`, on every linear layer unless the recipe names some);
-- last, a shorter max_length with a token budget of one pair of it: longer pairs are then cut.
-
-Options are listed fewest changes first, and a set of changes that holds a smaller set that fits is not offered.
+A refusal that says "try LoRA" and then refuses the LoRA run sends a user round in circles, so every option offered is
+a plan made by the function that refused (`memory.plan`, handed in as `plan`) on a copy of the recipe with the option's
+changes, offered only when it fits. The levers, cheapest to the run first: the cached reference instead of a live one
+(where nothing needs it: TR-DPO's `sync_ref_model` does); fewer tokens per micro-batch (never below one pair of
+max_length); activation checkpointing on every layer; another engine; sequence parallelism (within a node, only where
+nothing else keeps a whole pair on each GPU); more nodes (at most `MAX_NODES`, never more data-parallel ranks than
+pairs per step); LoRA; last, a shorter max_length (longer pairs are then cut). Options are listed fewest changes
+first, and a set of changes that holds a smaller set that fits is not offered.
 """
 
 import itertools
@@ -61,15 +49,13 @@ SEARCHED = ("sequence", "nodes", "tokens", "shorter")
 
 
 def node_size(engine: Engine) -> int:
-    """GPUs per node the plan counts nodes in: the job's (GPUS_PER_NODE, from scripts/launch.sh) or the accelerate
-    config's; one process planned (no launcher): nodes of 4."""
+    """GPUs per node the plan counts nodes in: the job's or the accelerate config's; one process: nodes of 4."""
     return engine.gpus_per_node if engine.gpus_per_node > 1 else NODE_SIZES[0]
 
 
 def sbatch_line(accelerate_config: str, nodes: int, per_node: int) -> str:
-    """The submission that gives a job `nodes` x `per_node` GPUs, as printed in a suggestion. --gpus-per-node is always
-    named: scripts/launch.sh starts one process per GPU the job has, and the script's own `#SBATCH --gpus-per-node`
-    (4 as shipped, or as edited) must not decide a count the plan assumed."""
+    """The submission that gives a job `nodes` x `per_node` GPUs. --gpus-per-node is always named: the script's own
+    `#SBATCH --gpus-per-node` must not decide a count the plan assumed."""
     return f"ACCELERATE_CONFIG={accelerate_config} sbatch --nodes={nodes} --gpus-per-node={per_node}"
 
 
@@ -116,11 +102,10 @@ class Option:
         return f"{' '.join(parts)} (~{self.gib:.1f} GiB{check})"
 
     def dry_run_line(self, command_line: tuple[str, ...]) -> str:
-        """The dry run that checks this option's submission before it is made, as scripts/launch.sh plans the job: its
-        processes and node size (WORLD_SIZE, GPUS_PER_NODE) and accelerate config, with the option's flags."""
+        """The dry run that checks this option's submission before it is made, as scripts/launch.sh plans the job."""
+        from dpotrain.recipe.config import dry_run_asked
 
         words = ["python", "train_dpo.py", *command_line]
-        from dpotrain.recipe.config import dry_run_asked
 
         if not dry_run_asked(list(command_line)):
             words.append("--dry-run")
@@ -183,9 +168,8 @@ class Advisor:
             names.append("cached")
         if r.project.max_tokens_per_microbatch is not None:
             names.append("tokens")
-        if not r.training.activation_checkpointing or "every_n_layers" in (
-            r.training.activation_checkpointing_kwargs or {}
-        ):
+        t = r.training
+        if not t.activation_checkpointing or "every_n_layers" in (t.activation_checkpointing_kwargs or {}):
             names.append("checkpointing")
         names += [kind for kind in ("zero3", "fsdp2") if kind != self.engine.name]
         if self.heads and self.group_sizes(self.world):
@@ -236,9 +220,7 @@ class Advisor:
         return True
 
     def group_sizes(self, world: int) -> list[int]:
-        """The sequence-parallel sizes beyond the recipe's a refusal weighs (`sequence_parallel.groups_within`); none
-        for a forward that cannot split (padded rows, eager attention, an attention the recipe names that a group does
-        not run: `split_rows.ATTENTION`)."""
+        """The sequence-parallel sizes beyond the recipe's a refusal weighs; none for a forward that cannot split."""
         r, current = self.recipe, self.recipe.project.sequence_parallel_size
         attention, asked = self.attention or r.model.attn_implementation or "", r.model.attn_implementation
         if not r.training.padding_free or attention.endswith("eager"):  # forwards/choice.py: only packed rows split
@@ -259,35 +241,52 @@ class Advisor:
         return False
 
     def nodes(self, trial: Trial) -> bool:
-        """The fewest nodes beyond this job's on which the trial fits (never more data-parallel ranks than pairs per
-        step; whole sequence-parallel groups)."""
+        """The fewest nodes beyond this job's on which the trial fits, in whole sequence-parallel groups."""
         group = trial.recipe.project.sequence_parallel_size
         counts = [
             n
             for n in range(self.world // self.per_node + 1, MAX_NODES + 1)
             if n * self.per_node // group <= self.pairs and n * self.per_node % group == 0
         ]
-        low, high, best = 0, len(counts) - 1, None
-        while low <= high:  # more processes never need more memory each: bisection
-            mid = (low + high) // 2
-            trial.world = counts[mid] * self.per_node
-            if self.planned(trial)[0]:
-                best, high = counts[mid], mid - 1
-            else:
-                low = mid + 1
+        # more processes never need more memory each
+        return self._bisect(trial, counts, lambda n: setattr(trial, "world", n * self.per_node)) is not None
+
+    def tokens(self, trial: Trial, shorten: bool = False) -> bool:
+        """The largest token budget that fits, from TOKEN_GRID, still holding a pair of max_length. `shorten` (the
+        `shorter` lever, last: longer pairs are cut): the largest max_length below the recipe's that fits (down to
+        MIN_MAX_LENGTH), with a budget of one pair of it."""
+        r = trial.recipe
+        sizes = self._sizes(self.recipe, shorten)  # from the recipe's own max_length and budget, not the trial's
+
+        def use(tokens: int):
+            trial.recipe = self._with_budget(r, tokens, shorten)
+
+        best = self._bisect(trial, sizes, use, last=True)  # plans shrink with the tokens (traces are kept)
+
         if best is None:
             return False
-        trial.world = best * self.per_node
+        trial.flags += ["--max_length", str(best // 2)] if shorten else []
+        trial.flags += ["--max_tokens_per_microbatch", str(best)]
         return True
 
-    def tokens(self, trial: Trial) -> bool:
-        """The largest token budget that fits, from TOKEN_GRID, still holding a pair of max_length."""
-        return self._budget(trial, shorten=False)
-
     def shorter(self, trial: Trial) -> bool:
-        """A max_length below the recipe's, and the token budget of a pair of it: longer pairs are cut (TRL's
-        truncation), so this comes last. The largest that fits, down to MIN_MAX_LENGTH."""
-        return self._budget(trial, shorten=True)
+        return self.tokens(trial, shorten=True)
+
+    def _bisect(self, trial: Trial, values: list, use, last: bool = False):
+        """The first of `values` on which the trial fits (`last`: the last one), fitting being monotone along them;
+        `use(value)` sets one on the trial, which is left with the one found. None when none fits."""
+        low, high, best = 0, len(values) - 1, None
+        while low <= high:
+            mid = (low + high) // 2
+            use(values[mid])
+            if self.planned(trial)[0]:
+                best = values[mid]
+                low, high = (mid + 1, high) if last else (low, mid - 1)
+            else:
+                low, high = (low, mid - 1) if last else (mid + 1, high)
+        if best is not None:
+            use(best)
+        return best
 
     def _sizes(self, recipe, shorten: bool) -> list[int]:
         pair = 2 * (recipe.training.max_length or 0)  # a micro-batch holds at least one whole pair
@@ -295,24 +294,6 @@ class Advisor:
         if shorten:
             return [g for g in TOKEN_GRID if 2 * MIN_MAX_LENGTH <= g < min(pair, current + 1)]
         return [g for g in TOKEN_GRID if pair <= g < current]
-
-    def _budget(self, trial: Trial, shorten: bool) -> bool:
-        r = trial.recipe
-        sizes = self._sizes(self.recipe, shorten)  # from the recipe's own max_length and budget, not the trial's
-        low, high, best = 0, len(sizes) - 1, None
-        while low <= high:  # plans shrink with the tokens: bisection, on a grid every option shares (traces are kept)
-            mid = (low + high) // 2
-            trial.recipe = self._with_budget(r, sizes[mid], shorten)
-            if self.planned(trial)[0]:
-                best, low = sizes[mid], mid + 1
-            else:
-                high = mid - 1
-        if best is None:
-            return False
-        trial.recipe = self._with_budget(r, best, shorten)
-        trial.flags += ["--max_length", str(best // 2)] if shorten else []
-        trial.flags += ["--max_tokens_per_microbatch", str(best)]
-        return True
 
     @staticmethod
     def _with_budget(recipe, tokens: int, shorten: bool):

@@ -1,29 +1,14 @@
 """The plan: which pairs form each optimizer step, and how each rank's share of a step is cut into micro-batches.
 
-An optimizer step always holds `pairs_per_step` pairs (the recipe's 128), drawn in a seeded random order; a step is
-then cut into micro-batches, the same number on every rank (ZeRO reduces gradients on every backward, so a rank that
-ran one micro-batch more would wait forever), and no more than the step needs. That number may
-change from step to step: the Trainer sees one item per optimizer step (gradient accumulation 1) and
-`trainer.RecipeDPOTrainer.training_step` runs the step's micro-batches itself, so neither the schedule nor
-`max_steps` ever count micro-batches.
-
-How a step is cut depends on what a micro-batch costs:
-- packed sequences (`padding_free`, the default): a micro-batch costs the positions of its sequences; with a token
-  budget (`max_tokens_per_microbatch`) the step's pairs are packed into the fewest bins under the budget that every
-  rank can share equally, balanced by tokens (a pair is never split);
-- padded batches (TRL's collator: models that cannot pack): a micro-batch costs its pair count x 2 x its longest
-  sequence, so its pairs are runs of similar length, each padded only to its own longest sequence;
-- no budget: micro-batches of `per_device_train_batch_size` pairs, as in any Trainer.
-Both forwards see the same pairs in the same steps: the order and the steps come from the seed alone.
-
-When the ranks cannot each get the same number of micro-batches with a pair in every one (a step of long pairs, each
-needing a micro-batch of its own, on nearly as many ranks as pairs), each pair gets its own micro-batch and a rank
-dealt one fewer runs a filler micro-batch (`FILLER`): a forward and backward with weight 0. So any budget that holds
-the longest pair (any >= 2 x max_length) cuts every step.
-
-The plan depends only on the lengths, the seed, the world size and the epoch, so every rank computes it alone and a
-resumed job replays the same steps (`agreement.py` checks at start that the ranks' plans are the same). A step that
-cannot be cut (fewer pairs than ranks; a pair longer than the budget) is refused at start, with the fix.
+An optimizer step holds `pairs_per_step` pairs drawn in a seeded random order, cut into micro-batches: the same number
+on every rank (ZeRO reduces gradients on every backward, so a rank that ran one more would wait forever), no more than
+the step needs. The number may change from step to step: the Trainer sees one item per optimizer step and
+`RecipeDPOTrainer.training_step` runs the step's micro-batches itself. With a token budget, packed sequences go into the
+fewest bins under it that every rank can share equally (a pair is never split); padded batches (models that cannot
+pack) into runs of similar length; without one, micro-batches hold `per_device_train_batch_size` pairs. Where no equal
+count of non-empty micro-batches exists, each pair gets its own and a rank dealt one fewer runs a filler (`FILLER`), so
+any budget >= 2 x max_length cuts every step. The plan depends only on the lengths, the seed, the world size and the
+epoch: every rank computes it alone, and a resumed job replays the same steps.
 """
 
 import heapq
@@ -64,9 +49,8 @@ class PlanError(ConfigError):
         self.needed_budget = needed_budget  # the smallest token budget that would cut the step, when one would
 
 
-# A filler micro-batch is an empty one in the plan: the rank runs a forward and backward on one of its own pairs' rows
-# with weight 0 (`StepRows` reads them, the collated batch carries `FILLER`), so it adds nothing to the loss, the
-# gradient, the pair count or the metrics, and exists only so that every rank runs the same collectives.
+# A filler micro-batch is an empty one in the plan: a forward and backward on one of the rank's own pairs with weight 0,
+# only so that every rank runs the same collectives.
 FILLER = "filler"
 
 
@@ -75,12 +59,8 @@ def epoch_order(n: int, seed: int, epoch: int) -> np.ndarray:
 
 
 def steps_of(order: np.ndarray, pairs_per_step: int, world_size: int) -> list[np.ndarray]:
-    """Cut an epoch's order into optimizer steps of `pairs_per_step` pairs.
-
-    A last step with fewer pairs than processes joins the step before it (every rank needs at least one pair), so no
-    pair is dropped or repeated; that one step then holds up to world_size - 1 extra pairs, and its loss is still the
-    mean over its own pairs.
-    """
+    """Cut an epoch's order into optimizer steps of `pairs_per_step` pairs; a last step with fewer pairs than processes
+    joins the step before it (every rank needs a pair), so no pair is dropped or repeated."""
     steps = [order[i : i + pairs_per_step] for i in range(0, len(order), pairs_per_step)]
     if len(steps) > 1 and len(steps[-1]) < world_size:
         last = steps.pop()
@@ -127,8 +107,7 @@ def _first_fit(items: list[int], costs: dict[int, int], budget: int, bins: int) 
 
 def _packed_bins(order: list[int], lengths: PairLengths, budget: int, bins: int, tries: int = 0):
     """`bins` non-empty micro-batches of at most `budget` packed positions, balanced when possible; None when neither
-    heuristic fits them. `tries` > 0 adds first-fit attempts on slightly shuffled orders (seeded by the step's pairs)
-    when the plain ones fail: they find the last micro-batch or so a lower bound says may be spared."""
+    heuristic fits them. `tries`: first-fit attempts on slightly shuffled orders (seeded) when the plain ones fail."""
     costs = {i: int(lengths.tokens[i]) for i in order}
     balanced = _lpt(order, costs, bins)
     if max(sum(costs[i] for i in b) for b in balanced) <= budget:
@@ -145,12 +124,10 @@ def _packed_bins(order: list[int], lengths: PairLengths, budget: int, bins: int,
 
 
 def fewest_bins(costs, budget: int) -> int:
-    """A lower bound on the micro-batches of at most `budget` that items of these costs need (Martello and Toth's
-    L2 bound for bin packing: items over half a bin each need their own, and what is left must fit around them).
-
-    For each candidate k (every distinct cost up to half the budget): the items over budget - k each need a bin
-    (`big`); those over half the budget up to budget - k (`mid`) need one each too, and the items from k to half the
-    budget (`small`) fit only into the room `mid` leaves, or into new bins. All k at once, on sorted costs."""
+    """A lower bound on the micro-batches of at most `budget` that items of these costs need (Martello and Toth's L2
+    bound for bin packing), for every candidate k (each distinct cost up to half the budget) at once, on sorted costs:
+    items over budget - k need a bin each (`big`), so do those over half up to budget - k (`mid`), and the items from k
+    to half the budget fit only into the room `mid` leaves, or into new bins."""
     w = np.sort(np.asarray(costs, dtype=np.int64))
     best = math.ceil(int(w.sum()) / budget)
     half = budget / 2
@@ -210,9 +187,8 @@ def _padded_runs(order: list[int], lengths: PairLengths, budget: int, bins: int)
 
 
 def _deal(bins: list[list[int]], costs: list[int], world_size: int, per_rank: int | None = None):
-    """The bins dealt to ranks, `per_rank` each (default: the same number each), balanced by cost; each rank's
-    heaviest first, so micro-batch j weighs about the same on every rank (ranks wait for each other at every
-    backward). A rank dealt fewer bins than `per_rank` ends with filler micro-batches (empty lists: see `FILLER`)."""
+    """The bins dealt to ranks, `per_rank` each (default: an equal share), balanced by cost, each rank's heaviest
+    first (ranks wait for each other at every backward); a rank dealt fewer ends with fillers (empty lists)."""
     per_rank = per_rank or len(bins) // world_size
     order = sorted(range(len(bins)), key=lambda b: (-costs[b], bins[b][0]))
     heap = [(0, r) for r in range(world_size)]
@@ -234,9 +210,8 @@ def _deal(bins: list[list[int]], costs: list[int], world_size: int, per_rank: in
 
 def cut_step(pairs: np.ndarray, lengths: PairLengths, p: StepPlan) -> list[list[list[int]]]:
     """One step's pairs as `[rank][micro-batch] -> pair indices`: the same number of micro-batches on every rank, the
-    fewest the step needs under the budget (padded: the fewest possible; packed: the fewest bin packing finds,
-    starting from a lower bound), non-empty unless no equal count of non-empty ones exists (then the ranks short of
-    one run a filler: `FILLER`)."""
+    fewest the step needs under the budget (packed: the fewest bin packing finds), non-empty unless no equal count of
+    non-empty ones exists (then the ranks short of one run a filler)."""
     w, n = p.world_size, len(pairs)
     if n < w:
         raise PlanError(
@@ -283,10 +258,8 @@ def _cut(pairs: np.ndarray, lengths: PairLengths, p: StepPlan, budget: int) -> l
             return _deal(bins, [p.cost(lengths, b) for b in bins], w)
     if n % w == 0:
         return None
-    # No equal count of non-empty micro-batches: with n // w of them a rank each, the step does not fit, and one more
-    # would leave some rank without a pair for it. Every pair alone (which fits: a budget >= 2 x max_length holds any
-    # pair), n // w + 1 micro-batches a rank, and a rank dealt one fewer runs a filler: the ranks' collectives stay
-    # equal and the step computes what it would on any other cut.
+    # No equal count of non-empty micro-batches: every pair alone (a budget >= 2 x max_length holds any pair),
+    # n // w + 1 micro-batches a rank, and a rank dealt one fewer runs a filler.
     return _deal([[i] for i in order], [int(c) for c in alone], w, per_rank=n // w + 1)
 
 
@@ -297,8 +270,8 @@ def epoch_steps(lengths: PairLengths, p: StepPlan, epoch: int) -> list[list[list
 
 
 def plan_run(lengths: PairLengths, p: StepPlan, epochs: int) -> list:
-    """Every epoch of a run, planned at start: a step that cannot be cut is refused now, not hours in, and the
-    refusal names the budget that cuts every step of the run."""
+    """Every epoch of a run, planned at start: a step that cannot be cut is refused now, naming the budget that cuts
+    every step of the run."""
     planned, refused = [], []
     for epoch in range(epochs):
         steps = []
@@ -323,8 +296,7 @@ def plan_run(lengths: PairLengths, p: StepPlan, epochs: int) -> list:
 
 @dataclass(frozen=True)
 class RowLayout:
-    """How a micro-batch becomes the positions the model runs: one varlen row (FlashAttention), balanced rows of a
-    dense-mask attention (`packing.fill_rows`, weighed with the model's hidden size), or padded row groups."""
+    """How a micro-batch becomes the positions the model runs: one row, balanced rows, or padded row groups."""
 
     kind: str  # "one_row", "rows" (unshared or shared prompts: `lengths.shared` says) or "padded"
     hidden_size: int = 4096
@@ -350,8 +322,7 @@ class RowLayout:
 
 
 def pairs_trained(epochs: list, steps: int) -> np.ndarray:
-    """The pairs the run's first `steps` optimizer steps train (the planned epochs' steps, in order), sorted: all the
-    reference stage scores, since training reads no other pair's reference."""
+    """The pairs the run's first `steps` optimizer steps train, sorted: all the reference stage scores."""
     first = [step for epoch in epochs for step in epoch][:steps]
     taken = [i for step in first for rank in step for mb in rank for i in mb]
     return np.unique(np.asarray(taken, dtype=np.int64))
@@ -371,10 +342,9 @@ def summary(
     forward: RowLayout | None = None,
     reduce_per_backward: bool = True,
 ) -> dict:
-    """What the plan does, for the run's records: micro-batches per step (min, mean, max) against the fewest the budget
-    allows, per epoch, gradient reductions per epoch (ZeRO reduces at every backward, DDP and FSDP once per step with
-    no_sync), pairs and positions per micro-batch, and the padding share. `forward` gives the positions a micro-batch
-    really takes (packed rows pad their ends); without it, the plan's own cost is taken."""
+    """What the plan does, for the run's records (micro-batches, gradient reductions: ZeRO reduces at every backward,
+    DDP and FSDP once per step; pairs and positions per micro-batch; the padding share). `forward` gives the positions
+    a micro-batch really takes; without it, the plan's own cost is taken."""
     counts = [len(step[0]) for epoch in epochs for step in epoch]  # fillers included: they take their time
     every = [mb for epoch in epochs for step in epoch for rank in step for mb in rank]
     micro_batches = [mb for mb in every if mb]
@@ -413,8 +383,7 @@ def summary(
 
 def eval_batches(pairs: int, world_size: int, batch_size: int) -> list[list[list[int]]]:
     """An evaluation set as `[rank][batch] -> pair indices`: every pair once, the same number of non-empty batches of
-    at most `batch_size` pairs on every rank (the evaluation loop gathers after every batch, and ZeRO-3 or FSDP2
-    gather weights in every forward), and no pair padded in twice (which would count it twice in the metrics)."""
+    at most `batch_size` pairs on every rank (the evaluation loop gathers after every batch)."""
     if pairs < world_size:
         raise PlanError(
             f"the evaluation split has {pairs} pair(s), fewer than the {world_size} processes: use a "
@@ -430,13 +399,9 @@ def _spread(values: list[int]) -> dict:
 
 
 class StepSampler(BatchRebalanceSampler):
-    """The train dataloader's batch sampler: one item per optimizer step, this rank's micro-batches of that step
-    (a tuple of tuples of data set indices), which `StepRows` turns into rows.
-
-    A `BatchRebalanceSampler` subclass only so that transformers' Trainer treats it as the rank-aware batch sampler it
-    is (it stops accelerate from sharding it again). `planned` holds the epochs planned at start; an epoch beyond them
-    is planned when it starts.
-    """
+    """The train dataloader's batch sampler: one item per optimizer step, this rank's micro-batches of that step. A
+    `BatchRebalanceSampler` so that accelerate does not shard it again; an epoch beyond `planned` is planned when it
+    starts."""
 
     def __init__(self, lengths: PairLengths, plan: StepPlan, rank: int, planned: list | None = None):
         self.lengths, self.plan, self.rank = lengths, plan, rank
@@ -448,12 +413,8 @@ class StepSampler(BatchRebalanceSampler):
         self.epoch = epoch
 
     def __iter__(self):
-        steps = (
-            self.planned[self.epoch]
-            if self.epoch < len(self.planned)
-            else epoch_steps(self.lengths, self.plan, self.epoch)
-        )
-        for step in steps:
+        planned = self.epoch < len(self.planned)
+        for step in self.planned[self.epoch] if planned else epoch_steps(self.lengths, self.plan, self.epoch):
             yield [tuple(tuple(mb) for mb in step[self.rank])]
 
     def __len__(self):
@@ -461,8 +422,7 @@ class StepSampler(BatchRebalanceSampler):
 
 
 class FixedBatches(BatchRebalanceSampler):
-    """A batch sampler over batches fixed in advance (this rank's evaluation batches): rank-aware, so accelerate does
-    not shard it again."""
+    """This rank's batches fixed in advance (evaluation): rank-aware, so accelerate does not shard it again."""
 
     def __init__(self, batches: list[list[int]]):
         self.batches = batches
@@ -475,9 +435,8 @@ class FixedBatches(BatchRebalanceSampler):
 
 
 class StepRows:
-    """A data set read a whole step at a time: item = this rank's micro-batches of one step, each as its rows and
-    whether it is a filler (an empty micro-batch of the plan: the rows of this rank's last pair of the step, the
-    lightest of its lightest micro-batch)."""
+    """A data set read a whole step at a time: this rank's micro-batches of one step, each as its rows and whether it is
+    a filler (which reads the rows of this rank's last pair of the step)."""
 
     def __init__(self, dataset):
         self.dataset = dataset
@@ -492,14 +451,12 @@ class StepRows:
 
 @dataclass
 class StepCollator:
-    """Collates each micro-batch of a step with the forward's own collator (packed rows, or TRL's padded batch); a
-    filler's batch carries `FILLER`, which the trainer weighs 0 and leaves out of its counts and metrics."""
+    """Collates each micro-batch of a step with the forward's own collator; a filler's batch carries `FILLER`."""
 
     collate: object
 
     def __call__(self, items: list) -> dict:
         (step,) = items  # the sampler yields one step at a time
-        batches = []
-        for rows, filler in step:
-            batches.append({**self.collate(rows), FILLER: True} if filler else self.collate(rows))
-        return {"micro_batches": batches}
+        return {
+            "micro_batches": [{**self.collate(rows), FILLER: True} if f else self.collate(rows) for rows, f in step]
+        }

@@ -1,11 +1,6 @@
 """The run's plan: every step of every epoch the run touches, cut into each rank's micro-batches (`plan.py`), made while
-the trainer is built, right after TRL has tokenized the training set (the plan needs every pair's length:
-`RecipeDPOTrainer.__init__`), and before the reference stage (which scores the pairs the plan's steps train) and
-training (which runs them). A step that cannot be cut is refused there, before the reference is scored.
-
-Transformers reads nothing of the batching before `train()` but one item per optimizer step (gradient accumulation 1,
-`trainer.training_arguments`), from which it fills DeepSpeed's "auto" batch sizes; the dataloader, and with it the
-number of steps, is made in `train()`, from this plan.
+the trainer is built, right after TRL has tokenized the training set, and before the reference stage (which scores the
+pairs the plan's steps train): a step that cannot be cut is refused before the reference is scored.
 """
 
 import math
@@ -27,8 +22,7 @@ class RunPlan:
     trained: np.ndarray  # the pairs the run's steps train (`plan.pairs_trained`): what the reference stage scores
 
     def line(self) -> str:
-        """The stage's one line: 'Plan: 24 steps of 8 pairs per epoch (3 epochs planned), 1-2 micro-batches per step
-        per rank, 3.8% padding (packed)'."""
+        """'Plan: 24 steps of 8 pairs per epoch (3 epoch(s) planned), 1-2 micro-batch(es) per step per rank, ...'."""
         per_step, s = self.summary["micro_batches_per_step"], self.summary
         counts = f"{per_step['min']}" if per_step["min"] == per_step["max"] else f"{per_step['min']}-{per_step['max']}"
         fillers = f", {s['filler_micro_batches']} filler micro-batch(es)" if s["filler_micro_batches"] else ""
@@ -49,9 +43,8 @@ def make(
     forward: plan.RowLayout | None = None,
     reduce_per_backward: bool = True,
 ) -> RunPlan:
-    """The run's plan from its pairs' lengths and the training arguments (seed, batch size, max_steps, epochs): what a
-    run plans at start and what a dry run plans (`stages.plan_batching`). Raises `plan.PlanError` (with the budget
-    that would do) when a step cannot be cut."""
+    """The run's plan from its pairs' lengths and the training arguments, at start and in a dry run; a
+    `plan.PlanError` (with the budget that would do) when a step cannot be cut."""
     step_plan = plan.StepPlan(
         pairs_per_step,
         world_size,
@@ -72,9 +65,8 @@ def make(
 
 
 def for_trainer(trainer) -> RunPlan:
-    """The plan of the trainer's tokenized training set, for the forward the forward stage decided (packed or padded,
-    prompts shared or not); `RecipeDPOTrainer.__init__` makes it. Every rank plans alone, from the same lengths and
-    seed (`agreement.at_start` checks the plans are equal)."""
+    """The plan of the trainer's tokenized training set, for the forward decided. Every rank plans alone, from the same
+    lengths and seed (`agreement.at_start` checks the plans are equal)."""
     args = trainer.args
     counts = token_counts(trainer.train_dataset)
     lengths = PairLengths.from_parts(*counts, args.max_length, trainer.forward.share_prompt, args.truncation_mode)
