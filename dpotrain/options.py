@@ -107,10 +107,9 @@ def check_evaluation(recipe: Recipe) -> None:
             )
         if data.is_local(s.dataset_name) and not Path(s.dataset_name).expanduser().is_dir():
             raise ConfigError(
-                f"eval_strategy needs a held-out split, and the local file "
-                f"{s.dataset_name!r} has one split only: save a DatasetDict with a "
-                f"{s.dataset_test_split!r} split (save_to_disk) or use a Hub data set that has one, "
-                "or remove eval_strategy"
+                f"eval_strategy needs a held-out split, and the local file {s.dataset_name!r} has one split only: save "
+                f"a DatasetDict with a {s.dataset_test_split!r} split (save_to_disk) or use a Hub data set that has "
+                "one, or remove eval_strategy"
             )
     elif "dataset_test_split" in recipe.given:
         raise ConfigError(
@@ -244,9 +243,8 @@ def check_wandb_reachable(recipe: Recipe) -> None:
     except Exception as e:
         reason = getattr(e, "reason", None) or e
         raise ConfigError(
-            f"report_to wandb, and W&B does not answer here ({url}: {reason}): set WANDB_MODE=offline "
-            "to log to files (sync them later with `wandb sync`), fix WANDB_BASE_URL / HTTPS_PROXY, or "
-            "pass --report_to none"
+            f"report_to wandb, and W&B does not answer here ({url}: {reason}): set WANDB_MODE=offline to log to files "
+            "(sync them later with `wandb sync`), fix WANDB_BASE_URL / HTTPS_PROXY, or pass --report_to none"
         ) from None
 
 

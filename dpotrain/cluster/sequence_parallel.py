@@ -86,7 +86,6 @@ def check_heads(n: int, config, world: int) -> None:
     if not splits_heads(n, heads, kv):
         works = ", ".join(str(d) for d in divisors(world) if splits_heads(d, heads, kv))
         raise ConfigError(
-            f"sequence_parallel_size {n} does not split the model's {heads} attention heads and {kv} "
-            f"key/value heads over a group: use one of {works} (dividing the heads and the "
-            f"{world} processes)"
+            f"sequence_parallel_size {n} does not split the model's {heads} attention heads and {kv} key/value heads "
+            f"over a group: use one of {works} (dividing the heads and the {world} processes)"
         )

@@ -116,9 +116,8 @@ def take_push_settings(recipe, run_engine=None) -> PushSettings:
     if p.push_checkpoints and run_engine is not None and run_engine.name == "fsdp2":
         raise ConfigError(
             "push_checkpoints under FSDP2: its checkpoints are sharded (each rank's part, "
-            "torch.distributed.checkpoint), with no model a branch could hold: drop push_checkpoints "
-            "(the final model is still pushed as one safetensors folder), or train under ZeRO-2 or "
-            "ZeRO-3"
+            "torch.distributed.checkpoint), with no model a branch could hold: drop push_checkpoints (the final model "
+            "is still pushed as one safetensors folder), or train under ZeRO-2 or ZeRO-3"
         )
     if p.push_checkpoints and getattr(t.save_strategy, "value", t.save_strategy) == "no":
         raise ConfigError(
