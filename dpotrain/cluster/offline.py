@@ -27,18 +27,13 @@ from dpotrain.recipe.errors import ConfigError, cause
 
 _TRUE = {"1", "ON", "YES", "TRUE"}  # huggingface_hub.constants.ENV_VARS_TRUE_VALUES
 
-# What a training job reads from a model repo, as prefetch selects it. Top-level files only, apart from the extra chat
-# templates: repos often keep other formats (GGUF, original checkpoints, ONNX) in subfolders.
-MODEL_FILES = [
-    "*.json",  # config, generation config, tokenizer config, special tokens, weight index, processor config
-    "*.jinja",  # chat_template.jinja (transformers 5 saves the chat template here)
-    "additional_chat_templates/*.jinja",
-    "tokenizer.model",
-    "*.tiktoken",
-    "merges.txt",
-    "vocab.txt",
-    "spiece.model",
-]
+# What a training job reads from a model repo, as prefetch selects it: *.json (config, generation config, tokenizer
+# config, special tokens, weight index, processor config), *.jinja (transformers 5 saves the chat template there) and
+# the tokenizer. Top-level files only, apart from the extra chat templates: repos often keep other formats (GGUF,
+# original checkpoints, ONNX) in subfolders.
+MODEL_FILES = (
+    "*.json *.jinja additional_chat_templates/*.jinja tokenizer.model *.tiktoken merges.txt vocab.txt spiece.model"
+).split()
 WEIGHTS = ["model*.safetensors", "*.safetensors", "pytorch_model*.bin"]  # the first pattern a repo has wins
 TOKENIZER_VOCAB = ("tokenizer.json", "tokenizer.model", "vocab.json", "vocab.txt", "spiece.model")
 # What from_pretrained needs of a model repo, as `missing_model_files` names the pieces.

@@ -23,23 +23,11 @@ from dpotrain.train.metrics import PLOT_FILE, read_metrics
 RUN_COMPLETE = "run_complete.json"  # written last by a finished run (publish.py); a folder with it is a finished run
 
 # Recipe values a reader of the card needs to reproduce or judge the run.
-CARD_FIELDS = [
-    "loss_type",
-    "beta",
-    "learning_rate",
-    "lr_scheduler_type",
-    "warmup_steps",
-    "num_train_epochs",
-    "max_length",
-    "padding_free",
-    "max_tokens_per_microbatch",
-    "per_device_train_batch_size",
-    "gradient_accumulation_steps",
-    "weight_decay",
-    "max_grad_norm",
-    "bf16",
-    "seed",
-]
+CARD_FIELDS = (
+    "loss_type beta learning_rate lr_scheduler_type warmup_steps num_train_epochs max_length padding_free "
+    "max_tokens_per_microbatch per_device_train_batch_size gradient_accumulation_steps weight_decay max_grad_norm "
+    "bf16 seed"
+).split()
 # rewards/* are TRL's (beta x summed log-ratio); rewards_norm/* are on the loss's scale (beta x log-ratio per token).
 # The speed follows them: the run's (`speed_row`), not the last step's.
 FINAL_METRICS = [
@@ -47,18 +35,12 @@ FINAL_METRICS = [
     *(f"{scale}/{k}" for scale in ("rewards", "rewards_norm") for k in ("accuracies", "margins", "chosen", "rejected")),
 ]
 # Never uploaded to main: resumable state (checkpoints go to their own branches), local tracking and push records, and
-# training_args.bin (a pickle of every argument: of no use on the Hub, and unsafe to load).
-IGNORE = [
-    "checkpoint-*",
-    "checkpoint-*/**",
-    "wandb/**",
-    "*.lock",
-    ".wandb_run_id",
-    "training_args.bin",
-    ".hub_staging/**",
-    "hub_pushes.jsonl",
-    "run_files.json",  # output_folder.MANIFEST: which files of the folder are the run's, for this machine only
-]
+# training_args.bin (a pickle of every argument: of no use on the Hub, and unsafe to load), and run_files.json
+# (output_folder.MANIFEST: which files of the folder are the run's, for this machine only).
+IGNORE = (
+    "checkpoint-* checkpoint-*/** wandb/** *.lock .wandb_run_id training_args.bin .hub_staging/** hub_pushes.jsonl "
+    "run_files.json"
+).split()
 HUB_STRATEGIES = ("every_save", "end")  # transformers' values that mean no more than "push the model": accepted
 
 

@@ -37,25 +37,12 @@ PUSH_RECORD = "hub_pushes.jsonl"  # one line per upload's start (the final push)
 STAGING = ".hub_staging"
 # What a checkpoint branch holds: a loadable model and its tokenizer. An allowlist, so that whatever else a
 # checkpoint holds (optimizer.pt, scheduler.pt, rng_state*.pth, training_args.bin, DeepSpeed's global_step*/) stays.
-CHECKPOINT_FILES = [
-    "*.safetensors",
-    "model.safetensors.index.json",
-    "config.json",
-    "generation_config.json",
-    "adapter_config.json",  # LoRA checkpoints (peft)
-    "tokenizer.json",
-    "tokenizer_config.json",
-    "special_tokens_map.json",
-    "added_tokens.json",
-    "tokenizer.model",
-    "vocab.json",
-    "vocab.txt",
-    "merges.txt",
-    "spiece.model",
-    "*.tiktoken",
-    "chat_template.jinja",
-    "chat_template.json",
-]
+# adapter_config.json: LoRA checkpoints (peft).
+CHECKPOINT_FILES = (
+    "*.safetensors model.safetensors.index.json config.json generation_config.json adapter_config.json tokenizer.json "
+    "tokenizer_config.json special_tokens_map.json added_tokens.json tokenizer.model vocab.json vocab.txt merges.txt "
+    "spiece.model *.tiktoken chat_template.jinja chat_template.json"
+).split()
 # Pushed statuses: `pushed` by this run or push_to_hub.py, `present` found already on the Hub by push_to_hub.py.
 ON_THE_HUB = ("pushed", "present")
 # Seconds between attempts of one upload, on top of huggingface_hub's own retries of single requests (~20 s): a Hub
