@@ -72,14 +72,10 @@ class PushSettings:
 
 
 def take_push_settings(recipe, run_engine=None) -> PushSettings:
-    """The push this run will make under `run_engine` (`engine.Engine`), checked; the Trainer's own Hub machinery
-    switched off; the token off disk.
-
-    transformers' Trainer with push_to_hub creates the repo at init (which fails offline), pushes at every save
-    ("Training in progress", and with hub_strategy=checkpoint the optimizer state), and pickles hub_token into every
-    training_args.bin. So the Trainer gets push_to_hub=False and hub_token=None, this project pushes (train_dpo.py,
-    hub_push.py), and a token given as --hub_token is blanked from sys.argv, which W&B records.
-    """
+    """The push this run will make under `run_engine` (`engine.Engine`), checked; the token off disk. transformers'
+    Trainer with push_to_hub creates the repo at init (which fails offline), pushes at every save (with
+    hub_strategy=checkpoint the optimizer state too) and pickles hub_token into every training_args.bin: so it runs
+    with push_to_hub off, this project pushes, and --hub_token is blanked from sys.argv, which W&B records."""
     t, p = recipe.training, recipe.project
     strategy = getattr(t.hub_strategy, "value", t.hub_strategy)
     if t.push_to_hub and strategy not in HUB_STRATEGIES:
@@ -201,9 +197,8 @@ def sources_section(sources: list[dict]) -> str:
     for r in sources:
         ident = r.get("identity") or {}
         files = ident.get("files") or {}
-        what = ", ".join(f"`{name}` sha256 `{f['sha256'][:12]}`" for name, f in files.items()) or ident.get(
-            "revision", ""
-        )
+        what = ", ".join(f"`{name}` sha256 `{f['sha256'][:12]}`" for name, f in files.items())
+        what = what or ident.get("revision", "")
         share = f"{r['token_share']:.1%}" if "token_share" in r else ""
         rows.append(
             f"| `{r['source']}` | {r['rows_read']} | {r['rows_usable']} | {r['amount']} | {r['taken']}"
@@ -237,7 +232,6 @@ def revisions_section(revisions: list[tuple[int, str]], repo_id: str) -> str:
     """The card's list of checkpoint branches (the last section, so that push_to_hub.py can replace it)."""
     if not revisions:
         return ""
-
     rows = "\n".join(f"| {step} | [`{b}`]({constants.ENDPOINT}/{repo_id}/tree/{b}) |" for step, b in revisions)
     return f"""
 {REVISIONS_HEADING}
@@ -340,13 +334,9 @@ def check_write_access(repo_id: str, token: str | None, where: str = "job") -> s
     start, so that the push cannot fail after training) or "push_to_hub.py" (pushing a finished run).
 
     Returns the repo id with its namespace (a bare `name` is the token user's `user/name`: the Hub's branch and commit
-    endpoints need both parts). The Hub decides, not rules of roles and scopes kept here: whoami names the token's
-    user, and the repo's write auth-check allows or refuses. A repo that check does not find is new, unless it exists
-    (the Hub hides a repo from a token that may not write to it): the push creates a new one, and the Hub answers
-    then whether this token may. It asks the Hub, so it is for real runs only. In a job with HF_HUB_OFFLINE set it
-    says that it skipped the check and returns `repo_id` as given: the push then happens later, where the Hub is
-    reachable.
-    """
+    endpoints need both). The Hub decides, not rules of roles and scopes kept here: whoami names the user, and the
+    repo's write auth-check allows or refuses (`_may_write`). With HF_HUB_OFFLINE it says that it skipped the check
+    and returns `repo_id` as given: the push then happens later, where the Hub is reachable."""
     if is_offline():
         print(
             f"Skipped checking write access to {repo_id}: HF_HUB_OFFLINE is set, so nothing is pushed during the run. "
