@@ -1,16 +1,13 @@
 """The engine a launch asked for — one process, DDP, DeepSpeed ZeRO-2 or ZeRO-3, FSDP2 — and what each needs.
 
-`accelerate launch --config_file X` tells the training processes through its environment which engine to use; this
-module reads it, refuses what the project does not support (before anything loads), and holds the few places where an
-engine changes what the run must do:
+`accelerate launch --config_file X` names the engine in the training processes' environment; this module reads it,
+refuses what the project does not support (before anything loads), and holds the few places an engine changes:
 - ZeRO-3 and FSDP2 shard the weights, so every rank takes part in every forward (the reference stage's filler
-  micro-batches, sample generation with `synced_gpus`), and the weights' hash must be taken from the full weights;
-- the weights are loaded in the dtype the engine trains them in, without a full host copy per process where the
-  engine can avoid it (ZeRO-3's `zero3_init_flag`, FSDP2's RAM-efficient loading: accelerate's configs);
-- accelerate 1.15 turns FSDP and DDP on only for accelerator devices (accelerate/state.py: the FSDP branch sits under
-  MULTI_GPU/..., and a CPU launch without `use_cpu` comes out as DistributedType.NO): on a CPU-only node such a
-  launch would run independent processes that never exchange a gradient. `enable_on_cpu` makes accelerate set them
-  up, so CPU-only clusters and the tests run the real engine.
+  micro-batches, sample generation with `synced_gpus`), and the weights' hash is taken from the full weights;
+- the weights load in the dtype the engine trains them in, without a full host copy per process where it can;
+- accelerate 1.15 turns FSDP and DDP on only for accelerator devices (accelerate/state.py: a CPU launch without
+  `use_cpu` comes out as DistributedType.NO), so a CPU-only node would run independent processes that never exchange
+  a gradient: `enable_on_cpu` makes accelerate set them up, so CPU-only clusters and the tests run the real engine.
 """
 
 import contextlib
@@ -136,8 +133,7 @@ def from_config(accelerate_config: str) -> Engine:
     except ConfigError as e:
         return Engine("unplanned", str(e))
     per_node = max(processes(config) // max(config.num_machines, 1), 1)
-    # The job's GPUs per node, when given (scripts/launch.sh: from --gpus-per-node), over the config's: what a refusal
-    # counts nodes in.
+    # The job's GPUs per node (scripts/launch.sh: --gpus-per-node) over the config's: what a refusal counts nodes in.
     per_node = int(os.environ.get("GPUS_PER_NODE") or 0) or per_node
     kind = config.distributed_type.value
     if kind == "DEEPSPEED":
@@ -260,7 +256,6 @@ def zero3_weights_sha256(model, is_main: bool) -> str | None:
     """sha256 of the full weights of a ZeRO-3 model, as TRL's `hash_module` takes it of an unsharded one (so the
     reference cache key does not depend on the engine), on the main process. Each tensor is gathered from its shards
     first: a collective, every rank calls this. (TRL hashes the empty local partitions.)"""
-
     import deepspeed
 
     h = hashlib.sha256()
