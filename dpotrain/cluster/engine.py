@@ -187,10 +187,9 @@ def _deepspeed_file(path: Path, per_node: int, source: str) -> Engine:
     return Engine(f"zero{stage}", source, per_node, off_opt, off_par, bucket, overlap, clip)
 
 
-# Who clips, per engine. Each computes ONE norm over every trained parameter's gradient of the whole step, after the
-# gradients are averaged over all processes (a sequence-parallel group's processes included: the engine's
-# data-parallel group is the whole world, sequence_parallel.py), and scales them all by max_norm / norm when it is
-# larger; transformers logs that norm, before clipping, as grad_norm.
+# Who clips, per engine. Each computes ONE norm over every trained parameter's gradient of the whole step, averaged
+# over all processes (a sequence-parallel group's too), and scales them all by max_norm / norm when it is larger;
+# transformers logs that norm, before clipping, as grad_norm.
 CLIPPED_BY = {
     "single": "torch's clip_grad_norm_",
     "ddp": "torch's clip_grad_norm_, after the all-reduce",
@@ -286,8 +285,7 @@ def start_processes(training, run_engine: Engine):
 
     timeout = timedelta(seconds=training.ddp_timeout)
     upstream.set_default_collective_timeout(timeout)
-    # As TrainingArguments would make it (`ddp_backend`: gloo on CPU-only nodes, dpotrain/recipe/config.py; DeepSpeed
-    # picks its own).
+    # As TrainingArguments would make it (`ddp_backend`: gloo on CPU-only nodes); DeepSpeed picks its own.
     backend = None if run_engine.deepspeed else training.ddp_backend
     state = PartialState(timeout=timeout, **({"backend": backend} if backend else {}))
     if dist.is_initialized() and dist.get_rank() == 0:  # torch's rank: accelerate's is not settled yet on CPU

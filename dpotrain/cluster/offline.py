@@ -23,10 +23,8 @@ from dpotrain.recipe.errors import ConfigError, cause
 
 _TRUE = {"1", "ON", "YES", "TRUE"}  # huggingface_hub.constants.ENV_VARS_TRUE_VALUES
 
-# What a training job reads from a model repo, as prefetch selects it: *.json (config, generation config, tokenizer
-# config, special tokens, weight index, processor config), *.jinja (transformers 5 saves the chat template there) and
-# the tokenizer. Top-level files only, apart from the extra chat templates: repos often keep other formats (GGUF,
-# original checkpoints, ONNX) in subfolders.
+# What a training job reads from a model repo, as prefetch selects it: configs, tokenizer, chat templates. Top-level
+# files only, apart from the extra chat templates: repos keep other formats (GGUF, ONNX) in subfolders.
 MODEL_FILES = (
     "*.json *.jinja additional_chat_templates/*.jinja tokenizer.model *.tiktoken merges.txt vocab.txt spiece.model"
 ).split()
@@ -217,14 +215,12 @@ def check_offline_artifacts(recipe, offline: bool | None = None) -> None:
 
 # --- a Hub that does not answer, said in seconds ----------------------------------------------------------------------
 
-# A reachable Hub answers one HEAD request well within this. huggingface_hub itself, for a file it has not cached,
-# retries a request that cannot connect 5 times, 1 + 2 + 4 + 8 + 8 s apart (utils/_http.py, `_http_backoff_base`;
-# file_download.py retries the metadata request when no local copy exists), and waits 10 s (HF_HUB_ETAG_TIMEOUT) on
-# a server that never answers each time: 23 s to minutes per file before its first error.
+# A reachable Hub answers one HEAD request well within this. huggingface_hub retries a request that cannot connect 5
+# times, 1 + 2 + 4 + 8 + 8 s apart (utils/_http.py, `_http_backoff_base`), each waiting 10 s (HF_HUB_ETAG_TIMEOUT) on
+# a server that never answers: 23 s to minutes per file before its first error.
 PROBE_SECONDS = 3.0
-# The request's own socket timeout, longer than the deadline so that `within` always speaks first and a silent server
-# is named in one set of words (the two at one value raced: "timed out" or "no answer within 3 s"); it only ends the
-# abandoned daemon thread's wait.
+# The request's own socket timeout, longer than the deadline so that `within` always speaks first (the two at one
+# value raced: "timed out" or "no answer within 3 s"); it only ends the abandoned daemon thread's wait.
 SOCKET_SECONDS = 2 * PROBE_SECONDS
 
 

@@ -314,14 +314,13 @@ def run_folder_problems(output_dir: str | Path) -> list[str]:
     if not (out / RUN_COMPLETE).is_file():
         problems.append(f"{RUN_COMPLETE} (training has not finished: resume it with the same command)")
     adapter = (out / "adapter_config.json").is_file()  # a LoRA run (use_peft): an adapter instead of full weights
-    problems += [f for f in ("config.json", "tokenizer_config.json") if not (out / f).is_file() and not adapter]
+    needed = ("adapter_model.safetensors" if adapter else "config.json", "tokenizer_config.json")
+    problems += [f for f in needed if not (out / f).is_file()]
     index = out / "model.safetensors.index.json"
-    if adapter:
-        problems += [f for f in ("adapter_model.safetensors", "tokenizer_config.json") if not (out / f).is_file()]
-    elif index.is_file():
+    if not adapter and index.is_file():
         shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
         problems += [s for s in shards if not (out / s).is_file()]
-    elif not (out / "model.safetensors").is_file():
+    elif not adapter and not (out / "model.safetensors").is_file():
         problems.append("model.safetensors")
     if not any((out / f).is_file() for f in TOKENIZER_VOCAB):
         problems.append("tokenizer.json")

@@ -31,9 +31,8 @@ from dpotrain.train.checkpoints import MARKER, checkpoints
 
 PUSH_RECORD = "hub_pushes.jsonl"  # one line per upload's start (the final push) and outcome: step, branch, status
 STAGING = ".hub_staging"
-# What a checkpoint branch holds: a loadable model and its tokenizer. An allowlist, so that whatever else a
-# checkpoint holds (optimizer.pt, scheduler.pt, rng_state*.pth, training_args.bin, DeepSpeed's global_step*/) stays.
-# adapter_config.json: LoRA checkpoints (peft).
+# What a checkpoint branch holds: a loadable model (or LoRA adapter) and its tokenizer. An allowlist, so that whatever
+# else a checkpoint holds (optimizer.pt, rng_state*.pth, training_args.bin, DeepSpeed's global_step*/) stays.
 CHECKPOINT_FILES = (
     "*.safetensors model.safetensors.index.json config.json generation_config.json adapter_config.json tokenizer.json "
     "tokenizer_config.json special_tokens_map.json added_tokens.json tokenizer.model vocab.json vocab.txt merges.txt "
