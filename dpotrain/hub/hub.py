@@ -124,9 +124,6 @@ def scrub_argv(argv: list[str]) -> None:
                 argv[i + 1] = "<HUB_TOKEN>"
 
 
-# --- the model card --------------------------------------------------------------------------------------------------
-
-
 def model_card(r: Record, records: list[dict], revisions: list[tuple[int, str]] = (), repo_id: str = "") -> str:
     s, sources = r.settings, r.data.data_sources or []
     base, dataset = s.model_name_or_path, s.dataset_name

@@ -69,8 +69,6 @@ def has_weights(names: list[str]) -> bool:
     return any(n.endswith(".safetensors") for n in names)
 
 
-# --- the record of pushes ---------------------------------------------------------------------------------------
-
 _record_lock = threading.Lock()
 
 
@@ -96,9 +94,6 @@ def unconfirmed_push(output_dir: str | Path) -> dict | None:
     while pushing, or the push failed): that record, for the rerun to complete the push; None where there is none."""
     main = [r for r in read_pushes(output_dir) if r.get("branch") == "main"]
     return main[-1] if main and main[-1]["status"] not in ON_THE_HUB else None
-
-
-# --- retries ----------------------------------------------------------------------------------------------------
 
 
 def retry_waits() -> tuple[float, ...]:
@@ -128,9 +123,6 @@ def with_retries(fn, what: str, waits: tuple[float, ...] | None = None):
             wait = waits[attempt - 1]
             print(f"warning: {what} failed ({cause(e)}); retrying in {wait:.0f} s", file=sys.stderr, flush=True)
             time.sleep(wait)
-
-
-# --- uploads ------------------------------------------------------------------------------------------------------
 
 
 def upload_checkpoint(api, repo_id: str, folder: Path, step: int):
