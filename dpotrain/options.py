@@ -107,10 +107,9 @@ def check_evaluation(recipe: Recipe) -> None:
             )
         if data.is_local(s.dataset_name) and not Path(s.dataset_name).expanduser().is_dir():
             raise ConfigError(
-                f"eval_strategy needs a held-out split, and the local file "
-                f"{s.dataset_name!r} has one split only: save a DatasetDict with a "
-                f"{s.dataset_test_split!r} split (save_to_disk) or use a Hub data set that has one, "
-                "or remove eval_strategy"
+                f"eval_strategy needs a held-out split, and the local file {s.dataset_name!r} has one split only: save "
+                f"a DatasetDict with a {s.dataset_test_split!r} split (save_to_disk) or use a Hub data set that has "
+                "one, or remove eval_strategy"
             )
     elif "dataset_test_split" in recipe.given:
         raise ConfigError(
@@ -120,9 +119,8 @@ def check_evaluation(recipe: Recipe) -> None:
 
 
 def check_saving(recipe: Recipe) -> None:
-    """`save_steps 0` saves no checkpoint until the end (transformers reads it as a fraction of the steps, and 0 of
-    them is none): a requeued job would restart from nothing. Refused, as a slip; `save_strategy no` is a choice, said
-    once at start where a job may be preempted (Slurm, or a stop file): only a stop request saves a checkpoint then."""
+    """`save_steps 0` (a fraction of the steps, to transformers) saves no checkpoint until the end: refused as a slip.
+    `save_strategy no` is a choice, said once at start where a job may be preempted (Slurm, or a stop file)."""
     t = recipe.training
     strategy = getattr(t.save_strategy, "value", t.save_strategy)
     if strategy == "steps" and t.save_steps <= 0:
@@ -146,9 +144,8 @@ ROOM_INSIDE = 256
 
 
 def check_path_limits(recipe: Recipe) -> None:
-    """A path past its file system's limits (a name longer than NAME_MAX bytes, the whole longer than PATH_MAX) fails at
-    the first call that touches it, in a traceback: refused here, naming the path and the limit. The folders the run
-    writes in (the output folder, the project's cache) need ROOM_INSIDE bytes more for the names it makes there."""
+    """A path past its file system's limits (a name over NAME_MAX bytes, the whole over PATH_MAX) fails at the first
+    call that touches it, in a traceback: refused here. The folders the run writes in need ROOM_INSIDE bytes more."""
     from dpotrain.data.lengths import cache_root
 
     t, p, values = recipe.training, recipe.project, mixture.fields_of(recipe)
@@ -225,10 +222,9 @@ def check_wandb(recipe: Recipe) -> None:
 
 
 def check_wandb_reachable(recipe: Recipe) -> None:
-    """report_to wandb, online: W&B's server must answer now, within seconds, as the Hub must. Without an answer
-    wandb.init retries for minutes (108 s on a node without a route) and fails with the model loaded (CommError).
-    One HEAD request to WANDB_BASE_URL, through the proxy settings (HTTPS_PROXY) wandb's own requests would use; any
-    HTTP answer, an error status too, is an answer. WANDB_MODE=offline asks nothing."""
+    """report_to wandb, online: W&B's server must answer now, within seconds (wandb.init retries for minutes, 108 s on
+    a node without a route, and fails with the model loaded). One HEAD request through the proxy settings
+    (HTTPS_PROXY) wandb would use; any HTTP answer, an error status too, is an answer."""
     if not _wandb_online(recipe):
         return
     from dpotrain.cluster.offline import PROBE_SECONDS, SOCKET_SECONDS, within
@@ -244,17 +240,14 @@ def check_wandb_reachable(recipe: Recipe) -> None:
     except Exception as e:
         reason = getattr(e, "reason", None) or e
         raise ConfigError(
-            f"report_to wandb, and W&B does not answer here ({url}: {reason}): set WANDB_MODE=offline "
-            "to log to files (sync them later with `wandb sync`), fix WANDB_BASE_URL / HTTPS_PROXY, or "
-            "pass --report_to none"
+            f"report_to wandb, and W&B does not answer here ({url}: {reason}): set WANDB_MODE=offline to log to files "
+            "(sync them later with `wandb sync`), fix WANDB_BASE_URL / HTTPS_PROXY, or pass --report_to none"
         ) from None
 
 
 def check_steps(plan: dict, max_steps: int = -1) -> None:
-    """A run whose every optimizer step has learning rate 0 (or that has none) would be saved as if it had trained.
-
-    transformers' schedules give step 1 the rate 0 whenever there is warmup, so with one step nothing changes.
-    """
+    """A run whose every optimizer step has learning rate 0 (or that has none) would be saved as if it had trained:
+    transformers' schedules give step 1 the rate 0 whenever there is warmup."""
     total, warmup = plan.get("total_steps"), plan.get("warmup_steps") or 0
     if total is None:
         return

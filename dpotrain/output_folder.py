@@ -1,17 +1,12 @@
 """The output folder holds one run, and the run owns only its own files.
 
-A run records the names it writes in `run_files.json` (top-level names of the folder, written atomically, before the
-run writes anything else there): its records, its W&B folder, the final model's files (written into `FINAL_STAGING`
-first, then recorded by name and moved in: `move_in`), and each checkpoint folder by name as it is saved
-(`checkpoint-4`, claimed before its first file is written; a name rotation deleted is dropped again:
-dpotrain/train/run_files.py). Only names the run wrote are recorded, never a file that changed in the folder
-meanwhile. `--overwrite_output_dir` removes exactly those and nothing else: notes, evals or anything else a person put
-in the folder stay, `checkpoint-4-evals.json` and a backup `checkpoint-4.bak/` among them. A folder that holds files
-but no run (no `run_files.json`, no run_complete.json, no checkpoint) is refused whatever the flags, as transformers'
-examples refuse a non-empty output folder: training into `.` or into a model folder would write over files that are
-not the run's. A run written before runs recorded their files (no `run_files.json`) is resumed as ever; replacing it
-is refused, since which files are its own is not known. And a run reads nothing from its own output folder
-(`check_reads_outside`): the finished model it would train from is one of the files it replaces.
+A run records the top-level names it writes in `run_files.json` (atomically, before anything else): its records, its
+W&B folder, the final model's files (written into `FINAL_STAGING`, then recorded and moved in: `move_in`) and each
+checkpoint folder as it is saved (dpotrain/train/run_files.py). `--overwrite_output_dir` removes exactly those: what
+a person put in the folder stays (`checkpoint-4-evals.json`, a backup `checkpoint-4.bak/`). A folder that holds files
+but no run is refused whatever the flags, as transformers' examples refuse a non-empty output folder. A run written
+before runs recorded their files is resumed as ever, never replaced. And a run reads nothing from its own output
+folder (`check_reads_outside`): the finished model it would train from is one of the files it replaces.
 """
 
 import json
@@ -36,9 +31,8 @@ FINAL_STAGING = ".final_model"
 
 
 def run_names(recipe, pushes: bool) -> list[str]:
-    """The top-level names this run's settings make it write into its output folder (besides the final model's files,
-    recorded as they are moved in: `move_in`, and its checkpoints, as they are saved: `claim`). One list, from the
-    modules that write each."""
+    """The top-level names this run's settings make it write into its output folder, from the modules that write each
+    (besides the final model's files, recorded by `move_in`, and its checkpoints, by `claim`)."""
     from dpotrain.hub.hub_push import PUSH_RECORD, STAGING
     from dpotrain.train.lora import MERGED_DIR
     from dpotrain.train.metrics import METRICS_FILE, PLOT_FILE
@@ -79,9 +73,7 @@ def is_legacy_run(out: Path) -> bool:
 
 def check_outside_data(output_dir: str, data_names: list[str]) -> None:
     """datasets reads every file under a folder of data files (not one `save_to_disk` wrote): a run's folder inside it
-    would be read as data at the run's next start (its PNG even makes datasets read the folder as images), and a
-    requeue would be refused for changed data. Refused in one line at start. A data file, or a saved data set, is
-    read alone: a run folder beside it is never data (`data_identity.files`)."""
+    would be read as data at the run's next start (its PNG as images), and a requeue refused for changed data."""
     out = Path(output_dir).expanduser().resolve()
     for name in data_names:
         folder = Path(name).expanduser()
@@ -142,10 +134,8 @@ def reads(recipe) -> list[tuple[str, str]]:
 
 
 def check_reads_outside(recipe) -> None:
-    """A run never reads from its own output folder, by any path into it (a link too): it writes its files there and
-    removes them (checkpoints rotated, the old run's files under --overwrite_output_dir), so a model trained from that
-    folder's finished run or one of its checkpoints was deleted before it loaded. A name that is no path on this
-    machine (a Hub name) is read from elsewhere."""
+    """A run never reads from its own output folder, by any path into it (a link too): it removes files there
+    (checkpoints rotated, the old run's files under --overwrite_output_dir), maybe the model it would load."""
     out = recipe.training.output_dir
     root = Path(out).expanduser().resolve()
     for named, path in reads(recipe):
@@ -163,8 +153,8 @@ def check_reads_outside(recipe) -> None:
 
 
 def check_writable(out: Path) -> None:
-    """The run writes its lock in `out` first, then everything else: a folder it cannot write in (a read-only mount,
-    no permission) is refused in one line now. A folder still to be made is probed in the nearest one that exists."""
+    """A folder the run cannot write its lock in (a read-only mount, no permission) is refused in one line now; one
+    still to be made is probed in the nearest one that exists."""
     problem = unwritable(out)
     if problem:
         raise ConfigError(
@@ -202,7 +192,6 @@ def start(recipe, start_afresh: bool, pushes: bool) -> None:
 def replace(out: Path, names: list[str]) -> None:
     """Removes what the run in `out` recorded as its own, but its record (rewritten by the next run in one step: a kill
     in between leaves a folder that is still a run's) and its lock."""
-
     from dpotrain.cluster.run_lock import LOCK_FILE
     from dpotrain.train.tracking import keep_offline_runs
 

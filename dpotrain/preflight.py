@@ -100,22 +100,16 @@ def pair_keys(dataset) -> tuple[int, int, int]:
 
 
 def score(recipe, launch, sample) -> dict:
-    """Reference log-probs of the sample, with training's tokenization, truncation and forward.
-
-    The project's trainer is built on the sample with `precompute_ref_log_probs`, and its prepared data set read back:
-    whatever forward training uses for the reference (TRL's padded one, the packed one of
-    dpotrain/reference/reference.py) is the one that scores here. Returns per kept row: prompt / chosen / rejected
-    token counts and summed log-probs.
-    """
+    """Reference log-probs of the sample, with training's tokenization, truncation and forward: the project's trainer
+    is built on the sample with `precompute_ref_log_probs`, and its prepared data set read back. Returns per kept row:
+    prompt / chosen / rejected token counts and summed log-probs."""
     from transformers.trainer_utils import IntervalStrategy
 
     from dpotrain import stages, train_stage
 
     with tempfile.TemporaryDirectory(prefix="preflight-") as tmp, mock.patch.dict(os.environ, DPOTRAIN_CACHE=tmp):
-        # A sample's reference log-probs are of no use to training: the reference cache (reference.py, under
-        # $DPOTRAIN_CACHE) and the output folder live in a folder removed afterwards. Nothing to push (the Trainer
-        # would create the repo at start), no evaluation (the sample is all it scores), no training. One epoch: the
-        # reference stage scores the pairs the planned steps train, and every pair of the sample is wanted.
+        # The reference cache ($DPOTRAIN_CACHE) and the output folder live in a folder removed afterwards. Nothing
+        # pushed, evaluated or trained; one epoch: the reference stage scores the pairs the planned steps train.
         only_scoring = {
             "training": {
                 "precompute_ref_log_probs": True,

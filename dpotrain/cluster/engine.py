@@ -1,16 +1,13 @@
 """The engine a launch asked for — one process, DDP, DeepSpeed ZeRO-2 or ZeRO-3, FSDP2 — and what each needs.
 
-`accelerate launch --config_file X` tells the training processes through its environment which engine to use; this
-module reads it, refuses what the project does not support (before anything loads), and holds the few places where an
-engine changes what the run must do:
+`accelerate launch --config_file X` names the engine in the training processes' environment; this module reads it,
+refuses what the project does not support (before anything loads), and holds the few places an engine changes:
 - ZeRO-3 and FSDP2 shard the weights, so every rank takes part in every forward (the reference stage's filler
-  micro-batches, sample generation with `synced_gpus`), and the weights' hash must be taken from the full weights;
-- the weights are loaded in the dtype the engine trains them in, without a full host copy per process where the
-  engine can avoid it (ZeRO-3's `zero3_init_flag`, FSDP2's RAM-efficient loading: accelerate's configs);
-- accelerate 1.15 turns FSDP and DDP on only for accelerator devices (accelerate/state.py: the FSDP branch sits under
-  MULTI_GPU/..., and a CPU launch without `use_cpu` comes out as DistributedType.NO): on a CPU-only node such a
-  launch would run independent processes that never exchange a gradient. `enable_on_cpu` makes accelerate set them
-  up, so CPU-only clusters and the tests run the real engine.
+  micro-batches, sample generation with `synced_gpus`), and the weights' hash is taken from the full weights;
+- the weights load in the dtype the engine trains them in, without a full host copy per process where it can;
+- accelerate 1.15 turns FSDP and DDP on only for accelerator devices (accelerate/state.py: a CPU launch without
+  `use_cpu` comes out as DistributedType.NO), so a CPU-only node would run independent processes that never exchange
+  a gradient: `enable_on_cpu` makes accelerate set them up, so CPU-only clusters and the tests run the real engine.
 """
 
 import contextlib
@@ -59,15 +56,10 @@ class Engine:
 
     @property
     def defers_gradient_sync(self) -> bool:
-        """Whether a step's micro-batches but the last skip the gradient reduction (`accelerator.no_sync`).
-
-        DDP: yes, its full gradients exist anyway, so deferring saves a reduction per micro-batch for free.
-        DeepSpeed: no, its engine reduces at every backward into its own partitioned buffers.
-        FSDP2: no. Deferring (`set_requires_gradient_sync(False)`) keeps every layer's unsharded bf16 gradient until
-        the step's last micro-batch: +2 bytes x parameters per GPU (14.6 GB for 7B, 64 GB for 32B). Reducing at
-        every micro-batch adds one reduce-scatter of the gradients (the volume of one of the two all-gathers each
-        micro-batch already runs), overlapped with the backward of the layers before it; micro-batches here hold
-        thousands of tokens, whose backward outlasts it."""
+        """Whether a step's micro-batches but the last skip the gradient reduction (`accelerator.no_sync`). DDP only:
+        its full gradients exist anyway. DeepSpeed reduces at every backward into its partitioned buffers. FSDP2
+        deferring would keep every layer's unsharded bf16 gradient until the last micro-batch (+2 bytes x parameters
+        per GPU: 64 GB for 32B), while reducing each time costs one reduce-scatter, overlapped with the backward."""
         return self.name == "ddp"
 
 
@@ -81,14 +73,10 @@ def launched() -> Engine:
         if ds_file != "none" and os.path.isfile(ds_file):
             found = _deepspeed_file(Path(ds_file), per_node, f"{LAUNCHED} -> {ds_file}")
         else:  # the settings inline in the accelerate config, passed one by one
-            offload = [
-                env(f"ACCELERATE_DEEPSPEED_OFFLOAD_{part}_DEVICE", "none") != "none" for part in ("OPTIMIZER", "PARAM")
-            ]
+            off = [env(f"ACCELERATE_DEEPSPEED_OFFLOAD_{p}_DEVICE", "none") != "none" for p in ("OPTIMIZER", "PARAM")]
             clip = env("ACCELERATE_GRADIENT_CLIPPING", "auto")  # accelerate's own default: "auto"
-            clip = clip if clip == "auto" else float(clip)
-            found = _inline_deepspeed(
-                int(env("ACCELERATE_DEEPSPEED_ZERO_STAGE") or 0), LAUNCHED, per_node, *offload, clip
-            )
+            stage = int(env("ACCELERATE_DEEPSPEED_ZERO_STAGE") or 0)
+            found = _inline_deepspeed(stage, LAUNCHED, per_node, *off, clip if clip == "auto" else float(clip))
         if found.name not in ("zero2", "zero3"):
             stage = found.name.removeprefix("zero")
             raise ConfigError(
@@ -145,8 +133,7 @@ def from_config(accelerate_config: str) -> Engine:
     except ConfigError as e:
         return Engine("unplanned", str(e))
     per_node = max(processes(config) // max(config.num_machines, 1), 1)
-    # The job's GPUs per node, when given (scripts/launch.sh: from --gpus-per-node), over the config's: what a refusal
-    # counts nodes in.
+    # The job's GPUs per node (scripts/launch.sh: --gpus-per-node) over the config's: what a refusal counts nodes in.
     per_node = int(os.environ.get("GPUS_PER_NODE") or 0) or per_node
     kind = config.distributed_type.value
     if kind == "DEEPSPEED":
@@ -200,10 +187,9 @@ def _deepspeed_file(path: Path, per_node: int, source: str) -> Engine:
     return Engine(f"zero{stage}", source, per_node, off_opt, off_par, bucket, overlap, clip)
 
 
-# Who clips, per engine. Each computes ONE norm over every trained parameter's gradient of the whole step, after the
-# gradients are averaged over all processes (a sequence-parallel group's processes included: the engine's
-# data-parallel group is the whole world, sequence_parallel.py), and scales them all by max_norm / norm when it is
-# larger; transformers logs that norm, before clipping, as grad_norm.
+# Who clips, per engine. Each computes ONE norm over every trained parameter's gradient of the whole step, averaged
+# over all processes (a sequence-parallel group's too), and scales them all by max_norm / norm when it is larger;
+# transformers logs that norm, before clipping, as grad_norm.
 CLIPPED_BY = {
     "single": "torch's clip_grad_norm_",
     "ddp": "torch's clip_grad_norm_, after the all-reduce",
@@ -241,14 +227,10 @@ def gradient_clipping(max_grad_norm: float, run_engine: Engine) -> dict:
 
 
 def load_dtype(recipe, engine: Engine) -> str | None:
-    """The dtype the weights load in when the recipe names none (TRL's default is float32).
-
-    DeepSpeed trains bf16 weights and keeps its own fp32 master copy in the optimizer, so with bf16 the weights load in
-    bf16: half the host memory per process, as open-instruct does. FSDP2 keeps fp32 parameters and computes in bf16
-    (its mixed-precision policy), so they load in fp32 (once, on the main process: RAM-efficient loading)."""
-    if "dtype" in recipe.given:
-        return recipe.model.dtype
-    if engine.deepspeed and recipe.training.bf16:
+    """The dtype the weights load in when the recipe names none (TRL's default is float32). DeepSpeed keeps its own
+    fp32 master copy in the optimizer, so with bf16 the weights load in bf16: half the host memory per process, as
+    open-instruct does. FSDP2 keeps fp32 parameters and computes in bf16, so they load in fp32 (RAM-efficient)."""
+    if engine.deepspeed and recipe.training.bf16 and "dtype" not in recipe.given:
         return "bfloat16"
     return recipe.model.dtype
 
@@ -273,7 +255,6 @@ def zero3_weights_sha256(model, is_main: bool) -> str | None:
     """sha256 of the full weights of a ZeRO-3 model, as TRL's `hash_module` takes it of an unsharded one (so the
     reference cache key does not depend on the engine), on the main process. Each tensor is gathered from its shards
     first: a collective, every rank calls this. (TRL hashes the empty local partitions.)"""
-
     import deepspeed
 
     h = hashlib.sha256()
@@ -294,22 +275,17 @@ def start_processes(training, run_engine: Engine):
     """The process group of this launch, made here, first, with the recipe's collective timeout (`ddp_timeout`), and
     the same timeout for every group the engines make later; printed once, as torch holds it.
 
-    The first group made decides: made without a timeout (a bare `PartialState()`), it gets torch's and DeepSpeed's
-    default of 10 minutes, and the Trainer's `ddp_timeout` no longer applies (TrainingArguments finds the group made
-    and keeps it). Anything one rank does alone for longer than the timeout — the final model's write, a large data
-    set tokenized main process first — ends the job while the other ranks wait at a barrier. Groups made later
-    (DeepSpeed makes its own data-parallel group in `deepspeed.initialize`) take torch's default, which
-    `distributed_c10d._get_default_timeout` reads from its module at each `new_group` (torch 2.13): that default
-    becomes the recipe's too. tests/test_distributed.py (ZeRO-2) and tests/test_engines.py (ZeRO-3, FSDP2, DDP) read
-    every group's timeout back."""
+    The first group made decides: a bare `PartialState()` gets the default of 10 minutes, and TrainingArguments keeps
+    that group, so anything one rank does alone for longer (the final model's write) ends the job. Groups made later
+    (DeepSpeed's in `deepspeed.initialize`) take torch's default, which `distributed_c10d._get_default_timeout` reads
+    at each `new_group` (torch 2.13): that default becomes the recipe's too (tests/test_engines.py reads it back)."""
 
     import torch.distributed as dist
     from accelerate import PartialState
 
     timeout = timedelta(seconds=training.ddp_timeout)
     upstream.set_default_collective_timeout(timeout)
-    # As TrainingArguments would make it (`ddp_backend`: gloo on CPU-only nodes, dpotrain/recipe/config.py; DeepSpeed
-    # picks its own).
+    # As TrainingArguments would make it (`ddp_backend`: gloo on CPU-only nodes); DeepSpeed picks its own.
     backend = None if run_engine.deepspeed else training.ddp_backend
     state = PartialState(timeout=timeout, **({"backend": backend} if backend else {}))
     if dist.is_initialized() and dist.get_rank() == 0:  # torch's rank: accelerate's is not settled yet on CPU
@@ -320,10 +296,8 @@ def start_processes(training, run_engine: Engine):
 
 def end_processes() -> None:
     """Every process group of this process destroyed, once a run has made its last collective (every rank calls it).
-
-    Left to the interpreter's exit, the groups' C++ threads are torn down in whatever order Python frees them: a rank
-    that finished before the main process (which still writes the model card and plot) once died at exit with
-    "terminate called without an active exception" (SIGABRT), failing a completed FSDP2 launch."""
+    Left to the interpreter's exit, a rank that finished before the main process once died with "terminate called
+    without an active exception" (SIGABRT), failing a completed FSDP2 launch."""
     import torch.distributed as dist
 
     if dist.is_available() and dist.is_initialized():

@@ -1,14 +1,10 @@
 """Offline compute nodes: is everything a job reads already in the local Hugging Face cache?
 
-Many clusters run jobs on nodes without network. There a job runs with `HF_HUB_OFFLINE=1` and reads the model,
-tokenizer and data set from the cache that `scripts/prefetch.py` filled on a login node. `check_offline_artifacts`
-runs before anything loads and, when a piece is missing, stops the job in its first seconds with the prefetch command
-to run, instead of minutes later from deep inside transformers or datasets. It only looks at files in the cache:
-no network, no weights loaded, nothing written.
-
-A machine that cannot reach the Hub without saying so (no HF_HUB_OFFLINE) is the other case: `check_hub_reachable`
-asks HF_ENDPOINT once, with a deadline of seconds, before the first download of a piece that is not cached, and
-refuses with the remedy instead of letting huggingface_hub retry for a minute. A cached piece costs no request.
+Jobs on nodes without network run with `HF_HUB_OFFLINE=1` and read the model, tokenizer and data set from the cache
+`scripts/prefetch.py` filled on a login node. `check_offline_artifacts` (cache files only: no network, nothing loaded
+or written) stops a job that misses a piece in its first seconds, with the prefetch command, instead of minutes later
+from deep inside transformers or datasets. Where the Hub does not answer and HF_HUB_OFFLINE is not set,
+`check_hub_reachable` asks HF_ENDPOINT once, within seconds, before the first download of a piece not cached.
 """
 
 import fnmatch
@@ -27,18 +23,11 @@ from dpotrain.recipe.errors import ConfigError, cause
 
 _TRUE = {"1", "ON", "YES", "TRUE"}  # huggingface_hub.constants.ENV_VARS_TRUE_VALUES
 
-# What a training job reads from a model repo, as prefetch selects it. Top-level files only, apart from the extra chat
-# templates: repos often keep other formats (GGUF, original checkpoints, ONNX) in subfolders.
-MODEL_FILES = [
-    "*.json",  # config, generation config, tokenizer config, special tokens, weight index, processor config
-    "*.jinja",  # chat_template.jinja (transformers 5 saves the chat template here)
-    "additional_chat_templates/*.jinja",
-    "tokenizer.model",
-    "*.tiktoken",
-    "merges.txt",
-    "vocab.txt",
-    "spiece.model",
-]
+# What a training job reads from a model repo, as prefetch selects it: configs, tokenizer, chat templates. Top-level
+# files only, apart from the extra chat templates: repos keep other formats (GGUF, ONNX) in subfolders.
+MODEL_FILES = (
+    "*.json *.jinja additional_chat_templates/*.jinja tokenizer.model *.tiktoken merges.txt vocab.txt spiece.model"
+).split()
 WEIGHTS = ["model*.safetensors", "*.safetensors", "pytorch_model*.bin"]  # the first pattern a repo has wins
 TOKENIZER_VOCAB = ("tokenizer.json", "tokenizer.model", "vocab.json", "vocab.txt", "spiece.model")
 # What from_pretrained needs of a model repo, as `missing_model_files` names the pieces.
@@ -59,8 +48,7 @@ def _true(value: str | None) -> bool:
 
 
 def is_offline() -> bool:
-    """Whether the Hub is off for models. huggingface_hub reads HF_HUB_OFFLINE once, at import; the variable may have
-    been set after that (a .env loaded late), and then the job is meant to be offline all the same."""
+    """Whether the Hub is off for models (huggingface_hub reads HF_HUB_OFFLINE at import; a .env may set it later)."""
     from huggingface_hub import constants
 
     env = os.environ.get("HF_HUB_OFFLINE") or os.environ.get("TRANSFORMERS_OFFLINE")
@@ -136,11 +124,9 @@ def missing_model_files(repo_id: str, revision: str | None = None, weights: bool
 def cached_dataset(name: str, config: str | None = None, split: str = "train") -> tuple[Path | None, str | None]:
     """The folder an offline `datasets.load_dataset(name, config)` reads, or None and why it would fail.
 
-    Offline, datasets 5.2 skips the Hub and takes the newest prepared copy in its own cache,
-    `<HF_DATASETS_CACHE>/<namespace>___<snake_name>/<config>/<version>/<commit>/` (datasets/load.py,
-    `CachedDatasetModuleFactory`, and packaged_modules/cache/cache.py, `_find_hash_in_cache`). This follows the same
-    rules on the same files: dataset_info.json names the config and the splits, the Arrow files hold the rows.
-    """
+    Offline, datasets 5.2 takes the newest prepared copy in its cache, `<HF_DATASETS_CACHE>/<namespace>___<snake_name>/
+    <config>/<version>/<commit>/` (datasets/load.py, `CachedDatasetModuleFactory`, and packaged_modules/cache/cache.py,
+    `_find_hash_in_cache`); this follows the same rules on the same files."""
     import datasets.config
     from datasets.naming import camelcase_to_snakecase, filenames_for_dataset_split
 
@@ -207,19 +193,14 @@ def prefetch_command(recipe) -> str:
             values = value if isinstance(value, list) else [value]  # a mixture's list, one word each
             args += [f"--{field}", *(v if isinstance(v, str) else json.dumps(v) for v in values)]
     env = [
-        f"{k}={shlex.quote(os.environ[k])}"
-        for k in ("HF_HOME", "HF_HUB_CACHE", "HF_DATASETS_CACHE")
-        if os.environ.get(k)
+        f"{k}={shlex.quote(v)}" for k in ("HF_HOME", "HF_HUB_CACHE", "HF_DATASETS_CACHE") if (v := os.environ.get(k))
     ]
     return " ".join(env + [shlex.join(args)])  # the login node must fill the cache this job reads
 
 
 def check_offline_artifacts(recipe, offline: bool | None = None) -> None:
     """When the job is offline (HF_HUB_OFFLINE), refuse it unless its Hub model and data set are in the local cache.
-
-    Local paths and `builtin:` models are not looked at. `offline=True` checks as an offline job would (prefetch
-    uses it to prove the job will find everything); None reads HF_HUB_OFFLINE / HF_DATASETS_OFFLINE.
-    """
+    `offline=True` checks as an offline job would (prefetch proves with it that the job will find everything)."""
     model = is_offline() if offline is None else offline
     dataset = datasets_offline() if offline is None else offline
     if not (model or dataset):
@@ -234,14 +215,12 @@ def check_offline_artifacts(recipe, offline: bool | None = None) -> None:
 
 # --- a Hub that does not answer, said in seconds ----------------------------------------------------------------------
 
-# A reachable Hub answers one HEAD request well within this. huggingface_hub itself, for a file it has not cached,
-# retries a request that cannot connect 5 times, 1 + 2 + 4 + 8 + 8 s apart (utils/_http.py, `_http_backoff_base`;
-# file_download.py retries the metadata request when no local copy exists), and waits 10 s (HF_HUB_ETAG_TIMEOUT) on
-# a server that never answers each time: 23 s to minutes per file before its first error.
+# A reachable Hub answers one HEAD request well within this. huggingface_hub retries a request that cannot connect 5
+# times, 1 + 2 + 4 + 8 + 8 s apart (utils/_http.py, `_http_backoff_base`), each waiting 10 s (HF_HUB_ETAG_TIMEOUT) on
+# a server that never answers: 23 s to minutes per file before its first error.
 PROBE_SECONDS = 3.0
-# The request's own socket timeout, longer than the deadline so that `within` always speaks first and a silent server
-# is named in one set of words (the two at one value raced: "timed out" or "no answer within 3 s"); it only ends the
-# abandoned daemon thread's wait.
+# The request's own socket timeout, longer than the deadline so that `within` always speaks first (the two at one
+# value raced: "timed out" or "no answer within 3 s"); it only ends the abandoned daemon thread's wait.
 SOCKET_SECONDS = 2 * PROBE_SECONDS
 
 
@@ -249,7 +228,6 @@ def within(seconds: float, fn):
     """fn() with a deadline. huggingface_hub's HTTP client has no timeout of its own (utils/_http.py: `timeout=None`)
     and a name lookup has none at all: on a node whose firewall drops packets a call would hang the job, GPUs
     allocated, instead of failing it."""
-
     result = {}
 
     def run():
@@ -270,9 +248,7 @@ def within(seconds: float, fn):
 
 def hub_unreachable(seconds: float = PROBE_SECONDS) -> str | None:
     """Why HF_ENDPOINT gives no answer here within `seconds` (one line), or None when it answers, with any status.
-
-    One HEAD request through huggingface_hub's own HTTP client, so with the proxy and certificate settings its
-    downloads would use; the deadline covers the name lookup too."""
+    One HEAD request through huggingface_hub's own HTTP client: with the proxy and certificate settings it uses."""
     from huggingface_hub import constants
     from huggingface_hub.utils import get_session
 
@@ -285,8 +261,8 @@ def hub_unreachable(seconds: float = PROBE_SECONDS) -> str | None:
 
 def check_hub_reachable(missing: list[str], remedy: str) -> None:
     """Refuse work that would download the `missing` pieces (each in words: "model 'org/x' is not cached") from a Hub
-    that does not answer, in seconds and in one line ending with `remedy`. Nothing is asked when nothing is missing:
-    a cached piece is read without waiting on the Hub (huggingface_hub falls back to it at the first failure)."""
+    that does not answer, in one line ending with `remedy`. Nothing missing: nothing asked (a cached piece is read
+    without waiting on the Hub)."""
     if not missing:
         return
     why = hub_unreachable()
@@ -295,9 +271,8 @@ def check_hub_reachable(missing: list[str], remedy: str) -> None:
 
 
 def check_job_reachable(recipe, model: bool = True, dataset: bool = True) -> None:
-    """A job (training, preflight) that would download its model or data set (asked just before each is needed, so
-    every check of the arguments and rows comes first): refused at once when the Hub does not answer, with the
-    prefetch command and HF_HUB_OFFLINE=1 instead of a minute of retries from inside the libraries."""
+    """A job that would download its model or data set (asked just before each is needed): refused at once when the
+    Hub does not answer, with the prefetch command, instead of a minute of retries from inside the libraries."""
     missing = missing_artifacts(recipe, model=model and not is_offline(), dataset=dataset and not datasets_offline())
     check_hub_reachable(
         missing,

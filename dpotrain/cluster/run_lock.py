@@ -1,12 +1,10 @@
 """One run per output folder: `<output_dir>/run.lock`, taken by the launch's main process before anything is written.
 
-Two runs on one folder (a double `sbatch`) would delete each other's checkpoints and interleave metrics.jsonl. The lock
-is made the way that is atomic on the shared file systems clusters use (NFS, Lustre), not with fcntl/flock: the
-holder's record is written to a file of its own, then hard-linked to `run.lock`; the link fails when the lock exists
-(open(2), "O_EXCL ... on NFS"). The record names the holder (host, pid, Slurm job and restart), for the one-line
-refusal the second run gets. Where the file system has no hard links (vfat, exFAT, most object-store mounts: link(2)
-fails with EPERM, ENOTSUP or ENOSYS), the lock is created with O_CREAT|O_EXCL instead, atomic on local file systems
-and NFSv3+; its record is written just after, so a reader may find it empty for a moment, and refuses it as held.
+Two runs on one folder (a double `sbatch`) would delete each other's checkpoints and interleave metrics.jsonl. The
+lock is atomic on the shared file systems clusters use (NFS, Lustre), unlike fcntl/flock: the holder's record (host,
+pid, Slurm job and restart, for the refusal) is written to a file of its own, then hard-linked to `run.lock`, which
+fails when the lock exists (open(2), "O_EXCL ... on NFS"). Without hard links (vfat, exFAT, object-store mounts) it is
+created with O_CREAT|O_EXCL, atomic on local file systems and NFSv3+; a reader finding it empty for a moment refuses.
 
 Nobody may be left blocked by a run that is gone (a node lost to SIGKILL releases nothing). A lock is taken over when:
 - its holder is an earlier start of this same Slurm job (same SLURM_JOB_ID, lower SLURM_RESTART_COUNT): a requeue;

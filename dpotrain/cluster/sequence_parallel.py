@@ -1,14 +1,12 @@
 """Sequence parallelism (DeepSpeed Ulysses): how the launch's processes split into groups, and what each decision
 that counts processes for data must count instead.
 
-With `sequence_parallel_size: N`, the processes form groups of N consecutive ranks (ranks g x N .. g x N + N - 1 are
-group g, as `deepspeed.runtime.sequence_parallel.parallel_state_sp.initialize_sequence_parallel` makes them). A group
-reads one micro-batch and splits its packed sequence along the positions, 1/N to each rank; attention runs on the
-whole sequence for 1/N of the heads (an all-to-all before and after it). So the data is dealt to groups, not to
-processes: everything that counts processes for data — pairs per step, gradient accumulation, the step plan's
-micro-batches per rank, the sampler's split, the evaluation batches, the reference stage's rows — counts
-data-parallel ranks (`data_parallel_size`), and a process reads the share of its group (`data_parallel_rank`). The
-same pairs then make the same steps on any N. ZeRO still shards the model over every process of the world.
+With `sequence_parallel_size: N`, the processes form groups of N consecutive ranks (as DeepSpeed's
+`parallel_state_sp.initialize_sequence_parallel` makes them). A group reads one micro-batch and splits its packed
+sequence along the positions, 1/N to each rank; attention runs on the whole sequence for 1/N of the heads. So the data
+is dealt to groups: everything that counts processes for data (pairs per step, accumulation, the step plan, the
+sampler, evaluation, the reference stage) counts data-parallel ranks (`data_parallel_size`), and a process reads its
+group's share (`data_parallel_rank`): the same pairs make the same steps on any N. ZeRO still shards over the world.
 """
 
 from dpotrain.recipe.errors import ConfigError
@@ -86,7 +84,6 @@ def check_heads(n: int, config, world: int) -> None:
     if not splits_heads(n, heads, kv):
         works = ", ".join(str(d) for d in divisors(world) if splits_heads(d, heads, kv))
         raise ConfigError(
-            f"sequence_parallel_size {n} does not split the model's {heads} attention heads and {kv} "
-            f"key/value heads over a group: use one of {works} (dividing the heads and the "
-            f"{world} processes)"
+            f"sequence_parallel_size {n} does not split the model's {heads} attention heads and {kv} key/value heads "
+            f"over a group: use one of {works} (dividing the heads and the {world} processes)"
         )

@@ -23,23 +23,11 @@ from dpotrain.train.metrics import PLOT_FILE, read_metrics
 RUN_COMPLETE = "run_complete.json"  # written last by a finished run (publish.py); a folder with it is a finished run
 
 # Recipe values a reader of the card needs to reproduce or judge the run.
-CARD_FIELDS = [
-    "loss_type",
-    "beta",
-    "learning_rate",
-    "lr_scheduler_type",
-    "warmup_steps",
-    "num_train_epochs",
-    "max_length",
-    "padding_free",
-    "max_tokens_per_microbatch",
-    "per_device_train_batch_size",
-    "gradient_accumulation_steps",
-    "weight_decay",
-    "max_grad_norm",
-    "bf16",
-    "seed",
-]
+CARD_FIELDS = (
+    "loss_type beta learning_rate lr_scheduler_type warmup_steps num_train_epochs max_length padding_free "
+    "max_tokens_per_microbatch per_device_train_batch_size gradient_accumulation_steps weight_decay max_grad_norm "
+    "bf16 seed"
+).split()
 # rewards/* are TRL's (beta x summed log-ratio); rewards_norm/* are on the loss's scale (beta x log-ratio per token).
 # The speed follows them: the run's (`speed_row`), not the last step's.
 FINAL_METRICS = [
@@ -47,18 +35,12 @@ FINAL_METRICS = [
     *(f"{scale}/{k}" for scale in ("rewards", "rewards_norm") for k in ("accuracies", "margins", "chosen", "rejected")),
 ]
 # Never uploaded to main: resumable state (checkpoints go to their own branches), local tracking and push records, and
-# training_args.bin (a pickle of every argument: of no use on the Hub, and unsafe to load).
-IGNORE = [
-    "checkpoint-*",
-    "checkpoint-*/**",
-    "wandb/**",
-    "*.lock",
-    ".wandb_run_id",
-    "training_args.bin",
-    ".hub_staging/**",
-    "hub_pushes.jsonl",
-    "run_files.json",  # output_folder.MANIFEST: which files of the folder are the run's, for this machine only
-]
+# training_args.bin (a pickle of every argument: of no use on the Hub, and unsafe to load), and run_files.json
+# (output_folder.MANIFEST: which files of the folder are the run's, for this machine only).
+IGNORE = (
+    "checkpoint-* checkpoint-*/** wandb/** *.lock .wandb_run_id training_args.bin .hub_staging/** hub_pushes.jsonl "
+    "run_files.json"
+).split()
 HUB_STRATEGIES = ("every_save", "end")  # transformers' values that mean no more than "push the model": accepted
 
 
@@ -90,14 +72,10 @@ class PushSettings:
 
 
 def take_push_settings(recipe, run_engine=None) -> PushSettings:
-    """The push this run will make under `run_engine` (`engine.Engine`), checked; the Trainer's own Hub machinery
-    switched off; the token off disk.
-
-    transformers' Trainer with push_to_hub creates the repo at init (which fails offline), pushes at every save
-    ("Training in progress", and with hub_strategy=checkpoint the optimizer state), and pickles hub_token into every
-    training_args.bin. So the Trainer gets push_to_hub=False and hub_token=None, this project pushes (train_dpo.py,
-    hub_push.py), and a token given as --hub_token is blanked from sys.argv, which W&B records.
-    """
+    """The push this run will make under `run_engine` (`engine.Engine`), checked; the token off disk. transformers'
+    Trainer with push_to_hub creates the repo at init (which fails offline), pushes at every save (with
+    hub_strategy=checkpoint the optimizer state too) and pickles hub_token into every training_args.bin: so it runs
+    with push_to_hub off, this project pushes, and --hub_token is blanked from sys.argv, which W&B records."""
     t, p = recipe.training, recipe.project
     strategy = getattr(t.hub_strategy, "value", t.hub_strategy)
     if t.push_to_hub and strategy not in HUB_STRATEGIES:
@@ -116,9 +94,8 @@ def take_push_settings(recipe, run_engine=None) -> PushSettings:
     if p.push_checkpoints and run_engine is not None and run_engine.name == "fsdp2":
         raise ConfigError(
             "push_checkpoints under FSDP2: its checkpoints are sharded (each rank's part, "
-            "torch.distributed.checkpoint), with no model a branch could hold: drop push_checkpoints "
-            "(the final model is still pushed as one safetensors folder), or train under ZeRO-2 or "
-            "ZeRO-3"
+            "torch.distributed.checkpoint), with no model a branch could hold: drop push_checkpoints (the final model "
+            "is still pushed as one safetensors folder), or train under ZeRO-2 or ZeRO-3"
         )
     if p.push_checkpoints and getattr(t.save_strategy, "value", t.save_strategy) == "no":
         raise ConfigError(
@@ -145,9 +122,6 @@ def scrub_argv(argv: list[str]) -> None:
                 argv[i] = f"{name}=<HUB_TOKEN>"
             elif i + 1 < len(argv):
                 argv[i + 1] = "<HUB_TOKEN>"
-
-
-# --- the model card --------------------------------------------------------------------------------------------------
 
 
 def model_card(r: Record, records: list[dict], revisions: list[tuple[int, str]] = (), repo_id: str = "") -> str:
@@ -220,9 +194,8 @@ def sources_section(sources: list[dict]) -> str:
     for r in sources:
         ident = r.get("identity") or {}
         files = ident.get("files") or {}
-        what = ", ".join(f"`{name}` sha256 `{f['sha256'][:12]}`" for name, f in files.items()) or ident.get(
-            "revision", ""
-        )
+        what = ", ".join(f"`{name}` sha256 `{f['sha256'][:12]}`" for name, f in files.items())
+        what = what or ident.get("revision", "")
         share = f"{r['token_share']:.1%}" if "token_share" in r else ""
         rows.append(
             f"| `{r['source']}` | {r['rows_read']} | {r['rows_usable']} | {r['amount']} | {r['taken']}"
@@ -256,7 +229,6 @@ def revisions_section(revisions: list[tuple[int, str]], repo_id: str) -> str:
     """The card's list of checkpoint branches (the last section, so that push_to_hub.py can replace it)."""
     if not revisions:
         return ""
-
     rows = "\n".join(f"| {step} | [`{b}`]({constants.ENDPOINT}/{repo_id}/tree/{b}) |" for step, b in revisions)
     return f"""
 {REVISIONS_HEADING}
@@ -339,14 +311,13 @@ def run_folder_problems(output_dir: str | Path) -> list[str]:
     if not (out / RUN_COMPLETE).is_file():
         problems.append(f"{RUN_COMPLETE} (training has not finished: resume it with the same command)")
     adapter = (out / "adapter_config.json").is_file()  # a LoRA run (use_peft): an adapter instead of full weights
-    problems += [f for f in ("config.json", "tokenizer_config.json") if not (out / f).is_file() and not adapter]
+    needed = ("adapter_model.safetensors" if adapter else "config.json", "tokenizer_config.json")
+    problems += [f for f in needed if not (out / f).is_file()]
     index = out / "model.safetensors.index.json"
-    if adapter:
-        problems += [f for f in ("adapter_model.safetensors", "tokenizer_config.json") if not (out / f).is_file()]
-    elif index.is_file():
+    if not adapter and index.is_file():
         shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
         problems += [s for s in shards if not (out / s).is_file()]
-    elif not (out / "model.safetensors").is_file():
+    elif not adapter and not (out / "model.safetensors").is_file():
         problems.append("model.safetensors")
     if not any((out / f).is_file() for f in TOKENIZER_VOCAB):
         problems.append("tokenizer.json")
@@ -359,13 +330,9 @@ def check_write_access(repo_id: str, token: str | None, where: str = "job") -> s
     start, so that the push cannot fail after training) or "push_to_hub.py" (pushing a finished run).
 
     Returns the repo id with its namespace (a bare `name` is the token user's `user/name`: the Hub's branch and commit
-    endpoints need both parts). The Hub decides, not rules of roles and scopes kept here: whoami names the token's
-    user, and the repo's write auth-check allows or refuses. A repo that check does not find is new, unless it exists
-    (the Hub hides a repo from a token that may not write to it): the push creates a new one, and the Hub answers
-    then whether this token may. It asks the Hub, so it is for real runs only. In a job with HF_HUB_OFFLINE set it
-    says that it skipped the check and returns `repo_id` as given: the push then happens later, where the Hub is
-    reachable.
-    """
+    endpoints need both). The Hub decides, not rules of roles and scopes kept here: whoami names the user, and the
+    repo's write auth-check allows or refuses (`_may_write`). With HF_HUB_OFFLINE it says that it skipped the check
+    and returns `repo_id` as given: the push then happens later, where the Hub is reachable."""
     if is_offline():
         print(
             f"Skipped checking write access to {repo_id}: HF_HUB_OFFLINE is set, so nothing is pushed during the run. "

@@ -1,15 +1,11 @@
-"""Checkpoints as Hub revisions: each complete checkpoint's model goes to a branch `step-<N>` of the run's repo.
+"""Checkpoints as Hub revisions: each complete checkpoint's model goes to a branch `step-<N>` of the run's repo, as
+`from_pretrained(repo, revision="step-N")` loads it (weights, config, tokenizer, chat template; never optimizer,
+scheduler or RNG state, never `training_args.bin`). transformers' own Hub machinery is off (`take_push_settings`).
 
-Only this project pushes: transformers' own Hub machinery (a repo created at trainer init, a push at every save,
-`hub_strategy` uploads of `last-checkpoint` with its optimizer state) is switched off in `take_push_settings`. What
-goes to a branch is the model as `from_pretrained(repo, revision="step-N")` loads it: weights, config, tokenizer, chat
-template. Never optimizer, scheduler or RNG state, never `training_args.bin`.
-
-`CheckpointPusher` runs on the main process only, after `CompleteMarker` has marked a checkpoint (never one without
-its mark). It links the checkpoint's files into `<output_dir>/.hub_staging/` at once, so a checkpoint that
-`save_total_limit` deletes while its upload is still running is uploaded all the same, and uploads in a background
-thread so training does not wait. Transient errors (HTTP 5xx / 429 / 408, dropped connections) are retried with
-backoff; an upload that still fails is a warning and a line in `<output_dir>/hub_pushes.jsonl`, never a failed run.
+`CheckpointPusher` (main process, after `CompleteMarker` marked a checkpoint) links the checkpoint's files into
+`<output_dir>/.hub_staging/` at once, so a checkpoint `save_total_limit` deletes mid-upload is uploaded all the same,
+and uploads in a background thread. Transient errors are retried with backoff; an upload that still fails is a warning
+and a line in `<output_dir>/hub_pushes.jsonl`, never a failed run.
 """
 
 import fnmatch
@@ -35,27 +31,13 @@ from dpotrain.train.checkpoints import MARKER, checkpoints
 
 PUSH_RECORD = "hub_pushes.jsonl"  # one line per upload's start (the final push) and outcome: step, branch, status
 STAGING = ".hub_staging"
-# What a checkpoint branch holds: a loadable model and its tokenizer. An allowlist, so that whatever else a
-# checkpoint holds (optimizer.pt, scheduler.pt, rng_state*.pth, training_args.bin, DeepSpeed's global_step*/) stays.
-CHECKPOINT_FILES = [
-    "*.safetensors",
-    "model.safetensors.index.json",
-    "config.json",
-    "generation_config.json",
-    "adapter_config.json",  # LoRA checkpoints (peft)
-    "tokenizer.json",
-    "tokenizer_config.json",
-    "special_tokens_map.json",
-    "added_tokens.json",
-    "tokenizer.model",
-    "vocab.json",
-    "vocab.txt",
-    "merges.txt",
-    "spiece.model",
-    "*.tiktoken",
-    "chat_template.jinja",
-    "chat_template.json",
-]
+# What a checkpoint branch holds: a loadable model (or LoRA adapter) and its tokenizer. An allowlist, so that whatever
+# else a checkpoint holds (optimizer.pt, rng_state*.pth, training_args.bin, DeepSpeed's global_step*/) stays.
+CHECKPOINT_FILES = (
+    "*.safetensors model.safetensors.index.json config.json generation_config.json adapter_config.json tokenizer.json "
+    "tokenizer_config.json special_tokens_map.json added_tokens.json tokenizer.model vocab.json vocab.txt merges.txt "
+    "spiece.model *.tiktoken chat_template.jinja chat_template.json"
+).split()
 # Pushed statuses: `pushed` by this run or push_to_hub.py, `present` found already on the Hub by push_to_hub.py.
 ON_THE_HUB = ("pushed", "present")
 # Seconds between attempts of one upload, on top of huggingface_hub's own retries of single requests (~20 s): a Hub
@@ -87,8 +69,6 @@ def has_weights(names: list[str]) -> bool:
     return any(n.endswith(".safetensors") for n in names)
 
 
-# --- the record of pushes ---------------------------------------------------------------------------------------
-
 _record_lock = threading.Lock()
 
 
@@ -114,9 +94,6 @@ def unconfirmed_push(output_dir: str | Path) -> dict | None:
     while pushing, or the push failed): that record, for the rerun to complete the push; None where there is none."""
     main = [r for r in read_pushes(output_dir) if r.get("branch") == "main"]
     return main[-1] if main and main[-1]["status"] not in ON_THE_HUB else None
-
-
-# --- retries ----------------------------------------------------------------------------------------------------
 
 
 def retry_waits() -> tuple[float, ...]:
@@ -148,9 +125,6 @@ def with_retries(fn, what: str, waits: tuple[float, ...] | None = None):
             time.sleep(wait)
 
 
-# --- uploads ------------------------------------------------------------------------------------------------------
-
-
 def upload_checkpoint(api, repo_id: str, folder: Path, step: int):
     """Branch `step-N` holding exactly the checkpoint's model files (files of an earlier push there are replaced)."""
     branch = branch_name(step)
@@ -174,10 +148,7 @@ def local_files(folder: Path, allow: list[str] | None = None, ignore: list[str] 
 
 def remote_matches(api, repo_id: str, revision: str, folder: Path, names: list[str]) -> bool:
     """Whether `revision` of the repo holds exactly `names` of `folder`, with the same sizes (besides .gitattributes).
-
-    Sizes, not hashes: hashing a 15 GB checkpoint to skip it would cost what uploading it costs when the Hub already
-    has its content (huggingface_hub then sends no bytes).
-    """
+    Sizes, not hashes: hashing a 15 GB checkpoint costs what uploading content the Hub already has costs."""
     try:
         remote = {
             f.path: f.size for f in api.list_repo_tree(repo_id, revision=revision, recursive=True) if hasattr(f, "size")
@@ -238,11 +209,8 @@ def push_checkpoints(api, run_dir: Path, repo_id: str) -> list[dict]:
 
 
 class CheckpointPusher(TrainerCallback):
-    """Pushes each complete checkpoint to branch `step-<N>` in a background thread (main process only).
-
-    Place it after `CompleteMarker` in the callback list: its `on_save` runs after the mark is written. `finish`
-    waits, bounded, for uploads still running; what did not finish is recorded as `unfinished`.
-    """
+    """Pushes each complete checkpoint to branch `step-<N>` in a background thread (main process only). Place it after
+    `CompleteMarker` in the callback list; `finish` waits, bounded, for uploads still running."""
 
     def __init__(self, repo_id: str, token: str, private: bool | None, output_dir: str | Path):
         self.repo_id, self.token, self.private = repo_id, token, private
@@ -305,14 +273,9 @@ class CheckpointPusher(TrainerCallback):
             with_retries(lambda: api.create_repo(self.repo_id, private=self.private, exist_ok=True), "create_repo")
             self._repo_ready = True
         commit, attempts = with_retries(lambda: upload_checkpoint(api, self.repo_id, staged, step), f"{branch} push")
+        files = checkpoint_files(staged)
         record_push(
-            self.out,
-            step=step,
-            branch=branch,
-            status="pushed",
-            attempts=attempts,
-            commit=commit.oid,
-            files=checkpoint_files(staged),
+            self.out, step=step, branch=branch, status="pushed", attempts=attempts, commit=commit.oid, files=files
         )
         print(f"Pushed checkpoint-{step} to {self.repo_id}@{branch}", flush=True)
 
