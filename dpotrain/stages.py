@@ -1,14 +1,9 @@
 """The run's first half, as its stages: checks -> data -> lengths -> forward -> plan -> memory. Each stage takes
-what the earlier ones returned and returns a value; `resolved_config.json` and the dry run's summary only format
-their records.
+what the earlier ones returned and returns a value; `resolved_config.json` and the dry run's summary format them.
 
-`train_dpo.py:run` takes these stages, then the second half (the trainer, the plan stage, the reference stage,
-training, save and push). A dry run (`--dry-run`) is this first half alone, stopping before a model weight loads: the
-same functions, deciding the same way. It differs from the run only in where two inputs come from:
-- the launch (`Launch`): planned from the recipe's accelerate config (or `WORLD_SIZE`), not the launched process;
-- the files: local ones only. A data set on the Hub is not loaded (its rows, steps and lengths are counted at start,
-  unless the analyzer cached them), a model whose files are not on this machine is not fetched; what depends on them
-  is recorded as decided at start, with the command that decides it now.
+A dry run (`--dry-run`) is this first half alone, stopping before a model weight loads: the same functions, deciding
+the same way, with its launch planned from the recipe's accelerate config (`Launch`) and local files only (what
+depends on a Hub data set or model is recorded as decided at start, with the command that decides it now).
 """
 
 import copy

@@ -324,10 +324,8 @@ def _lookup(symbol: str):
     """(owner, name, value) for "module:A.b": the object holding the last name, the name, and its value (or a missing
     marker for an instance attribute that only exists once __init__ ran)."""
     module_name, _, path = symbol.partition(":")
-    owner = importlib.import_module(module_name)
     *parents, name = path.split(".")
-    for part in parents:
-        owner = getattr(owner, part)
+    owner = functools.reduce(getattr, parents, importlib.import_module(module_name))
     return owner, name, getattr(owner, name, _MISSING)
 
 
@@ -458,9 +456,7 @@ def save_weights(trainer, output_dir, state_dict) -> None:
 @contextlib.contextmanager
 def patched(symbol: str, replacement):
     """A `patch` seam's module-level name replaced for the duration of the block."""
-    module_name, _, name = symbol.partition(":")
-    module = importlib.import_module(module_name)
-    original = getattr(module, name)
+    module, name, original = _lookup(symbol)
     with attributes_set(module, **{name: replacement}):
         yield original
 

@@ -8,24 +8,10 @@ import textwrap
 from dpotrain.recipe import upstream
 
 # The fields the README's commands and recipes set most, in the order a run meets them.
-COMMON = (
-    "model_name_or_path",
-    "dataset_name",
-    "output_dir",
-    "max_length",
-    "learning_rate",
-    "beta",
-    "loss_type",
-    "max_steps",
-    "num_train_epochs",
-    "report_to",
-    "push_to_hub",
-    "hub_model_id",
-    "use_peft",
-    "lora_target_modules",
-    "resume_from_checkpoint",
-    "seed",
-)
+COMMON = """
+    model_name_or_path dataset_name output_dir max_length learning_rate beta loss_type max_steps num_train_epochs
+    report_to push_to_hub hub_model_id use_peft lora_target_modules resume_from_checkpoint seed
+""".split()
 RECIPES = "configs/think.yaml, instruct.yaml, think-32b.yaml, smoke.yaml (the CPU demo)"
 
 
