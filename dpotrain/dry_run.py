@@ -36,8 +36,7 @@ def write_json(resolved: dict, output_dir: str) -> Path:
 
 
 def report(resolved: dict, output_dir: str, as_json: bool, stdout=None) -> None:
-    """The dry run's output on `stdout` (the process's own, not what the stages printed to): the resolved configuration
-    as JSON alone (`--json`), else the summary, the JSON written beside the output folder."""
+    """The dry run's output on the process's own `stdout`: the JSON alone (`--json`), else the summary."""
     stdout = stdout or sys.stdout
     if as_json:
         print(json.dumps(resolved, indent=2, default=str), file=stdout, flush=True)

@@ -240,8 +240,7 @@ def check_output_dir(recipe: Recipe, pairs_per_step: int | None = None) -> Outpu
 
 
 def count_steps(recipe: Recipe, batch: Batch, world: int, rows: int | None) -> dict:
-    """Optimizer steps as the Trainer will count them: steps of pairs_per_step pairs (plan.py, a tiny last step
-    merged), one dataloader item each. `world`: the data-parallel ranks."""
+    """Optimizer steps as the Trainer will count them: steps of pairs_per_step pairs (plan.py), on `world` ranks."""
     from dpotrain.plan.plan import steps_of
 
     t, pairs = recipe.training, batch.pairs_per_step

@@ -425,8 +425,7 @@ def _from_submit_dir(name: str | None) -> str | None:
 
 
 def _job_output_dir(output_dir: str, on_command_line: bool) -> str:
-    """A Slurm job's output folder, absolute: a relative --output_dir is in the folder submitted from, the recipe's
-    own in the project's."""
+    """A Slurm job's output folder, absolute: a relative --output_dir is in the folder submitted from."""
     submitted = os.environ.get("DPOTRAIN_SUBMIT_DIR")
     if not submitted or Path(output_dir).expanduser().is_absolute():
         return output_dir
@@ -508,7 +507,6 @@ def replaced(recipe: Recipe, **parts: dict) -> Recipe:
 
 
 def uses_live_reference(recipe: Recipe) -> bool:
-    """A reference model run at every step instead of the reference stage: `precompute_ref_log_probs: false`, or
-    `sync_ref_model` (which updates the reference)."""
+    """A reference model run at every step instead of the reference stage (`sync_ref_model` updates it)."""
     t = recipe.training
     return bool(t.sync_ref_model or ("precompute_ref_log_probs" in recipe.given and not t.precompute_ref_log_probs))

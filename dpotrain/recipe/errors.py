@@ -19,8 +19,7 @@ def cause(error: BaseException, limit: int = 300) -> str:
 
 
 def run_cli(main) -> None:
-    """Run a command's `main`; a ConfigError ends it with its one line on stderr and exit code 2, a RunError with its
-    one line and exit code 1, no traceback."""
+    """Run a command's `main`; a ConfigError or RunError ends it in one line on stderr (exit 2, 1), no traceback."""
     try:
         sys.exit(main())
     except (ConfigError, RunError) as e:

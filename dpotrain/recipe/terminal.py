@@ -51,8 +51,7 @@ def say(fd: int, data: bytes) -> None:
 
 
 class _PipeWriter(io.FileIO):
-    """fd 1 or 2 as a raw file whose writes outlive its reader: on EPIPE the stream is detached and the write done
-    again, to /dev/null."""
+    """fd 1 or 2 as a raw file whose writes outlive its reader: on EPIPE, detached and written again to /dev/null."""
 
     def write(self, data):
         try:

@@ -42,8 +42,7 @@ def _row(flag: str, text: str) -> str:
 
 
 def short_help(parser, project_fields) -> str:
-    """The usage, the recipe and dry-run flags, the fields users set most, this project's own options (from their
-    dataclass: `project_fields`), and where the rest is."""
+    """The usage, the recipe and dry-run flags, the fields users set most, this project's own, and where the rest is."""
     actions = {a.dest: a for a in upstream.parser_actions(parser)}
 
     def described(name: str) -> str:
