@@ -13,6 +13,7 @@ from pathlib import Path
 from dpotrain.data import mixture
 from dpotrain.forwards import cost, flops
 from dpotrain.plan.memory import EXPANDABLE
+from dpotrain.plan.memory_advice import NODE_SIZES
 from dpotrain.recipe import run_record
 from dpotrain.recipe.run_record import Record
 from dpotrain.recipe.writes import check_not_input, input_files, write_text
@@ -260,8 +261,6 @@ def replaced_text(replaced: dict | None, pairs: int) -> str:
 def forward_text(forward: dict) -> str:
     """'with FlashAttention 4 installed: unshared packing, one row per micro-batch on flash_attention_4 (cheapest
     measured: est. 890 against 1,112 for ..., H100-seconds per 1,000 pairs); without: ...'."""
-    from dpotrain.forwards.cost import shown
-
     parts = []
     if "layout" in forward:  # the forward this machine takes, as the run records it
         forward = {"on this machine": forward}
@@ -276,8 +275,8 @@ def forward_text(forward: dict) -> str:
         if len(estimates) > 1:
             unit, by = f["decision"]["unit"], f["decision"]["by"]
             text += (
-                f" ({by}: est. {shown(estimates[0]['estimate'])} against {shown(estimates[1]['estimate'])} for "
-                f"{estimates[1]['forward']}, {unit})"
+                f" ({by}: est. {cost.shown(estimates[0]['estimate'])} against "
+                f"{cost.shown(estimates[1]['estimate'])} for {estimates[1]['forward']}, {unit})"
             )
         parts.append(f"{name}: {text}")
     if "decided" in forward:
@@ -320,8 +319,6 @@ def _memory_rows(memory: run_record.RecordedMemory, row) -> None:
 
 def other_nodes(world: int, per_node: int) -> str:
     """How to plan the same number of nodes with the other node size of the sbatch scripts (not the one planned)."""
-    from dpotrain.plan.memory_advice import NODE_SIZES
-
     nodes = -(-world // per_node)
     return "; ".join(
         f"{nodes} node{'s' * (nodes > 1)} of {size}: WORLD_SIZE={nodes * size} GPUS_PER_NODE={size}"

@@ -385,8 +385,7 @@ def parse_args(argv: list[str] | None = None) -> Recipe:
     if on_command_line & {"datasets", "dataset_mixer_list"} and "dataset_name" not in on_command_line:
         script.dataset_name = None  # a mixture on the command line replaces the recipe file's one data set
     if "output_dir" in on_command_line and "run_name" not in on_command_line:
-        # The run is the folder the user named: the model card, the plot and W&B say so, not the recipe's name for
-        # its own default folder (transformers, too, names a run after its output_dir).
+        # The run is the folder the user named, not the recipe's default (transformers names a run after output_dir).
         training.run_name = Path(training.output_dir).resolve().name
     if not training.run_name:  # from the recipe's file name; output_dir from it, outputs/<run_name>
         training.run_name = Path(config_path).stem + "-dpo" if config_path else "dpo"

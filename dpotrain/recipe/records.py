@@ -10,6 +10,7 @@ Whole records are renamed into place (writes.py); one found damaged is what the 
 in one line naming the file and what to do (`read_record`). A damaged cache file is removed and computed again.
 """
 
+import contextlib
 import json
 import os
 import sys
@@ -123,8 +124,5 @@ def damaged_cache(path: str | Path, why: str, kind: str, again: str) -> None:
         file=sys.stderr,
         flush=True,
     )
-    try:
+    with contextlib.suppress(OSError):  # a read-only cache: computed again next time too, never a reason not to start
         Path(path).unlink(missing_ok=True)
-    except OSError:  # a read-only cache: computed again next time too, but never a reason not to start
-        pass
-    return None
