@@ -45,14 +45,13 @@ def main(argv=None) -> None:
         result = run(argv, stop)
         engine.end_processes()  # not after an error: a rank may still be in a collective the others left
         return result
-    except Exception as e:  # any write of the run (metrics, plot, card, samples, records, caches) that did not fit
+    except Exception as e:  # any write of the run that did not fit: one line
         full = disk_full.full_write(e)
         if full is None:
             raise
         raise disk_full.write_failed(*full) from None
     finally:
-        # Done (or failed): a preemption's SIGTERM from now on must not kill the process while Python shuts down,
-        # which restores default handlers (the job would end FAILED after a complete run).
+        # A preemption's SIGTERM from now on must not kill the process while Python shuts down (a FAILED job).
         stop.release()
         run_lock.release()  # the output folder's lock (dpotrain/cluster/run_lock.py), however the run ended
 
@@ -89,8 +88,7 @@ def run(argv, stop: GracefulStop) -> int | None:
     output = replace(output, resume_from=confirmed)
     spec = stages.first_half(recipe, launch, state, output, push)  # data -> lengths -> forward -> memory
     train_stage.prepare_output(spec, state)  # the old run's files removed where it is replaced
-    # The ready run: the model loaded, its pairs tokenized and every step planned (a step that cannot be cut is refused
-    # here), what every rank decided alone checked equal everywhere.
+    # The ready run: the model loaded, its pairs tokenized, every step planned, the ranks agreed.
     ready = train_stage.build_run(spec, stop)
     outcomes = ready.score_reference()  # scored once, saved as it goes, stopped cleanly on a stop request
     return ready.train(outcomes)  # its record, training, the final model saved and pushed (dpotrain/publish.py)

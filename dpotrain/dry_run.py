@@ -1,8 +1,8 @@
 """What `train_dpo.py --dry-run` shows a person: a short summary of what the job will do, before it is submitted.
 
-The full resolved configuration (every field, and under `derived` the step plan and the memory plan) is one JSON
-object: written next to the output folder (never inside it: a folder is where a run lives, resolve.check_output_dir),
-or printed instead of the summary with `--json`, for scripts (scripts/launch.sh reads it).
+The full resolved configuration (every field, and under `derived` the step and memory plans) is one JSON object:
+written next to the output folder (never inside it: a folder is where a run lives), or printed instead of the summary
+with `--json`, for scripts (scripts/launch.sh reads it).
 """
 
 import json
@@ -13,20 +13,19 @@ from pathlib import Path
 from dpotrain.data import mixture
 from dpotrain.forwards import cost, flops
 from dpotrain.plan.memory import EXPANDABLE
+from dpotrain.plan.memory_advice import NODE_SIZES
 from dpotrain.recipe import run_record
 from dpotrain.recipe.run_record import Record
 from dpotrain.recipe.writes import check_not_input, input_files, write_text
 from dpotrain.train import losses
 
-# Memory of GPUs users train on, in GiB as `gpu_memory_gib` takes it (nvidia-smi's total MiB / 1024): what a dry run
-# on a login node tells a user to pass to plan for their GPU.
+# Memory of GPUs users train on, in GiB as `gpu_memory_gib` takes it (nvidia-smi's total MiB / 1024).
 KNOWN_GPUS = {"H100 80GB": 79.6, "H200": 140.4, "B200": 179.0}
 GPU_SIZES = ", ".join(f"{size:g} ({name})" for name, size in KNOWN_GPUS.items())  # what --gpu_memory_gib takes
 
 
 def write_json(resolved: dict, output_dir: str) -> Path:
-    """The full plan, beside the output folder (never inside it, `--output_dir .` included: `./.dry-run.json`), so that
-    the real run finds no folder made for it."""
+    """The full plan, beside the output folder (`--output_dir .`: `./.dry-run.json`), never a folder for the run."""
     out = Path(os.path.abspath(output_dir))
     path = out.parent / f"{out.name}.dry-run.json"
     sources = mixture.local_files(resolved)  # a mixture's local sources, named as the recipe resolved them
@@ -38,9 +37,7 @@ def write_json(resolved: dict, output_dir: str) -> Path:
 
 
 def report(resolved: dict, output_dir: str, as_json: bool, stdout=None) -> None:
-    """The dry run's output on `stdout` (the process's own, not what the stages printed to): the resolved configuration
-    as JSON alone (`--json`, for scripts: scripts/launch.sh reads it), else the summary, the JSON written beside the
-    output folder."""
+    """The dry run's output on the process's own `stdout`: the JSON alone (`--json`), else the summary."""
     stdout = stdout or sys.stdout
     if as_json:
         print(json.dumps(resolved, indent=2, default=str), file=stdout, flush=True)
@@ -56,8 +53,7 @@ def gpu_name(gib: float | None) -> str:
 
 
 def template_text(r: Record) -> str:
-    """The chat template the pairs are tokenized with: the recipe's file, or the model's own (its SHA-256 where the
-    tokenizer was at hand)."""
+    """The chat template the pairs are tokenized with: the recipe's file, or the model's own."""
     t = r.lengths.template or run_record.Template(None, None, None, None)
     if t.plain_text:
         unused = f"; chat_template_path is not used ({t.unused})" if t.unused else ""
@@ -69,8 +65,7 @@ def template_text(r: Record) -> str:
 
 
 def trained_text(r: Record) -> str:
-    """Which tokens of each side are trained: of plain text, the completion; of messages, the assistant turns
-    `assistant_turns` names."""
+    """Which tokens of each side are trained: plain text's completion, or the turns `assistant_turns` names."""
     if r.lengths.template and r.lengths.template.plain_text:
         return "the completion after the prompt (plain text has no assistant turns: assistant_turns does not apply)"
     if r.settings.assistant_turns == "all":
@@ -79,8 +74,7 @@ def trained_text(r: Record) -> str:
 
 
 def summary(r: Record, json_file: Path | None, heading: str | None = None) -> str:
-    """The lines a person reads before submitting (and a run prints as it starts, under its own `heading`): model,
-    data, steps, batching, memory per GPU, the GPU, engine."""
+    """The lines a person reads before submitting (and a run prints as it starts, under its own `heading`)."""
     s, launch, memory = r.settings, r.launch, r.memory
     lines = [heading or f"dry run of {s.config or 'the command line'}: nothing loaded, nothing trained"]
 
@@ -176,9 +170,8 @@ def learning_rate_text(s) -> str:
 
 
 def duration_text(r: Record) -> str:
-    """How long the reference stage and the steps take at the planned size, by one rule: model FLOPs (6 x parameters
-    per token trained, 2 x per token the reference stage scores, a forward) / (GPUs x the GPU's peak x an assumed MFU,
-    the lowest this project measured: forwards/cost.py SPEED). An estimate for GPU runs; else why not."""
+    """How long the reference stage and the steps take: model FLOPs (6 x parameters per token trained, 2 x per token
+    scored) / (GPUs x the GPU's peak x the lowest MFU this project measured, forwards/cost.py SPEED); else why not."""
     s, memory, batching, steps = r.settings, r.memory, r.batching, r.data.total_steps
     if not (s.bf16 or s.fp16):
         return "not estimated: this recipe computes in fp32, a CPU run (the estimate is a GPU's: its peak FLOP/s)"
@@ -220,7 +213,7 @@ def _took(seconds: float) -> str:
 
 
 def tokens_per_step(b: run_record.RecordedBatching, ranks: int) -> float:
-    """Real (non-padding) tokens a step trains on, from the step plan: the tokens/step row and the time estimate."""
+    """Real (non-padding) tokens a step trains on, from the step plan."""
     return b.micro_batches_per_step.mean * ranks * b.positions_per_micro_batch.mean * (1 - b.padding_share)
 
 
@@ -258,8 +251,7 @@ def reference_text(s, trained: dict | None) -> str:
 
 
 def replaced_text(replaced: dict | None, pairs: int) -> str:
-    """'; NOT the recipe's 128: --per_device_train_batch_size on the command line replaced it (--pairs_per_step 128
-    --max_tokens_per_microbatch none keeps it, in micro-batches of that many pairs)'."""
+    """'; NOT the recipe's 128: --per_device_train_batch_size on the command line replaced it (...)'."""
     if not replaced or replaced.get("pairs_per_step") in (None, pairs):
         return ""
     keep = f" ({replaced['keep']} keeps it, in micro-batches of that many pairs)" if replaced.get("keep") else ""
@@ -268,10 +260,7 @@ def replaced_text(replaced: dict | None, pairs: int) -> str:
 
 def forward_text(forward: dict) -> str:
     """'with FlashAttention 4 installed: unshared packing, one row per micro-batch on flash_attention_4 (cheapest
-    measured: est. 890 against 1,112 for shared prompts on flex_attention, H100-seconds per 1,000 pairs); without:
-    ...'."""
-    from dpotrain.forwards.cost import shown
-
+    measured: est. 890 against 1,112 for ..., H100-seconds per 1,000 pairs); without: ...'."""
     parts = []
     if "layout" in forward:  # the forward this machine takes, as the run records it
         forward = {"on this machine": forward}
@@ -286,8 +275,8 @@ def forward_text(forward: dict) -> str:
         if len(estimates) > 1:
             unit, by = f["decision"]["unit"], f["decision"]["by"]
             text += (
-                f" ({by}: est. {shown(estimates[0]['estimate'])} against {shown(estimates[1]['estimate'])} for "
-                f"{estimates[1]['forward']}, {unit})"
+                f" ({by}: est. {cost.shown(estimates[0]['estimate'])} against "
+                f"{cost.shown(estimates[1]['estimate'])} for {estimates[1]['forward']}, {unit})"
             )
         parts.append(f"{name}: {text}")
     if "decided" in forward:
@@ -298,7 +287,7 @@ def forward_text(forward: dict) -> str:
 
 
 def _memory_rows(memory: run_record.RecordedMemory, row) -> None:
-    """The memory plan per GPU, whether it fits, which GPU it was checked against and how to plan for another."""
+    """The memory plan per GPU, whether it fits which GPU, and how to plan for another."""
     if memory.per_gpu_gib is None:
         row("memory/GPU", f"not planned: {memory.skipped}")
         return
@@ -330,8 +319,6 @@ def _memory_rows(memory: run_record.RecordedMemory, row) -> None:
 
 def other_nodes(world: int, per_node: int) -> str:
     """How to plan the same number of nodes with the other node size of the sbatch scripts (not the one planned)."""
-    from dpotrain.plan.memory_advice import NODE_SIZES
-
     nodes = -(-world // per_node)
     return "; ".join(
         f"{nodes} node{'s' * (nodes > 1)} of {size}: WORLD_SIZE={nodes * size} GPUS_PER_NODE={size}"

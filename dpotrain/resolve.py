@@ -53,8 +53,7 @@ def check_values(recipe: Recipe) -> None:
 
 
 def check_token_budget(budget: int, max_length: int | None) -> None:
-    """A token budget holds the longest pair there can be. Under `max_length: auto` it is checked against the
-    analyzer's choice once it is made (the lengths stage: stages.measure_lengths)."""
+    """A token budget holds the longest pair there can be (under `max_length: auto`, checked once it is decided)."""
     if max_length is None or budget < 2 * max_length:
         raise ConfigError(
             f"max_tokens_per_microbatch={budget} must hold the longest possible pair, 2 x max_length "
@@ -73,13 +72,11 @@ class Batch:
 
 def decide_batch(recipe: Recipe, world: int) -> Batch:
     """Keep pairs_per_step fixed on any number of processes by deriving gradient accumulation; without pairs_per_step,
-    per_device_train_batch_size x gradient_accumulation_steps x processes. `world`: the processes that read their own
-    pairs (data-parallel ranks: processes / sequence_parallel_size)."""
+    per_device_train_batch_size x gradient_accumulation_steps x processes. `world`: the data-parallel ranks."""
     t, pairs = recipe.training, recipe.project.pairs_per_step
     per_step = t.per_device_train_batch_size * world
     if recipe.project.max_tokens_per_microbatch is not None:
-        # Micro-batches are cut by tokens: gradient accumulation follows from the data (trainer.py). Each process
-        # needs at least one pair per step.
+        # Micro-batches are cut by tokens: accumulation follows from the data; each process needs a pair per step.
         pairs = pairs or per_step * t.gradient_accumulation_steps
         if pairs < world:
             raise ConfigError(
@@ -131,56 +128,20 @@ class OutputDecision:
         return {"output_folder": folder, "would_refuse": list(self.would_refuse)}
 
 
-# Settings a resumed run must share with the run that wrote its checkpoint; others (output_dir, run_name, logging,
-# report_to, save_*, eval_*, push, dataloader, precision) may change between a run and its resumption, and so may
-# sequence_parallel_size: it splits the same work otherwise, and the steps, pairs per step and reference cache do not
-# depend on it (tests/test_sequence_parallel.py resumes a group's checkpoint without one).
-RESUME_FIELDS = (
-    "model_name_or_path",
-    "model_revision",
-    "dataset_name",
-    "dataset_config",
-    "dataset_train_split",
-    "skip_invalid",
-    "hh_format",
-    "assistant_turns",
-    "datasets",
-    "dataset_mixer_list",
-    "dataset_mixer_list_splits",
-    "learning_rate",
-    "lr_scheduler_type",
-    "lr_scheduler_kwargs",
-    "warmup_steps",
-    "num_train_epochs",
-    "max_steps",
-    "optim",
-    "weight_decay",
-    "adam_beta1",
-    "adam_beta2",
-    "adam_epsilon",
-    "max_grad_norm",
-    "seed",
-    "data_seed",
-    "beta",
-    "loss_type",
-    "loss_weights",
-    "label_smoothing",
-    "max_length",
-    "truncation_mode",
-    "use_peft",
-    "lora_r",
-    "lora_alpha",
-    "lora_dropout",
-    "lora_target_modules",
-    "use_rslora",
-    "use_dora",
-)
+# Settings a resumed run must share with the run that wrote its checkpoint; others (output_dir, logging, save_*, eval_*,
+# push, precision, sequence_parallel_size: the same work split otherwise) may change between a run and its resumption.
+RESUME_FIELDS = """
+    model_name_or_path model_revision dataset_name dataset_config dataset_train_split skip_invalid hh_format
+    assistant_turns datasets dataset_mixer_list dataset_mixer_list_splits learning_rate lr_scheduler_type
+    lr_scheduler_kwargs warmup_steps num_train_epochs max_steps optim weight_decay adam_beta1 adam_beta2 adam_epsilon
+    max_grad_norm seed data_seed beta loss_type loss_weights label_smoothing max_length truncation_mode use_peft
+    lora_r lora_alpha lora_dropout lora_target_modules use_rslora use_dora
+""".split()
 
 
 def changed_settings(recipe: Recipe, out: Path, pairs_per_step: int | None) -> list[str]:
-    """`field: old -> new` for each RESUME_FIELDS value (and pairs per step) that differs from the resolved_config.json
-    in `out` (a run's folder, or a checkpoint's copy: `trained_under`), the data set's content (`data_identity`) and
-    the model's (`model_identity`); [] when there is none to compare with."""
+    """`field: old -> new` for each RESUME_FIELDS value (and pairs per step, the data's and the model's content) that
+    differs from the resolved_config.json in `out`; [] when there is none to compare with."""
     old, new = run_record.read(out / "resolved_config.json"), run_record.of(resolved_config(recipe, {}))
     if old is None:
         return []
@@ -205,9 +166,8 @@ def changed_settings(recipe: Recipe, out: Path, pairs_per_step: int | None) -> l
 
 
 def trained_under(checkpoint: Path) -> Path:
-    """The folder holding the record of the settings `checkpoint` was trained under: its own copy (saved with it and
-    covered by its manifest, so that a checkpoint copied out of its run is compared too), else its run's folder's
-    (checkpoints saved before they held one). Neither: refused, as a resume on settings nobody can compare."""
+    """The folder holding the record of the settings `checkpoint` was trained under: its own copy (a checkpoint
+    copied out of its run is compared too), else its run's folder's. Neither: refused."""
     for folder in (checkpoint, checkpoint.resolve().parent):
         if (folder / "resolved_config.json").is_file():
             return folder
@@ -223,16 +183,13 @@ def check_output_dir(recipe: Recipe, pairs_per_step: int | None = None) -> Outpu
     """Resume, start afresh, or refuse: never write over a finished run by accident, never lose checkpoints.
 
     --overwrite_output_dir replaces a finished run or half-written checkpoints, but an unfinished run with a complete
-    checkpoint still resumes: a requeued Slurm job runs with the same arguments and must not wipe its own progress.
-    A rerun whose training settings differ from the unfinished run's is refused (its checkpoint belongs to another
-    run), or with --overwrite_output_dir starts afresh.
+    checkpoint and the same settings still resumes: a requeued Slurm job must not wipe its own progress.
     """
     t, p = recipe.training, recipe.project
     out = Path(t.output_dir)
     if t.resume_from_checkpoint:
         resume.check_explicit(t.resume_from_checkpoint)
-        # The comparison the automatic resume makes, with the record the checkpoint was trained under: its schedule
-        # and data order are that run's.
+        # The automatic resume's comparison, with the record the checkpoint was trained under.
         folder = Path(t.resume_from_checkpoint)
         changed = changed_settings(recipe, trained_under(folder), pairs_per_step)
         if changed:
@@ -268,9 +225,8 @@ def check_output_dir(recipe: Recipe, pairs_per_step: int | None = None) -> Outpu
             return OutputDecision(None, True)
         if changed:
             raise ConfigError(
-                f"output_dir {str(out)!r} holds an unfinished run with other settings ({'; '.join(changed)}): "
-                "rerun with its settings to resume it, pass a new --output_dir, or --overwrite_output_dir to start "
-                "afresh"
+                f"output_dir {str(out)!r} holds an unfinished run with other settings ({'; '.join(changed)}): rerun "
+                "with its settings to resume it, pass a new --output_dir, or --overwrite_output_dir to start afresh"
             )
         return OutputDecision(str(latest), False)
     if checkpoints(out):
@@ -284,8 +240,7 @@ def check_output_dir(recipe: Recipe, pairs_per_step: int | None = None) -> Outpu
 
 
 def count_steps(recipe: Recipe, batch: Batch, world: int, rows: int | None) -> dict:
-    """Optimizer steps as the Trainer will count them: steps of pairs_per_step pairs (plan.py, a tiny last step
-    merged), one dataloader item each. `world`: the data-parallel ranks (processes / sequence_parallel_size)."""
+    """Optimizer steps as the Trainer will count them: steps of pairs_per_step pairs (plan.py), on `world` ranks."""
     from dpotrain.plan.plan import steps_of
 
     t, pairs = recipe.training, batch.pairs_per_step
@@ -296,28 +251,22 @@ def count_steps(recipe: Recipe, batch: Batch, world: int, rows: int | None) -> d
         total = math.ceil(t.num_train_epochs * len(steps_of(np.arange(rows), pairs, world)))
     else:
         return plan
-    plan["total_steps"] = total
-    plan["warmup_steps"] = t.get_warmup_steps(total)
-    return plan
+    return plan | {"total_steps": total, "warmup_steps": t.get_warmup_steps(total)}
 
 
 def resolved_config(recipe: Recipe, derived: dict) -> dict:
     """Every field by its own name (tokens redacted by `TrainingArguments.to_dict`), plus the derived numbers."""
-
     resolved = {}
     for part in (recipe.script, recipe.model, recipe.project):
         resolved.update(asdict(part))
     resolved.update(recipe.training.to_dict())
     resolved["pad_token"] = recipe.training.pad_token  # to_dict hides every `*_token` field; only hub_token is secret
-    resolved.pop("dry_run")
-    resolved.pop("json")  # how a dry run prints, not a setting of the run
+    del resolved["dry_run"], resolved["json"]  # how a dry run prints, not a setting of the run
     if recipe.max_length_auto:  # the analyzer's choice (derived.max_length says how it was made), or "auto"
         resolved["max_length"] = derived.get("max_length", {}).get("max_length", "auto")
     if recipe.project.max_tokens_per_microbatch is not None:
-        # Micro-batches are cut by tokens: no fixed number of pairs per micro-batch, and how many micro-batches a step
-        # takes comes from the data (derived.batching once the trainer has planned them).
-        resolved["per_device_train_batch_size"] = None
-        resolved["gradient_accumulation_steps"] = None
+        # Micro-batches are cut by tokens: neither is fixed (derived.batching once the trainer has planned them).
+        resolved["per_device_train_batch_size"] = resolved["gradient_accumulation_steps"] = None
     if "micro_batches_per_step" in derived.get("batching", {}):  # the plan's micro-batches per step are the truth
         per_step = derived["batching"]["micro_batches_per_step"]
         resolved["gradient_accumulation_steps"] = per_step["min"] if per_step["min"] == per_step["max"] else None

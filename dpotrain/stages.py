@@ -1,14 +1,9 @@
 """The run's first half, as its stages: checks -> data -> lengths -> forward -> plan -> memory. Each stage takes
-what the earlier ones returned and returns a value; `resolved_config.json` and the dry run's summary only format
-their records.
+what the earlier ones returned and returns a value; `resolved_config.json` and the dry run's summary format them.
 
-`train_dpo.py:run` takes these stages, then the second half (the trainer, the plan stage, the reference stage,
-training, save and push). A dry run (`--dry-run`) is this first half alone, stopping before a model weight loads: the
-same functions, deciding the same way. It differs from the run only in where two inputs come from:
-- the launch (`Launch`): planned from the recipe's accelerate config (or `WORLD_SIZE`), not the launched process;
-- the files: local ones only. A data set on the Hub is not loaded (its rows, steps and lengths are counted at start,
-  unless the analyzer cached them), a model whose files are not on this machine is not fetched; what depends on them
-  is recorded as decided at start, with the command that decides it now.
+A dry run (`--dry-run`) is this first half alone, stopping before a model weight loads: the same functions, deciding
+the same way, with its launch planned from the recipe's accelerate config (`Launch`) and local files only (what
+depends on a Hub data set or model is recorded as decided at start, with the command that decides it now).
 """
 
 import copy
@@ -47,26 +42,17 @@ FA4_SETS = {"with FlashAttention 4 installed": "flash_attention_4", "without": N
 
 
 # The fields the analyzer measures with, as its flags name them; it reads the rest of the recipe as the run does.
-ANALYZER_FIELDS = (
-    "model_name_or_path",
-    "dataset_name",
-    "dataset_train_split",
-    "dataset_config",
-    "hh_format",
-    "auto_coverage",
-    "chat_template_path",
-)
+ANALYZER_FIELDS = """
+    model_name_or_path dataset_name dataset_train_split dataset_config hh_format auto_coverage chat_template_path
+""".split()
 
 
 def analyze_command(recipe) -> str:
-    """The analyzer's command that measures what this run will train: the recipe, which the analyzer parses as the run
-    does (`config.parse_args`), and the command line's values of the fields it measures with (the model above all:
-    the recipe's may not even be on this machine)."""
+    """The analyzer's command that measures what this run will train: the recipe (the analyzer parses it as the run
+    does), and the command line's values of the fields it measures with (the recipe's model may not be here)."""
     words = ["python", "scripts/analyze_dataset.py", *(["--config", recipe.config_path] if recipe.config_path else [])]
-    values, changed = (
-        {**vars(recipe.script), **vars(recipe.model), **vars(recipe.project)},
-        config.fields_set(recipe.command_line),
-    )
+    values = {**vars(recipe.script), **vars(recipe.model), **vars(recipe.project)}
+    changed = config.fields_set(recipe.command_line)
     for name in ANALYZER_FIELDS:
         if name in changed and values[name] is not None:
             words += [f"--{name}", str(values[name])]
@@ -74,8 +60,7 @@ def analyze_command(recipe) -> str:
 
 
 def analyze_hint(recipe) -> str:
-    """How to see now what the run decides from the token lengths: the analyzer's command, then the dry run again; or,
-    for a model folder without a tokenizer (configs/models/*), that the lengths need the model's tokenizer."""
+    """How to see now what the run decides from the token lengths: the analyzer's command, then the dry run again."""
     model = recipe.model.model_name_or_path or ""
     if lengths.holds_no_tokenizer(model):
         return f"{model} holds no tokenizer to measure them with: dry-run your own model to see them now"
@@ -87,8 +72,8 @@ def analyze_hint(recipe) -> str:
 
 @dataclass(frozen=True)
 class Launch:
-    """The processes and engine of the run: the launched ones, or for a dry run the ones its launch will have; and the
-    machines the forward is decided for (name -> (CUDA, the varlen FlashAttention installed))."""
+    """The processes and engine of the run (a dry run: its launch's), and the machines the forward is decided for
+    (name -> (CUDA, the varlen FlashAttention installed))."""
 
     world: int
     world_source: str
@@ -101,7 +86,7 @@ class Launch:
 
     @property
     def data_parallel(self) -> int:
-        """The processes that read their own data (groups of `sequence_parallel`): what pairs and steps count."""
+        """The processes that read their own data: what pairs and steps count."""
         return sequence_parallel.data_parallel_size(self.world, self.sequence_parallel)
 
     def record(self) -> dict:
@@ -145,20 +130,16 @@ def checks(recipe) -> Launch:
 
 
 def data_folders(recipe) -> list[str]:
-    """The folders a run may read whole as data: the data set's, and each mixture source's read without data_files
-    (its folder, or data_dir of it). What is not a local folder is left out by the check that reads them."""
+    """The folders a run may read whole as data: the data set's, and each mixture source's without data_files."""
     sources = [s for evaluation in (False, True) for s in mixture.parse(mixture.fields_of(recipe), evaluation) or []]
     folders = [os.path.join(s.path, s.data_dir or "") for s in sources if not s.data_files]
     return [name for name in (recipe.script.dataset_name, *folders) if name]
 
 
 def output_checks(recipe, launch: Launch, push) -> resolve.OutputDecision:
-    """The batch per step for this world size, and the run's outputs: reference cache writable, push token, W&B,
-    output folder (resume, start afresh or refuse), offline files. The Hub's write-access check asks the network: the
-    run makes it, once, on its main process; a dry run does not.
-
-    A dry run shows its plan where the run would refuse for a missing login or its output folder (a login node before
-    credentials, a folder the demo filled): it lists those refusals instead, each as the run would say it."""
+    """The run's outputs: reference cache writable, push token, W&B, output folder (resume, start afresh or refuse),
+    offline files. The Hub's write-access check asks the network: the run makes it once, on its main process. A dry
+    run lists what the run would refuse (a missing login, its output folder) instead of refusing, and goes on."""
     training, only_reference = recipe.training, recipe.project.reference_only
     refusals: list[str] = []
 
@@ -169,7 +150,6 @@ def output_checks(recipe, launch: Launch, push) -> resolve.OutputDecision:
             if not launch.dry_run:
                 raise
             refusals.append(str(refused))
-            return None
 
     if not only_reference:  # a file, or a folder of files but no run: refused (output_folder.py); a held lock too
         check(output_folder.check_reads_outside, recipe)  # first: nothing a run reads may be one of its own files
@@ -229,10 +209,9 @@ class Data:
 def load_data(
     recipe, launch: Launch, say: bool = True, state=None, output: resolve.OutputDecision | None = None
 ) -> Data:
-    """The data set (or a mixture's sources, `data/mixture.py`) loaded and every row checked before a model loads
-    (`dataset_streaming` is refused by `checks`). A dry run loads a local data set the same way, and leaves one on the
-    Hub for the run; it reads a mixture's Hub sources too: its counts are what it reports. `output`: a continued run
-    loads the commit it started on."""
+    """The data set (or a mixture's sources) loaded and every row checked before a model loads. A dry run leaves a
+    Hub data set for the run (a mixture's Hub sources it reads: their counts are what it reports). `output`: a
+    continued run loads the commit it started on."""
     script, p = recipe.script, recipe.project
     revision = (output.data_commit if output is not None else None) or p.dataset_revision
     mixed = mixture.given(mixture.fields_of(recipe))
@@ -248,16 +227,9 @@ def load_data(
     mix = None
     if mixed:  # each source read in its shape and checked, its rows taken by the seed
         revision = None
+        sources = mixture.parse(mixture.fields_of(recipe))
         dataset, mix = mixture.load(
-            mixture.parse(mixture.fields_of(recipe)),
-            recipe.training.seed,
-            p.skip_invalid,
-            p.hh_format,
-            checked,
-            "invalid_rows",
-            say,
-            identify,
-            template,
+            sources, recipe.training.seed, p.skip_invalid, p.hh_format, checked, "invalid_rows", say, identify, template
         )
         checked["data_sources"] = mix.records
     else:
@@ -284,10 +256,8 @@ def _load_split(recipe, split: str, revision: str | None, checked: dict, key: st
 
 
 def answers_template(recipe, launch: Launch):
-    """What loads the tokenizer whose chat template every message pair's answers are checked against
-    (chat_template.answer_problem), called only for message rows. A dry run checks where the tokenizer is on this
-    machine; a run asks the Hub for the model's files first (as `model_files` does). Loaded once for all the splits and
-    sources that need it."""
+    """What loads, once, the tokenizer whose chat template message pairs' answers are checked against
+    (chat_template.answer_problem). A dry run checks where it is on this machine; a run asks the Hub first."""
 
     @functools.cache
     def load():
@@ -303,9 +273,7 @@ def answers_template(recipe, launch: Launch):
 
 
 def pin_data(recipe, revision: str | None, state) -> str | None:
-    """A single Hub data set's revision resolved to the commit every rank loads, once, by the main process
-    (dpotrain/data/hub_revision.py). `load_data` calls it for a run only (a dry run does not load a Hub data set), and
-    after a mixture has gone its own way."""
+    """A single Hub data set's revision resolved to the commit every rank loads, once, by the main process."""
     name = recipe.script.dataset_name
     if not hub_revision.applies(name):
         return revision
@@ -314,22 +282,14 @@ def pin_data(recipe, revision: str | None, state) -> str | None:
 
 
 def _load_eval(recipe, checked: dict, say: bool, template=None, revision: str | None = None):
-    """The held-out pairs (eval_strategy set): a held-out mixture, else dataset_name's test split
-    (options.check_options: there is one)."""
+    """The held-out pairs (eval_strategy set): a held-out mixture, else dataset_name's test split."""
     if recipe.training.eval_strategy == "no":
         return None
     held_out = mixture.parse(mixture.fields_of(recipe), evaluation=True)
     if held_out is not None:
-        p = recipe.project
+        p, seed = recipe.project, recipe.training.seed
         eval_dataset, eval_mix = mixture.load(
-            held_out,
-            recipe.training.seed,
-            p.skip_invalid,
-            p.hh_format,
-            checked,
-            "invalid_eval_rows",
-            say,
-            template=template,
+            held_out, seed, p.skip_invalid, p.hh_format, checked, "invalid_eval_rows", say, template=template
         )
         checked["eval_sources"] = eval_mix.records
     else:
@@ -340,8 +300,7 @@ def _load_eval(recipe, checked: dict, say: bool, template=None, revision: str | 
 
 
 def model_files(recipe, launch: Launch) -> str:
-    """Where the model's files are: a built-in model materialized (a tiny random model, built here), else its folder
-    or Hub name. A run checks first that the Hub answers; a dry run reads only what this machine has."""
+    """Where the model's files are: a built-in model materialized here, else its folder or Hub name."""
     if not launch.dry_run:
         offline.check_job_reachable(recipe, dataset=False)  # the model's files next (tokenizer first): rows checked
     name = recipe.model.model_name_or_path
@@ -353,9 +312,8 @@ def model_files(recipe, launch: Launch) -> str:
 
 @dataclass(frozen=True)
 class Lengths:
-    """The pairs' token lengths: `max_length` (the analyzer's choice under `max_length: auto`), what the forward is
-    decided from (`pairs`: the analyzer's lengths of the whole split, else a seeded sample), and every pair's lengths
-    when the analyzer measured them (`measured`: (Measured, report path))."""
+    """The pairs' token lengths: what the forward is decided from (`pairs`: the analyzer's lengths of the whole split,
+    else a seeded sample), and every pair's when the analyzer measured them (`measured`: (Measured, report path))."""
 
     auto: dict | None  # derived.max_length under `max_length: auto`
     pairs: cost.TokenCounts | None
@@ -387,9 +345,8 @@ def _tokenizer(recipe, model_path: str, local_only: bool):
 
 
 def _analyzer_cache(recipe, launch: Launch, tokenizer, pairs: Data) -> tuple[tuple | None, dict | None]:
-    """The one read of the analyzer's cache per run, and `max_length: auto`'s choice: from the cache, else analysed
-    now (cached for the next run) where the data set is loaded. The cache is keyed by the commit the data stage
-    loaded."""
+    """The one read of the analyzer's cache per run (keyed by the commit loaded), and `max_length: auto`'s choice: from
+    the cache, else analysed now (cached for the next run) where the data set is loaded."""
     p, dataset = recipe.project, pairs.train
     try:
         dataset_id = mixture.dataset_id(recipe, local_only=launch.dry_run, revision=pairs.revision)
@@ -411,14 +368,11 @@ def _analyzer_cache(recipe, launch: Launch, tokenizer, pairs: Data) -> tuple[tup
 
 
 def measure_lengths(recipe, launch: Launch, pairs: Data, model_path: str, state=None) -> Lengths:
-    """The lengths stage. Under a launch the main process reads (or writes) the analyzer's cache first, then the
-    others read it. Decides `max_length` when it was `auto` (the trainer's drop filter reads it)."""
+    """The lengths stage (the main process reads or writes the analyzer's cache first); decides `max_length: auto`."""
     t, p = recipe.training, recipe.project
     max_length = t.max_length
-    tokenizer = _tokenizer(recipe, model_path, local_only=launch.dry_run)
-    if tokenizer is None:
-        measured, auto = None, None
-    else:
+    tokenizer, measured, auto = _tokenizer(recipe, model_path, local_only=launch.dry_run), None, None
+    if tokenizer is not None:
         with state.main_process_first() if state is not None else nullcontext():
             measured, auto = _analyzer_cache(recipe, launch, tokenizer, pairs)
     if recipe.max_length_auto and auto is None:
@@ -434,20 +388,14 @@ def measure_lengths(recipe, launch: Launch, pairs: Data, model_path: str, state=
         measured = (every, "the mixture's pairs, measured at start")
     if measured is not None:
         m, report = measured
-        found_pairs = cost.TokenCounts(
-            m.prompt,
-            m.chosen,
-            m.rejected,
-            report if isinstance(report, str) else f"the analyzer's cached lengths ({report})",
-            m.shared,
-        )
+        source = report if isinstance(report, str) else f"the analyzer's cached lengths ({report})"
+        found_pairs = cost.TokenCounts(m.prompt, m.chosen, m.rejected, source, m.shared)
     elif pairs.train is not None and tokenizer is not None:
         found_pairs = sample.sampled(pairs.train, tokenizer, t.seed, p.hh_format)
     else:
         found_pairs = None
     if found_pairs is not None and max_length is not None:
-        # A max_length that leaves the pairs nothing to learn (dropped, or cut to the same tokens on both sides):
-        # refused here, before the model loads; a dry run says it too.
+        # A max_length that leaves the pairs nothing to learn: refused before the model loads (a dry run says it too).
         f = found_pairs
         cuts.check(f.prompt, f.chosen, f.rejected, f.shared, max_length, t.truncation_mode, f.source)
     shares = pairs.mix.with_token_shares(measured[0]) if pairs.mix is not None and measured is not None else None
@@ -461,8 +409,8 @@ def measure_lengths(recipe, launch: Launch, pairs: Data, model_path: str, state=
 
 @dataclass(frozen=True)
 class Forward:
-    """The forward the run takes (`planned`: the one the step and memory plans are made for), and what was weighed for
-    each machine of the launch (`options`: a forward's record, or its candidates while undecided)."""
+    """The forward the step and memory plans are made for (`planned`), and what was weighed for each machine of the
+    launch (`options`: a forward's record, or its candidates while undecided)."""
 
     planned: choice.ForwardChoice | None
     options: dict
@@ -471,8 +419,7 @@ class Forward:
 
     @property
     def decided_here(self) -> bool:
-        """Decided for the one machine the run is on: the attention the model loads with, packed or padded (a login
-        node's dry run plans for the heaviest of the GPU's candidates instead)."""
+        """Decided for the one machine the run is on: the attention the model loads with, packed or padded."""
         return self.planned is not None and len(self.options) == 1 and not self.decided
 
     def record(self) -> dict:
@@ -498,8 +445,7 @@ def _model_config(recipe, model_path: str, local_only: bool):
 
 
 def decide_forward(recipe, launch: Launch, model_path: str, pair_lengths: Lengths) -> Forward:
-    """The forward stage: from the pairs' lengths, between the forwards each machine of the launch can run. One machine
-    (a run, or a dry run where it runs): the run's own decision, which sets the recipe's attention and packing."""
+    """The forward stage: from the pairs' lengths, between the forwards each machine of the launch can run."""
     config, why = _model_config(recipe, model_path, local_only=launch.dry_run)
     if config is None:
         return Forward(None, {}, decided=f"at start, from the data's lengths ({why})")
@@ -537,15 +483,9 @@ def _undecided(recipe, launch: Launch, config) -> Forward:
         options[name] = {"candidates": [c.describe() for c in listed]}
         weighed += [(name, c) for c in listed]
     name, heaviest = max(weighed, key=lambda item: choice.mask_weight(item[1].attention))
-    hidden = getattr(config.get_text_config(), "hidden_size", 4096)
+    h, hidden = heaviest, getattr(config.get_text_config(), "hidden_size", 4096)
     planned = choice.ForwardChoice(
-        heaviest.packed,
-        heaviest.share_prompt,
-        hidden,
-        heaviest.attention,
-        "the candidate of heaviest masks",
-        None,
-        launch.sequence_parallel,
+        h.packed, h.share_prompt, hidden, h.attention, "the candidate of heaviest masks", None, launch.sequence_parallel
     )
     decided = f"at start, from the data's lengths ({analyze_hint(recipe)})"
     return Forward(planned, options, f"{name}: {heaviest.describe()}", decided)
@@ -555,9 +495,8 @@ def _undecided(recipe, launch: Launch, config) -> Forward:
 
 
 def plan_batching(recipe, launch: Launch, pairs: Data, pair_lengths: Lengths, forward: Forward) -> dict:
-    """The step plan a dry run records (`derived.batching`): the run's plan stage (`plan_stage.make`) on every pair's
-    lengths, as the analyzer measures them (the trainer's own tokenization), for the forward chosen. The run makes it
-    from the trainer's tokenized data set instead (`plan_stage.for_trainer`)."""
+    """The step plan a dry run records (`derived.batching`): the run's plan stage on every pair's lengths as the
+    analyzer measures them, for the forward chosen (the run plans from the trainer's tokenized data set)."""
     from dpotrain.forwards import padded
     from dpotrain.plan import plan, plan_stage
 
@@ -597,9 +536,8 @@ def plan_batching(recipe, launch: Launch, pairs: Data, pair_lengths: Lengths, fo
 
 
 def plan_memory(recipe, launch: Launch, pairs: Data, pair_lengths: Lengths, forward: Forward) -> dict:
-    """The memory plan, once per run, for the forward chosen and the launch's engine: refused when it cannot fit the
-    GPU. It weighs recipes (what its advice names is a change to the recipe), so it is made for the recipe of this run
-    (`as_run`). Its checkpointed decoder layers are the run's (`memory.checkpointing_fields`)."""
+    """The memory plan, once per run, for the recipe of this run (`as_run`: its advice names changes to the recipe),
+    the forward chosen and the launch's engine: refused when it cannot fit the GPU."""
     attention = forward.planned.attention if forward.planned is not None else None
     return memory.plan(as_run(recipe, launch, pairs, pair_lengths, forward), launch.world, launch.engine, attention)
 
@@ -610,9 +548,8 @@ def plan_memory(recipe, launch: Launch, pairs: Data, pair_lengths: Lengths, forw
 def as_run(
     recipe, launch: Launch, pairs: Data, pair_lengths: Lengths, forward: Forward, planned=None, load_dtype=None
 ) -> config.Recipe:
-    """The recipe a user would write to make this run: the intent with each decision of the first half in its own
-    field, named here and nowhere else. Read where a whole recipe is read: the memory plan, TRL's arguments
-    (`trainer.training_arguments`), resolved_config.json. `planned`, `load_dtype`: the memory stage's, once made."""
+    """The recipe a user would write to make this run: each decision of the first half in its own field, named here
+    and nowhere else. `planned`, `load_dtype`: the memory stage's, once made."""
     batch, f = launch.batch, forward
     training = {"max_length": pair_lengths.max_length}  # the recipe's, or under `max_length: auto` the analyzer's
     project = {"pairs_per_step": batch.pairs_per_step}
@@ -636,10 +573,8 @@ def as_run(
 @dataclass(frozen=True)
 class RunSpec:
     """Every decision of the run, made once by the first half before a model weight loads: all a dry run records, and
-    all the second half reads. `recipe` is the user's intent as parsed (never written); each decision is read from its
-    own section (`lengths.max_length`, `forward.planned`, `launch.batch`...); `as_run` is the recipe of this run, for
-    what reads a whole recipe; `record()` is resolved_config.json's `derived` block. docs/architecture.md lists each
-    field, the stage that decides it and who reads it."""
+    all the second half reads. `recipe` is the user's intent as parsed (never written); `as_run` the recipe of this
+    run; `record()` resolved_config.json's `derived` block (docs/architecture.md lists each field)."""
 
     recipe: config.Recipe
     launch: Launch  # world and data-parallel size, engine, sequence-parallel group, clipping, pairs per step
@@ -690,10 +625,8 @@ def first_half(
     push=None,
     pairs: Data | None = None,
 ) -> RunSpec:
-    """data -> lengths -> forward -> (a dry run: plan) -> memory, before the old run is removed and the model loads
-    (TRL loads it with the attention decided here). Each stage reads the earlier ones' values, not a recipe with them
-    laid in. `pairs`: the data stage's value where a caller has it already (a test's or benchmark's own pairs,
-    `given_pairs`)."""
+    """data -> lengths -> forward -> (a dry run: plan) -> memory, before the old run is removed and the model loads.
+    `pairs`: the data stage's value where a caller has it already (`given_pairs`)."""
     say = state is None or state.is_main_process
     pairs = pairs if pairs is not None else load_data(recipe, launch, say, state, output)
     model_path = model_files(recipe, launch)
@@ -706,7 +639,6 @@ def first_half(
 
 
 def given_pairs(recipe, launch: Launch, train, eval_dataset=None) -> Data:
-    """The data stage's value for pairs a caller already holds (a test's, a benchmark's, the preflight's sample): the
-    steps they make, nothing recorded of their source."""
+    """The data stage's value for pairs a caller holds (a test's, a benchmark's, the preflight's): nothing recorded."""
     steps = resolve.count_steps(recipe, launch.batch, launch.data_parallel, len(train))
     return Data(train, eval_dataset, steps, {}, None, recipe.project.dataset_revision)

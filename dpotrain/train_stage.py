@@ -1,8 +1,6 @@
 """The run's second half, from the first half's decisions (`stages.RunSpec`): the old run removed where it is replaced
-(`prepare_output`), then one call that gives a ready run (`build_run`: the trainer built with its plan, its stop and
-health guards and the run's callbacks, the ranks agreed), whose two verbs are scoring the reference
-(`ReadyRun.score_reference`) and training (`ReadyRun.train`: the run's record, training, then publish.py). The run,
-the preflight, the tests and the benchmarks all build through `build_run`."""
+(`prepare_output`), then a ready run (`build_run`, which the run, the preflight, the tests and the benchmarks all build
+through) that scores the reference and trains."""
 
 import json
 from dataclasses import dataclass
@@ -23,9 +21,8 @@ from dpotrain.train.tracking import WandbStepIsGlobalStep, setup_wandb
 
 
 def prepare_output(spec, state) -> None:
-    """Only now, once the data and the plans are checked: a refused data set must not cost the old run. The replaced
-    run's own files go (output_folder.py: never the user's), this run's names are recorded before it writes, and W&B's
-    run id is kept there (tracking.py)."""
+    """Only now, once the data and the plans are checked (a refused data set must not cost the old run): the replaced
+    run's own files go, this run's names are recorded before it writes, and W&B's run id is kept there."""
     recipe = spec.recipe
     if state.is_main_process and not recipe.project.reference_only:  # the run's own files only (output_folder.py)
         output_folder.start(recipe, spec.output.start_afresh, spec.push.requested)
@@ -43,14 +40,12 @@ class ReadyRun:
     output_existed: bool  # output_dir was there before the Trainer made it
 
     def score_reference(self) -> list[reference.Outcome]:
-        """The reference stage (dpotrain/reference/reference.py): scored once, saved as it goes, stopped cleanly on a
-        stop request; one Outcome per data set."""
+        """The reference stage (dpotrain/reference/reference.py); one Outcome per data set."""
         return reference.run_stage(self.trainer, self.spec.recipe.project.reference_save_seconds)
 
     def train(self, outcomes: list) -> int | None:
-        """What follows the reference stage: the run's record (resolved_config.json), training, then the final model
-        saved and pushed (publish.py); the exit code. A run that ends with the reference stage trains nothing: one a
-        stop request ended during it (STOPPED_EXIT: the requeued job scores only the rest), a reference-only run (0)."""
+        """The run's record (resolved_config.json), training, then the final model saved and pushed; the exit code.
+        A stop request during the reference stage (STOPPED_EXIT) and a reference-only run (0) train nothing."""
         recipe, trainer = self.spec.recipe, self.trainer
         main, out = trainer.accelerator.is_main_process, Path(recipe.training.output_dir)
         if outcomes and outcomes[-1].stopped:
@@ -67,11 +62,9 @@ class ReadyRun:
 
 
 def build_run(spec, stop: GracefulStop | None = None, callbacks=(), trainer_class=None) -> ReadyRun:
-    """The ready run of `spec` (the first half's, on the run's data or on pairs a caller holds: `stages.given_pairs`).
-    TRL loads the model with the attention the forward stage chose and tokenizes the pairs; the trainer makes its plan
-    from them; every rank checks it decided as the others (`agreement.at_start`). `callbacks`: a caller's own, after
-    the run's optional ones (checkpoint branches, FlexAttention's report, samples), one module each. `trainer_class`: a
-    subclass of `RecipeDPOTrainer` to build instead (the benchmarks' counting one)."""
+    """The ready run of `spec`: TRL loads the model with the attention the forward stage chose and tokenizes the pairs,
+    the trainer makes its plan from them, and every rank checks it decided as the others. `callbacks`: a caller's
+    own, after the run's. `trainer_class`: a subclass of `RecipeDPOTrainer` to build instead (the benchmarks')."""
     from trl import get_peft_config, get_quantization_config
 
     from dpotrain.train.trainer import RecipeDPOTrainer, resolve_model_path, training_arguments
@@ -79,11 +72,9 @@ def build_run(spec, stop: GracefulStop | None = None, callbacks=(), trainer_clas
     recipe, push, forward = spec.recipe, spec.push, spec.forward.planned
     p, out = recipe.project, Path(recipe.training.output_dir)
     model_path = resolve_model_path(recipe)
-    # The tokenizer every tokenization of the project loads (lengths.load_tokenizer): the recipe's chat template,
-    # which TRL tokenizes with and the Trainer saves with the model and each checkpoint.
+    # The recipe's chat template, which TRL tokenizes with and the Trainer saves with the model and each checkpoint.
     tokenizer = lengths.recipe_tokenizer(recipe, model_path)
-    # Checkpoint branches: pushed from the main process in the background, only where the Hub is reachable.
-    pusher = None
+    pusher = None  # checkpoint branches, pushed from the main process in the background where the Hub is reachable
     if push and push.checkpoints and not offline.is_offline() and collectives.launched_main() and not p.reference_only:
         pusher = CheckpointPusher(push.repo_id, push.token, push.private, out)
     optional = [WandbStepIsGlobalStep(), *([pusher] if pusher else [])]
@@ -91,8 +82,7 @@ def build_run(spec, stop: GracefulStop | None = None, callbacks=(), trainer_clas
         flex.install()  # compiled once per run, not transformers' compilation per width and training flag
         optional.append(flex.CompilationReport())
     if p.samples_every > 0:
-        every_rank = spec.launch.engine.shards_weights
-        optional.append(SampleGenerator.from_recipe(recipe, tokenizer, every_rank=every_rank))
+        optional.append(SampleGenerator.from_recipe(recipe, tokenizer, every_rank=spec.launch.engine.shards_weights))
     existed = out.exists()
     trainer = (trainer_class or RecipeDPOTrainer)(
         model=model_path,
@@ -122,10 +112,8 @@ def build_run(spec, stop: GracefulStop | None = None, callbacks=(), trainer_clas
 
 
 def record_run(spec, trainer, outcomes) -> dict:
-    """resolved_config.json: the first half's records, and what the trainer, its plan and the reference stage decided
-    (the forward, as the forward stage decided it)."""
+    """resolved_config.json: the first half's records, and what the trainer, its plan and the reference decided."""
     recipe, output, push = spec.recipe, spec.output, spec.push
-    training = recipe.training
     derived = spec.record()
     derived["total_steps"] = trainer.state.max_steps or derived["total_steps"]
     derived["batching"] = trainer.run_plan.summary
@@ -138,7 +126,7 @@ def record_run(spec, trainer, outcomes) -> dict:
     if trainer.accelerator.is_main_process:
         # The model's files as this run loaded them (or its Hub commit): a rerun on others is refused (resolve.py)
         record["derived"]["model_identity"] = model_identity.of(recipe)
-        out = Path(training.output_dir)
+        out = Path(recipe.training.output_dir)
         out.mkdir(parents=True, exist_ok=True)
         writes.write_text(out / "resolved_config.json", json.dumps(record, indent=2, default=str) + "\n")
         # A few readable lines (the dry run's summary, as decided now); every field is in the file.

@@ -1,10 +1,8 @@
 """The scripts' command lines speak train_dpo.py's vocabulary, and a mistyped flag gets a "did you mean".
 
-`Parser` is argparse with two of the project's manners: every `--long-flag` is also taken as `--long_flag` (the
-trainer's fields are snake_case, the scripts' flags were kebab-case: a user types either), extra names make the
-trainer's name for the same thing work too (`--tokenizer` is `--model_name_or_path`), and an unknown flag is refused
-in one `error:` line naming the closest known one instead of argparse's usage dump (a `ConfigError`: exit code 2
-under `errors.run_cli`).
+`Parser` is argparse where every `--long-flag` is also `--long_flag` (a user types either), extra names make the
+trainer's name for the same thing work too, and an unknown flag is refused in one `error:` line (a `ConfigError`)
+naming the closest known one instead of argparse's usage dump.
 """
 
 import argparse

@@ -22,8 +22,7 @@ from dpotrain.recipe.errors import ConfigError
 
 
 def option(default, help: str, **metadata):
-    """A field of `ProjectArguments`: its default, and its help (and argparse's `choices`) as HfArgumentParser reads
-    them from the field's metadata."""
+    """A field of `ProjectArguments`: its default, and its help (and `choices`) as HfArgumentParser reads them."""
     return field(default=default, metadata={"help": help, **metadata})
 
 
@@ -166,11 +165,10 @@ class ProjectArguments:
     json: bool = option(False, "With --dry-run: print the full resolved configuration as JSON instead of the summary.")
     share_prompt: bool | None = option(
         None,
-        "Compute each pair's prompt once in its packed row instead of twice "
-        "(dpotrain/forwards/shared_prompt.py): "
-        "the same log-probs, loss and gradients, P + C + R positions per pair instead of 2P + C + R. Unset: on "
-        "where it is exact (packed rows with sdpa or eager attention; not FlashAttention's varlen kernel, which "
-        "cannot express it), with a note otherwise; true: required (refused where it cannot work); false: off.",
+        "Compute each pair's prompt once in its packed row instead of twice (dpotrain/forwards/shared_prompt.py): the "
+        "same log-probs, loss and gradients, P + C + R positions per pair instead of 2P + C + R. Unset: on where it is "
+        "exact (packed rows with sdpa or eager attention; not FlashAttention's varlen kernel, which cannot express "
+        "it), with a note otherwise; true: required (refused where it cannot work); false: off.",
     )
     gpu_peak_tflops: float | None = option(
         None,
@@ -199,8 +197,7 @@ class ProjectArguments:
         "rejected on a sample) instead of training; exit 3 when it predicts the run is doomed.",
     )
 
-    # --- training health guards (dpotrain/train/health.py); values from two failed runs' post-mortems (docs/health.md)
-    # ---
+    # --- training health guards (dpotrain/train/health.py); values from two failed runs (docs/health.md) ---
     health_checks: bool = option(True, "Watch the logged metrics and stop a doomed run.")
     health_action: str = option(
         "stop",
@@ -261,24 +258,19 @@ class Recipe:
     config_path: str | None
     max_length_auto: bool
     given: set[str]  # the fields set by the recipe or the command line, not left at their defaults
-    # The recipe's pairs per step and token budget where batch flags on the command line replaced them, with the flags
-    # that keep them (`_command_line_batch_wins`): the dry run's summary and the run's first lines say so.
-    replaced_batching: dict | None = None
-    # The command line as typed (a --hub_token's value left out): what a printed command that checks a change repeats.
-    command_line: tuple[str, ...] = ()
+    replaced_batching: dict | None = None  # the recipe's batching that command-line batch flags replaced
+    command_line: tuple[str, ...] = ()  # as typed, without a --hub_token: what a printed command repeats
 
 
 def make_parser():
     from trl import DPOConfig, ModelConfig, ScriptArguments, TrlParser
 
-    # allow_abbrev=False: argparse would otherwise take `--learning_rat` for `--learning_rate`, and a typo of a
-    # longer flag for a shorter one.
+    # allow_abbrev=False: argparse would otherwise take `--learning_rat` for `--learning_rate`.
     parser = TrlParser(
         (ScriptArguments, DPOConfig, ModelConfig, ProjectArguments), prog="train_dpo.py", allow_abbrev=False
     )
 
-    # argparse's default error handler prints the whole usage (hundreds of Trainer fields) and exits 2. One line
-    # that names the problem is what a user needs.
+    # argparse's own prints the whole usage (hundreds of Trainer fields): one line naming the problem instead.
     def error(message):
         raise ConfigError(message)
 
@@ -288,7 +280,7 @@ def make_parser():
 
 @functools.cache
 def _options() -> dict[str, object]:
-    """`--name` (as written in YAML, snake_case, or kebab-case on the command line) -> its argparse action."""
+    """`--name` (snake_case, or kebab-case) -> its argparse action."""
     actions = upstream.parser_actions(make_parser())
     return {opt: action for action in actions for opt in action.option_strings if opt.startswith("--")}
 
@@ -317,10 +309,8 @@ REMOVED = {
 
 
 def _suggest(name: str) -> str:
-    """' (did you mean ...?)' for a misspelled field, written as given: `betta` -> 'beta', `--betta` -> '--beta'.
-
-    A field of an older transformers / TRL version gets what replaced it instead.
-    """
+    """' (did you mean ...?)' for a misspelled field, written as given (`--betta` -> '--beta'); a field of an older
+    transformers / TRL version gets what replaced it instead."""
     bare = name.lstrip("-").replace("-", "_")
     if bare in REMOVED:
         return f" ({REMOVED[bare]})"
@@ -330,8 +320,7 @@ def _suggest(name: str) -> str:
 
 
 def read_recipe(path: str) -> dict:
-    """The recipe file at `path`, checked as training checks it: strict YAML (`recipe_file.load`: a key given twice,
-    a syntax error) and every key a field (a misspelled one is refused with the closest known one)."""
+    """The recipe file at `path`, checked as training checks it: strict YAML, and every key a field."""
     writes.check_path_limit("config", path)
     if not Path(path).is_file():
         raise ConfigError(f"recipe {path!r} not found: pass one of configs/*.yaml")
@@ -396,17 +385,15 @@ def parse_args(argv: list[str] | None = None) -> Recipe:
     if on_command_line & {"datasets", "dataset_mixer_list"} and "dataset_name" not in on_command_line:
         script.dataset_name = None  # a mixture on the command line replaces the recipe file's one data set
     if "output_dir" in on_command_line and "run_name" not in on_command_line:
-        # The run is the folder the user named: the model card, the plot and W&B say so, not the recipe's name for
-        # its own default folder (transformers, too, names a run after its output_dir).
+        # The run is the folder the user named, not the recipe's default (transformers names a run after output_dir).
         training.run_name = Path(training.output_dir).resolve().name
     if not training.run_name:  # from the recipe's file name; output_dir from it, outputs/<run_name>
         training.run_name = Path(config_path).stem + "-dpo" if config_path else "dpo"
     if "output_dir" not in given:
         training.output_dir = str(Path("outputs") / training.run_name)
     training.output_dir = _job_output_dir(training.output_dir, "output_dir" in on_command_line)
-    # TRL turns a single --lora_target_modules value into a string (so that `all-linear` works), and PEFT takes a
-    # string as a regular expression over the full module path: `q_proj` alone would match nothing. A single module
-    # name becomes a list of one.
+    # TRL turns a single --lora_target_modules value into a string, which PEFT takes as a regular expression over the
+    # full module path (`q_proj` alone would match nothing): a single module name becomes a list of one.
     targets = model.lora_target_modules
     if isinstance(targets, str) and targets != "all-linear" and re.fullmatch(r"[\w.]+", targets):
         model.lora_target_modules = [targets]
@@ -414,8 +401,7 @@ def parse_args(argv: list[str] | None = None) -> Recipe:
 
 
 def dry_run_asked(argv: list[str]) -> bool:
-    """A dry run on the command line however it is spelled: --dry-run, --dry_run, --dry_run=true, --dry-run true
-    (the one decision the whole run follows: its GPU checks are skipped, libraries print to stderr)."""
+    """A dry run on the command line however it is spelled: --dry-run, --dry_run, --dry_run=true, --dry-run true."""
     for i, word in enumerate(argv):
         flag, _, value = word.partition("=")
         if flag not in ("--dry-run", "--dry_run"):
@@ -428,9 +414,8 @@ def dry_run_asked(argv: list[str]) -> bool:
 
 
 def _from_submit_dir(name: str | None) -> str | None:
-    """A relative path on the command line of a Slurm job means the folder the user submitted from
-    (DPOTRAIN_SUBMIT_DIR, set by scripts/dpo_train.sh), not the project folder the job runs in: a data set found there
-    (else the project's file, or a Hub name)."""
+    """A relative path on a Slurm job's command line is in the folder the user submitted from (DPOTRAIN_SUBMIT_DIR,
+    set by scripts/dpo_train.sh) where it is found there, not the project folder the job runs in."""
     submitted = os.environ.get("DPOTRAIN_SUBMIT_DIR")
     if not name or not submitted or Path(name).expanduser().is_absolute():
         return name
@@ -439,8 +424,7 @@ def _from_submit_dir(name: str | None) -> str | None:
 
 
 def _job_output_dir(output_dir: str, on_command_line: bool) -> str:
-    """A Slurm job's output folder as an absolute path, which its log prints: a relative --output_dir is in the folder
-    the user submitted from, as a relative --dataset_name is (`_from_submit_dir`); the recipe's own is the project's."""
+    """A Slurm job's output folder, absolute: a relative --output_dir is in the folder submitted from."""
     submitted = os.environ.get("DPOTRAIN_SUBMIT_DIR")
     if not submitted or Path(output_dir).expanduser().is_absolute():
         return output_dir
@@ -454,12 +438,9 @@ def without_secrets(argv: list[str]) -> tuple[str, ...]:
 
 
 def _command_line_batch_wins(training, project, on_command_line: set[str]) -> dict | None:
-    """`--per_device_train_batch_size 4 --gradient_accumulation_steps 1` on the command line mean steps of 4 pairs
-    per process in micro-batches of 4, as in any trainer, also under a recipe that sets pairs_per_step and a token
-    budget: the command line wins over the recipe, and the recipe's two values are dropped (and not recorded).
-
-    Returns what was replaced and the flags that keep the recipe's pairs per step with micro-batches of the pairs asked
-    for (None when nothing was)."""
+    """Batch flags on the command line (`--per_device_train_batch_size 4`) win over a recipe's pairs_per_step and
+    token budget, which are dropped. Returns what was replaced and the flags that would keep the recipe's pairs per
+    step (None when nothing was)."""
     batch_flags = {"per_device_train_batch_size", "gradient_accumulation_steps"} & on_command_line
     recipe_batching = [f for f in ("pairs_per_step", "max_tokens_per_microbatch") if getattr(project, f) is not None]
     if not batch_flags or {"pairs_per_step", "max_tokens_per_microbatch"} & on_command_line or not recipe_batching:
@@ -484,12 +465,8 @@ def _command_line_batch_wins(training, project, on_command_line: set[str]) -> di
 
 
 def _cpu_deepspeed_backend(args: list[str]) -> list[str]:
-    """Several processes on CPU (tests, CPU-only clusters) need an explicit gloo backend.
-
-    Without one, accelerate's PartialState sees no backend and reports one process (accelerate/state.py: "No backend
-    == no distributed training") while DeepSpeed or FSDP run all of them: DeepSpeed's batch-size check fails, and under
-    FSDP every process believes it is the main one (each weighs its loss as if alone: step 1 logs ln 2 / 2).
-    """
+    """Several processes on CPU (tests, CPU-only clusters) need an explicit gloo backend: without one, accelerate
+    reports one process ("No backend == no distributed training") while DeepSpeed or FSDP run all of them."""
     import torch
 
     several = "LOCAL_RANK" in os.environ and int(os.environ.get("WORLD_SIZE", "1")) > 1  # set by torchrun's launch
@@ -501,9 +478,7 @@ def _cpu_deepspeed_backend(args: list[str]) -> list[str]:
 
 def _take_max_length_auto(tokens: list[str]) -> tuple[list[str], bool]:
     """`max_length: auto` is this project's (the analyzer picks it); TRL's field only takes an int or None."""
-    auto = False
-    out = []
-    it = iter(tokens)
+    auto, out, it = False, [], iter(tokens)
     for tok in it:
         name, eq, value = tok.partition("=")
         if name in ("--max_length", "--max-length"):
@@ -517,11 +492,8 @@ def _take_max_length_auto(tokens: list[str]) -> tuple[list[str], bool]:
 
 def replaced(recipe: Recipe, **parts: dict) -> Recipe:
     """A new recipe: `recipe` with the fields given per part (`training=`, `model=`, `project=`: name -> value)
-    replaced, as a user would have written them. Each part is built anew (`dataclasses.replace`), so TRL's and
-    transformers' own checks run on the new values as they ran on the parsed ones; the parsed recipe is the user's
-    intent and is never written after `parse_args` (tests/test_resolved.py reads the source for a write). Their "bf16
-    needs a GPU" check is left out: `parse_args` made it, or skipped it for a dry run planning a GPU job on a machine
-    without one. `max_length: auto` holds while max_length is unset."""
+    replaced. Each part is built anew, so TRL's and transformers' checks run on the new values (but "bf16 needs a
+    GPU", which `parse_args` made or skipped); the parsed recipe is never written (tests/test_resolved.py checks)."""
     new = {}
     with upstream.bf16_gpu_check_skipped():
         for part, values in parts.items():
@@ -534,7 +506,6 @@ def replaced(recipe: Recipe, **parts: dict) -> Recipe:
 
 
 def uses_live_reference(recipe: Recipe) -> bool:
-    """A reference model kept in memory and run at every step, instead of the reference stage's scores: asked for
-    with `precompute_ref_log_probs: false`, or needed by `sync_ref_model` (which updates the reference)."""
+    """A reference model run at every step instead of the reference stage (`sync_ref_model` updates it)."""
     t = recipe.training
     return bool(t.sync_ref_model or ("precompute_ref_log_probs" in recipe.given and not t.precompute_ref_log_probs))

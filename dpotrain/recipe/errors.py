@@ -19,17 +19,14 @@ def cause(error: BaseException, limit: int = 300) -> str:
 
 
 def run_cli(main) -> None:
-    """Run a command's `main`; a ConfigError ends it with its one line on stderr and exit code 2, a RunError with its
-    one line and exit code 1, no traceback."""
+    """Run a command's `main`; a ConfigError or RunError ends it in one line on stderr (exit 2, 1), no traceback."""
     try:
         sys.exit(main())
     except (ConfigError, RunError) as e:
-        # An error met mid-step (a full disk while training) leaves the Trainer's progress bar open, its line unended:
-        # closed first, the error line starts a line of its own.
+        # An error met mid-step leaves the Trainer's progress bar open: closed first, the error starts a line.
         for bar in upstream.open_progress_bars():
             bar.close()
-        # One write: the processes of a launch refuse together into one log, and a line written in two parts (`print`
-        # writes the text, then its newline) runs into another process's.
+        # One write: a line written in two parts (`print`) runs into another process's in a launch's shared log.
         sys.stderr.write(f"error: {e}\n")
         sys.stderr.flush()
         sys.exit(2 if isinstance(e, ConfigError) else 1)

@@ -31,8 +31,7 @@ class _StrictLoader(yaml.SafeLoader):
 
 def load(path: str | Path) -> dict:
     """The recipe at `path` as a mapping, or a ConfigError naming `path:line` (or an empty recipe)."""
-    text = Path(path).read_text(encoding="utf-8", errors="replace")
-    loader = _StrictLoader(text)
+    loader = _StrictLoader(Path(path).read_text(encoding="utf-8", errors="replace"))
     loader.name = str(path)
     try:
         recipe = loader.get_single_data()

@@ -1,23 +1,16 @@
 """What the run reads back of what it wrote: its append-only records (metrics.jsonl, samples.jsonl, hub_pushes.jsonl),
 its whole records (resolved_config.json, health_stop.json, run_files.json, run_complete.json) and its caches.
 
-Append-only records: one JSON object per line, each line appended whole or not at all, and read back tolerating the
-one fault appending can leave.
+Append-only records hold one JSON object per line, appended whole or not at all. A node lost while appending can leave
+the last line cut short, nothing else: the rerun goes on from the checkpoint and writes the steps past it again, so a
+cut last line is dropped with one warning; a damaged line before the last is an error naming the file and the line. A
+full disk while appending leaves no part of the line (`append` truncates back to where it was).
 
-A node lost while appending (power, SIGKILL, a kernel panic) can leave the last line cut short; nothing else can be
-damaged by appending. The checkpoint, not the record, is what a rerun goes on from, and the rerun writes the steps
-past it again: so a cut last line is dropped, with one warning line saying what was dropped, instead of ending every
-rerun in a JSONDecodeError. A damaged line before the last was not left by a crash while appending: that is an error
-naming the file and the line.
-
-A full disk (or quota) while appending leaves no part of the line: `append` writes it with one `os.write` on a file
-opened O_APPEND and, if the write fails or is short, truncates the file back to where it was.
-
-Whole records are renamed into place (writes.py), so a crash leaves the old one or the new one; one found damaged (a
-failing disk, a copy cut short, an edit) is what the rerun would decide on, so it is refused in one line naming the
-file and what to do (`read_record`). A damaged cache file is computed again: removed, with one warning (`read_cache`).
+Whole records are renamed into place (writes.py); one found damaged is what the rerun would decide on, so it is refused
+in one line naming the file and what to do (`read_record`). A damaged cache file is removed and computed again.
 """
 
+import contextlib
 import json
 import os
 import sys
@@ -27,8 +20,7 @@ from pathlib import Path
 
 from dpotrain.recipe.errors import ConfigError, RunError, cause
 
-# What reading a damaged file raises: numpy and zipfile on an empty, truncated or foreign file (or one without the
-# expected arrays), json on text cut short.
+# What reading a damaged file raises: numpy and zipfile on an empty, truncated or foreign file, json on text cut short.
 UNREADABLE = (OSError, EOFError, ValueError, KeyError, TypeError, AttributeError, zipfile.BadZipFile, zlib.error)
 
 _warned: set[tuple[str, int]] = set()  # (file, size): a torn line is reported once per process, however often read
@@ -71,9 +63,8 @@ def _say_dropped(path: Path, size: int, number: int, line: bytes) -> None:
 
 
 def append(path: str | Path, records: list[dict]) -> None:
-    """Appends `records` (one line each) to `path`, all of them or none: a write that fails (a full disk: ENOSPC,
-    EDQUOT) leaves the file as it was and raises OSError naming `path`. A torn last line left by a crash is cut off
-    first, so that the new lines never join it."""
+    """Appends `records` (one line each) to `path`, all of them or none: a write that fails (a full disk) leaves the
+    file as it was and raises OSError naming `path`. A torn last line left by a crash is cut off first."""
     path = Path(path)
     data = "".join(json.dumps(r) + "\n" for r in records).encode()
     fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
@@ -95,8 +86,8 @@ def append(path: str | Path, records: list[dict]) -> None:
 
 
 def read_record(path: str | Path, fix: str) -> dict | None:
-    """The JSON object in `path`, a record the run wrote whole; None when there is none. One that cannot be read (not
-    JSON, cut short, not an object, a read error) is refused: `<path> is unreadable (<why>): <fix>`."""
+    """The JSON object in `path`, a record the run wrote whole; None when there is none; one that cannot be read is
+    refused: `<path> is unreadable (<why>): <fix>`."""
     path = Path(path)
     try:
         record = json.loads(path.read_bytes())
@@ -117,8 +108,8 @@ RESOLVED_FIX = (
 
 
 def read_cache(path: str | Path, load, kind: str, again: str):
-    """What `load(path)` reads of a file of the `kind` cache; None when there is none, or when it is damaged: then it
-    is removed, with one warning, and its content computed again (`again` says how)."""
+    """What `load(path)` reads of a file of the `kind` cache; None when there is none, or when it is damaged (then it
+    is removed, with one warning saying `again`: how it is computed again)."""
     try:
         return load(path)
     except FileNotFoundError:
@@ -133,8 +124,5 @@ def damaged_cache(path: str | Path, why: str, kind: str, again: str) -> None:
         file=sys.stderr,
         flush=True,
     )
-    try:
+    with contextlib.suppress(OSError):  # a read-only cache: computed again next time too, never a reason not to start
         Path(path).unlink(missing_ok=True)
-    except OSError:  # a read-only cache: computed again next time too, but never a reason not to start
-        pass
-    return None

@@ -1,11 +1,8 @@
 """The run's record read back by type: resolved_config.json (a run's) and the dry run's JSON (`--dry-run --json`).
 
-Both hold one object: every recipe field as the run used it, by its own name, and under `derived` what the stages
-decided (`stages.RunSpec.record`, then the plan and reference stages), made by `resolve.resolved_config`. `read` (a
-file) and `of` (the object in hand, read as its file reads) give it back as a `Record`, one section per decision, for
-every reader: the dry run's summary and the run's first lines, the model card, the resume comparison,
-scripts/push_to_hub.py and scripts/launch.sh (`python -m dpotrain.cluster.job`). A view of the file, not a format of its
-own: a field that a record of an earlier version lacks reads None.
+Both hold every recipe field as the run used it, and under `derived` what the stages decided. `read` (a file) and `of`
+(the object in hand) give it back as a `Record`, one section per decision, for every reader. A view of the file, not a
+format of its own: a field that a record of an earlier version lacks reads None.
 """
 
 import functools
@@ -86,8 +83,7 @@ class RecordedLengths:
 
 @dataclass(frozen=True)
 class RecordedBatching:
-    """Pairs per step and the micro-batches they are cut into, in one place: the recipe's fixed micro-batches, or
-    where a token budget cuts them, the step plan's (`derived.batching`; None until it is made, at start)."""
+    """Pairs per step and their micro-batches: the recipe's fixed ones, or the step plan's (None until it is made)."""
 
     pairs_per_step: int | None
     micro_batches_per_step: Spread | None  # per process: gradient accumulation
@@ -170,8 +166,7 @@ def of(values: dict) -> Record:
 
 
 def read(path: str | Path) -> Record | None:
-    """The record in `path`; None where there is none; one that cannot be read is refused in one line naming the file
-    and the fix (`records.read_record`, the one reader of the run's records)."""
+    """The record in `path`; None where there is none; one that cannot be read is refused (`records.read_record`)."""
     values = records.read_record(path, records.RESOLVED_FIX)
     return None if values is None else _record(values)
 

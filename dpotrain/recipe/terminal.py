@@ -1,10 +1,8 @@
-"""The run's output (stdout, stderr) may lose its reader before the run ends: the terminal closes (SIGHUP; every write
-to it then fails with EIO), or the `| tee log` the output goes through is killed by the same Ctrl-C that asked the run
-to stop (every write then fails with EPIPE). A print, a logging handler or a progress bar writing there would end the
-run in an OSError before the checkpoint its stop promised. So a stream whose reader is gone is pointed at /dev/null,
-at the file descriptor: everything that writes to fd 1 or 2 (prints, logging handlers, tqdm, C libraries) goes on, and
-what the run says from then on is lost with its reader. Standard library only: `train_dpo.py` guards its streams
-before it imports the libraries that keep a reference to them.
+"""The run's output may lose its reader before the run ends: the terminal closes (SIGHUP, then EIO), or the `| tee log`
+is killed by the same Ctrl-C that asked the run to stop (EPIPE). A write there would end the run in an OSError before
+the checkpoint its stop promised, so a stream whose reader is gone is pointed at /dev/null, at the file descriptor
+(prints, logging, tqdm, C libraries all go on). Standard library only: `train_dpo.py` guards its streams before it
+imports the libraries that keep a reference to them.
 """
 
 import io
@@ -30,21 +28,18 @@ def detach(fds: list[int]) -> None:
     os.close(null)
 
 
+def _fstat(fd: int) -> os.stat_result | None:
+    try:
+        return os.fstat(fd)
+    except OSError:
+        return None
+
+
 def _readers_gone(fd: int) -> None:
     """`fd` lost its reader (EPIPE): it and the other stream on the same pipe (`2>&1 | tee`) go to /dev/null."""
-    try:
-        pipe = os.fstat(fd)
-    except OSError:
-        return
-    same = []
-    for other in STREAMS:
-        try:
-            found = os.fstat(other)
-        except OSError:
-            continue
-        if (found.st_dev, found.st_ino) == (pipe.st_dev, pipe.st_ino):
-            same.append(other)
-    detach(same or [fd])
+    pipe = _fstat(fd)
+    if pipe is not None:
+        detach([other for other in STREAMS if (found := _fstat(other)) and os.path.samestat(found, pipe)] or [fd])
 
 
 def say(fd: int, data: bytes) -> None:
@@ -56,8 +51,7 @@ def say(fd: int, data: bytes) -> None:
 
 
 class _PipeWriter(io.FileIO):
-    """fd 1 or 2 as a raw file whose writes outlive its reader: on EPIPE the stream is detached and the write done
-    again, to /dev/null."""
+    """fd 1 or 2 as a raw file whose writes outlive its reader: on EPIPE, detached and written again to /dev/null."""
 
     def write(self, data):
         try:
@@ -69,8 +63,7 @@ class _PipeWriter(io.FileIO):
 
 def guard_streams() -> None:
     """sys.stdout and sys.stderr, where they go to a pipe (or a socket), rebuilt on `_PipeWriter`, as they were
-    (encoding, buffering). A terminal is the SIGHUP handler's to detach (dpotrain/train/preemption.py); a file has
-    no reader to lose. Once, in a command's `__main__`, before the libraries keep a reference to the streams."""
+    (encoding, buffering). A terminal is the SIGHUP handler's to detach (train/preemption.py); a file has no reader."""
     sys.stdout = _guarded(sys.stdout, 1)
     sys.stderr = _guarded(sys.stderr, 2)
 

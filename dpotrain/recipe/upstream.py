@@ -1,27 +1,20 @@
-"""The seam: every private name of TRL, transformers, accelerate, datasets and torch that this project touches.
+"""The seam: every private name of TRL, transformers, accelerate, datasets, torch (and argparse, tqdm) that this
+project touches, strings given to `getattr` and patch targets included.
 
-A public API changes with a deprecation; a private name moves without one. Each private name the project relies on is
-listed here once (`SEAMS`: what it is, how the project uses it, and why), and the code reaches it only through this
-module's functions. An upgrade that moves one then fails in tests/test_upstream.py, naming the symbol and the seam,
-instead of at run time deep inside a training step; `check()` runs the same test in a shell after an upgrade:
+A private name moves without a deprecation. Each one is listed here once (`SEAMS`: what it is and why the project uses
+it) and reached only through this module's functions, so an upgrade that moves one fails in tests/test_upstream.py by
+name instead of deep inside a training step; after an upgrade, in a shell:
 
     python -c "from dpotrain.recipe import upstream; upstream.check()"
 
 Kinds of seam:
-- `override`: a private method of an upstream class that `RecipeDPOTrainer` overrides; its parameters must be the ones
-  the override takes, or upstream stops calling it (or calls it wrongly).
+- `override`: a private method `RecipeDPOTrainer` overrides; its parameters must be the ones the override takes.
 - `call`: a private function or method the project calls, with the parameters it passes.
 - `read`: a private attribute or constant the project reads.
-- `set`: an attribute upstream code reads from `self` inside a private method, which the project sets around the call
-  (`_compute_loss` reads the reference from the inputs while the attribute says so); the name must still occur in
-  that method's source.
-- `patch`: a module-level name an upstream function looks up at call time, which the project replaces for the
-  duration of one call (`patched`).
-- `source`: a phrase of upstream source the project reads to learn what an API does not say (`text`: the phrase, in
-  the source of the symbol, a model that has it).
-
-Private names of the standard library (`argparse`) and of tqdm live here too: every private name the project touches,
-strings given to `getattr` and patch targets included (tests/test_upstream.py reads the package for any other).
+- `set`: an attribute an upstream private method reads from `self`, set by the project around the call; the name must
+  still occur in that method's source.
+- `patch`: a module-level name an upstream function looks up at call time, replaced for one call (`patched`).
+- `source`: a phrase of upstream source that says what an API does not (`text`, in the symbol's source).
 """
 
 import contextlib
@@ -331,10 +324,8 @@ def _lookup(symbol: str):
     """(owner, name, value) for "module:A.b": the object holding the last name, the name, and its value (or a missing
     marker for an instance attribute that only exists once __init__ ran)."""
     module_name, _, path = symbol.partition(":")
-    owner = importlib.import_module(module_name)
     *parents, name = path.split(".")
-    for part in parents:
-        owner = getattr(owner, part)
+    owner = functools.reduce(getattr, parents, importlib.import_module(module_name))
     return owner, name, getattr(owner, name, _MISSING)
 
 
@@ -343,15 +334,11 @@ _MISSING = object()
 
 def _assigned_in_class(cls, name: str) -> bool:
     """An instance attribute upstream sets in one of the class's methods (`self.<name> = ...`)."""
-    for klass in inspect.getmro(cls):
-        if klass is object:
-            continue
-        try:
+    for klass in inspect.getmro(cls)[:-1]:  # all but object
+        with contextlib.suppress(OSError, TypeError):
             source = inspect.getsource(klass)
-        except (OSError, TypeError):
-            continue
-        if f"self.{name} =" in source or f"self.{name}: " in source:
-            return True
+            if f"self.{name} =" in source or f"self.{name}: " in source:
+                return True
     return False
 
 
@@ -386,10 +373,9 @@ def installed(seam: Seam) -> bool:
 def check() -> None:
     """Every seam of an installed package verified; all problems reported at once, and the packages not installed."""
     problems, absent = [], sorted({s.symbol.split(".")[0] for s in SEAMS if not installed(s)})
-    for seam in SEAMS:
+    for seam in filter(installed, SEAMS):
         try:
-            if installed(seam):
-                verify(seam)
+            verify(seam)
         except SeamMoved as e:
             problems.append(str(e))
     if problems:
@@ -436,8 +422,7 @@ def attn_implementation(config) -> str | None:
 
 
 def set_sync_gradients(accelerator, sync: bool) -> None:
-    """Whether this micro-batch ends the accumulation (accelerate sets it per `accumulate()` context; the project
-    runs a step's micro-batches inside one Trainer step)."""
+    """Whether this micro-batch ends the accumulation (a step's micro-batches run inside one Trainer step)."""
     accelerator.gradient_state._set_sync_gradients(sync)
 
 
@@ -459,10 +444,8 @@ def checkpoint_parent(trainer, trial) -> str:
 
 
 def without_zero3_init():
-    """Models built in the block are plain ones. While a ZeRO-3 launch's DeepSpeed config is alive, transformers builds
-    every model inside DeepSpeed's `zero.Init` (parameters partitioned as they are made, then gathered to initialize
-    them); the memory plan's models, on the meta device or fake tensors and never trained, need none of it, and in bf16
-    it fails there ("Cannot copy out of meta tensor", "Padding_idx must be within num_embeddings")."""
+    """Models built in the block are plain ones, not built in DeepSpeed's `zero.Init` as transformers does while a
+    ZeRO-3 config is alive: the memory plan's meta or fake models need none of it, and in bf16 it fails there."""
     return patched("transformers.modeling_utils:is_deepspeed_zero3_enabled", lambda: False)
 
 
@@ -473,9 +456,7 @@ def save_weights(trainer, output_dir, state_dict) -> None:
 @contextlib.contextmanager
 def patched(symbol: str, replacement):
     """A `patch` seam's module-level name replaced for the duration of the block."""
-    module_name, _, name = symbol.partition(":")
-    module = importlib.import_module(module_name)
-    original = getattr(module, name)
+    module, name, original = _lookup(symbol)
     with attributes_set(module, **{name: replacement}):
         yield original
 
@@ -494,16 +475,14 @@ def attributes_set(obj, **values):
 
 
 def set_distributed_type(kind) -> None:
-    """accelerate's distributed type for every state made from now on (its shared state, read by `PartialState` and
-    `AcceleratorState`): FSDP2 and DDP on CPU-only nodes (dpotrain/cluster/engine.py)."""
+    """accelerate's distributed type for every state made from now on: FSDP2 and DDP on CPU-only nodes."""
     from accelerate.state import PartialState
 
     PartialState._shared_state["distributed_type"] = kind
 
 
 def set_default_collective_timeout(timeout) -> None:
-    """The timeout torch gives every process group made without one (DeepSpeed's own among them): it reads these module
-    defaults at each `new_group`."""
+    """The timeout of every process group made without one (DeepSpeed's too): read at each `new_group`."""
     import torch.distributed.distributed_c10d as c10d
 
     c10d.default_pg_timeout = c10d.default_pg_nccl_timeout = timeout
@@ -516,8 +495,7 @@ def default_group_name() -> str:
 
 
 def group_timeouts() -> dict[str, float]:
-    """Every process group of this process by torch's name for it, and the shortest collective timeout of its backends
-    in seconds."""
+    """Every process group's name -> the shortest collective timeout of its backends, in seconds."""
     import torch.distributed.distributed_c10d as c10d
 
     found = {}
@@ -528,8 +506,7 @@ def group_timeouts() -> dict[str, float]:
 
 
 def enable_checkpointing(model, kwargs, every_n_layers: int, offload: bool) -> None:
-    """transformers' own checkpointing of every k-th decoder layer, called past the public method that the project
-    replaces on the instance (`plan/layers.py:hold_checkpointing`)."""
+    """transformers' checkpointing of every k-th layer, past the public method the project replaces on the instance."""
     model._activation_checkpointing_enable(kwargs, every_n_layers=every_n_layers, offload=offload)
 
 
@@ -537,21 +514,14 @@ def enable_checkpointing(model, kwargs, every_n_layers: int, offload: bool) -> N
 def http_transport_errors() -> tuple[type, ...]:
     """The transport errors (refused, reset, timed out) of the HTTP library huggingface_hub sends with: httpx2 under
     huggingface_hub 2 (requirements.txt), httpx under 1.x (the lent GPU machine's 1.33, which has no httpx2)."""
-    found = []
-    for name in ("httpx2", "httpx"):
-        if importlib.util.find_spec(name) is not None:
-            found.append(importlib.import_module(name).TransportError)
-    return tuple(found)
+    return tuple(importlib.import_module(n).TransportError for n in ("httpx2", "httpx") if importlib.util.find_spec(n))
 
 
 def causal_lm_class(config):
     """The causal-LM class transformers' auto class builds for `config`, or None where it maps none."""
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
 
-    try:
-        return MODEL_FOR_CAUSAL_LM_MAPPING[type(config)]
-    except KeyError:
-        return None
+    return MODEL_FOR_CAUSAL_LM_MAPPING.get(type(config), None)
 
 
 def supports_sdpa(model_or_class) -> bool:
@@ -576,8 +546,7 @@ def forget_fetch_order(coordinator) -> None:
 
 
 def compiler_check():
-    """`torch._check`: a fact the compiler cannot prove, said to it. Handed out as the function itself, so that a
-    compiled function calls torch's own (dynamo knows it) and not a wrapper."""
+    """`torch._check` itself (not a wrapper, which dynamo would not know): a fact the compiler cannot prove."""
     import torch
 
     return torch._check
@@ -610,9 +579,8 @@ def fake_tensor_mode():
 
 
 def mem_tracker():
-    """torch's MemTracker, keeping the global peak only: the stock one also updates, on every operator, the peak of
-    every module it has seen (a third of a trace's time), and the plan reads the global peak alone, which this computes
-    as the stock one does."""
+    """torch's MemTracker keeping the global peak only, as the stock one computes it: the stock one also updates every
+    module's peak on every operator (a third of a trace's time), which the plan never reads."""
     from torch.distributed._tools.mem_tracker import _TOTAL_KEY, MemTracker
 
     class GlobalPeakTracker(MemTracker):

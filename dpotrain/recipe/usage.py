@@ -8,24 +8,10 @@ import textwrap
 from dpotrain.recipe import upstream
 
 # The fields the README's commands and recipes set most, in the order a run meets them.
-COMMON = (
-    "model_name_or_path",
-    "dataset_name",
-    "output_dir",
-    "max_length",
-    "learning_rate",
-    "beta",
-    "loss_type",
-    "max_steps",
-    "num_train_epochs",
-    "report_to",
-    "push_to_hub",
-    "hub_model_id",
-    "use_peft",
-    "lora_target_modules",
-    "resume_from_checkpoint",
-    "seed",
-)
+COMMON = """
+    model_name_or_path dataset_name output_dir max_length learning_rate beta loss_type max_steps num_train_epochs
+    report_to push_to_hub hub_model_id use_peft lora_target_modules resume_from_checkpoint seed
+""".split()
 RECIPES = "configs/think.yaml, instruct.yaml, think-32b.yaml, smoke.yaml (the CPU demo)"
 
 
@@ -56,8 +42,7 @@ def _row(flag: str, text: str) -> str:
 
 
 def short_help(parser, project_fields) -> str:
-    """The usage, the recipe and dry-run flags, the fields users set most, this project's own options (from their
-    dataclass: `project_fields`), and where the rest is."""
+    """The usage, the recipe and dry-run flags, the fields users set most, this project's own, and where the rest is."""
     actions = {a.dest: a for a in upstream.parser_actions(parser)}
 
     def described(name: str) -> str:

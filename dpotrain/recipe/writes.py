@@ -54,8 +54,7 @@ def _sync_folder(folder: Path) -> None:
 
 
 def input_files(*paths) -> list[Path]:
-    """The files a command reads from `paths` (files, or folders: every file inside), resolved; None and names that
-    are not on this machine (a Hub name) are left out."""
+    """The files a command reads from `paths` (files, or every file inside folders), resolved; others left out."""
     found = []
     for p in paths:
         if not p:
@@ -69,8 +68,7 @@ def input_files(*paths) -> list[Path]:
 
 
 def check_not_input(flag: str, path: str | Path | None, inputs: list[Path]) -> None:
-    """Refuses to write `path` when it is one of the command's inputs (`input_files`): the report would replace
-    what it describes."""
+    """Refuses to write `path` when it is one of the command's inputs: the report would replace what it describes."""
     if not path:
         return
     target = Path(path).expanduser()
@@ -102,10 +100,8 @@ def quiet_progress_bars():
 
 
 def unwritable(path: str | Path) -> tuple[Path, str] | None:
-    """Whether this process can create files at `path` (a folder, or one still to be made: then the nearest one that
-    exists is probed): None, or (the folder probed, why not). A real file is made and removed: permission bits say
-    nothing to root, and a read-only mount or a full quota only shows on a write."""
-
+    """Whether this process can create files at `path` (or the nearest folder that exists): None, or (the folder
+    probed, why not). A real file is made and removed: permission bits say nothing to root, nor of a read-only mount."""
     path = Path(path)
     folder = next(p for p in (path, *path.absolute().parents) if p.exists())
     try:
@@ -116,9 +112,8 @@ def unwritable(path: str | Path) -> tuple[Path, str] | None:
 
 
 def check_path_limit(flag: str, path: str, room: int = 0) -> None:
-    """Refuses `path` (given as `flag`) past its file system's limits: a name longer than NAME_MAX bytes, or the whole
-    and `room` (what the run makes inside it) longer than PATH_MAX. Such a path fails at the first call that touches
-    it, in a traceback (`OSError: [Errno 36] File name too long`), even `exists()`."""
+    """Refuses `path` (given as `flag`) past its file system's limits (NAME_MAX, and PATH_MAX with `room`, what the run
+    makes inside it): such a path fails in a traceback at the first call that touches it, even `exists()`."""
     full = Path(path).expanduser().absolute()
     name_max, path_max = _limits(full)
     long = next((name for name in full.parts if len(os.fsencode(name)) > name_max), None)
