@@ -521,7 +521,10 @@ def causal_lm_class(config):
     """The causal-LM class transformers' auto class builds for `config`, or None where it maps none."""
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
 
-    return MODEL_FOR_CAUSAL_LM_MAPPING.get(type(config), None)
+    try:
+        return MODEL_FOR_CAUSAL_LM_MAPPING[type(config)]
+    except KeyError:  # not `.get`: the lazy mapping's entries live behind its __getitem__, not in the dict
+        return None
 
 
 def supports_sdpa(model_or_class) -> bool:
