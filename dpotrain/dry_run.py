@@ -194,7 +194,7 @@ def duration_text(r: Record) -> str:
     tokens = tokens_per_step(batching, r.launch.data_parallel_size or gpus) * steps
     params = memory.model["parameters"]
     seconds = tokens * params / (gpus * mfu * peak * 1e12)  # per FLOP per token and parameter
-    if s.precompute_ref_log_probs is False:  # a live reference model: its forward in every step
+    if not s.precompute_ref_log_probs:  # a live reference model (as `reference_text` reads it): a forward every step
         timed, per_token = "no reference stage (a live reference model, in each step)", 8
     else:
         timed, per_token = f"~{_took(2 * seconds)} reference stage", 6

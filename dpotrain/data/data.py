@@ -252,7 +252,7 @@ def row_location(name: str, index: int) -> str:
     are not rows), 'line 9 of my.csv' (where its record starts: quoted fields may span lines), else 'row 7 (from 0) of
     my.parquet'."""
     path = Path(name).expanduser()
-    if path.is_file() and path.suffix == ".jsonl" or (path.suffix == ".json" and file_kind(path) == "json lines"):
+    if path.is_file() and (path.suffix == ".jsonl" or path.suffix == ".json" and file_kind(path) == "json lines"):
         with open(path, "rb") as f:
             rows = -1
             for number, line in enumerate(f, 1):

@@ -248,8 +248,11 @@ class Advisor:
             for n in range(self.world // self.per_node + 1, MAX_NODES + 1)
             if n * self.per_node // group <= self.pairs and n * self.per_node % group == 0
         ]
-        # more processes never need more memory each
-        return self._bisect(trial, counts, lambda n: setattr(trial, "world", n * self.per_node)) is not None
+
+        def use(nodes: int):
+            trial.world = nodes * self.per_node
+
+        return self._bisect(trial, counts, use) is not None  # more processes never need more memory each
 
     def tokens(self, trial: Trial, shorten: bool = False) -> bool:
         """The largest token budget that fits, from TOKEN_GRID, still holding a pair of max_length. `shorten` (the
@@ -262,7 +265,6 @@ class Advisor:
             trial.recipe = self._with_budget(r, tokens, shorten)
 
         best = self._bisect(trial, sizes, use, last=True)  # plans shrink with the tokens (traces are kept)
-
         if best is None:
             return False
         trial.flags += ["--max_length", str(best // 2)] if shorten else []
