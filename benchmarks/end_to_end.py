@@ -334,9 +334,9 @@ def project_trainer(args, pairs, clock):
         "reference_s": StepClock.now() - start,
         "reference_compile_s": compile_s() - compiled,
         "reference_peak_gib": peak_gib(),
-        "plan_gib": plan.get("per_gpu_gib", {}).get("total"),
-        "plan_allowance_gib": plan.get("per_gpu_gib", {}).get("cuda_context_and_fragmentation"),
-        "plan_attention": plan.get("attention"),
+        "plan_gib": plan.total_gib,
+        "plan_allowance_gib": (plan.per_gpu_gib or {}).get("cuda_context_and_fragmentation"),
+        "plan_attention": plan.attention,
         "attention": forward.attention,
         "forward": forward.line(),
     }

@@ -286,7 +286,7 @@ def forward_text(forward: dict) -> str:
     return "; ".join(parts) or "decided at start"
 
 
-def _memory_rows(memory: run_record.RecordedMemory, row) -> None:
+def _memory_rows(memory: run_record.MemoryPlan, row) -> None:
     """The memory plan per GPU, whether it fits which GPU, and how to plan for another."""
     if memory.per_gpu_gib is None:
         row("memory/GPU", f"not planned: {memory.skipped}")

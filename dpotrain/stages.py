@@ -36,6 +36,7 @@ from dpotrain.plan import memory
 from dpotrain.recipe import config
 from dpotrain.recipe.config import uses_live_reference
 from dpotrain.recipe.errors import ConfigError, cause
+from dpotrain.recipe.run_record import MemoryPlan
 from dpotrain.train import health, lora, resume, samples
 
 FA4_SETS = {"with FlashAttention 4 installed": "flash_attention_4", "without": None}  # a dry run for a GPU job
@@ -535,11 +536,12 @@ def plan_batching(recipe, launch: Launch, pairs: Data, pair_lengths: Lengths, fo
     return {**run_plan.summary, "max_length_cuts": counted}
 
 
-def plan_memory(recipe, launch: Launch, pairs: Data, pair_lengths: Lengths, forward: Forward) -> dict:
+def plan_memory(recipe, launch: Launch, pairs: Data, pair_lengths: Lengths, forward: Forward) -> MemoryPlan:
     """The memory plan, once per run, for the recipe of this run (`as_run`: its advice names changes to the recipe),
     the forward chosen and the launch's engine: refused when it cannot fit the GPU."""
     attention = forward.planned.attention if forward.planned is not None else None
-    return memory.plan(as_run(recipe, launch, pairs, pair_lengths, forward), launch.world, launch.engine, attention)
+    run = as_run(recipe, launch, pairs, pair_lengths, forward)
+    return MemoryPlan.of(memory.plan(run, launch.world, launch.engine, attention))
 
 
 # --- the first half ---------------------------------------------------------------------------------------------------
@@ -564,7 +566,7 @@ def as_run(
         training["padding_free"] = f.planned.packed
         model["attn_implementation"] = f.planned.attention
     if planned is not None:
-        training |= memory.checkpointing_fields(recipe.training, planned)
+        training |= memory.checkpointing_fields(recipe.training, planned.checkpointing)
     if load_dtype is not None:  # the engine's (`engine.load_dtype`): bf16 under DeepSpeed, else the recipe's
         model["dtype"] = load_dtype
     return config.replaced(recipe, training=training, model=model, project=project)
@@ -581,7 +583,7 @@ class RunSpec:
     data: Data  # the pairs, the steps they make, the data set's commit and content identity
     lengths: Lengths  # max_length (auto: the analyzer's choice), the pairs' token lengths
     forward: Forward  # packed or padded, prompts shared or not, the attention kernel
-    memory: dict  # the memory plan per GPU, its checkpointed layers
+    memory: MemoryPlan  # the memory plan per GPU, its checkpointed layers
     load_dtype: str | None  # the dtype the weights load in (`engine.load_dtype`)
     batching: dict | None  # a dry run's step plan; the run's comes from the plan stage
     output: resolve.OutputDecision | None = None  # resume from a checkpoint, start afresh (None: no output folder)
@@ -612,7 +614,7 @@ class RunSpec:
             **self.data.record(),
             **self.lengths.record(),
             "forward": self.forward.record(),
-            "memory": self.memory,
+            "memory": self.memory.values,
             **batching,
         }
 

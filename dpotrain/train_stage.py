@@ -101,7 +101,7 @@ def build_run(spec, stop: GracefulStop | None = None, callbacks=(), trainer_clas
         run_engine=spec.launch.engine,
         stop=stop or GracefulStop.from_env(),
         health=HealthGuard(p, spec.pairs_per_step) if p.health_checks else None,
-        memory_plan=spec.memory,
+        planned_gib=spec.memory.total_gib,
         assistant_turns=p.assistant_turns,
         compile_layers=p.compile_layers,
         callbacks=[*optional, *callbacks],

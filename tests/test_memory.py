@@ -644,7 +644,8 @@ def test_plan_checkpoints_the_fewest_layers_that_fit():
         plan = memory.plan(r, 4)
         assert plan["fits"] is True and plan["per_gpu_gib"]["total"] <= gib
         chosen[gib] = plan["checkpointing"]["every_n_layers"]
-        run = replaced(r, training=memory.checkpointing_fields(r.training, plan))  # as the run uses it (as_run)
+        fields = memory.checkpointing_fields(r.training, plan["checkpointing"])
+        run = replaced(r, training=fields)  # as the run uses it (as_run)
         assert run.training.activation_checkpointing is (chosen[gib] is not None)
         assert (run.training.activation_checkpointing_kwargs or {}).get("every_n_layers") == chosen[gib]
     assert chosen == {80: 1, 100: 2, 140: None}

@@ -7,7 +7,7 @@ import sys
 import pytest
 
 from conftest import ROOT
-from dpotrain.train import memory_use
+from dpotrain.recipe.run_record import MemoryPlan
 from dpotrain.train.memory_use import MemoryUse
 
 PLAN = {"per_gpu_gib": {"model_states": 40.0, "activations": 20.1, "total": 64.1}}
@@ -34,7 +34,7 @@ def test_the_measured_peaks_are_this_process_real_size():
 
 
 def test_a_gpu_peak_is_shown_beside_the_plan_and_one_past_it_warned_once():
-    use = MemoryUse(PLAN)
+    use = MemoryUse(MemoryPlan.of(PLAN).total_gib)
     under = {"memory/peak_rss_gib": 12.3, "memory/peak_allocated_gib": 58.0, "memory/peak_reserved_gib": 61.2}
     assert use.line(under) == "peak 61.2 GiB reserved (58.0 allocated) per GPU, plan 64.1 GiB; host RSS 12.3 GiB"
     assert use.past_plan(under) is None
@@ -45,7 +45,7 @@ def test_a_gpu_peak_is_shown_beside_the_plan_and_one_past_it_warned_once():
 
 
 def test_an_unplanned_run_says_so():
-    assert memory_use.planned_gib({"skipped": "this recipe trains in fp32"}) is None
-    use = MemoryUse({"skipped": "fp32"})
+    assert MemoryPlan.of({"skipped": "this recipe trains in fp32"}).total_gib is None
+    use = MemoryUse(None)
     assert use.line({"memory/peak_rss_gib": 0.5}) == "peak host RSS 0.5 GiB (a CPU run: no GPU memory to compare)"
     assert use.past_plan({"memory/peak_rss_gib": 500.0}) is None  # host memory is not what the plan estimates

@@ -649,10 +649,9 @@ def choose_checkpointing(recipe, layers: int, gpu: float | None, total_for) -> t
     }
 
 
-def checkpointing_fields(training, memory_plan: dict) -> dict:
-    """The plan's choice as training arguments (transformers pops `every_n_layers` from the kwargs); none where the
-    plan was skipped."""
-    chosen = memory_plan.get("checkpointing")
+def checkpointing_fields(training, chosen: dict | None) -> dict:
+    """The plan's choice (its `checkpointing`) as training arguments (transformers pops `every_n_layers` from the
+    kwargs); none where the plan was skipped."""
     if not chosen:
         return {}
     on = chosen["every_n_layers"] is not None

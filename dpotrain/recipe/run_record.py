@@ -99,8 +99,9 @@ class RecordedBatching:
 
 
 @dataclass(frozen=True)
-class RecordedMemory:
-    """The memory plan per GPU (plan/memory.py), or why it was skipped."""
+class MemoryPlan:
+    """The memory plan per GPU (plan/memory.py), or why it was skipped: the run's own section (`stages.RunSpec.memory`,
+    `values` as made) and the record's (`derived.memory`), read by the same fields."""
 
     skipped: str | None
     engine: str | None
@@ -113,6 +114,18 @@ class RecordedMemory:
     model: dict | None  # parameters, layers, hidden_size
     checkpointing: dict | None  # the checkpointed decoder layers, and who chose them
     allocator: str | None  # the caching allocator's setting the run had (memory.allocator)
+    attention: str | None  # the attention implementation whose masks it counts
+    values: dict = field(default_factory=dict, repr=False, compare=False)  # the plan as made: what `derived` records
+
+    @classmethod
+    def of(cls, values) -> "MemoryPlan":
+        values = values if isinstance(values, dict) else {}
+        return cls(**{f.name: values.get(f.name) for f in fields(cls) if f.name != "values"}, values=values)
+
+    @property
+    def total_gib(self) -> float | None:
+        """The plan's total per GPU; None where memory was not planned (a CPU run, fp32, no config on this machine)."""
+        return (self.per_gpu_gib or {}).get("total")
 
 
 @dataclass(frozen=True)
@@ -130,7 +143,7 @@ class Record:
     lengths: RecordedLengths
     forward: dict  # the forward chosen (choice.ForwardChoice.record), or a dry run's per machine
     batching: RecordedBatching
-    memory: RecordedMemory
+    memory: MemoryPlan
     output: RecordedOutput
     model_identity: dict | None  # the model's files as the run loaded them (model_identity.py)
 
@@ -210,7 +223,7 @@ def _record(r: dict) -> Record:
         ),
         d.get("forward") or {},
         batching,
-        _view(RecordedMemory, d.get("memory")),
+        MemoryPlan.of(d.get("memory")),
         RecordedOutput(r.get("output_dir"), d.get("output_folder"), tuple(d.get("would_refuse") or ())),
         d.get("model_identity"),
     )

@@ -27,16 +27,11 @@ def peaks() -> dict[str, float]:
     return found
 
 
-def planned_gib(memory_plan: dict | None) -> float | None:
-    """The plan's total per GPU, or None where memory was not planned (a CPU run, fp32, no config on this machine)."""
-    return ((memory_plan or {}).get("per_gpu_gib") or {}).get("total")
-
-
 class MemoryUse:
     """The peaks of the largest process (every rank calls `measure`: it is one collective), with the plan's total."""
 
-    def __init__(self, memory_plan: dict | None):
-        self.planned = planned_gib(memory_plan)
+    def __init__(self, planned_gib: float | None):
+        self.planned = planned_gib  # the plan's total per GPU (`MemoryPlan.total_gib`); None: not planned
         self.warned = False
 
     def measure(self, device) -> dict[str, float]:

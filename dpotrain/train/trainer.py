@@ -160,7 +160,7 @@ class RecipeDPOTrainer(DPOTrainer):
         run_engine: engine.Engine,
         stop: GracefulStop,
         health: HealthGuard | None = None,
-        memory_plan: dict | None = None,
+        planned_gib: float | None = None,
         assistant_turns: str = "final",
         compile_layers: bool = False,
         callbacks=(),
@@ -200,7 +200,7 @@ class RecipeDPOTrainer(DPOTrainer):
         self._step_pairs = self._step_chosen_tokens = None
         self.model_flops = flops.ModelFlops.of(self.model)
         self.pair_metrics = PairMetrics(self.accelerator.num_processes, flops.peak_tflops(gpu_peak_tflops))
-        self.memory_use = MemoryUse(memory_plan)  # beside the plan: after the first step, and in every training log
+        self.memory_use = MemoryUse(planned_gib)  # beside the plan: after the first step, and in every training log
         # The plan: every step cut into micro-batches from the lengths TRL just tokenized (plan_stage.py); a step that
         # cannot be cut is refused here, before the reference is scored.
         self.run_plan = plan_stage.for_trainer(self)
