@@ -201,9 +201,9 @@ def test_the_memory_plan_and_the_runs_check_use_the_chosen_forward():
     pair_lengths = stages.Lengths(None, think_mix(), None, None, max_length=r.training.max_length)
     forward = stages.decide_forward(r, launch, r.model.model_name_or_path, pair_lengths)
     planned = stages.plan_memory(r, launch, stages.Data(None, None, {}, {}), pair_lengths, forward)
-    assert forward.planned.attention == "flex_attention" == forward.record()["attention"] == planned["attention"]
-    assert planned["fits"] is True and planned["per_gpu_gib"]["total"] == 72.8
-    assert planned["per_gpu_gib"]["attention_masks"] == 0.0  # a block mask's few MiB
+    assert forward.planned.attention == "flex_attention" == forward.record()["attention"] == planned.attention
+    assert planned.fits is True and planned.total_gib == 72.8
+    assert planned.per_gpu_gib["attention_masks"] == 0.0  # a block mask's few MiB
     assert choice.lightest_attention(memory.load_model_config(recipe)[0], recipe, cuda=True, varlen=None) == (
         "flex_attention"
     )
