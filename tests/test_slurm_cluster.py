@@ -188,6 +188,12 @@ def test_scancel_signals_the_batch_shell_too_and_the_job_is_no_longer_running(sl
     slurm.cancel(job)
     assert slurm.wait(job, timeout=60) == "CANCELLED"
     wait_for_line(out, "JobState=", job, slurm)
-    assert (tmp_path / f"step-{job}.log").read_text() == "step got TERM\n"
     lines = out.read_text().splitlines()
     assert {"batch got TERM", "JobState=COMPLETING", "Reason=None"} <= set(lines), lines
+    # The step gets the SIGTERM, unless srun, signalled once more as the step is aborted, kills it first ("srun: forcing
+    # job termination", seen once in CI on a busy machine): a cancelled job's processes may not get to save.
+    step_log = tmp_path / f"step-{job}.log"
+    if step_log.exists():
+        assert step_log.read_text() == "step got TERM\n"
+    else:
+        assert "srun: forcing job termination" in lines, lines
