@@ -246,14 +246,14 @@ def within(seconds: float, fn):
     return result["value"]
 
 
-def hub_unreachable(seconds: float = PROBE_SECONDS) -> str | None:
-    """Why HF_ENDPOINT gives no answer here within `seconds` (one line), or None when it answers, with any status.
+def hub_unreachable() -> str | None:
+    """Why HF_ENDPOINT gives no answer here within PROBE_SECONDS (one line), or None when it answers, with any status.
     One HEAD request through huggingface_hub's own HTTP client: with the proxy and certificate settings it uses."""
     from huggingface_hub import constants
     from huggingface_hub.utils import get_session
 
     try:
-        within(seconds, lambda: get_session().head(constants.ENDPOINT + "/", timeout=2 * seconds))
+        within(PROBE_SECONDS, lambda: get_session().head(constants.ENDPOINT + "/", timeout=SOCKET_SECONDS))
     except Exception as e:
         return f"{constants.ENDPOINT}: {cause(e)}"
     return None

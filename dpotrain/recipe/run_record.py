@@ -7,7 +7,7 @@ format of its own: a field that a record of an earlier version lacks reads None.
 
 import functools
 import json
-from dataclasses import dataclass, field, fields, make_dataclass
+from dataclasses import dataclass, field, fields, make_dataclass, replace
 from pathlib import Path
 
 from dpotrain.recipe import records
@@ -119,8 +119,7 @@ class MemoryPlan:
 
     @classmethod
     def of(cls, values) -> "MemoryPlan":
-        values = values if isinstance(values, dict) else {}
-        return cls(**{f.name: values.get(f.name) for f in fields(cls) if f.name != "values"}, values=values)
+        return replace(_view(cls, values), values=values if isinstance(values, dict) else {})
 
     @property
     def total_gib(self) -> float | None:
