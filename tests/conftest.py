@@ -1,10 +1,13 @@
 """Shared fixtures: the built-in tiny model (built once per session, offline) and the project paths."""
 
+import atexit
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from unittest import mock
 
@@ -18,6 +21,14 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("WANDB_MODE", "offline")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+# The tests write only their own files: datasets caches every data set it reads under HF_HOME, local files too, and
+# the suite's thousands of runs would pile up in the user's ~/.cache/huggingface (gigabytes over a few runs). Set before
+# anything imports datasets or huggingface_hub, and inherited by every subprocess, Slurm job and the warm server.
+os.environ["HF_HOME"] = tempfile.mkdtemp(prefix="dpotrain-tests-hf-")
+for _name in ("HF_DATASETS_CACHE", "HF_HUB_CACHE"):
+    os.environ.pop(_name, None)
+atexit.register(shutil.rmtree, os.environ["HF_HOME"], ignore_errors=True)
 
 
 @pytest.fixture(scope="session", autouse=True)
