@@ -16,7 +16,9 @@ stamp() { echo ".venv/.installed-$(cat "$1" requirements.txt | sha256sum | cut -
 # The test tools' install (requirements-dev.txt: -r requirements.txt) holds the training requirements too.
 if [[ ! -f $(stamp "$reqs") && ! ( $reqs == requirements.txt && -f $(stamp requirements-dev.txt) ) ]]; then
   .venv/bin/python -m pip install --quiet --upgrade pip
-  .venv/bin/python -m pip install --quiet --no-compile -r "$reqs"
+  # --no-cache-dir: pip would keep a second copy of every downloaded wheel (~4 GB with torch's CUDA libraries) in
+  # ~/.cache/pip, and a full disk once ended a CI run in the middle of this install.
+  .venv/bin/python -m pip install --quiet --no-compile --no-cache-dir -r "$reqs"
   # pip byte-compiles the ~15,000 installed modules one at a time (~60 s on 2 cores); compileall uses every core
   # (~35 s on 2). A module this Python cannot compile (torch ships a 3.12-only test file) is skipped, as pip skips it.
   site=$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
