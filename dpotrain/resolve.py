@@ -180,11 +180,8 @@ def trained_under(checkpoint: Path) -> Path:
 
 
 def check_output_dir(recipe: Recipe, pairs_per_step: int | None = None) -> OutputDecision:
-    """Resume, start afresh, or refuse: never write over a finished run by accident, never lose checkpoints.
-
-    --overwrite_output_dir replaces a finished run or half-written checkpoints, but an unfinished run with a complete
-    checkpoint and the same settings still resumes: a requeued Slurm job must not wipe its own progress.
-    """
+    """Resume, start afresh, or refuse: never write over a finished run by accident, never lose checkpoints (an
+    unfinished run with a complete checkpoint and the same settings resumes even with --overwrite_output_dir)."""
     t, p = recipe.training, recipe.project
     out = Path(t.output_dir)
     if t.resume_from_checkpoint:
