@@ -41,7 +41,7 @@ def _row(flag: str, text: str) -> str:
 
 def short_help(parser, project_fields) -> str:
     """The usage, the recipe and dry-run flags, the fields users set most, this project's own, and where the rest is."""
-    actions = {a.dest: a for a in upstream.parser_actions(parser)}
+    actions = {a.dest: a for a in upstream.long_flags(parser).values()}
 
     def described(name: str) -> str:
         return OWN_WORDS.get(name) or _first_sentence(actions[name].help)
