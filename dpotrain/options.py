@@ -29,8 +29,7 @@ def valid_loss_types() -> list[str]:
 
 def check_options(recipe: Recipe) -> None:
     t, s = recipe.training, recipe.script
-    model = recipe.model.model_name_or_path or ""
-    check_model(model)
+    check_model(recipe.model.model_name_or_path or "")
     check_precision(recipe)
     valid = valid_loss_types()
     for loss in losses.loss_types(t):

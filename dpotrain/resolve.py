@@ -180,11 +180,8 @@ def trained_under(checkpoint: Path) -> Path:
 
 
 def check_output_dir(recipe: Recipe, pairs_per_step: int | None = None) -> OutputDecision:
-    """Resume, start afresh, or refuse: never write over a finished run by accident, never lose checkpoints.
-
-    --overwrite_output_dir replaces a finished run or half-written checkpoints, but an unfinished run with a complete
-    checkpoint and the same settings still resumes: a requeued Slurm job must not wipe its own progress.
-    """
+    """Resume, start afresh, or refuse: never write over a finished run by accident, never lose checkpoints (an
+    unfinished run with a complete checkpoint and the same settings resumes even with --overwrite_output_dir)."""
     t, p = recipe.training, recipe.project
     out = Path(t.output_dir)
     if t.resume_from_checkpoint:
@@ -256,10 +253,7 @@ def count_steps(recipe: Recipe, batch: Batch, world: int, rows: int | None) -> d
 
 def resolved_config(recipe: Recipe, derived: dict) -> dict:
     """Every field by its own name (tokens redacted by `TrainingArguments.to_dict`), plus the derived numbers."""
-    resolved = {}
-    for part in (recipe.script, recipe.model, recipe.project):
-        resolved.update(asdict(part))
-    resolved.update(recipe.training.to_dict())
+    resolved = {**asdict(recipe.script), **asdict(recipe.model), **asdict(recipe.project), **recipe.training.to_dict()}
     resolved["pad_token"] = recipe.training.pad_token  # to_dict hides every `*_token` field; only hub_token is secret
     del resolved["dry_run"], resolved["json"]  # how a dry run prints, not a setting of the run
     if recipe.max_length_auto:  # the analyzer's choice (derived.max_length says how it was made), or "auto"

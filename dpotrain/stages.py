@@ -225,18 +225,15 @@ def load_data(
     checked: dict = {}
     identify = say and not launch.dry_run  # the content, recorded: a rerun on changed data refuses to resume
     template = answers_template(recipe, launch)
-    mix = None
-    if mixed:  # each source read in its shape and checked, its rows taken by the seed
+    if mixed:
         revision = None
-        sources = mixture.parse(mixture.fields_of(recipe))
-        dataset, mix = mixture.load(
-            sources, recipe.training.seed, p.skip_invalid, p.hh_format, checked, "invalid_rows", say, identify, template
-        )
-        checked["data_sources"] = mix.records
-    else:
-        revision = revision if launch.dry_run else pin_data(recipe, revision, state)
-        dataset = _load_split(recipe, script.dataset_train_split, revision, checked, "invalid_rows", say, template)
-    eval_dataset = _load_eval(recipe, checked, say, template, revision)
+    elif not launch.dry_run:
+        revision = pin_data(recipe, revision, state)
+    dataset, mix = _load_pairs(recipe, False, revision, checked, say, template, identify)
+    eval_dataset = None
+    if recipe.training.eval_strategy != "no":  # the held-out pairs: a held-out mixture, else the test split
+        eval_dataset, _ = _load_pairs(recipe, True, revision, checked, say, template)
+        checked["eval_rows"] = len(eval_dataset)
     steps = resolve.count_steps(recipe, launch.batch, launch.data_parallel, len(dataset))
     if identify and not mixed:
         checked["data_identity"] = data_identity.of(script.dataset_name, script.dataset_train_split) or (
@@ -246,14 +243,24 @@ def load_data(
     return Data(dataset, eval_dataset, steps, checked, mix, revision)
 
 
-def _load_split(recipe, split: str, revision: str | None, checked: dict, key: str, say: bool, template):
-    """One split of dataset_name at `revision`, its rows checked (the invalid ones counted in `checked[key]`)."""
-    name, p = recipe.script.dataset_name, recipe.project
-    dataset = data.load_preference_dataset(name, split, recipe.script.dataset_config, revision, say=say)
+def _load_pairs(recipe, evaluation: bool, revision: str | None, checked: dict, say: bool, template, identify=False):
+    """The training (or held-out) pairs, the invalid rows counted in `checked`: a mixture's sources, each read in its
+    shape and checked, its rows taken by the seed; else dataset_name's train (or test) split at `revision`."""
+    s, p = recipe.script, recipe.project
+    key = "invalid_eval_rows" if evaluation else "invalid_rows"
+    sources = mixture.parse(mixture.fields_of(recipe), evaluation)
+    if sources is not None:
+        seed = recipe.training.seed
+        dataset, mix = mixture.load(sources, seed, p.skip_invalid, p.hh_format, checked, key, say, identify, template)
+        checked["eval_sources" if evaluation else "data_sources"] = mix.records
+        return dataset, mix
+    name, split = s.dataset_name, s.dataset_test_split if evaluation else s.dataset_train_split
+    dataset = data.load_preference_dataset(name, split, s.dataset_config, revision, say=say)
     hub_revision.check_loaded(dataset, name, revision)
-    return rows.usable_pairs(
+    usable = rows.usable_pairs(
         dataset, p.skip_invalid, checked, key, p.hh_format, split=split, say=say, source=name, template=template
     )
+    return usable, None
 
 
 def answers_template(recipe, launch: Launch):
@@ -280,24 +287,6 @@ def pin_data(recipe, revision: str | None, state) -> str | None:
         return revision
     main = state is None or state.is_main_process
     return collectives.broadcast_from_main(hub_revision.resolve(name, revision) if main else None)
-
-
-def _load_eval(recipe, checked: dict, say: bool, template=None, revision: str | None = None):
-    """The held-out pairs (eval_strategy set): a held-out mixture, else dataset_name's test split."""
-    if recipe.training.eval_strategy == "no":
-        return None
-    held_out = mixture.parse(mixture.fields_of(recipe), evaluation=True)
-    if held_out is not None:
-        p, seed = recipe.project, recipe.training.seed
-        eval_dataset, eval_mix = mixture.load(
-            held_out, seed, p.skip_invalid, p.hh_format, checked, "invalid_eval_rows", say, template=template
-        )
-        checked["eval_sources"] = eval_mix.records
-    else:
-        split = recipe.script.dataset_test_split
-        eval_dataset = _load_split(recipe, split, revision, checked, "invalid_eval_rows", say, template)
-    checked["eval_rows"] = len(eval_dataset)
-    return eval_dataset
 
 
 def model_files(recipe, launch: Launch) -> str:

@@ -37,14 +37,11 @@ class Parser(argparse.ArgumentParser):
                 spellings += [f"--{name[2:].replace('-', '_')}", f"--{name[2:].replace('_', '-')}"]
         return super().add_argument(*dict.fromkeys(spellings), **kwargs)
 
-    def known_flags(self) -> list[str]:
-        return [s for action in upstream.parser_actions(self) for s in action.option_strings if s.startswith("--")]
-
     def error(self, message: str):
         words = message.split(": ", 1)[-1].split()
         unknown = next((w.split("=")[0] for w in words if w.startswith("-")), None)
         if message.startswith("unrecognized arguments") and unknown:
-            close = difflib.get_close_matches(unknown, self.known_flags(), n=1, cutoff=0.6)
+            close = difflib.get_close_matches(unknown, list(upstream.long_flags(self)), n=1, cutoff=0.6)
             hint = f" (did you mean {close[0]}?)" if close else ""
             raise ConfigError(f"unknown argument {unknown!r}{hint}; see {self.prog} --help")
         raise ConfigError(f"{message}; see {self.prog} --help")

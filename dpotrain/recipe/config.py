@@ -281,8 +281,7 @@ def make_parser():
 @functools.cache
 def _options() -> dict[str, object]:
     """`--name` (snake_case, or kebab-case) -> its argparse action."""
-    actions = upstream.parser_actions(make_parser())
-    return {opt: action for action in actions for opt in action.option_strings if opt.startswith("--")}
+    return upstream.long_flags(make_parser())
 
 
 def fields_set(words) -> set[str]:
@@ -380,8 +379,8 @@ def parse_args(argv: list[str] | None = None) -> Recipe:
         training.padding_free = True  # this project's default: packed sequences (TRL's is False)
     on_command_line = fields_set(argv)
     replaced = _command_line_batch_wins(training, project, on_command_line)
-    if "dataset_name" in on_command_line:
-        script.dataset_name = _from_submit_dir(script.dataset_name)
+    if "dataset_name" in on_command_line and (there := _in_submit_dir(script.dataset_name)) and there.exists():
+        script.dataset_name = str(there)
     if on_command_line & {"datasets", "dataset_mixer_list"} and "dataset_name" not in on_command_line:
         script.dataset_name = None  # a mixture on the command line replaces the recipe file's one data set
     if "output_dir" in on_command_line and "run_name" not in on_command_line:
@@ -391,7 +390,8 @@ def parse_args(argv: list[str] | None = None) -> Recipe:
         training.run_name = Path(config_path).stem + "-dpo" if config_path else "dpo"
     if "output_dir" not in given:
         training.output_dir = str(Path("outputs") / training.run_name)
-    training.output_dir = _job_output_dir(training.output_dir, "output_dir" in on_command_line)
+    if there := _in_submit_dir(training.output_dir):  # a Slurm job's output folder, absolute
+        training.output_dir = os.path.abspath(there if "output_dir" in on_command_line else training.output_dir)
     # TRL turns a single --lora_target_modules value into a string, which PEFT takes as a regular expression over the
     # full module path (`q_proj` alone would match nothing): a single module name becomes a list of one.
     targets = model.lora_target_modules
@@ -413,22 +413,13 @@ def dry_run_asked(argv: list[str]) -> bool:
     return False
 
 
-def _from_submit_dir(name: str | None) -> str | None:
+def _in_submit_dir(name: str | None) -> Path | None:
     """A relative path on a Slurm job's command line is in the folder the user submitted from (DPOTRAIN_SUBMIT_DIR,
-    set by scripts/dpo_train.sh) where it is found there, not the project folder the job runs in."""
+    set by scripts/dpo_train.sh), not the project folder the job runs in; None outside a job, or for an absolute one."""
     submitted = os.environ.get("DPOTRAIN_SUBMIT_DIR")
     if not name or not submitted or Path(name).expanduser().is_absolute():
-        return name
-    there = Path(submitted) / name
-    return str(there) if there.exists() else name
-
-
-def _job_output_dir(output_dir: str, on_command_line: bool) -> str:
-    """A Slurm job's output folder, absolute: a relative --output_dir is in the folder submitted from."""
-    submitted = os.environ.get("DPOTRAIN_SUBMIT_DIR")
-    if not submitted or Path(output_dir).expanduser().is_absolute():
-        return output_dir
-    return os.path.abspath(Path(submitted) / output_dir if on_command_line else output_dir)
+        return None
+    return Path(submitted) / name
 
 
 def without_secrets(argv: list[str]) -> tuple[str, ...]:

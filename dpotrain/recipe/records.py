@@ -45,21 +45,17 @@ def read(path: str | Path) -> list[dict]:
                 f"{path}: line {number} is not a JSON record ({e}); a crash can cut only the last line of this file, "
                 "so it was changed by hand or another program: restore it, or delete that line, then rerun"
             ) from None
-    if torn.strip():  # the last line, with no newline after it (whole JSON or not): an append cut short
-        _say_dropped(path, len(raw), len(whole) + 1, torn)
+    seen = (str(path), len(raw))
+    if torn.strip() and seen not in _warned:  # the last line, with no newline after it (whole JSON or not): cut short
+        _warned.add(seen)
+        print(
+            f"warning: {path}: dropped its last line ({len(whole) + 1}: {len(torn)} bytes, cut short as a crash while "
+            "writing it leaves it); the checkpoint is what the run goes on from, and the steps after it are recorded "
+            "again",
+            file=sys.stderr,
+            flush=True,
+        )
     return records
-
-
-def _say_dropped(path: Path, size: int, number: int, line: bytes) -> None:
-    if (str(path), size) in _warned:
-        return
-    _warned.add((str(path), size))
-    print(
-        f"warning: {path}: dropped its last line ({number}: {len(line)} bytes, cut short as a crash while writing it "
-        "leaves it); the checkpoint is what the run goes on from, and the steps after it are recorded again",
-        file=sys.stderr,
-        flush=True,
-    )
 
 
 def append(path: str | Path, records: list[dict]) -> None:

@@ -602,6 +602,6 @@ def open_progress_bars() -> list:
     return list(getattr(getattr(tqdm, "tqdm", None), "_instances", ()))
 
 
-def parser_actions(parser) -> list:
-    """An argparse parser's actions: its flags, their destinations and help."""
-    return parser._actions
+def long_flags(parser) -> dict:
+    """Each `--flag` of an argparse parser (every spelling it takes) -> its action."""
+    return {flag: action for action in parser._actions for flag in action.option_strings if flag.startswith("--")}

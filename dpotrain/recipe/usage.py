@@ -16,9 +16,7 @@ RECIPES = "configs/think.yaml, instruct.yaml, think-32b.yaml, smoke.yaml (the CP
 
 
 # Fields whose transformers help says what this project does not do: what it does instead.
-OWN_WORDS = {
-    "push_to_hub": "Push the final model to the Hub once training ends (hub_model_id: the repo; docs/hub.md)",
-}
+OWN_WORDS = {"push_to_hub": "Push the final model to the Hub once training ends (hub_model_id: the repo; docs/hub.md)"}
 WIDTH, FLAG = 120, 34  # the help's width, and the column its descriptions start at
 
 
@@ -43,7 +41,7 @@ def _row(flag: str, text: str) -> str:
 
 def short_help(parser, project_fields) -> str:
     """The usage, the recipe and dry-run flags, the fields users set most, this project's own, and where the rest is."""
-    actions = {a.dest: a for a in upstream.parser_actions(parser)}
+    actions = {a.dest: a for a in upstream.long_flags(parser).values()}
 
     def described(name: str) -> str:
         return OWN_WORDS.get(name) or _first_sentence(actions[name].help)
