@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from dpotrain.cluster.engine import Engine, from_config
 from dpotrain.cluster.sequence_parallel import head_counts
-from dpotrain.forwards.flops import mlp_width
+from dpotrain.forwards.flops import head_dim, mlp_width
 from dpotrain.plan.memory_advice import NAMES, advice, node_size
 from dpotrain.recipe import upstream
 from dpotrain.recipe.config import uses_live_reference
@@ -278,8 +278,7 @@ def formula_activation_bytes(text, tokens: int, checkpointing: bool | int) -> in
     layer; a checkpointed layer keeps only its input (2 H), and one is recomputed with its gradients (2 x that)."""
     h = text.hidden_size
     kv = getattr(text, "num_key_value_heads", None) or text.num_attention_heads
-    h_kv = kv * (getattr(text, "head_dim", None) or h // text.num_attention_heads)
-    per_layer = BF16 * (10 * h + 2 * h_kv + 4 * mlp_width(text))
+    per_layer = BF16 * (10 * h + 2 * kv * head_dim(text) + 4 * mlp_width(text))
     costs = {True: (2 * per_layer, BF16 * h), False: (per_layer, per_layer)}
     return tokens * _combine(costs, checkpoint_every(checkpointing), text.num_hidden_layers)
 
@@ -437,6 +436,20 @@ def micro_batch(recipe) -> tuple[int | None, int | None, str]:
     return tokens, width, f"per_device_train_batch_size x 2 x max_length ({tokens})"
 
 
+# A plan's parts as its record (`derived.memory`) and a refusal list them: (field, record key, refusal's name). A live
+# reference model and the all-to-all buffers are listed only where the run has them.
+PARTS = (
+    ("states", "model_states", "model states"),
+    ("reference", "reference_model", "live reference model"),
+    ("buffers", "engine_buffers", "buffers"),
+    ("activations", "activations", "activations"),
+    ("lm_head", "lm_head", "LM head"),
+    ("masks", "attention_masks", "masks"),
+    ("all_to_all", "all_to_all", "all-to-all"),
+    ("allowance", "cuda_context_and_fragmentation", "allowance"),
+)
+
+
 @dataclass
 class Plan:
     engine: Engine
@@ -453,9 +466,12 @@ class Plan:
 
     @property
     def subtotal(self) -> int:
-        return (
-            self.states + self.buffers + self.activations + self.lm_head + self.masks + self.all_to_all + self.reference
-        )
+        return sum(getattr(self, field) for field, _, _ in PARTS if field != "allowance")
+
+    def parts(self) -> list[tuple[str, str, float]]:
+        """(record key, refusal's name, GiB) of each part listed (`PARTS`)."""
+        listed = [(f, key, name) for f, key, name in PARTS if getattr(self, f) or f not in ("reference", "all_to_all")]
+        return [(key, name, _gib(getattr(self, f))) for f, key, name in listed]
 
     @property
     def allowance(self) -> float:
@@ -473,11 +489,9 @@ def all_to_all_bytes(config, tokens: int, n: int) -> int:
     fewer than N are repeated to N."""
     if n == 1:
         return 0
-    text = config.get_text_config()
     heads, kv = head_counts(config)
-    head_dim = getattr(text, "head_dim", None) or text.hidden_size // heads
     local = -(-tokens // n)
-    return BF16 * local * head_dim * (2 * (heads + 2 * max(kv, n)) + 2 * heads)
+    return BF16 * local * head_dim(config.get_text_config()) * (2 * (heads + 2 * max(kv, n)) + 2 * heads)
 
 
 def plan(recipe, world: int, engine: Engine | None = None, attention: str | None = None) -> dict:
@@ -555,17 +569,7 @@ def splittable_heads(config) -> tuple[int, int] | None:
 def _record(chosen: Plan, shape: ModelShape, gpu: float | None, gpu_source: str) -> dict:
     """The plan's parts per GPU and what they were planned for (`derived.memory`)."""
     engine = chosen.engine
-    parts = {
-        "model_states": _gib(chosen.states),
-        **({"reference_model": _gib(chosen.reference)} if chosen.reference else {}),
-        "engine_buffers": _gib(chosen.buffers),
-        "activations": _gib(chosen.activations),
-        "lm_head": _gib(chosen.lm_head),
-        "attention_masks": _gib(chosen.masks),
-        **({"all_to_all": _gib(chosen.all_to_all)} if chosen.all_to_all else {}),
-        "cuda_context_and_fragmentation": _gib(chosen.allowance),
-        "total": _gib(chosen.total),
-    }
+    parts = {key: gib for key, _, gib in chosen.parts()} | {"total": _gib(chosen.total)}
     return {
         "engine": f"{NAMES[engine.name]} ({engine.source})",
         "world_size": chosen.world,
@@ -672,15 +676,7 @@ def _refusal(
 ) -> str:
     """One line: what does not fit, by how much and in which part, and what would fit (memory_advice)."""
     e, world = chosen.engine, chosen.world
-    parts = (
-        f"model states {_gib(chosen.states)}, buffers {_gib(chosen.buffers)}, activations "
-        f"{_gib(chosen.activations)}, LM head {_gib(chosen.lm_head)}, masks {_gib(chosen.masks)}, allowance "
-        f"{_gib(chosen.allowance)}"
-    )
-    if chosen.all_to_all:
-        parts = parts.replace(", allowance", f", all-to-all {_gib(chosen.all_to_all)}, allowance")
-    if chosen.reference:
-        parts = parts.replace(", buffers", f", live reference model {_gib(chosen.reference)}, buffers")
+    parts = ", ".join(f"{name} {gib}" for _, name, gib in chosen.parts())
     n = recipe.project.sequence_parallel_size
     on = f"{world} GPU{'s' * (world > 1)}" + (f" (sequence_parallel_size {n})" if n > 1 else "")
     options = advice(recipe, world, e, attention, gpu, plan, heads)
