@@ -116,19 +116,9 @@ class Option:
 class Advisor:
     """The levers for one refused plan, tried through `plan(recipe, world, engine, attention)` -> its record."""
 
-    def __init__(
-        self,
-        recipe,
-        world: int,
-        engine: Engine,
-        attention: str | None,
-        gpu_gib: float,
-        plan: Callable,
-        heads: tuple[int, int] | None = None,
-    ):
-        self.recipe, self.world, self.engine, self.attention = recipe, world, engine, attention
+    def __init__(self, recipe, world: int, engine: Engine, attention: str | None, plan: Callable, heads=None):
+        self.recipe, self.world, self.engine, self.attention, self._plan = recipe, world, engine, attention, plan
         self.heads = heads  # (attention heads, key/value heads): what a sequence-parallel group must split
-        self.gpu_gib, self._plan = gpu_gib, plan
         self.per_node = node_size(engine)
         launched = engine.source.startswith(LAUNCHED)  # the config file is not known: name the shipped one
         self.config = SHIPPED.get(engine.name, "") if launched else recipe.project.accelerate_config
@@ -187,13 +177,9 @@ class Advisor:
         return True
 
     def checkpointing(self, trial: Trial) -> bool:
-        kwargs = {**(trial.recipe.training.activation_checkpointing_kwargs or {}), "every_n_layers": 1}
-        every_layer = {
-            "activation_checkpointing": True,
-            "gradient_checkpointing": True,
-            "activation_checkpointing_kwargs": kwargs,
-            "gradient_checkpointing_kwargs": kwargs,
-        }
+        from dpotrain.plan.memory import checkpointing_fields
+
+        every_layer = checkpointing_fields(trial.recipe.training, {"every_n_layers": 1})
         given = trial.recipe.given | {"activation_checkpointing", "activation_checkpointing_kwargs"}
         trial.recipe = replace(replaced(trial.recipe, training=every_layer), given=given)
         trial.flags += [
@@ -366,17 +352,11 @@ class Advisor:
 
 
 def advice(
-    recipe,
-    world: int,
-    engine: Engine,
-    attention: str | None,
-    gpu_gib: float,
-    plan: Callable,
-    heads: tuple[int, int] | None = None,
+    recipe, world: int, engine: Engine, attention: str | None, gpu_gib: float, plan: Callable, heads=None
 ) -> str:
     """The refusal's second half: each option that fits, as flags to add and the submission, or why none does.
     `heads`: the model's (attention heads, key/value heads), for sequence parallelism (None: not weighed)."""
-    advisor = Advisor(recipe, world, engine, attention, gpu_gib, plan, heads)
+    advisor = Advisor(recipe, world, engine, attention, plan, heads)
     options = advisor.options()
     if not options:
         cached = "the cached reference, " if "cached" in advisor.levers() else ""
