@@ -18,6 +18,9 @@ from dataclasses import dataclass
 from dpotrain.cluster.engine import Engine, from_config
 from dpotrain.cluster.sequence_parallel import head_counts
 from dpotrain.forwards.flops import head_dim, mlp_width
+from dpotrain.forwards.masks import BLOCK
+from dpotrain.forwards.packing import ATTENTION_LAYER_TYPES, VARLEN_ATTENTION, row_width_bound
+from dpotrain.forwards.sequence_parallel import model_problem
 from dpotrain.plan.memory_advice import NAMES, advice, node_size
 from dpotrain.recipe import upstream
 from dpotrain.recipe.config import uses_live_reference
@@ -147,8 +150,6 @@ def _model_shape(recipe, config) -> ModelShape:
 
 # --- activations: the backbone traced on fake tensors ---
 
-ATTENTION_TYPES = {"full_attention", "sliding_attention", "chunked_attention"}
-
 
 def activation_bytes(config, tokens: int, checkpointing: bool | int) -> tuple[int, str]:
     """Peak bytes of the backbone's forward + backward for one micro-batch of `tokens` tokens, and how they were found.
@@ -164,8 +165,8 @@ def activation_bytes(config, tokens: int, checkpointing: bool | int) -> tuple[in
     every = checkpoint_every(checkpointing)
     kept = checkpointed_layers(every, text.num_hidden_layers)
     kinds = set(getattr(text, "layer_types", None) or ["full_attention"])
-    if kinds - ATTENTION_TYPES:
-        why = f"{'/'.join(sorted(kinds - ATTENTION_TYPES))} layers are not traced"
+    if kinds - ATTENTION_LAYER_TYPES:
+        why = f"{'/'.join(sorted(kinds - ATTENTION_LAYER_TYPES))} layers are not traced"
         return formula_activation_bytes(text, tokens, every), f"formula ({why})"
     try:
         modes = [True] * (kept > 0) + [False] * (kept < text.num_hidden_layers)  # the layer kinds this plan has
@@ -322,13 +323,10 @@ def mask_bytes(attn_implementation: str, tokens: int, width: int, config, checkp
     """sdpa and eager build a dense mask per row and layer kind (tokens x width: bool for sdpa, bf16 for eager); sdpa's
     fused CUDA kernels convert it to a bf16 copy at each call (measured, tests/test_memory.py). Eager also keeps each
     layer's probabilities (fp32 softmax and a bf16 copy), of one layer at a time under activation checkpointing."""
-    from dpotrain.forwards.masks import BLOCK
-    from dpotrain.forwards.packing import VARLEN_ATTENTION
-
     if attn_implementation in VARLEN_ATTENTION:
         return 0
     text = config.get_text_config()
-    kinds = len(set(getattr(text, "layer_types", None) or ["full_attention"]) & ATTENTION_TYPES) or 1
+    kinds = len(set(getattr(text, "layer_types", None) or ["full_attention"]) & ATTENTION_LAYER_TYPES) or 1
     if attn_implementation == "flex_attention":  # per kind, a BlockMask's int32 tables (partial and full, kv and q)
         return kinds * 4 * 4 * math.ceil(tokens / BLOCK) ** 2
     if attn_implementation != "eager":
@@ -423,8 +421,6 @@ def gpu_memory(recipe) -> tuple[float | None, str]:
 
 def micro_batch(recipe) -> tuple[int | None, int | None, str]:
     """Tokens of one micro-batch per GPU, the widest row attention sees, and where the count comes from."""
-    from dpotrain.forwards.packing import row_width_bound
-
     t, budget = recipe.training, recipe.project.max_tokens_per_microbatch
     if budget is not None:  # packed rows for dense-mask attention: fill_rows keeps them within row_width_bound
         width = min(budget, row_width_bound(t.max_length)) if t.max_length else budget
@@ -561,8 +557,6 @@ def plan(recipe, world: int, engine: Engine | None = None, attention: str | None
 
 def splittable_heads(config) -> tuple[int, int] | None:
     """The heads a sequence-parallel group would split; None for a model no group runs (`model_problem`)."""
-    from dpotrain.forwards.sequence_parallel import model_problem
-
     return None if model_problem(config) else head_counts(config)
 
 
