@@ -112,9 +112,7 @@ def installed_varlen(cuda: bool) -> str | None:
     if not (cuda and torch.cuda.is_available()):
         return None
     major = torch.cuda.get_device_capability()[0]
-    order = ["flash_attention_4"] if major >= 9 else []
-    order += ["flash_attention_3"] if major == 9 else []
-    order += ["flash_attention_2"]
+    order = ["flash_attention_4"] * (major >= 9) + ["flash_attention_3"] * (major == 9) + ["flash_attention_2"]
     return next((name for name in order if kernel_problem(name, cuda) is None), None)
 
 

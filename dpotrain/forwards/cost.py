@@ -72,13 +72,10 @@ class TokenCounts:
 def model_flops(config) -> flops.ModelFlops:
     """`flops.ModelFlops` from a model's config alone."""
     text = config.get_text_config()
-    h, heads = text.hidden_size, text.num_attention_heads
-    head_dim = getattr(text, "head_dim", None) or h // heads
+    h, heads, d = text.hidden_size, text.num_attention_heads, flops.head_dim(text)
     kv = getattr(text, "num_key_value_heads", None) or heads
-    layer = 2 * h * heads * head_dim + 2 * h * kv * head_dim + 3 * h * flops.mlp_width(text)
-    return flops.ModelFlops(
-        text.num_hidden_layers * layer + text.vocab_size * h, heads * head_dim, flops.layer_windows(text)
-    )
+    layer = 2 * h * heads * d + 2 * h * kv * d + 3 * h * flops.mlp_width(text)
+    return flops.ModelFlops(text.num_hidden_layers * layer + text.vocab_size * h, heads * d, flops.layer_windows(text))
 
 
 def micro_batches(lengths: PairLengths, budget: int | None, pairs: int) -> list[list[int]]:

@@ -42,6 +42,12 @@ def mlp_width(text) -> int:
     return getattr(text, "intermediate_size", 4 * text.hidden_size)
 
 
+def head_dim(text) -> int:
+    """A text config's attention head width: its `head_dim`, else hidden size / heads (0 for a model without heads)."""
+    heads = getattr(text, "num_attention_heads", 0) or 0
+    return getattr(text, "head_dim", None) or (text.hidden_size // heads if heads else 0)
+
+
 @dataclass(frozen=True)
 class ModelFlops:
     matmul_params: int  # N: the weights of matrix products (no input embedding, norms or biases)
@@ -72,8 +78,7 @@ class ModelFlops:
         tied = head is not None and embedding is not None and head.weight is embedding.weight  # the head's matmul
         matmul = total - (count(embedding.weight) if embedding is not None and not tied else 0)
         heads = getattr(config, "num_attention_heads", 0) or 0
-        head_dim = getattr(config, "head_dim", None) or (config.hidden_size // heads if heads else 0)
-        return cls(matmul, heads * head_dim, layer_windows(config))
+        return cls(matmul, heads * head_dim(config), layer_windows(config))
 
     def training(self, seq_lens, shared_prefixes=None) -> float:
         """Forward + backward FLOPs of sequences of these lengths, less `shared_prefixes` computed once for two."""

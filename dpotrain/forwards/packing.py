@@ -12,7 +12,6 @@ labels across a whole row: the label of each sequence's first token is therefore
 one sequence would be scored as predicting the first token of the next.
 """
 
-import contextlib
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -365,25 +364,22 @@ def causal_lm(model):
     return next(m for m in model.modules() if isinstance(m, PreTrainedModel))
 
 
-@contextlib.contextmanager
-def captured_router_logits(model):
-    """The router logits of the model's next forward, hooked on its backbone (the module TRL's fused LM head runs)."""
-    captured = []
-    hook = causal_lm(model).base_model.register_forward_hook(lambda m, a, output: captured.append(output.router_logits))
-    try:
-        yield captured
-    finally:
-        hook.remove()
-
-
-def router_aux_loss(model, router_logits, batch: dict) -> torch.Tensor:
-    """The MoE load-balancing loss over the tokens TRL's padded path counts, from the router logits of packed rows:
-    transformers' own `load_balancing_loss_func` (the one TRL's fused head calls), weighed by `token_weights`."""
+def router_aux_loss(model, run, batch: dict):
+    """`run`'s forward of packed rows, its aux_loss the MoE load-balancing loss over the tokens TRL's padded path
+    counts: transformers' own `load_balancing_loss_func` (the one TRL's fused head calls), weighed by `token_weights`,
+    on the router logits hooked on the backbone (the module TRL's fused LM head runs)."""
     from transformers.models.mixtral.modeling_mixtral import load_balancing_loss_func
 
-    config = causal_lm(model).config.get_text_config()
+    lm, captured = causal_lm(model), []
+    hook = lm.base_model.register_forward_hook(lambda m, a, output: captured.append(output.router_logits))
+    try:
+        outputs = run(model, batch, output_router_logits=True)
+    finally:
+        hook.remove()
+    config = lm.config.get_text_config()
     weights = token_weights(batch)
-    return load_balancing_loss_func(router_logits, config.num_experts, config.num_experts_per_tok, weights)
+    outputs.aux_loss = load_balancing_loss_func(captured[0], config.num_experts, config.num_experts_per_tok, weights)
+    return outputs
 
 
 class PackedModel:
@@ -401,13 +397,11 @@ class PackedModel:
     def __call__(self, *, fused_lm_head: bool = False, output_router_logits: bool | None = None, **padded_kwargs):
         if not fused_lm_head:  # TRL's deprecated `return_outputs=True` path asks for logits: give the padded forward
             return self.model(**padded_kwargs)
-        if not output_router_logits:
+        if output_router_logits:
+            outputs = router_aux_loss(self.model, self.run, self.batch)
+        else:
             extra = {} if output_router_logits is None else {"output_router_logits": False}
-            self.outputs = unpack_outputs(self.run(self.model, self.batch, **extra), self.batch)
-            return self.outputs
-        with captured_router_logits(self.model) as router_logits:
-            outputs = self.run(self.model, self.batch, output_router_logits=True)
-        outputs.aux_loss = router_aux_loss(self.model, router_logits[0], self.batch)
+            outputs = self.run(self.model, self.batch, **extra)
         self.outputs = unpack_outputs(outputs, self.batch)
         return self.outputs
 

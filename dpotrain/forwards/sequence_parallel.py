@@ -15,7 +15,7 @@ import threading
 import torch
 
 from dpotrain.cluster import sequence_parallel as groups
-from dpotrain.forwards import masks, packing
+from dpotrain.forwards import flops, masks, packing
 from dpotrain.recipe import upstream
 
 # The attentions a split forward runs, each with the whole rows' sequence boundaries (`whole_row_masks`, and the varlen
@@ -74,7 +74,7 @@ def set_up(sp_size: int, model) -> None:
         attn=ALL_ATTENTION_FUNCTIONS[attention],
         batch_size=1,
         attn_head_count=heads,
-        attn_head_size=getattr(config, "head_dim", None) or config.hidden_size // heads,
+        attn_head_size=flops.head_dim(config),
         kv_head_count=kv_heads,
         num_hidden_layers=config.num_hidden_layers,
         process_group=mine,

@@ -17,7 +17,10 @@ from dataclasses import dataclass
 
 from dpotrain.cluster.engine import Engine, from_config
 from dpotrain.cluster.sequence_parallel import head_counts
-from dpotrain.forwards.flops import mlp_width
+from dpotrain.forwards.flops import head_dim, mlp_width
+from dpotrain.forwards.masks import BLOCK
+from dpotrain.forwards.packing import ATTENTION_LAYER_TYPES, VARLEN_ATTENTION, row_width_bound
+from dpotrain.forwards.sequence_parallel import model_problem
 from dpotrain.plan.memory_advice import NAMES, advice, node_size
 from dpotrain.recipe import upstream
 from dpotrain.recipe.config import uses_live_reference
@@ -147,8 +150,6 @@ def _model_shape(recipe, config) -> ModelShape:
 
 # --- activations: the backbone traced on fake tensors ---
 
-ATTENTION_TYPES = {"full_attention", "sliding_attention", "chunked_attention"}
-
 
 def activation_bytes(config, tokens: int, checkpointing: bool | int) -> tuple[int, str]:
     """Peak bytes of the backbone's forward + backward for one micro-batch of `tokens` tokens, and how they were found.
@@ -164,8 +165,8 @@ def activation_bytes(config, tokens: int, checkpointing: bool | int) -> tuple[in
     every = checkpoint_every(checkpointing)
     kept = checkpointed_layers(every, text.num_hidden_layers)
     kinds = set(getattr(text, "layer_types", None) or ["full_attention"])
-    if kinds - ATTENTION_TYPES:
-        why = f"{'/'.join(sorted(kinds - ATTENTION_TYPES))} layers are not traced"
+    if kinds - ATTENTION_LAYER_TYPES:
+        why = f"{'/'.join(sorted(kinds - ATTENTION_LAYER_TYPES))} layers are not traced"
         return formula_activation_bytes(text, tokens, every), f"formula ({why})"
     try:
         modes = [True] * (kept > 0) + [False] * (kept < text.num_hidden_layers)  # the layer kinds this plan has
@@ -278,8 +279,7 @@ def formula_activation_bytes(text, tokens: int, checkpointing: bool | int) -> in
     layer; a checkpointed layer keeps only its input (2 H), and one is recomputed with its gradients (2 x that)."""
     h = text.hidden_size
     kv = getattr(text, "num_key_value_heads", None) or text.num_attention_heads
-    h_kv = kv * (getattr(text, "head_dim", None) or h // text.num_attention_heads)
-    per_layer = BF16 * (10 * h + 2 * h_kv + 4 * mlp_width(text))
+    per_layer = BF16 * (10 * h + 2 * kv * head_dim(text) + 4 * mlp_width(text))
     costs = {True: (2 * per_layer, BF16 * h), False: (per_layer, per_layer)}
     return tokens * _combine(costs, checkpoint_every(checkpointing), text.num_hidden_layers)
 
@@ -323,13 +323,10 @@ def mask_bytes(attn_implementation: str, tokens: int, width: int, config, checkp
     """sdpa and eager build a dense mask per row and layer kind (tokens x width: bool for sdpa, bf16 for eager); sdpa's
     fused CUDA kernels convert it to a bf16 copy at each call (measured, tests/test_memory.py). Eager also keeps each
     layer's probabilities (fp32 softmax and a bf16 copy), of one layer at a time under activation checkpointing."""
-    from dpotrain.forwards.masks import BLOCK
-    from dpotrain.forwards.packing import VARLEN_ATTENTION
-
     if attn_implementation in VARLEN_ATTENTION:
         return 0
     text = config.get_text_config()
-    kinds = len(set(getattr(text, "layer_types", None) or ["full_attention"]) & ATTENTION_TYPES) or 1
+    kinds = len(set(getattr(text, "layer_types", None) or ["full_attention"]) & ATTENTION_LAYER_TYPES) or 1
     if attn_implementation == "flex_attention":  # per kind, a BlockMask's int32 tables (partial and full, kv and q)
         return kinds * 4 * 4 * math.ceil(tokens / BLOCK) ** 2
     if attn_implementation != "eager":
@@ -424,8 +421,6 @@ def gpu_memory(recipe) -> tuple[float | None, str]:
 
 def micro_batch(recipe) -> tuple[int | None, int | None, str]:
     """Tokens of one micro-batch per GPU, the widest row attention sees, and where the count comes from."""
-    from dpotrain.forwards.packing import row_width_bound
-
     t, budget = recipe.training, recipe.project.max_tokens_per_microbatch
     if budget is not None:  # packed rows for dense-mask attention: fill_rows keeps them within row_width_bound
         width = min(budget, row_width_bound(t.max_length)) if t.max_length else budget
@@ -435,6 +430,20 @@ def micro_batch(recipe) -> tuple[int | None, int | None, str]:
     tokens = t.per_device_train_batch_size * 2 * t.max_length
     width = min(tokens, row_width_bound(t.max_length)) if t.padding_free else t.max_length  # padded: a row per sequence
     return tokens, width, f"per_device_train_batch_size x 2 x max_length ({tokens})"
+
+
+# A plan's parts as its record (`derived.memory`) and a refusal list them: (field, record key, refusal's name). A live
+# reference model and the all-to-all buffers are listed only where the run has them.
+PARTS = (
+    ("states", "model_states", "model states"),
+    ("reference", "reference_model", "live reference model"),
+    ("buffers", "engine_buffers", "buffers"),
+    ("activations", "activations", "activations"),
+    ("lm_head", "lm_head", "LM head"),
+    ("masks", "attention_masks", "masks"),
+    ("all_to_all", "all_to_all", "all-to-all"),
+    ("allowance", "cuda_context_and_fragmentation", "allowance"),
+)
 
 
 @dataclass
@@ -453,9 +462,12 @@ class Plan:
 
     @property
     def subtotal(self) -> int:
-        return (
-            self.states + self.buffers + self.activations + self.lm_head + self.masks + self.all_to_all + self.reference
-        )
+        return sum(getattr(self, field) for field, _, _ in PARTS if field != "allowance")
+
+    def parts(self) -> list[tuple[str, str, float]]:
+        """(record key, refusal's name, GiB) of each part listed (`PARTS`)."""
+        listed = [(f, key, name) for f, key, name in PARTS if getattr(self, f) or f not in ("reference", "all_to_all")]
+        return [(key, name, _gib(getattr(self, f))) for f, key, name in listed]
 
     @property
     def allowance(self) -> float:
@@ -473,11 +485,9 @@ def all_to_all_bytes(config, tokens: int, n: int) -> int:
     fewer than N are repeated to N."""
     if n == 1:
         return 0
-    text = config.get_text_config()
     heads, kv = head_counts(config)
-    head_dim = getattr(text, "head_dim", None) or text.hidden_size // heads
     local = -(-tokens // n)
-    return BF16 * local * head_dim * (2 * (heads + 2 * max(kv, n)) + 2 * heads)
+    return BF16 * local * head_dim(config.get_text_config()) * (2 * (heads + 2 * max(kv, n)) + 2 * heads)
 
 
 def plan(recipe, world: int, engine: Engine | None = None, attention: str | None = None) -> dict:
@@ -547,25 +557,13 @@ def plan(recipe, world: int, engine: Engine | None = None, attention: str | None
 
 def splittable_heads(config) -> tuple[int, int] | None:
     """The heads a sequence-parallel group would split; None for a model no group runs (`model_problem`)."""
-    from dpotrain.forwards.sequence_parallel import model_problem
-
     return None if model_problem(config) else head_counts(config)
 
 
 def _record(chosen: Plan, shape: ModelShape, gpu: float | None, gpu_source: str) -> dict:
     """The plan's parts per GPU and what they were planned for (`derived.memory`)."""
     engine = chosen.engine
-    parts = {
-        "model_states": _gib(chosen.states),
-        **({"reference_model": _gib(chosen.reference)} if chosen.reference else {}),
-        "engine_buffers": _gib(chosen.buffers),
-        "activations": _gib(chosen.activations),
-        "lm_head": _gib(chosen.lm_head),
-        "attention_masks": _gib(chosen.masks),
-        **({"all_to_all": _gib(chosen.all_to_all)} if chosen.all_to_all else {}),
-        "cuda_context_and_fragmentation": _gib(chosen.allowance),
-        "total": _gib(chosen.total),
-    }
+    parts = {key: gib for key, _, gib in chosen.parts()} | {"total": _gib(chosen.total)}
     return {
         "engine": f"{NAMES[engine.name]} ({engine.source})",
         "world_size": chosen.world,
@@ -672,15 +670,7 @@ def _refusal(
 ) -> str:
     """One line: what does not fit, by how much and in which part, and what would fit (memory_advice)."""
     e, world = chosen.engine, chosen.world
-    parts = (
-        f"model states {_gib(chosen.states)}, buffers {_gib(chosen.buffers)}, activations "
-        f"{_gib(chosen.activations)}, LM head {_gib(chosen.lm_head)}, masks {_gib(chosen.masks)}, allowance "
-        f"{_gib(chosen.allowance)}"
-    )
-    if chosen.all_to_all:
-        parts = parts.replace(", allowance", f", all-to-all {_gib(chosen.all_to_all)}, allowance")
-    if chosen.reference:
-        parts = parts.replace(", buffers", f", live reference model {_gib(chosen.reference)}, buffers")
+    parts = ", ".join(f"{name} {gib}" for _, name, gib in chosen.parts())
     n = recipe.project.sequence_parallel_size
     on = f"{world} GPU{'s' * (world > 1)}" + (f" (sequence_parallel_size {n})" if n > 1 else "")
     options = advice(recipe, world, e, attention, gpu, plan, heads)

@@ -116,19 +116,9 @@ class Option:
 class Advisor:
     """The levers for one refused plan, tried through `plan(recipe, world, engine, attention)` -> its record."""
 
-    def __init__(
-        self,
-        recipe,
-        world: int,
-        engine: Engine,
-        attention: str | None,
-        gpu_gib: float,
-        plan: Callable,
-        heads: tuple[int, int] | None = None,
-    ):
-        self.recipe, self.world, self.engine, self.attention = recipe, world, engine, attention
+    def __init__(self, recipe, world: int, engine: Engine, attention: str | None, plan: Callable, heads=None):
+        self.recipe, self.world, self.engine, self.attention, self._plan = recipe, world, engine, attention, plan
         self.heads = heads  # (attention heads, key/value heads): what a sequence-parallel group must split
-        self.gpu_gib, self._plan = gpu_gib, plan
         self.per_node = node_size(engine)
         launched = engine.source.startswith(LAUNCHED)  # the config file is not known: name the shipped one
         self.config = SHIPPED.get(engine.name, "") if launched else recipe.project.accelerate_config
@@ -366,17 +356,11 @@ class Advisor:
 
 
 def advice(
-    recipe,
-    world: int,
-    engine: Engine,
-    attention: str | None,
-    gpu_gib: float,
-    plan: Callable,
-    heads: tuple[int, int] | None = None,
+    recipe, world: int, engine: Engine, attention: str | None, gpu_gib: float, plan: Callable, heads=None
 ) -> str:
     """The refusal's second half: each option that fits, as flags to add and the submission, or why none does.
     `heads`: the model's (attention heads, key/value heads), for sequence parallelism (None: not weighed)."""
-    advisor = Advisor(recipe, world, engine, attention, gpu_gib, plan, heads)
+    advisor = Advisor(recipe, world, engine, attention, plan, heads)
     options = advisor.options()
     if not options:
         cached = "the cached reference, " if "cached" in advisor.levers() else ""

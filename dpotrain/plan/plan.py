@@ -11,6 +11,7 @@ any budget >= 2 x max_length cuts every step. The plan depends only on the lengt
 epoch: every rank computes it alone, and a resumed job replays the same steps.
 """
 
+import bisect
 import heapq
 import math
 from dataclasses import dataclass
@@ -165,16 +166,10 @@ def _padded_runs(order: list[int], lengths: PairLengths, budget: int, bins: int)
                 start = j
         return starts if len(starts) <= bins else None
 
-    lo, hi = max(widths), budget
-    if runs_within(hi) is None:
+    if runs_within(budget) is None:
         return None
-    while lo < hi:  # the smallest capacity that `bins` runs reach
-        mid = (lo + hi) // 2
-        if runs_within(mid) is None:
-            lo = mid + 1
-        else:
-            hi = mid
-    starts = runs_within(lo)
+    lo = max(widths)  # the smallest capacity that `bins` runs reach
+    starts = runs_within(lo + bisect.bisect_left(range(lo, budget), True, key=lambda c: runs_within(c) is not None))
     runs = [order[a:b] for a, b in zip(starts, [*starts[1:], len(order)], strict=True)]
     while len(runs) < bins:  # fewer runs than bins: halve the largest run that holds more than one pair
         r = max(
@@ -226,11 +221,11 @@ def cut_step(pairs: np.ndarray, lengths: PairLengths, p: StepPlan) -> list[list[
     if found is not None:
         return found
     alone = [int(c) for c in p.alone(lengths, pairs)]
-    lo, hi = p.max_tokens, 2 * sum(alone)  # at twice the whole step, one micro-batch per rank always fits
-    while lo < hi:  # the smallest budget that would cut this step, for the message
-        mid = (lo + hi) // 2
-        lo, hi = (lo, mid) if _cut(pairs, lengths, p, mid) is not None else (mid + 1, hi)
-    needed = math.ceil(lo / 1024) * 1024
+    # The smallest budget that would cut this step, for the message: at twice the whole step, one micro-batch per rank
+    # always fits.
+    budgets = range(p.max_tokens, 2 * sum(alone))
+    least = p.max_tokens + bisect.bisect_left(budgets, True, key=lambda b: _cut(pairs, lengths, p, b) is not None)
+    needed = math.ceil(least / 1024) * 1024
     raise PlanError(
         f"a step of {n} pairs ({sum(alone):,} positions, the longest pair {max(alone):,}) cannot be cut into the same "
         f"number of non-empty micro-batches of at most max_tokens_per_microbatch={p.max_tokens:,} on each of {w} "
