@@ -521,8 +521,9 @@ def plan_batching(recipe, launch: Launch, pairs: Data, pair_lengths: Lengths, fo
         padded=not f.packed,
         forward=layout,
         reduce_per_backward=launch.engine.deepspeed,
+        max_length_cuts=counted,
     )
-    return {**run_plan.summary, "max_length_cuts": counted}
+    return run_plan.summary
 
 
 def plan_memory(recipe, launch: Launch, pairs: Data, pair_lengths: Lengths, forward: Forward) -> MemoryPlan:

@@ -42,9 +42,11 @@ def make(
     padded: bool,
     forward: plan.RowLayout | None = None,
     reduce_per_backward: bool = True,
+    max_length_cuts: dict | None = None,
 ) -> RunPlan:
     """The run's plan from its pairs' lengths and the training arguments, at start and in a dry run; a
-    `plan.PlanError` (with the budget that would do) when a step cannot be cut."""
+    `plan.PlanError` (with the budget that would do) when a step cannot be cut. `max_length_cuts` (`cuts.count`): the
+    pairs cut or dropped at max_length, recorded with the plan."""
     step_plan = plan.StepPlan(
         pairs_per_step,
         world_size,
@@ -60,7 +62,8 @@ def make(
     steps = args.max_steps if args.max_steps > 0 else math.ceil(args.num_train_epochs * len(planned[0]))
     trained = plan.pairs_trained(planned, steps)
     summary = plan.summary(lengths, step_plan, planned, forward, reduce_per_backward)
-    summary["pairs_trained"] = {"pairs": len(trained), "of": len(lengths), "steps": steps}
+    summary |= {"pairs_trained": {"pairs": len(trained), "of": len(lengths), "steps": steps}}
+    summary |= {"max_length_cuts": max_length_cuts} if max_length_cuts is not None else {}
     return RunPlan(lengths, step_plan, planned, summary, trained)
 
 
@@ -70,6 +73,9 @@ def for_trainer(trainer) -> RunPlan:
     args = trainer.args
     counts = token_counts(trainer.train_dataset)
     lengths = PairLengths.from_parts(*counts, args.max_length, trainer.forward.share_prompt, args.truncation_mode)
+    # Pairs TRL cut or dropped at max_length: counted on the tokenized set, recorded with the plan (derived.batching).
+    dropped = trainer.rows_given - len(trainer.train_dataset)
+    counted = cuts.count(*counts, args.max_length, args.truncation_mode, dropped)
     run_plan = make(
         lengths,
         args,
@@ -79,11 +85,8 @@ def for_trainer(trainer) -> RunPlan:
         padded=not trainer.packed,
         forward=trainer.plan_forward(),
         reduce_per_backward=trainer.is_deepspeed_enabled,
+        max_length_cuts=counted,
     )
-    # Pairs TRL cut or dropped at max_length: counted on the tokenized set, recorded with the plan (derived.batching).
-    dropped = trainer.rows_given - len(trainer.train_dataset)
-    counted = cuts.count(*counts, args.max_length, args.truncation_mode, dropped)
-    run_plan.summary["max_length_cuts"] = counted
     if trainer.accelerator.is_main_process:
         print(run_plan.line(), flush=True)
         print(f"Cut at {cuts.line(counted)}", flush=True)
