@@ -211,9 +211,7 @@ def _mixer(tokens: list, splits: list | None, split: str) -> list[Source]:
 def _amount(text: str) -> str:
     """open-instruct's rule: with a decimal point a fraction of the source, without one a count of pairs."""
     text = text.strip()
-    if re.fullmatch(r"[0-9]+", text) and int(text) > 0:
-        return text
-    if re.fullmatch(r"[0-9]*\.[0-9]*", text) and text != "." and float(text) > 0:
+    if re.fullmatch(r"[0-9]+|[0-9]*\.[0-9]*", text) and text != "." and float(text) > 0:
         return text
     raise ConfigError(
         f"amount {text!r}: write a fraction of the source with a decimal point (0.5, 1.0, 2.5 "
@@ -466,17 +464,11 @@ def dataset_id(recipe, local_only: bool = False, revision: str | None = None) ->
 
 
 def dataset_id_of(values: dict, seed: int, hh_format: str, local_only: bool = False) -> str:
+    identity = functools.partial(lengths.dataset_identity, local_only=local_only, hh_format=hh_format)
     sources = parse(values)
     if sources is None:
-        return lengths.dataset_identity(
-            values["dataset_name"],
-            values["dataset_train_split"],
-            values.get("dataset_config"),
-            values.get("dataset_revision"),
-            local_only=local_only,
-            hh_format=hh_format,
-        )
-    identity = functools.partial(lengths.dataset_identity, local_only=local_only, hh_format=hh_format)
+        name, split = values["dataset_name"], values["dataset_train_split"]
+        return identity(name, split, values.get("dataset_config"), values.get("dataset_revision"))
     parts = [[identity(s.file or s.path, s.split, s.name), s.spec(), s.written(), s.columns] for s in sources]
     digest = hashlib.sha256(json.dumps([parts, seed], default=str).encode()).hexdigest()[:16]
     return f"mixture:{digest}"
