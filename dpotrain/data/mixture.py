@@ -157,8 +157,7 @@ def _entry(entry, split: str, flag: str) -> Source:
             entry = {"path": entry}  # `--datasets a.jsonl b.jsonl`: whole sources
     if not isinstance(entry, dict):
         raise ConfigError(f"`{flag}:` entry {entry!r}: each is a mapping with `path` (and name, split, amount, ...)")
-    unknown = sorted(set(entry) - set(ENTRY_KEYS))
-    if unknown:
+    if unknown := sorted(set(entry) - set(ENTRY_KEYS)):
         raise ConfigError(
             f"`{flag}:` entry {entry.get('path')!r}: unknown key(s) {unknown}; an entry takes {', '.join(ENTRY_KEYS)}"
         )
@@ -318,8 +317,7 @@ def read_source(source: Source, say: bool = True):
     else:
         loaded = data.load_preference_dataset(source.path, source.split, source.name, say=say)
     if source.columns:
-        missing = [c for c in source.columns if c not in loaded.column_names]
-        if missing:
+        if missing := [c for c in source.columns if c not in loaded.column_names]:
             raise ConfigError(
                 f"mixture source {source.spec()}: no column(s) {missing} (it has "
                 f"{sorted(loaded.column_names)}): fix `columns`"
