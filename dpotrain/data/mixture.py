@@ -223,12 +223,8 @@ def check(recipe) -> None:
     values = fields_of(recipe)
     train = parse(values)
     parse(values, evaluation=True)
-    if train is None:
-        data.check_dataset_name(recipe.script.dataset_name)
-        return
-    for source in train:
-        if source.local:
-            data.check_dataset_name(source.local)
+    for name in [recipe.script.dataset_name] if train is None else [s.local for s in train if s.local]:
+        data.check_dataset_name(name)
 
 
 # --- taking the rows --------------------------------------------------------------------------------------------------
