@@ -12,6 +12,7 @@ import time
 from collections import Counter
 
 from dpotrain.data import chat_template, shapes
+from dpotrain.data.data import row_location
 from dpotrain.recipe.errors import ConfigError
 
 ROW_COLUMNS = ("prompt", "chosen", "rejected", *shapes.KEPT_COLUMNS)
@@ -30,8 +31,6 @@ class InvalidRowError(ConfigError):
 
     def located(self, dataset_name: str) -> "InvalidRowError":
         """The same refusal, saying where the row is in the user's file (`data.row_location`: 'line 8 of x.jsonl')."""
-        from dpotrain.data.data import row_location
-
         return InvalidRowError(
             self.index, self.column, self.problem, self.skip_flag, row_location(dataset_name, self.index)
         )
@@ -209,8 +208,6 @@ def check_dataset(
 def every_row_invalid(checked: RowCheck, split: str, source: str | None) -> str:
     """One line for a split none of whose rows is usable (`--skip_invalid` is not offered: it would leave nothing): the
     one check every row fails and what fits instead (`chat_template.misfit`), or the three most common."""
-    from dpotrain.data.data import row_location
-
     reasons, first = checked.by_reason(), checked.invalid[0]
     where = row_location(source, first["index"]) if source else f"row {first['index']}"
     detail = first["problem"].split(shapes.DETAIL, 1)[1:]
