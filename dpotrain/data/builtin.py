@@ -13,6 +13,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from dpotrain.recipe.errors import ConfigError
 from dpotrain.recipe.writes import quiet_progress_bars
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
@@ -52,8 +53,6 @@ def is_builtin(name: str | None) -> bool:
 def check_name(name: str) -> None:
     """Refuse a `builtin:` name that is not one of BUILTIN_MODELS, listing those that are."""
     if name.removeprefix(BUILTIN_PREFIX) not in BUILTIN_MODELS:
-        from dpotrain.recipe.errors import ConfigError
-
         known = ", ".join(BUILTIN_PREFIX + k for k in BUILTIN_MODELS)
         raise ConfigError(
             f"unknown built-in model {name!r}: the built-in ones are {known} (or give a Hub name or "

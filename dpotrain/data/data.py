@@ -7,6 +7,7 @@ from pathlib import Path
 
 from dpotrain.data import data_identity, shapes
 from dpotrain.recipe.errors import ConfigError, cause
+from dpotrain.recipe.writes import unwritable
 
 LOCAL_SUFFIXES = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
 REQUIRED_COLUMNS = ("chosen", "rejected")
@@ -206,8 +207,6 @@ def check_datasets_cache() -> None:
     """datasets writes every data set it reads, local files too, into its cache, and where it cannot write it fails
     with a message about the data file: the cache is named instead (once per process)."""
     import datasets
-
-    from dpotrain.recipe.writes import unwritable
 
     folder = Path(datasets.config.HF_DATASETS_CACHE)
     if problem := unwritable(folder):

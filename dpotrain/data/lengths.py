@@ -27,7 +27,7 @@ from unittest import mock
 import numpy as np
 from trl.data_utils import common_prefix_length, is_conversational
 
-from dpotrain.data import chat_template, cuts, data, data_identity, hub_revision, positions
+from dpotrain.data import builtin, chat_template, cuts, data, data_identity, hub_revision, positions
 from dpotrain.data.cuts import STEP, recommend
 from dpotrain.data.rows import ROW_COLUMNS, InvalidRowError, RowFormat, read_row, split_row
 from dpotrain.recipe import records as run_records
@@ -509,8 +509,6 @@ def load_tokenizer(
     stage, the analyzer, the dry run and the preflight tokenize alike. No model weights are loaded."""
     from transformers import AutoTokenizer
 
-    from dpotrain.data import builtin
-
     if builtin.is_builtin(name_or_path):
         name_or_path = builtin.materialize_model(name_or_path)
     check_tokenizer_folder(name_or_path)
@@ -663,8 +661,6 @@ def resolution_of(
 def model_positions(name_or_path: str, revision: str | None = None, local_only: bool = False) -> int | None:
     """The positions the model takes (`positions.model_limit`), from its config.json alone (built-in: its recipe);
     None when the config is not readable here or does not say."""
-    from dpotrain.data import builtin
-
     if builtin.is_builtin(name_or_path):
         key = name_or_path.removeprefix(builtin.BUILTIN_PREFIX)
         return builtin.BUILTIN_MODELS.get(key, {}).get("max_position_embeddings")
