@@ -13,6 +13,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from dpotrain.recipe.errors import ConfigError
 from dpotrain.recipe.writes import quiet_progress_bars
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
@@ -52,8 +53,6 @@ def is_builtin(name: str | None) -> bool:
 def check_name(name: str) -> None:
     """Refuse a `builtin:` name that is not one of BUILTIN_MODELS, listing those that are."""
     if name.removeprefix(BUILTIN_PREFIX) not in BUILTIN_MODELS:
-        from dpotrain.recipe.errors import ConfigError
-
         known = ", ".join(BUILTIN_PREFIX + k for k in BUILTIN_MODELS)
         raise ConfigError(
             f"unknown built-in model {name!r}: the built-in ones are {known} (or give a Hub name or "
@@ -61,13 +60,14 @@ def check_name(name: str) -> None:
         )
 
 
-def builtin_dir() -> Path:
-    return Path(os.environ.get("DPOTRAIN_BUILTIN_DIR", PROJECT_ROOT / "outputs" / ".builtin"))
+def _model_dir(name: str) -> Path:
+    root = Path(os.environ.get("DPOTRAIN_BUILTIN_DIR", PROJECT_ROOT / "outputs" / ".builtin"))
+    return root / f"{name.removeprefix(BUILTIN_PREFIX)}-v{_BUILD_VERSION}"
 
 
 def existing_model_dir(name: str) -> str | None:
     """The folder of an already built built-in model, or None (nothing is built)."""
-    target = builtin_dir() / f"{name.removeprefix(BUILTIN_PREFIX)}-v{_BUILD_VERSION}"
+    target = _model_dir(name)
     return str(target) if (target / "model.safetensors").exists() else None
 
 
@@ -76,8 +76,7 @@ def materialize_model(name: str, vocab_size: int = 1024, seed: int = 0) -> str:
     check_name(name)
     if existing := existing_model_dir(name):
         return existing
-    key = name.removeprefix(BUILTIN_PREFIX)
-    target = builtin_dir() / f"{key}-v{_BUILD_VERSION}"
+    key, target = name.removeprefix(BUILTIN_PREFIX), _model_dir(name)
     target.parent.mkdir(parents=True, exist_ok=True)
     # Build in a private folder and rename: several ranks of one launch may race here, and a reader must never see
     # a half-written model. The build is deterministic, so whichever rename wins holds the same files.

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from dpotrain.data import data_identity, shapes
 from dpotrain.recipe.errors import ConfigError, cause
+from dpotrain.recipe.writes import unwritable
 
 LOCAL_SUFFIXES = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
 REQUIRED_COLUMNS = ("chosen", "rejected")
@@ -90,8 +91,8 @@ def load_preference_dataset(
     if not data_identity.saved(path):
         check_datasets_cache()  # a saved data set is read in place; any other is written to the cache first
     if path.is_dir() and data_identity.saved(path):
-        empty = _empty_saved_splits(path)
-        if empty:  # datasets cannot read a split saved with no rows back (IndexError inside load_from_disk)
+        # datasets cannot read a split saved with no rows back (IndexError inside load_from_disk)
+        if empty := _empty_saved_splits(path):
             raise ConfigError(f"dataset {name!r}: split(s) {empty} saved with no rows; remove them or save rows")
         loaded = datasets.load_from_disk(str(path))
     elif path.is_file():
@@ -207,11 +208,8 @@ def check_datasets_cache() -> None:
     with a message about the data file: the cache is named instead (once per process)."""
     import datasets
 
-    from dpotrain.recipe.writes import unwritable
-
     folder = Path(datasets.config.HF_DATASETS_CACHE)
-    problem = unwritable(folder)
-    if problem:
+    if problem := unwritable(folder):
         raise ConfigError(
             f"the datasets cache {folder} is not writable ({problem[1]} in {problem[0]}), and datasets caches every "
             "data set it reads there, local files too: set HF_HOME (or HF_DATASETS_CACHE) to a writable folder"
@@ -220,8 +218,7 @@ def check_datasets_cache() -> None:
 
 def _unreadable(path: Path, error: Exception) -> str:
     """Why a local file did not load: its first line that is not UTF-8 (or, JSON Lines, not a JSON object)."""
-    found = _invalid_utf8(path) if path.suffix in (".jsonl", ".json", ".csv") else None  # wrapped by datasets
-    if found:
+    if path.suffix in (".jsonl", ".json", ".csv") and (found := _invalid_utf8(path)):  # wrapped by datasets
         return found
     if path.suffix == ".jsonl":
         with open(path, encoding="utf-8", errors="replace") as f:
@@ -238,8 +235,7 @@ def _unreadable(path: Path, error: Exception) -> str:
 
 
 def check_columns(columns, name: str) -> None:
-    missing = [c for c in REQUIRED_COLUMNS if c not in (columns or [])]
-    if missing:
+    if missing := [c for c in REQUIRED_COLUMNS if c not in (columns or [])]:
         raise ConfigError(
             f"dataset {name!r} has no {'/'.join(missing)} column(s) (it has {sorted(columns or [])}): DPO needs "
             "`chosen` and `rejected` (message lists or strings), optionally `prompt`; rename the columns or "

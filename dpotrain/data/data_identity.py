@@ -123,6 +123,4 @@ def changed(
 ) -> str | None:
     """How the local data set `name`'s `split` differs from the run's record `old` (`of`), or None."""
     found = files(name, split, data_dir, data_files)
-    if not old or found is None:
-        return None
-    return changed_files(old, found)
+    return changed_files(old, found) if old and found is not None else None

@@ -27,7 +27,7 @@ from unittest import mock
 import numpy as np
 from trl.data_utils import common_prefix_length, is_conversational
 
-from dpotrain.data import chat_template, cuts, data, data_identity, hub_revision, positions
+from dpotrain.data import builtin, chat_template, cuts, data, data_identity, hub_revision, positions
 from dpotrain.data.cuts import STEP, recommend
 from dpotrain.data.rows import ROW_COLUMNS, InvalidRowError, RowFormat, read_row, split_row
 from dpotrain.recipe import records as run_records
@@ -509,8 +509,6 @@ def load_tokenizer(
     stage, the analyzer, the dry run and the preflight tokenize alike. No model weights are loaded."""
     from transformers import AutoTokenizer
 
-    from dpotrain.data import builtin
-
     if builtin.is_builtin(name_or_path):
         name_or_path = builtin.materialize_model(name_or_path)
     check_tokenizer_folder(name_or_path)
@@ -581,45 +579,35 @@ def tokenizer_identity(tokenizer) -> dict:
     }
 
 
-def cache_key(dataset_id: str, tokenizer) -> tuple[str, dict]:
-    identity = {"dataset": dataset_id, "tokenizer": tokenizer_identity(tokenizer), "version": ANALYSIS_VERSION}
-    return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:24], identity
-
-
 def cache_root() -> Path:
     """Where this project caches what it computed (length reports, reference log-probs)."""
     root = os.environ.get("DPOTRAIN_CACHE")
     return Path(root).expanduser() if root else Path.home() / ".cache" / "dpotrain"
 
 
-def default_cache_dir(cache_dir: str | Path | None = None) -> Path:
-    return Path(cache_dir).expanduser() if cache_dir is not None else cache_root() / "lengths"
+def _cached_at(dataset_id: str, tokenizer, cache_dir: str | Path | None) -> tuple[Path, dict]:
+    """Where the analysis of this data set with this tokenizer is cached (`.npz`, `.json` beside it), and its key."""
+    identity = {"dataset": dataset_id, "tokenizer": tokenizer_identity(tokenizer), "version": ANALYSIS_VERSION}
+    key = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:24]
+    folder = Path(cache_dir).expanduser() if cache_dir is not None else cache_root() / "lengths"
+    return folder / key, identity
 
 
 def save_cache(m: Measured, report: dict, dataset_id: str, tokenizer, cache_dir: str | Path | None = None) -> Path:
     """Keep a full analysis (per-row lengths + report) for later runs and dry runs; returns the report path."""
-    key, identity = cache_key(dataset_id, tokenizer)
-    folder = default_cache_dir(cache_dir)
+    at, identity = _cached_at(dataset_id, tokenizer, cache_dir)
     # Renamed into place (writes.py): several ranks of one launch may race here, and a reader must never see half a
     # file. The lengths first: a report is only ever found beside its lengths.
-    with replacing(folder / f"{key}.npz", "wb") as f:
+    with replacing(at.with_suffix(".npz"), "wb") as f:
         shared = {} if m.shared is None else {"shared": m.shared}
         np.savez(f, index=m.index, prompt=m.prompt, chosen=m.chosen, rejected=m.rejected, **shared)
-    return write_text(folder / f"{key}.json", json.dumps({**report, "cache": identity}, indent=1) + "\n")
-
-
-def _resolution(m: Measured, target: float, report_path: Path, cached: bool, max_positions: int | None) -> dict:
-    """The `max_length: auto` answer: the recommendation's numbers and where its report is."""
-    r = recommendation(m, target, max_positions)
-    kept = ("max_length", "coverage", "target_coverage", "truncated", "dropped", "doubled", "reason", "capped")
-    return {**{k: r[k] for k in kept}, "rows": m.rows, "cached": cached, "report": str(report_path)}
+    return write_text(at.with_suffix(".json"), json.dumps({**report, "cache": identity}, indent=1) + "\n")
 
 
 def cached_measure(dataset_id: str, tokenizer, cache_dir: str | Path | None = None) -> tuple[Measured, Path] | None:
     """The per-row lengths cached for this data set, tokenizer and chat template, and its report's path; or None."""
-    key, _ = cache_key(dataset_id, tokenizer)
-    folder = default_cache_dir(cache_dir)
-    report_path, lengths_path = folder / f"{key}.json", folder / f"{key}.npz"
+    at, _ = _cached_at(dataset_id, tokenizer, cache_dir)
+    report_path, lengths_path = at.with_suffix(".json"), at.with_suffix(".npz")
     if not report_path.exists():
         return None
 
@@ -656,19 +644,23 @@ def analyse(
         tokenizer=tokenizer.name_or_path,
     )
     path = save_cache(m, report, dataset_id, tokenizer, cache_dir)
-    return m, _resolution(m, coverage, path, False, max_positions)
+    return m, resolution_of((m, path), coverage, max_positions, cached=False)
 
 
-def resolution_of(found: tuple[Measured, Path], coverage: float, max_positions: int | None = None) -> dict:
-    """The `max_length: auto` answer from a cached analysis (`cached_measure`'s)."""
-    return _resolution(found[0], coverage, found[1], True, max_positions)
+def resolution_of(
+    found: tuple[Measured, Path], coverage: float, max_positions: int | None = None, cached: bool = True
+) -> dict:
+    """The `max_length: auto` answer from an analysis (`cached_measure`'s): the recommendation's numbers and where its
+    report is."""
+    m, report_path = found
+    r = recommendation(m, coverage, max_positions)
+    kept = ("max_length", "coverage", "target_coverage", "truncated", "dropped", "doubled", "reason", "capped")
+    return {**{k: r[k] for k in kept}, "rows": m.rows, "cached": cached, "report": str(report_path)}
 
 
 def model_positions(name_or_path: str, revision: str | None = None, local_only: bool = False) -> int | None:
     """The positions the model takes (`positions.model_limit`), from its config.json alone (built-in: its recipe);
     None when the config is not readable here or does not say."""
-    from dpotrain.data import builtin
-
     if builtin.is_builtin(name_or_path):
         key = name_or_path.removeprefix(builtin.BUILTIN_PREFIX)
         return builtin.BUILTIN_MODELS.get(key, {}).get("max_position_embeddings")

@@ -157,8 +157,7 @@ def _entry(entry, split: str, flag: str) -> Source:
             entry = {"path": entry}  # `--datasets a.jsonl b.jsonl`: whole sources
     if not isinstance(entry, dict):
         raise ConfigError(f"`{flag}:` entry {entry!r}: each is a mapping with `path` (and name, split, amount, ...)")
-    unknown = sorted(set(entry) - set(ENTRY_KEYS))
-    if unknown:
+    if unknown := sorted(set(entry) - set(ENTRY_KEYS)):
         raise ConfigError(
             f"`{flag}:` entry {entry.get('path')!r}: unknown key(s) {unknown}; an entry takes {', '.join(ENTRY_KEYS)}"
         )
@@ -211,9 +210,7 @@ def _mixer(tokens: list, splits: list | None, split: str) -> list[Source]:
 def _amount(text: str) -> str:
     """open-instruct's rule: with a decimal point a fraction of the source, without one a count of pairs."""
     text = text.strip()
-    if re.fullmatch(r"[0-9]+", text) and int(text) > 0:
-        return text
-    if re.fullmatch(r"[0-9]*\.[0-9]*", text) and text != "." and float(text) > 0:
+    if re.fullmatch(r"[0-9]+|[0-9]*\.[0-9]*", text) and text != "." and float(text) > 0:
         return text
     raise ConfigError(
         f"amount {text!r}: write a fraction of the source with a decimal point (0.5, 1.0, 2.5 "
@@ -226,12 +223,8 @@ def check(recipe) -> None:
     values = fields_of(recipe)
     train = parse(values)
     parse(values, evaluation=True)
-    if train is None:
-        data.check_dataset_name(recipe.script.dataset_name)
-        return
-    for source in train:
-        if source.local:
-            data.check_dataset_name(source.local)
+    for name in [recipe.script.dataset_name] if train is None else [s.local for s in train if s.local]:
+        data.check_dataset_name(name)
 
 
 # --- taking the rows --------------------------------------------------------------------------------------------------
@@ -320,8 +313,7 @@ def read_source(source: Source, say: bool = True):
     else:
         loaded = data.load_preference_dataset(source.path, source.split, source.name, say=say)
     if source.columns:
-        missing = [c for c in source.columns if c not in loaded.column_names]
-        if missing:
+        if missing := [c for c in source.columns if c not in loaded.column_names]:
             raise ConfigError(
                 f"mixture source {source.spec()}: no column(s) {missing} (it has "
                 f"{sorted(loaded.column_names)}): fix `columns`"
@@ -466,17 +458,11 @@ def dataset_id(recipe, local_only: bool = False, revision: str | None = None) ->
 
 
 def dataset_id_of(values: dict, seed: int, hh_format: str, local_only: bool = False) -> str:
+    identity = functools.partial(lengths.dataset_identity, local_only=local_only, hh_format=hh_format)
     sources = parse(values)
     if sources is None:
-        return lengths.dataset_identity(
-            values["dataset_name"],
-            values["dataset_train_split"],
-            values.get("dataset_config"),
-            values.get("dataset_revision"),
-            local_only=local_only,
-            hh_format=hh_format,
-        )
-    identity = functools.partial(lengths.dataset_identity, local_only=local_only, hh_format=hh_format)
+        name, split = values["dataset_name"], values["dataset_train_split"]
+        return identity(name, split, values.get("dataset_config"), values.get("dataset_revision"))
     parts = [[identity(s.file or s.path, s.split, s.name), s.spec(), s.written(), s.columns] for s in sources]
     digest = hashlib.sha256(json.dumps([parts, seed], default=str).encode()).hexdigest()[:16]
     return f"mixture:{digest}"

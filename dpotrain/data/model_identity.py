@@ -12,28 +12,13 @@ from dpotrain.data import builtin, data_identity, hub_revision
 
 # What transformers reads from a model folder: weights (safetensors, PyTorch, a LoRA adapter), their index, config,
 # generation config, tokenizer and chat template files, and the modeling code of a remote-code model.
-MODEL_FILES = (
-    "config.json",
-    "generation_config.json",
-    "*.safetensors",
-    "*.safetensors.index.json",
-    "pytorch_model*.bin",
-    "pytorch_model*.bin.index.json",
-    "adapter_config.json",
-    "adapter_model.bin",
-    "tokenizer*",
-    "special_tokens_map.json",
-    "added_tokens.json",
-    "vocab*",
-    "merges.txt",
-    "*.model",
-    "*.tiktoken",
-    "chat_template.jinja",
-    "chat_template.json",
-    "*.py",
+MODEL_FILES = tuple(
+    "config.json generation_config.json *.safetensors *.safetensors.index.json pytorch_model*.bin "
+    "pytorch_model*.bin.index.json adapter_config.json adapter_model.bin tokenizer* special_tokens_map.json "
+    "added_tokens.json vocab* merges.txt *.model *.tiktoken chat_template.jinja chat_template.json *.py".split()
 )
 TEMPLATES_DIR = "additional_chat_templates"  # transformers reads the named templates of a tokenizer from here
-KEY = "hub_commit"
+KEY = hub_revision.KEY
 
 
 def folder(name: str | None) -> Path | None:

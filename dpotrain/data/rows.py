@@ -12,6 +12,7 @@ import time
 from collections import Counter
 
 from dpotrain.data import chat_template, shapes
+from dpotrain.data.data import row_location
 from dpotrain.recipe.errors import ConfigError
 
 ROW_COLUMNS = ("prompt", "chosen", "rejected", *shapes.KEPT_COLUMNS)
@@ -30,8 +31,6 @@ class InvalidRowError(ConfigError):
 
     def located(self, dataset_name: str) -> "InvalidRowError":
         """The same refusal, saying where the row is in the user's file (`data.row_location`: 'line 8 of x.jsonl')."""
-        from dpotrain.data.data import row_location
-
         return InvalidRowError(
             self.index, self.column, self.problem, self.skip_flag, row_location(dataset_name, self.index)
         )
@@ -71,14 +70,12 @@ def read_row(row: dict, fmt: RowFormat) -> tuple[dict | None, tuple[str, str] | 
     if problem:
         return None, problem
     for column in ("prompt", "chosen", "rejected") if shape.name.startswith("prompt+") else ("chosen", "rejected"):
-        problem = _check_value(row.get(column), shape.raw_lists)
-        if problem:
+        if problem := _check_value(row.get(column), shape.raw_lists):
             return None, (column, problem)
         if shape.raw_lists and not row[column]:
             return None, (column, "empty message list" if column == "prompt" else "empty completion (no message)")
     if shape.name == "ultrafeedback":  # a string prompt beside the conversations
-        problem = _check_value(row.get("prompt"), False)
-        if problem:
+        if problem := _check_value(row.get("prompt"), False):
             return None, (
                 "prompt",
                 problem.replace("plain text (its first row is text)", "a string prompt (its first row has one)"),
@@ -97,8 +94,7 @@ def read_row(row: dict, fmt: RowFormat) -> tuple[dict | None, tuple[str, str] | 
         if not fmt.conversational and not completion.removesuffix(fmt.eos_token or "").strip():
             return None, (column, "empty completion")
     if fmt.template is not None:  # the answers against the template's generation prompt
-        problem = chat_template.answer_problem(example, fmt.template)
-        if problem:
+        if problem := chat_template.answer_problem(example, fmt.template):
             return None, problem
     return example, None
 
@@ -198,8 +194,7 @@ def check_dataset(
     checked = RowCheck(index, invalid, time.perf_counter() - start, fmt)
     if skip_invalid or not invalid or len(invalid) == index:
         return checked
-    other = [p for p in invalid if not p["problem"].startswith(chat_template.MISMATCH)]
-    if other:
+    if other := [p for p in invalid if not p["problem"].startswith(chat_template.MISMATCH)]:
         raise InvalidRowError(other[0]["index"], other[0]["column"], other[0]["problem"], "--skip_invalid true")
     shown = ", ".join(str(p["index"]) for p in invalid[:10]) + (", ..." if len(invalid) > 10 else "")
     raise InvalidRowError(
@@ -213,8 +208,6 @@ def check_dataset(
 def every_row_invalid(checked: RowCheck, split: str, source: str | None) -> str:
     """One line for a split none of whose rows is usable (`--skip_invalid` is not offered: it would leave nothing): the
     one check every row fails and what fits instead (`chat_template.misfit`), or the three most common."""
-    from dpotrain.data.data import row_location
-
     reasons, first = checked.by_reason(), checked.invalid[0]
     where = row_location(source, first["index"]) if source else f"row {first['index']}"
     detail = first["problem"].split(shapes.DETAIL, 1)[1:]
@@ -253,8 +246,7 @@ def usable_pairs(
         raise e.located(source) if source else e from None
     if say:
         print(f"Data ({split}): {checked.rows} rows, {checked.fmt.shape.describe()}", flush=True)
-        unread = [c for c in dataset.column_names if c not in ROW_COLUMNS]
-        if unread:
+        if unread := [c for c in dataset.column_names if c not in ROW_COLUMNS]:
             print(
                 f"Data ({split}): column(s) not read: {', '.join(unread)} (a pair is read from "
                 f"{', '.join(ROW_COLUMNS)}; rename a column to one of them to have it read)",

@@ -44,8 +44,7 @@ class Shape:
         json_columns = tuple(
             c for c in ("prompt", "chosen", "rejected") if c in columns and json_messages(first_row.get(c)) is not None
         )
-        if json_columns:
-            first_row = {**first_row, **{c: json_messages(first_row[c]) for c in json_columns}}
+        first_row = {**first_row, **{c: json_messages(first_row[c]) for c in json_columns}}
         side = first_row.get("chosen") if first_row.get("chosen") is not None else first_row.get("rejected")
         prompt = first_row.get("prompt") if "prompt" in columns else None
         if isinstance(side, list):  # any list: a malformed first message is then reported as such

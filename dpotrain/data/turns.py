@@ -15,13 +15,13 @@ pair whose completion open-instruct would label otherwise than TRL's split is re
 
 from dpotrain.data import chat_template
 from dpotrain.data.pair_lengths import LABELS
+from dpotrain.recipe import upstream
 
 
 def masked_spans(prompt: list[dict], tokenizer, **template_kwargs) -> list[tuple[int, int]]:
     """The positions open-instruct masks in a conversation that starts with `prompt` and goes on with assistant
     messages only: one (start, end) per non-assistant message of the prompt (rendering the prompt's own prefixes gives
     the same lengths as the whole conversation's, at a fraction of the cost on long answers)."""
-    from dpotrain.recipe import upstream
 
     def length(upto: int, generation: bool) -> int:
         rendered = upstream.tokenize(tokenizer, prompt[:upto], add_generation_prompt=generation, **template_kwargs)
