@@ -15,6 +15,7 @@ from dpotrain.forwards import choice, packing
 from dpotrain.plan import layers
 from dpotrain.plan.memory import forward_only_multiple
 from dpotrain.recipe import upstream
+from dpotrain.train.samples import leave_for_training
 
 
 class ReferenceScorer:
@@ -86,8 +87,4 @@ class ReferenceScorer:
         """After the reference stage. FSDP2 leaves the root's weights gathered after a forward: reshard them, or
         accelerate's optimizer preparation, which pairs parameters by storage, misses them: their updates lost."""
         if self._trainer.is_fsdp_enabled:
-            from torch.distributed.fsdp import FSDPModule
-
-            for module in self._trainer.model.modules():
-                if isinstance(module, FSDPModule):
-                    module.reshard()
+            leave_for_training(self._trainer.model, None)  # no optimizer: FSDP2's reshard alone

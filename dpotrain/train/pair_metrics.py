@@ -10,6 +10,7 @@ length-normalized rewards OLMo 3's `sigmoid_norm` loss uses (`rewards_norm/*`, a
 import time
 
 import torch
+from transformers import TrainerCallback
 
 from dpotrain.cluster.collectives import all_reduce_sum
 
@@ -39,7 +40,7 @@ def sequence_logps(per_token: torch.Tensor, shift_mask: torch.Tensor, ld_alpha: 
     return (per_token * shared_mask).sum(dim=1) + ld_alpha * (per_token * tail_mask).sum(dim=1)
 
 
-class PairMetrics:
+class PairMetrics(TrainerCallback):
     def __init__(self, world_size: int = 1, peak_tflops: float | None = None):
         self.world_size, self.peak_tflops = world_size, peak_tflops
         self.sums = {"train": dict.fromkeys(SUMS, 0.0), "eval": dict.fromkeys(SUMS, 0.0)}
@@ -56,6 +57,9 @@ class PairMetrics:
         counted = [r["num_tokens"] for r in log_history if "num_tokens" in r and "loss" in r]
         self.total_tokens = int(counted[-1]) if counted else 0
         self._last_log, self._excluded = (time.perf_counter(), self.total_tokens), 0.0
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self.start(state.log_history)  # after a resume, log_history is the checkpoint's
 
     def add(
         self,

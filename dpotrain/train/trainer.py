@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from transformers import GraniteMoeHybridConfig, TrainerCallback
+from transformers import GraniteMoeHybridConfig
 from transformers.trainer_callback import PrinterCallback, ProgressCallback
 from trl import DPOTrainer
 
@@ -138,14 +138,6 @@ class _LocalGathers:
     gather_for_metrics = gather
 
 
-class _StartMetrics(TrainerCallback):
-    def __init__(self, metrics: PairMetrics):
-        self.metrics = metrics
-
-    def on_train_begin(self, args, state, control, **kwargs):
-        self.metrics.start(state.log_history)  # after a resume, log_history is the checkpoint's
-
-
 class RecipeDPOTrainer(DPOTrainer):
     """Built ready by `train_stage.build_run`: its plan made in `__init__`, right after TRL tokenized the training set,
     its stop and health guards and the run's callbacks given to it there."""
@@ -210,7 +202,7 @@ class RecipeDPOTrainer(DPOTrainer):
         # One readable line per logging step (step_log.py), not the Trainer's progress bar or dictionary.
         self.remove_callback(ProgressCallback)
         self.remove_callback(PrinterCallback)
-        ours = (_StartMetrics(self.pair_metrics), FirstStepMemory(self.memory_use, self.accelerator.device), StepLog())
+        ours = (self.pair_metrics, FirstStepMemory(self.memory_use, self.accelerator.device), StepLog())
         # then the run's optional features (train_stage.build_run), one module each
         for callback in (*ours, *callbacks):
             self.add_callback(callback)
@@ -505,8 +497,13 @@ class RecipeDPOTrainer(DPOTrainer):
             ref = self.ref_model if self.ref_model is not None else self.model
             chosen, rejected = self.compute_ref_log_probs(self._stand_in(ref, inputs)[0], view)
             view = {**view, "ref_chosen_logps": chosen, "ref_rejected_logps": rejected}
+        # For this call, TRL's `_compute_loss` reads the reference from the inputs, its gathers stay local (see
+        # `_LocalGathers`), and in training it leaves out its SFT term, added below over the whole step.
         over_step = self.sft.active and mode == "train"  # evaluation keeps TRL's per-batch SFT term
-        with self._reference_in_inputs(), self._without_sft() if over_step else contextlib.nullcontext():
+        seams = dict(precompute_ref_logps=True, accelerator=_LocalGathers(self.accelerator))
+        if over_step:
+            seams.update(zip(("loss_types", "loss_weights"), self.sft.others, strict=True))
+        with upstream.attributes_set(self, **seams):
             result = super()._compute_loss(stand_in, view, return_outputs)
         if over_step:
             sft = self.sft.term(stand_in.outputs, view, pairs_in(inputs), self._step_pairs, self._step_chosen_tokens)
@@ -538,20 +535,6 @@ class RecipeDPOTrainer(DPOTrainer):
             dpo_loss=None if router is None else loss - router,
         )
         return result
-
-    @contextlib.contextmanager
-    def _without_sft(self):
-        """TRL's loss without its SFT term, which `_compute_loss` adds over the whole step (`losses.SftOverStep`)."""
-        loss_types, loss_weights = self.sft.others
-        with upstream.attributes_set(self, loss_types=loss_types, loss_weights=loss_weights):
-            yield
-
-    @contextlib.contextmanager
-    def _reference_in_inputs(self):
-        """TRL's `_compute_loss` reads the reference from the inputs, and its gathers stay local (see
-        `_LocalGathers`), for the duration of one call."""
-        with upstream.attributes_set(self, precompute_ref_logps=True, accelerator=_LocalGathers(self.accelerator)):
-            yield
 
     def log(self, logs, start_time=None):
         mode = "train" if self.model.training else "eval"
