@@ -16,7 +16,6 @@ subclass changes how pairs reach TRL's loss code, and what surrounds it:
 import contextlib
 import functools
 import shutil
-import sys
 import time
 from pathlib import Path
 
@@ -41,7 +40,7 @@ from dpotrain.recipe.writes import quiet_progress_bars
 from dpotrain.train import disk_full, losses, run_files, samples
 from dpotrain.train.checkpoints import CompleteMarker, clear_for_save
 from dpotrain.train.health import HealthGuard
-from dpotrain.train.memory_use import FirstStepMemory, MemoryUse
+from dpotrain.train.memory_use import MemoryUse
 from dpotrain.train.metrics import MetricsRecorder
 from dpotrain.train.pair_metrics import PairMetrics
 from dpotrain.train.preemption import GracefulStop
@@ -192,7 +191,8 @@ class RecipeDPOTrainer(DPOTrainer):
         self._step_pairs = self._step_chosen_tokens = None
         self.model_flops = flops.ModelFlops.of(self.model)
         self.pair_metrics = PairMetrics(self.accelerator.num_processes, flops.peak_tflops(gpu_peak_tflops))
-        self.memory_use = MemoryUse(planned_gib)  # beside the plan: after the first step, and in every training log
+        # beside the plan: after the first step, and in every training log
+        self.memory_use = MemoryUse(planned_gib, self.accelerator.device)
         # The plan: every step cut into micro-batches from the lengths TRL just tokenized (plan_stage.py); a step that
         # cannot be cut is refused here, before the reference is scored.
         self.run_plan = plan_stage.for_trainer(self)
@@ -202,7 +202,7 @@ class RecipeDPOTrainer(DPOTrainer):
         # One readable line per logging step (step_log.py), not the Trainer's progress bar or dictionary.
         self.remove_callback(ProgressCallback)
         self.remove_callback(PrinterCallback)
-        ours = (self.pair_metrics, FirstStepMemory(self.memory_use, self.accelerator.device), StepLog())
+        ours = (self.pair_metrics, self.memory_use, StepLog())
         # then the run's optional features (train_stage.build_run), one module each
         for callback in (*ours, *callbacks):
             self.add_callback(callback)
@@ -545,7 +545,5 @@ class RecipeDPOTrainer(DPOTrainer):
         if mode == "train" and "loss" in logs:  # every rank logs: the peaks are one collective
             found = self.memory_use.measure(self.accelerator.device)
             logs = {**logs, **found}
-            warning = self.memory_use.past_plan(found)
-            if warning and self.accelerator.is_main_process:
-                print(warning, file=sys.stderr, flush=True)
+            self.memory_use.warn(found, self.accelerator.is_main_process)
         super().log(logs, start_time)
