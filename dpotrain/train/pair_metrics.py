@@ -66,8 +66,6 @@ class PairMetrics(TrainerCallback):
         mode: str,
         outputs,
         inputs: dict,
-        ref_chosen,
-        ref_rejected,
         beta: float,
         ld_alpha,
         positions: int,
@@ -76,16 +74,17 @@ class PairMetrics(TrainerCallback):
         computed_tokens: int | None = None,
         dpo_loss: torch.Tensor | None = None,
     ):
-        """Accumulate one micro-batch: `outputs` and `inputs` in TRL's padded `[2B, L]` layout, `loss` TRL's mean loss
-        of the micro-batch, `model_flops` its forward + backward, `positions` what the model ran, `computed_tokens` the
-        real tokens among them (by default the padded layout's), `dpo_loss` the loss without the MoE router term."""
+        """Accumulate one micro-batch: `outputs` and `inputs` in TRL's padded `[2B, L]` layout (the inputs with the
+        reference's `ref_*_logps`), `loss` TRL's mean loss of the micro-batch, `model_flops` its forward + backward,
+        `positions` what the model ran, `computed_tokens` the real tokens among them (by default the padded layout's),
+        `dpo_loss` the loss without the MoE router term."""
         s = self.sums[mode]
         with torch.no_grad():
             shift_mask = inputs["completion_mask"][:, 1:].to(outputs.log_probs.dtype)
             logps = sequence_logps(outputs.log_probs.detach(), shift_mask, ld_alpha)
             chosen, rejected = logps.chunk(2)
             chosen_len, rejected_len = shift_mask.sum(dim=1).clamp(min=1).chunk(2)
-            rewards = beta * (chosen - ref_chosen), beta * (rejected - ref_rejected)
+            rewards = beta * (chosen - inputs["ref_chosen_logps"]), beta * (rejected - inputs["ref_rejected_logps"])
             norm = rewards[0] / chosen_len, rewards[1] / rejected_len
             values = {"logps/chosen": chosen, "logps/rejected": rejected}
             for scale, (c, r) in (("rewards", rewards), ("rewards_norm", norm)):

@@ -481,9 +481,7 @@ class RecipeDPOTrainer(DPOTrainer):
         # Split sequences (sequence_parallel.py): each pair is counted by the S processes of its group (N x S), and
         # their gather's backward sums S equal gradients: the S cancel.
         weight = pairs_in(inputs) * self.accelerator.num_processes / num_items_in_batch
-        if return_outputs:
-            return result[0] * weight, result[1]
-        return result * weight
+        return (result[0] * weight, result[1]) if return_outputs else result * weight
 
     def _stand_in(self, model, batch: dict):
         """What answers TRL's model call, and TRL's padded view of the inputs (the reference stage's scorer uses the
@@ -522,8 +520,6 @@ class RecipeDPOTrainer(DPOTrainer):
             mode,
             stand_in.outputs,
             view,
-            view["ref_chosen_logps"],
-            view["ref_rejected_logps"],
             self.beta,
             self.ld_alpha,
             positions=positions,
