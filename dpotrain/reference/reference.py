@@ -337,21 +337,20 @@ class _Prefetch:
     AHEAD = 2
 
     def __init__(self, collate, rows, ids_per_round: list[list[int] | None], pin: bool):
+        self.collate, self.rows, self.pin = collate, rows, pin
         self.pool = ThreadPoolExecutor(1, thread_name_prefix="reference-prefetch")
-        self.load = functools.partial(self._load, collate, rows, pin)
         self.rounds = iter(ids_per_round)
-        self.ahead = deque(self.pool.submit(self.load, ids) for ids in itertools.islice(self.rounds, self.AHEAD))
+        self.ahead = deque(self.pool.submit(self._load, ids) for ids in itertools.islice(self.rounds, self.AHEAD))
 
-    @staticmethod
-    def _load(collate, rows, pin: bool, ids: list[int] | None):
+    def _load(self, ids: list[int] | None):
         if ids is None:
             return None
-        batch = collate(rows.__getitems__(ids))
-        return {k: v.pin_memory() if pin and torch.is_tensor(v) else v for k, v in batch.items()}
+        batch = self.collate(self.rows.__getitems__(ids))
+        return {k: v.pin_memory() if self.pin and torch.is_tensor(v) else v for k, v in batch.items()}
 
     def next(self):
         for ids in itertools.islice(self.rounds, 1):
-            self.ahead.append(self.pool.submit(self.load, ids))
+            self.ahead.append(self.pool.submit(self._load, ids))
         return self.ahead.popleft().result()
 
     def close(self) -> None:
