@@ -15,7 +15,6 @@ from dpotrain.forwards import choice, packing
 from dpotrain.plan import layers
 from dpotrain.plan.memory import forward_only_multiple
 from dpotrain.recipe import upstream
-from dpotrain.train.samples import leave_for_training
 
 
 class ReferenceScorer:
@@ -87,4 +86,13 @@ class ReferenceScorer:
         """After the reference stage. FSDP2 leaves the root's weights gathered after a forward: reshard them, or
         accelerate's optimizer preparation, which pairs parameters by storage, misses them: their updates lost."""
         if self._trainer.is_fsdp_enabled:
-            leave_for_training(self._trainer.model, None)  # no optimizer: FSDP2's reshard alone
+            reshard(self._trainer.model)
+
+
+def reshard(model) -> None:
+    """Every FSDP2 unit of `model` resharded (after a forward outside training: its root and LM head stay gathered)."""
+    from torch.distributed.fsdp import FSDPModule
+
+    for module in model.modules():
+        if isinstance(module, FSDPModule):
+            module.reshard()

@@ -216,8 +216,6 @@ def leave_for_training(model, optimizer) -> None:
     if coordinator is not None and not coordinator.is_invalid_trace():
         upstream.forget_fetch_order(coordinator)
     if model is not None:
-        from torch.distributed.fsdp import FSDPModule
+        from dpotrain.reference.scorer import reshard
 
-        for module in model.modules():
-            if isinstance(module, FSDPModule):
-                module.reshard()
+        reshard(model)
