@@ -211,29 +211,26 @@ class Outcome:
     of: int | None = None  # the data set's pairs, where the run's steps train only `pairs` of them (`_run_on`)
 
     def line(self) -> str:
+        head, done = f"reference log-probs ({self.name}):", f"{self.reused + self.scored:,} of {self.pairs:,} pairs"
         if self.stopped and self.unsaved:
             return (
-                f"reference log-probs ({self.name}): stopped after {self.reused + self.scored:,} of {self.pairs:,} "
-                f"pairs, not all saved ({self.unsaved} in {self.folder}); the same command scores the unsaved "
-                "ones again"
+                f"{head} stopped after {done}, not all saved ({self.unsaved} in {self.folder}); the same command "
+                "scores the unsaved ones again"
             )
         if self.stopped:
-            return (
-                f"reference log-probs ({self.name}): stopped with {self.reused + self.scored:,} of {self.pairs:,} "
-                f"pairs saved in {self.folder}; the same command scores only the rest"
-            )
+            return f"{head} stopped with {done} saved in {self.folder}; the same command scores only the rest"
         if not self.scored:
-            return f"reference log-probs ({self.name}): all {self.pairs:,} pairs reused from {self.folder}"
+            return f"{head} all {self.pairs:,} pairs reused from {self.folder}"
         interrupted = self.reused - self.shared
         kept = f"{interrupted:,} reused from an interrupted run, " if interrupted else ""
         if self.shared:
             kept += f"{self.shared:,} reused from other runs' caches (the same pairs, model and settings), "
         if self.unsaved:
             return (
-                f"reference log-probs ({self.name}): {kept}{self.scored:,} scored, not cached ({self.unsaved} in "
-                f"{self.folder}): the next run scores them again"
+                f"{head} {kept}{self.scored:,} scored, not cached ({self.unsaved} in {self.folder}): the next run "
+                "scores them again"
             )
-        return f"reference log-probs ({self.name}): {kept}{self.scored:,} scored, cached in {self.folder}"
+        return f"{head} {kept}{self.scored:,} scored, cached in {self.folder}"
 
     def speed_line(self) -> str | None:
         """'reference log-probs (train): warm-up 3.1 s (first micro-batch), then 81,234 tokens/s over 2 processes
@@ -340,21 +337,20 @@ class _Prefetch:
     AHEAD = 2
 
     def __init__(self, collate, rows, ids_per_round: list[list[int] | None], pin: bool):
+        self.collate, self.rows, self.pin = collate, rows, pin
         self.pool = ThreadPoolExecutor(1, thread_name_prefix="reference-prefetch")
-        self.load = functools.partial(self._load, collate, rows, pin)
         self.rounds = iter(ids_per_round)
-        self.ahead = deque(self.pool.submit(self.load, ids) for ids in itertools.islice(self.rounds, self.AHEAD))
+        self.ahead = deque(self.pool.submit(self._load, ids) for ids in itertools.islice(self.rounds, self.AHEAD))
 
-    @staticmethod
-    def _load(collate, rows, pin: bool, ids: list[int] | None):
+    def _load(self, ids: list[int] | None):
         if ids is None:
             return None
-        batch = collate(rows.__getitems__(ids))
-        return {k: v.pin_memory() if pin and torch.is_tensor(v) else v for k, v in batch.items()}
+        batch = self.collate(self.rows.__getitems__(ids))
+        return {k: v.pin_memory() if self.pin and torch.is_tensor(v) else v for k, v in batch.items()}
 
     def next(self):
         for ids in itertools.islice(self.rounds, 1):
-            self.ahead.append(self.pool.submit(self.load, ids))
+            self.ahead.append(self.pool.submit(self._load, ids))
         return self.ahead.popleft().result()
 
     def close(self) -> None:
@@ -366,9 +362,7 @@ class _Results:
     and copied to the host once per save."""
 
     def __init__(self):
-        self.index: list[int] = []
-        self.chosen: list[float] = []
-        self.rejected: list[float] = []
+        self.index, self.chosen, self.rejected = [], [], []
         self.pending: list[torch.Tensor] = []  # [2, pairs] per micro-batch, on the device
 
     def add(self, pairs: list[int], chosen: torch.Tensor, rejected: torch.Tensor) -> None:
@@ -455,13 +449,12 @@ def run(scorer: ReferenceScorer, dataset, name: str, layout: Layout | None, stop
         _look_up(store, ident, dataset) if accelerator.is_main_process else None
     )
     reused = int(np.count_nonzero(~np.isnan(chosen)))
-    if is_complete:
-        return _with_columns(dataset, chosen, rejected), Outcome(name, n, n, 0, False, store.folder)
-    if reused == n:  # every pair found in other runs' caches: kept under this run's key, nothing to score
-        _gather_and_keep(accelerator, store, ident, digests, "none", ([], [], []), chosen, rejected)
-        return _with_columns(dataset, chosen, rejected), Outcome(name, n, n, 0, False, store.folder, shared=shared)
-
     ended = functools.partial(Outcome, name, n, reused, folder=store.folder, shared=shared)  # scored, stopped, ...
+    if reused == n:  # a complete cache, or every pair found in other runs' caches: nothing to score
+        if not is_complete:  # kept under this run's key
+            _gather_and_keep(accelerator, store, ident, digests, "none", ([], [], []), chosen, rejected)
+        return _with_columns(dataset, chosen, rejected), ended(0, False)
+
     todo, size = _todo(scorer, dataset, layout, chosen)
     tokens = PairLengths.of(dataset, scorer.args.max_length).tokens  # every sequence whole, as training counts them
     rounds, round_tokens, round_pairs = _rounds(todo, tokens)

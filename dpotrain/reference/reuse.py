@@ -4,6 +4,7 @@ per pair (`pair_digests`); a run without a finished cache of its own key takes, 
 caches whose identity equals its own in everything but the data (`DATA_KEYS`). Caches written before digests were
 stored are not reused."""
 
+import collections
 import hashlib
 import json
 from pathlib import Path
@@ -46,9 +47,8 @@ def fill_from_other_caches(
     equals `ident` but for the data; returns how many pairs it filled. Unreadable caches are passed over (their own
     runs name and remove them)."""
     wanted = _without_data(ident)
-    todo = np.flatnonzero(np.isnan(chosen))
-    keys = {digests[i].tobytes(): [] for i in todo}
-    for i in todo:
+    keys = collections.defaultdict(list)  # a digest -> the pairs still to fill that have it
+    for i in np.flatnonzero(np.isnan(chosen)):
         keys[digests[i].tobytes()].append(i)
     filled = 0
     for folder in sorted(caches.iterdir()) if caches.is_dir() else []:

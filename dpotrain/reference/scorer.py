@@ -86,8 +86,13 @@ class ReferenceScorer:
         """After the reference stage. FSDP2 leaves the root's weights gathered after a forward: reshard them, or
         accelerate's optimizer preparation, which pairs parameters by storage, misses them: their updates lost."""
         if self._trainer.is_fsdp_enabled:
-            from torch.distributed.fsdp import FSDPModule
+            reshard(self._trainer.model)
 
-            for module in self._trainer.model.modules():
-                if isinstance(module, FSDPModule):
-                    module.reshard()
+
+def reshard(model) -> None:
+    """Every FSDP2 unit of `model` resharded (after a forward outside training: its root and LM head stay gathered)."""
+    from torch.distributed.fsdp import FSDPModule
+
+    for module in model.modules():
+        if isinstance(module, FSDPModule):
+            module.reshard()

@@ -41,19 +41,23 @@ def listing(folder: Path, leave_out: tuple = ()) -> list[tuple[str, int]]:
     return sorted(found, key=lambda item: (-item[1], item[0]))
 
 
+def rank_and_world() -> tuple[int, int]:
+    """This process's rank and the number of processes: (0, 1) outside a process group."""
+    import torch.distributed as dist
+
+    return (dist.get_rank(), dist.get_world_size()) if dist.is_available() and dist.is_initialized() else (0, 1)
+
+
 def seal(folder: Path, mark: str, mark_text: str, is_main: bool) -> None:
     """On every rank, once all have written `folder`: hash it (each rank its share), then the main process writes
     MANIFEST.json and the mark `mark`, each flushed to disk, the manifest first."""
-    import torch.distributed as dist
-
     from dpotrain.cluster.collectives import broadcast_from_main, gather_objects
 
     start = time.monotonic()
     files = broadcast_from_main(listing(folder, leave_out=(MANIFEST, mark)) if is_main and folder.is_dir() else None)
     if files is None:
         return
-    rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
-    world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+    rank, world = rank_and_world()
     mine = {}
     for rel, _ in files[rank::world]:  # every `world`-th of the largest-first list: ranks read about as much
         try:

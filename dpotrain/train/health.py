@@ -29,6 +29,7 @@ from transformers import TrainerCallback
 from dpotrain.cluster.collectives import max_over_ranks
 from dpotrain.recipe.errors import ConfigError
 from dpotrain.train.losses import loss_types, step1_loss
+from dpotrain.train.pair_metrics import REWARD_STATS
 from dpotrain.train.resume import remember_health_stop
 
 LN2 = math.log(2)
@@ -157,7 +158,7 @@ class HealthGuard(TrainerCallback):
                 "from this state; resume from an earlier one with a lower --learning_rate"
             )
             return [Alarm("nonfinite", step, message, fatal=True)]
-        r = self.rewards(logs, args)
+        r = self.rewards(logs)
         if step == 1 and self._fresh and p.health_step1_tolerance > 0:
             return self._check_step1(step, logs, r, args)  # the collapse guards judge training, not yet happened
         name, loss = dpo_loss(logs)
@@ -215,11 +216,10 @@ class HealthGuard(TrainerCallback):
         )
         return [Alarm("step1", step, message)]
 
-    def rewards(self, logs: dict, args) -> dict | None:
+    def rewards(self, logs: dict) -> dict | None:
         """chosen / rejected / margins / accuracies on the loss's scale (beta x log-ratio per completion token)."""
         if "rewards_norm/chosen" in logs:
-            keys = ("chosen", "rejected", "margins", "accuracies")
-            return {k: logs.get(f"rewards_norm/{k}") for k in keys} | {"source": "rewards_norm/"}
+            return {k: logs.get(f"rewards_norm/{k}") for k in REWARD_STATS} | {"source": "rewards_norm/"}
         if "rewards/chosen" not in logs or not self._token_means:
             return None
         chosen_tokens, rejected_tokens = (max(m, 1.0) for m in self._token_means)

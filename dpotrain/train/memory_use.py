@@ -27,12 +27,13 @@ def peaks() -> dict[str, float]:
     return found
 
 
-class MemoryUse:
-    """The peaks of the largest process (every rank calls `measure`: it is one collective), with the plan's total."""
+class MemoryUse(TrainerCallback):
+    """The peaks of the largest process (every rank calls `measure`: it is one collective), with the plan's total; as a
+    callback, printed once the first optimizer step is done (its optimizer states allocated)."""
 
-    def __init__(self, planned_gib: float | None):
+    def __init__(self, planned_gib: float | None, device=None):
         self.planned = planned_gib  # the plan's total per GPU (`MemoryPlan.total_gib`); None: not planned
-        self.warned = False
+        self.device, self.warned, self.stepped = device, False, False
 
     def measure(self, device) -> dict[str, float]:
         mine = peaks()
@@ -67,20 +68,17 @@ class MemoryUse:
             "the per-part plan is in resolved_config.json (derived.memory)"
         )
 
-
-class FirstStepMemory(TrainerCallback):
-    """The peaks once the first optimizer step is done (its optimizer states allocated), printed beside the plan."""
-
-    def __init__(self, use: MemoryUse, device):
-        self.use, self.device, self.done = use, device, False
+    def warn(self, found: dict[str, float], main: bool) -> None:
+        """`past_plan`'s warning, on stderr of the main process."""
+        warning = self.past_plan(found)
+        if warning and main:
+            print(warning, file=sys.stderr, flush=True)
 
     def on_step_end(self, args, state, control, **kwargs):
-        if self.done:
+        if self.stepped:
             return
-        self.done = True
-        found = self.use.measure(self.device)
+        self.stepped = True
+        found = self.measure(self.device)
         if state.is_world_process_zero:
-            print(f"Memory after step {state.global_step}: {self.use.line(found)}", flush=True)
-            warning = self.use.past_plan(found)
-            if warning:
-                print(warning, file=sys.stderr, flush=True)
+            print(f"Memory after step {state.global_step}: {self.line(found)}", flush=True)
+        self.warn(found, state.is_world_process_zero)

@@ -10,35 +10,27 @@ from dpotrain.recipe.writes import replacing, write_text
 
 METRICS_FILE = "metrics.jsonl"
 PLOT_FILE = "training_curves.png"
-# What a DPO run is judged by, one panel each: (title, y-axis label, keys drawn in it, why a run may have none of them).
-# A key a run did not log leaves its line out; a panel with no line is left out, and its reason, if it has one, is
-# printed under the figure. TRL's rewards/* are beta x SUMMED log-ratios even with sigmoid_norm (hundreds on long
-# completions); rewards_norm/* are divided by each side's completion tokens, the scale the loss and the health
-# guards use (a few units): two panels, never one axis. tokens_per_second counts non-padding tokens.
+# What a DPO run is judged by, one panel each: (title, y-axis label, keys drawn in it). A key a run did not log leaves
+# its line out; a panel with no line is left out, and why a run may have none (`WHY_ABSENT`) is printed under the
+# figure. TRL's rewards/* are beta x SUMMED log-ratios even with sigmoid_norm (hundreds on long completions);
+# rewards_norm/* are divided by each side's completion tokens, the scale the loss and the health guards use (a few
+# units): two panels, never one axis. tokens_per_second counts non-padding tokens.
 CURVES = [
-    ("loss", "", ["loss", "dpo_loss"], None),  # dpo_loss: without the MoE router term, logged when the loss has one
-    ("reward accuracy", "share of pairs, chosen > rejected", ["rewards/accuracies", "rewards_norm/accuracies"], None),
-    (
-        "reward margin summed over tokens (TRL)",
-        "beta x summed log-ratio,\nchosen - rejected",
-        ["rewards/margins"],
-        None,
-    ),
+    ("loss", "", ["loss", "dpo_loss"]),  # dpo_loss: without the MoE router term, logged when the loss has one
+    ("reward accuracy", "share of pairs, chosen > rejected", ["rewards/accuracies", "rewards_norm/accuracies"]),
+    ("reward margin summed over tokens (TRL)", "beta x summed log-ratio,\nchosen - rejected", ["rewards/margins"]),
     (
         "rewards per completion token (the loss's scale)",
         "beta x log-ratio\n/ completion tokens",
         ["rewards_norm/margins", "rewards_norm/chosen", "rewards_norm/rejected"],
-        None,
     ),
-    ("learning rate", "", ["learning_rate"], None),
-    ("tokens per second", "non-padding tokens / s", ["tokens_per_second", "tokens_per_second_per_gpu"], None),
-    (
-        "MFU",
-        "model FLOPs / GPU peak",
-        ["mfu"],
-        "MFU not plotted: it needs a GPU's peak FLOP/s (H100/H200/B200 detected, or gpu_peak_tflops), none on a CPU.",
-    ),
+    ("learning rate", "", ["learning_rate"]),
+    ("tokens per second", "non-padding tokens / s", ["tokens_per_second", "tokens_per_second_per_gpu"]),
+    ("MFU", "model FLOPs / GPU peak", ["mfu"]),
 ]
+WHY_ABSENT = {
+    "MFU": "MFU not plotted: it needs a GPU's peak FLOP/s (H100/H200/B200 detected, or gpu_peak_tflops), none on a CPU."
+}
 
 
 class MetricsRecorder(TrainerCallback):
@@ -82,7 +74,7 @@ def measured_panels(records: list[dict]) -> tuple[list[tuple[str, str, dict]], l
     """The panels the run has data for, as (title, y label, {series name: [(step, value), ...]}), and the reasons
     given for the panels left out."""
     panels, absent = [], []
-    for title, ylabel, keys, why_absent in CURVES:
+    for title, ylabel, keys in CURVES:
         series = {}
         for key in keys:
             for name in (key, f"eval_{key}"):  # the held-out split's (dataset_test_split), when evaluated
@@ -91,8 +83,8 @@ def measured_panels(records: list[dict]) -> tuple[list[tuple[str, str, dict]], l
                     series[name] = points
         if series:
             panels.append((title, ylabel, series))
-        elif why_absent:
-            absent.append(why_absent)
+        elif title in WHY_ABSENT:
+            absent.append(WHY_ABSENT[title])
     return panels, absent
 
 

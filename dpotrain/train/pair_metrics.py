@@ -10,6 +10,7 @@ length-normalized rewards OLMo 3's `sigmoid_norm` loss uses (`rewards_norm/*`, a
 import time
 
 import torch
+from transformers import TrainerCallback
 
 from dpotrain.cluster.collectives import all_reduce_sum
 
@@ -39,7 +40,7 @@ def sequence_logps(per_token: torch.Tensor, shift_mask: torch.Tensor, ld_alpha: 
     return (per_token * shared_mask).sum(dim=1) + ld_alpha * (per_token * tail_mask).sum(dim=1)
 
 
-class PairMetrics:
+class PairMetrics(TrainerCallback):
     def __init__(self, world_size: int = 1, peak_tflops: float | None = None):
         self.world_size, self.peak_tflops = world_size, peak_tflops
         self.sums = {"train": dict.fromkeys(SUMS, 0.0), "eval": dict.fromkeys(SUMS, 0.0)}
@@ -57,13 +58,14 @@ class PairMetrics:
         self.total_tokens = int(counted[-1]) if counted else 0
         self._last_log, self._excluded = (time.perf_counter(), self.total_tokens), 0.0
 
+    def on_train_begin(self, args, state, control, **kwargs):
+        self.start(state.log_history)  # after a resume, log_history is the checkpoint's
+
     def add(
         self,
         mode: str,
         outputs,
         inputs: dict,
-        ref_chosen,
-        ref_rejected,
         beta: float,
         ld_alpha,
         positions: int,
@@ -72,16 +74,17 @@ class PairMetrics:
         computed_tokens: int | None = None,
         dpo_loss: torch.Tensor | None = None,
     ):
-        """Accumulate one micro-batch: `outputs` and `inputs` in TRL's padded `[2B, L]` layout, `loss` TRL's mean loss
-        of the micro-batch, `model_flops` its forward + backward, `positions` what the model ran, `computed_tokens` the
-        real tokens among them (by default the padded layout's), `dpo_loss` the loss without the MoE router term."""
+        """Accumulate one micro-batch: `outputs` and `inputs` in TRL's padded `[2B, L]` layout (the inputs with the
+        reference's `ref_*_logps`), `loss` TRL's mean loss of the micro-batch, `model_flops` its forward + backward,
+        `positions` what the model ran, `computed_tokens` the real tokens among them (by default the padded layout's),
+        `dpo_loss` the loss without the MoE router term."""
         s = self.sums[mode]
         with torch.no_grad():
             shift_mask = inputs["completion_mask"][:, 1:].to(outputs.log_probs.dtype)
             logps = sequence_logps(outputs.log_probs.detach(), shift_mask, ld_alpha)
             chosen, rejected = logps.chunk(2)
             chosen_len, rejected_len = shift_mask.sum(dim=1).clamp(min=1).chunk(2)
-            rewards = beta * (chosen - ref_chosen), beta * (rejected - ref_rejected)
+            rewards = beta * (chosen - inputs["ref_chosen_logps"]), beta * (rejected - inputs["ref_rejected_logps"])
             norm = rewards[0] / chosen_len, rewards[1] / rejected_len
             values = {"logps/chosen": chosen, "logps/rejected": rejected}
             for scale, (c, r) in (("rewards", rewards), ("rewards_norm", norm)):

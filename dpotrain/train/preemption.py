@@ -94,11 +94,6 @@ class GracefulStop(TrainerCallback):
         self.requested_at = self.requested_at or created
         return created is not None
 
-    def _asked_anywhere(self, args) -> bool:
-        from dpotrain.cluster.collectives import max_over_ranks
-
-        return bool(max_over_ranks(int(self.asked_here()), args.device))
-
     def mark_saved(self, what: str) -> None:
         """Main process, once progress is safely on disk: `<stop file>.checkpointed` tells the batch script to
         requeue the job rather than end it; without a stop file a person goes on by typing the command again."""
@@ -113,7 +108,9 @@ class GracefulStop(TrainerCallback):
             Path(f"{self.stop_file}.checkpointed").write_text(f"{what}\n")
 
     def on_step_end(self, args, state, control, **kwargs):
-        if self._asked_anywhere(args):
+        from dpotrain.cluster.collectives import max_over_ranks
+
+        if max_over_ranks(int(self.asked_here()), args.device):  # asked on any rank: every rank stops at this step
             self.stopped = True
             control.should_save = True
             control.should_training_stop = True

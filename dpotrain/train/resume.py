@@ -77,15 +77,12 @@ def _step(folder: Path) -> int:
 def confirm(resume_from: str | None, explicit: bool) -> str | None:
     """Once processes have started, on every rank: the resume point's checksums, each rank its share of the files; a
     damaged checkpoint is skipped for the previous sound one (one named with --resume_from_checkpoint is refused)."""
-    import torch.distributed as dist
-
     from dpotrain.cluster.collectives import gather_objects
     from dpotrain.train import agreement
 
     # First, that every rank found the same checkpoint: else they would run different collectives below and hang.
     agreement.check({"the resume point": str(resume_from)})
-    distributed = dist.is_available() and dist.is_initialized()
-    rank, world = (dist.get_rank(), dist.get_world_size()) if distributed else (0, 1)
+    rank, world = checkpoint_manifest.rank_and_world()
     folder, damaged = Path(resume_from) if resume_from else None, []
     while folder is not None:
         found = [p for part in gather_objects(checkpoint_manifest.checksum_problems(folder, rank, world)) for p in part]

@@ -16,6 +16,7 @@ limit before training's first step, leaving training eager.
 """
 
 import contextlib
+import itertools
 import json
 import sys
 import time
@@ -47,16 +48,10 @@ def repetition(text: str) -> dict:
     """{"repetition": share of word 3-grams seen before in the text, "longest_run": [word, times in a row]}."""
     words = text.split()
     grams = [tuple(words[i : i + NGRAM]) for i in range(len(words) - NGRAM + 1)]
-    seen, repeated = set(), 0
-    for g in grams:
-        repeated += g in seen
-        seen.add(g)
-    best, run = ("", 0), 0
-    for i, w in enumerate(words):
-        run = run + 1 if i and words[i - 1] == w else 1
-        if run > best[1]:
-            best = (w, run)
-    return {"repetition": repeated / len(grams) if grams else 0.0, "longest_run": list(best)}
+    repeated = len(grams) - len(set(grams))  # each 3-gram after its first occurrence
+    runs = ((word, len(list(same))) for word, same in itertools.groupby(words))
+    longest = max(runs, key=lambda run: run[1], default=("", 0))  # the first of the longest
+    return {"repetition": repeated / len(grams) if grams else 0.0, "longest_run": list(longest)}
 
 
 def _encode_prompt(tokenizer, text: str) -> list[int]:
@@ -221,8 +216,6 @@ def leave_for_training(model, optimizer) -> None:
     if coordinator is not None and not coordinator.is_invalid_trace():
         upstream.forget_fetch_order(coordinator)
     if model is not None:
-        from torch.distributed.fsdp import FSDPModule
+        from dpotrain.reference.scorer import reshard
 
-        for module in model.modules():
-            if isinstance(module, FSDPModule):
-                module.reshard()
+        reshard(model)

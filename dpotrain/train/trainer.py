@@ -16,13 +16,12 @@ subclass changes how pairs reach TRL's loss code, and what surrounds it:
 import contextlib
 import functools
 import shutil
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
 import torch
-from transformers import GraniteMoeHybridConfig, TrainerCallback
+from transformers import GraniteMoeHybridConfig
 from transformers.trainer_callback import PrinterCallback, ProgressCallback
 from trl import DPOTrainer
 
@@ -41,7 +40,7 @@ from dpotrain.recipe.writes import quiet_progress_bars
 from dpotrain.train import disk_full, losses, run_files, samples
 from dpotrain.train.checkpoints import CompleteMarker, clear_for_save
 from dpotrain.train.health import HealthGuard
-from dpotrain.train.memory_use import FirstStepMemory, MemoryUse
+from dpotrain.train.memory_use import MemoryUse
 from dpotrain.train.metrics import MetricsRecorder
 from dpotrain.train.pair_metrics import PairMetrics
 from dpotrain.train.preemption import GracefulStop
@@ -138,14 +137,6 @@ class _LocalGathers:
     gather_for_metrics = gather
 
 
-class _StartMetrics(TrainerCallback):
-    def __init__(self, metrics: PairMetrics):
-        self.metrics = metrics
-
-    def on_train_begin(self, args, state, control, **kwargs):
-        self.metrics.start(state.log_history)  # after a resume, log_history is the checkpoint's
-
-
 class RecipeDPOTrainer(DPOTrainer):
     """Built ready by `train_stage.build_run`: its plan made in `__init__`, right after TRL tokenized the training set,
     its stop and health guards and the run's callbacks given to it there."""
@@ -200,7 +191,8 @@ class RecipeDPOTrainer(DPOTrainer):
         self._step_pairs = self._step_chosen_tokens = None
         self.model_flops = flops.ModelFlops.of(self.model)
         self.pair_metrics = PairMetrics(self.accelerator.num_processes, flops.peak_tflops(gpu_peak_tflops))
-        self.memory_use = MemoryUse(planned_gib)  # beside the plan: after the first step, and in every training log
+        # beside the plan: after the first step, and in every training log
+        self.memory_use = MemoryUse(planned_gib, self.accelerator.device)
         # The plan: every step cut into micro-batches from the lengths TRL just tokenized (plan_stage.py); a step that
         # cannot be cut is refused here, before the reference is scored.
         self.run_plan = plan_stage.for_trainer(self)
@@ -210,7 +202,7 @@ class RecipeDPOTrainer(DPOTrainer):
         # One readable line per logging step (step_log.py), not the Trainer's progress bar or dictionary.
         self.remove_callback(ProgressCallback)
         self.remove_callback(PrinterCallback)
-        ours = (_StartMetrics(self.pair_metrics), FirstStepMemory(self.memory_use, self.accelerator.device), StepLog())
+        ours = (self.pair_metrics, self.memory_use, StepLog())
         # then the run's optional features (train_stage.build_run), one module each
         for callback in (*ours, *callbacks):
             self.add_callback(callback)
@@ -489,9 +481,7 @@ class RecipeDPOTrainer(DPOTrainer):
         # Split sequences (sequence_parallel.py): each pair is counted by the S processes of its group (N x S), and
         # their gather's backward sums S equal gradients: the S cancel.
         weight = pairs_in(inputs) * self.accelerator.num_processes / num_items_in_batch
-        if return_outputs:
-            return result[0] * weight, result[1]
-        return result * weight
+        return (result[0] * weight, result[1]) if return_outputs else result * weight
 
     def _stand_in(self, model, batch: dict):
         """What answers TRL's model call, and TRL's padded view of the inputs (the reference stage's scorer uses the
@@ -505,8 +495,13 @@ class RecipeDPOTrainer(DPOTrainer):
             ref = self.ref_model if self.ref_model is not None else self.model
             chosen, rejected = self.compute_ref_log_probs(self._stand_in(ref, inputs)[0], view)
             view = {**view, "ref_chosen_logps": chosen, "ref_rejected_logps": rejected}
+        # For this call, TRL's `_compute_loss` reads the reference from the inputs, its gathers stay local (see
+        # `_LocalGathers`), and in training it leaves out its SFT term, added below over the whole step.
         over_step = self.sft.active and mode == "train"  # evaluation keeps TRL's per-batch SFT term
-        with self._reference_in_inputs(), self._without_sft() if over_step else contextlib.nullcontext():
+        seams = dict(precompute_ref_logps=True, accelerator=_LocalGathers(self.accelerator))
+        if over_step:
+            seams.update(zip(("loss_types", "loss_weights"), self.sft.others, strict=True))
+        with upstream.attributes_set(self, **seams):
             result = super()._compute_loss(stand_in, view, return_outputs)
         if over_step:
             sft = self.sft.term(stand_in.outputs, view, pairs_in(inputs), self._step_pairs, self._step_chosen_tokens)
@@ -525,8 +520,6 @@ class RecipeDPOTrainer(DPOTrainer):
             mode,
             stand_in.outputs,
             view,
-            view["ref_chosen_logps"],
-            view["ref_rejected_logps"],
             self.beta,
             self.ld_alpha,
             positions=positions,
@@ -539,20 +532,6 @@ class RecipeDPOTrainer(DPOTrainer):
         )
         return result
 
-    @contextlib.contextmanager
-    def _without_sft(self):
-        """TRL's loss without its SFT term, which `_compute_loss` adds over the whole step (`losses.SftOverStep`)."""
-        loss_types, loss_weights = self.sft.others
-        with upstream.attributes_set(self, loss_types=loss_types, loss_weights=loss_weights):
-            yield
-
-    @contextlib.contextmanager
-    def _reference_in_inputs(self):
-        """TRL's `_compute_loss` reads the reference from the inputs, and its gathers stay local (see
-        `_LocalGathers`), for the duration of one call."""
-        with upstream.attributes_set(self, precompute_ref_logps=True, accelerator=_LocalGathers(self.accelerator)):
-            yield
-
     def log(self, logs, start_time=None):
         mode = "train" if self.model.training else "eval"
         trl_metrics = upstream.trl_metrics(self)[mode]
@@ -562,7 +541,5 @@ class RecipeDPOTrainer(DPOTrainer):
         if mode == "train" and "loss" in logs:  # every rank logs: the peaks are one collective
             found = self.memory_use.measure(self.accelerator.device)
             logs = {**logs, **found}
-            warning = self.memory_use.past_plan(found)
-            if warning and self.accelerator.is_main_process:
-                print(warning, file=sys.stderr, flush=True)
+            self.memory_use.warn(found, self.accelerator.is_main_process)
         super().log(logs, start_time)
