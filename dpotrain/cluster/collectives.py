@@ -16,6 +16,13 @@ def launched_main() -> bool:
     return int(os.environ.get("RANK", "0")) == 0
 
 
+def rank_and_world() -> tuple[int, int]:
+    """This process's rank and the number of processes in its group: (0, 1) outside a process group."""
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
 def _distributed() -> bool:
     return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
 

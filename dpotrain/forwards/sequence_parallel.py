@@ -14,6 +14,7 @@ import threading
 
 import torch
 
+from dpotrain.cluster import collectives
 from dpotrain.cluster import sequence_parallel as groups
 from dpotrain.forwards import flops, masks, packing
 from dpotrain.recipe import upstream
@@ -64,7 +65,7 @@ def set_up(sp_size: int, model) -> None:
     config = masks.text_config(model)
     attention = upstream.attn_implementation(config)
     heads, kv_heads = groups.head_counts(model.config)
-    rank, world = dist.get_rank(), dist.get_world_size()
+    rank, world = collectives.rank_and_world()
     mine = None
     for first in range(0, world, sp_size):
         group = dist.new_group(list(range(first, first + sp_size)))

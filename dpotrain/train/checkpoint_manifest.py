@@ -41,17 +41,10 @@ def listing(folder: Path, leave_out: tuple = ()) -> list[tuple[str, int]]:
     return sorted(found, key=lambda item: (-item[1], item[0]))
 
 
-def rank_and_world() -> tuple[int, int]:
-    """This process's rank and the number of processes: (0, 1) outside a process group."""
-    import torch.distributed as dist
-
-    return (dist.get_rank(), dist.get_world_size()) if dist.is_available() and dist.is_initialized() else (0, 1)
-
-
 def seal(folder: Path, mark: str, mark_text: str, is_main: bool) -> None:
     """On every rank, once all have written `folder`: hash it (each rank its share), then the main process writes
     MANIFEST.json and the mark `mark`, each flushed to disk, the manifest first."""
-    from dpotrain.cluster.collectives import broadcast_from_main, gather_objects
+    from dpotrain.cluster.collectives import broadcast_from_main, gather_objects, rank_and_world
 
     start = time.monotonic()
     files = broadcast_from_main(listing(folder, leave_out=(MANIFEST, mark)) if is_main and folder.is_dir() else None)

@@ -82,7 +82,7 @@ def confirm(resume_from: str | None, explicit: bool) -> str | None:
 
     # First, that every rank found the same checkpoint: else they would run different collectives below and hang.
     agreement.check({"the resume point": str(resume_from)})
-    rank, world = checkpoint_manifest.rank_and_world()
+    rank, world = collectives.rank_and_world()
     folder, damaged = Path(resume_from) if resume_from else None, []
     while folder is not None:
         found = [p for part in gather_objects(checkpoint_manifest.checksum_problems(folder, rank, world)) for p in part]
