@@ -347,18 +347,6 @@ def test_every_collator_marks_the_labeled_prompt_tokens_on_both_sides():
     assert "seq_offsets" in shared_prompt.SharedPromptCollator(max_length=5)(examples)  # the prompt was shared
 
 
-def test_the_health_guards_count_labeled_prompt_tokens_as_scored():
-    """The health guards' per-token scale (mean scored tokens per side) counts the earlier turns with `all`."""
-    from dpotrain.train.health import completion_token_means
-
-    columns = {"prompt_ids": [[1] * 6, [1] * 4], "chosen_ids": [[2] * 3, [2] * 5], "rejected_ids": [[3] * 2, [3] * 1]}
-    final = datasets.Dataset.from_dict(columns)
-    labeled = datasets.Dataset.from_dict({**columns, LABELS: [[0, 1, 1, 0, 1, 0], [0, 0, 0, 0]]})
-    assert completion_token_means(final, None) == (4.0, 1.5)
-    assert completion_token_means(labeled, None) == (5.5, 3.0)  # pair 0: 3 labeled prompt tokens on each side
-    assert completion_token_means(labeled, 8) == (4.5, 3.0)  # chosen cut at 8: pair 0 keeps 2 of its 3 tokens
-
-
 @pytest.mark.slow
 def test_a_pair_whose_prompt_fills_max_length_adds_nothing_to_open_instructs_gradient(tiny_model_dir):
     """Such a pair is dropped and counted here (TRL's rule, both modes: docs/data.md). open-instruct keeps it when an

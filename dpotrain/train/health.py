@@ -10,8 +10,8 @@ Two post-mortems of failed DPO runs (docs/health.md) motivate them:
 Plus non-finite values (`nonfinite`): NaN/inf loss, grad norm or rewards.
 
 The loss judged is the DPO loss: `dpo_loss` where logged (MoE: without TRL's router term). Rewards are on the loss's
-scale, beta x log-ratio / completion tokens (`rewards_norm/*`); TRL's `rewards/*` (beta x SUMMED log-ratio) are divided
-by the data set's mean completion length of each side.
+scale, beta x log-ratio / completion tokens (`rewards_norm/*`, which the project's trainer logs at every step), not
+TRL's `rewards/*` (beta x SUMMED log-ratio, hundreds of nats on long completions).
 
 A stop (`health_action: stop`, the default; NaN always stops) saves a resumable checkpoint when the state is finite,
 ends training on every rank at the same step and leaves `HealthGuard.stop` set: train_dpo.py exits with
@@ -23,7 +23,6 @@ import math
 import sys
 from dataclasses import dataclass
 
-import numpy as np
 from transformers import TrainerCallback
 
 from dpotrain.cluster.collectives import max_over_ranks
@@ -58,43 +57,6 @@ def check_values(project) -> None:
         raise ConfigError(f"health_pinned_pairs must be >= 0 (got {p.health_pinned_pairs}); 0 turns that guard off")
 
 
-def labeled_prompt_tokens(dataset, max_length: int | None):
-    """Per pair, its prompt tokens that are trained within max_length (keep_start): 0 without `prompt_labels`."""
-    import pyarrow.compute as pc
-
-    from dpotrain.data.pair_lengths import LABELS
-
-    if LABELS not in dataset.column_names:
-        return np.zeros(len(dataset), dtype=np.int64)
-    column = dataset.data.column(LABELS).combine_chunks()
-    if max_length is not None:
-        column = pc.list_slice(column, 0, max_length)
-    flat = np.asarray(column.flatten(), dtype=np.int64)
-    rows = np.asarray(column.value_parent_indices(), dtype=np.int64)
-    return np.bincount(rows, weights=flat, minlength=len(dataset)).astype(np.int64)
-
-
-def completion_token_means(dataset, max_length: int | None) -> tuple[float, float] | None:
-    """Mean scored completion tokens (chosen, rejected) of a tokenized DPO data set, after keep_start truncation."""
-    import pyarrow.compute as pc
-
-    columns = ("prompt_ids", "chosen_ids", "rejected_ids")
-    if not set(columns) <= set(getattr(dataset, "column_names", None) or []):
-        return None
-    lengths = {c: np.asarray(pc.list_value_length(dataset.data.column(c)), dtype=np.int64) for c in columns}
-    prompt = lengths["prompt_ids"]
-    limit = max_length or np.iinfo(np.int64).max
-    # With `assistant_turns: all`, a pair's earlier assistant turns (labeled prompt tokens) are scored on both sides
-    labeled = labeled_prompt_tokens(dataset, max_length)
-    means = []
-    for side in ("chosen_ids", "rejected_ids"):
-        scored = np.minimum(prompt + lengths[side], limit) - prompt
-        keep = scored > 0
-        scored = (scored + labeled)[keep]
-        means.append(float(scored.mean()) if len(scored) else 0.0)
-    return means[0], means[1]
-
-
 class HealthGuard(TrainerCallback):
     def __init__(self, project, pairs_per_step: int):
         self.p = project
@@ -103,17 +65,14 @@ class HealthGuard(TrainerCallback):
         self.alarms: list[Alarm] = []
         self._warned: set[str] = set()
         self._fresh = False
-        self._token_means: tuple[float, float] | None = None
         self._pinned_pairs = 0
         self._last_step = 0
 
     # --- events ---
 
-    def on_train_begin(self, args, state, control, train_dataloader=None, **kwargs):
+    def on_train_begin(self, args, state, control, **kwargs):
         self._fresh = state.global_step == 0  # a resumed run has no step 1 to check
         self._last_step = state.global_step
-        dataset = getattr(train_dataloader, "dataset", None)
-        self._token_means = completion_token_means(dataset, args.max_length) if dataset is not None else None
 
     def on_step_end(self, args, state, control, **kwargs):
         if self._fresh and state.global_step == 1:
@@ -218,14 +177,9 @@ class HealthGuard(TrainerCallback):
 
     def rewards(self, logs: dict) -> dict | None:
         """chosen / rejected / margins / accuracies on the loss's scale (beta x log-ratio per completion token)."""
-        if "rewards_norm/chosen" in logs:
-            return {k: logs.get(f"rewards_norm/{k}") for k in REWARD_STATS} | {"source": "rewards_norm/"}
-        if "rewards/chosen" not in logs or not self._token_means:
+        if "rewards_norm/chosen" not in logs:
             return None
-        chosen_tokens, rejected_tokens = (max(m, 1.0) for m in self._token_means)
-        chosen, rejected = logs["rewards/chosen"] / chosen_tokens, logs["rewards/rejected"] / rejected_tokens
-        accuracies, source = logs.get("rewards/accuracies"), "rewards/* ÷ mean completion tokens: "
-        return dict(chosen=chosen, rejected=rejected, margins=chosen - rejected, accuracies=accuracies, source=source)
+        return {k: logs.get(f"rewards_norm/{k}") for k in REWARD_STATS} | {"source": "rewards_norm/"}
 
     def _decide(self, alarms: list[Alarm], args) -> int:
         """0 go on, 1 stop with a checkpoint, 2 stop without one; the same answer on every rank."""
