@@ -332,11 +332,15 @@ def stop_half_way(cmd, env, cache, how):
 def test_a_stopped_or_killed_stage_keeps_what_it_scored(tmp_path, tiny_model_dir, many_pairs, how):
     cache = tmp_path / "cache" / "reference"
     env = {"DPOTRAIN_CACHE": str(tmp_path / "cache"), "DPOTRAIN_STOP_FILE": str(tmp_path / "stop")}
+    # A stop is honoured at the stage's next stop check (1, 3, 7, 15... micro-batches in: reference._StopChecks). In 7
+    # micro-batches of 2,048 positions the last check came ~0.4 s after the first saved part, and a signal sent later
+    # (a loaded machine) was honoured in training instead; 13 micro-batches of 1,024 leave it ~2 s.
+    smaller = ["--max_length", "512", "--max_tokens_per_microbatch", "1024"] if how == signal.SIGTERM else []
     whole = tmp_path / "whole"
-    run(command(tiny_model_dir, many_pairs, whole), {"DPOTRAIN_CACHE": str(tmp_path / "other-cache")})
+    run(command(tiny_model_dir, many_pairs, whole, *smaller), {"DPOTRAIN_CACHE": str(tmp_path / "other-cache")})
 
     out = tmp_path / "run"
-    code, log = stop_half_way(command(tiny_model_dir, many_pairs, out), env, cache, how)
+    code, log = stop_half_way(command(tiny_model_dir, many_pairs, out, *smaller), env, cache, how)
     if how == signal.SIGTERM:  # saved what it had, told the batch script to requeue, exited cleanly
         assert code == STOPPED_EXIT, log[-3000:]
         marker = (tmp_path / "stop.checkpointed").read_text()
@@ -345,7 +349,7 @@ def test_a_stopped_or_killed_stage_keeps_what_it_scored(tmp_path, tiny_model_dir
         assert code == -signal.SIGKILL
     assert not (out / "model.safetensors").exists() and not list(cache.glob("*/complete.npz"))
 
-    rerun = run(command(tiny_model_dir, many_pairs, out), {"DPOTRAIN_CACHE": str(tmp_path / "cache")})
+    rerun = run(command(tiny_model_dir, many_pairs, out, *smaller), {"DPOTRAIN_CACHE": str(tmp_path / "cache")})
     kept = int(rerun.split(" kept from an interrupted run")[0].rsplit(", ", 1)[1].replace(",", ""))
     assert 0 < kept < 64, rerun[-2000:]  # the log says how many were kept; only the rest was scored
     assert f"{kept:,} reused from an interrupted run, {64 - kept:,} scored" in rerun
