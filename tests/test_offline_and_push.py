@@ -578,6 +578,9 @@ def test_a_job_with_everything_cached_asks_the_hub_nothing(monkeypatch, hf_home,
     monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", hf_home / "datasets")
     monkeypatch.setenv("HF_HUB_OFFLINE", "0")
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "0")
+    # The caches are set above, as a user's default ones are found: the printed command then names no HF_HOME (the
+    # suite's own HF_HOME, tests/conftest.py, would be named in it).
+    monkeypatch.delenv("HF_HOME", raising=False)
     here = ["--config", THINK, "--model_name_or_path", MODEL, "--dataset_name", DATASET]
     start = time.perf_counter()
     offline.check_job_reachable(parse_args([*here, "--dry-run"]))
