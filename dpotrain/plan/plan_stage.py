@@ -42,7 +42,8 @@ def make(
     padded: bool,
     forward: plan.RowLayout | None = None,
     reduce_per_backward: bool = True,
-    max_length_cuts: dict | None = None,
+    *,
+    max_length_cuts: dict,
 ) -> RunPlan:
     """The run's plan from its pairs' lengths and the training arguments, at start and in a dry run; a
     `plan.PlanError` (with the budget that would do) when a step cannot be cut. `max_length_cuts` (`cuts.count`): the
@@ -62,8 +63,8 @@ def make(
     steps = args.max_steps if args.max_steps > 0 else math.ceil(args.num_train_epochs * len(planned[0]))
     trained = plan.pairs_trained(planned, steps)
     summary = plan.summary(lengths, step_plan, planned, forward, reduce_per_backward)
-    summary |= {"pairs_trained": {"pairs": len(trained), "of": len(lengths), "steps": steps}}
-    summary |= {"max_length_cuts": max_length_cuts} if max_length_cuts is not None else {}
+    pairs_trained = {"pairs": len(trained), "of": len(lengths), "steps": steps}
+    summary |= {"pairs_trained": pairs_trained, "max_length_cuts": max_length_cuts}
     return RunPlan(lengths, step_plan, planned, summary, trained)
 
 

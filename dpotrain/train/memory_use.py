@@ -35,10 +35,11 @@ class MemoryUse(TrainerCallback):
         self.planned = planned_gib  # the plan's total per GPU (`MemoryPlan.total_gib`); None: not planned
         self.device, self.warned, self.stepped = device, False, False
 
-    def measure(self, device) -> dict[str, float]:
+    def measure(self) -> dict[str, float]:
         mine = peaks()
         names = sorted(mine)
-        found = dict(zip(names, (round(v, 3) for v in max_of_ranks([mine[n] for n in names], device)), strict=True))
+        largest = max_of_ranks([mine[n] for n in names], self.device)
+        found = dict(zip(names, (round(v, 3) for v in largest), strict=True))
         if self.planned is not None:
             found["memory/planned_gib"] = self.planned
         return found
@@ -78,7 +79,7 @@ class MemoryUse(TrainerCallback):
         if self.stepped:
             return
         self.stepped = True
-        found = self.measure(self.device)
+        found = self.measure()
         if state.is_world_process_zero:
             print(f"Memory after step {state.global_step}: {self.line(found)}", flush=True)
         self.warn(found, state.is_world_process_zero)

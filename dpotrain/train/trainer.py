@@ -539,7 +539,7 @@ class RecipeDPOTrainer(DPOTrainer):
         for name, value in self.pair_metrics.reduce(mode, self.accelerator.device).items():
             trl_metrics[name].append(value)
         if mode == "train" and "loss" in logs:  # every rank logs: the peaks are one collective
-            found = self.memory_use.measure(self.accelerator.device)
+            found = self.memory_use.measure()
             logs = {**logs, **found}
             self.memory_use.warn(found, self.accelerator.is_main_process)
         super().log(logs, start_time)
