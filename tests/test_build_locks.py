@@ -1,4 +1,5 @@
-"""A job killed while it compiles a JIT op (DeepSpeed builds one on first use) does not block the next job.
+"""A job killed while it compiles a JIT op (DeepSpeed builds one on first use) does not block the next job; every
+way of starting a run compiles with the same `ninja`, so none finds another's build stale.
 
 torch.utils.cpp_extension, which DeepSpeed's op builders use, took its build lock as a file whose existence blocked
 (FileBaton) up to torch 2.13: a builder killed mid-compile left it, and every later job waited on it forever, silently.
@@ -9,13 +10,15 @@ TORCH_EXTENSIONS_DIR points at a test folder: the user's own cache is never touc
 """
 
 import os
+import shutil
 import signal
 import subprocess
 import time
+from pathlib import Path
 
 import pytest
 
-from conftest import PYTHON
+from conftest import PYTHON, ROOT
 
 # A real C++ extension through torch's JIT path (the one DeepSpeed's op builders use): it takes long enough to
 # compile (torch headers) to be killed mid-build.
@@ -48,3 +51,23 @@ def test_a_build_killed_mid_compile_leaves_nothing_that_blocks_the_next_build(tm
     # The next job: it builds the op and loads it, in the time a build takes (torch 2.13 waited here forever).
     again = subprocess.run([PYTHON, "-c", BUILD], env=env, capture_output=True, text=True, timeout=300)
     assert again.returncode == 0 and again.stdout.strip().splitlines()[-1] == "built 1", again.stderr[-3000:]
+
+
+def test_a_run_started_without_the_venv_activated_compiles_with_the_venvs_ninja(tmp_path):
+    """torch's JIT builds run the `ninja` on PATH. scripts/launch.sh puts the venv's bin first; `.venv/bin/python
+    train_dpo.py` from a shell that did not activate it found a system ninja of another version first, whose build log
+    hashes commands differently: each compiled DeepSpeed's op again (~30 s on 2 cores) after the other had."""
+    system = tmp_path / "bin"
+    system.mkdir()
+    (system / "ninja").write_text("#!/bin/sh\necho 1.11.1\n")  # a system ninja, first on a login shell's PATH
+    (system / "ninja").chmod(0o755)
+    probe = (
+        "import shutil, sys; sys.path.insert(0, sys.argv[1])\n"
+        "from dpotrain.recipe import venv; venv.require(); print(shutil.which('ninja'))"
+    )
+    env = {**os.environ, "PATH": f"{system}:/usr/bin:/bin"}
+    found = subprocess.run([PYTHON, "-c", probe, str(ROOT)], env=env, capture_output=True, text=True, check=True)
+    own = Path(PYTHON).parent / "ninja"
+    assert own.is_file(), "the venv has no ninja: DeepSpeed's requirements install one"
+    assert found.stdout.strip() == str(own), found.stdout
+    assert shutil.which("ninja", path=env["PATH"]) == str(system / "ninja")  # what it would have found

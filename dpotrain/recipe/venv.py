@@ -5,6 +5,7 @@
 """
 
 import importlib.util
+import os
 import sys
 from pathlib import Path
 
@@ -22,9 +23,11 @@ def _shown(path: Path) -> str:
 
 
 def require() -> None:
-    """Ends the process with one `error:` line (exit 1) when a package of the stack is not installed for this Python."""
+    """Ends the process with one `error:` line (exit 1) when a package of the stack is not installed for this Python;
+    else puts this Python's own bin folder first on PATH (`own_tools_first`)."""
     missing = next((name for name in STACK if importlib.util.find_spec(name) is None), None)
     if missing is None:
+        own_tools_first()
         return
     venv = ROOT / ".venv"
     fix = f"run `source {_shown(venv / 'bin' / 'activate')}` first, or call {_shown(venv / 'bin' / 'python')}"
@@ -33,3 +36,15 @@ def require() -> None:
     else:
         fix += f" (`bash {_shown(ROOT / 'scripts' / 'setup_env.sh')}` installs what is missing)"
     sys.exit(f"error: {missing} is not installed for {sys.executable}: {fix}")
+
+
+def own_tools_first() -> None:
+    """This Python's bin folder (its venv's) first on PATH where it holds `ninja`, as activating the venv would.
+    DeepSpeed compiles its JIT ops (on CPU its shared-memory communication op) with the `ninja` found on PATH: a
+    system ninja of another version hashes the build's commands differently, so a run started without the venv
+    activated and one started by scripts/launch.sh (which puts the venv first) each found the other's build stale and
+    compiled the op again, ~30 s on 2 cores, every time they alternated."""
+    own = os.path.dirname(sys.executable)
+    path = os.environ.get("PATH", "")
+    if os.path.isfile(os.path.join(own, "ninja")) and path.split(os.pathsep)[0] != own:
+        os.environ["PATH"] = own + os.pathsep + path if path else own
