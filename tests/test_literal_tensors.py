@@ -317,6 +317,16 @@ def test_the_plans_positions_are_what_the_collators_lay_out(kind, multiple, shar
         assert collate(PAIRS)["input_ids"].numel() == want
 
 
+def test_a_pair_laid_out_unshared_is_two_units_to_the_plan_and_to_the_forwards_cost():
+    """max_length 4, keep_end: A is laid out as its two cut sequences, B as one unit (the collator's two rows of 7).
+    The forward's cost (cost.training_flops) packs the same units: it counted A as one unit of 7, so one row of 12."""
+    lengths = PairLengths.from_parts(np.array([2, 1]), np.array([3, 1]), np.array([1, 2]), 4, True, "keep_end")
+    assert lengths.units([0, 1]) == [5, 4, 3] and lengths.sequences([0, 1]) == [4, 2, 3, 3]
+    assert packing.fill_rows(lengths.units([0, 1]), hidden_size=64) == [[0], [1, 2]]
+    collated = SharedPromptCollator(4, "keep_end")(PAIRS)["input_ids"]
+    assert plan.RowLayout("rows").positions(lengths, [0, 1]) == collated.numel() == 14
+
+
 def test_cut_and_dropped_pairs_are_counted_as_trl_cuts_and_drops_them():
     prompt, chosen, rejected = [2, 1, 4], [3, 1, 1], [1, 2, 1]  # A, B, and a pair whose prompt fills max_length 4
     keep_start = cuts.count(prompt, chosen, rejected, 4)

@@ -67,6 +67,18 @@ class PairLengths:
         both = self.chosen + self.rejected
         return both if self.shared is None else both - np.where(self.shared, self.prompt - 1, 0)
 
+    def sequences(self, pairs) -> list[int]:
+        """The chosen sequences of these pairs, then their rejected ones: the rows of TRL's padded forward."""
+        return [int(self.chosen[i]) for i in pairs] + [int(self.rejected[i]) for i in pairs]
+
+    def units(self, pairs) -> list[int]:
+        """What packed rows lay out for these pairs (shared_prompt.SharedPromptCollator): a pair whose prompt is shared
+        is one unit (`tokens`), any other pair its two sequences."""
+        if self.shared is None:
+            return self.sequences(pairs)
+        units = [int(self.tokens[i]) for i in pairs if self.shared[i]]
+        return units + [int(s) for i in pairs if not self.shared[i] for s in (self.chosen[i], self.rejected[i])]
+
     @functools.cached_property
     def longest(self) -> np.ndarray:
         """Each pair's longer sequence: what a padded micro-batch pads its rows to."""

@@ -90,13 +90,6 @@ def micro_batches(lengths: PairLengths, budget: int | None, pairs: int) -> list[
     return out + ([current] if current else [])
 
 
-def _units(lengths: PairLengths, mb: list[int]) -> list[int]:
-    """The sequences of a micro-batch as its packed rows hold them: a shared pair is one unit."""
-    if lengths.shared is None:
-        return [int(lengths.chosen[i]) for i in mb] + [int(lengths.rejected[i]) for i in mb]
-    return [int(lengths.tokens[i]) for i in mb]
-
-
 def _dense(work: flops.ModelFlops, widths: list[int]) -> float:
     """Forward FLOPs of rows of these widths under a dense mask (every key of its row in every attention layer)."""
     w = np.asarray(widths, dtype=np.float64)
@@ -124,12 +117,12 @@ def training_flops(
     total = 0.0
     for mb in micro_batches(pl, budget, pairs):
         if candidate.packed:  # balanced rows of one width, a dense mask over each
-            units = _units(pl, mb)
+            units = pl.units(mb)
             rows = packing.fill_rows(units, hidden_size, packing.row_width_bound(max_length))
             width = max(sum(units[i] for i in row) for row in rows)
             total += _dense(work, [width] * len(rows))
         else:  # TRL's padded rows in groups, each padded to its longest
-            seqs = [int(pl.chosen[i]) for i in mb] + [int(pl.rejected[i]) for i in mb]
+            seqs = pl.sequences(mb)
             groups = padded.row_groups(seqs)
             widths = [max(seqs[i] for i in g) for g in groups for _ in g]
             if packing.one_row(candidate.attention):  # FlashAttention unpads: attention over real tokens only

@@ -299,15 +299,11 @@ class RowLayout:
     multiple: int | None = None  # a packed row's width is padded to a multiple of it (`ForwardChoice.pad_multiple`)
 
     def positions(self, lengths: PairLengths, micro_batch) -> int:
-        seqs = [int(lengths.chosen[i]) for i in micro_batch] + [int(lengths.rejected[i]) for i in micro_batch]
-        if lengths.shared is not None and self.kind != "padded":  # a shared pair is one unit of its row
-            seqs = [int(lengths.tokens[i]) for i in micro_batch if lengths.shared[i]]
-            unshared = [i for i in micro_batch if not lengths.shared[i]]
-            seqs += [int(s) for i in unshared for s in (lengths.chosen[i], lengths.rejected[i])]
         if self.kind == "padded":
             from dpotrain.forwards.padded import positions
 
-            return positions(seqs, max_groups=self.max_groups)
+            return positions(lengths.sequences(micro_batch), max_groups=self.max_groups)
+        seqs = lengths.units(micro_batch)
         from dpotrain.forwards.packing import fill_rows, padded_width
 
         if self.kind == "one_row":
