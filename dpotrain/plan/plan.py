@@ -303,13 +303,13 @@ class RowLayout:
             from dpotrain.forwards.padded import positions
 
             return positions(lengths.sequences(micro_batch), max_groups=self.max_groups)
-        seqs = lengths.units(micro_batch)
         from dpotrain.forwards.packing import fill_rows, padded_width
 
+        units = lengths.units(micro_batch)
         if self.kind == "one_row":
-            return padded_width(sum(seqs), self.multiple)
-        rows = fill_rows(seqs, self.hidden_size)
-        return len(rows) * padded_width(max(sum(seqs[i] for i in row) for row in rows), self.multiple)
+            return padded_width(sum(units), self.multiple)
+        rows = fill_rows(units, self.hidden_size)
+        return len(rows) * padded_width(max(sum(units[i] for i in row) for row in rows), self.multiple)
 
 
 def pairs_trained(epochs: list, steps: int) -> np.ndarray:
