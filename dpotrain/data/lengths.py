@@ -628,33 +628,24 @@ def analyse(
     dataset_id: str,
     cache_dir: str | Path | None = None,
     *,
-    num_proc: int | None = None,
-    batch_size: int = DEFAULT_BATCH_SIZE,
     progress: bool = True,
     max_positions: int | None = None,
 ) -> tuple[Measured, dict]:
     """Every pair's lengths, measured and cached, and the `max_length: auto` answer from them."""
-    m = measure(dataset, tokenizer, num_proc=num_proc or available_cpus(), progress=progress)
-    report = summarize(
-        m,
-        target=coverage,
-        batch_size=batch_size,
-        max_positions=max_positions,
-        dataset=dataset_id,
-        tokenizer=tokenizer.name_or_path,
-    )
+    m = measure(dataset, tokenizer, num_proc=available_cpus(), progress=progress)
+    about = {"dataset": dataset_id, "tokenizer": tokenizer.name_or_path}
+    report = summarize(m, target=coverage, max_positions=max_positions, **about)
     path = save_cache(m, report, dataset_id, tokenizer, cache_dir)
-    return m, _resolution(m, coverage, path, False, max_positions)
+    return m, resolution_of((m, path), coverage, max_positions, cached=False)
 
 
-def resolution_of(found: tuple[Measured, Path], coverage: float, max_positions: int | None = None) -> dict:
-    """The `max_length: auto` answer from a cached analysis (`cached_measure`'s)."""
-    return _resolution(found[0], coverage, found[1], True, max_positions)
-
-
-def _resolution(m: Measured, target: float, report_path: Path, cached: bool, max_positions: int | None) -> dict:
-    """The `max_length: auto` answer: the recommendation's numbers and where its report is."""
-    r = recommendation(m, target, max_positions)
+def resolution_of(
+    found: tuple[Measured, Path], coverage: float, max_positions: int | None = None, cached: bool = True
+) -> dict:
+    """The `max_length: auto` answer from an analysis (`cached_measure`'s): the recommendation's numbers and where its
+    report is."""
+    m, report_path = found
+    r = recommendation(m, coverage, max_positions)
     kept = ("max_length", "coverage", "target_coverage", "truncated", "dropped", "doubled", "reason", "capped")
     return {**{k: r[k] for k in kept}, "rows": m.rows, "cached": cached, "report": str(report_path)}
 

@@ -167,14 +167,7 @@ class RowCheck:
         }
 
 
-def check_dataset(
-    dataset,
-    eos_token: str | None = None,
-    skip_invalid: bool = False,
-    batch_size: int = 2048,
-    hh_format: str = "messages",
-    template=None,
-) -> RowCheck:
+def check_dataset(dataset, skip_invalid: bool = False, hh_format: str = "messages", template=None) -> RowCheck:
     """`read_row` on every row of an in-memory `Dataset` (a column batch at a time: 150k rows in seconds), every bad
     row listed in the returned `RowCheck`. Unless `skip_invalid`, bad rows among good ones raise `InvalidRowError`: the
     first, or answers that leave the chat template's generation prompt all together (a data set that has one usually
@@ -183,9 +176,9 @@ def check_dataset(
     columns = [c for c in ROW_COLUMNS if c in dataset.column_names]
     if len(dataset) == 0:
         raise ConfigError("the data set has no rows: check the file or the split")
-    fmt = RowFormat.of(dataset[0], columns, eos_token, hh_format, template)
+    fmt = RowFormat.of(dataset[0], columns, None, hh_format, template)
     invalid, index = [], 0
-    for batch in dataset.select_columns(columns).iter(batch_size=batch_size):
+    for batch in dataset.select_columns(columns).iter(batch_size=2048):
         for values in zip(*batch.values(), strict=True):
             _, problem = read_row(dict(zip(columns, values, strict=True)), fmt)
             if problem:
