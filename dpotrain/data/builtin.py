@@ -230,13 +230,6 @@ def make_preference_rows(n: int = 384, seed: int = 0) -> list[dict]:
     return rows
 
 
-def write_smoke_dataset(path: Path = SMOKE_DATASET, n: int = 384, seed: int = 0) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w") as f:
-        for row in make_preference_rows(n, seed):
-            f.write(json.dumps(row) + "\n")
-
-
 if __name__ == "__main__":  # regenerate the bundled file: python -m dpotrain.data.builtin
-    write_smoke_dataset()
+    SMOKE_DATASET.write_text("".join(json.dumps(row) + "\n" for row in make_preference_rows()))
     print(f"wrote {SMOKE_DATASET}")

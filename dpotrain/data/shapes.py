@@ -138,6 +138,11 @@ def is_hh(text: str) -> bool:
 def read(row: dict, shape: Shape) -> tuple[dict | None, tuple[str, str] | None]:
     """`({"prompt", "chosen", "rejected", ...}, None)` as the trainer and the analyzer use the row, or `(None,
     (column, problem))`. Values are expected to have the shape's types (`rows.read_row` checks them first)."""
+    if shape.name == "hh":  # an empty side is said as such, not as a conversation of another shape
+        for column in ("chosen", "rejected"):
+            if not row[column].strip():
+                empty = "empty: an HH-RLHF conversation (`\\n\\nHuman: ...\\n\\nAssistant: ...`) was expected"
+                return None, (column, empty)
     if shape.name == "prompt+messages":
         example, problem = _explicit_prompt(row["prompt"], row["chosen"], row["rejected"])
     elif shape.name == "prompt+text":
@@ -150,8 +155,6 @@ def read(row: dict, shape: Shape) -> tuple[dict | None, tuple[str, str] | None]:
     else:
         chosen, rejected = row["chosen"], row["rejected"]
         if shape.name == "hh":
-            if problem := _empty_hh(chosen, rejected):
-                return None, problem
             chosen, rejected = hh_messages(chosen), hh_messages(rejected)
             for column, side in (("chosen", chosen), ("rejected", rejected)):
                 if side is None:
@@ -292,18 +295,8 @@ def hh_messages(text: str) -> list[dict] | None:
     return None if turns is None else [{"role": role, "content": content.strip()} for role, content, _ in turns]
 
 
-def _empty_hh(chosen: str, rejected: str) -> tuple[str, str] | None:
-    """An empty side of an HH-RLHF row is said as such, not as a conversation of another shape."""
-    for column, text in (("chosen", chosen), ("rejected", rejected)):
-        if not text.strip():
-            return column, "empty: an HH-RLHF conversation (`\\n\\nHuman: ...\\n\\nAssistant: ...`) was expected"
-    return None
-
-
 def _hh_text(chosen: str, rejected: str):
     """`hh_format: text`: the prompt is the string up to the last `Assistant:`, checked turn by turn."""
-    if problem := _empty_hh(chosen, rejected):
-        return None, problem
     parsed = {}
     for column, text in (("chosen", chosen), ("rejected", rejected)):
         turns = hh_turns(text)
