@@ -1,15 +1,10 @@
 """The chat template a recipe chooses (`chat_template_path`), and what a pair's answers must be to be read under it.
 
-`chat_template_path` names a Jinja file, or a folder holding `chat_template.jinja` (as transformers 5 saves a
-tokenizer). `lengths.load_tokenizer` sets it on every tokenizer the project loads, so all of them tokenize alike, and
-the run saves it with the tokenizer. Unset: the model's own template. Its content, not its path, is what a run depends
-on: its SHA-256 is recorded (`record`) and a resume whose template reads differently is refused (`changed`).
-
-Answers and the generation prompt (`answer_problem`): TRL splits a pair at the common prefix of the tokenized prompt
-(with the generation prompt) and prompt + answer; open-instruct, which trained OLMo 3, masks by the length of the
-tokenized prompt with the generation prompt. The two agree only where the rendered answer begins with the generation
-prompt (under `olmo_thinker`, whose generation prompt ends in `<think>`, an answer without `<think>` does not): other
-pairs are refused, or dropped and counted with `skip_invalid` (docs/data.md "Chat template").
+`lengths.load_tokenizer` sets it on every tokenizer the project loads, so all of them tokenize alike. Its content, not
+its path, is what a run depends on: its SHA-256 is recorded (`record`) and a resume whose template reads differently is
+refused (`changed`). `answer_problem`: TRL splits a pair where the tokenized prompt (with the generation prompt) and
+prompt + answer diverge, open-instruct (OLMo 3) by the prompt's length; they agree only where the rendered answer
+begins with the generation prompt (docs/data.md "Answers and the generation prompt").
 """
 
 import hashlib

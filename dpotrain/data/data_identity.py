@@ -1,14 +1,11 @@
 """A run's input files by identity, not only by name: a run resumed on other data, or on another model at the same
 path, would go on mid-epoch on pairs its plan never saw, or score its reference with other weights.
 
-`of_files` records each file with its size, modification time and a SHA-256; `changed_files` says how the files differ
-now from such a record, naming the file. Data files (this module) are hashed whole (~1 s per GB, once at start); the
-model's files (model_identity.py) can be tens of GB, so one larger than 2 MiB is known by its first and last MiB.
-
-A rerun trusts an unchanged size and modification time (as datasets' cache and make do). A file whose time changed is
-hashed again: one hashed whole resumes when its content is the same; one known by its ends is refused even when they
-are the same, since re-exporting weights rewrites the file while its size and first and last tensors may stay the
-same (the message gives the `touch` command that restores the recorded time, for a file copied unchanged).
+`of_files` records each file's size, modification time and SHA-256, `changed_files` compares: data files hashed whole
+(~1 s per GB, once at start), the model's (model_identity.py, tens of GB) known by their first and last MiB. A rerun
+trusts an unchanged size and time (as datasets' cache and make do) and hashes again a file whose time changed; one known
+by its ends is then refused even when they are the same, since a re-export rewrites the file while its size and first
+and last tensors may stay (the message gives the `touch` that restores the recorded time; docs/reliability.md).
 """
 
 import glob

@@ -111,7 +111,7 @@ class Measured:
     invalid: list[dict]  # {"index", "column", "problem"}
     conversational: bool
     shape: str = ""  # how the rows were read (shapes.Shape.describe)
-    fast_path_mismatches: int = 0  # batches where batch_lengths disagreed with row_lengths (then row_lengths is used)
+    fast_path_mismatches: int = 0  # batches whose fast tokenization disagreed with row_lengths (then measured by it)
     seconds: float = 0.0
     shared: np.ndarray | None = None  # tokens both completions start with (cuts.check); None: not measured
 

@@ -1,16 +1,11 @@
 """Which assistant turns a pair trains (`assistant_turns`): the final one (TRL's), or every one (open-instruct's).
 
-TRL trains a pair's completions only (the messages after the final assistant turn's start). open-instruct, which
-trained OLMo 3 (`dataset_transformation.py:sft_tulu_tokenize_and_truncate_v1` at 2fd104e, through
-`preference_tulu_tokenize_and_truncate_v1`), renders each side's whole conversation and masks only the non-assistant
-messages: message i covers the end of the rendered messages[:i] to the end of the rendered messages[:i+1] (with the
-generation prompt when message i+1 is the assistant's, so each assistant header is masked too); every assistant turn,
-earlier ones included, is labeled.
-
-With `all`, this project keeps TRL's tokenization and adds one column, `prompt_labels`: 1 for each prompt token that
-open-instruct labels, 0 elsewhere (and at position 0, which nothing predicts). The collators build each sequence's
-completion mask as `prompt_labels` followed by the completion's ones, so TRL's loss sums over every labeled token. A
-pair whose completion open-instruct would label otherwise than TRL's split is refused, naming it.
+open-instruct (`sft_tulu_tokenize_and_truncate_v1` at 2fd104e) masks each non-assistant message i from the end of the
+rendered messages[:i] to the end of the rendered messages[:i+1] (with the generation prompt when an assistant message
+follows, masking its header); every assistant turn is labeled (docs/data.md "Assistant turns"). With `all`, TRL's
+tokenization stays and one column is added, `prompt_labels`: 1 for each prompt token open-instruct labels, 0 elsewhere
+(and at position 0, which nothing predicts); the collators put it before each completion's mask. A pair whose
+completion open-instruct would label otherwise than TRL's split is refused, naming it.
 """
 
 from dpotrain.data import chat_template
