@@ -71,7 +71,7 @@ def existing_model_dir(name: str) -> str | None:
     return str(target) if (target / "model.safetensors").exists() else None
 
 
-def materialize_model(name: str, vocab_size: int = 1024, seed: int = 0) -> str:
+def materialize_model(name: str) -> str:
     """Return a local folder holding the built-in model `name` (with its tokenizer), building it on first use."""
     check_name(name)
     if existing := existing_model_dir(name):
@@ -82,10 +82,10 @@ def materialize_model(name: str, vocab_size: int = 1024, seed: int = 0) -> str:
     # a half-written model. The build is deterministic, so whichever rename wins holds the same files.
     tmp = Path(tempfile.mkdtemp(prefix=f".{key}-", dir=target.parent))
     try:
-        tokenizer = build_tokenizer(vocab_size)
+        tokenizer = build_tokenizer()
         tokenizer.save_pretrained(tmp)
         with quiet_progress_bars():  # "Writing model shards": a bar for one small file
-            build_model(key, tokenizer, seed).save_pretrained(tmp)
+            build_model(key, tokenizer).save_pretrained(tmp)
         if (tmp / "model.safetensors").exists():
             try:
                 tmp.rename(target)

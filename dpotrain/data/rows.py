@@ -188,14 +188,12 @@ def check_dataset(dataset, skip_invalid: bool = False, hh_format: str = "message
     if skip_invalid or not invalid or len(invalid) == index:
         return checked
     if other := [p for p in invalid if not p["problem"].startswith(chat_template.MISMATCH)]:
-        raise InvalidRowError(other[0]["index"], other[0]["column"], other[0]["problem"], "--skip_invalid true")
-    shown = ", ".join(str(p["index"]) for p in invalid[:10]) + (", ..." if len(invalid) > 10 else "")
-    raise InvalidRowError(
-        invalid[0]["index"],
-        invalid[0]["column"],
-        f"{invalid[0]['problem']}; {len(invalid)} of {index} rows do so (rows {shown})",
-        skip_flag="--skip_invalid true",
-    )
+        first, problem = other[0], other[0]["problem"]
+    else:  # answers that leave the generation prompt only: said all together
+        first = invalid[0]
+        shown = ", ".join(str(p["index"]) for p in invalid[:10]) + (", ..." if len(invalid) > 10 else "")
+        problem = f"{first['problem']}; {len(invalid)} of {index} rows do so (rows {shown})"
+    raise InvalidRowError(first["index"], first["column"], problem, "--skip_invalid true")
 
 
 def every_row_invalid(checked: RowCheck, split: str, source: str | None) -> str:
