@@ -28,19 +28,16 @@ def is_local(name: str) -> bool:
     return path.suffix in LOCAL_SUFFIXES or looks_like_path(name) or path.exists()
 
 
-def looked_in(name: str) -> str:
-    """Where a relative path was looked for: here, and for a Slurm job the folder it was submitted from too."""
-    submitted = os.environ.get("DPOTRAIN_SUBMIT_DIR")
-    here = str(Path.cwd())
-    return here + (f" and {submitted} (where the job was submitted)" if submitted and submitted != here else "")
-
-
 def check_dataset_name(name: str | None) -> None:
     if not name:
         raise ConfigError("no dataset: set dataset_name in the recipe or pass --dataset_name (Hub name or local file)")
     path = Path(name).expanduser()
     if is_local(name) and not path.exists():
-        where = "" if path.is_absolute() else f" (looked in {looked_in(name)})"
+        where = ""
+        if not path.is_absolute():  # looked for here, and for a Slurm job where it was submitted too
+            here, submitted = str(Path.cwd()), os.environ.get("DPOTRAIN_SUBMIT_DIR")
+            also = f" and {submitted} (where the job was submitted)" if submitted and submitted != here else ""
+            where = f" (looked in {here}{also})"
         raise ConfigError(
             f"dataset {name!r} does not exist{where}: check the path, or give a Hub name like org/dataset"
         )
