@@ -161,6 +161,7 @@ def output_checks(recipe, launch: Launch, push) -> resolve.OutputDecision:
 
         reference.check_writable()  # the reference stage saves as it goes
     check(lengths.check_tokenizer_folder, recipe.model.model_name_or_path or "")  # configs/models/*: a shape only
+    decision = resolve.OutputDecision(None, False)
     if not only_reference:
         check(push.check_token)
         check(options.check_wandb, recipe)
@@ -171,8 +172,6 @@ def output_checks(recipe, launch: Launch, push) -> resolve.OutputDecision:
 
             push.repo_id = hub.check_write_access(push.repo_id, push.token)  # now, not after training; user/name
             hub.create_at_start(push.repo_id, push.token, push.private)  # a new repo: may this token create it?
-    decision = resolve.OutputDecision(None, False)
-    if not only_reference:
         decision = check(resolve.check_output_dir, recipe, launch.batch.pairs_per_step) or decision
     kept = None if decision.start_afresh or decision.push_left else hub_revision.kept(recipe, training.output_dir)
     if kept and collectives.launched_main():
