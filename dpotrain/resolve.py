@@ -157,12 +157,9 @@ def changed_settings(recipe: Recipe, out: Path, pairs_per_step: int | None) -> l
     model = model_identity.changed(recipe, old.model_identity) if same_model else None
     # The template by its content (chat_template.py): the same file moved resumes, an edited one does not.
     template = chat_template.changed(old.lengths.template, recipe.project.chat_template_path)
-    return (
-        [f"{f}: {was!r} -> {now!r}" for f, (was, now) in changed.items()]
-        + ([f"dataset content: {content}"] if content else [])
-        + ([f"model: {model}"] if model else [])
-        + ([f"chat template: {template}"] if template else [])
-    )
+    found = {f: f"{was!r} -> {now!r}" for f, (was, now) in changed.items()}
+    found |= {"dataset content": content, "model": model, "chat template": template}
+    return [f"{name}: {what}" for name, what in found.items() if what]
 
 
 def trained_under(checkpoint: Path) -> Path:

@@ -11,7 +11,7 @@ import functools
 import os
 import shlex
 from contextlib import nullcontext
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from trl.data_utils import is_conversational
@@ -198,7 +198,7 @@ class Data:
     train: object | None
     eval: object | None
     steps: dict  # resolve.count_steps: pairs_per_step, dataset_rows, total_steps, warmup_steps
-    checked: dict  # invalid_rows, invalid_eval_rows, eval_rows, data_sources: what the row checks found
+    checked: dict = field(default_factory=dict)  # invalid_rows, invalid_eval_rows, eval_rows, data_sources
     mix: mixture.Mix | None = None  # the training mixture's sources, and the source of each pair
     revision: str | None = None  # the data set's revision as loaded: a Hub data set's commit (`pin_data`)
 
@@ -217,7 +217,7 @@ def load_data(
     mixed = mixture.given(mixture.fields_of(recipe))
     if launch.dry_run and not mixed and not data.is_local(script.dataset_name):
         return Data(
-            None, None, resolve.count_steps(recipe, launch.batch, launch.data_parallel, None), {}, None, revision
+            None, None, resolve.count_steps(recipe, launch.batch, launch.data_parallel, None), revision=revision
         )
     if not launch.dry_run:
         offline.check_job_reachable(recipe, model=False)  # a data set to download: the Hub must answer, within seconds
@@ -375,22 +375,21 @@ def measure_lengths(recipe, launch: Launch, pairs: Data, model_path: str, state=
     if measured is None and pairs.mix is not None and tokenizer is not None:  # every pair, for the sources' shares
         every = lengths.measure(pairs.train, tokenizer, num_proc=lengths.available_cpus(), skip_invalid=True)
         measured = (every, "the mixture's pairs, measured at start")
+    found = None
     if measured is not None:
         m, report = measured
         source = report if isinstance(report, str) else f"the analyzer's cached lengths ({report})"
-        found_pairs = cost.TokenCounts(m.prompt, m.chosen, m.rejected, source, m.shared)
+        found = cost.TokenCounts(m.prompt, m.chosen, m.rejected, source, m.shared)
     elif pairs.train is not None and tokenizer is not None:
-        found_pairs = sample.sampled(pairs.train, tokenizer, t.seed, p.hh_format)
-    else:
-        found_pairs = None
-    if found_pairs is not None and max_length is not None:
+        found = sample.sampled(pairs.train, tokenizer, t.seed, p.hh_format)
+    if found is not None and max_length is not None:
         # A max_length that leaves the pairs nothing to learn: refused before the model loads (a dry run says it too).
-        f = found_pairs
+        f = found
         cuts.check(f.prompt, f.chosen, f.rejected, f.shared, max_length, t.truncation_mode, f.source)
     shares = pairs.mix.with_token_shares(measured[0]) if pairs.mix is not None and measured is not None else None
     plain = pairs.train is not None and not is_conversational(next(iter(pairs.train)))  # TRL's test, as it reads
     template = chat_template.record(p.chat_template_path, tokenizer, plain_text=plain)
-    return Lengths(auto, found_pairs, measured, tokenizer, shares, template, max_length)
+    return Lengths(auto, found, measured, tokenizer, shares, template, max_length)
 
 
 # --- forward ----------------------------------------------------------------------------------------------------------
@@ -422,11 +421,9 @@ def _model_config(recipe, model_path: str, local_only: bool):
     """The model's config (no weights), or (None, why) where a dry run does not have it on this machine."""
     from transformers import AutoConfig
 
+    revision = recipe.model.model_revision
     try:
-        config = AutoConfig.from_pretrained(
-            model_path, revision=recipe.model.model_revision, local_files_only=local_only
-        )
-        return config, None
+        return AutoConfig.from_pretrained(model_path, revision=revision, local_files_only=local_only), None
     except (OSError, ValueError):
         if not local_only:
             raise
@@ -438,26 +435,20 @@ def decide_forward(recipe, launch: Launch, model_path: str, pair_lengths: Length
     config, why = _model_config(recipe, model_path, local_only=launch.dry_run)
     if config is None:
         return Forward(None, {}, decided=f"at start, from the data's lengths ({why})")
+    counts, max_length = pair_lengths.pairs, pair_lengths.max_length
     sequence_parallel.check_heads(launch.sequence_parallel, config, launch.world)  # a group splits the heads
     # Sequences past the model's positions: refused from the longest the data or max_length lets through
-    positions.check(
-        config,
-        recipe.model.model_name_or_path,
-        pair_lengths.max_length,
-        pair_lengths.pairs,
-        whole_split=pair_lengths.measured is not None,
-    )
-    if pair_lengths.pairs is None:
+    whole_split = pair_lengths.measured is not None
+    positions.check(config, recipe.model.model_name_or_path, max_length, counts, whole_split=whole_split)
+    if counts is None:
         return _undecided(recipe, launch, config)
     if len(launch.machines) == 1:
         ((name, (cuda, varlen)),) = launch.machines.items()
-        chosen = choice.decide(recipe, config, cuda, varlen, pair_lengths.pairs, pair_lengths.max_length)
+        chosen = choice.decide(recipe, config, cuda, varlen, counts, max_length)
         return Forward(chosen, {name: chosen.record()}, planned_for=name)
     chosen = {}
     for name, (cuda, varlen) in launch.machines.items():  # a login node: for the GPU, with and without FA4
-        chosen[name], _ = choice.choose(
-            copy.deepcopy(config), recipe, cuda, varlen, pair_lengths.pairs, False, pair_lengths.max_length
-        )
+        chosen[name], _ = choice.choose(copy.deepcopy(config), recipe, cuda, varlen, counts, False, max_length)
     planned = max(chosen, key=lambda name: choice.mask_weight(chosen[name].attention))
     return Forward(chosen[planned], {name: f.record() for name, f in chosen.items()}, planned_for=planned)
 
@@ -511,7 +502,7 @@ def plan_batching(recipe, launch: Launch, pairs: Data, pair_lengths: Lengths, fo
         if f.packed
         else plan.RowLayout("padded", max_groups=padded.MAX_GROUPS)
     )
-    run_plan = plan_stage.make(
+    return plan_stage.make(
         every,
         t,
         pairs.steps["pairs_per_step"],
@@ -521,8 +512,7 @@ def plan_batching(recipe, launch: Launch, pairs: Data, pair_lengths: Lengths, fo
         forward=layout,
         reduce_per_backward=launch.engine.deepspeed,
         max_length_cuts=counted,
-    )
-    return run_plan.summary
+    ).summary
 
 
 def plan_memory(recipe, launch: Launch, pairs: Data, pair_lengths: Lengths, forward: Forward) -> MemoryPlan:
@@ -632,4 +622,4 @@ def first_half(
 def given_pairs(recipe, launch: Launch, train, eval_dataset=None) -> Data:
     """The data stage's value for pairs a caller holds (a test's, a benchmark's, the preflight's): nothing recorded."""
     steps = resolve.count_steps(recipe, launch.batch, launch.data_parallel, len(train))
-    return Data(train, eval_dataset, steps, {}, None, recipe.project.dataset_revision)
+    return Data(train, eval_dataset, steps, revision=recipe.project.dataset_revision)
