@@ -11,7 +11,6 @@ the gap, the lengths and the data predict such a run, with what to do instead.
 
 import hashlib
 import json
-import math
 import os
 import sys
 import tempfile
@@ -421,6 +420,4 @@ def run(
 def _json_default(x):
     if isinstance(x, (np.integer, np.floating)):
         return x.item()
-    if isinstance(x, float) and not math.isfinite(x):
-        return None
     raise TypeError(type(x))
