@@ -17,6 +17,16 @@ from dpotrain.recipe.errors import ConfigError
 from dpotrain.train import resume
 from dpotrain.train.checkpoints import checkpoints
 
+# Settings a resumed run must share with the run that wrote its checkpoint; others (output_dir, logging, save_*, eval_*,
+# push, precision, sequence_parallel_size: the same work split otherwise) may change between a run and its resumption.
+RESUME_FIELDS = """
+    model_name_or_path model_revision dataset_name dataset_config dataset_train_split skip_invalid hh_format
+    assistant_turns datasets dataset_mixer_list dataset_mixer_list_splits learning_rate lr_scheduler_type
+    lr_scheduler_kwargs warmup_steps num_train_epochs max_steps optim weight_decay adam_beta1 adam_beta2 adam_epsilon
+    max_grad_norm seed data_seed beta loss_type loss_weights label_smoothing max_length truncation_mode use_peft
+    lora_r lora_alpha lora_dropout lora_target_modules use_rslora use_dora
+""".split()
+
 
 def world_size(recipe: Recipe, planning: bool) -> tuple[int, str]:
     """Processes taking part. Under a launcher the environment says; a --dry-run outside one predicts the launch."""
@@ -126,17 +136,6 @@ class OutputDecision:
         else:
             folder = f"{output_dir}: the run starts there" + ("" if Path(output_dir).is_dir() else " (new)")
         return {"output_folder": folder, "would_refuse": list(self.would_refuse)}
-
-
-# Settings a resumed run must share with the run that wrote its checkpoint; others (output_dir, logging, save_*, eval_*,
-# push, precision, sequence_parallel_size: the same work split otherwise) may change between a run and its resumption.
-RESUME_FIELDS = """
-    model_name_or_path model_revision dataset_name dataset_config dataset_train_split skip_invalid hh_format
-    assistant_turns datasets dataset_mixer_list dataset_mixer_list_splits learning_rate lr_scheduler_type
-    lr_scheduler_kwargs warmup_steps num_train_epochs max_steps optim weight_decay adam_beta1 adam_beta2 adam_epsilon
-    max_grad_norm seed data_seed beta loss_type loss_weights label_smoothing max_length truncation_mode use_peft
-    lora_r lora_alpha lora_dropout lora_target_modules use_rslora use_dora
-""".split()
 
 
 def changed_settings(recipe: Recipe, out: Path, pairs_per_step: int | None) -> list[str]:

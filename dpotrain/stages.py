@@ -41,7 +41,6 @@ from dpotrain.train import health, lora, resume, samples
 
 FA4_SETS = {"with FlashAttention 4 installed": "flash_attention_4", "without": None}  # a dry run for a GPU job
 
-
 # The fields the analyzer measures with, as its flags name them; it reads the rest of the recipe as the run does.
 ANALYZER_FIELDS = """
     model_name_or_path dataset_name dataset_train_split dataset_config hh_format auto_coverage chat_template_path
@@ -69,8 +68,6 @@ def analyze_hint(recipe) -> str:
 
 
 # --- checks -----------------------------------------------------------------------------------------------------------
-
-
 @dataclass(frozen=True)
 class Launch:
     """The processes and engine of the run (a dry run: its launch's), and the machines the forward is decided for
@@ -188,8 +185,6 @@ def output_checks(recipe, launch: Launch, push) -> resolve.OutputDecision:
 
 
 # --- data -------------------------------------------------------------------------------------------------------------
-
-
 @dataclass(frozen=True)
 class Data:
     """The training (and held-out) pairs, checked row by row, and the optimizer steps they make. `train` is None where
@@ -297,8 +292,6 @@ def model_files(recipe, launch: Launch) -> str:
 
 
 # --- lengths ----------------------------------------------------------------------------------------------------------
-
-
 @dataclass(frozen=True)
 class Lengths:
     """The pairs' token lengths: what the forward is decided from (`pairs`: the analyzer's lengths of the whole split,
@@ -393,8 +386,6 @@ def measure_lengths(recipe, launch: Launch, pairs: Data, model_path: str, state=
 
 
 # --- forward ----------------------------------------------------------------------------------------------------------
-
-
 @dataclass(frozen=True)
 class Forward:
     """The forward the step and memory plans are made for (`planned`), and what was weighed for each machine of the
@@ -472,8 +463,6 @@ def _undecided(recipe, launch: Launch, config) -> Forward:
 
 
 # --- plan and memory --------------------------------------------------------------------------------------------------
-
-
 def plan_batching(recipe, launch: Launch, pairs: Data, pair_lengths: Lengths, forward: Forward) -> dict:
     """The step plan a dry run records (`derived.batching`): the run's plan stage on every pair's lengths as the
     analyzer measures them, for the forward chosen (the run plans from the trainer's tokenized data set)."""
@@ -524,8 +513,6 @@ def plan_memory(recipe, launch: Launch, pairs: Data, pair_lengths: Lengths, forw
 
 
 # --- the first half ---------------------------------------------------------------------------------------------------
-
-
 def as_run(
     recipe, launch: Launch, pairs: Data, pair_lengths: Lengths, forward: Forward, planned=None, load_dtype=None
 ) -> config.Recipe:
