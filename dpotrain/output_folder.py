@@ -1,12 +1,10 @@
-"""The output folder holds one run, and the run owns only its own files.
+"""The output folder holds one run, and the run owns only its own files (docs/reliability.md).
 
-A run records the top-level names it writes in `run_files.json` (atomically, before anything else): its records, its
-W&B folder, the final model's files (written into `FINAL_STAGING`, then recorded and moved in: `move_in`) and each
-checkpoint folder as it is saved (dpotrain/train/run_files.py). `--overwrite_output_dir` removes exactly those: what
-a person put in the folder stays (`checkpoint-4-evals.json`, a backup `checkpoint-4.bak/`). A folder that holds files
-but no run is refused whatever the flags, as transformers' examples refuse a non-empty output folder. A run written
-before runs recorded their files is resumed as ever, never replaced. And a run reads nothing from its own output
-folder (`check_reads_outside`): the finished model it would train from is one of the files it replaces.
+A run records the top-level names it writes in `run_files.json` before anything else (dpotrain/train/run_files.py);
+`--overwrite_output_dir` removes exactly those, and what a person put in the folder stays. A folder that holds files
+but no run is refused whatever the flags; a run written before runs recorded their files is resumed, never replaced;
+and a run reads nothing from its own output folder (`check_reads_outside`): the finished model it would train from is
+one of the files it replaces.
 """
 
 import json
