@@ -73,11 +73,10 @@ def check_token_budget(budget: int, max_length: int | None) -> None:
 
 @dataclass(frozen=True)
 class Batch:
-    """Pairs per optimizer step, kept fixed on any number of processes, and the gradient accumulation that gives it
-    (None where micro-batches are cut by tokens: how many a step takes follows from the data, plan.py)."""
+    """Pairs per optimizer step, kept fixed on any number of processes, and the gradient accumulation that gives it."""
 
     pairs_per_step: int
-    gradient_accumulation_steps: int | None
+    gradient_accumulation_steps: int | None  # None: micro-batches cut by tokens, as many as the data makes (plan.py)
 
 
 def decide_batch(recipe: Recipe, world: int) -> Batch:

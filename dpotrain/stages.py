@@ -70,13 +70,12 @@ def analyze_hint(recipe) -> str:
 # --- checks -----------------------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Launch:
-    """The processes and engine of the run (a dry run: its launch's), and the machines the forward is decided for
-    (name -> (CUDA, the varlen FlashAttention installed))."""
+    """The processes and engine of the run (a dry run: its launch's), and the machines the forward is decided for."""
 
     world: int
     world_source: str
     engine: engine.Engine
-    machines: dict
+    machines: dict  # name -> (CUDA, the varlen FlashAttention installed)
     dry_run: bool  # the launch is planned (`--dry-run`), not running
     sequence_parallel: int = 1  # processes per group that split each micro-batch's sequence (sequence_parallel.py)
     clipping: dict | None = None  # the gradient clipping in effect on this engine (`engine.gradient_clipping`)
@@ -187,10 +186,9 @@ def output_checks(recipe, launch: Launch, push) -> resolve.OutputDecision:
 # --- data -------------------------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Data:
-    """The training (and held-out) pairs, checked row by row, and the optimizer steps they make. `train` is None where
-    a dry run does not load the data set (on the Hub)."""
+    """The training (and held-out) pairs, checked row by row, and the optimizer steps they make."""
 
-    train: object | None
+    train: object | None  # None where a dry run does not load the data set (on the Hub)
     eval: object | None
     steps: dict  # resolve.count_steps: pairs_per_step, dataset_rows, total_steps, warmup_steps
     checked: dict = field(default_factory=dict)  # invalid_rows, invalid_eval_rows, eval_rows, data_sources
@@ -294,12 +292,11 @@ def model_files(recipe, launch: Launch) -> str:
 # --- lengths ----------------------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Lengths:
-    """The pairs' token lengths: what the forward is decided from (`pairs`: the analyzer's lengths of the whole split,
-    else a seeded sample), and every pair's when the analyzer measured them (`measured`: (Measured, report path))."""
+    """The pairs' token lengths: what the forward is decided from, and every pair's when the analyzer measured them."""
 
     auto: dict | None  # derived.max_length under `max_length: auto`
-    pairs: cost.TokenCounts | None
-    measured: tuple | None
+    pairs: cost.TokenCounts | None  # the analyzer's lengths of the whole split, else a seeded sample
+    measured: tuple | None  # (Measured, report path): every pair's, as the analyzer measured them
     tokenizer: object | None
     sources: list | None = None  # a mixture's data_sources, each with its share of the tokens
     template: dict | None = None  # the chat template tokenized with (chat_template.record): a resume compares it
@@ -388,11 +385,10 @@ def measure_lengths(recipe, launch: Launch, pairs: Data, model_path: str, state=
 # --- forward ----------------------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Forward:
-    """The forward the step and memory plans are made for (`planned`), and what was weighed for each machine of the
-    launch (`options`: a forward's record, or its candidates while undecided)."""
+    """The forward the step and memory plans are made for, and what was weighed for each machine of the launch."""
 
     planned: choice.ForwardChoice | None
-    options: dict
+    options: dict  # per machine: a forward's record, or its candidates while undecided
     planned_for: str = ""
     decided: str = ""  # why it is not decided yet, and the command that decides it now
 
@@ -541,10 +537,9 @@ def as_run(
 @dataclass(frozen=True)
 class RunSpec:
     """Every decision of the run, made once by the first half before a model weight loads: all a dry run records, and
-    all the second half reads. `recipe` is the user's intent as parsed (never written); `as_run` the recipe of this
-    run; `record()` resolved_config.json's `derived` block (docs/architecture.md lists each field)."""
+    all the second half reads; `record()` is resolved_config.json's `derived` block (docs/architecture.md)."""
 
-    recipe: config.Recipe
+    recipe: config.Recipe  # the user's intent as parsed (never written); `as_run` is the recipe of this run
     launch: Launch  # world and data-parallel size, engine, sequence-parallel group, clipping, pairs per step
     data: Data  # the pairs, the steps they make, the data set's commit and content identity
     lengths: Lengths  # max_length (auto: the analyzer's choice), the pairs' token lengths
