@@ -18,6 +18,11 @@ from dpotrain.recipe.config import Recipe
 from dpotrain.recipe.errors import ConfigError
 from dpotrain.train import losses
 
+# The run's own names below its output folder (a checkpoint's engine shards, W&B's offline files, temporary names) and
+# below the project's cache take less than this many bytes.
+ROOM_INSIDE = 256
+WANDB_OFFLINE_MODES = ("offline", "disabled", "dryrun")  # W&B modes that never reach its server
+
 
 def valid_loss_types() -> list[str]:
     """The loss types DPOTrainer implements, read from DPOConfig's own help text (TRL keeps no list of them)."""
@@ -137,11 +142,6 @@ def check_saving(recipe: Recipe) -> None:
         )
 
 
-# The run's own names below its output folder (a checkpoint's engine shards, W&B's offline files, temporary names) and
-# below the project's cache take less than this many bytes.
-ROOM_INSIDE = 256
-
-
 def check_path_limits(recipe: Recipe) -> None:
     """A path past its file system's limits (a name over NAME_MAX bytes, the whole over PATH_MAX) fails at the first
     call that touches it, in a traceback: refused here. The folders the run writes in need ROOM_INSIDE bytes more."""
@@ -192,9 +192,6 @@ def check_precision(recipe: Recipe) -> None:
             "fp16 needs a CUDA GPU and this run has none (fp16 would not be applied: it would train in "
             "fp32): pass --fp16 false, or run on a GPU"
         )
-
-
-WANDB_OFFLINE_MODES = ("offline", "disabled", "dryrun")  # W&B modes that never reach its server
 
 
 def _wandb_online(recipe: Recipe) -> bool:

@@ -1,12 +1,10 @@
-"""The output folder holds one run, and the run owns only its own files.
+"""The output folder holds one run, and the run owns only its own files (docs/reliability.md).
 
-A run records the top-level names it writes in `run_files.json` (atomically, before anything else): its records, its
-W&B folder, the final model's files (written into `FINAL_STAGING`, then recorded and moved in: `move_in`) and each
-checkpoint folder as it is saved (dpotrain/train/run_files.py). `--overwrite_output_dir` removes exactly those: what
-a person put in the folder stays (`checkpoint-4-evals.json`, a backup `checkpoint-4.bak/`). A folder that holds files
-but no run is refused whatever the flags, as transformers' examples refuse a non-empty output folder. A run written
-before runs recorded their files is resumed as ever, never replaced. And a run reads nothing from its own output
-folder (`check_reads_outside`): the finished model it would train from is one of the files it replaces.
+A run records the top-level names it writes in `run_files.json` before anything else (dpotrain/train/run_files.py);
+`--overwrite_output_dir` removes exactly those, and what a person put in the folder stays. A folder that holds files
+but no run is refused whatever the flags; a run written before runs recorded their files is resumed, never replaced;
+and a run reads nothing from its own output folder (`check_reads_outside`): the finished model it would train from is
+one of the files it replaces.
 """
 
 import json
@@ -98,8 +96,14 @@ def check(output_dir: str, lock: bool = True) -> None:
             f"output_dir {output_dir!r} is a file, not a folder: pass --output_dir a folder (new or "
             "one of an earlier run)"
         )
-    if lock and collectives.launched_main():  # the run writes there; a dry run does not
-        check_writable(out)
+    # A folder the run cannot write its lock in (a read-only mount, no permission): one still to be made is probed
+    # in the nearest one that exists. The run writes there; a dry run does not.
+    problem = unwritable(out) if lock and collectives.launched_main() else None
+    if problem:
+        raise ConfigError(
+            f"output_dir {str(out)!r}: cannot write in {problem[0]} ({problem[1]}): pass --output_dir a "
+            "folder this job can write in"
+        )
     if not out.is_dir():
         return
     # A live run first: its folder is a run's whatever it holds at this instant (a record half-written under its
@@ -150,17 +154,6 @@ def check_reads_outside(recipe) -> None:
                 "the final model, the old run's under --overwrite_output_dir), so it never reads from there: copy it "
                 "out of that folder first, or pass another --output_dir"
             )
-
-
-def check_writable(out: Path) -> None:
-    """A folder the run cannot write its lock in (a read-only mount, no permission) is refused in one line now; one
-    still to be made is probed in the nearest one that exists."""
-    problem = unwritable(out)
-    if problem:
-        raise ConfigError(
-            f"output_dir {str(out)!r}: cannot write in {problem[0]} ({problem[1]}): pass --output_dir a "
-            "folder this job can write in"
-        )
 
 
 def check_replaceable(output_dir: str, start_afresh: bool) -> None:

@@ -11,7 +11,6 @@ the gap, the lengths and the data predict such a run, with what to do instead.
 
 import hashlib
 import json
-import math
 import os
 import sys
 import tempfile
@@ -110,8 +109,9 @@ def score(recipe, launch, sample) -> dict:
     with tempfile.TemporaryDirectory(prefix="preflight-") as tmp, mock.patch.dict(os.environ, DPOTRAIN_CACHE=tmp):
         # The reference cache ($DPOTRAIN_CACHE) and the output folder live in a folder removed afterwards. Nothing
         # pushed, evaluated or trained; one epoch: the reference stage scores the pairs the planned steps train.
-        only_scoring = {
-            "training": {
+        scoring = config.replaced(
+            recipe,
+            training={
                 "precompute_ref_log_probs": True,
                 "max_steps": -1,
                 "num_train_epochs": 1,
@@ -121,9 +121,8 @@ def score(recipe, launch, sample) -> dict:
                 "do_eval": False,
                 "output_dir": tmp,
             },
-            "project": {"health_checks": False, "samples_every": 0},
-        }
-        scoring = config.replaced(recipe, **only_scoring)
+            project={"health_checks": False, "samples_every": 0},
+        )
         spec = stages.first_half(scoring, launch, pairs=stages.given_pairs(scoring, launch, sample))
         ready = train_stage.build_run(spec)  # the run's trainer, planned: the reference is scored as training would
         ready.score_reference()
@@ -205,23 +204,17 @@ def _judge(report: dict, gap: np.ndarray, gap_tok: np.ndarray, th: Thresholds) -
 
     if report["pairs"] == 0:
         flag("fail", "no pair survives max_length: every sampled prompt alone fills it", "raise max_length")
-    for scale, values, unit, warn, critical in (
-        ("summed", gap, "nats", th.summed_warn, th.summed_critical),
-        ("per_token", gap_tok, "nats/token", th.per_token_warn, th.per_token_critical),
-    ):
-        if not len(values):
-            continue
+    for scale, values, unit in (("summed", gap, "nats"), ("per_token", gap_tok, "nats/token")):
         share = report["past_thresholds"][scale]
+        past = next((threshold for threshold in ("critical", "warn") if share[threshold] >= th.share), None)
+        if not len(values) or past is None:
+            continue
         median = float(np.median(values))
         counts = report["loss_scale"] == scale
-        where = "the scale this recipe's loss sees" if counts else "not the scale this recipe's loss sees"
-        if share["critical"] >= th.share:
-            what = f"{share['critical']:.0%} of pairs have a {scale} gap beyond ±{critical:g} {unit} ({where})"
-        elif share["warn"] >= th.share:
-            what = f"{share['warn']:.0%} of pairs have a {scale} gap beyond ±{warn:g} {unit} ({where})"
-        else:
-            continue
-        level = "fail" if share["critical"] >= th.share and counts else "warn"
+        where = ("" if counts else "not ") + "the scale this recipe's loss sees"
+        beyond = getattr(th, f"{scale}_{past}")
+        what = f"{share[past]:.0%} of pairs have a {scale} gap beyond ±{beyond:g} {unit} ({where})"
+        level = "fail" if past == "critical" and counts else "warn"
         if median < 0:
             flag(
                 level,
@@ -263,13 +256,13 @@ def _judge(report: dict, gap: np.ndarray, gap_tok: np.ndarray, th: Thresholds) -
         )
 
 
-def to_markdown(r: dict, setup: dict) -> str:
+def to_markdown(r: dict) -> str:
     def row(name, st, fmt="{:.3g}"):
         cells = [("-" if st[k] is None else fmt.format(st[k])) for k in [*(f"p{q}" for q in PERCENTILES), "mean"]]
         return f"| {name} | " + " | ".join(cells) + " |"
 
     head = "| | " + " | ".join(f"p{q}" for q in PERCENTILES) + " | mean |\n|---|" + "---|" * (len(PERCENTILES) + 1)
-    th, past = r["thresholds"], r["past_thresholds"]
+    th, past, setup = r["thresholds"], r["past_thresholds"], r["setup"]
     lines = [
         "# DPO preflight",
         "",
@@ -376,8 +369,7 @@ def run(
 
     offline.check_job_reachable(recipe)  # a model or data set to download: the Hub must answer, within seconds
     check_outputs(json_path, plot_path)
-    read = [path for _, path in output_folder.reads(recipe)]  # the model (and its base), the data, the template
-    inputs = writes.input_files(*read, recipe.config_path)
+    inputs = writes.input_files(*(path for _, path in output_folder.reads(recipe)), recipe.config_path)
     for flag, path in (("--json", json_path), ("--plot", plot_path)):
         writes.check_not_input(flag, path, inputs)  # a report never replaces what it describes
     if sample_size < 1:
@@ -386,7 +378,7 @@ def run(
     pairs = stages.load_data(recipe, launch, say=False)
     if pairs.revision is not None:  # a Hub data set's commit, as the run pins it
         recipe = config.replaced(recipe, project={"dataset_revision": pairs.revision})
-    dataset, named = pairs.train, _name(recipe)
+    dataset = pairs.train
     if recipe.max_length_auto:  # as training resolves it (the analyzer's cached report when there is one)
         from dpotrain.cluster import engine
 
@@ -407,16 +399,15 @@ def run(
     s = score(recipe, launch, sample)
     report = analyze(s, len(sample), recipe.training.max_length, loss_types, quality, Thresholds())
     report["max_length"] = recipe.training.max_length
-    setup = {
+    report["setup"] = {
         "model": recipe.model.model_name_or_path,
-        "dataset": named,
+        "dataset": _name(recipe),
         "seed": seed,
         "max_length": recipe.training.max_length,
         "loss_type": "+".join(loss_types),
         "device": s["device"],
     }
-    report["setup"] = setup
-    print(to_markdown(report, setup), flush=True)
+    print(to_markdown(report), flush=True)
     if json_path:
         writes.write_text(json_path, json.dumps(report, indent=1, default=_json_default) + "\n")
         print(f"wrote {json_path}", file=sys.stderr)
@@ -429,6 +420,4 @@ def run(
 def _json_default(x):
     if isinstance(x, (np.integer, np.floating)):
         return x.item()
-    if isinstance(x, float) and not math.isfinite(x):
-        return None
     raise TypeError(type(x))

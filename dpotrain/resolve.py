@@ -17,6 +17,16 @@ from dpotrain.recipe.errors import ConfigError
 from dpotrain.train import resume
 from dpotrain.train.checkpoints import checkpoints
 
+# Settings a resumed run must share with the run that wrote its checkpoint; others (output_dir, logging, save_*, eval_*,
+# push, precision, sequence_parallel_size: the same work split otherwise) may change between a run and its resumption.
+RESUME_FIELDS = """
+    model_name_or_path model_revision dataset_name dataset_config dataset_train_split skip_invalid hh_format
+    assistant_turns datasets dataset_mixer_list dataset_mixer_list_splits learning_rate lr_scheduler_type
+    lr_scheduler_kwargs warmup_steps num_train_epochs max_steps optim weight_decay adam_beta1 adam_beta2 adam_epsilon
+    max_grad_norm seed data_seed beta loss_type loss_weights label_smoothing max_length truncation_mode use_peft
+    lora_r lora_alpha lora_dropout lora_target_modules use_rslora use_dora
+""".split()
+
 
 def world_size(recipe: Recipe, planning: bool) -> tuple[int, str]:
     """Processes taking part. Under a launcher the environment says; a --dry-run outside one predicts the launch."""
@@ -63,11 +73,10 @@ def check_token_budget(budget: int, max_length: int | None) -> None:
 
 @dataclass(frozen=True)
 class Batch:
-    """Pairs per optimizer step, kept fixed on any number of processes, and the gradient accumulation that gives it
-    (None where micro-batches are cut by tokens: how many a step takes follows from the data, plan.py)."""
+    """Pairs per optimizer step, kept fixed on any number of processes, and the gradient accumulation that gives it."""
 
     pairs_per_step: int
-    gradient_accumulation_steps: int | None
+    gradient_accumulation_steps: int | None  # None: micro-batches cut by tokens, as many as the data makes (plan.py)
 
 
 def decide_batch(recipe: Recipe, world: int) -> Batch:
@@ -128,17 +137,6 @@ class OutputDecision:
         return {"output_folder": folder, "would_refuse": list(self.would_refuse)}
 
 
-# Settings a resumed run must share with the run that wrote its checkpoint; others (output_dir, logging, save_*, eval_*,
-# push, precision, sequence_parallel_size: the same work split otherwise) may change between a run and its resumption.
-RESUME_FIELDS = """
-    model_name_or_path model_revision dataset_name dataset_config dataset_train_split skip_invalid hh_format
-    assistant_turns datasets dataset_mixer_list dataset_mixer_list_splits learning_rate lr_scheduler_type
-    lr_scheduler_kwargs warmup_steps num_train_epochs max_steps optim weight_decay adam_beta1 adam_beta2 adam_epsilon
-    max_grad_norm seed data_seed beta loss_type loss_weights label_smoothing max_length truncation_mode use_peft
-    lora_r lora_alpha lora_dropout lora_target_modules use_rslora use_dora
-""".split()
-
-
 def changed_settings(recipe: Recipe, out: Path, pairs_per_step: int | None) -> list[str]:
     """`field: old -> new` for each RESUME_FIELDS value (and pairs per step, the data's and the model's content) that
     differs from the resolved_config.json in `out`; [] when there is none to compare with."""
@@ -157,12 +155,9 @@ def changed_settings(recipe: Recipe, out: Path, pairs_per_step: int | None) -> l
     model = model_identity.changed(recipe, old.model_identity) if same_model else None
     # The template by its content (chat_template.py): the same file moved resumes, an edited one does not.
     template = chat_template.changed(old.lengths.template, recipe.project.chat_template_path)
-    return (
-        [f"{f}: {was!r} -> {now!r}" for f, (was, now) in changed.items()]
-        + ([f"dataset content: {content}"] if content else [])
-        + ([f"model: {model}"] if model else [])
-        + ([f"chat template: {template}"] if template else [])
-    )
+    found = {f: f"{was!r} -> {now!r}" for f, (was, now) in changed.items()}
+    found |= {"dataset content": content, "model": model, "chat template": template}
+    return [f"{name}: {what}" for name, what in found.items() if what]
 
 
 def trained_under(checkpoint: Path) -> Path:

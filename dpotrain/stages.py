@@ -11,7 +11,7 @@ import functools
 import os
 import shlex
 from contextlib import nullcontext
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from trl.data_utils import is_conversational
@@ -41,7 +41,6 @@ from dpotrain.train import health, lora, resume, samples
 
 FA4_SETS = {"with FlashAttention 4 installed": "flash_attention_4", "without": None}  # a dry run for a GPU job
 
-
 # The fields the analyzer measures with, as its flags name them; it reads the rest of the recipe as the run does.
 ANALYZER_FIELDS = """
     model_name_or_path dataset_name dataset_train_split dataset_config hh_format auto_coverage chat_template_path
@@ -69,17 +68,14 @@ def analyze_hint(recipe) -> str:
 
 
 # --- checks -----------------------------------------------------------------------------------------------------------
-
-
 @dataclass(frozen=True)
 class Launch:
-    """The processes and engine of the run (a dry run: its launch's), and the machines the forward is decided for
-    (name -> (CUDA, the varlen FlashAttention installed))."""
+    """The processes and engine of the run (a dry run: its launch's), and the machines the forward is decided for."""
 
     world: int
     world_source: str
     engine: engine.Engine
-    machines: dict
+    machines: dict  # name -> (CUDA, the varlen FlashAttention installed)
     dry_run: bool  # the launch is planned (`--dry-run`), not running
     sequence_parallel: int = 1  # processes per group that split each micro-batch's sequence (sequence_parallel.py)
     clipping: dict | None = None  # the gradient clipping in effect on this engine (`engine.gradient_clipping`)
@@ -161,6 +157,7 @@ def output_checks(recipe, launch: Launch, push) -> resolve.OutputDecision:
 
         reference.check_writable()  # the reference stage saves as it goes
     check(lengths.check_tokenizer_folder, recipe.model.model_name_or_path or "")  # configs/models/*: a shape only
+    decision = resolve.OutputDecision(None, False)
     if not only_reference:
         check(push.check_token)
         check(options.check_wandb, recipe)
@@ -171,8 +168,6 @@ def output_checks(recipe, launch: Launch, push) -> resolve.OutputDecision:
 
             push.repo_id = hub.check_write_access(push.repo_id, push.token)  # now, not after training; user/name
             hub.create_at_start(push.repo_id, push.token, push.private)  # a new repo: may this token create it?
-    decision = resolve.OutputDecision(None, False)
-    if not only_reference:
         decision = check(resolve.check_output_dir, recipe, launch.batch.pairs_per_step) or decision
     kept = None if decision.start_afresh or decision.push_left else hub_revision.kept(recipe, training.output_dir)
     if kept and collectives.launched_main():
@@ -189,17 +184,14 @@ def output_checks(recipe, launch: Launch, push) -> resolve.OutputDecision:
 
 
 # --- data -------------------------------------------------------------------------------------------------------------
-
-
 @dataclass(frozen=True)
 class Data:
-    """The training (and held-out) pairs, checked row by row, and the optimizer steps they make. `train` is None where
-    a dry run does not load the data set (on the Hub)."""
+    """The training (and held-out) pairs, checked row by row, and the optimizer steps they make."""
 
-    train: object | None
+    train: object | None  # None where a dry run does not load the data set (on the Hub)
     eval: object | None
     steps: dict  # resolve.count_steps: pairs_per_step, dataset_rows, total_steps, warmup_steps
-    checked: dict  # invalid_rows, invalid_eval_rows, eval_rows, data_sources: what the row checks found
+    checked: dict = field(default_factory=dict)  # invalid_rows, invalid_eval_rows, eval_rows, data_sources
     mix: mixture.Mix | None = None  # the training mixture's sources, and the source of each pair
     revision: str | None = None  # the data set's revision as loaded: a Hub data set's commit (`pin_data`)
 
@@ -218,7 +210,7 @@ def load_data(
     mixed = mixture.given(mixture.fields_of(recipe))
     if launch.dry_run and not mixed and not data.is_local(script.dataset_name):
         return Data(
-            None, None, resolve.count_steps(recipe, launch.batch, launch.data_parallel, None), {}, None, revision
+            None, None, resolve.count_steps(recipe, launch.batch, launch.data_parallel, None), revision=revision
         )
     if not launch.dry_run:
         offline.check_job_reachable(recipe, model=False)  # a data set to download: the Hub must answer, within seconds
@@ -298,16 +290,13 @@ def model_files(recipe, launch: Launch) -> str:
 
 
 # --- lengths ----------------------------------------------------------------------------------------------------------
-
-
 @dataclass(frozen=True)
 class Lengths:
-    """The pairs' token lengths: what the forward is decided from (`pairs`: the analyzer's lengths of the whole split,
-    else a seeded sample), and every pair's when the analyzer measured them (`measured`: (Measured, report path))."""
+    """The pairs' token lengths: what the forward is decided from, and every pair's when the analyzer measured them."""
 
     auto: dict | None  # derived.max_length under `max_length: auto`
-    pairs: cost.TokenCounts | None
-    measured: tuple | None
+    pairs: cost.TokenCounts | None  # the analyzer's lengths of the whole split, else a seeded sample
+    measured: tuple | None  # (Measured, report path): every pair's, as the analyzer measured them
     tokenizer: object | None
     sources: list | None = None  # a mixture's data_sources, each with its share of the tokens
     template: dict | None = None  # the chat template tokenized with (chat_template.record): a resume compares it
@@ -376,34 +365,30 @@ def measure_lengths(recipe, launch: Launch, pairs: Data, model_path: str, state=
     if measured is None and pairs.mix is not None and tokenizer is not None:  # every pair, for the sources' shares
         every = lengths.measure(pairs.train, tokenizer, num_proc=lengths.available_cpus(), skip_invalid=True)
         measured = (every, "the mixture's pairs, measured at start")
+    found = None
     if measured is not None:
         m, report = measured
         source = report if isinstance(report, str) else f"the analyzer's cached lengths ({report})"
-        found_pairs = cost.TokenCounts(m.prompt, m.chosen, m.rejected, source, m.shared)
+        found = cost.TokenCounts(m.prompt, m.chosen, m.rejected, source, m.shared)
     elif pairs.train is not None and tokenizer is not None:
-        found_pairs = sample.sampled(pairs.train, tokenizer, t.seed, p.hh_format)
-    else:
-        found_pairs = None
-    if found_pairs is not None and max_length is not None:
+        found = sample.sampled(pairs.train, tokenizer, t.seed, p.hh_format)
+    if found is not None and max_length is not None:
         # A max_length that leaves the pairs nothing to learn: refused before the model loads (a dry run says it too).
-        f = found_pairs
+        f = found
         cuts.check(f.prompt, f.chosen, f.rejected, f.shared, max_length, t.truncation_mode, f.source)
     shares = pairs.mix.with_token_shares(measured[0]) if pairs.mix is not None and measured is not None else None
     plain = pairs.train is not None and not is_conversational(next(iter(pairs.train)))  # TRL's test, as it reads
     template = chat_template.record(p.chat_template_path, tokenizer, plain_text=plain)
-    return Lengths(auto, found_pairs, measured, tokenizer, shares, template, max_length)
+    return Lengths(auto, found, measured, tokenizer, shares, template, max_length)
 
 
 # --- forward ----------------------------------------------------------------------------------------------------------
-
-
 @dataclass(frozen=True)
 class Forward:
-    """The forward the step and memory plans are made for (`planned`), and what was weighed for each machine of the
-    launch (`options`: a forward's record, or its candidates while undecided)."""
+    """The forward the step and memory plans are made for, and what was weighed for each machine of the launch."""
 
     planned: choice.ForwardChoice | None
-    options: dict
+    options: dict  # per machine: a forward's record, or its candidates while undecided
     planned_for: str = ""
     decided: str = ""  # why it is not decided yet, and the command that decides it now
 
@@ -423,11 +408,9 @@ def _model_config(recipe, model_path: str, local_only: bool):
     """The model's config (no weights), or (None, why) where a dry run does not have it on this machine."""
     from transformers import AutoConfig
 
+    revision = recipe.model.model_revision
     try:
-        config = AutoConfig.from_pretrained(
-            model_path, revision=recipe.model.model_revision, local_files_only=local_only
-        )
-        return config, None
+        return AutoConfig.from_pretrained(model_path, revision=revision, local_files_only=local_only), None
     except (OSError, ValueError):
         if not local_only:
             raise
@@ -439,26 +422,20 @@ def decide_forward(recipe, launch: Launch, model_path: str, pair_lengths: Length
     config, why = _model_config(recipe, model_path, local_only=launch.dry_run)
     if config is None:
         return Forward(None, {}, decided=f"at start, from the data's lengths ({why})")
+    counts, max_length = pair_lengths.pairs, pair_lengths.max_length
     sequence_parallel.check_heads(launch.sequence_parallel, config, launch.world)  # a group splits the heads
     # Sequences past the model's positions: refused from the longest the data or max_length lets through
-    positions.check(
-        config,
-        recipe.model.model_name_or_path,
-        pair_lengths.max_length,
-        pair_lengths.pairs,
-        whole_split=pair_lengths.measured is not None,
-    )
-    if pair_lengths.pairs is None:
+    whole_split = pair_lengths.measured is not None
+    positions.check(config, recipe.model.model_name_or_path, max_length, counts, whole_split=whole_split)
+    if counts is None:
         return _undecided(recipe, launch, config)
     if len(launch.machines) == 1:
         ((name, (cuda, varlen)),) = launch.machines.items()
-        chosen = choice.decide(recipe, config, cuda, varlen, pair_lengths.pairs, pair_lengths.max_length)
+        chosen = choice.decide(recipe, config, cuda, varlen, counts, max_length)
         return Forward(chosen, {name: chosen.record()}, planned_for=name)
     chosen = {}
     for name, (cuda, varlen) in launch.machines.items():  # a login node: for the GPU, with and without FA4
-        chosen[name], _ = choice.choose(
-            copy.deepcopy(config), recipe, cuda, varlen, pair_lengths.pairs, False, pair_lengths.max_length
-        )
+        chosen[name], _ = choice.choose(copy.deepcopy(config), recipe, cuda, varlen, counts, False, max_length)
     planned = max(chosen, key=lambda name: choice.mask_weight(chosen[name].attention))
     return Forward(chosen[planned], {name: f.record() for name, f in chosen.items()}, planned_for=planned)
 
@@ -482,8 +459,6 @@ def _undecided(recipe, launch: Launch, config) -> Forward:
 
 
 # --- plan and memory --------------------------------------------------------------------------------------------------
-
-
 def plan_batching(recipe, launch: Launch, pairs: Data, pair_lengths: Lengths, forward: Forward) -> dict:
     """The step plan a dry run records (`derived.batching`): the run's plan stage on every pair's lengths as the
     analyzer measures them, for the forward chosen (the run plans from the trainer's tokenized data set)."""
@@ -512,7 +487,7 @@ def plan_batching(recipe, launch: Launch, pairs: Data, pair_lengths: Lengths, fo
         if f.packed
         else plan.RowLayout("padded", max_groups=padded.MAX_GROUPS)
     )
-    run_plan = plan_stage.make(
+    return plan_stage.make(
         every,
         t,
         pairs.steps["pairs_per_step"],
@@ -522,8 +497,7 @@ def plan_batching(recipe, launch: Launch, pairs: Data, pair_lengths: Lengths, fo
         forward=layout,
         reduce_per_backward=launch.engine.deepspeed,
         max_length_cuts=counted,
-    )
-    return run_plan.summary
+    ).summary
 
 
 def plan_memory(recipe, launch: Launch, pairs: Data, pair_lengths: Lengths, forward: Forward) -> MemoryPlan:
@@ -535,8 +509,6 @@ def plan_memory(recipe, launch: Launch, pairs: Data, pair_lengths: Lengths, forw
 
 
 # --- the first half ---------------------------------------------------------------------------------------------------
-
-
 def as_run(
     recipe, launch: Launch, pairs: Data, pair_lengths: Lengths, forward: Forward, planned=None, load_dtype=None
 ) -> config.Recipe:
@@ -565,10 +537,9 @@ def as_run(
 @dataclass(frozen=True)
 class RunSpec:
     """Every decision of the run, made once by the first half before a model weight loads: all a dry run records, and
-    all the second half reads. `recipe` is the user's intent as parsed (never written); `as_run` the recipe of this
-    run; `record()` resolved_config.json's `derived` block (docs/architecture.md lists each field)."""
+    all the second half reads; `record()` is resolved_config.json's `derived` block (docs/architecture.md)."""
 
-    recipe: config.Recipe
+    recipe: config.Recipe  # the user's intent as parsed (never written); `as_run` is the recipe of this run
     launch: Launch  # world and data-parallel size, engine, sequence-parallel group, clipping, pairs per step
     data: Data  # the pairs, the steps they make, the data set's commit and content identity
     lengths: Lengths  # max_length (auto: the analyzer's choice), the pairs' token lengths
@@ -633,4 +604,4 @@ def first_half(
 def given_pairs(recipe, launch: Launch, train, eval_dataset=None) -> Data:
     """The data stage's value for pairs a caller holds (a test's, a benchmark's, the preflight's): nothing recorded."""
     steps = resolve.count_steps(recipe, launch.batch, launch.data_parallel, len(train))
-    return Data(train, eval_dataset, steps, {}, None, recipe.project.dataset_revision)
+    return Data(train, eval_dataset, steps, revision=recipe.project.dataset_revision)
