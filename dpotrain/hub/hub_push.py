@@ -97,11 +97,6 @@ def unconfirmed_push(output_dir: str | Path) -> dict | None:
     return main[-1] if main and main[-1]["status"] not in ON_THE_HUB else None
 
 
-def retry_waits() -> tuple[float, ...]:
-    value = os.environ.get("DPOTRAIN_HUB_RETRY_WAITS")
-    return tuple(float(x) for x in value.split(",") if x.strip()) if value else DEFAULT_RETRY_WAITS
-
-
 def is_transient(error: BaseException) -> bool:
     """Worth another attempt later: the Hub's 5xx, 429 and 408, and connections that failed or dropped."""
     if isinstance(error, HfHubHTTPError):
@@ -110,10 +105,11 @@ def is_transient(error: BaseException) -> bool:
     return isinstance(error, (*upstream.http_transport_errors(), ConnectionError, TimeoutError))
 
 
-def with_retries(fn, what: str, waits: tuple[float, ...] | None = None):
-    """fn() retried after each of `waits` on transient errors; returns (result, attempts). A final error gets
-    `.attempts`."""
-    waits = retry_waits() if waits is None else waits
+def with_retries(fn, what: str):
+    """fn() retried on transient errors after each wait (DPOTRAIN_HUB_RETRY_WAITS); returns (result, attempts). A final
+    error gets `.attempts`."""
+    value = os.environ.get("DPOTRAIN_HUB_RETRY_WAITS")
+    waits = tuple(float(x) for x in value.split(",") if x.strip()) if value else DEFAULT_RETRY_WAITS
     for attempt in range(1, len(waits) + 2):
         try:
             return fn(), attempt
