@@ -325,8 +325,7 @@ def verify(seam: Seam) -> None:
         if params[: len(seam.params)] != list(seam.params):
             raise SeamMoved(seam, f"takes ({', '.join(params)}), the project relies on ({', '.join(seam.params)})")
     if seam.read_in:
-        _, _, reader = _lookup(seam.read_in)
-        if name not in inspect.getsource(reader):
+        if name not in inspect.getsource(_value(seam.read_in)):
             raise SeamMoved(seam, f"is no longer read by {seam.read_in}")
     if seam.text and seam.text not in inspect.getsource(value):
         raise SeamMoved(seam, f"no longer holds {seam.text!r}")
@@ -493,8 +492,7 @@ def supports_sdpa(model_or_class) -> bool:
 
 def takes_mask_per_layer_kind(model_class) -> bool:
     """Whether a model class's forward accepts a dict of masks per layer kind, read from its modeling module."""
-    module = sys.modules.get(model_class.__module__) or importlib.import_module(model_class.__module__)
-    return MASK_PER_LAYER_KIND in inspect.getsource(module)
+    return MASK_PER_LAYER_KIND in inspect.getsource(importlib.import_module(model_class.__module__))
 
 
 def bf16_gpu_check_skipped():
