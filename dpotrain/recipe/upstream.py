@@ -52,6 +52,9 @@ ROTATION = "transformers.trainer:rotate_checkpoints"  # the checkpoint rotation 
 # transformers' models with mixed layer kinds take a dict of masks, one per kind; their forward says so in this phrase
 MASK_PER_LAYER_KIND = "causal_mask_mapping := attention_mask, dict"
 TRAINER = "transformers.trainer"
+LOSS = f"{DPO}:DPOTrainer._compute_loss"  # where TRL reads the attributes set around it
+C10D = "torch.distributed.distributed_c10d"
+MEM = "torch.distributed._tools.mem_tracker"
 
 SEAMS = (
     # --- RecipeDPOTrainer's overrides of private methods (dpotrain/train/trainer.py) ----------------------------
@@ -128,32 +131,25 @@ SEAMS = (
         "which attention a config (and the masks built for it) will use: the forward choice sets it on a copy to ask "
         "whether it packs",
     ),
-    _read(
-        "torch.distributed._tools.mem_tracker:_MemRefType",
-        "the memory plan's traced peak sorts memory by kind (dpotrain/plan/memory.py)",
-    ),
+    _read(f"{MEM}:_MemRefType", "the memory plan's traced peak sorts memory by kind (dpotrain/plan/memory.py)"),
     # --- attributes set around TRL's private methods ------------------------------------------------------------
     _set(
         f"{DPO}:DPOTrainer.precompute_ref_logps",
         "True around `_compute_loss`: the reference (live or cached) comes from the inputs",
-        read_in=f"{DPO}:DPOTrainer._compute_loss",
+        read_in=LOSS,
     ),
     _set(
         f"{DPO}:DPOTrainer.accelerator",
         "a local stand-in around `_compute_loss`: its per-micro-batch gathers would hang ranks holding different "
         "numbers of pairs",
-        read_in=f"{DPO}:DPOTrainer._compute_loss",
+        read_in=LOSS,
     ),
     _set(
         f"{DPO}:DPOTrainer.loss_types",
         "without `sft` around `_compute_loss`: the SFT term is added over the whole step (dpotrain/train/losses.py)",
-        read_in=f"{DPO}:DPOTrainer._compute_loss",
+        read_in=LOSS,
     ),
-    _set(
-        f"{DPO}:DPOTrainer.loss_weights",
-        "the weights of the loss types left without `sft`",
-        read_in=f"{DPO}:DPOTrainer._compute_loss",
-    ),
+    _set(f"{DPO}:DPOTrainer.loss_weights", "the weights of the loss types left without `sft`", read_in=LOSS),
     _set(
         "accelerate.state:PartialState._shared_state",
         "FSDP2 and DDP on CPU-only nodes: the distributed type accelerate only sets for accelerator devices "
@@ -161,20 +157,16 @@ SEAMS = (
         read_in="accelerate.state:PartialState.__init__",
     ),
     _set(
-        "torch.distributed.distributed_c10d:default_pg_timeout",
+        f"{C10D}:default_pg_timeout",
         "the recipe's collective timeout for every process group made later (DeepSpeed's own)",
-        read_in="torch.distributed.distributed_c10d:_get_default_timeout",
+        read_in=f"{C10D}:_get_default_timeout",
     ),
-    _set(
-        "torch.distributed.distributed_c10d:default_pg_nccl_timeout",
-        "the same, for NCCL groups",
-        read_in="torch.distributed.distributed_c10d:_get_default_timeout",
-    ),
+    _set(f"{C10D}:default_pg_nccl_timeout", "the same, for NCCL groups", read_in=f"{C10D}:_get_default_timeout"),
     _read(
-        "torch.distributed.distributed_c10d:_world",
+        f"{C10D}:_world",
         "every process group and its name, to print and test their timeouts (dpotrain/cluster/engine.py)",
     ),
-    _call("torch.distributed.distributed_c10d:_get_default_group", "the default group's name"),
+    _call(f"{C10D}:_get_default_group", "the default group's name"),
     _call(
         "transformers.modeling_utils:PreTrainedModel._activation_checkpointing_enable",
         "the plan's every k-th layer checkpointed, called by the model's own enable, which the project replaces on "
@@ -216,18 +208,15 @@ SEAMS = (
         "torch._subclasses.fake_tensor:FakeTensorMode",
         "the memory plan traces the backbone on fake tensors, without parameters (dpotrain/plan/memory.py)",
     ),
-    _read(
-        "torch.distributed._tools.mem_tracker:MemTracker",
-        "the memory plan's traced peak, by kind of memory (dpotrain/plan/memory.py)",
-    ),
+    _read(f"{MEM}:MemTracker", "the memory plan's traced peak, by kind of memory (dpotrain/plan/memory.py)"),
     _override(
-        "torch.distributed._tools.mem_tracker:MemTracker._update_peak_stats",
+        f"{MEM}:MemTracker._update_peak_stats",
         "the memory plan's trace updates the global peak only, not every module's on every operator (mem_tracker)",
         ("peak_state",),
     ),
     *(
         _read(
-            f"torch.distributed._tools.mem_tracker:{name}",
+            f"{MEM}:{name}",
             "the global peak, kept by the memory plan's tracker as the stock one keeps it (mem_tracker)",
         )
         for name in ("_TOTAL_KEY", "MemTracker._curr_mem_snap", "MemTracker._peak_mem", "MemTracker._peak_mem_snap")
@@ -238,9 +227,7 @@ SEAMS = (
         "the recipe's flags and their help, for unknown-flag hints and the short --help (recipe/config.py, usage.py)",
     ),
     _call(
-        "torch.distributed.distributed_c10d:ProcessGroup._get_backend",
-        "a group's backend per device, whose options hold its timeout",
-        ("device",),
+        f"{C10D}:ProcessGroup._get_backend", "a group's backend per device, whose options hold its timeout", ("device",)
     ),
     # --- module-level names replaced for one call ---------------------------------------------------------------
     _patch(
@@ -369,7 +356,7 @@ def compilations_of(code) -> int:
 
 
 def mem_ref_types():
-    return _value("torch.distributed._tools.mem_tracker:_MemRefType")
+    return _value(f"{MEM}:_MemRefType")
 
 
 def set_attn_implementation(config, name: str) -> None:
