@@ -10,8 +10,7 @@ from pathlib import Path
 from huggingface_hub import HfApi, ModelCard, ModelCardData, constants, get_token
 from huggingface_hub.errors import HfHubHTTPError, RepositoryNotFoundError
 
-from dpotrain.cluster import offline
-from dpotrain.cluster.offline import TOKENIZER_VOCAB, is_offline, within
+from dpotrain.cluster.offline import TOKENIZER_VOCAB, hf_token, is_offline, within
 from dpotrain.hub.hub_push import pushed_revisions, record_push, with_retries
 from dpotrain.recipe import records as run_records
 from dpotrain.recipe.errors import ConfigError, cause
@@ -107,7 +106,7 @@ def take_push_settings(recipe, run_engine=None) -> PushSettings:
         repo_id=t.hub_model_id or t.run_name,
         private=t.hub_private_repo,
         checkpoints=p.push_checkpoints,
-        token=t.hub_token or offline.hf_token(),
+        token=t.hub_token or hf_token(),
     )
     scrub_argv(sys.argv)
     return settings

@@ -8,6 +8,7 @@ and uploads in a background thread. Transient errors are retried with backoff; a
 and a line in `<output_dir>/hub_pushes.jsonl`, never a failed run.
 """
 
+import contextlib
 import fnmatch
 import functools
 import os
@@ -96,11 +97,6 @@ def unconfirmed_push(output_dir: str | Path) -> dict | None:
     return main[-1] if main and main[-1]["status"] not in ON_THE_HUB else None
 
 
-def retry_waits() -> tuple[float, ...]:
-    value = os.environ.get("DPOTRAIN_HUB_RETRY_WAITS")
-    return tuple(float(x) for x in value.split(",") if x.strip()) if value else DEFAULT_RETRY_WAITS
-
-
 def is_transient(error: BaseException) -> bool:
     """Worth another attempt later: the Hub's 5xx, 429 and 408, and connections that failed or dropped."""
     if isinstance(error, HfHubHTTPError):
@@ -109,10 +105,11 @@ def is_transient(error: BaseException) -> bool:
     return isinstance(error, (*upstream.http_transport_errors(), ConnectionError, TimeoutError))
 
 
-def with_retries(fn, what: str, waits: tuple[float, ...] | None = None):
-    """fn() retried after each of `waits` on transient errors; returns (result, attempts). A final error gets
-    `.attempts`."""
-    waits = retry_waits() if waits is None else waits
+def with_retries(fn, what: str):
+    """fn() retried on transient errors after each wait (DPOTRAIN_HUB_RETRY_WAITS); returns (result, attempts). A final
+    error gets `.attempts`."""
+    value = os.environ.get("DPOTRAIN_HUB_RETRY_WAITS")
+    waits = tuple(float(x) for x in value.split(",") if x.strip()) if value else DEFAULT_RETRY_WAITS
     for attempt in range(1, len(waits) + 2):
         try:
             return fn(), attempt
@@ -139,11 +136,10 @@ def upload_checkpoint(api, repo_id: str, folder: Path, step: int):
     )
 
 
-def local_files(folder: Path, allow: list[str] | None = None, ignore: list[str] | None = None) -> list[str]:
-    """The relative paths upload_folder sends from `folder` with these patterns (huggingface_hub's own filter)."""
+def local_files(folder: Path, ignore: list[str]) -> list[str]:
+    """The relative paths upload_folder sends from `folder` with `ignore` (huggingface_hub's own filter)."""
     paths = [p.relative_to(folder).as_posix() for p in sorted(folder.rglob("*")) if p.is_file()]
-    ignore = [*(ignore or []), *DEFAULT_IGNORE_PATTERNS]
-    return list(filter_repo_objects(paths, allow_patterns=allow, ignore_patterns=ignore))
+    return list(filter_repo_objects(paths, ignore_patterns=[*ignore, *DEFAULT_IGNORE_PATTERNS]))
 
 
 def remote_matches(api, repo_id: str, revision: str, folder: Path, names: list[str]) -> bool:
@@ -176,10 +172,8 @@ def push_checkpoints(api, run_dir: Path, repo_id: str) -> list[dict]:
     """scripts/push_to_hub.py --checkpoints: every complete checkpoint on disk to its branch, skipping the branches
     that already hold it. Returns the records written."""
     records, branches = [], set()
-    try:
+    with contextlib.suppress(RepositoryNotFoundError):  # a repo not created yet has no branches
         branches = {b.name for b in api.list_repo_refs(repo_id).branches}
-    except RepositoryNotFoundError:  # a repo not created yet has no branches
-        pass
     for folder in checkpoints(run_dir):
         step = checkpoint_step(folder)
         branch = branch_name(step)
@@ -222,23 +216,19 @@ class CheckpointPusher(TrainerCallback):
 
     def on_train_begin(self, args, state, control, **kwargs):
         """A resumed run first pushes the complete checkpoints a stopped job left unpushed."""
-        if not state.is_world_process_zero:
-            return
-        done = {s for s, _ in pushed_revisions(self.out)}
-        for folder in checkpoints(self.out):
-            if (folder / MARKER).is_file() and checkpoint_step(folder) not in done:
-                self.submit(folder)
+        if state.is_world_process_zero:
+            done = {s for s, _ in pushed_revisions(self.out)}
+            for folder in checkpoints(self.out):
+                if checkpoint_step(folder) not in done:
+                    self.submit(folder)
 
     def on_save(self, args, state, control, **kwargs):
-        if not state.is_world_process_zero:
-            return
-        folder = self.out / f"checkpoint-{state.global_step}"
-        if folder.is_dir() and (folder / MARKER).is_file():  # never a checkpoint without its mark
-            self.submit(folder)
+        if state.is_world_process_zero:
+            self.submit(self.out / f"checkpoint-{state.global_step}")
 
     def submit(self, folder: Path) -> None:
         step = checkpoint_step(folder)
-        if step in self.pending:
+        if step in self.pending or not (folder / MARKER).is_file():  # never a checkpoint without its mark
             return
         staged = stage(folder, self.out / STAGING)
         names = checkpoint_files(staged)

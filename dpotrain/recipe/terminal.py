@@ -13,13 +13,6 @@ import sys
 STREAMS = (1, 2)  # stdout, stderr
 
 
-def is_terminal(fd: int) -> bool:
-    try:
-        return os.isatty(fd)
-    except OSError:
-        return False
-
-
 def detach(fds: list[int]) -> None:
     """Points `fds` at /dev/null: what read them is gone, and a write there would end the run in an OSError."""
     null = os.open(os.devnull, os.O_WRONLY)

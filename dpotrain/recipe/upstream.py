@@ -37,273 +37,221 @@ class Seam:
     text: str = ""  # source: the phrase the symbol's source must hold
 
 
+def _of_kind(kind: str):
+    def seam(symbol: str, why: str, params: tuple[str, ...] = (), **where) -> Seam:
+        return Seam(symbol, kind, why, params, **where)
+
+    return seam
+
+
+# One constructor per kind of seam: `_call(symbol, why, params)`, `_set(symbol, why, read_in=...)`, ...
+_override, _call, _read, _set, _patch, _source = map(_of_kind, ("override", "call", "read", "set", "patch", "source"))
+
 DPO = "trl.trainer.dpo_trainer"
 ROTATION = "transformers.trainer:rotate_checkpoints"  # the checkpoint rotation inside Trainer._save_checkpoint
 # transformers' models with mixed layer kinds take a dict of masks, one per kind; their forward says so in this phrase
 MASK_PER_LAYER_KIND = "causal_mask_mapping := attention_mask, dict"
 TRAINER = "transformers.trainer"
+LOSS = f"{DPO}:DPOTrainer._compute_loss"  # where TRL reads the attributes set around it
+C10D = "torch.distributed.distributed_c10d"
+MEM = "torch.distributed._tools.mem_tracker"
 
 SEAMS = (
     # --- RecipeDPOTrainer's overrides of private methods (dpotrain/train/trainer.py) ----------------------------
-    Seam(
+    _override(
         f"{DPO}:DPOTrainer._compute_loss",
-        "override",
-        "the packed forward answers TRL's model call; the reference "
-        "comes from the inputs; metrics are reduced once per log",
+        "the packed forward answers TRL's model call; the reference comes from the inputs; metrics are reduced once "
+        "per log",
         ("model", "inputs", "return_outputs"),
     ),
-    Seam(
+    _override(
         f"{DPO}:DPOTrainer._precompute_ref_logps",
-        "override",
         "deferred: the reference stage (dpotrain/reference) scores every pair after the plan stage",
         ("dataset", "name", "batch_size"),
     ),
-    Seam(
+    _override(
         f"{DPO}:DPOTrainer._prepare_dataset",
-        "override",
-        "TRL's tokenization, then each prompt's labeled earlier "
-        "turns with assistant_turns all (dpotrain/data/turns.py)",
+        "TRL's tokenization, then each prompt's labeled earlier turns with assistant_turns all "
+        "(dpotrain/data/turns.py)",
         ("dataset", "processing_class", "args", "dataset_name"),
     ),
-    Seam(
+    _override(
         f"{TRAINER}:Trainer._save_checkpoint",
-        "override",
         "the folder cleared first, rotation after the COMPLETE mark, a full disk in one line",
         ("model", "trial"),
     ),
-    Seam(
+    _override(
         f"{TRAINER}:Trainer._prepare_inputs",
-        "override",
         "the reference's float32 sums kept out of the cast of every float input to DeepSpeed's dtype (bf16)",
         ("inputs",),
     ),
-    Seam(
+    _override(
         f"{TRAINER}:Trainer._run_epoch",
-        "override",
-        "a run resumed from its last step's checkpoint trains nothing "
-        "more (transformers checks max_steps only after a step)",
+        "a run resumed from its last step's checkpoint trains nothing more (transformers checks max_steps only after "
+        "a step)",
     ),
     # --- private methods and functions called -------------------------------------------------------------------
-    Seam(
-        f"{TRAINER}:Trainer._get_output_dir", "call", "the checkpoint folder's parent, to clear and name it", ("trial",)
-    ),
-    Seam(
+    _call(f"{TRAINER}:Trainer._get_output_dir", "the checkpoint folder's parent, to clear and name it", ("trial",)),
+    _call(
         f"{TRAINER}:Trainer._save",
-        "call",
         "FSDP2's final model: the gathered full state dict written once",
         ("output_dir", "state_dict"),
     ),
-    Seam(
+    _call(
         "accelerate.state:GradientState._set_sync_gradients",
-        "call",
-        "the accumulation boundary on a step's last "
-        "micro-batch, since one Trainer step runs all of a step's micro-batches",
+        "the accumulation boundary on a step's last micro-batch, since one Trainer step runs all of a step's "
+        "micro-batches",
         ("sync_gradients",),
     ),
-    Seam(
+    _call(
         "trl.data_utils:_tokenize",
-        "call",
         "the analyzer and the length stage tokenize one row as DPOTrainer does (dpotrain/data/lengths.py)",
         ("processing_class", "input"),
     ),
-    Seam(
+    _call(
         "torch._dynamo.eval_frame:_debug_get_cache_entry_list",
-        "call",
         "counts FlexAttention's compilations (dpotrain/forwards/flex.py)",
         ("code",),
     ),
     # --- private attributes and constants read ------------------------------------------------------------------
-    Seam(
-        f"{DPO}:DPOTrainer._precompute_model_hash",
-        "read",
-        "the reference cache's key: the weights' hash TRL takes in __init__",
+    _read(
+        f"{DPO}:DPOTrainer._precompute_model_hash", "the reference cache's key: the weights' hash TRL takes in __init__"
     ),
-    Seam(f"{DPO}:DPOTrainer._metrics", "read", "TRL's per-micro-batch metrics, replaced by exact means at each log"),
-    Seam(
+    _read(f"{DPO}:DPOTrainer._metrics", "TRL's per-micro-batch metrics, replaced by exact means at each log"),
+    _read(
         f"{DPO}:DPOTrainer._tokenizer",
-        "read",
         "the pad token of TRL's padded collator, when a model cannot pack; the tokenizer that labels earlier turns",
     ),
-    Seam(
+    _read(
         "trl.trainer.utils:_CHUNKED_LOGPROB_CHUNK_SIZE",
-        "read",
         "the fused LM head's vocabulary tile, in the memory plan (dpotrain/plan/memory.py)",
     ),
-    Seam(
+    _read(
         "transformers.configuration_utils:PretrainedConfig._attn_implementation",
-        "read",
-        "which attention a config "
-        "(and the masks built for it) will use: the forward choice sets it on a copy to ask whether it packs",
+        "which attention a config (and the masks built for it) will use: the forward choice sets it on a copy to ask "
+        "whether it packs",
     ),
-    Seam(
-        "torch.distributed._tools.mem_tracker:_MemRefType",
-        "read",
-        "the memory plan's traced peak sorts memory by kind (dpotrain/plan/memory.py)",
-    ),
+    _read(f"{MEM}:_MemRefType", "the memory plan's traced peak sorts memory by kind (dpotrain/plan/memory.py)"),
     # --- attributes set around TRL's private methods ------------------------------------------------------------
-    Seam(
+    _set(
         f"{DPO}:DPOTrainer.precompute_ref_logps",
-        "set",
         "True around `_compute_loss`: the reference (live or cached) comes from the inputs",
-        read_in=f"{DPO}:DPOTrainer._compute_loss",
+        read_in=LOSS,
     ),
-    Seam(
+    _set(
         f"{DPO}:DPOTrainer.accelerator",
-        "set",
-        "a local stand-in around `_compute_loss`: its per-micro-batch "
-        "gathers would hang ranks holding different numbers of pairs",
-        read_in=f"{DPO}:DPOTrainer._compute_loss",
+        "a local stand-in around `_compute_loss`: its per-micro-batch gathers would hang ranks holding different "
+        "numbers of pairs",
+        read_in=LOSS,
     ),
-    Seam(
+    _set(
         f"{DPO}:DPOTrainer.loss_types",
-        "set",
         "without `sft` around `_compute_loss`: the SFT term is added over the whole step (dpotrain/train/losses.py)",
-        read_in=f"{DPO}:DPOTrainer._compute_loss",
+        read_in=LOSS,
     ),
-    Seam(
-        f"{DPO}:DPOTrainer.loss_weights",
-        "set",
-        "the weights of the loss types left without `sft`",
-        read_in=f"{DPO}:DPOTrainer._compute_loss",
-    ),
-    Seam(
+    _set(f"{DPO}:DPOTrainer.loss_weights", "the weights of the loss types left without `sft`", read_in=LOSS),
+    _set(
         "accelerate.state:PartialState._shared_state",
-        "set",
-        "FSDP2 and DDP on CPU-only nodes: the distributed type "
-        "accelerate only sets for accelerator devices (dpotrain/cluster/engine.py)",
+        "FSDP2 and DDP on CPU-only nodes: the distributed type accelerate only sets for accelerator devices "
+        "(dpotrain/cluster/engine.py)",
         read_in="accelerate.state:PartialState.__init__",
     ),
-    Seam(
-        "torch.distributed.distributed_c10d:default_pg_timeout",
-        "set",
+    _set(
+        f"{C10D}:default_pg_timeout",
         "the recipe's collective timeout for every process group made later (DeepSpeed's own)",
-        read_in="torch.distributed.distributed_c10d:_get_default_timeout",
+        read_in=f"{C10D}:_get_default_timeout",
     ),
-    Seam(
-        "torch.distributed.distributed_c10d:default_pg_nccl_timeout",
-        "set",
-        "the same, for NCCL groups",
-        read_in="torch.distributed.distributed_c10d:_get_default_timeout",
-    ),
-    Seam(
-        "torch.distributed.distributed_c10d:_world",
-        "read",
+    _set(f"{C10D}:default_pg_nccl_timeout", "the same, for NCCL groups", read_in=f"{C10D}:_get_default_timeout"),
+    _read(
+        f"{C10D}:_world",
         "every process group and its name, to print and test their timeouts (dpotrain/cluster/engine.py)",
     ),
-    Seam("torch.distributed.distributed_c10d:_get_default_group", "call", "the default group's name"),
-    Seam(
+    _call(f"{C10D}:_get_default_group", "the default group's name"),
+    _call(
         "transformers.modeling_utils:PreTrainedModel._activation_checkpointing_enable",
-        "call",
-        "the plan's every k-th layer checkpointed, called by the model's own enable, which the project replaces on the "
-        "instance so that TRL's re-enables keep the plan (dpotrain/plan/layers.py)",
+        "the plan's every k-th layer checkpointed, called by the model's own enable, which the project replaces on "
+        "the instance so that TRL's re-enables keep the plan (dpotrain/plan/layers.py)",
         ("activation_checkpointing_kwargs", "every_n_layers", "offload"),
     ),
-    Seam(
+    _read(
         "transformers.modeling_utils:PreTrainedModel._supports_sdpa",
-        "read",
         "sdpa, or eager for a model class without it: the dense attention of shared prompts and of generation",
     ),
-    Seam(
+    _source(
         "transformers.models.olmo3.modeling_olmo3:Olmo3Model.forward",
-        "source",
         "a model whose forward takes a dict of masks per layer kind (the config does not say): the shared-prompt "
         "forward hands it one mask per kind (dpotrain/forwards/shared_prompt.py)",
         text=MASK_PER_LAYER_KIND,
     ),
-    Seam(
+    _patch(
         "transformers.training_args:is_torch_bf16_gpu_available",
-        "patch",
         "a dry run on a CPU login node plans a bf16 GPU job: transformers' check that bf16 needs a GPU must not "
         "refuse it (dpotrain/recipe/config.py)",
         read_in="transformers.training_args:TrainingArguments._validate_args",
     ),
-    Seam(
+    _call(
         "deepspeed.runtime.zero.partitioned_param_coordinator:PartitionedParameterCoordinator._invalidate_trace",
-        "call",
         "after generating under ZeRO-3, the recorded fetch order is forgotten (dpotrain/train/samples.py)",
     ),
-    Seam(
-        "torch:_check", "call", "FlexAttention's rows are whole tiles, said to the compiler (dpotrain/forwards/flex.py)"
-    ),
-    Seam(
+    _call("torch:_check", "FlexAttention's rows are whole tiles, said to the compiler (dpotrain/forwards/flex.py)"),
+    _call(
         "torch._dynamo:maybe_mark_dynamic",
-        "call",
         "the block mask's tile tables as dynamic sizes: a new row width is no new compilation (forwards/flex.py)",
         ("t", "index"),
     ),
-    Seam(
-        "torch._dynamo:config", "read", "torch.compile's recompile limit and whether it is disabled (forwards/flex.py)"
-    ),
-    Seam(
+    _read("torch._dynamo:config", "torch.compile's recompile limit and whether it is disabled (forwards/flex.py)"),
+    _read(
         "torch._dynamo.exc:FailOnRecompileLimitHit",
-        "read",
         "dynamo gave the flex function up: the run stops in one line (forwards/flex.py)",
     ),
-    Seam(
+    _read(
         "torch._subclasses.fake_tensor:FakeTensorMode",
-        "read",
         "the memory plan traces the backbone on fake tensors, without parameters (dpotrain/plan/memory.py)",
     ),
-    Seam(
-        "torch.distributed._tools.mem_tracker:MemTracker",
-        "read",
-        "the memory plan's traced peak, by kind of memory (dpotrain/plan/memory.py)",
-    ),
-    Seam(
-        "torch.distributed._tools.mem_tracker:MemTracker._update_peak_stats",
-        "override",
+    _read(f"{MEM}:MemTracker", "the memory plan's traced peak, by kind of memory (dpotrain/plan/memory.py)"),
+    _override(
+        f"{MEM}:MemTracker._update_peak_stats",
         "the memory plan's trace updates the global peak only, not every module's on every operator (mem_tracker)",
         ("peak_state",),
     ),
     *(
-        Seam(
-            f"torch.distributed._tools.mem_tracker:{name}",
-            "read",
+        _read(
+            f"{MEM}:{name}",
             "the global peak, kept by the memory plan's tracker as the stock one keeps it (mem_tracker)",
         )
         for name in ("_TOTAL_KEY", "MemTracker._curr_mem_snap", "MemTracker._peak_mem", "MemTracker._peak_mem_snap")
     ),
-    Seam(
-        "tqdm.std:tqdm._instances", "read", "the open progress bars, closed before an error's line (recipe/errors.py)"
-    ),
-    Seam(
+    _read("tqdm.std:tqdm._instances", "the open progress bars, closed before an error's line (recipe/errors.py)"),
+    _read(
         "argparse:ArgumentParser._actions",
-        "read",
         "the recipe's flags and their help, for unknown-flag hints and the short --help (recipe/config.py, usage.py)",
     ),
-    Seam(
-        "torch.distributed.distributed_c10d:ProcessGroup._get_backend",
-        "call",
-        "a group's backend per device, whose options hold its timeout",
-        ("device",),
+    _call(
+        f"{C10D}:ProcessGroup._get_backend", "a group's backend per device, whose options hold its timeout", ("device",)
     ),
     # --- module-level names replaced for one call ---------------------------------------------------------------
-    Seam(
+    _patch(
         ROTATION,
-        "patch",
         "a no-op inside `_save_checkpoint`: checkpoints are rotated after their COMPLETE mark (train/checkpoints.py), "
         "never before it, and without flipping `save_total_limit` on the run's arguments",
         read_in=f"{TRAINER}:Trainer._save_checkpoint",
     ),
-    Seam(
+    _patch(
         f"{DPO}:create_model_from_path",
-        "patch",
-        "under FSDP2, the reference copy TRL loads for its precompute is "
-        "skipped (the reference stage scores with the sharded policy)",
+        "under FSDP2, the reference copy TRL loads for its precompute is skipped (the reference stage scores with the "
+        "sharded policy)",
         read_in=f"{DPO}:DPOTrainer.__init__",
     ),
-    Seam(
+    _patch(
         "transformers.modeling_utils:is_deepspeed_zero3_enabled",
-        "patch",
         "the memory plan's models (meta device, fake tensors) built plain inside a ZeRO-3 launch, not in DeepSpeed's "
         "zero.Init, which fails there in bf16 (dpotrain/plan/memory.py)",
         read_in="transformers.modeling_utils:PreTrainedModel._from_config",
     ),
-    Seam(
+    _patch(
         f"{DPO}:disable_gradient_checkpointing",
-        "patch",
-        "left alone in the reference stage, which runs in eval "
-        "mode; TRL would re-enable checkpointing on every layer after each micro-batch",
+        "left alone in the reference stage, which runs in eval mode; TRL would re-enable checkpointing on every layer "
+        "after each micro-batch",
         read_in=f"{DPO}:DPOTrainer.compute_ref_log_probs",
     ),
 )
@@ -332,6 +280,12 @@ def _lookup(symbol: str):
 _MISSING = object()
 
 
+def _value(symbol: str):
+    """What a seam's symbol ("module:A.b") names: how the accessors below reach it."""
+    module_name, _, path = symbol.partition(":")
+    return functools.reduce(getattr, path.split("."), importlib.import_module(module_name))
+
+
 def _assigned_in_class(cls, name: str) -> bool:
     """An instance attribute upstream sets in one of the class's methods (`self.<name> = ...`)."""
     for klass in inspect.getmro(cls)[:-1]:  # all but object
@@ -358,8 +312,7 @@ def verify(seam: Seam) -> None:
         if params[: len(seam.params)] != list(seam.params):
             raise SeamMoved(seam, f"takes ({', '.join(params)}), the project relies on ({', '.join(seam.params)})")
     if seam.read_in:
-        _, _, reader = _lookup(seam.read_in)
-        if name not in inspect.getsource(reader):
+        if name not in inspect.getsource(_value(seam.read_in)):
             raise SeamMoved(seam, f"is no longer read by {seam.read_in}")
     if seam.text and seam.text not in inspect.getsource(value):
         raise SeamMoved(seam, f"no longer holds {seam.text!r}")
@@ -388,28 +341,22 @@ def check() -> None:
 
 def tokenize(processing_class, input, **apply_chat_template_kwargs) -> dict:
     """TRL's tokenization of one row (`trl.data_utils._tokenize`), the call DPOTrainer makes."""
-    from trl.data_utils import _tokenize
+    from trl.data_utils import _tokenize  # per row: imported, not looked up
 
     return _tokenize(processing_class, input, **apply_chat_template_kwargs)
 
 
 def chunked_logprob_chunk_size() -> int:
-    from trl.trainer.utils import _CHUNKED_LOGPROB_CHUNK_SIZE
-
-    return _CHUNKED_LOGPROB_CHUNK_SIZE
+    return _value("trl.trainer.utils:_CHUNKED_LOGPROB_CHUNK_SIZE")
 
 
 def compilations_of(code) -> int:
     """How many compiled variants dynamo holds for a function's code object."""
-    from torch._dynamo.eval_frame import _debug_get_cache_entry_list
-
-    return len(_debug_get_cache_entry_list(code))
+    return len(_value("torch._dynamo.eval_frame:_debug_get_cache_entry_list")(code))
 
 
 def mem_ref_types():
-    from torch.distributed._tools.mem_tracker import _MemRefType
-
-    return _MemRefType
+    return _value(f"{MEM}:_MemRefType")
 
 
 def set_attn_implementation(config, name: str) -> None:
@@ -476,9 +423,7 @@ def attributes_set(obj, **values):
 
 def set_distributed_type(kind) -> None:
     """accelerate's distributed type for every state made from now on: FSDP2 and DDP on CPU-only nodes."""
-    from accelerate.state import PartialState
-
-    PartialState._shared_state["distributed_type"] = kind
+    _value("accelerate.state:PartialState._shared_state")["distributed_type"] = kind
 
 
 def set_default_collective_timeout(timeout) -> None:
@@ -534,8 +479,7 @@ def supports_sdpa(model_or_class) -> bool:
 
 def takes_mask_per_layer_kind(model_class) -> bool:
     """Whether a model class's forward accepts a dict of masks per layer kind, read from its modeling module."""
-    module = sys.modules.get(model_class.__module__) or importlib.import_module(model_class.__module__)
-    return MASK_PER_LAYER_KIND in inspect.getsource(module)
+    return MASK_PER_LAYER_KIND in inspect.getsource(importlib.import_module(model_class.__module__))
 
 
 def bf16_gpu_check_skipped():
@@ -550,35 +494,25 @@ def forget_fetch_order(coordinator) -> None:
 
 def compiler_check():
     """`torch._check` itself (not a wrapper, which dynamo would not know): a fact the compiler cannot prove."""
-    import torch
-
-    return torch._check
+    return _value("torch:_check")
 
 
 def mark_dynamic(tensor, dim: int) -> None:
-    import torch._dynamo
-
-    torch._dynamo.maybe_mark_dynamic(tensor, dim)
+    _value("torch._dynamo:maybe_mark_dynamic")(tensor, dim)
 
 
 def dynamo_config():
     """torch.compile's settings module (`recompile_limit`, `disable`)."""
-    import torch._dynamo.config
-
-    return torch._dynamo.config
+    return _value("torch._dynamo:config")
 
 
 def recompile_limit_hit() -> type[Exception]:
     """The exception dynamo raises when a `fullgraph` function passes its recompile limit."""
-    from torch._dynamo.exc import FailOnRecompileLimitHit
-
-    return FailOnRecompileLimitHit
+    return _value("torch._dynamo.exc:FailOnRecompileLimitHit")
 
 
 def fake_tensor_mode():
-    from torch._subclasses.fake_tensor import FakeTensorMode
-
-    return FakeTensorMode()
+    return _value("torch._subclasses.fake_tensor:FakeTensorMode")()
 
 
 def mem_tracker():

@@ -42,7 +42,7 @@ class GracefulStop(TrainerCallback):
         self.requested_at: float | None = None  # when this process first heard of the request (time.time())
         self.stopped = False
         self.interrupted: float | None = None  # when a first Ctrl-C was pressed (time.monotonic())
-        self.terminal = [fd for fd in terminal.STREAMS if terminal.is_terminal(fd)]  # what a SIGHUP closes
+        self.terminal = [fd for fd in terminal.STREAMS if os.isatty(fd)]  # what a SIGHUP closes
         if threading.current_thread() is threading.main_thread():  # Python only delivers signals there
             for sig in STOP_SIGNALS:
                 signal.signal(sig, self._on_signal)
