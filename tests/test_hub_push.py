@@ -506,3 +506,19 @@ def test_a_refused_connection_is_retried_under_either_http_library_of_huggingfac
 
     assert is_transient(httpx2.ConnectError("refused")) and is_transient(httpx.ConnectError("refused"))
     assert is_transient(TimeoutError()) and not is_transient(ValueError("a bug"))
+
+
+@pytest.mark.parametrize("spelling", [["--hub-token", SECRET], [f"--hub-token={SECRET}"]])
+def test_the_dashed_token_flag_reaches_no_printed_command(monkeypatch, spelling):
+    # HfArgumentParser takes --hub-token as well as --hub_token: the command a refusal or a requeue prints, and the
+    # argv W&B records, must hide it under either spelling.
+    from dpotrain.hub import hub
+    from dpotrain.recipe.config import parse_args
+
+    argv = ["train_dpo.py", "--config", SMOKE, "--push_to_hub", *spelling]
+    monkeypatch.setattr("sys.argv", argv)
+    recipe = parse_args(argv[1:])
+    assert recipe.training.hub_token == SECRET
+    assert SECRET not in " ".join(recipe.command_line)
+    assert hub.take_push_settings(recipe).token == SECRET
+    assert SECRET not in " ".join(argv)

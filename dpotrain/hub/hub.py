@@ -13,6 +13,7 @@ from huggingface_hub.errors import HfHubHTTPError, RepositoryNotFoundError
 from dpotrain.cluster.offline import TOKENIZER_VOCAB, hf_token, is_offline, within
 from dpotrain.hub.hub_push import pushed_revisions, record_push, with_retries
 from dpotrain.recipe import records as run_records
+from dpotrain.recipe.config import TOKEN_FLAGS
 from dpotrain.recipe.errors import ConfigError, cause
 from dpotrain.recipe.run_record import Record
 from dpotrain.recipe.writes import write_text
@@ -116,7 +117,7 @@ def scrub_argv(argv: list[str]) -> None:
     """Blank the value of --hub_token in place: W&B and crash reports record the process's command line."""
     for i, arg in enumerate(argv):
         name, eq, _ = arg.partition("=")
-        if name in ("--hub_token", "--hub-token"):
+        if name in TOKEN_FLAGS:
             if eq:
                 argv[i] = f"{name}=<HUB_TOKEN>"
             elif i + 1 < len(argv):

@@ -422,10 +422,15 @@ def _in_submit_dir(name: str | None) -> Path | None:
     return Path(submitted) / name
 
 
+# The flag that carries a secret, as the parser takes it: HfArgumentParser adds the dashed spelling of every field.
+TOKEN_FLAGS = ("--hub_token", "--hub-token")
+
+
 def without_secrets(argv: list[str]) -> tuple[str, ...]:
-    """The command line without a --hub_token and its value (a printed command must not carry the token)."""
-    value = {i + 1 for i, word in enumerate(argv) if word == "--hub_token"}
-    return tuple(w for i, w in enumerate(argv) if i not in value and w.split("=")[0] != "--hub_token")
+    """The command line without a --hub_token (either spelling, `--hub_token X` or `--hub_token=X`) and its value: a
+    printed command must not carry the token."""
+    value = {i + 1 for i, word in enumerate(argv) if word in TOKEN_FLAGS}
+    return tuple(w for i, w in enumerate(argv) if i not in value and w.split("=")[0] not in TOKEN_FLAGS)
 
 
 def _command_line_batch_wins(training, project, on_command_line: set[str]) -> dict | None:
