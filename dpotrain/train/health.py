@@ -1,22 +1,19 @@
-"""Guards that stop a doomed DPO run early, each with the step and the values that tripped it.
+"""Guards that stop a doomed DPO run early, each with the step and the values that tripped it; the two post-mortems
+behind them are in docs/health.md.
 
-Two post-mortems of failed DPO runs (docs/health.md) motivate them:
-- 000: a reference cache computed under other settings silently disagreed with the policy. Before the first update the
-  policy IS the reference: rewards are 0 and the loss is the configured loss at log-ratios 0 (`losses.step1_loss`);
-  anything else at step 1 means the reference is wrong (`step1`).
-- 001: a base model that found the chosen side ~960 nats less likely than the rejected one collapsed: loss -> 0
-  (`loss_floor`), reward accuracy 1.0 from the start (`accuracy_pinned`), margins -> 18 (`margin`), chosen AND
-  rejected log-probs falling together (`logps_falling`), outputs "hormonal hormonal hormonal".
-Plus non-finite values (`nonfinite`): NaN/inf loss, grad norm or rewards.
+- `step1`: before the first update the policy IS the reference, so rewards are 0 and the loss is the configured loss at
+  log-ratios 0 (`losses.step1_loss`); anything else means the reference is wrong (000: a stale reference cache).
+- `loss_floor`, `accuracy_pinned`, `margin`, `logps_falling`: 001, a base model that found the chosen side ~960 nats
+  less likely, collapsed: loss -> 0, reward accuracy 1.0 from the start, margins -> 18, chosen AND rejected log-probs
+  falling together, outputs "hormonal hormonal hormonal".
+- `nonfinite`: NaN/inf loss, grad norm or rewards.
 
-The loss judged is the DPO loss: `dpo_loss` where logged (MoE: without TRL's router term). Rewards are on the loss's
-scale, beta x log-ratio / completion tokens (`rewards_norm/*`, which the project's trainer logs at every step), not
-TRL's `rewards/*` (beta x SUMMED log-ratio, hundreds of nats on long completions).
+The loss judged is `dpo_loss` where logged (MoE: without TRL's router term). Rewards are on the loss's scale,
+`rewards_norm/*` (beta x log-ratio / completion tokens), not TRL's `rewards/*` (beta x SUMMED log-ratio).
 
 A stop (`health_action: stop`, the default; NaN always stops) saves a resumable checkpoint when the state is finite,
 ends training on every rank at the same step and leaves `HealthGuard.stop` set: train_dpo.py exits with
-HEALTH_STOP_EXIT and the job is not requeued. The stop is recorded (`resume.HEALTH_STOP`): the same command is refused
-rather than resumed on the values it stopped on.
+HEALTH_STOP_EXIT, the job is not requeued, and the same command is refused (`resume.HEALTH_STOP`).
 """
 
 import math

@@ -16,7 +16,7 @@ from dpotrain.recipe import records as run_records
 from dpotrain.recipe.errors import ConfigError, RunError
 from dpotrain.recipe.writes import write_text
 from dpotrain.train import checkpoint_manifest
-from dpotrain.train.checkpoints import MARKER, checkpoints, is_complete
+from dpotrain.train.checkpoints import MARKER, checkpoints, complete_checkpoints, is_complete
 
 HEALTH_STOP = "health_stop.json"  # written by a run a health guard stopped (dpotrain/train/health.py)
 
@@ -178,7 +178,7 @@ def after_health_stop(recipe, out: Path) -> bool:
     go_on = "" if stop.get("fatal") else " (or --health_action warn to go on from its checkpoint anyway)"
     again = (
         "resuming would train on the values it stopped on"
-        if any(is_complete(p) for p in checkpoints(out))
+        if complete_checkpoints(out)
         else "the same command would fail the same way"
     )
     raise ConfigError(
@@ -192,7 +192,7 @@ def only_cut_short(out: Path, changed: list[str]) -> bool:
     nothing to resume, so the identical rerun (a Slurm requeue) starts afresh."""
     folders = checkpoints(out)
     ran_here = (out / "resolved_config.json").is_file()  # written as training starts: a run of this project was here
-    if not folders or any(is_complete(p) for p in folders) or changed or not ran_here:
+    if not folders or complete_checkpoints(out) or changed or not ran_here:
         return False
     _say(
         f"output_dir {out}: {', '.join(p.name for p in folders)} cut short (no COMPLETE mark), nothing to resume "
