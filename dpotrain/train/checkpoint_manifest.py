@@ -1,11 +1,10 @@
 """What a complete checkpoint holds: each file with its size and SHA-256, in MANIFEST.json, on disk before COMPLETE.
 
-The COMPLETE mark says that every rank finished writing; the manifest says what they wrote, so that a checkpoint
-damaged afterwards (a file deleted, a copy cut short, a bad disk block) is found before it is resumed from, and named.
-Each rank hashes its share of the files (largest first, spread over the ranks); the main process writes the manifest,
-flushed to disk before the mark. Sizes are checked on every resume before anything loads, checksums once processes
-have started. A checkpoint without a manifest, or whose manifest lists no optimizer or scheduler state, is never
-resumed from (transformers would go on with a fresh optimizer and a restarted warm-up, silently).
+The mark says every rank finished writing; the manifest says what they wrote, so that a checkpoint damaged afterwards
+(a file deleted, a copy cut short, a bad disk block) is found and named before it is resumed from. Each rank hashes its
+share of the files; sizes are checked before anything loads, checksums once processes have started. A checkpoint
+without a manifest, or whose manifest lists no optimizer or scheduler state, is never resumed from (transformers would
+go on with a fresh optimizer and a restarted warm-up, silently).
 """
 
 import fnmatch

@@ -1,13 +1,10 @@
 """Checkpoints that are safe to resume from.
 
 transformers writes `checkpoint-N/` file by file, so a job killed mid-save leaves a folder that looks like a
-checkpoint but is not one. `CompleteMarker` writes `COMPLETE` once every rank has finished its part, and resuming only
-ever picks a folder with that mark.
-
-Deleting follows the mark: `save_total_limit` keeps that many *complete* checkpoints, rotated only after the new one is
-marked (transformers rotates before, and could delete the newest complete checkpoint). A folder without the mark is a
-save cut short: removed by rotation, and before the run writes the same step again, so a new checkpoint never mixes
-with an old one's files. Only the main process deletes, as only it writes the mark.
+checkpoint but is not one. `CompleteMarker` writes `COMPLETE` once every rank has finished its part; resuming only
+ever picks a folder with that mark. `save_total_limit` keeps that many *complete* checkpoints, rotated only after the
+new one is marked (transformers rotates before, and could delete the newest complete one). A folder without the mark
+is removed by rotation, and before the run writes the same step again. Only the main process deletes.
 """
 
 import json

@@ -1,9 +1,9 @@
 """Which checkpoint a rerun goes on from, or why it may not: resume exactly or refuse.
 
-- A checkpoint is resumed from only once verified: its COMPLETE mark, its manifest listing the optimizer's and the
-  scheduler's state, every file at its listed size (before anything loads) and checksum (once processes have started,
-  each rank its share: `confirm`). The automatic resume takes the newest verified one, saying which newer ones it
-  skipped and why; a checkpoint named with --resume_from_checkpoint that cannot be verified is refused.
+- Only a verified checkpoint is resumed from: its COMPLETE mark, its manifest listing the optimizer's and scheduler's
+  state, every file at its size (before anything loads) and checksum (once processes have started: `confirm`). The
+  automatic resume takes the newest verified one, saying why it skipped newer ones; one named with
+  --resume_from_checkpoint that cannot be verified is refused.
 - A run stopped by a health guard is remembered (`HEALTH_STOP`): the same command is refused with the fix.
 - A folder whose only checkpoints were cut short holds nothing to resume: the identical rerun (a requeue) starts afresh.
 """
