@@ -59,10 +59,9 @@ def seal(folder: Path, mark: str, mark_text: str, is_main: bool) -> None:
     hashes = {rel: digest for part in gather_objects(mine) for rel, digest in part.items()}
     if not is_main:
         return
-    unreadable = {rel: h for rel, h in hashes.items() if h.startswith("unreadable")}
-    if unreadable:
-        rel, why = next(iter(unreadable.items()))
-        raise OSError(f"{folder / rel}: {why} (every node must see the output folder: a shared file system)")
+    for rel, why in hashes.items():
+        if why.startswith("unreadable"):
+            raise OSError(f"{folder / rel}: {why} (every node must see the output folder: a shared file system)")
     entries = {rel: {"bytes": size, "sha256": hashes[rel]} for rel, size in files}
     write_text(folder / MANIFEST, json.dumps({"files": entries}, indent=1) + "\n")
     write_text(folder / mark, mark_text)
@@ -89,7 +88,7 @@ def missing(folder: Path) -> list[str]:
     """What `folder` lacks of a checkpoint's proof: its manifest, and the optimizer's and scheduler's state (as the
     manifest lists them; without one, as found on disk)."""
     files = read(folder)
-    names = list(files or {}) if files is not None else [rel for rel, _ in listing(folder)] if folder.is_dir() else []
+    names = list(files) if files is not None else [rel for rel, _ in listing(folder)] if folder.is_dir() else []
     lacking = [name for name, kinds in STATE.items() if not any(fnmatch.fnmatch(n, k) for n in names for k in kinds)]
     return ([MANIFEST] if files is None else []) + lacking
 

@@ -126,7 +126,7 @@ class HealthGuard(TrainerCallback):
             )
         if p.health_max_margin > 0 and r and r["margins"] > p.health_max_margin:
             found["margin"] = (
-                f"{r['source']}margins {r['margins']:.3g} > health_max_margin {p.health_max_margin} (chosen "
+                f"rewards_norm/margins {r['margins']:.3g} > health_max_margin {p.health_max_margin} (chosen "
                 f"{r['chosen']:.3g}, rejected {r['rejected']:.3g}): margins exploding (above 5 unstable; a "
                 "collapsed run reached 9-18). Lower --learning_rate"
             )
@@ -160,7 +160,7 @@ class HealthGuard(TrainerCallback):
             value = f"ln 2 = {expected:.6g}" if math.isclose(expected, LN2) else f"{expected:.6g}"
             problems.append(f"{name} {loss:.6g} (expected {value}, {'+'.join(loss_types(args))} at log-ratios 0)")
         if r and (abs(r["chosen"]) > tol or abs(r["rejected"]) > tol):
-            problems.append(f"{r['source']}chosen {r['chosen']:.4g}, rejected {r['rejected']:.4g} (expected 0)")
+            problems.append(f"rewards_norm/chosen {r['chosen']:.4g}, rejected {r['rejected']:.4g} (expected 0)")
         if not problems:
             return []
         message = (
@@ -176,7 +176,7 @@ class HealthGuard(TrainerCallback):
         """chosen / rejected / margins / accuracies on the loss's scale (beta x log-ratio per completion token)."""
         if "rewards_norm/chosen" not in logs:
             return None
-        return {k: logs.get(f"rewards_norm/{k}") for k in REWARD_STATS} | {"source": "rewards_norm/"}
+        return {k: logs.get(f"rewards_norm/{k}") for k in REWARD_STATS}
 
     def _decide(self, alarms: list[Alarm], args) -> int:
         """0 go on, 1 stop with a checkpoint, 2 stop without one; the same answer on every rank."""

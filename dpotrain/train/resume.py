@@ -40,7 +40,7 @@ def newest_verified(out: Path, before: Path | None = None) -> tuple[Path | None,
     passed over, each with why."""
     folders = checkpoints(out)
     if before is not None:
-        folders = [p for p in folders if p.name != before.name and _step(p) < _step(before)]
+        folders = [p for p in folders if _step(p) < _step(before)]
     skipped = []
     for folder in reversed(folders):
         why = unverified(folder)
@@ -77,7 +77,6 @@ def _step(folder: Path) -> int:
 def confirm(resume_from: str | None, explicit: bool) -> str | None:
     """Once processes have started, on every rank: the resume point's checksums, each rank its share of the files; a
     damaged checkpoint is skipped for the previous sound one (one named with --resume_from_checkpoint is refused)."""
-    from dpotrain.cluster.collectives import gather_objects
     from dpotrain.train import agreement
 
     # First, that every rank found the same checkpoint: else they would run different collectives below and hang.
@@ -85,7 +84,11 @@ def confirm(resume_from: str | None, explicit: bool) -> str | None:
     rank, world = collectives.rank_and_world()
     folder, damaged = Path(resume_from) if resume_from else None, []
     while folder is not None:
-        found = [p for part in gather_objects(checkpoint_manifest.checksum_problems(folder, rank, world)) for p in part]
+        found = [
+            p
+            for part in collectives.gather_objects(checkpoint_manifest.checksum_problems(folder, rank, world))
+            for p in part
+        ]
         if not found:
             return str(folder)
         damaged.append(f"{folder.name}: {found[0]}")
