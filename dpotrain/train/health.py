@@ -65,8 +65,6 @@ class HealthGuard(TrainerCallback):
         self._pinned_pairs = 0
         self._last_step = 0
 
-    # --- events ---
-
     def on_train_begin(self, args, state, control, **kwargs):
         self._fresh = state.global_step == 0  # a resumed run has no step 1 to check
         self._last_step = state.global_step
@@ -101,8 +99,6 @@ class HealthGuard(TrainerCallback):
                 remember_health_stop(args.output_dir, self.stop)
             _record_in_wandb(self.stop, state)
         return control
-
-    # --- the guards ---
 
     def check(self, step: int, logs: dict, args, max_steps: int) -> list[Alarm]:
         p, found = self.p, {}  # guard -> message
