@@ -194,11 +194,9 @@ def _record_in_wandb(alarm: Alarm, state) -> None:
         wandb.run.summary["health/stopped"] = f"[{alarm.guard}] step {alarm.step}: {alarm.message}"
 
 
-_GO_ON = ", or with --health_action warn to go on from the checkpoint"
-
-
 def stop_line(alarm: Alarm, output_dir: str) -> str:
     """The run's last log line after a health stop."""
+    go_on = "" if alarm.fatal else ", or with --health_action warn to go on from the checkpoint"
     where = (
         f"no checkpoint written from the non-finite state; earlier complete checkpoints in {output_dir} still resume"
         if alarm.fatal
@@ -207,5 +205,5 @@ def stop_line(alarm: Alarm, output_dir: str) -> str:
     return (
         f"health: training STOPPED at step {alarm.step} by the {alarm.guard} guard; {where}. The job is not "
         f"requeued (a retry would fail the same way), and the same command is refused: fix the cause above, then "
-        f"rerun with --overwrite_output_dir to start afresh{'' if alarm.fatal else _GO_ON}"
+        f"rerun with --overwrite_output_dir to start afresh{go_on}"
     )
