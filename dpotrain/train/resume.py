@@ -84,11 +84,8 @@ def confirm(resume_from: str | None, explicit: bool) -> str | None:
     rank, world = collectives.rank_and_world()
     folder, damaged = Path(resume_from) if resume_from else None, []
     while folder is not None:
-        found = [
-            p
-            for part in collectives.gather_objects(checkpoint_manifest.checksum_problems(folder, rank, world))
-            for p in part
-        ]
+        every_rank = collectives.gather_objects(checkpoint_manifest.checksum_problems(folder, rank, world))
+        found = [p for part in every_rank for p in part]
         if not found:
             return str(folder)
         damaged.append(f"{folder.name}: {found[0]}")
