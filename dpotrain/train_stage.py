@@ -107,7 +107,7 @@ def build_run(spec, stop: GracefulStop | None = None, callbacks=(), trainer_clas
         callbacks=[*optional, *callbacks],
     )
     # What every rank decided alone (its data's lengths, its plan, its resume point...) must be the same everywhere.
-    agreement.at_start(trainer, spec.output.resume_from if spec.output else None)
+    agreement.check(agreement.values(trainer, spec.output.resume_from if spec.output else None))
     return ReadyRun(spec, trainer, pusher, existed)
 
 

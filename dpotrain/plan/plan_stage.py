@@ -70,7 +70,7 @@ def make(
 
 def for_trainer(trainer) -> RunPlan:
     """The plan of the trainer's tokenized training set, for the forward decided. Every rank plans alone, from the same
-    lengths and seed (`agreement.at_start` checks the plans are equal)."""
+    lengths and seed (`agreement.check` finds the plans equal)."""
     args = trainer.args
     counts = token_counts(trainer.train_dataset)
     lengths = PairLengths.from_parts(*counts, args.max_length, trainer.forward.share_prompt, args.truncation_mode)

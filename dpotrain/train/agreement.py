@@ -83,7 +83,7 @@ def check(values: dict[str, str]) -> None:
 
 
 def values(trainer, resume_from: str | None) -> dict[str, str]:
-    """The values of a run that must be equal on every rank once its plan is made."""
+    """The values of a run that must be equal on every rank once its plan is made, for `check`."""
     evaluation = trainer.eval_dataset
     evaluation = "none" if evaluation is None else lengths_digest(PairLengths.of(evaluation, trainer.args.max_length))
     return {
@@ -100,8 +100,3 @@ def values(trainer, resume_from: str | None) -> dict[str, str]:
         # The path, not the weights' hash: under ZeRO-3, and FSDP2 with RAM-efficient loading, only rank 0 has them.
         "the reference's model": str(trainer.model.config.name_or_path),
     }
-
-
-def at_start(trainer, resume_from: str | None) -> None:
-    """One all-gather of `values`: a rank that differs is refused, on every rank, with the value and the fix."""
-    check(values(trainer, resume_from))

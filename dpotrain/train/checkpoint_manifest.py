@@ -1,11 +1,10 @@
 """What a complete checkpoint holds: each file with its size and SHA-256, in MANIFEST.json, on disk before COMPLETE.
 
-The COMPLETE mark says that every rank finished writing; the manifest says what they wrote, so that a checkpoint
-damaged afterwards (a file deleted, a copy cut short, a bad disk block) is found before it is resumed from, and named.
-Each rank hashes its share of the files (largest first, spread over the ranks); the main process writes the manifest,
-flushed to disk before the mark. Sizes are checked on every resume before anything loads, checksums once processes
-have started. A checkpoint without a manifest, or whose manifest lists no optimizer or scheduler state, is never
-resumed from (transformers would go on with a fresh optimizer and a restarted warm-up, silently).
+The mark says every rank finished writing; the manifest says what they wrote, so that a checkpoint damaged afterwards
+(a file deleted, a copy cut short, a bad disk block) is found and named before it is resumed from. Each rank hashes its
+share of the files; sizes are checked before anything loads, checksums once processes have started. A checkpoint
+without a manifest, or whose manifest lists no optimizer or scheduler state, is never resumed from (transformers would
+go on with a fresh optimizer and a restarted warm-up, silently).
 """
 
 import fnmatch
@@ -60,10 +59,9 @@ def seal(folder: Path, mark: str, mark_text: str, is_main: bool) -> None:
     hashes = {rel: digest for part in gather_objects(mine) for rel, digest in part.items()}
     if not is_main:
         return
-    unreadable = {rel: h for rel, h in hashes.items() if h.startswith("unreadable")}
-    if unreadable:
-        rel, why = next(iter(unreadable.items()))
-        raise OSError(f"{folder / rel}: {why} (every node must see the output folder: a shared file system)")
+    for rel, why in hashes.items():
+        if why.startswith("unreadable"):
+            raise OSError(f"{folder / rel}: {why} (every node must see the output folder: a shared file system)")
     entries = {rel: {"bytes": size, "sha256": hashes[rel]} for rel, size in files}
     write_text(folder / MANIFEST, json.dumps({"files": entries}, indent=1) + "\n")
     write_text(folder / mark, mark_text)
@@ -90,7 +88,7 @@ def missing(folder: Path) -> list[str]:
     """What `folder` lacks of a checkpoint's proof: its manifest, and the optimizer's and scheduler's state (as the
     manifest lists them; without one, as found on disk)."""
     files = read(folder)
-    names = list(files or {}) if files is not None else [rel for rel, _ in listing(folder)] if folder.is_dir() else []
+    names = list(files) if files is not None else [rel for rel, _ in listing(folder)] if folder.is_dir() else []
     lacking = [name for name, kinds in STATE.items() if not any(fnmatch.fnmatch(n, k) for n in names for k in kinds)]
     return ([MANIFEST] if files is None else []) + lacking
 

@@ -1,13 +1,10 @@
 """Checkpoints that are safe to resume from.
 
 transformers writes `checkpoint-N/` file by file, so a job killed mid-save leaves a folder that looks like a
-checkpoint but is not one. `CompleteMarker` writes `COMPLETE` once every rank has finished its part, and resuming only
-ever picks a folder with that mark.
-
-Deleting follows the mark: `save_total_limit` keeps that many *complete* checkpoints, rotated only after the new one is
-marked (transformers rotates before, and could delete the newest complete checkpoint). A folder without the mark is a
-save cut short: removed by rotation, and before the run writes the same step again, so a new checkpoint never mixes
-with an old one's files. Only the main process deletes, as only it writes the mark.
+checkpoint but is not one. `CompleteMarker` writes `COMPLETE` once every rank has finished its part; resuming only
+ever picks a folder with that mark. `save_total_limit` keeps that many *complete* checkpoints, rotated only after the
+new one is marked (transformers rotates before, and could delete the newest complete one). A folder without the mark
+is removed by rotation, and before the run writes the same step again. Only the main process deletes.
 """
 
 import json
@@ -39,16 +36,19 @@ def is_complete(folder: Path) -> bool:
     return (folder / MARKER).exists()
 
 
+def complete_checkpoints(output_dir: str | Path) -> list[Path]:
+    """The `checkpoint-N` folders of `output_dir` with the mark, oldest step first."""
+    return [p for p in checkpoints(output_dir) if is_complete(p)]
+
+
 def rotate(output_dir: str | Path, limit: int | None, keep: tuple = ()) -> list[Path]:
     """Deletes what `save_total_limit` lets go; returns what it deleted. Kept: the `limit` newest complete
     checkpoints (by step, as resuming picks them) and the folders in `keep` (the checkpoint just written, the best
     one); deleted: the other complete ones, and every folder without the mark. Nothing without a limit."""
     if not limit or limit <= 0:
         return []
-    folders = checkpoints(output_dir)
-    complete = [p for p in folders if is_complete(p)]
-    kept = {p.name for p in complete[-limit:]} | {Path(k).name for k in keep if k}
-    doomed = [p for p in folders if p.name not in kept or not is_complete(p)]
+    kept = {p.name for p in complete_checkpoints(output_dir)[-limit:]} | {Path(k).name for k in keep if k}
+    doomed = [p for p in checkpoints(output_dir) if p.name not in kept or not is_complete(p)]
     for folder in doomed:
         if not is_complete(folder):
             print(f"Removed {folder}: a checkpoint cut short (no {MARKER} mark), never resumed from", flush=True)

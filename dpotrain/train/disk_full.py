@@ -14,7 +14,7 @@ from pathlib import Path
 
 from dpotrain.recipe.errors import ConfigError, RunError
 from dpotrain.train import checkpoint_manifest
-from dpotrain.train.checkpoints import checkpoints, is_complete
+from dpotrain.train.checkpoints import checkpoints, complete_checkpoints
 
 FULL = {
     errno.ENOSPC: "the disk is full",
@@ -87,7 +87,7 @@ def _after(kept: list[Path]) -> str:
 def save_failed(folder: Path, why: str, remove: bool) -> RunError:
     """The error for checkpoint `folder` that did not fit (`why`: from `why_full`); removes it when `remove`."""
     out = folder.parent
-    kept = [p for p in checkpoints(out) if is_complete(p) and p != folder]
+    kept = [p for p in complete_checkpoints(out) if p != folder]
     written = sum(p.stat().st_size for p in folder.rglob("*") if p.is_file()) if folder.is_dir() else 0
     if remove:
         shutil.rmtree(folder, ignore_errors=True)
@@ -108,7 +108,7 @@ def save_failed(folder: Path, why: str, remove: bool) -> RunError:
 
 
 def final_save_failed(out: Path, why: str) -> RunError:
-    kept = [p for p in checkpoints(out) if is_complete(p)]
+    kept = complete_checkpoints(out)
     after = f"the same command goes on from {kept[-1].name}" if kept else "the same command trains again"
     free = "" if why in FIX else f" ({_size(shutil.disk_usage(out).free)} free there)"
     return RunError(f"{why}: the final model could not be written in {out}{free}: {_todo(why)}, then rerun; {after}")
@@ -135,5 +135,5 @@ def write_failed(error: OSError, why: str) -> RunError:
     folder = next((p for p in above if p.is_dir()), None)
     free = f" ({_size(shutil.disk_usage(folder).free)} free there)" if folder and why not in FIX else ""
     out = next((p for p in above if (p / "run_files.json").is_file() or checkpoints(p)), None)
-    after = f"; {_after([p for p in checkpoints(out) if is_complete(p)])}" if out else ""
+    after = f"; {_after(complete_checkpoints(out))}" if out else ""
     return RunError(f"{why}: {where}{free}: {_todo(why)}, then rerun{after}")

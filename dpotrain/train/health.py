@@ -1,22 +1,19 @@
-"""Guards that stop a doomed DPO run early, each with the step and the values that tripped it.
+"""Guards that stop a doomed DPO run early, each with the step and the values that tripped it; the two post-mortems
+behind them are in docs/health.md.
 
-Two post-mortems of failed DPO runs (docs/health.md) motivate them:
-- 000: a reference cache computed under other settings silently disagreed with the policy. Before the first update the
-  policy IS the reference: rewards are 0 and the loss is the configured loss at log-ratios 0 (`losses.step1_loss`);
-  anything else at step 1 means the reference is wrong (`step1`).
-- 001: a base model that found the chosen side ~960 nats less likely than the rejected one collapsed: loss -> 0
-  (`loss_floor`), reward accuracy 1.0 from the start (`accuracy_pinned`), margins -> 18 (`margin`), chosen AND
-  rejected log-probs falling together (`logps_falling`), outputs "hormonal hormonal hormonal".
-Plus non-finite values (`nonfinite`): NaN/inf loss, grad norm or rewards.
+- `step1`: before the first update the policy IS the reference, so rewards are 0 and the loss is the configured loss at
+  log-ratios 0 (`losses.step1_loss`); anything else means the reference is wrong (000: a stale reference cache).
+- `loss_floor`, `accuracy_pinned`, `margin`, `logps_falling`: 001, a base model that found the chosen side ~960 nats
+  less likely, collapsed: loss -> 0, reward accuracy 1.0 from the start, margins -> 18, chosen AND rejected log-probs
+  falling together, outputs "hormonal hormonal hormonal".
+- `nonfinite`: NaN/inf loss, grad norm or rewards.
 
-The loss judged is the DPO loss: `dpo_loss` where logged (MoE: without TRL's router term). Rewards are on the loss's
-scale, beta x log-ratio / completion tokens (`rewards_norm/*`, which the project's trainer logs at every step), not
-TRL's `rewards/*` (beta x SUMMED log-ratio, hundreds of nats on long completions).
+The loss judged is `dpo_loss` where logged (MoE: without TRL's router term). Rewards are on the loss's scale,
+`rewards_norm/*` (beta x log-ratio / completion tokens), not TRL's `rewards/*` (beta x SUMMED log-ratio).
 
 A stop (`health_action: stop`, the default; NaN always stops) saves a resumable checkpoint when the state is finite,
 ends training on every rank at the same step and leaves `HealthGuard.stop` set: train_dpo.py exits with
-HEALTH_STOP_EXIT and the job is not requeued. The stop is recorded (`resume.HEALTH_STOP`): the same command is refused
-rather than resumed on the values it stopped on.
+HEALTH_STOP_EXIT, the job is not requeued, and the same command is refused (`resume.HEALTH_STOP`).
 """
 
 import math
@@ -68,8 +65,6 @@ class HealthGuard(TrainerCallback):
         self._pinned_pairs = 0
         self._last_step = 0
 
-    # --- events ---
-
     def on_train_begin(self, args, state, control, **kwargs):
         self._fresh = state.global_step == 0  # a resumed run has no step 1 to check
         self._last_step = state.global_step
@@ -105,8 +100,6 @@ class HealthGuard(TrainerCallback):
             _record_in_wandb(self.stop, state)
         return control
 
-    # --- the guards ---
-
     def check(self, step: int, logs: dict, args, max_steps: int) -> list[Alarm]:
         p, found = self.p, {}  # guard -> message
         bad = {k: v for k, v in logs.items() if isinstance(v, float) and not math.isfinite(v)}
@@ -129,7 +122,7 @@ class HealthGuard(TrainerCallback):
             )
         if p.health_max_margin > 0 and r and r["margins"] > p.health_max_margin:
             found["margin"] = (
-                f"{r['source']}margins {r['margins']:.3g} > health_max_margin {p.health_max_margin} (chosen "
+                f"rewards_norm/margins {r['margins']:.3g} > health_max_margin {p.health_max_margin} (chosen "
                 f"{r['chosen']:.3g}, rejected {r['rejected']:.3g}): margins exploding (above 5 unstable; a "
                 "collapsed run reached 9-18). Lower --learning_rate"
             )
@@ -163,7 +156,7 @@ class HealthGuard(TrainerCallback):
             value = f"ln 2 = {expected:.6g}" if math.isclose(expected, LN2) else f"{expected:.6g}"
             problems.append(f"{name} {loss:.6g} (expected {value}, {'+'.join(loss_types(args))} at log-ratios 0)")
         if r and (abs(r["chosen"]) > tol or abs(r["rejected"]) > tol):
-            problems.append(f"{r['source']}chosen {r['chosen']:.4g}, rejected {r['rejected']:.4g} (expected 0)")
+            problems.append(f"rewards_norm/chosen {r['chosen']:.4g}, rejected {r['rejected']:.4g} (expected 0)")
         if not problems:
             return []
         message = (
@@ -179,7 +172,7 @@ class HealthGuard(TrainerCallback):
         """chosen / rejected / margins / accuracies on the loss's scale (beta x log-ratio per completion token)."""
         if "rewards_norm/chosen" not in logs:
             return None
-        return {k: logs.get(f"rewards_norm/{k}") for k in REWARD_STATS} | {"source": "rewards_norm/"}
+        return {k: logs.get(f"rewards_norm/{k}") for k in REWARD_STATS}
 
     def _decide(self, alarms: list[Alarm], args) -> int:
         """0 go on, 1 stop with a checkpoint, 2 stop without one; the same answer on every rank."""
@@ -201,11 +194,9 @@ def _record_in_wandb(alarm: Alarm, state) -> None:
         wandb.run.summary["health/stopped"] = f"[{alarm.guard}] step {alarm.step}: {alarm.message}"
 
 
-_GO_ON = ", or with --health_action warn to go on from the checkpoint"
-
-
 def stop_line(alarm: Alarm, output_dir: str) -> str:
     """The run's last log line after a health stop."""
+    go_on = "" if alarm.fatal else ", or with --health_action warn to go on from the checkpoint"
     where = (
         f"no checkpoint written from the non-finite state; earlier complete checkpoints in {output_dir} still resume"
         if alarm.fatal
@@ -214,5 +205,5 @@ def stop_line(alarm: Alarm, output_dir: str) -> str:
     return (
         f"health: training STOPPED at step {alarm.step} by the {alarm.guard} guard; {where}. The job is not "
         f"requeued (a retry would fail the same way), and the same command is refused: fix the cause above, then "
-        f"rerun with --overwrite_output_dir to start afresh{'' if alarm.fatal else _GO_ON}"
+        f"rerun with --overwrite_output_dir to start afresh{go_on}"
     )

@@ -1,17 +1,13 @@
 """TRL's DPO loss as this project runs it: which terms hold per pair, the one normalized over the whole step, the
 losses refused on a token budget, and the loss a run must show before its first update.
 
-An audit of every term of TRL 1.16's `DPOTrainer._compute_loss` for whether a step's loss depends on how the step is
-cut into micro-batches and processes (each micro-batch's loss is weighed by its share of the step's pairs):
-- per pair, so invariant: sigmoid, hinge, ipo, sigmoid_norm, exo_pair, nca_pair, robust, bco_pair, sppo_hard,
-  apo_zero, apo_down, discopop; the f-divergences, `ld_alpha`, `label_smoothing` and WPO's weights are each pair's own.
-- per token: `sft`, TRL's mean NLL over one micro-batch's chosen tokens; here over the whole step's, on every rank
-  (`SftOverStep`). Under WPO TRL scales it by the micro-batch's mean pair weight, which no cut reproduces: refused.
-- per micro-batch: aot and aot_unpaired compare the micro-batch's pairs by rank: refused on a token budget
-  (`check_options`); with fixed micro-batches of per_device_train_batch_size pairs they compare those, as TRL does.
-- the MoE router's loss is per forward: each micro-batch's, weighed by its pairs like the DPO loss.
-With `assistant_turns: all` every term reads all labeled tokens through the completion mask, except WPO's weights and
-LD-DPO's split, which need one completion per side: refused with `all` (`check_options`).
+Each micro-batch's loss is weighed by its share of the step's pairs, so a term is the same however a step is cut into
+micro-batches and processes only if it is per pair. The audit of every term of TRL 1.16's `DPOTrainer._compute_loss`
+is in docs/losses.md: the loss types but two, the f-divergences, `ld_alpha`, `label_smoothing` and WPO's weights are
+per pair; `sft` is per token, here over the whole step's chosen tokens on every rank (`SftOverStep`), and refused with
+WPO's weights (TRL scales it by a micro-batch's mean weight); aot and aot_unpaired rank a micro-batch's pairs, refused
+on a token budget (`check_options`); the MoE router's loss is per forward, weighed by its pairs like the DPO loss.
+With `assistant_turns: all`, WPO's weights and LD-DPO's split need one completion per side: refused.
 """
 
 import dataclasses

@@ -70,7 +70,6 @@ class MemoryUse(TrainerCallback):
         )
 
     def warn(self, found: dict[str, float], main: bool) -> None:
-        """`past_plan`'s warning, on stderr of the main process."""
         warning = self.past_plan(found)
         if warning and main:
             print(warning, file=sys.stderr, flush=True)

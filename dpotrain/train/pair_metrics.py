@@ -69,20 +69,21 @@ class PairMetrics(TrainerCallback):
         beta: float,
         ld_alpha,
         positions: int,
+        computed_tokens: int,
         loss: torch.Tensor,
         model_flops: float = 0.0,
-        computed_tokens: int | None = None,
         dpo_loss: torch.Tensor | None = None,
     ):
         """Accumulate one micro-batch: `outputs` and `inputs` in TRL's padded `[2B, L]` layout (the inputs with the
-        reference's `ref_*_logps`), `loss` TRL's mean loss of the micro-batch, `model_flops` its forward + backward,
-        `positions` what the model ran, `computed_tokens` the real tokens among them (by default the padded layout's),
-        `dpo_loss` the loss without the MoE router term."""
+        reference's `ref_*_logps`), `positions` what the model ran, `computed_tokens` the real tokens among them,
+        `loss` TRL's mean loss of the micro-batch, `model_flops` its forward + backward, `dpo_loss` the loss without
+        the MoE router term."""
         s = self.sums[mode]
         with torch.no_grad():
             shift_mask = inputs["completion_mask"][:, 1:].to(outputs.log_probs.dtype)
             logps = sequence_logps(outputs.log_probs.detach(), shift_mask, ld_alpha)
             chosen, rejected = logps.chunk(2)
+            pairs = chosen.numel()
             chosen_len, rejected_len = shift_mask.sum(dim=1).clamp(min=1).chunk(2)
             rewards = beta * (chosen - inputs["ref_chosen_logps"]), beta * (rejected - inputs["ref_rejected_logps"])
             norm = rewards[0] / chosen_len, rewards[1] / rejected_len
@@ -93,8 +94,8 @@ class PairMetrics(TrainerCallback):
             # Device tensors until the log step: a float() here would stall the GPU on every micro-batch.
             for name, v in values.items():
                 s[name] += v.sum()
-            s["pairs"] += chosen.numel()
-            s["loss"] += loss.detach() * chosen.numel()
+            s["pairs"] += pairs
+            s["loss"] += loss.detach() * pairs
             chosen_mask, rejected_mask = shift_mask.chunk(2)
             s["entropy"] += (outputs.entropy * shift_mask).sum()
             s["completion_tokens"] += shift_mask.sum()
@@ -107,10 +108,9 @@ class PairMetrics(TrainerCallback):
             s["tokens"] += inputs["attention_mask"].sum()
             s["positions"] += positions
             s["model_flops"] += model_flops
-            s["computed_tokens"] += inputs["attention_mask"].sum() if computed_tokens is None else computed_tokens
+            s["computed_tokens"] += computed_tokens
             # MoE: micro-batch means weighed by their pairs, as the loss is, so that over a log with steps of equal
             # size loss = dpo_loss + router_aux_loss_coef x aux_loss.
-            pairs = chosen.numel()
             if getattr(outputs, "aux_loss", None) is not None:
                 s["aux_loss"] += outputs.aux_loss.detach() * pairs
                 s["aux_loss_pairs"] += pairs

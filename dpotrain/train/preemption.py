@@ -1,16 +1,14 @@
 """Checkpoint and stop cleanly when Slurm is about to end the job.
 
-A signal handler may run at any point of a step, also inside a collective, so it only sets a flag. At the end of
-each optimizer step all ranks agree (one all-reduce of one number) whether any of them was asked to stop; then the
-Trainer saves a checkpoint and leaves its loop, on every rank at the same step.
-
-Two ways to ask, because a batch script's pre-timeout signal (`--signal=B:USR1@...`) reaches the batch shell only:
-- SIGUSR1, SIGTERM (Slurm's preemption and `scancel`), SIGINT (Ctrl-C; a second one stops at once) or SIGHUP (the
-  terminal closed: from then on what went to the terminal goes to /dev/null, as writing there fails; terminal.py)
-  delivered to a training process;
+A signal handler may run at any point of a step, also inside a collective, so it only sets a flag; at the end of each
+optimizer step all ranks agree (one all-reduce) whether any was asked to stop, then every rank saves and leaves the
+loop at the same step. A batch script's pre-timeout signal (`--signal=B:USR1@...`) reaches the batch shell only, so
+there are two ways to ask:
+- SIGUSR1, SIGTERM (preemption, `scancel`), SIGINT (Ctrl-C; a second one stops at once) or SIGHUP (the terminal
+  closed: what went to it goes to /dev/null from then on; terminal.py) delivered to a training process;
 - a stop file: the batch script's trap creates `$DPOTRAIN_STOP_FILE` (on a file system all nodes share).
-Once progress is safe on disk, the main process writes `<stop file>.checkpointed`, which tells the batch script to
-requeue the job rather than end it, and the process exits with STOPPED_EXIT.
+Once progress is on disk the main process writes `<stop file>.checkpointed`, which tells the batch script to requeue
+the job, and the process exits with STOPPED_EXIT.
 """
 
 import os

@@ -1,9 +1,9 @@
 """Which checkpoint a rerun goes on from, or why it may not: resume exactly or refuse.
 
-- A checkpoint is resumed from only once verified: its COMPLETE mark, its manifest listing the optimizer's and the
-  scheduler's state, every file at its listed size (before anything loads) and checksum (once processes have started,
-  each rank its share: `confirm`). The automatic resume takes the newest verified one, saying which newer ones it
-  skipped and why; a checkpoint named with --resume_from_checkpoint that cannot be verified is refused.
+- Only a verified checkpoint is resumed from: its COMPLETE mark, its manifest listing the optimizer's and scheduler's
+  state, every file at its size (before anything loads) and checksum (once processes have started: `confirm`). The
+  automatic resume takes the newest verified one, saying why it skipped newer ones; one named with
+  --resume_from_checkpoint that cannot be verified is refused.
 - A run stopped by a health guard is remembered (`HEALTH_STOP`): the same command is refused with the fix.
 - A folder whose only checkpoints were cut short holds nothing to resume: the identical rerun (a requeue) starts afresh.
 """
@@ -16,7 +16,7 @@ from dpotrain.recipe import records as run_records
 from dpotrain.recipe.errors import ConfigError, RunError
 from dpotrain.recipe.writes import write_text
 from dpotrain.train import checkpoint_manifest
-from dpotrain.train.checkpoints import MARKER, checkpoints, is_complete
+from dpotrain.train.checkpoints import MARKER, checkpoints, complete_checkpoints, is_complete
 
 HEALTH_STOP = "health_stop.json"  # written by a run a health guard stopped (dpotrain/train/health.py)
 
@@ -40,7 +40,7 @@ def newest_verified(out: Path, before: Path | None = None) -> tuple[Path | None,
     passed over, each with why."""
     folders = checkpoints(out)
     if before is not None:
-        folders = [p for p in folders if p.name != before.name and _step(p) < _step(before)]
+        folders = [p for p in folders if _step(p) < _step(before)]
     skipped = []
     for folder in reversed(folders):
         why = unverified(folder)
@@ -77,7 +77,6 @@ def _step(folder: Path) -> int:
 def confirm(resume_from: str | None, explicit: bool) -> str | None:
     """Once processes have started, on every rank: the resume point's checksums, each rank its share of the files; a
     damaged checkpoint is skipped for the previous sound one (one named with --resume_from_checkpoint is refused)."""
-    from dpotrain.cluster.collectives import gather_objects
     from dpotrain.train import agreement
 
     # First, that every rank found the same checkpoint: else they would run different collectives below and hang.
@@ -85,7 +84,8 @@ def confirm(resume_from: str | None, explicit: bool) -> str | None:
     rank, world = collectives.rank_and_world()
     folder, damaged = Path(resume_from) if resume_from else None, []
     while folder is not None:
-        found = [p for part in gather_objects(checkpoint_manifest.checksum_problems(folder, rank, world)) for p in part]
+        every_rank = collectives.gather_objects(checkpoint_manifest.checksum_problems(folder, rank, world))
+        found = [p for part in every_rank for p in part]
         if not found:
             return str(folder)
         damaged.append(f"{folder.name}: {found[0]}")
@@ -178,7 +178,7 @@ def after_health_stop(recipe, out: Path) -> bool:
     go_on = "" if stop.get("fatal") else " (or --health_action warn to go on from its checkpoint anyway)"
     again = (
         "resuming would train on the values it stopped on"
-        if any(is_complete(p) for p in checkpoints(out))
+        if complete_checkpoints(out)
         else "the same command would fail the same way"
     )
     raise ConfigError(
@@ -192,7 +192,7 @@ def only_cut_short(out: Path, changed: list[str]) -> bool:
     nothing to resume, so the identical rerun (a Slurm requeue) starts afresh."""
     folders = checkpoints(out)
     ran_here = (out / "resolved_config.json").is_file()  # written as training starts: a run of this project was here
-    if not folders or any(is_complete(p) for p in folders) or changed or not ran_here:
+    if not folders or complete_checkpoints(out) or changed or not ran_here:
         return False
     _say(
         f"output_dir {out}: {', '.join(p.name for p in folders)} cut short (no COMPLETE mark), nothing to resume "

@@ -33,7 +33,6 @@ def write(out: str | Path, names: list[str]) -> None:
 
 
 def claim(out: str | Path, names) -> None:
-    """Adds `names` to the run's record."""
     known = read(Path(out)) or []
     added = [n for n in names if n not in known]
     if added or not (Path(out) / MANIFEST).exists():

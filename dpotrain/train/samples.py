@@ -1,18 +1,15 @@
 """Sample generations during training: a few fixed prompts, greedy, every N optimizer steps.
 
 What a collapsing run looks like before its metrics say so: 001's model answered "hormonal hormonal hormonal ...".
-Each sample gets a repetition score (the share of word 3-grams already seen earlier in the text: 0 for ordinary prose,
-~1 for a loop) and the longest run of one repeated word; a score over `sample_repetition_warn` is a warning in the log.
+Each sample gets a repetition score (the share of word 3-grams seen earlier in the text: 0 for ordinary prose, ~1 for
+a loop) and its longest run of one word; a score over `sample_repetition_warn` is a warning in the log. Samples go to
+`<output_dir>/samples.jsonl` and, when W&B runs, to a `samples` table.
 
-Samples go to `<output_dir>/samples.jsonl` and, when W&B runs, to a `samples` table. Under ZeRO-2 (and DDP) only the
-main process generates: every rank holds the full weights. Under ZeRO-3 and FSDP2 every rank generates the same answers
-together (`synced_gpus`), and the main process writes them; afterwards the engine is left as training expects
-(`leave_for_training`).
-
-A model that trains on FlexAttention generates on sdpa (`dense_attention_while`): generation's KV cache and one-token
-queries would each be a new compilation of FlexAttention, and a run's compilations are limited. For the same reason
-samples are generated with compilation off: with `compile_layers` generation's shapes would spend the layers' recompile
-limit before training's first step, leaving training eager.
+Where the weights are sharded (ZeRO-3, FSDP2) every rank generates the same answers together (`synced_gpus`), else the
+main process alone; then the engine is left as training expects (`leave_for_training`). A model that trains on
+FlexAttention generates on sdpa (`dense_attention_while`), with compilation off: generation's KV cache and one-token
+queries would each be a new compilation, spending the run's limits (with `compile_layers`, the layers' recompile limit
+before training's first step, leaving training eager).
 """
 
 import contextlib

@@ -43,7 +43,6 @@ class StepLog(ProgressCallback):
     def on_train_begin(self, args, state, control, **kwargs):
         if not args.disable_tqdm:
             super().on_train_begin(args, state, control, **kwargs)
-        self.current_step = 0
 
     def on_step_end(self, args, state, control, **kwargs):
         if self.training_bar is not None:

@@ -47,21 +47,18 @@ from dpotrain.train.preemption import GracefulStop
 from dpotrain.train.step_log import StepLog
 
 
-def model_init_kwargs(run: Recipe) -> dict:
-    """What TRL's own `trl/scripts/dpo.py` passes to `from_pretrained`, from ModelConfig's fields as the run uses them
-    (`RunSpec.as_run`): the attention of the forward chosen, the dtype the engine trains in (`engine.load_dtype`)."""
-    m = run.model
-    kwargs = dict(revision=m.model_revision, attn_implementation=m.attn_implementation, dtype=m.dtype)
-    return kwargs | (run.training.model_init_kwargs or {})
-
-
 def training_arguments(run: Recipe):
     """What TRL and transformers see (a new `DPOConfig`, so their checks run) of the run's recipe, where it differs:
     gradient_accumulation_steps 1 (a step's micro-batches run inside `training_step`, before transformers fills
     DeepSpeed's "auto" batch sizes); padding_free off (TRL 1.16 warns "temporarily unavailable" and pads; this project
-    packs with its own collator); push_to_hub off and no hub_token (this project pushes: hub.take_push_settings)."""
+    packs with its own collator); push_to_hub off and no hub_token (this project pushes: hub.take_push_settings);
+    model_init_kwargs as TRL's `trl/scripts/dpo.py` builds them from ModelConfig (`RunSpec.as_run`: the forward's
+    attention, the engine's load dtype), the recipe's own on top."""
+    m = run.model
+    init = dict(revision=m.model_revision, attn_implementation=m.attn_implementation, dtype=m.dtype)
+    init |= run.training.model_init_kwargs or {}
     trl_only = dict(gradient_accumulation_steps=1, padding_free=False, push_to_hub=False, hub_token=None)
-    return replaced(run, training={**trl_only, "model_init_kwargs": model_init_kwargs(run)}).training
+    return replaced(run, training={**trl_only, "model_init_kwargs": init}).training
 
 
 def resolve_model_path(recipe: Recipe) -> str:
@@ -401,13 +398,10 @@ class RecipeDPOTrainer(DPOTrainer):
         return steps, totals[0]
 
     def floating_point_ops(self, inputs):
+        count = super().floating_point_ops
         if "micro_batches" in inputs:  # a filler's forward is not training: not counted
-            return sum(
-                super(RecipeDPOTrainer, self).floating_point_ops(mb)
-                for mb in inputs["micro_batches"]
-                if not mb.get(plan.FILLER)
-            )
-        return super().floating_point_ops(inputs)
+            return sum(count(mb) for mb in inputs["micro_batches"] if not mb.get(plan.FILLER))
+        return count(inputs)
 
     # --- reference log-probs: a stage of its own (reference.py), the ready run's first verb ------------------------
     def _precompute_ref_logps(self, dataset, name, batch_size):
@@ -515,19 +509,17 @@ class RecipeDPOTrainer(DPOTrainer):
         if inputs.get(plan.FILLER) or not sequence_parallel.leads_group():
             return result
         grouped = isinstance(stand_in, padded.GroupedModel)  # the positions the grouped padded forward ran
-        positions = stand_in.positions if grouped else inputs["input_ids"].numel()
+        flops = 0.0 if mode == "eval" else self.model_flops.training(sequence_lengths(inputs), shared_prefixes(inputs))
         self.pair_metrics.add(
             mode,
             stand_in.outputs,
             view,
             self.beta,
             self.ld_alpha,
-            positions=positions,
+            positions=stand_in.positions if grouped else inputs["input_ids"].numel(),
             computed_tokens=computed_tokens(inputs),
             loss=loss,
-            model_flops=self.model_flops.training(sequence_lengths(inputs), shared_prefixes(inputs))
-            if mode == "train"
-            else 0.0,
+            model_flops=flops,
             dpo_loss=None if router is None else loss - router,
         )
         return result
