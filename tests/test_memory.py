@@ -338,10 +338,14 @@ ZERO3_RANK_PLANS = """
 from transformers.integrations import HfDeepSpeedConfig
 
 from dpotrain.cluster import engine
+from dpotrain.data import builtin
 from dpotrain.plan import memory
 from dpotrain.recipe.config import parse_args
 
 recipe = parse_args(["--config", "configs/smoke.yaml", "--bf16", "true", "--use_cpu", "true"])
+# Built first, so the count is the built model's (its tokenizer's vocabulary), whichever test ran before: unbuilt, the
+# plan counts the vocabulary's bound, 1024.
+builtin.materialize_model(recipe.model.model_name_or_path)
 zero3 = HfDeepSpeedConfig({"zero_optimization": {"stage": 3}, "bf16": {"enabled": True}, "train_batch_size": 1})
 plan = memory.plan(recipe, 1, engine.from_config("configs/accelerate/zero3.yaml"))
 print("parameters", plan["model"]["parameters"], "activations", plan["activations_from"])
