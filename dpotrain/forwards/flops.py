@@ -63,14 +63,8 @@ class ModelFlops:
             return int(torch.Size(shape).numel()) if len(shape) >= 2 else 0  # norms and biases do no matrix product
 
         # MoE: a token runs num_experts_per_tok of the routed experts; their weights count for that share.
-        experts = next(
-            (
-                getattr(config, k)
-                for k in ("num_experts", "num_local_experts", "n_routed_experts")
-                if getattr(config, k, None)
-            ),
-            None,
-        )
+        counts = (getattr(config, k, None) for k in ("num_experts", "num_local_experts", "n_routed_experts"))
+        experts = next((n for n in counts if n), None)
         active = getattr(config, "num_experts_per_tok", None)
         share = active / experts if experts and active else 1.0
         total = sum(count(p) * (share if "experts" in name.split(".") else 1.0) for name, p in model.named_parameters())

@@ -28,11 +28,15 @@ def text_config(model):
     return config.get_text_config()
 
 
+def layer_kinds(text) -> set[str]:
+    """The layer kinds of a text config (its `layer_types`; full attention alone where it names none)."""
+    return set(getattr(text, "layer_types", None) or ["full_attention"])
+
+
 def windows(config) -> dict[str, int | None]:
     """The sliding window of each layer kind the model has (None: full attention)."""
     window = getattr(config, "sliding_window", None)
-    kinds = sorted(set(getattr(config, "layer_types", None) or ["full_attention"]))
-    return {kind: window if kind == "sliding_attention" else None for kind in kinds}
+    return {kind: window if kind == "sliding_attention" else None for kind in sorted(layer_kinds(config))}
 
 
 def compact(batch: dict) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

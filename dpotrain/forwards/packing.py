@@ -67,7 +67,7 @@ def packing_problem(config) -> str | None:
     attn = attention_name(upstream.attn_implementation(config))
     if attn not in PACKED_ATTENTION:
         return f"attn_implementation {attn!r} is not one that honours packed sequences ({sorted(PACKED_ATTENTION)})"
-    stateful = sorted(set(getattr(text_config, "layer_types", None) or []) - ATTENTION_LAYER_TYPES)
+    stateful = sorted(masks.layer_kinds(text_config) - ATTENTION_LAYER_TYPES)
     if model_type in BOUNDARY_HYBRIDS:
         if attn in VARLEN_ATTENTION:
             return None
@@ -104,15 +104,13 @@ def truncate(ids: list[int], mask: list[int], max_length: int | None, truncation
 
 
 def sequences(example: dict, max_length: int | None, truncation_mode: str):
-    """(ids, completion_mask) of the chosen and the rejected sequence of one tokenized pair, truncated."""
+    """(ids, completion_mask) of the chosen and the rejected sequence of one tokenized pair, truncated; the mask marks
+    the completion and, with `assistant_turns: all`, the prompt's earlier assistant turns (turns.py)."""
     prompt = example["prompt_ids"]
-    out = []
-    for side in ("chosen", "rejected"):
-        ids = prompt + example[f"{side}_ids"]
-        # the completion's tokens, and with `assistant_turns: all` the prompt's earlier assistant turns (turns.py)
-        mask = turns.completion_mask(example, side)
-        out.append(truncate(ids, mask, max_length, truncation_mode))
-    return out
+    return [
+        truncate(prompt + example[f"{side}_ids"], turns.completion_mask(example, side), max_length, truncation_mode)
+        for side in ("chosen", "rejected")
+    ]
 
 
 def balanced_rows(lengths: list[int], count: int) -> list[list[int]]:
@@ -241,12 +239,14 @@ class PackedPreferenceCollator:
         return rows, padded_width(max(sum(lengths[i] for i in row) for row in rows), self.pad_to_multiple_of)
 
 
+REFERENCE_KEYS = ("ref_chosen_logps", "ref_rejected_logps")
+
+
 def with_reference(batch: dict, examples: list[dict]) -> dict:
     """`batch` with the examples' reference log-probs where they carry them."""
-    for key in ("ref_chosen_logps", "ref_rejected_logps"):
-        if key in examples[0]:
-            batch[key] = torch.tensor([e[key] for e in examples], dtype=torch.float32)
-    return batch
+    return batch | {
+        k: torch.tensor([e[k] for e in examples], dtype=torch.float32) for k in REFERENCE_KEYS if k in examples[0]
+    }
 
 
 def varlen_boundaries(lengths: list[int], width: int) -> dict:
@@ -331,10 +331,7 @@ def padded_view(batch: dict) -> dict:
         "attention_mask": valid.long(),
         "completion_mask": _lay_out(batch["completion_mask"], index, valid),
     }
-    for key in ("ref_chosen_logps", "ref_rejected_logps"):
-        if key in batch:
-            padded[key] = batch[key]
-    return padded
+    return padded | {k: batch[k] for k in REFERENCE_KEYS if k in batch}
 
 
 PER_TOKEN_FIELDS = ("log_probs", "entropy", "log_sum_sq_probs", "mean_logits", "is_top1", "label_mask")

@@ -22,6 +22,7 @@ from typing import Any
 import torch
 
 from dpotrain.data.pair_lengths import LABELS
+from dpotrain.forwards.masks import layer_kinds
 from dpotrain.forwards.packing import (
     PackedPreferenceCollator,
     attention_name,
@@ -51,7 +52,7 @@ def share_problem(config, attn_implementation: str | None, router_aux_loss_coef:
     if attn not in SHARED_ATTENTION:
         return f"{attn} attends within each packed sequence (varlen) and cannot express a prompt shared by two"
     text = config.get_text_config() if hasattr(config, "get_text_config") else config
-    kinds = set(getattr(text, "layer_types", None) or ["full_attention"])
+    kinds = layer_kinds(text)
     if kinds - {"full_attention", "sliding_attention"}:
         return f"{text.model_type} has {'/'.join(sorted(kinds))} layers, whose masks this project does not build"
     # MoE: TRL adds the router's load-balancing loss when the config has `output_router_logits` and a coefficient
@@ -115,19 +116,13 @@ class SharedPromptCollator(PackedPreferenceCollator):
         batch, where = self.lay_out(units)  # a row's end is a block of its own (0)
         block = torch.zeros(batch["input_ids"].shape, dtype=torch.long)
         branch = torch.zeros(batch["input_ids"].shape, dtype=torch.int8)
-        seq = torch.zeros((2 * n, 5), dtype=torch.long)  # length, row, start, jump, offset
+        seq = torch.zeros((2 * n, 5), dtype=torch.long)  # per sequence: length, row, start, jump, offset
         for u, ((r, start), (ids, _, _, br, members)) in enumerate(zip(where, units, strict=True)):
             branch[r, start : start + len(ids)] = torch.tensor(br, dtype=torch.int8)
             block[r, start : start + len(ids)] = u + 1
             for index, length, jump, offset in members:
                 seq[index] = torch.tensor([length, r, start, jump, offset])
-        batch |= {
-            "attention_block": block,
-            "attention_branch": branch,
-            "seq_lens": seq[:, 0].clone(),
-            "seq_rows": seq[:, 1].clone(),
-            "seq_starts": seq[:, 2].clone(),
-            "seq_jumps": seq[:, 3].clone(),
-            "seq_offsets": seq[:, 4].clone(),
-        }
+        batch |= {"attention_block": block, "attention_branch": branch}
+        columns = ("seq_lens", "seq_rows", "seq_starts", "seq_jumps", "seq_offsets")
+        batch |= {key: seq[:, i].clone() for i, key in enumerate(columns)}
         return with_reference(batch, examples)
