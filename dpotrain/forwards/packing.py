@@ -1,15 +1,10 @@
 """Padding-free (packed) DPO forward: the chosen and rejected sequences of a micro-batch side by side in rows.
 
-TRL pads a micro-batch of B pairs to `[2B, longest]`; on real preference data more than half of those positions are
-padding (58% on a Dolci-like mix). Here sequences are concatenated into rows with `position_ids` restarting
-at 0 for each, no `attention_mask` and `use_cache=False`: transformers then builds a per-sequence causal (and
-sliding-window) mask for sdpa/eager, and FlashAttention takes the boundaries from `cu_seq_lens_q/k` (its varlen
-kernel). After the forward, the per-token outputs are laid back out as `[2B, L-1]` in TRL's order (chosen 0..B-1,
-rejected 0..B-1), so TRL's own loss and metric code runs on them unchanged (`PackedModel`).
-
-Per-token log-probs come from TRL's fused LM head (`model(..., labels=..., fused_lm_head=True)`), which shifts the
-labels across a whole row: the label of each sequence's first token is therefore set to -100, or the last token of
-one sequence would be scored as predicting the first token of the next.
+TRL pads a micro-batch of B pairs to `[2B, longest]`: more than half of the positions on real preference data (58% on
+a Dolci-like mix). Here sequences are concatenated into rows, `position_ids` restarting at 0 for each, and the per-token
+outputs are laid back out as `[2B, L-1]` in TRL's order (chosen 0..B-1, rejected 0..B-1), so TRL's own loss and metric
+code runs on them unchanged (`PackedModel`). TRL's fused LM head shifts the labels across a whole row: the label of
+each sequence's first token is set to -100, or the last token of one sequence would predict the first of the next.
 """
 
 import math
@@ -286,9 +281,7 @@ def forward(model, batch: dict, **kwargs):
     """The model's fused-LM-head forward on packed rows: per-token outputs of shape `[rows, width-1]`, with the
     attention mask the model's attention needs for them (`forwards/masks.py`)."""
     model_kwargs = {k: batch[k] for k in MODEL_KEYS if k in batch}
-    mask = masks.attention_mask(model, batch)
-    if mask is not None:
-        model_kwargs["attention_mask"] = mask
+    model_kwargs["attention_mask"] = masks.attention_mask(model, batch)  # None: transformers' default, no mask
     return model(**model_kwargs, labels=packed_labels(batch), fused_lm_head=True, use_cache=False, **kwargs)
 
 

@@ -7,14 +7,12 @@ packed row as
     prompt[0 .. P-2] | prompt[P-1] chosen[0 .. C-1] | prompt[P-1] rejected[0 .. R-1]
         branch 0     |          branch 1             |           branch 2
 
-with position ids 0 .. P-1, P .. P+C-1, then P-1 again, P .. P+R-1. A token attends to tokens of its own pair at
-earlier or equal positions in branch 0 or in its own branch: each completion sees the prompt and itself, never the
-other. The last prompt token appears twice, once per branch: its hidden state predicts each completion's first token
-(TRL's fused LM head scores the next token in the row). The per-token outputs are laid back out in TRL's `[2B, L-1]`
-layout as for unshared packing (`seq_jumps`, `seq_offsets`), so TRL's loss and metrics are unchanged. A pair costs
-P + C + R + 1 positions. The mask (forwards/masks.py, built on the device from the collator's compact inputs) is a block
-mask for FlexAttention or a dense 4D one for sdpa and eager; FlashAttention's varlen kernel cannot express it. A pair
-whose truncation would cut into its prompt, or without a prompt, is laid out unshared within the same row.
+with position ids 0 .. P-1, P .. P+C-1, then P-1 again, P .. P+R-1: P + C + R + 1 positions. Each completion sees the
+prompt and itself, never the other (forwards/masks.py: a block mask for FlexAttention, a dense one for sdpa and eager;
+FlashAttention's varlen kernel cannot express it). The last prompt token appears once per branch: its hidden state
+predicts each completion's first token (TRL's fused LM head scores the next token in the row). The outputs are laid
+back out in TRL's `[2B, L-1]` layout as for unshared packing (`seq_jumps`, `seq_offsets`). A pair without a prompt, or
+whose truncation would cut into it, is laid out unshared within the same row.
 """
 
 from typing import Any
