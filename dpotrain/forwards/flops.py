@@ -28,10 +28,15 @@ def peak_of(name: str) -> float | None:
     return next((peak for key, peak in PEAK_BF16_TFLOPS.items() if key in name), None)
 
 
+def layer_kinds(text) -> list[str]:
+    """Each layer's kind in a text config: its `layer_types`, else full attention (a config without them)."""
+    return getattr(text, "layer_types", None) or ["full_attention"] * getattr(text, "num_hidden_layers", 1)
+
+
 def layer_windows(text) -> tuple:
     """Per layer of a text config: its sliding window, None for full attention, 0 for a linear-attention layer."""
-    kinds = getattr(text, "layer_types", None) or ["full_attention"] * text.num_hidden_layers
     window = getattr(text, "sliding_window", None)
+    kinds = layer_kinds(text)
     return tuple(None if k == "full_attention" else window if k == "sliding_attention" else 0 for k in kinds)
 
 

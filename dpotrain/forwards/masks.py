@@ -11,6 +11,7 @@ whose tables come from per-tile summaries, built once per micro-batch and kept i
 
 import torch
 
+from dpotrain.forwards.flops import layer_kinds
 from dpotrain.recipe import upstream
 
 BLOCK = 128  # FlexAttention's default tile: rows for flex are padded to a multiple of it (see the collators)
@@ -28,15 +29,10 @@ def text_config(model):
     return config.get_text_config()
 
 
-def layer_kinds(text) -> set[str]:
-    """The layer kinds of a text config (its `layer_types`; full attention alone where it names none)."""
-    return set(getattr(text, "layer_types", None) or ["full_attention"])
-
-
 def windows(config) -> dict[str, int | None]:
     """The sliding window of each layer kind the model has (None: full attention)."""
     window = getattr(config, "sliding_window", None)
-    return {kind: window if kind == "sliding_attention" else None for kind in sorted(layer_kinds(config))}
+    return {kind: window if kind == "sliding_attention" else None for kind in sorted(set(layer_kinds(config)))}
 
 
 def compact(batch: dict) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

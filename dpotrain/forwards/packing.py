@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from dpotrain.data import turns
-from dpotrain.forwards import masks
+from dpotrain.forwards import flops, masks
 from dpotrain.recipe import upstream
 
 # Which models may pack. A layer that carries state along a row (linear attention, Mamba, RWKV) mixes the sequences of
@@ -62,7 +62,7 @@ def packing_problem(config) -> str | None:
     attn = attention_name(upstream.attn_implementation(config))
     if attn not in PACKED_ATTENTION:
         return f"attn_implementation {attn!r} is not one that honours packed sequences ({sorted(PACKED_ATTENTION)})"
-    stateful = sorted(masks.layer_kinds(text_config) - ATTENTION_LAYER_TYPES)
+    stateful = sorted(set(flops.layer_kinds(text_config)) - ATTENTION_LAYER_TYPES)
     if model_type in BOUNDARY_HYBRIDS:
         if attn in VARLEN_ATTENTION:
             return None

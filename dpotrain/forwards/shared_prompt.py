@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from dpotrain.data.pair_lengths import LABELS
-from dpotrain.forwards.masks import layer_kinds
+from dpotrain.forwards.flops import layer_kinds
 from dpotrain.forwards.packing import (
     PackedPreferenceCollator,
     attention_name,
@@ -50,7 +50,7 @@ def share_problem(config, attn_implementation: str | None, router_aux_loss_coef:
     if attn not in SHARED_ATTENTION:
         return f"{attn} attends within each packed sequence (varlen) and cannot express a prompt shared by two"
     text = config.get_text_config() if hasattr(config, "get_text_config") else config
-    kinds = layer_kinds(text)
+    kinds = set(layer_kinds(text))
     if kinds - {"full_attention", "sliding_attention"}:
         return f"{text.model_type} has {'/'.join(sorted(kinds))} layers, whose masks this project does not build"
     # MoE: TRL adds the router's load-balancing loss when the config has `output_router_logits` and a coefficient
