@@ -60,11 +60,9 @@ class ForwardChoice:
 
     def record(self) -> dict:
         """The `forward` entry of resolved_config.json: the forward, and the winner, runner-up and their estimates."""
+        winner, runner_up, *_ = [*(self.decision or {}).get("estimates", []), None, None]
         out = {**asdict(self), "one_row": self.one_row, "layout": self.layout}
-        estimates = (self.decision or {}).get("estimates", [])
-        out["winner"] = estimates[0] if estimates else None
-        out["runner_up"] = estimates[1] if len(estimates) > 1 else None
-        return out
+        return out | {"winner": winner, "runner_up": runner_up}
 
 
 def cuda_available() -> bool:
@@ -114,11 +112,6 @@ def installed_varlen(cuda: bool) -> str | None:
     major = torch.cuda.get_device_capability()[0]
     order = ["flash_attention_4"] * (major >= 9) + ["flash_attention_3"] * (major == 9) + ["flash_attention_2"]
     return next((name for name in order if kernel_problem(name, cuda) is None), None)
-
-
-def _packs(config, attn: str) -> bool:
-    upstream.set_attn_implementation(config, attn)
-    return packing.packing_problem(config) is None
 
 
 def dense_attention(config) -> str:
@@ -175,8 +168,9 @@ def candidates(config, recipe, cuda: bool, varlen: str | None, check_kernels: bo
     for attn in attentions:
         if cuda and attn == dense_attention(config) and asked is None and (shared or unshared):
             continue  # sdpa's dense rows cost flex's positions and more attention: weighed only where flex cannot pack
-        problem = recipe_problem or (None if _packs(config, attn) else packing.packing_problem(config))
-        problem = problem or hybrid_problem(config, recipe)
+        if recipe_problem is None:
+            upstream.set_attn_implementation(config, attn)
+        problem = recipe_problem or packing.packing_problem(config) or hybrid_problem(config, recipe)
         if problem is not None:
             problems.append(problem)
             continue
@@ -189,9 +183,9 @@ def candidates(config, recipe, cuda: bool, varlen: str | None, check_kernels: bo
         if want_share is not True:
             unshared.append(Candidate(attn, True, False))
     notes = []
-    packed = shared + unshared if cuda else [c for attn in attentions for c in shared + unshared if c.attention == attn]
+    packed = shared + unshared  # on a CPU, of one attention
     if cuda:
-        packed = sorted(packed, key=lambda c: documented_order(c, config))
+        packed.sort(key=lambda c: documented_order(c, config))
     if want_share and not shared:
         if not packed and problems and not asked_to_pack(recipe):
             raise ConfigError(

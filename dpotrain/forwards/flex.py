@@ -6,6 +6,8 @@ dynamic, the window a tensor and whole tiles told to the compiler leave the auto
 compilations a run); should dynamo still give flex up, the run stops with one line (`uncompiled_reason`).
 """
 
+import functools
+
 import torch
 from transformers import TrainerCallback
 
@@ -16,7 +18,6 @@ from dpotrain.recipe.errors import RunError
 # The compiler backend. Tests set a cheap one ("eager"): recompilations are decided by dynamo's guards before any
 # backend sees the graph, so counting them holds for inductor too (tests/test_forwards.py).
 BACKEND = "inductor"
-_compiled = {}  # backend: the compiled `_flex`
 _assume = upstream.compiler_check()  # torch._check
 
 
@@ -34,10 +35,9 @@ def _flex(query, key, value, block_mask, scale, enable_gqa, score_mod):
     )
 
 
-def compiled_flex():
-    if BACKEND not in _compiled:
-        _compiled[BACKEND] = torch.compile(_flex, dynamic=True, fullgraph=True, backend=BACKEND)
-    return _compiled[BACKEND]
+@functools.cache
+def compiled_flex(backend: str):
+    return torch.compile(_flex, dynamic=True, fullgraph=True, backend=backend)
 
 
 def compilations() -> int:
@@ -112,7 +112,7 @@ def attention(module, query, key, value, attention_mask, scaling=None, dropout=0
     else:
         _mark_dynamic(attention_mask)
         try:
-            out = compiled_flex()(*args)
+            out = compiled_flex(BACKEND)(*args)
         except upstream.recompile_limit_hit() as e:  # fullgraph: dynamo refuses to run it uncompiled
             raise RunError(uncompiled_reason()) from e
     return out.transpose(1, 2).contiguous(), None

@@ -28,10 +28,15 @@ def peak_of(name: str) -> float | None:
     return next((peak for key, peak in PEAK_BF16_TFLOPS.items() if key in name), None)
 
 
+def layer_kinds(text) -> list[str]:
+    """Each layer's kind in a text config: its `layer_types`, else full attention (a config without them)."""
+    return getattr(text, "layer_types", None) or ["full_attention"] * getattr(text, "num_hidden_layers", 1)
+
+
 def layer_windows(text) -> tuple:
     """Per layer of a text config: its sliding window, None for full attention, 0 for a linear-attention layer."""
-    kinds = getattr(text, "layer_types", None) or ["full_attention"] * text.num_hidden_layers
     window = getattr(text, "sliding_window", None)
+    kinds = layer_kinds(text)
     return tuple(None if k == "full_attention" else window if k == "sliding_attention" else 0 for k in kinds)
 
 
@@ -63,14 +68,8 @@ class ModelFlops:
             return int(torch.Size(shape).numel()) if len(shape) >= 2 else 0  # norms and biases do no matrix product
 
         # MoE: a token runs num_experts_per_tok of the routed experts; their weights count for that share.
-        experts = next(
-            (
-                getattr(config, k)
-                for k in ("num_experts", "num_local_experts", "n_routed_experts")
-                if getattr(config, k, None)
-            ),
-            None,
-        )
+        counts = (getattr(config, k, None) for k in ("num_experts", "num_local_experts", "n_routed_experts"))
+        experts = next((n for n in counts if n), None)
         active = getattr(config, "num_experts_per_tok", None)
         share = active / experts if experts and active else 1.0
         total = sum(count(p) * (share if "experts" in name.split(".") else 1.0) for name, p in model.named_parameters())

@@ -11,6 +11,7 @@ whose tables come from per-tile summaries, built once per micro-batch and kept i
 
 import torch
 
+from dpotrain.forwards.flops import layer_kinds
 from dpotrain.recipe import upstream
 
 BLOCK = 128  # FlexAttention's default tile: rows for flex are padded to a multiple of it (see the collators)
@@ -31,8 +32,7 @@ def text_config(model):
 def windows(config) -> dict[str, int | None]:
     """The sliding window of each layer kind the model has (None: full attention)."""
     window = getattr(config, "sliding_window", None)
-    kinds = sorted(set(getattr(config, "layer_types", None) or ["full_attention"]))
-    return {kind: window if kind == "sliding_attention" else None for kind in kinds}
+    return {kind: window if kind == "sliding_attention" else None for kind in sorted(set(layer_kinds(config)))}
 
 
 def compact(batch: dict) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

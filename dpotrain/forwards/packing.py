@@ -1,15 +1,10 @@
 """Padding-free (packed) DPO forward: the chosen and rejected sequences of a micro-batch side by side in rows.
 
-TRL pads a micro-batch of B pairs to `[2B, longest]`; on real preference data more than half of those positions are
-padding (58% on a Dolci-like mix). Here sequences are concatenated into rows with `position_ids` restarting
-at 0 for each, no `attention_mask` and `use_cache=False`: transformers then builds a per-sequence causal (and
-sliding-window) mask for sdpa/eager, and FlashAttention takes the boundaries from `cu_seq_lens_q/k` (its varlen
-kernel). After the forward, the per-token outputs are laid back out as `[2B, L-1]` in TRL's order (chosen 0..B-1,
-rejected 0..B-1), so TRL's own loss and metric code runs on them unchanged (`PackedModel`).
-
-Per-token log-probs come from TRL's fused LM head (`model(..., labels=..., fused_lm_head=True)`), which shifts the
-labels across a whole row: the label of each sequence's first token is therefore set to -100, or the last token of
-one sequence would be scored as predicting the first token of the next.
+TRL pads a micro-batch of B pairs to `[2B, longest]`: more than half of the positions on real preference data (58% on
+a Dolci-like mix). Here sequences are concatenated into rows, `position_ids` restarting at 0 for each, and the per-token
+outputs are laid back out as `[2B, L-1]` in TRL's order (chosen 0..B-1, rejected 0..B-1), so TRL's own loss and metric
+code runs on them unchanged (`PackedModel`). TRL's fused LM head shifts the labels across a whole row: the label of
+each sequence's first token is set to -100, or the last token of one sequence would predict the first of the next.
 """
 
 import math
@@ -19,7 +14,7 @@ from typing import Any
 import torch
 
 from dpotrain.data import turns
-from dpotrain.forwards import masks
+from dpotrain.forwards import flops, masks
 from dpotrain.recipe import upstream
 
 # Which models may pack. A layer that carries state along a row (linear attention, Mamba, RWKV) mixes the sequences of
@@ -67,7 +62,7 @@ def packing_problem(config) -> str | None:
     attn = attention_name(upstream.attn_implementation(config))
     if attn not in PACKED_ATTENTION:
         return f"attn_implementation {attn!r} is not one that honours packed sequences ({sorted(PACKED_ATTENTION)})"
-    stateful = sorted(set(getattr(text_config, "layer_types", None) or []) - ATTENTION_LAYER_TYPES)
+    stateful = sorted(set(flops.layer_kinds(text_config)) - ATTENTION_LAYER_TYPES)
     if model_type in BOUNDARY_HYBRIDS:
         if attn in VARLEN_ATTENTION:
             return None
@@ -104,15 +99,13 @@ def truncate(ids: list[int], mask: list[int], max_length: int | None, truncation
 
 
 def sequences(example: dict, max_length: int | None, truncation_mode: str):
-    """(ids, completion_mask) of the chosen and the rejected sequence of one tokenized pair, truncated."""
+    """(ids, completion_mask) of the chosen and the rejected sequence of one tokenized pair, truncated; the mask marks
+    the completion and, with `assistant_turns: all`, the prompt's earlier assistant turns (turns.py)."""
     prompt = example["prompt_ids"]
-    out = []
-    for side in ("chosen", "rejected"):
-        ids = prompt + example[f"{side}_ids"]
-        # the completion's tokens, and with `assistant_turns: all` the prompt's earlier assistant turns (turns.py)
-        mask = turns.completion_mask(example, side)
-        out.append(truncate(ids, mask, max_length, truncation_mode))
-    return out
+    return [
+        truncate(prompt + example[f"{side}_ids"], turns.completion_mask(example, side), max_length, truncation_mode)
+        for side in ("chosen", "rejected")
+    ]
 
 
 def balanced_rows(lengths: list[int], count: int) -> list[list[int]]:
@@ -241,12 +234,14 @@ class PackedPreferenceCollator:
         return rows, padded_width(max(sum(lengths[i] for i in row) for row in rows), self.pad_to_multiple_of)
 
 
+REFERENCE_KEYS = ("ref_chosen_logps", "ref_rejected_logps")
+
+
 def with_reference(batch: dict, examples: list[dict]) -> dict:
     """`batch` with the examples' reference log-probs where they carry them."""
-    for key in ("ref_chosen_logps", "ref_rejected_logps"):
-        if key in examples[0]:
-            batch[key] = torch.tensor([e[key] for e in examples], dtype=torch.float32)
-    return batch
+    return batch | {
+        k: torch.tensor([e[k] for e in examples], dtype=torch.float32) for k in REFERENCE_KEYS if k in examples[0]
+    }
 
 
 def varlen_boundaries(lengths: list[int], width: int) -> dict:
@@ -286,9 +281,7 @@ def forward(model, batch: dict, **kwargs):
     """The model's fused-LM-head forward on packed rows: per-token outputs of shape `[rows, width-1]`, with the
     attention mask the model's attention needs for them (`forwards/masks.py`)."""
     model_kwargs = {k: batch[k] for k in MODEL_KEYS if k in batch}
-    mask = masks.attention_mask(model, batch)
-    if mask is not None:
-        model_kwargs["attention_mask"] = mask
+    model_kwargs["attention_mask"] = masks.attention_mask(model, batch)  # None: transformers' default, no mask
     return model(**model_kwargs, labels=packed_labels(batch), fused_lm_head=True, use_cache=False, **kwargs)
 
 
@@ -331,10 +324,7 @@ def padded_view(batch: dict) -> dict:
         "attention_mask": valid.long(),
         "completion_mask": _lay_out(batch["completion_mask"], index, valid),
     }
-    for key in ("ref_chosen_logps", "ref_rejected_logps"):
-        if key in batch:
-            padded[key] = batch[key]
-    return padded
+    return padded | {k: batch[k] for k in REFERENCE_KEYS if k in batch}
 
 
 PER_TOKEN_FIELDS = ("log_probs", "entropy", "log_sum_sq_probs", "mean_logits", "is_top1", "label_mask")

@@ -29,13 +29,12 @@ def sampled(dataset, tokenizer, seed: int, hh_format: str = "messages", rows: in
     tokenizes them; rows the trainer could not tokenize are left out."""
     total = len(dataset) if hasattr(dataset, "__len__") else None
     if total is None:
-        picked, indices, of = dataset.take(rows), None, "the first"
+        picked, indices = dataset.take(rows), None
     else:
         indices = np.sort(np.random.default_rng(seed).choice(total, min(rows, total), replace=False))
-        picked, of = dataset.select(indices), f"a seeded sample of {min(rows, total):,} of {total:,}"
+        picked = dataset.select(indices)
     m = lengths.measure(picked, tokenizer, num_proc=1, skip_invalid=True, indices=indices, hh_format=hh_format)
-    if total is None:
-        of = f"the first {m.rows:,}"
+    of = f"the first {m.rows:,}" if total is None else f"a seeded sample of {min(rows, total):,} of {total:,}"
     return TokenCounts(m.prompt, m.chosen, m.rejected, f"{of} rows, tokenized as the trainer does", m.shared)
 
 

@@ -3,11 +3,11 @@ processes of a group (DeepSpeed Ulysses), for pairs longer than one GPU holds (`
 
 Every process of a group collates the same micro-batch (its width padded to a multiple of N) and runs the model on its
 1/N of the columns (`forward`). In every attention layer DeepSpeed's `UlyssesSPAttentionHF` all-to-alls q, k and v to
-the whole rows for 1/N of the heads, and attention runs with the WHOLE rows' boundaries (`whole_row_masks`,
-`varlen_kwargs`): DeepSpeed's own wrapper drops 4D masks and rebuilds a causal-only block mask for flex, which would
-let packed sequences see each other, so only its attention module is used. Each local position is labelled with the
-next token of the whole row, and the per-token outputs are gathered over the group, so TRL's loss sees whole sequences;
-the gather's backward sums the group's gradients, so the engine's average is the gradient without the split.
+the whole rows for 1/N of the heads, and attention runs with the WHOLE rows' boundaries (`whole_row_inputs`):
+DeepSpeed's own wrapper drops 4D masks and rebuilds a causal-only block mask for flex, which would let packed sequences
+see each other, so only its attention module is used. Each local position is labelled with the next token of the whole
+row, and the per-token outputs are gathered over the group, so TRL's loss sees whole sequences; the gather's backward
+sums the group's gradients, so the engine's average is the gradient without the split.
 """
 
 import threading
@@ -19,9 +19,8 @@ from dpotrain.cluster import sequence_parallel as groups
 from dpotrain.forwards import flops, masks, packing
 from dpotrain.recipe import upstream
 
-# The attentions a split forward runs, each with the whole rows' sequence boundaries (`whole_row_masks`, and the varlen
-# kernels' `cu_seq_lens` in `forward`); the forward choice takes no other (`choice.sequence_parallel_forwards`). Eager
-# is not among them: DeepSpeed's Ulysses takes boolean masks, eager's are additive.
+# The attentions a split forward runs, each with the whole rows' sequence boundaries (`whole_row_inputs`); the forward
+# choice takes no other (`choice.sequence_parallel_forwards`). Not eager: Ulysses takes boolean masks, eager's additive.
 ATTENTION = ("flex_attention", "sdpa", *sorted(packing.VARLEN_ATTENTION))
 
 _state = threading.local()  # the forward in progress: its local position ids (the attention wrapper reads them)
@@ -138,23 +137,17 @@ class _GatherColumns(torch.autograd.Function):
         return grad[:, ctx.cols]
 
 
-def whole_row_masks(model, batch: dict):
-    """The masks of the WHOLE rows: FlexAttention's block masks, none for a varlen kernel (`varlen_kwargs`), else dense
-    ones, even without shared prompts (transformers would build one from the local slice's position ids only)."""
+def whole_row_inputs(model, batch: dict) -> dict:
+    """The attention's inputs of the WHOLE rows: FlexAttention's block masks; for a varlen kernel no mask and the
+    boundaries `cu_seq_lens_q/k` and `max_length_q/k`, which transformers' FlashAttention takes before the position ids
+    (not `seq_idx`: its readers see only local columns); else dense masks, even without shared prompts (transformers
+    would build one from the local slice's position ids only)."""
     attention = upstream.attn_implementation(masks.text_config(model))
     if attention == "flex_attention":
-        return masks.block_masks(model, batch)
+        return {"attention_mask": masks.block_masks(model, batch)}
     if packing.one_row(attention):
-        return None
-    return masks.dense_masks(model, batch)
-
-
-def varlen_kwargs(model, batch: dict) -> dict:
-    """For a varlen kernel, the whole row's `cu_seq_lens_q/k` and `max_length_q/k`, which transformers' FlashAttention
-    takes before the position ids; none for another attention. Not `seq_idx`: its readers see only local columns."""
-    if not packing.one_row(upstream.attn_implementation(masks.text_config(model))):
-        return {}
-    return {key: batch[key] for key in packing.VARLEN_KEYS}
+        return {"attention_mask": None} | {key: batch[key] for key in packing.VARLEN_KEYS}
+    return {"attention_mask": masks.dense_masks(model, batch)}
 
 
 def forward(model, batch: dict, **kwargs):
@@ -175,11 +168,10 @@ def forward(model, batch: dict, **kwargs):
         outputs = model(
             input_ids=batch["input_ids"][:, cols],
             position_ids=local_positions,
-            attention_mask=whole_row_masks(model, batch),
+            **whole_row_inputs(model, batch),
             shift_labels=shift_labels[:, cols],
             fused_lm_head=True,
             use_cache=False,
-            **varlen_kwargs(model, batch),
             **kwargs,
         )
     finally:

@@ -7,14 +7,12 @@ packed row as
     prompt[0 .. P-2] | prompt[P-1] chosen[0 .. C-1] | prompt[P-1] rejected[0 .. R-1]
         branch 0     |          branch 1             |           branch 2
 
-with position ids 0 .. P-1, P .. P+C-1, then P-1 again, P .. P+R-1. A token attends to tokens of its own pair at
-earlier or equal positions in branch 0 or in its own branch: each completion sees the prompt and itself, never the
-other. The last prompt token appears twice, once per branch: its hidden state predicts each completion's first token
-(TRL's fused LM head scores the next token in the row). The per-token outputs are laid back out in TRL's `[2B, L-1]`
-layout as for unshared packing (`seq_jumps`, `seq_offsets`), so TRL's loss and metrics are unchanged. A pair costs
-P + C + R + 1 positions. The mask (forwards/masks.py, built on the device from the collator's compact inputs) is a block
-mask for FlexAttention or a dense 4D one for sdpa and eager; FlashAttention's varlen kernel cannot express it. A pair
-whose truncation would cut into its prompt, or without a prompt, is laid out unshared within the same row.
+with position ids 0 .. P-1, P .. P+C-1, then P-1 again, P .. P+R-1: P + C + R + 1 positions. Each completion sees the
+prompt and itself, never the other (forwards/masks.py: a block mask for FlexAttention, a dense one for sdpa and eager;
+FlashAttention's varlen kernel cannot express it). The last prompt token appears once per branch: its hidden state
+predicts each completion's first token (TRL's fused LM head scores the next token in the row). The outputs are laid
+back out in TRL's `[2B, L-1]` layout as for unshared packing (`seq_jumps`, `seq_offsets`). A pair without a prompt, or
+whose truncation would cut into it, is laid out unshared within the same row.
 """
 
 from typing import Any
@@ -22,6 +20,7 @@ from typing import Any
 import torch
 
 from dpotrain.data.pair_lengths import LABELS
+from dpotrain.forwards.flops import layer_kinds
 from dpotrain.forwards.packing import (
     PackedPreferenceCollator,
     attention_name,
@@ -51,7 +50,7 @@ def share_problem(config, attn_implementation: str | None, router_aux_loss_coef:
     if attn not in SHARED_ATTENTION:
         return f"{attn} attends within each packed sequence (varlen) and cannot express a prompt shared by two"
     text = config.get_text_config() if hasattr(config, "get_text_config") else config
-    kinds = set(getattr(text, "layer_types", None) or ["full_attention"])
+    kinds = set(layer_kinds(text))
     if kinds - {"full_attention", "sliding_attention"}:
         return f"{text.model_type} has {'/'.join(sorted(kinds))} layers, whose masks this project does not build"
     # MoE: TRL adds the router's load-balancing loss when the config has `output_router_logits` and a coefficient
@@ -115,19 +114,13 @@ class SharedPromptCollator(PackedPreferenceCollator):
         batch, where = self.lay_out(units)  # a row's end is a block of its own (0)
         block = torch.zeros(batch["input_ids"].shape, dtype=torch.long)
         branch = torch.zeros(batch["input_ids"].shape, dtype=torch.int8)
-        seq = torch.zeros((2 * n, 5), dtype=torch.long)  # length, row, start, jump, offset
+        seq = torch.zeros((2 * n, 5), dtype=torch.long)  # per sequence: length, row, start, jump, offset
         for u, ((r, start), (ids, _, _, br, members)) in enumerate(zip(where, units, strict=True)):
             branch[r, start : start + len(ids)] = torch.tensor(br, dtype=torch.int8)
             block[r, start : start + len(ids)] = u + 1
             for index, length, jump, offset in members:
                 seq[index] = torch.tensor([length, r, start, jump, offset])
-        batch |= {
-            "attention_block": block,
-            "attention_branch": branch,
-            "seq_lens": seq[:, 0].clone(),
-            "seq_rows": seq[:, 1].clone(),
-            "seq_starts": seq[:, 2].clone(),
-            "seq_jumps": seq[:, 3].clone(),
-            "seq_offsets": seq[:, 4].clone(),
-        }
+        batch |= {"attention_block": block, "attention_branch": branch}
+        columns = ("seq_lens", "seq_rows", "seq_starts", "seq_jumps", "seq_offsets")
+        batch |= {key: seq[:, i].clone() for i, key in enumerate(columns)}
         return with_reference(batch, examples)

@@ -126,8 +126,7 @@ class Store:
 
     def parts(self) -> tuple[np.ndarray, np.ndarray]:
         """Every pair scored by an interrupted attempt: NaN where not scored."""
-        chosen = np.full(self.pairs, np.nan, dtype=np.float32)
-        rejected = np.full(self.pairs, np.nan, dtype=np.float32)
+        chosen, rejected = np.full((2, self.pairs), np.nan, dtype=np.float32)
         for path in sorted(self.folder.glob("part-*.npz")):
             arrays = self._read(path, "index", "chosen", "rejected")
             if arrays is None:
@@ -414,15 +413,8 @@ def micro_batches(
 def stage_layout(scorer: ReferenceScorer, dataset) -> Layout:
     """Every rank's micro-batches of the reference stage over every pair of `dataset`, at the scorer's budget."""
     budget, pairs = scorer.budget()
-    return micro_batches(
-        scorer.lengths(dataset),
-        np.arange(len(dataset)),
-        scorer.world,
-        budget,
-        pairs,
-        padded=not scorer.packed,
-        seed=scorer.args.seed,
-    )
+    lengths, every = scorer.lengths(dataset), np.arange(len(dataset))
+    return micro_batches(lengths, every, scorer.world, budget, pairs, padded=not scorer.packed, seed=scorer.args.seed)
 
 
 def _start_line(name: str, n: int, reused: int, shared: int, world: int, rounds: int, size: str, folder) -> str:
@@ -570,7 +562,7 @@ def _run_on(scorer: ReferenceScorer, dataset, pairs: np.ndarray, steps: int, nam
     outcome = dataclasses.replace(outcome, of=n)
     if part is None:  # stopped
         return None, outcome
-    chosen, rejected = np.full(n, np.nan, dtype=np.float32), np.full(n, np.nan, dtype=np.float32)
+    chosen, rejected = np.full((2, n), np.nan, dtype=np.float32)
     chosen[pairs], rejected[pairs] = part["ref_chosen_logps"], part["ref_rejected_logps"]
     return _with_columns(dataset, chosen, rejected), outcome
 

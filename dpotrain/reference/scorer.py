@@ -1,9 +1,5 @@
-"""What the reference stage needs of the trainer, in one object: `ReferenceScorer(trainer)`: who scores what (rank,
-lengths, `budget`), what the cache key holds of the run, the model that scores, how a micro-batch is collated and
-scored (`log_probs`: TRL's own reference code around the training forward), what surrounds the stage (`context`) and
-what the engine needs once it is done (`finish`).
-
-The trainer (`RecipeDPOTrainer`) is passed in, not imported: the train stage comes after this one.
+"""What the reference stage needs of the trainer, in one object: `ReferenceScorer(trainer)`. The trainer
+(`RecipeDPOTrainer`) is passed in, not imported: the train stage comes after this one.
 """
 
 import contextlib
@@ -32,7 +28,6 @@ class ReferenceScorer:
         """The model trained (its weights before the first update are the reference's, unless a reference is given)."""
         return self._trainer.model
 
-    # --- the stage's micro-batches (reference.py cuts them) ---------------------------------------------------------
     def lengths(self, dataset) -> PairLengths:
         """The token lengths of the pairs the stage scores."""
         args = self.args
@@ -54,7 +49,6 @@ class ReferenceScorer:
             return budget * multiple, None
         return None, args.per_device_train_batch_size * multiple
 
-    # --- scoring ----------------------------------------------------------------------------------------------------
     def model(self):
         """The model that scores the reference (`RecipeDPOTrainer.reference_model`)."""
         return self._trainer.reference_model()
