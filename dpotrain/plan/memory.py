@@ -100,21 +100,19 @@ def load_model_config(recipe):
 def model_shape(recipe, config) -> ModelShape:
     """The model's parameter counts (with LoRA's adapter when the recipe trains one), from its config alone. Kept per
     config and LoRA settings: a refusal plans many variants of one model, and PEFT wraps a 32B model in seconds."""
-    peft = None
-    if recipe.model.use_peft:
-        from trl import get_peft_config
+    from trl import get_peft_config
 
-        peft = repr(get_peft_config(recipe.model))
-    key = (config.to_json_string(use_diff=False), peft, str(recipe.model.dtype))
+    peft = get_peft_config(recipe.model) if recipe.model.use_peft else None
+    key = (config.to_json_string(use_diff=False), repr(peft), str(recipe.model.dtype))
     if key not in _SHAPES:
-        _SHAPES[key] = _model_shape(recipe, config)
+        _SHAPES[key] = _model_shape(recipe, config, peft)
     return _SHAPES[key]
 
 
 _SHAPES: dict[tuple, ModelShape] = {}
 
 
-def _model_shape(recipe, config) -> ModelShape:
+def _model_shape(recipe, config, peft) -> ModelShape:
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -129,20 +127,18 @@ def _model_shape(recipe, config) -> ModelShape:
     head = model.get_output_embeddings()
     lm_head = head.weight.numel() if head is not None else 0
     trainable, head_trains = params, True
-    if recipe.model.use_peft:  # TRL wraps the model with this same config (dpotrain/train/trainer.py)
+    if peft:  # TRL wraps the model with this same config (dpotrain/train/trainer.py)
         from peft import get_peft_model
-        from trl import get_peft_config
 
         # On the meta device too: PEFT otherwise initialises each adapter matrix on the CPU before moving it to the
         # base layer's (meta) device, seconds for a 7B model and its counts are the same.
         with torch.device("meta"), warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            model = get_peft_model(model, get_peft_config(recipe.model))
+            model = get_peft_model(model, peft)
         params = sum(p.numel() for p in model.parameters())  # the base and the adapter
         trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
         head_trains = head is not None and head.weight.requires_grad
-    dtype = str(recipe.model.dtype or "float32").replace("torch.", "")
-    load = 4 if dtype == "float32" else BF16
+    load = 4 if str(recipe.model.dtype or "float32").replace("torch.", "") == "float32" else BF16
     return ModelShape(
         params, trainable, largest, decoder_layer, lm_head, head_trains, text.hidden_size, text.num_hidden_layers, load
     )
@@ -188,13 +184,20 @@ def checkpointed_layers(every: int | None, layers: int) -> int:
     return 0 if every is None else math.ceil(layers / every)
 
 
+def _full_attention_copy(config, layers: int):
+    """`config` with `layers` layers of full attention: sliding windows and chunks only change the untraced mask."""
+    config = copy.deepcopy(config)
+    text = config.get_text_config()
+    text.num_hidden_layers = layers
+    if getattr(text, "layer_types", None):
+        text.layer_types = ["full_attention"] * layers
+    return config
+
+
 def layer_costs(config, tokens: int, checkpointed: bool) -> tuple[int, int]:
     """(rest, slope) of the backbone, every layer checkpointed or none, from traces of 1 and 2 layers (kept: each
     checkpointing the plan weighs and each engine a refusal tries asks the same ones)."""
-    key = copy.deepcopy(config)
-    key.get_text_config().num_hidden_layers = 1  # the traces set their own layer count and kinds
-    if getattr(key.get_text_config(), "layer_types", None):
-        key.get_text_config().layer_types = ["full_attention"]
+    key = _full_attention_copy(config, 1)  # the traces set their own layer count
     return _layer_costs(key.to_json_string(use_diff=False), type(config), tokens, checkpointed)
 
 
@@ -247,11 +250,7 @@ def _traced_peak(config, layers: int, tokens: int, checkpointing: bool | int) ->
     from transformers import AutoModelForCausalLM
 
     register_trace_attention()
-    config = copy.deepcopy(config)
-    text = config.get_text_config()
-    text.num_hidden_layers = layers
-    if getattr(text, "layer_types", None):  # sliding windows and chunks only change the mask, which is not traced
-        text.layer_types = ["full_attention"] * layers
+    config = _full_attention_copy(config, layers)
     with upstream.fake_tensor_mode(), upstream.without_zero3_init(), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16, attn_implementation=TRACE_ATTENTION)
@@ -302,9 +301,7 @@ def forward_only_multiple(
     layer = formula_activation_bytes(text, 1, False) // (text.num_hidden_layers + 1)  # one layer, per token
     width = width or tokens
     local = -(-tokens // n)
-    from trl.kernels.chunked_logprob import TOKEN_CHUNK_SIZE
-
-    tile = min(local, TOKEN_CHUNK_SIZE) * upstream.chunked_logprob_chunk_size() * BF16
+    tile = _logits_tile(local)
     exchange = all_to_all_bytes(config, tokens, n)
     training = (
         formula_activation_bytes(text, local, checkpointing)
@@ -339,12 +336,15 @@ def lm_head_bytes(shape: ModelShape, tokens: int) -> int:
     """TRL's fused LM head (`trl.kernels.ChunkedLogProbFunction`): the scored hidden rows (bf16, saved) and their fp32
     gradient, one logits tile, fp32 running statistics, and a head that trains its weight gradient (fp32, cast to
     bf16). Every token counted as scored (only completion tokens are, on CUDA)."""
-    from trl.kernels.chunked_logprob import TOKEN_CHUNK_SIZE
-
-    tile = min(tokens, TOKEN_CHUNK_SIZE) * upstream.chunked_logprob_chunk_size() * BF16
     per_token = shape.hidden * (BF16 + 4) + 12 * 4
     weight_grad = shape.lm_head * (4 + BF16) if shape.lm_head_trains else 0
-    return tile + tokens * per_token + weight_grad
+    return _logits_tile(tokens) + tokens * per_token + weight_grad
+
+
+def _logits_tile(tokens: int) -> int:
+    from trl.kernels.chunked_logprob import TOKEN_CHUNK_SIZE
+
+    return min(tokens, TOKEN_CHUNK_SIZE) * upstream.chunked_logprob_chunk_size() * BF16
 
 
 # --- the engines ---
@@ -551,13 +551,9 @@ def plan(recipe, world: int, engine: Engine | None = None, attention: str | None
     record["allocator"] = allocator()  # the allowance assumes expandable segments (EXPANDABLE)
     record["checkpointing"] = checkpointing_record  # which layers: checkpointing_fields gives the run this choice
     if record["fits"] is False and recipe.project.memory_check:
-        raise ConfigError(_refusal(recipe, chosen, gpu, gpu_source, attention, splittable_heads(config)))
+        heads = None if model_problem(config) else head_counts(config)  # what a sequence-parallel group splits
+        raise ConfigError(_refusal(recipe, chosen, gpu, gpu_source, attention, heads))
     return record
-
-
-def splittable_heads(config) -> tuple[int, int] | None:
-    """The heads a sequence-parallel group would split; None for a model no group runs (`model_problem`)."""
-    return None if model_problem(config) else head_counts(config)
 
 
 def _record(chosen: Plan, shape: ModelShape, gpu: float | None, gpu_source: str) -> dict:
