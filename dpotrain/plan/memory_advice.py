@@ -53,12 +53,6 @@ def node_size(engine: Engine) -> int:
     return engine.gpus_per_node if engine.gpus_per_node > 1 else NODE_SIZES[0]
 
 
-def sbatch_line(accelerate_config: str, nodes: int, per_node: int) -> str:
-    """The submission that gives a job `nodes` x `per_node` GPUs. --gpus-per-node is always named: the script's own
-    `#SBATCH --gpus-per-node` must not decide a count the plan assumed."""
-    return f"ACCELERATE_CONFIG={accelerate_config} sbatch --nodes={nodes} --gpus-per-node={per_node}"
-
-
 @dataclass
 class Trial:
     """A recipe copy with some levers pulled: the engine, processes and command-line flags they amount to."""
@@ -92,8 +86,8 @@ class Option:
 
     def text(self, command_line: tuple[str, ...] = ()) -> str:
         parts = []
-        if self.moves_launch:
-            launch = sbatch_line(self.config, self.nodes, self.per_node)
+        if self.moves_launch:  # --gpus-per-node named: the script's own `#SBATCH` must not decide a count assumed here
+            launch = f"ACCELERATE_CONFIG={self.config} sbatch --nodes={self.nodes} --gpus-per-node={self.per_node}"
             nodes = f"{self.nodes} node{'s' * (self.nodes > 1)}"
             parts.append(f"{NAMES[self.engine]} fits on {self.world} GPUs ({nodes}: {launch})")
         if self.flags:
@@ -106,7 +100,6 @@ class Option:
         from dpotrain.recipe.config import dry_run_asked
 
         words = ["python", "train_dpo.py", *command_line]
-
         if not dry_run_asked(list(command_line)):
             words.append("--dry-run")
         words += ["--accelerate_config", self.config, *self.flags]
@@ -177,13 +170,9 @@ class Advisor:
         return True
 
     def checkpointing(self, trial: Trial) -> bool:
-        kwargs = {**(trial.recipe.training.activation_checkpointing_kwargs or {}), "every_n_layers": 1}
-        every_layer = {
-            "activation_checkpointing": True,
-            "gradient_checkpointing": True,
-            "activation_checkpointing_kwargs": kwargs,
-            "gradient_checkpointing_kwargs": kwargs,
-        }
+        from dpotrain.plan.memory import checkpointing_fields  # which imports this module
+
+        every_layer = checkpointing_fields(trial.recipe.training, {"every_n_layers": 1})
         given = trial.recipe.given | {"activation_checkpointing", "activation_checkpointing_kwargs"}
         trial.recipe = replace(replaced(trial.recipe, training=every_layer), given=given)
         trial.flags += [
