@@ -72,11 +72,10 @@ def launched() -> Engine:
         ds_file = env("ACCELERATE_DEEPSPEED_CONFIG_FILE") or "none"
         if ds_file != "none" and os.path.isfile(ds_file):
             found = _deepspeed_file(Path(ds_file), per_node, f"{LAUNCHED} -> {ds_file}")
-        else:  # the settings inline in the accelerate config, passed one by one
-            off = [env(f"ACCELERATE_DEEPSPEED_OFFLOAD_{p}_DEVICE", "none") != "none" for p in ("OPTIMIZER", "PARAM")]
+        else:  # the settings inline in the accelerate config, passed one by one: ACCELERATE_DEEPSPEED_<KEY>
             clip = env("ACCELERATE_GRADIENT_CLIPPING", "auto")  # accelerate's own default: "auto"
-            stage = int(env("ACCELERATE_DEEPSPEED_ZERO_STAGE") or 0)
-            found = _inline_deepspeed(stage, LAUNCHED, per_node, *off, clip if clip == "auto" else float(clip))
+            setting = lambda key, default: env(f"ACCELERATE_DEEPSPEED_{key.upper()}", default)
+            found = _inline_deepspeed(setting, LAUNCHED, per_node, clip if clip == "auto" else float(clip))
         if found.name not in ("zero2", "zero3"):
             stage = found.name.removeprefix("zero")
             raise ConfigError(
@@ -144,10 +143,8 @@ def from_config(accelerate_config: str) -> Engine:
             if not ds_path.is_file():
                 return Engine("unplanned", f"DeepSpeed config {ds_file!r} ({accelerate_config}) not found")
             found = _deepspeed_file(ds_path, per_node, f"{accelerate_config} -> {ds_file}")
-        else:  # the settings inline in the accelerate config
-            off_opt, off_par = (ds.get(f"offload_{part}_device", "none") != "none" for part in ("optimizer", "param"))
-            clip = ds.get("gradient_clipping", "auto")  # accelerate's own default: "auto"
-            found = _inline_deepspeed(int(ds.get("zero_stage", 0)), accelerate_config, per_node, off_opt, off_par, clip)
+        else:  # the settings inline in the accelerate config; accelerate's own default clipping: "auto"
+            found = _inline_deepspeed(ds.get, accelerate_config, per_node, ds.get("gradient_clipping", "auto"))
         if found.name not in ("zero2", "zero3"):
             stage = found.name.removeprefix("zero")
             return Engine("unplanned", f"DeepSpeed ZeRO stage {stage} ({accelerate_config}): plans cover stages 2, 3")
@@ -164,10 +161,12 @@ def from_config(accelerate_config: str) -> Engine:
     return Engine("unplanned", f"distributed_type {kind} ({accelerate_config}) is not one plans cover")
 
 
-def _inline_deepspeed(stage: int, source: str, per_node: int, offload_optimizer: bool, offload_params: bool, clip):
-    """DeepSpeed's settings inline in an accelerate config (no DeepSpeed JSON file): DeepSpeed's defaults for the
-    rest (a reduce bucket of 5e8 elements, overlap_comm on under ZeRO-3 only)."""
-    return Engine(f"zero{stage}", source, per_node, offload_optimizer, offload_params, int(5e8), stage == 3, clip)
+def _inline_deepspeed(setting, source: str, per_node: int, clip) -> Engine:
+    """DeepSpeed's settings inline in an accelerate config (no DeepSpeed JSON file), `setting(key, default)` by the
+    config's key: DeepSpeed's defaults for the rest (a reduce bucket of 5e8 elements, overlap_comm on under ZeRO-3)."""
+    stage = int(setting("zero_stage", 0) or 0)
+    off_opt, off_par = (setting(f"offload_{part}_device", "none") != "none" for part in ("optimizer", "param"))
+    return Engine(f"zero{stage}", source, per_node, off_opt, off_par, int(5e8), stage == 3, clip)
 
 
 def _deepspeed_file(path: Path, per_node: int, source: str) -> Engine:
