@@ -516,29 +516,44 @@ def plan(recipe, world: int, engine: Engine | None = None, attention: str | None
     n = recipe.project.sequence_parallel_size
     local = -(-tokens // n)  # the positions one GPU holds: the micro-batch padded to a multiple of N, split N ways
 
-    def plan_for(e: Engine, every: int | None) -> Plan:
-        states, formula = model_state_bytes(e, shape, world)
+    def plan_for(every: int | None) -> Plan:
+        states, formula = model_state_bytes(engine, shape, world)
         activations, method = activation_bytes(config, local, every or False)
         # eager keeps the probabilities of every layer not checkpointed: counted for all unless all are
         masks = mask_bytes(attn, tokens, width, config, every == 1)
         return Plan(
-            e,
+            engine,
             world,
             states,
             formula,
-            engine_buffer_bytes(e, shape),
+            engine_buffer_bytes(engine, shape),
             activations,
             method,
             lm_head_bytes(shape, local),
             masks,
             all_to_all_bytes(config, tokens, n),
-            reference_model_bytes(recipe, e, shape, world),
+            reference_model_bytes(recipe, engine, shape, world),
         )
 
     # Activation checkpointing: the least recomputation that fits (choose_checkpointing).
-    every, checkpointing_record = choose_checkpointing(recipe, shape.layers, gpu, lambda k: plan_for(engine, k).total)
-    chosen = plan_for(engine, every)
-    record = _record(chosen, shape, gpu, gpu_source) | {
+    every, checkpointing_record = choose_checkpointing(recipe, shape.layers, gpu, lambda k: plan_for(k).total)
+    chosen = plan_for(every)
+    parts = {key: gib for key, _, gib in chosen.parts()} | {"total": _gib(chosen.total)}
+    record = {
+        **named,
+        "world_size": world,
+        "gpu_memory_gib": round(gpu, 1) if gpu else None,
+        "gpu_memory_source": gpu_source,
+        "gpus_per_node": node_size(engine),
+        "fits": None if gpu is None else chosen.total <= gpu * GIB,
+        "per_gpu_gib": parts,
+        "model": {
+            "parameters": shape.params,
+            "trained_parameters": shape.trainable,
+            "hidden_size": shape.hidden,
+            "layers": shape.layers,
+        },
+        "model_states_bytes": chosen.states_formula,
         "micro_batch_tokens": tokens,
         "micro_batch_tokens_from": token_source,
         "activation_checkpointing": every is not None,
@@ -554,28 +569,6 @@ def plan(recipe, world: int, engine: Engine | None = None, attention: str | None
         heads = None if model_problem(config) else head_counts(config)  # what a sequence-parallel group splits
         raise ConfigError(_refusal(recipe, chosen, gpu, gpu_source, attention, heads))
     return record
-
-
-def _record(chosen: Plan, shape: ModelShape, gpu: float | None, gpu_source: str) -> dict:
-    """The plan's parts per GPU and what they were planned for (`derived.memory`)."""
-    engine = chosen.engine
-    parts = {key: gib for key, _, gib in chosen.parts()} | {"total": _gib(chosen.total)}
-    return {
-        "engine": f"{NAMES[engine.name]} ({engine.source})",
-        "world_size": chosen.world,
-        "gpu_memory_gib": round(gpu, 1) if gpu else None,
-        "gpu_memory_source": gpu_source,
-        "gpus_per_node": node_size(engine),
-        "fits": None if gpu is None else chosen.total <= gpu * GIB,
-        "per_gpu_gib": parts,
-        "model": {
-            "parameters": shape.params,
-            "trained_parameters": shape.trainable,
-            "hidden_size": shape.hidden,
-            "layers": shape.layers,
-        },
-        "model_states_bytes": chosen.states_formula,
-    }
 
 
 # --- activation checkpointing, chosen per run ---
