@@ -31,8 +31,7 @@ SUPPORTED = "one process, DDP, DeepSpeed ZeRO-2 or ZeRO-3, FSDP2 (accelerate_con
 @dataclass(frozen=True)
 class Engine:
     """An engine and the settings that change what it holds per GPU, from an accelerate config file (a dry run:
-    `from_config`) or from the environment of a launch (`launched`). One description for the launch checks, the
-    trainer and the memory plan (dpotrain/plan/memory.py)."""
+    `from_config`) or from the environment of a launch (`launched`)."""
 
     name: str  # "single", "ddp", "zero2", "zero3", "fsdp2"; "unplanned" from a config plans do not cover
     source: str = LAUNCHED  # the file(s) it was read from, or why it is unplanned
@@ -116,7 +115,7 @@ def read_accelerate_config(path: str):
 
 
 def processes(config) -> int:
-    """The processes an accelerate config launches (its num_processes; accelerate's -1, unset, counted as 1)."""
+    """An accelerate config's num_processes (accelerate's -1, unset, counted as 1)."""
     return max(getattr(config, "num_processes", 1), 1)
 
 
@@ -170,8 +169,7 @@ def _inline_deepspeed(setting, source: str, per_node: int, clip) -> Engine:
 
 
 def _deepspeed_file(path: Path, per_node: int, source: str) -> Engine:
-    """A DeepSpeed JSON config; a ZeRO stage other than 2 or 3 comes back as "zero<stage>", for the caller to refuse
-    or leave unplanned."""
+    """A DeepSpeed JSON config; another ZeRO stage than 2 or 3 as "zero<stage>", for the caller to refuse."""
     config = json.loads(path.read_text())
     zero = config.get("zero_optimization", {})
     stage = int(zero.get("stage", 0))

@@ -384,15 +384,15 @@ def reference_model_bytes(recipe, engine: Engine, shape: ModelShape, world: int)
     else whole; in bf16 under DeepSpeed, else as loaded."""
     if not uses_live_reference(recipe) or recipe.model.use_peft:
         return 0
-    per_param = BF16 if engine.name in ("zero2", "zero3") else shape.load_bytes
-    shards = world if engine.name in ("zero3", "fsdp2") else 1
+    per_param = BF16 if engine.deepspeed else shape.load_bytes
+    shards = world if engine.shards_weights else 1
     return int(per_param * shape.params / shards)
 
 
 def engine_buffer_bytes(engine: Engine, shape: ModelShape) -> int:
     """Beside the model states: DeepSpeed's bf16 reduce buckets (two with overlap_comm under ZeRO-2), FSDP2's unsharded
     bf16 working set (the LM head, the layer computing and the one prefetched, the head's and a layer's gradients)."""
-    if engine.name in ("zero2", "zero3"):
+    if engine.deepspeed:
         bucket = engine.reduce_bucket if engine.reduce_bucket is not None else shape.hidden**2  # transformers' auto
         return bucket * BF16 * (2 if engine.name == "zero2" and engine.overlap_comm else 1)
     if engine.name == "fsdp2":
@@ -664,7 +664,6 @@ def _refusal(
     on = f"{world} GPU{'s' * (world > 1)}" + (f" (sequence_parallel_size {n})" if n > 1 else "")
     options = advice(recipe, world, e, attention, gpu, plan, heads)
     return (
-        f"memory plan: {NAMES[e.name]} on {on} needs ~{_gib(chosen.total)} GiB per GPU "
-        f"({parts}), more than the {gpu:.1f} GiB GPU ({gpu_source}): {options} (the plan is an estimate: "
-        "--memory_check false runs anyway)"
+        f"memory plan: {NAMES[e.name]} on {on} needs ~{_gib(chosen.total)} GiB per GPU ({parts}), more than the "
+        f"{gpu:.1f} GiB GPU ({gpu_source}): {options} (the plan is an estimate: --memory_check false runs anyway)"
     )
