@@ -9,11 +9,11 @@ sampler, evaluation, the reference stage) counts data-parallel ranks (`data_para
 group's share (`data_parallel_rank`): the same pairs make the same steps on any N. ZeRO still shards over the world.
 """
 
+from dpotrain.cluster.engine import NAMES
 from dpotrain.recipe.errors import ConfigError
 
 ENGINES = ("zero2", "zero3")  # DeepSpeed's Ulysses runs under its own engine only
 ENGINE_NAMES = "DeepSpeed ZeRO-2 (accelerate_config.yaml) or ZeRO-3 (ACCELERATE_CONFIG=configs/accelerate/zero3.yaml)"
-OTHERS = {"single": "one process", "ddp": "DDP", "fsdp2": "FSDP2"}  # the engines that cannot run it
 
 
 def data_parallel_size(world: int, n: int) -> int:
@@ -50,7 +50,7 @@ def check_launch(n: int, world: int, engine) -> None:
             f"one of {works}, or launch a multiple of {n} processes"
         )
     if engine.name not in ENGINES:
-        what = OTHERS.get(engine.name, f"an engine plans do not cover ({engine.source})")
+        what = NAMES.get(engine.name, f"an engine plans do not cover ({engine.source})")
         raise ConfigError(
             f"sequence_parallel_size {n} needs DeepSpeed's engine (Ulysses), not {what}: launch "
             f"with {ENGINE_NAMES}, or use --sequence_parallel_size 1"

@@ -15,13 +15,13 @@ import os
 import warnings
 from dataclasses import dataclass
 
-from dpotrain.cluster.engine import Engine, from_config
+from dpotrain.cluster.engine import NAMES, Engine, from_config
 from dpotrain.cluster.sequence_parallel import head_counts
 from dpotrain.forwards.flops import head_dim, mlp_width
 from dpotrain.forwards.masks import BLOCK
 from dpotrain.forwards.packing import ATTENTION_LAYER_TYPES, VARLEN_ATTENTION, row_width_bound
 from dpotrain.forwards.sequence_parallel import model_problem
-from dpotrain.plan.memory_advice import NAMES, advice, node_size
+from dpotrain.plan.memory_advice import advice, node_size
 from dpotrain.recipe import upstream
 from dpotrain.recipe.config import uses_live_reference
 from dpotrain.recipe.errors import ConfigError, cause
@@ -566,9 +566,13 @@ def plan(recipe, world: int, engine: Engine | None = None, attention: str | None
     record["allocator"] = allocator()  # the allowance assumes expandable segments (EXPANDABLE)
     record["checkpointing"] = checkpointing_record  # which layers: checkpointing_fields gives the run this choice
     if record["fits"] is False and recipe.project.memory_check:
-        heads = None if model_problem(config) else head_counts(config)  # what a sequence-parallel group splits
-        raise ConfigError(_refusal(recipe, chosen, gpu, gpu_source, attention, heads))
+        raise ConfigError(_refusal(recipe, chosen, gpu, gpu_source, attention, splittable_heads(config)))
     return record
+
+
+def splittable_heads(config) -> tuple[int, int] | None:
+    """The heads a sequence-parallel group would split; None for a model no group runs (`model_problem`)."""
+    return None if model_problem(config) else head_counts(config)
 
 
 # --- activation checkpointing, chosen per run ---

@@ -17,20 +17,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from dpotrain.cluster import sequence_parallel
-from dpotrain.cluster.engine import LAUNCHED, Engine, from_config
+from dpotrain.cluster.engine import LAUNCHED, NAMES, Engine, from_config
 from dpotrain.data.builtin import PROJECT_ROOT
 from dpotrain.forwards import sequence_parallel as split_rows
 from dpotrain.forwards.packing import attention_name
 from dpotrain.recipe.config import replaced, uses_live_reference
 
 GIB = 2**30
-NAMES = {
-    "zero2": "DeepSpeed ZeRO-2",
-    "zero3": "DeepSpeed ZeRO-3",
-    "fsdp2": "FSDP2",
-    "ddp": "DDP",
-    "single": "one process",
-}
 # The accelerate configs this project ships, one per engine: what a refusal tells the user to pass.
 SHIPPED = {
     "zero2": "accelerate_config.yaml",
@@ -146,23 +139,21 @@ class Advisor:
     # --- the levers: each changes a trial, or returns False where it cannot apply ---
 
     def levers(self) -> list[str]:
-        r, names = self.recipe, []
-        if uses_live_reference(r) and not r.training.sync_ref_model:
-            names.append("cached")
-        if r.project.max_tokens_per_microbatch is not None:
-            names.append("tokens")
-        t = r.training
-        if not t.activation_checkpointing or "every_n_layers" in (t.activation_checkpointing_kwargs or {}):
-            names.append("checkpointing")
-        names += [kind for kind in ("zero3", "fsdp2") if kind != self.engine.name]
-        if self.heads and self.group_sizes(self.world):
-            names.append("sequence")
-        names.append("nodes")
-        if not r.model.use_peft:
-            names.append("lora")
-        if r.project.max_tokens_per_microbatch is not None and (r.training.max_length or 0) > MIN_MAX_LENGTH:
-            names.append("shorter")
-        return names
+        r, t = self.recipe, self.recipe.training
+        budget = r.project.max_tokens_per_microbatch is not None
+        checkpointing = not t.activation_checkpointing or "every_n_layers" in (t.activation_checkpointing_kwargs or {})
+        applies = {
+            "cached": uses_live_reference(r) and not t.sync_ref_model,
+            "tokens": budget,
+            "checkpointing": checkpointing,
+            "zero3": self.engine.name != "zero3",
+            "fsdp2": self.engine.name != "fsdp2",
+            "sequence": self.heads and self.group_sizes(self.world),
+            "nodes": True,
+            "lora": not r.model.use_peft,
+            "shorter": budget and (t.max_length or 0) > MIN_MAX_LENGTH,
+        }
+        return [lever for lever, offered in applies.items() if offered]
 
     def cached(self, trial: Trial) -> bool:
         trial.recipe = replaced(trial.recipe, training={"precompute_ref_log_probs": True})
