@@ -151,12 +151,10 @@ def activation_bytes(config, tokens: int, checkpointing: bool | int) -> tuple[in
     """Peak bytes of the backbone's forward + backward for one micro-batch of `tokens` tokens, and how they were found.
     `checkpointing`: False, True (every layer) or k (every k-th layer: transformers' `every_n_layers`).
 
-    Copies of the model with 1 and 2 layers run on fake tensors at the real width and token count; their peaks, less
-    parameters and weight gradients (model states), give the cost of a layer (the slope) and of the rest; the model
-    costs the rest + layers x slope (`_combine` for every k-th layer). Attention is traced as full attention with no
-    mask, the memory of FlashAttention and sdpa's fused kernels; masks are counted apart (`mask_bytes`). Other layer
-    kinds (linear attention, Mamba: their CPU kernels are not what CUDA runs) and failed traces take the formula.
-    """
+    Traces of 1 and 2 layers on fake tensors, less model states, give the rest and the slope (docs/memory.md); the
+    model costs rest + layers x slope (`_combine` for every k-th layer). Attention is traced as fused attention with
+    no mask (masks: `mask_bytes`). Other layer kinds (linear attention, Mamba: their CPU kernels are not what CUDA
+    runs) and failed traces take the formula."""
     text = config.get_text_config()
     every = checkpoint_every(checkpointing)
     kept = checkpointed_layers(every, text.num_hidden_layers)
@@ -351,15 +349,9 @@ def _logits_tile(tokens: int) -> int:
 
 
 def model_state_bytes(engine: Engine, shape: ModelShape, world: int) -> tuple[int, str]:
-    """Weights, gradients and optimizer state per GPU, and the formula in bytes per parameter.
-
-    ZeRO-2 / ZeRO-3 are DeepSpeed's `estimate_zero{2,3}_model_states_mem_needs` (tests/test_memory.py): ZeRO-2 keeps
-    the bf16 weights whole and shards 18 bytes per trained parameter; ZeRO-3 shards 2 P + 16 per trained parameter and
-    adds 4 bytes x the largest layer it gathers. FSDP2 shards fp32 trained parameters, their fp32 gradients and Adam's
-    moments (16), frozen ones as loaded. One process or DDP: everything whole, in the weights' dtype. FSDP2
-    reduce-scatters every micro-batch (`Engine.defers_gradient_sync`), so between micro-batches every engine holds its
-    gradients as counted here.
-    """
+    """Weights, gradients and optimizer state per GPU, and the formula in bytes per parameter (docs/memory.md): ZeRO's
+    are DeepSpeed's `estimate_zero{2,3}_model_states_mem_needs` (tests/test_memory.py). FSDP2 reduce-scatters every
+    micro-batch (`Engine.defers_gradient_sync`), so between micro-batches every engine holds its gradients as here."""
     p, t, n, L = shape.params, shape.trainable, world, shape.largest_layer
     frozen = p - t
     if engine.name == "zero2":
