@@ -29,12 +29,10 @@ from dpotrain.recipe.errors import ConfigError, cause
 GIB = 2**30
 # CUDA context (~0.5-1 GiB with torch's kernels loaded) plus NCCL communicator buffers (~1-2 GiB), per process.
 CONTEXT_GIB = 3.0
-# The caching allocator rarely packs tensors perfectly: 10% of everything else, a usual margin for long-sequence
-# training with expandable segments (EXPANDABLE, which every run sets unless the user chose otherwise).
+# The caching allocator rarely packs tensors perfectly: 10% of everything else, with expandable segments (EXPANDABLE).
 FRAGMENTATION = 0.10
-# Packed micro-batches change shape every step, which fragments the allocator's fixed segments: without expandable
-# segments, the think recipe on an H100 (BENCHMARKS.md, Nov 2026) reserved 65.9 GiB for a 51.8 GiB peak of tensors
-# (27% above it, past the 10%). TorchTitan's launcher sets the same.
+# Packed micro-batches change shape every step, fragmenting the allocator's fixed segments: without expandable segments
+# the think recipe on an H100 reserved 65.9 GiB for a 51.8 GiB peak of tensors (BENCHMARKS.md). TorchTitan sets it too.
 EXPANDABLE = "expandable_segments:True"
 ALLOCATOR_NAMES = ("PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF")  # torch's name, then its older one
 BF16 = 2
