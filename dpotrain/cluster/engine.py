@@ -1,13 +1,9 @@
 """The engine a launch asked for — one process, DDP, DeepSpeed ZeRO-2 or ZeRO-3, FSDP2 — and what each needs.
 
 `accelerate launch --config_file X` names the engine in the training processes' environment; this module reads it,
-refuses what the project does not support (before anything loads), and holds the few places an engine changes:
-- ZeRO-3 and FSDP2 shard the weights, so every rank takes part in every forward (the reference stage's filler
-  micro-batches, sample generation with `synced_gpus`), and the weights' hash is taken from the full weights;
-- the weights load in the dtype the engine trains them in, without a full host copy per process where it can;
-- accelerate 1.15 turns FSDP and DDP on only for accelerator devices (accelerate/state.py: a CPU launch without
-  `use_cpu` comes out as DistributedType.NO), so a CPU-only node would run independent processes that never exchange
-  a gradient: `enable_on_cpu` makes accelerate set them up, so CPU-only clusters and the tests run the real engine.
+refuses what the project does not support (before anything loads), and holds the few places an engine changes: who
+runs every forward (`Engine.shards_weights`), the load dtype, the weights' hash under ZeRO-3, gradient clipping, the
+process groups, and an FSDP or DDP launch on CPU-only nodes (`enable_on_cpu`).
 """
 
 import contextlib
@@ -240,8 +236,11 @@ def load_dtype(recipe, engine: Engine) -> str | None:
 
 
 def enable_on_cpu(engine: Engine) -> None:
-    """Before accelerate builds its state on a CPU-only node: make an FSDP or DDP launch distributed (see the module
-    doc). A no-op with a GPU, for one process, and for DeepSpeed (which accelerate sets up on CPU with gloo)."""
+    """Before accelerate builds its state on a CPU-only node: make an FSDP or DDP launch distributed. accelerate 1.15
+    turns them on for accelerator devices only (accelerate/state.py: a CPU launch without `use_cpu` comes out as
+    DistributedType.NO), so a CPU-only node would run independent processes that never exchange a gradient; with this
+    CPU-only clusters and the tests run the real engine. A no-op with a GPU, for one process, and for DeepSpeed (which
+    accelerate sets up on CPU with gloo)."""
     if torch.cuda.is_available() or engine.name not in ("fsdp2", "ddp"):
         return
     from accelerate.state import PartialState

@@ -17,8 +17,7 @@ ENGINE_NAMES = "DeepSpeed ZeRO-2 (accelerate_config.yaml) or ZeRO-3 (ACCELERATE_
 
 
 def data_parallel_size(world: int, n: int) -> int:
-    """Data-parallel ranks: the groups of `n` processes that each read their own micro-batches (`n` divides `world`:
-    `check_launch`)."""
+    """Data-parallel ranks: the groups of `n` processes that each read their own micro-batches (`check_launch`)."""
     return world // n
 
 

@@ -273,7 +273,7 @@ def formula_activation_bytes(text, tokens: int, checkpointing: bool | int) -> in
     """Llama-shaped layer in bf16, when no trace is possible: per token, 2 x (10 H + 2 H_kv + 4 I) bytes saved per
     layer; a checkpointed layer keeps only its input (2 H), and one is recomputed with its gradients (2 x that)."""
     h = text.hidden_size
-    kv = getattr(text, "num_key_value_heads", None) or text.num_attention_heads
+    _, kv = head_counts(text)
     per_layer = BF16 * (10 * h + 2 * kv * head_dim(text) + 4 * mlp_width(text))
     costs = {True: (2 * per_layer, BF16 * h), False: (per_layer, per_layer)}
     return tokens * _combine(costs, checkpoint_every(checkpointing), text.num_hidden_layers)
