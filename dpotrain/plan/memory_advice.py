@@ -2,12 +2,9 @@
 
 A refusal that says "try LoRA" and then refuses the LoRA run sends a user round in circles, so every option offered is
 a plan made by the function that refused (`memory.plan`, handed in as `plan`) on a copy of the recipe with the option's
-changes, offered only when it fits. The levers, cheapest to the run first: the cached reference instead of a live one
-(where nothing needs it: TR-DPO's `sync_ref_model` does); fewer tokens per micro-batch (never below one pair of
-max_length); activation checkpointing on every layer; another engine; sequence parallelism (within a node, only where
-nothing else keeps a whole pair on each GPU); more nodes (at most `MAX_NODES`, never more data-parallel ranks than
-pairs per step); LoRA; last, a shorter max_length (longer pairs are then cut). Options are listed fewest changes
-first, and a set of changes that holds a smaller set that fits is not offered.
+changes, offered only when it fits: fewest changes first, and none that holds a smaller set that fits. The levers,
+cheapest to the run first (`Advisor.levers`; docs/memory.md): the cached reference, fewer tokens per micro-batch,
+activation checkpointing on every layer, another engine, sequence parallelism, more nodes, LoRA, a shorter max_length.
 """
 
 import itertools
