@@ -158,9 +158,13 @@ class Advisor:
         return True
 
     def checkpointing(self, trial: Trial) -> bool:
-        from dpotrain.plan.memory import checkpointing_fields  # which imports this module
-
-        every_layer = checkpointing_fields(trial.recipe.training, {"every_n_layers": 1})
+        kwargs = {**(trial.recipe.training.activation_checkpointing_kwargs or {}), "every_n_layers": 1}
+        every_layer = {
+            "activation_checkpointing": True,
+            "gradient_checkpointing": True,
+            "activation_checkpointing_kwargs": kwargs,
+            "gradient_checkpointing_kwargs": kwargs,
+        }
         given = trial.recipe.given | {"activation_checkpointing", "activation_checkpointing_kwargs"}
         trial.recipe = replace(replaced(trial.recipe, training=every_layer), given=given)
         trial.flags += [
