@@ -15,6 +15,7 @@ from datetime import timedelta
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
 
 from dpotrain.data.builtin import PROJECT_ROOT
 from dpotrain.recipe import upstream
@@ -282,8 +283,6 @@ def start_processes(training, run_engine: Engine):
     that group, so anything one rank does alone for longer (the final model's write) ends the job. Groups made later
     (DeepSpeed's in `deepspeed.initialize`) take torch's default, which `distributed_c10d._get_default_timeout` reads
     at each `new_group` (torch 2.13): that default becomes the recipe's too (tests/test_engines.py reads it back)."""
-
-    import torch.distributed as dist
     from accelerate import PartialState
 
     timeout = timedelta(seconds=training.ddp_timeout)
@@ -301,8 +300,6 @@ def end_processes() -> None:
     """Every process group of this process destroyed, once a run has made its last collective (every rank calls it).
     Left to the interpreter's exit, a rank that finished before the main process once died with "terminate called
     without an active exception" (SIGABRT), failing a completed FSDP2 launch."""
-    import torch.distributed as dist
-
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
 
@@ -310,8 +307,6 @@ def end_processes() -> None:
 def group_timeouts() -> dict[str, float]:
     """Every process group of this process, by torch's name for it ("0" is the default group), and its collective
     timeout in seconds as torch holds it (the shortest of its backends: NCCL for GPUs, gloo beside it)."""
-    import torch.distributed as dist
-
     if not dist.is_available() or not dist.is_initialized():
         return {}
     return upstream.group_timeouts()

@@ -15,6 +15,8 @@ import os
 import warnings
 from dataclasses import dataclass
 
+import torch
+
 from dpotrain.cluster.engine import NAMES, Engine, from_config
 from dpotrain.cluster.sequence_parallel import head_counts
 from dpotrain.forwards.flops import head_dim, mlp_width
@@ -111,7 +113,6 @@ _SHAPES: dict[tuple, ModelShape] = {}
 
 
 def _model_shape(recipe, config, peft) -> ModelShape:
-    import torch
     from transformers import AutoModelForCausalLM
 
     text = config.get_text_config()
@@ -242,7 +243,6 @@ def register_trace_attention() -> None:
 
 def _traced_peak(config, layers: int, tokens: int, checkpointing: bool | int) -> int:
     """The backbone's peak on fake tensors, without parameters: `checkpointing` False, True or every k-th layer."""
-    import torch
     from transformers import AutoModelForCausalLM
 
     register_trace_attention()
@@ -397,8 +397,6 @@ def engine_buffer_bytes(engine: Engine, shape: ModelShape) -> int:
 
 def gpu_memory(recipe) -> tuple[float | None, str]:
     """GPU memory in GiB: this machine's GPU when it has one, else the recipe's gpu_memory_gib."""
-    import torch
-
     given = recipe.project.gpu_memory_gib
     if torch.cuda.is_available():
         props = torch.cuda.get_device_properties(0)

@@ -18,7 +18,7 @@ from dpotrain.cluster.engine import LAUNCHED, NAMES, Engine, from_config
 from dpotrain.data.builtin import PROJECT_ROOT
 from dpotrain.forwards import sequence_parallel as split_rows
 from dpotrain.forwards.packing import attention_name
-from dpotrain.recipe.config import replaced, uses_live_reference
+from dpotrain.recipe.config import dry_run_asked, replaced, uses_live_reference
 
 GIB = 2**30
 # The accelerate configs this project ships, one per engine: what a refusal tells the user to pass.
@@ -87,8 +87,6 @@ class Option:
 
     def dry_run_line(self, command_line: tuple[str, ...]) -> str:
         """The dry run that checks this option's submission before it is made, as scripts/launch.sh plans the job."""
-        from dpotrain.recipe.config import dry_run_asked
-
         words = ["python", "train_dpo.py", *command_line]
         if not dry_run_asked(list(command_line)):
             words.append("--dry-run")
