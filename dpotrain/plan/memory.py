@@ -16,9 +16,11 @@ import warnings
 from dataclasses import dataclass
 
 import torch
+from transformers import AutoConfig
 
 from dpotrain.cluster.engine import NAMES, Engine, from_config
 from dpotrain.cluster.sequence_parallel import head_counts
+from dpotrain.data import builtin
 from dpotrain.forwards.flops import head_dim, mlp_width
 from dpotrain.forwards.masks import BLOCK
 from dpotrain.forwards.packing import ATTENTION_LAYER_TYPES, VARLEN_ATTENTION, row_width_bound
@@ -72,10 +74,6 @@ class ModelShape:
 
 def load_model_config(recipe):
     """The model's config from files on this machine (a folder, the HF cache, a built-in), or (None, why not)."""
-    from transformers import AutoConfig
-
-    from dpotrain.data import builtin
-
     name = recipe.model.model_name_or_path
     if builtin.is_builtin(name):
         builtin.check_name(name)
