@@ -1,12 +1,10 @@
 """Sequence parallelism (DeepSpeed Ulysses): how the launch's processes split into groups, and what each decision
-that counts processes for data must count instead.
+that counts processes for data must count instead (docs/sequence_parallel.md).
 
-With `sequence_parallel_size: N`, the processes form groups of N consecutive ranks (as DeepSpeed's
-`parallel_state_sp.initialize_sequence_parallel` makes them). A group reads one micro-batch and splits its packed
-sequence along the positions, 1/N to each rank; attention runs on the whole sequence for 1/N of the heads. So the data
-is dealt to groups: everything that counts processes for data (pairs per step, accumulation, the step plan, the
-sampler, evaluation, the reference stage) counts data-parallel ranks (`data_parallel_size`), and a process reads its
-group's share (`data_parallel_rank`): the same pairs make the same steps on any N. ZeRO still shards over the world.
+The processes form groups of N consecutive ranks (DeepSpeed's `parallel_state_sp.initialize_sequence_parallel`), each
+reading one micro-batch split along its positions. So everything that counts processes for data (pairs per step,
+accumulation, the step plan, the sampler, evaluation, the reference stage) counts data-parallel ranks
+(`data_parallel_size`), and a process reads its group's share (`data_parallel_rank`). ZeRO still shards over the world.
 """
 
 from dpotrain.cluster.engine import NAMES

@@ -200,9 +200,8 @@ def _deal(bins: list[list[int]], costs: list[int], world_size: int, per_rank: in
 
 
 def cut_step(pairs: np.ndarray, lengths: PairLengths, p: StepPlan) -> list[list[list[int]]]:
-    """One step's pairs as `[rank][micro-batch] -> pair indices`: the same number of micro-batches on every rank, the
-    fewest the step needs under the budget (packed: the fewest bin packing finds), non-empty unless no equal count of
-    non-empty ones exists (then the ranks short of one run a filler)."""
+    """One step's pairs as `[rank][micro-batch] -> pair indices`, cut as the module's docstring says (packed: into the
+    fewest bins that bin packing finds)."""
     w, n = p.world_size, len(pairs)
     if n < w:
         raise PlanError(
