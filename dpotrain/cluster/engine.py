@@ -23,7 +23,7 @@ from dpotrain.recipe.errors import ConfigError, cause
 
 LAUNCHED = "this launch"  # the source of an engine read from the environment `accelerate launch` sets
 SUPPORTED = "one process, DDP, DeepSpeed ZeRO-2 or ZeRO-3, FSDP2 (accelerate_config.yaml, configs/accelerate/)"
-NAMES = {
+NAMES = {  # how records and refusals name each engine
     "zero2": "DeepSpeed ZeRO-2",
     "zero3": "DeepSpeed ZeRO-3",
     "fsdp2": "FSDP2",
