@@ -1,13 +1,9 @@
 """The engine a launch asked for — one process, DDP, DeepSpeed ZeRO-2 or ZeRO-3, FSDP2 — and what each needs.
 
 `accelerate launch --config_file X` names the engine in the training processes' environment; this module reads it,
-refuses what the project does not support (before anything loads), and holds the few places an engine changes:
-- ZeRO-3 and FSDP2 shard the weights, so every rank takes part in every forward (the reference stage's filler
-  micro-batches, sample generation with `synced_gpus`), and the weights' hash is taken from the full weights;
-- the weights load in the dtype the engine trains them in, without a full host copy per process where it can;
-- accelerate 1.15 turns FSDP and DDP on only for accelerator devices (accelerate/state.py: a CPU launch without
-  `use_cpu` comes out as DistributedType.NO), so a CPU-only node would run independent processes that never exchange
-  a gradient: `enable_on_cpu` makes accelerate set them up, so CPU-only clusters and the tests run the real engine.
+refuses what the project does not support (before anything loads), and holds the few places an engine changes: who
+runs every forward (`Engine.shards_weights`), the load dtype, the weights' hash under ZeRO-3, gradient clipping, the
+process groups, and an FSDP or DDP launch on CPU-only nodes (`enable_on_cpu`).
 """
 
 import contextlib
@@ -19,6 +15,7 @@ from datetime import timedelta
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
 
 from dpotrain.data.builtin import PROJECT_ROOT
 from dpotrain.recipe import upstream
@@ -26,13 +23,19 @@ from dpotrain.recipe.errors import ConfigError, cause
 
 LAUNCHED = "this launch"  # the source of an engine read from the environment `accelerate launch` sets
 SUPPORTED = "one process, DDP, DeepSpeed ZeRO-2 or ZeRO-3, FSDP2 (accelerate_config.yaml, configs/accelerate/)"
+NAMES = {  # how records and refusals name each engine
+    "zero2": "DeepSpeed ZeRO-2",
+    "zero3": "DeepSpeed ZeRO-3",
+    "fsdp2": "FSDP2",
+    "ddp": "DDP",
+    "single": "one process",
+}
 
 
 @dataclass(frozen=True)
 class Engine:
     """An engine and the settings that change what it holds per GPU, from an accelerate config file (a dry run:
-    `from_config`) or from the environment of a launch (`launched`). One description for the launch checks, the
-    trainer and the memory plan (dpotrain/plan/memory.py)."""
+    `from_config`) or from the environment of a launch (`launched`)."""
 
     name: str  # "single", "ddp", "zero2", "zero3", "fsdp2"; "unplanned" from a config plans do not cover
     source: str = LAUNCHED  # the file(s) it was read from, or why it is unplanned
@@ -72,11 +75,10 @@ def launched() -> Engine:
         ds_file = env("ACCELERATE_DEEPSPEED_CONFIG_FILE") or "none"
         if ds_file != "none" and os.path.isfile(ds_file):
             found = _deepspeed_file(Path(ds_file), per_node, f"{LAUNCHED} -> {ds_file}")
-        else:  # the settings inline in the accelerate config, passed one by one
-            off = [env(f"ACCELERATE_DEEPSPEED_OFFLOAD_{p}_DEVICE", "none") != "none" for p in ("OPTIMIZER", "PARAM")]
+        else:  # the settings inline in the accelerate config, passed one by one: ACCELERATE_DEEPSPEED_<KEY>
             clip = env("ACCELERATE_GRADIENT_CLIPPING", "auto")  # accelerate's own default: "auto"
-            stage = int(env("ACCELERATE_DEEPSPEED_ZERO_STAGE") or 0)
-            found = _inline_deepspeed(stage, LAUNCHED, per_node, *off, clip if clip == "auto" else float(clip))
+            setting = lambda key, default: env(f"ACCELERATE_DEEPSPEED_{key.upper()}", default)
+            found = _inline_deepspeed(setting, LAUNCHED, per_node, clip if clip == "auto" else float(clip))
         if found.name not in ("zero2", "zero3"):
             stage = found.name.removeprefix("zero")
             raise ConfigError(
@@ -117,7 +119,7 @@ def read_accelerate_config(path: str):
 
 
 def processes(config) -> int:
-    """The processes an accelerate config launches (its num_processes; accelerate's -1, unset, counted as 1)."""
+    """An accelerate config's num_processes (accelerate's -1, unset, counted as 1)."""
     return max(getattr(config, "num_processes", 1), 1)
 
 
@@ -144,10 +146,8 @@ def from_config(accelerate_config: str) -> Engine:
             if not ds_path.is_file():
                 return Engine("unplanned", f"DeepSpeed config {ds_file!r} ({accelerate_config}) not found")
             found = _deepspeed_file(ds_path, per_node, f"{accelerate_config} -> {ds_file}")
-        else:  # the settings inline in the accelerate config
-            off_opt, off_par = (ds.get(f"offload_{part}_device", "none") != "none" for part in ("optimizer", "param"))
-            clip = ds.get("gradient_clipping", "auto")  # accelerate's own default: "auto"
-            found = _inline_deepspeed(int(ds.get("zero_stage", 0)), accelerate_config, per_node, off_opt, off_par, clip)
+        else:  # the settings inline in the accelerate config; accelerate's own default clipping: "auto"
+            found = _inline_deepspeed(ds.get, accelerate_config, per_node, ds.get("gradient_clipping", "auto"))
         if found.name not in ("zero2", "zero3"):
             stage = found.name.removeprefix("zero")
             return Engine("unplanned", f"DeepSpeed ZeRO stage {stage} ({accelerate_config}): plans cover stages 2, 3")
@@ -164,15 +164,16 @@ def from_config(accelerate_config: str) -> Engine:
     return Engine("unplanned", f"distributed_type {kind} ({accelerate_config}) is not one plans cover")
 
 
-def _inline_deepspeed(stage: int, source: str, per_node: int, offload_optimizer: bool, offload_params: bool, clip):
-    """DeepSpeed's settings inline in an accelerate config (no DeepSpeed JSON file): DeepSpeed's defaults for the
-    rest (a reduce bucket of 5e8 elements, overlap_comm on under ZeRO-3 only)."""
-    return Engine(f"zero{stage}", source, per_node, offload_optimizer, offload_params, int(5e8), stage == 3, clip)
+def _inline_deepspeed(setting, source: str, per_node: int, clip) -> Engine:
+    """DeepSpeed's settings inline in an accelerate config (no DeepSpeed JSON file), `setting(key, default)` by the
+    config's key: DeepSpeed's defaults for the rest (a reduce bucket of 5e8 elements, overlap_comm on under ZeRO-3)."""
+    stage = int(setting("zero_stage", 0) or 0)
+    off_opt, off_par = (setting(f"offload_{part}_device", "none") != "none" for part in ("optimizer", "param"))
+    return Engine(f"zero{stage}", source, per_node, off_opt, off_par, int(5e8), stage == 3, clip)
 
 
 def _deepspeed_file(path: Path, per_node: int, source: str) -> Engine:
-    """A DeepSpeed JSON config; a ZeRO stage other than 2 or 3 comes back as "zero<stage>", for the caller to refuse
-    or leave unplanned."""
+    """A DeepSpeed JSON config; another ZeRO stage than 2 or 3 as "zero<stage>", for the caller to refuse."""
     config = json.loads(path.read_text())
     zero = config.get("zero_optimization", {})
     stage = int(zero.get("stage", 0))
@@ -236,8 +237,11 @@ def load_dtype(recipe, engine: Engine) -> str | None:
 
 
 def enable_on_cpu(engine: Engine) -> None:
-    """Before accelerate builds its state on a CPU-only node: make an FSDP or DDP launch distributed (see the module
-    doc). A no-op with a GPU, for one process, and for DeepSpeed (which accelerate sets up on CPU with gloo)."""
+    """Before accelerate builds its state on a CPU-only node: make an FSDP or DDP launch distributed. accelerate 1.15
+    turns them on for accelerator devices only (accelerate/state.py: a CPU launch without `use_cpu` comes out as
+    DistributedType.NO), so a CPU-only node would run independent processes that never exchange a gradient; with this
+    CPU-only clusters and the tests run the real engine. A no-op with a GPU, for one process, and for DeepSpeed (which
+    accelerate sets up on CPU with gloo)."""
     if torch.cuda.is_available() or engine.name not in ("fsdp2", "ddp"):
         return
     from accelerate.state import PartialState
@@ -279,8 +283,6 @@ def start_processes(training, run_engine: Engine):
     that group, so anything one rank does alone for longer (the final model's write) ends the job. Groups made later
     (DeepSpeed's in `deepspeed.initialize`) take torch's default, which `distributed_c10d._get_default_timeout` reads
     at each `new_group` (torch 2.13): that default becomes the recipe's too (tests/test_engines.py reads it back)."""
-
-    import torch.distributed as dist
     from accelerate import PartialState
 
     timeout = timedelta(seconds=training.ddp_timeout)
@@ -298,8 +300,6 @@ def end_processes() -> None:
     """Every process group of this process destroyed, once a run has made its last collective (every rank calls it).
     Left to the interpreter's exit, a rank that finished before the main process once died with "terminate called
     without an active exception" (SIGABRT), failing a completed FSDP2 launch."""
-    import torch.distributed as dist
-
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
 
@@ -307,8 +307,6 @@ def end_processes() -> None:
 def group_timeouts() -> dict[str, float]:
     """Every process group of this process, by torch's name for it ("0" is the default group), and its collective
     timeout in seconds as torch holds it (the shortest of its backends: NCCL for GPUs, gloo beside it)."""
-    import torch.distributed as dist
-
     if not dist.is_available() or not dist.is_initialized():
         return {}
     return upstream.group_timeouts()

@@ -16,7 +16,11 @@ import threading
 from dataclasses import fields
 from pathlib import Path
 
+import datasets.config
 import yaml
+from datasets.naming import camelcase_to_snakecase, filenames_for_dataset_split
+from huggingface_hub import constants, get_token, try_to_load_from_cache
+from huggingface_hub.utils import get_session
 
 from dpotrain.data import builtin, data, mixture
 from dpotrain.recipe.errors import ConfigError, cause
@@ -49,8 +53,6 @@ def _true(value: str | None) -> bool:
 
 def is_offline() -> bool:
     """Whether the Hub is off for models (huggingface_hub reads HF_HUB_OFFLINE at import; a .env may set it later)."""
-    from huggingface_hub import constants
-
     env = os.environ.get("HF_HUB_OFFLINE") or os.environ.get("TRANSFORMERS_OFFLINE")
     return constants.HF_HUB_OFFLINE or _true(env)
 
@@ -99,7 +101,6 @@ def select_model_files(repo_files: list[str]) -> list[str]:
 def missing_model_files(repo_id: str, revision: str | None = None, weights: bool = True) -> list[str]:
     """What from_pretrained would miss in the Hub cache for `repo_id` at `revision` (a branch, tag or commit);
     `weights=False`: what AutoTokenizer would miss (config, tokenizer files)."""
-    from huggingface_hub import try_to_load_from_cache
 
     def cached(filename: str) -> str | None:
         path = try_to_load_from_cache(repo_id, filename, revision=revision)
@@ -127,9 +128,6 @@ def cached_dataset(name: str, config: str | None = None, split: str = "train") -
     Offline, datasets 5.2 takes the newest prepared copy in its cache, `<HF_DATASETS_CACHE>/<namespace>___<snake_name>/
     <config>/<version>/<commit>/` (datasets/load.py, `CachedDatasetModuleFactory`, and packaged_modules/cache/cache.py,
     `_find_hash_in_cache`); this follows the same rules on the same files."""
-    import datasets.config
-    from datasets.naming import camelcase_to_snakecase, filenames_for_dataset_split
-
     parts = name.split("/")
     parts[-1] = camelcase_to_snakecase(parts[-1])
     root = Path(datasets.config.HF_DATASETS_CACHE) / "___".join(parts)
@@ -249,9 +247,6 @@ def within(seconds: float, fn):
 def hub_unreachable() -> str | None:
     """Why HF_ENDPOINT gives no answer here within PROBE_SECONDS (one line), or None when it answers, with any status.
     One HEAD request through huggingface_hub's own HTTP client: with the proxy and certificate settings it uses."""
-    from huggingface_hub import constants
-    from huggingface_hub.utils import get_session
-
     try:
         within(PROBE_SECONDS, lambda: get_session().head(constants.ENDPOINT + "/", timeout=SOCKET_SECONDS))
     except Exception as e:
@@ -283,6 +278,4 @@ def check_job_reachable(recipe, model: bool = True, dataset: bool = True) -> Non
 
 def hf_token() -> str | None:
     """The Hub token: HF_TOKEN (from .env or the environment), else the one `huggingface-cli login` saved."""
-    from huggingface_hub import get_token
-
     return os.environ.get("HF_TOKEN") or get_token()

@@ -1,16 +1,11 @@
-"""One run per output folder: `<output_dir>/run.lock`, taken by the launch's main process before anything is written.
+"""One run per output folder: `<output_dir>/run.lock`, taken by the launch's main process before anything is written
+(docs/reliability.md). Two runs on one folder (a double `sbatch`) would delete each other's checkpoints.
 
-Two runs on one folder (a double `sbatch`) would delete each other's checkpoints and interleave metrics.jsonl. The
-lock is atomic on the shared file systems clusters use (NFS, Lustre), unlike fcntl/flock: the holder's record (host,
-pid, Slurm job and restart, for the refusal) is written to a file of its own, then hard-linked to `run.lock`, which
-fails when the lock exists (open(2), "O_EXCL ... on NFS"). Without hard links (vfat, exFAT, object-store mounts) it is
-created with O_CREAT|O_EXCL, atomic on local file systems and NFSv3+; a reader finding it empty for a moment refuses.
-
-Nobody may be left blocked by a run that is gone (a node lost to SIGKILL releases nothing). A lock is taken over when:
-- its holder is an earlier start of this same Slurm job (same SLURM_JOB_ID, lower SLURM_RESTART_COUNT): a requeue;
-- its holder ran on this host and its process is gone (pid and the process's start time, since pids are reused);
-- its holder ran on another host and the lock was not refreshed for `STALE_S`: a live holder touches it every
-  `HEARTBEAT_S` from a background thread.
+The holder's record is written to a file of its own, then hard-linked to `run.lock`: atomic on NFS and Lustre, unlike
+fcntl/flock (open(2), "O_EXCL ... on NFS"); without hard links, O_CREAT|O_EXCL. A run that is gone releases nothing
+(SIGKILL, a lost node), so its lock is taken over (`free_reason`): by a requeue of the same Slurm job, once its process
+is gone on this host, or once not refreshed for `STALE_S` from another host (a live holder touches it every
+`HEARTBEAT_S`).
 """
 
 import contextlib

@@ -1,24 +1,21 @@
 """Sequence parallelism (DeepSpeed Ulysses): how the launch's processes split into groups, and what each decision
-that counts processes for data must count instead.
+that counts processes for data must count instead (docs/sequence_parallel.md).
 
-With `sequence_parallel_size: N`, the processes form groups of N consecutive ranks (as DeepSpeed's
-`parallel_state_sp.initialize_sequence_parallel` makes them). A group reads one micro-batch and splits its packed
-sequence along the positions, 1/N to each rank; attention runs on the whole sequence for 1/N of the heads. So the data
-is dealt to groups: everything that counts processes for data (pairs per step, accumulation, the step plan, the
-sampler, evaluation, the reference stage) counts data-parallel ranks (`data_parallel_size`), and a process reads its
-group's share (`data_parallel_rank`): the same pairs make the same steps on any N. ZeRO still shards over the world.
+The processes form groups of N consecutive ranks (DeepSpeed's `parallel_state_sp.initialize_sequence_parallel`), each
+reading one micro-batch split along its positions. So everything that counts processes for data (pairs per step,
+accumulation, the step plan, the sampler, evaluation, the reference stage) counts data-parallel ranks
+(`data_parallel_size`), and a process reads its group's share (`data_parallel_rank`). ZeRO still shards over the world.
 """
 
+from dpotrain.cluster.engine import NAMES
 from dpotrain.recipe.errors import ConfigError
 
 ENGINES = ("zero2", "zero3")  # DeepSpeed's Ulysses runs under its own engine only
 ENGINE_NAMES = "DeepSpeed ZeRO-2 (accelerate_config.yaml) or ZeRO-3 (ACCELERATE_CONFIG=configs/accelerate/zero3.yaml)"
-OTHERS = {"single": "one process", "ddp": "DDP", "fsdp2": "FSDP2"}  # the engines that cannot run it
 
 
 def data_parallel_size(world: int, n: int) -> int:
-    """Data-parallel ranks: the groups of `n` processes that each read their own micro-batches (`n` divides `world`:
-    `check_launch`)."""
+    """Data-parallel ranks: the groups of `n` processes that each read their own micro-batches (`check_launch`)."""
     return world // n
 
 
@@ -50,7 +47,7 @@ def check_launch(n: int, world: int, engine) -> None:
             f"one of {works}, or launch a multiple of {n} processes"
         )
     if engine.name not in ENGINES:
-        what = OTHERS.get(engine.name, f"an engine plans do not cover ({engine.source})")
+        what = NAMES.get(engine.name, f"an engine plans do not cover ({engine.source})")
         raise ConfigError(
             f"sequence_parallel_size {n} needs DeepSpeed's engine (Ulysses), not {what}: launch "
             f"with {ENGINE_NAMES}, or use --sequence_parallel_size 1"

@@ -6,11 +6,11 @@ smallest first. A length past the model's positions is not planned: training ref
 import copy
 
 from dpotrain.cluster import sequence_parallel
-from dpotrain.cluster.engine import Engine
+from dpotrain.cluster.engine import NAMES, Engine
 from dpotrain.data import positions
 from dpotrain.forwards import choice
 from dpotrain.plan import memory
-from dpotrain.plan.memory_advice import NAMES, node_size
+from dpotrain.plan.memory_advice import node_size
 
 
 def group_sizes(engine: Engine, world: int, heads: tuple[int, int]) -> list[int]:

@@ -15,13 +15,17 @@ import os
 import warnings
 from dataclasses import dataclass
 
-from dpotrain.cluster.engine import Engine, from_config
+import torch
+from transformers import AutoConfig
+
+from dpotrain.cluster.engine import NAMES, Engine, from_config
 from dpotrain.cluster.sequence_parallel import head_counts
+from dpotrain.data import builtin
 from dpotrain.forwards.flops import head_dim, mlp_width
 from dpotrain.forwards.masks import BLOCK
 from dpotrain.forwards.packing import ATTENTION_LAYER_TYPES, VARLEN_ATTENTION, row_width_bound
 from dpotrain.forwards.sequence_parallel import model_problem
-from dpotrain.plan.memory_advice import NAMES, advice, node_size
+from dpotrain.plan.memory_advice import advice, node_size
 from dpotrain.recipe import upstream
 from dpotrain.recipe.config import uses_live_reference
 from dpotrain.recipe.errors import ConfigError, cause
@@ -29,12 +33,10 @@ from dpotrain.recipe.errors import ConfigError, cause
 GIB = 2**30
 # CUDA context (~0.5-1 GiB with torch's kernels loaded) plus NCCL communicator buffers (~1-2 GiB), per process.
 CONTEXT_GIB = 3.0
-# The caching allocator rarely packs tensors perfectly: 10% of everything else, a usual margin for long-sequence
-# training with expandable segments (EXPANDABLE, which every run sets unless the user chose otherwise).
+# The caching allocator rarely packs tensors perfectly: 10% of everything else, with expandable segments (EXPANDABLE).
 FRAGMENTATION = 0.10
-# Packed micro-batches change shape every step, which fragments the allocator's fixed segments: without expandable
-# segments, the think recipe on an H100 (BENCHMARKS.md, Nov 2026) reserved 65.9 GiB for a 51.8 GiB peak of tensors
-# (27% above it, past the 10%). TorchTitan's launcher sets the same.
+# Packed micro-batches change shape every step, fragmenting the allocator's fixed segments: without expandable segments
+# the think recipe on an H100 reserved 65.9 GiB for a 51.8 GiB peak of tensors (BENCHMARKS.md). TorchTitan sets it too.
 EXPANDABLE = "expandable_segments:True"
 ALLOCATOR_NAMES = ("PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF")  # torch's name, then its older one
 BF16 = 2
@@ -72,10 +74,6 @@ class ModelShape:
 
 def load_model_config(recipe):
     """The model's config from files on this machine (a folder, the HF cache, a built-in), or (None, why not)."""
-    from transformers import AutoConfig
-
-    from dpotrain.data import builtin
-
     name = recipe.model.model_name_or_path
     if builtin.is_builtin(name):
         builtin.check_name(name)
@@ -100,22 +98,19 @@ def load_model_config(recipe):
 def model_shape(recipe, config) -> ModelShape:
     """The model's parameter counts (with LoRA's adapter when the recipe trains one), from its config alone. Kept per
     config and LoRA settings: a refusal plans many variants of one model, and PEFT wraps a 32B model in seconds."""
-    peft = None
-    if recipe.model.use_peft:
-        from trl import get_peft_config
+    from trl import get_peft_config
 
-        peft = repr(get_peft_config(recipe.model))
-    key = (config.to_json_string(use_diff=False), peft, str(recipe.model.dtype))
+    peft = get_peft_config(recipe.model) if recipe.model.use_peft else None
+    key = (config.to_json_string(use_diff=False), repr(peft), str(recipe.model.dtype))
     if key not in _SHAPES:
-        _SHAPES[key] = _model_shape(recipe, config)
+        _SHAPES[key] = _model_shape(recipe, config, peft)
     return _SHAPES[key]
 
 
 _SHAPES: dict[tuple, ModelShape] = {}
 
 
-def _model_shape(recipe, config) -> ModelShape:
-    import torch
+def _model_shape(recipe, config, peft) -> ModelShape:
     from transformers import AutoModelForCausalLM
 
     text = config.get_text_config()
@@ -129,20 +124,18 @@ def _model_shape(recipe, config) -> ModelShape:
     head = model.get_output_embeddings()
     lm_head = head.weight.numel() if head is not None else 0
     trainable, head_trains = params, True
-    if recipe.model.use_peft:  # TRL wraps the model with this same config (dpotrain/train/trainer.py)
+    if peft:  # TRL wraps the model with this same config (dpotrain/train/trainer.py)
         from peft import get_peft_model
-        from trl import get_peft_config
 
         # On the meta device too: PEFT otherwise initialises each adapter matrix on the CPU before moving it to the
         # base layer's (meta) device, seconds for a 7B model and its counts are the same.
         with torch.device("meta"), warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            model = get_peft_model(model, get_peft_config(recipe.model))
+            model = get_peft_model(model, peft)
         params = sum(p.numel() for p in model.parameters())  # the base and the adapter
         trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
         head_trains = head is not None and head.weight.requires_grad
-    dtype = str(recipe.model.dtype or "float32").replace("torch.", "")
-    load = 4 if dtype == "float32" else BF16
+    load = 4 if str(recipe.model.dtype or "float32").replace("torch.", "") == "float32" else BF16
     return ModelShape(
         params, trainable, largest, decoder_layer, lm_head, head_trains, text.hidden_size, text.num_hidden_layers, load
     )
@@ -155,12 +148,10 @@ def activation_bytes(config, tokens: int, checkpointing: bool | int) -> tuple[in
     """Peak bytes of the backbone's forward + backward for one micro-batch of `tokens` tokens, and how they were found.
     `checkpointing`: False, True (every layer) or k (every k-th layer: transformers' `every_n_layers`).
 
-    Copies of the model with 1 and 2 layers run on fake tensors at the real width and token count; their peaks, less
-    parameters and weight gradients (model states), give the cost of a layer (the slope) and of the rest; the model
-    costs the rest + layers x slope (`_combine` for every k-th layer). Attention is traced as full attention with no
-    mask, the memory of FlashAttention and sdpa's fused kernels; masks are counted apart (`mask_bytes`). Other layer
-    kinds (linear attention, Mamba: their CPU kernels are not what CUDA runs) and failed traces take the formula.
-    """
+    Traces of 1 and 2 layers on fake tensors, less model states, give the rest and the slope (docs/memory.md); the
+    model costs rest + layers x slope (`_combine` for every k-th layer). Attention is traced as fused attention with
+    no mask (masks: `mask_bytes`). Other layer kinds (linear attention, Mamba: their CPU kernels are not what CUDA
+    runs) and failed traces take the formula."""
     text = config.get_text_config()
     every = checkpoint_every(checkpointing)
     kept = checkpointed_layers(every, text.num_hidden_layers)
@@ -188,13 +179,20 @@ def checkpointed_layers(every: int | None, layers: int) -> int:
     return 0 if every is None else math.ceil(layers / every)
 
 
+def _full_attention_copy(config, layers: int):
+    """`config` with `layers` layers of full attention: sliding windows and chunks only change the untraced mask."""
+    config = copy.deepcopy(config)
+    text = config.get_text_config()
+    text.num_hidden_layers = layers
+    if getattr(text, "layer_types", None):
+        text.layer_types = ["full_attention"] * layers
+    return config
+
+
 def layer_costs(config, tokens: int, checkpointed: bool) -> tuple[int, int]:
     """(rest, slope) of the backbone, every layer checkpointed or none, from traces of 1 and 2 layers (kept: each
     checkpointing the plan weighs and each engine a refusal tries asks the same ones)."""
-    key = copy.deepcopy(config)
-    key.get_text_config().num_hidden_layers = 1  # the traces set their own layer count and kinds
-    if getattr(key.get_text_config(), "layer_types", None):
-        key.get_text_config().layer_types = ["full_attention"]
+    key = _full_attention_copy(config, 1)  # the traces set their own layer count
     return _layer_costs(key.to_json_string(use_diff=False), type(config), tokens, checkpointed)
 
 
@@ -243,15 +241,10 @@ def register_trace_attention() -> None:
 
 def _traced_peak(config, layers: int, tokens: int, checkpointing: bool | int) -> int:
     """The backbone's peak on fake tensors, without parameters: `checkpointing` False, True or every k-th layer."""
-    import torch
     from transformers import AutoModelForCausalLM
 
     register_trace_attention()
-    config = copy.deepcopy(config)
-    text = config.get_text_config()
-    text.num_hidden_layers = layers
-    if getattr(text, "layer_types", None):  # sliding windows and chunks only change the mask, which is not traced
-        text.layer_types = ["full_attention"] * layers
+    config = _full_attention_copy(config, layers)
     with upstream.fake_tensor_mode(), upstream.without_zero3_init(), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16, attn_implementation=TRACE_ATTENTION)
@@ -278,7 +271,7 @@ def formula_activation_bytes(text, tokens: int, checkpointing: bool | int) -> in
     """Llama-shaped layer in bf16, when no trace is possible: per token, 2 x (10 H + 2 H_kv + 4 I) bytes saved per
     layer; a checkpointed layer keeps only its input (2 H), and one is recomputed with its gradients (2 x that)."""
     h = text.hidden_size
-    kv = getattr(text, "num_key_value_heads", None) or text.num_attention_heads
+    _, kv = head_counts(text)
     per_layer = BF16 * (10 * h + 2 * kv * head_dim(text) + 4 * mlp_width(text))
     costs = {True: (2 * per_layer, BF16 * h), False: (per_layer, per_layer)}
     return tokens * _combine(costs, checkpoint_every(checkpointing), text.num_hidden_layers)
@@ -302,9 +295,7 @@ def forward_only_multiple(
     layer = formula_activation_bytes(text, 1, False) // (text.num_hidden_layers + 1)  # one layer, per token
     width = width or tokens
     local = -(-tokens // n)
-    from trl.kernels.chunked_logprob import TOKEN_CHUNK_SIZE
-
-    tile = min(local, TOKEN_CHUNK_SIZE) * upstream.chunked_logprob_chunk_size() * BF16
+    tile = _logits_tile(local)
     exchange = all_to_all_bytes(config, tokens, n)
     training = (
         formula_activation_bytes(text, local, checkpointing)
@@ -339,27 +330,24 @@ def lm_head_bytes(shape: ModelShape, tokens: int) -> int:
     """TRL's fused LM head (`trl.kernels.ChunkedLogProbFunction`): the scored hidden rows (bf16, saved) and their fp32
     gradient, one logits tile, fp32 running statistics, and a head that trains its weight gradient (fp32, cast to
     bf16). Every token counted as scored (only completion tokens are, on CUDA)."""
-    from trl.kernels.chunked_logprob import TOKEN_CHUNK_SIZE
-
-    tile = min(tokens, TOKEN_CHUNK_SIZE) * upstream.chunked_logprob_chunk_size() * BF16
     per_token = shape.hidden * (BF16 + 4) + 12 * 4
     weight_grad = shape.lm_head * (4 + BF16) if shape.lm_head_trains else 0
-    return tile + tokens * per_token + weight_grad
+    return _logits_tile(tokens) + tokens * per_token + weight_grad
+
+
+def _logits_tile(tokens: int) -> int:
+    from trl.kernels.chunked_logprob import TOKEN_CHUNK_SIZE
+
+    return min(tokens, TOKEN_CHUNK_SIZE) * upstream.chunked_logprob_chunk_size() * BF16
 
 
 # --- the engines ---
 
 
 def model_state_bytes(engine: Engine, shape: ModelShape, world: int) -> tuple[int, str]:
-    """Weights, gradients and optimizer state per GPU, and the formula in bytes per parameter.
-
-    ZeRO-2 / ZeRO-3 are DeepSpeed's `estimate_zero{2,3}_model_states_mem_needs` (tests/test_memory.py): ZeRO-2 keeps
-    the bf16 weights whole and shards 18 bytes per trained parameter; ZeRO-3 shards 2 P + 16 per trained parameter and
-    adds 4 bytes x the largest layer it gathers. FSDP2 shards fp32 trained parameters, their fp32 gradients and Adam's
-    moments (16), frozen ones as loaded. One process or DDP: everything whole, in the weights' dtype. FSDP2
-    reduce-scatters every micro-batch (`Engine.defers_gradient_sync`), so between micro-batches every engine holds its
-    gradients as counted here.
-    """
+    """Weights, gradients and optimizer state per GPU, and the formula in bytes per parameter (docs/memory.md): ZeRO's
+    are DeepSpeed's `estimate_zero{2,3}_model_states_mem_needs` (tests/test_memory.py). FSDP2 reduce-scatters every
+    micro-batch (`Engine.defers_gradient_sync`), so between micro-batches every engine holds its gradients as here."""
     p, t, n, L = shape.params, shape.trainable, world, shape.largest_layer
     frozen = p - t
     if engine.name == "zero2":
@@ -384,15 +372,15 @@ def reference_model_bytes(recipe, engine: Engine, shape: ModelShape, world: int)
     else whole; in bf16 under DeepSpeed, else as loaded."""
     if not uses_live_reference(recipe) or recipe.model.use_peft:
         return 0
-    per_param = BF16 if engine.name in ("zero2", "zero3") else shape.load_bytes
-    shards = world if engine.name in ("zero3", "fsdp2") else 1
+    per_param = BF16 if engine.deepspeed else shape.load_bytes
+    shards = world if engine.shards_weights else 1
     return int(per_param * shape.params / shards)
 
 
 def engine_buffer_bytes(engine: Engine, shape: ModelShape) -> int:
     """Beside the model states: DeepSpeed's bf16 reduce buckets (two with overlap_comm under ZeRO-2), FSDP2's unsharded
     bf16 working set (the LM head, the layer computing and the one prefetched, the head's and a layer's gradients)."""
-    if engine.name in ("zero2", "zero3"):
+    if engine.deepspeed:
         bucket = engine.reduce_bucket if engine.reduce_bucket is not None else shape.hidden**2  # transformers' auto
         return bucket * BF16 * (2 if engine.name == "zero2" and engine.overlap_comm else 1)
     if engine.name == "fsdp2":
@@ -407,8 +395,6 @@ def engine_buffer_bytes(engine: Engine, shape: ModelShape) -> int:
 
 def gpu_memory(recipe) -> tuple[float | None, str]:
     """GPU memory in GiB: this machine's GPU when it has one, else the recipe's gpu_memory_gib."""
-    import torch
-
     given = recipe.project.gpu_memory_gib
     if torch.cuda.is_available():
         props = torch.cuda.get_device_properties(0)
@@ -516,29 +502,44 @@ def plan(recipe, world: int, engine: Engine | None = None, attention: str | None
     n = recipe.project.sequence_parallel_size
     local = -(-tokens // n)  # the positions one GPU holds: the micro-batch padded to a multiple of N, split N ways
 
-    def plan_for(e: Engine, every: int | None) -> Plan:
-        states, formula = model_state_bytes(e, shape, world)
+    def plan_for(every: int | None) -> Plan:
+        states, formula = model_state_bytes(engine, shape, world)
         activations, method = activation_bytes(config, local, every or False)
         # eager keeps the probabilities of every layer not checkpointed: counted for all unless all are
         masks = mask_bytes(attn, tokens, width, config, every == 1)
         return Plan(
-            e,
+            engine,
             world,
             states,
             formula,
-            engine_buffer_bytes(e, shape),
+            engine_buffer_bytes(engine, shape),
             activations,
             method,
             lm_head_bytes(shape, local),
             masks,
             all_to_all_bytes(config, tokens, n),
-            reference_model_bytes(recipe, e, shape, world),
+            reference_model_bytes(recipe, engine, shape, world),
         )
 
     # Activation checkpointing: the least recomputation that fits (choose_checkpointing).
-    every, checkpointing_record = choose_checkpointing(recipe, shape.layers, gpu, lambda k: plan_for(engine, k).total)
-    chosen = plan_for(engine, every)
-    record = _record(chosen, shape, gpu, gpu_source) | {
+    every, checkpointing_record = choose_checkpointing(recipe, shape.layers, gpu, lambda k: plan_for(k).total)
+    chosen = plan_for(every)
+    parts = {key: gib for key, _, gib in chosen.parts()} | {"total": _gib(chosen.total)}
+    record = {
+        **named,
+        "world_size": world,
+        "gpu_memory_gib": round(gpu, 1) if gpu else None,
+        "gpu_memory_source": gpu_source,
+        "gpus_per_node": node_size(engine),
+        "fits": None if gpu is None else chosen.total <= gpu * GIB,
+        "per_gpu_gib": parts,
+        "model": {
+            "parameters": shape.params,
+            "trained_parameters": shape.trainable,
+            "hidden_size": shape.hidden,
+            "layers": shape.layers,
+        },
+        "model_states_bytes": chosen.states_formula,
         "micro_batch_tokens": tokens,
         "micro_batch_tokens_from": token_source,
         "activation_checkpointing": every is not None,
@@ -558,28 +559,6 @@ def plan(recipe, world: int, engine: Engine | None = None, attention: str | None
 def splittable_heads(config) -> tuple[int, int] | None:
     """The heads a sequence-parallel group would split; None for a model no group runs (`model_problem`)."""
     return None if model_problem(config) else head_counts(config)
-
-
-def _record(chosen: Plan, shape: ModelShape, gpu: float | None, gpu_source: str) -> dict:
-    """The plan's parts per GPU and what they were planned for (`derived.memory`)."""
-    engine = chosen.engine
-    parts = {key: gib for key, _, gib in chosen.parts()} | {"total": _gib(chosen.total)}
-    return {
-        "engine": f"{NAMES[engine.name]} ({engine.source})",
-        "world_size": chosen.world,
-        "gpu_memory_gib": round(gpu, 1) if gpu else None,
-        "gpu_memory_source": gpu_source,
-        "gpus_per_node": node_size(engine),
-        "fits": None if gpu is None else chosen.total <= gpu * GIB,
-        "per_gpu_gib": parts,
-        "model": {
-            "parameters": shape.params,
-            "trained_parameters": shape.trainable,
-            "hidden_size": shape.hidden,
-            "layers": shape.layers,
-        },
-        "model_states_bytes": chosen.states_formula,
-    }
 
 
 # --- activation checkpointing, chosen per run ---
@@ -675,7 +654,6 @@ def _refusal(
     on = f"{world} GPU{'s' * (world > 1)}" + (f" (sequence_parallel_size {n})" if n > 1 else "")
     options = advice(recipe, world, e, attention, gpu, plan, heads)
     return (
-        f"memory plan: {NAMES[e.name]} on {on} needs ~{_gib(chosen.total)} GiB per GPU "
-        f"({parts}), more than the {gpu:.1f} GiB GPU ({gpu_source}): {options} (the plan is an estimate: "
-        "--memory_check false runs anyway)"
+        f"memory plan: {NAMES[e.name]} on {on} needs ~{_gib(chosen.total)} GiB per GPU ({parts}), more than the "
+        f"{gpu:.1f} GiB GPU ({gpu_source}): {options} (the plan is an estimate: --memory_check false runs anyway)"
     )

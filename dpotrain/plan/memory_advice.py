@@ -2,12 +2,9 @@
 
 A refusal that says "try LoRA" and then refuses the LoRA run sends a user round in circles, so every option offered is
 a plan made by the function that refused (`memory.plan`, handed in as `plan`) on a copy of the recipe with the option's
-changes, offered only when it fits. The levers, cheapest to the run first: the cached reference instead of a live one
-(where nothing needs it: TR-DPO's `sync_ref_model` does); fewer tokens per micro-batch (never below one pair of
-max_length); activation checkpointing on every layer; another engine; sequence parallelism (within a node, only where
-nothing else keeps a whole pair on each GPU); more nodes (at most `MAX_NODES`, never more data-parallel ranks than
-pairs per step); LoRA; last, a shorter max_length (longer pairs are then cut). Options are listed fewest changes
-first, and a set of changes that holds a smaller set that fits is not offered.
+changes, offered only when it fits: fewest changes first, and none that holds a smaller set that fits. The levers,
+cheapest to the run first (`Advisor.levers`; docs/memory.md): the cached reference, fewer tokens per micro-batch,
+activation checkpointing on every layer, another engine, sequence parallelism, more nodes, LoRA, a shorter max_length.
 """
 
 import itertools
@@ -17,20 +14,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from dpotrain.cluster import sequence_parallel
-from dpotrain.cluster.engine import LAUNCHED, Engine, from_config
+from dpotrain.cluster.engine import LAUNCHED, NAMES, Engine, from_config
 from dpotrain.data.builtin import PROJECT_ROOT
 from dpotrain.forwards import sequence_parallel as split_rows
 from dpotrain.forwards.packing import attention_name
-from dpotrain.recipe.config import replaced, uses_live_reference
+from dpotrain.recipe.config import dry_run_asked, replaced, uses_live_reference
 
 GIB = 2**30
-NAMES = {
-    "zero2": "DeepSpeed ZeRO-2",
-    "zero3": "DeepSpeed ZeRO-3",
-    "fsdp2": "FSDP2",
-    "ddp": "DDP",
-    "single": "one process",
-}
 # The accelerate configs this project ships, one per engine: what a refusal tells the user to pass.
 SHIPPED = {
     "zero2": "accelerate_config.yaml",
@@ -51,12 +41,6 @@ SEARCHED = ("sequence", "nodes", "tokens", "shorter")
 def node_size(engine: Engine) -> int:
     """GPUs per node the plan counts nodes in: the job's or the accelerate config's; one process: nodes of 4."""
     return engine.gpus_per_node if engine.gpus_per_node > 1 else NODE_SIZES[0]
-
-
-def sbatch_line(accelerate_config: str, nodes: int, per_node: int) -> str:
-    """The submission that gives a job `nodes` x `per_node` GPUs. --gpus-per-node is always named: the script's own
-    `#SBATCH --gpus-per-node` must not decide a count the plan assumed."""
-    return f"ACCELERATE_CONFIG={accelerate_config} sbatch --nodes={nodes} --gpus-per-node={per_node}"
 
 
 @dataclass
@@ -92,8 +76,8 @@ class Option:
 
     def text(self, command_line: tuple[str, ...] = ()) -> str:
         parts = []
-        if self.moves_launch:
-            launch = sbatch_line(self.config, self.nodes, self.per_node)
+        if self.moves_launch:  # --gpus-per-node named: the script's own `#SBATCH` must not decide a count assumed here
+            launch = f"ACCELERATE_CONFIG={self.config} sbatch --nodes={self.nodes} --gpus-per-node={self.per_node}"
             nodes = f"{self.nodes} node{'s' * (self.nodes > 1)}"
             parts.append(f"{NAMES[self.engine]} fits on {self.world} GPUs ({nodes}: {launch})")
         if self.flags:
@@ -103,10 +87,7 @@ class Option:
 
     def dry_run_line(self, command_line: tuple[str, ...]) -> str:
         """The dry run that checks this option's submission before it is made, as scripts/launch.sh plans the job."""
-        from dpotrain.recipe.config import dry_run_asked
-
         words = ["python", "train_dpo.py", *command_line]
-
         if not dry_run_asked(list(command_line)):
             words.append("--dry-run")
         words += ["--accelerate_config", self.config, *self.flags]
@@ -153,23 +134,21 @@ class Advisor:
     # --- the levers: each changes a trial, or returns False where it cannot apply ---
 
     def levers(self) -> list[str]:
-        r, names = self.recipe, []
-        if uses_live_reference(r) and not r.training.sync_ref_model:
-            names.append("cached")
-        if r.project.max_tokens_per_microbatch is not None:
-            names.append("tokens")
-        t = r.training
-        if not t.activation_checkpointing or "every_n_layers" in (t.activation_checkpointing_kwargs or {}):
-            names.append("checkpointing")
-        names += [kind for kind in ("zero3", "fsdp2") if kind != self.engine.name]
-        if self.heads and self.group_sizes(self.world):
-            names.append("sequence")
-        names.append("nodes")
-        if not r.model.use_peft:
-            names.append("lora")
-        if r.project.max_tokens_per_microbatch is not None and (r.training.max_length or 0) > MIN_MAX_LENGTH:
-            names.append("shorter")
-        return names
+        r, t = self.recipe, self.recipe.training
+        budget = r.project.max_tokens_per_microbatch is not None
+        checkpointing = not t.activation_checkpointing or "every_n_layers" in (t.activation_checkpointing_kwargs or {})
+        applies = {
+            "cached": uses_live_reference(r) and not t.sync_ref_model,
+            "tokens": budget,
+            "checkpointing": checkpointing,
+            "zero3": self.engine.name != "zero3",
+            "fsdp2": self.engine.name != "fsdp2",
+            "sequence": self.heads and self.group_sizes(self.world),
+            "nodes": True,
+            "lora": not r.model.use_peft,
+            "shorter": budget and (t.max_length or 0) > MIN_MAX_LENGTH,
+        }
+        return [lever for lever, offered in applies.items() if offered]
 
     def cached(self, trial: Trial) -> bool:
         trial.recipe = replaced(trial.recipe, training={"precompute_ref_log_probs": True})

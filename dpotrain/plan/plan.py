@@ -136,16 +136,12 @@ def fewest_bins(costs, budget: int) -> int:
     k = np.unique(w[w <= half])
     if len(k):
         total = np.concatenate([[0], np.cumsum(w)])  # total[i]: the sum of the i smallest
-
-        def below(x, side):  # how many costs are < x (side "left") or <= x (side "right")
-            return np.searchsorted(w, x, side=side)
-
-        n_half = below(half, "right")  # costs <= half
-        n_mid_top = below(budget - k, "right")  # costs <= budget - k
+        n_half = np.searchsorted(w, half, side="right")  # costs <= half
+        n_mid_top = np.searchsorted(w, budget - k, side="right")  # costs <= budget - k
         big = len(w) - n_mid_top
         mid = np.maximum(n_mid_top - n_half, 0)
         mid_sum = np.where(n_mid_top > n_half, total[n_mid_top] - total[n_half], 0)
-        n_small_lo = below(k, "left")  # costs < k
+        n_small_lo = np.searchsorted(w, k)  # costs < k
         small_sum = total[n_half] - total[n_small_lo]
         room = mid * budget - mid_sum
         extra = np.maximum(0, -((room - small_sum) // budget))  # ceil((small - room) / budget), in integers
@@ -204,9 +200,8 @@ def _deal(bins: list[list[int]], costs: list[int], world_size: int, per_rank: in
 
 
 def cut_step(pairs: np.ndarray, lengths: PairLengths, p: StepPlan) -> list[list[list[int]]]:
-    """One step's pairs as `[rank][micro-batch] -> pair indices`: the same number of micro-batches on every rank, the
-    fewest the step needs under the budget (packed: the fewest bin packing finds), non-empty unless no equal count of
-    non-empty ones exists (then the ranks short of one run a filler)."""
+    """One step's pairs as `[rank][micro-batch] -> pair indices`, cut as the module's docstring says (packed: into the
+    fewest bins that bin packing finds)."""
     w, n = p.world_size, len(pairs)
     if n < w:
         raise PlanError(
@@ -342,12 +337,11 @@ def summary(
     pairs = [len(mb) for mb in micro_batches]
     real = [int(lengths.tokens[mb].sum()) for mb in micro_batches]
     taken = [forward.positions(lengths, mb) if forward else p.cost(lengths, mb) for mb in micro_batches]
+    forward_name = "padded (TRL's collator)" if p.padded else "packed"
+    if not p.padded and lengths.shared is not None:
+        forward_name = f"packed, prompts shared ({int(lengths.shared.sum())} of {len(lengths)} pairs)"
     out = {
-        "forward": "padded (TRL's collator)"
-        if p.padded
-        else "packed"
-        if lengths.shared is None
-        else (f"packed, prompts shared ({int(lengths.shared.sum())} of {len(lengths)} pairs)"),
+        "forward": forward_name,
         "pairs_per_step": p.pairs_per_step,
         "max_tokens_per_microbatch": p.max_tokens,
         "micro_batches_per_step": {"min": min(counts), "mean": round(sum(counts) / len(counts), 3), "max": max(counts)},
