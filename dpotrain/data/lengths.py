@@ -636,16 +636,19 @@ def analyse(
     about = {"dataset": dataset_id, "tokenizer": tokenizer.name_or_path}
     report = summarize(m, target=coverage, max_positions=max_positions, **about)
     path = save_cache(m, report, dataset_id, tokenizer, cache_dir)
-    return m, resolution_of((m, path), coverage, max_positions, cached=False)
+    return m, _resolution(m, coverage, path, False, max_positions)
 
 
-def resolution_of(
-    found: tuple[Measured, Path], coverage: float, max_positions: int | None = None, cached: bool = True
-) -> dict:
-    """The `max_length: auto` answer from an analysis (`cached_measure`'s): the recommendation's numbers and where its
-    report is."""
-    m, report_path = found
-    r = recommendation(m, coverage, max_positions)
+def resolution_of(found: tuple[Measured, Path], coverage: float, max_positions: int | None = None) -> dict:
+    """The `max_length: auto` answer from a cached analysis (`cached_measure`'s)."""
+    return _resolution(found[0], coverage, found[1], True, max_positions)
+
+
+# analyse and resolution_of are the two ways a run decides max_length (once: tests count calls to either), so they share
+# this rather than one calling the other.
+def _resolution(m: Measured, target: float, report_path: Path, cached: bool, max_positions: int | None) -> dict:
+    """The `max_length: auto` answer: the recommendation's numbers and where its report is."""
+    r = recommendation(m, target, max_positions)
     kept = ("max_length", "coverage", "target_coverage", "truncated", "dropped", "doubled", "reason", "capped")
     return {**{k: r[k] for k in kept}, "rows": m.rows, "cached": cached, "report": str(report_path)}
 
