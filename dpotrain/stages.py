@@ -32,7 +32,7 @@ from dpotrain.data import (
 )
 from dpotrain.data.pair_lengths import PairLengths
 from dpotrain.forwards import choice, cost, sample
-from dpotrain.plan import memory
+from dpotrain.plan import layers, memory
 from dpotrain.recipe import config
 from dpotrain.recipe.config import uses_live_reference
 from dpotrain.recipe.errors import ConfigError, cause
@@ -528,7 +528,7 @@ def as_run(
         training["padding_free"] = f.planned.packed
         model["attn_implementation"] = f.planned.attention
     if planned is not None:
-        training |= memory.checkpointing_fields(recipe.training, planned.checkpointing)
+        training |= layers.checkpointing_fields(recipe.training, planned.checkpointing)
     if load_dtype is not None:  # the engine's (`engine.load_dtype`): bf16 under DeepSpeed, else the recipe's
         model["dtype"] = load_dtype
     return config.replaced(recipe, training=training, model=model, project=project)

@@ -17,7 +17,7 @@ import torch
 from conftest import ROOT, python, run_train
 from dpotrain.cluster import engine as engines
 from dpotrain.data import builtin
-from dpotrain.plan import memory
+from dpotrain.plan import layers, memory
 from dpotrain.recipe.config import parse_args, replaced
 from dpotrain.recipe.errors import ConfigError
 
@@ -648,7 +648,7 @@ def test_plan_checkpoints_the_fewest_layers_that_fit():
         plan = memory.plan(r, 4)
         assert plan["fits"] is True and plan["per_gpu_gib"]["total"] <= gib
         chosen[gib] = plan["checkpointing"]["every_n_layers"]
-        fields = memory.checkpointing_fields(r.training, plan["checkpointing"])
+        fields = layers.checkpointing_fields(r.training, plan["checkpointing"])
         run = replaced(r, training=fields)  # as the run uses it (as_run)
         assert run.training.activation_checkpointing is (chosen[gib] is not None)
         assert (run.training.activation_checkpointing_kwargs or {}).get("every_n_layers") == chosen[gib]

@@ -29,6 +29,21 @@ def checkpointed_every(training_args) -> int | None:
     return int((training_args.activation_checkpointing_kwargs or {}).get("every_n_layers", 1))
 
 
+def checkpointing_fields(training, chosen: dict | None) -> dict:
+    """The memory plan's choice (its `checkpointing`: every k-th layer, or none) as training arguments (transformers
+    pops `every_n_layers` from the kwargs); none where the plan was skipped. The memory advice's lever gives the same
+    fields for every layer."""
+    if not chosen:
+        return {}
+    on = chosen["every_n_layers"] is not None
+    kwargs = {k: v for k, v in (training.activation_checkpointing_kwargs or {}).items() if k != "every_n_layers"}
+    if on:
+        kwargs["every_n_layers"] = chosen["every_n_layers"]
+    kwargs = kwargs or None
+    fields = {"activation_checkpointing": on, "gradient_checkpointing": on}
+    return fields | {"activation_checkpointing_kwargs": kwargs, "gradient_checkpointing_kwargs": kwargs}
+
+
 def hold_checkpointing(model, training_args) -> None:
     """Checkpoint the plan's layers now, and whenever anyone re-enables checkpointing on `model`, not every layer."""
     every = checkpointed_every(training_args)

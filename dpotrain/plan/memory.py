@@ -550,7 +550,7 @@ def plan(recipe, world: int, engine: Engine | None = None, attention: str | None
     record["activations_from"] = chosen.activations_method
     record["allowance"] = f"{CONTEXT_GIB:g} GiB CUDA context and NCCL + {FRAGMENTATION:.0%} of the rest"
     record["allocator"] = allocator()  # the allowance assumes expandable segments (EXPANDABLE)
-    record["checkpointing"] = checkpointing_record  # which layers: checkpointing_fields gives the run this choice
+    record["checkpointing"] = checkpointing_record  # which layers: layers.checkpointing_fields gives the run them
     if record["fits"] is False and recipe.project.memory_check:
         raise ConfigError(_refusal(recipe, chosen, gpu, gpu_source, attention, splittable_heads(config)))
     return record
@@ -624,20 +624,6 @@ def choose_checkpointing(recipe, layers: int, gpu: float | None, total_for) -> t
         "recomputed_forward": f"{kept / layers:.0%}",
         "chosen_by": why,
     }
-
-
-def checkpointing_fields(training, chosen: dict | None) -> dict:
-    """The plan's choice (its `checkpointing`) as training arguments (transformers pops `every_n_layers` from the
-    kwargs); none where the plan was skipped."""
-    if not chosen:
-        return {}
-    on = chosen["every_n_layers"] is not None
-    kwargs = {k: v for k, v in (training.activation_checkpointing_kwargs or {}).items() if k != "every_n_layers"}
-    if on:
-        kwargs["every_n_layers"] = chosen["every_n_layers"]
-    kwargs = kwargs or None
-    fields = {"activation_checkpointing": on, "gradient_checkpointing": on}
-    return fields | {"activation_checkpointing_kwargs": kwargs, "gradient_checkpointing_kwargs": kwargs}
 
 
 def _gib(n: float) -> float:

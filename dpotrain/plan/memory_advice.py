@@ -18,6 +18,7 @@ from dpotrain.cluster.engine import LAUNCHED, NAMES, Engine, from_config
 from dpotrain.data.builtin import PROJECT_ROOT
 from dpotrain.forwards import sequence_parallel as split_rows
 from dpotrain.forwards.packing import attention_name
+from dpotrain.plan.layers import checkpointing_fields
 from dpotrain.recipe.config import dry_run_asked, replaced, uses_live_reference
 
 GIB = 2**30
@@ -156,13 +157,7 @@ class Advisor:
         return True
 
     def checkpointing(self, trial: Trial) -> bool:
-        kwargs = {**(trial.recipe.training.activation_checkpointing_kwargs or {}), "every_n_layers": 1}
-        every_layer = {
-            "activation_checkpointing": True,
-            "gradient_checkpointing": True,
-            "activation_checkpointing_kwargs": kwargs,
-            "gradient_checkpointing_kwargs": kwargs,
-        }
+        every_layer = checkpointing_fields(trial.recipe.training, {"every_n_layers": 1})
         given = trial.recipe.given | {"activation_checkpointing", "activation_checkpointing_kwargs"}
         trial.recipe = replace(replaced(trial.recipe, training=every_layer), given=given)
         trial.flags += [
