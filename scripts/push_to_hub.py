@@ -84,7 +84,7 @@ def main(argv: list[str] | None = None) -> None:
     # before runs recorded their files has no record to add it to).
     if output_folder.read_manifest(run) is not None:
         run_files.claim(run, [hub_push.PUSH_RECORD])
-    on_disk = [c for c in checkpoints.checkpoints(run) if (c / checkpoints.MARKER).is_file()]
+    on_disk = checkpoints.complete_checkpoints(run)
     failed = []
     if args.checkpoints:
         hub_push.with_retries(lambda: api.create_repo(repo_id, private=private or None, exist_ok=True), "create_repo")

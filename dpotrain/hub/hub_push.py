@@ -28,7 +28,7 @@ from transformers import TrainerCallback
 from dpotrain.recipe import records as run_records
 from dpotrain.recipe import upstream
 from dpotrain.recipe.errors import cause
-from dpotrain.train.checkpoints import MARKER, checkpoints
+from dpotrain.train.checkpoints import MARKER, checkpoints, is_complete
 
 PUSH_RECORD = "hub_pushes.jsonl"  # one line per upload's start (the final push) and outcome: step, branch, status
 STAGING = ".hub_staging"
@@ -178,7 +178,7 @@ def push_checkpoints(api, run_dir: Path, repo_id: str) -> list[dict]:
         step = checkpoint_step(folder)
         branch = branch_name(step)
         record = functools.partial(record_push, run_dir, step=step, branch=branch)
-        if not (folder / MARKER).is_file():
+        if not is_complete(folder):
             print(f"Skipped {folder.name}: no {MARKER} mark (written only once a checkpoint is whole)", flush=True)
             continue
         names = checkpoint_files(folder)
@@ -228,7 +228,7 @@ class CheckpointPusher(TrainerCallback):
 
     def submit(self, folder: Path) -> None:
         step = checkpoint_step(folder)
-        if step in self.pending or not (folder / MARKER).is_file():  # never a checkpoint without its mark
+        if step in self.pending or not is_complete(folder):  # never a checkpoint without its mark
             return
         staged = stage(folder, self.out / STAGING)
         names = checkpoint_files(staged)

@@ -33,7 +33,7 @@ def checkpoints(output_dir: str | Path) -> list[Path]:
 
 
 def is_complete(folder: Path) -> bool:
-    return (folder / MARKER).exists()
+    return (folder / MARKER).is_file()
 
 
 def complete_checkpoints(output_dir: str | Path) -> list[Path]:
