@@ -21,7 +21,7 @@ from transformers import AutoConfig
 from dpotrain.cluster.engine import NAMES, Engine, from_config
 from dpotrain.cluster.sequence_parallel import head_counts
 from dpotrain.data import builtin
-from dpotrain.forwards.flops import head_dim, mlp_width
+from dpotrain.forwards.flops import head_dim, layer_kinds, mlp_width
 from dpotrain.forwards.masks import BLOCK
 from dpotrain.forwards.packing import ATTENTION_LAYER_TYPES, VARLEN_ATTENTION, row_width_bound
 from dpotrain.forwards.sequence_parallel import model_problem
@@ -155,7 +155,7 @@ def activation_bytes(config, tokens: int, checkpointing: bool | int) -> tuple[in
     text = config.get_text_config()
     every = checkpoint_every(checkpointing)
     kept = checkpointed_layers(every, text.num_hidden_layers)
-    kinds = set(getattr(text, "layer_types", None) or ["full_attention"])
+    kinds = set(layer_kinds(text))
     if kinds - ATTENTION_LAYER_TYPES:
         why = f"{'/'.join(sorted(kinds - ATTENTION_LAYER_TYPES))} layers are not traced"
         return formula_activation_bytes(text, tokens, every), f"formula ({why})"
@@ -317,7 +317,7 @@ def mask_bytes(attn_implementation: str, tokens: int, width: int, config, checkp
     if attn_implementation in VARLEN_ATTENTION:
         return 0
     text = config.get_text_config()
-    kinds = len(set(getattr(text, "layer_types", None) or ["full_attention"]) & ATTENTION_LAYER_TYPES) or 1
+    kinds = len(set(layer_kinds(text)) & ATTENTION_LAYER_TYPES) or 1
     if attn_implementation == "flex_attention":  # per kind, a BlockMask's int32 tables (partial and full, kv and q)
         return kinds * 4 * 4 * math.ceil(tokens / BLOCK) ** 2
     if attn_implementation != "eager":
