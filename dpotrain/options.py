@@ -48,6 +48,10 @@ def check_options(recipe: Recipe) -> None:
             f"max_steps={t.max_steps} trains nothing: give a positive number of optimizer steps, or "
             "leave max_steps unset (-1) to train num_train_epochs"
         )
+    for name in ("seed", "data_seed"):  # numpy's range: transformers' set_seed and the step plan's order seed it
+        value = getattr(t, name)
+        if value is not None and not 0 <= value < 2**32:
+            raise ConfigError(f"{name} {value} is out of range: give one from 0 to 2**32 - 1 (the recipes use 42)")
     if t.max_steps < 0 and t.num_train_epochs <= 0:
         raise ConfigError(f"num_train_epochs={t.num_train_epochs:g} trains nothing: the recipes use 1 (or --max_steps)")
     check_saving(recipe)
