@@ -212,3 +212,16 @@ def test_outside_the_venv_every_entry_point_says_the_same_one_line(where, tmp_pa
     assert (cwd / activate).is_file() and (where == "project") == (activate == ".venv/bin/activate"), line
     setup = re.search(r"`bash (\S+)`", line).group(1)
     assert (cwd / setup).is_file(), line
+
+
+def test_config_spelt_with_an_equals_sign_or_given_twice(tmp_path):
+    """`--config=PATH` was refused as "unknown argument '--config=...' (did you mean '--fsdp_config'?)", and a second
+    --config (sbatch scripts/dpo_train.sh --config other.yaml: the script passes its RECIPE first) the same way."""
+    path = write(tmp_path, "beta: 2.0\nbf16: false\n")
+    assert parse_args([f"--config={path}", "--learning_rate", "3e-7"]).training.beta == 2.0
+    assert parse_args([f"--config={path}"]).config_path == path
+    with pytest.raises(ConfigError, match=r"--config is given 2 times .*: pass one recipe \(a Slurm job's is RECIPE="):
+        parse_args(["--config", path, "--config", str(ROOT / "configs" / "smoke.yaml")])
+    for argv in (["--config"], ["--config="], ["--config", "--beta", "2"]):
+        with pytest.raises(ConfigError, match=r"^--config needs a path, e.g. --config configs/think.yaml$"):
+            parse_args(argv)

@@ -352,14 +352,8 @@ def parse_args(argv: list[str] | None = None) -> Recipe:
         parser.print_help()
         raise SystemExit(0)
 
-    config_path, config = None, {}
-    if "--config" in argv:
-        i = argv.index("--config")
-        if i + 1 >= len(argv):
-            raise ConfigError("--config needs a path, e.g. --config configs/think.yaml")
-        config_path = argv[i + 1]
-        del argv[i : i + 2]
-        config = read_recipe(config_path)
+    config_path, argv = _take_config(argv)
+    config = read_recipe(config_path) if config_path is not None else {}
     for key, value in (config.pop("env", None) or {}).items():  # TRL's `env:` block, under the environment
         os.environ.setdefault(key, str(value))
     words = _as_flags(config) + argv  # argparse keeps the last value: the command line wins
@@ -398,6 +392,24 @@ def parse_args(argv: list[str] | None = None) -> Recipe:
     if isinstance(targets, str) and targets != "all-linear" and re.fullmatch(r"[\w.]+", targets):
         model.lora_target_modules = [targets]
     return Recipe(script, training, model, project, config_path, max_length_auto, given, replaced, typed)
+
+
+def _take_config(argv: list[str]) -> tuple[str | None, list[str]]:
+    """The recipe's path (`--config PATH` or `--config=PATH`, as every other flag is spelt) and the other words. Given
+    twice (an sbatch script's recipe and one on its command line), neither is chosen silently."""
+    at = [i for i, word in enumerate(argv) if word == "--config" or word.startswith("--config=")]
+    if not at:
+        return None, argv
+    i = at[0]
+    path = argv[i].partition("=")[2] if "=" in argv[i] else (argv[i + 1] if i + 1 < len(argv) else "")
+    if not path or path.startswith("--"):
+        raise ConfigError("--config needs a path, e.g. --config configs/think.yaml")
+    if len(at) > 1:
+        raise ConfigError(
+            f"--config is given {len(at)} times ({path!r} first): pass one recipe (a Slurm job's is RECIPE=<path> "
+            "sbatch scripts/dpo_train.sh, which passes it: not a --config of its own)"
+        )
+    return path, argv[:i] + argv[i + (1 if "=" in argv[i] else 2) :]
 
 
 def dry_run_asked(argv: list[str]) -> bool:
