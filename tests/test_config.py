@@ -3,6 +3,7 @@
 import json
 import math
 import os
+import re
 from unittest import mock
 
 import pytest
@@ -225,3 +226,17 @@ def test_config_spelt_with_an_equals_sign_or_given_twice(tmp_path):
     for argv in (["--config"], ["--config="], ["--config", "--beta", "2"]):
         with pytest.raises(ConfigError, match=r"^--config needs a path, e.g. --config configs/think.yaml$"):
             parse_args(argv)
+
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("beta: 5.0\n42: 1\n", "recipe.yaml: unknown key 42. Remove it"),
+        ("beta: 5.0\nenv:\n  - WANDB_MODE=offline\n", "recipe.yaml: env: is a mapping of environment variables"),
+        ("beta: 5.0\nenv: WANDB_MODE=offline\n", "recipe.yaml: env: is a mapping of environment variables"),
+    ],
+)
+def test_a_key_yaml_reads_as_a_number_or_an_env_that_is_no_mapping_is_one_line(text, expected, tmp_path):
+    """Both ended in a traceback (AttributeError: 'int' object has no attribute 'lstrip' / 'list' ... 'items')."""
+    with pytest.raises(ConfigError, match=re.escape(expected)):
+        parse_args(["--config", write(tmp_path, text)])

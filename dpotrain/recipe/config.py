@@ -325,8 +325,10 @@ def read_recipe(path: str) -> dict:
         raise ConfigError(f"recipe {path!r} not found: pass one of configs/*.yaml")
     config = recipe_file.load(path)
     for key in config:
-        if key != "env" and (f"--{key}" not in _options() or "-" in key):
-            raise ConfigError(f"{path}: unknown key {key!r}{_suggest(key)}. Remove it or fix its spelling.")
+        if key != "env" and (f"--{key}" not in _options() or "-" in str(key)):  # YAML reads `42:` or `yes:` as no str
+            raise ConfigError(f"{path}: unknown key {key!r}{_suggest(str(key))}. Remove it or fix its spelling.")
+    if not isinstance(config.get("env") or {}, dict):
+        raise ConfigError(f"{path}: env: is a mapping of environment variables, one `NAME: value` line each below it")
     return config
 
 
