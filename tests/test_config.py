@@ -240,3 +240,24 @@ def test_a_key_yaml_reads_as_a_number_or_an_env_that_is_no_mapping_is_one_line(t
     """Both ended in a traceback (AttributeError: 'int' object has no attribute 'lstrip' / 'list' ... 'items')."""
     with pytest.raises(ConfigError, match=re.escape(expected)):
         parse_args(["--config", write(tmp_path, text)])
+
+
+@pytest.mark.parametrize(
+    "args, recipe, expected",
+    [
+        (["--max_grad_norm", "inf"], "", "max_grad_norm inf is not a finite number"),
+        (["--beta", "nan"], "", "beta nan is not a finite number"),
+        ([], "learning_rate: .inf\n", "learning_rate inf is not a finite number"),
+        (
+            ["--loss_type", "sigmoid", "sft", "--loss_weights", "1.0", "nan"],
+            "",
+            "loss_weights [1.0, nan] is not a finite number",
+        ),
+    ],
+)
+def test_a_value_that_is_not_a_finite_number_is_refused(args, recipe, expected, tmp_path):
+    """`--max_grad_norm inf` was trained and recorded as `Infinity` in resolved_config.json and the dry run's JSON,
+    which is not JSON: strict readers (jq, JavaScript, W&B's config) refuse the whole record."""
+    path = write(tmp_path, f"bf16: false\n{recipe}")
+    with pytest.raises(ConfigError, match=re.escape(expected) + r": give one \(an option that can be turned off"):
+        parse_args(["--config", path, *args])

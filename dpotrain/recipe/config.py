@@ -10,6 +10,7 @@ import contextlib
 import difflib
 import functools
 import json
+import math
 import os
 import re
 import sys
@@ -370,6 +371,7 @@ def parse_args(argv: list[str] | None = None) -> Recipe:
     except ValueError as e:  # transformers' own validation of TrainingArguments: a user error, said in one line
         hint = " (on a CPU machine: --bf16 false, or the CPU demo configs/smoke.yaml)" if "bf16" in str(e) else ""
         raise ConfigError(f"{e}{hint}") from None
+    _check_finite(script, training, model, project)
     given = fields_set(tokens)
     if "padding_free" not in given:
         training.padding_free = True  # this project's default: packed sequences (TRL's is False)
@@ -412,6 +414,21 @@ def _take_config(argv: list[str]) -> tuple[str | None, list[str]]:
             "sbatch scripts/dpo_train.sh, which passes it: not a --config of its own)"
         )
     return path, argv[:i] + argv[i + (1 if "=" in argv[i] else 2) :]
+
+
+def _check_finite(*parts) -> None:
+    """`inf` and `nan` parse as floats, and JSON, the records' format (resolved_config.json, the dry run's), holds
+    neither: `--max_grad_norm inf` wrote `Infinity`, which strict readers (jq, JavaScript, W&B) refuse."""
+    for part in parts:
+        for f in fields(part):
+            value = getattr(part, f.name)
+            if any(
+                isinstance(v, float) and not math.isfinite(v) for v in (value if isinstance(value, list) else [value])
+            ):
+                raise ConfigError(
+                    f"{f.name} {value} is not a finite number: give one (an option that can be turned off says how in "
+                    "--help: max_grad_norm 0, a health threshold 0)"
+                )
 
 
 def dry_run_asked(argv: list[str]) -> bool:
