@@ -261,3 +261,10 @@ def test_a_value_that_is_not_a_finite_number_is_refused(args, recipe, expected, 
     path = write(tmp_path, f"bf16: false\n{recipe}")
     with pytest.raises(ConfigError, match=re.escape(expected) + r": give one \(an option that can be turned off"):
         parse_args(["--config", path, *args])
+
+
+def test_a_mistyped_flag_is_named_without_its_value():
+    """`--hub_tokn=hf_...` printed the token in its error line (a terminal, a Slurm log)."""
+    with pytest.raises(ConfigError) as refused:
+        parse_args(["--bf16", "false", "--hub_tokn=hf_secretvalue"])
+    assert str(refused.value) == "unknown argument '--hub_tokn' (did you mean '--hub_token'?); see --help"

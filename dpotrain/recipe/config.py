@@ -364,7 +364,9 @@ def parse_args(argv: list[str] | None = None) -> Recipe:
     _, remaining = parser.parse_known_args(tokens)  # name an unknown flag before any field is validated
     if remaining:
         flag = next((r for r in remaining if r.startswith("-")), remaining[0])
-        raise ConfigError(f"unknown argument {flag!r}{_suggest(flag.split('=')[0])}; see --help")
+        if flag.startswith("-"):  # its name alone: `--hub_tokn=hf_...` must not print the token (cli.Parser alike)
+            flag = flag.split("=")[0]
+        raise ConfigError(f"unknown argument {flag!r}{_suggest(flag)}; see --help")
     try:
         with upstream.bf16_gpu_check_skipped() if dry_run_asked(argv) else contextlib.nullcontext():
             script, training, model, project = parser.parse_args_into_dataclasses(args=tokens)
