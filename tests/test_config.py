@@ -4,6 +4,7 @@ import json
 import math
 import os
 import re
+from pathlib import Path
 from unittest import mock
 
 import pytest
@@ -268,3 +269,17 @@ def test_a_mistyped_flag_is_named_without_its_value():
     with pytest.raises(ConfigError) as refused:
         parse_args(["--bf16", "false", "--hub_tokn=hf_secretvalue"])
     assert str(refused.value) == "unknown argument '--hub_tokn' (did you mean '--hub_token'?); see --help"
+
+
+def test_a_recipes_null_is_none_for_a_text_field_too(tmp_path):
+    """`hub_model_id: null` (a copied recipe's value unset) reached argparse as the word "None", which a text field
+    kept: the run pushed to a repo named None, read a chat template file named None, was named None."""
+    text = (
+        "bf16: false\nrun_name: null\nhub_model_id: null\nchat_template_path: null\nmax_tokens_per_microbatch: null\n"
+    )
+    recipe = parse_args(["--config", write(tmp_path, text)])
+    assert recipe.training.hub_model_id is None and recipe.project.chat_template_path is None
+    assert recipe.training.run_name == "recipe-dpo" and recipe.training.output_dir == str(Path("outputs/recipe-dpo"))
+    assert recipe.project.max_tokens_per_microbatch is None
+    # The command line's word wins over the recipe's null, as every value does.
+    assert parse_args(["--config", write(tmp_path, text), "--hub_model_id", "org/x"]).training.hub_model_id == "org/x"

@@ -378,6 +378,12 @@ def parse_args(argv: list[str] | None = None) -> Recipe:
     if "padding_free" not in given:
         training.padding_free = True  # this project's default: packed sequences (TRL's is False)
     on_command_line = fields_set(argv)
+    for name in {k for k, v in config.items() if v is None} - on_command_line:
+        # A recipe's `field: null` is the word "None" to argparse, which a text field keeps as text (`hub_model_id:
+        # null` pushed to a repo named None): null is None, as YAML means it.
+        for part in (script, training, model, project):
+            if getattr(part, name, None) == "None":
+                setattr(part, name, None)
     replaced = _command_line_batch_wins(training, project, on_command_line)
     if "dataset_name" in on_command_line and (there := _in_submit_dir(script.dataset_name)) and there.exists():
         script.dataset_name = str(there)
