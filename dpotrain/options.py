@@ -35,6 +35,11 @@ def valid_loss_types() -> list[str]:
 def check_options(recipe: Recipe) -> None:
     t, s = recipe.training, recipe.script
     check_model(recipe.model.model_name_or_path or "")
+    if recipe.project.json and not recipe.project.dry_run:  # else a real run starts where JSON on stdout was asked for
+        raise ConfigError(
+            "--json prints the dry run's resolved configuration: add --dry-run (a run records it in "
+            "<output_dir>/resolved_config.json)"
+        )
     check_precision(recipe)
     valid = valid_loss_types()
     for loss in losses.loss_types(t):

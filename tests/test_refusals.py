@@ -215,6 +215,8 @@ def test_runs_that_train_nothing(args, rows, expected, tmp_path, monkeypatch, ca
         # numpy's seeding refused them with a traceback, after the data had loaded (a run: after the model too)
         (["--seed", "-3"], "seed -3 is out of range: give one from 0 to 2**32 - 1"),
         (["--data_seed", "-1"], "data_seed -1 is out of range: give one from 0 to 2**32 - 1"),
+        # a real run started, training where the resolved configuration on stdout was asked for
+        (["--json"], "--json prints the dry run's resolved configuration: add --dry-run"),
     ],
 )
 def test_bad_values_refused_before_loading(args, expected, tmp_path, monkeypatch, capsys):
