@@ -283,3 +283,12 @@ def test_a_recipes_null_is_none_for_a_text_field_too(tmp_path):
     assert recipe.project.max_tokens_per_microbatch is None
     # The command line's word wins over the recipe's null, as every value does.
     assert parse_args(["--config", write(tmp_path, text), "--hub_model_id", "org/x"]).training.hub_model_id == "org/x"
+
+
+def test_an_env_variable_without_a_value_is_left_unset(tmp_path):
+    """`WANDB_PROJECT:` (null) set the variable to the word "None": W&B logged to a project named None."""
+    path = write(tmp_path, "bf16: false\nenv:\n  DPOTRAIN_TEST_UNSET:\n  DPOTRAIN_TEST_SET: offline\n")
+    with environment():
+        os.environ.pop("DPOTRAIN_TEST_UNSET", None)
+        parse_args(["--config", path])
+        assert "DPOTRAIN_TEST_UNSET" not in os.environ and os.environ["DPOTRAIN_TEST_SET"] == "offline"

@@ -358,7 +358,8 @@ def parse_args(argv: list[str] | None = None) -> Recipe:
     config_path, argv = _take_config(argv)
     config = read_recipe(config_path) if config_path is not None else {}
     for key, value in (config.pop("env", None) or {}).items():  # TRL's `env:` block, under the environment
-        os.environ.setdefault(key, str(value))
+        if value is not None:  # `WANDB_PROJECT:` with no value sets nothing, not the word "None"
+            os.environ.setdefault(str(key), str(value))
     words = _as_flags(config) + argv  # argparse keeps the last value: the command line wins
     tokens, max_length_auto = _take_max_length_auto(words + _cpu_deepspeed_backend(words))
     _, remaining = parser.parse_known_args(tokens)  # name an unknown flag before any field is validated
