@@ -15,8 +15,9 @@ from dpotrain.forwards import cost, flops
 from dpotrain.plan.memory import EXPANDABLE
 from dpotrain.plan.memory_advice import NODE_SIZES
 from dpotrain.recipe import run_record
+from dpotrain.recipe.errors import ConfigError
 from dpotrain.recipe.run_record import Record
-from dpotrain.recipe.writes import check_not_input, input_files, write_text
+from dpotrain.recipe.writes import check_not_input, input_files, unwritable, write_text
 from dpotrain.train import losses
 
 # Memory of GPUs users train on, in GiB as `gpu_memory_gib` takes it (nvidia-smi's total MiB / 1024).
@@ -33,7 +34,16 @@ def write_json(resolved: dict, output_dir: str) -> Path:
         resolved.get("config"), resolved.get("dataset_name"), *sources, resolved.get("accelerate_config")
     )
     check_not_input("the dry run's record (beside --output_dir)", path, inputs)
-    return write_text(path, json.dumps(resolved, indent=2, default=str) + "\n")
+    try:
+        return write_text(path, json.dumps(resolved, indent=2, default=str) + "\n")
+    except OSError:
+        problem = unwritable(path.parent)  # a parent that is a file, a read-only mount: named as the run names it
+        if problem is None:
+            raise  # a full disk: train_dpo's one line for it
+        raise ConfigError(
+            f"output_dir {output_dir!r}: cannot write the dry run's record beside it in {problem[0]} ({problem[1]}): "
+            "pass --output_dir a folder this job can write in, or --json to print the record instead"
+        ) from None
 
 
 def report(resolved: dict, output_dir: str, as_json: bool, stdout=None) -> None:

@@ -35,6 +35,11 @@ def valid_loss_types() -> list[str]:
 def check_options(recipe: Recipe) -> None:
     t, s = recipe.training, recipe.script
     check_model(recipe.model.model_name_or_path or "")
+    if recipe.project.json and not recipe.project.dry_run:  # else a real run starts where JSON on stdout was asked for
+        raise ConfigError(
+            "--json prints the dry run's resolved configuration: add --dry-run (a run records it in "
+            "<output_dir>/resolved_config.json)"
+        )
     check_precision(recipe)
     valid = valid_loss_types()
     for loss in losses.loss_types(t):
@@ -48,6 +53,10 @@ def check_options(recipe: Recipe) -> None:
             f"max_steps={t.max_steps} trains nothing: give a positive number of optimizer steps, or "
             "leave max_steps unset (-1) to train num_train_epochs"
         )
+    for name in ("seed", "data_seed"):  # numpy's range: transformers' set_seed and the step plan's order seed it
+        value = getattr(t, name)
+        if value is not None and not 0 <= value < 2**32:
+            raise ConfigError(f"{name} {value} is out of range: give one from 0 to 2**32 - 1 (the recipes use 42)")
     if t.max_steps < 0 and t.num_train_epochs <= 0:
         raise ConfigError(f"num_train_epochs={t.num_train_epochs:g} trains nothing: the recipes use 1 (or --max_steps)")
     check_saving(recipe)

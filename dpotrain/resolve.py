@@ -86,6 +86,13 @@ def decide_batch(recipe: Recipe, world: int) -> Batch:
     per_step = t.per_device_train_batch_size * world
     if recipe.project.max_tokens_per_microbatch is not None:
         # Micro-batches are cut by tokens: accumulation follows from the data; each process needs a pair per step.
+        ignored = sorted({"per_device_train_batch_size", "gradient_accumulation_steps"} & recipe.given)
+        if pairs is not None and ignored:  # pairs_per_step and the budget decide both: a value given would be unused
+            raise ConfigError(
+                f"{' and '.join(ignored)} would not be used: max_tokens_per_microbatch cuts each step of "
+                f"pairs_per_step={pairs} pairs into micro-batches. Remove {' and '.join(ignored)}, or pass "
+                "--max_tokens_per_microbatch none for micro-batches of per_device_train_batch_size pairs"
+            )
         pairs = pairs or per_step * t.gradient_accumulation_steps
         if pairs < world:
             raise ConfigError(

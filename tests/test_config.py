@@ -3,6 +3,8 @@
 import json
 import math
 import os
+import re
+from pathlib import Path
 from unittest import mock
 
 import pytest
@@ -212,3 +214,81 @@ def test_outside_the_venv_every_entry_point_says_the_same_one_line(where, tmp_pa
     assert (cwd / activate).is_file() and (where == "project") == (activate == ".venv/bin/activate"), line
     setup = re.search(r"`bash (\S+)`", line).group(1)
     assert (cwd / setup).is_file(), line
+
+
+def test_config_spelt_with_an_equals_sign_or_given_twice(tmp_path):
+    """`--config=PATH` was refused as "unknown argument '--config=...' (did you mean '--fsdp_config'?)", and a second
+    --config (sbatch scripts/dpo_train.sh --config other.yaml: the script passes its RECIPE first) the same way."""
+    path = write(tmp_path, "beta: 2.0\nbf16: false\n")
+    assert parse_args([f"--config={path}", "--learning_rate", "3e-7"]).training.beta == 2.0
+    assert parse_args([f"--config={path}"]).config_path == path
+    with pytest.raises(ConfigError, match=r"--config is given 2 times .*: pass one recipe \(a Slurm job's is RECIPE="):
+        parse_args(["--config", path, "--config", str(ROOT / "configs" / "smoke.yaml")])
+    for argv in (["--config"], ["--config="], ["--config", "--beta", "2"]):
+        with pytest.raises(ConfigError, match=r"^--config needs a path, e.g. --config configs/think.yaml$"):
+            parse_args(argv)
+
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("beta: 5.0\n42: 1\n", "recipe.yaml: unknown key 42. Remove it"),
+        ("beta: 5.0\nenv:\n  - WANDB_MODE=offline\n", "recipe.yaml: env: is a mapping of environment variables"),
+        ("beta: 5.0\nenv: WANDB_MODE=offline\n", "recipe.yaml: env: is a mapping of environment variables"),
+    ],
+)
+def test_a_key_yaml_reads_as_a_number_or_an_env_that_is_no_mapping_is_one_line(text, expected, tmp_path):
+    """Both ended in a traceback (AttributeError: 'int' object has no attribute 'lstrip' / 'list' ... 'items')."""
+    with pytest.raises(ConfigError, match=re.escape(expected)):
+        parse_args(["--config", write(tmp_path, text)])
+
+
+@pytest.mark.parametrize(
+    "args, recipe, expected",
+    [
+        (["--max_grad_norm", "inf"], "", "max_grad_norm inf is not a finite number"),
+        (["--beta", "nan"], "", "beta nan is not a finite number"),
+        ([], "learning_rate: .inf\n", "learning_rate inf is not a finite number"),
+        (
+            ["--loss_type", "sigmoid", "sft", "--loss_weights", "1.0", "nan"],
+            "",
+            "loss_weights [1.0, nan] is not a finite number",
+        ),
+    ],
+)
+def test_a_value_that_is_not_a_finite_number_is_refused(args, recipe, expected, tmp_path):
+    """`--max_grad_norm inf` was trained and recorded as `Infinity` in resolved_config.json and the dry run's JSON,
+    which is not JSON: strict readers (jq, JavaScript, W&B's config) refuse the whole record."""
+    path = write(tmp_path, f"bf16: false\n{recipe}")
+    with pytest.raises(ConfigError, match=re.escape(expected) + r": give one \(an option that can be turned off"):
+        parse_args(["--config", path, *args])
+
+
+def test_a_mistyped_flag_is_named_without_its_value():
+    """`--hub_tokn=hf_...` printed the token in its error line (a terminal, a Slurm log)."""
+    with pytest.raises(ConfigError) as refused:
+        parse_args(["--bf16", "false", "--hub_tokn=hf_secretvalue"])
+    assert str(refused.value) == "unknown argument '--hub_tokn' (did you mean '--hub_token'?); see --help"
+
+
+def test_a_recipes_null_is_none_for_a_text_field_too(tmp_path):
+    """`hub_model_id: null` (a copied recipe's value unset) reached argparse as the word "None", which a text field
+    kept: the run pushed to a repo named None, read a chat template file named None, was named None."""
+    text = (
+        "bf16: false\nrun_name: null\nhub_model_id: null\nchat_template_path: null\nmax_tokens_per_microbatch: null\n"
+    )
+    recipe = parse_args(["--config", write(tmp_path, text)])
+    assert recipe.training.hub_model_id is None and recipe.project.chat_template_path is None
+    assert recipe.training.run_name == "recipe-dpo" and recipe.training.output_dir == str(Path("outputs/recipe-dpo"))
+    assert recipe.project.max_tokens_per_microbatch is None
+    # The command line's word wins over the recipe's null, as every value does.
+    assert parse_args(["--config", write(tmp_path, text), "--hub_model_id", "org/x"]).training.hub_model_id == "org/x"
+
+
+def test_an_env_variable_without_a_value_is_left_unset(tmp_path):
+    """`WANDB_PROJECT:` (null) set the variable to the word "None": W&B logged to a project named None."""
+    path = write(tmp_path, "bf16: false\nenv:\n  DPOTRAIN_TEST_UNSET:\n  DPOTRAIN_TEST_SET: offline\n")
+    with environment():
+        os.environ.pop("DPOTRAIN_TEST_UNSET", None)
+        parse_args(["--config", path])
+        assert "DPOTRAIN_TEST_UNSET" not in os.environ and os.environ["DPOTRAIN_TEST_SET"] == "offline"

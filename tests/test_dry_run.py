@@ -331,3 +331,17 @@ def test_a_gpu_dry_run_estimates_the_reference_stage_and_the_steps_and_think_nam
     text = dry_run(capsys, *think, "--output_dir", str(tmp_path / "t"), "--learning_rate", "8e-8")
     assert json.loads((tmp_path / "t.dry-run.json").read_text())["learning_rate"] == 8e-8
     assert field(text, "learning rate").startswith("8e-08 (")
+
+
+def test_an_output_dir_under_a_file_is_one_line_in_the_dry_run_too(tmp_path, capsys):
+    """The run refuses it ("cannot write in ... (Not a directory)"); the dry run ended in FileExistsError's traceback
+    writing its record beside the folder."""
+    (tmp_path / "notes.txt").write_text("mine\n")
+    with pytest.raises(ConfigError) as refused:
+        dry_run(capsys, *SMOKE, "--output_dir", str(tmp_path / "notes.txt" / "run"))
+    assert str(refused.value) == (
+        f"output_dir {str(tmp_path / 'notes.txt' / 'run')!r}: cannot write the dry run's record beside it in "
+        f"{tmp_path / 'notes.txt'} (Not a directory): pass --output_dir a folder this job can write in, or --json to "
+        "print the record instead"
+    )
+    assert (tmp_path / "notes.txt").read_text() == "mine\n"

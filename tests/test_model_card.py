@@ -118,3 +118,11 @@ def test_lora_run_card_and_folder(tmp_path):
     assert run_folder_problems(tmp_path) == ["adapter_model.safetensors"]
     (tmp_path / "adapter_model.safetensors").write_text("")
     assert run_folder_problems(tmp_path) == []
+
+
+def test_a_run_stopped_by_max_steps_says_so_beside_its_epochs():
+    """`--max_steps 100` on a recipe of 1,172 steps: the card said `num_train_epochs` 1 alone, the recipe read back as
+    a whole epoch trained."""
+    card = model_card({"run_name": "r", "num_train_epochs": 1.0, "max_steps": 100}, [])
+    assert "| `num_train_epochs` | 1.0 (stopped at max_steps 100) |" in card
+    assert "| `num_train_epochs` | 1.0 |" in model_card({"run_name": "r", "num_train_epochs": 1.0, "max_steps": -1}, [])

@@ -384,3 +384,24 @@ def test_a_dry_run_shows_the_plan_training_records(tmp_path, tiny_model_dir, mon
     assert result.returncode == 0, result.stdout[-2000:]
     trained = json.loads((tmp_path / "run" / "resolved_config.json").read_text())["derived"]["batching"]
     assert from_rows == trained and from_cache == trained
+
+
+def test_data_seed_orders_the_pairs_as_in_transformers():
+    """`--data_seed` is transformers' seed of the data order, which the step plan replaces: it was recorded (and
+    compared on resume) but the plan ordered the pairs by `seed` alone, so `--data_seed 7` trained the same order."""
+    from types import SimpleNamespace
+
+    from dpotrain.plan import plan_stage
+
+    lengths = PairLengths(np.full(64, 100), np.full(64, 90))
+
+    def order(seed: int, data_seed: int | None) -> list[int]:
+        args = SimpleNamespace(
+            seed=seed, data_seed=data_seed, per_device_train_batch_size=8, max_steps=-1, num_train_epochs=1
+        )
+        run = plan_stage.make(lengths, args, 8, 1, 2048, padded=False, max_length_cuts={})
+        return [i for step in run.epochs[0] for rank in step for mb in rank for i in mb]
+
+    assert order(42, 7) != order(42, None)  # data_seed decides the order ...
+    assert order(42, 7) == order(1, 7)  # ... whatever the model's seed
+    assert order(42, None) == order(42, 42)  # unset: seed's, as before

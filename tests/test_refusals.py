@@ -212,6 +212,21 @@ def test_runs_that_train_nothing(args, rows, expected, tmp_path, monkeypatch, ca
             "--save_strategy no to save none on purpose",
         ),
         (["--evaluation_strategy", "steps"], "(renamed eval_strategy in transformers 5)"),
+        # numpy's seeding refused them with a traceback, after the data had loaded (a run: after the model too)
+        (["--seed", "-3"], "seed -3 is out of range: give one from 0 to 2**32 - 1"),
+        (["--data_seed", "-1"], "data_seed -1 is out of range: give one from 0 to 2**32 - 1"),
+        # a real run started, training where the resolved configuration on stdout was asked for
+        (["--json"], "--json prints the dry run's resolved configuration: add --dry-run"),
+        # recorded and ignored: the recipe's token budget cut the step of pairs_per_step as it always does
+        (
+            ["--pairs_per_step", "8", "--gradient_accumulation_steps", "3"],
+            "gradient_accumulation_steps would not be used: max_tokens_per_microbatch cuts each step of "
+            "pairs_per_step=8 pairs into micro-batches",
+        ),
+        (
+            ["--pairs_per_step", "8", "--per_device_train_batch_size", "2", "--gradient_accumulation_steps", "1"],
+            "gradient_accumulation_steps and per_device_train_batch_size would not be used",
+        ),
     ],
 )
 def test_bad_values_refused_before_loading(args, expected, tmp_path, monkeypatch, capsys):

@@ -33,6 +33,12 @@ class RunPlan:
         )
 
 
+def order_seed(args) -> int:
+    """The seed of the pairs' order: `data_seed` when given (transformers' seed of the data samplers, which this plan
+    replaces), else `seed`, as the Trainer's sampler would take it."""
+    return args.seed if args.data_seed is None else args.data_seed
+
+
 def make(
     lengths: PairLengths,
     args,
@@ -51,7 +57,7 @@ def make(
     step_plan = plan.StepPlan(
         pairs_per_step,
         world_size,
-        args.seed,
+        order_seed(args),
         budget,
         None if budget else args.per_device_train_batch_size,
         padded=padded,

@@ -10,6 +10,7 @@ import contextlib
 import difflib
 import functools
 import json
+import math
 import os
 import re
 import sys
@@ -325,8 +326,10 @@ def read_recipe(path: str) -> dict:
         raise ConfigError(f"recipe {path!r} not found: pass one of configs/*.yaml")
     config = recipe_file.load(path)
     for key in config:
-        if key != "env" and (f"--{key}" not in _options() or "-" in key):
-            raise ConfigError(f"{path}: unknown key {key!r}{_suggest(key)}. Remove it or fix its spelling.")
+        if key != "env" and (f"--{key}" not in _options() or "-" in str(key)):  # YAML reads `42:` or `yes:` as no str
+            raise ConfigError(f"{path}: unknown key {key!r}{_suggest(str(key))}. Remove it or fix its spelling.")
+    if not isinstance(config.get("env") or {}, dict):
+        raise ConfigError(f"{path}: env: is a mapping of environment variables, one `NAME: value` line each below it")
     return config
 
 
@@ -352,32 +355,36 @@ def parse_args(argv: list[str] | None = None) -> Recipe:
         parser.print_help()
         raise SystemExit(0)
 
-    config_path, config = None, {}
-    if "--config" in argv:
-        i = argv.index("--config")
-        if i + 1 >= len(argv):
-            raise ConfigError("--config needs a path, e.g. --config configs/think.yaml")
-        config_path = argv[i + 1]
-        del argv[i : i + 2]
-        config = read_recipe(config_path)
+    config_path, argv = _take_config(argv)
+    config = read_recipe(config_path) if config_path is not None else {}
     for key, value in (config.pop("env", None) or {}).items():  # TRL's `env:` block, under the environment
-        os.environ.setdefault(key, str(value))
+        if value is not None:  # `WANDB_PROJECT:` with no value sets nothing, not the word "None"
+            os.environ.setdefault(str(key), str(value))
     words = _as_flags(config) + argv  # argparse keeps the last value: the command line wins
     tokens, max_length_auto = _take_max_length_auto(words + _cpu_deepspeed_backend(words))
     _, remaining = parser.parse_known_args(tokens)  # name an unknown flag before any field is validated
     if remaining:
         flag = next((r for r in remaining if r.startswith("-")), remaining[0])
-        raise ConfigError(f"unknown argument {flag!r}{_suggest(flag.split('=')[0])}; see --help")
+        if flag.startswith("-"):  # its name alone: `--hub_tokn=hf_...` must not print the token (cli.Parser alike)
+            flag = flag.split("=")[0]
+        raise ConfigError(f"unknown argument {flag!r}{_suggest(flag)}; see --help")
     try:
         with upstream.bf16_gpu_check_skipped() if dry_run_asked(argv) else contextlib.nullcontext():
             script, training, model, project = parser.parse_args_into_dataclasses(args=tokens)
     except ValueError as e:  # transformers' own validation of TrainingArguments: a user error, said in one line
         hint = " (on a CPU machine: --bf16 false, or the CPU demo configs/smoke.yaml)" if "bf16" in str(e) else ""
         raise ConfigError(f"{e}{hint}") from None
+    _check_finite(script, training, model, project)
     given = fields_set(tokens)
     if "padding_free" not in given:
         training.padding_free = True  # this project's default: packed sequences (TRL's is False)
     on_command_line = fields_set(argv)
+    for name in {k for k, v in config.items() if v is None} - on_command_line:
+        # A recipe's `field: null` is the word "None" to argparse, which a text field keeps as text (`hub_model_id:
+        # null` pushed to a repo named None): null is None, as YAML means it.
+        for part in (script, training, model, project):
+            if getattr(part, name, None) == "None":
+                setattr(part, name, None)
     replaced = _command_line_batch_wins(training, project, on_command_line)
     if "dataset_name" in on_command_line and (there := _in_submit_dir(script.dataset_name)) and there.exists():
         script.dataset_name = str(there)
@@ -398,6 +405,39 @@ def parse_args(argv: list[str] | None = None) -> Recipe:
     if isinstance(targets, str) and targets != "all-linear" and re.fullmatch(r"[\w.]+", targets):
         model.lora_target_modules = [targets]
     return Recipe(script, training, model, project, config_path, max_length_auto, given, replaced, typed)
+
+
+def _take_config(argv: list[str]) -> tuple[str | None, list[str]]:
+    """The recipe's path (`--config PATH` or `--config=PATH`, as every other flag is spelt) and the other words. Given
+    twice (an sbatch script's recipe and one on its command line), neither is chosen silently."""
+    at = [i for i, word in enumerate(argv) if word == "--config" or word.startswith("--config=")]
+    if not at:
+        return None, argv
+    i = at[0]
+    path = argv[i].partition("=")[2] if "=" in argv[i] else (argv[i + 1] if i + 1 < len(argv) else "")
+    if not path or path.startswith("--"):
+        raise ConfigError("--config needs a path, e.g. --config configs/think.yaml")
+    if len(at) > 1:
+        raise ConfigError(
+            f"--config is given {len(at)} times ({path!r} first): pass one recipe (a Slurm job's is RECIPE=<path> "
+            "sbatch scripts/dpo_train.sh, which passes it: not a --config of its own)"
+        )
+    return path, argv[:i] + argv[i + (1 if "=" in argv[i] else 2) :]
+
+
+def _check_finite(*parts) -> None:
+    """`inf` and `nan` parse as floats, and JSON, the records' format (resolved_config.json, the dry run's), holds
+    neither: `--max_grad_norm inf` wrote `Infinity`, which strict readers (jq, JavaScript, W&B) refuse."""
+    for part in parts:
+        for f in fields(part):
+            value = getattr(part, f.name)
+            if any(
+                isinstance(v, float) and not math.isfinite(v) for v in (value if isinstance(value, list) else [value])
+            ):
+                raise ConfigError(
+                    f"{f.name} {value} is not a finite number: give one (an option that can be turned off says how in "
+                    "--help: max_grad_norm 0, a health threshold 0)"
+                )
 
 
 def dry_run_asked(argv: list[str]) -> bool:
