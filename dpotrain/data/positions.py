@@ -4,7 +4,11 @@ A rotary model fed positions past its context trains without an error, on positi
 model with learned position embeddings fails with a device-side assert): the run is refused before the model loads.
 The limit is `max_position_embeddings`, or the context a RoPE scaling extends it to (`factor` x
 `original_max_position_embeddings`), whichever is larger: a Qwen config given yarn 4 x 32768 by its user keeps 32768
-as max_position_embeddings."""
+as max_position_embeddings.
+
+The token ids likewise: a tokenizer whose ids reach past the model's embedding rows (a tokenizer from another model, or
+tokens added without resizing the embeddings) fails at the first pair holding such a token, an IndexError on a CPU and
+a device-side assert on a GPU, after the reference stage began: refused with the positions."""
 
 import numpy as np
 
@@ -54,4 +58,20 @@ def check(config, model: str, max_length: int | None, pairs, whole_split: bool) 
         f"{what} reaches past the {limit:,} positions {model} takes ({how}): set --max_length {limit} or lower "
         "(scripts/analyze_dataset.py shows what each length keeps), or extend the model's context in its config.json "
         "(rope_scaling, max_position_embeddings) if you mean to train it longer"
+    )
+
+
+def check_vocabulary(config, tokenizer, model: str) -> None:
+    """Refuses a tokenizer whose ids reach past the model's embedding rows (module doc). A model with more rows than
+    the tokenizer has ids (a vocabulary padded to a multiple of 64 or 128, as most are) is fine."""
+    rows = getattr(config.get_text_config(), "vocab_size", None)
+    if tokenizer is None or not isinstance(rows, int):
+        return
+    ids = max(tokenizer.get_vocab().values(), default=-1) + 1
+    if ids <= rows:
+        return
+    raise ConfigError(
+        f"the tokenizer of {model} has {ids:,} token ids, past the {rows:,} rows of the model's embedding (vocab_size "
+        f"in its config.json): give the model folder the tokenizer the model was trained with, or resize its "
+        "embeddings to the tokenizer (model.resize_token_embeddings(len(tokenizer)), then save_pretrained)"
     )
