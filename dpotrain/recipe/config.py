@@ -392,11 +392,7 @@ def parse_args(argv: list[str] | None = None) -> Recipe:
         training.output_dir = str(Path("outputs") / training.run_name)
     if there := _in_submit_dir(training.output_dir):  # a Slurm job's output folder, absolute
         training.output_dir = os.path.abspath(there if "output_dir" in on_command_line else training.output_dir)
-    # TRL turns a single --lora_target_modules value into a string, which PEFT takes as a regular expression over the
-    # full module path (`q_proj` alone would match nothing): a single module name becomes a list of one.
-    targets = model.lora_target_modules
-    if isinstance(targets, str) and targets != "all-linear" and re.fullmatch(r"[\w.]+", targets):
-        model.lora_target_modules = [targets]
+    list_single_target(model)
     return Recipe(script, training, model, project, config_path, max_length_auto, given, replaced, typed)
 
 
@@ -486,6 +482,15 @@ def _take_max_length_auto(tokens: list[str]) -> tuple[list[str], bool]:
     return out, auto
 
 
+def list_single_target(model) -> None:
+    """TRL turns a single --lora_target_modules value into a string (ModelConfig.__post_init__, run again by every
+    `dataclasses.replace`), which PEFT takes as a regular expression over the full module path (`q_proj` alone would
+    match nothing): a single module name becomes a list of one."""
+    targets = model.lora_target_modules
+    if isinstance(targets, str) and targets != "all-linear" and re.fullmatch(r"[\w.]+", targets):
+        model.lora_target_modules = [targets]
+
+
 def replaced(recipe: Recipe, **parts: dict) -> Recipe:
     """A new recipe: `recipe` with the fields given per part (`training=`, `model=`, `project=`: name -> value)
     replaced. Each part is built anew, so TRL's and transformers' checks run on the new values (but "bf16 needs a
@@ -497,6 +502,8 @@ def replaced(recipe: Recipe, **parts: dict) -> Recipe:
             if unknown:
                 raise AttributeError(f"{part} has no field {sorted(unknown)[0]!r}")
             new[part] = replace(getattr(recipe, part), **values)
+    if "model" in new:  # replace ran TRL's __post_init__ again: a single target module is a string once more
+        list_single_target(new["model"])
     auto = recipe.max_length_auto and new.get("training", recipe.training).max_length is None
     return replace(recipe, **new, max_length_auto=auto)
 
