@@ -381,6 +381,13 @@ def parse_args(argv: list[str] | None = None) -> Recipe:
     replaced = _command_line_batch_wins(training, project, on_command_line)
     if "dataset_name" in on_command_line and (there := _in_submit_dir(script.dataset_name)) and there.exists():
         script.dataset_name = str(there)
+    # The model folder likewise: where a Slurm job was submitted from; and `~` expanded, which the checks read but
+    # transformers does not (it takes `~/my-sft` for a malformed Hub name).
+    if (name := model.model_name_or_path) and name.startswith("~"):
+        model.model_name_or_path = os.path.expanduser(name)
+    there = _in_submit_dir(model.model_name_or_path) if "model_name_or_path" in on_command_line else None
+    if there is not None and there.is_dir():
+        model.model_name_or_path = str(there)
     if on_command_line & {"datasets", "dataset_mixer_list"} and "dataset_name" not in on_command_line:
         script.dataset_name = None  # a mixture on the command line replaces the recipe file's one data set
     if "output_dir" in on_command_line and "run_name" not in on_command_line:
