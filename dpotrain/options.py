@@ -203,6 +203,16 @@ def check_weights(model: str, path: Path) -> None:
         return  # the config's own load names what is wrong with it
     if isinstance(config, dict) and config.get("transformers_weights"):
         return
+    if isinstance(config, dict) and not config.get("architectures"):
+        # TRL loads the model by the class its config names (create_model_from_path: `config.architectures[0]`, a
+        # TypeError without one); a config written by `config.save_pretrained` alone names none.
+        from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+        named = MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(config.get("model_type"), "<ModelClass>ForCausalLM")
+        raise ConfigError(
+            f"model folder {model!r} has a config.json that names no architectures, which TRL loads the model by: "
+            f'add "architectures": ["{named}"] to it (model.save_pretrained writes it)'
+        )
     found = next((name for name in WEIGHT_FILES if (path / name).is_file()), None)
     if found is None:
         raise ConfigError(

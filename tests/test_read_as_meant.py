@@ -395,7 +395,7 @@ def test_unknown_builtin_and_empty_model_folder(dry_run, tmp_path, monkeypatch, 
     )
 
 
-def test_a_model_folder_without_its_weights_is_refused_before_the_data_loads(
+def test_a_model_folder_without_its_weights_or_its_class_is_refused_before_the_data_loads(
     tmp_path, monkeypatch, capsys, tiny_model_dir
 ):
     """A run refuses a folder holding a config and no weights, or a sharded index whose shards are not all there
@@ -417,4 +417,12 @@ def test_a_model_folder_without_its_weights_is_refused_before_the_data_loads(
     assert line == (
         f"error: model folder '{folder}' lacks 2 of the 3 weight shards its model.safetensors.index.json lists "
         "(model-00002-of-00003.safetensors, ...): copy the missing shards into it"
+    )
+    # A config written by config.save_pretrained alone names no class: TRL's load stopped in a TypeError
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({k: v for k, v in config.items() if k != "architectures"}))
+    line = refused(tmp_path, monkeypatch, capsys, "--model_name_or_path", str(folder))
+    assert line == (
+        f"error: model folder '{folder}' has a config.json that names no architectures, which TRL loads the model by: "
+        'add "architectures": ["Olmo3ForCausalLM"] to it (model.save_pretrained writes it)'
     )
