@@ -197,6 +197,9 @@ def check_weights(model: str, path: Path) -> None:
     from_pretrained with a traceback after the data were read and tokenized: refused before anything loads."""
     import json
 
+    from dpotrain.data.lengths import check_tokenizer_folder
+
+    check_tokenizer_folder(model)  # config.json alone (configs/models/*): a model's shape, said as such first
     try:
         config = json.loads((path / "config.json").read_text())
     except (OSError, ValueError):
