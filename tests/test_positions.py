@@ -124,3 +124,12 @@ def test_a_tokenizer_with_ids_past_the_models_embedding_is_refused_before_the_mo
     tokenizer = lengths.load_tokenizer(str(folder))
     positions.check_vocabulary(LlamaConfig(vocab_size=ids), tokenizer, "m")  # exactly the tokenizer's ids
     positions.check_vocabulary(LlamaConfig(vocab_size=ids + 64), tokenizer, "m")  # padded rows
+    # An added token past the rows that nothing writes passes (Gemma's text models: `<image_soft_token>`, one past
+    # their last row); one the chat template writes does not.
+    tokenizer.add_special_tokens({"additional_special_tokens": ["<image_soft_token>", "<|turn|>"]})
+    positions.check_vocabulary(LlamaConfig(vocab_size=ids), tokenizer, "m")
+    tokenizer.chat_template = tokenizer.chat_template.replace("<|im_start|>", "<|turn|>")
+    with pytest.raises(
+        ConfigError, match=rf"the tokenizer of m writes '<\|turn\|>' \(id {ids + 1:,}: the chat template"
+    ):
+        positions.check_vocabulary(LlamaConfig(vocab_size=ids), tokenizer, "m")
