@@ -178,7 +178,8 @@ def check_model(model: str, weights: bool = True) -> None:
             f"model folder {model!r} {what}: point model_name_or_path at the folder that "
             "save_pretrained wrote (config.json, weights, tokenizer), or give a Hub name like org/model"
         )
-    if weights and path.is_dir() and (path / "config.json").is_file():
+    # A LoRA adapter's folder holds the adapter's weights; transformers loads its base by adapter_config.json
+    if weights and path.is_dir() and (path / "config.json").is_file() and not (path / "adapter_config.json").is_file():
         check_weights(model, path)
 
 
