@@ -34,7 +34,7 @@ def valid_loss_types() -> list[str]:
 
 def check_options(recipe: Recipe) -> None:
     t, s = recipe.training, recipe.script
-    check_model(recipe.model.model_name_or_path or "")
+    check_model(recipe.model.model_name_or_path or "", weights=not recipe.project.dry_run)
     if recipe.project.json and not recipe.project.dry_run:  # else a real run starts where JSON on stdout was asked for
         raise ConfigError(
             "--json prints the dry run's resolved configuration: add --dry-run (a run records it in "
@@ -172,8 +172,9 @@ def check_path_limits(recipe: Recipe) -> None:
             writes.check_path_limit(flag, path, room)
 
 
-def check_model(model: str) -> None:
-    """A `builtin:` name that exists, a local folder that holds a model: refused now, not when the model loads."""
+def check_model(model: str, weights: bool = True) -> None:
+    """A `builtin:` name that exists, a local folder that holds a model: refused now, not when the model loads.
+    `weights`: the folder must hold them too (a run; a dry run plans from a config alone, as configs/models/ holds)."""
     if builtin.is_builtin(model):
         builtin.check_name(model)
         return
@@ -186,6 +187,62 @@ def check_model(model: str) -> None:
             f"model folder {model!r} {what}: point model_name_or_path at the folder that "
             "save_pretrained wrote (config.json, weights, tokenizer), or give a Hub name like org/model"
         )
+    # A LoRA adapter's folder holds the adapter's weights; transformers loads its base by adapter_config.json
+    if weights and path.is_dir() and (path / "config.json").is_file() and not (path / "adapter_config.json").is_file():
+        check_weights(model, path)
+
+
+# The weights from_pretrained reads from a local folder, in its order (transformers.modeling_utils); a config may name
+# its own file (`transformers_weights`), which transformers then checks itself.
+WEIGHT_FILES = (
+    "model.safetensors",
+    "model.safetensors.index.json",
+    "pytorch_model.bin",
+    "pytorch_model.bin.index.json",
+)
+
+
+def check_weights(model: str, path: Path) -> None:
+    """A model folder without its weights, or with shards its index lists missing (a copy cut short), fails in
+    from_pretrained with a traceback after the data were read and tokenized: refused before anything loads."""
+    import json
+
+    from dpotrain.data.lengths import check_tokenizer_folder
+
+    check_tokenizer_folder(model)  # config.json alone (configs/models/*): a model's shape, said as such first
+    try:
+        config = json.loads((path / "config.json").read_text())
+    except (OSError, ValueError):
+        return  # the config's own load names what is wrong with it
+    if isinstance(config, dict) and config.get("transformers_weights"):
+        return
+    if isinstance(config, dict) and not config.get("architectures"):
+        # TRL loads the model by the class its config names (create_model_from_path: `config.architectures[0]`, a
+        # TypeError without one); a config written by `config.save_pretrained` alone names none.
+        from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+        named = MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(config.get("model_type"), "<ModelClass>ForCausalLM")
+        raise ConfigError(
+            f"model folder {model!r} has a config.json that names no architectures, which TRL loads the model by: "
+            f'add "architectures": ["{named}"] to it (model.save_pretrained writes it)'
+        )
+    found = next((name for name in WEIGHT_FILES if (path / name).is_file()), None)
+    if found is None:
+        raise ConfigError(
+            f"model folder {model!r} holds a config.json but no weights (model.safetensors, pytorch_model.bin or a "
+            "sharded index): copy the weights save_pretrained wrote beside it, or give a Hub name like org/model"
+        )
+    if found.endswith(".index.json"):
+        try:
+            shards = sorted(set(json.loads((path / found).read_text())["weight_map"].values()))
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            return  # transformers says what is wrong with the index
+        absent = [shard for shard in shards if not (path / shard).is_file()]
+        if absent:
+            raise ConfigError(
+                f"model folder {model!r} lacks {len(absent)} of the {len(shards)} weight shards its {found} lists "
+                f"({absent[0]}{', ...' if len(absent) > 1 else ''}): copy the missing shards into it"
+            )
 
 
 def check_precision(recipe: Recipe) -> None:

@@ -151,6 +151,19 @@ def test_lora_trains_only_the_adapter(olmo3):
     assert shape.params == full.params + shape.trainable  # the base and the adapter
 
 
+def test_a_single_target_module_stays_a_module_name_in_the_runs_recipe(olmo3):
+    """`--lora_target_modules q_proj`: TRL makes a single value a string, which PEFT reads as a regular expression over
+    the full module path (matching nothing). The parsed recipe listed it, but the run's recipe (`config.replaced`,
+    whose dataclasses.replace runs TRL's __post_init__ again) had the string back: the dry run's memory plan and the
+    run's model load stopped in a NoMatchingPeftModuleError traceback."""
+    args = ("--model_name_or_path", olmo3["7b"], "--use_peft", "true", "--lora_r", "16", "--lora_target_modules")
+    run = replaced(recipe(*args, "q_proj"), model={})
+    assert run.model.lora_target_modules == ["q_proj"]
+    config, _ = memory.load_model_config(run)
+    assert memory.model_shape(run, config).trainable == 32 * 16 * (4096 + 4096)  # layers x r x (in + out)
+    assert replaced(recipe(*args, ".*q_proj"), model={}).model.lora_target_modules == ".*q_proj"  # a pattern stays
+
+
 # --- activations: the fake-tensor trace against real autograd ---
 
 

@@ -36,11 +36,19 @@ def test_model_card_names_base_dataset_recipe_and_final_metrics():
     assert "![training curves](training_curves.png)" in card
 
 
-def test_local_model_and_data_are_not_claimed_as_hub_repos(tmp_path):
+def test_local_model_and_data_are_not_claimed_as_hub_repos(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
     data = tmp_path / "pairs.jsonl"
     data.write_text("")
     card = model_card({"model_name_or_path": "builtin:tiny-olmo3", "dataset_name": str(data)}, [])
     assert "base_model" not in card and "datasets" not in card
+    # A model folder of the user's (before: `base_model: /path/to/my-sft` in the card's metadata, which the Hub's
+    # metadata check refuses as it refuses a local path under `datasets`), however it is written
+    folder = tmp_path / "my-sft"
+    folder.mkdir()
+    for given in (str(folder), f"{folder}/", "./my-sft", "my-sft", "~/no/such/folder"):
+        card = model_card({"model_name_or_path": given, "dataset_name": "org/pairs"}, [], [], "me/run")
+        assert "base_model" not in card and "- org/pairs" in card and f"`{given}`" in card, given
     assert "(none logged)" in card
 
 

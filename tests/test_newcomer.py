@@ -497,6 +497,29 @@ def test_a_relative_dataset_name_of_a_slurm_job_is_where_the_user_submitted_and_
     assert "DPOTRAIN_SUBMIT_DIR=${SLURM_SUBMIT_DIR:-$PWD}" in (ROOT / "scripts" / "dpo_train.sh").read_text()
 
 
+def test_a_relative_or_home_model_folder_is_the_users_folder(tmp_path, capsys, monkeypatch, tiny_model_dir):
+    """`sbatch .../dpo_train.sh --model_name_or_path my-sft` from the user's folder loads that folder's model, as a
+    relative --dataset_name reads that folder's file (before: refused as a folder that does not exist, looked for in
+    the project alone); `model_name_or_path: ~/my-sft` is the home folder's model (before: the checks and the dry
+    run took it, and the run stopped at the tokenizer: transformers took `~/my-sft` for a malformed Hub name)."""
+    import shutil
+
+    from dpotrain.data import lengths
+    from dpotrain.recipe.config import parse_args
+
+    submitted, home = tmp_path / "mine", tmp_path / "home"
+    shutil.copytree(tiny_model_dir, submitted / "my-sft")
+    shutil.copytree(tiny_model_dir, home / "my-sft")
+    monkeypatch.setenv("DPOTRAIN_SUBMIT_DIR", str(submitted))
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.chdir(ROOT)  # where the job runs
+    out = dry_run(capsys, "--config", SMOKE, "--output_dir", str(tmp_path / "run"), "--model_name_or_path", "my-sft")
+    assert f"  model:         {submitted / 'my-sft'}; weights load in" in out, out
+    recipe = parse_args(["--config", SMOKE, "--model_name_or_path", "~/my-sft"])
+    assert recipe.model.model_name_or_path == str(home / "my-sft")
+    assert lengths.recipe_tokenizer(recipe).chat_template  # as the run loads it
+
+
 @pytest.mark.parametrize("spelling", [["--dry_run=true"], ["--dry_run", "true"], ["--dry-run=True"], ["--dry_run"]])
 def test_one_dry_run_flag_however_it_is_spelled(spelling, capsys, no_credentials):
     """A bf16 recipe on a machine without a GPU: every spelling plans, none meets transformers' bf16/GPU check."""

@@ -2,14 +2,17 @@
 (dpotrain/data/positions.py): from max_length, or from the data's own longest sequence where the analyzer measured
 every pair; the limit counts a RoPE scaling in the config."""
 
+import json
+import shutil
 import subprocess
 
 import numpy as np
 import pytest
+from test_refusals import refused
 from transformers import AutoConfig, Gemma3TextConfig, GPT2Config, LlamaConfig, Qwen2Config
 
 from conftest import ROOT, python, run_train
-from dpotrain.data import positions
+from dpotrain.data import lengths, positions
 from dpotrain.forwards import cost
 from dpotrain.recipe.errors import ConfigError
 
@@ -97,3 +100,36 @@ def test_a_max_length_past_the_models_positions_is_taken_when_the_analyzer_measu
     result = run_train([*SMOKE, *PAST, "--output_dir", str(tmp_path / "run"), "--dry-run"])
     assert result.returncode == 0, result.stdout[-3000:]
     assert "reaches past" not in result.stdout
+
+
+@pytest.mark.parametrize("dry_run", [[], ["--dry-run"]], ids=["run", "dry run"])
+def test_a_tokenizer_with_ids_past_the_models_embedding_is_refused_before_the_model_loads(
+    dry_run, tmp_path, monkeypatch, capsys, tiny_model_dir
+):
+    """A tokenizer of more ids than the model has embedding rows (here the built-in model's config cut to 800 rows)
+    used to pass the checks and stop the run in its reference stage (IndexError on a CPU, a device-side assert on a
+    GPU); a model with more rows than the tokenizer has ids, as most have, is fine."""
+    folder = tmp_path / "model"
+    shutil.copytree(tiny_model_dir, folder)
+    config = json.loads((folder / "config.json").read_text())
+    ids = len(lengths.load_tokenizer(str(folder)))
+    assert ids > 800
+    (folder / "config.json").write_text(json.dumps({**config, "vocab_size": 800}))
+    line = refused(tmp_path, monkeypatch, capsys, "--model_name_or_path", str(folder), *dry_run)
+    assert line == (
+        f"error: the tokenizer of {folder} has {ids:,} token ids, past the 800 rows of the model's embedding "
+        "(vocab_size in its config.json): give the model folder the tokenizer the model was trained with, or resize "
+        "its embeddings to the tokenizer (model.resize_token_embeddings(len(tokenizer)), then save_pretrained)"
+    )
+    tokenizer = lengths.load_tokenizer(str(folder))
+    positions.check_vocabulary(LlamaConfig(vocab_size=ids), tokenizer, "m")  # exactly the tokenizer's ids
+    positions.check_vocabulary(LlamaConfig(vocab_size=ids + 64), tokenizer, "m")  # padded rows
+    # An added token past the rows that nothing writes passes (Gemma's text models: `<image_soft_token>`, one past
+    # their last row); one the chat template writes does not.
+    tokenizer.add_special_tokens({"additional_special_tokens": ["<image_soft_token>", "<|turn|>"]})
+    positions.check_vocabulary(LlamaConfig(vocab_size=ids), tokenizer, "m")
+    tokenizer.chat_template = tokenizer.chat_template.replace("<|im_start|>", "<|turn|>")
+    with pytest.raises(
+        ConfigError, match=rf"the tokenizer of m writes '<\|turn\|>' \(id {ids + 1:,}: the chat template"
+    ):
+        positions.check_vocabulary(LlamaConfig(vocab_size=ids), tokenizer, "m")

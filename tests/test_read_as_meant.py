@@ -17,6 +17,7 @@ from test_refusals import refused
 
 import train_dpo
 from conftest import ROOT
+from dpotrain import options
 from dpotrain.data import builtin, cuts, data, lengths, rows
 from dpotrain.recipe import config
 from dpotrain.recipe.config import parse_args
@@ -391,4 +392,41 @@ def test_unknown_builtin_and_empty_model_folder(dry_run, tmp_path, monkeypatch, 
     (empty / "notes.txt").write_text("weights to come")
     assert "holds no config.json" in refused(
         tmp_path, monkeypatch, capsys, "--model_name_or_path", str(empty), *dry_run
+    )
+
+
+def test_a_model_folder_without_its_weights_or_its_class_is_refused_before_the_data_loads(
+    tmp_path, monkeypatch, capsys, tiny_model_dir
+):
+    """A run refuses a folder holding a config and no weights, or a sharded index whose shards are not all there
+    (before: from_pretrained's OSError traceback, after the data were read and tokenized); a dry run plans from the
+    config alone (configs/models/ holds no weights)."""
+    folder = tmp_path / "my sft"  # a space in the path, as a user's folder may have
+    shutil.copytree(tiny_model_dir, folder, ignore=shutil.ignore_patterns("*.safetensors"))
+    line = refused(tmp_path, monkeypatch, capsys, "--model_name_or_path", str(folder))
+    assert line == (
+        f"error: model folder '{folder}' holds a config.json but no weights (model.safetensors, pytorch_model.bin "
+        "or a sharded index): copy the weights save_pretrained wrote beside it, or give a Hub name like org/model"
+    )
+    options.check_model(str(folder), weights=False)  # the dry run's check: a config is enough to plan
+    adapter = tmp_path / "adapter"  # a LoRA adapter saved with its base's config: transformers loads the base
+    shutil.copytree(folder, adapter)
+    (adapter / "adapter_config.json").write_text("{}")
+    options.check_model(str(adapter))
+    shards = [f"model-0000{i}-of-00003.safetensors" for i in (1, 2, 3)]
+    index = {"metadata": {}, "weight_map": {f"w{i}": shard for i, shard in enumerate(shards)}}
+    (folder / "model.safetensors.index.json").write_text(json.dumps(index))
+    (folder / shards[0]).write_bytes(b"")
+    line = refused(tmp_path, monkeypatch, capsys, "--model_name_or_path", str(folder))
+    assert line == (
+        f"error: model folder '{folder}' lacks 2 of the 3 weight shards its model.safetensors.index.json lists "
+        "(model-00002-of-00003.safetensors, ...): copy the missing shards into it"
+    )
+    # A config written by config.save_pretrained alone names no class: TRL's load stopped in a TypeError
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({k: v for k, v in config.items() if k != "architectures"}))
+    line = refused(tmp_path, monkeypatch, capsys, "--model_name_or_path", str(folder))
+    assert line == (
+        f"error: model folder '{folder}' has a config.json that names no architectures, which TRL loads the model by: "
+        'add "architectures": ["Olmo3ForCausalLM"] to it (model.save_pretrained writes it)'
     )

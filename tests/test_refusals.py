@@ -118,6 +118,28 @@ def test_options_that_cannot_be_honoured(args, expected, tmp_path, monkeypatch, 
     assert expected in refused(tmp_path, monkeypatch, capsys, *args)
 
 
+@pytest.mark.parametrize("dry_run", [[], ["--dry-run"]], ids=["run", "dry run"])
+def test_lora_target_modules_the_model_does_not_have_are_refused_before_it_loads(
+    dry_run, tmp_path, monkeypatch, capsys, tiny_model_dir
+):
+    """PEFT adapts the target modules whose names match and drops the others without a word (`q_proj v_prj` trained
+    q_proj alone), and where none matches it stopped in a traceback once the model had loaded."""
+    lora = ["--model_name_or_path", tiny_model_dir, "--use_peft", "true", "--max_steps", "2", *dry_run]
+    named = "q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj, lm_head"
+    line = refused(tmp_path, monkeypatch, capsys, *lora, "--lora_target_modules", "q_proj", "v_prj")
+    assert line == (
+        f"error: lora_target_modules v_prj: {tiny_model_dir} has no module of that name (PEFT would adapt the others "
+        f"alone once the model loaded): its linear layers are named {named}; pass some of those, or "
+        "--lora_target_modules all-linear"
+    )
+    line = refused(tmp_path, monkeypatch, capsys, *lora, "--lora_target_modules", "wq", "wv")
+    assert line.startswith(
+        f"error: lora_target_modules wq wv: {tiny_model_dir} has no module of those names (PEFT would stop once"
+    )
+    line = refused(tmp_path, monkeypatch, capsys, *lora, "--lora_target_modules", ".*\\.wq")
+    assert line.startswith(f"error: lora_target_modules '.*\\\\.wq': no module of {tiny_model_dir} has a name")
+
+
 @pytest.mark.parametrize(
     "args",
     [

@@ -4,7 +4,11 @@ A rotary model fed positions past its context trains without an error, on positi
 model with learned position embeddings fails with a device-side assert): the run is refused before the model loads.
 The limit is `max_position_embeddings`, or the context a RoPE scaling extends it to (`factor` x
 `original_max_position_embeddings`), whichever is larger: a Qwen config given yarn 4 x 32768 by its user keeps 32768
-as max_position_embeddings."""
+as max_position_embeddings.
+
+The token ids likewise: a tokenizer whose ids reach past the model's embedding rows (a tokenizer from another model, or
+tokens added without resizing the embeddings) fails at the first pair holding such a token, an IndexError on a CPU and
+a device-side assert on a GPU, after the reference stage began: refused with the positions."""
 
 import numpy as np
 
@@ -55,3 +59,50 @@ def check(config, model: str, max_length: int | None, pairs, whole_split: bool) 
         "(scripts/analyze_dataset.py shows what each length keeps), or extend the model's context in its config.json "
         "(rope_scaling, max_position_embeddings) if you mean to train it longer"
     )
+
+
+def check_vocabulary(config, tokenizer, model: str) -> None:
+    """Refuses a tokenizer whose ids reach past the model's embedding rows where the run would feed them (module doc):
+    its vocabulary proper (a tokenizer of another model: any text may hit those ids), or an added token that the chat
+    template writes or the trainer pads and ends sequences with (tokens added without resizing the embeddings). An
+    added token nothing writes may lie past them, as Gemma's text models keep `<image_soft_token>` one past their last
+    row; a model with more rows than the tokenizer has ids (a vocabulary padded to a multiple of 64 or 128) is fine."""
+    rows = getattr(config.get_text_config(), "vocab_size", None)
+    if tokenizer is None or not isinstance(rows, int):
+        return
+    base = tokenizer.vocab_size  # its vocabulary without the added tokens
+    past = {i: token for token, i in tokenizer.get_added_vocab().items() if i >= rows}
+    if base <= rows and not past:
+        return
+    fix = (
+        "give the model folder the tokenizer the model was trained with, or resize its embeddings to the tokenizer "
+        "(model.resize_token_embeddings(len(tokenizer)), then save_pretrained)"
+    )
+    if base > rows:
+        raise ConfigError(
+            f"the tokenizer of {model} has {base:,} token ids, past the {rows:,} rows of the model's embedding "
+            f"(vocab_size in its config.json): {fix}"
+        )
+    written = {tokenizer.eos_token_id, tokenizer.pad_token_id, tokenizer.bos_token_id} | _template_ids(tokenizer)
+    fed = sorted(i for i in past if i in written)
+    if fed:
+        raise ConfigError(
+            f"the tokenizer of {model} writes {past[fed[0]]!r} (id {fed[0]:,}: the chat template, or as its eos, pad "
+            f"or bos token), past the {rows:,} rows of the model's embedding (vocab_size in its config.json): {fix}"
+        )
+
+
+def _template_ids(tokenizer) -> set:
+    """The ids the chat template writes around a system, user and assistant turn and a generation prompt."""
+    from dpotrain.recipe import upstream
+
+    if not tokenizer.chat_template:
+        return set()
+    turns = [{"role": "user", "content": "Hi."}, {"role": "assistant", "content": "Hello."}]
+    ids = set()
+    for messages, generation in (([{"role": "system", "content": "Be brief."}, *turns], False), (turns[:1], True)):
+        try:
+            ids.update(upstream.tokenize(tokenizer, messages, add_generation_prompt=generation)["input_ids"])
+        except Exception:  # noqa: BLE001 - a template that takes no system turn (the next render has none)
+            continue
+    return ids

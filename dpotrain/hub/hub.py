@@ -10,7 +10,7 @@ from pathlib import Path
 from huggingface_hub import HfApi, ModelCard, ModelCardData, constants, get_token
 from huggingface_hub.errors import HfHubHTTPError, RepositoryNotFoundError
 
-from dpotrain.cluster.offline import TOKENIZER_VOCAB, hf_token, is_offline, within
+from dpotrain.cluster.offline import TOKENIZER_VOCAB, hf_token, is_hub_model, is_offline, within
 from dpotrain.hub.hub_push import pushed_revisions, record_push, with_retries
 from dpotrain.recipe import records as run_records
 from dpotrain.recipe.config import TOKEN_FLAGS
@@ -132,7 +132,7 @@ def model_card(r: Record, records: list[dict], revisions: list[tuple[int, str]] 
     if sources:
         dataset = f"a mixture of {len(sources)} sources"
     data = ModelCardData(
-        base_model=base if base and not base.startswith("builtin:") else None,
+        base_model=base if is_hub_model(base) else None,  # a local folder is no Hub repo: the Hub refuses the card
         datasets=hub_names or None,
         library_name="peft" if s.use_peft else "transformers",
         tags=["dpo", "trl", "olmo3-recipe", *(["lora", "peft"] if s.use_peft else [])],

@@ -388,6 +388,13 @@ def parse_args(argv: list[str] | None = None) -> Recipe:
     replaced = _command_line_batch_wins(training, project, on_command_line)
     if "dataset_name" in on_command_line and (there := _in_submit_dir(script.dataset_name)) and there.exists():
         script.dataset_name = str(there)
+    # The model folder likewise: where a Slurm job was submitted from; and `~` expanded, which the checks read but
+    # transformers does not (it takes `~/my-sft` for a malformed Hub name).
+    if (name := model.model_name_or_path) and name.startswith("~"):
+        model.model_name_or_path = os.path.expanduser(name)
+    there = _in_submit_dir(model.model_name_or_path) if "model_name_or_path" in on_command_line else None
+    if there is not None and there.is_dir():
+        model.model_name_or_path = str(there)
     if on_command_line & {"datasets", "dataset_mixer_list"} and "dataset_name" not in on_command_line:
         script.dataset_name = None  # a mixture on the command line replaces the recipe file's one data set
     if "output_dir" in on_command_line and "run_name" not in on_command_line:
@@ -399,11 +406,7 @@ def parse_args(argv: list[str] | None = None) -> Recipe:
         training.output_dir = str(Path("outputs") / training.run_name)
     if there := _in_submit_dir(training.output_dir):  # a Slurm job's output folder, absolute
         training.output_dir = os.path.abspath(there if "output_dir" in on_command_line else training.output_dir)
-    # TRL turns a single --lora_target_modules value into a string, which PEFT takes as a regular expression over the
-    # full module path (`q_proj` alone would match nothing): a single module name becomes a list of one.
-    targets = model.lora_target_modules
-    if isinstance(targets, str) and targets != "all-linear" and re.fullmatch(r"[\w.]+", targets):
-        model.lora_target_modules = [targets]
+    list_single_target(model)
     return Recipe(script, training, model, project, config_path, max_length_auto, given, replaced, typed)
 
 
@@ -526,6 +529,15 @@ def _take_max_length_auto(tokens: list[str]) -> tuple[list[str], bool]:
     return out, auto
 
 
+def list_single_target(model) -> None:
+    """TRL turns a single --lora_target_modules value into a string (ModelConfig.__post_init__, run again by every
+    `dataclasses.replace`), which PEFT takes as a regular expression over the full module path (`q_proj` alone would
+    match nothing): a single module name becomes a list of one."""
+    targets = model.lora_target_modules
+    if isinstance(targets, str) and targets != "all-linear" and re.fullmatch(r"[\w.]+", targets):
+        model.lora_target_modules = [targets]
+
+
 def replaced(recipe: Recipe, **parts: dict) -> Recipe:
     """A new recipe: `recipe` with the fields given per part (`training=`, `model=`, `project=`: name -> value)
     replaced. Each part is built anew, so TRL's and transformers' checks run on the new values (but "bf16 needs a
@@ -537,6 +549,8 @@ def replaced(recipe: Recipe, **parts: dict) -> Recipe:
             if unknown:
                 raise AttributeError(f"{part} has no field {sorted(unknown)[0]!r}")
             new[part] = replace(getattr(recipe, part), **values)
+    if "model" in new:  # replace ran TRL's __post_init__ again: a single target module is a string once more
+        list_single_target(new["model"])
     auto = recipe.max_length_auto and new.get("training", recipe.training).max_length is None
     return replace(recipe, **new, max_length_auto=auto)
 

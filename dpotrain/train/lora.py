@@ -5,6 +5,8 @@ held in memory. The run folder then holds the adapter (`adapter_model.safetensor
 full weights; `merge_lora: true` also writes the base with the adapter merged in to `<output_dir>/merged/`.
 """
 
+import re
+import warnings
 from pathlib import Path
 
 from dpotrain.recipe.errors import ConfigError
@@ -65,6 +67,53 @@ def check_lora(recipe) -> None:
         ) from None
     if not m.use_peft:
         raise ConfigError(f"{quantized} weights cannot be trained directly: add --use_peft true (QLoRA) or remove it")
+
+
+def check_targets(recipe, config, model: str) -> None:
+    """Refuse `lora_target_modules` names that match no module of the model, before it loads. PEFT adapts the names
+    that match and drops the others without a word (`q_proj v_prj` trains q_proj alone); where none matches it fails
+    once the model has loaded (and in a dry run's memory plan). Matched as PEFT matches them: a list by the module's
+    full name or its last dotted parts, a string as a regular expression over the full name."""
+    m = recipe.model
+    targets = m.lora_target_modules
+    if not m.use_peft or not targets or targets == "all-linear":
+        return
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from dpotrain.recipe import upstream
+
+    try:  # the model's modules on the meta device, as the memory plan builds them: no weights, no memory
+        with torch.device("meta"), upstream.without_zero3_init(), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            built = AutoModelForCausalLM.from_config(config)
+    except Exception:  # noqa: BLE001 - a model transformers cannot build from its config alone: PEFT decides
+        return
+    names = [name for name, _ in built.named_modules() if name]
+    if isinstance(targets, str):
+        try:
+            unmatched = [] if any(re.fullmatch(targets, name) for name in names) else [targets]
+        except re.error as e:
+            raise ConfigError(
+                f"lora_target_modules {targets!r} is not a regular expression ({e}): give module names as a list "
+                "(q_proj v_proj), or all-linear"
+            ) from None
+    else:
+        unmatched = [t for t in targets if not any(name == t or name.endswith("." + t) for name in names)]
+    if not unmatched:
+        return
+    linear = dict.fromkeys(n.rsplit(".", 1)[-1] for n, x in built.named_modules() if isinstance(x, torch.nn.Linear))
+    if isinstance(targets, str):
+        what = f"{targets!r}: no module of {model} has a name this regular expression matches"
+    else:
+        what = (
+            f"{' '.join(unmatched)}: {model} has no module of {'that name' if len(unmatched) == 1 else 'those names'}"
+        )
+    fate = "adapt the others alone" if len(unmatched) < len(targets) and not isinstance(targets, str) else "stop"
+    raise ConfigError(
+        f"lora_target_modules {what} (PEFT would {fate} once the model loaded): its linear layers are named "
+        f"{', '.join(linear)}; pass some of those, or --lora_target_modules all-linear"
+    )
 
 
 def save_merged(output_dir: str | Path, base: str, revision: str | None, dtype, tokenizer) -> Path:
