@@ -299,6 +299,31 @@ def test_the_recommendation_is_capped_at_the_models_positions(analyzer, tmp_path
     assert lengths.recommendation(m)["max_length"] > 4096
 
 
+def test_pairs_whose_prompts_all_fill_the_models_positions_are_refused_in_one_line(
+    analyzer, tmp_path, tiny_model_dir, capsys
+):
+    """Every prompt longer than the model's 4,096 positions: the capped recommendation keeps no pair, and comparing
+    the other lengths' compute with its none divided by zero (a ZeroDivisionError traceback from the analyzer and
+    from a `max_length: auto` run). One line instead, from both, naming the prompts and the fix."""
+    pairs = conversations(6)
+    for pair in pairs:
+        long = " ".join(f"w{i}" for i in range(5000))
+        for side in ("chosen", "rejected"):
+            pair[side][0]["content"] = long  # the first message: in the prompt, the same on both sides
+    path = write_jsonl(tmp_path / "long_prompts.jsonl", pairs)
+    line = analyzer_error(analyzer, capsys, path, "--tokenizer", tiny_model_dir)
+    expected = "error: every one of the 6 pairs measured has a prompt that alone fills the model's 4,096 positions"
+    assert line.startswith(expected) and "shorten the prompts" in line, line
+    argv = ["--config", str(SMOKE), "--model_name_or_path", tiny_model_dir, "--dataset_name", path]
+    argv += ["--output_dir", str(tmp_path / "run"), "--pairs_per_step", "2", "--max_length", "auto"]
+    argv += ["--max_tokens_per_microbatch", "8192"]
+    with pytest.raises(SystemExit) as ended:
+        run_cli(lambda: train_dpo.main([*argv, "--dry-run"]))
+    printed = capsys.readouterr()
+    assert ended.value.code == 2 and "Traceback" not in printed.out + printed.err
+    assert printed.err.strip().splitlines()[-1].startswith(expected), printed.err
+
+
 # --- recipes ----------------------------------------------------------------------------------------------------------
 
 
