@@ -77,6 +77,9 @@ def test_both_spellings_name_the_same_sources(tmp_path, files):
         (["--datasets", '{"path": "a.jsonl", "fraction": 0.5, "amount": 1.0}'], "keep one"),
         (["--datasets", '{"path": "a.jsonl", "fraction": 0.5}', '{"path": "b.jsonl"}'], "for some"),
         (["--datasets", '{"path": "a.jsonl", "weight": 2}'], "unknown key(s) ['weight']"),
+        # TRL's shares are normalized: a NaN or infinite one left none to size the mixture (a traceback at load)
+        (["--datasets", '{"path": "a.jsonl", "fraction": NaN}', '{"path": "b.jsonl", "fraction": 1}'], "finite"),
+        (["--datasets", '{"path": "a.jsonl", "fraction": Infinity}', '{"path": "b.jsonl", "fraction": 1}'], "finite"),
         (["--datasets", '{"path": "a.jsonl"}', "--streaming", "true"], "streaming: true"),
         (["--datasets", '{"path": "a.jsonl"}', "--test_split_size", "0.1"], "test_split_size"),
     ],

@@ -12,6 +12,7 @@ import dataclasses
 import functools
 import hashlib
 import json
+import math
 import os
 import re
 
@@ -172,8 +173,11 @@ def _entry(entry, split: str, flag: str) -> Source:
             "(a fraction or count of this source): keep one"
         )
     share = entry.get("fraction")
-    if share is not None and (isinstance(share, bool) or not isinstance(share, (int, float)) or share < 0):
-        raise ConfigError(f"`{flag}:` entry {entry['path']!r}: fraction {share!r} must be a number >= 0")
+    # YAML's .nan and .inf (and JSON's NaN, Infinity) are floats too: normalized, no share is left to size a mixture
+    if share is not None and (
+        isinstance(share, bool) or not isinstance(share, (int, float)) or not math.isfinite(share) or share < 0
+    ):
+        raise ConfigError(f"`{flag}:` entry {entry['path']!r}: fraction {share!r} must be a finite number >= 0")
     amount = entry.get("amount")
     amount = None if amount is None else _amount(json.dumps(amount) if not isinstance(amount, str) else amount)
     columns = entry.get("columns")
