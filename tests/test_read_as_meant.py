@@ -6,6 +6,7 @@ process through its command-line entry (`train_dpo.main`), the analyzer through 
 """
 
 import json
+import re
 import shutil
 
 import datasets
@@ -278,6 +279,36 @@ def test_a_max_length_that_leaves_no_pair_anything_to_teach_is_refused(mode, ana
     assert "--max_length 512" in line and "auto" in line
     assert ("the analyzer's cached lengths" in line) == (mode == "analyzed")
     assert not out.exists()  # nothing written: no model loaded
+
+
+@pytest.mark.parametrize("long", [3, 7])
+def test_the_length_a_refusal_advises_is_within_the_models_positions(long, tmp_path, tiny_model_dir, capsys):
+    """Pairs with prompts past the model's 4,096 positions: refused at a max_length too short, the line advised the
+    length that leaves 95% whole or `auto`, both refused in turn (past the positions; capped, the same cut).
+    It advises the model's positions where they keep half of the pairs, else says that no length does."""
+    pairs = conversations(10)
+    for pair in pairs[:long]:
+        prompt = " ".join(f"w{i}" for i in range(5000))  # in the prompt, the same on both sides
+        for side in ("chosen", "rejected"):
+            pair[side][0]["content"] = prompt
+    path = write_jsonl(tmp_path / "long_prompts.jsonl", pairs)
+    argv = ["--config", str(SMOKE), "--model_name_or_path", tiny_model_dir, "--dataset_name", path]
+    argv += ["--output_dir", str(tmp_path / "run"), "--pairs_per_step", "2", "--max_length", "20", "--dry-run"]
+    with pytest.raises(SystemExit) as ended:
+        run_cli(lambda: train_dpo.main(argv))
+    printed = capsys.readouterr()
+    assert ended.value.code == 2 and "Traceback" not in printed.out + printed.err
+    line = printed.err.strip().splitlines()[-1]
+    assert line.startswith("error: max_length 20 leaves 0 of 10 pairs (0.0%) anything to learn"), line
+    advice = line.split("must keep a difference: ")[1]
+    assert "auto" not in advice and "the smallest multiple" not in advice, line
+    if long == 3:
+        assert re.fullmatch(r"pass --max_length 4,096 \(the model's positions: [0-9,]+ would reach past them\)", advice)
+    else:
+        assert "no max_length within the model's 4,096 positions does (7 of the pairs have a prompt" in line, line
+    # Within the positions, the advice is as before.
+    with pytest.raises(ConfigError, match=r"pass --max_length 5,120 .* or --max_length auto"):
+        cuts.check([10, 5000, 5000], [10] * 3, [10] * 3, None, 20, "keep_start", "three pairs", max_positions=8192)
 
 
 def test_the_recommendation_is_capped_at_the_models_positions(analyzer, tmp_path, tiny_model_dir, capsys):
