@@ -159,6 +159,26 @@ def test_json_text_cells_that_do_not_match_the_first_row_are_refused(
     )
 
 
+def test_csv_cells_that_look_like_numbers_are_read_as_the_text_written(tokenizer, tmp_path):
+    """A CSV cell holds a string (docs/data.md), but pandas inferred a column's type from its cells: answers `42`,
+    `1.50` or `True` became an int, the float 1.5 or a bool, and every row was refused ('a int where the data set has
+    plain text')."""
+    columns = {
+        "ints": [(f"What is {i} + {i}?", f"{2 * i}", f"{2 * i + 1}") for i in range(10)],
+        "floats": [(f"Half of {2 * i + 3}?", f"{i + 1}.50", f"{i + 1}.25") for i in range(10)],
+        "bools": [(f"Is {i} even?", str(i % 2 == 0), str(i % 2 == 1)) for i in range(10)],
+        "zero-padded": [(f"{i} as three digits?", f"00{i}", f"{i}") for i in range(10)],
+    }
+    for name, written in columns.items():
+        path = tmp_path / f"{name}.csv"
+        path.write_text(
+            "prompt,chosen,rejected,score\n" + "".join(f"{p},{c},{r},{i}\n" for i, (p, c, r) in enumerate(written))
+        )
+        pairs = read(str(path))
+        assert [(r["prompt"], r["chosen"], r["rejected"]) for r in pairs] == written, name
+        assert lengths.measure(data.load_preference_dataset(str(path)), tokenizer).rows == 10  # the analyzer too
+
+
 # --- precision --------------------------------------------------------------------------------------------------------
 
 
