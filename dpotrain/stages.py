@@ -483,7 +483,8 @@ def plan_batching(recipe, launch: Launch, pairs: Data, pair_lengths: Lengths, fo
     counted = cuts.count(m.prompt, m.chosen, m.rejected, max_length, t.truncation_mode)  # as the run will count
     limit = _model_positions(recipe, launch)
     cuts.check(m.prompt, m.chosen, m.rejected, m.shared, max_length, t.truncation_mode, "the training split", limit)
-    kept = m.prompt < max_length  # TRL drops the pairs whose prompt alone fills max_length
+    # TRL drops the pairs whose prompt alone fills max_length under keep_start; keep_end cuts their start instead
+    kept = (m.prompt < max_length) | (t.truncation_mode != "keep_start")
     every = PairLengths.from_parts(
         m.prompt[kept], m.chosen[kept], m.rejected[kept], max_length, f.share_prompt, t.truncation_mode
     )
