@@ -177,6 +177,10 @@ def test_csv_cells_that_look_like_numbers_are_read_as_the_text_written(tokenizer
         pairs = read(str(path))
         assert [(r["prompt"], r["chosen"], r["rejected"]) for r in pairs] == written, name
         assert lengths.measure(data.load_preference_dataset(str(path)), tokenizer).rows == 10  # the analyzer too
+    # pandas' DataFrame.to_csv writes its index first, under no name: read as pandas names it, not read for pairs
+    path = tmp_path / "indexed.csv"
+    path.write_text(",prompt,chosen,rejected\n" + "".join(f"{i},{p},{c},{r}\n" for i, (p, c, r) in enumerate(written)))
+    assert [(r["prompt"], r["chosen"], r["rejected"]) for r in read(str(path))] == written
 
 
 # --- precision --------------------------------------------------------------------------------------------------------
