@@ -367,7 +367,7 @@ def load(
     parts = [p.select(t) for p, t in zip(usable, taken, strict=True) if len(t)]
     if not parts:
         raise ConfigError("the mixture takes no pair: give some source a larger amount")
-    joined = datasets.concatenate_datasets(_aligned(parts))
+    joined = rows.no_null_kwargs(datasets.concatenate_datasets(_aligned(parts)))  # a source without them: none
     source_of_row = np.concatenate([np.full(len(t), i) for i, t in enumerate(taken)])
     if say:
         for r in records:
@@ -400,7 +400,11 @@ def _aligned(parts: list) -> list:
         for c in sorted(columns - set(p.column_names)):
             p = p.add_column(c, [None] * len(p))
         out.append(p.select_columns(sorted(columns)))
-    features = out[0].features
+    features = out[0].features.copy()
+    for p in out[1:]:  # a column the first source lacks is null there: typed as a source that has it
+        for c, feature in p.features.items():
+            if getattr(features[c], "dtype", None) == "null":
+                features[c] = feature
     return [p.cast(features) if p.features != features else p for p in out]
 
 

@@ -257,10 +257,10 @@ def usable_pairs(
         shapes.normalize, fn_kwargs={"shape": checked.fmt.shape}, remove_columns=read, desc=f"Reading {split} pairs"
     )
     order = [c for c in ("prompt", "chosen", "rejected", *shapes.KEPT_COLUMNS) if c in pairs.column_names]
-    return _no_null_kwargs(pairs.select_columns(order))  # the columns in the order normalize wrote them before
+    return no_null_kwargs(pairs.select_columns(order))  # the columns in the order normalize wrote them before
 
 
-def _no_null_kwargs(pairs):
+def no_null_kwargs(pairs):
     """TRL applies a row's `**chat_template_kwargs`: a row without them (null where other rows have some) gets the
     column's keys with no value, as a row written `{}` reads; a column no row fills is dropped."""
     feature = pairs.features.get("chat_template_kwargs")
