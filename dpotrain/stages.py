@@ -334,8 +334,7 @@ def _analyzer_cache(recipe, launch: Launch, tokenizer, pairs: Data) -> tuple[tup
     measured = lengths.cached_measure(dataset_id, tokenizer)
     if not recipe.max_length_auto:
         return measured, None
-    model = recipe.model  # the recommendation is capped at the model's positions
-    positions = lengths.model_positions(model.model_name_or_path, model.model_revision, local_only=launch.dry_run)
+    positions = _model_positions(recipe, launch)  # the recommendation is capped at the model's positions
     if measured is not None:
         return measured, lengths.resolution_of(measured, p.auto_coverage, positions)
     if dataset is None:
@@ -344,6 +343,11 @@ def _analyzer_cache(recipe, launch: Launch, tokenizer, pairs: Data) -> tuple[tup
         dataset, tokenizer, p.auto_coverage, dataset_id, progress=not launch.dry_run, max_positions=positions
     )
     return (m, Path(auto["report"])), auto
+
+
+def _model_positions(recipe, launch: Launch) -> int | None:
+    model = recipe.model
+    return lengths.model_positions(model.model_name_or_path, model.model_revision, local_only=launch.dry_run)
 
 
 def measure_lengths(recipe, launch: Launch, pairs: Data, model_path: str, state=None) -> Lengths:
@@ -374,8 +378,8 @@ def measure_lengths(recipe, launch: Launch, pairs: Data, model_path: str, state=
         found = sample.sampled(pairs.train, tokenizer, t.seed, p.hh_format)
     if found is not None and max_length is not None:
         # A max_length that leaves the pairs nothing to learn: refused before the model loads (a dry run says it too).
-        f = found
-        cuts.check(f.prompt, f.chosen, f.rejected, f.shared, max_length, t.truncation_mode, f.source)
+        f, limit = found, _model_positions(recipe, launch)  # what it advises instead stays within the model's
+        cuts.check(f.prompt, f.chosen, f.rejected, f.shared, max_length, t.truncation_mode, f.source, limit)
     shares = pairs.mix.with_token_shares(measured[0]) if pairs.mix is not None and measured is not None else None
     plain = pairs.train is not None and not is_conversational(next(iter(pairs.train)))  # TRL's test, as it reads
     template = chat_template.record(p.chat_template_path, tokenizer, plain_text=plain)
@@ -479,8 +483,10 @@ def plan_batching(recipe, launch: Launch, pairs: Data, pair_lengths: Lengths, fo
     else:
         return pending
     counted = cuts.count(m.prompt, m.chosen, m.rejected, max_length, t.truncation_mode)  # as the run will count
-    cuts.check(m.prompt, m.chosen, m.rejected, m.shared, max_length, t.truncation_mode, "the training split")
-    kept = m.prompt < max_length  # TRL drops the pairs whose prompt alone fills max_length
+    limit = _model_positions(recipe, launch)
+    cuts.check(m.prompt, m.chosen, m.rejected, m.shared, max_length, t.truncation_mode, "the training split", limit)
+    # TRL drops the pairs whose prompt alone fills max_length under keep_start; keep_end cuts their start instead
+    kept = (m.prompt < max_length) | (t.truncation_mode != "keep_start")
     every = PairLengths.from_parts(
         m.prompt[kept], m.chosen[kept], m.rejected[kept], max_length, f.share_prompt, t.truncation_mode
     )

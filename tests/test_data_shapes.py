@@ -429,3 +429,23 @@ def test_analyzer_report_says_whether_the_chat_template_applies(hh_format, cli, 
     else:
         assert "as plain text with the tokenizer of" in out and "(no chat template)" in out
         assert "with the chat template" not in out
+
+
+@pytest.mark.parametrize("first", ["has them", "has none"])
+def test_tools_and_chat_template_kwargs_in_some_rows_only_reach_every_row_that_has_them(first, tmp_path):
+    """Tool-using rows carry `tools` (and `chat_template_kwargs`), the others none. The pairs were written by a map
+    that takes its columns from the first row: one with them, and a later row without failed (KeyError, a traceback
+    before the model loads); one without them, and every later row's were silently dropped. Each row keeps its own
+    now; a row without `chat_template_kwargs` has the column's keys unset, since TRL applies `**` to them."""
+    tools = [{"type": "function", "function": {"name": "f", "description": "d", "parameters": {"type": "object"}}}]
+    pairs = builtin.make_preference_rows(8, seed=5)
+    having = range(0 if first == "has them" else 1, 8, 2)
+    for i in having:
+        pairs[i] |= {"tools": tools, "chat_template_kwargs": {"enable_thinking": False}}
+    path = tmp_path / "pairs.jsonl"
+    path.write_text("".join(json.dumps(p) + "\n" for p in pairs))
+    read = rows.usable_pairs(data.load_preference_dataset(str(path)), False, {}, "invalid_rows", say=False)
+    assert read.column_names[:3] == ["prompt", "chosen", "rejected"]
+    for i, row in enumerate(read):
+        assert (row["tools"] is not None) == (i in having), i
+        assert row["chat_template_kwargs"] == {"enable_thinking": False if i in having else None}, i

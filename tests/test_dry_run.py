@@ -345,3 +345,20 @@ def test_an_output_dir_under_a_file_is_one_line_in_the_dry_run_too(tmp_path, cap
         "print the record instead"
     )
     assert (tmp_path / "notes.txt").read_text() == "mine\n"
+
+
+def test_keep_end_plans_the_pairs_whose_prompt_fills_max_length_as_trl_keeps_them(tmp_path, capsys):
+    """TRL drops a pair whose prompt alone fills max_length under keep_start only; keep_end cuts its start and trains
+    it. The forward's cost and the step plan dropped them under keep_end too: with every prompt that long, a
+    ZeroDivisionError traceback (cost.decide on no pairs) from the dry run and the run."""
+    from dpotrain.data import builtin
+
+    path = tmp_path / "pairs.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in builtin.make_preference_rows(16, seed=3)))
+    argv = [*SMOKE, "--dataset_name", str(path), "--output_dir", str(tmp_path / "run"), "--pairs_per_step", "2"]
+    argv += ["--truncation_mode", "keep_end", "--max_length", "16", "--json"]  # shorter than every prompt
+    printed = dry_run(capsys, *argv)
+    batching = json.loads(printed[printed.index("{\n") :])["derived"]["batching"]
+    assert batching["pairs_trained"] == {"pairs": 16, "of": 16, "steps": 8}
+    assert batching["max_length_cuts"]["dropped"] == 0 and batching["max_length_cuts"]["truncated"] == 16
+    assert batching["positions_per_micro_batch"]["mean"] == 2 * 2 * 16  # two pairs of two sides, each cut to 16

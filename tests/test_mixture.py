@@ -77,6 +77,9 @@ def test_both_spellings_name_the_same_sources(tmp_path, files):
         (["--datasets", '{"path": "a.jsonl", "fraction": 0.5, "amount": 1.0}'], "keep one"),
         (["--datasets", '{"path": "a.jsonl", "fraction": 0.5}', '{"path": "b.jsonl"}'], "for some"),
         (["--datasets", '{"path": "a.jsonl", "weight": 2}'], "unknown key(s) ['weight']"),
+        # TRL's shares are normalized: a NaN or infinite one left none to size the mixture (a traceback at load)
+        (["--datasets", '{"path": "a.jsonl", "fraction": NaN}', '{"path": "b.jsonl", "fraction": 1}'], "finite"),
+        (["--datasets", '{"path": "a.jsonl", "fraction": Infinity}', '{"path": "b.jsonl", "fraction": 1}'], "finite"),
         (["--datasets", '{"path": "a.jsonl"}', "--streaming", "true"], "streaming: true"),
         (["--datasets", '{"path": "a.jsonl"}', "--test_split_size", "0.1"], "test_split_size"),
     ],
@@ -484,3 +487,25 @@ def test_the_preflight_reads_the_mixture_training_takes_and_never_writes_over_a_
     refused = preflight("--json", files["trl"])
     assert refused.returncode != 0 and "is one of this command's inputs" in refused.stderr, refused.stderr[-2000:]
     assert Path(files["trl"]).read_bytes() == before
+
+
+@pytest.mark.parametrize("order", ["with them first", "without them first"])
+def test_a_source_with_chat_template_kwargs_joins_one_without_them(order, tmp_path):
+    """One source's rows carry chat_template_kwargs, the other's none: the other's were joined as null, and TRL's
+    `**chat_template_kwargs` failed on them after the model had loaded (TypeError: 'NoneType' object is not a
+    mapping); written second, the join itself failed (cannot cast the struct to null)."""
+    with_them = [p | {"chat_template_kwargs": {"enable_thinking": False}} for p in builtin.make_preference_rows(4)]
+    files = {"with": with_them, "without": builtin.make_preference_rows(6, seed=9)}
+    for name, pairs in files.items():
+        (tmp_path / f"{name}.jsonl").write_text("".join(json.dumps(p) + "\n" for p in pairs))
+    names = ["with", "without"] if order == "with them first" else ["without", "with"]
+    argv = [
+        "--config",
+        SMOKE,
+        "--dataset_mixer_list",
+        *(x for n in names for x in (str(tmp_path / f"{n}.jsonl"), "1.0")),
+    ]
+    sources = mixture.parse(mixture.fields_of(parse_args(argv)))
+    joined, _ = mixture.load(sources, 42, False, "messages", {}, "invalid_rows", say=False)
+    kwargs = [row["chat_template_kwargs"] for row in joined]
+    assert sorted(kwargs, key=str) == [{"enable_thinking": False}] * 4 + [{"enable_thinking": None}] * 6

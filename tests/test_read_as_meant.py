@@ -6,6 +6,7 @@ process through its command-line entry (`train_dpo.main`), the analyzer through 
 """
 
 import json
+import re
 import shutil
 
 import datasets
@@ -159,6 +160,30 @@ def test_json_text_cells_that_do_not_match_the_first_row_are_refused(
     )
 
 
+def test_csv_cells_that_look_like_numbers_are_read_as_the_text_written(tokenizer, tmp_path):
+    """A CSV cell holds a string (docs/data.md), but pandas inferred a column's type from its cells: answers `42`,
+    `1.50` or `True` became an int, the float 1.5 or a bool, and every row was refused ('a int where the data set has
+    plain text')."""
+    columns = {
+        "ints": [(f"What is {i} + {i}?", f"{2 * i}", f"{2 * i + 1}") for i in range(10)],
+        "floats": [(f"Half of {2 * i + 3}?", f"{i + 1}.50", f"{i + 1}.25") for i in range(10)],
+        "bools": [(f"Is {i} even?", str(i % 2 == 0), str(i % 2 == 1)) for i in range(10)],
+        "zero-padded": [(f"{i} as three digits?", f"00{i}", f"{i}") for i in range(10)],
+    }
+    for name, written in columns.items():
+        path = tmp_path / f"{name}.csv"
+        path.write_text(
+            "prompt,chosen,rejected,score\n" + "".join(f"{p},{c},{r},{i}\n" for i, (p, c, r) in enumerate(written))
+        )
+        pairs = read(str(path))
+        assert [(r["prompt"], r["chosen"], r["rejected"]) for r in pairs] == written, name
+        assert lengths.measure(data.load_preference_dataset(str(path)), tokenizer).rows == 10  # the analyzer too
+    # pandas' DataFrame.to_csv writes its index first, under no name: read as pandas names it, not read for pairs
+    path = tmp_path / "indexed.csv"
+    path.write_text(",prompt,chosen,rejected\n" + "".join(f"{i},{p},{c},{r}\n" for i, (p, c, r) in enumerate(written)))
+    assert [(r["prompt"], r["chosen"], r["rejected"]) for r in read(str(path))] == written
+
+
 # --- precision --------------------------------------------------------------------------------------------------------
 
 
@@ -281,6 +306,36 @@ def test_a_max_length_that_leaves_no_pair_anything_to_teach_is_refused(mode, ana
     assert not out.exists()  # nothing written: no model loaded
 
 
+@pytest.mark.parametrize("long", [3, 7])
+def test_the_length_a_refusal_advises_is_within_the_models_positions(long, tmp_path, tiny_model_dir, capsys):
+    """Pairs with prompts past the model's 4,096 positions: refused at a max_length too short, the line advised the
+    length that leaves 95% whole or `auto`, both refused in turn (past the positions; capped, the same cut).
+    It advises the model's positions where they keep half of the pairs, else says that no length does."""
+    pairs = conversations(10)
+    for pair in pairs[:long]:
+        prompt = " ".join(f"w{i}" for i in range(5000))  # in the prompt, the same on both sides
+        for side in ("chosen", "rejected"):
+            pair[side][0]["content"] = prompt
+    path = write_jsonl(tmp_path / "long_prompts.jsonl", pairs)
+    argv = ["--config", str(SMOKE), "--model_name_or_path", tiny_model_dir, "--dataset_name", path]
+    argv += ["--output_dir", str(tmp_path / "run"), "--pairs_per_step", "2", "--max_length", "20", "--dry-run"]
+    with pytest.raises(SystemExit) as ended:
+        run_cli(lambda: train_dpo.main(argv))
+    printed = capsys.readouterr()
+    assert ended.value.code == 2 and "Traceback" not in printed.out + printed.err
+    line = printed.err.strip().splitlines()[-1]
+    assert line.startswith("error: max_length 20 leaves 0 of 10 pairs (0.0%) anything to learn"), line
+    advice = line.split("must keep a difference: ")[1]
+    assert "auto" not in advice and "the smallest multiple" not in advice, line
+    if long == 3:
+        assert re.fullmatch(r"pass --max_length 4,096 \(the model's positions: [0-9,]+ would reach past them\)", advice)
+    else:
+        assert "no max_length within the model's 4,096 positions does (7 of the pairs have a prompt" in line, line
+    # Within the positions, the advice is as before.
+    with pytest.raises(ConfigError, match=r"pass --max_length 5,120 .* or --max_length auto"):
+        cuts.check([10, 5000, 5000], [10] * 3, [10] * 3, None, 20, "keep_start", "three pairs", max_positions=8192)
+
+
 def test_the_recommendation_is_capped_at_the_models_positions(analyzer, tmp_path, tiny_model_dir, capsys):
     """One pair far longer than the model's 4,096 positions (the built-in model's max_position_embeddings) among a few:
     95% coverage would need its length; the analyzer recommends 4,096 and says why."""
@@ -298,6 +353,31 @@ def test_the_recommendation_is_capped_at_the_models_positions(analyzer, tmp_path
     m = lengths.measure(data.load_preference_dataset(path), lengths.load_tokenizer(tiny_model_dir))
     assert lengths.recommendation(m, max_positions=4096)["max_length"] == 4096
     assert lengths.recommendation(m)["max_length"] > 4096
+
+
+def test_pairs_whose_prompts_all_fill_the_models_positions_are_refused_in_one_line(
+    analyzer, tmp_path, tiny_model_dir, capsys
+):
+    """Every prompt longer than the model's 4,096 positions: the capped recommendation keeps no pair, and comparing
+    the other lengths' compute with its none divided by zero (a ZeroDivisionError traceback from the analyzer and
+    from a `max_length: auto` run). One line instead, from both, naming the prompts and the fix."""
+    pairs = conversations(6)
+    for pair in pairs:
+        long = " ".join(f"w{i}" for i in range(5000))
+        for side in ("chosen", "rejected"):
+            pair[side][0]["content"] = long  # the first message: in the prompt, the same on both sides
+    path = write_jsonl(tmp_path / "long_prompts.jsonl", pairs)
+    line = analyzer_error(analyzer, capsys, path, "--tokenizer", tiny_model_dir)
+    expected = "error: every one of the 6 pairs measured has a prompt that alone fills the model's 4,096 positions"
+    assert line.startswith(expected) and "shorten the prompts" in line, line
+    argv = ["--config", str(SMOKE), "--model_name_or_path", tiny_model_dir, "--dataset_name", path]
+    argv += ["--output_dir", str(tmp_path / "run"), "--pairs_per_step", "2", "--max_length", "auto"]
+    argv += ["--max_tokens_per_microbatch", "8192"]
+    with pytest.raises(SystemExit) as ended:
+        run_cli(lambda: train_dpo.main([*argv, "--dry-run"]))
+    printed = capsys.readouterr()
+    assert ended.value.code == 2 and "Traceback" not in printed.out + printed.err
+    assert printed.err.strip().splitlines()[-1].startswith(expected), printed.err
 
 
 # --- recipes ----------------------------------------------------------------------------------------------------------

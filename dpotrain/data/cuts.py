@@ -57,24 +57,52 @@ def recommend(total: np.ndarray, target: float, step: int = STEP) -> int:
     return int(lengths[np.argmax(covered >= target)])
 
 
-def check(prompt, chosen, rejected, shared, max_length: int, truncation_mode: str, source: str) -> None:
-    """Refuse a max_length that leaves fewer than `TEACHING` of the pairs anything to learn: a pair teaches nothing
-    when the trainer drops it, or (keep_start) when the cut falls inside the start its completions share (`shared`;
-    None: not measured), so that both sides are the same tokens. Say what length would do instead."""
-    prompt, chosen, rejected = (np.asarray(a, dtype=np.int64) for a in (prompt, chosen, rejected))
-    pairs = len(prompt)
-    counted = count(prompt, chosen, rejected, max_length, truncation_mode)
+def teaching(prompt, shared, max_length: int, truncation_mode: str) -> tuple[int, int, int]:
+    """(pairs that keep a difference at `max_length`, pairs dropped, pairs cut until both sides are the same)."""
+    dropped = int(np.count_nonzero(prompt >= max_length)) if truncation_mode == "keep_start" else 0
     same = 0
     if shared is not None and truncation_mode == "keep_start":
         same = int(np.count_nonzero((prompt < max_length) & (max_length - prompt <= np.asarray(shared))))
-    teach = pairs - counted["dropped"] - same
+    return len(prompt) - dropped - same, dropped, same
+
+
+def check(
+    prompt,
+    chosen,
+    rejected,
+    shared,
+    max_length: int,
+    truncation_mode: str,
+    source: str,
+    max_positions: int | None = None,
+) -> None:
+    """Refuse a max_length that leaves fewer than `TEACHING` of the pairs anything to learn: a pair teaches nothing
+    when the trainer drops it, or (keep_start) when the cut falls inside the start its completions share (`shared`;
+    None: not measured), so that both sides are the same tokens. Say what length would do instead: within the model's
+    `max_positions` where known (a longer one is refused in turn), or that none does."""
+    prompt, chosen, rejected = (np.asarray(a, dtype=np.int64) for a in (prompt, chosen, rejected))
+    pairs = len(prompt)
+    teach, dropped, same = teaching(prompt, shared, max_length, truncation_mode)
     if not pairs or teach >= TEACHING * pairs:
         return
     fits = recommend(prompt + np.maximum(chosen, rejected), COVERAGE)
+    fix = (
+        f"pass --max_length {fits:,} (the smallest multiple of {STEP} that leaves {COVERAGE:.0%} of these pairs "
+        "whole) or --max_length auto (docs/max_length.md)"
+    )
+    if max_positions and fits > max_positions:
+        if teaching(prompt, shared, max_positions, truncation_mode)[0] >= TEACHING * pairs:
+            fix = f"pass --max_length {max_positions:,} (the model's positions: {fits:,} would reach past them)"
+        else:
+            long = int(np.count_nonzero(prompt >= max_positions))
+            fix = (
+                f"no max_length within the model's {max_positions:,} positions does ({long:,} of the pairs have a "
+                "prompt that alone fills them): remove those pairs or shorten their prompts "
+                "(scripts/analyze_dataset.py shows the lengths)"
+            )
     raise ConfigError(
         f"max_length {max_length:,} leaves {teach:,} of {pairs:,} pairs ({teach / pairs:.1%}) anything to learn "
-        f"({source}): {counted['dropped']:,} dropped (the prompt alone fills max_length; the shortest prompt is "
+        f"({source}): {dropped:,} dropped (the prompt alone fills max_length; the shortest prompt is "
         f"{int(prompt.min()):,} tokens), {same:,} cut until chosen and rejected are the same tokens; at least "
-        f"{TEACHING:.0%} must keep a difference: pass --max_length {fits:,} (the smallest multiple of {STEP} that "
-        f"leaves {COVERAGE:.0%} of these pairs whole) or --max_length auto (docs/max_length.md)"
+        f"{TEACHING:.0%} must keep a difference: {fix}"
     )

@@ -100,8 +100,18 @@ def load_preference_dataset(
             raise ConfigError(f"dataset file {name!r} is empty: it needs one JSON object per line with chosen/rejected")
         if not _has_rows(path):  # datasets: "Instruction 'train' corresponds to no data!"
             raise ConfigError(f"dataset file {name!r} has no rows: it needs one pair per row, with chosen/rejected")
+        # A CSV cell is text: pandas would infer numbers and booleans (an answer `42` an int, `1.50` the float 1.5)
+        text = _csv_columns_as_text(path) if builder == "csv" else None
         try:
-            loaded = datasets.load_dataset(builder, data_files={split: str(path)}, streaming=streaming)
+            try:
+                loaded = datasets.load_dataset(
+                    builder, data_files={split: str(path)}, streaming=streaming, features=text
+                )
+            except Exception:
+                if text is None:
+                    raise
+                # a header pandas reads otherwise (more fields in the rows than names): its own types, as before
+                loaded = datasets.load_dataset(builder, data_files={split: str(path)}, streaming=streaming)
         except Exception as e:  # datasets names neither the file's line nor the fix
             raise ConfigError(_unreadable(path, e)) from None
         if builder in ("json", "csv") and not streaming:
@@ -164,6 +174,22 @@ def _has_rows(path: Path) -> bool:
                 head = line.strip() + f.read(4096)
                 return not (head.startswith("[") and head[1:].lstrip().startswith("]"))
     return False
+
+
+def _csv_columns_as_text(path: Path):
+    """datasets' features reading every column of a CSV file as a string, from its header; None (pandas infers the
+    types) where the header has no names or one name twice (pandas renames the second)."""
+    import csv
+
+    import datasets
+
+    with open(path, newline="", encoding="utf-8-sig", errors="replace") as f:
+        header = next(csv.reader(f), None)
+    # pandas' name for a column without one (the index `DataFrame.to_csv` writes first)
+    header = [name or f"Unnamed: {i}" for i, name in enumerate(header or [])]
+    if not header or len(set(header)) != len(header):
+        return None
+    return datasets.Features({name: datasets.Value("string") for name in header})
 
 
 def _empty_saved_splits(path: Path) -> list[str]:

@@ -398,6 +398,13 @@ def recommendation(m: Measured, target: float = DEFAULT_COVERAGE, max_positions:
     best = uncapped = recommend(total, target)
     if max_positions and best > max_positions:
         best = int(max_positions)
+        if not np.any(m.prompt < best):  # no length the model takes keeps a pair: nothing to recommend or compare to
+            raise ConfigError(
+                f"every one of the {m.rows:,} pairs measured has a prompt that alone fills the model's {best:,} "
+                f"positions (max_position_embeddings; the shortest prompt is {int(m.prompt.min()):,} tokens), so "
+                "the trainer would drop them all at any max_length the model takes: shorten the prompts or remove "
+                "these pairs, or train a model with more positions"
+            )
     at_best = packed_positions(m, best)
 
     def neighbour(n: int) -> dict:

@@ -12,6 +12,7 @@ import dataclasses
 import functools
 import hashlib
 import json
+import math
 import os
 import re
 
@@ -172,8 +173,11 @@ def _entry(entry, split: str, flag: str) -> Source:
             "(a fraction or count of this source): keep one"
         )
     share = entry.get("fraction")
-    if share is not None and (isinstance(share, bool) or not isinstance(share, (int, float)) or share < 0):
-        raise ConfigError(f"`{flag}:` entry {entry['path']!r}: fraction {share!r} must be a number >= 0")
+    # YAML's .nan and .inf (and JSON's NaN, Infinity) are floats too: normalized, no share is left to size a mixture
+    if share is not None and (
+        isinstance(share, bool) or not isinstance(share, (int, float)) or not math.isfinite(share) or share < 0
+    ):
+        raise ConfigError(f"`{flag}:` entry {entry['path']!r}: fraction {share!r} must be a finite number >= 0")
     amount = entry.get("amount")
     amount = None if amount is None else _amount(json.dumps(amount) if not isinstance(amount, str) else amount)
     columns = entry.get("columns")
@@ -363,7 +367,7 @@ def load(
     parts = [p.select(t) for p, t in zip(usable, taken, strict=True) if len(t)]
     if not parts:
         raise ConfigError("the mixture takes no pair: give some source a larger amount")
-    joined = datasets.concatenate_datasets(_aligned(parts))
+    joined = rows.no_null_kwargs(datasets.concatenate_datasets(_aligned(parts)))  # a source without them: none
     source_of_row = np.concatenate([np.full(len(t), i) for i, t in enumerate(taken)])
     if say:
         for r in records:
@@ -396,7 +400,11 @@ def _aligned(parts: list) -> list:
         for c in sorted(columns - set(p.column_names)):
             p = p.add_column(c, [None] * len(p))
         out.append(p.select_columns(sorted(columns)))
-    features = out[0].features
+    features = out[0].features.copy()
+    for p in out[1:]:  # a column the first source lacks is null there: typed as a source that has it
+        for c, feature in p.features.items():
+            if getattr(features[c], "dtype", None) == "null":
+                features[c] = feature
     return [p.cast(features) if p.features != features else p for p in out]
 
 

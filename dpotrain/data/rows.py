@@ -252,6 +252,26 @@ def usable_pairs(
         bad = {p["index"] for p in checked.invalid}
         dataset = dataset.select([i for i in range(len(dataset)) if i not in bad])
     columns = [c for c in ROW_COLUMNS if c in dataset.column_names]
-    return dataset.select_columns(columns).map(
-        shapes.normalize, fn_kwargs={"shape": checked.fmt.shape}, remove_columns=columns, desc=f"Reading {split} pairs"
+    read = [c for c in columns if c not in shapes.KEPT_COLUMNS]
+    pairs = dataset.select_columns(columns).map(
+        shapes.normalize, fn_kwargs={"shape": checked.fmt.shape}, remove_columns=read, desc=f"Reading {split} pairs"
+    )
+    order = [c for c in ("prompt", "chosen", "rejected", *shapes.KEPT_COLUMNS) if c in pairs.column_names]
+    return no_null_kwargs(pairs.select_columns(order))  # the columns in the order normalize wrote them before
+
+
+def no_null_kwargs(pairs):
+    """TRL applies a row's `**chat_template_kwargs`: a row without them (null where other rows have some) gets the
+    column's keys with no value, as a row written `{}` reads; a column no row fills is dropped."""
+    feature = pairs.features.get("chat_template_kwargs")
+    if feature is None:
+        return pairs
+    if not isinstance(feature, dict):  # no row has keyword arguments (an all-null column)
+        return pairs.remove_columns("chat_template_kwargs")
+    empty = dict.fromkeys(feature)
+    return pairs.map(
+        lambda kwargs: {"chat_template_kwargs": empty if kwargs is None else kwargs},
+        input_columns="chat_template_kwargs",
+        features=pairs.features,
+        desc="Reading chat_template_kwargs",
     )

@@ -318,4 +318,6 @@ def normalize(row: dict, shape: Shape) -> dict:
     example, problem = (None, problem) if problem else read(row, shape)
     if problem:  # rows.usable_pairs checked every row first
         raise ValueError(f"row not readable as {shape.name}: {problem}")
-    return example
+    # The columns passed on stay the data set's own (`rows.usable_pairs`): datasets' map writes the keys of the first
+    # row it sees, and a row with a value where that one had none failed (KeyError) or lost it.
+    return {column: value for column, value in example.items() if column not in KEPT_COLUMNS}

@@ -219,7 +219,7 @@ def decide(
     beside each micro-batch's training."""
     if not candidates:
         raise ValueError("no candidate forward to decide between")
-    if max_length is not None:  # TRL drops the pairs whose prompt alone fills max_length
+    if max_length is not None and truncation_mode == "keep_start":  # TRL drops the pairs whose prompt fills it
         kept = lengths.prompt < max_length
         lengths = TokenCounts(lengths.prompt[kept], lengths.chosen[kept], lengths.rejected[kept], lengths.source)
     sample = lengths.sample()
