@@ -25,7 +25,7 @@ venv.require()  # the stack comes from the project's venv; outside it, one line 
 try:
     from dotenv import load_dotenv
 
-    from dpotrain import dry_run, publish, stages, train_stage
+    from dpotrain import dry_run, options, publish, stages, train_stage
     from dpotrain.cluster import engine, run_lock
     from dpotrain.hub import hub
     from dpotrain.plan import memory
@@ -69,6 +69,7 @@ def run(argv, stop: GracefulStop) -> int | None:
         if recipe.project.preflight:  # the base model's view of the data, instead of training (dpotrain/preflight.py)
             from dpotrain import preflight
 
+            options.check_weights(recipe.model.model_name_or_path)
             return preflight.run(recipe, launch)  # the default sample, the recipe's seed, markdown only
         # This project pushes, not the Trainer; the token stays in memory. For the engine that will run.
         push = hub.take_push_settings(recipe, launch.engine)
@@ -87,6 +88,7 @@ def run(argv, stop: GracefulStop) -> int | None:
     confirmed = resume.confirm(output.resume_from, explicit=bool(recipe.training.resume_from_checkpoint))
     output = replace(output, resume_from=confirmed)
     spec = stages.first_half(recipe, launch, state, output, push)  # data -> lengths -> forward -> memory
+    options.check_weights(recipe.model.model_name_or_path)  # a folder without them: before an old run's files go
     train_stage.prepare_output(spec, state)  # the old run's files removed where it is replaced
     # The ready run: the model loaded, its pairs tokenized, every step planned, the ranks agreed.
     ready = train_stage.build_run(spec, stop)

@@ -34,7 +34,7 @@ def valid_loss_types() -> list[str]:
 
 def check_options(recipe: Recipe) -> None:
     t, s = recipe.training, recipe.script
-    check_model(recipe.model.model_name_or_path or "", weights=not recipe.project.dry_run)
+    check_model(recipe.model.model_name_or_path or "")
     if recipe.project.json and not recipe.project.dry_run:  # else a real run starts where JSON on stdout was asked for
         raise ConfigError(
             "--json prints the dry run's resolved configuration: add --dry-run (a run records it in "
@@ -172,9 +172,8 @@ def check_path_limits(recipe: Recipe) -> None:
             writes.check_path_limit(flag, path, room)
 
 
-def check_model(model: str, weights: bool = True) -> None:
-    """A `builtin:` name that exists, a local folder that holds a model: refused now, not when the model loads.
-    `weights`: the folder must hold them too (a run; a dry run plans from a config alone, as configs/models/ holds)."""
+def check_model(model: str) -> None:
+    """A `builtin:` name that exists, a local folder that holds a model: refused now, not when the model loads."""
     if builtin.is_builtin(model):
         builtin.check_name(model)
         return
@@ -187,9 +186,6 @@ def check_model(model: str, weights: bool = True) -> None:
             f"model folder {model!r} {what}: point model_name_or_path at the folder that "
             "save_pretrained wrote (config.json, weights, tokenizer), or give a Hub name like org/model"
         )
-    # A LoRA adapter's folder holds the adapter's weights; transformers loads its base by adapter_config.json
-    if weights and path.is_dir() and (path / "config.json").is_file() and not (path / "adapter_config.json").is_file():
-        check_weights(model, path)
 
 
 # The weights from_pretrained reads from a local folder, in its order (transformers.modeling_utils); a config may name
@@ -202,13 +198,19 @@ WEIGHT_FILES = (
 )
 
 
-def check_weights(model: str, path: Path) -> None:
-    """A model folder without its weights, or with shards its index lists missing (a copy cut short), fails in
-    from_pretrained with a traceback after the data were read and tokenized: refused before anything loads."""
+def check_weights(model: str) -> None:
+    """A model folder without its weights, or with shards its index lists missing (a copy cut short), or whose config
+    names no class, fails in from_pretrained with a traceback: refused before the model loads. A run checks it after its
+    first half (train_dpo.run), so that what the first half refuses (the memory plan of a model this machine cannot
+    hold) is said first, as a dry run, which plans from a config alone (configs/models/), says it."""
     import json
 
     from dpotrain.data.lengths import check_tokenizer_folder
 
+    path = Path(model).expanduser()
+    # A LoRA adapter's folder holds the adapter's weights; transformers loads its base by adapter_config.json
+    if builtin.is_builtin(model) or not (path / "config.json").is_file() or (path / "adapter_config.json").is_file():
+        return
     check_tokenizer_folder(model)  # config.json alone (configs/models/*): a model's shape, said as such first
     try:
         config = json.loads((path / "config.json").read_text())

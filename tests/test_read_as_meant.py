@@ -475,12 +475,13 @@ def test_unknown_builtin_and_empty_model_folder(dry_run, tmp_path, monkeypatch, 
     )
 
 
-def test_a_model_folder_without_its_weights_or_its_class_is_refused_before_the_data_loads(
+def test_a_model_folder_without_its_weights_or_its_class_is_refused_before_the_model_loads(
     tmp_path, monkeypatch, capsys, tiny_model_dir
 ):
     """A run refuses a folder holding a config and no weights, or a sharded index whose shards are not all there
-    (before: from_pretrained's OSError traceback, after the data were read and tokenized); a dry run plans from the
-    config alone (configs/models/ holds no weights)."""
+    (before: from_pretrained's OSError traceback), before the model loads, after its first half (whose refusals, the
+    memory plan's, come first as in a dry run); a dry run plans from the config alone (configs/models/ holds no
+    weights)."""
     folder = tmp_path / "my sft"  # a space in the path, as a user's folder may have
     shutil.copytree(tiny_model_dir, folder, ignore=shutil.ignore_patterns("*.safetensors"))
     line = refused(tmp_path, monkeypatch, capsys, "--model_name_or_path", str(folder))
@@ -488,11 +489,11 @@ def test_a_model_folder_without_its_weights_or_its_class_is_refused_before_the_d
         f"error: model folder '{folder}' holds a config.json but no weights (model.safetensors, pytorch_model.bin "
         "or a sharded index): copy the weights save_pretrained wrote beside it, or give a Hub name like org/model"
     )
-    options.check_model(str(folder), weights=False)  # the dry run's check: a config is enough to plan
+    options.check_model(str(folder))  # the dry run's check: a config is enough to plan
     adapter = tmp_path / "adapter"  # a LoRA adapter saved with its base's config: transformers loads the base
     shutil.copytree(folder, adapter)
     (adapter / "adapter_config.json").write_text("{}")
-    options.check_model(str(adapter))
+    options.check_weights(str(adapter))
     shards = [f"model-0000{i}-of-00003.safetensors" for i in (1, 2, 3)]
     index = {"metadata": {}, "weight_map": {f"w{i}": shard for i, shard in enumerate(shards)}}
     (folder / "model.safetensors.index.json").write_text(json.dumps(index))
