@@ -49,7 +49,7 @@ def own_cache(tmp_path_factory, monkeypatch):
 
 @pytest.fixture(autouse=True)
 def own_environment():
-    """Every test leaves the environment as it launch it. Tests call `train_dpo.main` and the scripts' `main` in this
+    """Every test leaves the environment as it found it. Tests call `train_dpo.main` and the scripts' `main` in this
     process, and a run sets variables for itself (its recipe's `env:` block, .env, W&B's, DeepSpeed's): a user's
     process runs one command and ends, but here the next test would start with them."""
     before = dict(os.environ)
@@ -57,6 +57,23 @@ def own_environment():
     for name in set(os.environ) - set(before):
         del os.environ[name]
     os.environ.update(before)
+
+
+# What a run in this process changes about signals: GracefulStop handles these, and `train_dpo.main` ends by ignoring
+# them (GracefulStop.release: a process about to exit must not die of a late preemption signal).
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1)
+
+
+@pytest.fixture(autouse=True)
+def own_signals():
+    """Every test leaves the signals as it found them. A run called in this process ends with its stop signals
+    ignored, and an ignored signal stays ignored in every process started after it: the next test's `cmd | tee`
+    pipeline had a tee that Ctrl-C no longer ended (test_preemption's, after test_positions' in-process runs)."""
+    before = {sig: signal.getsignal(sig) for sig in STOP_SIGNALS}
+    yield
+    for sig, handler in before.items():
+        if handler is not None:  # None: set outside Python, left as it is
+            signal.signal(sig, handler)
 
 
 @pytest.fixture(scope="session")

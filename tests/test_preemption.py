@@ -211,7 +211,10 @@ def test_ctrl_c_through_tee_saves_and_exits_as_without_it(tmp_path, tiny_model_d
     command += ["--model_name_or_path", tiny_model_dir, "--dataset_name", str(pairs)]
     # `trap : INT`: the shell itself waits for the pipeline and records how each part ended (tee's SIGINT: 130).
     pipeline = f'trap : INT; {shlex.join(command)} 2>&1 | tee {log} >/dev/null; echo "${{PIPESTATUS[@]}}" > {codes}'
-    shell = subprocess.Popen(["bash", "-c", pipeline], cwd=ROOT, start_new_session=True)
+    # SIGINT's default, as a terminal's foreground job has it (a background job, which pytest may run as, ignores it,
+    # and a shell cannot trap nor its tee die of a signal ignored when it started)
+    default_sigint = lambda: signal.signal(signal.SIGINT, signal.SIG_DFL)  # noqa: E731
+    shell = subprocess.Popen(["bash", "-c", pipeline], cwd=ROOT, start_new_session=True, preexec_fn=default_sigint)
     deadline = time.time() + 300
     while len(logged_steps(out)) < 3:
         assert shell.poll() is None and time.time() < deadline, log.read_text()[-3000:]
