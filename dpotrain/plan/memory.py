@@ -110,13 +110,19 @@ def model_shape(recipe, config) -> ModelShape:
 _SHAPES: dict[tuple, ModelShape] = {}
 
 
-def _model_shape(recipe, config, peft) -> ModelShape:
+def meta_model(config):
+    """The model `config` describes, its modules on the meta device: no weights, no memory (outside DeepSpeed's
+    zero.Init, which a ZeRO-3 launch would otherwise wrap the build in)."""
     from transformers import AutoModelForCausalLM
 
-    text = config.get_text_config()
     with torch.device("meta"), upstream.without_zero3_init(), warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        model = AutoModelForCausalLM.from_config(config)
+        return AutoModelForCausalLM.from_config(config)
+
+
+def _model_shape(recipe, config, peft) -> ModelShape:
+    text = config.get_text_config()
+    model = meta_model(config)
     params = sum(p.numel() for p in model.parameters())  # parameters() yields a tied weight once
     largest = max(sum(p.numel() for p in m.parameters(recurse=False)) for m in model.modules())
     blocks = max((m for m in model.modules() if isinstance(m, torch.nn.ModuleList)), key=len, default=[])

@@ -6,7 +6,6 @@ full weights; `merge_lora: true` also writes the base with the adapter merged in
 """
 
 import re
-import warnings
 from pathlib import Path
 
 from dpotrain.recipe.errors import ConfigError
@@ -79,14 +78,11 @@ def check_targets(recipe, config, model: str) -> None:
     if not m.use_peft or not targets or targets == "all-linear":
         return
     import torch
-    from transformers import AutoModelForCausalLM
 
-    from dpotrain.recipe import upstream
+    from dpotrain.plan.memory import meta_model
 
     try:  # the model's modules on the meta device, as the memory plan builds them: no weights, no memory
-        with torch.device("meta"), upstream.without_zero3_init(), warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            built = AutoModelForCausalLM.from_config(config)
+        built = meta_model(config)
     except Exception:  # noqa: BLE001 - a model transformers cannot build from its config alone: PEFT decides
         return
     names = [name for name, _ in built.named_modules() if name]
