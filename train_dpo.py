@@ -51,8 +51,9 @@ def main(argv=None) -> None:
             raise
         raise disk_full.write_failed(*full) from None
     finally:
-        # A preemption's SIGTERM from now on must not kill the process while Python shuts down (a FAILED job).
-        stop.release()
+        # Run as the command, the process exits next: a late SIGTERM must not kill it (a FAILED job); imported,
+        # the caller gets its own handlers back.
+        stop.release(exiting=__name__ == "__main__")
         run_lock.release()  # the output folder's lock (dpotrain/cluster/run_lock.py), however the run ended
 
 

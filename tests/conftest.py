@@ -66,9 +66,9 @@ STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1)
 
 @pytest.fixture(autouse=True)
 def own_signals():
-    """Every test leaves the signals as it found them. A run called in this process ends with its stop signals
-    ignored, and an ignored signal stays ignored in every process started after it: the next test's `cmd | tee`
-    pipeline had a tee that Ctrl-C no longer ended (test_preemption's, after test_positions' in-process runs)."""
+    """Every test leaves the signals as it found them: an ignored signal stays ignored in every process started after
+    it (a run called in this process once left its stop signals ignored, and the next test's `cmd | tee` pipeline had
+    a tee that Ctrl-C no longer ended). A test that sets handlers of its own needs no cleanup."""
     before = {sig: signal.getsignal(sig) for sig in STOP_SIGNALS}
     yield
     for sig, handler in before.items():

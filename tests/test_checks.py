@@ -1,12 +1,14 @@
 """Bad input is refused before any data set or model loads, with one line that names the fix."""
 
 import json
+import signal
 
 import pytest
 
 import train_dpo
 from conftest import ROOT, run_train, sealed_checkpoint
 from dpotrain.recipe.errors import ConfigError
+from dpotrain.train.preemption import STOP_SIGNALS
 
 # A model that cannot load here (offline, not on disk): if a check came after loading, the error would be another.
 BASE = ["--config", str(ROOT / "configs" / "smoke.yaml"), "--model_name_or_path", "org/not-a-model-here"]
@@ -103,3 +105,19 @@ def test_overwrite_replaces_a_finished_run_but_never_discards_resumable_progress
     assert resolve.check_output_dir(recipe) == resolve.OutputDecision(str(out / "checkpoint-4"), False)  # a requeue
     (out / "run_complete.json").write_text("{}")
     assert resolve.check_output_dir(recipe) == resolve.OutputDecision(None, True)
+
+
+def test_a_run_called_in_process_gives_the_callers_signal_handlers_back(tmp_path, monkeypatch, capsys):
+    """A script or notebook that calls `train_dpo.main` goes on after it: its Ctrl-C handler must be its own again,
+    not ignored (an ignored signal stays ignored in every process it starts after: a `| tee` Ctrl-C cannot end)."""
+    monkeypatch.chdir(ROOT)
+
+    def callers(signum, frame):
+        pass
+
+    for sig in STOP_SIGNALS:  # conftest's own_signals gives the session's handlers back after the test
+        signal.signal(sig, callers)
+    train_dpo.main(["--config", "configs/smoke.yaml", "--output_dir", str(tmp_path / "run"), "--dry-run"])
+    assert "steps" in capsys.readouterr().out
+    refused(tmp_path, "--learning_rate", "-1")  # a refused run too
+    assert {sig: signal.getsignal(sig) for sig in STOP_SIGNALS} == dict.fromkeys(STOP_SIGNALS, callers)

@@ -41,9 +41,10 @@ class GracefulStop(TrainerCallback):
         self.stopped = False
         self.interrupted: float | None = None  # when a first Ctrl-C was pressed (time.monotonic())
         self.terminal = [fd for fd in terminal.STREAMS if os.isatty(fd)]  # what a SIGHUP closes
+        self.previous = {}  # the handlers found, given back to a caller that goes on after the run (release)
         if threading.current_thread() is threading.main_thread():  # Python only delivers signals there
             for sig in STOP_SIGNALS:
-                signal.signal(sig, self._on_signal)
+                self.previous[sig] = signal.signal(sig, self._on_signal)
 
     @classmethod
     def from_env(cls) -> "GracefulStop":
@@ -76,11 +77,13 @@ class GracefulStop(TrainerCallback):
         self.signal_received = self.signal_received or signum
         self.requested_at = self.requested_at or time.time()
 
-    def release(self) -> None:
-        """The run is over: stop signals are ignored from now on (see train_dpo.main)."""
-        if threading.current_thread() is threading.main_thread():
-            for sig in STOP_SIGNALS:
-                signal.signal(sig, signal.SIG_IGN)
+    def release(self, exiting: bool) -> None:
+        """The run is over. A process about to exit ignores stop signals from now on: a preemption's late SIGTERM
+        must not kill it while Python shuts down (a FAILED job). A caller that goes on (a script or notebook calling
+        `train_dpo.main`) gets back the handlers it had: an ignored signal would stay ignored in it, and in every
+        process it starts after (a `| tee` that Ctrl-C no longer ends)."""
+        for sig, handler in self.previous.items():  # empty off the main thread, where none were set
+            signal.signal(sig, signal.SIG_IGN if exiting or handler is None else handler)
 
     def asked_here(self) -> bool:
         if self.signal_received is not None:
