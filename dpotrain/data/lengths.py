@@ -341,15 +341,13 @@ def padding(m: Measured, max_length: int, batch_size: int, seed: int | None = No
         order = np.random.default_rng(seed).permutation(len(a))
         a, b = a[order], b[order]
     if len(a) == 0:
-        return {"padded_positions": 0, "packed_positions": 0, "padding_fraction": 0.0, "wasted_per_pair": 0.0}
+        return {"padded_positions": 0, "padding_fraction": 0.0, "wasted_per_pair": 0.0}
     starts = np.arange(0, len(a), batch_size)
     longest = np.maximum.reduceat(np.maximum(a, b), starts)
-    pairs = np.diff(np.append(starts, len(a)))
-    padded = int((2 * pairs * longest).sum())
-    real = int((a + b).sum())
+    padded = int((2 * np.diff(np.append(starts, len(a))) * longest).sum())
+    real = int((a + b).sum())  # the packed positions (`packed_positions`), in any order
     return {
         "padded_positions": padded,
-        "packed_positions": real,
         "padding_fraction": 1 - real / padded,
         "wasted_per_pair": (padded - real) / len(a),
     }
@@ -383,7 +381,7 @@ def candidate(m: Measured, max_length: int, batch_size: int, seed: int) -> dict:
             "padded_dataset_order": ordered["padding_fraction"],
             "packed": 0.0,
             "padded_positions": shuffled["padded_positions"],
-            "packed_positions": shuffled["packed_positions"],
+            "packed_positions": unshared,
             "wasted_per_pair": shuffled["wasted_per_pair"],
         },
     }

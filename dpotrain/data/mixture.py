@@ -234,19 +234,15 @@ def check(recipe) -> None:
 # --- taking the rows --------------------------------------------------------------------------------------------------
 
 
-def _generator(seed: int, source: Source) -> np.random.Generator:
-    """One generator per source: the recipe's seed and the source's spelling, not its position or the process."""
-    key = int.from_bytes(hashlib.sha256(source.spec().encode()).digest()[:8], "little")
-    return np.random.default_rng([seed, key])
-
-
 def take(source: Source, usable: int, seed: int, share_rows: int | None = None) -> np.ndarray:
     """The indices (into the source's usable rows) the mixture takes, in the source's order within each repeat."""
     if share_rows is not None:  # TRL's fraction: the first rows
         return np.arange(share_rows)
     if source.amount is None:
         return np.arange(usable)
-    rng = _generator(seed, source)
+    # One generator per source: the recipe's seed and the source's spelling, not its position or the process
+    key = int.from_bytes(hashlib.sha256(source.spec().encode()).digest()[:8], "little")
+    rng = np.random.default_rng([seed, key])
     if "." not in source.amount:
         count = int(source.amount)
         if count > usable:

@@ -187,14 +187,14 @@ def _messages(chosen: list, rejected: list) -> tuple[dict | None, tuple[str, str
     return {"prompt": prompt_c, "chosen": completion_c, "rejected": completion_r}, None
 
 
-def _same_message(a: dict, b: dict) -> bool:
-    return a.get("role") == b.get("role") and str(a.get("content")).strip() == str(b.get("content")).strip()
-
-
 def _starts_with(side: list, prompt: list) -> bool:
-    """Whether a conversation holds the prompt's messages and then more (its answer)."""
-    n = len(prompt)
-    return len(side) > n and all(_same_message(m, p) for m, p in zip(side[:n], prompt, strict=True))
+    """Whether a conversation holds the prompt's messages (same role, same content but for surrounding white space)
+    and then more (its answer)."""
+    same = (
+        m.get("role") == p.get("role") and str(m.get("content")).strip() == str(p.get("content")).strip()
+        for m, p in zip(side, prompt, strict=False)
+    )
+    return len(side) > len(prompt) and all(same)
 
 
 def _explicit_prompt(prompt: list, chosen: list, rejected: list):
