@@ -1,18 +1,9 @@
-"""The shapes public preference data sets come in, read into one: an explicit prompt, and the two completions.
+"""The shapes public preference data sets come in (`messages`, `prompt+messages`, `prompt+text`, `ultrafeedback`, `hh`,
+`text`: docs/data.md "The shapes", `Shape.describe`), read into one: an explicit prompt and the two completions.
 
-Read from the data set's first row (`Shape.of`), then row by row (`read`):
-
-- `messages` (Dolci, TRL conversational): message lists; the prompt is each side's messages before its trailing
-  assistant turn(s), the same on both sides.
-- `prompt+messages` (TRL, explicit prompt) and `prompt+text` (TRL standard, CSV files): as given.
-- `ultrafeedback` (UltraFeedback-binarized): a string prompt that repeats the conversations' first user turn, read as
-  `messages` without it.
-- `hh` (Anthropic HH-RLHF): `\\n\\nHuman: ...\\n\\nAssistant: ...` strings, turned into message lists
-  (`hh_format: messages`) or split as text after the last `Assistant:` (`hh_format: text`).
-- `text` (TRL standard): strings; the prompt is the start they share (TRL's `extract_prompt`).
-
-A row that cannot be read so is a problem `(column, what)`, refused or dropped by `rows.py` like any other invalid
-row. Other columns are left out, except the two TRL reads: `tools` and `chat_template_kwargs`.
+The shape is decided from the data set's first row (`Shape.of`), then each row is read (`read`). A row that cannot be
+read so is a problem `(column, what)`, refused or dropped by `rows.py` like any other invalid row. Other columns are
+left out, except the two TRL reads: `tools` and `chat_template_kwargs`.
 """
 
 import dataclasses
