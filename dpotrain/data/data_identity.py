@@ -16,10 +16,6 @@ from pathlib import Path
 ENDS = 1 << 20  # bytes hashed at each end of a file known by its ends (a file up to 2 x ENDS is hashed whole)
 
 
-def _hidden(path: Path, root: Path) -> bool:
-    return any(part.startswith(".") for part in path.relative_to(root).parts)
-
-
 def saved(path: Path) -> bool:
     """A folder written by `save_to_disk` (read in place, its split's Arrow files alone), not a folder of data files
     (which datasets reads whole, every file under it)."""
@@ -57,7 +53,8 @@ def files(name: str, split: str = "train", data_dir: str | None = None, data_fil
         found = sorted(split_dir.glob("data-*.arrow"))
     else:
         folder = path / data_dir if data_dir else path
-        found = sorted(p for p in folder.rglob("*") if p.is_file() and not _hidden(p, path))
+        shown = (p for p in folder.rglob("*") if not any(part.startswith(".") for part in p.relative_to(path).parts))
+        found = sorted(p for p in shown if p.is_file())  # hidden files and folders aside
     return {p.relative_to(path).as_posix(): p for p in found}
 
 

@@ -330,10 +330,11 @@ def coverage(total: np.ndarray, max_length: int) -> float:
     return float(np.count_nonzero(total <= max_length) / len(total))
 
 
-def padding(m: Measured, max_length: int, batch_size: int, seed: int | None = None) -> dict:
-    """Padding in TRL's DataCollatorForPreference at `max_length`: after the trainer drops rows whose prompt fills
-    it, a batch of `batch_size` pairs is 2B sequences cut at `max_length` and padded to the longest. `seed`: batches in
-    a shuffled order (as the trainer's sampler draws them); None: data set order."""
+def padding(m: Measured, max_length: int, batch_size: int, seed: int | None = None) -> tuple[int, float, float]:
+    """(padded positions, padding fraction, padding per pair) in TRL's DataCollatorForPreference at `max_length`:
+    after the trainer drops rows whose prompt fills it, a batch of `batch_size` pairs is 2B sequences cut at
+    `max_length` and padded to the longest. `seed`: batches in a shuffled order (as the trainer's sampler draws them);
+    None: data set order."""
     kept = m.prompt < max_length
     a = np.minimum(m.prompt[kept] + m.chosen[kept], max_length)
     b = np.minimum(m.prompt[kept] + m.rejected[kept], max_length)
@@ -341,18 +342,12 @@ def padding(m: Measured, max_length: int, batch_size: int, seed: int | None = No
         order = np.random.default_rng(seed).permutation(len(a))
         a, b = a[order], b[order]
     if len(a) == 0:
-        return {"padded_positions": 0, "packed_positions": 0, "padding_fraction": 0.0, "wasted_per_pair": 0.0}
+        return 0, 0.0, 0.0
     starts = np.arange(0, len(a), batch_size)
     longest = np.maximum.reduceat(np.maximum(a, b), starts)
-    pairs = np.diff(np.append(starts, len(a)))
-    padded = int((2 * pairs * longest).sum())
-    real = int((a + b).sum())
-    return {
-        "padded_positions": padded,
-        "packed_positions": real,
-        "padding_fraction": 1 - real / padded,
-        "wasted_per_pair": (padded - real) / len(a),
-    }
+    padded = int((2 * np.diff(np.append(starts, len(a))) * longest).sum())
+    real = int((a + b).sum())  # the packed positions (`packed_positions`), in any order
+    return padded, 1 - real / padded, (padded - real) / len(a)
 
 
 def packed_positions(m: Measured, max_length: int) -> tuple[int, int]:
@@ -368,7 +363,7 @@ def packed_positions(m: Measured, max_length: int) -> tuple[int, int]:
 
 def candidate(m: Measured, max_length: int, batch_size: int, seed: int) -> dict:
     counted = cuts.count(m.prompt, m.chosen, m.rejected, max_length)  # as training counts them (keep_start)
-    shuffled, ordered = padding(m, max_length, batch_size, seed), padding(m, max_length, batch_size, None)
+    padded, shuffled, wasted = padding(m, max_length, batch_size, seed)
     unshared, shared = packed_positions(m, max_length)
     return {
         "coverage": coverage(m.total, max_length),
@@ -379,12 +374,12 @@ def candidate(m: Measured, max_length: int, batch_size: int, seed: int) -> dict:
         "compute": {"positions": unshared, "positions_shared_prompt": shared},
         "padding": {
             "batch_size": batch_size,
-            "padded": shuffled["padding_fraction"],  # the trainer shuffles
-            "padded_dataset_order": ordered["padding_fraction"],
+            "padded": shuffled,  # the trainer shuffles
+            "padded_dataset_order": padding(m, max_length, batch_size, None)[1],
             "packed": 0.0,
-            "padded_positions": shuffled["padded_positions"],
-            "packed_positions": shuffled["packed_positions"],
-            "wasted_per_pair": shuffled["wasted_per_pair"],
+            "padded_positions": padded,
+            "packed_positions": unshared,
+            "wasted_per_pair": wasted,
         },
     }
 

@@ -1,11 +1,7 @@
-"""Preference data from several sources: a mixture, as TRL's and open-instruct's users write it.
-
-Two spellings, one list of `Source`s: the recipe's `datasets:` list, TRL's `DatasetMixtureConfig` (entries as
-`datasets.load_dataset` takes them, plus TRL's `fraction`, a share of the mixture, or this project's `amount`), and
-open-instruct's `--dataset_mixer_list SOURCE AMOUNT ...` (an amount with a decimal point is a fraction of the source,
-above 1.0 upsampling; one without is a count of pairs). Each source is read in its own shape and checked row by row
-(`rows.usable_pairs`), then its rows are taken with a generator seeded by the recipe's seed and the source's spelling,
-so the same mixture takes the same pairs on every rank, node and rerun.
+"""Preference data from several sources: TRL's `datasets:` list and open-instruct's `--dataset_mixer_list`, read into
+one list of `Source`s, each read in its own shape and checked row by row (`rows.usable_pairs`), its pairs taken with a
+generator seeded by the recipe's seed and the source's spelling: the same pairs on every rank, node and rerun (the
+rules: docs/data.md "Several sources"; why not TRL's `get_dataset`: docs/architecture.md).
 """
 
 import dataclasses
@@ -234,19 +230,15 @@ def check(recipe) -> None:
 # --- taking the rows --------------------------------------------------------------------------------------------------
 
 
-def _generator(seed: int, source: Source) -> np.random.Generator:
-    """One generator per source: the recipe's seed and the source's spelling, not its position or the process."""
-    key = int.from_bytes(hashlib.sha256(source.spec().encode()).digest()[:8], "little")
-    return np.random.default_rng([seed, key])
-
-
 def take(source: Source, usable: int, seed: int, share_rows: int | None = None) -> np.ndarray:
     """The indices (into the source's usable rows) the mixture takes, in the source's order within each repeat."""
     if share_rows is not None:  # TRL's fraction: the first rows
         return np.arange(share_rows)
     if source.amount is None:
         return np.arange(usable)
-    rng = _generator(seed, source)
+    # One generator per source: the recipe's seed and the source's spelling, not its position or the process
+    key = int.from_bytes(hashlib.sha256(source.spec().encode()).digest()[:8], "little")
+    rng = np.random.default_rng([seed, key])
     if "." not in source.amount:
         count = int(source.amount)
         if count > usable:
@@ -383,8 +375,7 @@ def _check_same_kind(parts, sources) -> None:
     """Message lists and plain text cannot train together (one chat template, or none): refused by source."""
     kinds = {s.spec(): isinstance(p[0]["chosen"], list) for s, p in zip(sources, parts, strict=True) if len(p)}
     if len(set(kinds.values())) > 1:
-        text = [k for k, conversational in kinds.items() if not conversational]
-        lists = [k for k, conversational in kinds.items() if conversational]
+        lists, text = ([k for k, conversational in kinds.items() if conversational == c] for c in (True, False))
         raise ConfigError(
             f"the mixture joins message lists ({', '.join(lists)}) and plain text ({', '.join(text)}): a run applies "
             "the chat template to all or none; convert the text source to messages (HH-RLHF: hh_format: messages)"

@@ -256,8 +256,8 @@ def usable_pairs(
     pairs = dataset.select_columns(columns).map(
         shapes.normalize, fn_kwargs={"shape": checked.fmt.shape}, remove_columns=read, desc=f"Reading {split} pairs"
     )
-    order = [c for c in ("prompt", "chosen", "rejected", *shapes.KEPT_COLUMNS) if c in pairs.column_names]
-    return no_null_kwargs(pairs.select_columns(order))  # the columns in the order normalize wrote them before
+    order = [c for c in ROW_COLUMNS if c in pairs.column_names]  # the columns in the order normalize wrote them before
+    return no_null_kwargs(pairs.select_columns(order))
 
 
 def no_null_kwargs(pairs):

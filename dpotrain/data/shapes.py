@@ -1,18 +1,9 @@
-"""The shapes public preference data sets come in, read into one: an explicit prompt, and the two completions.
+"""The shapes public preference data sets come in (`messages`, `prompt+messages`, `prompt+text`, `ultrafeedback`, `hh`,
+`text`: docs/data.md "The shapes", `Shape.describe`), read into one: an explicit prompt and the two completions.
 
-Read from the data set's first row (`Shape.of`), then row by row (`read`):
-
-- `messages` (Dolci, TRL conversational): message lists; the prompt is each side's messages before its trailing
-  assistant turn(s), the same on both sides.
-- `prompt+messages` (TRL, explicit prompt) and `prompt+text` (TRL standard, CSV files): as given.
-- `ultrafeedback` (UltraFeedback-binarized): a string prompt that repeats the conversations' first user turn, read as
-  `messages` without it.
-- `hh` (Anthropic HH-RLHF): `\\n\\nHuman: ...\\n\\nAssistant: ...` strings, turned into message lists
-  (`hh_format: messages`) or split as text after the last `Assistant:` (`hh_format: text`).
-- `text` (TRL standard): strings; the prompt is the start they share (TRL's `extract_prompt`).
-
-A row that cannot be read so is a problem `(column, what)`, refused or dropped by `rows.py` like any other invalid
-row. Other columns are left out, except the two TRL reads: `tools` and `chat_template_kwargs`.
+The shape is decided from the data set's first row (`Shape.of`), then each row is read (`read`). A row that cannot be
+read so is a problem `(column, what)`, refused or dropped by `rows.py` like any other invalid row. Other columns are
+left out, except the two TRL reads: `tools` and `chat_template_kwargs`.
 """
 
 import dataclasses
@@ -187,14 +178,14 @@ def _messages(chosen: list, rejected: list) -> tuple[dict | None, tuple[str, str
     return {"prompt": prompt_c, "chosen": completion_c, "rejected": completion_r}, None
 
 
-def _same_message(a: dict, b: dict) -> bool:
-    return a.get("role") == b.get("role") and str(a.get("content")).strip() == str(b.get("content")).strip()
-
-
 def _starts_with(side: list, prompt: list) -> bool:
-    """Whether a conversation holds the prompt's messages and then more (its answer)."""
-    n = len(prompt)
-    return len(side) > n and all(_same_message(m, p) for m, p in zip(side[:n], prompt, strict=True))
+    """Whether a conversation holds the prompt's messages (same role, same content but for surrounding white space)
+    and then more (its answer)."""
+    same = (
+        m.get("role") == p.get("role") and str(m.get("content")).strip() == str(p.get("content")).strip()
+        for m, p in zip(side, prompt, strict=False)
+    )
+    return len(side) > len(prompt) and all(same)
 
 
 def _explicit_prompt(prompt: list, chosen: list, rejected: list):
