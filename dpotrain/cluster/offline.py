@@ -25,8 +25,6 @@ from huggingface_hub.utils import get_session
 from dpotrain.data import builtin, data, mixture
 from dpotrain.recipe.errors import ConfigError, cause
 
-_TRUE = {"1", "ON", "YES", "TRUE"}  # huggingface_hub.constants.ENV_VARS_TRUE_VALUES
-
 # What a training job reads from a model repo, as prefetch selects it: configs, tokenizer, chat templates. Top-level
 # files only, apart from the extra chat templates: repos keep other formats (GGUF, ONNX) in subfolders.
 MODEL_FILES = (
@@ -48,7 +46,7 @@ ARTIFACT_FIELDS = [
 
 
 def _true(value: str | None) -> bool:
-    return (value or "").upper() in _TRUE
+    return (value or "").upper() in constants.ENV_VARS_TRUE_VALUES  # huggingface_hub's spellings of "on"
 
 
 def is_offline() -> bool:

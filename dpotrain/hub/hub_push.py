@@ -97,10 +97,15 @@ def unconfirmed_push(output_dir: str | Path) -> dict | None:
     return main[-1] if main and main[-1]["status"] not in ON_THE_HUB else None
 
 
+def status_of(error) -> int | None:
+    """The HTTP status of a Hub error; None where it carries no response."""
+    return getattr(getattr(error, "response", None), "status_code", None)
+
+
 def is_transient(error: BaseException) -> bool:
     """Worth another attempt later: the Hub's 5xx, 429 and 408, and connections that failed or dropped."""
     if isinstance(error, HfHubHTTPError):
-        status = getattr(error.response, "status_code", None)
+        status = status_of(error)
         return status is None or status in (408, 429) or status >= 500
     return isinstance(error, (*upstream.http_transport_errors(), ConnectionError, TimeoutError))
 
