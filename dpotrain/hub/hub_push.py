@@ -244,7 +244,8 @@ class CheckpointPusher(TrainerCallback):
         self.pending[step] = staged
         self.queue.put(step)
         if self.thread is None:
-            # daemon: an upload hung on a dead network must not keep the finished job alive past `finish`
+            # daemon: an upload hung on a dead network must not keep the finished job alive past `finish` (why not
+            # HfApi's run_as_future: its thread pool's worker is joined at exit, and retries need a wrapper anyway)
             self.thread = threading.Thread(target=self._work, name="dpotrain-hub-push", daemon=True)
             self.thread.start()
 
