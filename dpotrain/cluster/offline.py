@@ -201,8 +201,7 @@ def check_offline_artifacts(recipe, offline: bool | None = None) -> None:
     dataset = datasets_offline() if offline is None else offline
     if not (model or dataset):
         return
-    missing = missing_artifacts(recipe, model=model, dataset=dataset)
-    if missing:
+    if missing := missing_artifacts(recipe, model=model, dataset=dataset):
         raise ConfigError(
             f"offline (HF_HUB_OFFLINE) and not in the local Hugging Face cache: {'; '.join(missing)}. "
             f"On a login node with network, run: {prefetch_command(recipe)}"
@@ -258,8 +257,7 @@ def check_hub_reachable(missing: list[str], remedy: str) -> None:
     without waiting on the Hub)."""
     if not missing:
         return
-    why = hub_unreachable()
-    if why:
+    if why := hub_unreachable():
         raise ConfigError(f"{'; '.join(missing)}, and the Hugging Face Hub does not answer here ({why}): {remedy}")
 
 

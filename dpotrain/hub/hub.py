@@ -140,8 +140,7 @@ def model_card(r: Record, records: list[dict], revisions: list[tuple[int, str]] 
     recipe_rows = "\n".join(f"| `{k}` | {as_run(k, r)} |" for k in CARD_FIELDS)
     recipe_rows += f"\n| pairs per optimizer step | {r.batching.pairs_per_step} |"
     recipe_rows += f"\n| chat template | {template_named(r)} |"
-    counted = r.batching.max_length_cuts
-    if counted:  # what the trainer saw of the data: pairs cut or dropped at max_length (cuts.py)
+    if counted := r.batching.max_length_cuts:  # what the trainer saw of the data: pairs cut or dropped (cuts.py)
         recipe_rows += (
             f"\n| pairs cut / dropped at max_length | {counted['truncated']} / {counted['dropped']} of "
             f"{counted['pairs']} |"

@@ -543,8 +543,7 @@ def replaced(recipe: Recipe, **parts: dict) -> Recipe:
     new = {}
     with upstream.bf16_gpu_check_skipped():
         for part, values in parts.items():
-            unknown = set(values) - {f.name for f in fields(getattr(recipe, part))}
-            if unknown:
+            if unknown := set(values) - {f.name for f in fields(getattr(recipe, part))}:
                 raise AttributeError(f"{part} has no field {sorted(unknown)[0]!r}")
             new[part] = replace(getattr(recipe, part), **values)
     if "model" in new:  # replace ran TRL's __post_init__ again: a single target module is a string once more
