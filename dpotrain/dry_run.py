@@ -48,11 +48,11 @@ def write_json(resolved: dict, output_dir: str) -> Path:
 
 def report(resolved: dict, output_dir: str, as_json: bool, stdout=None) -> None:
     """The dry run's output on the process's own `stdout`: the JSON alone (`--json`), else the summary."""
-    stdout = stdout or sys.stdout
     if as_json:
-        print(json.dumps(resolved, indent=2, default=str), file=stdout, flush=True)
+        text = json.dumps(resolved, indent=2, default=str)
     else:
-        print(summary(run_record.of(resolved), write_json(resolved, output_dir)), file=stdout, flush=True)
+        text = summary(run_record.of(resolved), write_json(resolved, output_dir))
+    print(text, file=stdout or sys.stdout, flush=True)
 
 
 def gpu_name(gib: float | None) -> str:

@@ -188,8 +188,7 @@ def replace(out: Path, names: list[str]) -> None:
     from dpotrain.cluster.run_lock import LOCK_FILE
     from dpotrain.train.tracking import keep_offline_runs
 
-    kept = keep_offline_runs(out)
-    if kept:
+    if kept := keep_offline_runs(out):
         print(
             f"Kept the W&B offline runs of the replaced run in {kept} (`wandb sync {kept}/offline-run-*`)", flush=True
         )

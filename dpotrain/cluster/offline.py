@@ -25,8 +25,6 @@ from huggingface_hub.utils import get_session
 from dpotrain.data import builtin, data, mixture
 from dpotrain.recipe.errors import ConfigError, cause
 
-_TRUE = {"1", "ON", "YES", "TRUE"}  # huggingface_hub.constants.ENV_VARS_TRUE_VALUES
-
 # What a training job reads from a model repo, as prefetch selects it: configs, tokenizer, chat templates. Top-level
 # files only, apart from the extra chat templates: repos keep other formats (GGUF, ONNX) in subfolders.
 MODEL_FILES = (
@@ -48,7 +46,7 @@ ARTIFACT_FIELDS = [
 
 
 def _true(value: str | None) -> bool:
-    return (value or "").upper() in _TRUE
+    return (value or "").upper() in constants.ENV_VARS_TRUE_VALUES  # huggingface_hub's spellings of "on"
 
 
 def is_offline() -> bool:
@@ -203,8 +201,7 @@ def check_offline_artifacts(recipe, offline: bool | None = None) -> None:
     dataset = datasets_offline() if offline is None else offline
     if not (model or dataset):
         return
-    missing = missing_artifacts(recipe, model=model, dataset=dataset)
-    if missing:
+    if missing := missing_artifacts(recipe, model=model, dataset=dataset):
         raise ConfigError(
             f"offline (HF_HUB_OFFLINE) and not in the local Hugging Face cache: {'; '.join(missing)}. "
             f"On a login node with network, run: {prefetch_command(recipe)}"
@@ -260,8 +257,7 @@ def check_hub_reachable(missing: list[str], remedy: str) -> None:
     without waiting on the Hub)."""
     if not missing:
         return
-    why = hub_unreachable()
-    if why:
+    if why := hub_unreachable():
         raise ConfigError(f"{'; '.join(missing)}, and the Hugging Face Hub does not answer here ({why}): {remedy}")
 
 

@@ -11,7 +11,7 @@ from huggingface_hub import HfApi, ModelCard, ModelCardData, constants, get_toke
 from huggingface_hub.errors import HfHubHTTPError, RepositoryNotFoundError
 
 from dpotrain.cluster.offline import TOKENIZER_VOCAB, hf_token, is_hub_model, is_offline, within
-from dpotrain.hub.hub_push import pushed_revisions, record_push, with_retries
+from dpotrain.hub.hub_push import pushed_revisions, record_push, status_of, with_retries
 from dpotrain.recipe import records as run_records
 from dpotrain.recipe.config import TOKEN_FLAGS
 from dpotrain.recipe.errors import ConfigError, cause
@@ -140,8 +140,7 @@ def model_card(r: Record, records: list[dict], revisions: list[tuple[int, str]] 
     recipe_rows = "\n".join(f"| `{k}` | {as_run(k, r)} |" for k in CARD_FIELDS)
     recipe_rows += f"\n| pairs per optimizer step | {r.batching.pairs_per_step} |"
     recipe_rows += f"\n| chat template | {template_named(r)} |"
-    counted = r.batching.max_length_cuts
-    if counted:  # what the trainer saw of the data: pairs cut or dropped at max_length (cuts.py)
+    if counted := r.batching.max_length_cuts:  # what the trainer saw of the data: pairs cut or dropped (cuts.py)
         recipe_rows += (
             f"\n| pairs cut / dropped at max_length | {counted['truncated']} / {counted['dropped']} of "
             f"{counted['pairs']} |"
@@ -354,7 +353,7 @@ def check_write_access(repo_id: str, token: str | None, where: str = "job") -> s
         repo_id = repo_id if "/" in repo_id else f"{whoami.get('name')}/{repo_id}"
         writable = _may_write(api, repo_id)
     except HfHubHTTPError as e:
-        if _status(e) == 401:
+        if status_of(e) == 401:
             raise ConfigError(
                 "the Hugging Face token is invalid or expired: create one at https://huggingface.co/settings/tokens "
                 "and set HF_TOKEN in .env"
@@ -385,7 +384,7 @@ def _may_write(api, repo_id: str) -> bool:
         # reads it so): whether the repo exists tells which.
         return not within(30, lambda: api.repo_exists(repo_id))
     except HfHubHTTPError as e:
-        if _status(e) == 403:  # the repo exists, and this token may not write to it
+        if status_of(e) == 403:  # the repo exists, and this token may not write to it
             return False
         raise
     return True
@@ -402,7 +401,7 @@ def create_at_start(repo_id: str, token: str | None, private: bool | None) -> No
     try:
         within(30, lambda: api.create_repo(repo_id, private=bool(private), exist_ok=True))
     except HfHubHTTPError as e:
-        if _status(e) in (401, 403):
+        if status_of(e) in (401, 403):
             raise ConfigError(
                 f"the Hub refuses to create {repo_id} with this Hugging Face token ({cause(e)}): use a write token "
                 f"that may create repos in {repo_id.rpartition('/')[0]!r}, or a --hub_model_id in a namespace it can "
@@ -426,7 +425,3 @@ def write_refused(whoami: dict, repo_id: str) -> str:
         f"{label} has no write access to {repo_id}: create a write token (or a fine-grained one that may write to "
         f"{repo_id}) at https://huggingface.co/settings/tokens and set HF_TOKEN in .env"
     )
-
-
-def _status(error) -> int | None:
-    return getattr(getattr(error, "response", None), "status_code", None)

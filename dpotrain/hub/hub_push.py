@@ -97,10 +97,15 @@ def unconfirmed_push(output_dir: str | Path) -> dict | None:
     return main[-1] if main and main[-1]["status"] not in ON_THE_HUB else None
 
 
+def status_of(error) -> int | None:
+    """The HTTP status of a Hub error; None where it carries no response."""
+    return getattr(getattr(error, "response", None), "status_code", None)
+
+
 def is_transient(error: BaseException) -> bool:
     """Worth another attempt later: the Hub's 5xx, 429 and 408, and connections that failed or dropped."""
     if isinstance(error, HfHubHTTPError):
-        status = getattr(error.response, "status_code", None)
+        status = status_of(error)
         return status is None or status in (408, 429) or status >= 500
     return isinstance(error, (*upstream.http_transport_errors(), ConnectionError, TimeoutError))
 
@@ -239,7 +244,8 @@ class CheckpointPusher(TrainerCallback):
         self.pending[step] = staged
         self.queue.put(step)
         if self.thread is None:
-            # daemon: an upload hung on a dead network must not keep the finished job alive past `finish`
+            # daemon: an upload hung on a dead network must not keep the finished job alive past `finish` (why not
+            # HfApi's run_as_future: its thread pool's worker is joined at exit, and retries need a wrapper anyway)
             self.thread = threading.Thread(target=self._work, name="dpotrain-hub-push", daemon=True)
             self.thread.start()
 

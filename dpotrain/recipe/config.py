@@ -364,9 +364,8 @@ def parse_args(argv: list[str] | None = None) -> Recipe:
     tokens, max_length_auto = _take_max_length_auto(words + _cpu_deepspeed_backend(words))
     _, remaining = parser.parse_known_args(tokens)  # name an unknown flag before any field is validated
     if remaining:
-        flag = next((r for r in remaining if r.startswith("-")), remaining[0])
-        if flag.startswith("-"):  # its name alone: `--hub_tokn=hf_...` must not print the token (cli.Parser alike)
-            flag = flag.split("=")[0]
+        # a flag by its name alone: `--hub_tokn=hf_...` must not print the token (cli.Parser alike)
+        flag = next((r.split("=")[0] for r in remaining if r.startswith("-")), remaining[0])
         raise ConfigError(f"unknown argument {flag!r}{_suggest(flag)}; see --help")
     try:
         with upstream.bf16_gpu_check_skipped() if dry_run_asked(argv) else contextlib.nullcontext():
@@ -434,9 +433,8 @@ def _check_finite(*parts) -> None:
     for part in parts:
         for f in fields(part):
             value = getattr(part, f.name)
-            if any(
-                isinstance(v, float) and not math.isfinite(v) for v in (value if isinstance(value, list) else [value])
-            ):
+            values = value if isinstance(value, list) else [value]
+            if any(isinstance(v, float) and not math.isfinite(v) for v in values):
                 raise ConfigError(
                     f"{f.name} {value} is not a finite number: give one (an option that can be turned off says how in "
                     "--help: max_grad_norm 0, a health threshold 0)"
@@ -545,8 +543,7 @@ def replaced(recipe: Recipe, **parts: dict) -> Recipe:
     new = {}
     with upstream.bf16_gpu_check_skipped():
         for part, values in parts.items():
-            unknown = set(values) - {f.name for f in fields(getattr(recipe, part))}
-            if unknown:
+            if unknown := set(values) - {f.name for f in fields(getattr(recipe, part))}:
                 raise AttributeError(f"{part} has no field {sorted(unknown)[0]!r}")
             new[part] = replace(getattr(recipe, part), **values)
     if "model" in new:  # replace ran TRL's __post_init__ again: a single target module is a string once more

@@ -311,9 +311,8 @@ def verify(seam: Seam) -> None:
             return  # a builtin without a signature: existing is all that can be checked
         if params[: len(seam.params)] != list(seam.params):
             raise SeamMoved(seam, f"takes ({', '.join(params)}), the project relies on ({', '.join(seam.params)})")
-    if seam.read_in:
-        if name not in inspect.getsource(_value(seam.read_in)):
-            raise SeamMoved(seam, f"is no longer read by {seam.read_in}")
+    if seam.read_in and name not in inspect.getsource(_value(seam.read_in)):
+        raise SeamMoved(seam, f"is no longer read by {seam.read_in}")
     if seam.text and seam.text not in inspect.getsource(value):
         raise SeamMoved(seam, f"no longer holds {seam.text!r}")
 
