@@ -288,9 +288,12 @@ def analyze(args: argparse.Namespace) -> int:
     print(f"Read as {m.shape}", file=sys.stderr, flush=True)
     for i, r in enumerate(mix.with_token_shares(m) if mix else []):  # each source's share, and its own lengths
         spread = lengths.percentiles(m.total[mix.source_of_row[m.index] == i])
-        print(
-            f"Source {mixture.describe(r)}; pair lengths p50 {spread['p50']}, p95 {spread['p95']}, max {spread['max']}"
+        spread = (
+            f"p50 {spread['p50']}, p95 {spread['p95']}, max {spread['max']}"
+            if spread["max"] is not None
+            else "none measured"
         )
+        print(f"Source {mixture.describe(r)}; pair lengths {spread}")
     candidates = [*args.candidates, *([current] if current else [])]
     report = lengths.summarize(
         m,

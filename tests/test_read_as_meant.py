@@ -380,6 +380,37 @@ def test_pairs_whose_prompts_all_fill_the_models_positions_are_refused_in_one_li
     assert printed.err.strip().splitlines()[-1].startswith(expected), printed.err
 
 
+def test_a_capped_recommendation_training_would_refuse_is_refused_by_the_analyzer_too(
+    analyzer, tmp_path, tiny_model_dir, capsys
+):
+    """Four of six prompts longer than the model's 4,096 positions: the capped recommendation (4,096) keeps two pairs,
+    fewer than the half training asks for, so a run at it is refused. The analyzer recommended it all the same; it
+    now says what training would say, naming what to do."""
+    pairs = conversations(6)
+    for pair in pairs[:4]:
+        long = " ".join(f"w{i}" for i in range(5000))
+        for side in ("chosen", "rejected"):
+            pair[side][0]["content"] = long
+    path = write_jsonl(tmp_path / "mostly_long_prompts.jsonl", pairs)
+    line = analyzer_error(analyzer, capsys, path, "--tokenizer", tiny_model_dir)
+    assert line.startswith("error: max_length 4,096 leaves 2 of 6 pairs (33.3%) anything to learn"), line
+    assert "no max_length within the model's 4,096 positions does (4 of the pairs" in line, line
+
+
+def test_a_mixture_source_with_no_pair_in_the_sample_says_so(analyzer, tmp_path, capsys):
+    """A one-row source among forty rows, sampled two: its lengths line read `p50 None, p95 None, max None`."""
+    pairs = conversations(41)
+    a, b = write_jsonl(tmp_path / "a.jsonl", pairs[:40]), write_jsonl(tmp_path / "b.jsonl", pairs[40:])
+    recipe = tmp_path / "mix.yaml"
+    recipe.write_text(
+        SMOKE.read_text().replace("dataset_name:", "# dataset_name:") + f"datasets:\n  - path: {a}\n  - path: {b}\n"
+    )
+    assert analyzer.main(["--config", str(recipe), "--sample", "2", "--num-proc", "1"]) == 0
+    sources = [line for line in capsys.readouterr().out.splitlines() if line.startswith("Source ")]
+    assert len(sources) == 2 and "pair lengths p50 " in sources[0] and "None" not in "".join(sources), sources
+    assert sources[1].endswith("pair lengths none measured"), sources
+
+
 # --- recipes ----------------------------------------------------------------------------------------------------------
 
 

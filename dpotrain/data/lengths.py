@@ -400,6 +400,8 @@ def recommendation(m: Measured, target: float = DEFAULT_COVERAGE, max_positions:
                 "the trainer would drop them all at any max_length the model takes: shorten the prompts or remove "
                 "these pairs, or train a model with more positions"
             )
+        # Training refuses a length leaving fewer than half the pairs anything to learn: so does the recommendation.
+        cuts.check(m.prompt, m.chosen, m.rejected, m.shared, best, "keep_start", "the data measured", best)
     at_best = packed_positions(m, best)
 
     def neighbour(n: int) -> dict:
@@ -481,7 +483,8 @@ def summarize(
 def _reason(r: dict, rows: int) -> str:
     lower, doubled = r["lower"], r["doubled"]
     below = (
-        f"{lower['max_length']:,} would leave {lower['coverage']:.1%} whole for {-lower['compute']:.1%} less compute"
+        f"{lower['max_length']:,} would leave {lower['coverage']:.1%} whole for {abs(lower['compute']):.1%} less "
+        "compute"  # abs: an exact 0 negated printed "-0.0% less"
         if lower["max_length"] > 0
         else f"no smaller multiple of {STEP} exists"
     )
