@@ -285,6 +285,20 @@ def test_a_recipes_null_is_none_for_a_text_field_too(tmp_path):
     assert parse_args(["--config", write(tmp_path, text), "--hub_model_id", "org/x"]).training.hub_model_id == "org/x"
 
 
+@pytest.mark.parametrize(
+    "name, default", [("accelerate_config", "accelerate_config.yaml"), ("dataset_train_split", "train")]
+)
+def test_a_recipes_null_for_a_field_that_needs_a_value_is_refused_in_one_line(tmp_path, name, default):
+    """`accelerate_config: null` became None, which the dry run's engine reading called .lower() on (an
+    AttributeError traceback); a field whose default is a value is refused, naming that default."""
+    with pytest.raises(ConfigError) as refused:
+        parse_args(["--config", write(tmp_path, f"bf16: false\n{name}: null\n")])
+    assert str(refused.value) == (
+        f"{name}: null in the recipe, but {name} needs a value: delete the line for its default ({default!r}) or "
+        "write one"
+    )
+
+
 def test_an_env_variable_without_a_value_is_left_unset(tmp_path):
     """`WANDB_PROJECT:` (null) set the variable to the word "None": W&B logged to a project named None."""
     path = write(tmp_path, "bf16: false\nenv:\n  DPOTRAIN_TEST_UNSET:\n  DPOTRAIN_TEST_SET: offline\n")

@@ -380,9 +380,15 @@ def parse_args(argv: list[str] | None = None) -> Recipe:
     on_command_line = fields_set(argv)
     for name in {k for k, v in config.items() if v is None} - on_command_line:
         # A recipe's `field: null` is the word "None" to argparse, which a text field keeps as text (`hub_model_id:
-        # null` pushed to a repo named None): null is None, as YAML means it.
+        # null` pushed to a repo named None): null is None, as YAML means it, for a field that may be None.
         for part in (script, training, model, project):
             if getattr(part, name, None) == "None":
+                default = next(f.default for f in fields(part) if f.name == name)
+                if default is not None:  # (declared types are no guide: DPOConfig redeclares `str | None` as str)
+                    raise ConfigError(
+                        f"{name}: null in the recipe, but {name} needs a value: delete the line for its default "
+                        f"({default!r}) or write one"
+                    )
                 setattr(part, name, None)
     replaced = _command_line_batch_wins(training, project, on_command_line)
     if "dataset_name" in on_command_line and (there := _in_submit_dir(script.dataset_name)) and there.exists():
