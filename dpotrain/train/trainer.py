@@ -329,8 +329,6 @@ class RecipeDPOTrainer(DPOTrainer):
     def get_eval_dataloader(self, eval_dataset=None):
         """The evaluation set in `plan.eval_batches`: the same number of batches on every rank, no pair twice."""
         dataset = self.eval_dataset if eval_dataset is None else eval_dataset
-        if isinstance(dataset, str):
-            dataset = self.eval_dataset[dataset]
         batches = plan.eval_batches(len(dataset), self.data_parallel_size, self.args.per_device_eval_batch_size)
         batches = plan.FixedBatches(batches[self.data_parallel_rank])
         return self._rank_aware_loader(_batch_columns(dataset), batches, self.data_collator)
