@@ -85,17 +85,24 @@ def sample_rows(dataset, n: int, seed: int):
     return datasets.Dataset.from_list(dataset.to_list(), features=dataset.features)
 
 
-def pair_keys(dataset) -> tuple[int, int, int]:
-    """(rows, duplicate rows, rows whose chosen equals rejected) over the whole data set."""
+def pair_keys(dataset) -> dict:
+    """The report's counts of duplicate rows and of rows whose chosen equals rejected, over the whole data set."""
     from tqdm.auto import tqdm
 
-    seen, duplicates, identical = set(), 0, 0
+    seen, duplicates, identical, rows = set(), 0, 0, len(dataset)
     for row in tqdm(dataset, desc="Checking duplicate pairs", file=sys.stderr, mininterval=2):
         key = hashlib.sha1(json.dumps([row.get("prompt"), row["chosen"], row["rejected"]]).encode()).digest()
         duplicates += key in seen
         seen.add(key)
         identical += row["chosen"] == row["rejected"]
-    return len(dataset), duplicates, identical
+    return {
+        "quality_rows": rows,
+        "quality_scope": "whole data set",
+        "duplicates": duplicates,
+        "identical": identical,
+        "duplicate_share": duplicates / max(rows, 1),
+        "identical_share": identical / max(rows, 1),
+    }
 
 
 def score(recipe, launch, sample) -> dict:
@@ -385,16 +392,8 @@ def run(
         state = engine.start_processes(recipe.training, engine.launched())  # the recipe's timeout, as training's
         lengths = stages.measure_lengths(recipe, launch, pairs, stages.model_files(recipe, launch), state)
         recipe = config.replaced(recipe, training={"max_length": lengths.max_length})
-    rows, duplicates, identical = pair_keys(dataset)
+    quality = pair_keys(dataset)
     sample = sample_rows(dataset, sample_size, seed)
-    quality = {
-        "quality_rows": rows,
-        "quality_scope": "whole data set",
-        "duplicates": duplicates,
-        "identical": identical,
-        "duplicate_share": duplicates / max(rows, 1),
-        "identical_share": identical / max(rows, 1),
-    }
     loss_types = list(recipe.training.loss_type)
     s = score(recipe, launch, sample)
     report = analyze(s, len(sample), recipe.training.max_length, loss_types, quality, Thresholds())

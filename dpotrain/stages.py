@@ -301,6 +301,7 @@ class Lengths:
     sources: list | None = None  # a mixture's data_sources, each with its share of the tokens
     template: dict | None = None  # the chat template tokenized with (chat_template.record): a resume compares it
     max_length: int | None = None  # the run's: the recipe's, or under `max_length: auto` the analyzer's choice
+    positions: int | None = None  # the model's (`lengths.model_positions`), where max_length is known or auto
 
     def record(self) -> dict:
         named = {"max_length": self.auto, "data_sources": self.sources, "chat_template": self.template}
@@ -323,9 +324,9 @@ def _tokenizer(recipe, model_path: str, local_only: bool):
         return None  # a dry run: the tokenizer is not on this machine
 
 
-def _analyzer_cache(recipe, launch: Launch, tokenizer, pairs: Data) -> tuple[tuple | None, dict | None]:
+def _analyzer_cache(recipe, launch: Launch, tokenizer, pairs: Data, positions) -> tuple[tuple | None, dict | None]:
     """The one read of the analyzer's cache per run (keyed by the commit loaded), and `max_length: auto`'s choice: from
-    the cache, else analysed now (cached for the next run) where the data set is loaded."""
+    the cache, else analysed now (cached for the next run) where the data set is loaded, capped at `positions`."""
     p, dataset = recipe.project, pairs.train
     try:
         dataset_id = mixture.dataset_id(recipe, local_only=launch.dry_run, revision=pairs.revision)
@@ -334,7 +335,6 @@ def _analyzer_cache(recipe, launch: Launch, tokenizer, pairs: Data) -> tuple[tup
     measured = lengths.cached_measure(dataset_id, tokenizer)
     if not recipe.max_length_auto:
         return measured, None
-    positions = _model_positions(recipe, launch)  # the recommendation is capped at the model's positions
     if measured is not None:
         return measured, lengths.resolution_of(measured, p.auto_coverage, positions)
     if dataset is None:
@@ -345,19 +345,18 @@ def _analyzer_cache(recipe, launch: Launch, tokenizer, pairs: Data) -> tuple[tup
     return (m, Path(auto["report"])), auto
 
 
-def _model_positions(recipe, launch: Launch) -> int | None:
-    model = recipe.model
-    return lengths.model_positions(model.model_name_or_path, model.model_revision, local_only=launch.dry_run)
-
-
 def measure_lengths(recipe, launch: Launch, pairs: Data, model_path: str, state=None) -> Lengths:
     """The lengths stage (the main process reads or writes the analyzer's cache first); decides `max_length: auto`."""
     t, p = recipe.training, recipe.project
-    max_length = t.max_length
+    max_length, model = t.max_length, recipe.model
+    # The model's positions, read once (a Hub model's config asks the Hub): what max_length may be, or advise
+    limit = None
+    if recipe.max_length_auto or max_length is not None:
+        limit = lengths.model_positions(model.model_name_or_path, model.model_revision, local_only=launch.dry_run)
     tokenizer, measured, auto = _tokenizer(recipe, model_path, local_only=launch.dry_run), None, None
     if tokenizer is not None:
         with state.main_process_first() if state is not None else nullcontext():
-            measured, auto = _analyzer_cache(recipe, launch, tokenizer, pairs)
+            measured, auto = _analyzer_cache(recipe, launch, tokenizer, pairs, limit)
     if recipe.max_length_auto and auto is None:
         hint = analyze_hint(recipe).removesuffix(", then this dry run again")
         resolved = f"at start, by analysing the training split ({hint})"
@@ -378,12 +377,12 @@ def measure_lengths(recipe, launch: Launch, pairs: Data, model_path: str, state=
         found = sample.sampled(pairs.train, tokenizer, t.seed, p.hh_format)
     if found is not None and max_length is not None:
         # A max_length that leaves the pairs nothing to learn: refused before the model loads (a dry run says it too).
-        f, limit = found, _model_positions(recipe, launch)  # what it advises instead stays within the model's
+        f = found  # what it advises instead stays within the model's positions
         cuts.check(f.prompt, f.chosen, f.rejected, f.shared, max_length, t.truncation_mode, f.source, limit)
     shares = pairs.mix.with_token_shares(measured[0]) if pairs.mix is not None and measured is not None else None
     plain = pairs.train is not None and not is_conversational(next(iter(pairs.train)))  # TRL's test, as it reads
     template = chat_template.record(p.chat_template_path, tokenizer, plain_text=plain)
-    return Lengths(auto, found, measured, tokenizer, shares, template, max_length)
+    return Lengths(auto, found, measured, tokenizer, shares, template, max_length, limit)
 
 
 # --- forward ----------------------------------------------------------------------------------------------------------
@@ -483,7 +482,7 @@ def plan_batching(recipe, launch: Launch, pairs: Data, pair_lengths: Lengths, fo
     else:
         return pending
     counted = cuts.count(m.prompt, m.chosen, m.rejected, max_length, t.truncation_mode)  # as the run will count
-    limit = _model_positions(recipe, launch)
+    limit = pair_lengths.positions
     cuts.check(m.prompt, m.chosen, m.rejected, m.shared, max_length, t.truncation_mode, "the training split", limit)
     # TRL drops the pairs whose prompt alone fills max_length under keep_start; keep_end cuts their start instead
     kept = (m.prompt < max_length) | (t.truncation_mode != "keep_start")

@@ -13,7 +13,6 @@ import fnmatch
 import functools
 import os
 import queue
-import re
 import shutil
 import sys
 import threading
@@ -28,7 +27,7 @@ from transformers import TrainerCallback
 from dpotrain.recipe import records as run_records
 from dpotrain.recipe import upstream
 from dpotrain.recipe.errors import cause
-from dpotrain.train.checkpoints import MARKER, checkpoints, is_complete
+from dpotrain.train.checkpoints import MARKER, checkpoints, is_complete, step_of
 
 PUSH_RECORD = "hub_pushes.jsonl"  # one line per upload's start (the final push) and outcome: step, branch, status
 STAGING = ".hub_staging"
@@ -53,10 +52,6 @@ STOP_WAIT_S = 10
 
 def branch_name(step: int) -> str:
     return f"step-{step}"
-
-
-def checkpoint_step(folder: Path) -> int:
-    return int(re.fullmatch(r"checkpoint-(\d+)", folder.name).group(1))
 
 
 def checkpoint_files(folder: Path) -> list[str]:
@@ -180,7 +175,7 @@ def push_checkpoints(api, run_dir: Path, repo_id: str) -> list[dict]:
     with contextlib.suppress(RepositoryNotFoundError):  # a repo not created yet has no branches
         branches = {b.name for b in api.list_repo_refs(repo_id).branches}
     for folder in checkpoints(run_dir):
-        step = checkpoint_step(folder)
+        step = step_of(folder)
         branch = branch_name(step)
         record = functools.partial(record_push, run_dir, step=step, branch=branch)
         if not is_complete(folder):
@@ -224,7 +219,7 @@ class CheckpointPusher(TrainerCallback):
         if state.is_world_process_zero:
             done = {s for s, _ in pushed_revisions(self.out)}
             for folder in checkpoints(self.out):
-                if checkpoint_step(folder) not in done:
+                if step_of(folder) not in done:
                     self.submit(folder)
 
     def on_save(self, args, state, control, **kwargs):
@@ -232,7 +227,7 @@ class CheckpointPusher(TrainerCallback):
             self.submit(self.out / f"checkpoint-{state.global_step}")
 
     def submit(self, folder: Path) -> None:
-        step = checkpoint_step(folder)
+        step = step_of(folder)
         if step in self.pending or not is_complete(folder):  # never a checkpoint without its mark
             return
         staged = stage(folder, self.out / STAGING)

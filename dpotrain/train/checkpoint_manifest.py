@@ -93,12 +93,6 @@ def missing(folder: Path) -> list[str]:
     return ([MANIFEST] if files is None else []) + lacking
 
 
-def are_missing(names: list[str]) -> str:
-    """`x is missing`, `x and y are missing`, `x, y and z are missing`."""
-    listed = names[0] if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]}"
-    return f"{listed} {'is' if len(names) == 1 else 'are'} missing"
-
-
 def problem(folder: Path) -> str | None:
     """Why `folder` cannot be verified by its manifest, its state and its files' sizes, or None (checksums:
     `checksum_problems`)."""
@@ -106,8 +100,9 @@ def problem(folder: Path) -> str | None:
     if files == {}:
         return f"{MANIFEST} is unreadable"
     lacking = missing(folder)
-    if lacking:
-        return are_missing(lacking)
+    if lacking:  # `x is missing`, `x and y are missing`, `x, y and z are missing`
+        listed = lacking[0] if len(lacking) == 1 else f"{', '.join(lacking[:-1])} and {lacking[-1]}"
+        return f"{listed} {'is' if len(lacking) == 1 else 'are'} missing"
     for rel, entry in files.items():
         path = folder / rel
         if not path.is_file():

@@ -28,8 +28,12 @@ def checkpoints(output_dir: str | Path) -> list[Path]:
     root = Path(output_dir)
     if not root.is_dir():
         return []
-    found = [p for p in root.iterdir() if p.is_dir() and _CHECKPOINT.match(p.name)]
-    return sorted(found, key=lambda p: int(_CHECKPOINT.match(p.name).group(1)))
+    return sorted((p for p in root.iterdir() if p.is_dir() and _CHECKPOINT.match(p.name)), key=step_of)
+
+
+def step_of(folder: Path) -> int:
+    """The step of a `checkpoint-N` folder."""
+    return int(folder.name.rsplit("-", 1)[1])
 
 
 def is_complete(folder: Path) -> bool:

@@ -54,13 +54,18 @@ class MetricsRecorder(TrainerCallback):
             return
         path = Path(args.output_dir) / METRICS_FILE
         if not self._trimmed:
-            kept = [r for r in read_metrics(path) if r["step"] < state.global_step]
-            write_text(path, "".join(json.dumps(r) + "\n" for r in kept))  # a kill here keeps the old history whole
+            keep_before(path, state.global_step)
             self._trimmed = True
         record = {"step": state.global_step, "epoch": state.epoch, **logs}
         if self._resumed_from is not None:
             record["resumed_from"], self._resumed_from = self._resumed_from, None
         run_records.append(path, [record])  # whole, or not at all
+
+
+def keep_before(path: Path, step: int) -> None:
+    """After a resume: a history's records of `step` and later dropped (trained again); a kill here keeps it whole."""
+    kept = [r for r in run_records.read(path) if r["step"] < step]
+    write_text(path, "".join(json.dumps(r) + "\n" for r in kept))
 
 
 def read_metrics(path: str | Path) -> list[dict]:

@@ -16,7 +16,7 @@ from dpotrain.recipe import records as run_records
 from dpotrain.recipe.errors import ConfigError, RunError
 from dpotrain.recipe.writes import write_text
 from dpotrain.train import checkpoint_manifest
-from dpotrain.train.checkpoints import MARKER, checkpoints, complete_checkpoints, is_complete
+from dpotrain.train.checkpoints import MARKER, checkpoints, complete_checkpoints, is_complete, step_of
 
 HEALTH_STOP = "health_stop.json"  # written by a run a health guard stopped (dpotrain/train/health.py)
 
@@ -40,7 +40,7 @@ def newest_verified(out: Path, before: Path | None = None) -> tuple[Path | None,
     passed over, each with why."""
     folders = checkpoints(out)
     if before is not None:
-        folders = [p for p in folders if _step(p) < _step(before)]
+        folders = [p for p in folders if step_of(p) < step_of(before)]
     skipped = []
     for folder in reversed(folders):
         why = unverified(folder)
@@ -68,10 +68,6 @@ def no_sound_checkpoint(out: Path, damaged: list[str]) -> str:
         f"output_dir {str(out)!r} has no checkpoint left to resume from ({'; '.join(damaged)}): restore the "
         "named file(s) from a copy, or pass --overwrite_output_dir to start afresh"
     )
-
-
-def _step(folder: Path) -> int:
-    return int(folder.name.rsplit("-", 1)[1])
 
 
 def confirm(resume_from: str | None, explicit: bool) -> str | None:

@@ -24,7 +24,7 @@ from transformers import TrainerCallback
 from dpotrain.recipe import records as run_records
 from dpotrain.recipe import upstream
 from dpotrain.recipe.errors import ConfigError
-from dpotrain.recipe.writes import write_text
+from dpotrain.train.metrics import keep_before
 
 SAMPLES_FILE = "samples.jsonl"
 NGRAM = 3
@@ -166,8 +166,7 @@ class SampleGenerator(TrainerCallback):
         path = Path(args.output_dir) / SAMPLES_FILE
         path.parent.mkdir(parents=True, exist_ok=True)
         if not self._trimmed:  # after a resume, the steps past the checkpoint are sampled again
-            kept = [r for r in run_records.read(path) if r["step"] < state.global_step]
-            write_text(path, "".join(json.dumps(r) + "\n" for r in kept))
+            keep_before(path, state.global_step)
             self._trimmed = True
         run_records.append(path, records)
         if "wandb" in sys.modules:

@@ -270,13 +270,12 @@ class RecipeDPOTrainer(DPOTrainer):
 
     def _save_checkpoint(self, model, trial):
         start = time.monotonic()
-        if self.is_world_process_zero():
-            parent = upstream.checkpoint_parent(self, trial)
-            clear_for_save(parent, self.state.global_step)
-            # The run's by name, before its first file: --overwrite_output_dir removes it and no other checkpoint-*
-            run_files.claim(parent, [f"checkpoint-{self.state.global_step}"])
-        self.accelerator.wait_for_everyone()  # no rank writes into the folder before it is cleared
         folder = Path(upstream.checkpoint_parent(self, trial)) / f"checkpoint-{self.state.global_step}"
+        if self.is_world_process_zero():
+            clear_for_save(folder.parent, self.state.global_step)
+            # The run's by name, before its first file: --overwrite_output_dir removes it and no other checkpoint-*
+            run_files.claim(folder.parent, [folder.name])
+        self.accelerator.wait_for_everyone()  # no rank writes into the folder before it is cleared
         try:
             # transformers rotates at the end of this call, before the COMPLETE mark: CompleteMarker rotates after it
             with upstream.patched(upstream.ROTATION, lambda **_: None):
@@ -330,8 +329,6 @@ class RecipeDPOTrainer(DPOTrainer):
     def get_eval_dataloader(self, eval_dataset=None):
         """The evaluation set in `plan.eval_batches`: the same number of batches on every rank, no pair twice."""
         dataset = self.eval_dataset if eval_dataset is None else eval_dataset
-        if isinstance(dataset, str):
-            dataset = self.eval_dataset[dataset]
         batches = plan.eval_batches(len(dataset), self.data_parallel_size, self.args.per_device_eval_batch_size)
         batches = plan.FixedBatches(batches[self.data_parallel_rank])
         return self._rank_aware_loader(_batch_columns(dataset), batches, self.data_collator)
