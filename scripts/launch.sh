@@ -56,13 +56,19 @@ NUM_PROCESSES=$((NNODES * PROCS_PER_NODE))  # accelerate's --num_processes is th
 # not (the build then fails: "Ninja is required to load C++ extensions"), or has in another version, which does not
 # recognise what the other built (its build log hashes commands differently): each op is compiled again, ~45 s on
 # 2 cores.
+# Each path and argument is a word for the node's bash (%q), inside the double quotes of `bash -c "..."`, which the
+# batch shell reads first: its \ " $ ` are escaped so that reading hands it on unchanged. A project folder, recipe or
+# accelerate config with a space, or an argument with a $ or ", then reaches train_dpo.py as it was given.
+node_word() {
+  printf '%q' "$1" | sed 's/[\\"$`]/\\&/g'
+}
 launch_line() {
   local main_addr=$1; shift
-  local train_args=""
-  [[ $# -gt 0 ]] && train_args=$(printf ' %q' "$@")
+  local train_args="" arg
+  for arg in "$@"; do train_args+=" $(node_word "$arg")"; done
   cat <<LINE
-srun --nodes=$NNODES --ntasks-per-node=1 --kill-on-bad-exit=1 bash -c "trap '' TERM; export PATH=$VENV_BIN:\\\$PATH PET_SIGNALS_TO_HANDLE=SIGINT,SIGHUP,SIGQUIT; echo \"node \\\$SLURMD_NODENAME: machine rank \\\$SLURM_PROCID of $NNODES, rendezvous $main_addr:$MAIN_PROCESS_PORT, $NUM_PROCESSES processes, \\\$(nproc) CPUs\"; exec $VENV/bin/accelerate launch \
---config_file $ACCELERATE_CONFIG \
+srun --nodes=$NNODES --ntasks-per-node=1 --kill-on-bad-exit=1 bash -c "trap '' TERM; export PATH=$(node_word "$VENV_BIN"):\\\$PATH PET_SIGNALS_TO_HANDLE=SIGINT,SIGHUP,SIGQUIT; echo \"node \\\$SLURMD_NODENAME: machine rank \\\$SLURM_PROCID of $NNODES, rendezvous $main_addr:$MAIN_PROCESS_PORT, $NUM_PROCESSES processes, \\\$(nproc) CPUs\"; exec $(node_word "$VENV")/bin/accelerate launch \
+--config_file $(node_word "$ACCELERATE_CONFIG") \
 --num_machines $NNODES \
 --num_processes $NUM_PROCESSES \
 --machine_rank \\\$SLURM_PROCID \
@@ -70,7 +76,7 @@ srun --nodes=$NNODES --ntasks-per-node=1 --kill-on-bad-exit=1 bash -c "trap '' T
 --main_process_port $MAIN_PROCESS_PORT \
 --deepspeed_multinode_launcher standard \
 --rdzv_backend static \
-train_dpo.py --config $RECIPE$train_args"
+train_dpo.py --config $(node_word "$RECIPE")$train_args"
 LINE
 }
 

@@ -412,11 +412,14 @@ def test_two_jobs_sharing_a_node_run_at_once_and_a_cancelled_job_stays_cancelled
             assert f"error: Slurm refused to requeue job {job} (Requested operation is presently disabled" in log
 
 
-def print_launch(nodes: int, *train_args: str, gpus: str = "4") -> str:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+def print_launch(nodes: int, *train_args: str, gpus: str = "4", env: dict | None = None) -> str:
+    env = (
+        {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+        | {"RECIPE": "configs/think.yaml"}
+        | (env or {})
+    )
     env |= {
         "LAUNCH_PRINT_ONLY": "1",
-        "RECIPE": "configs/think.yaml",
         "SLURM_JOB_NUM_NODES": str(nodes),
         "SLURM_GPUS_PER_NODE": gpus,
         "SLURM_JOB_NODELIST": f"gpu[07-{6 + nodes:02d}]",
@@ -451,6 +454,40 @@ def test_multi_node_launch_line(nodes):
     assert "--machine_rank $SLURM_PROCID " in shown
     # Each node finds the venv's tools first, as an activated venv would: DeepSpeed builds its ops with its ninja.
     assert f"export PATH={ROOT}/.venv/bin:$PATH " in shown
+
+
+def test_launch_line_hands_each_node_paths_and_arguments_as_given(tmp_path):
+    """A venv, recipe and accelerate config in folders with spaces and non-ASCII names (a project under
+    "My Projects/"), and arguments with a space, a $, a " or a quote: each node's `accelerate launch` gets them as
+    given. (The line put them unquoted in `bash -c "..."`: a space split the venv's PATH entry and the recipe, a $ was
+    expanded on the node, a " ended the node's command.)"""
+    folder = tmp_path / "My Projects é"
+    (folder / "venv" / "bin").mkdir(parents=True)
+    (folder / "venv" / "bin" / "accelerate").symlink_to(ROOT / ".venv" / "bin" / "accelerate")
+    shutil.copy(ROOT / "configs" / "think.yaml", folder / "think recipe.yaml")
+    shutil.copy(ROOT / "accelerate_config.yaml", folder / "zero 2.yaml")
+    paths = {
+        "VENV": folder / "venv",
+        "RECIPE": folder / "think recipe.yaml",
+        "ACCELERATE_CONFIG": folder / "zero 2.yaml",
+    }
+    args = ["--output_dir", "outputs/mon run é", "--run_name", "cost$HOME", "--run_name", 'a "b" `c`', "--x", "it's"]
+    line = print_launch(2, *args, env={k: str(v) for k, v in paths.items()})
+    # A stand-in srun shows what each node's bash receives; that bash runs it, with `exec` showing what it would start.
+    on_node = subprocess.run(
+        ["bash", "-c", f'srun() {{ printf "%s" "${{@: -1}}"; }}; {line}'], capture_output=True, text=True, check=True
+    ).stdout
+    shown = subprocess.run(
+        ["bash", "-c", 'exec() { printf "%s\\n" "$@" "$PATH"; }; ' + on_node],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.splitlines()
+    words = shown[shown.index("launch") - 1 : -1]
+    assert words[0] == f"{paths['VENV']}/bin/accelerate"
+    assert words[words.index("--config_file") + 1] == str(paths["ACCELERATE_CONFIG"])
+    assert words[words.index("train_dpo.py") :] == ["train_dpo.py", "--config", str(paths["RECIPE"]), *args]
+    assert shown[-1].startswith(f"{paths['VENV']}/bin:")  # the venv's tools first on PATH, as a whole entry
 
 
 def test_launch_line_masks_secrets_given_on_the_command_line():
