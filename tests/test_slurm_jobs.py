@@ -560,6 +560,40 @@ def test_sbatch_scripts_ask_for_memory_and_find_the_project_from_a_spool_copy(tm
         assert "--num_processes 8" in result.stdout and "train_dpo.py --config configs/" in result.stdout
 
 
+def test_sbatch_scripts_find_a_project_whose_path_holds_spaces_from_another_folder(tmp_path):
+    """Submitted by its full path from another folder, the project under "My Projects é/": Slurm's Command= joins the
+    path and the script's arguments with spaces, and the path was cut at its first space (the job then died on
+    "/tmp/.../scripts/launch.sh: No such file or directory")."""
+    project = tmp_path / "My Projects é" / "dpotrain"
+    project.parent.mkdir()
+    project.symlink_to(ROOT)
+    elsewhere = tmp_path / "runs"
+    elsewhere.mkdir()
+    bin_dir = tmp_path / "bin"  # a stand-in scontrol: the job's record as `scontrol show job` prints it
+    bin_dir.mkdir()
+    for script in ("dpo_train.sh", "dpo_instruct_train.sh"):
+        scontrol = bin_dir / "scontrol"
+        scontrol.write_text(
+            f"#!/bin/sh\necho '   Command={project}/scripts/{script} --max_steps 4'\necho '   WorkDir={elsewhere}'\n"
+        )
+        scontrol.chmod(0o755)
+        copy = tmp_path / script  # Slurm runs a copy from its spool folder, started where it was submitted
+        copy.write_text((ROOT / "scripts" / script).read_text())
+        env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+        env |= {
+            "LAUNCH_PRINT_ONLY": "1",
+            "SLURM_JOB_ID": "7",
+            "SLURM_SUBMIT_DIR": str(elsewhere),
+            "SLURM_GPUS_PER_NODE": "4",
+            "PATH": f"{bin_dir}:{env['PATH']}",
+        }
+        result = subprocess.run(
+            ["bash", str(copy), "--max_steps", "4"], cwd=elsewhere, env=env, capture_output=True, text=True
+        )
+        assert result.returncode == 0, result.stderr
+        assert "--max_steps 4" in result.stdout and "--num_processes 4" in result.stdout
+
+
 def torch_extensions_dir() -> str:
     """Where torch builds JIT ops for this interpreter (cpp_extension's default): the session's jobs built there."""
     import torch
