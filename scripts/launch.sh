@@ -4,7 +4,7 @@
 # Environment (all optional except RECIPE, which the sbatch scripts set):
 #   RECIPE=configs/think.yaml            the recipe passed to train_dpo.py --config
 #   DPOTRAIN_ROOT=<the submit folder>    the project folder (the sbatch scripts set it)
-#   ACCELERATE_CONFIG=<the recipe's accelerate_config, else accelerate_config.yaml>   the engine (README "Engines")
+#   ACCELERATE_CONFIG=<an --accelerate_config argument, else the recipe's, else accelerate_config.yaml>   the engine
 #   VENV=.venv                           the project's virtual environment (bash scripts/setup_env.sh)
 #   MAIN_PROCESS_PORT=<from the job id>  rendezvous port on the first node (20000-29999: two jobs sharing a node
 #                                        do not collide)
@@ -24,11 +24,10 @@ die() { echo "error: $*" >&2; exit 1; }
 
 [[ -x "$VENV/bin/accelerate" ]] || die "no virtual environment at $VENV: run \`bash scripts/setup_env.sh\` on the login node"
 [[ -f "$RECIPE" ]] || die "recipe $RECIPE not found: set RECIPE=configs/<name>.yaml (see configs/)"
-# The engine: the recipe's own (configs/think-32b.yaml names ZeRO-3) unless ACCELERATE_CONFIG says otherwise; the
-# package reads the recipe (dpotrain/cluster/job.py), as training does.
-if [[ -z ${ACCELERATE_CONFIG:-} ]]; then
-  ACCELERATE_CONFIG=$("$VENV/bin/python" -m dpotrain.cluster.job engine "$RECIPE")
-fi
+# The engine: ACCELERATE_CONFIG, else an --accelerate_config among the arguments, else the recipe's own
+# (configs/think-32b.yaml names ZeRO-3); the package reads the recipe (dpotrain/cluster/job.py), as training does. The
+# dry run and every node's train_dpo.py get it last: they plan and record the engine launched.
+ACCELERATE_CONFIG=$("$VENV/bin/python" -m dpotrain.cluster.job engine "$RECIPE" "$@")
 # From the job id, below Linux's ephemeral port range: two jobs on one node must not meet at the same port.
 MAIN_PROCESS_PORT=${MAIN_PROCESS_PORT:-$((20000 + ${SLURM_JOB_ID:-9500} % 10000))}
 NNODES=${SLURM_JOB_NUM_NODES:-1}
@@ -76,7 +75,7 @@ srun --nodes=$NNODES --ntasks-per-node=1 --kill-on-bad-exit=1 bash -c "trap '' T
 --main_process_port $MAIN_PROCESS_PORT \
 --deepspeed_multinode_launcher standard \
 --rdzv_backend static \
-train_dpo.py --config $(node_word "$RECIPE")$train_args"
+train_dpo.py --config $(node_word "$RECIPE")$train_args --accelerate_config $(node_word "$ACCELERATE_CONFIG")"
 LINE
 }
 
@@ -138,7 +137,7 @@ echo "recipe: $RECIPE  accelerate: $ACCELERATE_CONFIG  args: ${SHOWN_ARGS[*]}"
 # A refusal is one `error:` line on stderr (this log), and set -e ends the job here.
 # The memory plan per GPU is for this job's engine (ACCELERATE_CONFIG) and size; a plan that cannot fit is refused.
 resolved=$(WORLD_SIZE=$NUM_PROCESSES GPUS_PER_NODE=$PROCS_PER_NODE "$VENV/bin/python" train_dpo.py --config "$RECIPE" --dry-run --json \
-  --accelerate_config "$ACCELERATE_CONFIG" "$@")
+  "$@" --accelerate_config "$ACCELERATE_CONFIG")
 # Its batch, memory plan and output folder in the log, read from its record (dpotrain/cluster/job.py); what the run
 # would refuse (a login missing, a push without a token, the output folder) ends the job here with the run's own
 # lines and exit code 2, in seconds, instead of after starting every process.

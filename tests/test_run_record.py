@@ -174,3 +174,28 @@ def test_the_engine_launch_sh_launches_is_the_recipes_own(tmp_path, capsys, line
     recipe.write_text(f"learning_rate: 1.0e-6\n{line}\n")
     assert job.main(["engine", str(recipe)]) == 0
     assert capsys.readouterr().out == f"{engine}\n"
+
+
+@pytest.mark.parametrize(
+    "args, engine",
+    [
+        (["--accelerate_config", "configs/accelerate/fsdp2.yaml", "--beta", "5"], "configs/accelerate/fsdp2.yaml"),
+        (["--accelerate-config=configs/accelerate/fsdp2.yaml"], "configs/accelerate/fsdp2.yaml"),
+        (["--accelerate_config", "a.yaml", "--accelerate_config", "none"], "accelerate_config.yaml"),  # the last
+    ],
+)
+def test_the_engine_launch_sh_launches_is_an_argument_of_the_job_over_the_recipes(
+    tmp_path, capsys, monkeypatch, args, engine
+):
+    """An --accelerate_config after the sbatch script overrides the recipe's, as in the run's dry run: it was ignored
+    by the launch (which read the recipe alone), so the job planned one engine and ran another."""
+    monkeypatch.delenv("ACCELERATE_CONFIG", raising=False)
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text("accelerate_config: configs/accelerate/zero3.yaml\n")
+    assert job.main(["engine", str(recipe), *args]) == 0
+    assert capsys.readouterr().out == f"{engine}\n"
+    # launch.sh's ACCELERATE_CONFIG wins over the recipe; naming another engine than the argument is refused
+    monkeypatch.setenv("ACCELERATE_CONFIG", "configs/accelerate/zero3.yaml")
+    assert job.main(["engine", str(recipe)]) == 0 and capsys.readouterr().out == "configs/accelerate/zero3.yaml\n"
+    with pytest.raises(ConfigError, match="^ACCELERATE_CONFIG=configs/accelerate/zero3.yaml and --accelerate_config"):
+        job.engine(str(recipe), args)

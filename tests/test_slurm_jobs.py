@@ -463,7 +463,8 @@ def test_launch_line_hands_each_node_paths_and_arguments_as_given(tmp_path):
     expanded on the node, a " ended the node's command.)"""
     folder = tmp_path / "My Projects é"
     (folder / "venv" / "bin").mkdir(parents=True)
-    (folder / "venv" / "bin" / "accelerate").symlink_to(ROOT / ".venv" / "bin" / "accelerate")
+    for tool in ("accelerate", "python"):
+        (folder / "venv" / "bin" / tool).symlink_to(ROOT / ".venv" / "bin" / tool)
     shutil.copy(ROOT / "configs" / "think.yaml", folder / "think recipe.yaml")
     shutil.copy(ROOT / "accelerate_config.yaml", folder / "zero 2.yaml")
     paths = {
@@ -486,8 +487,35 @@ def test_launch_line_hands_each_node_paths_and_arguments_as_given(tmp_path):
     words = shown[shown.index("launch") - 1 : -1]
     assert words[0] == f"{paths['VENV']}/bin/accelerate"
     assert words[words.index("--config_file") + 1] == str(paths["ACCELERATE_CONFIG"])
-    assert words[words.index("train_dpo.py") :] == ["train_dpo.py", "--config", str(paths["RECIPE"]), *args]
+    config = ["--accelerate_config", str(paths["ACCELERATE_CONFIG"])]  # the engine launched, as the run records it
+    assert words[words.index("train_dpo.py") :] == ["train_dpo.py", "--config", str(paths["RECIPE"]), *args, *config]
     assert shown[-1].startswith(f"{paths['VENV']}/bin:")  # the venv's tools first on PATH, as a whole entry
+
+
+@pytest.mark.parametrize(
+    "given", [["--accelerate_config", "configs/accelerate/zero3.yaml"], ["--accelerate-config=none"]]
+)
+def test_an_accelerate_config_among_the_jobs_arguments_is_the_one_launched(given):
+    """`sbatch scripts/dpo_train.sh --accelerate_config configs/accelerate/zero3.yaml`: the job's dry run planned
+    ZeRO-3 (the argument came after launch.sh's own) while the nodes launched accelerate_config.yaml's ZeRO-2. The
+    launch takes the argument's config (`none`: a job still launches the default), and every node's train_dpo.py gets
+    the launched one last, so the run plans and records the engine it runs."""
+    launched = "configs/accelerate/zero3.yaml" if "zero3" in given[-1] else "accelerate_config.yaml"
+    line = print_launch(2, *given, "--learning_rate", "8e-8")
+    assert f"--config_file {launched} " in line
+    assert line.endswith(f'--learning_rate 8e-8 --accelerate_config {launched}"')
+    # ACCELERATE_CONFIG naming another engine than the argument: one of them would be ignored, so the job is refused.
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+    env |= {
+        "LAUNCH_PRINT_ONLY": "1",
+        "RECIPE": "configs/think.yaml",
+        "ACCELERATE_CONFIG": "configs/accelerate/fsdp2.yaml",
+    }
+    result = subprocess.run(["bash", "scripts/launch.sh", *given], cwd=ROOT, env=env, capture_output=True, text=True)
+    assert result.returncode == 2 and not result.stdout
+    assert result.stderr.strip().startswith(
+        "error: ACCELERATE_CONFIG=configs/accelerate/fsdp2.yaml and --accelerate_config"
+    )
 
 
 def test_launch_line_masks_secrets_given_on_the_command_line():
