@@ -199,3 +199,41 @@ def test_the_engine_launch_sh_launches_is_an_argument_of_the_job_over_the_recipe
     assert job.main(["engine", str(recipe)]) == 0 and capsys.readouterr().out == "configs/accelerate/zero3.yaml\n"
     with pytest.raises(ConfigError, match="^ACCELERATE_CONFIG=configs/accelerate/zero3.yaml and --accelerate_config"):
         job.engine(str(recipe), args)
+
+
+@pytest.mark.parametrize(
+    "config, refusal",
+    [
+        (
+            "distributed_type: FSDP\nfsdp_config:\n  fsdp_sharding_strategy: FULL_SHARD\nnum_processes: 8\n",
+            "FSDP version 1 is not supported: set fsdp_version: 2",
+        ),
+        (
+            "distributed_type: DEEPSPEED\ndeepspeed_config:\n  zero_stage: 1\n",
+            "DeepSpeed ZeRO stage 1 is not supported",
+        ),
+        (
+            "distributed_type: FSDP\nfsdp_config:\n  fsdp_version: 2\n  fsdp_state_dict_type: FULL_STATE_DICT\n",
+            "fsdp_state_dict_type FULL_STATE_DICT is not supported",
+        ),
+        ("distributed_type: MULTI_GPU\ngpus_per_node: 4\n", "would be refused by `accelerate launch`"),
+    ],
+)
+def test_a_job_ends_at_its_dry_run_on_an_engine_its_processes_would_refuse(
+    tmp_path, monkeypatch, capsys, config, refusal
+):
+    """An accelerate config a user wrote (accelerate's questionnaire: FSDP without fsdp_version is FSDP1; ZeRO-1): the
+    dry run leaves it unplanned and went on, so the job started every node's processes, each of which refused it at
+    its start. launch.sh's summary of the dry run (its config is the one launched) ends the job there, in one line."""
+    path = tmp_path / "my accelerate.yaml"
+    path.write_text(config)
+    monkeypatch.setattr("sys.stdin", io.StringIO(json.dumps({**DRY_RUN, "accelerate_config": str(path)}, indent=2)))
+    assert job.main(["summary"]) == 2
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and refusal in lines[0], lines
+    # The engines the project runs go on (the shipped configs, and none: plain `python train_dpo.py`)
+    for shipped in ("accelerate_config.yaml", "configs/accelerate/zero3.yaml", "configs/accelerate/fsdp2.yaml", "none"):
+        record = {**DRY_RUN, "accelerate_config": str(ROOT / shipped) if shipped != "none" else shipped}
+        monkeypatch.setattr("sys.stdin", io.StringIO(json.dumps(record, indent=2)))
+        assert job.main(["summary"]) == 0, shipped
+        assert not capsys.readouterr().err
