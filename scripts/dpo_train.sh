@@ -34,7 +34,12 @@ export RECIPE=${RECIPE:-configs/think.yaml}
 # submitted, or --chdir), else the one the submitted script lives in (scontrol's Command=).
 root=${SLURM_SUBMIT_DIR:-$PWD}
 if [[ ! -f $root/scripts/launch.sh ]]; then
-  submitted=$(scontrol show job "${SLURM_JOB_ID:-0}" 2>/dev/null | grep -o 'Command=[^ ]*' | cut -d= -f2 || true)
+  # Command= is the submitted path, then the script's arguments, joined by spaces: the path may hold spaces too, so
+  # the longest start of it that is this script (beside launch.sh).
+  submitted=$(scontrol show job "${SLURM_JOB_ID:-0}" 2>/dev/null | sed -n 's/^ *Command=//p' || true)
+  while [[ $submitted == *" "* && ! ( -f $submitted && -f $(dirname "$submitted")/launch.sh ) ]]; do
+    submitted=${submitted% *}
+  done
   root=$(cd "$(dirname "${submitted:-$0}")/.." && pwd)
 fi
 export DPOTRAIN_ROOT=$root

@@ -4,7 +4,7 @@
 # Environment (all optional except RECIPE, which the sbatch scripts set):
 #   RECIPE=configs/think.yaml            the recipe passed to train_dpo.py --config
 #   DPOTRAIN_ROOT=<the submit folder>    the project folder (the sbatch scripts set it)
-#   ACCELERATE_CONFIG=<the recipe's accelerate_config, else accelerate_config.yaml>   the engine (README "Engines")
+#   ACCELERATE_CONFIG=<an --accelerate_config argument, else the recipe's, else accelerate_config.yaml>   the engine
 #   VENV=.venv                           the project's virtual environment (bash scripts/setup_env.sh)
 #   MAIN_PROCESS_PORT=<from the job id>  rendezvous port on the first node (20000-29999: two jobs sharing a node
 #                                        do not collide)
@@ -24,11 +24,10 @@ die() { echo "error: $*" >&2; exit 1; }
 
 [[ -x "$VENV/bin/accelerate" ]] || die "no virtual environment at $VENV: run \`bash scripts/setup_env.sh\` on the login node"
 [[ -f "$RECIPE" ]] || die "recipe $RECIPE not found: set RECIPE=configs/<name>.yaml (see configs/)"
-# The engine: the recipe's own (configs/think-32b.yaml names ZeRO-3) unless ACCELERATE_CONFIG says otherwise; the
-# package reads the recipe (dpotrain/cluster/job.py), as training does.
-if [[ -z ${ACCELERATE_CONFIG:-} ]]; then
-  ACCELERATE_CONFIG=$("$VENV/bin/python" -m dpotrain.cluster.job engine "$RECIPE")
-fi
+# The engine: ACCELERATE_CONFIG, else an --accelerate_config among the arguments, else the recipe's own
+# (configs/think-32b.yaml names ZeRO-3); the package reads the recipe (dpotrain/cluster/job.py), as training does. The
+# dry run and every node's train_dpo.py get it last: they plan and record the engine launched.
+ACCELERATE_CONFIG=$("$VENV/bin/python" -m dpotrain.cluster.job engine "$RECIPE" "$@")
 # From the job id, below Linux's ephemeral port range: two jobs on one node must not meet at the same port.
 MAIN_PROCESS_PORT=${MAIN_PROCESS_PORT:-$((20000 + ${SLURM_JOB_ID:-9500} % 10000))}
 NNODES=${SLURM_JOB_NUM_NODES:-1}
@@ -56,13 +55,19 @@ NUM_PROCESSES=$((NNODES * PROCS_PER_NODE))  # accelerate's --num_processes is th
 # not (the build then fails: "Ninja is required to load C++ extensions"), or has in another version, which does not
 # recognise what the other built (its build log hashes commands differently): each op is compiled again, ~45 s on
 # 2 cores.
+# Each path and argument is a word for the node's bash (%q), inside the double quotes of `bash -c "..."`, which the
+# batch shell reads first: its \ " $ ` are escaped so that reading hands it on unchanged. A project folder, recipe or
+# accelerate config with a space, or an argument with a $ or ", then reaches train_dpo.py as it was given.
+node_word() {
+  printf '%q' "$1" | sed 's/[\\"$`]/\\&/g'
+}
 launch_line() {
   local main_addr=$1; shift
-  local train_args=""
-  [[ $# -gt 0 ]] && train_args=$(printf ' %q' "$@")
+  local train_args="" arg
+  for arg in "$@"; do train_args+=" $(node_word "$arg")"; done
   cat <<LINE
-srun --nodes=$NNODES --ntasks-per-node=1 --kill-on-bad-exit=1 bash -c "trap '' TERM; export PATH=$VENV_BIN:\\\$PATH PET_SIGNALS_TO_HANDLE=SIGINT,SIGHUP,SIGQUIT; echo \"node \\\$SLURMD_NODENAME: machine rank \\\$SLURM_PROCID of $NNODES, rendezvous $main_addr:$MAIN_PROCESS_PORT, $NUM_PROCESSES processes, \\\$(nproc) CPUs\"; exec $VENV/bin/accelerate launch \
---config_file $ACCELERATE_CONFIG \
+srun --nodes=$NNODES --ntasks-per-node=1 --kill-on-bad-exit=1 bash -c "trap '' TERM; export PATH=$(node_word "$VENV_BIN"):\\\$PATH PET_SIGNALS_TO_HANDLE=SIGINT,SIGHUP,SIGQUIT; echo \"node \\\$SLURMD_NODENAME: machine rank \\\$SLURM_PROCID of $NNODES, rendezvous $main_addr:$MAIN_PROCESS_PORT, $NUM_PROCESSES processes, \\\$(nproc) CPUs\"; exec $(node_word "$VENV")/bin/accelerate launch \
+--config_file $(node_word "$ACCELERATE_CONFIG") \
 --num_machines $NNODES \
 --num_processes $NUM_PROCESSES \
 --machine_rank \\\$SLURM_PROCID \
@@ -70,7 +75,7 @@ srun --nodes=$NNODES --ntasks-per-node=1 --kill-on-bad-exit=1 bash -c "trap '' T
 --main_process_port $MAIN_PROCESS_PORT \
 --deepspeed_multinode_launcher standard \
 --rdzv_backend static \
-train_dpo.py --config $RECIPE$train_args"
+train_dpo.py --config $(node_word "$RECIPE")$train_args --accelerate_config $(node_word "$ACCELERATE_CONFIG")"
 LINE
 }
 
@@ -120,7 +125,8 @@ rm -f "$DPOTRAIN_STOP_FILE" "$DPOTRAIN_STOP_FILE.checkpointed"
 
 echo "=== DPO job ${SLURM_JOB_ID:-local} (${SLURM_JOB_NAME:-}) restart ${SLURM_RESTART_COUNT:-0} at $(date -Is) ==="
 # The job's log is where sbatch's --output put it (the sbatch scripts: the folder submitted from), not in the project.
-log=$(scontrol show job "${SLURM_JOB_ID:-0}" 2>/dev/null | grep -o 'StdOut=[^ ]*' | cut -d= -f2 || true)
+# (Each field read to the end of its line: a folder's name may hold spaces.)
+log=$(scontrol show job "${SLURM_JOB_ID:-0}" 2>/dev/null | sed -n 's/^ *StdOut=//p' || true)
 echo "project: $PWD  log: ${log:-this terminal}"
 echo "nodes: $NNODES (${SLURM_JOB_NODELIST:-$(hostname -s)}), processes per node: $PROCS_PER_NODE, total: $NUM_PROCESSES"
 echo "gpus per node: $GPUS_PER_NODE  git: $(git rev-parse --short HEAD 2>/dev/null || echo unknown)$(git diff --quiet 2>/dev/null || echo ' (dirty)')"
@@ -131,7 +137,7 @@ echo "recipe: $RECIPE  accelerate: $ACCELERATE_CONFIG  args: ${SHOWN_ARGS[*]}"
 # A refusal is one `error:` line on stderr (this log), and set -e ends the job here.
 # The memory plan per GPU is for this job's engine (ACCELERATE_CONFIG) and size; a plan that cannot fit is refused.
 resolved=$(WORLD_SIZE=$NUM_PROCESSES GPUS_PER_NODE=$PROCS_PER_NODE "$VENV/bin/python" train_dpo.py --config "$RECIPE" --dry-run --json \
-  --accelerate_config "$ACCELERATE_CONFIG" "$@")
+  "$@" --accelerate_config "$ACCELERATE_CONFIG")
 # Its batch, memory plan and output folder in the log, read from its record (dpotrain/cluster/job.py); what the run
 # would refuse (a login missing, a push without a token, the output folder) ends the job here with the run's own
 # lines and exit code 2, in seconds, instead of after starting every process.
@@ -158,7 +164,10 @@ trap 'stop_request TERM' TERM
 
 # How long a checkpoint may take: what the time-limit warning leaves (--signal=B:USR1@<seconds>, read from the
 # submitted script) and the partition's preemption GraceTime. The training processes say when a save took longer.
-script=$(scontrol show job "${SLURM_JOB_ID:-0}" 2>/dev/null | grep -o 'Command=[^ ]*' | cut -d= -f2 || true)
+# Command= is the submitted path, then the script's arguments, joined by spaces: the longest start that is a file.
+script=$(scontrol show job "${SLURM_JOB_ID:-0}" 2>/dev/null | sed -n 's/^ *Command=//p' || true)
+[[ -z $script || $script == /* ]] || script=${SLURM_SUBMIT_DIR:-$PWD}/$script  # relative to where it was submitted
+while [[ $script == *" "* && ! -f $script ]]; do script=${script% *}; done
 lead=$(grep -o '^#SBATCH --signal=B:USR1@[0-9]*' "${script:-/dev/null}" 2>/dev/null | grep -o '[0-9]*$' || true)
 grace=$(scontrol show partition "${SLURM_JOB_PARTITION:-}" 2>/dev/null | grep -o 'GraceTime=[0-9]*' | cut -d= -f2 || true)
 export DPOTRAIN_SAVE_WARN_S=${lead:-600} DPOTRAIN_GRACE_S=${grace:-0}

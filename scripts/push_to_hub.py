@@ -96,7 +96,7 @@ def main(argv: list[str] | None = None) -> None:
             f"{len(on_disk)} checkpoint(s) on disk are not pushed: add --checkpoints to push them to branches step-<N>",
             flush=True,
         )
-    main_files = hub_push.local_files(run, ignore=hub.IGNORE)
+    main_files = hub_push.local_files(run, ignore=hub.IGNORE, allow=hub.own_files(run))  # as push_run uploads them
     if hub_push.remote_matches(api, repo_id, "main", run, main_files):
         print(f"Skipped main: {repo_id} already holds this run", flush=True)
         # confirmed: on the Hub

@@ -522,3 +522,36 @@ def test_the_dashed_token_flag_reaches_no_printed_command(monkeypatch, spelling)
     assert SECRET not in " ".join(recipe.command_line)
     assert hub.take_push_settings(recipe).token == SECRET
     assert SECRET not in " ".join(argv)
+
+
+def test_a_push_uploads_the_runs_own_files_never_a_persons_files_in_its_folder(hub, tmp_path, monkeypatch):
+    """After training, a person keeps notes, an evaluation and a .env (HF_TOKEN=...) in the run's folder; the final push
+    and scripts/push_to_hub.py uploaded the whole folder but IGNORE, so all three reached the (maybe public) repo. The
+    run owns only the files it recorded (run_files.json): those, and what lies under them, are uploaded."""
+    from huggingface_hub import constants
+
+    from dpotrain.hub import hub as hub_module
+    from dpotrain.hub import hub_push
+    from dpotrain.train import run_files
+
+    monkeypatch.setattr(constants, "ENDPOINT", hub.endpoint)
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setenv("DPOTRAIN_HUB_RETRY_WAITS", "0")
+    run = tmp_path / "run"
+    run.mkdir()
+    own = ["config.json", "model.safetensors", "README.md", "run_complete.json", "merged/model.safetensors"]
+    for name in own:
+        (run / name).parent.mkdir(exist_ok=True)
+        (run / name).write_text("{}" if name.endswith(".json") else name)
+    run_files.write(
+        run, [run_files.MANIFEST, "config.json", "model.safetensors", "README.md", "run_complete.json", "merged"]
+    )
+    mine = {".env": f"HF_TOKEN={SECRET}\n", "notes.txt": "lr 1e-6 looked best", "eval/scores.json": "{}"}
+    for name, text in mine.items():
+        (run / name).parent.mkdir(exist_ok=True)
+        (run / name).write_text(text)
+    hub_module.push_run(run, REPO, token=SECRET)
+    assert sorted(set(hub.state.repos[REPO]["main"]) - {".gitattributes"}) == sorted(own)  # run_files.json: IGNORE
+    # What push_to_hub.py compares with main before it pushes again: the same files
+    assert hub_push.local_files(run, hub_module.IGNORE, allow=hub_module.own_files(run)) == sorted(own)
+    assert all((run / name).read_text() == text for name, text in mine.items())  # left where they are

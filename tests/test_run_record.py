@@ -174,3 +174,66 @@ def test_the_engine_launch_sh_launches_is_the_recipes_own(tmp_path, capsys, line
     recipe.write_text(f"learning_rate: 1.0e-6\n{line}\n")
     assert job.main(["engine", str(recipe)]) == 0
     assert capsys.readouterr().out == f"{engine}\n"
+
+
+@pytest.mark.parametrize(
+    "args, engine",
+    [
+        (["--accelerate_config", "configs/accelerate/fsdp2.yaml", "--beta", "5"], "configs/accelerate/fsdp2.yaml"),
+        (["--accelerate-config=configs/accelerate/fsdp2.yaml"], "configs/accelerate/fsdp2.yaml"),
+        (["--accelerate_config", "a.yaml", "--accelerate_config", "none"], "accelerate_config.yaml"),  # the last
+    ],
+)
+def test_the_engine_launch_sh_launches_is_an_argument_of_the_job_over_the_recipes(
+    tmp_path, capsys, monkeypatch, args, engine
+):
+    """An --accelerate_config after the sbatch script overrides the recipe's, as in the run's dry run: it was ignored
+    by the launch (which read the recipe alone), so the job planned one engine and ran another."""
+    monkeypatch.delenv("ACCELERATE_CONFIG", raising=False)
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text("accelerate_config: configs/accelerate/zero3.yaml\n")
+    assert job.main(["engine", str(recipe), *args]) == 0
+    assert capsys.readouterr().out == f"{engine}\n"
+    # launch.sh's ACCELERATE_CONFIG wins over the recipe; naming another engine than the argument is refused
+    monkeypatch.setenv("ACCELERATE_CONFIG", "configs/accelerate/zero3.yaml")
+    assert job.main(["engine", str(recipe)]) == 0 and capsys.readouterr().out == "configs/accelerate/zero3.yaml\n"
+    with pytest.raises(ConfigError, match="^ACCELERATE_CONFIG=configs/accelerate/zero3.yaml and --accelerate_config"):
+        job.engine(str(recipe), args)
+
+
+@pytest.mark.parametrize(
+    "config, refusal",
+    [
+        (
+            "distributed_type: FSDP\nfsdp_config:\n  fsdp_sharding_strategy: FULL_SHARD\nnum_processes: 8\n",
+            "FSDP version 1 is not supported: set fsdp_version: 2",
+        ),
+        (
+            "distributed_type: DEEPSPEED\ndeepspeed_config:\n  zero_stage: 1\n",
+            "DeepSpeed ZeRO stage 1 is not supported",
+        ),
+        (
+            "distributed_type: FSDP\nfsdp_config:\n  fsdp_version: 2\n  fsdp_state_dict_type: FULL_STATE_DICT\n",
+            "fsdp_state_dict_type FULL_STATE_DICT is not supported",
+        ),
+        ("distributed_type: MULTI_GPU\ngpus_per_node: 4\n", "would be refused by `accelerate launch`"),
+    ],
+)
+def test_a_job_ends_at_its_dry_run_on_an_engine_its_processes_would_refuse(
+    tmp_path, monkeypatch, capsys, config, refusal
+):
+    """An accelerate config a user wrote (accelerate's questionnaire: FSDP without fsdp_version is FSDP1; ZeRO-1): the
+    dry run leaves it unplanned and went on, so the job started every node's processes, each of which refused it at
+    its start. launch.sh's summary of the dry run (its config is the one launched) ends the job there, in one line."""
+    path = tmp_path / "my accelerate.yaml"
+    path.write_text(config)
+    monkeypatch.setattr("sys.stdin", io.StringIO(json.dumps({**DRY_RUN, "accelerate_config": str(path)}, indent=2)))
+    assert job.main(["summary"]) == 2
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and refusal in lines[0], lines
+    # The engines the project runs go on (the shipped configs, and none: plain `python train_dpo.py`)
+    for shipped in ("accelerate_config.yaml", "configs/accelerate/zero3.yaml", "configs/accelerate/fsdp2.yaml", "none"):
+        record = {**DRY_RUN, "accelerate_config": str(ROOT / shipped) if shipped != "none" else shipped}
+        monkeypatch.setattr("sys.stdin", io.StringIO(json.dumps(record, indent=2)))
+        assert job.main(["summary"]) == 0, shipped
+        assert not capsys.readouterr().err

@@ -412,11 +412,14 @@ def test_two_jobs_sharing_a_node_run_at_once_and_a_cancelled_job_stays_cancelled
             assert f"error: Slurm refused to requeue job {job} (Requested operation is presently disabled" in log
 
 
-def print_launch(nodes: int, *train_args: str, gpus: str = "4") -> str:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+def print_launch(nodes: int, *train_args: str, gpus: str = "4", env: dict | None = None) -> str:
+    env = (
+        {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+        | {"RECIPE": "configs/think.yaml"}
+        | (env or {})
+    )
     env |= {
         "LAUNCH_PRINT_ONLY": "1",
-        "RECIPE": "configs/think.yaml",
         "SLURM_JOB_NUM_NODES": str(nodes),
         "SLURM_GPUS_PER_NODE": gpus,
         "SLURM_JOB_NODELIST": f"gpu[07-{6 + nodes:02d}]",
@@ -451,6 +454,68 @@ def test_multi_node_launch_line(nodes):
     assert "--machine_rank $SLURM_PROCID " in shown
     # Each node finds the venv's tools first, as an activated venv would: DeepSpeed builds its ops with its ninja.
     assert f"export PATH={ROOT}/.venv/bin:$PATH " in shown
+
+
+def test_launch_line_hands_each_node_paths_and_arguments_as_given(tmp_path):
+    """A venv, recipe and accelerate config in folders with spaces and non-ASCII names (a project under
+    "My Projects/"), and arguments with a space, a $, a " or a quote: each node's `accelerate launch` gets them as
+    given. (The line put them unquoted in `bash -c "..."`: a space split the venv's PATH entry and the recipe, a $ was
+    expanded on the node, a " ended the node's command.)"""
+    folder = tmp_path / "My Projects é"
+    (folder / "venv" / "bin").mkdir(parents=True)
+    for tool in ("accelerate", "python"):
+        (folder / "venv" / "bin" / tool).symlink_to(ROOT / ".venv" / "bin" / tool)
+    shutil.copy(ROOT / "configs" / "think.yaml", folder / "think recipe.yaml")
+    shutil.copy(ROOT / "accelerate_config.yaml", folder / "zero 2.yaml")
+    paths = {
+        "VENV": folder / "venv",
+        "RECIPE": folder / "think recipe.yaml",
+        "ACCELERATE_CONFIG": folder / "zero 2.yaml",
+    }
+    args = ["--output_dir", "outputs/mon run é", "--run_name", "cost$HOME", "--run_name", 'a "b" `c`', "--x", "it's"]
+    line = print_launch(2, *args, env={k: str(v) for k, v in paths.items()})
+    # A stand-in srun shows what each node's bash receives; that bash runs it, with `exec` showing what it would start.
+    on_node = subprocess.run(
+        ["bash", "-c", f'srun() {{ printf "%s" "${{@: -1}}"; }}; {line}'], capture_output=True, text=True, check=True
+    ).stdout
+    shown = subprocess.run(
+        ["bash", "-c", 'exec() { printf "%s\\n" "$@" "$PATH"; }; ' + on_node],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.splitlines()
+    words = shown[shown.index("launch") - 1 : -1]
+    assert words[0] == f"{paths['VENV']}/bin/accelerate"
+    assert words[words.index("--config_file") + 1] == str(paths["ACCELERATE_CONFIG"])
+    config = ["--accelerate_config", str(paths["ACCELERATE_CONFIG"])]  # the engine launched, as the run records it
+    assert words[words.index("train_dpo.py") :] == ["train_dpo.py", "--config", str(paths["RECIPE"]), *args, *config]
+    assert shown[-1].startswith(f"{paths['VENV']}/bin:")  # the venv's tools first on PATH, as a whole entry
+
+
+@pytest.mark.parametrize(
+    "given", [["--accelerate_config", "configs/accelerate/zero3.yaml"], ["--accelerate-config=none"]]
+)
+def test_an_accelerate_config_among_the_jobs_arguments_is_the_one_launched(given):
+    """`sbatch scripts/dpo_train.sh --accelerate_config configs/accelerate/zero3.yaml`: the job's dry run planned
+    ZeRO-3 (the argument came after launch.sh's own) while the nodes launched accelerate_config.yaml's ZeRO-2. The
+    launch takes the argument's config (`none`: a job still launches the default), and every node's train_dpo.py gets
+    the launched one last, so the run plans and records the engine it runs."""
+    launched = "configs/accelerate/zero3.yaml" if "zero3" in given[-1] else "accelerate_config.yaml"
+    line = print_launch(2, *given, "--learning_rate", "8e-8")
+    assert f"--config_file {launched} " in line
+    assert line.endswith(f'--learning_rate 8e-8 --accelerate_config {launched}"')
+    # ACCELERATE_CONFIG naming another engine than the argument: one of them would be ignored, so the job is refused.
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+    env |= {
+        "LAUNCH_PRINT_ONLY": "1",
+        "RECIPE": "configs/think.yaml",
+        "ACCELERATE_CONFIG": "configs/accelerate/fsdp2.yaml",
+    }
+    result = subprocess.run(["bash", "scripts/launch.sh", *given], cwd=ROOT, env=env, capture_output=True, text=True)
+    assert result.returncode == 2 and not result.stdout
+    assert result.stderr.strip().startswith(
+        "error: ACCELERATE_CONFIG=configs/accelerate/fsdp2.yaml and --accelerate_config"
+    )
 
 
 def test_launch_line_masks_secrets_given_on_the_command_line():
@@ -521,6 +586,40 @@ def test_sbatch_scripts_ask_for_memory_and_find_the_project_from_a_spool_copy(tm
         result = subprocess.run(["bash", str(copy)], cwd=tmp_path, env=env, capture_output=True, text=True)
         assert result.returncode == 0, result.stderr
         assert "--num_processes 8" in result.stdout and "train_dpo.py --config configs/" in result.stdout
+
+
+def test_sbatch_scripts_find_a_project_whose_path_holds_spaces_from_another_folder(tmp_path):
+    """Submitted by its full path from another folder, the project under "My Projects é/": Slurm's Command= joins the
+    path and the script's arguments with spaces, and the path was cut at its first space (the job then died on
+    "/tmp/.../scripts/launch.sh: No such file or directory")."""
+    project = tmp_path / "My Projects é" / "dpotrain"
+    project.parent.mkdir()
+    project.symlink_to(ROOT)
+    elsewhere = tmp_path / "runs"
+    elsewhere.mkdir()
+    bin_dir = tmp_path / "bin"  # a stand-in scontrol: the job's record as `scontrol show job` prints it
+    bin_dir.mkdir()
+    for script in ("dpo_train.sh", "dpo_instruct_train.sh"):
+        scontrol = bin_dir / "scontrol"
+        scontrol.write_text(
+            f"#!/bin/sh\necho '   Command={project}/scripts/{script} --max_steps 4'\necho '   WorkDir={elsewhere}'\n"
+        )
+        scontrol.chmod(0o755)
+        copy = tmp_path / script  # Slurm runs a copy from its spool folder, started where it was submitted
+        copy.write_text((ROOT / "scripts" / script).read_text())
+        env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+        env |= {
+            "LAUNCH_PRINT_ONLY": "1",
+            "SLURM_JOB_ID": "7",
+            "SLURM_SUBMIT_DIR": str(elsewhere),
+            "SLURM_GPUS_PER_NODE": "4",
+            "PATH": f"{bin_dir}:{env['PATH']}",
+        }
+        result = subprocess.run(
+            ["bash", str(copy), "--max_steps", "4"], cwd=elsewhere, env=env, capture_output=True, text=True
+        )
+        assert result.returncode == 0, result.stderr
+        assert "--max_steps 4" in result.stdout and "--num_processes 4" in result.stdout
 
 
 def torch_extensions_dir() -> str:

@@ -47,6 +47,9 @@ class Engine:
     # DeepSpeed's gradient_clipping as its config gives it: "auto" (transformers fills it from max_grad_norm), a number,
     # or None when the config has no such key (DeepSpeed then does not clip, whatever max_grad_norm says)
     gradient_clipping: str | float | None = "auto"
+    # An engine `launched` refuses (FSDP1, ZeRO-0/1, Megatron, a config accelerate refuses), read from a config file:
+    # its refusal, which a job's launch (dpotrain/cluster/job.py) makes before it starts any process
+    refused: str | None = None
 
     @property
     def shards_weights(self) -> bool:
@@ -80,32 +83,42 @@ def launched() -> Engine:
             setting = lambda key, default: env(f"ACCELERATE_DEEPSPEED_{key.upper()}", default)
             found = _inline_deepspeed(setting, LAUNCHED, per_node, clip if clip == "auto" else float(clip))
         if found.name not in ("zero2", "zero3"):
-            stage = found.name.removeprefix("zero")
-            raise ConfigError(
-                f"DeepSpeed ZeRO stage {stage} is not supported: use ZeRO-2 (accelerate_config.yaml) or "
-                "ZeRO-3 (ACCELERATE_CONFIG=configs/accelerate/zero3.yaml)"
-            )
+            raise ConfigError(_unsupported_stage(found.name.removeprefix("zero")))
         return found
     if env("ACCELERATE_USE_FSDP", "false").lower() == "true":
-        version = env("FSDP_VERSION", "1")
-        if version != "2":
-            raise ConfigError(
-                f"FSDP version {version} is not supported: set fsdp_version: 2 in the accelerate config "
-                "(configs/accelerate/fsdp2.yaml)"
-            )
-        if not env("FSDP_STATE_DICT_TYPE", "SHARDED_STATE_DICT").upper().endswith("SHARDED_STATE_DICT"):
-            # FULL_STATE_DICT: the main process gathers and writes model and optimizer at every checkpoint (~88 GB
-            # for 7B) while every other rank waits at a barrier; sharded, each rank writes its own part.
-            raise ConfigError(
-                f"fsdp_state_dict_type {env('FSDP_STATE_DICT_TYPE')} is not supported: set "
-                "fsdp_state_dict_type: SHARDED_STATE_DICT (configs/accelerate/fsdp2.yaml); the final "
-                "model is written as safetensors either way"
-            )
+        refused = _unsupported_fsdp(env("FSDP_VERSION", "1"), env("FSDP_STATE_DICT_TYPE"))
+        if refused:
+            raise ConfigError(refused)
         return Engine("fsdp2", LAUNCHED, per_node, offload_params=env("FSDP_OFFLOAD_PARAMS", "false").lower() == "true")
     for flag in ("ACCELERATE_USE_MEGATRON_LM", "ACCELERATE_USE_SAGEMAKER"):
         if env(flag, "false").lower() == "true":
             raise ConfigError(f"{flag.removeprefix('ACCELERATE_USE_').lower()} is not supported: use {SUPPORTED}")
     return Engine("ddp" if world > 1 else "single", LAUNCHED, per_node)
+
+
+def _unsupported_stage(stage: str) -> str:
+    return (
+        f"DeepSpeed ZeRO stage {stage} is not supported: use ZeRO-2 (accelerate_config.yaml) or "
+        "ZeRO-3 (ACCELERATE_CONFIG=configs/accelerate/zero3.yaml)"
+    )
+
+
+def _unsupported_fsdp(version, state_dict_type: str | None) -> str | None:
+    """Why an FSDP launch is refused (as `launched` reads it, or a config file says it), or None."""
+    if str(version) != "2":
+        return (
+            f"FSDP version {version} is not supported: set fsdp_version: 2 in the accelerate config "
+            "(configs/accelerate/fsdp2.yaml)"
+        )
+    if not (state_dict_type or "SHARDED_STATE_DICT").upper().endswith("SHARDED_STATE_DICT"):
+        # FULL_STATE_DICT: the main process gathers and writes model and optimizer at every checkpoint (~88 GB
+        # for 7B) while every other rank waits at a barrier; sharded, each rank writes its own part.
+        return (
+            f"fsdp_state_dict_type {state_dict_type} is not supported: set "
+            "fsdp_state_dict_type: SHARDED_STATE_DICT (configs/accelerate/fsdp2.yaml); the final "
+            "model is written as safetensors either way"
+        )
+    return None
 
 
 def read_accelerate_config(path: str):
@@ -133,7 +146,7 @@ def from_config(accelerate_config: str) -> Engine:
     try:
         config = read_accelerate_config(accelerate_config)
     except ConfigError as e:
-        return Engine("unplanned", str(e))
+        return Engine("unplanned", str(e), refused=str(e))
     per_node = max(processes(config) // max(config.num_machines, 1), 1)
     # The job's GPUs per node (scripts/launch.sh: --gpus-per-node) over the config's: what a refusal counts nodes in.
     per_node = int(os.environ.get("GPUS_PER_NODE") or 0) or per_node
@@ -150,18 +163,24 @@ def from_config(accelerate_config: str) -> Engine:
             found = _inline_deepspeed(ds.get, accelerate_config, per_node, ds.get("gradient_clipping", "auto"))
         if found.name not in ("zero2", "zero3"):
             stage = found.name.removeprefix("zero")
-            return Engine("unplanned", f"DeepSpeed ZeRO stage {stage} ({accelerate_config}): plans cover stages 2, 3")
+            why = f"DeepSpeed ZeRO stage {stage} ({accelerate_config}): plans cover stages 2, 3"
+            return Engine("unplanned", why, refused=_unsupported_stage(stage))
         return found
     if kind == "FSDP":
         fsdp = config.fsdp_config
+        refused = _unsupported_fsdp(fsdp.get("fsdp_version", 1), fsdp.get("fsdp_state_dict_type"))
         if int(fsdp.get("fsdp_version", 1)) != 2:
-            return Engine("unplanned", f"FSDP version 1 ({accelerate_config}): plans cover FSDP2 (fsdp_version: 2)")
-        return Engine("fsdp2", accelerate_config, per_node, offload_params=bool(fsdp.get("fsdp_offload_params")))
+            why = f"FSDP version 1 ({accelerate_config}): plans cover FSDP2 (fsdp_version: 2)"
+            return Engine("unplanned", why, refused=refused)
+        return Engine(
+            "fsdp2", accelerate_config, per_node, offload_params=bool(fsdp.get("fsdp_offload_params")), refused=refused
+        )
     if kind == "MULTI_GPU":
         return Engine("ddp", accelerate_config, per_node)
     if kind == "NO":
         return Engine("single", accelerate_config)
-    return Engine("unplanned", f"distributed_type {kind} ({accelerate_config}) is not one plans cover")
+    refused = f"{kind.lower()} is not supported: use {SUPPORTED}" if kind == "MEGATRON_LM" else None
+    return Engine("unplanned", f"distributed_type {kind} ({accelerate_config}) is not one plans cover", refused=refused)
 
 
 def _inline_deepspeed(setting, source: str, per_node: int, clip) -> Engine:

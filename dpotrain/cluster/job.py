@@ -1,6 +1,7 @@
 """What scripts/launch.sh asks the package, so that the script reads neither the recipe nor the record itself:
-`engine <recipe>` names the accelerate config the job launches with, `summary` (the dry run's JSON on stdin) prints the
-job's batch, memory plan and output folder, and ends the job (exit code 2) where the run would refuse."""
+`engine <recipe> [<train args>]` names the accelerate config the job launches with, `summary` (the dry run's JSON on
+stdin) prints the job's batch, memory plan and output folder, and ends the job (exit code 2) where the run would
+refuse."""
 
 import os
 import sys
@@ -9,11 +10,25 @@ from dpotrain.recipe import recipe_file, run_record
 from dpotrain.recipe.config import ProjectArguments
 from dpotrain.recipe.errors import ConfigError, run_cli
 
+ENGINE_FLAGS = ("--accelerate_config", "--accelerate-config")  # the field's flag, as the parser takes it
 
-def engine(recipe: str) -> str:
-    """The recipe's own (think-32b.yaml names ZeRO-3); `none` (plain `python train_dpo.py`) or none given: the default,
-    accelerate_config.yaml. launch.sh's ACCELERATE_CONFIG wins over both."""
-    named = recipe_file.load(recipe).get("accelerate_config")
+
+def engine(recipe: str, train_args: list[str] | None = None) -> str:
+    """The accelerate config the job launches with: launch.sh's ACCELERATE_CONFIG, else an `--accelerate_config` among
+    the job's arguments (the last, as the run's parser takes it: its dry run plans that one), else the recipe's own
+    (think-32b.yaml names ZeRO-3); `none` (plain `python train_dpo.py`) or none given: the default,
+    accelerate_config.yaml. ACCELERATE_CONFIG and an argument naming another file are refused: one would be ignored."""
+    args, given = train_args or [], None
+    for i, word in enumerate(args):
+        flag, eq, value = word.partition("=")
+        if flag in ENGINE_FLAGS:
+            given = value if eq else (args[i + 1] if i + 1 < len(args) else "")
+    env = os.environ.get("ACCELERATE_CONFIG")
+    if env and given is not None and given != env:
+        raise ConfigError(
+            f"ACCELERATE_CONFIG={env} and --accelerate_config {given} name different engines: keep one of them"
+        )
+    named = env or (given if given is not None else recipe_file.load(recipe).get("accelerate_config"))
     return str(named) if named and str(named).lower() != "none" else ProjectArguments.accelerate_config
 
 
@@ -39,19 +54,28 @@ def summary(text: str) -> int:
         print(f"memory plan: ~{memory.per_gpu_gib['total']} GiB per GPU {gpu} under {memory.engine}")
     elif memory.skipped:
         print(f"memory plan skipped: {memory.skipped}")
-    for refusal in r.output.would_refuse:
+    refusals = list(r.output.would_refuse)
+    # The engine launch.sh launches (it gives the dry run its config): one the run would refuse at its start (FSDP1,
+    # ZeRO-1, ...), which the dry run only leaves unplanned, is refused here, before every node starts its processes.
+    if launched := r.values.get("accelerate_config"):
+        from dpotrain.cluster import engine as engines
+
+        refusals += [refused] if (refused := engines.from_config(str(launched)).refused) else []
+    for refusal in refusals:
         print(f"error: {refusal}", file=sys.stderr)
-    return 2 if r.output.would_refuse else 0
+    return 2 if refusals else 0
 
 
 def main(argv: list[str] | None = None) -> int:
     verb, *args = (sys.argv[1:] if argv is None else argv) or [""]
-    if verb == "engine" and len(args) == 1:
-        print(engine(*args))
+    if verb == "engine" and args:
+        print(engine(args[0], args[1:]))
         return 0
     if verb == "summary" and not args:
         return summary(sys.stdin.read())
-    raise ConfigError("usage: python -m dpotrain.cluster.job engine <recipe> | summary < <the dry run's JSON>")
+    raise ConfigError(
+        "usage: python -m dpotrain.cluster.job engine <recipe> [<train args>] | summary < <the dry run's JSON>"
+    )
 
 
 if __name__ == "__main__":

@@ -277,6 +277,16 @@ def finished_step(output_dir) -> int | None:
     return (run_records.read_record(Path(output_dir) / RUN_COMPLETE, fix) or {}).get("global_step")
 
 
+def own_files(output_dir: str | Path) -> list[str] | None:
+    """What an upload of the run in `output_dir` may take: the names the run recorded as its own (run_files.json) and
+    what lies under them, never a person's file put in the folder (notes, an evaluation, a .env); None for a run
+    written before runs recorded their files (all but IGNORE, as then)."""
+    from dpotrain.train import run_files
+
+    names = run_files.read(Path(output_dir))
+    return None if names is None else [p for name in names for p in (name, f"{name}/*")]
+
+
 def push_run(output_dir: str | Path, repo_id: str, token: str | None = None, private: bool | None = None) -> str:
     """Upload the final model, tokenizer, card, plot and metrics of `output_dir` to main of `repo_id`, retried on
     transient errors; returns the repo's URL. Its start and its outcome are recorded in hub_pushes.jsonl, the start
@@ -287,7 +297,11 @@ def push_run(output_dir: str | Path, repo_id: str, token: str | None = None, pri
     def upload():
         api.create_repo(repo_id, private=private, exist_ok=True)
         return api.upload_folder(
-            repo_id=repo_id, folder_path=str(output_dir), ignore_patterns=IGNORE, commit_message="Upload DPO run"
+            repo_id=repo_id,
+            folder_path=str(output_dir),
+            allow_patterns=own_files(output_dir),
+            ignore_patterns=IGNORE,
+            commit_message="Upload DPO run",
         )
 
     record = functools.partial(record_push, output_dir, step=step, branch="main")

@@ -136,10 +136,10 @@ def upload_checkpoint(api, repo_id: str, folder: Path, step: int):
     )
 
 
-def local_files(folder: Path, ignore: list[str]) -> list[str]:
-    """The relative paths upload_folder sends from `folder` with `ignore` (huggingface_hub's own filter)."""
+def local_files(folder: Path, ignore: list[str], allow: list[str] | None = None) -> list[str]:
+    """The relative paths upload_folder sends from `folder` with `allow` and `ignore` (huggingface_hub's own filter)."""
     paths = [p.relative_to(folder).as_posix() for p in sorted(folder.rglob("*")) if p.is_file()]
-    return list(filter_repo_objects(paths, ignore_patterns=[*ignore, *DEFAULT_IGNORE_PATTERNS]))
+    return list(filter_repo_objects(paths, allow_patterns=allow, ignore_patterns=[*ignore, *DEFAULT_IGNORE_PATTERNS]))
 
 
 def remote_matches(api, repo_id: str, revision: str, folder: Path, names: list[str]) -> bool:
