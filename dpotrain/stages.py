@@ -138,7 +138,8 @@ def output_checks(recipe, launch: Launch, push) -> resolve.OutputDecision:
     offline files. The Hub's write-access check asks the network: the run makes it once, on its main process. A dry
     run lists what the run would refuse (a missing login, its output folder) instead of refusing, and goes on."""
     training, only_reference = recipe.training, recipe.project.reference_only
-    refusals: list[str] = []
+    # An engine the run refuses at its start (FSDP1, ZeRO-1, ...): a dry run can only leave it unplanned, and says so.
+    refusals = [launch.engine.refused] if launch.dry_run and launch.engine.refused else []
 
     def check(step, *args):
         try:

@@ -8,6 +8,7 @@ import json
 
 import pytest
 
+import train_dpo
 from conftest import ROOT
 from dpotrain import resolve
 from dpotrain.cluster import job
@@ -216,24 +217,41 @@ def test_the_engine_launch_sh_launches_is_an_argument_of_the_job_over_the_recipe
             "distributed_type: FSDP\nfsdp_config:\n  fsdp_version: 2\n  fsdp_state_dict_type: FULL_STATE_DICT\n",
             "fsdp_state_dict_type FULL_STATE_DICT is not supported",
         ),
-        ("distributed_type: MULTI_GPU\ngpus_per_node: 4\n", "would be refused by `accelerate launch`"),
     ],
 )
 def test_a_job_ends_at_its_dry_run_on_an_engine_its_processes_would_refuse(
     tmp_path, monkeypatch, capsys, config, refusal
 ):
     """An accelerate config a user wrote (accelerate's questionnaire: FSDP without fsdp_version is FSDP1; ZeRO-1): the
-    dry run leaves it unplanned and went on, so the job started every node's processes, each of which refused it at
-    its start. launch.sh's summary of the dry run (its config is the one launched) ends the job there, in one line."""
+    dry run left it unplanned and went on, so the job started every node's processes, each of which refused it at
+    its start. The dry run says the run would refuse it, and launch.sh's summary of the dry run (its config is the one
+    launched) ends the job there, in one line."""
     path = tmp_path / "my accelerate.yaml"
     path.write_text(config)
-    monkeypatch.setattr("sys.stdin", io.StringIO(json.dumps({**DRY_RUN, "accelerate_config": str(path)}, indent=2)))
+
+    def dry_run(accelerate_config: str, *json) -> str:
+        argv = ["--config", SMOKE, "--accelerate_config", accelerate_config, "--output_dir", str(tmp_path / "run")]
+        train_dpo.main([*argv, "--dry-run", *json])
+        return capsys.readouterr().out
+
+    assert f"warning: the run would refuse: {refusal}" in dry_run(str(path))
+    monkeypatch.setattr("sys.stdin", io.StringIO(dry_run(str(path), "--json")))
     assert job.main(["summary"]) == 2
     lines = capsys.readouterr().err.splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: ") and refusal in lines[0], lines
     # The engines the project runs go on (the shipped configs, and none: plain `python train_dpo.py`)
     for shipped in ("accelerate_config.yaml", "configs/accelerate/zero3.yaml", "configs/accelerate/fsdp2.yaml", "none"):
-        record = {**DRY_RUN, "accelerate_config": str(ROOT / shipped) if shipped != "none" else shipped}
-        monkeypatch.setattr("sys.stdin", io.StringIO(json.dumps(record, indent=2)))
+        monkeypatch.setattr(
+            "sys.stdin", io.StringIO(dry_run(str(ROOT / shipped) if shipped != "none" else shipped, "--json"))
+        )
         assert job.main(["summary"]) == 0, shipped
         assert not capsys.readouterr().err
+
+
+def test_a_dry_run_ends_on_an_accelerate_config_accelerate_itself_refuses(tmp_path):
+    """A key accelerate does not know (`gpus_per_node`, a Slurm word): the dry run, and so the job, ends in one line."""
+    path = tmp_path / "my accelerate.yaml"
+    path.write_text("distributed_type: MULTI_GPU\ngpus_per_node: 4\n")
+    argv = ["--config", SMOKE, "--accelerate_config", str(path), "--output_dir", str(tmp_path / "run"), "--dry-run"]
+    with pytest.raises(ConfigError, match="would be refused by `accelerate launch`: ValueError: .*unknown keys"):
+        train_dpo.main(argv)

@@ -54,16 +54,11 @@ def summary(text: str) -> int:
         print(f"memory plan: ~{memory.per_gpu_gib['total']} GiB per GPU {gpu} under {memory.engine}")
     elif memory.skipped:
         print(f"memory plan skipped: {memory.skipped}")
-    refusals = list(r.output.would_refuse)
-    # The engine launch.sh launches (it gives the dry run its config): one the run would refuse at its start (FSDP1,
-    # ZeRO-1, ...), which the dry run only leaves unplanned, is refused here, before every node starts its processes.
-    if launched := r.values.get("accelerate_config"):
-        from dpotrain.cluster import engine as engines
-
-        refusals += [refused] if (refused := engines.from_config(str(launched)).refused) else []
-    for refusal in refusals:
+    # What the run would refuse, the engine launch.sh launches included (it gives the dry run its config): refused
+    # here, before every node starts its processes.
+    for refusal in r.output.would_refuse:
         print(f"error: {refusal}", file=sys.stderr)
-    return 2 if refusals else 0
+    return 2 if r.output.would_refuse else 0
 
 
 def main(argv: list[str] | None = None) -> int:
