@@ -5,6 +5,11 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup_env.sh
-# A demo is repeatable: replace the previous demo run instead of refusing to write over it.
-.venv/bin/python train_dpo.py --config configs/smoke.yaml --overwrite_output_dir "$@"
+# A demo is repeatable: it replaces the previous demo run (outputs/smoke-dpo) instead of refusing to write over it.
+# Sent to a folder of the user's choosing it does not: a finished run there (a real one, say) is refused, not replaced.
+replace=(--overwrite_output_dir)
+for arg in "$@"; do
+    case "$arg" in --output_dir | --output_dir=* | --output-dir | --output-dir=*) replace=() ;; esac
+done
+.venv/bin/python train_dpo.py --config configs/smoke.yaml "${replace[@]}" "$@"
 echo "Next (README, step 3 on): source .venv/bin/activate, then python scripts/analyze_dataset.py, python train_dpo.py"

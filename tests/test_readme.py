@@ -2,6 +2,7 @@
 
 import re
 import shlex
+import shutil
 import subprocess
 
 import pytest
@@ -102,3 +103,28 @@ def test_no_path_a_page_names_lies_outside_the_repository(page):
     for name in re.findall(r"`((?:scripts|configs|dpotrain|tests|data|benchmarks|docs)/[\w./-]+?)`", text):
         if "<" not in name and "*" not in name:
             assert (ROOT / name).exists() or name in ELSEWHERE, (page.name, name)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("spelling", ["--output_dir", "--output_dir="])
+def test_the_demo_sent_to_a_folder_of_the_users_does_not_replace_the_run_there(demo_run, tmp_path, spelling):
+    """`bash scripts/demo.sh` replaces its own previous run (outputs/smoke-dpo), so that it can be run again; it passed
+    --overwrite_output_dir whatever folder it was given, so `bash scripts/demo.sh --output_dir outputs/my-real-run`
+    replaced the finished run there. Given a folder, the demo is refused there as any run is."""
+    project, env, demo = demo_run
+    assert demo.returncode == 0, demo.stdout[-3000:]
+    mine = tmp_path / "my real run"
+    shutil.copytree(project / "outputs" / "smoke-dpo", mine)
+    words = [spelling, str(mine)] if spelling.endswith("dir") else [f"{spelling}{mine}"]
+    result = subprocess.run(
+        ["bash", "scripts/demo.sh", *words, "--dry-run"],
+        cwd=project,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stdout[-3000:]
+    (output,) = [line for line in result.stdout.splitlines() if line.strip().startswith("output:")]
+    assert "refused by the run" in output and "replace" not in output, output
