@@ -354,6 +354,37 @@ def test_pushes_the_project_cannot_make_are_refused(args, refusal):
         hub.take_push_settings(recipe)
 
 
+@pytest.mark.parametrize(
+    "args, given",
+    [
+        (["--hub_model_id", "org/name@main"], "hub_model_id 'org/name@main'"),
+        (["--hub_model_id", "my org/name"], "hub_model_id 'my org/name'"),
+        (["--hub_model_id", "org/team/name"], "hub_model_id 'org/team/name'"),
+        (["--hub_model_id", "org/" + "n" * 97], f"hub_model_id 'org/{'n' * 97}'"),
+        (["--output_dir", "outputs/my run"], "push_to_hub without hub_model_id pushes to the run name 'my run'"),
+        (["--run_name", "über-dpo"], "push_to_hub without hub_model_id pushes to the run name 'über-dpo'"),
+    ],
+)
+def test_a_repo_name_the_hub_refuses_is_refused_before_anything_runs(args, given):
+    """It was met at the write-access check, said as a Hub that could not be reached ('set HF_HUB_OFFLINE=1 and push
+    afterwards': a run that trained in full, then failed at push_to_hub.py), and a dry run said nothing."""
+    import train_dpo
+    from dpotrain.hub import hub
+    from dpotrain.recipe.config import parse_args
+    from dpotrain.recipe.errors import ConfigError
+
+    argv = ["--config", SMOKE, "--push_to_hub", "true", *args]
+    with pytest.raises(ConfigError) as refused:
+        hub.take_push_settings(parse_args(argv))
+    assert str(refused.value).startswith(f"{given} is not a Hugging Face repo name (`name` or `namespace/name`")
+    assert str(refused.value).endswith(": pass --hub_model_id org/name")
+    with pytest.raises(ConfigError, match="is not a Hugging Face repo name"):
+        train_dpo.main([*argv, "--dry-run"])
+    for repo in ("org/name", "name", "Org-1/my_run.v2"):  # a bare name goes to the token user's namespace
+        assert hub.take_push_settings(parse_args([*argv, "--hub_model_id", repo])).repo_id == repo
+    assert not hub.take_push_settings(parse_args(["--config", SMOKE, *args])).requested  # no push, no refusal
+
+
 def test_push_checkpoints_needs_push_to_hub():
     from dpotrain.hub import hub
     from dpotrain.recipe.config import parse_args

@@ -14,6 +14,7 @@ a local server that answers in the Hub's documented shapes.
 import importlib.util
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -450,6 +451,20 @@ def test_push_without_hub_model_id_asks_for_repo_id(monkeypatch, finished_run):
     monkeypatch.setenv("HF_TOKEN", SECRET)
     (finished_run / "resolved_config.json").write_text(json.dumps({"hub_model_id": None}))
     with pytest.raises(ConfigError, match=r"no repo to push to: pass --repo-id org/name \(.*has no hub_model_id\)"):
+        load_script("push_to_hub").main([str(finished_run)])
+
+
+def test_push_refuses_a_repo_name_the_hub_refuses_before_asking_it(monkeypatch, finished_run):
+    """It was sent to the write-access check, which said 'This machine cannot reach the Hub' for a name the Hub
+    client refused."""
+    monkeypatch.setenv("HF_TOKEN", SECRET)
+    with pytest.raises(ConfigError) as info:
+        load_script("push_to_hub").main([str(finished_run), "--repo-id", "org/name@step-2"])
+    assert str(info.value).startswith("--repo-id 'org/name@step-2' is not a Hugging Face repo name (")
+    assert str(info.value).endswith(": pass --repo-id org/name")
+    saved = finished_run / "resolved_config.json"
+    saved.write_text(json.dumps({"hub_model_id": "my run"}))
+    with pytest.raises(ConfigError, match=f"^hub_model_id of {re.escape(str(saved))} 'my run' is not a Hugging Face"):
         load_script("push_to_hub").main([str(finished_run)])
 
 
