@@ -531,6 +531,14 @@ def test_a_new_repo_is_created_at_start_or_refused_there(local_hub):
     assert [r["kind"] for r in local_hub.project_requests()][-1] == "create_repo"
 
 
+def test_a_repo_created_at_start_without_hub_private_repo_takes_its_namespaces_default(local_hub):
+    """hub_private_repo unset (None) is the namespace's default visibility, as transformers and huggingface_hub read
+    it: an organization whose repos are private by default. It was sent as `public`."""
+    for repo, private in [("lab/unset", None), ("lab/open", False), ("lab/closed", True)]:
+        hub.create_at_start(repo, SECRET, private)
+    assert local_hub.visibility == {"lab/unset": None, "lab/open": "public", "lab/closed": "private"}
+
+
 def test_write_access_says_when_the_hub_cannot_be_reached(monkeypatch):
     from huggingface_hub import constants
 

@@ -418,7 +418,9 @@ def create_at_start(repo_id: str, token: str | None, private: bool | None) -> No
         return
     api = HfApi(token=token or get_token())
     try:
-        within(30, lambda: api.create_repo(repo_id, private=bool(private), exist_ok=True))
+        # None (hub_private_repo unset) is the namespace's default, as the Trainer and push_run read it: an organization
+        # that makes its repos private by default gets a private one, not a public one
+        within(30, lambda: api.create_repo(repo_id, private=private, exist_ok=True))
     except HfHubHTTPError as e:
         if status_of(e) in (401, 403):
             raise ConfigError(
