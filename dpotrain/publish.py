@@ -2,6 +2,7 @@
 and run_complete.json written, and the run pushed to the Hub where asked."""
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 from dpotrain import output_folder
@@ -72,11 +73,14 @@ def finish_outputs(run, resolved: dict) -> None:
     push_final(out, push, training)
 
 
-def complete_push(recipe, push, state) -> None:
+def complete_push(recipe, push, repo: str, state) -> None:
     """A rerun of a finished run whose final push was started and not confirmed (resolve.check_output_dir: the job was
-    killed while pushing, or the push failed): that push, from the main process, and nothing else."""
+    killed while pushing, or the push failed): that push, to `repo` (the one it started on, `OutputDecision.push_left`,
+    as the dry run and the refusal name it), from the main process, and nothing else. Not the command's hub_model_id:
+    a rerun with --push_to_hub alone, as the refusal advises, would push to a repo named after the run instead."""
     if state.is_main_process:
         out = Path(recipe.training.output_dir)
+        push = replace(push, repo_id=repo)
         now = "not now (below)" if offline.is_offline() else "pushing it now"  # HF_HUB_OFFLINE: push_final says how
         print(
             f"output_dir {out}: a finished run whose push to {push.repo_id} was started and not confirmed (the job "

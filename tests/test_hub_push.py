@@ -502,6 +502,37 @@ def test_a_finished_run_with_a_push_left_is_pushed_by_the_same_command_and_other
         resolve.check_output_dir(asked, 8)
 
 
+def test_a_push_left_is_completed_to_the_repo_it_started_on(hub, tmp_path, monkeypatch, tiny_model_dir):
+    """The refusal of a rerun without a push says 'rerun with --push_to_hub to complete it', and the dry run 'the run
+    pushes it' to the repo the push started on: a rerun with --push_to_hub and no --hub_model_id pushed the run to a
+    repo named after the run (me/run) instead."""
+    import shutil
+    from types import SimpleNamespace
+
+    from huggingface_hub import constants
+
+    from dpotrain import publish, resolve
+    from dpotrain.hub import hub as hub_module
+    from dpotrain.hub.hub_push import record_push
+    from dpotrain.recipe.config import parse_args
+
+    monkeypatch.setattr(constants, "ENDPOINT", hub.endpoint)
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "0")
+    monkeypatch.setenv("DPOTRAIN_HUB_RETRY_WAITS", "0")
+    out = tmp_path / "run"
+    shutil.copytree(tiny_model_dir, out)
+    (out / "run_complete.json").write_text('{"global_step": 2}')
+    record_push(out, step=2, branch="main", status="started", repo=REPO)
+    recipe = parse_args(["--config", SMOKE, "--output_dir", str(out), "--push_to_hub", "true", "--hub_token", SECRET])
+    push = hub_module.take_push_settings(recipe)
+    decision = resolve.check_output_dir(recipe, 8)
+    assert (decision.push_left, push.repo_id) == (REPO, "run")
+    publish.complete_push(recipe, push, decision.push_left, SimpleNamespace(is_main_process=True))
+    assert [commit["repo"] for commit in hub.state.commits] == [REPO] and "me/run" not in hub.state.repos
+    assert [(r["status"], r["repo"]) for r in read_pushes(out)] == [("started", REPO)] * 2 + [("pushed", REPO)]
+
+
 def test_a_failing_final_push_is_retried_then_recorded(hub, tmp_path, monkeypatch, tiny_model_dir):
     import shutil
 
