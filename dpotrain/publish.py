@@ -93,8 +93,7 @@ def complete_push(recipe, push, repo: str, state) -> None:
 def push_final(out: Path, push, training) -> None:
     """The finished run to main of its repo where asked (its start and its confirmation recorded by hub.push_run), or
     with HF_HUB_OFFLINE the command that pushes it later."""
-    command = f"python scripts/push_to_hub.py {out} --repo-id {push.repo_id}"
-    command += " --checkpoints" if push.checkpoints else ""
+    command = hub_push.push_command(out, "--repo-id", push.repo_id, *(["--checkpoints"] if push.checkpoints else []))
     if push.requested and offline.is_offline():
         limit = training.save_total_limit if push.checkpoints else None  # rotation deleted the older ones
         kept = f" (the last {limit} checkpoints, those still on disk)" if limit else ""

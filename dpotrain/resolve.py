@@ -215,7 +215,7 @@ def check_output_dir(recipe: Recipe, pairs_per_step: int | None = None) -> Outpu
             return OutputDecision(None, False, push_left=repo)
         how = (
             f"; its push to {repo} was started and not confirmed: rerun with --push_to_hub to complete it, or run "
-            f"`python scripts/push_to_hub.py {out} --repo-id {repo}`"
+            f"`{hub_push.push_command(out, '--repo-id', repo)}`"
             if left
             else ""
         )

@@ -533,6 +533,38 @@ def test_a_push_left_is_completed_to_the_repo_it_started_on(hub, tmp_path, monke
     assert [(r["status"], r["repo"]) for r in read_pushes(out)] == [("started", REPO)] * 2 + [("pushed", REPO)]
 
 
+def test_the_push_commands_a_run_prints_keep_a_folder_with_a_space_one_word(tmp_path, monkeypatch, capsys):
+    """`python scripts/push_to_hub.py /x/my runs/think dpo --repo-id ...`, copied as printed, pushed the folder
+    '/x/my' (or was refused for the words after it): each printed command is as a shell reads it back."""
+    import shlex
+
+    from dpotrain import publish, resolve
+    from dpotrain.hub import hub as hub_module
+    from dpotrain.hub.hub_push import CheckpointPusher, record_push
+    from dpotrain.recipe.config import parse_args
+    from dpotrain.recipe.errors import ConfigError
+
+    out = tmp_path / "my runs" / "think dpo"
+    out.mkdir(parents=True)
+    (out / "run_complete.json").write_text('{"global_step": 2}')
+    record_push(out, step=2, branch="main", status="started", repo=REPO)
+    with pytest.raises(ConfigError) as refused:  # a finished run whose push was cut short, rerun without a push
+        resolve.check_output_dir(parse_args(["--config", SMOKE, "--output_dir", str(out)]), 8)
+    script = ["python", "scripts/push_to_hub.py", str(out)]
+    assert shlex.split(str(refused.value).rsplit("`", 2)[1]) == [*script, "--repo-id", REPO]
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # the run's last lines: nothing pushed, and how to push it
+    args = ["--push_to_hub", "true", "--hub_model_id", REPO, "--push_checkpoints", "true", "--hub_token", SECRET]
+    recipe = parse_args(["--config", SMOKE, "--output_dir", str(out), *args])
+    publish.push_final(out, hub_module.take_push_settings(recipe), recipe.training)
+    printed = capsys.readouterr().out
+    assert shlex.split(printed.rsplit("`", 2)[1]) == [*script, "--repo-id", REPO, "--checkpoints"], printed
+
+    CheckpointPusher(REPO, SECRET, None, out)._failed(2, 1, "500")  # a checkpoint's upload that failed
+    warned = capsys.readouterr().err
+    assert shlex.split(warned.split("`")[1]) == [*script, "--checkpoints"], warned
+
+
 def test_a_failing_final_push_is_retried_then_recorded(hub, tmp_path, monkeypatch, tiny_model_dir):
     import shutil
 

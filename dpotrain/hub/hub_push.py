@@ -14,6 +14,7 @@ import functools
 import os
 import queue
 import re
+import shlex
 import shutil
 import sys
 import threading
@@ -49,6 +50,12 @@ FINAL_WAIT_S = 30 * 60
 # How long a run stopped for requeue waits: Slurm's signal comes ~30-60 s before the kill. The requeued job pushes
 # what is left (CheckpointPusher.on_train_begin).
 STOP_WAIT_S = 10
+
+
+def push_command(output_dir: str | Path, *flags: str) -> str:
+    """The scripts/push_to_hub.py command that pushes `output_dir`, as a shell reads it back (a folder with a space
+    in its name is one word, quoted)."""
+    return shlex.join(["python", "scripts/push_to_hub.py", str(output_dir), *flags])
 
 
 def branch_name(step: int) -> str:
@@ -280,7 +287,7 @@ class CheckpointPusher(TrainerCallback):
         record_push(self.out, step=step, branch=branch, status="failed", attempts=attempts, error=error)
         print(
             f"warning: checkpoint-{step} was not pushed to {self.repo_id}@{branch} ({error}); training goes on. "
-            f"Recorded in {self.out / PUSH_RECORD}; `python scripts/push_to_hub.py {self.out} --checkpoints` pushes "
+            f"Recorded in {self.out / PUSH_RECORD}; `{push_command(self.out, '--checkpoints')}` pushes "
             "it later while it is still on disk",
             file=sys.stderr,
             flush=True,
@@ -300,7 +307,7 @@ class CheckpointPusher(TrainerCallback):
             record_push(self.out, step=step, branch=branch_name(step), status="unfinished", error="still uploading")
         print(
             f"warning: checkpoint uploads still running after {timeout:.0f} s were abandoned (steps "
-            f"{', '.join(map(str, left))}): `python scripts/push_to_hub.py {self.out} --checkpoints` pushes the "
+            f"{', '.join(map(str, left))}): `{push_command(self.out, '--checkpoints')}` pushes the "
             "ones still on disk",
             file=sys.stderr,
             flush=True,
