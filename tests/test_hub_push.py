@@ -385,6 +385,23 @@ def test_a_repo_name_the_hub_refuses_is_refused_before_anything_runs(args, given
     assert not hub.take_push_settings(parse_args(["--config", SMOKE, *args])).requested  # no push, no refusal
 
 
+@pytest.mark.parametrize("value", ["15s,60s", "one", "-5", "nan", "inf"])
+def test_retry_waits_that_are_not_seconds_are_refused_before_training(monkeypatch, value):
+    """They were read at the first upload, after training: each checkpoint's upload and the final push failed
+    (ValueError: could not convert string to float), and push_to_hub.py ended in a traceback."""
+    from dpotrain.hub import hub
+    from dpotrain.hub.hub_push import with_retries
+    from dpotrain.recipe.config import parse_args
+    from dpotrain.recipe.errors import ConfigError
+
+    recipe = parse_args(["--config", SMOKE, "--push_to_hub", "true", "--hub_model_id", REPO])
+    monkeypatch.setenv("DPOTRAIN_HUB_RETRY_WAITS", value)
+    with pytest.raises(ConfigError, match=rf"^DPOTRAIN_HUB_RETRY_WAITS='{value}' is not a list of seconds between"):
+        hub.take_push_settings(recipe)
+    monkeypatch.setenv("DPOTRAIN_HUB_RETRY_WAITS", " 0, 1.5 ")
+    assert hub.take_push_settings(recipe).requested and with_retries(lambda: "done", "x") == ("done", 1)
+
+
 def test_push_checkpoints_needs_push_to_hub():
     from dpotrain.hub import hub
     from dpotrain.recipe.config import parse_args

@@ -12,7 +12,7 @@ from huggingface_hub.errors import HfHubHTTPError, HFValidationError, Repository
 from huggingface_hub.utils import validate_repo_id
 
 from dpotrain.cluster.offline import TOKENIZER_VOCAB, hf_token, is_hub_model, is_offline, within
-from dpotrain.hub.hub_push import pushed_revisions, record_push, status_of, with_retries
+from dpotrain.hub.hub_push import pushed_revisions, record_push, retry_waits, status_of, with_retries
 from dpotrain.recipe import records as run_records
 from dpotrain.recipe.config import TOKEN_FLAGS
 from dpotrain.recipe.errors import ConfigError, cause
@@ -107,6 +107,7 @@ def take_push_settings(recipe, run_engine=None) -> PushSettings:
     if t.push_to_hub:  # now, not at the write-access check (taken for no network) or, offline, after training
         given = "hub_model_id" if t.hub_model_id else "push_to_hub without hub_model_id pushes to the run name"
         check_repo_id(repo_id, given, "pass --hub_model_id org/name")
+        retry_waits()  # read at the first upload, after training
     settings = PushSettings(
         requested=bool(t.push_to_hub),
         repo_id=repo_id,

@@ -11,6 +11,7 @@ and a line in `<output_dir>/hub_pushes.jsonl`, never a failed run.
 import contextlib
 import fnmatch
 import functools
+import math
 import os
 import queue
 import re
@@ -28,7 +29,7 @@ from transformers import TrainerCallback
 
 from dpotrain.recipe import records as run_records
 from dpotrain.recipe import upstream
-from dpotrain.recipe.errors import cause
+from dpotrain.recipe.errors import ConfigError, cause
 from dpotrain.train.checkpoints import MARKER, checkpoints, is_complete
 
 PUSH_RECORD = "hub_pushes.jsonl"  # one line per upload's start (the final push) and outcome: step, branch, status
@@ -117,11 +118,29 @@ def is_transient(error: BaseException) -> bool:
     return isinstance(error, (*upstream.http_transport_errors(), ConnectionError, TimeoutError))
 
 
-def with_retries(fn, what: str):
-    """fn() retried on transient errors after each wait (DPOTRAIN_HUB_RETRY_WAITS); returns (result, attempts). A final
-    error gets `.attempts`."""
+def retry_waits() -> tuple[float, ...]:
+    """The seconds between attempts (DPOTRAIN_HUB_RETRY_WAITS, else DEFAULT_RETRY_WAITS). A value that is not a list of
+    seconds is refused in one line; a push checks it before training (`hub.take_push_settings`), not at its first
+    upload, where it failed each checkpoint's upload and the final push."""
     value = os.environ.get("DPOTRAIN_HUB_RETRY_WAITS")
-    waits = tuple(float(x) for x in value.split(",") if x.strip()) if value else DEFAULT_RETRY_WAITS
+    if not value:
+        return DEFAULT_RETRY_WAITS
+    try:
+        waits = tuple(float(x) for x in value.split(",") if x.strip())
+    except ValueError:
+        waits = (math.nan,)
+    if not all(math.isfinite(w) and w >= 0 for w in waits):
+        raise ConfigError(
+            f"DPOTRAIN_HUB_RETRY_WAITS={value!r} is not a list of seconds between a Hub upload's attempts: write them "
+            "comma-separated, e.g. DPOTRAIN_HUB_RETRY_WAITS=15,60,240 (the default), or unset it"
+        )
+    return waits
+
+
+def with_retries(fn, what: str):
+    """fn() retried on transient errors after each wait (`retry_waits`); returns (result, attempts). A final error gets
+    `.attempts`."""
+    waits = retry_waits()
     for attempt in range(1, len(waits) + 2):
         try:
             return fn(), attempt
