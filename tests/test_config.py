@@ -255,6 +255,9 @@ def test_a_key_yaml_reads_as_a_number_or_an_env_that_is_no_mapping_is_one_line(t
             "",
             "loss_weights [1.0, nan] is not a finite number",
         ),
+        # a mapping's number: the dry run's JSON held `"min_lr_rate": Infinity`
+        ([], "lr_scheduler_kwargs: {min_lr_rate: .inf}\n", "{'min_lr_rate': inf} is not a finite number"),
+        (["--lr_scheduler_kwargs", '{"min_lr_rate": NaN}'], "", "{'min_lr_rate': nan} is not a finite number"),
     ],
 )
 def test_a_value_that_is_not_a_finite_number_is_refused(args, recipe, expected, tmp_path):

@@ -443,11 +443,16 @@ def _take_config(argv: list[str]) -> tuple[str | None, list[str]]:
 def _check_finite(*parts) -> None:
     """`inf` and `nan` parse as floats, and JSON, the records' format (resolved_config.json, the dry run's), holds
     neither: `--max_grad_norm inf` wrote `Infinity`, which strict readers (jq, JavaScript, W&B) refuse."""
+
+    def numbers(value):  # a mapping's too (lr_scheduler_kwargs: {min_lr_rate: .nan}), and a list's
+        if isinstance(value, dict):
+            value = list(value.values())
+        return [n for v in value for n in numbers(v)] if isinstance(value, list) else [value]
+
     for part in parts:
         for f in fields(part):
             value = getattr(part, f.name)
-            values = value if isinstance(value, list) else [value]
-            if any(isinstance(v, float) and not math.isfinite(v) for v in values):
+            if any(isinstance(v, float) and not math.isfinite(v) for v in numbers(value)):
                 raise ConfigError(
                     f"{f.name} {value} is not a finite number: give one (an option that can be turned off says how in "
                     "--help: max_grad_norm 0, a health threshold 0)"
