@@ -84,7 +84,7 @@ def run(argv, stop: GracefulStop) -> int | None:
     if not recipe.project.reference_only:  # one run per output folder, taken before anything is written there
         run_lock.take(recipe.training.output_dir, state.is_main_process)
     if output.push_left:  # a finished run whose final push a kill cut short: that push, and nothing else
-        return publish.complete_push(recipe, push, state)
+        return publish.complete_push(recipe, push, output.push_left, state)
     # The checkpoint to resume from, its files verified against its manifest (else the previous sound one).
     confirmed = resume.confirm(output.resume_from, explicit=bool(recipe.training.resume_from_checkpoint))
     output = replace(output, resume_from=confirmed)

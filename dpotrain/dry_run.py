@@ -17,7 +17,7 @@ from dpotrain.plan.memory_advice import NODE_SIZES
 from dpotrain.recipe import run_record
 from dpotrain.recipe.errors import ConfigError
 from dpotrain.recipe.run_record import Record
-from dpotrain.recipe.writes import check_not_input, input_files, unwritable, write_text
+from dpotrain.recipe.writes import check_not_input, check_path_limit, input_files, unwritable, write_text
 from dpotrain.train import losses
 
 # Memory of GPUs users train on, in GiB as `gpu_memory_gib` takes it (nvidia-smi's total MiB / 1024).
@@ -33,6 +33,8 @@ def write_json(resolved: dict, output_dir: str) -> Path:
     inputs = input_files(
         resolved.get("config"), resolved.get("dataset_name"), *sources, resolved.get("accelerate_config")
     )
+    # Its name is output_dir's and 13 bytes more: an output_dir name the run takes may leave this one past NAME_MAX.
+    check_path_limit("the dry run's record (beside --output_dir; --json prints it instead)", str(path))
     check_not_input("the dry run's record (beside --output_dir)", path, inputs)
     try:
         return write_text(path, json.dumps(resolved, indent=2, default=str) + "\n")

@@ -2,6 +2,7 @@
 and run_complete.json written, and the run pushed to the Hub where asked."""
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 from dpotrain import output_folder
@@ -72,11 +73,14 @@ def finish_outputs(run, resolved: dict) -> None:
     push_final(out, push, training)
 
 
-def complete_push(recipe, push, state) -> None:
+def complete_push(recipe, push, repo: str, state) -> None:
     """A rerun of a finished run whose final push was started and not confirmed (resolve.check_output_dir: the job was
-    killed while pushing, or the push failed): that push, from the main process, and nothing else."""
+    killed while pushing, or the push failed): that push, to `repo` (the one it started on, `OutputDecision.push_left`,
+    as the dry run and the refusal name it), from the main process, and nothing else. Not the command's hub_model_id:
+    a rerun with --push_to_hub alone, as the refusal advises, would push to a repo named after the run instead."""
     if state.is_main_process:
         out = Path(recipe.training.output_dir)
+        push = replace(push, repo_id=repo)
         now = "not now (below)" if offline.is_offline() else "pushing it now"  # HF_HUB_OFFLINE: push_final says how
         print(
             f"output_dir {out}: a finished run whose push to {push.repo_id} was started and not confirmed (the job "
@@ -89,8 +93,7 @@ def complete_push(recipe, push, state) -> None:
 def push_final(out: Path, push, training) -> None:
     """The finished run to main of its repo where asked (its start and its confirmation recorded by hub.push_run), or
     with HF_HUB_OFFLINE the command that pushes it later."""
-    command = f"python scripts/push_to_hub.py {out} --repo-id {push.repo_id}"
-    command += " --checkpoints" if push.checkpoints else ""
+    command = hub_push.push_command(out, "--repo-id", push.repo_id, *(["--checkpoints"] if push.checkpoints else []))
     if push.requested and offline.is_offline():
         limit = training.save_total_limit if push.checkpoints else None  # rotation deleted the older ones
         kept = f" (the last {limit} checkpoints, those still on disk)" if limit else ""

@@ -137,11 +137,19 @@ class OutputDecision:
             folder = f"{output_dir}: an unfinished run, which the run resumes from {self.resume_from}"
         elif self.start_afresh:
             folder = f"{output_dir}: replaced by the run (--overwrite_output_dir: the old run's own files only)"
-        elif any(output_dir in refusal for refusal in self.would_refuse):
+        elif any(names_folder(refusal, output_dir) for refusal in self.would_refuse):
             folder = f"{output_dir}: refused by the run (below)"
         else:
             folder = f"{output_dir}: the run starts there" + ("" if Path(output_dir).is_dir() else " (new)")
         return {"output_folder": folder, "would_refuse": list(self.would_refuse)}
+
+
+def names_folder(refusal: str, output_dir: str) -> bool:
+    """Whether `refusal` is about the output folder: it names the folder, or a path inside it, quoted, as the folder's
+    refusals do (`output_dir 'run' ...`, `checkpoint 'run/checkpoint-3' ...`). Not the folder's name as a word of
+    another refusal: `--output_dir run` beside a missing Hub token ('..., run `hf auth login`') is a new folder."""
+    spellings = {output_dir, str(Path(output_dir)), os.path.abspath(output_dir)}
+    return any(f"{q}{name}{end}" in refusal for name in spellings for q in "'\"" for end in (q, "/"))
 
 
 def changed_settings(recipe: Recipe, out: Path, pairs_per_step: int | None) -> list[str]:
@@ -207,7 +215,7 @@ def check_output_dir(recipe: Recipe, pairs_per_step: int | None = None) -> Outpu
             return OutputDecision(None, False, push_left=repo)
         how = (
             f"; its push to {repo} was started and not confirmed: rerun with --push_to_hub to complete it, or run "
-            f"`python scripts/push_to_hub.py {out} --repo-id {repo}`"
+            f"`{hub_push.push_command(out, '--repo-id', repo)}`"
             if left
             else ""
         )

@@ -62,6 +62,9 @@ def main(argv: list[str] | None = None) -> None:
     repo_id = args.repo_id or recorded.hub_model_id
     if not repo_id:
         raise ConfigError(f"no repo to push to: pass --repo-id org/name ({saved} has no hub_model_id)")
+    given = "--repo-id" if args.repo_id else f"hub_model_id of {saved}"
+    hub.check_repo_id(repo_id, given, "pass --repo-id org/name")
+    hub_push.retry_waits()  # before anything uploads
     private = args.private or bool(recorded.hub_private_repo)
 
     from dpotrain.cluster.offline import hf_token

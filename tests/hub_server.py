@@ -134,6 +134,8 @@ class HubState:
         # namespace -> status of a repo creation there (default 200): 403 where this token may not create repos, as
         # the Hub answers a read token or another user's namespace.
         self.create_status: dict[str, int] = {}
+        # repo -> the visibility its creation asked for ("public", "private"; None: the namespace's default)
+        self.visibility: dict[str, str | None] = {}
         self.fail: dict[tuple[str, str], int] = {}  # (kind, revision) -> failures left (-1: always)
         self.hold: dict[tuple[str, str], object] = {}  # (kind, revision) -> fn() run before answering
         self.dataset_commits: dict[str, dict[str, dict[str, bytes]]] = {}  # data set repo -> {sha: {path: bytes}}
@@ -255,6 +257,7 @@ class Handler(http.server.BaseHTTPRequestHandler):
             )
         if not self.state.add_repo(repo):
             return self.reply(409, {"error": "You already created this model repo", "url": self.url(repo)})
+        self.state.visibility[repo] = payload.get("visibility")
         self.reply(200, {"url": self.url(repo), "name": repo, "id": repo})
 
     def model_info(self, params, body, query):

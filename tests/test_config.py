@@ -12,6 +12,7 @@ import yaml
 
 import train_dpo
 from conftest import ROOT
+from dpotrain.data import mixture
 from dpotrain.recipe.config import parse_args
 from dpotrain.recipe.errors import ConfigError, run_cli
 
@@ -254,6 +255,9 @@ def test_a_key_yaml_reads_as_a_number_or_an_env_that_is_no_mapping_is_one_line(t
             "",
             "loss_weights [1.0, nan] is not a finite number",
         ),
+        # a mapping's number: the dry run's JSON held `"min_lr_rate": Infinity`
+        ([], "lr_scheduler_kwargs: {min_lr_rate: .inf}\n", "{'min_lr_rate': inf} is not a finite number"),
+        (["--lr_scheduler_kwargs", '{"min_lr_rate": NaN}'], "", "{'min_lr_rate': nan} is not a finite number"),
     ],
 )
 def test_a_value_that_is_not_a_finite_number_is_refused(args, recipe, expected, tmp_path):
@@ -286,7 +290,13 @@ def test_a_recipes_null_is_none_for_a_text_field_too(tmp_path):
 
 
 @pytest.mark.parametrize(
-    "name, default", [("accelerate_config", "accelerate_config.yaml"), ("dataset_train_split", "train")]
+    "name, default",
+    [
+        ("accelerate_config", "accelerate_config.yaml"),
+        ("dataset_train_split", "train"),
+        ("report_to", "none"),  # was ['None']: transformers' "None is not supported" once the trainer was built
+        ("loss_type", ["sigmoid"]),  # a default_factory's
+    ],
 )
 def test_a_recipes_null_for_a_field_that_needs_a_value_is_refused_in_one_line(tmp_path, name, default):
     """`accelerate_config: null` became None, which the dry run's engine reading called .lower() on (an
@@ -297,6 +307,21 @@ def test_a_recipes_null_for_a_field_that_needs_a_value_is_refused_in_one_line(tm
         f"{name}: null in the recipe, but {name} needs a value: delete the line for its default ({default!r}) or "
         "write one"
     )
+
+
+def test_a_recipes_null_is_none_for_a_list_field_too(tmp_path):
+    """`datasets: null` beside dataset_name (a recipe saying it trains no mixture) was the mixture ['None'], refused as
+    'dataset_name and a mixture'; any list field's null was a list of the word None, or refused as a number
+    (`loss_weights: null`: invalid float value: 'None'); `output_dir: null` left no output folder at all."""
+    text = f"bf16: false\ndataset_name: {ROOT / 'data' / 'smoke_prefs.jsonl'}\ndatasets: null\n"
+    text += "dataset_mixer_list: null\nsample_prompts: null\nloss_weights: null\noutput_dir: null\n"
+    recipe = parse_args(["--config", write(tmp_path, text)])
+    p = recipe.project
+    assert (p.datasets, p.dataset_mixer_list, p.sample_prompts, recipe.training.loss_weights) == (None,) * 4
+    assert recipe.training.output_dir == str(Path("outputs/recipe-dpo"))  # was None: the default, not a folder
+    mixture.check(recipe)  # dataset_name alone: no mixture
+    given = parse_args(["--config", write(tmp_path, text), "--sample_prompts", "None"])  # the command line's word
+    assert given.project.sample_prompts == ["None"]
 
 
 def test_an_env_variable_without_a_value_is_left_unset(tmp_path):

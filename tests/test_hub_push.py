@@ -354,6 +354,54 @@ def test_pushes_the_project_cannot_make_are_refused(args, refusal):
         hub.take_push_settings(recipe)
 
 
+@pytest.mark.parametrize(
+    "args, given",
+    [
+        (["--hub_model_id", "org/name@main"], "hub_model_id 'org/name@main'"),
+        (["--hub_model_id", "my org/name"], "hub_model_id 'my org/name'"),
+        (["--hub_model_id", "org/team/name"], "hub_model_id 'org/team/name'"),
+        (["--hub_model_id", "org/" + "n" * 97], f"hub_model_id 'org/{'n' * 97}'"),
+        (["--output_dir", "outputs/my run"], "push_to_hub without hub_model_id pushes to the run name 'my run'"),
+        (["--run_name", "über-dpo"], "push_to_hub without hub_model_id pushes to the run name 'über-dpo'"),
+    ],
+)
+def test_a_repo_name_the_hub_refuses_is_refused_before_anything_runs(args, given):
+    """It was met at the write-access check, said as a Hub that could not be reached ('set HF_HUB_OFFLINE=1 and push
+    afterwards': a run that trained in full, then failed at push_to_hub.py), and a dry run said nothing."""
+    import train_dpo
+    from dpotrain.hub import hub
+    from dpotrain.recipe.config import parse_args
+    from dpotrain.recipe.errors import ConfigError
+
+    argv = ["--config", SMOKE, "--push_to_hub", "true", *args]
+    with pytest.raises(ConfigError) as refused:
+        hub.take_push_settings(parse_args(argv))
+    assert str(refused.value).startswith(f"{given} is not a Hugging Face repo name (`name` or `namespace/name`")
+    assert str(refused.value).endswith(": pass --hub_model_id org/name")
+    with pytest.raises(ConfigError, match="is not a Hugging Face repo name"):
+        train_dpo.main([*argv, "--dry-run"])
+    for repo in ("org/name", "name", "Org-1/my_run.v2"):  # a bare name goes to the token user's namespace
+        assert hub.take_push_settings(parse_args([*argv, "--hub_model_id", repo])).repo_id == repo
+    assert not hub.take_push_settings(parse_args(["--config", SMOKE, *args])).requested  # no push, no refusal
+
+
+@pytest.mark.parametrize("value", ["15s,60s", "one", "-5", "nan", "inf"])
+def test_retry_waits_that_are_not_seconds_are_refused_before_training(monkeypatch, value):
+    """They were read at the first upload, after training: each checkpoint's upload and the final push failed
+    (ValueError: could not convert string to float), and push_to_hub.py ended in a traceback."""
+    from dpotrain.hub import hub
+    from dpotrain.hub.hub_push import with_retries
+    from dpotrain.recipe.config import parse_args
+    from dpotrain.recipe.errors import ConfigError
+
+    recipe = parse_args(["--config", SMOKE, "--push_to_hub", "true", "--hub_model_id", REPO])
+    monkeypatch.setenv("DPOTRAIN_HUB_RETRY_WAITS", value)
+    with pytest.raises(ConfigError, match=rf"^DPOTRAIN_HUB_RETRY_WAITS='{value}' is not a list of seconds between"):
+        hub.take_push_settings(recipe)
+    monkeypatch.setenv("DPOTRAIN_HUB_RETRY_WAITS", " 0, 1.5 ")
+    assert hub.take_push_settings(recipe).requested and with_retries(lambda: "done", "x") == ("done", 1)
+
+
 def test_push_checkpoints_needs_push_to_hub():
     from dpotrain.hub import hub
     from dpotrain.recipe.config import parse_args
@@ -469,6 +517,69 @@ def test_a_finished_run_with_a_push_left_is_pushed_by_the_same_command_and_other
     record_push(out, step=2, branch="main", status="pushed", repo=REPO)
     with pytest.raises(ConfigError, match="already holds a finished run: pass --output_dir for a new run, or "):
         resolve.check_output_dir(asked, 8)
+
+
+def test_a_push_left_is_completed_to_the_repo_it_started_on(hub, tmp_path, monkeypatch, tiny_model_dir):
+    """The refusal of a rerun without a push says 'rerun with --push_to_hub to complete it', and the dry run 'the run
+    pushes it' to the repo the push started on: a rerun with --push_to_hub and no --hub_model_id pushed the run to a
+    repo named after the run (me/run) instead."""
+    import shutil
+    from types import SimpleNamespace
+
+    from huggingface_hub import constants
+
+    from dpotrain import publish, resolve
+    from dpotrain.hub import hub as hub_module
+    from dpotrain.hub.hub_push import record_push
+    from dpotrain.recipe.config import parse_args
+
+    monkeypatch.setattr(constants, "ENDPOINT", hub.endpoint)
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "0")
+    monkeypatch.setenv("DPOTRAIN_HUB_RETRY_WAITS", "0")
+    out = tmp_path / "run"
+    shutil.copytree(tiny_model_dir, out)
+    (out / "run_complete.json").write_text('{"global_step": 2}')
+    record_push(out, step=2, branch="main", status="started", repo=REPO)
+    recipe = parse_args(["--config", SMOKE, "--output_dir", str(out), "--push_to_hub", "true", "--hub_token", SECRET])
+    push = hub_module.take_push_settings(recipe)
+    decision = resolve.check_output_dir(recipe, 8)
+    assert (decision.push_left, push.repo_id) == (REPO, "run")
+    publish.complete_push(recipe, push, decision.push_left, SimpleNamespace(is_main_process=True))
+    assert [commit["repo"] for commit in hub.state.commits] == [REPO] and "me/run" not in hub.state.repos
+    assert [(r["status"], r["repo"]) for r in read_pushes(out)] == [("started", REPO)] * 2 + [("pushed", REPO)]
+
+
+def test_the_push_commands_a_run_prints_keep_a_folder_with_a_space_one_word(tmp_path, monkeypatch, capsys):
+    """`python scripts/push_to_hub.py /x/my runs/think dpo --repo-id ...`, copied as printed, pushed the folder
+    '/x/my' (or was refused for the words after it): each printed command is as a shell reads it back."""
+    import shlex
+
+    from dpotrain import publish, resolve
+    from dpotrain.hub import hub as hub_module
+    from dpotrain.hub.hub_push import CheckpointPusher, record_push
+    from dpotrain.recipe.config import parse_args
+    from dpotrain.recipe.errors import ConfigError
+
+    out = tmp_path / "my runs" / "think dpo"
+    out.mkdir(parents=True)
+    (out / "run_complete.json").write_text('{"global_step": 2}')
+    record_push(out, step=2, branch="main", status="started", repo=REPO)
+    with pytest.raises(ConfigError) as refused:  # a finished run whose push was cut short, rerun without a push
+        resolve.check_output_dir(parse_args(["--config", SMOKE, "--output_dir", str(out)]), 8)
+    script = ["python", "scripts/push_to_hub.py", str(out)]
+    assert shlex.split(str(refused.value).rsplit("`", 2)[1]) == [*script, "--repo-id", REPO]
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # the run's last lines: nothing pushed, and how to push it
+    args = ["--push_to_hub", "true", "--hub_model_id", REPO, "--push_checkpoints", "true", "--hub_token", SECRET]
+    recipe = parse_args(["--config", SMOKE, "--output_dir", str(out), *args])
+    publish.push_final(out, hub_module.take_push_settings(recipe), recipe.training)
+    printed = capsys.readouterr().out
+    assert shlex.split(printed.rsplit("`", 2)[1]) == [*script, "--repo-id", REPO, "--checkpoints"], printed
+
+    CheckpointPusher(REPO, SECRET, None, out)._failed(2, 1, "500")  # a checkpoint's upload that failed
+    warned = capsys.readouterr().err
+    assert shlex.split(warned.split("`")[1]) == [*script, "--checkpoints"], warned
 
 
 def test_a_failing_final_push_is_retried_then_recorded(hub, tmp_path, monkeypatch, tiny_model_dir):

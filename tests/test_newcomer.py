@@ -97,6 +97,27 @@ def test_a_dry_run_on_a_finished_runs_folder_shows_its_plan_and_what_the_run_wou
     assert f"output:        {tmp_path / 'new'}: the run starts there (new)" in text, text
 
 
+def test_the_summary_calls_the_folder_refused_only_where_a_refusal_names_it(tmp_path, monkeypatch):
+    """`--output_dir run` and a missing Hub token ('..., run `hf auth login`, ...'): the summary said 'run: refused by
+    the run (below)' of a new folder, because the folder's name was a word of the token's refusal."""
+    from dpotrain.resolve import OutputDecision
+
+    monkeypatch.chdir(tmp_path)
+    token = (
+        "push_to_hub is set but no Hugging Face token was found: add HF_TOKEN=... to .env, run `hf auth login`, or "
+        "drop --push_to_hub"
+    )
+    assert OutputDecision(None, False, (token,)).record("run")["output_folder"] == "run: the run starts there (new)"
+    for output_dir, refusal in [
+        ("run", "output_dir 'run' already holds a finished run: pass --output_dir for a new run, or ..."),
+        ("./run/", "output_dir 'run' has no complete checkpoint: pass --overwrite_output_dir to start afresh, ..."),
+        ("run", "checkpoint 'run/checkpoint-3' holds no record of the settings it was trained with ..."),
+        ("run", f"output_dir {str(tmp_path / 'run')!r} is in use by another run (...)"),
+    ]:
+        folder = OutputDecision(None, False, (token, refusal)).record(output_dir)["output_folder"]
+        assert folder == f"{output_dir}: refused by the run (below)", (output_dir, refusal)
+
+
 # --- 12: every analyzer command a dry run prints runs; a model folder without a tokenizer is named -------------------
 
 

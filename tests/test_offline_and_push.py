@@ -14,6 +14,7 @@ a local server that answers in the Hub's documented shapes.
 import importlib.util
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -453,6 +454,20 @@ def test_push_without_hub_model_id_asks_for_repo_id(monkeypatch, finished_run):
         load_script("push_to_hub").main([str(finished_run)])
 
 
+def test_push_refuses_a_repo_name_the_hub_refuses_before_asking_it(monkeypatch, finished_run):
+    """It was sent to the write-access check, which said 'This machine cannot reach the Hub' for a name the Hub
+    client refused."""
+    monkeypatch.setenv("HF_TOKEN", SECRET)
+    with pytest.raises(ConfigError) as info:
+        load_script("push_to_hub").main([str(finished_run), "--repo-id", "org/name@step-2"])
+    assert str(info.value).startswith("--repo-id 'org/name@step-2' is not a Hugging Face repo name (")
+    assert str(info.value).endswith(": pass --repo-id org/name")
+    saved = finished_run / "resolved_config.json"
+    saved.write_text(json.dumps({"hub_model_id": "my run"}))
+    with pytest.raises(ConfigError, match=f"^hub_model_id of {re.escape(str(saved))} 'my run' is not a Hugging Face"):
+        load_script("push_to_hub").main([str(finished_run)])
+
+
 # --- check_write_access --------------------------------------------------------------------------------------------
 
 
@@ -514,6 +529,14 @@ def test_a_new_repo_is_created_at_start_or_refused_there(local_hub):
     assert "lab/new" in local_hub.repos
     hub.create_at_start("lab/mine", SECRET, private=False)  # exists: left as it is (the Hub's 409, exist_ok)
     assert [r["kind"] for r in local_hub.project_requests()][-1] == "create_repo"
+
+
+def test_a_repo_created_at_start_without_hub_private_repo_takes_its_namespaces_default(local_hub):
+    """hub_private_repo unset (None) is the namespace's default visibility, as transformers and huggingface_hub read
+    it: an organization whose repos are private by default. It was sent as `public`."""
+    for repo, private in [("lab/unset", None), ("lab/open", False), ("lab/closed", True)]:
+        hub.create_at_start(repo, SECRET, private)
+    assert local_hub.visibility == {"lab/unset": None, "lab/open": "public", "lab/closed": "private"}
 
 
 def test_write_access_says_when_the_hub_cannot_be_reached(monkeypatch):

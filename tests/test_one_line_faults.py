@@ -193,6 +193,27 @@ def test_a_path_past_the_file_systems_limits_is_one_line_at_the_checks(tmp_path,
         parse_args(["--config", str(recipe), *dry_run])
 
 
+def test_a_name_near_the_limit_is_written_and_the_dry_runs_record_past_it_is_one_line(tmp_path):
+    """A record named within NAME_MAX was written under a temporary name 20-odd bytes longer ('.<name>.<host>.<pid>
+    .tmp'): OSError: [Errno 36] File name too long. And the dry run's record beside an output_dir the run takes (a
+    name of 243 bytes) is 13 bytes longer: a traceback, not a line naming the fix."""
+    from dpotrain import dry_run
+    from dpotrain.recipe import writes
+
+    long = tmp_path / ("n" * 250)
+    writes.write_text(long, "whole\n")
+    assert long.read_text() == "whole\n" and [p.name for p in tmp_path.iterdir()] == [long.name]
+    assert dry_run.write_json({}, str(tmp_path / ("o" * 242))).name == "o" * 242 + ".dry-run.json"
+    output_dir = tmp_path / ("o" * 243)
+    with pytest.raises(ConfigError) as refused:
+        dry_run.write_json({}, str(output_dir))
+    assert str(refused.value) == (
+        "the dry run's record (beside --output_dir; --json prints it instead) "
+        f"'{output_dir}.dry-run.json': the name 'oooooooooooooooooooooooo...' in it is 256 bytes, and this file system "
+        "takes names of at most 255 bytes (NAME_MAX): give a shorter name"
+    )
+
+
 @pytest.mark.slow
 def test_a_model_without_a_chat_template_for_message_lists_is_refused_as_the_analyzer_refuses_it(
     tmp_path, monkeypatch, capsys, tiny_model_dir

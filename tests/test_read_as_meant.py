@@ -449,6 +449,26 @@ def test_shipped_recipes_read_strictly():
         assert config.read_recipe(str(path))  # no key given twice, none misspelled
 
 
+def test_a_recipes_merge_key_is_read_as_yaml_reads_it(tmp_path):
+    """`<<: *source` (YAML's merge key) was 'not valid YAML': the strict reader took it for a key of its own. A key
+    written beside it overrides the merged one; a key written twice is still refused."""
+    recipe = tmp_path / "mix.yaml"
+    recipe.write_text(
+        "bf16: false\n"
+        "datasets:\n"
+        "  - &source {path: data/a.jsonl, split: train, amount: 0.5}\n"
+        "  - <<: *source\n"
+        "    path: data/b.jsonl\n"
+    )
+    assert [json.loads(s) for s in parse_args(["--config", str(recipe)]).project.datasets] == [
+        {"path": "data/a.jsonl", "split": "train", "amount": 0.5},
+        {"path": "data/b.jsonl", "split": "train", "amount": 0.5},
+    ]
+    recipe.write_text("bf16: false\nmodel_init_kwargs:\n  <<: {revision: main}\n  revision: dev\n  revision: v2\n")
+    with pytest.raises(ConfigError, match=":5: key 'revision' is given twice"):
+        parse_args(["--config", str(recipe)])
+
+
 # --- tracebacks that are now one line ---------------------------------------------------------------------------------
 
 

@@ -8,10 +8,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from huggingface_hub import HfApi, ModelCard, ModelCardData, constants, get_token
-from huggingface_hub.errors import HfHubHTTPError, RepositoryNotFoundError
+from huggingface_hub.errors import HfHubHTTPError, HFValidationError, RepositoryNotFoundError
+from huggingface_hub.utils import validate_repo_id
 
 from dpotrain.cluster.offline import TOKENIZER_VOCAB, hf_token, is_hub_model, is_offline, within
-from dpotrain.hub.hub_push import pushed_revisions, record_push, status_of, with_retries
+from dpotrain.hub.hub_push import pushed_revisions, record_push, retry_waits, status_of, with_retries
 from dpotrain.recipe import records as run_records
 from dpotrain.recipe.config import TOKEN_FLAGS
 from dpotrain.recipe.errors import ConfigError, cause
@@ -102,15 +103,34 @@ def take_push_settings(recipe, run_engine=None) -> PushSettings:
             "push_checkpoints is set but save_strategy is 'no', so no checkpoint is saved: set "
             "save_strategy: steps and save_steps, or drop push_checkpoints"
         )
+    repo_id = t.hub_model_id or t.run_name
+    if t.push_to_hub:  # now, not at the write-access check (taken for no network) or, offline, after training
+        given = "hub_model_id" if t.hub_model_id else "push_to_hub without hub_model_id pushes to the run name"
+        check_repo_id(repo_id, given, "pass --hub_model_id org/name")
+        retry_waits()  # read at the first upload, after training
     settings = PushSettings(
         requested=bool(t.push_to_hub),
-        repo_id=t.hub_model_id or t.run_name,
+        repo_id=repo_id,
         private=t.hub_private_repo,
         checkpoints=p.push_checkpoints,
         token=t.hub_token or hf_token(),
     )
     scrub_argv(sys.argv)
     return settings
+
+
+def check_repo_id(repo_id: str, given: str, fix: str) -> None:
+    """Refuse a repo name the Hub refuses, by huggingface_hub's own rules (`validate_repo_id`): a run met it at the
+    write-access check, said as a Hub it could not reach (whose remedy, HF_HUB_OFFLINE, trained in full and failed at
+    push_to_hub.py). `given`: how the name came (the field, or the run name); `fix`: the flag that names another."""
+    try:
+        validate_repo_id(repo_id)
+    except HFValidationError:
+        raise ConfigError(
+            f"{given} {repo_id!r} is not a Hugging Face repo name (`name` or `namespace/name`, each of letters, "
+            "digits, '-', '_' and '.', at most 96 characters, not starting or ending with '-' or '.', without '--' or "
+            f"'..', not ending in '.git'): {fix}"
+        ) from None
 
 
 def scrub_argv(argv: list[str]) -> None:
@@ -413,7 +433,9 @@ def create_at_start(repo_id: str, token: str | None, private: bool | None) -> No
         return
     api = HfApi(token=token or get_token())
     try:
-        within(30, lambda: api.create_repo(repo_id, private=bool(private), exist_ok=True))
+        # None (hub_private_repo unset) is the namespace's default, as the Trainer and push_run read it: an organization
+        # that makes its repos private by default gets a private one, not a public one
+        within(30, lambda: api.create_repo(repo_id, private=private, exist_ok=True))
     except HfHubHTTPError as e:
         if status_of(e) in (401, 403):
             raise ConfigError(

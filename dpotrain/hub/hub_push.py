@@ -11,8 +11,10 @@ and a line in `<output_dir>/hub_pushes.jsonl`, never a failed run.
 import contextlib
 import fnmatch
 import functools
+import math
 import os
 import queue
+import shlex
 import shutil
 import sys
 import threading
@@ -26,7 +28,7 @@ from transformers import TrainerCallback
 
 from dpotrain.recipe import records as run_records
 from dpotrain.recipe import upstream
-from dpotrain.recipe.errors import cause
+from dpotrain.recipe.errors import ConfigError, cause
 from dpotrain.train.checkpoints import MARKER, checkpoints, is_complete, step_of
 
 PUSH_RECORD = "hub_pushes.jsonl"  # one line per upload's start (the final push) and outcome: step, branch, status
@@ -48,6 +50,12 @@ FINAL_WAIT_S = 30 * 60
 # How long a run stopped for requeue waits: Slurm's signal comes ~30-60 s before the kill. The requeued job pushes
 # what is left (CheckpointPusher.on_train_begin).
 STOP_WAIT_S = 10
+
+
+def push_command(output_dir: str | Path, *flags: str) -> str:
+    """The scripts/push_to_hub.py command that pushes `output_dir`, as a shell reads it back (a folder with a space
+    in its name is one word, quoted)."""
+    return shlex.join(["python", "scripts/push_to_hub.py", str(output_dir), *flags])
 
 
 def branch_name(step: int) -> str:
@@ -105,11 +113,29 @@ def is_transient(error: BaseException) -> bool:
     return isinstance(error, (*upstream.http_transport_errors(), ConnectionError, TimeoutError))
 
 
-def with_retries(fn, what: str):
-    """fn() retried on transient errors after each wait (DPOTRAIN_HUB_RETRY_WAITS); returns (result, attempts). A final
-    error gets `.attempts`."""
+def retry_waits() -> tuple[float, ...]:
+    """The seconds between attempts (DPOTRAIN_HUB_RETRY_WAITS, else DEFAULT_RETRY_WAITS). A value that is not a list of
+    seconds is refused in one line; a push checks it before training (`hub.take_push_settings`), not at its first
+    upload, where it failed each checkpoint's upload and the final push."""
     value = os.environ.get("DPOTRAIN_HUB_RETRY_WAITS")
-    waits = tuple(float(x) for x in value.split(",") if x.strip()) if value else DEFAULT_RETRY_WAITS
+    if not value:
+        return DEFAULT_RETRY_WAITS
+    try:
+        waits = tuple(float(x) for x in value.split(",") if x.strip())
+    except ValueError:
+        waits = (math.nan,)
+    if not all(math.isfinite(w) and w >= 0 for w in waits):
+        raise ConfigError(
+            f"DPOTRAIN_HUB_RETRY_WAITS={value!r} is not a list of seconds between a Hub upload's attempts: write them "
+            "comma-separated, e.g. DPOTRAIN_HUB_RETRY_WAITS=15,60,240 (the default), or unset it"
+        )
+    return waits
+
+
+def with_retries(fn, what: str):
+    """fn() retried on transient errors after each wait (`retry_waits`); returns (result, attempts). A final error gets
+    `.attempts`."""
+    waits = retry_waits()
     for attempt in range(1, len(waits) + 2):
         try:
             return fn(), attempt
@@ -275,7 +301,7 @@ class CheckpointPusher(TrainerCallback):
         record_push(self.out, step=step, branch=branch, status="failed", attempts=attempts, error=error)
         print(
             f"warning: checkpoint-{step} was not pushed to {self.repo_id}@{branch} ({error}); training goes on. "
-            f"Recorded in {self.out / PUSH_RECORD}; `python scripts/push_to_hub.py {self.out} --checkpoints` pushes "
+            f"Recorded in {self.out / PUSH_RECORD}; `{push_command(self.out, '--checkpoints')}` pushes "
             "it later while it is still on disk",
             file=sys.stderr,
             flush=True,
@@ -295,7 +321,7 @@ class CheckpointPusher(TrainerCallback):
             record_push(self.out, step=step, branch=branch_name(step), status="unfinished", error="still uploading")
         print(
             f"warning: checkpoint uploads still running after {timeout:.0f} s were abandoned (steps "
-            f"{', '.join(map(str, left))}): `python scripts/push_to_hub.py {self.out} --checkpoints` pushes the "
+            f"{', '.join(map(str, left))}): `{push_command(self.out, '--checkpoints')}` pushes the "
             "ones still on disk",
             file=sys.stderr,
             flush=True,

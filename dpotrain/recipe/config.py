@@ -14,7 +14,7 @@ import math
 import os
 import re
 import sys
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import MISSING, dataclass, field, fields, replace
 from pathlib import Path
 
 from dpotrain.recipe import recipe_file, upstream, usage, writes
@@ -360,7 +360,11 @@ def parse_args(argv: list[str] | None = None) -> Recipe:
     for key, value in (config.pop("env", None) or {}).items():  # TRL's `env:` block, under the environment
         if value is not None:  # `WANDB_PROJECT:` with no value sets nothing, not the word "None"
             os.environ.setdefault(str(key), str(value))
-    words = _as_flags(config) + argv  # argparse keeps the last value: the command line wins
+    # `field: null` where the field's default is None is that default, as YAML means it: no words (argparse would
+    # read the word "None" as text, or refuse it as a number: `loss_weights: null`). Other nulls: below.
+    unset = {k for k, v in config.items() if v is None and getattr(_options().get(f"--{k}"), "default", 0) is None}
+    # The recipe's words, then the command line's: the last value wins.
+    words = _as_flags({k: v for k, v in config.items() if k not in unset}) + argv
     tokens, max_length_auto = _take_max_length_auto(words + _cpu_deepspeed_backend(words))
     _, remaining = parser.parse_known_args(tokens)  # name an unknown flag before any field is validated
     if remaining:
@@ -380,10 +384,12 @@ def parse_args(argv: list[str] | None = None) -> Recipe:
     on_command_line = fields_set(argv)
     for name in {k for k, v in config.items() if v is None} - on_command_line:
         # A recipe's `field: null` is the word "None" to argparse, which a text field keeps as text (`hub_model_id:
-        # null` pushed to a repo named None): null is None, as YAML means it, for a field that may be None.
+        # null` pushed to a repo named None) and a list field as a list of it (`datasets: null` a mixture of one
+        # source named None): null is None, as YAML means it, for a field that may be None.
         for part in (script, training, model, project):
-            if getattr(part, name, None) == "None":
-                default = next(f.default for f in fields(part) if f.name == name)
+            if getattr(part, name, None) in ("None", ["None"]):
+                f = next(f for f in fields(part) if f.name == name)
+                default = f.default_factory() if f.default is MISSING else f.default  # loss_type's is a factory's
                 if default is not None:  # (declared types are no guide: DPOConfig redeclares `str | None` as str)
                     raise ConfigError(
                         f"{name}: null in the recipe, but {name} needs a value: delete the line for its default "
@@ -436,11 +442,16 @@ def _take_config(argv: list[str]) -> tuple[str | None, list[str]]:
 def _check_finite(*parts) -> None:
     """`inf` and `nan` parse as floats, and JSON, the records' format (resolved_config.json, the dry run's), holds
     neither: `--max_grad_norm inf` wrote `Infinity`, which strict readers (jq, JavaScript, W&B) refuse."""
+
+    def numbers(value):  # a mapping's too (lr_scheduler_kwargs: {min_lr_rate: .nan}), and a list's
+        if isinstance(value, dict):
+            value = list(value.values())
+        return [n for v in value for n in numbers(v)] if isinstance(value, list) else [value]
+
     for part in parts:
         for f in fields(part):
             value = getattr(part, f.name)
-            values = value if isinstance(value, list) else [value]
-            if any(isinstance(v, float) and not math.isfinite(v) for v in values):
+            if any(isinstance(v, float) and not math.isfinite(v) for v in numbers(value)):
                 raise ConfigError(
                     f"{f.name} {value} is not a finite number: give one (an option that can be turned off says how in "
                     "--help: max_grad_norm 0, a health threshold 0)"

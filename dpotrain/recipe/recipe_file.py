@@ -18,6 +18,10 @@ class _StrictLoader(yaml.SafeLoader):
     def construct_mapping(self, node, deep=False):
         seen = {}
         for key_node, _ in node.value:
+            # A merge key (`<<: *base`) is YAML's own, no field: SafeLoader merges it in `super()`, where a key written
+            # here overrides the merged one (not given twice); the merged mapping was checked where it was written.
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue
             key = self.construct_object(key_node, deep=True)
             line = key_node.start_mark.line + 1
             if key in seen:

@@ -5,6 +5,7 @@ checked against their file system's limits first.
 """
 
 import contextlib
+import hashlib
 import os
 import socket
 import tempfile
@@ -20,8 +21,7 @@ def replacing(path: str | Path, mode: str = "w"):
     is on disk and renamed over `path` (the folder's entry synced too), on an error `path` is left as it was."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    # Unique per process and host: ranks, or two commands, may write into one folder of a shared file system.
-    tmp = path.with_name(f".{path.name}.{socket.gethostname()}.{os.getpid()}.tmp")
+    tmp = path.with_name(_temporary_name(path))
     try:
         with open(tmp, mode) as f:
             yield f
@@ -36,6 +36,17 @@ def replacing(path: str | Path, mode: str = "w"):
         with contextlib.suppress(OSError):  # a read-only file system refuses even to remove what is not there
             tmp.unlink(missing_ok=True)
     _sync_folder(path.parent)  # ...and the new name is on disk before the command goes on
+
+
+def _temporary_name(path: Path) -> str:
+    """The name `replacing` writes under: unique per process and host (ranks, or two commands, may write into one folder
+    of a shared file system), and within NAME_MAX where `path`'s own name is: a name near the limit is stood for by its
+    digest (its own name with the host and pid added failed as 'File name too long')."""
+    ours = f".{socket.gethostname()}.{os.getpid()}.tmp"
+    name = f".{path.name}{ours}"
+    if len(os.fsencode(name)) <= _limits(path.parent)[0]:
+        return name
+    return f".{hashlib.sha256(os.fsencode(path.name)).hexdigest()[:16]}{ours}"
 
 
 def write_text(path: str | Path, text: str) -> Path:
