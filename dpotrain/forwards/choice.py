@@ -121,9 +121,6 @@ def dense_attention(config) -> str:
     return "sdpa" if model_class is None or upstream.supports_sdpa(model_class) else "eager"
 
 
-INSTALLED = "installed"  # `varlen` of `decide_forward`: the varlen FlashAttention this machine has (installed_varlen)
-
-
 def asked_to_pack(recipe) -> bool:
     """`padding_free: true` given in the recipe or on the command line (not this project's default)."""
     return "padding_free" in recipe.given and recipe.training.padding_free
@@ -295,22 +292,10 @@ def decision_rule(decision, asked: bool) -> str:
     return f"{by}{', then the least work' if decision.runner_up else ''}"
 
 
-def decide_forward(
-    recipe, model_path: str, cuda: bool | None = None, lengths=None, varlen: str | None = INSTALLED
-) -> ForwardChoice:
-    """Packed or padded forward, prompts shared or not, and the attention, for this model, recipe, machine and the
-    pairs' `lengths`, from the model's config only. `varlen`: the varlen FlashAttention to weigh (None: none), by
-    default the one installed here."""
-    from transformers import AutoConfig
-
-    cuda = cuda_available() if cuda is None else cuda
-    varlen = installed_varlen(cuda) if varlen == INSTALLED else varlen
-    config = AutoConfig.from_pretrained(model_path, revision=recipe.model.model_revision)
-    return decide(recipe, config, cuda, varlen, lengths)
-
-
 def decide(recipe, config, cuda: bool, varlen: str | None, lengths=None, max_length=None) -> ForwardChoice:
-    """`decide_forward` for a model's config already read: the run's forward stage (`stages.decide_forward`)."""
+    """Packed or padded forward, prompts shared or not, and the attention, for this model's config, recipe, machine
+    (`varlen`: the varlen FlashAttention to weigh) and the pairs' `lengths`: the run's forward stage
+    (`stages.decide_forward`). Prints the notes and the `Forward:` line."""
     chosen, notes = choose(config, recipe, cuda, varlen, lengths, max_length=max_length)
     for note in notes:
         print(note, flush=True)
