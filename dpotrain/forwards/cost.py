@@ -117,9 +117,7 @@ def training_flops(
     total = 0.0
     for mb in micro_batches(pl, budget, pairs):
         if candidate.packed:  # balanced rows of one width, a dense mask over each
-            units = pl.units(mb)
-            rows = packing.fill_rows(units, hidden_size, packing.row_width_bound(max_length))
-            width = max(sum(units[i] for i in row) for row in rows)
+            rows, width = packing.lay_rows(pl.units(mb), False, hidden_size, packing.row_width_bound(max_length))
             total += _dense(work, [width] * len(rows))
         else:  # TRL's padded rows in groups, each padded to its longest
             seqs = pl.sequences(mb)

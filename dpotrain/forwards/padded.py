@@ -119,11 +119,17 @@ class GroupedModel:
         rows, width = mask.shape
         lengths = mask.sum(dim=1)
         fields, self.positions = {}, 0
-        for group in groups:
+        # then the other ranks' extra forwards, matched on the shortest row
+        for k, group in enumerate(groups + [[int(torch.argmin(lengths))]] * fillers):
             index = torch.tensor(group, device=mask.device)
             length = int(lengths[index].max())
             out = self.model(**self._rows(padded_kwargs, index, length), fused_lm_head=True)
             self.positions += len(group) * length
+            if k >= len(groups):  # a filler: in the loss's graph, so its backward runs (and gathers) like the other
+                # ranks' real groups, and weighs nothing (zero)
+                fields["log_probs"] = fields["log_probs"] + 0.0 * out.log_probs.sum()
+                continue
+            columns = torch.arange(length - 1, device=mask.device)
             for name in PER_TOKEN_FIELDS:
                 value = getattr(out, name, None)
                 if value is None:
@@ -131,15 +137,7 @@ class GroupedModel:
                 if name not in fields:
                     fields[name] = value.new_zeros((rows, width - 1))
                 # index_put keeps the graph: gradients flow back into each group's forward
-                columns = torch.arange(length - 1, device=mask.device)
                 fields[name] = fields[name].index_put((index.unsqueeze(1), columns), value[:, : length - 1])
-        shortest = torch.argmin(lengths).reshape(1)
-        for _ in range(fillers):  # the other ranks' extra forwards, matched; the result weighs nothing (zero)
-            length = int(lengths[shortest])
-            filler = self.model(**self._rows(padded_kwargs, shortest, length), fused_lm_head=True)
-            self.positions += length
-            # in the loss's graph, so its backward runs (and gathers) like the other ranks' real groups
-            fields["log_probs"] = fields["log_probs"] + 0.0 * filler.log_probs.sum()
         self.outputs = type(out)(loss=None, aux_loss=None, **{n: fields.get(n) for n in PER_TOKEN_FIELDS})
         return self.outputs
 

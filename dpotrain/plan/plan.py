@@ -298,13 +298,12 @@ class RowLayout:
             from dpotrain.forwards.padded import positions
 
             return positions(lengths.sequences(micro_batch), max_groups=self.max_groups)
-        from dpotrain.forwards.packing import fill_rows, padded_width
+        from dpotrain.forwards.packing import lay_rows
 
-        units = lengths.units(micro_batch)
-        if self.kind == "one_row":
-            return padded_width(sum(units), self.multiple)
-        rows = fill_rows(units, self.hidden_size)
-        return len(rows) * padded_width(max(sum(units[i] for i in row) for row in rows), self.multiple)
+        rows, width = lay_rows(
+            lengths.units(micro_batch), self.kind == "one_row", self.hidden_size, None, self.multiple
+        )
+        return len(rows) * width
 
 
 def pairs_trained(epochs: list, steps: int) -> np.ndarray:
