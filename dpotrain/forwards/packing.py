@@ -15,6 +15,7 @@ import torch
 
 from dpotrain.data import turns
 from dpotrain.forwards import flops, masks
+from dpotrain.forwards.masks import causal_lm
 from dpotrain.recipe import upstream
 
 # Which models may pack. A layer that carries state along a row (linear attention, Mamba, RWKV) mixes the sequences of
@@ -347,13 +348,6 @@ def token_weights(batch: dict) -> torch.Tensor:
     weights = torch.zeros(batch["input_ids"].numel(), device=index.device)
     weights.index_add_(0, index[valid], torch.ones(int(valid.sum()), device=index.device))
     return weights.view_as(batch["input_ids"])
-
-
-def causal_lm(model):
-    """The transformers model inside whatever wraps it (DeepSpeed, DDP, FSDP, PEFT): the first in module order."""
-    from transformers import PreTrainedModel
-
-    return next(m for m in model.modules() if isinstance(m, PreTrainedModel))
 
 
 def router_aux_loss(model, run, batch: dict):
