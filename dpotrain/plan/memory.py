@@ -633,9 +633,7 @@ def _gib(n: float) -> float:
     return round(n / GIB, 1)
 
 
-def _refusal(
-    recipe, chosen: Plan, gpu: float, gpu_source: str, attention: str | None, heads: tuple[int, int] | None
-) -> str:
+def _refusal(recipe, chosen: Plan, gpu: float, gpu_source: str, attention: str | None, heads) -> str:
     """One line: what does not fit, by how much and in which part, and what would fit (memory_advice)."""
     e, world = chosen.engine, chosen.world
     parts = ", ".join(f"{name} {gib}" for _, name, gib in chosen.parts())
