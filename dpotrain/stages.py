@@ -468,7 +468,6 @@ def _undecided(recipe, launch: Launch, config) -> Forward:
 def plan_batching(recipe, launch: Launch, pairs: Data, pair_lengths: Lengths, forward: Forward) -> dict:
     """The step plan a dry run records (`derived.batching`): the run's plan stage on every pair's lengths as the
     analyzer measures them, for the forward chosen (the run plans from the trainer's tokenized data set)."""
-    from dpotrain.forwards import padded
     from dpotrain.plan import plan, plan_stage
 
     t, p, max_length = recipe.training, recipe.project, pair_lengths.max_length
@@ -493,7 +492,7 @@ def plan_batching(recipe, launch: Launch, pairs: Data, pair_lengths: Lengths, fo
     layout = (
         plan.RowLayout("one_row" if f.one_row else "rows", f.hidden_size, multiple=f.pad_multiple)
         if f.packed
-        else plan.RowLayout("padded", max_groups=padded.MAX_GROUPS)
+        else plan.RowLayout("padded")
     )
     return plan_stage.make(
         every,

@@ -51,10 +51,9 @@ def row_groups(lengths: list[int], max_groups: int = MAX_GROUPS, count: int | No
     return [order[a:b] for a, b in reversed(bounds) if b > a]
 
 
-def positions(lengths: list[int], groups: list[list[int]] | None = None, max_groups: int = MAX_GROUPS) -> int:
-    """Positions the grouped forward runs for sequences of these lengths (in `groups`, or the best cut)."""
-    groups = row_groups(lengths, max_groups) if groups is None else groups
-    return sum(len(group) * max(lengths[i] for i in group) for group in groups)
+def positions(lengths: list[int]) -> int:
+    """Positions the grouped forward runs for sequences of these lengths, in `row_groups`' cut."""
+    return sum(len(group) * max(lengths[i] for i in group) for group in row_groups(lengths))
 
 
 def labeled_completion_mask(mask: torch.Tensor, examples: list[dict], collate) -> torch.Tensor:
@@ -73,14 +72,14 @@ def labeled_completion_mask(mask: torch.Tensor, examples: list[dict], collate) -
 class GroupedCollator:
     """TRL's padded collator, plus `row_groups`: which rows run together."""
 
-    def __init__(self, collate, max_groups: int = MAX_GROUPS):
-        self.collate, self.max_groups = collate, max_groups
+    def __init__(self, collate):
+        self.collate = collate
 
     def __call__(self, examples):
         batch = self.collate(examples)
         if LABELS in examples[0]:  # `assistant_turns: all`: the prompt's labeled tokens join each completion mask
             batch["completion_mask"] = labeled_completion_mask(batch["completion_mask"], examples, self.collate)
-        batch["row_groups"] = row_groups(batch["attention_mask"].sum(dim=1).tolist(), self.max_groups)
+        batch["row_groups"] = row_groups(batch["attention_mask"].sum(dim=1).tolist())
         return batch
 
     def __getattr__(self, name):  # the wrapped collator's settings (pad_token_id, ...)

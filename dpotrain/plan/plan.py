@@ -290,14 +290,13 @@ class RowLayout:
 
     kind: str  # "one_row", "rows" (unshared or shared prompts: `lengths.shared` says) or "padded"
     hidden_size: int = 4096
-    max_groups: int = 4
     multiple: int | None = None  # a packed row's width is padded to a multiple of it (`ForwardChoice.pad_multiple`)
 
     def positions(self, lengths: PairLengths, micro_batch) -> int:
         if self.kind == "padded":
             from dpotrain.forwards.padded import positions
 
-            return positions(lengths.sequences(micro_batch), max_groups=self.max_groups)
+            return positions(lengths.sequences(micro_batch))
         from dpotrain.forwards.packing import lay_rows
 
         rows, width = lay_rows(
