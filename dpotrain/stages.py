@@ -14,6 +14,7 @@ from contextlib import nullcontext
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+import torch
 from trl.data_utils import is_conversational
 
 from dpotrain import options, output_folder, resolve
@@ -101,7 +102,7 @@ def decide_launch(recipe) -> Launch:
     dry_run = recipe.project.dry_run
     planned = engine.from_config(recipe.project.accelerate_config) if dry_run else run_engine
     world, source = resolve.world_size(recipe, planning=dry_run)
-    cuda, t = choice.cuda_available(), recipe.training
+    cuda, t = torch.cuda.is_available(), recipe.training
     # A GPU job: the recipe names a GPU's memory, or trains in bf16 or fp16 (as on GPUs) without `use_cpu`
     gpu_job = bool(recipe.project.gpu_memory_gib) or ((t.bf16 or t.fp16) and not t.use_cpu)
     if dry_run and not cuda and gpu_job:  # a login node planning a GPU job: with and without FA4

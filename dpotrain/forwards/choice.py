@@ -65,12 +65,6 @@ class ForwardChoice:
         return out | {"winner": winner, "runner_up": runner_up}
 
 
-def cuda_available() -> bool:
-    import torch
-
-    return torch.cuda.is_available()
-
-
 def kernel_problem(attn: str, cuda: bool) -> str | None:
     """Why an attention implementation cannot run on this machine, or None."""
     name = packing.attention_name(attn)
