@@ -78,16 +78,14 @@ def kernel_problem(attn: str, cuda: bool) -> str | None:
         check, install = VARLEN_PACKAGES[name]
         if not getattr(transformers.utils, check)():
             return f"{name}'s kernel is not installed ({install}), or pick another --attn_implementation"
-        broken = import_problem(KERNEL_MODULES.get(name))
+        broken = import_problem(KERNEL_MODULES[name]) if name in KERNEL_MODULES else None
         if broken:
             return f"{name}'s kernel does not import ({broken}): reinstall it ({install}), or pick another attention"
     return None
 
 
-def import_problem(module: str | None) -> str | None:
-    """Why `module` does not import, in a few words, or None (also for no module)."""
-    if module is None:
-        return None
+def import_problem(module: str) -> str | None:
+    """Why `module` does not import, in a few words, or None."""
     import importlib
 
     try:
