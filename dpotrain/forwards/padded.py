@@ -98,7 +98,6 @@ class GroupedModel:
 
     def __call__(self, *, fused_lm_head: bool = False, output_router_logits: bool | None = None, **padded_kwargs):
         mask = padded_kwargs["attention_mask"]
-        rows, width = mask.shape
         groups, fillers = self.groups, 0
         grouped = fused_lm_head and not output_router_logits and groups is not None
         if grouped and self.lockstep:
@@ -110,7 +109,7 @@ class GroupedModel:
             return self._grouped(groups, padded_kwargs, fillers)
         extra = {} if output_router_logits is None else {"output_router_logits": output_router_logits}
         self.outputs = self.model(**padded_kwargs, fused_lm_head=fused_lm_head, **extra)  # TRL's single forward
-        self.positions = rows * width
+        self.positions = mask.numel()  # rows x width
         return self.outputs
 
     def _grouped(self, groups: list[list[int]], padded_kwargs: dict, fillers: int):
