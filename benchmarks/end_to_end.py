@@ -349,11 +349,13 @@ def forward_and_plan(
     """The run's forward and memory stages (dpotrain/stages.py), on `pairs` for one machine: `cuda` and `varlen` as
     detected unless given (a CPU can plan a GPU's forwards): the launch and the lengths are fabricated, the stages
     are the run's. The memory plan refuses what does not fit."""
+    import torch
+
     from dpotrain import resolve, stages
     from dpotrain.forwards import choice, sample
     from dpotrain.train.trainer import resolve_model_path
 
-    cuda = choice.cuda_available() if cuda is None else cuda
+    cuda = torch.cuda.is_available() if cuda is None else cuda
     varlen = choice.installed_varlen(cuda) if varlen == "installed" else varlen
     launch = stages.Launch(
         world,

@@ -14,6 +14,7 @@ from contextlib import nullcontext
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+import torch
 from trl.data_utils import is_conversational
 
 from dpotrain import options, output_folder, resolve
@@ -101,7 +102,7 @@ def decide_launch(recipe) -> Launch:
     dry_run = recipe.project.dry_run
     planned = engine.from_config(recipe.project.accelerate_config) if dry_run else run_engine
     world, source = resolve.world_size(recipe, planning=dry_run)
-    cuda, t = choice.cuda_available(), recipe.training
+    cuda, t = torch.cuda.is_available(), recipe.training
     # A GPU job: the recipe names a GPU's memory, or trains in bf16 or fp16 (as on GPUs) without `use_cpu`
     gpu_job = bool(recipe.project.gpu_memory_gib) or ((t.bf16 or t.fp16) and not t.use_cpu)
     if dry_run and not cuda and gpu_job:  # a login node planning a GPU job: with and without FA4
@@ -468,7 +469,6 @@ def _undecided(recipe, launch: Launch, config) -> Forward:
 def plan_batching(recipe, launch: Launch, pairs: Data, pair_lengths: Lengths, forward: Forward) -> dict:
     """The step plan a dry run records (`derived.batching`): the run's plan stage on every pair's lengths as the
     analyzer measures them, for the forward chosen (the run plans from the trainer's tokenized data set)."""
-    from dpotrain.forwards import padded
     from dpotrain.plan import plan, plan_stage
 
     t, p, max_length = recipe.training, recipe.project, pair_lengths.max_length
@@ -493,7 +493,7 @@ def plan_batching(recipe, launch: Launch, pairs: Data, pair_lengths: Lengths, fo
     layout = (
         plan.RowLayout("one_row" if f.one_row else "rows", f.hidden_size, multiple=f.pad_multiple)
         if f.packed
-        else plan.RowLayout("padded", max_groups=padded.MAX_GROUPS)
+        else plan.RowLayout("padded")
     )
     return plan_stage.make(
         every,

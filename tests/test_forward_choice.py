@@ -12,6 +12,7 @@ import sys
 
 import numpy as np
 import pytest
+from transformers import AutoConfig
 
 import train_dpo
 from conftest import ROOT
@@ -60,7 +61,8 @@ def think_recipe(*args):
 
 def decide(lengths, cuda=True, varlen=FA4, *args):
     recipe = think_recipe(*args)
-    return choice.decide_forward(recipe, OLMO3_7B, cuda=cuda, lengths=lengths, varlen=varlen), recipe
+    config = AutoConfig.from_pretrained(OLMO3_7B, revision=recipe.model.model_revision)
+    return choice.decide(recipe, config, cuda, varlen, lengths), recipe
 
 
 def test_the_choice_follows_the_data(capsys):

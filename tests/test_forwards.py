@@ -8,6 +8,7 @@ import pytest
 import torch
 from test_shared_prompt import fused, llama_dir, per_token, random_pairs  # noqa: F401 (llama_dir: a fixture)
 from torch.nn.attention.flex_attention import create_mask
+from transformers import AutoConfig
 
 from conftest import ROOT
 from dpotrain.data.pair_lengths import PairLengths
@@ -240,25 +241,31 @@ def recipe_with(*args):
     return parse_args(["--config", SMOKE, "--output_dir", "/tmp/unused", *args])
 
 
+def decide_forward(recipe, model_path: str, cuda: bool):
+    """The forward for the model's config, on this machine's varlen FlashAttention (`choice.decide`)."""
+    config = AutoConfig.from_pretrained(model_path, revision=recipe.model.model_revision)
+    return choice.decide(recipe, config, cuda, choice.installed_varlen(cuda))
+
+
 @pytest.mark.parametrize("attn", ["flex_attention", "flash_attention_2", "flash_attention_4"])
 def test_an_attention_asked_for_is_refused_where_it_cannot_run(attn, tiny_model_dir):
     recipe = recipe_with("--model_name_or_path", tiny_model_dir, "--attn_implementation", attn)
     with pytest.raises(ConfigError, match=f"attn_implementation {attn} cannot run here: .*CPU"):
-        choice.decide_forward(recipe, tiny_model_dir, cuda=False)
+        decide_forward(recipe, tiny_model_dir, cuda=False)
 
 
 def test_the_choice_per_device(tiny_model_dir, capsys):
     recipe = recipe_with("--model_name_or_path", tiny_model_dir)
-    cpu = choice.decide_forward(recipe, tiny_model_dir, cuda=False)
+    cpu = decide_forward(recipe, tiny_model_dir, cuda=False)
     assert (cpu.attention, cpu.packed, cpu.share_prompt, cpu.one_row) == ("sdpa", True, True, False)
     assert recipe.model.attn_implementation is None  # decided, not written into the recipe (stages.RunSpec)
     # On CUDA (the decision only: nothing runs): OLMo 3 shares prompts on FlexAttention, in one row per micro-batch.
     recipe = recipe_with("--model_name_or_path", tiny_model_dir)
-    gpu = choice.decide_forward(recipe, tiny_model_dir, cuda=True)
+    gpu = decide_forward(recipe, tiny_model_dir, cuda=True)
     assert (gpu.attention, gpu.packed, gpu.share_prompt, gpu.one_row) == ("flex_attention", True, True, True)
     # Prompts unshared by request: a varlen FlashAttention when installed (not here), else FlexAttention's block mask.
     recipe = recipe_with("--model_name_or_path", tiny_model_dir, "--share_prompt", "false")
-    unshared = choice.decide_forward(recipe, tiny_model_dir, cuda=True)
+    unshared = decide_forward(recipe, tiny_model_dir, cuda=True)
     assert (unshared.attention, unshared.share_prompt) == ("flex_attention", False)
     lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("Forward:")]
     assert len(lines) == 3 and "on flex_attention" in lines[1]  # one line per decision, with its reason

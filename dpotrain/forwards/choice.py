@@ -65,12 +65,6 @@ class ForwardChoice:
         return out | {"winner": winner, "runner_up": runner_up}
 
 
-def cuda_available() -> bool:
-    import torch
-
-    return torch.cuda.is_available()
-
-
 def kernel_problem(attn: str, cuda: bool) -> str | None:
     """Why an attention implementation cannot run on this machine, or None."""
     name = packing.attention_name(attn)
@@ -84,16 +78,14 @@ def kernel_problem(attn: str, cuda: bool) -> str | None:
         check, install = VARLEN_PACKAGES[name]
         if not getattr(transformers.utils, check)():
             return f"{name}'s kernel is not installed ({install}), or pick another --attn_implementation"
-        broken = import_problem(KERNEL_MODULES.get(name))
+        broken = import_problem(KERNEL_MODULES[name]) if name in KERNEL_MODULES else None
         if broken:
             return f"{name}'s kernel does not import ({broken}): reinstall it ({install}), or pick another attention"
     return None
 
 
-def import_problem(module: str | None) -> str | None:
-    """Why `module` does not import, in a few words, or None (also for no module)."""
-    if module is None:
-        return None
+def import_problem(module: str) -> str | None:
+    """Why `module` does not import, in a few words, or None."""
     import importlib
 
     try:
@@ -119,9 +111,6 @@ def dense_attention(config) -> str:
     falls back when no attention is named."""
     model_class = upstream.causal_lm_class(config)
     return "sdpa" if model_class is None or upstream.supports_sdpa(model_class) else "eager"
-
-
-INSTALLED = "installed"  # `varlen` of `decide_forward`: the varlen FlashAttention this machine has (installed_varlen)
 
 
 def asked_to_pack(recipe) -> bool:
@@ -295,22 +284,10 @@ def decision_rule(decision, asked: bool) -> str:
     return f"{by}{', then the least work' if decision.runner_up else ''}"
 
 
-def decide_forward(
-    recipe, model_path: str, cuda: bool | None = None, lengths=None, varlen: str | None = INSTALLED
-) -> ForwardChoice:
-    """Packed or padded forward, prompts shared or not, and the attention, for this model, recipe, machine and the
-    pairs' `lengths`, from the model's config only. `varlen`: the varlen FlashAttention to weigh (None: none), by
-    default the one installed here."""
-    from transformers import AutoConfig
-
-    cuda = cuda_available() if cuda is None else cuda
-    varlen = installed_varlen(cuda) if varlen == INSTALLED else varlen
-    config = AutoConfig.from_pretrained(model_path, revision=recipe.model.model_revision)
-    return decide(recipe, config, cuda, varlen, lengths)
-
-
 def decide(recipe, config, cuda: bool, varlen: str | None, lengths=None, max_length=None) -> ForwardChoice:
-    """`decide_forward` for a model's config already read: the run's forward stage (`stages.decide_forward`)."""
+    """Packed or padded forward, prompts shared or not, and the attention, for this model's config, recipe, machine
+    (`varlen`: the varlen FlashAttention to weigh) and the pairs' `lengths`: the run's forward stage
+    (`stages.decide_forward`). Prints the notes and the `Forward:` line."""
     chosen, notes = choose(config, recipe, cuda, varlen, lengths, max_length=max_length)
     for note in notes:
         print(note, flush=True)

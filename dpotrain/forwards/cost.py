@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from dpotrain.cluster.sequence_parallel import head_counts
 from dpotrain.data.pair_lengths import PairLengths
 from dpotrain.forwards import flops, packing, padded
 
@@ -71,9 +72,8 @@ class TokenCounts:
 
 def model_flops(config) -> flops.ModelFlops:
     """`flops.ModelFlops` from a model's config alone."""
-    text = config.get_text_config()
-    h, heads, d = text.hidden_size, text.num_attention_heads, flops.head_dim(text)
-    kv = getattr(text, "num_key_value_heads", None) or heads
+    text, (heads, kv) = config.get_text_config(), head_counts(config)
+    h, d = text.hidden_size, flops.head_dim(text)
     layer = 2 * h * heads * d + 2 * h * kv * d + 3 * h * flops.mlp_width(text)
     return flops.ModelFlops(text.num_hidden_layers * layer + text.vocab_size * h, heads * d, flops.layer_windows(text))
 
@@ -117,9 +117,7 @@ def training_flops(
     total = 0.0
     for mb in micro_batches(pl, budget, pairs):
         if candidate.packed:  # balanced rows of one width, a dense mask over each
-            units = pl.units(mb)
-            rows = packing.fill_rows(units, hidden_size, packing.row_width_bound(max_length))
-            width = max(sum(units[i] for i in row) for row in rows)
+            rows, width = packing.lay_rows(pl.units(mb), False, hidden_size, packing.row_width_bound(max_length))
             total += _dense(work, [width] * len(rows))
         else:  # TRL's padded rows in groups, each padded to its longest
             seqs = pl.sequences(mb)

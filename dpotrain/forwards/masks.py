@@ -18,15 +18,16 @@ BLOCK = 128  # FlexAttention's default tile: rows for flex are padded to a multi
 CACHE = "_block_masks"  # the batch key under which a micro-batch keeps its block masks
 
 
-def text_config(model):
-    """The model's (text) config, through the wrappers engines put around it (a DeepSpeed engine's `config` is not)."""
-    from transformers import PretrainedConfig
+def causal_lm(model):
+    """The transformers model inside whatever wraps it (DeepSpeed, DDP, FSDP, PEFT): the first in module order."""
+    from transformers import PreTrainedModel
 
-    while hasattr(model, "module"):
-        model = model.module
-    config = model.config
-    assert isinstance(config, PretrainedConfig), type(config)
-    return config.get_text_config()
+    return next(m for m in model.modules() if isinstance(m, PreTrainedModel))
+
+
+def text_config(model):
+    """The model's text config, through the wrappers engines put around it (a DeepSpeed engine's `config` is not)."""
+    return causal_lm(model).config.get_text_config()
 
 
 def windows(config) -> dict[str, int | None]:

@@ -15,6 +15,7 @@ import torch
 
 from dpotrain.data import turns
 from dpotrain.forwards import flops, masks
+from dpotrain.forwards.masks import causal_lm
 from dpotrain.recipe import upstream
 
 # Which models may pack. A layer that carries state along a row (linear attention, Mamba, RWKV) mixes the sequences of
@@ -176,6 +177,12 @@ def padded_width(width: int, multiple: int | None) -> int:
     return width if not multiple else -(-width // multiple) * multiple
 
 
+def lay_rows(lengths: list[int], one_row: bool, hidden_size: int, max_width=None, multiple=None):
+    """Units of these lengths in rows (all in one, or `fill_rows`'), and the width every row is padded to."""
+    rows = [list(range(len(lengths)))] if one_row else fill_rows(lengths, hidden_size, max_width)
+    return rows, padded_width(max(sum(lengths[i] for i in row) for row in rows), multiple)
+
+
 @dataclass
 class PackedPreferenceCollator:
     """Collates tokenized pairs into packed rows: with `one_row` (varlen FlashAttention) all 2B sequences in one row
@@ -203,10 +210,12 @@ class PackedPreferenceCollator:
         return with_reference(batch, examples)
 
     def lay_out(self, units: list[tuple]) -> tuple[dict, list[tuple[int, int]]]:
-        """Units (ids, position ids, completion mask, ...) in rows (`rows`) as the batch's `input_ids`, `position_ids`
-        and `completion_mask`, and each unit's (row, start). The padding at the end of a row is a segment of its own
-        (positions from 0): nothing attends to it."""
-        rows, width = self.rows([len(u[0]) for u in units])
+        """Units (ids, position ids, completion mask, ...) in rows (`lay_rows`) as the batch's `input_ids`,
+        `position_ids` and `completion_mask`, and each unit's (row, start). The padding at the end of a row is a segment
+        of its own (positions from 0): nothing attends to it."""
+        bound = row_width_bound(self.max_length)
+        lengths = [len(u[0]) for u in units]
+        rows, width = lay_rows(lengths, self.one_row, self.hidden_size, bound, self.pad_to_multiple_of)
         shape = (len(rows), width)
         batch = {
             "input_ids": torch.full(shape, self.pad_token_id, dtype=torch.long),
@@ -226,12 +235,6 @@ class PackedPreferenceCollator:
                 start = end
             batch["position_ids"][r, start:] = torch.arange(width - start)
         return batch, where
-
-    def rows(self, lengths: list[int]) -> tuple[list[list[int]], int]:
-        """The units of these lengths in rows (all in one, or `fill_rows`'), and the width every row is padded to."""
-        bound = row_width_bound(self.max_length)
-        rows = [list(range(len(lengths)))] if self.one_row else fill_rows(lengths, self.hidden_size, bound)
-        return rows, padded_width(max(sum(lengths[i] for i in row) for row in rows), self.pad_to_multiple_of)
 
 
 REFERENCE_KEYS = ("ref_chosen_logps", "ref_rejected_logps")
@@ -345,13 +348,6 @@ def token_weights(batch: dict) -> torch.Tensor:
     weights = torch.zeros(batch["input_ids"].numel(), device=index.device)
     weights.index_add_(0, index[valid], torch.ones(int(valid.sum()), device=index.device))
     return weights.view_as(batch["input_ids"])
-
-
-def causal_lm(model):
-    """The transformers model inside whatever wraps it (DeepSpeed, DDP, FSDP, PEFT): the first in module order."""
-    from transformers import PreTrainedModel
-
-    return next(m for m in model.modules() if isinstance(m, PreTrainedModel))
 
 
 def router_aux_loss(model, run, batch: dict):

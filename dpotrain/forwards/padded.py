@@ -51,10 +51,9 @@ def row_groups(lengths: list[int], max_groups: int = MAX_GROUPS, count: int | No
     return [order[a:b] for a, b in reversed(bounds) if b > a]
 
 
-def positions(lengths: list[int], groups: list[list[int]] | None = None, max_groups: int = MAX_GROUPS) -> int:
-    """Positions the grouped forward runs for sequences of these lengths (in `groups`, or the best cut)."""
-    groups = row_groups(lengths, max_groups) if groups is None else groups
-    return sum(len(group) * max(lengths[i] for i in group) for group in groups)
+def positions(lengths: list[int]) -> int:
+    """Positions the grouped forward runs for sequences of these lengths, in `row_groups`' cut."""
+    return sum(len(group) * max(lengths[i] for i in group) for group in row_groups(lengths))
 
 
 def labeled_completion_mask(mask: torch.Tensor, examples: list[dict], collate) -> torch.Tensor:
@@ -73,14 +72,14 @@ def labeled_completion_mask(mask: torch.Tensor, examples: list[dict], collate) -
 class GroupedCollator:
     """TRL's padded collator, plus `row_groups`: which rows run together."""
 
-    def __init__(self, collate, max_groups: int = MAX_GROUPS):
-        self.collate, self.max_groups = collate, max_groups
+    def __init__(self, collate):
+        self.collate = collate
 
     def __call__(self, examples):
         batch = self.collate(examples)
         if LABELS in examples[0]:  # `assistant_turns: all`: the prompt's labeled tokens join each completion mask
             batch["completion_mask"] = labeled_completion_mask(batch["completion_mask"], examples, self.collate)
-        batch["row_groups"] = row_groups(batch["attention_mask"].sum(dim=1).tolist(), self.max_groups)
+        batch["row_groups"] = row_groups(batch["attention_mask"].sum(dim=1).tolist())
         return batch
 
     def __getattr__(self, name):  # the wrapped collator's settings (pad_token_id, ...)
@@ -99,7 +98,6 @@ class GroupedModel:
 
     def __call__(self, *, fused_lm_head: bool = False, output_router_logits: bool | None = None, **padded_kwargs):
         mask = padded_kwargs["attention_mask"]
-        rows, width = mask.shape
         groups, fillers = self.groups, 0
         grouped = fused_lm_head and not output_router_logits and groups is not None
         if grouped and self.lockstep:
@@ -111,7 +109,7 @@ class GroupedModel:
             return self._grouped(groups, padded_kwargs, fillers)
         extra = {} if output_router_logits is None else {"output_router_logits": output_router_logits}
         self.outputs = self.model(**padded_kwargs, fused_lm_head=fused_lm_head, **extra)  # TRL's single forward
-        self.positions = rows * width
+        self.positions = mask.numel()  # rows x width
         return self.outputs
 
     def _grouped(self, groups: list[list[int]], padded_kwargs: dict, fillers: int):
@@ -119,11 +117,17 @@ class GroupedModel:
         rows, width = mask.shape
         lengths = mask.sum(dim=1)
         fields, self.positions = {}, 0
-        for group in groups:
+        # then the other ranks' extra forwards, matched on the shortest row
+        for k, group in enumerate(groups + [[int(torch.argmin(lengths))]] * fillers):
             index = torch.tensor(group, device=mask.device)
             length = int(lengths[index].max())
             out = self.model(**self._rows(padded_kwargs, index, length), fused_lm_head=True)
             self.positions += len(group) * length
+            if k >= len(groups):  # a filler: in the loss's graph, so its backward runs (and gathers) like the other
+                # ranks' real groups, and weighs nothing (zero)
+                fields["log_probs"] = fields["log_probs"] + 0.0 * out.log_probs.sum()
+                continue
+            columns = torch.arange(length - 1, device=mask.device)
             for name in PER_TOKEN_FIELDS:
                 value = getattr(out, name, None)
                 if value is None:
@@ -131,15 +135,7 @@ class GroupedModel:
                 if name not in fields:
                     fields[name] = value.new_zeros((rows, width - 1))
                 # index_put keeps the graph: gradients flow back into each group's forward
-                columns = torch.arange(length - 1, device=mask.device)
                 fields[name] = fields[name].index_put((index.unsqueeze(1), columns), value[:, : length - 1])
-        shortest = torch.argmin(lengths).reshape(1)
-        for _ in range(fillers):  # the other ranks' extra forwards, matched; the result weighs nothing (zero)
-            length = int(lengths[shortest])
-            filler = self.model(**self._rows(padded_kwargs, shortest, length), fused_lm_head=True)
-            self.positions += length
-            # in the loss's graph, so its backward runs (and gathers) like the other ranks' real groups
-            fields["log_probs"] = fields["log_probs"] + 0.0 * filler.log_probs.sum()
         self.outputs = type(out)(loss=None, aux_loss=None, **{n: fields.get(n) for n in PER_TOKEN_FIELDS})
         return self.outputs
 

@@ -34,12 +34,6 @@ from dpotrain.recipe import upstream
 SHARED_ATTENTION = {"sdpa", "eager", "flex_attention"}
 
 
-def takes_mask_per_layer_kind(config) -> bool:
-    """Whether the model's forward accepts a dict of masks per layer kind, read from its modeling module."""
-    model_class = upstream.causal_lm_class(config)
-    return model_class is not None and upstream.takes_mask_per_layer_kind(model_class)
-
-
 def share_problem(config, attn_implementation: str | None, router_aux_loss_coef: float | None = None) -> str | None:
     """Why this model cannot share prompts in packed rows, or None when it can (`router_aux_loss_coef`: the recipe's,
     None for the model's own)."""
@@ -60,8 +54,10 @@ def share_problem(config, attn_implementation: str | None, router_aux_loss_coef:
     if hasattr(text, "output_router_logits") and coef != 0.0:
         return f"{text.model_type}'s router auxiliary loss needs a per-token attention mask, not a shared prompt's"
     window = getattr(text, "sliding_window", None) if getattr(text, "use_sliding_window", True) else None
-    if (window or "sliding_attention" in kinds) and not takes_mask_per_layer_kind(config):
-        return f"{text.model_type} builds its sliding-window mask itself and takes no mask per layer kind"
+    if window or "sliding_attention" in kinds:
+        model_class = upstream.causal_lm_class(config)  # its forward must accept a dict of masks per layer kind
+        if model_class is None or not upstream.takes_mask_per_layer_kind(model_class):
+            return f"{text.model_type} builds its sliding-window mask itself and takes no mask per layer kind"
     return None
 
 

@@ -102,25 +102,8 @@ def model_shape(recipe, config) -> ModelShape:
 
     peft = get_peft_config(recipe.model) if recipe.model.use_peft else None
     key = (config.to_json_string(use_diff=False), repr(peft), str(recipe.model.dtype))
-    if key not in _SHAPES:
-        _SHAPES[key] = _model_shape(recipe, config, peft)
-    return _SHAPES[key]
-
-
-_SHAPES: dict[tuple, ModelShape] = {}
-
-
-def meta_model(config):
-    """The model `config` describes, its modules on the meta device: no weights, no memory (outside DeepSpeed's
-    zero.Init, which a ZeRO-3 launch would otherwise wrap the build in)."""
-    from transformers import AutoModelForCausalLM
-
-    with torch.device("meta"), upstream.without_zero3_init(), warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        return AutoModelForCausalLM.from_config(config)
-
-
-def _model_shape(recipe, config, peft) -> ModelShape:
+    if key in _SHAPES:
+        return _SHAPES[key]
     text = config.get_text_config()
     model = meta_model(config)
     params = sum(p.numel() for p in model.parameters())  # parameters() yields a tied weight once
@@ -142,9 +125,23 @@ def _model_shape(recipe, config, peft) -> ModelShape:
         trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
         head_trains = head is not None and head.weight.requires_grad
     load = 4 if str(recipe.model.dtype or "float32").replace("torch.", "") == "float32" else BF16
-    return ModelShape(
+    _SHAPES[key] = ModelShape(
         params, trainable, largest, decoder_layer, lm_head, head_trains, text.hidden_size, text.num_hidden_layers, load
     )
+    return _SHAPES[key]
+
+
+_SHAPES: dict[tuple, ModelShape] = {}
+
+
+def meta_model(config):
+    """The model `config` describes, its modules on the meta device: no weights, no memory (outside DeepSpeed's
+    zero.Init, which a ZeRO-3 launch would otherwise wrap the build in)."""
+    from transformers import AutoModelForCausalLM
+
+    with torch.device("meta"), upstream.without_zero3_init(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return AutoModelForCausalLM.from_config(config)
 
 
 # --- activations: the backbone traced on fake tensors ---
@@ -636,9 +633,7 @@ def _gib(n: float) -> float:
     return round(n / GIB, 1)
 
 
-def _refusal(
-    recipe, chosen: Plan, gpu: float, gpu_source: str, attention: str | None, heads: tuple[int, int] | None
-) -> str:
+def _refusal(recipe, chosen: Plan, gpu: float, gpu_source: str, attention: str | None, heads) -> str:
     """One line: what does not fit, by how much and in which part, and what would fit (memory_advice)."""
     e, world = chosen.engine, chosen.world
     parts = ", ".join(f"{name} {gib}" for _, name, gib in chosen.parts())

@@ -21,7 +21,6 @@ from dpotrain.forwards.packing import attention_name
 from dpotrain.plan.layers import checkpointing_fields
 from dpotrain.recipe.config import dry_run_asked, replaced, uses_live_reference
 
-GIB = 2**30
 # The accelerate configs this project ships, one per engine: what a refusal tells the user to pass.
 SHIPPED = {
     "zero2": "accelerate_config.yaml",

@@ -290,21 +290,19 @@ class RowLayout:
 
     kind: str  # "one_row", "rows" (unshared or shared prompts: `lengths.shared` says) or "padded"
     hidden_size: int = 4096
-    max_groups: int = 4
     multiple: int | None = None  # a packed row's width is padded to a multiple of it (`ForwardChoice.pad_multiple`)
 
     def positions(self, lengths: PairLengths, micro_batch) -> int:
         if self.kind == "padded":
             from dpotrain.forwards.padded import positions
 
-            return positions(lengths.sequences(micro_batch), max_groups=self.max_groups)
-        from dpotrain.forwards.packing import fill_rows, padded_width
+            return positions(lengths.sequences(micro_batch))
+        from dpotrain.forwards.packing import lay_rows
 
-        units = lengths.units(micro_batch)
-        if self.kind == "one_row":
-            return padded_width(sum(units), self.multiple)
-        rows = fill_rows(units, self.hidden_size)
-        return len(rows) * padded_width(max(sum(units[i] for i in row) for row in rows), self.multiple)
+        rows, width = lay_rows(
+            lengths.units(micro_batch), self.kind == "one_row", self.hidden_size, None, self.multiple
+        )
+        return len(rows) * width
 
 
 def pairs_trained(epochs: list, steps: int) -> np.ndarray:

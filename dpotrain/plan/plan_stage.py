@@ -33,12 +33,6 @@ class RunPlan:
         )
 
 
-def order_seed(args) -> int:
-    """The seed of the pairs' order: `data_seed` when given (transformers' seed of the data samplers, which this plan
-    replaces), else `seed`, as the Trainer's sampler would take it."""
-    return args.seed if args.data_seed is None else args.data_seed
-
-
 def make(
     lengths: PairLengths,
     args,
@@ -54,14 +48,11 @@ def make(
     """The run's plan from its pairs' lengths and the training arguments, at start and in a dry run; a
     `plan.PlanError` (with the budget that would do) when a step cannot be cut. `max_length_cuts` (`cuts.count`): the
     pairs cut or dropped at max_length, recorded with the plan."""
-    step_plan = plan.StepPlan(
-        pairs_per_step,
-        world_size,
-        order_seed(args),
-        budget,
-        None if budget else args.per_device_train_batch_size,
-        padded=padded,
-    )
+    # The pairs' order: `data_seed` when given (transformers' seed of the data samplers, which this plan replaces),
+    # else `seed`, as the Trainer's sampler would take it.
+    seed = args.seed if args.data_seed is None else args.data_seed
+    per_micro_batch = None if budget else args.per_device_train_batch_size
+    step_plan = plan.StepPlan(pairs_per_step, world_size, seed, budget, per_micro_batch, padded=padded)
     epochs = plan.epochs_needed(args.max_steps, args.num_train_epochs, len(lengths), pairs_per_step, world_size)
     # Every epoch is planned now: a step that cannot be cut is refused before the model does any work.
     planned = plan.plan_run(lengths, step_plan, epochs)
@@ -69,8 +60,8 @@ def make(
     steps = args.max_steps if args.max_steps > 0 else math.ceil(args.num_train_epochs * len(planned[0]))
     trained = plan.pairs_trained(planned, steps)
     summary = plan.summary(lengths, step_plan, planned, forward, reduce_per_backward)
-    pairs_trained = {"pairs": len(trained), "of": len(lengths), "steps": steps}
-    summary |= {"pairs_trained": pairs_trained, "max_length_cuts": max_length_cuts}
+    summary["pairs_trained"] = {"pairs": len(trained), "of": len(lengths), "steps": steps}
+    summary["max_length_cuts"] = max_length_cuts
     return RunPlan(lengths, step_plan, planned, summary, trained)
 
 

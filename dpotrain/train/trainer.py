@@ -314,7 +314,7 @@ class RecipeDPOTrainer(DPOTrainer):
         """How this trainer's collator lays out a micro-batch, for the positions the plan's summary counts."""
         collate = self.data_collator
         if not self.packed:
-            return plan.RowLayout("padded", max_groups=collate.max_groups)
+            return plan.RowLayout("padded")
         return plan.RowLayout(
             "one_row" if collate.one_row else "rows", collate.hidden_size, multiple=collate.pad_to_multiple_of
         )
