@@ -165,12 +165,14 @@ def output_checks(recipe, launch: Launch, push) -> resolve.OutputDecision:
         check(options.check_wandb, recipe)
         if not launch.dry_run and collectives.launched_main():  # the process that logs to W&B
             options.check_wandb_reachable(recipe)
-        if push.requested and not launch.dry_run and collectives.launched_main():  # one whoami per run
+        decision = check(resolve.check_output_dir, recipe, launch.batch.pairs_per_step) or decision
+        # One whoami per run, for a run that will train: a rerun completing a push a kill cut short pushes to the repo
+        # that push started on, and nothing else (a check here would create an empty repo named after the command).
+        if push.requested and not launch.dry_run and collectives.launched_main() and not decision.push_left:
             from dpotrain.hub import hub
 
             push.repo_id = hub.check_write_access(push.repo_id, push.token)  # now, not after training; user/name
             hub.create_at_start(push.repo_id, push.token, push.private)  # a new repo: may this token create it?
-        decision = check(resolve.check_output_dir, recipe, launch.batch.pairs_per_step) or decision
     kept = None if decision.start_afresh or decision.push_left else hub_revision.kept(recipe, training.output_dir)
     if kept and collectives.launched_main():
         print(

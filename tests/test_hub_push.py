@@ -550,6 +550,30 @@ def test_a_push_left_is_completed_to_the_repo_it_started_on(hub, tmp_path, monke
     assert [(r["status"], r["repo"]) for r in read_pushes(out)] == [("started", REPO)] * 2 + [("pushed", REPO)]
 
 
+def test_a_rerun_completing_a_push_creates_no_repo_named_after_the_command(hub, tmp_path, monkeypatch, tiny_model_dir):
+    """The rerun the refusal advises (`--push_to_hub` alone) checked write access to, and created, a repo named after
+    the run (me/run) at its start, though it pushes only to the repo the cut-short push started on: an empty stray
+    repo on the Hub. The whole rerun, through the command's entry."""
+    import shutil
+
+    from huggingface_hub import constants
+
+    import train_dpo
+    from dpotrain.hub.hub_push import record_push
+
+    monkeypatch.setattr(constants, "ENDPOINT", hub.endpoint)
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "0")
+    monkeypatch.setenv("DPOTRAIN_HUB_RETRY_WAITS", "0")
+    monkeypatch.setenv("HF_TOKEN", SECRET)
+    out = tmp_path / "run"
+    shutil.copytree(tiny_model_dir, out)
+    (out / "run_complete.json").write_text('{"global_step": 2}')
+    record_push(out, step=2, branch="main", status="started", repo=REPO)
+    train_dpo.main(["--config", SMOKE, "--output_dir", str(out), "--push_to_hub", "true", "--report_to", "none"])
+    assert [commit["repo"] for commit in hub.state.commits] == [REPO] and "me/run" not in hub.state.repos
+
+
 def test_the_push_commands_a_run_prints_keep_a_folder_with_a_space_one_word(tmp_path, monkeypatch, capsys):
     """`python scripts/push_to_hub.py /x/my runs/think dpo --repo-id ...`, copied as printed, pushed the folder
     '/x/my' (or was refused for the words after it): each printed command is as a shell reads it back."""
