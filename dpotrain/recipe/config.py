@@ -14,7 +14,7 @@ import math
 import os
 import re
 import sys
-from dataclasses import MISSING, dataclass, field, fields, replace
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
 from dpotrain.recipe import recipe_file, upstream, usage, writes
@@ -360,9 +360,19 @@ def parse_args(argv: list[str] | None = None) -> Recipe:
     for key, value in (config.pop("env", None) or {}).items():  # TRL's `env:` block, under the environment
         if value is not None:  # `WANDB_PROJECT:` with no value sets nothing, not the word "None"
             os.environ.setdefault(str(key), str(value))
-    # `field: null` where the field's default is None is that default, as YAML means it: no words (argparse would
-    # read the word "None" as text, or refuse it as a number: `loss_weights: null`). Other nulls: below.
-    unset = {k for k, v in config.items() if v is None and getattr(_options().get(f"--{k}"), "default", 0) is None}
+    # A recipe's `field: null` is the field's default, as YAML means it, where that default is None: no words (argparse
+    # would read the word "None" as text, `hub_model_id: null` a repo named None, a list of it, `datasets: null` a
+    # mixture of one source named None, or refuse it as a number). Where the default is a value, null is refused,
+    # unless the command line gives the field. An unknown field goes on as words, to be named as unknown.
+    options, on_command_line = _options(), fields_set(argv)
+    unset = {k for k, v in config.items() if v is None and f"--{k}" in options}
+    for key in unset:
+        default = options[f"--{key}"].default
+        if default is not None and options[f"--{key}"].dest not in on_command_line:
+            raise ConfigError(
+                f"{key}: null in the recipe, but {key} needs a value: delete the line for its default ({default!r}) "
+                "or write one"
+            )
     # The recipe's words, then the command line's: the last value wins.
     words = _as_flags({k: v for k, v in config.items() if k not in unset}) + argv
     tokens, max_length_auto = _take_max_length_auto(words + _cpu_deepspeed_backend(words))
@@ -381,21 +391,6 @@ def parse_args(argv: list[str] | None = None) -> Recipe:
     given = fields_set(tokens)
     if "padding_free" not in given:
         training.padding_free = True  # this project's default: packed sequences (TRL's is False)
-    on_command_line = fields_set(argv)
-    for name in {k for k, v in config.items() if v is None} - on_command_line:
-        # A recipe's `field: null` is the word "None" to argparse, which a text field keeps as text (`hub_model_id:
-        # null` pushed to a repo named None) and a list field as a list of it (`datasets: null` a mixture of one
-        # source named None): null is None, as YAML means it, for a field that may be None.
-        for part in (script, training, model, project):
-            if getattr(part, name, None) in ("None", ["None"]):
-                f = next(f for f in fields(part) if f.name == name)
-                default = f.default_factory() if f.default is MISSING else f.default  # loss_type's is a factory's
-                if default is not None:  # (declared types are no guide: DPOConfig redeclares `str | None` as str)
-                    raise ConfigError(
-                        f"{name}: null in the recipe, but {name} needs a value: delete the line for its default "
-                        f"({default!r}) or write one"
-                    )
-                setattr(part, name, None)
     replaced = _command_line_batch_wins(training, project, on_command_line)
     if "dataset_name" in on_command_line and (there := _in_submit_dir(script.dataset_name)) and there.exists():
         script.dataset_name = str(there)
