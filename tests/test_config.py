@@ -331,3 +331,23 @@ def test_an_env_variable_without_a_value_is_left_unset(tmp_path):
         os.environ.pop("DPOTRAIN_TEST_UNSET", None)
         parse_args(["--config", path])
         assert "DPOTRAIN_TEST_UNSET" not in os.environ and os.environ["DPOTRAIN_TEST_SET"] == "offline"
+
+
+def test_a_number_in_a_recipe_is_read_as_written(tmp_path, monkeypatch):
+    """PyYAML (YAML 1.1) rewrote a number's text before argparse saw it: `model_revision: 1.10` fetched the revision
+    "1.1", `0123` the octal 83, `save_steps: 0100` saved every 64 steps, an `env:` value `1.10` was set to "1.1". A
+    recipe's value is now the word the command line would give."""
+    monkeypatch.delenv("DPOTRAIN_TEST_VERSION", raising=False)
+    path = write(
+        tmp_path,
+        "bf16: false\nmodel_revision: 1.10\ndataset_revision: 0123\nrun_name: 1:30\nsave_steps: 0100\n"
+        "learning_rate: 5.0e-7\nlr_scheduler_kwargs: {min_lr_rate: 0.10}\nenv:\n  DPOTRAIN_TEST_VERSION: 1.10\n",
+    )
+    recipe = parse_args(["--config", path])
+    assert recipe.model.model_revision == "1.10"
+    assert recipe.project.dataset_revision == "0123"
+    assert recipe.training.run_name == "1:30"
+    assert recipe.training.save_steps == 100
+    assert recipe.training.learning_rate == 5e-7
+    assert recipe.training.lr_scheduler_kwargs == {"min_lr_rate": 0.1}  # inside a mapping, still a number
+    assert os.environ["DPOTRAIN_TEST_VERSION"] == "1.10"

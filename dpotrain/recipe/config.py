@@ -339,7 +339,7 @@ def _as_flags(config: dict) -> list[str]:
     def word(value) -> str:
         if isinstance(value, bool):
             return str(value).lower()
-        return json.dumps(value) if isinstance(value, dict) else str(value)  # None: "None", as typed
+        return json.dumps(value) if isinstance(value, dict) else recipe_file.written(value)  # as the recipe wrote it
 
     return [w for key, v in config.items() for w in (f"--{key}", *map(word, v if isinstance(v, list) else [v]))]
 
@@ -359,7 +359,7 @@ def parse_args(argv: list[str] | None = None) -> Recipe:
     config = read_recipe(config_path) if config_path is not None else {}
     for key, value in (config.pop("env", None) or {}).items():  # TRL's `env:` block, under the environment
         if value is not None:  # `WANDB_PROJECT:` with no value sets nothing, not the word "None"
-            os.environ.setdefault(str(key), str(value))
+            os.environ.setdefault(str(key), recipe_file.written(value))
     # A recipe's `field: null` is the field's default, as YAML means it, where that default is None: no words (argparse
     # would read the word "None" as text, `hub_model_id: null` a repo named None, a list of it, `datasets: null` a
     # mixture of one source named None, or refuse it as a number). Where the default is a value, null is refused,

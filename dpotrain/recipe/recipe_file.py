@@ -3,13 +3,45 @@
 PyYAML keeps the last of two equal keys without a word (`beta: 5` ... `beta: 0.1` trains with 0.1), and its syntax
 errors are several lines of parser state. An empty or comment-only recipe is refused too: it would train TRL's
 defaults under the recipe's name. Training (`config.parse_args`) and the analyzer read recipes through here.
+
+A number keeps the text it was written as (`Written`): a recipe's values become command-line words, typed by the same
+argparse types as the command line, and PyYAML's YAML 1.1 rewrites a number's text (`model_revision: 1.10` would be the
+revision "1.1", `revision: 0123` the octal 83, `save_steps: 0100` 64 steps, `1:30` the number 90).
 """
 
+import math
 from pathlib import Path
 
 import yaml
 
 from dpotrain.recipe.errors import ConfigError, cause
+
+
+class WrittenInt(int):
+    """An int as the recipe wrote it: `.text` is the source text, what a command-line word of it would be."""
+
+    text: str
+
+
+class WrittenFloat(float):
+    """A float as the recipe wrote it (see WrittenInt)."""
+
+    text: str
+
+
+def written(value) -> str:
+    """A recipe's scalar as a command-line word: its source text where it was a number, `str` otherwise."""
+    return getattr(value, "text", None) or str(value)
+
+
+def _number(kind, construct):
+    def construct_written(loader, node):
+        value = kind(construct(loader, node))  # still a number where it is one (inside a mapping, json.dumps of it)
+        # YAML's `.inf`/`.nan` as Python spells them, which argparse reads and the finite-number check then names
+        value.text = node.value if math.isfinite(value) else str(value)
+        return value
+
+    return construct_written
 
 
 class _StrictLoader(yaml.SafeLoader):
@@ -31,6 +63,10 @@ class _StrictLoader(yaml.SafeLoader):
                 )
             seen[key] = line
         return super().construct_mapping(node, deep=deep)
+
+
+_StrictLoader.add_constructor("tag:yaml.org,2002:int", _number(WrittenInt, yaml.SafeLoader.construct_yaml_int))
+_StrictLoader.add_constructor("tag:yaml.org,2002:float", _number(WrittenFloat, yaml.SafeLoader.construct_yaml_float))
 
 
 def load(path: str | Path) -> dict:
