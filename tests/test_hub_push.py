@@ -96,13 +96,15 @@ def test_online_run_pushes_once_to_main_after_training_and_never_saves_the_token
 
     kinds = [r["kind"] for r in requests(hub)]
     # At start: the token's user, the write check, (no repo found) whether the repo exists, and the new repo created
-    # (the Hub says now whether this token may). Then the push, once the run is complete.
+    # (the Hub says now whether this token may). Then the push, once the run is complete: main's files listed (an
+    # earlier model's are replaced), the commit.
     assert kinds == [
         "whoami",
         "auth_check",
         "model_info",
         "create_repo",
         "create_repo",
+        "tree",
         "validate_yaml",
         "preupload",
         "commit",
@@ -690,3 +692,34 @@ def test_a_push_uploads_the_runs_own_files_never_a_persons_files_in_its_folder(h
     # What push_to_hub.py compares with main before it pushes again: the same files
     assert hub_push.local_files(run, hub_module.IGNORE, allow=hub_module.own_files(run)) == sorted(own)
     assert all((run / name).read_text() == text for name, text in mine.items())  # left where they are
+
+
+def test_a_push_to_a_repo_holding_an_earlier_model_replaces_that_model(hub, tmp_path, monkeypatch):
+    """A repo's main held an earlier run's model (one model.safetensors, or a LoRA adapter); the push of a sharded model
+    left those files beside the new shards, and `from_pretrained(repo)` loaded them, not the model pushed: transformers
+    takes model.safetensors before an index, and adapter_config.json makes the repo an adapter. The push replaces the
+    model's files on main (history keeps the old ones) and leaves the repo's other files alone."""
+    from huggingface_hub import constants
+
+    from dpotrain.hub import hub as hub_module
+    from dpotrain.train import run_files
+
+    monkeypatch.setattr(constants, "ENDPOINT", hub.endpoint)
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setenv("DPOTRAIN_HUB_RETRY_WAITS", "0")
+
+    def run_folder(name, files):
+        run = tmp_path / name
+        for file in files:
+            (run / file).parent.mkdir(parents=True, exist_ok=True)
+            (run / file).write_text(f"{name} {file}")
+        run_files.write(run, [run_files.MANIFEST, *files])
+        return run
+
+    earlier = ["config.json", "model.safetensors", "adapter_config.json", "adapter_model.safetensors", "README.md"]
+    hub_module.push_run(run_folder("earlier", [*earlier, "eval_results.json"]), REPO, token=SECRET)
+    shards = ["model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors", "model.safetensors.index.json"]
+    hub_module.push_run(run_folder("later", ["config.json", *shards, "README.md"]), REPO, token=SECRET)
+    main = hub.state.repos[REPO]["main"]
+    assert sorted(set(main) - {".gitattributes"}) == sorted(["config.json", *shards, "README.md", "eval_results.json"])
+    assert all(main[name] == f"later {name}".encode() for name in ["config.json", *shards])

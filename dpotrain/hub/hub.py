@@ -42,6 +42,11 @@ IGNORE = (
     "checkpoint-* checkpoint-*/** wandb/** *.lock .wandb_run_id training_args.bin .hub_staging/** hub_pushes.jsonl "
     "run_files.json"
 ).split()
+# The model a final push replaces on main: its weights in any format, their indexes and a LoRA adapter's files, wherever
+# they lie. An earlier run's files of these kinds left beside the new ones would be loaded in their place (transformers
+# takes model.safetensors before a sharded index; adapter_config.json makes the repo an adapter), as save_pretrained
+# removes an earlier model's shards from its folder. main's history keeps them; what the push uploads stays.
+REPLACED = "*.safetensors *.safetensors.index.json *.bin *.bin.index.json adapter_config.json".split()
 HUB_STRATEGIES = ("every_save", "end")  # transformers' values that mean no more than "push the model": accepted
 
 
@@ -321,6 +326,7 @@ def push_run(output_dir: str | Path, repo_id: str, token: str | None = None, pri
             folder_path=str(output_dir),
             allow_patterns=own_files(output_dir),
             ignore_patterns=IGNORE,
+            delete_patterns=REPLACED,
             commit_message="Upload DPO run",
         )
 
