@@ -449,3 +449,70 @@ def test_tools_and_chat_template_kwargs_in_some_rows_only_reach_every_row_that_h
     for i, row in enumerate(read):
         assert (row["tools"] is not None) == (i in having), i
         assert row["chat_template_kwargs"] == {"enable_thinking": False if i in having else None}, i
+
+
+# A template that writes an assistant's tool calls, as tool-calling models' templates do (Qwen's, Llama's)
+TOOL_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{% if m['content'] %}{{ m['content'] }}{% endif %}"
+    "{% for c in m['tool_calls'] or [] %}<tool_call>{{ c['function']['name'] }}({{ c['function']['arguments'] }})"
+    "</tool_call>{% endfor %}<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def test_tool_call_answers_are_read_and_measured_as_the_trainer_tokenizes_them(tiny_model_dir, tmp_path):
+    """Tool-calling pairs in TRL's format: an answer that is a tool call (`tool_calls`, no text) was refused as an
+    empty completion or a message without content, and a data set whose chosen sides call a tool where the rejected
+    ones answer in text was refused whole: each message of the chosen column then holds a `tool_calls` field (null
+    where it calls nothing) and the rejected column's none, so the two read as answering other prompts (message 0
+    (user): '2+2?' in chosen, '2+2?' here)."""
+    user = {"role": "user", "content": "2+2?"}
+
+    def call(name, content=None):
+        message = {
+            "role": "assistant",
+            "tool_calls": [{"type": "function", "function": {"name": name, "arguments": "{}"}}],
+        }
+        return message if content is None else {**message, "content": content}
+
+    text = [
+        {"chosen": [user, call("calc")], "rejected": [user, {"role": "assistant", "content": "5."}]},
+        {"chosen": [user, call("calc", "")], "rejected": [user, call("search", "")]},
+        {
+            "chosen": [
+                user,
+                call("calc", "Let me check."),
+                {"role": "tool", "content": "4"},
+                {"role": "assistant", "content": "4."},
+            ],
+            "rejected": [
+                user,
+                call("calc", "Let me check."),
+                {"role": "tool", "content": "4"},
+                {"role": "assistant", "content": "5."},
+            ],
+        },
+    ]
+    path = tmp_path / "tools.jsonl"
+    path.write_text("".join(json.dumps(p) + "\n" for p in text))
+    tokenizer = lengths.load_tokenizer(tiny_model_dir)
+    tokenizer.chat_template = TOOL_TEMPLATE
+    raw = data.load_preference_dataset(str(path))
+    pairs = rows.usable_pairs(raw, False, {}, "invalid_rows", say=False, template=tokenizer)
+    processed = trainer_dataset(pairs, tokenizer, tmp_path)
+    answers = [(tokenizer.decode(r["chosen_ids"]), tokenizer.decode(r["rejected_ids"])) for r in processed]
+    assert answers == [
+        ("<tool_call>calc({})</tool_call><|im_end|>\n", "5.<|im_end|>\n"),
+        ("<tool_call>calc({})</tool_call><|im_end|>\n", "<tool_call>search({})</tool_call><|im_end|>\n"),
+        ("4.<|im_end|>\n", "5.<|im_end|>\n"),
+    ]
+    assert "Let me check.<tool_call>calc({})</tool_call>" in tokenizer.decode(processed[2]["prompt_ids"])
+    m = lengths.measure(raw, tokenizer)
+    assert m.invalid == []
+    for key in ("prompt", "chosen", "rejected"):
+        np.testing.assert_array_equal(getattr(m, key), [len(ids) for ids in processed[f"{key}_ids"]], err_msg=key)
+    # An answer that says nothing at all is still refused
+    empty = [
+        {"chosen": [user, {"role": "assistant", "content": " ", "tool_calls": None}], "rejected": text[0]["rejected"]}
+    ]
+    with pytest.raises(rows.InvalidRowError, match="empty completion"):
+        rows.check_dataset(datasets.Dataset.from_list(empty + text))

@@ -80,16 +80,16 @@ def read_row(row: dict, fmt: RowFormat) -> tuple[dict | None, tuple[str, str] | 
                 "prompt",
                 problem.replace("plain text (its first row is text)", "a string prompt (its first row has one)"),
             )
-    if row["chosen"] == row["rejected"]:
+    if shapes.given(row["chosen"]) == shapes.given(row["rejected"]):
         return None, ("chosen", "identical to `rejected`: the pair expresses no preference")
     example, problem = shapes.read(row, shape)
     if problem:
         return None, problem
-    if example["chosen"] == example["rejected"]:
+    if shapes.given(example["chosen"]) == shapes.given(example["rejected"]):
         return None, ("chosen", "identical to `rejected` once read: the pair expresses no preference")
     for column in ("chosen", "rejected"):
         completion = example[column]
-        if fmt.conversational and all(not m["content"].strip() for m in completion):
+        if fmt.conversational and not any(map(_says_something, completion)):
             return None, (column, "empty completion: every completion message has empty content")
         if not fmt.conversational and not completion.removesuffix(fmt.eos_token or "").strip():
             return None, (column, "empty completion")
@@ -117,6 +117,8 @@ def _check_value(value, conversational: bool) -> str | None:
         if not isinstance(message, dict):
             return f"message {i} is a {type(message).__name__}, not a {{'role', 'content'}} mapping"
         for key in ("role", "content"):
+            if key == "content" and message.get(key) is None and message.get("tool_calls"):
+                continue  # a tool call without text, as TRL's data sets write it: the template renders its calls
             if message.get(key) is None:
                 return f"message {i} has no {key!r}"
             if not isinstance(message[key], str):
@@ -127,6 +129,14 @@ def _check_value(value, conversational: bool) -> str | None:
                 "for the model's turns ('user', 'system', 'tool' for the others)"
             )
     return None
+
+
+def _says_something(message: dict) -> bool:
+    """Whether a message holds anything for the chat template to write: text, or another field the template renders
+    (an assistant's `tool_calls`, OLMo's `function_calls`, a `reasoning_content`). A completion that is a tool call is
+    an answer: TRL trains its rendered call."""
+    extra = (value for key, value in message.items() if key not in ("role", "content", "name"))
+    return bool((message.get("content") or "").strip()) or any(value not in (None, "", [], {}) for value in extra)
 
 
 def split_row(example: dict, fmt: RowFormat) -> dict:

@@ -171,11 +171,21 @@ def _messages(chosen: list, rejected: list) -> tuple[dict | None, tuple[str, str
     for column, completion in (("chosen", completion_c), ("rejected", completion_r)):
         if not completion:
             return None, (column, "empty completion: the conversation does not end with an assistant message")
-    if prompt_c != prompt_r:
-        return None, ("rejected", ANOTHER_PROMPT + _first_difference(prompt_c, prompt_r))
+    if given(prompt_c) != given(prompt_r):
+        return None, ("rejected", ANOTHER_PROMPT + _first_difference(given(prompt_c), given(prompt_r)))
     if not prompt_c:
         return None, ("prompt", "no message before the assistant's answer, so there is no prompt")
     return {"prompt": prompt_c, "chosen": completion_c, "rejected": completion_r}, None
+
+
+def given(messages):
+    """Messages without their null fields, as they were written: a data set holds, in each message of a column, every
+    field any message of that column has (one Arrow schema per column), null where it has none; so where only `chosen`
+    has a `tool_calls` (or `name`, ...) field, each of its messages has one and `rejected`'s have none. Plain text is
+    itself."""
+    if not isinstance(messages, list):
+        return messages
+    return [{key: value for key, value in m.items() if value is not None} for m in messages]
 
 
 def _starts_with(side: list, prompt: list) -> bool:
