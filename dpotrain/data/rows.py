@@ -136,7 +136,7 @@ def _says_something(message: dict) -> bool:
     (an assistant's `tool_calls`, OLMo's `function_calls`, a `reasoning_content`). A completion that is a tool call is
     an answer: TRL trains its rendered call."""
     extra = (value for key, value in message.items() if key not in ("role", "content", "name"))
-    return bool((message.get("content") or "").strip()) or any(value not in (None, "", [], {}) for value in extra)
+    return bool((message.get("content") or "").strip()) or any(isinstance(v, str | list | dict) and v for v in extra)
 
 
 def split_row(example: dict, fmt: RowFormat) -> dict:
