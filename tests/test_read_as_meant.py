@@ -85,8 +85,22 @@ def test_a_prompt_column_repeated_in_the_conversations_is_trained_once(tokenizer
             "chosen",
             "starts with a user message that is not the `prompt` column's",
         ),
+        (  # TRL trained the follow-up as answer tokens, though no `assistant_turns` labels a user turn
+            lambda r: {**r, "chosen": [*r["chosen"], {"role": "user", "content": "And?"}, r["chosen"][-1]]},
+            "chosen",
+            "holds a user message after the `prompt` column's messages and the answer's start, which would be trained",
+        ),
+        (  # the answer alone, with a tool's result inside it
+            lambda r: {
+                **r,
+                "chosen": [r["chosen"][-1], {"role": "tool", "content": "4"}, r["chosen"][-1]],
+                "rejected": r["rejected"][-1:],
+            },
+            "chosen",
+            "holds a tool message after the `prompt` column's messages and the answer's start, which would be trained",
+        ),
     ],
-    ids=["one side repeats it", "another prompt inside the conversation"],
+    ids=["one side repeats it", "another prompt inside the conversation", "a follow-up turn", "a tool's result"],
 )
 def test_a_prompt_column_the_conversations_contradict_is_refused(
     edit, column, problem, analyzer, tmp_path, tiny_model_dir, capsys, monkeypatch

@@ -201,10 +201,13 @@ def _starts_with(side: list, prompt: list) -> bool:
 def _explicit_prompt(prompt: list, chosen: list, rejected: list):
     """A prompt column beside chosen/rejected. TRL (1.16) renders prompt + chosen as given, so conversations that
     already start with the prompt would train its messages twice: such sides are read without the repetition. A side
-    that starts with another user (or system) turn is refused: a completion is the assistant's answer."""
+    that starts with another user (or system) turn is refused: a completion is the assistant's answer. So is one with
+    such a turn later on (a user's follow-up, a tool's result): TRL trains all of a completion, that turn too, which
+    `assistant_turns` never labels and the conversations' own shape reads as prompt (and refuses where the sides
+    differ before their final answer)."""
     repeats = {c: _starts_with(side, prompt) for c, side in (("chosen", chosen), ("rejected", rejected))}
     if all(repeats.values()):
-        return {"prompt": prompt, "chosen": chosen[len(prompt) :], "rejected": rejected[len(prompt) :]}, None
+        return _answers_only(prompt, chosen[len(prompt) :], rejected[len(prompt) :])
     for column, other in (("chosen", "rejected"), ("rejected", "chosen")):
         if repeats[other] and not repeats[column]:
             return None, (
@@ -220,6 +223,19 @@ def _explicit_prompt(prompt: list, chosen: list, rejected: list):
                 f"starts with a {role} message that is not the `prompt` column's, so the prompt would be followed by "
                 "another prompt: drop the `prompt` column if the conversations hold the whole exchange, or keep only "
                 f"the answer here{DETAIL}{_short(side[0].get('content'))}",
+            )
+    return _answers_only(prompt, chosen, rejected)
+
+
+def _answers_only(prompt: list, chosen: list, rejected: list):
+    """The pair, unless a completion holds a turn that is not the assistant's (it would be trained as answer)."""
+    for column, side in (("chosen", chosen), ("rejected", rejected)):
+        if turn := next((m for m in side if m.get("role") != "assistant"), None):
+            return None, (
+                column,
+                f"holds a {turn.get('role')} message after the `prompt` column's messages and the answer's start, "
+                "which would be trained as part of the answer: put every turn before the final answer in `prompt` "
+                f"(the same on both sides), or drop the `prompt` column{DETAIL}{_short(turn.get('content'))}",
             )
     return {"prompt": prompt, "chosen": chosen, "rejected": rejected}, None
 
