@@ -135,6 +135,22 @@ def test_text_pair_where_one_side_starts_the_other_is_refused(analyzer, tmp_path
     )
 
 
+def test_text_answers_that_share_no_start_have_an_empty_prompt_whatever_they_end_with(tokenizer, tmp_path):
+    """docs/data.md: answers that share no start are a pair with an empty prompt. TRL's extract_prompt steps back over
+    a space before the first difference, at index 0 reading index -1: a `chosen` ending with a space became its own
+    prompt but for that space, its answer ' ' (refused as an empty completion) and rejected's its last character."""
+    pairs = [{"chosen": f"Blue is colour {i}. ", "rejected": f"Green {i}."} for i in range(6)]
+    pairs += [{"chosen": f"Q{i}: a colour? A: Blue. ", "rejected": f"Q{i}: a colour? A: Green."} for i in range(6)]
+    read_pairs = read(write_jsonl(tmp_path / "text.jsonl", pairs))
+    assert read_pairs[0] == {"prompt": "", "chosen": "Blue is colour 0. ", "rejected": "Green 0."}
+    assert read_pairs[6] == {"prompt": "Q0: a colour? A:", "chosen": " Blue. ", "rejected": " Green."}
+    processed = trainer_dataset(read_pairs, tokenizer, tmp_path)
+    m = lengths.measure(datasets.Dataset.from_list(pairs), tokenizer)
+    assert m.invalid == []
+    for key in ("prompt", "chosen", "rejected"):
+        np.testing.assert_array_equal(getattr(m, key), [len(ids) for ids in processed[f"{key}_ids"]], err_msg=key)
+
+
 # --- message lists written as JSON text -------------------------------------------------------------------------------
 
 

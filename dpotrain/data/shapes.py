@@ -140,7 +140,7 @@ def read(row: dict, shape: Shape) -> tuple[dict | None, tuple[str, str] | None]:
         example, problem = {"prompt": row["prompt"], "chosen": row["chosen"], "rejected": row["rejected"]}, None
     elif shape.name == "text":
         problem = _prefix_pair(row["chosen"], row["rejected"])  # then TRL's own reading
-        example = None if problem else extract_prompt({"chosen": row["chosen"], "rejected": row["rejected"]})
+        example = None if problem else _common_start(row["chosen"], row["rejected"])
     elif shape.name == "hh" and not shape.conversational:
         example, problem = _hh_text(row["chosen"], row["rejected"])
     else:
@@ -252,6 +252,15 @@ def _prefix_pair(chosen: str, rejected: str) -> tuple[str, str] | None:
                 "in a `prompt` column and only the answers in chosen/rejected",
             )
     return None
+
+
+def _common_start(chosen: str, rejected: str) -> dict:
+    """TRL's `extract_prompt` on text: the start the two sides share is the prompt, less a space it ends with (which
+    begins the answers). Answers that share no start have an empty prompt: there TRL's step back over the space reads
+    index -1, so a `chosen` ending with a space became all but its last character as the prompt, and ' ' the answer."""
+    if chosen[:1] != rejected[:1]:
+        return {"prompt": "", "chosen": chosen, "rejected": rejected}
+    return extract_prompt({"chosen": chosen, "rejected": rejected})
 
 
 def split_conversation(messages: list) -> tuple[list, list]:
