@@ -169,6 +169,23 @@ def test_message_lists_written_as_json_text_are_read_as_messages(kind, tokenizer
     np.testing.assert_array_equal(m.rejected, [len(r) for r in processed["rejected_ids"]])
 
 
+def test_json_text_messages_with_fields_the_first_rows_lack_are_read_as_written(tmp_path):
+    """Parsed from JSON text, each row's messages have the fields written in it; datasets fixed the fields from the
+    first batch of rows it wrote (1,000), and a later message with another one (a `name`, a tool call's `tool_calls`)
+    failed the read in a traceback (Couldn't cast array of type struct<role, content, name> to {'role', 'content'})."""
+    rows = [
+        {side: [{"role": "user", "content": f"Q{i}?"}, {"role": "assistant", "content": a}] for side, a in sides}
+        for i, sides in enumerate([(("chosen", "Yes."), ("rejected", "No."))] * 1010)
+    ]
+    for side in ("chosen", "rejected"):
+        rows[1005][side][0]["name"] = "bob"
+    path = str(tmp_path / "late.csv")
+    datasets.Dataset.from_list([{k: json.dumps(v) for k, v in r.items()} for r in rows]).to_csv(path, index=False)
+    pairs = read(path)
+    assert pairs[1005]["prompt"] == [{"role": "user", "content": "Q1005?", "name": "bob"}]
+    assert pairs[0]["prompt"] == [{"role": "user", "content": "Q0?"}] and len(pairs) == 1010
+
+
 def test_json_text_cells_that_do_not_match_the_first_row_are_refused(
     analyzer, tmp_path, tiny_model_dir, capsys, monkeypatch
 ):

@@ -264,10 +264,26 @@ def usable_pairs(
     columns = [c for c in ROW_COLUMNS if c in dataset.column_names]
     read = [c for c in columns if c not in shapes.KEPT_COLUMNS]
     pairs = dataset.select_columns(columns).map(
-        shapes.normalize, fn_kwargs={"shape": checked.fmt.shape}, remove_columns=read, desc=f"Reading {split} pairs"
+        shapes.normalize,
+        fn_kwargs={"shape": checked.fmt.shape},
+        remove_columns=read,
+        features=_parsed_features(dataset, checked.fmt.shape),
+        desc=f"Reading {split} pairs",
     )
     order = [c for c in ROW_COLUMNS if c in pairs.column_names]  # the columns in the order normalize wrote them before
     return no_null_kwargs(pairs.select_columns(order))
+
+
+def _parsed_features(dataset, shape: shapes.Shape):
+    """The read pairs' column types where messages are parsed from JSON text (`shape.json_columns`): datasets' Json
+    messages, each as written. Left to datasets, the first batch's messages fix their fields for every later batch,
+    and a later message with another field (a `name`, `tool_calls`) failed the map in a traceback."""
+    import datasets
+
+    if not (shape.json_columns and shape.conversational):
+        return None
+    kept = {c: dataset.features[c] for c in shapes.KEPT_COLUMNS if c in dataset.column_names}
+    return datasets.Features({**kept, **{c: datasets.List(datasets.Json()) for c in ("prompt", "chosen", "rejected")}})
 
 
 def no_null_kwargs(pairs):
