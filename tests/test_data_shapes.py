@@ -516,3 +516,26 @@ def test_tool_call_answers_are_read_and_measured_as_the_trainer_tokenizes_them(t
     ]
     with pytest.raises(rows.InvalidRowError, match="empty completion"):
         rows.check_dataset(datasets.Dataset.from_list(empty + text))
+
+
+def test_chat_template_kwargs_of_other_names_in_other_rows_all_reach_the_trainer(tiny_model_dir, tmp_path):
+    """Rows whose chat_template_kwargs differ in their names (`enable_thinking` here, `reasoning_effort` there) are
+    read by datasets as Json, which the reading took for a column no row fills and dropped: every row's keyword
+    arguments lost without a word, while the analyzer measured the rows with them."""
+    pairs = builtin.make_preference_rows(6, seed=3)
+    given = [{"system_note": "terse"}, {"reasoning_effort": "high"}, None, {"system_note": "x", "level": 2}, None, None]
+    for pair, kwargs in zip(pairs, given, strict=True):
+        pair["chat_template_kwargs"] = kwargs
+    path = tmp_path / "kwargs.jsonl"
+    path.write_text("".join(json.dumps(p) + "\n" for p in pairs))
+    raw = data.load_preference_dataset(str(path))
+    read = rows.usable_pairs(raw, False, {}, "invalid_rows", say=False)
+    assert read["chat_template_kwargs"] == [k or {} for k in given]
+    tokenizer = lengths.load_tokenizer(tiny_model_dir)  # a template that writes them
+    tokenizer.chat_template = "{{ system_note | default('') }}{{ reasoning_effort | default('') }}" + (
+        tokenizer.chat_template
+    )
+    processed = trainer_dataset(read, tokenizer, tmp_path)
+    assert tokenizer.decode(processed[1]["prompt_ids"]).startswith("high<|im_start|>")
+    m = lengths.measure(raw, tokenizer)
+    np.testing.assert_array_equal(m.prompt, [len(ids) for ids in processed["prompt_ids"]])

@@ -288,13 +288,19 @@ def _parsed_features(dataset, shape: shapes.Shape):
 
 def no_null_kwargs(pairs):
     """TRL applies a row's `**chat_template_kwargs`: a row without them (null where other rows have some) gets the
-    column's keys with no value, as a row written `{}` reads; a column no row fills is dropped."""
+    column's keys with no value, as a row written `{}` reads; a column no row fills is dropped. Rows whose keyword
+    arguments differ in their names or types are datasets' Json: each row's as written, `{}` where it has none."""
+    import datasets
+
     feature = pairs.features.get("chat_template_kwargs")
     if feature is None:
         return pairs
-    if not isinstance(feature, dict):  # no row has keyword arguments (an all-null column)
+    if isinstance(feature, datasets.Json):
+        empty = {}
+    elif not isinstance(feature, dict):  # no row has keyword arguments (an all-null column)
         return pairs.remove_columns("chat_template_kwargs")
-    empty = dict.fromkeys(feature)
+    else:
+        empty = dict.fromkeys(feature)
     return pairs.map(
         lambda kwargs: {"chat_template_kwargs": empty if kwargs is None else kwargs},
         input_columns="chat_template_kwargs",
