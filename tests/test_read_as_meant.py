@@ -112,6 +112,32 @@ def test_a_prompt_column_the_conversations_contradict_is_refused(
     assert expected in analyzer_error(analyzer, capsys, path, "--tokenizer", tiny_model_dir)
 
 
+def test_a_conversation_whose_tool_call_differs_from_the_prompt_columns_is_not_read_as_repeating_it():
+    """A repeated prompt was recognised by role and content alone: a side whose tool call differed from the prompt
+    column's (content empty or null) passed for a repetition and was trained on the prompt column's call instead."""
+
+    def call(name):
+        return {"role": "assistant", "content": "", "tool_calls": [{"type": "function", "function": {"name": name}}]}
+
+    user, result, answer = {"role": "user", "content": "2+2?"}, {"role": "tool", "content": "4"}, "It is 4."
+    prompt = [user, call("calc"), result]
+    row = {
+        "prompt": prompt,
+        "chosen": [user, call("search"), result, {"role": "assistant", "content": answer}],
+        "rejected": [*prompt, {"role": "assistant", "content": "It is 5."}],
+    }
+    fmt = rows.RowFormat.of(row, list(row), None)
+    assert fmt.shape.name == "prompt+messages"
+    assert rows.read_row(row, fmt) == (
+        None,
+        (
+            "chosen",
+            "does not start with the `prompt` column's messages while `rejected` does: write both sides the same way "
+            "(the whole conversation, or the answer alone)",
+        ),
+    )
+
+
 # --- text pairs where one side is the start of the other --------------------------------------------------------------
 
 

@@ -189,10 +189,12 @@ def given(messages):
 
 
 def _starts_with(side: list, prompt: list) -> bool:
-    """Whether a conversation holds the prompt's messages (same role, same content but for surrounding white space)
-    and then more (its answer)."""
+    """Whether a conversation holds the prompt's messages (same role, same content but for surrounding white space,
+    same tool calls) and then more (its answer)."""
     same = (
-        m.get("role") == p.get("role") and str(m.get("content")).strip() == str(p.get("content")).strip()
+        m.get("role") == p.get("role")
+        and str(m.get("content")).strip() == str(p.get("content")).strip()
+        and m.get("tool_calls") == p.get("tool_calls")
         for m, p in zip(side, prompt, strict=False)
     )
     return len(side) > len(prompt) and all(same)
