@@ -449,3 +449,93 @@ def test_tools_and_chat_template_kwargs_in_some_rows_only_reach_every_row_that_h
     for i, row in enumerate(read):
         assert (row["tools"] is not None) == (i in having), i
         assert row["chat_template_kwargs"] == {"enable_thinking": False if i in having else None}, i
+
+
+# A template that writes an assistant's tool calls, as tool-calling models' templates do (Qwen's, Llama's)
+TOOL_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{% if m['content'] %}{{ m['content'] }}{% endif %}"
+    "{% for c in m['tool_calls'] or [] %}<tool_call>{{ c['function']['name'] }}({{ c['function']['arguments'] }})"
+    "</tool_call>{% endfor %}<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def test_tool_call_answers_are_read_and_measured_as_the_trainer_tokenizes_them(tiny_model_dir, tmp_path):
+    """Tool-calling pairs in TRL's format: an answer that is a tool call (`tool_calls`, no text) was refused as an
+    empty completion or a message without content, and a data set whose chosen sides call a tool where the rejected
+    ones answer in text was refused whole: each message of the chosen column then holds a `tool_calls` field (null
+    where it calls nothing) and the rejected column's none, so the two read as answering other prompts (message 0
+    (user): '2+2?' in chosen, '2+2?' here)."""
+    user = {"role": "user", "content": "2+2?"}
+
+    def call(name, content=None):
+        message = {
+            "role": "assistant",
+            "tool_calls": [{"type": "function", "function": {"name": name, "arguments": "{}"}}],
+        }
+        return message if content is None else {**message, "content": content}
+
+    text = [
+        {"chosen": [user, call("calc")], "rejected": [user, {"role": "assistant", "content": "5."}]},
+        {"chosen": [user, call("calc", "")], "rejected": [user, call("search", "")]},
+        {
+            "chosen": [
+                user,
+                call("calc", "Let me check."),
+                {"role": "tool", "content": "4"},
+                {"role": "assistant", "content": "4."},
+            ],
+            "rejected": [
+                user,
+                call("calc", "Let me check."),
+                {"role": "tool", "content": "4"},
+                {"role": "assistant", "content": "5."},
+            ],
+        },
+    ]
+    path = tmp_path / "tools.jsonl"
+    path.write_text("".join(json.dumps(p) + "\n" for p in text))
+    tokenizer = lengths.load_tokenizer(tiny_model_dir)
+    tokenizer.chat_template = TOOL_TEMPLATE
+    raw = data.load_preference_dataset(str(path))
+    pairs = rows.usable_pairs(raw, False, {}, "invalid_rows", say=False, template=tokenizer)
+    processed = trainer_dataset(pairs, tokenizer, tmp_path)
+    answers = [(tokenizer.decode(r["chosen_ids"]), tokenizer.decode(r["rejected_ids"])) for r in processed]
+    assert answers == [
+        ("<tool_call>calc({})</tool_call><|im_end|>\n", "5.<|im_end|>\n"),
+        ("<tool_call>calc({})</tool_call><|im_end|>\n", "<tool_call>search({})</tool_call><|im_end|>\n"),
+        ("4.<|im_end|>\n", "5.<|im_end|>\n"),
+    ]
+    assert "Let me check.<tool_call>calc({})</tool_call>" in tokenizer.decode(processed[2]["prompt_ids"])
+    m = lengths.measure(raw, tokenizer)
+    assert m.invalid == []
+    for key in ("prompt", "chosen", "rejected"):
+        np.testing.assert_array_equal(getattr(m, key), [len(ids) for ids in processed[f"{key}_ids"]], err_msg=key)
+    # An answer that says nothing at all is still refused
+    empty = [
+        {"chosen": [user, {"role": "assistant", "content": " ", "tool_calls": None}], "rejected": text[0]["rejected"]}
+    ]
+    with pytest.raises(rows.InvalidRowError, match="empty completion"):
+        rows.check_dataset(datasets.Dataset.from_list(empty + text))
+
+
+def test_chat_template_kwargs_of_other_names_in_other_rows_all_reach_the_trainer(tiny_model_dir, tmp_path):
+    """Rows whose chat_template_kwargs differ in their names (`enable_thinking` here, `reasoning_effort` there) are
+    read by datasets as Json, which the reading took for a column no row fills and dropped: every row's keyword
+    arguments lost without a word, while the analyzer measured the rows with them."""
+    pairs = builtin.make_preference_rows(6, seed=3)
+    given = [{"system_note": "terse"}, {"reasoning_effort": "high"}, None, {"system_note": "x", "level": 2}, None, None]
+    for pair, kwargs in zip(pairs, given, strict=True):
+        pair["chat_template_kwargs"] = kwargs
+    path = tmp_path / "kwargs.jsonl"
+    path.write_text("".join(json.dumps(p) + "\n" for p in pairs))
+    raw = data.load_preference_dataset(str(path))
+    read = rows.usable_pairs(raw, False, {}, "invalid_rows", say=False)
+    assert read["chat_template_kwargs"] == [k or {} for k in given]
+    tokenizer = lengths.load_tokenizer(tiny_model_dir)  # a template that writes them
+    tokenizer.chat_template = "{{ system_note | default('') }}{{ reasoning_effort | default('') }}" + (
+        tokenizer.chat_template
+    )
+    processed = trainer_dataset(read, tokenizer, tmp_path)
+    assert tokenizer.decode(processed[1]["prompt_ids"]).startswith("high<|im_start|>")
+    m = lengths.measure(raw, tokenizer)
+    np.testing.assert_array_equal(m.prompt, [len(ids) for ids in processed["prompt_ids"]])

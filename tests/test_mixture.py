@@ -18,7 +18,7 @@ from test_data_shapes import explicit_prompt, hh, ultrafeedback
 
 from conftest import ROOT, launch_smoke, run_train
 from dpotrain import resolve
-from dpotrain.data import builtin, mixture
+from dpotrain.data import builtin, chat_template, mixture
 from dpotrain.recipe.config import parse_args
 from dpotrain.recipe.errors import ConfigError
 
@@ -509,3 +509,54 @@ def test_a_source_with_chat_template_kwargs_joins_one_without_them(order, tmp_pa
     joined, _ = mixture.load(sources, 42, False, "messages", {}, "invalid_rows", say=False)
     kwargs = [row["chat_template_kwargs"] for row in joined]
     assert sorted(kwargs, key=str) == [{"enable_thinking": False}] * 4 + [{"enable_thinking": None}] * 6
+
+
+@pytest.mark.parametrize("order", ["plain first", "plain last"])
+def test_sources_whose_messages_have_other_fields_join(order, tmp_path):
+    """A source whose messages carry a `name` (or `tool_calls`) beside one whose messages have only role and content:
+    datasets reads the first as Json messages (or a struct of more fields), and the join cast the second to the first's
+    type, a TypeError traceback (Couldn't cast array of type string to {'role': ..., 'content': ...}) when the plain
+    source came first. Each row is joined as written, its fields and no others."""
+
+    def rows(n, seed, **fields):
+        return [
+            {side: [m | fields if m["role"] == "user" else m for m in pair[side]] for side in ("chosen", "rejected")}
+            for pair in builtin.make_preference_rows(n, seed=seed)
+        ]
+
+    files = {"plain": rows(4, 1), "named": rows(5, 2, name="bob"), "weighed": rows(3, 3, weight="1")}
+    for name, pairs in files.items():
+        (tmp_path / f"{name}.jsonl").write_text("".join(json.dumps(p) + "\n" for p in pairs))
+    names = ["plain", "named", "weighed"] if order == "plain first" else ["named", "weighed", "plain"]
+    argv = [
+        "--config",
+        SMOKE,
+        "--dataset_mixer_list",
+        *(x for n in names for x in (str(tmp_path / f"{n}.jsonl"), "1.0")),
+    ]
+    joined, _ = mixture.load(mixture.parse(mixture.fields_of(parse_args(argv))), 42, False, "messages", {}, "x", False)
+    users = sorted((row["prompt"][-1] for row in joined), key=str)
+    fields = [sorted(k for k, v in user.items() if v is not None) for user in users]
+    assert sorted(map(tuple, fields)) == sorted(
+        [("content", "role")] * 4 + [("content", "name", "role")] * 5 + [("content", "role", "weight")] * 3
+    )
+
+
+def test_sources_with_tools_as_json_text_and_as_a_list_join(tmp_path):
+    """TRL takes a row's `tools` as a list or as JSON text (json.loads): two sources that write them each way joined
+    in a traceback (cannot cast the list to a string). Each row's tools reach the template as its list."""
+    tools = [{"type": "function", "function": {"name": "f", "description": "d", "parameters": {"type": "object"}}}]
+    files = {
+        "text": [p | {"tools": json.dumps(tools)} for p in builtin.make_preference_rows(3, seed=1)],
+        "list": [p | {"tools": tools} for p in builtin.make_preference_rows(4, seed=2)],
+    }
+    for name, pairs in files.items():
+        (tmp_path / f"{name}.jsonl").write_text("".join(json.dumps(p) + "\n" for p in pairs))
+    argv = [
+        "--config",
+        SMOKE,
+        "--dataset_mixer_list",
+        *(x for n in files for x in (str(tmp_path / f"{n}.jsonl"), "1.0")),
+    ]
+    joined, _ = mixture.load(mixture.parse(mixture.fields_of(parse_args(argv))), 42, False, "messages", {}, "x", False)
+    assert [chat_template.template_kwargs(row)["tools"] for row in joined] == [tools] * 7

@@ -85,8 +85,22 @@ def test_a_prompt_column_repeated_in_the_conversations_is_trained_once(tokenizer
             "chosen",
             "starts with a user message that is not the `prompt` column's",
         ),
+        (  # TRL trained the follow-up as answer tokens, though no `assistant_turns` labels a user turn
+            lambda r: {**r, "chosen": [*r["chosen"], {"role": "user", "content": "And?"}, r["chosen"][-1]]},
+            "chosen",
+            "holds a user message after the `prompt` column's messages and the answer's start, which would be trained",
+        ),
+        (  # the answer alone, with a tool's result inside it
+            lambda r: {
+                **r,
+                "chosen": [r["chosen"][-1], {"role": "tool", "content": "4"}, r["chosen"][-1]],
+                "rejected": r["rejected"][-1:],
+            },
+            "chosen",
+            "holds a tool message after the `prompt` column's messages and the answer's start, which would be trained",
+        ),
     ],
-    ids=["one side repeats it", "another prompt inside the conversation"],
+    ids=["one side repeats it", "another prompt inside the conversation", "a follow-up turn", "a tool's result"],
 )
 def test_a_prompt_column_the_conversations_contradict_is_refused(
     edit, column, problem, analyzer, tmp_path, tiny_model_dir, capsys, monkeypatch
@@ -96,6 +110,32 @@ def test_a_prompt_column_the_conversations_contradict_is_refused(
     expected = f"row 5, column '{column}': {problem}"
     assert expected in refused(tmp_path, monkeypatch, capsys, "--dataset_name", path)
     assert expected in analyzer_error(analyzer, capsys, path, "--tokenizer", tiny_model_dir)
+
+
+def test_a_conversation_whose_tool_call_differs_from_the_prompt_columns_is_not_read_as_repeating_it():
+    """A repeated prompt was recognised by role and content alone: a side whose tool call differed from the prompt
+    column's (content empty or null) passed for a repetition and was trained on the prompt column's call instead."""
+
+    def call(name):
+        return {"role": "assistant", "content": "", "tool_calls": [{"type": "function", "function": {"name": name}}]}
+
+    user, result, answer = {"role": "user", "content": "2+2?"}, {"role": "tool", "content": "4"}, "It is 4."
+    prompt = [user, call("calc"), result]
+    row = {
+        "prompt": prompt,
+        "chosen": [user, call("search"), result, {"role": "assistant", "content": answer}],
+        "rejected": [*prompt, {"role": "assistant", "content": "It is 5."}],
+    }
+    fmt = rows.RowFormat.of(row, list(row), None)
+    assert fmt.shape.name == "prompt+messages"
+    assert rows.read_row(row, fmt) == (
+        None,
+        (
+            "chosen",
+            "does not start with the `prompt` column's messages while `rejected` does: write both sides the same way "
+            "(the whole conversation, or the answer alone)",
+        ),
+    )
 
 
 # --- text pairs where one side is the start of the other --------------------------------------------------------------
@@ -121,6 +161,22 @@ def test_text_pair_where_one_side_starts_the_other_is_refused(analyzer, tmp_path
     )
 
 
+def test_text_answers_that_share_no_start_have_an_empty_prompt_whatever_they_end_with(tokenizer, tmp_path):
+    """docs/data.md: answers that share no start are a pair with an empty prompt. TRL's extract_prompt steps back over
+    a space before the first difference, at index 0 reading index -1: a `chosen` ending with a space became its own
+    prompt but for that space, its answer ' ' (refused as an empty completion) and rejected's its last character."""
+    pairs = [{"chosen": f"Blue is colour {i}. ", "rejected": f"Green {i}."} for i in range(6)]
+    pairs += [{"chosen": f"Q{i}: a colour? A: Blue. ", "rejected": f"Q{i}: a colour? A: Green."} for i in range(6)]
+    read_pairs = read(write_jsonl(tmp_path / "text.jsonl", pairs))
+    assert read_pairs[0] == {"prompt": "", "chosen": "Blue is colour 0. ", "rejected": "Green 0."}
+    assert read_pairs[6] == {"prompt": "Q0: a colour? A:", "chosen": " Blue. ", "rejected": " Green."}
+    processed = trainer_dataset(read_pairs, tokenizer, tmp_path)
+    m = lengths.measure(datasets.Dataset.from_list(pairs), tokenizer)
+    assert m.invalid == []
+    for key in ("prompt", "chosen", "rejected"):
+        np.testing.assert_array_equal(getattr(m, key), [len(ids) for ids in processed[f"{key}_ids"]], err_msg=key)
+
+
 # --- message lists written as JSON text -------------------------------------------------------------------------------
 
 
@@ -137,6 +193,23 @@ def test_message_lists_written_as_json_text_are_read_as_messages(kind, tokenizer
     assert m.conversational
     processed = trainer_dataset(pairs, tokenizer, tmp_path)
     np.testing.assert_array_equal(m.rejected, [len(r) for r in processed["rejected_ids"]])
+
+
+def test_json_text_messages_with_fields_the_first_rows_lack_are_read_as_written(tmp_path):
+    """Parsed from JSON text, each row's messages have the fields written in it; datasets fixed the fields from the
+    first batch of rows it wrote (1,000), and a later message with another one (a `name`, a tool call's `tool_calls`)
+    failed the read in a traceback (Couldn't cast array of type struct<role, content, name> to {'role', 'content'})."""
+    rows = [
+        {side: [{"role": "user", "content": f"Q{i}?"}, {"role": "assistant", "content": a}] for side, a in sides}
+        for i, sides in enumerate([(("chosen", "Yes."), ("rejected", "No."))] * 1010)
+    ]
+    for side in ("chosen", "rejected"):
+        rows[1005][side][0]["name"] = "bob"
+    path = str(tmp_path / "late.csv")
+    datasets.Dataset.from_list([{k: json.dumps(v) for k, v in r.items()} for r in rows]).to_csv(path, index=False)
+    pairs = read(path)
+    assert pairs[1005]["prompt"] == [{"role": "user", "content": "Q1005?", "name": "bob"}]
+    assert pairs[0]["prompt"] == [{"role": "user", "content": "Q0?"}] and len(pairs) == 1010
 
 
 def test_json_text_cells_that_do_not_match_the_first_row_are_refused(

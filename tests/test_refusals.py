@@ -140,6 +140,38 @@ def test_lora_target_modules_the_model_does_not_have_are_refused_before_it_loads
     assert line.startswith(f"error: lora_target_modules '.*\\\\.wq': no module of {tiny_model_dir} has a name")
 
 
+@pytest.mark.parametrize("dry_run", [[], ["--dry-run"]], ids=["run", "dry run"])
+def test_plain_text_pairs_with_a_tokenizer_without_eos_are_refused_before_the_model_loads(
+    dry_run, tmp_path, monkeypatch, capsys, tiny_model_dir
+):
+    """TRL ends plain-text completions with the tokenizer's EOS token: a tokenizer without one passed every check (the
+    dry run planned, the analyzer measured the pairs without it) and the run died once the model had loaded, in TRL's
+    map (TypeError: endswith first arg must be str ..., not NoneType)."""
+    import shutil
+
+    from datasets import Dataset
+
+    from dpotrain.data import lengths
+
+    model = tmp_path / "model"
+    shutil.copytree(tiny_model_dir, model)
+    config = json.loads((model / "tokenizer_config.json").read_text())
+    del config["eos_token"], config["pad_token"]
+    (model / "tokenizer_config.json").write_text(json.dumps(config))
+    rows = [{"prompt": f"{i} + 1 =", "chosen": f" {i + 1}.", "rejected": f" {i + 2}."} for i in range(20)]
+    data = write_rows(tmp_path / "text.jsonl", rows)
+    args = ["--model_name_or_path", str(model), "--dataset_name", data, "--max_steps", "2", *dry_run]
+    want = (
+        f"error: the tokenizer of {model} has no EOS token, and the data set's rows are plain text, whose completions "
+        "the trainer ends with it: set eos_token in its tokenizer_config.json, or give the pairs as message lists (the "
+        "chat template then ends each answer)"
+    )
+    assert refused(tmp_path, monkeypatch, capsys, *args) == want
+    assert not (tmp_path / "run").exists()
+    with pytest.raises(ConfigError, match="has no EOS token"):  # the analyzer's measure, as the run's
+        lengths.measure(Dataset.from_list(rows), lengths.load_tokenizer(str(model)))
+
+
 @pytest.mark.parametrize(
     "args",
     [

@@ -41,7 +41,7 @@ REPORT_LENGTHS = (2048, 4096, 8192, 12288, 16384, 24576, 32768)
 PERCENTILES = (50, 90, 95, 99)
 DEFAULT_COVERAGE = cuts.COVERAGE  # one default for the analyzer and `max_length: auto`
 DEFAULT_BATCH_SIZE = 4  # pairs per device when no recipe says (OLMo 3 recipes: 4)
-ANALYSIS_VERSION = 3  # bump when the numbers an analysis produces change, so cached reports are not reused
+ANALYSIS_VERSION = 4  # bump when the numbers an analysis produces change, so cached reports are not reused
 
 
 def _inputs(example: dict) -> list[tuple[str, object, dict]]:
@@ -208,7 +208,7 @@ def measure(
     if first is None:
         raise ConfigError("the data set has no rows")
     fmt = RowFormat.of(first, columns, tokenizer.eos_token, hh_format, template=tokenizer)
-    check_chat_template(tokenizer, fmt)
+    check_tokenizer(tokenizer, fmt)
     kwargs = dict(
         tokenizer=tokenizer, fmt=fmt, method=method, skip_invalid=skip_invalid, offset=0, version=ANALYSIS_VERSION
     )
@@ -294,10 +294,20 @@ def _map_stream(stream, kwargs: dict, num_proc: int, chunk_size: int, progress: 
     return concatenate_datasets(done)
 
 
-def check_chat_template(tokenizer, fmt: RowFormat) -> None:
-    """Message lists become text through the tokenizer's chat template: without one, every row would fail (the analyzer
-    on its first row, a run's length sample on all of them). One line instead, the same for the analyzer and the run."""
-    if not fmt.conversational or getattr(tokenizer, "chat_template", None):
+def check_tokenizer(tokenizer, fmt: RowFormat) -> None:
+    """What the rows need of the tokenizer, in one line, the same for the analyzer and the run (before the model loads).
+    Message lists become text through its chat template: without one, every row would fail (the analyzer on its first
+    row, a run's length sample on all of them). Plain-text completions end with its EOS token (DPOTrainer's add_eos):
+    without one, TRL's map raised a TypeError after the model loaded, and the lengths were measured without it."""
+    if not fmt.conversational:
+        if tokenizer.eos_token is None:
+            raise ConfigError(
+                f"the tokenizer of {tokenizer.name_or_path} has no EOS token, and the data set's rows are plain text, "
+                "whose completions the trainer ends with it: set eos_token in its tokenizer_config.json, or give the "
+                "pairs as message lists (the chat template then ends each answer)"
+            )
+        return
+    if getattr(tokenizer, "chat_template", None):
         return
     instead = ", or set hh_format: text to train the HH-RLHF strings as plain text" if fmt.shape.name == "hh" else ""
     raise ConfigError(

@@ -384,7 +384,7 @@ def _check_same_kind(parts, sources) -> None:
 
 def _aligned(parts: list) -> list:
     """The sources' columns made equal (`tools`, `chat_template_kwargs` only where some source has them: None in the
-    others) so that datasets can join them."""
+    others) and of one type (`_union`) so that datasets can join them."""
     columns = {c for p in parts for c in p.column_names}
     out = []
     for p in parts:
@@ -392,11 +392,36 @@ def _aligned(parts: list) -> list:
             p = p.add_column(c, [None] * len(p))
         out.append(p.select_columns(sorted(columns)))
     features = out[0].features.copy()
-    for p in out[1:]:  # a column the first source lacks is null there: typed as a source that has it
+    for p in out[1:]:
         for c, feature in p.features.items():
-            if getattr(features[c], "dtype", None) == "null":
-                features[c] = feature
-    return [p.cast(features) if p.features != features else p for p in out]
+            features[c] = _union(features[c], feature)
+    try:
+        return [p.cast(features) if p.features != features else p for p in out]
+    except (TypeError, ValueError, NotImplementedError) as e:
+        raise ConfigError(
+            f"the mixture's sources hold their columns in types that cannot be joined ({cause(e)}): write each "
+            "source's prompt, chosen and rejected the same way (message lists of role/content, or text)"
+        ) from None
+
+
+def _union(a, b):
+    """A type holding the values of both: a column one source lacks is null there (the other's type); messages with
+    other fields in another source (`name`, `tool_calls`: a struct with more fields, or datasets' Json where a file's
+    messages differ in their fields) take both's fields; anything else (`tools` as JSON text in one source, a list in
+    another) is held as datasets' Json, which reads either back as it was written."""
+    import datasets
+
+    if a == b or getattr(b, "dtype", None) == "null":
+        return a
+    if getattr(a, "dtype", None) == "null":
+        return b
+    if isinstance(a, datasets.Json) or isinstance(b, datasets.Json):
+        return a if isinstance(a, datasets.Json) else b
+    if isinstance(a, dict) and isinstance(b, dict):
+        return {k: _union(a[k], b[k]) if k in a and k in b else a.get(k, b.get(k)) for k in {**a, **b}}
+    if type(a) is type(b) and isinstance(a, datasets.List | datasets.LargeList):
+        return dataclasses.replace(a, feature=_union(a.feature, b.feature))
+    return datasets.Json()
 
 
 def describe(record: dict) -> str:

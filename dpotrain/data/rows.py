@@ -80,16 +80,16 @@ def read_row(row: dict, fmt: RowFormat) -> tuple[dict | None, tuple[str, str] | 
                 "prompt",
                 problem.replace("plain text (its first row is text)", "a string prompt (its first row has one)"),
             )
-    if row["chosen"] == row["rejected"]:
+    if shapes.given(row["chosen"]) == shapes.given(row["rejected"]):
         return None, ("chosen", "identical to `rejected`: the pair expresses no preference")
     example, problem = shapes.read(row, shape)
     if problem:
         return None, problem
-    if example["chosen"] == example["rejected"]:
+    if shapes.given(example["chosen"]) == shapes.given(example["rejected"]):
         return None, ("chosen", "identical to `rejected` once read: the pair expresses no preference")
     for column in ("chosen", "rejected"):
         completion = example[column]
-        if fmt.conversational and all(not m["content"].strip() for m in completion):
+        if fmt.conversational and not any(map(_says_something, completion)):
             return None, (column, "empty completion: every completion message has empty content")
         if not fmt.conversational and not completion.removesuffix(fmt.eos_token or "").strip():
             return None, (column, "empty completion")
@@ -117,6 +117,8 @@ def _check_value(value, conversational: bool) -> str | None:
         if not isinstance(message, dict):
             return f"message {i} is a {type(message).__name__}, not a {{'role', 'content'}} mapping"
         for key in ("role", "content"):
+            if key == "content" and message.get(key) is None and message.get("tool_calls"):
+                continue  # a tool call without text, as TRL's data sets write it: the template renders its calls
             if message.get(key) is None:
                 return f"message {i} has no {key!r}"
             if not isinstance(message[key], str):
@@ -127,6 +129,14 @@ def _check_value(value, conversational: bool) -> str | None:
                 "for the model's turns ('user', 'system', 'tool' for the others)"
             )
     return None
+
+
+def _says_something(message: dict) -> bool:
+    """Whether a message holds anything for the chat template to write: text, or another field the template renders
+    (an assistant's `tool_calls`, OLMo's `function_calls`, a `reasoning_content`). A completion that is a tool call is
+    an answer: TRL trains its rendered call."""
+    extra = (value for key, value in message.items() if key not in ("role", "content", "name"))
+    return bool((message.get("content") or "").strip()) or any(isinstance(v, str | list | dict) and v for v in extra)
 
 
 def split_row(example: dict, fmt: RowFormat) -> dict:
@@ -254,21 +264,43 @@ def usable_pairs(
     columns = [c for c in ROW_COLUMNS if c in dataset.column_names]
     read = [c for c in columns if c not in shapes.KEPT_COLUMNS]
     pairs = dataset.select_columns(columns).map(
-        shapes.normalize, fn_kwargs={"shape": checked.fmt.shape}, remove_columns=read, desc=f"Reading {split} pairs"
+        shapes.normalize,
+        fn_kwargs={"shape": checked.fmt.shape},
+        remove_columns=read,
+        features=_parsed_features(dataset, checked.fmt.shape),
+        desc=f"Reading {split} pairs",
     )
     order = [c for c in ROW_COLUMNS if c in pairs.column_names]  # the columns in the order normalize wrote them before
     return no_null_kwargs(pairs.select_columns(order))
 
 
+def _parsed_features(dataset, shape: shapes.Shape):
+    """The read pairs' column types where messages are parsed from JSON text (`shape.json_columns`): datasets' Json
+    messages, each as written. Left to datasets, the first batch's messages fix their fields for every later batch,
+    and a later message with another field (a `name`, `tool_calls`) failed the map in a traceback."""
+    import datasets
+
+    if not (shape.json_columns and shape.conversational):
+        return None
+    kept = {c: dataset.features[c] for c in shapes.KEPT_COLUMNS if c in dataset.column_names}
+    return datasets.Features({**kept, **{c: datasets.List(datasets.Json()) for c in ("prompt", "chosen", "rejected")}})
+
+
 def no_null_kwargs(pairs):
     """TRL applies a row's `**chat_template_kwargs`: a row without them (null where other rows have some) gets the
-    column's keys with no value, as a row written `{}` reads; a column no row fills is dropped."""
+    column's keys with no value, as a row written `{}` reads; a column no row fills is dropped. Rows whose keyword
+    arguments differ in their names or types are datasets' Json: each row's as written, `{}` where it has none."""
+    import datasets
+
     feature = pairs.features.get("chat_template_kwargs")
     if feature is None:
         return pairs
-    if not isinstance(feature, dict):  # no row has keyword arguments (an all-null column)
+    if isinstance(feature, datasets.Json):
+        empty = {}
+    elif not isinstance(feature, dict):  # no row has keyword arguments (an all-null column)
         return pairs.remove_columns("chat_template_kwargs")
-    empty = dict.fromkeys(feature)
+    else:
+        empty = dict.fromkeys(feature)
     return pairs.map(
         lambda kwargs: {"chat_template_kwargs": empty if kwargs is None else kwargs},
         input_columns="chat_template_kwargs",

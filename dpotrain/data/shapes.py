@@ -140,7 +140,7 @@ def read(row: dict, shape: Shape) -> tuple[dict | None, tuple[str, str] | None]:
         example, problem = {"prompt": row["prompt"], "chosen": row["chosen"], "rejected": row["rejected"]}, None
     elif shape.name == "text":
         problem = _prefix_pair(row["chosen"], row["rejected"])  # then TRL's own reading
-        example = None if problem else extract_prompt({"chosen": row["chosen"], "rejected": row["rejected"]})
+        example = None if problem else _common_start(row["chosen"], row["rejected"])
     elif shape.name == "hh" and not shape.conversational:
         example, problem = _hh_text(row["chosen"], row["rejected"])
     else:
@@ -171,18 +171,30 @@ def _messages(chosen: list, rejected: list) -> tuple[dict | None, tuple[str, str
     for column, completion in (("chosen", completion_c), ("rejected", completion_r)):
         if not completion:
             return None, (column, "empty completion: the conversation does not end with an assistant message")
-    if prompt_c != prompt_r:
-        return None, ("rejected", ANOTHER_PROMPT + _first_difference(prompt_c, prompt_r))
+    if given(prompt_c) != given(prompt_r):
+        return None, ("rejected", ANOTHER_PROMPT + _first_difference(given(prompt_c), given(prompt_r)))
     if not prompt_c:
         return None, ("prompt", "no message before the assistant's answer, so there is no prompt")
     return {"prompt": prompt_c, "chosen": completion_c, "rejected": completion_r}, None
 
 
+def given(messages):
+    """Messages without their null fields, as they were written: a data set holds, in each message of a column, every
+    field any message of that column has (one Arrow schema per column), null where it has none; so where only `chosen`
+    has a `tool_calls` (or `name`, ...) field, each of its messages has one and `rejected`'s have none. Plain text is
+    itself."""
+    if not isinstance(messages, list):
+        return messages
+    return [{key: value for key, value in m.items() if value is not None} for m in messages]
+
+
 def _starts_with(side: list, prompt: list) -> bool:
-    """Whether a conversation holds the prompt's messages (same role, same content but for surrounding white space)
-    and then more (its answer)."""
+    """Whether a conversation holds the prompt's messages (same role, same content but for surrounding white space,
+    same tool calls) and then more (its answer)."""
     same = (
-        m.get("role") == p.get("role") and str(m.get("content")).strip() == str(p.get("content")).strip()
+        m.get("role") == p.get("role")
+        and str(m.get("content")).strip() == str(p.get("content")).strip()
+        and m.get("tool_calls") == p.get("tool_calls")
         for m, p in zip(side, prompt, strict=False)
     )
     return len(side) > len(prompt) and all(same)
@@ -191,10 +203,13 @@ def _starts_with(side: list, prompt: list) -> bool:
 def _explicit_prompt(prompt: list, chosen: list, rejected: list):
     """A prompt column beside chosen/rejected. TRL (1.16) renders prompt + chosen as given, so conversations that
     already start with the prompt would train its messages twice: such sides are read without the repetition. A side
-    that starts with another user (or system) turn is refused: a completion is the assistant's answer."""
+    that starts with another user (or system) turn is refused: a completion is the assistant's answer. So is one with
+    such a turn later on (a user's follow-up, a tool's result): TRL trains all of a completion, that turn too, which
+    `assistant_turns` never labels and the conversations' own shape reads as prompt (and refuses where the sides
+    differ before their final answer)."""
     repeats = {c: _starts_with(side, prompt) for c, side in (("chosen", chosen), ("rejected", rejected))}
     if all(repeats.values()):
-        return {"prompt": prompt, "chosen": chosen[len(prompt) :], "rejected": rejected[len(prompt) :]}, None
+        return _answers_only(prompt, chosen[len(prompt) :], rejected[len(prompt) :])
     for column, other in (("chosen", "rejected"), ("rejected", "chosen")):
         if repeats[other] and not repeats[column]:
             return None, (
@@ -211,6 +226,19 @@ def _explicit_prompt(prompt: list, chosen: list, rejected: list):
                 "another prompt: drop the `prompt` column if the conversations hold the whole exchange, or keep only "
                 f"the answer here{DETAIL}{_short(side[0].get('content'))}",
             )
+    return _answers_only(prompt, chosen, rejected)
+
+
+def _answers_only(prompt: list, chosen: list, rejected: list):
+    """The pair, unless a completion holds a turn that is not the assistant's (it would be trained as answer)."""
+    for column, side in (("chosen", chosen), ("rejected", rejected)):
+        if turn := next((m for m in side if m.get("role") != "assistant"), None):
+            return None, (
+                column,
+                f"holds a {turn.get('role')} message after the `prompt` column's messages and the answer's start, "
+                "which would be trained as part of the answer: put every turn before the final answer in `prompt` "
+                f"(the same on both sides), or drop the `prompt` column{DETAIL}{_short(turn.get('content'))}",
+            )
     return {"prompt": prompt, "chosen": chosen, "rejected": rejected}, None
 
 
@@ -226,6 +254,15 @@ def _prefix_pair(chosen: str, rejected: str) -> tuple[str, str] | None:
                 "in a `prompt` column and only the answers in chosen/rejected",
             )
     return None
+
+
+def _common_start(chosen: str, rejected: str) -> dict:
+    """TRL's `extract_prompt` on text: the start the two sides share is the prompt, less a space it ends with (which
+    begins the answers). Answers that share no start have an empty prompt: there TRL's step back over the space reads
+    index -1, so a `chosen` ending with a space became all but its last character as the prompt, and ' ' the answer."""
+    if chosen[:1] != rejected[:1]:
+        return {"prompt": "", "chosen": chosen, "rejected": rejected}
+    return extract_prompt({"chosen": chosen, "rejected": rejected})
 
 
 def split_conversation(messages: list) -> tuple[list, list]:
