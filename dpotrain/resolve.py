@@ -261,6 +261,14 @@ def count_steps(recipe: Recipe, batch: Batch, world: int, rows: int | None) -> d
     return plan | {"total_steps": total, "warmup_steps": t.get_warmup_steps(total)}
 
 
+def planned_steps(recipe: Recipe, steps: dict, batching: dict) -> dict:
+    """`count_steps`' numbers as the step plan counts them, on the pairs training keeps: under keep_start TRL drops the
+    pairs whose prompt alone fills max_length, so a data set's rows can make more steps than the run trains (and a
+    warm-up ratio more warm-up steps than its schedule has). `batching`: the plan's summary (`plan_stage.make`)."""
+    total = batching["pairs_trained"]["steps"]
+    return steps | {"total_steps": total, "warmup_steps": recipe.training.get_warmup_steps(total)}
+
+
 def resolved_config(recipe: Recipe, derived: dict) -> dict:
     """Every field by its own name (tokens redacted by `TrainingArguments.to_dict`), plus the derived numbers."""
     resolved = {**asdict(recipe.script), **asdict(recipe.model), **asdict(recipe.project), **recipe.training.to_dict()}

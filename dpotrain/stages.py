@@ -606,6 +606,8 @@ def first_half(
     pair_lengths = measure_lengths(recipe, launch, pairs, model_path, state)
     forward = decide_forward(recipe, launch, model_path, pair_lengths)
     batching = plan_batching(recipe, launch, pairs, pair_lengths, forward) if launch.dry_run else None
+    if batching is not None and "pairs_trained" in batching:  # the steps of the pairs TRL keeps, not of the rows
+        pairs = replace(pairs, steps=resolve.planned_steps(recipe, pairs.steps, batching))
     planned = plan_memory(recipe, launch, pairs, pair_lengths, forward)
     load_dtype = engine.load_dtype(recipe, launch.engine)  # bf16 under DeepSpeed, not TRL's float32 default
     return RunSpec(recipe, launch, pairs, pair_lengths, forward, planned, load_dtype, batching, output, push)

@@ -6,7 +6,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from dpotrain import dry_run, output_folder, publish
+from dpotrain import dry_run, output_folder, publish, resolve
 from dpotrain.cluster import collectives, offline
 from dpotrain.data import lengths, model_identity
 from dpotrain.forwards import flex
@@ -115,8 +115,8 @@ def record_run(spec, trainer, outcomes) -> dict:
     """resolved_config.json: the first half's records, and what the trainer, its plan and the reference decided."""
     recipe, output, push = spec.recipe, spec.output, spec.push
     derived = spec.record()
-    derived["total_steps"] = trainer.state.max_steps or derived["total_steps"]
     derived["batching"] = trainer.run_plan.summary
+    derived |= resolve.planned_steps(recipe, spec.data.steps, derived["batching"])  # of the pairs TRL kept
     derived["reference"] = {o.name: o.record() for o in outcomes}  # its warm-up and steady tokens/s, when it scored
     derived["forward"] = trainer.forward.record()  # the attention and layout chosen (dpotrain/forwards/choice.py)
     derived["layers"] = trainer.layers_record  # the decoder layers as trained: checkpointed, compiled (layers.py)

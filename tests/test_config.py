@@ -71,6 +71,28 @@ def test_unknown_cli_argument_is_named_with_a_suggestion():
         parse_args(["--learning_rat", "1e-6"])
 
 
+def test_gradient_checkpointing_is_activation_checkpointing_and_the_command_line_wins(tmp_path):
+    """transformers 5 reads its deprecated name only where `activation_checkpointing` is unset: the command line's
+    `--gradient_checkpointing false` (open-instruct's flag) beside a recipe's `activation_checkpointing: true` was
+    accepted and ignored, and `--gradient_checkpointing` did not turn on what the recipe had off."""
+    path = write(tmp_path, "activation_checkpointing: true\nbf16: false\n")
+    for off in (["--gradient_checkpointing", "false"], ["--gradient-checkpointing=false"]):
+        recipe = parse_args(["--config", path, *off])
+        assert (recipe.training.activation_checkpointing, recipe.training.gradient_checkpointing) == (False, False)
+    smoke = ["--config", str(ROOT / "configs" / "smoke.yaml")]  # activation_checkpointing: false
+    recipe = parse_args(
+        [*smoke, "--gradient_checkpointing", "--gradient_checkpointing_kwargs", '{"every_n_layers": 2}']
+    )
+    assert recipe.training.activation_checkpointing and recipe.training.activation_checkpointing_kwargs == {
+        "every_n_layers": 2
+    }
+    assert "activation_checkpointing_kwargs" in recipe.given  # the memory plan keeps a given every_n_layers
+    # The old name in a recipe still works, under the new name's last-value-wins.
+    assert parse_args(
+        ["--config", write(tmp_path, "gradient_checkpointing: true\nbf16: false\n")]
+    ).training.activation_checkpointing
+
+
 def test_wrong_type_is_one_line():
     with pytest.raises(ConfigError, match="invalid float value: 'abc'"):
         parse_args(["--beta", "abc", "--bf16", "false"])

@@ -362,3 +362,23 @@ def test_keep_end_plans_the_pairs_whose_prompt_fills_max_length_as_trl_keeps_the
     assert batching["pairs_trained"] == {"pairs": 16, "of": 16, "steps": 8}
     assert batching["max_length_cuts"]["dropped"] == 0 and batching["max_length_cuts"]["truncated"] == 16
     assert batching["positions_per_micro_batch"]["mean"] == 2 * 2 * 16  # two pairs of two sides, each cut to 16
+
+
+def test_the_steps_are_counted_on_the_pairs_trl_keeps(tmp_path, capsys):
+    """TRL drops a pair whose prompt alone fills max_length (keep_start): 4 of 16 rows here, so the run trains 3 steps
+    of 4 pairs with 1 of warm-up (0.3 of 3, rounded up), as its step plan says. The dry run said 4 steps and 2 of
+    warm-up, counted on the rows."""
+    from dpotrain.data import builtin
+
+    rows = builtin.make_preference_rows(16, seed=3)
+    for row in rows[:4]:  # a prompt past the smoke recipe's max_length of 1024
+        for side in ("chosen", "rejected"):
+            row[side][-2]["content"] += " word" * 1500  # the user turn before the answer: the prompt's last
+    path = tmp_path / "pairs.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    argv = [*SMOKE, "--dataset_name", str(path), "--output_dir", str(tmp_path / "run")]
+    text = dry_run(capsys, *argv, "--pairs_per_step", "4", "--warmup_steps", "0.3")
+    assert field(text, "steps") == "3 optimizer steps (1 epoch), 1 of warmup"
+    derived = json.loads((tmp_path / "run.dry-run.json").read_text())["derived"]
+    assert derived["batching"]["pairs_trained"] == {"pairs": 12, "of": 12, "steps": 3}
+    assert (derived["dataset_rows"], derived["total_steps"], derived["warmup_steps"]) == (16, 3, 1)

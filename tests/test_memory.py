@@ -312,6 +312,30 @@ def test_a_live_reference_model_adds_its_weights_as_trl_prepares_them(olmo3):
 
 
 @no_gpu
+def test_lora_peft_refuses_for_a_mixture_of_experts_is_one_line_and_no_advice(tmp_path):
+    """all-linear on a transformers 5 mixture of experts adapts its expert parameters, which PEFT refuses with TRL's
+    default lora_dropout (0.05): a ValueError traceback from the plan's PEFT wrap, where the run would fail once the
+    model loaded; and from a refusal's advice, which weighs LoRA for any model (the user asked for no LoRA at all)."""
+    from transformers import Qwen3MoeConfig
+
+    shape = dict(hidden_size=256, intermediate_size=512, moe_intermediate_size=128, num_hidden_layers=2)
+    shape |= dict(num_attention_heads=4, num_key_value_heads=2, num_experts=8, num_experts_per_tok=2, vocab_size=1024)
+    Qwen3MoeConfig(**shape, architectures=["Qwen3MoeForCausalLM"]).save_pretrained(tmp_path)
+    base = ["--model_name_or_path", str(tmp_path), "--max_length", "1024", "--max_tokens_per_microbatch", "2048"]
+    lora = ["--use_peft", "true", "--lora_target_modules", "all-linear"]
+    with pytest.raises(ConfigError) as refused:
+        memory.plan(recipe(*base, *lora), 4)
+    assert str(refused.value) == (
+        f"use_peft: PEFT cannot adapt {tmp_path} with these LoRA settings (lora.ParamWrapper does not work with "
+        "lora_dropout != 0.): change the setting it names, or pass --lora_target_modules naming some of its linear "
+        "layers"
+    )
+    assert memory.plan(recipe(*base, *lora, "--lora_dropout", "0"), 4)["fits"]  # the setting it names, changed
+    with pytest.raises(ConfigError, match="^memory plan: DeepSpeed ZeRO-2 on 4 GPUs needs ~"):
+        memory.plan(recipe(*base, "--gpu_memory_gib", "1"), 4)  # nothing fits 1 GiB: said, LoRA's trial skipped
+
+
+@no_gpu
 def test_a_hub_model_not_on_this_machine_skips_the_plan():
     plan = memory.plan(recipe(), 4)  # think.yaml's model, not in this machine's HF cache
     assert "not in the local Hugging Face cache" in plan["skipped"] and "scripts/prefetch.py" in plan["skipped"]

@@ -117,6 +117,17 @@ def test_a_plan_that_leaves_a_rank_without_a_pair_is_refused_with_the_fix():
         plan.epoch_steps(heavy_tailed(1000), StepPlan(128, 256, 0, 65536, None), 0)
 
 
+def test_a_data_set_smaller_than_the_processes_is_refused_naming_the_data():
+    """5 pairs on 8 processes at pairs_per_step 8 (the recipe's): the refusal advised `pairs_per_step >= 8`, which it
+    already was; the data set is what is short."""
+    with pytest.raises(plan.PlanError) as refused:
+        plan.epoch_steps(heavy_tailed(5), StepPlan(8, 8, 0, 65536, None), 0)
+    assert str(refused.value) == (
+        "a step of 5 pairs leaves 3 of the 8 processes without a pair: use a data set of at least 8 pairs, or fewer "
+        "processes"
+    )
+
+
 def test_a_step_the_ranks_cannot_share_equally_runs_fillers():
     # 130 pairs that each fill the budget, on 64 ranks: at most 2 x 64 = 128 non-empty micro-batches of one pair, so
     # every rank runs 3 and the 62 ranks with 2 pairs run a filler (an empty micro-batch of the plan) last.

@@ -2,13 +2,16 @@
 before the reference stage: a built trainer holds the plan of its tokenized pairs, and a step that cannot be cut is
 refused there."""
 
+from dataclasses import replace
+
 import datasets
 import pytest
 
 from conftest import ROOT, built, run_train
-from dpotrain import stages, train_stage
+from dpotrain import resolve, stages, train_stage
 from dpotrain.data import builtin
 from dpotrain.data.pair_lengths import PairLengths
+from dpotrain.hub import hub
 from dpotrain.plan import plan
 from dpotrain.recipe import config
 from dpotrain.recipe.config import parse_args
@@ -111,3 +114,23 @@ def test_train_dpo_runs_its_stages_in_order(tmp_path, tiny_model_dir):
     stage_line = "Plan: 6 steps of 8 pairs per epoch (1 epoch(s) planned), "
     assert stage_line in log, log[-3000:]
     assert log.index("Tokenizing train dataset") < log.index(stage_line) < log.index("reference log-probs (train)")
+
+
+def test_the_run_records_the_steps_of_the_pairs_trl_keeps(tmp_path, tiny_model_dir):
+    """TRL drops a pair whose prompt alone fills max_length (keep_start): 4 of 16 rows here, so the run trains 3 steps
+    of 4 pairs with 1 of warm-up (0.3 of 3, rounded up). resolved_config.json and the run's first summary said 4 steps
+    and 2 of warm-up, counted on the rows (the model card's warm-up too)."""
+    rows = builtin.make_preference_rows(16, seed=5)
+    for row in rows[:4]:  # a prompt past the smoke recipe's max_length of 1024
+        for side in ("chosen", "rejected"):
+            row[side][-2]["content"] += " word" * 1500  # the user turn before the answer: the prompt's last
+    recipe = parse_args(
+        ["--config", SMOKE, "--model_name_or_path", tiny_model_dir, "--output_dir", str(tmp_path / "run")]
+        + ["--report_to", "none", "--save_strategy", "no", "--pairs_per_step", "4", "--warmup_steps", "0.3"]
+    )
+    run = built(recipe, datasets.Dataset.from_list(rows))
+    assert len(run.trainer.train_dataset) == 12 and len(run.trainer.run_plan.epochs[0]) == 3
+    # The record the run writes before it trains (`ReadyRun.train`), for a new folder and no push.
+    spec = replace(run.spec, output=resolve.OutputDecision(None, False), push=hub.PushSettings(False, "r", None, False))
+    derived = train_stage.record_run(spec, run.trainer, [])["derived"]
+    assert (derived["dataset_rows"], derived["total_steps"], derived["warmup_steps"]) == (16, 3, 1)

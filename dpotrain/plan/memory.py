@@ -118,9 +118,16 @@ def model_shape(recipe, config) -> ModelShape:
 
         # On the meta device too: PEFT otherwise initialises each adapter matrix on the CPU before moving it to the
         # base layer's (meta) device, seconds for a 7B model and its counts are the same.
-        with torch.device("meta"), warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            model = get_peft_model(model, peft)
+        try:
+            with torch.device("meta"), warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                model = get_peft_model(model, peft)
+        except ValueError as e:  # what TRL's wrap would raise once the weights loaded: e.g. all-linear on a mixture of
+            # experts adapts its expert parameters, which take no lora_dropout
+            raise ConfigError(
+                f"use_peft: PEFT cannot adapt {recipe.model.model_name_or_path} with these LoRA settings ({e}): change "
+                "the setting it names, or pass --lora_target_modules naming some of its linear layers"
+            ) from None
         params = sum(p.numel() for p in model.parameters())  # the base and the adapter
         trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
         head_trains = head is not None and head.weight.requires_grad

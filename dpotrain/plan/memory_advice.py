@@ -20,6 +20,7 @@ from dpotrain.forwards import sequence_parallel as split_rows
 from dpotrain.forwards.packing import attention_name
 from dpotrain.plan.layers import checkpointing_fields
 from dpotrain.recipe.config import dry_run_asked, replaced, uses_live_reference
+from dpotrain.recipe.errors import ConfigError
 
 # The accelerate configs this project ships, one per engine: what a refusal tells the user to pass.
 SHIPPED = {
@@ -126,7 +127,10 @@ class Advisor:
         )
         if key not in self._seen:
             unchecked = replaced(r, project={"memory_check": False})  # a plan that does not fit is looked for
-            record = self._plan(unchecked, trial.world, trial.engine, attention=self.attention)
+            try:
+                record = self._plan(unchecked, trial.world, trial.engine, attention=self.attention)
+            except ConfigError:  # a trial the run would refuse (PEFT's LoRA on this model) is no option
+                record = {}
             gib = record["per_gpu_gib"]["total"] if "per_gpu_gib" in record else math.inf
             self._seen[key] = (bool(record.get("fits")), gib)
         return self._seen[key]

@@ -204,9 +204,11 @@ def cut_step(pairs: np.ndarray, lengths: PairLengths, p: StepPlan) -> list[list[
     fewest bins that bin packing finds)."""
     w, n = p.world_size, len(pairs)
     if n < w:
+        # A step shorter than pairs_per_step is the epoch's only one (`steps_of` joins a short last step to the one
+        # before): the data set holds fewer pairs than the processes, whatever pairs_per_step says.
+        fix = f"use a data set of at least {w} pairs" if n < p.pairs_per_step else f"use pairs_per_step >= {w}"
         raise PlanError(
-            f"a step of {n} pairs leaves {w - n} of the {w} processes without a pair: use "
-            f"pairs_per_step >= {w}, or fewer processes"
+            f"a step of {n} pairs leaves {w - n} of the {w} processes without a pair: {fix}, or fewer processes"
         )
     if p.max_tokens is None:
         shares = [[int(i) for i in pairs[r::w]] for r in range(w)]

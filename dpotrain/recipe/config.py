@@ -344,6 +344,25 @@ def _as_flags(config: dict) -> list[str]:
     return [w for key, v in config.items() for w in (f"--{key}", *map(word, v if isinstance(v, list) else [v]))]
 
 
+# transformers 5's deprecated names (open-instruct's and most tutorials'), each read as the field it stands for.
+# transformers reads an old name only where the new one is unset, so `--gradient_checkpointing false` beside a recipe's
+# `activation_checkpointing: true` was ignored: renamed first, the last value wins as for any field.
+ALIASES = {
+    "gradient_checkpointing": "activation_checkpointing",
+    "gradient_checkpointing_kwargs": "activation_checkpointing_kwargs",
+}
+
+
+def _renamed(words: list[str]) -> list[str]:
+    """`words` with each deprecated flag (`--gradient_checkpointing`, `--gradient-checkpointing=...`) renamed."""
+    options, out = _options(), []
+    for w in words:
+        flag, eq, value = w.partition("=")
+        new = ALIASES.get(options[flag].dest) if w.startswith("--") and flag in options else None
+        out.append(f"--{new}{eq}{value}" if new else w)
+    return out
+
+
 def parse_args(argv: list[str] | None = None) -> Recipe:
     argv = list(sys.argv[1:] if argv is None else argv)
     typed = without_secrets(argv)
@@ -374,7 +393,7 @@ def parse_args(argv: list[str] | None = None) -> Recipe:
                 "or write one"
             )
     # The recipe's words, then the command line's: the last value wins.
-    words = _as_flags({k: v for k, v in config.items() if k not in unset}) + argv
+    words = _renamed(_as_flags({k: v for k, v in config.items() if k not in unset}) + argv)
     tokens, max_length_auto = _take_max_length_auto(words + _cpu_deepspeed_backend(words))
     _, remaining = parser.parse_known_args(tokens)  # name an unknown flag before any field is validated
     if remaining:
