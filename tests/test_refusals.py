@@ -379,6 +379,51 @@ def test_resume_from_checkpoint_with_changed_settings_is_refused_as_the_automati
     assert resolve.check_output_dir(same, 8) == resolve.OutputDecision(checkpoint, False)
 
 
+def test_resume_from_checkpoint_does_not_write_over_another_run_in_output_dir(tmp_path, capsys):
+    """A named checkpoint was resumed into whatever output_dir held: a finished run of other settings there had its
+    final model, record and metrics replaced, its checkpoints rotated away, with exit code 0 and not a word."""
+    checkpoint = str(unfinished_run(tmp_path, capsys, "--max_steps", "5") / "checkpoint-4")
+    other = tmp_path / "other"  # a run of another learning rate, killed after its checkpoint 2
+    train_dpo.main(
+        [
+            "--config",
+            SMOKE,
+            "--output_dir",
+            str(other),
+            "--max_steps",
+            "5",
+            "--learning_rate",
+            "1e-3",
+            "--dry-run",
+            "--json",
+        ]
+    )
+    printed = capsys.readouterr().out
+    sealed_checkpoint(other / "checkpoint-2")
+    (other / "resolved_config.json").write_text(printed[printed.index("{") :])
+    (other / "run_complete.json").write_text("{}\n")  # then finished
+    argv = ["--config", SMOKE, "--max_steps", "5", "--resume_from_checkpoint", checkpoint, "--output_dir"]
+    for rest, refusal in (
+        ([], "already holds a finished run: pass --output_dir for a new run, or --overwrite_output_dir to replace it"),
+        (
+            ["--learning_rate", "1e-4"],  # unfinished: the same refusal as the automatic resume's, said of the folder
+            "holds an unfinished run with other settings (learning_rate: 0.001 -> 0.0001), which resuming "
+            f"{checkpoint} there would write over: pass a new --output_dir, or --overwrite_output_dir to replace "
+            "that run",
+        ),
+    ):
+        with pytest.raises(ConfigError) as refused_here:
+            resolve.check_output_dir(parse_args([*argv, str(other), *rest]), 8)
+        assert str(refused_here.value) == f"output_dir {str(other)!r} {refusal}"
+        replaced = resolve.check_output_dir(parse_args([*argv, str(other), "--overwrite_output_dir"]), 8)
+        assert replaced == resolve.OutputDecision(checkpoint, True)  # the old run's own files go, then it resumes
+        (other / "run_complete.json").unlink(missing_ok=True)
+    # Replacing the run that holds the named checkpoint would remove the checkpoint with it.
+    (tmp_path / "run" / "run_complete.json").write_text("{}\n")
+    with pytest.raises(ConfigError, match="is in output_dir .*: copy the checkpoint out of that folder first"):
+        resolve.check_output_dir(parse_args([*argv, str(tmp_path / "run"), "--overwrite_output_dir"]), 8)
+
+
 def test_resume_from_a_checkpoint_that_is_not_this_projects_is_refused(tmp_path):
     """Written by TRL's own script: no COMPLETE mark, no manifest, and no record of the settings it was trained with.
     It cannot be verified, nor its settings compared: refused, naming what is missing and the way out."""
