@@ -23,8 +23,11 @@ RESUME_FIELDS = """
     model_name_or_path model_revision dataset_name dataset_config dataset_train_split skip_invalid hh_format
     assistant_turns datasets dataset_mixer_list dataset_mixer_list_splits learning_rate lr_scheduler_type
     lr_scheduler_kwargs warmup_steps num_train_epochs max_steps optim weight_decay adam_beta1 adam_beta2 adam_epsilon
-    max_grad_norm seed data_seed beta loss_type loss_weights label_smoothing max_length truncation_mode use_peft
-    lora_r lora_alpha lora_dropout lora_target_modules use_rslora use_dora
+    max_grad_norm seed data_seed beta loss_type loss_weights label_smoothing ld_alpha f_divergence_type
+    f_alpha_divergence_coef use_weighting discopop_tau router_aux_loss_coef disable_dropout sync_ref_model
+    ref_model_mixup_alpha ref_model_sync_steps max_length truncation_mode use_peft lora_r lora_alpha lora_dropout
+    lora_target_modules lora_target_parameters lora_modules_to_save use_rslora use_dora load_in_4bit load_in_8bit
+    bnb_4bit_quant_type use_bnb_nested_quant
 """.split()
 
 

@@ -343,6 +343,10 @@ def unfinished_run(tmp_path, capsys, *args):
         (["--learning_rate", "1e-3"], "learning_rate: 0.0001 -> 0.001"),
         (["--model_name_or_path", "org/other-model"], "model_name_or_path: 'builtin:tiny-olmo3' -> 'org/other-model'"),
         (["--pairs_per_step", "16"], "pairs_per_step: 8 -> 16"),
+        # The loss's other settings: each resumed before, the rest trained on another loss under the new value
+        (["--f_divergence_type", "js_divergence"], "f_divergence_type: 'reverse_kl' -> 'js_divergence'"),
+        (["--disable_dropout", "false"], "disable_dropout: True -> False"),
+        (["--sync_ref_model", "true", "--precompute_ref_log_probs", "false"], "sync_ref_model: False -> True"),
     ],
 )
 def test_resume_with_changed_settings_is_refused(args, expected, tmp_path, monkeypatch, capsys):
