@@ -451,6 +451,29 @@ def test_resume_from_a_checkpoint_that_is_not_this_projects_is_refused(tmp_path)
         resolve.check_output_dir(recipe, 8)
 
 
+@pytest.mark.parametrize("word", ["true", "False"])
+def test_resume_from_checkpoint_given_a_word_or_its_runs_folder_names_the_fix(word, tmp_path, capsys):
+    """transformers' `resume_from_checkpoint=True` typed as a word: `'true' is not a folder`, and no way on; the run's
+    own folder named: its checkpoints were not looked at, and the fix offered was to start a new run from it."""
+    out = unfinished_run(tmp_path, capsys)
+    with pytest.raises(ConfigError) as refused_here:
+        resolve.check_output_dir(
+            parse_args(["--config", SMOKE, "--output_dir", str(out), "--resume_from_checkpoint", word]), 8
+        )
+    assert str(refused_here.value) == (
+        f"resume_from_checkpoint {word!r} is not a folder: it names a checkpoint-N folder; drop it, and a rerun "
+        "resumes from output_dir's newest verified checkpoint by itself (--auto_resume false: never; "
+        "--overwrite_output_dir: starts afresh)"
+    )
+    with pytest.raises(ConfigError) as refused_here:
+        resolve.check_output_dir(
+            parse_args(["--config", SMOKE, "--output_dir", str(out), "--resume_from_checkpoint", str(out)]), 8
+        )
+    assert str(refused_here.value).endswith(
+        f"pass --resume_from_checkpoint {out / 'checkpoint-4'}, the newest verified checkpoint in it"
+    ), refused_here.value
+
+
 def test_requeue_resumes_and_overwrite_starts_afresh_only_when_settings_changed(tmp_path, capsys):
     out = unfinished_run(tmp_path, capsys)
     same = parse_args(["--config", SMOKE, "--output_dir", str(out), "--logging_steps", "1", "--overwrite_output_dir"])

@@ -100,13 +100,24 @@ def confirm(resume_from: str | None, explicit: bool) -> str | None:
 
 def check_explicit(folder: str) -> None:
     """--resume_from_checkpoint: a checkpoint that passes `unverified`; else refused, naming the one to pass instead."""
+    from dpotrain.recipe.cli import FALSE, TRUE
+
     if not Path(folder).is_dir():
-        raise ConfigError(f"resume_from_checkpoint {folder!r} is not a folder")
+        # transformers' `train(resume_from_checkpoint=True)`, given as a word: what the run does by itself
+        fix = (
+            "it names a checkpoint-N folder; drop it, and a rerun resumes from output_dir's newest verified "
+            "checkpoint by itself (--auto_resume false: never; --overwrite_output_dir: starts afresh)"
+            if folder.lower() in TRUE + FALSE
+            else "name a checkpoint-N folder (a rerun of the same command resumes from the newest one by itself)"
+        )
+        raise ConfigError(f"resume_from_checkpoint {folder!r} is not a folder: {fix}")
     why = unverified(Path(folder))
     if why:
-        instead, _ = newest_verified(Path(folder).parent)
+        # A run's folder named for one of its checkpoints: the newest of those; else the one beside it
+        inside, _ = newest_verified(Path(folder))
+        instead = inside or newest_verified(Path(folder).parent)[0]
         fix = (
-            f"pass --resume_from_checkpoint {instead}, the newest verified checkpoint beside it"
+            f"pass --resume_from_checkpoint {instead}, the newest verified checkpoint {'in' if inside else 'beside'} it"
             if instead
             else f"restore the named file(s) from a copy, or start a new run from its weights (--model_name_or_path "
             f"{folder}, a new --output_dir)"
