@@ -474,6 +474,29 @@ def test_resume_from_checkpoint_given_a_word_or_its_runs_folder_names_the_fix(wo
     ), refused_here.value
 
 
+def test_a_requeued_job_named_a_checkpoint_goes_on_from_its_own_newest_not_back_to_it(tmp_path, capsys, monkeypatch):
+    """`sbatch ... --resume_from_checkpoint <other run>/checkpoint-2 --output_dir <new>`, preempted after saving its own
+    checkpoint-4: the requeue runs the same command, and went back to checkpoint-2, every requeue."""
+    out = unfinished_run(tmp_path, capsys)  # this job's folder, holding its checkpoint-4
+    named = sealed_checkpoint(tmp_path / "earlier" / "checkpoint-2")
+    (named / "resolved_config.json").write_text((out / "resolved_config.json").read_text())  # the same settings
+    recipe = parse_args(["--config", SMOKE, "--output_dir", str(out), "--resume_from_checkpoint", str(named)])
+    capsys.readouterr()
+    assert resolve.check_output_dir(recipe, 8) == resolve.OutputDecision(str(named), False)  # its first start
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "1")
+    assert resolve.check_output_dir(recipe, 8) == resolve.OutputDecision(str(out / "checkpoint-4"), False)
+    assert capsys.readouterr().out == (
+        f"resume_from_checkpoint {named}: this job was requeued (Slurm restart 1) after saving {out / 'checkpoint-4'}: "
+        "going on from that one, not back to the checkpoint named\n"
+    )
+    # A named checkpoint past what the folder holds is the one to go on from.
+    named.rename(named.parent / "checkpoint-6")
+    ahead = parse_args(
+        ["--config", SMOKE, "--output_dir", str(out), "--resume_from_checkpoint", str(named.parent / "checkpoint-6")]
+    )
+    assert resolve.check_output_dir(ahead, 8) == resolve.OutputDecision(str(named.parent / "checkpoint-6"), False)
+
+
 def test_requeue_resumes_and_overwrite_starts_afresh_only_when_settings_changed(tmp_path, capsys):
     out = unfinished_run(tmp_path, capsys)
     same = parse_args(["--config", SMOKE, "--output_dir", str(out), "--logging_steps", "1", "--overwrite_output_dir"])

@@ -9,6 +9,7 @@
 """
 
 import json
+import os
 from pathlib import Path
 
 from dpotrain.cluster import collectives
@@ -123,6 +124,36 @@ def check_explicit(folder: str) -> None:
             f"{folder}, a new --output_dir)"
         )
         raise ConfigError(f"resume_from_checkpoint {folder!r} cannot be verified ({why}): {fix}")
+
+
+def saved_step(folder: Path) -> int | None:
+    """The step a checkpoint was saved at: its trainer_state.json's, else its `checkpoint-N` name's; None: unknown."""
+    try:
+        return int(json.loads((folder / "trainer_state.json").read_text())["global_step"])
+    except (OSError, ValueError, KeyError, TypeError):
+        try:
+            return step_of(folder)
+        except (ValueError, IndexError):  # a checkpoint renamed by hand
+            return None
+
+
+def requeued_past(named: str, out: Path) -> Path | None:
+    """A requeued Slurm job (SLURM_RESTART_COUNT > 0) started with --resume_from_checkpoint: output_dir's newest
+    verified checkpoint where it is past the named one, which the requeue goes on from, saying so; None: the named one.
+    A requeue runs the job's command again, flag and all: it went back to the named checkpoint each time, the steps
+    since trained again (a job preempted more often than it reaches its end never ended)."""
+    restart = int(os.environ.get("SLURM_RESTART_COUNT") or 0)
+    newest = latest_sound_checkpoint(out, refuse=False) if restart else None
+    if newest is None or newest.resolve() == Path(named).resolve():
+        return None
+    past, start = saved_step(newest), saved_step(Path(named))
+    if past is None or start is None or past <= start:
+        return None
+    _say(
+        f"resume_from_checkpoint {named}: this job was requeued (Slurm restart {restart}) after saving {newest}: "
+        "going on from that one, not back to the checkpoint named"
+    )
+    return newest
 
 
 def check_partitions(folder: str | None, world: int, run_engine=None) -> None:
