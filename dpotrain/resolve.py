@@ -251,7 +251,7 @@ def check_output_dir(recipe: Recipe, pairs_per_step: int | None = None) -> Outpu
                 f"resuming {explicit} there would write over: pass a new --output_dir, or --overwrite_output_dir to "
                 "replace that run"
             )
-        return OutputDecision(str(resume.requeued_past(explicit, out) or explicit), False)
+        return OutputDecision(resume.explicit_point(explicit, out, p.auto_resume), False)
     if resume.after_health_stop(recipe, out):
         return OutputDecision(None, True)
     latest = resume.latest_sound_checkpoint(out, refuse=p.auto_resume and not p.overwrite_output_dir)

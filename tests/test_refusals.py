@@ -474,27 +474,46 @@ def test_resume_from_checkpoint_given_a_word_or_its_runs_folder_names_the_fix(wo
     ), refused_here.value
 
 
-def test_a_requeued_job_named_a_checkpoint_goes_on_from_its_own_newest_not_back_to_it(tmp_path, capsys, monkeypatch):
+def recipe_args(out, checkpoint) -> list[str]:
+    return ["--config", SMOKE, "--output_dir", str(out), "--resume_from_checkpoint", str(checkpoint)]
+
+
+def test_a_named_checkpoint_behind_the_folders_newest_is_gone_on_from_when_requeued_and_refused_before(
+    tmp_path, capsys, monkeypatch
+):
     """`sbatch ... --resume_from_checkpoint <other run>/checkpoint-2 --output_dir <new>`, preempted after saving its own
-    checkpoint-4: the requeue runs the same command, and went back to checkpoint-2, every requeue."""
-    out = unfinished_run(tmp_path, capsys)  # this job's folder, holding its checkpoint-4
+    checkpoint-4: the requeue runs the same command, and went back to checkpoint-2 (every requeue: the steps since
+    trained again). A first start behind the folder's newest (a run sent back to an earlier checkpoint, or the command
+    typed again instead of the printed one) left the newer checkpoints for the next rerun to go on from, silently."""
+    out = unfinished_run(tmp_path, capsys)  # the folder, holding checkpoint-4
     named = sealed_checkpoint(tmp_path / "earlier" / "checkpoint-2")
     (named / "resolved_config.json").write_text((out / "resolved_config.json").read_text())  # the same settings
-    recipe = parse_args(["--config", SMOKE, "--output_dir", str(out), "--resume_from_checkpoint", str(named)])
+    recipe = parse_args(recipe_args(out, named))
     capsys.readouterr()
-    assert resolve.check_output_dir(recipe, 8) == resolve.OutputDecision(str(named), False)  # its first start
+    with pytest.raises(ConfigError) as refused_here:
+        resolve.check_output_dir(recipe, 8)
+    assert str(refused_here.value) == (
+        f"output_dir {str(out)!r} holds checkpoint-4, past resume_from_checkpoint {str(named)!r} (step 2), which the "
+        "run's next rerun or requeue would go on from, not from this run's progress: drop --resume_from_checkpoint "
+        "to go on from checkpoint-4, move the checkpoints past step 2 out of that folder to go back to the one named, "
+        "or pass a new --output_dir"
+    )
+    # --auto_resume false: nothing goes on from a checkpoint not named, so the one named is where it goes on from
+    chosen = parse_args([*recipe_args(out, named), "--auto_resume", "false"])
+    assert resolve.check_output_dir(chosen, 8) == resolve.OutputDecision(str(named), False)
     monkeypatch.setenv("SLURM_RESTART_COUNT", "1")
+    assert resolve.check_output_dir(chosen, 8) == resolve.OutputDecision(str(named), False)
     assert resolve.check_output_dir(recipe, 8) == resolve.OutputDecision(str(out / "checkpoint-4"), False)
     assert capsys.readouterr().out == (
         f"resume_from_checkpoint {named}: this job was requeued (Slurm restart 1) after saving {out / 'checkpoint-4'}: "
         "going on from that one, not back to the checkpoint named\n"
     )
-    # A named checkpoint past what the folder holds is the one to go on from.
-    named.rename(named.parent / "checkpoint-6")
-    ahead = parse_args(
-        ["--config", SMOKE, "--output_dir", str(out), "--resume_from_checkpoint", str(named.parent / "checkpoint-6")]
-    )
-    assert resolve.check_output_dir(ahead, 8) == resolve.OutputDecision(str(named.parent / "checkpoint-6"), False)
+    # A named checkpoint past what the folder holds is the one to go on from, requeued or not.
+    ahead = named.rename(named.parent / "checkpoint-6")
+    recipe = parse_args(recipe_args(out, ahead))
+    assert resolve.check_output_dir(recipe, 8) == resolve.OutputDecision(str(ahead), False)
+    monkeypatch.delenv("SLURM_RESTART_COUNT")
+    assert resolve.check_output_dir(recipe, 8) == resolve.OutputDecision(str(ahead), False)
 
 
 def test_requeue_resumes_and_overwrite_starts_afresh_only_when_settings_changed(tmp_path, capsys):

@@ -137,23 +137,33 @@ def saved_step(folder: Path) -> int | None:
             return None
 
 
-def requeued_past(named: str, out: Path) -> Path | None:
-    """A requeued Slurm job (SLURM_RESTART_COUNT > 0) started with --resume_from_checkpoint: output_dir's newest
-    verified checkpoint where it is past the named one, which the requeue goes on from, saying so; None: the named one.
-    A requeue runs the job's command again, flag and all: it went back to the named checkpoint each time, the steps
-    since trained again (a job preempted more often than it reaches its end never ended)."""
-    restart = int(os.environ.get("SLURM_RESTART_COUNT") or 0)
-    newest = latest_sound_checkpoint(out, refuse=False) if restart else None
+def explicit_point(named: str, out: Path, auto: bool = True) -> str:
+    """Where a run given --resume_from_checkpoint goes on from. Verified checkpoints of output_dir past the named one
+    are what its next rerun (the command a stop prints) or requeue would resume from. In a requeued Slurm job
+    (SLURM_RESTART_COUNT > 0) they are the job's own progress, gone on from, saying so: the requeue runs the same
+    command, and went back to the named checkpoint each time (a job preempted more often than it reached its end never
+    ended). Before a first start they are another course of the run (sent back to an earlier checkpoint): refused, as
+    the next rerun would go on from them, silently, and rotation keep them over this run's newest. With --auto_resume
+    false (`auto`) nothing goes on from a checkpoint not named: the named one, always."""
+    newest, _ = newest_verified(out) if auto else (None, [])
     if newest is None or newest.resolve() == Path(named).resolve():
-        return None
+        return named
     past, start = saved_step(newest), saved_step(Path(named))
     if past is None or start is None or past <= start:
-        return None
-    _say(
-        f"resume_from_checkpoint {named}: this job was requeued (Slurm restart {restart}) after saving {newest}: "
-        "going on from that one, not back to the checkpoint named"
+        return named
+    restart = int(os.environ.get("SLURM_RESTART_COUNT") or 0)
+    if restart:
+        _say(
+            f"resume_from_checkpoint {named}: this job was requeued (Slurm restart {restart}) after saving {newest}: "
+            "going on from that one, not back to the checkpoint named"
+        )
+        return str(newest)
+    raise ConfigError(
+        f"output_dir {str(out)!r} holds {newest.name}, past resume_from_checkpoint {named!r} (step {start}), which "
+        "the run's next rerun or requeue would go on from, not from this run's progress: drop "
+        f"--resume_from_checkpoint to go on from {newest.name}, move the checkpoints past step {start} out of that "
+        "folder to go back to the one named, or pass a new --output_dir"
     )
-    return newest
 
 
 def check_partitions(folder: str | None, world: int, run_engine=None) -> None:
