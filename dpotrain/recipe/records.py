@@ -27,7 +27,7 @@ _warned: set[tuple[str, int]] = set()  # (file, size): a torn line is reported o
 
 
 def read(path: str | Path, step: bool = False) -> list[dict]:
-    """The records of `path` (none when it does not exist), each a JSON object (`step`: with its whole-number step,
+    """The records of `path` (none when it does not exist), each a JSON object (`step`: with a number for its step,
     which a resume trims by and the plot draws against); a torn last line is dropped with one warning."""
     path = Path(path)
     try:
@@ -42,8 +42,8 @@ def read(path: str | Path, step: bool = False) -> list[dict]:
         try:
             record = json.loads(line)
             problem = None if isinstance(record, dict) else f"a JSON {type(record).__name__}, not an object"
-            if step and not problem and type(record.get("step")) is not int:
-                problem = f"its step is {record.get('step')!r}, not a whole number"
+            if step and not problem and type(record.get("step")) not in (int, float):
+                problem = f"its step is {record.get('step')!r}, not a number"
         except ValueError as e:
             problem = str(e)
         if problem:
