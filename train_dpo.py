@@ -86,7 +86,10 @@ def run(argv, stop: GracefulStop) -> int | None:
     if output.push_left:  # a finished run whose final push a kill cut short: that push, and nothing else
         return publish.complete_push(recipe, push, output.push_left, state)
     # The checkpoint to resume from, its files verified against its manifest (else the previous sound one).
-    confirmed = resume.confirm(output.resume_from, explicit=bool(recipe.training.resume_from_checkpoint))
+    # The named one (--resume_from_checkpoint) is refused when damaged; a requeue's own newest falls back.
+    confirmed = resume.confirm(
+        output.resume_from, explicit=output.resume_from == recipe.training.resume_from_checkpoint
+    )
     output = replace(output, resume_from=confirmed)
     spec = stages.first_half(recipe, launch, state, output, push)  # data -> lengths -> forward -> memory
     options.check_weights(recipe.model.model_name_or_path)  # a folder without them: before an old run's files go

@@ -98,7 +98,7 @@ def check(output_dir: str, lock: bool = True) -> None:
         )
     # A folder the run cannot write its lock in (a read-only mount, no permission): one still to be made is probed
     # in the nearest one that exists. The run writes there; a dry run does not.
-    problem = unwritable(out) if lock and collectives.launched_main() else None
+    problem = unwritable(out.resolve()) if lock and collectives.launched_main() else None  # a link: where it points
     if problem:
         raise ConfigError(
             f"output_dir {str(out)!r}: cannot write in {problem[0]} ({problem[1]}): pass --output_dir a "

@@ -23,8 +23,11 @@ RESUME_FIELDS = """
     model_name_or_path model_revision dataset_name dataset_config dataset_train_split skip_invalid hh_format
     assistant_turns datasets dataset_mixer_list dataset_mixer_list_splits learning_rate lr_scheduler_type
     lr_scheduler_kwargs warmup_steps num_train_epochs max_steps optim weight_decay adam_beta1 adam_beta2 adam_epsilon
-    max_grad_norm seed data_seed beta loss_type loss_weights label_smoothing max_length truncation_mode use_peft
-    lora_r lora_alpha lora_dropout lora_target_modules use_rslora use_dora
+    max_grad_norm seed data_seed beta loss_type loss_weights label_smoothing ld_alpha f_divergence_type
+    f_alpha_divergence_coef use_weighting discopop_tau router_aux_loss_coef disable_dropout sync_ref_model
+    ref_model_mixup_alpha ref_model_sync_steps max_length truncation_mode use_peft lora_r lora_alpha lora_dropout
+    lora_target_modules lora_target_parameters lora_modules_to_save use_rslora use_dora load_in_4bit load_in_8bit
+    bnb_4bit_quant_type use_bnb_nested_quant
 """.split()
 
 
@@ -133,10 +136,11 @@ class OutputDecision:
                 f"{output_dir}: a finished run whose push to {self.push_left} was started and not confirmed: the run "
                 "pushes it, and trains nothing"
             )
-        elif self.resume_from:
-            folder = f"{output_dir}: an unfinished run, which the run resumes from {self.resume_from}"
         elif self.start_afresh:
             folder = f"{output_dir}: replaced by the run (--overwrite_output_dir: the old run's own files only)"
+            folder += f", which resumes from {self.resume_from}" if self.resume_from else ""
+        elif self.resume_from:
+            folder = f"{output_dir}: an unfinished run, which the run resumes from {self.resume_from}"
         elif any(names_folder(refusal, output_dir) for refusal in self.would_refuse):
             folder = f"{output_dir}: refused by the run (below)"
         else:
@@ -189,15 +193,27 @@ def trained_under(checkpoint: Path) -> Path:
     )
 
 
+def replacing(out: Path, explicit: str | None) -> OutputDecision:
+    """--overwrite_output_dir replaces the run in `out` (its own files: output_folder.replace), then the run starts
+    afresh, or resumes the checkpoint it names, unless that is one of the files replaced."""
+    if explicit and out.resolve() in Path(explicit).resolve().parents:
+        raise ConfigError(
+            f"resume_from_checkpoint {explicit!r} is in output_dir {str(out)!r}, whose run --overwrite_output_dir "
+            "replaces, that checkpoint with it: copy the checkpoint out of that folder first, or pass a new "
+            "--output_dir"
+        )
+    return OutputDecision(explicit, True)
+
+
 def check_output_dir(recipe: Recipe, pairs_per_step: int | None = None) -> OutputDecision:
     """Resume, start afresh, or refuse: never write over a finished run by accident, never lose checkpoints (an
     unfinished run with a complete checkpoint and the same settings resumes even with --overwrite_output_dir)."""
     t, p = recipe.training, recipe.project
-    out = Path(t.output_dir)
-    if t.resume_from_checkpoint:
-        resume.check_explicit(t.resume_from_checkpoint)
+    out, explicit = Path(t.output_dir), t.resume_from_checkpoint
+    if explicit:
+        resume.check_explicit(explicit)
         # The automatic resume's comparison, with the record the checkpoint was trained under.
-        folder = Path(t.resume_from_checkpoint)
+        folder = Path(explicit)
         changed = changed_settings(recipe, trained_under(folder), pairs_per_step)
         if changed:
             raise ConfigError(
@@ -205,10 +221,10 @@ def check_output_dir(recipe: Recipe, pairs_per_step: int | None = None) -> Outpu
                 f"({'; '.join(changed)}): rerun with its settings to resume it, or start a new run from its "
                 f"weights (--model_name_or_path {folder}, a new --output_dir)"
             )
-        return OutputDecision(t.resume_from_checkpoint, False)
+    # A named checkpoint is resumed into output_dir, as any: a finished run there is not written over by accident.
     if (out / RUN_COMPLETE).exists():
         if p.overwrite_output_dir:
-            return OutputDecision(None, True)
+            return replacing(out, explicit)
         left = hub_push.unconfirmed_push(out)  # a push a kill cut short (or that failed): completed, or said how
         repo = (left or {}).get("repo") or t.hub_model_id or t.run_name
         if left and t.push_to_hub:
@@ -223,6 +239,19 @@ def check_output_dir(recipe: Recipe, pairs_per_step: int | None = None) -> Outpu
             f"output_dir {str(out)!r} already holds a finished run: pass --output_dir for a new run, or "
             f"--overwrite_output_dir to replace it{how}"
         )
+    if explicit:
+        # The checkpoint's settings are the recipe's (above); so must be those of a run already in output_dir, whose
+        # record, metrics, final model and checkpoints (rotated by step beside the new ones) the resume writes over.
+        other = changed_settings(recipe, out, pairs_per_step)
+        if other and p.overwrite_output_dir:
+            return replacing(out, explicit)
+        if other:
+            raise ConfigError(
+                f"output_dir {str(out)!r} holds an unfinished run with other settings ({'; '.join(other)}), which "
+                f"resuming {explicit} there would write over: pass a new --output_dir, or --overwrite_output_dir to "
+                "replace that run"
+            )
+        return OutputDecision(resume.explicit_point(explicit, out, p.auto_resume), False)
     if resume.after_health_stop(recipe, out):
         return OutputDecision(None, True)
     latest = resume.latest_sound_checkpoint(out, refuse=p.auto_resume and not p.overwrite_output_dir)

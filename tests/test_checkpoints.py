@@ -1,11 +1,13 @@
 """Rotation (`save_total_limit`) never deletes the newest complete checkpoint, never counts a folder cut short as a
 kept one, and a step written again starts from an empty folder: real training runs of the tiny model, resumed."""
 
+import json
+
 import datasets
 import pytest
 from transformers import TrainerCallback
 
-from conftest import ROOT, built, ready
+from conftest import ROOT, built, ready, sealed_checkpoint
 from dpotrain.data import builtin
 from dpotrain.recipe.config import parse_args
 from dpotrain.train.checkpoints import MARKER, checkpoints, is_complete
@@ -94,3 +96,25 @@ def test_a_step_written_again_starts_from_an_empty_folder(tmp_path, tiny_model_d
     )
     assert not leftover.exists() and is_complete(out / "checkpoint-4")
     assert (out / "checkpoint-4" / "model.safetensors").stat().st_size > 100  # the new weights, not the stale bytes
+
+
+@pytest.mark.parametrize(
+    "edit",
+    [
+        lambda files: files["optimizer.pt"].pop("bytes"),  # an entry without its size
+        lambda files: files["optimizer.pt"].update(bytes=str(files["optimizer.pt"]["bytes"])),  # a size in words
+        lambda files: files.update({"optimizer.pt": 13}),
+    ],
+)
+def test_a_hand_edited_manifest_is_named_unreadable_and_skipped_not_a_traceback(edit, tmp_path):
+    """MANIFEST.json edited by hand into JSON of another shape: a KeyError or TypeError traceback at every rerun,
+    before anything loads and in the dry run too. Now it is unreadable, and skipped for the checkpoint before it."""
+    from dpotrain.train.checkpoint_manifest import MANIFEST, problem
+
+    sealed_checkpoint(tmp_path / "checkpoint-2")
+    edited = sealed_checkpoint(tmp_path / "checkpoint-4") / MANIFEST
+    record = json.loads(edited.read_text())
+    edit(record["files"])
+    edited.write_text(json.dumps(record))
+    assert problem(edited.parent) == f"{MANIFEST} is unreadable"
+    assert newest_verified(tmp_path) == (tmp_path / "checkpoint-2", [(edited.parent, f"{MANIFEST} is unreadable")])

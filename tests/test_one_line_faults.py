@@ -39,6 +39,30 @@ def test_a_torn_last_record_is_dropped_once_with_a_warning_and_a_torn_middle_one
         records.read(path)
 
 
+@pytest.mark.parametrize(
+    "line, problem",
+    [
+        ('{"note": "lowered the learning rate here"}', "its step is None, not a number"),
+        ('{"step": "2", "loss": 0.6}', "its step is '2', not a number"),
+        ("[2, 0.6]", "a JSON list, not an object"),
+    ],
+)
+def test_a_metrics_line_edited_into_json_that_is_no_record_is_the_same_one_line_error(line, problem, tmp_path):
+    """A resume trims metrics.jsonl by step at its first logged step, the plot draws against it: a line that is JSON
+    but no record (a note, a quoted step) ended the resumed run in a KeyError or TypeError traceback, every rerun."""
+    from dpotrain.train import metrics
+
+    path = tmp_path / "metrics.jsonl"
+    path.write_text(f'{{"step": 1, "loss": 0.69}}\n{line}\n{{"step": 3, "loss": 0.5}}\n')
+    for read_back in (lambda: metrics.keep_before(path, 3), lambda: metrics.read_metrics(tmp_path)):
+        with pytest.raises(RunError) as ended:
+            read_back()
+        assert str(ended.value) == (
+            f"{path}: line 2 is not a JSON record ({problem}); a crash can cut only the last line of this file, so "
+            "it was changed by hand or another program: restore it, or delete that line, then rerun"
+        )
+
+
 @pytest.mark.slow
 def test_a_record_that_does_not_fit_leaves_no_part_of_its_line(tmp_path):
     """On a full disk (a real small tmpfs), an append fails whole: the file is byte for byte what it was."""

@@ -517,6 +517,17 @@ def test_a_refused_launch_leaves_no_folder_behind(tmp_path):
     assert not out.exists()  # nothing else was written: the folder made for the lock goes with it
 
 
+def test_an_output_dir_linked_to_a_folder_still_to_be_made_is_made_there(tmp_path):
+    """`outputs/run -> /scratch/me/run`, made before the scratch folder: the dry run said the run starts there, the
+    run ended in a FileExistsError traceback at its lock (mkdir of the link). The folder it points to is made."""
+    target, link = tmp_path / "scratch" / "run", tmp_path / "run"
+    link.symlink_to(target)
+    output_folder.check(str(link))
+    assert run_lock.acquire(link) is None and (target / run_lock.LOCK_FILE).is_file()
+    run_lock.release()
+    assert link.is_symlink() and not target.exists()  # refused before it wrote anything: no empty folder left
+
+
 def test_the_slurm_job_variables_do_not_let_another_job_in(tmp_path, monkeypatch):
     out = tmp_path / "run"
     holder = hold_lock(out, SLURM_JOB_ID="4242", SLURM_RESTART_COUNT="2")

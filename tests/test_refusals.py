@@ -375,6 +375,10 @@ def unfinished_run(tmp_path, capsys, *args):
         (["--learning_rate", "1e-3"], "learning_rate: 0.0001 -> 0.001"),
         (["--model_name_or_path", "org/other-model"], "model_name_or_path: 'builtin:tiny-olmo3' -> 'org/other-model'"),
         (["--pairs_per_step", "16"], "pairs_per_step: 8 -> 16"),
+        # The loss's other settings: each resumed before, the rest trained on another loss under the new value
+        (["--f_divergence_type", "js_divergence"], "f_divergence_type: 'reverse_kl' -> 'js_divergence'"),
+        (["--disable_dropout", "false"], "disable_dropout: True -> False"),
+        (["--sync_ref_model", "true", "--precompute_ref_log_probs", "false"], "sync_ref_model: False -> True"),
     ],
 )
 def test_resume_with_changed_settings_is_refused(args, expected, tmp_path, monkeypatch, capsys):
@@ -411,6 +415,51 @@ def test_resume_from_checkpoint_with_changed_settings_is_refused_as_the_automati
     assert resolve.check_output_dir(same, 8) == resolve.OutputDecision(checkpoint, False)
 
 
+def test_resume_from_checkpoint_does_not_write_over_another_run_in_output_dir(tmp_path, capsys):
+    """A named checkpoint was resumed into whatever output_dir held: a finished run of other settings there had its
+    final model, record and metrics replaced, its checkpoints rotated away, with exit code 0 and not a word."""
+    checkpoint = str(unfinished_run(tmp_path, capsys, "--max_steps", "5") / "checkpoint-4")
+    other = tmp_path / "other"  # a run of another learning rate, killed after its checkpoint 2
+    train_dpo.main(
+        [
+            "--config",
+            SMOKE,
+            "--output_dir",
+            str(other),
+            "--max_steps",
+            "5",
+            "--learning_rate",
+            "1e-3",
+            "--dry-run",
+            "--json",
+        ]
+    )
+    printed = capsys.readouterr().out
+    sealed_checkpoint(other / "checkpoint-2")
+    (other / "resolved_config.json").write_text(printed[printed.index("{") :])
+    (other / "run_complete.json").write_text("{}\n")  # then finished
+    argv = ["--config", SMOKE, "--max_steps", "5", "--resume_from_checkpoint", checkpoint, "--output_dir"]
+    for rest, refusal in (
+        ([], "already holds a finished run: pass --output_dir for a new run, or --overwrite_output_dir to replace it"),
+        (
+            ["--learning_rate", "1e-4"],  # unfinished: the same refusal as the automatic resume's, said of the folder
+            "holds an unfinished run with other settings (learning_rate: 0.001 -> 0.0001), which resuming "
+            f"{checkpoint} there would write over: pass a new --output_dir, or --overwrite_output_dir to replace "
+            "that run",
+        ),
+    ):
+        with pytest.raises(ConfigError) as refused_here:
+            resolve.check_output_dir(parse_args([*argv, str(other), *rest]), 8)
+        assert str(refused_here.value) == f"output_dir {str(other)!r} {refusal}"
+        replaced = resolve.check_output_dir(parse_args([*argv, str(other), "--overwrite_output_dir"]), 8)
+        assert replaced == resolve.OutputDecision(checkpoint, True)  # the old run's own files go, then it resumes
+        (other / "run_complete.json").unlink(missing_ok=True)
+    # Replacing the run that holds the named checkpoint would remove the checkpoint with it.
+    (tmp_path / "run" / "run_complete.json").write_text("{}\n")
+    with pytest.raises(ConfigError, match="is in output_dir .*: copy the checkpoint out of that folder first"):
+        resolve.check_output_dir(parse_args([*argv, str(tmp_path / "run"), "--overwrite_output_dir"]), 8)
+
+
 def test_resume_from_a_checkpoint_that_is_not_this_projects_is_refused(tmp_path):
     """Written by TRL's own script: no COMPLETE mark, no manifest, and no record of the settings it was trained with.
     It cannot be verified, nor its settings compared: refused, naming what is missing and the way out."""
@@ -432,6 +481,71 @@ def test_resume_from_a_checkpoint_that_is_not_this_projects_is_refused(tmp_path)
     sealed_checkpoint(checkpoint)
     with pytest.raises(ConfigError, match="holds no record of the settings it was trained with"):
         resolve.check_output_dir(recipe, 8)
+
+
+@pytest.mark.parametrize("word", ["true", "False"])
+def test_resume_from_checkpoint_given_a_word_or_its_runs_folder_names_the_fix(word, tmp_path, capsys):
+    """transformers' `resume_from_checkpoint=True` typed as a word: `'true' is not a folder`, and no way on; the run's
+    own folder named: its checkpoints were not looked at, and the fix offered was to start a new run from it."""
+    out = unfinished_run(tmp_path, capsys)
+    with pytest.raises(ConfigError) as refused_here:
+        resolve.check_output_dir(
+            parse_args(["--config", SMOKE, "--output_dir", str(out), "--resume_from_checkpoint", word]), 8
+        )
+    assert str(refused_here.value) == (
+        f"resume_from_checkpoint {word!r} is not a folder: it names a checkpoint-N folder; drop it, and a rerun "
+        "resumes from output_dir's newest verified checkpoint by itself (--auto_resume false: never; "
+        "--overwrite_output_dir: starts afresh)"
+    )
+    with pytest.raises(ConfigError) as refused_here:
+        resolve.check_output_dir(
+            parse_args(["--config", SMOKE, "--output_dir", str(out), "--resume_from_checkpoint", str(out)]), 8
+        )
+    assert str(refused_here.value).endswith(
+        f"pass --resume_from_checkpoint {out / 'checkpoint-4'}, the newest verified checkpoint in it"
+    ), refused_here.value
+
+
+def recipe_args(out, checkpoint) -> list[str]:
+    return ["--config", SMOKE, "--output_dir", str(out), "--resume_from_checkpoint", str(checkpoint)]
+
+
+def test_a_named_checkpoint_behind_the_folders_newest_is_gone_on_from_when_requeued_and_refused_before(
+    tmp_path, capsys, monkeypatch
+):
+    """`sbatch ... --resume_from_checkpoint <other run>/checkpoint-2 --output_dir <new>`, preempted after saving its own
+    checkpoint-4: the requeue runs the same command, and went back to checkpoint-2 (every requeue: the steps since
+    trained again). A first start behind the folder's newest (a run sent back to an earlier checkpoint, or the command
+    typed again instead of the printed one) left the newer checkpoints for the next rerun to go on from, silently."""
+    out = unfinished_run(tmp_path, capsys)  # the folder, holding checkpoint-4
+    named = sealed_checkpoint(tmp_path / "earlier" / "checkpoint-2")
+    (named / "resolved_config.json").write_text((out / "resolved_config.json").read_text())  # the same settings
+    recipe = parse_args(recipe_args(out, named))
+    capsys.readouterr()
+    with pytest.raises(ConfigError) as refused_here:
+        resolve.check_output_dir(recipe, 8)
+    assert str(refused_here.value) == (
+        f"output_dir {str(out)!r} holds checkpoint-4, past resume_from_checkpoint {str(named)!r} (step 2), which the "
+        "run's next rerun or requeue would go on from, not from this run's progress: drop --resume_from_checkpoint "
+        "to go on from checkpoint-4, move the checkpoints past step 2 out of that folder to go back to the one named, "
+        "or pass a new --output_dir"
+    )
+    # --auto_resume false: nothing goes on from a checkpoint not named, so the one named is where it goes on from
+    chosen = parse_args([*recipe_args(out, named), "--auto_resume", "false"])
+    assert resolve.check_output_dir(chosen, 8) == resolve.OutputDecision(str(named), False)
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "1")
+    assert resolve.check_output_dir(chosen, 8) == resolve.OutputDecision(str(named), False)
+    assert resolve.check_output_dir(recipe, 8) == resolve.OutputDecision(str(out / "checkpoint-4"), False)
+    assert capsys.readouterr().out == (
+        f"resume_from_checkpoint {named}: this job was requeued (Slurm restart 1) after saving {out / 'checkpoint-4'}: "
+        "going on from that one, not back to the checkpoint named\n"
+    )
+    # A named checkpoint past what the folder holds is the one to go on from, requeued or not.
+    ahead = named.rename(named.parent / "checkpoint-6")
+    recipe = parse_args(recipe_args(out, ahead))
+    assert resolve.check_output_dir(recipe, 8) == resolve.OutputDecision(str(ahead), False)
+    monkeypatch.delenv("SLURM_RESTART_COUNT")
+    assert resolve.check_output_dir(recipe, 8) == resolve.OutputDecision(str(ahead), False)
 
 
 def test_requeue_resumes_and_overwrite_starts_afresh_only_when_settings_changed(tmp_path, capsys):

@@ -170,7 +170,7 @@ class Lock:
             if found is not None and found[0] == self.raw:
                 self.path.unlink(missing_ok=True)
             if self.created_folder and self.out.is_dir() and not any(self.out.iterdir()):
-                self.out.rmdir()  # refused before it wrote anything: no empty folder left for it
+                self.out.resolve().rmdir()  # refused before it wrote anything: no empty folder left for it
 
 
 _held: list[Lock] = []
@@ -238,7 +238,7 @@ def _break(lock: Path, seen: bytes, why: str) -> None:
 def acquire(out: Path) -> str | None:
     """Takes the lock on `out` for this process; returns None, or the refusal when a live run holds it."""
     created = not out.exists()
-    out.mkdir(parents=True, exist_ok=True)
+    out.resolve().mkdir(parents=True, exist_ok=True)  # a link to a folder still to be made: that folder (mkdir -p)
     lock = out / LOCK_FILE
     raw = json.dumps(holder_record(), indent=1).encode() + b"\n"
     for _ in range(5):  # a takeover raced by another run: each try ends with a holder or a broken lock

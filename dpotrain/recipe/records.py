@@ -26,8 +26,9 @@ UNREADABLE = (OSError, EOFError, ValueError, KeyError, TypeError, AttributeError
 _warned: set[tuple[str, int]] = set()  # (file, size): a torn line is reported once per process, however often read
 
 
-def read(path: str | Path) -> list[dict]:
-    """The records of `path` (none when it does not exist); a torn last line is dropped with one warning."""
+def read(path: str | Path, step: bool = False) -> list[dict]:
+    """The records of `path` (none when it does not exist), each a JSON object (`step`: with a number for its step,
+    which a resume trims by and the plot draws against); a torn last line is dropped with one warning."""
     path = Path(path)
     try:
         raw = path.read_bytes()
@@ -39,12 +40,18 @@ def read(path: str | Path) -> list[dict]:
         if not line.strip():
             continue
         try:
-            records.append(json.loads(line))
+            record = json.loads(line)
+            problem = None if isinstance(record, dict) else f"a JSON {type(record).__name__}, not an object"
+            if step and not problem and type(record.get("step")) not in (int, float):
+                problem = f"its step is {record.get('step')!r}, not a number"
         except ValueError as e:
+            problem = str(e)
+        if problem:
             raise RunError(
-                f"{path}: line {number} is not a JSON record ({e}); a crash can cut only the last line of this file, "
-                "so it was changed by hand or another program: restore it, or delete that line, then rerun"
+                f"{path}: line {number} is not a JSON record ({problem}); a crash can cut only the last line of this "
+                "file, so it was changed by hand or another program: restore it, or delete that line, then rerun"
             ) from None
+        records.append(record)
     seen = (str(path), len(raw))
     if torn.strip() and seen not in _warned:  # the last line, with no newline after it (whole JSON or not): cut short
         _warned.add(seen)

@@ -79,9 +79,13 @@ def read(folder: Path) -> dict | None:
     if not path.is_file():
         return None
     try:
-        return json.loads(path.read_text())["files"]
-    except (ValueError, KeyError, TypeError):
-        return {}  # a damaged manifest lists nothing: `problem` names it
+        files = json.loads(path.read_text())["files"]
+        # Each entry as `seal` writes it: an edited one (no size, a size in words) would end the check in a traceback
+        if all(type(e["bytes"]) is int and isinstance(e["sha256"], str) for e in files.values()):
+            return files
+    except (ValueError, KeyError, TypeError, AttributeError):
+        pass
+    return {}  # a damaged manifest lists nothing: `problem` names it
 
 
 def missing(folder: Path) -> list[str]:

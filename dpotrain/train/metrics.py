@@ -64,7 +64,7 @@ class MetricsRecorder(TrainerCallback):
 
 def keep_before(path: Path, step: int) -> None:
     """After a resume: a history's records of `step` and later dropped (trained again); a kill here keeps it whole."""
-    kept = [r for r in run_records.read(path) if r["step"] < step]
+    kept = [r for r in run_records.read(path, step=True) if r["step"] < step]
     write_text(path, "".join(json.dumps(r) + "\n" for r in kept))
 
 
@@ -72,7 +72,7 @@ def read_metrics(path: str | Path) -> list[dict]:
     path = Path(path)
     if path.is_dir():
         path = path / METRICS_FILE
-    return run_records.read(path)  # a last line cut short by a crash is dropped, with a warning
+    return run_records.read(path, step=True)  # a last line cut short by a crash is dropped, with a warning
 
 
 def measured_panels(records: list[dict]) -> tuple[list[tuple[str, str, dict]], list[str]]:

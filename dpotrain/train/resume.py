@@ -9,6 +9,7 @@
 """
 
 import json
+import os
 from pathlib import Path
 
 from dpotrain.cluster import collectives
@@ -100,18 +101,69 @@ def confirm(resume_from: str | None, explicit: bool) -> str | None:
 
 def check_explicit(folder: str) -> None:
     """--resume_from_checkpoint: a checkpoint that passes `unverified`; else refused, naming the one to pass instead."""
+    from dpotrain.recipe.cli import FALSE, TRUE
+
     if not Path(folder).is_dir():
-        raise ConfigError(f"resume_from_checkpoint {folder!r} is not a folder")
+        # transformers' `train(resume_from_checkpoint=True)`, given as a word: what the run does by itself
+        fix = (
+            "it names a checkpoint-N folder; drop it, and a rerun resumes from output_dir's newest verified "
+            "checkpoint by itself (--auto_resume false: never; --overwrite_output_dir: starts afresh)"
+            if folder.lower() in TRUE + FALSE
+            else "name a checkpoint-N folder (a rerun of the same command resumes from the newest one by itself)"
+        )
+        raise ConfigError(f"resume_from_checkpoint {folder!r} is not a folder: {fix}")
     why = unverified(Path(folder))
     if why:
-        instead, _ = newest_verified(Path(folder).parent)
+        # A run's folder named for one of its checkpoints: the newest of those; else the one beside it
+        inside, _ = newest_verified(Path(folder))
+        instead = inside or newest_verified(Path(folder).parent)[0]
         fix = (
-            f"pass --resume_from_checkpoint {instead}, the newest verified checkpoint beside it"
+            f"pass --resume_from_checkpoint {instead}, the newest verified checkpoint {'in' if inside else 'beside'} it"
             if instead
             else f"restore the named file(s) from a copy, or start a new run from its weights (--model_name_or_path "
             f"{folder}, a new --output_dir)"
         )
         raise ConfigError(f"resume_from_checkpoint {folder!r} cannot be verified ({why}): {fix}")
+
+
+def saved_step(folder: Path) -> int | None:
+    """The step a checkpoint was saved at: its trainer_state.json's, else its `checkpoint-N` name's; None: unknown."""
+    try:
+        return int(json.loads((folder / "trainer_state.json").read_text())["global_step"])
+    except (OSError, ValueError, KeyError, TypeError):
+        try:
+            return step_of(folder)
+        except (ValueError, IndexError):  # a checkpoint renamed by hand
+            return None
+
+
+def explicit_point(named: str, out: Path, auto: bool = True) -> str:
+    """Where a run given --resume_from_checkpoint goes on from. Verified checkpoints of output_dir past the named one
+    are what its next rerun (the command a stop prints) or requeue would resume from. In a requeued Slurm job
+    (SLURM_RESTART_COUNT > 0) they are the job's own progress, gone on from, saying so: the requeue runs the same
+    command, and went back to the named checkpoint each time (a job preempted more often than it reached its end never
+    ended). Before a first start they are another course of the run (sent back to an earlier checkpoint): refused, as
+    the next rerun would go on from them, silently, and rotation keep them over this run's newest. With --auto_resume
+    false (`auto`) nothing goes on from a checkpoint not named: the named one, always."""
+    newest, _ = newest_verified(out) if auto else (None, [])
+    if newest is None or newest.resolve() == Path(named).resolve():
+        return named
+    past, start = saved_step(newest), saved_step(Path(named))
+    if past is None or start is None or past <= start:
+        return named
+    restart = int(os.environ.get("SLURM_RESTART_COUNT") or 0)
+    if restart:
+        _say(
+            f"resume_from_checkpoint {named}: this job was requeued (Slurm restart {restart}) after saving {newest}: "
+            "going on from that one, not back to the checkpoint named"
+        )
+        return str(newest)
+    raise ConfigError(
+        f"output_dir {str(out)!r} holds {newest.name}, past resume_from_checkpoint {named!r} (step {start}), which "
+        "the run's next rerun or requeue would go on from, not from this run's progress: drop "
+        f"--resume_from_checkpoint to go on from {newest.name}, move the checkpoints past step {start} out of that "
+        "folder to go back to the one named, or pass a new --output_dir"
+    )
 
 
 def check_partitions(folder: str | None, world: int, run_engine=None) -> None:

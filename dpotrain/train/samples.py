@@ -144,7 +144,7 @@ class SampleGenerator(TrainerCallback):
         if not state.is_world_process_zero:
             return []
         if state.global_step == 0 or not self._base:  # the base model's answers (a resumed run reads them back)
-            before = records if state.global_step == 0 else run_records.read(Path(args.output_dir) / SAMPLES_FILE)
+            before = records if state.global_step == 0 else run_records.read(Path(args.output_dir) / SAMPLES_FILE, True)
             self._base = {r["prompt_index"]: r["repetition"] for r in before if r["step"] == 0}
         self._write(args, state, records)
         for r in records:
