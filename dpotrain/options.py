@@ -110,8 +110,21 @@ def check_options(recipe: Recipe) -> None:
 
 
 def check_evaluation(recipe: Recipe) -> None:
-    """Evaluation needs held-out pairs: a held-out mixture, or the data set's test split (a local file has none)."""
+    """Evaluation needs held-out pairs: a held-out mixture, or the data set's test split (a local file has none).
+    Without eval_strategy, what only evaluation reads is refused: held-out pairs named would be neither loaded nor
+    evaluated, `eval_steps` never read, and `eval_on_start` would evaluate no data set (a traceback after the reference
+    stage)."""
     t, s = recipe.training, recipe.script
+    if t.eval_strategy == "no":
+        values = mixture.fields_of(recipe)
+        named = [f for f in mixture.EVAL_FIELDS if values.get(f)] + [
+            f for f in ("eval_steps", "eval_on_start") if f in recipe.given and getattr(t, f)
+        ]
+        if named:
+            raise ConfigError(
+                f"{named[0]} is only used for evaluation, and eval_strategy is no: add --eval_strategy steps "
+                f"--eval_steps N (held-out pairs: `eval_datasets:`, or the data set's test split), or remove {named[0]}"
+            )
     if t.eval_strategy != "no" and not mixture.given(mixture.fields_of(recipe), evaluation=True):
         if s.dataset_name is None:  # a training mixture: the held-out pairs are a mixture too
             raise ConfigError(

@@ -225,6 +225,14 @@ def test_runs_that_train_nothing(args, rows, expected, tmp_path, monkeypatch, ca
         (["--train_sampling_strategy", "group_by_length"], "group_by_length does not work on preference data"),
         (["--eval_strategy", "steps"], "has one split only: save a DatasetDict with a 'test' split"),
         (["--dataset_test_split", "validation"], "dataset_test_split 'validation' is only used for evaluation"),
+        # read only by evaluation, and no evaluation: eval_on_start failed in a traceback after the reference stage
+        # (the Trainer evaluated no data set), the others were recorded and ignored
+        (["--eval_on_start", "true"], "eval_on_start is only used for evaluation, and eval_strategy is no: add"),
+        (["--eval_steps", "5"], "eval_steps is only used for evaluation, and eval_strategy is no: add"),
+        (
+            ["--dataset_mixer_eval_list", "data/smoke_prefs.jsonl", "20"],
+            "dataset_mixer_eval_list is only used for evaluation, and eval_strategy is no: add --eval_strategy steps",
+        ),
         (["--warmup_ratio", "0.1"], "unknown argument '--warmup_ratio' (removed in transformers 5: use warmup_steps"),
         # transformers reads 0 as a fraction of the run: no checkpoint until the end, a requeue restarts from nothing
         (
