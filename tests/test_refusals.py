@@ -277,6 +277,21 @@ def test_empty_and_malformed_jsonl(tmp_path, monkeypatch, capsys):
     assert f"{broken}:2: not valid JSON" in message and "fix or remove that line" in message
 
 
+@pytest.mark.parametrize(
+    "text, line",
+    [
+        ('{"text": "Tell me about tides."}\n', 1),  # no `prompt`: a KeyError traceback once the data had loaded
+        ('{"prompt": "Hi"}\nWhat is 2 plus 2?\n', 2),  # a plain line: a JSONDecodeError traceback
+        ('{"prompt": [{"role": "user", "content": "Hi"}]}\n', 1),  # messages, not the documented string
+    ],
+)
+def test_a_sample_prompts_file_line_without_a_prompt_string(text, line, tmp_path, monkeypatch, capsys):
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text(text)
+    message = refused(tmp_path, monkeypatch, capsys, "--samples_every", "1", "--sample_prompts_file", str(prompts))
+    assert f"sample_prompts_file {str(prompts)!r}, line {line}: not a JSON object with a `prompt` string" in message
+
+
 def test_wandb_without_a_login(tmp_path, monkeypatch, capsys):
     monkeypatch.delenv("WANDB_MODE", raising=False)
     monkeypatch.delenv("WANDB_API_KEY", raising=False)
