@@ -292,6 +292,13 @@ def test_a_sample_prompts_file_line_without_a_prompt_string(text, line, tmp_path
     assert f"sample_prompts_file {str(prompts)!r}, line {line}: not a JSON object with a `prompt` string" in message
 
 
+def test_an_empty_sample_prompts_file_is_refused(tmp_path, monkeypatch, capsys):
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("\n\n")  # the data set's first prompts were sampled instead, without a word
+    args = ["--samples_every", "1", "--sample_prompts_file", str(prompts), "--dry-run"]  # the dry run says it too
+    assert f"sample_prompts_file {str(prompts)!r} holds no prompt" in refused(tmp_path, monkeypatch, capsys, *args)
+
+
 def test_wandb_without_a_login(tmp_path, monkeypatch, capsys):
     monkeypatch.delenv("WANDB_MODE", raising=False)
     monkeypatch.delenv("WANDB_API_KEY", raising=False)

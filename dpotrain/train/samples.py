@@ -49,6 +49,8 @@ def file_prompts(path: str) -> list[str]:
         lines = [line for line in Path(path).read_text(encoding="utf-8").splitlines() if line.strip()]
     except (OSError, UnicodeDecodeError) as e:
         raise ConfigError(f"sample_prompts_file {path!r} cannot be read ({e}): give a UTF-8 text file") from None
+    if not lines:  # else the data set's first prompts would be sampled instead, without a word
+        raise ConfigError(f"sample_prompts_file {path!r} holds no prompt: write one per line, or remove it")
     if Path(path).suffix != ".jsonl":
         return lines
     prompts = []
