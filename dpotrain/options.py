@@ -41,6 +41,7 @@ def check_options(recipe: Recipe) -> None:
             "<output_dir>/resolved_config.json)"
         )
     check_precision(recipe)
+    check_init_kwargs(recipe)
     valid = valid_loss_types()
     for loss in losses.loss_types(t):
         if loss not in valid:
@@ -273,6 +274,28 @@ def check_precision(recipe: Recipe) -> None:
             "fp16 needs a CUDA GPU and this run has none (fp16 would not be applied: it would train in "
             "fp32): pass --fp16 false, or run on a GPU"
         )
+
+
+# model_init_kwargs keys that the run decides from its own fields (the forward stage's attention, the load dtype, the
+# pinned revision), plans by and records: given here they would win over them at load time (`training_arguments`).
+DECIDED_INIT_KWARGS = {
+    "dtype": "dtype",
+    "torch_dtype": "dtype",
+    "attn_implementation": "attn_implementation",
+    "revision": "model_revision",
+}
+
+
+def check_init_kwargs(recipe: Recipe) -> None:
+    """`model_init_kwargs: {dtype: bfloat16}` loaded the model in bf16 while the dry run, the memory plan, the reference
+    cache's record and resolved_config.json's `dtype` said float32 (attention and revision alike): refused."""
+    kwargs = recipe.training.model_init_kwargs or {}
+    for key, field in DECIDED_INIT_KWARGS.items():
+        if key in kwargs:
+            raise ConfigError(
+                f"model_init_kwargs {key!r} would override {field}, which the run plans and records by: give "
+                f"--{field} {kwargs[key]} instead, and remove {key!r} from model_init_kwargs"
+            )
 
 
 def _wandb_online(recipe: Recipe) -> bool:

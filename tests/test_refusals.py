@@ -242,6 +242,17 @@ def test_runs_that_train_nothing(args, rows, expected, tmp_path, monkeypatch, ca
             "--save_strategy no to save none on purpose",
         ),
         (["--evaluation_strategy", "steps"], "(renamed eval_strategy in transformers 5)"),
+        # won over the run's own fields at load: bf16 weights while the dry run and resolved_config.json said float32
+        (
+            ["--model_init_kwargs", '{"dtype": "bfloat16"}', "--dry-run"],
+            "model_init_kwargs 'dtype' would override dtype, which the run plans and records by: give --dtype "
+            "bfloat16 instead",
+        ),
+        (
+            ["--model_init_kwargs", '{"attn_implementation": "eager"}', "--dry-run"],
+            "give --attn_implementation eager instead",
+        ),
+        (["--model_init_kwargs", '{"revision": "v2"}', "--dry-run"], "give --model_revision v2 instead"),
         # numpy's seeding refused them with a traceback, after the data had loaded (a run: after the model too)
         (["--seed", "-3"], "seed -3 is out of range: give one from 0 to 2**32 - 1"),
         (["--data_seed", "-1"], "data_seed -1 is out of range: give one from 0 to 2**32 - 1"),
