@@ -14,7 +14,7 @@ from pathlib import Path
 from dpotrain.cluster import collectives
 from dpotrain.data import builtin, data, hub_revision, mixture, shapes
 from dpotrain.recipe import writes
-from dpotrain.recipe.config import Recipe
+from dpotrain.recipe.config import Recipe, uses_live_reference
 from dpotrain.recipe.errors import ConfigError
 from dpotrain.train import losses
 
@@ -100,6 +100,11 @@ def check_options(recipe: Recipe) -> None:
         raise ConfigError(
             "sync_ref_model updates the reference, so its log-probs cannot be precomputed: pass "
             "--precompute_ref_log_probs false, or remove --sync_ref_model"
+        )
+    if recipe.project.reference_only and uses_live_reference(recipe):  # else the model loads, and nothing is scored
+        raise ConfigError(
+            "reference_only runs the reference stage alone, and this run has none (a live reference model runs beside "
+            "every step: precompute_ref_log_probs false or sync_ref_model): remove --reference_only"
         )
     check_evaluation(recipe)
     if recipe.project.dataset_revision is not None and not hub_revision.applies(s.dataset_name):

@@ -242,6 +242,11 @@ def test_runs_that_train_nothing(args, rows, expected, tmp_path, monkeypatch, ca
             "--save_strategy no to save none on purpose",
         ),
         (["--evaluation_strategy", "steps"], "(renamed eval_strategy in transformers 5)"),
+        # loaded the model, scored nothing (a live reference has no stage) and exited 0 as if it had
+        (
+            ["--reference_only", "true", "--precompute_ref_log_probs", "false", "--dry-run"],
+            "reference_only runs the reference stage alone, and this run has none",
+        ),
         # won over the run's own fields at load: bf16 weights while the dry run and resolved_config.json said float32
         (
             ["--model_init_kwargs", '{"dtype": "bfloat16"}', "--dry-run"],
