@@ -242,6 +242,11 @@ def test_runs_that_train_nothing(args, rows, expected, tmp_path, monkeypatch, ca
             "--save_strategy no to save none on purpose",
         ),
         (["--evaluation_strategy", "steps"], "(renamed eval_strategy in transformers 5)"),
+        # every term weighed 0: a loss and gradient of 0 at every step, accepted (TRL checks only their count)
+        (
+            ["--loss_type", "sigmoid", "sft", "--loss_weights", "0", "0", "--dry-run"],
+            "loss_weights 0 0 weigh every loss term by 0: the run would train nothing",
+        ),
         # loaded the model, scored nothing (a live reference has no stage) and exited 0 as if it had
         (
             ["--reference_only", "true", "--precompute_ref_log_probs", "false", "--dry-run"],

@@ -42,6 +42,12 @@ def check_options(recipe) -> None:
     """Loss settings this project cannot train as TRL defines them, refused before anything loads."""
     t, budget = recipe.training, recipe.project.max_tokens_per_microbatch
     types = loss_types(t)
+    if t.loss_weights is not None and not any(loss_weights(t)):  # a loss of 0 at every step: a gradient of 0
+        raise ConfigError(
+            f"loss_weights {' '.join(f'{w:g}' for w in t.loss_weights)} weigh every loss term by 0: the run would "
+            "train nothing: give each term of loss_type its weight (MPO: --loss_type sigmoid bco_pair sft "
+            "--loss_weights 0.8 0.2 1.0), or remove loss_weights"
+        )
     batch_level = sorted(set(types) & BATCH_LEVEL_LOSSES)
     if batch_level and budget is not None:
         raise ConfigError(
