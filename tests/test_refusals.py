@@ -313,6 +313,13 @@ def test_a_sample_prompts_file_line_without_a_prompt_string(text, line, tmp_path
     assert f"sample_prompts_file {str(prompts)!r}, line {line}: not a JSON object with a `prompt` string" in message
 
 
+def test_sample_prompts_and_a_sample_prompts_file_together_are_refused(tmp_path, monkeypatch, capsys):
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("Tell me about tides.\n")  # was passed over for the list, without a word
+    args = ["--samples_every", "1", "--sample_prompts", "Hi", "--sample_prompts_file", str(prompts), "--dry-run"]
+    assert "sample_prompts and sample_prompts_file" in refused(tmp_path, monkeypatch, capsys, *args)
+
+
 def test_an_empty_sample_prompts_file_is_refused(tmp_path, monkeypatch, capsys):
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("\n\n")  # the data set's first prompts were sampled instead, without a word

@@ -39,6 +39,10 @@ def check_values(project) -> None:
     path = p.sample_prompts_file
     if path and (not Path(path).is_file() or Path(path).suffix not in (".txt", ".jsonl")):
         raise ConfigError(f"sample_prompts_file {path!r}: give an existing .txt (one prompt per line) or .jsonl file")
+    if path and p.sample_prompts:  # `from_recipe` takes the list: the file would be passed over without a word
+        raise ConfigError(
+            f"sample_prompts and sample_prompts_file {path!r} are both given, and only one is read: remove one"
+        )
     if path and p.samples_every:  # read now, not when the run is built: a bad line would be a traceback there
         file_prompts(path)
 
