@@ -28,6 +28,11 @@ READS_F_DIVERGENCE = F_DIVERGENCE_ALLOWED - {"sft"}
 # depends on which pairs share a micro-batch, so a token budget would change what they optimize.
 BATCH_LEVEL_LOSSES = {"aot", "aot_unpaired"}
 SFT = "sft"
+# Losses that are 0 at a finite margin by design (robust: below 0 once the margin is large), so a loss under
+# health_loss_floor is their optimum, not pairs separated far beyond beta's KL term (the `loss_floor` guard's premise):
+# hinge relu(1 - beta x margin), ipo and sppo_hard a squared distance to a target margin, exo_pair a KL to
+# [1 - eps, eps]. The other types near 0 only as the margin grows without bound.
+ZERO_AT_A_FINITE_MARGIN = {"hinge", "ipo", "sppo_hard", "exo_pair", "robust"}
 
 
 def loss_types(args) -> list[str]:
@@ -139,6 +144,14 @@ def check_ignored(recipe) -> None:
             "implement WPO's weights for losses that sort the micro-batch's pairs: remove use_weighting, or choose "
             "another loss type"
         )
+    floor = recipe.project.health_loss_floor
+    if "health_loss_floor" in recipe.given and floor > 0 and not loss_floor_applies(t):
+        reaching = "/".join(sorted(set(types) & ZERO_AT_A_FINITE_MARGIN))
+        raise ConfigError(
+            f"health_loss_floor {floor:g} would be ignored: loss_type {reaching} is 0 at a finite margin by design "
+            "(its optimum, not a collapse), so the loss_floor guard does not judge it: remove health_loss_floor "
+            "(the margin and logps_falling guards still watch)"
+        )
     if t.precompute_ref_batch_size is not None:
         raise ConfigError(
             f"precompute_ref_batch_size {t.precompute_ref_batch_size} would be ignored: the reference stage cuts its "
@@ -150,6 +163,11 @@ def check_ignored(recipe) -> None:
                 f"{name} {getattr(t, name):g} would be ignored: it is read only with --sync_ref_model true (TR-DPO): "
                 f"add that, or remove {name}"
             )
+
+
+def loss_floor_applies(args) -> bool:
+    """Whether a loss near 0 means the pairs separate far beyond beta's KL term (see `ZERO_AT_A_FINITE_MARGIN`)."""
+    return not set(loss_types(args)) & ZERO_AT_A_FINITE_MARGIN
 
 
 def step1_loss(args) -> float | None:
