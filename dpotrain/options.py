@@ -101,17 +101,22 @@ def check_options(recipe: Recipe) -> None:
             "sync_ref_model updates the reference, so its log-probs cannot be precomputed: pass "
             "--precompute_ref_log_probs false, or remove --sync_ref_model"
         )
-    if recipe.project.reference_only and uses_live_reference(recipe):  # else the model loads, and nothing is scored
-        raise ConfigError(
-            "reference_only runs the reference stage alone, and this run has none (a live reference model runs beside "
-            "every step: precompute_ref_log_probs false or sync_ref_model): remove --reference_only"
-        )
+    check_reference_only(recipe)
     check_evaluation(recipe)
     if recipe.project.dataset_revision is not None and not hub_revision.applies(s.dataset_name):
         reads = "this run reads a mixture" if s.dataset_name is None else f"{s.dataset_name!r} is local"
         raise ConfigError(
             f"dataset_revision {recipe.project.dataset_revision!r} names a commit of a Hub data set, and "
             f"{reads}: remove dataset_revision"
+        )
+
+
+def check_reference_only(recipe: Recipe) -> None:
+    """`reference_only` with a live reference model loaded the model, scored nothing and exited 0."""
+    if recipe.project.reference_only and uses_live_reference(recipe):
+        raise ConfigError(
+            "reference_only runs the reference stage alone, and this run has none (a live reference model runs beside "
+            "every step: precompute_ref_log_probs false or sync_ref_model): remove --reference_only"
         )
 
 

@@ -19,6 +19,7 @@ from dpotrain.recipe.errors import ConfigError, cause
 from dpotrain.recipe.run_record import Record
 from dpotrain.recipe.writes import write_text
 from dpotrain.train.lora import card_lines
+from dpotrain.train.losses import loss_text
 from dpotrain.train.metrics import PLOT_FILE, read_metrics
 
 RUN_COMPLETE = "run_complete.json"  # written last by a finished run (publish.py); a folder with it is a finished run
@@ -165,8 +166,6 @@ def model_card(r: Record, records: list[dict], revisions: list[tuple[int, str]] 
             f"\n| pairs cut / dropped at max_length | {counted['truncated']} / {counted['dropped']} of "
             f"{counted['pairs']} |"
         )
-    from dpotrain.dry_run import loss_text  # the loss as the dry run and the run's log say it, options and weights
-
     types = s.loss_type if isinstance(s.loss_type, list) else [s.loss_type]
     # OLMo 3's loss only where it is the one trained: a card of an ipo or MPO run said it was, without its weights
     what = "OLMo 3's length-normalized DPO recipe" if types == ["sigmoid_norm"] else "TRL's DPO loss"

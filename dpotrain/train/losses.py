@@ -80,6 +80,28 @@ def check_options(recipe) -> None:
                 )
 
 
+def loss_text(s) -> str:
+    """'sigmoid_norm, beta 5', with the option each configured variant reads where it has one (docs/losses.md): the
+    dry run's loss line and the model card's. `s`: the recipe's fields as recorded (`Record.settings`)."""
+    types = s.loss_type if isinstance(s.loss_type, list) else [s.loss_type]
+    weights = s.loss_weights
+    parts = [" + ".join(f"{w:g} x {t}" for t, w in zip(types, weights, strict=True)) if weights else " + ".join(types)]
+    parts.append(f"beta {s.beta:g}")
+    if set(types) & READS_LABEL_SMOOTHING:
+        parts.append(f"label_smoothing {s.label_smoothing:g}")
+    if "discopop" in types:
+        parts.append(f"discopop_tau {s.discopop_tau:g}")
+    if s.f_divergence_type not in (None, "reverse_kl"):
+        parts.append(f"f_divergence_type {s.f_divergence_type}")
+    if s.ld_alpha is not None:
+        parts.append(f"ld_alpha {s.ld_alpha:g} (LD-DPO)")
+    if s.use_weighting:
+        parts.append("use_weighting (WPO)")
+    if s.sync_ref_model:
+        parts.append("sync_ref_model (TR-DPO)")
+    return ", ".join(parts)
+
+
 def _set(recipe, name: str) -> bool:
     """Whether the recipe or the command line set `name` to other than DPOConfig's default."""
     from trl import DPOConfig
