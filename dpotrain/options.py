@@ -126,6 +126,12 @@ def check_evaluation(recipe: Recipe) -> None:
     evaluated, `eval_steps` never read, and `eval_on_start` would evaluate no data set (a traceback after the reference
     stage)."""
     t, s = recipe.training, recipe.script
+    if t.load_best_model_at_end:  # the Trainer loads the best checkpoint into the final model at the end
+        raise ConfigError(
+            "load_best_model_at_end would save the best checkpoint's weights as the final model, while its model "
+            "card, run_complete.json and push describe the last step: remove it (every checkpoint-N is a complete "
+            "model: pick one by eval_loss in metrics.jsonl)"
+        )
     if t.eval_strategy == "no":
         values = mixture.fields_of(recipe)
         named = [f for f in mixture.EVAL_FIELDS if values.get(f)] + [

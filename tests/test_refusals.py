@@ -252,6 +252,14 @@ def test_runs_that_train_nothing(args, rows, expected, tmp_path, monkeypatch, ca
             ["--reference_only", "true", "--precompute_ref_log_probs", "false", "--dry-run"],
             "reference_only runs the reference stage alone, and this run has none",
         ),
+        # the final model was the best checkpoint's (step 2 of 6) while the card and run_complete.json said step 6
+        (
+            [
+                *("--dataset_mixer_eval_list", "data/smoke_prefs.jsonl", "20", "--eval_strategy", "steps"),
+                *("--eval_steps", "2", "--save_steps", "2", "--load_best_model_at_end", "true", "--dry-run"),
+            ],
+            "load_best_model_at_end would save the best checkpoint's weights as the final model",
+        ),
         # won over the run's own fields at load: bf16 weights while the dry run and resolved_config.json said float32
         (
             ["--model_init_kwargs", '{"dtype": "bfloat16"}', "--dry-run"],
