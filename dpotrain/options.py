@@ -142,6 +142,11 @@ def check_evaluation(recipe: Recipe) -> None:
                 f"{named[0]} is only used for evaluation, and eval_strategy is no: add --eval_strategy steps "
                 f"--eval_steps N (held-out pairs: `eval_datasets:`, or the data set's test split), or remove {named[0]}"
             )
+    if t.eval_strategy == "epoch" and "eval_steps" in recipe.given and t.eval_steps:  # transformers reads it no more
+        raise ConfigError(
+            f"eval_steps {t.eval_steps:g} would be ignored: eval_strategy epoch evaluates at each epoch's end: remove "
+            "eval_steps, or pass --eval_strategy steps"
+        )
     if t.eval_strategy != "no" and not mixture.given(mixture.fields_of(recipe), evaluation=True):
         if s.dataset_name is None:  # a training mixture: the held-out pairs are a mixture too
             raise ConfigError(

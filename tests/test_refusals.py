@@ -252,6 +252,13 @@ def test_runs_that_train_nothing(args, rows, expected, tmp_path, monkeypatch, ca
             ["--reference_only", "true", "--precompute_ref_log_probs", "false", "--dry-run"],
             "reference_only runs the reference stage alone, and this run has none",
         ),
+        (
+            [
+                *("--dataset_mixer_eval_list", "data/smoke_prefs.jsonl", "20", "--eval_strategy", "epoch"),
+                *("--eval_steps", "5", "--dry-run"),
+            ],
+            "eval_steps 5 would be ignored: eval_strategy epoch evaluates at each epoch's end",
+        ),
         # the final model was the best checkpoint's (step 2 of 6) while the card and run_complete.json said step 6
         (
             [
