@@ -107,7 +107,7 @@ def summary(r: Record, json_file: Path | None, heading: str | None = None) -> st
     row("max length", f"{length.max_length} ({length.chosen_by})" if length.max_length else length.chosen_by)
     row("template", template_text(r))
     row("trained", trained_text(r))
-    row("loss", loss_text(s))
+    row("loss", losses.loss_text(s))
     row("learning rate", learning_rate_text(s))
     total = r.data.total_steps
     if total is not None:
@@ -149,27 +149,6 @@ def summary(r: Record, json_file: Path | None, heading: str | None = None) -> st
     # Last, where the eye lands: what the run itself would refuse (a login missing on a login node, the folder).
     lines += [f"warning: the run would refuse: {refusal}" for refusal in r.output.would_refuse]
     return "\n".join(lines)
-
-
-def loss_text(s) -> str:
-    """'sigmoid_norm, beta 5', with the option each configured variant reads where it has one (docs/losses.md)."""
-    types = s.loss_type if isinstance(s.loss_type, list) else [s.loss_type]
-    weights = s.loss_weights
-    parts = [" + ".join(f"{w:g} x {t}" for t, w in zip(types, weights, strict=True)) if weights else " + ".join(types)]
-    parts.append(f"beta {s.beta:g}")
-    if set(types) & losses.READS_LABEL_SMOOTHING:
-        parts.append(f"label_smoothing {s.label_smoothing:g}")
-    if "discopop" in types:
-        parts.append(f"discopop_tau {s.discopop_tau:g}")
-    if s.f_divergence_type not in (None, "reverse_kl"):
-        parts.append(f"f_divergence_type {s.f_divergence_type}")
-    if s.ld_alpha is not None:
-        parts.append(f"ld_alpha {s.ld_alpha:g} (LD-DPO)")
-    if s.use_weighting:
-        parts.append("use_weighting (WPO)")
-    if s.sync_ref_model:
-        parts.append("sync_ref_model (TR-DPO)")
-    return ", ".join(parts)
 
 
 def learning_rate_text(s) -> str:

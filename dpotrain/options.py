@@ -14,7 +14,7 @@ from pathlib import Path
 from dpotrain.cluster import collectives
 from dpotrain.data import builtin, data, hub_revision, mixture, shapes
 from dpotrain.recipe import writes
-from dpotrain.recipe.config import Recipe
+from dpotrain.recipe.config import Recipe, uses_live_reference
 from dpotrain.recipe.errors import ConfigError
 from dpotrain.train import losses
 
@@ -41,6 +41,7 @@ def check_options(recipe: Recipe) -> None:
             "<output_dir>/resolved_config.json)"
         )
     check_precision(recipe)
+    check_init_kwargs(recipe)
     valid = valid_loss_types()
     for loss in losses.loss_types(t):
         if loss not in valid:
@@ -100,6 +101,7 @@ def check_options(recipe: Recipe) -> None:
             "sync_ref_model updates the reference, so its log-probs cannot be precomputed: pass "
             "--precompute_ref_log_probs false, or remove --sync_ref_model"
         )
+    check_reference_only(recipe)
     check_evaluation(recipe)
     if recipe.project.dataset_revision is not None and not hub_revision.applies(s.dataset_name):
         reads = "this run reads a mixture" if s.dataset_name is None else f"{s.dataset_name!r} is local"
@@ -109,9 +111,42 @@ def check_options(recipe: Recipe) -> None:
         )
 
 
+def check_reference_only(recipe: Recipe) -> None:
+    """`reference_only` with a live reference model loaded the model, scored nothing and exited 0."""
+    if recipe.project.reference_only and uses_live_reference(recipe):
+        raise ConfigError(
+            "reference_only runs the reference stage alone, and this run has none (a live reference model runs beside "
+            "every step: precompute_ref_log_probs false or sync_ref_model): remove --reference_only"
+        )
+
+
 def check_evaluation(recipe: Recipe) -> None:
-    """Evaluation needs held-out pairs: a held-out mixture, or the data set's test split (a local file has none)."""
+    """Evaluation needs held-out pairs: a held-out mixture, or the data set's test split (a local file has none).
+    Without eval_strategy, what only evaluation reads is refused: held-out pairs named would be neither loaded nor
+    evaluated, `eval_steps` never read, and `eval_on_start` would evaluate no data set (a traceback after the reference
+    stage)."""
     t, s = recipe.training, recipe.script
+    if t.load_best_model_at_end:  # the Trainer loads the best checkpoint into the final model at the end
+        raise ConfigError(
+            "load_best_model_at_end would save the best checkpoint's weights as the final model, while its model "
+            "card, run_complete.json and push describe the last step: remove it (every checkpoint-N is a complete "
+            "model: pick one by eval_loss in metrics.jsonl)"
+        )
+    if t.eval_strategy == "no":
+        values = mixture.fields_of(recipe)
+        named = [f for f in mixture.EVAL_FIELDS if values.get(f)] + [
+            f for f in ("eval_steps", "eval_on_start") if f in recipe.given and getattr(t, f)
+        ]
+        if named:
+            raise ConfigError(
+                f"{named[0]} is only used for evaluation, and eval_strategy is no: add --eval_strategy steps "
+                f"--eval_steps N (held-out pairs: `eval_datasets:`, or the data set's test split), or remove {named[0]}"
+            )
+    if t.eval_strategy == "epoch" and "eval_steps" in recipe.given and t.eval_steps:  # transformers reads it no more
+        raise ConfigError(
+            f"eval_steps {t.eval_steps:g} would be ignored: eval_strategy epoch evaluates at each epoch's end: remove "
+            "eval_steps, or pass --eval_strategy steps"
+        )
     if t.eval_strategy != "no" and not mixture.given(mixture.fields_of(recipe), evaluation=True):
         if s.dataset_name is None:  # a training mixture: the held-out pairs are a mixture too
             raise ConfigError(
@@ -260,6 +295,28 @@ def check_precision(recipe: Recipe) -> None:
             "fp16 needs a CUDA GPU and this run has none (fp16 would not be applied: it would train in "
             "fp32): pass --fp16 false, or run on a GPU"
         )
+
+
+# model_init_kwargs keys that the run decides from its own fields (the forward stage's attention, the load dtype, the
+# pinned revision), plans by and records: given here they would win over them at load time (`training_arguments`).
+DECIDED_INIT_KWARGS = {
+    "dtype": "dtype",
+    "torch_dtype": "dtype",
+    "attn_implementation": "attn_implementation",
+    "revision": "model_revision",
+}
+
+
+def check_init_kwargs(recipe: Recipe) -> None:
+    """`model_init_kwargs: {dtype: bfloat16}` loaded the model in bf16 while the dry run, the memory plan, the reference
+    cache's record and resolved_config.json's `dtype` said float32 (attention and revision alike): refused."""
+    kwargs = recipe.training.model_init_kwargs or {}
+    for key, field in DECIDED_INIT_KWARGS.items():
+        if key in kwargs:
+            raise ConfigError(
+                f"model_init_kwargs {key!r} would override {field}, which the run plans and records by: give "
+                f"--{field} {kwargs[key]} instead, and remove {key!r} from model_init_kwargs"
+            )
 
 
 def _wandb_online(recipe: Recipe) -> bool:

@@ -14,6 +14,7 @@ from dpotrain.recipe.config import parse_args
 from dpotrain.recipe.errors import ConfigError
 from dpotrain.resolve import OutputDecision, check_output_dir, decide_batch, resolved_config
 from dpotrain.train.health import LN2, HealthGuard
+from dpotrain.train.losses import check_options
 
 SMOKE = str(ROOT / "configs" / "smoke.yaml")
 
@@ -235,6 +236,23 @@ def test_guards_prefer_the_loss_scale_rewards_and_report_step_and_values():
     assert "dpo_loss 0.75 (expected ln 2" in g.check(1, {**moe, "dpo_loss": 0.75}, args, 100)[0].message
     floor = g.check(5, {"loss": 0.02, "dpo_loss": 0.005}, args, 100)
     assert [a.guard for a in floor] == ["loss_floor"] and floor[0].message.startswith("dpo_loss 0.005 <")
+
+
+def test_the_loss_floor_judges_only_losses_that_are_0_at_an_unbounded_margin():
+    """hinge, ipo, sppo_hard, exo_pair are 0 at a finite margin by design, robust below 0: the floor stopped a healthy
+    hinge run of the CPU demo (beta 0.1) at step 14, at a loss-scale margin of 0.02, as "separating far beyond beta's
+    KL term". The other guards still judge them; a floor given for them is refused as ignored."""
+    low = {"loss": 0.004, "rewards_norm/chosen": 0.02, "rewards_norm/rejected": -0.01, "rewards_norm/margins": 0.03}
+    for flags in (["hinge"], ["ipo"], ["sppo_hard"], ["exo_pair", "--label_smoothing", "0.5"], ["sigmoid", "robust"]):
+        g, args = guard("--loss_type", *flags)
+        assert g.check(14, low, args, 48) == [], flags
+        assert [a.guard for a in g.check(14, {**low, "rewards_norm/margins": 6.0}, args, 48)] == ["margin"], flags
+    for flags in (["sigmoid"], ["sigmoid_norm"], ["bco_pair"], ["apo_zero"]):
+        g, args = guard("--loss_type", *flags)
+        assert [a.guard for a in g.check(14, low, args, 48)] == ["loss_floor"], flags
+    with pytest.raises(ConfigError, match="health_loss_floor 0.05 would be ignored: loss_type hinge is 0 at a finite"):
+        check_options(parse_args(["--config", SMOKE, "--loss_type", "hinge", "--health_loss_floor", "0.05"]))
+    check_options(parse_args(["--config", SMOKE, "--loss_type", "hinge", "--health_loss_floor", "0"]))  # off: fine
 
 
 def test_accuracy_pinned_counts_consecutive_pairs_early_only():

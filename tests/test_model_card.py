@@ -36,6 +36,20 @@ def test_model_card_names_base_dataset_recipe_and_final_metrics():
     assert "![training curves](training_curves.png)" in card
 
 
+def test_the_card_says_the_loss_trained_with_its_weights_and_options():
+    """Every card said "OLMo 3's length-normalized DPO recipe", whatever loss_type trained, and named no weight or
+    loss option: an MPO run's card could not be reproduced from it, an ipo run's claimed OLMo 3's loss."""
+    base = {"model_name_or_path": "org/sft-7b", "dataset_name": "org/prefs", "beta": 0.1, "derived": {}}
+    mpo = {**base, "loss_type": ["sigmoid", "bco_pair", "sft"], "loss_weights": [0.8, 0.2, 1.0]}
+    card = model_card(mpo, [])
+    assert "with TRL's DPO loss (0.8 x sigmoid + 0.2 x bco_pair + 1 x sft, beta 0.1)" in card
+    assert "length-normalized" not in card
+    robust = {**base, "loss_type": ["robust"], "label_smoothing": 0.2, "ld_alpha": 0.5}
+    assert "(robust, beta 0.1, label_smoothing 0.2, ld_alpha 0.5 (LD-DPO))" in model_card(robust, [])
+    olmo = {**base, "loss_type": ["sigmoid_norm"], "beta": 5.0}
+    assert "with OLMo 3's length-normalized DPO recipe (sigmoid_norm, beta 5)" in model_card(olmo, [])
+
+
 def test_local_model_and_data_are_not_claimed_as_hub_repos(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     data = tmp_path / "pairs.jsonl"

@@ -257,6 +257,14 @@ def test_runs_that_train_nothing(args, rows, expected, tmp_path, monkeypatch, ca
         (["--train_sampling_strategy", "group_by_length"], "group_by_length does not work on preference data"),
         (["--eval_strategy", "steps"], "has one split only: save a DatasetDict with a 'test' split"),
         (["--dataset_test_split", "validation"], "dataset_test_split 'validation' is only used for evaluation"),
+        # read only by evaluation, and no evaluation: eval_on_start failed in a traceback after the reference stage
+        # (the Trainer evaluated no data set), the others were recorded and ignored
+        (["--eval_on_start", "true"], "eval_on_start is only used for evaluation, and eval_strategy is no: add"),
+        (["--eval_steps", "5"], "eval_steps is only used for evaluation, and eval_strategy is no: add"),
+        (
+            ["--dataset_mixer_eval_list", "data/smoke_prefs.jsonl", "20"],
+            "dataset_mixer_eval_list is only used for evaluation, and eval_strategy is no: add --eval_strategy steps",
+        ),
         (["--warmup_ratio", "0.1"], "unknown argument '--warmup_ratio' (removed in transformers 5: use warmup_steps"),
         # transformers reads 0 as a fraction of the run: no checkpoint until the end, a requeue restarts from nothing
         (
@@ -266,6 +274,42 @@ def test_runs_that_train_nothing(args, rows, expected, tmp_path, monkeypatch, ca
             "--save_strategy no to save none on purpose",
         ),
         (["--evaluation_strategy", "steps"], "(renamed eval_strategy in transformers 5)"),
+        # every term weighed 0: a loss and gradient of 0 at every step, accepted (TRL checks only their count)
+        (
+            ["--loss_type", "sigmoid", "sft", "--loss_weights", "0", "0", "--dry-run"],
+            "loss_weights 0 0 weigh every loss term by 0: the run would train nothing",
+        ),
+        # loaded the model, scored nothing (a live reference has no stage) and exited 0 as if it had
+        (
+            ["--reference_only", "true", "--precompute_ref_log_probs", "false", "--dry-run"],
+            "reference_only runs the reference stage alone, and this run has none",
+        ),
+        (
+            [
+                *("--dataset_mixer_eval_list", "data/smoke_prefs.jsonl", "20", "--eval_strategy", "epoch"),
+                *("--eval_steps", "5", "--dry-run"),
+            ],
+            "eval_steps 5 would be ignored: eval_strategy epoch evaluates at each epoch's end",
+        ),
+        # the final model was the best checkpoint's (step 2 of 6) while the card and run_complete.json said step 6
+        (
+            [
+                *("--dataset_mixer_eval_list", "data/smoke_prefs.jsonl", "20", "--eval_strategy", "steps"),
+                *("--eval_steps", "2", "--save_steps", "2", "--load_best_model_at_end", "true", "--dry-run"),
+            ],
+            "load_best_model_at_end would save the best checkpoint's weights as the final model",
+        ),
+        # won over the run's own fields at load: bf16 weights while the dry run and resolved_config.json said float32
+        (
+            ["--model_init_kwargs", '{"dtype": "bfloat16"}', "--dry-run"],
+            "model_init_kwargs 'dtype' would override dtype, which the run plans and records by: give --dtype "
+            "bfloat16 instead",
+        ),
+        (
+            ["--model_init_kwargs", '{"attn_implementation": "eager"}', "--dry-run"],
+            "give --attn_implementation eager instead",
+        ),
+        (["--model_init_kwargs", '{"revision": "v2"}', "--dry-run"], "give --model_revision v2 instead"),
         # numpy's seeding refused them with a traceback, after the data had loaded (a run: after the model too)
         (["--seed", "-3"], "seed -3 is out of range: give one from 0 to 2**32 - 1"),
         (["--data_seed", "-1"], "data_seed -1 is out of range: give one from 0 to 2**32 - 1"),
@@ -299,6 +343,35 @@ def test_empty_and_malformed_jsonl(tmp_path, monkeypatch, capsys):
     broken.write_text(json.dumps(pair()) + "\n" + json.dumps(pair())[:-9] + "\n" + json.dumps(pair()) + "\n")
     message = refused(tmp_path, monkeypatch, capsys, "--dataset_name", str(broken))
     assert f"{broken}:2: not valid JSON" in message and "fix or remove that line" in message
+
+
+@pytest.mark.parametrize(
+    "text, line",
+    [
+        ('{"text": "Tell me about tides."}\n', 1),  # no `prompt`: a KeyError traceback once the data had loaded
+        ('{"prompt": "Hi"}\nWhat is 2 plus 2?\n', 2),  # a plain line: a JSONDecodeError traceback
+        ('{"prompt": [{"role": "user", "content": "Hi"}]}\n', 1),  # messages, not the documented string
+    ],
+)
+def test_a_sample_prompts_file_line_without_a_prompt_string(text, line, tmp_path, monkeypatch, capsys):
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text(text)
+    message = refused(tmp_path, monkeypatch, capsys, "--samples_every", "1", "--sample_prompts_file", str(prompts))
+    assert f"sample_prompts_file {str(prompts)!r}, line {line}: not a JSON object with a `prompt` string" in message
+
+
+def test_sample_prompts_and_a_sample_prompts_file_together_are_refused(tmp_path, monkeypatch, capsys):
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("Tell me about tides.\n")  # was passed over for the list, without a word
+    args = ["--samples_every", "1", "--sample_prompts", "Hi", "--sample_prompts_file", str(prompts), "--dry-run"]
+    assert "sample_prompts and sample_prompts_file" in refused(tmp_path, monkeypatch, capsys, *args)
+
+
+def test_an_empty_sample_prompts_file_is_refused(tmp_path, monkeypatch, capsys):
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("\n\n")  # the data set's first prompts were sampled instead, without a word
+    args = ["--samples_every", "1", "--sample_prompts_file", str(prompts), "--dry-run"]  # the dry run says it too
+    assert f"sample_prompts_file {str(prompts)!r} holds no prompt" in refused(tmp_path, monkeypatch, capsys, *args)
 
 
 def test_wandb_without_a_login(tmp_path, monkeypatch, capsys):

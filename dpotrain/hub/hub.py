@@ -19,6 +19,7 @@ from dpotrain.recipe.errors import ConfigError, cause
 from dpotrain.recipe.run_record import Record
 from dpotrain.recipe.writes import write_text
 from dpotrain.train.lora import card_lines
+from dpotrain.train.losses import loss_text
 from dpotrain.train.metrics import PLOT_FILE, read_metrics
 
 RUN_COMPLETE = "run_complete.json"  # written last by a finished run (publish.py); a folder with it is a finished run
@@ -170,6 +171,11 @@ def model_card(r: Record, records: list[dict], revisions: list[tuple[int, str]] 
             f"\n| pairs cut / dropped at max_length | {counted['truncated']} / {counted['dropped']} of "
             f"{counted['pairs']} |"
         )
+    types = s.loss_type if isinstance(s.loss_type, list) else [s.loss_type]
+    # OLMo 3's loss only where it is the one trained: a card of an ipo or MPO run said it was, without its weights
+    what = "OLMo 3's length-normalized DPO recipe" if types == ["sigmoid_norm"] else "TRL's DPO loss"
+    if None not in types and s.beta is not None:  # a record that names its loss (all this project writes)
+        what += f" ({loss_text(s)})"
     last = next((record for record in reversed(records) if "loss" in record), {})  # training, not an evaluation
     metric_rows = "\n".join(f"| `{k}` | {last[k]:.4f} |" for k in FINAL_METRICS if k in last)
     metric_rows = (metric_rows + "\n" + speed_row(records)).strip() or "| (none logged) | |"
@@ -179,7 +185,7 @@ def model_card(r: Record, records: list[dict], revisions: list[tuple[int, str]] 
 
 # {s.run_name}
 
-DPO post-training of `{base}` on `{dataset}` with OLMo 3's length-normalized DPO recipe, trained with TRL's
+DPO post-training of `{base}` on `{dataset}` with {what}, trained with TRL's
 `DPOTrainer` (config `{s.config}`).
 {card_lines(s)}{sources_section(sources)}
 ## Recipe

@@ -24,7 +24,7 @@ from transformers import TrainerCallback
 
 from dpotrain.cluster.collectives import max_over_ranks
 from dpotrain.recipe.errors import ConfigError
-from dpotrain.train.losses import loss_types, step1_loss
+from dpotrain.train.losses import loss_floor_applies, loss_types, step1_loss
 from dpotrain.train.pair_metrics import REWARD_STATS
 from dpotrain.train.resume import remember_health_stop
 
@@ -114,7 +114,7 @@ class HealthGuard(TrainerCallback):
         if step == 1 and self._fresh and p.health_step1_tolerance > 0:
             return self._check_step1(step, logs, r, args)  # the collapse guards judge training, not yet happened
         name, loss = dpo_loss(logs)
-        if p.health_loss_floor > 0 and loss < p.health_loss_floor:
+        if p.health_loss_floor > 0 and loss_floor_applies(args) and loss < p.health_loss_floor:
             found["loss_floor"] = (
                 f"{name} {loss:.4g} < health_loss_floor {p.health_loss_floor}: the policy separates the "
                 "pairs far beyond what beta's KL term allows; in a failed run this came right before mode "

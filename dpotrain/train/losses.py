@@ -28,6 +28,11 @@ READS_F_DIVERGENCE = F_DIVERGENCE_ALLOWED - {"sft"}
 # depends on which pairs share a micro-batch, so a token budget would change what they optimize.
 BATCH_LEVEL_LOSSES = {"aot", "aot_unpaired"}
 SFT = "sft"
+# Losses that are 0 at a finite margin by design (robust: below 0 once the margin is large), so a loss under
+# health_loss_floor is their optimum, not pairs separated far beyond beta's KL term (the `loss_floor` guard's premise):
+# hinge relu(1 - beta x margin), ipo and sppo_hard a squared distance to a target margin, exo_pair a KL to
+# [1 - eps, eps]. The other types near 0 only as the margin grows without bound.
+ZERO_AT_A_FINITE_MARGIN = {"hinge", "ipo", "sppo_hard", "exo_pair", "robust"}
 
 
 def loss_types(args) -> list[str]:
@@ -42,6 +47,12 @@ def check_options(recipe) -> None:
     """Loss settings this project cannot train as TRL defines them, refused before anything loads."""
     t, budget = recipe.training, recipe.project.max_tokens_per_microbatch
     types = loss_types(t)
+    if t.loss_weights is not None and not any(loss_weights(t)):  # a loss of 0 at every step: a gradient of 0
+        raise ConfigError(
+            f"loss_weights {' '.join(f'{w:g}' for w in t.loss_weights)} weigh every loss term by 0: the run would "
+            "train nothing: give each term of loss_type its weight (MPO: --loss_type sigmoid bco_pair sft "
+            "--loss_weights 0.8 0.2 1.0), or remove loss_weights"
+        )
     batch_level = sorted(set(types) & BATCH_LEVEL_LOSSES)
     if batch_level and budget is not None:
         raise ConfigError(
@@ -67,6 +78,28 @@ def check_options(recipe) -> None:
                     f"{name} with assistant_turns all: {what}, which needs one completion per side, "
                     f"not every assistant turn: remove {name}, or set assistant_turns final"
                 )
+
+
+def loss_text(s) -> str:
+    """'sigmoid_norm, beta 5', with the option each configured variant reads where it has one (docs/losses.md): the
+    dry run's loss line and the model card's. `s`: the recipe's fields as recorded (`Record.settings`)."""
+    types = s.loss_type if isinstance(s.loss_type, list) else [s.loss_type]
+    weights = s.loss_weights
+    parts = [" + ".join(f"{w:g} x {t}" for t, w in zip(types, weights, strict=True)) if weights else " + ".join(types)]
+    parts.append(f"beta {s.beta:g}")
+    if set(types) & READS_LABEL_SMOOTHING:
+        parts.append(f"label_smoothing {s.label_smoothing:g}")
+    if "discopop" in types:
+        parts.append(f"discopop_tau {s.discopop_tau:g}")
+    if s.f_divergence_type not in (None, "reverse_kl"):
+        parts.append(f"f_divergence_type {s.f_divergence_type}")
+    if s.ld_alpha is not None:
+        parts.append(f"ld_alpha {s.ld_alpha:g} (LD-DPO)")
+    if s.use_weighting:
+        parts.append("use_weighting (WPO)")
+    if s.sync_ref_model:
+        parts.append("sync_ref_model (TR-DPO)")
+    return ", ".join(parts)
 
 
 def _set(recipe, name: str) -> bool:
@@ -133,6 +166,14 @@ def check_ignored(recipe) -> None:
             "implement WPO's weights for losses that sort the micro-batch's pairs: remove use_weighting, or choose "
             "another loss type"
         )
+    floor = recipe.project.health_loss_floor
+    if "health_loss_floor" in recipe.given and floor > 0 and not loss_floor_applies(t):
+        reaching = "/".join(sorted(set(types) & ZERO_AT_A_FINITE_MARGIN))
+        raise ConfigError(
+            f"health_loss_floor {floor:g} would be ignored: loss_type {reaching} is 0 at a finite margin by design "
+            "(its optimum, not a collapse), so the loss_floor guard does not judge it: remove health_loss_floor "
+            "(the margin and logps_falling guards still watch)"
+        )
     if t.precompute_ref_batch_size is not None:
         raise ConfigError(
             f"precompute_ref_batch_size {t.precompute_ref_batch_size} would be ignored: the reference stage cuts its "
@@ -144,6 +185,11 @@ def check_ignored(recipe) -> None:
                 f"{name} {getattr(t, name):g} would be ignored: it is read only with --sync_ref_model true (TR-DPO): "
                 f"add that, or remove {name}"
             )
+
+
+def loss_floor_applies(args) -> bool:
+    """Whether a loss near 0 means the pairs separate far beyond beta's KL term (see `ZERO_AT_A_FINITE_MARGIN`)."""
+    return not set(loss_types(args)) & ZERO_AT_A_FINITE_MARGIN
 
 
 def step1_loss(args) -> float | None:

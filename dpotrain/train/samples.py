@@ -39,6 +39,37 @@ def check_values(project) -> None:
     path = p.sample_prompts_file
     if path and (not Path(path).is_file() or Path(path).suffix not in (".txt", ".jsonl")):
         raise ConfigError(f"sample_prompts_file {path!r}: give an existing .txt (one prompt per line) or .jsonl file")
+    if path and p.sample_prompts:  # `from_recipe` takes the list: the file would be passed over without a word
+        raise ConfigError(
+            f"sample_prompts and sample_prompts_file {path!r} are both given, and only one is read: remove one"
+        )
+    if path and p.samples_every:  # read now, not when the run is built: a bad line would be a traceback there
+        file_prompts(path)
+
+
+def file_prompts(path: str) -> list[str]:
+    """The prompts of a `sample_prompts_file`: a .txt file's non-empty lines, a .jsonl file's `prompt` strings."""
+    try:
+        lines = [line for line in Path(path).read_text(encoding="utf-8").splitlines() if line.strip()]
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(f"sample_prompts_file {path!r} cannot be read ({e}): give a UTF-8 text file") from None
+    if not lines:  # else the data set's first prompts would be sampled instead, without a word
+        raise ConfigError(f"sample_prompts_file {path!r} holds no prompt: write one per line, or remove it")
+    if Path(path).suffix != ".jsonl":
+        return lines
+    prompts = []
+    for number, line in enumerate(lines, 1):
+        try:
+            prompt = json.loads(line).get("prompt")
+        except (ValueError, AttributeError):
+            prompt = None
+        if not isinstance(prompt, str):
+            raise ConfigError(
+                f"sample_prompts_file {path!r}, line {number}: not a JSON object with a `prompt` string (one "
+                'per line: {"prompt": "..."}): fix the line, or give a .txt file of one prompt per line'
+            )
+        prompts.append(prompt)
+    return prompts
 
 
 def repetition(text: str) -> dict:
@@ -82,11 +113,8 @@ class SampleGenerator(TrainerCallback):
         """Prompts from the recipe (list or file), else the training data's first `sample_count` (`attach`)."""
         p = recipe.project
         texts = list(p.sample_prompts or [])
-        if not texts and p.sample_prompts_file:  # a .txt file: one prompt a line; a .jsonl file: {"prompt": ...}
-            path = Path(p.sample_prompts_file)
-            texts = [line for line in path.read_text().splitlines() if line.strip()]
-            if path.suffix == ".jsonl":
-                texts = [json.loads(line)["prompt"] for line in texts]
+        if not texts and p.sample_prompts_file:
+            texts = file_prompts(p.sample_prompts_file)
         ids = [_encode_prompt(tokenizer, t) for t in texts[: p.sample_count]] if texts else None
         warn_at = p.sample_repetition_warn
         return cls(ids, tokenizer, p.samples_every, p.sample_max_new_tokens, warn_at, every_rank, p.sample_count)
