@@ -50,6 +50,12 @@ def _boot_id() -> str | None:
         return None
 
 
+def slurm_restart() -> int:
+    """How many times Slurm has requeued this job (SLURM_RESTART_COUNT); 0 at its first start and outside Slurm. The one
+    place the project reads it: the lock's takeover and the resume past a named checkpoint both ask it."""
+    return int(os.environ.get("SLURM_RESTART_COUNT") or 0)
+
+
 def holder_record() -> dict:
     """Who this process is, as the lock names it. No command line: it may hold a token."""
     return {
@@ -58,7 +64,7 @@ def holder_record() -> dict:
         "process_start": _proc_start(os.getpid()),
         "boot_id": _boot_id(),
         "slurm_job_id": os.environ.get("SLURM_JOB_ID"),
-        "slurm_restart_count": int(os.environ.get("SLURM_RESTART_COUNT") or 0),
+        "slurm_restart_count": slurm_restart(),
         "since": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
     }
 
@@ -84,7 +90,7 @@ def free_reason(holder: dict | None, age_s: float) -> str | None:
     if holder is None:
         return "unreadable" if age_s > STALE_S else None
     job = os.environ.get("SLURM_JOB_ID")
-    restart = int(os.environ.get("SLURM_RESTART_COUNT") or 0)
+    restart = slurm_restart()
     if job and holder.get("slurm_job_id") == job and int(holder.get("slurm_restart_count") or 0) < restart:
         return f"an earlier start of this Slurm job ({job}), now requeued"
     if holder.get("host") == socket.gethostname():

@@ -9,10 +9,9 @@
 """
 
 import json
-import os
 from pathlib import Path
 
-from dpotrain.cluster import collectives
+from dpotrain.cluster import collectives, run_lock
 from dpotrain.recipe import records as run_records
 from dpotrain.recipe.errors import ConfigError, RunError
 from dpotrain.recipe.writes import write_text
@@ -151,7 +150,7 @@ def explicit_point(named: str, out: Path, auto: bool = True) -> str:
     past, start = saved_step(newest), saved_step(Path(named))
     if past is None or start is None or past <= start:
         return named
-    restart = int(os.environ.get("SLURM_RESTART_COUNT") or 0)
+    restart = run_lock.slurm_restart()
     if restart:
         _say(
             f"resume_from_checkpoint {named}: this job was requeued (Slurm restart {restart}) after saving {newest}: "
