@@ -233,3 +233,30 @@ def test_an_fsdp1_launch_is_refused_before_anything_loads(tmp_path, tiny_model_d
     assert result.returncode != 0
     assert "error: FSDP version 1 is not supported: set fsdp_version: 2" in result.stderr
     assert "Loading weights" not in result.stderr + result.stdout
+
+
+@pytest.mark.parametrize("source", ["launch", "dry run"])
+def test_an_accelerate_mixed_precision_the_recipe_does_not_train_in_is_refused(source, tmp_path, monkeypatch):
+    """`accelerate config` writes `mixed_precision: bf16`; with a recipe in fp32 (bf16 and fp16 false) TrainingArguments
+    took ACCELERATE_MIXED_PRECISION, which `accelerate launch` sets from it: the run trained under bf16 autocast while
+    the dry run, the memory plan and resolved_config.json said fp32."""
+    from dpotrain import stages
+    from dpotrain.recipe.config import parse_args
+
+    monkeypatch.delenv("ACCELERATE_MIXED_PRECISION", raising=False)
+    args = ["--config", str(ROOT / "configs" / "smoke.yaml")]
+    if source == "launch":
+        monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", "bf16")
+        where = r"\(ACCELERATE_MIXED_PRECISION\)"
+    else:
+        config = tmp_path / "mine.yaml"
+        config.write_text("compute_environment: LOCAL_MACHINE\ndistributed_type: 'NO'\nmixed_precision: bf16\n")
+        args += ["--dry-run", "--accelerate_config", str(config)]
+        where = rf"\(the accelerate config {config}\)"
+    with pytest.raises(
+        ConfigError, match=rf"^mixed_precision is bf16 {where} and the recipe sets neither .* --bf16 true"
+    ):
+        stages.checks(parse_args(args))
+    stages.checks(
+        parse_args([*args, "--bf16", "true", "--use_cpu", "true"])
+    )  # the recipe's precision wins: trained as recorded

@@ -246,6 +246,28 @@ def gradient_clipping(max_grad_norm: float, run_engine: Engine) -> dict:
     return {"max_grad_norm": max_grad_norm, "clipped_by": CLIPPED_BY.get(run_engine.name, run_engine.source)}
 
 
+def check_mixed_precision(training, accelerate_config: str | None, dry_run: bool) -> None:
+    """accelerate's mixed precision against the recipe's. TrainingArguments takes ACCELERATE_MIXED_PRECISION (which
+    `accelerate launch` sets from its config's `mixed_precision`) where the recipe sets neither bf16 nor fp16: a run
+    would train under bf16 (fp16, fp8) autocast while its record says fp32. A run reads what its launch set, a dry run
+    what the accelerate config it plans for would set. A recipe's bf16 or fp16 wins over it: nothing to refuse."""
+    if training.bf16 or training.fp16:
+        return
+    where, mixed = "ACCELERATE_MIXED_PRECISION", os.environ.get("ACCELERATE_MIXED_PRECISION") or "no"
+    if dry_run and accelerate_config and Path(accelerate_config).is_file():
+        with contextlib.suppress(ConfigError):  # a config accelerate refuses is named by the engine's own refusal
+            mixed = read_accelerate_config(accelerate_config).mixed_precision or "no"
+            where = f"the accelerate config {accelerate_config}"
+    mixed = str(mixed).lower()
+    if mixed != "no":
+        flag = f"pass --{mixed} true to train in {mixed}, or " if mixed in ("bf16", "fp16") else ""
+        raise ConfigError(
+            f"mixed_precision is {mixed} ({where}) and the recipe sets neither bf16 nor fp16: the run would train with "
+            f"{mixed} autocast under a record of fp32: {flag}set mixed_precision: 'no' in the accelerate config "
+            "(ACCELERATE_MIXED_PRECISION unset) to train in fp32"
+        )
+
+
 def load_dtype(recipe, engine: Engine) -> str | None:
     """The dtype the weights load in when the recipe names none (TRL's default is float32). DeepSpeed keeps its own
     fp32 master copy in the optimizer, so with bf16 the weights load in bf16: half the host memory per process, as
