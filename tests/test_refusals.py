@@ -291,6 +291,8 @@ def test_runs_that_train_nothing(args, rows, expected, tmp_path, monkeypatch, ca
             ],
             "eval_steps 5 would be ignored: eval_strategy epoch evaluates at each epoch's end",
         ),
+        # the health guards judge logged steps: past step 1 nothing was logged, so a NaN loss trained on to the end
+        (["--logging_strategy", "no", "--dry-run"], "logging_strategy no leaves the health guards"),
         # the final model was the best checkpoint's (step 2 of 6) while the card and run_complete.json said step 6
         (
             [
