@@ -60,12 +60,7 @@ def check_options(recipe: Recipe) -> None:
             raise ConfigError(f"{name} {value} is out of range: give one from 0 to 2**32 - 1 (the recipes use 42)")
     if t.max_steps < 0 and t.num_train_epochs <= 0:
         raise ConfigError(f"num_train_epochs={t.num_train_epochs:g} trains nothing: the recipes use 1 (or --max_steps)")
-    if t.logging_strategy == "no" and recipe.project.health_checks:  # the guards judge logged steps: step 1 alone
-        raise ConfigError(
-            "logging_strategy no leaves the health guards (a NaN loss included), metrics.jsonl and W&B nothing past "
-            "step 1: remove it (log less often with --logging_steps N), or turn the guards off with "
-            "--health_checks false"
-        )
+    check_logging(recipe)
     check_saving(recipe)
     if s.dataset_streaming:
         raise ConfigError(
@@ -286,6 +281,17 @@ def check_weights(model: str) -> None:
                 f"model folder {model!r} lacks {len(absent)} of the {len(shards)} weight shards its {found} lists "
                 f"({absent[0]}{', ...' if len(absent) > 1 else ''}): copy the missing shards into it"
             )
+
+
+def check_logging(recipe: Recipe) -> None:
+    """The health guards judge logged steps: with logging_strategy no they would see step 1 alone (a NaN loss after it
+    would train on to a finished run)."""
+    if recipe.training.logging_strategy == "no" and recipe.project.health_checks:
+        raise ConfigError(
+            "logging_strategy no leaves the health guards (a NaN loss included), metrics.jsonl and W&B nothing past "
+            "step 1: remove it (log less often with --logging_steps N), or turn the guards off with "
+            "--health_checks false"
+        )
 
 
 def check_precision(recipe: Recipe) -> None:
