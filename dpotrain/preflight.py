@@ -68,9 +68,8 @@ Exit status: 0 ok or warn, {PREFLIGHT_FAIL_EXIT} fail, 2 bad input."""
 
 def check_outputs(json_path: str | None, plot_path: str | None) -> None:
     """Refuse unwritable outputs before a model loads."""
-    for path in (json_path, plot_path):
-        if path and not Path(path).resolve().parent.is_dir():
-            raise ConfigError(f"{path}: folder {str(Path(path).resolve().parent)!r} does not exist; create it first")
+    for flag, path in (("--json", json_path), ("--plot", plot_path)):
+        writes.check_report_path(flag, path)
     if plot_path and not plot_path.endswith(".png"):
         raise ConfigError(f"--plot {plot_path!r}: the plot is a PNG, give a path ending in .png")
 
@@ -381,6 +380,10 @@ def run(
         writes.check_not_input(flag, path, inputs)  # a report never replaces what it describes
     if sample_size < 1:
         raise ConfigError(f"--sample must be >= 1 (got {sample_size})")
+    if seed is not None and not 0 <= seed < 2**32:  # numpy's seeds: the sample's draw failed in a traceback
+        raise ConfigError(
+            f"--seed {seed} is out of range: give one from 0 to 2**32 - 1, or leave it out (the recipe's)"
+        )
     seed = recipe.training.seed if seed is None else seed
     pairs = stages.load_data(recipe, launch, say=False)
     if pairs.revision is not None:  # a Hub data set's commit, as the run pins it

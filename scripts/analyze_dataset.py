@@ -195,19 +195,15 @@ def check_args(args: argparse.Namespace) -> None:
             raise ConfigError(
                 f"{flag} must be >= 1 (got {value})" + (", or leave it out" if flag != "--num-proc" else "")
             )
+    if not 0 <= args.seed < 2**32:  # numpy's seeds: the padding figures' shuffle would fail after the analysis
+        raise ConfigError(f"--seed {args.seed} is out of range: give one from 0 to 2**32 - 1, or leave it out (42)")
     bad = [n for n in args.candidates if n < 1]
     if bad:
         raise ConfigError(f"--candidates are max_length values and must be >= 1 (got {bad[0]})")
     if args.plot and Path(args.plot).suffix.lower() not in PLOT_SUFFIXES:
         raise ConfigError(f"--plot {args.plot!r}: the histogram is an image, name it with one of {PLOT_SUFFIXES}")
     for flag, path in (("--json", args.json), ("--plot", args.plot)):
-        if path and not Path(path).resolve().parent.is_dir():
-            raise ConfigError(
-                f"{flag} {path!r}: folder {str(Path(path).resolve().parent)!r} does not exist; create "
-                "it or write elsewhere"
-            )
-        if path and not os.access(Path(path).resolve().parent, os.W_OK):
-            raise ConfigError(f"{flag} {path!r}: cannot write in {str(Path(path).resolve().parent)!r}")
+        writes.check_report_path(flag, path)
 
 
 def analyze(args: argparse.Namespace) -> int:

@@ -578,6 +578,9 @@ def test_cli_end_to_end(tmp_path, tiny_model_dir):
         (["--sample", "0"], "--sample must be >= 1 (got 0)"),
         (["--num-proc", "0"], "--num-proc must be >= 1 (got 0)"),
         (["--candidates", "-5", "0"], "--candidates are max_length values and must be >= 1 (got -5)"),
+        # A folder: the report's rename into place failed there after the analysis, in a traceback.
+        (["--json", "/tmp"], "--json '/tmp' is a folder: give the path of the file to write"),
+        (["--seed", "-1"], "--seed -1 is out of range"),  # numpy's seeds: the padding figures' shuffle failed after
     ],
 )
 def test_values_and_outputs_checked_before_the_analysis(args, message, cli, tmp_path, capsys):

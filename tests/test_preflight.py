@@ -141,6 +141,8 @@ def test_balanced_pairs_pass_through_train_dpo_preflight(tmp_path, styled_model)
     [
         (["--plot", "gaps.jpg"], "ending in .png"),
         (["--json", "/nonexistent/dir/r.json"], "does not exist"),
+        (["--json", "/tmp"], "--json '/tmp' is a folder"),  # was an IsADirectoryError once the model had scored
+        (["--seed", "-1", "--sample", "8"], "--seed -1 is out of range"),  # was numpy's traceback drawing the sample
         (["--sample", "0"], "--sample must be >= 1"),
         (["--betta", "5"], "unknown argument '--betta' (did you mean '--beta'?)"),
         (["--chat_template_path", "/nonexistent/t.jinja"], "chat_template_path '/nonexistent/t.jinja' does not exist"),
