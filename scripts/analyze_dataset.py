@@ -217,6 +217,7 @@ def analyze(args: argparse.Namespace) -> int:
     if not args.dataset:  # the recipe's data set at the recipe's commit (or --revision's), as training reads it
         args.revision = project.dataset_revision
     tokenizer_name, template = run.model.model_name_or_path, project.chat_template_path
+    revision = run.model.model_revision  # the recipe's: the tokenizer training loads is the one measured with
     if not tokenizer_name:
         raise ConfigError(f"no tokenizer for {name!r}: pass --tokenizer NAME_OR_PATH or --config configs/<recipe>.yaml")
     chat_template.check(template)  # before anything loads
@@ -238,6 +239,7 @@ def analyze(args: argparse.Namespace) -> int:
         writes.check_not_input(flag, path, inputs)
     print(
         f"Analysing {name} ({split}) with the tokenizer of {tokenizer_name}"
+        + (f" at revision {revision}" if revision not in (None, "main") else "")
         + (f" and the chat template {template}" if template else "")
         + (f" (recipe {recipe_path})" if recipe_path else ""),
         file=sys.stderr,
@@ -245,9 +247,9 @@ def analyze(args: argparse.Namespace) -> int:
     )
 
     remedy = fetch_remedy(tokenizer_name, name, subset, recipe_path, args)
-    offline.check_hub_reachable(hub_downloads(tokenizer_name, name, subset, split, args), remedy)
+    offline.check_hub_reachable(hub_downloads(tokenizer_name, revision, name, subset, split, args), remedy)
     try:
-        tokenizer = lengths.load_tokenizer(tokenizer_name, chat_template_path=template)
+        tokenizer = lengths.recipe_tokenizer(run)
     except Exception as e:  # unknown name, offline, gated: one line
         hint = f": {remedy}" if offline.is_hub_model(tokenizer_name) and offline.is_offline() else ""
         raise ConfigError(f"could not load the tokenizer of {tokenizer_name!r} ({cause(e)}){hint}") from None
@@ -298,7 +300,7 @@ def analyze(args: argparse.Namespace) -> int:
         batch_size=batch_size,
         seed=args.seed,
         rows_seen=m.rows + len(m.invalid),
-        max_positions=lengths.model_positions(tokenizer_name, run.model.model_revision),
+        max_positions=lengths.model_positions(tokenizer_name, revision),
         dataset=name,
         split=split,
         revision=args.revision,
@@ -350,12 +352,15 @@ def load(args, name: str, split: str, subset: str | None):
         raise ConfigError(f"could not load data set {name!r} (split {split!r}): {cause(e)}") from None
 
 
-def hub_downloads(tokenizer: str, dataset: str, config: str | None, split: str, args) -> list[str]:
-    """What this analysis would download from the Hub: the tokenizer's files and the data set, where not cached."""
+def hub_downloads(
+    tokenizer: str, revision: str | None, dataset: str, config: str | None, split: str, args
+) -> list[str]:
+    """What this analysis would download from the Hub: the tokenizer's files (at `revision`) and the data set, where not
+    cached."""
     if offline.is_offline():
         return []  # nothing downloads; the libraries read the cache or fail at once
     missing = []
-    if offline.is_hub_model(tokenizer) and offline.missing_model_files(tokenizer, weights=False):
+    if offline.is_hub_model(tokenizer) and offline.missing_model_files(tokenizer, revision, weights=False):
         missing.append(f"the tokenizer of {tokenizer!r} is not cached")
     if offline.is_hub_dataset(dataset) and (args.streaming or not offline.cached_dataset(dataset, config, split)[0]):
         missing.append(f"data set {dataset!r} is not cached")

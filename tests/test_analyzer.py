@@ -372,6 +372,33 @@ def test_recipe_gives_tokenizer_dataset_batch_size_and_current_max_length(cli, t
     assert "The recipe's max_length=384 covers" in capsys.readouterr().out
 
 
+def test_a_recipes_model_revision_is_the_tokenizer_measured_with(cli, tmp_path, tiny_model_dir, monkeypatch, capsys):
+    """The recipe's model_revision is the tokenizer training loads, and the one the analyzer measures with. It loaded
+    main's: offline (a cache prefetch.py filled at the revision holds no main) it was refused, naming prefetch.py, which
+    had already run; online it measured main's tokenizer, here a chat template with a system line, while training read
+    the revision's."""
+    import shutil
+
+    import huggingface_hub.constants
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hub"))  # HF_HUB_OFFLINE=1 here
+    repo = tmp_path / "hub" / "models--org--tiny"
+    (repo / "refs").mkdir(parents=True)
+    for ref, commit in (("v1", "a" * 40), ("main", "b" * 40)):
+        shutil.copytree(tiny_model_dir, repo / "snapshots" / commit)
+        (repo / "refs" / ref).write_text(commit)
+    template = repo / "snapshots" / ("b" * 40) / "chat_template.jinja"
+    template.write_text("<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n" + template.read_text())
+    path = write_jsonl(tmp_path / "d.jsonl", _messages_rows())
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(f"model_name_or_path: org/tiny\nmodel_revision: v1\ndataset_name: {path}\nmax_length: 1024\n")
+    out = tmp_path / "r.json"
+    assert cli.main(["--config", str(recipe), "--json", str(out), "--num-proc", "1"]) == 0, capsys.readouterr().err
+    v1 = lengths.measure(data.load_preference_dataset(path, "train"), lengths.load_tokenizer(tiny_model_dir))
+    assert json.loads(out.read_text())["total"] == lengths.percentiles(v1.total)
+    assert "with the tokenizer of org/tiny at revision v1" in capsys.readouterr().err
+
+
 def test_sample_is_seeded_and_plot_is_a_png(cli, tmp_path, tiny_model_dir):
     path = write_jsonl(tmp_path / "d.jsonl", _messages_rows())
     reports = []
