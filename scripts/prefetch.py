@@ -79,8 +79,11 @@ def main(argv: list[str] | None = None) -> None:
     token = hf_token()
     if hub_model:
         fetch_model(model.model_name_or_path, model.model_revision, token)
+    # The revision is dataset_name's: training reads a mixture's sources, the held-out ones beside dataset_name too, at
+    # main (stages._load_pairs), so they are fetched there.
+    named = mixture.Source(script.dataset_name, script.dataset_train_split, name=script.dataset_config)
     for source in hub_data:
-        fetch_dataset(source, args.revision or recipe.project.dataset_revision, token)
+        fetch_dataset(source, (args.revision or recipe.project.dataset_revision) if source == named else None, token)
     offline.check_offline_artifacts(recipe, offline=True)
     home = f" and HF_HOME={os.environ['HF_HOME']}" if os.environ.get("HF_HOME") else ""
     print(f"Ready: a job with HF_HUB_OFFLINE=1{home} finds everything it reads from the Hub.")

@@ -324,6 +324,27 @@ def test_prefetch_has_nothing_to_fetch_for_local_recipes(capsys):
     assert "Nothing to fetch: builtin:tiny-olmo3 and data/smoke_prefs.jsonl are local." in capsys.readouterr().out
 
 
+def test_prefetch_fetches_dataset_revision_for_dataset_name_alone(monkeypatch, capsys):
+    """dataset_revision is dataset_name's commit: training reads the held-out mixture's sources at main. prefetch.py
+    fetched them at dataset_name's commit too: a commit of another repo ('has no revision'), or another copy than the
+    job reads."""
+    from dpotrain.cluster import offline
+
+    script = load_script("prefetch")
+    fetched = []
+    monkeypatch.setattr(
+        script, "fetch_dataset", lambda source, revision, token: fetched.append((source.path, revision))
+    )
+    monkeypatch.setattr(offline, "is_offline", lambda: False)  # downloads, where the Hub answers
+    monkeypatch.setattr(offline, "check_hub_reachable", lambda *args: None)
+    monkeypatch.setattr(offline, "check_offline_artifacts", lambda *args, **kwargs: None)
+    commit = "a" * 40
+    args = ["--dataset_name", "org/train", "--dataset_revision", commit, "--dataset_mixer_eval_list", "org/held", "10"]
+    script.main(["--config", str(ROOT / "configs" / "smoke.yaml"), *args])
+    assert sorted(fetched) == [("org/held", None), ("org/train", commit)]
+    assert capsys.readouterr().out.endswith("finds everything it reads from the Hub.\n")
+
+
 @pytest.mark.slow
 def test_prefetch_offline_confirms_a_complete_cache(offline_job):
     assert (
