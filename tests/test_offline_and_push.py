@@ -328,8 +328,6 @@ def test_prefetch_fetches_dataset_revision_for_dataset_name_alone(monkeypatch, c
     """dataset_revision is dataset_name's commit: training reads the held-out mixture's sources at main. prefetch.py
     fetched them at dataset_name's commit too: a commit of another repo ('has no revision'), or another copy than the
     job reads."""
-    from dpotrain.cluster import offline
-
     script = load_script("prefetch")
     fetched = []
     monkeypatch.setattr(
@@ -515,6 +513,24 @@ def local_hub(monkeypatch):
     hub_server.state.auth_status.update({"lab/theirs": 403, "lab/hidden": 404, "me/read-only": 403})
     yield hub_server.state
     hub_server.close()
+
+
+def test_a_push_the_hub_fails_ends_push_to_hub_py_in_one_line(local_hub, monkeypatch, capsys, finished_run):
+    """The Hub failing the upload past the retries (an outage, a network gone): push_to_hub.py ended in
+    huggingface_hub's traceback, where a job's own final push says it in one line with the way on."""
+    from dpotrain.hub.hub_push import read_pushes
+    from dpotrain.recipe.errors import run_cli
+
+    monkeypatch.setenv("HF_TOKEN", SECRET)
+    monkeypatch.setenv("DPOTRAIN_HUB_RETRY_WAITS", "0")
+    local_hub.fail[("create_repo", None)] = -1  # no retry of huggingface_hub's own there: only this project's
+    with pytest.raises(SystemExit) as ended:
+        run_cli(lambda: load_script("push_to_hub").main([str(finished_run), "--repo-id", "lab/mine"]))
+    err = capsys.readouterr().err
+    assert ended.value.code == 1 and "Traceback" not in err, err
+    assert err.splitlines()[-1].startswith(f"error: pushing {finished_run} to lab/mine failed (HfHubHTTPError: ")
+    assert err.splitlines()[-1].endswith(": run the same command again (what the Hub holds already is skipped)")
+    assert [r["status"] for r in read_pushes(finished_run)] == ["started", "failed"]
 
 
 def test_write_access_against_the_hubs_answers(local_hub):
