@@ -271,6 +271,8 @@ def analyze(args: argparse.Namespace) -> int:
     indices = None
     if args.sample:
         dataset, indices = sample(dataset, args.sample, args.seed)
+        if indices is None:  # every row: a complete analysis, reported and cached as one (not "a sample of N rows")
+            args.sample = None
     try:
         m = lengths.measure(
             dataset,
