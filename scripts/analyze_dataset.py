@@ -156,11 +156,14 @@ def read_run(args: argparse.Namespace):
 
 def recipe_for(dataset: str) -> str | None:
     """The recipe in configs/ that trains on `dataset`, as a person types its path (relative to the folder they run
-    in when it lies inside, else absolute)."""
-    for path in sorted((ROOT / "configs").glob("*.yaml")):
-        if config.read_recipe(str(path)).get("dataset_name") == dataset:
-            return str(path.relative_to(Path.cwd())) if path.is_relative_to(Path.cwd()) else str(path)
-    return None
+    in when it lies inside, else absolute). Of several, one that names its model: think-32b.yaml, first by name, leaves
+    the model to the command line, and think.yaml gives the tokenizer and chat template (docs/max_length.md)."""
+    recipes = [(path, config.read_recipe(str(path))) for path in sorted((ROOT / "configs").glob("*.yaml"))]
+    found = [(path, recipe) for path, recipe in recipes if recipe.get("dataset_name") == dataset]
+    path = next((path for path, recipe in found if recipe.get("model_name_or_path")), found[0][0] if found else None)
+    if path is None:
+        return None
+    return str(path.relative_to(Path.cwd())) if path.is_relative_to(Path.cwd()) else str(path)
 
 
 def main(argv=None) -> int:

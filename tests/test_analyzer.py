@@ -372,6 +372,19 @@ def test_recipe_gives_tokenizer_dataset_batch_size_and_current_max_length(cli, t
     assert "The recipe's max_length=384 covers" in capsys.readouterr().out
 
 
+def test_a_hub_data_set_takes_the_recipe_that_names_its_model(cli):
+    """docs/max_length.md: `analyze_dataset.py allenai/Dolci-Think-DPO-7B` takes the tokenizer from configs/think.yaml.
+    Two recipes train on that data set, and think-32b.yaml, first by name, names no model (the 32B SFT is the user's):
+    the command was refused ('no tokenizer for ...'), and with --tokenizer measured without think.yaml's chat
+    template, for think-32b's max_length."""
+    run = cli.read_run(cli.parse_args(["allenai/Dolci-Think-DPO-7B"]))
+    assert os.path.basename(run.config_path) == "think.yaml"
+    assert run.model.model_name_or_path == "geodesic-research/sfm-sft_dolci_think_unfiltered"
+    assert run.project.chat_template_path == "configs/templates/olmo_thinker.jinja"
+    run = cli.read_run(cli.parse_args(["allenai/Dolci-Think-DPO-7B", "--tokenizer", "org/my-think-sft"]))
+    assert (os.path.basename(run.config_path), run.training.max_length) == ("think.yaml", 16384)
+
+
 def test_a_recipes_model_revision_is_the_tokenizer_measured_with(cli, tmp_path, tiny_model_dir, monkeypatch, capsys):
     """The recipe's model_revision is the tokenizer training loads, and the one the analyzer measures with. It loaded
     main's: offline (a cache prefetch.py filled at the revision holds no main) it was refused, naming prefetch.py, which
