@@ -35,7 +35,7 @@ venv.require()  # outside the venv: one line naming the fix, not a traceback
 from dotenv import load_dotenv  # noqa: E402
 
 from dpotrain.cluster import offline  # noqa: E402
-from dpotrain.data import chat_template, cuts, data, lengths, lengths_report, mixture, shapes  # noqa: E402
+from dpotrain.data import chat_template, cuts, data, hub_revision, lengths, lengths_report, mixture, shapes  # noqa: E402
 from dpotrain.data.rows import InvalidRowError  # noqa: E402
 from dpotrain.recipe import cli, config, writes  # noqa: E402
 from dpotrain.recipe.errors import ConfigError, cause  # noqa: E402
@@ -219,6 +219,13 @@ def analyze(args: argparse.Namespace) -> int:
     split, subset, hh_format = script.dataset_train_split, script.dataset_config, project.hh_format
     if not args.dataset:  # the recipe's data set at the recipe's commit (or --revision's), as training reads it
         args.revision = project.dataset_revision
+    if args.revision is not None and not hub_revision.applies(None if mixed else name):
+        # as training refuses dataset_revision there: the report recorded a revision nothing was read at
+        reads = "the recipe reads a mixture (each source at main)" if mixed else f"{name!r} is local"
+        raise ConfigError(
+            f"revision {args.revision!r} (--revision, or the recipe's dataset_revision) names a commit of a Hub data "
+            f"set, and {reads}: remove it"
+        )
     tokenizer_name, template = run.model.model_name_or_path, project.chat_template_path
     revision = run.model.model_revision  # the recipe's: the tokenizer training loads is the one measured with
     if not tokenizer_name:

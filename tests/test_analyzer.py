@@ -385,6 +385,25 @@ def test_a_hub_data_set_takes_the_recipe_that_names_its_model(cli):
     assert (os.path.basename(run.config_path), run.training.max_length) == ("think.yaml", 16384)
 
 
+def test_a_data_set_revision_nothing_is_read_at_is_refused(cli, tmp_path, tiny_model_dir, capsys):
+    """--revision beside a local file or a mixture (each source read at main) was taken and recorded in the report
+    ("revision": "v2") though nothing was read at it; training refuses such a dataset_revision."""
+    path = write_jsonl(tmp_path / "d.jsonl", _messages_rows())
+    other = write_jsonl(tmp_path / "e.jsonl", _messages_rows()[:10])
+    recipe = tmp_path / "mix.yaml"
+    recipe.write_text(f"model_name_or_path: {tiny_model_dir}\ndatasets:\n  - path: {path}\n  - path: {other}\n")
+    for argv, reads in (
+        ([path, "--tokenizer", tiny_model_dir], f"{path!r} is local"),
+        (["--config", str(recipe)], "the recipe reads a mixture (each source at main)"),
+    ):
+        assert cli.main([*argv, "--revision", "v2", "--json", str(tmp_path / "r.json")]) == 2
+        assert error_line(capsys) == (
+            "error: revision 'v2' (--revision, or the recipe's dataset_revision) names a commit of a Hub data set, and "
+            f"{reads}: remove it"
+        )
+    assert not (tmp_path / "r.json").exists()
+
+
 def test_a_recipes_model_revision_is_the_tokenizer_measured_with(cli, tmp_path, tiny_model_dir, monkeypatch, capsys):
     """The recipe's model_revision is the tokenizer training loads, and the one the analyzer measures with. It loaded
     main's: offline (a cache prefetch.py filled at the revision holds no main) it was refused, naming prefetch.py, which
