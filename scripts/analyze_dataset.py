@@ -214,6 +214,7 @@ def analyze(args: argparse.Namespace) -> int:
     run = read_run(args)
     script, training, project, recipe_path = run.script, run.training, run.project, run.config_path
     fields = mixture.fields_of(run)
+    fields["streaming"] = fields["streaming"] or args.streaming  # a mixture refuses it: read whole, not streamed
     mixed = not args.dataset and mixture.given(fields)  # a mixture: read as training reads it, then measured
     name = recipe_path if mixed else script.dataset_name or DEFAULT_DATASET
     split, subset, hh_format = script.dataset_train_split, script.dataset_config, project.hh_format

@@ -385,7 +385,9 @@ def test_a_hub_data_set_takes_the_recipe_that_names_its_model(cli):
     assert (os.path.basename(run.config_path), run.training.max_length) == ("think.yaml", 16384)
 
 
-def test_a_data_set_revision_nothing_is_read_at_is_refused(cli, tmp_path, tiny_model_dir, capsys):
+def test_a_data_set_revision_nothing_is_read_at_and_a_streamed_mixture_are_refused(
+    cli, tmp_path, tiny_model_dir, capsys
+):
     """--revision beside a local file or a mixture (each source read at main) was taken and recorded in the report
     ("revision": "v2") though nothing was read at it; training refuses such a dataset_revision."""
     path = write_jsonl(tmp_path / "d.jsonl", _messages_rows())
@@ -402,6 +404,10 @@ def test_a_data_set_revision_nothing_is_read_at_is_refused(cli, tmp_path, tiny_m
             f"{reads}: remove it"
         )
     assert not (tmp_path / "r.json").exists()
+    # --streaming (for a data set larger than memory) beside a mixture was ignored: every source was read whole. It is
+    # refused as the recipe's streaming: true is, by the mixture's own check.
+    assert cli.main(["--config", str(recipe), "--streaming"]) == 2
+    assert error_line(capsys).startswith("error: streaming: true with a mixture: sources are counted and sampled")
 
 
 def test_a_recipes_model_revision_is_the_tokenizer_measured_with(cli, tmp_path, tiny_model_dir, monkeypatch, capsys):
