@@ -350,8 +350,16 @@ def analyze(args: argparse.Namespace) -> int:
             if mixed
             else (lengths.dataset_identity(name, split, subset, args.revision, hh_format=hh_format))
         )
-        path = lengths.save_cache(m, report, dataset_id, tokenizer)
-        print(f"cached for `max_length: auto` in training: {path}", file=sys.stderr)
+        try:
+            path = lengths.save_cache(m, report, dataset_id, tokenizer)
+        except OSError as e:  # a full disk or quota, a read-only home: the report stands, the cache is an extra
+            print(
+                f"warning: not cached for `max_length: auto` ({cause(e)}): training measures the split again; make "
+                f"room in {lengths.cache_root()}, or set DPOTRAIN_CACHE to a folder that takes it",
+                file=sys.stderr,
+            )
+        else:
+            print(f"cached for `max_length: auto` in training: {path}", file=sys.stderr)
     return 0
 
 

@@ -617,6 +617,22 @@ def test_hub_identity_offline_comes_from_the_local_hub_cache(tmp_path, monkeypat
     assert lengths.dataset_identity("org/think", "test", "sub", "v2") == "hub:org/think:sub:test@v2"
 
 
+def test_a_cache_that_cannot_be_written_leaves_the_analysis_done(cli, tmp_path, tiny_model_dir, monkeypatch, capsys):
+    """The cache is an extra: a full disk or quota where it lives (here DPOTRAIN_CACHE, a file) ended the analyzer in
+    a traceback, exit 1, after its report was printed and written."""
+    path = write_jsonl(tmp_path / "d.jsonl", _messages_rows())
+    (tmp_path / "not-a-folder").write_text("")
+    monkeypatch.setenv("DPOTRAIN_CACHE", str(tmp_path / "not-a-folder"))
+    out = tmp_path / "r.json"
+    assert cli.main([path, "--tokenizer", tiny_model_dir, "--json", str(out), "--num-proc", "1"]) == 0
+    assert json.loads(out.read_text())["recommended_max_length"] == 512
+    assert (
+        capsys.readouterr()
+        .err.splitlines()[-1]
+        .startswith("warning: not cached for `max_length: auto` (NotADirectoryError: ")
+    )
+
+
 def test_cli_run_is_reused_by_a_dry_run(cli, tokenizer, tmp_path, tiny_model_dir):
     path = write_jsonl(tmp_path / "d.jsonl", _messages_rows())
     assert cached_choice(lengths.dataset_identity(path), tokenizer) is None
