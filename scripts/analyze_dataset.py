@@ -169,6 +169,7 @@ def recipe_for(dataset: str) -> str | None:
 def main(argv=None) -> int:
     """Exit status: 0, or 2 after one line `error: ...` (bad input: which row, which column, what to do)."""
     load_dotenv(ROOT / ".env")  # HF_TOKEN for gated or private data sets; the environment wins
+    offline.take_dotenv_switches()  # its HF_HUB_OFFLINE, which the Hub libraries read at import
     try:
         args = parse_args(argv)
     except ConfigError as e:

@@ -35,6 +35,7 @@ from dpotrain.recipe.errors import ConfigError, cause, run_cli  # noqa: E402
 
 def main(argv: list[str] | None = None) -> None:
     load_dotenv(ROOT / ".env")  # HF_TOKEN for gated or private repos; the environment wins
+    offline.take_dotenv_switches()  # its HF_HUB_OFFLINE, which the Hub libraries read at import
     parser = cli.Parser(prog="prefetch.py", description=__doc__.split("\n\n")[0])
     parser.add_argument("--config", help="the recipe the job runs, e.g. configs/think.yaml")
     parser.add_argument("--split", help="the training split (= --dataset_train_split)")

@@ -37,6 +37,7 @@ from dpotrain.train import checkpoints, run_files  # noqa: E402
 
 def main(argv: list[str] | None = None) -> None:
     load_dotenv(ROOT / ".env")  # HF_TOKEN; the environment wins
+    offline.take_dotenv_switches()  # its HF_HUB_OFFLINE, which the Hub libraries read at import
     parser = cli.Parser(prog="push_to_hub.py", description=__doc__.split("\n\n")[0])
     parser.add_argument("run_dir", help="the run's output folder, e.g. outputs/think-dpo")
     parser.add_argument("--repo-id", "--hub_model_id", help="org/name to push to (default: hub_model_id of the run)")

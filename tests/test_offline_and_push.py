@@ -11,6 +11,7 @@ whoami and auth-check. The scripts are run up to the last step before the networ
 a local server that answers in the Hub's documented shapes.
 """
 
+import contextlib
 import importlib.util
 import json
 import os
@@ -322,6 +323,41 @@ def test_prefetch_selects_one_weight_format_and_no_subfolders():
 def test_prefetch_has_nothing_to_fetch_for_local_recipes(capsys):
     load_script("prefetch").main(["--config", str(ROOT / "configs" / "smoke.yaml")])
     assert "Nothing to fetch: builtin:tiny-olmo3 and data/smoke_prefs.jsonl are local." in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "script, args",
+    [
+        ("analyze_dataset", ["--batch-size", "0"]),
+        ("prefetch", ["--config", str(ROOT / "configs" / "smoke.yaml")]),
+        ("preflight", ["--plot", "gaps.jpg"]),
+        ("push_to_hub", ["/nonexistent/run"]),
+        ("train_dpo", ["--config", str(ROOT / "configs" / "smoke.yaml"), "--max_steps", "0"]),
+    ],
+)
+def test_hf_hub_offline_in_dotenv_turns_the_hub_libraries_off(script, args, monkeypatch):
+    """docs/hub.md: HF_HUB_OFFLINE=1 in .env. huggingface_hub (which transformers asks) and datasets read it when
+    imported, before a script (or train_dpo.py) read its .env: they downloaded all the same, and on a node without
+    network the analyzer retried every tokenizer file for minutes (a cached tokenizer at a revision: past 2 minutes,
+    against 8 s)."""
+    from unittest import mock
+
+    import datasets
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)  # the environment the libraries were imported in
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", False)
+    monkeypatch.delenv("HF_HUB_OFFLINE")
+    monkeypatch.delenv("HF_DATASETS_OFFLINE", raising=False)
+    if script == "train_dpo":
+        import train_dpo as module
+    else:
+        with mock.patch.dict(os.environ):  # the analyzer hides GPUs on import
+            module = load_script(script)
+    monkeypatch.setattr(module, "load_dotenv", lambda *a, **k: os.environ.update(HF_HUB_OFFLINE="1"))  # the .env's
+    with contextlib.suppress(ConfigError):
+        module.main(args)
+    assert constants.is_offline_mode() and datasets.config.HF_HUB_OFFLINE
 
 
 def test_prefetch_fetches_dataset_revision_for_dataset_name_alone(monkeypatch, capsys):
