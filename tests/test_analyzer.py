@@ -315,6 +315,27 @@ def test_recommendation_shows_what_a_shorter_and_a_doubled_max_length_trade():
     assert "512 would leave 90.0% whole for 5.0% less compute" in r["reason"]
 
 
+def test_a_low_target_is_raised_to_a_length_training_takes():
+    """auto_coverage 0.3 on pairs two in three of whose prompts are long: the target is reached at 512, where those
+    prompts alone fill max_length. The analyzer recommended 512 and `max_length: auto` chose it, which the run then
+    refused (fewer than half the pairs keep anything to learn), advising `--max_length auto`."""
+    from dpotrain.data import cuts
+
+    m = lengths.Measured(
+        index=np.arange(30),
+        prompt=np.array([20] * 10 + [700] * 20),
+        chosen=np.full(30, 10),
+        rejected=np.full(30, 5),
+        invalid=[],
+        conversational=True,
+    )
+    r = lengths.recommendation(m, 0.3)
+    assert (r["max_length"], r["raised"], r["capped"]) == (1024, {"from": 512, "teaching": 10}, None)
+    assert "raised from 512, the smallest multiple reaching the target, where only 10 of 30 pairs" in r["reason"]
+    cuts.check(m.prompt, m.chosen, m.rejected, None, r["max_length"], "keep_start", "the pairs")  # taken
+    assert lengths.recommendation(m, 0.95)["raised"] is None  # a target training takes as it is
+
+
 def test_synthetic_think_lengths_reproduce_the_published_statistics():
     """benchmarks/think_lengths.py stands in for Dolci-Think-DPO-7B (not downloadable here): its table in
     BENCHMARKS.md is only as good as this fit to the seed report's numbers."""
