@@ -26,7 +26,7 @@ try:
     from dotenv import load_dotenv
 
     from dpotrain import dry_run, options, publish, stages, train_stage
-    from dpotrain.cluster import engine, run_lock
+    from dpotrain.cluster import engine, offline, run_lock
     from dpotrain.hub import hub
     from dpotrain.plan import memory
     from dpotrain.recipe.config import dry_run_asked, parse_args
@@ -60,6 +60,7 @@ def main(argv=None) -> None:
 def run(argv, stop: GracefulStop) -> int | None:
     """The run, stage by stage (dpotrain/stages.py for the first half, docs/architecture.md for all of them)."""
     load_dotenv()  # HF_TOKEN, WANDB_API_KEY, WANDB_PROJECT...; the environment wins over .env
+    offline.take_dotenv_switches()  # its HF_HUB_OFFLINE, which the Hub libraries read at import
     stdout = sys.stdout
     with redirect_stdout(sys.stderr) if dry_run_asked(sys.argv[1:] if argv is None else argv) else nullcontext():
         recipe = parse_args(argv)  # transformers prints "[INFO] Running in WANDB offline mode" as it is imported

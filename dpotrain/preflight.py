@@ -68,9 +68,8 @@ Exit status: 0 ok or warn, {PREFLIGHT_FAIL_EXIT} fail, 2 bad input."""
 
 def check_outputs(json_path: str | None, plot_path: str | None) -> None:
     """Refuse unwritable outputs before a model loads."""
-    for path in (json_path, plot_path):
-        if path and not Path(path).resolve().parent.is_dir():
-            raise ConfigError(f"{path}: folder {str(Path(path).resolve().parent)!r} does not exist; create it first")
+    for flag, path in (("--json", json_path), ("--plot", plot_path)):
+        writes.check_report_path(flag, path)
     if plot_path and not plot_path.endswith(".png"):
         raise ConfigError(f"--plot {plot_path!r}: the plot is a PNG, give a path ending in .png")
 
@@ -85,8 +84,16 @@ def sample_rows(dataset, n: int, seed: int):
     return datasets.Dataset.from_list(dataset.to_list(), features=dataset.features)
 
 
-def pair_keys(dataset) -> dict:
-    """The report's counts of duplicate rows and of rows whose chosen equals rejected, over the whole data set."""
+def data_quality(pairs) -> dict:
+    """`pair_keys` of the run's pairs (`stages.Data`): a mixture's upsampling (an amount above 1.0) repeats each of its
+    source's pairs by design, which the report called duplicates to remove ("deduplicate the data set")."""
+    records = pairs.mix.records if pairs.mix is not None else []
+    return pair_keys(pairs.train, sum(max(r["taken"] - r["rows_usable"], 0) for r in records))
+
+
+def pair_keys(dataset, repeats: int = 0) -> dict:
+    """The report's counts of duplicate rows and of rows whose chosen equals rejected, over the whole data set; less
+    `repeats`, the repeats a mixture's upsampling makes."""
     from tqdm.auto import tqdm
 
     seen, duplicates, identical, rows = set(), 0, 0, len(dataset)
@@ -95,9 +102,11 @@ def pair_keys(dataset) -> dict:
         duplicates += key in seen
         seen.add(key)
         identical += row["chosen"] == row["rejected"]
+    duplicates -= repeats  # each upsampled source holds its pairs whole at least once: the rest are the repeats
     return {
         "quality_rows": rows,
         "quality_scope": "whole data set",
+        "upsampled_repeats": repeats,
         "duplicates": duplicates,
         "identical": identical,
         "duplicate_share": duplicates / max(rows, 1),
@@ -304,7 +313,12 @@ def to_markdown(r: dict) -> str:
         f"- truncated (prompt + longer side > max_length): {r['truncated_share']:.1%} of scored pairs",
         f"- dropped (prompt alone fills max_length): {r['dropped']} of {r['sampled']} ({r['dropped_share']:.1%})",
         f"- duplicate pairs: {r['duplicates']} ({r['duplicate_share']:.1%}) and chosen == rejected: "
-        f"{r['identical']} ({r['identical_share']:.1%}), of {r['quality_rows']} rows ({r['quality_scope']})",
+        f"{r['identical']} ({r['identical_share']:.1%}), of {r['quality_rows']} rows ({r['quality_scope']})"
+        + (
+            f"; besides the {r['upsampled_repeats']} repeats the mixture's upsampling makes"
+            if r.get("upsampled_repeats")
+            else ""
+        ),
         "",
         f"## Verdict: {r['verdict'].upper()}",
         "",
@@ -381,6 +395,10 @@ def run(
         writes.check_not_input(flag, path, inputs)  # a report never replaces what it describes
     if sample_size < 1:
         raise ConfigError(f"--sample must be >= 1 (got {sample_size})")
+    if seed is not None and not 0 <= seed < 2**32:  # numpy's seeds: the sample's draw failed in a traceback
+        raise ConfigError(
+            f"--seed {seed} is out of range: give one from 0 to 2**32 - 1, or leave it out (the recipe's)"
+        )
     seed = recipe.training.seed if seed is None else seed
     pairs = stages.load_data(recipe, launch, say=False)
     if pairs.revision is not None:  # a Hub data set's commit, as the run pins it
@@ -392,7 +410,7 @@ def run(
         state = engine.start_processes(recipe.training, engine.launched())  # the recipe's timeout, as training's
         lengths = stages.measure_lengths(recipe, launch, pairs, stages.model_files(recipe, launch), state)
         recipe = config.replaced(recipe, training={"max_length": lengths.max_length})
-    quality = pair_keys(dataset)
+    quality = data_quality(pairs)
     sample = sample_rows(dataset, sample_size, seed)
     loss_types = list(recipe.training.loss_type)
     s = score(recipe, launch, sample)

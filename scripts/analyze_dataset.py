@@ -35,7 +35,7 @@ venv.require()  # outside the venv: one line naming the fix, not a traceback
 from dotenv import load_dotenv  # noqa: E402
 
 from dpotrain.cluster import offline  # noqa: E402
-from dpotrain.data import chat_template, cuts, data, lengths, lengths_report, mixture, shapes  # noqa: E402
+from dpotrain.data import chat_template, cuts, data, hub_revision, lengths, lengths_report, mixture, shapes  # noqa: E402
 from dpotrain.data.rows import InvalidRowError  # noqa: E402
 from dpotrain.recipe import cli, config, writes  # noqa: E402
 from dpotrain.recipe.errors import ConfigError, cause  # noqa: E402
@@ -156,16 +156,20 @@ def read_run(args: argparse.Namespace):
 
 def recipe_for(dataset: str) -> str | None:
     """The recipe in configs/ that trains on `dataset`, as a person types its path (relative to the folder they run
-    in when it lies inside, else absolute)."""
-    for path in sorted((ROOT / "configs").glob("*.yaml")):
-        if config.read_recipe(str(path)).get("dataset_name") == dataset:
-            return str(path.relative_to(Path.cwd())) if path.is_relative_to(Path.cwd()) else str(path)
-    return None
+    in when it lies inside, else absolute). Of several, one that names its model: think-32b.yaml, first by name, leaves
+    the model to the command line, and think.yaml gives the tokenizer and chat template (docs/max_length.md)."""
+    recipes = [(path, config.read_recipe(str(path))) for path in sorted((ROOT / "configs").glob("*.yaml"))]
+    found = [(path, recipe) for path, recipe in recipes if recipe.get("dataset_name") == dataset]
+    path = next((path for path, recipe in found if recipe.get("model_name_or_path")), found[0][0] if found else None)
+    if path is None:
+        return None
+    return str(path.relative_to(Path.cwd())) if path.is_relative_to(Path.cwd()) else str(path)
 
 
 def main(argv=None) -> int:
     """Exit status: 0, or 2 after one line `error: ...` (bad input: which row, which column, what to do)."""
     load_dotenv(ROOT / ".env")  # HF_TOKEN for gated or private data sets; the environment wins
+    offline.take_dotenv_switches()  # its HF_HUB_OFFLINE, which the Hub libraries read at import
     try:
         args = parse_args(argv)
     except ConfigError as e:
@@ -195,19 +199,15 @@ def check_args(args: argparse.Namespace) -> None:
             raise ConfigError(
                 f"{flag} must be >= 1 (got {value})" + (", or leave it out" if flag != "--num-proc" else "")
             )
+    if not 0 <= args.seed < 2**32:  # numpy's seeds: the padding figures' shuffle would fail after the analysis
+        raise ConfigError(f"--seed {args.seed} is out of range: give one from 0 to 2**32 - 1, or leave it out (42)")
     bad = [n for n in args.candidates if n < 1]
     if bad:
         raise ConfigError(f"--candidates are max_length values and must be >= 1 (got {bad[0]})")
     if args.plot and Path(args.plot).suffix.lower() not in PLOT_SUFFIXES:
         raise ConfigError(f"--plot {args.plot!r}: the histogram is an image, name it with one of {PLOT_SUFFIXES}")
     for flag, path in (("--json", args.json), ("--plot", args.plot)):
-        if path and not Path(path).resolve().parent.is_dir():
-            raise ConfigError(
-                f"{flag} {path!r}: folder {str(Path(path).resolve().parent)!r} does not exist; create "
-                "it or write elsewhere"
-            )
-        if path and not os.access(Path(path).resolve().parent, os.W_OK):
-            raise ConfigError(f"{flag} {path!r}: cannot write in {str(Path(path).resolve().parent)!r}")
+        writes.check_report_path(flag, path)
 
 
 def analyze(args: argparse.Namespace) -> int:
@@ -215,12 +215,21 @@ def analyze(args: argparse.Namespace) -> int:
     run = read_run(args)
     script, training, project, recipe_path = run.script, run.training, run.project, run.config_path
     fields = mixture.fields_of(run)
+    fields["streaming"] = fields["streaming"] or args.streaming  # a mixture refuses it: read whole, not streamed
     mixed = not args.dataset and mixture.given(fields)  # a mixture: read as training reads it, then measured
     name = recipe_path if mixed else script.dataset_name or DEFAULT_DATASET
     split, subset, hh_format = script.dataset_train_split, script.dataset_config, project.hh_format
     if not args.dataset:  # the recipe's data set at the recipe's commit (or --revision's), as training reads it
         args.revision = project.dataset_revision
+    if args.revision is not None and not hub_revision.applies(None if mixed else name):
+        # as training refuses dataset_revision there: the report recorded a revision nothing was read at
+        reads = "the recipe reads a mixture (each source at main)" if mixed else f"{name!r} is local"
+        raise ConfigError(
+            f"revision {args.revision!r} (--revision, or the recipe's dataset_revision) names a commit of a Hub data "
+            f"set, and {reads}: remove it"
+        )
     tokenizer_name, template = run.model.model_name_or_path, project.chat_template_path
+    revision = run.model.model_revision  # the recipe's: the tokenizer training loads is the one measured with
     if not tokenizer_name:
         raise ConfigError(f"no tokenizer for {name!r}: pass --tokenizer NAME_OR_PATH or --config configs/<recipe>.yaml")
     chat_template.check(template)  # before anything loads
@@ -242,6 +251,7 @@ def analyze(args: argparse.Namespace) -> int:
         writes.check_not_input(flag, path, inputs)
     print(
         f"Analysing {name} ({split}) with the tokenizer of {tokenizer_name}"
+        + (f" at revision {revision}" if revision not in (None, "main") else "")
         + (f" and the chat template {template}" if template else "")
         + (f" (recipe {recipe_path})" if recipe_path else ""),
         file=sys.stderr,
@@ -249,9 +259,9 @@ def analyze(args: argparse.Namespace) -> int:
     )
 
     remedy = fetch_remedy(tokenizer_name, name, subset, recipe_path, args)
-    offline.check_hub_reachable(hub_downloads(tokenizer_name, name, subset, split, args), remedy)
+    offline.check_hub_reachable(hub_downloads(tokenizer_name, revision, name, subset, split, args), remedy)
     try:
-        tokenizer = lengths.load_tokenizer(tokenizer_name, chat_template_path=template)
+        tokenizer = lengths.recipe_tokenizer(run)
     except Exception as e:  # unknown name, offline, gated: one line
         hint = f": {remedy}" if offline.is_hub_model(tokenizer_name) and offline.is_offline() else ""
         raise ConfigError(f"could not load the tokenizer of {tokenizer_name!r} ({cause(e)}){hint}") from None
@@ -273,6 +283,8 @@ def analyze(args: argparse.Namespace) -> int:
     indices = None
     if args.sample:
         dataset, indices = sample(dataset, args.sample, args.seed)
+        if indices is None:  # every row: a complete analysis, reported and cached as one (not "a sample of N rows")
+            args.sample = None
     try:
         m = lengths.measure(
             dataset,
@@ -302,7 +314,7 @@ def analyze(args: argparse.Namespace) -> int:
         batch_size=batch_size,
         seed=args.seed,
         rows_seen=m.rows + len(m.invalid),
-        max_positions=lengths.model_positions(tokenizer_name, run.model.model_revision),
+        max_positions=lengths.model_positions(tokenizer_name, revision),
         dataset=name,
         split=split,
         revision=args.revision,
@@ -339,8 +351,16 @@ def analyze(args: argparse.Namespace) -> int:
             if mixed
             else (lengths.dataset_identity(name, split, subset, args.revision, hh_format=hh_format))
         )
-        path = lengths.save_cache(m, report, dataset_id, tokenizer)
-        print(f"cached for `max_length: auto` in training: {path}", file=sys.stderr)
+        try:
+            path = lengths.save_cache(m, report, dataset_id, tokenizer)
+        except OSError as e:  # a full disk or quota, a read-only home: the report stands, the cache is an extra
+            print(
+                f"warning: not cached for `max_length: auto` ({cause(e)}): training measures the split again; make "
+                f"room in {lengths.cache_root()}, or set DPOTRAIN_CACHE to a folder that takes it",
+                file=sys.stderr,
+            )
+        else:
+            print(f"cached for `max_length: auto` in training: {path}", file=sys.stderr)
     return 0
 
 
@@ -354,12 +374,15 @@ def load(args, name: str, split: str, subset: str | None):
         raise ConfigError(f"could not load data set {name!r} (split {split!r}): {cause(e)}") from None
 
 
-def hub_downloads(tokenizer: str, dataset: str, config: str | None, split: str, args) -> list[str]:
-    """What this analysis would download from the Hub: the tokenizer's files and the data set, where not cached."""
+def hub_downloads(
+    tokenizer: str, revision: str | None, dataset: str, config: str | None, split: str, args
+) -> list[str]:
+    """What this analysis would download from the Hub: the tokenizer's files (at `revision`) and the data set, where not
+    cached."""
     if offline.is_offline():
         return []  # nothing downloads; the libraries read the cache or fail at once
     missing = []
-    if offline.is_hub_model(tokenizer) and offline.missing_model_files(tokenizer, weights=False):
+    if offline.is_hub_model(tokenizer) and offline.missing_model_files(tokenizer, revision, weights=False):
         missing.append(f"the tokenizer of {tokenizer!r} is not cached")
     if offline.is_hub_dataset(dataset) and (args.streaming or not offline.cached_dataset(dataset, config, split)[0]):
         missing.append(f"data set {dataset!r} is not cached")

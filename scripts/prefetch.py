@@ -35,6 +35,7 @@ from dpotrain.recipe.errors import ConfigError, cause, run_cli  # noqa: E402
 
 def main(argv: list[str] | None = None) -> None:
     load_dotenv(ROOT / ".env")  # HF_TOKEN for gated or private repos; the environment wins
+    offline.take_dotenv_switches()  # its HF_HUB_OFFLINE, which the Hub libraries read at import
     parser = cli.Parser(prog="prefetch.py", description=__doc__.split("\n\n")[0])
     parser.add_argument("--config", help="the recipe the job runs, e.g. configs/think.yaml")
     parser.add_argument("--split", help="the training split (= --dataset_train_split)")
@@ -79,8 +80,11 @@ def main(argv: list[str] | None = None) -> None:
     token = hf_token()
     if hub_model:
         fetch_model(model.model_name_or_path, model.model_revision, token)
+    # The revision is dataset_name's: training reads a mixture's sources, the held-out ones beside dataset_name too, at
+    # main (stages._load_pairs), so they are fetched there.
+    named = mixture.Source(script.dataset_name, script.dataset_train_split, name=script.dataset_config)
     for source in hub_data:
-        fetch_dataset(source, args.revision or recipe.project.dataset_revision, token)
+        fetch_dataset(source, (args.revision or recipe.project.dataset_revision) if source == named else None, token)
     offline.check_offline_artifacts(recipe, offline=True)
     home = f" and HF_HOME={os.environ['HF_HOME']}" if os.environ.get("HF_HOME") else ""
     print(f"Ready: a job with HF_HUB_OFFLINE=1{home} finds everything it reads from the Hub.")

@@ -23,6 +23,7 @@ venv.require()  # outside the venv: one line naming the fix, not a traceback
 from dotenv import load_dotenv  # noqa: E402
 
 from dpotrain import preflight, stages  # noqa: E402
+from dpotrain.cluster import offline  # noqa: E402
 from dpotrain.recipe import cli  # noqa: E402
 from dpotrain.recipe.config import parse_args  # noqa: E402
 from dpotrain.recipe.errors import run_cli  # noqa: E402
@@ -48,6 +49,7 @@ def parse_own(argv):
 
 def main(argv=None) -> int:
     load_dotenv()  # HF_TOKEN for gated models and data sets; the environment wins
+    offline.take_dotenv_switches()  # its HF_HUB_OFFLINE, which the Hub libraries read at import
     own, rest = parse_own(sys.argv[1:] if argv is None else argv)
     preflight.check_outputs(own.json, own.plot)  # before anything loads
     import torch

@@ -31,12 +31,13 @@ from dpotrain import output_folder  # noqa: E402
 from dpotrain.cluster import offline  # noqa: E402
 from dpotrain.hub import hub, hub_push  # noqa: E402
 from dpotrain.recipe import cli, run_record  # noqa: E402
-from dpotrain.recipe.errors import ConfigError, run_cli  # noqa: E402
+from dpotrain.recipe.errors import ConfigError, RunError, cause, run_cli  # noqa: E402
 from dpotrain.train import checkpoints, run_files  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> None:
     load_dotenv(ROOT / ".env")  # HF_TOKEN; the environment wins
+    offline.take_dotenv_switches()  # its HF_HUB_OFFLINE, which the Hub libraries read at import
     parser = cli.Parser(prog="push_to_hub.py", description=__doc__.split("\n\n")[0])
     parser.add_argument("run_dir", help="the run's output folder, e.g. outputs/think-dpo")
     parser.add_argument("--repo-id", "--hub_model_id", help="org/name to push to (default: hub_model_id of the run)")
@@ -87,9 +88,27 @@ def main(argv: list[str] | None = None) -> None:
     # before runs recorded their files has no record to add it to).
     if output_folder.read_manifest(run) is not None:
         run_files.claim(run, [hub_push.PUSH_RECORD])
+    try:
+        failed = push(api, run, repo_id, token, private, args.checkpoints)
+    except ConfigError:
+        raise
+    except Exception as e:  # the Hub past the retries (an outage, a network gone): one line, as a job's final push
+        raise RunError(
+            f"pushing {run} to {repo_id} failed ({cause(e)}): run the same command again (what the Hub holds already "
+            "is skipped)"
+        ) from None
+    if failed:
+        raise ConfigError(
+            f"{', '.join(failed)} failed to push (see {run}/{hub_push.PUSH_RECORD}): run the same command again"
+        )
+
+
+def push(api, run: Path, repo_id: str, token: str, private: bool, with_checkpoints: bool) -> list[str]:
+    """The checkpoints (with --checkpoints) and main, each skipped where the Hub holds it already; returns the
+    checkpoint branches that failed."""
     on_disk = checkpoints.complete_checkpoints(run)
     failed = []
-    if args.checkpoints:
+    if with_checkpoints:
         hub_push.with_retries(lambda: api.create_repo(repo_id, private=private or None, exist_ok=True), "create_repo")
         records = hub_push.push_checkpoints(api, run, repo_id)
         hub.update_card_revisions(run, repo_id)
@@ -108,10 +127,7 @@ def main(argv: list[str] | None = None) -> None:
         print(f"Pushing {run} to {repo_id}{' (private)' if private else ''} ...", flush=True)
         url = hub.push_run(run, repo_id, token=token, private=private or None)
         print(f"Pushed to {url}", flush=True)
-    if failed:
-        raise ConfigError(
-            f"{', '.join(failed)} failed to push (see {run}/{hub_push.PUSH_RECORD}): run the same command again"
-        )
+    return failed
 
 
 if __name__ == "__main__":

@@ -315,6 +315,27 @@ def test_recommendation_shows_what_a_shorter_and_a_doubled_max_length_trade():
     assert "512 would leave 90.0% whole for 5.0% less compute" in r["reason"]
 
 
+def test_a_low_target_is_raised_to_a_length_training_takes():
+    """auto_coverage 0.3 on pairs two in three of whose prompts are long: the target is reached at 512, where those
+    prompts alone fill max_length. The analyzer recommended 512 and `max_length: auto` chose it, which the run then
+    refused (fewer than half the pairs keep anything to learn), advising `--max_length auto`."""
+    from dpotrain.data import cuts
+
+    m = lengths.Measured(
+        index=np.arange(30),
+        prompt=np.array([20] * 10 + [700] * 20),
+        chosen=np.full(30, 10),
+        rejected=np.full(30, 5),
+        invalid=[],
+        conversational=True,
+    )
+    r = lengths.recommendation(m, 0.3)
+    assert (r["max_length"], r["raised"], r["capped"]) == (1024, {"from": 512, "teaching": 10}, None)
+    assert "raised from 512, the smallest multiple reaching the target, where only 10 of 30 pairs" in r["reason"]
+    cuts.check(m.prompt, m.chosen, m.rejected, None, r["max_length"], "keep_start", "the pairs")  # taken
+    assert lengths.recommendation(m, 0.95)["raised"] is None  # a target training takes as it is
+
+
 def test_synthetic_think_lengths_reproduce_the_published_statistics():
     """benchmarks/think_lengths.py stands in for Dolci-Think-DPO-7B (not downloadable here): its table in
     BENCHMARKS.md is only as good as this fit to the seed report's numbers."""
@@ -372,6 +393,71 @@ def test_recipe_gives_tokenizer_dataset_batch_size_and_current_max_length(cli, t
     assert "The recipe's max_length=384 covers" in capsys.readouterr().out
 
 
+def test_a_hub_data_set_takes_the_recipe_that_names_its_model(cli):
+    """docs/max_length.md: `analyze_dataset.py allenai/Dolci-Think-DPO-7B` takes the tokenizer from configs/think.yaml.
+    Two recipes train on that data set, and think-32b.yaml, first by name, names no model (the 32B SFT is the user's):
+    the command was refused ('no tokenizer for ...'), and with --tokenizer measured without think.yaml's chat
+    template, for think-32b's max_length."""
+    run = cli.read_run(cli.parse_args(["allenai/Dolci-Think-DPO-7B"]))
+    assert os.path.basename(run.config_path) == "think.yaml"
+    assert run.model.model_name_or_path == "geodesic-research/sfm-sft_dolci_think_unfiltered"
+    assert run.project.chat_template_path == "configs/templates/olmo_thinker.jinja"
+    run = cli.read_run(cli.parse_args(["allenai/Dolci-Think-DPO-7B", "--tokenizer", "org/my-think-sft"]))
+    assert (os.path.basename(run.config_path), run.training.max_length) == ("think.yaml", 16384)
+
+
+def test_a_data_set_revision_nothing_is_read_at_and_a_streamed_mixture_are_refused(
+    cli, tmp_path, tiny_model_dir, capsys
+):
+    """--revision beside a local file or a mixture (each source read at main) was taken and recorded in the report
+    ("revision": "v2") though nothing was read at it; training refuses such a dataset_revision."""
+    path = write_jsonl(tmp_path / "d.jsonl", _messages_rows())
+    other = write_jsonl(tmp_path / "e.jsonl", _messages_rows()[:10])
+    recipe = tmp_path / "mix.yaml"
+    recipe.write_text(f"model_name_or_path: {tiny_model_dir}\ndatasets:\n  - path: {path}\n  - path: {other}\n")
+    for argv, reads in (
+        ([path, "--tokenizer", tiny_model_dir], f"{path!r} is local"),
+        (["--config", str(recipe)], "the recipe reads a mixture (each source at main)"),
+    ):
+        assert cli.main([*argv, "--revision", "v2", "--json", str(tmp_path / "r.json")]) == 2
+        assert error_line(capsys) == (
+            "error: revision 'v2' (--revision, or the recipe's dataset_revision) names a commit of a Hub data set, and "
+            f"{reads}: remove it"
+        )
+    assert not (tmp_path / "r.json").exists()
+    # --streaming (for a data set larger than memory) beside a mixture was ignored: every source was read whole. It is
+    # refused as the recipe's streaming: true is, by the mixture's own check.
+    assert cli.main(["--config", str(recipe), "--streaming"]) == 2
+    assert error_line(capsys).startswith("error: streaming: true with a mixture: sources are counted and sampled")
+
+
+def test_a_recipes_model_revision_is_the_tokenizer_measured_with(cli, tmp_path, tiny_model_dir, monkeypatch, capsys):
+    """The recipe's model_revision is the tokenizer training loads, and the one the analyzer measures with. It loaded
+    main's: offline (a cache prefetch.py filled at the revision holds no main) it was refused, naming prefetch.py, which
+    had already run; online it measured main's tokenizer, here a chat template with a system line, while training read
+    the revision's."""
+    import shutil
+
+    import huggingface_hub.constants
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hub"))  # HF_HUB_OFFLINE=1 here
+    repo = tmp_path / "hub" / "models--org--tiny"
+    (repo / "refs").mkdir(parents=True)
+    for ref, commit in (("v1", "a" * 40), ("main", "b" * 40)):
+        shutil.copytree(tiny_model_dir, repo / "snapshots" / commit)
+        (repo / "refs" / ref).write_text(commit)
+    template = repo / "snapshots" / ("b" * 40) / "chat_template.jinja"
+    template.write_text("<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n" + template.read_text())
+    path = write_jsonl(tmp_path / "d.jsonl", _messages_rows())
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(f"model_name_or_path: org/tiny\nmodel_revision: v1\ndataset_name: {path}\nmax_length: 1024\n")
+    out = tmp_path / "r.json"
+    assert cli.main(["--config", str(recipe), "--json", str(out), "--num-proc", "1"]) == 0, capsys.readouterr().err
+    v1 = lengths.measure(data.load_preference_dataset(path, "train"), lengths.load_tokenizer(tiny_model_dir))
+    assert json.loads(out.read_text())["total"] == lengths.percentiles(v1.total)
+    assert "with the tokenizer of org/tiny at revision v1" in capsys.readouterr().err
+
+
 def test_sample_is_seeded_and_plot_is_a_png(cli, tmp_path, tiny_model_dir):
     path = write_jsonl(tmp_path / "d.jsonl", _messages_rows())
     reports = []
@@ -382,6 +468,21 @@ def test_sample_is_seeded_and_plot_is_a_png(cli, tmp_path, tiny_model_dir):
         reports.append(json.loads(out.read_text()))
     assert reports[0]["rows"] == 10 and reports[0]["total"] == reports[1]["total"]
     assert (tmp_path / "a.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_a_sample_of_at_least_every_row_is_the_complete_analysis(cli, tokenizer, tmp_path, tiny_model_dir, capsys):
+    """--sample 2000 (the documented quick look) of a data set of 41 rows analyses every row: the report said "a seeded
+    sample of 41 rows" and its JSON {"rows": 2000}, a sample the analysis was not, and it was not cached for
+    `max_length: auto`, which then analysed the same rows again."""
+    path = write_jsonl(tmp_path / "d.jsonl", _messages_rows())
+    out = tmp_path / "r.json"
+    assert (
+        cli.main([path, "--tokenizer", tiny_model_dir, "--sample", "2000", "--json", str(out), "--num-proc", "1"]) == 0
+    )
+    report = json.loads(out.read_text())
+    assert report["rows"] == len(_messages_rows()) and report["sample"] is None
+    assert "seeded sample" not in capsys.readouterr().out
+    assert cached_choice(lengths.dataset_identity(path), tokenizer)["cached"] is True
 
 
 @pytest.mark.parametrize("streaming", [False, True], ids=["in memory", "streaming"])
@@ -537,6 +638,22 @@ def test_hub_identity_offline_comes_from_the_local_hub_cache(tmp_path, monkeypat
     assert lengths.dataset_identity("org/think", "test", "sub", "v2") == "hub:org/think:sub:test@v2"
 
 
+def test_a_cache_that_cannot_be_written_leaves_the_analysis_done(cli, tmp_path, tiny_model_dir, monkeypatch, capsys):
+    """The cache is an extra: a full disk or quota where it lives (here DPOTRAIN_CACHE, a file) ended the analyzer in
+    a traceback, exit 1, after its report was printed and written."""
+    path = write_jsonl(tmp_path / "d.jsonl", _messages_rows())
+    (tmp_path / "not-a-folder").write_text("")
+    monkeypatch.setenv("DPOTRAIN_CACHE", str(tmp_path / "not-a-folder"))
+    out = tmp_path / "r.json"
+    assert cli.main([path, "--tokenizer", tiny_model_dir, "--json", str(out), "--num-proc", "1"]) == 0
+    assert json.loads(out.read_text())["recommended_max_length"] == 512
+    assert (
+        capsys.readouterr()
+        .err.splitlines()[-1]
+        .startswith("warning: not cached for `max_length: auto` (NotADirectoryError: ")
+    )
+
+
 def test_cli_run_is_reused_by_a_dry_run(cli, tokenizer, tmp_path, tiny_model_dir):
     path = write_jsonl(tmp_path / "d.jsonl", _messages_rows())
     assert cached_choice(lengths.dataset_identity(path), tokenizer) is None
@@ -578,6 +695,9 @@ def test_cli_end_to_end(tmp_path, tiny_model_dir):
         (["--sample", "0"], "--sample must be >= 1 (got 0)"),
         (["--num-proc", "0"], "--num-proc must be >= 1 (got 0)"),
         (["--candidates", "-5", "0"], "--candidates are max_length values and must be >= 1 (got -5)"),
+        # A folder: the report's rename into place failed there after the analysis, in a traceback.
+        (["--json", "/tmp"], "--json '/tmp' is a folder: give the path of the file to write"),
+        (["--seed", "-1"], "--seed -1 is out of range"),  # numpy's seeds: the padding figures' shuffle failed after
     ],
 )
 def test_values_and_outputs_checked_before_the_analysis(args, message, cli, tmp_path, capsys):

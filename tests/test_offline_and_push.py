@@ -11,6 +11,7 @@ whoami and auth-check. The scripts are run up to the last step before the networ
 a local server that answers in the Hub's documented shapes.
 """
 
+import contextlib
 import importlib.util
 import json
 import os
@@ -324,6 +325,60 @@ def test_prefetch_has_nothing_to_fetch_for_local_recipes(capsys):
     assert "Nothing to fetch: builtin:tiny-olmo3 and data/smoke_prefs.jsonl are local." in capsys.readouterr().out
 
 
+@pytest.mark.parametrize(
+    "script, args",
+    [
+        ("analyze_dataset", ["--batch-size", "0"]),
+        ("prefetch", ["--config", str(ROOT / "configs" / "smoke.yaml")]),
+        ("preflight", ["--plot", "gaps.jpg"]),
+        ("push_to_hub", ["/nonexistent/run"]),
+        ("train_dpo", ["--config", str(ROOT / "configs" / "smoke.yaml"), "--max_steps", "0"]),
+    ],
+)
+def test_hf_hub_offline_in_dotenv_turns_the_hub_libraries_off(script, args, monkeypatch):
+    """docs/hub.md: HF_HUB_OFFLINE=1 in .env. huggingface_hub (which transformers asks) and datasets read it when
+    imported, before a script (or train_dpo.py) read its .env: they downloaded all the same, and on a node without
+    network the analyzer retried every tokenizer file for minutes (a cached tokenizer at a revision: past 2 minutes,
+    against 8 s)."""
+    from unittest import mock
+
+    import datasets
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)  # the environment the libraries were imported in
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", False)
+    monkeypatch.delenv("HF_HUB_OFFLINE")
+    monkeypatch.delenv("HF_DATASETS_OFFLINE", raising=False)
+    if script == "train_dpo":
+        import train_dpo as module
+    else:
+        with mock.patch.dict(os.environ):  # the analyzer hides GPUs on import
+            module = load_script(script)
+    monkeypatch.setattr(module, "load_dotenv", lambda *a, **k: os.environ.update(HF_HUB_OFFLINE="1"))  # the .env's
+    with contextlib.suppress(ConfigError):
+        module.main(args)
+    assert constants.is_offline_mode() and datasets.config.HF_HUB_OFFLINE
+
+
+def test_prefetch_fetches_dataset_revision_for_dataset_name_alone(monkeypatch, capsys):
+    """dataset_revision is dataset_name's commit: training reads the held-out mixture's sources at main. prefetch.py
+    fetched them at dataset_name's commit too: a commit of another repo ('has no revision'), or another copy than the
+    job reads."""
+    script = load_script("prefetch")
+    fetched = []
+    monkeypatch.setattr(
+        script, "fetch_dataset", lambda source, revision, token: fetched.append((source.path, revision))
+    )
+    monkeypatch.setattr(offline, "is_offline", lambda: False)  # downloads, where the Hub answers
+    monkeypatch.setattr(offline, "check_hub_reachable", lambda *args: None)
+    monkeypatch.setattr(offline, "check_offline_artifacts", lambda *args, **kwargs: None)
+    commit = "a" * 40
+    args = ["--dataset_name", "org/train", "--dataset_revision", commit, "--dataset_mixer_eval_list", "org/held", "10"]
+    script.main(["--config", str(ROOT / "configs" / "smoke.yaml"), *args])
+    assert sorted(fetched) == [("org/held", None), ("org/train", commit)]
+    assert capsys.readouterr().out.endswith("finds everything it reads from the Hub.\n")
+
+
 @pytest.mark.slow
 def test_prefetch_offline_confirms_a_complete_cache(offline_job):
     assert (
@@ -494,6 +549,24 @@ def local_hub(monkeypatch):
     hub_server.state.auth_status.update({"lab/theirs": 403, "lab/hidden": 404, "me/read-only": 403})
     yield hub_server.state
     hub_server.close()
+
+
+def test_a_push_the_hub_fails_ends_push_to_hub_py_in_one_line(local_hub, monkeypatch, capsys, finished_run):
+    """The Hub failing the upload past the retries (an outage, a network gone): push_to_hub.py ended in
+    huggingface_hub's traceback, where a job's own final push says it in one line with the way on."""
+    from dpotrain.hub.hub_push import read_pushes
+    from dpotrain.recipe.errors import run_cli
+
+    monkeypatch.setenv("HF_TOKEN", SECRET)
+    monkeypatch.setenv("DPOTRAIN_HUB_RETRY_WAITS", "0")
+    local_hub.fail[("create_repo", None)] = -1  # no retry of huggingface_hub's own there: only this project's
+    with pytest.raises(SystemExit) as ended:
+        run_cli(lambda: load_script("push_to_hub").main([str(finished_run), "--repo-id", "lab/mine"]))
+    err = capsys.readouterr().err
+    assert ended.value.code == 1 and "Traceback" not in err, err
+    assert err.splitlines()[-1].startswith(f"error: pushing {finished_run} to lab/mine failed (HfHubHTTPError: ")
+    assert err.splitlines()[-1].endswith(": run the same command again (what the Hub holds already is skipped)")
+    assert [r["status"] for r in read_pushes(finished_run)] == ["started", "failed"]
 
 
 def test_write_access_against_the_hubs_answers(local_hub):

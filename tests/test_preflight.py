@@ -136,11 +136,45 @@ def test_balanced_pairs_pass_through_train_dpo_preflight(tmp_path, styled_model)
     assert "48 pairs scored of 48 sampled" in result.stdout
 
 
+def test_a_mixtures_upsampling_is_no_duplicate_to_remove(tmp_path):
+    """A mixture source at amount 2.0 holds each of its pairs twice by design: the report counted those repeats as
+    duplicate pairs and advised "deduplicate the data set". Only a pair the data itself repeats is one."""
+    from dpotrain import preflight as checks
+    from dpotrain import stages
+    from dpotrain.recipe.config import parse_args
+
+    rng = random.Random(0)
+    rows = [(f"What is {a} plus 1?", careful(rng, a, 1), careful(rng, a, 2, "forests")) for a in range(22)]
+    upsampled = write_rows(tmp_path / "a.jsonl", [*rows[:12], rows[0]])  # one pair given twice
+    other = write_rows(tmp_path / "b.jsonl", rows[12:])
+    recipe = tmp_path / "mix.yaml"
+    mixer = f"dataset_mixer_list: [{upsampled}, '2.0', {other}, '1.0']\n"
+    recipe.write_text(f"model_name_or_path: builtin:tiny-olmo3\nbf16: false\n{mixer}")
+    recipe = parse_args(["--config", str(recipe), "--output_dir", str(tmp_path / "never")])
+    pairs = stages.load_data(recipe, stages.checks(recipe), say=False)
+    quality = checks.data_quality(pairs)
+    assert (quality["quality_rows"], quality["duplicates"], quality["upsampled_repeats"]) == (36, 1, 13)
+
+
+def write_rows(path, rows) -> str:
+    """(question, chosen, rejected) as pairs of message lists sharing the user turn, one per line."""
+    with open(path, "w") as f:
+        for question, chosen, rejected in rows:
+            user = {"role": "user", "content": question}
+            pair = {
+                k: [user, {"role": "assistant", "content": v}] for k, v in (("chosen", chosen), ("rejected", rejected))
+            }
+            f.write(json.dumps(pair) + "\n")
+    return str(path)
+
+
 @pytest.mark.parametrize(
     "args, message",
     [
         (["--plot", "gaps.jpg"], "ending in .png"),
         (["--json", "/nonexistent/dir/r.json"], "does not exist"),
+        (["--json", "/tmp"], "--json '/tmp' is a folder"),  # was an IsADirectoryError once the model had scored
+        (["--seed", "-1", "--sample", "8"], "--seed -1 is out of range"),  # was numpy's traceback drawing the sample
         (["--sample", "0"], "--sample must be >= 1"),
         (["--betta", "5"], "unknown argument '--betta' (did you mean '--beta'?)"),
         (["--chat_template_path", "/nonexistent/t.jinja"], "chat_template_path '/nonexistent/t.jinja' does not exist"),

@@ -61,6 +61,17 @@ def datasets_offline() -> bool:
     return is_offline() if value is None else _true(value)
 
 
+def take_dotenv_switches() -> None:
+    """HF_HUB_OFFLINE (TRANSFORMERS_OFFLINE, HF_DATASETS_OFFLINE) from a command's `.env`, given to the Hub libraries:
+    huggingface_hub (which transformers asks) and datasets read the switch once, when imported, before a command reads
+    its `.env`, so they downloaded where docs/hub.md says `.env` turns them off: on a node without network, minutes of
+    retries for every file. Called right after `load_dotenv`; it only ever turns them off, as the environment says."""
+    if is_offline():
+        constants.HF_HUB_OFFLINE = True
+    if datasets_offline():
+        datasets.config.HF_HUB_OFFLINE = datasets.config.HF_DATASETS_OFFLINE = True
+
+
 def is_hub_model(name: str | None) -> bool:
     """A Hub repo id, not a `builtin:` model or a local folder."""
     if not name or builtin.is_builtin(name):

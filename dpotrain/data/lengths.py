@@ -398,9 +398,15 @@ def recommendation(m: Measured, target: float = DEFAULT_COVERAGE, max_positions:
     """The recommended max_length (`recommend`: a coverage) and what it trades: packed, a longer max_length costs only
     the extra tokens of the longer pairs, a price small and close to flat (BENCHMARKS.md), so a compute knee would be
     arbitrary; shown are the compute the next shorter multiple of 512 saves and what doubling would add. Capped at the
-    model's `max_positions` (`capped` says from what)."""
+    model's `max_positions` (`capped` says from what). Raised where the target is reached at a length that leaves
+    fewer than half the pairs anything to learn, which training refuses (`raised` says from what)."""
     total = m.total
-    best = uncapped = recommend(total, target)
+    best = covering = recommend(total, target)
+    # A low target (auto_coverage 0.3) is reached where most prompts alone fill max_length: `max_length: auto` chose a
+    # length its own run then refused (cuts.check), advising `auto`. The next multiple of STEP that teaches enough.
+    while best < total.max() and cuts.teaching(m.prompt, m.shared, best, "keep_start")[0] < cuts.TEACHING * m.rows:
+        best += STEP
+    uncapped = best
     if max_positions and best > max_positions:
         best = int(max_positions)
         if not np.any(m.prompt < best):  # no length the model takes keeps a pair: nothing to recommend or compare to
@@ -434,8 +440,17 @@ def recommendation(m: Measured, target: float = DEFAULT_COVERAGE, max_positions:
         "lower": neighbour(best - STEP),
         "doubled": neighbour(2 * best),
         "capped": None,
+        "raised": None,
     }
     r["reason"] = _reason(r, m.rows)
+    if uncapped != covering:
+        teach = cuts.teaching(m.prompt, m.shared, covering, "keep_start")[0]
+        r["raised"] = {"from": covering, "teaching": teach}
+        r["reason"] += (
+            f"; raised from {covering:,}, the smallest multiple reaching the target, where only {teach:,} of "
+            f"{m.rows:,} pairs keep anything to learn (their prompts alone fill it): training refuses fewer than "
+            f"{cuts.TEACHING:.0%}"
+        )
     if best != uncapped:
         r["capped"] = {"max_position_embeddings": best, "uncapped": uncapped}
         r["reason"] += (

@@ -100,6 +100,15 @@ def _rationale(report: dict, current_max_length: int | None, batch: int) -> list
             if lower["max_length"] > 0
             else ""
         ),
+        *(
+            [
+                f"- Raised from {r['raised']['from']:,}, the smallest multiple reaching the target, where only "
+                f"{r['raised']['teaching']:,} of {n:,} pairs keep anything to learn (their prompts alone fill it): "
+                "training refuses fewer than half"
+            ]
+            if r.get("raised")
+            else []
+        ),
         f"- {r['truncated']:,} pairs ({r['truncated'] / n:.1%}) are cut at max_length (the collator keeps the start); "
         f"{r['dropped']:,} are dropped by the trainer because their prompt alone fills it",
         f"- Packed, a longer max_length costs only the extra tokens of the longer pairs: doubling to "

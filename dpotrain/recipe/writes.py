@@ -64,6 +64,23 @@ def _sync_folder(folder: Path) -> None:
             os.close(fd)
 
 
+def check_report_path(flag: str, path: str | Path | None) -> None:
+    """Refuses a report's path (given as `flag`) that the report could not be written to, before the work that makes it:
+    a folder at the path itself (the rename into place failed there after the work, in an IsADirectoryError
+    traceback), or a folder for it that does not exist or this process cannot write in."""
+    if not path:
+        return
+    folder = Path(path).resolve().parent
+    if Path(path).is_dir():
+        raise ConfigError(
+            f"{flag} {str(path)!r} is a folder: give the path of the file to write, inside it or elsewhere"
+        )
+    if not folder.is_dir():
+        raise ConfigError(f"{flag} {str(path)!r}: folder {str(folder)!r} does not exist; create it or write elsewhere")
+    if not os.access(folder, os.W_OK):
+        raise ConfigError(f"{flag} {str(path)!r}: cannot write in {str(folder)!r}")
+
+
 def input_files(*paths) -> list[Path]:
     """The files a command reads from `paths` (files, or every file inside folders), resolved; others left out."""
     found = []
