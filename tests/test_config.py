@@ -373,3 +373,11 @@ def test_a_number_in_a_recipe_is_read_as_written(tmp_path, monkeypatch):
     assert recipe.training.learning_rate == 5e-7
     assert recipe.training.lr_scheduler_kwargs == {"min_lr_rate": 0.1}  # inside a mapping, still a number
     assert os.environ["DPOTRAIN_TEST_VERSION"] == "1.10"
+
+
+@pytest.mark.parametrize("value", ["-5", "0"])
+def test_a_gpu_memory_that_is_no_memory_is_refused_at_parse(value, tmp_path):
+    """`--gpu_memory_gib -5` was taken by the dry run and the analyzer ("GPUs of -5.0 GiB") until the memory plan
+    refused it with advice for a GPU too small."""
+    with pytest.raises(ConfigError, match=rf"^gpu_memory_gib must be > 0 \(got {value}\)"):
+        parse_args(["--config", write(tmp_path, "bf16: false\n"), "--gpu_memory_gib", value])

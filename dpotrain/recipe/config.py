@@ -407,6 +407,11 @@ def parse_args(argv: list[str] | None = None) -> Recipe:
         hint = " (on a CPU machine: --bf16 false, or the CPU demo configs/smoke.yaml)" if "bf16" in str(e) else ""
         raise ConfigError(f"{e}{hint}") from None
     _check_finite(script, training, model, project)
+    if project.gpu_memory_gib is not None and project.gpu_memory_gib <= 0:  # the analyzer's plan reads it too
+        raise ConfigError(
+            f"gpu_memory_gib must be > 0 (got {project.gpu_memory_gib:g}): one GPU's memory in GiB (an H100 80 GB: "
+            "79.6), or unset it to plan for the GPU of the machine"
+        )
     given = fields_set(tokens)
     if "padding_free" not in given:
         training.padding_free = True  # this project's default: packed sequences (TRL's is False)
