@@ -26,6 +26,7 @@ from dpotrain.recipe import venv  # noqa: E402
 venv.require()  # outside the venv: one line naming the fix, not a traceback
 
 from dotenv import load_dotenv  # noqa: E402
+from transformers.hf_argparser import string_to_bool  # noqa: E402
 
 from dpotrain import output_folder  # noqa: E402
 from dpotrain.cluster import offline  # noqa: E402
@@ -44,8 +45,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--private",
         "--hub_private_repo",
-        action="store_true",
-        help="create the repo private (default: hub_private_repo)",
+        nargs="?",
+        const=True,
+        type=string_to_bool,
+        metavar="BOOL",
+        help="create the repo private: `--private`, or `--hub_private_repo true` as training spells it; false leaves "
+        "it to the namespace's default (default: the run's hub_private_repo)",
     )
     parser.add_argument(
         "--checkpoints", action="store_true", help="also push each complete checkpoint on disk to a branch step-<N>"
@@ -66,7 +71,7 @@ def main(argv: list[str] | None = None) -> None:
     given = "--repo-id" if args.repo_id else f"hub_model_id of {saved}"
     hub.check_repo_id(repo_id, given, "pass --repo-id org/name")
     hub_push.retry_waits()  # before anything uploads
-    private = args.private or bool(recorded.hub_private_repo)
+    private = bool(recorded.hub_private_repo) if args.private is None else args.private
 
     from dpotrain.cluster.offline import hf_token
 

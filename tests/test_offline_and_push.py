@@ -487,7 +487,15 @@ def test_push_refuses_without_a_token(tmp_path, finished_run):
 
 
 @pytest.mark.parametrize(
-    "args, repo", [([], "org/from-config"), (["--repo-id", "me/other"], "me/other"), (["--private"], "org/from-config")]
+    "args, repo",
+    [
+        ([], "org/from-config"),
+        (["--repo-id", "me/other"], "me/other"),
+        (["--private"], "org/from-config"),
+        # training's spelling, with its value: was "unrecognized arguments: true" (the flag took none)
+        (["--hub_private_repo", "true"], "org/from-config"),
+        (["--private", "false"], "org/from-config"),
+    ],
 )
 def test_push_goes_to_the_runs_hub_model_id_unless_told(monkeypatch, capsys, finished_run, args, repo):
     """Up to the last step before the network: offline, the push is refused naming the repo it would go to."""
