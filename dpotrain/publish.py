@@ -1,13 +1,13 @@
 """The run's last stage: the final model saved (or not, for a doomed or preempted run), its metrics, plot, model card
 and run_complete.json written, and the run pushed to the Hub where asked."""
 
-import json
 from dataclasses import replace
 from pathlib import Path
 
 from dpotrain import output_folder
 from dpotrain.cluster import offline
 from dpotrain.hub import hub, hub_push
+from dpotrain.recipe import records as run_records
 from dpotrain.recipe import run_record, writes
 from dpotrain.recipe.errors import cause
 from dpotrain.train import health, lora
@@ -65,7 +65,7 @@ def finish_outputs(run, resolved: dict) -> None:
     plot_metrics(records, out / PLOT_FILE, title=training.run_name)
     hub.write_model_card(out, run_record.of(resolved), push.repo_id)
     summary = {"global_step": trainer.state.global_step, "final": records[-1] if records else None}
-    writes.write_text(out / hub.RUN_COMPLETE, json.dumps(summary, indent=2) + "\n")
+    writes.write_text(out / hub.RUN_COMPLETE, run_records.dumps(summary, indent=2) + "\n")
     print(f"Saved model, metrics and {PLOT_FILE} to {out}", flush=True)
     measured = next((r for r in reversed(records) if "memory/peak_rss_gib" in r), None)  # peaks since the start
     if measured is not None:

@@ -177,7 +177,7 @@ def model_card(r: Record, records: list[dict], revisions: list[tuple[int, str]] 
     if None not in types and s.beta is not None:  # a record that names its loss (all this project writes)
         what += f" ({loss_text(s)})"
     last = next((record for record in reversed(records) if "loss" in record), {})  # training, not an evaluation
-    metric_rows = "\n".join(f"| `{k}` | {last[k]:.4f} |" for k in FINAL_METRICS if k in last)
+    metric_rows = "\n".join(f"| `{k}` | {number(last[k])} |" for k in FINAL_METRICS if k in last)
     metric_rows = (metric_rows + "\n" + speed_row(records)).strip() or "| (none logged) | |"
     content = f"""---
 {data.to_yaml()}
@@ -203,6 +203,12 @@ DPO post-training of `{base}` on `{dataset}` with {what}, trained with TRL's
 ![training curves]({PLOT_FILE})
 """
     return str(ModelCard(content + revisions_section(revisions, repo_id or s.hub_model_id or "")))
+
+
+def number(value) -> str:
+    """A final metric as the card shows it; null in metrics.jsonl is a value that was NaN or infinite
+    (`records.dumps`)."""
+    return "NaN or infinite" if value is None else f"{value:.4f}"
 
 
 def template_named(r: Record) -> str:
@@ -278,7 +284,9 @@ repo: `AutoModelForCausalLM.from_pretrained("{repo_id}", revision="{revisions[-1
 def speed_row(records: list[dict]) -> str:
     """The run's speed: the mean tokens/s of its logging steps but the first (the first micro-batch's warm-up and any
     compilation fall in it), not the last step's alone (one step's figure ranges widely)."""
-    speeds = [(r["step"], r["tokens_per_second"]) for r in records if "loss" in r and "tokens_per_second" in r]
+    speeds = [
+        (r["step"], r["tokens_per_second"]) for r in records if "loss" in r and r.get("tokens_per_second") is not None
+    ]
     if not speeds:
         return ""
     steady = speeds[1:] or speeds
