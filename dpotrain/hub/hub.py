@@ -244,14 +244,17 @@ def sources_section(sources: list[dict]) -> str:
 
 
 def as_run(key: str, r: Record):
-    """A recipe field as the run used it: warm-up in steps (a float below 1 is the recipe's ratio), the epochs a
-    max_steps cut short, and per-device batches as the token budget cut them (None in the recipe: micro-batches of as
-    many pairs as fit)."""
+    """A recipe field as the run used it: warm-up in steps (a float below 1 is the recipe's ratio), the epochs
+    max_steps made (fewer, or more: max_steps goes on into the next epochs), and per-device batches as the token budget
+    cut them (None in the recipe: micro-batches of as many pairs as fit)."""
     value, b = getattr(r.settings, key), r.batching
     if key == "warmup_steps" and r.data.warmup_steps is not None:
         return f"{r.data.warmup_steps} ({value:g} of the steps)" if 0 < (value or 0) < 1 else r.data.warmup_steps
     if key == "num_train_epochs" and (r.settings.max_steps or -1) > 0:  # max_steps wins over epochs in transformers
-        return f"{value} (stopped at max_steps {r.settings.max_steps})"
+        epochs = b.epochs_trained  # what its steps make: fewer epochs, or more
+        if epochs is None:  # a record from before the plan counted them
+            return f"{value} (stopped at max_steps {r.settings.max_steps})"
+        return f"{value} (max_steps {r.settings.max_steps} decides the steps: {epochs:g} epochs trained)"
     if key == "per_device_train_batch_size" and value is None and b.pairs_per_micro_batch:
         pairs = b.pairs_per_micro_batch
         return f"{pairs.min}-{pairs.max} pairs per micro-batch (max_tokens_per_microbatch)"
