@@ -20,7 +20,7 @@ from dpotrain.recipe.run_record import Record
 from dpotrain.recipe.writes import write_text
 from dpotrain.train.lora import card_lines
 from dpotrain.train.losses import loss_text
-from dpotrain.train.metrics import PLOT_FILE, read_metrics
+from dpotrain.train.metrics import PLOT_FILE, last_logged, read_metrics
 
 RUN_COMPLETE = "run_complete.json"  # written last by a finished run (publish.py); a folder with it is a finished run
 
@@ -176,7 +176,7 @@ def model_card(r: Record, records: list[dict], revisions: list[tuple[int, str]] 
     what = "OLMo 3's length-normalized DPO recipe" if types == ["sigmoid_norm"] else "TRL's DPO loss"
     if None not in types and s.beta is not None:  # a record that names its loss (all this project writes)
         what += f" ({loss_text(s)})"
-    last = next((record for record in reversed(records) if "loss" in record), {})  # training, not an evaluation
+    last = last_logged(records) or {}  # training, not an evaluation
     metric_rows = "\n".join(f"| `{k}` | {number(last[k])} |" for k in FINAL_METRICS if k in last)
     metric_rows = (metric_rows + "\n" + speed_row(records)).strip() or "| (none logged) | |"
     content = f"""---

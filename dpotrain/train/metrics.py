@@ -74,6 +74,12 @@ def read_metrics(path: str | Path) -> list[dict]:
     return run_records.read(path, step=True)  # a last line cut short by a crash is dropped, with a warning
 
 
+def last_logged(records: list[dict], key: str = "loss") -> dict | None:
+    """The last record holding `key`: "loss" a training step's, "eval_loss" an evaluation's (logged after the training
+    record of the same step, so the last record of an evaluated run is no training record)."""
+    return next((r for r in reversed(records) if key in r), None)
+
+
 def measured_panels(records: list[dict]) -> tuple[list[tuple[str, str, dict]], list[str]]:
     """The panels the run has data for, as (title, y label, {series name: [(step, value), ...]}), and the reasons
     given for the panels left out."""
