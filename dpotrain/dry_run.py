@@ -112,6 +112,8 @@ def summary(r: Record, json_file: Path | None, heading: str | None = None) -> st
     total = r.data.total_steps
     if total is not None:
         epochs = "" if s.max_steps > 0 else f" ({s.num_train_epochs:g} epoch{'s' * (s.num_train_epochs != 1)})"
+        if s.max_steps > 0 and r.batching.epochs_trained is not None:  # the epochs its steps make
+            epochs = f" ({r.batching.epochs_trained:g} epochs: max_steps)"
         row("steps", f"{total:,} optimizer step{'s' * (total != 1)}{epochs}, {r.data.warmup_steps:,} of warmup")
     else:
         row("steps", "counted when the run loads the data set (a dry run reads only local files)")

@@ -1,17 +1,17 @@
 """The run's last stage: the final model saved (or not, for a doomed or preempted run), its metrics, plot, model card
 and run_complete.json written, and the run pushed to the Hub where asked."""
 
-import json
 from dataclasses import replace
 from pathlib import Path
 
 from dpotrain import output_folder
 from dpotrain.cluster import offline
 from dpotrain.hub import hub, hub_push
+from dpotrain.recipe import records as run_records
 from dpotrain.recipe import run_record, writes
 from dpotrain.recipe.errors import cause
 from dpotrain.train import health, lora
-from dpotrain.train.metrics import PLOT_FILE, plot_metrics, read_metrics
+from dpotrain.train.metrics import PLOT_FILE, last_logged, plot_metrics, read_metrics
 from dpotrain.train.preemption import STOPPED_EXIT
 
 
@@ -64,13 +64,21 @@ def finish_outputs(run, resolved: dict) -> None:
     records = read_metrics(out)
     plot_metrics(records, out / PLOT_FILE, title=training.run_name)
     hub.write_model_card(out, run_record.of(resolved), push.repo_id)
-    summary = {"global_step": trainer.state.global_step, "final": records[-1] if records else None}
-    writes.write_text(out / hub.RUN_COMPLETE, json.dumps(summary, indent=2) + "\n")
+    summary = completion(trainer.state.global_step, records)
+    writes.write_text(out / hub.RUN_COMPLETE, run_records.dumps(summary, indent=2) + "\n")
     print(f"Saved model, metrics and {PLOT_FILE} to {out}", flush=True)
     measured = next((r for r in reversed(records) if "memory/peak_rss_gib" in r), None)  # peaks since the start
     if measured is not None:
         print(f"Memory, the run's peak: {trainer.memory_use.line(measured)}", flush=True)
     push_final(out, push, training)
+
+
+def completion(step: int, records: list[dict]) -> dict:
+    """run_complete.json: the step the run ended at, its last training record (`final`, the model card's final
+    metrics) and, where it evaluated, its last evaluation (`final_eval`): an evaluation at the last step is logged after
+    that step's training record, and `final` was the evaluation's, without the training loss."""
+    evaluated = last_logged(records, "eval_loss")
+    return {"global_step": step, "final": last_logged(records)} | ({"final_eval": evaluated} if evaluated else {})
 
 
 def complete_push(recipe, push, repo: str, state) -> None:

@@ -74,6 +74,21 @@ def test_a_short_run_says_how_many_pairs_the_reference_stage_scores(tmp_path, ca
     assert resolved["derived"]["batching"]["pairs_trained"] == {"pairs": 48, "of": 384, "steps": 6}
 
 
+def test_max_steps_past_an_epoch_says_the_epochs_its_steps_train(tmp_path, capsys):
+    """`--max_steps 100` of the demo's 48 steps per epoch trains 2.08 epochs (the plan goes on into the next ones), and
+    the model card said `num_train_epochs` 1 "(stopped at max_steps 100)": the epochs are counted with the plan."""
+    from dpotrain.hub import hub
+    from dpotrain.recipe import run_record
+
+    for steps, epochs in (("100", "2.083"), ("6", "0.125")):
+        text = dry_run(capsys, *SMOKE, "--output_dir", str(tmp_path / steps), "--max_steps", steps)
+        assert field(text, "steps").startswith(f"{steps} optimizer steps ({epochs} epochs: max_steps), "), text
+        resolved = json.loads((tmp_path / f"{steps}.dry-run.json").read_text())
+        assert resolved["derived"]["batching"]["epochs_trained"] == float(epochs)
+        card = hub.model_card(run_record.of(resolved), [])
+        assert f"| `num_train_epochs` | 1.0 (max_steps {steps} decides the steps: {epochs} epochs trained) |" in card
+
+
 @pytest.mark.slow
 def test_a_login_node_dry_run_names_the_gpu_it_planned_for_and_how_to_plan_for_another(tmp_path, capsys):
     think = [

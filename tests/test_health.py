@@ -186,6 +186,9 @@ def test_nan_stops_the_cli_run_without_checkpoint_requeue_or_completion(tmp_path
     assert "health STOP [nonfinite] step 2" in result.stdout
     assert not (out / "run_complete.json").exists() and not (out / "model.safetensors").exists()
     assert not list(out.glob("checkpoint-*"))  # nothing saved from a NaN state
+    # The NaN step is in metrics.jsonl as strict JSON (null), not Python's NaN token that other JSON readers refuse.
+    last_record = (out / "metrics.jsonl").read_text().splitlines()[-1]
+    assert "NaN" not in last_record and json.loads(last_record)["grad_norm"] is None, last_record
     assert not stop_file.with_name("stop.checkpointed").exists()  # launch.sh requeues only on this file
 
     # The same command again: refused in seconds, before anything loads, rather than going on from checkpoint 0.

@@ -87,6 +87,16 @@ def test_the_cards_speed_is_the_runs_mean_over_its_steady_steps_not_the_last_ste
     ), card
 
 
+def test_a_final_metric_that_was_nan_is_said_so_on_the_card():
+    """metrics.jsonl writes a NaN or infinite value null (records.dumps): the card's `{:.4f}` of it was a TypeError
+    traceback after training, with the final model saved and no card or run_complete.json."""
+    records = [{"step": 1, "loss": 0.69, "tokens_per_second": 900.0}, {"step": 2, "loss": None, "grad_norm": None}]
+    records.append({"step": 3, "loss": None, "rewards/accuracies": 0.5, "tokens_per_second": None})
+    card = model_card({"run_name": "r"}, records)
+    assert "| `loss` | NaN or infinite |" in card and "| `rewards/accuracies` | 0.5000 |" in card
+    assert "| `tokens_per_second` | 900.0 (mean of step 1) |" in card
+
+
 def test_card_lists_the_checkpoint_branches_on_the_hub(tmp_path):
     from dpotrain.hub.hub import update_card_revisions
     from dpotrain.hub.hub_push import pushed_revisions, record_push

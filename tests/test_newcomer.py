@@ -411,7 +411,7 @@ def test_max_steps_1_is_refused_with_advice_that_works(tmp_path, capsys):
     out = dry_run(
         capsys, "--config", SMOKE, "--output_dir", str(tmp_path / "run"), "--max_steps", "1", "--warmup_steps", "0"
     )
-    assert "  steps:         1 optimizer step, 0 of warmup" in out, out
+    assert "  steps:         1 optimizer step (0.021 epochs: max_steps), 0 of warmup" in out, out
 
 
 def test_a_message_with_an_unknown_role_is_named_as_such(tmp_path, capsys):

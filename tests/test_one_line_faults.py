@@ -39,6 +39,40 @@ def test_a_torn_last_record_is_dropped_once_with_a_warning_and_a_torn_middle_one
         records.read(path)
 
 
+def strict(text: str) -> list:
+    """Each line of `text` as JSON, refusing Python's NaN/Infinity tokens as every other JSON reader does."""
+
+    def no_such_number(token):
+        raise ValueError(f"{token} is no JSON")
+
+    return [json.loads(line, parse_constant=no_such_number) for line in text.splitlines()]
+
+
+def test_a_nan_or_infinite_metric_is_written_as_strict_json_and_reads_back_as_none(tmp_path):
+    """A loss that diverged (health_checks off) was appended as the bare NaN token: jq, pandas' strict readers and
+    JavaScript refuse the file. It is written null; a file written so before still reads (json takes its NaN)."""
+    from dpotrain.train import metrics
+
+    path = tmp_path / "metrics.jsonl"
+    nan = float("nan")
+    records.append(path, [{"step": 1, "loss": 0.69}, {"step": 2, "loss": nan, "grad_norm": float("inf")}])
+    records.append(path, [{"step": 3, "loss": nan, "nested": [{"x": float("-inf")}]}])
+    assert strict(path.read_text()) == [
+        {"step": 1, "loss": 0.69},
+        {"step": 2, "loss": None, "grad_norm": None},
+        {"step": 3, "loss": None, "nested": [{"x": None}]},
+    ]
+    assert metrics.read_metrics(tmp_path)[1] == {"step": 2, "loss": None, "grad_norm": None}
+    metrics.keep_before(path, 3)  # a resume's trim writes the history again, as strictly
+    assert strict(path.read_text()) == [{"step": 1, "loss": 0.69}, {"step": 2, "loss": None, "grad_norm": None}]
+    assert records.dumps({"summary": {"final": {"loss": nan}}}, indent=2) == (
+        '{\n  "summary": {\n    "final": {\n      "loss": null\n    }\n  }\n}'
+    )  # run_complete.json's writer
+    old = tmp_path / "old.jsonl"
+    old.write_text('{"step": 2, "loss": NaN}\n')  # written by an earlier version: still read
+    assert [r["step"] for r in metrics.read_metrics(old)] == [2]
+
+
 @pytest.mark.parametrize(
     "line, problem",
     [

@@ -48,3 +48,16 @@ def test_the_last_step_the_run_name_and_resolved_numbers_are_recorded(tmp_path, 
     rss = [r["memory/peak_rss_gib"] for r in read_metrics(out) if "loss" in r]
     assert len(rss) == 4 and 0.05 < rss[0] <= rss[-1] < 64, rss  # a peak only grows; a real process's size
     assert "Memory after step 1: peak host RSS" in result.stdout and "Memory, the run's peak: " in result.stdout
+
+
+def test_run_complete_holds_the_last_training_record_and_the_last_evaluation_apart():
+    """An evaluation at the last step is logged after that step's training record: run_complete.json's `final` was the
+    evaluation's (eval_loss, no loss), while the model card's final metrics were the training record's."""
+    from dpotrain.publish import completion
+
+    train = [{"step": s, "epoch": s / 5, "loss": 0.7 - s / 100} for s in (2, 4)]
+    evals = [{"step": s, "epoch": s / 5, "eval_loss": 0.68 - s / 100} for s in (2, 4)]
+    records = [train[0], evals[0], train[1], evals[1]]
+    assert completion(4, records) == {"global_step": 4, "final": train[1], "final_eval": evals[1]}
+    assert completion(4, train) == {"global_step": 4, "final": train[1]}  # not evaluated: as before
+    assert completion(0, []) == {"global_step": 0, "final": None}

@@ -20,7 +20,7 @@ from dpotrain.recipe.run_record import Record
 from dpotrain.recipe.writes import write_text
 from dpotrain.train.lora import card_lines
 from dpotrain.train.losses import loss_text
-from dpotrain.train.metrics import PLOT_FILE, read_metrics
+from dpotrain.train.metrics import PLOT_FILE, last_logged, read_metrics
 
 RUN_COMPLETE = "run_complete.json"  # written last by a finished run (publish.py); a folder with it is a finished run
 
@@ -176,8 +176,8 @@ def model_card(r: Record, records: list[dict], revisions: list[tuple[int, str]] 
     what = "OLMo 3's length-normalized DPO recipe" if types == ["sigmoid_norm"] else "TRL's DPO loss"
     if None not in types and s.beta is not None:  # a record that names its loss (all this project writes)
         what += f" ({loss_text(s)})"
-    last = next((record for record in reversed(records) if "loss" in record), {})  # training, not an evaluation
-    metric_rows = "\n".join(f"| `{k}` | {last[k]:.4f} |" for k in FINAL_METRICS if k in last)
+    last = last_logged(records) or {}  # training, not an evaluation
+    metric_rows = "\n".join(f"| `{k}` | {number(last[k])} |" for k in FINAL_METRICS if k in last)
     metric_rows = (metric_rows + "\n" + speed_row(records)).strip() or "| (none logged) | |"
     content = f"""---
 {data.to_yaml()}
@@ -203,6 +203,12 @@ DPO post-training of `{base}` on `{dataset}` with {what}, trained with TRL's
 ![training curves]({PLOT_FILE})
 """
     return str(ModelCard(content + revisions_section(revisions, repo_id or s.hub_model_id or "")))
+
+
+def number(value) -> str:
+    """A final metric as the card shows it; null in metrics.jsonl is a value that was NaN or infinite
+    (`records.dumps`)."""
+    return "NaN or infinite" if value is None else f"{value:.4f}"
 
 
 def template_named(r: Record) -> str:
@@ -238,14 +244,17 @@ def sources_section(sources: list[dict]) -> str:
 
 
 def as_run(key: str, r: Record):
-    """A recipe field as the run used it: warm-up in steps (a float below 1 is the recipe's ratio), the epochs a
-    max_steps cut short, and per-device batches as the token budget cut them (None in the recipe: micro-batches of as
-    many pairs as fit)."""
+    """A recipe field as the run used it: warm-up in steps (a float below 1 is the recipe's ratio), the epochs
+    max_steps made (fewer, or more: max_steps goes on into the next epochs), and per-device batches as the token budget
+    cut them (None in the recipe: micro-batches of as many pairs as fit)."""
     value, b = getattr(r.settings, key), r.batching
     if key == "warmup_steps" and r.data.warmup_steps is not None:
         return f"{r.data.warmup_steps} ({value:g} of the steps)" if 0 < (value or 0) < 1 else r.data.warmup_steps
     if key == "num_train_epochs" and (r.settings.max_steps or -1) > 0:  # max_steps wins over epochs in transformers
-        return f"{value} (stopped at max_steps {r.settings.max_steps})"
+        epochs = b.epochs_trained  # what its steps make: fewer epochs, or more
+        if epochs is None:  # a record from before the plan counted them
+            return f"{value} (stopped at max_steps {r.settings.max_steps})"
+        return f"{value} (max_steps {r.settings.max_steps} decides the steps: {epochs:g} epochs trained)"
     if key == "per_device_train_batch_size" and value is None and b.pairs_per_micro_batch:
         pairs = b.pairs_per_micro_batch
         return f"{pairs.min}-{pairs.max} pairs per micro-batch (max_tokens_per_microbatch)"
@@ -278,7 +287,9 @@ repo: `AutoModelForCausalLM.from_pretrained("{repo_id}", revision="{revisions[-1
 def speed_row(records: list[dict]) -> str:
     """The run's speed: the mean tokens/s of its logging steps but the first (the first micro-batch's warm-up and any
     compilation fall in it), not the last step's alone (one step's figure ranges widely)."""
-    speeds = [(r["step"], r["tokens_per_second"]) for r in records if "loss" in r and "tokens_per_second" in r]
+    speeds = [
+        (r["step"], r["tokens_per_second"]) for r in records if "loss" in r and r.get("tokens_per_second") is not None
+    ]
     if not speeds:
         return ""
     steady = speeds[1:] or speeds

@@ -61,6 +61,8 @@ def make(
     trained = plan.pairs_trained(planned, steps)
     summary = plan.summary(lengths, step_plan, planned, forward, reduce_per_backward)
     summary["pairs_trained"] = {"pairs": len(trained), "of": len(lengths), "steps": steps}
+    # The epochs those steps make: max_steps past an epoch's steps trains more than num_train_epochs says (the card)
+    summary["epochs_trained"] = round(steps / len(planned[0]), 3)
     summary["max_length_cuts"] = max_length_cuts
     return RunPlan(lengths, step_plan, planned, summary, trained)
 

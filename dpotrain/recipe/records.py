@@ -8,10 +8,14 @@ full disk while appending leaves no part of the line (`append` truncates back to
 
 Whole records are renamed into place (writes.py); one found damaged is what the rerun would decide on, so it is refused
 in one line naming the file and what to do (`read_record`). A damaged cache file is removed and computed again.
+
+Records are strict JSON (`dumps`): a NaN or infinite number (a loss that diverged, with the health guards off) is
+written null, as JSON has no such numbers and jq, JavaScript and most readers refuse Python's `NaN` token.
 """
 
 import contextlib
 import json
+import math
 import os
 import sys
 import zipfile
@@ -69,7 +73,7 @@ def append(path: str | Path, records: list[dict]) -> None:
     """Appends `records` (one line each) to `path`, all of them or none: a write that fails (a full disk) leaves the
     file as it was and raises OSError naming `path`. A torn last line left by a crash is cut off first."""
     path = Path(path)
-    data = "".join(json.dumps(r) + "\n" for r in records).encode()
+    data = "".join(dumps(r) + "\n" for r in records).encode()
     fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
     try:
         size = os.fstat(fd).st_size
@@ -86,6 +90,22 @@ def append(path: str | Path, records: list[dict]) -> None:
             raise OSError(e.errno, e.strerror, str(path)) from None
     finally:
         os.close(fd)
+
+
+def dumps(record, **kwargs) -> str:
+    """`record` as strict JSON: a float that is NaN or infinite (anywhere in it) written null, which readers take for
+    no value; json.dumps would write the bare `NaN`/`Infinity` tokens, which are no JSON."""
+    return json.dumps(_finite(record), allow_nan=False, **kwargs)
+
+
+def _finite(value):
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite(v) for v in value]
+    return value
 
 
 def read_record(path: str | Path, fix: str) -> dict | None:

@@ -94,6 +94,7 @@ class RecordedBatching:
     padding_share: float | None
     layout: str | None  # packed, prompts shared, or padded
     pairs_trained: dict | None  # the pairs the planned steps train: pairs, of, steps
+    epochs_trained: float | None  # the epochs those steps make (max_steps: fewer than num_train_epochs, or more)
     max_length_cuts: dict | None  # pairs cut or dropped at max_length (cuts.py)
     replaced: dict | None  # the recipe's pairs per step, where batch flags on the command line replaced it
 
@@ -208,6 +209,7 @@ def _record(r: dict) -> Record:
         plan.get("padding_share"),
         plan.get("forward"),
         plan.get("pairs_trained"),
+        plan.get("epochs_trained"),
         plan.get("max_length_cuts"),
         d.get("recipe_batching_replaced"),
     )

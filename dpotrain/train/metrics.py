@@ -1,6 +1,5 @@
 """The run's metrics history (`metrics.jsonl`, one record per logging step) and its training-curve plot."""
 
-import json
 from pathlib import Path
 
 from transformers import TrainerCallback
@@ -65,7 +64,7 @@ class MetricsRecorder(TrainerCallback):
 def keep_before(path: Path, step: int) -> None:
     """After a resume: a history's records of `step` and later dropped (trained again); a kill here keeps it whole."""
     kept = [r for r in run_records.read(path, step=True) if r["step"] < step]
-    write_text(path, "".join(json.dumps(r) + "\n" for r in kept))
+    write_text(path, "".join(run_records.dumps(r) + "\n" for r in kept))
 
 
 def read_metrics(path: str | Path) -> list[dict]:
@@ -73,6 +72,12 @@ def read_metrics(path: str | Path) -> list[dict]:
     if path.is_dir():
         path = path / METRICS_FILE
     return run_records.read(path, step=True)  # a last line cut short by a crash is dropped, with a warning
+
+
+def last_logged(records: list[dict], key: str = "loss") -> dict | None:
+    """The last record holding `key`: "loss" a training step's, "eval_loss" an evaluation's (logged after the training
+    record of the same step, so the last record of an evaluated run is no training record)."""
+    return next((r for r in reversed(records) if key in r), None)
 
 
 def measured_panels(records: list[dict]) -> tuple[list[tuple[str, str, dict]], list[str]]:
