@@ -621,6 +621,37 @@ def test_a_job_with_everything_cached_asks_the_hub_nothing(monkeypatch, hf_home,
     )
 
 
+@pytest.mark.slow
+def test_hf_hub_offline_in_dot_env_keeps_a_job_off_the_hub(tmp_path, hf_home, silent_endpoint):
+    """docs/hub.md: `HF_HUB_OFFLINE=1` in `.env` does what it does in the environment. huggingface_hub and datasets
+    read it once, as they are imported, and train_dpo.py read .env after its imports: this job, its model and data set
+    cached, asked the silent Hub for every file it loaded (more than 60 s for the model's config alone), though the
+    run's own checks took it for offline. The project is a copy of train_dpo.py beside the package, with its .env."""
+    project = tmp_path / "project"
+    project.mkdir()
+    shutil.copy(ROOT / "train_dpo.py", project)
+    (project / "dpotrain").symlink_to(ROOT / "dpotrain")
+    (project / ".env").write_text("HF_HUB_OFFLINE=1\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "TRANSFORMERS_OFFLINE"))}
+    env.update(HF_HOME=str(hf_home), HF_ENDPOINT=silent_endpoint)
+    args = ["--config", str(ROOT / "configs" / "smoke.yaml"), "--model_name_or_path", MODEL, "--dataset_name", DATASET]
+    args += ["--output_dir", str(tmp_path / "run"), "--max_steps", "1", "--warmup_steps", "0", "--save_strategy", "no"]
+    try:
+        result = subprocess.run(
+            [PYTHON, str(project / "train_dpo.py"), *args],
+            cwd=tmp_path,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            timeout=150,
+        )
+    except subprocess.TimeoutExpired as e:
+        pytest.fail(f"the job waited on the silent Hub: {(e.stdout or b'')[-2000:]!r}")
+    assert result.returncode == 0, result.stdout[-3000:]
+    assert (tmp_path / "run" / "run_complete.json").exists()
+
+
 # Each command the way it runs, in one process that paid its imports first: what is timed is the command itself, the
 # part an unreachable Hub would stretch (huggingface_hub's retries: 23 s and more per file), not importing torch.
 UNREACHABLE = r"""
