@@ -76,6 +76,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--dataset_config", help="the Hub data set's configuration (subset) [the recipe's dataset_config]")
     p.add_argument(
         "--revision",
+        "--dataset_revision",
         help="Hub data set revision (branch, tag or commit); default: the recipe's dataset_revision, else main",
     )
     p.add_argument("--sample", type=int, help="analyse N rows drawn with --seed instead of every row")

@@ -735,8 +735,11 @@ def test_a_dry_run_on_an_uncached_hub_model_plans_what_it_can_in_seconds(unreach
     assert result["seconds"] < 10 and result["code"] is None, result
     assert (
         "memory/GPU:    not planned: the config of 'org/not-cached-model' is not in the local Hugging Face cache; a "
-        "dry run loads nothing from the network: `python scripts/prefetch.py --config <recipe> --model_name_or_path "
-        "org/not-cached-model` on a machine with network fetches it"
+        "dry run loads nothing from the network: `HF_HOME="  # the cache the dry run read, then the command as it runs
+    ) in result["stdout"], result["stdout"]
+    assert (
+        " python scripts/prefetch.py --config configs/think.yaml --model_name_or_path org/not-cached-model` on a "
+        "machine with network fetches it"
     ) in result["stdout"], result["stdout"]
 
 
