@@ -283,6 +283,32 @@ def test_online_jobs_are_not_checked(monkeypatch):
     assert "org/never'" not in str(info.value)
 
 
+def test_the_prefetch_command_fetches_the_data_sets_revision_the_job_trains(monkeypatch):
+    """A job given --dataset_revision is told to prefetch that revision: the command named the data set alone, so
+    prefetch filled the cache with main and the job, offline, still lacked the pairs it trains on."""
+    from huggingface_hub import constants
+
+    from dpotrain.recipe.config import parse_args
+
+    for name in ("HF_HOME", "HF_DATASETS_CACHE", "HF_HUB_CACHE"):  # the command names the caches it fills
+        monkeypatch.delenv(name, raising=False)
+    model = str(ROOT / "configs" / "models" / "olmo3-7b")  # a folder: only the data set is fetched
+    here = ["--model_name_or_path", model, "--dataset_name", "o/prefs", "--dataset_revision", "v1.2"]
+    command = offline.prefetch_command(parse_args(["--config", THINK, *here, "--dry-run"]))
+    assert command == f"python scripts/prefetch.py --config {THINK} {' '.join(here)}"
+    # prefetch fetches that revision, as the job trains on it (online here up to the download, which is stood in for)
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "0")
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "0")
+    prefetch = load_script("prefetch")
+    monkeypatch.setattr(prefetch.offline, "check_hub_reachable", lambda *args: None)
+    fetched = []
+    monkeypatch.setattr(prefetch, "fetch_dataset", lambda source, revision, token: fetched.append(revision))
+    monkeypatch.setattr(prefetch.offline, "check_offline_artifacts", lambda *args, **kwargs: None)
+    prefetch.main(command.split()[2:])
+    assert fetched == ["v1.2"]
+
+
 def test_prefetch_selects_one_weight_format_and_no_subfolders():
     files = [
         "config.json",
