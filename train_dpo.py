@@ -25,6 +25,11 @@ venv.require()  # the stack comes from the project's venv; outside it, one line 
 try:
     from dotenv import load_dotenv
 
+    if __name__ == "__main__":
+        # .env before the libraries: huggingface_hub and datasets read HF_HUB_OFFLINE once, as they are imported. Read
+        # later (as run() reads it again, for an importer), a .env's HF_HUB_OFFLINE=1 (docs/hub.md) left every load
+        # asking the Hub first: minutes per file on a compute node whose network drops packets.
+        load_dotenv()
     from dpotrain import dry_run, options, publish, stages, train_stage
     from dpotrain.cluster import engine, offline, run_lock
     from dpotrain.hub import hub

@@ -14,7 +14,7 @@ from pathlib import Path
 from dpotrain.cluster import collectives
 from dpotrain.data import builtin, data, hub_revision, mixture, shapes
 from dpotrain.recipe import writes
-from dpotrain.recipe.config import Recipe, uses_live_reference
+from dpotrain.recipe.config import LOAD_BEST_REFUSED, Recipe, uses_live_reference
 from dpotrain.recipe.errors import ConfigError
 from dpotrain.train import losses
 
@@ -128,11 +128,7 @@ def check_evaluation(recipe: Recipe) -> None:
     stage)."""
     t, s = recipe.training, recipe.script
     if t.load_best_model_at_end:  # the Trainer loads the best checkpoint into the final model at the end
-        raise ConfigError(
-            "load_best_model_at_end would save the best checkpoint's weights as the final model, while its model "
-            "card, run_complete.json and push describe the last step: remove it (every checkpoint-N is a complete "
-            "model: pick one by eval_loss in metrics.jsonl)"
-        )
+        raise ConfigError(LOAD_BEST_REFUSED)
     if t.eval_strategy == "no":
         values = mixture.fields_of(recipe)
         named = [f for f in mixture.EVAL_FIELDS if values.get(f)] + [

@@ -42,9 +42,11 @@ from dpotrain.train import health, lora, resume, samples
 
 FA4_SETS = {"with FlashAttention 4 installed": "flash_attention_4", "without": None}  # a dry run for a GPU job
 
-# The fields the analyzer measures with, as its flags name them; it reads the rest of the recipe as the run does.
+# The fields the analyzer measures with, as its flags name them; it reads the rest of the recipe as the run does. The
+# data set's revision too: its lengths are kept per commit, so the lengths of main would leave this run's unmeasured.
 ANALYZER_FIELDS = """
-    model_name_or_path dataset_name dataset_train_split dataset_config hh_format auto_coverage chat_template_path
+    model_name_or_path dataset_name dataset_train_split dataset_config dataset_revision hh_format auto_coverage
+    chat_template_path
 """.split()
 
 
@@ -253,7 +255,7 @@ def _load_pairs(recipe, evaluation: bool, revision: str | None, checked: dict, s
         return dataset, mix
     name, split = s.dataset_name, s.dataset_test_split if evaluation else s.dataset_train_split
     dataset = data.load_preference_dataset(name, split, s.dataset_config, revision, say=say)
-    hub_revision.check_loaded(dataset, name, revision)
+    hub_revision.check_loaded(dataset, name, revision, offline.prefetch_command(recipe))
     usable = rows.usable_pairs(
         dataset, p.skip_invalid, checked, key, p.hh_format, split=split, say=say, source=name, template=template
     )

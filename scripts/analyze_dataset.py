@@ -34,6 +34,8 @@ venv.require()  # outside the venv: one line naming the fix, not a traceback
 
 from dotenv import load_dotenv  # noqa: E402
 
+if __name__ == "__main__":  # before the libraries, which read HF_HUB_OFFLINE as they are imported (train_dpo.py alike)
+    load_dotenv(ROOT / ".env")
 from dpotrain.cluster import offline  # noqa: E402
 from dpotrain.data import chat_template, cuts, data, hub_revision, lengths, lengths_report, mixture, shapes  # noqa: E402
 from dpotrain.data.rows import InvalidRowError  # noqa: E402
@@ -74,6 +76,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--dataset_config", help="the Hub data set's configuration (subset) [the recipe's dataset_config]")
     p.add_argument(
         "--revision",
+        "--dataset_revision",
         help="Hub data set revision (branch, tag or commit); default: the recipe's dataset_revision, else main",
     )
     p.add_argument("--sample", type=int, help="analyse N rows drawn with --seed instead of every row")

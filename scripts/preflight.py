@@ -22,6 +22,8 @@ venv.require()  # outside the venv: one line naming the fix, not a traceback
 
 from dotenv import load_dotenv  # noqa: E402
 
+if __name__ == "__main__":  # before the libraries, which read HF_HUB_OFFLINE as they are imported (train_dpo.py alike)
+    load_dotenv()
 from dpotrain import preflight, stages  # noqa: E402
 from dpotrain.cluster import offline  # noqa: E402
 from dpotrain.recipe import cli  # noqa: E402

@@ -3,6 +3,7 @@ recorded, and loaded again by every resume wherever `main` has moved; `dataset_r
 
 import json
 import os
+import shlex
 import shutil
 import subprocess
 
@@ -159,6 +160,14 @@ def test_a_run_resumed_after_the_data_sets_main_moved_trains_on_the_commit_it_st
     offline = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
     log = train_online(hub, tmp_path, tmp_path / "offline", tiny_model_dir, env=offline, exit_code=2)
     assert f"org/prefs: the copy read is not commit {first[:12]}, which this run trains on (" in log, log
+    # The command that fetches it, as it runs (it was `--config <recipe>`, a shell redirection when pasted)
+    fetch = log.split("fetch that commit where the Hub is reachable (")[1].split("), or start a new run")[0]
+    assert shlex.split(fetch)[:2] == [
+        f"HF_HOME={tmp_path / 'hf_home'}",
+        f"HF_DATASETS_CACHE={tmp_path / 'datasets_cache'}",
+    ]
+    assert shlex.split(fetch)[2:6] == ["python", "scripts/prefetch.py", "--config", SMOKE[1]], fetch
+    assert "--dataset_name org/prefs " in fetch and fetch.endswith(f" --revision {first}"), fetch
 
 
 @pytest.mark.slow

@@ -193,6 +193,79 @@ def test_the_analyzer_command_a_dry_run_prints_runs_as_printed(tiny_model_dir, c
     assert err.strip().splitlines()[-1].startswith("error: could not load data set 'allenai/Dolci-Think-DPO-7B'")
 
 
+def test_the_analyzer_command_a_dry_run_prints_measures_the_data_sets_revision_the_run_trains(
+    tiny_model_dir, capsys, no_credentials
+):
+    """Lengths are kept per data set commit: the printed command left out --dataset_revision, so it measured main and
+    the dry run run again still found this revision's lengths unmeasured. The analyzer also takes the run's name for
+    the flag (docs/max_length.md: train_dpo.py's names for the same things)."""
+    import re
+    import shlex
+
+    out = dry_run(
+        capsys,
+        "--config",
+        "configs/think.yaml",
+        "--model_name_or_path",
+        tiny_model_dir,
+        "--dataset_revision",
+        "v1.2",
+        "--max_length",
+        "4096",
+        "--max_tokens_per_microbatch",
+        "8192",
+        "--output_dir",
+        "/tmp/newcomer-think-dpo",
+    )
+    printed = set(re.findall(r"(python scripts/analyze_dataset\.py[^,;)]*)", out))
+    assert len(printed) == 1, out
+    words = shlex.split(printed.pop())
+    assert words[words.index("--dataset_revision") + 1] == "v1.2", words
+    assert analyzer().parse_args(words[2:]).revision == "v1.2"
+
+
+def test_the_prefetch_command_a_dry_run_prints_for_a_model_not_cached_runs_as_printed(
+    capsys, no_credentials, monkeypatch
+):
+    """README step 4 with your own Hub model, not in the cache yet: the plan is skipped, naming the prefetch command
+    that fetches its config. It printed `--config <recipe>`, which a shell reads as a redirection from a file named
+    recipe; now the command for this recipe and model, which prefetch.py takes as printed (offline here: it says what
+    the cache lacks, the model the dry run named)."""
+    import importlib.util
+    import shlex
+
+    out = dry_run(
+        capsys,
+        "--config",
+        "configs/think.yaml",
+        "--model_name_or_path",
+        "org/my-sft-model",
+        "--output_dir",
+        "/tmp/newcomer-think-dpo",
+    )
+    line = next(line for line in out.splitlines() if line.startswith("  memory/GPU:"))
+    assert "not planned: the config of 'org/my-sft-model' is not in the local Hugging Face cache" in line, line
+    words = shlex.split(line.split("`")[1])
+    home = words.pop(0)  # the cache the dry run read (HF_HOME), which prefetch must fill
+    assert home.startswith("HF_HOME=") and "<" not in line, line
+    assert words == [
+        "python",
+        "scripts/prefetch.py",
+        "--config",
+        "configs/think.yaml",
+        "--model_name_or_path",
+        "org/my-sft-model",
+    ]
+    spec = importlib.util.spec_from_file_location("prefetch", ROOT / "scripts" / "prefetch.py")
+    prefetch = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(prefetch)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(SystemExit) as ended:
+        run_cli(lambda: prefetch.main(words[2:]))
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert ended.value.code == 2 and "the cache lacks: model 'org/my-sft-model'" in err, err
+
+
 # --- 13: batch flags that change the recipe's pairs per step are said where people look -------------------------------
 
 

@@ -284,6 +284,32 @@ def test_online_jobs_are_not_checked(monkeypatch):
     assert "org/never'" not in str(info.value)
 
 
+def test_the_prefetch_command_fetches_the_data_sets_revision_the_job_trains(monkeypatch):
+    """A job given --dataset_revision is told to prefetch that revision: the command named the data set alone, so
+    prefetch filled the cache with main and the job, offline, still lacked the pairs it trains on."""
+    from huggingface_hub import constants
+
+    from dpotrain.recipe.config import parse_args
+
+    for name in ("HF_HOME", "HF_DATASETS_CACHE", "HF_HUB_CACHE"):  # the command names the caches it fills
+        monkeypatch.delenv(name, raising=False)
+    model = str(ROOT / "configs" / "models" / "olmo3-7b")  # a folder: only the data set is fetched
+    here = ["--model_name_or_path", model, "--dataset_name", "o/prefs", "--dataset_revision", "v1.2"]
+    command = offline.prefetch_command(parse_args(["--config", THINK, *here, "--dry-run"]))
+    assert command == f"python scripts/prefetch.py --config {THINK} {' '.join(here)}"
+    # prefetch fetches that revision, as the job trains on it (online here up to the download, which is stood in for)
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "0")
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "0")
+    prefetch = load_script("prefetch")
+    monkeypatch.setattr(prefetch.offline, "check_hub_reachable", lambda *args: None)
+    fetched = []
+    monkeypatch.setattr(prefetch, "fetch_dataset", lambda source, revision, token: fetched.append(revision))
+    monkeypatch.setattr(prefetch.offline, "check_offline_artifacts", lambda *args, **kwargs: None)
+    prefetch.main(command.split()[2:])
+    assert fetched == ["v1.2"]
+
+
 def test_prefetch_selects_one_weight_format_and_no_subfolders():
     files = [
         "config.json",
@@ -702,6 +728,37 @@ def test_a_job_with_everything_cached_asks_the_hub_nothing(monkeypatch, hf_home,
     )
 
 
+@pytest.mark.slow
+def test_hf_hub_offline_in_dot_env_keeps_a_job_off_the_hub(tmp_path, hf_home, silent_endpoint):
+    """docs/hub.md: `HF_HUB_OFFLINE=1` in `.env` does what it does in the environment. huggingface_hub and datasets
+    read it once, as they are imported, and train_dpo.py read .env after its imports: this job, its model and data set
+    cached, asked the silent Hub for every file it loaded (more than 60 s for the model's config alone), though the
+    run's own checks took it for offline. The project is a copy of train_dpo.py beside the package, with its .env."""
+    project = tmp_path / "project"
+    project.mkdir()
+    shutil.copy(ROOT / "train_dpo.py", project)
+    (project / "dpotrain").symlink_to(ROOT / "dpotrain")
+    (project / ".env").write_text("HF_HUB_OFFLINE=1\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "TRANSFORMERS_OFFLINE"))}
+    env.update(HF_HOME=str(hf_home), HF_ENDPOINT=silent_endpoint)
+    args = ["--config", str(ROOT / "configs" / "smoke.yaml"), "--model_name_or_path", MODEL, "--dataset_name", DATASET]
+    args += ["--output_dir", str(tmp_path / "run"), "--max_steps", "1", "--warmup_steps", "0", "--save_strategy", "no"]
+    try:
+        result = subprocess.run(
+            [PYTHON, str(project / "train_dpo.py"), *args],
+            cwd=tmp_path,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            timeout=150,
+        )
+    except subprocess.TimeoutExpired as e:
+        pytest.fail(f"the job waited on the silent Hub: {(e.stdout or b'')[-2000:]!r}")
+    assert result.returncode == 0, result.stdout[-3000:]
+    assert (tmp_path / "run" / "run_complete.json").exists()
+
+
 # Each command the way it runs, in one process that paid its imports first: what is timed is the command itself, the
 # part an unreachable Hub would stretch (huggingface_hub's retries: 23 s and more per file), not importing torch.
 UNREACHABLE = r"""
@@ -785,8 +842,11 @@ def test_a_dry_run_on_an_uncached_hub_model_plans_what_it_can_in_seconds(unreach
     assert result["seconds"] < 10 and result["code"] is None, result
     assert (
         "memory/GPU:    not planned: the config of 'org/not-cached-model' is not in the local Hugging Face cache; a "
-        "dry run loads nothing from the network: `python scripts/prefetch.py --config <recipe> --model_name_or_path "
-        "org/not-cached-model` on a machine with network fetches it"
+        "dry run loads nothing from the network: `HF_HOME="  # the cache the dry run read, then the command as it runs
+    ) in result["stdout"], result["stdout"]
+    assert (
+        " python scripts/prefetch.py --config configs/think.yaml --model_name_or_path org/not-cached-model` on a "
+        "machine with network fetches it"
     ) in result["stdout"], result["stdout"]
 
 

@@ -105,6 +105,17 @@ def test_no_path_a_page_names_lies_outside_the_repository(page):
             assert (ROOT / name).exists() or name in ELSEWHERE, (page.name, name)
 
 
+def test_no_file_of_the_repository_reads_the_shared_folder_beside_it():
+    """The repository stands alone: no script, module, recipe or test names `../shared` (a folder beside a checkout of
+    the machine it was written on, which a clone does not have). Only this file says the name."""
+    listed = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, text=True)
+    if listed.returncode != 0:
+        pytest.skip("not a git checkout: no list of the repository's files")
+    files = [ROOT / name for name in listed.stdout.split("\0") if name and name != "tests/test_readme.py"]
+    named = [f.name for f in files if f.is_file() and b"../shared" in f.read_bytes()]
+    assert len(files) > 100 and named == [], named
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("spelling", ["--output_dir", "--output_dir="])
 def test_the_demo_sent_to_a_folder_of_the_users_does_not_replace_the_run_there(demo_run, tmp_path, spelling):

@@ -301,6 +301,12 @@ def test_runs_that_train_nothing(args, rows, expected, tmp_path, monkeypatch, ca
             ],
             "load_best_model_at_end would save the best checkpoint's weights as the final model",
         ),
+        # without evaluation: transformers' multi-line error, whose advice (evaluate on the save schedule) led to the
+        # refusal above
+        (
+            ["--load_best_model_at_end", "true", "--dry-run"],
+            "load_best_model_at_end would save the best checkpoint's weights as the final model",
+        ),
         # won over the run's own fields at load: bf16 weights while the dry run and resolved_config.json said float32
         (
             ["--model_init_kwargs", '{"dtype": "bfloat16"}', "--dry-run"],

@@ -41,6 +41,7 @@ ARTIFACT_FIELDS = [
     ("script", "dataset_name"),
     ("script", "dataset_config"),
     ("script", "dataset_train_split"),
+    ("project", "dataset_revision"),  # the commit, branch or tag the job trains on, not main
     *(("project", name) for name in (*mixture.TRAIN_FIELDS, *mixture.EVAL_FIELDS)),
 ]
 

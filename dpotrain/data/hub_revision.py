@@ -77,17 +77,18 @@ def changed(recorded: str, name: str, given: str | None) -> str | None:
     return f"{name} at {given} is commit {now[:12]}, the run trained on commit {recorded[:12]}"
 
 
-def check_loaded(dataset, name: str, revision: str | None) -> None:
+def check_loaded(dataset, name: str, revision: str | None, prefetch: str) -> None:
     """The data set read is the commit asked for. Offline, `datasets` reads the copy it prepared last, whatever the
     revision (huggingface/datasets issue 7928); the prepared files sit in a folder named for their commit, so another
-    commit's copy is refused rather than trained on."""
+    commit's copy is refused rather than trained on, naming the command (`prefetch`, the run's
+    `python scripts/prefetch.py ...`) that fetches this one."""
     files = [f["filename"] for f in getattr(dataset, "cache_files", None) or []]
     if not (revision and COMMIT.fullmatch(revision) and files) or any(f"/{revision}/" in f for f in files):
         return
     raise ConfigError(
         f"{name}: the copy read is not commit {revision[:12]}, which this run trains on ({Path(files[0]).parent}), "
         "as datasets reads the copy cached last when HF_HUB_OFFLINE is set: fetch that commit where the Hub is "
-        f"reachable (python scripts/prefetch.py --config <recipe> --revision {revision}), or start a new run"
+        f"reachable ({prefetch} --revision {revision}), or start a new run"
     )
 
 

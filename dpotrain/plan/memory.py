@@ -85,13 +85,15 @@ def load_model_config(recipe):
     try:
         return AutoConfig.from_pretrained(name, revision=recipe.model.model_revision, local_files_only=True), None
     except (OSError, ValueError) as e:
-        from dpotrain.cluster.offline import is_hub_model
+        from dpotrain.cluster.offline import is_hub_model, prefetch_command
 
-        # A Hub name: transformers' text ("couldn't connect") would suggest a download was tried; none was.
-        where = "in the local Hugging Face cache" if is_hub_model(name) else f"on this machine ({cause(e, 160)})"
+        if not is_hub_model(name):  # a local folder: nothing on the Hub would fetch it
+            return None, f"the config of {name!r} is not readable on this machine ({cause(e, 160)})"
+        # transformers' text ("couldn't connect") would suggest a download was tried; none was. The command as it
+        # runs for this recipe and model (a `<recipe>` placeholder was a shell redirection when pasted).
         return None, (
-            f"the config of {name!r} is not {where}; a dry run loads nothing from the network: `python "
-            f"scripts/prefetch.py --config <recipe> --model_name_or_path {name}` on a machine with network fetches it"
+            f"the config of {name!r} is not in the local Hugging Face cache; a dry run loads nothing from the "
+            f"network: `{prefetch_command(recipe)}` on a machine with network fetches it"
         )
 
 

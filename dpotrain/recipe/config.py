@@ -363,6 +363,14 @@ def _renamed(words: list[str]) -> list[str]:
     return out
 
 
+# Said whether transformers' own check of the option (evaluation and saving on one schedule) or the run's sees it first.
+LOAD_BEST_REFUSED = (
+    "load_best_model_at_end would save the best checkpoint's weights as the final model, while its model "
+    "card, run_complete.json and push describe the last step: remove it (every checkpoint-N is a complete "
+    "model: pick one by eval_loss in metrics.jsonl)"
+)
+
+
 def parse_args(argv: list[str] | None = None) -> Recipe:
     argv = list(sys.argv[1:] if argv is None else argv)
     typed = without_secrets(argv)
@@ -404,6 +412,9 @@ def parse_args(argv: list[str] | None = None) -> Recipe:
         with upstream.bf16_gpu_check_skipped() if dry_run_asked(argv) else contextlib.nullcontext():
             script, training, model, project = parser.parse_args_into_dataclasses(args=tokens)
     except ValueError as e:  # transformers' own validation of TrainingArguments: a user error, said in one line
+        if "load_best_model_at_end" in str(e):
+            # Its advice (evaluate and save on one schedule) leads to this project's refusal of the option itself.
+            raise ConfigError(LOAD_BEST_REFUSED) from None
         hint = " (on a CPU machine: --bf16 false, or the CPU demo configs/smoke.yaml)" if "bf16" in str(e) else ""
         raise ConfigError(f"{e}{hint}") from None
     _check_finite(script, training, model, project)
