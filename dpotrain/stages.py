@@ -114,7 +114,7 @@ def decide_launch(recipe) -> Launch:
     n = recipe.project.sequence_parallel_size
     sequence_parallel.check_launch(n, world, planned)  # N divides the processes, on DeepSpeed's engine
     clipping = engine.gradient_clipping(recipe.training.max_grad_norm, planned)  # its DeepSpeed config agrees
-    engine.check_mixed_precision(recipe.training, recipe.project.accelerate_config, dry_run)
+    engine.check_mixed_precision(recipe.training, planned)
     batch = resolve.decide_batch(recipe, sequence_parallel.data_parallel_size(world, n))
     return Launch(world, source, planned, machines, dry_run, n, clipping, batch)
 

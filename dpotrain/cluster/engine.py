@@ -10,7 +10,7 @@ import contextlib
 import hashlib
 import json
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import timedelta
 from pathlib import Path
 
@@ -50,6 +50,10 @@ class Engine:
     # An engine `launched` refuses (FSDP1, ZeRO-0/1, Megatron, a config accelerate refuses), read from a config file:
     # its refusal, which a job's launch (dpotrain/cluster/job.py) makes before it starts any process
     refused: str | None = None
+    # accelerate's mixed precision as the launch sets it (ACCELERATE_MIXED_PRECISION, from its config's
+    # `mixed_precision`): TrainingArguments autocasts in it where the recipe sets neither bf16 nor fp16
+    mixed_precision: str = "no"
+    mixed_precision_from: str = "ACCELERATE_MIXED_PRECISION"  # or the accelerate config a dry run read it from
 
     @property
     def shards_weights(self) -> bool:
@@ -69,9 +73,17 @@ class Engine:
         return self.name == "ddp"
 
 
+def _mixed_precision_set() -> str:
+    return (os.environ.get("ACCELERATE_MIXED_PRECISION") or "no").lower()
+
+
 def launched() -> Engine:
     """The engine of this process's launch, from the environment `accelerate launch` sets (it does not pass on the
     config file's path); refuses the engines this project does not support."""
+    return replace(_launched(), mixed_precision=_mixed_precision_set())
+
+
+def _launched() -> Engine:
     env = os.environ.get
     world, per_node = int(env("WORLD_SIZE", "1")), int(env("LOCAL_WORLD_SIZE", "1"))
     if env("ACCELERATE_USE_DEEPSPEED", "false").lower() == "true":
@@ -139,14 +151,26 @@ def processes(config) -> int:
 def from_config(accelerate_config: str) -> Engine:
     """The engine an accelerate config file selects (a dry run plans for it). Never raises: an engine plans do not
     cover is named "unplanned", with the reason in `source`."""
+    from_environment = _mixed_precision_set()  # where no config is read, TrainingArguments still reads it
     if accelerate_config.lower() in ("", "none"):
-        return Engine("single", "python train_dpo.py, no launcher")
+        return Engine("single", "python train_dpo.py, no launcher", mixed_precision=from_environment)
     if not Path(accelerate_config).is_file():
-        return Engine("unplanned", f"accelerate config {accelerate_config!r} not found")
+        return Engine(
+            "unplanned", f"accelerate config {accelerate_config!r} not found", mixed_precision=from_environment
+        )
     try:
         config = read_accelerate_config(accelerate_config)
     except ConfigError as e:
-        return Engine("unplanned", str(e), refused=str(e))
+        return Engine("unplanned", str(e), refused=str(e), mixed_precision=from_environment)
+    mixed = str(config.mixed_precision or "no").lower()
+    return replace(
+        _engine_of(config, accelerate_config),
+        mixed_precision=mixed,
+        mixed_precision_from=f"the accelerate config {accelerate_config}",
+    )
+
+
+def _engine_of(config, accelerate_config: str) -> Engine:
     per_node = max(processes(config) // max(config.num_machines, 1), 1)
     # The job's GPUs per node (scripts/launch.sh: --gpus-per-node) over the config's: what a refusal counts nodes in.
     per_node = int(os.environ.get("GPUS_PER_NODE") or 0) or per_node
@@ -246,26 +270,20 @@ def gradient_clipping(max_grad_norm: float, run_engine: Engine) -> dict:
     return {"max_grad_norm": max_grad_norm, "clipped_by": CLIPPED_BY.get(run_engine.name, run_engine.source)}
 
 
-def check_mixed_precision(training, accelerate_config: str | None, dry_run: bool) -> None:
+def check_mixed_precision(training, run_engine: Engine) -> None:
     """accelerate's mixed precision against the recipe's. TrainingArguments takes ACCELERATE_MIXED_PRECISION (which
     `accelerate launch` sets from its config's `mixed_precision`) where the recipe sets neither bf16 nor fp16: a run
     would train under bf16 (fp16, fp8) autocast while its record says fp32. A run reads what its launch set, a dry run
     what the accelerate config it plans for would set. A recipe's bf16 or fp16 wins over it: nothing to refuse."""
-    if training.bf16 or training.fp16:
+    mixed, where = run_engine.mixed_precision, run_engine.mixed_precision_from
+    if training.bf16 or training.fp16 or mixed == "no":
         return
-    where, mixed = "ACCELERATE_MIXED_PRECISION", os.environ.get("ACCELERATE_MIXED_PRECISION") or "no"
-    if dry_run and accelerate_config and Path(accelerate_config).is_file():
-        with contextlib.suppress(ConfigError):  # a config accelerate refuses is named by the engine's own refusal
-            mixed = read_accelerate_config(accelerate_config).mixed_precision or "no"
-            where = f"the accelerate config {accelerate_config}"
-    mixed = str(mixed).lower()
-    if mixed != "no":
-        flag = f"pass --{mixed} true to train in {mixed}, or " if mixed in ("bf16", "fp16") else ""
-        raise ConfigError(
-            f"mixed_precision is {mixed} ({where}) and the recipe sets neither bf16 nor fp16: the run would train with "
-            f"{mixed} autocast under a record of fp32: {flag}set mixed_precision: 'no' in the accelerate config "
-            "(ACCELERATE_MIXED_PRECISION unset) to train in fp32"
-        )
+    flag = f"pass --{mixed} true to train in {mixed}, or " if mixed in ("bf16", "fp16") else ""
+    raise ConfigError(
+        f"mixed_precision is {mixed} ({where}) and the recipe sets neither bf16 nor fp16: the run would train with "
+        f"{mixed} autocast under a record of fp32: {flag}set mixed_precision: 'no' in the accelerate config "
+        "(ACCELERATE_MIXED_PRECISION unset) to train in fp32"
+    )
 
 
 def load_dtype(recipe, engine: Engine) -> str | None:

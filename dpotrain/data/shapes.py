@@ -171,8 +171,9 @@ def _messages(chosen: list, rejected: list) -> tuple[dict | None, tuple[str, str
     for column, completion in (("chosen", completion_c), ("rejected", completion_r)):
         if not completion:
             return None, (column, "empty completion: the conversation does not end with an assistant message")
-    if given(prompt_c) != given(prompt_r):
-        return None, ("rejected", ANOTHER_PROMPT + _first_difference(given(prompt_c), given(prompt_r)))
+    asked_c, asked_r = given(prompt_c), given(prompt_r)
+    if asked_c != asked_r:
+        return None, ("rejected", ANOTHER_PROMPT + _first_difference(asked_c, asked_r))
     if not prompt_c:
         return None, ("prompt", "no message before the assistant's answer, so there is no prompt")
     return {"prompt": prompt_c, "chosen": completion_c, "rejected": completion_r}, None
