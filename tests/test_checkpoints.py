@@ -2,6 +2,7 @@
 kept one, and a step written again starts from an empty folder: real training runs of the tiny model, resumed."""
 
 import json
+import shutil
 
 import datasets
 import pytest
@@ -10,6 +11,7 @@ from transformers import TrainerCallback
 from conftest import ROOT, built, ready, sealed_checkpoint
 from dpotrain.data import builtin
 from dpotrain.recipe.config import parse_args
+from dpotrain.train import run_files
 from dpotrain.train.checkpoints import MARKER, checkpoints, is_complete
 from dpotrain.train.resume import newest_verified
 
@@ -50,7 +52,9 @@ class CompleteOnDiskBeforeTheMark(TrainerCallback):
 
 
 def cut_short(folder):
-    """What a job killed mid-save leaves: some of the files, no mark."""
+    """What a job killed mid-save leaves: some of the files, no mark, the folder named in the run's record (claimed
+    before its first file)."""
+    run_files.claim(folder.parent, [folder.name])
     folder.mkdir()
     (folder / "config.json").write_text("{}")
     (folder / "model.safetensors").write_bytes(b"\0" * 100)
@@ -64,6 +68,8 @@ def test_rotation_with_a_checkpoint_cut_short_keeps_the_newest_complete_ones(tmp
 
     # A later job got to step 5 and was killed while saving there (a stop request's checkpoint): resuming ignores it.
     cut_short(out / "checkpoint-5")
+    # A person copied a checkpoint of their own into the folder: not the run's, so rotation leaves it.
+    shutil.copytree(out / "checkpoint-2", out / "checkpoint-1")
     assert newest_verified(out)[0] == out / "checkpoint-2"
 
     resumed = trainer_for(out, tiny_model_dir, max_steps=6)
@@ -73,9 +79,10 @@ def test_rotation_with_a_checkpoint_cut_short_keeps_the_newest_complete_ones(tmp
 
     # A kill between a save and its mark still leaves a checkpoint to resume from (transformers' own rotation had
     # deleted checkpoint-2 at step 4, keeping the stale checkpoint-5 as one of the two).
-    assert probe.seen == {4: ["checkpoint-2"], 6: ["checkpoint-2", "checkpoint-4"]}
-    # The two newest complete ones are kept; the folder cut short is gone, not counted as one of them.
-    assert [p.name for p in checkpoints(out)] == ["checkpoint-4", "checkpoint-6"]
+    assert probe.seen == {4: ["checkpoint-1", "checkpoint-2"], 6: ["checkpoint-1", "checkpoint-2", "checkpoint-4"]}
+    # The two newest complete ones are kept; the folder cut short is gone, not counted as one of them; the person's
+    # checkpoint stays.
+    assert [p.name for p in checkpoints(out)] == ["checkpoint-1", "checkpoint-4", "checkpoint-6"]
     assert all(is_complete(p) for p in checkpoints(out))
 
 

@@ -21,6 +21,7 @@ from dpotrain.train import checkpoint_manifest, run_files
 
 MARKER = "COMPLETE"
 _CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
+_told: set[str] = set()  # checkpoints not the run's that rotation has said it keeps (said once per process)
 
 
 def checkpoints(output_dir: str | Path) -> list[Path]:
@@ -46,13 +47,20 @@ def complete_checkpoints(output_dir: str | Path) -> list[Path]:
 
 
 def rotate(output_dir: str | Path, limit: int | None, keep: tuple = ()) -> list[Path]:
-    """Deletes what `save_total_limit` lets go; returns what it deleted. Kept: the `limit` newest complete
-    checkpoints (by step, as resuming picks them) and the folders in `keep` (the checkpoint just written, the best
-    one); deleted: the other complete ones, and every folder without the mark. Nothing without a limit."""
+    """Deletes what `save_total_limit` lets go among the run's own checkpoints (run_files.json's); returns what it
+    deleted. Kept: the `limit` newest complete ones (by step, as resuming picks them) and the folders in `keep` (the
+    checkpoint just written, the best one); deleted: the other complete ones, and every one without the mark. A
+    `checkpoint-N` a person put in the folder is not the run's and stays. Nothing without a limit."""
     if not limit or limit <= 0:
         return []
-    kept = {p.name for p in complete_checkpoints(output_dir)[-limit:]} | {Path(k).name for k in keep if k}
-    doomed = [p for p in checkpoints(output_dir) if p.name not in kept or not is_complete(p)]
+    own = set(run_files.read(Path(output_dir)) or ())
+    found = checkpoints(output_dir)
+    if others := [p.name for p in found if p.name not in own and p.name not in _told]:
+        _told.update(others)
+        print(f"Kept {', '.join(others)} in {output_dir}: not this run's ({run_files.MANIFEST}), never rotated")
+    mine = [p for p in found if p.name in own]
+    kept = {p.name for p in [p for p in mine if is_complete(p)][-limit:]} | {Path(k).name for k in keep if k}
+    doomed = [p for p in mine if p.name not in kept or not is_complete(p)]
     for folder in doomed:
         if not is_complete(folder):
             print(f"Removed {folder}: a checkpoint cut short (no {MARKER} mark), never resumed from", flush=True)
