@@ -510,6 +510,28 @@ def test_a_lock_of_another_host_is_held_while_refreshed_and_taken_over_once_stal
     assert not (out / run_lock.LOCK_FILE).exists()
 
 
+def test_a_file_named_run_lock_that_no_run_wrote_is_never_taken_over(tmp_path):
+    """A person's own `run.lock` (notes, a script's lock) in an empty folder was read as an unreadable lock and deleted
+    once 300 s old. It is refused, kept; a run's lock caught half-written (empty) is still taken over once stale."""
+    out = tmp_path / "run"
+    out.mkdir()
+    lock = out / run_lock.LOCK_FILE
+    lock.write_text("my notes on this run\n")
+    then = time.time() - run_lock.STALE_S - 60
+    os.utime(lock, (then, then))
+    refused = run_lock.acquire(out)
+    assert refused and "holds a file named run.lock that no run wrote" in refused and "move that file" in refused
+    with pytest.raises(output_folder.ConfigError, match="no run wrote"):
+        output_folder.check(str(out))
+    assert lock.read_text() == "my notes on this run\n"
+    lock.write_bytes(b'{\n "ho')  # a run's lock cut short by a full disk
+    os.utime(lock, (then, then))
+    try:
+        assert run_lock.acquire(out) is None
+    finally:
+        run_lock.release()
+
+
 def test_a_refused_launch_leaves_no_folder_behind(tmp_path):
     out = tmp_path / "new-run"
     assert run_lock.acquire(out) is None and out.is_dir()

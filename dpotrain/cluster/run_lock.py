@@ -85,6 +85,21 @@ def _alive_here(holder: dict) -> bool:
     return holder.get("process_start") is None or started is None or started == holder["process_start"]
 
 
+# How every lock a run writes begins (`holder_record` as JSON): an unreadable run.lock that does not begin so was not
+# cut short by a run, it is a person's file of that name, and is never taken over.
+_LOCK_START = b'{\n "host": '
+
+
+def foreign(out: Path, raw: bytes, holder: dict | None) -> str | None:
+    """The refusal for a run.lock no run wrote; None for a run's lock (whole, or caught half-written)."""
+    if holder is not None or raw[: len(_LOCK_START)] == _LOCK_START[: len(raw)]:
+        return None
+    return (
+        f"output_dir {str(out)!r} holds a file named {LOCK_FILE} that no run wrote (a run's lock is JSON naming its "
+        "holder): move that file out of the folder, or pass another --output_dir"
+    )
+
+
 def free_reason(holder: dict | None, age_s: float) -> str | None:
     """Why a lock held by `holder` (refreshed `age_s` ago) may be taken over; None when its holder may be alive."""
     if holder is None:
@@ -137,6 +152,8 @@ def refusal(out: Path, holder: dict | None, age_s: float) -> str:
 def check_free(out: Path) -> None:
     """Refuses a folder a live run holds (read-only: any rank, before anything loads). `take` decides for real."""
     found = _read(out / LOCK_FILE)
+    if found and (not_a_lock := foreign(out, found[0], found[1])):
+        raise ConfigError(not_a_lock)
     if found and free_reason(found[1], found[2]) is None:
         raise ConfigError(refusal(out, found[1], found[2]))
 
@@ -254,6 +271,8 @@ def acquire(out: Path) -> str | None:
         found = _read(lock)
         if found is None:
             continue  # released meanwhile
+        if not_a_lock := foreign(out, found[0], found[1]):
+            return not_a_lock
         why = free_reason(found[1], found[2])
         if why is None:
             return refusal(out, found[1], found[2])
