@@ -140,6 +140,29 @@ def test_a_damaged_record_is_one_line_naming_the_file_and_the_fix(tmp_path, text
     assert line.endswith("delete it to go on without that comparison, or pass a new --output_dir")
 
 
+@pytest.mark.parametrize(
+    "section, value, why",
+    [
+        ("batching", "planned at start", "derived.batching is a JSON str, not an object"),
+        ("forward", ["packed"], "derived.forward is a JSON list, not an object"),
+        ("memory", {"per_gpu_gib": 3}, "derived.memory.per_gpu_gib is a JSON int, not an object"),
+        ("batching", {"micro_batches_per_step": {"min": 1}}, "micro_batches_per_step is neither a number nor"),
+        ("batching", {"pairs_per_micro_batch": "4"}, "pairs_per_micro_batch is neither a number nor"),
+    ],
+)
+def test_a_record_edited_into_another_shape_is_one_line_not_a_traceback(tmp_path, section, value, why):
+    """A resolved_config.json whose nested sections were edited into another type (`derived.batching` a string) read
+    back as an AttributeError or KeyError at whichever reader met it first, on every rerun."""
+    path = tmp_path / "resolved_config.json"
+    path.write_text(json.dumps({**DRY_RUN, "derived": {**DRY_RUN["derived"], section: value}}))
+    with pytest.raises(ConfigError) as refused:
+        run_record.read(path)
+    line = str(refused.value)
+    assert line.startswith(f"{path} is unreadable (") and why in line and "\n" not in line, line
+    with pytest.raises(ConfigError, match="not a run's record"):
+        run_record.parse(path.read_text(), "the dry run")
+
+
 def test_what_launch_sh_prints_of_its_dry_run_and_its_exit_code_where_the_run_would_refuse(monkeypatch, capsys):
     shown = "[INFO] a library's line\n" + json.dumps(DRY_RUN, indent=2)  # a library may print before the JSON
     monkeypatch.setattr("sys.stdin", io.StringIO(shown))

@@ -173,6 +173,51 @@ def _settings():
     return make_dataclass("Settings", [(n, t, field(default=None)) for n, t in names.items()], frozen=True)
 
 
+# Where a record holds an object, and where a count or its spread (a number, or min/mean/max): a file edited into
+# another shape is refused as unreadable when read, not an AttributeError at whichever reader meets it first.
+_OBJECTS = (
+    "derived",
+    "derived.gradient_clipping",
+    "derived.chat_template",
+    "derived.max_length",
+    "derived.forward",
+    "derived.memory",
+    "derived.memory.per_gpu_gib",
+    "derived.batching",
+    "derived.batching.pairs_trained",
+    "derived.batching.max_length_cuts",
+    "derived.recipe_batching_replaced",
+    "derived.model_identity",
+    "derived.data_identity",
+)
+_SPREADS = (
+    "derived.batching.micro_batches_per_step",
+    "derived.batching.pairs_per_micro_batch",
+    "derived.batching.positions_per_micro_batch",
+)
+
+
+def _misshapen(r: dict) -> str | None:
+    """The first field of `r` of another shape than a run writes, said as its reader would; None when none is."""
+
+    def at(path):
+        value = r
+        for key in path.split("."):
+            value = value.get(key) if isinstance(value, dict) else None
+        return value
+
+    for path in _OBJECTS:
+        if at(path) is not None and not isinstance(at(path), dict):
+            return f"{path} is a JSON {type(at(path)).__name__}, not an object"
+    number = (int, float)
+    for path in _SPREADS:
+        value = at(path)
+        whole = isinstance(value, dict) and all(isinstance(value.get(k), number) for k in ("min", "mean", "max"))
+        if value is not None and not whole and (isinstance(value, bool) or not isinstance(value, number)):
+            return f"{path} is neither a number nor its min, mean and max"
+    return None
+
+
 def of(values: dict) -> Record:
     """The record in hand (`resolve.resolved_config`'s object), read as its file reads: through JSON."""
     return _record(json.loads(json.dumps(values, default=str)))
@@ -181,6 +226,8 @@ def of(values: dict) -> Record:
 def read(path: str | Path) -> Record | None:
     """The record in `path`; None where there is none; one that cannot be read is refused (`records.read_record`)."""
     values = records.read_record(path, records.RESOLVED_FIX)
+    if values is not None and (why := _misshapen(values)):
+        raise ConfigError(f"{path} is unreadable ({why}): {records.RESOLVED_FIX}")
     return None if values is None else _record(values)
 
 
@@ -191,6 +238,7 @@ def parse(text: str, source) -> Record:
         why = None if isinstance(values, dict) else f"a JSON {type(values).__name__}, not an object"
     except ValueError as e:
         why = cause(e)
+    why = why or _misshapen(values)
     if why:
         raise ConfigError(f"{source}: not a run's record ({why})")
     return _record(values)
