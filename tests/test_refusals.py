@@ -235,11 +235,28 @@ def test_text_rows_then_message_rows(tmp_path, monkeypatch, capsys):
             "rows at 8 pairs per step",
         ),
         (["--per_device_train_batch_size", "16"], 12, "1 optimizer step(s), 1 of warmup"),
+        # the schedule's peak after the run's last step: it never trained at the rate set
+        (["--max_steps", "3", "--warmup_steps", "5"], 40, "warmup_steps makes 5 warm-up steps of the run's 3"),
     ],
 )
 def test_runs_that_train_nothing(args, rows, expected, tmp_path, monkeypatch, capsys):
     data = write_rows(tmp_path / "d.jsonl", many_rows(rows))
     assert expected in refused(tmp_path, monkeypatch, capsys, "--dataset_name", data, *args)
+
+
+def test_steps_are_counted_on_the_pairs_training_keeps(tmp_path, capsys):
+    """16 rows make 2 steps of 8 pairs, one of warm-up; keep_start drops the 8 whose prompt alone fills max_length,
+    so the run's one step was its warm-up (learning rate 0): it trained nothing and finished as a run. The dry run
+    refuses it (the run, once TRL has tokenized the pairs)."""
+    long = [{"role": "user", "content": "word " * 1500}]
+    rows = [pair(chosen=f"Blue {i}.", prompt=long if i % 2 else MESSAGES) for i in range(16)]
+    data = write_rows(tmp_path / "d.jsonl", rows)
+    args = ["--config", SMOKE, "--output_dir", str(tmp_path / "run"), "--dataset_name", data, "--max_length", "1024"]
+    with pytest.raises(SystemExit) as ended:  # a dry run: it reads the built-in model's tokenizer, no weights
+        run_cli(lambda: train_dpo.main([*args, "--dry-run"]))
+    err = capsys.readouterr().err
+    assert ended.value.code == 2 and err.rstrip().splitlines()[-1].startswith("error: this run would train nothing")
+    assert "1 optimizer step(s), 1 of warmup (learning rate 0 at step 1) from the 8 pairs training keeps" in err
 
 
 # --- 5: bad values and inputs that used to fail after loading, as tracebacks ------------------------------------------
