@@ -27,6 +27,8 @@ def prepare_output(spec, state) -> None:
     if state.is_main_process and not recipe.project.reference_only:  # the run's own files only (output_folder.py)
         output_folder.start(recipe, spec.output.start_afresh, spec.push.requested)
         setup_wandb(recipe.training)
+    elif state.is_main_process:  # transformers makes output_dir with os.makedirs, which fails on a link to a folder
+        Path(recipe.training.output_dir).resolve().mkdir(parents=True, exist_ok=True)  # still to be made (the lock's)
     state.wait_for_everyone()
 
 

@@ -92,7 +92,11 @@ def test_a_step_that_cannot_be_cut_is_refused_as_the_trainer_is_built(tmp_path, 
 
 @pytest.mark.slow
 def test_train_dpo_runs_its_stages_in_order(tmp_path, tiny_model_dir):
-    """build -> plan -> reference, each stage's line in that order (a reference-only run: no training needed)."""
+    """build -> plan -> reference, each stage's line in that order (a reference-only run: no training needed). Its
+    output_dir is a link to a folder still to be made (`outputs/run -> /scratch/me/run`): a reference-only run, which
+    takes no lock, ended in transformers' FileExistsError there."""
+    link, target = tmp_path / "run", tmp_path / "scratch" / "run"
+    link.symlink_to(target)
     rows = tmp_path / "pairs.jsonl"
     datasets.Dataset.from_list(builtin.make_preference_rows(48, seed=5)).to_json(rows)
     env = {"DPOTRAIN_CACHE": str(tmp_path / "cache"), "DPOTRAIN_BUILTIN_DIR": str(tiny_model_dir.rsplit("/", 1)[0])}
@@ -103,7 +107,7 @@ def test_train_dpo_runs_its_stages_in_order(tmp_path, tiny_model_dir):
             "--dataset_name",
             str(rows),
             "--output_dir",
-            str(tmp_path / "run"),
+            str(link),
             "--reference_only",
             "true",
         ],
@@ -114,6 +118,7 @@ def test_train_dpo_runs_its_stages_in_order(tmp_path, tiny_model_dir):
     stage_line = "Plan: 6 steps of 8 pairs per epoch (1 epoch(s) planned), "
     assert stage_line in log, log[-3000:]
     assert log.index("Tokenizing train dataset") < log.index(stage_line) < log.index("reference log-probs (train)")
+    assert link.is_symlink() and target.is_dir()
 
 
 def test_the_run_records_the_steps_of_the_pairs_trl_keeps(tmp_path, tiny_model_dir):
