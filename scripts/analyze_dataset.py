@@ -209,8 +209,7 @@ def check_args(args: argparse.Namespace) -> None:
         raise ConfigError(f"--candidates are max_length values and must be >= 1 (got {bad[0]})")
     if args.plot and Path(args.plot).suffix.lower() not in PLOT_SUFFIXES:
         raise ConfigError(f"--plot {args.plot!r}: the histogram is an image, name it with one of {PLOT_SUFFIXES}")
-    for flag, path in (("--json", args.json), ("--plot", args.plot)):
-        writes.check_report_path(flag, path)
+    writes.check_report_paths({"--json": args.json, "--plot": args.plot})
 
 
 def analyze(args: argparse.Namespace) -> int:

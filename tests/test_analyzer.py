@@ -698,6 +698,8 @@ def test_cli_end_to_end(tmp_path, tiny_model_dir):
         # A folder: the report's rename into place failed there after the analysis, in a traceback.
         (["--json", "/tmp"], "--json '/tmp' is a folder: give the path of the file to write"),
         (["--seed", "-1"], "--seed -1 is out of range"),  # numpy's seeds: the padding figures' shuffle failed after
+        # the plot was written over the JSON report, after the analysis
+        (["--json", "r.png", "--plot", "./r.png"], "--json and --plot name the same file './r.png': give each its own"),
     ],
 )
 def test_values_and_outputs_checked_before_the_analysis(args, message, cli, tmp_path, capsys):

@@ -176,6 +176,7 @@ def write_rows(path, rows) -> str:
         (["--json", "/tmp"], "--json '/tmp' is a folder"),  # was an IsADirectoryError once the model had scored
         (["--seed", "-1", "--sample", "8"], "--seed -1 is out of range"),  # was numpy's traceback drawing the sample
         (["--sample", "0"], "--sample must be >= 1"),
+        (["--json", "gaps.png", "--plot", "gaps.png"], "--json and --plot name the same file 'gaps.png'"),
         (["--betta", "5"], "unknown argument '--betta' (did you mean '--beta'?)"),
         (["--chat_template_path", "/nonexistent/t.jinja"], "chat_template_path '/nonexistent/t.jinja' does not exist"),
     ],

@@ -81,6 +81,20 @@ def check_report_path(flag: str, path: str | Path | None) -> None:
         raise ConfigError(f"{flag} {str(path)!r}: cannot write in {str(folder)!r}")
 
 
+def check_report_paths(paths: dict[str, str | None]) -> None:
+    """`check_report_path` for each report a command writes (flag -> path), and no two of them to one file: the
+    second report was written over the first, after the work that made both."""
+    seen: dict[Path, str] = {}
+    for flag, path in paths.items():
+        check_report_path(flag, path)
+        if not path:
+            continue
+        where = Path(path).expanduser().resolve()
+        if where in seen:
+            raise ConfigError(f"{seen[where]} and {flag} name the same file {str(path)!r}: give each its own path")
+        seen[where] = flag
+
+
 def input_files(*paths) -> list[Path]:
     """The files a command reads from `paths` (files, or every file inside folders), resolved; others left out."""
     found = []
