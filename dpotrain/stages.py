@@ -349,7 +349,8 @@ def _analyzer_cache(recipe, launch: Launch, tokenizer, pairs: Data, positions) -
     m, auto = lengths.analyse(
         dataset, tokenizer, p.auto_coverage, dataset_id, progress=not launch.dry_run, max_positions=positions
     )
-    return (m, Path(auto["report"])), auto
+    report = auto["report"] and Path(auto["report"])  # None: the cache could not be written (a warning said why)
+    return (m, report or "the training split, measured at start (not cached)"), auto
 
 
 def measure_lengths(recipe, launch: Launch, pairs: Data, model_path: str, state=None) -> Lengths:

@@ -627,6 +627,19 @@ def test_auto_max_length_caches_per_dataset_tokenizer_and_template(tokenizer, tm
     assert lengths.dataset_identity(path) != dataset_id
 
 
+def test_a_length_analysis_that_cannot_be_cached_is_a_warning_and_the_run_has_its_answer(tokenizer, tmp_path, capsys):
+    """`max_length: auto` analysed at start with a cache that cannot be written (a full disk or quota): the run ended in
+    the writer's traceback. It warns and goes on with the answer it measured."""
+    path = write_jsonl(tmp_path / "d.jsonl", _messages_rows())
+    dataset = data.load_preference_dataset(path)
+    blocked = tmp_path / "a-file"
+    blocked.write_text("")
+    _, auto = lengths.analyse(dataset, tokenizer, 0.9, lengths.dataset_identity(path), blocked / "c", progress=False)
+    assert auto["max_length"] == lengths.recommend(lengths.measure(dataset, tokenizer).total, 0.9)
+    assert auto["report"] is None and auto["cached"] is False
+    assert "warning: the length analysis was not cached (" in capsys.readouterr().err
+
+
 def test_hub_identity_offline_comes_from_the_local_hub_cache(tmp_path, monkeypatch):
     import huggingface_hub.constants
 

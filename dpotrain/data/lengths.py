@@ -32,7 +32,7 @@ from dpotrain.data.cuts import STEP, recommend
 from dpotrain.data.rows import ROW_COLUMNS, InvalidRowError, RowFormat, read_row, split_row
 from dpotrain.recipe import records as run_records
 from dpotrain.recipe import upstream
-from dpotrain.recipe.errors import ConfigError
+from dpotrain.recipe.errors import ConfigError, cause
 from dpotrain.recipe.writes import quiet_progress_bars, replacing, write_text
 
 # The report's cumulative distribution: common max_length choices, and the long lengths a thinking data set's tail
@@ -665,7 +665,16 @@ def analyse(
     m = measure(dataset, tokenizer, num_proc=available_cpus(), progress=progress)
     about = {"dataset": dataset_id, "tokenizer": tokenizer.name_or_path}
     report = summarize(m, target=coverage, max_positions=max_positions, **about)
-    path = save_cache(m, report, dataset_id, tokenizer, cache_dir)
+    try:
+        path = save_cache(m, report, dataset_id, tokenizer, cache_dir)
+    except OSError as e:  # a full disk or quota, a read-only cache: the run has its answer; the cache is an extra
+        print(
+            f"warning: the length analysis was not cached ({cause(e)}): the next run measures the split again; make "
+            f"room in {cache_dir or cache_root()}, or set DPOTRAIN_CACHE to a folder that takes it",
+            file=sys.stderr,
+            flush=True,
+        )
+        path = None
     return m, _resolution(m, coverage, path, False, max_positions)
 
 
@@ -676,11 +685,12 @@ def resolution_of(found: tuple[Measured, Path], coverage: float, max_positions: 
 
 # analyse and resolution_of are the two ways a run decides max_length (once: tests count calls to either), so they share
 # this rather than one calling the other.
-def _resolution(m: Measured, target: float, report_path: Path, cached: bool, max_positions: int | None) -> dict:
-    """The `max_length: auto` answer: the recommendation's numbers and where its report is."""
+def _resolution(m: Measured, target: float, report_path: Path | None, cached: bool, max_positions: int | None) -> dict:
+    """The `max_length: auto` answer: the recommendation's numbers and where its report is (None: not cached)."""
     r = recommendation(m, target, max_positions)
     kept = ("max_length", "coverage", "target_coverage", "truncated", "dropped", "doubled", "reason", "capped")
-    return {**{k: r[k] for k in kept}, "rows": m.rows, "cached": cached, "report": str(report_path)}
+    report = None if report_path is None else str(report_path)
+    return {**{k: r[k] for k in kept}, "rows": m.rows, "cached": cached, "report": report}
 
 
 def model_positions(name_or_path: str, revision: str | None = None, local_only: bool = False) -> int | None:
