@@ -15,6 +15,7 @@ Any TRL / transformers field is a command-line override (--learning_rate 5e-7, -
 import sys
 from contextlib import nullcontext, redirect_stdout
 from dataclasses import replace
+from pathlib import Path
 
 from dpotrain.recipe import terminal, venv  # the standard library only
 
@@ -22,16 +23,13 @@ if __name__ == "__main__":  # first: the libraries' logging handlers and progres
     terminal.guard_streams()  # a `| tee` killed by the same Ctrl-C must not end the run before its checkpoint
 venv.require()  # the stack comes from the project's venv; outside it, one line naming the fix
 
-try:
-    from dotenv import load_dotenv
+ROOT = Path(__file__).resolve().parent
 
+try:
     if __name__ == "__main__":
-        # .env before the libraries: huggingface_hub and datasets read HF_HUB_OFFLINE once, as they are imported. Read
-        # later (as run() reads it again, for an importer), a .env's HF_HUB_OFFLINE=1 (docs/hub.md) left every load
-        # asking the Hub first: minutes per file on a compute node whose network drops packets.
-        load_dotenv()
+        venv.load_env(ROOT)  # .env before the libraries, which read HF_HUB_OFFLINE, HF_HOME, HF_ENDPOINT on import
     from dpotrain import dry_run, options, publish, stages, train_stage
-    from dpotrain.cluster import engine, offline, run_lock
+    from dpotrain.cluster import engine, run_lock
     from dpotrain.hub import hub
     from dpotrain.plan import memory
     from dpotrain.recipe.config import dry_run_asked, parse_args
@@ -64,8 +62,7 @@ def main(argv=None) -> None:
 
 def run(argv, stop: GracefulStop) -> int | None:
     """The run, stage by stage (dpotrain/stages.py for the first half, docs/architecture.md for all of them)."""
-    load_dotenv()  # HF_TOKEN, WANDB_API_KEY, WANDB_PROJECT...; the environment wins over .env
-    offline.take_dotenv_switches()  # its HF_HUB_OFFLINE, which the Hub libraries read at import
+    venv.load_env(ROOT)  # HF_TOKEN, WANDB_API_KEY, WANDB_PROJECT...: for an importer (a command has read it above)
     stdout = sys.stdout
     with redirect_stdout(sys.stderr) if dry_run_asked(sys.argv[1:] if argv is None else argv) else nullcontext():
         recipe = parse_args(argv)  # transformers prints "[INFO] Running in WANDB offline mode" as it is imported

@@ -31,11 +31,9 @@ sys.path.insert(0, str(ROOT))  # run as `python scripts/analyze_dataset.py` from
 from dpotrain.recipe import venv  # noqa: E402
 
 venv.require()  # outside the venv: one line naming the fix, not a traceback
+if __name__ == "__main__":  # .env before the libraries, which read HF_HUB_OFFLINE, HF_HOME, HF_ENDPOINT on import
+    venv.load_env(ROOT)
 
-from dotenv import load_dotenv  # noqa: E402
-
-if __name__ == "__main__":  # before the libraries, which read HF_HUB_OFFLINE as they are imported (train_dpo.py alike)
-    load_dotenv(ROOT / ".env")
 from dpotrain.cluster import offline  # noqa: E402
 from dpotrain.data import chat_template, cuts, data, hub_revision, lengths, lengths_report, mixture, shapes  # noqa: E402
 from dpotrain.data.rows import InvalidRowError  # noqa: E402
@@ -171,8 +169,7 @@ def recipe_for(dataset: str) -> str | None:
 
 def main(argv=None) -> int:
     """Exit status: 0, or 2 after one line `error: ...` (bad input: which row, which column, what to do)."""
-    load_dotenv(ROOT / ".env")  # HF_TOKEN for gated or private data sets; the environment wins
-    offline.take_dotenv_switches()  # its HF_HUB_OFFLINE, which the Hub libraries read at import
+    venv.load_env(ROOT)  # HF_TOKEN for gated or private data sets: for an importer (a command has read it above)
     try:
         args = parse_args(argv)
     except ConfigError as e:

@@ -23,8 +23,8 @@ sys.path.insert(0, str(ROOT))  # run as `python scripts/prefetch.py` from anywhe
 from dpotrain.recipe import venv  # noqa: E402
 
 venv.require()  # outside the venv: one line naming the fix, not a traceback
-
-from dotenv import load_dotenv  # noqa: E402
+if __name__ == "__main__":  # .env before the libraries, which read HF_HUB_OFFLINE, HF_HOME, HF_ENDPOINT on import
+    venv.load_env(ROOT)
 
 from dpotrain.cluster import offline  # noqa: E402
 from dpotrain.data import data, mixture  # noqa: E402
@@ -34,8 +34,7 @@ from dpotrain.recipe.errors import ConfigError, cause, run_cli  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> None:
-    load_dotenv(ROOT / ".env")  # HF_TOKEN for gated or private repos; the environment wins
-    offline.take_dotenv_switches()  # its HF_HUB_OFFLINE, which the Hub libraries read at import
+    venv.load_env(ROOT)  # HF_TOKEN for gated or private repos: for an importer (a command has read it above)
     parser = cli.Parser(prog="prefetch.py", description=__doc__.split("\n\n")[0])
     parser.add_argument("--config", help="the recipe the job runs, e.g. configs/think.yaml")
     parser.add_argument("--split", help="the training split (= --dataset_train_split)")

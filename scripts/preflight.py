@@ -19,13 +19,10 @@ sys.path.insert(0, str(ROOT))  # run as `python scripts/preflight.py` from anywh
 from dpotrain.recipe import venv  # noqa: E402
 
 venv.require()  # outside the venv: one line naming the fix, not a traceback
+if __name__ == "__main__":  # .env before the libraries, which read HF_HUB_OFFLINE, HF_HOME, HF_ENDPOINT on import
+    venv.load_env(ROOT)
 
-from dotenv import load_dotenv  # noqa: E402
-
-if __name__ == "__main__":  # before the libraries, which read HF_HUB_OFFLINE as they are imported (train_dpo.py alike)
-    load_dotenv()
 from dpotrain import preflight, stages  # noqa: E402
-from dpotrain.cluster import offline  # noqa: E402
 from dpotrain.recipe import cli  # noqa: E402
 from dpotrain.recipe.config import parse_args  # noqa: E402
 from dpotrain.recipe.errors import run_cli  # noqa: E402
@@ -50,8 +47,7 @@ def parse_own(argv):
 
 
 def main(argv=None) -> int:
-    load_dotenv()  # HF_TOKEN for gated models and data sets; the environment wins
-    offline.take_dotenv_switches()  # its HF_HUB_OFFLINE, which the Hub libraries read at import
+    venv.load_env(ROOT)  # HF_TOKEN for gated models and data sets: for an importer (a command has read it above)
     own, rest = parse_own(sys.argv[1:] if argv is None else argv)
     preflight.check_outputs(own.json, own.plot)  # before anything loads
     import torch

@@ -24,8 +24,9 @@ sys.path.insert(0, str(ROOT))  # run as `python scripts/push_to_hub.py` from any
 from dpotrain.recipe import venv  # noqa: E402
 
 venv.require()  # outside the venv: one line naming the fix, not a traceback
+if __name__ == "__main__":  # .env before the libraries, which read HF_HUB_OFFLINE, HF_HOME, HF_ENDPOINT on import
+    venv.load_env(ROOT)
 
-from dotenv import load_dotenv  # noqa: E402
 from transformers.hf_argparser import string_to_bool  # noqa: E402
 
 from dpotrain import output_folder  # noqa: E402
@@ -37,8 +38,7 @@ from dpotrain.train import checkpoints, run_files  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> None:
-    load_dotenv(ROOT / ".env")  # HF_TOKEN; the environment wins
-    offline.take_dotenv_switches()  # its HF_HUB_OFFLINE, which the Hub libraries read at import
+    venv.load_env(ROOT)  # HF_TOKEN: for an importer (a command has read it above)
     parser = cli.Parser(prog="push_to_hub.py", description=__doc__.split("\n\n")[0])
     parser.add_argument("run_dir", help="the run's output folder, e.g. outputs/think-dpo")
     parser.add_argument("--repo-id", "--hub_model_id", help="org/name to push to (default: hub_model_id of the run)")

@@ -8,6 +8,7 @@ import pytest
 
 import train_dpo
 from conftest import ROOT
+from dpotrain.recipe import venv
 from dpotrain.recipe.errors import run_cli
 from dpotrain.train import run_files
 
@@ -25,7 +26,7 @@ def no_credentials(tmp_path, monkeypatch):
     monkeypatch.setenv("NETRC", str(tmp_path / "no-netrc"))
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
     monkeypatch.chdir(ROOT)
-    monkeypatch.setattr(train_dpo, "load_dotenv", lambda: None)
+    monkeypatch.setattr(venv, "load_env", lambda root: None)
 
 
 def dry_run(capsys, *args) -> str:

@@ -28,6 +28,7 @@ import pytest
 from conftest import PYTHON, ROOT, python
 from dpotrain.cluster import offline
 from dpotrain.hub import hub
+from dpotrain.recipe import venv
 from dpotrain.recipe.errors import ConfigError
 from hub_server import StandInHub
 
@@ -106,7 +107,6 @@ def load_script(name: str):
     spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    module.load_dotenv = lambda *a, **k: None  # in-process: never load a developer's .env into the test session
     return module
 
 
@@ -361,7 +361,7 @@ def test_prefetch_has_nothing_to_fetch_for_local_recipes(capsys):
         ("train_dpo", ["--config", str(ROOT / "configs" / "smoke.yaml"), "--max_steps", "0"]),
     ],
 )
-def test_hf_hub_offline_in_dotenv_turns_the_hub_libraries_off(script, args, monkeypatch):
+def test_hf_hub_offline_in_dotenv_turns_the_hub_libraries_off(script, args, monkeypatch, tmp_path):
     """docs/hub.md: HF_HUB_OFFLINE=1 in .env. huggingface_hub (which transformers asks) and datasets read it when
     imported, before a script (or train_dpo.py) read its .env: they downloaded all the same, and on a node without
     network the analyzer retried every tokenizer file for minutes (a cached tokenizer at a revision: past 2 minutes,
@@ -380,7 +380,9 @@ def test_hf_hub_offline_in_dotenv_turns_the_hub_libraries_off(script, args, monk
     else:
         with mock.patch.dict(os.environ):  # the analyzer hides GPUs on import
             module = load_script(script)
-    monkeypatch.setattr(module, "load_dotenv", lambda *a, **k: os.environ.update(HF_HUB_OFFLINE="1"))  # the .env's
+    (tmp_path / ".env").write_text("HF_HUB_OFFLINE=1\n")  # the project's .env, read where main() reads it
+    read = venv.load_env
+    monkeypatch.setattr(venv, "load_env", lambda root: read(tmp_path))
     with contextlib.suppress(ConfigError):
         module.main(args)
     assert constants.is_offline_mode() and datasets.config.HF_HUB_OFFLINE

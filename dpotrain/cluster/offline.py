@@ -66,7 +66,7 @@ def take_dotenv_switches() -> None:
     """HF_HUB_OFFLINE (TRANSFORMERS_OFFLINE, HF_DATASETS_OFFLINE) from a command's `.env`, given to the Hub libraries:
     huggingface_hub (which transformers asks) and datasets read the switch once, when imported, before a command reads
     its `.env`, so they downloaded where docs/hub.md says `.env` turns them off: on a node without network, minutes of
-    retries for every file. Called right after `load_dotenv`; it only ever turns them off, as the environment says."""
+    retries for every file. Called by `venv.load_env` once they are imported; it only ever turns them off."""
     if is_offline():
         constants.HF_HUB_OFFLINE = True
     if datasets_offline():

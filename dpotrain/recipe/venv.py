@@ -38,6 +38,22 @@ def require() -> None:
     sys.exit(f"error: {missing} is not installed for {sys.executable}: {fix}")
 
 
+def load_env(root: Path) -> None:
+    """The project's `.env` in `root` (HF_TOKEN, WANDB_API_KEY, HF_HUB_OFFLINE, ...) into the environment, which wins
+    over it. Each entry point reads it here twice: as a command, before it imports the stack, since huggingface_hub and
+    datasets read HF_HUB_OFFLINE, HF_HOME and HF_ENDPOINT once, as they are imported (read after them, a `.env`'s
+    HF_HUB_OFFLINE=1 left a job on a node without network retrying every file for minutes); and in main(), for a caller
+    that imported it (a notebook, the tests), whose Hub libraries are imported already: its offline switches are then
+    handed to them."""
+    from dotenv import load_dotenv  # `require` checked it is installed
+
+    load_dotenv(root / ".env")
+    if "huggingface_hub" in sys.modules or "datasets" in sys.modules:  # imported before this read: told now
+        from dpotrain.cluster import offline
+
+        offline.take_dotenv_switches()
+
+
 def own_tools_first() -> None:
     """This Python's bin folder (its venv's) first on PATH where it holds `ninja`, as activating the venv would.
     DeepSpeed compiles its JIT ops (on CPU its shared-memory communication op) with the `ninja` found on PATH: a
