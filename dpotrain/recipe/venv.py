@@ -1,7 +1,8 @@
 """The project's libraries come from its virtual environment: outside it, one line naming the fix, not a traceback.
 
 `train_dpo.py` and every script in scripts/ call `require()` before they import anything but the standard library
-(this module imports nothing else, so it runs under any python3). It looks the packages up without importing them.
+(this module imports nothing else at its top, so it runs under any python3). It looks the packages up without
+importing them. Then `load_env` reads the project's `.env`, before the libraries are imported.
 """
 
 import importlib.util
