@@ -167,6 +167,9 @@ def changed_settings(recipe: Recipe, out: Path, pairs_per_step: int | None) -> l
     changed = old.changed(new, [f for f in RESUME_FIELDS if f not in again])
     if old.batching.pairs_per_step != pairs_per_step:
         changed["pairs_per_step"] = (old.batching.pairs_per_step, pairs_per_step)
+    for name in ("dataset_name", "model_name_or_path"):  # their content is compared below, whatever they are named
+        if name in changed and _one_place(*changed[name]):
+            del changed[name]
     mixed = {"dataset_name", "datasets", "dataset_mixer_list", "dataset_mixer_list_splits"}
     content = None if mixed & set(changed) else mixture.content_changed(recipe, old.derived)
     # The model's weights, tokenizer and template by their files (a Hub model by its commit): model_identity.py
@@ -177,6 +180,14 @@ def changed_settings(recipe: Recipe, out: Path, pairs_per_step: int | None) -> l
     found = {f: f"{was!r} -> {now!r}" for f, (was, now) in changed.items()}
     found |= {"dataset content": content, "model": model, "chat template": template}
     return [f"{name}: {what}" for name, what in found.items() if what]
+
+
+def _one_place(old, new) -> bool:
+    """Two names of one local file or folder (relative once, absolute once, through a link): not a changed setting."""
+    if not (isinstance(old, str) and isinstance(new, str)):
+        return False
+    was, now = Path(old).expanduser(), Path(new).expanduser()
+    return was.exists() and now.exists() and was.resolve() == now.resolve()
 
 
 def trained_under(checkpoint: Path) -> Path:

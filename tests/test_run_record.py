@@ -122,6 +122,26 @@ def test_a_resume_compares_with_a_record_of_an_earlier_version(tmp_path):
     assert resolve.changed_settings(other, out, 16) == ["learning_rate: 0.0001 -> 0.0002", "pairs_per_step: 8 -> 16"]
 
 
+def test_a_local_data_set_or_model_named_another_way_is_not_a_changed_setting(tmp_path, monkeypatch):
+    """`dataset_name: data/smoke_prefs.jsonl` in the recipe, the same file given absolute on a rerun (or through a link;
+    a Slurm job's command line is anchored to its submit folder): refused as `dataset_name: ... -> ...`. The content is
+    what is compared (data_identity, model_identity); another file is still named."""
+    monkeypatch.chdir(ROOT)
+    out = tmp_path / "run"
+    recipe = parse_args(["--config", SMOKE, "--output_dir", str(out), "--dataset_name", "data/smoke_prefs.jsonl"])
+    out.mkdir()
+    (out / "resolved_config.json").write_text(json.dumps(resolve.resolved_config(recipe, {"pairs_per_step": 8})))
+    (tmp_path / "link.jsonl").symlink_to(ROOT / "data" / "smoke_prefs.jsonl")
+    for name in (str(ROOT / "data" / "smoke_prefs.jsonl"), str(tmp_path / "link.jsonl")):
+        again = parse_args(["--config", SMOKE, "--output_dir", str(out), "--dataset_name", name])
+        assert resolve.changed_settings(again, out, 8) == []
+    (tmp_path / "other.jsonl").write_text((ROOT / "data" / "smoke_prefs.jsonl").read_text())
+    other = parse_args(["--config", SMOKE, "--output_dir", str(out), "--dataset_name", str(tmp_path / "other.jsonl")])
+    assert resolve.changed_settings(other, out, 8) == [
+        f"dataset_name: 'data/smoke_prefs.jsonl' -> '{tmp_path}/other.jsonl'"
+    ]
+
+
 @pytest.mark.parametrize(
     "text, why",
     [
