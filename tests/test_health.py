@@ -189,6 +189,8 @@ def test_nan_stops_the_cli_run_without_checkpoint_requeue_or_completion(tmp_path
     # The NaN step is in metrics.jsonl as strict JSON (null), not Python's NaN token that other JSON readers refuse.
     last_record = (out / "metrics.jsonl").read_text().splitlines()[-1]
     assert "NaN" not in last_record and json.loads(last_record)["grad_norm"] is None, last_record
+    # The loss too: transformers' logging_nan_inf_filter logged it as the mean of the steps before (a finite loss).
+    assert json.loads(last_record)["loss"] is None, last_record
     assert not stop_file.with_name("stop.checkpointed").exists()  # launch.sh requeues only on this file
 
     # The same command again: refused in seconds, before anything loads, rather than going on from checkpoint 0.

@@ -426,6 +426,10 @@ def parse_args(argv: list[str] | None = None) -> Recipe:
     given = fields_set(tokens)
     if "padding_free" not in given:
         training.padding_free = True  # this project's default: packed sequences (TRL's is False)
+    if "logging_nan_inf_filter" not in given:
+        # transformers' True logs a NaN or inf loss as the mean of the steps before it: a diverged run read as loss 0
+        # in its metrics and card (with health_checks false nothing else says so); it also syncs the GPU every step.
+        training.logging_nan_inf_filter = False
     replaced = _command_line_batch_wins(training, project, on_command_line)
     if "dataset_name" in on_command_line and (there := _in_submit_dir(script.dataset_name)) and there.exists():
         script.dataset_name = str(there)
