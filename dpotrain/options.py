@@ -372,30 +372,3 @@ def check_wandb_reachable(recipe: Recipe) -> None:
             f"report_to wandb, and W&B does not answer here ({url}: {reason}): set WANDB_MODE=offline to log to files "
             "(sync them later with `wandb sync`), fix WANDB_BASE_URL / HTTPS_PROXY, or pass --report_to none"
         ) from None
-
-
-def check_steps(plan: dict, max_steps: int = -1, made_of: str | None = None) -> None:
-    """A run whose every optimizer step has learning rate 0 (or that has none) would be saved as if it had trained:
-    transformers' schedules give step 1 the rate 0 whenever there is warmup. Checked on the data set's rows when it
-    loads, then on the pairs training keeps once they are tokenized (`made_of` says which)."""
-    total, warmup = plan.get("total_steps"), plan.get("warmup_steps") or 0
-    if total is None:
-        return
-    made_of = made_of or f"{plan.get('dataset_rows')} rows"
-    if total == 1 and warmup >= 1 and max_steps == 1:  # "--max_steps N" is no advice to one who asked for one step
-        raise ConfigError(
-            "--max_steps 1 with warmup trains nothing (a warmup's first step runs at learning rate 0): add "
-            "--warmup_steps 0 to train that step at the full learning rate, or pass --max_steps 2 or more"
-        )
-    if total == 0 or (total == 1 and warmup >= 1):
-        raise ConfigError(
-            f"this run would train nothing: {total} optimizer step(s), {warmup} of warmup (learning rate 0 at step 1) "
-            f"from {made_of} at {plan.get('pairs_per_step')} pairs per step: use more data, "
-            "a smaller per_device_train_batch_size / pairs_per_step, more num_train_epochs, or --max_steps N (2 or "
-            "more; or --warmup_steps 0 for one step at the full learning rate)"
-        )
-    if warmup >= total:  # the schedule's peak is at step `warmup`: a run that ends first never trains at its rate
-        raise ConfigError(
-            f"warmup_steps makes {warmup} warm-up steps of the run's {total}: the learning rate would never reach "
-            "the one set; pass a smaller --warmup_steps (a float < 1 is a share of the run, the recipes' 0.1)"
-        )

@@ -33,7 +33,7 @@ from dpotrain.data import (
 )
 from dpotrain.data.pair_lengths import PairLengths
 from dpotrain.forwards import choice, cost, sample
-from dpotrain.plan import layers, memory
+from dpotrain.plan import layers, memory, plan
 from dpotrain.recipe import config
 from dpotrain.recipe.config import uses_live_reference
 from dpotrain.recipe.errors import ConfigError, cause
@@ -238,7 +238,7 @@ def load_data(
         checked["data_identity"] = data_identity.of(script.dataset_name, script.dataset_train_split) or (
             hub_revision.identity(revision)
         )
-    options.check_steps(steps, recipe.training.max_steps)
+    plan.check_steps(steps, recipe.training.max_steps)
     return Data(dataset, eval_dataset, steps, checked, mix, revision)
 
 

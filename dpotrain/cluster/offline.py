@@ -24,6 +24,7 @@ from huggingface_hub.utils import get_session
 
 from dpotrain.data import builtin, data, mixture
 from dpotrain.recipe.errors import ConfigError, cause
+from dpotrain.recipe.hub_switches import datasets_offline, is_offline
 
 # What a training job reads from a model repo, as prefetch selects it: configs, tokenizer, chat templates. Top-level
 # files only, apart from the extra chat templates: repos keep other formats (GGUF, ONNX) in subfolders.
@@ -44,33 +45,6 @@ ARTIFACT_FIELDS = [
     ("project", "dataset_revision"),  # the commit, branch or tag the job trains on, not main
     *(("project", name) for name in (*mixture.TRAIN_FIELDS, *mixture.EVAL_FIELDS)),
 ]
-
-
-def _true(value: str | None) -> bool:
-    return (value or "").upper() in constants.ENV_VARS_TRUE_VALUES  # huggingface_hub's spellings of "on"
-
-
-def is_offline() -> bool:
-    """Whether the Hub is off for models (huggingface_hub reads HF_HUB_OFFLINE at import; a .env may set it later)."""
-    env = os.environ.get("HF_HUB_OFFLINE") or os.environ.get("TRANSFORMERS_OFFLINE")
-    return constants.HF_HUB_OFFLINE or _true(env)
-
-
-def datasets_offline() -> bool:
-    """datasets has its own switch, HF_DATASETS_OFFLINE, that falls back to HF_HUB_OFFLINE (datasets/config.py)."""
-    value = os.environ.get("HF_DATASETS_OFFLINE")
-    return is_offline() if value is None else _true(value)
-
-
-def take_dotenv_switches() -> None:
-    """HF_HUB_OFFLINE (TRANSFORMERS_OFFLINE, HF_DATASETS_OFFLINE) from a command's `.env`, given to the Hub libraries:
-    huggingface_hub (which transformers asks) and datasets read the switch once, when imported, before a command reads
-    its `.env`, so they downloaded where docs/hub.md says `.env` turns them off: on a node without network, minutes of
-    retries for every file. Called by `venv.load_env` once they are imported; it only ever turns them off."""
-    if is_offline():
-        constants.HF_HUB_OFFLINE = True
-    if datasets_offline():
-        datasets.config.HF_HUB_OFFLINE = datasets.config.HF_DATASETS_OFFLINE = True
 
 
 def is_hub_model(name: str | None) -> bool:

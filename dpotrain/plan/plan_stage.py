@@ -8,7 +8,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from dpotrain import options
 from dpotrain.data import cuts
 from dpotrain.data.pair_lengths import PairLengths, token_counts
 from dpotrain.plan import plan
@@ -59,10 +58,11 @@ def make(
     planned = plan.plan_run(lengths, step_plan, epochs)
     # The steps the Trainer runs: max_steps, or num_train_epochs of the epoch's steps (as transformers counts them).
     steps = args.max_steps if args.max_steps > 0 else math.ceil(args.num_train_epochs * len(planned[0]))
-    # Counted again on the pairs kept (keep_start drops those whose prompt fills max_length): fewer steps than the rows
-    # made may be all warm-up.
-    kept = {"total_steps": steps, "warmup_steps": args.get_warmup_steps(steps), "pairs_per_step": pairs_per_step}
-    options.check_steps(kept, args.max_steps, f"the {len(lengths)} pairs training keeps")
+    if max_length_cuts.get(
+        "dropped"
+    ):  # fewer pairs than the rows the data stage counted: fewer steps, maybe all warm-up
+        kept = {"total_steps": steps, "warmup_steps": args.get_warmup_steps(steps), "pairs_per_step": pairs_per_step}
+        plan.check_steps(kept, args.max_steps, f"the {len(lengths)} pairs training keeps")
     trained = plan.pairs_trained(planned, steps)
     summary = plan.summary(lengths, step_plan, planned, forward, reduce_per_backward)
     summary["pairs_trained"] = {"pairs": len(trained), "of": len(lengths), "steps": steps}

@@ -371,6 +371,15 @@ LOAD_BEST_REFUSED = (
 )
 
 
+# TRL and transformers fields whose default this project sets otherwise, unless the recipe or command line gives one.
+OWN_DEFAULTS = {
+    "padding_free": True,  # packed sequences (TRL's is False)
+    # transformers' True logs a NaN or inf loss as the mean of the steps before it: a diverged run read as a finite
+    # loss in its metrics and card (with health_checks false nothing else says so); it also syncs the GPU every step.
+    "logging_nan_inf_filter": False,
+}
+
+
 def parse_args(argv: list[str] | None = None) -> Recipe:
     argv = list(sys.argv[1:] if argv is None else argv)
     typed = without_secrets(argv)
@@ -424,12 +433,9 @@ def parse_args(argv: list[str] | None = None) -> Recipe:
             "79.6), or unset it to plan for the GPU of the machine"
         )
     given = fields_set(tokens)
-    if "padding_free" not in given:
-        training.padding_free = True  # this project's default: packed sequences (TRL's is False)
-    if "logging_nan_inf_filter" not in given:
-        # transformers' True logs a NaN or inf loss as the mean of the steps before it: a diverged run read as loss 0
-        # in its metrics and card (with health_checks false nothing else says so); it also syncs the GPU every step.
-        training.logging_nan_inf_filter = False
+    for name, value in OWN_DEFAULTS.items():
+        if name not in given:
+            setattr(training, name, value)
     replaced = _command_line_batch_wins(training, project, on_command_line)
     if "dataset_name" in on_command_line and (there := _in_submit_dir(script.dataset_name)) and there.exists():
         script.dataset_name = str(there)

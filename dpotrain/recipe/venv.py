@@ -50,9 +50,9 @@ def load_env(root: Path) -> None:
 
     load_dotenv(root / ".env")
     if "huggingface_hub" in sys.modules or "datasets" in sys.modules:  # imported before this read: told now
-        from dpotrain.cluster import offline
+        from dpotrain.recipe import hub_switches
 
-        offline.take_dotenv_switches()
+        hub_switches.take_dotenv_switches()
 
 
 def own_tools_first() -> None:

@@ -1,0 +1,36 @@
+"""Whether the Hugging Face Hub is off, as huggingface_hub and datasets decide it, and telling them what `.env` says.
+
+huggingface_hub (which transformers asks) and datasets read HF_HUB_OFFLINE (TRANSFORMERS_OFFLINE, HF_DATASETS_OFFLINE)
+once, when imported: a `.env` read after that is handed to them here (`venv.load_env`).
+"""
+
+import os
+
+import datasets.config
+from huggingface_hub import constants
+
+
+def _true(value: str | None) -> bool:
+    return (value or "").upper() in constants.ENV_VARS_TRUE_VALUES  # huggingface_hub's spellings of "on"
+
+
+def is_offline() -> bool:
+    """Whether the Hub is off for models (huggingface_hub reads HF_HUB_OFFLINE at import; a .env may set it later)."""
+    env = os.environ.get("HF_HUB_OFFLINE") or os.environ.get("TRANSFORMERS_OFFLINE")
+    return constants.HF_HUB_OFFLINE or _true(env)
+
+
+def datasets_offline() -> bool:
+    """datasets has its own switch, HF_DATASETS_OFFLINE, that falls back to HF_HUB_OFFLINE (datasets/config.py)."""
+    value = os.environ.get("HF_DATASETS_OFFLINE")
+    return is_offline() if value is None else _true(value)
+
+
+def take_dotenv_switches() -> None:
+    """The offline switches of a `.env` read after the Hub libraries were imported, given to them: read too late, they
+    downloaded where docs/hub.md says `.env` turns them off (on a node without network, minutes of retries for every
+    file). It only ever turns them off."""
+    if is_offline():
+        constants.HF_HUB_OFFLINE = True
+    if datasets_offline():
+        datasets.config.HF_HUB_OFFLINE = datasets.config.HF_DATASETS_OFFLINE = True
