@@ -137,6 +137,21 @@ def data_folders(recipe) -> list[str]:
     return [name for name in (recipe.script.dataset_name, *folders) if name]
 
 
+def check_histories(output_dir: str) -> None:
+    """The records a resume trims at its first logged step (metrics.jsonl, samples.jsonl): a line changed by hand is
+    refused now, in its one line, not after the model has loaded."""
+    from dpotrain.recipe import records
+    from dpotrain.recipe.errors import RunError
+    from dpotrain.train.metrics import METRICS_FILE
+    from dpotrain.train.samples import SAMPLES_FILE
+
+    for name in (METRICS_FILE, SAMPLES_FILE):
+        try:
+            records.read(Path(output_dir) / name, step=True)
+        except RunError as e:
+            raise ConfigError(str(e)) from None
+
+
 def output_checks(recipe, launch: Launch, push) -> resolve.OutputDecision:
     """The run's outputs: reference cache writable, push token, W&B, output folder (resume, start afresh or refuse),
     offline files. The Hub's write-access check asks the network: the run makes it once, on its main process. A dry
@@ -169,6 +184,8 @@ def output_checks(recipe, launch: Launch, push) -> resolve.OutputDecision:
         if not launch.dry_run and collectives.launched_main():  # the process that logs to W&B
             options.check_wandb_reachable(recipe)
         decision = check(resolve.check_output_dir, recipe, launch.batch.pairs_per_step) or decision
+        if decision.resume_from and not decision.start_afresh:  # the histories it trims, read before the model loads
+            check(check_histories, training.output_dir)
         # One whoami per run, for a run that will train: a rerun completing a push a kill cut short pushes to the repo
         # that push started on, and nothing else (a check here would create an empty repo named after the command).
         if push.requested and not launch.dry_run and collectives.launched_main() and not decision.push_left:

@@ -486,6 +486,20 @@ def test_resume_with_changed_settings_is_refused(args, expected, tmp_path, monke
     assert "new --output_dir, or --overwrite_output_dir to start afresh" in message
 
 
+@pytest.mark.parametrize("name", ["metrics.jsonl", "samples.jsonl"])
+def test_a_history_edited_by_hand_is_refused_before_the_resume_loads_the_model(name, tmp_path, monkeypatch, capsys):
+    """A resume trims metrics.jsonl (samples.jsonl) at its first logged step: a line changed by hand was found there,
+    after the model and the reference stage, in the same one line."""
+    out = unfinished_run(tmp_path, capsys)
+    (out / name).write_text('{"step": 1, "loss": 0.69}\n{"note": "lowered the lr"}\n')
+    message = refused(tmp_path, monkeypatch, capsys)
+    assert message == (
+        f"error: {out / name}: line 2 is not a JSON record (its step is None, not a number); a crash can cut only the "
+        "last line of this file, so it was changed by hand or another program: restore it, or delete that line, then "
+        "rerun"
+    )
+
+
 @pytest.mark.parametrize(
     "args, expected",
     [
