@@ -12,6 +12,7 @@
 Any TRL / transformers field is a command-line override (--learning_rate 5e-7, --max_steps 100, ...).
 """
 
+import os
 import sys
 from contextlib import nullcontext, redirect_stdout
 from dataclasses import replace
@@ -44,6 +45,9 @@ except KeyboardInterrupt:  # Ctrl-C while the libraries load (seconds): nothing 
 def main(argv=None) -> None:
     # First: a SIGTERM or USR1 while the model loads is kept for the reference stage and training to honour.
     stop = GracefulStop.from_env()
+    # A run sets variables for itself (its recipe's env: block, .env, W&B's run id and folder): an importer's next run
+    # (a notebook's) started with them, and logged into this run's W&B run and folder.
+    environment = dict(os.environ)
     try:
         result = run(argv, stop)
         engine.end_processes()  # not after an error: a rank may still be in a collective the others left
@@ -58,6 +62,9 @@ def main(argv=None) -> None:
         # the caller gets its own handlers back.
         stop.release(exiting=__name__ == "__main__")
         run_lock.release()  # the output folder's lock (dpotrain/cluster/run_lock.py), however the run ended
+        if __name__ != "__main__":
+            os.environ.clear()
+            os.environ.update(environment)
 
 
 def run(argv, stop: GracefulStop) -> int | None:

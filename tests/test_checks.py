@@ -1,6 +1,7 @@
 """Bad input is refused before any data set or model loads, with one line that names the fix."""
 
 import json
+import os
 import signal
 
 import pytest
@@ -121,3 +122,15 @@ def test_a_run_called_in_process_gives_the_callers_signal_handlers_back(tmp_path
     assert "steps" in capsys.readouterr().out
     refused(tmp_path, "--learning_rate", "-1")  # a refused run too
     assert {sig: signal.getsignal(sig) for sig in STOP_SIGNALS} == dict.fromkeys(STOP_SIGNALS, callers)
+
+
+def test_a_run_called_in_process_leaves_the_callers_environment_as_it_was(tmp_path, monkeypatch, capsys):
+    """A run sets variables for itself (its recipe's `env:` block, W&B's run id and folder): a notebook's second call
+    started with the first run's, and a second run reporting to W&B logged into the first one's W&B run."""
+    monkeypatch.chdir(ROOT)
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text((ROOT / "configs" / "smoke.yaml").read_text() + "\nenv:\n  DPOTRAIN_TEST_RUNS_OWN: set\n")
+    before = dict(os.environ)
+    train_dpo.main(["--config", str(recipe), "--output_dir", str(tmp_path / "run"), "--dry-run"])
+    assert "steps" in capsys.readouterr().out
+    assert dict(os.environ) == before
