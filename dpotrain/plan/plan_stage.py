@@ -58,9 +58,9 @@ def make(
     planned = plan.plan_run(lengths, step_plan, epochs)
     # The steps the Trainer runs: max_steps, or num_train_epochs of the epoch's steps (as transformers counts them).
     steps = args.max_steps if args.max_steps > 0 else math.ceil(args.num_train_epochs * len(planned[0]))
-    if max_length_cuts.get(
-        "dropped"
-    ):  # fewer pairs than the rows the data stage counted: fewer steps, maybe all warm-up
+    # Fewer pairs than the rows the data stage counted its steps on (keep_start drops those whose prompt fills
+    # max_length): fewer steps, maybe all of them warm-up.
+    if max_length_cuts.get("dropped"):
         kept = {"total_steps": steps, "warmup_steps": args.get_warmup_steps(steps), "pairs_per_step": pairs_per_step}
         plan.check_steps(kept, args.max_steps, f"the {len(lengths)} pairs training keeps")
     trained = plan.pairs_trained(planned, steps)
