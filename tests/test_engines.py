@@ -260,3 +260,60 @@ def test_an_accelerate_mixed_precision_the_recipe_does_not_train_in_is_refused(s
     stages.checks(
         parse_args([*args, "--bf16", "true", "--use_cpu", "true"])
     )  # the recipe's precision wins: trained as recorded
+
+
+def test_a_zero3_config_that_does_not_gather_the_weights_on_save_is_refused(tmp_path, monkeypatch):
+    """DeepSpeed's stage3_gather_16bit_weights_on_model_save defaults to false (accelerate's zero3_save_16bit_model
+    too): a ZeRO-3 launch of a config without it completed, printed "Saved model", and left no model.safetensors in
+    the output folder, only DeepSpeed's shards (global_stepN/, zero_to_fp32.py), which the run then pushed. Refused at
+    start, by the run and the dry run (listed among what the run would refuse); still planned as ZeRO-3."""
+    shipped = json.loads((ROOT / "configs" / "accelerate" / "ds_zero3.json").read_text())
+    zero3_yaml = (ROOT / "configs" / "accelerate" / "zero3.yaml").read_text()
+
+    def config(gather, yaml_extra=""):
+        ds = {**shipped, "zero_optimization": dict(shipped["zero_optimization"])}
+        ds["zero_optimization"].pop("stage3_gather_16bit_weights_on_model_save")
+        if gather is not None:
+            ds["zero_optimization"]["stage3_gather_16bit_weights_on_model_save"] = gather
+        (tmp_path / "ds.json").write_text(json.dumps(ds))
+        path = tmp_path / "zero3.yaml"
+        path.write_text(
+            zero3_yaml.replace("configs/accelerate/ds_zero3.json", str(tmp_path / "ds.json")).replace(
+                "deepspeed_config:\n", f"deepspeed_config:\n{yaml_extra}"
+            )
+        )
+        return str(path)
+
+    unsaved = "does not gather the weights when the model is saved, so the final model would be written as"
+    for gather, extra in ((None, ""), (False, ""), ("auto", "")):
+        planned = engine.from_config(config(gather, extra))
+        assert planned.name == "zero3" and unsaved in planned.refused, (gather, planned)
+        assert '"stage3_gather_16bit_weights_on_model_save": true in its zero_optimization' in planned.refused
+    for gather, extra in ((True, ""), ("auto", "  zero3_save_16bit_model: true\n")):  # accelerate fills "auto"
+        assert engine.from_config(config(gather, extra)).refused is None, (gather, extra)
+    inline = tmp_path / "inline.yaml"
+    inline.write_text("distributed_type: DEEPSPEED\ndeepspeed_config:\n  zero_stage: 3\nnum_processes: 2\n")
+    assert unsaved in engine.from_config(str(inline)).refused
+    assert "zero3_save_16bit_model: true under deepspeed_config" in engine.from_config(str(inline)).refused
+
+    # The launch: the same settings as `accelerate launch` passes them on.
+    for name in (
+        "ACCELERATE_USE_FSDP",
+        "ACCELERATE_DEEPSPEED_CONFIG_FILE",
+        "ACCELERATE_DEEPSPEED_ZERO3_SAVE_16BIT_MODEL",
+    ):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("ACCELERATE_USE_DEEPSPEED", "true")
+    monkeypatch.setenv("ACCELERATE_DEEPSPEED_ZERO_STAGE", "3")
+    with pytest.raises(ConfigError, match=f"^the DeepSpeed ZeRO-3 config \\(this launch\\) {unsaved}"):
+        engine.launched()
+    monkeypatch.setenv("ACCELERATE_DEEPSPEED_ZERO3_SAVE_16BIT_MODEL", "true")
+    assert engine.launched().name == "zero3"
+    config(None)
+    monkeypatch.setenv("ACCELERATE_DEEPSPEED_CONFIG_FILE", str(tmp_path / "ds.json"))
+    monkeypatch.setenv("ACCELERATE_DEEPSPEED_ZERO3_SAVE_16BIT_MODEL", "false")
+    with pytest.raises(ConfigError, match=unsaved):
+        engine.launched()
+    # the shipped config gathers them
+    monkeypatch.setenv("ACCELERATE_DEEPSPEED_CONFIG_FILE", str(ROOT / "configs" / "accelerate" / "ds_zero3.json"))
+    assert engine.launched().refused is None

@@ -88,14 +88,17 @@ def _launched() -> Engine:
     world, per_node = int(env("WORLD_SIZE", "1")), int(env("LOCAL_WORLD_SIZE", "1"))
     if env("ACCELERATE_USE_DEEPSPEED", "false").lower() == "true":
         ds_file = env("ACCELERATE_DEEPSPEED_CONFIG_FILE") or "none"
+        save_16bit = env("ACCELERATE_DEEPSPEED_ZERO3_SAVE_16BIT_MODEL", "false")  # accelerate's default: false
         if ds_file != "none" and os.path.isfile(ds_file):
-            found = _deepspeed_file(Path(ds_file), per_node, f"{LAUNCHED} -> {ds_file}")
+            found = _deepspeed_file(Path(ds_file), per_node, f"{LAUNCHED} -> {ds_file}", save_16bit)
         else:  # the settings inline in the accelerate config, passed one by one: ACCELERATE_DEEPSPEED_<KEY>
             clip = env("ACCELERATE_GRADIENT_CLIPPING", "auto")  # accelerate's own default: "auto"
             setting = lambda key, default: env(f"ACCELERATE_DEEPSPEED_{key.upper()}", default)
             found = _inline_deepspeed(setting, LAUNCHED, per_node, clip if clip == "auto" else float(clip))
         if found.name not in ("zero2", "zero3"):
             raise ConfigError(_unsupported_stage(found.name.removeprefix("zero")))
+        if found.refused:
+            raise ConfigError(found.refused)
         return found
     if env("ACCELERATE_USE_FSDP", "false").lower() == "true":
         refused = _unsupported_fsdp(env("FSDP_VERSION", "1"), env("FSDP_STATE_DICT_TYPE"))
@@ -182,7 +185,8 @@ def _engine_of(config, accelerate_config: str) -> Engine:
             ds_path = Path(ds_file) if Path(ds_file).is_file() else PROJECT_ROOT / ds_file
             if not ds_path.is_file():
                 return Engine("unplanned", f"DeepSpeed config {ds_file!r} ({accelerate_config}) not found")
-            found = _deepspeed_file(ds_path, per_node, f"{accelerate_config} -> {ds_file}")
+            save_16bit = ds.get("zero3_save_16bit_model", False)  # what accelerate fills an "auto" with
+            found = _deepspeed_file(ds_path, per_node, f"{accelerate_config} -> {ds_file}", save_16bit)
         else:  # the settings inline in the accelerate config; accelerate's own default clipping: "auto"
             found = _inline_deepspeed(ds.get, accelerate_config, per_node, ds.get("gradient_clipping", "auto"))
         if found.name not in ("zero2", "zero3"):
@@ -212,11 +216,14 @@ def _inline_deepspeed(setting, source: str, per_node: int, clip) -> Engine:
     config's key: DeepSpeed's defaults for the rest (a reduce bucket of 5e8 elements, overlap_comm on under ZeRO-3)."""
     stage = int(setting("zero_stage", 0) or 0)
     off_opt, off_par = (setting(f"offload_{part}_device", "none") != "none" for part in ("optimizer", "param"))
-    return Engine(f"zero{stage}", source, per_node, off_opt, off_par, int(5e8), stage == 3, clip)
+    found = Engine(f"zero{stage}", source, per_node, off_opt, off_par, int(5e8), stage == 3, clip)
+    saves = _true(setting("zero3_save_16bit_model", False))  # accelerate's default: false
+    return replace(found, refused=None if stage != 3 or saves else _unsaved_zero3(source, INLINE_SAVE_FIX))
 
 
-def _deepspeed_file(path: Path, per_node: int, source: str) -> Engine:
-    """A DeepSpeed JSON config; another ZeRO stage than 2 or 3 as "zero<stage>", for the caller to refuse."""
+def _deepspeed_file(path: Path, per_node: int, source: str, save_16bit=False) -> Engine:
+    """A DeepSpeed JSON config; another ZeRO stage than 2 or 3 as "zero<stage>", for the caller to refuse.
+    `save_16bit`: accelerate's zero3_save_16bit_model, which fills the file's "auto" there."""
     config = json.loads(path.read_text())
     zero = config.get("zero_optimization", {})
     stage = int(zero.get("stage", 0))
@@ -228,7 +235,37 @@ def _deepspeed_file(path: Path, per_node: int, source: str) -> Engine:
     bucket = None if bucket == "auto" else int(float(bucket))
     overlap = bool(zero.get("overlap_comm", stage == 3))
     clip = config.get("gradient_clipping")
-    return Engine(f"zero{stage}", source, per_node, off_opt, off_par, bucket, overlap, clip)
+    # DeepSpeed's spellings of the setting (its default: false); accelerate fills an "auto" of the first
+    gathers = [zero.get(key) for key in GATHER_ON_SAVE]
+    saves = any(_true(save_16bit if value == "auto" else value) for value in gathers)
+    fix = f'"{GATHER_ON_SAVE[0]}": true in its zero_optimization'
+    refused = None if stage != 3 or saves else _unsaved_zero3(source, fix)
+    return Engine(f"zero{stage}", source, per_node, off_opt, off_par, bucket, overlap, clip, refused)
+
+
+INLINE_SAVE_FIX = "zero3_save_16bit_model: true under deepspeed_config in the accelerate config"
+# DeepSpeed's names for "gather the ZeRO-3 weights when the model is saved" (deepspeed/runtime/zero/config.py)
+GATHER_ON_SAVE = (
+    "stage3_gather_16bit_weights_on_model_save",
+    "gather_16bit_weights_on_model_save",
+    "stage3_gather_fp16_weights_on_model_save",
+)
+
+
+def _true(value) -> bool:
+    """A boolean setting as YAML, JSON or accelerate's environment give it."""
+    return str(value).lower() == "true"
+
+
+def _unsaved_zero3(source: str, fix: str) -> str:
+    """ZeRO-3 without its weights gathered on save: transformers writes the final model as DeepSpeed's optimizer
+    shards (global_stepN/, zero_to_fp32.py) with no model.safetensors, says so in one warning, and the run completes:
+    the final folder, its push and its LoRA merge hold no weights."""
+    return (
+        f"the DeepSpeed ZeRO-3 config ({source}) does not gather the weights when the model is saved, so the final "
+        f"model would be written as DeepSpeed shards, without model.safetensors: set {fix} "
+        "(configs/accelerate/ds_zero3.json does)"
+    )
 
 
 # Who clips, per engine. Each computes ONE norm over every trained parameter's gradient of the whole step, averaged
