@@ -317,3 +317,68 @@ def test_a_zero3_config_that_does_not_gather_the_weights_on_save_is_refused(tmp_
     # the shipped config gathers them
     monkeypatch.setenv("ACCELERATE_DEEPSPEED_CONFIG_FILE", str(ROOT / "configs" / "accelerate" / "ds_zero3.json"))
     assert engine.launched().refused is None
+
+
+def test_deepspeed_settings_that_would_replace_or_contradict_the_recipes_are_refused_at_start(tmp_path, monkeypatch):
+    """DeepSpeed configs written by hand (as in transformers' docs) set batch sizes, an optimizer and a scheduler. The
+    step plan runs each step's micro-batches itself (DeepSpeed gets an accumulation of 1): a config's
+    "gradient_accumulation_steps": 4 stopped every rank with transformers' "Please correct the following DeepSpeed
+    config values" traceback once the model had loaded and the reference stage had run; a "scheduler" (WarmupLR)
+    trained at a constant learning rate while the record said linear decay. Refused before anything loads, by the dry
+    run and the launch; numbers that agree pass."""
+    from dpotrain import stages
+    from dpotrain.recipe.config import parse_args
+
+    for name in ("WORLD_SIZE", "ACCELERATE_USE_DEEPSPEED", "ACCELERATE_DEEPSPEED_CONFIG_FILE"):
+        monkeypatch.delenv(name, raising=False)
+    shipped = json.loads((ROOT / "ds_config.json").read_text())
+    smoke = ["--config", str(ROOT / "configs" / "smoke.yaml")]
+    per_gpu = parse_args(smoke).training.per_device_train_batch_size
+
+    def dry_run(**settings):
+        (tmp_path / "ds.json").write_text(json.dumps({**shipped, **settings}))
+        config = tmp_path / "accelerate.yaml"  # 4 processes, as the shipped accelerate_config.yaml
+        config.write_text(
+            (ROOT / "accelerate_config.yaml").read_text().replace("ds_config.json", str(tmp_path / "ds.json"))
+        )
+        return stages.checks(parse_args([*smoke, "--dry-run", "--accelerate_config", str(config)]))
+
+    late = 'which transformers would refuse once the model has loaded: set them to "auto" there'
+    with pytest.raises(
+        ConfigError, match=f"sets train_micro_batch_size_per_gpu 1, gradient_accumulation_steps 4, {late}"
+    ):
+        dry_run(train_micro_batch_size_per_gpu=1, gradient_accumulation_steps=4)
+    with pytest.raises(ConfigError, match='sets bf16 true, which transformers would refuse .* set it to "auto"'):
+        dry_run(bf16={"enabled": True})  # the smoke recipe trains in fp32
+    scheduler = {"type": "WarmupLR", "params": {"warmup_max_lr": "auto", "warmup_num_steps": "auto"}}
+    with pytest.raises(
+        ConfigError,
+        match=r"its own \"scheduler\" \(WarmupLR\), which DeepSpeed would run in place of "
+        r"the recipe's lr_scheduler_type linear: remove 'scheduler'",
+    ):
+        dry_run(scheduler=scheduler)
+    with pytest.raises(
+        ConfigError,
+        match=r"its own \"optimizer\" \(AdamW\), which DeepSpeed would run in place of the recipe's optim adamw_",
+    ):
+        dry_run(optimizer={"type": "AdamW", "params": {"lr": "auto"}})
+    inline = tmp_path / "inline.yaml"  # as `accelerate config` writes its answer: accelerate makes it DeepSpeed's
+    inline.write_text(
+        "distributed_type: DEEPSPEED\ndeepspeed_config:\n  zero_stage: 2\n  gradient_accumulation_steps: 4\n"
+    )
+    with pytest.raises(ConfigError, match="sets gradient_accumulation_steps 4, which transformers would refuse"):
+        stages.checks(parse_args([*smoke, "--dry-run", "--accelerate_config", str(inline)]))
+    # What transformers would fill in anyway is not refused.
+    dry_run(train_micro_batch_size_per_gpu=per_gpu, gradient_accumulation_steps=1, train_batch_size=4 * per_gpu)
+
+    # The launch reads the same file from the environment `accelerate launch` sets (the recipe parsed first: its
+    # TrainingArguments would set up the DeepSpeed processes).
+    training = parse_args(smoke).training
+    (tmp_path / "ds.json").write_text(json.dumps({**shipped, "gradient_accumulation_steps": 8}))
+    monkeypatch.setenv("ACCELERATE_USE_DEEPSPEED", "true")
+    monkeypatch.setenv("ACCELERATE_DEEPSPEED_CONFIG_FILE", str(tmp_path / "ds.json"))
+    launched = engine.launched()
+    with pytest.raises(
+        ConfigError, match=r"^the DeepSpeed config \(this launch -> .*\) sets gradient_accumulation_steps 8"
+    ):
+        engine.check_deepspeed_settings(training, 2, launched)  # as stages.decide_launch checks it

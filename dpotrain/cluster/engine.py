@@ -54,6 +54,9 @@ class Engine:
     # `mixed_precision`): TrainingArguments autocasts in it where the recipe sets neither bf16 nor fp16
     mixed_precision: str = "no"
     mixed_precision_from: str = "ACCELERATE_MIXED_PRECISION"  # or the accelerate config a dry run read it from
+    # What the DeepSpeed config sets in place of the recipe (`check_deepspeed_settings`): its values, other than "auto",
+    # of the settings transformers matches against the training arguments, and its own optimizer's and scheduler's types
+    deepspeed_settings: tuple[tuple[str, object], ...] = ()
 
     @property
     def shards_weights(self) -> bool:
@@ -95,6 +98,7 @@ def _launched() -> Engine:
             clip = env("ACCELERATE_GRADIENT_CLIPPING", "auto")  # accelerate's own default: "auto"
             setting = lambda key, default: env(f"ACCELERATE_DEEPSPEED_{key.upper()}", default)
             found = _inline_deepspeed(setting, LAUNCHED, per_node, clip if clip == "auto" else float(clip))
+            found = _with_accumulation(found, env("ACCELERATE_GRADIENT_ACCUMULATION_STEPS"))
         if found.name not in ("zero2", "zero3"):
             raise ConfigError(_unsupported_stage(found.name.removeprefix("zero")))
         if found.refused:
@@ -189,6 +193,7 @@ def _engine_of(config, accelerate_config: str) -> Engine:
             found = _deepspeed_file(ds_path, per_node, f"{accelerate_config} -> {ds_file}", save_16bit)
         else:  # the settings inline in the accelerate config; accelerate's own default clipping: "auto"
             found = _inline_deepspeed(ds.get, accelerate_config, per_node, ds.get("gradient_clipping", "auto"))
+            found = _with_accumulation(found, ds.get("gradient_accumulation_steps"))
         if found.name not in ("zero2", "zero3"):
             stage = found.name.removeprefix("zero")
             why = f"DeepSpeed ZeRO stage {stage} ({accelerate_config}): plans cover stages 2, 3"
@@ -240,7 +245,34 @@ def _deepspeed_file(path: Path, per_node: int, source: str, save_16bit=False) ->
     saves = any(_true(save_16bit if value == "auto" else value) for value in gathers)
     fix = f'"{GATHER_ON_SAVE[0]}": true in its zero_optimization'
     refused = None if stage != 3 or saves else _unsaved_zero3(source, fix)
-    return Engine(f"zero{stage}", source, per_node, off_opt, off_par, bucket, overlap, clip, refused)
+    settings = {key: _setting(config, key) for key in MATCHED} | {
+        key: config[key].get("type", "?") if isinstance(config[key], dict) else config[key]
+        for key in OWN_PARTS
+        if config.get(key)
+    }
+    settings = tuple((key, value) for key, value in settings.items() if value not in (None, "auto"))
+    found = Engine(f"zero{stage}", source, per_node, off_opt, off_par, bucket, overlap, clip, refused)
+    return replace(found, deepspeed_settings=settings)
+
+
+# DeepSpeed settings transformers matches against the training arguments, refusing a difference once the model has
+# loaded (transformers/integrations/deepspeed.py, `trainer_config_process`), and the parts of a DeepSpeed config
+# DeepSpeed then runs in place of the trainer's (`deepspeed_optim_sched`): the recipe's optim, lr_scheduler_type
+MATCHED = ("train_micro_batch_size_per_gpu", "gradient_accumulation_steps", "train_batch_size", "bf16", "fp16")
+OWN_PARTS = ("optimizer", "scheduler")
+
+
+def _setting(config: dict, key: str):
+    """A DeepSpeed config's value of `key` (bf16, fp16: their `enabled`), None where it has none."""
+    value = config.get(key)
+    return value.get("enabled") if key in ("bf16", "fp16") and isinstance(value, dict) else value
+
+
+def _with_accumulation(found: Engine, steps) -> Engine:
+    """accelerate's inline gradient_accumulation_steps, which becomes the DeepSpeed config's."""
+    if steps in (None, "auto") or not found.deepspeed:
+        return found
+    return replace(found, deepspeed_settings=(("gradient_accumulation_steps", int(steps)),))
 
 
 INLINE_SAVE_FIX = "zero3_save_16bit_model: true under deepspeed_config in the accelerate config"
@@ -321,6 +353,42 @@ def check_mixed_precision(training, run_engine: Engine) -> None:
         f"{mixed} autocast under a record of fp32: {flag}set mixed_precision: 'no' in the accelerate config "
         "(ACCELERATE_MIXED_PRECISION unset) to train in fp32"
     )
+
+
+def check_deepspeed_settings(training, world: int, run_engine: Engine) -> None:
+    """A DeepSpeed config's settings against the run's. The step plan runs a step's micro-batches itself, so
+    transformers gives DeepSpeed an accumulation of 1 and the recipe's per_device_train_batch_size: a number there that
+    differs stopped every rank with a traceback once the model had loaded and the reference stage had run. Its own
+    optimizer or scheduler would run in place of the recipe's optim and lr_scheduler_type (a WarmupLR held the
+    learning rate constant where the record said linear decay). Both refused here, before anything loads."""
+    settings = dict(run_engine.deepspeed_settings)
+    replaced = {"optimizer": ("optim", training.optim), "scheduler": ("lr_scheduler_type", training.lr_scheduler_type)}
+    own = [key for key in OWN_PARTS if key in settings]
+    if own:
+        theirs = " and ".join(f'"{key}" ({settings[key]})' for key in own)
+        ours = " and ".join(f"{replaced[key][0]} {getattr(replaced[key][1], 'value', replaced[key][1])}" for key in own)
+        raise ConfigError(
+            f"the DeepSpeed config ({run_engine.source}) has its own {theirs}, which DeepSpeed would run in place of "
+            f"the recipe's {ours}: remove {' and '.join(f'{key!r}' for key in own)} from it, and the run uses the "
+            "recipe's"
+        )
+    per_gpu = training.per_device_train_batch_size
+    expected = {
+        "train_micro_batch_size_per_gpu": per_gpu,
+        "gradient_accumulation_steps": 1,
+        "train_batch_size": world * per_gpu,
+        "bf16": bool(training.bf16),
+        "fp16": bool(training.fp16),
+    }
+    differ = [
+        f"{key} {json.dumps(settings[key])}" for key in MATCHED if key in settings and settings[key] != expected[key]
+    ]
+    if differ:
+        raise ConfigError(
+            f"the DeepSpeed config ({run_engine.source}) sets {', '.join(differ)}, which transformers would refuse "
+            f'once the model has loaded: set {"it" if len(differ) == 1 else "them"} to "auto" there, filled from '
+            "the run (its step plan runs each step's micro-batches; the recipe's bf16 and fp16)"
+        )
 
 
 def load_dtype(recipe, engine: Engine) -> str | None:
