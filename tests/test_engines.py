@@ -382,3 +382,24 @@ def test_deepspeed_settings_that_would_replace_or_contradict_the_recipes_are_ref
         ConfigError, match=r"^the DeepSpeed config \(this launch -> .*\) sets gradient_accumulation_steps 8"
     ):
         engine.check_deepspeed_settings(training, 2, launched)  # as stages.decide_launch checks it
+
+
+def test_a_deepspeed_config_that_is_not_json_is_named_in_one_line(tmp_path, monkeypatch):
+    """A trailing comma in a hand-edited DeepSpeed config ended the dry run in a JSONDecodeError traceback (and a list,
+    in an AttributeError one): the dry run now lists it as what the run would refuse, naming the file; the launch
+    refuses it in one line."""
+    for text, why in (('{"zero_optimization": {"stage": 2,}}', "JSONDecodeError"), ("[2]", "not a JSON object")):
+        (tmp_path / "ds.json").write_text(text)
+        config = tmp_path / "accelerate.yaml"
+        config.write_text(
+            (ROOT / "accelerate_config.yaml").read_text().replace("ds_config.json", str(tmp_path / "ds.json"))
+        )
+        planned = engine.from_config(str(config))
+        assert planned.name == "unplanned" and planned.refused == planned.source, planned
+        assert planned.refused.startswith(f"DeepSpeed config {str(tmp_path / 'ds.json')!r} cannot be read ({why}"), (
+            planned
+        )
+        monkeypatch.setenv("ACCELERATE_USE_DEEPSPEED", "true")
+        monkeypatch.setenv("ACCELERATE_DEEPSPEED_CONFIG_FILE", str(tmp_path / "ds.json"))
+        with pytest.raises(ConfigError, match=f"cannot be read \\({why}.*: fix it"):
+            engine.launched()

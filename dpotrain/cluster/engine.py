@@ -170,8 +170,12 @@ def from_config(accelerate_config: str) -> Engine:
     except ConfigError as e:
         return Engine("unplanned", str(e), refused=str(e), mixed_precision=from_environment)
     mixed = str(config.mixed_precision or "no").lower()
+    try:
+        found = _engine_of(config, accelerate_config)
+    except ConfigError as e:  # its DeepSpeed config unreadable: `accelerate launch` would refuse it too
+        found = Engine("unplanned", str(e), refused=str(e))
     return replace(
-        _engine_of(config, accelerate_config),
+        found,
         mixed_precision=mixed,
         mixed_precision_from=f"the accelerate config {accelerate_config}",
     )
@@ -229,7 +233,7 @@ def _inline_deepspeed(setting, source: str, per_node: int, clip) -> Engine:
 def _deepspeed_file(path: Path, per_node: int, source: str, save_16bit=False) -> Engine:
     """A DeepSpeed JSON config; another ZeRO stage than 2 or 3 as "zero<stage>", for the caller to refuse.
     `save_16bit`: accelerate's zero3_save_16bit_model, which fills the file's "auto" there."""
-    config = json.loads(path.read_text())
+    config = _deepspeed_json(path)
     zero = config.get("zero_optimization", {})
     stage = int(zero.get("stage", 0))
     if stage not in (2, 3):
@@ -253,6 +257,21 @@ def _deepspeed_file(path: Path, per_node: int, source: str, save_16bit=False) ->
     settings = tuple((key, value) for key, value in settings.items() if value not in (None, "auto"))
     found = Engine(f"zero{stage}", source, per_node, off_opt, off_par, bucket, overlap, clip, refused)
     return replace(found, deepspeed_settings=settings)
+
+
+def _deepspeed_json(path: Path) -> dict:
+    """A DeepSpeed config file's settings; one that is not a JSON object (a trailing comma, a list) refused, naming it:
+    transformers' own error named neither the file nor the fix, and a dry run ended in a traceback."""
+    try:
+        config = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        config = cause(e)
+    if not isinstance(config, dict) or not isinstance(config.get("zero_optimization", {}), dict):
+        why = config if isinstance(config, str) else "not a JSON object with a zero_optimization object"
+        raise ConfigError(
+            f"DeepSpeed config {str(path)!r} cannot be read ({why}): fix it (ds_config.json is an example)"
+        )
+    return config
 
 
 # DeepSpeed settings transformers matches against the training arguments, refusing a difference once the model has
