@@ -67,6 +67,14 @@ def check_options(recipe: Recipe) -> None:
             "dataset_streaming: the step plan and the reference stage need every pair's length up front; "
             "remove it (datasets memory-maps a loaded data set, so it need not fit in RAM)"
         )
+    if t.deepspeed:  # TrainingArguments' own switch to DeepSpeed, which the engine (cluster/engine.py) never sees
+        named = t.deepspeed if isinstance(t.deepspeed, str) else "a dict"
+        raise ConfigError(
+            f"deepspeed ({named}) is not how this project selects DeepSpeed (a run planned and recorded as another "
+            "engine would run it, or fail at the model load): remove it and launch with an accelerate config that "
+            "names the file as its deepspeed_config_file (accelerate_config.yaml: `accelerate launch --config_file "
+            "accelerate_config.yaml train_dpo.py ...`; a dry run: --accelerate_config accelerate_config.yaml)"
+        )
     if t.save_on_each_node:
         raise ConfigError(
             "save_on_each_node is not supported: checkpoints, their COMPLETE marks and the resume point "
