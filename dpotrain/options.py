@@ -67,13 +67,16 @@ def check_options(recipe: Recipe) -> None:
             "dataset_streaming: the step plan and the reference stage need every pair's length up front; "
             "remove it (datasets memory-maps a loaded data set, so it need not fit in RAM)"
         )
-    if t.deepspeed:  # TrainingArguments' own switch to DeepSpeed, which the engine (cluster/engine.py) never sees
-        named = t.deepspeed if isinstance(t.deepspeed, str) else "a dict"
+    # TrainingArguments' own switches to DeepSpeed and FSDP, which the engine (cluster/engine.py) never sees: a run
+    # planned and recorded as one process or DDP would run another engine without its checks and its handling
+    # (ZeRO-3 through --deepspeed ended at the model load in a traceback)
+    switched = [name for name in ("deepspeed", "fsdp") if getattr(t, name)]
+    if switched:
         raise ConfigError(
-            f"deepspeed ({named}) is not how this project selects DeepSpeed (a run planned and recorded as another "
-            "engine would run it, or fail at the model load): remove it and launch with an accelerate config that "
-            "names the file as its deepspeed_config_file (accelerate_config.yaml: `accelerate launch --config_file "
-            "accelerate_config.yaml train_dpo.py ...`; a dry run: --accelerate_config accelerate_config.yaml)"
+            f"{switched[0]} is not how this project selects its engine (the plan and the record would name another): "
+            "remove it and launch with an accelerate config (DeepSpeed ZeRO-2: accelerate_config.yaml, which names "
+            "its DeepSpeed file as deepspeed_config_file; ZeRO-3, FSDP2: configs/accelerate/): `accelerate launch "
+            "--config_file <it> train_dpo.py ...`, and --accelerate_config <it> for a dry run"
         )
     if t.save_on_each_node:
         raise ConfigError(
