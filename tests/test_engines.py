@@ -289,8 +289,7 @@ def test_a_zero3_config_that_does_not_gather_the_weights_on_save_is_refused(tmp_
         planned = engine.from_config(config(gather, extra))
         assert planned.name == "zero3" and unsaved in planned.refused, (gather, planned)
         assert '"stage3_gather_16bit_weights_on_model_save": true in its zero_optimization' in planned.refused
-    for gather, extra in ((True, ""), ("auto", "  zero3_save_16bit_model: true\n")):  # accelerate fills "auto"
-        assert engine.from_config(config(gather, extra)).refused is None, (gather, extra)
+    assert engine.from_config(config(True)).refused is None
     inline = tmp_path / "inline.yaml"
     inline.write_text("distributed_type: DEEPSPEED\ndeepspeed_config:\n  zero_stage: 3\nnum_processes: 2\n")
     assert unsaved in engine.from_config(str(inline)).refused
@@ -314,6 +313,9 @@ def test_a_zero3_config_that_does_not_gather_the_weights_on_save_is_refused(tmp_
     monkeypatch.setenv("ACCELERATE_DEEPSPEED_ZERO3_SAVE_16BIT_MODEL", "false")
     with pytest.raises(ConfigError, match=unsaved):
         engine.launched()
+    config("auto")  # filled from `accelerate launch --zero3_save_16bit_model true`
+    monkeypatch.setenv("ACCELERATE_DEEPSPEED_ZERO3_SAVE_16BIT_MODEL", "true")
+    assert engine.launched().refused is None
     # the shipped config gathers them
     monkeypatch.setenv("ACCELERATE_DEEPSPEED_CONFIG_FILE", str(ROOT / "configs" / "accelerate" / "ds_zero3.json"))
     assert engine.launched().refused is None
@@ -403,3 +405,65 @@ def test_a_deepspeed_config_that_is_not_json_is_named_in_one_line(tmp_path, monk
         monkeypatch.setenv("ACCELERATE_DEEPSPEED_CONFIG_FILE", str(tmp_path / "ds.json"))
         with pytest.raises(ConfigError, match=f"cannot be read \\({why}.*: fix it"):
             engine.launched()
+
+
+def test_offload_settings_are_read_as_accelerate_launch_passes_them_on(tmp_path):
+    """`fsdp_offload_params: "false"` (quoted) was planned as offloaded (bool of a non-empty string), and an inline
+    `offload_optimizer_device: null` as offloaded too (None is not "none"), while `accelerate launch` passes them on
+    as false and not at all: the memory plan counted memory the launch keeps on the GPU."""
+    fsdp = (ROOT / "configs" / "accelerate" / "fsdp2.yaml").read_text()
+    for written, offloaded in (('"false"', False), ("false", False), ('"true"', True), ("true", True)):
+        config = tmp_path / "fsdp2.yaml"
+        config.write_text(fsdp.replace("fsdp_offload_params: false", f"fsdp_offload_params: {written}"))
+        assert engine.from_config(str(config)).offload_params is offloaded, written
+    for written, offloaded in (("null", False), ("none", False), ("None", False), ("cpu", True)):
+        config = tmp_path / "inline.yaml"
+        config.write_text(
+            "distributed_type: DEEPSPEED\ndeepspeed_config:\n  zero_stage: 2\n"
+            f"  offload_optimizer_device: {written}\n  offload_param_device: {written}\n"
+        )
+        found = engine.from_config(str(config))
+        assert (found.offload_optimizer, found.offload_params) == (offloaded, offloaded), written
+
+
+def test_accelerate_settings_beside_a_deepspeed_file_are_refused_by_the_dry_run_as_by_the_launch(tmp_path):
+    """`accelerate launch` refuses an accelerate config that names a deepspeed_config_file and also sets what the file
+    holds (zero3_save_16bit_model, gradient_accumulation_steps, ..., or a mixed_precision, even 'no'): every process
+    stopped as it started with "the following accelerate config variables will be ignored", after a dry run that had
+    planned it without a word. The dry run lists it as what the run would refuse (launch.sh's job ends there)."""
+    from accelerate.commands.launch import _validate_launch_command, launch_command_parser
+    from accelerate.utils import DeepSpeedPlugin
+    from accelerate.utils.launch import prepare_deepspeed_cmd_env
+
+    shipped = (ROOT / "configs" / "accelerate" / "zero3.yaml").read_text()
+    shipped = shipped.replace(
+        "configs/accelerate/ds_zero3.json", str(ROOT / "configs" / "accelerate" / "ds_zero3.json")
+    )
+    cases = {
+        "mixed_precision": shipped.replace("num_machines: 1", "mixed_precision: 'no'\nnum_machines: 1"),
+        "zero3_save_16bit_model": shipped.replace(
+            "deepspeed_config:\n", "deepspeed_config:\n  zero3_save_16bit_model: true\n"
+        ),
+        "": shipped,
+    }
+    for beside, text in cases.items():
+        config = tmp_path / "zero3.yaml"
+        config.write_text(text)
+        refused = engine.from_config(str(config)).refused
+        # What the launch does with it: accelerate's own launcher and plugin, in this process.
+        args, defaults, from_config = _validate_launch_command(
+            launch_command_parser().parse_args(["--config_file", str(config), "train_dpo.py"])
+        )
+        fields = [*defaults.deepspeed_config, *(["mixed_precision"] * from_config)]
+        args.deepspeed_fields_from_accelerate_config = ",".join(fields)  # as `launch_command` sets it
+        env = {k: v for k, v in prepare_deepspeed_cmd_env(args)[1].items() if k.startswith("ACCELERATE_")}
+        with pytest.MonkeyPatch.context() as patch:
+            for key, value in env.items():
+                patch.setenv(key, value)
+            if beside:
+                assert f"sets {beside} beside its deepspeed_config_file, which `accelerate launch` refuses" in refused
+                with pytest.raises(ValueError, match="the following accelerate config variables will be ignored"):
+                    DeepSpeedPlugin()
+            else:
+                assert refused is None
+                DeepSpeedPlugin()

@@ -193,8 +193,12 @@ def _engine_of(config, accelerate_config: str) -> Engine:
             ds_path = Path(ds_file) if Path(ds_file).is_file() else PROJECT_ROOT / ds_file
             if not ds_path.is_file():
                 return Engine("unplanned", f"DeepSpeed config {ds_file!r} ({accelerate_config}) not found")
-            save_16bit = ds.get("zero3_save_16bit_model", False)  # what accelerate fills an "auto" with
-            found = _deepspeed_file(ds_path, per_node, f"{accelerate_config} -> {ds_file}", save_16bit)
+            found = _deepspeed_file(ds_path, per_node, f"{accelerate_config} -> {ds_file}")
+            # accelerate refuses its own settings beside the file (DeepSpeedPlugin._deepspeed_config_checks), in every
+            # process as it starts: mixed_precision too, when the config names one
+            beside = sorted(set(ds) & SET_IN_THE_FILE) + ["mixed_precision"] * (config.mixed_precision is not None)
+            if beside and not found.refused:
+                found = replace(found, refused=_beside_the_file(accelerate_config, beside))
         else:  # the settings inline in the accelerate config; accelerate's own default clipping: "auto"
             found = _inline_deepspeed(ds.get, accelerate_config, per_node, ds.get("gradient_clipping", "auto"))
             found = _with_accumulation(found, ds.get("gradient_accumulation_steps"))
@@ -210,7 +214,7 @@ def _engine_of(config, accelerate_config: str) -> Engine:
             why = f"FSDP version 1 ({accelerate_config}): plans cover FSDP2 (fsdp_version: 2)"
             return Engine("unplanned", why, refused=refused)
         return Engine(
-            "fsdp2", accelerate_config, per_node, offload_params=bool(fsdp.get("fsdp_offload_params")), refused=refused
+            "fsdp2", accelerate_config, per_node, offload_params=_true(fsdp.get("fsdp_offload_params")), refused=refused
         )
     if kind == "MULTI_GPU":
         return Engine("ddp", accelerate_config, per_node)
@@ -224,7 +228,9 @@ def _inline_deepspeed(setting, source: str, per_node: int, clip) -> Engine:
     """DeepSpeed's settings inline in an accelerate config (no DeepSpeed JSON file), `setting(key, default)` by the
     config's key: DeepSpeed's defaults for the rest (a reduce bucket of 5e8 elements, overlap_comm on under ZeRO-3)."""
     stage = int(setting("zero_stage", 0) or 0)
-    off_opt, off_par = (setting(f"offload_{part}_device", "none") != "none" for part in ("optimizer", "param"))
+    # As `accelerate launch` passes them on: lowercased, and a null one not at all (DeepSpeed's default: none)
+    devices = (str(setting(f"offload_{part}_device", "none") or "none").lower() for part in ("optimizer", "param"))
+    off_opt, off_par = (device != "none" for device in devices)
     found = Engine(f"zero{stage}", source, per_node, off_opt, off_par, int(5e8), stage == 3, clip)
     saves = _true(setting("zero3_save_16bit_model", False))  # accelerate's default: false
     return replace(found, refused=None if stage != 3 or saves else _unsaved_zero3(source, INLINE_SAVE_FIX))
@@ -292,6 +298,29 @@ def _with_accumulation(found: Engine, steps) -> Engine:
     if steps in (None, "auto") or not found.deepspeed:
         return found
     return replace(found, deepspeed_settings=(("gradient_accumulation_steps", int(steps)),))
+
+
+# The settings of an accelerate config that `accelerate launch` refuses beside a deepspeed_config_file: the file holds
+# them (accelerate/utils/dataclasses.py, `_deepspeed_config_checks`)
+SET_IN_THE_FILE = {
+    "gradient_accumulation_steps",
+    "gradient_clipping",
+    "zero_stage",
+    "offload_optimizer_device",
+    "offload_param_device",
+    "offload_param_nvme_path",
+    "offload_optimizer_nvme_path",
+    "zero3_save_16bit_model",
+}
+
+
+def _beside_the_file(accelerate_config: str, beside: list[str]) -> str:
+    return (
+        f"accelerate config {accelerate_config} sets {', '.join(beside)} beside its deepspeed_config_file, which "
+        '`accelerate launch` refuses as each process starts ("the following accelerate config variables will be '
+        'ignored"): remove them from it (the DeepSpeed file holds these settings; its "auto" values take the '
+        "recipe's)"
+    )
 
 
 INLINE_SAVE_FIX = "zero3_save_16bit_model: true under deepspeed_config in the accelerate config"
