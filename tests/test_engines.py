@@ -467,3 +467,12 @@ def test_accelerate_settings_beside_a_deepspeed_file_are_refused_by_the_dry_run_
             else:
                 assert refused is None
                 DeepSpeedPlugin()
+
+
+def test_an_accelerate_config_with_a_null_process_count_is_planned_as_accelerate_reads_it(tmp_path):
+    """`num_processes: null` (accelerate then counts the machine's GPUs) ended the dry run in a TypeError traceback
+    ('>' not supported between 'int' and 'NoneType'): planned as an unset count is, 1 process."""
+    config = tmp_path / "ddp.yaml"
+    config.write_text("distributed_type: MULTI_GPU\nnum_processes: null\nnum_machines: 1\n")
+    assert engine.processes(engine.read_accelerate_config(str(config))) == 1
+    assert engine.from_config(str(config)).name == "ddp"

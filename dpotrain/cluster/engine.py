@@ -151,8 +151,8 @@ def read_accelerate_config(path: str):
 
 
 def processes(config) -> int:
-    """An accelerate config's num_processes (accelerate's -1, unset, counted as 1)."""
-    return max(getattr(config, "num_processes", 1), 1)
+    """An accelerate config's num_processes (accelerate's -1, unset or null, counted as 1)."""
+    return max(getattr(config, "num_processes", None) or 1, 1)
 
 
 def from_config(accelerate_config: str) -> Engine:
@@ -182,7 +182,7 @@ def from_config(accelerate_config: str) -> Engine:
 
 
 def _engine_of(config, accelerate_config: str) -> Engine:
-    per_node = max(processes(config) // max(config.num_machines, 1), 1)
+    per_node = max(processes(config) // max(config.num_machines or 1, 1), 1)  # null: one machine, as accelerate
     # The job's GPUs per node (scripts/launch.sh: --gpus-per-node) over the config's: what a refusal counts nodes in.
     per_node = int(os.environ.get("GPUS_PER_NODE") or 0) or per_node
     kind = config.distributed_type.value
