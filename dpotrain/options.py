@@ -67,6 +67,7 @@ def check_options(recipe: Recipe) -> None:
             "dataset_streaming: the step plan and the reference stage need every pair's length up front; "
             "remove it (datasets memory-maps a loaded data set, so it need not fit in RAM)"
         )
+    check_engine_switches(t)
     if t.save_on_each_node:
         raise ConfigError(
             "save_on_each_node is not supported: checkpoints, their COMPLETE marks and the resume point "
@@ -109,6 +110,20 @@ def check_options(recipe: Recipe) -> None:
         raise ConfigError(
             f"dataset_revision {recipe.project.dataset_revision!r} names a commit of a Hub data set, and "
             f"{reads}: remove dataset_revision"
+        )
+
+
+def check_engine_switches(t) -> None:
+    """TrainingArguments' own switches to DeepSpeed and FSDP, which the engine (cluster/engine.py) never sees: a run
+    planned and recorded as one process or DDP would run another engine without its checks and its handling (ZeRO-3
+    through --deepspeed ended at the model load in a traceback, --fsdp on one process at the trainer's start)."""
+    switched = [name for name in ("deepspeed", "fsdp") if getattr(t, name)]
+    if switched:
+        raise ConfigError(
+            f"{switched[0]} is not how this project selects its engine (the plan and the record would name another): "
+            "remove it and launch with an accelerate config (DeepSpeed ZeRO-2: accelerate_config.yaml, which names "
+            "its DeepSpeed file as deepspeed_config_file; ZeRO-3, FSDP2: configs/accelerate/): `accelerate launch "
+            "--config_file <it> train_dpo.py ...`, and --accelerate_config <it> for a dry run"
         )
 
 

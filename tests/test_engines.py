@@ -260,3 +260,219 @@ def test_an_accelerate_mixed_precision_the_recipe_does_not_train_in_is_refused(s
     stages.checks(
         parse_args([*args, "--bf16", "true", "--use_cpu", "true"])
     )  # the recipe's precision wins: trained as recorded
+
+
+def test_a_zero3_config_that_does_not_gather_the_weights_on_save_is_refused(tmp_path, monkeypatch):
+    """DeepSpeed's stage3_gather_16bit_weights_on_model_save defaults to false (accelerate's zero3_save_16bit_model
+    too): a ZeRO-3 launch of a config without it completed, printed "Saved model", and left no model.safetensors in
+    the output folder, only DeepSpeed's shards (global_stepN/, zero_to_fp32.py), which the run then pushed. Refused at
+    start, by the run and the dry run (listed among what the run would refuse); still planned as ZeRO-3."""
+    shipped = json.loads((ROOT / "configs" / "accelerate" / "ds_zero3.json").read_text())
+    zero3_yaml = (ROOT / "configs" / "accelerate" / "zero3.yaml").read_text()
+
+    def config(gather, yaml_extra=""):
+        ds = {**shipped, "zero_optimization": dict(shipped["zero_optimization"])}
+        ds["zero_optimization"].pop("stage3_gather_16bit_weights_on_model_save")
+        if gather is not None:
+            ds["zero_optimization"]["stage3_gather_16bit_weights_on_model_save"] = gather
+        (tmp_path / "ds.json").write_text(json.dumps(ds))
+        path = tmp_path / "zero3.yaml"
+        path.write_text(
+            zero3_yaml.replace("configs/accelerate/ds_zero3.json", str(tmp_path / "ds.json")).replace(
+                "deepspeed_config:\n", f"deepspeed_config:\n{yaml_extra}"
+            )
+        )
+        return str(path)
+
+    unsaved = "does not gather the weights when the model is saved, so the final model would be written as"
+    for gather, extra in ((None, ""), (False, ""), ("auto", "")):
+        planned = engine.from_config(config(gather, extra))
+        assert planned.name == "zero3" and unsaved in planned.refused, (gather, planned)
+        assert '"stage3_gather_16bit_weights_on_model_save": true in its zero_optimization' in planned.refused
+    assert engine.from_config(config(True)).refused is None
+    inline = tmp_path / "inline.yaml"
+    inline.write_text("distributed_type: DEEPSPEED\ndeepspeed_config:\n  zero_stage: 3\nnum_processes: 2\n")
+    assert unsaved in engine.from_config(str(inline)).refused
+    assert "zero3_save_16bit_model: true under deepspeed_config" in engine.from_config(str(inline)).refused
+
+    # The launch: the same settings as `accelerate launch` passes them on.
+    for name in (
+        "ACCELERATE_USE_FSDP",
+        "ACCELERATE_DEEPSPEED_CONFIG_FILE",
+        "ACCELERATE_DEEPSPEED_ZERO3_SAVE_16BIT_MODEL",
+    ):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("ACCELERATE_USE_DEEPSPEED", "true")
+    monkeypatch.setenv("ACCELERATE_DEEPSPEED_ZERO_STAGE", "3")
+    with pytest.raises(ConfigError, match=f"^the DeepSpeed ZeRO-3 config \\(this launch\\) {unsaved}"):
+        engine.launched()
+    monkeypatch.setenv("ACCELERATE_DEEPSPEED_ZERO3_SAVE_16BIT_MODEL", "true")
+    assert engine.launched().name == "zero3"
+    config(None)
+    monkeypatch.setenv("ACCELERATE_DEEPSPEED_CONFIG_FILE", str(tmp_path / "ds.json"))
+    monkeypatch.setenv("ACCELERATE_DEEPSPEED_ZERO3_SAVE_16BIT_MODEL", "false")
+    with pytest.raises(ConfigError, match=unsaved):
+        engine.launched()
+    config("auto")  # filled from `accelerate launch --zero3_save_16bit_model true`
+    monkeypatch.setenv("ACCELERATE_DEEPSPEED_ZERO3_SAVE_16BIT_MODEL", "true")
+    assert engine.launched().refused is None
+    # the shipped config gathers them
+    monkeypatch.setenv("ACCELERATE_DEEPSPEED_CONFIG_FILE", str(ROOT / "configs" / "accelerate" / "ds_zero3.json"))
+    assert engine.launched().refused is None
+
+
+def test_deepspeed_settings_that_would_replace_or_contradict_the_recipes_are_refused_at_start(tmp_path, monkeypatch):
+    """DeepSpeed configs written by hand (as in transformers' docs) set batch sizes, an optimizer and a scheduler. The
+    step plan runs each step's micro-batches itself (DeepSpeed gets an accumulation of 1): a config's
+    "gradient_accumulation_steps": 4 stopped every rank with transformers' "Please correct the following DeepSpeed
+    config values" traceback once the model had loaded and the reference stage had run; a "scheduler" (WarmupLR)
+    trained at a constant learning rate while the record said linear decay. Refused before anything loads, by the dry
+    run and the launch; numbers that agree pass."""
+    from dpotrain import stages
+    from dpotrain.recipe.config import parse_args
+
+    for name in ("WORLD_SIZE", "ACCELERATE_USE_DEEPSPEED", "ACCELERATE_DEEPSPEED_CONFIG_FILE"):
+        monkeypatch.delenv(name, raising=False)
+    shipped = json.loads((ROOT / "ds_config.json").read_text())
+    smoke = ["--config", str(ROOT / "configs" / "smoke.yaml")]
+    per_gpu = parse_args(smoke).training.per_device_train_batch_size
+
+    def dry_run(**settings):
+        (tmp_path / "ds.json").write_text(json.dumps({**shipped, **settings}))
+        config = tmp_path / "accelerate.yaml"  # 4 processes, as the shipped accelerate_config.yaml
+        config.write_text(
+            (ROOT / "accelerate_config.yaml").read_text().replace("ds_config.json", str(tmp_path / "ds.json"))
+        )
+        return stages.checks(parse_args([*smoke, "--dry-run", "--accelerate_config", str(config)]))
+
+    late = 'which transformers would refuse once the model has loaded: set them to "auto" there'
+    with pytest.raises(
+        ConfigError, match=f"sets train_micro_batch_size_per_gpu 1, gradient_accumulation_steps 4, {late}"
+    ):
+        dry_run(train_micro_batch_size_per_gpu=1, gradient_accumulation_steps=4)
+    with pytest.raises(ConfigError, match='sets bf16 true, which transformers would refuse .* set it to "auto"'):
+        dry_run(bf16={"enabled": True})  # the smoke recipe trains in fp32
+    scheduler = {"type": "WarmupLR", "params": {"warmup_max_lr": "auto", "warmup_num_steps": "auto"}}
+    with pytest.raises(
+        ConfigError,
+        match=r"its own \"scheduler\" \(WarmupLR\), which DeepSpeed would run in place of "
+        r"the recipe's lr_scheduler_type linear: remove 'scheduler'",
+    ):
+        dry_run(scheduler=scheduler)
+    with pytest.raises(
+        ConfigError,
+        match=r"its own \"optimizer\" \(AdamW\), which DeepSpeed would run in place of the recipe's optim adamw_",
+    ):
+        dry_run(optimizer={"type": "AdamW", "params": {"lr": "auto"}})
+    inline = tmp_path / "inline.yaml"  # as `accelerate config` writes its answer: accelerate makes it DeepSpeed's
+    inline.write_text(
+        "distributed_type: DEEPSPEED\ndeepspeed_config:\n  zero_stage: 2\n  gradient_accumulation_steps: 4\n"
+    )
+    with pytest.raises(ConfigError, match="sets gradient_accumulation_steps 4, which transformers would refuse"):
+        stages.checks(parse_args([*smoke, "--dry-run", "--accelerate_config", str(inline)]))
+    # What transformers would fill in anyway is not refused.
+    dry_run(train_micro_batch_size_per_gpu=per_gpu, gradient_accumulation_steps=1, train_batch_size=4 * per_gpu)
+
+    # The launch reads the same file from the environment `accelerate launch` sets (the recipe parsed first: its
+    # TrainingArguments would set up the DeepSpeed processes).
+    training = parse_args(smoke).training
+    (tmp_path / "ds.json").write_text(json.dumps({**shipped, "gradient_accumulation_steps": 8}))
+    monkeypatch.setenv("ACCELERATE_USE_DEEPSPEED", "true")
+    monkeypatch.setenv("ACCELERATE_DEEPSPEED_CONFIG_FILE", str(tmp_path / "ds.json"))
+    launched = engine.launched()
+    with pytest.raises(
+        ConfigError, match=r"^the DeepSpeed config \(this launch -> .*\) sets gradient_accumulation_steps 8"
+    ):
+        engine.check_deepspeed_settings(training, 2, launched)  # as stages.decide_launch checks it
+
+
+def test_a_deepspeed_config_that_is_not_json_is_named_in_one_line(tmp_path, monkeypatch):
+    """A trailing comma in a hand-edited DeepSpeed config ended the dry run in a JSONDecodeError traceback (and a list,
+    in an AttributeError one): the dry run now lists it as what the run would refuse, naming the file; the launch
+    refuses it in one line."""
+    for text, why in (('{"zero_optimization": {"stage": 2,}}', "JSONDecodeError"), ("[2]", "not a JSON object")):
+        (tmp_path / "ds.json").write_text(text)
+        config = tmp_path / "accelerate.yaml"
+        config.write_text(
+            (ROOT / "accelerate_config.yaml").read_text().replace("ds_config.json", str(tmp_path / "ds.json"))
+        )
+        planned = engine.from_config(str(config))
+        assert planned.name == "unplanned" and planned.refused == planned.source, planned
+        assert planned.refused.startswith(f"DeepSpeed config {str(tmp_path / 'ds.json')!r} cannot be read ({why}"), (
+            planned
+        )
+        monkeypatch.setenv("ACCELERATE_USE_DEEPSPEED", "true")
+        monkeypatch.setenv("ACCELERATE_DEEPSPEED_CONFIG_FILE", str(tmp_path / "ds.json"))
+        with pytest.raises(ConfigError, match=f"cannot be read \\({why}.*: fix it"):
+            engine.launched()
+
+
+def test_offload_settings_are_read_as_accelerate_launch_passes_them_on(tmp_path):
+    """`fsdp_offload_params: "false"` (quoted) was planned as offloaded (bool of a non-empty string), and an inline
+    `offload_optimizer_device: null` as offloaded too (None is not "none"), while `accelerate launch` passes them on
+    as false and not at all: the memory plan counted memory the launch keeps on the GPU."""
+    fsdp = (ROOT / "configs" / "accelerate" / "fsdp2.yaml").read_text()
+    for written, offloaded in (('"false"', False), ("false", False), ('"true"', True), ("true", True)):
+        config = tmp_path / "fsdp2.yaml"
+        config.write_text(fsdp.replace("fsdp_offload_params: false", f"fsdp_offload_params: {written}"))
+        assert engine.from_config(str(config)).offload_params is offloaded, written
+    for written, offloaded in (("null", False), ("none", False), ("None", False), ("cpu", True)):
+        config = tmp_path / "inline.yaml"
+        config.write_text(
+            "distributed_type: DEEPSPEED\ndeepspeed_config:\n  zero_stage: 2\n"
+            f"  offload_optimizer_device: {written}\n  offload_param_device: {written}\n"
+        )
+        found = engine.from_config(str(config))
+        assert (found.offload_optimizer, found.offload_params) == (offloaded, offloaded), written
+
+
+def test_accelerate_settings_beside_a_deepspeed_file_are_refused_by_the_dry_run_as_by_the_launch(tmp_path):
+    """`accelerate launch` refuses an accelerate config that names a deepspeed_config_file and also sets what the file
+    holds (zero3_save_16bit_model, gradient_accumulation_steps, ..., or a mixed_precision, even 'no'): every process
+    stopped as it started with "the following accelerate config variables will be ignored", after a dry run that had
+    planned it without a word. The dry run lists it as what the run would refuse (launch.sh's job ends there)."""
+    from accelerate.commands.launch import _validate_launch_command, launch_command_parser
+    from accelerate.utils import DeepSpeedPlugin
+    from accelerate.utils.launch import prepare_deepspeed_cmd_env
+
+    shipped = (ROOT / "configs" / "accelerate" / "zero3.yaml").read_text()
+    shipped = shipped.replace(
+        "configs/accelerate/ds_zero3.json", str(ROOT / "configs" / "accelerate" / "ds_zero3.json")
+    )
+    cases = {
+        "mixed_precision": shipped.replace("num_machines: 1", "mixed_precision: 'no'\nnum_machines: 1"),
+        "zero3_save_16bit_model": shipped.replace(
+            "deepspeed_config:\n", "deepspeed_config:\n  zero3_save_16bit_model: true\n"
+        ),
+        "": shipped,
+    }
+    for beside, text in cases.items():
+        config = tmp_path / "zero3.yaml"
+        config.write_text(text)
+        refused = engine.from_config(str(config)).refused
+        # What the launch does with it: accelerate's own launcher and plugin, in this process.
+        args, defaults, from_config = _validate_launch_command(
+            launch_command_parser().parse_args(["--config_file", str(config), "train_dpo.py"])
+        )
+        fields = [*defaults.deepspeed_config, *(["mixed_precision"] * from_config)]
+        args.deepspeed_fields_from_accelerate_config = ",".join(fields)  # as `launch_command` sets it
+        env = {k: v for k, v in prepare_deepspeed_cmd_env(args)[1].items() if k.startswith("ACCELERATE_")}
+        with pytest.MonkeyPatch.context() as patch:
+            for key, value in env.items():
+                patch.setenv(key, value)
+            if beside:
+                assert f"sets {beside} beside its deepspeed_config_file, which `accelerate launch` refuses" in refused
+                with pytest.raises(ValueError, match="the following accelerate config variables will be ignored"):
+                    DeepSpeedPlugin()
+            else:
+                assert refused is None
+                DeepSpeedPlugin()
+
+
+def test_an_accelerate_config_with_a_null_process_count_is_planned_as_accelerate_reads_it(tmp_path):
+    """`num_processes: null` (accelerate then counts the machine's GPUs) ended the dry run in a TypeError traceback
+    ('>' not supported between 'int' and 'NoneType'): planned as an unset count is, 1 process."""
+    config = tmp_path / "ddp.yaml"
+    config.write_text("distributed_type: MULTI_GPU\nnum_processes: null\nnum_machines: 1\n")
+    assert engine.processes(engine.read_accelerate_config(str(config))) == 1
+    assert engine.from_config(str(config)).name == "ddp"

@@ -69,6 +69,9 @@ def many_rows(n=40):
         (["--sync_ref_model", "true", "--precompute_ref_log_probs", "true"], "--precompute_ref_log_probs false"),
         (["--dataset_streaming", "true"], "dataset_streaming: the step plan and the reference stage need every pair"),
         (["--save_on_each_node", "true"], "save_on_each_node is not supported: checkpoints, their COMPLETE marks"),
+        # TrainingArguments' own DeepSpeed and FSDP: planned and recorded as one process; ZeRO-3 failed at the load
+        (["--deepspeed", str(ROOT / "ds_config.json")], "deepspeed is not how this project selects its engine (the"),
+        (["--fsdp", "full_shard"], "fsdp is not how this project selects its engine (the plan and the record would"),
         # the smoke recipe cuts micro-batches by tokens: the refusal names the flag that makes them fixed
         (
             ["--loss_type", "aot"],

@@ -54,6 +54,9 @@ class Engine:
     # `mixed_precision`): TrainingArguments autocasts in it where the recipe sets neither bf16 nor fp16
     mixed_precision: str = "no"
     mixed_precision_from: str = "ACCELERATE_MIXED_PRECISION"  # or the accelerate config a dry run read it from
+    # What the DeepSpeed config sets in place of the recipe (`check_deepspeed_settings`): its values, other than "auto",
+    # of the settings transformers matches against the training arguments, and its own optimizer's and scheduler's types
+    deepspeed_settings: tuple[tuple[str, object], ...] = ()
 
     @property
     def shards_weights(self) -> bool:
@@ -88,14 +91,18 @@ def _launched() -> Engine:
     world, per_node = int(env("WORLD_SIZE", "1")), int(env("LOCAL_WORLD_SIZE", "1"))
     if env("ACCELERATE_USE_DEEPSPEED", "false").lower() == "true":
         ds_file = env("ACCELERATE_DEEPSPEED_CONFIG_FILE") or "none"
+        save_16bit = env("ACCELERATE_DEEPSPEED_ZERO3_SAVE_16BIT_MODEL", "false")  # accelerate's default: false
         if ds_file != "none" and os.path.isfile(ds_file):
-            found = _deepspeed_file(Path(ds_file), per_node, f"{LAUNCHED} -> {ds_file}")
+            found = _deepspeed_file(Path(ds_file), per_node, f"{LAUNCHED} -> {ds_file}", save_16bit)
         else:  # the settings inline in the accelerate config, passed one by one: ACCELERATE_DEEPSPEED_<KEY>
             clip = env("ACCELERATE_GRADIENT_CLIPPING", "auto")  # accelerate's own default: "auto"
             setting = lambda key, default: env(f"ACCELERATE_DEEPSPEED_{key.upper()}", default)
             found = _inline_deepspeed(setting, LAUNCHED, per_node, clip if clip == "auto" else float(clip))
+            found = _with_accumulation(found, env("ACCELERATE_GRADIENT_ACCUMULATION_STEPS"))
         if found.name not in ("zero2", "zero3"):
             raise ConfigError(_unsupported_stage(found.name.removeprefix("zero")))
+        if found.refused:
+            raise ConfigError(found.refused)
         return found
     if env("ACCELERATE_USE_FSDP", "false").lower() == "true":
         refused = _unsupported_fsdp(env("FSDP_VERSION", "1"), env("FSDP_STATE_DICT_TYPE"))
@@ -144,8 +151,8 @@ def read_accelerate_config(path: str):
 
 
 def processes(config) -> int:
-    """An accelerate config's num_processes (accelerate's -1, unset, counted as 1)."""
-    return max(getattr(config, "num_processes", 1), 1)
+    """An accelerate config's num_processes (accelerate's -1, unset or null, counted as 1)."""
+    return max(getattr(config, "num_processes", None) or 1, 1)
 
 
 def from_config(accelerate_config: str) -> Engine:
@@ -163,15 +170,19 @@ def from_config(accelerate_config: str) -> Engine:
     except ConfigError as e:
         return Engine("unplanned", str(e), refused=str(e), mixed_precision=from_environment)
     mixed = str(config.mixed_precision or "no").lower()
+    try:
+        found = _engine_of(config, accelerate_config)
+    except ConfigError as e:  # its DeepSpeed config unreadable: `accelerate launch` would refuse it too
+        found = Engine("unplanned", str(e), refused=str(e))
     return replace(
-        _engine_of(config, accelerate_config),
+        found,
         mixed_precision=mixed,
         mixed_precision_from=f"the accelerate config {accelerate_config}",
     )
 
 
 def _engine_of(config, accelerate_config: str) -> Engine:
-    per_node = max(processes(config) // max(config.num_machines, 1), 1)
+    per_node = max(processes(config) // max(config.num_machines or 1, 1), 1)  # null: one machine, as accelerate
     # The job's GPUs per node (scripts/launch.sh: --gpus-per-node) over the config's: what a refusal counts nodes in.
     per_node = int(os.environ.get("GPUS_PER_NODE") or 0) or per_node
     kind = config.distributed_type.value
@@ -183,8 +194,14 @@ def _engine_of(config, accelerate_config: str) -> Engine:
             if not ds_path.is_file():
                 return Engine("unplanned", f"DeepSpeed config {ds_file!r} ({accelerate_config}) not found")
             found = _deepspeed_file(ds_path, per_node, f"{accelerate_config} -> {ds_file}")
+            # accelerate refuses its own settings beside the file (DeepSpeedPlugin._deepspeed_config_checks), in every
+            # process as it starts: mixed_precision too, when the config names one
+            beside = sorted(set(ds) & SET_IN_THE_FILE) + ["mixed_precision"] * (config.mixed_precision is not None)
+            if beside and not found.refused:
+                found = replace(found, refused=_beside_the_file(accelerate_config, beside))
         else:  # the settings inline in the accelerate config; accelerate's own default clipping: "auto"
             found = _inline_deepspeed(ds.get, accelerate_config, per_node, ds.get("gradient_clipping", "auto"))
+            found = _with_accumulation(found, ds.get("gradient_accumulation_steps"))
         if found.name not in ("zero2", "zero3"):
             stage = found.name.removeprefix("zero")
             why = f"DeepSpeed ZeRO stage {stage} ({accelerate_config}): plans cover stages 2, 3"
@@ -197,7 +214,7 @@ def _engine_of(config, accelerate_config: str) -> Engine:
             why = f"FSDP version 1 ({accelerate_config}): plans cover FSDP2 (fsdp_version: 2)"
             return Engine("unplanned", why, refused=refused)
         return Engine(
-            "fsdp2", accelerate_config, per_node, offload_params=bool(fsdp.get("fsdp_offload_params")), refused=refused
+            "fsdp2", accelerate_config, per_node, offload_params=_true(fsdp.get("fsdp_offload_params")), refused=refused
         )
     if kind == "MULTI_GPU":
         return Engine("ddp", accelerate_config, per_node)
@@ -211,13 +228,18 @@ def _inline_deepspeed(setting, source: str, per_node: int, clip) -> Engine:
     """DeepSpeed's settings inline in an accelerate config (no DeepSpeed JSON file), `setting(key, default)` by the
     config's key: DeepSpeed's defaults for the rest (a reduce bucket of 5e8 elements, overlap_comm on under ZeRO-3)."""
     stage = int(setting("zero_stage", 0) or 0)
-    off_opt, off_par = (setting(f"offload_{part}_device", "none") != "none" for part in ("optimizer", "param"))
-    return Engine(f"zero{stage}", source, per_node, off_opt, off_par, int(5e8), stage == 3, clip)
+    # As `accelerate launch` passes them on: lowercased, and a null one not at all (DeepSpeed's default: none)
+    devices = (str(setting(f"offload_{part}_device", "none") or "none").lower() for part in ("optimizer", "param"))
+    off_opt, off_par = (device != "none" for device in devices)
+    found = Engine(f"zero{stage}", source, per_node, off_opt, off_par, int(5e8), stage == 3, clip)
+    saves = _true(setting("zero3_save_16bit_model", False))  # accelerate's default: false
+    return replace(found, refused=None if stage != 3 or saves else _unsaved_zero3(source, INLINE_SAVE_FIX))
 
 
-def _deepspeed_file(path: Path, per_node: int, source: str) -> Engine:
-    """A DeepSpeed JSON config; another ZeRO stage than 2 or 3 as "zero<stage>", for the caller to refuse."""
-    config = json.loads(path.read_text())
+def _deepspeed_file(path: Path, per_node: int, source: str, save_16bit=False) -> Engine:
+    """A DeepSpeed JSON config; another ZeRO stage than 2 or 3 as "zero<stage>", for the caller to refuse.
+    `save_16bit`: accelerate's zero3_save_16bit_model, which fills the file's "auto" there."""
+    config = _deepspeed_json(path)
     zero = config.get("zero_optimization", {})
     stage = int(zero.get("stage", 0))
     if stage not in (2, 3):
@@ -228,7 +250,102 @@ def _deepspeed_file(path: Path, per_node: int, source: str) -> Engine:
     bucket = None if bucket == "auto" else int(float(bucket))
     overlap = bool(zero.get("overlap_comm", stage == 3))
     clip = config.get("gradient_clipping")
-    return Engine(f"zero{stage}", source, per_node, off_opt, off_par, bucket, overlap, clip)
+    # DeepSpeed's spellings of the setting (its default: false); accelerate fills an "auto" of the first
+    gathers = [zero.get(key) for key in GATHER_ON_SAVE]
+    saves = any(_true(save_16bit if value == "auto" else value) for value in gathers)
+    fix = f'"{GATHER_ON_SAVE[0]}": true in its zero_optimization'
+    refused = None if stage != 3 or saves else _unsaved_zero3(source, fix)
+    settings = {key: _setting(config, key) for key in MATCHED} | {
+        key: config[key].get("type", "?") if isinstance(config[key], dict) else config[key]
+        for key in OWN_PARTS
+        if config.get(key)
+    }
+    settings = tuple((key, value) for key, value in settings.items() if value not in (None, "auto"))
+    found = Engine(f"zero{stage}", source, per_node, off_opt, off_par, bucket, overlap, clip, refused)
+    return replace(found, deepspeed_settings=settings)
+
+
+def _deepspeed_json(path: Path) -> dict:
+    """A DeepSpeed config file's settings; one that is not a JSON object (a trailing comma, a list) refused, naming it:
+    transformers' own error named neither the file nor the fix, and a dry run ended in a traceback."""
+    try:
+        config = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        config = cause(e)
+    if not isinstance(config, dict) or not isinstance(config.get("zero_optimization", {}), dict):
+        why = config if isinstance(config, str) else "not a JSON object with a zero_optimization object"
+        raise ConfigError(
+            f"DeepSpeed config {str(path)!r} cannot be read ({why}): fix it (ds_config.json is an example)"
+        )
+    return config
+
+
+# DeepSpeed settings transformers matches against the training arguments, refusing a difference once the model has
+# loaded (transformers/integrations/deepspeed.py, `trainer_config_process`), and the parts of a DeepSpeed config
+# DeepSpeed then runs in place of the trainer's (`deepspeed_optim_sched`): the recipe's optim, lr_scheduler_type
+MATCHED = ("train_micro_batch_size_per_gpu", "gradient_accumulation_steps", "train_batch_size", "bf16", "fp16")
+OWN_PARTS = ("optimizer", "scheduler")
+
+
+def _setting(config: dict, key: str):
+    """A DeepSpeed config's value of `key` (bf16, fp16: their `enabled`), None where it has none."""
+    value = config.get(key)
+    return value.get("enabled") if key in ("bf16", "fp16") and isinstance(value, dict) else value
+
+
+def _with_accumulation(found: Engine, steps) -> Engine:
+    """accelerate's inline gradient_accumulation_steps, which becomes the DeepSpeed config's."""
+    if steps in (None, "auto") or not found.deepspeed:
+        return found
+    return replace(found, deepspeed_settings=(("gradient_accumulation_steps", int(steps)),))
+
+
+# The settings of an accelerate config that `accelerate launch` refuses beside a deepspeed_config_file: the file holds
+# them (accelerate/utils/dataclasses.py, `_deepspeed_config_checks`)
+SET_IN_THE_FILE = {
+    "gradient_accumulation_steps",
+    "gradient_clipping",
+    "zero_stage",
+    "offload_optimizer_device",
+    "offload_param_device",
+    "offload_param_nvme_path",
+    "offload_optimizer_nvme_path",
+    "zero3_save_16bit_model",
+}
+
+
+def _beside_the_file(accelerate_config: str, beside: list[str]) -> str:
+    return (
+        f"accelerate config {accelerate_config} sets {', '.join(beside)} beside its deepspeed_config_file, which "
+        '`accelerate launch` refuses as each process starts ("the following accelerate config variables will be '
+        'ignored"): remove them from it (the DeepSpeed file holds these settings; its "auto" values take the '
+        "recipe's)"
+    )
+
+
+INLINE_SAVE_FIX = "zero3_save_16bit_model: true under deepspeed_config in the accelerate config"
+# DeepSpeed's names for "gather the ZeRO-3 weights when the model is saved" (deepspeed/runtime/zero/config.py)
+GATHER_ON_SAVE = (
+    "stage3_gather_16bit_weights_on_model_save",
+    "gather_16bit_weights_on_model_save",
+    "stage3_gather_fp16_weights_on_model_save",
+)
+
+
+def _true(value) -> bool:
+    """A boolean setting as YAML, JSON or accelerate's environment give it."""
+    return str(value).lower() == "true"
+
+
+def _unsaved_zero3(source: str, fix: str) -> str:
+    """ZeRO-3 without its weights gathered on save: transformers writes the final model as DeepSpeed's optimizer
+    shards (global_stepN/, zero_to_fp32.py) with no model.safetensors, says so in one warning, and the run completes:
+    the final folder, its push and its LoRA merge hold no weights."""
+    return (
+        f"the DeepSpeed ZeRO-3 config ({source}) does not gather the weights when the model is saved, so the final "
+        f"model would be written as DeepSpeed shards, without model.safetensors: set {fix} "
+        "(configs/accelerate/ds_zero3.json does)"
+    )
 
 
 # Who clips, per engine. Each computes ONE norm over every trained parameter's gradient of the whole step, averaged
@@ -284,6 +401,42 @@ def check_mixed_precision(training, run_engine: Engine) -> None:
         f"{mixed} autocast under a record of fp32: {flag}set mixed_precision: 'no' in the accelerate config "
         "(ACCELERATE_MIXED_PRECISION unset) to train in fp32"
     )
+
+
+def check_deepspeed_settings(training, world: int, run_engine: Engine) -> None:
+    """A DeepSpeed config's settings against the run's. The step plan runs a step's micro-batches itself, so
+    transformers gives DeepSpeed an accumulation of 1 and the recipe's per_device_train_batch_size: a number there that
+    differs stopped every rank with a traceback once the model had loaded and the reference stage had run. Its own
+    optimizer or scheduler would run in place of the recipe's optim and lr_scheduler_type (a WarmupLR held the
+    learning rate constant where the record said linear decay). Both refused here, before anything loads."""
+    settings = dict(run_engine.deepspeed_settings)
+    replaced = {"optimizer": ("optim", training.optim), "scheduler": ("lr_scheduler_type", training.lr_scheduler_type)}
+    own = [key for key in OWN_PARTS if key in settings]
+    if own:
+        theirs = " and ".join(f'"{key}" ({settings[key]})' for key in own)
+        ours = " and ".join(f"{replaced[key][0]} {getattr(replaced[key][1], 'value', replaced[key][1])}" for key in own)
+        raise ConfigError(
+            f"the DeepSpeed config ({run_engine.source}) has its own {theirs}, which DeepSpeed would run in place of "
+            f"the recipe's {ours}: remove {' and '.join(f'{key!r}' for key in own)} from it, and the run uses the "
+            "recipe's"
+        )
+    per_gpu = training.per_device_train_batch_size
+    expected = {
+        "train_micro_batch_size_per_gpu": per_gpu,
+        "gradient_accumulation_steps": 1,
+        "train_batch_size": world * per_gpu,
+        "bf16": bool(training.bf16),
+        "fp16": bool(training.fp16),
+    }
+    differ = [
+        f"{key} {json.dumps(settings[key])}" for key in MATCHED if key in settings and settings[key] != expected[key]
+    ]
+    if differ:
+        raise ConfigError(
+            f"the DeepSpeed config ({run_engine.source}) sets {', '.join(differ)}, which transformers would refuse "
+            f'once the model has loaded: set {"it" if len(differ) == 1 else "them"} to "auto" there, filled from '
+            "the run (its step plan runs each step's micro-batches; the recipe's bf16 and fp16)"
+        )
 
 
 def load_dtype(recipe, engine: Engine) -> str | None:
