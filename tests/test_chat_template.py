@@ -251,6 +251,47 @@ def test_answers_off_the_generation_prompt_are_refused_naming_the_rows_or_droppe
     assert len(stages.load_data(own, stages.checks(own), say=False).train) == 12
 
 
+NO_SYSTEM = (  # ChatML that takes no system turn, as Gemma's and Mistral's templates raise on one
+    "{%- for message in messages -%}{%- if message['role'] == 'system' -%}"
+    "{{ raise_exception('System role not supported') }}{%- endif -%}"
+    "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' -}}{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}{%- endif -%}"
+)
+
+
+def test_rows_the_template_refuses_are_refused_before_the_model_loads_or_dropped_and_counted(tmp_path, tiny_model_dir):
+    """A template that raises on some rows (a system turn it does not take) passed the run's row check and the dry
+    run: TRL's tokenization raised jinja's TemplateError in a traceback after the model loaded, and --skip_invalid did
+    not drop the rows (the analyzer refused them, or dropped them with --skip-invalid: it measured other pairs than
+    the run trained). The run's check renders the row as TRL will and refuses it, as the analyzer does."""
+    rows = [json.loads(line) for line in (ROOT / "data" / "smoke_prefs.jsonl").read_text().splitlines()[:12]]
+    for side in ("chosen", "rejected"):  # row 3 has a system turn already
+        rows[8][side].insert(0, {"role": "system", "content": "Be brief."})
+    data = tmp_path / "pairs.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    template = tmp_path / "no_system.jinja"
+    template.write_text(NO_SYSTEM)
+    args = [*SMOKE, "--model_name_or_path", tiny_model_dir, "--dataset_name", str(data)]
+    args += ["--chat_template_path", str(template), "--output_dir", str(tmp_path / "run")]
+    recipe = parse_args(args)
+    with pytest.raises(InvalidRowError) as refused:
+        stages.load_data(recipe, stages.checks(recipe), say=False)
+    line = str(refused.value)
+    assert "\n" not in line and line.startswith(
+        "row 3, column 'prompt': chat template error: TemplateError: System role not supported (line 4 of pairs.jsonl"
+    ), line
+    skipped = parse_args([*args, "--skip_invalid", "true"])
+    pairs = stages.load_data(skipped, stages.checks(skipped), say=False)
+    assert len(pairs.train) == 10 and [r["index"] for r in pairs.checked["invalid_rows"]["first"]] == [3, 8]
+    # The analyzer drops the same rows: it measures the pairs the run trains.
+    import datasets
+
+    tokenizer = lengths.load_tokenizer(tiny_model_dir, chat_template_path=str(template))
+    measured = lengths.measure(datasets.Dataset.from_list(rows), tokenizer, skip_invalid=True)
+    assert [r["index"] for r in measured.invalid] == [3, 8]
+    assert [lengths.row_lengths(pair, tokenizer)[0] for pair in pairs.train] == list(measured.prompt)  # TRL's calls
+
+
 @pytest.mark.parametrize("skip", [[], ["--skip_invalid", "true"]], ids=["refused", "skip_invalid"])
 def test_data_without_thinking_under_the_think_template_is_one_line_that_names_the_recipe_that_fits(
     skip, tmp_path, tiny_model_dir
