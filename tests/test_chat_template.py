@@ -251,6 +251,28 @@ def test_answers_off_the_generation_prompt_are_refused_naming_the_rows_or_droppe
     assert len(stages.load_data(own, stages.checks(own), say=False).train) == 12
 
 
+def test_every_row_off_the_think_template_on_either_side_is_one_line_that_names_what_fits(tmp_path, tiny_model_dir):
+    """Every row's answer leaves olmo_thinker's generation prompt, on chosen in some rows and on rejected in others:
+    the two sides counted as two reasons, and the line said "no usable row ... check that dataset_name and the split
+    are the ones meant" (the data was the one meant; the template is not its)."""
+    rows = [json.loads(line) for line in think_pairs(tmp_path / "think.jsonl", 12).read_text().splitlines()]
+    for i, row in enumerate(rows):  # one side of each pair without its thinking block
+        side = row["chosen" if i % 2 else "rejected"][-1]
+        side["content"] = side["content"].split("</think>\n\n", 1)[1]
+    data = tmp_path / "pairs.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    args = [*SMOKE, "--model_name_or_path", tiny_model_dir, "--dataset_name", str(data)]
+    recipe = parse_args([*args, "--chat_template_path", str(OLMO_THINKER), "--output_dir", str(tmp_path / "run")])
+    with pytest.raises(ConfigError) as refused:
+        stages.load_data(recipe, stages.checks(recipe), say=False)
+    line = str(refused.value)
+    assert line.startswith(
+        "every row of the train split (12 of 12) fails one check: chosen or rejected: the answer does not begin with "
+        "the chat template's generation prompt ('<think>')"
+    ), line
+    assert "configs/instruct.yaml" in line and "dataset_name" not in line and "skip_invalid" not in line
+
+
 NO_SYSTEM = (  # ChatML that takes no system turn, as Gemma's and Mistral's templates raise on one
     "{%- for message in messages -%}{%- if message['role'] == 'system' -%}"
     "{{ raise_exception('System role not supported') }}{%- endif -%}"
