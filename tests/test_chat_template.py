@@ -115,6 +115,17 @@ def test_a_missing_template_or_a_folder_without_one_is_refused_in_one_line(tmp_p
     assert tokenizer.chat_template == OLMO_THINKER.read_text()
 
 
+def test_an_empty_template_file_is_refused_naming_it(tmp_path):
+    """An empty .jinja (a file created and not yet written) was set as no template at all: the run then said "the
+    tokenizer ... has no chat template ...: give one with --chat_template_path FILE.jinja", the flag it was given."""
+    (tmp_path / "empty.jinja").write_text("\n")
+    recipe = parse_args([*SMOKE, "--chat_template_path", str(tmp_path / "empty.jinja")])
+    with pytest.raises(ConfigError) as refused:
+        stages.checks(recipe)
+    assert str(refused.value).startswith(f"chat_template_path {str(tmp_path / 'empty.jinja')!r}: ")
+    assert "is empty: give a Jinja chat template" in str(refused.value)
+
+
 def test_every_tokenizer_of_the_run_has_the_recipes_template(tiny_model_dir):
 
     recipe = parse_args(

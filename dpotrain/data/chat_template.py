@@ -50,11 +50,17 @@ def check(path: str | None) -> None:
 def read(path: str) -> str:
     file = template_file(path)
     try:
-        return file.read_text(encoding="utf-8")
+        text = file.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as e:
         raise ConfigError(
             f"chat_template_path {path!r}: cannot read {file} ({e}): give a readable UTF-8 Jinja file"
         ) from None
+    if not text.strip():  # transformers reads an empty template as none: the run then said to give one
+        raise ConfigError(
+            f"chat_template_path {path!r}: {file} is empty: give a Jinja chat template (e.g. "
+            "configs/templates/olmo_thinker.jinja), or leave chat_template_path out for the model's own"
+        )
+    return text
 
 
 def apply(tokenizer, path: str | None):
