@@ -112,6 +112,8 @@ def many_rows(n=40):
             ["--precompute_ref_batch_size", "64"],
             "precompute_ref_batch_size 64 would be ignored: the reference stage cuts its own micro-batches",
         ),
+        # TRL's padded collator reads it; packed (the default), the run trained and recorded it
+        (["--pad_to_multiple_of", "64"], "pad_to_multiple_of 64 would be ignored: it pads TRL's padded batches"),
     ],
 )
 def test_options_that_cannot_be_honoured(args, expected, tmp_path, monkeypatch, capsys):
@@ -220,6 +222,7 @@ def test_a_packed_run_sets_the_pad_token_as_trl_does(given, tmp_path, tiny_model
         ["--f_divergence_type", "alpha_divergence", "--f_alpha_divergence_coef", "0.3"],
         ["--loss_type", "sigmoid", "sft", "--ld_alpha", "0.5", "--assistant_turns", "final"],
         ["--sync_ref_model", "true", "--precompute_ref_log_probs", "false", "--ref_model_sync_steps", "4"],
+        ["--padding_free", "false", "--pad_to_multiple_of", "64"],  # TRL's padded collator reads it
     ],
 )
 def test_options_the_loss_reads_pass(args):
