@@ -112,8 +112,6 @@ def many_rows(n=40):
             ["--precompute_ref_batch_size", "64"],
             "precompute_ref_batch_size 64 would be ignored: the reference stage cuts its own micro-batches",
         ),
-        # TRL's padded collator reads it; packed (the default), the run trained and recorded it
-        (["--pad_to_multiple_of", "64"], "pad_to_multiple_of 64 would be ignored: it pads TRL's padded batches"),
     ],
 )
 def test_options_that_cannot_be_honoured(args, expected, tmp_path, monkeypatch, capsys):
@@ -189,6 +187,25 @@ def test_a_pad_token_the_tokenizer_does_not_have_is_refused_before_the_model_loa
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.parametrize("dry_run", [[], ["--dry-run"]], ids=["run", "dry run"])
+def test_pad_to_multiple_of_is_refused_where_the_run_packs(dry_run, tmp_path, monkeypatch, capsys, tiny_model_dir):
+    """Only TRL's padded collator reads pad_to_multiple_of: a packed run (the default) trained without it and recorded
+    it in resolved_config.json. Padded (`padding_free: false`, or a model that cannot pack) it applies."""
+    from transformers import AutoConfig
+
+    from dpotrain.forwards import choice
+
+    args = ["--model_name_or_path", tiny_model_dir, "--pad_to_multiple_of", "64", "--max_steps", "2", *dry_run]
+    line = refused(tmp_path, monkeypatch, capsys, *args)
+    assert line.startswith("error: pad_to_multiple_of 64 would be ignored: it pads TRL's padded batches") and (
+        "--padding_free false" in line
+    )
+    assert not (tmp_path / "run").exists()
+    padded = parse_args(["--config", SMOKE, "--pad_to_multiple_of", "64", "--padding_free", "false"])
+    (only,), _ = choice.candidates(AutoConfig.from_pretrained(tiny_model_dir), padded, False, None)
+    assert not only.packed
+
+
 @pytest.mark.parametrize("given", [[], ["--pad_token", "<|endoftext|>"]], ids=["none", "recipe's"])
 def test_a_packed_run_sets_the_pad_token_as_trl_does(given, tmp_path, tiny_model_dir):
     """TRL sets the recipe's pad_token on the tokenizer saved with the model and on the model's configs only where it
@@ -222,7 +239,6 @@ def test_a_packed_run_sets_the_pad_token_as_trl_does(given, tmp_path, tiny_model
         ["--f_divergence_type", "alpha_divergence", "--f_alpha_divergence_coef", "0.3"],
         ["--loss_type", "sigmoid", "sft", "--ld_alpha", "0.5", "--assistant_turns", "final"],
         ["--sync_ref_model", "true", "--precompute_ref_log_probs", "false", "--ref_model_sync_steps", "4"],
-        ["--padding_free", "false", "--pad_to_multiple_of", "64"],  # TRL's padded collator reads it
     ],
 )
 def test_options_the_loss_reads_pass(args):

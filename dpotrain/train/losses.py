@@ -179,12 +179,6 @@ def check_ignored(recipe) -> None:
             f"precompute_ref_batch_size {t.precompute_ref_batch_size} would be ignored: the reference stage cuts its "
             "own micro-batches, by tokens, from training's budget (docs/reference.md): remove precompute_ref_batch_size"
         )
-    if t.pad_to_multiple_of is not None and t.padding_free:
-        raise ConfigError(
-            f"pad_to_multiple_of {t.pad_to_multiple_of} would be ignored: it pads TRL's padded batches, and this run "
-            "packs its pairs (padding_free, the default), each row cut to its forward's own width: remove "
-            "pad_to_multiple_of, or pass --padding_free false"
-        )
     for name in ("ref_model_mixup_alpha", "ref_model_sync_steps"):
         if _set(recipe, name) and not t.sync_ref_model:
             raise ConfigError(
