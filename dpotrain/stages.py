@@ -349,6 +349,17 @@ def _tokenizer(recipe, model_path: str, local_only: bool):
         return None  # a dry run: the tokenizer is not on this machine
 
 
+def check_pad_token(pad_token: str | None, tokenizer) -> None:
+    """A recipe's `pad_token` must be a token of the tokenizer: TRL raised its ValueError only once the model had
+    loaded (padded), and packed the run saved the tokenizer with it (RecipeDPOTrainer._set_pad_token)."""
+    if pad_token and pad_token not in tokenizer.get_vocab():
+        raise ConfigError(
+            f"pad_token {pad_token!r} is not a token of the tokenizer of {tokenizer.name_or_path}: give one of its "
+            f"tokens (e.g. its EOS token {tokenizer.eos_token!r}), or leave pad_token out (the tokenizer's own pad "
+            "token, else its EOS token)"
+        )
+
+
 def _analyzer_cache(recipe, launch: Launch, tokenizer, pairs: Data, positions) -> tuple[tuple | None, dict | None]:
     """The one read of the analyzer's cache per run (keyed by the commit loaded), and `max_length: auto`'s choice: from
     the cache, else analysed now (cached for the next run) where the data set is loaded, capped at `positions`."""
@@ -381,6 +392,7 @@ def measure_lengths(recipe, launch: Launch, pairs: Data, model_path: str, state=
         limit = lengths.model_positions(model.model_name_or_path, model.model_revision, local_only=launch.dry_run)
     tokenizer, measured, auto = _tokenizer(recipe, model_path, local_only=launch.dry_run), None, None
     if tokenizer is not None:
+        check_pad_token(t.pad_token, tokenizer)
         with state.main_process_first() if state is not None else nullcontext():
             measured, auto = _analyzer_cache(recipe, launch, tokenizer, pairs, limit)
     if recipe.max_length_auto and auto is None:

@@ -306,6 +306,44 @@ def test_a_template_whose_generation_prompt_is_not_how_the_answer_starts_is_refu
         turns.prompt_labels(example, tokenizer)
 
 
+def test_a_generation_prompt_whose_last_token_merges_with_the_answer_labels_the_earlier_turns(tiny_model_dir):
+    """`<think>` then `...`: the text check passes (the answer begins with the generation prompt), but a tokenizer
+    with the merge '>...' splits the tokens one earlier than the rendered prompt. prompt_labels raised its
+    ValueError inside TRL's map, a traceback once the model had loaded; TRL's split stands (as with `final`, TRL
+    warns) and the earlier turns keep open-instruct's labels."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+    from trl.data_utils import _tokenize, extract_prompt
+
+    from dpotrain.data import builtin, chat_template
+
+    bpe = Tokenizer(models.BPE())
+    bpe.pre_tokenizer, bpe.decoder = pre_tokenizers.ByteLevel(add_prefix_space=False), decoders.ByteLevel()
+    alphabet = pre_tokenizers.ByteLevel.alphabet()
+    trainer = trainers.BpeTrainer(
+        vocab_size=300, special_tokens=builtin.SPECIAL_TOKENS, initial_alphabet=alphabet, show_progress=False
+    )
+    bpe.train_from_iterator(["<think>... hmm</think> ok", "user assistant system river stone"] * 50, trainer=trainer)
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=bpe, eos_token="<|im_end|>", pad_token="<|pad|>")
+    tokenizer = chat_template.apply(tokenizer, str(ROOT / "configs" / "templates" / "olmo_thinker.jinja"))
+    history = [{"role": "user", "content": "river"}, {"role": "assistant", "content": "<think>x</think> stone"}]
+    user = {"role": "user", "content": "stone"}
+    pair = {
+        side: [*history, user, {"role": "assistant", "content": f"<think>... {answer}</think> ok"}]
+        for side, answer in (("chosen", "hmm"), ("rejected", "no"))
+    }
+    example = extract_prompt(dict(pair))
+    assert chat_template.answer_problem(example, tokenizer) is None  # the text check passes
+    generation = _tokenize(tokenizer, example["prompt"], add_generation_prompt=True)["input_ids"]
+    full = {side: _tokenize(tokenizer, pair[side])["input_ids"] for side in ("chosen", "rejected")}
+    p = next(i for i, (a, b) in enumerate(zip(generation, full["chosen"], strict=False)) if a != b)  # TRL's split
+    assert p == len(generation) - 1  # '>' and '...' merged
+    example |= {"prompt_ids": generation[:p], "chosen_ids": full["chosen"][p:], "rejected_ids": full["rejected"][p:]}
+    labels = turns.prompt_labels(example, tokenizer)
+    _, want = tokenize(pair["chosen"], tokenizer, 10**6)  # open-instruct's, on the prompt's positions
+    assert labels[1:] == [int(x != -100) for x in want[1:p]] and sum(labels) > 0  # the earlier turn is labeled
+
+
 @pytest.mark.parametrize("option", [["--use_weighting", "true"], ["--ld_alpha", "0.5"]], ids=["wpo", "ld_dpo"])
 def test_losses_that_read_one_completion_refuse_all(option):
     from dpotrain import options

@@ -115,6 +115,17 @@ def test_a_missing_template_or_a_folder_without_one_is_refused_in_one_line(tmp_p
     assert tokenizer.chat_template == OLMO_THINKER.read_text()
 
 
+def test_an_empty_template_file_is_refused_naming_it(tmp_path):
+    """An empty .jinja (a file created and not yet written) was set as no template at all: the run then said "the
+    tokenizer ... has no chat template ...: give one with --chat_template_path FILE.jinja", the flag it was given."""
+    (tmp_path / "empty.jinja").write_text("\n")
+    recipe = parse_args([*SMOKE, "--chat_template_path", str(tmp_path / "empty.jinja")])
+    with pytest.raises(ConfigError) as refused:
+        stages.checks(recipe)
+    assert str(refused.value).startswith(f"chat_template_path {str(tmp_path / 'empty.jinja')!r}: ")
+    assert "is empty: give a Jinja chat template" in str(refused.value)
+
+
 def test_every_tokenizer_of_the_run_has_the_recipes_template(tiny_model_dir):
 
     recipe = parse_args(
@@ -249,6 +260,69 @@ def test_answers_off_the_generation_prompt_are_refused_naming_the_rows_or_droppe
     # The model's own template (no <think> in its generation prompt) reads the same rows alike: none refused.
     own = parse_args([a for a in args if a not in ("--chat_template_path", str(OLMO_THINKER))])
     assert len(stages.load_data(own, stages.checks(own), say=False).train) == 12
+
+
+def test_every_row_off_the_think_template_on_either_side_is_one_line_that_names_what_fits(tmp_path, tiny_model_dir):
+    """Every row's answer leaves olmo_thinker's generation prompt, on chosen in some rows and on rejected in others:
+    the two sides counted as two reasons, and the line said "no usable row ... check that dataset_name and the split
+    are the ones meant" (the data was the one meant; the template is not its)."""
+    rows = [json.loads(line) for line in think_pairs(tmp_path / "think.jsonl", 12).read_text().splitlines()]
+    for i, row in enumerate(rows):  # one side of each pair without its thinking block
+        side = row["chosen" if i % 2 else "rejected"][-1]
+        side["content"] = side["content"].split("</think>\n\n", 1)[1]
+    data = tmp_path / "pairs.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    args = [*SMOKE, "--model_name_or_path", tiny_model_dir, "--dataset_name", str(data)]
+    recipe = parse_args([*args, "--chat_template_path", str(OLMO_THINKER), "--output_dir", str(tmp_path / "run")])
+    with pytest.raises(ConfigError) as refused:
+        stages.load_data(recipe, stages.checks(recipe), say=False)
+    line = str(refused.value)
+    assert line.startswith(
+        "every row of the train split (12 of 12) fails one check: chosen or rejected: the answer does not begin with "
+        "the chat template's generation prompt ('<think>')"
+    ), line
+    assert "configs/instruct.yaml" in line and "dataset_name" not in line and "skip_invalid" not in line
+
+
+NO_SYSTEM = (  # ChatML that takes no system turn, as Gemma's and Mistral's templates raise on one
+    "{%- for message in messages -%}{%- if message['role'] == 'system' -%}"
+    "{{ raise_exception('System role not supported') }}{%- endif -%}"
+    "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' -}}{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}{%- endif -%}"
+)
+
+
+def test_rows_the_template_refuses_are_refused_before_the_model_loads_or_dropped_and_counted(tmp_path, tiny_model_dir):
+    """A template that raises on some rows (a system turn it does not take) passed the run's row check and the dry
+    run: TRL's tokenization raised jinja's TemplateError in a traceback after the model loaded, and --skip_invalid did
+    not drop the rows (the analyzer refused them, or dropped them with --skip-invalid: it measured other pairs than
+    the run trained). The run's check renders the row as TRL will and refuses it, as the analyzer does."""
+    rows = [json.loads(line) for line in (ROOT / "data" / "smoke_prefs.jsonl").read_text().splitlines()[:12]]
+    for side in ("chosen", "rejected"):  # row 3 has a system turn already
+        rows[8][side].insert(0, {"role": "system", "content": "Be brief."})
+    data = tmp_path / "pairs.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    template = tmp_path / "no_system.jinja"
+    template.write_text(NO_SYSTEM)
+    args = [*SMOKE, "--model_name_or_path", tiny_model_dir, "--dataset_name", str(data)]
+    args += ["--chat_template_path", str(template), "--output_dir", str(tmp_path / "run")]
+    recipe = parse_args(args)
+    with pytest.raises(InvalidRowError) as refused:
+        stages.load_data(recipe, stages.checks(recipe), say=False)
+    line = str(refused.value)
+    assert "\n" not in line and line.startswith(
+        "row 3, column 'prompt': chat template error: TemplateError: System role not supported (line 4 of pairs.jsonl"
+    ), line
+    skipped = parse_args([*args, "--skip_invalid", "true"])
+    pairs = stages.load_data(skipped, stages.checks(skipped), say=False)
+    assert len(pairs.train) == 10 and [r["index"] for r in pairs.checked["invalid_rows"]["first"]] == [3, 8]
+    # The analyzer drops the same rows: it measures the pairs the run trains.
+    import datasets
+
+    tokenizer = lengths.load_tokenizer(tiny_model_dir, chat_template_path=str(template))
+    measured = lengths.measure(datasets.Dataset.from_list(rows), tokenizer, skip_invalid=True)
+    assert [r["index"] for r in measured.invalid] == [3, 8]
+    assert [lengths.row_lengths(pair, tokenizer)[0] for pair in pairs.train] == list(measured.prompt)  # TRL's calls
 
 
 @pytest.mark.parametrize("skip", [[], ["--skip_invalid", "true"]], ids=["refused", "skip_invalid"])

@@ -175,6 +175,64 @@ def test_plain_text_pairs_with_a_tokenizer_without_eos_are_refused_before_the_mo
         lengths.measure(Dataset.from_list(rows), lengths.load_tokenizer(str(model)))
 
 
+@pytest.mark.parametrize("dry_run", [[], ["--dry-run"]], ids=["run", "dry run"])
+def test_a_pad_token_the_tokenizer_does_not_have_is_refused_before_the_model_loads(
+    dry_run, tmp_path, monkeypatch, capsys, tiny_model_dir
+):
+    """`pad_token` (TRL's DPOConfig) outside the vocabulary: packed (the default) the run trained and recorded it in
+    resolved_config.json without ever setting it; padded, TRL raised its ValueError once the model had loaded."""
+    args = ["--model_name_or_path", tiny_model_dir, "--pad_token", "<nope>", "--max_steps", "2", *dry_run]
+    line = refused(tmp_path, monkeypatch, capsys, *args)
+    assert line == (
+        f"error: pad_token '<nope>' is not a token of the tokenizer of {tiny_model_dir}: give one of its tokens (e.g. "
+        "its EOS token '<|im_end|>'), or leave pad_token out (the tokenizer's own pad token, else its EOS token)"
+    )
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("dry_run", [[], ["--dry-run"]], ids=["run", "dry run"])
+def test_pad_to_multiple_of_is_refused_where_the_run_packs(dry_run, tmp_path, monkeypatch, capsys, tiny_model_dir):
+    """Only TRL's padded collator reads pad_to_multiple_of: a packed run (the default) trained without it and recorded
+    it in resolved_config.json. Padded (`padding_free: false`, or a model that cannot pack) it applies."""
+    from transformers import AutoConfig
+
+    from dpotrain.forwards import choice
+
+    args = ["--model_name_or_path", tiny_model_dir, "--pad_to_multiple_of", "64", "--max_steps", "2", *dry_run]
+    line = refused(tmp_path, monkeypatch, capsys, *args)
+    assert line.startswith("error: pad_to_multiple_of 64 would be ignored: it pads TRL's padded batches") and (
+        "--padding_free false" in line
+    )
+    assert not (tmp_path / "run").exists()
+    padded = parse_args(["--config", SMOKE, "--pad_to_multiple_of", "64", "--padding_free", "false"])
+    (only,), _ = choice.candidates(AutoConfig.from_pretrained(tiny_model_dir), padded, False, None)
+    assert not only.packed
+
+
+@pytest.mark.parametrize("given", [[], ["--pad_token", "<|endoftext|>"]], ids=["none", "recipe's"])
+def test_a_packed_run_sets_the_pad_token_as_trl_does(given, tmp_path, tiny_model_dir):
+    """TRL sets the recipe's pad_token on the tokenizer saved with the model and on the model's configs only where it
+    builds its padded collator: a packed run recorded it and never set it. Without one, the tokenizer's EOS."""
+    import shutil
+
+    import datasets
+
+    from conftest import built
+
+    model = tmp_path / "model"
+    shutil.copytree(tiny_model_dir, model)
+    config = json.loads((model / "tokenizer_config.json").read_text())
+    del config["pad_token"]
+    (model / "tokenizer_config.json").write_text(json.dumps(config))
+    args = ["--config", SMOKE, "--model_name_or_path", str(model), "--output_dir", str(tmp_path / "run"), *given]
+    recipe = parse_args([*args, "--max_steps", "1", "--warmup_steps", "0", "--report_to", "none"])
+    trainer = built(recipe, datasets.Dataset.from_list([pair(), pair("Red.", "Pink.")] * 4)).trainer
+    want = "<|endoftext|>" if given else "<|im_end|>"  # the recipe's, else the EOS token
+    assert trainer.packed and trainer.processing_class.pad_token == want
+    want_id = trainer.processing_class.convert_tokens_to_ids(want)
+    assert trainer.model.config.pad_token_id == trainer.model.generation_config.pad_token_id == want_id
+
+
 @pytest.mark.parametrize(
     "args",
     [

@@ -17,6 +17,7 @@ from dpotrain.recipe.errors import ConfigError
 from dpotrain.recipe.run_record import Template
 
 MISMATCH = "the answer does not begin with the chat template's generation prompt"
+TEMPLATE_ERROR = "chat template error"  # the template refuses the row (lengths.py's analyzer says the same)
 FILE = "chat_template.jinja"  # the name transformers 5 saves a tokenizer's template under
 SHOWN = 40  # characters of an answer shown where it leaves the generation prompt
 
@@ -49,11 +50,17 @@ def check(path: str | None) -> None:
 def read(path: str) -> str:
     file = template_file(path)
     try:
-        return file.read_text(encoding="utf-8")
+        text = file.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as e:
         raise ConfigError(
             f"chat_template_path {path!r}: cannot read {file} ({e}): give a readable UTF-8 Jinja file"
         ) from None
+    if not text.strip():  # transformers reads an empty template as none: the run then said to give one
+        raise ConfigError(
+            f"chat_template_path {path!r}: {file} is empty: give a Jinja chat template (e.g. "
+            "configs/templates/olmo_thinker.jinja), or leave chat_template_path out for the model's own"
+        )
+    return text
 
 
 def apply(tokenizer, path: str | None):
@@ -111,16 +118,28 @@ def template_kwargs(example: dict) -> dict:
 
 def answer_problem(example: dict, tokenizer) -> tuple[str, str] | None:
     """(column, problem) for a conversational pair whose rendered prompt + answer does not begin with the rendered
-    prompt + generation prompt; None otherwise. A template that fails on the row is left to the trainer's own error."""
-    kwargs = template_kwargs(example)
-    try:
-        prompt = tokenizer.apply_chat_template(example["prompt"], tokenize=False, add_generation_prompt=True, **kwargs)
-        for column in ("chosen", "rejected"):
-            whole = tokenizer.apply_chat_template(example["prompt"] + example[column], tokenize=False, **kwargs)
-            if not whole.startswith(prompt):
-                return column, _mismatch(prompt, whole)
-    except Exception:
+    prompt + generation prompt, or whose prompt (with the generation prompt), prompt + chosen or prompt + rejected the
+    template refuses (`raise_exception`: a system turn it does not take, roles that do not alternate): TRL's
+    tokenization would raise on that row after the model loaded. None otherwise, and without a template at all
+    (`lengths.check_tokenizer` refuses that with its fix)."""
+    if not getattr(tokenizer, "chat_template", None):
         return None
+    kwargs = template_kwargs(example)
+    texts = {}
+    for column, messages, generation in (
+        ("prompt", example["prompt"], True),
+        ("chosen", example["prompt"] + example["chosen"], False),
+        ("rejected", example["prompt"] + example["rejected"], False),
+    ):
+        try:
+            texts[column] = tokenizer.apply_chat_template(
+                messages, tokenize=False, add_generation_prompt=generation, **kwargs
+            )
+        except Exception as e:  # noqa: BLE001 - whatever the template raises, TRL's map would raise too
+            return column, f"{TEMPLATE_ERROR}: {type(e).__name__}: {e}"
+    for column in ("chosen", "rejected"):
+        if not texts[column].startswith(texts["prompt"]):
+            return column, _mismatch(texts["prompt"], texts[column])
     return None
 
 

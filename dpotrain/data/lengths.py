@@ -175,7 +175,7 @@ def _template_problem(example: dict, tokenizer) -> tuple[str, str] | None:
         try:
             tokenizer.apply_chat_template(messages, tokenize=False, **kwargs)
         except Exception as e:
-            return column, f"chat template error: {type(e).__name__}: {e}"
+            return column, f"{chat_template.TEMPLATE_ERROR}: {type(e).__name__}: {e}"
     return None
 
 

@@ -213,10 +213,14 @@ def every_row_invalid(checked: RowCheck, split: str, source: str | None) -> str:
     where = row_location(source, first["index"]) if source else f"row {first['index']}"
     detail = first["problem"].split(shapes.DETAIL, 1)[1:]
     shown = f"; first: {where}" + (f", {detail[0]}" if detail else "")
-    if len(reasons) == 1:  # said as the first row has it (`message 0`, where the reason counts `message N`)
+    # Answers off the generation prompt are one check however their reasons differ: the text expected where the
+    # answer starts (a template that writes something per conversation) or the side that leaves it.
+    off_template = all(p["problem"].startswith(chat_template.MISMATCH) for p in checked.invalid)
+    if len(reasons) == 1 or off_template:  # said as the first row has it (`message 0`, counted as `message N`)
         problem = first["problem"].split(shapes.DETAIL, 1)[0]
+        column = " or ".join(c for c in ("prompt", "chosen", "rejected") if c in {p["column"] for p in checked.invalid})
         return (
-            f"every row of the {split} split ({checked.rows} of {checked.rows}) fails one check: {first['column']}: "
+            f"every row of the {split} split ({checked.rows} of {checked.rows}) fails one check: {column}: "
             f"{problem}{chat_template.misfit(problem)}{shown}"
         )
     top = "; ".join(f"{n} x {reason}" for reason, n in list(reasons.items())[:3])

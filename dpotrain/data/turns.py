@@ -42,7 +42,16 @@ def prompt_labels(example: dict, tokenizer) -> list[int]:
     if not is_conversational(example):  # plain text has no turns: TRL's split is all there is
         return [0] * p
     labels = [1] * p
-    for start, end in masked_spans(example["prompt"], tokenizer, **chat_template.template_kwargs(example)):
+    spans = masked_spans(example["prompt"], tokenizer, **chat_template.template_kwargs(example))
+    for n, (start, end) in enumerate(spans):
+        last = n == len(spans) - 1 and example["prompt"][-1]["role"] != "assistant"
+        if end > p and last and chat_template.answer_problem(example, tokenizer) is None:
+            # The prompt with its generation prompt is text both sides start with (the run refuses the rest before
+            # the model loads: chat_template.answer_problem), but its last tokens merged with the answer's first
+            # characters into another token ('>' + '...' into '>...'): TRL split where they diverge and warned once,
+            # and `final` trains the merged token; so does `all` (it raised here, once the model had loaded:
+            # docs/data.md "Chat template").
+            end = p
         if end > p:  # open-instruct would mask the first tokens of each completion, which TRL's split trains
             raise ValueError(
                 "assistant_turns all: the pair whose prompt starts "

@@ -183,6 +183,12 @@ def candidates(config, recipe, cuda: bool, varlen: str | None, check_kernels: bo
         if packed or share_problems:
             raise ConfigError(f"share_prompt cannot be used here: {share_problems[0]}; remove --share_prompt")
     packed = sequence_parallel_forwards(recipe, config, packed, problems)
+    if packed and t.pad_to_multiple_of is not None:  # a packed run trained without it, and recorded it
+        raise ConfigError(
+            f"pad_to_multiple_of {t.pad_to_multiple_of} would be ignored: it pads TRL's padded batches, and this run "
+            "packs its pairs (padding_free, the default), each row cut to its forward's own width: remove "
+            "pad_to_multiple_of, or pass --padding_free false"
+        )
     if packed:
         if want_share is None and not shared and share_problems:
             notes.append(f"Note: each pair's prompt is computed twice (unshared packing): {share_problems[0]}.")

@@ -172,6 +172,8 @@ class RecipeDPOTrainer(DPOTrainer):
         for model in (self.model, self.ref_model):
             if model is not None:
                 trl_compatible_config(model)
+        if self.packed:  # TRL sets the pad token only where it builds its own (padded) collator
+            self._set_pad_token(training_args.pad_token)
         if not self.packed:  # TRL's padded collator, its rows run in groups of similar length (padded.py)
             self.data_collator = padded.GroupedCollator(self.data_collator)
         # The reference cache's key: the full weights. TRL hashed them in __init__, except under ZeRO-3, where it
@@ -291,6 +293,19 @@ class RecipeDPOTrainer(DPOTrainer):
             raise disk_full.save_failed(folder, why, remove=self.is_world_process_zero()) from None
         # Reported once the checkpoint is hashed and marked (CompleteMarker): the time a stop has to leave for it.
         self.complete_marker.save_started = start
+
+    def _set_pad_token(self, pad_token: str | None) -> None:
+        """The recipe's `pad_token` (TRL's DPOConfig) set as TRL's __init__ sets it for its padded collator: on the
+        tokenizer saved with the model and on the model's configs. Packed, the run gives its own collator and TRL
+        skipped it: the pad token was recorded in resolved_config.json and never set. (Without one, TRL already
+        took the tokenizer's, else its EOS, in either layout.) Its vocabulary was checked before the model loaded
+        (`stages.check_pad_token`)."""
+        if not pad_token:
+            return
+        tokenizer = upstream.trl_tokenizer(self)
+        tokenizer.pad_token = pad_token
+        self.model.config.get_text_config().pad_token_id = tokenizer.pad_token_id
+        self.model.generation_config.pad_token_id = tokenizer.pad_token_id
 
     def _run_epoch(self, *args, **kwargs):
         """transformers checks `max_steps` only after a step: resumed from a checkpoint of the last step, it would
