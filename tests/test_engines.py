@@ -407,6 +407,25 @@ def test_a_deepspeed_config_that_is_not_json_is_named_in_one_line(tmp_path, monk
             engine.launched()
 
 
+def test_a_deepspeed_stage_that_is_no_number_and_a_null_offload_are_read_as_deepspeed_reads_them(tmp_path):
+    """`"stage": "auto"` (transformers' word for the fields it fills, not this one) and `"offload_optimizer": null`
+    (DeepSpeed's "no offload") ended the dry run in a ValueError and an AttributeError traceback."""
+    ds = json.loads((ROOT / "ds_config.json").read_text())
+    config = tmp_path / "accelerate.yaml"
+    config.write_text(
+        (ROOT / "accelerate_config.yaml").read_text().replace("ds_config.json", str(tmp_path / "ds.json"))
+    )
+    (tmp_path / "ds.json").write_text(
+        json.dumps({**ds, "zero_optimization": {**ds["zero_optimization"], "stage": "auto"}})
+    )
+    planned = engine.from_config(str(config))
+    assert planned.name == "unplanned" and planned.refused.endswith("zero_optimization \"stage\" 'auto': give 2 or 3")
+    zero = {**ds["zero_optimization"], "offload_optimizer": None, "offload_param": None}
+    (tmp_path / "ds.json").write_text(json.dumps({**ds, "zero_optimization": zero}))
+    planned = engine.from_config(str(config))
+    assert planned.name == "zero2" and not planned.offload_optimizer and not planned.offload_params, planned
+
+
 def test_offload_settings_are_read_as_accelerate_launch_passes_them_on(tmp_path):
     """`fsdp_offload_params: "false"` (quoted) was planned as offloaded (bool of a non-empty string), and an inline
     `offload_optimizer_device: null` as offloaded too (None is not "none"), while `accelerate launch` passes them on

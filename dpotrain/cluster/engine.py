@@ -241,11 +241,14 @@ def _deepspeed_file(path: Path, per_node: int, source: str, save_16bit=False) ->
     `save_16bit`: accelerate's zero3_save_16bit_model, which fills the file's "auto" there."""
     config = _deepspeed_json(path)
     zero = config.get("zero_optimization", {})
-    stage = int(zero.get("stage", 0))
+    stage = zero.get("stage", 0)
+    if type(stage) is not int:  # DeepSpeed takes a number only ("auto" is transformers' word for other fields)
+        raise ConfigError(f'DeepSpeed config {str(path)!r}: zero_optimization "stage" {stage!r}: give 2 or 3')
     if stage not in (2, 3):
         return Engine(f"zero{stage}", source)
-    off_opt = zero.get("offload_optimizer", {}).get("device", "none") not in ("none", None)
-    off_par = zero.get("offload_param", {}).get("device", "none") not in ("none", None)
+    # null is DeepSpeed's "no offload", as an absent section is
+    off_opt = (zero.get("offload_optimizer") or {}).get("device", "none") not in ("none", None)
+    off_par = (zero.get("offload_param") or {}).get("device", "none") not in ("none", None)
     bucket = zero.get("reduce_bucket_size", 5e8)  # DeepSpeed's default
     bucket = None if bucket == "auto" else int(float(bucket))
     overlap = bool(zero.get("overlap_comm", stage == 3))
