@@ -268,14 +268,16 @@ def _load_pairs(recipe, evaluation: bool, revision: str | None, checked: dict, s
     sources = mixture.parse(mixture.fields_of(recipe), evaluation)
     if sources is not None:
         seed = recipe.training.seed
-        dataset, mix = mixture.load(sources, seed, p.skip_invalid, p.hh_format, checked, key, say, identify, template)
+        dataset, mix = mixture.load(
+            sources, seed, p.skip_invalid, p.hh_format, checked, key, say, identify, template, p.chat_template_path
+        )
         checked["eval_sources" if evaluation else "data_sources"] = mix.records
         return dataset, mix
     name, split = s.dataset_name, s.dataset_test_split if evaluation else s.dataset_train_split
     dataset = data.load_preference_dataset(name, split, s.dataset_config, revision, say=say)
     hub_revision.check_loaded(dataset, name, revision, offline.prefetch_command(recipe))
     usable = rows.usable_pairs(
-        dataset, p.skip_invalid, checked, key, p.hh_format, split=split, say=say, source=name, template=template
+        dataset, p.skip_invalid, checked, key, p.hh_format, split, say, name, template, p.chat_template_path
     )
     return usable, None
 

@@ -466,3 +466,17 @@ def test_the_think_dry_run_shows_the_template():
     )
     assert result.returncode == 0, result.stdout[-3000:]
     assert "  template:      configs/templates/olmo_thinker.jinja (sha256 " in result.stdout, result.stdout[-3000:]
+
+
+def test_the_console_names_the_recipes_template_where_it_tokenizes_with_it(capsys):
+    """`Data (train): ...; the model's chat template` was printed with chat_template_path set too (the records named the
+    right one)."""
+    import datasets
+
+    from dpotrain.data import builtin, rows
+
+    dataset = datasets.Dataset.from_list(builtin.make_preference_rows(4, seed=1))
+    rows.usable_pairs(dataset, False, {}, "invalid_rows", template_file="templates/mine.jinja")
+    assert capsys.readouterr().out.splitlines()[0].endswith("; the chat template templates/mine.jinja")
+    rows.usable_pairs(dataset, False, {}, "invalid_rows")
+    assert capsys.readouterr().out.splitlines()[0].endswith("; the model's chat template")

@@ -329,6 +329,7 @@ def load(
     say: bool = True,
     identify: bool = False,
     template=None,
+    template_file: str | None = None,
 ):
     """The mixture's pairs joined in the order the sources are written, and its `Mix`. Bad rows are refused by source
     and line, or with skip_invalid dropped and counted per source under `checked[key]`."""
@@ -339,7 +340,7 @@ def load(
         raw = read_source(source, say)
         spec = source.spec()  # its rows dropped are counted under it
         pairs = rows.usable_pairs(
-            raw, skip_invalid, dropped, spec, hh_format, split=spec, say=say, source=source.where, template=template
+            raw, skip_invalid, dropped, spec, hh_format, spec, say, source.where, template, template_file
         )
         usable.append(pairs)
         record = {"source": spec, "amount": source.written(), "rows_read": len(raw), "rows_usable": len(pairs)}

@@ -240,17 +240,22 @@ def usable_pairs(
     say: bool = True,
     source: str | None = None,
     template=None,
+    template_file: str | None = None,
 ):
     """The data set's pairs as the trainer is to tokenize them (`read_row`), refused at the first bad row (located in
     `source`, `data.row_location`), or with `skip_invalid` without the bad rows, recorded as `derived[key]` (said on the
     console where `say`). No usable row left is refused too: the trainer would fail only after loading the model.
-    `template`: the tokenizer (or a function loading it) whose chat template the answers are checked against."""
+    `template`: the tokenizer (or a function loading it) whose chat template the answers are checked against;
+    `template_file`: the recipe's chat_template_path, named on the console in place of the model's."""
     try:
         checked = check_dataset(dataset, skip_invalid=skip_invalid, hh_format=hh_format, template=template)
     except InvalidRowError as e:
         raise e.located(source) if source else e from None
     if say:
-        print(f"Data ({split}): {checked.rows} rows, {checked.fmt.shape.describe()}", flush=True)
+        print(
+            f"Data ({split}): {checked.rows} rows, {checked.fmt.shape.describe(template_file=template_file)}",
+            flush=True,
+        )
         if unread := [c for c in dataset.column_names if c not in ROW_COLUMNS]:
             print(
                 f"Data ({split}): column(s) not read: {', '.join(unread)} (a pair is read from "
