@@ -85,6 +85,14 @@ class GracefulStop(TrainerCallback):
         for sig, handler in self.previous.items():  # empty off the main thread, where none were set
             signal.signal(sig, signal.SIG_IGN if exiting or handler is None else handler)
 
+    def not_needed(self) -> None:
+        """The command saves nothing a stop could wait for (a dry run, a preflight): the handlers found are given back,
+        so that Ctrl-C ends it at once (it printed `saving a checkpoint at the end of this step` and went on to the end)
+        and SIGTERM as it ends any command. A stop asked already (while the options were read) ends it now."""
+        self.release(exiting=False)
+        if self.signal_received is not None:
+            raise KeyboardInterrupt
+
     def asked_here(self) -> bool:
         if self.signal_received is not None:
             return True
