@@ -69,6 +69,9 @@ def many_rows(n=40):
         (["--sync_ref_model", "true", "--precompute_ref_log_probs", "true"], "--precompute_ref_log_probs false"),
         (["--dataset_streaming", "true"], "dataset_streaming: the step plan and the reference stage need every pair"),
         (["--save_on_each_node", "true"], "save_on_each_node is not supported: checkpoints, their COMPLETE marks"),
+        # no optimizer.pt / scheduler.pt in its checkpoints: a stopped run said "run the same command again", refused
+        (["--save_only_model", "true"], "save_only_model writes checkpoints without the optimizer, scheduler and RNG"),
+        (["--save_only_model", "true", "--save_strategy", "no"], "save_only_model writes checkpoints without"),
         # the smoke recipe cuts micro-batches by tokens: the refusal names the flag that makes them fixed
         (
             ["--loss_type", "aot"],
