@@ -72,6 +72,11 @@ def check_options(recipe: Recipe) -> None:
             "save_on_each_node is not supported: checkpoints, their COMPLETE marks and the resume point "
             "live once in output_dir, which every node must see (a shared file system): remove save_on_each_node"
         )
+    if t.ignore_data_skip:
+        raise ConfigError(
+            "ignore_data_skip makes a resumed run train its epoch's first batches again instead of those after its "
+            "checkpoint (some pairs trained twice, others never; a resume is exact here): remove ignore_data_skip"
+        )
     if s.ignore_bias_buffers:
         raise ConfigError(
             "ignore_bias_buffers is a DDP workaround of TRL's own script that this project does not "
