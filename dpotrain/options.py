@@ -72,11 +72,6 @@ def check_options(recipe: Recipe) -> None:
             "save_on_each_node is not supported: checkpoints, their COMPLETE marks and the resume point "
             "live once in output_dir, which every node must see (a shared file system): remove save_on_each_node"
         )
-    if t.ignore_data_skip:
-        raise ConfigError(
-            "ignore_data_skip makes a resumed run train its epoch's first batches again instead of those after its "
-            "checkpoint (some pairs trained twice, others never; a resume is exact here): remove ignore_data_skip"
-        )
     if s.ignore_bias_buffers:
         raise ConfigError(
             "ignore_bias_buffers is a DDP workaround of TRL's own script that this project does not "
@@ -170,7 +165,8 @@ def check_evaluation(recipe: Recipe) -> None:
 
 def check_saving(recipe: Recipe) -> None:
     """`save_steps 0` (a fraction of the steps, to transformers) saves no checkpoint until the end: refused as a slip.
-    `save_only_model` saves checkpoints no run resumes from (checkpoint_manifest.py: they lack the optimizer's state).
+    `save_only_model` saves checkpoints no run resumes from (checkpoint_manifest.py: they lack the optimizer's state),
+    and `ignore_data_skip` resumes on other batches than the uninterrupted run's.
     `save_strategy no` is a choice, said once at start where a job may be preempted (Slurm, or a stop file)."""
     t = recipe.training
     strategy = getattr(t.save_strategy, "value", t.save_strategy)
@@ -185,6 +181,11 @@ def check_saving(recipe: Recipe) -> None:
             "save_only_model writes checkpoints without the optimizer, scheduler and RNG state, which a resume "
             "needs: a stopped, preempted or requeued run could not go on from any of them (its rerun is refused): "
             "remove save_only_model (to use less disk, lower --save_total_limit)"
+        )
+    if t.ignore_data_skip:
+        raise ConfigError(
+            "ignore_data_skip makes a resumed run train its epoch's first batches again instead of those after its "
+            "checkpoint (some pairs trained twice, others never; a resume is exact here): remove ignore_data_skip"
         )
     preemptible = os.environ.get("SLURM_JOB_ID") or os.environ.get("DPOTRAIN_STOP_FILE")
     if strategy == "no" and preemptible and collectives.launched_main():
