@@ -44,6 +44,10 @@ class GracefulStop(TrainerCallback):
         self.previous = {}  # the handlers found, given back to a caller that goes on after the run (release)
         if threading.current_thread() is threading.main_thread():  # Python only delivers signals there
             for sig in STOP_SIGNALS:
+                # `nohup` ignores SIGHUP so that the run outlives its terminal (a run taking it stopped at logout). The
+                # others are taken over ignored too: scripts/launch.sh's srun shell ignores TERM for torchrun's agent.
+                if sig == signal.SIGHUP and signal.getsignal(sig) == signal.SIG_IGN:
+                    continue
                 self.previous[sig] = signal.signal(sig, self._on_signal)
 
     @classmethod
