@@ -229,6 +229,24 @@ def test_ctrl_c_through_tee_saves_and_exits_as_without_it(tmp_path, tiny_model_d
     assert not (out / "run_complete.json").exists() and not (out / "run.lock").exists()
 
 
+@pytest.mark.parametrize("spelling", ["_", "-"])
+def test_the_command_printed_to_go_on_drops_overwrite_and_resume_in_either_spelling(spelling, monkeypatch):
+    """The parser takes `--resume-from-checkpoint` for `--resume_from_checkpoint`: printed back after a Ctrl-C in the
+    command that goes on, it named a checkpoint behind the one the stop had just saved, and that command was refused
+    (`holds checkpoint-5, past resume_from_checkpoint ...`). `--overwrite-output-dir` was printed back too."""
+    from dpotrain.train.preemption import rerun_command
+
+    def flag(name):
+        return "--" + name.replace("_", spelling)
+
+    argv = ["train_dpo.py", "--config", "r.yaml", flag("overwrite_output_dir"), flag("resume_from_checkpoint"), "c"]
+    monkeypatch.setattr(sys, "argv", [*argv, flag("overwrite_output_dir") + "=true", flag("learning_rate"), "1e-5"])
+    monkeypatch.delenv("LOCAL_RANK", raising=False)
+    assert rerun_command() == shlex.join(
+        [sys.executable, "train_dpo.py", "--config", "r.yaml", flag("learning_rate"), "1e-5"]
+    )
+
+
 def test_a_run_under_nohup_outlives_its_terminal():
     """`nohup python train_dpo.py ... &` (docs/reliability.md: a long run belongs under nohup): the terminal closing
     at logout sends SIGHUP, which nohup ignores. The run took it over, and stopped with exit code 75 at logout."""

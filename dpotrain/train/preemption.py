@@ -158,6 +158,7 @@ def rerun_command() -> str:
         if takes_value:
             continue
         flag, equals, _ = word.partition("=")
+        flag = "--" + flag[2:].replace("-", "_") if flag.startswith("--") else flag  # `--overwrite-output-dir` too
         if flag in ("--overwrite_output_dir", "--resume_from_checkpoint"):
             after = None if equals else flag
             continue
