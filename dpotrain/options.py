@@ -180,6 +180,8 @@ def check_evaluation(recipe: Recipe) -> None:
 
 def check_saving(recipe: Recipe) -> None:
     """`save_steps 0` (a fraction of the steps, to transformers) saves no checkpoint until the end: refused as a slip.
+    `save_only_model` saves checkpoints no run resumes from (checkpoint_manifest.py: they lack the optimizer's state),
+    and `ignore_data_skip` resumes on other batches than the uninterrupted run's.
     `save_strategy no` is a choice, said once at start where a job may be preempted (Slurm, or a stop file)."""
     t = recipe.training
     strategy = getattr(t.save_strategy, "value", t.save_strategy)
@@ -188,6 +190,17 @@ def check_saving(recipe: Recipe) -> None:
             f"save_steps={t.save_steps:g} saves no checkpoint until the end, and a requeued job would "
             "restart from step 0: give a number of steps (the recipes save every 100) or a fraction of "
             "the run (0.1), or --save_strategy no to save none on purpose"
+        )
+    if t.save_only_model:  # also under save_strategy no: a stop request still saves a checkpoint, then promises it
+        raise ConfigError(
+            "save_only_model writes checkpoints without the optimizer, scheduler and RNG state, which a resume "
+            "needs: a stopped, preempted or requeued run could not go on from any of them (its rerun is refused): "
+            "remove save_only_model (to use less disk, lower --save_total_limit)"
+        )
+    if t.ignore_data_skip:
+        raise ConfigError(
+            "ignore_data_skip makes a resumed run train its epoch's first batches again instead of those after its "
+            "checkpoint (some pairs trained twice, others never; a resume is exact here): remove ignore_data_skip"
         )
     preemptible = os.environ.get("SLURM_JOB_ID") or os.environ.get("DPOTRAIN_STOP_FILE")
     if strategy == "no" and preemptible and collectives.launched_main():

@@ -358,3 +358,27 @@ def test_ctrl_c_while_the_libraries_load_is_one_line():
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 130 and out == "", err[-3000:]
     assert err.strip() == "Ctrl-C: stopped while loading the libraries; nothing was started", err[-3000:]
+
+
+def test_ctrl_c_ends_a_dry_run_at_once_in_one_line(tmp_path, monkeypatch, capsys):
+    """A dry run saves nothing a stop could wait for: Ctrl-C while it reads the data ends it at once. It printed
+    `Ctrl-C: saving a checkpoint at the end of this step, then stopping`, went on to the end and exited 0 (a preflight
+    loading its model alike)."""
+    import train_dpo
+    from dpotrain import stages
+    from dpotrain.recipe.errors import run_cli
+
+    def pressed(*args, **kwargs):  # the terminal's Ctrl-C, while the data are read
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0.1)  # Python runs the handler at its next instruction
+        raise AssertionError("the dry run went on after Ctrl-C")
+
+    monkeypatch.setattr(stages, "first_half", pressed)
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # a terminal's foreground job (conftest restores it)
+    out = tmp_path / "run"
+    with pytest.raises(SystemExit) as ended:
+        run_cli(lambda: train_dpo.main(["--config", SMOKE, "--output_dir", str(out), "--dry-run"]))
+    err = capsys.readouterr().err
+    assert ended.value.code == 130, err[-3000:]
+    assert err.strip().splitlines()[-1] == "Ctrl-C: stopped" and "saving a checkpoint" not in err, err[-3000:]
+    assert not out.exists() and not out.with_name("run.dry-run.json").exists()

@@ -171,7 +171,8 @@ def test_a_closed_terminal_checkpoints_and_frees_the_folder(tmp_path, tiny_model
         stdout=terminal,
         stderr=terminal,
         start_new_session=True,
-        preexec_fn=lambda: fcntl.ioctl(0, termios.TIOCSCTTY, 0),
+        # a terminal's command hears SIGHUP (where this runs under nohup too)
+        preexec_fn=lambda: (signal.signal(signal.SIGHUP, signal.SIG_DFL), fcntl.ioctl(0, termios.TIOCSCTTY, 0)),
     )
     os.close(terminal)
     shown, closing = [], threading.Event()
@@ -226,6 +227,46 @@ def test_ctrl_c_through_tee_saves_and_exits_as_without_it(tmp_path, tiny_model_d
     assert len(saved) == 1 and 3 <= saved[0] < STEPS, (saved, log.read_text()[-3000:])
     assert logged_steps(out) == list(range(1, saved[0] + 1))
     assert not (out / "run_complete.json").exists() and not (out / "run.lock").exists()
+
+
+@pytest.mark.parametrize("spelling", ["_", "-"])
+def test_the_command_printed_to_go_on_drops_overwrite_and_resume_in_either_spelling(spelling, monkeypatch):
+    """The parser takes `--resume-from-checkpoint` for `--resume_from_checkpoint`: printed back after a Ctrl-C in the
+    command that goes on, it named a checkpoint behind the one the stop had just saved, and that command was refused
+    (`holds checkpoint-5, past resume_from_checkpoint ...`). `--overwrite-output-dir` was printed back too."""
+    from dpotrain.train.preemption import rerun_command
+
+    def flag(name):
+        return "--" + name.replace("_", spelling)
+
+    argv = ["train_dpo.py", "--config", "r.yaml", flag("overwrite_output_dir"), flag("resume_from_checkpoint"), "c"]
+    monkeypatch.setattr(sys, "argv", [*argv, flag("overwrite_output_dir") + "=true", flag("learning_rate"), "1e-5"])
+    monkeypatch.delenv("LOCAL_RANK", raising=False)
+    assert rerun_command() == shlex.join(
+        [sys.executable, "train_dpo.py", "--config", "r.yaml", flag("learning_rate"), "1e-5"]
+    )
+
+
+def test_a_run_under_nohup_outlives_its_terminal():
+    """`nohup python train_dpo.py ... &` (docs/reliability.md: a long run belongs under nohup): the terminal closing
+    at logout sends SIGHUP, which nohup ignores. The run took it over, and stopped with exit code 75 at logout."""
+    from dpotrain.train.preemption import GracefulStop
+
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)  # as nohup starts the run (conftest gives the test's back)
+    stop = GracefulStop()
+    stop.terminal.clear()  # this process's terminal, where pytest runs in one, stays as it is
+    os.kill(os.getpid(), signal.SIGHUP)
+    time.sleep(0.1)
+    assert not stop.asked_here() and signal.getsignal(signal.SIGHUP) == signal.SIG_IGN
+    stop.release(exiting=False)
+
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)  # without nohup: a closed terminal still stops the run (saving first)
+    stop = GracefulStop()
+    stop.terminal.clear()
+    os.kill(os.getpid(), signal.SIGHUP)
+    time.sleep(0.1)
+    assert stop.asked_here() and stop.signal_received == signal.SIGHUP
+    stop.release(exiting=False)
 
 
 @pytest.mark.slow

@@ -55,3 +55,20 @@ def test_the_demo_prints_no_warning_to_ignore_and_a_short_readable_start(demo_ru
     start = out[out.index("run of configs/smoke.yaml: all of it in") :].splitlines()
     assert start[1].startswith("  model:") and all(len(line) < 240 for line in start[1:10]), start[:10]
     assert "memory/GPU:    not planned: this recipe trains in fp32, and memory is planned for GPU runs in bf16" in out
+
+
+def test_a_resume_with_no_step_left_says_so_not_a_mean_loss_of_0():
+    """A run killed after its last checkpoint, run again, resumes at max_steps and trains nothing: transformers' summary
+    then holds train_loss 0.0, printed as `mean loss 0.0000` for a run whose losses were ~0.6."""
+    from types import SimpleNamespace
+
+    from dpotrain.train.step_log import StepLog, line
+
+    summary = {"train_runtime": 0.01, "train_loss": 0.0}
+    log = StepLog()
+    log.on_train_begin(SimpleNamespace(disable_tqdm=True), SimpleNamespace(global_step=4), None)
+    assert line(summary, 4, 4, log.first_step) == (
+        "trained to step 4/4: no step left to train after the checkpoint resumed from"
+    )
+    summary = {"train_runtime": 2.5, "train_loss": 0.61}  # resumed at step 2: steps 3 and 4 trained here
+    assert line(summary, 4, 4, first_step=2) == "trained to step 4/4 in 2.5 s, mean loss 0.6100"

@@ -72,6 +72,11 @@ def many_rows(n=40):
         # TrainingArguments' own DeepSpeed and FSDP: planned and recorded as one process; ZeRO-3 failed at the load
         (["--deepspeed", str(ROOT / "ds_config.json")], "deepspeed is not how this project selects its engine (the"),
         (["--fsdp", "full_shard"], "fsdp is not how this project selects its engine (the plan and the record would"),
+        # no optimizer.pt / scheduler.pt in its checkpoints: a stopped run said "run the same command again", refused
+        (["--save_only_model", "true"], "save_only_model writes checkpoints without the optimizer, scheduler and RNG"),
+        (["--save_only_model", "true", "--save_strategy", "no"], "save_only_model writes checkpoints without"),
+        # the resumed run went on with the epoch's first batches (weights 1.7e-4 off the uninterrupted run's, silently)
+        (["--ignore_data_skip", "true"], "ignore_data_skip makes a resumed run train its epoch's first batches again"),
         # the smoke recipe cuts micro-batches by tokens: the refusal names the flag that makes them fixed
         (
             ["--loss_type", "aot"],

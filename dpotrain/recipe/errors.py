@@ -30,3 +30,9 @@ def run_cli(main) -> None:
         sys.stderr.write(f"error: {e}\n")
         sys.stderr.flush()
         sys.exit(2 if isinstance(e, ConfigError) else 1)
+    except KeyboardInterrupt:  # Ctrl-C where nothing waits for a checkpoint (a dry run, the scripts): one line
+        for bar in upstream.open_progress_bars():
+            bar.close()
+        sys.stderr.write("\nCtrl-C: stopped\n")
+        sys.stderr.flush()
+        sys.exit(130)  # 128 + SIGINT, as a shell reports it (preemption.INTERRUPTED_EXIT)

@@ -44,6 +44,10 @@ class GracefulStop(TrainerCallback):
         self.previous = {}  # the handlers found, given back to a caller that goes on after the run (release)
         if threading.current_thread() is threading.main_thread():  # Python only delivers signals there
             for sig in STOP_SIGNALS:
+                # `nohup` ignores SIGHUP so that the run outlives its terminal (a run taking it stopped at logout). The
+                # others are taken over ignored too: scripts/launch.sh's srun shell ignores TERM for torchrun's agent.
+                if sig == signal.SIGHUP and signal.getsignal(sig) == signal.SIG_IGN:
+                    continue
                 self.previous[sig] = signal.signal(sig, self._on_signal)
 
     @classmethod
@@ -84,6 +88,14 @@ class GracefulStop(TrainerCallback):
         process it starts after (a `| tee` that Ctrl-C no longer ends)."""
         for sig, handler in self.previous.items():  # empty off the main thread, where none were set
             signal.signal(sig, signal.SIG_IGN if exiting or handler is None else handler)
+
+    def not_needed(self) -> None:
+        """The command saves nothing a stop could wait for (a dry run, a preflight): the handlers found are given back,
+        so that Ctrl-C ends it at once (it printed `saving a checkpoint at the end of this step` and went on to the end)
+        and SIGTERM as it ends any command. A stop asked already (while the options were read) ends it now."""
+        self.release(exiting=False)
+        if self.signal_received is not None:
+            raise KeyboardInterrupt
 
     def asked_here(self) -> bool:
         if self.signal_received is not None:
@@ -146,6 +158,7 @@ def rerun_command() -> str:
         if takes_value:
             continue
         flag, equals, _ = word.partition("=")
+        flag = "--" + flag[2:].replace("-", "_") if flag.startswith("--") else flag  # `--overwrite-output-dir` too
         if flag in ("--overwrite_output_dir", "--resume_from_checkpoint"):
             after = None if equals else flag
             continue

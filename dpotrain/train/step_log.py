@@ -19,8 +19,11 @@ FIELDS = [
 ]
 
 
-def line(logs: dict, step: int, max_steps: int) -> str | None:
-    """The line of one log record: a training step's, an evaluation's, or the end of training's; None for others."""
+def line(logs: dict, step: int, max_steps: int, first_step: int | None = None) -> str | None:
+    """The line of one log record: a training step's, an evaluation's, or the end of training's; None for others.
+    `first_step`: the step this attempt started at (a resume's), where known."""
+    if "train_runtime" in logs and step == first_step:  # resumed at its last step: transformers says mean loss 0
+        return f"trained to step {step}/{max_steps}: no step left to train after the checkpoint resumed from"
     if "train_runtime" in logs:  # transformers' summary once training ends
         loss = f", mean loss {logs['train_loss']:.4f}" if isinstance(logs.get("train_loss"), float) else ""
         return f"trained to step {step}/{max_steps} in {logs['train_runtime']:.1f} s{loss}"
@@ -40,7 +43,10 @@ def line(logs: dict, step: int, max_steps: int) -> str | None:
 class StepLog(ProgressCallback):
     """transformers' progress bar, its log records written as `line`s above it; with `disable_tqdm`, the lines alone."""
 
+    first_step: int | None = None  # where this attempt started: a resumed run's checkpoint step
+
     def on_train_begin(self, args, state, control, **kwargs):
+        self.first_step = state.global_step
         if not args.disable_tqdm:
             super().on_train_begin(args, state, control, **kwargs)
 
@@ -53,7 +59,8 @@ class StepLog(ProgressCallback):
             super().on_prediction_step(args, state, control, eval_dataloader, **kwargs)
 
     def on_log(self, args, state, control, logs=None, **kwargs):
-        text = line(logs or {}, state.global_step, state.max_steps) if state.is_world_process_zero else None
+        main = state.is_world_process_zero
+        text = line(logs or {}, state.global_step, state.max_steps, self.first_step) if main else None
         if text is None:
             return
         if self.training_bar is not None:
