@@ -116,14 +116,17 @@ def test_each_decision_is_made_once_per_run_and_per_dry_run(tmp_path, monkeypatc
 
 
 def test_the_recipes_env_block_sets_what_the_environment_does_not(tmp_path, capsys, monkeypatch):
-    """The run's process gets the recipe's `env:` variables where the environment has none (conftest's
-    `own_environment` removes them after the test: a user's process runs one command)."""
+    """The run's process gets the recipe's `env:` variables where the environment has none, from the parse on
+    (conftest's `own_environment` removes them after the test; train_dpo.main gives an in-process caller its own
+    back)."""
     recipe = tmp_path / "recipe.yaml"
     env = "\nenv:\n  DPOTRAIN_RECIPE_FLAG: 'on'\n  DPOTRAIN_SET_BY_USER: recipe\n"
     recipe.write_text((ROOT / "configs" / "smoke.yaml").read_text() + env)
     monkeypatch.delenv("DPOTRAIN_RECIPE_FLAG", raising=False)
     monkeypatch.setenv("DPOTRAIN_SET_BY_USER", "environment")
-    train_dpo.main(["--config", str(recipe), "--output_dir", str(tmp_path / "run"), "--dry-run", "--json"])
+    from dpotrain.recipe.config import parse_args
+
+    parse_args(["--config", str(recipe), "--output_dir", str(tmp_path / "run")])
     assert os.environ["DPOTRAIN_RECIPE_FLAG"] == "on" and os.environ["DPOTRAIN_SET_BY_USER"] == "environment"
 
 
