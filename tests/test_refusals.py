@@ -59,6 +59,25 @@ def many_rows(n=40):
         (["--use_peft", "true"], "use_peft needs the layers to adapt: pass --lora_target_modules"),
         (["--lora_r", "8"], "lora_r is set but use_peft is false, so it would be ignored: add --use_peft true"),
         (["--merge_lora", "true"], "merge_lora is set but use_peft is false"),
+        (
+            ["--use_peft", "true", "--lora_target_modules", "q_proj", "--lora_dropout", "0.1"],
+            "lora_dropout 0.1 would be ignored: disable_dropout (true by default) sets every dropout to 0 once PEFT "
+            "has wrapped the model, the adapter's too; add --disable_dropout false to train with it, or remove "
+            "lora_dropout",
+        ),
+        (
+            [
+                "--use_peft",
+                "true",
+                "--lora_target_modules",
+                "q_proj",
+                "--disable_dropout",
+                "false",
+                "--lora_dropout",
+                "2",
+            ],
+            "lora_dropout must be between 0 and 1 (got 2)",
+        ),
         (["--load_in_4bit", "true", "--use_peft", "true", "--lora_target_modules", "q_proj"], "load_in_4bit needs"),
         (["--use_liger_kernel", "true"], "use_liger_kernel needs the liger-kernel package"),
         (["--ignore_bias_buffers", "true"], "ignore_bias_buffers is a DDP workaround of TRL's own script"),

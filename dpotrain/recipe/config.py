@@ -426,6 +426,10 @@ def parse_args(argv: list[str] | None = None) -> Recipe:
     given = fields_set(tokens)
     if "padding_free" not in given:
         training.padding_free = True  # this project's default: packed sequences (TRL's is False)
+    if model.use_peft and training.disable_dropout and "lora_dropout" not in given:
+        # TRL's disable_dropout (on by default) sets every dropout to 0 once PEFT has wrapped the model, the adapter's
+        # too: the adapter trains without dropout, and the record, the card and adapter_config.json say so (not 0.05)
+        model.lora_dropout = 0.0
     replaced = _command_line_batch_wins(training, project, on_command_line)
     if "dataset_name" in on_command_line and (there := _in_submit_dir(script.dataset_name)) and there.exists():
         script.dataset_name = str(there)

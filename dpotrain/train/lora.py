@@ -48,6 +48,14 @@ def check_lora(recipe) -> None:
             )
         if m.lora_r < 1:
             raise ConfigError(f"lora_r must be >= 1 (got {m.lora_r}); 8-64 is usual")
+        if not 0 <= m.lora_dropout <= 1:
+            raise ConfigError(f"lora_dropout must be between 0 and 1 (got {m.lora_dropout:g}); 0.05-0.1 is usual")
+        if m.lora_dropout > 0 and recipe.training.disable_dropout:  # given: its default is 0 then (config.parse_args)
+            raise ConfigError(
+                f"lora_dropout {m.lora_dropout:g} would be ignored: disable_dropout (true by default) sets every "
+                "dropout to 0 once PEFT has wrapped the model, the adapter's too; add --disable_dropout false to "
+                "train with it, or remove lora_dropout"
+            )
     quantized = "load_in_4bit" if m.load_in_4bit else "load_in_8bit" if m.load_in_8bit else None
     if quantized is None:
         stray = [f for f in QUANTIZATION_FIELDS if f in given]
