@@ -160,6 +160,55 @@ def test_lora_target_modules_the_model_does_not_have_are_refused_before_it_loads
 
 
 @pytest.mark.parametrize("dry_run", [[], ["--dry-run"]], ids=["run", "dry run"])
+def test_lora_names_and_settings_peft_would_ignore_or_refuse_are_refused_before_the_model_loads(
+    dry_run, tmp_path, monkeypatch, capsys, tiny_model_dir
+):
+    """lora_modules_to_save and lora_target_parameters names the model lacks were dropped by PEFT without a word (a
+    typo in `lm_head` trained the adapter alone), lora_target_parameters matching nothing (alone) and settings PEFT's
+    wrap refuses stopped in a traceback once the model had loaded: the memory plan, which wraps the model on the meta
+    device, plans bf16 GPU runs only."""
+    lora = ["--model_name_or_path", tiny_model_dir, "--use_peft", "true", "--max_steps", "2", *dry_run]
+    line = refused(
+        tmp_path, monkeypatch, capsys, *lora, "--lora_target_modules", "q_proj", "--lora_modules_to_save", "lm_hed"
+    )
+    assert line.startswith(
+        f"error: lora_modules_to_save lm_hed: {tiny_model_dir} has no module of that name (PEFT would train without "
+        "it once the model loaded): its modules are named model, embed_tokens, layers, self_attn, q_proj,"
+    )
+    assert line.endswith(", lm_head; pass some of those, or remove lora_modules_to_save")
+    line = refused(tmp_path, monkeypatch, capsys, *lora, "--lora_target_parameters", "mlp.experts.gate_up_proj")
+    assert line.startswith(
+        f"error: lora_target_parameters mlp.experts.gate_up_proj: {tiny_model_dir} has no parameter of that name "
+        "(PEFT would stop once the model loaded): its parameters are named model.embed_tokens.weight, "
+        "self_attn.q_proj.weight,"
+    )
+    line = refused(
+        tmp_path, monkeypatch, capsys, *lora, "--lora_target_modules", "q_proj", "--lora_target_parameters", "w"
+    )
+    assert "lora_target_parameters w: " in line and "(PEFT would adapt the others alone once the model loaded)" in line
+    # A name PEFT matches, on a layer it cannot wrap that way: PEFT's own reason, in one line
+    line = refused(
+        tmp_path,
+        monkeypatch,
+        capsys,
+        *lora,
+        "--lora_target_modules",
+        "q_proj",
+        "--lora_target_parameters",
+        "q_proj.weight",
+    )
+    assert line.startswith(
+        f"error: use_peft: PEFT cannot adapt {tiny_model_dir} with these LoRA settings (Trying to wrap"
+    )
+    # A regular expression matching attention blocks, not layers: the block named by its class, not its printed tree
+    line = refused(tmp_path, monkeypatch, capsys, *lora, "--lora_target_modules", ".*self_attn")
+    assert line.startswith(
+        f"error: use_peft: PEFT cannot adapt {tiny_model_dir} with these LoRA settings (Target module "
+        "Olmo3Attention is not supported."
+    )
+
+
+@pytest.mark.parametrize("dry_run", [[], ["--dry-run"]], ids=["run", "dry run"])
 def test_plain_text_pairs_with_a_tokenizer_without_eos_are_refused_before_the_model_loads(
     dry_run, tmp_path, monkeypatch, capsys, tiny_model_dir
 ):
