@@ -6,6 +6,7 @@ Each case runs the real command-line entry (`run_cli(train_dpo.main)`, in this p
 """
 
 import json
+import shutil
 
 import pytest
 
@@ -157,6 +158,29 @@ def test_lora_target_modules_the_model_does_not_have_are_refused_before_it_loads
     )
     line = refused(tmp_path, monkeypatch, capsys, *lora, "--lora_target_modules", ".*\\.wq")
     assert line.startswith(f"error: lora_target_modules '.*\\\\.wq': no module of {tiny_model_dir} has a name")
+
+
+@pytest.mark.parametrize("dry_run", [[], ["--dry-run"]], ids=["run", "dry run"])
+def test_a_lora_adapter_folder_as_the_model_is_refused_naming_its_base_and_merged_model(
+    dry_run, tmp_path, monkeypatch, capsys, tiny_model_dir
+):
+    """A LoRA run's folder (or checkpoint) as model_name_or_path, as a resume's refusal advises for a checkpoint: TRL
+    builds the model from the folder's config.json, which an adapter's folder lacks (a traceback once the data had been
+    read); with its base's config.json beside it, transformers looked for full weights there."""
+    adapter = tmp_path / "lora-run"
+    adapter.mkdir()
+    (adapter / "adapter_config.json").write_text(json.dumps({"base_model_name_or_path": tiny_model_dir}))
+    (adapter / "adapter_model.safetensors").write_bytes(b"")
+    line = refused(tmp_path, monkeypatch, capsys, "--model_name_or_path", str(adapter), "--max_steps", "2", *dry_run)
+    assert line == (
+        f"error: model folder '{adapter}' holds a LoRA adapter (adapter_config.json), not a model a run can start "
+        f"from: start from its base model ({tiny_model_dir}) with --use_peft true for a new adapter, or from the "
+        "adapter merged into its base (a run with merge_lora: true saves that to <output_dir>/merged/)"
+    )
+    shutil.copytree(tiny_model_dir, adapter / "merged")  # saved with merge_lora: true
+    shutil.copy(adapter / "merged" / "config.json", adapter)  # an adapter saved with its base's config
+    line = refused(tmp_path, monkeypatch, capsys, "--model_name_or_path", str(adapter), "--max_steps", "2", *dry_run)
+    assert line.endswith(f"or from --model_name_or_path {adapter / 'merged'}, the adapter merged into its base")
 
 
 @pytest.mark.parametrize("dry_run", [[], ["--dry-run"]], ids=["run", "dry run"])
