@@ -165,6 +165,10 @@ def changed_settings(recipe: Recipe, out: Path, pairs_per_step: int | None) -> l
     # auto again: the analyzer's choice for the same data and tokenizer
     again = {"max_length"} if recipe.max_length_auto and old.lengths.auto is not None else set()
     changed = old.changed(new, [f for f in RESUME_FIELDS if f not in again])
+    # A LoRA run recorded before lora_dropout followed disable_dropout (config.parse_args) wrote TRL's 0.05, and trained
+    # its adapter without dropout as the resumed run does: the same setting
+    if changed.get("lora_dropout", (None, None))[1] == 0 and old.settings.use_peft and old.settings.disable_dropout:
+        del changed["lora_dropout"]
     if old.batching.pairs_per_step != pairs_per_step:
         changed["pairs_per_step"] = (old.batching.pairs_per_step, pairs_per_step)
     mixed = {"dataset_name", "datasets", "dataset_mixer_list", "dataset_mixer_list_splits"}

@@ -588,6 +588,22 @@ def test_resume_from_checkpoint_with_changed_settings_is_refused_as_the_automati
     assert resolve.check_output_dir(same, 8) == resolve.OutputDecision(checkpoint, False)
 
 
+def test_a_lora_run_recorded_with_trls_lora_dropout_under_disable_dropout_resumes(tmp_path, capsys):
+    """Its adapter trained without dropout (disable_dropout zeroes it), as the resumed run's does: a run recorded before
+    lora_dropout followed disable_dropout (0.05, TRL's default) must not be refused as one of another dropout, which no
+    command could then resume (--lora_dropout 0.05 is refused under disable_dropout, which is compared too)."""
+    lora = ["--use_peft", "true", "--lora_target_modules", "q_proj"]
+    out = unfinished_run(tmp_path, capsys, *lora)
+    record = json.loads((out / "resolved_config.json").read_text())
+    assert record["lora_dropout"] == 0.0
+    (out / "resolved_config.json").write_text(json.dumps(record | {"lora_dropout": 0.05}))
+    assert resolve.changed_settings(parse_args(["--config", SMOKE, "--output_dir", str(out), *lora]), out, 8) == []
+    record |= {"lora_dropout": 0.05, "disable_dropout": False}  # another dropout did train: refused, as before
+    (out / "resolved_config.json").write_text(json.dumps(record))
+    changed = resolve.changed_settings(parse_args(["--config", SMOKE, "--output_dir", str(out), *lora]), out, 8)
+    assert changed == ["disable_dropout: False -> True", "lora_dropout: 0.05 -> 0.0"]
+
+
 def test_resume_from_checkpoint_does_not_write_over_another_run_in_output_dir(tmp_path, capsys):
     """A named checkpoint was resumed into whatever output_dir held: a finished run of other settings there had its
     final model, record and metrics replaced, its checkpoints rotated away, with exit code 0 and not a word."""
