@@ -60,6 +60,16 @@ def many_rows(n=40):
         (["--use_peft", "true"], "use_peft needs the layers to adapt: pass --lora_target_modules"),
         (["--lora_r", "8"], "lora_r is set but use_peft is false, so it would be ignored: add --use_peft true"),
         (["--merge_lora", "true"], "merge_lora is set but use_peft is false"),
+        (["--lora_task_type", "CAUSAL_LM"], "lora_task_type is set but use_peft is false"),
+        (
+            ["--use_peft", "true", "--lora_target_modules", "q_proj", "--lora_task_type", "FOO"],
+            "lora_task_type FOO: DPO trains a causal language model's adapter (CAUSAL_LM, the default): remove "
+            "lora_task_type",
+        ),
+        (
+            ["--use_peft", "true", "--lora_target_modules", "q_proj", "--lora_task_type", "SEQ_CLS"],
+            "lora_task_type SEQ_CLS",
+        ),
         (
             ["--use_peft", "true", "--lora_target_modules", "q_proj", "--lora_dropout", "0.1"],
             "lora_dropout 0.1 would be ignored: disable_dropout (true by default) sets every dropout to 0 once PEFT "

@@ -20,6 +20,7 @@ LORA_FIELDS = (
     "lora_target_modules",
     "lora_target_parameters",
     "lora_modules_to_save",
+    "lora_task_type",
     "use_rslora",
     "use_dora",
 )
@@ -45,6 +46,11 @@ def check_lora(recipe) -> None:
             raise ConfigError(
                 "use_peft needs the layers to adapt: pass --lora_target_modules q_proj v_proj (module "
                 "names) or --lora_target_modules all-linear"
+            )
+        if m.lora_task_type != "CAUSAL_LM":  # PEFT would wrap the model for another task's head (or refuse the name)
+            raise ConfigError(
+                f"lora_task_type {m.lora_task_type}: DPO trains a causal language model's adapter (CAUSAL_LM, the "
+                "default): remove lora_task_type"
             )
         if m.lora_r < 1:
             raise ConfigError(f"lora_r must be >= 1 (got {m.lora_r}); 8-64 is usual")
