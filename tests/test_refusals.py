@@ -234,6 +234,19 @@ def test_lora_names_and_settings_peft_would_ignore_or_refuse_are_refused_before_
     assert line.startswith(
         f"error: use_peft: PEFT cannot adapt {tiny_model_dir} with these LoRA settings (Trying to wrap"
     )
+    line = refused(  # PEFT's TypeError: lm_head trained whole and adapted by its weight
+        tmp_path,
+        monkeypatch,
+        capsys,
+        *lora,
+        "--lora_target_modules",
+        "q_proj",
+        "--lora_modules_to_save",
+        "lm_head",
+        "--lora_target_parameters",
+        "lm_head.weight",
+    )
+    assert line.startswith(f"error: use_peft: PEFT cannot adapt {tiny_model_dir} with these LoRA settings (modules_to")
     # A regular expression matching attention blocks, not layers: the block named by its class, not its printed tree
     line = refused(tmp_path, monkeypatch, capsys, *lora, "--lora_target_modules", ".*self_attn")
     assert line.startswith(

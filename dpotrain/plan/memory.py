@@ -125,8 +125,9 @@ def model_shape(recipe, config) -> ModelShape:
             with torch.device("meta"), warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 model = get_peft_model(model, peft)
-        except ValueError as e:  # what TRL's wrap would raise once the weights loaded: e.g. all-linear on a mixture of
-            # experts adapts its expert parameters, which take no lora_dropout
+        except (ValueError, TypeError) as e:  # what TRL's wrap would raise once the weights loaded: e.g. all-linear on
+            # a mixture of experts adapts its expert parameters, which take no lora_dropout; a module both trained whole
+            # and adapted by its parameter (TypeError)
             # One line: a module PEFT cannot wrap is named by its class, not its printed tree of submodules
             why = " ".join(re.sub(r"\(\n.*?\n\)", "", str(e), flags=re.S).split())
             raise ConfigError(
