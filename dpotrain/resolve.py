@@ -192,8 +192,7 @@ def trained_under(checkpoint: Path) -> Path:
     raise ConfigError(
         f"checkpoint {str(checkpoint)!r} holds no record of the settings it was trained with (resolved_config.json), "
         "and neither does the folder it is in, so a resume cannot be checked against them: copy its run's "
-        f"resolved_config.json into it, or start a new run from its weights (--model_name_or_path {checkpoint}, a new "
-        "--output_dir)"
+        f"resolved_config.json into it, or {resume.new_run_from(checkpoint)}"
     )
 
 
@@ -222,8 +221,7 @@ def check_output_dir(recipe: Recipe, pairs_per_step: int | None = None) -> Outpu
         if changed:
             raise ConfigError(
                 f"resume_from_checkpoint {str(folder)!r} was written by a run with other settings "
-                f"({'; '.join(changed)}): rerun with its settings to resume it, or start a new run from its "
-                f"weights (--model_name_or_path {folder}, a new --output_dir)"
+                f"({'; '.join(changed)}): rerun with its settings to resume it, or {resume.new_run_from(folder)}"
             )
     # A named checkpoint is resumed into output_dir, as any: a finished run there is not written over by accident.
     if (out / RUN_COMPLETE).exists():

@@ -611,6 +611,26 @@ def test_resume_from_checkpoint_with_changed_settings_is_refused_as_the_automati
     assert resolve.check_output_dir(same, 8) == resolve.OutputDecision(checkpoint, False)
 
 
+def test_a_lora_checkpoint_refused_for_other_settings_advises_a_new_run_from_its_base(tmp_path, monkeypatch, capsys):
+    """The advice 'start a new run from its weights (--model_name_or_path <checkpoint>)' led a LoRA checkpoint, an
+    adapter, to the refusal of an adapter's folder as the model."""
+    lora = ["--use_peft", "true", "--lora_target_modules", "q_proj", "--max_steps", "5"]
+    out = tmp_path / "run"
+    train_dpo.main(["--config", SMOKE, "--output_dir", str(out), "--dry-run", "--json", *lora])
+    printed = capsys.readouterr().out
+    (out / "checkpoint-4").mkdir(parents=True)
+    (out / "checkpoint-4" / "adapter_config.json").write_text("{}")
+    checkpoint = str(sealed_checkpoint(out / "checkpoint-4"))
+    (out / "resolved_config.json").write_text(printed[printed.index("{") :])
+    elsewhere = ["--output_dir", str(tmp_path / "continued"), "--resume_from_checkpoint", checkpoint]
+    message = refused(tmp_path, monkeypatch, capsys, *lora, "--lora_r", "8", *elsewhere)
+    assert message == (
+        f"error: resume_from_checkpoint {checkpoint!r} was written by a run with other settings (lora_r: 16 -> 8): "
+        "rerun with its settings to resume it, or start a new run from its base model with --use_peft true (it holds "
+        "a LoRA adapter, which a run cannot start from), a new --output_dir"
+    )
+
+
 def test_a_lora_run_recorded_with_trls_lora_dropout_under_disable_dropout_resumes(tmp_path, capsys):
     """Its adapter trained without dropout (disable_dropout zeroes it), as the resumed run's does: a run recorded before
     lora_dropout followed disable_dropout (0.05, TRL's default) must not be refused as one of another dropout, which no
