@@ -99,6 +99,16 @@ def summary(r: Record, json_file: Path | None, heading: str | None = None) -> st
         model += f" ({m['parameters'] / 1e9:.2f}B parameters, {m['layers']} layers, hidden size {m['hidden_size']})"
     precision = "bf16" if s.bf16 else "fp16" if s.fp16 else "fp32"
     row("model", f"{model}; weights load in {s.dtype}, training computes in {precision}")
+    if s.use_peft:  # what trains: an adapter, not the weights the model line describes
+        targets = s.lora_target_modules or s.lora_target_parameters
+        targets = " ".join(targets) if isinstance(targets, list) else targets
+        row(
+            "LoRA",
+            f"an adapter trains on {targets} (r {s.lora_r}, alpha {s.lora_alpha}, dropout {s.lora_dropout:g}); the "
+            "model's weights stay frozen"
+            + (f" but {' '.join(s.lora_modules_to_save)}, trained whole" if s.lora_modules_to_save else "")
+            + ("; merged into them in merged/ at the end" if s.merge_lora else ""),
+        )
     rows, sources = r.data.dataset_rows, r.data.data_sources or []
     data = f"a mixture of {len(sources)} sources" if sources else f"{s.dataset_name} (split {s.dataset_train_split})"
     row("data", f"{data}: {rows:,} rows" if rows is not None else f"{data}: rows counted when the run loads it")
@@ -230,6 +240,8 @@ def _batching_rows(b: run_record.RecordedBatching, ranks: int, row) -> None:
 
 def reference_text(s, trained: dict | None) -> str:
     """What the reference stage scores: the pairs the planned steps train (a short run's steps train some of them)."""
+    if not s.precompute_ref_log_probs and s.use_peft:  # TRL's reference under PEFT: no second model
+        return "the model with its LoRA adapter disabled, run beside every step (no reference stage)"
     if not s.precompute_ref_log_probs:
         return "a live reference model, run beside every step (no reference stage)"
     if trained is None:

@@ -5,6 +5,7 @@ Each check was found by running the option on the built-in model; README "Refuse
 
 import dataclasses
 import importlib.util
+import json
 import os
 import re
 import urllib.error
@@ -240,7 +241,25 @@ def check_model(model: str) -> None:
     path = Path(model).expanduser()
     if data.looks_like_path(model) and not path.is_dir():
         raise ConfigError(f"model folder {model!r} does not exist: check the path, or give a Hub name like org/model")
-    if path.is_dir() and not any((path / f).is_file() for f in ("config.json", "adapter_config.json")):
+    if path.is_dir() and (path / "adapter_config.json").is_file():
+        # TRL builds the model from the folder's config.json (create_model_from_path): a LoRA run's folder has none (a
+        # traceback once the data were read), and with its base's config.json transformers looks for full weights there
+        try:
+            base = json.loads((path / "adapter_config.json").read_text()).get("base_model_name_or_path")
+        except (OSError, ValueError, AttributeError):
+            base = None
+        start = f"its base model ({base}) with --use_peft true for a new adapter" if base else "its base model"
+        merged = path / "merged"  # a LoRA run's folder, saved with merge_lora: true (dpotrain/train/lora.py)
+        merged = (
+            f"--model_name_or_path {merged}, the adapter merged into its base"
+            if (merged / "config.json").is_file()
+            else "the adapter merged into its base (a run with merge_lora: true saves that to <output_dir>/merged/)"
+        )
+        raise ConfigError(
+            f"model folder {model!r} holds a LoRA adapter (adapter_config.json), not a model a run can start from: "
+            f"start from {start}, or from {merged}"
+        )
+    if path.is_dir() and not (path / "config.json").is_file():
         what = "is empty" if not any(path.iterdir()) else "holds no config.json"
         raise ConfigError(
             f"model folder {model!r} {what}: point model_name_or_path at the folder that "
@@ -268,8 +287,7 @@ def check_weights(model: str) -> None:
     from dpotrain.data.lengths import check_tokenizer_folder
 
     path = Path(model).expanduser()
-    # A LoRA adapter's folder holds the adapter's weights; transformers loads its base by adapter_config.json
-    if builtin.is_builtin(model) or not (path / "config.json").is_file() or (path / "adapter_config.json").is_file():
+    if builtin.is_builtin(model) or not (path / "config.json").is_file():
         return
     check_tokenizer_folder(model)  # config.json alone (configs/models/*): a model's shape, said as such first
     try:

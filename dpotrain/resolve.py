@@ -165,6 +165,10 @@ def changed_settings(recipe: Recipe, out: Path, pairs_per_step: int | None) -> l
     # auto again: the analyzer's choice for the same data and tokenizer
     again = {"max_length"} if recipe.max_length_auto and old.lengths.auto is not None else set()
     changed = old.changed(new, [f for f in RESUME_FIELDS if f not in again])
+    # A LoRA run recorded before lora_dropout followed disable_dropout (config.parse_args) wrote TRL's 0.05, and trained
+    # its adapter without dropout as the resumed run does: the same setting
+    if changed.get("lora_dropout", (None, None))[1] == 0 and old.settings.use_peft and old.settings.disable_dropout:
+        del changed["lora_dropout"]
     if old.batching.pairs_per_step != pairs_per_step:
         changed["pairs_per_step"] = (old.batching.pairs_per_step, pairs_per_step)
     for name in ("dataset_name", "model_name_or_path"):  # their content is compared below, whatever they are named
@@ -199,8 +203,7 @@ def trained_under(checkpoint: Path) -> Path:
     raise ConfigError(
         f"checkpoint {str(checkpoint)!r} holds no record of the settings it was trained with (resolved_config.json), "
         "and neither does the folder it is in, so a resume cannot be checked against them: copy its run's "
-        f"resolved_config.json into it, or start a new run from its weights (--model_name_or_path {checkpoint}, a new "
-        "--output_dir)"
+        f"resolved_config.json into it, or {resume.new_run_from(checkpoint)}"
     )
 
 
@@ -229,8 +232,7 @@ def check_output_dir(recipe: Recipe, pairs_per_step: int | None = None) -> Outpu
         if changed:
             raise ConfigError(
                 f"resume_from_checkpoint {str(folder)!r} was written by a run with other settings "
-                f"({'; '.join(changed)}): rerun with its settings to resume it, or start a new run from its "
-                f"weights (--model_name_or_path {folder}, a new --output_dir)"
+                f"({'; '.join(changed)}): rerun with its settings to resume it, or {resume.new_run_from(folder)}"
             )
     # A named checkpoint is resumed into output_dir, as any: a finished run there is not written over by accident.
     if (out / RUN_COMPLETE).exists():

@@ -27,6 +27,37 @@ def field(text: str, name: str) -> str:
     return match.group(1)
 
 
+def test_a_lora_summary_says_an_adapter_trains_and_what_the_reference_is(tmp_path, capsys):
+    """The summary of a LoRA run read as a full fine-tune's (the model line, no word of the adapter), and its live
+    reference as "a live reference model", where TRL runs the model with its adapter disabled (no second model)."""
+    lora = ["--use_peft", "true", "--lora_target_modules", "q_proj", "v_proj", "--lora_modules_to_save", "lm_head"]
+    text = dry_run(capsys, *SMOKE, "--output_dir", str(tmp_path / "run"), *lora, "--precompute_ref_log_probs", "false")
+    assert field(text, "LoRA") == (
+        "an adapter trains on q_proj v_proj (r 16, alpha 32, dropout 0); the model's weights stay frozen but lm_head, "
+        "trained whole"
+    )
+    assert (
+        field(text, "reference")
+        == "the model with its LoRA adapter disabled, run beside every step (no reference stage)"
+    )
+    text = dry_run(
+        capsys,
+        *SMOKE,
+        "--output_dir",
+        str(tmp_path / "run"),
+        "--use_peft",
+        "true",
+        "--lora_target_modules",
+        "all-linear",
+        "--merge_lora",
+        "true",
+    )
+    assert field(text, "LoRA").endswith(
+        "(r 16, alpha 32, dropout 0); the model's weights stay frozen; merged into them in merged/ at the end"
+    )
+    assert "LoRA:" not in dry_run(capsys, *SMOKE, "--output_dir", str(tmp_path / "run"))
+
+
 def test_smoke_summary_says_what_the_run_does_and_writes_the_json_beside_the_output_folder(tmp_path, capsys):
     out = tmp_path / "run"
     text = dry_run(capsys, *SMOKE, "--output_dir", str(out))

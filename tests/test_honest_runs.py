@@ -84,6 +84,29 @@ def test_lora_trains_an_adapter_against_the_disabled_base_and_can_merge(tmp_path
     assert hub.run_folder_problems(out) == []  # pushable like any run
 
 
+@pytest.mark.parametrize("args, dropout", [([], 0.0), (["--disable_dropout", "false"], 0.05)], ids=["default", "kept"])
+def test_lora_dropout_recorded_is_the_dropout_trained(args, dropout, tmp_path, tiny_model_dir):
+    """TRL's disable_dropout (on by default) zeroes every dropout once PEFT has wrapped the model, the adapter's too:
+    the record, the card and adapter_config.json said lora_dropout 0.05 (TRL's default) for an adapter trained
+    without dropout."""
+    import datasets
+
+    from conftest import built
+    from dpotrain.data import builtin
+    from dpotrain.recipe.config import parse_args
+
+    lora = ["--use_peft", "true", "--lora_target_modules", "q_proj", "v_proj", *args]
+    recipe = parse_args(
+        ["--config", SMOKE, "--model_name_or_path", tiny_model_dir, "--output_dir", str(tmp_path / "run"), *lora]
+    )
+    assert recipe.model.lora_dropout == dropout  # resolved_config.json, the card
+    model = built(recipe, datasets.Dataset.from_list(builtin.make_preference_rows(16, seed=3))).trainer.model
+    assert model.peft_config["default"].lora_dropout == dropout  # adapter_config.json
+    # PEFT's dropout of each adapted layer as it trains: nn.Dropout, or nn.Identity for lora_dropout 0
+    trained = {getattr(m, "p", 0.0) for n, m in model.named_modules() if n.endswith(".lora_dropout.default")}
+    assert trained == {dropout}
+
+
 @pytest.mark.slow
 def test_lora_with_a_live_reference_trains_what_the_cached_reference_trains(tmp_path, tiny_model_dir):
     """`--precompute_ref_log_probs false` under LoRA: the live reference is the policy with its adapter disabled, run

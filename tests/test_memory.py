@@ -313,9 +313,11 @@ def test_a_live_reference_model_adds_its_weights_as_trl_prepares_them(olmo3):
 
 @no_gpu
 def test_lora_peft_refuses_for_a_mixture_of_experts_is_one_line_and_no_advice(tmp_path):
-    """all-linear on a transformers 5 mixture of experts adapts its expert parameters, which PEFT refuses with TRL's
-    default lora_dropout (0.05): a ValueError traceback from the plan's PEFT wrap, where the run would fail once the
-    model loaded; and from a refusal's advice, which weighs LoRA for any model (the user asked for no LoRA at all)."""
+    """all-linear on a transformers 5 mixture of experts adapts its expert parameters, which PEFT refuses with a
+    lora_dropout (TRL's default 0.05, trained with --disable_dropout false): a ValueError traceback from the plan's PEFT
+    wrap, where the run would fail once the model loaded; and from a refusal's advice, which weighs LoRA for any model
+    (the user asked for no LoRA at all). With disable_dropout (the default) the adapter's dropout is 0, which PEFT
+    takes."""
     from transformers import Qwen3MoeConfig
 
     shape = dict(hidden_size=256, intermediate_size=512, moe_intermediate_size=128, num_hidden_layers=2)
@@ -323,8 +325,10 @@ def test_lora_peft_refuses_for_a_mixture_of_experts_is_one_line_and_no_advice(tm
     Qwen3MoeConfig(**shape, architectures=["Qwen3MoeForCausalLM"]).save_pretrained(tmp_path)
     base = ["--model_name_or_path", str(tmp_path), "--max_length", "1024", "--max_tokens_per_microbatch", "2048"]
     lora = ["--use_peft", "true", "--lora_target_modules", "all-linear"]
+    assert memory.plan(recipe(*base, *lora), 4)["fits"]  # disable_dropout: the adapter trains without dropout
+    base += ["--disable_dropout", "false"]
     with pytest.raises(ConfigError) as refused:
-        memory.plan(recipe(*base, *lora), 4)
+        memory.plan(recipe(*base, *lora, "--lora_dropout", "0.05"), 4)
     assert str(refused.value) == (
         f"use_peft: PEFT cannot adapt {tmp_path} with these LoRA settings (lora.ParamWrapper does not work with "
         "lora_dropout != 0.): change the setting it names, or pass --lora_target_modules naming some of its linear "

@@ -614,10 +614,11 @@ def test_a_model_folder_without_its_weights_or_its_class_is_refused_before_the_m
         "or a sharded index): copy the weights save_pretrained wrote beside it, or give a Hub name like org/model"
     )
     options.check_model(str(folder))  # the dry run's check: a config is enough to plan
-    adapter = tmp_path / "adapter"  # a LoRA adapter saved with its base's config: transformers loads the base
+    adapter = tmp_path / "adapter"  # a LoRA adapter saved with its base's config: transformers looks for full weights
     shutil.copytree(folder, adapter)
     (adapter / "adapter_config.json").write_text("{}")
-    options.check_weights(str(adapter))
+    with pytest.raises(ConfigError, match="holds a LoRA adapter"):  # tests/test_refusals.py: a LoRA run's folder
+        options.check_model(str(adapter))
     shards = [f"model-0000{i}-of-00003.safetensors" for i in (1, 2, 3)]
     index = {"metadata": {}, "weight_map": {f"w{i}": shard for i, shard in enumerate(shards)}}
     (folder / "model.safetensors.index.json").write_text(json.dumps(index))

@@ -6,6 +6,7 @@ Each case runs the real command-line entry (`run_cli(train_dpo.main)`, in this p
 """
 
 import json
+import shutil
 
 import pytest
 
@@ -59,6 +60,35 @@ def many_rows(n=40):
         (["--use_peft", "true"], "use_peft needs the layers to adapt: pass --lora_target_modules"),
         (["--lora_r", "8"], "lora_r is set but use_peft is false, so it would be ignored: add --use_peft true"),
         (["--merge_lora", "true"], "merge_lora is set but use_peft is false"),
+        (["--lora_task_type", "CAUSAL_LM"], "lora_task_type is set but use_peft is false"),
+        (
+            ["--use_peft", "true", "--lora_target_modules", "q_proj", "--lora_task_type", "FOO"],
+            "lora_task_type FOO: DPO trains a causal language model's adapter (CAUSAL_LM, the default): remove "
+            "lora_task_type",
+        ),
+        (
+            ["--use_peft", "true", "--lora_target_modules", "q_proj", "--lora_task_type", "SEQ_CLS"],
+            "lora_task_type SEQ_CLS",
+        ),
+        (
+            ["--use_peft", "true", "--lora_target_modules", "q_proj", "--lora_dropout", "0.1"],
+            "lora_dropout 0.1 would be ignored: disable_dropout (true by default) sets every dropout to 0 once PEFT "
+            "has wrapped the model, the adapter's too; add --disable_dropout false to train with it, or remove "
+            "lora_dropout",
+        ),
+        (
+            [
+                "--use_peft",
+                "true",
+                "--lora_target_modules",
+                "q_proj",
+                "--disable_dropout",
+                "false",
+                "--lora_dropout",
+                "2",
+            ],
+            "lora_dropout must be between 0 and 1 (got 2)",
+        ),
         (["--load_in_4bit", "true", "--use_peft", "true", "--lora_target_modules", "q_proj"], "load_in_4bit needs"),
         (["--use_liger_kernel", "true"], "use_liger_kernel needs the liger-kernel package"),
         (["--ignore_bias_buffers", "true"], "ignore_bias_buffers is a DDP workaround of TRL's own script"),
@@ -146,6 +176,91 @@ def test_lora_target_modules_the_model_does_not_have_are_refused_before_it_loads
     )
     line = refused(tmp_path, monkeypatch, capsys, *lora, "--lora_target_modules", ".*\\.wq")
     assert line.startswith(f"error: lora_target_modules '.*\\\\.wq': no module of {tiny_model_dir} has a name")
+
+
+@pytest.mark.parametrize("dry_run", [[], ["--dry-run"]], ids=["run", "dry run"])
+def test_a_lora_adapter_folder_as_the_model_is_refused_naming_its_base_and_merged_model(
+    dry_run, tmp_path, monkeypatch, capsys, tiny_model_dir
+):
+    """A LoRA run's folder (or checkpoint) as model_name_or_path, as a resume's refusal advises for a checkpoint: TRL
+    builds the model from the folder's config.json, which an adapter's folder lacks (a traceback once the data had been
+    read); with its base's config.json beside it, transformers looked for full weights there."""
+    adapter = tmp_path / "lora-run"
+    adapter.mkdir()
+    (adapter / "adapter_config.json").write_text(json.dumps({"base_model_name_or_path": tiny_model_dir}))
+    (adapter / "adapter_model.safetensors").write_bytes(b"")
+    line = refused(tmp_path, monkeypatch, capsys, "--model_name_or_path", str(adapter), "--max_steps", "2", *dry_run)
+    assert line == (
+        f"error: model folder '{adapter}' holds a LoRA adapter (adapter_config.json), not a model a run can start "
+        f"from: start from its base model ({tiny_model_dir}) with --use_peft true for a new adapter, or from the "
+        "adapter merged into its base (a run with merge_lora: true saves that to <output_dir>/merged/)"
+    )
+    shutil.copytree(tiny_model_dir, adapter / "merged")  # saved with merge_lora: true
+    shutil.copy(adapter / "merged" / "config.json", adapter)  # an adapter saved with its base's config
+    line = refused(tmp_path, monkeypatch, capsys, "--model_name_or_path", str(adapter), "--max_steps", "2", *dry_run)
+    assert line.endswith(f"or from --model_name_or_path {adapter / 'merged'}, the adapter merged into its base")
+
+
+@pytest.mark.parametrize("dry_run", [[], ["--dry-run"]], ids=["run", "dry run"])
+def test_lora_names_and_settings_peft_would_ignore_or_refuse_are_refused_before_the_model_loads(
+    dry_run, tmp_path, monkeypatch, capsys, tiny_model_dir
+):
+    """lora_modules_to_save and lora_target_parameters names the model lacks were dropped by PEFT without a word (a
+    typo in `lm_head` trained the adapter alone), lora_target_parameters matching nothing (alone) and settings PEFT's
+    wrap refuses stopped in a traceback once the model had loaded: the memory plan, which wraps the model on the meta
+    device, plans bf16 GPU runs only."""
+    lora = ["--model_name_or_path", tiny_model_dir, "--use_peft", "true", "--max_steps", "2", *dry_run]
+    line = refused(
+        tmp_path, monkeypatch, capsys, *lora, "--lora_target_modules", "q_proj", "--lora_modules_to_save", "lm_hed"
+    )
+    assert line.startswith(
+        f"error: lora_modules_to_save lm_hed: {tiny_model_dir} has no module of that name (PEFT would train without "
+        "it once the model loaded): its modules are named model, embed_tokens, layers, self_attn, q_proj,"
+    )
+    assert line.endswith(", lm_head; pass some of those, or remove lora_modules_to_save")
+    line = refused(tmp_path, monkeypatch, capsys, *lora, "--lora_target_parameters", "mlp.experts.gate_up_proj")
+    assert line.startswith(
+        f"error: lora_target_parameters mlp.experts.gate_up_proj: {tiny_model_dir} has no parameter of that name "
+        "(PEFT would stop once the model loaded): its parameters are named model.embed_tokens.weight, "
+        "self_attn.q_proj.weight,"
+    )
+    line = refused(
+        tmp_path, monkeypatch, capsys, *lora, "--lora_target_modules", "q_proj", "--lora_target_parameters", "w"
+    )
+    assert "lora_target_parameters w: " in line and "(PEFT would adapt the others alone once the model loaded)" in line
+    # A name PEFT matches, on a layer it cannot wrap that way: PEFT's own reason, in one line
+    line = refused(
+        tmp_path,
+        monkeypatch,
+        capsys,
+        *lora,
+        "--lora_target_modules",
+        "q_proj",
+        "--lora_target_parameters",
+        "q_proj.weight",
+    )
+    assert line.startswith(
+        f"error: use_peft: PEFT cannot adapt {tiny_model_dir} with these LoRA settings (Trying to wrap"
+    )
+    line = refused(  # PEFT's TypeError: lm_head trained whole and adapted by its weight
+        tmp_path,
+        monkeypatch,
+        capsys,
+        *lora,
+        "--lora_target_modules",
+        "q_proj",
+        "--lora_modules_to_save",
+        "lm_head",
+        "--lora_target_parameters",
+        "lm_head.weight",
+    )
+    assert line.startswith(f"error: use_peft: PEFT cannot adapt {tiny_model_dir} with these LoRA settings (modules_to")
+    # A regular expression matching attention blocks, not layers: the block named by its class, not its printed tree
+    line = refused(tmp_path, monkeypatch, capsys, *lora, "--lora_target_modules", ".*self_attn")
+    assert line.startswith(
+        f"error: use_peft: PEFT cannot adapt {tiny_model_dir} with these LoRA settings (Target module "
+        "Olmo3Attention is not supported."
+    )
 
 
 @pytest.mark.parametrize("dry_run", [[], ["--dry-run"]], ids=["run", "dry run"])
@@ -591,6 +706,42 @@ def test_resume_from_checkpoint_with_changed_settings_is_refused_as_the_automati
         ), message
     same = parse_args(["--config", SMOKE, "--max_steps", "5", "--resume_from_checkpoint", checkpoint, *elsewhere])
     assert resolve.check_output_dir(same, 8) == resolve.OutputDecision(checkpoint, False)
+
+
+def test_a_lora_checkpoint_refused_for_other_settings_advises_a_new_run_from_its_base(tmp_path, monkeypatch, capsys):
+    """The advice 'start a new run from its weights (--model_name_or_path <checkpoint>)' led a LoRA checkpoint, an
+    adapter, to the refusal of an adapter's folder as the model."""
+    lora = ["--use_peft", "true", "--lora_target_modules", "q_proj", "--max_steps", "5"]
+    out = tmp_path / "run"
+    train_dpo.main(["--config", SMOKE, "--output_dir", str(out), "--dry-run", "--json", *lora])
+    printed = capsys.readouterr().out
+    (out / "checkpoint-4").mkdir(parents=True)
+    (out / "checkpoint-4" / "adapter_config.json").write_text("{}")
+    checkpoint = str(sealed_checkpoint(out / "checkpoint-4"))
+    (out / "resolved_config.json").write_text(printed[printed.index("{") :])
+    elsewhere = ["--output_dir", str(tmp_path / "continued"), "--resume_from_checkpoint", checkpoint]
+    message = refused(tmp_path, monkeypatch, capsys, *lora, "--lora_r", "8", *elsewhere)
+    assert message == (
+        f"error: resume_from_checkpoint {checkpoint!r} was written by a run with other settings (lora_r: 16 -> 8): "
+        "rerun with its settings to resume it, or start a new run from its base model with --use_peft true (it holds "
+        "a LoRA adapter, which a run cannot start from), a new --output_dir"
+    )
+
+
+def test_a_lora_run_recorded_with_trls_lora_dropout_under_disable_dropout_resumes(tmp_path, capsys):
+    """Its adapter trained without dropout (disable_dropout zeroes it), as the resumed run's does: a run recorded before
+    lora_dropout followed disable_dropout (0.05, TRL's default) must not be refused as one of another dropout, which no
+    command could then resume (--lora_dropout 0.05 is refused under disable_dropout, which is compared too)."""
+    lora = ["--use_peft", "true", "--lora_target_modules", "q_proj"]
+    out = unfinished_run(tmp_path, capsys, *lora)
+    record = json.loads((out / "resolved_config.json").read_text())
+    assert record["lora_dropout"] == 0.0
+    (out / "resolved_config.json").write_text(json.dumps(record | {"lora_dropout": 0.05}))
+    assert resolve.changed_settings(parse_args(["--config", SMOKE, "--output_dir", str(out), *lora]), out, 8) == []
+    record |= {"lora_dropout": 0.05, "disable_dropout": False}  # another dropout did train: refused, as before
+    (out / "resolved_config.json").write_text(json.dumps(record))
+    changed = resolve.changed_settings(parse_args(["--config", SMOKE, "--output_dir", str(out), *lora]), out, 8)
+    assert changed == ["disable_dropout: False -> True", "lora_dropout: 0.05 -> 0.0"]
 
 
 def test_resume_from_checkpoint_does_not_write_over_another_run_in_output_dir(tmp_path, capsys):

@@ -12,6 +12,7 @@ import functools
 import json
 import math
 import os
+import re
 import warnings
 from dataclasses import dataclass
 
@@ -124,11 +125,14 @@ def model_shape(recipe, config) -> ModelShape:
             with torch.device("meta"), warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 model = get_peft_model(model, peft)
-        except ValueError as e:  # what TRL's wrap would raise once the weights loaded: e.g. all-linear on a mixture of
-            # experts adapts its expert parameters, which take no lora_dropout
+        except (ValueError, TypeError) as e:  # what TRL's wrap would raise once the weights loaded: e.g. all-linear on
+            # a mixture of experts adapts its expert parameters, which take no lora_dropout; a module both trained whole
+            # and adapted by its parameter (TypeError)
+            # One line: a module PEFT cannot wrap is named by its class, not its printed tree of submodules
+            why = " ".join(re.sub(r"\(\n.*?\n\)", "", str(e), flags=re.S).split())
             raise ConfigError(
-                f"use_peft: PEFT cannot adapt {recipe.model.model_name_or_path} with these LoRA settings ({e}): change "
-                "the setting it names, or pass --lora_target_modules naming some of its linear layers"
+                f"use_peft: PEFT cannot adapt {recipe.model.model_name_or_path} with these LoRA settings ({why}): "
+                "change the setting it names, or pass --lora_target_modules naming some of its linear layers"
             ) from None
         params = sum(p.numel() for p in model.parameters())  # the base and the adapter
         trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)

@@ -183,6 +183,8 @@ class Advisor:
         if not m.lora_target_modules and not m.lora_target_parameters:
             lora["lora_target_modules"] = "all-linear"
             trial.flags += ["--lora_target_modules", "all-linear"]
+        if trial.recipe.training.disable_dropout:  # the adapter's dropout as the run resolves it (config.parse_args)
+            lora["lora_dropout"] = 0.0
         trial.recipe = replaced(trial.recipe, model=lora)
         return True
 

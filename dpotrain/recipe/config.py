@@ -433,9 +433,7 @@ def parse_args(argv: list[str] | None = None) -> Recipe:
             "79.6), or unset it to plan for the GPU of the machine"
         )
     given = fields_set(tokens)
-    for name, value in OWN_DEFAULTS.items():
-        if name not in given:
-            setattr(training, name, value)
+    _project_defaults(training, model, given)
     replaced = _command_line_batch_wins(training, project, on_command_line)
     if "dataset_name" in on_command_line and (there := _in_submit_dir(script.dataset_name)) and there.exists():
         script.dataset_name = str(there)
@@ -459,6 +457,17 @@ def parse_args(argv: list[str] | None = None) -> Recipe:
         training.output_dir = os.path.abspath(there if "output_dir" in on_command_line else training.output_dir)
     list_single_target(model)
     return Recipe(script, training, model, project, config_path, max_length_auto, given, replaced, typed)
+
+
+def _project_defaults(training, model, given: set[str]) -> None:
+    """Where this project's default is not TRL's, for the fields the recipe and the command line leave unset."""
+    for name, value in OWN_DEFAULTS.items():
+        if name not in given:
+            setattr(training, name, value)
+    if model.use_peft and training.disable_dropout and "lora_dropout" not in given:
+        # TRL's disable_dropout (on by default) sets every dropout to 0 once PEFT has wrapped the model, the adapter's
+        # too: the adapter trains without dropout, and the record, the card and adapter_config.json say so (not 0.05)
+        model.lora_dropout = 0.0
 
 
 def _take_config(argv: list[str]) -> tuple[str | None, list[str]]:

@@ -20,6 +20,7 @@ LORA_FIELDS = (
     "lora_target_modules",
     "lora_target_parameters",
     "lora_modules_to_save",
+    "lora_task_type",
     "use_rslora",
     "use_dora",
 )
@@ -46,8 +47,21 @@ def check_lora(recipe) -> None:
                 "use_peft needs the layers to adapt: pass --lora_target_modules q_proj v_proj (module "
                 "names) or --lora_target_modules all-linear"
             )
+        if m.lora_task_type != "CAUSAL_LM":  # PEFT would wrap the model for another task's head (or refuse the name)
+            raise ConfigError(
+                f"lora_task_type {m.lora_task_type}: DPO trains a causal language model's adapter (CAUSAL_LM, the "
+                "default): remove lora_task_type"
+            )
         if m.lora_r < 1:
             raise ConfigError(f"lora_r must be >= 1 (got {m.lora_r}); 8-64 is usual")
+        if not 0 <= m.lora_dropout <= 1:
+            raise ConfigError(f"lora_dropout must be between 0 and 1 (got {m.lora_dropout:g}); 0.05-0.1 is usual")
+        if m.lora_dropout > 0 and recipe.training.disable_dropout:  # given: its default is 0 then (config.parse_args)
+            raise ConfigError(
+                f"lora_dropout {m.lora_dropout:g} would be ignored: disable_dropout (true by default) sets every "
+                "dropout to 0 once PEFT has wrapped the model, the adapter's too; add --disable_dropout false to "
+                "train with it, or remove lora_dropout"
+            )
     quantized = "load_in_4bit" if m.load_in_4bit else "load_in_8bit" if m.load_in_8bit else None
     if quantized is None:
         stray = [f for f in QUANTIZATION_FIELDS if f in given]
@@ -69,22 +83,54 @@ def check_lora(recipe) -> None:
 
 
 def check_targets(recipe, config, model: str) -> None:
-    """Refuse `lora_target_modules` names that match no module of the model, before it loads. PEFT adapts the names
-    that match and drops the others without a word (`q_proj v_prj` trains q_proj alone); where none matches it fails
-    once the model has loaded (and in a dry run's memory plan). Matched as PEFT matches them: a list by the module's
-    full name or its last dotted parts, a string as a regular expression over the full name."""
+    """Refuse LoRA names that match nothing in the model, and settings PEFT refuses for it, before it loads. PEFT adapts
+    the target modules that match and drops the others without a word (`q_proj v_prj` trains q_proj alone), ignores
+    `lora_modules_to_save` and `lora_target_parameters` names it finds nowhere, and where nothing matches (or a value
+    is out of its range) it fails once the model has loaded: matched here on the meta-device model, as PEFT matches."""
     m = recipe.model
-    targets = m.lora_target_modules
-    if not m.use_peft or not targets or targets == "all-linear":
+    if not m.use_peft:
+        return
+    from dpotrain.plan import memory
+
+    try:  # the model's modules on the meta device, as the memory plan builds them: no weights, no memory
+        built = memory.meta_model(config)
+    except Exception:  # noqa: BLE001 - a model transformers cannot build from its config alone: PEFT decides
+        return
+    _check_target_modules(m.lora_target_modules, built, model)
+    names = [name for name, _ in built.named_modules() if name]
+    # modules_to_save: a module whose full name ends with the text (peft.utils.other._set_trainable)
+    missing = [t for t in m.lora_modules_to_save or [] if not any(name.endswith(t) for name in names)]
+    if missing:
+        shown = [name.rsplit(".", 1)[-1] for name in names if not name.rsplit(".", 1)[-1].isdigit()]
+        _refuse_names("lora_modules_to_save", missing, model, "modules", shown, "train without it")
+    # target_parameters: a parameter's full name, or its last dotted parts (BaseTuner._inject_parameters)
+    params = [name for name, _ in built.named_parameters()]
+    targets = m.lora_target_parameters or []
+    missing = [t for t in targets if not any(name == t or name.endswith("." + t) for name in params)]
+    if missing:  # named from their layer on (self_attn.q_proj.weight, not one per layer)
+        shown = [re.split(r"(?:^|\.)\d+\.", name)[-1] for name in params]
+        fate = "adapt the others alone" if m.lora_target_modules or len(missing) < len(targets) else "stop"
+        _refuse_names("lora_target_parameters", missing, model, "parameters", shown, fate)
+    memory.model_shape(recipe, config)  # PEFT's wrap on the meta device: its refusal of these settings, in one line
+
+
+def _refuse_names(field: str, missing: list[str], model: str, kind: str, shown: list[str], fate: str) -> None:
+    """`field`'s names that match nothing in the model, with the names of the model's `kind` it could take and what
+    PEFT would do (`fate`) once the model loaded."""
+    names = "that name" if len(missing) == 1 else "those names"
+    raise ConfigError(
+        f"{field} {' '.join(missing)}: {model} has no {kind[:-1]} of {names} (PEFT would {fate} once the model "
+        f"loaded): its {kind} are named {', '.join(dict.fromkeys(shown))}; pass some of those, or remove {field}"
+    )
+
+
+def _check_target_modules(targets, built, model: str) -> None:
+    """Refuse `lora_target_modules` names that match no module of the model. Matched as PEFT matches them: a list by
+    the module's full name or its last dotted parts, a string as a regular expression over the full name."""
+    if not targets or targets == "all-linear":
         return
     import torch
 
-    from dpotrain.plan.memory import meta_model
-
-    try:  # the model's modules on the meta device, as the memory plan builds them: no weights, no memory
-        built = meta_model(config)
-    except Exception:  # noqa: BLE001 - a model transformers cannot build from its config alone: PEFT decides
-        return
     names = [name for name, _ in built.named_modules() if name]
     if isinstance(targets, str):
         try:

@@ -119,8 +119,7 @@ def check_explicit(folder: str) -> None:
         fix = (
             f"pass --resume_from_checkpoint {instead}, the newest verified checkpoint {'in' if inside else 'beside'} it"
             if instead
-            else f"restore the named file(s) from a copy, or start a new run from its weights (--model_name_or_path "
-            f"{folder}, a new --output_dir)"
+            else f"restore the named file(s) from a copy, or {new_run_from(folder)}"
         )
         raise ConfigError(f"resume_from_checkpoint {folder!r} cannot be verified ({why}): {fix}")
 
@@ -246,3 +245,14 @@ def only_cut_short(out: Path, changed: list[str]) -> bool:
         "from: starting afresh"
     )
     return True
+
+
+def new_run_from(checkpoint) -> str:
+    """The advice to start a new run from `checkpoint`'s weights; a LoRA run's checkpoint holds an adapter, which no run
+    starts from (options.check_model): its base model then, with a new adapter."""
+    if (Path(checkpoint) / "adapter_config.json").is_file():
+        return (
+            "start a new run from its base model with --use_peft true (it holds a LoRA adapter, which a run cannot "
+            "start from), a new --output_dir"
+        )
+    return f"start a new run from its weights (--model_name_or_path {checkpoint}, a new --output_dir)"
