@@ -27,8 +27,6 @@ def prepare_output(spec, state) -> None:
     if state.is_main_process and not recipe.project.reference_only:  # the run's own files only (output_folder.py)
         output_folder.start(recipe, spec.output.start_afresh, spec.push.requested)
         setup_wandb(recipe.training)
-    elif state.is_main_process:  # transformers makes output_dir with os.makedirs, which fails on a link to a folder
-        Path(recipe.training.output_dir).resolve().mkdir(parents=True, exist_ok=True)  # still to be made (the lock's)
     state.wait_for_everyone()
 
 
@@ -56,7 +54,7 @@ class ReadyRun:
             return STOPPED_EXIT
         if recipe.project.reference_only:
             if main and not self.output_existed and out.is_dir() and not any(out.iterdir()):
-                out.rmdir()  # the Trainer makes output_dir when it starts; a reference-only run writes nothing there
+                out.resolve().rmdir()  # made at its start (where a link points): a reference-only run writes none
             return 0
         record = record_run(self.spec, trainer, outcomes)
         trainer.train(resume_from_checkpoint=self.spec.output.resume_from)
@@ -86,6 +84,8 @@ def build_run(spec, stop: GracefulStop | None = None, callbacks=(), trainer_clas
     if p.samples_every > 0:
         optional.append(SampleGenerator.from_recipe(recipe, tokenizer, every_rank=spec.launch.engine.shards_weights))
     existed = out.exists()
+    if p.reference_only and collectives.launched_main():  # no lock made it: the Trainer's os.makedirs would fail on
+        out.resolve().mkdir(parents=True, exist_ok=True)  # a link to a folder still to be made; made where it points
     trainer = (trainer_class or RecipeDPOTrainer)(
         model=model_path,
         processing_class=tokenizer,

@@ -261,8 +261,6 @@ def test_zero2_on_two_processes_equals_open_instruct(tmp_path, tiny_model_dir, o
             "steps",
             "--save_steps",
             "1",
-            "--save_only_model",
-            "true",
         ),
     ]
     env = {**os.environ, "PATH": f"{os.path.dirname(sys.executable)}:{os.environ['PATH']}"}
