@@ -341,6 +341,28 @@ def test_the_documented_lease_calls_fit_the_device_tool():
         assert f"`.whl/{folder}`" in text and f"{mib} MiB" in text, folder
 
 
+def test_each_documented_call_runs_what_its_lease_table_gives_it():
+    """A lease's table gives each call its seconds (docs/gpu-benchmarks.md): the `run(...)` a session copies must run
+    those pieces, and write the model where the table puts it. Lease 1b's first call was `tests` alone, which needs
+    no model, so none was written: its second call (`profile-think,e2e-multiturn`, budgeted without it) would have
+    spent ~70 s of its 330 writing one, leaving plain TRL's multi-turn run no time to finish."""
+    import gpu_lease
+
+    text = (ROOT / "docs" / "gpu-benchmarks.md").read_text()
+    leases = re.split(r"^### (Lease [^:]+):", text, flags=re.M)[1:]
+    assert len(leases) >= 8, "the docs' leases, each a `### Lease N:` section"
+    for lease, section in zip(leases[::2], leases[1::2], strict=True):
+        rows = re.findall(r"^\| \d+ \| call (\d): ([^\n]*)\|$", section, flags=re.M)
+        commands = re.findall(r"run\(command=\"bash benchmarks/gpu_lease\.sh \$OUT \d+ ([\w,-]+)\"", section)
+        assert rows and len(rows) == len(commands), (lease, rows, commands)
+        for (call, row), pieces in zip(rows, commands, strict=True):
+            named = pieces.split(",")
+            runs = set(named) | ({"model"} if any(gpu_lease.NAMED[n].needs_model for n in named) else set())
+            given = {n for n in re.findall(r"`([\w-]+)`", row) if n in gpu_lease.NAMED}
+            given |= {"model"} if re.search(r"\bmodel \d+", row) else set()
+            assert given <= runs, f"{lease}, call {call}: the table gives it {sorted(given)}, the command runs {pieces}"
+
+
 def test_the_kit_runs_python3_and_pip_never_byte_compiles():
     """The lent machine's interpreter is `python3` (it has no `python`); pip there installs from the carried files
     alone, into a folder of its own, without compiling thousands of modules on the device's clock."""
