@@ -5,7 +5,9 @@ lease's calls as the docs give them fit the device tool. The lease itself on the
 
 import argparse
 import json
+import os
 import re
+import signal
 import subprocess
 import sys
 
@@ -273,6 +275,51 @@ def test_plain_trl_trains_with_every_k_th_layer_checkpointed(tmp_path, monkeypat
     record = tiny_bench(tmp_path, "trl", trl_settings=json.dumps(settings))
     assert record["steps"] == 2 and record["checkpointed_layers"] == [0], record
     assert {k: record[k] for k in settings} == settings
+
+
+def test_the_think_recipe_piece_keeps_the_steps_it_logged_when_cut_off(tmp_path, monkeypatch):
+    """A lease kills the think-recipe piece at its limit (lease 1's took 221 s of its 240): its JSON must hold what
+    the run logged by then. It was written only when the run ended, so a run cut off in its last step left no step,
+    no speed, no memory. Here the run (a stand-in for train_dpo.py) logs step 1 and hangs, as a slow step 2 would."""
+    import threading
+    import time
+
+    import recipe_steps
+
+    run = (
+        "import json, os, sys, time; run = sys.argv[1]; os.makedirs(run, exist_ok=True);"
+        "open(os.path.join(run, 'pid'), 'w').write(str(os.getpid()));"
+        "step = dict(step=1, loss=0.693, num_tokens=1000, tokens_per_second=250.0, mfu=0.3);"
+        "open(os.path.join(run, 'metrics.jsonl'), 'w').write(json.dumps(step) + '\\n'); time.sleep(60)"
+    )
+    monkeypatch.setattr(
+        recipe_steps, "command", lambda args, folder, model: [sys.executable, "-c", run, str(folder / "run")]
+    )
+    out = tmp_path / "think-recipe.json"
+    argv = ["recipe_steps.py", "--out", str(out), "--model", str(tmp_path / "model"), "--steps", "2", "--tiny"]
+    monkeypatch.setattr(sys, "argv", argv)
+
+    def piece():
+        try:
+            recipe_steps.main()
+        except SystemExit:  # its exit code: the run's
+            pass
+
+    thread = threading.Thread(target=piece, daemon=True)
+    thread.start()
+    pid_file, deadline = tmp_path / "think-recipe" / "run" / "pid", time.time() + 20
+    try:
+        while not out.exists() and time.time() < deadline:
+            time.sleep(0.1)
+        assert out.exists(), "nothing written while the run was going"
+        record = json.loads(out.read_text())
+        assert record["exit_code"] is None and record["final_model"].startswith("not yet"), record
+        assert [s["step"] for s in record["steps"]] == [1] and record["first_step_s"] == 4.0, record
+    finally:
+        if pid_file.exists():
+            os.killpg(int(pid_file.read_text()), signal.SIGKILL)  # the lease's cut: the run's whole group
+        thread.join(timeout=10)
+    assert json.loads(out.read_text())["exit_code"] == -signal.SIGKILL
 
 
 # --- 4 and 11: the probe piece counts flex's compilations on inductor ---
