@@ -322,6 +322,43 @@ def test_the_think_recipe_piece_keeps_the_steps_it_logged_when_cut_off(tmp_path,
     assert json.loads(out.read_text())["exit_code"] == -signal.SIGKILL
 
 
+def test_an_end_to_end_path_shows_its_output_as_it_runs(tmp_path, monkeypatch, capsys):
+    """On a GPU each path runs in a process of its own. Its output was held in memory until it ended: a lease that
+    cut the e2e piece at its limit brought back no line of the path it was in (how far plain TRL got, a warning, the
+    step it hung in). It goes to the path's log and to the piece's own output (OUT/logs.txt) as it comes."""
+    import threading
+    import time
+
+    import end_to_end
+
+    release = tmp_path / "release"
+    worker = tmp_path / "worker.py"
+    worker.write_text(
+        "import json, os, sys, time\n"
+        "print('step 1 of 3: 41.5 s')\n"
+        f"while not os.path.exists({str(release)!r}):\n"
+        "    time.sleep(0.05)\n"
+        "print('RESULT ' + json.dumps({'path': 'trl', 'data': 'multiturn', 'steps': 3}))\n"
+    )
+    monkeypatch.setattr(end_to_end, "__file__", str(worker))  # the script each path's process runs
+    args = kit_args(model=tmp_path / "model", trl_batch=4, pairs_per_step=None)
+    found = {}
+    thread = threading.Thread(
+        target=lambda: found.update(end_to_end.run_path(args, "trl", "multiturn", tmp_path, None)), daemon=True
+    )
+    thread.start()
+    log, deadline = tmp_path / "multiturn-trl.log", time.time() + 20
+    try:
+        while not (log.exists() and "step 1 of 3" in log.read_text()) and time.time() < deadline:
+            time.sleep(0.05)
+        assert log.exists() and "step 1 of 3" in log.read_text(), "nothing of the path's output while it ran"
+    finally:
+        release.touch()
+        thread.join(timeout=20)
+    assert found == {"path": "trl", "data": "multiturn", "steps": 3}, found
+    assert "multiturn trl: step 1 of 3: 41.5 s" in capsys.readouterr().out
+
+
 # --- 4 and 11: the probe piece counts flex's compilations on inductor ---
 
 
