@@ -708,7 +708,13 @@ def run_path(args, path: str, data: str, folder: Path, trl_settings: dict | None
     with (
         log.open("w") as f,
         subprocess.Popen(
-            [*launch, __file__, *common], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT
+            [*launch, __file__, *common],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            errors="replace",  # a library's stray byte is not worth the path
+            cwd=ROOT,
         ) as process,
     ):
         for line in process.stdout:
