@@ -264,3 +264,24 @@ def test_deepspeed_builds_on_the_cpu_accelerator_as_the_rehearsal_built_it(tmp_p
     result, lines = lease_call(tmp_path / "out", work, "0", "tests", cpu=False, wheels=wheels)
     assert "ds: installed hjsonprobe-0.1-py3-none-any.whl deepspeed-0.1.tar.gz" in result.stdout, result.stdout[-3000:]
     assert (work / "site" / "deepspeed" / "__init__.py").exists() and lines[-1].startswith("RESULT "), lines[-3:]
+
+
+@pytest.mark.slow  # a pytest session over the GPU test files: collecting them imports the stack
+def test_gpu_tests_launch_the_interpreter_itself_not_the_warm_server(tmp_path):
+    """benchmarks/gpu_tests.py (the `tests` and `tests-recipes` pieces): a GPU test's launch gets the interpreter
+    itself. The suite's warm server, started by a session's first launch, imports the whole stack and DeepSpeed to
+    serve `python SCRIPT` launches (~20 s of a lease's device time); the GPU tests launch `python -m ...`, which it
+    hands back to a fresh interpreter, so it served nothing there."""
+    probe = tmp_path / "test_launch_probe.py"
+    probe.write_text(
+        "import pytest\n\n\n@pytest.mark.gpu\ndef test_launch_interpreter():\n"
+        "    from conftest import PYTHON, python\n\n    assert python() == PYTHON\n"
+    )
+    out = tmp_path / "tests.json"
+    config = ["-c", str(ROOT / "pyproject.toml"), "--rootdir", str(ROOT)]
+    cmd = [PYTHON, str(ROOT / "benchmarks" / "gpu_tests.py"), "--out", str(out), "--", *config, str(probe)]
+    env = {k: v for k, v in os.environ.items() if k != "DPOTRAIN_TESTS_COLD"}
+    result = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    tests = json.loads(out.read_text())["tests"]
+    found = [entry for node, entry in tests.items() if node.endswith("::test_launch_interpreter")]
+    assert [e["outcome"] for e in found] == ["passed"], (found, result.stdout[-2000:])
