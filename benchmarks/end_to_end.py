@@ -687,7 +687,7 @@ def run_path(args, path: str, data: str, folder: Path, trl_settings: dict | None
             }
         )
         return worker(worker_args)
-    env = {**os.environ, **env}
+    env = {**os.environ, **env, "PYTHONUNBUFFERED": "1"}
     launch = [sys.executable]
     if args.engine == "zero2":
         launch = [
@@ -701,14 +701,32 @@ def run_path(args, path: str, data: str, folder: Path, trl_settings: dict | None
             "--num_machines",
             "1",
         ]
-    result = subprocess.run(
-        [*launch, __file__, *common], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT
-    )
-    (folder / f"{data}-{path}.log").write_text(result.stdout)
-    lines = [line for line in result.stdout.splitlines() if line.startswith("RESULT ")]
-    if result.returncode or not lines:
-        tail = result.stdout.strip().splitlines()[-1:] or ["no output"]
-        return {"path": path, "data": data, "failed": tail[0][:300], "log": str(folder / f"{data}-{path}.log")}
+    # Its output as it comes, into its log and this process's own (a GPU lease keeps only the latter, and a path cut
+    # off at the lease's limit shows how far it got): never held back until the path ends.
+    log = folder / f"{data}-{path}.log"
+    output = []
+    with (
+        log.open("w") as f,
+        subprocess.Popen(
+            [*launch, __file__, *common],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            errors="replace",  # a library's stray byte is not worth the path
+            cwd=ROOT,
+        ) as process,
+    ):
+        for line in process.stdout:
+            output.append(line)
+            f.write(line)
+            f.flush()
+            if not line.startswith("RESULT "):  # the record is printed by this process once the path is saved
+                print(f"  {data} {path}: {line}", end="", flush=True)
+    lines = [line for line in output if line.startswith("RESULT ")]
+    if process.returncode or not lines:
+        tail = "".join(output).strip().splitlines()[-1:] or ["no output"]
+        return {"path": path, "data": data, "failed": tail[0][:300], "log": str(log)}
     return json.loads(lines[-1][len("RESULT ") :])
 
 

@@ -31,8 +31,8 @@ for wheel in .whl/core/*.whl; do [[ $(basename "$wheel") == peft-* ]] || wheels+
 "$VENV/bin/pip" install -q --no-index --no-deps --no-compile --target "$SITE" "${wheels[@]}"
 if [[ -f .whl/ds/SHA256SUMS ]]; then  # DeepSpeed without its ops, against the image's torch, as lease 3 builds it
   "$VENV/bin/pip" install -q --no-index --no-deps --no-compile --target "$SITE" .whl/ds/*.whl
-  DS_BUILD_OPS=0 "$VENV/bin/pip" install -q --no-index --no-deps --no-compile --no-build-isolation --target "$SITE" \
-    .whl/ds/deepspeed-*.tar.gz
+  DS_BUILD_OPS=0 DS_ACCELERATOR=cpu "$VENV/bin/pip" install -q --no-index --no-deps --no-compile --no-build-isolation \
+    --target "$SITE" .whl/ds/deepspeed-*.tar.gz
 fi
 rm -rf "$OUT"
 GPU_LEASE_CPU=1 GPU_LEASE_WORK="$OUT-work" PYTHON="$VENV/bin/python" PYTHONPATH="$SITE" \

@@ -78,9 +78,13 @@ PY
     local sdist
     for sdist in "$dir"/*.tar.gz; do
       [[ -f $sdist ]] || continue
-      # DeepSpeed without its ops (they JIT-compile with nvcc when first used), against this machine's torch.
-      DS_BUILD_OPS=0 "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --no-build-isolation --upgrade \
-        --target "$SITE" "$sdist" || { note "$set: building $(basename "$sdist") FAILED"; return 1; }
+      # DeepSpeed without its ops (they JIT-compile with nvcc when first used), against this machine's torch. Its
+      # setup.py on the `cuda` accelerator, which it detects wherever torch sees a GPU, asks nvcc for the CUDA version
+      # and fails without the CUDA toolkit: built on the `cpu` accelerator, as the CPU rehearsal builds it (it builds no
+      # op; DeepSpeed detects the GPU when it runs).
+      DS_BUILD_OPS=0 DS_ACCELERATOR=cpu "$PYTHON" -m pip install -q --no-index --no-deps --no-compile \
+        --no-build-isolation --upgrade --target "$SITE" "$sdist" ||
+        { note "$set: building $(basename "$sdist") FAILED"; return 1; }
     done
     cp "$dir/SHA256SUMS" "$WORK/installed/$set"
     note "$set: installed ${wheels[*]##*/} $(ls "$dir"/*.tar.gz 2>/dev/null | xargs -r -n1 basename)"

@@ -7,6 +7,7 @@ rewritten as each test ends, so a run cut off keeps the outcomes it has (benchma
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -69,6 +70,10 @@ def main() -> None:
     parser.add_argument("--out", type=Path, required=True, help="the JSON file to write")
     parser.add_argument("pytest_args", nargs="*", help="after `--`: more pytest arguments (-k ...)")
     args = parser.parse_args()
+    # Every launch fresh: the suite's warm server (tests/helpers/warm.py) imports the whole stack, DeepSpeed included,
+    # once for the many CPU runs of a session; the GPU tests launch a few processes, `python -m` ones, which it does
+    # not serve, so it would spend ~20 s of a lease's device time importing for nothing.
+    os.environ.setdefault("DPOTRAIN_TESTS_COLD", "1")
     outcomes = Outcomes(args.out, args.pytest_args)
     outcomes.save(None)
     code = pytest.main(

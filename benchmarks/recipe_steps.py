@@ -9,8 +9,9 @@ to spend flex's recompile limit), what its first steps cost, its speed and its m
 
 Only what cannot run here is changed: no W&B (report_to none), no checkpoints, max_steps; --tiny also: 8 pairs per
 step, 16 new tokens per sample, the CPU. The final model is not wanted (a 7B-width fp32 model is 6.5 GB and 20-30 s of
-writing): the run is ended as its final save begins, after training has logged every step. The JSON is written when
-the run ends, however it ends.
+writing): the run is ended as its final save begins, after training has logged every step. The JSON is rewritten as
+each step is logged (a run cut off, by the lease's limit, keeps the steps it logged: `exit_code` null) and when the run
+ends, however it ends.
 """
 
 import argparse
@@ -76,7 +77,11 @@ def command(args, folder: Path, model: Path) -> list[str]:
 
 
 def jsonl(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+    """The records of a file the run appends to, read while it runs: a last line not yet ended is not read."""
+    if not path.exists():
+        return []
+    text = path.read_text()
+    return [json.loads(line) for line in text[: text.rfind("\n") + 1].splitlines() if line.strip()]
 
 
 def final_save_began(run: Path) -> bool:
@@ -85,9 +90,10 @@ def final_save_began(run: Path) -> bool:
     return (run / "config.json").exists() or any(run.glob("*.safetensors"))
 
 
-def run_until_final_save(cmd: list[str], env: dict, log: Path, run: Path) -> tuple[int, bool]:
+def run_until_final_save(cmd: list[str], env: dict, log: Path, run: Path, progress=None) -> tuple[int, bool]:
     """The run, its output in `log`, ended (its whole process group) as soon as its final save begins: (exit code,
-    whether it was ended there)."""
+    whether it was ended there). `progress()` is called whenever the run logs a step."""
+    metrics, seen = run / "metrics.jsonl", None
     with log.open("w") as out:
         process = subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
         while process.poll() is None:
@@ -95,12 +101,17 @@ def run_until_final_save(cmd: list[str], env: dict, log: Path, run: Path) -> tup
                 os.killpg(process.pid, signal.SIGKILL)
                 process.wait()
                 return 0, True
+            stamp = metrics.stat().st_mtime_ns if metrics.exists() else None
+            if progress and stamp != seen:
+                seen = stamp
+                progress()
             time.sleep(0.2)
     return process.returncode, False
 
 
-def summary(folder: Path, log: str, code: int, seconds: float, ended_at_save: bool) -> dict:
-    """The run's own records: resolved_config.json (forward, memory plan, layers), metrics.jsonl, samples.jsonl."""
+def summary(folder: Path, log: str, code: int | None, seconds: float, ended_at_save: bool) -> dict:
+    """The run's own records: resolved_config.json (forward, memory plan, layers), metrics.jsonl, samples.jsonl.
+    `code` None: the run is still going (what it has logged so far)."""
     run = folder / "run"
     resolved = json.loads((run / "resolved_config.json").read_text()) if (run / "resolved_config.json").exists() else {}
     derived = resolved.get("derived", resolved)
@@ -120,7 +131,15 @@ def summary(folder: Path, log: str, code: int, seconds: float, ended_at_save: bo
     return {
         "exit_code": code,
         "seconds": round(seconds, 1),
-        "final_model": "not saved (the run was ended as its final save began)" if ended_at_save else "saved",
+        "final_model": (
+            "not saved (the run was ended as its final save began)"
+            if ended_at_save
+            else "not yet (the run is going on)"
+            if code is None
+            else "saved"
+            if code == 0
+            else f"not saved (the run ended with exit {code})"
+        ),
         "forward": (derived.get("forward") or {}).get("layout"),
         "attention": (derived.get("forward") or {}).get("attention"),
         "memory_plan_gib": plan.get("total"),
@@ -165,9 +184,22 @@ def main() -> None:
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "DPOTRAIN_CACHE": str(folder / "cache"), "WANDB_MODE": "disabled"}
     start = time.perf_counter()
     log = folder / "run.log"
-    code, ended = run_until_final_save(command(args, folder, model), env, log, folder / "run")
-    record = summary(folder, log.read_text(), code, time.perf_counter() - start, ended)
-    args.out.write_text(json.dumps(record, indent=2) + "\n")
+
+    def save(code: int | None, ended: bool) -> dict:
+        """The JSON replaced whole (a reader never sees half of it)."""
+        record = summary(folder, log.read_text(), code, time.perf_counter() - start, ended)
+        args.out.with_suffix(".partial").write_text(json.dumps(record, indent=2) + "\n")
+        args.out.with_suffix(".partial").replace(args.out)
+        return record
+
+    def progress() -> None:
+        try:
+            save(None, False)
+        except (OSError, ValueError, KeyError):  # a record being replaced as it was read: the next step reads it
+            pass
+
+    code, ended = run_until_final_save(command(args, folder, model), env, log, folder / "run", progress)
+    record = save(code, ended)
     print(json.dumps({k: v for k, v in record.items() if k not in ("log_tail", "steps")}), flush=True)
     sys.exit(code)
 

@@ -5,7 +5,9 @@ lease's calls as the docs give them fit the device tool. The lease itself on the
 
 import argparse
 import json
+import os
 import re
+import signal
 import subprocess
 import sys
 
@@ -275,6 +277,88 @@ def test_plain_trl_trains_with_every_k_th_layer_checkpointed(tmp_path, monkeypat
     assert {k: record[k] for k in settings} == settings
 
 
+def test_the_think_recipe_piece_keeps_the_steps_it_logged_when_cut_off(tmp_path, monkeypatch):
+    """A lease kills the think-recipe piece at its limit (lease 1's took 221 s of its 240): its JSON must hold what
+    the run logged by then. It was written only when the run ended, so a run cut off in its last step left no step,
+    no speed, no memory. Here the run (a stand-in for train_dpo.py) logs step 1 and hangs, as a slow step 2 would."""
+    import threading
+    import time
+
+    import recipe_steps
+
+    run = (
+        "import json, os, sys, time; run = sys.argv[1]; os.makedirs(run, exist_ok=True);"
+        "open(os.path.join(run, 'pid'), 'w').write(str(os.getpid()));"
+        "step = dict(step=1, loss=0.693, num_tokens=1000, tokens_per_second=250.0, mfu=0.3);"
+        "open(os.path.join(run, 'metrics.jsonl'), 'w').write(json.dumps(step) + '\\n'); time.sleep(60)"
+    )
+    monkeypatch.setattr(
+        recipe_steps, "command", lambda args, folder, model: [sys.executable, "-c", run, str(folder / "run")]
+    )
+    out = tmp_path / "think-recipe.json"
+    argv = ["recipe_steps.py", "--out", str(out), "--model", str(tmp_path / "model"), "--steps", "2", "--tiny"]
+    monkeypatch.setattr(sys, "argv", argv)
+
+    def piece():
+        try:
+            recipe_steps.main()
+        except SystemExit:  # its exit code: the run's
+            pass
+
+    thread = threading.Thread(target=piece, daemon=True)
+    thread.start()
+    pid_file, deadline = tmp_path / "think-recipe" / "run" / "pid", time.time() + 20
+    try:
+        while not out.exists() and time.time() < deadline:
+            time.sleep(0.1)
+        assert out.exists(), "nothing written while the run was going"
+        record = json.loads(out.read_text())
+        assert record["exit_code"] is None and record["final_model"].startswith("not yet"), record
+        assert [s["step"] for s in record["steps"]] == [1] and record["first_step_s"] == 4.0, record
+    finally:
+        if pid_file.exists():
+            os.killpg(int(pid_file.read_text()), signal.SIGKILL)  # the lease's cut: the run's whole group
+        thread.join(timeout=10)
+    assert json.loads(out.read_text())["exit_code"] == -signal.SIGKILL
+
+
+def test_an_end_to_end_path_shows_its_output_as_it_runs(tmp_path, monkeypatch, capsys):
+    """On a GPU each path runs in a process of its own. Its output was held in memory until it ended: a lease that
+    cut the e2e piece at its limit brought back no line of the path it was in (how far plain TRL got, a warning, the
+    step it hung in). It goes to the path's log and to the piece's own output (OUT/logs.txt) as it comes."""
+    import threading
+    import time
+
+    import end_to_end
+
+    release = tmp_path / "release"
+    worker = tmp_path / "worker.py"
+    worker.write_text(
+        "import json, os, sys, time\n"
+        "print('step 1 of 3: 41.5 s')\n"
+        f"while not os.path.exists({str(release)!r}):\n"
+        "    time.sleep(0.05)\n"
+        "print('RESULT ' + json.dumps({'path': 'trl', 'data': 'multiturn', 'steps': 3}))\n"
+    )
+    monkeypatch.setattr(end_to_end, "__file__", str(worker))  # the script each path's process runs
+    args = kit_args(model=tmp_path / "model", trl_batch=4, pairs_per_step=None)
+    found = {}
+    thread = threading.Thread(
+        target=lambda: found.update(end_to_end.run_path(args, "trl", "multiturn", tmp_path, None)), daemon=True
+    )
+    thread.start()
+    log, deadline = tmp_path / "multiturn-trl.log", time.time() + 20
+    try:
+        while not (log.exists() and "step 1 of 3" in log.read_text()) and time.time() < deadline:
+            time.sleep(0.05)
+        assert log.exists() and "step 1 of 3" in log.read_text(), "nothing of the path's output while it ran"
+    finally:
+        release.touch()
+        thread.join(timeout=20)
+    assert found == {"path": "trl", "data": "multiturn", "steps": 3}, found
+    assert "multiturn trl: step 1 of 3: 41.5 s" in capsys.readouterr().out
+
+
 # --- 4 and 11: the probe piece counts flex's compilations on inductor ---
 
 
@@ -339,6 +423,28 @@ def test_the_documented_lease_calls_fit_the_device_tool():
     text = (ROOT / "docs" / "gpu-benchmarks.md").read_text()
     for folder, mib in sizes.items():
         assert f"`.whl/{folder}`" in text and f"{mib} MiB" in text, folder
+
+
+def test_each_documented_call_runs_what_its_lease_table_gives_it():
+    """A lease's table gives each call its seconds (docs/gpu-benchmarks.md): the `run(...)` a session copies must run
+    those pieces, and write the model where the table puts it. Lease 1b's first call was `tests` alone, which needs
+    no model, so none was written: its second call (`profile-think,e2e-multiturn`, budgeted without it) would have
+    spent ~70 s of its 330 writing one, leaving plain TRL's multi-turn run no time to finish."""
+    import gpu_lease
+
+    text = (ROOT / "docs" / "gpu-benchmarks.md").read_text()
+    leases = re.split(r"^### (Lease [^:]+):", text, flags=re.M)[1:]
+    assert len(leases) >= 8, "the docs' leases, each a `### Lease N:` section"
+    for lease, section in zip(leases[::2], leases[1::2], strict=True):
+        rows = re.findall(r"^\| \d+ \| call (\d): ([^\n]*)\|$", section, flags=re.M)
+        commands = re.findall(r"run\(command=\"bash benchmarks/gpu_lease\.sh \$OUT \d+ ([\w,-]+)\"", section)
+        assert rows and len(rows) == len(commands), (lease, rows, commands)
+        for (call, row), pieces in zip(rows, commands, strict=True):
+            named = pieces.split(",")
+            runs = set(named) | ({"model"} if any(gpu_lease.NAMED[n].needs_model for n in named) else set())
+            given = {n for n in re.findall(r"`([\w-]+)`", row) if n in gpu_lease.NAMED}
+            given |= {"model"} if re.search(r"\bmodel \d+", row) else set()
+            assert given <= runs, f"{lease}, call {call}: the table gives it {sorted(given)}, the command runs {pieces}"
 
 
 def test_the_kit_runs_python3_and_pip_never_byte_compiles():

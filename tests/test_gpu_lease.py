@@ -222,3 +222,66 @@ def test_a_damaged_part_fails_the_check_and_installs_nothing(tmp_path):
     result, lines = lease_call(tmp_path / "out", work, "0", "tests", cpu=False, wheels=wheels)
     assert "fa4: FAILED its sha256 check after the join" in result.stdout, result.stdout[-2000:]
     assert not (work / "site" / "kitkernel").exists() and lines[-1].startswith("RESULT ")
+
+
+def deepspeed_sdist(folder) -> str:
+    """A source distribution standing in for DeepSpeed's: its setup.py does what DeepSpeed's does on the lent
+    machine, whose torch sees a GPU: the accelerator detected is `cuda` (unless DS_ACCELERATOR names one), and with
+    it setup.py asks nvcc for the CUDA version (`installed_cuda_version()`, for its cupy extra), which a machine
+    without the CUDA toolkit fails (MissingCUDAException: "CUDA_HOME does not exist")."""
+    import io
+    import tarfile
+
+    setup = (
+        "import os\n"
+        "from setuptools import setup\n"
+        "if os.environ.get('DS_ACCELERATOR', 'cuda') == 'cuda':\n"
+        "    raise SystemExit('MissingCUDAException: CUDA_HOME does not exist, unable to compile CUDA op(s)')\n"
+        "setup(name='deepspeed', version='0.1', packages=['deepspeed'])\n"
+    )
+    name = "deepspeed-0.1.tar.gz"
+    with tarfile.open(folder / name, "w:gz") as tar:
+        for path, text in (("setup.py", setup), ("deepspeed/__init__.py", "__version__ = '0.1'\n")):
+            data = text.encode()
+            info = tarfile.TarInfo(f"deepspeed-0.1/{path}")
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return name
+
+
+@pytest.mark.slow  # pip builds a source distribution
+def test_deepspeed_builds_on_the_cpu_accelerator_as_the_rehearsal_built_it(tmp_path):
+    """Lease 3 carries DeepSpeed's source distribution and builds it on the lent machine. There its torch sees a GPU,
+    so DeepSpeed's setup.py takes the `cuda` accelerator and runs nvcc, which the image (a Python with pip's torch)
+    need not have: the build failed there, where the CPU rehearsal (gpu_image_trial.sh: the `cpu` accelerator) built
+    it. The build takes the `cpu` accelerator on both (no op is built: DS_BUILD_OPS=0; DeepSpeed detects the GPU
+    when it runs)."""
+    wheels, work = tmp_path / "whl", tmp_path / "work"
+    ds = wheels / "ds"
+    ds.mkdir(parents=True)
+    names = [wheel(ds, "hjsonprobe"), deepspeed_sdist(ds)]
+    (ds / "SHA256SUMS").write_text(sums(ds, names))
+    result, lines = lease_call(tmp_path / "out", work, "0", "tests", cpu=False, wheels=wheels)
+    assert "ds: installed hjsonprobe-0.1-py3-none-any.whl deepspeed-0.1.tar.gz" in result.stdout, result.stdout[-3000:]
+    assert (work / "site" / "deepspeed" / "__init__.py").exists() and lines[-1].startswith("RESULT "), lines[-3:]
+
+
+@pytest.mark.slow  # a pytest session over the GPU test files: collecting them imports the stack
+def test_gpu_tests_launch_the_interpreter_itself_not_the_warm_server(tmp_path):
+    """benchmarks/gpu_tests.py (the `tests` and `tests-recipes` pieces): a GPU test's launch gets the interpreter
+    itself. The suite's warm server, started by a session's first launch, imports the whole stack and DeepSpeed to
+    serve `python SCRIPT` launches (~20 s of a lease's device time); the GPU tests launch `python -m ...`, which it
+    hands back to a fresh interpreter, so it served nothing there."""
+    probe = tmp_path / "test_launch_probe.py"
+    probe.write_text(
+        "import pytest\n\n\n@pytest.mark.gpu\ndef test_launch_interpreter():\n"
+        "    from conftest import PYTHON, python\n\n    assert python() == PYTHON\n"
+    )
+    out = tmp_path / "tests.json"
+    config = ["-c", str(ROOT / "pyproject.toml"), "--rootdir", str(ROOT)]
+    cmd = [PYTHON, str(ROOT / "benchmarks" / "gpu_tests.py"), "--out", str(out), "--", *config, str(probe)]
+    env = {k: v for k, v in os.environ.items() if k != "DPOTRAIN_TESTS_COLD"}
+    result = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    tests = json.loads(out.read_text())["tests"]
+    found = [entry for node, entry in tests.items() if node.endswith("::test_launch_interpreter")]
+    assert [e["outcome"] for e in found] == ["passed"], (found, result.stdout[-2000:])
