@@ -557,6 +557,7 @@ def test_empty_and_malformed_jsonl(tmp_path, monkeypatch, capsys):
         ('{"text": "Tell me about tides."}\n', 1),  # no `prompt`: a KeyError traceback once the data had loaded
         ('{"prompt": "Hi"}\nWhat is 2 plus 2?\n', 2),  # a plain line: a JSONDecodeError traceback
         ('{"prompt": [{"role": "user", "content": "Hi"}]}\n', 1),  # messages, not the documented string
+        ('{"prompt": "Hi"}\n\n{"text": "Hi"}\n', 3),  # the file's line: blank lines were not counted (line 2)
     ],
 )
 def test_a_sample_prompts_file_line_without_a_prompt_string(text, line, tmp_path, monkeypatch, capsys):

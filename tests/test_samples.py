@@ -175,3 +175,18 @@ def test_samples_reach_wandb_as_a_table(tmp_path, tiny_model_dir):
     table = json.loads(tables[0].read_text())
     assert table["columns"] == ["step", "prompt_index", "prompt", "completion", "repetition"]
     assert [row[:2] for row in table["data"]] == [[0, 0], [0, 1]]
+
+
+def test_a_sample_prompts_file_is_read_as_its_editor_wrote_it(tmp_path):
+    """A byte-order mark (Notepad's "UTF-8 with BOM", PowerShell's utf8) was the first prompt's first character in a
+    .txt file and refused a .jsonl file's first line as no JSON; a JSON string holding U+2028 as it is (json.dumps
+    with ensure_ascii=False writes it so) was cut in two lines, each refused."""
+    from dpotrain.train.samples import file_prompts
+
+    text = tmp_path / "prompts.txt"
+    text.write_bytes("\ufeffBonjour\r\nHi\r\n".encode())
+    assert file_prompts(str(text)) == ["Bonjour", "Hi"]
+    lines = tmp_path / "prompts.jsonl"
+    rows = [{"prompt": "Bonjour"}, {"prompt": "Line one\u2028line two\x85end"}]
+    lines.write_bytes(("\ufeff" + "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)).encode())
+    assert file_prompts(str(lines)) == ["Bonjour", "Line one\u2028line two\x85end"]
