@@ -491,6 +491,16 @@ def test_steps_are_counted_on_the_pairs_training_keeps(tmp_path, capsys):
         ),
         # the health guards judge logged steps: past step 1 nothing was logged, so a NaN loss trained on to the end
         (["--logging_strategy", "no", "--dry-run"], "logging_strategy no leaves the health guards"),
+        # transformers' fraction of the run, rounded up: ceil(48 x -0.01) = 0 ended step 1 in a ZeroDivisionError once
+        # the model had loaded and the reference was scored; -1 logged (evaluated) at multiples of -max_steps alone
+        (["--logging_steps", "-0.01", "--dry-run"], "logging_steps=-0.01 is below 0: give a number of steps"),
+        (
+            [
+                *("--dataset_mixer_eval_list", "data/smoke_prefs.jsonl", "20", "--eval_strategy", "steps"),
+                *("--eval_steps", "-1", "--dry-run"),
+            ],
+            "eval_steps=-1 is below 0: give a number of steps",
+        ),
         # the final model was the best checkpoint's (step 2 of 6) while the card and run_complete.json said step 6
         (
             [
