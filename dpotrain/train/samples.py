@@ -208,8 +208,15 @@ class SampleGenerator(TrainerCallback):
                 columns = ["step", "prompt_index", "prompt", "completion", "repetition"]
                 table = wandb.Table(columns=columns, data=[[r[c] for c in columns] for r in records])
                 worst = max(r["repetition"] for r in records)
-                # commit=False: goes out with the Trainer's next log, at the same W&B step
-                wandb.log({"samples": table, "samples/max_repetition": worst}, commit=False)
+                # At the W&B step of the step sampled (tracking.WandbStepIsGlobalStep): without a step W&B adds them to
+                # its current row, the last logged step's, since samples come before the Trainer logs their step.
+                # Not committed: the Trainer's log of the same step joins that row.
+                step = state.global_step
+                wandb.log(
+                    {"samples": table, "samples/max_repetition": worst, "train/global_step": step},
+                    step=step,
+                    commit=False,
+                )
 
 
 @contextlib.contextmanager
