@@ -328,12 +328,22 @@ def check_weights(model: str) -> None:
 def check_logging(recipe: Recipe) -> None:
     """The health guards judge logged steps: with logging_strategy no they would see step 1 alone (a NaN loss after it
     would train on to a finished run)."""
-    if recipe.training.logging_strategy == "no" and recipe.project.health_checks:
+    t = recipe.training
+    if t.logging_strategy == "no" and recipe.project.health_checks:
         raise ConfigError(
             "logging_strategy no leaves the health guards (a NaN loss included), metrics.jsonl and W&B nothing past "
             "step 1: remove it (log less often with --logging_steps N), or turn the guards off with "
             "--health_checks false"
         )
+    # transformers reads a value below 1 as a fraction of the run, rounded up: a negative one logged (evaluated) at
+    # multiples of -max_steps, or at a ZeroDivisionError after step 1 once the model had loaded (-0.01 of 48 steps is 0)
+    for name, strategy in (("logging_steps", t.logging_strategy), ("eval_steps", t.eval_strategy)):
+        value = getattr(t, name)
+        if strategy == "steps" and value is not None and value < 0:
+            raise ConfigError(
+                f"{name}={value:g} is below 0: give a number of steps (the recipes log every step) or a fraction of "
+                "the run (0.1)"
+            )
 
 
 def check_precision(recipe: Recipe) -> None:

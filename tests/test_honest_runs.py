@@ -210,12 +210,18 @@ def test_held_out_split_is_evaluated_and_overwrite_keeps_offline_wandb_runs(tmp_
 
 
 def wandb_history_steps(run_file) -> list[int]:
-    """The `_step` of each history row of an offline W&B run file (LevelDB log blocks of protobuf records)."""
+    """The `_step` of each history row of an offline W&B run file."""
+    return [step for step, _ in wandb_history(run_file)]
+
+
+def wandb_history(run_file) -> list[tuple[int, dict]]:
+    """Each history row of an offline W&B run file (LevelDB log blocks of protobuf records): its `_step` and its
+    values by key, as JSON text."""
     import struct
 
     from wandb.proto import wandb_internal_pb2
 
-    data, pos, steps, pending = run_file.read_bytes(), 7, [], b""  # after the 7-byte ":W&B" header
+    data, pos, rows, pending = run_file.read_bytes(), 7, [], b""  # after the 7-byte ":W&B" header
     while pos + 7 <= len(data):
         if 32768 - pos % 32768 < 7:  # a block's tail too short for a record header is padding
             pos += 32768 - pos % 32768
@@ -229,8 +235,9 @@ def wandb_history_steps(run_file) -> list[int]:
             record = wandb_internal_pb2.Record()
             record.ParseFromString(pending)
             if record.WhichOneof("record_type") == "history":
-                steps.append(record.history.step.num)
-    return steps
+                values = {item.key or "/".join(item.nested_key): item.value_json for item in record.history.item}
+                rows.append((record.history.step.num, values))
+    return rows
 
 
 @pytest.mark.slow

@@ -491,6 +491,16 @@ def test_steps_are_counted_on_the_pairs_training_keeps(tmp_path, capsys):
         ),
         # the health guards judge logged steps: past step 1 nothing was logged, so a NaN loss trained on to the end
         (["--logging_strategy", "no", "--dry-run"], "logging_strategy no leaves the health guards"),
+        # transformers' fraction of the run, rounded up: ceil(48 x -0.01) = 0 ended step 1 in a ZeroDivisionError once
+        # the model had loaded and the reference was scored; -1 logged (evaluated) at multiples of -max_steps alone
+        (["--logging_steps", "-0.01", "--dry-run"], "logging_steps=-0.01 is below 0: give a number of steps"),
+        (
+            [
+                *("--dataset_mixer_eval_list", "data/smoke_prefs.jsonl", "20", "--eval_strategy", "steps"),
+                *("--eval_steps", "-1", "--dry-run"),
+            ],
+            "eval_steps=-1 is below 0: give a number of steps",
+        ),
         # the final model was the best checkpoint's (step 2 of 6) while the card and run_complete.json said step 6
         (
             [
@@ -557,6 +567,7 @@ def test_empty_and_malformed_jsonl(tmp_path, monkeypatch, capsys):
         ('{"text": "Tell me about tides."}\n', 1),  # no `prompt`: a KeyError traceback once the data had loaded
         ('{"prompt": "Hi"}\nWhat is 2 plus 2?\n', 2),  # a plain line: a JSONDecodeError traceback
         ('{"prompt": [{"role": "user", "content": "Hi"}]}\n', 1),  # messages, not the documented string
+        ('{"prompt": "Hi"}\n\n{"text": "Hi"}\n', 3),  # the file's line: blank lines were not counted (line 2)
     ],
 )
 def test_a_sample_prompts_file_line_without_a_prompt_string(text, line, tmp_path, monkeypatch, capsys):

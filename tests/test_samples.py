@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import pytest
+from test_honest_runs import wandb_history
 
 from conftest import ROOT, built, python, rank_python, ready
 from dpotrain.data import data
@@ -175,3 +176,48 @@ def test_samples_reach_wandb_as_a_table(tmp_path, tiny_model_dir):
     table = json.loads(tables[0].read_text())
     assert table["columns"] == ["step", "prompt_index", "prompt", "completion", "repetition"]
     assert [row[:2] for row in table["data"]] == [[0, 0], [0, 1]]
+    # In the W&B row of the step sampled, beside that step's training log: step 2's went into step 1's row
+    [run_file] = out.glob("wandb/offline-run-*/run-*.wandb")
+    rows = [(step, values) for step, values in wandb_history(run_file) if "samples/_type" in values]  # the table
+    assert [step for step, _ in rows] == [0, 2], rows
+    assert [json.loads(values["train/global_step"]) for _, values in rows] == [0, 2]
+    assert "train/loss" in rows[1][1]
+
+
+def test_samples_go_to_the_wandb_row_of_the_step_sampled(tmp_path, monkeypatch):
+    """W&B puts data logged without a step into its current row: the last step the Trainer logged, since a step's
+    samples are generated before the Trainer logs that step (samples at step 4 showed at step 2 with logging_steps 2,
+    or at any earlier step that was logged). They carry the step sampled, as the Trainer's own logs do."""
+    from types import SimpleNamespace
+
+    from dpotrain.train.samples import SampleGenerator
+
+    logged = []
+    wandb = SimpleNamespace(
+        run=object(),
+        Table=lambda columns, data: ("table", columns, data),
+        log=lambda data, step=None, commit=None: logged.append((data, step, commit)),
+    )
+    monkeypatch.setitem(sys.modules, "wandb", wandb)
+    record = {"step": 4, "prompt_index": 0, "prompt": "Hi", "completion": "Hello.", **repetition("Hello.")}
+    generator = SampleGenerator([[1]], None, every=4, max_new_tokens=4, warn_at=0.5)
+    generator._write(SimpleNamespace(output_dir=str(tmp_path)), SimpleNamespace(global_step=4), [record])
+    [(data, step, commit)] = logged
+    assert step == 4 and data["train/global_step"] == 4  # the x axis the Trainer's logs are charted on
+    assert not commit  # the Trainer's log of the same step joins the row
+    assert json.loads((tmp_path / SAMPLES_FILE).read_text())["step"] == 4
+
+
+def test_a_sample_prompts_file_is_read_as_its_editor_wrote_it(tmp_path):
+    """A byte-order mark (Notepad's "UTF-8 with BOM", PowerShell's utf8) was the first prompt's first character in a
+    .txt file and refused a .jsonl file's first line as no JSON; a JSON string holding U+2028 as it is (json.dumps
+    with ensure_ascii=False writes it so) was cut in two lines, each refused."""
+    from dpotrain.train.samples import file_prompts
+
+    text = tmp_path / "prompts.txt"
+    text.write_bytes("\ufeffBonjour\r\nHi\r\n".encode())
+    assert file_prompts(str(text)) == ["Bonjour", "Hi"]
+    lines = tmp_path / "prompts.jsonl"
+    rows = [{"prompt": "Bonjour"}, {"prompt": "Line one\u2028line two\x85end"}]
+    lines.write_bytes(("\ufeff" + "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)).encode())
+    assert file_prompts(str(lines)) == ["Bonjour", "Line one\u2028line two\x85end"]

@@ -50,15 +50,19 @@ def check_values(project) -> None:
 def file_prompts(path: str) -> list[str]:
     """The prompts of a `sample_prompts_file`: a .txt file's non-empty lines, a .jsonl file's `prompt` strings."""
     try:
-        lines = [line for line in Path(path).read_text(encoding="utf-8").splitlines() if line.strip()]
+        # utf-8-sig: a byte-order mark (Windows editors, PowerShell write one) is not the first prompt's first character
+        text = Path(path).read_text(encoding="utf-8-sig")
     except (OSError, UnicodeDecodeError) as e:
         raise ConfigError(f"sample_prompts_file {path!r} cannot be read ({e}): give a UTF-8 text file") from None
+    # Lines end at "\n" alone, as JSON Lines (and datasets) have them: str.splitlines also cuts at U+2028, U+0085 and
+    # others, which a JSON string may hold as they are. Numbered as in the file, blank lines included.
+    lines = [(number, line.rstrip("\r")) for number, line in enumerate(text.split("\n"), 1) if line.strip()]
     if not lines:  # else the data set's first prompts would be sampled instead, without a word
         raise ConfigError(f"sample_prompts_file {path!r} holds no prompt: write one per line, or remove it")
     if Path(path).suffix != ".jsonl":
-        return lines
+        return [line for _, line in lines]
     prompts = []
-    for number, line in enumerate(lines, 1):
+    for number, line in lines:
         try:
             prompt = json.loads(line).get("prompt")
         except (ValueError, AttributeError):
@@ -204,8 +208,15 @@ class SampleGenerator(TrainerCallback):
                 columns = ["step", "prompt_index", "prompt", "completion", "repetition"]
                 table = wandb.Table(columns=columns, data=[[r[c] for c in columns] for r in records])
                 worst = max(r["repetition"] for r in records)
-                # commit=False: goes out with the Trainer's next log, at the same W&B step
-                wandb.log({"samples": table, "samples/max_repetition": worst}, commit=False)
+                # At the W&B step of the step sampled (tracking.WandbStepIsGlobalStep): without a step W&B adds them to
+                # its current row, the last logged step's, since samples come before the Trainer logs their step.
+                # Not committed: the Trainer's log of the same step joins that row.
+                step = state.global_step
+                wandb.log(
+                    {"samples": table, "samples/max_repetition": worst, "train/global_step": step},
+                    step=step,
+                    commit=False,
+                )
 
 
 @contextlib.contextmanager
