@@ -390,7 +390,7 @@ def hub_downloads(
 
 def fetch_remedy(tokenizer: str, dataset: str, subset: str | None, recipe_path: str | None, args) -> str:
     """What to do where the Hub's files are out of reach: local files, or the cache filled elsewhere."""
-    command = ["python", "scripts/prefetch.py", *(["--config", recipe_path] if recipe_path else [])]
+    command = ["python", venv.project_file("scripts/prefetch.py"), *(["--config", recipe_path] if recipe_path else [])]
     if offline.is_hub_model(tokenizer):
         command += ["--model_name_or_path", tokenizer]
     if offline.is_hub_dataset(dataset):

@@ -267,6 +267,44 @@ def test_the_prefetch_command_a_dry_run_prints_for_a_model_not_cached_runs_as_pr
     assert ended.value.code == 2 and "the cache lacks: model 'org/my-sft-model'" in err, err
 
 
+def test_the_commands_a_run_prints_name_the_projects_scripts_from_the_folder_it_ran_in(tmp_path, monkeypatch):
+    """`python ~/dpotrain/train_dpo.py --config ~/dpotrain/configs/think.yaml --output_dir runs/a` started in another
+    folder printed `python scripts/prefetch.py --config /home/.../think.yaml` (the analyzer's, push_to_hub.py's, a
+    memory refusal's dry run alike): typed back there, python found no such script; in the project, the run's own
+    relative paths were not there. Each names the script as a command typed where the run started does."""
+    import argparse
+    import shlex
+    from pathlib import Path
+
+    from dpotrain import stages
+    from dpotrain.cluster import offline
+    from dpotrain.hub import hub_push
+    from dpotrain.plan.memory_advice import Option
+    from dpotrain.recipe.config import parse_args
+
+    recipe = parse_args(
+        ["--config", THINK, "--model_name_or_path", "org/sft", "--dataset_name", "org/pairs", "--dry-run"]
+    )
+    zero3 = Option((), (), "zero3", "configs/accelerate/zero3.yaml", 8, 2, 4, 60.0, True, None)
+    analyze_dataset, no_revision = analyzer(), argparse.Namespace(revision=None)
+    printed = lambda: [  # noqa: E731
+        stages.analyze_command(recipe),
+        offline.prefetch_command(recipe),
+        hub_push.push_command("runs/a", "--checkpoints"),
+        analyze_dataset.fetch_remedy("org/sft", "org/pairs", None, THINK, no_revision).split("`")[1],
+        zero3.dry_run_line(("--config", THINK)),
+    ]
+    for folder in (tmp_path, ROOT):  # elsewhere, and the project (a Slurm job runs there): as it was
+        monkeypatch.chdir(folder)
+        for command in printed():
+            words = [w for w in shlex.split(command) if "=" not in w]  # past WORLD_SIZE=8 and the like
+            script = Path(words[1])
+            assert script.is_file() and script.resolve().parent in (ROOT, ROOT / "scripts"), (folder, command)
+            assert folder != ROOT or not script.is_absolute(), command
+            if "--accelerate_config" in words:  # a shipped engine's config, read by this dry run where it is typed
+                assert Path(words[words.index("--accelerate_config") + 1]).is_file(), command
+
+
 # --- 13: batch flags that change the recipe's pairs per step are said where people look -------------------------------
 
 
