@@ -679,6 +679,26 @@ def test_cli_run_is_reused_by_a_dry_run(cli, tokenizer, tmp_path, tiny_model_dir
     )
 
 
+def test_the_analysis_is_found_by_its_model_folder_however_the_folder_is_named(
+    cli, tmp_path, tiny_model_dir, monkeypatch
+):
+    """`analyze_dataset.py --tokenizer sft/` (a shell's completion), then a run with `max_length: auto` and
+    `model_name_or_path: sft`, or the folder made absolute (a Slurm job does so with a relative command-line path) or
+    reached through a link: the cache was keyed by the tokenizer's name as typed, so the run measured every pair again
+    and its dry run did not show the analysis. The reference cache's key names the model the same way."""
+    from dpotrain.data import model_identity
+
+    path = write_jsonl(tmp_path / "d.jsonl", _messages_rows())
+    (tmp_path / "sft").symlink_to(tiny_model_dir)
+    monkeypatch.chdir(tmp_path)
+    assert cli.main([path, "--tokenizer", "sft/", "--num-proc", "1"]) == 0
+    for name in ("sft", "./sft", str(tmp_path / "sft"), tiny_model_dir, f"{tiny_model_dir}/"):
+        found = cached_choice(lengths.dataset_identity(path), lengths.load_tokenizer(name))
+        assert found is not None and found["cached"] is True, name
+        assert model_identity.cache_name(name) == os.path.realpath(tiny_model_dir), name
+    assert model_identity.cache_name("org/model") == "org/model"  # a Hub name as written
+
+
 # --- the command line, end to end ------------------------------------------------------------------------------------
 
 
