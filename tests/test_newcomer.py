@@ -599,6 +599,26 @@ def test_the_analyzers_price_and_its_rationale_speak_one_unit():
     ), text
 
 
+def test_a_recipes_own_paths_not_in_the_folder_run_in_are_the_projects(tmp_path, monkeypatch, capsys):
+    """`python ~/dpotrain/train_dpo.py --config ~/dpotrain/configs/smoke.yaml` run in another folder was refused
+    ("dataset 'data/smoke_prefs.jsonl' does not exist (looked in ...)"), and the analyzer's own choice of think.yaml
+    for Dolci-Think refused its chat template, configs/templates/olmo_thinker.jinja: a recipe names the project's
+    files as a job reads them, in the project folder. A file found where the command runs, and the command line's
+    paths, stay the folder's."""
+    from dpotrain.recipe.config import parse_args
+
+    monkeypatch.chdir(tmp_path)
+    out = dry_run(capsys, "--config", SMOKE, "--output_dir", str(tmp_path / "run"))
+    assert f"  data:          {ROOT / 'data' / 'smoke_prefs.jsonl'} (split train): 384 rows" in out, out
+    think = parse_args(["--config", THINK, "--dry-run"]).project.chat_template_path
+    assert think == str(ROOT / "configs" / "templates" / "olmo_thinker.jinja")
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "smoke_prefs.jsonl").write_text("")  # a file of that name here: this folder's
+    assert parse_args(["--config", SMOKE, "--dry-run"]).script.dataset_name == "data/smoke_prefs.jsonl"
+    given = ["--chat_template_path", "configs/templates/olmo_thinker.jinja", "--dry-run"]
+    assert parse_args(["--config", THINK, *given]).project.chat_template_path == given[1]
+
+
 def test_a_relative_dataset_name_of_a_slurm_job_is_where_the_user_submitted_and_a_miss_says_where_it_looked(
     tmp_path, capsys, monkeypatch
 ):

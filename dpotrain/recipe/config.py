@@ -17,7 +17,7 @@ import sys
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
-from dpotrain.recipe import recipe_file, upstream, usage, writes
+from dpotrain.recipe import recipe_file, upstream, usage, venv, writes
 from dpotrain.recipe.cli import FALSE, TRUE
 from dpotrain.recipe.errors import ConfigError
 
@@ -435,6 +435,7 @@ def parse_args(argv: list[str] | None = None) -> Recipe:
     given = fields_set(tokens)
     _project_defaults(training, model, given)
     replaced = _command_line_batch_wins(training, project, on_command_line)
+    _project_files({"script": script, "model": model, "project": project}, given - on_command_line)
     if "dataset_name" in on_command_line and (there := _in_submit_dir(script.dataset_name)) and there.exists():
         script.dataset_name = str(there)
     # The model folder likewise: where a Slurm job was submitted from; and `~` expanded, which the checks read but
@@ -468,6 +469,32 @@ def _project_defaults(training, model, given: set[str]) -> None:
         # TRL's disable_dropout (on by default) sets every dropout to 0 once PEFT has wrapped the model, the adapter's
         # too: the adapter trains without dropout, and the record, the card and adapter_config.json say so (not 0.05)
         model.lora_dropout = 0.0
+
+
+# The files a recipe may name by a path relative to the project (the shipped ones do: data/smoke_prefs.jsonl,
+# configs/templates/olmo_thinker.jinja), each as (part, field).
+RECIPE_PATHS = (
+    ("script", "dataset_name"),
+    ("model", "model_name_or_path"),
+    ("project", "chat_template_path"),
+    ("project", "sample_prompts_file"),
+    ("project", "accelerate_config"),
+)
+
+
+def _project_files(parts: dict, from_recipe: set[str]) -> None:
+    """A recipe's own relative path that is not in the folder the command runs in, but is in the project, is the
+    project's file: a job reads a recipe in the project folder (scripts/launch.sh runs there), and run from another
+    folder (`python ~/dpotrain/train_dpo.py --config ~/dpotrain/configs/smoke.yaml`, or the analyzer's own choice of
+    think.yaml for a data set) those files were refused as missing. A path found where the command runs is read
+    there, as before; the command line's are the user's."""
+    for part, name in RECIPE_PATHS:
+        value = getattr(parts[part], name)
+        if name not in from_recipe or not isinstance(value, str) or not value:
+            continue
+        path = Path(value).expanduser()
+        if not path.is_absolute() and not path.exists() and (venv.ROOT / path).exists():
+            setattr(parts[part], name, str(venv.ROOT / path))
 
 
 def _take_config(argv: list[str]) -> tuple[str | None, list[str]]:
