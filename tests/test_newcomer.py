@@ -673,6 +673,35 @@ def test_a_relative_or_home_model_folder_is_the_users_folder(tmp_path, capsys, m
     assert lengths.recipe_tokenizer(recipe).chat_template  # as the run loads it
 
 
+def test_a_home_path_the_shell_did_not_expand_is_the_home_folders(tmp_path, monkeypatch):
+    """`~` in a recipe's value, or after `--flag=` (where a shell expands none): `--config=~/my.yaml` was 'recipe not
+    found: pass one of configs/*.yaml', and `sample_prompts_file: ~/prompts.txt`, `accelerate_config: ~/accel.yaml`
+    were refused as missing, while dataset_name and model_name_or_path read the same spelling as the home folder's."""
+    from dpotrain.recipe.config import parse_args
+
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "prompts.txt").write_text("Name a colour.\n")
+    (home / "accel.yaml").write_text((ROOT / "accelerate_config.yaml").read_text())
+    recipe = home / "my.yaml"
+    recipe.write_text(
+        (ROOT / "configs" / "smoke.yaml")
+        .read_text()
+        .replace("accelerate_config: none", "accelerate_config: ~/accel.yaml")
+        + "sample_prompts_file: ~/prompts.txt\n"
+    )
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    read = parse_args(["--config=~/my.yaml", "--dry-run", "--resume_from_checkpoint=~/run/checkpoint-2"])
+    assert read.config_path == str(recipe)
+    assert read.project.sample_prompts_file == str(home / "prompts.txt")
+    assert read.project.accelerate_config == str(home / "accel.yaml")
+    assert read.training.resume_from_checkpoint == str(home / "run" / "checkpoint-2")
+    from dpotrain import resolve
+
+    assert resolve.world_size(read, planning=True)[0] == 4  # the home folder's accelerate config, read
+
+
 @pytest.mark.parametrize("spelling", [["--dry_run=true"], ["--dry_run", "true"], ["--dry-run=True"], ["--dry_run"]])
 def test_one_dry_run_flag_however_it_is_spelled(spelling, capsys, no_credentials):
     """A bf16 recipe on a machine without a GPU: every spelling plans, none meets transformers' bf16/GPU check."""

@@ -435,13 +435,12 @@ def parse_args(argv: list[str] | None = None) -> Recipe:
     given = fields_set(tokens)
     _project_defaults(training, model, given)
     replaced = _command_line_batch_wins(training, project, on_command_line)
-    _project_files({"script": script, "model": model, "project": project}, given - on_command_line)
+    parts = {"script": script, "model": model, "project": project, "training": training}
+    _home_expanded(parts)
+    _project_files(parts, given - on_command_line)
     if "dataset_name" in on_command_line and (there := _in_submit_dir(script.dataset_name)) and there.exists():
         script.dataset_name = str(there)
-    # The model folder likewise: where a Slurm job was submitted from; and `~` expanded, which the checks read but
-    # transformers does not (it takes `~/my-sft` for a malformed Hub name).
-    if (name := model.model_name_or_path) and name.startswith("~"):
-        model.model_name_or_path = os.path.expanduser(name)
+    # The model folder likewise: where a Slurm job was submitted from.
     there = _in_submit_dir(model.model_name_or_path) if "model_name_or_path" in on_command_line else None
     if there is not None and there.is_dir():
         model.model_name_or_path = str(there)
@@ -482,6 +481,16 @@ RECIPE_PATHS = (
 )
 
 
+def _home_expanded(parts: dict) -> None:
+    """`~` in a path the shell did not expand (a recipe's value, `--sample_prompts_file=~/p.txt`): the checks and the
+    libraries read these paths as written, and only some expanded it (sample_prompts_file, accelerate_config and
+    resume_from_checkpoint were refused as missing; transformers takes `~/my-sft` for a malformed Hub name)."""
+    for part, name in (*RECIPE_PATHS, ("training", "resume_from_checkpoint")):
+        value = getattr(parts[part], name)
+        if isinstance(value, str) and value.startswith("~"):
+            setattr(parts[part], name, os.path.expanduser(value))
+
+
 def _project_files(parts: dict, from_recipe: set[str]) -> None:
     """A recipe's own relative path that is not in the folder the command runs in, but is in the project, is the
     project's file: a job reads a recipe in the project folder (scripts/launch.sh runs there), and run from another
@@ -505,6 +514,7 @@ def _take_config(argv: list[str]) -> tuple[str | None, list[str]]:
         return None, argv
     i = at[0]
     path = argv[i].partition("=")[2] if "=" in argv[i] else (argv[i + 1] if i + 1 < len(argv) else "")
+    path = os.path.expanduser(path)  # `--config=~/my.yaml`: the shell expands no `~` after `=`
     if not path or path.startswith("--"):
         raise ConfigError("--config needs a path, e.g. --config configs/think.yaml")
     if len(at) > 1:
