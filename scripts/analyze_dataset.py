@@ -104,8 +104,9 @@ def parse_args(argv=None) -> argparse.Namespace:
         help="GPU memory to plan each max_length for, with the recipe's "
         "model, engine and processes (README: Long traces) [the recipe's gpu_memory_gib]",
     )
-    p.add_argument("--json", help="write the report as JSON here")
-    p.add_argument("--plot", help="write a PNG histogram of total length here")
+    # `~` expanded: after `--json=` a shell leaves it, and the check advised creating a folder named `~` here
+    p.add_argument("--json", type=os.path.expanduser, help="write the report as JSON here")
+    p.add_argument("--plot", type=os.path.expanduser, help="write a PNG histogram of total length here")
     p.add_argument(
         "--skip-invalid",
         nargs="?",

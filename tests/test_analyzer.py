@@ -718,6 +718,25 @@ def test_cli_end_to_end(tmp_path, tiny_model_dir):
     assert done.returncode == 2 and done.stderr.strip().splitlines()[-1].startswith("error: row 1, column 'chosen'")
 
 
+def test_a_report_path_after_an_equals_sign_is_the_home_folders(cli, tmp_path, tiny_model_dir, monkeypatch):
+    """`--json=~/r.json` (a shell expands no `~` after `=`): refused as "folder '<here>/~' does not exist; create it",
+    advice that makes a folder named `~` (which `rm -rf ~` then takes for the home folder). The preflight's alike."""
+    import importlib.util
+
+    home = tmp_path / "home"
+    home.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.chdir(tmp_path)
+    path = write_jsonl(tmp_path / "d.jsonl", _messages_rows())
+    assert cli.main([path, "--tokenizer", tiny_model_dir, "--json=~/r.json", "--num-proc", "1"]) == 0
+    assert json.loads((home / "r.json").read_text())["rows"] == len(_messages_rows()) and not (tmp_path / "~").exists()
+    spec = importlib.util.spec_from_file_location("preflight_script", ROOT / "scripts" / "preflight.py")
+    preflight = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(preflight)
+    own, _ = preflight.parse_own(["--json=~/p.json", "--plot=~/p.png"])
+    assert (own.json, own.plot) == (str(home / "p.json"), str(home / "p.png"))
+
+
 @pytest.mark.parametrize(
     "args, message",
     [
