@@ -673,6 +673,32 @@ def test_a_relative_or_home_model_folder_is_the_users_folder(tmp_path, capsys, m
     assert lengths.recipe_tokenizer(recipe).chat_template  # as the run loads it
 
 
+def test_every_relative_file_on_a_jobs_command_line_is_the_users_where_it_is_there(tmp_path, monkeypatch):
+    """`sbatch .../dpo_train.sh --chat_template_path my.jinja` from the user's folder: the data set and the model were
+    read from the folder submitted from, the chat template, the sample prompts and the checkpoint to resume from were
+    looked for in the project alone (where the job runs) and refused as missing."""
+    from dpotrain.recipe.config import parse_args
+
+    submitted = tmp_path / "mine"
+    (submitted / "run" / "checkpoint-2").mkdir(parents=True)
+    (submitted / "my.jinja").write_text((ROOT / "configs" / "templates" / "olmo_thinker.jinja").read_text())
+    (submitted / "prompts.txt").write_text("Name a colour.\n")
+    monkeypatch.setenv("DPOTRAIN_SUBMIT_DIR", str(submitted))
+    monkeypatch.chdir(ROOT)  # where the job runs
+    given = {
+        "chat_template_path": "my.jinja",
+        "sample_prompts_file": "prompts.txt",
+        "resume_from_checkpoint": "run/checkpoint-2",
+    }
+    read = parse_args(["--config", SMOKE, *(w for name, path in given.items() for w in (f"--{name}", path))])
+    found = {name: getattr(read.project, name, None) or getattr(read.training, name, None) for name in given}
+    assert found == {name: str(submitted / path) for name, path in given.items()}, found
+    project_file = "configs/templates/olmo_thinker.jinja"  # not in the folder submitted from: the project's, as before
+    assert (
+        parse_args(["--config", SMOKE, "--chat_template_path", project_file]).project.chat_template_path == project_file
+    )
+
+
 def test_a_home_path_the_shell_did_not_expand_is_the_home_folders(tmp_path, monkeypatch):
     """`~` in a recipe's value, or after `--flag=` (where a shell expands none): `--config=~/my.yaml` was 'recipe not
     found: pass one of configs/*.yaml', and `sample_prompts_file: ~/prompts.txt`, `accelerate_config: ~/accel.yaml`

@@ -438,12 +438,7 @@ def parse_args(argv: list[str] | None = None) -> Recipe:
     parts = {"script": script, "model": model, "project": project, "training": training}
     _home_expanded(parts)
     _project_files(parts, given - on_command_line)
-    if "dataset_name" in on_command_line and (there := _in_submit_dir(script.dataset_name)) and there.exists():
-        script.dataset_name = str(there)
-    # The model folder likewise: where a Slurm job was submitted from.
-    there = _in_submit_dir(model.model_name_or_path) if "model_name_or_path" in on_command_line else None
-    if there is not None and there.is_dir():
-        model.model_name_or_path = str(there)
+    _submitted_files(parts, on_command_line)
     if on_command_line & {"datasets", "dataset_mixer_list"} and "dataset_name" not in on_command_line:
         script.dataset_name = None  # a mixture on the command line replaces the recipe file's one data set
     if "output_dir" in on_command_line and "run_name" not in on_command_line:
@@ -489,6 +484,19 @@ def _home_expanded(parts: dict) -> None:
         value = getattr(parts[part], name)
         if isinstance(value, str) and value.startswith("~"):
             setattr(parts[part], name, os.path.expanduser(value))
+
+
+def _submitted_files(parts: dict, on_command_line: set[str]) -> None:
+    """A relative path to a file the run reads, given on a Slurm job's command line, is the one in the folder the user
+    submitted from where it is there (the job runs in the project): the data set and the model folder were, while
+    `--chat_template_path my.jinja`, `--sample_prompts_file` and `--resume_from_checkpoint` were looked for in the
+    project alone and refused as missing (the message said: relative to the folder you run from)."""
+    for part, name in (*RECIPE_PATHS, ("training", "resume_from_checkpoint")):
+        if name == "accelerate_config" or name not in on_command_line:  # the launch's own: launch.sh reads it
+            continue
+        there = _in_submit_dir(getattr(parts[part], name))
+        if there is not None and there.exists():
+            setattr(parts[part], name, str(there))
 
 
 def _project_files(parts: dict, from_recipe: set[str]) -> None:
