@@ -65,3 +65,19 @@ def test_the_offline_runs_of_a_run_replaced_in_the_folder_run_in_are_kept_beside
     kept = keep_offline_runs(".")
     assert kept is not None and kept.parent == tmp_path and kept.name.startswith("my run.wandb-offline-"), kept
     assert (kept / "offline-run-1").is_dir() and not (run / "wandb").exists()
+
+
+def test_the_sync_command_for_the_kept_offline_runs_reads_back_as_printed(tmp_path, capsys):
+    """`wandb sync /x/my run.wandb-offline-.../offline-run-*`, typed as printed, named two paths, neither of them."""
+    import glob
+    import shlex
+
+    from dpotrain import output_folder
+
+    run = tmp_path / "my run"
+    (run / "wandb" / "offline-run-1").mkdir(parents=True)
+    output_folder.replace(run, [])
+    command = capsys.readouterr().out.split("`")[1]
+    words = shlex.split(command)
+    assert words[:2] == ["wandb", "sync"] and len(words) == 3, command
+    assert [os.path.basename(p) for p in glob.glob(words[2])] == ["offline-run-1"], command
