@@ -9,6 +9,7 @@ one of the files it replaces.
 
 import json
 import os
+import shlex
 import shutil
 from pathlib import Path
 
@@ -190,7 +191,10 @@ def replace(out: Path, names: list[str]) -> None:
 
     if kept := keep_offline_runs(out):
         print(
-            f"Kept the W&B offline runs of the replaced run in {kept} (`wandb sync {kept}/offline-run-*`)", flush=True
+            # the folder quoted, the pattern not: typed back, a folder with a space in its name is one word
+            f"Kept the W&B offline runs of the replaced run in {kept} "
+            f"(`wandb sync {shlex.quote(str(kept))}/offline-run-*`)",
+            flush=True,
         )
     removed = [e for e in owned(out, names) if e.name != MANIFEST]
     for entry in removed:

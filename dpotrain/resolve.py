@@ -36,7 +36,15 @@ def world_size(recipe: Recipe, planning: bool) -> tuple[int, str]:
     if "WORLD_SIZE" in os.environ:
         return int(os.environ["WORLD_SIZE"]), "environment (WORLD_SIZE)"
     launch = recipe.project.accelerate_config
-    if planning and launch.lower() not in ("", "none") and Path(launch).is_file():
+    if planning and launch.lower() not in ("", "none") and not Path(launch).is_file():
+        # It planned 1 process in silence: a mistyped name, or the default accelerate_config.yaml named from outside
+        # the project, as a launch of one while `accelerate launch --config_file` it fails.
+        raise ConfigError(
+            f"accelerate config {launch!r} not found (in {os.getcwd()}), so `accelerate launch --config_file "
+            f"{launch}` would fail: pass --accelerate_config the file the launch reads (its path from here), or none "
+            "for one process"
+        )
+    if planning and launch.lower() not in ("", "none"):
         return engine.processes(engine.read_accelerate_config(launch)), (
             f"predicted for `accelerate launch --config_file {launch}` ({launch}: num_processes); plain `python "
             "train_dpo.py` runs 1 process: --accelerate_config none plans that"

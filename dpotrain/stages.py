@@ -34,7 +34,7 @@ from dpotrain.data import (
 from dpotrain.data.pair_lengths import PairLengths
 from dpotrain.forwards import choice, cost, sample
 from dpotrain.plan import layers, memory, plan
-from dpotrain.recipe import config
+from dpotrain.recipe import config, venv
 from dpotrain.recipe.config import uses_live_reference
 from dpotrain.recipe.errors import ConfigError, cause
 from dpotrain.recipe.run_record import MemoryPlan
@@ -53,7 +53,11 @@ ANALYZER_FIELDS = """
 def analyze_command(recipe) -> str:
     """The analyzer's command that measures what this run will train: the recipe (the analyzer parses it as the run
     does), and the command line's values of the fields it measures with (the recipe's model may not be here)."""
-    words = ["python", "scripts/analyze_dataset.py", *(["--config", recipe.config_path] if recipe.config_path else [])]
+    words = [
+        "python",
+        venv.project_file("scripts/analyze_dataset.py"),
+        *(["--config", recipe.config_path] if recipe.config_path else []),
+    ]
     values = {**vars(recipe.script), **vars(recipe.model), **vars(recipe.project)}
     changed = config.fields_set(recipe.command_line)
     for name in ANALYZER_FIELDS:

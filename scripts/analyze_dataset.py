@@ -104,8 +104,9 @@ def parse_args(argv=None) -> argparse.Namespace:
         help="GPU memory to plan each max_length for, with the recipe's "
         "model, engine and processes (README: Long traces) [the recipe's gpu_memory_gib]",
     )
-    p.add_argument("--json", help="write the report as JSON here")
-    p.add_argument("--plot", help="write a PNG histogram of total length here")
+    # `~` expanded: after `--json=` a shell leaves it, and the check advised creating a folder named `~` here
+    p.add_argument("--json", type=os.path.expanduser, help="write the report as JSON here")
+    p.add_argument("--plot", type=os.path.expanduser, help="write a PNG histogram of total length here")
     p.add_argument(
         "--skip-invalid",
         nargs="?",
@@ -390,7 +391,7 @@ def hub_downloads(
 
 def fetch_remedy(tokenizer: str, dataset: str, subset: str | None, recipe_path: str | None, args) -> str:
     """What to do where the Hub's files are out of reach: local files, or the cache filled elsewhere."""
-    command = ["python", "scripts/prefetch.py", *(["--config", recipe_path] if recipe_path else [])]
+    command = ["python", venv.project_file("scripts/prefetch.py"), *(["--config", recipe_path] if recipe_path else [])]
     if offline.is_hub_model(tokenizer):
         command += ["--model_name_or_path", tokenizer]
     if offline.is_hub_dataset(dataset):

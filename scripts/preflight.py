@@ -11,6 +11,7 @@ truncation and forward are training's. Markdown goes to stdout; exit 0 for ok an
 """
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -41,8 +42,9 @@ def parse_own(argv):
         "--sample", type=int, default=preflight.DEFAULT_SAMPLE, help="pairs to score, drawn with --seed [512]"
     )
     p.add_argument("--seed", type=int, help="seed of the sample [the recipe's seed]")
-    p.add_argument("--json", help="write the report as JSON here")
-    p.add_argument("--plot", help="write a PNG histogram of the gaps here (.png)")
+    # `~` expanded: after `--json=` a shell leaves it, and the check advised creating a folder named `~` here
+    p.add_argument("--json", type=os.path.expanduser, help="write the report as JSON here")
+    p.add_argument("--plot", type=os.path.expanduser, help="write a PNG histogram of the gaps here (.png)")
     return p.parse_known_args(argv)
 
 

@@ -679,6 +679,26 @@ def test_cli_run_is_reused_by_a_dry_run(cli, tokenizer, tmp_path, tiny_model_dir
     )
 
 
+def test_the_analysis_is_found_by_its_model_folder_however_the_folder_is_named(
+    cli, tmp_path, tiny_model_dir, monkeypatch
+):
+    """`analyze_dataset.py --tokenizer sft/` (a shell's completion), then a run with `max_length: auto` and
+    `model_name_or_path: sft`, or the folder made absolute (a Slurm job does so with a relative command-line path) or
+    reached through a link: the cache was keyed by the tokenizer's name as typed, so the run measured every pair again
+    and its dry run did not show the analysis. The reference cache's key names the model the same way."""
+    from dpotrain.data import model_identity
+
+    path = write_jsonl(tmp_path / "d.jsonl", _messages_rows())
+    (tmp_path / "sft").symlink_to(tiny_model_dir)
+    monkeypatch.chdir(tmp_path)
+    assert cli.main([path, "--tokenizer", "sft/", "--num-proc", "1"]) == 0
+    for name in ("sft", "./sft", str(tmp_path / "sft"), tiny_model_dir, f"{tiny_model_dir}/"):
+        found = cached_choice(lengths.dataset_identity(path), lengths.load_tokenizer(name))
+        assert found is not None and found["cached"] is True, name
+        assert model_identity.cache_name(name) == os.path.realpath(tiny_model_dir), name
+    assert model_identity.cache_name("org/model") == "org/model"  # a Hub name as written
+
+
 # --- the command line, end to end ------------------------------------------------------------------------------------
 
 
@@ -696,6 +716,25 @@ def test_cli_end_to_end(tmp_path, tiny_model_dir):
     bad = write_jsonl(tmp_path / "bad.jsonl", [GOOD, BAD_ROWS["no role"][0]])
     done = subprocess.run([python(), str(SCRIPT), bad, "--tokenizer", tiny_model_dir], capture_output=True, text=True)
     assert done.returncode == 2 and done.stderr.strip().splitlines()[-1].startswith("error: row 1, column 'chosen'")
+
+
+def test_a_report_path_after_an_equals_sign_is_the_home_folders(cli, tmp_path, tiny_model_dir, monkeypatch):
+    """`--json=~/r.json` (a shell expands no `~` after `=`): refused as "folder '<here>/~' does not exist; create it",
+    advice that makes a folder named `~` (which `rm -rf ~` then takes for the home folder). The preflight's alike."""
+    import importlib.util
+
+    home = tmp_path / "home"
+    home.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.chdir(tmp_path)
+    path = write_jsonl(tmp_path / "d.jsonl", _messages_rows())
+    assert cli.main([path, "--tokenizer", tiny_model_dir, "--json=~/r.json", "--num-proc", "1"]) == 0
+    assert json.loads((home / "r.json").read_text())["rows"] == len(_messages_rows()) and not (tmp_path / "~").exists()
+    spec = importlib.util.spec_from_file_location("preflight_script", ROOT / "scripts" / "preflight.py")
+    preflight = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(preflight)
+    own, _ = preflight.parse_own(["--json=~/p.json", "--plot=~/p.png"])
+    assert (own.json, own.plot) == (str(home / "p.json"), str(home / "p.png"))
 
 
 @pytest.mark.parametrize(

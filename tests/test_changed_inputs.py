@@ -199,8 +199,10 @@ def test_a_mixture_sources_data_files_and_shard_folders_are_known_by_content(tmp
 
 def test_large_weights_are_known_by_their_ends_and_time(tmp_path):
     """A file over 2 MiB is hashed at its ends only: a re-export with other weights in its middle (the same size, the
-    same first and last MiB) is still refused, by its new time; the `touch` the message gives puts a copy right."""
-    path = tmp_path / "model.safetensors"
+    same first and last MiB) is still refused, by its new time; the `touch` the message gives puts a copy right, in a
+    folder with a space in its name too (typed back, it touched two other paths)."""
+    path = tmp_path / "my sft" / "model.safetensors"
+    path.parent.mkdir()
     weights = {"a.first": torch.zeros(300_000), "b.middle": torch.zeros(300_000), "c.last": torch.zeros(300_000)}
     save_file(weights, str(path))
     assert path.stat().st_size > 3 * data_identity.ENDS

@@ -267,6 +267,44 @@ def test_the_prefetch_command_a_dry_run_prints_for_a_model_not_cached_runs_as_pr
     assert ended.value.code == 2 and "the cache lacks: model 'org/my-sft-model'" in err, err
 
 
+def test_the_commands_a_run_prints_name_the_projects_scripts_from_the_folder_it_ran_in(tmp_path, monkeypatch):
+    """`python ~/dpotrain/train_dpo.py --config ~/dpotrain/configs/think.yaml --output_dir runs/a` started in another
+    folder printed `python scripts/prefetch.py --config /home/.../think.yaml` (the analyzer's, push_to_hub.py's, a
+    memory refusal's dry run alike): typed back there, python found no such script; in the project, the run's own
+    relative paths were not there. Each names the script as a command typed where the run started does."""
+    import argparse
+    import shlex
+    from pathlib import Path
+
+    from dpotrain import stages
+    from dpotrain.cluster import offline
+    from dpotrain.hub import hub_push
+    from dpotrain.plan.memory_advice import Option
+    from dpotrain.recipe.config import parse_args
+
+    recipe = parse_args(
+        ["--config", THINK, "--model_name_or_path", "org/sft", "--dataset_name", "org/pairs", "--dry-run"]
+    )
+    zero3 = Option((), (), "zero3", "configs/accelerate/zero3.yaml", 8, 2, 4, 60.0, True, None)
+    analyze_dataset, no_revision = analyzer(), argparse.Namespace(revision=None)
+    printed = lambda: [  # noqa: E731
+        stages.analyze_command(recipe),
+        offline.prefetch_command(recipe),
+        hub_push.push_command("runs/a", "--checkpoints"),
+        analyze_dataset.fetch_remedy("org/sft", "org/pairs", None, THINK, no_revision).split("`")[1],
+        zero3.dry_run_line(("--config", THINK)),
+    ]
+    for folder in (tmp_path, ROOT):  # elsewhere, and the project (a Slurm job runs there): as it was
+        monkeypatch.chdir(folder)
+        for command in printed():
+            words = [w for w in shlex.split(command) if "=" not in w]  # past WORLD_SIZE=8 and the like
+            script = Path(words[1])
+            assert script.is_file() and script.resolve().parent in (ROOT, ROOT / "scripts"), (folder, command)
+            assert folder != ROOT or not script.is_absolute(), command
+            if "--accelerate_config" in words:  # a shipped engine's config, read by this dry run where it is typed
+                assert Path(words[words.index("--accelerate_config") + 1]).is_file(), command
+
+
 # --- 13: batch flags that change the recipe's pairs per step are said where people look -------------------------------
 
 
@@ -561,6 +599,26 @@ def test_the_analyzers_price_and_its_rationale_speak_one_unit():
     ), text
 
 
+def test_a_recipes_own_paths_not_in_the_folder_run_in_are_the_projects(tmp_path, monkeypatch, capsys):
+    """`python ~/dpotrain/train_dpo.py --config ~/dpotrain/configs/smoke.yaml` run in another folder was refused
+    ("dataset 'data/smoke_prefs.jsonl' does not exist (looked in ...)"), and the analyzer's own choice of think.yaml
+    for Dolci-Think refused its chat template, configs/templates/olmo_thinker.jinja: a recipe names the project's
+    files as a job reads them, in the project folder. A file found where the command runs, and the command line's
+    paths, stay the folder's."""
+    from dpotrain.recipe.config import parse_args
+
+    monkeypatch.chdir(tmp_path)
+    out = dry_run(capsys, "--config", SMOKE, "--output_dir", str(tmp_path / "run"))
+    assert f"  data:          {ROOT / 'data' / 'smoke_prefs.jsonl'} (split train): 384 rows" in out, out
+    think = parse_args(["--config", THINK, "--dry-run"]).project.chat_template_path
+    assert think == str(ROOT / "configs" / "templates" / "olmo_thinker.jinja")
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "smoke_prefs.jsonl").write_text("")  # a file of that name here: this folder's
+    assert parse_args(["--config", SMOKE, "--dry-run"]).script.dataset_name == "data/smoke_prefs.jsonl"
+    given = ["--chat_template_path", "configs/templates/olmo_thinker.jinja", "--dry-run"]
+    assert parse_args(["--config", THINK, *given]).project.chat_template_path == given[1]
+
+
 def test_a_relative_dataset_name_of_a_slurm_job_is_where_the_user_submitted_and_a_miss_says_where_it_looked(
     tmp_path, capsys, monkeypatch
 ):
@@ -613,6 +671,61 @@ def test_a_relative_or_home_model_folder_is_the_users_folder(tmp_path, capsys, m
     recipe = parse_args(["--config", SMOKE, "--model_name_or_path", "~/my-sft"])
     assert recipe.model.model_name_or_path == str(home / "my-sft")
     assert lengths.recipe_tokenizer(recipe).chat_template  # as the run loads it
+
+
+def test_every_relative_file_on_a_jobs_command_line_is_the_users_where_it_is_there(tmp_path, monkeypatch):
+    """`sbatch .../dpo_train.sh --chat_template_path my.jinja` from the user's folder: the data set and the model were
+    read from the folder submitted from, the chat template, the sample prompts and the checkpoint to resume from were
+    looked for in the project alone (where the job runs) and refused as missing."""
+    from dpotrain.recipe.config import parse_args
+
+    submitted = tmp_path / "mine"
+    (submitted / "run" / "checkpoint-2").mkdir(parents=True)
+    (submitted / "my.jinja").write_text((ROOT / "configs" / "templates" / "olmo_thinker.jinja").read_text())
+    (submitted / "prompts.txt").write_text("Name a colour.\n")
+    monkeypatch.setenv("DPOTRAIN_SUBMIT_DIR", str(submitted))
+    monkeypatch.chdir(ROOT)  # where the job runs
+    given = {
+        "chat_template_path": "my.jinja",
+        "sample_prompts_file": "prompts.txt",
+        "resume_from_checkpoint": "run/checkpoint-2",
+    }
+    read = parse_args(["--config", SMOKE, *(w for name, path in given.items() for w in (f"--{name}", path))])
+    found = {name: getattr(read.project, name, None) or getattr(read.training, name, None) for name in given}
+    assert found == {name: str(submitted / path) for name, path in given.items()}, found
+    project_file = "configs/templates/olmo_thinker.jinja"  # not in the folder submitted from: the project's, as before
+    assert (
+        parse_args(["--config", SMOKE, "--chat_template_path", project_file]).project.chat_template_path == project_file
+    )
+
+
+def test_a_home_path_the_shell_did_not_expand_is_the_home_folders(tmp_path, monkeypatch):
+    """`~` in a recipe's value, or after `--flag=` (where a shell expands none): `--config=~/my.yaml` was 'recipe not
+    found: pass one of configs/*.yaml', and `sample_prompts_file: ~/prompts.txt`, `accelerate_config: ~/accel.yaml`
+    were refused as missing, while dataset_name and model_name_or_path read the same spelling as the home folder's."""
+    from dpotrain.recipe.config import parse_args
+
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "prompts.txt").write_text("Name a colour.\n")
+    (home / "accel.yaml").write_text((ROOT / "accelerate_config.yaml").read_text())
+    recipe = home / "my.yaml"
+    recipe.write_text(
+        (ROOT / "configs" / "smoke.yaml")
+        .read_text()
+        .replace("accelerate_config: none", "accelerate_config: ~/accel.yaml")
+        + "sample_prompts_file: ~/prompts.txt\n"
+    )
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    read = parse_args(["--config=~/my.yaml", "--dry-run", "--resume_from_checkpoint=~/run/checkpoint-2"])
+    assert read.config_path == str(recipe)
+    assert read.project.sample_prompts_file == str(home / "prompts.txt")
+    assert read.project.accelerate_config == str(home / "accel.yaml")
+    assert read.training.resume_from_checkpoint == str(home / "run" / "checkpoint-2")
+    from dpotrain import resolve
+
+    assert resolve.world_size(read, planning=True)[0] == 4  # the home folder's accelerate config, read
 
 
 @pytest.mark.parametrize("spelling", [["--dry_run=true"], ["--dry_run", "true"], ["--dry-run=True"], ["--dry_run"]])

@@ -585,6 +585,32 @@ def test_a_data_file_named_for_another_format(analyzer, tmp_path, tiny_model_dir
     )
 
 
+def test_a_data_path_holding_pattern_characters_is_read_as_named_or_refused(tmp_path, monkeypatch, capsys):
+    """datasets reads a data file's path as a pattern: `pairs-[1].jsonl` (3 pairs) beside `pairs-1.jsonl` (5) trained
+    the other file's 5, silently (its record named the first); `q?m/p.jsonl` read `qam/p.jsonl` beside it (8). A file
+    is read as named; a folder of shards, whose path datasets joins its own patterns to, and `::` (fsspec's chaining)
+    are refused before anything loads."""
+    lines = (ROOT / "data" / "smoke_prefs.jsonl").read_text().splitlines(keepends=True)
+
+    def write(path, n: int, start: int = 0) -> str:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("".join(lines[start : start + n]))
+        return str(path)
+
+    write(tmp_path / "pairs-1.jsonl", 5, start=10)
+    write(tmp_path / "qam" / "p.jsonl", 5, start=10)
+    for named in (write(tmp_path / "pairs-[1].jsonl", 3), write(tmp_path / "q?m" / "p.jsonl", 3)):
+        read = data.load_preference_dataset(named, say=False)
+        assert read["chosen"] == [json.loads(line)["chosen"] for line in lines[:3]], named
+    for path in (
+        write(tmp_path / "shards[1]" / "part-0.jsonl", 3).rsplit("/", 1)[0],
+        write(tmp_path / "a::b.jsonl", 3),
+    ):
+        line = refused(tmp_path, monkeypatch, capsys, "--dataset_name", path, "--dry-run")
+        found = "[" if "[" in path else "::"
+        assert f"holds {found!r}, which datasets reads as a pattern" in line and "rename it" in line, line
+
+
 @pytest.mark.parametrize("dry_run", [[], ["--dry-run"]], ids=["run", "dry run"])
 def test_unknown_builtin_and_empty_model_folder(dry_run, tmp_path, monkeypatch, capsys):
     line = refused(tmp_path, monkeypatch, capsys, "--model_name_or_path", "builtin:tiny-olmo", *dry_run)

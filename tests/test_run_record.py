@@ -291,6 +291,26 @@ def test_a_job_ends_at_its_dry_run_on_an_engine_its_processes_would_refuse(
         assert not capsys.readouterr().err
 
 
+def test_a_dry_run_ends_on_an_accelerate_config_that_is_not_there(tmp_path, monkeypatch):
+    """A mistyped --accelerate_config, or a recipe's default accelerate_config.yaml dry-run from outside the project
+    (`python ~/dpotrain/train_dpo.py --config ~/dpotrain/configs/think.yaml --dry-run`): planned as `processes: 1
+    (single process)` in silence, for a launch `accelerate launch --config_file` fails. Ended in one line naming the
+    folder it was looked for in; the run itself reads the launch, not this field."""
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    monkeypatch.chdir(tmp_path)
+    data = str(ROOT / "data" / "smoke_prefs.jsonl")
+    argv = ["--config", SMOKE, "--dataset_name", data, "--output_dir", str(tmp_path / "run"), "--dry-run"]
+    for name in ("accelerate_config.yaml", "my-accel.yaml"):
+        with pytest.raises(ConfigError) as refused:
+            train_dpo.main([*argv, "--accelerate_config", name])
+        assert str(refused.value).startswith(f"accelerate config {name!r} not found (in {tmp_path})"), refused.value
+        assert "or none for one process" in str(refused.value)
+    assert (
+        resolve.world_size(parse_args([*argv, "--accelerate_config", str(ROOT / "accelerate_config.yaml")]), True)[0]
+        == 4
+    )
+
+
 def test_a_dry_run_ends_on_an_accelerate_config_accelerate_itself_refuses(tmp_path):
     """A key accelerate does not know (`gpus_per_node`, a Slurm word): the dry run, and so the job, ends in one line."""
     path = tmp_path / "my accelerate.yaml"

@@ -52,3 +52,32 @@ def test_wandb_is_not_imported_unless_reported_to(monkeypatch):
     training.report_to = ["wandb"]
     with pytest.raises(ImportError):  # the same call does import it when W&B is used: the test can fail
         WandbStepIsGlobalStep().on_train_begin(training, TrainerState(), TrainerControl())
+
+
+def test_the_offline_runs_of_a_run_replaced_in_the_folder_run_in_are_kept_beside_it(tmp_path, monkeypatch):
+    """`--output_dir . --overwrite_output_dir` in a run's folder holding W&B offline runs: moving them aside named a
+    folder beside `.` (ValueError: PosixPath('.') has an empty name), a traceback before the old run was removed."""
+    from dpotrain.train.tracking import keep_offline_runs
+
+    run = tmp_path / "my run"
+    (run / "wandb" / "offline-run-1").mkdir(parents=True)
+    monkeypatch.chdir(run)
+    kept = keep_offline_runs(".")
+    assert kept is not None and kept.parent == tmp_path and kept.name.startswith("my run.wandb-offline-"), kept
+    assert (kept / "offline-run-1").is_dir() and not (run / "wandb").exists()
+
+
+def test_the_sync_command_for_the_kept_offline_runs_reads_back_as_printed(tmp_path, capsys):
+    """`wandb sync /x/my run.wandb-offline-.../offline-run-*`, typed as printed, named two paths, neither of them."""
+    import glob
+    import shlex
+
+    from dpotrain import output_folder
+
+    run = tmp_path / "my run"
+    (run / "wandb" / "offline-run-1").mkdir(parents=True)
+    output_folder.replace(run, [])
+    command = capsys.readouterr().out.split("`")[1]
+    words = shlex.split(command)
+    assert words[:2] == ["wandb", "sync"] and len(words) == 3, command
+    assert [os.path.basename(p) for p in glob.glob(words[2])] == ["offline-run-1"], command

@@ -23,6 +23,7 @@ from huggingface_hub import constants, get_token, try_to_load_from_cache
 from huggingface_hub.utils import get_session
 
 from dpotrain.data import builtin, data, mixture
+from dpotrain.recipe import venv
 from dpotrain.recipe.errors import ConfigError, cause
 from dpotrain.recipe.hub_switches import datasets_offline, is_offline
 
@@ -163,7 +164,7 @@ def missing_artifacts(recipe, model: bool = True, dataset: bool = True) -> list[
 
 def prefetch_command(recipe) -> str:
     """`python scripts/prefetch.py ...` for this recipe, with the cache variables and the overrides the job has."""
-    args = ["python", "scripts/prefetch.py"]
+    args = ["python", venv.project_file("scripts/prefetch.py")]
     in_file = {}
     if recipe.config_path:
         args += ["--config", recipe.config_path]

@@ -1,6 +1,7 @@
 """Load a preference data set: from the Hub, a JSONL/JSON/Parquet/CSV file, or a folder saved with `save_to_disk`."""
 
 import functools
+import glob
 import json
 import os
 from pathlib import Path
@@ -41,8 +42,32 @@ def check_dataset_name(name: str | None) -> None:
         raise ConfigError(
             f"dataset {name!r} does not exist{where}: check the path, or give a Hub name like org/dataset"
         )
+    if path.exists():
+        check_read_as_named(name, path)
     if path.is_file() and path.suffix in LOCAL_SUFFIXES:
         check_file_kind(path)
+
+
+def check_read_as_named(name: str, path: Path) -> None:
+    """datasets reads a local file, and every file under a folder of shards, through fsspec's patterns: `[1]` in a path
+    matches `1` (`pairs-[1].jsonl` read `pairs-1.jsonl` in its place, silently), `?` and `*` match its neighbours too
+    (read beside it), `::` chains file systems (read nothing). A file's path is escaped where it is loaded (`as_files`);
+    a folder's cannot be, since datasets joins its own patterns to it, and `::` in neither: refused, naming the fix."""
+    where = os.path.abspath(path)
+    folder = path.is_dir() and not data_identity.saved(path)  # load_from_disk reads a saved folder by its path
+    found = "::" if "::" in where else next((c for c in "[]*?" if c in where), None) if folder else None
+    if found:
+        raise ConfigError(
+            f"dataset {name!r}: its path {where} holds {found!r}, which datasets reads as a pattern in "
+            f"{'a folder of data files' if folder else 'a file'} (other files, or none, would be read as the data): "
+            f"rename it, or move it to a path without {found!r}"
+        )
+
+
+def as_files(path: Path) -> str:
+    """A data file as datasets' `data_files` takes it, literally: absolute (joined to the working folder, a relative
+    one would be a pattern there too) and with its pattern characters escaped (`check_read_as_named`)."""
+    return glob.escape(os.path.abspath(path))
 
 
 SUFFIX_OF = {"parquet": ".parquet", "json lines": ".jsonl", "a json array": ".json"}
@@ -105,13 +130,13 @@ def load_preference_dataset(
         try:
             try:
                 loaded = datasets.load_dataset(
-                    builder, data_files={split: str(path)}, streaming=streaming, features=text
+                    builder, data_files={split: as_files(path)}, streaming=streaming, features=text
                 )
             except Exception:
                 if text is None:
                     raise
                 # a header pandas reads otherwise (more fields in the rows than names): its own types, as before
-                loaded = datasets.load_dataset(builder, data_files={split: str(path)}, streaming=streaming)
+                loaded = datasets.load_dataset(builder, data_files={split: as_files(path)}, streaming=streaming)
         except Exception as e:  # datasets names neither the file's line nor the fix
             raise ConfigError(_unreadable(path, e)) from None
         if builder in ("json", "csv") and not streaming:

@@ -11,6 +11,7 @@ and last tensors may stay (the message gives the `touch` that restores the recor
 import glob
 import hashlib
 import os
+import shlex
 from pathlib import Path
 
 ENDS = 1 << 20  # bytes hashed at each end of a file known by its ends (a file up to 2 x ENDS is hashed whole)
@@ -101,7 +102,7 @@ def changed_files(old: dict, found: dict[str, Path]) -> str | None:
         return (
             f"{name} was rewritten since the run started (its first and last MiB, all that is compared of a "
             f"large file, are the same); if it is the same file copied, `touch -d @{seconds}.{nanoseconds:09d} "
-            f"{path}` gives it back the time the run recorded"
+            f"{shlex.quote(str(path))}` gives it back the time the run recorded"
         )
     return None
 

@@ -27,7 +27,7 @@ from unittest import mock
 import numpy as np
 from trl.data_utils import common_prefix_length, is_conversational
 
-from dpotrain.data import builtin, chat_template, cuts, data, data_identity, hub_revision, positions
+from dpotrain.data import builtin, chat_template, cuts, data, data_identity, hub_revision, model_identity, positions
 from dpotrain.data.cuts import STEP, recommend
 from dpotrain.data.rows import ROW_COLUMNS, InvalidRowError, RowFormat, read_row, split_row
 from dpotrain.recipe import records as run_records
@@ -603,7 +603,7 @@ def tokenizer_identity(tokenizer) -> dict:
     content = backend.to_str() if backend is not None else json.dumps(sorted(tokenizer.get_vocab().items()))
     template = tokenizer.chat_template
     return {
-        "name_or_path": tokenizer.name_or_path,
+        "name_or_path": model_identity.cache_name(tokenizer.name_or_path),
         "sha256": hashlib.sha256((content + str(tokenizer.eos_token)).encode()).hexdigest(),
         "chat_template": template if isinstance(template, str) else json.dumps(template, sort_keys=True),
     }

@@ -6,6 +6,7 @@ reference scored by other weights, or on pairs tokenized another way. So a run r
 """
 
 import fnmatch
+import os
 from pathlib import Path
 
 from dpotrain.data import builtin, data_identity, hub_revision
@@ -28,6 +29,15 @@ def folder(name: str | None) -> Path | None:
         return Path(found) if found else None
     path = Path(name or "").expanduser()
     return path if name and path.is_dir() else None
+
+
+def cache_name(name: str) -> str:
+    """A model's (or tokenizer's) name in a cache key, as transformers keeps it (`name_or_path`, the string it was
+    loaded by): a local folder by its real path, so that one folder named relative once and absolute once (a Slurm
+    job makes a relative command-line path absolute), through a link, with `./` or a trailing slash keys one analysis
+    and one reference cache; a Hub name as written."""
+    path = Path(name).expanduser()
+    return os.path.realpath(path) if name and path.is_dir() else name
 
 
 def input_files(recipe) -> dict[str, Path] | None:

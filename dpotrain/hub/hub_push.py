@@ -27,7 +27,7 @@ from huggingface_hub.utils import DEFAULT_IGNORE_PATTERNS, filter_repo_objects
 from transformers import TrainerCallback
 
 from dpotrain.recipe import records as run_records
-from dpotrain.recipe import upstream
+from dpotrain.recipe import upstream, venv
 from dpotrain.recipe.errors import ConfigError, cause
 from dpotrain.train.checkpoints import MARKER, checkpoints, is_complete, step_of
 
@@ -55,7 +55,7 @@ STOP_WAIT_S = 10
 def push_command(output_dir: str | Path, *flags: str) -> str:
     """The scripts/push_to_hub.py command that pushes `output_dir`, as a shell reads it back (a folder with a space
     in its name is one word, quoted)."""
-    return shlex.join(["python", "scripts/push_to_hub.py", str(output_dir), *flags])
+    return shlex.join(["python", venv.project_file("scripts/push_to_hub.py"), str(output_dir), *flags])
 
 
 def branch_name(step: int) -> str:

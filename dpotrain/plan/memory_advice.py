@@ -19,6 +19,7 @@ from dpotrain.data.builtin import PROJECT_ROOT
 from dpotrain.forwards import sequence_parallel as split_rows
 from dpotrain.forwards.packing import attention_name
 from dpotrain.plan.layers import checkpointing_fields
+from dpotrain.recipe import venv
 from dpotrain.recipe.config import dry_run_asked, replaced, uses_live_reference
 from dpotrain.recipe.errors import ConfigError
 
@@ -88,10 +89,12 @@ class Option:
 
     def dry_run_line(self, command_line: tuple[str, ...]) -> str:
         """The dry run that checks this option's submission before it is made, as scripts/launch.sh plans the job."""
-        words = ["python", "train_dpo.py", *command_line]
+        words = ["python", venv.project_file("train_dpo.py"), *command_line]
         if not dry_run_asked(list(command_line)):
             words.append("--dry-run")
-        words += ["--accelerate_config", self.config, *self.flags]
+        # A shipped config is the project's file (a job reads it there); this dry run reads it from where it is typed.
+        config = venv.project_file(self.config) if self.config in SHIPPED.values() else self.config
+        words += ["--accelerate_config", config, *self.flags]
         return f"WORLD_SIZE={self.world} GPUS_PER_NODE={self.per_node} {shlex.join(words)}"
 
 

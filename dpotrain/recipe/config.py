@@ -17,7 +17,7 @@ import sys
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
-from dpotrain.recipe import recipe_file, upstream, usage, writes
+from dpotrain.recipe import recipe_file, upstream, usage, venv, writes
 from dpotrain.recipe.cli import FALSE, TRUE
 from dpotrain.recipe.errors import ConfigError
 
@@ -435,15 +435,10 @@ def parse_args(argv: list[str] | None = None) -> Recipe:
     given = fields_set(tokens)
     _project_defaults(training, model, given)
     replaced = _command_line_batch_wins(training, project, on_command_line)
-    if "dataset_name" in on_command_line and (there := _in_submit_dir(script.dataset_name)) and there.exists():
-        script.dataset_name = str(there)
-    # The model folder likewise: where a Slurm job was submitted from; and `~` expanded, which the checks read but
-    # transformers does not (it takes `~/my-sft` for a malformed Hub name).
-    if (name := model.model_name_or_path) and name.startswith("~"):
-        model.model_name_or_path = os.path.expanduser(name)
-    there = _in_submit_dir(model.model_name_or_path) if "model_name_or_path" in on_command_line else None
-    if there is not None and there.is_dir():
-        model.model_name_or_path = str(there)
+    parts = {"script": script, "model": model, "project": project, "training": training}
+    _home_expanded(parts)
+    _project_files(parts, given - on_command_line)
+    _submitted_files(parts, on_command_line)
     if on_command_line & {"datasets", "dataset_mixer_list"} and "dataset_name" not in on_command_line:
         script.dataset_name = None  # a mixture on the command line replaces the recipe file's one data set
     if "output_dir" in on_command_line and "run_name" not in on_command_line:
@@ -470,6 +465,55 @@ def _project_defaults(training, model, given: set[str]) -> None:
         model.lora_dropout = 0.0
 
 
+# The files a recipe may name by a path relative to the project (the shipped ones do: data/smoke_prefs.jsonl,
+# configs/templates/olmo_thinker.jinja), each as (part, field).
+RECIPE_PATHS = (
+    ("script", "dataset_name"),
+    ("model", "model_name_or_path"),
+    ("project", "chat_template_path"),
+    ("project", "sample_prompts_file"),
+    ("project", "accelerate_config"),
+)
+
+
+def _home_expanded(parts: dict) -> None:
+    """`~` in a path the shell did not expand (a recipe's value, `--sample_prompts_file=~/p.txt`): the checks and the
+    libraries read these paths as written, and only some expanded it (sample_prompts_file, accelerate_config and
+    resume_from_checkpoint were refused as missing; transformers takes `~/my-sft` for a malformed Hub name)."""
+    for part, name in (*RECIPE_PATHS, ("training", "resume_from_checkpoint")):
+        value = getattr(parts[part], name)
+        if isinstance(value, str) and value.startswith("~"):
+            setattr(parts[part], name, os.path.expanduser(value))
+
+
+def _submitted_files(parts: dict, on_command_line: set[str]) -> None:
+    """A relative path to a file the run reads, given on a Slurm job's command line, is the one in the folder the user
+    submitted from where it is there (the job runs in the project): the data set and the model folder were, while
+    `--chat_template_path my.jinja`, `--sample_prompts_file` and `--resume_from_checkpoint` were looked for in the
+    project alone and refused as missing (the message said: relative to the folder you run from)."""
+    for part, name in (*RECIPE_PATHS, ("training", "resume_from_checkpoint")):
+        if name == "accelerate_config" or name not in on_command_line:  # the launch's own: launch.sh reads it
+            continue
+        there = _in_submit_dir(getattr(parts[part], name))
+        if there is not None and there.exists():
+            setattr(parts[part], name, str(there))
+
+
+def _project_files(parts: dict, from_recipe: set[str]) -> None:
+    """A recipe's own relative path that is not in the folder the command runs in, but is in the project, is the
+    project's file: a job reads a recipe in the project folder (scripts/launch.sh runs there), and run from another
+    folder (`python ~/dpotrain/train_dpo.py --config ~/dpotrain/configs/smoke.yaml`, or the analyzer's own choice of
+    think.yaml for a data set) those files were refused as missing. A path found where the command runs is read
+    there, as before; the command line's are the user's."""
+    for part, name in RECIPE_PATHS:
+        value = getattr(parts[part], name)
+        if name not in from_recipe or not isinstance(value, str) or not value:
+            continue
+        path = Path(value).expanduser()
+        if not path.is_absolute() and not path.exists() and (venv.ROOT / path).exists():
+            setattr(parts[part], name, str(venv.ROOT / path))
+
+
 def _take_config(argv: list[str]) -> tuple[str | None, list[str]]:
     """The recipe's path (`--config PATH` or `--config=PATH`, as every other flag is spelt) and the other words. Given
     twice (an sbatch script's recipe and one on its command line), neither is chosen silently."""
@@ -478,6 +522,7 @@ def _take_config(argv: list[str]) -> tuple[str | None, list[str]]:
         return None, argv
     i = at[0]
     path = argv[i].partition("=")[2] if "=" in argv[i] else (argv[i + 1] if i + 1 < len(argv) else "")
+    path = os.path.expanduser(path)  # `--config=~/my.yaml`: the shell expands no `~` after `=`
     if not path or path.startswith("--"):
         raise ConfigError("--config needs a path, e.g. --config configs/think.yaml")
     if len(at) > 1:

@@ -23,6 +23,14 @@ def _shown(path: Path) -> str:
         return str(path)
 
 
+def project_file(name: str) -> str:
+    """A file of the project (`scripts/prefetch.py`, `train_dpo.py`) as a printed command names it, to be typed back
+    in the folder the command ran in: `scripts/prefetch.py` from the project root (a Slurm job runs there), else its
+    path from here. Named from the project root alone, a command printed by a run started elsewhere (`python
+    ~/dpotrain/train_dpo.py --config ~/dpotrain/configs/my.yaml`) found no such script where its other paths hold."""
+    return _shown(ROOT / name)
+
+
 def require() -> None:
     """Ends the process with one `error:` line (exit 1) when a package of the stack is not installed for this Python;
     else puts this Python's own bin folder first on PATH (`own_tools_first`)."""

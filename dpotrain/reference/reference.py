@@ -24,6 +24,7 @@ import numpy as np
 import torch
 
 from dpotrain.cluster.collectives import broadcast_from_main, gather_objects, max_of_ranks
+from dpotrain.data import model_identity
 from dpotrain.data.pair_lengths import PairLengths, pair_columns
 from dpotrain.plan.plan import StepPlan, cut_step, steps_of
 from dpotrain.recipe import records as run_records
@@ -82,7 +83,7 @@ def identity(scorer: ReferenceScorer, dataset) -> dict:
     model, args = scorer.policy, scorer.args
     return {
         "version": CACHE_VERSION,
-        "model": model.config.name_or_path,
+        "model": model_identity.cache_name(model.config.name_or_path),
         "weights_sha256": scorer.weights_hash,
         "tokens_sha256": token_hash(dataset),
         "pairs": len(dataset),

@@ -32,7 +32,7 @@ def setup_wandb(training) -> None:
 def keep_offline_runs(output_dir: str | Path) -> Path | None:
     """Move `<output_dir>/wandb` aside before the folder is replaced, when it holds offline runs: they exist nowhere
     else until `wandb sync`. They go to `<output_dir>.wandb-offline-<time>/`, next to the output folder."""
-    source = Path(output_dir) / "wandb"
+    source = Path(os.path.abspath(output_dir)) / "wandb"  # `--output_dir .`: a folder beside the one run in
     if not any(source.glob("offline-run-*")):
         return None
     target = source.parent.with_name(f"{source.parent.name}.wandb-offline-{time.strftime('%Y%m%d-%H%M%S')}")
