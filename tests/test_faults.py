@@ -468,7 +468,9 @@ def test_a_disk_filled_mid_training_ends_at_the_metrics_in_one_line_without_a_to
         "then rerun; checkpoint-2 is kept, and the same command goes on from it"
     )
     kept = tmp_path / "disk.kept" / "run"
-    assert (kept / "metrics.jsonl").read_text().endswith("\n") and logged_steps(kept) == [1, 2]  # whole records
+    # Whole records: steps 1 and 2, and step 3's where the run logged it before the stop reached it (a quiet machine
+    # does: the disk then fills at step 4's record, with the same line).
+    assert (kept / "metrics.jsonl").read_text().endswith("\n") and logged_steps(kept) in ([1, 2], [1, 2, 3])
     assert checkpoint_manifest.problem(kept / "checkpoint-2") is None
 
     result = train(kept, tiny_model_dir, pairs)  # the same command, space freed
