@@ -474,13 +474,14 @@ RECIPE_PATHS = (
     ("project", "sample_prompts_file"),
     ("project", "accelerate_config"),
 )
+PATH_FIELDS = (*RECIPE_PATHS, ("training", "resume_from_checkpoint"))  # every field that names a file or folder read
 
 
 def _home_expanded(parts: dict) -> None:
     """`~` in a path the shell did not expand (a recipe's value, `--sample_prompts_file=~/p.txt`): the checks and the
     libraries read these paths as written, and only some expanded it (sample_prompts_file, accelerate_config and
     resume_from_checkpoint were refused as missing; transformers takes `~/my-sft` for a malformed Hub name)."""
-    for part, name in (*RECIPE_PATHS, ("training", "resume_from_checkpoint")):
+    for part, name in PATH_FIELDS:
         value = getattr(parts[part], name)
         if isinstance(value, str) and value.startswith("~"):
             setattr(parts[part], name, os.path.expanduser(value))
@@ -491,7 +492,7 @@ def _submitted_files(parts: dict, on_command_line: set[str]) -> None:
     submitted from where it is there (the job runs in the project): the data set and the model folder were, while
     `--chat_template_path my.jinja`, `--sample_prompts_file` and `--resume_from_checkpoint` were looked for in the
     project alone and refused as missing (the message said: relative to the folder you run from)."""
-    for part, name in (*RECIPE_PATHS, ("training", "resume_from_checkpoint")):
+    for part, name in PATH_FIELDS:
         if name == "accelerate_config" or name not in on_command_line:  # the launch's own: launch.sh reads it
             continue
         there = _in_submit_dir(getattr(parts[part], name))

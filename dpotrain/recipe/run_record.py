@@ -207,8 +207,9 @@ def _misshapen(r: dict) -> str | None:
         return value
 
     for path in _OBJECTS:
-        if at(path) is not None and not isinstance(at(path), dict):
-            return f"{path} is a JSON {type(at(path)).__name__}, not an object"
+        value = at(path)
+        if value is not None and not isinstance(value, dict):
+            return f"{path} is a JSON {type(value).__name__}, not an object"
     number = (int, float)
     for path in _SPREADS:
         value = at(path)
