@@ -264,6 +264,11 @@ def test_resume_carries_the_token_count_and_the_wandb_step_on(tmp_path, tiny_mod
     resumed = {r["step"]: r["num_tokens"] for r in read_metrics(out)}
     assert resumed == tokens  # steps 4-6 count on from step 3's tokens, not from 0
     # W&B rows are numbered by optimizer step: once synced, the resumed part (4-6) is above the first part's last
-    # row for each new step, instead of restarting at 0 and being dropped.
-    first, second = [wandb_history_steps(f) for f in sorted(out.glob("wandb/offline-run-*/run-*.wandb"))]
-    assert first == [1, 2, 3, 4, 5, 6] and second == [4, 5, 6], (first, second)
+    # row for each new step, instead of restarting at 0 and being dropped. The resumed run first logs again the rows
+    # up to its checkpoint, from metrics.jsonl, with the first run's values: a SIGKILL loses the rows W&B still held
+    # in its buffer, and without them those steps would be missing once synced.
+    first, second = [wandb_history(f) for f in sorted(out.glob("wandb/offline-run-*/run-*.wandb"))]
+    assert [s for s, _ in first] == [1, 2, 3, 4, 5, 6] and [s for s, _ in second] == [1, 2, 3, 4, 5, 6]
+    for (step, was), (_, again) in zip(first[:3], second[:3], strict=True):
+        assert again["train/loss"] == was["train/loss"] and again["train/global_step"] == str(step), (was, again)
+        assert json.loads(again["train/epoch"]) == json.loads(was["train/epoch"])

@@ -6,8 +6,10 @@ import uuid
 from pathlib import Path
 
 from transformers import TrainerCallback
+from transformers.integrations.integration_utils import rewrite_logs
 
 from dpotrain.recipe.writes import write_text
+from dpotrain.train.metrics import METRICS_FILE, read_metrics
 
 RUN_ID_FILE = ".wandb_run_id"
 
@@ -45,7 +47,12 @@ class WandbStepIsGlobalStep(TrainerCallback):
 
     transformers' WandbCallback logs without a step, so W&B numbers rows per process: an offline run resumed after a
     SIGKILL restarts at 0, and once synced W&B drops every row whose step is not above the last one it has. It wraps
-    `wandb.log` after WandbCallback has started the run."""
+    `wandb.log` after WandbCallback has started the run.
+
+    A resumed run first logs again the rows of metrics.jsonl up to its checkpoint (`replay`): a SIGKILL loses the rows
+    W&B still held in its buffer, and the run trains on from the checkpoint, so without them those steps would be
+    missing from W&B for good. A step W&B already has keeps its first values (online, the rows below the resumed
+    run's `starting_step` are not sent at all; offline, `wandb sync` drops them)."""
 
     def on_train_begin(self, args, state, control, **kwargs):
         if "wandb" not in (args.report_to or []):  # W&B is optional: not imported (nor required) unless used
@@ -62,3 +69,16 @@ class WandbStepIsGlobalStep(TrainerCallback):
 
         log_at_global_step.at_global_step = True
         wandb.log = log_at_global_step
+        if state.global_step and state.is_world_process_zero:
+            replay(Path(args.output_dir) / METRICS_FILE, wandb.run.starting_step, state.global_step)
+
+
+def replay(path: Path, first: int, last: int) -> None:
+    """Log metrics.jsonl's rows of steps `first` to `last` to W&B as WandbCallback logged them (its key names and
+    `train/global_step`), at their own step."""
+    import wandb
+
+    for record in read_metrics(path):
+        if first <= record["step"] <= last:
+            logs = {k: v for k, v in record.items() if k not in ("step", "resumed_from")}
+            wandb.log({**rewrite_logs(logs), "train/global_step": record["step"]})
