@@ -4,6 +4,8 @@ Each case runs the real entry (`train_dpo.main` or `run_cli(train_dpo.main)`, in
 as a newcomer has it: no W&B login, no Hugging Face token, no GPU.
 """
 
+import os
+
 import pytest
 
 import train_dpo
@@ -781,3 +783,37 @@ def test_a_job_ends_at_its_dry_run_on_what_the_run_would_refuse(tmp_path):
     assert result.stderr.strip().splitlines()[-1].startswith("error: report_to wandb but no W&B login"), result.stderr
     assert "batch: 8 pairs per step" in result.stdout  # planned, then ended
     assert not (tmp_path / "run").exists()  # no process started: the run would have made its folder
+
+
+def test_a_relative_cache_folder_is_where_it_was_written_for_every_entry_point(tmp_path, monkeypatch):
+    """`DPOTRAIN_CACHE=cache` or `HF_HOME=hf` in `.env` is the project's folder (beside the `.env`), whatever folder a
+    command runs in; exported in the shell it is the folder it was set in, which for a Slurm job is the folder
+    submitted from (the job runs in the project). Read from each command's folder, prefetch.py and the analyzer run
+    from the user's folder filled one cache and the job, started in the project, read another."""
+    from dpotrain.data import lengths
+
+    project, submitted, elsewhere = tmp_path / "project", tmp_path / "my work", tmp_path / "elsewhere"
+    for folder in (project, submitted, elsewhere):
+        folder.mkdir()
+    (project / ".env").write_text("DPOTRAIN_CACHE=cache\nHF_HOME=./caches/hf\nHF_HUB_CACHE=/abs/hub\n")
+    names = ("DPOTRAIN_CACHE", "HF_HOME", "HF_HUB_CACHE", "HF_DATASETS_CACHE")
+    for name in names:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HF_DATASETS_CACHE", "ds")  # the shell's, relative
+    monkeypatch.setenv("DPOTRAIN_SUBMIT_DIR", str(submitted))
+    monkeypatch.chdir(elsewhere)  # where the job runs (the project for scripts/launch.sh; any other folder alike)
+    venv.load_env(project)
+    found = {name: os.environ.get(name) for name in names}
+    assert found == {
+        "DPOTRAIN_CACHE": str(project / "cache"),
+        "HF_HOME": str(project / "caches" / "hf"),
+        "HF_HUB_CACHE": "/abs/hub",
+        "HF_DATASETS_CACHE": str(submitted / "ds"),
+    }, found
+    assert lengths.cache_root() == project / "cache"
+    venv.load_env(project)  # read again (main() reads it after the command did): the same folders
+    assert {name: os.environ.get(name) for name in names} == found
+    monkeypatch.delenv("DPOTRAIN_SUBMIT_DIR")  # not a job: the shell's is the folder the command runs in
+    monkeypatch.setenv("HF_DATASETS_CACHE", "ds")
+    venv.load_env(project)
+    assert os.environ["HF_DATASETS_CACHE"] == str(elsewhere / "ds")
