@@ -495,3 +495,34 @@ def test_an_accelerate_config_with_a_null_process_count_is_planned_as_accelerate
     config.write_text("distributed_type: MULTI_GPU\nnum_processes: null\nnum_machines: 1\n")
     assert engine.processes(engine.read_accelerate_config(str(config))) == 1
     assert engine.from_config(str(config)).name == "ddp"
+
+
+def test_a_launch_from_outside_the_project_reads_the_shipped_deepspeed_file_the_dry_run_planned(tmp_path, monkeypatch):
+    """accelerate_config.yaml names `deepspeed_config_file: ds_config.json`, which `accelerate launch` hands each
+    process as written, to read from the folder it runs in: `accelerate launch --config_file
+    ~/dpotrain/accelerate_config.yaml ~/dpotrain/train_dpo.py ...` from another folder stopped every process as its
+    TrainingArguments were made ("Expected a string path to an existing deepspeed config ... Received: ds_config.json"),
+    while the dry run had planned ZeRO-2 from the project's file. The processes now read it as the dry run does: here,
+    else the project's."""
+    import torch
+    import transformers.training_args as training_args
+
+    from dpotrain.recipe.config import parse_args
+
+    # The launch's DeepSpeed processes without their process group: the plugin reads the file as in a launch.
+    monkeypatch.setattr(training_args.TrainingArguments, "_setup_devices", property(lambda self: torch.device("cpu")))
+    monkeypatch.chdir(tmp_path)  # no ds_config.json here
+    monkeypatch.setenv("ACCELERATE_USE_DEEPSPEED", "true")
+    monkeypatch.setenv("ACCELERATE_DEEPSPEED_CONFIG_FILE", "ds_config.json")
+    for name in ("WORLD_SIZE", "ACCELERATE_DEEPSPEED_ZERO_STAGE", "ACCELERATE_GRADIENT_CLIPPING"):
+        monkeypatch.delenv(name, raising=False)
+    smoke = ["--config", str(ROOT / "configs" / "smoke.yaml")]
+    assert engine.from_config(str(ROOT / "accelerate_config.yaml")).name == "zero2"  # what the dry run plans
+    training = parse_args(smoke).training
+    shipped = json.loads((ROOT / "ds_config.json").read_text())
+    assert training.deepspeed_plugin.hf_ds_config.config["zero_optimization"] == shipped["zero_optimization"]
+    assert engine.launched().name == "zero2" and engine.launched().source.endswith(str(ROOT / "ds_config.json"))
+    # Found nowhere: accelerate's line, with where it was looked for and the fix.
+    monkeypatch.setenv("ACCELERATE_DEEPSPEED_CONFIG_FILE", "my_ds.json")
+    with pytest.raises(ConfigError, match=f"Received: my_ds.json \\(.*not in {tmp_path} nor in the project: give its"):
+        parse_args(smoke)

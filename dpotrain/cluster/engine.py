@@ -17,8 +17,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from dpotrain.data.builtin import PROJECT_ROOT
 from dpotrain.recipe import upstream
+from dpotrain.recipe.config import project_path
 from dpotrain.recipe.errors import ConfigError, cause
 
 LAUNCHED = "this launch"  # the source of an engine read from the environment `accelerate launch` sets
@@ -189,8 +189,8 @@ def _engine_of(config, accelerate_config: str) -> Engine:
     if kind == "DEEPSPEED":
         ds = config.deepspeed_config
         ds_file = ds.get("deepspeed_config_file")
-        if ds_file:  # relative to where jobs start (the project root), as accelerate reads it
-            ds_path = Path(ds_file) if Path(ds_file).is_file() else PROJECT_ROOT / ds_file
+        if ds_file:  # here, else the project's, as the launched processes read it (config._launch_deepspeed_file)
+            ds_path = Path(project_path(ds_file))
             if not ds_path.is_file():
                 return Engine("unplanned", f"DeepSpeed config {ds_file!r} ({accelerate_config}) not found")
             found = _deepspeed_file(ds_path, per_node, f"{accelerate_config} -> {ds_file}")

@@ -417,6 +417,7 @@ def parse_args(argv: list[str] | None = None) -> Recipe:
         # a flag by its name alone: `--hub_tokn=hf_...` must not print the token (cli.Parser alike)
         flag = next((r.split("=")[0] for r in remaining if r.startswith("-")), remaining[0])
         raise ConfigError(f"unknown argument {flag!r}{_suggest(flag)}; see --help")
+    _launch_deepspeed_file()  # before TrainingArguments, which read it
     try:
         with upstream.bf16_gpu_check_skipped() if dry_run_asked(argv) else contextlib.nullcontext():
             script, training, model, project = parser.parse_args_into_dataclasses(args=tokens)
@@ -425,6 +426,11 @@ def parse_args(argv: list[str] | None = None) -> Recipe:
             # Its advice (evaluate and save on one schedule) leads to this project's refusal of the option itself.
             raise ConfigError(LOAD_BEST_REFUSED) from None
         hint = " (on a CPU machine: --bf16 false, or the CPU demo configs/smoke.yaml)" if "bf16" in str(e) else ""
+        if "existing deepspeed config" in str(e):  # accelerate's, for a deepspeed_config_file found nowhere
+            hint = (
+                f" (the accelerate config's deepspeed_config_file, not in {os.getcwd()} nor in the project: give "
+                "its path from the folder the launch runs in, or an absolute one)"
+            )
         raise ConfigError(f"{e}{hint}") from None
     _check_finite(script, training, model, project)
     if project.gpu_memory_gib is not None and project.gpu_memory_gib <= 0:  # the analyzer's plan reads it too
@@ -508,11 +514,30 @@ def _project_files(parts: dict, from_recipe: set[str]) -> None:
     there, as before; the command line's are the user's."""
     for part, name in RECIPE_PATHS:
         value = getattr(parts[part], name)
-        if name not in from_recipe or not isinstance(value, str) or not value:
-            continue
-        path = Path(value).expanduser()
-        if not path.is_absolute() and not path.exists() and (venv.ROOT / path).exists():
-            setattr(parts[part], name, str(venv.ROOT / path))
+        if name in from_recipe and isinstance(value, str) and value:
+            setattr(parts[part], name, project_path(value))
+
+
+def project_path(name: str) -> str:
+    """A relative path that the project's own files name (a recipe's data set, accelerate_config.yaml's
+    ds_config.json): the one in the folder the command runs in where it is there, else the project's where that is
+    there; else `name` as it is."""
+    path = Path(name).expanduser()
+    if not path.is_absolute() and not path.exists() and (venv.ROOT / path).exists():
+        return str(venv.ROOT / path)
+    return name
+
+
+def _launch_deepspeed_file() -> None:
+    """`accelerate launch` hands its config's deepspeed_config_file on as written (ACCELERATE_DEEPSPEED_CONFIG_FILE),
+    and each process reads it, as its TrainingArguments are made, from the folder it runs in: the shipped
+    accelerate_config.yaml's ds_config.json, launched from outside the project (`accelerate launch --config_file
+    ~/dpotrain/accelerate_config.yaml ~/dpotrain/train_dpo.py ...`), stopped every process on "Expected a string path
+    to an existing deepspeed config", while the dry run had planned the project's file. Read as the dry run reads it
+    (engine.from_config): here, else the project's."""
+    name = os.environ.get("ACCELERATE_DEEPSPEED_CONFIG_FILE")
+    if os.environ.get("ACCELERATE_USE_DEEPSPEED", "").lower() == "true" and name and name != "none":
+        os.environ["ACCELERATE_DEEPSPEED_CONFIG_FILE"] = project_path(name)
 
 
 def _take_config(argv: list[str]) -> tuple[str | None, list[str]]:
