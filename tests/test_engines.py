@@ -524,5 +524,27 @@ def test_a_launch_from_outside_the_project_reads_the_shipped_deepspeed_file_the_
     assert engine.launched().name == "zero2" and engine.launched().source.endswith(str(ROOT / "ds_config.json"))
     # Found nowhere: accelerate's line, with where it was looked for and the fix.
     monkeypatch.setenv("ACCELERATE_DEEPSPEED_CONFIG_FILE", "my_ds.json")
-    with pytest.raises(ConfigError, match=f"Received: my_ds.json \\(.*not in {tmp_path} nor in the project: give its"):
+    with pytest.raises(
+        ConfigError,
+        match=f"Received: my_ds.json \\(.*not in {tmp_path} nor in the project: give its deepspeed_config_file's",
+    ):
         parse_args(smoke)
+
+
+def test_a_deepspeed_file_found_nowhere_is_what_the_run_would_refuse_and_its_clipping_reads_as_unplanned(
+    tmp_path, monkeypatch
+):
+    """An accelerate config whose deepspeed_config_file is neither in the folder the dry run runs in nor in the project:
+    every launched process stops on it, while the dry run planned the run in silence, its clipping line reading "by
+    DeepSpeed config 'missing.json' (accel.yaml) not found" (the reason it could not plan, as what clips)."""
+    monkeypatch.chdir(tmp_path)
+    config = tmp_path / "accel.yaml"
+    config.write_text((ROOT / "accelerate_config.yaml").read_text().replace("ds_config.json", "missing.json"))
+    planned = engine.from_config("accel.yaml")
+    assert planned.name == "unplanned" and planned.refused == (
+        f"DeepSpeed config 'missing.json' (accel.yaml) not found in {tmp_path} nor in the project: give its "
+        "deepspeed_config_file's path from the folder the launch runs in, or an absolute one"
+    ), planned
+    assert engine.gradient_clipping(1.0, planned)["clipped_by"] == (
+        "the launch's engine, not planned (DeepSpeed config 'missing.json' (accel.yaml) not found)"
+    )

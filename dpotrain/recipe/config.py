@@ -427,10 +427,7 @@ def parse_args(argv: list[str] | None = None) -> Recipe:
             raise ConfigError(LOAD_BEST_REFUSED) from None
         hint = " (on a CPU machine: --bf16 false, or the CPU demo configs/smoke.yaml)" if "bf16" in str(e) else ""
         if "existing deepspeed config" in str(e):  # accelerate's, for a deepspeed_config_file found nowhere
-            hint = (
-                f" (the accelerate config's deepspeed_config_file, not in {os.getcwd()} nor in the project: give "
-                "its path from the folder the launch runs in, or an absolute one)"
-            )
+            hint = f" (the accelerate config's, not in {os.getcwd()} nor in the project: {DS_FILE_FIX})"
         raise ConfigError(f"{e}{hint}") from None
     _check_finite(script, training, model, project)
     if project.gpu_memory_gib is not None and project.gpu_memory_gib <= 0:  # the analyzer's plan reads it too
@@ -526,6 +523,9 @@ def project_path(name: str) -> str:
     if not path.is_absolute() and not path.exists() and (venv.ROOT / path).exists():
         return str(venv.ROOT / path)
     return name
+
+
+DS_FILE_FIX = "give its deepspeed_config_file's path from the folder the launch runs in, or an absolute one"
 
 
 def _launch_deepspeed_file() -> None:
