@@ -451,7 +451,7 @@ def parse_args(argv: list[str] | None = None) -> Recipe:
         training.run_name = Path(config_path).stem + "-dpo" if config_path else "dpo"
     if "output_dir" not in given:
         training.output_dir = str(Path("outputs") / training.run_name)
-    if there := _in_submit_dir(training.output_dir):  # a Slurm job's output folder, absolute
+    if there := in_submit_dir(training.output_dir):  # a Slurm job's output folder, absolute
         training.output_dir = os.path.abspath(there if "output_dir" in on_command_line else training.output_dir)
     list_single_target(model)
     return Recipe(script, training, model, project, config_path, max_length_auto, given, replaced, typed)
@@ -498,7 +498,7 @@ def _submitted_files(parts: dict, on_command_line: set[str]) -> None:
     for part, name in PATH_FIELDS:
         if name == "accelerate_config" or name not in on_command_line:  # the launch's own: launch.sh reads it
             continue
-        there = _in_submit_dir(getattr(parts[part], name))
+        there = in_submit_dir(getattr(parts[part], name))
         if there is not None and there.exists():
             setattr(parts[part], name, str(there))
 
@@ -591,7 +591,7 @@ def dry_run_asked(argv: list[str]) -> bool:
     return False
 
 
-def _in_submit_dir(name: str | None) -> Path | None:
+def in_submit_dir(name: str | None) -> Path | None:
     """A relative path on a Slurm job's command line is in the folder the user submitted from (DPOTRAIN_SUBMIT_DIR,
     set by scripts/dpo_train.sh), not the project folder the job runs in; None outside a job, or for an absolute one."""
     submitted = os.environ.get("DPOTRAIN_SUBMIT_DIR")
