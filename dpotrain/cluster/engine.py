@@ -191,7 +191,7 @@ def _engine_of(config, accelerate_config: str) -> Engine:
         ds_file = ds.get("deepspeed_config_file")
         if ds_file:  # here, else the project's, as the launched processes read it (config._launch_deepspeed_file)
             ds_path = Path(project_path(ds_file))
-            if not ds_path.is_file():  # every launched process would stop on it (config._launch_deepspeed_file)
+            if not ds_path.is_file():  # every launched process would stop on it
                 why = f"DeepSpeed config {ds_file!r} ({accelerate_config}) not found"
                 return Engine("unplanned", why, refused=f"{why} in {os.getcwd()} nor in the project: {DS_FILE_FIX}")
             found = _deepspeed_file(ds_path, per_node, f"{accelerate_config} -> {ds_file}")
