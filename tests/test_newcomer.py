@@ -817,3 +817,25 @@ def test_a_relative_cache_folder_is_where_it_was_written_for_every_entry_point(t
     monkeypatch.setenv("HF_DATASETS_CACHE", "ds")
     venv.load_env(project)
     assert os.environ["HF_DATASETS_CACHE"] == str(elsewhere / "ds")
+
+
+def test_a_shipped_recipe_named_from_outside_the_project_is_refused_naming_its_path_from_there(tmp_path, monkeypatch):
+    """`python ~/dpotrain/train_dpo.py --config configs/think.yaml` (every example's spelling) from another folder:
+    a command line's path is the folder's, and the refusal advised "pass one of configs/*.yaml", what was passed."""
+    from dpotrain.recipe.config import parse_args
+    from dpotrain.recipe.errors import ConfigError
+
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ConfigError) as refused:
+        parse_args(["--config", "configs/smoke.yaml", "--dry-run"])
+    assert str(refused.value) == (
+        f"recipe 'configs/smoke.yaml' not found in {tmp_path}: pass --config {ROOT / 'configs' / 'smoke.yaml'}"
+    )
+    with pytest.raises(ConfigError) as refused:
+        parse_args(["--config", "configs/mine.yaml", "--dry-run"])
+    assert str(refused.value) == (
+        f"recipe 'configs/mine.yaml' not found in {tmp_path}: pass one of {ROOT / 'configs'}/*.yaml"
+    )
+    monkeypatch.chdir(ROOT)  # in the project, as before
+    with pytest.raises(ConfigError, match=f"^recipe 'configs/mine.yaml' not found in {ROOT}: pass one of configs/"):
+        parse_args(["--config", "configs/mine.yaml", "--dry-run"])

@@ -323,7 +323,12 @@ def read_recipe(path: str) -> dict:
     """The recipe file at `path`, checked as training checks it: strict YAML, and every key a field."""
     writes.check_path_limit("config", path)
     if not Path(path).is_file():
-        raise ConfigError(f"recipe {path!r} not found: pass one of configs/*.yaml")
+        # From outside the project, `--config configs/think.yaml` (every example's) was refused advising configs/*.yaml
+        # again: a command line's path is the folder's, so the fix is the project's file by its path from here
+        relative = not Path(path).is_absolute()
+        shipped = relative and (venv.ROOT / path).is_file()
+        fix = f"--config {venv.project_file(path)}" if shipped else f"one of {venv.project_file('configs')}/*.yaml"
+        raise ConfigError(f"recipe {path!r} not found{f' in {os.getcwd()}' * relative}: pass {fix}")
     config = recipe_file.load(path)
     for key in config:
         if key != "env" and (f"--{key}" not in _options() or "-" in str(key)):  # YAML reads `42:` or `yes:` as no str
