@@ -445,7 +445,7 @@ def parse_args(argv: list[str] | None = None) -> Recipe:
     replaced = _command_line_batch_wins(training, project, on_command_line)
     parts = {"script": script, "model": model, "project": project, "training": training}
     _home_expanded(parts)
-    _project_files(parts, given - on_command_line)
+    _project_files(parts, on_command_line)
     _submitted_files(parts, on_command_line)
     if on_command_line & {"datasets", "dataset_mixer_list"} and "dataset_name" not in on_command_line:
         script.dataset_name = None  # a mixture on the command line replaces the recipe file's one data set
@@ -508,15 +508,17 @@ def _submitted_files(parts: dict, on_command_line: set[str]) -> None:
             setattr(parts[part], name, str(there))
 
 
-def _project_files(parts: dict, from_recipe: set[str]) -> None:
+def _project_files(parts: dict, on_command_line: set[str]) -> None:
     """A recipe's own relative path that is not in the folder the command runs in, but is in the project, is the
     project's file: a job reads a recipe in the project folder (scripts/launch.sh runs there), and run from another
     folder (`python ~/dpotrain/train_dpo.py --config ~/dpotrain/configs/smoke.yaml`, or the analyzer's own choice of
-    think.yaml for a data set) those files were refused as missing. A path found where the command runs is read
+    think.yaml for a data set) those files were refused as missing. The default accelerate_config.yaml alike: a
+    recipe without the field (think.yaml) was refused by a dry run from another folder, and the analyzer skipped its
+    memory plan, while think-32b.yaml, which names its own, was planned. A path found where the command runs is read
     there, as before; the command line's are the user's."""
     for part, name in RECIPE_PATHS:
         value = getattr(parts[part], name)
-        if name in from_recipe and isinstance(value, str) and value:
+        if name not in on_command_line and isinstance(value, str) and value:
             setattr(parts[part], name, project_path(value))
 
 
