@@ -839,3 +839,40 @@ def test_a_shipped_recipe_named_from_outside_the_project_is_refused_naming_its_p
     monkeypatch.chdir(ROOT)  # in the project, as before
     with pytest.raises(ConfigError, match=f"^recipe 'configs/mine.yaml' not found in {ROOT}: pass one of configs/"):
         parse_args(["--config", "configs/mine.yaml", "--dry-run"])
+
+
+def test_a_run_started_in_the_project_resumes_from_another_folder_on_the_same_files(tmp_path, monkeypatch):
+    """A run started in the project records the recipe's `dataset_name: data/smoke_prefs.jsonl` as written; the same
+    command from another folder names the project's file by its full path, and the resume was refused as a run with
+    other settings ("dataset_name: 'data/smoke_prefs.jsonl' -> '/.../data/smoke_prefs.jsonl'"): the recorded name was
+    looked for in the folder the resume runs in alone. A job's folder submitted from counts too."""
+    import json
+    import shutil
+
+    from dpotrain import resolve
+    from dpotrain.recipe.config import parse_args
+
+    argv = ["--config", SMOKE, "--output_dir", str(tmp_path / "run")]
+    monkeypatch.chdir(ROOT)
+    started = parse_args(argv)
+    assert started.script.dataset_name == "data/smoke_prefs.jsonl"
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "resolved_config.json").write_text(json.dumps(resolve.resolved_config(started, {})))
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    resumed = parse_args(argv)
+    assert resumed.script.dataset_name == str(ROOT / "data" / "smoke_prefs.jsonl")
+    assert resolve.changed_settings(resumed, out, None) == []
+    # Another file of the same name is still another setting
+    shutil.copy(ROOT / "data" / "smoke_prefs.jsonl", elsewhere / "mine.jsonl")
+    other = parse_args([*argv, "--dataset_name", "mine.jsonl"])
+    assert [c.split(":")[0] for c in resolve.changed_settings(other, out, None)] == ["dataset_name"]
+    # A Slurm job (run in the project) resuming a run started in the folder it was submitted from, by a relative name
+    (out / "resolved_config.json").write_text(json.dumps(resolve.resolved_config(other, {})))
+    monkeypatch.setenv("DPOTRAIN_SUBMIT_DIR", str(elsewhere))
+    monkeypatch.chdir(ROOT)
+    job = parse_args([*argv, "--dataset_name", "mine.jsonl"])
+    assert job.script.dataset_name == str(elsewhere / "mine.jsonl")
+    assert resolve.changed_settings(job, out, None) == []
