@@ -11,7 +11,7 @@ from dpotrain.cluster import engine
 from dpotrain.data import chat_template, mixture, model_identity
 from dpotrain.hub import hub_push
 from dpotrain.hub.hub import RUN_COMPLETE
-from dpotrain.recipe import run_record
+from dpotrain.recipe import config, run_record
 from dpotrain.recipe.config import Recipe
 from dpotrain.recipe.errors import ConfigError
 from dpotrain.train import resume
@@ -195,11 +195,18 @@ def changed_settings(recipe: Recipe, out: Path, pairs_per_step: int | None) -> l
 
 
 def _one_place(old, new) -> bool:
-    """Two names of one local file or folder (relative once, absolute once, through a link): not a changed setting."""
+    """Two names of one local file or folder (relative once, absolute once, through a link): not a changed setting.
+    A recorded relative name is looked for as this run looks for its own (`config.parse_args`): here, in the folder a
+    job was submitted from, in the project. Looked for here alone, a run started in the project (`dataset_name:
+    data/smoke_prefs.jsonl` recorded as written) was refused its resume from another folder, where the same recipe
+    names the project's file by its full path ("dataset_name: 'data/smoke_prefs.jsonl' -> '/.../data/..."). The
+    content is compared anyway (`changed_settings`)."""
     if not (isinstance(old, str) and isinstance(new, str)):
         return False
-    was, now = Path(old).expanduser(), Path(new).expanduser()
-    return was.exists() and now.exists() and was.resolve() == now.resolve()
+    now = Path(new).expanduser()
+    places = (Path(old).expanduser(), config.in_submit_dir(old), Path(config.project_path(old)).expanduser())
+    was = next((place for place in places if place is not None and place.exists()), None)
+    return was is not None and now.exists() and was.resolve() == now.resolve()
 
 
 def trained_under(checkpoint: Path) -> Path:

@@ -17,6 +17,11 @@ set -euo pipefail
 
 cd "${DPOTRAIN_ROOT:-${SLURM_SUBMIT_DIR:-$PWD}}"  # the project (the sbatch scripts find it: Slurm runs a spool copy)
 RECIPE=${RECIPE:?set RECIPE, e.g. RECIPE=configs/think.yaml}
+# A relative RECIPE is the one in the folder submitted from where it is there, as a relative path on the job's command
+# line is (dpotrain/recipe/config.py); else the project's (configs/think.yaml). Looked for in the project alone,
+# `RECIPE=my.yaml sbatch /path/to/dpotrain/scripts/dpo_train.sh` from the recipe's folder was refused as not found.
+submitted=${DPOTRAIN_SUBMIT_DIR:-$PWD}
+if [[ $RECIPE != /* && $submitted != "$PWD" && -f $submitted/$RECIPE ]]; then RECIPE=$submitted/$RECIPE; fi
 VENV=${VENV:-.venv}
 case $VENV in /*) VENV_BIN=$VENV/bin ;; *) VENV_BIN=$PWD/$VENV/bin ;; esac
 

@@ -495,3 +495,56 @@ def test_an_accelerate_config_with_a_null_process_count_is_planned_as_accelerate
     config.write_text("distributed_type: MULTI_GPU\nnum_processes: null\nnum_machines: 1\n")
     assert engine.processes(engine.read_accelerate_config(str(config))) == 1
     assert engine.from_config(str(config)).name == "ddp"
+
+
+def test_a_launch_from_outside_the_project_reads_the_shipped_deepspeed_file_the_dry_run_planned(tmp_path, monkeypatch):
+    """accelerate_config.yaml names `deepspeed_config_file: ds_config.json`, which `accelerate launch` hands each
+    process as written, to read from the folder it runs in: `accelerate launch --config_file
+    ~/dpotrain/accelerate_config.yaml ~/dpotrain/train_dpo.py ...` from another folder stopped every process as its
+    TrainingArguments were made ("Expected a string path to an existing deepspeed config ... Received: ds_config.json"),
+    while the dry run had planned ZeRO-2 from the project's file. The processes now read it as the dry run does: here,
+    else the project's."""
+    import torch
+    import transformers.training_args as training_args
+
+    from dpotrain.recipe.config import parse_args
+
+    # The launch's DeepSpeed processes without their process group: the plugin reads the file as in a launch.
+    monkeypatch.setattr(training_args.TrainingArguments, "_setup_devices", property(lambda self: torch.device("cpu")))
+    monkeypatch.chdir(tmp_path)  # no ds_config.json here
+    monkeypatch.setenv("ACCELERATE_USE_DEEPSPEED", "true")
+    monkeypatch.setenv("ACCELERATE_DEEPSPEED_CONFIG_FILE", "ds_config.json")
+    for name in ("WORLD_SIZE", "ACCELERATE_DEEPSPEED_ZERO_STAGE", "ACCELERATE_GRADIENT_CLIPPING"):
+        monkeypatch.delenv(name, raising=False)
+    smoke = ["--config", str(ROOT / "configs" / "smoke.yaml")]
+    assert engine.from_config(str(ROOT / "accelerate_config.yaml")).name == "zero2"  # what the dry run plans
+    training = parse_args(smoke).training
+    shipped = json.loads((ROOT / "ds_config.json").read_text())
+    assert training.deepspeed_plugin.hf_ds_config.config["zero_optimization"] == shipped["zero_optimization"]
+    assert engine.launched().name == "zero2" and engine.launched().source.endswith(str(ROOT / "ds_config.json"))
+    # Found nowhere: accelerate's line, with where it was looked for and the fix.
+    monkeypatch.setenv("ACCELERATE_DEEPSPEED_CONFIG_FILE", "my_ds.json")
+    with pytest.raises(
+        ConfigError,
+        match=f"Received: my_ds.json \\(.*not in {tmp_path} nor in the project: give its deepspeed_config_file's",
+    ):
+        parse_args(smoke)
+
+
+def test_a_deepspeed_file_found_nowhere_is_what_the_run_would_refuse_and_its_clipping_reads_as_unplanned(
+    tmp_path, monkeypatch
+):
+    """An accelerate config whose deepspeed_config_file is neither in the folder the dry run runs in nor in the project:
+    every launched process stops on it, while the dry run planned the run in silence, its clipping line reading "by
+    DeepSpeed config 'missing.json' (accel.yaml) not found" (the reason it could not plan, as what clips)."""
+    monkeypatch.chdir(tmp_path)
+    config = tmp_path / "accel.yaml"
+    config.write_text((ROOT / "accelerate_config.yaml").read_text().replace("ds_config.json", "missing.json"))
+    planned = engine.from_config("accel.yaml")
+    assert planned.name == "unplanned" and planned.refused == (
+        f"DeepSpeed config 'missing.json' (accel.yaml) not found in {tmp_path} nor in the project: give its "
+        "deepspeed_config_file's path from the folder the launch runs in, or an absolute one"
+    ), planned
+    assert engine.gradient_clipping(1.0, planned)["clipped_by"] == (
+        "the launch's engine, not planned (DeepSpeed config 'missing.json' (accel.yaml) not found)"
+    )

@@ -4,6 +4,8 @@ Each case runs the real entry (`train_dpo.main` or `run_cli(train_dpo.main)`, in
 as a newcomer has it: no W&B login, no Hugging Face token, no GPU.
 """
 
+import os
+
 import pytest
 
 import train_dpo
@@ -781,3 +783,96 @@ def test_a_job_ends_at_its_dry_run_on_what_the_run_would_refuse(tmp_path):
     assert result.stderr.strip().splitlines()[-1].startswith("error: report_to wandb but no W&B login"), result.stderr
     assert "batch: 8 pairs per step" in result.stdout  # planned, then ended
     assert not (tmp_path / "run").exists()  # no process started: the run would have made its folder
+
+
+def test_a_relative_cache_folder_is_where_it_was_written_for_every_entry_point(tmp_path, monkeypatch):
+    """`DPOTRAIN_CACHE=cache` or `HF_HOME=hf` in `.env` is the project's folder (beside the `.env`), whatever folder a
+    command runs in; exported in the shell it is the folder it was set in, which for a Slurm job is the folder
+    submitted from (the job runs in the project). Read from each command's folder, prefetch.py and the analyzer run
+    from the user's folder filled one cache and the job, started in the project, read another."""
+    from dpotrain.data import lengths
+
+    project, submitted, elsewhere = tmp_path / "project", tmp_path / "my work", tmp_path / "elsewhere"
+    for folder in (project, submitted, elsewhere):
+        folder.mkdir()
+    (project / ".env").write_text("DPOTRAIN_CACHE=cache\nHF_HOME=./caches/hf\nHF_HUB_CACHE=/abs/hub\n")
+    names = ("DPOTRAIN_CACHE", "HF_HOME", "HF_HUB_CACHE", "HF_DATASETS_CACHE")
+    for name in names:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HF_DATASETS_CACHE", "ds")  # the shell's, relative
+    monkeypatch.setenv("DPOTRAIN_SUBMIT_DIR", str(submitted))
+    monkeypatch.chdir(elsewhere)  # where the job runs (the project for scripts/launch.sh; any other folder alike)
+    venv.load_env(project)
+    found = {name: os.environ.get(name) for name in names}
+    assert found == {
+        "DPOTRAIN_CACHE": str(project / "cache"),
+        "HF_HOME": str(project / "caches" / "hf"),
+        "HF_HUB_CACHE": "/abs/hub",
+        "HF_DATASETS_CACHE": str(submitted / "ds"),
+    }, found
+    assert lengths.cache_root() == project / "cache"
+    venv.load_env(project)  # read again (main() reads it after the command did): the same folders
+    assert {name: os.environ.get(name) for name in names} == found
+    monkeypatch.delenv("DPOTRAIN_SUBMIT_DIR")  # not a job: the shell's is the folder the command runs in
+    monkeypatch.setenv("HF_DATASETS_CACHE", "ds")
+    venv.load_env(project)
+    assert os.environ["HF_DATASETS_CACHE"] == str(elsewhere / "ds")
+
+
+def test_a_shipped_recipe_named_from_outside_the_project_is_refused_naming_its_path_from_there(tmp_path, monkeypatch):
+    """`python ~/dpotrain/train_dpo.py --config configs/think.yaml` (every example's spelling) from another folder:
+    a command line's path is the folder's, and the refusal advised "pass one of configs/*.yaml", what was passed."""
+    from dpotrain.recipe.config import parse_args
+    from dpotrain.recipe.errors import ConfigError
+
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ConfigError) as refused:
+        parse_args(["--config", "configs/smoke.yaml", "--dry-run"])
+    assert str(refused.value) == (
+        f"recipe 'configs/smoke.yaml' not found in {tmp_path}: pass --config {ROOT / 'configs' / 'smoke.yaml'}"
+    )
+    with pytest.raises(ConfigError) as refused:
+        parse_args(["--config", "configs/mine.yaml", "--dry-run"])
+    assert str(refused.value) == (
+        f"recipe 'configs/mine.yaml' not found in {tmp_path}: pass one of {ROOT / 'configs'}/*.yaml"
+    )
+    monkeypatch.chdir(ROOT)  # in the project, as before
+    with pytest.raises(ConfigError, match=f"^recipe 'configs/mine.yaml' not found in {ROOT}: pass one of configs/"):
+        parse_args(["--config", "configs/mine.yaml", "--dry-run"])
+
+
+def test_a_run_started_in_the_project_resumes_from_another_folder_on_the_same_files(tmp_path, monkeypatch):
+    """A run started in the project records the recipe's `dataset_name: data/smoke_prefs.jsonl` as written; the same
+    command from another folder names the project's file by its full path, and the resume was refused as a run with
+    other settings ("dataset_name: 'data/smoke_prefs.jsonl' -> '/.../data/smoke_prefs.jsonl'"): the recorded name was
+    looked for in the folder the resume runs in alone. A job's folder submitted from counts too."""
+    import json
+    import shutil
+
+    from dpotrain import resolve
+    from dpotrain.recipe.config import parse_args
+
+    argv = ["--config", SMOKE, "--output_dir", str(tmp_path / "run")]
+    monkeypatch.chdir(ROOT)
+    started = parse_args(argv)
+    assert started.script.dataset_name == "data/smoke_prefs.jsonl"
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "resolved_config.json").write_text(json.dumps(resolve.resolved_config(started, {})))
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    resumed = parse_args(argv)
+    assert resumed.script.dataset_name == str(ROOT / "data" / "smoke_prefs.jsonl")
+    assert resolve.changed_settings(resumed, out, None) == []
+    # Another file of the same name is still another setting
+    shutil.copy(ROOT / "data" / "smoke_prefs.jsonl", elsewhere / "mine.jsonl")
+    other = parse_args([*argv, "--dataset_name", "mine.jsonl"])
+    assert [c.split(":")[0] for c in resolve.changed_settings(other, out, None)] == ["dataset_name"]
+    # A Slurm job (run in the project) resuming a run started in the folder it was submitted from, by a relative name
+    (out / "resolved_config.json").write_text(json.dumps(resolve.resolved_config(other, {})))
+    monkeypatch.setenv("DPOTRAIN_SUBMIT_DIR", str(elsewhere))
+    monkeypatch.chdir(ROOT)
+    job = parse_args([*argv, "--dataset_name", "mine.jsonl"])
+    assert job.script.dataset_name == str(elsewhere / "mine.jsonl")
+    assert resolve.changed_settings(job, out, None) == []

@@ -311,6 +311,24 @@ def test_a_dry_run_ends_on_an_accelerate_config_that_is_not_there(tmp_path, monk
     )
 
 
+def test_the_default_accelerate_config_is_the_projects_from_another_folder_as_a_recipes_own_is(tmp_path, monkeypatch):
+    """`python ~/dpotrain/train_dpo.py --config ~/dpotrain/configs/think.yaml --dry-run` from another folder: think.yaml
+    names no accelerate_config, and its default accelerate_config.yaml was looked for there alone and refused (the
+    analyzer skipped its memory plan), while think-32b.yaml, which names its own configs/accelerate/zero3.yaml, was
+    planned from the project's file. The default is the project's file too; given on the command line, the folder's."""
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    monkeypatch.chdir(tmp_path)
+    recipe = tmp_path / "no-engine.yaml"  # think.yaml's shape: no accelerate_config line
+    text = (ROOT / "configs" / "smoke.yaml").read_text()
+    recipe.write_text("".join(line for line in text.splitlines(True) if not line.startswith("accelerate_config:")))
+    argv = ["--config", str(recipe), "--dataset_name", str(ROOT / "data" / "smoke_prefs.jsonl"), "--dry-run"]
+    planned = parse_args(argv)
+    assert planned.project.accelerate_config == str(ROOT / "accelerate_config.yaml")
+    assert resolve.world_size(planned, True)[0] == 4  # the shipped config's num_processes
+    with pytest.raises(ConfigError, match=f"^accelerate config 'accelerate_config.yaml' not found \\(in {tmp_path}\\)"):
+        resolve.world_size(parse_args([*argv, "--accelerate_config", "accelerate_config.yaml"]), True)
+
+
 def test_a_dry_run_ends_on_an_accelerate_config_accelerate_itself_refuses(tmp_path):
     """A key accelerate does not know (`gpus_per_node`, a Slurm word): the dry run, and so the job, ends in one line."""
     path = tmp_path / "my accelerate.yaml"

@@ -622,6 +622,38 @@ def test_sbatch_scripts_find_a_project_whose_path_holds_spaces_from_another_fold
         assert "--max_steps 4" in result.stdout and "--num_processes 4" in result.stdout
 
 
+def test_a_relative_recipe_and_accelerate_config_of_a_job_are_the_folder_submitted_froms(tmp_path):
+    """`RECIPE=my.yaml ACCELERATE_CONFIG=my_accel.yaml sbatch /path/to/dpotrain/scripts/dpo_train.sh` from the folder
+    holding them: the job runs in the project, where both were looked for alone ("recipe my.yaml not found: set
+    RECIPE=configs/<name>.yaml"), while a relative path on the same command line is the folder submitted from's. The
+    project's own (the default configs/think.yaml, a recipe's accelerate_config) stay the project's."""
+    elsewhere = tmp_path / "runs"  # (a path with spaces: the test above)
+    elsewhere.mkdir()
+    (elsewhere / "my.yaml").write_text((ROOT / "configs" / "smoke.yaml").read_text())
+    (elsewhere / "my_accel.yaml").write_text((ROOT / "accelerate_config.yaml").read_text())
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_") and k != "ACCELERATE_CONFIG"}
+    env |= {"LAUNCH_PRINT_ONLY": "1", "SLURM_SUBMIT_DIR": str(elsewhere), "SLURM_GPUS_PER_NODE": "4"}
+
+    def launch(**given) -> str:
+        result = subprocess.run(
+            ["bash", str(ROOT / "scripts" / "dpo_train.sh"), *given.pop("args", [])],
+            cwd=elsewhere,
+            env=env | given,
+            capture_output=True,
+            text=True,
+        )
+        assert result.returncode == 0, result.stderr
+        return result.stdout
+
+    line = launch(RECIPE="my.yaml", ACCELERATE_CONFIG="my_accel.yaml")
+    assert f"--config_file {elsewhere / 'my_accel.yaml'} " in line, line
+    assert f"train_dpo.py --config {elsewhere / 'my.yaml'} " in line, line
+    line = launch(RECIPE="my.yaml", args=["--accelerate_config", "my_accel.yaml"])
+    assert f"--config_file {elsewhere / 'my_accel.yaml'} " in line, line
+    line = launch()  # not in the folder submitted from: the project's
+    assert "train_dpo.py --config configs/think.yaml " in line and "--config_file accelerate_config.yaml " in line
+
+
 def torch_extensions_dir() -> str:
     """Where torch builds JIT ops for this interpreter (cpp_extension's default): the session's jobs built there."""
     import torch

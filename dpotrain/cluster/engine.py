@@ -17,8 +17,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from dpotrain.data.builtin import PROJECT_ROOT
 from dpotrain.recipe import upstream
+from dpotrain.recipe.config import DS_FILE_FIX, project_path
 from dpotrain.recipe.errors import ConfigError, cause
 
 LAUNCHED = "this launch"  # the source of an engine read from the environment `accelerate launch` sets
@@ -189,10 +189,11 @@ def _engine_of(config, accelerate_config: str) -> Engine:
     if kind == "DEEPSPEED":
         ds = config.deepspeed_config
         ds_file = ds.get("deepspeed_config_file")
-        if ds_file:  # relative to where jobs start (the project root), as accelerate reads it
-            ds_path = Path(ds_file) if Path(ds_file).is_file() else PROJECT_ROOT / ds_file
-            if not ds_path.is_file():
-                return Engine("unplanned", f"DeepSpeed config {ds_file!r} ({accelerate_config}) not found")
+        if ds_file:  # here, else the project's, as the launched processes read it (config._launch_deepspeed_file)
+            ds_path = Path(project_path(ds_file))
+            if not ds_path.is_file():  # every launched process would stop on it
+                why = f"DeepSpeed config {ds_file!r} ({accelerate_config}) not found"
+                return Engine("unplanned", why, refused=f"{why} in {os.getcwd()} nor in the project: {DS_FILE_FIX}")
             found = _deepspeed_file(ds_path, per_node, f"{accelerate_config} -> {ds_file}")
             # accelerate refuses its own settings beside the file (DeepSpeedPlugin._deepspeed_config_checks), in every
             # process as it starts: mixed_precision too, when the config names one
@@ -387,7 +388,9 @@ def gradient_clipping(max_grad_norm: float, run_engine: Engine) -> dict:
         )
     if max_grad_norm == 0:
         return {"max_grad_norm": None, "clipped_by": "none (max_grad_norm 0)"}
-    return {"max_grad_norm": max_grad_norm, "clipped_by": CLIPPED_BY.get(run_engine.name, run_engine.source)}
+    # An engine the dry run cannot plan: its source says why (not what clips), and the launch's engine will clip
+    by = CLIPPED_BY.get(run_engine.name) or f"the launch's engine, not planned ({run_engine.source})"
+    return {"max_grad_norm": max_grad_norm, "clipped_by": by}
 
 
 def check_mixed_precision(training, run_engine: Engine) -> None:

@@ -6,7 +6,7 @@ refuse."""
 import os
 import sys
 
-from dpotrain.recipe import recipe_file, run_record
+from dpotrain.recipe import config, recipe_file, run_record
 from dpotrain.recipe.config import ProjectArguments
 from dpotrain.recipe.errors import ConfigError, run_cli
 
@@ -28,7 +28,12 @@ def engine(recipe: str, train_args: list[str] | None = None) -> str:
         raise ConfigError(
             f"ACCELERATE_CONFIG={env} and --accelerate_config {given} name different engines: keep one of them"
         )
-    named = env or (given if given is not None else recipe_file.load(recipe).get("accelerate_config"))
+    named = env or given
+    if named and (there := config.in_submit_dir(named)) is not None and there.is_file():
+        # The job's own (ACCELERATE_CONFIG=my_accel.yaml or an argument): the folder submitted from's where it is
+        # there, as the command line's other paths (the job runs in the project, where it was refused as not found)
+        return str(there)
+    named = named if named is not None else recipe_file.load(recipe).get("accelerate_config")
     return str(named) if named and str(named).lower() != "none" else ProjectArguments.accelerate_config
 
 

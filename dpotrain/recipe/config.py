@@ -323,7 +323,12 @@ def read_recipe(path: str) -> dict:
     """The recipe file at `path`, checked as training checks it: strict YAML, and every key a field."""
     writes.check_path_limit("config", path)
     if not Path(path).is_file():
-        raise ConfigError(f"recipe {path!r} not found: pass one of configs/*.yaml")
+        # From outside the project, `--config configs/think.yaml` (every example's) was refused advising configs/*.yaml
+        # again: a command line's path is the folder's, so the fix is the project's file by its path from here
+        relative = not Path(path).is_absolute()
+        shipped = relative and (venv.ROOT / path).is_file()
+        fix = f"--config {venv.project_file(path)}" if shipped else f"one of {venv.project_file('configs')}/*.yaml"
+        raise ConfigError(f"recipe {path!r} not found{f' in {os.getcwd()}' * relative}: pass {fix}")
     config = recipe_file.load(path)
     for key in config:
         if key != "env" and (f"--{key}" not in _options() or "-" in str(key)):  # YAML reads `42:` or `yes:` as no str
@@ -417,6 +422,7 @@ def parse_args(argv: list[str] | None = None) -> Recipe:
         # a flag by its name alone: `--hub_tokn=hf_...` must not print the token (cli.Parser alike)
         flag = next((r.split("=")[0] for r in remaining if r.startswith("-")), remaining[0])
         raise ConfigError(f"unknown argument {flag!r}{_suggest(flag)}; see --help")
+    _launch_deepspeed_file()  # before TrainingArguments, which read it
     try:
         with upstream.bf16_gpu_check_skipped() if dry_run_asked(argv) else contextlib.nullcontext():
             script, training, model, project = parser.parse_args_into_dataclasses(args=tokens)
@@ -425,6 +431,8 @@ def parse_args(argv: list[str] | None = None) -> Recipe:
             # Its advice (evaluate and save on one schedule) leads to this project's refusal of the option itself.
             raise ConfigError(LOAD_BEST_REFUSED) from None
         hint = " (on a CPU machine: --bf16 false, or the CPU demo configs/smoke.yaml)" if "bf16" in str(e) else ""
+        if "existing deepspeed config" in str(e):  # accelerate's, for a deepspeed_config_file found nowhere
+            hint = f" (the accelerate config's, not in {os.getcwd()} nor in the project: {DS_FILE_FIX})"
         raise ConfigError(f"{e}{hint}") from None
     _check_finite(script, training, model, project)
     if project.gpu_memory_gib is not None and project.gpu_memory_gib <= 0:  # the analyzer's plan reads it too
@@ -437,7 +445,7 @@ def parse_args(argv: list[str] | None = None) -> Recipe:
     replaced = _command_line_batch_wins(training, project, on_command_line)
     parts = {"script": script, "model": model, "project": project, "training": training}
     _home_expanded(parts)
-    _project_files(parts, given - on_command_line)
+    _project_files(parts, on_command_line)
     _submitted_files(parts, on_command_line)
     if on_command_line & {"datasets", "dataset_mixer_list"} and "dataset_name" not in on_command_line:
         script.dataset_name = None  # a mixture on the command line replaces the recipe file's one data set
@@ -448,7 +456,7 @@ def parse_args(argv: list[str] | None = None) -> Recipe:
         training.run_name = Path(config_path).stem + "-dpo" if config_path else "dpo"
     if "output_dir" not in given:
         training.output_dir = str(Path("outputs") / training.run_name)
-    if there := _in_submit_dir(training.output_dir):  # a Slurm job's output folder, absolute
+    if there := in_submit_dir(training.output_dir):  # a Slurm job's output folder, absolute
         training.output_dir = os.path.abspath(there if "output_dir" in on_command_line else training.output_dir)
     list_single_target(model)
     return Recipe(script, training, model, project, config_path, max_length_auto, given, replaced, typed)
@@ -495,24 +503,48 @@ def _submitted_files(parts: dict, on_command_line: set[str]) -> None:
     for part, name in PATH_FIELDS:
         if name == "accelerate_config" or name not in on_command_line:  # the launch's own: launch.sh reads it
             continue
-        there = _in_submit_dir(getattr(parts[part], name))
+        there = in_submit_dir(getattr(parts[part], name))
         if there is not None and there.exists():
             setattr(parts[part], name, str(there))
 
 
-def _project_files(parts: dict, from_recipe: set[str]) -> None:
+def _project_files(parts: dict, on_command_line: set[str]) -> None:
     """A recipe's own relative path that is not in the folder the command runs in, but is in the project, is the
     project's file: a job reads a recipe in the project folder (scripts/launch.sh runs there), and run from another
     folder (`python ~/dpotrain/train_dpo.py --config ~/dpotrain/configs/smoke.yaml`, or the analyzer's own choice of
-    think.yaml for a data set) those files were refused as missing. A path found where the command runs is read
+    think.yaml for a data set) those files were refused as missing. The default accelerate_config.yaml alike: a
+    recipe without the field (think.yaml) was refused by a dry run from another folder, and the analyzer skipped its
+    memory plan, while think-32b.yaml, which names its own, was planned. A path found where the command runs is read
     there, as before; the command line's are the user's."""
     for part, name in RECIPE_PATHS:
         value = getattr(parts[part], name)
-        if name not in from_recipe or not isinstance(value, str) or not value:
-            continue
-        path = Path(value).expanduser()
-        if not path.is_absolute() and not path.exists() and (venv.ROOT / path).exists():
-            setattr(parts[part], name, str(venv.ROOT / path))
+        if name not in on_command_line and isinstance(value, str) and value:
+            setattr(parts[part], name, project_path(value))
+
+
+def project_path(name: str) -> str:
+    """A relative path that the project's own files name (a recipe's data set, accelerate_config.yaml's
+    ds_config.json): the one in the folder the command runs in where it is there, else the project's where that is
+    there; else `name` as it is."""
+    path = Path(name).expanduser()
+    if not path.is_absolute() and not path.exists() and (venv.ROOT / path).exists():
+        return str(venv.ROOT / path)
+    return name
+
+
+DS_FILE_FIX = "give its deepspeed_config_file's path from the folder the launch runs in, or an absolute one"
+
+
+def _launch_deepspeed_file() -> None:
+    """`accelerate launch` hands its config's deepspeed_config_file on as written (ACCELERATE_DEEPSPEED_CONFIG_FILE),
+    and each process reads it, as its TrainingArguments are made, from the folder it runs in: the shipped
+    accelerate_config.yaml's ds_config.json, launched from outside the project (`accelerate launch --config_file
+    ~/dpotrain/accelerate_config.yaml ~/dpotrain/train_dpo.py ...`), stopped every process on "Expected a string path
+    to an existing deepspeed config", while the dry run had planned the project's file. Read as the dry run reads it
+    (engine.from_config): here, else the project's."""
+    name = os.environ.get("ACCELERATE_DEEPSPEED_CONFIG_FILE")
+    if os.environ.get("ACCELERATE_USE_DEEPSPEED", "").lower() == "true" and name and name != "none":
+        os.environ["ACCELERATE_DEEPSPEED_CONFIG_FILE"] = project_path(name)
 
 
 def _take_config(argv: list[str]) -> tuple[str | None, list[str]]:
@@ -566,7 +598,7 @@ def dry_run_asked(argv: list[str]) -> bool:
     return False
 
 
-def _in_submit_dir(name: str | None) -> Path | None:
+def in_submit_dir(name: str | None) -> Path | None:
     """A relative path on a Slurm job's command line is in the folder the user submitted from (DPOTRAIN_SUBMIT_DIR,
     set by scripts/dpo_train.sh), not the project folder the job runs in; None outside a job, or for an absolute one."""
     submitted = os.environ.get("DPOTRAIN_SUBMIT_DIR")

@@ -56,11 +56,32 @@ def load_env(root: Path) -> None:
     handed to them."""
     from dotenv import load_dotenv  # `require` checked it is installed
 
+    given = {name for name in CACHE_FOLDERS if os.environ.get(name)}  # the environment's, before the `.env`'s
     load_dotenv(root / ".env")
+    for name in CACHE_FOLDERS:
+        _anchor_cache_folder(name, root if name not in given else None)
     if "huggingface_hub" in sys.modules or "datasets" in sys.modules:  # imported before this read: told now
         from dpotrain.recipe import hub_switches
 
         hub_switches.take_dotenv_switches()
+
+
+# The cache folders the entry points and the libraries read (huggingface_hub and datasets as they are imported).
+CACHE_FOLDERS = ("HF_HOME", "HF_HUB_CACHE", "HF_DATASETS_CACHE", "DPOTRAIN_CACHE")
+
+
+def _anchor_cache_folder(name: str, env_file_folder: Path | None) -> None:
+    """A relative cache folder made absolute, once, where it was written: a `.env`'s in the folder the `.env` is in
+    (the project), the environment's in the folder it was set in, which is a Slurm job's submit folder
+    (DPOTRAIN_SUBMIT_DIR; the job runs in the project). Read as they were from the folder each command runs in,
+    `DPOTRAIN_CACHE=cache` was one folder for the analyzer and prefetch.py run from the submit folder and another for
+    the job, which started in the project: the lengths measured again, and an offline job missing every file prefetch
+    had fetched into `HF_HOME=hf`. The absolute value is what the libraries and the launched processes then read."""
+    value = os.environ.get(name)
+    if not value or os.path.isabs(os.path.expanduser(value)):
+        return
+    folder = env_file_folder or os.environ.get("DPOTRAIN_SUBMIT_DIR") or os.getcwd()
+    os.environ[name] = os.path.normpath(os.path.join(folder, value))
 
 
 def own_tools_first() -> None:
