@@ -19,7 +19,7 @@ from dpotrain.hub.hub import RUN_COMPLETE
 from dpotrain.recipe.errors import ConfigError
 from dpotrain.recipe.writes import unwritable
 from dpotrain.train import run_files
-from dpotrain.train.checkpoints import checkpoints
+from dpotrain.train.checkpoints import checkpoints, step_of
 from dpotrain.train.run_files import MANIFEST, claim
 
 # What records written before checkpoints were recorded by name hold for them: read as the folder's checkpoint folders.
@@ -165,6 +165,27 @@ def check_replaceable(output_dir: str, start_afresh: bool) -> None:
             f"output_dir {output_dir!r} holds a run written before runs recorded their own files (no "
             f"{MANIFEST}), so --overwrite_output_dir cannot tell them from yours: move or delete that "
             "run yourself, or pass a new --output_dir"
+        )
+
+
+def check_checkpoints_of_others(output_dir: str, resume_from: str | None, start_afresh: bool, max_steps: int) -> None:
+    """Refuses a `checkpoint-N` the run did not write (a person's, which rotation and --overwrite_output_dir keep) at a
+    step the run may still save: past the step it starts from (a stop saves at any step), up to max_steps when set.
+    The run clears that folder to write its own checkpoint there, and the person's files would be gone."""
+    from dpotrain.train.resume import saved_step
+
+    out = Path(output_dir)
+    own = read_manifest(out) if out.is_dir() else None
+    if own is None:  # no run (nothing there), or one written before runs recorded their files: all its checkpoints
+        return
+    start = (saved_step(Path(resume_from)) or 0) if resume_from else 0
+    last = max_steps if max_steps > 0 else float("inf")
+    ahead = [p.name for p in checkpoints(out) if p.name not in own and start < step_of(p) <= last]
+    if ahead:
+        raise ConfigError(
+            f"output_dir {output_dir!r} holds {', '.join(ahead)}, which this run did not write ({MANIFEST} does not "
+            f"name {'it' if len(ahead) == 1 else 'them'}), where the run may save its own checkpoint of that step: "
+            f"move it out of the folder (or rename it, e.g. {ahead[0]}.bak), or pass another --output_dir"
         )
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import PYTHON, ROOT, python, run_train
+from conftest import PYTHON, ROOT, python, run_train, sealed_checkpoint
 from dpotrain import output_folder
 from dpotrain.cluster import run_lock
 from dpotrain.train import run_files
@@ -236,6 +236,43 @@ def test_a_record_written_before_checkpoints_were_named_removes_only_checkpoint_
     output_folder.replace(out, output_folder.read_manifest(out))
     kept = ["checkpoint-2-samples", "checkpoint-4-evals.json", "checkpoint-4.bak", "checkpoint-6.md", "run_files.json"]
     assert sorted(p.name for p in out.iterdir()) == kept
+
+
+def test_a_persons_checkpoint_folder_where_the_run_saves_is_refused_and_never_removed(tmp_path, capsys):
+    """A `checkpoint-N` a person put in a run's folder (evaluations of their own under that name) is kept by
+    --overwrite_output_dir and by rotation, but the replacing run, saving at step N, removed it as "an earlier
+    attempt" before writing its own there. Now refused at start (the dry run lists it); one put there while the run
+    trains is moved aside at the save, never removed."""
+    import train_dpo
+    from dpotrain.train.checkpoints import clear_for_save
+
+    out = tmp_path / "run"
+    sealed_checkpoint(out / "checkpoint-2")
+    (out / "run_complete.json").write_text('{"global_step": 2}\n')
+    run_files.write(out, [run_files.MANIFEST, "run_complete.json", "checkpoint-2"])
+    (out / "checkpoint-3").mkdir()
+    (out / "checkpoint-3" / "evals.json").write_text('{"mmlu": 0.31}\n')
+    (out / "checkpoint-9").mkdir()  # past max_steps: no save goes there
+    args = train_args(out, "--overwrite_output_dir", "--max_steps", "4", "--save_steps", "3")
+    train_dpo.main([*args, "--dry-run"])
+    assert (
+        f"warning: the run would refuse: output_dir {str(out)!r} holds checkpoint-3, which this run did not write "
+        f"({run_files.MANIFEST} does not name it), where the run may save its own checkpoint of that step"
+    ) in capsys.readouterr().out
+    from dpotrain.recipe.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"holds checkpoint-3, .* move it out of the folder \(or rename it"):
+        output_folder.check_checkpoints_of_others(str(out), None, True, 4)
+    # Only the steps the run may save: past the one it resumes from, up to max_steps.
+    elsewhere = sealed_checkpoint(tmp_path / "other" / "checkpoint-4")
+    output_folder.check_checkpoints_of_others(str(out), str(elsewhere), False, 8)
+    # One put there during the run: moved aside when the run saves that step, the person's file in it.
+    clear_for_save(out, 3)
+    (aside,) = out.glob("checkpoint-3.not-this-run-*")
+    assert (aside / "evals.json").read_text() == '{"mmlu": 0.31}\n' and not (out / "checkpoint-3").exists()
+    assert f"Moved {out / 'checkpoint-3'} to {aside}: not this run's" in capsys.readouterr().out
+    clear_for_save(out, 2)  # the run's own, from an earlier attempt: removed as before
+    assert not (out / "checkpoint-2").exists()
 
 
 # --- a run never reads from its own output folder --------------------------------------------------------------------
