@@ -269,6 +269,22 @@ def test_a_run_under_nohup_outlives_its_terminal():
     stop.release(exiting=False)
 
 
+def test_ctrl_c_once_training_is_over_says_the_run_finishes_its_final_save(capfd):
+    """Ctrl-C while the final model was saved (or pushed) printed "saving a checkpoint at the end of this step, then
+    stopping", while no step was left: the run saved its final model and outputs and ended with 0."""
+    from dpotrain.train.preemption import GracefulStop
+
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # a terminal's foreground job (conftest restores it)
+    stop = GracefulStop()
+    stop.on_train_end(None, None, None)
+    os.kill(os.getpid(), signal.SIGINT)
+    time.sleep(0.1)
+    stop.release(exiting=False)
+    said = capfd.readouterr().err
+    assert "Ctrl-C: training is over; finishing the final model and the run's outputs, then ending" in said
+    assert "saving a checkpoint" not in said
+
+
 @pytest.mark.slow
 def test_a_second_signal_does_not_end_the_process():
     # On a preemption Slurm signals every process of the job, and srun forwards its own SIGTERM to the tasks again: a

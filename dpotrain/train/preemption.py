@@ -40,6 +40,7 @@ class GracefulStop(TrainerCallback):
         self.requested_at: float | None = None  # when this process first heard of the request (time.time())
         self.stopped = False
         self.interrupted: float | None = None  # when a first Ctrl-C was pressed (time.monotonic())
+        self.training_over = False  # no step left to stop at: the final model and the run's outputs are being saved
         self.terminal = [fd for fd in terminal.STREAMS if os.isatty(fd)]  # what a SIGHUP closes
         self.previous = {}  # the handlers found, given back to a caller that goes on after the run (release)
         if threading.current_thread() is threading.main_thread():  # Python only delivers signals there
@@ -70,11 +71,19 @@ class GracefulStop(TrainerCallback):
             if self.interrupted:
                 return
             self.interrupted = time.monotonic()
-            terminal.say(  # the `| tee` the same Ctrl-C killed may be gone already
-                2,
-                b"\nCtrl-C: saving a checkpoint at the end of this step, then stopping (Ctrl-C again: stop "
-                b"at once, without it)\n",
-            )
+            # the `| tee` the same Ctrl-C killed may be gone already
+            if self.training_over and not self.stopped:  # the run saves its final model and outputs, and ends (0)
+                terminal.say(
+                    2,
+                    b"\nCtrl-C: training is over; finishing the final model and the run's outputs, then ending "
+                    b"(Ctrl-C again: stop at once, without them)\n",
+                )
+            else:
+                terminal.say(
+                    2,
+                    b"\nCtrl-C: saving a checkpoint at the end of this step, then stopping (Ctrl-C again: stop "
+                    b"at once, without it)\n",
+                )
         if signum == signal.SIGHUP and self.terminal:
             terminal.detach(self.terminal)
             self.terminal.clear()
@@ -127,6 +136,11 @@ class GracefulStop(TrainerCallback):
             self.stopped = True
             control.should_save = True
             control.should_training_stop = True
+        return control
+
+    def on_train_end(self, args, state, control, **kwargs):
+        # A Ctrl-C from here finds no step to stop at: the run goes on to save the final model (publish.py).
+        self.training_over = True
         return control
 
     def on_save(self, args, state, control, **kwargs):
