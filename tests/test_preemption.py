@@ -57,6 +57,9 @@ def start(out, model_dir, data, env=None):
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
+        # SIGINT as a terminal's foreground job has it: a shell's background job, which the tests may run as, ignores
+        # it, and a run leaves an ignored SIGINT ignored
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
 
 
@@ -267,6 +270,28 @@ def test_a_run_under_nohup_outlives_its_terminal():
     time.sleep(0.1)
     assert stop.asked_here() and stop.signal_received == signal.SIGHUP
     stop.release(exiting=False)
+
+
+def test_a_background_job_of_a_script_keeps_ignoring_ctrl_c():
+    """`python train_dpo.py ... &` in a script (a shell without job control) starts with SIGINT ignored, so that the
+    Ctrl-C meant for the script's foreground command (a `tail -f` of the log) leaves it running. The run took SIGINT
+    over, and that Ctrl-C stopped it with 75."""
+    from dpotrain.train.preemption import GracefulStop
+
+    background = subprocess.run(
+        ["bash", "-c", f"{shlex.quote(sys.executable)} -c 'import signal; print(signal.getsignal(2) == 1)' & wait"],
+        capture_output=True,
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
+    assert background.stdout.strip() == "True"  # such a job starts with SIGINT ignored (SIG_IGN)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # as that job starts the run (conftest gives the test's back)
+    stop = GracefulStop()
+    os.kill(os.getpid(), signal.SIGINT)
+    time.sleep(0.1)
+    assert not stop.asked_here() and signal.getsignal(signal.SIGINT) == signal.SIG_IGN
+    stop.release(exiting=False)
+    assert signal.getsignal(signal.SIGINT) == signal.SIG_IGN
 
 
 def test_ctrl_c_once_training_is_over_says_the_run_finishes_its_final_save(capfd):

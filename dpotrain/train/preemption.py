@@ -45,9 +45,12 @@ class GracefulStop(TrainerCallback):
         self.previous = {}  # the handlers found, given back to a caller that goes on after the run (release)
         if threading.current_thread() is threading.main_thread():  # Python only delivers signals there
             for sig in STOP_SIGNALS:
-                # `nohup` ignores SIGHUP so that the run outlives its terminal (a run taking it stopped at logout). The
-                # others are taken over ignored too: scripts/launch.sh's srun shell ignores TERM for torchrun's agent.
-                if sig == signal.SIGHUP and signal.getsignal(sig) == signal.SIG_IGN:
+                # `nohup` ignores SIGHUP so that the run outlives its terminal (a run taking it stopped at logout), and
+                # a script's background job (`python train_dpo.py ... &` in a shell without job control) starts with
+                # SIGINT ignored so that the Ctrl-C meant for the script's foreground command does not reach it. Those
+                # stay ignored. The others are taken over ignored too: scripts/launch.sh's srun shell ignores TERM for
+                # torchrun's agent.
+                if sig in (signal.SIGHUP, signal.SIGINT) and signal.getsignal(sig) == signal.SIG_IGN:
                     continue
                 self.previous[sig] = signal.signal(sig, self._on_signal)
 
