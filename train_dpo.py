@@ -33,7 +33,7 @@ try:
     from dpotrain.cluster import engine, run_lock
     from dpotrain.hub import hub
     from dpotrain.plan import memory
-    from dpotrain.recipe.config import dry_run_asked, parse_args
+    from dpotrain.recipe.config import dry_run_asked, parse_args, read_recipe
     from dpotrain.recipe.errors import run_cli
     from dpotrain.train import disk_full, resume
     from dpotrain.train.preemption import GracefulStop
@@ -73,6 +73,8 @@ def run(argv, stop: GracefulStop) -> int | None:
     stdout = sys.stdout
     with redirect_stdout(sys.stderr) if dry_run_asked(sys.argv[1:] if argv is None else argv) else nullcontext():
         recipe = parse_args(argv)  # transformers prints "[INFO] Running in WANDB offline mode" as it is imported
+    # The command a stop prints drops the command line's --resume_from_checkpoint; a recipe file's it clears.
+    stop.recipe_resumes = bool(recipe.config_path and read_recipe(recipe.config_path).get("resume_from_checkpoint"))
     if recipe.project.dry_run or recipe.project.preflight:
         stop.not_needed()  # no checkpoint to save: Ctrl-C stops it at once (one line, run_cli)
     memory.default_allocator()  # after .env and the recipe's `env:` (a user's setting wins), before any GPU memory

@@ -272,6 +272,31 @@ def test_a_run_under_nohup_outlives_its_terminal():
     stop.release(exiting=False)
 
 
+def test_the_command_printed_to_go_on_clears_a_recipe_files_resume_from_checkpoint(tmp_path, monkeypatch, capsys):
+    """A recipe file that names resume_from_checkpoint: the printed command dropped only the command line's, so typed
+    back it went back to that checkpoint, and was refused (`holds checkpoint-5, past resume_from_checkpoint ...: drop
+    --resume_from_checkpoint`), which the command did not hold. It now ends with `--resume_from_checkpoint ''`, read
+    as none: the rerun goes on from the newest verified checkpoint."""
+    import train_dpo
+    from dpotrain.recipe.config import parse_args
+    from dpotrain.train.preemption import GracefulStop, rerun_command
+
+    monkeypatch.delenv("LOCAL_RANK", raising=False)
+    smoke = (ROOT / "configs" / "smoke.yaml").read_text()
+    for named, cleared in ((f"resume_from_checkpoint: {tmp_path / 'run' / 'checkpoint-2'}\n", True), ("", False)):
+        recipe = tmp_path / "r.yaml"
+        recipe.write_text(smoke + named)
+        argv = ["--config", str(recipe), "--output_dir", str(tmp_path / "run"), "--dry-run"]
+        stop = GracefulStop()
+        train_dpo.run(argv, stop)  # as the run starts: it learns whether its recipe file names one
+        capsys.readouterr()
+        monkeypatch.setattr(sys, "argv", ["train_dpo.py", *argv[:-1], "--resume_from_checkpoint", "c"])
+        printed = rerun_command(stop.recipe_resumes)
+        assert printed.endswith(" --resume_from_checkpoint ''") == cleared, printed
+        typed_back = parse_args(shlex.split(printed)[2:])
+        assert not typed_back.training.resume_from_checkpoint
+
+
 def test_a_background_job_of_a_script_keeps_ignoring_ctrl_c():
     """`python train_dpo.py ... &` in a script (a shell without job control) starts with SIGINT ignored, so that the
     Ctrl-C meant for the script's foreground command (a `tail -f` of the log) leaves it running. The run took SIGINT

@@ -41,6 +41,7 @@ class GracefulStop(TrainerCallback):
         self.stopped = False
         self.interrupted: float | None = None  # when a first Ctrl-C was pressed (time.monotonic())
         self.training_over = False  # no step left to stop at: the final model and the run's outputs are being saved
+        self.recipe_resumes = False  # the recipe file names a resume_from_checkpoint, which the printed command clears
         self.terminal = [fd for fd in terminal.STREAMS if os.isatty(fd)]  # what a SIGHUP closes
         self.previous = {}  # the handlers found, given back to a caller that goes on after the run (release)
         if threading.current_thread() is threading.main_thread():  # Python only delivers signals there
@@ -126,7 +127,7 @@ class GracefulStop(TrainerCallback):
         how = (
             "exiting so that the job can be requeued"
             if self.stop_file
-            else f"to go on from it, run the same command again, in {os.getcwd()}: {rerun_command()}"
+            else f"to go on from it, run the same command again, in {os.getcwd()}: {rerun_command(self.recipe_resumes)}"
         )
         print(f"Stop requested: {what}{after}; {how}", flush=True)
         if self.stop_file:
@@ -153,10 +154,12 @@ class GracefulStop(TrainerCallback):
         return control
 
 
-def rerun_command() -> str:
+def rerun_command(recipe_resumes: bool = False) -> str:
     """The command that started this run, to type again: this process's, or under a launcher (LOCAL_RANK is set) its
     parent's. Without --overwrite_output_dir (it would start afresh), --resume_from_checkpoint (the rerun goes on from
-    the newest verified checkpoint) and secrets."""
+    the newest verified checkpoint) and secrets. A recipe file's resume_from_checkpoint (`recipe_resumes`) is cleared
+    with `--resume_from_checkpoint ''`: typed back without it, the rerun was sent back to that checkpoint, and refused
+    as the run's own checkpoints are past it."""
     from dpotrain.recipe.cli import FALSE, TRUE
     from dpotrain.recipe.config import without_secrets
 
@@ -180,7 +183,7 @@ def rerun_command() -> str:
             after = None if equals else flag
             continue
         kept.append(word)
-    return shlex.join(kept)
+    return shlex.join(kept + (["--resume_from_checkpoint", ""] if recipe_resumes else []))
 
 
 def check_stop_file(path: Path) -> None:
