@@ -31,17 +31,19 @@ FINAL_STAGING = ".final_model"
 
 def run_names(recipe, pushes: bool) -> list[str]:
     """The top-level names this run's settings make it write into its output folder, from the modules that write each
-    (besides the final model's files, recorded by `move_in`, and its checkpoints, by `claim`)."""
+    (besides the final model's files, recorded by `move_in`, its checkpoints, by `claim`, and the model card and plot
+    of a finished run, recorded as they are written: a README.md a person wrote in the folder of a run stopped before
+    its card was the run's by name, deleted by --overwrite_output_dir, or written over by the card)."""
     from dpotrain.hub.hub_push import PUSH_RECORD, STAGING
     from dpotrain.train.lora import MERGED_DIR
-    from dpotrain.train.metrics import METRICS_FILE, PLOT_FILE
+    from dpotrain.train.metrics import METRICS_FILE
     from dpotrain.train.resume import HEALTH_STOP
     from dpotrain.train.samples import SAMPLES_FILE
     from dpotrain.train.tracking import RUN_ID_FILE
 
     t, p = recipe.training, recipe.project
     # HEALTH_STOP: a guard's stop, which a replacing run must remove with the rest (its rerun would be refused)
-    names = [MANIFEST, "resolved_config.json", METRICS_FILE, PLOT_FILE, "README.md", RUN_COMPLETE, HEALTH_STOP]
+    names = [MANIFEST, "resolved_config.json", METRICS_FILE, RUN_COMPLETE, HEALTH_STOP]
     names += [FINAL_STAGING]
     names += [SAMPLES_FILE] if p.samples_every else []
     names += [MERGED_DIR] if recipe.model.use_peft and p.merge_lora else []
@@ -228,13 +230,21 @@ def replace(out: Path, names: list[str]) -> None:
     )
 
 
+def claim_for_writing(out: str | Path, names: list[str]) -> None:
+    """Main process, before the run writes `names` (its model card and plot, at its end): each recorded as the run's
+    first, and one there that the record does not name (a person's) moved aside, never written over."""
+    for name in names:
+        run_files.set_aside_if_not_own(out, name)
+    claim(out, names)
+
+
 def move_in(out: str | Path) -> None:
     """Main process, once every rank has written the final model into `FINAL_STAGING`: its names recorded as the run's,
-    then each moved into the folder (over an earlier attempt's)."""
+    then each moved into the folder (over an earlier attempt's; a person's file of that name is moved aside first)."""
     out = Path(out)
     staging = out / FINAL_STAGING
     names = sorted(e.name for e in staging.iterdir())
-    claim(out, names)
+    claim_for_writing(out, names)
     for name in names:
         target = out / name
         if target.is_dir() and not target.is_symlink():

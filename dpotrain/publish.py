@@ -62,6 +62,7 @@ def finish_outputs(run, resolved: dict) -> None:
     if pusher:
         pusher.finish(hub_push.FINAL_WAIT_S)  # the card lists the pushed revisions
     records = read_metrics(out)
+    output_folder.claim_for_writing(out, [PLOT_FILE, hub.CARD])
     plot_metrics(records, out / PLOT_FILE, title=training.run_name)
     hub.write_model_card(out, run_record.of(resolved), push.repo_id)
     summary = completion(trainer.state.global_step, records)

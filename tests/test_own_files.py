@@ -275,6 +275,39 @@ def test_a_persons_checkpoint_folder_where_the_run_saves_is_refused_and_never_re
     assert not (out / "checkpoint-2").exists()
 
 
+def test_a_readme_written_in_the_folder_of_a_run_stopped_before_its_card_stays_the_persons(tmp_path, capsys):
+    """The model card and the plot were recorded as the run's when it started: a run stopped before its end had not
+    written them, and a README.md a person then wrote in its folder (why it was stopped) was deleted by
+    --overwrite_output_dir, or written over by the card of the resumed run. They are now recorded as they are written,
+    and one of the person's found there is moved aside first, never written over; so are the final model's names."""
+    from dpotrain.recipe.config import parse_args
+
+    out = tmp_path / "run"
+    recipe = parse_args(["--config", SMOKE, "--output_dir", str(out), "--report_to", "none"])
+    output_folder.start(recipe, start_afresh=False, pushes=False)  # as the run starts, before its first step
+    (out / "metrics.jsonl").write_text('{"step": 1, "loss": 0.69}\n')  # the run's, as it trains
+    (out / "README.md").write_text("stopped at step 1: lr too high\n")  # the person's, once the run stopped
+    names = output_folder.read_manifest(out)
+    assert "metrics.jsonl" in names and "README.md" not in names and "training_curves.png" not in names
+    output_folder.replace(out, names)  # --overwrite_output_dir
+    assert sorted(p.name for p in out.iterdir()) == ["README.md", run_files.MANIFEST]
+
+    # A resumed run writes its card there at its end, and its final model: the person's file is moved aside.
+    (out / "config.json").write_text('{"mine": true}\n')
+    (out / output_folder.FINAL_STAGING).mkdir()
+    (out / output_folder.FINAL_STAGING / "config.json").write_text('{"model_type": "olmo3"}\n')
+    output_folder.move_in(out)
+    output_folder.claim_for_writing(out, ["training_curves.png", "README.md"])
+    (out / "README.md").write_text("# the card\n")
+    (readme,) = out.glob("README.not-this-run-*.md")
+    (config,) = out.glob("config.not-this-run-*.json")
+    assert readme.read_text() == "stopped at step 1: lr too high\n" and config.read_text() == '{"mine": true}\n'
+    assert json.loads((out / "config.json").read_text()) == {"model_type": "olmo3"}
+    assert f"Moved {out / 'README.md'} to {readme}: not this run's" in capsys.readouterr().out
+    assert {"README.md", "config.json", "training_curves.png"} <= set(output_folder.read_manifest(out))
+    assert not {readme.name, config.name} & set(output_folder.read_manifest(out))
+
+
 # --- a run never reads from its own output folder --------------------------------------------------------------------
 
 

@@ -74,12 +74,7 @@ def clear_for_save(output_dir: str | Path, global_step: int) -> None:
     write (not in run_files.json) is moved aside, never removed: the run refuses such a folder at its start
     (`output_folder.check_checkpoints_of_others`), so it was put there while the run trained."""
     folder = Path(output_dir) / f"checkpoint-{global_step}"
-    own = run_files.read(Path(output_dir))
-    if folder.is_dir() and own is not None and folder.name not in own:
-        aside = folder.with_name(f"{folder.name}.not-this-run-{time.strftime('%Y%m%d-%H%M%S')}")
-        folder.rename(aside)
-        print(f"Moved {folder} to {aside}: not this run's ({run_files.MANIFEST}), and it saves there", flush=True)
-    elif folder.is_dir():
+    if not run_files.set_aside_if_not_own(output_dir, folder.name) and folder.is_dir():
         state = "complete" if is_complete(folder) else f"cut short (no {MARKER} mark)"
         print(f"Removed {folder} of an earlier attempt ({state}) before writing it again", flush=True)
         shutil.rmtree(folder)
