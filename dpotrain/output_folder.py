@@ -20,10 +20,8 @@ from dpotrain.recipe.errors import ConfigError
 from dpotrain.recipe.writes import unwritable
 from dpotrain.train import run_files
 from dpotrain.train.checkpoints import checkpoints, step_of
-from dpotrain.train.run_files import MANIFEST, claim
+from dpotrain.train.run_files import MANIFEST, OLD_CHECKPOINTS, claim
 
-# What records written before checkpoints were recorded by name hold for them: read as the folder's checkpoint folders.
-OLD_CHECKPOINTS = "checkpoint-[0-9]*"
 # The final model is written here, then its names are recorded and it is moved into the folder: what `save_model`
 # writes depends on the model, the engine and LoRA, and a person's file written in the folder meanwhile is no run's.
 FINAL_STAGING = ".final_model"

@@ -32,6 +32,14 @@ def checkpoints(output_dir: str | Path) -> list[Path]:
     return sorted((p for p in root.iterdir() if p.is_dir() and _CHECKPOINT.match(p.name)), key=step_of)
 
 
+def own_checkpoints(output_dir: str | Path) -> list[Path]:
+    """The `checkpoint-N` folders of `output_dir` that the run's record (run_files.json) names, oldest step first:
+    never one a person put there. A run written before runs recorded their checkpoints: all of them."""
+    own = run_files.read(Path(output_dir))
+    found = checkpoints(output_dir)
+    return found if own is None or run_files.OLD_CHECKPOINTS in own else [p for p in found if p.name in own]
+
+
 def step_of(folder: Path) -> int:
     """The step of a `checkpoint-N` folder."""
     return int(folder.name.rsplit("-", 1)[1])

@@ -11,6 +11,8 @@ from dpotrain.recipe import writes
 from dpotrain.recipe.errors import ConfigError
 
 MANIFEST = "run_files.json"
+# What records written before checkpoints were recorded by name hold for them: read as the folder's checkpoint folders.
+OLD_CHECKPOINTS = "checkpoint-[0-9]*"
 
 
 def read(out: Path) -> list[str] | None:
