@@ -29,11 +29,10 @@ FINAL_STAGING = ".final_model"
 
 def run_names(recipe, pushes: bool) -> list[str]:
     """The top-level names this run's settings make it write into its output folder, from the modules that write each
-    (besides the final model's files, recorded by `move_in`, its checkpoints, by `claim`, and the model card and plot
-    of a finished run, recorded as they are written: a README.md a person wrote in the folder of a run stopped before
-    its card was the run's by name, deleted by --overwrite_output_dir, or written over by the card)."""
+    (besides the final model's files, recorded by `move_in`, its checkpoints, by `claim`, and the model card, plot and
+    merged model of a finished run, recorded as they are written: a README.md a person wrote in the folder of a run
+    stopped before its card was the run's by name, deleted by --overwrite_output_dir, or written over by the card)."""
     from dpotrain.hub.hub_push import PUSH_RECORD, STAGING
-    from dpotrain.train.lora import MERGED_DIR
     from dpotrain.train.metrics import METRICS_FILE
     from dpotrain.train.resume import HEALTH_STOP
     from dpotrain.train.samples import SAMPLES_FILE
@@ -44,7 +43,6 @@ def run_names(recipe, pushes: bool) -> list[str]:
     names = [MANIFEST, "resolved_config.json", METRICS_FILE, RUN_COMPLETE, HEALTH_STOP]
     names += [FINAL_STAGING]
     names += [SAMPLES_FILE] if p.samples_every else []
-    names += [MERGED_DIR] if recipe.model.use_peft and p.merge_lora else []
     names += ["wandb", RUN_ID_FILE] if "wandb" in (t.report_to or []) else []
     names += [PUSH_RECORD, STAGING] if pushes else []
     return names

@@ -56,6 +56,7 @@ def finish_outputs(run, resolved: dict) -> None:
     training = recipe.training
     out = Path(training.output_dir)
     if recipe.project.merge_lora:
+        output_folder.claim_for_writing(out, [lora.MERGED_DIR])
         base, init = trainer.model_path, trainer.args.model_init_kwargs  # what the model loaded with
         merged = lora.save_merged(out, base, init.get("revision"), init.get("dtype"), trainer.processing_class)
         print(f"Saved the merged model to {merged}", flush=True)
