@@ -283,8 +283,10 @@ def test_a_readme_written_in_the_folder_of_a_run_stopped_before_its_card_stays_t
     from dpotrain.recipe.config import parse_args
 
     out = tmp_path / "run"
-    recipe = parse_args(["--config", SMOKE, "--output_dir", str(out), "--report_to", "none"])
+    lora = ["--use_peft", "true", "--lora_target_modules", "q_proj", "--merge_lora", "true"]
+    recipe = parse_args(["--config", SMOKE, "--output_dir", str(out), "--report_to", "none", *lora])
     output_folder.start(recipe, start_afresh=False, pushes=False)  # as the run starts, before its first step
+    assert "merged" not in output_folder.read_manifest(out)  # a LoRA run's merged model: also written at its end
     (out / "metrics.jsonl").write_text('{"step": 1, "loss": 0.69}\n')  # the run's, as it trains
     (out / "README.md").write_text("stopped at step 1: lr too high\n")  # the person's, once the run stopped
     names = output_folder.read_manifest(out)
