@@ -45,6 +45,8 @@ except KeyboardInterrupt:  # Ctrl-C while the libraries load (seconds): nothing 
 def main(argv=None) -> None:
     # First: a SIGTERM or USR1 while the model loads is kept for the reference stage and training to honour.
     stop = GracefulStop.from_env()
+    if argv is not None:  # called by another program (a notebook, a script): the command a stop prints is this one's
+        stop.command = [sys.executable, str(Path(__file__).resolve()), *map(str, argv)]
     # A run sets variables for itself (its recipe's env: block, .env, W&B's run id and folder): an importer's next run
     # (a notebook's) started with them, and logged into this run's W&B run and folder.
     environment = dict(os.environ)

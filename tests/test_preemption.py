@@ -297,6 +297,26 @@ def test_the_command_printed_to_go_on_clears_a_recipe_files_resume_from_checkpoi
         assert not typed_back.training.resume_from_checkpoint
 
 
+def test_a_run_called_by_a_notebook_prints_its_own_command_to_go_on(tmp_path, monkeypatch, capsys):
+    """`train_dpo.main(argv)` called in a notebook, then the kernel interrupted (SIGINT): the stop printed this
+    process's command to go on, `python -m ipykernel_launcher -f kernel.json`, which starts a Jupyter kernel. It prints
+    `python train_dpo.py` with the arguments the run was given."""
+    import train_dpo
+    from dpotrain.train.preemption import GracefulStop
+
+    monkeypatch.delenv("LOCAL_RANK", raising=False)
+    monkeypatch.setattr(sys, "argv", ["/venv/lib/ipykernel_launcher.py", "-f", "/run/kernel-1.json"])
+    held = GracefulStop()
+    monkeypatch.setattr(train_dpo.GracefulStop, "from_env", classmethod(lambda cls: held))
+    argv = ["--config", str(ROOT / "configs" / "smoke.yaml"), "--output_dir", str(tmp_path / "run"), "--dry-run"]
+    train_dpo.main(argv)
+    capsys.readouterr()
+    held.mark_saved("checkpoint run/checkpoint-2 written")
+    said = capsys.readouterr().out
+    assert said.endswith(f"{shlex.join([sys.executable, str(ROOT / 'train_dpo.py'), *argv])}\n"), said
+    assert "ipykernel" not in said
+
+
 def test_a_background_job_of_a_script_keeps_ignoring_ctrl_c():
     """`python train_dpo.py ... &` in a script (a shell without job control) starts with SIGINT ignored, so that the
     Ctrl-C meant for the script's foreground command (a `tail -f` of the log) leaves it running. The run took SIGINT

@@ -42,6 +42,9 @@ class GracefulStop(TrainerCallback):
         self.interrupted: float | None = None  # when a first Ctrl-C was pressed (time.monotonic())
         self.training_over = False  # no step left to stop at: the final model and the run's outputs are being saved
         self.recipe_resumes = False  # the recipe file names a resume_from_checkpoint, which the printed command clears
+        self.command: list[str] | None = (
+            None  # the run's command where it is not this process's (`train_dpo.main(argv)`)
+        )
         self.terminal = [fd for fd in terminal.STREAMS if os.isatty(fd)]  # what a SIGHUP closes
         self.previous = {}  # the handlers found, given back to a caller that goes on after the run (release)
         if threading.current_thread() is threading.main_thread():  # Python only delivers signals there
@@ -127,7 +130,10 @@ class GracefulStop(TrainerCallback):
         how = (
             "exiting so that the job can be requeued"
             if self.stop_file
-            else f"to go on from it, run the same command again, in {os.getcwd()}: {rerun_command(self.recipe_resumes)}"
+            else (
+                f"to go on from it, run the same command again, in {os.getcwd()}: "
+                f"{rerun_command(self.recipe_resumes, self.command)}"
+            )
         )
         print(f"Stop requested: {what}{after}; {how}", flush=True)
         if self.stop_file:
@@ -154,16 +160,17 @@ class GracefulStop(TrainerCallback):
         return control
 
 
-def rerun_command(recipe_resumes: bool = False) -> str:
-    """The command that started this run, to type again: this process's, or under a launcher (LOCAL_RANK is set) its
-    parent's. Without --overwrite_output_dir (it would start afresh), --resume_from_checkpoint (the rerun goes on from
-    the newest verified checkpoint) and secrets. A recipe file's resume_from_checkpoint (`recipe_resumes`) is cleared
-    with `--resume_from_checkpoint ''`: typed back without it, the rerun was sent back to that checkpoint, and refused
-    as the run's own checkpoints are past it."""
+def rerun_command(recipe_resumes: bool = False, command: list[str] | None = None) -> str:
+    """The command that started this run, to type again: this process's (`command` where the run was called in a
+    process of another program, a notebook's or a script's: `python train_dpo.py` with the arguments it was given), or
+    under a launcher (LOCAL_RANK is set) its parent's. Without --overwrite_output_dir (it would start afresh),
+    --resume_from_checkpoint (the rerun goes on from the newest verified checkpoint) and secrets. A recipe file's
+    resume_from_checkpoint (`recipe_resumes`) is cleared with `--resume_from_checkpoint ''`: typed back without it, the
+    rerun was sent back to that checkpoint, and refused as the run's own checkpoints are past it."""
     from dpotrain.recipe.cli import FALSE, TRUE
     from dpotrain.recipe.config import without_secrets
 
-    words = [sys.executable, *sys.argv]
+    words = command or [sys.executable, *sys.argv]
     if "LOCAL_RANK" in os.environ:
         try:
             words = os.fsdecode(Path(f"/proc/{os.getppid()}/cmdline").read_bytes()).split("\0")[:-1]
