@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import time
+from types import SimpleNamespace
 
 import pytest
 from safetensors.torch import load_file
@@ -346,7 +347,7 @@ def test_ctrl_c_once_training_is_over_says_the_run_finishes_its_final_save(capfd
 
     signal.signal(signal.SIGINT, signal.default_int_handler)  # a terminal's foreground job (conftest restores it)
     stop = GracefulStop()
-    stop.on_train_end(None, None, None)
+    stop.on_train_end(None, SimpleNamespace(global_step=4, max_steps=4), None)  # trained to its last step
     os.kill(os.getpid(), signal.SIGINT)
     time.sleep(0.1)
     stop.release(exiting=False)

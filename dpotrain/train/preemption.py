@@ -149,8 +149,9 @@ class GracefulStop(TrainerCallback):
         return control
 
     def on_train_end(self, args, state, control, **kwargs):
-        # A Ctrl-C from here finds no step to stop at: the run goes on to save the final model (publish.py).
-        self.training_over = True
+        # Trained to the last step: a Ctrl-C from here finds no step to stop at, and the run goes on to save the final
+        # model (publish.py). Not after a stop or a health guard's stop, which end the run without it.
+        self.training_over = state.global_step >= state.max_steps
         return control
 
     def on_save(self, args, state, control, **kwargs):
