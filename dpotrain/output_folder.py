@@ -227,8 +227,9 @@ def replace(out: Path, names: list[str]) -> None:
 
 
 def claim_for_writing(out: str | Path, names: list[str]) -> None:
-    """Main process, before the run writes `names` (its model card and plot, at its end): each recorded as the run's
-    first, and one there that the record does not name (a person's) moved aside, never written over."""
+    """Main process, before the run writes `names` at its end (the final model's files, the model card, the plot, the
+    merged model): one there that the record does not name (a person's) moved aside, never written over; then each
+    recorded as the run's, before its first byte."""
     for name in names:
         run_files.set_aside_if_not_own(out, name)
     claim(out, names)

@@ -42,9 +42,8 @@ class GracefulStop(TrainerCallback):
         self.interrupted: float | None = None  # when a first Ctrl-C was pressed (time.monotonic())
         self.training_over = False  # no step left to stop at: the final model and the run's outputs are being saved
         self.recipe_resumes = False  # the recipe file names a resume_from_checkpoint, which the printed command clears
-        self.command: list[str] | None = (
-            None  # the run's command where it is not this process's (`train_dpo.main(argv)`)
-        )
+        # the run's command where it is not this process's own (`train_dpo.main(argv)`, called by another program)
+        self.command: list[str] | None = None
         self.terminal = [fd for fd in terminal.STREAMS if os.isatty(fd)]  # what a SIGHUP closes
         self.previous = {}  # the handlers found, given back to a caller that goes on after the run (release)
         if threading.current_thread() is threading.main_thread():  # Python only delivers signals there
@@ -78,7 +77,7 @@ class GracefulStop(TrainerCallback):
             if self.interrupted:
                 return
             self.interrupted = time.monotonic()
-            # the `| tee` the same Ctrl-C killed may be gone already
+            # terminal.say: the `| tee` the same Ctrl-C killed may be gone already
             if self.training_over and not self.stopped:  # the run saves its final model and outputs, and ends (0)
                 terminal.say(
                     2,
