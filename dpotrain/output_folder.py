@@ -166,7 +166,7 @@ def check_replaceable(output_dir: str, start_afresh: bool) -> None:
         )
 
 
-def check_checkpoints_of_others(output_dir: str, resume_from: str | None, start_afresh: bool, max_steps: int) -> None:
+def check_checkpoints_of_others(output_dir: str, resume_from: str | None, max_steps: int) -> None:
     """Refuses a `checkpoint-N` the run did not write (a person's, which rotation and --overwrite_output_dir keep) at a
     step the run may still save: past the step it starts from (a stop saves at any step), up to max_steps when set.
     The run clears that folder to write its own checkpoint there, and the person's files would be gone."""

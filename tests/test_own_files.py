@@ -262,10 +262,10 @@ def test_a_persons_checkpoint_folder_where_the_run_saves_is_refused_and_never_re
     from dpotrain.recipe.errors import ConfigError
 
     with pytest.raises(ConfigError, match=r"holds checkpoint-3, .* move it out of the folder \(or rename it"):
-        output_folder.check_checkpoints_of_others(str(out), None, True, 4)
+        output_folder.check_checkpoints_of_others(str(out), None, 4)
     # Only the steps the run may save: past the one it resumes from, up to max_steps.
     elsewhere = sealed_checkpoint(tmp_path / "other" / "checkpoint-4")
-    output_folder.check_checkpoints_of_others(str(out), str(elsewhere), False, 8)
+    output_folder.check_checkpoints_of_others(str(out), str(elsewhere), 8)
     # One put there during the run: moved aside when the run saves that step, the person's file in it.
     clear_for_save(out, 3)
     (aside,) = out.glob("checkpoint-3.not-this-run-*")
