@@ -4,7 +4,8 @@ transformers writes `checkpoint-N/` file by file, so a job killed mid-save leave
 checkpoint but is not one. `CompleteMarker` writes `COMPLETE` once every rank has finished its part; resuming only
 ever picks a folder with that mark. `save_total_limit` keeps that many *complete* checkpoints, rotated only after the
 new one is marked (transformers rotates before, and could delete the newest complete one). A folder without the mark
-is removed by rotation, and before the run writes the same step again. Only the main process deletes.
+is removed by rotation, and before the run writes the same step again. Only the main process deletes, and only the
+run's own checkpoints (run_files.json's): a person's `checkpoint-N` is kept, or moved aside where the run saves.
 """
 
 import json
