@@ -63,6 +63,14 @@ def owned(out: Path, names: list[str]) -> list[Path]:
     return sorted(e for e in out.iterdir() if e.name != LOCK_FILE and e.name in set(names))
 
 
+def checkpoint_marks(out: Path) -> list[str]:
+    """What makes `out` a checkpoint folder (transformers' trainer_state.json, this project's COMPLETE mark), which a
+    run never writes at the top of its own folder; [] for any other."""
+    from dpotrain.train.checkpoints import MARKER
+
+    return [name for name in ("trainer_state.json", MARKER) if (out / name).is_file()]
+
+
 def is_legacy_run(out: Path) -> bool:
     """A run written before runs recorded their files: it has the marks only this project writes."""
     return (out / RUN_COMPLETE).exists() or (out / "resolved_config.json").exists() or bool(checkpoints(out))
@@ -111,6 +119,15 @@ def check(output_dir: str, lock: bool = True) -> None:
     if lock and collectives.launched_main():
         run_lock.check_free(out)
     found = [e.name for e in out.iterdir() if not run_lock.is_lock_file(e.name)]
+    marks = checkpoint_marks(out) if read_manifest(out) is None else []
+    if marks:  # it holds a copy of its run's resolved_config.json, which read it as a run written before records
+        from dpotrain.train.resume import new_run_from
+
+        raise ConfigError(
+            f"output_dir {output_dir!r} is a checkpoint ({', '.join(marks)}), not a run's folder: a run would write "
+            f"over its files; pass --output_dir a new folder: to go on from it, with --resume_from_checkpoint "
+            f"{output_dir}; or {new_run_from(out)}"
+        )
     if found and read_manifest(out) is None and not is_legacy_run(out):
         shown = ", ".join(sorted(found)[:3]) + (", ..." if len(found) > 3 else "")
         raise ConfigError(

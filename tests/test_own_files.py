@@ -225,6 +225,25 @@ def test_a_run_written_before_runs_recorded_their_files_resumes_but_is_not_repla
     assert (out / "my-eval.json").exists() and (out / "checkpoint-4").is_dir()
 
 
+def test_a_checkpoint_folder_as_output_dir_is_refused_not_trained_into(tmp_path):
+    """`--output_dir outputs/x/checkpoint-4` (meant as --resume_from_checkpoint or --model_name_or_path): a checkpoint
+    holds a copy of its run's resolved_config.json, so it was read as a run written before runs recorded their files,
+    and the run trained there (the dry run: "the run starts there"), writing its own resolved_config.json over the
+    checkpoint's (the settings a resume compares with), then its final model over the checkpoint's. Refused."""
+    from dpotrain.recipe.errors import ConfigError
+
+    checkpoint = sealed_checkpoint(tmp_path / "run" / "checkpoint-4")
+    (checkpoint / "resolved_config.json").write_text("{}\n")
+    before = snapshot(checkpoint)
+    with pytest.raises(
+        ConfigError, match=r"is a checkpoint \(trainer_state.json, COMPLETE\), not a run's folder"
+    ) as no:
+        output_folder.check(str(checkpoint), lock=False)
+    assert f"--resume_from_checkpoint {checkpoint}; or start a new run from its weights" in str(no.value)
+    assert snapshot(checkpoint) == before
+    output_folder.check(str(tmp_path / "run"), lock=False)  # the folder holding it: a run written before records
+
+
 def test_a_record_written_before_checkpoints_were_named_removes_only_checkpoint_folders(tmp_path):
     """Records of earlier versions hold the pattern `checkpoint-[0-9]*`: read as the folders named exactly as
     checkpoints are, never as the user's files the pattern also matched."""
