@@ -33,7 +33,7 @@ try:
     from dpotrain.cluster import engine, run_lock
     from dpotrain.hub import hub
     from dpotrain.plan import memory
-    from dpotrain.recipe.config import dry_run_asked, parse_args
+    from dpotrain.recipe.config import dry_run_asked, parse_args, read_recipe
     from dpotrain.recipe.errors import run_cli
     from dpotrain.train import disk_full, resume
     from dpotrain.train.preemption import GracefulStop
@@ -45,6 +45,8 @@ except KeyboardInterrupt:  # Ctrl-C while the libraries load (seconds): nothing 
 def main(argv=None) -> None:
     # First: a SIGTERM or USR1 while the model loads is kept for the reference stage and training to honour.
     stop = GracefulStop.from_env()
+    if argv is not None:  # called by another program (a notebook, a script): the command a stop prints is this one's
+        stop.command = [sys.executable, str(Path(__file__).resolve()), *map(str, argv)]
     # A run sets variables for itself (its recipe's env: block, .env, W&B's run id and folder): an importer's next run
     # (a notebook's) started with them, and logged into this run's W&B run and folder.
     environment = dict(os.environ)
@@ -73,6 +75,8 @@ def run(argv, stop: GracefulStop) -> int | None:
     stdout = sys.stdout
     with redirect_stdout(sys.stderr) if dry_run_asked(sys.argv[1:] if argv is None else argv) else nullcontext():
         recipe = parse_args(argv)  # transformers prints "[INFO] Running in WANDB offline mode" as it is imported
+    # The command a stop prints drops the command line's --resume_from_checkpoint; a recipe file's it clears.
+    stop.recipe_resumes = bool(recipe.config_path and read_recipe(recipe.config_path).get("resume_from_checkpoint"))
     if recipe.project.dry_run or recipe.project.preflight:
         stop.not_needed()  # no checkpoint to save: Ctrl-C stops it at once (one line, run_cli)
     memory.default_allocator()  # after .env and the recipe's `env:` (a user's setting wins), before any GPU memory

@@ -19,11 +19,9 @@ from dpotrain.hub.hub import RUN_COMPLETE
 from dpotrain.recipe.errors import ConfigError
 from dpotrain.recipe.writes import unwritable
 from dpotrain.train import run_files
-from dpotrain.train.checkpoints import checkpoints
-from dpotrain.train.run_files import MANIFEST, claim
+from dpotrain.train.checkpoints import checkpoints, step_of
+from dpotrain.train.run_files import MANIFEST, OLD_CHECKPOINTS, claim
 
-# What records written before checkpoints were recorded by name hold for them: read as the folder's checkpoint folders.
-OLD_CHECKPOINTS = "checkpoint-[0-9]*"
 # The final model is written here, then its names are recorded and it is moved into the folder: what `save_model`
 # writes depends on the model, the engine and LoRA, and a person's file written in the folder meanwhile is no run's.
 FINAL_STAGING = ".final_model"
@@ -31,20 +29,20 @@ FINAL_STAGING = ".final_model"
 
 def run_names(recipe, pushes: bool) -> list[str]:
     """The top-level names this run's settings make it write into its output folder, from the modules that write each
-    (besides the final model's files, recorded by `move_in`, and its checkpoints, by `claim`)."""
+    (besides the final model's files, recorded by `move_in`, its checkpoints, by `claim`, and the model card, plot and
+    merged model of a finished run, recorded as they are written: a README.md a person wrote in the folder of a run
+    stopped before its card was the run's by name, deleted by --overwrite_output_dir, or written over by the card)."""
     from dpotrain.hub.hub_push import PUSH_RECORD, STAGING
-    from dpotrain.train.lora import MERGED_DIR
-    from dpotrain.train.metrics import METRICS_FILE, PLOT_FILE
+    from dpotrain.train.metrics import METRICS_FILE
     from dpotrain.train.resume import HEALTH_STOP
     from dpotrain.train.samples import SAMPLES_FILE
     from dpotrain.train.tracking import RUN_ID_FILE
 
     t, p = recipe.training, recipe.project
     # HEALTH_STOP: a guard's stop, which a replacing run must remove with the rest (its rerun would be refused)
-    names = [MANIFEST, "resolved_config.json", METRICS_FILE, PLOT_FILE, "README.md", RUN_COMPLETE, HEALTH_STOP]
+    names = [MANIFEST, "resolved_config.json", METRICS_FILE, RUN_COMPLETE, HEALTH_STOP]
     names += [FINAL_STAGING]
     names += [SAMPLES_FILE] if p.samples_every else []
-    names += [MERGED_DIR] if recipe.model.use_peft and p.merge_lora else []
     names += ["wandb", RUN_ID_FILE] if "wandb" in (t.report_to or []) else []
     names += [PUSH_RECORD, STAGING] if pushes else []
     return names
@@ -63,6 +61,14 @@ def owned(out: Path, names: list[str]) -> list[Path]:
     from dpotrain.cluster.run_lock import LOCK_FILE
 
     return sorted(e for e in out.iterdir() if e.name != LOCK_FILE and e.name in set(names))
+
+
+def checkpoint_marks(out: Path) -> list[str]:
+    """What makes `out` a checkpoint folder (transformers' trainer_state.json, this project's COMPLETE mark), which a
+    run never writes at the top of its own folder; [] for any other."""
+    from dpotrain.train.checkpoints import MARKER
+
+    return [name for name in ("trainer_state.json", MARKER) if (out / name).is_file()]
 
 
 def is_legacy_run(out: Path) -> bool:
@@ -113,6 +119,15 @@ def check(output_dir: str, lock: bool = True) -> None:
     if lock and collectives.launched_main():
         run_lock.check_free(out)
     found = [e.name for e in out.iterdir() if not run_lock.is_lock_file(e.name)]
+    marks = checkpoint_marks(out) if read_manifest(out) is None else []
+    if marks:  # it holds a copy of its run's resolved_config.json, which read it as a run written before records
+        from dpotrain.train.resume import new_run_from
+
+        raise ConfigError(
+            f"output_dir {output_dir!r} is a checkpoint ({', '.join(marks)}), not a run's folder: a run would write "
+            f"over its files; pass --output_dir a new folder: to go on from it, with --resume_from_checkpoint "
+            f"{output_dir}; or {new_run_from(out)}"
+        )
     if found and read_manifest(out) is None and not is_legacy_run(out):
         shown = ", ".join(sorted(found)[:3]) + (", ..." if len(found) > 3 else "")
         raise ConfigError(
@@ -168,6 +183,27 @@ def check_replaceable(output_dir: str, start_afresh: bool) -> None:
         )
 
 
+def check_checkpoints_of_others(output_dir: str, resume_from: str | None, max_steps: int) -> None:
+    """Refuses a `checkpoint-N` the run did not write (a person's, which rotation and --overwrite_output_dir keep) at a
+    step the run may still save: past the step it starts from (a stop saves at any step), up to max_steps when set.
+    The run clears that folder to write its own checkpoint there, and the person's files would be gone."""
+    from dpotrain.train.resume import saved_step
+
+    out = Path(output_dir)
+    own = read_manifest(out) if out.is_dir() else None
+    if own is None:  # no run (nothing there), or one written before runs recorded their files: all its checkpoints
+        return
+    start = (saved_step(Path(resume_from)) or 0) if resume_from else 0
+    last = max_steps if max_steps > 0 else float("inf")
+    ahead = [p.name for p in checkpoints(out) if p.name not in own and start < step_of(p) <= last]
+    if ahead:
+        raise ConfigError(
+            f"output_dir {output_dir!r} holds {', '.join(ahead)}, which this run did not write ({MANIFEST} does not "
+            f"name {'it' if len(ahead) == 1 else 'them'}), where the run may save its own checkpoint of that step: "
+            f"move it out of the folder (or rename it, e.g. {ahead[0]}.bak), or pass another --output_dir"
+        )
+
+
 def start(recipe, start_afresh: bool, pushes: bool) -> None:
     """Main process, before the run writes anything in its folder: the replaced run's own files removed (its W&B
     offline runs moved aside first), and this run's names recorded."""
@@ -207,13 +243,22 @@ def replace(out: Path, names: list[str]) -> None:
     )
 
 
+def claim_for_writing(out: str | Path, names: list[str]) -> None:
+    """Main process, before the run writes `names` at its end (the final model's files, the model card, the plot, the
+    merged model): one there that the record does not name (a person's) moved aside, never written over; then each
+    recorded as the run's, before its first byte."""
+    for name in names:
+        run_files.set_aside_if_not_own(out, name)
+    claim(out, names)
+
+
 def move_in(out: str | Path) -> None:
     """Main process, once every rank has written the final model into `FINAL_STAGING`: its names recorded as the run's,
-    then each moved into the folder (over an earlier attempt's)."""
+    then each moved into the folder (over an earlier attempt's; a person's file of that name is moved aside first)."""
     out = Path(out)
     staging = out / FINAL_STAGING
     names = sorted(e.name for e in staging.iterdir())
-    claim(out, names)
+    claim_for_writing(out, names)
     for name in names:
         target = out / name
         if target.is_dir() and not target.is_symlink():

@@ -56,12 +56,14 @@ def finish_outputs(run, resolved: dict) -> None:
     training = recipe.training
     out = Path(training.output_dir)
     if recipe.project.merge_lora:
+        output_folder.claim_for_writing(out, [lora.MERGED_DIR])
         base, init = trainer.model_path, trainer.args.model_init_kwargs  # what the model loaded with
         merged = lora.save_merged(out, base, init.get("revision"), init.get("dtype"), trainer.processing_class)
         print(f"Saved the merged model to {merged}", flush=True)
     if pusher:
         pusher.finish(hub_push.FINAL_WAIT_S)  # the card lists the pushed revisions
     records = read_metrics(out)
+    output_folder.claim_for_writing(out, [PLOT_FILE, hub.CARD])
     plot_metrics(records, out / PLOT_FILE, title=training.run_name)
     hub.write_model_card(out, run_record.of(resolved), push.repo_id)
     summary = completion(trainer.state.global_step, records)

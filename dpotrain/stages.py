@@ -207,6 +207,8 @@ def output_checks(recipe, launch: Launch, push) -> resolve.OutputDecision:
         )
     resume.check_partitions(decision.resume_from, launch.world, launch.engine)  # the engine and processes that wrote it
     check(output_folder.check_replaceable, training.output_dir, decision.start_afresh)
+    if not only_reference and not decision.push_left:  # a person's checkpoint-N where the run would save its own
+        check(output_folder.check_checkpoints_of_others, training.output_dir, decision.resume_from, training.max_steps)
     if not launch.dry_run:  # a dry run says what it could not decide without them, and the command that decides it
         offline.check_offline_artifacts(recipe)  # with HF_HUB_OFFLINE: model, tokenizer and data set must be cached
     return replace(decision, would_refuse=tuple(refusals), data_commit=kept)

@@ -111,7 +111,7 @@ def main(argv: list[str] | None = None) -> None:
 def push(api, run: Path, repo_id: str, token: str, private: bool, with_checkpoints: bool) -> list[str]:
     """The checkpoints (with --checkpoints) and main, each skipped where the Hub holds it already; returns the
     checkpoint branches that failed."""
-    on_disk = checkpoints.complete_checkpoints(run)
+    on_disk = [p for p in checkpoints.own_checkpoints(run) if checkpoints.is_complete(p)]  # never a person's copy
     failed = []
     if with_checkpoints:
         hub_push.with_retries(lambda: api.create_repo(repo_id, private=private or None, exist_ok=True), "create_repo")

@@ -199,7 +199,14 @@ def start(out, model_dir, data, env=None, script=ROOT / "train_dpo.py", prefix=(
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
+        preexec_fn=default_sigint,
     )
+
+
+def default_sigint():
+    """SIGINT as a terminal's foreground job has it: a shell's background job, which the tests may run as, ignores it,
+    and a run leaves an ignored SIGINT ignored (Ctrl-C would not reach it)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def wait_until(proc, done, timeout=300):
@@ -301,7 +308,9 @@ os.kill(os.getpid(), signal.SIGINT)
 time.sleep(5)
 print("still running", flush=True)
 """
-    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    result = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60, preexec_fn=default_sigint
+    )
     assert result.returncode == INTERRUPTED_EXIT, result.stderr
     assert result.stdout == "asked: True\n" and "Second Ctrl-C: stopping at once" in result.stderr
 

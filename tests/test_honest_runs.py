@@ -60,6 +60,10 @@ def test_lora_trains_an_adapter_against_the_disabled_base_and_can_merge(tmp_path
     config = json.loads((out / "adapter_config.json").read_text())
     assert config["r"] == 8 and sorted(config["target_modules"]) == ["q_proj", "v_proj"]
     assert not (out / "model.safetensors").exists()  # an adapter run does not pretend to hold full weights
+    # Its own, recorded as written at its end: --overwrite_output_dir removes them, a push uploads them.
+    assert {"merged", "README.md", "adapter_model.safetensors"} <= set(
+        json.loads((out / "run_files.json").read_text())["names"]
+    )
     # Step 1: the reference is the policy with the adapter disabled, identical to it at init -> ln 2, rewards 0.
     first = read_metrics(out)[0]
     # Within fp32 rounding: the reference stage scores in micro-batches of its own (tests/test_reference.py).

@@ -694,6 +694,36 @@ def test_a_push_uploads_the_runs_own_files_never_a_persons_files_in_its_folder(h
     assert all((run / name).read_text() == text for name, text in mine.items())  # left where they are
 
 
+def test_a_persons_checkpoint_in_the_run_folder_is_never_pushed(hub, tmp_path, monkeypatch):
+    """A person copies a checkpoint of another run into this run's folder to compare (rotation keeps it: not the
+    run's). A resumed run's pusher and push_to_hub.py --checkpoints pushed it as this run's step-1 branch, to a repo
+    that may be public. Only the checkpoints run_files.json names go."""
+    from types import SimpleNamespace
+
+    from huggingface_hub import HfApi, constants
+
+    from conftest import sealed_checkpoint
+    from dpotrain.hub import hub_push
+    from dpotrain.train import run_files
+
+    monkeypatch.setattr(constants, "ENDPOINT", hub.endpoint)
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setenv("DPOTRAIN_HUB_RETRY_WAITS", "0")
+    run = tmp_path / "run"
+    for name in ("checkpoint-1", "checkpoint-2"):
+        sealed_checkpoint(run / name)
+    run_files.write(run, [run_files.MANIFEST, "checkpoint-2"])  # checkpoint-1 is the person's copy
+    submitted = []
+    pusher = hub_push.CheckpointPusher(REPO, SECRET, None, run)
+    monkeypatch.setattr(pusher, "submit", submitted.append)
+    pusher.on_train_begin(None, SimpleNamespace(is_world_process_zero=True), None)  # a resumed run's first pushes
+    assert submitted == [run / "checkpoint-2"]
+    api = HfApi(endpoint=hub.endpoint, token=SECRET)
+    api.create_repo(REPO, exist_ok=True)
+    assert [r["branch"] for r in hub_push.push_checkpoints(api, run, REPO)] == [hub_push.branch_name(2)]
+    assert hub_push.branch_name(1) not in hub.state.repos[REPO]
+
+
 def test_a_push_to_a_repo_holding_an_earlier_model_replaces_that_model(hub, tmp_path, monkeypatch):
     """A repo's main held an earlier run's model (one model.safetensors, or a LoRA adapter); the push of a sharded model
     left those files beside the new shards, and `from_pretrained(repo)` loaded them, not the model pushed: transformers

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import PYTHON, ROOT, python, run_train
+from conftest import PYTHON, ROOT, python, run_train, sealed_checkpoint
 from dpotrain import output_folder
 from dpotrain.cluster import run_lock
 from dpotrain.train import run_files
@@ -225,6 +225,25 @@ def test_a_run_written_before_runs_recorded_their_files_resumes_but_is_not_repla
     assert (out / "my-eval.json").exists() and (out / "checkpoint-4").is_dir()
 
 
+def test_a_checkpoint_folder_as_output_dir_is_refused_not_trained_into(tmp_path):
+    """`--output_dir outputs/x/checkpoint-4` (meant as --resume_from_checkpoint or --model_name_or_path): a checkpoint
+    holds a copy of its run's resolved_config.json, so it was read as a run written before runs recorded their files,
+    and the run trained there (the dry run: "the run starts there"), writing its own resolved_config.json over the
+    checkpoint's (the settings a resume compares with), then its final model over the checkpoint's. Refused."""
+    from dpotrain.recipe.errors import ConfigError
+
+    checkpoint = sealed_checkpoint(tmp_path / "run" / "checkpoint-4")
+    (checkpoint / "resolved_config.json").write_text("{}\n")
+    before = snapshot(checkpoint)
+    with pytest.raises(
+        ConfigError, match=r"is a checkpoint \(trainer_state.json, COMPLETE\), not a run's folder"
+    ) as no:
+        output_folder.check(str(checkpoint), lock=False)
+    assert f"--resume_from_checkpoint {checkpoint}; or start a new run from its weights" in str(no.value)
+    assert snapshot(checkpoint) == before
+    output_folder.check(str(tmp_path / "run"), lock=False)  # the folder holding it: a run written before records
+
+
 def test_a_record_written_before_checkpoints_were_named_removes_only_checkpoint_folders(tmp_path):
     """Records of earlier versions hold the pattern `checkpoint-[0-9]*`: read as the folders named exactly as
     checkpoints are, never as the user's files the pattern also matched."""
@@ -236,6 +255,78 @@ def test_a_record_written_before_checkpoints_were_named_removes_only_checkpoint_
     output_folder.replace(out, output_folder.read_manifest(out))
     kept = ["checkpoint-2-samples", "checkpoint-4-evals.json", "checkpoint-4.bak", "checkpoint-6.md", "run_files.json"]
     assert sorted(p.name for p in out.iterdir()) == kept
+
+
+def test_a_persons_checkpoint_folder_where_the_run_saves_is_refused_and_never_removed(tmp_path, capsys):
+    """A `checkpoint-N` a person put in a run's folder (evaluations of their own under that name) is kept by
+    --overwrite_output_dir and by rotation, but the replacing run, saving at step N, removed it as "an earlier
+    attempt" before writing its own there. Now refused at start (the dry run lists it); one put there while the run
+    trains is moved aside at the save, never removed."""
+    import train_dpo
+    from dpotrain.train.checkpoints import clear_for_save
+
+    out = tmp_path / "run"
+    sealed_checkpoint(out / "checkpoint-2")
+    (out / "run_complete.json").write_text('{"global_step": 2}\n')
+    run_files.write(out, [run_files.MANIFEST, "run_complete.json", "checkpoint-2"])
+    (out / "checkpoint-3").mkdir()
+    (out / "checkpoint-3" / "evals.json").write_text('{"mmlu": 0.31}\n')
+    (out / "checkpoint-9").mkdir()  # past max_steps: no save goes there
+    args = train_args(out, "--overwrite_output_dir", "--max_steps", "4", "--save_steps", "3")
+    train_dpo.main([*args, "--dry-run"])
+    assert (
+        f"warning: the run would refuse: output_dir {str(out)!r} holds checkpoint-3, which this run did not write "
+        f"({run_files.MANIFEST} does not name it), where the run may save its own checkpoint of that step"
+    ) in capsys.readouterr().out
+    from dpotrain.recipe.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"holds checkpoint-3, .* move it out of the folder \(or rename it"):
+        output_folder.check_checkpoints_of_others(str(out), None, 4)
+    # Only the steps the run may save: past the one it resumes from, up to max_steps.
+    elsewhere = sealed_checkpoint(tmp_path / "other" / "checkpoint-4")
+    output_folder.check_checkpoints_of_others(str(out), str(elsewhere), 8)
+    # One put there during the run: moved aside when the run saves that step, the person's file in it.
+    clear_for_save(out, 3)
+    (aside,) = out.glob("checkpoint-3.not-this-run-*")
+    assert (aside / "evals.json").read_text() == '{"mmlu": 0.31}\n' and not (out / "checkpoint-3").exists()
+    assert f"Moved {out / 'checkpoint-3'} to {aside}: not this run's" in capsys.readouterr().out
+    clear_for_save(out, 2)  # the run's own, from an earlier attempt: removed as before
+    assert not (out / "checkpoint-2").exists()
+
+
+def test_a_readme_written_in_the_folder_of_a_run_stopped_before_its_card_stays_the_persons(tmp_path, capsys):
+    """The model card and the plot were recorded as the run's when it started: a run stopped before its end had not
+    written them, and a README.md a person then wrote in its folder (why it was stopped) was deleted by
+    --overwrite_output_dir, or written over by the card of the resumed run. They are now recorded as they are written,
+    and one of the person's found there is moved aside first, never written over; so are the final model's names."""
+    from dpotrain.recipe.config import parse_args
+
+    out = tmp_path / "run"
+    lora = ["--use_peft", "true", "--lora_target_modules", "q_proj", "--merge_lora", "true"]
+    recipe = parse_args(["--config", SMOKE, "--output_dir", str(out), "--report_to", "none", *lora])
+    output_folder.start(recipe, start_afresh=False, pushes=False)  # as the run starts, before its first step
+    assert "merged" not in output_folder.read_manifest(out)  # a LoRA run's merged model: also written at its end
+    (out / "metrics.jsonl").write_text('{"step": 1, "loss": 0.69}\n')  # the run's, as it trains
+    (out / "README.md").write_text("stopped at step 1: lr too high\n")  # the person's, once the run stopped
+    names = output_folder.read_manifest(out)
+    assert "metrics.jsonl" in names and "README.md" not in names and "training_curves.png" not in names
+    output_folder.replace(out, names)  # --overwrite_output_dir
+    assert sorted(p.name for p in out.iterdir()) == ["README.md", run_files.MANIFEST]
+
+    # A resumed run writes its card there at its end, and its final model: the person's file is moved aside.
+    (out / "config.json").write_text('{"mine": true}\n')
+    (out / output_folder.FINAL_STAGING).mkdir()
+    (out / output_folder.FINAL_STAGING / "config.json").write_text('{"model_type": "olmo3"}\n')
+    output_folder.move_in(out)
+    output_folder.claim_for_writing(out, ["training_curves.png", "README.md"])
+    (out / "README.md").write_text("# the card\n")
+    (readme,) = out.glob("README.not-this-run-*.md")
+    (config,) = out.glob("config.not-this-run-*.json")
+    assert readme.read_text() == "stopped at step 1: lr too high\n" and config.read_text() == '{"mine": true}\n'
+    assert json.loads((out / "config.json").read_text()) == {"model_type": "olmo3"}
+    assert f"Moved {out / 'README.md'} to {readme}: not this run's" in capsys.readouterr().out
+    assert {"README.md", "config.json", "training_curves.png"} <= set(output_folder.read_manifest(out))
+    assert not {readme.name, config.name} & set(output_folder.read_manifest(out))
 
 
 # --- a run never reads from its own output folder --------------------------------------------------------------------

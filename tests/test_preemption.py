@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import time
+from types import SimpleNamespace
 
 import pytest
 from safetensors.torch import load_file
@@ -57,6 +58,9 @@ def start(out, model_dir, data, env=None):
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
+        # SIGINT as a terminal's foreground job has it: a shell's background job, which the tests may run as, ignores
+        # it, and a run leaves an ignored SIGINT ignored
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
 
 
@@ -267,6 +271,89 @@ def test_a_run_under_nohup_outlives_its_terminal():
     time.sleep(0.1)
     assert stop.asked_here() and stop.signal_received == signal.SIGHUP
     stop.release(exiting=False)
+
+
+def test_the_command_printed_to_go_on_clears_a_recipe_files_resume_from_checkpoint(tmp_path, monkeypatch, capsys):
+    """A recipe file that names resume_from_checkpoint: the printed command dropped only the command line's, so typed
+    back it went back to that checkpoint, and was refused (`holds checkpoint-5, past resume_from_checkpoint ...: drop
+    --resume_from_checkpoint`), which the command did not hold. It now ends with `--resume_from_checkpoint ''`, read
+    as none: the rerun goes on from the newest verified checkpoint."""
+    import train_dpo
+    from dpotrain.recipe.config import parse_args
+    from dpotrain.train.preemption import GracefulStop, rerun_command
+
+    monkeypatch.delenv("LOCAL_RANK", raising=False)
+    smoke = (ROOT / "configs" / "smoke.yaml").read_text()
+    for named, cleared in ((f"resume_from_checkpoint: {tmp_path / 'run' / 'checkpoint-2'}\n", True), ("", False)):
+        recipe = tmp_path / "r.yaml"
+        recipe.write_text(smoke + named)
+        argv = ["--config", str(recipe), "--output_dir", str(tmp_path / "run"), "--dry-run"]
+        stop = GracefulStop()
+        train_dpo.run(argv, stop)  # as the run starts: it learns whether its recipe file names one
+        capsys.readouterr()
+        monkeypatch.setattr(sys, "argv", ["train_dpo.py", *argv[:-1], "--resume_from_checkpoint", "c"])
+        printed = rerun_command(stop.recipe_resumes)
+        assert printed.endswith(" --resume_from_checkpoint ''") == cleared, printed
+        typed_back = parse_args(shlex.split(printed)[2:])
+        assert not typed_back.training.resume_from_checkpoint
+
+
+def test_a_run_called_by_a_notebook_prints_its_own_command_to_go_on(tmp_path, monkeypatch, capsys):
+    """`train_dpo.main(argv)` called in a notebook, then the kernel interrupted (SIGINT): the stop printed this
+    process's command to go on, `python -m ipykernel_launcher -f kernel.json`, which starts a Jupyter kernel. It prints
+    `python train_dpo.py` with the arguments the run was given."""
+    import train_dpo
+    from dpotrain.train.preemption import GracefulStop
+
+    monkeypatch.delenv("LOCAL_RANK", raising=False)
+    monkeypatch.setattr(sys, "argv", ["/venv/lib/ipykernel_launcher.py", "-f", "/run/kernel-1.json"])
+    held = GracefulStop()
+    monkeypatch.setattr(train_dpo.GracefulStop, "from_env", classmethod(lambda cls: held))
+    argv = ["--config", str(ROOT / "configs" / "smoke.yaml"), "--output_dir", str(tmp_path / "run"), "--dry-run"]
+    train_dpo.main(argv)
+    capsys.readouterr()
+    held.mark_saved("checkpoint run/checkpoint-2 written")
+    said = capsys.readouterr().out
+    assert said.endswith(f"{shlex.join([sys.executable, str(ROOT / 'train_dpo.py'), *argv])}\n"), said
+    assert "ipykernel" not in said
+
+
+def test_a_background_job_of_a_script_keeps_ignoring_ctrl_c():
+    """`python train_dpo.py ... &` in a script (a shell without job control) starts with SIGINT ignored, so that the
+    Ctrl-C meant for the script's foreground command (a `tail -f` of the log) leaves it running. The run took SIGINT
+    over, and that Ctrl-C stopped it with 75."""
+    from dpotrain.train.preemption import GracefulStop
+
+    background = subprocess.run(
+        ["bash", "-c", f"{shlex.quote(sys.executable)} -c 'import signal; print(signal.getsignal(2) == 1)' & wait"],
+        capture_output=True,
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
+    assert background.stdout.strip() == "True"  # such a job starts with SIGINT ignored (SIG_IGN)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # as that job starts the run (conftest gives the test's back)
+    stop = GracefulStop()
+    os.kill(os.getpid(), signal.SIGINT)
+    time.sleep(0.1)
+    assert not stop.asked_here() and signal.getsignal(signal.SIGINT) == signal.SIG_IGN
+    stop.release(exiting=False)
+    assert signal.getsignal(signal.SIGINT) == signal.SIG_IGN
+
+
+def test_ctrl_c_once_training_is_over_says_the_run_finishes_its_final_save(capfd):
+    """Ctrl-C while the final model was saved (or pushed) printed "saving a checkpoint at the end of this step, then
+    stopping", while no step was left: the run saved its final model and outputs and ended with 0."""
+    from dpotrain.train.preemption import GracefulStop
+
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # a terminal's foreground job (conftest restores it)
+    stop = GracefulStop()
+    stop.on_train_end(None, SimpleNamespace(global_step=4, max_steps=4), None)  # trained to its last step
+    os.kill(os.getpid(), signal.SIGINT)
+    time.sleep(0.1)
+    stop.release(exiting=False)
+    said = capfd.readouterr().err
+    assert "Ctrl-C: training is over; finishing the final model and the run's outputs, then ending" in said
+    assert "saving a checkpoint" not in said
 
 
 @pytest.mark.slow

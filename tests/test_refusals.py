@@ -867,8 +867,8 @@ def test_a_named_checkpoint_behind_the_folders_newest_is_gone_on_from_when_reque
     assert str(refused_here.value) == (
         f"output_dir {str(out)!r} holds checkpoint-4, past resume_from_checkpoint {str(named)!r} (step 2), which the "
         "run's next rerun or requeue would go on from, not from this run's progress: drop --resume_from_checkpoint "
-        "to go on from checkpoint-4, move the checkpoints past step 2 out of that folder to go back to the one named, "
-        "or pass a new --output_dir"
+        "(one the recipe file names: add --resume_from_checkpoint '') to go on from checkpoint-4, move the "
+        "checkpoints past step 2 out of that folder to go back to the one named, or pass a new --output_dir"
     )
     # --auto_resume false: nothing goes on from a checkpoint not named, so the one named is where it goes on from
     chosen = parse_args([*recipe_args(out, named), "--auto_resume", "false"])

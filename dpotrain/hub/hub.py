@@ -22,6 +22,7 @@ from dpotrain.train.lora import card_lines
 from dpotrain.train.losses import loss_text
 from dpotrain.train.metrics import PLOT_FILE, last_logged, read_metrics
 
+CARD = "README.md"  # the model card, written by a finished run (write_model_card)
 RUN_COMPLETE = "run_complete.json"  # written last by a finished run (publish.py); a folder with it is a finished run
 
 # Recipe values a reader of the card needs to reproduce or judge the run.
@@ -302,7 +303,7 @@ def speed_row(records: list[dict]) -> str:
 
 def write_model_card(output_dir: str | Path, r: Record, repo_id: str = "") -> Path:
     card = model_card(r, read_metrics(output_dir), pushed_revisions(output_dir), repo_id)
-    return write_text(Path(output_dir) / "README.md", card)
+    return write_text(Path(output_dir) / CARD, card)
 
 
 def update_card_revisions(output_dir: str | Path, repo_id: str) -> None:

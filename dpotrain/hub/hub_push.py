@@ -29,7 +29,7 @@ from transformers import TrainerCallback
 from dpotrain.recipe import records as run_records
 from dpotrain.recipe import upstream, venv
 from dpotrain.recipe.errors import ConfigError, cause
-from dpotrain.train.checkpoints import MARKER, checkpoints, is_complete, step_of
+from dpotrain.train.checkpoints import MARKER, is_complete, own_checkpoints, step_of
 
 PUSH_RECORD = "hub_pushes.jsonl"  # one line per upload's start (the final push) and outcome: step, branch, status
 STAGING = ".hub_staging"
@@ -195,12 +195,12 @@ def stage(folder: Path, staging_root: Path) -> Path:
 
 
 def push_checkpoints(api, run_dir: Path, repo_id: str) -> list[dict]:
-    """scripts/push_to_hub.py --checkpoints: every complete checkpoint on disk to its branch, skipping the branches
-    that already hold it. Returns the records written."""
+    """scripts/push_to_hub.py --checkpoints: every complete checkpoint of the run on disk to its branch (never one a
+    person put in its folder), skipping the branches that already hold it. Returns the records written."""
     records, branches = [], set()
     with contextlib.suppress(RepositoryNotFoundError):  # a repo not created yet has no branches
         branches = {b.name for b in api.list_repo_refs(repo_id).branches}
-    for folder in checkpoints(run_dir):
+    for folder in own_checkpoints(run_dir):
         step = step_of(folder)
         branch = branch_name(step)
         record = functools.partial(record_push, run_dir, step=step, branch=branch)
@@ -241,10 +241,11 @@ class CheckpointPusher(TrainerCallback):
         self._repo_ready = False
 
     def on_train_begin(self, args, state, control, **kwargs):
-        """A resumed run first pushes the complete checkpoints a stopped job left unpushed."""
+        """A resumed run first pushes the complete checkpoints a stopped job left unpushed: its own, never one a person
+        put in the folder (a copy of another run's would go up as this run's step)."""
         if state.is_world_process_zero:
             done = {s for s, _ in pushed_revisions(self.out)}
-            for folder in checkpoints(self.out):
+            for folder in own_checkpoints(self.out):
                 if step_of(folder) not in done:
                     self.submit(folder)
 

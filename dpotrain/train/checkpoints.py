@@ -4,7 +4,8 @@ transformers writes `checkpoint-N/` file by file, so a job killed mid-save leave
 checkpoint but is not one. `CompleteMarker` writes `COMPLETE` once every rank has finished its part; resuming only
 ever picks a folder with that mark. `save_total_limit` keeps that many *complete* checkpoints, rotated only after the
 new one is marked (transformers rotates before, and could delete the newest complete one). A folder without the mark
-is removed by rotation, and before the run writes the same step again. Only the main process deletes.
+is removed by rotation, and before the run writes the same step again. Only the main process deletes, and only the
+run's own checkpoints (run_files.json's): a person's `checkpoint-N` is kept, or moved aside where the run saves.
 """
 
 import json
@@ -30,6 +31,14 @@ def checkpoints(output_dir: str | Path) -> list[Path]:
     if not root.is_dir():
         return []
     return sorted((p for p in root.iterdir() if p.is_dir() and _CHECKPOINT.match(p.name)), key=step_of)
+
+
+def own_checkpoints(output_dir: str | Path) -> list[Path]:
+    """The `checkpoint-N` folders of `output_dir` that the run's record (run_files.json) names, oldest step first:
+    never one a person put there. A run written before runs recorded their checkpoints: all of them."""
+    own = run_files.read(Path(output_dir))
+    found = checkpoints(output_dir)
+    return found if own is None or run_files.OLD_CHECKPOINTS in own else [p for p in found if p.name in own]
 
 
 def step_of(folder: Path) -> int:
@@ -70,9 +79,11 @@ def rotate(output_dir: str | Path, limit: int | None, keep: tuple = ()) -> list[
 
 def clear_for_save(output_dir: str | Path, global_step: int) -> None:
     """Main process, before `checkpoint-<global_step>` is written: a folder of that name left from an earlier attempt
-    is removed, so that the new checkpoint holds only its own files and never the old one's mark."""
+    is removed, so that the new checkpoint holds only its own files and never the old one's mark. One the run did not
+    write (not in run_files.json) is moved aside, never removed: the run refuses such a folder at its start
+    (`output_folder.check_checkpoints_of_others`), so it was put there while the run trained."""
     folder = Path(output_dir) / f"checkpoint-{global_step}"
-    if folder.is_dir():
+    if not run_files.set_aside_if_not_own(output_dir, folder.name) and folder.is_dir():
         state = "complete" if is_complete(folder) else f"cut short (no {MARKER} mark)"
         print(f"Removed {folder} of an earlier attempt ({state}) before writing it again", flush=True)
         shutil.rmtree(folder)

@@ -40,13 +40,20 @@ class GracefulStop(TrainerCallback):
         self.requested_at: float | None = None  # when this process first heard of the request (time.time())
         self.stopped = False
         self.interrupted: float | None = None  # when a first Ctrl-C was pressed (time.monotonic())
+        self.training_over = False  # no step left to stop at: the final model and the run's outputs are being saved
+        self.recipe_resumes = False  # the recipe file names a resume_from_checkpoint, which the printed command clears
+        # the run's command where it is not this process's own (`train_dpo.main(argv)`, called by another program)
+        self.command: list[str] | None = None
         self.terminal = [fd for fd in terminal.STREAMS if os.isatty(fd)]  # what a SIGHUP closes
         self.previous = {}  # the handlers found, given back to a caller that goes on after the run (release)
         if threading.current_thread() is threading.main_thread():  # Python only delivers signals there
             for sig in STOP_SIGNALS:
-                # `nohup` ignores SIGHUP so that the run outlives its terminal (a run taking it stopped at logout). The
-                # others are taken over ignored too: scripts/launch.sh's srun shell ignores TERM for torchrun's agent.
-                if sig == signal.SIGHUP and signal.getsignal(sig) == signal.SIG_IGN:
+                # `nohup` ignores SIGHUP so that the run outlives its terminal (a run taking it stopped at logout), and
+                # a script's background job (`python train_dpo.py ... &` in a shell without job control) starts with
+                # SIGINT ignored so that the Ctrl-C meant for the script's foreground command does not reach it. Those
+                # stay ignored. The others are taken over ignored too: scripts/launch.sh's srun shell ignores TERM for
+                # torchrun's agent.
+                if sig in (signal.SIGHUP, signal.SIGINT) and signal.getsignal(sig) == signal.SIG_IGN:
                     continue
                 self.previous[sig] = signal.signal(sig, self._on_signal)
 
@@ -70,11 +77,19 @@ class GracefulStop(TrainerCallback):
             if self.interrupted:
                 return
             self.interrupted = time.monotonic()
-            terminal.say(  # the `| tee` the same Ctrl-C killed may be gone already
-                2,
-                b"\nCtrl-C: saving a checkpoint at the end of this step, then stopping (Ctrl-C again: stop "
-                b"at once, without it)\n",
-            )
+            # terminal.say: the `| tee` the same Ctrl-C killed may be gone already
+            if self.training_over and not self.stopped:  # the run saves its final model and outputs, and ends (0)
+                terminal.say(
+                    2,
+                    b"\nCtrl-C: training is over; finishing the final model and the run's outputs, then ending "
+                    b"(Ctrl-C again: stop at once, without them)\n",
+                )
+            else:
+                terminal.say(
+                    2,
+                    b"\nCtrl-C: saving a checkpoint at the end of this step, then stopping (Ctrl-C again: stop "
+                    b"at once, without it)\n",
+                )
         if signum == signal.SIGHUP and self.terminal:
             terminal.detach(self.terminal)
             self.terminal.clear()
@@ -114,7 +129,10 @@ class GracefulStop(TrainerCallback):
         how = (
             "exiting so that the job can be requeued"
             if self.stop_file
-            else f"to go on from it, run the same command again, in {os.getcwd()}: {rerun_command()}"
+            else (
+                f"to go on from it, run the same command again, in {os.getcwd()}: "
+                f"{rerun_command(self.recipe_resumes, self.command)}"
+            )
         )
         print(f"Stop requested: {what}{after}; {how}", flush=True)
         if self.stop_file:
@@ -129,6 +147,12 @@ class GracefulStop(TrainerCallback):
             control.should_training_stop = True
         return control
 
+    def on_train_end(self, args, state, control, **kwargs):
+        # Trained to the last step: a Ctrl-C from here finds no step to stop at, and the run goes on to save the final
+        # model (publish.py). Not after a stop or a health guard's stop, which end the run without it.
+        self.training_over = state.global_step >= state.max_steps
+        return control
+
     def on_save(self, args, state, control, **kwargs):
         # Runs after the checkpoint's COMPLETE mark (this callback is registered after CompleteMarker).
         if self.stopped and state.global_step < state.max_steps and state.is_world_process_zero:
@@ -136,14 +160,17 @@ class GracefulStop(TrainerCallback):
         return control
 
 
-def rerun_command() -> str:
-    """The command that started this run, to type again: this process's, or under a launcher (LOCAL_RANK is set) its
-    parent's. Without --overwrite_output_dir (it would start afresh), --resume_from_checkpoint (the rerun goes on from
-    the newest verified checkpoint) and secrets."""
+def rerun_command(recipe_resumes: bool = False, command: list[str] | None = None) -> str:
+    """The command that started this run, to type again: this process's (`command` where the run was called in a
+    process of another program, a notebook's or a script's: `python train_dpo.py` with the arguments it was given), or
+    under a launcher (LOCAL_RANK is set) its parent's. Without --overwrite_output_dir (it would start afresh),
+    --resume_from_checkpoint (the rerun goes on from the newest verified checkpoint) and secrets. A recipe file's
+    resume_from_checkpoint (`recipe_resumes`) is cleared with `--resume_from_checkpoint ''`: typed back without it, the
+    rerun was sent back to that checkpoint, and refused as the run's own checkpoints are past it."""
     from dpotrain.recipe.cli import FALSE, TRUE
     from dpotrain.recipe.config import without_secrets
 
-    words = [sys.executable, *sys.argv]
+    words = command or [sys.executable, *sys.argv]
     if "LOCAL_RANK" in os.environ:
         try:
             words = os.fsdecode(Path(f"/proc/{os.getppid()}/cmdline").read_bytes()).split("\0")[:-1]
@@ -163,7 +190,7 @@ def rerun_command() -> str:
             after = None if equals else flag
             continue
         kept.append(word)
-    return shlex.join(kept)
+    return shlex.join(kept + (["--resume_from_checkpoint", ""] if recipe_resumes else []))
 
 
 def check_stop_file(path: Path) -> None:

@@ -3,6 +3,7 @@ exactly: checkpoints are added by name before their first file (`claim`) and dro
 (`disown`). Main process only."""
 
 import json
+import time
 from pathlib import Path
 
 from dpotrain.recipe import records as run_records
@@ -10,6 +11,8 @@ from dpotrain.recipe import writes
 from dpotrain.recipe.errors import ConfigError
 
 MANIFEST = "run_files.json"
+# What records written before checkpoints were recorded by name hold for them: read as the folder's checkpoint folders.
+OLD_CHECKPOINTS = "checkpoint-[0-9]*"
 
 
 def read(out: Path) -> list[str] | None:
@@ -44,3 +47,18 @@ def disown(out: str | Path, names) -> None:
     known = read(Path(out))
     if known is not None and set(names) & set(known):
         write(out, [n for n in known if n not in set(names)])
+
+
+def set_aside_if_not_own(out: str | Path, name: str) -> bool:
+    """Main process, before the run writes `name` in `out` (a checkpoint folder, its model card, its plot): one there
+    that the run's record does not name (a person's, put there while the run ran) is renamed
+    `<stem>.not-this-run-<time><suffix>`, said in a line, never written over or removed. True if one was. Without a
+    record (a caller that made no run folder) nothing is moved."""
+    path = Path(out) / name
+    own = read(Path(out))
+    if own is None or name in own or not (path.exists() or path.is_symlink()):
+        return False
+    aside = path.with_name(f"{path.stem}.not-this-run-{time.strftime('%Y%m%d-%H%M%S')}{path.suffix}")
+    path.rename(aside)
+    print(f"Moved {path} to {aside}: not this run's ({MANIFEST}), and the run writes its own {name} there", flush=True)
+    return True

@@ -206,6 +206,11 @@ def _child(conn, request: dict, fds: list[int], base: dict[str, str], set_by_imp
     import threading
 
     ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG: never outlive the server
+    # The client's signals as a fresh interpreter would start with them, not the server's: an ignored one stays
+    # ignored (the run leaves it so), SIGINT raises KeyboardInterrupt, the others their default.
+    for sig in FORWARDED:
+        default = signal.default_int_handler if sig == signal.SIGINT else signal.SIG_DFL
+        signal.signal(sig, signal.SIG_IGN if int(sig) in request.get("ignored", ()) else default)
     # Last at exit: the server's frozen objects back in the collector's sight for the interpreter's finalization, as a
     # fresh interpreter's are: frozen, triton's nanobind bindings (imported with transformers on a CUDA build of torch)
     # report them as leaked, in hundreds of lines after the script's own last line.
@@ -269,7 +274,11 @@ def client(path: str, real_python: str, args: list[str], unbuffered: bool = Fals
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         sock.connect(path)
-        _send(sock, {"argv": args, "env": dict(os.environ), "cwd": os.getcwd(), "unbuffered": unbuffered}, (0, 1, 2))
+        # The signals this process started with ignored (a shell's background job: SIGINT; nohup: SIGHUP), which a
+        # fresh interpreter in its place would start with ignored too.
+        ignored = [int(sig) for sig in FORWARDED if signal.getsignal(sig) == signal.SIG_IGN]
+        request = {"argv": args, "env": dict(os.environ), "cwd": os.getcwd(), "unbuffered": unbuffered}
+        _send(sock, request | {"ignored": ignored}, (0, 1, 2))
         answer, _ = _recv(sock)
     except OSError:
         answer = None
