@@ -89,6 +89,13 @@ def many_rows(n=40):
             ],
             "lora_dropout must be between 0 and 1 (got 2)",
         ),
+        # PEFT scales the update by alpha / r: 0 trained nothing while the record and the card said LoRA alpha 0
+        (
+            ["--use_peft", "true", "--lora_target_modules", "q_proj", "--lora_alpha", "0"],
+            "lora_alpha must be > 0 (got 0): the adapter's update is scaled by lora_alpha / lora_r, so 0 trains "
+            "nothing; 2 x lora_r is usual",
+        ),
+        (["--use_peft", "true", "--lora_target_modules", "q_proj", "--lora_alpha", "-16"], "lora_alpha must be > 0"),
         (["--load_in_4bit", "true", "--use_peft", "true", "--lora_target_modules", "q_proj"], "load_in_4bit needs"),
         (["--use_liger_kernel", "true"], "use_liger_kernel needs the liger-kernel package"),
         (["--ignore_bias_buffers", "true"], "ignore_bias_buffers is a DDP workaround of TRL's own script"),
