@@ -43,6 +43,7 @@ def check_options(recipe: Recipe) -> None:
         )
     check_precision(recipe)
     check_init_kwargs(recipe)
+    check_optimizer(t)
     valid = valid_loss_types()
     for loss in losses.loss_types(t):
         if loss not in valid:
@@ -344,6 +345,55 @@ def check_logging(recipe: Recipe) -> None:
                 f"{name}={value:g} is below 0: give a number of steps (the recipes log every step) or a fraction of "
                 "the run (0.1)"
             )
+
+
+def check_optimizer(t) -> None:
+    """The optimizer and scheduler the trainer builds, built here on one parameter by transformers' own calls, as the
+    trainer builds them after the model (and the reference stage) has loaded: `--adam_beta2 1` (a beta outside [0, 1)),
+    a negative `adam_epsilon`, or a `lr_scheduler_type: cosine_with_min_lr` without its `lr_scheduler_kwargs` were a
+    traceback there. A negative weight_decay is refused too: the trainer gives it to a parameter group, which torch
+    does not check (its constructor refuses one), and the weights grew at every step under a record of decay."""
+    if t.weight_decay < 0:
+        raise ConfigError(
+            f"weight_decay must be >= 0 (got {t.weight_decay:g}): a negative one grows the weights at every step "
+            "instead of decaying them; 0 turns it off (the recipes use 0.0)"
+        )
+    import torch
+    from transformers import Trainer, get_scheduler
+
+    try:  # an optimizer transformers builds only with the model (GaLore, ...), or a package not installed: it decides
+        optimizer_cls, kwargs = Trainer.get_optimizer_cls_and_kwargs(t)
+    except Exception:  # noqa: BLE001
+        return
+    # How it runs (fused, foreach kernels) is the device's, not the recipe's: this one parameter is on the CPU.
+    kwargs = {k: v for k, v in kwargs.items() if k not in ("fused", "foreach", "capturable")}
+    try:
+        optimizer = optimizer_cls([torch.nn.Parameter(torch.zeros(1))], **kwargs)
+    except ValueError as e:
+        raise ConfigError(
+            f"optim {_named(t.optim)} refuses the recipe's settings ({e}): give adam_beta1 and adam_beta2 in [0, 1), "
+            "adam_epsilon >= 0 (the recipes keep the defaults 0.9, 0.999, 1e-8), and optim_args it takes"
+        ) from None
+    except Exception:  # noqa: BLE001 - one that needs a GPU or the model to be built: the trainer decides
+        return
+    try:
+        get_scheduler(
+            t.lr_scheduler_type,
+            optimizer,
+            num_warmup_steps=1,
+            num_training_steps=10,
+            scheduler_specific_kwargs=t.lr_scheduler_kwargs or {},
+        )
+    except (TypeError, ValueError) as e:
+        raise ConfigError(
+            f"lr_scheduler_type {_named(t.lr_scheduler_type)} cannot be built with lr_scheduler_kwargs "
+            f"{t.lr_scheduler_kwargs or {}} ({e}): give the arguments it takes (transformers' get_scheduler)"
+        ) from None
+
+
+def _named(choice) -> str:
+    """A choice as the recipe spells it: transformers keeps optim and lr_scheduler_type as enums."""
+    return getattr(choice, "value", choice)
 
 
 def check_precision(recipe: Recipe) -> None:

@@ -96,6 +96,19 @@ def many_rows(n=40):
             "nothing; 2 x lora_r is usual",
         ),
         (["--use_peft", "true", "--lora_target_modules", "q_proj", "--lora_alpha", "-16"], "lora_alpha must be > 0"),
+        # torch refuses these when the trainer builds the optimizer: after the model and the reference stage had loaded
+        (
+            ["--adam_beta2", "1"],
+            "optim adamw_torch_fused refuses the recipe's settings (Invalid beta parameter at index 1",
+        ),
+        (["--adam_epsilon=-1e-8"], "optim adamw_torch_fused refuses the recipe's settings (Invalid epsilon value"),
+        # a parameter group's weight decay is not checked by torch: the weights grew at every step, recorded as decay
+        (["--weight_decay", "-0.1"], "weight_decay must be >= 0 (got -0.1): a negative one grows the weights"),
+        (
+            ["--lr_scheduler_type", "cosine_with_min_lr"],
+            "lr_scheduler_type cosine_with_min_lr cannot be built with lr_scheduler_kwargs {} (One of min_lr or "
+            "min_lr_rate should be set",
+        ),
         (["--load_in_4bit", "true", "--use_peft", "true", "--lora_target_modules", "q_proj"], "load_in_4bit needs"),
         (["--use_liger_kernel", "true"], "use_liger_kernel needs the liger-kernel package"),
         (["--ignore_bias_buffers", "true"], "ignore_bias_buffers is a DDP workaround of TRL's own script"),
