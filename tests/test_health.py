@@ -14,7 +14,7 @@ from dpotrain.recipe.config import parse_args
 from dpotrain.recipe.errors import ConfigError
 from dpotrain.resolve import OutputDecision, check_output_dir, decide_batch, resolved_config
 from dpotrain.train.health import LN2, HealthGuard
-from dpotrain.train.losses import check_options
+from dpotrain.train.losses import check_options, step1_loss
 
 SMOKE = str(ROOT / "configs" / "smoke.yaml")
 
@@ -258,6 +258,24 @@ def test_the_loss_floor_judges_only_losses_that_are_0_at_an_unbounded_margin():
     with pytest.raises(ConfigError, match="health_loss_floor 0.05 would be ignored: loss_type hinge is 0 at a finite"):
         check_options(parse_args(["--config", SMOKE, "--loss_type", "hinge", "--health_loss_floor", "0.05"]))
     check_options(parse_args(["--config", SMOKE, "--loss_type", "hinge", "--health_loss_floor", "0"]))  # off: fine
+
+
+@pytest.mark.parametrize("floor, types", [("1", ["sigmoid_norm"]), ("0.6932", ["sigmoid"]), ("1.5", ["bco_pair"])])
+def test_a_loss_floor_at_or_above_the_starting_loss_is_refused(floor, types):
+    """The loss starts at its value at log-ratios 0 (ln 2 for sigmoid_norm) and the guard stops a run whose loss is
+    below the floor: `--health_loss_floor 1` stopped every run at its first logged step as a collapse (exit 3)."""
+    args = parse_args(["--config", SMOKE, "--loss_type", *types, "--health_loss_floor", floor])
+    g, _ = guard("--loss_type", *types, "--health_loss_floor", floor)
+    assert [a.guard for a in g.check(2, {"loss": step1_loss(args.training)}, args.training, 48)] == ["loss_floor"]
+    with pytest.raises(ConfigError) as refused:
+        check_options(args)
+    start = step1_loss(args.training)
+    assert str(refused.value) == (
+        f"health_loss_floor {float(floor):g} is not below the loss before any update ({start:.4g}: {types[0]} at "
+        "log-ratios 0), so the guard would stop the run at its first logged step as a collapse: give a floor near 0 "
+        "(default 0.01), or 0 to turn the guard off"
+    )
+    check_options(parse_args(["--config", SMOKE, "--loss_type", *types, "--health_loss_floor", "0.5"]))  # below: fine
 
 
 def test_accuracy_pinned_counts_consecutive_pairs_early_only():

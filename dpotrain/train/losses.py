@@ -174,6 +174,13 @@ def check_ignored(recipe) -> None:
             "(its optimum, not a collapse), so the loss_floor guard does not judge it: remove health_loss_floor "
             "(the margin and logps_falling guards still watch)"
         )
+    start = step1_loss(t)  # the loss floor judges a loss falling from there: one at or above it trips at once
+    if floor > 0 and loss_floor_applies(t) and start is not None and floor >= start:
+        raise ConfigError(
+            f"health_loss_floor {floor:g} is not below the loss before any update ({start:.4g}: {'+'.join(types)} at "
+            "log-ratios 0), so the guard would stop the run at its first logged step as a collapse: give a floor "
+            "near 0 (default 0.01), or 0 to turn the guard off"
+        )
     if t.precompute_ref_batch_size is not None:
         raise ConfigError(
             f"precompute_ref_batch_size {t.precompute_ref_batch_size} would be ignored: the reference stage cuts its "
