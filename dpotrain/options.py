@@ -44,6 +44,7 @@ def check_options(recipe: Recipe) -> None:
     check_precision(recipe)
     check_init_kwargs(recipe)
     check_optimizer(t)
+    check_ranges(recipe)
     valid = valid_loss_types()
     for loss in losses.loss_types(t):
         if loss not in valid:
@@ -389,6 +390,44 @@ def check_optimizer(t) -> None:
             f"lr_scheduler_type {_named(t.lr_scheduler_type)} cannot be built with lr_scheduler_kwargs "
             f"{t.lr_scheduler_kwargs or {}} ({e}): give the arguments it takes (transformers' get_scheduler)"
         ) from None
+
+
+# Numbers the parsers take and the run fails on, or misreads, only once the model has loaded: each field, the smallest
+# value it means something at, and what a smaller one did.
+AT_LEAST = {
+    "dataloader_num_workers": (
+        0,
+        "torch's DataLoader refuses it once the model has loaded; 0 reads in the main process",
+    ),
+    "pad_to_multiple_of": (1, "TRL's padding divides by it once the model has loaded (0: ZeroDivisionError)"),
+    "save_total_limit": (1, "transformers takes 0 or below for no limit: remove it to keep every checkpoint"),
+    "ref_model_sync_steps": (
+        1,
+        "TRL syncs the reference at the steps divisible by it (0: ZeroDivisionError at step 1)",
+    ),
+}
+
+
+def check_ranges(recipe: Recipe) -> None:
+    """Values a run accepted and could not honour (module doc); others are checked where their option is."""
+    t, p = recipe.training, recipe.project
+    for name, (least, why) in AT_LEAST.items():
+        value = getattr(t, name)
+        if value is not None and value < least:
+            raise ConfigError(f"{name} must be >= {least} (got {value}): {why}")
+    if p.gpu_peak_tflops is not None and p.gpu_peak_tflops <= 0:
+        # 0 was recorded and the GPU's own peak used (flops.peak_tflops takes 0 for unset); below 0, a negative MFU
+        raise ConfigError(
+            f"gpu_peak_tflops must be > 0 (got {p.gpu_peak_tflops:g}): the GPU's dense bf16 peak in TFLOP/s (an H100: "
+            "989), or remove it for the peak of the GPU the run finds"
+        )
+    if "discopop" in losses.loss_types(t) and t.discopop_tau <= 0:  # TRL divides the logits by it: NaN at step 1
+        raise ConfigError(f"discopop_tau must be > 0 (got {t.discopop_tau:g}): the DiscoPOP paper's is 0.05")
+    if t.sync_ref_model and not 0 <= t.ref_model_mixup_alpha <= 1:  # the reference moves alpha of the way to the policy
+        raise ConfigError(
+            f"ref_model_mixup_alpha must be in [0, 1] (got {t.ref_model_mixup_alpha:g}): the share of the policy mixed "
+            "into the reference at each sync (TR-DPO's is 0.6)"
+        )
 
 
 def _named(choice) -> str:

@@ -176,6 +176,34 @@ def test_options_that_cannot_be_honoured(args, expected, tmp_path, monkeypatch, 
     assert expected in refused(tmp_path, monkeypatch, capsys, *args)
 
 
+SYNCED = ["--sync_ref_model", "true", "--precompute_ref_log_probs", "false"]
+
+
+@pytest.mark.parametrize(
+    "args, expected",
+    [
+        # torch's DataLoader: "num_workers option should be non-negative", once the model had loaded
+        (["--dataloader_num_workers", "-1"], "dataloader_num_workers must be >= 0 (got -1): torch's DataLoader"),
+        # TRL's pad: ZeroDivisionError (0) or a RuntimeError (-8) at the first padded micro-batch
+        (["--padding_free", "false", "--pad_to_multiple_of", "0"], "pad_to_multiple_of must be >= 1 (got 0)"),
+        (["--padding_free", "false", "--pad_to_multiple_of", "-8"], "pad_to_multiple_of must be >= 1 (got -8)"),
+        # recorded as a limit, and every checkpoint kept (transformers and checkpoints.rotate: no limit)
+        (["--save_total_limit", "0"], "save_total_limit must be >= 1 (got 0): transformers takes 0 or below for no"),
+        ([*SYNCED, "--ref_model_sync_steps", "0"], "ref_model_sync_steps must be >= 1 (got 0)"),
+        ([*SYNCED, "--ref_model_mixup_alpha", "2"], "ref_model_mixup_alpha must be in [0, 1] (got 2)"),
+        # 0: recorded, and the GPU's own peak used; below 0, a negative MFU logged (on a CPU too)
+        (["--gpu_peak_tflops", "0"], "gpu_peak_tflops must be > 0 (got 0)"),
+        (["--gpu_peak_tflops", "-1"], "gpu_peak_tflops must be > 0 (got -1)"),
+        # TRL divides the logits by it: NaN at step 1, stopped by the health guard as a diverged run
+        (["--loss_type", "discopop", "--discopop_tau", "0"], "discopop_tau must be > 0 (got 0)"),
+    ],
+)
+def test_numbers_outside_what_their_option_means_are_refused(args, expected, tmp_path, monkeypatch, capsys):
+    """Each was accepted, recorded in resolved_config.json and failed (or was misread) once the model had loaded: a dry
+    run, which makes the same checks, is enough to see each refused."""
+    assert refused(tmp_path, monkeypatch, capsys, *args, "--dry-run").startswith(f"error: {expected}")
+
+
 @pytest.mark.parametrize("dry_run", [[], ["--dry-run"]], ids=["run", "dry run"])
 def test_lora_target_modules_the_model_does_not_have_are_refused_before_it_loads(
     dry_run, tmp_path, monkeypatch, capsys, tiny_model_dir
