@@ -366,6 +366,16 @@ def check_optimizer(t) -> None:
         optimizer_cls, kwargs = Trainer.get_optimizer_cls_and_kwargs(t)
     except Exception:  # noqa: BLE001
         return
+    if t.optim_args and _without_optim_args(t) == (optimizer_cls, kwargs):
+        # transformers passes optim_args to some optimizers only (sgd, adagrad, rmsprop, anyprecision, ademamix, galore,
+        # ...): `--optim_args momentum=0.9` with the default AdamW was recorded and trained without
+        adam = (
+            " (adam_beta1, adam_beta2, adam_epsilon and weight_decay set AdamW's)" if "adam" in _named(t.optim) else ""
+        )
+        raise ConfigError(
+            f"optim_args {t.optim_args!r} would be ignored: optim {_named(t.optim)} reads none of it: remove "
+            f"optim_args{adam}, or choose an optim that reads it"
+        )
     # How it runs (fused, foreach kernels) is the device's, not the recipe's: this one parameter is on the CPU.
     kwargs = {k: v for k, v in kwargs.items() if k not in ("fused", "foreach", "capturable")}
     try:
@@ -428,6 +438,17 @@ def check_ranges(recipe: Recipe) -> None:
             f"ref_model_mixup_alpha must be in [0, 1] (got {t.ref_model_mixup_alpha:g}): the share of the policy mixed "
             "into the reference at each sync (TR-DPO's is 0.6)"
         )
+
+
+def _without_optim_args(t) -> tuple:
+    """The optimizer and its arguments transformers would build without the recipe's optim_args."""
+    from transformers import Trainer
+
+    given, t.optim_args = t.optim_args, None
+    try:
+        return Trainer.get_optimizer_cls_and_kwargs(t)
+    finally:
+        t.optim_args = given
 
 
 def _named(choice) -> str:

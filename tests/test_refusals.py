@@ -104,6 +104,13 @@ def many_rows(n=40):
         (["--adam_epsilon=-1e-8"], "optim adamw_torch_fused refuses the recipe's settings (Invalid epsilon value"),
         # a parameter group's weight decay is not checked by torch: the weights grew at every step, recorded as decay
         (["--weight_decay", "-0.1"], "weight_decay must be >= 0 (got -0.1): a negative one grows the weights"),
+        # transformers passes optim_args to some optimizers only: AdamW trained without them, under their record
+        (
+            ["--optim_args", "beta1=0.5"],
+            "optim_args 'beta1=0.5' would be ignored: optim adamw_torch_fused reads none of it: remove optim_args "
+            "(adam_beta1, adam_beta2, adam_epsilon and weight_decay set AdamW's), or choose an optim that reads it",
+        ),
+        (["--optim", "sgd", "--optim_args", "momentun=0.9"], "optim_args 'momentun=0.9' would be ignored: optim sgd"),
         (
             ["--lr_scheduler_type", "cosine_with_min_lr"],
             "lr_scheduler_type cosine_with_min_lr cannot be built with lr_scheduler_kwargs {} (One of min_lr or "
