@@ -191,6 +191,8 @@ SYNCED = ["--sync_ref_model", "true", "--precompute_ref_log_probs", "false"]
     [
         # torch's DataLoader: "num_workers option should be non-negative", once the model had loaded
         (["--dataloader_num_workers", "-1"], "dataloader_num_workers must be >= 0 (got -1): torch's DataLoader"),
+        # datasets' map: "num_proc must be >= 0 or None." as the trainer tokenized, after the model had loaded
+        (["--dataset_num_proc", "-1"], "dataset_num_proc must be >= 0 (got -1): datasets refuses it"),
         # TRL's pad: ZeroDivisionError (0) or a RuntimeError (-8) at the first padded micro-batch
         (["--padding_free", "false", "--pad_to_multiple_of", "0"], "pad_to_multiple_of must be >= 1 (got 0)"),
         (["--padding_free", "false", "--pad_to_multiple_of", "-8"], "pad_to_multiple_of must be >= 1 (got -8)"),
