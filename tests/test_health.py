@@ -320,3 +320,14 @@ def test_step_1_expects_the_configured_loss_or_judges_only_the_rewards():
         assert g.check(1, {"loss": 7.3, **zero}, args, 100) == [], flags
         shifted = {"loss": 7.3, "rewards_norm/chosen": 0.5, "rewards_norm/rejected": 0.0}
         assert [a.guard for a in g.check(1, shifted, args, 100)] == ["step1"], flags
+
+
+@pytest.mark.parametrize("beta", ["1e-200", "1e300"])
+def test_the_starting_loss_of_a_beta_floats_cannot_square_is_unknown_not_a_traceback(beta):
+    """ipo's starting loss is 1 / (4 beta^2), built for every loss type: a beta of 1e-200 (1e300) was a
+    ZeroDivisionError (OverflowError) at step 1's check, after the model had loaded, and in the loss floor's check."""
+    args = parse_args(["--config", SMOKE, "--beta", beta]).training
+    assert step1_loss(args) == pytest.approx(LN2)  # sigmoid_norm's does not depend on beta
+    ipo = parse_args(["--config", SMOKE, "--beta", beta, "--loss_type", "ipo"])
+    assert step1_loss(ipo.training) is None
+    check_options(parse_args(["--config", SMOKE, "--beta", beta]))

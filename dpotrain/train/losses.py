@@ -210,8 +210,8 @@ def step1_loss(args) -> float | None:
         **dict.fromkeys(("sigmoid", "sigmoid_norm", "robust", "aot", "aot_unpaired"), math.log(2)),
         **dict.fromkeys(("hinge", "apo_zero", "apo_down"), 1.0),
         **dict.fromkeys(("nca_pair", "bco_pair"), 2 * math.log(2)),
-        "ipo": 1 / (4 * beta**2),
-        "sppo_hard": 1 / (2 * beta**2),
+        "ipo": _over_beta_squared(1 / 4, beta),
+        "sppo_hard": _over_beta_squared(1 / 2, beta),
         "discopop": (math.log(2) + 1) / 2,  # half logistic, half exponential at a modulation of sigmoid(0)
         # KL([1/2, 1/2] || [1 - eps, eps])
         "exo_pair": -math.log(2) - 0.5 * math.log(eps * (1 - eps)) if 0 < eps < 1 else None,
@@ -220,6 +220,15 @@ def step1_loss(args) -> float | None:
     if any(v is None for v in values):
         return None
     return sum(v * w for v, w in zip(values, loss_weights(args), strict=True))
+
+
+def _over_beta_squared(k: float, beta: float) -> float | None:
+    """k / beta^2, None where floats cannot hold it: a beta of 1e-200 (or 1e300) was a ZeroDivisionError (an
+    OverflowError) in the dry run and at step 1's check, whatever the loss type."""
+    try:
+        return k / beta**2
+    except ArithmeticError:
+        return None
 
 
 def chosen_tokens(view: dict) -> torch.Tensor:
