@@ -158,6 +158,12 @@ def many_rows(n=40):
             "f_divergence_type js_divergence does not apply to loss_type bco_pair",
         ),
         (["--loss_type", "sft", "--f_divergence_type", "forward_kl"], "f_divergence_type forward_kl would be ignored"),
+        # DPOConfig takes any string: TRL's loss raised "Unknown f_divergence_type" at step 1, after the reference stage
+        (
+            ["--f_divergence_type", "forward-kl"],
+            "unknown f_divergence_type 'forward-kl': choose from reverse_kl, forward_kl, js_divergence, "
+            "alpha_divergence (the default, reverse_kl, is DPO's)",
+        ),
         (
             ["--f_alpha_divergence_coef", "0.3"],
             "f_alpha_divergence_coef 0.3 would be ignored: it is read only with --f_divergence_type alpha_divergence",

@@ -24,6 +24,8 @@ READS_LABEL_SMOOTHING = {"exo_pair", "robust", "aot", "aot_unpaired"}
 # f_divergence_type: TRL allows these loss types; of them, sft scores the chosen tokens' NLL, not the log-ratios.
 F_DIVERGENCE_ALLOWED = {"sigmoid", "sigmoid_norm", "hinge", "ipo", "exo_pair", "robust", "discopop", "sft"}
 READS_F_DIVERGENCE = F_DIVERGENCE_ALLOWED - {"sft"}
+# The f-divergences `_compute_loss` knows; TRL's DPOConfig takes any string, and another stopped the run at step 1
+F_DIVERGENCES = ("reverse_kl", "forward_kl", "js_divergence", "alpha_divergence")
 # Losses computed across the pairs of a micro-batch (they sort the batch's log-ratios), not per pair: their value
 # depends on which pairs share a micro-batch, so a token budget would change what they optimize.
 BATCH_LEVEL_LOSSES = {"aot", "aot_unpaired"}
@@ -131,6 +133,11 @@ def check_ignored(recipe) -> None:
         raise ConfigError(
             f"loss_type robust needs 0 <= label_smoothing < 0.5, the assumed share of flipped labels "
             f"(got {t.label_smoothing:g}): pass e.g. --label_smoothing 0.1"
+        )
+    if t.f_divergence_type not in F_DIVERGENCES:  # a ValueError at the first loss, after the reference stage
+        raise ConfigError(
+            f"unknown f_divergence_type {t.f_divergence_type!r}: choose from {', '.join(F_DIVERGENCES)} (the default, "
+            "reverse_kl, is DPO's)"
         )
     if t.f_divergence_type != "reverse_kl":
         other = [x for x in types if x not in F_DIVERGENCE_ALLOWED]
