@@ -346,6 +346,24 @@ def check_logging(recipe: Recipe) -> None:
                 f"{name}={value:g} is below 0: give a number of steps (the recipes log every step) or a fraction of "
                 "the run (0.1)"
             )
+    # transformers builds the loggers with the trainer, after the model has loaded: an unknown name was its ValueError
+    # there, one whose package is not installed (tensorboard) its callback's RuntimeError
+    from transformers.integrations.integration_utils import (
+        INTEGRATION_TO_CALLBACK,
+        get_available_reporting_integrations,
+    )
+
+    for name in t.report_to or []:
+        if name not in INTEGRATION_TO_CALLBACK:
+            raise ConfigError(
+                f"unknown report_to {name!r}: choose from {', '.join(sorted(INTEGRATION_TO_CALLBACK))}, or none "
+                "(the recipes log to wandb)"
+            )
+        if name not in get_available_reporting_integrations():
+            raise ConfigError(
+                f"report_to {name} needs its Python package, which is not installed here: install it, or remove {name} "
+                "from report_to"
+            )
 
 
 def check_optimizer(t) -> None:

@@ -5,6 +5,7 @@ Each case runs the real command-line entry (`run_cli(train_dpo.main)`, in this p
 (a fresh DPOTRAIN_BUILTIN_DIR) was never even created, which the trainer does first when it loads the model.
 """
 
+import importlib.util
 import json
 import shutil
 
@@ -125,6 +126,16 @@ def many_rows(n=40):
         ),
         (["--sync_ref_model", "true", "--precompute_ref_log_probs", "true"], "--precompute_ref_log_probs false"),
         (["--dataset_streaming", "true"], "dataset_streaming: the step plan and the reference stage need every pair"),
+        # transformers builds the loggers with the trainer: its ValueError (RuntimeError) once the model had loaded
+        (["--report_to", "wandbb"], "unknown report_to 'wandbb': choose from azure_ml, clearml, codecarbon, comet_ml,"),
+        pytest.param(
+            ["--report_to", "tensorboard"],
+            "report_to tensorboard needs its Python package, which is not installed here: install it, or remove "
+            "tensorboard from report_to",
+            marks=pytest.mark.skipif(
+                any(importlib.util.find_spec(m) for m in ("tensorboard", "tensorboardX")), reason="installed here"
+            ),
+        ),
         (["--save_on_each_node", "true"], "save_on_each_node is not supported: checkpoints, their COMPLETE marks"),
         # TrainingArguments' own DeepSpeed and FSDP: planned and recorded as one process; ZeRO-3 failed at the load
         (["--deepspeed", str(ROOT / "ds_config.json")], "deepspeed is not how this project selects its engine (the"),
