@@ -14,6 +14,7 @@ from pathlib import Path
 
 from dpotrain.cluster import collectives
 from dpotrain.data import builtin, data, hub_revision, mixture, shapes
+from dpotrain.forwards import choice
 from dpotrain.recipe import writes
 from dpotrain.recipe.config import LOAD_BEST_REFUSED, Recipe, uses_live_reference
 from dpotrain.recipe.errors import ConfigError
@@ -45,6 +46,8 @@ def check_options(recipe: Recipe) -> None:
     check_init_kwargs(recipe)
     check_optimizer(t)
     check_ranges(recipe)
+    if recipe.model.attn_implementation is not None:
+        choice.check_attention_name(recipe.model.attn_implementation)
     valid = valid_loss_types()
     for loss in losses.loss_types(t):
         if loss not in valid:

@@ -126,6 +126,11 @@ def many_rows(n=40):
         ),
         (["--sync_ref_model", "true", "--precompute_ref_log_probs", "true"], "--precompute_ref_log_probs false"),
         (["--dataset_streaming", "true"], "dataset_streaming: the step plan and the reference stage need every pair"),
+        # passed every check: transformers' ValueError traceback as the model was built
+        (
+            ["--attn_implementation", "sdpa_attention"],
+            "attn_implementation 'sdpa_attention' is not one transformers knows: choose one of eager, ",
+        ),
         # transformers builds the loggers with the trainer: its ValueError (RuntimeError) once the model had loaded
         (["--report_to", "wandbb"], "unknown report_to 'wandbb': choose from azure_ml, clearml, codecarbon, comet_ml,"),
         pytest.param(
