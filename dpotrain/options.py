@@ -12,7 +12,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from dpotrain.cluster import collectives
+from dpotrain.cluster import collectives, offline
 from dpotrain.data import builtin, data, hub_revision, mixture, shapes
 from dpotrain.forwards import choice
 from dpotrain.recipe import writes
@@ -111,6 +111,13 @@ def check_options(recipe: Recipe) -> None:
         )
     check_reference_only(recipe)
     check_evaluation(recipe)
+    model, revision = recipe.model.model_name_or_path, recipe.model.model_revision
+    if revision not in (None, "main") and model and not offline.is_hub_model(model):
+        # transformers reads a local folder (or the built-in model) as it is: the record named a revision not loaded
+        raise ConfigError(
+            f"model_revision {revision!r} names a commit of a Hub model, and {model!r} is "
+            f"{'built in' if builtin.is_builtin(model) else 'a local folder'}: remove model_revision"
+        )
     if recipe.project.dataset_revision is not None and not hub_revision.applies(s.dataset_name):
         reads = "this run reads a mixture" if s.dataset_name is None else f"{s.dataset_name!r} is local"
         raise ConfigError(

@@ -126,6 +126,12 @@ def many_rows(n=40):
         ),
         (["--sync_ref_model", "true", "--precompute_ref_log_probs", "true"], "--precompute_ref_log_probs false"),
         (["--dataset_streaming", "true"], "dataset_streaming: the step plan and the reference stage need every pair"),
+        # a local folder (here the built-in model) loads as it is: recorded as model_revision v1.0, not honoured
+        (
+            ["--model_revision", "v1.0"],
+            "model_revision 'v1.0' names a commit of a Hub model, and 'builtin:tiny-olmo3' is built in: remove "
+            "model_revision",
+        ),
         # passed every check: transformers' ValueError traceback as the model was built
         (
             ["--attn_implementation", "sdpa_attention"],
