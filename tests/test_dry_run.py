@@ -120,6 +120,14 @@ def test_max_steps_past_an_epoch_says_the_epochs_its_steps_train(tmp_path, capsy
         assert f"| `num_train_epochs` | 1.0 (max_steps {steps} decides the steps: {epochs} epochs trained) |" in card
 
 
+def test_a_fractional_number_of_warmup_steps_is_said_as_transformers_takes_it(tmp_path, capsys):
+    """`--warmup_steps 1.5` (1 or more: steps, not a ratio) warms up over int(1.5) = 1 step (transformers'
+    get_warmup_steps, and derived.warmup_steps); the summary's learning rate line said 1.5 warm-up steps."""
+    text = dry_run(capsys, *SMOKE, "--output_dir", str(tmp_path / "run"), "--warmup_steps", "1.5")
+    assert field(text, "learning rate") == "0.0001; linear schedule with 1 warm-up steps (warmup_steps 1.5)"
+    assert field(text, "steps").startswith("48 optimizer steps (1 epoch), 1 of warmup")
+
+
 @pytest.mark.parametrize("steps", ["2", "5"])
 def test_a_short_run_records_the_micro_batches_of_the_steps_it_trains(steps, tmp_path, capsys):
     """`--max_steps 2` recorded (and its model card showed) the micro-batches of the whole epoch's 48 planned steps:
