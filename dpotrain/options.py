@@ -74,6 +74,13 @@ def check_options(recipe: Recipe) -> None:
             "remove it (datasets memory-maps a loaded data set, so it need not fit in RAM)"
         )
     check_engine_switches(t)
+    if t.include_num_input_tokens_seen not in ("no", False, None):
+        # transformers counts the micro-batch's `input_ids`, which this project's micro-batches (pairs) do not hold
+        raise ConfigError(
+            "include_num_input_tokens_seen would log num_input_tokens_seen 0 (and train_tokens_per_second 0.0) at "
+            "every step: the run logs the tokens it trains itself (num_tokens, tokens_per_second in metrics.jsonl): "
+            "remove include_num_input_tokens_seen"
+        )
     if t.save_on_each_node:
         raise ConfigError(
             "save_on_each_node is not supported: checkpoints, their COMPLETE marks and the resume point "

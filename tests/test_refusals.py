@@ -148,6 +148,11 @@ def many_rows(n=40):
             ),
         ),
         (["--save_on_each_node", "true"], "save_on_each_node is not supported: checkpoints, their COMPLETE marks"),
+        # transformers counts `input_ids`, which the pairs' micro-batches do not hold: a warning per step, 0 recorded
+        (
+            ["--include_num_input_tokens_seen", "true"],
+            "include_num_input_tokens_seen would log num_input_tokens_seen 0",
+        ),
         # TrainingArguments' own DeepSpeed and FSDP: planned and recorded as one process; ZeRO-3 failed at the load
         (["--deepspeed", str(ROOT / "ds_config.json")], "deepspeed is not how this project selects its engine (the"),
         (["--fsdp", "full_shard"], "fsdp is not how this project selects its engine (the plan and the record would"),
