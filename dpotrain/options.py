@@ -397,8 +397,16 @@ def check_optimizer(t) -> None:
     import torch
     from transformers import Trainer, get_scheduler
 
-    try:  # an optimizer transformers builds only with the model (GaLore, ...), or a package not installed: it decides
+    try:
         optimizer_cls, kwargs = Trainer.get_optimizer_cls_and_kwargs(t)
+    except (ImportError, ValueError) as e:
+        if isinstance(e, ImportError) or re.search(r"install|import", str(e), re.IGNORECASE):
+            # bitsandbytes, torchao, galore_torch, ...: the trainer's ImportError once the model had loaded
+            raise ConfigError(
+                f"optim {_named(t.optim)} needs a package that is not installed here ({str(e).splitlines()[0]}): "
+                "install it, or choose another optim (the recipes use adamw_torch_fused)"
+            ) from None
+        return  # one transformers builds only with the model (GaLore's target modules): the trainer decides
     except Exception:  # noqa: BLE001
         return
     if t.optim_args and _without_optim_args(t) == (optimizer_cls, kwargs):

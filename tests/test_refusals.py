@@ -112,6 +112,11 @@ def many_rows(n=40):
             "(adam_beta1, adam_beta2, adam_epsilon and weight_decay set AdamW's), or choose an optim that reads it",
         ),
         (["--optim", "sgd", "--optim_args", "momentun=0.9"], "optim_args 'momentun=0.9' would be ignored: optim sgd"),
+        pytest.param(
+            ["--optim", "paged_adamw_8bit"],
+            "optim paged_adamw_8bit needs a package that is not installed here (You need to install `bitsandbytes`",
+            marks=pytest.mark.skipif(importlib.util.find_spec("bitsandbytes") is not None, reason="installed here"),
+        ),
         (
             ["--lr_scheduler_type", "cosine_with_min_lr"],
             "lr_scheduler_type cosine_with_min_lr cannot be built with lr_scheduler_kwargs {} (One of min_lr or "
