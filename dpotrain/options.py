@@ -74,13 +74,6 @@ def check_options(recipe: Recipe) -> None:
             "remove it (datasets memory-maps a loaded data set, so it need not fit in RAM)"
         )
     check_engine_switches(t)
-    if t.include_num_input_tokens_seen not in ("no", False, None):
-        # transformers counts the micro-batch's `input_ids`, which this project's micro-batches (pairs) do not hold
-        raise ConfigError(
-            "include_num_input_tokens_seen would log num_input_tokens_seen 0 (and train_tokens_per_second 0.0) at "
-            "every step: the run logs the tokens it trains itself (num_tokens, tokens_per_second in metrics.jsonl): "
-            "remove include_num_input_tokens_seen"
-        )
     if t.save_on_each_node:
         raise ConfigError(
             "save_on_each_node is not supported: checkpoints, their COMPLETE marks and the resume point "
@@ -118,6 +111,13 @@ def check_options(recipe: Recipe) -> None:
         )
     check_reference_only(recipe)
     check_evaluation(recipe)
+    check_revisions(recipe)
+
+
+def check_revisions(recipe: Recipe) -> None:
+    """A revision names a commit of a Hub repo: for a local model folder or data set (or the built-in model) it would be
+    recorded and never read."""
+    s = recipe.script
     model, revision = recipe.model.model_name_or_path, recipe.model.model_revision
     if revision not in (None, "main") and model and not offline.is_hub_model(model):
         # transformers reads a local folder (or the built-in model) as it is: the record named a revision not loaded
@@ -363,6 +363,13 @@ def check_logging(recipe: Recipe) -> None:
                 f"{name}={value:g} is below 0: give a number of steps (the recipes log every step) or a fraction of "
                 "the run (0.1)"
             )
+    if t.include_num_input_tokens_seen not in ("no", False, None):
+        # transformers counts the micro-batch's `input_ids`, which this project's micro-batches (pairs) do not hold
+        raise ConfigError(
+            "include_num_input_tokens_seen would log num_input_tokens_seen 0 (and train_tokens_per_second 0.0) at "
+            "every step: the run logs the tokens it trains itself (num_tokens, tokens_per_second in metrics.jsonl): "
+            "remove include_num_input_tokens_seen"
+        )
     # transformers builds the loggers with the trainer, after the model has loaded: an unknown name was its ValueError
     # there, one whose package is not installed (tensorboard) its callback's RuntimeError
     from transformers.integrations.integration_utils import (

@@ -70,6 +70,7 @@ def check_options(recipe) -> None:
             "changes with how a step is cut into micro-batches and processes: remove use_weighting, or sft"
         )
     check_ignored(recipe)  # options the configured loss does not read at all, first
+    check_values(recipe)
     if recipe.project.assistant_turns == "all":  # each side's labeled tokens are its earlier turns and its completion
         for name, value, what in (
             ("use_weighting", t.use_weighting, "WPO weighs each pair by its completions' per-token probabilities"),
@@ -112,6 +113,25 @@ def _set(recipe, name: str) -> bool:
     return name in recipe.given and getattr(recipe.training, name) != default
 
 
+def check_values(recipe) -> None:
+    """Loss settings TRL takes and fails on, or that make a guard trip at once: an f-divergence name its loss does not
+    know, a loss floor not below the loss the run starts at."""
+    t, floor = recipe.training, recipe.project.health_loss_floor
+    types = loss_types(t)
+    if t.f_divergence_type not in F_DIVERGENCES:  # a ValueError at the first loss, after the reference stage
+        raise ConfigError(
+            f"unknown f_divergence_type {t.f_divergence_type!r}: choose from {', '.join(F_DIVERGENCES)} (the default, "
+            "reverse_kl, is DPO's)"
+        )
+    start = step1_loss(t)  # the loss floor judges a loss falling from there: one at or above it trips at once
+    if floor > 0 and loss_floor_applies(t) and start is not None and floor >= start:
+        raise ConfigError(
+            f"health_loss_floor {floor:g} is not below the loss before any update ({start:.4g}: {'+'.join(types)} at "
+            "log-ratios 0), so the guard would stop the run at its first logged step as a collapse: give a floor "
+            "near 0 (default 0.01), or 0 to turn the guard off"
+        )
+
+
 def check_ignored(recipe) -> None:
     """Options TRL's loss would not read, or would fail on only after the model loaded, for the configured loss types
     (TRL 1.16 `DPOTrainer.__init__` and `_compute_loss`): each refused in one line that names the fix."""
@@ -133,11 +153,6 @@ def check_ignored(recipe) -> None:
         raise ConfigError(
             f"loss_type robust needs 0 <= label_smoothing < 0.5, the assumed share of flipped labels "
             f"(got {t.label_smoothing:g}): pass e.g. --label_smoothing 0.1"
-        )
-    if t.f_divergence_type not in F_DIVERGENCES:  # a ValueError at the first loss, after the reference stage
-        raise ConfigError(
-            f"unknown f_divergence_type {t.f_divergence_type!r}: choose from {', '.join(F_DIVERGENCES)} (the default, "
-            "reverse_kl, is DPO's)"
         )
     if t.f_divergence_type != "reverse_kl":
         other = [x for x in types if x not in F_DIVERGENCE_ALLOWED]
@@ -180,13 +195,6 @@ def check_ignored(recipe) -> None:
             f"health_loss_floor {floor:g} would be ignored: loss_type {reaching} is 0 at a finite margin by design "
             "(its optimum, not a collapse), so the loss_floor guard does not judge it: remove health_loss_floor "
             "(the margin and logps_falling guards still watch)"
-        )
-    start = step1_loss(t)  # the loss floor judges a loss falling from there: one at or above it trips at once
-    if floor > 0 and loss_floor_applies(t) and start is not None and floor >= start:
-        raise ConfigError(
-            f"health_loss_floor {floor:g} is not below the loss before any update ({start:.4g}: {'+'.join(types)} at "
-            "log-ratios 0), so the guard would stop the run at its first logged step as a collapse: give a floor "
-            "near 0 (default 0.01), or 0 to turn the guard off"
         )
     if t.precompute_ref_batch_size is not None:
         raise ConfigError(
