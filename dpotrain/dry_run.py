@@ -167,7 +167,8 @@ def learning_rate_text(s) -> str:
     """'1e-06 (the recipe's learning_rate_note); linear schedule with 10% warm-up (warmup_steps 0.1)'."""
     note = f" ({s.learning_rate_note})" if s.learning_rate_note else ""
     warmup = s.warmup_steps
-    share = f"{warmup:.0%} warm-up" if 0 < warmup < 1 else f"{warmup:g} warm-up steps" if warmup else "no warm-up"
+    # transformers takes the whole steps of a number of 1 or more (get_warmup_steps): 1.5 warms up over 1 step
+    share = f"{warmup:.0%} warm-up" if 0 < warmup < 1 else f"{int(warmup)} warm-up steps" if warmup else "no warm-up"
     schedule = f"{s.lr_scheduler_type} schedule with {share} (warmup_steps {warmup:g})"
     return f"{s.learning_rate:g}{note}; {schedule}"
 

@@ -12,8 +12,9 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from dpotrain.cluster import collectives
+from dpotrain.cluster import collectives, offline
 from dpotrain.data import builtin, data, hub_revision, mixture, shapes
+from dpotrain.forwards import choice
 from dpotrain.recipe import writes
 from dpotrain.recipe.config import LOAD_BEST_REFUSED, Recipe, uses_live_reference
 from dpotrain.recipe.errors import ConfigError
@@ -43,6 +44,10 @@ def check_options(recipe: Recipe) -> None:
         )
     check_precision(recipe)
     check_init_kwargs(recipe)
+    check_optimizer(t)
+    check_ranges(recipe)
+    if recipe.model.attn_implementation is not None:
+        choice.check_attention_name(recipe.model.attn_implementation)
     valid = valid_loss_types()
     for loss in losses.loss_types(t):
         if loss not in valid:
@@ -106,6 +111,20 @@ def check_options(recipe: Recipe) -> None:
         )
     check_reference_only(recipe)
     check_evaluation(recipe)
+    check_revisions(recipe)
+
+
+def check_revisions(recipe: Recipe) -> None:
+    """A revision names a commit of a Hub repo: for a local model folder or data set (or the built-in model) it would be
+    recorded and never read."""
+    s = recipe.script
+    model, revision = recipe.model.model_name_or_path, recipe.model.model_revision
+    if revision not in (None, "main") and model and not offline.is_hub_model(model):
+        # transformers reads a local folder (or the built-in model) as it is: the record named a revision not loaded
+        raise ConfigError(
+            f"model_revision {revision!r} names a commit of a Hub model, and {model!r} is "
+            f"{'built in' if builtin.is_builtin(model) else 'a local folder'}: remove model_revision"
+        )
     if recipe.project.dataset_revision is not None and not hub_revision.applies(s.dataset_name):
         reads = "this run reads a mixture" if s.dataset_name is None else f"{s.dataset_name!r} is local"
         raise ConfigError(
@@ -344,6 +363,148 @@ def check_logging(recipe: Recipe) -> None:
                 f"{name}={value:g} is below 0: give a number of steps (the recipes log every step) or a fraction of "
                 "the run (0.1)"
             )
+    if t.include_num_input_tokens_seen not in ("no", False, None):
+        # transformers counts the micro-batch's `input_ids`, which this project's micro-batches (pairs) do not hold
+        raise ConfigError(
+            "include_num_input_tokens_seen would log num_input_tokens_seen 0 (and train_tokens_per_second 0.0) at "
+            "every step: the run logs the tokens it trains itself (num_tokens, tokens_per_second in metrics.jsonl): "
+            "remove include_num_input_tokens_seen"
+        )
+    # transformers builds the loggers with the trainer, after the model has loaded: an unknown name was its ValueError
+    # there, one whose package is not installed (tensorboard) its callback's RuntimeError
+    from transformers.integrations.integration_utils import (
+        INTEGRATION_TO_CALLBACK,
+        get_available_reporting_integrations,
+    )
+
+    for name in t.report_to or []:
+        if name not in INTEGRATION_TO_CALLBACK:
+            raise ConfigError(
+                f"unknown report_to {name!r}: choose from {', '.join(sorted(INTEGRATION_TO_CALLBACK))}, or none "
+                "(the recipes log to wandb)"
+            )
+        if name not in get_available_reporting_integrations():
+            raise ConfigError(
+                f"report_to {name} needs its Python package, which is not installed here: install it, or remove {name} "
+                "from report_to"
+            )
+
+
+def check_optimizer(t) -> None:
+    """The optimizer and scheduler the trainer builds, built here on one parameter by transformers' own calls, as the
+    trainer builds them after the model (and the reference stage) has loaded: `--adam_beta2 1` (a beta outside [0, 1)),
+    a negative `adam_epsilon`, or a `lr_scheduler_type: cosine_with_min_lr` without its `lr_scheduler_kwargs` were a
+    traceback there. A negative weight_decay is refused too: the trainer gives it to a parameter group, which torch
+    does not check (its constructor refuses one), and the weights grew at every step under a record of decay."""
+    if t.weight_decay < 0:
+        raise ConfigError(
+            f"weight_decay must be >= 0 (got {t.weight_decay:g}): a negative one grows the weights at every step "
+            "instead of decaying them; 0 turns it off (the recipes use 0.0)"
+        )
+    import torch
+    from transformers import Trainer, get_scheduler
+
+    try:
+        optimizer_cls, kwargs = Trainer.get_optimizer_cls_and_kwargs(t)
+    except (ImportError, ValueError) as e:
+        if isinstance(e, ImportError) or re.search(r"install|import", str(e), re.IGNORECASE):
+            # bitsandbytes, torchao, galore_torch, ...: the trainer's ImportError once the model had loaded
+            raise ConfigError(
+                f"optim {_named(t.optim)} needs a package that is not installed here ({str(e).splitlines()[0]}): "
+                "install it, or choose another optim (the recipes use adamw_torch_fused)"
+            ) from None
+        return  # one transformers builds only with the model (GaLore's target modules): the trainer decides
+    except Exception:  # noqa: BLE001
+        return
+    if t.optim_args and _without_optim_args(t) == (optimizer_cls, kwargs):
+        # transformers passes optim_args to some optimizers only (sgd, adagrad, rmsprop, anyprecision, ademamix, galore,
+        # ...): `--optim_args momentum=0.9` with the default AdamW was recorded and trained without
+        adam = (
+            " (adam_beta1, adam_beta2, adam_epsilon and weight_decay set AdamW's)" if "adam" in _named(t.optim) else ""
+        )
+        raise ConfigError(
+            f"optim_args {t.optim_args!r} would be ignored: optim {_named(t.optim)} reads none of it: remove "
+            f"optim_args{adam}, or choose an optim that reads it"
+        )
+    # How it runs (fused, foreach kernels) is the device's, not the recipe's: this one parameter is on the CPU.
+    kwargs = {k: v for k, v in kwargs.items() if k not in ("fused", "foreach", "capturable")}
+    try:
+        optimizer = optimizer_cls([torch.nn.Parameter(torch.zeros(1))], **kwargs)
+    except ValueError as e:
+        raise ConfigError(
+            f"optim {_named(t.optim)} refuses the recipe's settings ({e}): give adam_beta1 and adam_beta2 in [0, 1), "
+            "adam_epsilon >= 0 (the recipes keep the defaults 0.9, 0.999, 1e-8), and optim_args it takes"
+        ) from None
+    except Exception:  # noqa: BLE001 - one that needs a GPU or the model to be built: the trainer decides
+        return
+    try:
+        get_scheduler(
+            t.lr_scheduler_type,
+            optimizer,
+            num_warmup_steps=1,
+            num_training_steps=10,
+            scheduler_specific_kwargs=t.lr_scheduler_kwargs or {},
+        )
+    except (TypeError, ValueError) as e:
+        raise ConfigError(
+            f"lr_scheduler_type {_named(t.lr_scheduler_type)} cannot be built with lr_scheduler_kwargs "
+            f"{t.lr_scheduler_kwargs or {}} ({e}): give the arguments it takes (transformers' get_scheduler)"
+        ) from None
+
+
+# Numbers the parsers take and the run fails on, or misreads, only once the model has loaded: each field, the smallest
+# value it means something at, and what a smaller one did.
+AT_LEAST = {
+    "dataloader_num_workers": (
+        0,
+        "torch's DataLoader refuses it once the model has loaded; 0 reads in the main process",
+    ),
+    "dataset_num_proc": (0, "datasets refuses it as the trainer tokenizes, once the model has loaded; 0: one process"),
+    "pad_to_multiple_of": (1, "TRL's padding divides by it once the model has loaded (0: ZeroDivisionError)"),
+    "save_total_limit": (1, "transformers takes 0 or below for no limit: remove it to keep every checkpoint"),
+    "ref_model_sync_steps": (
+        1,
+        "TRL syncs the reference at the steps divisible by it (0: ZeroDivisionError at step 1)",
+    ),
+}
+
+
+def check_ranges(recipe: Recipe) -> None:
+    """Values a run accepted and could not honour (module doc); others are checked where their option is."""
+    t, p = recipe.training, recipe.project
+    for name, (least, why) in AT_LEAST.items():
+        value = getattr(t, name)
+        if value is not None and value < least:
+            raise ConfigError(f"{name} must be >= {least} (got {value}): {why}")
+    if p.gpu_peak_tflops is not None and p.gpu_peak_tflops <= 0:
+        # 0 was recorded and the GPU's own peak used (flops.peak_tflops takes 0 for unset); below 0, a negative MFU
+        raise ConfigError(
+            f"gpu_peak_tflops must be > 0 (got {p.gpu_peak_tflops:g}): the GPU's dense bf16 peak in TFLOP/s (an H100: "
+            "989), or remove it for the peak of the GPU the run finds"
+        )
+    if "discopop" in losses.loss_types(t) and t.discopop_tau <= 0:  # TRL divides the logits by it: NaN at step 1
+        raise ConfigError(f"discopop_tau must be > 0 (got {t.discopop_tau:g}): the DiscoPOP paper's is 0.05")
+    if t.sync_ref_model and not 0 <= t.ref_model_mixup_alpha <= 1:  # the reference moves alpha of the way to the policy
+        raise ConfigError(
+            f"ref_model_mixup_alpha must be in [0, 1] (got {t.ref_model_mixup_alpha:g}): the share of the policy mixed "
+            "into the reference at each sync (TR-DPO's is 0.6)"
+        )
+
+
+def _without_optim_args(t) -> tuple:
+    """The optimizer and its arguments transformers would build without the recipe's optim_args."""
+    from transformers import Trainer
+
+    given, t.optim_args = t.optim_args, None
+    try:
+        return Trainer.get_optimizer_cls_and_kwargs(t)
+    finally:
+        t.optim_args = given
+
+
+def _named(choice) -> str:
+    """A choice as the recipe spells it: transformers keeps optim and lr_scheduler_type as enums."""
+    return getattr(choice, "value", choice)
 
 
 def check_precision(recipe: Recipe) -> None:

@@ -476,7 +476,9 @@ def decide_forward(recipe, launch: Launch, model_path: str, pair_lengths: Length
     # Sequences past the model's positions: refused from the longest the data or max_length lets through
     whole_split = pair_lengths.measured is not None
     positions.check(config, recipe.model.model_name_or_path, max_length, counts, whole_split=whole_split)
-    positions.check_vocabulary(config, pair_lengths.tokenizer, recipe.model.model_name_or_path)
+    positions.check_vocabulary(
+        config, pair_lengths.tokenizer, recipe.model.model_name_or_path, recipe.training.pad_token
+    )
     lora.check_targets(recipe, config, recipe.model.model_name_or_path)
     if counts is None:
         return _undecided(recipe, launch, config)

@@ -319,6 +319,7 @@ def analyze(args: argparse.Namespace) -> int:
         split=split,
         revision=args.revision,
         tokenizer=tokenizer_name,
+        chat_template=template,  # the recipe's or --chat_template_path: what the messages were tokenized with
         sample={"rows": args.sample, "seed": args.seed} if args.sample else None,
     )
     print(lengths_report.to_markdown(report, current))

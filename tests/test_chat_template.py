@@ -175,14 +175,19 @@ def test_the_analyzer_measures_with_the_recipes_template(tmp_path, tiny_model_di
         )
         == 0
     )
+    # The report's header named the model's template, which was not used (its "Rows read as" named the file).
+    header = capsys.readouterr().out
+    assert f"with the chat template `{OLMO_THINKER}` and the tokenizer of `{tiny_model_dir}`." in header, header
     assert (
         main([str(data), "--tokenizer", tiny_model_dir, "--json", str(tmp_path / "own.json"), "--num-proc", "1"]) == 0
     )
+    assert f"with the chat template of `{tiny_model_dir}`." in capsys.readouterr().out
     with_template, own = (json.loads(p.read_text()) for p in (report, tmp_path / "own.json"))
     system = len(lengths.load_tokenizer(tiny_model_dir)(DEFAULT_SYSTEM)["input_ids"])
     # Longer by the default system prompt, and the <think> the generation prompt holds (tokens of the prompt now).
     assert with_template["prompt"]["p50"] > own["prompt"]["p50"] + system - 1
     assert with_template["shape"].endswith(f"the chat template {OLMO_THINKER}")
+    assert with_template["chat_template"] == str(OLMO_THINKER) and own["chat_template"] is None
     assert main([str(data), "--tokenizer", tiny_model_dir, "--chat_template_path", str(tmp_path / "x.jinja")]) == 2
     assert "error: chat_template_path" in capsys.readouterr().err
 

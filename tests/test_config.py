@@ -311,6 +311,18 @@ def test_a_recipes_null_is_none_for_a_text_field_too(tmp_path):
     assert parse_args(["--config", write(tmp_path, text), "--hub_model_id", "org/x"]).training.hub_model_id == "org/x"
 
 
+@pytest.mark.parametrize("args, text", [(["--run_name", ""], ""), (["--run_name", "  "], ""), ([], 'run_name: ""\n')])
+def test_a_blank_run_name_is_refused_not_taken_for_unset(args, text, tmp_path):
+    """`--run_name ''` named the run after the recipe (smoke-dpo: another run's name and folder), as if unset, and
+    `--run_name '  '` named it, and its folder, `outputs/  `. A recipe's `run_name: null` still leaves it unset."""
+    with pytest.raises(ConfigError) as refused:
+        parse_args(["--config", write(tmp_path, f"bf16: false\n{text}"), *args])
+    assert str(refused.value) == (
+        f"run_name {args[-1] if args else ''!r} is blank: give the run a name, or remove run_name to name it after the "
+        "recipe (or after --output_dir)"
+    )
+
+
 @pytest.mark.parametrize(
     "name, default",
     [

@@ -120,6 +120,34 @@ def test_max_steps_past_an_epoch_says_the_epochs_its_steps_train(tmp_path, capsy
         assert f"| `num_train_epochs` | 1.0 (max_steps {steps} decides the steps: {epochs} epochs trained) |" in card
 
 
+def test_a_fractional_number_of_warmup_steps_is_said_as_transformers_takes_it(tmp_path, capsys):
+    """`--warmup_steps 1.5` (1 or more: steps, not a ratio) warms up over int(1.5) = 1 step (transformers'
+    get_warmup_steps, and derived.warmup_steps); the summary's learning rate line said 1.5 warm-up steps."""
+    text = dry_run(capsys, *SMOKE, "--output_dir", str(tmp_path / "run"), "--warmup_steps", "1.5")
+    assert field(text, "learning rate") == "0.0001; linear schedule with 1 warm-up steps (warmup_steps 1.5)"
+    assert field(text, "steps").startswith("48 optimizer steps (1 epoch), 1 of warmup")
+
+
+@pytest.mark.parametrize("steps", ["2", "5"])
+def test_a_short_run_records_the_micro_batches_of_the_steps_it_trains(steps, tmp_path, capsys):
+    """`--max_steps 2` recorded (and its model card showed) the micro-batches of the whole epoch's 48 planned steps:
+    1-2 per step, mean 1.042, of 4-8 pairs, where the 2 steps it trains have one of 8 pairs each. Counted over the
+    steps trained, the micro-batches per step add up to a whole number, holding the steps' pairs, no more."""
+    from dpotrain.hub import hub
+    from dpotrain.recipe import run_record
+
+    dry_run(capsys, *SMOKE, "--output_dir", str(tmp_path / "run"), "--max_steps", steps)
+    resolved = json.loads((tmp_path / "run.dry-run.json").read_text())
+    batching = resolved["derived"]["batching"]
+    micro_batches = batching["micro_batches_per_step"]["mean"] * int(steps)
+    assert micro_batches == pytest.approx(round(micro_batches), abs=1e-6), batching["micro_batches_per_step"]
+    pairs = batching["pairs_per_micro_batch"]["mean"] * round(micro_batches)
+    assert pairs == pytest.approx(8 * int(steps), abs=0.05 * round(micro_batches)), batching["pairs_per_micro_batch"]
+    pairs = batching["pairs_per_micro_batch"]
+    card = hub.model_card(run_record.of(resolved), [])
+    assert f"| `per_device_train_batch_size` | {pairs['min']}-{pairs['max']} pairs per micro-batch" in card
+
+
 @pytest.mark.slow
 def test_a_login_node_dry_run_names_the_gpu_it_planned_for_and_how_to_plan_for_another(tmp_path, capsys):
     think = [

@@ -14,7 +14,7 @@ from dpotrain.recipe.config import parse_args
 from dpotrain.recipe.errors import ConfigError
 from dpotrain.resolve import OutputDecision, check_output_dir, decide_batch, resolved_config
 from dpotrain.train.health import LN2, HealthGuard
-from dpotrain.train.losses import check_options
+from dpotrain.train.losses import check_options, step1_loss
 
 SMOKE = str(ROOT / "configs" / "smoke.yaml")
 
@@ -260,6 +260,24 @@ def test_the_loss_floor_judges_only_losses_that_are_0_at_an_unbounded_margin():
     check_options(parse_args(["--config", SMOKE, "--loss_type", "hinge", "--health_loss_floor", "0"]))  # off: fine
 
 
+@pytest.mark.parametrize("floor, types", [("1", ["sigmoid_norm"]), ("0.6932", ["sigmoid"]), ("1.5", ["bco_pair"])])
+def test_a_loss_floor_at_or_above_the_starting_loss_is_refused(floor, types):
+    """The loss starts at its value at log-ratios 0 (ln 2 for sigmoid_norm) and the guard stops a run whose loss is
+    below the floor: `--health_loss_floor 1` stopped every run at its first logged step as a collapse (exit 3)."""
+    args = parse_args(["--config", SMOKE, "--loss_type", *types, "--health_loss_floor", floor])
+    g, _ = guard("--loss_type", *types, "--health_loss_floor", floor)
+    assert [a.guard for a in g.check(2, {"loss": step1_loss(args.training)}, args.training, 48)] == ["loss_floor"]
+    with pytest.raises(ConfigError) as refused:
+        check_options(args)
+    start = step1_loss(args.training)
+    assert str(refused.value) == (
+        f"health_loss_floor {float(floor):g} is not below the loss before any update ({start:.4g}: {types[0]} at "
+        "log-ratios 0), so the guard would stop the run at its first logged step as a collapse: give a floor near 0 "
+        "(default 0.01), or 0 to turn the guard off"
+    )
+    check_options(parse_args(["--config", SMOKE, "--loss_type", *types, "--health_loss_floor", "0.5"]))  # below: fine
+
+
 def test_accuracy_pinned_counts_consecutive_pairs_early_only():
     g, args = guard("--health_pinned_pairs", "32")  # smoke: 8 pairs per step
     state = SimpleNamespace(global_step=0, max_steps=40, is_world_process_zero=True)
@@ -302,3 +320,14 @@ def test_step_1_expects_the_configured_loss_or_judges_only_the_rewards():
         assert g.check(1, {"loss": 7.3, **zero}, args, 100) == [], flags
         shifted = {"loss": 7.3, "rewards_norm/chosen": 0.5, "rewards_norm/rejected": 0.0}
         assert [a.guard for a in g.check(1, shifted, args, 100)] == ["step1"], flags
+
+
+@pytest.mark.parametrize("beta", ["1e-200", "1e300"])
+def test_the_starting_loss_of_a_beta_floats_cannot_square_is_unknown_not_a_traceback(beta):
+    """ipo's starting loss is 1 / (4 beta^2), built for every loss type: a beta of 1e-200 (1e300) was a
+    ZeroDivisionError (OverflowError) at step 1's check, after the model had loaded, and in the loss floor's check."""
+    args = parse_args(["--config", SMOKE, "--beta", beta]).training
+    assert step1_loss(args) == pytest.approx(LN2)  # sigmoid_norm's does not depend on beta
+    ipo = parse_args(["--config", SMOKE, "--beta", beta, "--loss_type", "ipo"])
+    assert step1_loss(ipo.training) is None
+    check_options(parse_args(["--config", SMOKE, "--beta", beta]))

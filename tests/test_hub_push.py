@@ -363,6 +363,7 @@ def test_pushes_the_project_cannot_make_are_refused(args, refusal):
         (["--hub_model_id", "my org/name"], "hub_model_id 'my org/name'"),
         (["--hub_model_id", "org/team/name"], "hub_model_id 'org/team/name'"),
         (["--hub_model_id", "org/" + "n" * 97], f"hub_model_id 'org/{'n' * 97}'"),
+        (["--hub_model_id", ""], "hub_model_id ''"),  # was taken for unset: pushed to the run name's repo
         (["--output_dir", "outputs/my run"], "push_to_hub without hub_model_id pushes to the run name 'my run'"),
         (["--run_name", "über-dpo"], "push_to_hub without hub_model_id pushes to the run name 'über-dpo'"),
     ],

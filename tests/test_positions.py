@@ -133,3 +133,29 @@ def test_a_tokenizer_with_ids_past_the_models_embedding_is_refused_before_the_mo
         ConfigError, match=rf"the tokenizer of m writes '<\|turn\|>' \(id {ids + 1:,}: the chat template"
     ):
         positions.check_vocabulary(LlamaConfig(vocab_size=ids), tokenizer, "m")
+
+
+@pytest.mark.parametrize("dry_run", [[], ["--dry-run"]], ids=["run", "dry run"])
+def test_a_recipes_pad_token_past_the_models_embedding_is_refused_before_the_model_loads(
+    dry_run, tmp_path, monkeypatch, capsys, tiny_model_dir
+):
+    """A `pad_token` that is a token of the tokenizer (so the vocabulary check passed) but an added one past the
+    model's embedding rows: the check of what the trainer feeds took the tokenizer's own pad token, and a padded run
+    stopped in its reference stage on `IndexError: index out of range in self`, after the model had loaded."""
+    folder = tmp_path / "model"
+    shutil.copytree(tiny_model_dir, folder)
+    tokenizer = lengths.load_tokenizer(str(folder))
+    rows = len(tokenizer)
+    tokenizer.add_special_tokens({"additional_special_tokens": ["<|mypad|>"]})  # id `rows`, no embedding row
+    tokenizer.save_pretrained(folder)
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "vocab_size": rows}))
+    args = ["--model_name_or_path", str(folder), "--pad_token", "<|mypad|>", "--padding_free", "false"]
+    line = refused(tmp_path, monkeypatch, capsys, *args, "--max_steps", "2", *dry_run)
+    assert line == (
+        f"error: pad_token '<|mypad|>' (id {rows:,}) is an added token past the {rows:,} rows of the model's embedding "
+        f"(vocab_size in the config.json of {folder}): the trainer would pad with it, so give a pad_token the model "
+        "has (e.g. its EOS token '<|im_end|>'), leave pad_token out, or resize its embeddings to the tokenizer "
+        "(model.resize_token_embeddings(len(tokenizer)), then save_pretrained)"
+    )
+    positions.check_vocabulary(LlamaConfig(vocab_size=rows), tokenizer, "m", "<|im_end|>")  # one it has: fine

@@ -5,6 +5,7 @@ Each case runs the real command-line entry (`run_cli(train_dpo.main)`, in this p
 (a fresh DPOTRAIN_BUILTIN_DIR) was never even created, which the trainer does first when it loads the model.
 """
 
+import importlib.util
 import json
 import shutil
 
@@ -89,6 +90,38 @@ def many_rows(n=40):
             ],
             "lora_dropout must be between 0 and 1 (got 2)",
         ),
+        # PEFT scales the update by alpha / r: 0 trained nothing while the record and the card said LoRA alpha 0
+        (
+            ["--use_peft", "true", "--lora_target_modules", "q_proj", "--lora_alpha", "0"],
+            "lora_alpha must be > 0 (got 0): the adapter's update is scaled by lora_alpha / lora_r, so 0 trains "
+            "nothing; 2 x lora_r is usual",
+        ),
+        (["--use_peft", "true", "--lora_target_modules", "q_proj", "--lora_alpha", "-16"], "lora_alpha must be > 0"),
+        # torch refuses these when the trainer builds the optimizer: after the model and the reference stage had loaded
+        (
+            ["--adam_beta2", "1"],
+            "optim adamw_torch_fused refuses the recipe's settings (Invalid beta parameter at index 1",
+        ),
+        (["--adam_epsilon=-1e-8"], "optim adamw_torch_fused refuses the recipe's settings (Invalid epsilon value"),
+        # a parameter group's weight decay is not checked by torch: the weights grew at every step, recorded as decay
+        (["--weight_decay", "-0.1"], "weight_decay must be >= 0 (got -0.1): a negative one grows the weights"),
+        # transformers passes optim_args to some optimizers only: AdamW trained without them, under their record
+        (
+            ["--optim_args", "beta1=0.5"],
+            "optim_args 'beta1=0.5' would be ignored: optim adamw_torch_fused reads none of it: remove optim_args "
+            "(adam_beta1, adam_beta2, adam_epsilon and weight_decay set AdamW's), or choose an optim that reads it",
+        ),
+        (["--optim", "sgd", "--optim_args", "momentun=0.9"], "optim_args 'momentun=0.9' would be ignored: optim sgd"),
+        pytest.param(
+            ["--optim", "paged_adamw_8bit"],
+            "optim paged_adamw_8bit needs a package that is not installed here (You need to install `bitsandbytes`",
+            marks=pytest.mark.skipif(importlib.util.find_spec("bitsandbytes") is not None, reason="installed here"),
+        ),
+        (
+            ["--lr_scheduler_type", "cosine_with_min_lr"],
+            "lr_scheduler_type cosine_with_min_lr cannot be built with lr_scheduler_kwargs {} (One of min_lr or "
+            "min_lr_rate should be set",
+        ),
         (["--load_in_4bit", "true", "--use_peft", "true", "--lora_target_modules", "q_proj"], "load_in_4bit needs"),
         (["--use_liger_kernel", "true"], "use_liger_kernel needs the liger-kernel package"),
         (["--ignore_bias_buffers", "true"], "ignore_bias_buffers is a DDP workaround of TRL's own script"),
@@ -98,7 +131,33 @@ def many_rows(n=40):
         ),
         (["--sync_ref_model", "true", "--precompute_ref_log_probs", "true"], "--precompute_ref_log_probs false"),
         (["--dataset_streaming", "true"], "dataset_streaming: the step plan and the reference stage need every pair"),
+        # a local folder (here the built-in model) loads as it is: recorded as model_revision v1.0, not honoured
+        (
+            ["--model_revision", "v1.0"],
+            "model_revision 'v1.0' names a commit of a Hub model, and 'builtin:tiny-olmo3' is built in: remove "
+            "model_revision",
+        ),
+        # passed every check: transformers' ValueError traceback as the model was built
+        (
+            ["--attn_implementation", "sdpa_attention"],
+            "attn_implementation 'sdpa_attention' is not one transformers knows: choose one of eager, ",
+        ),
+        # transformers builds the loggers with the trainer: its ValueError (RuntimeError) once the model had loaded
+        (["--report_to", "wandbb"], "unknown report_to 'wandbb': choose from azure_ml, clearml, codecarbon, comet_ml,"),
+        pytest.param(
+            ["--report_to", "tensorboard"],
+            "report_to tensorboard needs its Python package, which is not installed here: install it, or remove "
+            "tensorboard from report_to",
+            marks=pytest.mark.skipif(
+                any(importlib.util.find_spec(m) for m in ("tensorboard", "tensorboardX")), reason="installed here"
+            ),
+        ),
         (["--save_on_each_node", "true"], "save_on_each_node is not supported: checkpoints, their COMPLETE marks"),
+        # transformers counts `input_ids`, which the pairs' micro-batches do not hold: a warning per step, 0 recorded
+        (
+            ["--include_num_input_tokens_seen", "true"],
+            "include_num_input_tokens_seen would log num_input_tokens_seen 0",
+        ),
         # TrainingArguments' own DeepSpeed and FSDP: planned and recorded as one process; ZeRO-3 failed at the load
         (["--deepspeed", str(ROOT / "ds_config.json")], "deepspeed is not how this project selects its engine (the"),
         (["--fsdp", "full_shard"], "fsdp is not how this project selects its engine (the plan and the record would"),
@@ -131,6 +190,12 @@ def many_rows(n=40):
             "f_divergence_type js_divergence does not apply to loss_type bco_pair",
         ),
         (["--loss_type", "sft", "--f_divergence_type", "forward_kl"], "f_divergence_type forward_kl would be ignored"),
+        # DPOConfig takes any string: TRL's loss raised "Unknown f_divergence_type" at step 1, after the reference stage
+        (
+            ["--f_divergence_type", "forward-kl"],
+            "unknown f_divergence_type 'forward-kl': choose from reverse_kl, forward_kl, js_divergence, "
+            "alpha_divergence (the default, reverse_kl, is DPO's)",
+        ),
         (
             ["--f_alpha_divergence_coef", "0.3"],
             "f_alpha_divergence_coef 0.3 would be ignored: it is read only with --f_divergence_type alpha_divergence",
@@ -154,6 +219,36 @@ def many_rows(n=40):
 )
 def test_options_that_cannot_be_honoured(args, expected, tmp_path, monkeypatch, capsys):
     assert expected in refused(tmp_path, monkeypatch, capsys, *args)
+
+
+SYNCED = ["--sync_ref_model", "true", "--precompute_ref_log_probs", "false"]
+
+
+@pytest.mark.parametrize(
+    "args, expected",
+    [
+        # torch's DataLoader: "num_workers option should be non-negative", once the model had loaded
+        (["--dataloader_num_workers", "-1"], "dataloader_num_workers must be >= 0 (got -1): torch's DataLoader"),
+        # datasets' map: "num_proc must be >= 0 or None." as the trainer tokenized, after the model had loaded
+        (["--dataset_num_proc", "-1"], "dataset_num_proc must be >= 0 (got -1): datasets refuses it"),
+        # TRL's pad: ZeroDivisionError (0) or a RuntimeError (-8) at the first padded micro-batch
+        (["--padding_free", "false", "--pad_to_multiple_of", "0"], "pad_to_multiple_of must be >= 1 (got 0)"),
+        (["--padding_free", "false", "--pad_to_multiple_of", "-8"], "pad_to_multiple_of must be >= 1 (got -8)"),
+        # recorded as a limit, and every checkpoint kept (transformers and checkpoints.rotate: no limit)
+        (["--save_total_limit", "0"], "save_total_limit must be >= 1 (got 0): transformers takes 0 or below for no"),
+        ([*SYNCED, "--ref_model_sync_steps", "0"], "ref_model_sync_steps must be >= 1 (got 0)"),
+        ([*SYNCED, "--ref_model_mixup_alpha", "2"], "ref_model_mixup_alpha must be in [0, 1] (got 2)"),
+        # 0: recorded, and the GPU's own peak used; below 0, a negative MFU logged (on a CPU too)
+        (["--gpu_peak_tflops", "0"], "gpu_peak_tflops must be > 0 (got 0)"),
+        (["--gpu_peak_tflops", "-1"], "gpu_peak_tflops must be > 0 (got -1)"),
+        # TRL divides the logits by it: NaN at step 1, stopped by the health guard as a diverged run
+        (["--loss_type", "discopop", "--discopop_tau", "0"], "discopop_tau must be > 0 (got 0)"),
+    ],
+)
+def test_numbers_outside_what_their_option_means_are_refused(args, expected, tmp_path, monkeypatch, capsys):
+    """Each was accepted, recorded in resolved_config.json and failed (or was misread) once the model had loaded: a dry
+    run, which makes the same checks, is enough to see each refused."""
+    assert refused(tmp_path, monkeypatch, capsys, *args, "--dry-run").startswith(f"error: {expected}")
 
 
 @pytest.mark.parametrize("dry_run", [[], ["--dry-run"]], ids=["run", "dry run"])

@@ -221,3 +221,21 @@ def test_a_sample_prompts_file_is_read_as_its_editor_wrote_it(tmp_path):
     rows = [{"prompt": "Bonjour"}, {"prompt": "Line one\u2028line two\x85end"}]
     lines.write_bytes(("\ufeff" + "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)).encode())
     assert file_prompts(str(lines)) == ["Bonjour", "Line one\u2028line two\x85end"]
+
+
+@pytest.mark.parametrize("value, fate", [("1.5", "never warn"), ("1", "never warn"), ("-0.5", "act as 0")])
+def test_a_repetition_threshold_that_cannot_warn_as_asked_is_refused(value, fate):
+    """The repetition score stays below 1 (a loop's first 3-gram is new), so `sample_repetition_warn 1.5` was
+    accepted and recorded and never warned, however the samples looped; a negative one warned as 0 does."""
+    from dpotrain.recipe.errors import ConfigError
+    from dpotrain.train.samples import check_values
+
+    assert repetition("hormonal " * 500)["repetition"] < 1
+    with pytest.raises(ConfigError) as refused:
+        check_values(parse_args(["--config", SMOKE, "--sample_repetition_warn", value]).project)
+    assert str(refused.value) == (
+        f"sample_repetition_warn must be in [0, 1) (got {float(value):g}): a sample's repetition score is the share "
+        f"of its word 3-grams seen earlier in it, from 0 (none) to below 1 (a loop), so {float(value):g} would "
+        f"{fate}; 0.5 is the default"
+    )
+    check_values(parse_args(["--config", SMOKE, "--sample_repetition_warn", "0.99"]).project)  # in range: accepted

@@ -15,8 +15,13 @@ def to_markdown(report: dict, current_max_length: int | None = None) -> str:
     if report.get("synthetic"):
         lines += [f"{n:,} pairs of synthetic token counts (nothing tokenized).", ""]
     else:
+        template = report.get("chat_template")  # a chat_template_path: the model's own was not used
         how = (
-            f"with the chat template of `{report.get('tokenizer', '?')}`"
+            (
+                f"with the chat template `{template}` and the tokenizer of `{report.get('tokenizer', '?')}`"
+                if template
+                else f"with the chat template of `{report.get('tokenizer', '?')}`"
+            )
             if report["format"] == "messages"
             else f"as plain text with the tokenizer of `{report.get('tokenizer', '?')}` (no chat template)"
         )

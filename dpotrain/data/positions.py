@@ -61,12 +61,14 @@ def check(config, model: str, max_length: int | None, pairs, whole_split: bool) 
     )
 
 
-def check_vocabulary(config, tokenizer, model: str) -> None:
+def check_vocabulary(config, tokenizer, model: str, pad_token: str | None = None) -> None:
     """Refuses a tokenizer whose ids reach past the model's embedding rows where the run would feed them (module doc):
     its vocabulary proper (a tokenizer of another model: any text may hit those ids), or an added token that the chat
     template writes or the trainer pads and ends sequences with (tokens added without resizing the embeddings). An
     added token nothing writes may lie past them, as Gemma's text models keep `<image_soft_token>` one past their last
-    row; a model with more rows than the tokenizer has ids (a vocabulary padded to a multiple of 64 or 128) is fine."""
+    row; a model with more rows than the tokenizer has ids (a vocabulary padded to a multiple of 64 or 128) is fine.
+    `pad_token`: the recipe's (TRL's DPOConfig), which the trainer pads with instead of the tokenizer's own: an added
+    token past the rows passed, and a padded run stopped at its first padded micro-batch (IndexError)."""
     rows = getattr(config.get_text_config(), "vocab_size", None)
     if tokenizer is None or not isinstance(rows, int):
         return
@@ -74,17 +76,24 @@ def check_vocabulary(config, tokenizer, model: str) -> None:
     past = {i: token for token, i in tokenizer.get_added_vocab().items() if i >= rows}
     if base <= rows and not past:
         return
-    fix = (
-        "give the model folder the tokenizer the model was trained with, or resize its embeddings to the tokenizer "
-        "(model.resize_token_embeddings(len(tokenizer)), then save_pretrained)"
+    resize = (
+        "resize its embeddings to the tokenizer (model.resize_token_embeddings(len(tokenizer)), then save_pretrained)"
     )
+    fix = f"give the model folder the tokenizer the model was trained with, or {resize}"
     if base > rows:
         raise ConfigError(
             f"the tokenizer of {model} has {base:,} token ids, past the {rows:,} rows of the model's embedding "
             f"(vocab_size in its config.json): {fix}"
         )
-    written = {tokenizer.eos_token_id, tokenizer.pad_token_id, tokenizer.bos_token_id} | _template_ids(tokenizer)
+    pad_id = tokenizer.convert_tokens_to_ids(pad_token) if pad_token else tokenizer.pad_token_id
+    written = {tokenizer.eos_token_id, pad_id, tokenizer.bos_token_id} | _template_ids(tokenizer)
     fed = sorted(i for i in past if i in written)
+    if pad_token and pad_id in fed:  # the recipe's choice: another pad token is the fix at hand
+        raise ConfigError(
+            f"pad_token {pad_token!r} (id {pad_id:,}) is an added token past the {rows:,} rows of the model's "
+            f"embedding (vocab_size in the config.json of {model}): the trainer would pad with it, so give a pad_token "
+            f"the model has (e.g. its EOS token {tokenizer.eos_token!r}), leave pad_token out, or {resize}"
+        )
     if fed:
         raise ConfigError(
             f"the tokenizer of {model} writes {past[fed[0]]!r} (id {fed[0]:,}: the chat template, or as its eos, pad "

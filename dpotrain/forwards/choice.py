@@ -84,6 +84,21 @@ def kernel_problem(attn: str, cuda: bool) -> str | None:
     return None
 
 
+def check_attention_name(attn: str) -> None:
+    """An attention transformers knows: its own (ALL_ATTENTION_FUNCTIONS, and eager), or a Hub kernel (`org/repo`).
+    Another name passed every check, and was transformers' ValueError traceback as the model was built."""
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    name = packing.attention_name(attn)
+    if name == "eager" or name in ALL_ATTENTION_FUNCTIONS or "/" in name:
+        return
+    known = ", ".join(["eager", *(n for n in ALL_ATTENTION_FUNCTIONS if "|" not in n)])
+    raise ConfigError(
+        f"attn_implementation {attn!r} is not one transformers knows: choose one of {known}, or a Hub kernel "
+        "(kernels-community/...), or leave it out for the run's choice"
+    )
+
+
 def import_problem(module: str) -> str | None:
     """Why `module` does not import, in a few words, or None."""
     import importlib

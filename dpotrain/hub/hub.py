@@ -110,9 +110,12 @@ def take_push_settings(recipe, run_engine=None) -> PushSettings:
             "push_checkpoints is set but save_strategy is 'no', so no checkpoint is saved: set "
             "save_strategy: steps and save_steps, or drop push_checkpoints"
         )
-    repo_id = t.hub_model_id or t.run_name
+    # `--hub_model_id ''` is a name given, refused below: it pushed to the run name's repo as if unset
+    repo_id = t.run_name if t.hub_model_id is None else t.hub_model_id
     if t.push_to_hub:  # now, not at the write-access check (taken for no network) or, offline, after training
-        given = "hub_model_id" if t.hub_model_id else "push_to_hub without hub_model_id pushes to the run name"
+        given = (
+            "hub_model_id" if t.hub_model_id is not None else "push_to_hub without hub_model_id pushes to the run name"
+        )
         check_repo_id(repo_id, given, "pass --hub_model_id org/name")
         retry_waits()  # read at the first upload, after training
     settings = PushSettings(

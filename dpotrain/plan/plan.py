@@ -327,12 +327,17 @@ def summary(
     epochs: list[list],
     forward: RowLayout | None = None,
     reduce_per_backward: bool = True,
+    steps: int | None = None,
 ) -> dict:
     """What the plan does, for the run's records (micro-batches, gradient reductions: ZeRO reduces at every backward,
     DDP and FSDP once per step; pairs and positions per micro-batch; the padding share). `forward` gives the positions
-    a micro-batch really takes; without it, the plan's own cost is taken."""
-    counts = [len(step[0]) for epoch in epochs for step in epoch]  # fillers included: they take their time
-    every = [mb for epoch in epochs for step in epoch for rank in step for mb in rank]
+    a micro-batch really takes; without it, the plan's own cost is taken. `steps`: the steps the run trains, the first
+    ones of the plan (max_steps, or a fraction of an epoch): what it records is theirs, not the whole epochs' planned
+    (a `--max_steps 2` run's card gave the micro-batch sizes of all 48 steps of its epoch); per epoch, at their rate."""
+    per_epoch = len(epochs[0])  # optimizer steps in an epoch
+    trained = [step for epoch in epochs for step in epoch][:steps]
+    counts = [len(step[0]) for step in trained]  # fillers included: they take their time
+    every = [mb for step in trained for rank in step for mb in rank]
     micro_batches = [mb for mb in every if mb]
     pairs = [len(mb) for mb in micro_batches]
     real = [int(lengths.tokens[mb].sum()) for mb in micro_batches]
@@ -345,10 +350,12 @@ def summary(
         "pairs_per_step": p.pairs_per_step,
         "max_tokens_per_microbatch": p.max_tokens,
         "micro_batches_per_step": {"min": min(counts), "mean": round(sum(counts) / len(counts), 3), "max": max(counts)},
-        "micro_batches_per_epoch": round(sum(counts) / len(epochs)),
+        "micro_batches_per_epoch": round(sum(counts) * per_epoch / len(trained)),
         "gradient_reductions_per_epoch": 0
         if p.world_size == 1
-        else round((sum(counts) if reduce_per_backward else sum(len(epoch) for epoch in epochs)) / len(epochs)),
+        else round(sum(counts) * per_epoch / len(trained))
+        if reduce_per_backward
+        else per_epoch,
         "pairs_per_micro_batch": _spread(pairs),
         "positions_per_micro_batch": _spread(taken),
         "padding_share": round(1 - sum(real) / sum(taken), 4),
@@ -359,8 +366,7 @@ def summary(
         alone = p.alone(lengths, slice(None))
         fewest = [
             math.ceil(fewest_bins(alone[[i for rank in step for mb in rank for i in mb]], p.max_tokens) / p.world_size)
-            for epoch in epochs
-            for step in epoch
+            for step in trained
         ]
         out["micro_batches_per_step"]["lower_bound_mean"] = round(sum(fewest) / len(fewest), 3)
     return out

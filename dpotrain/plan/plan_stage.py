@@ -64,7 +64,7 @@ def make(
         kept = {"total_steps": steps, "warmup_steps": args.get_warmup_steps(steps), "pairs_per_step": pairs_per_step}
         plan.check_steps(kept, args.max_steps, f"the {len(lengths)} pairs training keeps")
     trained = plan.pairs_trained(planned, steps)
-    summary = plan.summary(lengths, step_plan, planned, forward, reduce_per_backward)
+    summary = plan.summary(lengths, step_plan, planned, forward, reduce_per_backward, steps)
     summary["pairs_trained"] = {"pairs": len(trained), "of": len(lengths), "steps": steps}
     # The epochs those steps make: max_steps past an epoch's steps trains more than num_train_epochs says (the card)
     summary["epochs_trained"] = round(steps / len(planned[0]), 3)

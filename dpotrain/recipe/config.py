@@ -449,6 +449,12 @@ def parse_args(argv: list[str] | None = None) -> Recipe:
     _submitted_files(parts, on_command_line)
     if on_command_line & {"datasets", "dataset_mixer_list"} and "dataset_name" not in on_command_line:
         script.dataset_name = None  # a mixture on the command line replaces the recipe file's one data set
+    if "run_name" in given and not (training.run_name or "").strip():
+        # '' was taken for unset (the run named after the recipe), and blanks named the run and its folder `outputs/  `
+        raise ConfigError(
+            f"run_name {training.run_name!r} is blank: give the run a name, or remove run_name to name it after the "
+            "recipe (or after --output_dir)"
+        )
     if "output_dir" in on_command_line and "run_name" not in on_command_line:
         # The run is the folder the user named, not the recipe's default (transformers names a run after output_dir).
         training.run_name = Path(training.output_dir).resolve().name

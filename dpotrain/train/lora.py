@@ -54,6 +54,11 @@ def check_lora(recipe) -> None:
             )
         if m.lora_r < 1:
             raise ConfigError(f"lora_r must be >= 1 (got {m.lora_r}); 8-64 is usual")
+        if m.lora_alpha <= 0:  # PEFT scales the adapter's output by alpha / r: at 0 the adapter trains nothing
+            raise ConfigError(
+                f"lora_alpha must be > 0 (got {m.lora_alpha}): the adapter's update is scaled by lora_alpha / lora_r, "
+                "so 0 trains nothing; 2 x lora_r is usual"
+            )
         if not 0 <= m.lora_dropout <= 1:
             raise ConfigError(f"lora_dropout must be between 0 and 1 (got {m.lora_dropout:g}); 0.05-0.1 is usual")
         if m.lora_dropout > 0 and recipe.training.disable_dropout:  # given: its default is 0 then (config.parse_args)

@@ -24,6 +24,8 @@ READS_LABEL_SMOOTHING = {"exo_pair", "robust", "aot", "aot_unpaired"}
 # f_divergence_type: TRL allows these loss types; of them, sft scores the chosen tokens' NLL, not the log-ratios.
 F_DIVERGENCE_ALLOWED = {"sigmoid", "sigmoid_norm", "hinge", "ipo", "exo_pair", "robust", "discopop", "sft"}
 READS_F_DIVERGENCE = F_DIVERGENCE_ALLOWED - {"sft"}
+# The f-divergences `_compute_loss` knows; TRL's DPOConfig takes any string, and another stopped the run at step 1
+F_DIVERGENCES = ("reverse_kl", "forward_kl", "js_divergence", "alpha_divergence")
 # Losses computed across the pairs of a micro-batch (they sort the batch's log-ratios), not per pair: their value
 # depends on which pairs share a micro-batch, so a token budget would change what they optimize.
 BATCH_LEVEL_LOSSES = {"aot", "aot_unpaired"}
@@ -68,6 +70,7 @@ def check_options(recipe) -> None:
             "changes with how a step is cut into micro-batches and processes: remove use_weighting, or sft"
         )
     check_ignored(recipe)  # options the configured loss does not read at all, first
+    check_values(recipe)
     if recipe.project.assistant_turns == "all":  # each side's labeled tokens are its earlier turns and its completion
         for name, value, what in (
             ("use_weighting", t.use_weighting, "WPO weighs each pair by its completions' per-token probabilities"),
@@ -108,6 +111,25 @@ def _set(recipe, name: str) -> bool:
 
     default = next(f.default for f in dataclasses.fields(DPOConfig) if f.name == name)
     return name in recipe.given and getattr(recipe.training, name) != default
+
+
+def check_values(recipe) -> None:
+    """Loss settings TRL takes and fails on, or that make a guard trip at once: an f-divergence name its loss does not
+    know, a loss floor not below the loss the run starts at."""
+    t, floor = recipe.training, recipe.project.health_loss_floor
+    types = loss_types(t)
+    if t.f_divergence_type not in F_DIVERGENCES:  # a ValueError at the first loss, after the reference stage
+        raise ConfigError(
+            f"unknown f_divergence_type {t.f_divergence_type!r}: choose from {', '.join(F_DIVERGENCES)} (the default, "
+            "reverse_kl, is DPO's)"
+        )
+    start = step1_loss(t)  # the loss floor judges a loss falling from there: one at or above it trips at once
+    if floor > 0 and loss_floor_applies(t) and start is not None and floor >= start:
+        raise ConfigError(
+            f"health_loss_floor {floor:g} is not below the loss before any update ({start:.4g}: {'+'.join(types)} at "
+            "log-ratios 0), so the guard would stop the run at its first logged step as a collapse: give a floor "
+            "near 0 (default 0.01), or 0 to turn the guard off"
+        )
 
 
 def check_ignored(recipe) -> None:
@@ -203,8 +225,8 @@ def step1_loss(args) -> float | None:
         **dict.fromkeys(("sigmoid", "sigmoid_norm", "robust", "aot", "aot_unpaired"), math.log(2)),
         **dict.fromkeys(("hinge", "apo_zero", "apo_down"), 1.0),
         **dict.fromkeys(("nca_pair", "bco_pair"), 2 * math.log(2)),
-        "ipo": 1 / (4 * beta**2),
-        "sppo_hard": 1 / (2 * beta**2),
+        "ipo": _over_beta_squared(1 / 4, beta),
+        "sppo_hard": _over_beta_squared(1 / 2, beta),
         "discopop": (math.log(2) + 1) / 2,  # half logistic, half exponential at a modulation of sigmoid(0)
         # KL([1/2, 1/2] || [1 - eps, eps])
         "exo_pair": -math.log(2) - 0.5 * math.log(eps * (1 - eps)) if 0 < eps < 1 else None,
@@ -213,6 +235,15 @@ def step1_loss(args) -> float | None:
     if any(v is None for v in values):
         return None
     return sum(v * w for v, w in zip(values, loss_weights(args), strict=True))
+
+
+def _over_beta_squared(k: float, beta: float) -> float | None:
+    """k / beta^2, None where floats cannot hold it: a beta of 1e-200 (or 1e300) was a ZeroDivisionError (an
+    OverflowError) in the dry run and at step 1's check, whatever the loss type."""
+    try:
+        return k / beta**2
+    except ArithmeticError:
+        return None
 
 
 def chosen_tokens(view: dict) -> torch.Tensor:

@@ -36,6 +36,13 @@ def check_values(project) -> None:
         raise ConfigError(f"samples_every must be >= 0 (got {p.samples_every}); 0 turns samples off")
     if p.sample_count < 1 or p.sample_max_new_tokens < 1:
         raise ConfigError("sample_count and sample_max_new_tokens must be >= 1")
+    if not 0 <= p.sample_repetition_warn < 1:  # `repetition` is a share of repeated 3-grams, always below 1
+        raise ConfigError(
+            f"sample_repetition_warn must be in [0, 1) (got {p.sample_repetition_warn:g}): a sample's repetition "
+            "score is the share of its word 3-grams seen earlier in it, from 0 (none) to below 1 (a loop), so "
+            f"{p.sample_repetition_warn:g} would {'never warn' if p.sample_repetition_warn >= 1 else 'act as 0'}; "
+            "0.5 is the default"
+        )
     path = p.sample_prompts_file
     if path and (not Path(path).is_file() or Path(path).suffix not in (".txt", ".jsonl")):
         raise ConfigError(f"sample_prompts_file {path!r}: give an existing .txt (one prompt per line) or .jsonl file")
