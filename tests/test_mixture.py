@@ -124,6 +124,50 @@ def test_one_source_through_a_symlink_or_a_relative_path_is_refused_as_twice(fil
     )
 
 
+def test_a_recipes_relative_source_not_in_the_folder_run_in_is_the_projects(tmp_path, monkeypatch):
+    """A recipe's `datasets:` naming `data/my_pairs.jsonl` (as the shipped recipes suggest) run from another folder
+    was refused ("dataset 'data/smoke_prefs.jsonl' does not exist (looked in ...)") while the same recipe's
+    dataset_name is the project's (config.RECIPE_PATHS); a Slurm job's `--dataset_mixer_list my.jsonl 1.0` was looked
+    for in the project alone. Mixture sources follow the fields' rules; a file where the command runs stays its own."""
+    project = str(ROOT / "data" / "smoke_prefs.jsonl")
+    entries = {
+        "a file": ("datasets", {"path": "data/smoke_prefs.jsonl", "amount": 0.5}),
+        "data_files": ("datasets", {"path": "json", "data_files": ["data/smoke_prefs.jsonl"]}),
+        "held out": ("eval_datasets", {"path": "data/smoke_prefs.jsonl"}),
+        "mixer": ("dataset_mixer_list", "data/smoke_prefs.jsonl"),
+    }
+    monkeypatch.chdir(tmp_path)
+
+    def sources(yaml_lines, *argv, evaluation=False):
+        (tmp_path / "mix.yaml").write_text("bf16: false\n" + yaml_lines)
+        recipe = parse_args(["--config", str(tmp_path / "mix.yaml"), *argv])
+        mixture.check(recipe)
+        return mixture.parse(mixture.fields_of(recipe), evaluation)
+
+    for what, (field, entry) in entries.items():
+        value = f"[{entry}, '1.0']" if field == "dataset_mixer_list" else f"[{json.dumps(entry)}]"
+        extra = f"datasets: [{json.dumps({'path': project})}]\n" if field == "eval_datasets" else ""
+        [source] = sources(f"{field}: {value}\n{extra}", evaluation=field == "eval_datasets")
+        assert source.identity() == project, (what, source)
+    pattern = {"path": "json", "data_files": {"train": "data/smoke_*.jsonl"}}
+    [source] = sources(f"datasets: [{json.dumps(pattern)}]\n")
+    assert source.data_files == {"train": str(ROOT / "data" / "smoke_*.jsonl")}
+    folder = {"path": "json", "data_dir": "data", "data_files": "smoke_prefs.jsonl"}  # its data_files are its folder's
+    [source] = sources(f"datasets: [{json.dumps(folder)}]\n")
+    assert (source.data_dir, source.data_files) == (str(ROOT / "data"), "smoke_prefs.jsonl")
+    (tmp_path / "data").mkdir()
+    shutil.copy(project, tmp_path / "data" / "smoke_prefs.jsonl")  # a file of that name here: this folder's
+    [source] = sources("datasets: [{path: data/smoke_prefs.jsonl}]\n")
+    assert source.spec() == "data/smoke_prefs.jsonl [train]"
+    # The command line's are the folder's, and a Slurm job's the submit folder's where found there
+    monkeypatch.chdir(ROOT)
+    monkeypatch.setenv("DPOTRAIN_SUBMIT_DIR", str(tmp_path))
+    [source] = sources("", "--dataset_mixer_list", "data/smoke_prefs.jsonl", "1.0")
+    assert source.identity() == str(tmp_path / "data" / "smoke_prefs.jsonl")
+    [source] = sources("", "--datasets", json.dumps({"path": "json", "data_files": "data/smoke_prefs.jsonl"}))
+    assert source.identity() == str(tmp_path / "data" / "smoke_prefs.jsonl")
+
+
 def test_a_count_above_the_rows_is_refused_a_fraction_upsamples(files):
     count = mixture.Source(files["hh"], "train", amount="21")
     with pytest.raises(ConfigError, match="has 20 usable rows and the mixture asks for 21.*1.05"):

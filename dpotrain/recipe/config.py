@@ -9,6 +9,7 @@ argparse defaults, unchecked: docs/architecture.md). Unknown keys are errors tha
 import contextlib
 import difflib
 import functools
+import glob
 import json
 import math
 import os
@@ -439,6 +440,7 @@ def parse_args(argv: list[str] | None = None) -> Recipe:
     _home_expanded(parts)
     _project_files(parts, given - on_command_line)
     _submitted_files(parts, on_command_line)
+    _mixture_files(project, given - on_command_line, on_command_line)
     if on_command_line & {"datasets", "dataset_mixer_list"} and "dataset_name" not in on_command_line:
         script.dataset_name = None  # a mixture on the command line replaces the recipe file's one data set
     if "output_dir" in on_command_line and "run_name" not in on_command_line:
@@ -495,9 +497,14 @@ def _submitted_files(parts: dict, on_command_line: set[str]) -> None:
     for part, name in PATH_FIELDS:
         if name == "accelerate_config" or name not in on_command_line:  # the launch's own: launch.sh reads it
             continue
-        there = _in_submit_dir(getattr(parts[part], name))
-        if there is not None and there.exists():
-            setattr(parts[part], name, str(there))
+        if there := _submitted_file(getattr(parts[part], name)):
+            setattr(parts[part], name, there)
+
+
+def _submitted_file(value: str, pattern: bool = False) -> str | None:
+    """Where a Slurm job's command line's relative `value` is found in the folder the user submitted from, else None."""
+    there = _in_submit_dir(value)
+    return str(there) if there is not None and _found(there, pattern) else None
 
 
 def _project_files(parts: dict, from_recipe: set[str]) -> None:
@@ -508,11 +515,37 @@ def _project_files(parts: dict, from_recipe: set[str]) -> None:
     there, as before; the command line's are the user's."""
     for part, name in RECIPE_PATHS:
         value = getattr(parts[part], name)
-        if name not in from_recipe or not isinstance(value, str) or not value:
-            continue
-        path = Path(value).expanduser()
-        if not path.is_absolute() and not path.exists() and (venv.ROOT / path).exists():
-            setattr(parts[part], name, str(venv.ROOT / path))
+        if name in from_recipe and isinstance(value, str) and value and (there := _project_file(value)):
+            setattr(parts[part], name, there)
+
+
+def _project_file(value: str, pattern: bool = False) -> str | None:
+    """The project's file a recipe's relative `value` names where the folder the command runs in has none, else None.
+    `pattern`: `value` may be a glob (a mixture's `data_files`), found where it matches a file."""
+    path = Path(value).expanduser()
+    if not path.is_absolute() and not _found(path, pattern) and _found(venv.ROOT / path, pattern):
+        return str(venv.ROOT / path)
+    return None
+
+
+def _found(path: Path, pattern: bool) -> bool:
+    return bool(glob.glob(str(path))) if pattern and glob.has_magic(str(path)) else path.exists()
+
+
+def _mixture_files(project, from_recipe: set[str], on_command_line: set[str]) -> None:
+    """A mixture source's relative paths by the same rules as the fields': a recipe's are the project's where the
+    folder the command runs in has none (a recipe's `datasets:` naming `data/my_pairs.jsonl`, as the shipped recipes
+    suggest, was refused from another folder while its dataset_name was read), a Slurm job's command line's are the
+    submit folder's where found there (`--dataset_mixer_list my.jsonl 1.0` was looked for in the project alone)."""
+    fields = ("datasets", "eval_datasets", "dataset_mixer_list", "dataset_mixer_eval_list")
+    given = [f for f in fields if getattr(project, f) and f in from_recipe | on_command_line]
+    if not given:
+        return
+    from dpotrain.data import mixture  # the data modules: only where a mixture is given
+
+    for name in given:
+        move = _project_file if name in from_recipe else _submitted_file
+        setattr(project, name, mixture.moved(getattr(project, name), name.startswith("dataset_mixer"), move))
 
 
 def _take_config(argv: list[str]) -> tuple[str | None, list[str]]:
