@@ -136,9 +136,14 @@ def checks(recipe) -> Launch:
 
 
 def data_folders(recipe) -> list[str]:
-    """The folders a run may read whole as data: the data set's, and each mixture source's without data_files."""
+    """The folders a run may read whole as data: the data set's, and each mixture source's without data_files (a
+    builder's, `path: json`, is its data_dir)."""
     sources = [s for evaluation in (False, True) for s in mixture.parse(mixture.fields_of(recipe), evaluation) or []]
-    folders = [os.path.join(s.path, s.data_dir or "") for s in sources if not s.data_files]
+    folders = [
+        s.data_dir if s.path in mixture.BUILDERS else os.path.join(s.path, s.data_dir or "")
+        for s in sources
+        if not s.data_files
+    ]
     return [name for name in (recipe.script.dataset_name, *folders) if name]
 
 

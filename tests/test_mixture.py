@@ -17,7 +17,7 @@ import pytest
 from test_data_shapes import explicit_prompt, hh, ultrafeedback
 
 from conftest import ROOT, launch_smoke, run_train
-from dpotrain import resolve
+from dpotrain import resolve, stages
 from dpotrain.data import builtin, chat_template, mixture
 from dpotrain.recipe.config import parse_args
 from dpotrain.recipe.errors import ConfigError
@@ -166,6 +166,34 @@ def test_a_recipes_relative_source_not_in_the_folder_run_in_is_the_projects(tmp_
     assert source.identity() == str(tmp_path / "data" / "smoke_prefs.jsonl")
     [source] = sources("", "--datasets", json.dumps({"path": "json", "data_files": "data/smoke_prefs.jsonl"}))
     assert source.identity() == str(tmp_path / "data" / "smoke_prefs.jsonl")
+
+
+def test_a_builders_data_dir_is_recorded_and_compared_by_its_own_files(files, tmp_path, monkeypatch):
+    """`path: json` with `data_dir: pairs` (datasets reads the folder's files, data_files relative to it) was recorded
+    as every file of the working folder: a pair edited in pairs/ resumed silently, and any file written where the run
+    was started (a log) refused the resume as changed data."""
+    (tmp_path / "pairs").mkdir()
+    shutil.copy(files["trl"], tmp_path / "pairs" / "trl.jsonl")
+    shutil.copy(files["hh"], tmp_path / "pairs" / "hh.csv")
+    monkeypatch.chdir(tmp_path)
+    cases = [
+        ({"path": "json", "data_dir": "pairs"}, {"trl.jsonl", "hh.csv"}, "trl.jsonl"),
+        ({"path": "csv", "data_dir": "pairs", "data_files": "hh.csv"}, {"hh.csv"}, "hh.csv"),
+    ]
+    for entry, read, edited in cases:
+        recipe = parse_args(["--config", SMOKE, "--datasets", json.dumps(entry)])
+        [source] = mixture.parse(mixture.fields_of(recipe))
+        identity = mixture.identity_of(source)
+        assert set(identity["files"]) == read, identity
+        # a run's folder inside the folder read whole would be read as pairs at its next start: refused
+        assert ("pairs" in stages.data_folders(recipe)) == ("data_files" not in entry)
+        recorded = {"data_sources": [{"source": source.spec(), "identity": identity}]}
+        (tmp_path / "run.log").write_text("a file beside the data")
+        assert mixture.content_changed(recipe, recorded) is None, entry
+        with open(tmp_path / "pairs" / edited, "a") as f:
+            f.write(Path(tmp_path / "pairs" / edited).read_text().splitlines()[-1] + "\n")
+        changed = mixture.content_changed(recipe, recorded)
+        assert changed and f"{edited} has " in changed, (entry, changed)
 
 
 def test_a_count_above_the_rows_is_refused_a_fraction_upsamples(files):

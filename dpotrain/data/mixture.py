@@ -478,10 +478,12 @@ def describe(record: dict) -> str:
 
 
 def _read_from(source: Source) -> tuple | None:
-    """What `data_identity` reads a source's files from: its file or folder, or a builder's `data_files` (relative to
-    the working folder); None for a Hub data set (its `data_files` are the repo's)."""
+    """What `data_identity` reads a source's files from: its file or folder, or a builder's `data_dir` and its
+    `data_files` (relative to the data_dir, as datasets reads them, else to the working folder): not every file of the
+    working folder (a builder's data_dir alone, recorded as the working folder's files, missed an edited pair and
+    refused a resume for a file written beside it); None for a Hub data set (its `data_files` are the repo's)."""
     if source.path in BUILDERS and not source.file:
-        return ".", source.split, None, source.data_files
+        return source.data_dir or ".", source.split, None, source.data_files
     return (source.local, source.split, source.data_dir, source.data_files) if source.local else None
 
 
