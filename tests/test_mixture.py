@@ -113,6 +113,11 @@ def test_one_source_through_a_symlink_or_a_relative_path_is_refused_as_twice(fil
             "test",
         ],
     ]
+    monkeypatch.setenv("HOME", str(tmp_path))  # a recipe's `~/` (the shell expands the command line's)
+    spellings += [
+        ["--datasets", json.dumps({"path": "~/data/good.jsonl"}), json.dumps({"path": str(good)})],
+        ["--datasets", json.dumps({"path": "~/alias.jsonl"}), json.dumps({"path": "json", "data_files": str(good)})],
+    ]
     for args in spellings:
         with pytest.raises(ConfigError) as e:
             resolve.check_values(parse_args(["--config", SMOKE, *args]))

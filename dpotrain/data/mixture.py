@@ -63,7 +63,7 @@ class Source:
         if not self.local:
             return self.spec()
         where = os.path.realpath(os.path.expanduser(self.local))
-        if self.file or os.path.isfile(self.local):
+        if self.file or os.path.isfile(where):  # `~/a.jsonl` too, a recipe's (the shell expands the command line's)
             return where
         return Source(where, self.split, self.name, self.data_dir, self.data_files).spec()
 
