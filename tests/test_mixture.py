@@ -195,10 +195,13 @@ def test_a_builders_data_dir_is_recorded_and_compared_by_its_own_files(files, tm
         recorded = {"data_sources": [{"source": source.spec(), "identity": identity}]}
         (tmp_path / "run.log").write_text("a file beside the data")
         assert mixture.content_changed(recipe, recorded) is None, entry
+        cache_key = mixture.dataset_id(recipe, local_only=True)
         with open(tmp_path / "pairs" / edited, "a") as f:
             f.write(Path(tmp_path / "pairs" / edited).read_text().splitlines()[-1] + "\n")
         changed = mixture.content_changed(recipe, recorded)
         assert changed and f"{edited} has " in changed, (entry, changed)
+        # the analyzer's lengths of the old pairs are not those of the edited files (an IndexError, or stale lengths)
+        assert mixture.dataset_id(recipe, local_only=True) != cache_key, entry
 
 
 def test_a_count_above_the_rows_is_refused_a_fraction_upsamples(files):
