@@ -349,6 +349,11 @@ def test_prefetch_selects_one_weight_format_and_no_subfolders():
 def test_prefetch_has_nothing_to_fetch_for_local_recipes(capsys):
     load_script("prefetch").main(["--config", str(ROOT / "configs" / "smoke.yaml")])
     assert "Nothing to fetch: builtin:tiny-olmo3 and data/smoke_prefs.jsonl are local." in capsys.readouterr().out
+    # a mixture's `path: json` reading a data_dir (or several data_files) is local files, not a Hub data set 'json'
+    # (prefetch asked the Hub for it, refused where the Hub does not answer)
+    builder = json.dumps({"path": "json", "data_dir": str(ROOT / "data")})
+    load_script("prefetch").main(["--config", str(ROOT / "configs" / "smoke.yaml"), "--datasets", builder])
+    assert "Nothing to fetch: builtin:tiny-olmo3 and the mixture are local." in capsys.readouterr().out
 
 
 @pytest.mark.parametrize(

@@ -67,7 +67,8 @@ def hub_datasets(recipe) -> list[mixture.Source]:
     script = recipe.script
     if not mixture.given(values):
         sources.append(mixture.Source(script.dataset_name, script.dataset_train_split, name=script.dataset_config))
-    return [s for s in sources if not s.file and is_hub_dataset(s.path)]
+    # a builder (`path: json` with data_dir or several data_files) reads local files: no Hub data set named json
+    return [s for s in sources if not s.file and s.path not in mixture.BUILDERS and is_hub_dataset(s.path)]
 
 
 def select_model_files(repo_files: list[str]) -> list[str]:
