@@ -204,6 +204,24 @@ def test_a_builders_data_dir_is_recorded_and_compared_by_its_own_files(files, tm
         assert mixture.dataset_id(recipe, local_only=True) != cache_key, entry
 
 
+def test_a_report_is_never_written_over_a_file_a_builders_glob_reads(files, tmp_path, monkeypatch):
+    """`path: json` with `data_files: [glob/a*.jsonl, ...]` or `{train: ...}`: the analyzer's `--json glob/a.jsonl`
+    wrote its report over the data file, which the list of inputs named only by its pattern (or not at all)."""
+    from dpotrain.recipe import writes
+
+    (tmp_path / "glob").mkdir()
+    for name in ("a.jsonl", "b.jsonl"):
+        shutil.copy(files["trl"], tmp_path / "glob" / name)
+    monkeypatch.chdir(tmp_path)
+    for data_files in (["glob/a*.jsonl", "glob/b.jsonl"], {"train": ["glob/a*.jsonl", "glob/b.jsonl"]}):
+        entry = json.dumps({"path": "json", "data_files": data_files})
+        inputs = writes.input_files(
+            *mixture.local_files(mixture.fields_of(parse_args(["--config", SMOKE, "--datasets", entry])))
+        )
+        with pytest.raises(ConfigError, match="is one of this command's inputs"):
+            writes.check_not_input("--json", "glob/a.jsonl", inputs)
+
+
 def test_a_count_above_the_rows_is_refused_a_fraction_upsamples(files):
     count = mixture.Source(files["hh"], "train", amount="21")
     with pytest.raises(ConfigError, match="has 20 usable rows and the mixture asks for 21.*1.05"):

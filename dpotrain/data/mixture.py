@@ -143,6 +143,9 @@ def local_files(values: dict) -> list[str]:
         for source in parse(values, evaluation) or []:
             files = source.data_files if isinstance(source.data_files, list) else [source.data_files]
             found += [source.where, *(f for f in files if isinstance(f, str)), source.data_dir]
+            if source.path in BUILDERS and source.data_files and not source.file:
+                # the files a glob or a {split: files} mapping reads (the analyzer's --json wrote over a glob's match)
+                found += [str(p) for p in (data_identity.files(*_read_from(source)) or {}).values()]
     return [f for f in found if f]
 
 
