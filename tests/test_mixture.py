@@ -220,6 +220,11 @@ def test_a_report_is_never_written_over_a_file_a_builders_glob_reads(files, tmp_
         )
         with pytest.raises(ConfigError, match="is one of this command's inputs"):
             writes.check_not_input("--json", "glob/a.jsonl", inputs)
+    # one pattern is read as datasets reads it, every file it matches (it was taken for a file, refused as missing)
+    recipe = parse_args(["--config", SMOKE, "--datasets", json.dumps({"path": "json", "data_files": "glob/*.jsonl"})])
+    mixture.check(recipe)
+    joined, mix = mixture.load(mixture.parse(mixture.fields_of(recipe)), 42, False, "messages", {}, "x", False, True)
+    assert len(joined) == 2 * ROWS["trl"] and set(mix.records[0]["identity"]["files"]) == {"a.jsonl", "b.jsonl"}
 
 
 def test_a_count_above_the_rows_is_refused_a_fraction_upsamples(files):

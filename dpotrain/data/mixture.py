@@ -6,6 +6,7 @@ rules: docs/data.md "Several sources"; why not TRL's `get_dataset`: docs/archite
 
 import dataclasses
 import functools
+import glob
 import hashlib
 import json
 import math
@@ -36,11 +37,13 @@ class Source:
 
     @property
     def file(self) -> str | None:
-        """The one local file a TRL entry `path: json, data_files: x.jsonl` names, read as `dataset_name: x.jsonl`."""
+        """The one local file a TRL entry `path: json, data_files: x.jsonl` names, read as `dataset_name: x.jsonl`; not
+        a pattern (`data_files: pairs/*.jsonl`, refused as a file that does not exist): datasets reads its matches."""
         files = self.data_files
         if isinstance(files, list) and len(files) == 1:
             files = files[0]
-        return files if self.path in BUILDERS and isinstance(files, str) and not self.data_dir else None
+        one = isinstance(files, str) and not glob.has_magic(files)
+        return files if self.path in BUILDERS and one and not self.data_dir else None
 
     @property
     def local(self) -> str | None:
