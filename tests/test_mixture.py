@@ -65,6 +65,21 @@ def test_both_spellings_name_the_same_sources(tmp_path, files):
     assert [s.amount for s in from_cli] == ["0.5", "12", "1.5"]
 
 
+def test_the_command_lines_data_set_replaces_the_recipe_files_mixture(tmp_path, files):
+    """The command line wins for every field: a mixture there replaced the recipe file's dataset_name, while a
+    `--dataset_name` beside a recipe file's mixture was refused ("dataset_name ... and a mixture: ... remove
+    dataset_name"), by the run, its dry run and prefetch.py. The recipe's held-out mixture stays."""
+    recipe_file = tmp_path / "mix.yaml"
+    recipe_file.write_text(
+        f"bf16: false\ndatasets: [{{path: {files['trl']}}}]\ndataset_mixer_list_splits: [train]\n"
+        f"eval_datasets: [{{path: {files['uf']}}}]\n"
+    )
+    recipe = parse_args(["--config", str(recipe_file), "--dataset_name", files["hh"]])
+    mixture.check(recipe)
+    assert recipe.script.dataset_name == files["hh"] and mixture.parse(mixture.fields_of(recipe)) is None
+    assert [s.path for s in mixture.parse(mixture.fields_of(recipe), evaluation=True)] == [files["uf"]]
+
+
 @pytest.mark.parametrize(
     "args, says",
     [

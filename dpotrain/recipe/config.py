@@ -441,8 +441,11 @@ def parse_args(argv: list[str] | None = None) -> Recipe:
     _project_files(parts, given - on_command_line)
     _submitted_files(parts, on_command_line)
     _mixture_files(project, given - on_command_line, on_command_line)
-    if on_command_line & {"datasets", "dataset_mixer_list"} and "dataset_name" not in on_command_line:
+    mixed_here = on_command_line & {"datasets", "dataset_mixer_list"}
+    if mixed_here and "dataset_name" not in on_command_line:
         script.dataset_name = None  # a mixture on the command line replaces the recipe file's one data set
+    elif "dataset_name" in on_command_line and not mixed_here:  # and one data set there the recipe file's mixture
+        project.datasets = project.dataset_mixer_list = project.dataset_mixer_list_splits = None
     if "output_dir" in on_command_line and "run_name" not in on_command_line:
         # The run is the folder the user named, not the recipe's default (transformers names a run after output_dir).
         training.run_name = Path(training.output_dir).resolve().name
