@@ -78,6 +78,17 @@ def test_the_command_lines_data_set_replaces_the_recipe_files_mixture(tmp_path, 
     mixture.check(recipe)
     assert recipe.script.dataset_name == files["hh"] and mixture.parse(mixture.fields_of(recipe)) is None
     assert [s.path for s in mixture.parse(mixture.fields_of(recipe), evaluation=True)] == [files["uf"]]
+    # a mixture in the other spelling replaces the recipe file's ("two mixtures: ... keep one"), held-out ones too
+    other = ["--dataset_mixer_list", files["hh"], "1.0", "--dataset_mixer_eval_list", files["trl"], "1.0"]
+    recipe = parse_args(["--config", str(recipe_file), *other])
+    mixture.check(recipe)
+    assert [(s.path, s.split) for s in mixture.parse(mixture.fields_of(recipe))] == [(files["hh"], "train")]
+    assert [s.path for s in mixture.parse(mixture.fields_of(recipe), evaluation=True)] == [files["trl"]]
+    recipe_file.write_text(
+        f"bf16: false\ndataset_mixer_list: [{files['trl']}, '1.0']\ndataset_mixer_list_splits: [x]\n"
+    )
+    recipe = parse_args(["--config", str(recipe_file), "--datasets", json.dumps({"path": files["hh"]})])
+    assert [s.path for s in mixture.parse(mixture.fields_of(recipe))] == [files["hh"]]
 
 
 @pytest.mark.parametrize(

@@ -441,11 +441,7 @@ def parse_args(argv: list[str] | None = None) -> Recipe:
     _project_files(parts, given - on_command_line)
     _submitted_files(parts, on_command_line)
     _mixture_files(project, given - on_command_line, on_command_line)
-    mixed_here = on_command_line & {"datasets", "dataset_mixer_list"}
-    if mixed_here and "dataset_name" not in on_command_line:
-        script.dataset_name = None  # a mixture on the command line replaces the recipe file's one data set
-    elif "dataset_name" in on_command_line and not mixed_here:  # and one data set there the recipe file's mixture
-        project.datasets = project.dataset_mixer_list = project.dataset_mixer_list_splits = None
+    _command_line_data_wins(script, project, on_command_line)
     if "output_dir" in on_command_line and "run_name" not in on_command_line:
         # The run is the folder the user named, not the recipe's default (transformers names a run after output_dir).
         training.run_name = Path(training.output_dir).resolve().name
@@ -457,6 +453,32 @@ def parse_args(argv: list[str] | None = None) -> Recipe:
         training.output_dir = os.path.abspath(there if "output_dir" in on_command_line else training.output_dir)
     list_single_target(model)
     return Recipe(script, training, model, project, config_path, max_length_auto, given, replaced, typed)
+
+
+# A mixture's two spellings, TRL's and open-instruct's (with its splits), for the training and the held-out pairs
+MIXTURE_SPELLINGS = (
+    ("datasets", "dataset_mixer_list", "dataset_mixer_list_splits"),
+    ("eval_datasets", "dataset_mixer_eval_list", "dataset_mixer_eval_list_splits"),
+)
+
+
+def _command_line_data_wins(script, project, on_command_line: set[str]) -> None:
+    """The data the command line names replaces the recipe file's, as the command line wins for every field: a mixture
+    there the recipe's dataset_name or its mixture in the other spelling, a --dataset_name the recipe's training
+    mixture. They were refused ('two mixtures: ... keep one', 'dataset_name ... and a mixture'), with no way to
+    remove the recipe's from the command line. Both named on the command line stay refused."""
+    for trl, mixer, splits in MIXTURE_SPELLINGS:
+        here = {trl, mixer} & on_command_line
+        if here == {trl}:
+            for name in {mixer, splits} - on_command_line:
+                setattr(project, name, None)
+        elif here == {mixer}:
+            setattr(project, trl, None)
+    mixed_here = {"datasets", "dataset_mixer_list"} & on_command_line
+    if mixed_here and "dataset_name" not in on_command_line:
+        script.dataset_name = None
+    elif "dataset_name" in on_command_line and not mixed_here:
+        project.datasets = project.dataset_mixer_list = project.dataset_mixer_list_splits = None
 
 
 def _project_defaults(training, model, given: set[str]) -> None:
