@@ -251,6 +251,13 @@ def test_a_report_is_never_written_over_a_file_a_builders_glob_reads(files, tmp_
     mixture.check(recipe)
     joined, mix = mixture.load(mixture.parse(mixture.fields_of(recipe)), 42, False, "messages", {}, "x", False, True)
     assert len(joined) == 2 * ROWS["trl"] and set(mix.records[0]["identity"]["files"]) == {"a.jsonl", "b.jsonl"}
+    (tmp_path / "glob" / "[ab].jsonl").write_text(Path(files["trl"]).read_text().splitlines(True)[0])  # its name
+    [source] = mixture.parse(
+        mixture.fields_of(
+            parse_args(["--config", SMOKE, "--datasets", json.dumps({"path": "json", "data_files": "glob/[ab].jsonl"})])
+        )
+    )
+    assert source.file == "glob/[ab].jsonl"
 
 
 def test_a_count_above_the_rows_is_refused_a_fraction_upsamples(files):

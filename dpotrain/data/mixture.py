@@ -37,12 +37,13 @@ class Source:
 
     @property
     def file(self) -> str | None:
-        """The one local file a TRL entry `path: json, data_files: x.jsonl` names, read as `dataset_name: x.jsonl`; not
-        a pattern (`data_files: pairs/*.jsonl`, refused as a file that does not exist): datasets reads its matches."""
+        """The one local file a TRL entry `path: json, data_files: x.jsonl` names, read as `dataset_name: x.jsonl` (a
+        file named `pairs-[1].jsonl` too); not a pattern (`data_files: pairs/*.jsonl`, refused as a file that does not
+        exist): datasets reads its matches."""
         files = self.data_files
         if isinstance(files, list) and len(files) == 1:
             files = files[0]
-        one = isinstance(files, str) and not glob.has_magic(files)
+        one = isinstance(files, str) and (not glob.has_magic(files) or os.path.isfile(os.path.expanduser(files)))
         return files if self.path in BUILDERS and one and not self.data_dir else None
 
     @property
