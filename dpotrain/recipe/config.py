@@ -554,7 +554,7 @@ def _project_file(value: str, pattern: bool = False) -> str | None:
 
 
 def _found(path: Path, pattern: bool) -> bool:
-    return bool(glob.glob(str(path))) if pattern and glob.has_magic(str(path)) else path.exists()
+    return path.exists() or (pattern and glob.has_magic(str(path)) and bool(glob.glob(str(path))))
 
 
 def _mixture_files(project, from_recipe: set[str], on_command_line: set[str]) -> None:
@@ -562,7 +562,7 @@ def _mixture_files(project, from_recipe: set[str], on_command_line: set[str]) ->
     folder the command runs in has none (a recipe's `datasets:` naming `data/my_pairs.jsonl`, as the shipped recipes
     suggest, was refused from another folder while its dataset_name was read), a Slurm job's command line's are the
     submit folder's where found there (`--dataset_mixer_list my.jsonl 1.0` was looked for in the project alone)."""
-    fields = ("datasets", "eval_datasets", "dataset_mixer_list", "dataset_mixer_eval_list")
+    fields = [name for spellings in MIXTURE_SPELLINGS for name in spellings[:2]]  # the sources, not their splits
     given = [f for f in fields if getattr(project, f) and f in from_recipe | on_command_line]
     if not given:
         return
