@@ -246,8 +246,10 @@ def load_data(
         return Data(
             None, None, resolve.count_steps(recipe, launch.batch, launch.data_parallel, None), revision=revision
         )
-    if not launch.dry_run:
+    if not launch.dry_run or mixed:  # a dry run reads a mixture's Hub sources: the run's checks of them first
         offline.check_job_reachable(recipe, model=False)  # a data set to download: the Hub must answer, within seconds
+    if launch.dry_run and mixed:  # offline, an uncached source was "Couldn't reach ... (OfflineModeIsEnabled)"
+        offline.check_offline_artifacts(recipe, model=False)  # the run's refusal, with the prefetch command
     checked: dict = {}
     identify = say and not launch.dry_run  # the content, recorded: a rerun on changed data refuses to resume
     template = answers_template(recipe, launch)
