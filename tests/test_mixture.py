@@ -98,6 +98,8 @@ def test_the_command_lines_data_set_replaces_the_recipe_files_mixture(tmp_path, 
         (["--dataset_mixer_list", "a.jsonl", "1e3"], "with a decimal point"),
         (["--dataset_mixer_list", "a.jsonl", "0"], "above 0"),
         (["--dataset_mixer_list", "a.jsonl", "1.0", "--dataset_name", "b.jsonl"], "dataset_name 'b.jsonl' and a"),
+        # dataset_name's configuration, recorded while no source was read with it
+        (["--dataset_mixer_list", "a.jsonl", "1.0", "--dataset_config", "sub"], "`name:` in a `datasets:` entry"),
         (["--dataset_mixer_list", "a.jsonl", "1.0", "a.jsonl", "0.5"], "named twice"),
         (["--dataset_mixer_list", "a.jsonl", "1.0", "--dataset_mixer_list_splits", "train", "test", "x"], "3 splits"),
         (["--datasets", '{"path": "a.jsonl", "fraction": 0.5, "amount": 1.0}'], "keep one"),

@@ -124,6 +124,11 @@ def parse(values: dict, evaluation: bool = False) -> list[Source] | None:
             f"dataset_name {values['dataset_name']!r} and a mixture: a mixture names every source; put "
             "that data set in the mixture or remove dataset_name"
         )
+    if not evaluation and values.get("dataset_config"):  # dataset_name's: recorded, and read of no source
+        raise ConfigError(
+            f"dataset_config {values['dataset_config']!r} and a mixture: it names dataset_name's configuration, and "
+            "a mixture's sources have their own (`name:` in a `datasets:` entry); put it there or remove dataset_config"
+        )
     sources = [_entry(e, default_split, flag) for e in entries] if entries else _mixer(mixer, splits, default_split)
     shares = [s.share is not None for s in sources]
     if any(shares) and not all(shares):
