@@ -262,6 +262,16 @@ def test_a_report_is_never_written_over_a_file_a_builders_glob_reads(files, tmp_
     assert source.file == "glob/[ab].jsonl"
 
 
+def test_trls_shares_near_the_float_limit_are_shares():
+    """`fraction: 1e308` on two sources is finite and accepted: their sum overflowed to inf, every weight was 0, and
+    the load ended in a traceback (min() arg is an empty sequence)."""
+    sources = [mixture.Source(name, "train", share=1e308) for name in ("a.jsonl", "b.jsonl")]
+    assert mixture.share_rows(sources, [40, 30]) == [30, 30]
+    near = [mixture.Source(name, "train", share=x) for name, x in (("a.jsonl", 1e308), ("b.jsonl", 5e307))]
+    plain = [mixture.Source(name, "train", share=x) for name, x in (("a.jsonl", 2.0), ("b.jsonl", 1.0))]
+    assert mixture.share_rows(near, [40, 30]) == mixture.share_rows(plain, [40, 30]) == [40, 20]
+
+
 def test_a_count_above_the_rows_is_refused_a_fraction_upsamples(files):
     count = mixture.Source(files["hh"], "train", amount="21")
     with pytest.raises(ConfigError, match="has 20 usable rows and the mixture asks for 21.*1.05"):

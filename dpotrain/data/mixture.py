@@ -308,10 +308,13 @@ def share_rows(sources: list[Source], usable: list[int]) -> list[int | None]:
     which no source gives more rows than it has, the first round(share x total) rows of each."""
     if sources[0].share is None:
         return [None] * len(sources)
-    total_share = sum(s.share for s in sources)
+    shares = [s.share for s in sources]
+    if math.isinf(sum(shares)):  # finite shares near the float limit (1e308): their sum overflows, every weight 0
+        shares = [x / max(shares) for x in shares]
+    total_share = sum(shares)
     if total_share <= 0:
         raise ConfigError("every `fraction` of the mixture is 0: give at least one source a share above 0")
-    weights = [s.share / total_share for s in sources]
+    weights = [x / total_share for x in shares]
     total = min(n / w for n, w in zip(usable, weights, strict=True) if w > 0)
     return [round(w * total) for w in weights]
 
