@@ -84,6 +84,13 @@ def test_the_command_lines_data_set_replaces_the_recipe_files_mixture(tmp_path, 
     mixture.check(recipe)
     assert [(s.path, s.split) for s in mixture.parse(mixture.fields_of(recipe))] == [(files["hh"], "train")]
     assert [s.path for s in mixture.parse(mixture.fields_of(recipe), evaluation=True)] == [files["trl"]]
+    # the recipe file's dataset_name goes with its configuration and commit (each refused beside a mixture)
+    recipe_file.write_text("bf16: false\ndataset_name: org/prefs\ndataset_config: sub\ndataset_revision: v1\n")
+    recipe = parse_args(["--config", str(recipe_file), *other])
+    mixture.check(recipe)
+    assert (recipe.script.dataset_name, recipe.script.dataset_config, recipe.project.dataset_revision) == (None,) * 3
+    with pytest.raises(ConfigError, match="dataset_config 'sub' and a mixture"):
+        mixture.check(parse_args(["--config", str(recipe_file), *other, "--dataset_config", "sub"]))
     recipe_file.write_text(
         f"bf16: false\ndataset_mixer_list: [{files['trl']}, '1.0']\ndataset_mixer_list_splits: [x]\n"
     )

@@ -476,7 +476,9 @@ def _command_line_data_wins(script, project, on_command_line: set[str]) -> None:
             setattr(project, trl, None)
     mixed_here = {"datasets", "dataset_mixer_list"} & on_command_line
     if mixed_here and "dataset_name" not in on_command_line:
-        script.dataset_name = None
+        script.dataset_name = None  # with the recipe file's configuration and commit of it (refused beside a mixture)
+        script.dataset_config = None if "dataset_config" not in on_command_line else script.dataset_config
+        project.dataset_revision = None if "dataset_revision" not in on_command_line else project.dataset_revision
     elif "dataset_name" in on_command_line and not mixed_here:
         project.datasets = project.dataset_mixer_list = project.dataset_mixer_list_splits = None
 
