@@ -16,10 +16,11 @@ import re
 import numpy as np
 
 from dpotrain.data import data, data_identity, hub_revision, lengths, rows
+from dpotrain.recipe import config
 from dpotrain.recipe.errors import ConfigError, cause
 
 ENTRY_KEYS = ("path", "name", "data_dir", "data_files", "split", "columns", "fraction", "amount")
-BUILDERS = {"json", "csv", "parquet"}  # TRL's `path: json` + `data_files: x.jsonl`: a local file, read as one
+BUILDERS = config.MIXTURE_BUILDERS
 TRAIN_FIELDS = ("datasets", "dataset_mixer_list", "dataset_mixer_list_splits")
 EVAL_FIELDS = ("eval_datasets", "dataset_mixer_eval_list", "dataset_mixer_eval_list_splits")
 
@@ -156,45 +157,6 @@ def local_files(values: dict) -> list[str]:
                 # the files a glob or a {split: files} mapping reads (the analyzer's --json wrote over a glob's match)
                 found += [str(p) for p in (data_identity.files(*_read_from(source)) or {}).values()]
     return [f for f in found if f]
-
-
-def moved(words: list[str], mixer: bool, move) -> list[str]:
-    """One mixture field's words with each relative path datasets reads from the working folder passed through `move`
-    (config's rule for where a relative path is read: the new path, or None to keep it): a source's file or folder,
-    a builder's (`path: json`) data_dir, else its data_files. A folder's data_files and data_dir are its own, a Hub
-    source's the repo's, a builder's data_files its data_dir's. A word is left as written where nothing moves."""
-    if mixer:  # SOURCE AMOUNT pairs
-        return [(move(w) or w) if i % 2 == 0 else w for i, w in enumerate(words)]
-    out = []
-    for word in words:
-        try:
-            entry = json.loads(word)
-        except ValueError:
-            out.append(move(word) or word)  # `--datasets a.jsonl b.jsonl`: whole sources
-            continue
-        if not isinstance(entry, dict) or not isinstance(entry.get("path"), str):
-            out.append(word)
-            continue
-        new = dict(entry)
-        if entry["path"] not in BUILDERS:
-            new["path"] = move(entry["path"]) or entry["path"]
-        elif isinstance(entry.get("data_dir"), str):  # its data_files are read from there
-            new["data_dir"] = move(entry["data_dir"]) or entry["data_dir"]
-        elif isinstance(files := entry.get("data_files"), dict):
-            new["data_files"] = {k: _moved_files(v, move) for k, v in files.items()}
-        elif files is not None:
-            new["data_files"] = _moved_files(files, move)
-        out.append(word if new == entry else json.dumps(new))
-    return out
-
-
-def _moved_files(files, move):
-    """A builder's `data_files` (a path or glob, or a list of them) through `move`."""
-    if isinstance(files, str):
-        return move(files, pattern=True) or files
-    if isinstance(files, list):
-        return [move(f, pattern=True) or f if isinstance(f, str) else f for f in files]
-    return files
 
 
 def _entry(entry, split: str, flag: str) -> Source:

@@ -455,6 +455,9 @@ def parse_args(argv: list[str] | None = None) -> Recipe:
     return Recipe(script, training, model, project, config_path, max_length_auto, given, replaced, typed)
 
 
+# A mixture source read by datasets' builder of that name: TRL's `path: json` + `data_files: x.jsonl` (a local file,
+# read as one), or data_files and data_dir that datasets reads from the working folder
+MIXTURE_BUILDERS = frozenset({"json", "csv", "parquet"})
 # A mixture's two spellings, TRL's and open-instruct's (with its splits), for the training and the held-out pairs
 MIXTURE_SPELLINGS = (
     ("datasets", "dataset_mixer_list", "dataset_mixer_list_splits"),
@@ -565,14 +568,48 @@ def _mixture_files(project, from_recipe: set[str], on_command_line: set[str]) ->
     suggest, was refused from another folder while its dataset_name was read), a Slurm job's command line's are the
     submit folder's where found there (`--dataset_mixer_list my.jsonl 1.0` was looked for in the project alone)."""
     fields = [name for spellings in MIXTURE_SPELLINGS for name in spellings[:2]]  # the sources, not their splits
-    given = [f for f in fields if getattr(project, f) and f in from_recipe | on_command_line]
-    if not given:
-        return
-    from dpotrain.data import mixture  # the data modules: only where a mixture is given
-
-    for name in given:
+    for name in [f for f in fields if getattr(project, f) and f in from_recipe | on_command_line]:
         move = _project_file if name in from_recipe else _submitted_file
-        setattr(project, name, mixture.moved(getattr(project, name), name.startswith("dataset_mixer"), move))
+        setattr(project, name, _moved_sources(getattr(project, name), name.startswith("dataset_mixer"), move))
+
+
+def _moved_sources(words: list[str], mixer: bool, move) -> list[str]:
+    """One mixture field's words with each relative path datasets reads from the working folder passed through `move`
+    (`_project_file` or `_submitted_file`: the new path, or None to keep it): a source's file or folder,
+    a builder's (`path: json`) data_dir, else its data_files. A folder's data_files and data_dir are its own, a Hub
+    source's the repo's, a builder's data_files its data_dir's. A word is left as written where nothing moves."""
+    if mixer:  # SOURCE AMOUNT pairs
+        return [(move(w) or w) if i % 2 == 0 else w for i, w in enumerate(words)]
+    out = []
+    for word in words:
+        try:
+            entry = json.loads(word)
+        except ValueError:
+            out.append(move(word) or word)  # `--datasets a.jsonl b.jsonl`: whole sources
+            continue
+        if not isinstance(entry, dict) or not isinstance(entry.get("path"), str):
+            out.append(word)
+            continue
+        new = dict(entry)
+        if entry["path"] not in MIXTURE_BUILDERS:
+            new["path"] = move(entry["path"]) or entry["path"]
+        elif isinstance(entry.get("data_dir"), str):  # its data_files are read from there
+            new["data_dir"] = move(entry["data_dir"]) or entry["data_dir"]
+        elif isinstance(files := entry.get("data_files"), dict):
+            new["data_files"] = {k: _moved_files(v, move) for k, v in files.items()}
+        elif files is not None:
+            new["data_files"] = _moved_files(files, move)
+        out.append(word if new == entry else json.dumps(new))
+    return out
+
+
+def _moved_files(files, move):
+    """A builder's `data_files` (a path or glob, or a list of them) through `move`."""
+    if isinstance(files, str):
+        return move(files, pattern=True) or files
+    if isinstance(files, list):
+        return [move(f, pattern=True) or f if isinstance(f, str) else f for f in files]
+    return files
 
 
 def _take_config(argv: list[str]) -> tuple[str | None, list[str]]:
