@@ -136,9 +136,14 @@ def checks(recipe) -> Launch:
 
 
 def data_folders(recipe) -> list[str]:
-    """The folders a run may read whole as data: the data set's, and each mixture source's without data_files."""
+    """The folders a run may read whole as data: the data set's, and each mixture source's without data_files (a
+    builder's, `path: json`, is its data_dir)."""
     sources = [s for evaluation in (False, True) for s in mixture.parse(mixture.fields_of(recipe), evaluation) or []]
-    folders = [os.path.join(s.path, s.data_dir or "") for s in sources if not s.data_files]
+    folders = [
+        s.data_dir if s.path in mixture.BUILDERS else os.path.join(s.path, s.data_dir or "")
+        for s in sources
+        if not s.data_files
+    ]
     return [name for name in (recipe.script.dataset_name, *folders) if name]
 
 
@@ -243,8 +248,10 @@ def load_data(
         return Data(
             None, None, resolve.count_steps(recipe, launch.batch, launch.data_parallel, None), revision=revision
         )
-    if not launch.dry_run:
+    if not launch.dry_run or mixed:  # a dry run reads a mixture's Hub sources: the run's checks of them first
         offline.check_job_reachable(recipe, model=False)  # a data set to download: the Hub must answer, within seconds
+    if launch.dry_run and mixed:  # offline, an uncached source was "Couldn't reach ... (OfflineModeIsEnabled)"
+        offline.check_offline_artifacts(recipe, model=False)  # the run's refusal, with the prefetch command
     checked: dict = {}
     identify = say and not launch.dry_run  # the content, recorded: a rerun on changed data refuses to resume
     template = answers_template(recipe, launch)

@@ -17,7 +17,7 @@ import pytest
 from test_data_shapes import explicit_prompt, hh, ultrafeedback
 
 from conftest import ROOT, launch_smoke, run_train
-from dpotrain import resolve
+from dpotrain import resolve, stages
 from dpotrain.data import builtin, chat_template, mixture
 from dpotrain.recipe.config import parse_args
 from dpotrain.recipe.errors import ConfigError
@@ -65,6 +65,39 @@ def test_both_spellings_name_the_same_sources(tmp_path, files):
     assert [s.amount for s in from_cli] == ["0.5", "12", "1.5"]
 
 
+def test_the_command_lines_data_set_replaces_the_recipe_files_mixture(tmp_path, files):
+    """The command line wins for every field: a mixture there replaced the recipe file's dataset_name, while a
+    `--dataset_name` beside a recipe file's mixture was refused ("dataset_name ... and a mixture: ... remove
+    dataset_name"), by the run, its dry run and prefetch.py. The recipe's held-out mixture stays."""
+    recipe_file = tmp_path / "mix.yaml"
+    recipe_file.write_text(
+        f"bf16: false\ndatasets: [{{path: {files['trl']}}}]\ndataset_mixer_list_splits: [train]\n"
+        f"eval_datasets: [{{path: {files['uf']}}}]\n"
+    )
+    recipe = parse_args(["--config", str(recipe_file), "--dataset_name", files["hh"]])
+    mixture.check(recipe)
+    assert recipe.script.dataset_name == files["hh"] and mixture.parse(mixture.fields_of(recipe)) is None
+    assert [s.path for s in mixture.parse(mixture.fields_of(recipe), evaluation=True)] == [files["uf"]]
+    # a mixture in the other spelling replaces the recipe file's ("two mixtures: ... keep one"), held-out ones too
+    other = ["--dataset_mixer_list", files["hh"], "1.0", "--dataset_mixer_eval_list", files["trl"], "1.0"]
+    recipe = parse_args(["--config", str(recipe_file), *other])
+    mixture.check(recipe)
+    assert [(s.path, s.split) for s in mixture.parse(mixture.fields_of(recipe))] == [(files["hh"], "train")]
+    assert [s.path for s in mixture.parse(mixture.fields_of(recipe), evaluation=True)] == [files["trl"]]
+    # the recipe file's dataset_name goes with its configuration and commit (each refused beside a mixture)
+    recipe_file.write_text("bf16: false\ndataset_name: org/prefs\ndataset_config: sub\ndataset_revision: v1\n")
+    recipe = parse_args(["--config", str(recipe_file), *other])
+    mixture.check(recipe)
+    assert (recipe.script.dataset_name, recipe.script.dataset_config, recipe.project.dataset_revision) == (None,) * 3
+    with pytest.raises(ConfigError, match="dataset_config 'sub' and a mixture"):
+        mixture.check(parse_args(["--config", str(recipe_file), *other, "--dataset_config", "sub"]))
+    recipe_file.write_text(
+        f"bf16: false\ndataset_mixer_list: [{files['trl']}, '1.0']\ndataset_mixer_list_splits: [x]\n"
+    )
+    recipe = parse_args(["--config", str(recipe_file), "--datasets", json.dumps({"path": files["hh"]})])
+    assert [s.path for s in mixture.parse(mixture.fields_of(recipe))] == [files["hh"]]
+
+
 @pytest.mark.parametrize(
     "args, says",
     [
@@ -72,6 +105,8 @@ def test_both_spellings_name_the_same_sources(tmp_path, files):
         (["--dataset_mixer_list", "a.jsonl", "1e3"], "with a decimal point"),
         (["--dataset_mixer_list", "a.jsonl", "0"], "above 0"),
         (["--dataset_mixer_list", "a.jsonl", "1.0", "--dataset_name", "b.jsonl"], "dataset_name 'b.jsonl' and a"),
+        # dataset_name's configuration, recorded while no source was read with it
+        (["--dataset_mixer_list", "a.jsonl", "1.0", "--dataset_config", "sub"], "`name:` in a `datasets:` entry"),
         (["--dataset_mixer_list", "a.jsonl", "1.0", "a.jsonl", "0.5"], "named twice"),
         (["--dataset_mixer_list", "a.jsonl", "1.0", "--dataset_mixer_list_splits", "train", "test", "x"], "3 splits"),
         (["--datasets", '{"path": "a.jsonl", "fraction": 0.5, "amount": 1.0}'], "keep one"),
@@ -113,6 +148,11 @@ def test_one_source_through_a_symlink_or_a_relative_path_is_refused_as_twice(fil
             "test",
         ],
     ]
+    monkeypatch.setenv("HOME", str(tmp_path))  # a recipe's `~/` (the shell expands the command line's)
+    spellings += [
+        ["--datasets", json.dumps({"path": "~/data/good.jsonl"}), json.dumps({"path": str(good)})],
+        ["--datasets", json.dumps({"path": "~/alias.jsonl"}), json.dumps({"path": "json", "data_files": str(good)})],
+    ]
     for args in spellings:
         with pytest.raises(ConfigError) as e:
             resolve.check_values(parse_args(["--config", SMOKE, *args]))
@@ -122,6 +162,121 @@ def test_one_source_through_a_symlink_or_a_relative_path_is_refused_as_twice(fil
     resolve.check_values(
         parse_args(["--config", SMOKE, "--dataset_mixer_list", "alias.jsonl", "1.0", "copy.jsonl", "1.0"])
     )
+
+
+def test_a_recipes_relative_source_not_in_the_folder_run_in_is_the_projects(tmp_path, monkeypatch):
+    """A recipe's `datasets:` naming `data/my_pairs.jsonl` (as the shipped recipes suggest) run from another folder
+    was refused ("dataset 'data/smoke_prefs.jsonl' does not exist (looked in ...)") while the same recipe's
+    dataset_name is the project's (config.RECIPE_PATHS); a Slurm job's `--dataset_mixer_list my.jsonl 1.0` was looked
+    for in the project alone. Mixture sources follow the fields' rules; a file where the command runs stays its own."""
+    project = str(ROOT / "data" / "smoke_prefs.jsonl")
+    entries = {
+        "a file": ("datasets", {"path": "data/smoke_prefs.jsonl", "amount": 0.5}),
+        "data_files": ("datasets", {"path": "json", "data_files": ["data/smoke_prefs.jsonl"]}),
+        "held out": ("eval_datasets", {"path": "data/smoke_prefs.jsonl"}),
+        "mixer": ("dataset_mixer_list", "data/smoke_prefs.jsonl"),
+    }
+    monkeypatch.chdir(tmp_path)
+
+    def sources(yaml_lines, *argv, evaluation=False):
+        (tmp_path / "mix.yaml").write_text("bf16: false\n" + yaml_lines)
+        recipe = parse_args(["--config", str(tmp_path / "mix.yaml"), *argv])
+        mixture.check(recipe)
+        return mixture.parse(mixture.fields_of(recipe), evaluation)
+
+    for what, (field, entry) in entries.items():
+        value = f"[{entry}, '1.0']" if field == "dataset_mixer_list" else f"[{json.dumps(entry)}]"
+        extra = f"datasets: [{json.dumps({'path': project})}]\n" if field == "eval_datasets" else ""
+        [source] = sources(f"{field}: {value}\n{extra}", evaluation=field == "eval_datasets")
+        assert source.identity() == project, (what, source)
+    pattern = {"path": "json", "data_files": {"train": "data/smoke_*.jsonl"}}
+    [source] = sources(f"datasets: [{json.dumps(pattern)}]\n")
+    assert source.data_files == {"train": str(ROOT / "data" / "smoke_*.jsonl")}
+    folder = {"path": "json", "data_dir": "data", "data_files": "smoke_prefs.jsonl"}  # its data_files are its folder's
+    [source] = sources(f"datasets: [{json.dumps(folder)}]\n")
+    assert (source.data_dir, source.data_files) == (str(ROOT / "data"), "smoke_prefs.jsonl")
+    (tmp_path / "data").mkdir()
+    shutil.copy(project, tmp_path / "data" / "smoke_prefs.jsonl")  # a file of that name here: this folder's
+    [source] = sources("datasets: [{path: data/smoke_prefs.jsonl}]\n")
+    assert source.spec() == "data/smoke_prefs.jsonl [train]"
+    # The command line's are the folder's, and a Slurm job's the submit folder's where found there
+    monkeypatch.chdir(ROOT)
+    monkeypatch.setenv("DPOTRAIN_SUBMIT_DIR", str(tmp_path))
+    [source] = sources("", "--dataset_mixer_list", "data/smoke_prefs.jsonl", "1.0")
+    assert source.identity() == str(tmp_path / "data" / "smoke_prefs.jsonl")
+    [source] = sources("", "--datasets", json.dumps({"path": "json", "data_files": "data/smoke_prefs.jsonl"}))
+    assert source.identity() == str(tmp_path / "data" / "smoke_prefs.jsonl")
+
+
+def test_a_builders_data_dir_is_recorded_and_compared_by_its_own_files(files, tmp_path, monkeypatch):
+    """`path: json` with `data_dir: pairs` (datasets reads the folder's files, data_files relative to it) was recorded
+    as every file of the working folder: a pair edited in pairs/ resumed silently, and any file written where the run
+    was started (a log) refused the resume as changed data."""
+    (tmp_path / "pairs").mkdir()
+    shutil.copy(files["trl"], tmp_path / "pairs" / "trl.jsonl")
+    shutil.copy(files["hh"], tmp_path / "pairs" / "hh.csv")
+    monkeypatch.chdir(tmp_path)
+    cases = [
+        ({"path": "json", "data_dir": "pairs"}, {"trl.jsonl", "hh.csv"}, "trl.jsonl"),
+        ({"path": "csv", "data_dir": "pairs", "data_files": "hh.csv"}, {"hh.csv"}, "hh.csv"),
+    ]
+    for entry, read, edited in cases:
+        recipe = parse_args(["--config", SMOKE, "--datasets", json.dumps(entry)])
+        [source] = mixture.parse(mixture.fields_of(recipe))
+        identity = mixture.identity_of(source)
+        assert set(identity["files"]) == read, identity
+        # a run's folder inside the folder read whole would be read as pairs at its next start: refused
+        assert ("pairs" in stages.data_folders(recipe)) == ("data_files" not in entry)
+        recorded = {"data_sources": [{"source": source.spec(), "identity": identity}]}
+        (tmp_path / "run.log").write_text("a file beside the data")
+        assert mixture.content_changed(recipe, recorded) is None, entry
+        cache_key = mixture.dataset_id(recipe, local_only=True)
+        with open(tmp_path / "pairs" / edited, "a") as f:
+            f.write(Path(tmp_path / "pairs" / edited).read_text().splitlines()[-1] + "\n")
+        changed = mixture.content_changed(recipe, recorded)
+        assert changed and f"{edited} has " in changed, (entry, changed)
+        # the analyzer's lengths of the old pairs are not those of the edited files (an IndexError, or stale lengths)
+        assert mixture.dataset_id(recipe, local_only=True) != cache_key, entry
+
+
+def test_a_report_is_never_written_over_a_file_a_builders_glob_reads(files, tmp_path, monkeypatch):
+    """`path: json` with `data_files: [glob/a*.jsonl, ...]` or `{train: ...}`: the analyzer's `--json glob/a.jsonl`
+    wrote its report over the data file, which the list of inputs named only by its pattern (or not at all)."""
+    from dpotrain.recipe import writes
+
+    (tmp_path / "glob").mkdir()
+    for name in ("a.jsonl", "b.jsonl"):
+        shutil.copy(files["trl"], tmp_path / "glob" / name)
+    monkeypatch.chdir(tmp_path)
+    for data_files in (["glob/a*.jsonl", "glob/b.jsonl"], {"train": ["glob/a*.jsonl", "glob/b.jsonl"]}):
+        entry = json.dumps({"path": "json", "data_files": data_files})
+        inputs = writes.input_files(
+            *mixture.local_files(mixture.fields_of(parse_args(["--config", SMOKE, "--datasets", entry])))
+        )
+        with pytest.raises(ConfigError, match="is one of this command's inputs"):
+            writes.check_not_input("--json", "glob/a.jsonl", inputs)
+    # one pattern is read as datasets reads it, every file it matches (it was taken for a file, refused as missing)
+    recipe = parse_args(["--config", SMOKE, "--datasets", json.dumps({"path": "json", "data_files": "glob/*.jsonl"})])
+    mixture.check(recipe)
+    joined, mix = mixture.load(mixture.parse(mixture.fields_of(recipe)), 42, False, "messages", {}, "x", False, True)
+    assert len(joined) == 2 * ROWS["trl"] and set(mix.records[0]["identity"]["files"]) == {"a.jsonl", "b.jsonl"}
+    (tmp_path / "glob" / "[ab].jsonl").write_text(Path(files["trl"]).read_text().splitlines(True)[0])  # its name
+    [source] = mixture.parse(
+        mixture.fields_of(
+            parse_args(["--config", SMOKE, "--datasets", json.dumps({"path": "json", "data_files": "glob/[ab].jsonl"})])
+        )
+    )
+    assert source.file == "glob/[ab].jsonl"
+
+
+def test_trls_shares_near_the_float_limit_are_shares():
+    """`fraction: 1e308` on two sources is finite and accepted: their sum overflowed to inf, every weight was 0, and
+    the load ended in a traceback (min() arg is an empty sequence)."""
+    sources = [mixture.Source(name, "train", share=1e308) for name in ("a.jsonl", "b.jsonl")]
+    assert mixture.share_rows(sources, [40, 30]) == [30, 30]
+    near = [mixture.Source(name, "train", share=x) for name, x in (("a.jsonl", 1e308), ("b.jsonl", 5e307))]
+    plain = [mixture.Source(name, "train", share=x) for name, x in (("a.jsonl", 2.0), ("b.jsonl", 1.0))]
+    assert mixture.share_rows(near, [40, 30]) == mixture.share_rows(plain, [40, 30]) == [40, 20]
 
 
 def test_a_count_above_the_rows_is_refused_a_fraction_upsamples(files):

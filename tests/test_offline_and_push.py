@@ -284,6 +284,26 @@ def test_online_jobs_are_not_checked(monkeypatch):
     assert "org/never'" not in str(info.value)
 
 
+def test_a_dry_run_of_a_mixture_with_a_hub_source_it_cannot_read_names_the_prefetch(monkeypatch, capsys, tmp_path):
+    """A dry run reads a mixture's sources: offline with a Hub source not cached, it ended on datasets' "Couldn't
+    reach 'o/never' on the Hub (OfflineModeIsEnabled)", where the run refuses naming the prefetch command (and
+    online with a Hub that does not answer, it waited on the libraries' retries); now the run's checks come first."""
+    import train_dpo
+    from dpotrain.recipe.errors import run_cli
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    mix = ["--dataset_mixer_list", "o/never", "1.0", str(ROOT / "data" / "smoke_prefs.jsonl"), "10"]
+    argv = ["--config", str(ROOT / "configs" / "smoke.yaml"), *mix, "--output_dir", str(tmp_path / "run")]
+    with pytest.raises(SystemExit) as ended:
+        run_cli(lambda: train_dpo.main([*argv, "--dry-run"]))
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert ended.value.code == 2 and line.startswith(
+        "error: offline (HF_HUB_OFFLINE) and not in the local Hugging Face cache: dataset 'o/never': not cached. "
+        "On a login node with network, run: "
+    ), line
+    assert "scripts/prefetch.py" in line and "--dataset_mixer_list o/never 1.0" in line
+
+
 def test_the_prefetch_command_fetches_the_data_sets_revision_the_job_trains(monkeypatch):
     """A job given --dataset_revision is told to prefetch that revision: the command named the data set alone, so
     prefetch filled the cache with main and the job, offline, still lacked the pairs it trains on."""
@@ -349,6 +369,11 @@ def test_prefetch_selects_one_weight_format_and_no_subfolders():
 def test_prefetch_has_nothing_to_fetch_for_local_recipes(capsys):
     load_script("prefetch").main(["--config", str(ROOT / "configs" / "smoke.yaml")])
     assert "Nothing to fetch: builtin:tiny-olmo3 and data/smoke_prefs.jsonl are local." in capsys.readouterr().out
+    # a mixture's `path: json` reading a data_dir (or several data_files) is local files, not a Hub data set 'json'
+    # (prefetch asked the Hub for it, refused where the Hub does not answer)
+    builder = json.dumps({"path": "json", "data_dir": str(ROOT / "data")})
+    load_script("prefetch").main(["--config", str(ROOT / "configs" / "smoke.yaml"), "--datasets", builder])
+    assert "Nothing to fetch: builtin:tiny-olmo3 and the mixture are local." in capsys.readouterr().out
 
 
 @pytest.mark.parametrize(

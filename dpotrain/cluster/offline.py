@@ -67,7 +67,8 @@ def hub_datasets(recipe) -> list[mixture.Source]:
     script = recipe.script
     if not mixture.given(values):
         sources.append(mixture.Source(script.dataset_name, script.dataset_train_split, name=script.dataset_config))
-    return [s for s in sources if not s.file and is_hub_dataset(s.path)]
+    # a builder (`path: json` with data_dir or several data_files) reads local files: no Hub data set named json
+    return [s for s in sources if not s.file and s.path not in mixture.BUILDERS and is_hub_dataset(s.path)]
 
 
 def select_model_files(repo_files: list[str]) -> list[str]:
@@ -181,10 +182,11 @@ def prefetch_command(recipe) -> str:
     return " ".join(env + [shlex.join(args)])  # the login node must fill the cache this job reads
 
 
-def check_offline_artifacts(recipe, offline: bool | None = None) -> None:
+def check_offline_artifacts(recipe, offline: bool | None = None, model: bool = True) -> None:
     """When the job is offline (HF_HUB_OFFLINE), refuse it unless its Hub model and data set are in the local cache.
-    `offline=True` checks as an offline job would (prefetch proves with it that the job will find everything)."""
-    model = is_offline() if offline is None else offline
+    `offline=True` checks as an offline job would (prefetch proves with it that the job will find everything);
+    `model=False` the data alone (a dry run reads a mixture's sources, not the model)."""
+    model = model and (is_offline() if offline is None else offline)
     dataset = datasets_offline() if offline is None else offline
     if not (model or dataset):
         return

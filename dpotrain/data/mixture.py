@@ -6,6 +6,7 @@ rules: docs/data.md "Several sources"; why not TRL's `get_dataset`: docs/archite
 
 import dataclasses
 import functools
+import glob
 import hashlib
 import json
 import math
@@ -15,10 +16,11 @@ import re
 import numpy as np
 
 from dpotrain.data import data, data_identity, hub_revision, lengths, rows
+from dpotrain.recipe import config
 from dpotrain.recipe.errors import ConfigError, cause
 
 ENTRY_KEYS = ("path", "name", "data_dir", "data_files", "split", "columns", "fraction", "amount")
-BUILDERS = {"json", "csv", "parquet"}  # TRL's `path: json` + `data_files: x.jsonl`: a local file, read as one
+BUILDERS = config.MIXTURE_BUILDERS
 TRAIN_FIELDS = ("datasets", "dataset_mixer_list", "dataset_mixer_list_splits")
 EVAL_FIELDS = ("eval_datasets", "dataset_mixer_eval_list", "dataset_mixer_eval_list_splits")
 
@@ -36,11 +38,14 @@ class Source:
 
     @property
     def file(self) -> str | None:
-        """The one local file a TRL entry `path: json, data_files: x.jsonl` names, read as `dataset_name: x.jsonl`."""
+        """The one local file a TRL entry `path: json, data_files: x.jsonl` names, read as `dataset_name: x.jsonl` (a
+        file named `pairs-[1].jsonl` too); not a pattern (`data_files: pairs/*.jsonl`, refused as a file that does not
+        exist): datasets reads its matches."""
         files = self.data_files
         if isinstance(files, list) and len(files) == 1:
             files = files[0]
-        return files if self.path in BUILDERS and isinstance(files, str) and not self.data_dir else None
+        one = isinstance(files, str) and (not glob.has_magic(files) or os.path.isfile(os.path.expanduser(files)))
+        return files if self.path in BUILDERS and one and not self.data_dir else None
 
     @property
     def local(self) -> str | None:
@@ -63,7 +68,7 @@ class Source:
         if not self.local:
             return self.spec()
         where = os.path.realpath(os.path.expanduser(self.local))
-        if self.file or os.path.isfile(self.local):
+        if self.file or os.path.isfile(where):  # `~/a.jsonl` too, a recipe's (the shell expands the command line's)
             return where
         return Source(where, self.split, self.name, self.data_dir, self.data_files).spec()
 
@@ -120,6 +125,11 @@ def parse(values: dict, evaluation: bool = False) -> list[Source] | None:
             f"dataset_name {values['dataset_name']!r} and a mixture: a mixture names every source; put "
             "that data set in the mixture or remove dataset_name"
         )
+    if not evaluation and values.get("dataset_config"):  # dataset_name's: recorded, and read of no source
+        raise ConfigError(
+            f"dataset_config {values['dataset_config']!r} and a mixture: it names dataset_name's configuration, and "
+            "a mixture's sources have their own (`name:` in a `datasets:` entry); put it there or remove dataset_config"
+        )
     sources = [_entry(e, default_split, flag) for e in entries] if entries else _mixer(mixer, splits, default_split)
     shares = [s.share is not None for s in sources]
     if any(shares) and not all(shares):
@@ -143,6 +153,9 @@ def local_files(values: dict) -> list[str]:
         for source in parse(values, evaluation) or []:
             files = source.data_files if isinstance(source.data_files, list) else [source.data_files]
             found += [source.where, *(f for f in files if isinstance(f, str)), source.data_dir]
+            if source.path in BUILDERS and source.data_files and not source.file:
+                # the files a glob or a {split: files} mapping reads (the analyzer's --json wrote over a glob's match)
+                found += [str(p) for p in (data_identity.files(*_read_from(source)) or {}).values()]
     return [f for f in found if f]
 
 
@@ -257,10 +270,13 @@ def share_rows(sources: list[Source], usable: list[int]) -> list[int | None]:
     which no source gives more rows than it has, the first round(share x total) rows of each."""
     if sources[0].share is None:
         return [None] * len(sources)
-    total_share = sum(s.share for s in sources)
+    shares = [s.share for s in sources]
+    if math.isinf(sum(shares)):  # finite shares near the float limit (1e308): their sum overflows, every weight 0
+        shares = [x / max(shares) for x in shares]
+    total_share = sum(shares)
     if total_share <= 0:
         raise ConfigError("every `fraction` of the mixture is 0: give at least one source a share above 0")
-    weights = [s.share / total_share for s in sources]
+    weights = [x / total_share for x in shares]
     total = min(n / w for n, w in zip(usable, weights, strict=True) if w > 0)
     return [round(w * total) for w in weights]
 
@@ -439,10 +455,12 @@ def describe(record: dict) -> str:
 
 
 def _read_from(source: Source) -> tuple | None:
-    """What `data_identity` reads a source's files from: its file or folder, or a builder's `data_files` (relative to
-    the working folder); None for a Hub data set (its `data_files` are the repo's)."""
+    """What `data_identity` reads a source's files from: its file or folder, or a builder's `data_dir` and its
+    `data_files` (relative to the data_dir, as datasets reads them, else to the working folder): not every file of the
+    working folder (a builder's data_dir alone, recorded as the working folder's files, missed an edited pair and
+    refused a resume for a file written beside it); None for a Hub data set (its `data_files` are the repo's)."""
     if source.path in BUILDERS and not source.file:
-        return ".", source.split, None, source.data_files
+        return source.data_dir or ".", source.split, None, source.data_files
     return (source.local, source.split, source.data_dir, source.data_files) if source.local else None
 
 
@@ -488,6 +506,18 @@ def dataset_id_of(values: dict, seed: int, hh_format: str, local_only: bool = Fa
     if sources is None:
         name, split = values["dataset_name"], values["dataset_train_split"]
         return identity(name, split, values.get("dataset_config"), values.get("dataset_revision"))
-    parts = [[identity(s.file or s.path, s.split, s.name), s.spec(), s.written(), s.columns] for s in sources]
+    parts = [[_content_id(s, identity, hh_format), s.spec(), s.written(), s.columns] for s in sources]
     digest = hashlib.sha256(json.dumps([parts, seed], default=str).encode()).hexdigest()[:16]
     return f"mixture:{digest}"
+
+
+def _content_id(source: Source, identity, hh_format: str) -> str:
+    """One source's part of the analyzer's cache key: `identity` (`lengths.dataset_identity`) of its file, folder or
+    Hub data set; a builder's (`path: json` with several data_files or a data_dir) the files it reads, by path, size
+    and time. `identity` took the builder's name for a Hub data set, so the lengths of pairs since edited were reused
+    (an IndexError at the token shares where rows were removed, else the old pairs' lengths for max_length auto)."""
+    if source.path not in BUILDERS or source.file:
+        return identity(source.file or source.path, source.split, source.name)
+    found = data_identity.files(*_read_from(source)) or {}
+    stamp = [[str(p.resolve()), p.stat().st_size, p.stat().st_mtime_ns] for _, p in sorted(found.items())]
+    return f"local:{hashlib.sha256(json.dumps(stamp).encode()).hexdigest()[:16]}:{hh_format}"

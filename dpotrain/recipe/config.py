@@ -9,6 +9,7 @@ argparse defaults, unchecked: docs/architecture.md). Unknown keys are errors tha
 import contextlib
 import difflib
 import functools
+import glob
 import json
 import math
 import os
@@ -447,8 +448,8 @@ def parse_args(argv: list[str] | None = None) -> Recipe:
     _home_expanded(parts)
     _project_files(parts, on_command_line)
     _submitted_files(parts, on_command_line)
-    if on_command_line & {"datasets", "dataset_mixer_list"} and "dataset_name" not in on_command_line:
-        script.dataset_name = None  # a mixture on the command line replaces the recipe file's one data set
+    _mixture_files(project, given - on_command_line, on_command_line)
+    _command_line_data_wins(script, project, on_command_line)
     if "run_name" in given and not (training.run_name or "").strip():
         # '' was taken for unset (the run named after the recipe), and blanks named the run and its folder `outputs/  `
         raise ConfigError(
@@ -466,6 +467,37 @@ def parse_args(argv: list[str] | None = None) -> Recipe:
         training.output_dir = os.path.abspath(there if "output_dir" in on_command_line else training.output_dir)
     list_single_target(model)
     return Recipe(script, training, model, project, config_path, max_length_auto, given, replaced, typed)
+
+
+# A mixture source read by datasets' builder of that name: TRL's `path: json` + `data_files: x.jsonl` (a local file,
+# read as one), or data_files and data_dir that datasets reads from the working folder
+MIXTURE_BUILDERS = frozenset({"json", "csv", "parquet"})
+# A mixture's two spellings, TRL's and open-instruct's (with its splits), for the training and the held-out pairs
+MIXTURE_SPELLINGS = (
+    ("datasets", "dataset_mixer_list", "dataset_mixer_list_splits"),
+    ("eval_datasets", "dataset_mixer_eval_list", "dataset_mixer_eval_list_splits"),
+)
+
+
+def _command_line_data_wins(script, project, on_command_line: set[str]) -> None:
+    """The data the command line names replaces the recipe file's, as the command line wins for every field: a mixture
+    there the recipe's dataset_name or its mixture in the other spelling, a --dataset_name the recipe's training
+    mixture. They were refused ('two mixtures: ... keep one', 'dataset_name ... and a mixture'), with no way to
+    remove the recipe's from the command line. Both named on the command line stay refused."""
+    for trl, mixer, splits in MIXTURE_SPELLINGS:
+        here = {trl, mixer} & on_command_line
+        if here == {trl}:
+            for name in {mixer, splits} - on_command_line:
+                setattr(project, name, None)
+        elif here == {mixer}:
+            setattr(project, trl, None)
+    mixed_here = {"datasets", "dataset_mixer_list"} & on_command_line
+    if mixed_here and "dataset_name" not in on_command_line:
+        script.dataset_name = None  # with the recipe file's configuration and commit of it (refused beside a mixture)
+        script.dataset_config = None if "dataset_config" not in on_command_line else script.dataset_config
+        project.dataset_revision = None if "dataset_revision" not in on_command_line else project.dataset_revision
+    elif "dataset_name" in on_command_line and not mixed_here:
+        project.datasets = project.dataset_mixer_list = project.dataset_mixer_list_splits = None
 
 
 def _project_defaults(training, model, given: set[str]) -> None:
@@ -509,9 +541,14 @@ def _submitted_files(parts: dict, on_command_line: set[str]) -> None:
     for part, name in PATH_FIELDS:
         if name == "accelerate_config" or name not in on_command_line:  # the launch's own: launch.sh reads it
             continue
-        there = in_submit_dir(getattr(parts[part], name))
-        if there is not None and there.exists():
-            setattr(parts[part], name, str(there))
+        if there := _submitted_file(getattr(parts[part], name)):
+            setattr(parts[part], name, there)
+
+
+def _submitted_file(value: str, pattern: bool = False) -> str | None:
+    """Where a Slurm job's command line's relative `value` is found in the folder the user submitted from, else None."""
+    there = in_submit_dir(value)
+    return str(there) if there is not None and _found(there, pattern) else None
 
 
 def _project_files(parts: dict, on_command_line: set[str]) -> None:
@@ -532,10 +569,70 @@ def project_path(name: str) -> str:
     """A relative path that the project's own files name (a recipe's data set, accelerate_config.yaml's
     ds_config.json): the one in the folder the command runs in where it is there, else the project's where that is
     there; else `name` as it is."""
-    path = Path(name).expanduser()
-    if not path.is_absolute() and not path.exists() and (venv.ROOT / path).exists():
+    return _project_file(name) or name
+
+
+def _project_file(value: str, pattern: bool = False) -> str | None:
+    """The project's file a recipe's relative `value` names where the folder the command runs in has none, else None.
+    `pattern`: `value` may be a glob (a mixture's `data_files`), found where it matches a file."""
+    path = Path(value).expanduser()
+    if not path.is_absolute() and not _found(path, pattern) and _found(venv.ROOT / path, pattern):
         return str(venv.ROOT / path)
-    return name
+    return None
+
+
+def _found(path: Path, pattern: bool) -> bool:
+    return path.exists() or (pattern and glob.has_magic(str(path)) and bool(glob.glob(str(path))))
+
+
+def _mixture_files(project, from_recipe: set[str], on_command_line: set[str]) -> None:
+    """A mixture source's relative paths by the same rules as the fields': a recipe's are the project's where the
+    folder the command runs in has none (a recipe's `datasets:` naming `data/my_pairs.jsonl`, as the shipped recipes
+    suggest, was refused from another folder while its dataset_name was read), a Slurm job's command line's are the
+    submit folder's where found there (`--dataset_mixer_list my.jsonl 1.0` was looked for in the project alone)."""
+    fields = [name for spellings in MIXTURE_SPELLINGS for name in spellings[:2]]  # the sources, not their splits
+    for name in [f for f in fields if getattr(project, f) and f in from_recipe | on_command_line]:
+        move = _project_file if name in from_recipe else _submitted_file
+        setattr(project, name, _moved_sources(getattr(project, name), name.startswith("dataset_mixer"), move))
+
+
+def _moved_sources(words: list[str], mixer: bool, move) -> list[str]:
+    """One mixture field's words with each relative path datasets reads from the working folder passed through `move`
+    (`_project_file` or `_submitted_file`: the new path, or None to keep it): a source's file or folder,
+    a builder's (`path: json`) data_dir, else its data_files. A folder's data_files and data_dir are its own, a Hub
+    source's the repo's, a builder's data_files its data_dir's. A word is left as written where nothing moves."""
+    if mixer:  # SOURCE AMOUNT pairs
+        return [(move(w) or w) if i % 2 == 0 else w for i, w in enumerate(words)]
+    out = []
+    for word in words:
+        try:
+            entry = json.loads(word)
+        except ValueError:
+            out.append(move(word) or word)  # `--datasets a.jsonl b.jsonl`: whole sources
+            continue
+        if not isinstance(entry, dict) or not isinstance(entry.get("path"), str):
+            out.append(word)
+            continue
+        new = dict(entry)
+        if entry["path"] not in MIXTURE_BUILDERS:
+            new["path"] = move(entry["path"]) or entry["path"]
+        elif isinstance(entry.get("data_dir"), str):  # its data_files are read from there
+            new["data_dir"] = move(entry["data_dir"]) or entry["data_dir"]
+        elif isinstance(files := entry.get("data_files"), dict):
+            new["data_files"] = {k: _moved_files(v, move) for k, v in files.items()}
+        elif files is not None:
+            new["data_files"] = _moved_files(files, move)
+        out.append(word if new == entry else json.dumps(new))
+    return out
+
+
+def _moved_files(files, move):
+    """A builder's `data_files` (a path or glob, or a list of them) through `move`."""
+    if isinstance(files, str):
+        return move(files, pattern=True) or files
+    if isinstance(files, list):
+        return [move(f, pattern=True) or f if isinstance(f, str) else f for f in files]
+    return files
 
 
 DS_FILE_FIX = "give its deepspeed_config_file's path from the folder the launch runs in, or an absolute one"
