@@ -445,11 +445,7 @@ def parse_args(argv: list[str] | None = None) -> Recipe:
     _project_defaults(training, model, given)
     replaced = _command_line_batch_wins(training, project, on_command_line)
     parts = {"script": script, "model": model, "project": project, "training": training}
-    _home_expanded(parts)
-    _project_files(parts, on_command_line)
-    _submitted_files(parts, on_command_line)
-    _mixture_files(project, given - on_command_line, on_command_line)
-    _command_line_data_wins(script, project, on_command_line)
+    _placed_paths(parts, given, on_command_line)
     if "run_name" in given and not (training.run_name or "").strip():
         # '' was taken for unset (the run named after the recipe), and blanks named the run and its folder `outputs/  `
         raise ConfigError(
@@ -531,6 +527,16 @@ def _home_expanded(parts: dict) -> None:
         value = getattr(parts[part], name)
         if isinstance(value, str) and value.startswith("~"):
             setattr(parts[part], name, os.path.expanduser(value))
+
+
+def _placed_paths(parts: dict, given: set[str], on_command_line: set[str]) -> None:
+    """Each relative path the run reads where it is found (`~` expanded; a recipe's in the project, a Slurm job's
+    command line's in the folder submitted from), and the command line's data in place of the recipe file's."""
+    _home_expanded(parts)
+    _project_files(parts, on_command_line)
+    _submitted_files(parts, on_command_line)
+    _mixture_files(parts["project"], given - on_command_line, on_command_line)
+    _command_line_data_wins(parts["script"], parts["project"], on_command_line)
 
 
 def _submitted_files(parts: dict, on_command_line: set[str]) -> None:
