@@ -182,6 +182,9 @@ def changed_settings(recipe: Recipe, out: Path, pairs_per_step: int | None) -> l
     for name in ("dataset_name", "model_name_or_path"):  # their content is compared below, whatever they are named
         if name in changed and _one_place(*changed[name]):
             del changed[name]
+    for name in ("datasets", "dataset_mixer_list"):  # a mixture's sources alike
+        if name in changed and config.same_sources(*changed[name], mixer=name == "dataset_mixer_list"):
+            del changed[name]
     mixed = {"dataset_name", "datasets", "dataset_mixer_list", "dataset_mixer_list_splits"}
     content = None if mixed & set(changed) else mixture.content_changed(recipe, old.derived)
     # The model's weights, tokenizer and template by their files (a Hub model by its commit): model_identity.py
@@ -203,10 +206,8 @@ def _one_place(old, new) -> bool:
     content is compared anyway (`changed_settings`)."""
     if not (isinstance(old, str) and isinstance(new, str)):
         return False
-    now = Path(new).expanduser()
-    places = (Path(old).expanduser(), config.in_submit_dir(old), Path(config.project_path(old)).expanduser())
-    was = next((place for place in places if place is not None and place.exists()), None)
-    return was is not None and now.exists() and was.resolve() == now.resolve()
+    was, now = config.recorded_place(old), Path(new).expanduser()
+    return was is not None and now.exists() and was == str(now.resolve())
 
 
 def trained_under(checkpoint: Path) -> Path:

@@ -876,3 +876,52 @@ def test_a_run_started_in_the_project_resumes_from_another_folder_on_the_same_fi
     job = parse_args([*argv, "--dataset_name", "mine.jsonl"])
     assert job.script.dataset_name == str(elsewhere / "mine.jsonl")
     assert resolve.changed_settings(job, out, None) == []
+
+
+def test_a_mixture_run_resumes_where_its_sources_are_named_by_their_full_path(tmp_path, monkeypatch):
+    """A mixture's sources are placed as dataset_name is (config._mixture_files): a Slurm job's command line's by
+    their full path in the folder submitted from, a recipe's from another folder in the project. A run started where
+    its data is records `--dataset_mixer_list data/pairs.jsonl 1.0` as written, so its requeue as a job submitted from
+    there (or a run recorded before these rules) was refused as a run with other settings
+    ("dataset_mixer_list: ['data/pairs.jsonl', '1.0'] -> ['/.../data/pairs.jsonl', '1.0']"), where the same for
+    dataset_name resumes (resolve._one_place). The sources' content is still compared (they are recorded by the names
+    the run started with), and another file is still another setting."""
+    import json
+    import shutil
+
+    from dpotrain import resolve
+    from dpotrain.data import mixture
+    from dpotrain.recipe.config import parse_args
+
+    (tmp_path / "data").mkdir()
+    pairs = tmp_path / "data" / "pairs.jsonl"
+    shutil.copy(ROOT / "data" / "smoke_prefs.jsonl", pairs)
+    monkeypatch.delenv("DPOTRAIN_SUBMIT_DIR", raising=False)
+    monkeypatch.chdir(tmp_path)
+    out = tmp_path / "run"
+    out.mkdir()
+    entry = json.dumps({"path": "json", "data_files": "data/pairs.jsonl"})
+    for given in (["--dataset_mixer_list", "data/pairs.jsonl", "1.0"], ["--datasets", entry]):
+        argv = ["--config", SMOKE, "--output_dir", str(out), *given]
+        started = parse_args(argv)
+        record = resolve.resolved_config(started, {})
+        sources = mixture.parse(mixture.fields_of(started))
+        record["derived"] = {
+            "data_sources": [{"source": s.spec(), "identity": mixture.identity_of(s)} for s in sources]
+        }
+        (out / "resolved_config.json").write_text(json.dumps(record))
+        monkeypatch.setenv("DPOTRAIN_SUBMIT_DIR", str(tmp_path))  # a job submitted from there, run in the project
+        monkeypatch.chdir(ROOT)
+        job = parse_args(argv)
+        assert str(pairs) in str(job.project.datasets or job.project.dataset_mixer_list)
+        assert resolve.changed_settings(job, out, None) == []
+        with open(pairs, "a") as f:
+            f.write(ROOT.joinpath("data", "smoke_prefs.jsonl").read_text().splitlines(keepends=True)[0])
+        changed = resolve.changed_settings(job, out, None)
+        assert len(changed) == 1 and changed[0].startswith("dataset content: ") and "pairs.jsonl" in changed[0]
+        shutil.copy(ROOT / "data" / "smoke_prefs.jsonl", pairs)
+        monkeypatch.delenv("DPOTRAIN_SUBMIT_DIR")
+        monkeypatch.chdir(tmp_path)
+    shutil.copy(pairs, tmp_path / "mine.jsonl")
+    other = parse_args(["--config", SMOKE, "--output_dir", str(out), "--datasets", "mine.jsonl"])
+    assert [c.split(":")[0] for c in resolve.changed_settings(other, out, None)] == ["datasets"]

@@ -481,9 +481,13 @@ def content_changed(recipe, derived: dict) -> str | None:
         if isinstance(old, dict) and hub_revision.KEY in old:  # a Hub data set, by its commit
             return hub_revision.changed(old[hub_revision.KEY], s.dataset_name, recipe.project.dataset_revision)
         return data_identity.changed(old, s.dataset_name, s.dataset_train_split)
-    recorded = {r["source"]: r.get("identity") or {} for r in derived.get("data_sources") or []}
-    for source in sources:
-        was, why = recorded.get(source.spec(), {}), None
+    records = derived.get("data_sources") or []
+    recorded = {r["source"]: r.get("identity") or {} for r in records}
+    for i, source in enumerate(sources):
+        # A source recorded by another name of its place (config.same_sources: a path as written once, by its full
+        # path once) is the record's at its place: the field's sources are the same, in the same order.
+        placed = (records[i].get("identity") or {}) if len(records) == len(sources) else {}
+        was, why = recorded.get(source.spec(), placed), None
         if was.get("files") and (read_from := _read_from(source)):
             why = data_identity.changed(was["files"], *read_from)
         elif not source.local and was.get("revision"):  # a Hub source is not pinned: its main must not have moved

@@ -591,6 +591,32 @@ def _found(path: Path, pattern: bool) -> bool:
     return path.exists() or (pattern and glob.has_magic(str(path)) and bool(glob.glob(str(path))))
 
 
+def recorded_place(name: str, pattern: bool = False) -> str | None:
+    """Where a recorded path (resolved_config.json's) is found, as a run places its own: here, in a job's folder
+    submitted from, in the project; resolved (links followed), else None. A resume compares names by it: a name
+    recorded as written and the same file by its full path are one setting."""
+    places = (Path(name).expanduser(), in_submit_dir(name), Path(_project_file(name, pattern) or name))
+    return next((str(p.resolve()) for p in places if p is not None and _found(p, pattern)), None)
+
+
+def same_sources(old, new, mixer: bool) -> bool:
+    """Two records of one mixture field (`mixer`: open-instruct's SOURCE AMOUNT pairs, else TRL's `datasets`) naming
+    the same sources, each path compared by `recorded_place`: a run started in the project records
+    `--dataset_mixer_list data/pairs.jsonl 1.0` as written, and its requeue as a job (the submit folder's file by its
+    full path) or from another folder (a recipe's, the project's) was refused as another mixture."""
+    if not (isinstance(old, list) and isinstance(new, list)):
+        return False
+
+    def key(words):
+        placed = _moved_sources([str(w) for w in words], mixer, recorded_place)
+        return [json.loads(w) if w.lstrip().startswith("{") else w for w in placed]
+
+    try:
+        return key(old) == key(new)
+    except ValueError:  # a word that is no JSON entry: compared as written
+        return False
+
+
 def _mixture_files(project, from_recipe: set[str], on_command_line: set[str]) -> None:
     """A mixture source's relative paths by the same rules as the fields': a recipe's are the project's where the
     folder the command runs in has none (a recipe's `datasets:` naming `data/my_pairs.jsonl`, as the shipped recipes
