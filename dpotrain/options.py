@@ -372,10 +372,7 @@ def check_logging(recipe: Recipe) -> None:
         )
     # transformers builds the loggers with the trainer, after the model has loaded: an unknown name was its ValueError
     # there, one whose package is not installed (tensorboard) its callback's RuntimeError
-    from transformers.integrations.integration_utils import (
-        INTEGRATION_TO_CALLBACK,
-        get_available_reporting_integrations,
-    )
+    from transformers.integrations.integration_utils import INTEGRATION_TO_CALLBACK
 
     for name in t.report_to or []:
         if name not in INTEGRATION_TO_CALLBACK:
@@ -383,11 +380,23 @@ def check_logging(recipe: Recipe) -> None:
                 f"unknown report_to {name!r}: choose from {', '.join(sorted(INTEGRATION_TO_CALLBACK))}, or none "
                 "(the recipes log to wandb)"
             )
-        if name not in get_available_reporting_integrations():
+        if not reporting_available(name):
             raise ConfigError(
                 f"report_to {name} needs its Python package, which is not installed here: install it, or remove {name} "
                 "from report_to"
             )
+
+
+def reporting_available(name: str) -> bool:
+    """Whether the logger `name` starts, as its callback checks when the trainer builds it. transformers' list of
+    available integrations (what `report_to: all` takes) never holds flyte, nor azure_ml where mlflow is installed,
+    though their callbacks start: read from that list alone, they were refused with flytekit or azureml installed."""
+    from transformers.integrations import integration_utils as loggers
+
+    checked_alone = {"azure_ml": loggers.is_azureml_available, "flyte": loggers.is_flytekit_available}
+    if name in checked_alone:
+        return checked_alone[name]()
+    return name in loggers.get_available_reporting_integrations()
 
 
 def check_optimizer(t) -> None:

@@ -466,6 +466,51 @@ def test_options_the_loss_reads_pass(args):
     losses.check_options(parse_args(["--config", SMOKE, *args]))
 
 
+@pytest.mark.parametrize(
+    "name",
+    [
+        "sdpa",
+        "eager",
+        "flex_attention",
+        "flash_attention_2",
+        "flash_attention_3",
+        "paged|eager",
+        "paged|sdpa",  # transformers 5 drops the prefix (a FutureWarning) and trains on sdpa: it was refused
+        "paged|flash_attention_2",
+        "kernels-community/flash-attn3",
+        "kernels-community/vllm-flash-attn3@v1",
+    ],
+)
+def test_attention_names_transformers_takes_pass(name):
+    """The other side of the unknown attn_implementation's refusal: every name transformers builds a model with."""
+    from dpotrain.forwards import choice
+
+    choice.check_attention_name(name)
+
+
+@pytest.mark.parametrize("name", ["azure_ml", "flyte"])
+def test_a_report_to_whose_callback_starts_passes(name, monkeypatch):
+    """transformers' list of available loggers never holds flyte, nor azure_ml beside mlflow, though their callbacks
+    start with flytekit (azureml) installed: both were refused as 'needs its Python package' with it installed."""
+    from types import SimpleNamespace
+
+    from transformers.integrations import integration_utils as loggers
+
+    from dpotrain import options
+
+    for installed in ("is_azureml_available", "is_mlflow_available", "is_flytekit_available"):
+        monkeypatch.setattr(loggers, installed, lambda: True)
+    training = SimpleNamespace(
+        logging_strategy="steps",
+        logging_steps=1,
+        eval_strategy="no",
+        eval_steps=None,
+        include_num_input_tokens_seen="no",
+        report_to=[name],
+    )
+    options.check_logging(SimpleNamespace(training=training, project=SimpleNamespace(health_checks=True)))
+
+
 # --- 3: rows the trainer would crash on or silently train on ---------------------------------------------------------
 
 
