@@ -123,7 +123,8 @@ def check_revisions(recipe: Recipe) -> None:
         # transformers reads a local folder (or the built-in model) as it is: the record named a revision not loaded
         raise ConfigError(
             f"model_revision {revision!r} names a commit of a Hub model, and {model!r} is "
-            f"{'built in' if builtin.is_builtin(model) else 'a local folder'}: remove model_revision"
+            f"{'built in' if builtin.is_builtin(model) else 'a local folder'}: remove model_revision (a recipe "
+            "file's, for a model given on the command line: --model_revision main)"
         )
     if recipe.project.dataset_revision is not None and not hub_revision.applies(s.dataset_name):
         reads = "this run reads a mixture" if s.dataset_name is None else f"{s.dataset_name!r} is local"

@@ -135,7 +135,7 @@ def many_rows(n=40):
         (
             ["--model_revision", "v1.0"],
             "model_revision 'v1.0' names a commit of a Hub model, and 'builtin:tiny-olmo3' is built in: remove "
-            "model_revision",
+            "model_revision (a recipe file's, for a model given on the command line: --model_revision main)",
         ),
         # passed every check: transformers' ValueError traceback as the model was built
         (
