@@ -426,12 +426,18 @@ def check_optimizer(t) -> None:
         return  # one transformers builds only with the model (GaLore's target modules): the trainer decides
     except Exception:  # noqa: BLE001
         return
-    if t.optim_args and _without_optim_args(t) == (optimizer_cls, kwargs):
+    ignored = _ignored_optim_args(t) if t.optim_args else []
+    if ignored:
         # transformers passes optim_args to some optimizers only (sgd, adagrad, rmsprop, anyprecision, ademamix, galore,
         # ...): `--optim_args momentum=0.9` with the default AdamW was recorded and trained without
         adam = (
             " (adam_beta1, adam_beta2, adam_epsilon and weight_decay set AdamW's)" if "adam" in _named(t.optim) else ""
         )
+        if len(ignored) < len(_optim_arg_keys(t.optim_args)):
+            raise ConfigError(
+                f"optim_args {t.optim_args!r}: optim {_named(t.optim)} does not read {', '.join(ignored)}, which "
+                f"would be ignored: remove {'it' if len(ignored) == 1 else 'them'} (a misspelt name?)"
+            )
         raise ConfigError(
             f"optim_args {t.optim_args!r} would be ignored: optim {_named(t.optim)} reads none of it: remove "
             f"optim_args{adam}, or choose an optim that reads it"
@@ -501,13 +507,33 @@ def check_ranges(recipe: Recipe) -> None:
         )
 
 
-def _without_optim_args(t) -> tuple:
-    """The optimizer and its arguments transformers would build without the recipe's optim_args."""
+def _ignored_optim_args(t) -> list[str]:
+    """The keys of the recipe's optim_args that the optimizer does not read: built with the key alone at other values,
+    transformers builds what it builds without it. Not the recipe's own values: a default given (ademamix's alpha=5.0,
+    the AdEMAMix paper's) builds the same optimizer, and the whole of a paper's optim_args was refused as ignored."""
+    without = _built_with(t, None)
+    probes = ("0.5", "True")  # a number, then a word: a key read by int(), float() or as a flag changes or fails
+    return [
+        key
+        for key in _optim_arg_keys(t.optim_args)
+        if all(_built_with(t, f"{key}={probe}") == without for probe in probes)
+    ]
+
+
+def _optim_arg_keys(optim_args: str) -> list[str]:
+    """The names of `key=value,key=value` (transformers' spelling of optim_args; a malformed one it refuses itself)."""
+    return [pair.split("=")[0] for pair in optim_args.replace(" ", "").split(",")]
+
+
+def _built_with(t, optim_args: str | None) -> tuple | None:
+    """The optimizer and its arguments transformers would build with these optim_args; None where it refuses them."""
     from transformers import Trainer
 
-    given, t.optim_args = t.optim_args, None
+    given, t.optim_args = t.optim_args, optim_args
     try:
         return Trainer.get_optimizer_cls_and_kwargs(t)
+    except Exception:  # noqa: BLE001 - a value it parses and refuses: the key is read
+        return None
     finally:
         t.optim_args = given
 

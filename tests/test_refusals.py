@@ -112,6 +112,11 @@ def many_rows(n=40):
             "(adam_beta1, adam_beta2, adam_epsilon and weight_decay set AdamW's), or choose an optim that reads it",
         ),
         (["--optim", "sgd", "--optim_args", "momentun=0.9"], "optim_args 'momentun=0.9' would be ignored: optim sgd"),
+        (
+            ["--optim", "sgd", "--optim_args", "momentum=0.9,nesterow=true"],
+            "optim_args 'momentum=0.9,nesterow=true': optim sgd does not read nesterow, which would be ignored: remove "
+            "it (a misspelt name?)",
+        ),
         pytest.param(
             ["--optim", "paged_adamw_8bit"],
             "optim paged_adamw_8bit needs a package that is not installed here (You need to install `bitsandbytes`",
@@ -486,6 +491,36 @@ def test_attention_names_transformers_takes_pass(name):
     from dpotrain.forwards import choice
 
     choice.check_attention_name(name)
+
+
+def test_optim_args_at_their_defaults_are_read(monkeypatch):
+    """AdEMAMix's optim_args as its paper gives them (beta3=0.9999, alpha=5.0: transformers' defaults) build the
+    optimizer the defaults build, and were refused as 'would be ignored: optim ademamix reads none of it'. Here on a
+    stand-in for bitsandbytes, which this machine lacks and a GPU cluster has."""
+    import sys
+    import types
+
+    import torch
+    from transformers import trainer_optimizer
+    from trl import DPOConfig
+
+    from dpotrain import options
+
+    class Stand(torch.optim.SGD):
+        def __init__(self, params, lr, **_):
+            super().__init__(params, lr=lr)
+
+    optim = types.ModuleType("bitsandbytes.optim")
+    optim.AdamW = optim.Lion = optim.RMSprop = optim.AdEMAMix = Stand
+    monkeypatch.setitem(sys.modules, "bitsandbytes", types.ModuleType("bitsandbytes"))
+    monkeypatch.setitem(sys.modules, "bitsandbytes.optim", optim)
+    monkeypatch.setattr(trainer_optimizer, "is_bitsandbytes_available", lambda: True)
+    given = "beta1=0.9,beta2=0.999,beta3=0.9999,alpha=5.0"
+    args = DPOConfig(output_dir="unused", optim="ademamix", optim_args=given, use_cpu=True, bf16=False, report_to=[])
+    options.check_optimizer(args)
+    args.optim_args = f"{given},t_alpha=1000,alpah=5"
+    with pytest.raises(ConfigError, match="optim ademamix does not read alpah, which would be ignored"):
+        options.check_optimizer(args)
 
 
 @pytest.mark.parametrize("name", ["azure_ml", "flyte"])
