@@ -390,11 +390,16 @@ def check_logging(recipe: Recipe) -> None:
 
 def reporting_available(name: str) -> bool:
     """Whether the logger `name` starts, as its callback checks when the trainer builds it. transformers' list of
-    available integrations (what `report_to: all` takes) never holds flyte, nor azure_ml where mlflow is installed,
-    though their callbacks start: read from that list alone, they were refused with flytekit or azureml installed."""
+    available integrations (what `report_to: all` takes) never holds flyte, nor azure_ml where mlflow is installed, nor
+    comet_ml without an API key (COMET_MODE=offline needs none), though their callbacks start: read from that list
+    alone, they were refused with flytekit, azureml or comet_ml installed."""
     from transformers.integrations import integration_utils as loggers
 
-    checked_alone = {"azure_ml": loggers.is_azureml_available, "flyte": loggers.is_flytekit_available}
+    checked_alone = {
+        "azure_ml": loggers.is_azureml_available,
+        "flyte": loggers.is_flytekit_available,
+        "comet_ml": lambda: importlib.util.find_spec("comet_ml") is not None,
+    }
     if name in checked_alone:
         return checked_alone[name]()
     return name in loggers.get_available_reporting_integrations()

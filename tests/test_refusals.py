@@ -523,10 +523,12 @@ def test_optim_args_at_their_defaults_are_read(monkeypatch):
         options.check_optimizer(args)
 
 
-@pytest.mark.parametrize("name", ["azure_ml", "flyte"])
+@pytest.mark.parametrize("name", ["azure_ml", "flyte", "comet_ml"])
 def test_a_report_to_whose_callback_starts_passes(name, monkeypatch):
-    """transformers' list of available loggers never holds flyte, nor azure_ml beside mlflow, though their callbacks
-    start with flytekit (azureml) installed: both were refused as 'needs its Python package' with it installed."""
+    """transformers' list of available loggers never holds flyte, nor azure_ml beside mlflow, nor comet_ml without an
+    API key, though their callbacks start with flytekit (azureml, comet_ml) installed: each was refused as 'needs its
+    Python package' with it installed."""
+    import importlib.util
     from types import SimpleNamespace
 
     from transformers.integrations import integration_utils as loggers
@@ -535,6 +537,9 @@ def test_a_report_to_whose_callback_starts_passes(name, monkeypatch):
 
     for installed in ("is_azureml_available", "is_mlflow_available", "is_flytekit_available"):
         monkeypatch.setattr(loggers, installed, lambda: True)
+    monkeypatch.setattr(loggers, "is_comet_available", lambda: False)  # installed, with no API key
+    found = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda m, *a: object() if m == "comet_ml" else found(m, *a))
     training = SimpleNamespace(
         logging_strategy="steps",
         logging_steps=1,
