@@ -517,6 +517,8 @@ def _ignored_optim_args(t) -> list[str]:
     transformers builds what it builds without it. Not the recipe's own values: a default given (ademamix's alpha=5.0,
     the AdEMAMix paper's) builds the same optimizer, and the whole of a paper's optim_args was refused as ignored."""
     without = _built_with(t, None)
+    if without is None:  # built only with them: every key may be read
+        return []
     probes = ("0.5", "True")  # a number, then a word: a key read by int(), float() or as a flag changes or fails
     return [
         key
