@@ -123,7 +123,8 @@ def check_revisions(recipe: Recipe) -> None:
         # transformers reads a local folder (or the built-in model) as it is: the record named a revision not loaded
         raise ConfigError(
             f"model_revision {revision!r} names a commit of a Hub model, and {model!r} is "
-            f"{'built in' if builtin.is_builtin(model) else 'a local folder'}: remove model_revision"
+            f"{'built in' if builtin.is_builtin(model) else 'a local folder'}: remove model_revision (a recipe "
+            "file's, for a model given on the command line: --model_revision main)"
         )
     if recipe.project.dataset_revision is not None and not hub_revision.applies(s.dataset_name):
         reads = "this run reads a mixture" if s.dataset_name is None else f"{s.dataset_name!r} is local"
@@ -372,10 +373,7 @@ def check_logging(recipe: Recipe) -> None:
         )
     # transformers builds the loggers with the trainer, after the model has loaded: an unknown name was its ValueError
     # there, one whose package is not installed (tensorboard) its callback's RuntimeError
-    from transformers.integrations.integration_utils import (
-        INTEGRATION_TO_CALLBACK,
-        get_available_reporting_integrations,
-    )
+    from transformers.integrations.integration_utils import INTEGRATION_TO_CALLBACK
 
     for name in t.report_to or []:
         if name not in INTEGRATION_TO_CALLBACK:
@@ -383,11 +381,28 @@ def check_logging(recipe: Recipe) -> None:
                 f"unknown report_to {name!r}: choose from {', '.join(sorted(INTEGRATION_TO_CALLBACK))}, or none "
                 "(the recipes log to wandb)"
             )
-        if name not in get_available_reporting_integrations():
+        if not reporting_available(name):
             raise ConfigError(
                 f"report_to {name} needs its Python package, which is not installed here: install it, or remove {name} "
                 "from report_to"
             )
+
+
+def reporting_available(name: str) -> bool:
+    """Whether the logger `name` starts, as its callback checks when the trainer builds it. transformers' list of
+    available integrations (what `report_to: all` takes) never holds flyte, nor azure_ml where mlflow is installed, nor
+    comet_ml without an API key (COMET_MODE=offline needs none), though their callbacks start: read from that list
+    alone, they were refused with flytekit, azureml or comet_ml installed."""
+    from transformers.integrations import integration_utils as loggers
+
+    checked_alone = {
+        "azure_ml": loggers.is_azureml_available,
+        "flyte": loggers.is_flytekit_available,
+        "comet_ml": lambda: importlib.util.find_spec("comet_ml") is not None,
+    }
+    if name in checked_alone:
+        return checked_alone[name]()
+    return name in loggers.get_available_reporting_integrations()
 
 
 def check_optimizer(t) -> None:
@@ -416,12 +431,18 @@ def check_optimizer(t) -> None:
         return  # one transformers builds only with the model (GaLore's target modules): the trainer decides
     except Exception:  # noqa: BLE001
         return
-    if t.optim_args and _without_optim_args(t) == (optimizer_cls, kwargs):
+    ignored = _ignored_optim_args(t) if t.optim_args else []
+    if ignored:
         # transformers passes optim_args to some optimizers only (sgd, adagrad, rmsprop, anyprecision, ademamix, galore,
         # ...): `--optim_args momentum=0.9` with the default AdamW was recorded and trained without
         adam = (
             " (adam_beta1, adam_beta2, adam_epsilon and weight_decay set AdamW's)" if "adam" in _named(t.optim) else ""
         )
+        if len(ignored) < len(_optim_arg_keys(t.optim_args)):
+            raise ConfigError(
+                f"optim_args {t.optim_args!r}: optim {_named(t.optim)} does not read {', '.join(ignored)}, which "
+                f"would be ignored: remove {'it' if len(ignored) == 1 else 'them'} (a misspelt name?)"
+            )
         raise ConfigError(
             f"optim_args {t.optim_args!r} would be ignored: optim {_named(t.optim)} reads none of it: remove "
             f"optim_args{adam}, or choose an optim that reads it"
@@ -491,13 +512,35 @@ def check_ranges(recipe: Recipe) -> None:
         )
 
 
-def _without_optim_args(t) -> tuple:
-    """The optimizer and its arguments transformers would build without the recipe's optim_args."""
+def _ignored_optim_args(t) -> list[str]:
+    """The keys of the recipe's optim_args that the optimizer does not read: built with the key alone at other values,
+    transformers builds what it builds without it. Not the recipe's own values: a default given (ademamix's alpha=5.0,
+    the AdEMAMix paper's) builds the same optimizer, and the whole of a paper's optim_args was refused as ignored."""
+    without = _built_with(t, None)
+    if without is None:  # built only with them: every key may be read
+        return []
+    probes = ("0.5", "True")  # a number, then a word: a key read by int(), float() or as a flag changes or fails
+    return [
+        key
+        for key in _optim_arg_keys(t.optim_args)
+        if all(_built_with(t, f"{key}={probe}") == without for probe in probes)
+    ]
+
+
+def _optim_arg_keys(optim_args: str) -> list[str]:
+    """The names of `key=value,key=value` (transformers' spelling of optim_args; a malformed one it refuses itself)."""
+    return [pair.split("=")[0] for pair in optim_args.replace(" ", "").split(",")]
+
+
+def _built_with(t, optim_args: str | None) -> tuple | None:
+    """The optimizer and its arguments transformers would build with these optim_args; None where it refuses them."""
     from transformers import Trainer
 
-    given, t.optim_args = t.optim_args, None
+    given, t.optim_args = t.optim_args, optim_args
     try:
         return Trainer.get_optimizer_cls_and_kwargs(t)
+    except Exception:  # noqa: BLE001 - a value it parses and refuses: the key is read
+        return None
     finally:
         t.optim_args = given
 

@@ -25,6 +25,9 @@ from dpotrain.train.run_files import MANIFEST, OLD_CHECKPOINTS, claim
 # The final model is written here, then its names are recorded and it is moved into the folder: what `save_model`
 # writes depends on the model, the engine and LoRA, and a person's file written in the folder meanwhile is no run's.
 FINAL_STAGING = ".final_model"
+# What a file browser or an editor leaves in any folder it shows (macOS Finder, Jupyter, Windows Explorer): a run never
+# writes these names, and a folder holding only them is empty to the person who made it.
+BROWSER_FILES = (".DS_Store", ".ipynb_checkpoints", "Thumbs.db", "desktop.ini")
 
 
 def run_names(recipe, pushes: bool) -> list[str]:
@@ -118,7 +121,7 @@ def check(output_dir: str, lock: bool = True) -> None:
     # would find the lock its main process just took.
     if lock and collectives.launched_main():
         run_lock.check_free(out)
-    found = [e.name for e in out.iterdir() if not run_lock.is_lock_file(e.name)]
+    found = [e.name for e in out.iterdir() if not (run_lock.is_lock_file(e.name) or e.name in BROWSER_FILES)]
     marks = checkpoint_marks(out) if read_manifest(out) is None else []
     if marks:  # it holds a copy of its run's resolved_config.json, which read it as a run written before records
         from dpotrain.train.resume import new_run_from

@@ -18,6 +18,7 @@ import pytest
 from conftest import PYTHON, ROOT, python, run_train, sealed_checkpoint
 from dpotrain import output_folder
 from dpotrain.cluster import run_lock
+from dpotrain.recipe.errors import ConfigError
 from dpotrain.train import run_files
 from dpotrain.train.metrics import read_metrics
 from dpotrain.train.resume import HEALTH_STOP
@@ -175,6 +176,18 @@ def test_a_users_file_written_while_the_final_model_is_saved_stays_the_users(tmp
     )
     assert again.returncode == 0, again.stdout[-3000:]
     assert {k: snapshot(out).get(k) for k in users} == users and len(users) == 2
+
+
+def test_a_folder_a_file_browser_has_shown_is_an_empty_one(tmp_path):
+    # Finder's .DS_Store, Jupyter's .ipynb_checkpoints: `mkdir outputs/x`, opened once, was refused as a folder that
+    # holds files that are not a run's, which a run would write over (it never writes those names)
+    out = tmp_path / "outputs" / "mine"
+    (out / ".ipynb_checkpoints").mkdir(parents=True)
+    (out / ".DS_Store").write_bytes(b"\0\0\0\1Bud1")
+    output_folder.check(str(out), lock=False)
+    (out / "notes.txt").write_text("mine\n")  # a file of the person's own is still refused
+    with pytest.raises(ConfigError, match=r"holds files that are not a run's \(1: notes.txt\)"):
+        output_folder.check(str(out), lock=False)
 
 
 @pytest.mark.slow

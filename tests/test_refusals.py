@@ -112,6 +112,11 @@ def many_rows(n=40):
             "(adam_beta1, adam_beta2, adam_epsilon and weight_decay set AdamW's), or choose an optim that reads it",
         ),
         (["--optim", "sgd", "--optim_args", "momentun=0.9"], "optim_args 'momentun=0.9' would be ignored: optim sgd"),
+        (
+            ["--optim", "sgd", "--optim_args", "momentum=0.9,nesterow=true"],
+            "optim_args 'momentum=0.9,nesterow=true': optim sgd does not read nesterow, which would be ignored: remove "
+            "it (a misspelt name?)",
+        ),
         pytest.param(
             ["--optim", "paged_adamw_8bit"],
             "optim paged_adamw_8bit needs a package that is not installed here (You need to install `bitsandbytes`",
@@ -135,7 +140,7 @@ def many_rows(n=40):
         (
             ["--model_revision", "v1.0"],
             "model_revision 'v1.0' names a commit of a Hub model, and 'builtin:tiny-olmo3' is built in: remove "
-            "model_revision",
+            "model_revision (a recipe file's, for a model given on the command line: --model_revision main)",
         ),
         # passed every check: transformers' ValueError traceback as the model was built
         (
@@ -464,6 +469,86 @@ def test_options_the_loss_reads_pass(args):
     from dpotrain.train import losses
 
     losses.check_options(parse_args(["--config", SMOKE, *args]))
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "sdpa",
+        "eager",
+        "flex_attention",
+        "flash_attention_2",
+        "flash_attention_3",
+        "paged|eager",
+        "paged|sdpa",  # transformers 5 drops the prefix (a FutureWarning) and trains on sdpa: it was refused
+        "paged|flash_attention_2",
+        "kernels-community/flash-attn3",
+        "kernels-community/vllm-flash-attn3@v1",
+    ],
+)
+def test_attention_names_transformers_takes_pass(name):
+    """The other side of the unknown attn_implementation's refusal: every name transformers builds a model with."""
+    from dpotrain.forwards import choice
+
+    choice.check_attention_name(name)
+
+
+def test_optim_args_at_their_defaults_are_read(monkeypatch):
+    """AdEMAMix's optim_args as its paper gives them (beta3=0.9999, alpha=5.0: transformers' defaults) build the
+    optimizer the defaults build, and were refused as 'would be ignored: optim ademamix reads none of it'. Here on a
+    stand-in for bitsandbytes, which this machine lacks and a GPU cluster has."""
+    import sys
+    import types
+
+    import torch
+    from transformers import trainer_optimizer
+    from trl import DPOConfig
+
+    from dpotrain import options
+
+    class Stand(torch.optim.SGD):
+        def __init__(self, params, lr, **_):
+            super().__init__(params, lr=lr)
+
+    optim = types.ModuleType("bitsandbytes.optim")
+    optim.AdamW = optim.Lion = optim.RMSprop = optim.AdEMAMix = Stand
+    monkeypatch.setitem(sys.modules, "bitsandbytes", types.ModuleType("bitsandbytes"))
+    monkeypatch.setitem(sys.modules, "bitsandbytes.optim", optim)
+    monkeypatch.setattr(trainer_optimizer, "is_bitsandbytes_available", lambda: True)
+    given = "beta1=0.9,beta2=0.999,beta3=0.9999,alpha=5.0"
+    args = DPOConfig(output_dir="unused", optim="ademamix", optim_args=given, use_cpu=True, bf16=False, report_to=[])
+    options.check_optimizer(args)
+    args.optim_args = f"{given},t_alpha=1000,alpah=5"
+    with pytest.raises(ConfigError, match="optim ademamix does not read alpah, which would be ignored"):
+        options.check_optimizer(args)
+
+
+@pytest.mark.parametrize("name", ["azure_ml", "flyte", "comet_ml"])
+def test_a_report_to_whose_callback_starts_passes(name, monkeypatch):
+    """transformers' list of available loggers never holds flyte, nor azure_ml beside mlflow, nor comet_ml without an
+    API key, though their callbacks start with flytekit (azureml, comet_ml) installed: each was refused as 'needs its
+    Python package' with it installed."""
+    import importlib.util
+    from types import SimpleNamespace
+
+    from transformers.integrations import integration_utils as loggers
+
+    from dpotrain import options
+
+    for installed in ("is_azureml_available", "is_mlflow_available", "is_flytekit_available"):
+        monkeypatch.setattr(loggers, installed, lambda: True)
+    monkeypatch.setattr(loggers, "is_comet_available", lambda: False)  # installed, with no API key
+    found = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda m, *a: object() if m == "comet_ml" else found(m, *a))
+    training = SimpleNamespace(
+        logging_strategy="steps",
+        logging_steps=1,
+        eval_strategy="no",
+        eval_steps=None,
+        include_num_input_tokens_seen="no",
+        report_to=[name],
+    )
+    options.check_logging(SimpleNamespace(training=training, project=SimpleNamespace(health_checks=True)))
 
 
 # --- 3: rows the trainer would crash on or silently train on ---------------------------------------------------------

@@ -89,7 +89,8 @@ def check_attention_name(attn: str) -> None:
     Another name passed every check, and was transformers' ValueError traceback as the model was built."""
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-    name = packing.attention_name(attn)
+    # transformers 5 still takes a `paged|` prefix before any name (`paged|sdpa`), dropped with a FutureWarning
+    name = packing.attention_name(attn).removeprefix("paged|")
     if name == "eager" or name in ALL_ATTENTION_FUNCTIONS or "/" in name:
         return
     known = ", ".join(["eager", *(n for n in ALL_ATTENTION_FUNCTIONS if "|" not in n)])
