@@ -19,8 +19,8 @@ from dpotrain.hub.hub import RUN_COMPLETE
 from dpotrain.recipe.errors import ConfigError
 from dpotrain.recipe.writes import unwritable
 from dpotrain.train import run_files
-from dpotrain.train.checkpoints import checkpoints, step_of
-from dpotrain.train.run_files import MANIFEST, OLD_CHECKPOINTS, claim
+from dpotrain.train.checkpoints import checkpoints, recorded_names, step_of
+from dpotrain.train.run_files import MANIFEST, claim
 
 # The final model is written here, then its names are recorded and it is moved into the folder: what `save_model`
 # writes depends on the model, the engine and LoRA, and a person's file written in the folder meanwhile is no run's.
@@ -52,11 +52,8 @@ def run_names(recipe, pushes: bool) -> list[str]:
 
 
 def read_manifest(out: Path) -> list[str] | None:
-    """The names the run in `out` recorded as its own; None when there is no record."""
-    names = run_files.read(out)
-    if names is not None and OLD_CHECKPOINTS in names:  # the best an older record knows: the checkpoint folders
-        names = [n for n in names if n != OLD_CHECKPOINTS] + [p.name for p in checkpoints(out)]
-    return names
+    """The names the run in `out` recorded as its own; None when there is no record (`checkpoints.recorded_names`)."""
+    return recorded_names(out)
 
 
 def owned(out: Path, names: list[str]) -> list[Path]:
@@ -122,7 +119,8 @@ def check(output_dir: str, lock: bool = True) -> None:
     if lock and collectives.launched_main():
         run_lock.check_free(out)
     found = [e.name for e in out.iterdir() if not (run_lock.is_lock_file(e.name) or e.name in BROWSER_FILES)]
-    marks = checkpoint_marks(out) if read_manifest(out) is None else []
+    recorded = read_manifest(out)
+    marks = checkpoint_marks(out) if recorded is None else []
     if marks:  # it holds a copy of its run's resolved_config.json, which read it as a run written before records
         from dpotrain.train.resume import new_run_from
 
@@ -131,7 +129,7 @@ def check(output_dir: str, lock: bool = True) -> None:
             f"over its files; pass --output_dir a new folder: to go on from it, with --resume_from_checkpoint "
             f"{output_dir}; or {new_run_from(out)}"
         )
-    if found and read_manifest(out) is None and not is_legacy_run(out):
+    if found and recorded is None and not is_legacy_run(out):
         shown = ", ".join(sorted(found)[:3]) + (", ..." if len(found) > 3 else "")
         raise ConfigError(
             f"output_dir {output_dir!r} holds files that are not a run's ({len(found)}: {shown}): a run "

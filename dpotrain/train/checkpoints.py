@@ -33,12 +33,21 @@ def checkpoints(output_dir: str | Path) -> list[Path]:
     return sorted((p for p in root.iterdir() if p.is_dir() and _CHECKPOINT.match(p.name)), key=step_of)
 
 
+def recorded_names(output_dir: str | Path) -> list[str] | None:
+    """The names the run in `output_dir` recorded as its own (run_files.json); None when there is no record. An older
+    record's checkpoint pattern reads as the folder's checkpoint folders: the best it knows."""
+    names = run_files.read(Path(output_dir))
+    if names is not None and run_files.OLD_CHECKPOINTS in names:
+        names = [n for n in names if n != run_files.OLD_CHECKPOINTS] + [p.name for p in checkpoints(output_dir)]
+    return names
+
+
 def own_checkpoints(output_dir: str | Path) -> list[Path]:
-    """The `checkpoint-N` folders of `output_dir` that the run's record (run_files.json) names, oldest step first:
-    never one a person put there. A run written before runs recorded their checkpoints: all of them."""
-    own = run_files.read(Path(output_dir))
+    """The `checkpoint-N` folders of `output_dir` that the run's record names, oldest step first: never one a person
+    put there. A run without a record (written before runs recorded their files): all of them."""
+    own = recorded_names(output_dir)
     found = checkpoints(output_dir)
-    return found if own is None or run_files.OLD_CHECKPOINTS in own else [p for p in found if p.name in own]
+    return found if own is None else [p for p in found if p.name in own]
 
 
 def step_of(folder: Path) -> int:
