@@ -13,18 +13,19 @@ recipe's settings (the search stops at the first count the plan refuses); `--wri
 `--model DIR` uses it (a GPU lease writes one and shares it: benchmarks/gpu_lease.sh).
 
 Equal settings: the project's path runs the run's own stages (dpotrain/stages.py: the forward decided from the pairs,
-then the memory plan for that forward, which chooses the checkpointed layers; build_run, with its plan; the
-reference stage). Plain TRL then runs at the settings that run took, printed for both sides: the weights' dtype as
-loaded (float32 on one process, bfloat16 under DeepSpeed: engine.load_dtype), bf16 autocast, the same every k-th decoder
-layer checkpointed, the same pairs per step and token budget (`--trl-batch` pairs per padded micro-batch, by default the
+then the memory plan for that forward, which chooses the checkpointed layers; build_run, with its plan; the reference
+stage). Plain TRL then runs at the settings that run took, printed for both sides: the weights' dtype as loaded (float32
+on one process, bfloat16 under DeepSpeed: engine.load_dtype), bf16 autocast, the same every k-th decoder layer
+checkpointed, the same pairs per step and token budget (`--trl-batch` pairs per padded micro-batch, by default the
 budget over 2 x max_length: 2 on think-like pairs, 4 on multi-turn; its live reference, on the best attention it can
 use: a varlen FlashAttention when installed, else sdpa, named in every row). TRL gets one fix: it re-enables
 checkpointing around its live reference with `every_n_layers` handed to torch's checkpoint(), which raises, so its model
-is held to the plan's layers as the project's is (dpotrain/plan/layers.py). The data are generated words (the built-in
-tokenizer, ~1 token a word): think-like pairs with Dolci-Think-DPO's length mix (benchmarks/lengths_like.py) at
-max_length 16,384 and a token budget of 65,536 (configs/think.yaml), and multi-turn pairs (the shared history ~85% of a
-pair) at 4,096 and 32,768. `--tiny` (CPU): a 2-layer hidden-64 model in bf16 autocast, layer 0 of 2 checkpointed (what
-the plan picks at 7B width, forced), and the layer search at 7B width for an 80 GiB GPU, to its refusal.
+is held to the plan's layers as the project's is (dpotrain/plan/layers.py). The data are generated words, as many as the
+mix's tokens over the built-in tokenizer's measured tokens per word (~1.57): think-like pairs with Dolci-Think-DPO's
+length mix (benchmarks/lengths_like.py) at max_length 16,384 and a token budget of 65,536 (configs/think.yaml), and
+multi-turn pairs (the shared history ~85% of a pair) at 4,096 and 32,768. `--tiny` (CPU): a 2-layer hidden-64 model in
+bf16 autocast, layer 0 of 2 checkpointed (what the plan picks at 7B width, forced), and the layer search at 7B width for
+an 80 GiB GPU, to its refusal.
 
 Reported per path and data set, in `<out>/results.json` and `<out>/results.md`, rewritten as each path finishes:
 - end to end: the reference stage + training (TRL: training, its reference inside), and the speed-up over TRL, with
@@ -82,9 +83,9 @@ TINY = dict(
 )
 TINY_EVERY = 2  # --tiny checkpoints 1 layer in 2 (of its 2: layer 0), on both sides
 TINY_LENGTHS = (512, 2048)  # --tiny: max_length, token budget per micro-batch
-# --tiny's pairs: the mix's shapes scaled to this many words at most, so that the tiny tokenizer's tokens (more than
-# words, with the chat template's) fit max_length: a mix scaled to 480 words dropped 6 of 8 multi-turn pairs
-TINY_WORDS = 240
+# --tiny's pairs: the mix's shapes scaled to this many tokens at most, so that they fit max_length with the chat
+# template's tokens
+TINY_TOKENS = 240
 DATA = {  # max_length, token budget per micro-batch, pairs per step
     "think": (16384, 65536, 32),
     "multiturn": (4096, 32768, 32),
@@ -140,6 +141,19 @@ def write_model(folder: Path, layers: int, tiny: bool) -> Path:
     return folder
 
 
+WORDS = "the a of to and in is it that for on with as was at by this from be are or have an not one all".split()
+
+
+def tokens_per_word() -> float:
+    """The built-in tokenizer's tokens per word of the pairs' text (~1.57: a word and its space are often two), measured
+    on 4,000 words drawn apart from the pairs' own."""
+    from dpotrain.data import builtin
+
+    rng = random.Random(1)
+    sample = " ".join(rng.choice(WORDS) for _ in range(4000))
+    return len(builtin.build_tokenizer()(sample)["input_ids"]) / 4000
+
+
 def write_pairs(path: Path, data: str, n: int, scale: float = 1.0, seed: int = 0, think_tag: bool = False) -> None:
     """Generated words with the lengths of the mix: think-like (Dolci-Think-DPO's components) or multi-turn, each
     length x `scale` (--tiny: the same shapes at a CPU's size). `think_tag`: every answer opens with `<think>`, as the
@@ -147,12 +161,14 @@ def write_pairs(path: Path, data: str, n: int, scale: float = 1.0, seed: int = 0
     from attention import lengths_of
 
     prompt, chosen, rejected = lengths_of(data, n, DATA[data][0] - 64, seed)  # room for the chat template's tokens
-    prompt, chosen, rejected = ((x * scale).astype(int) for x in (prompt, chosen, rejected))
+    # The mix's lengths are tokens; the text is words, each more than one token: written as many words as tokens, the
+    # pairs came out ~1.6x the mix (lease 1b: 57 of 96 multi-turn prompts alone filled max_length, and the run refused)
+    per_word = tokens_per_word()
+    prompt, chosen, rejected = ((x * scale / per_word).astype(int) for x in (prompt, chosen, rejected))
     rng = random.Random(seed)
-    words = "the a of to and in is it that for on with as was at by this from be are or have an not one all".split()
 
     def text(count: int) -> str:
-        return " ".join(rng.choice(words) for _ in range(max(1, int(count))))
+        return " ".join(rng.choice(WORDS) for _ in range(max(1, int(count))))
 
     opening = "<think>" if think_tag else ""
     with path.open("w") as f:
@@ -873,7 +889,7 @@ def run_all(args, paths: list[str], folder: Path, saved: dict, header: str) -> l
     results = saved["results"]
     for data in args.data:
         per_step = args.pairs_per_step or (4 if args.tiny else DATA[data][2])
-        scale = TINY_WORDS / DATA[data][0] if args.tiny else 1
+        scale = TINY_TOKENS / DATA[data][0] if args.tiny else 1
         write_pairs(folder / f"{data}.jsonl", data, args.steps * per_step, scale)
         trl_settings = None
         for path in sorted(set(paths) | ({"project"} if "trl" in paths else set()), key=lambda p: p != "project"):

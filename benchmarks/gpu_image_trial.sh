@@ -13,7 +13,8 @@ PIECES=${2:-tests,think-recipe,e2e-think,e2e-multiturn}
 VENV=${GPU_IMAGE_VENV:-/tmp/dpotrain-image-venv}
 SITE=$VENV-carried
 PY312=${PYTHON312:-$(command -v python3.12 || true)}
-[[ -x $PY312 ]] || PY312=$(pyenv root 2>/dev/null)/versions/$(pyenv versions --bare 2>/dev/null | grep -m1 '^3\.12')/bin/python3.12
+# A pyenv shim is on PATH even where its global version is another: it is taken only if it runs.
+[[ -x $PY312 ]] && "$PY312" -c '' 2>/dev/null || PY312=$(pyenv root 2>/dev/null)/versions/$(pyenv versions --bare 2>/dev/null | grep -m1 '^3\.12')/bin/python3.12
 [[ -x $PY312 ]] || { echo "error: no python3.12 (the GPU machine's Python): install one, or set PYTHON312" >&2; exit 2; }
 
 if [[ ! -x $VENV/bin/python ]]; then

@@ -218,7 +218,8 @@ def test_plan_holds_its_largest_micro_batch():
     ).stdout
     import json
 
-    for line in out.splitlines():
-        if line.startswith("{"):
-            result = json.loads(line)
-            assert "skipped" in result or result["peak_gib"] <= result["plan_gib"], result
+    rows = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+    paths = [row for row in rows if "path" in row]  # the first line is the run's settings (layers, checkpointing)
+    assert [row["path"] for row in paths] == ["shared_flex", "shared_sdpa"], rows
+    for result in paths:
+        assert "skipped" in result or result["peak_gib"] <= result["plan_gib"], result

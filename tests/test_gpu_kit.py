@@ -505,3 +505,27 @@ def test_a_profiled_steps_kernels_are_sorted_by_kind_from_their_gpu_names():
         "cudaLaunchKernel": "other",
     }
     assert {name: end_to_end.kind_of(name) for name in kinds} == kinds
+
+
+@pytest.mark.parametrize("data", ["think", "multiturn"])
+def test_the_generated_pairs_fit_their_max_length_as_tokens(tmp_path, data):
+    """The mix's lengths are tokens, written as words: at full size (a GPU lease's), every prompt leaves room under
+    max_length and the pairs cut are few (the run refuses data of which most is dropped or cut). Written a word per
+    token, 57 of 96 multi-turn prompts alone filled 4,096 tokens on the lease, and the run refused its data."""
+    import end_to_end
+
+    from dpotrain.data import builtin
+
+    n, max_length = 96, end_to_end.DATA[data][0]
+    end_to_end.write_pairs(tmp_path / "pairs.jsonl", data, n)
+    tokenizer = builtin.build_tokenizer()
+    prompts, whole = [], []
+    for line in (tmp_path / "pairs.jsonl").read_text().splitlines():
+        row = json.loads(line)
+        prompt = tokenizer.apply_chat_template(row["chosen"][:1], add_generation_prompt=True, tokenize=False)
+        prompts.append(len(tokenizer(prompt)["input_ids"]))
+        sides = (tokenizer.apply_chat_template(row[side], tokenize=False) for side in ("chosen", "rejected"))
+        whole.append(max(len(tokenizer(text)["input_ids"]) for text in sides))
+    assert max(prompts) < max_length, (max(prompts), max_length)  # a prompt that fills it is dropped
+    cut = sum(length > max_length for length in whole)
+    assert cut <= 0.15 * n, f"{cut} of {n} pairs past max_length {max_length}"
