@@ -529,3 +529,38 @@ def test_the_generated_pairs_fit_their_max_length_as_tokens(tmp_path, data):
     assert max(prompts) < max_length, (max(prompts), max_length)  # a prompt that fills it is dropped
     cut = sum(length > max_length for length in whole)
     assert cut <= 0.15 * n, f"{cut} of {n} pairs past max_length {max_length}"
+
+
+def test_the_plan_at_the_widest_micro_batch_run_is_the_plan_made_for_that_budget(tmp_path):
+    """The memory goal compares like with like: generated pairs need not fill the token budget the plan is made for
+    (lease 1b: the widest think micro-batch held 56,832 of 65,536 positions, and the plan's tensors read 12% above the
+    peak). At 7B width on 141 GB, with no layer checkpointed (what the H200 chose), the plan at the widest micro-batch
+    has the same model states and activations for 56,832 positions, ~9.6 GiB fewer than for 65,536 (the dry run's
+    figures: 72.6 and 63.0 GiB)."""
+    import end_to_end
+    from transformers import Olmo3Config
+
+    from dpotrain import stages
+    from dpotrain.data import builtin
+    from dpotrain.plan import memory
+    from dpotrain.recipe.config import parse_args
+
+    model = tmp_path / "model"
+    builtin.build_tokenizer().save_pretrained(model)
+    Olmo3Config(**end_to_end.WIDTH, num_hidden_layers=4, layer_types=end_to_end.layer_types(4)).save_pretrained(model)
+    end_to_end.write_pairs(tmp_path / "think.jsonl", "think", 8)
+    given = kit_args(gpu_memory_gib=141)
+    flags = end_to_end.recipe_args(given, "think", model, tmp_path / "think.jsonl", tmp_path / "out", "project")
+    launch = stages.checks(parse_args(flags))
+    planned = memory.plan(parse_args(flags), launch.world, launch.engine, "flex_attention")
+    assert planned["checkpointing"]["every_n_layers"] is None, planned["checkpointing"]
+    batching = {"positions_per_micro_batch": {"min": 52352, "mean": 54489.6, "max": 56832}}
+    found = end_to_end.widest_micro_batch(given, flags, launch, planned, batching)
+    parts = planned["per_gpu_gib"]
+    tensors = parts["total"] - parts["cuda_context_and_fragmentation"]
+    assert found["widest_micro_batch_positions"] == 56832
+    assert found["plan_tensors_at_widest_gib"] == pytest.approx(tensors - (72.6 - 63.0) - (4.0 - 3.8), abs=0.3)
+    own = {"peak_gib": 90.13, "plan_gib": 114.1, "plan_allowance_gib": 13.1, "reference_peak_gib": 27.4, **found}
+    verdicts = end_to_end.memory_verdicts("think", own)
+    assert verdicts[0].startswith("FAIL") and "101.0 GiB" in verdicts[0], verdicts  # lease 1b's, against the budget
+    assert verdicts[1].startswith("PASS") and "56,832 positions" in verdicts[1], verdicts
