@@ -239,6 +239,30 @@ def test_outside_the_venv_every_entry_point_says_the_same_one_line(where, tmp_pa
     assert (cwd / setup).is_file(), line
 
 
+def test_the_missing_stack_commands_quote_a_project_path_with_spaces(tmp_path, monkeypatch):
+    """A project in a folder with spaces: the `source ...` and `bash ...` commands named for a missing package were
+    printed unquoted, and broke when pasted."""
+    import importlib.util
+    import re
+    import shlex
+
+    from dpotrain.recipe import venv
+
+    project = tmp_path / "my projects" / "dpotrain"
+    for name in (".venv/bin/python", ".venv/bin/activate", "scripts/setup_env.sh"):
+        (project / name).parent.mkdir(parents=True, exist_ok=True)
+        (project / name).write_text("")
+    monkeypatch.setattr(venv, "ROOT", project)
+    (tmp_path / "runs").mkdir()
+    monkeypatch.chdir(tmp_path / "runs")  # outside the project: its paths are printed in full
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(SystemExit) as ended:
+        venv.require()
+    line = str(ended.value)
+    assert shlex.split(re.search(r"`(source [^`]+)`", line).group(1)) == ["source", str(project / ".venv/bin/activate")]
+    assert shlex.split(re.search(r"`(bash [^`]+)`", line).group(1)) == ["bash", str(project / "scripts/setup_env.sh")]
+
+
 def test_config_spelt_with_an_equals_sign_or_given_twice(tmp_path):
     """`--config=PATH` was refused as "unknown argument '--config=...' (did you mean '--fsdp_config'?)", and a second
     --config (sbatch scripts/dpo_train.sh --config other.yaml: the script passes its RECIPE first) the same way."""

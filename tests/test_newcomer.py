@@ -841,6 +841,28 @@ def test_a_shipped_recipe_named_from_outside_the_project_is_refused_naming_its_p
         parse_args(["--config", "configs/mine.yaml", "--dry-run"])
 
 
+def test_the_recipe_refusal_quotes_a_project_path_with_spaces(tmp_path, monkeypatch):
+    """A project in a folder with spaces (`~/my projects/dpotrain`): the refusal's fix named its path unquoted
+    (`pass --config /home/me/my projects/dpotrain/configs/smoke.yaml`), which a shell splits when pasted."""
+    import shlex
+
+    from dpotrain.recipe.config import parse_args
+    from dpotrain.recipe.errors import ConfigError
+
+    project, here = tmp_path / "my projects" / "dpotrain", tmp_path / "runs"
+    (project / "configs").mkdir(parents=True)
+    (project / "configs" / "smoke.yaml").write_text((ROOT / "configs" / "smoke.yaml").read_text())
+    here.mkdir()
+    monkeypatch.setattr(venv, "ROOT", project)
+    monkeypatch.chdir(here)
+    with pytest.raises(ConfigError) as refused:
+        parse_args(["--config", "configs/smoke.yaml", "--dry-run"])
+    assert shlex.split(str(refused.value).split(": pass ")[1]) == ["--config", str(project / "configs" / "smoke.yaml")]
+    with pytest.raises(ConfigError) as refused:
+        parse_args(["--config", "configs/mine.yaml", "--dry-run"])
+    assert str(refused.value).endswith(f"pass one of {shlex.quote(str(project / 'configs'))}/*.yaml")
+
+
 def test_a_run_started_in_the_project_resumes_from_another_folder_on_the_same_files(tmp_path, monkeypatch):
     """A run started in the project records the recipe's `dataset_name: data/smoke_prefs.jsonl` as written; the same
     command from another folder names the project's file by its full path, and the resume was refused as a run with

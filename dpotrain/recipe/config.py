@@ -14,6 +14,7 @@ import json
 import math
 import os
 import re
+import shlex
 import sys
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
@@ -328,7 +329,12 @@ def read_recipe(path: str) -> dict:
         # again: a command line's path is the folder's, so the fix is the project's file by its path from here
         relative = not Path(path).is_absolute()
         shipped = relative and (venv.ROOT / path).is_file()
-        fix = f"--config {venv.project_file(path)}" if shipped else f"one of {venv.project_file('configs')}/*.yaml"
+        # quoted as a shell reads it: a project in a folder with spaces printed a fix that broke when pasted
+        fix = (
+            f"--config {shlex.quote(venv.project_file(path))}"
+            if shipped
+            else f"one of {shlex.quote(venv.project_file('configs'))}/*.yaml"
+        )
         raise ConfigError(f"recipe {path!r} not found{f' in {os.getcwd()}' * relative}: pass {fix}")
     config = recipe_file.load(path)
     for key in config:
