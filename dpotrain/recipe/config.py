@@ -342,7 +342,29 @@ def read_recipe(path: str) -> dict:
             raise ConfigError(f"{path}: unknown key {key!r}{_suggest(str(key))}. Remove it or fix its spelling.")
     if not isinstance(config.get("env") or {}, dict):
         raise ConfigError(f"{path}: env: is a mapping of environment variables, one `NAME: value` line each below it")
+    for name, value in (config.get("env") or {}).items():
+        if value is not None:
+            _check_env_cache_folder(path, str(name), recipe_file.written(value))
     return config
+
+
+def _check_env_cache_folder(path: str, name: str, value: str) -> None:
+    """A cache folder in a recipe's `env:` block, which is set as the recipe is read: after huggingface_hub and
+    datasets were imported, which read theirs then (HF_HOME: a run and its printed prefetch command named the recipe's
+    folder while the libraries read ~/.cache/huggingface), and DPOTRAIN_CACHE, read as it is used, relative to each
+    command's folder (the analyzer's from where it ran, a job's from the project), while a relative cache folder is one
+    folder for every command and the job (docs/hub.md: `.env`'s is the project's, the shell's where it was set)."""
+    if name in venv.CACHE_FOLDERS and name != "DPOTRAIN_CACHE":
+        raise ConfigError(
+            f"{path}: env: {name} is read by the Hub libraries as they are imported, before the recipe is: set it in "
+            f".env or the shell ({name}={shlex.quote(value)}), not in the recipe"
+        )
+    if name == "DPOTRAIN_CACHE" and value and not os.path.isabs(os.path.expanduser(value)):
+        raise ConfigError(
+            f"{path}: env: DPOTRAIN_CACHE {value!r} is relative, which each command would read from the folder it "
+            "runs in (a Slurm job: the project): give its absolute path (~/ works), or set it in .env (a relative one "
+            "there is the project's)"
+        )
 
 
 def _as_flags(config: dict) -> list[str]:
