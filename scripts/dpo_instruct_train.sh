@@ -44,6 +44,8 @@ if [[ ! -f $root/scripts/launch.sh ]]; then
   root=$(cd "$(dirname "${submitted:-$0}")/.." && pwd)
 fi
 export DPOTRAIN_ROOT=$root
-# The job runs in the project; a relative --dataset_name means the folder it was submitted from (recipe/config.py).
-export DPOTRAIN_SUBMIT_DIR=${SLURM_SUBMIT_DIR:-$PWD}
+# The job runs in the project; a relative --dataset_name means the folder it was submitted from (recipe/config.py):
+# the folder Slurm starts the job in, `sbatch --chdir DIR`'s DIR where given (Slurm reads the script's own relative
+# path there and writes the log there), else where sbatch ran (SLURM_SUBMIT_DIR, which --chdir leaves as it is).
+export DPOTRAIN_SUBMIT_DIR=$PWD
 exec bash "$root/scripts/launch.sh" "$@"

@@ -654,6 +654,27 @@ def test_a_relative_recipe_and_accelerate_config_of_a_job_are_the_folder_submitt
     assert "train_dpo.py --config configs/think.yaml " in line and "--config_file accelerate_config.yaml " in line
 
 
+def test_a_job_submitted_with_chdir_reads_relative_paths_in_that_folder(tmp_path):
+    """`sbatch --chdir DIR .../dpo_train.sh`: Slurm starts the job in DIR, reads the script's own relative path and
+    writes the log there, while SLURM_SUBMIT_DIR stays the folder sbatch ran in (a real Slurm 23.11 job: PWD=DIR,
+    StdOut=DIR/<job>.out). The job's relative RECIPE, ACCELERATE_CONFIG and command-line paths were looked for in
+    SLURM_SUBMIT_DIR: `RECIPE=my.yaml sbatch --chdir exp ...` was refused as "recipe my.yaml not found"."""
+    submitted, workdir = tmp_path / "home", tmp_path / "exp"  # where sbatch ran; --chdir's folder
+    submitted.mkdir()
+    workdir.mkdir()
+    (workdir / "my.yaml").write_text((ROOT / "configs" / "smoke.yaml").read_text())
+    (workdir / "my_accel.yaml").write_text((ROOT / "accelerate_config.yaml").read_text())
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_") and k != "ACCELERATE_CONFIG"}
+    env |= {"LAUNCH_PRINT_ONLY": "1", "SLURM_SUBMIT_DIR": str(submitted), "SLURM_GPUS_PER_NODE": "4"}
+    env |= {"RECIPE": "my.yaml", "ACCELERATE_CONFIG": "my_accel.yaml"}
+    result = subprocess.run(
+        ["bash", str(ROOT / "scripts" / "dpo_train.sh")], cwd=workdir, env=env, capture_output=True, text=True
+    )
+    assert result.returncode == 0, result.stderr
+    assert f"--config_file {workdir / 'my_accel.yaml'} " in result.stdout, result.stdout
+    assert f"train_dpo.py --config {workdir / 'my.yaml'} " in result.stdout, result.stdout
+
+
 def torch_extensions_dir() -> str:
     """Where torch builds JIT ops for this interpreter (cpp_extension's default): the session's jobs built there."""
     import torch
