@@ -461,7 +461,7 @@ def parse_args(argv: list[str] | None = None) -> Recipe:
             raise ConfigError(LOAD_BEST_REFUSED) from None
         hint = " (on a CPU machine: --bf16 false, or the CPU demo configs/smoke.yaml)" if "bf16" in str(e) else ""
         if "existing deepspeed config" in str(e):  # accelerate's, for a deepspeed_config_file found nowhere
-            hint = f" (the accelerate config's, not in {os.getcwd()} nor in the project: {DS_FILE_FIX})"
+            hint = f" (the accelerate config's, not in {launch_file_places()}: {DS_FILE_FIX})"
         raise ConfigError(f"{e}{hint}") from None
     _check_finite(script, training, model, project)
     if project.gpu_memory_gib is not None and project.gpu_memory_gib <= 0:  # the analyzer's plan reads it too
@@ -704,10 +704,26 @@ def _launch_deepspeed_file() -> None:
     accelerate_config.yaml's ds_config.json, launched from outside the project (`accelerate launch --config_file
     ~/dpotrain/accelerate_config.yaml ~/dpotrain/train_dpo.py ...`), stopped every process on "Expected a string path
     to an existing deepspeed config", while the dry run had planned the project's file. Read as the dry run reads it
-    (engine.from_config): here, else the project's."""
+    (engine.from_config): `launch_file`."""
     name = os.environ.get("ACCELERATE_DEEPSPEED_CONFIG_FILE")
     if os.environ.get("ACCELERATE_USE_DEEPSPEED", "").lower() == "true" and name and name != "none":
-        os.environ["ACCELERATE_DEEPSPEED_CONFIG_FILE"] = project_path(name)
+        os.environ["ACCELERATE_DEEPSPEED_CONFIG_FILE"] = launch_file(name)
+
+
+def launch_file(name: str) -> str:
+    """An accelerate config's relative deepspeed_config_file, which `accelerate launch` reads from the folder it is
+    typed in: there (a Slurm job's folder submitted from, where the job's relative ACCELERATE_CONFIG is read), else
+    here, else the project's (the shipped configs name theirs from the project root). A job runs in the project: a
+    submitted `ACCELERATE_CONFIG=my_accel.yaml` naming `my_ds.json` beside it was refused by the job's dry run, and
+    stopped every process, as a file found neither in the project folder nor in the project."""
+    return _submitted_file(name) or project_path(name)
+
+
+def launch_file_places() -> str:
+    """Where `launch_file` looks, as a refusal names them."""
+    submitted = os.environ.get("DPOTRAIN_SUBMIT_DIR")
+    job = f", {submitted} (where the job was submitted)" if submitted and submitted != os.getcwd() else ""
+    return f"{os.getcwd()}{job} nor in the project"
 
 
 def _take_config(argv: list[str]) -> tuple[str | None, list[str]]:
