@@ -8,6 +8,7 @@ import importlib.util
 import json
 import os
 import re
+import shlex
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -271,7 +272,7 @@ def check_model(model: str) -> None:
         start = f"its base model ({base}) with --use_peft true for a new adapter" if base else "its base model"
         merged = path / "merged"  # a LoRA run's folder, saved with merge_lora: true (dpotrain/train/lora.py)
         merged = (
-            f"--model_name_or_path {merged}, the adapter merged into its base"
+            f"--model_name_or_path {shlex.quote(str(merged))}, the adapter merged into its base"
             if (merged / "config.json").is_file()
             else "the adapter merged into its base (a run with merge_lora: true saves that to <output_dir>/merged/)"
         )

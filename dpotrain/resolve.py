@@ -2,6 +2,7 @@
 
 import math
 import os
+import shlex
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -41,13 +42,13 @@ def world_size(recipe: Recipe, planning: bool) -> tuple[int, str]:
         # the project, as a launch of one while `accelerate launch --config_file` it fails.
         raise ConfigError(
             f"accelerate config {launch!r} not found (in {os.getcwd()}), so `accelerate launch --config_file "
-            f"{launch}` would fail: pass --accelerate_config the file the launch reads (its path from here), or none "
-            "for one process"
+            f"{shlex.quote(launch)}` would fail: pass --accelerate_config the file the launch reads (its path from "
+            "here), or none for one process"
         )
     if planning and launch.lower() not in ("", "none"):
         return engine.processes(engine.read_accelerate_config(launch)), (
-            f"predicted for `accelerate launch --config_file {launch}` ({launch}: num_processes); plain `python "
-            "train_dpo.py` runs 1 process: --accelerate_config none plans that"
+            f"predicted for `accelerate launch --config_file {shlex.quote(launch)}` ({launch}: num_processes); "
+            "plain `python train_dpo.py` runs 1 process: --accelerate_config none plans that"
         )
     return 1, "single process (python train_dpo.py, no launcher)"
 

@@ -30,19 +30,23 @@
 set -euo pipefail  # after `module`: environment-modules' shell functions read unset variables
 
 export RECIPE=${RECIPE:-configs/think.yaml}
-# sbatch runs a copy of this script from its spool folder: the project is the folder the job starts in (where it was
-# submitted, or --chdir), else the one the submitted script lives in (scontrol's Command=).
+# sbatch runs a copy of this script from its spool folder: the project is the one the submitted script lives in
+# (scontrol's Command=; run with bash, this script's own folder), else the folder the job starts in (where it was
+# submitted, or --chdir). That folder first ran another checkout's code: `sbatch ~/dpotrain-exp/scripts/dpo_train.sh`
+# typed in ~/dpotrain ran ~/dpotrain's launch.sh and train_dpo.py.
+# Command= is the submitted path, then the script's arguments, joined by spaces: the path may hold spaces too, so the
+# longest start of it that is this script (beside launch.sh).
+submitted=$(scontrol show job "${SLURM_JOB_ID:-0}" 2>/dev/null | sed -n 's/^ *Command=//p' || true)
+while [[ $submitted == *" "* && ! ( -f $submitted && -f $(dirname "$submitted")/launch.sh ) ]]; do
+  submitted=${submitted% *}
+done
 root=${SLURM_SUBMIT_DIR:-$PWD}
-if [[ ! -f $root/scripts/launch.sh ]]; then
-  # Command= is the submitted path, then the script's arguments, joined by spaces: the path may hold spaces too, so
-  # the longest start of it that is this script (beside launch.sh).
-  submitted=$(scontrol show job "${SLURM_JOB_ID:-0}" 2>/dev/null | sed -n 's/^ *Command=//p' || true)
-  while [[ $submitted == *" "* && ! ( -f $submitted && -f $(dirname "$submitted")/launch.sh ) ]]; do
-    submitted=${submitted% *}
-  done
-  root=$(cd "$(dirname "${submitted:-$0}")/.." && pwd)
-fi
+for script in "$submitted" "$0"; do
+  if [[ -n $script && -f $(dirname "$script")/launch.sh ]]; then root=$(cd "$(dirname "$script")/.." && pwd); break; fi
+done
 export DPOTRAIN_ROOT=$root
-# The job runs in the project; a relative --dataset_name means the folder it was submitted from (recipe/config.py).
-export DPOTRAIN_SUBMIT_DIR=${SLURM_SUBMIT_DIR:-$PWD}
+# The job runs in the project; a relative --dataset_name means the folder it was submitted from (recipe/config.py):
+# the folder Slurm starts the job in, `sbatch --chdir DIR`'s DIR where given (Slurm reads the script's own relative
+# path there and writes the log there), else where sbatch ran (SLURM_SUBMIT_DIR, which --chdir leaves as it is).
+export DPOTRAIN_SUBMIT_DIR=$PWD
 exec bash "$root/scripts/launch.sh" "$@"

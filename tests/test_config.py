@@ -239,6 +239,30 @@ def test_outside_the_venv_every_entry_point_says_the_same_one_line(where, tmp_pa
     assert (cwd / setup).is_file(), line
 
 
+def test_the_missing_stack_commands_quote_a_project_path_with_spaces(tmp_path, monkeypatch):
+    """A project in a folder with spaces: the `source ...` and `bash ...` commands named for a missing package were
+    printed unquoted, and broke when pasted."""
+    import importlib.util
+    import re
+    import shlex
+
+    from dpotrain.recipe import venv
+
+    project = tmp_path / "my projects" / "dpotrain"
+    for name in (".venv/bin/python", ".venv/bin/activate", "scripts/setup_env.sh"):
+        (project / name).parent.mkdir(parents=True, exist_ok=True)
+        (project / name).write_text("")
+    monkeypatch.setattr(venv, "ROOT", project)
+    (tmp_path / "runs").mkdir()
+    monkeypatch.chdir(tmp_path / "runs")  # outside the project: its paths are printed in full
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(SystemExit) as ended:
+        venv.require()
+    line = str(ended.value)
+    assert shlex.split(re.search(r"`(source [^`]+)`", line).group(1)) == ["source", str(project / ".venv/bin/activate")]
+    assert shlex.split(re.search(r"`(bash [^`]+)`", line).group(1)) == ["bash", str(project / "scripts/setup_env.sh")]
+
+
 def test_config_spelt_with_an_equals_sign_or_given_twice(tmp_path):
     """`--config=PATH` was refused as "unknown argument '--config=...' (did you mean '--fsdp_config'?)", and a second
     --config (sbatch scripts/dpo_train.sh --config other.yaml: the script passes its RECIPE first) the same way."""
@@ -365,6 +389,36 @@ def test_an_env_variable_without_a_value_is_left_unset(tmp_path):
         os.environ.pop("DPOTRAIN_TEST_UNSET", None)
         parse_args(["--config", path])
         assert "DPOTRAIN_TEST_UNSET" not in os.environ and os.environ["DPOTRAIN_TEST_SET"] == "offline"
+
+
+@pytest.mark.parametrize("name", ["HF_HOME", "HF_HUB_CACHE", "HF_DATASETS_CACHE"])
+def test_a_hub_cache_folder_in_the_recipes_env_block_is_refused(name, tmp_path, monkeypatch):
+    """The recipe's `env:` is set as it is read, after huggingface_hub and datasets were imported, which read their
+    cache folders then: `HF_HOME: /scratch/hf` was set in the environment (and named by the printed prefetch command)
+    while the run read and wrote ~/.cache/huggingface."""
+    monkeypatch.delenv(name, raising=False)
+    folder = tmp_path / "my hf"
+    with pytest.raises(ConfigError) as refused, environment():
+        parse_args(["--config", write(tmp_path, f"bf16: false\nenv:\n  {name}: {folder}\n")])
+    assert str(refused.value) == (
+        f"{tmp_path / 'recipe.yaml'}: env: {name} is read by the Hub libraries as they are imported, before the recipe "
+        f"is: set it in .env or the shell ({name}='{folder}'), not in the recipe"
+    )
+    parse_args(["--config", write(tmp_path, f"bf16: false\nenv:\n  {name}:\n")])  # sets nothing: nothing to refuse
+
+
+def test_a_relative_dpotrain_cache_in_the_recipes_env_block_is_refused(tmp_path, monkeypatch):
+    """`DPOTRAIN_CACHE: cache` in a recipe was read from each command's folder as it was used: the analyzer's from
+    where it ran, a job's from the project, so the lengths it measured were measured again by the job; a relative cache
+    folder is one folder for every command (docs/hub.md). An absolute one, or one under ~, is set as before."""
+    monkeypatch.delenv("DPOTRAIN_CACHE", raising=False)
+    with pytest.raises(ConfigError, match=r"env: DPOTRAIN_CACHE 'cache' is relative, .*: give its absolute path"):
+        with environment():
+            parse_args(["--config", write(tmp_path, "bf16: false\nenv:\n  DPOTRAIN_CACHE: cache\n")])
+    for folder in (str(tmp_path / "cache"), "~/dpotrain-cache"):
+        with environment():
+            parse_args(["--config", write(tmp_path, f"bf16: false\nenv:\n  DPOTRAIN_CACHE: {folder}\n")])
+            assert os.environ["DPOTRAIN_CACHE"] == folder
 
 
 def test_a_number_in_a_recipe_is_read_as_written(tmp_path, monkeypatch):

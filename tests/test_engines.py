@@ -531,6 +531,46 @@ def test_a_launch_from_outside_the_project_reads_the_shipped_deepspeed_file_the_
         parse_args(smoke)
 
 
+def test_a_jobs_accelerate_config_from_the_submit_folder_reads_its_deepspeed_file_there(tmp_path, monkeypatch):
+    """`ACCELERATE_CONFIG=my_accel.yaml sbatch .../dpo_train.sh` from a folder holding my_accel.yaml and the
+    `deepspeed_config_file: my_ds.json` it names: the job runs in the project, where my_ds.json was looked for alone,
+    so its dry run refused it ("not found in <project> nor in the project") and every process stopped on it, while
+    `accelerate launch --config_file my_accel.yaml` typed in that folder reads it there. A relative ds file is read
+    as the launch typed there reads it: in the folder submitted from, else here, else the project's."""
+    import torch
+    import transformers.training_args as training_args
+
+    from dpotrain.recipe.config import parse_args
+
+    monkeypatch.setattr(training_args.TrainingArguments, "_setup_devices", property(lambda self: torch.device("cpu")))
+    submitted = tmp_path / "runs"
+    submitted.mkdir()
+    ds = json.loads((ROOT / "ds_config.json").read_text())
+    ds["zero_optimization"] |= {"stage": 3, "stage3_gather_16bit_weights_on_model_save": True}  # not the project's
+    (submitted / "my_ds.json").write_text(json.dumps(ds))
+    text = (ROOT / "accelerate_config.yaml").read_text().replace("ds_config.json", "my_ds.json")
+    (submitted / "my_accel.yaml").write_text(text)
+    monkeypatch.chdir(ROOT)  # where the job runs
+    monkeypatch.setenv("DPOTRAIN_SUBMIT_DIR", str(submitted))
+    for name in ("WORLD_SIZE", "ACCELERATE_DEEPSPEED_ZERO_STAGE", "ACCELERATE_GRADIENT_CLIPPING"):
+        monkeypatch.delenv(name, raising=False)
+    planned = engine.from_config(str(submitted / "my_accel.yaml"))
+    assert planned.name == "zero3" and planned.refused is None, planned
+    monkeypatch.setenv("ACCELERATE_USE_DEEPSPEED", "true")  # the launched processes: accelerate hands it as written
+    monkeypatch.setenv("ACCELERATE_DEEPSPEED_CONFIG_FILE", "my_ds.json")
+    training = parse_args(["--config", str(ROOT / "configs" / "smoke.yaml")]).training
+    assert training.deepspeed_plugin.hf_ds_config.config["zero_optimization"]["stage"] == 3
+    assert os.environ["ACCELERATE_DEEPSPEED_CONFIG_FILE"] == str(submitted / "my_ds.json")
+    # The project's own, not in the folder submitted from, stays the project's
+    assert engine.from_config(str(ROOT / "accelerate_config.yaml")).name == "zero2"
+    # Found nowhere: the refusal names each folder looked in
+    (submitted / "my_ds.json").unlink()
+    assert engine.from_config(str(submitted / "my_accel.yaml")).refused.startswith(
+        f"DeepSpeed config 'my_ds.json' ({submitted / 'my_accel.yaml'}) not found in {ROOT}, {submitted} (where the "
+        "job was submitted) nor in the project: "
+    )
+
+
 def test_a_deepspeed_file_found_nowhere_is_what_the_run_would_refuse_and_its_clipping_reads_as_unplanned(
     tmp_path, monkeypatch
 ):

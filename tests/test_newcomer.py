@@ -649,7 +649,7 @@ def test_a_relative_dataset_name_of_a_slurm_job_is_where_the_user_submitted_and_
         f"error: dataset 'nope.jsonl' does not exist (looked in {ROOT} and {submitted} (where the job was submitted)): "
         "check the path, or give a Hub name like org/dataset"
     )
-    assert "DPOTRAIN_SUBMIT_DIR=${SLURM_SUBMIT_DIR:-$PWD}" in (ROOT / "scripts" / "dpo_train.sh").read_text()
+    assert "export DPOTRAIN_SUBMIT_DIR=$PWD\n" in (ROOT / "scripts" / "dpo_train.sh").read_text()
 
 
 def test_a_relative_or_home_model_folder_is_the_users_folder(tmp_path, capsys, monkeypatch, tiny_model_dir):
@@ -839,6 +839,28 @@ def test_a_shipped_recipe_named_from_outside_the_project_is_refused_naming_its_p
     monkeypatch.chdir(ROOT)  # in the project, as before
     with pytest.raises(ConfigError, match=f"^recipe 'configs/mine.yaml' not found in {ROOT}: pass one of configs/"):
         parse_args(["--config", "configs/mine.yaml", "--dry-run"])
+
+
+def test_the_recipe_refusal_quotes_a_project_path_with_spaces(tmp_path, monkeypatch):
+    """A project in a folder with spaces (`~/my projects/dpotrain`): the refusal's fix named its path unquoted
+    (`pass --config /home/me/my projects/dpotrain/configs/smoke.yaml`), which a shell splits when pasted."""
+    import shlex
+
+    from dpotrain.recipe.config import parse_args
+    from dpotrain.recipe.errors import ConfigError
+
+    project, here = tmp_path / "my projects" / "dpotrain", tmp_path / "runs"
+    (project / "configs").mkdir(parents=True)
+    (project / "configs" / "smoke.yaml").write_text((ROOT / "configs" / "smoke.yaml").read_text())
+    here.mkdir()
+    monkeypatch.setattr(venv, "ROOT", project)
+    monkeypatch.chdir(here)
+    with pytest.raises(ConfigError) as refused:
+        parse_args(["--config", "configs/smoke.yaml", "--dry-run"])
+    assert shlex.split(str(refused.value).split(": pass ")[1]) == ["--config", str(project / "configs" / "smoke.yaml")]
+    with pytest.raises(ConfigError) as refused:
+        parse_args(["--config", "configs/mine.yaml", "--dry-run"])
+    assert str(refused.value).endswith(f"pass one of {shlex.quote(str(project / 'configs'))}/*.yaml")
 
 
 def test_a_run_started_in_the_project_resumes_from_another_folder_on_the_same_files(tmp_path, monkeypatch):

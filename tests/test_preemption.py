@@ -318,6 +318,33 @@ def test_a_run_called_by_a_notebook_prints_its_own_command_to_go_on(tmp_path, mo
     assert "ipykernel" not in said
 
 
+def test_the_command_printed_to_go_on_keeps_the_folder_it_was_typed_in(tmp_path, monkeypatch, capsys):
+    """`bash ~/dpotrain/scripts/demo.sh --output_dir my-demo` runs in the project, its relative paths the folder it was
+    typed in (DPOTRAIN_SUBMIT_DIR): the command printed to go on, typed back in the project as it says, wrote
+    another run in ~/dpotrain/my-demo. It carries that folder."""
+    from dpotrain.recipe.config import parse_args
+    from dpotrain.train.preemption import GracefulStop
+
+    here = tmp_path / "my runs"
+    here.mkdir()
+    monkeypatch.delenv("LOCAL_RANK", raising=False)
+    monkeypatch.chdir(ROOT)
+    monkeypatch.setenv("DPOTRAIN_SUBMIT_DIR", str(here))
+    monkeypatch.setattr(sys, "argv", ["train_dpo.py", "--config", "configs/smoke.yaml", "--output_dir", "my-demo"])
+    GracefulStop().mark_saved("checkpoint my-demo/checkpoint-2 written")
+    said = capsys.readouterr().out
+    cwd, command = re.search(r"run the same command again, in (\S+): (.*)", said).groups()
+    words = shlex.split(command)
+    at = words.index(sys.executable)
+    env, argv = words[:at], words[at + 1 :]
+    assert cwd == str(ROOT) and argv[0] == "train_dpo.py", said
+    monkeypatch.delenv("DPOTRAIN_SUBMIT_DIR")  # typed back as printed, in a shell of its own
+    with monkeypatch.context() as typed:
+        for name, _, value in (word.partition("=") for word in env):
+            typed.setenv(name, value)
+        assert parse_args(argv[1:]).training.output_dir == str(here / "my-demo")
+
+
 def test_a_background_job_of_a_script_keeps_ignoring_ctrl_c():
     """`python train_dpo.py ... &` in a script (a shell without job control) starts with SIGINT ignored, so that the
     Ctrl-C meant for the script's foreground command (a `tail -f` of the log) leaves it running. The run took SIGINT

@@ -116,6 +116,41 @@ def test_no_file_of_the_repository_reads_the_shared_folder_beside_it():
     assert len(files) > 100 and named == [], named
 
 
+def test_the_demos_relative_output_dir_is_the_users_folder(tmp_path, monkeypatch):
+    """`bash ~/dpotrain/scripts/demo.sh --output_dir my-demo` from another folder: the script runs in the project (its
+    venv, recipe, the default outputs/smoke-dpo), and the run wrote ~/dpotrain/my-demo, not the folder it was typed
+    in. It tells the run that folder (DPOTRAIN_SUBMIT_DIR), where a command line's relative paths are read, as a Slurm
+    job's are. Here with a stand-in venv and set-up (the demo's own run is the slow demo_run)."""
+    from dpotrain.recipe.config import parse_args
+
+    project, here = tmp_path / "dpotrain", tmp_path / "my runs"
+    (project / "scripts").mkdir(parents=True)
+    (project / ".venv" / "bin").mkdir(parents=True)
+    here.mkdir()
+    shutil.copy(ROOT / "scripts" / "demo.sh", project / "scripts" / "demo.sh")
+    (project / "scripts" / "setup_env.sh").write_text("true\n")
+    python = project / ".venv" / "bin" / "python"  # what the run is given: its folder, arguments and this variable
+    python.write_text('#!/bin/sh\nprintf "%s\\n" "$PWD" "$DPOTRAIN_SUBMIT_DIR" "$@"\n')
+    python.chmod(0o755)
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}
+    result = subprocess.run(
+        ["bash", str(project / "scripts" / "demo.sh"), "--output_dir", "my-demo"],
+        cwd=here,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    cwd, submitted, *args = result.stdout.splitlines()[:6]
+    assert (cwd, args) == (str(project), ["train_dpo.py", "--config", "configs/smoke.yaml", "--output_dir"]), result
+    # The run started so (in the project, told where the command was typed) writes where the user is
+    monkeypatch.chdir(ROOT)
+    monkeypatch.setenv("DPOTRAIN_SUBMIT_DIR", submitted)
+    recipe = parse_args(["--config", "configs/smoke.yaml", "--output_dir", "my-demo"])
+    assert recipe.training.output_dir == str(here / "my-demo")
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("spelling", ["--output_dir", "--output_dir="])
 def test_the_demo_sent_to_a_folder_of_the_users_does_not_replace_the_run_there(demo_run, tmp_path, spelling):

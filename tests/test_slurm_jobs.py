@@ -622,6 +622,33 @@ def test_sbatch_scripts_find_a_project_whose_path_holds_spaces_from_another_fold
         assert "--max_steps 4" in result.stdout and "--num_processes 4" in result.stdout
 
 
+def test_sbatch_scripts_run_the_project_of_the_submitted_script_not_the_checkout_submitted_from(tmp_path):
+    """`sbatch ~/dpotrain-exp/scripts/dpo_train.sh` typed in another checkout (~/dpotrain): the job looked for the
+    project in the folder it was submitted from first, and ran that checkout's launch.sh (and so its train_dpo.py)."""
+    other = tmp_path / "dpotrain-old"  # the checkout submitted from: a launch.sh that says it ran
+    (other / "scripts").mkdir(parents=True)
+    (other / "scripts" / "launch.sh").write_text("echo ran the checkout submitted from\n")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for script in ("dpo_train.sh", "dpo_instruct_train.sh"):
+        scontrol = bin_dir / "scontrol"
+        scontrol.write_text(f"#!/bin/sh\necho '   Command={ROOT}/scripts/{script}'\necho '   WorkDir={other}'\n")
+        scontrol.chmod(0o755)
+        copy = tmp_path / script  # Slurm runs a copy from its spool folder, started where it was submitted
+        copy.write_text((ROOT / "scripts" / script).read_text())
+        env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+        env |= {
+            "LAUNCH_PRINT_ONLY": "1",
+            "SLURM_JOB_ID": "7",
+            "SLURM_SUBMIT_DIR": str(other),
+            "SLURM_GPUS_PER_NODE": "4",
+            "PATH": f"{bin_dir}:{env['PATH']}",
+        }
+        result = subprocess.run(["bash", str(copy)], cwd=other, env=env, capture_output=True, text=True)
+        assert result.returncode == 0, result.stderr
+        assert "ran the checkout" not in result.stdout and "--num_processes 4" in result.stdout, result.stdout
+
+
 def test_a_relative_recipe_and_accelerate_config_of_a_job_are_the_folder_submitted_froms(tmp_path):
     """`RECIPE=my.yaml ACCELERATE_CONFIG=my_accel.yaml sbatch /path/to/dpotrain/scripts/dpo_train.sh` from the folder
     holding them: the job runs in the project, where both were looked for alone ("recipe my.yaml not found: set
@@ -652,6 +679,27 @@ def test_a_relative_recipe_and_accelerate_config_of_a_job_are_the_folder_submitt
     assert f"--config_file {elsewhere / 'my_accel.yaml'} " in line, line
     line = launch()  # not in the folder submitted from: the project's
     assert "train_dpo.py --config configs/think.yaml " in line and "--config_file accelerate_config.yaml " in line
+
+
+def test_a_job_submitted_with_chdir_reads_relative_paths_in_that_folder(tmp_path):
+    """`sbatch --chdir DIR .../dpo_train.sh`: Slurm starts the job in DIR, reads the script's own relative path and
+    writes the log there, while SLURM_SUBMIT_DIR stays the folder sbatch ran in (a real Slurm 23.11 job: PWD=DIR,
+    StdOut=DIR/<job>.out). The job's relative RECIPE, ACCELERATE_CONFIG and command-line paths were looked for in
+    SLURM_SUBMIT_DIR: `RECIPE=my.yaml sbatch --chdir exp ...` was refused as "recipe my.yaml not found"."""
+    submitted, workdir = tmp_path / "home", tmp_path / "exp"  # where sbatch ran; --chdir's folder
+    submitted.mkdir()
+    workdir.mkdir()
+    (workdir / "my.yaml").write_text((ROOT / "configs" / "smoke.yaml").read_text())
+    (workdir / "my_accel.yaml").write_text((ROOT / "accelerate_config.yaml").read_text())
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_") and k != "ACCELERATE_CONFIG"}
+    env |= {"LAUNCH_PRINT_ONLY": "1", "SLURM_SUBMIT_DIR": str(submitted), "SLURM_GPUS_PER_NODE": "4"}
+    env |= {"RECIPE": "my.yaml", "ACCELERATE_CONFIG": "my_accel.yaml"}
+    result = subprocess.run(
+        ["bash", str(ROOT / "scripts" / "dpo_train.sh")], cwd=workdir, env=env, capture_output=True, text=True
+    )
+    assert result.returncode == 0, result.stderr
+    assert f"--config_file {workdir / 'my_accel.yaml'} " in result.stdout, result.stdout
+    assert f"train_dpo.py --config {workdir / 'my.yaml'} " in result.stdout, result.stdout
 
 
 def torch_extensions_dir() -> str:

@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 
 from dpotrain.recipe import upstream
-from dpotrain.recipe.config import DS_FILE_FIX, project_path
+from dpotrain.recipe.config import DS_FILE_FIX, launch_file, launch_file_places
 from dpotrain.recipe.errors import ConfigError, cause
 
 LAUNCHED = "this launch"  # the source of an engine read from the environment `accelerate launch` sets
@@ -189,11 +189,11 @@ def _engine_of(config, accelerate_config: str) -> Engine:
     if kind == "DEEPSPEED":
         ds = config.deepspeed_config
         ds_file = ds.get("deepspeed_config_file")
-        if ds_file:  # here, else the project's, as the launched processes read it (config._launch_deepspeed_file)
-            ds_path = Path(project_path(ds_file))
+        if ds_file:  # as the launched processes read it (config._launch_deepspeed_file)
+            ds_path = Path(launch_file(ds_file))
             if not ds_path.is_file():  # every launched process would stop on it
                 why = f"DeepSpeed config {ds_file!r} ({accelerate_config}) not found"
-                return Engine("unplanned", why, refused=f"{why} in {os.getcwd()} nor in the project: {DS_FILE_FIX}")
+                return Engine("unplanned", why, refused=f"{why} in {launch_file_places()}: {DS_FILE_FIX}")
             found = _deepspeed_file(ds_path, per_node, f"{accelerate_config} -> {ds_file}")
             # accelerate refuses its own settings beside the file (DeepSpeedPlugin._deepspeed_config_checks), in every
             # process as it starts: mixed_precision too, when the config names one

@@ -79,7 +79,8 @@ class Option:
     def text(self, command_line: tuple[str, ...] = ()) -> str:
         parts = []
         if self.moves_launch:  # --gpus-per-node named: the script's own `#SBATCH` must not decide a count assumed here
-            launch = f"ACCELERATE_CONFIG={self.config} sbatch --nodes={self.nodes} --gpus-per-node={self.per_node}"
+            config, nodes = shlex.quote(self.config), self.nodes
+            launch = f"ACCELERATE_CONFIG={config} sbatch --nodes={nodes} --gpus-per-node={self.per_node}"
             nodes = f"{self.nodes} node{'s' * (self.nodes > 1)}"
             parts.append(f"{NAMES[self.engine]} fits on {self.world} GPUs ({nodes}: {launch})")
         if self.flags:

@@ -14,6 +14,7 @@ import json
 import math
 import os
 import re
+import shlex
 import sys
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
@@ -328,7 +329,12 @@ def read_recipe(path: str) -> dict:
         # again: a command line's path is the folder's, so the fix is the project's file by its path from here
         relative = not Path(path).is_absolute()
         shipped = relative and (venv.ROOT / path).is_file()
-        fix = f"--config {venv.project_file(path)}" if shipped else f"one of {venv.project_file('configs')}/*.yaml"
+        # quoted as a shell reads it: a project in a folder with spaces printed a fix that broke when pasted
+        fix = (
+            f"--config {shlex.quote(venv.project_file(path))}"
+            if shipped
+            else f"one of {shlex.quote(venv.project_file('configs'))}/*.yaml"
+        )
         raise ConfigError(f"recipe {path!r} not found{f' in {os.getcwd()}' * relative}: pass {fix}")
     config = recipe_file.load(path)
     for key in config:
@@ -336,7 +342,29 @@ def read_recipe(path: str) -> dict:
             raise ConfigError(f"{path}: unknown key {key!r}{_suggest(str(key))}. Remove it or fix its spelling.")
     if not isinstance(config.get("env") or {}, dict):
         raise ConfigError(f"{path}: env: is a mapping of environment variables, one `NAME: value` line each below it")
+    for name, value in (config.get("env") or {}).items():
+        if value is not None:
+            _check_env_cache_folder(path, str(name), recipe_file.written(value))
     return config
+
+
+def _check_env_cache_folder(path: str, name: str, value: str) -> None:
+    """A cache folder in a recipe's `env:` block, which is set as the recipe is read: after huggingface_hub and
+    datasets were imported, which read theirs then (HF_HOME: a run and its printed prefetch command named the recipe's
+    folder while the libraries read ~/.cache/huggingface), and DPOTRAIN_CACHE, read as it is used, relative to each
+    command's folder (the analyzer's from where it ran, a job's from the project), while a relative cache folder is one
+    folder for every command and the job (docs/hub.md: `.env`'s is the project's, the shell's where it was set)."""
+    if name in venv.CACHE_FOLDERS and name != "DPOTRAIN_CACHE":
+        raise ConfigError(
+            f"{path}: env: {name} is read by the Hub libraries as they are imported, before the recipe is: set it in "
+            f".env or the shell ({name}={shlex.quote(value)}), not in the recipe"
+        )
+    if name == "DPOTRAIN_CACHE" and value and not os.path.isabs(os.path.expanduser(value)):
+        raise ConfigError(
+            f"{path}: env: DPOTRAIN_CACHE {value!r} is relative, which each command would read from the folder it "
+            "runs in (a Slurm job: the project): give its absolute path (~/ works), or set it in .env (a relative one "
+            "there is the project's)"
+        )
 
 
 def _as_flags(config: dict) -> list[str]:
@@ -433,7 +461,7 @@ def parse_args(argv: list[str] | None = None) -> Recipe:
             raise ConfigError(LOAD_BEST_REFUSED) from None
         hint = " (on a CPU machine: --bf16 false, or the CPU demo configs/smoke.yaml)" if "bf16" in str(e) else ""
         if "existing deepspeed config" in str(e):  # accelerate's, for a deepspeed_config_file found nowhere
-            hint = f" (the accelerate config's, not in {os.getcwd()} nor in the project: {DS_FILE_FIX})"
+            hint = f" (the accelerate config's, not in {launch_file_places()}: {DS_FILE_FIX})"
         raise ConfigError(f"{e}{hint}") from None
     _check_finite(script, training, model, project)
     if project.gpu_memory_gib is not None and project.gpu_memory_gib <= 0:  # the analyzer's plan reads it too
@@ -676,10 +704,26 @@ def _launch_deepspeed_file() -> None:
     accelerate_config.yaml's ds_config.json, launched from outside the project (`accelerate launch --config_file
     ~/dpotrain/accelerate_config.yaml ~/dpotrain/train_dpo.py ...`), stopped every process on "Expected a string path
     to an existing deepspeed config", while the dry run had planned the project's file. Read as the dry run reads it
-    (engine.from_config): here, else the project's."""
+    (engine.from_config): `launch_file`."""
     name = os.environ.get("ACCELERATE_DEEPSPEED_CONFIG_FILE")
     if os.environ.get("ACCELERATE_USE_DEEPSPEED", "").lower() == "true" and name and name != "none":
-        os.environ["ACCELERATE_DEEPSPEED_CONFIG_FILE"] = project_path(name)
+        os.environ["ACCELERATE_DEEPSPEED_CONFIG_FILE"] = launch_file(name)
+
+
+def launch_file(name: str) -> str:
+    """An accelerate config's relative deepspeed_config_file, which `accelerate launch` reads from the folder it is
+    typed in: there (a Slurm job's folder submitted from, where the job's relative ACCELERATE_CONFIG is read), else
+    here, else the project's (the shipped configs name theirs from the project root). A job runs in the project: a
+    submitted `ACCELERATE_CONFIG=my_accel.yaml` naming `my_ds.json` beside it was refused by the job's dry run, and
+    stopped every process, as a file found neither in the project folder nor in the project."""
+    return _submitted_file(name) or project_path(name)
+
+
+def launch_file_places() -> str:
+    """Where `launch_file` looks, as a refusal names them."""
+    submitted = os.environ.get("DPOTRAIN_SUBMIT_DIR")
+    job = f", {submitted} (where the job was submitted)" if submitted and submitted != os.getcwd() else ""
+    return f"{os.getcwd()}{job} nor in the project"
 
 
 def _take_config(argv: list[str]) -> tuple[str | None, list[str]]:

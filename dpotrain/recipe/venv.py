@@ -7,6 +7,7 @@ importing them. Then `load_env` reads the project's `.env`, before the libraries
 
 import importlib.util
 import os
+import shlex
 import sys
 from pathlib import Path
 
@@ -39,11 +40,14 @@ def require() -> None:
         own_tools_first()
         return
     venv = ROOT / ".venv"
-    fix = f"run `source {_shown(venv / 'bin' / 'activate')}` first, or call {_shown(venv / 'bin' / 'python')}"
+    # quoted as a shell reads them: a project in a folder with spaces printed commands that broke when pasted
+    activate, python = shlex.quote(_shown(venv / "bin" / "activate")), shlex.quote(_shown(venv / "bin" / "python"))
+    setup = shlex.quote(_shown(ROOT / "scripts" / "setup_env.sh"))
+    fix = f"run `source {activate}` first, or call {python}"
     if not (venv / "bin" / "python").exists():
-        fix = f"run `bash {_shown(ROOT / 'scripts' / 'setup_env.sh')}` (it creates .venv), then {fix}"
+        fix = f"run `bash {setup}` (it creates .venv), then {fix}"
     else:
-        fix += f" (`bash {_shown(ROOT / 'scripts' / 'setup_env.sh')}` installs what is missing)"
+        fix += f" (`bash {setup}` installs what is missing)"
     sys.exit(f"error: {missing} is not installed for {sys.executable}: {fix}")
 
 

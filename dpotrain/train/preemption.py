@@ -126,12 +126,16 @@ class GracefulStop(TrainerCallback):
         """Main process, once progress is safely on disk: `<stop file>.checkpointed` tells the batch script to
         requeue the job rather than end it; without a stop file a person goes on by typing the command again."""
         after = f" {time.time() - self.requested_at:.0f} s after the request" if self.requested_at else ""
+        # Typed in another folder and run here (scripts/demo.sh runs in the project): its relative paths are that
+        # folder's (DPOTRAIN_SUBMIT_DIR), so the command typed back here says so, or its --output_dir is another one
+        typed_in = os.environ.get("DPOTRAIN_SUBMIT_DIR")
+        told = f"DPOTRAIN_SUBMIT_DIR={shlex.quote(typed_in)} " if typed_in and typed_in != os.getcwd() else ""
         how = (
             "exiting so that the job can be requeued"
             if self.stop_file
             else (
                 f"to go on from it, run the same command again, in {os.getcwd()}: "
-                f"{rerun_command(self.recipe_resumes, self.command)}"
+                f"{told}{rerun_command(self.recipe_resumes, self.command)}"
             )
         )
         print(f"Stop requested: {what}{after}; {how}", flush=True)

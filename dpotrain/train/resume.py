@@ -9,6 +9,7 @@
 """
 
 import json
+import shlex
 from pathlib import Path
 
 from dpotrain.cluster import collectives, run_lock
@@ -117,7 +118,8 @@ def check_explicit(folder: str) -> None:
         inside, _ = newest_verified(Path(folder))
         instead = inside or newest_verified(Path(folder).parent)[0]
         fix = (
-            f"pass --resume_from_checkpoint {instead}, the newest verified checkpoint {'in' if inside else 'beside'} it"
+            f"pass --resume_from_checkpoint {shlex.quote(str(instead))}, the newest verified checkpoint "
+            f"{'in' if inside else 'beside'} it"
             if instead
             else f"restore the named file(s) from a copy, or {new_run_from(folder)}"
         )
@@ -256,4 +258,4 @@ def new_run_from(checkpoint) -> str:
             "start a new run from its base model with --use_peft true (it holds a LoRA adapter, which a run cannot "
             "start from), a new --output_dir"
         )
-    return f"start a new run from its weights (--model_name_or_path {checkpoint}, a new --output_dir)"
+    return f"start a new run from its weights (--model_name_or_path {shlex.quote(str(checkpoint))}, a new --output_dir)"
