@@ -269,6 +269,35 @@ def test_a_report_is_never_written_over_a_file_a_builders_glob_reads(files, tmp_
     assert source.file == "glob/[ab].jsonl"
 
 
+def test_a_local_folder_source_that_fails_to_load_names_its_file_not_the_hub(files, tmp_path, monkeypatch):
+    """A folder of data files was loaded by the name as written and, failing, said `could not load data set ... from
+    the Hub: DatasetGenerationError: An error occurred while generating the dataset`: naming neither the folder's file
+    nor the fix; and a recipe's `~/pairs` (the shell expands the command line's) was a Hub repo id to datasets."""
+    shards = tmp_path / "shards"
+    shards.mkdir()
+    shutil.copy(files["trl"], shards / "a.jsonl")
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert len(mixture.read_source(mixture.Source("~/shards", "train"), say=False)) == ROWS["trl"]
+    with open(shards / "b.jsonl", "w") as f:
+        f.write('{"chosen": "a", "rejected": "b"}\n{"chosen": oops}\n')
+    with pytest.raises(ConfigError) as e:
+        mixture.read_source(mixture.Source(str(shards), "train"), say=False)
+    assert (
+        str(e.value)
+        == f"{shards / 'b.jsonl'}:2: not valid JSON (Expecting value at column 12): fix or remove that line"
+    )
+    notes = tmp_path / "notes"  # no data file: datasets reads it as text, and finds no row
+    notes.mkdir()
+    (notes / "readme.txt").write_text("")
+    with pytest.raises(ConfigError) as e:
+        mixture.read_source(mixture.Source(str(notes), "train"), say=False)
+    assert str(e.value).startswith(f"could not read the local folder {str(notes)!r} as a data set (SchemaInference")
+    assert str(e.value).endswith(
+        "it holds readme.txt; put the pairs there as .jsonl, .json, .parquet or .csv files of one format, or name one "
+        "file as the data set"
+    )
+
+
 def test_trls_shares_near_the_float_limit_are_shares():
     """`fraction: 1e308` on two sources is finite and accepted: their sum overflowed to inf, every weight was 0, and
     the load ended in a traceback (min() arg is an empty sequence)."""

@@ -141,6 +141,11 @@ def load_preference_dataset(
             raise ConfigError(_unreadable(path, e)) from None
         if builder in ("json", "csv") and not streaming:
             _check_utf8(loaded[split], path)
+    elif path.is_dir():  # a folder of data files: by its path (a recipe's `~/prefs` is no Hub name)
+        try:
+            loaded = datasets.load_dataset(str(path), name=config, streaming=streaming)
+        except Exception as e:  # it was said to come "from the Hub", naming neither its file nor the fix
+            raise ConfigError(_unreadable_folder(name, path, e)) from None
     else:
         try:
             loaded = datasets.load_dataset(name, name=config, revision=revision, streaming=streaming)
@@ -266,6 +271,26 @@ def check_datasets_cache() -> None:
 
 def _unreadable(path: Path, error: Exception) -> str:
     """Why a local file did not load: its first line that is not UTF-8 (or, JSON Lines, not a JSON object)."""
+    return _bad_line(path) or f"could not read dataset file {str(path)!r}: {cause(error)}"
+
+
+def _unreadable_folder(name: str, path: Path, error: Exception) -> str:
+    """Why a folder of data files did not load: a file's line (`_bad_line`), else what datasets says and what it
+    reads there (its cause: the wrapper says only "An error occurred while generating the dataset")."""
+    found = data_identity.files(str(path)) or {}
+    if line := next(filter(None, (_bad_line(p) for p in found.values())), None):
+        return line
+    error = error.__cause__ or error
+    held = ", ".join(list(found)[:3]) + (f" and {len(found) - 3} more" if len(found) > 3 else "") or "no file"
+    return (
+        f"could not read the local folder {name!r} as a data set ({cause(error)}): datasets reads the files under it "
+        f"as one data set, and it holds {held}; put the pairs there as .jsonl, .json, .parquet or .csv files of one "
+        "format, or name one file as the data set"
+    )
+
+
+def _bad_line(path: Path) -> str | None:
+    """A data file's first line that is not UTF-8 (or, JSON Lines, not a JSON object), or None."""
     if path.suffix in (".jsonl", ".json", ".csv") and (found := _invalid_utf8(path)):  # wrapped by datasets
         return found
     if path.suffix == ".jsonl":
@@ -279,7 +304,7 @@ def _unreadable(path: Path, error: Exception) -> str:
                     return f"{path}:{number}: not valid JSON ({e.msg} at column {e.colno}): fix or remove that line"
                 if not isinstance(row, dict):
                     return f"{path}:{number}: a JSON {type(row).__name__}, not an object: each line is one pair"
-    return f"could not read dataset file {str(path)!r}: {cause(error)}"
+    return None
 
 
 def check_columns(columns, name: str) -> None:
