@@ -164,6 +164,33 @@ def test_one_source_through_a_symlink_or_a_relative_path_is_refused_as_twice(fil
     )
 
 
+def test_a_file_a_pattern_or_a_folder_reads_again_is_refused_as_read_twice(files, tmp_path, monkeypatch):
+    """A glob (or a folder of shards) that also matches a file another source names, or a `data_files` list naming a
+    file its pattern matches too: datasets reads the file each time, and the dry run planned its pairs twice (`a
+    mixture of 2 sources: 60 rows` from 40 pairs), silently, while the same file named twice is refused."""
+    shards = tmp_path / "shards"
+    shards.mkdir()
+    for name in ("a.jsonl", "b.jsonl"):
+        shutil.copy(files["trl"], shards / name)
+    monkeypatch.chdir(tmp_path)
+    pattern = {"path": "json", "data_files": "shards/*.jsonl"}
+    both = "both read {}: its pairs would train twice; give each file to one source".format
+    for args, says in [
+        (["--datasets", json.dumps(pattern), json.dumps({"path": "shards/a.jsonl"})], both(shards / "a.jsonl")),
+        (["--dataset_mixer_list", "shards", "1.0", "shards/b.jsonl", "0.5"], both(shards / "b.jsonl")),
+        (
+            ["--datasets", json.dumps({**pattern, "data_files": ["shards/*.jsonl", "shards/b.jsonl"]})],
+            f"reads {shards / 'b.jsonl'} twice (a pattern and a name, or two patterns, match it)",
+        ),
+    ]:
+        with pytest.raises(ConfigError) as e:
+            resolve.check_values(parse_args(["--config", SMOKE, *args]))
+        assert says in str(e.value), args
+    # Patterns that match other files are other sources.
+    other = json.dumps({**pattern, "data_files": "shards/a*.jsonl"})
+    resolve.check_values(parse_args(["--config", SMOKE, "--datasets", other, json.dumps({"path": "shards/b.jsonl"})]))
+
+
 def test_a_recipes_relative_source_not_in_the_folder_run_in_is_the_projects(tmp_path, monkeypatch):
     """A recipe's `datasets:` naming `data/my_pairs.jsonl` (as the shipped recipes suggest) run from another folder
     was refused ("dataset 'data/smoke_prefs.jsonl' does not exist (looked in ...)") while the same recipe's

@@ -4,6 +4,7 @@ generator seeded by the recipe's seed and the source's spelling: the same pairs 
 rules: docs/data.md "Several sources"; why not TRL's `get_dataset`: docs/architecture.md).
 """
 
+import collections
 import dataclasses
 import functools
 import glob
@@ -143,7 +144,41 @@ def parse(values: dict, evaluation: bool = False) -> list[Source] | None:
         first, again = sources[seen.index(seen[twice])].spec(), sources[twice].spec()
         what = f"source {first} is named twice" if first == again else f"sources {first} and {again} are the same data"
         raise ConfigError(f"{what} in the mixture: give it once, with one amount")
+    _check_read_once(sources)
     return sources
+
+
+def _check_read_once(sources: list[Source]) -> None:
+    """A local file read twice, by two sources (a glob or a folder that matches a file another source names) or by one
+    (`data_files: [pairs/*.jsonl, pairs/a.jsonl]`: datasets reads a file as often as it is listed), is refused as a
+    source named twice is: its pairs trained twice, silently, while the mixture said once."""
+    read = [_files_read(s) for s in sources]
+    counts = collections.Counter(p for files in read for p in files)
+    twice = next((p for files in read for p in files if counts[p] > 1), None)
+    if twice is None:
+        return
+    by = [s.spec() for s, files in zip(sources, read, strict=True) if twice in files]
+    if len(by) == 1:
+        raise ConfigError(
+            f"mixture source {by[0]} reads {twice} twice (a pattern and a name, or two patterns, match it): "
+            "its pairs would train twice; list each file once"
+        )
+    raise ConfigError(
+        f"mixture sources {by[0]} and {by[1]} both read {twice}: its pairs would train twice; give each file to one "
+        "source (narrow the pattern or the folder, or remove the other source)"
+    )
+
+
+def _files_read(source: Source) -> list:
+    """The local files a source reads, a file once per time datasets reads it (each `data_files` entry is read on its
+    own); none for a Hub data set, or for a builder with nothing to read."""
+    read_from = _read_from(source)
+    if read_from is None or (source.path in BUILDERS and not source.file and not source.data_files):
+        return []  # a builder's data_dir alone is read whole (data_identity.files), at most once
+    where, split, data_dir, data_files = read_from
+    entries = data_files.get(split) if isinstance(data_files, dict) else data_files
+    entries = entries if isinstance(entries, list) else [entries]
+    return [p.resolve() for e in entries for p in (data_identity.files(where, split, data_dir, e) or {}).values()]
 
 
 def local_files(values: dict) -> list[str]:
