@@ -112,6 +112,11 @@ def test_the_command_lines_data_set_replaces_the_recipe_files_mixture(tmp_path, 
         (["--datasets", '{"path": "a.jsonl", "fraction": 0.5, "amount": 1.0}'], "keep one"),
         (["--datasets", '{"path": "a.jsonl", "fraction": 0.5}', '{"path": "b.jsonl"}'], "for some"),
         (["--datasets", '{"path": "a.jsonl", "weight": 2}'], "unknown key(s) ['weight']"),
+        # TRL's list of names: one string was read a character at a time after loading (no column(s) ['c', 'h', ...]),
+        # a number was a traceback
+        (["--datasets", '{"path": "a.jsonl", "columns": "chosen"}'], "columns 'chosen' is not a list of column"),
+        (["--datasets", '{"path": "a.jsonl", "columns": 5}'], "write them as a list (columns: [prompt, chosen,"),
+        (["--datasets", '{"path": "a.jsonl", "columns": ["chosen", 3]}'], "columns ['chosen', 3] is not a list"),
         # TRL's shares are normalized: a NaN or infinite one left none to size the mixture (a traceback at load)
         (["--datasets", '{"path": "a.jsonl", "fraction": NaN}', '{"path": "b.jsonl", "fraction": 1}'], "finite"),
         (["--datasets", '{"path": "a.jsonl", "fraction": Infinity}', '{"path": "b.jsonl", "fraction": 1}'], "finite"),

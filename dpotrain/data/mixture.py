@@ -225,6 +225,13 @@ def _entry(entry, split: str, flag: str) -> Source:
     amount = entry.get("amount")
     amount = None if amount is None else _amount(json.dumps(amount) if not isinstance(amount, str) else amount)
     columns = entry.get("columns")
+    # a list of names, as TRL's: one string was read a character at a time (`no column(s) ['c', 'h', ...]`), after
+    # the source loaded, and a number was a traceback
+    if columns is not None and (not isinstance(columns, list) or not all(isinstance(c, str) for c in columns)):
+        raise ConfigError(
+            f"`{flag}:` entry {entry['path']!r}: columns {columns!r} is not a list of column names: write them as a "
+            "list (columns: [prompt, chosen, rejected])"
+        )
     return Source(
         str(entry["path"]),
         str(entry.get("split") or split),
