@@ -330,6 +330,27 @@ def test_a_local_folder_source_that_fails_to_load_names_its_file_not_the_hub(fil
     )
 
 
+def test_csv_files_read_as_one_source_are_read_as_text_as_one_file_is(tmp_path):
+    """Several CSV files as one source (a `data_files` list or glob, a folder of them): pandas guessed each file's
+    types on its own, so answers of numbers in one file and words in another could not be joined (`could not load
+    mixture source ...: DatasetGenerationError: An error occurred while generating the dataset`), and a file of
+    numbers had `1.50` read as the float 1.5. One CSV file is read as written, as text: so are these."""
+    folder = tmp_path / "csv"
+    folder.mkdir()
+    (folder / "a.csv").write_text("prompt,chosen,rejected\nHow much?,1.50,2\nAnd now?,3.0,4\n")
+    (folder / "b.csv").write_text("prompt,chosen,rejected\nSay yes.,yes,no\n")
+    files = [str(folder / "a.csv"), str(folder / "b.csv")]
+    for source in (
+        mixture.Source("csv", "train", data_files=files),
+        mixture.Source("csv", "train", data_files=str(folder / "*.csv")),
+        mixture.Source(str(folder), "train"),  # a folder of data files
+    ):
+        loaded = mixture.read_source(source, say=False)
+        assert sorted(loaded["chosen"]) == ["1.50", "3.0", "yes"], source
+    alone = mixture.read_source(mixture.Source("csv", "train", data_files=str(folder / "a*.csv")), say=False)
+    assert alone["chosen"] == ["1.50", "3.0"] and alone["rejected"] == ["2", "4"]
+
+
 def test_trls_shares_near_the_float_limit_are_shares():
     """`fraction: 1e308` on two sources is finite and accepted: their sum overflowed to inf, every weight was 0, and
     the load ended in a traceback (min() arg is an empty sequence)."""

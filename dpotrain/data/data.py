@@ -128,22 +128,23 @@ def load_preference_dataset(
         # A CSV cell is text: pandas would infer numbers and booleans (an answer `42` an int, `1.50` the float 1.5)
         text = _csv_columns_as_text(path) if builder == "csv" else None
         try:
-            try:
-                loaded = datasets.load_dataset(
-                    builder, data_files={split: as_files(path)}, streaming=streaming, features=text
-                )
-            except Exception:
-                if text is None:
-                    raise
-                # a header pandas reads otherwise (more fields in the rows than names): its own types, as before
-                loaded = datasets.load_dataset(builder, data_files={split: as_files(path)}, streaming=streaming)
+            loaded = load_as_text(
+                lambda features: datasets.load_dataset(
+                    builder, data_files={split: as_files(path)}, streaming=streaming, features=features
+                ),
+                text,
+            )
         except Exception as e:  # datasets names neither the file's line nor the fix
             raise ConfigError(_unreadable(path, e)) from None
         if builder in ("json", "csv") and not streaming:
             _check_utf8(loaded[split], path)
     elif path.is_dir():  # a folder of data files: by its path (a recipe's `~/prefs` is no Hub name)
-        try:
-            loaded = datasets.load_dataset(str(path), name=config, streaming=streaming)
+        csv = [p for p in (data_identity.files(str(path)) or {}).values() if p.suffix == ".csv"]
+        try:  # a folder of CSV files: read as text, as one file is (it is read as CSV where they are the most files)
+            loaded = load_as_text(
+                lambda features: datasets.load_dataset(str(path), name=config, streaming=streaming, features=features),
+                csv_text_features(csv),
+            )
         except Exception as e:  # it was said to come "from the Hub", naming neither its file nor the fix
             raise ConfigError(_unreadable_folder(name, path, e)) from None
     else:
@@ -204,6 +205,29 @@ def _has_rows(path: Path) -> bool:
                 head = line.strip() + f.read(4096)
                 return not (head.startswith("[") and head[1:].lstrip().startswith("]"))
     return False
+
+
+def csv_text_features(paths):
+    """`_csv_columns_as_text` for CSV files read as one data set (a folder of them, a mixture source's list or glob):
+    pandas infers each file's types on its own, so `42` in one file and `yes` in another could not be joined (a
+    traceback-like `DatasetGenerationError`), and a file of numbers trained `1.50` as the float 1.5. None (the inferred
+    types) where a file is not `.csv` (a compressed one, read through its codec) or the files' headers differ."""
+    paths = [Path(p) for p in paths]
+    if not paths or any(p.suffix != ".csv" for p in paths):
+        return None
+    first = _csv_columns_as_text(paths[0])
+    return first if all(_csv_columns_as_text(p) == first for p in paths[1:]) else None
+
+
+def load_as_text(load, features):
+    """`load(features)`, else `load(None)` where reading every column as text fails (a header pandas reads otherwise:
+    more fields in the rows than names): its own types, as before."""
+    try:
+        return load(features)
+    except Exception:
+        if features is None:
+            raise
+        return load(None)
 
 
 def _csv_columns_as_text(path: Path):

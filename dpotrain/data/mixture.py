@@ -353,16 +353,26 @@ def read_source(source: Source, say: bool = True):
         import datasets
 
         data.check_datasets_cache()
+        # CSV files read as text, as one file is (data.csv_text_features): a number in one file and text in another
+        text = (
+            data.csv_text_features((data_identity.files(*_read_from(source)) or {}).values())
+            if source.path == "csv"
+            else None
+        )
         try:
-            loaded = datasets.load_dataset(
-                source.path,
-                name=source.name,
-                data_dir=source.data_dir,
-                data_files=source.data_files,
-                split=source.split,
+            loaded = data.load_as_text(
+                lambda features: datasets.load_dataset(
+                    source.path,
+                    name=source.name,
+                    data_dir=source.data_dir,
+                    data_files=source.data_files,
+                    split=source.split,
+                    features=features,
+                ),
+                text,
             )
-        except Exception as e:
-            raise ConfigError(f"could not load mixture source {source.spec()}: {cause(e)}") from None
+        except Exception as e:  # datasets' DatasetGenerationError says only that one occurred: its cause says what
+            raise ConfigError(f"could not load mixture source {source.spec()}: {cause(e.__cause__ or e)}") from None
         loaded = data.prompt_column(loaded, source.spec(), source.split, say)
     else:
         loaded = data.load_preference_dataset(source.path, source.split, source.name, say=say)
