@@ -374,6 +374,14 @@ def test_a_count_above_the_rows_is_refused_a_fraction_upsamples(files):
     ).all()
 
 
+def test_an_amount_that_takes_no_pair_is_refused_as_an_amount_of_0_is(files):
+    """`--dataset_mixer_list big.jsonl 1.0 small.jsonl 0.01`: floor(0.01 x 20) = 0, and the run trained without the
+    source it named (`took 0 (0.01)`), while an amount of 0 is refused as written."""
+    with pytest.raises(ConfigError, match=r"has 20 usable rows and amount 0.01 takes none of them \(floor\(0.01 x 20"):
+        mixture.take(mixture.Source(files["hh"], "train", amount="0.01"), 20, seed=42)
+    assert len(mixture.take(mixture.Source(files["hh"], "train", amount="0.05"), 20, seed=42)) == 1
+
+
 # --- the held-out mixture, trained --------------------------------------------------------------------------------
 
 

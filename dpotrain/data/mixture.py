@@ -303,6 +303,11 @@ def take(source: Source, usable: int, seed: int, share_rows: int | None = None) 
             )
         return np.sort(rng.choice(usable, count, replace=False))
     wanted = int(float(source.amount) * usable)  # floor, as open-instruct
+    if wanted == 0 and usable:  # an amount of 0 is refused as written; one that floors to 0 took none, silently
+        raise ConfigError(
+            f"source {source.spec()} has {usable} usable rows and amount {source.amount} takes none of them "
+            f"(floor({source.amount} x {usable}) = 0): give a larger amount (1 takes one pair) or remove the source"
+        )
     whole, rest = divmod(wanted, usable)
     return np.concatenate([np.tile(np.arange(usable), whole), np.sort(rng.choice(usable, rest, replace=False))])
 
