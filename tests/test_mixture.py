@@ -330,6 +330,27 @@ def test_a_local_folder_source_that_fails_to_load_names_its_file_not_the_hub(fil
     )
 
 
+def test_a_folder_of_data_files_in_two_formats_is_refused_before_anything_loads(files, tmp_path):
+    """datasets reads a folder's files of one format (the most files') and leaves the others out: a folder holding
+    `a.jsonl` and `b.csv` trained a.jsonl's pairs alone, silently (as a source or as dataset_name)."""
+    folder = tmp_path / "pairs"
+    folder.mkdir()
+    shutil.copy(files["trl"], folder / "a.jsonl")
+    shutil.copy(files["hh"], folder / "b.csv")
+    for args in (["--dataset_mixer_list", str(folder), "1.0"], ["--dataset_name", str(folder)]):
+        with pytest.raises(ConfigError) as e:
+            resolve.check_values(parse_args(["--config", SMOKE, *args]))
+        assert str(e.value) == (
+            f"dataset folder {str(folder)!r} holds data files of 2 formats (json: a.jsonl; csv: b.csv), and datasets "
+            "reads a folder's files of one format only, leaving the others out: convert them to one format, or name "
+            "each file as a source of a mixture (docs/data.md)"
+        )
+    (folder / "b.csv").unlink()
+    (folder / "README.md").write_text("notes\n")  # a file datasets leaves out itself
+    shutil.copy(files["trl"], folder / "c.json")  # .json and .jsonl: one format to datasets
+    resolve.check_values(parse_args(["--config", SMOKE, "--dataset_name", str(folder)]))
+
+
 def test_csv_files_read_as_one_source_are_read_as_text_as_one_file_is(tmp_path):
     """Several CSV files as one source (a `data_files` list or glob, a folder of them): pandas guessed each file's
     types on its own, so answers of numbers in one file and words in another could not be joined (`could not load

@@ -44,6 +44,8 @@ def check_dataset_name(name: str | None) -> None:
         )
     if path.exists():
         check_read_as_named(name, path)
+    if path.is_dir() and not data_identity.saved(path):
+        check_one_format(name, path)
     if path.is_file() and path.suffix in LOCAL_SUFFIXES:
         check_file_kind(path)
 
@@ -93,6 +95,30 @@ def check_file_kind(path: Path) -> None:
         raise ConfigError(
             f"dataset file {str(path)!r} is named {path.suffix} but holds {kind}: rename it to "
             f"{path.with_suffix(SUFFIX_OF[kind]).name!r} (the suffix decides how it is read)"
+        )
+
+
+def check_one_format(name: str, path: Path) -> None:
+    """datasets reads a folder's data files of one format (the most files', `infer_module_for_data_files_list`) and
+    leaves the others out: `a.jsonl` and `b.csv` trained a.jsonl's pairs alone, silently. Refused, unless the folder's
+    README.md names its files (a Hub data set's `configs:`), as datasets reads them then."""
+    from datasets.data_files import FILES_TO_IGNORE
+
+    readme = path / "README.md"
+    if readme.is_file() and "configs:" in readme.read_text(encoding="utf-8", errors="replace"):
+        return
+    kinds = {}
+    for file, p in (data_identity.files(str(path)) or {}).items():
+        if p.name not in FILES_TO_IGNORE and p.suffix.lower() in LOCAL_SUFFIXES:
+            kinds.setdefault(LOCAL_SUFFIXES[p.suffix.lower()], []).append(file)
+    if len(kinds) > 1:
+        held = "; ".join(
+            f"{kind}: {', '.join(files[:2])}{', ...' if len(files) > 2 else ''}" for kind, files in kinds.items()
+        )
+        raise ConfigError(
+            f"dataset folder {name!r} holds data files of {len(kinds)} formats ({held}), and datasets reads a folder's "
+            "files of one format only, leaving the others out: convert them to one format, or name each file as a "
+            "source of a mixture (docs/data.md)"
         )
 
 
