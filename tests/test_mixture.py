@@ -191,9 +191,18 @@ def test_a_file_a_pattern_or_a_folder_reads_again_is_refused_as_read_twice(files
         with pytest.raises(ConfigError) as e:
             resolve.check_values(parse_args(["--config", SMOKE, *args]))
         assert says in str(e.value), args
-    # Patterns that match other files are other sources.
+    # Patterns that match other files are other sources, and so are two splits of a folder (its files by name).
     other = json.dumps({**pattern, "data_files": "shards/a*.jsonl"})
     resolve.check_values(parse_args(["--config", SMOKE, "--datasets", other, json.dumps({"path": "shards/b.jsonl"})]))
+    for name in ("a.jsonl", "b.jsonl"):
+        (shards / name).rename(shards / name.replace("a.", "train.").replace("b.", "test."))
+    splits = [json.dumps({"path": "shards", "split": split}) for split in ("train", "test")]
+    resolve.check_values(parse_args(["--config", SMOKE, "--datasets", *splits]))
+    with pytest.raises(ConfigError, match="both read"):
+        resolve.check_values(parse_args(["--config", SMOKE, "--datasets", splits[0], '{"path": "shards/train.jsonl"}']))
+    with pytest.raises(ConfigError, match="both read"):  # a builder reading the folder
+        folder = json.dumps({"path": "json", "data_dir": "shards"})
+        resolve.check_values(parse_args(["--config", SMOKE, "--datasets", folder, '{"path": "shards/train.jsonl"}']))
 
 
 def test_a_recipes_relative_source_not_in_the_folder_run_in_is_the_projects(tmp_path, monkeypatch):

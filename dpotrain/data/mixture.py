@@ -13,6 +13,7 @@ import json
 import math
 import os
 import re
+from pathlib import Path
 
 import numpy as np
 
@@ -173,12 +174,27 @@ def _files_read(source: Source) -> list:
     """The local files a source reads, a file once per time datasets reads it (each `data_files` entry is read on its
     own); none for a Hub data set, or for a builder with nothing to read."""
     read_from = _read_from(source)
-    if read_from is None or (source.path in BUILDERS and not source.file and not source.data_files):
-        return []  # a builder's data_dir alone is read whole (data_identity.files), at most once
+    if read_from is None or (source.path in BUILDERS and not (source.file or source.data_files or source.data_dir)):
+        return []  # a builder with nothing to read (not the working folder's files)
     where, split, data_dir, data_files = read_from
+    folder = os.path.expanduser(os.path.join(where, data_dir or ""))
+    if not data_files and os.path.isdir(folder) and not data_identity.saved(Path(folder)):
+        return _split_files(folder, split)
     entries = data_files.get(split) if isinstance(data_files, dict) else data_files
     entries = entries if isinstance(entries, list) else [entries]
     return [p.resolve() for e in entries for p in (data_identity.files(where, split, data_dir, e) or {}).values()]
+
+
+def _split_files(folder: str, split: str) -> list:
+    """The files of a folder of data files that datasets reads as `split` (by their names: `train.jsonl`, `test-0.csv`;
+    every file where none is named so): two splits of one folder are two sources."""
+    from datasets.data_files import DataFilesDict, get_data_patterns
+
+    try:
+        found = DataFilesDict.from_patterns(get_data_patterns(folder), base_path=folder).get(split, [])
+    except Exception:  # no data file: the load says so, with the folder's files
+        return []
+    return [Path(f).resolve() for f in found]
 
 
 def local_files(values: dict) -> list[str]:
