@@ -205,6 +205,27 @@ def test_a_file_a_pattern_or_a_folder_reads_again_is_refused_as_read_twice(files
         resolve.check_values(parse_args(["--config", SMOKE, "--datasets", folder, '{"path": "shards/train.jsonl"}']))
 
 
+def test_data_files_that_match_no_file_are_named_before_anything_loads(files, tmp_path, monkeypatch):
+    """`path: json` with a `data_files` pattern matching nothing: the load ended in `could not load mixture source
+    ...: StopIteration`, naming neither the pattern nor the fix."""
+    monkeypatch.chdir(tmp_path)
+    shutil.copy(files["trl"], tmp_path / "a.jsonl")
+    for data_files, says in [
+        ("pairs/*.jsonl", f"data_files 'pairs/*.jsonl' matches no file (looked in {tmp_path}): check the path or"),
+        (
+            [str(tmp_path / "a.jsonl"), str(tmp_path / "b.jsonl")],
+            f"data_files '{tmp_path / 'b.jsonl'}' matches no file:",
+        ),
+    ]:
+        with pytest.raises(ConfigError) as e:
+            resolve.check_values(
+                parse_args(["--config", SMOKE, "--datasets", json.dumps({"path": "json", "data_files": data_files})])
+            )
+        assert says in str(e.value)
+    source = json.dumps({"path": "json", "data_files": "*.jsonl"})
+    resolve.check_values(parse_args(["--config", SMOKE, "--datasets", source]))
+
+
 def test_a_recipes_relative_source_not_in_the_folder_run_in_is_the_projects(tmp_path, monkeypatch):
     """A recipe's `datasets:` naming `data/my_pairs.jsonl` (as the shipped recipes suggest) run from another folder
     was refused ("dataset 'data/smoke_prefs.jsonl' does not exist (looked in ...)") while the same recipe's

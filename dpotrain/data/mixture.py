@@ -293,9 +293,28 @@ def check(recipe) -> None:
     """The recipe's data, checked from the recipe alone: one source (dataset_name) or a mixture's spelling."""
     values = fields_of(recipe)
     train = parse(values)
-    parse(values, evaluation=True)
+    held_out = parse(values, evaluation=True)
     for name in [recipe.script.dataset_name] if train is None else [s.local for s in train if s.local]:
         data.check_dataset_name(name)
+    for source in [*(train or []), *(held_out or [])]:
+        _check_found(source)
+
+
+def _check_found(source: Source) -> None:
+    """A builder's `data_files` entry that matches no local file (a mistyped pattern, a folder not there): datasets
+    ended the load in a bare `StopIteration` (a pattern) or named the file but not the source."""
+    if source.path not in BUILDERS or source.file or not source.data_files:
+        return
+    base, split, data_dir, data_files = _read_from(source)
+    entries = data_files.get(split) if isinstance(data_files, dict) else data_files
+    for entry in entries if isinstance(entries, list) else [entries]:
+        if isinstance(entry, str) and "://" not in entry and not data_identity.files(base, split, data_dir, entry):
+            relative = not os.path.isabs(os.path.expanduser(entry))
+            where = f" (looked in {os.path.abspath(os.path.expanduser(base))})" if relative else ""
+            raise ConfigError(
+                f"mixture source {source.spec()}: data_files {entry!r} matches no file{where}: check the path or "
+                "pattern"
+            )
 
 
 # --- taking the rows --------------------------------------------------------------------------------------------------
