@@ -10,9 +10,10 @@
     python scripts/analyze_dataset.py data/smoke_prefs.jsonl --tokenizer builtin:tiny-olmo3 --sample 2000 --plot h.png
 
 CPU only (it hides GPUs itself) and it loads a tokenizer, never model weights. Every row is analysed unless --sample;
-rows the trainer cannot use stop it with the row index and column (exit 2), or with --skip-invalid are counted and
-listed. The markdown report goes to stdout. A complete analysis (no --sample, no invalid rows) is also cached, so
-that training with `max_length: auto` on the same data set revision, tokenizer and chat template reuses it.
+rows the trainer cannot use stop it with the row index and column (exit 2), or with --skip-invalid (or the recipe's
+skip_invalid) are counted and listed. The markdown report goes to stdout. A complete analysis (no --sample, no invalid
+rows) is also cached, so that training with `max_length: auto` on the same data set revision, tokenizer and chat
+template reuses it.
 """
 
 import contextlib
@@ -111,9 +112,9 @@ def parse_args(argv=None) -> argparse.Namespace:
         "--skip-invalid",
         nargs="?",
         const=True,
-        default=False,
         type=cli.flag,
-        help="count and list bad rows instead of stopping at one (alone, or true/false)",
+        help="count and list bad rows instead of stopping at one (alone, or true/false) [the recipe's skip_invalid, "
+        "else false]",
     )
     p.add_argument("--streaming", action="store_true", help="stream the data set (larger than memory or disk)")
     p.add_argument(
@@ -151,6 +152,7 @@ def read_run(args: argparse.Namespace):
         "hh_format": args.hh_format,
         "auto_coverage": args.coverage,
         "gpu_memory_gib": args.gpu_memory_gib,
+        "skip_invalid": args.skip_invalid,
     }
     words = [w for name, value in flags.items() if value is not None for w in (f"--{name}", str(value))]
     return config.parse_args([*(["--config", path] if path else []), *words, "--dry-run"])
@@ -214,6 +216,8 @@ def analyze(args: argparse.Namespace) -> int:
     check_args(args)
     run = read_run(args)
     script, training, project, recipe_path = run.script, run.training, run.project, run.config_path
+    # The rows the run skips (the recipe's skip_invalid, or the flag over it): it stopped at a row the run drops
+    args.skip_invalid = project.skip_invalid
     fields = mixture.fields_of(run)
     fields["streaming"] = fields["streaming"] or args.streaming  # a mixture refuses it: read whole, not streamed
     mixed = not args.dataset and mixture.given(fields)  # a mixture: read as training reads it, then measured

@@ -591,6 +591,23 @@ def test_skip_invalid_counts_and_lists_the_rows(cli, tmp_path, tiny_model_dir, c
     assert "cached" not in printed.err  # an analysis with invalid rows is not what training would see
 
 
+@pytest.mark.parametrize("mixed", [False, True], ids=["dataset_name", "mixture"])
+def test_the_recipes_skip_invalid_skips_the_rows_the_run_skips(mixed, cli, tmp_path, tiny_model_dir, capsys):
+    """A recipe with `skip_invalid: true` (the run drops and counts its bad rows): the analyzer stopped at the first
+    (`error: row 1, column ...`, exit 2), reading only its own --skip-invalid; the flag still decides over it."""
+    rows = [GOOD] + [BAD_ROWS[case][0] for case in sorted(BAD_ROWS)] + [GOOD]
+    path = write_jsonl(tmp_path / "bad.jsonl", rows)
+    data_line = f"datasets: [{{path: {path}}}]" if mixed else f"dataset_name: {path}"
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(f"model_name_or_path: {tiny_model_dir}\n{data_line}\nskip_invalid: true\nbf16: false\n")
+    out = tmp_path / "r.json"
+    assert cli.main(["--config", str(recipe), "--json", str(out), "--num-proc", "1"]) == 0
+    report = json.loads(out.read_text())
+    assert report["rows"] == 2 and report["rows_seen"] == (2 if mixed else len(rows))  # a mixture drops them first
+    assert cli.main(["--config", str(recipe), "--skip-invalid", "false", "--num-proc", "1"]) == 2
+    assert error_line(capsys).startswith("error: row 1, column 'chosen'")
+
+
 # --- max_length: auto ------------------------------------------------------------------------------------------------
 
 

@@ -241,6 +241,13 @@ def test_the_summary_counts_the_rows_of_every_local_data_set_as_datasets_loads_t
     assert field(text, "steps").startswith("5 optimizer steps (1 epoch)")  # 40 pairs at the smoke recipe's 8
 
 
+def test_a_mixture_of_one_source_is_said_in_the_singular(tmp_path, capsys):
+    text = dry_run(
+        capsys, *SMOKE, "--dataset_mixer_list", "data/smoke_prefs.jsonl", "0.5", "--output_dir", str(tmp_path)
+    )
+    assert field(text, "data") == "a mixture of 1 source: 192 rows"  # it said "1 sources"
+
+
 def submitted(line: str) -> tuple[str, int, int]:
     """A suggested `ACCELERATE_CONFIG=... sbatch --nodes=N [--gpus-per-node=G]` as Slurm and scripts/launch.sh take it:
     the engine's config, and the processes (N x G: one per GPU, launch.sh's NUM_PROCESSES) on nodes of G, G being the

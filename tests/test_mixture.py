@@ -112,6 +112,11 @@ def test_the_command_lines_data_set_replaces_the_recipe_files_mixture(tmp_path, 
         (["--datasets", '{"path": "a.jsonl", "fraction": 0.5, "amount": 1.0}'], "keep one"),
         (["--datasets", '{"path": "a.jsonl", "fraction": 0.5}', '{"path": "b.jsonl"}'], "for some"),
         (["--datasets", '{"path": "a.jsonl", "weight": 2}'], "unknown key(s) ['weight']"),
+        # TRL's list of names: one string was read a character at a time after loading (no column(s) ['c', 'h', ...]),
+        # a number was a traceback
+        (["--datasets", '{"path": "a.jsonl", "columns": "chosen"}'], "columns 'chosen' is not a list of column"),
+        (["--datasets", '{"path": "a.jsonl", "columns": 5}'], "write them as a list (columns: [prompt, chosen,"),
+        (["--datasets", '{"path": "a.jsonl", "columns": ["chosen", 3]}'], "columns ['chosen', 3] is not a list"),
         # TRL's shares are normalized: a NaN or infinite one left none to size the mixture (a traceback at load)
         (["--datasets", '{"path": "a.jsonl", "fraction": NaN}', '{"path": "b.jsonl", "fraction": 1}'], "finite"),
         (["--datasets", '{"path": "a.jsonl", "fraction": Infinity}', '{"path": "b.jsonl", "fraction": 1}'], "finite"),
@@ -162,6 +167,63 @@ def test_one_source_through_a_symlink_or_a_relative_path_is_refused_as_twice(fil
     resolve.check_values(
         parse_args(["--config", SMOKE, "--dataset_mixer_list", "alias.jsonl", "1.0", "copy.jsonl", "1.0"])
     )
+
+
+def test_a_file_a_pattern_or_a_folder_reads_again_is_refused_as_read_twice(files, tmp_path, monkeypatch):
+    """A glob (or a folder of shards) that also matches a file another source names, or a `data_files` list naming a
+    file its pattern matches too: datasets reads the file each time, and the dry run planned its pairs twice (`a
+    mixture of 2 sources: 60 rows` from 40 pairs), silently, while the same file named twice is refused."""
+    shards = tmp_path / "shards"
+    shards.mkdir()
+    for name in ("a.jsonl", "b.jsonl"):
+        shutil.copy(files["trl"], shards / name)
+    monkeypatch.chdir(tmp_path)
+    pattern = {"path": "json", "data_files": "shards/*.jsonl"}
+    both = "both read {}: its pairs would train twice; give each file to one source".format
+    for args, says in [
+        (["--datasets", json.dumps(pattern), json.dumps({"path": "shards/a.jsonl"})], both(shards / "a.jsonl")),
+        (["--dataset_mixer_list", "shards", "1.0", "shards/b.jsonl", "0.5"], both(shards / "b.jsonl")),
+        (
+            ["--datasets", json.dumps({**pattern, "data_files": ["shards/*.jsonl", "shards/b.jsonl"]})],
+            f"reads {shards / 'b.jsonl'} twice (a pattern and a name, or two patterns, match it)",
+        ),
+    ]:
+        with pytest.raises(ConfigError) as e:
+            resolve.check_values(parse_args(["--config", SMOKE, *args]))
+        assert says in str(e.value), args
+    # Patterns that match other files are other sources, and so are two splits of a folder (its files by name).
+    other = json.dumps({**pattern, "data_files": "shards/a*.jsonl"})
+    resolve.check_values(parse_args(["--config", SMOKE, "--datasets", other, json.dumps({"path": "shards/b.jsonl"})]))
+    for name in ("a.jsonl", "b.jsonl"):
+        (shards / name).rename(shards / name.replace("a.", "train.").replace("b.", "test."))
+    splits = [json.dumps({"path": "shards", "split": split}) for split in ("train", "test")]
+    resolve.check_values(parse_args(["--config", SMOKE, "--datasets", *splits]))
+    with pytest.raises(ConfigError, match="both read"):
+        resolve.check_values(parse_args(["--config", SMOKE, "--datasets", splits[0], '{"path": "shards/train.jsonl"}']))
+    with pytest.raises(ConfigError, match="both read"):  # a builder reading the folder
+        folder = json.dumps({"path": "json", "data_dir": "shards"})
+        resolve.check_values(parse_args(["--config", SMOKE, "--datasets", folder, '{"path": "shards/train.jsonl"}']))
+
+
+def test_data_files_that_match_no_file_are_named_before_anything_loads(files, tmp_path, monkeypatch):
+    """`path: json` with a `data_files` pattern matching nothing: the load ended in `could not load mixture source
+    ...: StopIteration`, naming neither the pattern nor the fix."""
+    monkeypatch.chdir(tmp_path)
+    shutil.copy(files["trl"], tmp_path / "a.jsonl")
+    for data_files, says in [
+        ("pairs/*.jsonl", f"data_files 'pairs/*.jsonl' matches no file (looked in {tmp_path}): check the path or"),
+        (
+            [str(tmp_path / "a.jsonl"), str(tmp_path / "b.jsonl")],
+            f"data_files '{tmp_path / 'b.jsonl'}' matches no file:",
+        ),
+    ]:
+        with pytest.raises(ConfigError) as e:
+            resolve.check_values(
+                parse_args(["--config", SMOKE, "--datasets", json.dumps({"path": "json", "data_files": data_files})])
+            )
+        assert says in str(e.value)
+    source = json.dumps({"path": "json", "data_files": "*.jsonl"})
+    resolve.check_values(parse_args(["--config", SMOKE, "--datasets", source]))
 
 
 def test_a_recipes_relative_source_not_in_the_folder_run_in_is_the_projects(tmp_path, monkeypatch):
@@ -269,6 +331,77 @@ def test_a_report_is_never_written_over_a_file_a_builders_glob_reads(files, tmp_
     assert source.file == "glob/[ab].jsonl"
 
 
+def test_a_local_folder_source_that_fails_to_load_names_its_file_not_the_hub(files, tmp_path, monkeypatch):
+    """A folder of data files was loaded by the name as written and, failing, said `could not load data set ... from
+    the Hub: DatasetGenerationError: An error occurred while generating the dataset`: naming neither the folder's file
+    nor the fix; and a recipe's `~/pairs` (the shell expands the command line's) was a Hub repo id to datasets."""
+    shards = tmp_path / "shards"
+    shards.mkdir()
+    shutil.copy(files["trl"], shards / "a.jsonl")
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert len(mixture.read_source(mixture.Source("~/shards", "train"), say=False)) == ROWS["trl"]
+    with open(shards / "b.jsonl", "w") as f:
+        f.write('{"chosen": "a", "rejected": "b"}\n{"chosen": oops}\n')
+    with pytest.raises(ConfigError) as e:
+        mixture.read_source(mixture.Source(str(shards), "train"), say=False)
+    assert (
+        str(e.value)
+        == f"{shards / 'b.jsonl'}:2: not valid JSON (Expecting value at column 12): fix or remove that line"
+    )
+    notes = tmp_path / "notes"  # no data file: datasets reads it as text, and finds no row
+    notes.mkdir()
+    (notes / "readme.txt").write_text("")
+    with pytest.raises(ConfigError) as e:
+        mixture.read_source(mixture.Source(str(notes), "train"), say=False)
+    assert str(e.value).startswith(f"could not read the local folder {str(notes)!r} as a data set (SchemaInference")
+    assert str(e.value).endswith(
+        "it holds readme.txt; put the pairs there as .jsonl, .json, .parquet or .csv files of one format, or name one "
+        "file as the data set"
+    )
+
+
+def test_a_folder_of_data_files_in_two_formats_is_refused_before_anything_loads(files, tmp_path):
+    """datasets reads a folder's files of one format (the most files') and leaves the others out: a folder holding
+    `a.jsonl` and `b.csv` trained a.jsonl's pairs alone, silently (as a source or as dataset_name)."""
+    folder = tmp_path / "pairs"
+    folder.mkdir()
+    shutil.copy(files["trl"], folder / "a.jsonl")
+    shutil.copy(files["hh"], folder / "b.csv")
+    for args in (["--dataset_mixer_list", str(folder), "1.0"], ["--dataset_name", str(folder)]):
+        with pytest.raises(ConfigError) as e:
+            resolve.check_values(parse_args(["--config", SMOKE, *args]))
+        assert str(e.value) == (
+            f"dataset folder {str(folder)!r} holds data files of 2 formats (json: a.jsonl; csv: b.csv), and datasets "
+            "reads a folder's files of one format only, leaving the others out: convert them to one format, or name "
+            "each file as a source of a mixture (docs/data.md)"
+        )
+    (folder / "b.csv").unlink()
+    (folder / "README.md").write_text("notes\n")  # a file datasets leaves out itself
+    shutil.copy(files["trl"], folder / "c.json")  # .json and .jsonl: one format to datasets
+    resolve.check_values(parse_args(["--config", SMOKE, "--dataset_name", str(folder)]))
+
+
+def test_csv_files_read_as_one_source_are_read_as_text_as_one_file_is(tmp_path):
+    """Several CSV files as one source (a `data_files` list or glob, a folder of them): pandas guessed each file's
+    types on its own, so answers of numbers in one file and words in another could not be joined (`could not load
+    mixture source ...: DatasetGenerationError: An error occurred while generating the dataset`), and a file of
+    numbers had `1.50` read as the float 1.5. One CSV file is read as written, as text: so are these."""
+    folder = tmp_path / "csv"
+    folder.mkdir()
+    (folder / "a.csv").write_text("prompt,chosen,rejected\nHow much?,1.50,2\nAnd now?,3.0,4\n")
+    (folder / "b.csv").write_text("prompt,chosen,rejected\nSay yes.,yes,no\n")
+    files = [str(folder / "a.csv"), str(folder / "b.csv")]
+    for source in (
+        mixture.Source("csv", "train", data_files=files),
+        mixture.Source("csv", "train", data_files=str(folder / "*.csv")),
+        mixture.Source(str(folder), "train"),  # a folder of data files
+    ):
+        loaded = mixture.read_source(source, say=False)
+        assert sorted(loaded["chosen"]) == ["1.50", "3.0", "yes"], source
+    alone = mixture.read_source(mixture.Source("csv", "train", data_files=str(folder / "a*.csv")), say=False)
+    assert alone["chosen"] == ["1.50", "3.0"] and alone["rejected"] == ["2", "4"]
+
+
 def test_trls_shares_near_the_float_limit_are_shares():
     """`fraction: 1e308` on two sources is finite and accepted: their sum overflowed to inf, every weight was 0, and
     the load ended in a traceback (min() arg is an empty sequence)."""
@@ -290,6 +423,14 @@ def test_a_count_above_the_rows_is_refused_a_fraction_upsamples(files):
         mixture.take(mixture.Source(files["hh"], "train", amount="0.5"), 20, seed=7)
         == mixture.take(mixture.Source(files["hh"], "train", amount="0.5"), 20, seed=42)
     ).all()
+
+
+def test_an_amount_that_takes_no_pair_is_refused_as_an_amount_of_0_is(files):
+    """`--dataset_mixer_list big.jsonl 1.0 small.jsonl 0.01`: floor(0.01 x 20) = 0, and the run trained without the
+    source it named (`took 0 (0.01)`), while an amount of 0 is refused as written."""
+    with pytest.raises(ConfigError, match=r"has 20 usable rows and amount 0.01 takes none of them \(floor\(0.01 x 20"):
+        mixture.take(mixture.Source(files["hh"], "train", amount="0.01"), 20, seed=42)
+    assert len(mixture.take(mixture.Source(files["hh"], "train", amount="0.05"), 20, seed=42)) == 1
 
 
 # --- the held-out mixture, trained --------------------------------------------------------------------------------

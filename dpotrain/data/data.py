@@ -44,6 +44,8 @@ def check_dataset_name(name: str | None) -> None:
         )
     if path.exists():
         check_read_as_named(name, path)
+    if path.is_dir() and not data_identity.saved(path):
+        check_one_format(name, path)
     if path.is_file() and path.suffix in LOCAL_SUFFIXES:
         check_file_kind(path)
 
@@ -96,6 +98,30 @@ def check_file_kind(path: Path) -> None:
         )
 
 
+def check_one_format(name: str, path: Path) -> None:
+    """datasets reads a folder's data files of one format (the most files', `infer_module_for_data_files_list`) and
+    leaves the others out: `a.jsonl` and `b.csv` trained a.jsonl's pairs alone, silently. Refused, unless the folder's
+    README.md names its files (a Hub data set's `configs:`), as datasets reads them then."""
+    from datasets.data_files import FILES_TO_IGNORE
+
+    readme = path / "README.md"
+    if readme.is_file() and "configs:" in readme.read_text(encoding="utf-8", errors="replace"):
+        return
+    kinds = {}
+    for file, p in (data_identity.files(str(path)) or {}).items():
+        if p.name not in FILES_TO_IGNORE and p.suffix.lower() in LOCAL_SUFFIXES:
+            kinds.setdefault(LOCAL_SUFFIXES[p.suffix.lower()], []).append(file)
+    if len(kinds) > 1:
+        held = "; ".join(
+            f"{kind}: {', '.join(files[:2])}{', ...' if len(files) > 2 else ''}" for kind, files in kinds.items()
+        )
+        raise ConfigError(
+            f"dataset folder {name!r} holds data files of {len(kinds)} formats ({held}), and datasets reads a folder's "
+            "files of one format only, leaving the others out: convert them to one format, or name each file as a "
+            "source of a mixture (docs/data.md)"
+        )
+
+
 def load_preference_dataset(
     name: str,
     split: str = "train",
@@ -128,19 +154,25 @@ def load_preference_dataset(
         # A CSV cell is text: pandas would infer numbers and booleans (an answer `42` an int, `1.50` the float 1.5)
         text = _csv_columns_as_text(path) if builder == "csv" else None
         try:
-            try:
-                loaded = datasets.load_dataset(
-                    builder, data_files={split: as_files(path)}, streaming=streaming, features=text
-                )
-            except Exception:
-                if text is None:
-                    raise
-                # a header pandas reads otherwise (more fields in the rows than names): its own types, as before
-                loaded = datasets.load_dataset(builder, data_files={split: as_files(path)}, streaming=streaming)
+            loaded = load_as_text(
+                lambda features: datasets.load_dataset(
+                    builder, data_files={split: as_files(path)}, streaming=streaming, features=features
+                ),
+                text,
+            )
         except Exception as e:  # datasets names neither the file's line nor the fix
             raise ConfigError(_unreadable(path, e)) from None
         if builder in ("json", "csv") and not streaming:
             _check_utf8(loaded[split], path)
+    elif path.is_dir():  # a folder of data files: by its path (a recipe's `~/prefs` is no Hub name)
+        csv = [p for p in (data_identity.files(str(path)) or {}).values() if p.suffix == ".csv"]
+        try:  # a folder of CSV files: read as text, as one file is (it is read as CSV where they are the most files)
+            loaded = load_as_text(
+                lambda features: datasets.load_dataset(str(path), name=config, streaming=streaming, features=features),
+                csv_text_features(csv),
+            )
+        except Exception as e:  # it was said to come "from the Hub", naming neither its file nor the fix
+            raise ConfigError(_unreadable_folder(name, path, e)) from None
     else:
         try:
             loaded = datasets.load_dataset(name, name=config, revision=revision, streaming=streaming)
@@ -199,6 +231,29 @@ def _has_rows(path: Path) -> bool:
                 head = line.strip() + f.read(4096)
                 return not (head.startswith("[") and head[1:].lstrip().startswith("]"))
     return False
+
+
+def csv_text_features(paths):
+    """`_csv_columns_as_text` for CSV files read as one data set (a folder of them, a mixture source's list or glob):
+    pandas infers each file's types on its own, so `42` in one file and `yes` in another could not be joined (a
+    traceback-like `DatasetGenerationError`), and a file of numbers trained `1.50` as the float 1.5. None (the inferred
+    types) where a file is not `.csv` (a compressed one, read through its codec) or the files' headers differ."""
+    paths = [Path(p) for p in paths]
+    if not paths or any(p.suffix != ".csv" for p in paths):
+        return None
+    first = _csv_columns_as_text(paths[0])
+    return first if all(_csv_columns_as_text(p) == first for p in paths[1:]) else None
+
+
+def load_as_text(load, features):
+    """`load(features)`, else `load(None)` where reading every column as text fails (a header pandas reads otherwise:
+    more fields in the rows than names): its own types, as before."""
+    try:
+        return load(features)
+    except Exception:
+        if features is None:
+            raise
+        return load(None)
 
 
 def _csv_columns_as_text(path: Path):
@@ -266,6 +321,26 @@ def check_datasets_cache() -> None:
 
 def _unreadable(path: Path, error: Exception) -> str:
     """Why a local file did not load: its first line that is not UTF-8 (or, JSON Lines, not a JSON object)."""
+    return _bad_line(path) or f"could not read dataset file {str(path)!r}: {cause(error)}"
+
+
+def _unreadable_folder(name: str, path: Path, error: Exception) -> str:
+    """Why a folder of data files did not load: a file's line (`_bad_line`), else what datasets says and what it
+    reads there (its cause: the wrapper says only "An error occurred while generating the dataset")."""
+    found = data_identity.files(str(path)) or {}
+    if line := next(filter(None, (_bad_line(p) for p in found.values())), None):
+        return line
+    error = error.__cause__ or error
+    held = ", ".join(list(found)[:3]) + (f" and {len(found) - 3} more" if len(found) > 3 else "") or "no file"
+    return (
+        f"could not read the local folder {name!r} as a data set ({cause(error)}): datasets reads the files under it "
+        f"as one data set, and it holds {held}; put the pairs there as .jsonl, .json, .parquet or .csv files of one "
+        "format, or name one file as the data set"
+    )
+
+
+def _bad_line(path: Path) -> str | None:
+    """A data file's first line that is not UTF-8 (or, JSON Lines, not a JSON object), or None."""
     if path.suffix in (".jsonl", ".json", ".csv") and (found := _invalid_utf8(path)):  # wrapped by datasets
         return found
     if path.suffix == ".jsonl":
@@ -279,7 +354,7 @@ def _unreadable(path: Path, error: Exception) -> str:
                     return f"{path}:{number}: not valid JSON ({e.msg} at column {e.colno}): fix or remove that line"
                 if not isinstance(row, dict):
                     return f"{path}:{number}: a JSON {type(row).__name__}, not an object: each line is one pair"
-    return f"could not read dataset file {str(path)!r}: {cause(error)}"
+    return None
 
 
 def check_columns(columns, name: str) -> None:

@@ -4,6 +4,7 @@ generator seeded by the recipe's seed and the source's spelling: the same pairs 
 rules: docs/data.md "Several sources"; why not TRL's `get_dataset`: docs/architecture.md).
 """
 
+import collections
 import dataclasses
 import functools
 import glob
@@ -12,6 +13,7 @@ import json
 import math
 import os
 import re
+from pathlib import Path
 
 import numpy as np
 
@@ -143,7 +145,56 @@ def parse(values: dict, evaluation: bool = False) -> list[Source] | None:
         first, again = sources[seen.index(seen[twice])].spec(), sources[twice].spec()
         what = f"source {first} is named twice" if first == again else f"sources {first} and {again} are the same data"
         raise ConfigError(f"{what} in the mixture: give it once, with one amount")
+    _check_read_once(sources)
     return sources
+
+
+def _check_read_once(sources: list[Source]) -> None:
+    """A local file read twice, by two sources (a glob or a folder that matches a file another source names) or by one
+    (`data_files: [pairs/*.jsonl, pairs/a.jsonl]`: datasets reads a file as often as it is listed), is refused as a
+    source named twice is: its pairs trained twice, silently, while the mixture said once."""
+    read = [_files_read(s) for s in sources]
+    counts = collections.Counter(p for files in read for p in files)
+    twice = next((p for files in read for p in files if counts[p] > 1), None)
+    if twice is None:
+        return
+    by = [s.spec() for s, files in zip(sources, read, strict=True) if twice in files]
+    if len(by) == 1:
+        raise ConfigError(
+            f"mixture source {by[0]} reads {twice} twice (a pattern and a name, or two patterns, match it): "
+            "its pairs would train twice; list each file once"
+        )
+    raise ConfigError(
+        f"mixture sources {by[0]} and {by[1]} both read {twice}: its pairs would train twice; give each file to one "
+        "source (narrow the pattern or the folder, or remove the other source)"
+    )
+
+
+def _files_read(source: Source) -> list:
+    """The local files a source reads, a file once per time datasets reads it (each `data_files` entry is read on its
+    own); none for a Hub data set, or for a builder with nothing to read."""
+    read_from = _read_from(source)
+    if read_from is None or (source.path in BUILDERS and not (source.file or source.data_files or source.data_dir)):
+        return []  # a builder with nothing to read (not the working folder's files)
+    where, split, data_dir, data_files = read_from
+    folder = os.path.expanduser(os.path.join(where, data_dir or ""))
+    if not data_files and os.path.isdir(folder) and not data_identity.saved(Path(folder)):
+        return _split_files(folder, split)
+    entries = data_files.get(split) if isinstance(data_files, dict) else data_files
+    entries = entries if isinstance(entries, list) else [entries]
+    return [p.resolve() for e in entries for p in (data_identity.files(where, split, data_dir, e) or {}).values()]
+
+
+def _split_files(folder: str, split: str) -> list:
+    """The files of a folder of data files that datasets reads as `split` (by their names: `train.jsonl`, `test-0.csv`;
+    every file where none is named so): two splits of one folder are two sources."""
+    from datasets.data_files import DataFilesDict, get_data_patterns
+
+    try:
+        found = DataFilesDict.from_patterns(get_data_patterns(folder), base_path=folder).get(split, [])
+    except Exception:  # no data file: the load says so, with the folder's files
+        return []
+    return [Path(f).resolve() for f in found]
 
 
 def local_files(values: dict) -> list[str]:
@@ -190,6 +241,13 @@ def _entry(entry, split: str, flag: str) -> Source:
     amount = entry.get("amount")
     amount = None if amount is None else _amount(json.dumps(amount) if not isinstance(amount, str) else amount)
     columns = entry.get("columns")
+    # a list of names, as TRL's: one string was read a character at a time (`no column(s) ['c', 'h', ...]`), after
+    # the source loaded, and a number was a traceback
+    if columns is not None and (not isinstance(columns, list) or not all(isinstance(c, str) for c in columns)):
+        raise ConfigError(
+            f"`{flag}:` entry {entry['path']!r}: columns {columns!r} is not a list of column names: write them as a "
+            "list (columns: [prompt, chosen, rejected])"
+        )
     return Source(
         str(entry["path"]),
         str(entry.get("split") or split),
@@ -235,9 +293,28 @@ def check(recipe) -> None:
     """The recipe's data, checked from the recipe alone: one source (dataset_name) or a mixture's spelling."""
     values = fields_of(recipe)
     train = parse(values)
-    parse(values, evaluation=True)
+    held_out = parse(values, evaluation=True)
     for name in [recipe.script.dataset_name] if train is None else [s.local for s in train if s.local]:
         data.check_dataset_name(name)
+    for source in [*(train or []), *(held_out or [])]:
+        _check_found(source)
+
+
+def _check_found(source: Source) -> None:
+    """A builder's `data_files` entry that matches no local file (a mistyped pattern, a folder not there): datasets
+    ended the load in a bare `StopIteration` (a pattern) or named the file but not the source."""
+    if source.path not in BUILDERS or source.file or not source.data_files:
+        return
+    base, split, data_dir, data_files = _read_from(source)
+    entries = data_files.get(split) if isinstance(data_files, dict) else data_files
+    for entry in entries if isinstance(entries, list) else [entries]:
+        if isinstance(entry, str) and "://" not in entry and not data_identity.files(base, split, data_dir, entry):
+            relative = not os.path.isabs(os.path.expanduser(entry))
+            where = f" (looked in {os.path.abspath(os.path.expanduser(base))})" if relative else ""
+            raise ConfigError(
+                f"mixture source {source.spec()}: data_files {entry!r} matches no file{where}: check the path or "
+                "pattern"
+            )
 
 
 # --- taking the rows --------------------------------------------------------------------------------------------------
@@ -261,6 +338,11 @@ def take(source: Source, usable: int, seed: int, share_rows: int | None = None) 
             )
         return np.sort(rng.choice(usable, count, replace=False))
     wanted = int(float(source.amount) * usable)  # floor, as open-instruct
+    if wanted == 0 and usable:  # an amount of 0 is refused as written; one that floors to 0 took none, silently
+        raise ConfigError(
+            f"source {source.spec()} has {usable} usable rows and amount {source.amount} takes none of them "
+            f"(floor({source.amount} x {usable}) = 0): give a larger amount (1 takes one pair) or remove the source"
+        )
     whole, rest = divmod(wanted, usable)
     return np.concatenate([np.tile(np.arange(usable), whole), np.sort(rng.choice(usable, rest, replace=False))])
 
@@ -311,16 +393,26 @@ def read_source(source: Source, say: bool = True):
         import datasets
 
         data.check_datasets_cache()
+        # CSV files read as text, as one file is (data.csv_text_features): a number in one file and text in another
+        text = (
+            data.csv_text_features((data_identity.files(*_read_from(source)) or {}).values())
+            if source.path == "csv"
+            else None
+        )
         try:
-            loaded = datasets.load_dataset(
-                source.path,
-                name=source.name,
-                data_dir=source.data_dir,
-                data_files=source.data_files,
-                split=source.split,
+            loaded = data.load_as_text(
+                lambda features: datasets.load_dataset(
+                    source.path,
+                    name=source.name,
+                    data_dir=source.data_dir,
+                    data_files=source.data_files,
+                    split=source.split,
+                    features=features,
+                ),
+                text,
             )
-        except Exception as e:
-            raise ConfigError(f"could not load mixture source {source.spec()}: {cause(e)}") from None
+        except Exception as e:  # datasets' DatasetGenerationError says only that one occurred: its cause says what
+            raise ConfigError(f"could not load mixture source {source.spec()}: {cause(e.__cause__ or e)}") from None
         loaded = data.prompt_column(loaded, source.spec(), source.split, say)
     else:
         loaded = data.load_preference_dataset(source.path, source.split, source.name, say=say)

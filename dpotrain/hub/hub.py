@@ -160,7 +160,7 @@ def model_card(r: Record, records: list[dict], revisions: list[tuple[int, str]] 
     names = [dataset] if dataset else [source["source"].split(" [")[0].split(":")[0] for source in sources]
     hub_names = [n for n in names if "/" in n and not Path(n).exists()]
     if sources:
-        dataset = f"a mixture of {len(sources)} sources"
+        dataset = f"a mixture of {len(sources)} source{'s' if len(sources) != 1 else ''}"
     data = ModelCardData(
         base_model=base if is_hub_model(base) else None,  # a local folder is no Hub repo: the Hub refuses the card
         datasets=hub_names or None,
