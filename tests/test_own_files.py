@@ -307,6 +307,42 @@ def test_a_persons_checkpoint_folder_where_the_run_saves_is_refused_and_never_re
     assert not (out / "checkpoint-2").exists()
 
 
+def test_a_resume_goes_on_only_from_the_runs_own_checkpoints(tmp_path, monkeypatch, capsys):
+    """A complete `checkpoint-N` a person copied into a stopped run's folder (from another run, a backup), newer than
+    the run's own, was the automatic resume's choice (the newest verified one), and a requeue's past a named
+    checkpoint: the run went on from weights it never trained, and with N past max_steps finished at once, its
+    final model the person's. A run resumes only from checkpoints its record names; another is passed over, said in a
+    line (and refused where the run may still save that step: check_checkpoints_of_others)."""
+    from dpotrain import resolve
+    from dpotrain.recipe.config import parse_args
+
+    out = tmp_path / "run"
+    sealed_checkpoint(out / "checkpoint-2")
+    (out / "resolved_config.json").write_text(json.dumps({"derived": {}}))  # a record with no setting to compare
+    run_files.write(out, [run_files.MANIFEST, "resolved_config.json", "checkpoint-2"])
+    sealed_checkpoint(out / "checkpoint-9")  # the person's, past max_steps: no save of the run's goes there
+    recipe = parse_args(train_args(out, "--max_steps", "4"))
+    assert resolve.check_output_dir(recipe).resume_from == str(out / "checkpoint-2")
+    assert (
+        f"Not resuming from {out / 'checkpoint-9'}: not this run's ({run_files.MANIFEST} does not name it)"
+        in capsys.readouterr().out
+    )
+    output_folder.check_checkpoints_of_others(str(out), str(out / "checkpoint-2"), 4)
+    # A requeue of a job given --resume_from_checkpoint goes on from the run's own progress only.
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "1")
+    named = parse_args(train_args(out, "--max_steps", "4", "--resume_from_checkpoint", str(out / "checkpoint-2")))
+    assert resolve.check_output_dir(named).resume_from == str(out / "checkpoint-2")
+    # One at a step the run may still save: refused at the start, never resumed from nor removed.
+    sealed_checkpoint(out / "checkpoint-3")
+    assert resolve.check_output_dir(recipe).resume_from == str(out / "checkpoint-2")
+    with pytest.raises(ConfigError, match=r"holds checkpoint-3, which this run did not write"):
+        output_folder.check_checkpoints_of_others(str(out), str(out / "checkpoint-2"), 4)
+    # With none of its own: nothing to resume, the person's checkpoints refused as before, not resumed from.
+    shutil.rmtree(out / "checkpoint-2")
+    run_files.write(out, [run_files.MANIFEST, "resolved_config.json"])
+    assert resolve.check_output_dir(recipe) == resolve.OutputDecision(None, False)
+
+
 def test_a_readme_written_in_the_folder_of_a_run_stopped_before_its_card_stays_the_persons(tmp_path, capsys):
     """The model card and the plot were recorded as the run's when it started: a run stopped before its end had not
     written them, and a README.md a person then wrote in its folder (why it was stopped) was deleted by
