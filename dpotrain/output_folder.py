@@ -216,6 +216,11 @@ def start(recipe, start_afresh: bool, pushes: bool) -> None:
         replace(out, old)
     else:  # resumed: what earlier attempts wrote is the run's too (before records, its checkpoint folders)
         names = (old if old is not None else [p.name for p in checkpoints(out)]) + names
+    # A name this run writes that the record does not hold (samples.jsonl turned on at a resume, a name the replaced
+    # run never wrote) and that is there already is a person's file: moved aside, never appended to, trimmed or
+    # later removed as the run's. Without a record (a run written before records), its files are the run's.
+    for name in [n for n in names if old is not None and n not in old and n != MANIFEST]:
+        run_files.set_aside_if_not_own(out, name)
     run_files.write(out, names)
     shutil.rmtree(out / FINAL_STAGING, ignore_errors=True)  # an earlier attempt's final save, cut short
 

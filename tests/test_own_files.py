@@ -378,6 +378,29 @@ def test_a_readme_written_in_the_folder_of_a_run_stopped_before_its_card_stays_t
     assert not {readme.name, config.name} & set(output_folder.read_manifest(out))
 
 
+def test_a_persons_file_named_as_a_record_the_resumed_run_turns_on_stays_the_persons(tmp_path):
+    """samples.jsonl is the run's only where its settings sample: a run started without samples, stopped, then resumed
+    with --samples_every, recorded a samples.jsonl a person had put in its folder as its own, trimmed its lines of
+    the resumed step and later (keep_before), appended to it and a later --overwrite_output_dir deleted it (and
+    its lines without a step refused the resume as a damaged record). A name the run turns on that its record did not
+    hold is moved aside before it is recorded, as the card is."""
+    from dpotrain import stages
+    from dpotrain.recipe.config import parse_args
+
+    out = tmp_path / "run"
+    output_folder.start(parse_args(train_args(out)), start_afresh=False, pushes=False)  # samples_every: 0
+    mine = '{"step": 0, "prompt": "2+2?", "completion": "4", "grader": "me"}\n{"note": "ask again at step 8"}\n'
+    (out / "samples.jsonl").write_text(mine)
+    stages.check_histories(str(out))  # not the run's: not read as one of its records
+    output_folder.start(parse_args(train_args(out, "--samples_every", "8")), start_afresh=False, pushes=False)
+    (aside,) = out.glob("samples.not-this-run-*.jsonl")
+    assert aside.read_text() == mine and not (out / "samples.jsonl").exists()
+    names = output_folder.read_manifest(out)
+    assert "samples.jsonl" in names and aside.name not in names
+    output_folder.replace(out, names)  # --overwrite_output_dir
+    assert aside.read_text() == mine
+
+
 # --- a run never reads from its own output folder --------------------------------------------------------------------
 
 
