@@ -401,6 +401,33 @@ def test_a_persons_file_named_as_a_record_the_resumed_run_turns_on_stays_the_per
     assert aside.read_text() == mine
 
 
+def test_a_record_of_an_earlier_version_does_not_make_a_persons_readme_the_runs(tmp_path, capsys):
+    """Records written before the card, plot and merged model were recorded as written named them from the run's
+    start: a README.md a person wrote in the folder of such a run, stopped before its end, was still the run's by
+    that record, written over by the card of the run resumed by this version, or deleted by --overwrite_output_dir.
+    Such a record names them as the run's only where the run finished (run_complete.json)."""
+    from dpotrain.recipe.config import parse_args
+
+    out = tmp_path / "run"
+    out.mkdir()
+    old = ["run_files.json", "resolved_config.json", "metrics.jsonl", "training_curves.png", "README.md"]
+    old += ["run_complete.json", "health_stop.json", "checkpoint-2"]
+    (out / run_files.MANIFEST).write_text(json.dumps({"names": old, "written_by": "train_dpo.py"}))
+    (out / "README.md").write_text("stopped at step 2: lr too high\n")  # the person's
+    output_folder.replace(out, output_folder.read_manifest(out))  # --overwrite_output_dir
+    assert (out / "README.md").read_text() == "stopped at step 2: lr too high\n"
+    assert "README.md" not in output_folder.read_manifest(out)
+    # Resumed by this version: its card, written at the end, moves the person's aside.
+    output_folder.start(parse_args(train_args(out)), start_afresh=False, pushes=False)
+    output_folder.claim_for_writing(out, ["training_curves.png", "README.md"])
+    (readme,) = out.glob("README.not-this-run-*.md")
+    assert readme.read_text() == "stopped at step 2: lr too high\n"
+    # A finished run of that version wrote its card: its own.
+    (out / run_files.MANIFEST).write_text(json.dumps({"names": old, "written_by": "train_dpo.py"}))
+    (out / "run_complete.json").write_text('{"global_step": 4}\n')
+    assert "README.md" in output_folder.read_manifest(out)
+
+
 # --- a run never reads from its own output folder --------------------------------------------------------------------
 
 
