@@ -135,6 +135,30 @@ def test_overwrite_replaces_only_the_runs_own_files(tmp_path, tiny_model_dir):
 
 
 @pytest.mark.slow
+def test_a_best_checkpoint_kept_deletes_no_persons_folder_at_the_end(tmp_path, tiny_model_dir):
+    """--metric_for_best_model with save_total_limit 1: at the end of training transformers deleted every
+    `checkpoint-*` folder of output_dir but the best one (Trainer._finalize_training), a person's checkpoint-4.bak/ and
+    checkpoint-2-samples/ and a checkpoint-N copied in too, after the run had said it kept that one ("Kept
+    checkpoint-9 ...: not this run's, never rotated"). The run's rotation alone deletes, among its own."""
+    out, held = tmp_path / "run", tmp_path / "held.jsonl"
+    held.write_text("".join((ROOT / "data" / "smoke_prefs.jsonl").read_text().splitlines(keepends=True)[:8]))
+    first = run_train(train_args(out, "--max_steps", "2", "--save_strategy", "no"), env=env_for(tiny_model_dir))
+    assert first.returncode == 0, first.stdout[-3000:]
+    checkpoint_named_files(out)
+    sealed_checkpoint(out / "checkpoint-9")  # a person's copy, past max_steps
+    users = {k: v for k, v in snapshot(out).items() if k.startswith(("checkpoint-", "checkpoint-9/"))}
+    best = ["--eval_strategy", "steps", "--eval_steps", "1", "--dataset_mixer_eval_list", str(held), "1.0"]
+    best += ["--metric_for_best_model", "eval_loss", "--save_steps", "1", "--save_total_limit", "1"]
+    second = run_train(
+        train_args(out, "--max_steps", "3", *best, "--overwrite_output_dir"), env=env_for(tiny_model_dir)
+    )
+    assert second.returncode == 0, second.stdout[-3000:]
+    after = snapshot(out)
+    assert {k: after.get(k) for k in users} == users, sorted(p.name for p in out.iterdir())
+    assert (out / "checkpoint-3" / "COMPLETE").is_file()  # the run's newest complete one (its eval_loss the best)
+
+
+@pytest.mark.slow
 def test_a_users_file_written_while_the_final_model_is_saved_stays_the_users(tmp_path, tiny_model_dir):
     """Issue #53: the final save claimed every name whose modification time moved while `save_model` ran, a person's
     file written then among them, and a later --overwrite_output_dir deleted it. A person's tool (an evaluation that
