@@ -52,8 +52,18 @@ def run_names(recipe, pushes: bool) -> list[str]:
 
 
 def read_manifest(out: Path) -> list[str] | None:
-    """The names the run in `out` recorded as its own; None when there is no record (`checkpoints.recorded_names`)."""
-    return recorded_names(out)
+    """The names the run in `out` recorded as its own; None when there is no record (`checkpoints.recorded_names`). A
+    record of an earlier format named the card, plot and merged model from the run's start: they are the run's only
+    where it finished, else what lies there under those names (a README.md of why it was stopped) may be a person's,
+    which the card of the resumed run would write over, or --overwrite_output_dir delete."""
+    from dpotrain.hub.hub import CARD
+    from dpotrain.train.lora import MERGED_DIR
+    from dpotrain.train.metrics import PLOT_FILE
+
+    names = recorded_names(out)
+    if names is not None and not run_files.of_this_format(out) and not (out / RUN_COMPLETE).exists():
+        names = [n for n in names if n not in (CARD, PLOT_FILE, MERGED_DIR)]
+    return names
 
 
 def owned(out: Path, names: list[str]) -> list[Path]:
@@ -216,6 +226,11 @@ def start(recipe, start_afresh: bool, pushes: bool) -> None:
         replace(out, old)
     else:  # resumed: what earlier attempts wrote is the run's too (before records, its checkpoint folders)
         names = (old if old is not None else [p.name for p in checkpoints(out)]) + names
+    # A name this run writes that the record does not hold (samples.jsonl turned on at a resume, a name the replaced
+    # run never wrote) and that is there already is a person's file: moved aside, never appended to, trimmed or
+    # later removed as the run's. Without a record (a run written before records), its files are the run's.
+    for name in [n for n in names if old is not None and n not in old and n != MANIFEST]:
+        run_files.set_aside_if_not_own(out, name)
     run_files.write(out, names)
     shutil.rmtree(out / FINAL_STAGING, ignore_errors=True)  # an earlier attempt's final save, cut short
 

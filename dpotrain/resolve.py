@@ -16,7 +16,7 @@ from dpotrain.recipe import config, run_record
 from dpotrain.recipe.config import Recipe
 from dpotrain.recipe.errors import ConfigError
 from dpotrain.train import resume
-from dpotrain.train.checkpoints import checkpoints
+from dpotrain.train.checkpoints import own_checkpoints
 
 # Settings a resumed run must share with the run that wrote its checkpoint; others (output_dir, logging, save_*, eval_*,
 # push, precision, sequence_parallel_size: the same work split otherwise) may change between a run and its resumption.
@@ -295,7 +295,7 @@ def check_output_dir(recipe: Recipe, pairs_per_step: int | None = None) -> Outpu
                 "with its settings to resume it, pass a new --output_dir, or --overwrite_output_dir to start afresh"
             )
         return OutputDecision(str(latest), False)
-    if checkpoints(out):
+    if own_checkpoints(out):  # a person's checkpoint-N is none of the run's (check_checkpoints_of_others)
         if p.overwrite_output_dir or resume.only_cut_short(out, changed_settings(recipe, out, pairs_per_step)):
             return OutputDecision(None, True)
         state = "has no complete checkpoint" if latest is None else "has checkpoints and --no_auto_resume is set"

@@ -149,13 +149,15 @@ def data_folders(recipe) -> list[str]:
 
 def check_histories(output_dir: str) -> None:
     """The records a resume trims at its first logged step (metrics.jsonl, samples.jsonl): a line changed by hand is
-    refused now, in its one line, not after the model has loaded."""
+    refused now, in its one line, not after the model has loaded. One the run's record does not name is a person's,
+    moved aside as the run starts (`output_folder.start`), never read."""
     from dpotrain.recipe import records
     from dpotrain.recipe.errors import RunError
     from dpotrain.train.metrics import METRICS_FILE
     from dpotrain.train.samples import SAMPLES_FILE
 
-    for name in (METRICS_FILE, SAMPLES_FILE):
+    own = output_folder.read_manifest(Path(output_dir))
+    for name in [n for n in (METRICS_FILE, SAMPLES_FILE) if own is None or n in own]:
         try:
             records.read(Path(output_dir) / name, step=True)
         except RunError as e:

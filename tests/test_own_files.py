@@ -135,6 +135,30 @@ def test_overwrite_replaces_only_the_runs_own_files(tmp_path, tiny_model_dir):
 
 
 @pytest.mark.slow
+def test_a_best_checkpoint_kept_deletes_no_persons_folder_at_the_end(tmp_path, tiny_model_dir):
+    """--metric_for_best_model with save_total_limit 1: at the end of training transformers deleted every
+    `checkpoint-*` folder of output_dir but the best one (Trainer._finalize_training), a person's checkpoint-4.bak/ and
+    checkpoint-2-samples/ and a checkpoint-N copied in too, after the run had said it kept that one ("Kept
+    checkpoint-9 ...: not this run's, never rotated"). The run's rotation alone deletes, among its own."""
+    out, held = tmp_path / "run", tmp_path / "held.jsonl"
+    held.write_text("".join((ROOT / "data" / "smoke_prefs.jsonl").read_text().splitlines(keepends=True)[:8]))
+    first = run_train(train_args(out, "--max_steps", "2", "--save_strategy", "no"), env=env_for(tiny_model_dir))
+    assert first.returncode == 0, first.stdout[-3000:]
+    checkpoint_named_files(out)
+    sealed_checkpoint(out / "checkpoint-9")  # a person's copy, past max_steps
+    users = {k: v for k, v in snapshot(out).items() if k.startswith(("checkpoint-", "checkpoint-9/"))}
+    best = ["--eval_strategy", "steps", "--eval_steps", "1", "--dataset_mixer_eval_list", str(held), "1.0"]
+    best += ["--metric_for_best_model", "eval_loss", "--save_steps", "1", "--save_total_limit", "1"]
+    second = run_train(
+        train_args(out, "--max_steps", "3", *best, "--overwrite_output_dir"), env=env_for(tiny_model_dir)
+    )
+    assert second.returncode == 0, second.stdout[-3000:]
+    after = snapshot(out)
+    assert {k: after.get(k) for k in users} == users, sorted(p.name for p in out.iterdir())
+    assert (out / "checkpoint-3" / "COMPLETE").is_file()  # the run's newest complete one (its eval_loss the best)
+
+
+@pytest.mark.slow
 def test_a_users_file_written_while_the_final_model_is_saved_stays_the_users(tmp_path, tiny_model_dir):
     """Issue #53: the final save claimed every name whose modification time moved while `save_model` ran, a person's
     file written then among them, and a later --overwrite_output_dir deleted it. A person's tool (an evaluation that
@@ -307,6 +331,42 @@ def test_a_persons_checkpoint_folder_where_the_run_saves_is_refused_and_never_re
     assert not (out / "checkpoint-2").exists()
 
 
+def test_a_resume_goes_on_only_from_the_runs_own_checkpoints(tmp_path, monkeypatch, capsys):
+    """A complete `checkpoint-N` a person copied into a stopped run's folder (from another run, a backup), newer than
+    the run's own, was the automatic resume's choice (the newest verified one), and a requeue's past a named
+    checkpoint: the run went on from weights it never trained, and with N past max_steps finished at once, its
+    final model the person's. A run resumes only from checkpoints its record names; another is passed over, said in a
+    line (and refused where the run may still save that step: check_checkpoints_of_others)."""
+    from dpotrain import resolve
+    from dpotrain.recipe.config import parse_args
+
+    out = tmp_path / "run"
+    sealed_checkpoint(out / "checkpoint-2")
+    (out / "resolved_config.json").write_text(json.dumps({"derived": {}}))  # a record with no setting to compare
+    run_files.write(out, [run_files.MANIFEST, "resolved_config.json", "checkpoint-2"])
+    sealed_checkpoint(out / "checkpoint-9")  # the person's, past max_steps: no save of the run's goes there
+    recipe = parse_args(train_args(out, "--max_steps", "4"))
+    assert resolve.check_output_dir(recipe).resume_from == str(out / "checkpoint-2")
+    assert (
+        f"Not resuming from {out / 'checkpoint-9'}: not this run's ({run_files.MANIFEST} does not name it)"
+        in capsys.readouterr().out
+    )
+    output_folder.check_checkpoints_of_others(str(out), str(out / "checkpoint-2"), 4)
+    # A requeue of a job given --resume_from_checkpoint goes on from the run's own progress only.
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "1")
+    named = parse_args(train_args(out, "--max_steps", "4", "--resume_from_checkpoint", str(out / "checkpoint-2")))
+    assert resolve.check_output_dir(named).resume_from == str(out / "checkpoint-2")
+    # One at a step the run may still save: refused at the start, never resumed from nor removed.
+    sealed_checkpoint(out / "checkpoint-3")
+    assert resolve.check_output_dir(recipe).resume_from == str(out / "checkpoint-2")
+    with pytest.raises(ConfigError, match=r"holds checkpoint-3, which this run did not write"):
+        output_folder.check_checkpoints_of_others(str(out), str(out / "checkpoint-2"), 4)
+    # With none of its own: nothing to resume, the person's checkpoints refused as before, not resumed from.
+    shutil.rmtree(out / "checkpoint-2")
+    run_files.write(out, [run_files.MANIFEST, "resolved_config.json"])
+    assert resolve.check_output_dir(recipe) == resolve.OutputDecision(None, False)
+
+
 def test_a_readme_written_in_the_folder_of_a_run_stopped_before_its_card_stays_the_persons(tmp_path, capsys):
     """The model card and the plot were recorded as the run's when it started: a run stopped before its end had not
     written them, and a README.md a person then wrote in its folder (why it was stopped) was deleted by
@@ -340,6 +400,56 @@ def test_a_readme_written_in_the_folder_of_a_run_stopped_before_its_card_stays_t
     assert f"Moved {out / 'README.md'} to {readme}: not this run's" in capsys.readouterr().out
     assert {"README.md", "config.json", "training_curves.png"} <= set(output_folder.read_manifest(out))
     assert not {readme.name, config.name} & set(output_folder.read_manifest(out))
+
+
+def test_a_persons_file_named_as_a_record_the_resumed_run_turns_on_stays_the_persons(tmp_path):
+    """samples.jsonl is the run's only where its settings sample: a run started without samples, stopped, then resumed
+    with --samples_every, recorded a samples.jsonl a person had put in its folder as its own, trimmed its lines of
+    the resumed step and later (keep_before), appended to it and a later --overwrite_output_dir deleted it (and
+    its lines without a step refused the resume as a damaged record). A name the run turns on that its record did not
+    hold is moved aside before it is recorded, as the card is."""
+    from dpotrain import stages
+    from dpotrain.recipe.config import parse_args
+
+    out = tmp_path / "run"
+    output_folder.start(parse_args(train_args(out)), start_afresh=False, pushes=False)  # samples_every: 0
+    mine = '{"step": 0, "prompt": "2+2?", "completion": "4", "grader": "me"}\n{"note": "ask again at step 8"}\n'
+    (out / "samples.jsonl").write_text(mine)
+    stages.check_histories(str(out))  # not the run's: not read as one of its records
+    output_folder.start(parse_args(train_args(out, "--samples_every", "8")), start_afresh=False, pushes=False)
+    (aside,) = out.glob("samples.not-this-run-*.jsonl")
+    assert aside.read_text() == mine and not (out / "samples.jsonl").exists()
+    names = output_folder.read_manifest(out)
+    assert "samples.jsonl" in names and aside.name not in names
+    output_folder.replace(out, names)  # --overwrite_output_dir
+    assert aside.read_text() == mine
+
+
+def test_a_record_of_an_earlier_version_does_not_make_a_persons_readme_the_runs(tmp_path, capsys):
+    """Records written before the card, plot and merged model were recorded as written named them from the run's
+    start: a README.md a person wrote in the folder of such a run, stopped before its end, was still the run's by
+    that record, written over by the card of the run resumed by this version, or deleted by --overwrite_output_dir.
+    Such a record names them as the run's only where the run finished (run_complete.json)."""
+    from dpotrain.recipe.config import parse_args
+
+    out = tmp_path / "run"
+    out.mkdir()
+    old = ["run_files.json", "resolved_config.json", "metrics.jsonl", "training_curves.png", "README.md"]
+    old += ["run_complete.json", "health_stop.json", "checkpoint-2"]
+    (out / run_files.MANIFEST).write_text(json.dumps({"names": old, "written_by": "train_dpo.py"}))
+    (out / "README.md").write_text("stopped at step 2: lr too high\n")  # the person's
+    output_folder.replace(out, output_folder.read_manifest(out))  # --overwrite_output_dir
+    assert (out / "README.md").read_text() == "stopped at step 2: lr too high\n"
+    assert "README.md" not in output_folder.read_manifest(out)
+    # Resumed by this version: its card, written at the end, moves the person's aside.
+    output_folder.start(parse_args(train_args(out)), start_afresh=False, pushes=False)
+    output_folder.claim_for_writing(out, ["training_curves.png", "README.md"])
+    (readme,) = out.glob("README.not-this-run-*.md")
+    assert readme.read_text() == "stopped at step 2: lr too high\n"
+    # A finished run of that version wrote its card: its own.
+    (out / run_files.MANIFEST).write_text(json.dumps({"names": old, "written_by": "train_dpo.py"}))
+    (out / "run_complete.json").write_text('{"global_step": 4}\n')
+    assert "README.md" in output_folder.read_manifest(out)
 
 
 # --- a run never reads from its own output folder --------------------------------------------------------------------

@@ -383,6 +383,23 @@ def test_ctrl_c_once_training_is_over_says_the_run_finishes_its_final_save(capfd
     assert "saving a checkpoint" not in said
 
 
+def test_ctrl_c_during_the_last_steps_checkpoint_says_the_run_finishes(capfd):
+    """Ctrl-C while the last step's own checkpoint was saved (after its on_step_end, before on_train_end) printed
+    "saving a checkpoint at the end of this step, then stopping": no step was left to stop at, and the run went on to
+    its final model and outputs and ended with 0 (a run's save hook sending SIGINT at that save showed it)."""
+    from dpotrain.train.preemption import GracefulStop
+
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # a terminal's foreground job (conftest restores it)
+    stop = GracefulStop()
+    stop.on_step_end(SimpleNamespace(device="cpu"), SimpleNamespace(global_step=4, max_steps=4), SimpleNamespace())
+    os.kill(os.getpid(), signal.SIGINT)  # the checkpoint-4 save, which comes next
+    time.sleep(0.1)
+    stop.release(exiting=False)
+    said = capfd.readouterr().err
+    assert "Ctrl-C: training is over; finishing the final model and the run's outputs, then ending" in said
+    assert "saving a checkpoint" not in said and not stop.stopped
+
+
 @pytest.mark.slow
 def test_a_second_signal_does_not_end_the_process():
     # On a preemption Slurm signals every process of the job, and srun forwards its own SIGTERM to the tasks again: a

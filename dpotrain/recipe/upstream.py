@@ -49,6 +49,7 @@ _override, _call, _read, _set, _patch, _source = map(_of_kind, ("override", "cal
 
 DPO = "trl.trainer.dpo_trainer"
 ROTATION = "transformers.trainer:rotate_checkpoints"  # the checkpoint rotation inside Trainer._save_checkpoint
+FINAL_ROTATION = "transformers.trainer:sort_checkpoints"  # what Trainer._finalize_training deletes from
 # transformers' models with mixed layer kinds take a dict of masks, one per kind; their forward says so in this phrase
 MASK_PER_LAYER_KIND = "causal_mask_mapping := attention_mask, dict"
 TRAINER = "transformers.trainer"
@@ -235,6 +236,12 @@ SEAMS = (
         "a no-op inside `_save_checkpoint`: checkpoints are rotated after their COMPLETE mark (train/checkpoints.py), "
         "never before it, and without flipping `save_total_limit` on the run's arguments",
         read_in=f"{TRAINER}:Trainer._save_checkpoint",
+    ),
+    _patch(
+        FINAL_ROTATION,
+        "no checkpoint for `_finalize_training` to delete: with save_total_limit 1 and a best checkpoint it deleted "
+        "every `checkpoint-*` folder of output_dir but the best, a person's too; the run's rotation keeps its own",
+        read_in=f"{TRAINER}:Trainer._finalize_training",
     ),
     _patch(
         f"{DPO}:create_model_from_path",

@@ -149,6 +149,9 @@ class GracefulStop(TrainerCallback):
             self.stopped = True
             control.should_save = True
             control.should_training_stop = True
+        # The last step has ended: no step is left to stop at, from its own checkpoint's save on (on_train_end comes
+        # after that save, which a Ctrl-C was told would be followed by a stop, while the run went on to its end).
+        self.training_over = state.global_step >= state.max_steps
         return control
 
     def on_train_end(self, args, state, control, **kwargs):

@@ -2,8 +2,8 @@
 
 - Only a verified checkpoint is resumed from: its COMPLETE mark, its manifest listing the optimizer's and scheduler's
   state, every file at its size (before anything loads) and checksum (once processes have started: `confirm`). The
-  automatic resume takes the newest verified one, saying why it skipped newer ones; one named with
-  --resume_from_checkpoint that cannot be verified is refused.
+  automatic resume takes the newest verified one of the run's own (run_files.json names it), saying why it skipped
+  newer ones; one named with --resume_from_checkpoint that cannot be verified is refused.
 - A run stopped by a health guard is remembered (`HEALTH_STOP`): the same command is refused with the fix.
 - A folder whose only checkpoints were cut short holds nothing to resume: the identical rerun (a requeue) starts afresh.
 """
@@ -17,7 +17,8 @@ from dpotrain.recipe import records as run_records
 from dpotrain.recipe.errors import ConfigError, RunError
 from dpotrain.recipe.writes import write_text
 from dpotrain.train import checkpoint_manifest
-from dpotrain.train.checkpoints import MARKER, checkpoints, complete_checkpoints, is_complete, step_of
+from dpotrain.train.checkpoints import MARKER, checkpoints, is_complete, own_checkpoints, step_of
+from dpotrain.train.run_files import MANIFEST
 
 HEALTH_STOP = "health_stop.json"  # written by a run a health guard stopped (dpotrain/train/health.py)
 
@@ -37,9 +38,10 @@ def unverified(folder: Path) -> str | None:
 
 
 def newest_verified(out: Path, before: Path | None = None) -> tuple[Path | None, list[tuple[Path, str]]]:
-    """The newest checkpoint of `out` (older than `before`, if given) that passes `unverified`, and the newer ones
-    passed over, each with why."""
-    folders = checkpoints(out)
+    """The newest of the run's own checkpoints of `out` (older than `before`, if given) that passes `unverified`, and
+    the newer ones passed over, each with why. A `checkpoint-N` the run's record does not name (a person's copy) is
+    never one: the run would go on from weights it did not train."""
+    folders = own_checkpoints(out)
     if before is not None:
         folders = [p for p in folders if step_of(p) < step_of(before)]
     skipped = []
@@ -55,6 +57,10 @@ def latest_sound_checkpoint(out: Path, before: Path | None = None, refuse: bool 
     """The newest verified checkpoint (older than `before`, if given), each newer one it passes over said in a line.
     With none left: refused when a complete checkpoint failed its checks (`refuse`), else None."""
     found, skipped = newest_verified(out, before)
+    # A person's newer one (the run's record does not name it), said in a line: the run resumes from its own alone.
+    own, low, high = own_checkpoints(out), step_of(found) if found else -1, step_of(before) if before else float("inf")
+    for folder in [p for p in checkpoints(out) if p not in own and low < step_of(p) < high]:
+        _say(f"Not resuming from {folder}: not this run's ({MANIFEST} does not name it)")
     damaged = any(is_complete(folder) for folder, _ in skipped)
     if found is not None or damaged:
         for folder, why in skipped:
@@ -227,7 +233,7 @@ def after_health_stop(recipe, out: Path) -> bool:
     go_on = "" if stop.get("fatal") else " (or --health_action warn to go on from its checkpoint anyway)"
     again = (
         "resuming would train on the values it stopped on"
-        if complete_checkpoints(out)
+        if any(map(is_complete, own_checkpoints(out)))
         else "the same command would fail the same way"
     )
     raise ConfigError(
@@ -237,11 +243,11 @@ def after_health_stop(recipe, out: Path) -> bool:
 
 
 def only_cut_short(out: Path, changed: list[str]) -> bool:
-    """Whether `out`'s checkpoints were all cut short (no COMPLETE mark) by a run whose settings are the rerun's:
+    """Whether `out`'s own checkpoints were all cut short (no COMPLETE mark) by a run whose settings are the rerun's:
     nothing to resume, so the identical rerun (a Slurm requeue) starts afresh."""
-    folders = checkpoints(out)
+    folders = own_checkpoints(out)
     ran_here = (out / "resolved_config.json").is_file()  # written as training starts: a run of this project was here
-    if not folders or complete_checkpoints(out) or changed or not ran_here:
+    if not folders or any(map(is_complete, folders)) or changed or not ran_here:
         return False
     _say(
         f"output_dir {out}: {', '.join(p.name for p in folders)} cut short (no COMPLETE mark), nothing to resume "

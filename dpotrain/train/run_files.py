@@ -13,21 +13,33 @@ from dpotrain.recipe.errors import ConfigError
 MANIFEST = "run_files.json"
 # What records written before checkpoints were recorded by name hold for them: read as the folder's checkpoint folders.
 OLD_CHECKPOINTS = "checkpoint-[0-9]*"
+# The record's format: 2 records the files a finished run writes at its end (its card, plot, merged model) as it
+# writes them; records without it named them from the run's start, written or not (`output_folder.read_manifest`).
+FORMAT = 2
+
+
+def _record(out: Path) -> dict | None:
+    fix = "it lists the run's own files; move the folder aside and pass a new --output_dir"
+    record = run_records.read_record(Path(out) / MANIFEST, fix)
+    if record is not None and not isinstance(record.get("names"), list):
+        raise ConfigError(f"{Path(out) / MANIFEST} is unreadable (no list of names): {fix}")
+    return record
 
 
 def read(out: Path) -> list[str] | None:
     """The names as recorded; None when there is no record."""
-    fix = "it lists the run's own files; move the folder aside and pass a new --output_dir"
-    record = run_records.read_record(Path(out) / MANIFEST, fix)
-    if record is None:
-        return None
-    if not isinstance(record.get("names"), list):
-        raise ConfigError(f"{Path(out) / MANIFEST} is unreadable (no list of names): {fix}")
-    return record["names"]
+    record = _record(out)
+    return None if record is None else record["names"]
+
+
+def of_this_format(out: Path) -> bool:
+    """Whether the record is of `FORMAT` (a record written before formats has none)."""
+    return (_record(out) or {}).get("format") == FORMAT
 
 
 def write(out: str | Path, names: list[str]) -> None:
     record = {
+        "format": FORMAT,
         "names": list(dict.fromkeys(names)),
         "written_by": "train_dpo.py: these are the run's own files; "
         "--overwrite_output_dir replaces these and nothing else",

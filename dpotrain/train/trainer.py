@@ -453,7 +453,12 @@ class RecipeDPOTrainer(DPOTrainer):
         deque")."""
         if self._reference_engine is not None:
             samples.leave_for_training(None, self._reference_engine.optimizer)
-        return super().train(*args, **kwargs)
+        # With save_total_limit 1 and a best checkpoint (--metric_for_best_model), transformers deletes at the end every
+        # `checkpoint-*` folder of output_dir but the best: a person's (checkpoint-4.bak/, checkpoint-2-samples/, a
+        # checkpoint-N copied in) and the run's newest complete one. The run's rotation (CompleteMarker) keeps the
+        # newest complete ones and the best, among its own only.
+        with upstream.patched(upstream.FINAL_ROTATION, lambda *_, **__: []):
+            return super().train(*args, **kwargs)
 
     def use_reference(self, name: str, scored) -> None:
         """The reference stage's data set `name` ("train" or "eval"), with reference log-probs, in place of the
