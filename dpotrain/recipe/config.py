@@ -452,6 +452,14 @@ def parse_args(argv: list[str] | None = None) -> Recipe:
             f"run_name {training.run_name!r} is blank: give the run a name, or remove run_name to name it after the "
             "recipe (or after --output_dir)"
         )
+    out = training.output_dir
+    if "output_dir" in given and (not out.strip() or any(not part.strip() for part in Path(out).parts)):
+        # '' (an unset shell variable: --output_dir "$OUT") was the working folder, its dry-run file written beside it;
+        # ' ' or 'runs/ ' named the run ' ' and its folder an invisible ' '
+        raise ConfigError(
+            f"output_dir {out!r} is blank{' in part' if out.strip() else ''}: name the run's folder (--output_dir "
+            "outputs/my-run), or remove output_dir for outputs/<run_name>"
+        )
     if "output_dir" in on_command_line and "run_name" not in on_command_line:
         # The run is the folder the user named, not the recipe's default (transformers names a run after output_dir).
         training.run_name = Path(training.output_dir).resolve().name
