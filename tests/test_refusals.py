@@ -657,6 +657,16 @@ def test_steps_are_counted_on_the_pairs_training_keeps(tmp_path, capsys):
             ["--loss_type", "sigmoid", "sft", "--loss_weights", "0", "0", "--dry-run"],
             "loss_weights 0 0 weigh every loss term by 0: the run would train nothing",
         ),
+        # a negative weight maximizes its term (TRL multiplies as given): trained toward rejected, unbounded for most
+        (
+            ["--loss_type", "sigmoid", "bco_pair", "--loss_weights", "1", "-0.2", "--dry-run"],
+            "loss_weights: -0.2 x bco_pair is negative: a negative weight maximizes its loss term, training toward "
+            "the rejected completions",
+        ),
+        (
+            ["--loss_type", "sigmoid", "sft", "--loss_weights", "-1", "1", "--dry-run"],
+            "loss_weights: -1 x sigmoid is negative:",
+        ),
         # loaded the model, scored nothing (a live reference has no stage) and exited 0 as if it had
         (
             ["--reference_only", "true", "--precompute_ref_log_probs", "false", "--dry-run"],
