@@ -127,6 +127,26 @@ def many_rows(n=40):
             "lr_scheduler_type cosine_with_min_lr cannot be built with lr_scheduler_kwargs {} (One of min_lr or "
             "min_lr_rate should be set",
         ),
+        # kwargs the scheduler builds with and fails or misleads on later, once the model has loaded and warm-up is over
+        (
+            ["--lr_scheduler_type", "cosine", "--lr_scheduler_kwargs", '{"num_cycles": "a"}'],
+            "lr_scheduler_type cosine with lr_scheduler_kwargs {'num_cycles': 'a'} fails at 10% of the run "
+            "(ValueError: could not convert string to float: 'a'): a schedule keeps it between 0 and learning_rate "
+            "(its peak) until the end: give its arguments numbers in their range (transformers' get_scheduler), or "
+            "remove lr_scheduler_kwargs",
+        ),
+        (
+            ["--lr_scheduler_type", "cosine_with_min_lr", "--lr_scheduler_kwargs", '{"min_lr_rate": 2}'],
+            "{'min_lr_rate': 2} takes the learning rate to 2 x learning_rate at 100% of the run",
+        ),
+        (
+            ["--lr_scheduler_type", "cosine_with_min_lr", "--lr_scheduler_kwargs", '{"min_lr": -1}'],
+            "{'min_lr': -1} keeps the learning rate at 0 from 11% of the run on (it trains nothing more)",
+        ),
+        (
+            ["--lr_scheduler_type", "polynomial", "--lr_scheduler_kwargs", '{"power": -1}'],
+            "{'power': -1} fails at 100% of the run (ZeroDivisionError",
+        ),
         (["--load_in_4bit", "true", "--use_peft", "true", "--lora_target_modules", "q_proj"], "load_in_4bit needs"),
         (["--use_liger_kernel", "true"], "use_liger_kernel needs the liger-kernel package"),
         (["--ignore_bias_buffers", "true"], "ignore_bias_buffers is a DDP workaround of TRL's own script"),
