@@ -430,6 +430,29 @@ def test_a_pad_token_the_tokenizer_does_not_have_is_refused_before_the_model_loa
     assert not (tmp_path / "run").exists()
 
 
+def test_neftune_is_refused_where_the_run_packs(tiny_model_dir):
+    """transformers' NEFTune hook scales each embedding's noise by 1 / sqrt(width x hidden size) of the tensor it sees:
+    padded, the batch's longest sequence, as in TRL and the paper; a packed row (the default) holds a micro-batch's
+    sequences end to end, so the noise was smaller by the budget, under a record of the alpha asked. Padded it applies.
+    """
+    from transformers import AutoConfig
+
+    from dpotrain.forwards import choice
+
+    config = AutoConfig.from_pretrained(tiny_model_dir)
+    with pytest.raises(ConfigError) as refused_here:
+        choice.candidates(config, parse_args(["--config", SMOKE, "--neftune_noise_alpha", "5"]), False, None)
+    assert str(refused_here.value).startswith(
+        "neftune_noise_alpha 5 would not be NEFTune's: its noise is scaled by the length of the row it sees, and this "
+        "run packs its pairs (padding_free, the default)"
+    ) and str(refused_here.value).endswith(
+        "pass --padding_free false (TRL's padded collator), or remove neftune_noise_alpha"
+    )
+    padded = parse_args(["--config", SMOKE, "--neftune_noise_alpha", "5", "--padding_free", "false"])
+    (only,), _ = choice.candidates(config, padded, False, None)
+    assert not only.packed
+
+
 @pytest.mark.parametrize("dry_run", [[], ["--dry-run"]], ids=["run", "dry run"])
 def test_pad_to_multiple_of_is_refused_where_the_run_packs(dry_run, tmp_path, monkeypatch, capsys, tiny_model_dir):
     """Only TRL's padded collator reads pad_to_multiple_of: a packed run (the default) trained without it and recorded
