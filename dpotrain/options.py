@@ -6,6 +6,7 @@ Each check was found by running the option on the built-in model; README "Refuse
 import dataclasses
 import importlib.util
 import json
+import math
 import os
 import re
 import shlex
@@ -472,6 +473,64 @@ def check_optimizer(t) -> None:
             f"lr_scheduler_type {_named(t.lr_scheduler_type)} cannot be built with lr_scheduler_kwargs "
             f"{t.lr_scheduler_kwargs or {}} ({e}): give the arguments it takes (transformers' get_scheduler)"
         ) from None
+    _check_schedule(t, optimizer)
+
+
+# The run the schedule is walked over (`_check_schedule`): 10% warm-up, the multiplier read at each 1,000th of it. Its
+# step counts are not the run's: kwargs that count steps themselves make another shape on it, so they are not walked.
+WALKED_STEPS, WALKED_WARMUP, WALKED_POINTS = 1_000_000, 100_000, 1_000
+COUNTS_STEPS = ("num_decay_steps", "num_stable_steps", "timescale")
+
+
+def _check_schedule(t, optimizer) -> None:
+    """The schedule's multiplier of learning_rate over a whole run, as the trainer's scheduler computes it at each step:
+    `lr_scheduler_kwargs` of the wrong type or value build and fail or mislead later, once the model has loaded and
+    warm-up is over: `{"num_cycles": "a"}` (cosine) a traceback at the first step after warm-up, `{"power": -1}`
+    (polynomial) a learning rate past learning_rate, then a ZeroDivisionError at the last step, `{"min_lr_rate": 2}`
+    (cosine_with_min_lr) one rising to twice learning_rate, `{"min_lr": -1}` one at 0 (transformers' floor) from
+    early in the run on: trained nothing more. Every transformers schedule keeps it in [0, 1] (learning_rate is the
+    peak), at 0 for no stretch of the run before its end."""
+    from transformers import get_scheduler
+
+    kwargs = t.lr_scheduler_kwargs or {}
+    if not isinstance(kwargs, dict) or set(kwargs) & set(COUNTS_STEPS):
+        return
+    try:
+        scheduler = get_scheduler(
+            t.lr_scheduler_type,
+            optimizer,
+            num_warmup_steps=WALKED_WARMUP,
+            num_training_steps=WALKED_STEPS,
+            scheduler_specific_kwargs=kwargs,
+        )
+    except Exception:  # noqa: BLE001 - built above on a short run: the trainer builds it on the run's
+        return
+    multiplier = (getattr(scheduler, "lr_lambdas", None) or [None])[0]  # LambdaLR's; reduce_lr_on_plateau has none
+    if multiplier is None:
+        return
+    values, problem = [], None
+    for point in range(WALKED_POINTS + 1):
+        try:
+            values.append(float(multiplier(WALKED_STEPS * point // WALKED_POINTS)))
+        except Exception as e:  # noqa: BLE001 - what the trainer's scheduler.step() would raise at that step
+            problem = f"fails at {point / WALKED_POINTS:.0%} of the run ({type(e).__name__}: {e})"
+            break
+    after = values[WALKED_POINTS * WALKED_WARMUP // WALKED_STEPS + 1 : -1]  # past warm-up, before the last step
+    if problem is None and not all(math.isfinite(v) and -1e-9 <= v <= 1 + 1e-9 for v in values):
+        worst = max(values, key=lambda v: abs(v - 0.5) if math.isfinite(v) else math.inf)
+        at = values.index(worst) / WALKED_POINTS
+        problem = f"takes the learning rate to {worst:g} x learning_rate at {at:.0%} of the run"
+    elif problem is None and any(a == b == 0 for a, b in zip(after, after[1:], strict=False)):
+        first = WALKED_POINTS * WALKED_WARMUP // WALKED_STEPS + 1 + after.index(0)
+        problem = (
+            f"keeps the learning rate at 0 from {first / WALKED_POINTS:.0%} of the run on (it trains nothing more)"
+        )
+    if problem:
+        raise ConfigError(
+            f"lr_scheduler_type {_named(t.lr_scheduler_type)} with lr_scheduler_kwargs {kwargs} {problem}: a "
+            "schedule keeps it between 0 and learning_rate (its peak) until the end: give its arguments numbers in "
+            "their range (transformers' get_scheduler), or remove lr_scheduler_kwargs"
+        )
 
 
 # Numbers the parsers take and the run fails on, or misreads, only once the model has loaded: each field, the smallest

@@ -348,6 +348,31 @@ def test_a_blank_run_name_is_refused_not_taken_for_unset(args, text, tmp_path):
 
 
 @pytest.mark.parametrize(
+    "args, text, part",
+    [
+        (["--output_dir", ""], "", ""),
+        (["--output_dir", " "], "", ""),
+        (["--output_dir", "runs/ "], "", " in part"),
+        (["--output_dir", "  /x"], "", " in part"),
+        ([], 'output_dir: " "\n', ""),
+    ],
+)
+def test_a_blank_output_dir_is_refused(args, text, part, tmp_path):
+    """`--output_dir ''` (an unset shell variable) trained in the working folder and wrote its dry-run file beside it
+    (`<cwd>.dry-run.json`); `--output_dir ' '` named the run ' ' and its folder an invisible ' '."""
+    with pytest.raises(ConfigError) as refused:
+        parse_args(["--config", write(tmp_path, f"bf16: false\n{text}"), *args])
+    assert str(refused.value) == (
+        f"output_dir {args[-1] if args else ' '!r} is blank{part}: name the run's folder (--output_dir "
+        "outputs/my-run), or remove output_dir for outputs/<run_name>"
+    )
+    # A name with spaces inside it is a name.
+    assert parse_args(["--config", write(tmp_path, "bf16: false\n"), "--output_dir", "my run"]).training.run_name == (
+        "my run"
+    )
+
+
+@pytest.mark.parametrize(
     "name, default",
     [
         ("accelerate_config", "accelerate_config.yaml"),

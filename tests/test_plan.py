@@ -416,3 +416,25 @@ def test_data_seed_orders_the_pairs_as_in_transformers():
     assert order(42, 7) != order(42, None)  # data_seed decides the order ...
     assert order(42, 7) == order(1, 7)  # ... whatever the model's seed
     assert order(42, None) == order(42, 42)  # unset: seed's, as before
+
+
+def test_a_max_steps_of_many_epochs_plans_the_first_at_start_and_the_rest_as_they_come(monkeypatch):
+    """`--max_steps 1000000000000` planned every one of its 2e10 epochs at start (~30 s per 100,000 steps) before the
+    dry run answered. The epochs holding PLANNED_AHEAD steps are planned; the sampler plans a later one as it starts,
+    as the plan would have. What the run records keeps its steps and epochs."""
+    from types import SimpleNamespace
+
+    from dpotrain.plan import plan_stage
+
+    monkeypatch.setattr(plan_stage, "PLANNED_AHEAD", 10, raising=False)
+    lengths = PairLengths(np.arange(100, 116), np.full(16, 90))
+    args = SimpleNamespace(seed=3, data_seed=None, per_device_train_batch_size=4, max_steps=100, num_train_epochs=1)
+    run = plan_stage.make(lengths, args, 8, 2, 2048, padded=False, max_length_cuts={})  # 2 steps an epoch
+    assert len(run.epochs) == 5  # the 10 steps, not 50 epochs
+    assert run.summary["pairs_trained"] == {"pairs": 16, "of": 16, "steps": 100}
+    assert run.summary["epochs_trained"] == 50
+    whole = plan.plan_run(lengths, run.step_plan, 8)
+    for rank in range(2):
+        sampler = plan.StepSampler(lengths, run.step_plan, rank, run.epochs)
+        sampler.set_epoch(7)
+        assert list(sampler) == [[tuple(tuple(mb) for mb in step[rank])] for step in whole[7]]

@@ -127,6 +127,26 @@ def many_rows(n=40):
             "lr_scheduler_type cosine_with_min_lr cannot be built with lr_scheduler_kwargs {} (One of min_lr or "
             "min_lr_rate should be set",
         ),
+        # kwargs the scheduler builds with and fails or misleads on later, once the model has loaded and warm-up is over
+        (
+            ["--lr_scheduler_type", "cosine", "--lr_scheduler_kwargs", '{"num_cycles": "a"}'],
+            "lr_scheduler_type cosine with lr_scheduler_kwargs {'num_cycles': 'a'} fails at 10% of the run "
+            "(ValueError: could not convert string to float: 'a'): a schedule keeps it between 0 and learning_rate "
+            "(its peak) until the end: give its arguments numbers in their range (transformers' get_scheduler), or "
+            "remove lr_scheduler_kwargs",
+        ),
+        (
+            ["--lr_scheduler_type", "cosine_with_min_lr", "--lr_scheduler_kwargs", '{"min_lr_rate": 2}'],
+            "{'min_lr_rate': 2} takes the learning rate to 2 x learning_rate at 100% of the run",
+        ),
+        (
+            ["--lr_scheduler_type", "cosine_with_min_lr", "--lr_scheduler_kwargs", '{"min_lr": -1}'],
+            "{'min_lr': -1} keeps the learning rate at 0 from 11% of the run on (it trains nothing more)",
+        ),
+        (
+            ["--lr_scheduler_type", "polynomial", "--lr_scheduler_kwargs", '{"power": -1}'],
+            "{'power': -1} fails at 100% of the run (ZeroDivisionError",
+        ),
         (["--load_in_4bit", "true", "--use_peft", "true", "--lora_target_modules", "q_proj"], "load_in_4bit needs"),
         (["--use_liger_kernel", "true"], "use_liger_kernel needs the liger-kernel package"),
         (["--ignore_bias_buffers", "true"], "ignore_bias_buffers is a DDP workaround of TRL's own script"),
@@ -410,6 +430,29 @@ def test_a_pad_token_the_tokenizer_does_not_have_is_refused_before_the_model_loa
     assert not (tmp_path / "run").exists()
 
 
+def test_neftune_is_refused_where_the_run_packs(tiny_model_dir):
+    """transformers' NEFTune hook scales each embedding's noise by 1 / sqrt(width x hidden size) of the tensor it sees:
+    padded, the batch's longest sequence, as in TRL and the paper; a packed row (the default) holds a micro-batch's
+    sequences end to end, so the noise was smaller by the budget, under a record of the alpha asked. Padded it applies.
+    """
+    from transformers import AutoConfig
+
+    from dpotrain.forwards import choice
+
+    config = AutoConfig.from_pretrained(tiny_model_dir)
+    with pytest.raises(ConfigError) as refused_here:
+        choice.candidates(config, parse_args(["--config", SMOKE, "--neftune_noise_alpha", "5"]), False, None)
+    assert str(refused_here.value).startswith(
+        "neftune_noise_alpha 5 would not be NEFTune's: its noise is scaled by the length of the row it sees, and this "
+        "run packs its pairs (padding_free, the default)"
+    ) and str(refused_here.value).endswith(
+        "pass --padding_free false (TRL's padded collator), or remove neftune_noise_alpha"
+    )
+    padded = parse_args(["--config", SMOKE, "--neftune_noise_alpha", "5", "--padding_free", "false"])
+    (only,), _ = choice.candidates(config, padded, False, None)
+    assert not only.packed
+
+
 @pytest.mark.parametrize("dry_run", [[], ["--dry-run"]], ids=["run", "dry run"])
 def test_pad_to_multiple_of_is_refused_where_the_run_packs(dry_run, tmp_path, monkeypatch, capsys, tiny_model_dir):
     """Only TRL's padded collator reads pad_to_multiple_of: a packed run (the default) trained without it and recorded
@@ -656,6 +699,16 @@ def test_steps_are_counted_on_the_pairs_training_keeps(tmp_path, capsys):
         (
             ["--loss_type", "sigmoid", "sft", "--loss_weights", "0", "0", "--dry-run"],
             "loss_weights 0 0 weigh every loss term by 0: the run would train nothing",
+        ),
+        # a negative weight maximizes its term (TRL multiplies as given): trained toward rejected, unbounded for most
+        (
+            ["--loss_type", "sigmoid", "bco_pair", "--loss_weights", "1", "-0.2", "--dry-run"],
+            "loss_weights: -0.2 x bco_pair is negative: a negative weight maximizes its loss term, training toward "
+            "the rejected completions",
+        ),
+        (
+            ["--loss_type", "sigmoid", "sft", "--loss_weights", "-1", "1", "--dry-run"],
+            "loss_weights: -1 x sigmoid is negative:",
         ),
         # loaded the model, scored nothing (a live reference has no stage) and exited 0 as if it had
         (

@@ -239,3 +239,57 @@ def test_a_repetition_threshold_that_cannot_warn_as_asked_is_refused(value, fate
         f"{fate}; 0.5 is the default"
     )
     check_values(parse_args(["--config", SMOKE, "--sample_repetition_warn", "0.99"]).project)  # in range: accepted
+
+
+@pytest.mark.parametrize(
+    "args, expected",
+    [
+        (
+            ["--sample_max_new_tokens", "5000"],
+            "sample_max_new_tokens 5,000 after a prompt reaches past the 4,096 positions builtin:tiny-olmo3 takes "
+            "(max_position_embeddings 4096): samples would be generated on positions the model never learned (or "
+            "fail): set --sample_max_new_tokens 4095 or lower",
+        ),
+        (
+            ["--sample_max_new_tokens", "4090", "--sample_prompts", "Hi", ("word " * 30).strip()],
+            "sample_max_new_tokens 4,090 after the longest sample prompt's 69 tokens reaches past the 4,096 positions",
+        ),
+    ],
+)
+def test_samples_past_the_models_positions_are_refused_before_loading(args, expected, tmp_path, monkeypatch, capsys):
+    """sample_max_new_tokens past the model's positions was accepted: a rotary model generated on positions it never
+    learned (its answers then flagged as a collapse), a model with learned positions stopped at step 0 (IndexError)."""
+    import train_dpo
+    from dpotrain.recipe.errors import run_cli
+
+    args = ["--config", SMOKE, "--output_dir", str(tmp_path / "run"), "--samples_every", "4", *args, "--dry-run"]
+    with pytest.raises(SystemExit) as ended:  # the dry run reads the model's config and tokenizer, no weights
+        run_cli(lambda: train_dpo.main(args))
+    err = capsys.readouterr().err
+    assert ended.value.code == 2 and "Traceback" not in err
+    assert err.rstrip().splitlines()[-1].startswith(f"error: {expected}")
+
+
+def test_a_data_prompt_near_the_models_positions_has_its_answer_cut_there(tmp_path, capsys):
+    """A data prompt is only known once the trainer is built: its answer stops at the model's last position, said
+    once, rather than a learned-position model failing (IndexError) or a rotary one going on past its context."""
+    from types import SimpleNamespace
+
+    import torch
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    from dpotrain.train.samples import SampleGenerator
+
+    torch.manual_seed(0)
+    config = GPT2Config(vocab_size=50, n_embd=16, n_layer=1, n_head=2, n_positions=32, eos_token_id=None)
+    model = GPT2LMHeadModel(config)
+    tokenizer = SimpleNamespace(
+        pad_token_id=0,
+        decode=lambda ids, skip_special_tokens: " ".join(map(str, ids.tolist() if hasattr(ids, "tolist") else ids)),
+    )
+    prompts = [list(range(1, 6)), list(range(1, 31)), list(range(1, 33))]  # 5, 30 and 32 tokens of 32 positions
+    generator = SampleGenerator(prompts, tokenizer, every=1, max_new_tokens=8, warn_at=0.5)
+    state = SimpleNamespace(is_world_process_zero=True, global_step=0)
+    records = generator.generate(SimpleNamespace(output_dir=str(tmp_path)), state, model)
+    assert [len(r["completion"].split()) for r in records] == [8, 2]  # the prompt of 32 has no position left
+    assert capsys.readouterr().err.count("samples: prompt 1 is 30 tokens, its answer cut to 2 new tokens of ") == 1

@@ -146,6 +146,27 @@ def hybrid_problem(config, recipe) -> str | None:
     )
 
 
+def _check_packed_options(t) -> None:
+    """Options that only TRL's padded batches honour, refused where the run packs."""
+    if t.pad_to_multiple_of is not None:  # a packed run trained without it, and recorded it
+        raise ConfigError(
+            f"pad_to_multiple_of {t.pad_to_multiple_of} would be ignored: it pads TRL's padded batches, and this run "
+            "packs its pairs (padding_free, the default), each row cut to its forward's own width: remove "
+            "pad_to_multiple_of, or pass --padding_free false"
+        )
+    if t.neftune_noise_alpha is not None:
+        # transformers' hook draws each embedding's noise in +-alpha / sqrt(width x hidden size), the width of the
+        # tensor it sees: padded, the longest sequence of the batch (TRL's, the paper's); a packed row holds a
+        # micro-batch's sequences end to end, so the noise shrank as max_tokens_per_microbatch grew, recorded as alpha
+        raise ConfigError(
+            f"neftune_noise_alpha {t.neftune_noise_alpha:g} would not be NEFTune's: its noise is scaled by the "
+            "length of the row it sees, and this run packs its pairs (padding_free, the default), a row holding a "
+            "micro-batch's sequences end to end: the noise would be smaller than on TRL's padded batches, by the "
+            "budget (max_tokens_per_microbatch): pass --padding_free false (TRL's padded collator), or remove "
+            "neftune_noise_alpha"
+        )
+
+
 def candidates(config, recipe, cuda: bool, varlen: str | None, check_kernels: bool = True):
     """The forwards this machine can run for this model and recipe, in the order that decides without lengths, and the
     notes to print; a ConfigError when an option the recipe gives cannot be honoured. `check_kernels`: refuse an asked
@@ -199,13 +220,8 @@ def candidates(config, recipe, cuda: bool, varlen: str | None, check_kernels: bo
         if packed or share_problems:
             raise ConfigError(f"share_prompt cannot be used here: {share_problems[0]}; remove --share_prompt")
     packed = sequence_parallel_forwards(recipe, config, packed, problems)
-    if packed and t.pad_to_multiple_of is not None:  # a packed run trained without it, and recorded it
-        raise ConfigError(
-            f"pad_to_multiple_of {t.pad_to_multiple_of} would be ignored: it pads TRL's padded batches, and this run "
-            "packs its pairs (padding_free, the default), each row cut to its forward's own width: remove "
-            "pad_to_multiple_of, or pass --padding_free false"
-        )
     if packed:
+        _check_packed_options(t)
         if want_share is None and not shared and share_problems:
             notes.append(f"Note: each pair's prompt is computed twice (unshared packing): {share_problems[0]}.")
         return packed, notes

@@ -12,6 +12,9 @@ from dpotrain.data import cuts
 from dpotrain.data.pair_lengths import PairLengths, token_counts
 from dpotrain.plan import plan
 
+# The steps planned at start at most, by whole epochs: far past any recipe's run (the OLMo 3 recipes train ~1,170-2,030)
+PLANNED_AHEAD = 20_000
+
 
 @dataclass(frozen=True)
 class RunPlan:
@@ -54,7 +57,11 @@ def make(
     per_micro_batch = None if budget else args.per_device_train_batch_size
     step_plan = plan.StepPlan(pairs_per_step, world_size, seed, budget, per_micro_batch, padded=padded)
     epochs = plan.epochs_needed(args.max_steps, args.num_train_epochs, len(lengths), pairs_per_step, world_size)
-    # Every epoch is planned now: a step that cannot be cut is refused before the model does any work.
+    # Every epoch is planned now: a step that cannot be cut is refused before the model does any work. Up to the
+    # epochs that hold PLANNED_AHEAD steps: a max_steps of many epochs more (--max_steps 1000000000000) planned every
+    # one of them, ~30 s per 100,000 steps, before the dry run answered; the sampler plans a later epoch as it starts.
+    per_epoch = len(plan.steps_of(range(len(lengths)), pairs_per_step, world_size))
+    epochs = min(epochs, max(1, math.ceil(PLANNED_AHEAD / per_epoch)))
     planned = plan.plan_run(lengths, step_plan, epochs)
     # The steps the Trainer runs: max_steps, or num_train_epochs of the epoch's steps (as transformers counts them).
     steps = args.max_steps if args.max_steps > 0 else math.ceil(args.num_train_epochs * len(planned[0]))

@@ -474,12 +474,7 @@ def parse_args(argv: list[str] | None = None) -> Recipe:
     replaced = _command_line_batch_wins(training, project, on_command_line)
     parts = {"script": script, "model": model, "project": project, "training": training}
     _placed_paths(parts, given, on_command_line)
-    if "run_name" in given and not (training.run_name or "").strip():
-        # '' was taken for unset (the run named after the recipe), and blanks named the run and its folder `outputs/  `
-        raise ConfigError(
-            f"run_name {training.run_name!r} is blank: give the run a name, or remove run_name to name it after the "
-            "recipe (or after --output_dir)"
-        )
+    _check_blank_names(training, given)
     if "output_dir" in on_command_line and "run_name" not in on_command_line:
         # The run is the folder the user named, not the recipe's default (transformers names a run after output_dir).
         training.run_name = Path(training.output_dir).resolve().name
@@ -491,6 +486,24 @@ def parse_args(argv: list[str] | None = None) -> Recipe:
         training.output_dir = os.path.abspath(there if "output_dir" in on_command_line else training.output_dir)
     list_single_target(model)
     return Recipe(script, training, model, project, config_path, max_length_auto, given, replaced, typed)
+
+
+def _check_blank_names(training, given: set[str]) -> None:
+    """A blank run_name or output_dir, refused rather than taken for unset or made a folder of blanks."""
+    if "run_name" in given and not (training.run_name or "").strip():
+        # '' was taken for unset (the run named after the recipe), and blanks named the run and its folder `outputs/  `
+        raise ConfigError(
+            f"run_name {training.run_name!r} is blank: give the run a name, or remove run_name to name it after the "
+            "recipe (or after --output_dir)"
+        )
+    out = training.output_dir
+    if "output_dir" in given and (not out.strip() or any(not part.strip() for part in Path(out).parts)):
+        # '' (an unset shell variable: --output_dir "$OUT") was the working folder, its dry-run file written beside it;
+        # ' ' or 'runs/ ' named the run ' ' and its folder an invisible ' '
+        raise ConfigError(
+            f"output_dir {out!r} is blank{' in part' if out.strip() else ''}: name the run's folder (--output_dir "
+            "outputs/my-run), or remove output_dir for outputs/<run_name>"
+        )
 
 
 # A mixture source read by datasets' builder of that name: TRL's `path: json` + `data_files: x.jsonl` (a local file,

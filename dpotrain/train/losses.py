@@ -55,6 +55,13 @@ def check_options(recipe) -> None:
             "train nothing: give each term of loss_type its weight (MPO: --loss_type sigmoid bco_pair sft "
             "--loss_weights 0.8 0.2 1.0), or remove loss_weights"
         )
+    negative = [f"{w:g} x {n}" for n, w in zip(types, loss_weights(t), strict=False) if w < 0]
+    if negative:  # TRL multiplies as given: each type's loss is lowest where chosen wins, so -w trains toward rejected
+        raise ConfigError(
+            f"loss_weights: {', '.join(negative)} is negative: a negative weight maximizes its loss term, training "
+            "toward the rejected completions (and for most types without bound): give each term of loss_type a "
+            "weight >= 0 (MPO: --loss_type sigmoid bco_pair sft --loss_weights 0.8 0.2 1.0)"
+        )
     batch_level = sorted(set(types) & BATCH_LEVEL_LOSSES)
     if batch_level and budget is not None:
         raise ConfigError(

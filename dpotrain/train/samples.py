@@ -54,6 +54,30 @@ def check_values(project) -> None:
         file_prompts(path)
 
 
+def check_positions(project, config, tokenizer, model: str) -> None:
+    """Refuses samples whose prompt and `sample_max_new_tokens` reach past the model's positions, once its config and
+    tokenizer are read (before its weights load): a rotary model generated past its context (answers on positions it
+    never learned, then flagged as a collapse), a model with learned positions stopped at step 0 (IndexError). The
+    prompts are the recipe's where it gives them, else the data's first, of at least one token each."""
+    from dpotrain.data import positions
+
+    if not project.samples_every:
+        return
+    limit, how = positions.model_limit(config)
+    texts = project.sample_prompts or (file_prompts(project.sample_prompts_file) if project.sample_prompts_file else [])
+    texts = texts[: project.sample_count]
+    longest = max((len(_encode_prompt(tokenizer, t)) for t in texts), default=1) if tokenizer and texts else 1
+    if limit is None or longest + project.sample_max_new_tokens <= limit:
+        return
+    prompt = f"the longest sample prompt's {longest:,} tokens" if texts and tokenizer else "a prompt"
+    raise ConfigError(
+        f"sample_max_new_tokens {project.sample_max_new_tokens:,} after {prompt} reaches past the {limit:,} positions "
+        f"{model} takes ({how}): samples would be generated on positions the model never learned (or fail): set "
+        f"--sample_max_new_tokens {max(limit - longest, 1)} or lower"
+        + (", or give shorter sample_prompts" if texts and tokenizer else "")
+    )
+
+
 def file_prompts(path: str) -> list[str]:
     """The prompts of a `sample_prompts_file`: a .txt file's non-empty lines, a .jsonl file's `prompt` strings."""
     try:
@@ -116,6 +140,7 @@ class SampleGenerator(TrainerCallback):
         self.every_rank = every_rank  # weights sharded over the ranks: all of them generate together
         self.flagged: list[dict] = []  # samples over warn_at
         self._trimmed = False
+        self._cut_said = False  # a prompt's answer cut at the model's positions, said once
         self._base: dict[int, float] = {}  # prompt index -> the repetition of the base model's answer (step 0)
         self.spent = None  # called with the seconds each round of samples took (the throughput clock leaves them out)
 
@@ -158,17 +183,33 @@ class SampleGenerator(TrainerCallback):
             return []
         import torch
 
+        from dpotrain.data import positions
+
         records = []
+        limit = positions.model_limit(model.config)[0] or sys.maxsize
         was_training = model.training
         model.eval()  # no dropout; activation checkpointing is off outside training mode
         try:
             with torch.no_grad(), dense_attention_while(model), torch.compiler.set_stance("force_eager"):
                 for i, ids in enumerate(self.prompt_ids):
                     inputs = torch.tensor([ids], device=model.device)
+                    # A data prompt near the model's positions (the recipe's are checked before loading): its answer
+                    # ends at the last position rather than going on where the model never learned (or failing)
+                    new = min(self.max_new_tokens, limit - len(ids))
+                    if new < 1:
+                        continue
+                    if new < self.max_new_tokens and state.is_world_process_zero and not self._cut_said:
+                        self._cut_said = True
+                        print(
+                            f"samples: prompt {i} is {len(ids):,} tokens, its answer cut to {new:,} new tokens of "
+                            f"sample_max_new_tokens {self.max_new_tokens:,} at the model's {limit:,} positions",
+                            file=sys.stderr,
+                            flush=True,
+                        )
                     out = model.generate(
                         inputs,
                         attention_mask=torch.ones_like(inputs),
-                        max_new_tokens=self.max_new_tokens,
+                        max_new_tokens=new,
                         do_sample=False,
                         use_cache=True,  # training runs with use_cache off; generation needs it for speed
                         pad_token_id=self.tokenizer.pad_token_id,
