@@ -226,6 +226,22 @@ def test_data_files_that_match_no_file_are_named_before_anything_loads(files, tm
     resolve.check_values(parse_args(["--config", SMOKE, "--datasets", source]))
 
 
+def test_data_files_are_matched_as_datasets_matches_them(files, tmp_path, monkeypatch):
+    """`pairs/**/*.jsonl` reads pairs/a.jsonl and pairs/sub/deep/b.jsonl (datasets' `**` is any depth, Python's glob
+    one folder): it was refused as matching no file, while the load read both. `~` datasets does not expand: the load
+    failed on it (StopIteration), refused now with the fix."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "pairs" / "sub" / "deep").mkdir(parents=True)
+    shutil.copy(files["trl"], tmp_path / "pairs" / "a.jsonl")
+    shutil.copy(files["trl"], tmp_path / "pairs" / "sub" / "deep" / "b.jsonl")
+    for pattern in ("pairs/**/*.jsonl", "pairs/**"):
+        source = json.dumps({"path": "json", "data_files": pattern})
+        resolve.check_values(parse_args(["--config", SMOKE, "--datasets", source]))
+    source = json.dumps({"path": "json", "data_files": "~/pairs/*.jsonl"})
+    with pytest.raises(ConfigError, match="datasets does not expand ~ in data_files: give the full path"):
+        resolve.check_values(parse_args(["--config", SMOKE, "--datasets", source]))
+
+
 def test_a_recipes_relative_source_not_in_the_folder_run_in_is_the_projects(tmp_path, monkeypatch):
     """A recipe's `datasets:` naming `data/my_pairs.jsonl` (as the shipped recipes suggest) run from another folder
     was refused ("dataset 'data/smoke_prefs.jsonl' does not exist (looked in ...)") while the same recipe's

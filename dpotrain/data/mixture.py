@@ -302,19 +302,32 @@ def check(recipe) -> None:
 
 def _check_found(source: Source) -> None:
     """A builder's `data_files` entry that matches no local file (a mistyped pattern, a folder not there): datasets
-    ended the load in a bare `StopIteration` (a pattern) or named the file but not the source."""
+    ended the load in a bare `StopIteration` (a pattern) or named the file but not the source. Matched as the load
+    matches it (`_load_finds`)."""
     if source.path not in BUILDERS or source.file or not source.data_files:
         return
-    base, split, data_dir, data_files = _read_from(source)
+    base, split, _, data_files = _read_from(source)
     entries = data_files.get(split) if isinstance(data_files, dict) else data_files
     for entry in entries if isinstance(entries, list) else [entries]:
-        if isinstance(entry, str) and "://" not in entry and not data_identity.files(base, split, data_dir, entry):
-            relative = not os.path.isabs(os.path.expanduser(entry))
-            where = f" (looked in {os.path.abspath(os.path.expanduser(base))})" if relative else ""
+        if isinstance(entry, str) and "://" not in entry and not _load_finds(base, entry):
+            where = "" if os.path.isabs(entry) else f" (looked in {os.path.abspath(os.path.expanduser(base))})"
+            home = " (datasets does not expand ~ in data_files: give the full path)" if entry.startswith("~") else ""
             raise ConfigError(
-                f"mixture source {source.spec()}: data_files {entry!r} matches no file{where}: check the path or "
+                f"mixture source {source.spec()}: data_files {entry!r} matches no file{where}{home}: check the path or "
                 "pattern"
             )
+
+
+def _load_finds(base: str, entry: str) -> bool:
+    """Whether datasets' load finds a file for a `data_files` entry, by its own resolution from the builder's data_dir
+    (`base`): `**` matches folders at any depth (`pairs/**/*.jsonl` reads pairs/a.jsonl too, which Python's glob does
+    not match: such a source was refused as matching no file), `~` is not expanded (the load fails on it)."""
+    from datasets.data_files import resolve_pattern
+
+    try:
+        return bool(resolve_pattern(entry, base_path=os.path.abspath(os.path.expanduser(base))))
+    except FileNotFoundError:
+        return False
 
 
 # --- taking the rows --------------------------------------------------------------------------------------------------
