@@ -242,6 +242,23 @@ def test_data_files_are_matched_as_datasets_matches_them(files, tmp_path, monkey
         resolve.check_values(parse_args(["--config", SMOKE, "--datasets", source]))
 
 
+def test_two_configurations_of_a_cloned_hub_data_set_are_two_sources(files, tmp_path, monkeypatch):
+    """A folder whose README.md names its files by configuration (a Hub data set cloned): `name: en` and `name: de`
+    read en/ and de/, and were refused as both reading a file (every file of the folder taken as each one's split);
+    a configuration that reads the other's file too is refused."""
+    monkeypatch.chdir(tmp_path)
+    for lang in ("en", "de"):
+        (tmp_path / "ds" / lang).mkdir(parents=True)
+        shutil.copy(files["trl"], tmp_path / "ds" / lang / "train.jsonl")
+    configs = [("en", "en/train.jsonl"), ("de", "de/train.jsonl"), ("all", "*/train.jsonl")]
+    card = "".join(f"- config_name: {n}\n  data_files:\n  - split: train\n    path: '{p}'\n" for n, p in configs)
+    (tmp_path / "ds" / "README.md").write_text(f"---\nconfigs:\n{card}---\n")
+    two = [json.dumps({"path": "ds", "name": lang}) for lang in ("en", "de")]
+    resolve.check_values(parse_args(["--config", SMOKE, "--datasets", *two]))
+    with pytest.raises(ConfigError, match=f"both read {tmp_path / 'ds' / 'en' / 'train.jsonl'}"):
+        resolve.check_values(parse_args(["--config", SMOKE, "--datasets", two[0], '{"path": "ds", "name": "all"}']))
+
+
 def test_a_recipes_relative_source_not_in_the_folder_run_in_is_the_projects(tmp_path, monkeypatch):
     """A recipe's `datasets:` naming `data/my_pairs.jsonl` (as the shipped recipes suggest) run from another folder
     was refused ("dataset 'data/smoke_prefs.jsonl' does not exist (looked in ...)") while the same recipe's

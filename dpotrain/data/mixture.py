@@ -179,22 +179,42 @@ def _files_read(source: Source) -> list:
     where, split, data_dir, data_files = read_from
     folder = os.path.expanduser(os.path.join(where, data_dir or ""))
     if not data_files and os.path.isdir(folder) and not data_identity.saved(Path(folder)):
-        return _split_files(folder, split)
+        return _split_files(folder, split, None if data_dir else source.name)
     entries = data_files.get(split) if isinstance(data_files, dict) else data_files
     entries = entries if isinstance(entries, list) else [entries]
     return [p.resolve() for e in entries for p in (data_identity.files(where, split, data_dir, e) or {}).values()]
 
 
-def _split_files(folder: str, split: str) -> list:
-    """The files of a folder of data files that datasets reads as `split` (by their names: `train.jsonl`, `test-0.csv`;
-    every file where none is named so): two splits of one folder are two sources."""
+def _split_files(folder: str, split: str, name: str | None = None) -> list:
+    """The files of a folder of data files that datasets reads as `split`: those its README.md's `configs:` give the
+    configuration `name` (a Hub data set cloned: two of its configurations are two sources, and were refused as
+    reading each other's files), else by their names (`train.jsonl`, `test-0.csv`; every file where none is named
+    so): two splits of one folder are two sources."""
     from datasets.data_files import DataFilesDict, get_data_patterns
 
     try:
-        found = DataFilesDict.from_patterns(get_data_patterns(folder), base_path=folder).get(split, [])
-    except Exception:  # no data file: the load says so, with the folder's files
+        base, patterns = _card_patterns(folder, name) or (folder, get_data_patterns(folder))
+        found = DataFilesDict.from_patterns(patterns, base_path=base).get(split, [])
+    except Exception:  # no data file, or no such configuration: the load says so
         return []
     return [Path(f).resolve() for f in found]
+
+
+def _card_patterns(folder: str, name: str | None) -> tuple | None:
+    """The folder and `data_files` patterns datasets reads the configuration `name` (else the default one) from, by
+    the folder's README.md `configs:`; None where it names none (a KeyError where it has no such configuration)."""
+    from datasets.data_files import get_data_patterns, sanitize_patterns
+    from datasets.utils.metadata import MetadataConfigs
+    from huggingface_hub import DatasetCard
+
+    readme = Path(folder) / "README.md"
+    configs = MetadataConfigs.from_dataset_card_data(DatasetCard.load(readme).data) if readme.is_file() else None
+    if not configs:
+        return None
+    config = configs[name or configs.get_default_config_name()]
+    base = os.path.join(folder, config.get("data_dir") or "")
+    files = config.get("data_files")
+    return base, sanitize_patterns(files) if files else get_data_patterns(base)
 
 
 def local_files(values: dict) -> list[str]:
