@@ -353,7 +353,12 @@ def _check_env_cache_folder(path: str, name: str, value: str) -> None:
     datasets were imported, which read theirs then (HF_HOME: a run and its printed prefetch command named the recipe's
     folder while the libraries read ~/.cache/huggingface), and DPOTRAIN_CACHE, read as it is used, relative to each
     command's folder (the analyzer's from where it ran, a job's from the project), while a relative cache folder is one
-    folder for every command and the job (docs/hub.md: `.env`'s is the project's, the shell's where it was set)."""
+    folder for every command and the job (docs/hub.md: `.env`'s is the project's, the shell's where it was set).
+    One the environment (or `.env`) already sets is never set from the block (`parse_args`: the environment wins), so
+    the libraries read the environment's, as they did: not refused (a shared recipe naming the cluster's HF_HOME, run
+    by a person whose shell sets it too)."""
+    if name in os.environ:
+        return
     if name in venv.CACHE_FOLDERS and name != "DPOTRAIN_CACHE":
         raise ConfigError(
             f"{path}: env: {name} is read by the Hub libraries as they are imported, before the recipe is: set it in "
