@@ -41,8 +41,11 @@ while [[ $submitted == *" "* && ! ( -f $submitted && -f $(dirname "$submitted")/
   submitted=${submitted% *}
 done
 root=${SLURM_SUBMIT_DIR:-$PWD}
+# A project's scripts folder: launch.sh beside, train_dpo.py above. A copy of scripts/ elsewhere (~/jobs/scripts/, its
+# launch.sh too) submitted from the project is not one: it ran ~/jobs/scripts/launch.sh in ~/jobs, with no project.
 for script in "$submitted" "$0"; do
-  if [[ -n $script && -f $(dirname "$script")/launch.sh ]]; then root=$(cd "$(dirname "$script")/.." && pwd); break; fi
+  here=$(dirname "$script")
+  if [[ -n $script && -f $here/launch.sh && -f $here/../train_dpo.py ]]; then root=$(cd "$here/.." && pwd); break; fi
 done
 export DPOTRAIN_ROOT=$root
 # The job runs in the project; a relative --dataset_name means the folder it was submitted from (recipe/config.py):
