@@ -30,6 +30,9 @@
 
 set -euo pipefail  # after `module`: environment-modules' shell functions read unset variables
 
+# A RECIPE given is looked for in the folder submitted from first (launch.sh); this default is the project's own, not
+# the configs/instruct.yaml of another checkout submitted from.
+export DPOTRAIN_RECIPE_GIVEN=${RECIPE:+1}
 export RECIPE=${RECIPE:-configs/instruct.yaml}
 # sbatch runs a copy of this script from its spool folder: the project is the one the submitted script lives in
 # (scontrol's Command=; run with bash, this script's own folder), else the folder the job starts in (where it was

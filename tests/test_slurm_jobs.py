@@ -711,6 +711,24 @@ def test_a_relative_recipe_and_accelerate_config_of_a_job_are_the_folder_submitt
     assert "train_dpo.py --config configs/think.yaml " in line and "--config_file accelerate_config.yaml " in line
 
 
+def test_the_sbatch_scripts_default_recipe_is_the_projects_not_the_folder_submitted_froms(tmp_path):
+    """`sbatch ~/dpotrain-exp/scripts/dpo_train.sh` typed in another checkout (~/dpotrain): the job runs the submitted
+    script's project (23b55b7), and its default RECIPE, configs/think.yaml, was looked for in the folder submitted from
+    first, as a RECIPE given is: that checkout's recipe, with this project's code. A RECIPE given still is."""
+    other = tmp_path / "dpotrain"  # the checkout submitted from, its own configs/think.yaml
+    (other / "configs").mkdir(parents=True)
+    (other / "configs" / "think.yaml").write_text((ROOT / "configs" / "smoke.yaml").read_text())
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_") and k != "ACCELERATE_CONFIG"}
+    env = {k: v for k, v in env.items() if k not in ("RECIPE", "DPOTRAIN_RECIPE_GIVEN")}
+    env |= {"LAUNCH_PRINT_ONLY": "1", "SLURM_SUBMIT_DIR": str(other), "SLURM_GPUS_PER_NODE": "4"}
+    for given, recipe in (({}, "configs/think.yaml"), ({"RECIPE": "configs/think.yaml"}, other / "configs/think.yaml")):
+        result = subprocess.run(
+            ["bash", str(ROOT / "scripts" / "dpo_train.sh")], cwd=other, env=env | given, capture_output=True, text=True
+        )
+        assert result.returncode == 0, result.stderr
+        assert f"train_dpo.py --config {recipe} " in result.stdout, result.stdout
+
+
 def test_a_job_submitted_with_chdir_reads_relative_paths_in_that_folder(tmp_path):
     """`sbatch --chdir DIR .../dpo_train.sh`: Slurm starts the job in DIR, reads the script's own relative path and
     writes the log there, while SLURM_SUBMIT_DIR stays the folder sbatch ran in (a real Slurm 23.11 job: PWD=DIR,
