@@ -29,6 +29,9 @@
 
 set -euo pipefail  # after `module`: environment-modules' shell functions read unset variables
 
+# A RECIPE given is looked for in the folder submitted from first (launch.sh); this default is the project's own, not
+# the configs/think.yaml of another checkout submitted from.
+export DPOTRAIN_RECIPE_GIVEN=${RECIPE:+1}
 export RECIPE=${RECIPE:-configs/think.yaml}
 # sbatch runs a copy of this script from its spool folder: the project is the one the submitted script lives in
 # (scontrol's Command=; run with bash, this script's own folder), else the folder the job starts in (where it was
@@ -41,8 +44,11 @@ while [[ $submitted == *" "* && ! ( -f $submitted && -f $(dirname "$submitted")/
   submitted=${submitted% *}
 done
 root=${SLURM_SUBMIT_DIR:-$PWD}
+# A project's scripts folder: launch.sh beside, train_dpo.py above. A copy of scripts/ elsewhere (~/jobs/scripts/, its
+# launch.sh too) submitted from the project is not one: it ran ~/jobs/scripts/launch.sh in ~/jobs, with no project.
 for script in "$submitted" "$0"; do
-  if [[ -n $script && -f $(dirname "$script")/launch.sh ]]; then root=$(cd "$(dirname "$script")/.." && pwd); break; fi
+  here=$(dirname "$script")
+  if [[ -n $script && -f $here/launch.sh && -f $here/../train_dpo.py ]]; then root=$(cd "$here/.." && pwd); break; fi
 done
 export DPOTRAIN_ROOT=$root
 # The job runs in the project; a relative --dataset_name means the folder it was submitted from (recipe/config.py):

@@ -21,7 +21,10 @@ RECIPE=${RECIPE:?set RECIPE, e.g. RECIPE=configs/think.yaml}
 # line is (dpotrain/recipe/config.py); else the project's (configs/think.yaml). Looked for in the project alone,
 # `RECIPE=my.yaml sbatch /path/to/dpotrain/scripts/dpo_train.sh` from the recipe's folder was refused as not found.
 submitted=${DPOTRAIN_SUBMIT_DIR:-$PWD}
-if [[ $RECIPE != /* && $submitted != "$PWD" && -f $submitted/$RECIPE ]]; then RECIPE=$submitted/$RECIPE; fi
+# The sbatch scripts' own default (DPOTRAIN_RECIPE_GIVEN empty) is the project's: submitted from another checkout, the
+# job ran this project's code on that checkout's configs/think.yaml.
+given=${DPOTRAIN_RECIPE_GIVEN-1}
+if [[ -n $given && $RECIPE != /* && $submitted != "$PWD" && -f $submitted/$RECIPE ]]; then RECIPE=$submitted/$RECIPE; fi
 VENV=${VENV:-.venv}
 case $VENV in /*) VENV_BIN=$VENV/bin ;; *) VENV_BIN=$PWD/$VENV/bin ;; esac
 

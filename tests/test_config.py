@@ -446,6 +446,19 @@ def test_a_relative_dpotrain_cache_in_the_recipes_env_block_is_refused(tmp_path,
             assert os.environ["DPOTRAIN_CACHE"] == folder
 
 
+@pytest.mark.parametrize("name", ["HF_HOME", "HF_HUB_CACHE", "HF_DATASETS_CACHE", "DPOTRAIN_CACHE"])
+def test_a_cache_folder_the_environment_sets_is_not_refused_in_the_env_block(name, tmp_path, monkeypatch):
+    """The environment wins over a recipe's `env:` block: where it sets the cache folder, the block's is never set and
+    the libraries read the environment's, as before the block's cache folders were refused. A shared recipe naming the
+    cluster's HF_HOME (or a relative DPOTRAIN_CACHE), run by a person whose shell or .env sets it too, was refused."""
+    mine = str(tmp_path / "my cache")
+    monkeypatch.setenv(name, mine)
+    for value in ("/scratch/shared/hf", "cache"):
+        with environment():
+            parse_args(["--config", write(tmp_path, f"bf16: false\nenv:\n  {name}: {value}\n")])
+            assert os.environ[name] == mine
+
+
 def test_a_number_in_a_recipe_is_read_as_written(tmp_path, monkeypatch):
     """PyYAML (YAML 1.1) rewrote a number's text before argparse saw it: `model_revision: 1.10` fetched the revision
     "1.1", `0123` the octal 83, `save_steps: 0100` saved every 64 steps, an `env:` value `1.10` was set to "1.1". A

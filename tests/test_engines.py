@@ -571,6 +571,39 @@ def test_a_jobs_accelerate_config_from_the_submit_folder_reads_its_deepspeed_fil
     )
 
 
+def test_the_projects_accelerate_config_reads_the_projects_deepspeed_file_in_a_job_from_any_folder(
+    tmp_path, monkeypatch
+):
+    """`sbatch /path/to/dpotrain/scripts/dpo_train.sh` (the project's accelerate_config.yaml, `deepspeed_config_file:
+    ds_config.json`) from a folder holding a ds_config.json of its own (another checkout's, another tool's): the job
+    planned and trained with that one (ZeRO-3 here) where c4e9dc2 read the project's (ZeRO-2). A config of the
+    folder submitted from still reads its ds_config.json there."""
+    import torch
+    import transformers.training_args as training_args
+
+    from dpotrain.recipe.config import parse_args
+
+    monkeypatch.setattr(training_args.TrainingArguments, "_setup_devices", property(lambda self: torch.device("cpu")))
+    submitted = tmp_path / "runs"
+    submitted.mkdir()
+    ds = json.loads((ROOT / "ds_config.json").read_text())
+    ds["zero_optimization"] |= {"stage": 3, "stage3_gather_16bit_weights_on_model_save": True}  # not the project's
+    (submitted / "ds_config.json").write_text(json.dumps(ds))
+    (submitted / "my_accel.yaml").write_text((ROOT / "accelerate_config.yaml").read_text())
+    monkeypatch.chdir(ROOT)  # where the job runs
+    monkeypatch.setenv("DPOTRAIN_SUBMIT_DIR", str(submitted))
+    for name in ("WORLD_SIZE", "ACCELERATE_DEEPSPEED_ZERO_STAGE", "ACCELERATE_GRADIENT_CLIPPING"):
+        monkeypatch.delenv(name, raising=False)
+    assert engine.from_config("accelerate_config.yaml").name == "zero2"
+    assert engine.from_config(str(submitted / "my_accel.yaml")).name == "zero3"
+    monkeypatch.setenv("ACCELERATE_USE_DEEPSPEED", "true")  # the launched processes: accelerate hands it as written
+    for config, stage in (("accelerate_config.yaml", 2), (str(submitted / "my_accel.yaml"), 3)):
+        monkeypatch.setenv("ACCELERATE_DEEPSPEED_CONFIG_FILE", "ds_config.json")
+        smoke = ["--config", str(ROOT / "configs" / "smoke.yaml"), "--accelerate_config", config]
+        training = parse_args(smoke).training
+        assert training.deepspeed_plugin.hf_ds_config.config["zero_optimization"]["stage"] == stage, config
+
+
 def test_a_deepspeed_file_found_nowhere_is_what_the_run_would_refuse_and_its_clipping_reads_as_unplanned(
     tmp_path, monkeypatch
 ):

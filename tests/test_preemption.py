@@ -345,6 +345,23 @@ def test_the_command_printed_to_go_on_keeps_the_folder_it_was_typed_in(tmp_path,
         assert parse_args(argv[1:]).training.output_dir == str(here / "my-demo")
 
 
+def test_the_command_printed_to_go_on_names_no_folder_reached_through_a_link_to_its_own(tmp_path, monkeypatch, capsys):
+    """`bash scripts/demo.sh` typed in the project reached through a link (a cluster's /home -> /gpfs/home): its $PWD
+    names the link, the run's folder is where it leads, and the command printed to go on carried a
+    DPOTRAIN_SUBMIT_DIR=<the same folder> it does not need."""
+    from dpotrain.train.preemption import GracefulStop
+
+    link = tmp_path / "project"
+    link.symlink_to(ROOT)
+    monkeypatch.delenv("LOCAL_RANK", raising=False)
+    monkeypatch.chdir(ROOT)
+    monkeypatch.setenv("DPOTRAIN_SUBMIT_DIR", str(link))
+    monkeypatch.setattr(sys, "argv", ["train_dpo.py", "--config", "configs/smoke.yaml"])
+    GracefulStop().mark_saved("checkpoint outputs/smoke-dpo/checkpoint-2 written")
+    said = capsys.readouterr().out
+    assert "run the same command again" in said and "DPOTRAIN_SUBMIT_DIR" not in said, said
+
+
 def test_a_background_job_of_a_script_keeps_ignoring_ctrl_c():
     """`python train_dpo.py ... &` in a script (a shell without job control) starts with SIGINT ignored, so that the
     Ctrl-C meant for the script's foreground command (a `tail -f` of the log) leaves it running. The run took SIGINT

@@ -649,6 +649,36 @@ def test_sbatch_scripts_run_the_project_of_the_submitted_script_not_the_checkout
         assert "ran the checkout" not in result.stdout and "--num_processes 4" in result.stdout, result.stdout
 
 
+def test_a_copy_of_the_scripts_folder_submitted_from_the_project_runs_the_project(tmp_path):
+    """A copy of scripts/ elsewhere, its launch.sh too (~/jobs/scripts/, edited), submitted from the project: at
+    c4e9dc2 the job ran the project (the folder submitted from), and once the submitted script's folder came first it
+    ran the copied launch.sh in ~/jobs, which holds no project (no train_dpo.py, no .venv). A script's folder is the
+    project's only with train_dpo.py above it."""
+    jobs = tmp_path / "jobs" / "scripts"
+    jobs.mkdir(parents=True)
+    (jobs / "launch.sh").write_text("echo ran the copied launch.sh\n")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for script in ("dpo_train.sh", "dpo_instruct_train.sh"):
+        (jobs / script).write_text((ROOT / "scripts" / script).read_text())
+        scontrol = bin_dir / "scontrol"
+        scontrol.write_text(f"#!/bin/sh\necho '   Command={jobs / script}'\necho '   WorkDir={ROOT}'\n")
+        scontrol.chmod(0o755)
+        copy = tmp_path / script  # Slurm runs a copy from its spool folder, started where it was submitted
+        copy.write_text((jobs / script).read_text())
+        env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+        env |= {
+            "LAUNCH_PRINT_ONLY": "1",
+            "SLURM_JOB_ID": "7",
+            "SLURM_SUBMIT_DIR": str(ROOT),
+            "SLURM_GPUS_PER_NODE": "4",
+            "PATH": f"{bin_dir}:{env['PATH']}",
+        }
+        result = subprocess.run(["bash", str(copy)], cwd=ROOT, env=env, capture_output=True, text=True)
+        assert result.returncode == 0, result.stderr
+        assert "ran the copied" not in result.stdout and "--num_processes 4" in result.stdout, result.stdout
+
+
 def test_a_relative_recipe_and_accelerate_config_of_a_job_are_the_folder_submitted_froms(tmp_path):
     """`RECIPE=my.yaml ACCELERATE_CONFIG=my_accel.yaml sbatch /path/to/dpotrain/scripts/dpo_train.sh` from the folder
     holding them: the job runs in the project, where both were looked for alone ("recipe my.yaml not found: set
@@ -679,6 +709,24 @@ def test_a_relative_recipe_and_accelerate_config_of_a_job_are_the_folder_submitt
     assert f"--config_file {elsewhere / 'my_accel.yaml'} " in line, line
     line = launch()  # not in the folder submitted from: the project's
     assert "train_dpo.py --config configs/think.yaml " in line and "--config_file accelerate_config.yaml " in line
+
+
+def test_the_sbatch_scripts_default_recipe_is_the_projects_not_the_folder_submitted_froms(tmp_path):
+    """`sbatch ~/dpotrain-exp/scripts/dpo_train.sh` typed in another checkout (~/dpotrain): the job runs the submitted
+    script's project (23b55b7), and its default RECIPE, configs/think.yaml, was looked for in the folder submitted from
+    first, as a RECIPE given is: that checkout's recipe, with this project's code. A RECIPE given still is."""
+    other = tmp_path / "dpotrain"  # the checkout submitted from, its own configs/think.yaml
+    (other / "configs").mkdir(parents=True)
+    (other / "configs" / "think.yaml").write_text((ROOT / "configs" / "smoke.yaml").read_text())
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_") and k != "ACCELERATE_CONFIG"}
+    env = {k: v for k, v in env.items() if k not in ("RECIPE", "DPOTRAIN_RECIPE_GIVEN")}
+    env |= {"LAUNCH_PRINT_ONLY": "1", "SLURM_SUBMIT_DIR": str(other), "SLURM_GPUS_PER_NODE": "4"}
+    for given, recipe in (({}, "configs/think.yaml"), ({"RECIPE": "configs/think.yaml"}, other / "configs/think.yaml")):
+        result = subprocess.run(
+            ["bash", str(ROOT / "scripts" / "dpo_train.sh")], cwd=other, env=env | given, capture_output=True, text=True
+        )
+        assert result.returncode == 0, result.stderr
+        assert f"train_dpo.py --config {recipe} " in result.stdout, result.stdout
 
 
 def test_a_job_submitted_with_chdir_reads_relative_paths_in_that_folder(tmp_path):

@@ -190,7 +190,7 @@ def _engine_of(config, accelerate_config: str) -> Engine:
         ds = config.deepspeed_config
         ds_file = ds.get("deepspeed_config_file")
         if ds_file:  # as the launched processes read it (config._launch_deepspeed_file)
-            ds_path = Path(launch_file(ds_file))
+            ds_path = Path(launch_file(ds_file, accelerate_config))
             if not ds_path.is_file():  # every launched process would stop on it
                 why = f"DeepSpeed config {ds_file!r} ({accelerate_config}) not found"
                 return Engine("unplanned", why, refused=f"{why} in {launch_file_places()}: {DS_FILE_FIX}")

@@ -353,7 +353,12 @@ def _check_env_cache_folder(path: str, name: str, value: str) -> None:
     datasets were imported, which read theirs then (HF_HOME: a run and its printed prefetch command named the recipe's
     folder while the libraries read ~/.cache/huggingface), and DPOTRAIN_CACHE, read as it is used, relative to each
     command's folder (the analyzer's from where it ran, a job's from the project), while a relative cache folder is one
-    folder for every command and the job (docs/hub.md: `.env`'s is the project's, the shell's where it was set)."""
+    folder for every command and the job (docs/hub.md: `.env`'s is the project's, the shell's where it was set).
+    One the environment (or `.env`) already sets is never set from the block (`parse_args`: the environment wins), so
+    the libraries read the environment's, as they did: not refused (a shared recipe naming the cluster's HF_HOME, run
+    by a person whose shell sets it too)."""
+    if name in os.environ:
+        return
     if name in venv.CACHE_FOLDERS and name != "DPOTRAIN_CACHE":
         raise ConfigError(
             f"{path}: env: {name} is read by the Hub libraries as they are imported, before the recipe is: set it in "
@@ -446,12 +451,12 @@ def parse_args(argv: list[str] | None = None) -> Recipe:
     # The recipe's words, then the command line's: the last value wins.
     words = _renamed(_as_flags({k: v for k, v in config.items() if k not in unset}) + argv)
     tokens, max_length_auto = _take_max_length_auto(words + _cpu_deepspeed_backend(words))
-    _, remaining = parser.parse_known_args(tokens)  # name an unknown flag before any field is validated
+    known, remaining = parser.parse_known_args(tokens)  # name an unknown flag before any field is validated
     if remaining:
         # a flag by its name alone: `--hub_tokn=hf_...` must not print the token (cli.Parser alike)
         flag = next((r.split("=")[0] for r in remaining if r.startswith("-")), remaining[0])
         raise ConfigError(f"unknown argument {flag!r}{_suggest(flag)}; see --help")
-    _launch_deepspeed_file()  # before TrainingArguments, which read it
+    _launch_deepspeed_file(known.accelerate_config)  # before TrainingArguments, which read it
     try:
         with upstream.bf16_gpu_check_skipped() if dry_run_asked(argv) else contextlib.nullcontext():
             script, training, model, project = parser.parse_args_into_dataclasses(args=tokens)
@@ -711,25 +716,33 @@ def _moved_files(files, move):
 DS_FILE_FIX = "give its deepspeed_config_file's path from the folder the launch runs in, or an absolute one"
 
 
-def _launch_deepspeed_file() -> None:
+def _launch_deepspeed_file(accelerate_config: str | None) -> None:
     """`accelerate launch` hands its config's deepspeed_config_file on as written (ACCELERATE_DEEPSPEED_CONFIG_FILE),
     and each process reads it, as its TrainingArguments are made, from the folder it runs in: the shipped
     accelerate_config.yaml's ds_config.json, launched from outside the project (`accelerate launch --config_file
     ~/dpotrain/accelerate_config.yaml ~/dpotrain/train_dpo.py ...`), stopped every process on "Expected a string path
     to an existing deepspeed config", while the dry run had planned the project's file. Read as the dry run reads it
-    (engine.from_config): `launch_file`."""
+    (engine.from_config): `launch_file`, of the `accelerate_config` the command names (a job's: the one launched)."""
     name = os.environ.get("ACCELERATE_DEEPSPEED_CONFIG_FILE")
     if os.environ.get("ACCELERATE_USE_DEEPSPEED", "").lower() == "true" and name and name != "none":
-        os.environ["ACCELERATE_DEEPSPEED_CONFIG_FILE"] = launch_file(name)
+        os.environ["ACCELERATE_DEEPSPEED_CONFIG_FILE"] = launch_file(name, accelerate_config)
 
 
-def launch_file(name: str) -> str:
+def launch_file(name: str, accelerate_config: str | None) -> str:
     """An accelerate config's relative deepspeed_config_file, which `accelerate launch` reads from the folder it is
     typed in: there (a Slurm job's folder submitted from, where the job's relative ACCELERATE_CONFIG is read), else
     here, else the project's (the shipped configs name theirs from the project root). A job runs in the project: a
     submitted `ACCELERATE_CONFIG=my_accel.yaml` naming `my_ds.json` beside it was refused by the job's dry run, and
-    stopped every process, as a file found neither in the project folder nor in the project."""
-    return _submitted_file(name) or project_path(name)
+    stopped every process, as a file found neither in the project folder nor in the project. The project's own
+    `accelerate_config` (accelerate_config.yaml, configs/accelerate/*.yaml) names the project's file: a job submitted
+    from a folder holding a ds_config.json of its own (another checkout's, another tool's) trained with that one."""
+    return (None if _projects_own(accelerate_config) else _submitted_file(name)) or project_path(name)
+
+
+def _projects_own(accelerate_config: str | None) -> bool:
+    """Whether `accelerate_config` (a path from here, a job's from the project) is a file inside the project."""
+    path = Path(accelerate_config or "none").expanduser()
+    return str(path).lower() != "none" and path.is_file() and path.resolve().is_relative_to(venv.ROOT.resolve())
 
 
 def launch_file_places() -> str:

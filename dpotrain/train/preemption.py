@@ -128,8 +128,10 @@ class GracefulStop(TrainerCallback):
         after = f" {time.time() - self.requested_at:.0f} s after the request" if self.requested_at else ""
         # Typed in another folder and run here (scripts/demo.sh runs in the project): its relative paths are that
         # folder's (DPOTRAIN_SUBMIT_DIR), so the command typed back here says so, or its --output_dir is another one
+        # (the shell's $PWD names it by its links, os.getcwd() by where they lead: one folder is not two)
         typed_in = os.environ.get("DPOTRAIN_SUBMIT_DIR")
-        told = f"DPOTRAIN_SUBMIT_DIR={shlex.quote(typed_in)} " if typed_in and typed_in != os.getcwd() else ""
+        elsewhere = typed_in and os.path.realpath(typed_in) != os.path.realpath(os.getcwd())
+        told = f"DPOTRAIN_SUBMIT_DIR={shlex.quote(typed_in)} " if elsewhere else ""
         how = (
             "exiting so that the job can be requeued"
             if self.stop_file
