@@ -622,31 +622,38 @@ def test_sbatch_scripts_find_a_project_whose_path_holds_spaces_from_another_fold
         assert "--max_steps 4" in result.stdout and "--num_processes 4" in result.stdout
 
 
+def spooled_job(tmp_path, submitted: Path, submit_dir: Path) -> str:
+    """What the sbatch script `submitted` launches (LAUNCH_PRINT_ONLY), typed in `submit_dir`: Slurm runs a copy of it
+    from its spool folder, started where it was submitted, and scontrol's `Command=` names the submitted path."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    scontrol = bin_dir / "scontrol"
+    scontrol.write_text(f"#!/bin/sh\necho '   Command={submitted}'\necho '   WorkDir={submit_dir}'\n")
+    scontrol.chmod(0o755)
+    copy = tmp_path / submitted.name
+    copy.write_text(submitted.read_text())
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+    env |= {
+        "LAUNCH_PRINT_ONLY": "1",
+        "SLURM_JOB_ID": "7",
+        "SLURM_SUBMIT_DIR": str(submit_dir),
+        "SLURM_GPUS_PER_NODE": "4",
+        "PATH": f"{bin_dir}:{env['PATH']}",
+    }
+    result = subprocess.run(["bash", str(copy)], cwd=submit_dir, env=env, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    return result.stdout
+
+
 def test_sbatch_scripts_run_the_project_of_the_submitted_script_not_the_checkout_submitted_from(tmp_path):
     """`sbatch ~/dpotrain-exp/scripts/dpo_train.sh` typed in another checkout (~/dpotrain): the job looked for the
     project in the folder it was submitted from first, and ran that checkout's launch.sh (and so its train_dpo.py)."""
     other = tmp_path / "dpotrain-old"  # the checkout submitted from: a launch.sh that says it ran
     (other / "scripts").mkdir(parents=True)
     (other / "scripts" / "launch.sh").write_text("echo ran the checkout submitted from\n")
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
     for script in ("dpo_train.sh", "dpo_instruct_train.sh"):
-        scontrol = bin_dir / "scontrol"
-        scontrol.write_text(f"#!/bin/sh\necho '   Command={ROOT}/scripts/{script}'\necho '   WorkDir={other}'\n")
-        scontrol.chmod(0o755)
-        copy = tmp_path / script  # Slurm runs a copy from its spool folder, started where it was submitted
-        copy.write_text((ROOT / "scripts" / script).read_text())
-        env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
-        env |= {
-            "LAUNCH_PRINT_ONLY": "1",
-            "SLURM_JOB_ID": "7",
-            "SLURM_SUBMIT_DIR": str(other),
-            "SLURM_GPUS_PER_NODE": "4",
-            "PATH": f"{bin_dir}:{env['PATH']}",
-        }
-        result = subprocess.run(["bash", str(copy)], cwd=other, env=env, capture_output=True, text=True)
-        assert result.returncode == 0, result.stderr
-        assert "ran the checkout" not in result.stdout and "--num_processes 4" in result.stdout, result.stdout
+        out = spooled_job(tmp_path, ROOT / "scripts" / script, other)
+        assert "ran the checkout" not in out and "--num_processes 4" in out, out
 
 
 def test_a_copy_of_the_scripts_folder_submitted_from_the_project_runs_the_project(tmp_path):
@@ -657,26 +664,10 @@ def test_a_copy_of_the_scripts_folder_submitted_from_the_project_runs_the_projec
     jobs = tmp_path / "jobs" / "scripts"
     jobs.mkdir(parents=True)
     (jobs / "launch.sh").write_text("echo ran the copied launch.sh\n")
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
     for script in ("dpo_train.sh", "dpo_instruct_train.sh"):
         (jobs / script).write_text((ROOT / "scripts" / script).read_text())
-        scontrol = bin_dir / "scontrol"
-        scontrol.write_text(f"#!/bin/sh\necho '   Command={jobs / script}'\necho '   WorkDir={ROOT}'\n")
-        scontrol.chmod(0o755)
-        copy = tmp_path / script  # Slurm runs a copy from its spool folder, started where it was submitted
-        copy.write_text((jobs / script).read_text())
-        env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
-        env |= {
-            "LAUNCH_PRINT_ONLY": "1",
-            "SLURM_JOB_ID": "7",
-            "SLURM_SUBMIT_DIR": str(ROOT),
-            "SLURM_GPUS_PER_NODE": "4",
-            "PATH": f"{bin_dir}:{env['PATH']}",
-        }
-        result = subprocess.run(["bash", str(copy)], cwd=ROOT, env=env, capture_output=True, text=True)
-        assert result.returncode == 0, result.stderr
-        assert "ran the copied" not in result.stdout and "--num_processes 4" in result.stdout, result.stdout
+        out = spooled_job(tmp_path, jobs / script, ROOT)
+        assert "ran the copied" not in out and "--num_processes 4" in out, out
 
 
 def test_a_relative_recipe_and_accelerate_config_of_a_job_are_the_folder_submitted_froms(tmp_path):
