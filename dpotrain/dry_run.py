@@ -110,11 +110,7 @@ def summary(r: Record, json_file: Path | None, heading: str | None = None) -> st
             + ("; merged into them in merged/ at the end" if s.merge_lora else ""),
         )
     rows, sources = r.data.dataset_rows, r.data.data_sources or []
-    data = (
-        f"a mixture of {len(sources)} source{'s' if len(sources) != 1 else ''}"
-        if sources
-        else f"{s.dataset_name} (split {s.dataset_train_split})"
-    )
+    data = mixture.of_sources(sources) if sources else f"{s.dataset_name} (split {s.dataset_train_split})"
     row("data", f"{data}: {rows:,} rows" if rows is not None else f"{data}: rows counted when the run loads it")
     lines.extend(f"  {'':<15}{mixture.describe(source)}" for source in sources)
     length = r.lengths

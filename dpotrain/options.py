@@ -515,13 +515,14 @@ def _check_schedule(t, optimizer) -> None:
         except Exception as e:  # noqa: BLE001 - what the trainer's scheduler.step() would raise at that step
             problem = f"fails at {point / WALKED_POINTS:.0%} of the run ({type(e).__name__}: {e})"
             break
-    after = values[WALKED_POINTS * WALKED_WARMUP // WALKED_STEPS + 1 : -1]  # past warm-up, before the last step
+    past_warmup = WALKED_POINTS * WALKED_WARMUP // WALKED_STEPS + 1
+    after = values[past_warmup:-1]  # past warm-up, before the last step
     if problem is None and not all(math.isfinite(v) and -1e-9 <= v <= 1 + 1e-9 for v in values):
         worst = max(values, key=lambda v: abs(v - 0.5) if math.isfinite(v) else math.inf)
         at = values.index(worst) / WALKED_POINTS
         problem = f"takes the learning rate to {worst:g} x learning_rate at {at:.0%} of the run"
     elif problem is None and any(a == b == 0 for a, b in zip(after, after[1:], strict=False)):
-        first = WALKED_POINTS * WALKED_WARMUP // WALKED_STEPS + 1 + after.index(0)
+        first = past_warmup + after.index(0)
         problem = (
             f"keeps the learning rate at 0 from {first / WALKED_POINTS:.0%} of the run on (it trains nothing more)"
         )

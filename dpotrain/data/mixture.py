@@ -180,9 +180,14 @@ def _files_read(source: Source) -> list:
     folder = os.path.expanduser(os.path.join(where, data_dir or ""))
     if not data_files and os.path.isdir(folder) and not data_identity.saved(Path(folder)):
         return _split_files(folder, split, None if data_dir else source.name)
-    entries = data_files.get(split) if isinstance(data_files, dict) else data_files
-    entries = entries if isinstance(entries, list) else [entries]
+    entries = _entries(data_files, split)
     return [p.resolve() for e in entries for p in (data_identity.files(where, split, data_dir, e) or {}).values()]
+
+
+def _entries(data_files, split: str) -> list:
+    """A source's `data_files` entries for `split`: one entry, a list, or a mapping of split to either."""
+    entries = data_files.get(split) if isinstance(data_files, dict) else data_files
+    return entries if isinstance(entries, list) else [entries]
 
 
 def _split_files(folder: str, split: str, name: str | None = None) -> list:
@@ -215,6 +220,11 @@ def _card_patterns(folder: str, name: str | None) -> tuple | None:
     base = os.path.join(folder, config.get("data_dir") or "")
     files = config.get("data_files")
     return base, sanitize_patterns(files) if files else get_data_patterns(base)
+
+
+def of_sources(sources: list) -> str:
+    """How the dry run and the model card name a mixture: 'a mixture of 3 sources', 'a mixture of 1 source'."""
+    return f"a mixture of {len(sources)} source{'s' if len(sources) != 1 else ''}"
 
 
 def local_files(values: dict) -> list[str]:
@@ -327,8 +337,7 @@ def _check_found(source: Source) -> None:
     if source.path not in BUILDERS or source.file or not source.data_files:
         return
     base, split, _, data_files = _read_from(source)
-    entries = data_files.get(split) if isinstance(data_files, dict) else data_files
-    for entry in entries if isinstance(entries, list) else [entries]:
+    for entry in _entries(data_files, split):
         if isinstance(entry, str) and "://" not in entry and not _load_finds(base, entry):
             where = "" if os.path.isabs(entry) else f" (looked in {os.path.abspath(os.path.expanduser(base))})"
             home = " (datasets does not expand ~ in data_files: give the full path)" if entry.startswith("~") else ""

@@ -12,6 +12,7 @@ from huggingface_hub.errors import HfHubHTTPError, HFValidationError, Repository
 from huggingface_hub.utils import validate_repo_id
 
 from dpotrain.cluster.offline import TOKENIZER_VOCAB, hf_token, is_hub_model, is_offline, within
+from dpotrain.data import mixture
 from dpotrain.hub.hub_push import pushed_revisions, record_push, retry_waits, status_of, with_retries
 from dpotrain.recipe import records as run_records
 from dpotrain.recipe.config import TOKEN_FLAGS
@@ -160,7 +161,7 @@ def model_card(r: Record, records: list[dict], revisions: list[tuple[int, str]] 
     names = [dataset] if dataset else [source["source"].split(" [")[0].split(":")[0] for source in sources]
     hub_names = [n for n in names if "/" in n and not Path(n).exists()]
     if sources:
-        dataset = f"a mixture of {len(sources)} source{'s' if len(sources) != 1 else ''}"
+        dataset = mixture.of_sources(sources)
     data = ModelCardData(
         base_model=base if is_hub_model(base) else None,  # a local folder is no Hub repo: the Hub refuses the card
         datasets=hub_names or None,
