@@ -40,16 +40,25 @@ export RECIPE=${RECIPE:-configs/think.yaml}
 # Command= is the submitted path, then the script's arguments, joined by spaces: the path may hold spaces too, so the
 # longest start of it that is this script (beside launch.sh).
 submitted=$(scontrol show job "${SLURM_JOB_ID:-0}" 2>/dev/null | sed -n 's/^ *Command=//p' || true)
-while [[ $submitted == *" "* && ! ( -f $submitted && -f $(dirname "$submitted")/launch.sh ) ]]; do
+while [[ $submitted == *" "* && ! ( -f $submitted && -f $(dirname "$(readlink -f -- "$submitted")")/launch.sh ) ]]; do
   submitted=${submitted% *}
 done
-root=${SLURM_SUBMIT_DIR:-$PWD}
 # A project's scripts folder: launch.sh beside, train_dpo.py above. A copy of scripts/ elsewhere (~/jobs/scripts/, its
 # launch.sh too) submitted from the project is not one: it ran ~/jobs/scripts/launch.sh in ~/jobs, with no project.
-for script in "$submitted" "$0"; do
+# A link to the script (~/bin/dpo.sh) is then read where it points: its own folder holds no project.
+root=""
+for script in "$submitted" "$(readlink -f -- "$submitted" 2>/dev/null)" "$0" "$(readlink -f -- "$0")"; do
   here=$(dirname "$script")
   if [[ -n $script && -f $here/launch.sh && -f $here/../train_dpo.py ]]; then root=$(cd "$here/.." && pwd); break; fi
 done
+# Else a DPOTRAIN_ROOT the user exported (an edited copy of this script kept outside the project), else the folder the
+# job was submitted from.
+root=${root:-${DPOTRAIN_ROOT:-${SLURM_SUBMIT_DIR:-$PWD}}}
+if [[ ! -f $root/scripts/launch.sh || ! -f $root/train_dpo.py ]]; then
+  echo "error: found no dpotrain project beside the submitted script or in $root: submit the project's" \
+    "scripts/dpo_train.sh (or a link to it), or export DPOTRAIN_ROOT=/path/to/dpotrain before sbatch" >&2
+  exit 2
+fi
 export DPOTRAIN_ROOT=$root
 # The job runs in the project; a relative --dataset_name means the folder it was submitted from (recipe/config.py):
 # the folder Slurm starts the job in, `sbatch --chdir DIR`'s DIR where given (Slurm reads the script's own relative

@@ -750,3 +750,33 @@ def torch_extensions_dir() -> str:
         return os.environ["TORCH_EXTENSIONS_DIR"]
     device = f"cu{torch.version.cuda.replace('.', '')}" if torch.version.cuda else "cpu"
     return os.path.join(get_default_build_root(), f"py{sys.version_info.major}{sys.version_info.minor}_{device}")
+
+
+def test_a_link_to_an_sbatch_script_runs_the_project_it_points_into(tmp_path):
+    """`sbatch ~/bin/dpo.sh`, a link to the project's script, typed in another folder: scontrol's Command= names the
+    link, whose own folder holds no project, so the job died on "launch.sh: No such file or directory"."""
+    links, elsewhere = tmp_path / "links", tmp_path / "runs"
+    links.mkdir()
+    elsewhere.mkdir()
+    for script in ("dpo_train.sh", "dpo_instruct_train.sh"):
+        (links / script).symlink_to(ROOT / "scripts" / script)
+        out = spooled_job(tmp_path, links / script, elsewhere)
+        assert "--num_processes 4" in out, out
+
+
+def test_an_edited_copy_outside_the_project_runs_the_exported_project_or_says_how(tmp_path):
+    """A copy of an sbatch script kept outside the project (its #SBATCH lines edited), submitted from outside too: it
+    ran bash's "launch.sh: No such file or directory". It now runs the project the user exports as DPOTRAIN_ROOT, and
+    without one fails at once saying so."""
+    jobs = tmp_path / "jobs"
+    jobs.mkdir()
+    for script in ("dpo_train.sh", "dpo_instruct_train.sh"):
+        (jobs / script).write_text((ROOT / "scripts" / script).read_text())
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "DPOTRAIN_ROOT"))}
+        env |= {"LAUNCH_PRINT_ONLY": "1", "SLURM_SUBMIT_DIR": str(jobs), "SLURM_GPUS_PER_NODE": "4"}
+        refused = subprocess.run(["bash", str(jobs / script)], cwd=jobs, env=env, capture_output=True, text=True)
+        assert refused.returncode == 2, refused.stderr
+        assert refused.stderr.count("\n") == 1 and "export DPOTRAIN_ROOT=/path/to/dpotrain" in refused.stderr
+        env["DPOTRAIN_ROOT"] = str(ROOT)
+        ran = subprocess.run(["bash", str(jobs / script)], cwd=jobs, env=env, capture_output=True, text=True)
+        assert ran.returncode == 0 and "--num_processes 4" in ran.stdout, ran.stderr
