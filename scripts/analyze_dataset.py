@@ -35,6 +35,8 @@ venv.require()  # outside the venv: one line naming the fix, not a traceback
 if __name__ == "__main__":  # .env before the libraries, which read HF_HUB_OFFLINE, HF_HOME, HF_ENDPOINT on import
     venv.load_env(ROOT)
 
+import yaml  # noqa: E402
+
 from dpotrain.cluster import offline  # noqa: E402
 from dpotrain.data import chat_template, cuts, data, hub_revision, lengths, lengths_report, mixture, shapes  # noqa: E402
 from dpotrain.data.rows import InvalidRowError  # noqa: E402
@@ -162,12 +164,27 @@ def recipe_for(dataset: str) -> str | None:
     """The recipe in configs/ that trains on `dataset`, as a person types its path (relative to the folder they run
     in when it lies inside, else absolute). Of several, one that names its model: think-32b.yaml, first by name, leaves
     the model to the command line, and think.yaml gives the tokenizer and chat template (docs/max_length.md)."""
-    recipes = [(path, config.read_recipe(str(path))) for path in sorted((ROOT / "configs").glob("*.yaml"))]
-    found = [(path, recipe) for path, recipe in recipes if recipe.get("dataset_name") == dataset]
+    found = [(path, recipe) for path in sorted((ROOT / "configs").glob("*.yaml")) if (recipe := _read(path, dataset))]
     path = next((path for path, recipe in found if recipe.get("model_name_or_path")), found[0][0] if found else None)
     if path is None:
         return None
     return str(path.relative_to(Path.cwd())) if path.is_relative_to(Path.cwd()) else str(path)
+
+
+def _read(path: Path, dataset: str) -> dict | None:
+    """The recipe at `path` if it trains on `dataset`. A recipe there that does not read (a person's draft, a misspelt
+    key) is refused only when it names this data set: before, it stopped the analysis of every data set."""
+    try:
+        recipe = config.read_recipe(str(path))
+    except ConfigError:
+        try:  # what the draft names, as far as its YAML reads
+            loose = yaml.safe_load(path.read_text())
+        except (OSError, UnicodeDecodeError, yaml.YAMLError):
+            return None
+        if isinstance(loose, dict) and loose.get("dataset_name") == dataset:
+            raise
+        return None
+    return recipe if recipe.get("dataset_name") == dataset else None
 
 
 def main(argv=None) -> int:

@@ -8,6 +8,7 @@ padding), on small local data sets with the built-in tiny tokenizer.
 
 import json
 import os
+import shutil
 import subprocess
 
 import numpy as np
@@ -16,6 +17,7 @@ import pytest
 from conftest import PYTHON, ROOT, python, read_only_prefix
 from dpotrain.data import builtin, data, lengths
 from dpotrain.forwards import packing
+from dpotrain.recipe.errors import ConfigError
 
 SCRIPT = ROOT / "scripts" / "analyze_dataset.py"
 
@@ -779,3 +781,18 @@ def test_values_and_outputs_checked_before_the_analysis(args, message, cli, tmp_
     lines = err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"error: {message}"), lines
     assert "Traceback" not in out
+
+
+def test_a_draft_recipe_beside_the_shipped_ones_is_judged_only_when_it_is_the_data_sets(cli, tmp_path, monkeypatch):
+    """The analyzer looks in configs/ for the recipe of its data set. A draft there that does not parse (a misspelt key,
+    a YAML typo) stopped every analysis, of any data set; it now stops only the analysis of the data set it names."""
+    project = tmp_path / "project"
+    shutil.copytree(ROOT / "configs", project / "configs")
+    (project / "configs" / "a-draft.yaml").write_text("dataset_name: my/data\nlerning_rate: 1e-6\n")
+    (project / "configs" / "b-typo.yaml").write_text("dataset_name: [unclosed\n")
+    monkeypatch.setattr(cli, "ROOT", project)
+    monkeypatch.chdir(tmp_path)
+    assert cli.recipe_for("allenai/Dolci-Think-DPO-7B") == "project/configs/think.yaml"
+    assert cli.recipe_for("other/data") is None
+    with pytest.raises(ConfigError, match="a-draft.yaml: unknown key 'lerning_rate'"):
+        cli.recipe_for("my/data")
