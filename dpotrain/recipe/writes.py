@@ -39,9 +39,8 @@ def replacing(path: str | Path, mode: str = "w"):
 
 
 def _temporary_name(path: Path) -> str:
-    """The name `replacing` writes under: unique per process and host (ranks, or two commands, may write into one folder
-    of a shared file system), and within NAME_MAX where `path`'s own name is: a name near the limit is stood for by its
-    digest (its own name with the host and pid added failed as 'File name too long')."""
+    """The name `replacing` writes under: unique per process and host (ranks may share a folder), and within NAME_MAX
+    where `path`'s own name is (a name near the limit is stood for by its digest)."""
     ours = f".{socket.gethostname()}.{os.getpid()}.tmp"
     name = f".{path.name}{ours}"
     if len(os.fsencode(name)) <= _limits(path.parent)[0]:
@@ -66,8 +65,7 @@ def _sync_folder(folder: Path) -> None:
 
 def check_report_path(flag: str, path: str | Path | None) -> None:
     """Refuses a report's path (given as `flag`) that the report could not be written to, before the work that makes it:
-    a folder at the path itself (the rename into place failed there after the work, in an IsADirectoryError
-    traceback), or a folder for it that does not exist or this process cannot write in."""
+    a folder at the path itself, or a folder for it that does not exist or this process cannot write in."""
     if not path:
         return
     folder = Path(path).resolve().parent
@@ -82,8 +80,7 @@ def check_report_path(flag: str, path: str | Path | None) -> None:
 
 
 def check_report_paths(paths: dict[str, str | None]) -> None:
-    """`check_report_path` for each report a command writes (flag -> path), and no two of them to one file: the
-    second report was written over the first, after the work that made both."""
+    """`check_report_path` for each report a command writes (flag -> path), and no two of them to one file."""
     seen: dict[Path, str] = {}
     for flag, path in paths.items():
         check_report_path(flag, path)
