@@ -101,6 +101,15 @@ def check_options(recipe: Recipe) -> None:
             "use_liger_kernel needs the liger-kernel package, which this project does not install: "
             "remove --use_liger_kernel"
         )
+    check_reference(recipe)
+    check_evaluation(recipe)
+    check_revisions(recipe)
+
+
+def check_reference(recipe: Recipe) -> None:
+    """The reference's options that cannot work together; `reference_only` with a live reference model loaded the
+    model, scored nothing and exited 0."""
+    t = recipe.training
     if t.sync_ref_model and recipe.model.use_peft:
         raise ConfigError(
             "sync_ref_model does not work with use_peft (the reference is the base with the adapter "
@@ -111,13 +120,11 @@ def check_options(recipe: Recipe) -> None:
             "sync_ref_model updates the reference, so its log-probs cannot be precomputed: pass "
             "--precompute_ref_log_probs false, or remove --sync_ref_model"
         )
-    if recipe.project.reference_only and uses_live_reference(recipe):  # it loaded the model, scored nothing, exited 0
+    if recipe.project.reference_only and uses_live_reference(recipe):
         raise ConfigError(
             "reference_only runs the reference stage alone, and this run has none (a live reference model runs beside "
             "every step: precompute_ref_log_probs false or sync_ref_model): remove --reference_only"
         )
-    check_evaluation(recipe)
-    check_revisions(recipe)
 
 
 def check_revisions(recipe: Recipe) -> None:
@@ -397,7 +404,7 @@ def reporting_available(name: str) -> bool:
 def check_optimizer(t) -> None:
     """The optimizer and scheduler the trainer builds once the model has loaded, built here on one parameter by
     transformers' own calls (`--adam_beta2 1`, or cosine_with_min_lr without its kwargs, were a traceback there). A
-    negative weight_decay too: torch checks it in the constructor, not in a parameter group, where the trainer puts it."""
+    negative weight_decay too: torch checks it in the constructor, not in the parameter group the trainer puts it in."""
     if t.weight_decay < 0:
         raise ConfigError(
             f"weight_decay must be >= 0 (got {t.weight_decay:g}): a negative one grows the weights at every step "

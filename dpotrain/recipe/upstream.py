@@ -289,8 +289,8 @@ _MISSING = object()
 
 def _value(symbol: str):
     """What a seam's symbol ("module:A.b") names: how the accessors below reach it."""
-    module_name, _, path = symbol.partition(":")
-    return functools.reduce(getattr, path.split("."), importlib.import_module(module_name))
+    owner, name, _ = _lookup(symbol)
+    return getattr(owner, name)
 
 
 def _assigned_in_class(cls, name: str) -> bool:
@@ -440,9 +440,7 @@ def set_default_collective_timeout(timeout) -> None:
 
 
 def default_group_name() -> str:
-    import torch.distributed.distributed_c10d as c10d
-
-    return c10d._world.pg_names[c10d._get_default_group()]
+    return _value(f"{C10D}:_world").pg_names[_value(f"{C10D}:_get_default_group")()]
 
 
 def group_timeouts() -> dict[str, float]:

@@ -74,7 +74,7 @@ CACHE_FOLDERS = ("HF_HOME", "HF_HUB_CACHE", "HF_DATASETS_CACHE", "DPOTRAIN_CACHE
 def _anchor_cache_folder(name: str, env_file_folder: Path | None) -> None:
     """A relative cache folder made absolute, once, where it was written: a `.env`'s in the project, the environment's
     in the folder it was set in (a Slurm job's: DPOTRAIN_SUBMIT_DIR). Read from each command's own folder, it was one
-    folder for prefetch.py and the analyzer and another for the job (lengths measured again, prefetched files missed)."""
+    folder for prefetch.py and the analyzer, another for the job (lengths measured again, prefetched files missed)."""
     value = os.environ.get(name)
     if not value or os.path.isabs(os.path.expanduser(value)):
         return
