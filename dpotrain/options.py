@@ -206,7 +206,7 @@ def check_saving(recipe: Recipe) -> None:
     `save_only_model` saves ones without the optimizer's state, `ignore_data_skip` resumes on other batches.
     `save_strategy no` is a choice, said once at start where a job may be preempted (Slurm, or a stop file)."""
     t = recipe.training
-    strategy = getattr(t.save_strategy, "value", t.save_strategy)
+    strategy = _named(t.save_strategy)
     if strategy == "steps" and t.save_steps <= 0:
         raise ConfigError(
             f"save_steps={t.save_steps:g} saves no checkpoint until the end, and a requeued job would "
