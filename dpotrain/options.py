@@ -387,10 +387,9 @@ def check_logging(recipe: Recipe) -> None:
 
 
 def reporting_available(name: str) -> bool:
-    """Whether the logger `name` starts, as its callback checks when the trainer builds it. transformers' list of
-    available integrations (what `report_to: all` takes) never holds flyte, nor azure_ml where mlflow is installed, nor
-    comet_ml without an API key (COMET_MODE=offline needs none), though their callbacks start: read from that list
-    alone, they were refused with flytekit, azureml or comet_ml installed."""
+    """Whether the logger `name` starts, as its callback checks when the trainer builds it: transformers' list of
+    available integrations never holds flyte, nor azure_ml where mlflow is installed, nor comet_ml without an API key
+    (COMET_MODE=offline needs none), though their callbacks start."""
     from transformers.integrations import integration_utils as loggers
 
     checked_alone = {
@@ -563,9 +562,8 @@ def check_ranges(recipe: Recipe) -> None:
 
 
 def _ignored_optim_args(t) -> list[str]:
-    """The keys of the recipe's optim_args that the optimizer does not read: built with the key alone at other values,
-    transformers builds what it builds without it. Not the recipe's own values: a default given (ademamix's alpha=5.0,
-    the AdEMAMix paper's) builds the same optimizer, and the whole of a paper's optim_args was refused as ignored."""
+    """The keys of the recipe's optim_args that the optimizer does not read: with the key alone at other values,
+    transformers builds what it builds without it (not at the recipe's values: ademamix's alpha=5.0 is its default)."""
     without = _built_with(t, None)
     if without is None:  # built only with them: every key may be read
         return []
@@ -661,9 +659,8 @@ def check_wandb(recipe: Recipe) -> None:
 
 
 def check_wandb_reachable(recipe: Recipe) -> None:
-    """report_to wandb, online: W&B's server must answer now, within seconds (wandb.init retries for minutes, 108 s on
-    a node without a route, and fails with the model loaded). One HEAD request through the proxy settings
-    (HTTPS_PROXY) wandb would use; any HTTP answer, an error status too, is an answer."""
+    """report_to wandb, online: W&B's server must answer now, within seconds (wandb.init retries for minutes, then
+    fails with the model loaded). One HEAD request through wandb's proxy settings; any HTTP status is an answer."""
     if not _wandb_online(recipe):
         return
     from dpotrain.cluster.offline import PROBE_SECONDS, SOCKET_SECONDS, within

@@ -827,8 +827,7 @@ def _cpu_deepspeed_backend(args: list[str]) -> list[str]:
 
 def list_single_target(model) -> None:
     """TRL turns a single --lora_target_modules value into a string (ModelConfig.__post_init__, run again by every
-    `dataclasses.replace`), which PEFT takes as a regular expression over the full module path (`q_proj` alone would
-    match nothing): a single module name becomes a list of one."""
+    `dataclasses.replace`), which PEFT takes as a regular expression over the full module path: a list of one."""
     targets = model.lora_target_modules
     if isinstance(targets, str) and targets != "all-linear" and re.fullmatch(r"[\w.]+", targets):
         model.lora_target_modules = [targets]
