@@ -101,6 +101,15 @@ def check_options(recipe: Recipe) -> None:
             "use_liger_kernel needs the liger-kernel package, which this project does not install: "
             "remove --use_liger_kernel"
         )
+    check_reference(recipe)
+    check_evaluation(recipe)
+    check_revisions(recipe)
+
+
+def check_reference(recipe: Recipe) -> None:
+    """The reference's options that cannot work together; `reference_only` with a live reference model loaded the
+    model, scored nothing and exited 0."""
+    t = recipe.training
     if t.sync_ref_model and recipe.model.use_peft:
         raise ConfigError(
             "sync_ref_model does not work with use_peft (the reference is the base with the adapter "
@@ -111,9 +120,11 @@ def check_options(recipe: Recipe) -> None:
             "sync_ref_model updates the reference, so its log-probs cannot be precomputed: pass "
             "--precompute_ref_log_probs false, or remove --sync_ref_model"
         )
-    check_reference_only(recipe)
-    check_evaluation(recipe)
-    check_revisions(recipe)
+    if recipe.project.reference_only and uses_live_reference(recipe):
+        raise ConfigError(
+            "reference_only runs the reference stage alone, and this run has none (a live reference model runs beside "
+            "every step: precompute_ref_log_probs false or sync_ref_model): remove --reference_only"
+        )
 
 
 def check_revisions(recipe: Recipe) -> None:
@@ -122,7 +133,6 @@ def check_revisions(recipe: Recipe) -> None:
     s = recipe.script
     model, revision = recipe.model.model_name_or_path, recipe.model.model_revision
     if revision not in (None, "main") and model and not offline.is_hub_model(model):
-        # transformers reads a local folder (or the built-in model) as it is: the record named a revision not loaded
         raise ConfigError(
             f"model_revision {revision!r} names a commit of a Hub model, and {model!r} is "
             f"{'built in' if builtin.is_builtin(model) else 'a local folder'}: remove model_revision (a recipe "
@@ -137,9 +147,9 @@ def check_revisions(recipe: Recipe) -> None:
 
 
 def check_engine_switches(t) -> None:
-    """TrainingArguments' own switches to DeepSpeed and FSDP, which the engine (cluster/engine.py) never sees: a run
-    planned and recorded as one process or DDP would run another engine without its checks and its handling (ZeRO-3
-    through --deepspeed ended at the model load in a traceback, --fsdp on one process at the trainer's start)."""
+    """TrainingArguments' own switches to DeepSpeed and FSDP, which the engine (cluster/engine.py) never sees: the run
+    would run another engine than planned and recorded, without its checks (ZeRO-3 through --deepspeed ended at the
+    model load in a traceback, --fsdp on one process at the trainer's start)."""
     switched = [name for name in ("deepspeed", "fsdp") if getattr(t, name)]
     if switched:
         raise ConfigError(
@@ -150,20 +160,10 @@ def check_engine_switches(t) -> None:
         )
 
 
-def check_reference_only(recipe: Recipe) -> None:
-    """`reference_only` with a live reference model loaded the model, scored nothing and exited 0."""
-    if recipe.project.reference_only and uses_live_reference(recipe):
-        raise ConfigError(
-            "reference_only runs the reference stage alone, and this run has none (a live reference model runs beside "
-            "every step: precompute_ref_log_probs false or sync_ref_model): remove --reference_only"
-        )
-
-
 def check_evaluation(recipe: Recipe) -> None:
     """Evaluation needs held-out pairs: a held-out mixture, or the data set's test split (a local file has none).
-    Without eval_strategy, what only evaluation reads is refused: held-out pairs named would be neither loaded nor
-    evaluated, `eval_steps` never read, and `eval_on_start` would evaluate no data set (a traceback after the reference
-    stage)."""
+    Without eval_strategy, what only evaluation reads is refused: it would be ignored (`eval_on_start`: a traceback
+    after the reference stage)."""
     t, s = recipe.training, recipe.script
     if t.load_best_model_at_end:  # the Trainer loads the best checkpoint into the final model at the end
         raise ConfigError(LOAD_BEST_REFUSED)
@@ -202,12 +202,11 @@ def check_evaluation(recipe: Recipe) -> None:
 
 
 def check_saving(recipe: Recipe) -> None:
-    """`save_steps 0` (a fraction of the steps, to transformers) saves no checkpoint until the end: refused as a slip.
-    `save_only_model` saves checkpoints no run resumes from (checkpoint_manifest.py: they lack the optimizer's state),
-    and `ignore_data_skip` resumes on other batches than the uninterrupted run's.
+    """Checkpoints a resume can use: `save_steps 0` (a fraction of the steps, to transformers) saves none until the end,
+    `save_only_model` saves ones without the optimizer's state, `ignore_data_skip` resumes on other batches.
     `save_strategy no` is a choice, said once at start where a job may be preempted (Slurm, or a stop file)."""
     t = recipe.training
-    strategy = getattr(t.save_strategy, "value", t.save_strategy)
+    strategy = _named(t.save_strategy)
     if strategy == "steps" and t.save_steps <= 0:
         raise ConfigError(
             f"save_steps={t.save_steps:g} saves no checkpoint until the end, and a requeued job would "
@@ -235,8 +234,8 @@ def check_saving(recipe: Recipe) -> None:
 
 
 def check_path_limits(recipe: Recipe) -> None:
-    """A path past its file system's limits (a name over NAME_MAX bytes, the whole over PATH_MAX) fails at the first
-    call that touches it, in a traceback: refused here. The folders the run writes in need ROOM_INSIDE bytes more."""
+    """Paths past their file system's limits (writes.check_path_limit); the folders the run writes in need ROOM_INSIDE
+    bytes more."""
     from dpotrain.data.lengths import cache_root
 
     t, p, values = recipe.training, recipe.project, mixture.fields_of(recipe)
@@ -264,8 +263,7 @@ def check_model(model: str) -> None:
     if data.looks_like_path(model) and not path.is_dir():
         raise ConfigError(f"model folder {model!r} does not exist: check the path, or give a Hub name like org/model")
     if path.is_dir() and (path / "adapter_config.json").is_file():
-        # TRL builds the model from the folder's config.json (create_model_from_path): a LoRA run's folder has none (a
-        # traceback once the data were read), and with its base's config.json transformers looks for full weights there
+        # TRL builds the model from the folder's config.json (create_model_from_path), which a LoRA run's folder lacks
         try:
             base = json.loads((path / "adapter_config.json").read_text()).get("base_model_name_or_path")
         except (OSError, ValueError, AttributeError):
@@ -302,10 +300,8 @@ WEIGHT_FILES = (
 def check_weights(model: str) -> None:
     """A model folder without its weights, or with shards its index lists missing (a copy cut short), or whose config
     names no class, fails in from_pretrained with a traceback: refused before the model loads. A run checks it after its
-    first half (train_dpo.run), so that what the first half refuses (the memory plan of a model this machine cannot
-    hold) is said first, as a dry run, which plans from a config alone (configs/models/), says it."""
-    import json
-
+    first half (train_dpo.run), so that what the first half refuses is said first, as a dry run (which plans from a
+    config alone, configs/models/) says it."""
     from dpotrain.data.lengths import check_tokenizer_folder
 
     path = Path(model).expanduser()
@@ -391,10 +387,9 @@ def check_logging(recipe: Recipe) -> None:
 
 
 def reporting_available(name: str) -> bool:
-    """Whether the logger `name` starts, as its callback checks when the trainer builds it. transformers' list of
-    available integrations (what `report_to: all` takes) never holds flyte, nor azure_ml where mlflow is installed, nor
-    comet_ml without an API key (COMET_MODE=offline needs none), though their callbacks start: read from that list
-    alone, they were refused with flytekit, azureml or comet_ml installed."""
+    """Whether the logger `name` starts, as its callback checks when the trainer builds it: transformers' list of
+    available integrations never holds flyte, nor azure_ml where mlflow is installed, nor comet_ml without an API key
+    (COMET_MODE=offline needs none), though their callbacks start."""
     from transformers.integrations import integration_utils as loggers
 
     checked_alone = {
@@ -402,17 +397,13 @@ def reporting_available(name: str) -> bool:
         "flyte": loggers.is_flytekit_available,
         "comet_ml": lambda: importlib.util.find_spec("comet_ml") is not None,
     }
-    if name in checked_alone:
-        return checked_alone[name]()
-    return name in loggers.get_available_reporting_integrations()
+    return checked_alone[name]() if name in checked_alone else name in loggers.get_available_reporting_integrations()
 
 
 def check_optimizer(t) -> None:
-    """The optimizer and scheduler the trainer builds, built here on one parameter by transformers' own calls, as the
-    trainer builds them after the model (and the reference stage) has loaded: `--adam_beta2 1` (a beta outside [0, 1)),
-    a negative `adam_epsilon`, or a `lr_scheduler_type: cosine_with_min_lr` without its `lr_scheduler_kwargs` were a
-    traceback there. A negative weight_decay is refused too: the trainer gives it to a parameter group, which torch
-    does not check (its constructor refuses one), and the weights grew at every step under a record of decay."""
+    """The optimizer and scheduler the trainer builds once the model has loaded, built here on one parameter by
+    transformers' own calls (`--adam_beta2 1`, or cosine_with_min_lr without its kwargs, were a traceback there). A
+    negative weight_decay too: torch checks it in the constructor, not in the parameter group the trainer puts it in."""
     if t.weight_decay < 0:
         raise ConfigError(
             f"weight_decay must be >= 0 (got {t.weight_decay:g}): a negative one grows the weights at every step "
@@ -484,12 +475,9 @@ COUNTS_STEPS = ("num_decay_steps", "num_stable_steps", "timescale")
 
 def _check_schedule(t, optimizer) -> None:
     """The schedule's multiplier of learning_rate over a whole run, as the trainer's scheduler computes it at each step:
-    `lr_scheduler_kwargs` of the wrong type or value build and fail or mislead later, once the model has loaded and
-    warm-up is over: `{"num_cycles": "a"}` (cosine) a traceback at the first step after warm-up, `{"power": -1}`
-    (polynomial) a learning rate past learning_rate, then a ZeroDivisionError at the last step, `{"min_lr_rate": 2}`
-    (cosine_with_min_lr) one rising to twice learning_rate, `{"min_lr": -1}` one at 0 (transformers' floor) from
-    early in the run on: trained nothing more. Every transformers schedule keeps it in [0, 1] (learning_rate is the
-    peak), at 0 for no stretch of the run before its end."""
+    `lr_scheduler_kwargs` of the wrong type or value build, then fail or mislead after warm-up (`{"num_cycles": "a"}`
+    a traceback, `{"power": -1}` a rate past learning_rate, `{"min_lr": -1}` one at 0 from early on). Every transformers
+    schedule keeps it in [0, 1] (learning_rate is the peak), at 0 for no stretch of the run before its end."""
     from transformers import get_scheduler
 
     kwargs = t.lr_scheduler_kwargs or {}
@@ -574,9 +562,8 @@ def check_ranges(recipe: Recipe) -> None:
 
 
 def _ignored_optim_args(t) -> list[str]:
-    """The keys of the recipe's optim_args that the optimizer does not read: built with the key alone at other values,
-    transformers builds what it builds without it. Not the recipe's own values: a default given (ademamix's alpha=5.0,
-    the AdEMAMix paper's) builds the same optimizer, and the whole of a paper's optim_args was refused as ignored."""
+    """The keys of the recipe's optim_args that the optimizer does not read: with the key alone at other values,
+    transformers builds what it builds without it (not at the recipe's values: ademamix's alpha=5.0 is its default)."""
     without = _built_with(t, None)
     if without is None:  # built only with them: every key may be read
         return []
@@ -672,9 +659,8 @@ def check_wandb(recipe: Recipe) -> None:
 
 
 def check_wandb_reachable(recipe: Recipe) -> None:
-    """report_to wandb, online: W&B's server must answer now, within seconds (wandb.init retries for minutes, 108 s on
-    a node without a route, and fails with the model loaded). One HEAD request through the proxy settings
-    (HTTPS_PROXY) wandb would use; any HTTP answer, an error status too, is an answer."""
+    """report_to wandb, online: W&B's server must answer now, within seconds (wandb.init retries for minutes, then
+    fails with the model loaded). One HEAD request through wandb's proxy settings; any HTTP status is an answer."""
     if not _wandb_online(recipe):
         return
     from dpotrain.cluster.offline import PROBE_SECONDS, SOCKET_SECONDS, within

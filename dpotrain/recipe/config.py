@@ -349,14 +349,10 @@ def read_recipe(path: str) -> dict:
 
 
 def _check_env_cache_folder(path: str, name: str, value: str) -> None:
-    """A cache folder in a recipe's `env:` block, which is set as the recipe is read: after huggingface_hub and
-    datasets were imported, which read theirs then (HF_HOME: a run and its printed prefetch command named the recipe's
-    folder while the libraries read ~/.cache/huggingface), and DPOTRAIN_CACHE, read as it is used, relative to each
-    command's folder (the analyzer's from where it ran, a job's from the project), while a relative cache folder is one
-    folder for every command and the job (docs/hub.md: `.env`'s is the project's, the shell's where it was set).
-    One the environment (or `.env`) already sets is never set from the block (`parse_args`: the environment wins), so
-    the libraries read the environment's, as they did: not refused (a shared recipe naming the cluster's HF_HOME, run
-    by a person whose shell sets it too)."""
+    """A cache folder in a recipe's `env:` block is set as the recipe is read: after huggingface_hub and datasets were
+    imported and read theirs (HF_HOME: the libraries read ~/.cache/huggingface while the run named the recipe's), and a
+    relative DPOTRAIN_CACHE would be each command's own folder's (docs/hub.md). One the environment (or `.env`) sets
+    already is never taken from the block (the environment wins), so it is not refused."""
     if name in os.environ:
         return
     if name in venv.CACHE_FOLDERS and name != "DPOTRAIN_CACHE":
@@ -383,23 +379,28 @@ def _as_flags(config: dict) -> list[str]:
     return [w for key, v in config.items() for w in (f"--{key}", *map(word, v if isinstance(v, list) else [v]))]
 
 
-# transformers 5's deprecated names (open-instruct's and most tutorials'), each read as the field it stands for.
-# transformers reads an old name only where the new one is unset, so `--gradient_checkpointing false` beside a recipe's
-# `activation_checkpointing: true` was ignored: renamed first, the last value wins as for any field.
+# transformers 5's deprecated names (open-instruct's and most tutorials'), read as the field they stand for: renamed
+# first, so the last value wins (transformers reads an old name only where the new one is unset).
 ALIASES = {
     "gradient_checkpointing": "activation_checkpointing",
     "gradient_checkpointing_kwargs": "activation_checkpointing_kwargs",
 }
 
 
-def _renamed(words: list[str]) -> list[str]:
-    """`words` with each deprecated flag (`--gradient_checkpointing`, `--gradient-checkpointing=...`) renamed."""
-    options, out = _options(), []
-    for w in words:
+def _renamed(words: list[str]) -> tuple[list[str], bool]:
+    """`words` with each deprecated flag (either spelling, `=value` or not) renamed, and whether max_length is `auto`:
+    this project's (the analyzer picks it), passed on as None, as TRL's field only takes an int or None."""
+    options, out, auto, it = _options(), [], False, iter(words)
+    for w in it:
         flag, eq, value = w.partition("=")
+        if flag in ("--max_length", "--max-length"):
+            value = value if eq else next(it, "")
+            auto = value == "auto"
+            out += [flag, "None" if auto else value]
+            continue
         new = ALIASES.get(options[flag].dest) if w.startswith("--") and flag in options else None
         out.append(f"--{new}{eq}{value}" if new else w)
-    return out
+    return out, auto
 
 
 # Said whether transformers' own check of the option (evaluation and saving on one schedule) or the run's sees it first.
@@ -449,8 +450,8 @@ def parse_args(argv: list[str] | None = None) -> Recipe:
                 "or write one"
             )
     # The recipe's words, then the command line's: the last value wins.
-    words = _renamed(_as_flags({k: v for k, v in config.items() if k not in unset}) + argv)
-    tokens, max_length_auto = _take_max_length_auto(words + _cpu_deepspeed_backend(words))
+    words, max_length_auto = _renamed(_as_flags({k: v for k, v in config.items() if k not in unset}) + argv)
+    tokens = words + _cpu_deepspeed_backend(words)
     known, remaining = parser.parse_known_args(tokens)  # name an unknown flag before any field is validated
     if remaining:
         # a flag by its name alone: `--hub_tokn=hf_...` must not print the token (cli.Parser alike)
@@ -522,10 +523,9 @@ MIXTURE_SPELLINGS = (
 
 
 def _command_line_data_wins(script, project, on_command_line: set[str]) -> None:
-    """The data the command line names replaces the recipe file's, as the command line wins for every field: a mixture
-    there the recipe's dataset_name or its mixture in the other spelling, a --dataset_name the recipe's training
-    mixture. They were refused ('two mixtures: ... keep one', 'dataset_name ... and a mixture'), with no way to
-    remove the recipe's from the command line. Both named on the command line stay refused."""
+    """The data the command line names replaces the recipe file's, as for every field (a mixture there the recipe's
+    dataset_name or its mixture in the other spelling, a --dataset_name its training mixture), rather than refused as
+    two with no way to remove the recipe's. Both named on the command line stay refused."""
     for trl, mixer, splits in MIXTURE_SPELLINGS:
         here = {trl, mixer} & on_command_line
         if here == {trl}:
@@ -565,56 +565,34 @@ RECIPE_PATHS = (
 PATH_FIELDS = (*RECIPE_PATHS, ("training", "resume_from_checkpoint"))  # every field that names a file or folder read
 
 
-def _home_expanded(parts: dict) -> None:
-    """`~` in a path the shell did not expand (a recipe's value, `--sample_prompts_file=~/p.txt`): the checks and the
-    libraries read these paths as written, and only some expanded it (sample_prompts_file, accelerate_config and
-    resume_from_checkpoint were refused as missing; transformers takes `~/my-sft` for a malformed Hub name)."""
+def _placed_paths(parts: dict, given: set[str], on_command_line: set[str]) -> None:
+    """Each relative path the run reads where it is found, and the command line's data in place of the recipe file's.
+    `~` is expanded where the shell did not (a recipe's value, `--sample_prompts_file=~/p.txt`): the checks and the
+    libraries read these paths as written, and only some expanded it (transformers takes `~/my-sft` for a malformed
+    Hub name). A recipe's relative path not in the folder the command runs in but in the project is the project's file
+    (a job runs in the project; run from another folder, `python ~/dpotrain/train_dpo.py --config
+    ~/dpotrain/configs/smoke.yaml`, or with the default accelerate_config.yaml, those files were refused as missing).
+    A Slurm job's command line's relative path is the one in the folder submitted from where it is there (the job
+    runs in the project: `--chat_template_path my.jinja` was looked for in the project alone); accelerate_config is
+    the launch's own, which launch.sh reads. A path found where the command runs is read there."""
     for part, name in PATH_FIELDS:
         value = getattr(parts[part], name)
-        if isinstance(value, str) and value.startswith("~"):
-            setattr(parts[part], name, os.path.expanduser(value))
-
-
-def _placed_paths(parts: dict, given: set[str], on_command_line: set[str]) -> None:
-    """Each relative path the run reads where it is found (`~` expanded; a recipe's in the project, a Slurm job's
-    command line's in the folder submitted from), and the command line's data in place of the recipe file's."""
-    _home_expanded(parts)
-    _project_files(parts, on_command_line)
-    _submitted_files(parts, on_command_line)
+        if not isinstance(value, str) or not value:
+            continue
+        value = os.path.expanduser(value) if value.startswith("~") else value
+        if name not in on_command_line:
+            value = project_path(value) if (part, name) in RECIPE_PATHS else value
+        elif name != "accelerate_config":
+            value = _submitted_file(value) or value
+        setattr(parts[part], name, value)
     _mixture_files(parts["project"], given - on_command_line, on_command_line)
     _command_line_data_wins(parts["script"], parts["project"], on_command_line)
-
-
-def _submitted_files(parts: dict, on_command_line: set[str]) -> None:
-    """A relative path to a file the run reads, given on a Slurm job's command line, is the one in the folder the user
-    submitted from where it is there (the job runs in the project): the data set and the model folder were, while
-    `--chat_template_path my.jinja`, `--sample_prompts_file` and `--resume_from_checkpoint` were looked for in the
-    project alone and refused as missing (the message said: relative to the folder you run from)."""
-    for part, name in PATH_FIELDS:
-        if name == "accelerate_config" or name not in on_command_line:  # the launch's own: launch.sh reads it
-            continue
-        if there := _submitted_file(getattr(parts[part], name)):
-            setattr(parts[part], name, there)
 
 
 def _submitted_file(value: str, pattern: bool = False) -> str | None:
     """Where a Slurm job's command line's relative `value` is found in the folder the user submitted from, else None."""
     there = in_submit_dir(value)
     return str(there) if there is not None and _found(there, pattern) else None
-
-
-def _project_files(parts: dict, on_command_line: set[str]) -> None:
-    """A recipe's own relative path that is not in the folder the command runs in, but is in the project, is the
-    project's file: a job reads a recipe in the project folder (scripts/launch.sh runs there), and run from another
-    folder (`python ~/dpotrain/train_dpo.py --config ~/dpotrain/configs/smoke.yaml`, or the analyzer's own choice of
-    think.yaml for a data set) those files were refused as missing. The default accelerate_config.yaml alike: a
-    recipe without the field (think.yaml) was refused by a dry run from another folder, and the analyzer skipped its
-    memory plan, while think-32b.yaml, which names its own, was planned. A path found where the command runs is read
-    there, as before; the command line's are the user's."""
-    for part, name in RECIPE_PATHS:
-        value = getattr(parts[part], name)
-        if name not in on_command_line and isinstance(value, str) and value:
-            setattr(parts[part], name, project_path(value))
 
 
 def project_path(name: str) -> str:
@@ -647,9 +625,7 @@ def recorded_place(name: str, pattern: bool = False) -> str | None:
 
 def same_sources(old, new, mixer: bool) -> bool:
     """Two records of one mixture field (`mixer`: open-instruct's SOURCE AMOUNT pairs, else TRL's `datasets`) naming
-    the same sources, each path compared by `recorded_place`: a run started in the project records
-    `--dataset_mixer_list data/pairs.jsonl 1.0` as written, and its requeue as a job (the submit folder's file by its
-    full path) or from another folder (a recipe's, the project's) was refused as another mixture."""
+    the same sources, each path compared by `recorded_place`: a requeue names a file as written, or by its full path."""
     if not (isinstance(old, list) and isinstance(new, list)):
         return False
 
@@ -664,10 +640,8 @@ def same_sources(old, new, mixer: bool) -> bool:
 
 
 def _mixture_files(project, from_recipe: set[str], on_command_line: set[str]) -> None:
-    """A mixture source's relative paths by the same rules as the fields': a recipe's are the project's where the
-    folder the command runs in has none (a recipe's `datasets:` naming `data/my_pairs.jsonl`, as the shipped recipes
-    suggest, was refused from another folder while its dataset_name was read), a Slurm job's command line's are the
-    submit folder's where found there (`--dataset_mixer_list my.jsonl 1.0` was looked for in the project alone)."""
+    """A mixture source's relative paths placed as the fields' are (`_placed_paths`): a recipe's in the project, a
+    Slurm job's command line's in the folder submitted from."""
     fields = [name for spellings in MIXTURE_SPELLINGS for name in spellings[:2]]  # the sources, not their splits
     for name in [f for f in fields if getattr(project, f) and f in from_recipe | on_command_line]:
         move = _project_file if name in from_recipe else _submitted_file
@@ -676,9 +650,8 @@ def _mixture_files(project, from_recipe: set[str], on_command_line: set[str]) ->
 
 def _moved_sources(words: list[str], mixer: bool, move) -> list[str]:
     """One mixture field's words with each relative path datasets reads from the working folder passed through `move`
-    (`_project_file` or `_submitted_file`: the new path, or None to keep it): a source's file or folder,
-    a builder's (`path: json`) data_dir, else its data_files. A folder's data_files and data_dir are its own, a Hub
-    source's the repo's, a builder's data_files its data_dir's. A word is left as written where nothing moves."""
+    (the new path, or None to keep it): a source's file or folder, a builder's (`path: json`) data_dir, else its
+    data_files (a folder's and a Hub source's are their own). A word is left as written where nothing moves."""
     if mixer:  # SOURCE AMOUNT pairs
         return [(move(w) or w) if i % 2 == 0 else w for i, w in enumerate(words)]
     out = []
@@ -718,11 +691,8 @@ DS_FILE_FIX = "give its deepspeed_config_file's path from the folder the launch 
 
 def _launch_deepspeed_file(accelerate_config: str | None) -> None:
     """`accelerate launch` hands its config's deepspeed_config_file on as written (ACCELERATE_DEEPSPEED_CONFIG_FILE),
-    and each process reads it, as its TrainingArguments are made, from the folder it runs in: the shipped
-    accelerate_config.yaml's ds_config.json, launched from outside the project (`accelerate launch --config_file
-    ~/dpotrain/accelerate_config.yaml ~/dpotrain/train_dpo.py ...`), stopped every process on "Expected a string path
-    to an existing deepspeed config", while the dry run had planned the project's file. Read as the dry run reads it
-    (engine.from_config): `launch_file`, of the `accelerate_config` the command names (a job's: the one launched)."""
+    and each process reads it from the folder it runs in: launched from outside the project, the shipped ds_config.json
+    stopped every process while the dry run had planned it. Placed as the dry run places it (`launch_file`)."""
     name = os.environ.get("ACCELERATE_DEEPSPEED_CONFIG_FILE")
     if os.environ.get("ACCELERATE_USE_DEEPSPEED", "").lower() == "true" and name and name != "none":
         os.environ["ACCELERATE_DEEPSPEED_CONFIG_FILE"] = launch_file(name, accelerate_config)
@@ -730,19 +700,12 @@ def _launch_deepspeed_file(accelerate_config: str | None) -> None:
 
 def launch_file(name: str, accelerate_config: str | None) -> str:
     """An accelerate config's relative deepspeed_config_file, which `accelerate launch` reads from the folder it is
-    typed in: there (a Slurm job's folder submitted from, where the job's relative ACCELERATE_CONFIG is read), else
-    here, else the project's (the shipped configs name theirs from the project root). A job runs in the project: a
-    submitted `ACCELERATE_CONFIG=my_accel.yaml` naming `my_ds.json` beside it was refused by the job's dry run, and
-    stopped every process, as a file found neither in the project folder nor in the project. The project's own
-    `accelerate_config` (accelerate_config.yaml, configs/accelerate/*.yaml) names the project's file: a job submitted
-    from a folder holding a ds_config.json of its own (another checkout's, another tool's) trained with that one."""
-    return (None if _projects_own(accelerate_config) else _submitted_file(name)) or project_path(name)
-
-
-def _projects_own(accelerate_config: str | None) -> bool:
-    """Whether `accelerate_config` (a path from here, a job's from the project) is a file inside the project."""
-    path = Path(accelerate_config or "none").expanduser()
-    return str(path).lower() != "none" and path.is_file() and path.resolve().is_relative_to(venv.ROOT.resolve())
+    typed in: a Slurm job's folder submitted from (where its relative ACCELERATE_CONFIG was read; the job runs in the
+    project), else here, else the project's (the shipped configs name theirs from the project root). The project's own
+    `accelerate_config` names the project's file, not one a submit folder happens to hold (another checkout's)."""
+    path = Path(accelerate_config or "none").expanduser()  # a path from here, a job's from the project
+    own = str(path).lower() != "none" and path.is_file() and path.resolve().is_relative_to(venv.ROOT.resolve())
+    return (None if own else _submitted_file(name)) or project_path(name)
 
 
 def launch_file_places() -> str:
@@ -862,24 +825,9 @@ def _cpu_deepspeed_backend(args: list[str]) -> list[str]:
     return []
 
 
-def _take_max_length_auto(tokens: list[str]) -> tuple[list[str], bool]:
-    """`max_length: auto` is this project's (the analyzer picks it); TRL's field only takes an int or None."""
-    auto, out, it = False, [], iter(tokens)
-    for tok in it:
-        name, eq, value = tok.partition("=")
-        if name in ("--max_length", "--max-length"):
-            value = value if eq else next(it, "")
-            auto = value == "auto"
-            out += [name, "None" if auto else value]
-        else:
-            out.append(tok)
-    return out, auto
-
-
 def list_single_target(model) -> None:
     """TRL turns a single --lora_target_modules value into a string (ModelConfig.__post_init__, run again by every
-    `dataclasses.replace`), which PEFT takes as a regular expression over the full module path (`q_proj` alone would
-    match nothing): a single module name becomes a list of one."""
+    `dataclasses.replace`), which PEFT takes as a regular expression over the full module path: a list of one."""
     targets = model.lora_target_modules
     if isinstance(targets, str) and targets != "all-linear" and re.fullmatch(r"[\w.]+", targets):
         model.lora_target_modules = [targets]

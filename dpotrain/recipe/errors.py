@@ -19,20 +19,17 @@ def cause(error: BaseException, limit: int = 300) -> str:
 
 
 def run_cli(main) -> None:
-    """Run a command's `main`; a ConfigError or RunError ends it in one line on stderr (exit 2, 1), no traceback."""
+    """Run a command's `main`; a ConfigError or RunError ends it in one line on stderr (exit 2, 1), no traceback, and
+    Ctrl-C where nothing waits for a checkpoint (a dry run, the scripts) in one line too (exit 130: 128 + SIGINT, as a
+    shell reports it, preemption.INTERRUPTED_EXIT)."""
     try:
         sys.exit(main())
-    except (ConfigError, RunError) as e:
+    except (ConfigError, RunError, KeyboardInterrupt) as e:
         # An error met mid-step leaves the Trainer's progress bar open: closed first, the error starts a line.
         for bar in upstream.open_progress_bars():
             bar.close()
         # One write: a line written in two parts (`print`) runs into another process's in a launch's shared log.
-        sys.stderr.write(f"error: {e}\n")
+        stopped = isinstance(e, KeyboardInterrupt)
+        sys.stderr.write("\nCtrl-C: stopped\n" if stopped else f"error: {e}\n")
         sys.stderr.flush()
-        sys.exit(2 if isinstance(e, ConfigError) else 1)
-    except KeyboardInterrupt:  # Ctrl-C where nothing waits for a checkpoint (a dry run, the scripts): one line
-        for bar in upstream.open_progress_bars():
-            bar.close()
-        sys.stderr.write("\nCtrl-C: stopped\n")
-        sys.stderr.flush()
-        sys.exit(130)  # 128 + SIGINT, as a shell reports it (preemption.INTERRUPTED_EXIT)
+        sys.exit(130 if stopped else 2 if isinstance(e, ConfigError) else 1)

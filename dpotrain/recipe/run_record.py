@@ -177,23 +177,15 @@ def _settings():
 # another shape is refused as unreadable when read, not an AttributeError at whichever reader meets it first.
 _OBJECTS = (
     "derived",
-    "derived.gradient_clipping",
-    "derived.chat_template",
-    "derived.max_length",
-    "derived.forward",
-    "derived.memory",
-    "derived.memory.per_gpu_gib",
-    "derived.batching",
-    "derived.batching.pairs_trained",
-    "derived.batching.max_length_cuts",
-    "derived.recipe_batching_replaced",
-    "derived.model_identity",
-    "derived.data_identity",
+    *(
+        f"derived.{name}"
+        for name in """gradient_clipping chat_template max_length forward memory memory.per_gpu_gib batching
+    batching.pairs_trained batching.max_length_cuts recipe_batching_replaced model_identity data_identity""".split()
+    ),
 )
-_SPREADS = (
-    "derived.batching.micro_batches_per_step",
-    "derived.batching.pairs_per_micro_batch",
-    "derived.batching.positions_per_micro_batch",
+_SPREADS = tuple(
+    f"derived.batching.{name}"
+    for name in ("micro_batches_per_step", "pairs_per_micro_batch", "positions_per_micro_batch")
 )
 
 

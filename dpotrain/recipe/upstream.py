@@ -61,8 +61,7 @@ SEAMS = (
     # --- RecipeDPOTrainer's overrides of private methods (dpotrain/train/trainer.py) ----------------------------
     _override(
         f"{DPO}:DPOTrainer._compute_loss",
-        "the packed forward answers TRL's model call; the reference comes from the inputs; metrics are reduced once "
-        "per log",
+        "the packed forward answers TRL's model call; the reference comes from the inputs; metrics reduced once a log",
         ("model", "inputs", "return_outputs"),
     ),
     _override(
@@ -72,8 +71,7 @@ SEAMS = (
     ),
     _override(
         f"{DPO}:DPOTrainer._prepare_dataset",
-        "TRL's tokenization, then each prompt's labeled earlier turns with assistant_turns all "
-        "(dpotrain/data/turns.py)",
+        "TRL's tokenization, then each prompt's labeled earlier turns with assistant_turns all (data/turns.py)",
         ("dataset", "processing_class", "args", "dataset_name"),
     ),
     _override(
@@ -88,8 +86,7 @@ SEAMS = (
     ),
     _override(
         f"{TRAINER}:Trainer._run_epoch",
-        "a run resumed from its last step's checkpoint trains nothing more (transformers checks max_steps only after "
-        "a step)",
+        "a run resumed from its last step's checkpoint trains nothing (transformers checks max_steps after a step)",
     ),
     # --- private methods and functions called -------------------------------------------------------------------
     _call(f"{TRAINER}:Trainer._get_output_dir", "the checkpoint folder's parent, to clear and name it", ("trial",)),
@@ -100,8 +97,7 @@ SEAMS = (
     ),
     _call(
         "accelerate.state:GradientState._set_sync_gradients",
-        "the accumulation boundary on a step's last micro-batch, since one Trainer step runs all of a step's "
-        "micro-batches",
+        "the accumulation boundary on a step's last micro-batch: one Trainer step runs all of a step's micro-batches",
         ("sync_gradients",),
     ),
     _call(
@@ -129,8 +125,7 @@ SEAMS = (
     ),
     _read(
         "transformers.configuration_utils:PretrainedConfig._attn_implementation",
-        "which attention a config (and the masks built for it) will use: the forward choice sets it on a copy to ask "
-        "whether it packs",
+        "which attention a config (and its masks) will use: the forward choice sets it on a copy to ask if it packs",
     ),
     _read(f"{MEM}:_MemRefType", "the memory plan's traced peak sorts memory by kind (dpotrain/plan/memory.py)"),
     # --- attributes set around TRL's private methods ------------------------------------------------------------
@@ -141,8 +136,7 @@ SEAMS = (
     ),
     _set(
         f"{DPO}:DPOTrainer.accelerator",
-        "a local stand-in around `_compute_loss`: its per-micro-batch gathers would hang ranks holding different "
-        "numbers of pairs",
+        "a local stand-in around `_compute_loss`: its per-micro-batch gathers hang ranks with unequal pair counts",
         read_in=LOSS,
     ),
     _set(
@@ -153,8 +147,7 @@ SEAMS = (
     _set(f"{DPO}:DPOTrainer.loss_weights", "the weights of the loss types left without `sft`", read_in=LOSS),
     _set(
         "accelerate.state:PartialState._shared_state",
-        "FSDP2 and DDP on CPU-only nodes: the distributed type accelerate only sets for accelerator devices "
-        "(dpotrain/cluster/engine.py)",
+        "FSDP2 and DDP on CPU-only nodes: the distributed type accelerate sets only for accelerators (engine.py)",
         read_in="accelerate.state:PartialState.__init__",
     ),
     _set(
@@ -186,8 +179,7 @@ SEAMS = (
     ),
     _patch(
         "transformers.training_args:is_torch_bf16_gpu_available",
-        "a dry run on a CPU login node plans a bf16 GPU job: transformers' check that bf16 needs a GPU must not "
-        "refuse it (dpotrain/recipe/config.py)",
+        "a dry run on a CPU login node plans a bf16 GPU job: transformers' 'bf16 needs a GPU' must not refuse it",
         read_in="transformers.training_args:TrainingArguments._validate_args",
     ),
     _call(
@@ -245,8 +237,7 @@ SEAMS = (
     ),
     _patch(
         f"{DPO}:create_model_from_path",
-        "under FSDP2, the reference copy TRL loads for its precompute is skipped (the reference stage scores with the "
-        "sharded policy)",
+        "under FSDP2, the reference copy TRL loads for its precompute is skipped (the sharded policy scores instead)",
         read_in=f"{DPO}:DPOTrainer.__init__",
     ),
     _patch(
@@ -257,8 +248,7 @@ SEAMS = (
     ),
     _patch(
         f"{DPO}:disable_gradient_checkpointing",
-        "left alone in the reference stage, which runs in eval mode; TRL would re-enable checkpointing on every layer "
-        "after each micro-batch",
+        "left alone in the reference stage (eval mode): TRL re-enables checkpointing on every layer each micro-batch",
         read_in=f"{DPO}:DPOTrainer.compute_ref_log_probs",
     ),
 )
@@ -289,8 +279,8 @@ _MISSING = object()
 
 def _value(symbol: str):
     """What a seam's symbol ("module:A.b") names: how the accessors below reach it."""
-    module_name, _, path = symbol.partition(":")
-    return functools.reduce(getattr, path.split("."), importlib.import_module(module_name))
+    owner, name, _ = _lookup(symbol)
+    return getattr(owner, name)
 
 
 def _assigned_in_class(cls, name: str) -> bool:
@@ -440,9 +430,7 @@ def set_default_collective_timeout(timeout) -> None:
 
 
 def default_group_name() -> str:
-    import torch.distributed.distributed_c10d as c10d
-
-    return c10d._world.pg_names[c10d._get_default_group()]
+    return _value(f"{C10D}:_world").pg_names[_value(f"{C10D}:_get_default_group")()]
 
 
 def group_timeouts() -> dict[str, float]:

@@ -25,10 +25,8 @@ def _shown(path: Path) -> str:
 
 
 def project_file(name: str) -> str:
-    """A file of the project (`scripts/prefetch.py`, `train_dpo.py`) as a printed command names it, to be typed back
-    in the folder the command ran in: `scripts/prefetch.py` from the project root (a Slurm job runs there), else its
-    path from here. Named from the project root alone, a command printed by a run started elsewhere (`python
-    ~/dpotrain/train_dpo.py --config ~/dpotrain/configs/my.yaml`) found no such script where its other paths hold."""
+    """A file of the project (`scripts/prefetch.py`) as a printed command names it, to be typed back in the folder the
+    command ran in: from the project root there (a Slurm job runs there), else its path from here."""
     return _shown(ROOT / name)
 
 
@@ -53,11 +51,10 @@ def require() -> None:
 
 def load_env(root: Path) -> None:
     """The project's `.env` in `root` (HF_TOKEN, WANDB_API_KEY, HF_HUB_OFFLINE, ...) into the environment, which wins
-    over it. Each entry point reads it here twice: as a command, before it imports the stack, since huggingface_hub and
-    datasets read HF_HUB_OFFLINE, HF_HOME and HF_ENDPOINT once, as they are imported (read after them, a `.env`'s
-    HF_HUB_OFFLINE=1 left a job on a node without network retrying every file for minutes); and in main(), for a caller
-    that imported it (a notebook, the tests), whose Hub libraries are imported already: its offline switches are then
-    handed to them."""
+    over it. Read before the stack is imported, since huggingface_hub and datasets read HF_HUB_OFFLINE, HF_HOME and
+    HF_ENDPOINT once, as they are imported (read after them, `.env`'s HF_HUB_OFFLINE=1 left an offline job retrying
+    every file for minutes); read again in main() for a caller that imported them (a notebook, the tests), whose
+    libraries are then handed its offline switches."""
     from dotenv import load_dotenv  # `require` checked it is installed
 
     given = {name for name in CACHE_FOLDERS if os.environ.get(name)}  # the environment's, before the `.env`'s
@@ -75,12 +72,9 @@ CACHE_FOLDERS = ("HF_HOME", "HF_HUB_CACHE", "HF_DATASETS_CACHE", "DPOTRAIN_CACHE
 
 
 def _anchor_cache_folder(name: str, env_file_folder: Path | None) -> None:
-    """A relative cache folder made absolute, once, where it was written: a `.env`'s in the folder the `.env` is in
-    (the project), the environment's in the folder it was set in, which is a Slurm job's submit folder
-    (DPOTRAIN_SUBMIT_DIR; the job runs in the project). Read as they were from the folder each command runs in,
-    `DPOTRAIN_CACHE=cache` was one folder for the analyzer and prefetch.py run from the submit folder and another for
-    the job, which started in the project: the lengths measured again, and an offline job missing every file prefetch
-    had fetched into `HF_HOME=hf`. The absolute value is what the libraries and the launched processes then read."""
+    """A relative cache folder made absolute, once, where it was written: a `.env`'s in the project, the environment's
+    in the folder it was set in (a Slurm job's: DPOTRAIN_SUBMIT_DIR). Read from each command's own folder, it was one
+    folder for prefetch.py and the analyzer, another for the job (lengths measured again, prefetched files missed)."""
     value = os.environ.get(name)
     if not value or os.path.isabs(os.path.expanduser(value)):
         return
@@ -89,11 +83,9 @@ def _anchor_cache_folder(name: str, env_file_folder: Path | None) -> None:
 
 
 def own_tools_first() -> None:
-    """This Python's bin folder (its venv's) first on PATH where it holds `ninja`, as activating the venv would.
-    DeepSpeed compiles its JIT ops (on CPU its shared-memory communication op) with the `ninja` found on PATH: a
-    system ninja of another version hashes the build's commands differently, so a run started without the venv
-    activated and one started by scripts/launch.sh (which puts the venv first) each found the other's build stale and
-    compiled the op again, ~30 s on 2 cores, every time they alternated."""
+    """This Python's bin folder (its venv's) first on PATH where it holds `ninja`, as activating the venv would:
+    DeepSpeed builds its JIT ops with the `ninja` on PATH, and a system ninja of another version hashes the build
+    differently, so runs with and without the venv activated rebuilt the op (~30 s on 2 cores) each time."""
     own = os.path.dirname(sys.executable)
     path = os.environ.get("PATH", "")
     if os.path.isfile(os.path.join(own, "ninja")) and path.split(os.pathsep)[0] != own:

@@ -35,13 +35,17 @@ def replacing(path: str | Path, mode: str = "w"):
     finally:
         with contextlib.suppress(OSError):  # a read-only file system refuses even to remove what is not there
             tmp.unlink(missing_ok=True)
-    _sync_folder(path.parent)  # ...and the new name is on disk before the command goes on
+    with contextlib.suppress(OSError):  # ...and the new name is on disk (without folder handles: still atomic)
+        fd = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
 
 
 def _temporary_name(path: Path) -> str:
-    """The name `replacing` writes under: unique per process and host (ranks, or two commands, may write into one folder
-    of a shared file system), and within NAME_MAX where `path`'s own name is: a name near the limit is stood for by its
-    digest (its own name with the host and pid added failed as 'File name too long')."""
+    """The name `replacing` writes under: unique per process and host (ranks may share a folder), and within NAME_MAX
+    where `path`'s own name is (a name near the limit is stood for by its digest)."""
     ours = f".{socket.gethostname()}.{os.getpid()}.tmp"
     name = f".{path.name}{ours}"
     if len(os.fsencode(name)) <= _limits(path.parent)[0]:
@@ -55,40 +59,25 @@ def write_text(path: str | Path, text: str) -> Path:
     return Path(path)
 
 
-def _sync_folder(folder: Path) -> None:
-    with contextlib.suppress(OSError):  # a platform without directory handles: the rename is still atomic
-        fd = os.open(folder, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-
-
-def check_report_path(flag: str, path: str | Path | None) -> None:
-    """Refuses a report's path (given as `flag`) that the report could not be written to, before the work that makes it:
-    a folder at the path itself (the rename into place failed there after the work, in an IsADirectoryError
-    traceback), or a folder for it that does not exist or this process cannot write in."""
-    if not path:
-        return
-    folder = Path(path).resolve().parent
-    if Path(path).is_dir():
-        raise ConfigError(
-            f"{flag} {str(path)!r} is a folder: give the path of the file to write, inside it or elsewhere"
-        )
-    if not folder.is_dir():
-        raise ConfigError(f"{flag} {str(path)!r}: folder {str(folder)!r} does not exist; create it or write elsewhere")
-    if not os.access(folder, os.W_OK):
-        raise ConfigError(f"{flag} {str(path)!r}: cannot write in {str(folder)!r}")
-
-
 def check_report_paths(paths: dict[str, str | None]) -> None:
-    """`check_report_path` for each report a command writes (flag -> path), and no two of them to one file: the
-    second report was written over the first, after the work that made both."""
+    """Refuses each report's path (flag -> path) that the report could not be written to, before the work that makes
+    it: a folder at the path itself, a folder for it that does not exist or this process cannot write in, or the path
+    of another report of the command (the second written over the first)."""
     seen: dict[Path, str] = {}
     for flag, path in paths.items():
-        check_report_path(flag, path)
         if not path:
             continue
+        folder = Path(path).resolve().parent
+        if Path(path).is_dir():
+            raise ConfigError(
+                f"{flag} {str(path)!r} is a folder: give the path of the file to write, inside it or elsewhere"
+            )
+        if not folder.is_dir():
+            raise ConfigError(
+                f"{flag} {str(path)!r}: folder {str(folder)!r} does not exist; create it or write elsewhere"
+            )
+        if not os.access(folder, os.W_OK):
+            raise ConfigError(f"{flag} {str(path)!r}: cannot write in {str(folder)!r}")
         where = Path(path).expanduser().resolve()
         if where in seen:
             raise ConfigError(f"{seen[where]} and {flag} name the same file {str(path)!r}: give each its own path")
