@@ -23,7 +23,7 @@ from dpotrain.recipe.config import parse_args
 from dpotrain.recipe.errors import ConfigError
 from dpotrain.resolve import check_output_dir
 from dpotrain.train import checkpoint_manifest, resume
-from dpotrain.train.preemption import INTERRUPTED_EXIT, STOPPED_EXIT
+from dpotrain.train.preemption import INTERRUPTED_EXIT
 
 STEPS = 4
 ARGS = [
@@ -282,25 +282,9 @@ def test_a_kill_during_the_first_save_does_not_block_the_identical_rerun(baselin
     assert_same_weights(out, baseline)
 
 
-@pytest.mark.slow
-def test_ctrl_c_saves_and_stops_with_the_stopped_code_and_the_rerun_ends_like_the_uninterrupted_run(
-    baseline, tmp_path, tiny_model_dir, pairs
-):
-    out = tmp_path / "run"
-    proc = start(out, tiny_model_dir, pairs)
-    wait_until(proc, lambda: len(logged_steps(out)) >= 1)
-    proc.send_signal(signal.SIGINT)
-    log = proc.communicate(timeout=300)[0]
-    assert proc.returncode == STOPPED_EXIT, log[-3000:]
-    assert "Ctrl-C: saving a checkpoint at the end of this step" in log and "Traceback" not in log
-    saved = sorted(out.glob("checkpoint-*/COMPLETE"))
-    assert saved and not (out / "run_complete.json").exists()
-
-    result = train(out, tiny_model_dir, pairs)
-    assert result.returncode == 0, result.stdout[-3000:]
-    assert f"Resuming from {saved[-1].parent}" in result.stdout
-    assert logged_steps(out) == [1, 2, 3, 4]
-    assert_same_weights(out, baseline)
+# Ctrl-C's save, its stopped code and the rerun that ends like the uninterrupted run: tests/test_preemption.py
+# (test_stop_request_checkpoints_and_a_rerun_ends_like_an_uninterrupted_run[Ctrl-C], the same path, which also runs the
+# command it prints).
 
 
 @pytest.mark.slow
