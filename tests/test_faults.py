@@ -23,7 +23,7 @@ from dpotrain.recipe.config import parse_args
 from dpotrain.recipe.errors import ConfigError
 from dpotrain.resolve import check_output_dir
 from dpotrain.train import checkpoint_manifest, resume
-from dpotrain.train.preemption import INTERRUPTED_EXIT, STOPPED_EXIT
+from dpotrain.train.preemption import INTERRUPTED_EXIT
 
 STEPS = 4
 ARGS = [
@@ -110,12 +110,21 @@ def unfinished(baseline, tmp_path, drop_checkpoint_4=False):
     return out
 
 
+@pytest.fixture(scope="module")
+def rerun_at_the_end(baseline, tmp_path_factory, tiny_model_dir, pairs):
+    """The same command rerun on the baseline's folder as a run killed after its last checkpoint left it, whose
+    resolved_config.json was also cut short (a disk, or a copy cut short): the two tests below check this one rerun.
+    Its reference cache is empty, as each test's own is (conftest.own_cache): the rerun scores the reference again."""
+    folder = tmp_path_factory.mktemp("at-the-end")
+    out = unfinished(baseline, folder)
+    text = (out / "resolved_config.json").read_text()
+    (out / "resolved_config.json").write_text(text[: len(text) // 2])
+    return out, train(out, tiny_model_dir, pairs, env={"DPOTRAIN_CACHE": str(folder / "cache")})
+
+
 @pytest.mark.slow
-def test_a_run_killed_after_its_last_checkpoint_trains_no_step_past_max_steps(
-    baseline, tmp_path, tiny_model_dir, pairs
-):
-    out = unfinished(baseline, tmp_path)
-    result = train(out, tiny_model_dir, pairs)
+def test_a_run_killed_after_its_last_checkpoint_trains_no_step_past_max_steps(baseline, rerun_at_the_end):
+    out, result = rerun_at_the_end
     assert result.returncode == 0, result.stdout[-3000:]
     assert f"Resuming from {out}/checkpoint-4" in result.stdout
     assert logged_steps(out) == [1, 2, 3, 4] and not (out / "checkpoint-5").exists()  # it trained a 5th step
@@ -273,25 +282,9 @@ def test_a_kill_during_the_first_save_does_not_block_the_identical_rerun(baselin
     assert_same_weights(out, baseline)
 
 
-@pytest.mark.slow
-def test_ctrl_c_saves_and_stops_with_the_stopped_code_and_the_rerun_ends_like_the_uninterrupted_run(
-    baseline, tmp_path, tiny_model_dir, pairs
-):
-    out = tmp_path / "run"
-    proc = start(out, tiny_model_dir, pairs)
-    wait_until(proc, lambda: len(logged_steps(out)) >= 1)
-    proc.send_signal(signal.SIGINT)
-    log = proc.communicate(timeout=300)[0]
-    assert proc.returncode == STOPPED_EXIT, log[-3000:]
-    assert "Ctrl-C: saving a checkpoint at the end of this step" in log and "Traceback" not in log
-    saved = sorted(out.glob("checkpoint-*/COMPLETE"))
-    assert saved and not (out / "run_complete.json").exists()
-
-    result = train(out, tiny_model_dir, pairs)
-    assert result.returncode == 0, result.stdout[-3000:]
-    assert f"Resuming from {saved[-1].parent}" in result.stdout
-    assert logged_steps(out) == [1, 2, 3, 4]
-    assert_same_weights(out, baseline)
+# Ctrl-C's save, its stopped code and the rerun that ends like the uninterrupted run: tests/test_preemption.py
+# (test_stop_request_checkpoints_and_a_rerun_ends_like_an_uninterrupted_run[Ctrl-C], the same path, which also runs the
+# command it prints).
 
 
 @pytest.mark.slow
@@ -667,15 +660,10 @@ def test_a_damaged_record_of_the_run_is_refused_in_one_line_naming_it(baseline, 
 
 
 @pytest.mark.slow
-def test_a_damaged_run_record_is_written_anew_where_the_checkpoint_carries_its_own(
-    baseline, tmp_path, tiny_model_dir, pairs
-):
+def test_a_damaged_run_record_is_written_anew_where_the_checkpoint_carries_its_own(rerun_at_the_end):
     """The run folder's resolved_config.json cut short: the resume compares with the copy its checkpoint carries (in
     its manifest), and the run writes its record whole again; no traceback, no refusal."""
-    out = unfinished(baseline, tmp_path)
-    text = (out / "resolved_config.json").read_text()
-    (out / "resolved_config.json").write_text(text[: len(text) // 2])
-    result = train(out, tiny_model_dir, pairs)
+    out, result = rerun_at_the_end
     assert result.returncode == 0 and "Traceback" not in result.stdout, result.stdout[-3000:]
     assert "Resuming from" in result.stdout
     assert json.loads((out / "resolved_config.json").read_text())["derived"]["resumed_from"]

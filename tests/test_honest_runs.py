@@ -15,10 +15,10 @@ from dpotrain.train.metrics import read_metrics
 SMOKE = str(ROOT / "configs" / "smoke.yaml")
 
 
-def train(tmp_path, tiny_model_dir, *args, out="run"):
+def train(tmp_path, tiny_model_dir, *args, out="run", env=None):
     result = run_train(
         ["--config", SMOKE, "--output_dir", str(tmp_path / out), "--report_to", "none", *args],
-        env={"DPOTRAIN_BUILTIN_DIR": str(tiny_model_dir.rsplit("/", 1)[0])},
+        env={"DPOTRAIN_BUILTIN_DIR": str(tiny_model_dir.rsplit("/", 1)[0]), **(env or {})},
     )
     assert result.returncode == 0, result.stdout[-3000:]
     return tmp_path / out, result.stdout
@@ -31,29 +31,38 @@ def first_pairs(tmp_path, steps: int) -> str:
     return str(path)
 
 
+LORA = [
+    "--max_steps",
+    "4",
+    "--logging_steps",
+    "1",
+    "--save_strategy",
+    "no",
+    "--use_peft",
+    "true",
+    "--lora_r",
+    "8",
+    "--lora_target_modules",
+    "q_proj",
+    "v_proj",
+]
+
+
+@pytest.fixture(scope="module")
+def lora_run(tmp_path_factory, tiny_model_dir):
+    """4 steps of LoRA on the pairs they train, the adapter merged at the end: both LoRA tests below check this one
+    run (the second trains the same steps beside it with a live reference). Its reference is scored in a cache of its
+    own, as in a test's own (conftest.own_cache). Returns the run's folder and its pairs."""
+    folder = tmp_path_factory.mktemp("lora")
+    pairs = first_pairs(folder, 4)
+    cache = {"DPOTRAIN_CACHE": str(folder / "cache")}
+    out, _ = train(folder, tiny_model_dir, "--dataset_name", pairs, *LORA, "--merge_lora", "true", env=cache)
+    return out, pairs
+
+
 @pytest.mark.slow
-def test_lora_trains_an_adapter_against_the_disabled_base_and_can_merge(tmp_path, tiny_model_dir):
-    out, _ = train(
-        tmp_path,
-        tiny_model_dir,
-        "--dataset_name",
-        first_pairs(tmp_path, 4),
-        "--max_steps",
-        "4",
-        "--logging_steps",
-        "1",
-        "--save_strategy",
-        "no",
-        "--use_peft",
-        "true",
-        "--lora_r",
-        "8",
-        "--lora_target_modules",
-        "q_proj",
-        "v_proj",
-        "--merge_lora",
-        "true",
-    )
+def test_lora_trains_an_adapter_against_the_disabled_base_and_can_merge(lora_run, tiny_model_dir):
+    out, _ = lora_run
     adapter = load_file(out / "adapter_model.safetensors")
     assert adapter and all("lora_" in name for name in adapter)
     assert any(t.abs().sum() > 0 for n, t in adapter.items() if "lora_B" in n)  # B starts at 0: it was trained
@@ -112,28 +121,12 @@ def test_lora_dropout_recorded_is_the_dropout_trained(args, dropout, tmp_path, t
 
 
 @pytest.mark.slow
-def test_lora_with_a_live_reference_trains_what_the_cached_reference_trains(tmp_path, tiny_model_dir):
+def test_lora_with_a_live_reference_trains_what_the_cached_reference_trains(lora_run, tmp_path, tiny_model_dir):
     """`--precompute_ref_log_probs false` under LoRA: the live reference is the policy with its adapter disabled, run
-    on the same packed rows. Were the adapter left on, the rewards would stay 0 and the loss ln 2 from step 2 on."""
-    args = [
-        "--dataset_name",
-        first_pairs(tmp_path, 4),
-        "--max_steps",
-        "4",
-        "--logging_steps",
-        "1",
-        "--save_strategy",
-        "no",
-        "--use_peft",
-        "true",
-        "--lora_r",
-        "8",
-        "--lora_target_modules",
-        "q_proj",
-        "v_proj",
-    ]
-    cached, _ = train(tmp_path, tiny_model_dir, *args, out="cached")
-    live, _ = train(tmp_path, tiny_model_dir, *args, "--precompute_ref_log_probs", "false", out="live")
+    on the same packed rows. Were the adapter left on, the rewards would stay 0 and the loss ln 2 from step 2 on. The
+    cached reference's run is `lora_run` (its merge at the end changes nothing it trains)."""
+    cached, pairs = lora_run
+    live, _ = train(tmp_path, tiny_model_dir, "--dataset_name", pairs, *LORA, "--precompute_ref_log_probs", "false")
     forward = json.loads((live / "resolved_config.json").read_text())["derived"]["forward"]
     assert forward["packed"], forward
     want, got = read_metrics(cached), read_metrics(live)

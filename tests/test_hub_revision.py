@@ -180,7 +180,9 @@ def test_a_mixture_whose_hub_source_moved_is_refused_on_resume_not_trained(hub, 
     local.write_text("".join(pairs[16:32]))
     mix = ["--dataset_name", "", "--dataset_mixer_list", "org/prefs", "1.0", str(local), "1.0"]
     run, stop = tmp_path / "run", tmp_path / "stop"
-    train_online(hub, tmp_path, tmp_path / "one", tiny_model_dir, *mix)  # its reference log-probs, cached for `run`
+    # Its reference log-probs, cached for `run`: the reference stage alone (a stop file there before the run starts
+    # would stop the stage itself), no training
+    train_online(hub, tmp_path, tmp_path / "one", tiny_model_dir, *mix, "--reference_only", "true")
     stop.touch()  # preempted at step 1, after its checkpoint
     train_online(
         hub, tmp_path, run, tiny_model_dir, *mix, env={"DPOTRAIN_STOP_FILE": str(stop)}, exit_code=STOPPED_EXIT

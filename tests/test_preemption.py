@@ -120,6 +120,7 @@ def test_stop_request_checkpoints_and_a_rerun_ends_like_an_uninterrupted_run(
     assert not (out / "run_complete.json").exists()  # not mistaken for a finished run
     if how == "Ctrl-C":
         assert "requeue" not in log and not stop_file.with_name("stop.checkpointed").exists(), log[-3000:]
+        assert "Ctrl-C: saving a checkpoint at the end of this step" in log and "Traceback" not in log, log[-3000:]
         cwd, command = re.fullmatch(
             r"to go on from it, run the same command again, in (\S+): (.*)", how_to_go_on
         ).groups()

@@ -282,11 +282,16 @@ def test_a_job_ends_at_its_dry_run_on_an_engine_its_processes_would_refuse(
     assert job.main(["summary"]) == 2
     lines = capsys.readouterr().err.splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: ") and refusal in lines[0], lines
-    # The engines the project runs go on (the shipped configs, and none: plain `python train_dpo.py`)
+
+
+def test_a_job_goes_on_past_its_dry_run_on_the_engines_the_project_runs(tmp_path, monkeypatch, capsys):
+    """The other side of the test above (once, not once per refused config): the shipped configs, and none (plain
+    `python train_dpo.py`), go on."""
     for shipped in ("accelerate_config.yaml", "configs/accelerate/zero3.yaml", "configs/accelerate/fsdp2.yaml", "none"):
-        monkeypatch.setattr(
-            "sys.stdin", io.StringIO(dry_run(str(ROOT / shipped) if shipped != "none" else shipped, "--json"))
-        )
+        config = str(ROOT / shipped) if shipped != "none" else shipped
+        argv = ["--config", SMOKE, "--accelerate_config", config, "--output_dir", str(tmp_path / "run")]
+        train_dpo.main([*argv, "--dry-run", "--json"])
+        monkeypatch.setattr("sys.stdin", io.StringIO(capsys.readouterr().out))
         assert job.main(["summary"]) == 0, shipped
         assert not capsys.readouterr().err
 

@@ -36,11 +36,18 @@ def smoke_trainer(tmp_path, model_dir, *overrides, rows: int):
 
 
 @pytest.mark.slow
-def test_first_loss_is_ln2_and_rewards_zero(tmp_path, tiny_model_dir):
-    # Policy and reference start identical, so every log-ratio is 0: loss = -log sigmoid(0) = ln 2, rewards 0.
-    trainer = smoke_trainer(tmp_path, tiny_model_dir, "--max_steps", "2", "--logging_steps", "1", rows=16)
+def test_first_loss_is_ln2_and_rewards_zero_then_training_changes_every_parameter_and_lowers_the_loss(
+    tmp_path, tiny_model_dir
+):
+    """One run carries both (a second trainer cost a model load and a reference stage of its own): its step 1 and
+    its 12 steps."""
+    trainer = smoke_trainer(
+        tmp_path, tiny_model_dir, "--max_steps", "12", "--logging_steps", "1", "--warmup_steps", "0", rows=96
+    )
     assert trainer.packed and trainer.forward.share_prompt  # the CPU's forward for the smoke recipe: prompts shared
+    before = {n: p.detach().clone() for n, p in trainer.model.named_parameters() if p.requires_grad}
     trainer.train()
+    # Policy and reference start identical, so every log-ratio is 0: loss = -log sigmoid(0) = ln 2, rewards 0.
     first = trainer.state.log_history[0]
     assert first["step"] == 1
     # Within fp32 rounding, not bit for bit: the reference stage scores in micro-batches of its own, so a sequence's
@@ -48,14 +55,6 @@ def test_first_loss_is_ln2_and_rewards_zero(tmp_path, tiny_model_dir):
     assert abs(first["loss"] - math.log(2)) < 1e-5
     assert all(abs(first[f"rewards/{k}"]) < 1e-4 for k in ("chosen", "rejected", "margins")), first  # beta x sums
 
-
-@pytest.mark.slow
-def test_training_changes_every_parameter_and_lowers_the_loss(tmp_path, tiny_model_dir):
-    trainer = smoke_trainer(
-        tmp_path, tiny_model_dir, "--max_steps", "12", "--logging_steps", "1", "--warmup_steps", "0", rows=96
-    )
-    before = {n: p.detach().clone() for n, p in trainer.model.named_parameters() if p.requires_grad}
-    trainer.train()
     after = dict(trainer.model.named_parameters())
     unchanged = [n for n, p in before.items() if torch.equal(p, after[n].detach())]
     assert not unchanged, f"parameters not trained: {unchanged}"
