@@ -14,16 +14,9 @@ from dpotrain.recipe.writes import quiet_progress_bars
 MERGED_DIR = "merged"
 # ModelConfig fields that only mean something with use_peft (TRL ignores them silently otherwise).
 LORA_FIELDS = (
-    "lora_r",
-    "lora_alpha",
-    "lora_dropout",
-    "lora_target_modules",
-    "lora_target_parameters",
-    "lora_modules_to_save",
-    "lora_task_type",
-    "use_rslora",
-    "use_dora",
-)
+    "lora_r lora_alpha lora_dropout lora_target_modules lora_target_parameters lora_modules_to_save lora_task_type "
+    "use_rslora use_dora"
+).split()
 QUANTIZATION_FIELDS = ("bnb_4bit_quant_type", "use_bnb_nested_quant", "bnb_4bit_quant_storage")
 
 
@@ -88,10 +81,10 @@ def check_lora(recipe) -> None:
 
 
 def check_targets(recipe, config, model: str) -> None:
-    """Refuse LoRA names that match nothing in the model, and settings PEFT refuses for it, before it loads. PEFT adapts
-    the target modules that match and drops the others without a word (`q_proj v_prj` trains q_proj alone), ignores
-    `lora_modules_to_save` and `lora_target_parameters` names it finds nowhere, and where nothing matches (or a value
-    is out of its range) it fails once the model has loaded: matched here on the meta-device model, as PEFT matches."""
+    """Refuse LoRA names that match nothing in the model, and settings PEFT refuses for it, before it loads. PEFT drops
+    target modules that match nothing without a word (`q_proj v_prj` trains q_proj alone), ignores such
+    `lora_modules_to_save` and `lora_target_parameters`, and where nothing matches (or a value is out of its range)
+    fails once the model has loaded: matched here on the meta-device model, as PEFT matches."""
     m = recipe.model
     if not m.use_peft:
         return
@@ -120,8 +113,7 @@ def check_targets(recipe, config, model: str) -> None:
 
 
 def _refuse_names(field: str, missing: list[str], model: str, kind: str, shown: list[str], fate: str) -> None:
-    """`field`'s names that match nothing in the model, with the names of the model's `kind` it could take and what
-    PEFT would do (`fate`) once the model loaded."""
+    """`field`'s names that match nothing in the model, with the names it could take and what PEFT would do (`fate`)."""
     names = "that name" if len(missing) == 1 else "those names"
     raise ConfigError(
         f"{field} {' '.join(missing)}: {model} has no {kind[:-1]} of {names} (PEFT would {fate} once the model "
@@ -130,8 +122,8 @@ def _refuse_names(field: str, missing: list[str], model: str, kind: str, shown: 
 
 
 def _check_target_modules(targets, built, model: str) -> None:
-    """Refuse `lora_target_modules` names that match no module of the model. Matched as PEFT matches them: a list by
-    the module's full name or its last dotted parts, a string as a regular expression over the full name."""
+    """Refuse `lora_target_modules` names that match no module, as PEFT matches them: a list by the full name or its
+    last dotted parts, a string as a regular expression over the full name."""
     if not targets or targets == "all-linear":
         return
     import torch
@@ -165,16 +157,14 @@ def _check_target_modules(targets, built, model: str) -> None:
 
 def save_merged(output_dir: str | Path, base: str, revision: str | None, dtype, tokenizer) -> Path:
     """The adapter saved in `output_dir`, merged into its base and saved with the tokenizer to `<output_dir>/merged/`.
-    The base is loaded afresh from disk on the main process alone: under ZeRO-3 or FSDP2 no rank holds the full
-    weights, and a merge in place would keep every rank waiting."""
+    The base is loaded afresh on the main process alone: under ZeRO-3 or FSDP2 no rank holds the full weights."""
     import torch
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
     from transformers.integrations.deepspeed import unset_hf_deepspeed_config
 
     target = Path(output_dir) / MERGED_DIR
-    # Under ZeRO-3, transformers would build this model partitioned over the ranks (a collective), and the other ranks
-    # have gone. Training is over, so the setting can go.
+    # Under ZeRO-3, transformers would build this model partitioned over the ranks, which have gone: training is over
     unset_hf_deepspeed_config()
     dtype = getattr(torch, dtype) if isinstance(dtype, str) and dtype != "auto" else dtype
     model = AutoModelForCausalLM.from_pretrained(base, revision=revision, dtype=dtype)
