@@ -1,9 +1,8 @@
-"""A write of the run that the disk refuses: one line naming the file or folder, why, and what to do; the earlier
-checkpoint kept, and the same command goes on from it.
+"""A write of the run that the disk refuses: one line naming the file or folder, why, and what to do.
 
 torch.save's C++ writer reports a full disk as "basic_ios::clear" or "file write failed" (the errno is lost), and
 safetensors as a SafetensorError, so a failed save is told apart by the folder itself: a small probe written there fails
-the same way. The checkpoint cut short (no COMPLETE mark) is removed to give the space back.
+the same way. The checkpoint cut short is removed to give the space back; the same command goes on from the last one.
 """
 
 import contextlib
@@ -34,8 +33,7 @@ PROBE_BYTES = 1 << 20
 
 
 def refused(error: BaseException) -> str | None:
-    """Why, when `error` is a write the disk refused (`FULL`); else None. EACCES and EPERM only where the file (or its
-    folder) is not writable."""
+    """Why, when `error` is a write the disk refused (`FULL`; EACCES and EPERM only where the file is not writable)."""
     if not isinstance(error, OSError) or error.errno not in FULL:
         return None
     if error.errno in (errno.EACCES, errno.EPERM):
@@ -127,8 +125,8 @@ def full_write(error: BaseException) -> tuple[OSError, str] | None:
 
 
 def write_failed(error: OSError, why: str) -> RunError:
-    """The one line for a write of the run other than a checkpoint that the disk refused: the file, the space left
-    there, and what the same command does next when the file is in a run's folder (one of the three above it)."""
+    """The line for another write of the run the disk refused: the file, the space left there, and what the same
+    command does next when the file is in a run's folder (one of the three above it)."""
     path = Path(error.filename) if error.filename else None
     above = list(path.parents)[:3] if path else []
     where = f"{path} could not be written" if path else "a file could not be written"
