@@ -12,6 +12,7 @@ import json
 import time
 from pathlib import Path
 
+from dpotrain.cluster.collectives import broadcast_from_main, gather_objects, rank_and_world
 from dpotrain.recipe.writes import write_text
 
 MANIFEST = "MANIFEST.json"
@@ -42,8 +43,6 @@ def listing(folder: Path, leave_out: tuple = ()) -> list[tuple[str, int]]:
 def seal(folder: Path, mark: str, mark_text: str, is_main: bool) -> None:
     """On every rank, once all have written `folder`: hash it (each rank its share); the main process writes
     MANIFEST.json, then the mark, each flushed to disk."""
-    from dpotrain.cluster.collectives import broadcast_from_main, gather_objects, rank_and_world
-
     start = time.monotonic()
     files = broadcast_from_main(listing(folder, leave_out=(MANIFEST, mark)) if is_main and folder.is_dir() else None)
     if files is None:

@@ -15,6 +15,7 @@ import sys
 import time
 from pathlib import Path
 
+from accelerate import PartialState
 from transformers import TrainerCallback
 
 from dpotrain.train import checkpoint_manifest, run_files
@@ -100,8 +101,6 @@ class CompleteMarker(TrainerCallback):
     save_started: float | None = None  # time.monotonic() when the checkpoint's save began
 
     def on_save(self, args, state, control, **kwargs):
-        from accelerate import PartialState
-
         PartialState().wait_for_everyone()  # DeepSpeed ranks write their own optimizer shards
         folder = Path(args.output_dir) / f"checkpoint-{state.global_step}"
         # Every rank hashes its share; the main process writes MANIFEST.json, then the mark, each flushed to disk.

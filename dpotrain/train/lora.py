@@ -8,6 +8,8 @@ full weights; `merge_lora: true` also writes the base with the adapter merged in
 import re
 from pathlib import Path
 
+import torch
+
 from dpotrain.recipe.errors import ConfigError
 from dpotrain.recipe.writes import quiet_progress_bars
 
@@ -66,8 +68,6 @@ def check_lora(recipe) -> None:
         if stray:
             raise ConfigError(f"{stray[0]} only applies with --load_in_4bit true: add it, or remove {stray[0]}")
         return
-    import torch
-
     if not torch.cuda.is_available():
         raise ConfigError(f"{quantized} needs a CUDA GPU (bitsandbytes); on this machine remove --{quantized}")
     try:
@@ -126,8 +126,6 @@ def _check_target_modules(targets, built, model: str) -> None:
     last dotted parts, a string as a regular expression over the full name."""
     if not targets or targets == "all-linear":
         return
-    import torch
-
     names = [name for name, _ in built.named_modules() if name]
     if isinstance(targets, str):
         try:
@@ -158,7 +156,6 @@ def _check_target_modules(targets, built, model: str) -> None:
 def save_merged(output_dir: str | Path, base: str, revision: str | None, dtype, tokenizer) -> Path:
     """The adapter saved in `output_dir`, merged into its base and saved with the tokenizer to `<output_dir>/merged/`.
     The base is loaded afresh on the main process alone: under ZeRO-3 or FSDP2 no rank holds the full weights."""
-    import torch
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
     from transformers.integrations.deepspeed import unset_hf_deepspeed_config

@@ -22,7 +22,11 @@ from pathlib import Path
 
 from transformers import TrainerCallback
 
+from dpotrain.cluster.collectives import max_over_ranks
 from dpotrain.recipe import terminal
+from dpotrain.recipe.cli import FALSE, TRUE
+from dpotrain.recipe.config import without_secrets
+from dpotrain.recipe.errors import ConfigError
 
 STOP_FILE_ENV = "DPOTRAIN_STOP_FILE"
 STOP_SIGNALS = (signal.SIGUSR1, signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
@@ -142,8 +146,6 @@ class GracefulStop(TrainerCallback):
             Path(f"{self.stop_file}.checkpointed").write_text(f"{what}\n")
 
     def on_step_end(self, args, state, control, **kwargs):
-        from dpotrain.cluster.collectives import max_over_ranks
-
         if max_over_ranks(int(self.asked_here()), args.device):  # asked on any rank: every rank stops at this step
             self.stopped = True
             control.should_save = True
@@ -172,9 +174,6 @@ def rerun_command(recipe_resumes: bool = False, command: list[str] | None = None
     --resume_from_checkpoint (the rerun goes on from the newest verified checkpoint) and secrets. A recipe file's
     resume_from_checkpoint (`recipe_resumes`) is cleared with `--resume_from_checkpoint ''`: without it, the rerun
     went back to that checkpoint, and was refused as the run's own checkpoints are past it."""
-    from dpotrain.recipe.cli import FALSE, TRUE
-    from dpotrain.recipe.config import without_secrets
-
     words = command or [sys.executable, *sys.argv]
     if "LOCAL_RANK" in os.environ:
         try:
@@ -200,8 +199,6 @@ def rerun_command(recipe_resumes: bool = False, command: list[str] | None = None
 
 def check_stop_file(path: Path) -> None:
     """The stop file's folder must take `<stop file>.checkpointed`, or the job fails after a checkpoint, unrequeued."""
-    from dpotrain.recipe.errors import ConfigError
-
     try:
         with tempfile.NamedTemporaryFile(dir=path.parent, prefix=f".{path.name}.probe-"):
             pass

@@ -14,9 +14,10 @@ from pathlib import Path
 
 from dpotrain.cluster import collectives, run_lock
 from dpotrain.recipe import records as run_records
+from dpotrain.recipe.cli import FALSE, TRUE
 from dpotrain.recipe.errors import ConfigError, RunError
 from dpotrain.recipe.writes import write_text
-from dpotrain.train import checkpoint_manifest
+from dpotrain.train import agreement, checkpoint_manifest
 from dpotrain.train.checkpoints import MARKER, checkpoints, is_complete, own_checkpoints, step_of
 from dpotrain.train.run_files import MANIFEST
 
@@ -78,8 +79,6 @@ def no_sound_checkpoint(out: Path, damaged: list[str]) -> str:
 def confirm(resume_from: str | None, explicit: bool) -> str | None:
     """On every rank once processes have started: the resume point's checksums, each rank its share; a damaged
     checkpoint is skipped for the previous sound one (refused where named with --resume_from_checkpoint)."""
-    from dpotrain.train import agreement
-
     # First, that every rank found the same checkpoint: else they would run different collectives below and hang.
     agreement.check({"the resume point": str(resume_from)})
     rank, world = collectives.rank_and_world()
@@ -105,8 +104,6 @@ def confirm(resume_from: str | None, explicit: bool) -> str | None:
 
 def check_explicit(folder: str) -> None:
     """--resume_from_checkpoint: a checkpoint that passes `unverified`; else refused, naming the one to pass instead."""
-    from dpotrain.recipe.cli import FALSE, TRUE
-
     if not Path(folder).is_dir():
         # transformers' `train(resume_from_checkpoint=True)`, given as a word: what the run does by itself
         fix = (

@@ -18,8 +18,10 @@ import sys
 import time
 from pathlib import Path
 
-from transformers import TrainerCallback
+import torch
+from transformers import PreTrainedModel, TrainerCallback
 
+from dpotrain.data import positions
 from dpotrain.recipe import records as run_records
 from dpotrain.recipe import upstream
 from dpotrain.recipe.errors import ConfigError
@@ -57,8 +59,6 @@ def check_positions(project, config, tokenizer, model: str) -> None:
     """Refuses samples whose prompt and `sample_max_new_tokens` reach past the model's positions, before its weights
     load: a rotary model generated past its context (then flagged as a collapse), one with learned positions stopped at
     step 0 (IndexError). The prompts: the recipe's, else the data's first, of at least one token each."""
-    from dpotrain.data import positions
-
     if not project.samples_every:
         return
     limit, how = positions.model_limit(config)
@@ -183,10 +183,6 @@ class SampleGenerator(TrainerCallback):
     def generate(self, args, state, model) -> list[dict]:
         if not (state.is_world_process_zero or self.every_rank):
             return []
-        import torch
-
-        from dpotrain.data import positions
-
         records = []
         limit = positions.model_limit(model.config)[0] or sys.maxsize
         was_training = model.training
@@ -268,8 +264,6 @@ class SampleGenerator(TrainerCallback):
 @contextlib.contextmanager
 def dense_attention_while(model):
     """The model on sdpa (eager where it has no sdpa) inside, back on FlexAttention after, when it trains on it."""
-    from transformers import PreTrainedModel
-
     # The Trainer hands callbacks its unwrapped model (not a DeepSpeed engine); a PEFT model holds the base model
     base = next((m for m in model.modules() if isinstance(m, PreTrainedModel)), None) if model is not None else None
     trained_on = upstream.attn_implementation(base.config) if base is not None else None

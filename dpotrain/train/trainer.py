@@ -19,9 +19,12 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from torch.utils.data import DataLoader
 from transformers import GraniteMoeHybridConfig
 from transformers.trainer_callback import PrinterCallback, ProgressCallback
+from transformers.trainer_utils import seed_worker
 from trl import DPOTrainer
+from trl.trainer.utils import global_then_local_main_first
 
 from dpotrain.cluster import engine
 from dpotrain.cluster import sequence_parallel as groups
@@ -213,9 +216,7 @@ class RecipeDPOTrainer(DPOTrainer):
         dataset = super()._prepare_dataset(dataset, processing_class, args, dataset_name)
         if self.assistant_turns != "all":
             return dataset
-        from trl.trainer.utils import global_then_local_main_first  # as TRL's own map, the main process first
-
-        with global_then_local_main_first():
+        with global_then_local_main_first():  # as TRL's own map, the main process first
             return turns.add_prompt_labels(dataset, upstream.trl_tokenizer(self), args.dataset_num_proc)
 
     def create_accelerator_and_postprocess(self):
@@ -344,9 +345,6 @@ class RecipeDPOTrainer(DPOTrainer):
     def _rank_aware_loader(self, dataset, sampler, collate, training: bool = False):
         """A DataLoader over a batch sampler that already yields this rank's share, prepared by accelerate (device
         placement) without being sharded again (as transformers' `_get_dataloader` does for a BatchRebalanceSampler)."""
-        from torch.utils.data import DataLoader
-        from transformers.trainer_utils import seed_worker
-
         args, workers = self.args, self.args.dataloader_num_workers
         seeded = functools.partial(seed_worker, num_workers=workers, rank=args.process_index) if training else None
         loader = DataLoader(
