@@ -219,8 +219,7 @@ def template_named(r: Record) -> str:
 
 
 def sources_section(sources: list[dict]) -> str:
-    """A mixture's sources as the run recorded them (data/mixture.py), each identified by its files' SHA-256 or a Hub
-    revision."""
+    """A mixture's sources as recorded (data/mixture.py), each by its files' SHA-256 or its Hub revision."""
     if not sources:
         return ""
     rows = []

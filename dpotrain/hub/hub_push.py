@@ -141,8 +141,7 @@ def retry_waits() -> tuple[float, ...]:
 
 
 def with_retries(fn, what: str):
-    """fn() retried on transient errors after each wait (`retry_waits`): (result, attempts); a final error gets
-    `.attempts`."""
+    """fn() retried on transient errors after each wait: (result, attempts); a final error gets `.attempts`."""
     waits = retry_waits()
     for attempt in range(1, len(waits) + 2):
         try:

@@ -34,8 +34,7 @@ def checkpoints(output_dir: str | Path) -> list[Path]:
 
 
 def recorded_names(output_dir: str | Path) -> list[str] | None:
-    """The names the run recorded as its own (run_files.json; None: no record), an older record's checkpoint pattern
-    read as the folder's checkpoints."""
+    """The run's own names (run_files.json; None: no record), an old checkpoint pattern read as the folder's."""
     names = run_files.read(Path(output_dir))
     if names is not None and run_files.OLD_CHECKPOINTS in names:
         names = [n for n in names if n != run_files.OLD_CHECKPOINTS] + [p.name for p in checkpoints(output_dir)]

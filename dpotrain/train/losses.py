@@ -116,8 +116,7 @@ def _set(recipe, name: str) -> bool:
 
 
 def check_values(recipe) -> None:
-    """Loss settings TRL takes and fails on, or that trip a guard at once: an unknown f-divergence, a loss floor not
-    below the loss the run starts at."""
+    """Loss settings TRL fails on, or that trip a guard at once (an unknown f-divergence, too high a loss floor)."""
     t, floor = recipe.training, recipe.project.health_loss_floor
     types = loss_types(t)
     if t.f_divergence_type not in F_DIVERGENCES:  # a ValueError at the first loss, after the reference stage

@@ -235,8 +235,7 @@ def after_health_stop(recipe, out: Path) -> bool:
 
 
 def only_cut_short(out: Path, changed: list[str]) -> bool:
-    """Whether `out`'s own checkpoints were all cut short by a run whose settings are the rerun's: the identical rerun
-    (a Slurm requeue) starts afresh."""
+    """Whether the run's own checkpoints were all cut short under the rerun's settings: a requeue then starts afresh."""
     folders = own_checkpoints(out)
     ran_here = (out / "resolved_config.json").is_file()  # written as training starts: a run of this project was here
     if not folders or any(map(is_complete, folders)) or changed or not ran_here:

@@ -388,8 +388,7 @@ class RecipeDPOTrainer(DPOTrainer):
         return {**prepared, **{key: value.to(self.args.device) for key, value in kept.items()}}
 
     def get_batch_samples(self, epoch_iterator, num_batches, device):
-        """The step and its pairs over all ranks; with an SFT term, its chosen completion tokens over all ranks too
-        (`losses.SftOverStep`), in the same all-reduce."""
+        """The step and its pairs over all ranks (with an SFT term, its chosen tokens too: `losses.SftOverStep`)."""
         steps, _ = super().get_batch_samples(epoch_iterator, num_batches, device)
         micro_batches = [mb for step in steps for mb in step["micro_batches"] if pairs_in(mb)]
         pairs = sum(pairs_in(mb) for mb in micro_batches)
