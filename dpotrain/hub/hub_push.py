@@ -305,10 +305,8 @@ class CheckpointPusher(TrainerCallback):
 
     def finish(self, timeout: float) -> list[int]:
         """Wait up to `timeout` s for the uploads still running; returns the steps left unfinished (recorded)."""
-        deadline = time.monotonic() + timeout
-        with self.queue.all_tasks_done:
-            while self.queue.unfinished_tasks and time.monotonic() < deadline:
-                self.queue.all_tasks_done.wait(min(5.0, max(deadline - time.monotonic(), 0.01)))
+        with self.queue.all_tasks_done:  # notified by the worker's task_done
+            self.queue.all_tasks_done.wait_for(lambda: not self.queue.unfinished_tasks, timeout)
         left = sorted(self.pending)
         if not left:
             shutil.rmtree(self.out / STAGING, ignore_errors=True)

@@ -100,8 +100,7 @@ def problem(folder: Path) -> str | None:
     files = read(folder)
     if files == {}:
         return f"{MANIFEST} is unreadable"
-    lacking = missing(folder)
-    if lacking:  # `x is missing`, `x and y are missing`, `x, y and z are missing`
+    if lacking := missing(folder):  # `x is missing`, `x and y are missing`, `x, y and z are missing`
         listed = lacking[0] if len(lacking) == 1 else f"{', '.join(lacking[:-1])} and {lacking[-1]}"
         return f"{listed} {'is' if len(lacking) == 1 else 'are'} missing"
     for rel, entry in files.items():

@@ -49,8 +49,7 @@ def _todo(why: str) -> str:
 
 def why_full(error: BaseException, folder: Path) -> str | None:
     """Why writing in `folder` failed, if the disk refused it (`FULL`); else None."""
-    why = refused(error)
-    if why:
+    if why := refused(error):
         return why
     probe = folder / f".dpotrain-space-probe-{os.getpid()}"
     try:
@@ -117,8 +116,7 @@ def full_write(error: BaseException) -> tuple[OSError, str] | None:
     seen = set()
     while error is not None and id(error) not in seen and not isinstance(error, (RunError, ConfigError)):
         seen.add(id(error))  # a RunError (a checkpoint that did not fit, above) is already the one line
-        why = refused(error)
-        if why:
+        if why := refused(error):
             return error, why
         error = error.__cause__ or (None if error.__suppress_context__ else error.__context__)
     return None

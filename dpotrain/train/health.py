@@ -100,8 +100,7 @@ class HealthGuard(TrainerCallback):
 
     def check(self, step: int, logs: dict, args, max_steps: int) -> list[Alarm]:
         p, found = self.p, {}  # guard -> message
-        bad = {k: v for k, v in logs.items() if isinstance(v, float) and not math.isfinite(v)}
-        if bad:
+        if bad := {k: v for k, v in logs.items() if isinstance(v, float) and not math.isfinite(v)}:
             message = (
                 f"non-finite values {', '.join(f'{k}={v}' for k, v in bad.items())}: the weights or the loss "
                 "went NaN or inf (too high a learning rate, bf16 overflow, a bad row). No checkpoint is written "

@@ -26,8 +26,7 @@ def check_lora(recipe) -> None:
     """Refuse LoRA and quantization settings that TRL would ignore or reject only after loading the model."""
     m, p, given = recipe.model, recipe.project, recipe.given
     if not m.use_peft:
-        stray = [f for f in LORA_FIELDS if f in given] + (["merge_lora"] if p.merge_lora else [])
-        if stray:
+        if stray := [f for f in LORA_FIELDS if f in given] + (["merge_lora"] if p.merge_lora else []):
             raise ConfigError(
                 f"{stray[0]} is set but use_peft is false, so it would be ignored: add --use_peft true "
                 f"to train a LoRA adapter, or remove {stray[0]}"
@@ -64,8 +63,7 @@ def check_lora(recipe) -> None:
             )
     quantized = "load_in_4bit" if m.load_in_4bit else "load_in_8bit" if m.load_in_8bit else None
     if quantized is None:
-        stray = [f for f in QUANTIZATION_FIELDS if f in given]
-        if stray:
+        if stray := [f for f in QUANTIZATION_FIELDS if f in given]:
             raise ConfigError(f"{stray[0]} only applies with --load_in_4bit true: add it, or remove {stray[0]}")
         return
     if not torch.cuda.is_available():
@@ -97,8 +95,7 @@ def check_targets(recipe, config, model: str) -> None:
     _check_target_modules(m.lora_target_modules, built, model)
     names = [name for name, _ in built.named_modules() if name]
     # modules_to_save: a module whose full name ends with the text (peft.utils.other._set_trainable)
-    missing = [t for t in m.lora_modules_to_save or [] if not any(name.endswith(t) for name in names)]
-    if missing:
+    if missing := [t for t in m.lora_modules_to_save or [] if not any(name.endswith(t) for name in names)]:
         shown = [name.rsplit(".", 1)[-1] for name in names if not name.rsplit(".", 1)[-1].isdigit()]
         _refuse_names("lora_modules_to_save", missing, model, "modules", shown, "train without it")
     # target_parameters: a parameter's full name, or its last dotted parts (BaseTuner._inject_parameters)

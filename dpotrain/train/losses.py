@@ -155,8 +155,7 @@ def check_ignored(recipe) -> None:
             f"(got {t.label_smoothing:g}): pass e.g. --label_smoothing 0.1"
         )
     if t.f_divergence_type != "reverse_kl":
-        other = [x for x in types if x not in F_DIVERGENCE_ALLOWED]
-        if other:
+        if other := [x for x in types if x not in F_DIVERGENCE_ALLOWED]:
             raise ConfigError(
                 f"f_divergence_type {t.f_divergence_type} does not apply to loss_type "
                 f"{'/'.join(other)} (TRL defines it for {', '.join(sorted(READS_F_DIVERGENCE))}): "

@@ -86,8 +86,7 @@ def measured_panels(records: list[dict]) -> tuple[list[tuple[str, str, dict]], l
         series = {}
         for key in keys:
             for name in (key, f"eval_{key}"):  # the held-out split's (dataset_test_split), when evaluated
-                points = [(r["step"], r[name]) for r in records if name in r]
-                if points:
+                if points := [(r["step"], r[name]) for r in records if name in r]:
                     series[name] = points
         if series:
             panels.append((title, ylabel, series))
@@ -127,9 +126,8 @@ def metrics_figure(records: list[dict], title: str = ""):
     if resumes:
         steps = ", ".join(str(s) for s in resumes)
         notes.append(f"Dotted lines: resumed from a checkpoint at step{'s' * (len(resumes) > 1)} {steps}.")
-    for last in (len(panels) - 1, len(panels) - 2):  # the lowest panel of each column
-        if last >= 0:
-            axes.flat[last].set_xlabel("optimizer step")
+    for ax in axes.flat[: len(panels)][-2:]:  # the lowest panel of each column
+        ax.set_xlabel("optimizer step")
     fig.suptitle(title)
     if notes:
         fig.supxlabel("\n".join(notes), fontsize=8, color="0.35")

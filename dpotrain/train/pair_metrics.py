@@ -105,12 +105,10 @@ class PairMetrics(TrainerCallback):
             s["computed_tokens"] += computed_tokens
             # MoE: micro-batch means weighed by their pairs, as the loss is, so that over a log with steps of equal
             # size loss = dpo_loss + router_aux_loss_coef x aux_loss.
-            if getattr(outputs, "aux_loss", None) is not None:
-                s["aux_loss"] += outputs.aux_loss.detach() * pairs
-                s["aux_loss_pairs"] += pairs
-            if dpo_loss is not None:
-                s["dpo_loss"] += dpo_loss.detach() * pairs
-                s["dpo_loss_pairs"] += pairs
+            for name, value in (("aux_loss", getattr(outputs, "aux_loss", None)), ("dpo_loss", dpo_loss)):
+                if value is not None:
+                    s[name] += value.detach() * pairs
+                    s[f"{name}_pairs"] += pairs
 
     def reduce(self, mode: str, device) -> dict[str, float]:
         """Means over all ranks since the last call; every rank must call it at the same point (it all-reduces)."""
@@ -133,10 +131,9 @@ class PairMetrics(TrainerCallback):
             "mean_token_accuracy": ratio("top1", "chosen_tokens"),
             "padding_share": 1 - ratio("computed_tokens", "positions"),
         }
-        if s["aux_loss_pairs"]:
-            out["aux_loss"] = ratio("aux_loss", "aux_loss_pairs")
-        if s["dpo_loss_pairs"]:  # the loss without the router term: what the health guards judge
-            out["dpo_loss"] = ratio("dpo_loss", "dpo_loss_pairs")
+        for name in ("aux_loss", "dpo_loss"):  # dpo_loss: without the router term, what the health guards judge
+            if s[f"{name}_pairs"]:
+                out[name] = ratio(name, f"{name}_pairs")
         if mode == "eval":
             # The Trainer's eval_loss averages per-batch means; this is the mean over the held-out pairs. (In training
             # the Trainer's loss is already each step's mean over its pairs: compute_loss weighs the micro-batches.)

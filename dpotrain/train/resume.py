@@ -113,8 +113,7 @@ def check_explicit(folder: str) -> None:
             else "name a checkpoint-N folder (a rerun of the same command resumes from the newest one by itself)"
         )
         raise ConfigError(f"resume_from_checkpoint {folder!r} is not a folder: {fix}")
-    why = unverified(Path(folder))
-    if why:
+    if why := unverified(Path(folder)):
         # A run's folder named for one of its checkpoints: the newest of those; else the one beside it
         inside, _ = newest_verified(Path(folder))
         instead = inside or newest_verified(Path(folder).parent)[0]
@@ -151,8 +150,7 @@ def explicit_point(named: str, out: Path, auto: bool = True) -> str:
     past, start = saved_step(newest), saved_step(Path(named))
     if past is None or start is None or past <= start:
         return named
-    restart = run_lock.slurm_restart()
-    if restart:
+    if restart := run_lock.slurm_restart():
         _say(
             f"resume_from_checkpoint {named}: this job was requeued (Slurm restart {restart}) after saving {newest}: "
             "going on from that one, not back to the checkpoint named"
