@@ -103,8 +103,8 @@ def pushed_revisions(output_dir: str | Path) -> list[tuple[int, str]]:
 
 
 def unconfirmed_push(output_dir: str | Path) -> dict | None:
-    """The final push to main whose latest record is its start or a failure, not its confirmation (the job killed
-    while pushing, or the push failed): that record, for the rerun to complete the push; None where there is none."""
+    """The latest record of a final push to main left unconfirmed (killed while pushing, or failed), for the rerun to
+    complete; None where there is none."""
     main = [r for r in read_pushes(output_dir) if r.get("branch") == "main"]
     return main[-1] if main and main[-1]["status"] not in ON_THE_HUB else None
 
@@ -202,8 +202,8 @@ def stage(folder: Path, staging_root: Path) -> Path:
 
 
 def push_checkpoints(api, run_dir: Path, repo_id: str) -> list[dict]:
-    """scripts/push_to_hub.py --checkpoints: every complete checkpoint of the run on disk to its branch (never one a
-    person put in its folder), skipping the branches that already hold it. Returns the records written."""
+    """scripts/push_to_hub.py --checkpoints: each of the run's own complete checkpoints to its branch, but where the
+    branch holds it already; returns the records written."""
     records, branches = [], set()
     with contextlib.suppress(RepositoryNotFoundError):  # a repo not created yet has no branches
         branches = {b.name for b in api.list_repo_refs(repo_id).branches}
@@ -243,8 +243,8 @@ class CheckpointPusher(TrainerCallback):
         self.thread: threading.Thread | None = None
 
     def on_train_begin(self, args, state, control, **kwargs):
-        """A resumed run first pushes the complete checkpoints a stopped job left unpushed: its own, never one a person
-        put in the folder (a copy of another run's would go up as this run's step)."""
+        """A resumed run first pushes its own complete checkpoints a stopped job left unpushed (never a person's: a copy
+        of another run's would go up as this run's step)."""
         if state.is_world_process_zero:
             done = {s for s, _ in pushed_revisions(self.out)}
             for folder in own_checkpoints(self.out):
