@@ -95,13 +95,9 @@ def save_failed(folder: Path, why: str, remove: bool) -> RunError:
         if previous
         else f"a checkpoint takes more than the {_size(written)} written before it failed"
     )
-    after = _after(kept)
-    if why in FIX:
-        return RunError(f"{why}: {folder.name} could not be written in {out}: {FIX[why]}, then rerun; {after}")
-    return RunError(
-        f"{why}: {folder.name} could not be written in {out} ({_size(free)} free there; {need}): free "
-        f"space there (or lower --save_total_limit), then rerun; {after}"
-    )
+    room = "" if why in FIX else f" ({_size(free)} free there; {need})"
+    todo = FIX.get(why, "free space there (or lower --save_total_limit)")
+    return RunError(f"{why}: {folder.name} could not be written in {out}{room}: {todo}, then rerun; {_after(kept)}")
 
 
 def final_save_failed(out: Path, why: str) -> RunError:
