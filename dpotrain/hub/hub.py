@@ -21,7 +21,7 @@ from dpotrain.recipe.run_record import Record
 from dpotrain.recipe.writes import write_text
 from dpotrain.train import run_files
 from dpotrain.train.lora import card_lines
-from dpotrain.train.losses import loss_text
+from dpotrain.train.losses import loss_text, loss_types
 from dpotrain.train.metrics import PLOT_FILE, last_logged, read_metrics
 
 CARD = "README.md"  # the model card, written by a finished run (write_model_card)
@@ -170,7 +170,7 @@ def model_card(r: Record, records: list[dict], revisions: list[tuple[int, str]] 
             f"\n| pairs cut / dropped at max_length | {counted['truncated']} / {counted['dropped']} of "
             f"{counted['pairs']} |"
         )
-    types = s.loss_type if isinstance(s.loss_type, list) else [s.loss_type]
+    types = loss_types(s)
     # OLMo 3's loss only where it is the one trained: a card of an ipo or MPO run said it was, without its weights
     what = "OLMo 3's length-normalized DPO recipe" if types == ["sigmoid_norm"] else "TRL's DPO loss"
     if None not in types and s.beta is not None:  # a record that names its loss (all this project writes)

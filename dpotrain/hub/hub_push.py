@@ -227,7 +227,7 @@ def push_checkpoints(api, run_dir: Path, repo_id: str) -> list[dict]:
             records.append(push_checkpoint(api, repo_id, folder, step, run_dir))
         except Exception as e:
             print(f"warning: {folder.name} was not pushed to {repo_id}@{branch}: {cause(e)}", file=sys.stderr)
-            records.append(record(status="failed", attempts=e.attempts, error=cause(e)))
+            records.append(record(status="failed", attempts=getattr(e, "attempts", 1), error=cause(e)))
     return records
 
 

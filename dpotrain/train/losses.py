@@ -88,8 +88,7 @@ def check_options(recipe) -> None:
 def loss_text(s) -> str:
     """'sigmoid_norm, beta 5', with the option each configured variant reads (docs/losses.md), for the dry run and the
     model card. `s`: `Record.settings`."""
-    types = s.loss_type if isinstance(s.loss_type, list) else [s.loss_type]
-    weights = s.loss_weights
+    types, weights = loss_types(s), s.loss_weights
     parts = [" + ".join(f"{w:g} x {t}" for t, w in zip(types, weights, strict=True)) if weights else " + ".join(types)]
     parts.append(f"beta {s.beta:g}")
     if set(types) & READS_LABEL_SMOOTHING:
