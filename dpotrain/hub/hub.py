@@ -19,8 +19,9 @@ from dpotrain.recipe.config import TOKEN_FLAGS
 from dpotrain.recipe.errors import ConfigError, cause
 from dpotrain.recipe.run_record import Record
 from dpotrain.recipe.writes import write_text
+from dpotrain.train import run_files
 from dpotrain.train.lora import card_lines
-from dpotrain.train.losses import loss_text
+from dpotrain.train.losses import loss_text, loss_types
 from dpotrain.train.metrics import PLOT_FILE, last_logged, read_metrics
 
 CARD = "README.md"  # the model card, written by a finished run (write_model_card)
@@ -119,21 +120,14 @@ def take_push_settings(recipe, run_engine=None) -> PushSettings:
         )
         check_repo_id(repo_id, given, "pass --hub_model_id org/name")
         retry_waits()  # read at the first upload, after training
-    settings = PushSettings(
-        requested=bool(t.push_to_hub),
-        repo_id=repo_id,
-        private=t.hub_private_repo,
-        checkpoints=p.push_checkpoints,
-        token=t.hub_token or hf_token(),
-    )
     scrub_argv(sys.argv)
-    return settings
+    return PushSettings(bool(t.push_to_hub), repo_id, t.hub_private_repo, p.push_checkpoints, t.hub_token or hf_token())
 
 
 def check_repo_id(repo_id: str, given: str, fix: str) -> None:
-    """Refuse a repo name the Hub refuses, by huggingface_hub's own rules (`validate_repo_id`): a run met it at the
-    write-access check, said as a Hub it could not reach (whose remedy, HF_HUB_OFFLINE, trained in full and failed at
-    push_to_hub.py). `given`: how the name came (the field, or the run name); `fix`: the flag that names another."""
+    """Refuse a repo name the Hub refuses (`validate_repo_id`): met at the write-access check, it read as a Hub out of
+    reach (whose remedy, HF_HUB_OFFLINE, trained in full and failed at push_to_hub.py). `given`: how the name came;
+    `fix`: the flag that names another."""
     try:
         validate_repo_id(repo_id)
     except HFValidationError:
@@ -176,7 +170,7 @@ def model_card(r: Record, records: list[dict], revisions: list[tuple[int, str]] 
             f"\n| pairs cut / dropped at max_length | {counted['truncated']} / {counted['dropped']} of "
             f"{counted['pairs']} |"
         )
-    types = s.loss_type if isinstance(s.loss_type, list) else [s.loss_type]
+    types = loss_types(s)
     # OLMo 3's loss only where it is the one trained: a card of an ipo or MPO run said it was, without its weights
     what = "OLMo 3's length-normalized DPO recipe" if types == ["sigmoid_norm"] else "TRL's DPO loss"
     if None not in types and s.beta is not None:  # a record that names its loss (all this project writes)
@@ -211,14 +205,12 @@ DPO post-training of `{base}` on `{dataset}` with {what}, trained with TRL's
 
 
 def number(value) -> str:
-    """A final metric as the card shows it; null in metrics.jsonl is a value that was NaN or infinite
-    (`records.dumps`)."""
+    """A final metric as the card shows it; null in metrics.jsonl was NaN or infinite (`records.dumps`)."""
     return "NaN or infinite" if value is None else f"{value:.4f}"
 
 
 def template_named(r: Record) -> str:
-    """The chat template trained with (the model's `chat_template.jinja` holds it): the recipe's file, by name and
-    SHA-256, or the base model's own."""
+    """The chat template trained with: the recipe's file, by name and SHA-256, or the base model's own."""
     given, t = r.settings.chat_template_path, r.lengths.template
     if t and t.plain_text:
         return "none (the pairs are plain text)"
@@ -227,8 +219,7 @@ def template_named(r: Record) -> str:
 
 
 def sources_section(sources: list[dict]) -> str:
-    """A mixture's sources as the run recorded them (data/mixture.py): rows read and usable, taken, the share of the
-    tokens, and what identifies each (its files' SHA-256, or a Hub revision)."""
+    """A mixture's sources as recorded (data/mixture.py), each by its files' SHA-256 or its Hub revision."""
     if not sources:
         return ""
     rows = []
@@ -249,9 +240,8 @@ def sources_section(sources: list[dict]) -> str:
 
 
 def as_run(key: str, r: Record):
-    """A recipe field as the run used it: warm-up in steps (a float below 1 is the recipe's ratio), the epochs
-    max_steps made (fewer, or more: max_steps goes on into the next epochs), and per-device batches as the token budget
-    cut them (None in the recipe: micro-batches of as many pairs as fit)."""
+    """A recipe field as the run used it: warm-up in steps (below 1: the recipe's ratio), the epochs max_steps made,
+    and per-device batches as the token budget cut them."""
     value, b = getattr(r.settings, key), r.batching
     if key == "warmup_steps" and r.data.warmup_steps is not None:
         return f"{r.data.warmup_steps} ({value:g} of the steps)" if 0 < (value or 0) < 1 else r.data.warmup_steps
@@ -290,8 +280,8 @@ repo: `AutoModelForCausalLM.from_pretrained("{repo_id}", revision="{revisions[-1
 
 
 def speed_row(records: list[dict]) -> str:
-    """The run's speed: the mean tokens/s of its logging steps but the first (the first micro-batch's warm-up and any
-    compilation fall in it), not the last step's alone (one step's figure ranges widely)."""
+    """The mean tokens/s of the logging steps but the first (warm-up and compilation fall in it), not the last step's
+    alone (one step's figure ranges widely)."""
     speeds = [
         (r["step"], r["tokens_per_second"]) for r in records if "loss" in r and r.get("tokens_per_second") is not None
     ]
@@ -326,18 +316,15 @@ def finished_step(output_dir) -> int | None:
 
 def own_files(output_dir: str | Path) -> list[str] | None:
     """What an upload of the run in `output_dir` may take: the names the run recorded as its own (run_files.json) and
-    what lies under them, never a person's file put in the folder (notes, an evaluation, a .env); None for a run
-    written before runs recorded their files (all but IGNORE, as then)."""
-    from dpotrain.train import run_files
-
+    what lies under them, never a person's file (notes, an evaluation, a .env); None for a run written before runs
+    recorded their files (all but IGNORE, as then)."""
     names = run_files.read(Path(output_dir))
     return None if names is None else [p for name in names for p in (name, f"{name}/*")]
 
 
 def push_run(output_dir: str | Path, repo_id: str, token: str | None = None, private: bool | None = None) -> str:
-    """Upload the final model, tokenizer, card, plot and metrics of `output_dir` to main of `repo_id`, retried on
-    transient errors; returns the repo's URL. Its start and its outcome are recorded in hub_pushes.jsonl, the start
-    first: a push a kill cuts short is one started and never confirmed (`hub_push.unconfirmed_push`)."""
+    """Upload the run in `output_dir` to main of `repo_id`, retried on transient errors; returns the repo's URL. Its
+    start and outcome go to hub_pushes.jsonl: one a kill cuts short is started, never confirmed (`unconfirmed_push`)."""
     api = HfApi(token=token)
     step = finished_step(output_dir)
 
@@ -390,13 +377,10 @@ def run_folder_problems(output_dir: str | Path) -> list[str]:
 
 
 def check_write_access(repo_id: str, token: str | None, where: str = "job") -> str:
-    """Refuse a push the Hub would refuse: `token` must be able to write to `repo_id`. `where` is "job" (train_dpo.py at
-    start, so that the push cannot fail after training) or "push_to_hub.py" (pushing a finished run).
-
-    Returns the repo id with its namespace (a bare `name` is the token user's `user/name`: the Hub's branch and commit
-    endpoints need both). The Hub decides, not rules of roles and scopes kept here: whoami names the user, and the
-    repo's write auth-check allows or refuses (`_may_write`). With HF_HUB_OFFLINE it says that it skipped the check
-    and returns `repo_id` as given: the push then happens later, where the Hub is reachable."""
+    """Refuse a push the Hub would refuse; `where`: "job" (train_dpo.py at start, so that the push cannot fail after
+    training) or "push_to_hub.py". Returns the repo id with its namespace (a bare `name` is the token user's: the Hub's
+    branch and commit endpoints need both). The Hub decides, not rules of roles and scopes kept here (`_may_write`).
+    With HF_HUB_OFFLINE it says it skipped the check and returns `repo_id` as given: the push happens later."""
     if is_offline():
         print(
             f"Skipped checking write access to {repo_id}: HF_HUB_OFFLINE is set, so nothing is pushed during the run. "
@@ -437,8 +421,7 @@ def check_write_access(repo_id: str, token: str | None, where: str = "job") -> s
 
 
 def _may_write(api, repo_id: str) -> bool:
-    """The Hub's answer: True when the token may write to `repo_id`, or when there is no such repo yet (the push
-    creates it); False when the repo exists and the token may not write to it."""
+    """True when the token may write to `repo_id`, or there is no such repo yet (the push creates it)."""
     try:
         within(30, lambda: api.auth_check(repo_id, write=True))
     except RepositoryNotFoundError:
@@ -453,10 +436,9 @@ def _may_write(api, repo_id: str) -> bool:
 
 
 def create_at_start(repo_id: str, token: str | None, private: bool | None) -> None:
-    """A run's repo created at start where it does not exist yet (as transformers' Trainer does), with the privacy the
-    recipe asks for: the Hub answers now, not after training, whether this token may create a repo in that namespace
-    (a read token, another user's or an organization's namespace). An existing repo is left as it is. Called after
-    `check_write_access`, on the run's main process only; never with HF_HUB_OFFLINE (nothing is pushed then)."""
+    """A run's repo created at start where it does not exist yet (as transformers' Trainer does), with the recipe's
+    privacy: the Hub answers now, not after training, whether this token may create a repo in that namespace. Main
+    process, after `check_write_access`; nothing with HF_HUB_OFFLINE."""
     if is_offline():
         return
     api = HfApi(token=token or get_token())
@@ -475,8 +457,7 @@ def create_at_start(repo_id: str, token: str | None, private: bool | None) -> No
 
 
 def write_refused(whoami: dict, repo_id: str) -> str:
-    """One line for a repo the Hub says this token may not write to: the user's own (the token lacks write access)
-    or another's (its owners grant it). `whoami`: HfApi.whoami's answer."""
+    """One line for a repo this token may not write to: the user's own (the token lacks write access) or another's."""
     user = whoami.get("name")
     if repo_id.rpartition("/")[0] != user:
         return (

@@ -1,11 +1,10 @@
 """Checkpoints as Hub revisions: each complete checkpoint's model goes to a branch `step-<N>` of the run's repo, as
-`from_pretrained(repo, revision="step-N")` loads it (weights, config, tokenizer, chat template; never optimizer,
-scheduler or RNG state, never `training_args.bin`). transformers' own Hub machinery is off (`take_push_settings`).
+`from_pretrained(repo, revision="step-N")` loads it (never optimizer, scheduler or RNG state, nor training_args.bin).
 
-`CheckpointPusher` (main process, after `CompleteMarker` marked a checkpoint) links the checkpoint's files into
-`<output_dir>/.hub_staging/` at once, so a checkpoint `save_total_limit` deletes mid-upload is uploaded all the same,
-and uploads in a background thread. Transient errors are retried with backoff; an upload that still fails is a warning
-and a line in `<output_dir>/hub_pushes.jsonl`, never a failed run.
+`CheckpointPusher` (main process, after `CompleteMarker`) links the checkpoint's files into `<output_dir>/.hub_staging/`
+at once, so one `save_total_limit` deletes mid-upload is uploaded all the same, and uploads in a background thread.
+Transient errors are retried with backoff; an upload that still fails is a warning and a line in hub_pushes.jsonl,
+never a failed run.
 """
 
 import contextlib
@@ -43,7 +42,7 @@ CHECKPOINT_FILES = (
 # Pushed statuses: `pushed` by this run or push_to_hub.py, `present` found already on the Hub by push_to_hub.py.
 ON_THE_HUB = ("pushed", "present")
 # Seconds between attempts of one upload, on top of huggingface_hub's own retries of single requests (~20 s): a Hub
-# outage of a few minutes must not lose a checkpoint. DPOTRAIN_HUB_RETRY_WAITS="15,60,240" overrides (tests: "0").
+# outage of a few minutes must not lose a checkpoint. DPOTRAIN_HUB_RETRY_WAITS overrides (tests: "0").
 DEFAULT_RETRY_WAITS = (15.0, 60.0, 240.0)
 # How long the end of training waits for checkpoint uploads still running (a 7B checkpoint is ~15 GB).
 FINAL_WAIT_S = 30 * 60
@@ -53,8 +52,7 @@ STOP_WAIT_S = 10
 
 
 def push_command(output_dir: str | Path, *flags: str) -> str:
-    """The scripts/push_to_hub.py command that pushes `output_dir`, as a shell reads it back (a folder with a space
-    in its name is one word, quoted)."""
+    """The scripts/push_to_hub.py command that pushes `output_dir`, quoted for a shell."""
     return shlex.join(["python", venv.project_file("scripts/push_to_hub.py"), str(output_dir), *flags])
 
 
@@ -71,6 +69,17 @@ def checkpoint_files(folder: Path) -> list[str]:
 
 def has_weights(names: list[str]) -> bool:
     return any(n.endswith(".safetensors") for n in names)
+
+
+def push_checkpoint(api, repo_id: str, folder: Path, step: int, out: Path) -> dict:
+    """`folder` (a checkpoint, or its staged copy) to branch `step-N`, retried (`with_retries`); the record written."""
+    branch = branch_name(step)
+    commit, attempts = with_retries(lambda: upload_checkpoint(api, repo_id, folder, step), f"{branch} push")
+    print(f"Pushed {folder.name} to {repo_id}@{branch}", flush=True)
+    files = checkpoint_files(folder)
+    return record_push(
+        out, step=step, branch=branch, status="pushed", attempts=attempts, commit=commit.oid, files=files
+    )
 
 
 _record_lock = threading.Lock()
@@ -94,8 +103,8 @@ def pushed_revisions(output_dir: str | Path) -> list[tuple[int, str]]:
 
 
 def unconfirmed_push(output_dir: str | Path) -> dict | None:
-    """The final push to main whose latest record is its start or a failure, not its confirmation (the job killed
-    while pushing, or the push failed): that record, for the rerun to complete the push; None where there is none."""
+    """The latest record of a final push to main left unconfirmed (killed while pushing, or failed), for the rerun to
+    complete; None where there is none."""
     main = [r for r in read_pushes(output_dir) if r.get("branch") == "main"]
     return main[-1] if main and main[-1]["status"] not in ON_THE_HUB else None
 
@@ -114,9 +123,8 @@ def is_transient(error: BaseException) -> bool:
 
 
 def retry_waits() -> tuple[float, ...]:
-    """The seconds between attempts (DPOTRAIN_HUB_RETRY_WAITS, else DEFAULT_RETRY_WAITS). A value that is not a list of
-    seconds is refused in one line; a push checks it before training (`hub.take_push_settings`), not at its first
-    upload, where it failed each checkpoint's upload and the final push."""
+    """The seconds between attempts (DPOTRAIN_HUB_RETRY_WAITS, else DEFAULT_RETRY_WAITS), refused in one line if not
+    seconds; checked before training (`hub.take_push_settings`): at the first upload it failed every push."""
     value = os.environ.get("DPOTRAIN_HUB_RETRY_WAITS")
     if not value:
         return DEFAULT_RETRY_WAITS
@@ -133,8 +141,7 @@ def retry_waits() -> tuple[float, ...]:
 
 
 def with_retries(fn, what: str):
-    """fn() retried on transient errors after each wait (`retry_waits`); returns (result, attempts). A final error gets
-    `.attempts`."""
+    """fn() retried on transient errors after each wait: (result, attempts); a final error gets `.attempts`."""
     waits = retry_waits()
     for attempt in range(1, len(waits) + 2):
         try:
@@ -195,8 +202,8 @@ def stage(folder: Path, staging_root: Path) -> Path:
 
 
 def push_checkpoints(api, run_dir: Path, repo_id: str) -> list[dict]:
-    """scripts/push_to_hub.py --checkpoints: every complete checkpoint of the run on disk to its branch (never one a
-    person put in its folder), skipping the branches that already hold it. Returns the records written."""
+    """scripts/push_to_hub.py --checkpoints: each of the run's own complete checkpoints to its branch, but where the
+    branch holds it already; returns the records written."""
     records, branches = [], set()
     with contextlib.suppress(RepositoryNotFoundError):  # a repo not created yet has no branches
         branches = {b.name for b in api.list_repo_refs(repo_id).branches}
@@ -217,14 +224,10 @@ def push_checkpoints(api, run_dir: Path, repo_id: str) -> list[dict]:
             records.append(record(status="present", files=names))
             continue
         try:
-            upload = functools.partial(upload_checkpoint, api, repo_id, folder, step)
-            commit, attempts = with_retries(upload, f"{branch} push")
+            records.append(push_checkpoint(api, repo_id, folder, step, run_dir))
         except Exception as e:
             print(f"warning: {folder.name} was not pushed to {repo_id}@{branch}: {cause(e)}", file=sys.stderr)
-            records.append(record(status="failed", attempts=e.attempts, error=cause(e)))
-            continue
-        print(f"Pushed {folder.name} to {repo_id}@{branch}", flush=True)
-        records.append(record(status="pushed", attempts=attempts, commit=commit.oid, files=names))
+            records.append(record(status="failed", attempts=getattr(e, "attempts", 1), error=cause(e)))
     return records
 
 
@@ -238,11 +241,10 @@ class CheckpointPusher(TrainerCallback):
         self.queue: queue.Queue = queue.Queue()
         self.pending: dict[int, Path] = {}  # step -> staged folder, until its upload ends
         self.thread: threading.Thread | None = None
-        self._repo_ready = False
 
     def on_train_begin(self, args, state, control, **kwargs):
-        """A resumed run first pushes the complete checkpoints a stopped job left unpushed: its own, never one a person
-        put in the folder (a copy of another run's would go up as this run's step)."""
+        """A resumed run first pushes its own complete checkpoints a stopped job left unpushed (never a person's: a copy
+        of another run's would go up as this run's step)."""
         if state.is_world_process_zero:
             done = {s for s, _ in pushed_revisions(self.out)}
             for folder in own_checkpoints(self.out):
@@ -272,30 +274,23 @@ class CheckpointPusher(TrainerCallback):
             self.thread.start()
 
     def _work(self) -> None:
-        api = HfApi(token=self.token)
+        api, repo_ready = HfApi(token=self.token), False
         while True:
             step = self.queue.get()
             staged = self.pending[step]
             try:
-                self._push(api, step, staged)
+                if not repo_ready:
+                    with_retries(
+                        lambda: api.create_repo(self.repo_id, private=self.private, exist_ok=True), "create_repo"
+                    )
+                    repo_ready = True
+                push_checkpoint(api, self.repo_id, staged, step, self.out)
             except Exception as e:  # a bug here must not kill the thread and leave the others waiting
                 self._failed(step, getattr(e, "attempts", 1), cause(e))
             finally:
                 shutil.rmtree(staged, ignore_errors=True)
                 self.pending.pop(step, None)
                 self.queue.task_done()
-
-    def _push(self, api, step: int, staged: Path) -> None:
-        branch = branch_name(step)
-        if not self._repo_ready:
-            with_retries(lambda: api.create_repo(self.repo_id, private=self.private, exist_ok=True), "create_repo")
-            self._repo_ready = True
-        commit, attempts = with_retries(lambda: upload_checkpoint(api, self.repo_id, staged, step), f"{branch} push")
-        files = checkpoint_files(staged)
-        record_push(
-            self.out, step=step, branch=branch, status="pushed", attempts=attempts, commit=commit.oid, files=files
-        )
-        print(f"Pushed checkpoint-{step} to {self.repo_id}@{branch}", flush=True)
 
     def _failed(self, step: int, attempts: int, error: str) -> None:
         branch = branch_name(step)
@@ -310,10 +305,8 @@ class CheckpointPusher(TrainerCallback):
 
     def finish(self, timeout: float) -> list[int]:
         """Wait up to `timeout` s for the uploads still running; returns the steps left unfinished (recorded)."""
-        deadline = time.monotonic() + timeout
-        with self.queue.all_tasks_done:
-            while self.queue.unfinished_tasks and time.monotonic() < deadline:
-                self.queue.all_tasks_done.wait(min(5.0, max(deadline - time.monotonic(), 0.01)))
+        with self.queue.all_tasks_done:  # notified by the worker's task_done
+            self.queue.all_tasks_done.wait_for(lambda: not self.queue.unfinished_tasks, timeout)
         left = sorted(self.pending)
         if not left:
             shutil.rmtree(self.out / STAGING, ignore_errors=True)

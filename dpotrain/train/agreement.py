@@ -1,8 +1,7 @@
 """Rank agreement at start: what each rank decided alone, but all ranks must share, checked with one all-gather.
 
-Each rank reads its own data set, plans its own steps and looks for its own checkpoint: a node-local cache or an older
-copy of a folder gives ranks different plans or resume points, and the job hangs at its first collective or trains on
-silently different steps. A difference is one `error:` line, on every rank, naming the value and the ranks.
+Each rank reads its own data, plans its own steps and finds its own checkpoint: a node-local cache or an older copy of
+a folder gives ranks different plans or resume points, and the job hangs or trains on silently different steps.
 """
 
 import hashlib
@@ -70,8 +69,8 @@ def package_versions() -> dict:
 
 
 def check(values: dict[str, str]) -> None:
-    """Every rank's `values` (name -> short digest or value) against rank 0's: one all-gather; the first value a rank
-    differs on is refused, on every rank, with the fix. Every rank must call this with the same names."""
+    """Every rank's `values` (name -> short digest or value) against rank 0's, in one all-gather: the first difference
+    is refused on every rank with the fix. Every rank calls it with the same names."""
     ranks = gather_objects(values)
     for name, mine in ranks[0].items():
         for rank, theirs in enumerate(ranks[1:], start=1):

@@ -1,10 +1,9 @@
 """What a complete checkpoint holds: each file with its size and SHA-256, in MANIFEST.json, on disk before COMPLETE.
 
 The mark says every rank finished writing; the manifest says what they wrote, so that a checkpoint damaged afterwards
-(a file deleted, a copy cut short, a bad disk block) is found and named before it is resumed from. Each rank hashes its
-share of the files; sizes are checked before anything loads, checksums once processes have started. A checkpoint
-without a manifest, or whose manifest lists no optimizer or scheduler state, is never resumed from (transformers would
-go on with a fresh optimizer and a restarted warm-up, silently).
+(a file deleted, a copy cut short, a bad disk block) is named before it is resumed from. Sizes are checked before
+anything loads, checksums (each rank its share) once processes have started. A checkpoint without a manifest, or
+without optimizer or scheduler state, is never resumed from (transformers would go on with a fresh optimizer, silently).
 """
 
 import fnmatch
@@ -13,6 +12,7 @@ import json
 import time
 from pathlib import Path
 
+from dpotrain.cluster.collectives import broadcast_from_main, gather_objects, rank_and_world
 from dpotrain.recipe.writes import write_text
 
 MANIFEST = "MANIFEST.json"
@@ -41,10 +41,8 @@ def listing(folder: Path, leave_out: tuple = ()) -> list[tuple[str, int]]:
 
 
 def seal(folder: Path, mark: str, mark_text: str, is_main: bool) -> None:
-    """On every rank, once all have written `folder`: hash it (each rank its share), then the main process writes
-    MANIFEST.json and the mark `mark`, each flushed to disk, the manifest first."""
-    from dpotrain.cluster.collectives import broadcast_from_main, gather_objects, rank_and_world
-
+    """On every rank, once all have written `folder`: hash it (each rank its share); the main process writes
+    MANIFEST.json, then the mark, each flushed to disk."""
     start = time.monotonic()
     files = broadcast_from_main(listing(folder, leave_out=(MANIFEST, mark)) if is_main and folder.is_dir() else None)
     if files is None:
@@ -89,8 +87,8 @@ def read(folder: Path) -> dict | None:
 
 
 def missing(folder: Path) -> list[str]:
-    """What `folder` lacks of a checkpoint's proof: its manifest, and the optimizer's and scheduler's state (as the
-    manifest lists them; without one, as found on disk)."""
+    """What `folder` lacks of a checkpoint's proof: its manifest, the optimizer's and scheduler's state (as listed, or
+    found on disk without a manifest)."""
     files = read(folder)
     names = list(files) if files is not None else [rel for rel, _ in listing(folder)] if folder.is_dir() else []
     lacking = [name for name, kinds in STATE.items() if not any(fnmatch.fnmatch(n, k) for n in names for k in kinds)]
@@ -98,13 +96,11 @@ def missing(folder: Path) -> list[str]:
 
 
 def problem(folder: Path) -> str | None:
-    """Why `folder` cannot be verified by its manifest, its state and its files' sizes, or None (checksums:
-    `checksum_problems`)."""
+    """Why `folder` fails its manifest, its state or its files' sizes, or None (checksums: `checksum_problems`)."""
     files = read(folder)
     if files == {}:
         return f"{MANIFEST} is unreadable"
-    lacking = missing(folder)
-    if lacking:  # `x is missing`, `x and y are missing`, `x, y and z are missing`
+    if lacking := missing(folder):  # `x is missing`, `x and y are missing`, `x, y and z are missing`
         listed = lacking[0] if len(lacking) == 1 else f"{', '.join(lacking[:-1])} and {lacking[-1]}"
         return f"{listed} {'is' if len(lacking) == 1 else 'are'} missing"
     for rel, entry in files.items():

@@ -1,10 +1,9 @@
 """Checkpoints that are safe to resume from.
 
 transformers writes `checkpoint-N/` file by file, so a job killed mid-save leaves a folder that looks like a
-checkpoint but is not one. `CompleteMarker` writes `COMPLETE` once every rank has finished its part; resuming only
-ever picks a folder with that mark. `save_total_limit` keeps that many *complete* checkpoints, rotated only after the
-new one is marked (transformers rotates before, and could delete the newest complete one). A folder without the mark
-is removed by rotation, and before the run writes the same step again. Only the main process deletes, and only the
+checkpoint. `CompleteMarker` writes `COMPLETE` once every rank has finished its part; resuming only picks a folder
+with that mark. `save_total_limit` keeps that many *complete* checkpoints, rotated after the new one is marked
+(transformers rotates before, and could delete the newest complete one). Only the main process deletes, and only the
 run's own checkpoints (run_files.json's): a person's `checkpoint-N` is kept, or moved aside where the run saves.
 """
 
@@ -16,6 +15,7 @@ import sys
 import time
 from pathlib import Path
 
+from accelerate import PartialState
 from transformers import TrainerCallback
 
 from dpotrain.train import checkpoint_manifest, run_files
@@ -34,8 +34,7 @@ def checkpoints(output_dir: str | Path) -> list[Path]:
 
 
 def recorded_names(output_dir: str | Path) -> list[str] | None:
-    """The names the run in `output_dir` recorded as its own (run_files.json); None when there is no record. An older
-    record's checkpoint pattern reads as the folder's checkpoint folders: the best it knows."""
+    """The run's own names (run_files.json; None: no record), an old checkpoint pattern read as the folder's."""
     names = run_files.read(Path(output_dir))
     if names is not None and run_files.OLD_CHECKPOINTS in names:
         names = [n for n in names if n != run_files.OLD_CHECKPOINTS] + [p.name for p in checkpoints(output_dir)]
@@ -43,10 +42,8 @@ def recorded_names(output_dir: str | Path) -> list[str] | None:
 
 
 def own_checkpoints(output_dir: str | Path) -> list[Path]:
-    """The `checkpoint-N` folders of `output_dir` that the run's record names, oldest step first: never one a person
-    put there. A run without a record (written before runs recorded their files): all of them."""
-    own = recorded_names(output_dir)
-    found = checkpoints(output_dir)
+    """The `checkpoint-N` folders the run's record names, oldest step first (without a record: all)."""
+    own, found = recorded_names(output_dir), checkpoints(output_dir)
     return found if own is None else [p for p in found if p.name in own]
 
 
@@ -65,10 +62,9 @@ def complete_checkpoints(output_dir: str | Path) -> list[Path]:
 
 
 def rotate(output_dir: str | Path, limit: int | None, keep: tuple = ()) -> list[Path]:
-    """Deletes what `save_total_limit` lets go among the run's own checkpoints (run_files.json's); returns what it
-    deleted. Kept: the `limit` newest complete ones (by step, as resuming picks them) and the folders in `keep` (the
-    checkpoint just written, the best one); deleted: the other complete ones, and every one without the mark. A
-    `checkpoint-N` a person put in the folder is not the run's and stays. Nothing without a limit."""
+    """Deletes what `save_total_limit` lets go among the run's own checkpoints, and returns it. Kept: the `limit`
+    newest complete ones (by step, as resuming picks them) and the folders in `keep` (the one just written, the best);
+    deleted: the other complete ones, and every one without the mark. Nothing without a limit."""
     if not limit or limit <= 0:
         return []
     own = set(run_files.read(Path(output_dir)) or ())
@@ -87,10 +83,9 @@ def rotate(output_dir: str | Path, limit: int | None, keep: tuple = ()) -> list[
 
 
 def clear_for_save(output_dir: str | Path, global_step: int) -> None:
-    """Main process, before `checkpoint-<global_step>` is written: a folder of that name left from an earlier attempt
-    is removed, so that the new checkpoint holds only its own files and never the old one's mark. One the run did not
-    write (not in run_files.json) is moved aside, never removed: the run refuses such a folder at its start
-    (`output_folder.check_checkpoints_of_others`), so it was put there while the run trained."""
+    """Main process, before `checkpoint-<global_step>` is written: one left from an earlier attempt is removed, so the
+    new one never holds the old one's files or mark. One the run did not write is moved aside, never removed: refused
+    at the run's start (`output_folder.check_checkpoints_of_others`), it was put there while the run trained."""
     folder = Path(output_dir) / f"checkpoint-{global_step}"
     if not run_files.set_aside_if_not_own(output_dir, folder.name) and folder.is_dir():
         state = "complete" if is_complete(folder) else f"cut short (no {MARKER} mark)"
@@ -99,14 +94,12 @@ def clear_for_save(output_dir: str | Path, global_step: int) -> None:
 
 
 class CompleteMarker(TrainerCallback):
-    """Marks a checkpoint complete after all ranks saved it (`on_save` runs after `_save_checkpoint` returns), then
-    rotates, and reports how long the save took, from `save_started` (set by `RecipeDPOTrainer._save_checkpoint`)."""
+    """Marks a checkpoint complete after all ranks saved it (`on_save` runs after `_save_checkpoint` returns), rotates,
+    and reports how long the save took from `save_started` (set by `RecipeDPOTrainer._save_checkpoint`)."""
 
     save_started: float | None = None  # time.monotonic() when the checkpoint's save began
 
     def on_save(self, args, state, control, **kwargs):
-        from accelerate import PartialState
-
         PartialState().wait_for_everyone()  # DeepSpeed ranks write their own optimizer shards
         folder = Path(args.output_dir) / f"checkpoint-{state.global_step}"
         # Every rank hashes its share; the main process writes MANIFEST.json, then the mark, each flushed to disk.
@@ -122,8 +115,8 @@ class CompleteMarker(TrainerCallback):
 
 
 def report_save(step: int, seconds: float) -> None:
-    """Main process, after a checkpoint is marked: how long it took, and a warning when that is more than a stop
-    leaves for it (DPOTRAIN_SAVE_WARN_S and DPOTRAIN_GRACE_S, exported by scripts/launch.sh)."""
+    """How long a checkpoint took, and a warning when that is more than a stop leaves for it (DPOTRAIN_SAVE_WARN_S
+    and DPOTRAIN_GRACE_S, exported by scripts/launch.sh)."""
     print(f"checkpoint-{step} written in {seconds:.1f} s", flush=True)
     for name, what in (
         ("DPOTRAIN_SAVE_WARN_S", "what the time-limit warning leaves (raise #SBATCH --signal=B:USR1@<seconds>)"),

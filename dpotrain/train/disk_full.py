@@ -1,9 +1,8 @@
-"""A write of the run that the disk refuses: one line naming the file or folder, why, and what to do; the earlier
-checkpoint kept, and the same command goes on from it.
+"""A write of the run that the disk refuses: one line naming the file or folder, why, and what to do.
 
 torch.save's C++ writer reports a full disk as "basic_ios::clear" or "file write failed" (the errno is lost), and
 safetensors as a SafetensorError, so a failed save is told apart by the folder itself: a small probe written there fails
-the same way. The checkpoint cut short (no COMPLETE mark) is removed to give the space back.
+the same way. The checkpoint cut short is removed to give the space back; the same command goes on from the last one.
 """
 
 import contextlib
@@ -34,8 +33,7 @@ PROBE_BYTES = 1 << 20
 
 
 def refused(error: BaseException) -> str | None:
-    """Why, when `error` is a write the disk refused (`FULL`); else None. EACCES and EPERM only where the file (or its
-    folder) is not writable."""
+    """Why, when `error` is a write the disk refused (`FULL`; EACCES and EPERM only where the file is not writable)."""
     if not isinstance(error, OSError) or error.errno not in FULL:
         return None
     if error.errno in (errno.EACCES, errno.EPERM):
@@ -51,8 +49,7 @@ def _todo(why: str) -> str:
 
 def why_full(error: BaseException, folder: Path) -> str | None:
     """Why writing in `folder` failed, if the disk refused it (`FULL`); else None."""
-    why = refused(error)
-    if why:
+    if why := refused(error):
         return why
     probe = folder / f".dpotrain-space-probe-{os.getpid()}"
     try:
@@ -98,13 +95,9 @@ def save_failed(folder: Path, why: str, remove: bool) -> RunError:
         if previous
         else f"a checkpoint takes more than the {_size(written)} written before it failed"
     )
-    after = _after(kept)
-    if why in FIX:
-        return RunError(f"{why}: {folder.name} could not be written in {out}: {FIX[why]}, then rerun; {after}")
-    return RunError(
-        f"{why}: {folder.name} could not be written in {out} ({_size(free)} free there; {need}): free "
-        f"space there (or lower --save_total_limit), then rerun; {after}"
-    )
+    room = "" if why in FIX else f" ({_size(free)} free there; {need})"
+    todo = FIX.get(why, "free space there (or lower --save_total_limit)")
+    return RunError(f"{why}: {folder.name} could not be written in {out}{room}: {todo}, then rerun; {_after(kept)}")
 
 
 def final_save_failed(out: Path, why: str) -> RunError:
@@ -119,16 +112,15 @@ def full_write(error: BaseException) -> tuple[OSError, str] | None:
     seen = set()
     while error is not None and id(error) not in seen and not isinstance(error, (RunError, ConfigError)):
         seen.add(id(error))  # a RunError (a checkpoint that did not fit, above) is already the one line
-        why = refused(error)
-        if why:
+        if why := refused(error):
             return error, why
         error = error.__cause__ or (None if error.__suppress_context__ else error.__context__)
     return None
 
 
 def write_failed(error: OSError, why: str) -> RunError:
-    """The one line for a write of the run other than a checkpoint that the disk refused: the file, the space left
-    there, and what the same command does next when the file is in a run's folder (one of the three above it)."""
+    """The line for another write of the run the disk refused: the file, the space left there, and what the same
+    command does next when the file is in a run's folder (one of the three above it)."""
     path = Path(error.filename) if error.filename else None
     above = list(path.parents)[:3] if path else []
     where = f"{path} could not be written" if path else "a file could not be written"

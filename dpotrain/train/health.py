@@ -1,5 +1,5 @@
-"""Guards that stop a doomed DPO run early, each with the step and the values that tripped it; the two post-mortems
-behind them are in docs/health.md.
+"""Guards that stop a doomed DPO run early, each with the step and the values that tripped it (post-mortems:
+docs/health.md).
 
 - `step1`: before the first update the policy IS the reference, so rewards are 0 and the loss is the configured loss at
   log-ratios 0 (`losses.step1_loss`); anything else means the reference is wrong (000: a stale reference cache).
@@ -8,12 +8,10 @@ behind them are in docs/health.md.
   falling together, outputs "hormonal hormonal hormonal".
 - `nonfinite`: NaN/inf loss, grad norm or rewards.
 
-The loss judged is `dpo_loss` where logged (MoE: without TRL's router term). Rewards are on the loss's scale,
-`rewards_norm/*` (beta x log-ratio / completion tokens), not TRL's `rewards/*` (beta x SUMMED log-ratio).
-
-A stop (`health_action: stop`, the default; NaN always stops) saves a resumable checkpoint when the state is finite,
-ends training on every rank at the same step and leaves `HealthGuard.stop` set: train_dpo.py exits with
-HEALTH_STOP_EXIT, the job is not requeued, and the same command is refused (`resume.HEALTH_STOP`).
+The loss judged is `dpo_loss` where logged (MoE: without the router term); rewards are `rewards_norm/*` (beta x
+log-ratio / completion tokens, the loss's scale), not TRL's `rewards/*` (beta x SUMMED log-ratio). A stop saves a
+resumable checkpoint when the state is finite, ends training on every rank at the same step and leaves
+`HealthGuard.stop` set: train_dpo.py exits with HEALTH_STOP_EXIT, unrequeued, and the same command is refused.
 """
 
 import math
@@ -61,9 +59,7 @@ class HealthGuard(TrainerCallback):
         self.stop: Alarm | None = None  # the alarm that stopped training, read by train_dpo.py
         self.alarms: list[Alarm] = []
         self._warned: set[str] = set()
-        self._fresh = False
-        self._pinned_pairs = 0
-        self._last_step = 0
+        self._fresh, self._pinned_pairs, self._last_step = False, 0, 0
 
     def on_train_begin(self, args, state, control, **kwargs):
         self._fresh = state.global_step == 0  # a resumed run has no step 1 to check
@@ -82,7 +78,9 @@ class HealthGuard(TrainerCallback):
         pairs = (state.global_step - self._last_step) * self.pairs_per_step
         self._pinned_pairs = self._pinned_pairs + pairs if acc is not None and acc >= 0.999 else 0
         self._last_step = state.global_step
-        action = self._decide(alarms, args)
+        # 0 go on, 1 stop with a checkpoint, 2 stop without one: one rank's verdict stops all, at the same step
+        action = 2 if any(a.fatal for a in alarms) else int(bool(alarms) and self.p.health_action == "stop")
+        action = max_over_ranks(action, args.device)
         for alarm in alarms:
             self.alarms.append(alarm)
             if state.is_world_process_zero and (action or alarm.guard not in self._warned):
@@ -102,8 +100,7 @@ class HealthGuard(TrainerCallback):
 
     def check(self, step: int, logs: dict, args, max_steps: int) -> list[Alarm]:
         p, found = self.p, {}  # guard -> message
-        bad = {k: v for k, v in logs.items() if isinstance(v, float) and not math.isfinite(v)}
-        if bad:
+        if bad := {k: v for k, v in logs.items() if isinstance(v, float) and not math.isfinite(v)}:
             message = (
                 f"non-finite values {', '.join(f'{k}={v}' for k, v in bad.items())}: the weights or the loss "
                 "went NaN or inf (too high a learning rate, bf16 overflow, a bad row). No checkpoint is written "
@@ -174,14 +171,9 @@ class HealthGuard(TrainerCallback):
             return None
         return {k: logs.get(f"rewards_norm/{k}") for k in REWARD_STATS}
 
-    def _decide(self, alarms: list[Alarm], args) -> int:
-        """0 go on, 1 stop with a checkpoint, 2 stop without one; the same answer on every rank."""
-        action = 2 if any(a.fatal for a in alarms) else int(bool(alarms) and self.p.health_action == "stop")
-        return max_over_ranks(action, args.device)  # one rank's verdict stops all, at the same step
-
 
 def dpo_loss(logs: dict) -> tuple[str, float]:
-    """The logged DPO loss and its name: `dpo_loss` (without the MoE router term) when logged, else `loss`."""
+    """The logged DPO loss and its name: `dpo_loss` (without the MoE router term) where logged, else `loss`."""
     return ("dpo_loss", logs["dpo_loss"]) if "dpo_loss" in logs else ("loss", logs["loss"])
 
 

@@ -8,22 +8,17 @@ full weights; `merge_lora: true` also writes the base with the adapter merged in
 import re
 from pathlib import Path
 
+import torch
+
 from dpotrain.recipe.errors import ConfigError
 from dpotrain.recipe.writes import quiet_progress_bars
 
 MERGED_DIR = "merged"
 # ModelConfig fields that only mean something with use_peft (TRL ignores them silently otherwise).
 LORA_FIELDS = (
-    "lora_r",
-    "lora_alpha",
-    "lora_dropout",
-    "lora_target_modules",
-    "lora_target_parameters",
-    "lora_modules_to_save",
-    "lora_task_type",
-    "use_rslora",
-    "use_dora",
-)
+    "lora_r lora_alpha lora_dropout lora_target_modules lora_target_parameters lora_modules_to_save lora_task_type "
+    "use_rslora use_dora"
+).split()
 QUANTIZATION_FIELDS = ("bnb_4bit_quant_type", "use_bnb_nested_quant", "bnb_4bit_quant_storage")
 
 
@@ -31,8 +26,7 @@ def check_lora(recipe) -> None:
     """Refuse LoRA and quantization settings that TRL would ignore or reject only after loading the model."""
     m, p, given = recipe.model, recipe.project, recipe.given
     if not m.use_peft:
-        stray = [f for f in LORA_FIELDS if f in given] + (["merge_lora"] if p.merge_lora else [])
-        if stray:
+        if stray := [f for f in LORA_FIELDS if f in given] + (["merge_lora"] if p.merge_lora else []):
             raise ConfigError(
                 f"{stray[0]} is set but use_peft is false, so it would be ignored: add --use_peft true "
                 f"to train a LoRA adapter, or remove {stray[0]}"
@@ -69,12 +63,9 @@ def check_lora(recipe) -> None:
             )
     quantized = "load_in_4bit" if m.load_in_4bit else "load_in_8bit" if m.load_in_8bit else None
     if quantized is None:
-        stray = [f for f in QUANTIZATION_FIELDS if f in given]
-        if stray:
+        if stray := [f for f in QUANTIZATION_FIELDS if f in given]:
             raise ConfigError(f"{stray[0]} only applies with --load_in_4bit true: add it, or remove {stray[0]}")
         return
-    import torch
-
     if not torch.cuda.is_available():
         raise ConfigError(f"{quantized} needs a CUDA GPU (bitsandbytes); on this machine remove --{quantized}")
     try:
@@ -88,10 +79,10 @@ def check_lora(recipe) -> None:
 
 
 def check_targets(recipe, config, model: str) -> None:
-    """Refuse LoRA names that match nothing in the model, and settings PEFT refuses for it, before it loads. PEFT adapts
-    the target modules that match and drops the others without a word (`q_proj v_prj` trains q_proj alone), ignores
-    `lora_modules_to_save` and `lora_target_parameters` names it finds nowhere, and where nothing matches (or a value
-    is out of its range) it fails once the model has loaded: matched here on the meta-device model, as PEFT matches."""
+    """Refuse LoRA names that match nothing in the model, and settings PEFT refuses for it, before it loads. PEFT drops
+    target modules that match nothing without a word (`q_proj v_prj` trains q_proj alone), ignores such
+    `lora_modules_to_save` and `lora_target_parameters`, and where nothing matches (or a value is out of its range)
+    fails once the model has loaded: matched here on the meta-device model, as PEFT matches."""
     m = recipe.model
     if not m.use_peft:
         return
@@ -104,8 +95,7 @@ def check_targets(recipe, config, model: str) -> None:
     _check_target_modules(m.lora_target_modules, built, model)
     names = [name for name, _ in built.named_modules() if name]
     # modules_to_save: a module whose full name ends with the text (peft.utils.other._set_trainable)
-    missing = [t for t in m.lora_modules_to_save or [] if not any(name.endswith(t) for name in names)]
-    if missing:
+    if missing := [t for t in m.lora_modules_to_save or [] if not any(name.endswith(t) for name in names)]:
         shown = [name.rsplit(".", 1)[-1] for name in names if not name.rsplit(".", 1)[-1].isdigit()]
         _refuse_names("lora_modules_to_save", missing, model, "modules", shown, "train without it")
     # target_parameters: a parameter's full name, or its last dotted parts (BaseTuner._inject_parameters)
@@ -120,8 +110,7 @@ def check_targets(recipe, config, model: str) -> None:
 
 
 def _refuse_names(field: str, missing: list[str], model: str, kind: str, shown: list[str], fate: str) -> None:
-    """`field`'s names that match nothing in the model, with the names of the model's `kind` it could take and what
-    PEFT would do (`fate`) once the model loaded."""
+    """`field`'s names that match nothing in the model, with the names it could take and what PEFT would do (`fate`)."""
     names = "that name" if len(missing) == 1 else "those names"
     raise ConfigError(
         f"{field} {' '.join(missing)}: {model} has no {kind[:-1]} of {names} (PEFT would {fate} once the model "
@@ -130,12 +119,10 @@ def _refuse_names(field: str, missing: list[str], model: str, kind: str, shown: 
 
 
 def _check_target_modules(targets, built, model: str) -> None:
-    """Refuse `lora_target_modules` names that match no module of the model. Matched as PEFT matches them: a list by
-    the module's full name or its last dotted parts, a string as a regular expression over the full name."""
+    """Refuse `lora_target_modules` names that match no module, as PEFT matches them: a list by the full name or its
+    last dotted parts, a string as a regular expression over the full name."""
     if not targets or targets == "all-linear":
         return
-    import torch
-
     names = [name for name, _ in built.named_modules() if name]
     if isinstance(targets, str):
         try:
@@ -165,16 +152,13 @@ def _check_target_modules(targets, built, model: str) -> None:
 
 def save_merged(output_dir: str | Path, base: str, revision: str | None, dtype, tokenizer) -> Path:
     """The adapter saved in `output_dir`, merged into its base and saved with the tokenizer to `<output_dir>/merged/`.
-    The base is loaded afresh from disk on the main process alone: under ZeRO-3 or FSDP2 no rank holds the full
-    weights, and a merge in place would keep every rank waiting."""
-    import torch
+    The base is loaded afresh on the main process alone: under ZeRO-3 or FSDP2 no rank holds the full weights."""
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
     from transformers.integrations.deepspeed import unset_hf_deepspeed_config
 
     target = Path(output_dir) / MERGED_DIR
-    # Under ZeRO-3, transformers would build this model partitioned over the ranks (a collective), and the other ranks
-    # have gone. Training is over, so the setting can go.
+    # Under ZeRO-3, transformers would build this model partitioned over the ranks, which have gone: training is over
     unset_hf_deepspeed_config()
     dtype = getattr(torch, dtype) if isinstance(dtype, str) and dtype != "auto" else dtype
     model = AutoModelForCausalLM.from_pretrained(base, revision=revision, dtype=dtype)

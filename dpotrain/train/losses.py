@@ -1,13 +1,10 @@
 """TRL's DPO loss as this project runs it: which terms hold per pair, the one normalized over the whole step, the
 losses refused on a token budget, and the loss a run must show before its first update.
 
-Each micro-batch's loss is weighed by its share of the step's pairs, so a term is the same however a step is cut into
-micro-batches and processes only if it is per pair. The audit of every term of TRL 1.16's `DPOTrainer._compute_loss`
-is in docs/losses.md: the loss types but two, the f-divergences, `ld_alpha`, `label_smoothing` and WPO's weights are
-per pair; `sft` is per token, here over the whole step's chosen tokens on every rank (`SftOverStep`), and refused with
-WPO's weights (TRL scales it by a micro-batch's mean weight); aot and aot_unpaired rank a micro-batch's pairs, refused
-on a token budget (`check_options`); the MoE router's loss is per forward, weighed by its pairs like the DPO loss.
-With `assistant_turns: all`, WPO's weights and LD-DPO's split need one completion per side: refused.
+Each micro-batch's loss is weighed by its share of the step's pairs, so a term is the same however a step is cut only
+if it is per pair. The audit of TRL 1.16's `DPOTrainer._compute_loss` is in docs/losses.md: all but `sft` (per token:
+here over the whole step's chosen tokens, `SftOverStep`; refused with WPO's weights) and aot/aot_unpaired (they rank a
+micro-batch's pairs: refused on a token budget) are per pair; the MoE router's loss is weighed by its pairs.
 """
 
 import dataclasses
@@ -17,23 +14,21 @@ import torch
 
 from dpotrain.recipe.errors import ConfigError
 
-# Which DPOConfig options each of TRL 1.16's loss types reads (`DPOTrainer._compute_loss`); an option set to other than
-# its default where no configured loss type reads it would be ignored silently, so it is refused (`check_ignored`).
-# label_smoothing: not sigmoid, nor sigmoid_norm (open-instruct's dpo_norm applies it; TRL's does not).
+# Which DPOConfig options each of TRL 1.16's loss types reads (`_compute_loss`); one set where no configured loss type
+# reads it would be ignored silently: refused (`check_ignored`). label_smoothing: not sigmoid_norm (open-instruct's
+# dpo_norm applies it; TRL's does not).
 READS_LABEL_SMOOTHING = {"exo_pair", "robust", "aot", "aot_unpaired"}
 # f_divergence_type: TRL allows these loss types; of them, sft scores the chosen tokens' NLL, not the log-ratios.
 F_DIVERGENCE_ALLOWED = {"sigmoid", "sigmoid_norm", "hinge", "ipo", "exo_pair", "robust", "discopop", "sft"}
 READS_F_DIVERGENCE = F_DIVERGENCE_ALLOWED - {"sft"}
 # The f-divergences `_compute_loss` knows; TRL's DPOConfig takes any string, and another stopped the run at step 1
 F_DIVERGENCES = ("reverse_kl", "forward_kl", "js_divergence", "alpha_divergence")
-# Losses computed across the pairs of a micro-batch (they sort the batch's log-ratios), not per pair: their value
-# depends on which pairs share a micro-batch, so a token budget would change what they optimize.
+# Losses across a micro-batch's pairs (they sort its log-ratios): a token budget would change what they optimize.
 BATCH_LEVEL_LOSSES = {"aot", "aot_unpaired"}
 SFT = "sft"
-# Losses that are 0 at a finite margin by design (robust: below 0 once the margin is large), so a loss under
-# health_loss_floor is their optimum, not pairs separated far beyond beta's KL term (the `loss_floor` guard's premise):
-# hinge relu(1 - beta x margin), ipo and sppo_hard a squared distance to a target margin, exo_pair a KL to
-# [1 - eps, eps]. The other types near 0 only as the margin grows without bound.
+# Losses 0 at a finite margin by design (robust: below 0 once the margin is large): a loss under health_loss_floor is
+# their optimum, not pairs separated far beyond beta's KL term (the `loss_floor` guard's premise): hinge relu(1 - beta
+# x margin), ipo and sppo_hard a squared distance to a target margin, exo_pair a KL to [1 - eps, eps].
 ZERO_AT_A_FINITE_MARGIN = {"hinge", "ipo", "sppo_hard", "exo_pair", "robust"}
 
 
@@ -91,10 +86,9 @@ def check_options(recipe) -> None:
 
 
 def loss_text(s) -> str:
-    """'sigmoid_norm, beta 5', with the option each configured variant reads where it has one (docs/losses.md): the
-    dry run's loss line and the model card's. `s`: the recipe's fields as recorded (`Record.settings`)."""
-    types = s.loss_type if isinstance(s.loss_type, list) else [s.loss_type]
-    weights = s.loss_weights
+    """'sigmoid_norm, beta 5', with the option each configured variant reads (docs/losses.md), for the dry run and the
+    model card. `s`: `Record.settings`."""
+    types, weights = loss_types(s), s.loss_weights
     parts = [" + ".join(f"{w:g} x {t}" for t, w in zip(types, weights, strict=True)) if weights else " + ".join(types)]
     parts.append(f"beta {s.beta:g}")
     if set(types) & READS_LABEL_SMOOTHING:
@@ -121,8 +115,7 @@ def _set(recipe, name: str) -> bool:
 
 
 def check_values(recipe) -> None:
-    """Loss settings TRL takes and fails on, or that make a guard trip at once: an f-divergence name its loss does not
-    know, a loss floor not below the loss the run starts at."""
+    """Loss settings TRL fails on, or that trip a guard at once (an unknown f-divergence, too high a loss floor)."""
     t, floor = recipe.training, recipe.project.health_loss_floor
     types = loss_types(t)
     if t.f_divergence_type not in F_DIVERGENCES:  # a ValueError at the first loss, after the reference stage
@@ -140,8 +133,7 @@ def check_values(recipe) -> None:
 
 
 def check_ignored(recipe) -> None:
-    """Options TRL's loss would not read, or would fail on only after the model loaded, for the configured loss types
-    (TRL 1.16 `DPOTrainer.__init__` and `_compute_loss`): each refused in one line that names the fix."""
+    """Options TRL 1.16's loss would not read for the configured loss types, or fail on after the model loaded."""
     t = recipe.training
     types = loss_types(t)
     named = "/".join(types)
@@ -162,8 +154,7 @@ def check_ignored(recipe) -> None:
             f"(got {t.label_smoothing:g}): pass e.g. --label_smoothing 0.1"
         )
     if t.f_divergence_type != "reverse_kl":
-        other = [x for x in types if x not in F_DIVERGENCE_ALLOWED]
-        if other:
+        if other := [x for x in types if x not in F_DIVERGENCE_ALLOWED]:
             raise ConfigError(
                 f"f_divergence_type {t.f_divergence_type} does not apply to loss_type "
                 f"{'/'.join(other)} (TRL defines it for {', '.join(sorted(READS_F_DIVERGENCE))}): "
@@ -222,9 +213,9 @@ def loss_floor_applies(args) -> bool:
 
 
 def step1_loss(args) -> float | None:
-    """The loss before the first update, when the policy is the reference and every log-ratio is 0 (every
-    f-divergence's score is then 0 too, and LD-DPO's weighted sums are equal); None where it cannot be known in
-    advance: the SFT term (the model's NLL) and WPO's weights (the model's probabilities) depend on the model."""
+    """The loss before the first update, when the policy is the reference and every log-ratio is 0 (so is every
+    f-divergence's score, and LD-DPO's weighted sums are equal); None where it depends on the model (the SFT term,
+    WPO's weights)."""
     if args.use_weighting:
         return None
     beta, eps = args.beta, args.label_smoothing
@@ -245,8 +236,7 @@ def step1_loss(args) -> float | None:
 
 
 def _over_beta_squared(k: float, beta: float) -> float | None:
-    """k / beta^2, None where floats cannot hold it: a beta of 1e-200 (or 1e300) was a ZeroDivisionError (an
-    OverflowError) in the dry run and at step 1's check, whatever the loss type."""
+    """k / beta^2, None where floats cannot hold it: a beta of 1e-200 (or 1e300) failed the dry run and step 1."""
     try:
         return k / beta**2
     except ArithmeticError:
@@ -254,8 +244,7 @@ def _over_beta_squared(k: float, beta: float) -> float | None:
 
 
 def chosen_tokens(view: dict) -> torch.Tensor:
-    """The chosen completion tokens TRL's SFT term averages over, in its padded `[2B, L]` layout (`completion_mask`
-    shifted by one, as the predictions are)."""
+    """The chosen completion tokens TRL's SFT term averages over, in its padded `[2B, L]` layout (shifted by one)."""
     mask = view["completion_mask"]
     return mask[: mask.shape[0] // 2, 1:].sum()
 

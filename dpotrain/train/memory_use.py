@@ -1,8 +1,8 @@
 """The memory a run used, measured beside the memory plan (`dpotrain/plan/memory.py`), so every run checks the plan.
 
-At each training log, and once after the first step, the largest process's peaks go into the log record: on a GPU
-`memory/peak_allocated_gib` and `memory/peak_reserved_gib` (what the plan's total estimates), on every machine
-`memory/peak_rss_gib`, beside `memory/planned_gib`. A GPU run whose peak passes the plan says so once.
+At each training log, and after the first step, the largest process's peaks (`memory/peak_reserved_gib`, what the
+plan's total estimates, and allocated on a GPU; `memory/peak_rss_gib`) go beside `memory/planned_gib`. A GPU run whose
+peak passes the plan says so once.
 """
 
 import resource
@@ -28,8 +28,8 @@ def peaks() -> dict[str, float]:
 
 
 class MemoryUse(TrainerCallback):
-    """The peaks of the largest process (every rank calls `measure`: it is one collective), with the plan's total; as a
-    callback, printed once the first optimizer step is done (its optimizer states allocated)."""
+    """The peaks of the largest process (`measure` is one collective), with the plan's total; printed once the first
+    optimizer step allocated its optimizer states."""
 
     def __init__(self, planned_gib: float | None, device=None):
         self.planned = planned_gib  # the plan's total per GPU (`MemoryPlan.total_gib`); None: not planned

@@ -9,11 +9,10 @@ from dpotrain.recipe.writes import replacing, write_text
 
 METRICS_FILE = "metrics.jsonl"
 PLOT_FILE = "training_curves.png"
-# What a DPO run is judged by, one panel each: (title, y-axis label, keys drawn in it). A key a run did not log leaves
-# its line out; a panel with no line is left out, and why a run may have none (`WHY_ABSENT`) is printed under the
-# figure. TRL's rewards/* are beta x SUMMED log-ratios even with sigmoid_norm (hundreds on long completions);
-# rewards_norm/* are divided by each side's completion tokens, the scale the loss and the health guards use (a few
-# units): two panels, never one axis. tokens_per_second counts non-padding tokens.
+# What a DPO run is judged by, one panel each: (title, y-axis label, keys drawn in it); a panel with no line is left
+# out, and why a run may have none (`WHY_ABSENT`) is printed under the figure. TRL's rewards/* are beta x SUMMED
+# log-ratios even with sigmoid_norm (hundreds on long completions); rewards_norm/* are per completion token, the scale
+# the loss and the health guards use (a few units): two panels, never one axis.
 CURVES = [
     ("loss", "", ["loss", "dpo_loss"]),  # dpo_loss: without the MoE router term, logged when the loss has one
     ("reward accuracy", "share of pairs, chosen > rejected", ["rewards/accuracies", "rewards_norm/accuracies"]),
@@ -33,9 +32,9 @@ WHY_ABSENT = {
 
 
 class MetricsRecorder(TrainerCallback):
-    """Appends every training or evaluation log record to `<output_dir>/metrics.jsonl` (main process only). After a
-    resume the records past the checkpoint's step are dropped first (those steps are trained again), and the first
-    record says where it resumed (`resumed_from`), which the plot marks."""
+    """Appends every training or evaluation log record to metrics.jsonl (main process). After a resume the records past
+    the checkpoint's step are dropped first (trained again), and the first record says `resumed_from`, which the plot
+    marks."""
 
     def __init__(self):
         self._trimmed = False
@@ -76,20 +75,18 @@ def read_metrics(path: str | Path) -> list[dict]:
 
 def last_logged(records: list[dict], key: str = "loss") -> dict | None:
     """The last record holding `key`: "loss" a training step's, "eval_loss" an evaluation's (logged after the training
-    record of the same step, so the last record of an evaluated run is no training record)."""
+    record of its step)."""
     return next((r for r in reversed(records) if key in r), None)
 
 
 def measured_panels(records: list[dict]) -> tuple[list[tuple[str, str, dict]], list[str]]:
-    """The panels the run has data for, as (title, y label, {series name: [(step, value), ...]}), and the reasons
-    given for the panels left out."""
+    """The panels the run has data for, as (title, y label, {series: [(step, value), ...]}), and why others are not."""
     panels, absent = [], []
     for title, ylabel, keys in CURVES:
         series = {}
         for key in keys:
             for name in (key, f"eval_{key}"):  # the held-out split's (dataset_test_split), when evaluated
-                points = [(r["step"], r[name]) for r in records if name in r]
-                if points:
+                if points := [(r["step"], r[name]) for r in records if name in r]:
                     series[name] = points
         if series:
             panels.append((title, ylabel, series))
@@ -99,7 +96,7 @@ def measured_panels(records: list[dict]) -> tuple[list[tuple[str, str, dict]], l
 
 
 def metrics_figure(records: list[dict], title: str = ""):
-    """The training curves as a matplotlib figure: one panel per measured curve group, legends beside the data."""
+    """The training curves as a matplotlib figure: one panel per measured group, legends beside the data."""
     import matplotlib
 
     matplotlib.use("Agg")  # login and compute nodes have no display
@@ -129,9 +126,8 @@ def metrics_figure(records: list[dict], title: str = ""):
     if resumes:
         steps = ", ".join(str(s) for s in resumes)
         notes.append(f"Dotted lines: resumed from a checkpoint at step{'s' * (len(resumes) > 1)} {steps}.")
-    for last in (len(panels) - 1, len(panels) - 2):  # the lowest panel of each column
-        if last >= 0:
-            axes.flat[last].set_xlabel("optimizer step")
+    for ax in axes.flat[: len(panels)][-2:]:  # the lowest panel of each column
+        ax.set_xlabel("optimizer step")
     fig.suptitle(title)
     if notes:
         fig.supxlabel("\n".join(notes), fontsize=8, color="0.35")

@@ -2,9 +2,8 @@
 
 TRL gathers per-pair tensors from every rank on every micro-batch and averages per-micro-batch means: with token-budget
 micro-batches ranks hold different numbers of pairs (a gather of unequal tensors hangs), and a mean of means weights a
-pair by its micro-batch's size. Here every metric is a (sum, count) kept per rank and summed over ranks with one
-all-reduce when the Trainer logs: the exact mean since the last log. Definitions follow TRL's `_compute_loss`, plus the
-length-normalized rewards OLMo 3's `sigmoid_norm` loss uses (`rewards_norm/*`, as open-instruct logs them).
+pair by its micro-batch's size. Here every metric is a (sum, count) per rank, summed over ranks with one all-reduce
+when the Trainer logs. Definitions follow TRL's `_compute_loss`, plus OLMo 3's length-normalized `rewards_norm/*`.
 """
 
 import time
@@ -15,12 +14,8 @@ from transformers import TrainerCallback
 from dpotrain.cluster.collectives import all_reduce_sum
 
 REWARD_STATS = ("chosen", "rejected", "accuracies", "margins")  # of TRL's rewards/* and the per-token rewards_norm/*
-PAIR_MEAN = [
-    *(f"rewards/{k}" for k in REWARD_STATS),
-    "logps/chosen",
-    "logps/rejected",
-    *(f"rewards_norm/{k}" for k in REWARD_STATS),
-]
+PAIR_MEAN = [*(f"rewards/{k}" for k in REWARD_STATS), "logps/chosen", "logps/rejected"]
+PAIR_MEAN += [f"rewards_norm/{k}" for k in REWARD_STATS]
 # Every rank sums the same keys in the same order, so one all-reduce of one vector reduces them all.
 SUMS = PAIR_MEAN + str.split(
     "loss pairs entropy completion_tokens logits/chosen logits/rejected chosen_tokens rejected_tokens top1 tokens "
@@ -74,10 +69,9 @@ class PairMetrics(TrainerCallback):
         model_flops: float = 0.0,
         dpo_loss: torch.Tensor | None = None,
     ):
-        """Accumulate one micro-batch: `outputs` and `inputs` in TRL's padded `[2B, L]` layout (the inputs with the
-        reference's `ref_*_logps`), `positions` what the model ran, `computed_tokens` the real tokens among them,
-        `loss` TRL's mean loss of the micro-batch, `model_flops` its forward + backward, `dpo_loss` the loss without
-        the MoE router term."""
+        """Accumulate one micro-batch: `outputs` and `inputs` (with `ref_*_logps`) in TRL's padded `[2B, L]` layout,
+        `positions` what the model ran, `computed_tokens` the real tokens among them, `loss` TRL's mean loss,
+        `model_flops` its forward + backward, `dpo_loss` the loss without the MoE router term."""
         s = self.sums[mode]
         with torch.no_grad():
             shift_mask = inputs["completion_mask"][:, 1:].to(outputs.log_probs.dtype)
@@ -111,12 +105,10 @@ class PairMetrics(TrainerCallback):
             s["computed_tokens"] += computed_tokens
             # MoE: micro-batch means weighed by their pairs, as the loss is, so that over a log with steps of equal
             # size loss = dpo_loss + router_aux_loss_coef x aux_loss.
-            if getattr(outputs, "aux_loss", None) is not None:
-                s["aux_loss"] += outputs.aux_loss.detach() * pairs
-                s["aux_loss_pairs"] += pairs
-            if dpo_loss is not None:
-                s["dpo_loss"] += dpo_loss.detach() * pairs
-                s["dpo_loss_pairs"] += pairs
+            for name, value in (("aux_loss", getattr(outputs, "aux_loss", None)), ("dpo_loss", dpo_loss)):
+                if value is not None:
+                    s[name] += value.detach() * pairs
+                    s[f"{name}_pairs"] += pairs
 
     def reduce(self, mode: str, device) -> dict[str, float]:
         """Means over all ranks since the last call; every rank must call it at the same point (it all-reduces)."""
@@ -139,10 +131,9 @@ class PairMetrics(TrainerCallback):
             "mean_token_accuracy": ratio("top1", "chosen_tokens"),
             "padding_share": 1 - ratio("computed_tokens", "positions"),
         }
-        if s["aux_loss_pairs"]:
-            out["aux_loss"] = ratio("aux_loss", "aux_loss_pairs")
-        if s["dpo_loss_pairs"]:  # the loss without the router term: what the health guards judge
-            out["dpo_loss"] = ratio("dpo_loss", "dpo_loss_pairs")
+        for name in ("aux_loss", "dpo_loss"):  # dpo_loss: without the router term, what the health guards judge
+            if s[f"{name}_pairs"]:
+                out[name] = ratio(name, f"{name}_pairs")
         if mode == "eval":
             # The Trainer's eval_loss averages per-batch means; this is the mean over the held-out pairs. (In training
             # the Trainer's loss is already each step's mean over its pairs: compute_loss weighs the micro-batches.)

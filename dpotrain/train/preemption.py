@@ -22,7 +22,11 @@ from pathlib import Path
 
 from transformers import TrainerCallback
 
+from dpotrain.cluster.collectives import max_over_ranks
 from dpotrain.recipe import terminal
+from dpotrain.recipe.cli import FALSE, TRUE
+from dpotrain.recipe.config import without_secrets
+from dpotrain.recipe.errors import ConfigError
 
 STOP_FILE_ENV = "DPOTRAIN_STOP_FILE"
 STOP_SIGNALS = (signal.SIGUSR1, signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
@@ -48,11 +52,10 @@ class GracefulStop(TrainerCallback):
         self.previous = {}  # the handlers found, given back to a caller that goes on after the run (release)
         if threading.current_thread() is threading.main_thread():  # Python only delivers signals there
             for sig in STOP_SIGNALS:
-                # `nohup` ignores SIGHUP so that the run outlives its terminal (a run taking it stopped at logout), and
-                # a script's background job (`python train_dpo.py ... &` in a shell without job control) starts with
-                # SIGINT ignored so that the Ctrl-C meant for the script's foreground command does not reach it. Those
-                # stay ignored. The others are taken over ignored too: scripts/launch.sh's srun shell ignores TERM for
-                # torchrun's agent.
+                # `nohup` ignores SIGHUP so that the run outlives its terminal, and a script's background job (`python
+                # train_dpo.py ... &` without job control) starts with SIGINT ignored so that the Ctrl-C meant for the
+                # script's foreground command spares it: those stay ignored. The others are taken over ignored too:
+                # scripts/launch.sh's srun shell ignores TERM for torchrun's agent.
                 if sig in (signal.SIGHUP, signal.SIGINT) and signal.getsignal(sig) == signal.SIG_IGN:
                     continue
                 self.previous[sig] = signal.signal(sig, self._on_signal)
@@ -98,16 +101,14 @@ class GracefulStop(TrainerCallback):
 
     def release(self, exiting: bool) -> None:
         """The run is over. A process about to exit ignores stop signals from now on: a preemption's late SIGTERM
-        must not kill it while Python shuts down (a FAILED job). A caller that goes on (a script or notebook calling
-        `train_dpo.main`) gets back the handlers it had: an ignored signal would stay ignored in it, and in every
-        process it starts after (a `| tee` that Ctrl-C no longer ends)."""
+        must not kill it while Python shuts down (a FAILED job). A caller that goes on (`train_dpo.main` in a notebook)
+        gets its handlers back: an ignored one stays so in every process it starts (a `| tee` Ctrl-C no longer ends)."""
         for sig, handler in self.previous.items():  # empty off the main thread, where none were set
             signal.signal(sig, signal.SIG_IGN if exiting or handler is None else handler)
 
     def not_needed(self) -> None:
         """The command saves nothing a stop could wait for (a dry run, a preflight): the handlers found are given back,
-        so that Ctrl-C ends it at once (it printed `saving a checkpoint at the end of this step` and went on to the end)
-        and SIGTERM as it ends any command. A stop asked already (while the options were read) ends it now."""
+        so that Ctrl-C and SIGTERM end it at once. A stop asked already (while the options were read) ends it now."""
         self.release(exiting=False)
         if self.signal_received is not None:
             raise KeyboardInterrupt
@@ -123,8 +124,8 @@ class GracefulStop(TrainerCallback):
         return created is not None
 
     def mark_saved(self, what: str) -> None:
-        """Main process, once progress is safely on disk: `<stop file>.checkpointed` tells the batch script to
-        requeue the job rather than end it; without a stop file a person goes on by typing the command again."""
+        """Main process, once progress is on disk: `<stop file>.checkpointed` tells the batch script to requeue the job;
+        without a stop file, the line names the command to type again."""
         after = f" {time.time() - self.requested_at:.0f} s after the request" if self.requested_at else ""
         # Typed in another folder and run here (scripts/demo.sh runs in the project): its relative paths are that
         # folder's (DPOTRAIN_SUBMIT_DIR), so the command typed back here says so, or its --output_dir is another one
@@ -145,8 +146,6 @@ class GracefulStop(TrainerCallback):
             Path(f"{self.stop_file}.checkpointed").write_text(f"{what}\n")
 
     def on_step_end(self, args, state, control, **kwargs):
-        from dpotrain.cluster.collectives import max_over_ranks
-
         if max_over_ranks(int(self.asked_here()), args.device):  # asked on any rank: every rank stops at this step
             self.stopped = True
             control.should_save = True
@@ -170,15 +169,11 @@ class GracefulStop(TrainerCallback):
 
 
 def rerun_command(recipe_resumes: bool = False, command: list[str] | None = None) -> str:
-    """The command that started this run, to type again: this process's (`command` where the run was called in a
-    process of another program, a notebook's or a script's: `python train_dpo.py` with the arguments it was given), or
-    under a launcher (LOCAL_RANK is set) its parent's. Without --overwrite_output_dir (it would start afresh),
+    """The command that started this run, to type again: this process's (`command` where another program called the
+    run), or under a launcher (LOCAL_RANK) its parent's. Without --overwrite_output_dir (it would start afresh),
     --resume_from_checkpoint (the rerun goes on from the newest verified checkpoint) and secrets. A recipe file's
-    resume_from_checkpoint (`recipe_resumes`) is cleared with `--resume_from_checkpoint ''`: typed back without it, the
-    rerun was sent back to that checkpoint, and refused as the run's own checkpoints are past it."""
-    from dpotrain.recipe.cli import FALSE, TRUE
-    from dpotrain.recipe.config import without_secrets
-
+    resume_from_checkpoint (`recipe_resumes`) is cleared with `--resume_from_checkpoint ''`: without it, the rerun
+    went back to that checkpoint, and was refused as the run's own checkpoints are past it."""
     words = command or [sys.executable, *sys.argv]
     if "LOCAL_RANK" in os.environ:
         try:
@@ -203,10 +198,7 @@ def rerun_command(recipe_resumes: bool = False, command: list[str] | None = None
 
 
 def check_stop_file(path: Path) -> None:
-    """The stop file's folder must take `<stop file>.checkpointed`: found unwritable only after a checkpoint, the job
-    would fail instead of being requeued."""
-    from dpotrain.recipe.errors import ConfigError
-
+    """The stop file's folder must take `<stop file>.checkpointed`, or the job fails after a checkpoint, unrequeued."""
     try:
         with tempfile.NamedTemporaryFile(dir=path.parent, prefix=f".{path.name}.probe-"):
             pass

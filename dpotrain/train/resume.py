@@ -14,9 +14,10 @@ from pathlib import Path
 
 from dpotrain.cluster import collectives, run_lock
 from dpotrain.recipe import records as run_records
+from dpotrain.recipe.cli import FALSE, TRUE
 from dpotrain.recipe.errors import ConfigError, RunError
 from dpotrain.recipe.writes import write_text
-from dpotrain.train import checkpoint_manifest
+from dpotrain.train import agreement, checkpoint_manifest
 from dpotrain.train.checkpoints import MARKER, checkpoints, is_complete, own_checkpoints, step_of
 from dpotrain.train.run_files import MANIFEST
 
@@ -29,8 +30,8 @@ def _say(line: str) -> None:
 
 
 def unverified(folder: Path) -> str | None:
-    """Why `folder` is no checkpoint to resume from: a save cut short (no COMPLETE mark), or its proof incomplete or
-    damaged (`checkpoint_manifest.problem`); None: verified, but for its checksums (`confirm`)."""
+    """Why `folder` is no checkpoint to resume from (no COMPLETE mark, `checkpoint_manifest.problem`); None: verified,
+    but for its checksums (`confirm`)."""
     problem = checkpoint_manifest.problem(folder)
     if is_complete(folder):
         return problem
@@ -38,9 +39,8 @@ def unverified(folder: Path) -> str | None:
 
 
 def newest_verified(out: Path, before: Path | None = None) -> tuple[Path | None, list[tuple[Path, str]]]:
-    """The newest of the run's own checkpoints of `out` (older than `before`, if given) that passes `unverified`, and
-    the newer ones passed over, each with why. A `checkpoint-N` the run's record does not name (a person's copy) is
-    never one: the run would go on from weights it did not train."""
+    """The newest of the run's own checkpoints (older than `before`) that passes `unverified`, and the newer ones passed
+    over, each with why. Never a person's copy: the run would go on from weights it did not train."""
     folders = own_checkpoints(out)
     if before is not None:
         folders = [p for p in folders if step_of(p) < step_of(before)]
@@ -54,10 +54,9 @@ def newest_verified(out: Path, before: Path | None = None) -> tuple[Path | None,
 
 
 def latest_sound_checkpoint(out: Path, before: Path | None = None, refuse: bool = True) -> Path | None:
-    """The newest verified checkpoint (older than `before`, if given), each newer one it passes over said in a line.
-    With none left: refused when a complete checkpoint failed its checks (`refuse`), else None."""
+    """The newest verified checkpoint (older than `before`), each newer one passed over said in a line (a person's
+    too). With none left: refused when a complete checkpoint failed its checks (`refuse`), else None."""
     found, skipped = newest_verified(out, before)
-    # A person's newer one (the run's record does not name it), said in a line: the run resumes from its own alone.
     own, low, high = own_checkpoints(out), step_of(found) if found else -1, step_of(before) if before else float("inf")
     for folder in [p for p in checkpoints(out) if p not in own and low < step_of(p) < high]:
         _say(f"Not resuming from {folder}: not this run's ({MANIFEST} does not name it)")
@@ -78,10 +77,8 @@ def no_sound_checkpoint(out: Path, damaged: list[str]) -> str:
 
 
 def confirm(resume_from: str | None, explicit: bool) -> str | None:
-    """Once processes have started, on every rank: the resume point's checksums, each rank its share of the files; a
-    damaged checkpoint is skipped for the previous sound one (one named with --resume_from_checkpoint is refused)."""
-    from dpotrain.train import agreement
-
+    """On every rank once processes have started: the resume point's checksums, each rank its share; a damaged
+    checkpoint is skipped for the previous sound one (refused where named with --resume_from_checkpoint)."""
     # First, that every rank found the same checkpoint: else they would run different collectives below and hang.
     agreement.check({"the resume point": str(resume_from)})
     rank, world = collectives.rank_and_world()
@@ -107,8 +104,6 @@ def confirm(resume_from: str | None, explicit: bool) -> str | None:
 
 def check_explicit(folder: str) -> None:
     """--resume_from_checkpoint: a checkpoint that passes `unverified`; else refused, naming the one to pass instead."""
-    from dpotrain.recipe.cli import FALSE, TRUE
-
     if not Path(folder).is_dir():
         # transformers' `train(resume_from_checkpoint=True)`, given as a word: what the run does by itself
         fix = (
@@ -118,8 +113,7 @@ def check_explicit(folder: str) -> None:
             else "name a checkpoint-N folder (a rerun of the same command resumes from the newest one by itself)"
         )
         raise ConfigError(f"resume_from_checkpoint {folder!r} is not a folder: {fix}")
-    why = unverified(Path(folder))
-    if why:
+    if why := unverified(Path(folder)):
         # A run's folder named for one of its checkpoints: the newest of those; else the one beside it
         inside, _ = newest_verified(Path(folder))
         instead = inside or newest_verified(Path(folder).parent)[0]
@@ -133,7 +127,7 @@ def check_explicit(folder: str) -> None:
 
 
 def saved_step(folder: Path) -> int | None:
-    """The step a checkpoint was saved at: its trainer_state.json's, else its `checkpoint-N` name's; None: unknown."""
+    """The step a checkpoint was saved at (trainer_state.json, else its name); None: unknown."""
     try:
         return int(json.loads((folder / "trainer_state.json").read_text())["global_step"])
     except (OSError, ValueError, KeyError, TypeError):
@@ -144,21 +138,19 @@ def saved_step(folder: Path) -> int | None:
 
 
 def explicit_point(named: str, out: Path, auto: bool = True) -> str:
-    """Where a run given --resume_from_checkpoint goes on from. Verified checkpoints of output_dir past the named one
-    are what its next rerun (the command a stop prints) or requeue would resume from. In a requeued Slurm job
-    (SLURM_RESTART_COUNT > 0) they are the job's own progress, gone on from, saying so: the requeue runs the same
-    command, and went back to the named checkpoint each time (a job preempted more often than it reached its end never
-    ended). Before a first start they are another course of the run (sent back to an earlier checkpoint): refused, as
-    the next rerun would go on from them, silently, and rotation keep them over this run's newest. With --auto_resume
-    false (`auto`) nothing goes on from a checkpoint not named: the named one, always."""
+    """Where a run given --resume_from_checkpoint goes on from. Verified checkpoints past the named one are what its
+    next rerun or requeue would resume from. In a requeued Slurm job they are the job's own progress, gone on from:
+    the requeue runs the same command, and went back to the named checkpoint each time (a job preempted more often
+    than it reached its end never ended). Before a first start they are another course of the run: refused, as the
+    next rerun would go on from them silently, and rotation keep them over this run's newest. With --auto_resume
+    false (`auto`): the named one, always."""
     newest, _ = newest_verified(out) if auto else (None, [])
     if newest is None or newest.resolve() == Path(named).resolve():
         return named
     past, start = saved_step(newest), saved_step(Path(named))
     if past is None or start is None or past <= start:
         return named
-    restart = run_lock.slurm_restart()
-    if restart:
+    if restart := run_lock.slurm_restart():
         _say(
             f"resume_from_checkpoint {named}: this job was requeued (Slurm restart {restart}) after saving {newest}: "
             "going on from that one, not back to the checkpoint named"
@@ -174,11 +166,9 @@ def explicit_point(named: str, out: Path, auto: bool = True) -> str:
 
 
 def check_partitions(folder: str | None, world: int, run_engine=None) -> None:
-    """A DeepSpeed ZeRO checkpoint resumes only on the number of processes that wrote it: its optimizer state is
-    partitioned over them, and DeepSpeed cannot repartition it on load (it raises after the weights load).
-
-    Nor does a checkpoint cross between DeepSpeed and the other engines (`run_engine`, when known): DeepSpeed loads only
-    its own `global_step*` folder, and without DeepSpeed transformers goes on with a fresh optimizer, silently."""
+    """A DeepSpeed ZeRO checkpoint resumes only on the number of processes that wrote it: DeepSpeed cannot repartition
+    its optimizer state (it raises after the weights load). Nor does one cross between DeepSpeed and the other engines
+    (`run_engine`): DeepSpeed loads only its own `global_step*`, the others go on with a fresh optimizer, silently."""
     if folder is None:
         return
     written = len(list(Path(folder).glob("global_step*/zero_pp_rank_*_optim_states.pt")))
@@ -213,8 +203,8 @@ def remember_health_stop(output_dir: str, alarm) -> None:
 
 
 def after_health_stop(recipe, out: Path) -> bool:
-    """A rerun of a run a health guard stopped: refused (it would resume on the values it stopped on); with
-    --overwrite_output_dir it starts afresh (True); with `health_action: warn` it goes on (False). No record: False."""
+    """A rerun of a run a health guard stopped: refused (it would resume on the values it stopped on), afresh with
+    --overwrite_output_dir (True), gone on with `health_action: warn` (False). No record: False."""
     path = out / HEALTH_STOP
     if not path.is_file():
         return False
@@ -243,8 +233,7 @@ def after_health_stop(recipe, out: Path) -> bool:
 
 
 def only_cut_short(out: Path, changed: list[str]) -> bool:
-    """Whether `out`'s own checkpoints were all cut short (no COMPLETE mark) by a run whose settings are the rerun's:
-    nothing to resume, so the identical rerun (a Slurm requeue) starts afresh."""
+    """Whether the run's own checkpoints were all cut short under the rerun's settings: a requeue then starts afresh."""
     folders = own_checkpoints(out)
     ran_here = (out / "resolved_config.json").is_file()  # written as training starts: a run of this project was here
     if not folders or any(map(is_complete, folders)) or changed or not ran_here:
@@ -257,8 +246,8 @@ def only_cut_short(out: Path, changed: list[str]) -> bool:
 
 
 def new_run_from(checkpoint) -> str:
-    """The advice to start a new run from `checkpoint`'s weights; a LoRA run's checkpoint holds an adapter, which no run
-    starts from (options.check_model): its base model then, with a new adapter."""
+    """The advice to start a new run from `checkpoint`'s weights; for a LoRA adapter (no run starts from one:
+    options.check_model), from its base model."""
     if (Path(checkpoint) / "adapter_config.json").is_file():
         return (
             "start a new run from its base model with --use_peft true (it holds a LoRA adapter, which a run cannot "

@@ -62,10 +62,9 @@ def disown(out: str | Path, names) -> None:
 
 
 def set_aside_if_not_own(out: str | Path, name: str) -> bool:
-    """Main process, before the run writes `name` in `out` (a checkpoint folder, its model card, its plot): one there
-    that the run's record does not name (a person's, put there while the run ran) is renamed
-    `<stem>.not-this-run-<time><suffix>`, said in a line, never written over or removed. True if one was. Without a
-    record (a caller that made no run folder) nothing is moved."""
+    """Main process, before the run writes `name` in `out` (a checkpoint, its card, its plot): one there the run's
+    record does not name (a person's, put there while the run ran) is renamed `<stem>.not-this-run-<time><suffix>`,
+    said in a line, never written over. True if one was. Without a record nothing is moved."""
     path = Path(out) / name
     own = read(Path(out))
     if own is None or name in own or not (path.exists() or path.is_symlink()):

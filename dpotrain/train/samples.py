@@ -1,15 +1,14 @@
 """Sample generations during training: a few fixed prompts, greedy, every N optimizer steps.
 
 What a collapsing run looks like before its metrics say so: 001's model answered "hormonal hormonal hormonal ...".
-Each sample gets a repetition score (the share of word 3-grams seen earlier in the text: 0 for ordinary prose, ~1 for
-a loop) and its longest run of one word; a score over `sample_repetition_warn` is a warning in the log. Samples go to
-`<output_dir>/samples.jsonl` and, when W&B runs, to a `samples` table.
+Each sample gets a repetition score (the share of word 3-grams seen earlier in the text: 0 for prose, ~1 for a loop)
+and its longest run of one word; a score over `sample_repetition_warn` is a warning. Samples go to samples.jsonl and,
+when W&B runs, to a `samples` table.
 
-Where the weights are sharded (ZeRO-3, FSDP2) every rank generates the same answers together (`synced_gpus`), else the
-main process alone; then the engine is left as training expects (`leave_for_training`). A model that trains on
-FlexAttention generates on sdpa (`dense_attention_while`), with compilation off: generation's KV cache and one-token
-queries would each be a new compilation, spending the run's limits (with `compile_layers`, the layers' recompile limit
-before training's first step, leaving training eager).
+Where the weights are sharded (ZeRO-3, FSDP2) every rank generates together (`synced_gpus`), else the main process
+alone; then the engine is left as training expects (`leave_for_training`). A model that trains on FlexAttention
+generates on sdpa, with compilation off: generation's KV cache and one-token queries would each be a new compilation,
+spending the run's limits (with `compile_layers`, the recompile limit before training's first step, leaving it eager).
 """
 
 import contextlib
@@ -19,8 +18,10 @@ import sys
 import time
 from pathlib import Path
 
-from transformers import TrainerCallback
+import torch
+from transformers import PreTrainedModel, TrainerCallback
 
+from dpotrain.data import positions
 from dpotrain.recipe import records as run_records
 from dpotrain.recipe import upstream
 from dpotrain.recipe.errors import ConfigError
@@ -55,17 +56,13 @@ def check_values(project) -> None:
 
 
 def check_positions(project, config, tokenizer, model: str) -> None:
-    """Refuses samples whose prompt and `sample_max_new_tokens` reach past the model's positions, once its config and
-    tokenizer are read (before its weights load): a rotary model generated past its context (answers on positions it
-    never learned, then flagged as a collapse), a model with learned positions stopped at step 0 (IndexError). The
-    prompts are the recipe's where it gives them, else the data's first, of at least one token each."""
-    from dpotrain.data import positions
-
+    """Refuses samples whose prompt and `sample_max_new_tokens` reach past the model's positions, before its weights
+    load: a rotary model generated past its context (then flagged as a collapse), one with learned positions stopped at
+    step 0 (IndexError). The prompts: the recipe's, else the data's first, of at least one token each."""
     if not project.samples_every:
         return
     limit, how = positions.model_limit(config)
-    texts = project.sample_prompts or (file_prompts(project.sample_prompts_file) if project.sample_prompts_file else [])
-    texts = texts[: project.sample_count]
+    texts = recipe_prompts(project)
     longest = max((len(_encode_prompt(tokenizer, t)) for t in texts), default=1) if tokenizer and texts else 1
     if limit is None or longest + project.sample_max_new_tokens <= limit:
         return
@@ -78,6 +75,13 @@ def check_positions(project, config, tokenizer, model: str) -> None:
     )
 
 
+def recipe_prompts(p) -> list[str]:
+    """The recipe's sample prompts (`sample_prompts`, else `sample_prompts_file`'s), `sample_count` of them at most."""
+    return (p.sample_prompts or (file_prompts(p.sample_prompts_file) if p.sample_prompts_file else []))[
+        : p.sample_count
+    ]
+
+
 def file_prompts(path: str) -> list[str]:
     """The prompts of a `sample_prompts_file`: a .txt file's non-empty lines, a .jsonl file's `prompt` strings."""
     try:
@@ -85,8 +89,8 @@ def file_prompts(path: str) -> list[str]:
         text = Path(path).read_text(encoding="utf-8-sig")
     except (OSError, UnicodeDecodeError) as e:
         raise ConfigError(f"sample_prompts_file {path!r} cannot be read ({e}): give a UTF-8 text file") from None
-    # Lines end at "\n" alone, as JSON Lines (and datasets) have them: str.splitlines also cuts at U+2028, U+0085 and
-    # others, which a JSON string may hold as they are. Numbered as in the file, blank lines included.
+    # Lines end at "\n" alone, as in JSON Lines: str.splitlines also cuts at U+2028, U+0085 and others, which a JSON
+    # string may hold as they are. Numbered as in the file, blank lines included.
     lines = [(number, line.rstrip("\r")) for number, line in enumerate(text.split("\n"), 1) if line.strip()]
     if not lines:  # else the data set's first prompts would be sampled instead, without a word
         raise ConfigError(f"sample_prompts_file {path!r} holds no prompt: write one per line, or remove it")
@@ -148,16 +152,14 @@ class SampleGenerator(TrainerCallback):
     def from_recipe(cls, recipe, tokenizer, every_rank: bool = False) -> "SampleGenerator":
         """Prompts from the recipe (list or file), else the training data's first `sample_count` (`attach`)."""
         p = recipe.project
-        texts = list(p.sample_prompts or [])
-        if not texts and p.sample_prompts_file:
-            texts = file_prompts(p.sample_prompts_file)
-        ids = [_encode_prompt(tokenizer, t) for t in texts[: p.sample_count]] if texts else None
+        texts = recipe_prompts(p)
+        ids = [_encode_prompt(tokenizer, t) for t in texts] if texts else None
         warn_at = p.sample_repetition_warn
         return cls(ids, tokenizer, p.samples_every, p.sample_max_new_tokens, warn_at, every_rank, p.sample_count)
 
     def attach(self, trainer) -> None:
         """Once the trainer is built: its training set's first prompts where the recipe gave none, and its throughput
-        clock, which leaves out the time samples take."""
+        clock, which leaves samples' time out."""
         if self.prompt_ids is None:
             rows = trainer.train_dataset
             self.prompt_ids = [list(x) for x in rows.select(range(min(self.count, len(rows))))["prompt_ids"]]
@@ -181,10 +183,6 @@ class SampleGenerator(TrainerCallback):
     def generate(self, args, state, model) -> list[dict]:
         if not (state.is_world_process_zero or self.every_rank):
             return []
-        import torch
-
-        from dpotrain.data import positions
-
         records = []
         limit = positions.model_limit(model.config)[0] or sys.maxsize
         was_training = model.training
@@ -256,22 +254,16 @@ class SampleGenerator(TrainerCallback):
                 columns = ["step", "prompt_index", "prompt", "completion", "repetition"]
                 table = wandb.Table(columns=columns, data=[[r[c] for c in columns] for r in records])
                 worst = max(r["repetition"] for r in records)
-                # At the W&B step of the step sampled (tracking.WandbStepIsGlobalStep): without a step W&B adds them to
-                # its current row, the last logged step's, since samples come before the Trainer logs their step.
-                # Not committed: the Trainer's log of the same step joins that row.
+                # At the W&B step sampled (tracking.WandbStepIsGlobalStep): without one W&B adds them to the last logged
+                # step's row, as samples come before the Trainer logs their step, which joins this row (not committed).
                 step = state.global_step
-                wandb.log(
-                    {"samples": table, "samples/max_repetition": worst, "train/global_step": step},
-                    step=step,
-                    commit=False,
-                )
+                logs = {"samples": table, "samples/max_repetition": worst, "train/global_step": step}
+                wandb.log(logs, step=step, commit=False)
 
 
 @contextlib.contextmanager
 def dense_attention_while(model):
     """The model on sdpa (eager where it has no sdpa) inside, back on FlexAttention after, when it trains on it."""
-    from transformers import PreTrainedModel
-
     # The Trainer hands callbacks its unwrapped model (not a DeepSpeed engine); a PEFT model holds the base model
     base = next((m for m in model.modules() if isinstance(m, PreTrainedModel)), None) if model is not None else None
     trained_on = upstream.attn_implementation(base.config) if base is not None else None
@@ -288,10 +280,10 @@ def dense_attention_while(model):
 def leave_for_training(model, optimizer) -> None:
     """After generating: the engine as the next training (or evaluation) forward expects it.
 
-    ZeRO-3 prefetches along the order in which modules fetched their weights. Generating records the model's LM head
-    module, which TRL's fused LM head reads directly inside a gather of its own (`maybe_gather_lm_head_ctx`):
-    prefetched, the weight is "in flight" there. Forgetting the order, as TRL's `unwrap_model_for_generation` does,
-    makes the next forward record its own. FSDP2 reshards the units a forward leaves gathered (the root, LM head)."""
+    ZeRO-3 prefetches along the order modules fetched their weights in. Generating records the LM head module, which
+    TRL's fused LM head reads inside a gather of its own (`maybe_gather_lm_head_ctx`): prefetched, the weight is "in
+    flight" there. Forgetting the order, as TRL's `unwrap_model_for_generation` does, makes the next forward record its
+    own. FSDP2 reshards the units a forward leaves gathered (the root, LM head)."""
     inner = getattr(optimizer, "optimizer", optimizer)
     # A training engine's ZeRO-3 optimizer holds the parameter offload; an inference engine's "optimizer" is it
     offload = getattr(inner, "parameter_offload", None) or inner

@@ -2,8 +2,7 @@
 
     step 4/12  loss 0.6931  acc 0.50  margin 0.001  lr 1.0e-06  grad_norm 3.2  tok/s 812
 
-`acc` and `margin` are on the loss's scale (`rewards_norm/*`) where the run logs them, else TRL's `rewards/*`. Every
-field of every step is in metrics.jsonl.
+`acc` and `margin` are on the loss's scale (`rewards_norm/*`) where logged, else TRL's `rewards/*` (all: metrics.jsonl).
 """
 
 from transformers.trainer_callback import ProgressCallback

@@ -32,8 +32,8 @@ def setup_wandb(training) -> None:
 
 
 def keep_offline_runs(output_dir: str | Path) -> Path | None:
-    """Move `<output_dir>/wandb` aside before the folder is replaced, when it holds offline runs: they exist nowhere
-    else until `wandb sync`. They go to `<output_dir>.wandb-offline-<time>/`, next to the output folder."""
+    """Move `<output_dir>/wandb` aside to `<output_dir>.wandb-offline-<time>/` before the folder is replaced, when it
+    holds offline runs: they exist nowhere else until `wandb sync`."""
     source = Path(os.path.abspath(output_dir)) / "wandb"  # `--output_dir .`: a folder beside the one run in
     if not any(source.glob("offline-run-*")):
         return None
@@ -43,16 +43,13 @@ def keep_offline_runs(output_dir: str | Path) -> Path | None:
 
 
 class WandbStepIsGlobalStep(TrainerCallback):
-    """Log to W&B at `_step` = the optimizer step, so a resumed run's history holds every step once.
+    """Log to W&B at `_step` = the optimizer step (wrapping `wandb.log` once WandbCallback started the run), so a
+    resumed run's history holds every step once: WandbCallback logs without a step, so W&B numbers rows per process,
+    an offline run resumed after a SIGKILL restarts at 0, and once synced W&B drops every row not above its last step.
 
-    transformers' WandbCallback logs without a step, so W&B numbers rows per process: an offline run resumed after a
-    SIGKILL restarts at 0, and once synced W&B drops every row whose step is not above the last one it has. It wraps
-    `wandb.log` after WandbCallback has started the run.
-
-    A resumed run first logs again the rows of metrics.jsonl up to its checkpoint (`replay`): a SIGKILL loses the rows
-    W&B still held in its buffer, and the run trains on from the checkpoint, so without them those steps would be
-    missing from W&B for good. A step W&B already has keeps its first values (online, the rows below the resumed
-    run's `starting_step` are not sent at all; offline, `wandb sync` drops them)."""
+    A resumed run first logs again metrics.jsonl's rows up to its checkpoint (`replay`): a SIGKILL loses the rows W&B
+    still buffered, missing from W&B for good otherwise. A step W&B already has keeps its first values (online, rows
+    below `starting_step` are not sent; offline, `wandb sync` drops them)."""
 
     def on_train_begin(self, args, state, control, **kwargs):
         if "wandb" not in (args.report_to or []):  # W&B is optional: not imported (nor required) unless used
@@ -74,8 +71,7 @@ class WandbStepIsGlobalStep(TrainerCallback):
 
 
 def replay(path: Path, first: int, last: int) -> None:
-    """Log metrics.jsonl's rows of steps `first` to `last` to W&B as WandbCallback logged them (its key names and
-    `train/global_step`), at their own step."""
+    """Log metrics.jsonl's rows of steps `first` to `last` to W&B as WandbCallback logged them, at their own step."""
     import wandb
 
     for record in read_metrics(path):

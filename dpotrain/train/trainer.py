@@ -2,11 +2,9 @@
 
 Everything DPO-specific (tokenization, the loss and its variants, LD-DPO, the reference under PEFT) stays TRL's. The
 subclass changes how pairs reach TRL's loss code, and what surrounds it:
-- steps follow the plan (`plan_stage.py`, made in `__init__` once TRL has tokenized): the dataloader yields one item
-  per optimizer step, this rank's micro-batches of it, which `training_step` runs with the accumulation boundary on the
-  last, so the Trainer, its schedule and `max_steps` count optimizer steps whatever the micro-batches;
-- each micro-batch's loss is weighed by its share of the step's pairs: a step's loss and gradient are the mean over its
-  pairs whatever the micro-batching (`compute_loss`, `get_batch_samples`);
+- steps follow the plan (`plan_stage.py`): the dataloader yields one item per optimizer step, this rank's micro-batches,
+  which `training_step` runs with the accumulation boundary on the last: the Trainer counts optimizer steps;
+- each micro-batch's loss is weighed by its share of the step's pairs (`compute_loss`, `get_batch_samples`);
 - the forward is packed (`packing.py`): TRL's `_compute_loss` runs on the padded view, `packing.PackedModel` answering
   its model call; models that cannot pack get TRL's padded collator, on the same plan;
 - reference log-probs are scored in a stage of their own before training (`reference.py`), with the same forward;
@@ -21,9 +19,12 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from torch.utils.data import DataLoader
 from transformers import GraniteMoeHybridConfig
 from transformers.trainer_callback import PrinterCallback, ProgressCallback
+from transformers.trainer_utils import seed_worker
 from trl import DPOTrainer
+from trl.trainer.utils import global_then_local_main_first
 
 from dpotrain.cluster import engine
 from dpotrain.cluster import sequence_parallel as groups
@@ -48,12 +49,11 @@ from dpotrain.train.step_log import StepLog
 
 
 def training_arguments(run: Recipe):
-    """What TRL and transformers see (a new `DPOConfig`, so their checks run) of the run's recipe, where it differs:
+    """What TRL and transformers see (a new `DPOConfig`, so their checks run) where it differs from the recipe:
     gradient_accumulation_steps 1 (a step's micro-batches run inside `training_step`, before transformers fills
     DeepSpeed's "auto" batch sizes); padding_free off (TRL 1.16 warns "temporarily unavailable" and pads; this project
-    packs with its own collator); push_to_hub off and no hub_token (this project pushes: hub.take_push_settings);
-    model_init_kwargs as TRL's `trl/scripts/dpo.py` builds them from ModelConfig (`RunSpec.as_run`: the forward's
-    attention, the engine's load dtype), the recipe's own on top."""
+    packs with its own collator); push_to_hub off and no hub_token (hub.take_push_settings); model_init_kwargs as
+    `trl/scripts/dpo.py` builds them from ModelConfig (`RunSpec.as_run`), the recipe's own on top."""
     m = run.model
     init = dict(revision=m.model_revision, attn_implementation=m.attn_implementation, dtype=m.dtype)
     init |= run.training.model_init_kwargs or {}
@@ -74,8 +74,8 @@ class _GraniteMoeHybridConfig(GraniteMoeHybridConfig):
 
 def trl_compatible_config(model) -> None:
     """TRL 1.16's fused LM head reads `config.num_experts` for the MoE auxiliary loss (trl/trainer/utils.py,
-    `_fused_forward`); GraniteMoeHybridConfig calls it `num_local_experts`: the config answers to both names from here
-    on, its saved config.json unchanged. Drop this once TRL reads `num_local_experts` as well."""
+    `_fused_forward`); GraniteMoeHybridConfig calls it `num_local_experts`: the config answers to both, its saved
+    config.json unchanged. Drop this once TRL reads `num_local_experts` as well."""
     config = packing.causal_lm(model).config.get_text_config()
     if type(config) is GraniteMoeHybridConfig:
         config.__class__ = _GraniteMoeHybridConfig
@@ -120,7 +120,7 @@ def _batch_columns(dataset):
 class _LocalGathers:
     """The accelerator as TRL's metric code sees it inside `_compute_loss`: gathers stay on this rank. TRL gathers
     per-pair tensors on every micro-batch, which hangs where ranks hold different pair counts; its metrics are replaced
-    anyway (`RecipeDPOTrainer.log` logs `PairMetrics`' exact reductions)."""
+    anyway (`RecipeDPOTrainer.log`)."""
 
     def __init__(self, accelerator):
         self._accelerator = accelerator
@@ -135,8 +135,7 @@ class _LocalGathers:
 
 
 class RecipeDPOTrainer(DPOTrainer):
-    """Built ready by `train_stage.build_run`: its plan made in `__init__`, right after TRL tokenized the training set,
-    its stop and health guards and the run's callbacks given to it there."""
+    """Built ready by `train_stage.build_run`: its plan made in `__init__` once TRL tokenized the training set."""
 
     def __init__(
         self,
@@ -174,7 +173,7 @@ class RecipeDPOTrainer(DPOTrainer):
                 trl_compatible_config(model)
         if self.packed:  # TRL sets the pad token only where it builds its own (padded) collator
             self._set_pad_token(training_args.pad_token)
-        if not self.packed:  # TRL's padded collator, its rows run in groups of similar length (padded.py)
+        else:  # TRL's padded collator, its rows run in groups of similar length (padded.py)
             self.data_collator = padded.GroupedCollator(self.data_collator)
         # The reference cache's key: the full weights. TRL hashed them in __init__, except under ZeRO-3, where it
         # hashed each rank's empty partition.
@@ -182,18 +181,14 @@ class RecipeDPOTrainer(DPOTrainer):
         if self.engine.name == "zero3" and self.precompute_ref_logps:
             self.weights_hash = engine.zero3_weights_sha256(self.model, self.accelerator.is_main_process)
         self._reference_engine = None  # the DeepSpeed engine that scores the reference (`reference_model`)
-        # compute_loss weighs each micro-batch by its share of the step's pairs; the Trainer must not divide the
-        # loss by the accumulation steps again.
-        self.loss_is_scaled_for_ga = True
+        self.loss_is_scaled_for_ga = True  # compute_loss weighs each micro-batch by its share of the step's pairs
         self.sft = losses.SftOverStep(training_args)  # TRL's SFT term, over the whole step (losses.py)
         # The step's pairs and chosen completion tokens on all ranks (`get_batch_samples`), for the SFT term
         self._step_pairs = self._step_chosen_tokens = None
         self.model_flops = flops.ModelFlops.of(self.model)
         self.pair_metrics = PairMetrics(self.accelerator.num_processes, flops.peak_tflops(gpu_peak_tflops))
-        # beside the plan: after the first step, and in every training log
         self.memory_use = MemoryUse(planned_gib, self.accelerator.device)
-        # The plan: every step cut into micro-batches from the lengths TRL just tokenized (plan_stage.py); a step that
-        # cannot be cut is refused here, before the reference is scored.
+        # Every step cut into micro-batches from the lengths TRL just tokenized; refused here, before the reference
         self.run_plan = plan_stage.for_trainer(self)
         self.layers_record = self._set_up_layers(compile_layers)
         if self.packed and packing.needs_parity_check(self.model.config):
@@ -201,9 +196,8 @@ class RecipeDPOTrainer(DPOTrainer):
         # One readable line per logging step (step_log.py), not the Trainer's progress bar or dictionary.
         self.remove_callback(ProgressCallback)
         self.remove_callback(PrinterCallback)
-        ours = (self.pair_metrics, self.memory_use, StepLog())
         # then the run's optional features (train_stage.build_run), one module each
-        for callback in (*ours, *callbacks):
+        for callback in (self.pair_metrics, self.memory_use, StepLog(), *callbacks):
             self.add_callback(callback)
             if hasattr(callback, "attach"):  # one that reads the built trainer (samples.SampleGenerator)
                 callback.attach(self)
@@ -222,9 +216,7 @@ class RecipeDPOTrainer(DPOTrainer):
         dataset = super()._prepare_dataset(dataset, processing_class, args, dataset_name)
         if self.assistant_turns != "all":
             return dataset
-        from trl.trainer.utils import global_then_local_main_first  # as TRL's own map, the main process first
-
-        with global_then_local_main_first():
+        with global_then_local_main_first():  # as TRL's own map, the main process first
             return turns.add_prompt_labels(dataset, upstream.trl_tokenizer(self), args.dataset_num_proc)
 
     def create_accelerator_and_postprocess(self):
@@ -234,9 +226,8 @@ class RecipeDPOTrainer(DPOTrainer):
     @contextlib.contextmanager
     def _no_second_model_under_fsdp(self, kwargs):
         """Under FSDP, TRL loads a second copy of the model for its precompute of the reference (trl/trainer/
-        dpo_trainer.py: "Under FSDP, the policy isn't sharded until `train`, so the precompute still loads a reference
-        model"). The reference stage scores with the policy (`ReferenceScorer.model`), so that load is skipped: minutes
-        and a full host copy for a 32B model. Drop this when TRL stops loading it (TRL #6470)."""
+        dpo_trainer.py: "the policy isn't sharded until `train`"). The reference stage scores with the policy, so that
+        load (minutes and a full host copy for a 32B model) is skipped. Drop this when TRL stops loading it (#6470)."""
         alone = kwargs.get("peft_config") is None and kwargs.get("ref_model") is None
         if not (self.engine.name == "fsdp2" and kwargs["args"].precompute_ref_log_probs and alone):
             yield
@@ -251,9 +242,8 @@ class RecipeDPOTrainer(DPOTrainer):
             yield
 
     def save_model(self, output_dir=None, _internal_call=False):
-        """The final model under FSDP2, as a plain HF folder: every rank gathers the full state dict (accelerate's
-        `get_state_dict`), the main process writes it. transformers writes no weights with SHARDED_STATE_DICT, the
-        state dict type checkpoints (`_internal_call`) use and keep: each rank writes its own shard."""
+        """The final model under FSDP2, as a plain HF folder: every rank gathers the full state dict, the main process
+        writes it (transformers writes no weights with SHARDED_STATE_DICT, kept by checkpoints: `_internal_call`)."""
         try:
             with quiet_progress_bars():  # "Writing model shards", a bar of one item per shard, at every checkpoint
                 if self.is_fsdp_enabled and not _internal_call:
@@ -267,8 +257,7 @@ class RecipeDPOTrainer(DPOTrainer):
             raise disk_full.final_save_failed(Path(self.args.output_dir), why) from None
 
     def create_model_card(self, *args, **kwargs):
-        """Not TRL's card ("fine-tuned version of [None]") at every checkpoint: the project writes its own once the run
-        ends (dpotrain/hub/hub.py)."""
+        """Not TRL's card ("fine-tuned version of [None]") at every checkpoint: hub.py writes one as the run ends."""
 
     def _save_checkpoint(self, model, trial):
         start = time.monotonic()
@@ -295,11 +284,9 @@ class RecipeDPOTrainer(DPOTrainer):
         self.complete_marker.save_started = start
 
     def _set_pad_token(self, pad_token: str | None) -> None:
-        """The recipe's `pad_token` (TRL's DPOConfig) set as TRL's __init__ sets it for its padded collator: on the
-        tokenizer saved with the model and on the model's configs. Packed, the run gives its own collator and TRL
-        skipped it: the pad token was recorded in resolved_config.json and never set. (Without one, TRL already
-        took the tokenizer's, else its EOS, in either layout.) Its vocabulary was checked before the model loaded
-        (`stages.check_pad_token`)."""
+        """The recipe's `pad_token` set as TRL's __init__ sets it for its padded collator, which packed runs replace:
+        on the tokenizer saved with the model and on the model's configs. (Without one, TRL already took the
+        tokenizer's, else its EOS.) Checked against the vocabulary before the model loaded (stages.check_pad_token)."""
         if not pad_token:
             return
         tokenizer = upstream.trl_tokenizer(self)
@@ -327,12 +314,10 @@ class RecipeDPOTrainer(DPOTrainer):
 
     def plan_forward(self) -> plan.RowLayout:
         """How this trainer's collator lays out a micro-batch, for the positions the plan's summary counts."""
-        collate = self.data_collator
+        c = self.data_collator
         if not self.packed:
             return plan.RowLayout("padded")
-        return plan.RowLayout(
-            "one_row" if collate.one_row else "rows", collate.hidden_size, multiple=collate.pad_to_multiple_of
-        )
+        return plan.RowLayout("one_row" if c.one_row else "rows", c.hidden_size, multiple=c.pad_to_multiple_of)
 
     def get_train_dataloader(self):
         """One item per optimizer step (`plan.StepSampler`), collated per micro-batch with the forward's collator."""
@@ -342,8 +327,8 @@ class RecipeDPOTrainer(DPOTrainer):
         return self._rank_aware_loader(rows, sampler, plan.StepCollator(self.data_collator), training=True)
 
     def evaluate(self, *args, **kwargs):
-        """TRL's evaluation, its time taken off the throughput clock as samples' is: it runs between two training logs
-        (after one, at an eval step), and the next one's tokens_per_second and MFU counted it as training time."""
+        """TRL's evaluation, its time taken off the throughput clock (as samples'): it runs between two training logs,
+        and the next one's tokens_per_second and MFU counted it as training time."""
         start = time.perf_counter()
         try:
             return super().evaluate(*args, **kwargs)
@@ -360,9 +345,6 @@ class RecipeDPOTrainer(DPOTrainer):
     def _rank_aware_loader(self, dataset, sampler, collate, training: bool = False):
         """A DataLoader over a batch sampler that already yields this rank's share, prepared by accelerate (device
         placement) without being sharded again (as transformers' `_get_dataloader` does for a BatchRebalanceSampler)."""
-        from torch.utils.data import DataLoader
-        from transformers.trainer_utils import seed_worker
-
         args, workers = self.args, self.args.dataloader_num_workers
         seeded = functools.partial(seed_worker, num_workers=workers, rank=args.process_index) if training else None
         loader = DataLoader(
@@ -398,16 +380,15 @@ class RecipeDPOTrainer(DPOTrainer):
         return total
 
     def _prepare_inputs(self, inputs):
-        """A micro-batch on the device, as transformers moves it, but for the reference's sums, kept float32: under
-        DeepSpeed transformers casts floating-point inputs to the engine's dtype, and in bf16 a sum of -3,111.24 nats
-        becomes -3,104, while the policy's sums stay float32: step 1's rewards would not be 0 (the step-1 guard)."""
+        """A micro-batch on the device as transformers moves it, the reference's sums kept float32: DeepSpeed casts
+        inputs to the engine's dtype, and in bf16 a sum of -3,111.24 nats becomes -3,104 while the policy's sums stay
+        float32: step 1's rewards would not be 0 (the step-1 guard)."""
         kept = {key: inputs[key] for key in REFERENCE_COLUMNS if key in inputs}
         prepared = super()._prepare_inputs({key: value for key, value in inputs.items() if key not in kept})
         return {**prepared, **{key: value.to(self.args.device) for key, value in kept.items()}}
 
     def get_batch_samples(self, epoch_iterator, num_batches, device):
-        """The step, and the number of pairs in the whole step over all ranks; with an SFT term, the step's chosen
-        completion tokens over all ranks as well (`losses.SftOverStep`), in the same all-reduce."""
+        """The step and its pairs over all ranks (with an SFT term, its chosen tokens too: `losses.SftOverStep`)."""
         steps, _ = super().get_batch_samples(epoch_iterator, num_batches, device)
         micro_batches = [mb for step in steps for mb in step["micro_batches"] if pairs_in(mb)]
         pairs = sum(pairs_in(mb) for mb in micro_batches)
@@ -429,9 +410,9 @@ class RecipeDPOTrainer(DPOTrainer):
         return dataset  # deferred: the reference stage scores every pair (dpotrain/reference/reference.py)
 
     def reference_model(self):
-        """The model that scores the reference: a reference model if one was given; else the policy before its first
-        update — under DeepSpeed in an inference engine made on first use and kept, as TRL's `_precompute_ref_logps`
-        does; under FSDP2 sharded by accelerate now, as training will use it (the Trainer finds it prepared)."""
+        """The model that scores the reference: a reference model if given; else the policy before its first update,
+        under DeepSpeed in an inference engine made once (as TRL's `_precompute_ref_logps`), under FSDP2 sharded by
+        accelerate now, as training will use it (the Trainer finds it prepared)."""
         if self.ref_model is not None:
             return self.ref_model
         if self.is_deepspeed_enabled:
@@ -447,9 +428,8 @@ class RecipeDPOTrainer(DPOTrainer):
         return self.model
 
     def train(self, *args, **kwargs):
-        """Training, once the reference's inference engine (ZeRO-3) has forgotten the order in which it fetched
-        weights: it hooks the same modules as training's engine, and from a pass it recorded once (a stage of one
-        micro-batch per rank) training's first forward would fail in DeepSpeed's coordinator ("pop from an empty
+        """Training, once the reference's ZeRO-3 inference engine has forgotten the order it fetched weights in: it
+        hooks the same modules as training's, whose first forward would fail on its recorded pass ("pop from an empty
         deque")."""
         if self._reference_engine is not None:
             samples.leave_for_training(None, self._reference_engine.optimizer)
@@ -461,14 +441,13 @@ class RecipeDPOTrainer(DPOTrainer):
             return super().train(*args, **kwargs)
 
     def use_reference(self, name: str, scored) -> None:
-        """The reference stage's data set `name` ("train" or "eval"), with reference log-probs, in place of the
-        tokenized one."""
+        """The reference stage's data set `name` ("train" or "eval"), scored, in place of the tokenized one."""
         setattr(self, f"{name}_dataset", scored)
 
     # --- hybrids whose kernels take sequence boundaries: packed as decided, once their model and pairs agree ---------
     def check_packing(self) -> None:
         """Score the longest pairs in packed rows and each sequence alone (`packing.parity`); past the tolerance, stop
-        with one line naming the fix, on every rank alike. A check only: the forward decided is never changed here."""
+        with the fix, on every rank alike. A check only: the forward decided is never changed here."""
         tokens = self.run_plan.lengths.tokens  # it runs while the trainer is built, once its plan is made
         examples = [self.train_dataset[int(i)] for i in np.argsort(-tokens, kind="stable")[:4]]
         model = self.reference_model()
@@ -477,12 +456,12 @@ class RecipeDPOTrainer(DPOTrainer):
         try:
             with torch.no_grad(), self.accelerator.autocast():
                 diff = packing.parity(model, self.data_collator, examples)
-            problem = None
-            if diff > tolerance:
-                problem = (
-                    f"its packed rows score completion tokens up to {diff:.2g} nats away from the same sequences alone "
-                    f"(tolerance {tolerance:g}): its layers carry state across packed sequences here"
-                )
+            problem = (
+                f"its packed rows score completion tokens up to {diff:.2g} nats away from the same sequences alone "
+                f"(tolerance {tolerance:g}): its layers carry state across packed sequences here"
+                if diff > tolerance
+                else None
+            )
         except ValueError as e:  # transformers: the kernel that keeps packed sequences apart is not installed
             problem = str(e).rstrip(".")
         if max_over_ranks(int(problem is not None), self.accelerator.device):
@@ -504,8 +483,7 @@ class RecipeDPOTrainer(DPOTrainer):
         return (result[0] * weight, result[1]) if return_outputs else result * weight
 
     def _stand_in(self, model, batch: dict):
-        """What answers TRL's model call, and TRL's padded view of the inputs (the reference stage's scorer uses the
-        same: `ReferenceScorer.log_probs`)."""
+        """What answers TRL's model call, and TRL's padded view of the inputs (as `ReferenceScorer.log_probs`)."""
         return choice.stand_in(model, batch, every_rank=choice.needs_every_rank(self.engine, self.forward))
 
     def _compute_loss(self, model, inputs, return_outputs):
