@@ -19,7 +19,7 @@ from dpotrain.hub.hub import RUN_COMPLETE
 from dpotrain.recipe.errors import ConfigError
 from dpotrain.recipe.writes import unwritable
 from dpotrain.train import run_files
-from dpotrain.train.checkpoints import checkpoints, recorded_names, step_of
+from dpotrain.train.checkpoints import MARKER, checkpoints, recorded_names, step_of
 from dpotrain.train.run_files import MANIFEST, claim
 
 # The final model is written here, then its names are recorded and it is moved into the folder: what `save_model`
@@ -43,8 +43,7 @@ def run_names(recipe, pushes: bool) -> list[str]:
 
     t, p = recipe.training, recipe.project
     # HEALTH_STOP: a guard's stop, which a replacing run must remove with the rest (its rerun would be refused)
-    names = [MANIFEST, "resolved_config.json", METRICS_FILE, RUN_COMPLETE, HEALTH_STOP]
-    names += [FINAL_STAGING]
+    names = [MANIFEST, "resolved_config.json", METRICS_FILE, RUN_COMPLETE, HEALTH_STOP, FINAL_STAGING]
     names += [SAMPLES_FILE] if p.samples_every else []
     names += ["wandb", RUN_ID_FILE] if "wandb" in (t.report_to or []) else []
     names += [PUSH_RECORD, STAGING] if pushes else []
@@ -64,21 +63,6 @@ def read_manifest(out: Path) -> list[str] | None:
     if names is not None and not run_files.of_this_format(out) and not (out / RUN_COMPLETE).exists():
         names = [n for n in names if n not in (CARD, PLOT_FILE, MERGED_DIR)]
     return names
-
-
-def owned(out: Path, names: list[str]) -> list[Path]:
-    """What in `out` the recorded names cover: those names exactly."""
-    from dpotrain.cluster.run_lock import LOCK_FILE
-
-    return sorted(e for e in out.iterdir() if e.name != LOCK_FILE and e.name in set(names))
-
-
-def checkpoint_marks(out: Path) -> list[str]:
-    """What makes `out` a checkpoint folder (transformers' trainer_state.json, this project's COMPLETE mark), which a
-    run never writes at the top of its own folder; [] for any other."""
-    from dpotrain.train.checkpoints import MARKER
-
-    return [name for name in ("trainer_state.json", MARKER) if (out / name).is_file()]
 
 
 def is_legacy_run(out: Path) -> bool:
@@ -130,8 +114,10 @@ def check(output_dir: str, lock: bool = True) -> None:
         run_lock.check_free(out)
     found = [e.name for e in out.iterdir() if not (run_lock.is_lock_file(e.name) or e.name in BROWSER_FILES)]
     recorded = read_manifest(out)
-    marks = checkpoint_marks(out) if recorded is None else []
-    if marks:  # it holds a copy of its run's resolved_config.json, which read it as a run written before records
+    # A checkpoint's marks (trainer_state.json, this project's COMPLETE), never at the top of a run's folder: its copy
+    # of its run's resolved_config.json read it as a run written before records
+    marks = [name for name in ("trainer_state.json", MARKER) if (out / name).is_file()] if recorded is None else []
+    if marks:
         from dpotrain.train.resume import new_run_from
 
         raise ConfigError(
@@ -206,8 +192,7 @@ def check_checkpoints_of_others(output_dir: str, resume_from: str | None, max_st
         return
     start = (saved_step(Path(resume_from)) or 0) if resume_from else 0
     last = max_steps if max_steps > 0 else float("inf")
-    ahead = [p.name for p in checkpoints(out) if p.name not in own and start < step_of(p) <= last]
-    if ahead:
+    if ahead := [p.name for p in checkpoints(out) if p.name not in own and start < step_of(p) <= last]:
         raise ConfigError(
             f"output_dir {output_dir!r} holds {', '.join(ahead)}, which this run did not write ({MANIFEST} does not "
             f"name {'it' if len(ahead) == 1 else 'them'}), where the run may save its own checkpoint of that step: "
@@ -248,7 +233,7 @@ def replace(out: Path, names: list[str]) -> None:
             f"(`wandb sync {shlex.quote(str(kept))}/offline-run-*`)",
             flush=True,
         )
-    removed = [e for e in owned(out, names) if e.name != MANIFEST]
+    removed = sorted(e for e in out.iterdir() if e.name in set(names) and e.name not in (MANIFEST, LOCK_FILE))
     for entry in removed:
         shutil.rmtree(entry) if entry.is_dir() and not entry.is_symlink() else entry.unlink(missing_ok=True)
     left = [e.name for e in out.iterdir() if e.name not in (MANIFEST, LOCK_FILE)]
