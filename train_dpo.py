@@ -103,10 +103,8 @@ def run(argv, stop: GracefulStop) -> int | None:
         return publish.complete_push(recipe, push, output.push_left, state)
     # The checkpoint to resume from, its files verified against its manifest (else the previous sound one).
     # The named one (--resume_from_checkpoint) is refused when damaged; a requeue's own newest falls back.
-    confirmed = resume.confirm(
-        output.resume_from, explicit=output.resume_from == recipe.training.resume_from_checkpoint
-    )
-    output = replace(output, resume_from=confirmed)
+    explicit = output.resume_from == recipe.training.resume_from_checkpoint
+    output = replace(output, resume_from=resume.confirm(output.resume_from, explicit=explicit))
     spec = stages.first_half(recipe, launch, state, output, push)  # data -> lengths -> forward -> memory
     options.check_weights(recipe.model.model_name_or_path)  # a folder without them: before an old run's files go
     train_stage.prepare_output(spec, state)  # the old run's files removed where it is replaced

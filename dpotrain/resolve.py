@@ -37,7 +37,9 @@ def world_size(recipe: Recipe, planning: bool) -> tuple[int, str]:
     if "WORLD_SIZE" in os.environ:
         return int(os.environ["WORLD_SIZE"]), "environment (WORLD_SIZE)"
     launch = recipe.project.accelerate_config
-    if planning and launch.lower() not in ("", "none") and not Path(launch).is_file():
+    if not planning or launch.lower() in ("", "none"):
+        return 1, "single process (python train_dpo.py, no launcher)"
+    if not Path(launch).is_file():
         # It planned 1 process in silence: a mistyped name, or the default accelerate_config.yaml named from outside
         # the project, as a launch of one while `accelerate launch --config_file` it fails.
         raise ConfigError(
@@ -45,12 +47,10 @@ def world_size(recipe: Recipe, planning: bool) -> tuple[int, str]:
             f"{shlex.quote(launch)}` would fail: pass --accelerate_config the file the launch reads (its path from "
             "here), or none for one process"
         )
-    if planning and launch.lower() not in ("", "none"):
-        return engine.processes(engine.read_accelerate_config(launch)), (
-            f"predicted for `accelerate launch --config_file {shlex.quote(launch)}` ({launch}: num_processes); "
-            "plain `python train_dpo.py` runs 1 process: --accelerate_config none plans that"
-        )
-    return 1, "single process (python train_dpo.py, no launcher)"
+    return engine.processes(engine.read_accelerate_config(launch)), (
+        f"predicted for `accelerate launch --config_file {shlex.quote(launch)}` ({launch}: num_processes); "
+        "plain `python train_dpo.py` runs 1 process: --accelerate_config none plans that"
+    )
 
 
 def check_values(recipe: Recipe) -> None:
@@ -245,8 +245,7 @@ def check_output_dir(recipe: Recipe, pairs_per_step: int | None = None) -> Outpu
         resume.check_explicit(explicit)
         # The automatic resume's comparison, with the record the checkpoint was trained under.
         folder = Path(explicit)
-        changed = changed_settings(recipe, trained_under(folder), pairs_per_step)
-        if changed:
+        if changed := changed_settings(recipe, trained_under(folder), pairs_per_step):
             raise ConfigError(
                 f"resume_from_checkpoint {str(folder)!r} was written by a run with other settings "
                 f"({'; '.join(changed)}): rerun with its settings to resume it, or {resume.new_run_from(folder)}"

@@ -53,11 +53,8 @@ ANALYZER_FIELDS = """
 def analyze_command(recipe) -> str:
     """The analyzer's command that measures what this run will train: the recipe (the analyzer parses it as the run
     does), and the command line's values of the fields it measures with (the recipe's model may not be here)."""
-    words = [
-        "python",
-        venv.project_file("scripts/analyze_dataset.py"),
-        *(["--config", recipe.config_path] if recipe.config_path else []),
-    ]
+    words = ["python", venv.project_file("scripts/analyze_dataset.py")]
+    words += ["--config", recipe.config_path] if recipe.config_path else []
     values = {**vars(recipe.script), **vars(recipe.model), **vars(recipe.project)}
     changed = config.fields_set(recipe.command_line)
     for name in ANALYZER_FIELDS:
@@ -138,12 +135,9 @@ def checks(recipe) -> Launch:
 def data_folders(recipe) -> list[str]:
     """The folders a run may read whole as data: the data set's, and each mixture source's without data_files (a
     builder's, `path: json`, is its data_dir)."""
-    sources = [s for evaluation in (False, True) for s in mixture.parse(mixture.fields_of(recipe), evaluation) or []]
-    folders = [
-        s.data_dir if s.path in mixture.BUILDERS else os.path.join(s.path, s.data_dir or "")
-        for s in sources
-        if not s.data_files
-    ]
+    values = mixture.fields_of(recipe)
+    whole = [s for evaluation in (False, True) for s in mixture.parse(values, evaluation) or [] if not s.data_files]
+    folders = [s.data_dir if s.path in mixture.BUILDERS else os.path.join(s.path, s.data_dir or "") for s in whole]
     return [name for name in (recipe.script.dataset_name, *folders) if name]
 
 
@@ -207,11 +201,8 @@ def output_checks(recipe, launch: Launch, push) -> resolve.OutputDecision:
             hub.create_at_start(push.repo_id, push.token, push.private)  # a new repo: may this token create it?
     kept = None if decision.start_afresh or decision.push_left else hub_revision.kept(recipe, training.output_dir)
     if kept and collectives.launched_main():
-        print(
-            f"Resuming on {recipe.script.dataset_name}: commit {kept[:12]}, the one this run started on "
-            "(dataset_revision)",
-            flush=True,
-        )
+        name = recipe.script.dataset_name
+        print(f"Resuming on {name}: commit {kept[:12]}, the one this run started on (dataset_revision)", flush=True)
     resume.check_partitions(decision.resume_from, launch.world, launch.engine)  # the engine and processes that wrote it
     check(output_folder.check_replaceable, training.output_dir, decision.start_afresh)
     if not only_reference and not decision.push_left:  # a person's checkpoint-N where the run would save its own
@@ -247,9 +238,8 @@ def load_data(
     revision = (output.data_commit if output is not None else None) or p.dataset_revision
     mixed = mixture.given(mixture.fields_of(recipe))
     if launch.dry_run and not mixed and not data.is_local(script.dataset_name):
-        return Data(
-            None, None, resolve.count_steps(recipe, launch.batch, launch.data_parallel, None), revision=revision
-        )
+        steps = resolve.count_steps(recipe, launch.batch, launch.data_parallel, None)
+        return Data(None, None, steps, revision=revision)
     if not launch.dry_run or mixed:  # a dry run reads a mixture's Hub sources: the run's checks of them first
         offline.check_job_reachable(recipe, model=False)  # a data set to download: the Hub must answer, within seconds
     if launch.dry_run and mixed:  # offline, an uncached source was "Couldn't reach ... (OfflineModeIsEnabled)"
@@ -268,9 +258,8 @@ def load_data(
         checked["eval_rows"] = len(eval_dataset)
     steps = resolve.count_steps(recipe, launch.batch, launch.data_parallel, len(dataset))
     if identify and not mixed:
-        checked["data_identity"] = data_identity.of(script.dataset_name, script.dataset_train_split) or (
-            hub_revision.identity(revision)
-        )
+        found = data_identity.of(script.dataset_name, script.dataset_train_split)
+        checked["data_identity"] = found or hub_revision.identity(revision)
     plan.check_steps(steps, recipe.training.max_steps)
     return Data(dataset, eval_dataset, steps, checked, mix, revision)
 
@@ -353,17 +342,16 @@ class Lengths:
 def _tokenizer(recipe, model_path: str, local_only: bool):
     try:
         return lengths.recipe_tokenizer(recipe, model_path, local_files_only=local_only)
-    except ConfigError:  # a folder without a tokenizer (configs/models/*): the output checks listed it for a dry run
-        if not local_only:
+    except (ConfigError, OSError, ValueError) as e:
+        if local_only:  # a dry run: not on this machine, or a folder without one (configs/models/*: the checks list it)
+            return None
+        if isinstance(e, ConfigError):
             raise
-        return None
-    except (OSError, ValueError) as e:
-        if not local_only:  # the run needs it (the pairs' lengths, then TRL): one line, not the loader's traceback
-            raise ConfigError(
-                f"could not load the tokenizer of {model_path!r} ({cause(e, 200)}): a model folder needs its "
-                "tokenizer files (tokenizer.json, tokenizer_config.json) beside config.json"
-            ) from None
-        return None  # a dry run: the tokenizer is not on this machine
+        # The run needs it (the pairs' lengths, then TRL): one line, not the loader's traceback
+        raise ConfigError(
+            f"could not load the tokenizer of {model_path!r} ({cause(e, 200)}): a model folder needs its "
+            "tokenizer files (tokenizer.json, tokenizer_config.json) beside config.json"
+        ) from None
 
 
 def check_pad_token(pad_token: str | None, tokenizer) -> None:
@@ -546,11 +534,9 @@ def plan_batching(recipe, launch: Launch, pairs: Data, pair_lengths: Lengths, fo
     every = PairLengths.from_parts(
         m.prompt[kept], m.chosen[kept], m.rejected[kept], max_length, f.share_prompt, t.truncation_mode
     )
-    layout = (
-        plan.RowLayout("one_row" if f.one_row else "rows", f.hidden_size, multiple=f.pad_multiple)
-        if f.packed
-        else plan.RowLayout("padded")
-    )
+    layout = plan.RowLayout("padded")
+    if f.packed:
+        layout = plan.RowLayout("one_row" if f.one_row else "rows", f.hidden_size, multiple=f.pad_multiple)
     return plan_stage.make(
         every,
         t,
@@ -634,14 +620,8 @@ class RunSpec:
 
     def record(self) -> dict:
         batching = {} if self.batching is None else {"batching": self.batching}
-        return {
-            **self.launch.record(),
-            **self.data.record(),
-            **self.lengths.record(),
-            "forward": self.forward.record(),
-            "memory": self.memory.values,
-            **batching,
-        }
+        forward = {"forward": self.forward.record(), "memory": self.memory.values}
+        return self.launch.record() | self.data.record() | self.lengths.record() | forward | batching
 
 
 def first_half(
