@@ -302,11 +302,8 @@ def _memory_rows(memory: run_record.MemoryPlan, row) -> None:
         row("allocator", f"{memory.allocator}: the plan's fragmentation allowance assumes {EXPANDABLE}")
     gpu, source = memory.gpu_memory_gib, memory.gpu_memory_source
     if gpu is None:
-        row(
-            "GPU",
-            f"not checked: no GPU here and no gpu_memory_gib in the recipe. Plan for yours with "
-            f"--gpu_memory_gib: {GPU_SIZES}",
-        )
+        unchecked = "not checked: no GPU here and no gpu_memory_gib in the recipe. Plan for yours with --gpu_memory_gib"
+        row("GPU", f"{unchecked}: {GPU_SIZES}")
         return
     name = gpu_name(gpu)
     verdict = "fits" if memory.fits else "does NOT fit (--memory_check false let it through)"

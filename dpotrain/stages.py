@@ -15,6 +15,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
+from transformers import AutoConfig
 from trl.data_utils import is_conversational
 
 from dpotrain import options, output_folder, resolve
@@ -33,12 +34,14 @@ from dpotrain.data import (
 )
 from dpotrain.data.pair_lengths import PairLengths
 from dpotrain.forwards import choice, cost, sample
-from dpotrain.plan import layers, memory, plan
-from dpotrain.recipe import config, venv
+from dpotrain.hub import hub
+from dpotrain.plan import layers, memory, plan, plan_stage
+from dpotrain.recipe import config, records, venv
 from dpotrain.recipe.config import uses_live_reference
-from dpotrain.recipe.errors import ConfigError, cause
+from dpotrain.recipe.errors import ConfigError, RunError, cause
 from dpotrain.recipe.run_record import MemoryPlan
-from dpotrain.train import health, lora, resume, samples
+from dpotrain.reference import reference
+from dpotrain.train import health, lora, metrics, resume, samples
 
 FA4_SETS = {"with FlashAttention 4 installed": "flash_attention_4", "without": None}  # a dry run for a GPU job
 
@@ -145,13 +148,8 @@ def check_histories(output_dir: str) -> None:
     """The records a resume trims at its first logged step (metrics.jsonl, samples.jsonl): a line changed by hand is
     refused now, in its one line, not after the model has loaded. One the run's record does not name is a person's,
     moved aside as the run starts (`output_folder.start`), never read."""
-    from dpotrain.recipe import records
-    from dpotrain.recipe.errors import RunError
-    from dpotrain.train.metrics import METRICS_FILE
-    from dpotrain.train.samples import SAMPLES_FILE
-
     own = output_folder.read_manifest(Path(output_dir))
-    for name in [n for n in (METRICS_FILE, SAMPLES_FILE) if own is None or n in own]:
+    for name in [n for n in (metrics.METRICS_FILE, samples.SAMPLES_FILE) if own is None or n in own]:
         try:
             records.read(Path(output_dir) / name, step=True)
         except RunError as e:
@@ -179,8 +177,6 @@ def output_checks(recipe, launch: Launch, push) -> resolve.OutputDecision:
         output_folder.check_outside_data(training.output_dir, data_folders(recipe))  # the dry run's JSON too
         check(output_folder.check, training.output_dir, not launch.dry_run)
     if not uses_live_reference(recipe):
-        from dpotrain.reference import reference
-
         reference.check_writable()  # the reference stage saves as it goes
     check(lengths.check_tokenizer_folder, recipe.model.model_name_or_path or "")  # configs/models/*: a shape only
     decision = resolve.OutputDecision(None, False)
@@ -195,8 +191,6 @@ def output_checks(recipe, launch: Launch, push) -> resolve.OutputDecision:
         # One whoami per run, for a run that will train: a rerun completing a push a kill cut short pushes to the repo
         # that push started on, and nothing else (a check here would create an empty repo named after the command).
         if push.requested and not launch.dry_run and collectives.launched_main() and not decision.push_left:
-            from dpotrain.hub import hub
-
             push.repo_id = hub.check_write_access(push.repo_id, push.token)  # now, not after training; user/name
             hub.create_at_start(push.repo_id, push.token, push.private)  # a new repo: may this token create it?
     kept = None if decision.start_afresh or decision.push_left else hub_revision.kept(recipe, training.output_dir)
@@ -452,8 +446,6 @@ class Forward:
 
 def _model_config(recipe, model_path: str, local_only: bool):
     """The model's config (no weights), or (None, why) where a dry run does not have it on this machine."""
-    from transformers import AutoConfig
-
     revision = recipe.model.model_revision
     try:
         return AutoConfig.from_pretrained(model_path, revision=revision, local_files_only=local_only), None
@@ -513,8 +505,6 @@ def _undecided(recipe, launch: Launch, config) -> Forward:
 def plan_batching(recipe, launch: Launch, pairs: Data, pair_lengths: Lengths, forward: Forward) -> dict:
     """The step plan a dry run records (`derived.batching`): the run's plan stage on every pair's lengths as the
     analyzer measures them, for the forward chosen (the run plans from the trainer's tokenized data set)."""
-    from dpotrain.plan import plan, plan_stage
-
     t, p, max_length = recipe.training, recipe.project, pair_lengths.max_length
     pending = {"planned": f"at start, from the token lengths ({analyze_hint(recipe)})"}
     f = forward.planned
