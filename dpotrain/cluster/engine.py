@@ -16,6 +16,9 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from accelerate.commands.config.config_args import load_config_from_file
+from accelerate.state import PartialState
+from accelerate.utils import DistributedType
 
 from dpotrain.recipe import upstream
 from dpotrain.recipe.config import DS_FILE_FIX, launch_file, launch_file_places
@@ -143,8 +146,6 @@ def _unsupported_fsdp(version, state_dict_type: str | None) -> str | None:
 
 def read_accelerate_config(path: str):
     """The accelerate config at `path` as `accelerate launch --config_file` reads it (accelerate's own loader)."""
-    from accelerate.commands.config.config_args import load_config_from_file
-
     try:
         return load_config_from_file(path)
     except Exception as e:  # a YAML error, an unknown key, no distributed_type: `accelerate launch` refuses it too
@@ -453,9 +454,6 @@ def enable_on_cpu(engine: Engine) -> None:
     accelerate sets up on CPU with gloo)."""
     if torch.cuda.is_available() or engine.name not in ("fsdp2", "ddp"):
         return
-    from accelerate.state import PartialState
-    from accelerate.utils import DistributedType
-
     state = PartialState()
     if state.distributed_type == DistributedType.NO and state.num_processes > 1:
         # FSDP: the branch of AcceleratorState that sets it up is taken for accelerator types only; it then becomes
@@ -492,8 +490,6 @@ def start_processes(training, run_engine: Engine):
     that group, so anything one rank does alone for longer (the final model's write) ends the job. Groups made later
     (DeepSpeed's in `deepspeed.initialize`) take torch's default, which `distributed_c10d._get_default_timeout` reads
     at each `new_group` (torch 2.13): that default becomes the recipe's too (tests/test_engines.py reads it back)."""
-    from accelerate import PartialState
-
     timeout = timedelta(seconds=training.ddp_timeout)
     upstream.set_default_collective_timeout(timeout)
     # As TrainingArguments would make it (`ddp_backend`: gloo on CPU-only nodes); DeepSpeed picks its own.
