@@ -29,7 +29,7 @@ ROOT = Path(__file__).resolve().parent
 try:
     if __name__ == "__main__":
         venv.load_env(ROOT)  # .env before the libraries, which read HF_HUB_OFFLINE, HF_HOME, HF_ENDPOINT on import
-    from dpotrain import dry_run, options, publish, stages, train_stage
+    from dpotrain import dry_run, options, preflight, publish, stages, train_stage
     from dpotrain.cluster import engine, run_lock
     from dpotrain.hub import hub
     from dpotrain.plan import memory
@@ -84,8 +84,6 @@ def run(argv, stop: GracefulStop) -> int | None:
     with redirect_stdout(sys.stderr) if recipe.project.dry_run else nullcontext():
         launch = stages.checks(recipe)  # everything that can be refused from the recipe, before anything loads
         if recipe.project.preflight:  # the base model's view of the data, instead of training (dpotrain/preflight.py)
-            from dpotrain import preflight
-
             options.check_weights(recipe.model.model_name_or_path)
             return preflight.run(recipe, launch)  # the default sample, the recipe's seed, markdown only
         # This project pushes, not the Trainer; the token stays in memory. For the engine that will run.
@@ -103,10 +101,8 @@ def run(argv, stop: GracefulStop) -> int | None:
         return publish.complete_push(recipe, push, output.push_left, state)
     # The checkpoint to resume from, its files verified against its manifest (else the previous sound one).
     # The named one (--resume_from_checkpoint) is refused when damaged; a requeue's own newest falls back.
-    confirmed = resume.confirm(
-        output.resume_from, explicit=output.resume_from == recipe.training.resume_from_checkpoint
-    )
-    output = replace(output, resume_from=confirmed)
+    explicit = output.resume_from == recipe.training.resume_from_checkpoint
+    output = replace(output, resume_from=resume.confirm(output.resume_from, explicit=explicit))
     spec = stages.first_half(recipe, launch, state, output, push)  # data -> lengths -> forward -> memory
     options.check_weights(recipe.model.model_name_or_path)  # a folder without them: before an old run's files go
     train_stage.prepare_output(spec, state)  # the old run's files removed where it is replaced

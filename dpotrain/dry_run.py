@@ -29,10 +29,8 @@ def write_json(resolved: dict, output_dir: str) -> Path:
     """The full plan, beside the output folder (`--output_dir .`: `./.dry-run.json`), never a folder for the run."""
     out = Path(os.path.abspath(output_dir))
     path = out.parent / f"{out.name}.dry-run.json"
-    sources = mixture.local_files(resolved)  # a mixture's local sources, named as the recipe resolved them
-    inputs = input_files(
-        resolved.get("config"), resolved.get("dataset_name"), *sources, resolved.get("accelerate_config")
-    )
+    get, sources = resolved.get, mixture.local_files(resolved)  # a mixture's local sources, as the recipe resolved them
+    inputs = input_files(get("config"), get("dataset_name"), *sources, get("accelerate_config"))
     # Its name is output_dir's and 13 bytes more: an output_dir name the run takes may leave this one past NAME_MAX.
     check_path_limit("the dry run's record (beside --output_dir; --json prints it instead)", str(path))
     check_not_input("the dry run's record (beside --output_dir)", path, inputs)
@@ -59,9 +57,7 @@ def report(resolved: dict, output_dir: str, as_json: bool, stdout=None) -> None:
 
 def gpu_name(gib: float | None) -> str:
     """A known GPU of this size (within 1 GiB), for the summary; '' when none is."""
-    if gib is None:
-        return ""
-    return next((name for name, size in KNOWN_GPUS.items() if abs(size - gib) <= 1.0), "")
+    return next((name for name, size in KNOWN_GPUS.items() if gib is not None and abs(size - gib) <= 1.0), "")
 
 
 def template_text(r: Record) -> str:
@@ -94,8 +90,7 @@ def summary(r: Record, json_file: Path | None, heading: str | None = None) -> st
         lines.append(f"  {name + ':':<15}{text}")
 
     model = s.model_name_or_path
-    if memory.model:
-        m = memory.model
+    if m := memory.model:
         model += f" ({m['parameters'] / 1e9:.2f}B parameters, {m['layers']} layers, hidden size {m['hidden_size']})"
     precision = "bf16" if s.bf16 else "fp16" if s.fp16 else "fp32"
     row("model", f"{model}; weights load in {s.dtype}, training computes in {precision}")
@@ -127,8 +122,9 @@ def summary(r: Record, json_file: Path | None, heading: str | None = None) -> st
         row("steps", f"{total:,} optimizer step{'s' * (total != 1)}{epochs}, {r.data.warmup_steps:,} of warmup")
     else:
         row("steps", "counted when the run loads the data set (a dry run reads only local files)")
-    clipping = launch.gradient_clipping
-    if clipping:  # the value in effect (engine.gradient_clipping); grad_norm in the logs is the norm before it
+    if (
+        clipping := launch.gradient_clipping
+    ):  # the value in effect (engine.gradient_clipping); grad_norm in the logs is the norm before it
         norm, by = clipping["max_grad_norm"], clipping["clipped_by"]
         row("clipping", by if norm is None else f"global gradient norm {norm} (max_grad_norm), by {by}")
     row("time", duration_text(r))
@@ -306,11 +302,8 @@ def _memory_rows(memory: run_record.MemoryPlan, row) -> None:
         row("allocator", f"{memory.allocator}: the plan's fragmentation allowance assumes {EXPANDABLE}")
     gpu, source = memory.gpu_memory_gib, memory.gpu_memory_source
     if gpu is None:
-        row(
-            "GPU",
-            f"not checked: no GPU here and no gpu_memory_gib in the recipe. Plan for yours with "
-            f"--gpu_memory_gib: {GPU_SIZES}",
-        )
+        unchecked = "not checked: no GPU here and no gpu_memory_gib in the recipe. Plan for yours with --gpu_memory_gib"
+        row("GPU", f"{unchecked}: {GPU_SIZES}")
         return
     name = gpu_name(gpu)
     verdict = "fits" if memory.fits else "does NOT fit (--memory_check false let it through)"

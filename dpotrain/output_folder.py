@@ -13,14 +13,20 @@ import shlex
 import shutil
 from pathlib import Path
 
-from dpotrain.cluster import collectives
-from dpotrain.data import data_identity
-from dpotrain.hub.hub import RUN_COMPLETE
+from dpotrain.cluster import collectives, run_lock
+from dpotrain.data import data_identity, mixture
+from dpotrain.hub.hub import CARD, RUN_COMPLETE
+from dpotrain.hub.hub_push import PUSH_RECORD, STAGING
 from dpotrain.recipe.errors import ConfigError
 from dpotrain.recipe.writes import unwritable
 from dpotrain.train import run_files
-from dpotrain.train.checkpoints import checkpoints, recorded_names, step_of
+from dpotrain.train.checkpoints import MARKER, checkpoints, recorded_names, step_of
+from dpotrain.train.lora import MERGED_DIR
+from dpotrain.train.metrics import METRICS_FILE, PLOT_FILE
+from dpotrain.train.resume import HEALTH_STOP, new_run_from, saved_step
 from dpotrain.train.run_files import MANIFEST, claim
+from dpotrain.train.samples import SAMPLES_FILE
+from dpotrain.train.tracking import RUN_ID_FILE, keep_offline_runs
 
 # The final model is written here, then its names are recorded and it is moved into the folder: what `save_model`
 # writes depends on the model, the engine and LoRA, and a person's file written in the folder meanwhile is no run's.
@@ -35,16 +41,9 @@ def run_names(recipe, pushes: bool) -> list[str]:
     (besides the final model's files, recorded by `move_in`, its checkpoints, by `claim`, and the model card, plot and
     merged model of a finished run, recorded as they are written: a README.md a person wrote in the folder of a run
     stopped before its card was the run's by name, deleted by --overwrite_output_dir, or written over by the card)."""
-    from dpotrain.hub.hub_push import PUSH_RECORD, STAGING
-    from dpotrain.train.metrics import METRICS_FILE
-    from dpotrain.train.resume import HEALTH_STOP
-    from dpotrain.train.samples import SAMPLES_FILE
-    from dpotrain.train.tracking import RUN_ID_FILE
-
     t, p = recipe.training, recipe.project
     # HEALTH_STOP: a guard's stop, which a replacing run must remove with the rest (its rerun would be refused)
-    names = [MANIFEST, "resolved_config.json", METRICS_FILE, RUN_COMPLETE, HEALTH_STOP]
-    names += [FINAL_STAGING]
+    names = [MANIFEST, "resolved_config.json", METRICS_FILE, RUN_COMPLETE, HEALTH_STOP, FINAL_STAGING]
     names += [SAMPLES_FILE] if p.samples_every else []
     names += ["wandb", RUN_ID_FILE] if "wandb" in (t.report_to or []) else []
     names += [PUSH_RECORD, STAGING] if pushes else []
@@ -56,29 +55,10 @@ def read_manifest(out: Path) -> list[str] | None:
     record of an earlier format named the card, plot and merged model from the run's start: they are the run's only
     where it finished, else what lies there under those names (a README.md of why it was stopped) may be a person's,
     which the card of the resumed run would write over, or --overwrite_output_dir delete."""
-    from dpotrain.hub.hub import CARD
-    from dpotrain.train.lora import MERGED_DIR
-    from dpotrain.train.metrics import PLOT_FILE
-
     names = recorded_names(out)
     if names is not None and not run_files.of_this_format(out) and not (out / RUN_COMPLETE).exists():
         names = [n for n in names if n not in (CARD, PLOT_FILE, MERGED_DIR)]
     return names
-
-
-def owned(out: Path, names: list[str]) -> list[Path]:
-    """What in `out` the recorded names cover: those names exactly."""
-    from dpotrain.cluster.run_lock import LOCK_FILE
-
-    return sorted(e for e in out.iterdir() if e.name != LOCK_FILE and e.name in set(names))
-
-
-def checkpoint_marks(out: Path) -> list[str]:
-    """What makes `out` a checkpoint folder (transformers' trainer_state.json, this project's COMPLETE mark), which a
-    run never writes at the top of its own folder; [] for any other."""
-    from dpotrain.train.checkpoints import MARKER
-
-    return [name for name in ("trainer_state.json", MARKER) if (out / name).is_file()]
 
 
 def is_legacy_run(out: Path) -> bool:
@@ -105,8 +85,6 @@ def check_outside_data(output_dir: str, data_names: list[str]) -> None:
 def check(output_dir: str, lock: bool = True) -> None:
     """Refuses an output_dir that is a file, or a folder that holds files but no run; then (`lock`) a folder another
     live run holds (run_lock.py). Read-only: every rank may call it, and a dry run (which takes no lock)."""
-    from dpotrain.cluster import run_lock
-
     out = Path(output_dir)
     if out.exists() and not out.is_dir():
         raise ConfigError(
@@ -130,10 +108,10 @@ def check(output_dir: str, lock: bool = True) -> None:
         run_lock.check_free(out)
     found = [e.name for e in out.iterdir() if not (run_lock.is_lock_file(e.name) or e.name in BROWSER_FILES)]
     recorded = read_manifest(out)
-    marks = checkpoint_marks(out) if recorded is None else []
-    if marks:  # it holds a copy of its run's resolved_config.json, which read it as a run written before records
-        from dpotrain.train.resume import new_run_from
-
+    # A checkpoint's marks (trainer_state.json, this project's COMPLETE), never at the top of a run's folder: its copy
+    # of its run's resolved_config.json read it as a run written before records
+    marks = [name for name in ("trainer_state.json", MARKER) if (out / name).is_file()] if recorded is None else []
+    if marks:
         raise ConfigError(
             f"output_dir {output_dir!r} is a checkpoint ({', '.join(marks)}), not a run's folder: a run would write "
             f"over its files; pass --output_dir a new folder: to go on from it, with --resume_from_checkpoint "
@@ -151,8 +129,6 @@ def check(output_dir: str, lock: bool = True) -> None:
 def reads(recipe) -> list[tuple[str, str]]:
     """What a run reads from paths, each named as its refusal names it: the model (and a LoRA adapter's base model,
     named in its adapter_config.json), the data (a mixture's sources, held-out ones too) and the chat template."""
-    from dpotrain.data import mixture
-
     model = recipe.model.model_name_or_path or ""
     found = [(f"model_name_or_path {model!r}", model)]
     adapter = Path(model).expanduser() / "adapter_config.json"
@@ -198,16 +174,13 @@ def check_checkpoints_of_others(output_dir: str, resume_from: str | None, max_st
     """Refuses a `checkpoint-N` the run did not write (a person's, which rotation and --overwrite_output_dir keep) at a
     step the run may still save: past the step it starts from (a stop saves at any step), up to max_steps when set.
     The run clears that folder to write its own checkpoint there, and the person's files would be gone."""
-    from dpotrain.train.resume import saved_step
-
     out = Path(output_dir)
     own = read_manifest(out) if out.is_dir() else None
     if own is None:  # no run (nothing there), or one written before runs recorded their files: all its checkpoints
         return
     start = (saved_step(Path(resume_from)) or 0) if resume_from else 0
     last = max_steps if max_steps > 0 else float("inf")
-    ahead = [p.name for p in checkpoints(out) if p.name not in own and start < step_of(p) <= last]
-    if ahead:
+    if ahead := [p.name for p in checkpoints(out) if p.name not in own and start < step_of(p) <= last]:
         raise ConfigError(
             f"output_dir {output_dir!r} holds {', '.join(ahead)}, which this run did not write ({MANIFEST} does not "
             f"name {'it' if len(ahead) == 1 else 'them'}), where the run may save its own checkpoint of that step: "
@@ -238,9 +211,6 @@ def start(recipe, start_afresh: bool, pushes: bool) -> None:
 def replace(out: Path, names: list[str]) -> None:
     """Removes what the run in `out` recorded as its own, but its record (rewritten by the next run in one step: a kill
     in between leaves a folder that is still a run's) and its lock."""
-    from dpotrain.cluster.run_lock import LOCK_FILE
-    from dpotrain.train.tracking import keep_offline_runs
-
     if kept := keep_offline_runs(out):
         print(
             # the folder quoted, the pattern not: typed back, a folder with a space in its name is one word
@@ -248,10 +218,10 @@ def replace(out: Path, names: list[str]) -> None:
             f"(`wandb sync {shlex.quote(str(kept))}/offline-run-*`)",
             flush=True,
         )
-    removed = [e for e in owned(out, names) if e.name != MANIFEST]
+    removed = sorted(e for e in out.iterdir() if e.name in set(names) and e.name not in (MANIFEST, run_lock.LOCK_FILE))
     for entry in removed:
         shutil.rmtree(entry) if entry.is_dir() and not entry.is_symlink() else entry.unlink(missing_ok=True)
-    left = [e.name for e in out.iterdir() if e.name not in (MANIFEST, LOCK_FILE)]
+    left = [e.name for e in out.iterdir() if e.name not in (MANIFEST, run_lock.LOCK_FILE)]
     print(
         f"Replaced the run in {out}: removed its {len(removed)} own file(s) and folder(s)"
         + (f"; kept {len(left)} others ({', '.join(sorted(left)[:5])})" if left else ""),

@@ -20,6 +20,9 @@ from unittest import mock
 
 import numpy as np
 
+from dpotrain import output_folder, stages, train_stage
+from dpotrain.cluster import engine, offline
+from dpotrain.data import mixture
 from dpotrain.data.pair_lengths import LABELS, pair_columns
 from dpotrain.recipe import config, writes
 from dpotrain.recipe.config import ProjectArguments
@@ -118,8 +121,6 @@ def score(recipe, launch, sample) -> dict:
     is built on the sample with `precompute_ref_log_probs`, and its prepared data set read back. Returns per kept row:
     prompt / chosen / rejected token counts and summed log-probs."""
     from transformers.trainer_utils import IntervalStrategy
-
-    from dpotrain import stages, train_stage
 
     with tempfile.TemporaryDirectory(prefix="preflight-") as tmp, mock.patch.dict(os.environ, DPOTRAIN_CACHE=tmp):
         # The reference cache ($DPOTRAIN_CACHE) and the output folder live in a folder removed afterwards. Nothing
@@ -372,8 +373,6 @@ def gaps(s: dict, max_length: int | None):
 
 def _name(recipe):
     """The data set the report names: a mixture's sources, else dataset_name."""
-    from dpotrain.data import mixture
-
     sources = mixture.parse(mixture.fields_of(recipe))
     return [source.spec() for source in sources] if sources is not None else recipe.script.dataset_name
 
@@ -384,9 +383,6 @@ def run(
     """The whole preflight on a recipe checked by `stages.checks` (`launch`: its value); returns the exit status. The
     pairs are the run's: loaded by the run's data stage (a Hub data set at the run's commit, every row checked), and
     `max_length: auto` resolved by its lengths stage."""
-    from dpotrain import output_folder, stages
-    from dpotrain.cluster import offline
-
     offline.check_job_reachable(recipe)  # a model or data set to download: the Hub must answer, within seconds
     check_outputs(json_path, plot_path)
     inputs = writes.input_files(*(path for _, path in output_folder.reads(recipe)), recipe.config_path)
@@ -402,15 +398,12 @@ def run(
     pairs = stages.load_data(recipe, launch, say=False)
     if pairs.revision is not None:  # a Hub data set's commit, as the run pins it
         recipe = config.replaced(recipe, project={"dataset_revision": pairs.revision})
-    dataset = pairs.train
     if recipe.max_length_auto:  # as training resolves it (the analyzer's cached report when there is one)
-        from dpotrain.cluster import engine
-
         state = engine.start_processes(recipe.training, engine.launched())  # the recipe's timeout, as training's
         lengths = stages.measure_lengths(recipe, launch, pairs, stages.model_files(recipe, launch), state)
         recipe = config.replaced(recipe, training={"max_length": lengths.max_length})
     quality = data_quality(pairs)
-    sample = sample_rows(dataset, sample_size, seed)
+    sample = sample_rows(pairs.train, sample_size, seed)
     loss_types = list(recipe.training.loss_type)
     s = score(recipe, launch, sample)
     report = analyze(s, len(sample), recipe.training.max_length, loss_types, quality, Thresholds())

@@ -22,9 +22,8 @@ def save_and_push(run, resolved: dict) -> int | None:
     state, out = trainer.accelerator, Path(recipe.training.output_dir)  # every rank; the main process writes
     # A doomed run (dpotrain/train/health.py): no final model, no run_complete.json, and no requeue.
     if trainer.health and trainer.health.stop:
-        stop_file = trainer.graceful_stop.stop_file
         if state.is_main_process:
-            if stop_file:  # a preemption at the same step must not requeue a doomed run either
+            if stop_file := trainer.graceful_stop.stop_file:  # a preemption at the same step must not requeue it either
                 Path(f"{stop_file}.checkpointed").unlink(missing_ok=True)
             print(health.stop_line(trainer.health.stop, str(out)), flush=True)
         if pusher:

@@ -12,6 +12,7 @@ from dpotrain.cluster import engine
 from dpotrain.data import chat_template, mixture, model_identity
 from dpotrain.hub import hub_push
 from dpotrain.hub.hub import RUN_COMPLETE
+from dpotrain.plan.plan import steps_of
 from dpotrain.recipe import config, run_record
 from dpotrain.recipe.config import Recipe
 from dpotrain.recipe.errors import ConfigError
@@ -37,7 +38,9 @@ def world_size(recipe: Recipe, planning: bool) -> tuple[int, str]:
     if "WORLD_SIZE" in os.environ:
         return int(os.environ["WORLD_SIZE"]), "environment (WORLD_SIZE)"
     launch = recipe.project.accelerate_config
-    if planning and launch.lower() not in ("", "none") and not Path(launch).is_file():
+    if not planning or launch.lower() in ("", "none"):
+        return 1, "single process (python train_dpo.py, no launcher)"
+    if not Path(launch).is_file():
         # It planned 1 process in silence: a mistyped name, or the default accelerate_config.yaml named from outside
         # the project, as a launch of one while `accelerate launch --config_file` it fails.
         raise ConfigError(
@@ -45,12 +48,10 @@ def world_size(recipe: Recipe, planning: bool) -> tuple[int, str]:
             f"{shlex.quote(launch)}` would fail: pass --accelerate_config the file the launch reads (its path from "
             "here), or none for one process"
         )
-    if planning and launch.lower() not in ("", "none"):
-        return engine.processes(engine.read_accelerate_config(launch)), (
-            f"predicted for `accelerate launch --config_file {shlex.quote(launch)}` ({launch}: num_processes); "
-            "plain `python train_dpo.py` runs 1 process: --accelerate_config none plans that"
-        )
-    return 1, "single process (python train_dpo.py, no launcher)"
+    return engine.processes(engine.read_accelerate_config(launch)), (
+        f"predicted for `accelerate launch --config_file {shlex.quote(launch)}` ({launch}: num_processes); "
+        "plain `python train_dpo.py` runs 1 process: --accelerate_config none plans that"
+    )
 
 
 def check_values(recipe: Recipe) -> None:
@@ -200,11 +201,10 @@ def changed_settings(recipe: Recipe, out: Path, pairs_per_step: int | None) -> l
 
 def _one_place(old, new) -> bool:
     """Two names of one local file or folder (relative once, absolute once, through a link): not a changed setting.
-    A recorded relative name is looked for as this run looks for its own (`config.parse_args`): here, in the folder a
-    job was submitted from, in the project. Looked for here alone, a run started in the project (`dataset_name:
-    data/smoke_prefs.jsonl` recorded as written) was refused its resume from another folder, where the same recipe
-    names the project's file by its full path ("dataset_name: 'data/smoke_prefs.jsonl' -> '/.../data/..."). The
-    content is compared anyway (`changed_settings`)."""
+    A recorded relative name is looked for as this run looks for its own (`config.parse_args`: here, the folder a job
+    was submitted from, the project): looked for here alone, a run started in the project (`dataset_name:
+    data/smoke_prefs.jsonl`) was refused its resume from another folder, whose recipe names that file by its full
+    path. The content is compared anyway (`changed_settings`)."""
     if not (isinstance(old, str) and isinstance(new, str)):
         return False
     was, now = config.recorded_place(old), Path(new).expanduser()
@@ -245,8 +245,7 @@ def check_output_dir(recipe: Recipe, pairs_per_step: int | None = None) -> Outpu
         resume.check_explicit(explicit)
         # The automatic resume's comparison, with the record the checkpoint was trained under.
         folder = Path(explicit)
-        changed = changed_settings(recipe, trained_under(folder), pairs_per_step)
-        if changed:
+        if changed := changed_settings(recipe, trained_under(folder), pairs_per_step):
             raise ConfigError(
                 f"resume_from_checkpoint {str(folder)!r} was written by a run with other settings "
                 f"({'; '.join(changed)}): rerun with its settings to resume it, or {resume.new_run_from(folder)}"
@@ -307,8 +306,6 @@ def check_output_dir(recipe: Recipe, pairs_per_step: int | None = None) -> Outpu
 
 def count_steps(recipe: Recipe, batch: Batch, world: int, rows: int | None) -> dict:
     """Optimizer steps as the Trainer will count them: steps of pairs_per_step pairs (plan.py), on `world` ranks."""
-    from dpotrain.plan.plan import steps_of
-
     t, pairs = recipe.training, batch.pairs_per_step
     plan = {"pairs_per_step": pairs, "dataset_rows": rows, "total_steps": None, "warmup_steps": None}
     if t.max_steps > 0:

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
+from transformers import AutoConfig
 from trl.data_utils import is_conversational
 
 from dpotrain import options, output_folder, resolve
@@ -33,12 +34,14 @@ from dpotrain.data import (
 )
 from dpotrain.data.pair_lengths import PairLengths
 from dpotrain.forwards import choice, cost, sample
-from dpotrain.plan import layers, memory, plan
-from dpotrain.recipe import config, venv
+from dpotrain.hub import hub
+from dpotrain.plan import layers, memory, plan, plan_stage
+from dpotrain.recipe import config, records, venv
 from dpotrain.recipe.config import uses_live_reference
-from dpotrain.recipe.errors import ConfigError, cause
+from dpotrain.recipe.errors import ConfigError, RunError, cause
 from dpotrain.recipe.run_record import MemoryPlan
-from dpotrain.train import health, lora, resume, samples
+from dpotrain.reference import reference
+from dpotrain.train import health, lora, metrics, resume, samples
 
 FA4_SETS = {"with FlashAttention 4 installed": "flash_attention_4", "without": None}  # a dry run for a GPU job
 
@@ -53,11 +56,8 @@ ANALYZER_FIELDS = """
 def analyze_command(recipe) -> str:
     """The analyzer's command that measures what this run will train: the recipe (the analyzer parses it as the run
     does), and the command line's values of the fields it measures with (the recipe's model may not be here)."""
-    words = [
-        "python",
-        venv.project_file("scripts/analyze_dataset.py"),
-        *(["--config", recipe.config_path] if recipe.config_path else []),
-    ]
+    words = ["python", venv.project_file("scripts/analyze_dataset.py")]
+    words += ["--config", recipe.config_path] if recipe.config_path else []
     values = {**vars(recipe.script), **vars(recipe.model), **vars(recipe.project)}
     changed = config.fields_set(recipe.command_line)
     for name in ANALYZER_FIELDS:
@@ -138,12 +138,9 @@ def checks(recipe) -> Launch:
 def data_folders(recipe) -> list[str]:
     """The folders a run may read whole as data: the data set's, and each mixture source's without data_files (a
     builder's, `path: json`, is its data_dir)."""
-    sources = [s for evaluation in (False, True) for s in mixture.parse(mixture.fields_of(recipe), evaluation) or []]
-    folders = [
-        s.data_dir if s.path in mixture.BUILDERS else os.path.join(s.path, s.data_dir or "")
-        for s in sources
-        if not s.data_files
-    ]
+    values = mixture.fields_of(recipe)
+    whole = [s for evaluation in (False, True) for s in mixture.parse(values, evaluation) or [] if not s.data_files]
+    folders = [s.data_dir if s.path in mixture.BUILDERS else os.path.join(s.path, s.data_dir or "") for s in whole]
     return [name for name in (recipe.script.dataset_name, *folders) if name]
 
 
@@ -151,13 +148,8 @@ def check_histories(output_dir: str) -> None:
     """The records a resume trims at its first logged step (metrics.jsonl, samples.jsonl): a line changed by hand is
     refused now, in its one line, not after the model has loaded. One the run's record does not name is a person's,
     moved aside as the run starts (`output_folder.start`), never read."""
-    from dpotrain.recipe import records
-    from dpotrain.recipe.errors import RunError
-    from dpotrain.train.metrics import METRICS_FILE
-    from dpotrain.train.samples import SAMPLES_FILE
-
     own = output_folder.read_manifest(Path(output_dir))
-    for name in [n for n in (METRICS_FILE, SAMPLES_FILE) if own is None or n in own]:
+    for name in [n for n in (metrics.METRICS_FILE, samples.SAMPLES_FILE) if own is None or n in own]:
         try:
             records.read(Path(output_dir) / name, step=True)
         except RunError as e:
@@ -185,8 +177,6 @@ def output_checks(recipe, launch: Launch, push) -> resolve.OutputDecision:
         output_folder.check_outside_data(training.output_dir, data_folders(recipe))  # the dry run's JSON too
         check(output_folder.check, training.output_dir, not launch.dry_run)
     if not uses_live_reference(recipe):
-        from dpotrain.reference import reference
-
         reference.check_writable()  # the reference stage saves as it goes
     check(lengths.check_tokenizer_folder, recipe.model.model_name_or_path or "")  # configs/models/*: a shape only
     decision = resolve.OutputDecision(None, False)
@@ -201,17 +191,12 @@ def output_checks(recipe, launch: Launch, push) -> resolve.OutputDecision:
         # One whoami per run, for a run that will train: a rerun completing a push a kill cut short pushes to the repo
         # that push started on, and nothing else (a check here would create an empty repo named after the command).
         if push.requested and not launch.dry_run and collectives.launched_main() and not decision.push_left:
-            from dpotrain.hub import hub
-
             push.repo_id = hub.check_write_access(push.repo_id, push.token)  # now, not after training; user/name
             hub.create_at_start(push.repo_id, push.token, push.private)  # a new repo: may this token create it?
     kept = None if decision.start_afresh or decision.push_left else hub_revision.kept(recipe, training.output_dir)
     if kept and collectives.launched_main():
-        print(
-            f"Resuming on {recipe.script.dataset_name}: commit {kept[:12]}, the one this run started on "
-            "(dataset_revision)",
-            flush=True,
-        )
+        name = recipe.script.dataset_name
+        print(f"Resuming on {name}: commit {kept[:12]}, the one this run started on (dataset_revision)", flush=True)
     resume.check_partitions(decision.resume_from, launch.world, launch.engine)  # the engine and processes that wrote it
     check(output_folder.check_replaceable, training.output_dir, decision.start_afresh)
     if not only_reference and not decision.push_left:  # a person's checkpoint-N where the run would save its own
@@ -247,9 +232,8 @@ def load_data(
     revision = (output.data_commit if output is not None else None) or p.dataset_revision
     mixed = mixture.given(mixture.fields_of(recipe))
     if launch.dry_run and not mixed and not data.is_local(script.dataset_name):
-        return Data(
-            None, None, resolve.count_steps(recipe, launch.batch, launch.data_parallel, None), revision=revision
-        )
+        steps = resolve.count_steps(recipe, launch.batch, launch.data_parallel, None)
+        return Data(None, None, steps, revision=revision)
     if not launch.dry_run or mixed:  # a dry run reads a mixture's Hub sources: the run's checks of them first
         offline.check_job_reachable(recipe, model=False)  # a data set to download: the Hub must answer, within seconds
     if launch.dry_run and mixed:  # offline, an uncached source was "Couldn't reach ... (OfflineModeIsEnabled)"
@@ -268,9 +252,8 @@ def load_data(
         checked["eval_rows"] = len(eval_dataset)
     steps = resolve.count_steps(recipe, launch.batch, launch.data_parallel, len(dataset))
     if identify and not mixed:
-        checked["data_identity"] = data_identity.of(script.dataset_name, script.dataset_train_split) or (
-            hub_revision.identity(revision)
-        )
+        found = data_identity.of(script.dataset_name, script.dataset_train_split)
+        checked["data_identity"] = found or hub_revision.identity(revision)
     plan.check_steps(steps, recipe.training.max_steps)
     return Data(dataset, eval_dataset, steps, checked, mix, revision)
 
@@ -353,17 +336,16 @@ class Lengths:
 def _tokenizer(recipe, model_path: str, local_only: bool):
     try:
         return lengths.recipe_tokenizer(recipe, model_path, local_files_only=local_only)
-    except ConfigError:  # a folder without a tokenizer (configs/models/*): the output checks listed it for a dry run
-        if not local_only:
+    except (ConfigError, OSError, ValueError) as e:
+        if local_only:  # a dry run: not on this machine, or a folder without one (configs/models/*: the checks list it)
+            return None
+        if isinstance(e, ConfigError):
             raise
-        return None
-    except (OSError, ValueError) as e:
-        if not local_only:  # the run needs it (the pairs' lengths, then TRL): one line, not the loader's traceback
-            raise ConfigError(
-                f"could not load the tokenizer of {model_path!r} ({cause(e, 200)}): a model folder needs its "
-                "tokenizer files (tokenizer.json, tokenizer_config.json) beside config.json"
-            ) from None
-        return None  # a dry run: the tokenizer is not on this machine
+        # The run needs it (the pairs' lengths, then TRL): one line, not the loader's traceback
+        raise ConfigError(
+            f"could not load the tokenizer of {model_path!r} ({cause(e, 200)}): a model folder needs its "
+            "tokenizer files (tokenizer.json, tokenizer_config.json) beside config.json"
+        ) from None
 
 
 def check_pad_token(pad_token: str | None, tokenizer) -> None:
@@ -464,8 +446,6 @@ class Forward:
 
 def _model_config(recipe, model_path: str, local_only: bool):
     """The model's config (no weights), or (None, why) where a dry run does not have it on this machine."""
-    from transformers import AutoConfig
-
     revision = recipe.model.model_revision
     try:
         return AutoConfig.from_pretrained(model_path, revision=revision, local_files_only=local_only), None
@@ -525,8 +505,6 @@ def _undecided(recipe, launch: Launch, config) -> Forward:
 def plan_batching(recipe, launch: Launch, pairs: Data, pair_lengths: Lengths, forward: Forward) -> dict:
     """The step plan a dry run records (`derived.batching`): the run's plan stage on every pair's lengths as the
     analyzer measures them, for the forward chosen (the run plans from the trainer's tokenized data set)."""
-    from dpotrain.plan import plan, plan_stage
-
     t, p, max_length = recipe.training, recipe.project, pair_lengths.max_length
     pending = {"planned": f"at start, from the token lengths ({analyze_hint(recipe)})"}
     f = forward.planned
@@ -546,11 +524,9 @@ def plan_batching(recipe, launch: Launch, pairs: Data, pair_lengths: Lengths, fo
     every = PairLengths.from_parts(
         m.prompt[kept], m.chosen[kept], m.rejected[kept], max_length, f.share_prompt, t.truncation_mode
     )
-    layout = (
-        plan.RowLayout("one_row" if f.one_row else "rows", f.hidden_size, multiple=f.pad_multiple)
-        if f.packed
-        else plan.RowLayout("padded")
-    )
+    layout = plan.RowLayout("padded")
+    if f.packed:
+        layout = plan.RowLayout("one_row" if f.one_row else "rows", f.hidden_size, multiple=f.pad_multiple)
     return plan_stage.make(
         every,
         t,
@@ -634,14 +610,8 @@ class RunSpec:
 
     def record(self) -> dict:
         batching = {} if self.batching is None else {"batching": self.batching}
-        return {
-            **self.launch.record(),
-            **self.data.record(),
-            **self.lengths.record(),
-            "forward": self.forward.record(),
-            "memory": self.memory.values,
-            **batching,
-        }
+        forward = {"forward": self.forward.record(), "memory": self.memory.values}
+        return self.launch.record() | self.data.record() | self.lengths.record() | forward | batching
 
 
 def first_half(

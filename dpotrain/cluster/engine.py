@@ -16,6 +16,9 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from accelerate.commands.config.config_args import load_config_from_file
+from accelerate.state import PartialState
+from accelerate.utils import DistributedType
 
 from dpotrain.recipe import upstream
 from dpotrain.recipe.config import DS_FILE_FIX, launch_file, launch_file_places
@@ -83,10 +86,6 @@ def _mixed_precision_set() -> str:
 def launched() -> Engine:
     """The engine of this process's launch, from the environment `accelerate launch` sets (it does not pass on the
     config file's path); refuses the engines this project does not support."""
-    return replace(_launched(), mixed_precision=_mixed_precision_set())
-
-
-def _launched() -> Engine:
     env = os.environ.get
     world, per_node = int(env("WORLD_SIZE", "1")), int(env("LOCAL_WORLD_SIZE", "1"))
     if env("ACCELERATE_USE_DEEPSPEED", "false").lower() == "true":
@@ -99,26 +98,31 @@ def _launched() -> Engine:
             setting = lambda key, default: env(f"ACCELERATE_DEEPSPEED_{key.upper()}", default)
             found = _inline_deepspeed(setting, LAUNCHED, per_node, clip if clip == "auto" else float(clip))
             found = _with_accumulation(found, env("ACCELERATE_GRADIENT_ACCUMULATION_STEPS"))
-        if found.name not in ("zero2", "zero3"):
-            raise ConfigError(_unsupported_stage(found.name.removeprefix("zero")))
-        if found.refused:
-            raise ConfigError(found.refused)
-        return found
-    if env("ACCELERATE_USE_FSDP", "false").lower() == "true":
+        found = _supported_stage(found, LAUNCHED)
+    elif env("ACCELERATE_USE_FSDP", "false").lower() == "true":
         refused = _unsupported_fsdp(env("FSDP_VERSION", "1"), env("FSDP_STATE_DICT_TYPE"))
-        if refused:
-            raise ConfigError(refused)
-        return Engine("fsdp2", LAUNCHED, per_node, offload_params=env("FSDP_OFFLOAD_PARAMS", "false").lower() == "true")
-    for flag in ("ACCELERATE_USE_MEGATRON_LM", "ACCELERATE_USE_SAGEMAKER"):
-        if env(flag, "false").lower() == "true":
-            raise ConfigError(f"{flag.removeprefix('ACCELERATE_USE_').lower()} is not supported: use {SUPPORTED}")
-    return Engine("ddp" if world > 1 else "single", LAUNCHED, per_node)
+        offload = env("FSDP_OFFLOAD_PARAMS", "false").lower() == "true"
+        found = Engine("fsdp2", LAUNCHED, per_node, offload_params=offload, refused=refused)
+    else:
+        for flag in ("ACCELERATE_USE_MEGATRON_LM", "ACCELERATE_USE_SAGEMAKER"):
+            if env(flag, "false").lower() == "true":
+                raise ConfigError(f"{flag.removeprefix('ACCELERATE_USE_').lower()} is not supported: use {SUPPORTED}")
+        found = Engine("ddp" if world > 1 else "single", LAUNCHED, per_node)
+    if found.refused:
+        raise ConfigError(found.refused)
+    return replace(found, mixed_precision=_mixed_precision_set())
 
 
-def _unsupported_stage(stage: str) -> str:
-    return (
-        f"DeepSpeed ZeRO stage {stage} is not supported: use ZeRO-2 (accelerate_config.yaml) or "
-        "ZeRO-3 (ACCELERATE_CONFIG=configs/accelerate/zero3.yaml)"
+def _supported_stage(found: Engine, source: str) -> Engine:
+    """A DeepSpeed engine of a ZeRO stage other than 2 or 3: unplanned, and refused."""
+    if found.name in ("zero2", "zero3"):
+        return found
+    stage = found.name.removeprefix("zero")
+    return Engine(
+        "unplanned",
+        f"DeepSpeed ZeRO stage {stage} ({source}): plans cover stages 2, 3",
+        refused=f"DeepSpeed ZeRO stage {stage} is not supported: use ZeRO-2 (accelerate_config.yaml) or "
+        "ZeRO-3 (ACCELERATE_CONFIG=configs/accelerate/zero3.yaml)",
     )
 
 
@@ -142,8 +146,6 @@ def _unsupported_fsdp(version, state_dict_type: str | None) -> str | None:
 
 def read_accelerate_config(path: str):
     """The accelerate config at `path` as `accelerate launch --config_file` reads it (accelerate's own loader)."""
-    from accelerate.commands.config.config_args import load_config_from_file
-
     try:
         return load_config_from_file(path)
     except Exception as e:  # a YAML error, an unknown key, no distributed_type: `accelerate launch` refuses it too
@@ -162,23 +164,18 @@ def from_config(accelerate_config: str) -> Engine:
     if accelerate_config.lower() in ("", "none"):
         return Engine("single", "python train_dpo.py, no launcher", mixed_precision=from_environment)
     if not Path(accelerate_config).is_file():
-        return Engine(
-            "unplanned", f"accelerate config {accelerate_config!r} not found", mixed_precision=from_environment
-        )
+        why = f"accelerate config {accelerate_config!r} not found"
+        return Engine("unplanned", why, mixed_precision=from_environment)
     try:
         config = read_accelerate_config(accelerate_config)
     except ConfigError as e:
         return Engine("unplanned", str(e), refused=str(e), mixed_precision=from_environment)
-    mixed = str(config.mixed_precision or "no").lower()
     try:
         found = _engine_of(config, accelerate_config)
     except ConfigError as e:  # its DeepSpeed config unreadable: `accelerate launch` would refuse it too
         found = Engine("unplanned", str(e), refused=str(e))
-    return replace(
-        found,
-        mixed_precision=mixed,
-        mixed_precision_from=f"the accelerate config {accelerate_config}",
-    )
+    mixed = str(config.mixed_precision or "no").lower()
+    return replace(found, mixed_precision=mixed, mixed_precision_from=f"the accelerate config {accelerate_config}")
 
 
 def _engine_of(config, accelerate_config: str) -> Engine:
@@ -203,11 +200,7 @@ def _engine_of(config, accelerate_config: str) -> Engine:
         else:  # the settings inline in the accelerate config; accelerate's own default clipping: "auto"
             found = _inline_deepspeed(ds.get, accelerate_config, per_node, ds.get("gradient_clipping", "auto"))
             found = _with_accumulation(found, ds.get("gradient_accumulation_steps"))
-        if found.name not in ("zero2", "zero3"):
-            stage = found.name.removeprefix("zero")
-            why = f"DeepSpeed ZeRO stage {stage} ({accelerate_config}): plans cover stages 2, 3"
-            return Engine("unplanned", why, refused=_unsupported_stage(stage))
-        return found
+        return _supported_stage(found, accelerate_config)
     if kind == "FSDP":
         fsdp = config.fsdp_config
         refused = _unsupported_fsdp(fsdp.get("fsdp_version", 1), fsdp.get("fsdp_state_dict_type"))
@@ -417,8 +410,7 @@ def check_deepspeed_settings(training, world: int, run_engine: Engine) -> None:
     learning rate constant where the record said linear decay). Both refused here, before anything loads."""
     settings = dict(run_engine.deepspeed_settings)
     replaced = {"optimizer": ("optim", training.optim), "scheduler": ("lr_scheduler_type", training.lr_scheduler_type)}
-    own = [key for key in OWN_PARTS if key in settings]
-    if own:
+    if own := [key for key in OWN_PARTS if key in settings]:
         theirs = " and ".join(f'"{key}" ({settings[key]})' for key in own)
         ours = " and ".join(f"{replaced[key][0]} {getattr(replaced[key][1], 'value', replaced[key][1])}" for key in own)
         raise ConfigError(
@@ -462,9 +454,6 @@ def enable_on_cpu(engine: Engine) -> None:
     accelerate sets up on CPU with gloo)."""
     if torch.cuda.is_available() or engine.name not in ("fsdp2", "ddp"):
         return
-    from accelerate.state import PartialState
-    from accelerate.utils import DistributedType
-
     state = PartialState()
     if state.distributed_type == DistributedType.NO and state.num_processes > 1:
         # FSDP: the branch of AcceleratorState that sets it up is taken for accelerator types only; it then becomes
@@ -501,8 +490,6 @@ def start_processes(training, run_engine: Engine):
     that group, so anything one rank does alone for longer (the final model's write) ends the job. Groups made later
     (DeepSpeed's in `deepspeed.initialize`) take torch's default, which `distributed_c10d._get_default_timeout` reads
     at each `new_group` (torch 2.13): that default becomes the recipe's too (tests/test_engines.py reads it back)."""
-    from accelerate import PartialState
-
     timeout = timedelta(seconds=training.ddp_timeout)
     upstream.set_default_collective_timeout(timeout)
     # As TrainingArguments would make it (`ddp_backend`: gloo on CPU-only nodes); DeepSpeed picks its own.

@@ -77,8 +77,7 @@ def select_model_files(repo_files: list[str]) -> list[str]:
     top_or_template = [f for f in repo_files if "/" not in f or f.startswith("additional_chat_templates/")]
     chosen = [f for f in top_or_template if any(fnmatch.fnmatch(f, p) for p in MODEL_FILES)]
     for pattern in WEIGHTS:  # one format only: a repo with both safetensors and .bin needs the safetensors
-        weights = [f for f in top if fnmatch.fnmatch(f, pattern)]
-        if weights:
+        if weights := [f for f in top if fnmatch.fnmatch(f, pattern)]:
             chosen += weights
             break
     return sorted(set(chosen))
@@ -96,8 +95,7 @@ def missing_model_files(repo_id: str, revision: str | None = None, weights: bool
     index = next((p for p in map(cached, ("model.safetensors.index.json", "pytorch_model.bin.index.json")) if p), None)
     if weights and index:
         shards = sorted(set(json.loads(Path(index).read_text())["weight_map"].values()))
-        absent = [s for s in shards if not cached(s)]
-        if absent:
+        if absent := [s for s in shards if not cached(s)]:
             missing.append(f"{len(absent)} of {len(shards)} weight shards ({absent[0]}, ...)")
     elif weights and not (cached("model.safetensors") or cached("pytorch_model.bin")):
         missing.append(NEEDED[1])
@@ -119,8 +117,8 @@ def cached_dataset(name: str, config: str | None = None, split: str = "train") -
     root = Path(datasets.config.HF_DATASETS_CACHE) / "___".join(parts)
     pattern = os.path.join(glob.escape(str(root)), glob.escape(config) if config else "*", "*", "*")
     found = [Path(p) for p in glob.glob(pattern) if os.path.isdir(p)]
-    broken = [p for p in found if not (p / "dataset_info.json").is_file()]
-    if broken:  # datasets would stop on it with a FileNotFoundError
+    # datasets would stop on an interrupted download with a FileNotFoundError
+    if broken := [p for p in found if not (p / "dataset_info.json").is_file()]:
         return None, f"an interrupted download left {broken[0]}: delete it"
     infos = {p: json.loads((p / "dataset_info.json").read_text()) for p in found}
     usable = [p for p in found if infos[p].get("config_name") == p.parts[-3]]
@@ -137,8 +135,7 @@ def cached_dataset(name: str, config: str | None = None, split: str = "train") -
     files = filenames_for_dataset_split(
         str(newest), camelcase_to_snakecase(name.split("/")[-1]), split, "arrow", shard_lengths
     )
-    absent = [f for f in files if not os.path.isfile(f)]
-    if absent:
+    if absent := [f for f in files if not os.path.isfile(f)]:
         return None, f"the cached copy ({newest}) lacks {Path(absent[0]).name}: delete the folder"
     return newest, None
 

@@ -288,8 +288,7 @@ def take(output_dir: str, main: bool) -> None:
     from dpotrain.cluster.collectives import broadcast_from_main
 
     refused = acquire(Path(output_dir)) if main else None
-    refused = broadcast_from_main(refused)
-    if refused:
+    if refused := broadcast_from_main(refused):
         raise ConfigError(refused)
 
 
