@@ -192,6 +192,7 @@ def test_the_analyzer_measures_with_the_recipes_template(tmp_path, tiny_model_di
     assert "error: chat_template_path" in capsys.readouterr().err
 
 
+@pytest.mark.slow  # 5-9 s on 2 cores: past the fast tier's ~2 s per test
 def test_the_preflight_scores_with_the_recipes_template(tmp_path, tiny_model_dir):
     from dpotrain import preflight, stages
 

@@ -262,6 +262,7 @@ def submitted(line: str) -> tuple[str, int, int]:
     return words[0].split("=", 1)[1], int(options["nodes"]) * per_node, per_node
 
 
+@pytest.mark.slow  # 5-9 s on 2 cores: past the fast tier's ~2 s per test
 @pytest.mark.parametrize("per_node", [4, 8])
 def test_every_suggested_command_plans_the_world_size_it_names(tmp_path, capsys, monkeypatch, per_node):
     """Two nodes of 4 and of 8 GPUs (GPUS_PER_NODE, as scripts/launch.sh passes the job's --gpus-per-node): the summary

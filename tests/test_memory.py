@@ -311,6 +311,7 @@ def test_a_live_reference_model_adds_its_weights_as_trl_prepares_them(olmo3):
     assert "reference_model" not in planned["per_gpu_gib"]
 
 
+@pytest.mark.slow  # 5-9 s on 2 cores: past the fast tier's ~2 s per test
 @no_gpu
 def test_lora_peft_refuses_for_a_mixture_of_experts_is_one_line_and_no_advice(tmp_path):
     """all-linear on a transformers 5 mixture of experts adapts its expert parameters, which PEFT refuses with a
@@ -393,6 +394,7 @@ print("parameters", plan["model"]["parameters"], "activations", plan["activation
 """
 
 
+@pytest.mark.slow  # 5-9 s on 2 cores: past the fast tier's ~2 s per test
 def test_a_bf16_zero3_rank_plans_with_its_models_built_plain(tmp_path):
     """Inside a ZeRO-3 launch transformers builds every model inside DeepSpeed's zero.Init; in bf16 the plan's model
     on the meta device failed there ("Cannot copy out of meta tensor"), and its trace on fake tensors too: a bf16 ZeRO-3

@@ -138,6 +138,7 @@ def test_a_moved_seam_fails_naming_the_symbol_and_why(seam, says):
     assert seam.symbol in str(raised.value) and says in str(raised.value) and seam.why in str(raised.value)
 
 
+@pytest.mark.slow  # 5-9 s on 2 cores: past the fast tier's ~2 s per test
 def test_no_private_member_of_an_upstream_class_is_reached_outside_the_seam():
     sources = project_sources()
     private = upstream_private_names() - own_private_names(sources)
