@@ -178,14 +178,8 @@ def _files_read(source: Source) -> list:
     folder = os.path.expanduser(os.path.join(where, data_dir or ""))
     if not data_files and os.path.isdir(folder) and not data_identity.saved(Path(folder)):
         return _split_files(folder, split, None if data_dir else source.name)
-    entries = _entries(data_files, split)
+    entries = data_identity.entries(data_files, split)
     return [p.resolve() for e in entries for p in (data_identity.files(where, split, data_dir, e) or {}).values()]
-
-
-def _entries(data_files, split: str) -> list:
-    """A source's `data_files` entries for `split`: one entry, a list, or a mapping of split to either."""
-    entries = data_files.get(split) if isinstance(data_files, dict) else data_files
-    return entries if isinstance(entries, list) else [entries]
 
 
 def _split_files(folder: str, split: str, name: str | None = None) -> list:
@@ -333,7 +327,7 @@ def _check_found(source: Source) -> None:
     if source.path not in BUILDERS or source.file or not source.data_files:
         return
     base, split, _, data_files = _read_from(source)
-    for entry in _entries(data_files, split):
+    for entry in data_identity.entries(data_files, split):
         if isinstance(entry, str) and "://" not in entry and not _load_finds(base, entry):
             where = "" if os.path.isabs(entry) else f" (looked in {os.path.abspath(os.path.expanduser(base))})"
             home = " (datasets does not expand ~ in data_files: give the full path)" if entry.startswith("~") else ""
@@ -482,10 +476,8 @@ def load(
         if identify:  # the content, as one source's is recorded (data_identity): a Hub set by its revision
             record["identity"] = identity_of(source)
         records.append(record)
-    taken = [
-        take(s, len(p), seed, n)
-        for s, p, n in zip(sources, usable, share_rows(sources, [len(p) for p in usable]), strict=True)
-    ]
+    shares = share_rows(sources, [len(p) for p in usable])
+    taken = [take(s, len(p), seed, n) for s, p, n in zip(sources, usable, shares, strict=True)]
     for record, picked, pairs in zip(records, taken, usable, strict=True):
         digest = hashlib.sha256(np.asarray(picked, dtype=np.int64).tobytes()).hexdigest()[:16]
         record.update(taken=len(picked), upsampled=len(picked) > len(pairs), taken_sha256=digest)
