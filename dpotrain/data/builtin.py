@@ -52,7 +52,6 @@ def is_builtin(name: str | None) -> bool:
 
 
 def check_name(name: str) -> None:
-    """Refuse a `builtin:` name that is not one of BUILTIN_MODELS, listing those that are."""
     if name.removeprefix(BUILTIN_PREFIX) not in BUILTIN_MODELS:
         known = ", ".join(BUILTIN_PREFIX + k for k in BUILTIN_MODELS)
         raise ConfigError(
