@@ -155,10 +155,7 @@ def read(row: dict, shape: Shape) -> tuple[dict | None, tuple[str, str] | None]:
         example, problem = _messages(chosen, rejected)
     if problem:
         return None, problem
-    for column in KEPT_COLUMNS:
-        if row.get(column) is not None:
-            example[column] = row[column]
-    return example, None
+    return example | {column: row[column] for column in KEPT_COLUMNS if row.get(column) is not None}, None
 
 
 def _messages(chosen: list, rejected: list) -> tuple[dict | None, tuple[str, str] | None]:
