@@ -5,6 +5,7 @@ Nothing here downloads. `model_name_or_path: builtin:tiny-olmo3` in a recipe is 
 the first time, then reuses the folder. The same seed gives the same weights, so CPU runs are reproducible.
 """
 
+import contextlib
 import json
 import os
 import random
@@ -51,7 +52,6 @@ def is_builtin(name: str | None) -> bool:
 
 
 def check_name(name: str) -> None:
-    """Refuse a `builtin:` name that is not one of BUILTIN_MODELS, listing those that are."""
     if name.removeprefix(BUILTIN_PREFIX) not in BUILTIN_MODELS:
         known = ", ".join(BUILTIN_PREFIX + k for k in BUILTIN_MODELS)
         raise ConfigError(
@@ -87,22 +87,14 @@ def materialize_model(name: str) -> str:
         with quiet_progress_bars():  # "Writing model shards": a bar for one small file
             build_model(key, tokenizer).save_pretrained(tmp)
         if (tmp / "model.safetensors").exists():
-            try:
+            with contextlib.suppress(OSError):  # another rank renamed first
                 tmp.rename(target)
-            except OSError:  # another rank renamed first
-                pass
-        else:
-            # Once torch.distributed is up, transformers writes weights on global rank 0 only
-            # (`should_save_on_this_rank`): this rank waits for rank 0's folder (shared, as the project folder is on
-            # a cluster) instead of publishing a folder without weights.
-            return _wait_for_model(name, target)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    return str(target)
-
-
-def _wait_for_model(name: str, target: Path, timeout: float = 600.0) -> str:
-    deadline = time.monotonic() + timeout
+    # Once torch.distributed is up, transformers writes weights on global rank 0 only (`should_save_on_this_rank`):
+    # another rank waits for rank 0's folder (shared, as the project folder is on a cluster) instead of publishing a
+    # folder without weights.
+    deadline = time.monotonic() + 600
     while (found := existing_model_dir(name)) is None:
         if time.monotonic() > deadline:
             raise RuntimeError(

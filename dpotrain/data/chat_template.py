@@ -124,16 +124,12 @@ def answer_problem(example: dict, tokenizer) -> tuple[str, str] | None:
     (`lengths.check_tokenizer` refuses that with its fix)."""
     if not getattr(tokenizer, "chat_template", None):
         return None
-    kwargs = template_kwargs(example)
-    texts = {}
-    for column, messages, generation in (
-        ("prompt", example["prompt"], True),
-        ("chosen", example["prompt"] + example["chosen"], False),
-        ("rejected", example["prompt"] + example["rejected"], False),
-    ):
+    kwargs, texts = template_kwargs(example), {}
+    for column in ("prompt", "chosen", "rejected"):
+        messages = example["prompt"] + (example[column] if column != "prompt" else [])
         try:
             texts[column] = tokenizer.apply_chat_template(
-                messages, tokenize=False, add_generation_prompt=generation, **kwargs
+                messages, tokenize=False, add_generation_prompt=column == "prompt", **kwargs
             )
         except Exception as e:  # noqa: BLE001 - whatever the template raises, TRL's map would raise too
             return column, f"{TEMPLATE_ERROR}: {type(e).__name__}: {e}"

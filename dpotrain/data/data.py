@@ -155,21 +155,17 @@ def load_preference_dataset(
         text = _csv_columns_as_text(path) if builder == "csv" else None
         try:
             loaded = load_as_text(
-                lambda features: datasets.load_dataset(
-                    builder, data_files={split: as_files(path)}, streaming=streaming, features=features
-                ),
-                text,
+                text, datasets.load_dataset, builder, data_files={split: as_files(path)}, streaming=streaming
             )
         except Exception as e:  # datasets names neither the file's line nor the fix
-            raise ConfigError(_unreadable(path, e)) from None
+            raise ConfigError(_bad_line(path) or f"could not read dataset file {str(path)!r}: {cause(e)}") from None
         if builder in ("json", "csv") and not streaming:
             _check_utf8(loaded[split], path)
     elif path.is_dir():  # a folder of data files: by its path (a recipe's `~/prefs` is no Hub name)
         csv = [p for p in (data_identity.files(str(path)) or {}).values() if p.suffix == ".csv"]
         try:  # a folder of CSV files: read as text, as one file is (it is read as CSV where they are the most files)
             loaded = load_as_text(
-                lambda features: datasets.load_dataset(str(path), name=config, streaming=streaming, features=features),
-                csv_text_features(csv),
+                csv_text_features(csv), datasets.load_dataset, str(path), name=config, streaming=streaming
             )
         except Exception as e:  # it was said to come "from the Hub", naming neither its file nor the fix
             raise ConfigError(_unreadable_folder(name, path, e)) from None
@@ -245,15 +241,15 @@ def csv_text_features(paths):
     return first if all(_csv_columns_as_text(p) == first for p in paths[1:]) else None
 
 
-def load_as_text(load, features):
-    """`load(features)`, else `load(None)` where reading every column as text fails (a header pandas reads otherwise:
-    more fields in the rows than names): its own types, as before."""
+def load_as_text(features, load, *args, **kwargs):
+    """`load(*args, features=features, **kwargs)`, else with `features=None` where reading every column as text fails
+    (a header pandas reads otherwise: more fields in the rows than names): its own types, as before."""
     try:
-        return load(features)
+        return load(*args, features=features, **kwargs)
     except Exception:
         if features is None:
             raise
-        return load(None)
+        return load(*args, features=None, **kwargs)
 
 
 def _csv_columns_as_text(path: Path):
@@ -317,11 +313,6 @@ def check_datasets_cache() -> None:
             f"the datasets cache {folder} is not writable ({problem[1]} in {problem[0]}), and datasets caches every "
             "data set it reads there, local files too: set HF_HOME (or HF_DATASETS_CACHE) to a writable folder"
         )
-
-
-def _unreadable(path: Path, error: Exception) -> str:
-    """Why a local file did not load: its first line that is not UTF-8 (or, JSON Lines, not a JSON object)."""
-    return _bad_line(path) or f"could not read dataset file {str(path)!r}: {cause(error)}"
 
 
 def _unreadable_folder(name: str, path: Path, error: Exception) -> str:

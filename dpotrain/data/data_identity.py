@@ -23,14 +23,17 @@ def saved(path: Path) -> bool:
     return (path / "dataset_info.json").exists() or (path / "dataset_dict.json").exists()
 
 
+def entries(data_files, split: str) -> list:
+    """A source's `data_files` entries for `split`: one entry, a list, or a mapping of split to either."""
+    entries = data_files.get(split) if isinstance(data_files, dict) else data_files
+    return entries if isinstance(entries, list) else [entries]
+
+
 def _listed(data_files, split: str, base: Path) -> list[Path]:
     """The local files a mixture source's `data_files` names (a path, a glob, a list of them, or {split: ...}),
     relative to `base` as datasets reads them (the source's folder, or the working folder for a builder)."""
-    if isinstance(data_files, dict):
-        data_files = data_files.get(split)
-    names = [data_files] if isinstance(data_files, str) else [f for f in data_files or [] if isinstance(f, str)]
     found = []
-    for name in names:
+    for name in (e for e in entries(data_files, split) if isinstance(e, str)):
         name = os.path.join(base, os.path.expanduser(name))
         found += [Path(m) for m in (sorted(glob.glob(name)) if glob.has_magic(name) else [name]) if Path(m).is_file()]
     return found

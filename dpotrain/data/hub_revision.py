@@ -62,9 +62,7 @@ def kept(recipe, output_dir: str) -> str | None:
         recorded = run_record.read(Path(output_dir) / "resolved_config.json")
     except ConfigError:  # refused by the output checks already (a dry run lists it)
         return None
-    if recorded is None:
-        return None
-    return (recorded.data.data_identity or {}).get(KEY) or None
+    return ((recorded.data.data_identity if recorded else None) or {}).get(KEY) or None
 
 
 def changed(recorded: str, name: str, given: str | None) -> str | None:

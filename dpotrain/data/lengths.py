@@ -44,22 +44,19 @@ DEFAULT_BATCH_SIZE = 4  # pairs per device when no recipe says (OLMo 3 recipes: 
 ANALYSIS_VERSION = 4  # bump when the numbers an analysis produces change, so cached reports are not reused
 
 
-def _inputs(example: dict) -> list[tuple[str, object, dict]]:
-    """(column, input, apply_chat_template kwargs) of the three texts DPOTrainer's tokenize_fn tokenizes: prompt (with
-    the generation prompt), prompt+chosen, prompt+rejected. Plain text takes no kwargs."""
+def _inputs(example: dict) -> list[tuple[object, dict]]:
+    """(input, apply_chat_template kwargs) of the three texts DPOTrainer's tokenize_fn tokenizes: prompt (with the
+    generation prompt), prompt+chosen, prompt+rejected. Plain text takes no kwargs."""
     prompt, conversational = example["prompt"], is_conversational(example)
     kwargs = chat_template.template_kwargs(example) if conversational else {}
-    return [
-        ("prompt", prompt, {"add_generation_prompt": True, **kwargs} if conversational else {}),
-        ("chosen", prompt + example["chosen"], kwargs),
-        ("rejected", prompt + example["rejected"], kwargs),
-    ]
+    first = {"add_generation_prompt": True, **kwargs} if conversational else {}
+    return [(prompt, first), (prompt + example["chosen"], kwargs), (prompt + example["rejected"], kwargs)]
 
 
 def row_lengths(example: dict, tokenizer) -> tuple[int, int, int, int]:
     """(prompt, chosen, rejected, shared) token counts of one split row, by the same calls as DPOTrainer's
     tokenize_fn; `shared`: the tokens the two completions share at their start."""
-    return _split_lengths(*(upstream.tokenize(tokenizer, x, **kw)["input_ids"] for _, x, kw in _inputs(example)))
+    return _split_lengths(*(upstream.tokenize(tokenizer, x, **kw)["input_ids"] for x, kw in _inputs(example)))
 
 
 def _split_lengths(prompt_ids, chosen_ids, rejected_ids) -> tuple[int, int, int, int]:
@@ -72,7 +69,7 @@ def _render(example: dict, tokenizer) -> tuple[str, str, str]:
     """The three texts `row_lengths` tokenizes: chat template rendered (not tokenized) for message lists."""
     conversational = is_conversational(example)
     return tuple(
-        tokenizer.apply_chat_template(x, tokenize=False, **kw) if conversational else x for _, x, kw in _inputs(example)
+        tokenizer.apply_chat_template(x, tokenize=False, **kw) if conversational else x for x, kw in _inputs(example)
     )
 
 
@@ -142,18 +139,17 @@ def _measure_batch(batch: dict, positions: list[int], tokenizer, fmt, method, sk
         example, problem = read_row(dict(zip(batch, values, strict=True)), fmt)  # as training reads it (rows.py)
         if problem is None:
             example = split_row(example, fmt)
-            try:  # a chat template may refuse a row (e.g. roles that do not alternate): so does the trainer
+            try:  # the template's refusals are read_row's (chat_template.answer_problem); the tokenizer may refuse
                 if method == "batched":
                     texts.append(_render(example, tokenizer))
                 else:
                     counts[position] = row_lengths(example, tokenizer)
+                examples[position] = example
             except Exception as e:
-                problem = _template_problem(example, tokenizer) or ("chosen", f"{type(e).__name__}: {e}")
+                problem = ("chosen", f"{type(e).__name__}: {e}")
         if problem and not skip_invalid:
             raise _Refused(position, *problem)
         why[position] = problem
-        if not problem:
-            examples[position] = example
     mismatch = False
     if method == "batched" and examples:
         counts = dict(zip(examples, _lengths_of_texts(texts, tokenizer, fmt.conversational), strict=True))
@@ -165,18 +161,6 @@ def _measure_batch(batch: dict, positions: list[int], tokenizer, fmt, method, sk
     out["problem"] = [problem and problem[1] for problem in why.values()]
     out["mismatch"] = [mismatch and n == 0 for n in range(len(why))]
     return out
-
-
-def _template_problem(example: dict, tokenizer) -> tuple[str, str] | None:
-    """Which text the chat template refuses, and why."""
-    if not is_conversational(example):
-        return None
-    for column, messages, kwargs in _inputs(example):
-        try:
-            tokenizer.apply_chat_template(messages, tokenize=False, **kwargs)
-        except Exception as e:
-            return column, f"{chat_template.TEMPLATE_ERROR}: {type(e).__name__}: {e}"
-    return None
 
 
 def measure(
@@ -222,8 +206,9 @@ def measure(
         position, column, problem = e.args
         raise InvalidRowError(int(indices[position]) if indices is not None else position, column, problem) from None
     c = counted.with_format("numpy")[:]
-    index = np.asarray(indices, dtype=np.int64) if indices is not None else np.arange(len(counted), dtype=np.int64)
-    valid, bad = c["prompt_tokens"] >= 0, c["prompt_tokens"] < 0
+    index = np.asarray(indices if indices is not None else range(len(counted)), dtype=np.int64)
+    valid = c["prompt_tokens"] >= 0
+    bad = ~valid
     mismatches = int(c["mismatch"].sum())
     if mismatches:
         print(
@@ -345,9 +330,7 @@ def padding(m: Measured, max_length: int, batch_size: int, seed: int | None = No
     after the trainer drops rows whose prompt fills it, a batch of `batch_size` pairs is 2B sequences cut at
     `max_length` and padded to the longest. `seed`: batches in a shuffled order (as the trainer's sampler draws them);
     None: data set order."""
-    kept = m.prompt < max_length
-    a = np.minimum(m.prompt[kept] + m.chosen[kept], max_length)
-    b = np.minimum(m.prompt[kept] + m.rejected[kept], max_length)
+    a, b = _sequences(m, max_length)
     if seed is not None:
         order = np.random.default_rng(seed).permutation(len(a))
         a, b = a[order], b[order]
@@ -364,11 +347,15 @@ def packed_positions(m: Measured, max_length: int) -> tuple[int, int]:
     """Positions the packed forward runs (no padding) over the pairs the trainer keeps at `max_length`: (unshared,
     shared prompt). Unshared: (P + C) + (P + R) per pair, each sequence cut at `max_length`; shared prompt: the same
     less one prompt per pair."""
+    unshared = int(sum(s.sum() for s in _sequences(m, max_length)))
+    return unshared, unshared - int(m.prompt[m.prompt < max_length].sum())
+
+
+def _sequences(m: Measured, max_length: int) -> tuple[np.ndarray, np.ndarray]:
+    """Each pair's prompt + chosen and prompt + rejected cut at `max_length`, but for the pairs whose prompt fills it
+    (the trainer drops them)."""
     kept = m.prompt < max_length
-    prompt = m.prompt[kept]
-    unshared = int(np.minimum(prompt + m.chosen[kept], max_length).sum())
-    unshared += int(np.minimum(prompt + m.rejected[kept], max_length).sum())
-    return unshared, unshared - int(prompt.sum())
+    return tuple(np.minimum(m.prompt[kept] + side[kept], max_length) for side in (m.chosen, m.rejected))
 
 
 def candidate(m: Measured, max_length: int, batch_size: int, seed: int) -> dict:

@@ -15,16 +15,12 @@ def to_markdown(report: dict, current_max_length: int | None = None) -> str:
     if report.get("synthetic"):
         lines += [f"{n:,} pairs of synthetic token counts (nothing tokenized).", ""]
     else:
-        template = report.get("chat_template")  # a chat_template_path: the model's own was not used
-        how = (
-            (
-                f"with the chat template `{template}` and the tokenizer of `{report.get('tokenizer', '?')}`"
-                if template
-                else f"with the chat template of `{report.get('tokenizer', '?')}`"
-            )
-            if report["format"] == "messages"
-            else f"as plain text with the tokenizer of `{report.get('tokenizer', '?')}` (no chat template)"
-        )
+        tokenizer = report.get("tokenizer", "?")
+        how = f"with the chat template of `{tokenizer}`"
+        if template := report.get("chat_template"):  # a chat_template_path: the model's own was not used
+            how = f"with the chat template `{template}` and the tokenizer of `{tokenizer}`"
+        if report["format"] != "messages":
+            how = f"as plain text with the tokenizer of `{tokenizer}` (no chat template)"
         read = f" Rows read as: {report['shape']}." if report.get("shape") else ""
         lines += [f"{n:,} pairs{sample} tokenized as TRL's DPOTrainer tokenizes them, {how}.{read}", ""]
     lines += [
@@ -90,30 +86,24 @@ def _per_point(compute: float, coverage: float) -> str:
 
 def _rationale(report: dict, current_max_length: int | None, batch: int) -> list[str]:
     """The markdown's last part: why the recommended max_length, the recipe's own, and the invalid rows."""
-    n, lines = report["rows"], []
-    r = report["recommendation"]
+    n, r = report["rows"], report["recommendation"]
     chosen = report["candidates"][str(r["max_length"])]
     lower, doubled = r["lower"], r["doubled"]
-    lines += [
+    cheaper = f"{lower['max_length']:,} leaves {lower['coverage']:.1%} for {-lower['compute']:.1%} less packed compute"
+    lines = [
         "",
         f"**Rationale for max_length={r['max_length']}:**",
         "",
         f"- Smallest multiple of {STEP} leaving at least {r['target_coverage']:.1%} of pairs whole: it leaves "
-        f"{r['coverage']:.1%}"
-        + (
-            f"; {lower['max_length']:,} leaves {lower['coverage']:.1%} for {-lower['compute']:.1%} less packed compute"
-            if lower["max_length"] > 0
-            else ""
-        ),
-        *(
-            [
-                f"- Raised from {r['raised']['from']:,}, the smallest multiple reaching the target, where only "
-                f"{r['raised']['teaching']:,} of {n:,} pairs keep anything to learn (their prompts alone fill it): "
-                "training refuses fewer than half"
-            ]
-            if r.get("raised")
-            else []
-        ),
+        f"{r['coverage']:.1%}" + (f"; {cheaper}" if lower["max_length"] > 0 else ""),
+    ]
+    if raised := r.get("raised"):
+        lines.append(
+            f"- Raised from {raised['from']:,}, the smallest multiple reaching the target, where only "
+            f"{raised['teaching']:,} of {n:,} pairs keep anything to learn (their prompts alone fill it): "
+            "training refuses fewer than half"
+        )
+    lines += [
         f"- {r['truncated']:,} pairs ({r['truncated'] / n:.1%}) are cut at max_length (the collator keeps the start); "
         f"{r['dropped']:,} are dropped by the trainer because their prompt alone fills it",
         f"- Packed, a longer max_length costs only the extra tokens of the longer pairs: doubling to "

@@ -72,7 +72,7 @@ class Source:
         where = os.path.realpath(os.path.expanduser(self.local))
         if self.file or os.path.isfile(where):  # `~/a.jsonl` too, a recipe's (the shell expands the command line's)
             return where
-        return Source(where, self.split, self.name, self.data_dir, self.data_files).spec()
+        return dataclasses.replace(self, path=where).spec()
 
     def written(self) -> str:
         return self.amount if self.amount is not None else (f"share {self.share}" if self.share is not None else "all")
@@ -101,11 +101,9 @@ def fields_of(recipe) -> dict:
 def parse(values: dict, evaluation: bool = False) -> list[Source] | None:
     """The training (or evaluation) mixture's sources, checked as written; None where there is no mixture."""
     names = EVAL_FIELDS if evaluation else TRAIN_FIELDS
-    entries, mixer, splits = (values.get(f) for f in names)
-    default_split = values.get("dataset_test_split" if evaluation else "dataset_train_split") or (
-        "test" if evaluation else "train"
-    )
-    flag = names[0]
+    flag, (entries, mixer, splits) = names[0], (values.get(f) for f in names)
+    kind = "test" if evaluation else "train"
+    default_split = values.get(f"dataset_{kind}_split") or kind
     if not entries and not mixer:
         if splits:
             raise ConfigError(f"{names[2]} without a mixer list: give --{names[1]} SOURCE AMOUNT ... too")
@@ -180,14 +178,8 @@ def _files_read(source: Source) -> list:
     folder = os.path.expanduser(os.path.join(where, data_dir or ""))
     if not data_files and os.path.isdir(folder) and not data_identity.saved(Path(folder)):
         return _split_files(folder, split, None if data_dir else source.name)
-    entries = _entries(data_files, split)
+    entries = data_identity.entries(data_files, split)
     return [p.resolve() for e in entries for p in (data_identity.files(where, split, data_dir, e) or {}).values()]
-
-
-def _entries(data_files, split: str) -> list:
-    """A source's `data_files` entries for `split`: one entry, a list, or a mapping of split to either."""
-    entries = data_files.get(split) if isinstance(data_files, dict) else data_files
-    return entries if isinstance(entries, list) else [entries]
 
 
 def _split_files(folder: str, split: str, name: str | None = None) -> list:
@@ -264,9 +256,7 @@ def _entry(entry, split: str, flag: str) -> Source:
         )
     share = entry.get("fraction")
     # YAML's .nan and .inf (and JSON's NaN, Infinity) are floats too: normalized, no share is left to size a mixture
-    if share is not None and (
-        isinstance(share, bool) or not isinstance(share, (int, float)) or not math.isfinite(share) or share < 0
-    ):
+    if share is not None and not (type(share) in (int, float) and math.isfinite(share) and share >= 0):  # not bool
         raise ConfigError(f"`{flag}:` entry {entry['path']!r}: fraction {share!r} must be a finite number >= 0")
     amount = entry.get("amount")
     amount = None if amount is None else _amount(json.dumps(amount) if not isinstance(amount, str) else amount)
@@ -337,7 +327,7 @@ def _check_found(source: Source) -> None:
     if source.path not in BUILDERS or source.file or not source.data_files:
         return
     base, split, _, data_files = _read_from(source)
-    for entry in _entries(data_files, split):
+    for entry in data_identity.entries(data_files, split):
         if isinstance(entry, str) and "://" not in entry and not _load_finds(base, entry):
             where = "" if os.path.isabs(entry) else f" (looked in {os.path.abspath(os.path.expanduser(base))})"
             home = " (datasets does not expand ~ in data_files: give the full path)" if entry.startswith("~") else ""
@@ -436,23 +426,12 @@ def read_source(source: Source, say: bool = True):
 
         data.check_datasets_cache()
         # CSV files read as text, as one file is (data.csv_text_features): a number in one file and text in another
-        text = (
-            data.csv_text_features((data_identity.files(*_read_from(source)) or {}).values())
-            if source.path == "csv"
-            else None
-        )
+        text = None
+        if source.path == "csv":
+            text = data.csv_text_features((data_identity.files(*_read_from(source)) or {}).values())
+        files = dict(name=source.name, data_dir=source.data_dir, data_files=source.data_files, split=source.split)
         try:
-            loaded = data.load_as_text(
-                lambda features: datasets.load_dataset(
-                    source.path,
-                    name=source.name,
-                    data_dir=source.data_dir,
-                    data_files=source.data_files,
-                    split=source.split,
-                    features=features,
-                ),
-                text,
-            )
+            loaded = data.load_as_text(text, datasets.load_dataset, source.path, **files)
         except Exception as e:  # datasets' DatasetGenerationError says only that one occurred: its cause says what
             raise ConfigError(f"could not load mixture source {source.spec()}: {cause(e.__cause__ or e)}") from None
         loaded = data.prompt_column(loaded, source.spec(), source.split, say)
@@ -497,10 +476,8 @@ def load(
         if identify:  # the content, as one source's is recorded (data_identity): a Hub set by its revision
             record["identity"] = identity_of(source)
         records.append(record)
-    taken = [
-        take(s, len(p), seed, n)
-        for s, p, n in zip(sources, usable, share_rows(sources, [len(p) for p in usable]), strict=True)
-    ]
+    shares = share_rows(sources, [len(p) for p in usable])
+    taken = [take(s, len(p), seed, n) for s, p, n in zip(sources, usable, shares, strict=True)]
     for record, picked, pairs in zip(records, taken, usable, strict=True):
         digest = hashlib.sha256(np.asarray(picked, dtype=np.int64).tobytes()).hexdigest()[:16]
         record.update(taken=len(picked), upsampled=len(picked) > len(pairs), taken_sha256=digest)

@@ -74,12 +74,11 @@ def read_row(row: dict, fmt: RowFormat) -> tuple[dict | None, tuple[str, str] | 
             return None, (column, problem)
         if shape.raw_lists and not row[column]:
             return None, (column, "empty message list" if column == "prompt" else "empty completion (no message)")
-    if shape.name == "ultrafeedback":  # a string prompt beside the conversations
-        if problem := _check_value(row.get("prompt"), False):
-            return None, (
-                "prompt",
-                problem.replace("plain text (its first row is text)", "a string prompt (its first row has one)"),
-            )
+    if shape.name == "ultrafeedback" and (problem := _check_value(row.get("prompt"), False)):  # a string prompt
+        return None, (
+            "prompt",
+            problem.replace("plain text (its first row is text)", "a string prompt (its first row has one)"),
+        )
     if shapes.given(row["chosen"]) == shapes.given(row["rejected"]):
         return None, ("chosen", "identical to `rejected`: the pair expresses no preference")
     example, problem = shapes.read(row, shape)
@@ -304,12 +303,9 @@ def no_null_kwargs(pairs):
     feature = pairs.features.get("chat_template_kwargs")
     if feature is None:
         return pairs
-    if isinstance(feature, datasets.Json):
-        empty = {}
-    elif not isinstance(feature, dict):  # no row has keyword arguments (an all-null column)
+    if not isinstance(feature, dict | datasets.Json):  # no row has keyword arguments (an all-null column)
         return pairs.remove_columns("chat_template_kwargs")
-    else:
-        empty = dict.fromkeys(feature)
+    empty = {} if isinstance(feature, datasets.Json) else dict.fromkeys(feature)
     return pairs.map(
         lambda kwargs: {"chat_template_kwargs": empty if kwargs is None else kwargs},
         input_columns="chat_template_kwargs",

@@ -129,11 +129,9 @@ def is_hh(text: str) -> bool:
 def read(row: dict, shape: Shape) -> tuple[dict | None, tuple[str, str] | None]:
     """`({"prompt", "chosen", "rejected", ...}, None)` as the trainer and the analyzer use the row, or `(None,
     (column, problem))`. Values are expected to have the shape's types (`rows.read_row` checks them first)."""
-    if shape.name == "hh":  # an empty side is said as such, not as a conversation of another shape
-        for column in ("chosen", "rejected"):
-            if not row[column].strip():
-                empty = "empty: an HH-RLHF conversation (`\\n\\nHuman: ...\\n\\nAssistant: ...`) was expected"
-                return None, (column, empty)
+    # An empty HH side is said as such, not as a conversation of another shape
+    if shape.name == "hh" and (column := next((c for c in ("chosen", "rejected") if not row[c].strip()), None)):
+        return None, (column, "empty: an HH-RLHF conversation (`\\n\\nHuman: ...\\n\\nAssistant: ...`) was expected")
     if shape.name == "prompt+messages":
         example, problem = _explicit_prompt(row["prompt"], row["chosen"], row["rejected"])
     elif shape.name == "prompt+text":
@@ -147,9 +145,8 @@ def read(row: dict, shape: Shape) -> tuple[dict | None, tuple[str, str] | None]:
         chosen, rejected = row["chosen"], row["rejected"]
         if shape.name == "hh":
             chosen, rejected = hh_messages(chosen), hh_messages(rejected)
-            for column, side in (("chosen", chosen), ("rejected", rejected)):
-                if side is None:
-                    return None, (column, NOT_HH)
+            if column := "chosen" if chosen is None else "rejected" if rejected is None else None:
+                return None, (column, NOT_HH)
         if shape.name == "ultrafeedback":
             sides, problem = _with_string_prompt(row["prompt"], chosen, rejected)
             if problem:
@@ -158,10 +155,7 @@ def read(row: dict, shape: Shape) -> tuple[dict | None, tuple[str, str] | None]:
         example, problem = _messages(chosen, rejected)
     if problem:
         return None, problem
-    for column in KEPT_COLUMNS:
-        if row.get(column) is not None:
-            example[column] = row[column]
-    return example, None
+    return example | {column: row[column] for column in KEPT_COLUMNS if row.get(column) is not None}, None
 
 
 def _messages(chosen: list, rejected: list) -> tuple[dict | None, tuple[str, str] | None]:
