@@ -5,7 +5,6 @@ Nothing here downloads. `model_name_or_path: builtin:tiny-olmo3` in a recipe is 
 the first time, then reuses the folder. The same seed gives the same weights, so CPU runs are reproducible.
 """
 
-import contextlib
 import json
 import os
 import random
@@ -87,8 +86,11 @@ def materialize_model(name: str) -> str:
         with quiet_progress_bars():  # "Writing model shards": a bar for one small file
             build_model(key, tokenizer).save_pretrained(tmp)
         if (tmp / "model.safetensors").exists():
-            with contextlib.suppress(OSError):  # another rank renamed first
+            try:
                 tmp.rename(target)
+            except OSError:
+                if existing_model_dir(name) is None:  # not another rank's rename first: the error, not a wait
+                    raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     # Once torch.distributed is up, transformers writes weights on global rank 0 only (`should_save_on_this_rank`):
