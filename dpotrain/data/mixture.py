@@ -23,8 +23,7 @@ from dpotrain.recipe.errors import ConfigError, cause
 
 ENTRY_KEYS = ("path", "name", "data_dir", "data_files", "split", "columns", "fraction", "amount")
 BUILDERS = config.MIXTURE_BUILDERS
-TRAIN_FIELDS = ("datasets", "dataset_mixer_list", "dataset_mixer_list_splits")
-EVAL_FIELDS = ("eval_datasets", "dataset_mixer_eval_list", "dataset_mixer_eval_list_splits")
+TRAIN_FIELDS, EVAL_FIELDS = config.MIXTURE_SPELLINGS  # (TRL's field, open-instruct's, its splits)
 
 
 @dataclasses.dataclass(frozen=True)
