@@ -279,7 +279,7 @@ def test_packing_is_denied_by_default():
     hybrid = AutoConfig.for_model("olmo_hybrid")
     assert "varlen attention" in packing.packing_problem(hybrid)
     hybrid._attn_implementation = "flash_attention_2"
-    assert packing.packing_problem(hybrid) is None and packing.needs_parity_check(hybrid)
+    assert packing.packing_problem(hybrid) is None and hybrid.model_type in packing.BOUNDARY_HYBRIDS
 
 
 def test_a_hybrid_packs_only_when_padding_free_is_given():

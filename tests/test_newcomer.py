@@ -287,7 +287,7 @@ def test_the_commands_a_run_prints_name_the_projects_scripts_from_the_folder_it_
     recipe = parse_args(
         ["--config", THINK, "--model_name_or_path", "org/sft", "--dataset_name", "org/pairs", "--dry-run"]
     )
-    zero3 = Option((), (), "zero3", "configs/accelerate/zero3.yaml", 8, 2, 4, 60.0, True, None)
+    zero3 = Option((), (), "zero3", "configs/accelerate/zero3.yaml", 8, 4, 60.0, True, None)
     analyze_dataset, no_revision = analyzer(), argparse.Namespace(revision=None)
     printed = lambda: [  # noqa: E731
         stages.analyze_command(recipe),

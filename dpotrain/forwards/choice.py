@@ -8,6 +8,7 @@ deterministically (agreement.py checks that the forwards are equal).
 """
 
 import copy
+import importlib
 import math
 from dataclasses import asdict, dataclass
 
@@ -78,8 +79,11 @@ def kernel_problem(attn: str, cuda: bool) -> str | None:
         check, install = VARLEN_PACKAGES[name]
         if not getattr(transformers.utils, check)():
             return f"{name}'s kernel is not installed ({install}), or pick another --attn_implementation"
-        broken = import_problem(KERNEL_MODULES[name]) if name in KERNEL_MODULES else None
-        if broken:
+        try:
+            if name in KERNEL_MODULES:
+                importlib.import_module(KERNEL_MODULES[name])
+        except Exception as e:  # noqa: BLE001 - a kernel package fails in many ways (missing libraries, CUDA versions)
+            broken = f"import {KERNEL_MODULES[name]}: {cause(e, 160)}"
             return f"{name}'s kernel does not import ({broken}): reinstall it ({install}), or pick another attention"
     return None
 
@@ -98,17 +102,6 @@ def check_attention_name(attn: str) -> None:
         f"attn_implementation {attn!r} is not one transformers knows: choose one of {known}, or a Hub kernel "
         "(kernels-community/...), or leave it out for the run's choice"
     )
-
-
-def import_problem(module: str) -> str | None:
-    """Why `module` does not import, in a few words, or None."""
-    import importlib
-
-    try:
-        importlib.import_module(module)
-    except Exception as e:  # noqa: BLE001 - a kernel package fails in many ways (missing libraries, CUDA versions)
-        return f"import {module}: {cause(e, 160)}"
-    return None
 
 
 def installed_varlen(cuda: bool) -> str | None:
@@ -254,8 +247,7 @@ def sequence_parallel_forwards(recipe, config, packed: list, problems: list[str]
     n = recipe.project.sequence_parallel_size
     if n == 1:
         return packed
-    problem = sequence_parallel.model_problem(config)
-    if problem:
+    if problem := sequence_parallel.model_problem(config):
         raise ConfigError(f"sequence_parallel_size {n}: {problem}")
     splittable = [c for c in packed if packing.attention_name(c.attention) in sequence_parallel.ATTENTION]
     if splittable:

@@ -142,15 +142,6 @@ def measured(attn: str, cuda: bool) -> bool:
     return cuda and packing.attention_name(attn) in SPEED
 
 
-def comparable(candidates: list, cuda: bool) -> list:
-    """The candidates ranked against each other: those on measured kernels when the first runs one; else those on the
-    first's kernel alone, whose layouts differ in work only."""
-    first = candidates[0]
-    if measured(first.attention, cuda):
-        return [c for c in candidates if measured(c.attention, cuda)]
-    return [c for c in candidates if c.attention == first.attention]
-
-
 @dataclass(frozen=True)
 class Estimate:
     candidate: Candidate
@@ -212,7 +203,7 @@ def decide(
     pairs: int = 4,
     live_reference: bool = False,
 ) -> Decision:
-    """The `comparable` candidates ranked by their estimated cost on these pairs (ties: the order given), in
+    """The comparable candidates ranked by their estimated cost on these pairs (ties: the order given), in
     H100-seconds at the measured speeds, or in TFLOP of work on one kernel. `live_reference`: a reference forward runs
     beside each micro-batch's training."""
     if not candidates:
@@ -222,20 +213,22 @@ def decide(
         lengths = TokenCounts(lengths.prompt[kept], lengths.chosen[kept], lengths.rejected[kept], lengths.source)
     sample = lengths.sample()
     work, hidden = model_flops(config), config.get_text_config().hidden_size
-    weighed = comparable(candidates, cuda)
-    by_speed = measured(weighed[0].attention, cuda)
-    one_kernel = Speed(1.0, f"every candidate runs {weighed[0].attention}: only the work differs")
+    # Ranked against each other: those on measured kernels when the first runs one; else those on the first's kernel
+    # alone, whose layouts differ in work only.
+    first = candidates[0]
+    by_speed = measured(first.attention, cuda)
+    weighed = [c for c in candidates if (measured(c.attention, cuda) if by_speed else c.attention == first.attention)]
+    one_kernel = Speed(1.0, f"every candidate runs {first.attention}: only the work differs")
+    scale = UNIT_PEAK_TFLOPS * 1e12 if by_speed else 1e12
     estimates = []
     for c in weighed:
         speed = SPEED[packing.attention_name(c.attention)] if by_speed else one_kernel
         total = training_flops(c, sample, work, max_length, truncation_mode, budget, pairs, hidden)
         total *= 4 / 3 if live_reference else 1  # forward + backward is 3 forwards; the reference's is a 4th
-        per_pair = total / len(sample.prompt)
-        scale = UNIT_PEAK_TFLOPS * 1e12 if by_speed else 1e12
-        estimates.append(Estimate(c, 1000 * per_pair / (speed.share_of_peak * scale), speed))
-    ranked = sorted(range(len(estimates)), key=lambda i: (round(estimates[i].seconds, 9), i))
-    unit = "H100-seconds per 1,000 pairs" if by_speed else f"TFLOP per 1,000 pairs, all on {weighed[0].attention}"
+        estimates.append(Estimate(c, 1000 * (total / len(sample.prompt)) / (speed.share_of_peak * scale), speed))
+    ranked = sorted(estimates, key=lambda e: round(e.seconds, 9))  # stable: ties keep the order given
+    unit = "H100-seconds per 1,000 pairs" if by_speed else f"TFLOP per 1,000 pairs, all on {first.attention}"
     n, of = len(sample.prompt), len(lengths.prompt)
     source = lengths.source + (f" ({n:,} of its {of:,} pairs weighed)" if n < of else "")
     left_out = tuple(c.describe() for c in candidates if c not in weighed)
-    return Decision(tuple(estimates[i] for i in ranked), unit, source, by_speed, left_out)
+    return Decision(tuple(ranked), unit, source, by_speed, left_out)

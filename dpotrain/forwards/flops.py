@@ -16,10 +16,8 @@ PEAK_BF16_TFLOPS = {"B200": 2250.0, "B100": 1750.0, "H200": 989.0, "H100": 989.0
 
 def peak_tflops(given: float | None = None) -> float | None:
     """The GPU's dense bf16 peak in TFLOP/s: `given` (the recipe's `gpu_peak_tflops`), else by the device's name."""
-    if given:
-        return given
-    if not torch.cuda.is_available():
-        return None
+    if given or not torch.cuda.is_available():
+        return given or None
     return peak_of(torch.cuda.get_device_name())
 
 

@@ -92,11 +92,12 @@ def _per_kind(config, masks: dict):
     return masks if getattr(config, "layer_types", None) else masks["full_attention"]
 
 
-def _tiles(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per row and tile of BLOCK positions: the minimum and maximum of `x` (`[rows, tiles]` each)."""
+def _tiles(x: torch.Tensor) -> tuple[tuple[torch.Tensor, torch.Tensor], ...]:
+    """Per row and tile of BLOCK positions, the minimum and the maximum of `x`, each as (query tiles along dim 1, key
+    tiles along dim 2)."""
     rows, width = x.shape
-    tiles = x.view(rows, width // BLOCK, BLOCK)
-    return tiles.amin(dim=2), tiles.amax(dim=2)
+    tiles = x.long().view(rows, width // BLOCK, BLOCK)
+    return tuple((t.unsqueeze(2), t.unsqueeze(1)) for t in (tiles.amin(dim=2), tiles.amax(dim=2)))
 
 
 def block_tables(block, branch, pos, window: int | None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -105,18 +106,11 @@ def block_tables(block, branch, pos, window: int | None) -> tuple[torch.Tensor, 
     minima and maxima: empty for a key tile after the query tile (every layout is causal along the row), unit ranges
     that do not meet, or keys beyond the window; full for one unit, every key before every query, in the prompt or the
     query's one branch, and within the window."""
-    b_lo, b_hi = _tiles(block.long())
-    r_lo, r_hi = _tiles(branch.long())
-    p_lo, p_hi = _tiles(pos.long())
-    n = b_lo.shape[1]
+    (bq_lo, bk_lo), (bq_hi, bk_hi) = _tiles(block)
+    (rq_lo, rk_lo), (rq_hi, rk_hi) = _tiles(branch)
+    (pq_lo, pk_lo), (pq_hi, pk_hi) = _tiles(pos)
+    n = bq_lo.shape[1]
     q, k = torch.arange(n, device=block.device).view(n, 1), torch.arange(n, device=block.device).view(1, n)
-
-    def qk(x):  # query-tile values along dim 1, key-tile values along dim 2
-        return x.unsqueeze(2), x.unsqueeze(1)
-
-    (bq_lo, bk_lo), (bq_hi, bk_hi) = qk(b_lo), qk(b_hi)
-    (rq_lo, rk_lo), (rq_hi, rk_hi) = qk(r_lo), qk(r_hi)
-    (pq_lo, pk_lo), (pq_hi, pk_hi) = qk(p_lo), qk(p_hi)
     possible = (k <= q) & (bk_hi >= bq_lo) & (bk_lo <= bq_hi)
     one_unit = (bq_lo == bq_hi) & (bk_lo == bk_hi) & (bq_lo == bk_lo)
     branches = (rk_hi == 0) | ((rk_lo == rk_hi) & (rq_lo == rq_hi) & (rk_lo == rq_lo))

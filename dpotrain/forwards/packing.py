@@ -83,11 +83,6 @@ def packing_problem(config) -> str | None:
     return None
 
 
-def needs_parity_check(config) -> bool:
-    """Whether a model that packs must first pass `parity` on its own pairs (see `BOUNDARY_HYBRIDS`)."""
-    return config.model_type in BOUNDARY_HYBRIDS
-
-
 def truncate(ids: list[int], mask: list[int], max_length: int | None, truncation_mode: str):
     """Per-sequence truncation exactly as TRL's `DataCollatorForPreference`."""
     if max_length is None or len(ids) <= max_length:
@@ -172,15 +167,12 @@ def fill_rows(lengths: list[int], hidden_size: int, max_width: int | None = None
     return best
 
 
-def padded_width(width: int, multiple: int | None) -> int:
-    """`width` rounded up to a multiple of `multiple` (None: as is)."""
-    return width if not multiple else -(-width // multiple) * multiple
-
-
 def lay_rows(lengths: list[int], one_row: bool, hidden_size: int, max_width=None, multiple=None):
-    """Units of these lengths in rows (all in one, or `fill_rows`'), and the width every row is padded to."""
+    """Units of these lengths in rows (all in one, or `fill_rows`'), and the width every row is padded to (rounded up
+    to a multiple of `multiple`, if any)."""
     rows = [list(range(len(lengths)))] if one_row else fill_rows(lengths, hidden_size, max_width)
-    return rows, padded_width(max(sum(lengths[i] for i in row) for row in rows), multiple)
+    width = max(sum(lengths[i] for i in row) for row in rows)
+    return rows, -(-width // multiple) * multiple if multiple else width
 
 
 @dataclass

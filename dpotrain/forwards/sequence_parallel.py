@@ -65,11 +65,8 @@ def set_up(sp_size: int, model) -> None:
     attention = upstream.attn_implementation(config)
     heads, kv_heads = groups.head_counts(model.config)
     rank, world = collectives.rank_and_world()
-    mine = None
-    for first in range(0, world, sp_size):
-        group = dist.new_group(list(range(first, first + sp_size)))
-        if groups.data_parallel_rank(first, sp_size) == groups.data_parallel_rank(rank, sp_size):
-            mine = group
+    made = [dist.new_group(list(range(first, first + sp_size))) for first in range(0, world, sp_size)]
+    mine = made[groups.data_parallel_rank(rank, sp_size)]
     ulysses = UlyssesSPAttentionHF(
         attn=ALL_ATTENTION_FUNCTIONS[attention],
         batch_size=1,

@@ -37,8 +37,7 @@ SHARED_ATTENTION = {"sdpa", "eager", "flex_attention"}
 def share_problem(config, attn_implementation: str | None, router_aux_loss_coef: float | None = None) -> str | None:
     """Why this model cannot share prompts in packed rows, or None when it can (`router_aux_loss_coef`: the recipe's,
     None for the model's own)."""
-    problem = packing_problem(config)
-    if problem is not None:
+    if (problem := packing_problem(config)) is not None:
         return problem
     attn = attention_name(attn_implementation)
     if attn not in SHARED_ATTENTION:

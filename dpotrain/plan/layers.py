@@ -35,11 +35,9 @@ def checkpointing_fields(training, chosen: dict | None) -> dict:
     fields for every layer."""
     if not chosen:
         return {}
-    on = chosen["every_n_layers"] is not None
+    every, on = chosen["every_n_layers"], chosen["every_n_layers"] is not None
     kwargs = {k: v for k, v in (training.activation_checkpointing_kwargs or {}).items() if k != "every_n_layers"}
-    if on:
-        kwargs["every_n_layers"] = chosen["every_n_layers"]
-    kwargs = kwargs or None
+    kwargs = (kwargs | {"every_n_layers": every} if on else kwargs) or None
     fields = {"activation_checkpointing": on, "gradient_checkpointing": on}
     return fields | {"activation_checkpointing_kwargs": kwargs, "gradient_checkpointing_kwargs": kwargs}
 

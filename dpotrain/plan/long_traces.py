@@ -13,13 +13,6 @@ from dpotrain.plan import memory
 from dpotrain.plan.memory_advice import node_size
 
 
-def group_sizes(engine: Engine, world: int, heads: tuple[int, int]) -> list[int]:
-    """1, then the groups a refusal would offer (`sequence_parallel.groups_within`), under DeepSpeed's engine only."""
-    if engine.name not in sequence_parallel.ENGINES:
-        return [1]
-    return sequence_parallel.groups_within(node_size(engine), world, heads)
-
-
 def carrying_groups(recipe, world: int, engine: Engine, max_lengths: list[int], longest: int | None = None) -> dict:
     """For each max_length, the smallest `sequence_parallel_size` whose plan fits the GPU (None: no group within a node
     does) and its GiB per GPU, or the model's positions where sequences would reach past them (`longest`: the data's
@@ -35,13 +28,16 @@ def carrying_groups(recipe, world: int, engine: Engine, max_lengths: list[int], 
     attention = choice.lightest_attention(copy.deepcopy(config), r, cuda=True, varlen=None)
     found = {"engine": NAMES[engine.name], "world_size": world, "attention": attention, "lengths": {}}
     limit, _ = positions.model_limit(config)
+    groups = [1]  # then the groups a refusal would offer, under DeepSpeed's engine only
+    if engine.name in sequence_parallel.ENGINES:
+        groups = sequence_parallel.groups_within(node_size(engine), world, sequence_parallel.head_counts(config))
     for length in sorted(set(max_lengths)):
         if limit and min(length, longest or length) > limit:
             found["lengths"][length] = {"past_positions": limit}
             continue
         r.training.max_length, r.project.max_tokens_per_microbatch = length, 2 * length
         found["lengths"][length] = {"sequence_parallel_size": None}
-        for n in group_sizes(engine, world, sequence_parallel.head_counts(config)):
+        for n in groups:
             r.project.sequence_parallel_size = n
             planned = memory.plan(r, world, engine, attention=attention)
             if "skipped" in planned or planned["fits"] is None:

@@ -78,8 +78,7 @@ def load_model_config(recipe):
     name = recipe.model.model_name_or_path
     if builtin.is_builtin(name):
         builtin.check_name(name)
-        built = builtin.existing_model_dir(name)
-        if built:
+        if built := builtin.existing_model_dir(name):
             return AutoConfig.from_pretrained(built), None
         # Not built yet: the shape builtin.build_model gives it, with at most 1024 tokens (its tokenizer's bound).
         return builtin.model_config(name.removeprefix(builtin.BUILTIN_PREFIX)), None
@@ -125,10 +124,9 @@ def model_shape(recipe, config) -> ModelShape:
             with torch.device("meta"), warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 model = get_peft_model(model, peft)
-        except (ValueError, TypeError) as e:  # what TRL's wrap would raise once the weights loaded: e.g. all-linear on
-            # a mixture of experts adapts its expert parameters, which take no lora_dropout; a module both trained whole
-            # and adapted by its parameter (TypeError)
-            # One line: a module PEFT cannot wrap is named by its class, not its printed tree of submodules
+        except (ValueError, TypeError) as e:  # what TRL's wrap would raise once the weights loaded: all-linear on a
+            # mixture of experts adapts its expert parameters, which take no lora_dropout; TypeError: a module both
+            # trained whole and adapted by its parameter. One line: a module named by its class, not its printed tree
             why = " ".join(re.sub(r"\(\n.*?\n\)", "", str(e), flags=re.S).split())
             raise ConfigError(
                 f"use_peft: PEFT cannot adapt {recipe.model.model_name_or_path} with these LoRA settings ({why}): "
@@ -264,8 +262,7 @@ def _traced_peak(config, layers: int, tokens: int, checkpointing: bool | int) ->
     with upstream.fake_tensor_mode(), upstream.without_zero3_init(), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16, attn_implementation=TRACE_ATTENTION)
-        every = checkpoint_every(checkpointing)
-        if every:
+        if every := checkpoint_every(checkpointing):
             model.activation_checkpointing_enable(
                 activation_checkpointing_kwargs={"use_reentrant": False}, every_n_layers=every
             )
@@ -518,24 +515,15 @@ def plan(recipe, world: int, engine: Engine | None = None, attention: str | None
     n = recipe.project.sequence_parallel_size
     local = -(-tokens // n)  # the positions one GPU holds: the micro-batch padded to a multiple of N, split N ways
 
+    states, formula = model_state_bytes(engine, shape, world)  # these parts do not change with the checkpointing
+    buffers, head = engine_buffer_bytes(engine, shape), lm_head_bytes(shape, local)
+    exchange, reference = all_to_all_bytes(config, tokens, n), reference_model_bytes(recipe, engine, shape, world)
+
     def plan_for(every: int | None) -> Plan:
-        states, formula = model_state_bytes(engine, shape, world)
         activations, method = activation_bytes(config, local, every or False)
         # eager keeps the probabilities of every layer not checkpointed: counted for all unless all are
         masks = mask_bytes(attn, tokens, width, config, every == 1)
-        return Plan(
-            engine,
-            world,
-            states,
-            formula,
-            engine_buffer_bytes(engine, shape),
-            activations,
-            method,
-            lm_head_bytes(shape, local),
-            masks,
-            all_to_all_bytes(config, tokens, n),
-            reference_model_bytes(recipe, engine, shape, world),
-        )
+        return Plan(engine, world, states, formula, buffers, activations, method, head, masks, exchange, reference)
 
     # Activation checkpointing: the least recomputation that fits (choose_checkpointing).
     every, checkpointing_record = choose_checkpointing(recipe, shape.layers, gpu, lambda k: plan_for(k).total)
@@ -624,11 +612,10 @@ def choose_checkpointing(recipe, layers: int, gpu: float | None, total_for) -> t
             candidates.setdefault(checkpointed_layers(every, layers), every)
         # Weighed in order, none past the first that fits: where the plan fits with no layer checkpointed, a
         # checkpointed layer is never traced.
-        nothing = object()
-        chosen = next((every for every in candidates.values() if total_for(every) <= gpu * GIB), nothing)
-        why = "the memory plan: the least recomputation that fits"
-        if chosen is nothing:
-            chosen, why = 1, "the memory plan: nothing fits, so every layer (the least memory)"
+        fits = next((kept for kept, every in candidates.items() if total_for(every) <= gpu * GIB), None)
+        chosen, why = candidates.get(fits, 1), "the memory plan: the least recomputation that fits"
+        if fits is None:
+            why = "the memory plan: nothing fits, so every layer (the least memory)"
         if chosen is not None:
             fewer = candidates[max(c for c in candidates if c < checkpointed_layers(chosen, layers))]
             why += f" ({describe_checkpointing(fewer, layers)} would need ~{_gib(total_for(fewer))} GiB)"

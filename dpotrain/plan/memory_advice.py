@@ -7,6 +7,7 @@ cheapest to the run first (`Advisor.levers`; docs/memory.md): the cached referen
 activation checkpointing on every layer, another engine, sequence parallelism, more nodes, LoRA, a shorter max_length.
 """
 
+import bisect
 import itertools
 import math
 import shlex
@@ -65,7 +66,6 @@ class Option:
     engine: str
     config: str
     world: int
-    nodes: int
     per_node: int
     gib: float
     moves_launch: bool  # another engine or node count: a different submission
@@ -79,9 +79,9 @@ class Option:
     def text(self, command_line: tuple[str, ...] = ()) -> str:
         parts = []
         if self.moves_launch:  # --gpus-per-node named: the script's own `#SBATCH` must not decide a count assumed here
-            config, nodes = shlex.quote(self.config), self.nodes
+            config, nodes = shlex.quote(self.config), self.world // self.per_node
             launch = f"ACCELERATE_CONFIG={config} sbatch --nodes={nodes} --gpus-per-node={self.per_node}"
-            nodes = f"{self.nodes} node{'s' * (self.nodes > 1)}"
+            nodes = f"{nodes} node{'s' * (nodes > 1)}"
             parts.append(f"{NAMES[self.engine]} fits on {self.world} GPUs ({nodes}: {launch})")
         if self.flags:
             parts.append(("with " if parts else "add ") + f"`{' '.join(self.flags)}`")
@@ -102,7 +102,7 @@ class Option:
 class Advisor:
     """The levers for one refused plan, tried through `plan(recipe, world, engine, attention)` -> its record."""
 
-    def __init__(self, recipe, world: int, engine: Engine, attention: str | None, plan: Callable, heads=None):
+    def __init__(self, recipe, world: int, engine: Engine, attention: str | None, plan: Callable, heads):
         self.recipe, self.world, self.engine, self.attention, self._plan = recipe, world, engine, attention, plan
         self.heads = heads  # (attention heads, key/value heads): what a sequence-parallel group must split
         self.per_node = node_size(engine)
@@ -115,22 +115,10 @@ class Advisor:
 
     def planned(self, trial: Trial) -> tuple[bool, float]:
         """(fits, GiB per GPU): the trial's plan, once for each distinct setting (combinations meet the same ones)."""
-        r = trial.recipe
-        key = (
-            trial.engine.name,
-            trial.config,
-            trial.world,
-            r.project.sequence_parallel_size,
-            r.project.max_tokens_per_microbatch,
-            r.training.max_length,
-            r.model.use_peft,
-            str(r.model.lora_target_modules),
-            r.training.activation_checkpointing,
-            str(r.training.activation_checkpointing_kwargs),
-            uses_live_reference(r),
-        )
+        key = (trial.engine.name, trial.config, trial.world, repr(trial.recipe))  # whatever a lever changed in it
         if key not in self._seen:
-            unchecked = replaced(r, project={"memory_check": False})  # a plan that does not fit is looked for
+            # a plan that does not fit is looked for
+            unchecked = replaced(trial.recipe, project={"memory_check": False})
             try:
                 record = self._plan(unchecked, trial.world, trial.engine, attention=self.attention)
             except ConfigError:  # a trial the run would refuse (PEFT's LoRA on this model) is no option
@@ -250,18 +238,17 @@ class Advisor:
     def _bisect(self, trial: Trial, values: list, use, last: bool = False):
         """The first of `values` on which the trial fits (`last`: the last one), fitting being monotone along them;
         `use(value)` sets one on the trial, which is left with the one found. None when none fits."""
-        low, high, best = 0, len(values) - 1, None
-        while low <= high:
-            mid = (low + high) // 2
-            use(values[mid])
-            if self.planned(trial)[0]:
-                best = values[mid]
-                low, high = (mid + 1, high) if last else (low, mid - 1)
-            else:
-                low, high = (low, mid - 1) if last else (mid + 1, high)
-        if best is not None:
-            use(best)
-        return best
+
+        def fits(value) -> bool:
+            use(value)
+            return self.planned(trial)[0]
+
+        # the first that fits; `last`: the one before the first that does not
+        i = bisect.bisect_left(values, True, key=(lambda v: not fits(v)) if last else fits) - last
+        if not 0 <= i < len(values):
+            return None
+        use(values[i])
+        return values[i]
 
     def _sizes(self, recipe, shorten: bool) -> list[int]:
         pair = 2 * (recipe.training.max_length or 0)  # a micro-batch holds at least one whole pair
@@ -301,7 +288,6 @@ class Advisor:
             trial.engine.name,
             trial.config,
             trial.world,
-            trial.world // self.per_node,
             self.per_node,
             gib,
             moves,
@@ -338,9 +324,7 @@ class Advisor:
         return found
 
 
-def advice(
-    recipe, world: int, engine: Engine, attention: str | None, gpu_gib: float, plan: Callable, heads=None
-) -> str:
+def advice(recipe, world: int, engine: Engine, attention: str | None, gpu_gib: float, plan: Callable, heads) -> str:
     """The refusal's second half: each option that fits, as flags to add and the submission, or why none does.
     `heads`: the model's (attention heads, key/value heads), for sequence parallelism (None: not weighed)."""
     advisor = Advisor(recipe, world, engine, attention, plan, heads)

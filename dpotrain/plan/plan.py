@@ -88,13 +88,12 @@ def _first_fit(items: list[int], costs: dict[int, int], budget: int, bins: int) 
     out: list[list[int]] = []
     loads: list[int] = []
     for i in items:
-        b = next((b for b, load in enumerate(loads) if load + costs[i] <= budget), None)
-        if b is None:
-            if len(out) == bins:
-                return None
+        b = next((b for b, load in enumerate(loads) if load + costs[i] <= budget), len(out))  # else a new bin
+        if b == bins:
+            return None
+        if b == len(out):
             out.append([])
             loads.append(0)
-            b = len(out) - 1
         out[b].append(i)
         loads[b] += costs[i]
     while len(out) < bins:  # more bins than first fit needs: split the heaviest bin that holds more than one pair
@@ -155,11 +154,10 @@ def _padded_runs(order: list[int], lengths: PairLengths, budget: int, bins: int)
     widths = [2 * int(lengths.longest[i]) for i in order]  # sorted longest first: a run pads to its first pair
 
     def runs_within(capacity: int) -> list[int] | None:
-        starts, start = [0], 0
+        starts = [0]
         for j in range(1, len(order)):
-            if (j - start + 1) * widths[start] > capacity:
+            if (j - starts[-1] + 1) * widths[starts[-1]] > capacity:
                 starts.append(j)
-                start = j
         return starts if len(starts) <= bins else None
 
     if runs_within(budget) is None:
@@ -182,19 +180,13 @@ def _deal(bins: list[list[int]], costs: list[int], world_size: int, per_rank: in
     first (ranks wait for each other at every backward); a rank dealt fewer ends with fillers (empty lists)."""
     per_rank = per_rank or len(bins) // world_size
     order = sorted(range(len(bins)), key=lambda b: (-costs[b], bins[b][0]))
-    heap = [(0, r) for r in range(world_size)]
+    heap = [(0, r) for r in range(world_size)]  # the ranks with room left, least loaded first
     ranks: list[list[int]] = [[] for _ in range(world_size)]
     for b in order:
-        full = []
-        while True:
-            load, r = heapq.heappop(heap)
-            if len(ranks[r]) < per_rank:
-                break
-            full.append((load, r))
+        load, r = heapq.heappop(heap)
         ranks[r].append(b)
-        heapq.heappush(heap, (load + costs[b], r))
-        for item in full:
-            heapq.heappush(heap, item)
+        if len(ranks[r]) < per_rank:
+            heapq.heappush(heap, (load + costs[b], r))
     # `order` is heaviest first, so each rank's list is too; its fillers come last
     return [[bins[b] for b in rank] + [[] for _ in range(per_rank - len(rank))] for rank in ranks]
 
@@ -345,17 +337,15 @@ def summary(
     forward_name = "padded (TRL's collator)" if p.padded else "packed"
     if not p.padded and lengths.shared is not None:
         forward_name = f"packed, prompts shared ({int(lengths.shared.sum())} of {len(lengths)} pairs)"
+    per_epoch_micro_batches = round(sum(counts) * per_epoch / len(trained))
+    reductions = per_epoch_micro_batches if reduce_per_backward else per_epoch
     out = {
         "forward": forward_name,
         "pairs_per_step": p.pairs_per_step,
         "max_tokens_per_microbatch": p.max_tokens,
         "micro_batches_per_step": {"min": min(counts), "mean": round(sum(counts) / len(counts), 3), "max": max(counts)},
-        "micro_batches_per_epoch": round(sum(counts) * per_epoch / len(trained)),
-        "gradient_reductions_per_epoch": 0
-        if p.world_size == 1
-        else round(sum(counts) * per_epoch / len(trained))
-        if reduce_per_backward
-        else per_epoch,
+        "micro_batches_per_epoch": per_epoch_micro_batches,
+        "gradient_reductions_per_epoch": 0 if p.world_size == 1 else reductions,
         "pairs_per_micro_batch": _spread(pairs),
         "positions_per_micro_batch": _spread(taken),
         "padding_share": round(1 - sum(real) / sum(taken), 4),

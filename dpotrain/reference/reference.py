@@ -179,10 +179,10 @@ class Store:
             )
         self.unsaved = error.strerror or str(error)
 
-    # Read by the main process only (it alone reads the cache and broadcasts what it found), so every rank rescores the
-    # same pairs of a damaged file. A file gone since the folder was listed (a finished attempt's part) is none.
     def _read(self, path: Path, *names: str) -> list[np.ndarray] | None:
-        """The named arrays of `path`; None if it does not exist or is damaged (then warned about and removed)."""
+        """The named arrays of `path`; None if it does not exist (gone since the folder was listed: a finished attempt's
+        part) or is damaged (then warned about and removed). Read by the main process only, which broadcasts what it
+        found, so every rank rescores the same pairs of a damaged file."""
 
         def arrays(path):
             with np.load(path) as f:
@@ -288,12 +288,11 @@ class _Progress:
         if not self.show or (now - self.last < PROGRESS_SECONDS and not force):
             return
         self.last = now
-        elapsed = now - self.start
         left = (self.tokens_todo - self.tokens) / max(self.speed(), 1e-9)
         share = 100 * self.done / self.total
         print(
             f"reference log-probs ({self.name}): {self.done:,}/{self.total:,} pairs ({share:.1f}%), "
-            f"{_duration(elapsed)} elapsed, ~{_duration(left)} left, {self.speed():,.0f} tokens/s",
+            f"{_duration(now - self.start)} elapsed, ~{_duration(left)} left, {self.speed():,.0f} tokens/s",
             flush=True,
         )
 
@@ -418,15 +417,6 @@ def stage_layout(scorer: ReferenceScorer, dataset) -> Layout:
     return micro_batches(lengths, every, scorer.world, budget, pairs, padded=not scorer.packed, seed=scorer.args.seed)
 
 
-def _start_line(name: str, n: int, reused: int, shared: int, world: int, rounds: int, size: str, folder) -> str:
-    kept = f", {reused - shared:,} kept from an interrupted run" if reused - shared else ""
-    kept += f", {shared:,} found in other runs' caches" if shared else ""
-    return (
-        f"reference log-probs ({name}): scoring {n - reused:,} of {n:,} pairs on {world} process(es) in "
-        f"{rounds:,} micro-batch(es) each{size}{kept}; saved to {folder} as they are scored"
-    )
-
-
 def run(scorer: ReferenceScorer, dataset, name: str, layout: Layout | None, stop, save_seconds: float = SAVE_SECONDS):
     """`dataset` with `ref_chosen_logps` / `ref_rejected_logps` columns (None when stopped), and the Outcome.
     `layout[rank]`: the micro-batches data-parallel rank `rank` scores, in order; None: the stage's own
@@ -453,7 +443,13 @@ def run(scorer: ReferenceScorer, dataset, name: str, layout: Layout | None, stop
     rounds, round_tokens, round_pairs = _rounds(todo, tokens)
     progress = _Progress(name, n, reused, sum(round_tokens), accelerator.is_main_process)
     if accelerator.is_main_process:
-        print(_start_line(name, n, reused, shared, world, rounds, size, store.folder), flush=True)
+        kept = f", {reused - shared:,} kept from an interrupted run" if reused - shared else ""
+        kept += f", {shared:,} found in other runs' caches" if shared else ""
+        print(
+            f"reference log-probs ({name}): scoring {n - reused:,} of {n:,} pairs on {world} process(es) in "
+            f"{rounds:,} micro-batch(es) each{size}{kept}; saved to {store.folder} as they are scored",
+            flush=True,
+        )
     attempt = broadcast_from_main(f"{time.strftime('%Y%m%d%H%M%S')}-{secrets.token_hex(3)}")
     # A rank out of pairs still takes part in the forward's collectives (ZeRO-3, FSDP) with a pair whose result is
     # dropped.

@@ -30,8 +30,7 @@ class ReferenceScorer:
 
     def lengths(self, dataset) -> PairLengths:
         """The token lengths of the pairs the stage scores."""
-        args = self.args
-        return PairLengths.of(dataset, args.max_length, self.forward.share_prompt, args.truncation_mode)
+        return PairLengths.of(dataset, self.args.max_length, self.forward.share_prompt, self.args.truncation_mode)
 
     def budget(self) -> tuple[int | None, int | None]:
         """A reference micro-batch's token budget (positions), or its pair count when training has no budget:

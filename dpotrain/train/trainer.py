@@ -191,7 +191,7 @@ class RecipeDPOTrainer(DPOTrainer):
         # Every step cut into micro-batches from the lengths TRL just tokenized; refused here, before the reference
         self.run_plan = plan_stage.for_trainer(self)
         self.layers_record = self._set_up_layers(compile_layers)
-        if self.packed and packing.needs_parity_check(self.model.config):
+        if self.packed and self.model.config.model_type in packing.BOUNDARY_HYBRIDS:
             self.check_packing()
         # One readable line per logging step (step_log.py), not the Trainer's progress bar or dictionary.
         self.remove_callback(ProgressCallback)
