@@ -11,6 +11,7 @@ see something else (TORCH_LOGS=recompiles says what), and the run's first step p
 """
 
 import argparse
+import importlib
 import importlib.metadata
 import json
 import platform
@@ -62,6 +63,17 @@ def versions() -> dict:
     return found
 
 
+def import_problem(module: str) -> str | None:
+    """Why `module` does not import, in a few words, or None."""
+    from dpotrain.recipe.errors import cause
+
+    try:
+        importlib.import_module(module)
+    except Exception as e:  # noqa: BLE001 - a kernel package fails in many ways (missing libraries, CUDA versions)
+        return f"import {module}: {cause(e, 160)}"
+    return None
+
+
 def kernels() -> dict:
     """Each module imported for real (transformers' availability checks only find packages), and the varlen
     FlashAttention a run would take here."""
@@ -69,7 +81,7 @@ def kernels() -> dict:
 
     from dpotrain.forwards import choice
 
-    imports = {name: choice.import_problem(name) or "ok" for name in MODULES}
+    imports = {name: import_problem(name) or "ok" for name in MODULES}
     origins = {name: where(name) for name, found in imports.items() if found == "ok"}
     return {"imports": imports, "from": origins, "varlen": choice.installed_varlen(torch.cuda.is_available())}
 
