@@ -26,7 +26,6 @@ from dpotrain.train.metrics import METRICS_FILE, PLOT_FILE
 from dpotrain.train.resume import HEALTH_STOP, new_run_from, saved_step
 from dpotrain.train.run_files import MANIFEST, claim
 from dpotrain.train.samples import SAMPLES_FILE
-from dpotrain.train.tracking import RUN_ID_FILE, keep_offline_runs
 
 # The final model is written here, then its names are recorded and it is moved into the folder: what `save_model`
 # writes depends on the model, the engine and LoRA, and a person's file written in the folder meanwhile is no run's.
@@ -41,6 +40,10 @@ def run_names(recipe, pushes: bool) -> list[str]:
     (besides the final model's files, recorded by `move_in`, its checkpoints, by `claim`, and the model card, plot and
     merged model of a finished run, recorded as they are written: a README.md a person wrote in the folder of a run
     stopped before its card was the run's by name, deleted by --overwrite_output_dir, or written over by the card)."""
+    # tracking is imported where it is read: its import loads transformers' W&B integration, which prints "[INFO]
+    # Running in WANDB offline mode" on the stdout of scripts/push_to_hub.py, a command whose output is its answer
+    from dpotrain.train.tracking import RUN_ID_FILE
+
     t, p = recipe.training, recipe.project
     # HEALTH_STOP: a guard's stop, which a replacing run must remove with the rest (its rerun would be refused)
     names = [MANIFEST, "resolved_config.json", METRICS_FILE, RUN_COMPLETE, HEALTH_STOP, FINAL_STAGING]
@@ -211,6 +214,8 @@ def start(recipe, start_afresh: bool, pushes: bool) -> None:
 def replace(out: Path, names: list[str]) -> None:
     """Removes what the run in `out` recorded as its own, but its record (rewritten by the next run in one step: a kill
     in between leaves a folder that is still a run's) and its lock."""
+    from dpotrain.train.tracking import keep_offline_runs  # as in run_names
+
     if kept := keep_offline_runs(out):
         print(
             # the folder quoted, the pattern not: typed back, a folder with a space in its name is one word
