@@ -725,6 +725,34 @@ def test_a_persons_checkpoint_in_the_run_folder_is_never_pushed(hub, tmp_path, m
     assert hub_push.branch_name(1) not in hub.state.repos[REPO]
 
 
+def test_a_pushed_checkpoint_whose_record_cannot_be_written_is_not_said_unpushed(hub, tmp_path, monkeypatch, capsys):
+    """push_to_hub.py --checkpoints: the branch went up, then hub_pushes.jsonl could not be written (a full disk, a
+    read-only folder). That error ends the command (push_to_hub.py: one line, run it again), as it did before the
+    script and the run's pusher shared `push_checkpoint`; since, the script went on to say "checkpoint-2 was not
+    pushed" of a branch the Hub holds, and to record it as failed."""
+    from huggingface_hub import HfApi, constants
+
+    from conftest import sealed_checkpoint
+    from dpotrain.hub import hub_push
+    from dpotrain.train import run_files
+
+    monkeypatch.setattr(constants, "ENDPOINT", hub.endpoint)
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setenv("DPOTRAIN_HUB_RETRY_WAITS", "0")
+    run = tmp_path / "run"
+    sealed_checkpoint(run / "checkpoint-2")
+    run_files.write(run, [run_files.MANIFEST, "checkpoint-2"])
+    (run / PUSH_RECORD).mkdir()  # no record can be written there, at any attempt
+    api = HfApi(endpoint=hub.endpoint, token=SECRET)
+    api.create_repo(REPO, exist_ok=True)
+    with pytest.raises(OSError):
+        hub_push.push_checkpoints(api, run, REPO)
+    assert hub_push.branch_name(2) in hub.state.repos[REPO]  # it was pushed
+    said = capsys.readouterr()
+    assert f"Pushed checkpoint-2 to {REPO}@step-2" in said.out
+    assert "not pushed" not in said.out + said.err, said.err
+
+
 def test_a_push_to_a_repo_holding_an_earlier_model_replaces_that_model(hub, tmp_path, monkeypatch):
     """A repo's main held an earlier run's model (one model.safetensors, or a LoRA adapter); the push of a sharded model
     left those files beside the new shards, and `from_pretrained(repo)` loaded them, not the model pushed: transformers
