@@ -226,8 +226,12 @@ def push_checkpoints(api, run_dir: Path, repo_id: str) -> list[dict]:
         try:
             records.append(push_checkpoint(api, repo_id, folder, step, run_dir))
         except Exception as e:
+            # The upload's failure (`with_retries` gives it `.attempts`); one after it (the record of a push made) is
+            # no checkpoint "not pushed": it ends the command, as before push_checkpoint was shared with the pusher
+            if not hasattr(e, "attempts"):
+                raise
             print(f"warning: {folder.name} was not pushed to {repo_id}@{branch}: {cause(e)}", file=sys.stderr)
-            records.append(record(status="failed", attempts=getattr(e, "attempts", 1), error=cause(e)))
+            records.append(record(status="failed", attempts=e.attempts, error=cause(e)))
     return records
 
 
