@@ -110,21 +110,12 @@ def unfinished(baseline, tmp_path, drop_checkpoint_4=False):
     return out
 
 
-@pytest.fixture(scope="module")
-def rerun_at_the_end(baseline, tmp_path_factory, tiny_model_dir, pairs):
-    """The same command rerun on the baseline's folder as a run killed after its last checkpoint left it, whose
-    resolved_config.json was also cut short (a disk, or a copy cut short): the two tests below check this one rerun.
-    Its reference cache is empty, as each test's own is (conftest.own_cache): the rerun scores the reference again."""
-    folder = tmp_path_factory.mktemp("at-the-end")
-    out = unfinished(baseline, folder)
-    text = (out / "resolved_config.json").read_text()
-    (out / "resolved_config.json").write_text(text[: len(text) // 2])
-    return out, train(out, tiny_model_dir, pairs, env={"DPOTRAIN_CACHE": str(folder / "cache")})
-
-
 @pytest.mark.slow
-def test_a_run_killed_after_its_last_checkpoint_trains_no_step_past_max_steps(baseline, rerun_at_the_end):
-    out, result = rerun_at_the_end
+def test_a_run_killed_after_its_last_checkpoint_trains_no_step_past_max_steps(
+    baseline, tmp_path, tiny_model_dir, pairs
+):
+    out = unfinished(baseline, tmp_path)
+    result = train(out, tiny_model_dir, pairs)
     assert result.returncode == 0, result.stdout[-3000:]
     assert f"Resuming from {out}/checkpoint-4" in result.stdout
     assert logged_steps(out) == [1, 2, 3, 4] and not (out / "checkpoint-5").exists()  # it trained a 5th step
@@ -660,10 +651,15 @@ def test_a_damaged_record_of_the_run_is_refused_in_one_line_naming_it(baseline, 
 
 
 @pytest.mark.slow
-def test_a_damaged_run_record_is_written_anew_where_the_checkpoint_carries_its_own(rerun_at_the_end):
+def test_a_damaged_run_record_is_written_anew_where_the_checkpoint_carries_its_own(
+    baseline, tmp_path, tiny_model_dir, pairs
+):
     """The run folder's resolved_config.json cut short: the resume compares with the copy its checkpoint carries (in
     its manifest), and the run writes its record whole again; no traceback, no refusal."""
-    out, result = rerun_at_the_end
+    out = unfinished(baseline, tmp_path)
+    text = (out / "resolved_config.json").read_text()
+    (out / "resolved_config.json").write_text(text[: len(text) // 2])
+    result = train(out, tiny_model_dir, pairs)
     assert result.returncode == 0 and "Traceback" not in result.stdout, result.stdout[-3000:]
     assert "Resuming from" in result.stdout
     assert json.loads((out / "resolved_config.json").read_text())["derived"]["resumed_from"]
