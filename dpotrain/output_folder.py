@@ -223,7 +223,8 @@ def replace(out: Path, names: list[str]) -> None:
             f"(`wandb sync {shlex.quote(str(kept))}/offline-run-*`)",
             flush=True,
         )
-    removed = sorted(e for e in out.iterdir() if e.name in set(names) and e.name not in (MANIFEST, run_lock.LOCK_FILE))
+    own = set(names) - {MANIFEST, run_lock.LOCK_FILE}
+    removed = sorted(e for e in out.iterdir() if e.name in own)
     for entry in removed:
         shutil.rmtree(entry) if entry.is_dir() and not entry.is_symlink() else entry.unlink(missing_ok=True)
     left = [e.name for e in out.iterdir() if e.name not in (MANIFEST, run_lock.LOCK_FILE)]

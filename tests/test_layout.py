@@ -146,11 +146,12 @@ def test_every_package_name_the_scripts_and_benchmarks_use_exists():
     use that a change removed (benchmarks/gpu_probe.py's `choice.import_problem`, inlined by a shrink) was found only
     when the lease's probe died. Every `from dpotrain... import NAME` and `MODULE.NAME` they use is checked here."""
     import importlib
+    import types
 
     missing = []
     for path in sorted([*(ROOT / "scripts").glob("*.py"), *(ROOT / "benchmarks").glob("*.py")]):
-        modules = {}
-        for node in ast.walk(ast.parse(path.read_text())):
+        modules, tree = {}, ast.parse(path.read_text())
+        for node in ast.walk(tree):
             if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("dpotrain"):
                 parent = importlib.import_module(node.module)
                 for alias in node.names:
@@ -160,9 +161,9 @@ def test_every_package_name_the_scripts_and_benchmarks_use_exists():
                             found = importlib.import_module(f"{node.module}.{alias.name}")
                         except ImportError:
                             missing.append(f"{path.name}:{node.lineno} {node.module}.{alias.name}")
-                    if type(found).__name__ == "module":
+                    if isinstance(found, types.ModuleType):
                         modules[alias.asname or alias.name] = found
-        for node in ast.walk(ast.parse(path.read_text())):
+        for node in ast.walk(tree):
             if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in modules:
                 if not hasattr(modules[node.value.id], node.attr):
                     missing.append(f"{path.name}:{node.lineno} {node.value.id}.{node.attr}")
