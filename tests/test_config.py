@@ -416,11 +416,12 @@ def test_an_env_variable_without_a_value_is_left_unset(tmp_path):
         assert "DPOTRAIN_TEST_UNSET" not in os.environ and os.environ["DPOTRAIN_TEST_SET"] == "offline"
 
 
-@pytest.mark.parametrize("name", ["HF_HOME", "HF_HUB_CACHE", "HF_DATASETS_CACHE"])
+@pytest.mark.parametrize("name", ["HF_HOME", "HF_HUB_CACHE", "HF_DATASETS_CACHE", "HF_ENDPOINT"])
 def test_a_hub_cache_folder_in_the_recipes_env_block_is_refused(name, tmp_path, monkeypatch):
     """The recipe's `env:` is set as it is read, after huggingface_hub and datasets were imported, which read their
-    cache folders then: `HF_HOME: /scratch/hf` was set in the environment (and named by the printed prefetch command)
-    while the run read and wrote ~/.cache/huggingface."""
+    cache folders and the Hub's address then: `HF_HOME: /scratch/hf` was set in the environment (and named by the
+    printed prefetch command) while the run read and wrote ~/.cache/huggingface; `HF_ENDPOINT: https://mirror` was
+    set while every download and push asked huggingface.co."""
     monkeypatch.delenv(name, raising=False)
     folder = tmp_path / "my hf"
     with pytest.raises(ConfigError) as refused, environment():
@@ -430,6 +431,25 @@ def test_a_hub_cache_folder_in_the_recipes_env_block_is_refused(name, tmp_path, 
         f"is: set it in .env or the shell ({name}='{folder}'), not in the recipe"
     )
     parse_args(["--config", write(tmp_path, f"bf16: false\nenv:\n  {name}:\n")])  # sets nothing: nothing to refuse
+
+
+@pytest.mark.parametrize("name", ["HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE"])
+def test_an_offline_switch_in_the_recipes_env_block_turns_the_hub_libraries_off(name, tmp_path, monkeypatch):
+    """huggingface_hub and datasets read their offline switches as they are imported, before the recipe: a recipe's
+    `env: {HF_HUB_OFFLINE: 1}` was in the environment, so the run's own checks took the Hub for off, while the libraries
+    still asked the network for every file (minutes of retries on a node without one). They are told, as of `.env`."""
+    import datasets.config
+    from huggingface_hub import constants
+
+    for variable in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE"):
+        monkeypatch.delenv(variable, raising=False)
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_OFFLINE", False)
+    with environment():
+        parse_args(["--config", write(tmp_path, f"bf16: false\nenv:\n  {name}: 1\n")])
+    assert constants.HF_HUB_OFFLINE == (name != "HF_DATASETS_OFFLINE")
+    assert datasets.config.HF_DATASETS_OFFLINE is True
 
 
 def test_a_relative_dpotrain_cache_in_the_recipes_env_block_is_refused(tmp_path, monkeypatch):

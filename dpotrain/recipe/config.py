@@ -349,13 +349,14 @@ def read_recipe(path: str) -> dict:
 
 
 def _check_env_cache_folder(path: str, name: str, value: str) -> None:
-    """A cache folder in a recipe's `env:` block is set as the recipe is read: after huggingface_hub and datasets were
-    imported and read theirs (HF_HOME: the libraries read ~/.cache/huggingface while the run named the recipe's), and a
-    relative DPOTRAIN_CACHE would be each command's own folder's (docs/hub.md). One the environment (or `.env`) sets
-    already is never taken from the block (the environment wins), so it is not refused."""
+    """A cache folder or the Hub's address in a recipe's `env:` block is set as the recipe is read: after
+    huggingface_hub and datasets were imported and read theirs (HF_HOME: the libraries read ~/.cache/huggingface while
+    the run named the recipe's; HF_ENDPOINT: the run asked huggingface.co), and a relative DPOTRAIN_CACHE would be each
+    command's own folder's (docs/hub.md). One the environment (or `.env`) sets already is never taken from the block
+    (the environment wins), so it is not refused."""
     if name in os.environ:
         return
-    if name in venv.CACHE_FOLDERS and name != "DPOTRAIN_CACHE":
+    if name in (*venv.CACHE_FOLDERS, "HF_ENDPOINT") and name != "DPOTRAIN_CACHE":
         raise ConfigError(
             f"{path}: env: {name} is read by the Hub libraries as they are imported, before the recipe is: set it in "
             f".env or the shell ({name}={shlex.quote(value)}), not in the recipe"
@@ -436,6 +437,10 @@ def parse_args(argv: list[str] | None = None) -> Recipe:
     for key, value in (config.pop("env", None) or {}).items():  # TRL's `env:` block, under the environment
         if value is not None:  # `WANDB_PROJECT:` with no value sets nothing, not the word "None"
             os.environ.setdefault(str(key), recipe_file.written(value))
+    if "huggingface_hub" in sys.modules or "datasets" in sys.modules:  # imported before the block: its HF_HUB_OFFLINE
+        from dpotrain.recipe import hub_switches
+
+        hub_switches.take_late_switches()
     # A recipe's `field: null` is the field's default, as YAML means it, where that default is None: no words (argparse
     # would read the word "None" as text, `hub_model_id: null` a repo named None, a list of it, `datasets: null` a
     # mixture of one source named None, or refuse it as a number). Where the default is a value, null is refused,

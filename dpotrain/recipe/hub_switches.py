@@ -1,7 +1,7 @@
 """Whether the Hugging Face Hub is off, as huggingface_hub and datasets decide it, and telling them what `.env` says.
 
 huggingface_hub (which transformers asks) and datasets read HF_HUB_OFFLINE (TRANSFORMERS_OFFLINE, HF_DATASETS_OFFLINE)
-once, when imported: a `.env` read after that is handed to them here (`venv.load_env`).
+once, when imported: a `.env` or a recipe's `env:` read after that is handed to them here.
 """
 
 import os
@@ -26,10 +26,10 @@ def datasets_offline() -> bool:
     return is_offline() if value is None else _true(value)
 
 
-def take_dotenv_switches() -> None:
-    """The offline switches of a `.env` read after the Hub libraries were imported, given to them: read too late, they
-    downloaded where docs/hub.md says `.env` turns them off (on a node without network, minutes of retries for every
-    file). It only ever turns them off."""
+def take_late_switches() -> None:
+    """The offline switches of a `.env` or a recipe's `env:` block read after the Hub libraries were imported, given to
+    them: read too late, they downloaded where docs/hub.md says `.env` turns them off (on a node without network,
+    minutes of retries for every file). It only ever turns them off."""
     if is_offline():
         constants.HF_HUB_OFFLINE = True
     if datasets_offline():

@@ -64,7 +64,7 @@ def load_env(root: Path) -> None:
     if "huggingface_hub" in sys.modules or "datasets" in sys.modules:  # imported before this read: told now
         from dpotrain.recipe import hub_switches
 
-        hub_switches.take_dotenv_switches()
+        hub_switches.take_late_switches()
 
 
 # The cache folders the entry points and the libraries read (huggingface_hub and datasets as they are imported).
