@@ -283,9 +283,8 @@ def usable_pairs(
 
 
 def _parsed_features(dataset, shape: shapes.Shape):
-    """The read pairs' column types where messages are parsed from JSON text (`shape.json_columns`): datasets' Json
-    messages, each as written. Left to datasets, the first batch's messages fix their fields for every later batch,
-    and a later message with another field (a `name`, `tool_calls`) failed the map in a traceback."""
+    """The read pairs' column types where messages are parsed from JSON text (`shape.json_columns`): datasets' Json,
+    each message as written (else the first batch fixes the fields and a later `name` or `tool_calls` fails the map)."""
     import datasets
 
     if not (shape.json_columns and shape.conversational):
