@@ -323,9 +323,8 @@ def summary(
 ) -> dict:
     """What the plan does, for the run's records (micro-batches, gradient reductions: ZeRO reduces at every backward,
     DDP and FSDP once per step; pairs and positions per micro-batch; the padding share). `forward` gives the positions
-    a micro-batch really takes; without it, the plan's own cost is taken. `steps`: the steps the run trains, the first
-    ones of the plan (max_steps, or a fraction of an epoch): what it records is theirs, not the whole epochs' planned
-    (a `--max_steps 2` run's card gave the micro-batch sizes of all 48 steps of its epoch); per epoch, at their rate."""
+    a micro-batch really takes, else the plan's cost counts. `steps`: the run trains only the plan's first `steps`
+    (max_steps, or part of an epoch): the record is theirs, not the whole epochs' (per-epoch figures at their rate)."""
     per_epoch = len(epochs[0])  # optimizer steps in an epoch
     trained = [step for epoch in epochs for step in epoch][:steps]
     counts = [len(step[0]) for step in trained]  # fillers included: they take their time
