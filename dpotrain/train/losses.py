@@ -21,7 +21,7 @@ READS_LABEL_SMOOTHING = {"exo_pair", "robust", "aot", "aot_unpaired"}
 # f_divergence_type: TRL allows these loss types; of them, sft scores the chosen tokens' NLL, not the log-ratios.
 F_DIVERGENCE_ALLOWED = {"sigmoid", "sigmoid_norm", "hinge", "ipo", "exo_pair", "robust", "discopop", "sft"}
 READS_F_DIVERGENCE = F_DIVERGENCE_ALLOWED - {"sft"}
-# The f-divergences `_compute_loss` knows; TRL's DPOConfig takes any string, and another stopped the run at step 1
+# The f-divergences `_compute_loss` knows; TRL's DPOConfig takes any string, and another fails at step 1
 F_DIVERGENCES = ("reverse_kl", "forward_kl", "js_divergence", "alpha_divergence")
 # Losses across a micro-batch's pairs (they sort its log-ratios): a token budget would change what they optimize.
 BATCH_LEVEL_LOSSES = {"aot", "aot_unpaired"}
@@ -236,7 +236,7 @@ def step1_loss(args) -> float | None:
 
 
 def _over_beta_squared(k: float, beta: float) -> float | None:
-    """k / beta^2, None where floats cannot hold it: a beta of 1e-200 (or 1e300) failed the dry run and step 1."""
+    """k / beta^2, None where floats cannot hold it (a beta of 1e-200 or 1e300)."""
     try:
         return k / beta**2
     except ArithmeticError:
