@@ -179,8 +179,7 @@ def candidates(config, recipe, cuda: bool, varlen: str | None, check_kernels: bo
     else:
         attentions = [dense_attention(config)]
     # Only `padding_free: false` keeps the recipe padded: a live reference model (`precompute_ref_log_probs: false`,
-    # TR-DPO's `sync_ref_model`) packs like the policy, scored with the same stand-in forward on the same micro-batch
-    # (`RecipeDPOTrainer._compute_loss`), split over a group like the policy's.
+    # TR-DPO's `sync_ref_model`) packs like the policy (`RecipeDPOTrainer._compute_loss`: same stand-in, same split).
     recipe_problem = None if t.padding_free else "padding_free is false"
     shared, unshared, problems, share_problems = [], [], [], []
     for attn in attentions:

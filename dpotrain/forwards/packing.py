@@ -230,7 +230,6 @@ REFERENCE_KEYS = ("ref_chosen_logps", "ref_rejected_logps")
 
 
 def with_reference(batch: dict, examples: list[dict]) -> dict:
-    """`batch` with the examples' reference log-probs where they carry them."""
     return batch | {
         k: torch.tensor([e[k] for e in examples], dtype=torch.float32) for k in REFERENCE_KEYS if k in examples[0]
     }
