@@ -368,9 +368,8 @@ class RecipeDPOTrainer(DPOTrainer):
         total = 0.0
         for i, micro_batch in enumerate(micro_batches):
             last = i == len(micro_batches) - 1
-            # DeepSpeed's engine takes the boundary from accelerate (set_gradient_accumulation_boundary) and reduces
-            # at every backward; FSDP2 reduces at every backward too, DDP skips the sync until the last micro-batch
-            # (`Engine.defers_gradient_sync`: what each holds in between).
+            # DeepSpeed (its boundary from accelerate) and FSDP2 reduce at every backward, DDP only at the last
+            # micro-batch (`Engine.defers_gradient_sync`: what each holds in between).
             upstream.set_sync_gradients(self.accelerator, last)
             defer = not last and self.engine.defers_gradient_sync
             with self.accelerator.no_sync(model) if defer else contextlib.nullcontext():
@@ -431,9 +430,8 @@ class RecipeDPOTrainer(DPOTrainer):
         deque")."""
         if self._reference_engine is not None:
             samples.leave_for_training(None, self._reference_engine.optimizer)
-        # With save_total_limit 1 and --metric_for_best_model, transformers ends by deleting every `checkpoint-*`
-        # folder but the best, a person's checkpoint-4.bak/ and the run's newest too: the run's rotation
-        # (CompleteMarker) keeps its own newest complete ones and the best.
+        # transformers' final rotation (save_total_limit 1, a best checkpoint) deletes every `checkpoint-*` folder but
+        # the best, a person's checkpoint-4.bak/ and the run's newest too: the run's own (CompleteMarker) replaces it.
         with upstream.patched(upstream.FINAL_ROTATION, lambda *_, **__: []):
             return super().train(*args, **kwargs)
 
