@@ -39,9 +39,8 @@ class Thresholds:
     # 001's lessons: "if log prob difference > 100, reconsider approach; if > 500, DPO likely won't work".
     summed_warn: float = 100.0
     summed_critical: float = 500.0
-    # Per token, our choice: 1 nat/token means each chosen token is e ~ 2.7x less (or more) likely than a rejected one
-    # on average, a different register rather than a preference; 2.5 nats (12x per token) is past anything
-    # preference data shows and halfway to 001's doomed -4.4.
+    # Per token, our choice: at 1 nat/token each chosen token is ~2.7x less (or more) likely than a rejected one, a
+    # different register, not a preference; 2.5 nats (12x) is past any preference data, halfway to 001's doomed -4.4.
     per_token_warn: float = 1.0
     per_token_critical: float = 2.5
     share: float = 0.2  # a verdict needs this share of the pairs past a threshold, not a few outliers

@@ -173,10 +173,9 @@ def measure(
     progress: bool = False,
     hh_format: str = "messages",
 ) -> Measured:
-    """Token lengths of every row of `dataset` (a `Dataset` or a streaming `IterableDataset`), by `Dataset.map` over
-    `num_proc` processes (a `Dataset` read from files keeps the map in datasets' cache, so the same rows with the same
-    tokenizer are tokenized once). `indices`: each row's original index when `dataset` is a selection. `method`:
-    "batched" or "reference". Invalid rows raise `InvalidRowError` unless `skip_invalid`, which lists them."""
+    """Token lengths of every row of `dataset` (a `Dataset`, whose map datasets caches, or a streaming one) by
+    `Dataset.map` over `num_proc` processes. `indices`: each row's original index when `dataset` is a selection.
+    `method`: "batched" or "reference". Invalid rows raise `InvalidRowError` unless `skip_invalid`, which lists them."""
     import datasets
 
     if method not in ("batched", "reference"):
@@ -323,10 +322,9 @@ def coverage(total: np.ndarray, max_length: int) -> float:
 
 
 def padding(m: Measured, max_length: int, batch_size: int, seed: int | None = None) -> tuple[int, float, float]:
-    """(padded positions, padding fraction, padding per pair) in TRL's DataCollatorForPreference at `max_length`:
-    after the trainer drops rows whose prompt fills it, a batch of `batch_size` pairs is 2B sequences cut at
-    `max_length` and padded to the longest. `seed`: batches in a shuffled order (as the trainer's sampler draws them);
-    None: data set order."""
+    """(padded positions, padding fraction, padding per pair) in TRL's DataCollatorForPreference at `max_length`: the
+    pairs the trainer keeps, `batch_size` a batch of 2B sequences cut at `max_length` and padded to the longest.
+    `seed`: batches in the trainer's shuffled order; None: data set order."""
     a, b = _sequences(m, max_length)
     if seed is not None:
         order = np.random.default_rng(seed).permutation(len(a))

@@ -210,8 +210,7 @@ def cut_step(pairs: np.ndarray, lengths: PairLengths, p: StepPlan) -> list[list[
     if found is not None:
         return found
     alone = [int(c) for c in p.alone(lengths, pairs)]
-    # The smallest budget that would cut this step, for the message: at twice the whole step, one micro-batch per rank
-    # always fits.
+    # The smallest budget that cuts this step, for the message (twice the whole step always fits)
     budgets = range(p.max_tokens, 2 * sum(alone))
     least = p.max_tokens + bisect.bisect_left(budgets, True, key=lambda b: _cut(pairs, lengths, p, b) is not None)
     needed = math.ceil(least / 1024) * 1024
