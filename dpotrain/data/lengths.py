@@ -514,9 +514,8 @@ def load_tokenizer(
     chat_template_path: str | None = None,
     local_files_only: bool = False,
 ):
-    """The tokenizer training uses (`builtin:` names are built locally), with the recipe's chat template where it
-    names one (`chat_template.py`): every tokenizer of the project is loaded here, so that training, its reference
-    stage, the analyzer, the dry run and the preflight tokenize alike. No model weights are loaded."""
+    """The tokenizer training uses (`builtin:` names built locally), with the recipe's chat template if it names one
+    (`chat_template.py`): every stage and tool loads its tokenizer here, so all tokenize alike. No weights load."""
     from transformers import AutoTokenizer
 
     if builtin.is_builtin(name_or_path):

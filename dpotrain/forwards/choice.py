@@ -313,9 +313,8 @@ def decision_rule(decision, asked: bool) -> str:
 
 
 def decide(recipe, config, cuda: bool, varlen: str | None, lengths=None, max_length=None) -> ForwardChoice:
-    """Packed or padded forward, prompts shared or not, and the attention, for this model's config, recipe, machine
-    (`varlen`: the varlen FlashAttention to weigh) and the pairs' `lengths`: the run's forward stage
-    (`stages.decide_forward`). Prints the notes and the `Forward:` line."""
+    """The run's forward stage (`stages.decide_forward`): `choose` (`varlen`: the varlen FlashAttention to weigh),
+    printing its notes and the `Forward:` line."""
     chosen, notes = choose(config, recipe, cuda, varlen, lengths, max_length=max_length)
     for note in notes:
         print(note, flush=True)

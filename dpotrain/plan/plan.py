@@ -378,9 +378,8 @@ def _spread(values: list[int]) -> dict:
 
 
 class StepSampler(BatchRebalanceSampler):
-    """The train dataloader's batch sampler: one item per optimizer step, this rank's micro-batches of that step. A
-    `BatchRebalanceSampler` so that accelerate does not shard it again; an epoch beyond `planned` is planned when it
-    starts."""
+    """The train dataloader's batch sampler: one item per optimizer step, this rank's micro-batches of it; a
+    `BatchRebalanceSampler`, so accelerate does not shard it again. An epoch past `planned` is planned as it starts."""
 
     def __init__(self, lengths: PairLengths, plan: StepPlan, rank: int, planned: list | None = None):
         self.lengths, self.plan, self.rank = lengths, plan, rank
