@@ -1,10 +1,9 @@
 """Preflight: does the base model find the chosen responses about as likely as the rejected ones?
 
-DPO teaches a preference between two responses the model could already write. 001's post-mortem is a run where it
-could not: the base model scored the chosen side ~960 nats (summed; -4.4 per token) below the rejected side, and every
-learning rate either did nothing or collapsed. This module scores a seeded sample of pairs with the base model, exactly
-as training will (the project's trainer tokenizes, truncates and computes the reference log-probs), and says whether
-the gap, the lengths and the data predict such a run, with what to do instead.
+DPO teaches a preference between two responses the model could already write: in 001's failed run the base model
+scored the chosen side ~960 nats (summed; -4.4 per token) below the rejected one, and every learning rate did nothing
+or collapsed. This module scores a seeded sample of pairs with the base model exactly as training will (the project's
+trainer), and says whether the gap, the lengths and the data predict such a run, and what to do instead.
 
 `score` is the one place where the model runs; the rest is arithmetic on its output.
 """
@@ -40,9 +39,8 @@ class Thresholds:
     # 001's lessons: "if log prob difference > 100, reconsider approach; if > 500, DPO likely won't work".
     summed_warn: float = 100.0
     summed_critical: float = 500.0
-    # Per token, our choice: 1 nat/token means each chosen token is e ~ 2.7x less (or more) likely than a rejected one
-    # on average, a different register rather than a preference; 2.5 nats (12x per token) is past anything
-    # preference data shows and halfway to 001's doomed -4.4.
+    # Per token, our choice: at 1 nat/token each chosen token is ~2.7x less (or more) likely than a rejected one, a
+    # different register, not a preference; 2.5 nats (12x) is past any preference data, halfway to 001's doomed -4.4.
     per_token_warn: float = 1.0
     per_token_critical: float = 2.5
     share: float = 0.2  # a verdict needs this share of the pairs past a threshold, not a few outliers
@@ -87,8 +85,7 @@ def sample_rows(dataset, n: int, seed: int):
 
 
 def data_quality(pairs) -> dict:
-    """`pair_keys` of the run's pairs (`stages.Data`): a mixture's upsampling (an amount above 1.0) repeats each of its
-    source's pairs by design, which the report called duplicates to remove ("deduplicate the data set")."""
+    """`pair_keys` of the run's pairs (`stages.Data`), less the repeats a mixture's upsampling makes by design."""
     records = pairs.mix.records if pairs.mix is not None else []
     return pair_keys(pairs.train, sum(max(r["taken"] - r["rows_usable"], 0) for r in records))
 
@@ -390,7 +387,7 @@ def run(
         writes.check_not_input(flag, path, inputs)  # a report never replaces what it describes
     if sample_size < 1:
         raise ConfigError(f"--sample must be >= 1 (got {sample_size})")
-    if seed is not None and not 0 <= seed < 2**32:  # numpy's seeds: the sample's draw failed in a traceback
+    if seed is not None and not 0 <= seed < 2**32:  # numpy's seed range
         raise ConfigError(
             f"--seed {seed} is out of range: give one from 0 to 2**32 - 1, or leave it out (the recipe's)"
         )

@@ -1,16 +1,14 @@
 """Token lengths of a preference data set exactly as TRL's `DPOTrainer` sees them, and the `max_length` they call for.
 
-Rows are read as training reads them (`rows.read_row`), then tokenized as `DPOTrainer._prepare_dataset` (TRL 1.16)
-does: EOS appended to plain-text completions, the completion starting where the tokenized prompt (with the generation
-prompt) and prompt+completion stop agreeing. `row_lengths` makes the trainer's own call, one row at a time (the
-reference); method "batched" renders the chat template to text and encodes a batch in one fast-tokenizer call (what
-`apply_chat_template(tokenize=True)` does per row), ~2-3x faster, each batch checked against `row_lengths` on its first
-row (tests/test_analyzer.py proves equality with the trainer's data set).
+Rows are read as training reads them (`rows.read_row`) and tokenized as `DPOTrainer._prepare_dataset` (TRL 1.16)
+does. `row_lengths` makes the trainer's own calls one row at a time (the reference); method "batched" renders the chat
+template to text and encodes a batch in one fast-tokenizer call, ~2-3x faster, each batch checked against `row_lengths`
+on its first row (tests/test_analyzer.py proves equality with the trainer's data set).
 
-The recommendation is the smallest multiple of 512 leaving `coverage` of the pairs whole, shown with its packed compute
-(README "Choosing max_length" says why a coverage and not a compute knee). `max_length: auto` reads a cached analysis
-keyed by what the data set and tokenizer are (not a `Dataset` fingerprint, so a dry run without the data finds it), or
-the run analyses the split and caches it (`analyse`). The markdown tables and the plot are in `lengths_report.py`.
+The recommendation is the smallest multiple of 512 leaving `coverage` of the pairs whole (README "Choosing max_length"
+says why not a compute knee). `max_length: auto` reads an analysis cached by the data set's and tokenizer's identity
+(not a `Dataset` fingerprint, so a dry run without the data finds it), or analyses the split and caches it (`analyse`).
+The markdown tables and the plot are in `lengths_report.py`.
 """
 
 import dataclasses
@@ -60,6 +58,7 @@ def row_lengths(example: dict, tokenizer) -> tuple[int, int, int, int]:
 
 
 def _split_lengths(prompt_ids, chosen_ids, rejected_ids) -> tuple[int, int, int, int]:
+    """As TRL splits: the completion starts where the prompt (with the generation prompt) and prompt+completion part."""
     n = min(common_prefix_length(prompt_ids, chosen_ids), common_prefix_length(prompt_ids, rejected_ids))
     shared = common_prefix_length(chosen_ids[n:], rejected_ids[n:])  # from the completions' start
     return n, len(chosen_ids) - n, len(rejected_ids) - n, shared
@@ -130,9 +129,8 @@ class _Refused(Exception):
 
 
 def _measure_batch(batch: dict, positions: list[int], tokenizer, fmt, method, skip_invalid, offset, version) -> dict:
-    """`measure`'s `Dataset.map` function: per row its `COUNTS` (-1: an invalid row) and why it is invalid, and whether
-    the batch fell back to `row_lengths`. `version` (ANALYSIS_VERSION) is only part of the map's fingerprint, so that a
-    map cached by an older analysis is not reused."""
+    """`measure`'s `Dataset.map` function: per row its `COUNTS` (-1: invalid) and problem, and whether the batch fell
+    back to `row_lengths`. `version` (ANALYSIS_VERSION) only keys the map's cache: an older analysis's is not reused."""
     examples, texts, counts, why = {}, [], {}, {}  # why: each row's problem, None for a valid one
     for position, values in zip(positions, zip(*batch.values(), strict=True), strict=True):
         position += offset
@@ -175,10 +173,9 @@ def measure(
     progress: bool = False,
     hh_format: str = "messages",
 ) -> Measured:
-    """Token lengths of every row of `dataset` (a `Dataset` or a streaming `IterableDataset`), by `Dataset.map` over
-    `num_proc` processes (a `Dataset` read from files keeps the map in datasets' cache, so the same rows with the same
-    tokenizer are tokenized once). `indices`: each row's original index when `dataset` is a selection. `method`:
-    "batched" or "reference". Invalid rows raise `InvalidRowError` unless `skip_invalid`, which lists them."""
+    """Token lengths of every row of `dataset` (a `Dataset`, whose map datasets caches, or a streaming one) by
+    `Dataset.map` over `num_proc` processes. `indices`: each row's original index when `dataset` is a selection.
+    `method`: "batched" or "reference". Invalid rows raise `InvalidRowError` unless `skip_invalid`, which lists them."""
     import datasets
 
     if method not in ("batched", "reference"):
@@ -238,12 +235,12 @@ def _map(dataset, kwargs: dict, num_proc: int, chunk_size: int, desc: str | None
     features.update(problem=datasets.Value("string"), problem_column=datasets.Value("string"))
     features["mismatch"] = datasets.Value("bool")
     processes = min(num_proc, -(-len(dataset) // chunk_size))
-    # Cached where datasets caches what it reads (a later run finds it there), never beside a data set saved in a
-    # folder of the user's own, which is read in place (maybe read-only or shared): there the map stays in memory.
+    # Cached in datasets' cache (a later run finds it), never beside the user's own saved data set (maybe read-only or
+    # shared): that map stays in memory.
     files, cache = dataset.cache_files, Path(datasets.config.HF_DATASETS_CACHE).resolve()
     in_cache = bool(files) and Path(files[0]["filename"]).resolve().is_relative_to(cache)
-    # Mapping in processes, datasets sets TOKENIZERS_PARALLELISM=false (one tokenizer thread per process) and puts a
-    # copy of os.environ in its place, which a patch of the original (mock.patch.dict, monkeypatch) would miss: undone.
+    # A multiprocess map sets TOKENIZERS_PARALLELISM=false in a copy of os.environ it swaps in, which a patch of the
+    # original (monkeypatch) would miss: undone.
     environ = os.environ
     try:
         with mock.patch.dict(os.environ):
@@ -280,10 +277,9 @@ def _map_stream(stream, kwargs: dict, num_proc: int, chunk_size: int, progress: 
 
 
 def check_tokenizer(tokenizer, fmt: RowFormat) -> None:
-    """What the rows need of the tokenizer, in one line, the same for the analyzer and the run (before the model loads).
-    Message lists become text through its chat template: without one, every row would fail (the analyzer on its first
-    row, a run's length sample on all of them). Plain-text completions end with its EOS token (DPOTrainer's add_eos):
-    without one, TRL's map raised a TypeError after the model loaded, and the lengths were measured without it."""
+    """What the rows need of the tokenizer, refused in one line before the model loads (analyzer and run alike): a chat
+    template for message lists, an EOS token for plain-text completions (DPOTrainer's add_eos; TRL fails on its absence
+    only after the model loaded)."""
     if not fmt.conversational:
         if tokenizer.eos_token is None:
             raise ConfigError(
@@ -326,10 +322,9 @@ def coverage(total: np.ndarray, max_length: int) -> float:
 
 
 def padding(m: Measured, max_length: int, batch_size: int, seed: int | None = None) -> tuple[int, float, float]:
-    """(padded positions, padding fraction, padding per pair) in TRL's DataCollatorForPreference at `max_length`:
-    after the trainer drops rows whose prompt fills it, a batch of `batch_size` pairs is 2B sequences cut at
-    `max_length` and padded to the longest. `seed`: batches in a shuffled order (as the trainer's sampler draws them);
-    None: data set order."""
+    """(padded positions, padding fraction, padding per pair) in TRL's DataCollatorForPreference at `max_length`: the
+    pairs the trainer keeps, `batch_size` a batch of 2B sequences cut at `max_length` and padded to the longest.
+    `seed`: batches in the trainer's shuffled order; None: data set order."""
     a, b = _sequences(m, max_length)
     if seed is not None:
         order = np.random.default_rng(seed).permutation(len(a))
@@ -382,15 +377,13 @@ def candidate(m: Measured, max_length: int, batch_size: int, seed: int) -> dict:
 
 
 def recommendation(m: Measured, target: float = DEFAULT_COVERAGE, max_positions: int | None = None) -> dict:
-    """The recommended max_length (`recommend`: a coverage) and what it trades: packed, a longer max_length costs only
-    the extra tokens of the longer pairs, a price small and close to flat (BENCHMARKS.md), so a compute knee would be
-    arbitrary; shown are the compute the next shorter multiple of 512 saves and what doubling would add. Capped at the
-    model's `max_positions` (`capped` says from what). Raised where the target is reached at a length that leaves
-    fewer than half the pairs anything to learn, which training refuses (`raised` says from what)."""
+    """The recommended max_length (`recommend`: a coverage; packed compute grows near flat with it, BENCHMARKS.md) with
+    the compute the next shorter multiple of 512 saves and doubling adds. Capped at `max_positions` (`capped`); raised
+    where fewer than half the pairs would keep anything to learn, which training refuses (`raised`)."""
     total = m.total
     best = covering = recommend(total, target)
-    # A low target (auto_coverage 0.3) is reached where most prompts alone fill max_length: `max_length: auto` chose a
-    # length its own run then refused (cuts.check), advising `auto`. The next multiple of STEP that teaches enough.
+    # A low target (auto_coverage 0.3) may be met where most prompts alone fill max_length, which the run refuses
+    # (cuts.check): the next multiple of STEP that teaches enough.
     while best < total.max() and cuts.teaching(m.prompt, m.shared, best, "keep_start")[0] < cuts.TEACHING * m.rows:
         best += STEP
     uncapped = best
@@ -521,9 +514,8 @@ def load_tokenizer(
     chat_template_path: str | None = None,
     local_files_only: bool = False,
 ):
-    """The tokenizer training uses (`builtin:` names are built locally), with the recipe's chat template where it
-    names one (`chat_template.py`): every tokenizer of the project is loaded here, so that training, its reference
-    stage, the analyzer, the dry run and the preflight tokenize alike. No model weights are loaded."""
+    """The tokenizer training uses (`builtin:` names built locally), with the recipe's chat template if it names one
+    (`chat_template.py`): every stage and tool loads its tokenizer here, so all tokenize alike. No weights load."""
     from transformers import AutoTokenizer
 
     if builtin.is_builtin(name_or_path):
@@ -670,8 +662,7 @@ def resolution_of(found: tuple[Measured, Path], coverage: float, max_positions: 
     return _resolution(found[0], coverage, found[1], True, max_positions)
 
 
-# analyse and resolution_of are the two ways a run decides max_length (once: tests count calls to either), so they share
-# this rather than one calling the other.
+# Shared by analyse and resolution_of, not one calling the other: tests count calls to either (a run decides once).
 def _resolution(m: Measured, target: float, report_path: Path | None, cached: bool, max_positions: int | None) -> dict:
     """The `max_length: auto` answer: the recommendation's numbers and where its report is (None: not cached)."""
     r = recommendation(m, target, max_positions)

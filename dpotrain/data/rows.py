@@ -242,10 +242,9 @@ def usable_pairs(
     template_file: str | None = None,
 ):
     """The data set's pairs as the trainer is to tokenize them (`read_row`), refused at the first bad row (located in
-    `source`, `data.row_location`), or with `skip_invalid` without the bad rows, recorded as `derived[key]` (said on the
-    console where `say`). No usable row left is refused too: the trainer would fail only after loading the model.
-    `template`: the tokenizer (or a function loading it) whose chat template the answers are checked against;
-    `template_file`: the recipe's chat_template_path, named on the console in place of the model's."""
+    `source`, `data.row_location`), or with `skip_invalid` without the bad rows, recorded as `derived[key]`. No usable
+    row left is refused too: the trainer would fail only after loading the model. `template`: the tokenizer (or its
+    loader) the answers are checked against; `template_file`: the recipe's chat_template_path, named on the console."""
     try:
         checked = check_dataset(dataset, skip_invalid=skip_invalid, hh_format=hh_format, template=template)
     except InvalidRowError as e:
@@ -283,9 +282,8 @@ def usable_pairs(
 
 
 def _parsed_features(dataset, shape: shapes.Shape):
-    """The read pairs' column types where messages are parsed from JSON text (`shape.json_columns`): datasets' Json
-    messages, each as written. Left to datasets, the first batch's messages fix their fields for every later batch,
-    and a later message with another field (a `name`, `tool_calls`) failed the map in a traceback."""
+    """The read pairs' column types where messages are parsed from JSON text (`shape.json_columns`): datasets' Json,
+    each message as written (else the first batch fixes the fields and a later `name` or `tool_calls` fails the map)."""
     import datasets
 
     if not (shape.json_columns and shape.conversational):

@@ -174,10 +174,8 @@ def _messages(chosen: list, rejected: list) -> tuple[dict | None, tuple[str, str
 
 
 def given(messages):
-    """Messages without their null fields, as they were written: a data set holds, in each message of a column, every
-    field any message of that column has (one Arrow schema per column), null where it has none; so where only `chosen`
-    has a `tool_calls` (or `name`, ...) field, each of its messages has one and `rejected`'s have none. Plain text is
-    itself."""
+    """Messages without their null fields, as written: one Arrow schema per column gives each message every field any
+    message of the column has (null where absent), so only `chosen`'s might carry `tool_calls`. Text is itself."""
     if not isinstance(messages, list):
         return messages
     return [{key: value for key, value in m.items() if value is not None} for m in messages]
@@ -196,12 +194,10 @@ def _starts_with(side: list, prompt: list) -> bool:
 
 
 def _explicit_prompt(prompt: list, chosen: list, rejected: list):
-    """A prompt column beside chosen/rejected. TRL (1.16) renders prompt + chosen as given, so conversations that
-    already start with the prompt would train its messages twice: such sides are read without the repetition. A side
-    that starts with another user (or system) turn is refused: a completion is the assistant's answer. So is one with
-    such a turn later on (a user's follow-up, a tool's result): TRL trains all of a completion, that turn too, which
-    `assistant_turns` never labels and the conversations' own shape reads as prompt (and refuses where the sides
-    differ before their final answer)."""
+    """A prompt column beside chosen/rejected. TRL (1.16) renders prompt + chosen as given, so sides that repeat the
+    prompt are read without it (else trained twice). A side with another user (or system) turn, first or later (a
+    follow-up, a tool's result), is refused: TRL would train that turn as answer, which `assistant_turns` never labels
+    and the conversations' own shape reads as prompt."""
     repeats = {c: _starts_with(side, prompt) for c, side in (("chosen", chosen), ("rejected", rejected))}
     if all(repeats.values()):
         return _answers_only(prompt, chosen[len(prompt) :], rejected[len(prompt) :])
@@ -252,9 +248,8 @@ def _prefix_pair(chosen: str, rejected: str) -> tuple[str, str] | None:
 
 
 def _common_start(chosen: str, rejected: str) -> dict:
-    """TRL's `extract_prompt` on text: the start the two sides share is the prompt, less a space it ends with (which
-    begins the answers). Answers that share no start have an empty prompt: there TRL's step back over the space reads
-    index -1, so a `chosen` ending with a space became all but its last character as the prompt, and ' ' the answer."""
+    """TRL's `extract_prompt` on text (the shared start, less a space it ends with), but an empty prompt where the sides
+    share no start: TRL's step back over the space reads index -1 there."""
     if chosen[:1] != rejected[:1]:
         return {"prompt": "", "chosen": chosen, "rejected": rejected}
     return extract_prompt({"chosen": chosen, "rejected": rejected})
@@ -341,6 +336,6 @@ def normalize(row: dict, shape: Shape) -> dict:
     example, problem = (None, problem) if problem else read(row, shape)
     if problem:  # rows.usable_pairs checked every row first
         raise ValueError(f"row not readable as {shape.name}: {problem}")
-    # The columns passed on stay the data set's own (`rows.usable_pairs`): datasets' map writes the keys of the first
-    # row it sees, and a row with a value where that one had none failed (KeyError) or lost it.
+    # The columns passed on stay the data set's own (`rows.usable_pairs`): datasets' map takes its keys from the first
+    # row, and would fail on or drop a value that row lacks.
     return {column: value for column, value in example.items() if column not in KEPT_COLUMNS}

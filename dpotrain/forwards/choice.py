@@ -89,8 +89,8 @@ def kernel_problem(attn: str, cuda: bool) -> str | None:
 
 
 def check_attention_name(attn: str) -> None:
-    """An attention transformers knows: its own (ALL_ATTENTION_FUNCTIONS, and eager), or a Hub kernel (`org/repo`).
-    Another name passed every check, and was transformers' ValueError traceback as the model was built."""
+    """An attention transformers knows: its own (ALL_ATTENTION_FUNCTIONS, and eager), or a Hub kernel (`org/repo`);
+    refused here, not as transformers' traceback when the model is built."""
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
     # transformers 5 still takes a `paged|` prefix before any name (`paged|sdpa`), dropped with a FutureWarning
@@ -128,9 +128,9 @@ def asked_to_pack(recipe) -> bool:
 
 
 def hybrid_problem(config, recipe) -> str | None:
-    """Why a boundary hybrid (`packing.BOUNDARY_HYBRIDS`) stays padded for this recipe, or None: only a check at start
-    on the loaded model (`packing.parity`) can confirm its kernels keep packed sequences apart, so it packs only when
-    asked (`padding_free: true` given)."""
+    """Why a boundary hybrid (`packing.BOUNDARY_HYBRIDS`) stays padded for this recipe, or None: it packs only when
+    asked (`padding_free: true` given), since only `packing.parity` on the loaded model can confirm it keeps sequences
+    apart."""
     if config.model_type not in packing.BOUNDARY_HYBRIDS or asked_to_pack(recipe):
         return None
     return (
@@ -141,16 +141,15 @@ def hybrid_problem(config, recipe) -> str | None:
 
 def _check_packed_options(t) -> None:
     """Options that only TRL's padded batches honour, refused where the run packs."""
-    if t.pad_to_multiple_of is not None:  # a packed run trained without it, and recorded it
+    if t.pad_to_multiple_of is not None:
         raise ConfigError(
             f"pad_to_multiple_of {t.pad_to_multiple_of} would be ignored: it pads TRL's padded batches, and this run "
             "packs its pairs (padding_free, the default), each row cut to its forward's own width: remove "
             "pad_to_multiple_of, or pass --padding_free false"
         )
     if t.neftune_noise_alpha is not None:
-        # transformers' hook draws each embedding's noise in +-alpha / sqrt(width x hidden size), the width of the
-        # tensor it sees: padded, the longest sequence of the batch (TRL's, the paper's); a packed row holds a
-        # micro-batch's sequences end to end, so the noise shrank as max_tokens_per_microbatch grew, recorded as alpha
+        # transformers' hook scales the noise by alpha / sqrt(width x hidden size): padded, the width is the longest
+        # sequence (TRL's, the paper's); a packed row's is the whole micro-batch
         raise ConfigError(
             f"neftune_noise_alpha {t.neftune_noise_alpha:g} would not be NEFTune's: its noise is scaled by the "
             "length of the row it sees, and this run packs its pairs (padding_free, the default), a row holding a "
@@ -180,8 +179,7 @@ def candidates(config, recipe, cuda: bool, varlen: str | None, check_kernels: bo
     else:
         attentions = [dense_attention(config)]
     # Only `padding_free: false` keeps the recipe padded: a live reference model (`precompute_ref_log_probs: false`,
-    # TR-DPO's `sync_ref_model`) packs like the policy, scored with the same stand-in forward on the same micro-batch
-    # (`RecipeDPOTrainer._compute_loss`), split over a group like the policy's.
+    # TR-DPO's `sync_ref_model`) packs like the policy (`RecipeDPOTrainer._compute_loss`: same stand-in, same split).
     recipe_problem = None if t.padding_free else "padding_free is false"
     shared, unshared, problems, share_problems = [], [], [], []
     for attn in attentions:
@@ -226,8 +224,8 @@ def candidates(config, recipe, cuda: bool, varlen: str | None, check_kernels: bo
         notes.append(
             f"Note: padded micro-batches (TRL's collator) on the same step plan, not packed sequences: {problems[0]}."
         )
-    # TRL's padded rows on transformers' default attention, as before this project chose forwards (padded rows on a
-    # varlen kernel, through its padding mask, are not measured here): an attention the recipe names is honoured.
+    # TRL's padded rows on transformers' default attention (padded rows on a varlen kernel are not measured here), or
+    # on the attention the recipe names.
     return [Candidate(asked or dense_attention(config), False, False)], notes
 
 
@@ -315,9 +313,8 @@ def decision_rule(decision, asked: bool) -> str:
 
 
 def decide(recipe, config, cuda: bool, varlen: str | None, lengths=None, max_length=None) -> ForwardChoice:
-    """Packed or padded forward, prompts shared or not, and the attention, for this model's config, recipe, machine
-    (`varlen`: the varlen FlashAttention to weigh) and the pairs' `lengths`: the run's forward stage
-    (`stages.decide_forward`). Prints the notes and the `Forward:` line."""
+    """The run's forward stage (`stages.decide_forward`): `choose` (`varlen`: the varlen FlashAttention to weigh),
+    printing its notes and the `Forward:` line."""
     chosen, notes = choose(config, recipe, cuda, varlen, lengths, max_length=max_length)
     for note in notes:
         print(note, flush=True)

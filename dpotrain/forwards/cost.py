@@ -20,9 +20,8 @@ class Speed:
     source: str
 
 
-# The speed each attention kernel trains at on a GPU, only where measured (BENCHMARKS.md, "Measured on one H100 80GB":
-# OLMo 3 7B layer width, bf16, activation checkpointing, MFU as train_dpo.py logs it). Add one here only with its
-# measurement recorded in BENCHMARKS.md.
+# The speed each attention kernel trains at on a GPU, only where measured and recorded in BENCHMARKS.md ("Measured on
+# one H100 80GB": OLMo 3 7B layer width, bf16, activation checkpointing, MFU as train_dpo.py logs it).
 SPEED = {
     "flash_attention_4": Speed(
         0.324, "measured on an H100: think-shaped pairs, unshared packing on FA4 varlen, 32.4% MFU (41.0k tokens/s)"
@@ -71,7 +70,6 @@ class TokenCounts:
 
 
 def model_flops(config) -> flops.ModelFlops:
-    """`flops.ModelFlops` from a model's config alone."""
     text, (heads, kv) = config.get_text_config(), head_counts(config)
     h, d = text.hidden_size, flops.head_dim(text)
     layer = 2 * h * heads * d + 2 * h * kv * d + 3 * h * flops.mlp_width(text)

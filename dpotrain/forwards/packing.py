@@ -18,17 +18,15 @@ from dpotrain.forwards import flops, masks
 from dpotrain.forwards.masks import causal_lm
 from dpotrain.recipe import upstream
 
-# Which models may pack. A layer that carries state along a row (linear attention, Mamba, RWKV) mixes the sequences of
-# a packed row silently, and a config need not say it has one, so packing is denied by default: it is used for the
-# model types below, each of which tests/test_architectures.py proves equal to the padded path. Add a type here only
-# with its test.
+# Which models may pack: a layer carrying state along a row (linear attention, Mamba, RWKV) silently mixes packed
+# sequences and a config need not say it has one, hence a list of types tests/test_architectures.py proves equal to the
+# padded path (add one only with its test).
 DENSE_PACKING = "llama mistral qwen2 qwen3 gemma2 gemma3_text phi3 olmo2 olmo3 granite cohere cohere2 glm glm4"
 # Mixture of experts: the router's auxiliary loss over real tokens only (see `PackedModel`).
 PACKING_TESTED = {*DENSE_PACKING.split(), "qwen3_moe", "olmoe", "mixtral"}
-# Hybrids whose stateful layers read sequence boundaries from a one-row varlen batch in transformers 5.23 (the gated
-# delta rule `cu_seq_lens_q`, Mamba-2 and causal-conv kernels `seq_idx`). Only their CUDA kernels use them, so these
-# pack only on a varlen attention and when the recipe asks for packed sequences (`choice.hybrid_problem`); `parity` then
-# checks at start that packed rows score like sequences alone, and the run stops if they do not.
+# Hybrids whose stateful layers' CUDA kernels read sequence boundaries from a one-row varlen batch (transformers 5.23:
+# the gated delta rule `cu_seq_lens_q`, Mamba-2 and causal-conv `seq_idx`): packed only on a varlen attention when
+# asked (`choice.hybrid_problem`), and only while `parity` holds at start.
 BOUNDARY_HYBRIDS = {"olmo_hybrid", "qwen3_next", "qwen3_5_text", "qwen3_5_moe_text", "granitemoehybrid"}
 # Layer types that read only their own sequence when given packed position_ids / cu_seq_lens.
 ATTENTION_LAYER_TYPES = {"full_attention", "sliding_attention", "chunked_attention"}
@@ -146,10 +144,9 @@ def row_width_bound(max_length: int | None) -> int | None:
 
 
 def fill_rows(lengths: list[int], hidden_size: int, max_width: int | None = None) -> list[list[int]]:
-    """Rows for dense-mask attention: the row count whose estimated cost is lowest, rows no wider than `max_width`.
-    A row of width W costs about W x (linear layers) x (1 + W / (8 x hidden_size)): per position, dense attention is
-    ~4 x W x hidden FLOPs against ~30-40 x hidden^2 for a block's linear layers. Fewer, wider rows pad less and attend
-    more."""
+    """Rows for dense-mask attention: the row count of lowest estimated cost, rows no wider than `max_width`. A row of
+    width W costs ~W x (linear layers) x (1 + W / (8 x hidden_size)) (per position, attention ~4 x W x hidden FLOPs, a
+    block's linear layers ~30-40 x hidden^2): fewer, wider rows pad less and attend more."""
     longest, total = max(lengths), sum(lengths)
     if max_width is not None and longest > max_width:
         raise ValueError(f"a sequence of {longest} positions is wider than the rows' bound {max_width}")
@@ -233,7 +230,6 @@ REFERENCE_KEYS = ("ref_chosen_logps", "ref_rejected_logps")
 
 
 def with_reference(batch: dict, examples: list[dict]) -> dict:
-    """`batch` with the examples' reference log-probs where they carry them."""
     return batch | {
         k: torch.tensor([e[k] for e in examples], dtype=torch.float32) for k in REFERENCE_KEYS if k in examples[0]
     }

@@ -39,17 +39,15 @@ FINAL_METRICS = [
     "loss",
     *(f"{scale}/{k}" for scale in ("rewards", "rewards_norm") for k in ("accuracies", "margins", "chosen", "rejected")),
 ]
-# Never uploaded to main: resumable state (checkpoints go to their own branches), local tracking and push records, and
-# training_args.bin (a pickle of every argument: of no use on the Hub, and unsafe to load), and run_files.json
-# (output_folder.MANIFEST: which files of the folder are the run's, for this machine only).
+# Never uploaded to main: resumable state (checkpoints have their own branches), local tracking and push records,
+# training_args.bin (a pickle: useless on the Hub, unsafe to load), run_files.json (output_folder.MANIFEST: local).
 IGNORE = (
     "checkpoint-* checkpoint-*/** wandb/** *.lock .wandb_run_id training_args.bin .hub_staging/** hub_pushes.jsonl "
     "run_files.json"
 ).split()
-# The model a final push replaces on main: its weights in any format, their indexes and a LoRA adapter's files, wherever
-# they lie. An earlier run's files of these kinds left beside the new ones would be loaded in their place (transformers
-# takes model.safetensors before a sharded index; adapter_config.json makes the repo an adapter), as save_pretrained
-# removes an earlier model's shards from its folder. main's history keeps them; what the push uploads stays.
+# What a final push deletes on main, wherever it lies, unless uploaded again: an earlier model's weights, indexes and
+# adapter files would be loaded in place of the new ones (transformers takes model.safetensors before a sharded index;
+# adapter_config.json makes the repo an adapter). main's history keeps them.
 REPLACED = "*.safetensors *.safetensors.index.json *.bin *.bin.index.json adapter_config.json".split()
 HUB_STRATEGIES = ("every_save", "end")  # transformers' values that mean no more than "push the model": accepted
 
@@ -112,7 +110,7 @@ def take_push_settings(recipe, run_engine=None) -> PushSettings:
             "push_checkpoints is set but save_strategy is 'no', so no checkpoint is saved: set "
             "save_strategy: steps and save_steps, or drop push_checkpoints"
         )
-    # `--hub_model_id ''` is a name given, refused below: it pushed to the run name's repo as if unset
+    # `--hub_model_id ''` is a name given (refused below), not unset: it must not push to the run name's repo
     repo_id = t.run_name if t.hub_model_id is None else t.hub_model_id
     if t.push_to_hub:  # now, not at the write-access check (taken for no network) or, offline, after training
         given = (
@@ -125,9 +123,8 @@ def take_push_settings(recipe, run_engine=None) -> PushSettings:
 
 
 def check_repo_id(repo_id: str, given: str, fix: str) -> None:
-    """Refuse a repo name the Hub refuses (`validate_repo_id`): met at the write-access check, it read as a Hub out of
-    reach (whose remedy, HF_HUB_OFFLINE, trained in full and failed at push_to_hub.py). `given`: how the name came;
-    `fix`: the flag that names another."""
+    """Refuse a repo name the Hub refuses (`validate_repo_id`): at the write-access check it would read as a Hub out of
+    reach. `given`: how the name came; `fix`: the flag that names another."""
     try:
         validate_repo_id(repo_id)
     except HFValidationError:
@@ -171,7 +168,7 @@ def model_card(r: Record, records: list[dict], revisions: list[tuple[int, str]] 
             f"{counted['pairs']} |"
         )
     types = loss_types(s)
-    # OLMo 3's loss only where it is the one trained: a card of an ipo or MPO run said it was, without its weights
+    # OLMo 3's loss only where it is the one trained (not an ipo or MPO run)
     what = "OLMo 3's length-normalized DPO recipe" if types == ["sigmoid_norm"] else "TRL's DPO loss"
     if None not in types and s.beta is not None:  # a record that names its loss (all this project writes)
         what += f" ({loss_text(s)})"

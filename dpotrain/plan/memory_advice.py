@@ -314,9 +314,8 @@ class Advisor:
                 if any(not set(o.levers) & set(SEARCHED) for o in smaller):
                     continue  # a smaller set of these changes fits already
                 option = self.attempt(combo)
-                # A searched lever found with fewer changes stays offered; one more change is worth it only where it
-                # buys fewer nodes, more tokens per micro-batch or a smaller sequence-parallel group (ZeRO-3 on 2 nodes
-                # rather than ZeRO-2 on 3).
+                # A searched lever found with fewer changes stays offered; one more change only where it buys fewer
+                # nodes, more tokens per micro-batch or a smaller group (ZeRO-3 on 2 nodes rather than ZeRO-2 on 3).
                 if option and all(option.better_than(o) for o in smaller):
                     found.append(option)
             if len(found) >= MOST_OPTIONS or (found and size > min(len(o.levers) for o in found)):

@@ -210,8 +210,7 @@ def cut_step(pairs: np.ndarray, lengths: PairLengths, p: StepPlan) -> list[list[
     if found is not None:
         return found
     alone = [int(c) for c in p.alone(lengths, pairs)]
-    # The smallest budget that would cut this step, for the message: at twice the whole step, one micro-batch per rank
-    # always fits.
+    # The smallest budget that cuts this step, for the message (twice the whole step always fits)
     budgets = range(p.max_tokens, 2 * sum(alone))
     least = p.max_tokens + bisect.bisect_left(budgets, True, key=lambda b: _cut(pairs, lengths, p, b) is not None)
     needed = math.ceil(least / 1024) * 1024
@@ -323,9 +322,8 @@ def summary(
 ) -> dict:
     """What the plan does, for the run's records (micro-batches, gradient reductions: ZeRO reduces at every backward,
     DDP and FSDP once per step; pairs and positions per micro-batch; the padding share). `forward` gives the positions
-    a micro-batch really takes; without it, the plan's own cost is taken. `steps`: the steps the run trains, the first
-    ones of the plan (max_steps, or a fraction of an epoch): what it records is theirs, not the whole epochs' planned
-    (a `--max_steps 2` run's card gave the micro-batch sizes of all 48 steps of its epoch); per epoch, at their rate."""
+    a micro-batch really takes, else the plan's cost counts. `steps`: the run trains only the plan's first `steps`
+    (max_steps, or part of an epoch): the record is theirs, not the whole epochs' (per-epoch figures at their rate)."""
     per_epoch = len(epochs[0])  # optimizer steps in an epoch
     trained = [step for epoch in epochs for step in epoch][:steps]
     counts = [len(step[0]) for step in trained]  # fillers included: they take their time
@@ -380,9 +378,8 @@ def _spread(values: list[int]) -> dict:
 
 
 class StepSampler(BatchRebalanceSampler):
-    """The train dataloader's batch sampler: one item per optimizer step, this rank's micro-batches of that step. A
-    `BatchRebalanceSampler` so that accelerate does not shard it again; an epoch beyond `planned` is planned when it
-    starts."""
+    """The train dataloader's batch sampler: one item per optimizer step, this rank's micro-batches of it; a
+    `BatchRebalanceSampler`, so accelerate does not shard it again. An epoch past `planned` is planned as it starts."""
 
     def __init__(self, lengths: PairLengths, plan: StepPlan, rank: int, planned: list | None = None):
         self.lengths, self.plan, self.rank = lengths, plan, rank

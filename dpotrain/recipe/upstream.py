@@ -347,7 +347,6 @@ def chunked_logprob_chunk_size() -> int:
 
 
 def compilations_of(code) -> int:
-    """How many compiled variants dynamo holds for a function's code object."""
     return len(_value("torch._dynamo.eval_frame:_debug_get_cache_entry_list")(code))
 
 
@@ -501,7 +500,6 @@ def dynamo_config():
 
 
 def recompile_limit_hit() -> type[Exception]:
-    """The exception dynamo raises when a `fullgraph` function passes its recompile limit."""
     return _value("torch._dynamo.exc:FailOnRecompileLimitHit")
 
 

@@ -79,10 +79,9 @@ def check_lora(recipe) -> None:
 
 
 def check_targets(recipe, config, model: str) -> None:
-    """Refuse LoRA names that match nothing in the model, and settings PEFT refuses for it, before it loads. PEFT drops
-    target modules that match nothing without a word (`q_proj v_prj` trains q_proj alone), ignores such
-    `lora_modules_to_save` and `lora_target_parameters`, and where nothing matches (or a value is out of its range)
-    fails once the model has loaded: matched here on the meta-device model, as PEFT matches."""
+    """Refuse LoRA names that match nothing in the model, and settings PEFT refuses for it, on the meta-device model
+    before it loads: PEFT silently drops unmatched names (`q_proj v_prj` trains q_proj alone), and fails only after the
+    load where nothing matches or a value is out of its range."""
     m = recipe.model
     if not m.use_peft:
         return

@@ -14,14 +14,13 @@ import torch
 
 from dpotrain.recipe.errors import ConfigError
 
-# Which DPOConfig options each of TRL 1.16's loss types reads (`_compute_loss`); one set where no configured loss type
-# reads it would be ignored silently: refused (`check_ignored`). label_smoothing: not sigmoid_norm (open-instruct's
-# dpo_norm applies it; TRL's does not).
+# Which DPOConfig options each of TRL 1.16's loss types reads (`_compute_loss`): one set that no configured type reads
+# is refused (`check_ignored`). label_smoothing: not sigmoid_norm (open-instruct's dpo_norm reads it; TRL's does not).
 READS_LABEL_SMOOTHING = {"exo_pair", "robust", "aot", "aot_unpaired"}
 # f_divergence_type: TRL allows these loss types; of them, sft scores the chosen tokens' NLL, not the log-ratios.
 F_DIVERGENCE_ALLOWED = {"sigmoid", "sigmoid_norm", "hinge", "ipo", "exo_pair", "robust", "discopop", "sft"}
 READS_F_DIVERGENCE = F_DIVERGENCE_ALLOWED - {"sft"}
-# The f-divergences `_compute_loss` knows; TRL's DPOConfig takes any string, and another stopped the run at step 1
+# The f-divergences `_compute_loss` knows; TRL's DPOConfig takes any string, and another fails at step 1
 F_DIVERGENCES = ("reverse_kl", "forward_kl", "js_divergence", "alpha_divergence")
 # Losses across a micro-batch's pairs (they sort its log-ratios): a token budget would change what they optimize.
 BATCH_LEVEL_LOSSES = {"aot", "aot_unpaired"}
@@ -236,7 +235,7 @@ def step1_loss(args) -> float | None:
 
 
 def _over_beta_squared(k: float, beta: float) -> float | None:
-    """k / beta^2, None where floats cannot hold it: a beta of 1e-200 (or 1e300) failed the dry run and step 1."""
+    """k / beta^2, None where floats cannot hold it (a beta of 1e-200 or 1e300)."""
     try:
         return k / beta**2
     except ArithmeticError:
@@ -250,11 +249,10 @@ def chosen_tokens(view: dict) -> torch.Tensor:
 
 
 class SftOverStep:
-    """TRL's SFT term as the mean over the whole step's chosen tokens on all ranks.
-
-    The trainer weighs a micro-batch's loss by n_k x W / N (its pairs n_k of the step's N, on W ranks whose gradients
-    are averaged). The SFT term of micro-batch k is NLL_k x N / (n_k x T), T the step's chosen tokens, so that over the
-    step it gives sum_k NLL_k / T: independent of the cut, and TRL's mean when it is one cut."""
+    """TRL's SFT term as the mean over the whole step's chosen tokens on all ranks. The trainer weighs a micro-batch's
+    loss by n_k x W / N (its pairs n_k of the step's N, on W ranks whose gradients are averaged). The SFT term of
+    micro-batch k is NLL_k x N / (n_k x T), T the step's chosen tokens, so that over the step it gives sum_k NLL_k / T:
+    independent of the cut, and TRL's mean when it is one cut."""
 
     def __init__(self, args):
         types, weights = loss_types(args), loss_weights(args)
@@ -264,7 +262,6 @@ class SftOverStep:
         self.others = ([t for t in types if t != SFT], [w for t, w in zip(types, weights, strict=True) if t != SFT])
 
     def term(self, outputs, view: dict, pairs: int, step_pairs, step_tokens) -> torch.Tensor:
-        """This micro-batch's SFT term, scaled as the class doc says."""
         mask = view["completion_mask"][:, 1:]
         chosen_mask = mask[: mask.shape[0] // 2].bool()
         chosen_logps = outputs.log_probs[:, -mask.shape[1] :].chunk(2, dim=0)[0]

@@ -57,8 +57,8 @@ def check_values(project) -> None:
 
 def check_positions(project, config, tokenizer, model: str) -> None:
     """Refuses samples whose prompt and `sample_max_new_tokens` reach past the model's positions, before its weights
-    load: a rotary model generated past its context (then flagged as a collapse), one with learned positions stopped at
-    step 0 (IndexError). The prompts: the recipe's, else the data's first, of at least one token each."""
+    load (a rotary model would babble past its context, like a collapse; learned positions fail at step 0). The
+    prompts: the recipe's, else the data's first, of at least one token each."""
     if not project.samples_every:
         return
     limit, how = positions.model_limit(config)
@@ -278,12 +278,10 @@ def dense_attention_while(model):
 
 
 def leave_for_training(model, optimizer) -> None:
-    """After generating: the engine as the next training (or evaluation) forward expects it.
-
-    ZeRO-3 prefetches along the order modules fetched their weights in. Generating records the LM head module, which
-    TRL's fused LM head reads inside a gather of its own (`maybe_gather_lm_head_ctx`): prefetched, the weight is "in
-    flight" there. Forgetting the order, as TRL's `unwrap_model_for_generation` does, makes the next forward record its
-    own. FSDP2 reshards the units a forward leaves gathered (the root, LM head)."""
+    """After generating: the engine as the next training (or evaluation) forward expects it. ZeRO-3 prefetches in the
+    recorded fetch order, and generating records the LM head, which TRL's fused head gathers itself
+    (`maybe_gather_lm_head_ctx`; prefetched, it is "in flight" there): the order is forgotten, as TRL's
+    `unwrap_model_for_generation` does. FSDP2 reshards the units a forward leaves gathered (the root, LM head)."""
     inner = getattr(optimizer, "optimizer", optimizer)
     # A training engine's ZeRO-3 optimizer holds the parameter offload; an inference engine's "optimizer" is it
     offload = getattr(inner, "parameter_offload", None) or inner

@@ -175,8 +175,7 @@ class RecipeDPOTrainer(DPOTrainer):
             self._set_pad_token(training_args.pad_token)
         else:  # TRL's padded collator, its rows run in groups of similar length (padded.py)
             self.data_collator = padded.GroupedCollator(self.data_collator)
-        # The reference cache's key: the full weights. TRL hashed them in __init__, except under ZeRO-3, where it
-        # hashed each rank's empty partition.
+        # The reference cache's key: the full weights' hash (TRL's, under ZeRO-3, is of each rank's empty partition)
         self.weights_hash = upstream.weights_hash(self)
         if self.engine.name == "zero3" and self.precompute_ref_logps:
             self.weights_hash = engine.zero3_weights_sha256(self.model, self.accelerator.is_main_process)
@@ -284,9 +283,9 @@ class RecipeDPOTrainer(DPOTrainer):
         self.complete_marker.save_started = start
 
     def _set_pad_token(self, pad_token: str | None) -> None:
-        """The recipe's `pad_token` set as TRL's __init__ sets it for its padded collator, which packed runs replace:
-        on the tokenizer saved with the model and on the model's configs. (Without one, TRL already took the
-        tokenizer's, else its EOS.) Checked against the vocabulary before the model loaded (stages.check_pad_token)."""
+        """The recipe's `pad_token` on the saved tokenizer and the model's configs, as TRL sets it for the padded
+        collator packed runs replace (without one, TRL took the tokenizer's, else EOS). stages.check_pad_token checked
+        it against the vocabulary."""
         if not pad_token:
             return
         tokenizer = upstream.trl_tokenizer(self)
@@ -327,8 +326,7 @@ class RecipeDPOTrainer(DPOTrainer):
         return self._rank_aware_loader(rows, sampler, plan.StepCollator(self.data_collator), training=True)
 
     def evaluate(self, *args, **kwargs):
-        """TRL's evaluation, its time taken off the throughput clock (as samples'): it runs between two training logs,
-        and the next one's tokens_per_second and MFU counted it as training time."""
+        """TRL's evaluation, its time kept out of the next log's tokens_per_second and MFU (as samples')."""
         start = time.perf_counter()
         try:
             return super().evaluate(*args, **kwargs)
@@ -370,9 +368,8 @@ class RecipeDPOTrainer(DPOTrainer):
         total = 0.0
         for i, micro_batch in enumerate(micro_batches):
             last = i == len(micro_batches) - 1
-            # DeepSpeed's engine takes the boundary from accelerate (set_gradient_accumulation_boundary) and reduces
-            # at every backward; FSDP2 reduces at every backward too, DDP skips the sync until the last micro-batch
-            # (`Engine.defers_gradient_sync`: what each holds in between).
+            # DeepSpeed (its boundary from accelerate) and FSDP2 reduce at every backward, DDP only at the last
+            # micro-batch (`Engine.defers_gradient_sync`: what each holds in between).
             upstream.set_sync_gradients(self.accelerator, last)
             defer = not last and self.engine.defers_gradient_sync
             with self.accelerator.no_sync(model) if defer else contextlib.nullcontext():
@@ -433,10 +430,8 @@ class RecipeDPOTrainer(DPOTrainer):
         deque")."""
         if self._reference_engine is not None:
             samples.leave_for_training(None, self._reference_engine.optimizer)
-        # With save_total_limit 1 and a best checkpoint (--metric_for_best_model), transformers deletes at the end every
-        # `checkpoint-*` folder of output_dir but the best: a person's (checkpoint-4.bak/, checkpoint-2-samples/, a
-        # checkpoint-N copied in) and the run's newest complete one. The run's rotation (CompleteMarker) keeps the
-        # newest complete ones and the best, among its own only.
+        # transformers' final rotation (save_total_limit 1, a best checkpoint) deletes every `checkpoint-*` folder but
+        # the best, a person's checkpoint-4.bak/ and the run's newest too: the run's own (CompleteMarker) replaces it.
         with upstream.patched(upstream.FINAL_ROTATION, lambda *_, **__: []):
             return super().train(*args, **kwargs)
 
