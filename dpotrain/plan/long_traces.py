@@ -11,6 +11,7 @@ from dpotrain.data import positions
 from dpotrain.forwards import choice
 from dpotrain.plan import memory
 from dpotrain.plan.memory_advice import node_size
+from dpotrain.recipe.config import replaced
 
 
 def carrying_groups(recipe, world: int, engine: Engine, max_lengths: list[int], longest: int | None = None) -> dict:
@@ -22,10 +23,9 @@ def carrying_groups(recipe, world: int, engine: Engine, max_lengths: list[int], 
         return {"skipped": why}
     if engine.name == "unplanned":
         return {"skipped": engine.source}
-    r = copy.deepcopy(recipe)
-    r.project.memory_check, r.project.sequence_parallel_size = False, 1
+    one = replaced(recipe, project={"memory_check": False, "sequence_parallel_size": 1})
     # The forward of lightest masks a GPU run can take without FlashAttention 4 (a dry run weighs the real choice).
-    attention = choice.lightest_attention(copy.deepcopy(config), r, cuda=True, varlen=None)
+    attention = choice.lightest_attention(copy.deepcopy(config), one, cuda=True, varlen=None)
     found = {"engine": NAMES[engine.name], "world_size": world, "attention": attention, "lengths": {}}
     limit, _ = positions.model_limit(config)
     groups = [1]  # then the groups a refusal would offer, under DeepSpeed's engine only
@@ -35,11 +35,12 @@ def carrying_groups(recipe, world: int, engine: Engine, max_lengths: list[int], 
         if limit and min(length, longest or length) > limit:
             found["lengths"][length] = {"past_positions": limit}
             continue
-        r.training.max_length, r.project.max_tokens_per_microbatch = length, 2 * length
         found["lengths"][length] = {"sequence_parallel_size": None}
         for n in groups:
-            r.project.sequence_parallel_size = n
-            planned = memory.plan(r, world, engine, attention=attention)
+            project = {"memory_check": False, "max_tokens_per_microbatch": 2 * length, "sequence_parallel_size": n}
+            planned = memory.plan(
+                replaced(recipe, training={"max_length": length}, project=project), world, engine, attention=attention
+            )
             if "skipped" in planned or planned["fits"] is None:
                 return {"skipped": planned.get("skipped", "the GPU memory is unknown: pass --gpu_memory_gib")}
             found["gpu_memory_gib"] = planned["gpu_memory_gib"]
