@@ -445,6 +445,23 @@ def test_trls_shares_near_the_float_limit_are_shares():
     assert mixture.share_rows(near, [40, 30]) == mixture.share_rows(plain, [40, 30]) == [40, 20]
 
 
+def test_a_trl_share_that_takes_no_pair_is_refused_as_an_amount_that_takes_none_is():
+    """`fraction: 0.001` beside `fraction: 1`: TRL's first round(weight x total) rows were round(0.1) = 0, and the
+    run trained without the source it named (its record `taken: 0`); a share of 0, written, stays the user's."""
+    sources = [mixture.Source("a.jsonl", "train", share=0.001), mixture.Source("b.jsonl", "train", share=1.0)]
+    with pytest.raises(ConfigError) as e:
+        mixture.share_rows(sources, [100, 100])
+    assert str(e.value) == (
+        "source a.jsonl [train] has 100 usable rows and fraction 0.001 takes none of them (TRL's rule: "
+        "round(0.000999 x 100.1) = 0): give it a larger fraction, or give each source an "
+        "`amount` instead (a fraction or count of that source alone)"
+    )
+    sources[0] = mixture.Source("a.jsonl", "train", share=0.01)
+    assert mixture.share_rows(sources, [100, 100]) == [1, 100]
+    sources[0] = mixture.Source("a.jsonl", "train", share=0.0)
+    assert mixture.share_rows(sources, [100, 100]) == [0, 100]
+
+
 def test_a_count_above_the_rows_is_refused_a_fraction_upsamples(files):
     count = mixture.Source(files["hh"], "train", amount="21")
     with pytest.raises(ConfigError, match="has 20 usable rows and the mixture asks for 21.*1.05"):

@@ -391,7 +391,18 @@ def share_rows(sources: list[Source], usable: list[int]) -> list[int | None]:
         raise ConfigError("every `fraction` of the mixture is 0: give at least one source a share above 0")
     weights = [x / total_share for x in shares]
     total = min(n / w for n, w in zip(usable, weights, strict=True) if w > 0)
-    return [round(w * total) for w in weights]
+    rows = [round(w * total) for w in weights]
+    # TRL drops a source whose share rounds to no row, silently; a share of 0 is written so (and no row at all: the
+    # total is 0 where a source has none, which `load` refuses as a mixture that takes no pair)
+    dropped = [i for i, (w, r) in enumerate(zip(weights, rows, strict=True)) if w and not r]
+    if total and dropped:
+        i = dropped[0]
+        raise ConfigError(
+            f"source {sources[i].spec()} has {usable[i]} usable rows and fraction {sources[i].share:g} takes none of "
+            f"them (TRL's rule: round({weights[i]:.3g} x {total:.4g}) = 0): give it a larger fraction, or give each "
+            "source an `amount` instead (a fraction or count of that source alone)"
+        )
+    return rows
 
 
 # --- loading ----------------------------------------------------------------------------------------------------------
