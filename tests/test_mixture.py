@@ -161,7 +161,7 @@ def test_one_source_through_a_symlink_or_a_relative_path_is_refused_as_twice(fil
     for args in spellings:
         with pytest.raises(ConfigError) as e:
             resolve.check_values(parse_args(["--config", SMOKE, *args]))
-        assert "are the same data in the mixture: give it once, with one amount" in str(e.value), args
+        assert "the same data in the mixture: give it once, with one amount (an amount of 2.0 trains" in str(e.value)
     # Two files with the same content are two sources, as the user may mean (a copy kept apart on purpose).
     shutil.copy(good, tmp_path / "copy.jsonl")
     resolve.check_values(

@@ -141,7 +141,9 @@ def parse(values: dict, evaluation: bool = False) -> list[Source] | None:
     if twice is not None:
         first, again = sources[seen.index(seen[twice])].spec(), sources[twice].spec()
         what = f"source {first} is named twice" if first == again else f"sources {first} and {again} are the same data"
-        raise ConfigError(f"{what} in the mixture: give it once, with one amount")
+        raise ConfigError(
+            f"{what} in the mixture: give it once, with one amount (an amount of 2.0 trains every pair twice)"
+        )
     _check_read_once(sources)
     return sources
 
