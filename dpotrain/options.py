@@ -17,10 +17,10 @@ from pathlib import Path
 from dpotrain.cluster import collectives, offline
 from dpotrain.data import builtin, data, hub_revision, mixture, shapes
 from dpotrain.forwards import choice
-from dpotrain.recipe import writes
+from dpotrain.recipe import config, writes
 from dpotrain.recipe.config import LOAD_BEST_REFUSED, Recipe, uses_live_reference
 from dpotrain.recipe.errors import ConfigError
-from dpotrain.train import losses
+from dpotrain.train import losses, resume
 
 # The run's own names below its output folder (a checkpoint's engine shards, W&B's offline files, temporary names) and
 # below the project's cache take less than this many bytes.
@@ -48,6 +48,7 @@ def check_options(recipe: Recipe) -> None:
     check_init_kwargs(recipe)
     check_optimizer(t)
     check_ranges(recipe)
+    check_switched_off(recipe)
     if recipe.model.attn_implementation is not None:
         choice.check_attention_name(recipe.model.attn_implementation)
     valid = valid_loss_types()
@@ -104,6 +105,38 @@ def check_options(recipe: Recipe) -> None:
     check_reference(recipe)
     check_evaluation(recipe)
     check_revisions(recipe)
+
+
+# A feature's switch, what its being off means, how to turn it on, and the settings read only while it is on.
+SWITCHED_SETTINGS = (
+    (
+        "samples_every",
+        "0, so no sample is generated",
+        "samples_every (e.g. 50)",
+        ("sample_prompts", "sample_prompts_file", "sample_count", "sample_max_new_tokens", "sample_repetition_warn"),
+    ),
+    (
+        "health_checks",
+        "false, so no health guard runs",
+        "health_checks true",
+        ("health_action", "health_step1_tolerance", "health_loss_floor", "health_max_margin", "health_logp_drop")
+        + ("health_pinned_pairs", "health_early_fraction"),
+    ),
+)
+
+
+def check_switched_off(recipe: Recipe) -> None:
+    """A setting of a feature that is off would be recorded as the run's and never read: refused where the recipe or
+    the command line gives it, but not a recipe file's where the command line turns the feature off for one run (the
+    settings unused, the record saying the feature is off); nor `health_action` where a guard stopped the run in
+    output_dir, since the rerun reads it to go on or not whatever health_checks says (`resume.after_health_stop`)."""
+    p, on_command_line = recipe.project, config.fields_set(recipe.command_line)
+    stopped = (Path(recipe.training.output_dir) / resume.HEALTH_STOP).is_file()
+    for switch, off, fix, settings in SWITCHED_SETTINGS:
+        given = on_command_line if switch in on_command_line else recipe.given
+        named = [s for s in settings if s in given and not (s == "health_action" and stopped)]
+        if not getattr(p, switch) and named:
+            raise ConfigError(f"{named[0]} is set but {switch} is {off}: set {fix} or remove {named[0]}")
 
 
 def check_reference(recipe: Recipe) -> None:

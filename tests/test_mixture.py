@@ -161,7 +161,7 @@ def test_one_source_through_a_symlink_or_a_relative_path_is_refused_as_twice(fil
     for args in spellings:
         with pytest.raises(ConfigError) as e:
             resolve.check_values(parse_args(["--config", SMOKE, *args]))
-        assert "are the same data in the mixture: give it once, with one amount" in str(e.value), args
+        assert "the same data in the mixture: give it once, with one amount (an amount of 2.0 trains" in str(e.value)
     # Two files with the same content are two sources, as the user may mean (a copy kept apart on purpose).
     shutil.copy(good, tmp_path / "copy.jsonl")
     resolve.check_values(
@@ -185,7 +185,7 @@ def test_a_file_a_pattern_or_a_folder_reads_again_is_refused_as_read_twice(files
         (["--dataset_mixer_list", "shards", "1.0", "shards/b.jsonl", "0.5"], both(shards / "b.jsonl")),
         (
             ["--datasets", json.dumps({**pattern, "data_files": ["shards/*.jsonl", "shards/b.jsonl"]})],
-            f"reads {shards / 'b.jsonl'} twice (a pattern and a name, or two patterns, match it)",
+            f"reads {shards / 'b.jsonl'} twice (named twice in its data_files, or matched again by a pattern",
         ),
     ]:
         with pytest.raises(ConfigError) as e:
@@ -203,6 +203,61 @@ def test_a_file_a_pattern_or_a_folder_reads_again_is_refused_as_read_twice(files
     with pytest.raises(ConfigError, match="both read"):  # a builder reading the folder
         folder = json.dumps({"path": "json", "data_dir": "shards"})
         resolve.check_values(parse_args(["--config", SMOKE, "--datasets", folder, '{"path": "shards/train.jsonl"}']))
+
+
+def test_a_file_one_source_reads_twice_is_refused_naming_the_upsampling(files, tmp_path, monkeypatch):
+    """`data_files: [a.jsonl, a.jsonl]` (or two spellings of it) reads the file twice, its pairs trained twice; a
+    pattern that matches a file and a link to it did so silently (`*.jsonl` with alias.jsonl -> a.jsonl: 40 pairs read
+    as 80), and so did a `dataset_name` folder holding such a link. Compared as datasets resolves the names (each match
+    by its real path); the refusal names the file and the upsampling that trains pairs twice on purpose."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "pairs").mkdir()
+    shutil.copy(files["trl"], tmp_path / "pairs" / "a.jsonl")
+    a = tmp_path / "pairs" / "a.jsonl"
+    twice = (
+        f"reads {a} twice (named twice in its data_files, or matched again by a pattern, a folder or a link to it): "
+        "its pairs would train twice; to train them twice on purpose give the source `amount: 2.0` (a mixture's "
+        "upsampling), else remove the duplicate"
+    )
+    for data_files in (
+        ["pairs/a.jsonl", "pairs/a.jsonl"],
+        ["pairs/a.jsonl", "./pairs/a.jsonl"],
+        ["pairs/a.jsonl", str(a)],
+        {"train": ["pairs/a.jsonl", "pairs/../pairs/a.jsonl"]},
+    ):
+        with pytest.raises(ConfigError) as e:
+            resolve.check_values(
+                parse_args(["--config", SMOKE, "--datasets", json.dumps({"path": "json", "data_files": data_files})])
+            )
+        assert twice in str(e.value) and "\n" not in str(e.value), data_files
+    resolve.check_values(parse_args(["--config", SMOKE, "--datasets", '{"path": "pairs/a.jsonl", "amount": 2.0}']))
+    (tmp_path / "pairs" / "alias.jsonl").symlink_to(a)  # a link beside the file it names
+    glob = json.dumps({"path": "json", "data_files": "pairs/*.jsonl"})
+    for args, says in [
+        (["--datasets", glob], f"mixture source json [train] data_files=pairs/*.jsonl {twice}"),
+        (["--dataset_name", "pairs"], f"dataset pairs [train] {twice}"),
+    ]:
+        with pytest.raises(ConfigError) as e:
+            resolve.check_values(parse_args(["--config", SMOKE, *args]))
+        assert says in str(e.value), args
+
+
+def test_two_sources_of_one_file_are_refused_whatever_split_or_columns_they_name(files, tmp_path, monkeypatch):
+    """A file has one split whatever a source calls it, and `columns` keeps columns without renaming them: two sources
+    of one file train its same chosen/rejected pairs twice (or two seeded samples of them), so they are refused as the
+    same source is, pointing to `amount: 2.0` for pairs meant twice."""
+    monkeypatch.chdir(tmp_path)
+    shutil.copy(files["trl"], tmp_path / "a.jsonl")
+    whole = {"path": "json", "data_files": "a.jsonl"}
+    for other in (
+        {"path": "json", "data_files": {"test": "a.jsonl"}, "split": "test"},
+        {"path": "json", "data_files": "*.jsonl", "columns": ["chosen", "rejected"]},
+    ):
+        with pytest.raises(ConfigError) as e:
+            resolve.check_values(parse_args(["--config", SMOKE, "--datasets", json.dumps(whole), json.dumps(other)]))
+        assert f"both read {tmp_path / 'a.jsonl'}: its pairs would train twice; give each file to one source" in str(
+            e.value
+        ) and "`amount: 2.0` on one source trains them twice on purpose" in str(e.value), other
 
 
 def test_data_files_that_match_no_file_are_named_before_anything_loads(files, tmp_path, monkeypatch):
@@ -443,6 +498,23 @@ def test_trls_shares_near_the_float_limit_are_shares():
     near = [mixture.Source(name, "train", share=x) for name, x in (("a.jsonl", 1e308), ("b.jsonl", 5e307))]
     plain = [mixture.Source(name, "train", share=x) for name, x in (("a.jsonl", 2.0), ("b.jsonl", 1.0))]
     assert mixture.share_rows(near, [40, 30]) == mixture.share_rows(plain, [40, 30]) == [40, 20]
+
+
+def test_a_trl_share_that_takes_no_pair_is_refused_as_an_amount_that_takes_none_is():
+    """`fraction: 0.001` beside `fraction: 1`: TRL's first round(weight x total) rows were round(0.1) = 0, and the
+    run trained without the source it named (its record `taken: 0`); a share of 0, written, stays the user's."""
+    sources = [mixture.Source("a.jsonl", "train", share=0.001), mixture.Source("b.jsonl", "train", share=1.0)]
+    with pytest.raises(ConfigError) as e:
+        mixture.share_rows(sources, [100, 100])
+    assert str(e.value) == (
+        "source a.jsonl [train] has 100 usable rows and fraction 0.001 takes none of them (TRL's rule: "
+        "round(0.000999 x 100.1) = 0): give it a larger fraction, or give each source an "
+        "`amount` instead (a fraction or count of that source alone)"
+    )
+    sources[0] = mixture.Source("a.jsonl", "train", share=0.01)
+    assert mixture.share_rows(sources, [100, 100]) == [1, 100]
+    sources[0] = mixture.Source("a.jsonl", "train", share=0.0)
+    assert mixture.share_rows(sources, [100, 100]) == [0, 100]
 
 
 def test_a_count_above_the_rows_is_refused_a_fraction_upsamples(files):

@@ -824,6 +824,58 @@ def test_an_empty_sample_prompts_file_is_refused(tmp_path, monkeypatch, capsys):
     assert f"sample_prompts_file {str(prompts)!r} holds no prompt" in refused(tmp_path, monkeypatch, capsys, *args)
 
 
+def test_settings_of_a_feature_that_is_off_are_refused(tmp_path, monkeypatch, capsys):
+    """`sample_prompts_file` with samples_every 0, `--health_action warn` with `--health_checks false`: accepted and
+    recorded as the run's, while no sample was generated and no guard watched. Refused, but where the command line
+    turns the feature off for one run of a recipe that sets them: unused then, and the record says the feature is off
+    (and `health_action` where a guard stopped the run: a rerun reads it, guards on or off, to go on or not)."""
+    from dpotrain.options import check_options
+    from dpotrain.resolve import resolved_config
+
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("Name a colour.\n")
+    for args, expected in [
+        (
+            ["--sample_prompts_file", str(prompts)],  # smoke.yaml: samples_every 0
+            "sample_prompts_file is set but samples_every is 0, so no sample is generated: set samples_every (e.g. 50) "
+            "or remove sample_prompts_file",
+        ),
+        (
+            ["--health_checks", "false", "--health_action", "warn"],
+            "health_action is set but health_checks is false, so no health guard runs: set health_checks true or "
+            "remove health_action",
+        ),
+    ]:
+        assert refused(tmp_path, monkeypatch, capsys, *args) == f"error: {expected}", args
+    recipe = tmp_path / "tuned.yaml"
+    recipe.write_text(
+        (ROOT / "configs" / "smoke.yaml").read_text().replace("samples_every: 0", "samples_every: 8")
+        + "sample_count: 2\nhealth_loss_floor: 0.05\n"
+    )
+    # One run of the recipe with the features off: its settings unused, and the record says the features are off.
+    off = parse_args(["--config", str(recipe), "--health_checks", "false", "--samples_every", "0"])
+    check_options(off)
+    record = resolved_config(off, {})
+    assert (record["health_checks"], record["samples_every"], record["health_loss_floor"]) == (False, 0, 0.05)
+    for args, says in [
+        (["--samples_every", "0", "--sample_max_new_tokens", "16"], "sample_max_new_tokens is set but samples_every"),
+        (["--health_checks", "false", "--health_pinned_pairs", "64"], "health_pinned_pairs is set but health_checks"),
+    ]:
+        with pytest.raises(ConfigError, match=says):  # the command line's setting beside its own switch, off
+            check_options(parse_args(["--config", str(recipe), *args]))
+    recipe.write_text(recipe.read_text() + "health_checks: false\n")  # the recipe file contradicts itself
+    with pytest.raises(ConfigError, match="health_loss_floor is set but health_checks is false"):
+        check_options(parse_args(["--config", str(recipe)]))
+    # A rerun of a run a guard stopped reads health_action, guards on or off (resume.after_health_stop).
+    out = tmp_path / "stopped"
+    out.mkdir()
+    (out / "health_stop.json").write_text('{"guard": "loss_floor", "step": 3, "message": "", "fatal": false}\n')
+    check_options(parse_args(["--config", SMOKE, "--output_dir", str(out), *("--health_checks", "false")] + WARN))
+
+
+WARN = ["--health_action", "warn"]
+
+
 def test_wandb_without_a_login(tmp_path, monkeypatch, capsys):
     monkeypatch.delenv("WANDB_MODE", raising=False)
     monkeypatch.delenv("WANDB_API_KEY", raising=False)

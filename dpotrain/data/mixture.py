@@ -141,15 +141,19 @@ def parse(values: dict, evaluation: bool = False) -> list[Source] | None:
     if twice is not None:
         first, again = sources[seen.index(seen[twice])].spec(), sources[twice].spec()
         what = f"source {first} is named twice" if first == again else f"sources {first} and {again} are the same data"
-        raise ConfigError(f"{what} in the mixture: give it once, with one amount")
+        raise ConfigError(
+            f"{what} in the mixture: give it once, with one amount (an amount of 2.0 trains every pair twice)"
+        )
     _check_read_once(sources)
     return sources
 
 
-def _check_read_once(sources: list[Source]) -> None:
+def _check_read_once(sources: list[Source], what: str = "mixture source") -> None:
     """A local file read twice, by two sources (a glob or a folder that matches a file another source names) or by one
-    (`data_files: [pairs/*.jsonl, pairs/a.jsonl]`: datasets reads a file as often as it is listed), is refused as a
-    source named twice is: its pairs trained twice, silently, while the mixture said once."""
+    (`data_files: [a.jsonl, ./a.jsonl]`, a pattern matching a file and a link to it: datasets reads a file as often as
+    it is matched), is refused as a source named twice is: its pairs trained twice, silently, while the mixture said
+    once. Two sources of one file are refused whatever split or columns they name: a file has one split, and `columns`
+    keeps columns without renaming them, so both train its same chosen/rejected pairs."""
     read = [_files_read(s) for s in sources]
     counts = collections.Counter(p for files in read for p in files)
     twice = next((p for files in read for p in files if counts[p] > 1), None)
@@ -158,12 +162,14 @@ def _check_read_once(sources: list[Source]) -> None:
     by = [s.spec() for s, files in zip(sources, read, strict=True) if twice in files]
     if len(by) == 1:
         raise ConfigError(
-            f"mixture source {by[0]} reads {twice} twice (a pattern and a name, or two patterns, match it): "
-            "its pairs would train twice; list each file once"
+            f"{what} {by[0]} reads {twice} twice (named twice in its data_files, or matched again by a pattern, a "
+            "folder or a link to it): its pairs would train twice; to train them twice on purpose give the source "
+            "`amount: 2.0` (a mixture's upsampling), else remove the duplicate"
         )
     raise ConfigError(
         f"mixture sources {by[0]} and {by[1]} both read {twice}: its pairs would train twice; give each file to one "
-        "source (narrow the pattern or the folder, or remove the other source)"
+        "source (narrow the pattern or the folder, or remove the other source): `amount: 2.0` on one source trains "
+        "them twice on purpose"
     )
 
 
@@ -177,8 +183,12 @@ def _files_read(source: Source) -> list:
     folder = os.path.expanduser(os.path.join(where, data_dir or ""))
     if not data_files and os.path.isdir(folder) and not data_identity.saved(Path(folder)):
         return _split_files(folder, split, None if data_dir else source.name)
-    entries = data_identity.entries(data_files, split)
-    return [p.resolve() for e in entries for p in (data_identity.files(where, split, data_dir, e) or {}).values()]
+    if source.file or not data_files:  # one file, or a saved folder's own
+        return [p.resolve() for p in (data_identity.files(where, split, data_dir) or {}).values()]
+    # each entry matched as the load matches it, relative to the folder and data_dir it reads, a match by its real
+    # path: `*.jsonl` matching a.jsonl and a link to it reads the file twice (`data_identity.files` kept one of them)
+    entries = [e for e in data_identity.entries(data_files, split) if isinstance(e, str)]
+    return [Path(f).resolve() for e in entries for f in _load_matches(folder, e)]
 
 
 def _split_files(folder: str, split: str, name: str | None = None) -> list:
@@ -315,6 +325,9 @@ def check(recipe) -> None:
     held_out = parse(values, evaluation=True)
     for name in [recipe.script.dataset_name] if train is None else [s.local for s in train if s.local]:
         data.check_dataset_name(name)
+    s = recipe.script
+    if train is None and data.is_local(s.dataset_name):  # a folder holding a file and a link to it reads it twice
+        _check_read_once([Source(s.dataset_name, s.dataset_train_split, s.dataset_config)], "dataset")
     for source in [*(train or []), *(held_out or [])]:
         _check_found(source)
 
@@ -322,12 +335,12 @@ def check(recipe) -> None:
 def _check_found(source: Source) -> None:
     """A builder's `data_files` entry that matches no local file (a mistyped pattern, a folder not there): datasets
     ended the load in a bare `StopIteration` (a pattern) or named the file but not the source. Matched as the load
-    matches it (`_load_finds`)."""
+    matches it (`_load_matches`)."""
     if source.path not in BUILDERS or source.file or not source.data_files:
         return
     base, split, _, data_files = _read_from(source)
     for entry in data_identity.entries(data_files, split):
-        if isinstance(entry, str) and "://" not in entry and not _load_finds(base, entry):
+        if isinstance(entry, str) and "://" not in entry and not _load_matches(base, entry):
             where = "" if os.path.isabs(entry) else f" (looked in {os.path.abspath(os.path.expanduser(base))})"
             home = " (datasets does not expand ~ in data_files: give the full path)" if entry.startswith("~") else ""
             raise ConfigError(
@@ -336,16 +349,19 @@ def _check_found(source: Source) -> None:
             )
 
 
-def _load_finds(base: str, entry: str) -> bool:
-    """Whether datasets' load finds a file for a `data_files` entry, by its own resolution from the builder's data_dir
-    (`base`): `**` matches folders at any depth (`pairs/**/*.jsonl` reads pairs/a.jsonl too, which Python's glob does
-    not match: such a source was refused as matching no file), `~` is not expanded (the load fails on it)."""
+def _load_matches(base: str, entry: str) -> list[str]:
+    """The local files datasets' load reads for a `data_files` entry, by its own resolution from the folder it reads
+    (`base`: a builder's data_dir): `**` matches folders at any depth (`pairs/**/*.jsonl` reads pairs/a.jsonl too,
+    which Python's glob does not match: such a source was refused as matching no file), `~` is not expanded (the load
+    fails on it); none for a remote file."""
     from datasets.data_files import resolve_pattern
 
+    if "://" in entry:
+        return []
     try:
-        return bool(resolve_pattern(entry, base_path=os.path.abspath(os.path.expanduser(base))))
+        return resolve_pattern(entry, base_path=os.path.abspath(os.path.expanduser(base)))
     except FileNotFoundError:
-        return False
+        return []
 
 
 # --- taking the rows --------------------------------------------------------------------------------------------------
@@ -391,7 +407,18 @@ def share_rows(sources: list[Source], usable: list[int]) -> list[int | None]:
         raise ConfigError("every `fraction` of the mixture is 0: give at least one source a share above 0")
     weights = [x / total_share for x in shares]
     total = min(n / w for n, w in zip(usable, weights, strict=True) if w > 0)
-    return [round(w * total) for w in weights]
+    rows = [round(w * total) for w in weights]
+    # TRL drops a source whose share rounds to no row, silently; a share of 0 is written so (and no row at all: the
+    # total is 0 where a source has none, which `load` refuses as a mixture that takes no pair)
+    dropped = [i for i, (w, r) in enumerate(zip(weights, rows, strict=True)) if w and not r]
+    if total and dropped:
+        i = dropped[0]
+        raise ConfigError(
+            f"source {sources[i].spec()} has {usable[i]} usable rows and fraction {sources[i].share:g} takes none of "
+            f"them (TRL's rule: round({weights[i]:.3g} x {total:.4g}) = 0): give it a larger fraction, or give each "
+            "source an `amount` instead (a fraction or count of that source alone)"
+        )
+    return rows
 
 
 # --- loading ----------------------------------------------------------------------------------------------------------
