@@ -407,6 +407,24 @@ def test_a_recipes_null_is_none_for_a_list_field_too(tmp_path):
     assert given.project.sample_prompts == ["None"]
 
 
+def test_a_list_for_a_one_value_field_is_refused_by_name(tmp_path):
+    """`dataset_name: [a.jsonl, b.jsonl]` became the words `--dataset_name a.jsonl b.jsonl`, refused as "unknown
+    argument 'b.jsonl'", which named neither the field nor the way to train several files.
+    A list of one is its value."""
+    with pytest.raises(ConfigError) as refused:
+        parse_args(["--config", write(tmp_path, "bf16: false\ndataset_name: [a.jsonl, b.jsonl]\n")])
+    assert str(refused.value) == (
+        f"{tmp_path / 'recipe.yaml'}: dataset_name takes one value and the recipe gives 2: give one (several files of "
+        "pairs: one source of a mixture, `datasets:` with `data_files`, docs/data.md)"
+    )
+    with pytest.raises(ConfigError, match=r": learning_rate takes one value and the recipe gives 2: give one$"):
+        parse_args(["--config", write(tmp_path, "bf16: false\nlearning_rate: [1.0e-6, 2.0e-6]\n")])
+    assert (
+        parse_args(["--config", write(tmp_path, "bf16: false\nlearning_rate: [2.0e-6]\n")]).training.learning_rate
+        == 2e-6
+    )
+
+
 def test_an_env_variable_without_a_value_is_left_unset(tmp_path):
     """`WANDB_PROJECT:` (null) set the variable to the word "None": W&B logged to a project named None."""
     path = write(tmp_path, "bf16: false\nenv:\n  DPOTRAIN_TEST_UNSET:\n  DPOTRAIN_TEST_SET: offline\n")
