@@ -485,11 +485,13 @@ def check_optimizer(t) -> None:
     except Exception:  # noqa: BLE001 - one that needs a GPU or the model to be built: the trainer decides
         return
     try:
-        get_scheduler(
+        # One build for both checks, on the run `_check_schedule` walks: a schedule refuses its kwargs as it is built,
+        # reading them and its multiplier at step 0 (in warm-up), whatever the run's length.
+        scheduler = get_scheduler(
             t.lr_scheduler_type,
             optimizer,
-            num_warmup_steps=1,
-            num_training_steps=10,
+            num_warmup_steps=WALKED_WARMUP,
+            num_training_steps=WALKED_STEPS,
             scheduler_specific_kwargs=t.lr_scheduler_kwargs or {},
         )
     except (TypeError, ValueError) as e:
@@ -497,7 +499,7 @@ def check_optimizer(t) -> None:
             f"lr_scheduler_type {_named(t.lr_scheduler_type)} cannot be built with lr_scheduler_kwargs "
             f"{t.lr_scheduler_kwargs or {}} ({e}): give the arguments it takes (transformers' get_scheduler)"
         ) from None
-    _check_schedule(t, optimizer)
+    _check_schedule(t, scheduler)
 
 
 # The run the schedule is walked over (`_check_schedule`): 10% warm-up, the multiplier read at each 1,000th of it. Its
@@ -506,25 +508,13 @@ WALKED_STEPS, WALKED_WARMUP, WALKED_POINTS = 1_000_000, 100_000, 1_000
 COUNTS_STEPS = ("num_decay_steps", "num_stable_steps", "timescale")
 
 
-def _check_schedule(t, optimizer) -> None:
+def _check_schedule(t, scheduler) -> None:
     """The schedule's multiplier of learning_rate over a whole run, as the trainer's scheduler computes it at each step:
     `lr_scheduler_kwargs` of the wrong type or value build, then fail or mislead after warm-up (`{"num_cycles": "a"}`
     a traceback, `{"power": -1}` a rate past learning_rate, `{"min_lr": -1}` one at 0 from early on). Every transformers
     schedule keeps it in [0, 1] (learning_rate is the peak), at 0 for no stretch of the run before its end."""
-    from transformers import get_scheduler
-
     kwargs = t.lr_scheduler_kwargs or {}
     if not isinstance(kwargs, dict) or set(kwargs) & set(COUNTS_STEPS):
-        return
-    try:
-        scheduler = get_scheduler(
-            t.lr_scheduler_type,
-            optimizer,
-            num_warmup_steps=WALKED_WARMUP,
-            num_training_steps=WALKED_STEPS,
-            scheduler_specific_kwargs=kwargs,
-        )
-    except Exception:  # noqa: BLE001 - built above on a short run: the trainer builds it on the run's
         return
     multiplier = (getattr(scheduler, "lr_lambdas", None) or [None])[0]  # LambdaLR's; reduce_lr_on_plateau has none
     if multiplier is None:

@@ -33,8 +33,9 @@ RESUME_FIELDS = """
 """.split()
 
 
-def world_size(recipe: Recipe, planning: bool) -> tuple[int, str]:
-    """Processes taking part. Under a launcher the environment says; a --dry-run outside one predicts the launch."""
+def world_size(recipe: Recipe, planning: bool, planned: engine.Engine | None = None) -> tuple[int, str]:
+    """Processes taking part. Under a launcher the environment says; a --dry-run outside one predicts the launch, from
+    `planned` where the caller has read the recipe's accelerate config (`engine.from_config`) already."""
     if "WORLD_SIZE" in os.environ:
         return int(os.environ["WORLD_SIZE"]), "environment (WORLD_SIZE)"
     launch = recipe.project.accelerate_config
@@ -48,7 +49,10 @@ def world_size(recipe: Recipe, planning: bool) -> tuple[int, str]:
             f"{shlex.quote(launch)}` would fail: pass --accelerate_config the file the launch reads (its path from "
             "here), or none for one process"
         )
-    return engine.processes(engine.read_accelerate_config(launch)), (
+    planned = planned or engine.from_config(launch)
+    if planned.processes is None:  # accelerate refuses the file: `accelerate launch` would stop on it
+        raise ConfigError(planned.refused)
+    return planned.processes, (
         f"predicted for `accelerate launch --config_file {shlex.quote(launch)}` ({launch}: num_processes); "
         "plain `python train_dpo.py` runs 1 process: --accelerate_config none plans that"
     )

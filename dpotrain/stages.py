@@ -107,7 +107,7 @@ def decide_launch(recipe) -> Launch:
     run_engine = engine.launched()
     dry_run = recipe.project.dry_run
     planned = engine.from_config(recipe.project.accelerate_config) if dry_run else run_engine
-    world, source = resolve.world_size(recipe, planning=dry_run)
+    world, source = resolve.world_size(recipe, planning=dry_run, planned=planned)
     cuda, t = torch.cuda.is_available(), recipe.training
     # A GPU job: the recipe names a GPU's memory, or trains in bf16 or fp16 (as on GPUs) without `use_cpu`
     gpu_job = bool(recipe.project.gpu_memory_gib) or ((t.bf16 or t.fp16) and not t.use_cpu)

@@ -104,6 +104,7 @@ def build_run(spec, stop: GracefulStop | None = None, callbacks=(), trainer_clas
         stop=stop or GracefulStop.from_env(),
         health=HealthGuard(p, spec.pairs_per_step) if p.health_checks else None,
         planned_gib=spec.memory.total_gib,
+        reference_multiple=spec.memory.reference_multiple,
         assistant_turns=p.assistant_turns,
         compile_layers=p.compile_layers,
         callbacks=[*optional, *callbacks],

@@ -435,12 +435,12 @@ def memory_per_gpu(run, max_lengths: list[int], longest: int | None) -> dict:
     from dpotrain.cluster.engine import from_config
     from dpotrain.plan import long_traces
 
+    engine = from_config(run.project.accelerate_config)
     try:
-        world, _ = resolve.world_size(run, planning=True)
+        world, _ = resolve.world_size(run, planning=True, planned=engine)
     except ConfigError as e:  # an accelerate config accelerate refuses (the dry run says so too): the lengths stand
         found = {"skipped": str(e)}
     else:
-        engine = from_config(run.project.accelerate_config)
         found = long_traces.carrying_groups(run, world, engine, max_lengths, longest)
     print(long_traces.line(found), file=sys.stderr if "skipped" in found else sys.stdout)
     return found

@@ -308,6 +308,22 @@ def test_every_suggested_command_plans_the_world_size_it_names(tmp_path, capsys,
         assert engine.from_config(config).gpus_per_node == per_node, line
 
 
+def test_the_dry_run_reads_the_accelerate_config_once(tmp_path, capsys, monkeypatch):
+    """The launch's engine and its processes come from one read of the accelerate config (issue #54: `from_config`
+    and `resolve.world_size` each read it), and the dry run still plans what the file says."""
+    from dpotrain.cluster import engine
+
+    reads = []
+    real = engine.load_config_from_file
+    monkeypatch.setattr(engine, "load_config_from_file", lambda path: reads.append(path) or real(path))
+    monkeypatch.delenv("WORLD_SIZE", raising=False)  # planned from the file, as outside a launcher
+    config = str(ROOT / "accelerate_config.yaml")
+    text = dry_run(capsys, *SMOKE, "--accelerate_config", config, "--output_dir", str(tmp_path / "o"))
+    assert reads == [config]
+    assert field(text, "processes").startswith("4 (predicted for `accelerate launch --config_file")
+    assert field(text, "engine").startswith(f"DeepSpeed ZeRO-2 ({config}")
+
+
 def test_an_accelerate_config_accelerate_would_refuse_is_refused_by_the_dry_run(tmp_path, capsys, monkeypatch):
     """The accelerate config is read with accelerate's own loader, as `accelerate launch` reads it: a key it does not
     know stops the launch, so the dry run that predicts it stops too, in one line with accelerate's reason (the engine

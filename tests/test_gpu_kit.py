@@ -129,6 +129,24 @@ def test_reference_budget_follows_every_k_th_layer_checkpointing(tmp_path, tiny_
     assert every_layer < every_other and got == every_other, (got, every_other, every_layer)
 
 
+@pytest.mark.slow  # builds a trainer (~15 s on 2 cores)
+def test_the_reference_stage_takes_the_memory_plans_multiple(tmp_path, tiny_model_dir):
+    """Where the memory plan is made (bf16), the stage's micro-batch is the plan's `reference_multiple` training
+    micro-batches, decided on the plan's own (traced) parts: 4 x 2,048 positions here, where the stage's formulas alone
+    said 3 (issue #54: one value, decided in the plan and read by the stage)."""
+    from dpotrain.data import data
+    from dpotrain.recipe.config import parse_args
+    from dpotrain.reference.scorer import ReferenceScorer
+
+    model = wider_model(tmp_path / "model", tiny_model_dir)
+    smoke = ["--config", str(ROOT / "configs" / "smoke.yaml"), "--model_name_or_path", model, "--max_steps", "1"]
+    recipe = parse_args([*smoke, "--output_dir", str(tmp_path), "--bf16", "true", "--use_cpu", "true"])
+    pairs = data.load_preference_dataset(str(ROOT / "data" / "smoke_prefs.jsonl")).select(range(8))
+    run = built(recipe, pairs)
+    assert ReferenceScorer(run.trainer).budget() == (4 * 2048, None)
+    assert run.spec.memory.values["reference_multiple"] == 4  # recorded in derived.memory
+
+
 def test_forward_only_multiple_at_7b_width_with_every_other_layer():
     """At 7B width the multiple with every other layer checkpointed lies between all layers' (2-3x) and none (8x)."""
     from transformers import Olmo3Config

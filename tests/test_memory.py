@@ -224,6 +224,25 @@ def test_activations_scale_with_tokens_and_layers(olmo3):
     assert small > 32 * 2 * 4096 * 8192
 
 
+def test_a_padded_run_with_a_token_budget_is_planned_on_its_rows_and_decides_the_reference_micro_batch(olmo3):
+    """`padding_free: false` with a token budget (OLMo 3 7B, LoRA, sdpa, max_length 4,096, 16,384 positions, every
+    layer checkpointed): rows of one sequence, at most max_length wide. The plan counted packed rows' 2 x max_length
+    (masks 0.5 GiB, twice what the run builds). Counted right, the reference stage's own formulas (3 micro-batches: a
+    forward of 10.28 GiB) overran the plan's activations, LM head and masks (10.24 GiB), so the plan decides the
+    stage's multiple on those parts and records it (issue #54)."""
+    padded = ["--model_name_or_path", olmo3["7b"], "--padding_free", "false", "--max_length", "4096"]
+    padded += ["--max_tokens_per_microbatch", "16384", "--activation_checkpointing_kwargs", '{"every_n_layers": 1}']
+    lora = recipe(*padded, "--use_peft", "true", "--lora_target_modules", "q_proj", "v_proj")
+    planned = memory.plan(lora, 8, engine(ZERO3), attention="sdpa")
+    parts = planned["per_gpu_gib"]
+    assert (parts["activations"], parts["lm_head"], parts["attention_masks"]) == (9.4, 0.6, 0.2)
+    assert planned["reference_multiple"] == 2
+    config, _ = memory.load_model_config(lora)
+    assert memory.forward_only_multiple(config, 16384, 4096, "sdpa", True) == 3  # the formulas', which overran
+    # Training the whole model, the LM head's weight gradient (2.3 GiB) leaves room for 3: the two agree there.
+    assert memory.plan(recipe(*padded), 8, engine(ZERO3), attention="sdpa")["reference_multiple"] == 3
+
+
 # --- the plan in a dry run, and its refusals ---
 
 

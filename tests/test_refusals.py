@@ -566,6 +566,27 @@ def test_optim_args_at_their_defaults_are_read(monkeypatch):
         options.check_optimizer(args)
 
 
+def test_the_checks_build_the_scheduler_once_for_its_kwargs_and_its_walk(monkeypatch):
+    """check_optimizer built one scheduler on a 10-step run to try lr_scheduler_kwargs and `_check_schedule` another on
+    the walked run (issue #54): one build now serves both, and the walk still refuses what only later steps show."""
+    import transformers
+    from trl import DPOConfig
+
+    from dpotrain import options
+
+    built = []
+    real = transformers.get_scheduler
+    monkeypatch.setattr(transformers, "get_scheduler", lambda *a, **k: built.append(k) or real(*a, **k))
+    given = {"lr_scheduler_type": "cosine_with_min_lr", "use_cpu": True, "bf16": False, "report_to": []}
+    options.check_optimizer(DPOConfig(output_dir="unused", lr_scheduler_kwargs={"min_lr_rate": 0.1}, **given))
+    assert [k["num_training_steps"] for k in built] == [options.WALKED_STEPS]
+    built.clear()
+    args = DPOConfig(output_dir="unused", lr_scheduler_kwargs={"min_lr_rate": 2}, **given)
+    with pytest.raises(ConfigError, match=r"\{'min_lr_rate': 2\} takes the learning rate to 2 x learning_rate at 100%"):
+        options.check_optimizer(args)
+    assert len(built) == 1
+
+
 @pytest.mark.parametrize("name", ["azure_ml", "flyte", "comet_ml"])
 def test_a_report_to_whose_callback_starts_passes(name, monkeypatch):
     """transformers' list of available loggers never holds flyte, nor azure_ml beside mlflow, nor comet_ml without an

@@ -101,7 +101,7 @@ def test_a_record_of_an_earlier_version_reads_none_where_it_wrote_nothing():
     earlier = {"learning_rate": 1e-4, "derived": {"pairs_per_step": 8, "world_size": 1}}
     r = run_record.of(earlier)
     assert r.launch.data_parallel_size is None and r.lengths.template is None and r.batching.planned is None
-    assert r.memory == run_record.MemoryPlan(*[None] * 12) and r.output.would_refuse == () and r.model_identity is None
+    assert r.memory == run_record.MemoryPlan(*[None] * 13) and r.output.would_refuse == () and r.model_identity is None
     assert r.settings.assistant_turns is None and r.settings.learning_rate == 1e-4
     now = run_record.of({"learning_rate": 2e-4, "assistant_turns": "all"})
     # Compared where the earlier record holds the field: assistant_turns did not exist then.

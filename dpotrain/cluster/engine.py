@@ -60,6 +60,9 @@ class Engine:
     # What the DeepSpeed config sets in place of the recipe (`check_deepspeed_settings`): its values, other than "auto",
     # of the settings transformers matches against the training arguments, and its own optimizer's and scheduler's types
     deepspeed_settings: tuple[tuple[str, object], ...] = ()
+    # A config file's num_processes (`processes`), read with its engine so a dry run reads the file once; None where no
+    # file was read, or accelerate refuses it (`refused` says why)
+    processes: int | None = None
 
     @property
     def shards_weights(self) -> bool:
@@ -175,7 +178,8 @@ def from_config(accelerate_config: str) -> Engine:
     except ConfigError as e:  # its DeepSpeed config unreadable: `accelerate launch` would refuse it too
         found = Engine("unplanned", str(e), refused=str(e))
     mixed = str(config.mixed_precision or "no").lower()
-    return replace(found, mixed_precision=mixed, mixed_precision_from=f"the accelerate config {accelerate_config}")
+    source = f"the accelerate config {accelerate_config}"
+    return replace(found, mixed_precision=mixed, mixed_precision_from=source, processes=processes(config))
 
 
 def _engine_of(config, accelerate_config: str) -> Engine:

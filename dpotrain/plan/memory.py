@@ -294,15 +294,22 @@ REFERENCE_MULTIPLE_MOST = 8  # more buys little: a forward of 8 training micro-b
 
 
 def forward_only_multiple(
-    config, tokens: int, width: int | None, attn: str, checkpointing: bool | int, n: int = 1
+    config,
+    tokens: int,
+    width: int | None,
+    attn: str,
+    checkpointing: bool | int,
+    n: int = 1,
+    training: int | None = None,
 ) -> int:
     """How many times a training micro-batch's `tokens` a forward-only micro-batch (the reference stage) may hold in
-    the memory the plan gives a training micro-batch (activations, LM head, masks; the model states are the same).
+    the memory the plan gives a training micro-batch (activations, LM head, masks; the model states are the same):
+    `training`, that plan's bytes (`plan` records the multiple), else their formula where no plan is made (fp32).
 
     A forward without gradients holds, per token, the residual stream in and out and one layer's working set at a
     time; TRL's fused LM head its logits tile and running statistics; eager's probabilities one layer at a time.
-    Formulas on both sides (no trace: every rank gets the same number at once), rounded down, in [1,
-    `REFERENCE_MULTIPLE_MOST`]. `checkpointing` as `activation_bytes` takes it; `n`: the sequence-parallel group."""
+    Rounded down, in [1, `REFERENCE_MULTIPLE_MOST`]. `checkpointing` as `activation_bytes` takes it; `n`: the
+    sequence-parallel group."""
     text = config.get_text_config()
     h = text.hidden_size
     layer = formula_activation_bytes(text, 1, False) // (text.num_hidden_layers + 1)  # one layer, per token
@@ -310,13 +317,14 @@ def forward_only_multiple(
     local = -(-tokens // n)
     tile = _logits_tile(local)
     exchange = all_to_all_bytes(config, tokens, n)
-    training = (
-        formula_activation_bytes(text, local, checkpointing)
-        + tile
-        + local * (h * (BF16 + 4) + 12 * 4)
-        + mask_bytes(attn, tokens, width, config, checkpoint_every(checkpointing) == 1)
-        + exchange
-    )
+    if training is None:
+        training = (
+            formula_activation_bytes(text, local, checkpointing)
+            + tile
+            + local * (h * (BF16 + 4) + 12 * 4)
+            + mask_bytes(attn, tokens, width, config, checkpoint_every(checkpointing) == 1)
+            + exchange
+        )
     per_token = (
         (layer + 2 * BF16 * h + 12 * 4) / n + mask_bytes(attn, tokens, width, config, True) / tokens + exchange / tokens
     )
@@ -421,8 +429,11 @@ def gpu_memory(recipe) -> tuple[float | None, str]:
 def micro_batch(recipe) -> tuple[int | None, int | None, str]:
     """Tokens of one micro-batch per GPU, the widest row attention sees, and where the count comes from."""
     t, budget = recipe.training, recipe.project.max_tokens_per_microbatch
-    if budget is not None:  # packed rows for dense-mask attention: fill_rows keeps them within row_width_bound
-        width = min(budget, row_width_bound(t.max_length)) if t.max_length else budget
+    if budget is not None:
+        # Packed rows for dense-mask attention: fill_rows keeps them within row_width_bound. Padded: a row per sequence,
+        # as without a budget (a padded run's masks were planned at the packed width, twice what it builds).
+        bound = row_width_bound(t.max_length) if t.padding_free else t.max_length
+        width = min(budget, bound) if t.max_length else budget
         return budget, width, f"max_tokens_per_microbatch ({budget})"
     if t.max_length is None:
         return None, None, "max_length unset or auto: no bound on a micro-batch's tokens"
@@ -555,6 +566,9 @@ def plan(recipe, world: int, engine: Engine | None = None, attention: str | None
     record["allowance"] = f"{CONTEXT_GIB:g} GiB CUDA context and NCCL + {FRAGMENTATION:.0%} of the rest"
     record["allocator"] = allocator()  # the allowance assumes expandable segments (EXPANDABLE)
     record["checkpointing"] = checkpointing_record  # which layers: layers.checkpointing_fields gives the run them
+    if not uses_live_reference(recipe):  # the reference stage's micro-batch, in what this plan gives training's
+        given = chosen.activations + chosen.lm_head + chosen.masks + chosen.all_to_all
+        record["reference_multiple"] = forward_only_multiple(config, tokens, width, attn, every or False, n, given)
     if record["fits"] is False and recipe.project.memory_check:
         raise ConfigError(_refusal(recipe, chosen, gpu, gpu_source, attention, splittable_heads(config)))
     return record

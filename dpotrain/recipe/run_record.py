@@ -116,6 +116,7 @@ class MemoryPlan:
     checkpointing: dict | None  # the checkpointed decoder layers, and who chose them
     allocator: str | None  # the caching allocator's setting the run had (memory.allocator)
     attention: str | None  # the attention implementation whose masks it counts
+    reference_multiple: int | None  # the reference stage's micro-batch, in training's (`memory.forward_only_multiple`)
     values: dict = field(default_factory=dict, repr=False, compare=False)  # the plan as made: what `derived` records
 
     @classmethod

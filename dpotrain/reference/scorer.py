@@ -21,6 +21,7 @@ class ReferenceScorer:
         self.rank, self.world = trainer.data_parallel_rank, trainer.data_parallel_size
         self.weights_hash = trainer.weights_hash  # the full weights, also under ZeRO-3 (the trainer hashes them)
         self.max_tokens_per_microbatch = trainer.max_tokens_per_microbatch
+        self.planned_multiple = trainer.reference_multiple
         self.every_rank = choice.needs_every_rank(trainer.engine, trainer.forward)
 
     @property
@@ -39,14 +40,19 @@ class ReferenceScorer:
         tokens = budget or args.per_device_train_batch_size * 2 * (args.max_length or 0)
         if not tokens:  # no max_length and no budget: nothing bounds a pair, so nothing to scale
             return None, args.per_device_train_batch_size
-        width = min(tokens, 2 * args.max_length) if self.packed and args.max_length else args.max_length or tokens
-        # every k-th layer checkpointed keeps the others' activations: less room for a forward than all checkpointed
-        checkpointing, config = layers.checkpointed_every(args) or False, packing.causal_lm(self.policy).config
-        f = self.forward
-        multiple = forward_only_multiple(config, tokens, width, f.attention, checkpointing, f.sequence_parallel)
+        # The memory plan's, decided on its own (traced) parts: formulas for them here gave a padded LoRA run with a
+        # token budget (7B, every layer checkpointed) a micro-batch past what the plan held. Formulas without a plan.
+        multiple = self.planned_multiple or self._formula_multiple(tokens)
         if budget is not None:
             return budget * multiple, None
         return None, args.per_device_train_batch_size * multiple
+
+    def _formula_multiple(self, tokens: int) -> int:
+        args, f = self.args, self.forward
+        width = min(tokens, 2 * args.max_length) if self.packed and args.max_length else args.max_length or tokens
+        # every k-th layer checkpointed keeps the others' activations: less room for a forward than all checkpointed
+        checkpointing, config = layers.checkpointed_every(args) or False, packing.causal_lm(self.policy).config
+        return forward_only_multiple(config, tokens, width, f.attention, checkpointing, f.sequence_parallel)
 
     def model(self):
         """The model that scores the reference (`RecipeDPOTrainer.reference_model`)."""

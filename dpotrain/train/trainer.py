@@ -148,6 +148,7 @@ class RecipeDPOTrainer(DPOTrainer):
         stop: GracefulStop,
         health: HealthGuard | None = None,
         planned_gib: float | None = None,
+        reference_multiple: int | None = None,
         assistant_turns: str = "final",
         compile_layers: bool = False,
         callbacks=(),
@@ -156,6 +157,7 @@ class RecipeDPOTrainer(DPOTrainer):
         self.engine, self.forward, self.packed = run_engine, forward, forward.packed
         self.assistant_turns = assistant_turns  # read by `_prepare_dataset`, which TRL's __init__ calls
         self.pairs_per_step, self.max_tokens_per_microbatch = pairs_per_step, max_tokens_per_microbatch
+        self.reference_multiple = reference_multiple  # the memory plan's (`ReferenceScorer.budget`)
         self.graceful_stop = stop  # .stopped tells after `train()` whether it ended early to be requeued
         self.health = health  # .stop tells after `train()` whether a guard stopped it (dpotrain/train/health.py)
         self.model_path = kwargs["model"]  # the base weights on disk (a built-in one materialized): the LoRA merge
