@@ -129,6 +129,7 @@ def summary(r: Record, json_file: Path | None, heading: str | None = None) -> st
         row("clipping", by if norm is None else f"global gradient norm {norm} (max_grad_norm), by {by}")
     row("time", duration_text(r))
     row("reference", reference_text(s, r.batching.pairs_trained))
+    row("watching", watching_text(s))
     world, per_node, n = launch.world_size, memory.gpus_per_node, s.sequence_parallel_size or 1
     nodes = -(-world // per_node) if per_node else None
     shape = f", {nodes} node{'s' * (nodes > 1)} of {per_node} GPUs" if per_node and world > 1 else ""
@@ -157,6 +158,18 @@ def summary(r: Record, json_file: Path | None, heading: str | None = None) -> st
     # Last, where the eye lands: what the run itself would refuse (a login missing on a login node, the folder).
     lines += [f"warning: the run would refuse: {refusal}" for refusal in r.output.would_refuse]
     return "\n".join(lines)
+
+
+def watching_text(s) -> str:
+    """'health guards stop a doomed run (docs/health.md); no samples (samples_every 0)': whether anything watches the
+    run, which the record alone said."""
+    health = "no health guard (health_checks false)"
+    if s.health_checks:
+        health = f"health guards {'stop' if s.health_action == 'stop' else 'warn of'} a doomed run (docs/health.md)"
+    if not s.samples_every:
+        return f"{health}; no samples (samples_every 0)"
+    count = min(s.sample_count, len(s.sample_prompts)) if s.sample_prompts else s.sample_count  # the first ones
+    return f"{health}; samples from {count} prompts every {s.samples_every} steps"
 
 
 def learning_rate_text(s) -> str:

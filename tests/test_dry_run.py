@@ -105,6 +105,18 @@ def test_a_short_run_says_how_many_pairs_the_reference_stage_scores(tmp_path, ca
     assert resolved["derived"]["batching"]["pairs_trained"] == {"pairs": 48, "of": 384, "steps": 6}
 
 
+def test_the_summary_says_whether_health_guards_and_samples_watch_the_run(tmp_path, capsys):
+    """Only resolved_config.json said whether the health guards were on: a run started with --health_checks false
+    (or a recipe without samples) read like one that was watched, in the summary and in the run's own first lines."""
+    out = ["--output_dir", str(tmp_path / "run")]
+    watched = field(dry_run(capsys, *SMOKE, *out), "watching")
+    assert watched == "health guards stop a doomed run (docs/health.md); no samples (samples_every 0)"
+    args = ["--health_checks", "false", "--samples_every", "5", "--sample_prompts", "Hi", "Bye"]
+    assert field(dry_run(capsys, *SMOKE, *out, *args), "watching") == (
+        "no health guard (health_checks false); samples from 2 prompts every 5 steps"
+    )
+
+
 def test_max_steps_past_an_epoch_says_the_epochs_its_steps_train(tmp_path, capsys):
     """`--max_steps 100` of the demo's 48 steps per epoch trains 2.08 epochs (the plan goes on into the next ones), and
     the model card said `num_train_epochs` 1 "(stopped at max_steps 100)": the epochs are counted with the plan."""
