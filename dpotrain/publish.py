@@ -114,6 +114,8 @@ def push_final(out: Path, push, training) -> None:
     elif push.requested:
         try:
             url = hub.push_run(out, push.repo_id, token=push.token, private=push.private)
+        except hub_push.UnrecordedPush as e:  # on the Hub: no "failed", no other command
+            raise SystemExit(f"error: {e}") from None
         except Exception as e:  # the run itself is saved and complete: say how to push it
             raise SystemExit(
                 f"error: pushing {out} to {push.repo_id} failed ({cause(e)}); the run is saved, "

@@ -95,7 +95,7 @@ def main(argv: list[str] | None = None) -> None:
         run_files.claim(run, [hub_push.PUSH_RECORD])
     try:
         failed = push(api, run, repo_id, token, private, args.checkpoints)
-    except ConfigError:
+    except (ConfigError, RunError):  # one line naming the fix already (a push whose record could not be written)
         raise
     except Exception as e:  # the Hub past the retries (an outage, a network gone): one line, as a job's final push
         raise RunError(

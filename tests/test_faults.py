@@ -23,7 +23,7 @@ from dpotrain.recipe.config import parse_args
 from dpotrain.recipe.errors import ConfigError
 from dpotrain.resolve import check_output_dir
 from dpotrain.train import checkpoint_manifest, resume
-from dpotrain.train.preemption import INTERRUPTED_EXIT
+from dpotrain.train.preemption import INTERRUPTED_EXIT, STOPPED_EXIT
 
 STEPS = 4
 ARGS = [
@@ -276,6 +276,41 @@ def test_a_kill_during_the_first_save_does_not_block_the_identical_rerun(baselin
 # Ctrl-C's save, its stopped code and the rerun that ends like the uninterrupted run: tests/test_preemption.py
 # (test_stop_request_checkpoints_and_a_rerun_ends_like_an_uninterrupted_run[Ctrl-C], the same path, which also runs the
 # command it prints).
+
+
+@pytest.mark.slow
+def test_a_ctrl_c_checkpoint_beside_a_scheduled_one_is_rotated_with_it_and_resumed_from(
+    baseline, tmp_path, tiny_model_dir, pairs, monkeypatch, capfd
+):
+    """Ctrl-C at step 3, between the scheduled checkpoints 2 and 4 (save_total_limit 2): the stop's checkpoint-3 is
+    written beside checkpoint-2, the rerun goes on from it (the newest verified), and checkpoint-4's rotation deletes
+    checkpoint-2, never the one resumed from. In this process, the Ctrl-C sent as checkpoint-2's save ends: the step
+    it stops at is 3 whatever the machine's speed (a signal timed from outside lands a step early or late)."""
+    import train_dpo
+    from dpotrain.train.trainer import RecipeDPOTrainer
+
+    save = RecipeDPOTrainer._save_checkpoint
+
+    def ctrl_c_after_checkpoint_2(self, model, trial):
+        save(self, model, trial)
+        if self.state.global_step == 2:
+            os.kill(os.getpid(), signal.SIGINT)
+
+    monkeypatch.setattr(RecipeDPOTrainer, "_save_checkpoint", ctrl_c_after_checkpoint_2)
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # a terminal's foreground job (conftest restores it)
+    out = tmp_path / "run"
+    argv = [*command(out, tiny_model_dir, pairs)[2:], "--save_total_limit", "2"]
+    assert train_dpo.main(argv) == STOPPED_EXIT
+    said = capfd.readouterr()
+    assert f"Stop requested: checkpoint {out}/checkpoint-3 written" in said.out, said.out[-3000:] + said.err[-3000:]
+    assert [p.parent.name for p in sorted(out.glob("checkpoint-*/COMPLETE"))] == ["checkpoint-2", "checkpoint-3"]
+
+    assert train_dpo.main(argv) is None
+    said = capfd.readouterr()
+    assert f"Resuming from {out}/checkpoint-3" in said.out, said.out[-3000:] + said.err[-3000:]
+    assert logged_steps(out) == [1, 2, 3, 4]
+    assert sorted(p.name for p in out.glob("checkpoint-*")) == ["checkpoint-3", "checkpoint-4"]
+    assert_same_weights(out, baseline)
 
 
 @pytest.mark.slow

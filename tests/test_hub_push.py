@@ -725,32 +725,102 @@ def test_a_persons_checkpoint_in_the_run_folder_is_never_pushed(hub, tmp_path, m
     assert hub_push.branch_name(1) not in hub.state.repos[REPO]
 
 
-def test_a_pushed_checkpoint_whose_record_cannot_be_written_is_not_said_unpushed(hub, tmp_path, monkeypatch, capsys):
+def test_a_pushed_checkpoint_whose_record_cannot_be_written_is_not_said_pushed_nor_unpushed(
+    hub, tmp_path, monkeypatch, capsys, tiny_model_dir
+):
     """push_to_hub.py --checkpoints: the branch went up, then hub_pushes.jsonl could not be written (a full disk, a
-    read-only folder). That error ends the command (push_to_hub.py: one line, run it again), as it did before the
-    script and the run's pusher shared `push_checkpoint`; since, the script went on to say "checkpoint-2 was not
-    pushed" of a branch the Hub holds, and to record it as failed."""
-    from huggingface_hub import HfApi, constants
+    read-only folder). That error ends the command in one line, saying the branch went up, that its record was not
+    written and how to record it. It printed "Pushed checkpoint-2" first (the record disagreeing), then "pushing ...
+    failed"; before a119055 it also said "checkpoint-2 was not pushed" of a branch the Hub holds."""
+    import importlib.util
+    import shutil
+    from unittest import mock
+
+    from huggingface_hub import constants
 
     from conftest import sealed_checkpoint
-    from dpotrain.hub import hub_push
+    from dpotrain.hub.hub_push import push_command
+    from dpotrain.recipe.errors import RunError
     from dpotrain.train import run_files
+
+    run = tmp_path / "run"
+    shutil.copytree(tiny_model_dir, run)
+    for name, text in [("README.md", "# run\n"), ("training_curves.png", "png"), ("run_complete.json", "{}")]:
+        (run / name).write_text(text)
+    sealed_checkpoint(run / "checkpoint-2")
+    run_files.write(run, [run_files.MANIFEST, *sorted(p.name for p in run.iterdir())])
+    (run / PUSH_RECORD).mkdir()  # no record can be written there, at any attempt
+    for name, value in [("HF_TOKEN", SECRET), ("HF_HUB_OFFLINE", "0"), ("DPOTRAIN_HUB_RETRY_WAITS", "0")]:
+        monkeypatch.setenv(name, value)
+    monkeypatch.setattr(constants, "ENDPOINT", hub.endpoint)
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    spec = importlib.util.spec_from_file_location("push_to_hub", ROOT / "scripts" / "push_to_hub.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    with pytest.raises(RunError) as ended, mock.patch.dict(os.environ):  # main reads .env into the environment
+        script.main([str(run), "--repo-id", REPO, "--checkpoints"])
+    assert "step-2" in hub.state.repos[REPO] and "model.safetensors" not in hub.state.repos[REPO]["main"]
+    assert str(ended.value) == (
+        f"checkpoint-2 went up to {REPO}@step-2, but its record could not be written (IsADirectoryError: [Errno 21] "
+        f"Is a directory: '{run / PUSH_RECORD}'): make room on that disk or make the folder writable, then run "
+        f"`{push_command(run, '--repo-id', REPO, '--checkpoints')}`, which finds it on the Hub and records it"
+    )
+    said = capsys.readouterr()
+    assert "Pushed" not in said.out and "not pushed" not in said.err, said
+
+
+def test_the_runs_pushes_whose_record_cannot_be_written_say_they_went_up(
+    hub, tmp_path, monkeypatch, capsys, tiny_model_dir
+):
+    """In the run, hub_pushes.jsonl cannot be written (a full disk). The pusher said "Pushed checkpoint-1", then
+    "checkpoint-1 was not pushed", and its thread died on the record of that, leaving checkpoint-2 unpushed for `finish`
+    to wait on; the final push said "pushing ... failed" of a run the Hub holds. Each says what went up and that its
+    record was not written, and the pusher goes on to the next checkpoint."""
+    import shutil
+
+    from huggingface_hub import constants
+    from transformers import TrainerState
+
+    from conftest import sealed_checkpoint
+    from dpotrain import publish
+    from dpotrain.hub import hub as hub_module
+    from dpotrain.hub.hub_push import CheckpointPusher, push_command
+    from dpotrain.recipe.config import parse_args
 
     monkeypatch.setattr(constants, "ENDPOINT", hub.endpoint)
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "0")
     monkeypatch.setenv("DPOTRAIN_HUB_RETRY_WAITS", "0")
-    run = tmp_path / "run"
-    sealed_checkpoint(run / "checkpoint-2")
-    run_files.write(run, [run_files.MANIFEST, "checkpoint-2"])
-    (run / PUSH_RECORD).mkdir()  # no record can be written there, at any attempt
-    api = HfApi(endpoint=hub.endpoint, token=SECRET)
-    api.create_repo(REPO, exist_ok=True)
-    with pytest.raises(OSError):
-        hub_push.push_checkpoints(api, run, REPO)
-    assert hub_push.branch_name(2) in hub.state.repos[REPO]  # it was pushed
+    out = tmp_path / "run"
+    shutil.copytree(tiny_model_dir, out)
+    (out / "run_complete.json").write_text('{"global_step": 2}')
+    for step in (1, 2):
+        sealed_checkpoint(out / f"checkpoint-{step}")
+    (out / PUSH_RECORD).mkdir()  # no record can be written there, at any attempt
+    pusher = CheckpointPusher(REPO, SECRET, None, out)
+    for step in (1, 2):
+        pusher.on_save(None, TrainerState(global_step=step, is_world_process_zero=True), None)
+    assert pusher.finish(30) == [] and {"step-1", "step-2"} <= set(hub.state.repos[REPO])
     said = capsys.readouterr()
-    assert f"Pushed checkpoint-2 to {REPO}@step-2" in said.out
-    assert "not pushed" not in said.out + said.err, said.err
+    assert "Pushed" not in said.out and "not pushed" not in said.err, said
+    for step in (1, 2):
+        assert (
+            f"warning: checkpoint-{step} went up to {REPO}@step-{step}, but its record could not be written" in said.err
+        )
+
+    def unwritable():  # the final push's start is recorded, its upload goes through, its record cannot be written
+        (out / PUSH_RECORD).rename(out / "started.jsonl")
+        (out / PUSH_RECORD).mkdir()
+
+    (out / PUSH_RECORD).rmdir()
+    hub.state.hold[("commit", "main")] = unwritable
+    recipe = parse_args(["--config", SMOKE, "--output_dir", str(out), "--push_to_hub", "true", "--hub_model_id", REPO])
+    with pytest.raises(SystemExit) as ended:
+        publish.push_final(out, hub_module.take_push_settings(recipe), recipe.training)
+    assert "model.safetensors" in hub.state.repos[REPO]["main"]
+    assert str(ended.value).startswith(f"error: {out} went up to {REPO}, but its record could not be written ("), ended
+    assert f"then run `{push_command(out, '--repo-id', REPO)}`, which finds" in str(ended.value)
+    assert "Pushed" not in capsys.readouterr().out
 
 
 def test_a_push_to_a_repo_holding_an_earlier_model_replaces_that_model(hub, tmp_path, monkeypatch):

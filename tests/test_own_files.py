@@ -452,6 +452,41 @@ def test_a_record_of_an_earlier_version_does_not_make_a_persons_readme_the_runs(
     assert "README.md" in output_folder.read_manifest(out)
 
 
+@pytest.mark.parametrize(
+    "record, why",
+    [
+        ('{"format": 2, "names": ["run_files.json", "resol', "JSONDecodeError: Unterminated string starting at"),
+        ('["run_files.json", "metrics.jsonl"]', "a JSON list, not an object"),
+        ('{"format": 2, "names": "run_files.json"}', "no list of names"),
+        ('{"format": 2, "names": ["checkpoint-2", {"metrics.jsonl": 1}]}', "a name that is not text: {'metrics"),
+    ],
+)
+def test_a_damaged_record_of_the_run_in_the_folder_names_that_record_and_touches_nothing(tmp_path, record, why):
+    """The folder holds another run whose run_files.json is damaged (cut short, edited by hand). The refusal said
+    "it lists the run's own files; move the folder aside and pass a new --output_dir", as if the record were this
+    run's and a new folder alone the fix; a name that is not text ended --overwrite_output_dir's removal in a
+    TypeError. It says whose record it is and what to do, whatever the flags, and the folder is left as it is."""
+    import train_dpo
+
+    out = tmp_path / "run"
+    sealed_checkpoint(out / "checkpoint-2")
+    (out / "metrics.jsonl").write_text('{"step": 1, "loss": 0.69}\n')
+    (out / run_files.MANIFEST).write_text(record)
+    a_users_files(out)
+    before = snapshot(out)
+    for flags in ([], ["--overwrite_output_dir", "true"]):
+        with pytest.raises(ConfigError) as refused:
+            train_dpo.main(train_args(out, *flags))
+        text = str(refused.value)
+        assert text.startswith(f"{out / run_files.MANIFEST} is unreadable ({why}"), text
+        assert text.endswith(
+            "it is the record of the run already in that folder (the files it wrote, told from anyone else's), so "
+            "nothing there is replaced, resumed or removed: pass another --output_dir, or check that folder and "
+            "remove it yourself"
+        ), text
+        assert snapshot(out) == before
+
+
 # --- a run never reads from its own output folder --------------------------------------------------------------------
 
 

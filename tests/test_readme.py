@@ -116,39 +116,73 @@ def test_no_file_of_the_repository_reads_the_shared_folder_beside_it():
     assert len(files) > 100 and named == [], named
 
 
-def test_the_demos_relative_output_dir_is_the_users_folder(tmp_path, monkeypatch):
-    """`bash ~/dpotrain/scripts/demo.sh --output_dir my-demo` from another folder: the script runs in the project (its
-    venv, recipe, the default outputs/smoke-dpo), and the run wrote ~/dpotrain/my-demo, not the folder it was typed
-    in. It tells the run that folder (DPOTRAIN_SUBMIT_DIR), where a command line's relative paths are read, as a Slurm
-    job's are. Here with a stand-in venv and set-up (the demo's own run is the slow demo_run)."""
-    from dpotrain.recipe.config import parse_args
-
+def stand_in_demo(tmp_path):
+    """scripts/demo.sh copied into a project with a stand-in venv and set-up, and a function that runs it with words
+    from another folder (`here`), returning what the run is given: its folder, DPOTRAIN_SUBMIT_DIR and arguments (the
+    demo's own run is the slow demo_run)."""
     project, here = tmp_path / "dpotrain", tmp_path / "my runs"
     (project / "scripts").mkdir(parents=True)
     (project / ".venv" / "bin").mkdir(parents=True)
     here.mkdir()
     shutil.copy(ROOT / "scripts" / "demo.sh", project / "scripts" / "demo.sh")
     (project / "scripts" / "setup_env.sh").write_text("true\n")
-    python = project / ".venv" / "bin" / "python"  # what the run is given: its folder, arguments and this variable
+    python = project / ".venv" / "bin" / "python"
     python.write_text('#!/bin/sh\nprintf "%s\\n" "$PWD" "$DPOTRAIN_SUBMIT_DIR" "$@"\n')
     python.chmod(0o755)
-    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}
-    result = subprocess.run(
-        ["bash", str(project / "scripts" / "demo.sh"), "--output_dir", "my-demo"],
-        cwd=here,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert result.returncode == 0, result.stderr
-    cwd, submitted, *args = result.stdout.splitlines()[:6]
-    assert (cwd, args) == (str(project), ["train_dpo.py", "--config", "configs/smoke.yaml", "--output_dir"]), result
+
+    def run(*words):
+        result = subprocess.run(
+            ["bash", str(project / "scripts" / "demo.sh"), *words],
+            cwd=here,
+            env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)},
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert result.returncode == 0, result.stderr
+        *given, _next = result.stdout.splitlines()  # the demo's last line says what to do next
+        cwd, submitted, *args = given
+        return cwd, submitted, args
+
+    return project, here, run
+
+
+def test_the_demos_relative_output_dir_is_the_users_folder(tmp_path, monkeypatch):
+    """`bash ~/dpotrain/scripts/demo.sh --output_dir my-demo` from another folder: the script runs in the project (its
+    venv, recipe, the default outputs/smoke-dpo), and the run wrote ~/dpotrain/my-demo, not the folder it was typed
+    in. It tells the run that folder (DPOTRAIN_SUBMIT_DIR), where a command line's relative paths are read, as a Slurm
+    job's are."""
+    from dpotrain.recipe.config import parse_args
+
+    project, here, run = stand_in_demo(tmp_path)
+    cwd, submitted, args = run("--output_dir", "my-demo")
+    assert (cwd, args) == (str(project), ["train_dpo.py", "--config", "configs/smoke.yaml", "--output_dir", "my-demo"])
     # The run started so (in the project, told where the command was typed) writes where the user is
     monkeypatch.chdir(ROOT)
     monkeypatch.setenv("DPOTRAIN_SUBMIT_DIR", submitted)
     recipe = parse_args(["--config", "configs/smoke.yaml", "--output_dir", "my-demo"])
     assert recipe.training.output_dir == str(here / "my-demo")
+
+
+def test_the_demos_relative_accelerate_config_is_the_users_file(tmp_path, monkeypatch):
+    """`bash ~/dpotrain/scripts/demo.sh --accelerate_config my.yaml` from the folder holding my.yaml: train_dpo.py
+    leaves a command line's accelerate_config to the launcher that placed it (launch.sh, a job's), so the demo's run
+    read the project's my.yaml, or refused it as missing. The demo places it as launch.sh does: the user's file where
+    it is in their folder, else as given (the project's, as its default accelerate_config.yaml stays)."""
+    from dpotrain.recipe.config import parse_args
+
+    project, here, run = stand_in_demo(tmp_path)
+    for folder in (here, project):  # the project's file of the same name is not the one meant
+        (folder / "my.yaml").write_text(f"# {folder.name}'s\n")
+    mine = str(here / "my.yaml")
+    assert run("--accelerate_config", "my.yaml")[2][-2:] == ["--accelerate_config", mine]
+    assert run("--accelerate-config=my.yaml")[2][-1] == f"--accelerate-config={mine}"
+    zero3 = ["--accelerate_config", "configs/accelerate/zero3.yaml"]  # not in the user's folder: the project's
+    assert run(*zero3)[2][-2:] == zero3
+    assert "--accelerate_config" not in run()[2]  # the default, the project's accelerate_config.yaml
+    monkeypatch.chdir(ROOT)  # the run started so reads the user's file
+    monkeypatch.setenv("DPOTRAIN_SUBMIT_DIR", str(here))
+    assert parse_args(["--config", "configs/smoke.yaml", "--accelerate_config", mine]).project.accelerate_config == mine
 
 
 @pytest.mark.slow

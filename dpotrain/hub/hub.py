@@ -13,7 +13,7 @@ from huggingface_hub.utils import validate_repo_id
 
 from dpotrain.cluster.offline import TOKENIZER_VOCAB, hf_token, is_hub_model, is_offline, within
 from dpotrain.data import mixture
-from dpotrain.hub.hub_push import pushed_revisions, record_push, retry_waits, status_of, with_retries
+from dpotrain.hub.hub_push import pushed_revisions, record_push, record_pushed, retry_waits, status_of, with_retries
 from dpotrain.recipe import records as run_records
 from dpotrain.recipe.config import TOKEN_FLAGS
 from dpotrain.recipe.errors import ConfigError, cause
@@ -343,7 +343,8 @@ def push_run(output_dir: str | Path, repo_id: str, token: str | None = None, pri
     except Exception as e:
         record(status="failed", repo=repo_id, attempts=e.attempts, error=cause(e))
         raise
-    record(status="pushed", repo=repo_id, attempts=attempts, commit=commit.oid)
+    pushed = {"attempts": attempts, "commit": commit.oid}
+    record_pushed(output_dir, str(output_dir), repo_id, step=step, branch="main", repo=repo_id, **pushed)
     return f"{constants.ENDPOINT}/{repo_id}"
 
 

@@ -27,7 +27,7 @@ from transformers import TrainerCallback
 
 from dpotrain.recipe import records as run_records
 from dpotrain.recipe import upstream, venv
-from dpotrain.recipe.errors import ConfigError, cause
+from dpotrain.recipe.errors import ConfigError, RunError, cause
 from dpotrain.train.checkpoints import MARKER, is_complete, own_checkpoints, step_of
 
 PUSH_RECORD = "hub_pushes.jsonl"  # one line per upload's start (the final push) and outcome: step, branch, status
@@ -75,11 +75,33 @@ def push_checkpoint(api, repo_id: str, folder: Path, step: int, out: Path) -> di
     """`folder` (a checkpoint, or its staged copy) to branch `step-N`, retried (`with_retries`); the record written."""
     branch = branch_name(step)
     commit, attempts = with_retries(lambda: upload_checkpoint(api, repo_id, folder, step), f"{branch} push")
-    print(f"Pushed {folder.name} to {repo_id}@{branch}", flush=True)
     files = checkpoint_files(folder)
-    return record_push(
-        out, step=step, branch=branch, status="pushed", attempts=attempts, commit=commit.oid, files=files
+    entry = record_pushed(
+        out, folder.name, repo_id, step=step, branch=branch, attempts=attempts, commit=commit.oid, files=files
     )
+    print(f"Pushed {folder.name} to {repo_id}@{branch}", flush=True)
+    return entry
+
+
+class UnrecordedPush(RunError):
+    """An upload the Hub took whose record could not be written: neither "Pushed" (the record would disagree) nor
+    "not pushed" or "failed" (the Hub holds it)."""
+
+
+def record_pushed(output_dir: str | Path, what: str, repo_id: str, **entry) -> dict:
+    """The record of an upload of `what` to `repo_id`@`entry["branch"]` the Hub took; one that cannot be written (a full
+    disk, a read-only folder) raises UnrecordedPush naming the push_to_hub.py command that finds it there and records
+    it."""
+    try:
+        return record_push(output_dir, status="pushed", **entry)
+    except OSError as e:
+        branch = entry["branch"]
+        where, flags = (repo_id, []) if branch == "main" else (f"{repo_id}@{branch}", ["--checkpoints"])
+        again = push_command(output_dir, "--repo-id", repo_id, *flags)
+        raise UnrecordedPush(
+            f"{what} went up to {where}, but its record could not be written ({cause(e)}): make room on that disk or "
+            f"make the folder writable, then run `{again}`, which finds it on the Hub and records it"
+        ) from None
 
 
 _record_lock = threading.Lock()
@@ -289,6 +311,8 @@ class CheckpointPusher(TrainerCallback):
                     )
                     repo_ready = True
                 push_checkpoint(api, self.repo_id, staged, step, self.out)
+            except UnrecordedPush as e:
+                print(f"warning: {e}; training goes on", file=sys.stderr, flush=True)
             except Exception as e:  # a bug here must not kill the thread and leave the others waiting
                 self._failed(step, getattr(e, "attempts", 1), cause(e))
             finally:
@@ -298,11 +322,14 @@ class CheckpointPusher(TrainerCallback):
 
     def _failed(self, step: int, attempts: int, error: str) -> None:
         branch = branch_name(step)
-        record_push(self.out, step=step, branch=branch, status="failed", attempts=attempts, error=error)
+        try:
+            record_push(self.out, step=step, branch=branch, status="failed", attempts=attempts, error=error)
+            recorded = f"Recorded in {self.out / PUSH_RECORD}"
+        except OSError as e:  # raised here, it would end the thread, and the checkpoints queued after with it
+            recorded = f"Not recorded ({cause(e)})"
         print(
             f"warning: checkpoint-{step} was not pushed to {self.repo_id}@{branch} ({error}); training goes on. "
-            f"Recorded in {self.out / PUSH_RECORD}; `{push_command(self.out, '--checkpoints')}` pushes "
-            "it later while it is still on disk",
+            f"{recorded}; `{push_command(self.out, '--checkpoints')}` pushes it later while it is still on disk",
             file=sys.stderr,
             flush=True,
         )

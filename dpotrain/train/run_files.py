@@ -18,12 +18,27 @@ OLD_CHECKPOINTS = "checkpoint-[0-9]*"
 FORMAT = 2
 
 
+# What to do about a damaged record: it is read first as the record of the run already in the folder, which a new
+# command would resume or replace; without it no file there can be told the run's, so none is touched.
+DAMAGED_FIX = (
+    "it is the record of the run already in that folder (the files it wrote, told from anyone else's), so nothing "
+    "there is replaced, resumed or removed: pass another --output_dir, or check that folder and remove it yourself"
+)
+
+
 def _record(out: Path) -> dict | None:
-    fix = "it lists the run's own files; move the folder aside and pass a new --output_dir"
-    record = run_records.read_record(Path(out) / MANIFEST, fix)
-    if record is not None and not isinstance(record.get("names"), list):
-        raise ConfigError(f"{Path(out) / MANIFEST} is unreadable (no list of names): {fix}")
-    return record
+    path = Path(out) / MANIFEST
+    record = run_records.read_record(path, DAMAGED_FIX)
+    if record is None:
+        return None
+    names = record.get("names")
+    if not isinstance(names, list):
+        why = "no list of names"
+    elif odd := [n for n in names if not isinstance(n, str)]:  # replacing the run hashes and compares them as names
+        why = f"a name that is not text: {odd[0]!r}"
+    else:
+        return record
+    raise ConfigError(f"{path} is unreadable ({why}): {DAMAGED_FIX}")
 
 
 def read(out: Path) -> list[str] | None:
