@@ -125,3 +125,28 @@ def test_a_hand_edited_manifest_is_named_unreadable_and_skipped_not_a_traceback(
     edited.write_text(json.dumps(record))
     assert problem(edited.parent) == f"{MANIFEST} is unreadable"
     assert newest_verified(tmp_path) == (tmp_path / "checkpoint-2", [(edited.parent, f"{MANIFEST} is unreadable")])
+
+
+def test_rotation_counts_a_checkpoint_the_resume_passed_over_as_damaged_not_as_one_kept(tmp_path, capsys):
+    """A stop's checkpoint-3 damaged (a file cut short): the rerun resumed from checkpoint-2, and at checkpoint-4
+    rotation (save_total_limit 2) kept the damaged 3 as one of its two and deleted the sound 2, the one left to go back
+    to. The damaged one now goes, as a folder cut short does; written again at its step, it counts once more."""
+    from dpotrain.train.checkpoints import clear_for_save, rotate
+    from dpotrain.train.resume import latest_sound_checkpoint
+
+    out = tmp_path / "run"
+    for step in (2, 3):
+        run_files.claim(out, [f"checkpoint-{step}"])
+        sealed_checkpoint(out / f"checkpoint-{step}")
+    (out / "checkpoint-3" / "optimizer.pt").write_text("cut")  # another size than the manifest's
+    assert latest_sound_checkpoint(out) == out / "checkpoint-2"
+    run_files.claim(out, ["checkpoint-4"])
+    sealed_checkpoint(out / "checkpoint-4")
+    assert rotate(out, 2, keep=(out / "checkpoint-4",)) == [out / "checkpoint-3"]
+    assert [p.name for p in checkpoints(out)] == ["checkpoint-2", "checkpoint-4"]
+    assert f"Removed {out / 'checkpoint-3'}: damaged (the resume passed over it)" in capsys.readouterr().out
+
+    clear_for_save(out, 3)  # a later run saves step 3 again: sound once marked, rotated as any other
+    run_files.claim(out, ["checkpoint-3"])
+    sealed_checkpoint(out / "checkpoint-3")
+    assert rotate(out, 2, keep=(out / "checkpoint-3",)) == [out / "checkpoint-2"]

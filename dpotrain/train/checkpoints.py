@@ -23,6 +23,9 @@ from dpotrain.train import checkpoint_manifest, run_files
 MARKER = "COMPLETE"
 _CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
 _told: set[str] = set()  # checkpoints not the run's that rotation has said it keeps (said once per process)
+# Complete checkpoints this process's resume found damaged and passed over: rotation counts them as cut short (kept
+# as one of `save_total_limit`, a damaged one had the older sound one deleted in its place).
+passed_over: set[Path] = set()  # absolute paths
 
 
 def checkpoints(output_dir: str | Path) -> list[Path]:
@@ -73,11 +76,14 @@ def rotate(output_dir: str | Path, limit: int | None, keep: tuple = ()) -> list[
         _told.update(others)
         print(f"Kept {', '.join(others)} in {output_dir}: not this run's ({run_files.MANIFEST}), never rotated")
     mine = [p for p in found if p.name in own]
-    kept = {p.name for p in [p for p in mine if is_complete(p)][-limit:]} | {Path(k).name for k in keep if k}
-    doomed = [p for p in mine if p.name not in kept or not is_complete(p)]
+    sound = [p for p in mine if is_complete(p) and p.absolute() not in passed_over]
+    kept = {p.name for p in sound[-limit:]} | {Path(k).name for k in keep if k}
+    doomed = [p for p in mine if p.name not in kept or p not in sound]
     for folder in doomed:
         if not is_complete(folder):
             print(f"Removed {folder}: a checkpoint cut short (no {MARKER} mark), never resumed from", flush=True)
+        elif folder.absolute() in passed_over:
+            print(f"Removed {folder}: damaged (the resume passed over it), never resumed from", flush=True)
         shutil.rmtree(folder, ignore_errors=True)
     return doomed
 
@@ -87,6 +93,7 @@ def clear_for_save(output_dir: str | Path, global_step: int) -> None:
     new one never holds the old one's files or mark. One the run did not write is moved aside, never removed: refused
     at the run's start (`output_folder.check_checkpoints_of_others`), it was put there while the run trained."""
     folder = Path(output_dir) / f"checkpoint-{global_step}"
+    passed_over.discard(folder.absolute())  # written anew: sound once marked
     if not run_files.set_aside_if_not_own(output_dir, folder.name) and folder.is_dir():
         state = "complete" if is_complete(folder) else f"cut short (no {MARKER} mark)"
         print(f"Removed {folder} of an earlier attempt ({state}) before writing it again", flush=True)

@@ -18,7 +18,7 @@ from dpotrain.recipe.cli import FALSE, TRUE
 from dpotrain.recipe.errors import ConfigError, RunError
 from dpotrain.recipe.writes import write_text
 from dpotrain.train import agreement, checkpoint_manifest
-from dpotrain.train.checkpoints import MARKER, checkpoints, is_complete, own_checkpoints, step_of
+from dpotrain.train.checkpoints import MARKER, checkpoints, is_complete, own_checkpoints, passed_over, step_of
 from dpotrain.train.run_files import MANIFEST
 
 HEALTH_STOP = "health_stop.json"  # written by a run a health guard stopped (dpotrain/train/health.py)
@@ -61,6 +61,7 @@ def latest_sound_checkpoint(out: Path, before: Path | None = None, refuse: bool 
     for folder in [p for p in checkpoints(out) if p not in own and low < step_of(p) < high]:
         _say(f"Not resuming from {folder}: not this run's ({MANIFEST} does not name it)")
     damaged = any(is_complete(folder) for folder, _ in skipped)
+    passed_over.update(folder.absolute() for folder, _ in skipped if is_complete(folder))
     if found is not None or damaged:
         for folder, why in skipped:
             _say(f"Not resuming from {folder}: {why}; trying the checkpoint before it")
@@ -89,6 +90,7 @@ def confirm(resume_from: str | None, explicit: bool) -> str | None:
         if not found:
             return str(folder)
         damaged.append(f"{folder.name}: {found[0]}")
+        passed_over.add(folder.absolute())
         if rank == 0:
             print(f"Not resuming from {folder}: {found[0]}; trying the checkpoint before it", flush=True)
         if explicit:
