@@ -60,6 +60,9 @@ def main(argv: list[str] | None = None) -> None:
     run = Path(args.run_dir)
     if not run.is_dir():
         raise ConfigError(f"{run} is not a folder: pass a run's output folder, e.g. outputs/think-dpo")
+    # A damaged record of the run's files refused with this command's remedy (a run's says to pass another output_dir)
+    fix = "it names the run's own files, the only ones pushed: restore it from a copy, or upload the files you choose "
+    run_files.read(run, fix + "yourself (huggingface_hub's `hf upload`)")
     problems = hub.run_folder_problems(run)
     if problems:
         raise ConfigError(f"{run} is not a finished run: missing {', '.join(problems)}")

@@ -4,6 +4,7 @@ Each test acts out the fault as it happens (a second run started on the same fol
 user's files in the way) on the tiny model, and asserts that nothing that was not the run's was lost."""
 
 import hashlib
+import importlib.util
 import json
 import os
 import shutil
@@ -12,6 +13,7 @@ import socket
 import subprocess
 import time
 from pathlib import Path
+from unittest import mock
 
 import pytest
 
@@ -485,6 +487,17 @@ def test_a_damaged_record_of_the_run_in_the_folder_names_that_record_and_touches
             "remove it yourself"
         ), text
         assert snapshot(out) == before
+    # push_to_hub.py takes no --output_dir: its refusal says what to do there, before it asks for a token or the Hub
+    spec = importlib.util.spec_from_file_location("push_to_hub", ROOT / "scripts" / "push_to_hub.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    with pytest.raises(ConfigError) as refused, mock.patch.dict(os.environ):  # main reads .env into the environment
+        script.main([str(out), "--repo-id", "me/run"])
+    assert str(refused.value).endswith(
+        "it names the run's own files, the only ones pushed: restore it from a copy, or upload the files you choose "
+        "yourself (huggingface_hub's `hf upload`)"
+    ), refused.value
+    assert snapshot(out) == before
 
 
 # --- a run never reads from its own output folder --------------------------------------------------------------------

@@ -26,9 +26,9 @@ DAMAGED_FIX = (
 )
 
 
-def _record(out: Path) -> dict | None:
+def _record(out: Path, fix: str = DAMAGED_FIX) -> dict | None:
     path = Path(out) / MANIFEST
-    record = run_records.read_record(path, DAMAGED_FIX)
+    record = run_records.read_record(path, fix)
     if record is None:
         return None
     names = record.get("names")
@@ -38,12 +38,12 @@ def _record(out: Path) -> dict | None:
         why = f"a name that is not text: {odd[0]!r}"
     else:
         return record
-    raise ConfigError(f"{path} is unreadable ({why}): {DAMAGED_FIX}")
+    raise ConfigError(f"{path} is unreadable ({why}): {fix}")
 
 
-def read(out: Path) -> list[str] | None:
-    """The names as recorded; None when there is no record."""
-    record = _record(out)
+def read(out: Path, fix: str = DAMAGED_FIX) -> list[str] | None:
+    """The names as recorded; None when there is no record. `fix`: what to do where it is damaged."""
+    record = _record(out, fix)
     return None if record is None else record["names"]
 
 
