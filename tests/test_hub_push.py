@@ -59,6 +59,16 @@ def env_for(hub, tmp_path, offline=False, **extra) -> dict:
     }
 
 
+def hub_in_process(hub, monkeypatch) -> None:
+    """This process's huggingface_hub pointed at the stand-in Hub, online, with no wait between retries."""
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "ENDPOINT", hub.endpoint)
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "0")
+    monkeypatch.setenv("DPOTRAIN_HUB_RETRY_WAITS", "0")
+
+
 def train(hub, tmp_path, model_dir, *args, offline=False):
     out = tmp_path / "run"
     common = ["--config", SMOKE, "--model_name_or_path", model_dir, "--output_dir", str(out), "--max_steps", "4"]
@@ -458,15 +468,12 @@ def test_the_trainer_gets_no_push_and_no_token(monkeypatch):
 def test_pusher_takes_only_marked_checkpoints_and_a_resumed_run_pushes_what_is_left(hub, tmp_path, monkeypatch):
     """A requeued job resumes with complete checkpoints on disk: those not recorded as pushed go first; a checkpoint
     without its COMPLETE mark (a save cut short) never goes."""
-    from huggingface_hub import constants
     from transformers import TrainerState
 
     from dpotrain.hub.hub_push import CheckpointPusher, record_push
     from dpotrain.train.checkpoints import MARKER
 
-    monkeypatch.setattr(constants, "ENDPOINT", hub.endpoint)
-    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
-    monkeypatch.setenv("DPOTRAIN_HUB_RETRY_WAITS", "0")
+    hub_in_process(hub, monkeypatch)
     out = tmp_path / "run"
     for step, marked in [(2, True), (4, True), (6, False)]:
         folder = out / f"checkpoint-{step}"
@@ -529,17 +536,12 @@ def test_a_push_left_is_completed_to_the_repo_it_started_on(hub, tmp_path, monke
     import shutil
     from types import SimpleNamespace
 
-    from huggingface_hub import constants
-
     from dpotrain import publish, resolve
     from dpotrain.hub import hub as hub_module
     from dpotrain.hub.hub_push import record_push
     from dpotrain.recipe.config import parse_args
 
-    monkeypatch.setattr(constants, "ENDPOINT", hub.endpoint)
-    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
-    monkeypatch.setenv("HF_HUB_OFFLINE", "0")
-    monkeypatch.setenv("DPOTRAIN_HUB_RETRY_WAITS", "0")
+    hub_in_process(hub, monkeypatch)
     out = tmp_path / "run"
     shutil.copytree(tiny_model_dir, out)
     (out / "run_complete.json").write_text('{"global_step": 2}')
@@ -559,15 +561,10 @@ def test_a_rerun_completing_a_push_creates_no_repo_named_after_the_command(hub, 
     repo on the Hub. The whole rerun, through the command's entry."""
     import shutil
 
-    from huggingface_hub import constants
-
     import train_dpo
     from dpotrain.hub.hub_push import record_push
 
-    monkeypatch.setattr(constants, "ENDPOINT", hub.endpoint)
-    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
-    monkeypatch.setenv("HF_HUB_OFFLINE", "0")
-    monkeypatch.setenv("DPOTRAIN_HUB_RETRY_WAITS", "0")
+    hub_in_process(hub, monkeypatch)
     monkeypatch.setenv("HF_TOKEN", SECRET)
     out = tmp_path / "run"
     shutil.copytree(tiny_model_dir, out)
@@ -612,14 +609,11 @@ def test_the_push_commands_a_run_prints_keep_a_folder_with_a_space_one_word(tmp_
 def test_a_failing_final_push_is_retried_then_recorded(hub, tmp_path, monkeypatch, tiny_model_dir):
     import shutil
 
-    from huggingface_hub import constants
     from huggingface_hub.errors import HfHubHTTPError
 
     from dpotrain.hub.hub import push_run
 
-    monkeypatch.setattr(constants, "ENDPOINT", hub.endpoint)
-    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
-    monkeypatch.setenv("DPOTRAIN_HUB_RETRY_WAITS", "0")
+    hub_in_process(hub, monkeypatch)
     run = tmp_path / "run"
     shutil.copytree(tiny_model_dir, run)
     (run / "run_complete.json").write_text('{"global_step": 7}')
@@ -666,15 +660,12 @@ def test_a_push_uploads_the_runs_own_files_never_a_persons_files_in_its_folder(h
     """After training, a person keeps notes, an evaluation and a .env (HF_TOKEN=...) in the run's folder; the final push
     and scripts/push_to_hub.py uploaded the whole folder but IGNORE, so all three reached the (maybe public) repo. The
     run owns only the files it recorded (run_files.json): those, and what lies under them, are uploaded."""
-    from huggingface_hub import constants
 
     from dpotrain.hub import hub as hub_module
     from dpotrain.hub import hub_push
     from dpotrain.train import run_files
 
-    monkeypatch.setattr(constants, "ENDPOINT", hub.endpoint)
-    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
-    monkeypatch.setenv("DPOTRAIN_HUB_RETRY_WAITS", "0")
+    hub_in_process(hub, monkeypatch)
     run = tmp_path / "run"
     run.mkdir()
     own = ["config.json", "model.safetensors", "README.md", "run_complete.json", "merged/model.safetensors"]
@@ -701,15 +692,13 @@ def test_a_persons_checkpoint_in_the_run_folder_is_never_pushed(hub, tmp_path, m
     that may be public. Only the checkpoints run_files.json names go."""
     from types import SimpleNamespace
 
-    from huggingface_hub import HfApi, constants
+    from huggingface_hub import HfApi
 
     from conftest import sealed_checkpoint
     from dpotrain.hub import hub_push
     from dpotrain.train import run_files
 
-    monkeypatch.setattr(constants, "ENDPOINT", hub.endpoint)
-    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
-    monkeypatch.setenv("DPOTRAIN_HUB_RETRY_WAITS", "0")
+    hub_in_process(hub, monkeypatch)
     run = tmp_path / "run"
     for name in ("checkpoint-1", "checkpoint-2"):
         sealed_checkpoint(run / name)
@@ -736,8 +725,6 @@ def test_a_pushed_checkpoint_whose_record_cannot_be_written_is_not_said_pushed_n
     import shutil
     from unittest import mock
 
-    from huggingface_hub import constants
-
     from conftest import sealed_checkpoint
     from dpotrain.hub.hub_push import push_command
     from dpotrain.recipe.errors import RunError
@@ -752,8 +739,7 @@ def test_a_pushed_checkpoint_whose_record_cannot_be_written_is_not_said_pushed_n
     (run / PUSH_RECORD).mkdir()  # no record can be written there, at any attempt
     for name, value in [("HF_TOKEN", SECRET), ("HF_HUB_OFFLINE", "0"), ("DPOTRAIN_HUB_RETRY_WAITS", "0")]:
         monkeypatch.setenv(name, value)
-    monkeypatch.setattr(constants, "ENDPOINT", hub.endpoint)
-    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    hub_in_process(hub, monkeypatch)
     spec = importlib.util.spec_from_file_location("push_to_hub", ROOT / "scripts" / "push_to_hub.py")
     script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(script)
@@ -778,7 +764,6 @@ def test_the_runs_pushes_whose_record_cannot_be_written_say_they_went_up(
     record was not written, and the pusher goes on to the next checkpoint."""
     import shutil
 
-    from huggingface_hub import constants
     from transformers import TrainerState
 
     from conftest import sealed_checkpoint
@@ -787,10 +772,7 @@ def test_the_runs_pushes_whose_record_cannot_be_written_say_they_went_up(
     from dpotrain.hub.hub_push import CheckpointPusher, push_command
     from dpotrain.recipe.config import parse_args
 
-    monkeypatch.setattr(constants, "ENDPOINT", hub.endpoint)
-    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
-    monkeypatch.setenv("HF_HUB_OFFLINE", "0")
-    monkeypatch.setenv("DPOTRAIN_HUB_RETRY_WAITS", "0")
+    hub_in_process(hub, monkeypatch)
     out = tmp_path / "run"
     shutil.copytree(tiny_model_dir, out)
     (out / "run_complete.json").write_text('{"global_step": 2}')
@@ -828,14 +810,11 @@ def test_a_push_to_a_repo_holding_an_earlier_model_replaces_that_model(hub, tmp_
     left those files beside the new shards, and `from_pretrained(repo)` loaded them, not the model pushed: transformers
     takes model.safetensors before an index, and adapter_config.json makes the repo an adapter. The push replaces the
     model's files on main (history keeps the old ones) and leaves the repo's other files alone."""
-    from huggingface_hub import constants
 
     from dpotrain.hub import hub as hub_module
     from dpotrain.train import run_files
 
-    monkeypatch.setattr(constants, "ENDPOINT", hub.endpoint)
-    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
-    monkeypatch.setenv("DPOTRAIN_HUB_RETRY_WAITS", "0")
+    hub_in_process(hub, monkeypatch)
 
     def run_folder(name, files):
         run = tmp_path / name
