@@ -82,6 +82,17 @@ def tree_entries(files: dict[str, bytes]) -> list[dict]:
     return sorted(entries, key=lambda e: e["path"])
 
 
+def model_entry(path: str, content: bytes) -> dict:
+    """A model repo's file as the Hub's tree lists it: *.safetensors kept in LFS (the Hub's .gitattributes), listed
+    with their SHA-256 and the blob id of their pointer; the others as git blobs."""
+    entry = {"type": "file", "oid": git_blob_id(content), "size": len(content), "path": path}
+    if not path.endswith(".safetensors"):
+        return entry
+    sha256 = hashlib.sha256(content).hexdigest()
+    pointer = f"version https://git-lfs.github.com/spec/v1\noid sha256:{sha256}\nsize {len(content)}\n".encode()
+    return {**entry, "oid": git_blob_id(pointer), "lfs": {"oid": sha256, "size": len(content), "pointerSize": 134}}
+
+
 def in_folder(path: str, folder: str, recursive: bool) -> bool:
     """Whether `path` is listed under `folder` ("" for the root): its children, or with `recursive` everything in it."""
     if folder and not path.startswith(f"{folder}/"):
@@ -313,12 +324,7 @@ class Handler(http.server.BaseHTTPRequestHandler):
         if files is None:
             return
         prefix = params.get("path", "")
-        entries = [
-            {"type": "file", "oid": git_blob_id(c), "size": len(c), "path": p}
-            for p, c in sorted(files.items())
-            if p.startswith(prefix)
-        ]
-        self.reply(200, entries)
+        self.reply(200, [model_entry(p, c) for p, c in sorted(files.items()) if p.startswith(prefix)])
 
     def preupload(self, params, body, query):
         if self.files_at(params["repo"], params["rev"]) is None:
