@@ -42,6 +42,7 @@ ROUTES = [
     ("POST", r"/api/repos/create", "create_repo"),
     ("POST", rf"/api/models/{REPO}/branch/(?P<rev>[^/]+)", "create_branch"),
     ("GET", rf"/api/models/{REPO}/refs", "refs"),
+    ("GET", rf"/api/models/{REPO}/commits/(?P<rev>[^/]+)", "commits"),
     ("GET", rf"/api/models/{REPO}/tree/(?P<rev>[^/]+)(?:/(?P<path>.*))?", "tree"),
     ("POST", rf"/api/models/{REPO}/preupload/(?P<rev>[^/]+)", "preupload"),
     ("POST", rf"/api/models/{REPO}/commit/(?P<rev>[^/]+)", "commit"),
@@ -136,6 +137,8 @@ class HubState:
         self.commits: list[dict] = []  # every accepted commit: repo, revision, message, files {path: bytes}, deleted
         self.repos: dict[str, dict[str, dict[str, bytes]]] = {}
         self.heads: dict[tuple[str, str], str] = {}  # (repo, branch) -> commit id
+        # commit id -> (parent id, title, files): what a branch created at that commit starts with, and main's history
+        self.snapshots: dict[str, tuple[str | None, str, dict[str, bytes]]] = {}
         self.whoami = whoami_answer(orgs=[("lab", "contributor")])
         self.whoami_status = 200
         # repo -> status of its write auth-check (default: 200 if it exists, else 404). An existing repo the token may
@@ -172,6 +175,7 @@ class HubState:
                 return False
             self.repos[repo] = {"main": {".gitattributes": GITATTRIBUTES}}
             self.heads[(repo, "main")] = hashlib.sha1(repo.encode()).hexdigest()
+            self.snapshots[self.heads[(repo, "main")]] = (None, "initial commit", dict(self.repos[repo]["main"]))
         return True
 
     def dataset_commit(self, repo: str, revision: str) -> str | None:
@@ -305,8 +309,11 @@ class Handler(http.server.BaseHTTPRequestHandler):
                 return self.reply(404, {"error": "Repository not found"}, {"X-Error-Code": "RepoNotFound"})
             if branch in branches:
                 return self.reply(409, {"error": "Reference already exists"})
-            branches[branch] = dict(branches["main"])
-            self.state.heads[(repo, branch)] = self.state.heads[(repo, "main")]
+            start = json.loads(body or b"{}").get("startingPoint") or self.state.heads[(repo, "main")]
+            if start not in self.state.snapshots:
+                return self.reply(404, {"error": f"Invalid rev id: {start}"}, {"X-Error-Code": "RevisionNotFound"})
+            branches[branch] = dict(self.state.snapshots[start][2])
+            self.state.heads[(repo, branch)] = start
         self.reply(200, {})
 
     def refs(self, params, body, query):
@@ -318,6 +325,17 @@ class Handler(http.server.BaseHTTPRequestHandler):
             for b in self.state.repos[repo]
         ]
         self.reply(200, {"branches": branches, "converts": [], "tags": []})
+
+    def commits(self, params, body, query):
+        """A branch's history, newest first (one page)."""
+        if self.files_at(params["repo"], params["rev"]) is None:
+            return
+        history, oid = [], self.state.heads[(params["repo"], params["rev"])]
+        while oid is not None:
+            parent, title, _ = self.state.snapshots[oid]
+            history.append({"id": oid, "authors": [], "date": COMMIT_DATE, "title": title, "message": ""})
+            oid = parent
+        self.reply(200, history)
 
     def tree(self, params, body, query):
         files = self.files_at(params["repo"], params["rev"])
@@ -348,6 +366,7 @@ class Handler(http.server.BaseHTTPRequestHandler):
                 files.pop(path, None)
             files.update(added)
             oid = hashlib.sha1(f"{repo}{branch}{len(self.state.commits)}".encode()).hexdigest()
+            self.state.snapshots[oid] = (self.state.heads[(repo, branch)], header["summary"], dict(files))
             self.state.heads[(repo, branch)] = oid
             self.state.commits.append(
                 {"repo": repo, "revision": branch, "message": header["summary"], "files": added, "deleted": deleted}

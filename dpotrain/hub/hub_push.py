@@ -180,9 +180,12 @@ def with_retries(fn, what: str):
 
 
 def upload_checkpoint(api, repo_id: str, folder: Path, step: int):
-    """Branch `step-N` holding exactly the checkpoint's model files (files of an earlier push there are replaced)."""
+    """Branch `step-N` holding exactly the checkpoint's model files (files of an earlier push there are replaced). A
+    new branch starts at the repo's first commit (its .gitattributes): forked from main, an upload failing after it
+    left step-N holding main's files, an earlier model that `from_pretrained(repo, revision="step-N")` loads."""
     branch = branch_name(step)
-    api.create_branch(repo_id, branch=branch, exist_ok=True)  # forks main: a fresh repo's first commit
+    first = api.list_repo_commits(repo_id)[-1].commit_id  # newest first
+    api.create_branch(repo_id, branch=branch, revision=first, exist_ok=True)
     return api.upload_folder(
         repo_id=repo_id,
         folder_path=str(folder),
