@@ -42,6 +42,7 @@ ROUTES = [
     ("POST", r"/api/repos/create", "create_repo"),
     ("POST", rf"/api/models/{REPO}/branch/(?P<rev>[^/]+)", "create_branch"),
     ("GET", rf"/api/models/{REPO}/refs", "refs"),
+    ("GET", rf"/api/models/{REPO}/commits/(?P<rev>[^/]+)", "commits"),
     ("GET", rf"/api/models/{REPO}/tree/(?P<rev>[^/]+)(?:/(?P<path>.*))?", "tree"),
     ("POST", rf"/api/models/{REPO}/preupload/(?P<rev>[^/]+)", "preupload"),
     ("POST", rf"/api/models/{REPO}/commit/(?P<rev>[^/]+)", "commit"),
@@ -80,6 +81,17 @@ def tree_entries(files: dict[str, bytes]) -> list[dict]:
     ]
     entries += [{"type": "file", "oid": git_blob_id(c), "size": len(c), "path": p} for p, c in files.items()]
     return sorted(entries, key=lambda e: e["path"])
+
+
+def model_entry(path: str, content: bytes) -> dict:
+    """A model repo's file as the Hub's tree lists it: *.safetensors kept in LFS (the Hub's .gitattributes), listed
+    with their SHA-256 and the blob id of their pointer; the others as git blobs."""
+    entry = {"type": "file", "oid": git_blob_id(content), "size": len(content), "path": path}
+    if not path.endswith(".safetensors"):
+        return entry
+    sha256 = hashlib.sha256(content).hexdigest()
+    pointer = f"version https://git-lfs.github.com/spec/v1\noid sha256:{sha256}\nsize {len(content)}\n".encode()
+    return {**entry, "oid": git_blob_id(pointer), "lfs": {"oid": sha256, "size": len(content), "pointerSize": 134}}
 
 
 def in_folder(path: str, folder: str, recursive: bool) -> bool:
@@ -125,6 +137,8 @@ class HubState:
         self.commits: list[dict] = []  # every accepted commit: repo, revision, message, files {path: bytes}, deleted
         self.repos: dict[str, dict[str, dict[str, bytes]]] = {}
         self.heads: dict[tuple[str, str], str] = {}  # (repo, branch) -> commit id
+        # commit id -> (parent id, title, files): what a branch created at that commit starts with, and main's history
+        self.snapshots: dict[str, tuple[str | None, str, dict[str, bytes]]] = {}
         self.whoami = whoami_answer(orgs=[("lab", "contributor")])
         self.whoami_status = 200
         # repo -> status of its write auth-check (default: 200 if it exists, else 404). An existing repo the token may
@@ -161,6 +175,7 @@ class HubState:
                 return False
             self.repos[repo] = {"main": {".gitattributes": GITATTRIBUTES}}
             self.heads[(repo, "main")] = hashlib.sha1(repo.encode()).hexdigest()
+            self.snapshots[self.heads[(repo, "main")]] = (None, "initial commit", dict(self.repos[repo]["main"]))
         return True
 
     def dataset_commit(self, repo: str, revision: str) -> str | None:
@@ -294,8 +309,11 @@ class Handler(http.server.BaseHTTPRequestHandler):
                 return self.reply(404, {"error": "Repository not found"}, {"X-Error-Code": "RepoNotFound"})
             if branch in branches:
                 return self.reply(409, {"error": "Reference already exists"})
-            branches[branch] = dict(branches["main"])
-            self.state.heads[(repo, branch)] = self.state.heads[(repo, "main")]
+            start = json.loads(body or b"{}").get("startingPoint") or self.state.heads[(repo, "main")]
+            if start not in self.state.snapshots:
+                return self.reply(404, {"error": f"Invalid rev id: {start}"}, {"X-Error-Code": "RevisionNotFound"})
+            branches[branch] = dict(self.state.snapshots[start][2])
+            self.state.heads[(repo, branch)] = start
         self.reply(200, {})
 
     def refs(self, params, body, query):
@@ -308,17 +326,23 @@ class Handler(http.server.BaseHTTPRequestHandler):
         ]
         self.reply(200, {"branches": branches, "converts": [], "tags": []})
 
+    def commits(self, params, body, query):
+        """A branch's history, newest first (one page)."""
+        if self.files_at(params["repo"], params["rev"]) is None:
+            return
+        history, oid = [], self.state.heads[(params["repo"], params["rev"])]
+        while oid is not None:
+            parent, title, _ = self.state.snapshots[oid]
+            history.append({"id": oid, "authors": [], "date": COMMIT_DATE, "title": title, "message": ""})
+            oid = parent
+        self.reply(200, history)
+
     def tree(self, params, body, query):
         files = self.files_at(params["repo"], params["rev"])
         if files is None:
             return
         prefix = params.get("path", "")
-        entries = [
-            {"type": "file", "oid": git_blob_id(c), "size": len(c), "path": p}
-            for p, c in sorted(files.items())
-            if p.startswith(prefix)
-        ]
-        self.reply(200, entries)
+        self.reply(200, [model_entry(p, c) for p, c in sorted(files.items()) if p.startswith(prefix)])
 
     def preupload(self, params, body, query):
         if self.files_at(params["repo"], params["rev"]) is None:
@@ -342,6 +366,7 @@ class Handler(http.server.BaseHTTPRequestHandler):
                 files.pop(path, None)
             files.update(added)
             oid = hashlib.sha1(f"{repo}{branch}{len(self.state.commits)}".encode()).hexdigest()
+            self.state.snapshots[oid] = (self.state.heads[(repo, branch)], header["summary"], dict(files))
             self.state.heads[(repo, branch)] = oid
             self.state.commits.append(
                 {"repo": repo, "revision": branch, "message": header["summary"], "files": added, "deleted": deleted}

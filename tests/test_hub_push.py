@@ -831,3 +831,71 @@ def test_a_push_to_a_repo_holding_an_earlier_model_replaces_that_model(hub, tmp_
     main = hub.state.repos[REPO]["main"]
     assert sorted(set(main) - {".gitattributes"}) == sorted(["config.json", *shards, "README.md", "eval_results.json"])
     assert all(main[name] == f"later {name}".encode() for name in ["config.json", *shards])
+
+
+def test_another_runs_checkpoint_on_a_branch_is_not_taken_for_this_runs(hub, tmp_path, monkeypatch, capsys):
+    """Two runs of one base model pushed to one repo (a recipe's hub_model_id, kept): run A's branch step-2 holds files
+    of the same names and sizes as run B's checkpoint-2 (one architecture, config and tokenizer). push_to_hub.py
+    --checkpoints of run B compared sizes alone: it said 'Skipped checkpoint-2: ... already holds it', recorded it as
+    on the Hub, and the card listed run A's weights as run B's step 2. The Hub keeps *.safetensors in LFS (the
+    stand-in says so, with their SHA-256, as the Hub's tree does)."""
+    from huggingface_hub import HfApi, constants
+
+    from dpotrain.hub import hub_push
+    from dpotrain.train import checkpoint_manifest, run_files
+    from dpotrain.train.checkpoints import MARKER
+
+    monkeypatch.setattr(constants, "ENDPOINT", hub.endpoint)
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setenv("DPOTRAIN_HUB_RETRY_WAITS", "0")
+
+    def run_with_checkpoint(name: str, weights: bytes) -> Path:
+        folder = tmp_path / name / "checkpoint-2"
+        folder.mkdir(parents=True)
+        for file, content in {"model.safetensors": weights, "config.json": b"{}", "optimizer.pt": b"o"}.items():
+            (folder / file).write_bytes(content)
+        checkpoint_manifest.seal(folder, MARKER, "{}\n", is_main=True)
+        run_files.write(folder.parent, [run_files.MANIFEST, folder.name])
+        return folder.parent
+
+    run_a, run_b = run_with_checkpoint("a", b"weights of run A"), run_with_checkpoint("b", b"weights of run B")
+    api = HfApi(endpoint=hub.endpoint, token=SECRET)
+    api.create_repo(REPO, exist_ok=True)
+    hub_push.push_checkpoints(api, run_a, REPO)
+    [record] = hub_push.push_checkpoints(api, run_b, REPO)
+    assert record["status"] == "pushed", capsys.readouterr().out
+    assert hub.state.repos[REPO]["step-2"]["model.safetensors"] == b"weights of run B"
+    [again] = hub_push.push_checkpoints(api, run_b, REPO)  # what the branch holds now is this run's: skipped
+    assert again["status"] == "present" and len(hub.state.commits) == 2
+    assert f"Skipped checkpoint-2: {REPO}@step-2 already holds it" in capsys.readouterr().out
+
+
+def test_a_checkpoint_branch_whose_upload_fails_holds_no_other_model(hub, tmp_path, monkeypatch):
+    """A repo whose main holds an earlier run's model (a recipe's hub_model_id, kept); checkpoint-2's commit keeps
+    failing. Its branch was forked from main before the commit, so the failed push left step-2 holding the earlier
+    model: `from_pretrained(repo, revision="step-2")` loaded it, silently, and once rotation deleted checkpoint-2 no
+    push could replace it. A checkpoint's branch starts from the repo's first commit, which holds no model."""
+    from huggingface_hub import HfApi, constants
+
+    from conftest import sealed_checkpoint
+    from dpotrain.hub import hub_push
+    from dpotrain.train import run_files
+
+    monkeypatch.setattr(constants, "ENDPOINT", hub.endpoint)
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setenv("DPOTRAIN_HUB_RETRY_WAITS", "0")
+    run = tmp_path / "run"
+    sealed_checkpoint(run / "checkpoint-2")
+    run_files.write(run, [run_files.MANIFEST, "checkpoint-2"])
+    api = HfApi(endpoint=hub.endpoint, token=SECRET)
+    api.create_repo(REPO, exist_ok=True)
+    api.upload_file(path_or_fileobj=b"an earlier model", path_in_repo="model.safetensors", repo_id=REPO)
+    hub.state.fail[("commit", "step-2")] = -1
+    [failed] = hub_push.push_checkpoints(api, run, REPO)
+    assert failed["status"] == "failed"
+    assert set(hub.state.repos[REPO]["step-2"]) == {".gitattributes"}, "the branch holds another model"
+    del hub.state.fail[("commit", "step-2")]
+    [pushed] = hub_push.push_checkpoints(api, run, REPO)  # the same command again: the branch gets the checkpoint
+    assert pushed["status"] == "pushed"
+    assert hub.state.repos[REPO]["step-2"]["model.safetensors"] == b"model.safetensors\n"
+    assert hub.state.repos[REPO]["main"]["model.safetensors"] == b"an earlier model"

@@ -10,6 +10,7 @@ never a failed run.
 import contextlib
 import fnmatch
 import functools
+import hashlib
 import math
 import os
 import queue
@@ -28,6 +29,7 @@ from transformers import TrainerCallback
 from dpotrain.recipe import records as run_records
 from dpotrain.recipe import upstream, venv
 from dpotrain.recipe.errors import ConfigError, RunError, cause
+from dpotrain.train import checkpoint_manifest
 from dpotrain.train.checkpoints import MARKER, is_complete, own_checkpoints, step_of
 
 PUSH_RECORD = "hub_pushes.jsonl"  # one line per upload's start (the final push) and outcome: step, branch, status
@@ -178,9 +180,12 @@ def with_retries(fn, what: str):
 
 
 def upload_checkpoint(api, repo_id: str, folder: Path, step: int):
-    """Branch `step-N` holding exactly the checkpoint's model files (files of an earlier push there are replaced)."""
+    """Branch `step-N` holding exactly the checkpoint's model files (files of an earlier push there are replaced). A
+    new branch starts at the repo's first commit (its .gitattributes): forked from main, an upload failing after it
+    left step-N holding main's files, an earlier model that `from_pretrained(repo, revision="step-N")` loads."""
     branch = branch_name(step)
-    api.create_branch(repo_id, branch=branch, exist_ok=True)  # forks main: a fresh repo's first commit
+    first = api.list_repo_commits(repo_id)[-1].commit_id  # newest first
+    api.create_branch(repo_id, branch=branch, revision=first, exist_ok=True)
     return api.upload_folder(
         repo_id=repo_id,
         folder_path=str(folder),
@@ -198,16 +203,31 @@ def local_files(folder: Path, ignore: list[str], allow: list[str] | None = None)
 
 
 def remote_matches(api, repo_id: str, revision: str, folder: Path, names: list[str]) -> bool:
-    """Whether `revision` of the repo holds exactly `names` of `folder`, with the same sizes (besides .gitattributes).
-    Sizes, not hashes: hashing a 15 GB checkpoint costs what uploading content the Hub already has costs."""
+    """Whether `revision` of the repo holds exactly `names` of `folder` (besides .gitattributes), by content: another
+    run of the same base model leaves files of the same names and sizes (its step-N branch in a reused repo). Sizes
+    first; then a file in LFS by its SHA-256 (a checkpoint's from its manifest, hashed at save), another by its git
+    blob id. Hashing happens only where every size matches, and costs what upload_folder's own hashing costs."""
     try:
         remote = {
-            f.path: f.size for f in api.list_repo_tree(repo_id, revision=revision, recursive=True) if hasattr(f, "size")
+            f.path: f for f in api.list_repo_tree(repo_id, revision=revision, recursive=True) if hasattr(f, "size")
         }
     except (RepositoryNotFoundError, RevisionNotFoundError):
         return False
     remote.pop(".gitattributes", None)
-    return remote == {n: (folder / n).stat().st_size for n in names}
+    if remote.keys() != set(names) or any(remote[n].size != (folder / n).stat().st_size for n in names):
+        return False
+    hashed = checkpoint_manifest.read(folder) or {}  # none for a run's folder (main)
+    for name in names:
+        local, entry = folder / name, hashed.get(name) or {}
+        if remote[name].lfs is None:
+            content = local.read_bytes()  # a git blob: a small file (the Hub keeps large ones in LFS)
+            same = remote[name].blob_id == hashlib.sha1(b"blob %d\0" % len(content) + content).hexdigest()
+        else:
+            known = entry.get("sha256") if entry.get("bytes") == local.stat().st_size else None
+            same = remote[name].lfs.sha256 == (known or checkpoint_manifest.sha256(local))
+        if not same:
+            return False
+    return True
 
 
 def stage(folder: Path, staging_root: Path) -> Path:
