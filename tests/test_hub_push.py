@@ -497,6 +497,22 @@ def test_pusher_takes_only_marked_checkpoints_and_a_resumed_run_pushes_what_is_l
     assert not (out / ".hub_staging").exists()
 
 
+def test_the_revisions_a_card_lists_are_those_of_the_repo_it_describes(tmp_path):
+    """Checkpoint records named no repo: `push_to_hub.py --repo-id org/b --checkpoints` of a run whose job pushed to
+    org/a listed org/a's steps (rotated away since) in org/b's card, as dead links, and a resumed run's pusher took
+    them for pushed to its own repo. A record from before records named the repo counts for any."""
+    from dpotrain.hub.hub_push import pushed_revisions, record_push
+
+    out = tmp_path / "run"
+    out.mkdir()
+    record_push(out, step=1, branch="step-1", status="pushed")  # written before checkpoint records named their repo
+    record_push(out, step=2, branch="step-2", status="pushed", repo="org/a")
+    record_push(out, step=4, branch="step-4", status="pushed", repo="org/b")
+    record_push(out, step=2, branch="step-2", status="failed", repo="org/b")
+    assert pushed_revisions(out, "org/b") == [(1, "step-1"), (4, "step-4")]
+    assert pushed_revisions(out, "org/a") == [(1, "step-1"), (2, "step-2")]
+
+
 def test_a_finished_run_with_a_push_left_is_pushed_by_the_same_command_and_otherwise_said_how(tmp_path):
     """What the rerun decides from hub_pushes.jsonl (resolve.check_output_dir), the run and the dry run alike: a push
     started and not confirmed is completed where the command asks for a push, and named with the command that pushes

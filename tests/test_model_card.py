@@ -106,9 +106,9 @@ def test_card_lists_the_checkpoint_branches_on_the_hub(tmp_path):
     record_push(tmp_path, step=6, branch="step-6", status="failed", error="HfHubHTTPError: 500")
     record_push(tmp_path, step=6, branch="step-6", status="present")  # push_to_hub.py found it there later
     record_push(tmp_path, step=6, branch="main", status="pushed")
-    assert pushed_revisions(tmp_path) == [(2, "step-2"), (6, "step-6")]
+    assert pushed_revisions(tmp_path, "org/r") == [(2, "step-2"), (6, "step-6")]
 
-    card = model_card({"run_name": "r"}, [], pushed_revisions(tmp_path), "org/r")
+    card = model_card({"run_name": "r"}, [], pushed_revisions(tmp_path, "org/r"), "org/r")
     assert "## Checkpoint revisions" in card and 'from_pretrained("org/r", revision="step-6")' in card
     assert "| 2 | [`step-2`](" in card and "/org/r/tree/step-2)" in card and "step-4" not in card
     assert "Checkpoint revisions" not in model_card({"run_name": "r"}, [])  # none pushed: no section

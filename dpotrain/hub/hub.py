@@ -293,7 +293,7 @@ def speed_row(records: list[dict]) -> str:
 
 
 def write_model_card(output_dir: str | Path, r: Record, repo_id: str = "") -> Path:
-    card = model_card(r, read_metrics(output_dir), pushed_revisions(output_dir), repo_id)
+    card = model_card(r, read_metrics(output_dir), pushed_revisions(output_dir, repo_id), repo_id)
     return write_text(Path(output_dir) / CARD, card)
 
 
@@ -302,7 +302,7 @@ def update_card_revisions(output_dir: str | Path, repo_id: str) -> None:
     path = Path(output_dir) / "README.md"
     card = path.read_text()
     kept = card.split("\n" + REVISIONS_HEADING)[0].rstrip("\n") + "\n"
-    write_text(path, kept + revisions_section(pushed_revisions(output_dir), repo_id))
+    write_text(path, kept + revisions_section(pushed_revisions(output_dir, repo_id), repo_id))
 
 
 def finished_step(output_dir) -> int | None:
@@ -344,7 +344,7 @@ def push_run(output_dir: str | Path, repo_id: str, token: str | None = None, pri
         record(status="failed", repo=repo_id, attempts=e.attempts, error=cause(e))
         raise
     pushed = {"attempts": attempts, "commit": commit.oid}
-    record_pushed(output_dir, str(output_dir), repo_id, step=step, branch="main", repo=repo_id, **pushed)
+    record_pushed(output_dir, str(output_dir), repo_id, step=step, branch="main", **pushed)
     return f"{constants.ENDPOINT}/{repo_id}"
 
 

@@ -95,7 +95,7 @@ def record_pushed(output_dir: str | Path, what: str, repo_id: str, **entry) -> d
     disk, a read-only folder) raises UnrecordedPush naming the push_to_hub.py command that finds it there and records
     it."""
     try:
-        return record_push(output_dir, status="pushed", **entry)
+        return record_push(output_dir, status="pushed", repo=repo_id, **entry)
     except OSError as e:
         branch = entry["branch"]
         where, flags = (repo_id, []) if branch == "main" else (f"{repo_id}@{branch}", ["--checkpoints"])
@@ -120,9 +120,11 @@ def read_pushes(output_dir: str | Path) -> list[dict]:
     return run_records.read(Path(output_dir) / PUSH_RECORD)
 
 
-def pushed_revisions(output_dir: str | Path) -> list[tuple[int, str]]:
-    """(step, branch) of the checkpoint branches whose latest record says they are on the Hub, by step."""
-    latest = {r["branch"]: r for r in read_pushes(output_dir) if r.get("branch", "main") != "main"}
+def pushed_revisions(output_dir: str | Path, repo_id: str) -> list[tuple[int, str]]:
+    """(step, branch) of the checkpoint branches of `repo_id` whose latest record says they are on the Hub, by step (a
+    record written before records named the repo counts for any: another repo's steps were listed as dead links)."""
+    records = [r for r in read_pushes(output_dir) if r.get("repo", repo_id) == repo_id]
+    latest = {r["branch"]: r for r in records if r.get("branch", "main") != "main"}
     return sorted((r["step"], b) for b, r in latest.items() if r["status"] in ON_THE_HUB)
 
 
@@ -252,7 +254,7 @@ def push_checkpoints(api, run_dir: Path, repo_id: str) -> list[dict]:
     for folder in own_checkpoints(run_dir):
         step = step_of(folder)
         branch = branch_name(step)
-        record = functools.partial(record_push, run_dir, step=step, branch=branch)
+        record = functools.partial(record_push, run_dir, step=step, branch=branch, repo=repo_id)
         if not is_complete(folder):
             print(f"Skipped {folder.name}: no {MARKER} mark (written only once a checkpoint is whole)", flush=True)
             continue
@@ -292,7 +294,7 @@ class CheckpointPusher(TrainerCallback):
         """A resumed run first pushes its own complete checkpoints a stopped job left unpushed (never a person's: a copy
         of another run's would go up as this run's step)."""
         if state.is_world_process_zero:
-            done = {s for s, _ in pushed_revisions(self.out)}
+            done = {s for s, _ in pushed_revisions(self.out, self.repo_id)}
             for folder in own_checkpoints(self.out):
                 if step_of(folder) not in done:
                     self.submit(folder)
@@ -343,7 +345,9 @@ class CheckpointPusher(TrainerCallback):
     def _failed(self, step: int, attempts: int, error: str) -> None:
         branch = branch_name(step)
         try:
-            record_push(self.out, step=step, branch=branch, status="failed", attempts=attempts, error=error)
+            record_push(
+                self.out, step=step, branch=branch, status="failed", repo=self.repo_id, attempts=attempts, error=error
+            )
             recorded = f"Recorded in {self.out / PUSH_RECORD}"
         except OSError as e:  # raised here, it would end the thread, and the checkpoints queued after with it
             recorded = f"Not recorded ({cause(e)})"
@@ -363,7 +367,14 @@ class CheckpointPusher(TrainerCallback):
             shutil.rmtree(self.out / STAGING, ignore_errors=True)
             return left
         for step in left:
-            record_push(self.out, step=step, branch=branch_name(step), status="unfinished", error="still uploading")
+            record_push(
+                self.out,
+                step=step,
+                branch=branch_name(step),
+                status="unfinished",
+                repo=self.repo_id,
+                error="still uploading",
+            )
         print(
             f"warning: checkpoint uploads still running after {timeout:.0f} s were abandoned (steps "
             f"{', '.join(map(str, left))}): `{push_command(self.out, '--checkpoints')}` pushes the "
