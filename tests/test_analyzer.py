@@ -698,6 +698,29 @@ def test_cli_run_is_reused_by_a_dry_run(cli, tokenizer, tmp_path, tiny_model_dir
     )
 
 
+def test_data_changed_during_the_analysis_is_not_cached_as_the_new_datas(
+    cli, tokenizer, tmp_path, tiny_model_dir, monkeypatch, capsys
+):
+    """Rows appended while the analyzer tokenized (a generation job still writing the file, minutes into an analysis
+    of 150k rows): it keyed the cache by the file as it was at the end, so `max_length: auto` on the longer file reused
+    the lengths of the rows before, as if measured on these."""
+    path = write_jsonl(tmp_path / "d.jsonl", _messages_rows())
+    measure = cli.lengths.measure
+
+    def measure_while_rows_are_added(*args, **kwargs):
+        with open(path, "a") as f:  # another process writing the file during the analysis
+            f.write(json.dumps(GOOD) + "\n")
+        return measure(*args, **kwargs)
+
+    monkeypatch.setattr(cli.lengths, "measure", measure_while_rows_are_added)
+    assert cli.main([path, "--tokenizer", tiny_model_dir, "--num-proc", "1"]) == 0
+    assert cached_choice(lengths.dataset_identity(path), tokenizer) is None
+    assert "changed during the analysis" in capsys.readouterr().err
+    monkeypatch.setattr(cli.lengths, "measure", measure)
+    assert cli.main([path, "--tokenizer", tiny_model_dir, "--num-proc", "1"]) == 0  # left alone: cached as it is
+    assert cached_choice(lengths.dataset_identity(path), tokenizer)["rows"] == len(_messages_rows()) + 1
+
+
 def test_the_analysis_is_found_by_its_model_folder_however_the_folder_is_named(
     cli, tmp_path, tiny_model_dir, monkeypatch
 ):
