@@ -382,7 +382,7 @@ def check_pad_token(pad_token: str | None, tokenizer) -> None:
 def _analyzer_cache(recipe, launch: Launch, tokenizer, pairs: Data, positions) -> tuple[tuple | None, dict | None]:
     """The one read of the analyzer's cache per run (keyed by the commit loaded), and `max_length: auto`'s choice: from
     the cache, else analysed now (cached for the next run) where the data set is loaded, capped at `positions`."""
-    p, dataset = recipe.project, pairs.train
+    p, dataset, truncation = recipe.project, pairs.train, recipe.training.truncation_mode
     # The pairs' identity as they were read: the file may have changed since.
     dataset_id = pairs.dataset_id or _read_identity(recipe, launch, pairs.revision)
     if dataset_id is None:
@@ -391,11 +391,17 @@ def _analyzer_cache(recipe, launch: Launch, tokenizer, pairs: Data, positions) -
     if not recipe.max_length_auto:
         return measured, None
     if measured is not None:
-        return measured, lengths.resolution_of(measured, p.auto_coverage, positions)
+        return measured, lengths.resolution_of(measured, p.auto_coverage, positions, truncation)
     if dataset is None:
         return None, None
     m, auto = lengths.analyse(
-        dataset, tokenizer, p.auto_coverage, dataset_id, progress=not launch.dry_run, max_positions=positions
+        dataset,
+        tokenizer,
+        p.auto_coverage,
+        dataset_id,
+        progress=not launch.dry_run,
+        max_positions=positions,
+        truncation_mode=truncation,
     )
     report = auto["report"] and Path(auto["report"])  # None: the cache could not be written (a warning said why)
     return (m, report or "the training split, measured at start (not cached)"), auto

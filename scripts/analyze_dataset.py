@@ -345,6 +345,7 @@ def analyze(args: argparse.Namespace) -> int:
         seed=args.seed,
         rows_seen=m.rows + len(m.invalid),
         max_positions=lengths.model_positions(tokenizer_name, revision),
+        truncation_mode=training.truncation_mode,
         dataset=name,
         split=split,
         revision=args.revision,
