@@ -217,6 +217,7 @@ class Data:
     checked: dict = field(default_factory=dict)  # invalid_rows, invalid_eval_rows, eval_rows, data_sources
     mix: mixture.Mix | None = None  # the training mixture's sources, and the source of each pair
     revision: str | None = None  # the data set's revision as loaded: a Hub data set's commit (`pin_data`)
+    dataset_id: str | None = None  # what the analyzer's cache of these pairs is keyed by (`_read_identity`)
 
     def record(self) -> dict:
         return {**self.checked, **self.steps}
@@ -245,7 +246,9 @@ def load_data(
         revision = None
     elif not launch.dry_run:
         revision = pin_data(recipe, revision, state)
+    before = _read_identity(recipe, launch, revision)
     dataset, mix = _load_pairs(recipe, False, revision, checked, say, template, identify)
+    dataset_id = _read_identity(recipe, launch, revision, before)
     eval_dataset = None
     if recipe.training.eval_strategy != "no":  # the held-out pairs: a held-out mixture, else the test split
         eval_dataset, _ = _load_pairs(recipe, True, revision, checked, say, template)
@@ -255,7 +258,24 @@ def load_data(
         found = data_identity.of(script.dataset_name, script.dataset_train_split)
         checked["data_identity"] = found or hub_revision.identity(revision)
     plan.check_steps(steps, recipe.training.max_steps)
-    return Data(dataset, eval_dataset, steps, checked, mix, revision)
+    return Data(dataset, eval_dataset, steps, checked, mix, revision, dataset_id)
+
+
+def _read_identity(recipe, launch: Launch, revision: str | None, before: str | None = None) -> str | None:
+    """The training data's identity (`mixture.dataset_id`; None where it cannot be told), taken before and after the
+    rows are read: a file written meanwhile (a generation job not done) would be trained on as another's, and its
+    lengths cached as the file's."""
+    try:
+        now = mixture.dataset_id(recipe, local_only=launch.dry_run, revision=revision)
+    except (OSError, ValueError):
+        return None
+    if before is not None and now != before:
+        name = "a source of the mixture" if now.startswith("mixture:") else recipe.script.dataset_name
+        raise ConfigError(
+            f"the training data ({name}) changed while the run read it (rows still being written?): start the run "
+            "once the data set is complete"
+        )
+    return now
 
 
 def _load_pairs(recipe, evaluation: bool, revision: str | None, checked: dict, say: bool, template, identify=False):
@@ -362,20 +382,26 @@ def check_pad_token(pad_token: str | None, tokenizer) -> None:
 def _analyzer_cache(recipe, launch: Launch, tokenizer, pairs: Data, positions) -> tuple[tuple | None, dict | None]:
     """The one read of the analyzer's cache per run (keyed by the commit loaded), and `max_length: auto`'s choice: from
     the cache, else analysed now (cached for the next run) where the data set is loaded, capped at `positions`."""
-    p, dataset = recipe.project, pairs.train
-    try:
-        dataset_id = mixture.dataset_id(recipe, local_only=launch.dry_run, revision=pairs.revision)
-    except (OSError, ValueError):
+    p, dataset, truncation = recipe.project, pairs.train, recipe.training.truncation_mode
+    # The pairs' identity as they were read: the file may have changed since.
+    dataset_id = pairs.dataset_id or _read_identity(recipe, launch, pairs.revision)
+    if dataset_id is None:
         return None, None
     measured = lengths.cached_measure(dataset_id, tokenizer)
     if not recipe.max_length_auto:
         return measured, None
     if measured is not None:
-        return measured, lengths.resolution_of(measured, p.auto_coverage, positions)
+        return measured, lengths.resolution_of(measured, p.auto_coverage, positions, truncation)
     if dataset is None:
         return None, None
     m, auto = lengths.analyse(
-        dataset, tokenizer, p.auto_coverage, dataset_id, progress=not launch.dry_run, max_positions=positions
+        dataset,
+        tokenizer,
+        p.auto_coverage,
+        dataset_id,
+        progress=not launch.dry_run,
+        max_positions=positions,
+        truncation_mode=truncation,
     )
     report = auto["report"] and Path(auto["report"])  # None: the cache could not be written (a warning said why)
     return (m, report or "the training split, measured at start (not cached)"), auto

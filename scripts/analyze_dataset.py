@@ -17,6 +17,7 @@ template reuses it.
 """
 
 import contextlib
+import functools
 import os
 
 os.environ["CUDA_VISIBLE_DEVICES"] = ""  # a login node or a laptop: never touch a GPU, even where there is one
@@ -286,6 +287,14 @@ def analyze(args: argparse.Namespace) -> int:
     except Exception as e:  # unknown name, offline, gated: one line
         hint = f": {remedy}" if offline.is_hub_model(tokenizer_name) and offline.is_offline() else ""
         raise ConfigError(f"could not load the tokenizer of {tokenizer_name!r} ({cause(e)}){hint}") from None
+    # What the cache is keyed by, taken before the rows are read: a file still written during the analysis has another
+    # identity by its end, under which the rows measured would stand for rows they never were.
+    identify = (
+        functools.partial(mixture.dataset_id_of, fields, training.seed, hh_format)
+        if mixed
+        else functools.partial(lengths.dataset_identity, name, split, subset, args.revision, hh_format=hh_format)
+    )
+    dataset_id = identify()
     with contextlib.redirect_stdout(sys.stderr):  # what loading says of the rows and columns: stdout is the report's
         dataset, mix = (
             load(args, name, split, subset)
@@ -336,6 +345,7 @@ def analyze(args: argparse.Namespace) -> int:
         seed=args.seed,
         rows_seen=m.rows + len(m.invalid),
         max_positions=lengths.model_positions(tokenizer_name, revision),
+        truncation_mode=training.truncation_mode,
         dataset=name,
         split=split,
         revision=args.revision,
@@ -368,22 +378,30 @@ def analyze(args: argparse.Namespace) -> int:
         lengths_report.plot(m, report, args.plot)
         print(f"wrote {args.plot}", file=sys.stderr)
     if not args.sample and not m.invalid:
-        dataset_id = (
-            mixture.dataset_id_of(fields, training.seed, hh_format)
-            if mixed
-            else (lengths.dataset_identity(name, split, subset, args.revision, hh_format=hh_format))
-        )
-        try:
-            path = lengths.save_cache(m, report, dataset_id, tokenizer)
-        except OSError as e:  # a full disk or quota, a read-only home: the report stands, the cache is an extra
-            print(
-                f"warning: not cached for `max_length: auto` ({cause(e)}): training measures the split again; make "
-                f"room in {lengths.cache_root()}, or set DPOTRAIN_CACHE to a folder that takes it",
-                file=sys.stderr,
-            )
-        else:
-            print(f"cached for `max_length: auto` in training: {path}", file=sys.stderr)
+        cache(m, report, tokenizer, dataset_id, identify(), name)
     return 0
+
+
+def cache(m, report: dict, tokenizer, dataset_id: str, now: str, name: str) -> None:
+    """The complete analysis kept for `max_length: auto`, keyed by the data as it was before it was read (`dataset_id`);
+    not where the data changed since (`now`): neither key would describe the rows measured."""
+    if now != dataset_id:
+        print(
+            f"warning: not cached for `max_length: auto`: the data ({name}) changed during the analysis (rows written "
+            "to it meanwhile?): the report is of the rows as read; analyse again once the data set is complete",
+            file=sys.stderr,
+        )
+        return
+    try:
+        path = lengths.save_cache(m, report, dataset_id, tokenizer)
+    except OSError as e:  # a full disk or quota, a read-only home: the report stands, the cache is an extra
+        print(
+            f"warning: not cached for `max_length: auto` ({cause(e)}): training measures the split again; make "
+            f"room in {lengths.cache_root()}, or set DPOTRAIN_CACHE to a folder that takes it",
+            file=sys.stderr,
+        )
+    else:
+        print(f"cached for `max_length: auto` in training: {path}", file=sys.stderr)
 
 
 def load(args, name: str, split: str, subset: str | None):

@@ -338,6 +338,35 @@ def test_a_low_target_is_raised_to_a_length_training_takes():
     assert lengths.recommendation(m, 0.95)["raised"] is None  # a target training takes as it is
 
 
+def test_under_keep_end_long_prompts_are_not_refused_as_dropped(cli, tmp_path, tiny_model_dir, capsys):
+    """keep_end cuts a long pair's start and drops nothing, and training takes max_length 4,096 on pairs most of whose
+    prompts are longer. The analyzer and `max_length: auto` judged the recommendation as keep_start does: refused,
+    "12 dropped (the prompt alone fills max_length)", the length a recipe could give by hand."""
+    words = [" ".join(f"w{i}" for i in range(1500 if k < 12 else 50)) for k in range(20)]  # 12 prompts > 4,096
+    rows = [
+        {side: [{"role": "user", "content": w}, {"role": "assistant", "content": a}] for side, a in answers}
+        for w in words
+        for answers in [(("chosen", "yes it is"), ("rejected", "no"))]
+    ]
+    path = write_jsonl(tmp_path / "long.jsonl", rows)
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(
+        f"model_name_or_path: {tiny_model_dir}\ndataset_name: {path}\nmax_length: auto\ntruncation_mode: keep_end\n"
+        "bf16: false\naccelerate_config: none\n"
+    )
+    out = tmp_path / "r.json"
+    assert cli.main(["--config", str(recipe), "--num-proc", "1", "--json", str(out)]) == 0, capsys.readouterr().err
+    report = json.loads(out.read_text())
+    r, at = report["recommendation"], report["candidates"]["4096"]
+    assert (r["max_length"], r["truncated"], r["dropped"], r["raised"]) == (4096, 12, 0, None)
+    assert (at["truncated"], at["dropped"]) == (12, 0)  # the table's counts are training's too
+    assert "12 pairs (60.0%) are cut at max_length (the collator keeps the end); 0 are" in capsys.readouterr().out
+    found = lengths.cached_measure(lengths.dataset_identity(path), lengths.load_tokenizer(tiny_model_dir))
+    assert lengths.resolution_of(found, 0.95, 4096, "keep_end")["max_length"] == 4096  # the run's, from the cache
+    with pytest.raises(ConfigError, match="12 dropped"):  # keep_start: those pairs are dropped, as training refuses
+        lengths.recommendation(found[0], max_positions=4096)
+
+
 def test_synthetic_think_lengths_reproduce_the_published_statistics():
     """benchmarks/think_lengths.py stands in for Dolci-Think-DPO-7B (not downloadable here): its table in
     BENCHMARKS.md is only as good as this fit to the seed report's numbers."""
@@ -696,6 +725,29 @@ def test_cli_run_is_reused_by_a_dry_run(cli, tokenizer, tmp_path, tiny_model_dir
         and found["max_length"] == 512
         and found["report"].startswith(os.environ["DPOTRAIN_CACHE"])
     )
+
+
+def test_data_changed_during_the_analysis_is_not_cached_as_the_new_datas(
+    cli, tokenizer, tmp_path, tiny_model_dir, monkeypatch, capsys
+):
+    """Rows appended while the analyzer tokenized (a generation job still writing the file, minutes into an analysis
+    of 150k rows): it keyed the cache by the file as it was at the end, so `max_length: auto` on the longer file reused
+    the lengths of the rows before, as if measured on these."""
+    path = write_jsonl(tmp_path / "d.jsonl", _messages_rows())
+    measure = cli.lengths.measure
+
+    def measure_while_rows_are_added(*args, **kwargs):
+        with open(path, "a") as f:  # another process writing the file during the analysis
+            f.write(json.dumps(GOOD) + "\n")
+        return measure(*args, **kwargs)
+
+    monkeypatch.setattr(cli.lengths, "measure", measure_while_rows_are_added)
+    assert cli.main([path, "--tokenizer", tiny_model_dir, "--num-proc", "1"]) == 0
+    assert cached_choice(lengths.dataset_identity(path), tokenizer) is None
+    assert "changed during the analysis" in capsys.readouterr().err
+    monkeypatch.setattr(cli.lengths, "measure", measure)
+    assert cli.main([path, "--tokenizer", tiny_model_dir, "--num-proc", "1"]) == 0  # left alone: cached as it is
+    assert cached_choice(lengths.dataset_identity(path), tokenizer)["rows"] == len(_messages_rows()) + 1
 
 
 def test_the_analysis_is_found_by_its_model_folder_however_the_folder_is_named(

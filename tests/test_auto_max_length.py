@@ -41,3 +41,41 @@ def test_auto_max_length_is_chosen_recorded_and_then_shown_by_a_dry_run(tmp_path
     after = dry_run(capsys, *model)
     assert after["max_length"] == 512 and after["derived"]["max_length"]["cached"] is True
     assert after["derived"]["max_length"]["coverage"] == choice["coverage"]
+
+
+def test_the_lengths_are_cached_for_the_rows_the_run_read_not_the_file_as_it_is_later(
+    tmp_path, tiny_model_dir, monkeypatch
+):
+    """The run keyed the analyzer's cache by the data file as it was at the lengths stage, after the rows were read:
+    rows added in between (a generation job still writing) were cached as the longer file's lengths, and a file
+    changed while it was read was trained on as the record of another. Keyed by the rows read; a change while they
+    were read refused."""
+    from dpotrain import stages
+    from dpotrain.data import lengths, mixture
+    from dpotrain.recipe.config import parse_args
+    from dpotrain.recipe.errors import ConfigError
+
+    monkeypatch.setenv("DPOTRAIN_CACHE", str(tmp_path / "cache"))
+    path = tmp_path / "d.jsonl"
+    rows = (ROOT / "data" / "smoke_prefs.jsonl").read_text().splitlines(keepends=True)
+    path.write_text("".join(rows[:40]))
+    recipe = parse_args([*SMOKE, "--model_name_or_path", tiny_model_dir, "--dataset_name", str(path)])
+    launch = stages.checks(recipe)
+    pairs = stages.load_data(recipe, launch, say=False)
+    with open(path, "a") as f:
+        f.write("".join(rows[40:80]))  # written after the rows were read
+    auto = stages.measure_lengths(recipe, launch, pairs, tiny_model_dir).auto
+    assert auto["rows"] == 40
+    tokenizer = lengths.load_tokenizer(tiny_model_dir)
+    assert lengths.cached_measure(mixture.dataset_id(recipe), tokenizer) is None  # not the 80 rows' lengths
+
+    load = stages.data.load_preference_dataset
+
+    def read_while_rows_are_added(*args, **kwargs):
+        with open(path, "a") as f:
+            f.write(rows[80])
+        return load(*args, **kwargs)
+
+    monkeypatch.setattr(stages.data, "load_preference_dataset", read_while_rows_are_added)
+    with pytest.raises(ConfigError, match="changed while the run read it"):
+        stages.load_data(recipe, launch, say=False)

@@ -321,11 +321,13 @@ def coverage(total: np.ndarray, max_length: int) -> float:
     return float(np.count_nonzero(total <= max_length) / len(total))
 
 
-def padding(m: Measured, max_length: int, batch_size: int, seed: int | None = None) -> tuple[int, float, float]:
+def padding(
+    m: Measured, max_length: int, batch_size: int, seed: int | None = None, mode: str = "keep_start"
+) -> tuple[int, float, float]:
     """(padded positions, padding fraction, padding per pair) in TRL's DataCollatorForPreference at `max_length`: the
     pairs the trainer keeps, `batch_size` a batch of 2B sequences cut at `max_length` and padded to the longest.
     `seed`: batches in the trainer's shuffled order; None: data set order."""
-    a, b = _sequences(m, max_length)
+    a, b = _sequences(m, max_length, mode)
     if seed is not None:
         order = np.random.default_rng(seed).permutation(len(a))
         a, b = a[order], b[order]
@@ -338,25 +340,26 @@ def padding(m: Measured, max_length: int, batch_size: int, seed: int | None = No
     return padded, 1 - real / padded, (padded - real) / len(a)
 
 
-def packed_positions(m: Measured, max_length: int) -> tuple[int, int]:
+def packed_positions(m: Measured, max_length: int, mode: str = "keep_start") -> tuple[int, int]:
     """Positions the packed forward runs (no padding) over the pairs the trainer keeps at `max_length`: (unshared,
     shared prompt). Unshared: (P + C) + (P + R) per pair, each sequence cut at `max_length`; shared prompt: the same
-    less one prompt per pair."""
-    unshared = int(sum(s.sum() for s in _sequences(m, max_length)))
-    return unshared, unshared - int(m.prompt[m.prompt < max_length].sum())
+    less one prompt per pair whose both sequences keep the whole prompt (keep_end: a pair not cut)."""
+    unshared = int(sum(s.sum() for s in _sequences(m, max_length, mode)))
+    whole = m.prompt < max_length if mode == "keep_start" else m.total <= max_length
+    return unshared, unshared - int(m.prompt[whole].sum())
 
 
-def _sequences(m: Measured, max_length: int) -> tuple[np.ndarray, np.ndarray]:
+def _sequences(m: Measured, max_length: int, mode: str = "keep_start") -> tuple[np.ndarray, np.ndarray]:
     """Each pair's prompt + chosen and prompt + rejected cut at `max_length`, but for the pairs whose prompt fills it
-    (the trainer drops them)."""
-    kept = m.prompt < max_length
+    (keep_start: the trainer drops them)."""
+    kept = m.prompt < max_length if mode == "keep_start" else np.ones(m.rows, dtype=bool)  # keep_end drops none
     return tuple(np.minimum(m.prompt[kept] + side[kept], max_length) for side in (m.chosen, m.rejected))
 
 
-def candidate(m: Measured, max_length: int, batch_size: int, seed: int) -> dict:
-    counted = cuts.count(m.prompt, m.chosen, m.rejected, max_length)  # as training counts them (keep_start)
-    padded, shuffled, wasted = padding(m, max_length, batch_size, seed)
-    unshared, shared = packed_positions(m, max_length)
+def candidate(m: Measured, max_length: int, batch_size: int, seed: int, mode: str = "keep_start") -> dict:
+    counted = cuts.count(m.prompt, m.chosen, m.rejected, max_length, mode)  # as training counts them
+    padded, shuffled, wasted = padding(m, max_length, batch_size, seed, mode)
+    unshared, shared = packed_positions(m, max_length, mode)
     return {
         "coverage": coverage(m.total, max_length),
         "truncated": counted["truncated"],
@@ -367,7 +370,7 @@ def candidate(m: Measured, max_length: int, batch_size: int, seed: int) -> dict:
         "padding": {
             "batch_size": batch_size,
             "padded": shuffled,  # the trainer shuffles
-            "padded_dataset_order": padding(m, max_length, batch_size, None)[1],
+            "padded_dataset_order": padding(m, max_length, batch_size, None, mode)[1],
             "packed": 0.0,
             "padded_positions": padded,
             "packed_positions": unshared,
@@ -376,20 +379,25 @@ def candidate(m: Measured, max_length: int, batch_size: int, seed: int) -> dict:
     }
 
 
-def recommendation(m: Measured, target: float = DEFAULT_COVERAGE, max_positions: int | None = None) -> dict:
+def recommendation(
+    m: Measured, target: float = DEFAULT_COVERAGE, max_positions: int | None = None, truncation_mode: str = "keep_start"
+) -> dict:
     """The recommended max_length (`recommend`: a coverage; packed compute grows near flat with it, BENCHMARKS.md) with
     the compute the next shorter multiple of 512 saves and doubling adds. Capped at `max_positions` (`capped`); raised
-    where fewer than half the pairs would keep anything to learn, which training refuses (`raised`)."""
-    total = m.total
+    where fewer than half the pairs would keep anything to learn, which training refuses (`raised`). Under keep_end
+    nothing is dropped, and training refuses no length for it: neither is this."""
+    total, mode = m.total, truncation_mode
     best = covering = recommend(total, target)
     # A low target (auto_coverage 0.3) may be met where most prompts alone fill max_length, which the run refuses
     # (cuts.check): the next multiple of STEP that teaches enough.
-    while best < total.max() and cuts.teaching(m.prompt, m.shared, best, "keep_start")[0] < cuts.TEACHING * m.rows:
+    while best < total.max() and cuts.teaching(m.prompt, m.shared, best, mode)[0] < cuts.TEACHING * m.rows:
         best += STEP
     uncapped = best
     if max_positions and best > max_positions:
         best = int(max_positions)
-        if not np.any(m.prompt < best):  # no length the model takes keeps a pair: nothing to recommend or compare to
+        if mode == "keep_start" and not np.any(
+            m.prompt < best
+        ):  # no length the model takes keeps a pair: nothing to recommend or compare to
             raise ConfigError(
                 f"every one of the {m.rows:,} pairs measured has a prompt that alone fills the model's {best:,} "
                 f"positions (max_position_embeddings; the shortest prompt is {int(m.prompt.min()):,} tokens), so "
@@ -397,11 +405,11 @@ def recommendation(m: Measured, target: float = DEFAULT_COVERAGE, max_positions:
                 "these pairs, or train a model with more positions"
             )
         # Training refuses a length leaving fewer than half the pairs anything to learn: so does the recommendation.
-        cuts.check(m.prompt, m.chosen, m.rejected, m.shared, best, "keep_start", "the data measured", best)
-    at_best = packed_positions(m, best)
+        cuts.check(m.prompt, m.chosen, m.rejected, m.shared, best, mode, "the data measured", best)
+    at_best = packed_positions(m, best, mode)
 
     def neighbour(n: int) -> dict:
-        unshared, shared = packed_positions(m, n)
+        unshared, shared = packed_positions(m, n, mode)
         return {
             "max_length": n,
             "coverage": coverage(total, n) if n > 0 else 0.0,
@@ -409,7 +417,7 @@ def recommendation(m: Measured, target: float = DEFAULT_COVERAGE, max_positions:
             "compute_shared_prompt": shared / at_best[1] - 1,
         }
 
-    counted = cuts.count(m.prompt, m.chosen, m.rejected, best)
+    counted = cuts.count(m.prompt, m.chosen, m.rejected, best, mode)
     r = {
         "rule": f"smallest multiple of {STEP} leaving at least target_coverage of pairs whole",
         "target_coverage": target,
@@ -421,10 +429,11 @@ def recommendation(m: Measured, target: float = DEFAULT_COVERAGE, max_positions:
         "doubled": neighbour(2 * best),
         "capped": None,
         "raised": None,
+        "truncation_mode": mode,
     }
     r["reason"] = _reason(r, m.rows)
     if uncapped != covering:
-        teach = cuts.teaching(m.prompt, m.shared, covering, "keep_start")[0]
+        teach = cuts.teaching(m.prompt, m.shared, covering, mode)[0]
         r["raised"] = {"from": covering, "teaching": teach}
         r["reason"] += (
             f"; raised from {covering:,}, the smallest multiple reaching the target, where only {teach:,} of "
@@ -449,13 +458,14 @@ def summarize(
     seed: int = 42,
     rows_seen: int | None = None,
     max_positions: int | None = None,
+    truncation_mode: str = "keep_start",
     **about,
 ) -> dict:
     """The JSON report. `about`: what was analysed (dataset, split, tokenizer, ...), copied in as given."""
     if m.rows == 0:
         raise ConfigError(f"no valid rows to analyse ({len(m.invalid)} invalid)")
     total = m.total
-    chosen = recommendation(m, target, max_positions)
+    chosen = recommendation(m, target, max_positions, truncation_mode)
     best = chosen["max_length"]
     shown = sorted(set(REPORT_LENGTHS) | {int(c) for c in candidates})
     lengths = sorted(set(shown) | {best, chosen["doubled"]["max_length"]})
@@ -469,7 +479,7 @@ def summarize(
         "chosen": percentiles(m.chosen),
         "rejected": percentiles(m.rejected),
         "coverage": {str(n): coverage(total, n) for n in shown},
-        "candidates": {str(n): candidate(m, n, batch_size, seed) for n in lengths},
+        "candidates": {str(n): candidate(m, n, batch_size, seed, truncation_mode) for n in lengths},
         "recommended_max_length": best,
         "recommendation": chosen,
         "invalid": {"count": len(m.invalid), "rows": m.invalid},
@@ -639,11 +649,12 @@ def analyse(
     *,
     progress: bool = True,
     max_positions: int | None = None,
+    truncation_mode: str = "keep_start",
 ) -> tuple[Measured, dict]:
     """Every pair's lengths, measured and cached, and the `max_length: auto` answer from them."""
     m = measure(dataset, tokenizer, num_proc=available_cpus(), progress=progress)
     about = {"dataset": dataset_id, "tokenizer": tokenizer.name_or_path}
-    report = summarize(m, target=coverage, max_positions=max_positions, **about)
+    report = summarize(m, target=coverage, max_positions=max_positions, truncation_mode=truncation_mode, **about)
     try:
         path = save_cache(m, report, dataset_id, tokenizer, cache_dir)
     except OSError as e:  # a full disk or quota, a read-only cache: the run has its answer; the cache is an extra
@@ -654,18 +665,22 @@ def analyse(
             flush=True,
         )
         path = None
-    return m, _resolution(m, coverage, path, False, max_positions)
+    return m, _resolution(m, coverage, path, False, max_positions, truncation_mode)
 
 
-def resolution_of(found: tuple[Measured, Path], coverage: float, max_positions: int | None = None) -> dict:
+def resolution_of(
+    found: tuple[Measured, Path], coverage: float, max_positions: int | None = None, truncation_mode: str = "keep_start"
+) -> dict:
     """The `max_length: auto` answer from a cached analysis (`cached_measure`'s)."""
-    return _resolution(found[0], coverage, found[1], True, max_positions)
+    return _resolution(found[0], coverage, found[1], True, max_positions, truncation_mode)
 
 
 # Shared by analyse and resolution_of, not one calling the other: tests count calls to either (a run decides once).
-def _resolution(m: Measured, target: float, report_path: Path | None, cached: bool, max_positions: int | None) -> dict:
+def _resolution(
+    m: Measured, target: float, report_path: Path | None, cached: bool, max_positions: int | None, mode: str
+) -> dict:
     """The `max_length: auto` answer: the recommendation's numbers and where its report is (None: not cached)."""
-    r = recommendation(m, target, max_positions)
+    r = recommendation(m, target, max_positions, mode)
     kept = ("max_length", "coverage", "target_coverage", "truncated", "dropped", "doubled", "reason", "capped")
     report = None if report_path is None else str(report_path)
     return {**{k: r[k] for k in kept}, "rows": m.rows, "cached": cached, "report": report}

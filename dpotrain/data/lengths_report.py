@@ -104,7 +104,8 @@ def _rationale(report: dict, current_max_length: int | None, batch: int) -> list
             "training refuses fewer than half"
         )
     lines += [
-        f"- {r['truncated']:,} pairs ({r['truncated'] / n:.1%}) are cut at max_length (the collator keeps the start); "
+        f"- {r['truncated']:,} pairs ({r['truncated'] / n:.1%}) are cut at max_length (the collator keeps the "
+        f"{'end' if r.get('truncation_mode') == 'keep_end' else 'start'}); "
         f"{r['dropped']:,} are dropped by the trainer because their prompt alone fills it",
         f"- Packed, a longer max_length costs only the extra tokens of the longer pairs: doubling to "
         f"{doubled['max_length']:,} would leave {doubled['coverage'] - r['coverage']:.1%} more pairs whole for "
