@@ -26,7 +26,7 @@ venv.require()  # the stack comes from the project's venv; outside it, one line 
 
 ROOT = Path(__file__).resolve().parent
 
-try:
+with venv.loading_libraries():
     if __name__ == "__main__":
         venv.load_env(ROOT)  # .env before the libraries, which read HF_HUB_OFFLINE, HF_HOME, HF_ENDPOINT on import
     from dpotrain import dry_run, options, preflight, publish, stages, train_stage
@@ -37,9 +37,6 @@ try:
     from dpotrain.recipe.errors import run_cli
     from dpotrain.train import disk_full, resume
     from dpotrain.train.preemption import GracefulStop
-except KeyboardInterrupt:  # Ctrl-C while the libraries load (seconds): nothing has started, nothing is lost
-    print("\nCtrl-C: stopped while loading the libraries; nothing was started", file=sys.stderr)
-    sys.exit(130)  # 128 + SIGINT, as a shell reports it (preemption.INTERRUPTED_EXIT, not importable yet)
 
 
 def main(argv=None) -> None:

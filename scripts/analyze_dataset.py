@@ -33,16 +33,17 @@ sys.path.insert(0, str(ROOT))  # run as `python scripts/analyze_dataset.py` from
 from dpotrain.recipe import venv  # noqa: E402
 
 venv.require()  # outside the venv: one line naming the fix, not a traceback
-if __name__ == "__main__":  # .env before the libraries, which read HF_HUB_OFFLINE, HF_HOME, HF_ENDPOINT on import
-    venv.load_env(ROOT)
+with venv.loading_libraries():
+    if __name__ == "__main__":  # .env before the libraries, which read HF_HUB_OFFLINE, HF_HOME, HF_ENDPOINT on import
+        venv.load_env(ROOT)
 
-import yaml  # noqa: E402
+    import yaml
 
-from dpotrain.cluster import offline  # noqa: E402
-from dpotrain.data import chat_template, cuts, data, hub_revision, lengths, lengths_report, mixture, shapes  # noqa: E402
-from dpotrain.data.rows import InvalidRowError  # noqa: E402
-from dpotrain.recipe import cli, config, writes  # noqa: E402
-from dpotrain.recipe.errors import ConfigError, cause  # noqa: E402
+    from dpotrain.cluster import offline
+    from dpotrain.data import chat_template, cuts, data, hub_revision, lengths, lengths_report, mixture, shapes
+    from dpotrain.data.rows import InvalidRowError
+    from dpotrain.recipe import cli, config, writes
+    from dpotrain.recipe.errors import ConfigError, cause, run_cli
 
 DEFAULT_DATASET = "allenai/Dolci-Instruct-DPO"  # OLMo 3's released Instruct DPO data
 
@@ -485,4 +486,4 @@ def sample(dataset, n: int, seed: int):
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_cli(main)  # Ctrl-C mid-analysis too: one line, nothing cached

@@ -848,3 +848,47 @@ def test_a_draft_recipe_beside_the_shipped_ones_is_judged_only_when_it_is_the_da
     assert cli.recipe_for("other/data") is None
     with pytest.raises(ConfigError, match="a-draft.yaml: unknown key 'lerning_rate'"):
         cli.recipe_for("my/data")
+
+
+@pytest.mark.slow
+def test_ctrl_c_ends_the_analyzer_in_one_line_and_caches_nothing(tmp_path):
+    """The login node's tool ended Ctrl-C in the traceback of whatever it was doing (an import of pandas or torch, a
+    tokenizer batch), exit 1; it now says it stopped, in one line, exit 130, and leaves no cache a run would trust."""
+    import signal
+    import time
+
+    rows = (ROOT / "data" / "smoke_prefs.jsonl").read_text() * 40  # long enough to be tokenizing when stopped
+    (tmp_path / "pairs.jsonl").write_text(rows)
+    command = [PYTHON, "scripts/analyze_dataset.py", str(tmp_path / "pairs.jsonl"), "--config", "configs/smoke.yaml"]
+    env = {**os.environ, "DPOTRAIN_CACHE": str(tmp_path / "cache")}
+
+    def stopped(after) -> tuple[int, str]:
+        # SIGINT as a terminal's Ctrl-C delivers it (a shell's background job, which this may run under, ignores it)
+        proc = subprocess.Popen(
+            [*command, "--num-proc", "1"],
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+        )
+        after(proc)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=300)
+        return proc.returncode, err
+
+    def tokenizing(proc) -> None:
+        seen = ""
+        while "Tokenizing" not in seen:
+            char = proc.stderr.read(1)
+            assert char, seen[-3000:]
+            seen += char
+
+    code, err = stopped(tokenizing)
+    assert code == 130 and "Traceback" not in err, err[-3000:]
+    assert err.strip().splitlines()[-1] == "Ctrl-C: stopped", err[-3000:]
+    assert not list((tmp_path / "cache").rglob("*.npz"))  # nothing measured is kept as the data set's lengths
+
+    code, err = stopped(lambda proc: time.sleep(0.5))  # torch alone takes seconds to import
+    assert code == 130 and err.strip() == "Ctrl-C: stopped while loading the libraries; nothing was started", err

@@ -5,6 +5,7 @@
 importing them. Then `load_env` reads the project's `.env`, before the libraries are imported.
 """
 
+import contextlib
 import importlib.util
 import os
 import shlex
@@ -14,6 +15,17 @@ from pathlib import Path
 # What the entry points import first (import names, not the distributions of requirements.txt, which installs them).
 STACK = ("torch", "transformers", "trl", "datasets", "dotenv", "yaml")
 ROOT = Path(__file__).resolve().parents[2]
+
+
+@contextlib.contextmanager
+def loading_libraries():
+    """Around an entry point's imports of the stack (seconds): Ctrl-C there has started nothing and loses nothing, so it
+    ends in one line, exit 130 (128 + SIGINT, as a shell reports it), not in the traceback of the import it hit."""
+    try:
+        yield
+    except KeyboardInterrupt:
+        print("\nCtrl-C: stopped while loading the libraries; nothing was started", file=sys.stderr)
+        sys.exit(130)
 
 
 def _shown(path: Path) -> str:
