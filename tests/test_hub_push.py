@@ -494,6 +494,7 @@ def test_pusher_takes_only_marked_checkpoints_and_a_resumed_run_pushes_what_is_l
     ]
     assert hub.state.commits[0]["files"]["model.safetensors"] == b"model.safetensors 2"
     assert [r["branch"] for r in read_pushes(out) if r["status"] == "pushed"] == ["step-4", "step-2"]
+    assert read_pushes(out)[-1]["repo"] == REPO  # the card of another repo must not list it (pushed_revisions)
     assert not (out / ".hub_staging").exists()
 
 
@@ -883,6 +884,7 @@ def test_another_runs_checkpoint_on_a_branch_is_not_taken_for_this_runs(hub, tmp
     assert hub.state.repos[REPO]["step-2"]["model.safetensors"] == b"weights of run B"
     [again] = hub_push.push_checkpoints(api, run_b, REPO)  # what the branch holds now is this run's: skipped
     assert again["status"] == "present" and len(hub.state.commits) == 2
+    assert (record["repo"], again["repo"]) == (REPO, REPO)  # each names the repo it is on: `pushed_revisions`
     assert f"Skipped checkpoint-2: {REPO}@step-2 already holds it" in capsys.readouterr().out
 
 
@@ -908,7 +910,7 @@ def test_a_checkpoint_branch_whose_upload_fails_holds_no_other_model(hub, tmp_pa
     api.upload_file(path_or_fileobj=b"an earlier model", path_in_repo="model.safetensors", repo_id=REPO)
     hub.state.fail[("commit", "step-2")] = -1
     [failed] = hub_push.push_checkpoints(api, run, REPO)
-    assert failed["status"] == "failed"
+    assert (failed["status"], failed["repo"]) == ("failed", REPO)
     assert set(hub.state.repos[REPO]["step-2"]) == {".gitattributes"}, "the branch holds another model"
     del hub.state.fail[("commit", "step-2")]
     [pushed] = hub_push.push_checkpoints(api, run, REPO)  # the same command again: the branch gets the checkpoint

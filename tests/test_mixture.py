@@ -7,6 +7,7 @@ count and an upsampled fraction. Counts are read from the run's own records (res
 """
 
 import json
+import shlex
 import shutil
 import subprocess
 from pathlib import Path
@@ -216,8 +217,8 @@ def test_a_file_one_source_reads_twice_is_refused_naming_the_upsampling(files, t
     a = tmp_path / "pairs" / "a.jsonl"
     twice = (
         f"reads {a} twice (named twice in its data_files, or matched again by a pattern, a folder or a link to it): "
-        "its pairs would train twice; to train them twice on purpose give the source `amount: 2.0` (a mixture's "
-        "upsampling), else remove the duplicate"
+        "its pairs would train twice; read it once (remove the duplicate name, or narrow the pattern or folder), and "
+        "to train its pairs twice on purpose give the file alone as a mixture source with `amount: 2.0` (--datasets "
     )
     for data_files in (
         ["pairs/a.jsonl", "pairs/a.jsonl"],
@@ -240,6 +241,11 @@ def test_a_file_one_source_reads_twice_is_refused_naming_the_upsampling(files, t
         with pytest.raises(ConfigError) as e:
             resolve.check_values(parse_args(["--config", SMOKE, *args]))
         assert says in str(e.value), args
+        # The upsampling it names works as written: `amount: 2.0` on the source itself read the file twice still, and
+        # a `dataset_name` has no amount at all (the refusal said to give "the source" one).
+        words = shlex.split(str(e.value).rpartition("(--datasets ")[2].removesuffix(")"))
+        assert json.loads(words[0]) == {"path": str(a), "amount": 2.0}, args
+        resolve.check_values(parse_args(["--config", SMOKE, "--datasets", *words]))
 
 
 def test_two_sources_of_one_file_are_refused_whatever_split_or_columns_they_name(files, tmp_path, monkeypatch):

@@ -13,6 +13,7 @@ import json
 import math
 import os
 import re
+import shlex
 from pathlib import Path
 
 import numpy as np
@@ -161,10 +162,13 @@ def _check_read_once(sources: list[Source], what: str = "mixture source") -> Non
         return
     by = [s.spec() for s, files in zip(sources, read, strict=True) if twice in files]
     if len(by) == 1:
+        # `amount: 2.0` on this source would read the file twice still (four times over): the file alone takes it
+        again = json.dumps({"path": str(twice), "amount": 2.0})
         raise ConfigError(
             f"{what} {by[0]} reads {twice} twice (named twice in its data_files, or matched again by a pattern, a "
-            "folder or a link to it): its pairs would train twice; to train them twice on purpose give the source "
-            "`amount: 2.0` (a mixture's upsampling), else remove the duplicate"
+            "folder or a link to it): its pairs would train twice; read it once (remove the duplicate name, or narrow "
+            f"the pattern or folder), and to train its pairs twice on purpose give the file alone as a mixture source "
+            f"with `amount: 2.0` (--datasets {shlex.quote(again)})"
         )
     raise ConfigError(
         f"mixture sources {by[0]} and {by[1]} both read {twice}: its pairs would train twice; give each file to one "
