@@ -137,6 +137,7 @@ def test_the_reference_stage_takes_the_memory_plans_multiple(tmp_path, tiny_mode
     from dpotrain.data import data
     from dpotrain.recipe.config import parse_args
     from dpotrain.reference.scorer import ReferenceScorer
+    from dpotrain.train import agreement
 
     model = wider_model(tmp_path / "model", tiny_model_dir)
     smoke = ["--config", str(ROOT / "configs" / "smoke.yaml"), "--model_name_or_path", model, "--max_steps", "1"]
@@ -145,6 +146,8 @@ def test_the_reference_stage_takes_the_memory_plans_multiple(tmp_path, tiny_mode
     run = built(recipe, pairs)
     assert ReferenceScorer(run.trainer).budget() == (4 * 2048, None)
     assert run.spec.memory.values["reference_multiple"] == 4  # recorded in derived.memory
+    # Decided on each rank from its own GPU's memory: a rank with another count of forwards would hang ZeRO-3's gathers
+    assert agreement.values(run.trainer, None)["the reference's micro-batch"] == "4"
 
 
 def test_forward_only_multiple_at_7b_width_with_every_other_layer():

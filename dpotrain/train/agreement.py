@@ -25,6 +25,8 @@ FIXES = {
     "of one kind, and let every node see the same analyzer cache (or none): the forward is decided from its lengths",
     "the packages": "install the same versions of torch, transformers, trl, accelerate and deepspeed on every node",
     "the reference's model": "every node must load the same model (the same path and revision)",
+    "the reference's micro-batch": "give every node GPUs of one kind, or pass --gpu_memory_gib: the memory plan "
+    "decides it from the GPU's memory",
 }
 
 
@@ -98,4 +100,6 @@ def values(trainer, resume_from: str | None) -> dict[str, str]:
         "the packages": digest(package_versions()),
         # The path, not the weights' hash: under ZeRO-3, and FSDP2 with RAM-efficient loading, only rank 0 has them.
         "the reference's model": str(trainer.model.config.name_or_path),
+        # The memory plan's, from each rank's own GPU: another count of forwards would hang ZeRO-3's gathers.
+        "the reference's micro-batch": str(trainer.reference_multiple),
     }
