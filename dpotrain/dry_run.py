@@ -168,8 +168,11 @@ def watching_text(s) -> str:
         health = f"health guards {'stop' if s.health_action == 'stop' else 'warn of'} a doomed run (docs/health.md)"
     if not s.samples_every:
         return f"{health}; no samples (samples_every 0)"
-    count = min(s.sample_count, len(s.sample_prompts)) if s.sample_prompts else s.sample_count  # the first ones
-    return f"{health}; samples from {count} prompts every {s.samples_every} steps"
+    if s.sample_prompts:  # the first sample_count of those given; of a file's or the data's, up to that many
+        return (
+            f"{health}; samples from {min(s.sample_count, len(s.sample_prompts))} prompts every {s.samples_every} steps"
+        )
+    return f"{health}; samples from up to {s.sample_count} prompts every {s.samples_every} steps"
 
 
 def learning_rate_text(s) -> str:
