@@ -419,6 +419,8 @@ def test_a_list_for_a_one_value_field_is_refused_by_name(tmp_path):
     )
     with pytest.raises(ConfigError, match=r": learning_rate takes one value and the recipe gives 2: give one$"):
         parse_args(["--config", write(tmp_path, "bf16: false\nlearning_rate: [1.0e-6, 2.0e-6]\n")])
+    with pytest.raises(ConfigError, match=r": bf16 takes one value and the recipe gives 2: give one$"):  # a switch
+        parse_args(["--config", write(tmp_path, "bf16: [true, false]\n")])
     assert (
         parse_args(["--config", write(tmp_path, "bf16: false\nlearning_rate: [2.0e-6]\n")]).training.learning_rate
         == 2e-6

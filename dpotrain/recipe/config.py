@@ -341,7 +341,7 @@ def read_recipe(path: str) -> dict:
         if key != "env" and (f"--{key}" not in _options() or "-" in str(key)):  # YAML reads `42:` or `yes:` as no str
             raise ConfigError(f"{path}: unknown key {key!r}{_suggest(str(key))}. Remove it or fix its spelling.")
     for key, value in config.items():  # a list of several for a one-value field was "unknown argument 'b.jsonl'"
-        if key != "env" and isinstance(value, list) and len(value) > 1 and _options()[f"--{key}"].nargs is None:
+        if key != "env" and isinstance(value, list) and len(value) > 1 and _options()[f"--{key}"].nargs in (None, "?"):
             several = " (several files of pairs: one source of a mixture, `datasets:` with `data_files`, docs/data.md)"
             raise ConfigError(
                 f"{path}: {key} takes one value and the recipe gives {len(value)}: give one"
