@@ -24,8 +24,8 @@ from dpotrain.train.checkpoints import own_checkpoints
 RESUME_FIELDS = """
     model_name_or_path model_revision dataset_name dataset_config dataset_train_split skip_invalid hh_format
     assistant_turns datasets dataset_mixer_list dataset_mixer_list_splits learning_rate lr_scheduler_type
-    lr_scheduler_kwargs warmup_steps num_train_epochs max_steps optim weight_decay adam_beta1 adam_beta2 adam_epsilon
-    max_grad_norm seed data_seed beta loss_type loss_weights label_smoothing ld_alpha f_divergence_type
+    lr_scheduler_kwargs warmup_steps num_train_epochs max_steps optim optim_args weight_decay adam_beta1 adam_beta2
+    adam_epsilon max_grad_norm seed data_seed beta loss_type loss_weights label_smoothing ld_alpha f_divergence_type
     f_alpha_divergence_coef use_weighting discopop_tau router_aux_loss_coef disable_dropout sync_ref_model
     ref_model_mixup_alpha ref_model_sync_steps max_length truncation_mode use_peft lora_r lora_alpha lora_dropout
     lora_target_modules lora_target_parameters lora_modules_to_save use_rslora use_dora load_in_4bit load_in_8bit
@@ -176,9 +176,10 @@ def changed_settings(recipe: Recipe, out: Path, pairs_per_step: int | None) -> l
     old, new = run_record.read(out / "resolved_config.json"), run_record.of(resolved_config(recipe, {}))
     if old is None:
         return []
-    # auto again: the analyzer's choice for the same data and tokenizer
+    # auto again: the analyzer's choice for the same data and tokenizer, at the same coverage (another one chose another
+    # max_length, which the resumed run trained with in silence)
     again = {"max_length"} if recipe.max_length_auto and old.lengths.auto is not None else set()
-    changed = old.changed(new, [f for f in RESUME_FIELDS if f not in again])
+    changed = old.changed(new, [f for f in RESUME_FIELDS if f not in again] + ["auto_coverage"] * bool(again))
     # A LoRA run recorded before lora_dropout followed disable_dropout (config.parse_args) wrote TRL's 0.05, and trained
     # its adapter without dropout as the resumed run does: the same setting
     if changed.get("lora_dropout", (None, None))[1] == 0 and old.settings.use_peft and old.settings.disable_dropout:

@@ -123,6 +123,7 @@ def record_run(spec, trainer, outcomes) -> dict:
     derived["reference"] = {o.name: o.record() for o in outcomes}  # its warm-up and steady tokens/s, when it scored
     derived["forward"] = trainer.forward.record()  # the attention and layout chosen (dpotrain/forwards/choice.py)
     derived["layers"] = trainer.layers_record  # the decoder layers as trained: checkpointed, compiled (layers.py)
+    derived["packages"] = agreement.package_versions()  # each checkpoint's copy: what its steps were trained under
     record = push.record(spec.resolved_config(derived | {"resumed_from": output.resume_from}))
     # What the model loaded with (trainer.training_arguments): revision, the forward's attention, the load dtype.
     record["model_init_kwargs"] = trainer.args.model_init_kwargs
@@ -137,4 +138,14 @@ def record_run(spec, trainer, outcomes) -> dict:
         print(dry_run.summary(run_record.of(record), None, heading), flush=True)
         if output.resume_from:
             print(f"Resuming from {output.resume_from}", flush=True)
+            # An upgrade between attempts (a requeue after `pip install -U`) may change the loss or the optimizer's
+            # state as loaded: the run goes on, and says so, since the record is rewritten with the new versions.
+            trained = run_record.read(resolve.trained_under(Path(output.resume_from)) / "resolved_config.json")
+            if trained and (changed := agreement.upgraded(trained.derived.get("packages"), derived["packages"])):
+                print(
+                    f"note: {output.resume_from} was trained under other package versions ({changed}); the steps "
+                    "after it are trained under this run's (resolved_config.json records them): install the "
+                    "checkpoint's versions to go on exactly as it started",
+                    flush=True,
+                )
     return record

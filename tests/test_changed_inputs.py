@@ -289,3 +289,40 @@ def test_a_saved_data_set_or_a_data_file_is_known_without_the_run_folder_beside_
         (run / "metrics.jsonl").write_text('{"step": 1}\n')
         (run / "checkpoint-2" / "model.safetensors").write_bytes(b"weights")
         assert data_identity.changed(recorded, name) is None and lengths.dataset_identity(name) == key, name
+
+
+@pytest.mark.slow
+def test_a_resume_under_other_package_versions_says_which_and_records_them(tmp_path, tiny_model_dir, capsys):
+    """A requeue after `pip install -U transformers` resumed in silence, and the record it rewrote kept no versions:
+    what the checkpoint's steps were trained under was known nowhere. Each checkpoint's record now holds them, and a
+    resume under others says which (it goes on: a refusal would strand every queued job at an upgrade)."""
+    import train_dpo
+    from dpotrain.train import agreement, checkpoint_manifest
+    from dpotrain.train.checkpoints import MARKER
+
+    out = tmp_path / "run"
+    argv = [*ARGS[:2], "--model_name_or_path", tiny_model_dir, "--max_steps", "2", "--save_steps", "2"]
+    argv += ["--report_to", "none", "--output_dir", str(out)]
+    train_dpo.main(argv)
+    checkpoint = out / "checkpoint-2"
+    for folder in (out, checkpoint):
+        assert json.loads((folder / "resolved_config.json").read_text())["derived"]["packages"] == (
+            agreement.package_versions()
+        )
+    for name in FINAL:  # as a kill after the last checkpoint leaves the folder
+        (out / name).unlink()
+    # The checkpoint as a run under an older transformers sealed it (its record is covered by its manifest)
+    record = json.loads((checkpoint / "resolved_config.json").read_text())
+    record["derived"]["packages"]["transformers"] = "4.57.0"
+    (checkpoint / "resolved_config.json").write_text(json.dumps(record))
+    mark = (checkpoint / MARKER).read_text()
+    for name in (MARKER, "MANIFEST.json"):
+        (checkpoint / name).unlink()
+    checkpoint_manifest.seal(checkpoint, MARKER, mark, is_main=True)
+    capsys.readouterr()
+    train_dpo.main(argv)
+    now = agreement.package_versions()["transformers"]
+    assert (
+        f"note: {checkpoint} was trained under other package versions (transformers 4.57.0 -> {now}); the steps after "
+        "it are trained under this run's" in capsys.readouterr().out
+    )

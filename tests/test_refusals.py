@@ -999,6 +999,30 @@ def test_a_history_edited_by_hand_is_refused_before_the_resume_loads_the_model(n
 
 
 @pytest.mark.parametrize(
+    "first, args, expected",
+    [
+        # The optimizer's own arguments: the resume loaded the checkpoint's momentum while the record said 0.5
+        (
+            ["--optim", "sgd", "--optim_args", "momentum=0.9"],
+            ["--optim_args", "momentum=0.5"],
+            "optim_args: 'momentum=0.9' -> 'momentum=0.5'",
+        ),
+        # `max_length: auto` decides again at each start: the coverage edited while the job waited chose 1024 where
+        # the checkpoint trained at 512, and the run went on at 1024, its record rewritten
+        (["--max_length", "auto"], ["--auto_coverage", "1.0"], "auto_coverage: 0.95 -> 1.0"),
+    ],
+)
+def test_a_resume_that_would_train_otherwise_than_its_checkpoint_is_refused_naming_the_setting(
+    first, args, expected, tmp_path, monkeypatch, capsys
+):
+    out = unfinished_run(tmp_path, capsys, *first)
+    message = refused(tmp_path, monkeypatch, capsys, *first, *args)
+    assert f"holds an unfinished run with other settings ({expected}): rerun with its settings" in message, message
+    same = parse_args(["--config", SMOKE, "--output_dir", str(out), *first])
+    assert resolve.check_output_dir(same, 8) == resolve.OutputDecision(str(out / "checkpoint-4"), False)
+
+
+@pytest.mark.parametrize(
     "args, expected",
     [
         (["--learning_rate", "1e-3"], "learning_rate: 0.0001 -> 0.001"),

@@ -70,6 +70,15 @@ def package_versions() -> dict:
     return out
 
 
+def upgraded(was, now: dict) -> str | None:
+    """`name: old -> new` for each package whose version is not the one a checkpoint was trained under (its record's
+    `derived.packages`); None where they agree, or where that record is older than the versions it keeps."""
+    if not isinstance(was, dict):
+        return None
+    changed = [f"{name} {was[name]} -> {v}" for name, v in now.items() if name in was and was[name] != v]
+    return ", ".join(changed) or None
+
+
 def check(values: dict[str, str]) -> None:
     """Every rank's `values` (name -> short digest or value) against rank 0's, in one all-gather: the first difference
     is refused on every rank with the fix. Every rank calls it with the same names."""
