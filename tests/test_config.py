@@ -525,3 +525,19 @@ def test_a_gpu_memory_that_is_no_memory_is_refused_at_parse(value, tmp_path):
     refused it with advice for a GPU too small."""
     with pytest.raises(ConfigError, match=rf"^gpu_memory_gib must be > 0 \(got {value}\)"):
         parse_args(["--config", write(tmp_path, "bf16: false\n"), "--gpu_memory_gib", value])
+
+
+def test_a_recipe_that_never_names_checkpointing_gets_trls_default_without_a_deprecation_warning(tmp_path):
+    """TRL's DPOConfig defaults `gradient_checkpointing` (transformers 5's deprecated name) to True: every recipe that
+    named neither spelling printed "FutureWarning: `gradient_checkpointing` is deprecated", on every rank, about a
+    field its user never wrote. TRL's default is given under the new name, and not counted as the recipe's."""
+    import warnings
+
+    path = write(tmp_path, "bf16: false\n")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        recipe = parse_args(["--config", path])
+    assert not [w for w in caught if "gradient_checkpointing" in str(w.message)], [str(w.message) for w in caught]
+    assert recipe.training.activation_checkpointing is True and "activation_checkpointing" not in recipe.given
+    off = parse_args(["--config", path, "--gradient_checkpointing", "false"])  # the old name still read, as given
+    assert off.training.activation_checkpointing is False and "activation_checkpointing" in off.given

@@ -470,9 +470,13 @@ def parse_args(argv: list[str] | None = None) -> Recipe:
         flag = next((r.split("=")[0] for r in remaining if r.startswith("-")), remaining[0])
         raise ConfigError(f"unknown argument {flag!r}{_suggest(flag)}; see --help")
     _launch_deepspeed_file(known.accelerate_config)  # before TrainingArguments, which read it
+    # TRL's default for checkpointing, given under transformers 5's name where neither is set: under TRL's old name it
+    # warned "`gradient_checkpointing` is deprecated" to every recipe that never wrote it (not counted as given)
+    unnamed = "activation_checkpointing" not in fields_set(tokens)
+    trl_default = ["--activation_checkpointing", str(options["--gradient_checkpointing"].default)] * unnamed
     try:
         with upstream.bf16_gpu_check_skipped() if dry_run_asked(argv) else contextlib.nullcontext():
-            script, training, model, project = parser.parse_args_into_dataclasses(args=tokens)
+            script, training, model, project = parser.parse_args_into_dataclasses(args=tokens + trl_default)
     except ValueError as e:  # transformers' own validation of TrainingArguments: a user error, said in one line
         if "load_best_model_at_end" in str(e):
             # Its advice (evaluate and save on one schedule) leads to this project's refusal of the option itself.
