@@ -97,6 +97,11 @@ def check_options(recipe: Recipe) -> None:
             "train_sampling_strategy group_by_length does not work on preference data (it needs an "
             "input_ids column): remove it (the default, random, is what the recipes use)"
         )
+    if t.train_sampling_strategy != "random":  # the step plan draws its own seeded order: another was recorded, unused
+        raise ConfigError(
+            f"train_sampling_strategy {t.train_sampling_strategy}: the step plan draws each epoch's pairs in its own "
+            "seeded random order (data_seed, else seed), whatever the sampler: remove it"
+        )
     if t.use_liger_kernel and importlib.util.find_spec("liger_kernel") is None:
         raise ConfigError(
             "use_liger_kernel needs the liger-kernel package, which this project does not install: "

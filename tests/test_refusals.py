@@ -697,6 +697,8 @@ def test_steps_are_counted_on_the_pairs_training_keeps(tmp_path, capsys):
         (["--model_name_or_path", "data/no-such-model"], "model folder 'data/no-such-model' does not exist"),
         (["--dataset_name", "data/smoke_prefs.jsnl"], "dataset 'data/smoke_prefs.jsnl' does not exist (looked in"),
         (["--train_sampling_strategy", "group_by_length"], "group_by_length does not work on preference data"),
+        # recorded and unused: the step plan draws its own seeded order
+        (["--train_sampling_strategy", "sequential"], "train_sampling_strategy sequential: the step plan draws each"),
         (["--eval_strategy", "steps"], "has one split only: save a DatasetDict with a 'test' split"),
         (["--dataset_test_split", "validation"], "dataset_test_split 'validation' is only used for evaluation"),
         # read only by evaluation, and no evaluation: eval_on_start failed in a traceback after the reference stage
