@@ -10,7 +10,6 @@ never a failed run.
 import contextlib
 import fnmatch
 import functools
-import hashlib
 import math
 import os
 import queue
@@ -24,6 +23,7 @@ from pathlib import Path
 from huggingface_hub import HfApi
 from huggingface_hub.errors import HfHubHTTPError, RepositoryNotFoundError, RevisionNotFoundError
 from huggingface_hub.utils import DEFAULT_IGNORE_PATTERNS, filter_repo_objects
+from huggingface_hub.utils.sha import git_hash
 from transformers import TrainerCallback
 
 from dpotrain.recipe import records as run_records
@@ -222,8 +222,7 @@ def remote_matches(api, repo_id: str, revision: str, folder: Path, names: list[s
     for name in names:
         local, entry = folder / name, hashed.get(name) or {}
         if remote[name].lfs is None:
-            content = local.read_bytes()  # a git blob: a small file (the Hub keeps large ones in LFS)
-            same = remote[name].blob_id == hashlib.sha1(b"blob %d\0" % len(content) + content).hexdigest()
+            same = remote[name].blob_id == git_hash(local.read_bytes())  # a small file (large ones are in LFS)
         else:
             known = entry.get("sha256") if entry.get("bytes") == local.stat().st_size else None
             same = remote[name].lfs.sha256 == (known or checkpoint_manifest.sha256(local))
