@@ -64,9 +64,6 @@ def check_values(recipe: Recipe) -> None:
         raise ConfigError(f"beta must be > 0 (got {t.beta}); OLMo 3's length-normalized DPO uses --beta 5")
     if t.learning_rate <= 0:
         raise ConfigError(f"learning_rate must be > 0 (got {t.learning_rate}); the recipes use 1e-6")
-    for name in ("per_device_train_batch_size", "gradient_accumulation_steps"):
-        if getattr(t, name) < 1:
-            raise ConfigError(f"{name} must be >= 1 (got {getattr(t, name)})")
     if p.pairs_per_step is not None and p.pairs_per_step < 1:
         raise ConfigError(f"pairs_per_step must be >= 1 (got {p.pairs_per_step}), or unset it")
     if p.max_tokens_per_microbatch is not None and not recipe.max_length_auto:

@@ -40,8 +40,11 @@ def refused(tmp_path, *args) -> str:
         (["--pairs_per_step", "0"], "pairs_per_step must be >= 1"),
     ],
 )
-def test_bad_values(tmp_path, args, message):
+def test_bad_values(tmp_path, args, message, capsys):
     assert message in refused(tmp_path, *args)
+    # Refused alone: `--per_device_train_batch_size 0` printed the Note on the recipe's pairs_per_step it replaced
+    # ("micro-batches of 0 pairs") before its refusal.
+    assert "Note:" not in capsys.readouterr().err
 
 
 def test_missing_local_dataset(tmp_path):

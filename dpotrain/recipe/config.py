@@ -805,7 +805,10 @@ def without_secrets(argv: list[str]) -> tuple[str, ...]:
 def _command_line_batch_wins(training, project, on_command_line: set[str]) -> dict | None:
     """Batch flags on the command line (`--per_device_train_batch_size 4`) win over a recipe's pairs_per_step and
     token budget, which are dropped. Returns what was replaced and the flags that would keep the recipe's pairs per
-    step (None when nothing was)."""
+    step (None when nothing was). A batch value below 1, the recipe's too, is refused first, alone."""
+    for name in ("per_device_train_batch_size", "gradient_accumulation_steps"):
+        if getattr(training, name) < 1:
+            raise ConfigError(f"{name} must be >= 1 (got {getattr(training, name)})")
     batch_flags = {"per_device_train_batch_size", "gradient_accumulation_steps"} & on_command_line
     recipe_batching = [f for f in ("pairs_per_step", "max_tokens_per_microbatch") if getattr(project, f) is not None]
     if not batch_flags or {"pairs_per_step", "max_tokens_per_microbatch"} & on_command_line or not recipe_batching:
