@@ -436,12 +436,21 @@ def test_an_env_variable_without_a_value_is_left_unset(tmp_path):
         assert "DPOTRAIN_TEST_UNSET" not in os.environ and os.environ["DPOTRAIN_TEST_SET"] == "offline"
 
 
-@pytest.mark.parametrize("name", ["HF_HOME", "HF_HUB_CACHE", "HF_DATASETS_CACHE", "HF_ENDPOINT"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        *("HF_HOME", "HF_HUB_CACHE", "HF_DATASETS_CACHE", "HF_ENDPOINT"),
+        *("HF_HUB_ENABLE_HF_TRANSFER", "HF_HUB_DOWNLOAD_TIMEOUT", "HF_HUB_ETAG_TIMEOUT"),
+        *("HF_HUB_DISABLE_PROGRESS_BARS", "HF_HUB_DISABLE_TELEMETRY"),
+        *("HF_DATASETS_IN_MEMORY_MAX_SIZE", "HF_XET_HIGH_PERFORMANCE", "TRANSFORMERS_VERBOSITY"),
+    ],
+)
 def test_a_hub_cache_folder_in_the_recipes_env_block_is_refused(name, tmp_path, monkeypatch):
     """The recipe's `env:` is set as it is read, after huggingface_hub and datasets were imported, which read their
     cache folders and the Hub's address then: `HF_HOME: /scratch/hf` was set in the environment (and named by the
     printed prefetch command) while the run read and wrote ~/.cache/huggingface; `HF_ENDPOINT: https://mirror` was
-    set while every download and push asked huggingface.co."""
+    set while every download and push asked huggingface.co. The libraries' other switches read as they are imported
+    (`HF_HUB_DOWNLOAD_TIMEOUT: 60`, `HF_HUB_DISABLE_PROGRESS_BARS: 1`, ...) were set, and ignored, in silence."""
     monkeypatch.delenv(name, raising=False)
     folder = tmp_path / "my hf"
     with pytest.raises(ConfigError) as refused, environment():
@@ -451,6 +460,16 @@ def test_a_hub_cache_folder_in_the_recipes_env_block_is_refused(name, tmp_path, 
         f"is: set it in .env or the shell ({name}='{folder}'), not in the recipe"
     )
     parse_args(["--config", write(tmp_path, f"bf16: false\nenv:\n  {name}:\n")])  # sets nothing: nothing to refuse
+
+
+def test_what_the_libraries_read_when_used_is_taken_from_the_recipes_env_block(tmp_path, monkeypatch):
+    """Not every Hugging Face variable is refused in `env:`: the token and transformers' call-time switches work."""
+    names = ("HF_TOKEN", "TRANSFORMERS_NO_ADVISORY_WARNINGS", "HF_MLFLOW_LOG_ARTIFACTS")
+    for name in names:
+        monkeypatch.delenv(name, raising=False)
+    with environment():
+        parse_args(["--config", write(tmp_path, "bf16: false\nenv:\n" + "".join(f"  {n}: '1'\n" for n in names))])
+        assert all(os.environ[name] == "1" for name in names)
 
 
 @pytest.mark.parametrize("name", ["HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE"])

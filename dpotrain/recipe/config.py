@@ -355,6 +355,13 @@ def read_recipe(path: str) -> dict:
     return config
 
 
+# What huggingface_hub (HF_HUB_*), datasets (HF_DATASETS_*) and transformers read once, as they are imported: in a
+# recipe's `env:` each was set and ignored. Their *_OFFLINE switches are handed over (hub_switches.py); HF_TOKEN and
+# transformers' other TRANSFORMERS_* and HF_* switches are read when used, so the block sets them.
+READ_AT_IMPORT = ("HF_HOME", "HF_ENDPOINT", "HF_XET_CACHE", "HF_XET_HIGH_PERFORMANCE", "HF_MODULES_CACHE", "HF_DEBUG")
+READ_AT_IMPORT += ("TRANSFORMERS_VERBOSITY", "DATASETS_VERBOSITY", "HUGGINGFACE_HUB_CACHE", "HUGGINGFACE_CO_STAGING")
+
+
 def _check_env_cache_folder(path: str, name: str, value: str) -> None:
     """A cache folder or the Hub's address in a recipe's `env:` block is set as the recipe is read: after
     huggingface_hub and datasets were imported and read theirs (HF_HOME: the libraries read ~/.cache/huggingface while
@@ -363,7 +370,7 @@ def _check_env_cache_folder(path: str, name: str, value: str) -> None:
     (the environment wins), so it is not refused."""
     if name in os.environ:
         return
-    if name in (*venv.CACHE_FOLDERS, "HF_ENDPOINT") and name != "DPOTRAIN_CACHE":
+    if name in READ_AT_IMPORT or (name.startswith(("HF_HUB_", "HF_DATASETS_")) and not name.endswith("_OFFLINE")):
         raise ConfigError(
             f"{path}: env: {name} is read by the Hub libraries as they are imported, before the recipe is: set it in "
             f".env or the shell ({name}={shlex.quote(value)}), not in the recipe"
