@@ -10,6 +10,7 @@ import json
 import os
 import shutil
 import subprocess
+import time
 
 import numpy as np
 import pytest
@@ -673,6 +674,31 @@ def test_auto_max_length_caches_per_dataset_tokenizer_and_template(tokenizer, tm
 
     write_jsonl(tmp_path / "d.jsonl", _messages_rows()[:-1])  # the file changed: a new identity
     assert lengths.dataset_identity(path) != dataset_id
+
+
+def test_another_file_copied_over_the_data_with_its_size_and_time_is_not_read_from_the_cache(tmp_path):
+    """`cp -p other.jsonl d.jsonl` of another file of the same size, given the same time: the cache was keyed by size
+    and modification time alone, so `max_length: auto` and the lengths stage read the old file's lengths as the new
+    one's. Its change time (which no copy can set) keys the cache too: a copy is measured again."""
+    from dpotrain.data import mixture
+    from dpotrain.recipe.config import parse_args
+
+    rows = _messages_rows()
+    (tmp_path / "pairs").mkdir()
+    path = write_jsonl(tmp_path / "pairs" / "d.jsonl", rows)
+    swapped = [{**r, "chosen": r["rejected"], "rejected": r["chosen"]} for r in rows]  # other pairs, as many bytes
+    other = write_jsonl(tmp_path / "other.jsonl", swapped)
+    builder = {"path": "json", "data_dir": str(tmp_path / "pairs")}  # a mixture's source read by a builder
+    recipe = parse_args(["--config", str(ROOT / "configs" / "smoke.yaml"), "--datasets", json.dumps(builder)])
+    dataset_id, mixed, then = lengths.dataset_identity(path), mixture.dataset_id(recipe, local_only=True), os.stat(path)
+    os.utime(other, ns=(then.st_atime_ns, then.st_mtime_ns))
+    time.sleep(0.05)  # past the file system's clock tick: a change time a tick later
+    shutil.copy2(other, path)  # cp -p
+    now = os.stat(path)
+    assert (now.st_size, now.st_mtime_ns) == (then.st_size, then.st_mtime_ns)
+    assert [json.loads(line) for line in open(path)] == swapped
+    assert lengths.dataset_identity(path) != dataset_id
+    assert mixture.dataset_id(recipe, local_only=True) != mixed
 
 
 def test_a_length_analysis_that_cannot_be_cached_is_a_warning_and_the_run_has_its_answer(tokenizer, tmp_path, capsys):

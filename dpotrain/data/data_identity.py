@@ -62,6 +62,15 @@ def files(name: str, split: str = "train", data_dir: str | None = None, data_fil
     return {p.relative_to(path).as_posix(): p for p in found}
 
 
+def stamp(path: Path) -> str:
+    """What the analyzer's cache knows a file by, unread: its size and times, change time and inode too, which neither
+    `cp -p` of another file of the same size nor a rename over it keeps (its modification time they do). A chmod or a
+    move changes it: the lengths are measured again, as they are cheaper to measure than to mistake. A resume compares
+    content (`changed_files`), so a moved or chmod-ed file still resumes."""
+    st = path.stat()
+    return f"{st.st_size}:{st.st_mtime_ns}:{st.st_ctime_ns}:{st.st_ino}"
+
+
 def _sha256(path: Path, ends: bool = False) -> str:
     with open(path, "rb") as f:
         if not ends:

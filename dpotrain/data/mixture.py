@@ -658,11 +658,12 @@ def dataset_id_of(values: dict, seed: int, hh_format: str, local_only: bool = Fa
 
 def _content_id(source: Source, identity, hh_format: str) -> str:
     """One source's part of the analyzer's cache key: `identity` (`lengths.dataset_identity`) of its file, folder or
-    Hub data set; a builder's (`path: json` with several data_files or a data_dir) the files it reads, by path, size
-    and time. `identity` took the builder's name for a Hub data set, so the lengths of pairs since edited were reused
-    (an IndexError at the token shares where rows were removed, else the old pairs' lengths for max_length auto)."""
+    Hub data set; a builder's (`path: json` with several data_files or a data_dir) the files it reads, by path and
+    `data_identity.stamp`. `identity` took the builder's name for a Hub data set, so the lengths of pairs since edited
+    were reused (an IndexError at the token shares where rows were removed, else the old pairs' lengths for max_length
+    auto)."""
     if source.path not in BUILDERS or source.file:
         return identity(source.file or source.path, source.split, source.name)
     found = data_identity.files(*_read_from(source)) or {}
-    stamp = [[str(p.resolve()), p.stat().st_size, p.stat().st_mtime_ns] for _, p in sorted(found.items())]
+    stamp = [[str(p.resolve()), data_identity.stamp(p)] for _, p in sorted(found.items())]
     return f"local:{hashlib.sha256(json.dumps(stamp).encode()).hexdigest()[:16]}:{hh_format}"
