@@ -40,6 +40,9 @@ export RECIPE=${RECIPE:-configs/think.yaml}
 # Command= is the submitted path, then the script's arguments, joined by spaces: the path may hold spaces too, so the
 # longest start of it that is this script (beside launch.sh).
 submitted=$(scontrol show job "${SLURM_JOB_ID:-0}" 2>/dev/null | sed -n 's/^ *Command=//p' || true)
+# A relative one is where sbatch read it, the folder it ran in (a path found under `--chdir DIR` is made absolute):
+# read from DIR, where the job starts, it was missed, or was another checkout's.
+[[ -z $submitted || $submitted == /* ]] || submitted=${SLURM_SUBMIT_DIR:-$PWD}/$submitted
 while [[ $submitted == *" "* && ! ( -f $submitted && -f $(dirname "$(readlink -f -- "$submitted")")/launch.sh ) ]]; do
   submitted=${submitted% *}
 done
@@ -54,6 +57,8 @@ done
 # Else a DPOTRAIN_ROOT the user exported (an edited copy of this script kept outside the project), else the folder the
 # job was submitted from.
 root=${root:-${DPOTRAIN_ROOT:-${SLURM_SUBMIT_DIR:-$PWD}}}
+# Else (no scontrol to name the script) the folder the job starts in: `sbatch --chdir ~/dpotrain` typed elsewhere.
+[[ -n ${DPOTRAIN_ROOT:-} || -f $root/train_dpo.py ]] || root=$PWD
 if [[ ! -f $root/scripts/launch.sh || ! -f $root/train_dpo.py ]]; then
   echo "error: found no dpotrain project beside the submitted script or in $root: submit the project's" \
     "scripts/dpo_train.sh (or a link to it), or export DPOTRAIN_ROOT=/path/to/dpotrain before sbatch" >&2

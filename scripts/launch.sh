@@ -15,7 +15,15 @@
 # Arguments: passed to train_dpo.py after the recipe (e.g. --learning_rate 5e-7 --max_steps 100).
 set -euo pipefail
 
-cd "${DPOTRAIN_ROOT:-${SLURM_SUBMIT_DIR:-$PWD}}"  # the project (the sbatch scripts find it: Slurm runs a spool copy)
+# Run directly (`bash scripts/launch.sh`, in an allocation too), the folder it was typed in is the one relative paths
+# are read in, as a job's folder submitted from is (dpotrain/recipe/config.py), and the project is the one this file
+# is in: SLURM_SUBMIT_DIR, where salloc ran, or the folder typed in held none ("no virtual environment at .venv").
+typed_in=$PWD
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+[[ -f $here/train_dpo.py ]] || here=""  # a copy of this file outside a project: as before
+# The sbatch scripts find the project (Slurm runs a spool copy of them) and set DPOTRAIN_ROOT.
+cd "${DPOTRAIN_ROOT:-${here:-${SLURM_SUBMIT_DIR:-$PWD}}}"
+[[ -n ${DPOTRAIN_SUBMIT_DIR:-} || $typed_in == "$PWD" ]] || export DPOTRAIN_SUBMIT_DIR=$typed_in
 RECIPE=${RECIPE:?set RECIPE, e.g. RECIPE=configs/think.yaml}
 # A relative RECIPE is the one in the folder submitted from where it is there, as a relative path on the job's command
 # line is (dpotrain/recipe/config.py); else the project's (configs/think.yaml). Looked for in the project alone,

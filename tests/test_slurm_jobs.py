@@ -741,6 +741,72 @@ def test_a_job_submitted_with_chdir_reads_relative_paths_in_that_folder(tmp_path
     assert f"train_dpo.py --config {workdir / 'my.yaml'} " in result.stdout, result.stdout
 
 
+def test_a_relative_submitted_path_is_read_where_sbatch_ran_not_in_chdirs_folder(tmp_path):
+    """`sbatch --chdir DIR ../dpotrain/scripts/dpo_train.sh`: sbatch read the script where it ran, and Slurm keeps a
+    path it did not find under DIR as typed (scontrol's Command=, relative); the job, started in DIR, looked for it
+    there, and fell back to the folder submitted from: another checkout there ran its own launch.sh."""
+    project, submitted, workdir = tmp_path / "dpotrain", tmp_path / "other", tmp_path / "runs" / "exp"
+    project.symlink_to(ROOT)
+    (submitted / "scripts").mkdir(parents=True)  # where sbatch ran: another checkout, a launch.sh that says it ran
+    (submitted / "scripts" / "launch.sh").write_text("echo ran the checkout submitted from\n")
+    (submitted / "train_dpo.py").write_text("")
+    workdir.mkdir(parents=True)
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for script in ("dpo_train.sh", "dpo_instruct_train.sh"):
+        scontrol = bin_dir / "scontrol"
+        scontrol.write_text(f"#!/bin/sh\necho '   Command=../dpotrain/scripts/{script}'\necho '   WorkDir={workdir}'\n")
+        scontrol.chmod(0o755)
+        copy = tmp_path / script  # Slurm's spool copy
+        copy.write_text((ROOT / "scripts" / script).read_text())
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "DPOTRAIN_"))}
+        env |= {"LAUNCH_PRINT_ONLY": "1", "SLURM_JOB_ID": "7", "SLURM_SUBMIT_DIR": str(submitted)}
+        env |= {"SLURM_GPUS_PER_NODE": "4", "PATH": f"{bin_dir}:{env['PATH']}"}
+        result = subprocess.run(["bash", str(copy)], cwd=workdir, env=env, capture_output=True, text=True)
+        assert result.returncode == 0, result.stderr
+        assert "ran the checkout" not in result.stdout and "--num_processes 4" in result.stdout, result.stdout
+
+
+def test_without_scontrol_a_job_started_by_chdir_in_the_project_finds_it(tmp_path):
+    """`sbatch --chdir ~/dpotrain ~/dpotrain/scripts/dpo_train.sh` typed elsewhere, on a node without scontrol: the
+    job looked for the project in the folder submitted from alone, and failed, though it was started in it."""
+    elsewhere, bin_dir = tmp_path / "home", tmp_path / "bin"
+    elsewhere.mkdir()
+    bin_dir.mkdir()
+    (bin_dir / "scontrol").write_text("#!/bin/sh\nexit 1\n")  # a node where scontrol cannot answer
+    (bin_dir / "scontrol").chmod(0o755)
+    for script in ("dpo_train.sh", "dpo_instruct_train.sh"):
+        copy = tmp_path / script  # Slurm's spool copy
+        copy.write_text((ROOT / "scripts" / script).read_text())
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "DPOTRAIN_"))}
+        env |= {"LAUNCH_PRINT_ONLY": "1", "SLURM_JOB_ID": "7", "SLURM_SUBMIT_DIR": str(elsewhere)}
+        env |= {"SLURM_GPUS_PER_NODE": "4", "PATH": f"{bin_dir}:{env['PATH']}"}
+        result = subprocess.run(["bash", str(copy)], cwd=ROOT, env=env, capture_output=True, text=True)
+        assert result.returncode == 0, result.stderr
+        assert "--num_processes 4" in result.stdout, result.stdout
+
+
+def test_launch_sh_run_directly_runs_its_own_project_and_reads_paths_where_it_was_typed(tmp_path):
+    """`bash ~/dpotrain/scripts/launch.sh` inside an allocation (salloc: SLURM_SUBMIT_DIR is where salloc ran): it
+    went to SLURM_SUBMIT_DIR, or the folder it was typed in, for the project, and died on "no virtual environment".
+    It runs the project it is in; a relative RECIPE and command-line paths are the folder's it was typed in."""
+    typed, allocated = tmp_path / "exp", tmp_path / "home"
+    for folder in (typed, allocated):
+        folder.mkdir()
+    (typed / "my.yaml").write_text((ROOT / "configs" / "smoke.yaml").read_text())
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "DPOTRAIN_")) and k != "RECIPE"}
+    env |= {"LAUNCH_PRINT_ONLY": "1", "SLURM_SUBMIT_DIR": str(allocated), "SLURM_GPUS_PER_NODE": "4"}
+    for cwd, recipe, shown in (
+        (ROOT, "configs/smoke.yaml", "configs/smoke.yaml"),
+        (typed, "my.yaml", typed / "my.yaml"),
+    ):
+        result = subprocess.run(
+            ["bash", str(ROOT / "scripts" / "launch.sh")], cwd=cwd, env=env | {"RECIPE": recipe}, capture_output=True
+        )
+        assert result.returncode == 0, result.stderr.decode()
+        assert f"train_dpo.py --config {shown} " in result.stdout.decode(), result.stdout.decode()
+
+
 def torch_extensions_dir() -> str:
     """Where torch builds JIT ops for this interpreter (cpp_extension's default): the session's jobs built there."""
     import torch
