@@ -701,6 +701,21 @@ def test_another_file_copied_over_the_data_with_its_size_and_time_is_not_read_fr
     assert mixture.dataset_id(recipe, local_only=True) != mixed
 
 
+def test_a_length_cache_cut_anywhere_is_refused_with_what_happens_next_never_read(tokenizer, tmp_path, capsys):
+    """A cache file cut short (a node lost mid-write where renames are not kept whole): at every length it is refused
+    with one warning saying it is measured again, and removed; never read as fewer or other lengths."""
+    m = lengths.Measured(*(np.arange(40) for _ in range(4)), [], True, shared=np.arange(40))
+    report = lengths.save_cache(m, {}, "local:d", tokenizer, tmp_path / "c")
+    whole = report.with_suffix(".npz").read_bytes()
+    for cut in range(0, len(whole), 7):
+        report.with_suffix(".npz").write_bytes(whole[:cut])
+        assert lengths.cached_measure("local:d", tokenizer, tmp_path / "c") is None, cut
+        assert not report.with_suffix(".npz").exists()
+        assert "is damaged (" in capsys.readouterr().err
+    report.with_suffix(".npz").write_bytes(whole)
+    assert lengths.cached_measure("local:d", tokenizer, tmp_path / "c")[0].rows == 40
+
+
 def test_a_length_analysis_that_cannot_be_cached_is_a_warning_and_the_run_has_its_answer(tokenizer, tmp_path, capsys):
     """`max_length: auto` analysed at start with a cache that cannot be written (a full disk or quota): the run ended in
     the writer's traceback. It warns and goes on with the answer it measured."""
