@@ -7,6 +7,7 @@ each case starts from its folder as a kill after checkpoint-4 leaves it, changes
 input back as it was (bytes and time) when it ends."""
 
 import json
+import os
 import shutil
 import subprocess
 import time
@@ -195,6 +196,28 @@ def test_a_mixture_sources_data_files_and_shard_folders_are_known_by_content(tmp
     for recipe, record in zip(recipes, records, strict=True):
         why = mixture.content_changed(recipe, record)
         assert why and why.endswith("part-1.jsonl has 22412 bytes, the run trained on 14312"), why
+
+
+def test_another_data_file_copied_over_with_its_size_and_time_is_refused_and_a_chmod_resumes(tmp_path):
+    """A data file's size and modification time say "unchanged" only while its change time agrees: `cp -p` of other
+    pairs of the same size over the file (a job staging data the way docs/reliability.md advises for models) keeps
+    both, and was resumed on as the pairs the run trained on. A chmod or a move changes only the change time: the
+    file is hashed again and resumes."""
+    data = tmp_path / "pairs.jsonl"
+    data.write_text('{"prompt": "a", "chosen": "b", "rejected": "c"}\n')
+    record = data_identity.of_files({"pairs.jsonl": data})
+    other = tmp_path / "other.jsonl"
+    other.write_text('{"prompt": "a", "chosen": "x", "rejected": "c"}\n')
+    then = data.stat()
+    os.utime(other, ns=(then.st_atime_ns, then.st_mtime_ns))
+    time.sleep(0.05)  # past a coarse file-system clock tick: the copy's change time is a later one
+    data.chmod(0o600)
+    assert data_identity.changed_files(record, {"pairs.jsonl": data}) is None  # hashed again: the same pairs
+    subprocess.run(["cp", "-p", str(other), str(data)], check=True)
+    now = data.stat()
+    assert (now.st_size, now.st_mtime_ns) == (then.st_size, then.st_mtime_ns)
+    why = data_identity.changed_files(record, {"pairs.jsonl": data})
+    assert why and why.startswith("pairs.jsonl has other content (SHA-256"), why
 
 
 def test_large_weights_are_known_by_their_ends_and_time(tmp_path):

@@ -3,9 +3,10 @@ path, would go on mid-epoch on pairs its plan never saw, or score its reference 
 
 `of_files` records each file's size, modification time and SHA-256, `changed_files` compares: data files hashed whole
 (~1 s per GB, once at start), the model's (model_identity.py, tens of GB) known by their first and last MiB. A rerun
-trusts an unchanged size and time (as datasets' cache and make do) and hashes again a file whose time changed; one known
-by its ends is then refused even when they are the same, since a re-export rewrites the file while its size and first
-and last tensors may stay (the message gives the `touch` that restores the recorded time; docs/reliability.md).
+trusts an unchanged size and time (as datasets' cache and make do; a file hashed whole, its change time too) and hashes
+again a file whose time changed; one known by its ends is then refused even when they are the same, since a re-export
+rewrites the file while its size and first and last tensors may stay (the message gives the `touch` that restores the
+recorded time; docs/reliability.md).
 """
 
 import glob
@@ -82,13 +83,14 @@ def _sha256(path: Path, ends: bool = False) -> str:
 
 
 def of_files(found: dict[str, Path], ends: bool = False) -> dict:
-    """{name: {"bytes", "mtime_ns", "sha256" or "sha256_ends"}} of the files `found` (name -> path); `ends`: files
-    larger than 2 MiB are known by their first and last MiB."""
+    """{name: {"bytes", "mtime_ns", "ctime_ns", "sha256" or "sha256_ends"}} of the files `found` (name -> path);
+    `ends`: files larger than 2 MiB are known by their first and last MiB."""
     record = {}
     for name, path in found.items():
         stat = path.stat()
         key = "sha256_ends" if ends and stat.st_size > 2 * ENDS else "sha256"
-        record[name] = {"bytes": stat.st_size, "mtime_ns": stat.st_mtime_ns, key: _sha256(path, key == "sha256_ends")}
+        digest = _sha256(path, key == "sha256_ends")
+        record[name] = {"bytes": stat.st_size, "mtime_ns": stat.st_mtime_ns, "ctime_ns": stat.st_ctime_ns, key: digest}
     return record
 
 
@@ -101,7 +103,12 @@ def changed_files(old: dict, found: dict[str, Path]) -> str | None:
         stat, was = path.stat(), old[name]
         if stat.st_size != was["bytes"]:
             return f"{name} has {stat.st_size} bytes, the run trained on {was['bytes']}"
-        if stat.st_mtime_ns == was["mtime_ns"]:
+        # A file hashed whole is trusted while its change time agrees too: `cp -p` of another file of the same size
+        # keeps the modification time, never the change time (a chmod or a move changes it too: hashed again).
+        # A file known by its ends is trusted on its modification time: hashed again, its ends prove nothing.
+        if stat.st_mtime_ns == was["mtime_ns"] and stat.st_ctime_ns == was.get("ctime_ns", stat.st_ctime_ns):
+            continue
+        if stat.st_mtime_ns == was["mtime_ns"] and "sha256_ends" in was:
             continue
         if "sha256" in was:
             digest, then = _sha256(path), was["sha256"]
