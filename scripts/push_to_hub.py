@@ -87,6 +87,7 @@ def main(argv: list[str] | None = None) -> None:
             "reachable"
         )
     repo_id = hub.check_write_access(repo_id, token, where="push_to_hub.py")  # a bare name gets the user's namespace
+    hub.check_private(repo_id, token, private)
 
     from huggingface_hub import HfApi
 

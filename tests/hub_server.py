@@ -294,7 +294,7 @@ class Handler(http.server.BaseHTTPRequestHandler):
                 "id": repo,
                 "author": repo.split("/")[0],
                 "sha": sha,
-                "private": False,
+                "private": self.state.visibility.get(repo) == "private",
                 "gated": False,
                 "disabled": False,
                 "downloads": 0,

@@ -452,6 +452,26 @@ def create_at_start(repo_id: str, token: str | None, private: bool | None) -> No
                 "write to"
             ) from None
         raise ConfigError(f"could not create {repo_id} on the Hub: {cause(e)}") from None
+    check_private(repo_id, token, private)
+
+
+def check_private(repo_id: str, token: str | None, private: bool | None) -> None:
+    """Refuse a private push (hub_private_repo, --private) to a repo that exists and is public: the flag only sets the
+    visibility of a repo created, so the model went up in public, the push said "(private)"."""
+    if not private:
+        return
+    try:
+        public = not within(30, lambda: HfApi(token=token or get_token()).repo_info(repo_id).private)
+    except RepositoryNotFoundError:
+        return  # created private by the push
+    except HfHubHTTPError as e:
+        raise ConfigError(f"could not read whether {repo_id} is private: {cause(e)}") from None
+    if public:
+        raise ConfigError(
+            f"{repo_id} is a public repo, which hub_private_repo / --private does not change (they make a new repo "
+            f"private): make it private first (`hf repos settings {repo_id} --private`, or its Settings page), or push "
+            "to another repo name"
+        )
 
 
 def write_refused(whoami: dict, repo_id: str) -> str:
