@@ -87,6 +87,7 @@ def main(argv: list[str] | None = None) -> None:
             "reachable"
         )
     repo_id = hub.check_write_access(repo_id, token, where="push_to_hub.py")  # a bare name gets the user's namespace
+    hub.check_private(repo_id, token, private)
 
     from huggingface_hub import HfApi
 
@@ -117,7 +118,7 @@ def push(api, run: Path, repo_id: str, token: str, private: bool, with_checkpoin
     on_disk = [p for p in checkpoints.own_checkpoints(run) if checkpoints.is_complete(p)]  # never a person's copy
     failed = []
     if with_checkpoints:
-        hub_push.with_retries(lambda: api.create_repo(repo_id, private=private or None, exist_ok=True), "create_repo")
+        hub_push.with_retries(lambda: hub.create_repo(api, repo_id, private or None), "create_repo")
         records = hub_push.push_checkpoints(api, run, repo_id)
         hub.update_card_revisions(run, repo_id)
         failed = [r["branch"] for r in records if r["status"] == "failed"]

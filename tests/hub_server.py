@@ -1,8 +1,8 @@
 """A local stand-in for the Hugging Face Hub's HTTP API that records every request.
 
 It answers, in the shapes the Hub documents and huggingface_hub 2.4 parses, what this project's push path uses:
-whoami, the write auth-check, a model repo's info, repo creation, branches (create, list), the tree of a revision,
-preupload (every file
+whoami, the write auth-check, a model repo's info, repo creation, branches (create, delete, list), a branch's history
+(list, super-squash), the tree of a revision, preupload (every file
 "regular", so contents travel inside the commit and the stand-in keeps them) and commits (NDJSON), plus validate-yaml
 for model cards. Repos live in memory: {repo: {branch: {path: bytes}}}. Anything else is answered 404 and recorded,
 so a test sees a request it did not expect.
@@ -41,8 +41,10 @@ ROUTES = [
     ("GET", rf"/api/models/{REPO}", "model_info"),
     ("POST", r"/api/repos/create", "create_repo"),
     ("POST", rf"/api/models/{REPO}/branch/(?P<rev>[^/]+)", "create_branch"),
+    ("DELETE", rf"/api/models/{REPO}/branch/(?P<rev>[^/]+)", "delete_branch"),
     ("GET", rf"/api/models/{REPO}/refs", "refs"),
     ("GET", rf"/api/models/{REPO}/commits/(?P<rev>[^/]+)", "commits"),
+    ("POST", rf"/api/models/{REPO}/super-squash/(?P<rev>[^/]+)", "super_squash"),
     ("GET", rf"/api/models/{REPO}/tree/(?P<rev>[^/]+)(?:/(?P<path>.*))?", "tree"),
     ("POST", rf"/api/models/{REPO}/preupload/(?P<rev>[^/]+)", "preupload"),
     ("POST", rf"/api/models/{REPO}/commit/(?P<rev>[^/]+)", "commit"),
@@ -204,6 +206,9 @@ class Handler(http.server.BaseHTTPRequestHandler):
     def do_HEAD(self):
         self.route("HEAD")
 
+    def do_DELETE(self):
+        self.route("DELETE")
+
     def route(self, method):
         url = urlparse(self.path)
         body = self.read_body()
@@ -289,7 +294,7 @@ class Handler(http.server.BaseHTTPRequestHandler):
                 "id": repo,
                 "author": repo.split("/")[0],
                 "sha": sha,
-                "private": False,
+                "private": self.state.visibility.get(repo) == "private",
                 "gated": False,
                 "disabled": False,
                 "downloads": 0,
@@ -316,6 +321,14 @@ class Handler(http.server.BaseHTTPRequestHandler):
             self.state.heads[(repo, branch)] = start
         self.reply(200, {})
 
+    def delete_branch(self, params, body, query):
+        repo, branch = params["repo"], params["rev"]
+        if self.files_at(repo, branch) is None:
+            return
+        with self.state.lock:
+            del self.state.repos[repo][branch], self.state.heads[(repo, branch)]
+        self.reply(200, {})
+
     def refs(self, params, body, query):
         repo = params["repo"]
         if repo not in self.state.repos:
@@ -336,6 +349,18 @@ class Handler(http.server.BaseHTTPRequestHandler):
             history.append({"id": oid, "authors": [], "date": COMMIT_DATE, "title": title, "message": ""})
             oid = parent
         self.reply(200, history)
+
+    def super_squash(self, params, body, query):
+        """HfApi.super_squash_history: the branch's history becomes one commit holding its files."""
+        repo, branch = params["repo"], params["rev"]
+        files = self.files_at(repo, branch)
+        if files is None:
+            return
+        with self.state.lock:
+            oid = hashlib.sha1(f"{repo}{branch}squash{len(self.state.snapshots)}".encode()).hexdigest()
+            self.state.snapshots[oid] = (None, json.loads(body)["message"], dict(files))
+            self.state.heads[(repo, branch)] = oid
+        self.reply(200, {})
 
     def tree(self, params, body, query):
         files = self.files_at(params["repo"], params["rev"])

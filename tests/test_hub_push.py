@@ -917,3 +917,68 @@ def test_a_checkpoint_branch_whose_upload_fails_holds_no_other_model(hub, tmp_pa
     assert pushed["status"] == "pushed"
     assert hub.state.repos[REPO]["step-2"]["model.safetensors"] == b"model.safetensors\n"
     assert hub.state.repos[REPO]["main"]["model.safetensors"] == b"an earlier model"
+
+
+def squashed_repo_with_a_model(hub, api) -> None:
+    """REPO's main holding a sharded model and a card, its history squashed into one commit (`super_squash_history`,
+    which users run to save space): the repo's first commit holds that model."""
+    api.create_repo(REPO, exist_ok=True)
+    for name in ["model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors", "README.md", "config.json"]:
+        api.upload_file(path_or_fileobj=f"main's {name}".encode(), path_in_repo=name, repo_id=REPO)
+    api.super_squash_history(REPO)
+    assert len(api.list_repo_commits(REPO)) == 1
+
+
+def test_a_checkpoint_branch_of_a_squashed_repo_holds_the_checkpoint_alone(hub, tmp_path, monkeypatch):
+    """A squashed repo's first commit holds main's model, so a new step-N branch starts with it: the upload must leave
+    the branch holding the checkpoint's files alone (no shard of main's beside its model.safetensors), and an upload
+    that fails must leave no model there at all (it left main's, which `from_pretrained(repo, revision="step-2")`
+    loaded as step 2's, while the whole checkpoint went up before the commit that replaced it)."""
+    from huggingface_hub import HfApi
+
+    from conftest import sealed_checkpoint
+    from dpotrain.hub import hub_push
+    from dpotrain.train import run_files
+
+    hub_in_process(hub, monkeypatch)
+    run = tmp_path / "run"
+    sealed_checkpoint(run / "checkpoint-2")
+    run_files.write(run, [run_files.MANIFEST, "checkpoint-2"])
+    api = HfApi(endpoint=hub.endpoint, token=SECRET)
+    squashed_repo_with_a_model(hub, api)
+    hub.state.fail[("preupload", "step-2")] = -1  # the checkpoint's upload fails
+    [failed] = hub_push.push_checkpoints(api, run, REPO)
+    assert failed["status"] == "failed"
+    assert set(hub.state.repos[REPO]["step-2"]) == {".gitattributes"}, "the branch holds main's model"
+    del hub.state.fail[("preupload", "step-2")]
+    [pushed] = hub_push.push_checkpoints(api, run, REPO)
+    assert pushed["status"] == "pushed"
+    assert set(hub.state.repos[REPO]["step-2"]) == {".gitattributes", "model.safetensors"}
+    assert hub.state.repos[REPO]["step-2"]["model.safetensors"] == b"model.safetensors\n"
+    assert "README.md" in hub.state.repos[REPO]["main"]  # main keeps its files
+    hub.state.fail[("commit", "step-4")] = -1  # even the commit emptying a new branch fails: no branch is left
+    sealed_checkpoint(run / "checkpoint-4")
+    run_files.write(run, [run_files.MANIFEST, "checkpoint-2", "checkpoint-4"])
+    assert [r["status"] for r in hub_push.push_checkpoints(api, run, REPO)] == ["present", "failed"]
+    assert "step-4" not in hub.state.repos[REPO]
+
+
+def test_only_a_new_checkpoint_branch_reads_the_repos_history(hub, tmp_path, monkeypatch):
+    """The base of a new branch is the repo's first commit, which takes listing main's whole history (pages of it in a
+    repo pushed to often); a push to a branch that exists (a push again, a rerun's) needs no base."""
+    from huggingface_hub import HfApi
+
+    from conftest import sealed_checkpoint
+    from dpotrain.hub import hub_push
+
+    hub_in_process(hub, monkeypatch)
+    run = tmp_path / "run"
+    folder = sealed_checkpoint(run / "checkpoint-2")
+    api = HfApi(endpoint=hub.endpoint, token=SECRET)
+    api.create_repo(REPO)
+    hub_push.push_checkpoint(api, REPO, folder, 2, run)
+    assert len(hub.state.of("commits")) == 1
+    (folder / "model.safetensors").write_text("trained further\n")
+    hub_push.push_checkpoint(api, REPO, folder, 2, run)
+    assert len(hub.state.of("commits")) == 1, "the repo's history was listed for a branch that exists"
+    assert hub.state.repos[REPO]["step-2"]["model.safetensors"] == b"trained further\n"

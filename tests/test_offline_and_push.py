@@ -673,6 +673,34 @@ def test_a_repo_created_at_start_without_hub_private_repo_takes_its_namespaces_d
     assert local_hub.visibility == {"lab/unset": None, "lab/open": "public", "lab/closed": "private"}
 
 
+def test_a_private_push_to_a_public_repo_is_refused_before_anything_uploads(local_hub, monkeypatch, finished_run):
+    """hub_private_repo / --private only make a new repo private: to an existing public repo the job pushed the model
+    in public, and push_to_hub.py said "Pushing ... (private)"."""
+    refusal = "^lab/mine is a public repo, which hub_private_repo / --private does not change .*`hf repos settings"
+    with pytest.raises(ConfigError, match=refusal):
+        hub.create_at_start("lab/mine", SECRET, private=True)
+    monkeypatch.setenv("HF_TOKEN", SECRET)
+    with pytest.raises(ConfigError, match=refusal):
+        load_script("push_to_hub").main([str(finished_run), "--repo-id", "lab/mine", "--private"])
+    assert not local_hub.commits
+    hub.create_at_start("lab/mine", SECRET, private=None)  # the namespace's default: left to the repo
+    hub.create_at_start("lab/new", SECRET, private=True)  # created private
+    local_hub.visibility["lab/mine"] = "private"
+    hub.create_at_start("lab/mine", SECRET, private=True)
+
+
+def test_push_to_hub_refuses_a_repo_the_token_may_not_create_in_one_line_that_names_the_fix(
+    local_hub, monkeypatch, finished_run
+):
+    """A read token, or another's namespace: the write check lets a repo that does not exist through, and the Hub's 403
+    at creation came out as 'pushing ... failed (...): run the same command again', which fails the same way."""
+    local_hub.create_status["other"] = 403
+    monkeypatch.setenv("HF_TOKEN", SECRET)
+    with pytest.raises(ConfigError, match="^the Hub refuses to create other/new with this Hugging Face token .*"):
+        load_script("push_to_hub").main([str(finished_run), "--repo-id", "other/new"])
+    assert not local_hub.commits
+
+
 def test_write_access_says_when_the_hub_cannot_be_reached(monkeypatch):
     from huggingface_hub import constants
 

@@ -39,6 +39,21 @@ def test_a_torn_last_record_is_dropped_once_with_a_warning_and_a_torn_middle_one
         records.read(path)
 
 
+def test_two_processes_appending_at_once_lose_no_record(tmp_path):
+    """hub_pushes.jsonl is appended by a run's background pusher and by push_to_hub.py, two processes. Each append
+    checked the file's end for a line torn by a crash: one seen while the other process's line was half written was cut
+    off as torn (a tenth of 2 x 5,000 lines lost)."""
+    path = tmp_path / "hub_pushes.jsonl"
+    appender = (
+        "import sys; from dpotrain.recipe import records\n"
+        "for i in range(3000): records.append(sys.argv[1], [{'who': sys.argv[2], 'i': i, 'pad': 'x' * (150 + i % 97)}])"
+    )
+    writers = [subprocess.Popen([PYTHON, "-c", appender, str(path), who], cwd=ROOT) for who in "ab"]
+    assert [w.wait(timeout=120) for w in writers] == [0, 0]
+    lines = records.read(path)
+    assert len(lines) == 6000 and all(sorted(r["i"] for r in lines if r["who"] == w) == list(range(3000)) for w in "ab")
+
+
 def strict(text: str) -> list:
     """Each line of `text` as JSON, refusing Python's NaN/Infinity tokens as every other JSON reader does."""
 

@@ -326,7 +326,7 @@ def push_run(output_dir: str | Path, repo_id: str, token: str | None = None, pri
     step = finished_step(output_dir)
 
     def upload():
-        api.create_repo(repo_id, private=private, exist_ok=True)
+        create_repo(api, repo_id, private)
         return api.upload_folder(
             repo_id=repo_id,
             folder_path=str(output_dir),
@@ -441,17 +441,45 @@ def create_at_start(repo_id: str, token: str | None, private: bool | None) -> No
         return
     api = HfApi(token=token or get_token())
     try:
+        within(30, lambda: create_repo(api, repo_id, private))
+    except HfHubHTTPError as e:
+        raise ConfigError(f"could not create {repo_id} on the Hub: {cause(e)}") from None
+    check_private(repo_id, token, private)
+
+
+def create_repo(api, repo_id: str, private: bool | None):
+    """`repo_id` created where it does not exist yet; the Hub's refusal (a read token, another's namespace: the write
+    check lets a repo that does not exist through) is a ConfigError naming the fix, not an error to retry."""
+    try:
         # None (hub_private_repo unset) is the namespace's default, as the Trainer and push_run read it: an organization
         # that makes its repos private by default gets a private one, not a public one
-        within(30, lambda: api.create_repo(repo_id, private=private, exist_ok=True))
+        return api.create_repo(repo_id, private=private, exist_ok=True)
     except HfHubHTTPError as e:
-        if status_of(e) in (401, 403):
-            raise ConfigError(
-                f"the Hub refuses to create {repo_id} with this Hugging Face token ({cause(e)}): use a write token "
-                f"that may create repos in {repo_id.rpartition('/')[0]!r}, or a --hub_model_id in a namespace it can "
-                "write to"
-            ) from None
-        raise ConfigError(f"could not create {repo_id} on the Hub: {cause(e)}") from None
+        if status_of(e) not in (401, 403):
+            raise
+        raise ConfigError(
+            f"the Hub refuses to create {repo_id} with this Hugging Face token ({cause(e)}): use a write token that "
+            f"may create repos in {repo_id.rpartition('/')[0]!r}, or a --hub_model_id in a namespace it can write to"
+        ) from None
+
+
+def check_private(repo_id: str, token: str | None, private: bool | None) -> None:
+    """Refuse a private push (hub_private_repo, --private) to a repo that exists and is public: the flag only sets the
+    visibility of a repo created, so the model went up in public, the push said "(private)"."""
+    if not private:
+        return
+    try:
+        public = not within(30, lambda: HfApi(token=token or get_token()).repo_info(repo_id).private)
+    except RepositoryNotFoundError:
+        return  # created private by the push
+    except HfHubHTTPError as e:
+        raise ConfigError(f"could not read whether {repo_id} is private: {cause(e)}") from None
+    if public:
+        raise ConfigError(
+            f"{repo_id} is a public repo, which hub_private_repo / --private does not change (they make a new repo "
+            f"private): make it private first (`hf repos settings {repo_id} --private`, or its Settings page), or push "
+            "to another repo name"
+        )
 
 
 def write_refused(whoami: dict, repo_id: str) -> str:

@@ -20,7 +20,7 @@ import threading
 import time
 from pathlib import Path
 
-from huggingface_hub import HfApi
+from huggingface_hub import CommitOperationDelete, HfApi
 from huggingface_hub.errors import HfHubHTTPError, RepositoryNotFoundError, RevisionNotFoundError
 from huggingface_hub.utils import DEFAULT_IGNORE_PATTERNS, filter_repo_objects
 from huggingface_hub.utils.sha import git_hash
@@ -182,12 +182,10 @@ def with_retries(fn, what: str):
 
 
 def upload_checkpoint(api, repo_id: str, folder: Path, step: int):
-    """Branch `step-N` holding exactly the checkpoint's model files (files of an earlier push there are replaced). A
-    new branch starts at the repo's first commit (its .gitattributes): forked from main, an upload failing after it
-    left step-N holding main's files, an earlier model that `from_pretrained(repo, revision="step-N")` loads."""
+    """Branch `step-N` holding exactly the checkpoint's model files (files of an earlier push there are replaced)."""
     branch = branch_name(step)
-    first = api.list_repo_commits(repo_id)[-1].commit_id  # newest first
-    api.create_branch(repo_id, branch=branch, revision=first, exist_ok=True)
+    if branch not in {b.name for b in api.list_repo_refs(repo_id).branches}:
+        new_branch(api, repo_id, branch)
     return api.upload_folder(
         repo_id=repo_id,
         folder_path=str(folder),
@@ -196,6 +194,24 @@ def upload_checkpoint(api, repo_id: str, folder: Path, step: int):
         delete_patterns=["*"],  # main's files (a card, an earlier run's model) do not belong to this step
         commit_message=f"Checkpoint at step {step}",
     )
+
+
+def new_branch(api, repo_id: str, branch: str) -> None:
+    """`branch` created holding no file but .gitattributes, so that an upload failing after it (the whole checkpoint
+    goes up before the commit) leaves no other model there for `from_pretrained(repo, revision=branch)` to load. It
+    starts at the repo's first commit, not main; a repo whose history was squashed (`super_squash_history`) holds its
+    model in that commit, deleted on the branch at once (and the branch with it, if that fails)."""
+    first = api.list_repo_commits(repo_id)[-1].commit_id  # newest first
+    api.create_branch(repo_id, branch=branch, revision=first, exist_ok=True)
+    held = [CommitOperationDelete(p) for p in api.list_repo_files(repo_id, revision=branch) if p != ".gitattributes"]
+    if not held:
+        return
+    try:
+        api.create_commit(repo_id, held, commit_message="Start from no model", revision=branch)
+    except Exception:
+        with contextlib.suppress(Exception):  # the error that counts is the commit's
+            api.delete_branch(repo_id, branch=branch)
+        raise
 
 
 def local_files(folder: Path, ignore: list[str], allow: list[str] | None = None) -> list[str]:

@@ -14,6 +14,7 @@ written null, as JSON has no such numbers and jq, JavaScript and most readers re
 """
 
 import contextlib
+import fcntl
 import json
 import math
 import os
@@ -71,11 +72,17 @@ def read(path: str | Path, step: bool = False) -> list[dict]:
 
 def append(path: str | Path, records: list[dict]) -> None:
     """Appends `records` (one line each) to `path`, all of them or none: a write that fails (a full disk) leaves the
-    file as it was and raises OSError naming `path`. A torn last line left by a crash is cut off first."""
+    file as it was and raises OSError naming `path`. A torn last line left by a crash is cut off first. Appends from
+    several processes take turns (a lock on the file)."""
     path = Path(path)
     data = "".join(dumps(r) + "\n" for r in records).encode()
     fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
     try:
+        # Two processes append to one file (hub_pushes.jsonl: the run's pusher and push_to_hub.py): unlocked, one saw
+        # the other's line half written and cut it off as torn. A file system without locks (Lustre mounted without
+        # `flock`) appends as before.
+        with contextlib.suppress(OSError):
+            fcntl.flock(fd, fcntl.LOCK_EX)
         size = os.fstat(fd).st_size
         if size and os.pread(fd, 1, size - 1) != b"\n":
             read(path)  # says what is dropped
