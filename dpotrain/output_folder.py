@@ -148,13 +148,18 @@ def check_reads_outside(recipe) -> None:
     (checkpoints rotated, the old run's files under --overwrite_output_dir), maybe the model it would load."""
     out = recipe.training.output_dir
     root = Path(out).expanduser().resolve()
+    # The folder itself, not its name: a bind mount (a container's `-B`, one folder under /scratch and /gpfs) or a
+    # case-insensitive file system reaches it by a path no link resolves to
+    folder = os.stat(root) if root.is_dir() else None
     for named, path in reads(recipe):
         where = Path(path).expanduser()
         if not path or not (where.exists() or where.is_symlink()):
             continue
         real = where.resolve()
-        if real == root or root in real.parents:
+        alias = next((p for p in (real, *real.parents) if folder and os.path.samestat(folder, p.stat())), None)
+        if real == root or root in real.parents or alias:
             link = f" (a link to {real})" if str(real) != os.path.abspath(where) else ""
+            link += f" ({alias} is the same folder as {root})" if alias and alias != root else ""
             raise ConfigError(
                 f"{named}{link} is in output_dir {out!r}: a run writes and removes its own files there (checkpoints, "
                 "the final model, the old run's under --overwrite_output_dir), so it never reads from there: copy it "

@@ -533,6 +533,37 @@ def test_a_run_whose_model_lives_in_its_output_folder_is_refused_before_anything
     assert snapshot(out) == before
 
 
+@pytest.mark.slow
+def test_the_output_folder_bound_under_another_name_is_still_the_output_folder(tmp_path, tiny_model_dir):
+    """The folder mounted a second time elsewhere (a bind mount: a container's `-B`, a site's /scratch and /gpfs names
+    of one folder), which no link resolves: the finished model named through it was deleted by --overwrite_output_dir
+    as the old run's, then the run failed on its tokenizer. Refused as by its own name, nothing removed."""
+    out, other = tmp_path / "run", tmp_path / "bound"
+    shutil.copytree(tiny_model_dir, out)
+    (out / "run_complete.json").write_text('{"global_step": 1}\n')
+    run_files.write(out, [run_files.MANIFEST, "run_complete.json", *os.listdir(tiny_model_dir)])
+    other.mkdir()
+    before = snapshot(out)
+    prefix = ["unshare", "--mount", "sh", "-c", 'mount --bind "$0" "$1" && shift && exec "$@"', str(out), str(other)]
+    if subprocess.run([*prefix, "true"], capture_output=True).returncode != 0:
+        pytest.skip("needs a bind mount in a mount namespace of its own (root, unshare)")
+    args = train_args(out, "--model_name_or_path", str(other), "--max_steps", "2", "--overwrite_output_dir")
+    result = subprocess.run(
+        [*prefix, PYTHON, str(ROOT / "train_dpo.py"), *args],
+        cwd=ROOT,
+        env={**os.environ, **env_for(tiny_model_dir)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=600,
+    )
+    line = refusal(result)
+    assert line.startswith(
+        f"error: model_name_or_path {str(other)!r} ({other} is the same folder as {out}) is in output_dir"
+    ), line
+    assert snapshot(out) == before
+
+
 def test_nothing_a_run_reads_may_lie_in_its_output_folder(tmp_path, monkeypatch):
     """The model by any path into the folder (a link too, or the folder given through a link), a LoRA adapter's base
     model, the data (a mixture's source too) and the chat template: each refused naming both paths. What lies outside,
