@@ -131,7 +131,8 @@ def check(output_dir: str, lock: bool = True) -> None:
 
 def reads(recipe) -> list[tuple[str, str]]:
     """What a run reads from paths, each named as its refusal names it: the model (and a LoRA adapter's base model,
-    named in its adapter_config.json), the data (a mixture's sources, held-out ones too) and the chat template."""
+    named in its adapter_config.json), the data (a mixture's sources, held-out ones too), the chat template and the
+    sample prompts."""
     model = recipe.model.model_name_or_path or ""
     found = [(f"model_name_or_path {model!r}", model)]
     adapter = Path(model).expanduser() / "adapter_config.json"
@@ -139,8 +140,10 @@ def reads(recipe) -> list[tuple[str, str]]:
     found += [(f"the base model of {model!r} ({base!r}, adapter_config.json)", base)] if base else []
     found += [(f"dataset_name {recipe.script.dataset_name!r}", recipe.script.dataset_name or "")]
     found += [(f"a mixture source {path!r}", path) for path in mixture.local_files(mixture.fields_of(recipe))]
-    template = recipe.project.chat_template_path
-    return found + ([(f"chat_template_path {template!r}", template)] if template else [])
+    template, prompts = recipe.project.chat_template_path, recipe.project.sample_prompts_file
+    found += [(f"chat_template_path {template!r}", template)] if template else []
+    # A run's own samples.jsonl holds a `prompt` per line: read as the prompts, it was removed with the run it replaced
+    return found + ([(f"sample_prompts_file {prompts!r}", prompts)] if prompts else [])
 
 
 def check_reads_outside(recipe) -> None:

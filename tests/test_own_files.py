@@ -566,8 +566,8 @@ def test_the_output_folder_bound_under_another_name_is_still_the_output_folder(t
 
 def test_nothing_a_run_reads_may_lie_in_its_output_folder(tmp_path, monkeypatch):
     """The model by any path into the folder (a link too, or the folder given through a link), a LoRA adapter's base
-    model, the data (a mixture's source too) and the chat template: each refused naming both paths. What lies outside,
-    and a Hub name that is no path here, is not."""
+    model, the data (a mixture's source too), the chat template and the sample prompts: each refused naming both
+    paths. What lies outside, and a Hub name that is no path here, is not."""
     from dpotrain.recipe.config import parse_args
     from dpotrain.recipe.errors import ConfigError
 
@@ -612,6 +612,12 @@ def test_nothing_a_run_reads_may_lie_in_its_output_folder(tmp_path, monkeypatch)
     )
     assert f"chat_template_path {str(out / 'chat_template.jinja')!r} is in output_dir" in refused(
         "--chat_template_path", str(out / "chat_template.jinja")
+    )
+    # A finished run's samples.jsonl (a `prompt` per line) as the prompts to sample: --overwrite_output_dir removed it
+    # with the run, then refused the prompts file it had just deleted
+    (out / "samples.jsonl").write_text('{"prompt": "Hi"}\n')
+    assert f"sample_prompts_file {str(out / 'samples.jsonl')!r} is in output_dir" in refused(
+        "--samples_every", "2", "--sample_prompts_file", str(out / "samples.jsonl")
     )
     monkeypatch.chdir(tmp_path)  # `--output_dir .`: a Hub name is no path in it
     for args, output_dir in (
