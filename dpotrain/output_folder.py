@@ -69,6 +69,17 @@ def is_legacy_run(out: Path) -> bool:
     return (out / RUN_COMPLETE).exists() or (out / "resolved_config.json").exists() or bool(checkpoints(out))
 
 
+def same_folder_above(path: Path, folder: Path) -> Path | None:
+    """`path` or the folder above it that is `folder` itself, by device and inode, not by name: a bind mount (a
+    container's `-B`, one folder under /scratch and /gpfs) or a case-insensitive file system reaches a folder by a path
+    no link resolves to. None: outside it."""
+    try:
+        key = folder.stat()
+    except OSError:
+        return None
+    return next((p for p in (path, *path.parents) if p.exists() and os.path.samestat(key, p.stat())), None)
+
+
 def check_outside_data(output_dir: str, data_names: list[str]) -> None:
     """datasets reads every file under a folder of data files (not one `save_to_disk` wrote): a run's folder inside it
     would be read as data at the run's next start (its PNG as images), and a requeue refused for changed data."""
@@ -77,7 +88,7 @@ def check_outside_data(output_dir: str, data_names: list[str]) -> None:
         folder = Path(name).expanduser()
         if not folder.is_dir() or data_identity.saved(folder):
             continue
-        if folder.resolve() == out or folder.resolve() in out.parents:
+        if folder.resolve() == out or folder.resolve() in out.parents or same_folder_above(out, folder):
             raise ConfigError(
                 f"output_dir {output_dir!r} is inside the data folder {name!r}, every file of which datasets reads as "
                 "data: the run's own files would be read as pairs at its next start (a requeue too); pass an "
@@ -151,15 +162,12 @@ def check_reads_outside(recipe) -> None:
     (checkpoints rotated, the old run's files under --overwrite_output_dir), maybe the model it would load."""
     out = recipe.training.output_dir
     root = Path(out).expanduser().resolve()
-    # The folder itself, not its name: a bind mount (a container's `-B`, one folder under /scratch and /gpfs) or a
-    # case-insensitive file system reaches it by a path no link resolves to
-    folder = os.stat(root) if root.is_dir() else None
     for named, path in reads(recipe):
         where = Path(path).expanduser()
         if not path or not (where.exists() or where.is_symlink()):
             continue
         real = where.resolve()
-        alias = next((p for p in (real, *real.parents) if folder and os.path.samestat(folder, p.stat())), None)
+        alias = same_folder_above(real, root)  # the folder by another name
         if real == root or root in real.parents or alias:
             link = f" (a link to {real})" if str(real) != os.path.abspath(where) else ""
             link += f" ({alias} is the same folder as {root})" if alias and alias != root else ""
