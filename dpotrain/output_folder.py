@@ -77,7 +77,13 @@ def same_folder_above(path: Path, folder: Path) -> Path | None:
         key = folder.stat()
     except OSError:
         return None
-    return next((p for p in (path, *path.parents) if p.exists() and os.path.samestat(key, p.stat())), None)
+    for above in (path, *path.parents):
+        try:
+            if os.path.samestat(key, above.stat()):
+                return above
+        except OSError:  # not made yet (an output folder), or a folder this user may not look in
+            continue
+    return None
 
 
 def check_outside_data(output_dir: str, data_names: list[str]) -> None:
