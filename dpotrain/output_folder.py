@@ -69,6 +69,23 @@ def is_legacy_run(out: Path) -> bool:
     return (out / RUN_COMPLETE).exists() or (out / "resolved_config.json").exists() or bool(checkpoints(out))
 
 
+def same_folder_above(path: Path, folder: Path) -> Path | None:
+    """`path` or the folder above it that is `folder` itself, by device and inode, not by name: a bind mount (a
+    container's `-B`, one folder under /scratch and /gpfs) or a case-insensitive file system reaches a folder by a path
+    no link resolves to. None: outside it."""
+    try:
+        key = folder.stat()
+    except OSError:
+        return None
+    for above in (path, *path.parents):
+        try:
+            if os.path.samestat(key, above.stat()):
+                return above
+        except OSError:  # not made yet (an output folder), or a folder this user may not look in
+            continue
+    return None
+
+
 def check_outside_data(output_dir: str, data_names: list[str]) -> None:
     """datasets reads every file under a folder of data files (not one `save_to_disk` wrote): a run's folder inside it
     would be read as data at the run's next start (its PNG as images), and a requeue refused for changed data."""
@@ -77,7 +94,7 @@ def check_outside_data(output_dir: str, data_names: list[str]) -> None:
         folder = Path(name).expanduser()
         if not folder.is_dir() or data_identity.saved(folder):
             continue
-        if folder.resolve() == out or folder.resolve() in out.parents:
+        if folder.resolve() == out or folder.resolve() in out.parents or same_folder_above(out, folder):
             raise ConfigError(
                 f"output_dir {output_dir!r} is inside the data folder {name!r}, every file of which datasets reads as "
                 "data: the run's own files would be read as pairs at its next start (a requeue too); pass an "
@@ -131,7 +148,8 @@ def check(output_dir: str, lock: bool = True) -> None:
 
 def reads(recipe) -> list[tuple[str, str]]:
     """What a run reads from paths, each named as its refusal names it: the model (and a LoRA adapter's base model,
-    named in its adapter_config.json), the data (a mixture's sources, held-out ones too) and the chat template."""
+    named in its adapter_config.json), the data (a mixture's sources, held-out ones too), the chat template and the
+    sample prompts."""
     model = recipe.model.model_name_or_path or ""
     found = [(f"model_name_or_path {model!r}", model)]
     adapter = Path(model).expanduser() / "adapter_config.json"
@@ -139,8 +157,10 @@ def reads(recipe) -> list[tuple[str, str]]:
     found += [(f"the base model of {model!r} ({base!r}, adapter_config.json)", base)] if base else []
     found += [(f"dataset_name {recipe.script.dataset_name!r}", recipe.script.dataset_name or "")]
     found += [(f"a mixture source {path!r}", path) for path in mixture.local_files(mixture.fields_of(recipe))]
-    template = recipe.project.chat_template_path
-    return found + ([(f"chat_template_path {template!r}", template)] if template else [])
+    template, prompts = recipe.project.chat_template_path, recipe.project.sample_prompts_file
+    found += [(f"chat_template_path {template!r}", template)] if template else []
+    # A run's own samples.jsonl holds a `prompt` per line: read as the prompts, it was removed with the run it replaced
+    return found + ([(f"sample_prompts_file {prompts!r}", prompts)] if prompts else [])
 
 
 def check_reads_outside(recipe) -> None:
@@ -153,8 +173,10 @@ def check_reads_outside(recipe) -> None:
         if not path or not (where.exists() or where.is_symlink()):
             continue
         real = where.resolve()
-        if real == root or root in real.parents:
+        alias = same_folder_above(real, root)  # the folder by another name
+        if real == root or root in real.parents or alias:
             link = f" (a link to {real})" if str(real) != os.path.abspath(where) else ""
+            link += f" ({alias} is the same folder as {root})" if alias and alias != root else ""
             raise ConfigError(
                 f"{named}{link} is in output_dir {out!r}: a run writes and removes its own files there (checkpoints, "
                 "the final model, the old run's under --overwrite_output_dir), so it never reads from there: copy it "

@@ -533,10 +533,41 @@ def test_a_run_whose_model_lives_in_its_output_folder_is_refused_before_anything
     assert snapshot(out) == before
 
 
+@pytest.mark.slow
+def test_the_output_folder_bound_under_another_name_is_still_the_output_folder(tmp_path, tiny_model_dir):
+    """The folder mounted a second time elsewhere (a bind mount: a container's `-B`, a site's /scratch and /gpfs names
+    of one folder), which no link resolves: the finished model named through it was deleted by --overwrite_output_dir
+    as the old run's, then the run failed on its tokenizer. Refused as by its own name, nothing removed."""
+    out, other = tmp_path / "run", tmp_path / "bound"
+    shutil.copytree(tiny_model_dir, out)
+    (out / "run_complete.json").write_text('{"global_step": 1}\n')
+    run_files.write(out, [run_files.MANIFEST, "run_complete.json", *os.listdir(tiny_model_dir)])
+    other.mkdir()
+    before = snapshot(out)
+    prefix = ["unshare", "--mount", "sh", "-c", 'mount --bind "$0" "$1" && shift && exec "$@"', str(out), str(other)]
+    if subprocess.run([*prefix, "true"], capture_output=True).returncode != 0:
+        pytest.skip("needs a bind mount in a mount namespace of its own (root, unshare)")
+    args = train_args(out, "--model_name_or_path", str(other), "--max_steps", "2", "--overwrite_output_dir")
+    result = subprocess.run(
+        [*prefix, PYTHON, str(ROOT / "train_dpo.py"), *args],
+        cwd=ROOT,
+        env={**os.environ, **env_for(tiny_model_dir)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=600,
+    )
+    line = refusal(result)
+    assert line.startswith(
+        f"error: model_name_or_path {str(other)!r} ({other} is the same folder as {out}) is in output_dir"
+    ), line
+    assert snapshot(out) == before
+
+
 def test_nothing_a_run_reads_may_lie_in_its_output_folder(tmp_path, monkeypatch):
     """The model by any path into the folder (a link too, or the folder given through a link), a LoRA adapter's base
-    model, the data (a mixture's source too) and the chat template: each refused naming both paths. What lies outside,
-    and a Hub name that is no path here, is not."""
+    model, the data (a mixture's source too), the chat template and the sample prompts: each refused naming both
+    paths. What lies outside, and a Hub name that is no path here, is not."""
     from dpotrain.recipe.config import parse_args
     from dpotrain.recipe.errors import ConfigError
 
@@ -581,6 +612,12 @@ def test_nothing_a_run_reads_may_lie_in_its_output_folder(tmp_path, monkeypatch)
     )
     assert f"chat_template_path {str(out / 'chat_template.jinja')!r} is in output_dir" in refused(
         "--chat_template_path", str(out / "chat_template.jinja")
+    )
+    # A finished run's samples.jsonl (a `prompt` per line) as the prompts to sample: --overwrite_output_dir removed it
+    # with the run, then refused the prompts file it had just deleted
+    (out / "samples.jsonl").write_text('{"prompt": "Hi"}\n')
+    assert f"sample_prompts_file {str(out / 'samples.jsonl')!r} is in output_dir" in refused(
+        "--samples_every", "2", "--sample_prompts_file", str(out / "samples.jsonl")
     )
     monkeypatch.chdir(tmp_path)  # `--output_dir .`: a Hub name is no path in it
     for args, output_dir in (

@@ -705,6 +705,11 @@ def test_steps_are_counted_on_the_pairs_training_keeps(tmp_path, capsys):
         # (the Trainer evaluated no data set), the others were recorded and ignored
         (["--eval_on_start", "true"], "eval_on_start is only used for evaluation, and eval_strategy is no: add"),
         (["--eval_steps", "5"], "eval_steps is only used for evaluation, and eval_strategy is no: add"),
+        # transformers' Trainer reads none of these: the run trained 4 steps under a record of do_train false, evaluated
+        # nothing under do_eval true and predicted nothing under do_predict true
+        (["--do_eval", "true"], "do_eval is only used for evaluation, and eval_strategy is no: add"),
+        (["--do_train", "false"], "do_train false: this command always trains (transformers' Trainer does not read"),
+        (["--do_predict", "true"], "do_predict: this command predicts nothing (transformers' Trainer does not read"),
         (
             ["--dataset_mixer_eval_list", "data/smoke_prefs.jsonl", "20"],
             "dataset_mixer_eval_list is only used for evaluation, and eval_strategy is no: add --eval_strategy steps",
