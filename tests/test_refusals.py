@@ -183,6 +183,30 @@ def many_rows(n=40):
             ["--include_num_input_tokens_seen", "true"],
             "include_num_input_tokens_seen would log num_input_tokens_seen 0",
         ),
+        # read only by code this project replaces (Trainer.compute_loss, its loaders...): recorded, trained without
+        (
+            ["--label_smoothing_factor", "0.1"],
+            "label_smoothing_factor 0.1 would be ignored: transformers' label smoother runs in Trainer.compute_loss, "
+            "which DPO's loss replaces: remove label_smoothing_factor; for DPO's own smoothing (cDPO, robust DPO) pass "
+            "--label_smoothing 0.1",
+        ),
+        (["--average_tokens_across_devices", "false"], "average_tokens_across_devices false would be ignored: each"),
+        (["--auto_find_batch_size", "true"], "auto_find_batch_size true would be ignored: the step plan's micro"),
+        (["--dataloader_drop_last", "true"], "dataloader_drop_last true would be ignored: the step plan trains every"),
+        # a dry run: transformers refuses bf16 on a machine without a GPU first
+        (["--dry-run", "--bf16_full_eval", "true"], "bf16_full_eval true would be ignored: transformers casts"),
+        (["--include_for_metrics", "loss"], "include_for_metrics ['loss'] would be ignored: it feeds"),
+        (["--enable_jit_checkpoint", "true"], "enable_jit_checkpoint true would be ignored: the run saves"),
+        (["--do_train", "false"], "do_train false would be ignored: the script always trains: remove it (--dry-run"),
+        (
+            ["--optim_target_modules", "q_proj"],
+            "optim_target_modules would be ignored: optim adamw_torch_fused trains every parameter as it is (only the "
+            "galore_* and apollo_* optims read it)",
+        ),
+        (
+            ["--dry-run", "--accelerate_config", str(ROOT / "accelerate_config.yaml"), "--ddp_static_graph", "true"],
+            "ddp_static_graph would be ignored: it sets torch's DDP, and this run trains under DeepSpeed ZeRO-2",
+        ),
         # TrainingArguments' own DeepSpeed and FSDP: planned and recorded as one process; ZeRO-3 failed at the load
         (["--deepspeed", str(ROOT / "ds_config.json")], "deepspeed is not how this project selects its engine (the"),
         (["--fsdp", "full_shard"], "fsdp is not how this project selects its engine (the plan and the record would"),
