@@ -77,6 +77,7 @@ def check_options(recipe: Recipe) -> None:
             "remove it (datasets memory-maps a loaded data set, so it need not fit in RAM)"
         )
     check_engine_switches(t)
+    check_unread(recipe)
     if t.save_on_each_node:
         raise ConfigError(
             "save_on_each_node is not supported: checkpoints, their COMPLETE marks and the resume point "
@@ -195,6 +196,68 @@ def check_engine_switches(t) -> None:
             "remove it and launch with an accelerate config (DeepSpeed ZeRO-2: accelerate_config.yaml, which names "
             "its DeepSpeed file as deepspeed_config_file; ZeRO-3, FSDP2: configs/accelerate/): `accelerate launch "
             "--config_file <it> train_dpo.py ...`, and --accelerate_config <it> for a dry run"
+        )
+
+
+# TrainingArguments fields read only by code this project replaces (Trainer.compute_loss, its data loaders, evaluation
+# outside training, its stop on SIGTERM), each with what the run does instead: a value other than the default was
+# recorded and never applied (`--label_smoothing_factor 0.1` trained without smoothing).
+UNREAD = {
+    "label_smoothing_factor": "transformers' label smoother runs in Trainer.compute_loss, which DPO's loss replaces",
+    "average_tokens_across_devices": (
+        "each step's gradient is the mean over all of its pairs, on every process (the trainer weighs each "
+        "micro-batch by its share of the step)"
+    ),
+    "auto_find_batch_size": "the step plan's micro-batches are fixed before the model loads, and the memory plan "
+    "checks that they fit",
+    "dataloader_drop_last": "the step plan trains every pair of an epoch (a short last step joins the one before it)",
+    "dataloader_in_order": "the step plan's loader yields its steps in the plan's order",
+    "dataloader_multiprocessing_context": "the step plan's loader starts its workers in torch's default context",
+    "bf16_full_eval": "transformers casts the model only for an evaluation outside training; this run evaluates "
+    "during training, in its precision (bf16, fp16)",
+    "fp16_full_eval": "transformers casts the model only for an evaluation outside training; this run evaluates "
+    "during training, in its precision (bf16, fp16)",
+    "include_for_metrics": "it feeds a compute_metrics function, and the run has none: evaluation logs eval_loss "
+    "and the reward metrics",
+    "batch_eval_metrics": "it feeds a compute_metrics function, and the run has none: evaluation logs eval_loss "
+    "and the reward metrics",
+    "length_column_name": "only train_sampling_strategy group_by_length reads it, which is refused here",
+    "enable_jit_checkpoint": "the run saves a checkpoint on SIGTERM itself, at a step's end, and exits to be "
+    "requeued (docs/reliability.md)",
+    "do_predict": "this script trains (and evaluates with eval_strategy); it predicts nothing",
+}
+# What to do instead of an UNREAD field, where there is something.
+INSTEAD = {
+    "label_smoothing_factor": "for DPO's own smoothing (cDPO, robust DPO) pass --label_smoothing {value} with a loss "
+    "type that reads it (robust, exo_pair: docs/losses.md)",
+    "auto_find_batch_size": "for less memory per step lower per_device_train_batch_size or max_tokens_per_microbatch "
+    "(docs/memory.md)",
+}
+
+
+def check_unread(recipe: Recipe) -> None:
+    """UNREAD fields at other values than their defaults; optim_target_modules for an optim that never reads it (only
+    GaLore's and APOLLO's do); do_train false, which the script (always training) never read."""
+    from trl import DPOConfig
+
+    t = recipe.training
+    defaults = {f.name: f.default for f in dataclasses.fields(DPOConfig) if f.name in UNREAD}
+    defaults["include_for_metrics"] = []  # a default_factory's
+    for name, why in UNREAD.items():
+        value = getattr(t, name)
+        if value != defaults[name]:
+            spelt = str(value).lower() if isinstance(value, bool) else value
+            instead = f"; {INSTEAD[name].format(value=value)}" if name in INSTEAD else ""
+            raise ConfigError(f"{name} {spelt} would be ignored: {why}: remove {name}{instead}")
+    if t.optim_target_modules is not None and not _named(t.optim).startswith(("galore", "apollo")):
+        raise ConfigError(
+            f"optim_target_modules would be ignored: optim {_named(t.optim)} trains every parameter as it is (only "
+            "the galore_* and apollo_* optims read it): remove optim_target_modules, or choose one of them"
+        )
+    if "do_train" in recipe.given and not t.do_train:
+        raise ConfigError(
+            "do_train false would be ignored: the script always trains: remove it (--dry-run checks and plans the "
+            "run without training; --reference_only runs the reference stage alone)"
         )
 
 

@@ -441,6 +441,20 @@ def check_deepspeed_settings(training, world: int, run_engine: Engine) -> None:
         )
 
 
+DDP_SETTINGS = ("ddp_find_unused_parameters", "ddp_bucket_cap_mb", "ddp_broadcast_buffers", "ddp_static_graph")
+
+
+def check_ddp_settings(training, run_engine: Engine) -> None:
+    """transformers hands the ddp_* settings to torch's DistributedDataParallel, which DeepSpeed and FSDP2 do not use:
+    under them a value was recorded and never applied."""
+    named = [name for name in DDP_SETTINGS if getattr(training, name) is not None]
+    if named and run_engine.name in ("zero2", "zero3", "fsdp2"):
+        raise ConfigError(
+            f"{named[0]} would be ignored: it sets torch's DDP, and this run trains under {NAMES[run_engine.name]} "
+            f"({run_engine.source}): remove {named[0]} (it applies to a DDP launch only)"
+        )
+
+
 def load_dtype(recipe, engine: Engine) -> str | None:
     """The dtype the weights load in when the recipe names none (TRL's default is float32). DeepSpeed keeps its own
     fp32 master copy in the optimizer, so with bf16 the weights load in bf16: half the host memory per process, as
