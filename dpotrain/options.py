@@ -268,16 +268,6 @@ def check_evaluation(recipe: Recipe) -> None:
     t, s = recipe.training, recipe.script
     if t.load_best_model_at_end:  # the Trainer loads the best checkpoint into the final model at the end
         raise ConfigError(LOAD_BEST_REFUSED)
-    # Read by transformers' example scripts, not by its Trainer: the run trained under a record of do_train false
-    if "do_train" in recipe.given and not t.do_train:
-        raise ConfigError(
-            "do_train false: this command always trains (transformers' Trainer does not read do_train): remove it "
-            "(--reference_only true scores the reference alone; --dry-run plans the run without training)"
-        )
-    if t.do_predict:
-        raise ConfigError(
-            "do_predict: this command predicts nothing (transformers' Trainer does not read do_predict): remove it"
-        )
     if t.eval_strategy == "no":
         values = mixture.fields_of(recipe)
         named = [f for f in mixture.EVAL_FIELDS if values.get(f)] + [

@@ -199,6 +199,7 @@ def many_rows(n=40):
         (["--include_for_metrics", "loss"], "include_for_metrics ['loss'] would be ignored: it feeds"),
         (["--enable_jit_checkpoint", "true"], "enable_jit_checkpoint true would be ignored: the run saves"),
         (["--do_train", "false"], "do_train false would be ignored: the script always trains: remove it (--dry-run"),
+        (["--do_predict", "true"], "do_predict true would be ignored: this script trains (and evaluates with"),
         (
             ["--optim_target_modules", "q_proj"],
             "optim_target_modules would be ignored: optim adamw_torch_fused trains every parameter as it is (only the "
@@ -730,11 +731,9 @@ def test_steps_are_counted_on_the_pairs_training_keeps(tmp_path, capsys):
         # (the Trainer evaluated no data set), the others were recorded and ignored
         (["--eval_on_start", "true"], "eval_on_start is only used for evaluation, and eval_strategy is no: add"),
         (["--eval_steps", "5"], "eval_steps is only used for evaluation, and eval_strategy is no: add"),
-        # transformers' Trainer reads none of these: the run trained 4 steps under a record of do_train false, evaluated
-        # nothing under do_eval true and predicted nothing under do_predict true
+        # transformers' Trainer does not read do_eval: evaluated nothing under do_eval true (do_train false and
+        # do_predict: test_options_that_cannot_be_honoured)
         (["--do_eval", "true"], "do_eval is only used for evaluation, and eval_strategy is no: add"),
-        (["--do_train", "false"], "do_train false: this command always trains (transformers' Trainer does not read"),
-        (["--do_predict", "true"], "do_predict: this command predicts nothing (transformers' Trainer does not read"),
         (
             ["--dataset_mixer_eval_list", "data/smoke_prefs.jsonl", "20"],
             "dataset_mixer_eval_list is only used for evaluation, and eval_strategy is no: add --eval_strategy steps",
