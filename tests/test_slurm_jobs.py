@@ -622,17 +622,21 @@ def test_sbatch_scripts_find_a_project_whose_path_holds_spaces_from_another_fold
         assert "--max_steps 4" in result.stdout and "--num_processes 4" in result.stdout
 
 
-def spooled_job(tmp_path, submitted: Path, submit_dir: Path) -> str:
+def spooled_job(tmp_path, submitted: Path, submit_dir: Path, workdir: Path | None = None, command=None) -> str:
     """What the sbatch script `submitted` launches (LAUNCH_PRINT_ONLY), typed in `submit_dir`: Slurm runs a copy of it
-    from its spool folder, started where it was submitted, and scontrol's `Command=` names the submitted path."""
+    from its spool folder, started in `workdir` (`sbatch --chdir`; else where it was submitted), and scontrol's
+    `Command=` names `command` (the path as typed; the submitted path by default; "" for a scontrol that cannot
+    answer)."""
+    workdir = workdir or submit_dir
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir(exist_ok=True)
     scontrol = bin_dir / "scontrol"
-    scontrol.write_text(f"#!/bin/sh\necho '   Command={submitted}'\necho '   WorkDir={submit_dir}'\n")
+    answer = f"echo '   Command={command or submitted}'\necho '   WorkDir={workdir}'" if command != "" else "exit 1"
+    scontrol.write_text(f"#!/bin/sh\n{answer}\n")
     scontrol.chmod(0o755)
     copy = tmp_path / submitted.name
     copy.write_text(submitted.read_text())
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "DPOTRAIN_"))}
     env |= {
         "LAUNCH_PRINT_ONLY": "1",
         "SLURM_JOB_ID": "7",
@@ -640,7 +644,7 @@ def spooled_job(tmp_path, submitted: Path, submit_dir: Path) -> str:
         "SLURM_GPUS_PER_NODE": "4",
         "PATH": f"{bin_dir}:{env['PATH']}",
     }
-    result = subprocess.run(["bash", str(copy)], cwd=submit_dir, env=env, capture_output=True, text=True)
+    result = subprocess.run(["bash", str(copy)], cwd=workdir, env=env, capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
     return result.stdout
 
@@ -751,39 +755,19 @@ def test_a_relative_submitted_path_is_read_where_sbatch_ran_not_in_chdirs_folder
     (submitted / "scripts" / "launch.sh").write_text("echo ran the checkout submitted from\n")
     (submitted / "train_dpo.py").write_text("")
     workdir.mkdir(parents=True)
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
     for script in ("dpo_train.sh", "dpo_instruct_train.sh"):
-        scontrol = bin_dir / "scontrol"
-        scontrol.write_text(f"#!/bin/sh\necho '   Command=../dpotrain/scripts/{script}'\necho '   WorkDir={workdir}'\n")
-        scontrol.chmod(0o755)
-        copy = tmp_path / script  # Slurm's spool copy
-        copy.write_text((ROOT / "scripts" / script).read_text())
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "DPOTRAIN_"))}
-        env |= {"LAUNCH_PRINT_ONLY": "1", "SLURM_JOB_ID": "7", "SLURM_SUBMIT_DIR": str(submitted)}
-        env |= {"SLURM_GPUS_PER_NODE": "4", "PATH": f"{bin_dir}:{env['PATH']}"}
-        result = subprocess.run(["bash", str(copy)], cwd=workdir, env=env, capture_output=True, text=True)
-        assert result.returncode == 0, result.stderr
-        assert "ran the checkout" not in result.stdout and "--num_processes 4" in result.stdout, result.stdout
+        out = spooled_job(tmp_path, ROOT / "scripts" / script, submitted, workdir, f"../dpotrain/scripts/{script}")
+        assert "ran the checkout" not in out and "--num_processes 4" in out, out
 
 
 def test_without_scontrol_a_job_started_by_chdir_in_the_project_finds_it(tmp_path):
     """`sbatch --chdir ~/dpotrain ~/dpotrain/scripts/dpo_train.sh` typed elsewhere, on a node without scontrol: the
     job looked for the project in the folder submitted from alone, and failed, though it was started in it."""
-    elsewhere, bin_dir = tmp_path / "home", tmp_path / "bin"
+    elsewhere = tmp_path / "home"
     elsewhere.mkdir()
-    bin_dir.mkdir()
-    (bin_dir / "scontrol").write_text("#!/bin/sh\nexit 1\n")  # a node where scontrol cannot answer
-    (bin_dir / "scontrol").chmod(0o755)
-    for script in ("dpo_train.sh", "dpo_instruct_train.sh"):
-        copy = tmp_path / script  # Slurm's spool copy
-        copy.write_text((ROOT / "scripts" / script).read_text())
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "DPOTRAIN_"))}
-        env |= {"LAUNCH_PRINT_ONLY": "1", "SLURM_JOB_ID": "7", "SLURM_SUBMIT_DIR": str(elsewhere)}
-        env |= {"SLURM_GPUS_PER_NODE": "4", "PATH": f"{bin_dir}:{env['PATH']}"}
-        result = subprocess.run(["bash", str(copy)], cwd=ROOT, env=env, capture_output=True, text=True)
-        assert result.returncode == 0, result.stderr
-        assert "--num_processes 4" in result.stdout, result.stdout
+    for script in ("dpo_train.sh", "dpo_instruct_train.sh"):  # on a node where scontrol cannot answer
+        out = spooled_job(tmp_path, ROOT / "scripts" / script, elsewhere, workdir=ROOT, command="")
+        assert "--num_processes 4" in out, out
 
 
 def test_launch_sh_run_directly_runs_its_own_project_and_reads_paths_where_it_was_typed(tmp_path):
