@@ -245,6 +245,7 @@ def check_output_dir(recipe: Recipe, pairs_per_step: int | None = None) -> Outpu
     out, explicit = Path(t.output_dir), t.resume_from_checkpoint
     if explicit:
         resume.check_explicit(explicit)
+        resume.check_steps_left(explicit, out, t.max_steps)  # with num_train_epochs: once the data is counted
         # The automatic resume's comparison, with the record the checkpoint was trained under.
         folder = Path(explicit)
         if changed := changed_settings(recipe, trained_under(folder), pairs_per_step):

@@ -128,6 +128,21 @@ def check_explicit(folder: str) -> None:
         raise ConfigError(f"resume_from_checkpoint {folder!r} cannot be verified ({why}): {fix}")
 
 
+def check_steps_left(named: str | None, out: Path, total: int | None) -> None:
+    """A checkpoint of another run saved at this run's last step (or past it): resumed into `out`, the run would train
+    nothing and record a finished run with no metrics. Its own run's (in `out`) is finished by a rerun: the final model
+    is written from it."""
+    if not named or not total or total <= 0 or Path(named).resolve().parent == out.resolve():
+        return
+    step = saved_step(Path(named))
+    if step is not None and step >= total:
+        raise ConfigError(
+            f"resume_from_checkpoint {named!r} was saved at step {step}, and the run ends at step {total} (max_steps "
+            f"or num_train_epochs, which a resume keeps as its checkpoint was trained): it would train nothing; to "
+            f"train on, {new_run_from(named)}"
+        )
+
+
 def saved_step(folder: Path) -> int | None:
     """The step a checkpoint was saved at (trainer_state.json, else its name); None: unknown."""
     try:
