@@ -304,6 +304,8 @@ def check_output_dir(recipe: Recipe, pairs_per_step: int | None = None) -> Outpu
         raise ConfigError(
             f"output_dir {str(out)!r} {state}: pass --overwrite_output_dir to start afresh, or a new --output_dir"
         )
+    if (out / "resolved_config.json").is_file() and not p.overwrite_output_dir:  # written as its training started
+        resume.say_afresh(out, t.save_strategy)
     return OutputDecision(None, False)
 
 

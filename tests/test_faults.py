@@ -690,6 +690,22 @@ def test_a_run_over_epochs_resuming_another_runs_checkpoint_at_its_last_step_is_
         stages.load_data(recipe, launch, say=False, output=output)
 
 
+@pytest.mark.slow
+def test_a_rerun_over_an_unfinished_run_with_no_checkpoint_says_it_trains_again_from_step_1(
+    baseline, tmp_path, tiny_model_dir, pairs, capsys
+):
+    """A `--save_strategy no` run killed before its end was trained again from step 1 in silence."""
+    out = unfinished(baseline, tmp_path)
+    for name in ("checkpoint-2", "checkpoint-4"):
+        shutil.rmtree(out / name)
+    recipe = parse_args([*command(out, tiny_model_dir, pairs)[2:], "--save_strategy", "no"])
+    assert check_output_dir(recipe, 8) == OutputDecision(None, False)
+    assert (
+        f"note: output_dir {out} holds an unfinished run with no checkpoint (save_strategy no): training again from "
+        "step 1"
+    ) in capsys.readouterr().out
+
+
 def test_a_saved_data_sets_identity_is_its_training_splits_data_not_the_caches_beside_it(tmp_path):
     import datasets
 

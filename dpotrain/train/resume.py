@@ -262,6 +262,13 @@ def only_cut_short(out: Path, changed: list[str]) -> bool:
     return True
 
 
+def say_afresh(out: Path, save_strategy) -> None:
+    """A rerun over an unfinished run that left no checkpoint (killed before its first save, or never saving) trains
+    its steps again from the start: said, not done in silence."""
+    why = " (save_strategy no)" if save_strategy == "no" else ""
+    _say(f"note: output_dir {out} holds an unfinished run with no checkpoint{why}: training again from step 1")
+
+
 def new_run_from(checkpoint) -> str:
     """The advice to start a new run from `checkpoint`'s weights; for a LoRA adapter (no run starts from one:
     options.check_model), from its base model."""
