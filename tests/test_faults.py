@@ -706,6 +706,35 @@ def test_a_rerun_over_an_unfinished_run_with_no_checkpoint_says_it_trains_again_
     ) in capsys.readouterr().out
 
 
+@pytest.mark.slow
+def test_a_renamed_checkpoint_is_not_resumed_as_the_step_its_name_says(
+    baseline, tmp_path, tiny_model_dir, pairs, capsys
+):
+    """checkpoint-2 moved to checkpoint-4: the run said "Resuming from .../checkpoint-4" and resumed at step 2 (its
+    trainer_state.json), while rotation and the records went by the name. It cannot be verified as step 4."""
+    out = unfinished(baseline, tmp_path)
+    shutil.rmtree(out / "checkpoint-4")
+    shutil.copytree(out / "checkpoint-2", out / "checkpoint-4")
+    why = "its trainer_state.json was saved at step 2 (renamed from checkpoint-2?): give it back its name"
+    recipe = parse_args(command(out, tiny_model_dir, pairs)[2:])
+    assert check_output_dir(recipe, 8).resume_from == str(out / "checkpoint-2")
+    assert (
+        f"Not resuming from {out / 'checkpoint-4'}: {why}; trying the checkpoint before it" in capsys.readouterr().out
+    )
+    named = parse_args(
+        [*command(out, tiny_model_dir, pairs)[2:], "--resume_from_checkpoint", str(out / "checkpoint-4")]
+    )
+    with pytest.raises(ConfigError) as refused:
+        check_output_dir(named, 8)
+    assert str(refused.value) == (
+        f"resume_from_checkpoint {str(out / 'checkpoint-4')!r} cannot be verified ({why}): pass "
+        f"--resume_from_checkpoint {out / 'checkpoint-2'}, the newest verified checkpoint beside it"
+    )
+    shutil.rmtree(out / "checkpoint-2")  # moved, not copied: nothing left to resume from
+    with pytest.raises(ConfigError, match=f"no checkpoint left to resume from \\(checkpoint-4: {why[:30]}"):
+        check_output_dir(recipe, 8)
+
+
 def test_a_saved_data_sets_identity_is_its_training_splits_data_not_the_caches_beside_it(tmp_path):
     import datasets
 

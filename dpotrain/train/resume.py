@@ -34,8 +34,20 @@ def unverified(folder: Path) -> str | None:
     but for its checksums (`confirm`)."""
     problem = checkpoint_manifest.problem(folder)
     if is_complete(folder):
-        return problem
+        return problem or renamed(folder)
     return f"a save cut short, or not this project's: no {MARKER} mark" + (f"; {problem}" if problem else "")
+
+
+def renamed(folder: Path) -> str | None:
+    """A checkpoint-N whose trainer_state.json was saved at another step: rotation and the run's records go by the
+    name, and the resume by the state, so it cannot be verified as the step it names."""
+    try:
+        named, saved = step_of(folder), saved_step(folder)
+    except (ValueError, IndexError):  # not named checkpoint-N: nothing to compare
+        return None
+    if saved is None or saved == named:
+        return None
+    return f"its trainer_state.json was saved at step {saved} (renamed from checkpoint-{saved}?): give it back its name"
 
 
 def newest_verified(out: Path, before: Path | None = None) -> tuple[Path | None, list[tuple[Path, str]]]:
