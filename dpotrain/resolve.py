@@ -245,7 +245,6 @@ def check_output_dir(recipe: Recipe, pairs_per_step: int | None = None) -> Outpu
     out, explicit = Path(t.output_dir), t.resume_from_checkpoint
     if explicit:
         resume.check_explicit(explicit)
-        resume.check_steps_left(explicit, out, t.max_steps)  # with num_train_epochs: once the data is counted
         # The automatic resume's comparison, with the record the checkpoint was trained under.
         folder = Path(explicit)
         if changed := changed_settings(recipe, trained_under(folder), pairs_per_step):
@@ -253,6 +252,7 @@ def check_output_dir(recipe: Recipe, pairs_per_step: int | None = None) -> Outpu
                 f"resume_from_checkpoint {str(folder)!r} was written by a run with other settings "
                 f"({'; '.join(changed)}): rerun with its settings to resume it, or {resume.new_run_from(folder)}"
             )
+        resume.check_steps_left(explicit, out, t.max_steps)  # with num_train_epochs: once the data is counted
     # A named checkpoint is resumed into output_dir, as any: a finished run there is not written over by accident.
     if (out / RUN_COMPLETE).exists():
         if p.overwrite_output_dir:
