@@ -298,6 +298,7 @@ def check_output_dir(recipe: Recipe, pairs_per_step: int | None = None) -> Outpu
                 f"resume_from_checkpoint {str(folder)!r} was written by a run with other settings "
                 f"({'; '.join(changed)}): rerun with its settings to resume it, or {resume.new_run_from(folder)}"
             )
+        resume.check_steps_left(explicit, out, t.max_steps)  # with num_train_epochs: once the data is counted
     # A named checkpoint is resumed into output_dir, as any: a finished run there is not written over by accident.
     if (out / RUN_COMPLETE).exists():
         if p.overwrite_output_dir:
@@ -349,6 +350,8 @@ def check_output_dir(recipe: Recipe, pairs_per_step: int | None = None) -> Outpu
         raise ConfigError(
             f"output_dir {str(out)!r} {state}: pass --overwrite_output_dir to start afresh, or a new --output_dir"
         )
+    if (out / "resolved_config.json").is_file() and not p.overwrite_output_dir:  # written as its training started
+        resume.say_afresh(out, t.save_strategy)
     return OutputDecision(None, False)
 
 

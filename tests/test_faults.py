@@ -19,9 +19,10 @@ import pytest
 from safetensors.torch import load_file
 
 from conftest import PYTHON, ROOT, python, rank_python
+from dpotrain import stages
 from dpotrain.recipe.config import parse_args
 from dpotrain.recipe.errors import ConfigError
-from dpotrain.resolve import check_output_dir
+from dpotrain.resolve import OutputDecision, check_output_dir
 from dpotrain.train import checkpoint_manifest, resume
 from dpotrain.train.preemption import INTERRUPTED_EXIT, STOPPED_EXIT
 
@@ -648,6 +649,89 @@ def test_an_explicit_damaged_resume_point_is_refused(baseline, tmp_path, tiny_mo
         [*command(out, tiny_model_dir, pairs)[2:], "--resume_from_checkpoint", str(out / "checkpoint-4")]
     )
     with pytest.raises(ConfigError, match=r"resume_from_checkpoint .*checkpoint-4' cannot be verified \(scheduler.pt "):
+        check_output_dir(recipe, 8)
+
+
+@pytest.mark.slow
+def test_a_finished_runs_last_checkpoint_resumed_into_a_new_folder_is_refused_as_training_nothing(
+    baseline, tmp_path, tiny_model_dir, pairs
+):
+    """It exited 0 after training nothing: a "finished" run in the new folder, no metrics.jsonl, `"final": null`.
+    Refused before anything loads. Its own run's rerun from it still finishes that run (the final model is written
+    from it: test_a_run_killed_after_its_last_checkpoint_...), and an earlier checkpoint still resumes elsewhere."""
+    named = baseline / "checkpoint-4"
+    recipe = parse_args([*command(tmp_path / "new", tiny_model_dir, pairs)[2:], "--resume_from_checkpoint", str(named)])
+    with pytest.raises(ConfigError) as refused:
+        check_output_dir(recipe, 8)
+    assert str(refused.value) == (
+        f"resume_from_checkpoint {str(named)!r} was saved at step 4, and the run ends at step 4 (max_steps or "
+        "num_train_epochs, which a resume keeps as its checkpoint was trained): it would train nothing; to train on, "
+        f"start a new run from its weights (--model_name_or_path {named}, a new --output_dir)"
+    )
+    earlier = str(baseline / "checkpoint-2")
+    recipe = parse_args([*command(tmp_path / "new", tiny_model_dir, pairs)[2:], "--resume_from_checkpoint", earlier])
+    assert check_output_dir(recipe, 8).resume_from == earlier
+    out = unfinished(baseline, tmp_path)
+    own = str(out / "checkpoint-4")
+    recipe = parse_args([*command(out, tiny_model_dir, pairs)[2:], "--resume_from_checkpoint", own])
+    assert check_output_dir(recipe, 8).resume_from == own
+
+
+@pytest.mark.slow
+def test_a_run_over_epochs_resuming_another_runs_checkpoint_at_its_last_step_is_refused_once_the_data_is_counted(
+    baseline, tmp_path, tiny_model_dir, pairs
+):
+    """Under num_train_epochs the run's steps are known once the data set is counted, before the model loads."""
+    recipe = parse_args([*command(tmp_path / "new", tiny_model_dir, pairs)[2:], "--max_steps", "-1"])
+    recipe.training.num_train_epochs = 0.5  # 24 of the 48 pairs: 3 steps, each checkpoint of the baseline past them
+    launch = stages.checks(recipe)
+    output = OutputDecision(str(baseline / "checkpoint-4"), False)
+    with pytest.raises(ConfigError, match="was saved at step 4, and the run ends at step 3 "):
+        stages.load_data(recipe, launch, say=False, output=output)
+
+
+@pytest.mark.slow
+def test_a_rerun_over_an_unfinished_run_with_no_checkpoint_says_it_trains_again_from_step_1(
+    baseline, tmp_path, tiny_model_dir, pairs, capsys
+):
+    """A `--save_strategy no` run killed before its end was trained again from step 1 in silence."""
+    out = unfinished(baseline, tmp_path)
+    for name in ("checkpoint-2", "checkpoint-4"):
+        shutil.rmtree(out / name)
+    recipe = parse_args([*command(out, tiny_model_dir, pairs)[2:], "--save_strategy", "no"])
+    assert check_output_dir(recipe, 8) == OutputDecision(None, False)
+    assert (
+        f"note: output_dir {out} holds an unfinished run with no checkpoint (save_strategy no): training again from "
+        "step 1"
+    ) in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_a_renamed_checkpoint_is_not_resumed_as_the_step_its_name_says(
+    baseline, tmp_path, tiny_model_dir, pairs, capsys
+):
+    """checkpoint-2 moved to checkpoint-4: the run said "Resuming from .../checkpoint-4" and resumed at step 2 (its
+    trainer_state.json), while rotation and the records went by the name. It cannot be verified as step 4."""
+    out = unfinished(baseline, tmp_path)
+    shutil.rmtree(out / "checkpoint-4")
+    shutil.copytree(out / "checkpoint-2", out / "checkpoint-4")
+    why = "its trainer_state.json was saved at step 2 (renamed from checkpoint-2?): give it back its name"
+    recipe = parse_args(command(out, tiny_model_dir, pairs)[2:])
+    assert check_output_dir(recipe, 8).resume_from == str(out / "checkpoint-2")
+    assert (
+        f"Not resuming from {out / 'checkpoint-4'}: {why}; trying the checkpoint before it" in capsys.readouterr().out
+    )
+    named = parse_args(
+        [*command(out, tiny_model_dir, pairs)[2:], "--resume_from_checkpoint", str(out / "checkpoint-4")]
+    )
+    with pytest.raises(ConfigError) as refused:
+        check_output_dir(named, 8)
+    assert str(refused.value) == (
+        f"resume_from_checkpoint {str(out / 'checkpoint-4')!r} cannot be verified ({why}): pass "
+        f"--resume_from_checkpoint {out / 'checkpoint-2'}, the newest verified checkpoint beside it"
+    )
+    shutil.rmtree(out / "checkpoint-2")  # moved, not copied: nothing left to resume from
+    with pytest.raises(ConfigError, match=f"no checkpoint left to resume from \\(checkpoint-4: {why[:30]}"):
         check_output_dir(recipe, 8)
 
 

@@ -34,8 +34,20 @@ def unverified(folder: Path) -> str | None:
     but for its checksums (`confirm`)."""
     problem = checkpoint_manifest.problem(folder)
     if is_complete(folder):
-        return problem
+        return problem or renamed(folder)
     return f"a save cut short, or not this project's: no {MARKER} mark" + (f"; {problem}" if problem else "")
+
+
+def renamed(folder: Path) -> str | None:
+    """A checkpoint-N whose trainer_state.json was saved at another step: rotation and the run's records go by the
+    name, and the resume by the state, so it cannot be verified as the step it names."""
+    try:
+        named, saved = step_of(folder), saved_step(folder)
+    except (ValueError, IndexError):  # not named checkpoint-N: nothing to compare
+        return None
+    if saved is None or saved == named:
+        return None
+    return f"its trainer_state.json was saved at step {saved} (renamed from checkpoint-{saved}?): give it back its name"
 
 
 def newest_verified(out: Path, before: Path | None = None) -> tuple[Path | None, list[tuple[Path, str]]]:
@@ -126,6 +138,21 @@ def check_explicit(folder: str) -> None:
             else f"restore the named file(s) from a copy, or {new_run_from(folder)}"
         )
         raise ConfigError(f"resume_from_checkpoint {folder!r} cannot be verified ({why}): {fix}")
+
+
+def check_steps_left(named: str | None, out: Path, total: int | None) -> None:
+    """A checkpoint of another run saved at this run's last step (or past it): resumed into `out`, the run would train
+    nothing and record a finished run with no metrics. Its own run's (in `out`) is finished by a rerun: the final model
+    is written from it."""
+    if not named or not total or total <= 0 or Path(named).resolve().parent == out.resolve():
+        return
+    step = saved_step(Path(named))
+    if step is not None and step >= total:
+        raise ConfigError(
+            f"resume_from_checkpoint {named!r} was saved at step {step}, and the run ends at step {total} (max_steps "
+            f"or num_train_epochs, which a resume keeps as its checkpoint was trained): it would train nothing; to "
+            f"train on, {new_run_from(named)}"
+        )
 
 
 def saved_step(folder: Path) -> int | None:
@@ -245,6 +272,13 @@ def only_cut_short(out: Path, changed: list[str]) -> bool:
         "from: starting afresh"
     )
     return True
+
+
+def say_afresh(out: Path, save_strategy) -> None:
+    """A rerun over an unfinished run that left no checkpoint (killed before its first save, or never saving) trains
+    its steps again from the start: said, not done in silence."""
+    why = " (save_strategy no)" if save_strategy == "no" else ""
+    _say(f"note: output_dir {out} holds an unfinished run with no checkpoint{why}: training again from step 1")
 
 
 def new_run_from(checkpoint) -> str:
