@@ -199,6 +199,13 @@ def check_engine_switches(t) -> None:
         )
 
 
+_EVAL_CAST = (
+    "transformers casts the model only for an evaluation outside training; this run evaluates during training, in "
+    "its precision (bf16, fp16)"
+)
+_NO_METRICS = (
+    "it feeds a compute_metrics function, and the run has none: evaluation logs eval_loss and the reward metrics"
+)
 # TrainingArguments fields read only by code this project replaces (Trainer.compute_loss, its data loaders, evaluation
 # outside training, its stop on SIGTERM), each with what the run does instead: a value other than the default was
 # recorded and never applied (`--label_smoothing_factor 0.1` trained without smoothing).
@@ -213,14 +220,10 @@ UNREAD = {
     "dataloader_drop_last": "the step plan trains every pair of an epoch (a short last step joins the one before it)",
     "dataloader_in_order": "the step plan's loader yields its steps in the plan's order",
     "dataloader_multiprocessing_context": "the step plan's loader starts its workers in torch's default context",
-    "bf16_full_eval": "transformers casts the model only for an evaluation outside training; this run evaluates "
-    "during training, in its precision (bf16, fp16)",
-    "fp16_full_eval": "transformers casts the model only for an evaluation outside training; this run evaluates "
-    "during training, in its precision (bf16, fp16)",
-    "include_for_metrics": "it feeds a compute_metrics function, and the run has none: evaluation logs eval_loss "
-    "and the reward metrics",
-    "batch_eval_metrics": "it feeds a compute_metrics function, and the run has none: evaluation logs eval_loss "
-    "and the reward metrics",
+    "bf16_full_eval": _EVAL_CAST,
+    "fp16_full_eval": _EVAL_CAST,
+    "include_for_metrics": _NO_METRICS,
+    "batch_eval_metrics": _NO_METRICS,
     "length_column_name": "only train_sampling_strategy group_by_length reads it, which is refused here",
     "enable_jit_checkpoint": "the run saves a checkpoint on SIGTERM itself, at a step's end, and exits to be "
     "requeued (docs/reliability.md)",

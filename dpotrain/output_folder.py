@@ -94,7 +94,7 @@ def check_outside_data(output_dir: str, data_names: list[str]) -> None:
         folder = Path(name).expanduser()
         if not folder.is_dir() or data_identity.saved(folder):
             continue
-        if folder.resolve() == out or folder.resolve() in out.parents or same_folder_above(out, folder):
+        if same_folder_above(out, folder):  # by name, or by another name (a bind mount)
             raise ConfigError(
                 f"output_dir {output_dir!r} is inside the data folder {name!r}, every file of which datasets reads as "
                 "data: the run's own files would be read as pairs at its next start (a requeue too); pass an "

@@ -106,9 +106,8 @@ def changed_files(old: dict, found: dict[str, Path]) -> str | None:
         # A file hashed whole is trusted while its change time agrees too: `cp -p` of another file of the same size
         # keeps the modification time, never the change time (a chmod or a move changes it too: hashed again).
         # A file known by its ends is trusted on its modification time: hashed again, its ends prove nothing.
-        if stat.st_mtime_ns == was["mtime_ns"] and stat.st_ctime_ns == was.get("ctime_ns", stat.st_ctime_ns):
-            continue
-        if stat.st_mtime_ns == was["mtime_ns"] and "sha256_ends" in was:
+        same_ctime = "sha256_ends" in was or stat.st_ctime_ns == was.get("ctime_ns", stat.st_ctime_ns)
+        if stat.st_mtime_ns == was["mtime_ns"] and same_ctime:
             continue
         if "sha256" in was:
             digest, then = _sha256(path), was["sha256"]
