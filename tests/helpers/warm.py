@@ -28,7 +28,9 @@ import sys
 
 # Variables read at run time only (torchrun's and accelerate's per-rank settings, the project's own): they may differ
 # between the server and a request.
-RUNTIME_PREFIXES = ("DPOTRAIN_", "ACCELERATE_", "FSDP_", "TORCHELASTIC_", "TORCH_NCCL_", "NCCL_", "PYTEST_")
+# SLURM_*: the project reads them when a run starts (run_lock, options); no library of the stack reads them while it is
+# imported (W&B, which does at init, is not imported here).
+RUNTIME_PREFIXES = ("DPOTRAIN_", "ACCELERATE_", "FSDP_", "TORCHELASTIC_", "TORCH_NCCL_", "NCCL_", "PYTEST_", "SLURM_")
 RUNTIME_KEYS = {
     "PATH",
     "PWD",
