@@ -138,6 +138,10 @@ class _Warm:
                     f"sys.argv[1:], {unbuffered})\n"
                 )
                 client.chmod(0o755)
+            # `accelerate launch` itself imports torch and transformers (~6 CPU-seconds a launch): run warm too.
+            (cls.folder / "accelerate_cli.py").write_text(
+                "import sys\nfrom accelerate.commands.accelerate_cli import main\nsys.exit(main())\n"
+            )
         return cls.folder
 
     @classmethod
@@ -209,14 +213,22 @@ def rank_python() -> list[str]:
     return ["--no_python", str(folder / "python-u")] if folder else []
 
 
+def accelerate_launch() -> list[str]:
+    """`accelerate launch`: the venv's accelerate CLI on the warm interpreter, as `python()` runs a script. Only for
+    launches that run to their end; a test that signals or kills the launcher runs the venv's own `accelerate`."""
+    folder = _Warm.clients()
+    if folder is None:
+        return [os.path.join(os.path.dirname(PYTHON), "accelerate"), "launch"]
+    return [str(folder / "python"), str(folder / "accelerate_cli.py"), "launch"]
+
+
 def launch_smoke(processes: int, args: list[str], env: dict | None = None, timeout: int = 900) -> None:
     """What a Slurm job of the smoke recipe launches (scripts/launch.sh: `accelerate launch` of `processes` with
     accelerate_config.yaml, ZeRO-2), run here outside Slurm, which changes nothing it computes: the uninterrupted run
     a preempted job is compared with. Ranks start as `rank_python()`; the venv's bin is first on PATH, as in a job."""
     bin_dir = os.path.dirname(PYTHON)
     cmd = [
-        os.path.join(bin_dir, "accelerate"),
-        "launch",
+        *accelerate_launch(),
         "--config_file",
         str(ROOT / "accelerate_config.yaml"),
         "--num_processes",

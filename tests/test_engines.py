@@ -18,6 +18,7 @@ from conftest import (
     GROUP_TIMEOUT_S,
     REPORT_GROUPS,
     ROOT,
+    accelerate_launch,
     assert_every_group_has_the_recipes_timeout,
     python,
     rank_python,
@@ -57,8 +58,7 @@ def train(out, model_dir, data, *args, config=None, timeout=900):
     launcher = [python()]
     if config:
         launcher = [
-            str(ROOT / ".venv" / "bin" / "accelerate"),
-            "launch",
+            *accelerate_launch(),
             "--config_file",
             str(ROOT / config),
             "--num_processes",

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import ROOT, python, rank_python
+from conftest import ROOT, accelerate_launch, python, rank_python
 from dpotrain.data import builtin
 from dpotrain.data.pair_lengths import PairLengths
 from dpotrain.plan import plan
@@ -238,8 +238,7 @@ def launch(tmp_path, model_dir, args, processes=1, timeout=900):
     launcher = [python()]
     if processes > 1:
         launcher = [
-            str(ROOT / ".venv" / "bin" / "accelerate"),
-            "launch",
+            *accelerate_launch(),
             "--config_file",
             str(ROOT / "accelerate_config.yaml"),
             "--num_processes",

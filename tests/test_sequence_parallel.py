@@ -22,7 +22,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from conftest import ROOT, python, rank_python
+from conftest import ROOT, accelerate_launch, python, rank_python
 from dpotrain.forwards import packing, sequence_parallel
 from dpotrain.train.preemption import STOPPED_EXIT
 
@@ -36,8 +36,7 @@ def train(out, model_dir, *args, processes=1, config="accelerate_config.yaml", e
     launcher = [python()]
     if processes > 1:
         launcher = [
-            str(ROOT / ".venv" / "bin" / "accelerate"),
-            "launch",
+            *accelerate_launch(),
             "--config_file",
             str(ROOT / config),
             "--num_processes",
