@@ -10,7 +10,7 @@ import textwrap
 
 import pytest
 
-from conftest import ROOT, built, rank_python
+from conftest import ROOT, accelerate_launch, built, rank_python
 
 CHECK = textwrap.dedent("""
     import os, sys
@@ -88,10 +88,8 @@ def test_two_ranks_given_different_data_are_refused_at_start(tmp_path, tiny_mode
     other.write_text("".join(json.dumps(r) + "\n" for r in rows[:20] + builtin.make_preference_rows(20, seed=4)))
     wrapper = tmp_path / "wrapper.py"
     wrapper.write_text(WRAPPER.format(root=str(ROOT), train=str(ROOT / "train_dpo.py"), other=str(other)))
-    accelerate = str(ROOT / ".venv" / "bin" / "accelerate")
     cmd = [
-        accelerate,
-        "launch",
+        *accelerate_launch(),
         "--config_file",
         str(ROOT / "accelerate_config.yaml"),
         "--num_processes",

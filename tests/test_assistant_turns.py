@@ -17,14 +17,13 @@ from open_instruct_dpo import kept_pairs, sgd_steps, tokenize
 from safetensors.torch import load_file
 from transformers import AutoTokenizer, TrainerCallback
 
-from conftest import ROOT, built, rank_python, ready
+from conftest import ROOT, accelerate_launch, built, rank_python, ready
 from dpotrain.data import turns
 from dpotrain.data.pair_lengths import LABELS
 from dpotrain.recipe.config import parse_args
 from dpotrain.recipe.errors import ConfigError
 
 SMOKE = str(ROOT / "configs" / "smoke.yaml")
-ACCELERATE = str(ROOT / ".venv" / "bin" / "accelerate") if (ROOT / ".venv").exists() else "accelerate"
 MAX_LENGTH = 256
 BETA = 5.0
 LR = 1.0  # plain SGD: a step moves each weight by -LR x its gradient, so the weights tell the gradient
@@ -241,8 +240,7 @@ def test_zero2_on_two_processes_equals_open_instruct(tmp_path, tiny_model_dir, o
     data.write_text("".join(json.dumps(p) + "\n" for p in pairs()))
     out = tmp_path / "run"
     cmd = [
-        ACCELERATE,
-        "launch",
+        *accelerate_launch(),
         "--config_file",
         str(ROOT / "accelerate_config.yaml"),
         "--num_processes",

@@ -13,7 +13,6 @@ import json
 import math
 import os
 import subprocess
-import sys
 
 import datasets
 import pytest
@@ -21,7 +20,7 @@ import yaml
 from safetensors.torch import load_file
 from trl_parity import ROWS
 
-from conftest import ROOT, built, python, rank_python, ready
+from conftest import ROOT, accelerate_launch, built, python, rank_python, ready
 from dpotrain import stages
 from dpotrain.cluster import engine
 from dpotrain.recipe.config import parse_args
@@ -150,8 +149,7 @@ def test_two_processes_clip_the_step_at_one_global_norm(name, extra, tmp_path, t
     data.write_text("".join(json.dumps(r) + "\n" for r in PAIRS))
     out = tmp_path / "run"
     cmd = [
-        os.path.join(os.path.dirname(sys.executable), "accelerate"),
-        "launch",
+        *accelerate_launch(),
         "--config_file",
         engine_config(tmp_path, name),
         "--num_processes",

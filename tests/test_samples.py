@@ -9,7 +9,7 @@ import sys
 import pytest
 from test_honest_runs import wandb_history
 
-from conftest import ROOT, built, python, rank_python, ready
+from conftest import ROOT, accelerate_launch, built, python, rank_python, ready
 from dpotrain.data import data
 from dpotrain.recipe.config import parse_args
 from dpotrain.train.samples import SAMPLES_FILE, repetition
@@ -96,10 +96,8 @@ def test_sample_prompts_from_the_recipe(tmp_path, tiny_model_dir):
 def test_main_process_generation_does_not_deadlock_zero2(tmp_path, tiny_model_dir):
     """Two DeepSpeed ZeRO-2 processes on CPU: rank 0 generates while rank 1 waits at the next collective."""
     out = tmp_path / "zero2"
-    accelerate = str(ROOT / ".venv" / "bin" / "accelerate") if (ROOT / ".venv").exists() else "accelerate"
     cmd = [
-        accelerate,
-        "launch",
+        *accelerate_launch(),
         "--config_file",
         str(ROOT / "accelerate_config.yaml"),
         "--num_processes",

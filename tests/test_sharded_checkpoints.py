@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from conftest import ROOT, rank_python
+from conftest import ROOT, accelerate_launch, rank_python
 from dpotrain.cluster import engine
 from dpotrain.recipe.errors import ConfigError
 
@@ -38,8 +38,7 @@ def test_gradients_held_between_micro_batches_are_what_the_plan_counts(config):
     micro-batch: what a process holds does not depend on them, and bf16 on a CPU is slow: 256 took 40 s a launch.)"""
     bin_dir = os.path.dirname(sys.executable)
     cmd = [
-        os.path.join(bin_dir, "accelerate"),
-        "launch",
+        *accelerate_launch(),
         "--config_file",
         str(ROOT / config),
         "--num_processes",
