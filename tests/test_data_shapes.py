@@ -88,6 +88,15 @@ def text_instruction(n=N, column="instruction") -> list[dict]:
     return [{column: r["prompt"], **{k: r[k] for k in ("chosen", "rejected")}, "source": "gen"} for r in text_prompt(n)]
 
 
+def content_parts(n=N) -> list[dict]:
+    """OpenAI's (and TRL's vision) way to write a message: its content a list of parts, here text parts only."""
+
+    def parts(messages):
+        return [{**m, "content": [{"type": "text", "text": m["content"]}]} for m in messages]
+
+    return [{"chosen": parts(r["chosen"]), "rejected": parts(r["rejected"])} for r in dolci(n)]
+
+
 def write(tmp_path, name: str, make, kind: str) -> tuple[str, str]:
     """(dataset_name, split) of the rows `make()` written as `kind`, with `datasets` itself."""
     dataset = datasets.Dataset.from_list(make())
@@ -125,6 +134,7 @@ SHAPES = {
     "standard text with prompt, csv": (text_prompt, "csv", "messages", False),
     "text with an instruction column, jsonl": (text_instruction, "jsonl", "messages", False),
     "messages, save_to_disk": (dolci, "saved", "messages", True),
+    "messages with text content parts, jsonl": (content_parts, "jsonl", "messages", True),
     "messages, DatasetDict split": (dolci, "saved_dict", "messages", True),
 }
 
@@ -157,6 +167,25 @@ def test_analyzer_lengths_equal_the_trainers(shape, tokenizer, tmp_path):
     # Message lists go through the chat template (its <|im_start|> turns); text does not.
     prompt = tokenizer.decode(processed[0]["prompt_ids"])
     assert ("<|im_start|>user" in prompt) == conversational, prompt
+
+
+def test_text_content_parts_train_as_the_same_messages_written_as_strings(tokenizer, tmp_path):
+    """A message whose content is a list of text parts is its text: the same pairs, the same token ids."""
+    _, parts = read_pairs(*write(tmp_path, "parts", content_parts, "parquet"), "messages")
+    _, strings = read_pairs(*write(tmp_path, "strings", dolci, "parquet"), "messages")
+    assert parts.to_list() == strings.to_list()
+
+
+@pytest.mark.parametrize("kind", ["image", "image_url"])
+def test_a_content_part_that_is_not_text_is_refused_naming_the_fix(kind, tmp_path, monkeypatch, capsys):
+    pairs = content_parts()
+    pairs[3]["chosen"][0]["content"].insert(0, {"type": kind, "text": None})
+    name, _ = write(tmp_path, "d", lambda: pairs, "jsonl")
+    line = refused(tmp_path, monkeypatch, capsys, "--dataset_name", name)
+    assert line.startswith(
+        f"error: row 3, column 'chosen': message 0 has a {kind!r} part in its content, and dpotrain trains text only ("
+    ), line
+    assert "keep only its text parts" in line
 
 
 @pytest.mark.parametrize("column", ["instruction", "question", "input", "query"])

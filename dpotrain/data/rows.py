@@ -120,6 +120,13 @@ def _check_value(value, conversational: bool) -> str | None:
                 continue  # a tool call without text, as TRL's data sets write it: the template renders its calls
             if message.get(key) is None:
                 return f"message {i} has no {key!r}"
+            if key == "content" and isinstance(message[key], list):  # text parts alone are joined (shapes.text_parts)
+                part = next(p for p in message[key] if not shapes.is_text_part(p))
+                kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+                return (
+                    f"message {i} has a {kind!r} part in its content, and dpotrain trains text only (TRL trains "
+                    "images with a vision-language model): keep only its text parts ({'type': 'text', 'text': ...})"
+                )
             if not isinstance(message[key], str):
                 return f"message {i} has a non-string {key!r} ({type(message[key]).__name__})"
         if message["role"] not in ROLES:  # read as something else further on ("a prompt followed by another prompt")
