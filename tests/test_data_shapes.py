@@ -188,6 +188,33 @@ def test_a_content_part_that_is_not_text_is_refused_naming_the_fix(kind, tmp_pat
     assert "keep only its text parts" in line
 
 
+def with_images(tmp_path, images) -> str:
+    """TRL's vision shape (its `images` column), saved with save_to_disk: the analyzer and the run read it alike."""
+    import PIL.Image
+
+    pairs = [{"images": images(PIL.Image.new("RGB", (4, 4), "red")), **r} for r in explicit_prompt()]
+    features = {**datasets.Dataset.from_list(explicit_prompt()).features, "images": datasets.List(datasets.Image())}
+    dataset = datasets.Dataset.from_list(pairs, features=datasets.Features(features))
+    dataset.save_to_disk(str(tmp_path / "vision"))
+    return str(tmp_path / "vision")
+
+
+def test_a_data_set_holding_images_is_refused_by_the_run_and_the_analyzer(
+    cli, tiny_model_dir, tmp_path, monkeypatch, capsys
+):
+    """TRL trains such pairs only with a vision-language model; unread, the images' questions trained without them."""
+    name = with_images(tmp_path, lambda image: [image])
+    expected = "error: the data set holds images (column 'images', 24 of 24 rows), and dpotrain trains text only"
+    assert refused(tmp_path, monkeypatch, capsys, "--dataset_name", name).startswith(expected)
+    assert cli.main([name, "--tokenizer", tiny_model_dir, "--num-proc", "1"]) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1].startswith(expected)
+
+
+def test_an_images_column_without_images_is_left_unread(tmp_path):
+    _, pairs = read_pairs(with_images(tmp_path, lambda image: []), "train", "messages")
+    assert len(pairs) == N
+
+
 @pytest.mark.parametrize("column", ["instruction", "question", "input", "query"])
 def test_a_prompt_in_a_column_of_another_common_name_is_read_as_the_prompt(column, tmp_path, capsys):
     """Issue 53 item 7: string answers whose prompt sits in `instruction` (or `question`, `input`, `query`) trained with

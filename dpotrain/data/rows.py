@@ -16,6 +16,7 @@ from dpotrain.data.data import row_location
 from dpotrain.recipe.errors import ConfigError
 
 ROW_COLUMNS = ("prompt", "chosen", "rejected", *shapes.KEPT_COLUMNS)
+IMAGE_COLUMNS = ("image", "images")  # TRL's DPOTrainer reads a data set with either as a vision one
 
 
 class InvalidRowError(ConfigError):
@@ -183,6 +184,32 @@ class RowCheck:
         }
 
 
+def check_text_only(dataset) -> None:
+    """A data set whose `image`/`images` column holds images is refused: TRL trains it only with a vision-language
+    model (it refuses a text one), and here the column would go unread, the text trained without the images it asks
+    about. Counted in Arrow (no image is decoded); a streaming data set by its first row."""
+    import datasets
+    import pyarrow.compute as pc
+
+    for column in IMAGE_COLUMNS:
+        if column not in (dataset.column_names or next(iter(dataset), {})):
+            continue
+        if isinstance(dataset, datasets.Dataset):
+            values = dataset.select_columns([column]).with_format("arrow")[:][column]
+            if hasattr(values.type, "value_type"):  # a list of images: an empty one holds none
+                values = pc.if_else(pc.greater(pc.list_value_length(values), 0), values, None)
+            held = len(values) - values.null_count
+            where = f"{held} of {len(values)} rows"
+        else:
+            held, where = next(iter(dataset))[column] not in (None, []), "its first row"
+        if held:
+            raise ConfigError(
+                f"the data set holds images (column {column!r}, {where}), and dpotrain trains text only "
+                "(TRL trains such pairs with a vision-language model), so the text would be trained without the "
+                "images it speaks of: remove the column to train the text alone"
+            )
+
+
 def check_dataset(dataset, skip_invalid: bool = False, hh_format: str = "messages", template=None) -> RowCheck:
     """`read_row` on every row of an in-memory `Dataset` (a column batch at a time: 150k rows in seconds), every bad
     row listed in the returned `RowCheck`. Unless `skip_invalid`, bad rows among good ones raise `InvalidRowError`: the
@@ -192,6 +219,7 @@ def check_dataset(dataset, skip_invalid: bool = False, hh_format: str = "message
     columns = [c for c in ROW_COLUMNS if c in dataset.column_names]
     if len(dataset) == 0:
         raise ConfigError("the data set has no rows: check the file or the split")
+    check_text_only(dataset)
     fmt = RowFormat.of(dataset[0], columns, None, hh_format, template)
     invalid, index = [], 0
     for batch in dataset.select_columns(columns).iter(batch_size=2048):
