@@ -188,6 +188,21 @@ def test_a_content_part_that_is_not_text_is_refused_naming_the_fix(kind, tmp_pat
     assert "keep only its text parts" in line
 
 
+@pytest.mark.parametrize("kind", ["jsonl", "csv"])
+def test_a_compressed_file_reads_as_the_file_itself(kind, tokenizer, tmp_path):
+    """`pairs.jsonl.gz` is what datasets (and so TRL's scripts) read through its codec, as a folder of such shards is
+    read here; a CSV's cells stay the text written (`42`, not the int) through it."""
+    import gzip
+
+    make = {"jsonl": dolci, "csv": lambda: [{**r, "chosen": " 42"} for r in text_prompt()]}[kind]
+    name, split = write(tmp_path, "d", make, kind)
+    with open(name, "rb") as plain, gzip.open(f"{name}.gz", "wb") as packed:
+        packed.write(plain.read())
+    raw, pairs = read_pairs(f"{name}.gz", split, "messages")
+    assert pairs.to_list() == read_pairs(name, split, "messages")[1].to_list() and len(pairs) == N
+    assert lengths.measure(raw, tokenizer).rows == N  # the analyzer's reading
+
+
 def with_images(tmp_path, images) -> str:
     """TRL's vision shape (its `images` column), saved with save_to_disk: the analyzer and the run read it alike."""
     import PIL.Image
