@@ -469,6 +469,15 @@ def test_no_usable_row_is_one_error_line_that_does_not_offer_skip_invalid(skip, 
     )
 
 
+@pytest.mark.parametrize("make", [dolci, text])
+def test_a_prompt_column_null_in_every_row_is_refused_naming_the_fix(make, tmp_path, monkeypatch, capsys):
+    """An export's empty `prompt` column (pandas writes null where there is none): the pairs hold their prompt."""
+    name, _ = write(tmp_path, "d", lambda: [{"prompt": None, **r} for r in make()], "jsonl")
+    line = refused(tmp_path, monkeypatch, capsys, "--dataset_name", name)
+    assert line.startswith(f"error: every row of the train split ({N} of {N}) fails one check: prompt: missing (null)")
+    assert "remove the `prompt` column" in line, line
+
+
 def test_an_empty_split_is_one_error_line(tmp_path, monkeypatch, capsys):
     empty = datasets.Dataset.from_list(dolci(2)).select([])
     empty.to_parquet(tmp_path / "empty.parquet")

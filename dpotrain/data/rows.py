@@ -253,6 +253,8 @@ def every_row_invalid(checked: RowCheck, split: str, source: str | None) -> str:
     if len(reasons) == 1 or off_template:  # said as the first row has it (`message 0`, counted as `message N`)
         problem = first["problem"].split(shapes.DETAIL, 1)[0]
         column = " or ".join(c for c in ("prompt", "chosen", "rejected") if c in {p["column"] for p in checked.invalid})
+        if column == "prompt" and problem == "missing (null)":  # an export's empty column: the pairs hold the prompt
+            problem += "; remove the `prompt` column, and each pair's prompt is read from chosen and rejected"
         return (
             f"every row of the {split} split ({checked.rows} of {checked.rows}) fails one check: {column}: "
             f"{problem}{chat_template.misfit(problem)}{shown}"
