@@ -203,6 +203,29 @@ def test_a_compressed_file_reads_as_the_file_itself(kind, tokenizer, tmp_path):
     assert lengths.measure(raw, tokenizer).rows == N  # the analyzer's reading
 
 
+def test_text_that_reads_as_json_stays_text_where_a_field_mixes_types(tmp_path):
+    """datasets stores a field whose type differs between rows as JSON, and text that reads as JSON as it is: the
+    answer `"0"` came back the int 0, refused (or with --skip_invalid dropped) as not text. Here a message's content
+    is text in some rows and text parts in one; then a text column holds a number in one row."""
+    pairs = [
+        {**r, "chosen": [*r["chosen"][:-1], {"role": "assistant", "content": str(i)}]} for i, r in enumerate(dolci())
+    ]
+    pairs[5]["rejected"][-1]["content"] = [{"type": "text", "text": "null"}]
+    path = tmp_path / "parts.jsonl"
+    path.write_text("".join(json.dumps(p) + "\n" for p in pairs))
+    _, read = read_pairs(str(path), "train", "messages")
+    assert [p["chosen"][-1]["content"] for p in read] == [str(i) for i in range(N)]
+    assert read[5]["rejected"][-1]["content"] == "null"
+    answers = [{"prompt": f"{i} + {i}?", "chosen": str(2 * i), "rejected": str(2 * i + 1)} for i in range(N)]
+    answers[7]["chosen"] = 14
+    path = tmp_path / "numbers.jsonl"
+    path.write_text("".join(json.dumps(p) + "\n" for p in answers))
+    derived = {}
+    _, read = read_pairs(str(path), "train", "messages", skip_invalid=True, derived=derived)
+    assert len(read) == N - 1 and derived["invalid_rows"]["first"][0]["index"] == 7
+    assert read[0] == {"prompt": "0 + 0?", "chosen": "0", "rejected": "1"}
+
+
 def with_images(tmp_path, images) -> str:
     """TRL's vision shape (its `images` column), saved with save_to_disk: the analyzer and the run read it alike."""
     import PIL.Image

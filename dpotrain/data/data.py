@@ -183,6 +183,8 @@ def load_preference_dataset(
             raise ConfigError(_bad_line(path) or f"could not read dataset file {str(path)!r}: {cause(e)}") from None
         if builder in ("json", "csv") and not streaming:
             _check_utf8(loaded[split], path)
+        if builder == "json" and not streaming:
+            loaded[split] = _exact_mixed_fields(loaded[split], path)
     elif path.is_dir():  # a folder of data files: by its path (a recipe's `~/prefs` is no Hub name)
         csv = [p for p in (data_identity.files(str(path)) or {}).values() if p.suffix == ".csv"]
         try:  # a folder of CSV files: read as text, as one file is (it is read as CSV where they are the most files)
@@ -307,6 +309,31 @@ def _check_utf8(dataset, path: Path) -> None:
         if "UTF8" not in str(e):
             raise
         raise ConfigError(_invalid_utf8(path) or f"dataset file {str(path)!r} is not valid UTF-8") from None
+
+
+def _exact_mixed_fields(dataset, path: Path):
+    """datasets stores a field whose type differs between rows (text in one, a number or text parts in another) as
+    JSON, but keeps text that reads as JSON as it is: the answer `"42"` came back the int 42, `"null"` None, and was
+    refused or dropped as not text. The columns a pair is read from that hold such a field are read again from the
+    file, each value as written."""
+    import datasets
+    from datasets.utils.json import get_json_field_paths_from_feature
+
+    read = ("prompt", "chosen", "rejected")
+    mixed = [c for c in read if c in dataset.features and get_json_field_paths_from_feature(dataset.features[c])]
+    if not mixed:
+        return dataset
+    with open_data(path, "rt", encoding="utf-8-sig") as f:
+        text = f.read()
+    rows = (
+        json.loads(text) if text.lstrip().startswith("[") else [json.loads(x) for x in text.splitlines() if x.strip()]
+    )
+    if len(rows) != len(dataset):  # not read row for row as datasets read it: left as datasets has it
+        return dataset
+    for column in mixed:  # each value JSON-encoded, so that text stays text
+        values = [None if row.get(column) is None else json.dumps(row[column]) for row in rows]
+        dataset = dataset.remove_columns(column).add_column(column, values, feature=datasets.Json())
+    return dataset
 
 
 def _invalid_utf8(path: Path) -> str | None:

@@ -320,13 +320,19 @@ def usable_pairs(
 
 def _parsed_features(dataset, shape: shapes.Shape):
     """The read pairs' column types where messages are parsed from JSON text (`shape.json_columns`): datasets' Json,
-    each message as written (else the first batch fixes the fields and a later `name` or `tool_calls` fails the map)."""
+    each message as written (else the first batch fixes the fields and a later `name` or `tool_calls` fails the map).
+    So too where a column is datasets' Json (a field of mixed types, `data._exact_mixed_fields`): the map would keep
+    that type for the pairs, and Json keeps text that reads as JSON as it is (the answer `"42"` read back the int)."""
     import datasets
+    from datasets.utils.json import get_json_field_paths_from_feature
 
-    if not (shape.json_columns and shape.conversational):
+    read = ("prompt", "chosen", "rejected")
+    mixed = any(get_json_field_paths_from_feature(dataset.features[c]) for c in read if c in dataset.features)
+    if not (shape.json_columns and shape.conversational or mixed):
         return None
     kept = {c: dataset.features[c] for c in shapes.KEPT_COLUMNS if c in dataset.column_names}
-    return datasets.Features({**kept, **{c: datasets.List(datasets.Json()) for c in ("prompt", "chosen", "rejected")}})
+    pair = datasets.List(datasets.Json()) if shape.conversational else datasets.Value("string")
+    return datasets.Features({**kept, **dict.fromkeys(read, pair)})
 
 
 def no_null_kwargs(pairs):
