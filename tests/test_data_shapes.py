@@ -88,6 +88,15 @@ def text_instruction(n=N, column="instruction") -> list[dict]:
     return [{column: r["prompt"], **{k: r[k] for k in ("chosen", "rejected")}, "source": "gen"} for r in text_prompt(n)]
 
 
+def content_parts(n=N) -> list[dict]:
+    """OpenAI's (and TRL's vision) way to write a message: its content a list of parts, here text parts only."""
+
+    def parts(messages):
+        return [{**m, "content": [{"type": "text", "text": m["content"]}]} for m in messages]
+
+    return [{"chosen": parts(r["chosen"]), "rejected": parts(r["rejected"])} for r in dolci(n)]
+
+
 def write(tmp_path, name: str, make, kind: str) -> tuple[str, str]:
     """(dataset_name, split) of the rows `make()` written as `kind`, with `datasets` itself."""
     dataset = datasets.Dataset.from_list(make())
@@ -125,6 +134,7 @@ SHAPES = {
     "standard text with prompt, csv": (text_prompt, "csv", "messages", False),
     "text with an instruction column, jsonl": (text_instruction, "jsonl", "messages", False),
     "messages, save_to_disk": (dolci, "saved", "messages", True),
+    "messages with text content parts, jsonl": (content_parts, "jsonl", "messages", True),
     "messages, DatasetDict split": (dolci, "saved_dict", "messages", True),
 }
 
@@ -157,6 +167,90 @@ def test_analyzer_lengths_equal_the_trainers(shape, tokenizer, tmp_path):
     # Message lists go through the chat template (its <|im_start|> turns); text does not.
     prompt = tokenizer.decode(processed[0]["prompt_ids"])
     assert ("<|im_start|>user" in prompt) == conversational, prompt
+
+
+def test_text_content_parts_train_as_the_same_messages_written_as_strings(tokenizer, tmp_path):
+    """A message whose content is a list of text parts is its text: the same pairs, the same token ids."""
+    _, parts = read_pairs(*write(tmp_path, "parts", content_parts, "parquet"), "messages")
+    _, strings = read_pairs(*write(tmp_path, "strings", dolci, "parquet"), "messages")
+    assert parts.to_list() == strings.to_list()
+
+
+@pytest.mark.parametrize("kind", ["image", "image_url"])
+def test_a_content_part_that_is_not_text_is_refused_naming_the_fix(kind, tmp_path, monkeypatch, capsys):
+    pairs = content_parts()
+    pairs[3]["chosen"][0]["content"].insert(0, {"type": kind, "text": None})
+    name, _ = write(tmp_path, "d", lambda: pairs, "jsonl")
+    line = refused(tmp_path, monkeypatch, capsys, "--dataset_name", name)
+    assert line.startswith(
+        f"error: row 3, column 'chosen': message 0 has a {kind!r} part in its content, and dpotrain trains text only ("
+    ), line
+    assert "keep only its text parts" in line
+
+
+@pytest.mark.parametrize("kind", ["jsonl", "csv"])
+def test_a_compressed_file_reads_as_the_file_itself(kind, tokenizer, tmp_path):
+    """`pairs.jsonl.gz` is what datasets (and so TRL's scripts) read through its codec, as a folder of such shards is
+    read here; a CSV's cells stay the text written (`42`, not the int) through it."""
+    import gzip
+
+    make = {"jsonl": dolci, "csv": lambda: [{**r, "chosen": " 42"} for r in text_prompt()]}[kind]
+    name, split = write(tmp_path, "d", make, kind)
+    with open(name, "rb") as plain, gzip.open(f"{name}.gz", "wb") as packed:
+        packed.write(plain.read())
+    raw, pairs = read_pairs(f"{name}.gz", split, "messages")
+    assert pairs.to_list() == read_pairs(name, split, "messages")[1].to_list() and len(pairs) == N
+    assert lengths.measure(raw, tokenizer).rows == N  # the analyzer's reading
+
+
+def test_text_that_reads_as_json_stays_text_where_a_field_mixes_types(tmp_path):
+    """datasets stores a field whose type differs between rows as JSON, and text that reads as JSON as it is: the
+    answer `"0"` came back the int 0, refused (or with --skip_invalid dropped) as not text. Here a message's content
+    is text in some rows and text parts in one; then a text column holds a number in one row."""
+    pairs = [
+        {**r, "chosen": [*r["chosen"][:-1], {"role": "assistant", "content": str(i)}]} for i, r in enumerate(dolci())
+    ]
+    pairs[5]["rejected"][-1]["content"] = [{"type": "text", "text": "null"}]
+    path = tmp_path / "parts.jsonl"
+    path.write_text("".join(json.dumps(p) + "\n" for p in pairs))
+    _, read = read_pairs(str(path), "train", "messages")
+    assert [p["chosen"][-1]["content"] for p in read] == [str(i) for i in range(N)]
+    assert read[5]["rejected"][-1]["content"] == "null"
+    answers = [{"prompt": f"{i} + {i}?", "chosen": str(2 * i), "rejected": str(2 * i + 1)} for i in range(N)]
+    answers[7]["chosen"] = 14
+    path = tmp_path / "numbers.jsonl"
+    path.write_text("".join(json.dumps(p) + "\n" for p in answers))
+    derived = {}
+    _, read = read_pairs(str(path), "train", "messages", skip_invalid=True, derived=derived)
+    assert len(read) == N - 1 and derived["invalid_rows"]["first"][0]["index"] == 7
+    assert read[0] == {"prompt": "0 + 0?", "chosen": "0", "rejected": "1"}
+
+
+def with_images(tmp_path, images) -> str:
+    """TRL's vision shape (its `images` column), saved with save_to_disk: the analyzer and the run read it alike."""
+    import PIL.Image
+
+    pairs = [{"images": images(PIL.Image.new("RGB", (4, 4), "red")), **r} for r in explicit_prompt()]
+    features = {**datasets.Dataset.from_list(explicit_prompt()).features, "images": datasets.List(datasets.Image())}
+    dataset = datasets.Dataset.from_list(pairs, features=datasets.Features(features))
+    dataset.save_to_disk(str(tmp_path / "vision"))
+    return str(tmp_path / "vision")
+
+
+def test_a_data_set_holding_images_is_refused_by_the_run_and_the_analyzer(
+    cli, tiny_model_dir, tmp_path, monkeypatch, capsys
+):
+    """TRL trains such pairs only with a vision-language model; unread, the images' questions trained without them."""
+    name = with_images(tmp_path, lambda image: [image])
+    expected = "error: the data set holds images (column 'images', 24 of 24 rows), and dpotrain trains text only"
+    assert refused(tmp_path, monkeypatch, capsys, "--dataset_name", name).startswith(expected)
+    assert cli.main([name, "--tokenizer", tiny_model_dir, "--num-proc", "1"]) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1].startswith(expected)
+
+
+def test_an_images_column_without_images_is_left_unread(tmp_path):
+    _, pairs = read_pairs(with_images(tmp_path, lambda image: []), "train", "messages")
+    assert len(pairs) == N
 
 
 @pytest.mark.parametrize("column", ["instruction", "question", "input", "query"])
@@ -396,6 +490,15 @@ def test_no_usable_row_is_one_error_line_that_does_not_offer_skip_invalid(skip, 
     assert line.startswith(f"error: no usable row in the train split: all {N} rows are invalid (12 x ") and (
         "skip_invalid" not in line
     )
+
+
+@pytest.mark.parametrize("make", [dolci, text])
+def test_a_prompt_column_null_in_every_row_is_refused_naming_the_fix(make, tmp_path, monkeypatch, capsys):
+    """An export's empty `prompt` column (pandas writes null where there is none): the pairs hold their prompt."""
+    name, _ = write(tmp_path, "d", lambda: [{"prompt": None, **r} for r in make()], "jsonl")
+    line = refused(tmp_path, monkeypatch, capsys, "--dataset_name", name)
+    assert line.startswith(f"error: every row of the train split ({N} of {N}) fails one check: prompt: missing (null)")
+    assert "remove the `prompt` column" in line, line
 
 
 def test_an_empty_split_is_one_error_line(tmp_path, monkeypatch, capsys):

@@ -11,10 +11,29 @@ from dpotrain.recipe.errors import ConfigError, cause
 from dpotrain.recipe.writes import unwritable
 
 LOCAL_SUFFIXES = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
+COMPRESSIONS = (".gz", ".bz2", ".xz")  # codecs datasets reads a text data file through, by its suffix (`x.jsonl.gz`)
 REQUIRED_COLUMNS = ("chosen", "rejected")
 # Names public preference sets give a string prompt beside string answers (Alpaca's `instruction`, Orca's `question`
 # and `input`, ...): read as the `prompt` column where it is the only one (`prompt_column`).
 PROMPT_NAMES = ("instruction", "question", "input", "query", "problem", "request")
+
+
+def format_suffix(path: Path) -> str:
+    """The suffix that says a data file's format, under a compression's (`pairs.jsonl.gz`: .jsonl)."""
+    return path.with_suffix("").suffix if path.suffix in COMPRESSIONS else path.suffix
+
+
+def builder_of(path: Path) -> str | None:
+    """datasets' builder for a data file, or None (Parquet compresses inside the file: `x.parquet.gz` is not read)."""
+    builder = LOCAL_SUFFIXES.get(format_suffix(path))
+    return None if builder == "parquet" and path.suffix in COMPRESSIONS else builder
+
+
+def open_data(path: Path, mode: str = "rb", **text):
+    """A data file's content through the codec its suffix names (fsspec's, which datasets reads it with)."""
+    import fsspec
+
+    return fsspec.open(str(path), mode, compression="infer", **text)
 
 
 def looks_like_path(name: str) -> bool:
@@ -26,7 +45,7 @@ def looks_like_path(name: str) -> bool:
 def is_local(name: str) -> bool:
     """A path the user means as a local file or folder (a Hub name is `org/name` and does not exist on disk)."""
     path = Path(name).expanduser()
-    return path.suffix in LOCAL_SUFFIXES or looks_like_path(name) or path.exists()
+    return builder_of(path) is not None or looks_like_path(name) or path.exists()
 
 
 def check_dataset_name(name: str | None) -> None:
@@ -144,9 +163,12 @@ def load_preference_dataset(
             raise ConfigError(f"dataset {name!r}: split(s) {empty} saved with no rows; remove them or save rows")
         loaded = datasets.load_from_disk(str(path))
     elif path.is_file():
-        builder = LOCAL_SUFFIXES.get(path.suffix)
+        builder = builder_of(path)
         if builder is None:
-            raise ConfigError(f"dataset file {name!r}: use .jsonl, .json, .parquet or .csv (docs/data.md)")
+            raise ConfigError(
+                f"dataset file {name!r}: use .jsonl, .json, .parquet or .csv (or .jsonl.gz, .csv.gz, ...: "
+                f"{', '.join(COMPRESSIONS)}) (docs/data.md)"
+            )
         if path.stat().st_size == 0:
             raise ConfigError(f"dataset file {name!r} is empty: it needs one JSON object per line with chosen/rejected")
         if not _has_rows(path):  # datasets: "Instruction 'train' corresponds to no data!"
@@ -161,6 +183,8 @@ def load_preference_dataset(
             raise ConfigError(_bad_line(path) or f"could not read dataset file {str(path)!r}: {cause(e)}") from None
         if builder in ("json", "csv") and not streaming:
             _check_utf8(loaded[split], path)
+        if builder == "json" and not streaming:
+            loaded[split] = _exact_mixed_fields(loaded[split], path)
     elif path.is_dir():  # a folder of data files: by its path (a recipe's `~/prefs` is no Hub name)
         csv = [p for p in (data_identity.files(str(path)) or {}).values() if p.suffix == ".csv"]
         try:  # a folder of CSV files: read as text, as one file is (it is read as CSV where they are the most files)
@@ -219,9 +243,9 @@ def _has_rows(path: Path) -> bool:
         import pyarrow.parquet as pq
 
         return pq.ParquetFile(path).metadata.num_rows > 0
-    if path.suffix not in (".jsonl", ".json"):
+    if builder_of(path) != "json":
         return True
-    with open(path, encoding="utf-8", errors="replace") as f:
+    with open_data(path, "rt", encoding="utf-8", errors="replace") as f:
         for line in f:  # up to the first non-blank line
             if line.strip():
                 head = line.strip() + f.read(4096)
@@ -259,7 +283,7 @@ def _csv_columns_as_text(path: Path):
 
     import datasets
 
-    with open(path, newline="", encoding="utf-8-sig", errors="replace") as f:
+    with open_data(path, "rt", newline="", encoding="utf-8-sig", errors="replace") as f:
         header = next(csv.reader(f), None)
     # pandas' name for a column without one (the index `DataFrame.to_csv` writes first)
     header = [name or f"Unnamed: {i}" for i, name in enumerate(header or [])]
@@ -287,9 +311,34 @@ def _check_utf8(dataset, path: Path) -> None:
         raise ConfigError(_invalid_utf8(path) or f"dataset file {str(path)!r} is not valid UTF-8") from None
 
 
+def _exact_mixed_fields(dataset, path: Path):
+    """datasets stores a field whose type differs between rows (text in one, a number or text parts in another) as
+    JSON, but keeps text that reads as JSON as it is: the answer `"42"` came back the int 42, `"null"` None, and was
+    refused or dropped as not text. The columns a pair is read from that hold such a field are read again from the
+    file, each value as written."""
+    import datasets
+    from datasets.utils.json import get_json_field_paths_from_feature
+
+    read = ("prompt", "chosen", "rejected")
+    mixed = [c for c in read if c in dataset.features and get_json_field_paths_from_feature(dataset.features[c])]
+    if not mixed:
+        return dataset
+    with open_data(path, "rt", encoding="utf-8-sig") as f:
+        text = f.read()
+    rows = (
+        json.loads(text) if text.lstrip().startswith("[") else [json.loads(x) for x in text.splitlines() if x.strip()]
+    )
+    if len(rows) != len(dataset):  # not read row for row as datasets read it: left as datasets has it
+        return dataset
+    for column in mixed:  # each value JSON-encoded, so that text stays text
+        values = [None if row.get(column) is None else json.dumps(row[column]) for row in rows]
+        dataset = dataset.remove_columns(column).add_column(column, values, feature=datasets.Json())
+    return dataset
+
+
 def _invalid_utf8(path: Path) -> str | None:
     """`file:line: not valid UTF-8 ...` for the first line of `path` that is not UTF-8, or None."""
-    with open(path, "rb") as f:
+    with open_data(path) as f:
         for number, line in enumerate(f, 1):
             try:
                 line.decode("utf-8")
@@ -332,10 +381,10 @@ def _unreadable_folder(name: str, path: Path, error: Exception) -> str:
 
 def _bad_line(path: Path) -> str | None:
     """A data file's first line that is not UTF-8 (or, JSON Lines, not a JSON object), or None."""
-    if path.suffix in (".jsonl", ".json", ".csv") and (found := _invalid_utf8(path)):  # wrapped by datasets
+    if builder_of(path) in ("json", "csv") and (found := _invalid_utf8(path)):  # wrapped by datasets
         return found
-    if path.suffix == ".jsonl":
-        with open(path, encoding="utf-8", errors="replace") as f:
+    if format_suffix(path) == ".jsonl":
+        with open_data(path, "rt", encoding="utf-8", errors="replace") as f:
             for number, line in enumerate(f, 1):
                 if not line.strip():
                     continue
@@ -362,17 +411,19 @@ def row_location(name: str, index: int) -> str:
     are not rows), 'line 9 of my.csv' (where its record starts: quoted fields may span lines), else 'row 7 (from 0) of
     my.parquet'."""
     path = Path(name).expanduser()
-    if path.is_file() and (path.suffix == ".jsonl" or path.suffix == ".json" and file_kind(path) == "json lines"):
-        with open(path, "rb") as f:
+    if path.is_file() and (
+        format_suffix(path) == ".jsonl" or path.suffix == ".json" and file_kind(path) == "json lines"
+    ):
+        with open_data(path) as f:
             rows = -1
             for number, line in enumerate(f, 1):
                 rows += bool(line.strip())
                 if rows == index:
                     return f"line {number} of {path.name}"
-    if path.is_file() and path.suffix == ".csv":
+    if path.is_file() and format_suffix(path) == ".csv":
         import csv
 
-        with open(path, newline="", encoding="utf-8", errors="replace") as f:
+        with open_data(path, "rt", newline="", encoding="utf-8", errors="replace") as f:
             reader, start = csv.reader(f), 1
             for record, _ in enumerate(reader, -1):  # -1: the header
                 if record == index:

@@ -27,7 +27,7 @@ from trl.data_utils import common_prefix_length, is_conversational
 
 from dpotrain.data import builtin, chat_template, cuts, data, data_identity, hub_revision, model_identity, positions
 from dpotrain.data.cuts import STEP, recommend
-from dpotrain.data.rows import ROW_COLUMNS, InvalidRowError, RowFormat, read_row, split_row
+from dpotrain.data.rows import ROW_COLUMNS, InvalidRowError, RowFormat, check_text_only, read_row, split_row
 from dpotrain.recipe import records as run_records
 from dpotrain.recipe import upstream
 from dpotrain.recipe.errors import ConfigError, cause
@@ -183,6 +183,7 @@ def measure(
     start = time.perf_counter()
     # A streaming data set may not declare its features: its first row's keys then
     names = dataset.column_names if dataset.column_names is not None else list(next(iter(dataset)).keys())
+    check_text_only(dataset)
     columns = [c for c in ROW_COLUMNS if c in names]
     dataset = dataset.select_columns(columns)
     first = next(iter(dataset), None)

@@ -16,6 +16,7 @@ from dpotrain.data.data import row_location
 from dpotrain.recipe.errors import ConfigError
 
 ROW_COLUMNS = ("prompt", "chosen", "rejected", *shapes.KEPT_COLUMNS)
+IMAGE_COLUMNS = ("image", "images")  # TRL's DPOTrainer reads a data set with either as a vision one
 
 
 class InvalidRowError(ConfigError):
@@ -120,6 +121,13 @@ def _check_value(value, conversational: bool) -> str | None:
                 continue  # a tool call without text, as TRL's data sets write it: the template renders its calls
             if message.get(key) is None:
                 return f"message {i} has no {key!r}"
+            if key == "content" and isinstance(message[key], list):  # text parts alone are joined (shapes.text_parts)
+                part = next(p for p in message[key] if not shapes.is_text_part(p))
+                kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+                return (
+                    f"message {i} has a {kind!r} part in its content, and dpotrain trains text only (TRL trains "
+                    "images with a vision-language model): keep only its text parts ({'type': 'text', 'text': ...})"
+                )
             if not isinstance(message[key], str):
                 return f"message {i} has a non-string {key!r} ({type(message[key]).__name__})"
         if message["role"] not in ROLES:  # read as something else further on ("a prompt followed by another prompt")
@@ -176,6 +184,32 @@ class RowCheck:
         }
 
 
+def check_text_only(dataset) -> None:
+    """A data set whose `image`/`images` column holds images is refused: TRL trains it only with a vision-language
+    model (it refuses a text one), and here the column would go unread, the text trained without the images it asks
+    about. Counted in Arrow (no image is decoded); a streaming data set by its first row."""
+    import datasets
+    import pyarrow.compute as pc
+
+    for column in IMAGE_COLUMNS:
+        if column not in (dataset.column_names or next(iter(dataset), {})):
+            continue
+        if isinstance(dataset, datasets.Dataset):
+            values = dataset.select_columns([column]).with_format("arrow")[:][column]
+            if hasattr(values.type, "value_type"):  # a list of images: an empty one holds none
+                values = pc.if_else(pc.greater(pc.list_value_length(values), 0), values, None)
+            held = len(values) - values.null_count
+            where = f"{held} of {len(values)} rows"
+        else:
+            held, where = next(iter(dataset))[column] not in (None, []), "its first row"
+        if held:
+            raise ConfigError(
+                f"the data set holds images (column {column!r}, {where}), and dpotrain trains text only "
+                "(TRL trains such pairs with a vision-language model), so the text would be trained without the "
+                "images it speaks of: remove the column to train the text alone"
+            )
+
+
 def check_dataset(dataset, skip_invalid: bool = False, hh_format: str = "messages", template=None) -> RowCheck:
     """`read_row` on every row of an in-memory `Dataset` (a column batch at a time: 150k rows in seconds), every bad
     row listed in the returned `RowCheck`. Unless `skip_invalid`, bad rows among good ones raise `InvalidRowError`: the
@@ -185,6 +219,7 @@ def check_dataset(dataset, skip_invalid: bool = False, hh_format: str = "message
     columns = [c for c in ROW_COLUMNS if c in dataset.column_names]
     if len(dataset) == 0:
         raise ConfigError("the data set has no rows: check the file or the split")
+    check_text_only(dataset)
     fmt = RowFormat.of(dataset[0], columns, None, hh_format, template)
     invalid, index = [], 0
     for batch in dataset.select_columns(columns).iter(batch_size=2048):
@@ -218,6 +253,8 @@ def every_row_invalid(checked: RowCheck, split: str, source: str | None) -> str:
     if len(reasons) == 1 or off_template:  # said as the first row has it (`message 0`, counted as `message N`)
         problem = first["problem"].split(shapes.DETAIL, 1)[0]
         column = " or ".join(c for c in ("prompt", "chosen", "rejected") if c in {p["column"] for p in checked.invalid})
+        if column == "prompt" and problem == "missing (null)":  # an export's empty column: the pairs hold the prompt
+            problem += "; remove the `prompt` column, and each pair's prompt is read from chosen and rejected"
         return (
             f"every row of the {split} split ({checked.rows} of {checked.rows}) fails one check: {column}: "
             f"{problem}{chat_template.misfit(problem)}{shown}"
@@ -283,13 +320,19 @@ def usable_pairs(
 
 def _parsed_features(dataset, shape: shapes.Shape):
     """The read pairs' column types where messages are parsed from JSON text (`shape.json_columns`): datasets' Json,
-    each message as written (else the first batch fixes the fields and a later `name` or `tool_calls` fails the map)."""
+    each message as written (else the first batch fixes the fields and a later `name` or `tool_calls` fails the map).
+    So too where a column is datasets' Json (a field of mixed types, `data._exact_mixed_fields`): the map would keep
+    that type for the pairs, and Json keeps text that reads as JSON as it is (the answer `"42"` read back the int)."""
     import datasets
+    from datasets.utils.json import get_json_field_paths_from_feature
 
-    if not (shape.json_columns and shape.conversational):
+    read = ("prompt", "chosen", "rejected")
+    mixed = any(get_json_field_paths_from_feature(dataset.features[c]) for c in read if c in dataset.features)
+    if not (shape.json_columns and shape.conversational or mixed):
         return None
     kept = {c: dataset.features[c] for c in shapes.KEPT_COLUMNS if c in dataset.column_names}
-    return datasets.Features({**kept, **{c: datasets.List(datasets.Json()) for c in ("prompt", "chosen", "rejected")}})
+    pair = datasets.List(datasets.Json()) if shape.conversational else datasets.Value("string")
+    return datasets.Features({**kept, **dict.fromkeys(read, pair)})
 
 
 def no_null_kwargs(pairs):

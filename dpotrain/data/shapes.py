@@ -36,6 +36,7 @@ class Shape:
             c for c in ("prompt", "chosen", "rejected") if c in columns and json_messages(first_row.get(c)) is not None
         )
         first_row = {**first_row, **{c: json_messages(first_row[c]) for c in json_columns}}
+        first_row = {c: text_parts(v) if c in ("prompt", "chosen", "rejected") else v for c, v in first_row.items()}
         side = first_row.get("chosen") if first_row.get("chosen") is not None else first_row.get("rejected")
         prompt = first_row.get("prompt") if "prompt" in columns else None
         if isinstance(side, list):  # any list: a malformed first message is then reported as such
@@ -95,9 +96,28 @@ def json_messages(value) -> list | None:
     return None
 
 
+def is_text_part(part) -> bool:
+    return isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str)
+
+
+def text_parts(messages):
+    """Messages whose content is a list of text parts (`[{"type": "text", "text": ...}]`, OpenAI's way, TRL's vision
+    one) with their text joined as the content: what a chat template that takes parts writes for them, where one that
+    does not would raise or write the list. A list holding another part (an image) is refused (`rows._check_value`)."""
+    if not isinstance(messages, list):
+        return messages
+    return [
+        {**m, "content": "".join(p["text"] for p in m["content"])}
+        if isinstance(m, dict) and isinstance(m.get("content"), list) and all(map(is_text_part, m["content"]))
+        else m
+        for m in messages
+    ]
+
+
 def decode(row: dict, shape: Shape) -> tuple[dict, tuple[str, str] | None]:
-    """The row with its JSON-text message lists parsed (`shape.json_columns`), or the column that is not one where the
-    first row's is, or that is one where the first row's is plain text (it would train the JSON)."""
+    """The row with its JSON-text message lists parsed (`shape.json_columns`) and its text parts joined (`text_parts`),
+    or the column that is not one where the first row's is, or that is one where the first row's is plain text (it
+    would train the JSON)."""
     row = dict(row)
     for column in ("prompt", "chosen", "rejected"):
         value = row.get(column)
@@ -119,6 +139,8 @@ def decode(row: dict, shape: Shape) -> tuple[dict, tuple[str, str] | None]:
                     "a message list written as JSON text, where the data set's first row holds plain text: it would be "
                     "trained as JSON; write this column the same way in every row",
                 )
+        if column in row:
+            row[column] = text_parts(row[column])
     return row, None
 
 
