@@ -229,6 +229,19 @@ UNREAD = {
     "requeued (docs/reliability.md)",
     "do_predict": "this script trains (and evaluates with eval_strategy); it predicts nothing",
 }
+_OWN_LOADER = "the step plan's loader gives each process its own steps of pairs_per_step pairs, which accelerate's "
+# accelerator_config keys at other values than their defaults: dispatch_batches and split_batches ended the run in a
+# traceback after the model loaded, the sampler settings were read by nothing, and accumulation kwargs trained NaN.
+ACCELERATOR_UNREAD = {
+    "split_batches": (False, _OWN_LOADER + "loader does not split again"),
+    "dispatch_batches": (None, _OWN_LOADER + "loader does not dispatch from the first process"),
+    "even_batches": (True, _OWN_LOADER + "loader does not even out (every process has a share of every step)"),
+    "use_seedable_sampler": (True, _OWN_LOADER + "sampler does not replace (their order is the seed's)"),
+    "gradient_accumulation_kwargs": (
+        None,
+        "the trainer runs each step's micro-batches itself (max_tokens_per_microbatch or gradient_accumulation_steps)",
+    ),
+}
 # What to do instead of an UNREAD field, where there is something.
 INSTEAD = {
     "label_smoothing_factor": "for DPO's own smoothing (cDPO, robust DPO) pass --label_smoothing {value} with a loss "
@@ -257,6 +270,13 @@ def check_unread(recipe: Recipe) -> None:
             f"optim_target_modules would be ignored: optim {_named(t.optim)} trains every parameter as it is (only "
             "the galore_* and apollo_* optims read it): remove optim_target_modules, or choose one of them"
         )
+    accelerator = t.accelerator_config  # transformers' AcceleratorConfig, its defaults where the recipe sets none
+    for key, (default, why) in ACCELERATOR_UNREAD.items():
+        if (value := getattr(accelerator, key, default)) != default:
+            spelt = str(value).lower() if isinstance(value, bool) else value
+            raise ConfigError(
+                f"accelerator_config {key} {spelt} cannot be honoured: {why}: remove {key} from accelerator_config"
+            )
     if "do_train" in recipe.given and not t.do_train:
         raise ConfigError(
             "do_train false would be ignored: the script always trains: remove it (--dry-run checks and plans the "

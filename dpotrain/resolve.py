@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
+from dpotrain import options
 from dpotrain.cluster import engine
 from dpotrain.data import chat_template, mixture, model_identity
 from dpotrain.hub import hub_push
@@ -60,9 +61,6 @@ MAY_CHANGE_FIELDS = (
     activation_offloading torch_compile torch_compile_backend torch_compile_mode compile_layers use_liger_kernel
     liger_kernel_config use_cache torch_empty_cache_steps padding_free pad_to_multiple_of share_prompt
     precompute_ref_log_probs precompute_ref_batch_size"""
-    # recorded as the model loaded (train_stage.record_run): the run's attention and load dtype, which may change; keys
-    # that would override them are refused (options.DECIDED_INIT_KWARGS)
-    """ model_init_kwargs"""
     # the work split: the same pairs per step (compared below) on other processes, micro-batches or loaders
     """ per_device_train_batch_size gradient_accumulation_steps max_tokens_per_microbatch sequence_parallel_size
     auto_find_batch_size average_tokens_across_devices accelerate_config accelerator_config parallelism_config
@@ -74,8 +72,9 @@ MAY_CHANGE_FIELDS = (
     # read by code this project replaces, refused at any value but their default (options.py): nothing to compare
     """ label_smoothing_factor do_train do_predict dataset_streaming ignore_bias_buffers streaming"""
     # compared otherwise (`changed_settings`): pairs per step, the chat template and a Hub data set's commit by what
-    # they give, auto_coverage under `max_length: auto`
-    """ pairs_per_step chat_template_path dataset_revision auto_coverage"""
+    # they give, auto_coverage under `max_length: auto`, model_init_kwargs without the keys the run decides (recorded as
+    # the model loaded, refused when given: options.DECIDED_INIT_KWARGS) or that only say how the files are read
+    """ pairs_per_step chat_template_path dataset_revision auto_coverage model_init_kwargs"""
 ).split()
 
 
@@ -227,6 +226,10 @@ def changed_settings(recipe: Recipe, out: Path, pairs_per_step: int | None) -> l
     # its adapter without dropout as the resumed run does: the same setting
     if changed.get("lora_dropout", (None, None))[1] == 0 and old.settings.use_peft and old.settings.disable_dropout:
         del changed["lora_dropout"]
+    if "model_init_kwargs" in old.values:  # the keys the run decides are recorded as loaded, compared as their fields
+        was, now = (_model_kwargs(r.settings.model_init_kwargs) for r in (old, new))
+        if was != now:
+            changed["model_init_kwargs"] = (was, now)
     if old.batching.pairs_per_step != pairs_per_step:
         changed["pairs_per_step"] = (old.batching.pairs_per_step, pairs_per_step)
     for name in ("dataset_name", "model_name_or_path"):  # their content is compared below, whatever they are named
@@ -245,6 +248,16 @@ def changed_settings(recipe: Recipe, out: Path, pairs_per_step: int | None) -> l
     found = {f: f"{was!r} -> {now!r}" for f, (was, now) in changed.items()}
     found |= {"dataset content": content, "model": model, "chat template": template}
     return [f"{name}: {what}" for name, what in found.items() if what]
+
+
+# model_init_kwargs keys that say how from_pretrained reads the files, not what model it builds: every other key is a
+# config override (`rope_theta`, `attention_dropout`) or a quantization, another model than the checkpoint's steps'
+LOAD_ONLY_INIT_KWARGS = {"low_cpu_mem_usage", "device_map", "max_memory", "offload_folder", "cache_dir", "token"}
+
+
+def _model_kwargs(kwargs: dict | None) -> dict:
+    skip = options.DECIDED_INIT_KWARGS.keys() | LOAD_ONLY_INIT_KWARGS
+    return {k: v for k, v in (kwargs or {}).items() if k not in skip}
 
 
 def _one_place(old, new) -> bool:

@@ -188,6 +188,18 @@ def test_world_size_from_the_environment_keeps_128_pairs(dry_run):
     assert resolved["gradient_accumulation_steps"] == 2 and resolved["derived"]["pairs_per_step"] == 128
 
 
+def test_ddp_backend_in_a_recipe_run_or_planned_as_one_process_is_left_to_the_launch(dry_run, monkeypatch):
+    """A cluster recipe's `ddp_backend: nccl` ended every process outside a launch of several (its dry run, a test
+    run on one GPU) in `error: Default process group has not been initialized, please make sure to call
+    init_process_group`: accelerate makes no process group for one process, then asks the one it was told of."""
+    for name in ("WORLD_SIZE", "LOCAL_RANK"):
+        monkeypatch.delenv(name, raising=False)
+    planned = dry_run("--config", "configs/think.yaml", "--ddp_backend", "nccl")
+    assert planned["derived"]["world_size"] == 4 and planned["ddp_backend"] is None
+    alone = dry_run("--config", "configs/smoke.yaml", "--ddp-backend=gloo")
+    assert alone["derived"]["world_size"] == 1 and alone["ddp_backend"] is None
+
+
 def test_help_starts_with_what_users_type_and_every_option_is_one_flag_away(capsys):
     """--help: the usage with --config, the fields users set most and this project's options, short; --help-all: every
     field (argparse %-formats each help text: one bare percent sign once made it crash with a TypeError)."""

@@ -266,6 +266,24 @@ def many_rows(n=40):
             ["--precompute_ref_batch_size", "64"],
             "precompute_ref_batch_size 64 would be ignored: the reference stage cuts its own micro-batches",
         ),
+        # accelerate's loader settings, over the step plan's loader: dispatch_batches and split_batches a traceback
+        # once the model and the reference stage had run, even_batches and use_seedable_sampler read by nothing,
+        # and gradient_accumulation_kwargs {num_steps: 4} a NaN loss at step 1
+        (
+            ["--accelerator_config", '{"dispatch_batches": true}'],
+            "accelerator_config dispatch_batches true cannot be honoured: the step plan's loader gives each process",
+        ),
+        (["--accelerator_config", '{"split_batches": true}'], "accelerator_config split_batches true cannot be"),
+        (["--accelerator_config", '{"even_batches": false}'], "accelerator_config even_batches false cannot be"),
+        (
+            ["--accelerator_config", '{"use_seedable_sampler": false}'],
+            "accelerator_config use_seedable_sampler false cannot be",
+        ),
+        (
+            ["--accelerator_config", '{"gradient_accumulation_kwargs": {"num_steps": 4}}'],
+            "accelerator_config gradient_accumulation_kwargs {'num_steps': 4} cannot be honoured: the trainer runs "
+            "each step's micro-batches itself",
+        ),
     ],
 )
 def test_options_that_cannot_be_honoured(args, expected, tmp_path, monkeypatch, capsys):

@@ -470,7 +470,7 @@ def parse_args(argv: list[str] | None = None) -> Recipe:
             )
     # The recipe's words, then the command line's: the last value wins.
     words, max_length_auto = _renamed(_as_flags({k: v for k, v in config.items() if k not in unset}) + argv)
-    tokens = words + _cpu_deepspeed_backend(words)
+    tokens = _one_process_backend(words) + _cpu_deepspeed_backend(words)
     known, remaining = parser.parse_known_args(tokens)  # name an unknown flag before any field is validated
     if remaining:
         # a flag by its name alone: `--hub_tokn=hf_...` must not print the token (cli.Parser alike)
@@ -837,6 +837,22 @@ def _command_line_batch_wins(training, project, on_command_line: set[str]) -> di
         file=sys.stderr,
     )
     return {**replaced, "by": flags, "keep": " ".join(keep)}
+
+
+def _one_process_backend(words: list[str]) -> list[str]:
+    """`words` without ddp_backend where no launcher made a process group to give it to (`python train_dpo.py`, a dry
+    run): accelerate made none for one process, then asked the one it was told of ("Default process group has not
+    been initialized"), so a cluster recipe's `ddp_backend: nccl` ended its dry run. The launch's processes read it."""
+    if "LOCAL_RANK" in os.environ or int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        return words
+    kept, rest = [], iter(words)
+    for word in rest:
+        name, equals, _ = word.partition("=")
+        if name not in ("--ddp_backend", "--ddp-backend"):
+            kept.append(word)
+        elif not equals:
+            next(rest, None)  # its value, the next word
+    return kept
 
 
 def _cpu_deepspeed_backend(args: list[str]) -> list[str]:
