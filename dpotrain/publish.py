@@ -57,7 +57,8 @@ def finish_outputs(run, resolved: dict) -> None:
     if recipe.project.merge_lora:
         output_folder.claim_for_writing(out, [lora.MERGED_DIR])
         base, init = trainer.model_path, trainer.args.model_init_kwargs  # what the model loaded with
-        merged = lora.save_merged(out, base, init.get("revision"), init.get("dtype"), trainer.processing_class)
+        init = {"trust_remote_code": trainer.args.trust_remote_code, **init}  # as TRL's DPOTrainer loads it
+        merged = lora.save_merged(out, base, init, trainer.processing_class)
         print(f"Saved the merged model to {merged}", flush=True)
     if pusher:
         pusher.finish(hub_push.FINAL_WAIT_S)  # the card lists the pushed revisions

@@ -417,7 +417,9 @@ def measure_lengths(recipe, launch: Launch, pairs: Data, model_path: str, state=
     # The model's positions, read once (a Hub model's config asks the Hub): what max_length may be, or advise
     limit = None
     if recipe.max_length_auto or max_length is not None:
-        limit = lengths.model_positions(model.model_name_or_path, model.model_revision, local_only=launch.dry_run)
+        limit = lengths.model_positions(
+            model.model_name_or_path, model.model_revision, launch.dry_run, recipe.training.trust_remote_code
+        )
     tokenizer, measured, auto = _tokenizer(recipe, model_path, local_only=launch.dry_run), None, None
     if tokenizer is not None:
         check_pad_token(t.pad_token, tokenizer)
@@ -475,10 +477,18 @@ class Forward:
 
 def _model_config(recipe, model_path: str, local_only: bool):
     """The model's config (no weights), or (None, why) where a dry run does not have it on this machine."""
-    revision = recipe.model.model_revision
+    revision, trust = recipe.model.model_revision, recipe.training.trust_remote_code
     try:
-        return AutoConfig.from_pretrained(model_path, revision=revision, local_files_only=local_only), None
-    except (OSError, ValueError):
+        config = AutoConfig.from_pretrained(
+            model_path, revision=revision, local_files_only=local_only, trust_remote_code=trust
+        )
+        return config, None
+    except (OSError, ValueError) as e:
+        if "trust_remote_code" in str(e):  # transformers names its argument, not this project's flag
+            raise ConfigError(
+                f"{recipe.model.model_name_or_path} runs its own code (auto_map in its config.json): read it, then "
+                "give --trust_remote_code true"
+            ) from None
         if not local_only:
             raise
         return None, memory.load_model_config(recipe)[1] or f"the config of {model_path!r} is not on this machine"

@@ -12,6 +12,7 @@ auxiliary loss in fp32.
 import copy
 import json
 import math
+import re
 
 import datasets
 import pytest
@@ -19,6 +20,7 @@ import torch
 from transformers import GraniteMoeHybridConfig
 from trl.trainer.dpo_trainer import DataCollatorForPreference
 
+import train_dpo
 from conftest import ROOT, built, ready
 from dpotrain.data import builtin
 from dpotrain.forwards import packing
@@ -26,6 +28,7 @@ from dpotrain.recipe.config import parse_args
 from dpotrain.recipe.errors import ConfigError
 
 SMOKE = str(ROOT / "configs" / "smoke.yaml")
+SMOKE_DATA = "data/smoke_prefs.jsonl"
 # Sliding windows shorter than the longer pairs (up to ~550 tokens), so that packed rows must honour them too.
 WINDOW = dict(sliding_window=64)
 MOE = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32)
@@ -260,6 +263,53 @@ def test_a_hybrid_packs_only_when_asked_and_a_failed_check_stops_the_run(
         r"false$",
     ):
         smoke_trainer(model_dir, tmp_path / "run2", rows, "--padding_free", "true")
+
+
+# A model folder with its own code, as `trust_remote_code` models ship it: a Llama under another model_type.
+REMOTE_CODE = """from transformers import LlamaConfig, LlamaForCausalLM
+
+
+class TinyRemoteConfig(LlamaConfig):
+    model_type = "tiny_remote"
+
+
+class TinyRemoteForCausalLM(LlamaForCausalLM):
+    config_class = TinyRemoteConfig
+"""
+
+
+def test_a_model_with_its_own_code_trains_with_trust_remote_code_and_is_refused_in_one_line_without(
+    tmp_path, monkeypatch, capsys, tiny_model_dir, rows
+):
+    """--trust_remote_code true was recorded and never passed on: transformers' ValueError asked for the flag given."""
+    monkeypatch.setenv("DPOTRAIN_CACHE", str(tmp_path / "cache"))
+    model_dir = tmp_path / "model"
+    build_model("llama", model_dir, tiny_model_dir)
+    (model_dir / "modeling_tiny_remote.py").write_text(REMOTE_CODE)
+    config = json.loads((model_dir / "config.json").read_text())
+    classes = {"AutoConfig": "TinyRemoteConfig", "AutoModelForCausalLM": "TinyRemoteForCausalLM"}
+    auto_map = {k: f"modeling_tiny_remote.{v}" for k, v in classes.items()}
+    config |= {"model_type": "tiny_remote", "architectures": ["TinyRemoteForCausalLM"], "auto_map": auto_map}
+    (model_dir / "config.json").write_text(json.dumps(config))
+
+    with pytest.raises(ConfigError, match="--trust_remote_code true"):
+        smoke_trainer(str(model_dir), tmp_path / "refused", rows, max_steps=2)
+    trainer = ready(smoke_trainer(str(model_dir), tmp_path / "run", rows, "--trust_remote_code", "true", max_steps=2))
+    assert type(trainer.model).__name__ == "TinyRemoteForCausalLM"
+    trainer.train()
+    trainer.save_model(str(tmp_path / "final"))
+    from transformers import AutoModelForCausalLM
+
+    saved = AutoModelForCausalLM.from_pretrained(str(tmp_path / "final"), trust_remote_code=True)
+    ids = torch.tensor([trainer.train_dataset[0]["prompt_ids"]])
+    with torch.no_grad():
+        assert torch.equal(saved(ids).logits, trainer.model.eval()(ids).logits)
+    # A GPU recipe's dry run plans its memory on the model its own code builds
+    capsys.readouterr()
+    instruct = ["--config", str(ROOT / "configs" / "instruct.yaml"), "--dataset_name", str(ROOT / SMOKE_DATA)]
+    instruct += ["--max_length", "1024", "--output_dir", str(tmp_path / "instruct")]
+    train_dpo.main([*instruct, "--model_name_or_path", str(model_dir), "--trust_remote_code", "true", "--dry-run"])
+    assert re.search(r"^  memory/GPU: +~[0-9.]+ GiB \(model states", capsys.readouterr().out, re.MULTILINE)
 
 
 def test_packing_is_denied_by_default():

@@ -524,6 +524,7 @@ def load_tokenizer(
     revision: str | None = None,
     chat_template_path: str | None = None,
     local_files_only: bool = False,
+    trust_remote_code: bool = False,
 ):
     """The tokenizer training uses (`builtin:` names built locally), with the recipe's chat template if it names one
     (`chat_template.py`): every stage and tool loads its tokenizer here, so all tokenize alike. No weights load."""
@@ -532,14 +533,17 @@ def load_tokenizer(
     if builtin.is_builtin(name_or_path):
         name_or_path = builtin.materialize_model(name_or_path)
     check_tokenizer_folder(name_or_path)
-    tokenizer = AutoTokenizer.from_pretrained(name_or_path, revision=revision, local_files_only=local_files_only)
+    tokenizer = AutoTokenizer.from_pretrained(
+        name_or_path, revision=revision, local_files_only=local_files_only, trust_remote_code=trust_remote_code
+    )
     return chat_template.apply(tokenizer, chat_template_path)
 
 
 def recipe_tokenizer(recipe, model_path: str | None = None, local_files_only: bool = False):
     """`load_tokenizer` for a parsed recipe (`model_path`: the folder its model was materialized to)."""
     model, template = recipe.model, recipe.project.chat_template_path
-    return load_tokenizer(model_path or model.model_name_or_path, model.model_revision, template, local_files_only)
+    name = model_path or model.model_name_or_path
+    return load_tokenizer(name, model.model_revision, template, local_files_only, recipe.training.trust_remote_code)
 
 
 # Files of which a saved tokenizer has at least one (fast or slow, BPE or SentencePiece).
@@ -686,7 +690,9 @@ def _resolution(
     return {**{k: r[k] for k in kept}, "rows": m.rows, "cached": cached, "report": report}
 
 
-def model_positions(name_or_path: str, revision: str | None = None, local_only: bool = False) -> int | None:
+def model_positions(
+    name_or_path: str, revision: str | None = None, local_only: bool = False, trust_remote_code: bool = False
+) -> int | None:
     """The positions the model takes (`positions.model_limit`), from its config.json alone (built-in: its recipe);
     None when the config is not readable here or does not say."""
     if builtin.is_builtin(name_or_path):
@@ -695,7 +701,9 @@ def model_positions(name_or_path: str, revision: str | None = None, local_only: 
     try:
         from transformers import AutoConfig
 
-        config = AutoConfig.from_pretrained(name_or_path, revision=revision, local_files_only=local_only)
+        config = AutoConfig.from_pretrained(
+            name_or_path, revision=revision, local_files_only=local_only, trust_remote_code=trust_remote_code
+        )
     except Exception:  # a tokenizer-only folder, no network: nothing to cap with
         return None
     return positions.model_limit(config)[0]

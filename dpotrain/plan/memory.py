@@ -83,7 +83,10 @@ def load_model_config(recipe):
         # Not built yet: the shape builtin.build_model gives it, with at most 1024 tokens (its tokenizer's bound).
         return builtin.model_config(name.removeprefix(builtin.BUILTIN_PREFIX)), None
     try:
-        return AutoConfig.from_pretrained(name, revision=recipe.model.model_revision, local_files_only=True), None
+        trust = recipe.training.trust_remote_code
+        return AutoConfig.from_pretrained(
+            name, revision=recipe.model.model_revision, local_files_only=True, trust_remote_code=trust
+        ), None
     except (OSError, ValueError) as e:
         from dpotrain.cluster.offline import is_hub_model, prefetch_command
 
@@ -145,6 +148,11 @@ def model_shape(recipe, config) -> ModelShape:
 _SHAPES: dict[tuple, ModelShape] = {}
 
 
+def own_code(config) -> bool:
+    """A config of the model's own code (auto_map), loaded only with trust_remote_code: its model is that code's."""
+    return not type(config).__module__.startswith("transformers.")
+
+
 def meta_model(config):
     """The model `config` describes, its modules on the meta device: no weights, no memory (outside DeepSpeed's
     zero.Init, which a ZeRO-3 launch would otherwise wrap the build in)."""
@@ -152,7 +160,7 @@ def meta_model(config):
 
     with torch.device("meta"), upstream.without_zero3_init(), warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        return AutoModelForCausalLM.from_config(config)
+        return AutoModelForCausalLM.from_config(config, trust_remote_code=own_code(config))
 
 
 # --- activations: the backbone traced on fake tensors ---
@@ -261,7 +269,9 @@ def _traced_peak(config, layers: int, tokens: int, checkpointing: bool | int) ->
     config = _full_attention_copy(config, layers)
     with upstream.fake_tensor_mode(), upstream.without_zero3_init(), warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16, attn_implementation=TRACE_ATTENTION)
+        model = AutoModelForCausalLM.from_config(
+            config, trust_remote_code=own_code(config), dtype=torch.bfloat16, attn_implementation=TRACE_ATTENTION
+        )
         if every := checkpoint_every(checkpointing):
             model.activation_checkpointing_enable(
                 activation_checkpointing_kwargs={"use_reentrant": False}, every_n_layers=every

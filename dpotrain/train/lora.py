@@ -149,7 +149,7 @@ def _check_target_modules(targets, built, model: str) -> None:
     )
 
 
-def save_merged(output_dir: str | Path, base: str, revision: str | None, dtype, tokenizer) -> Path:
+def save_merged(output_dir: str | Path, base: str, init: dict, tokenizer) -> Path:
     """The adapter saved in `output_dir`, merged into its base and saved with the tokenizer to `<output_dir>/merged/`.
     The base is loaded afresh on the main process alone: under ZeRO-3 or FSDP2 no rank holds the full weights."""
     from peft import PeftModel
@@ -159,8 +159,11 @@ def save_merged(output_dir: str | Path, base: str, revision: str | None, dtype, 
     target = Path(output_dir) / MERGED_DIR
     # Under ZeRO-3, transformers would build this model partitioned over the ranks, which have gone: training is over
     unset_hf_deepspeed_config()
+    dtype, remote = init.get("dtype"), init.get("trust_remote_code", False)  # what the trained model loaded with
     dtype = getattr(torch, dtype) if isinstance(dtype, str) and dtype != "auto" else dtype
-    model = AutoModelForCausalLM.from_pretrained(base, revision=revision, dtype=dtype)
+    model = AutoModelForCausalLM.from_pretrained(
+        base, revision=init.get("revision"), dtype=dtype, trust_remote_code=remote
+    )
     merged = PeftModel.from_pretrained(model, str(output_dir)).merge_and_unload()
     with quiet_progress_bars():  # "Writing model shards", as at every checkpoint
         merged.save_pretrained(target)
