@@ -297,11 +297,18 @@ def replacing(out: Path, explicit: str | None) -> OutputDecision:
     return OutputDecision(explicit, True)
 
 
+def output_named(out: Path) -> str:
+    """The output folder as a refusal names it. A link retargeted between two attempts (to another run's folder) was
+    refused by the link's name alone, which the person knew as the folder of the run they meant to resume."""
+    return f"{str(out)!r}" + (f" (a link to {out.resolve()})" if out.is_symlink() else "")
+
+
 def check_output_dir(recipe: Recipe, pairs_per_step: int | None = None) -> OutputDecision:
     """Resume, start afresh, or refuse: never write over a finished run by accident, never lose checkpoints (an
     unfinished run with a complete checkpoint and the same settings resumes even with --overwrite_output_dir)."""
     t, p = recipe.training, recipe.project
     out, explicit = Path(t.output_dir), t.resume_from_checkpoint
+    named = output_named(out)
     if explicit:
         resume.check_explicit(explicit)
         # The automatic resume's comparison, with the record the checkpoint was trained under.
@@ -327,7 +334,7 @@ def check_output_dir(recipe: Recipe, pairs_per_step: int | None = None) -> Outpu
             else ""
         )
         raise ConfigError(
-            f"output_dir {str(out)!r} already holds a finished run: pass --output_dir for a new run, or "
+            f"output_dir {named} already holds a finished run: pass --output_dir for a new run, or "
             f"--overwrite_output_dir to replace it{how}"
         )
     if explicit:
@@ -338,7 +345,7 @@ def check_output_dir(recipe: Recipe, pairs_per_step: int | None = None) -> Outpu
             return replacing(out, explicit)
         if other:
             raise ConfigError(
-                f"output_dir {str(out)!r} holds an unfinished run with other settings ({'; '.join(other)}), which "
+                f"output_dir {named} holds an unfinished run with other settings ({'; '.join(other)}), which "
                 f"resuming {explicit} there would write over: pass a new --output_dir, or --overwrite_output_dir to "
                 "replace that run"
             )
@@ -352,7 +359,7 @@ def check_output_dir(recipe: Recipe, pairs_per_step: int | None = None) -> Outpu
             return OutputDecision(None, True)
         if changed:
             raise ConfigError(
-                f"output_dir {str(out)!r} holds an unfinished run with other settings ({'; '.join(changed)}): rerun "
+                f"output_dir {named} holds an unfinished run with other settings ({'; '.join(changed)}): rerun "
                 "with its settings to resume it, pass a new --output_dir, or --overwrite_output_dir to start afresh"
             )
         return OutputDecision(str(latest), False)
@@ -361,7 +368,7 @@ def check_output_dir(recipe: Recipe, pairs_per_step: int | None = None) -> Outpu
             return OutputDecision(None, True)
         state = "has no complete checkpoint" if latest is None else "has checkpoints and --no_auto_resume is set"
         raise ConfigError(
-            f"output_dir {str(out)!r} {state}: pass --overwrite_output_dir to start afresh, or a new --output_dir"
+            f"output_dir {named} {state}: pass --overwrite_output_dir to start afresh, or a new --output_dir"
         )
     if (out / "resolved_config.json").is_file() and not p.overwrite_output_dir:  # written as its training started
         resume.say_afresh(out, t.save_strategy)

@@ -849,6 +849,22 @@ def test_an_output_dir_linked_to_a_folder_still_to_be_made_is_made_there(tmp_pat
     assert link.is_symlink() and not target.exists()  # refused before it wrote anything: no empty folder left
 
 
+def test_an_output_dir_link_retargeted_to_another_runs_folder_is_refused_naming_where_it_points(tmp_path):
+    """`outputs/run -> /scratch/a` (a stopped run), then pointed at another run's folder and the same command rerun:
+    the refusal named the link alone, the folder the person knew as the run they meant to resume. Nothing is removed."""
+    from dpotrain import resolve
+    from dpotrain.recipe.config import parse_args
+
+    other, link = tmp_path / "other-run", tmp_path / "run"
+    other.mkdir()
+    (other / "run_complete.json").write_text("{}")
+    link.symlink_to(other)
+    with pytest.raises(ConfigError) as refused:
+        resolve.check_output_dir(parse_args(train_args(link)))
+    assert str(refused.value).startswith(f"output_dir {str(link)!r} (a link to {other}) already holds a finished run")
+    assert sorted(p.name for p in other.iterdir()) == ["run_complete.json"]
+
+
 def test_the_slurm_job_variables_do_not_let_another_job_in(tmp_path, monkeypatch):
     out = tmp_path / "run"
     holder = hold_lock(out, SLURM_JOB_ID="4242", SLURM_RESTART_COUNT="2")
