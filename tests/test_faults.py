@@ -20,6 +20,7 @@ from safetensors.torch import load_file
 
 from conftest import PYTHON, ROOT, python, rank_python
 from dpotrain import stages
+from dpotrain.cluster import run_lock
 from dpotrain.recipe.config import parse_args
 from dpotrain.recipe.errors import ConfigError
 from dpotrain.resolve import OutputDecision, check_output_dir
@@ -333,6 +334,29 @@ print("still running", flush=True)
     )
     assert result.returncode == INTERRUPTED_EXIT, result.stderr
     assert result.stdout == "asked: True\n" and "Second Ctrl-C: stopping at once" in result.stderr
+
+
+@pytest.mark.slow
+def test_a_second_ctrl_c_releases_the_runs_lock(tmp_path):
+    """The second Ctrl-C's os._exit skipped the release every other end of a run makes: run.lock stayed, and a rerun
+    from another host (a login node's run rerun as a job) was refused as "in use" until the lock was 300 s stale."""
+    code = f"""
+import os, signal, time
+from pathlib import Path
+from dpotrain.cluster import run_lock
+from dpotrain.train.preemption import GracefulStop
+assert run_lock.acquire(Path({str(tmp_path / "run")!r})) is None
+stop = GracefulStop()
+os.kill(os.getpid(), signal.SIGINT)
+time.sleep(1.5)
+os.kill(os.getpid(), signal.SIGINT)
+time.sleep(5)
+"""
+    result = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60, preexec_fn=default_sigint
+    )
+    assert result.returncode == INTERRUPTED_EXIT, result.stderr
+    assert not (tmp_path / "run" / run_lock.LOCK_FILE).exists()
 
 
 def small_disk(folder, megabytes) -> tuple[list[str], object]:

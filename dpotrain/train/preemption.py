@@ -22,6 +22,7 @@ from pathlib import Path
 
 from transformers import TrainerCallback
 
+from dpotrain.cluster import run_lock
 from dpotrain.cluster.collectives import max_over_ranks
 from dpotrain.recipe import terminal
 from dpotrain.recipe.cli import FALSE, TRUE
@@ -76,6 +77,8 @@ class GracefulStop(TrainerCallback):
             # by torchrun's agent): only one pressed later counts as the second.
             if self.interrupted and time.monotonic() - self.interrupted > SECOND_CTRL_C_S:
                 terminal.say(2, b"\nSecond Ctrl-C: stopping at once; nothing more is saved\n")
+                # os._exit skips the run's own release: its lock, left, refused a rerun on another host for STALE_S
+                run_lock.release()
                 os._exit(INTERRUPTED_EXIT)
             if self.interrupted:
                 return
