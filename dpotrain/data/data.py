@@ -311,16 +311,24 @@ def _check_utf8(dataset, path: Path) -> None:
         raise ConfigError(_invalid_utf8(path) or f"dataset file {str(path)!r} is not valid UTF-8") from None
 
 
+def mixed_type_columns(dataset) -> list[str]:
+    """The columns a pair is read from that datasets stores as Json: a field whose type differs between rows."""
+    from datasets.utils.json import get_json_field_paths_from_feature
+
+    features = dataset.features
+    return [
+        c for c in ("prompt", "chosen", "rejected") if c in features and get_json_field_paths_from_feature(features[c])
+    ]
+
+
 def _exact_mixed_fields(dataset, path: Path):
     """datasets stores a field whose type differs between rows (text in one, a number or text parts in another) as
     JSON, but keeps text that reads as JSON as it is: the answer `"42"` came back the int 42, `"null"` None, and was
     refused or dropped as not text. The columns a pair is read from that hold such a field are read again from the
     file, each value as written."""
     import datasets
-    from datasets.utils.json import get_json_field_paths_from_feature
 
-    read = ("prompt", "chosen", "rejected")
-    mixed = [c for c in read if c in dataset.features and get_json_field_paths_from_feature(dataset.features[c])]
+    mixed = mixed_type_columns(dataset)
     if not mixed:
         return dataset
     with open_data(path, "rt", encoding="utf-8-sig") as f:

@@ -12,7 +12,7 @@ import time
 from collections import Counter
 
 from dpotrain.data import chat_template, shapes
-from dpotrain.data.data import row_location
+from dpotrain.data.data import mixed_type_columns, row_location
 from dpotrain.recipe.errors import ConfigError
 
 ROW_COLUMNS = ("prompt", "chosen", "rejected", *shapes.KEPT_COLUMNS)
@@ -324,15 +324,12 @@ def _parsed_features(dataset, shape: shapes.Shape):
     So too where a column is datasets' Json (a field of mixed types, `data._exact_mixed_fields`): the map would keep
     that type for the pairs, and Json keeps text that reads as JSON as it is (the answer `"42"` read back the int)."""
     import datasets
-    from datasets.utils.json import get_json_field_paths_from_feature
 
-    read = ("prompt", "chosen", "rejected")
-    mixed = any(get_json_field_paths_from_feature(dataset.features[c]) for c in read if c in dataset.features)
-    if not (shape.json_columns and shape.conversational or mixed):
+    if not (shape.json_columns and shape.conversational or mixed_type_columns(dataset)):
         return None
     kept = {c: dataset.features[c] for c in shapes.KEPT_COLUMNS if c in dataset.column_names}
     pair = datasets.List(datasets.Json()) if shape.conversational else datasets.Value("string")
-    return datasets.Features({**kept, **dict.fromkeys(read, pair)})
+    return datasets.Features({**kept, **dict.fromkeys(("prompt", "chosen", "rejected"), pair)})
 
 
 def no_null_kwargs(pairs):
