@@ -19,7 +19,7 @@ from test_data_shapes import explicit_prompt, hh, ultrafeedback
 
 from conftest import ROOT, launch_smoke, run_train
 from dpotrain import resolve, stages
-from dpotrain.data import builtin, chat_template, mixture
+from dpotrain.data import builtin, chat_template, mixture, rows
 from dpotrain.recipe.config import parse_args
 from dpotrain.recipe.errors import ConfigError
 
@@ -494,6 +494,30 @@ def test_csv_files_read_as_one_source_are_read_as_text_as_one_file_is(tmp_path):
         assert sorted(loaded["chosen"]) == ["1.50", "3.0", "yes"], source
     alone = mixture.read_source(mixture.Source("csv", "train", data_files=str(folder / "a*.csv")), say=False)
     assert alone["chosen"] == ["1.50", "3.0"] and alone["rejected"] == ["2", "4"]
+
+
+def test_json_shards_whose_field_mixes_types_are_read_as_written_as_one_file_is(tmp_path):
+    """A field whose type differs between rows (a number as one answer) in a folder of JSON shards, a glob, a list or
+    a data_dir: datasets stores it as JSON and read every answer that looks like JSON (`"0"`, `"2"`) back as a
+    number, so every row was refused as not text (`every row of the train split (24 of 24) fails one check`). One
+    file was read again as written; so are its shards, in the order datasets reads them."""
+    pairs = [{"prompt": f"{i} + {i}?", "chosen": str(2 * i), "rejected": str(2 * i + 1)} for i in range(24)]
+    pairs[7]["chosen"] = 14  # in the first shard, whose first rows decide the types datasets reads all with
+    folder = tmp_path / "shards"
+    folder.mkdir()
+    (folder / "a.jsonl").write_text("".join(json.dumps(p) + "\n" for p in pairs[:12]))
+    (folder / "b.json").write_text(json.dumps(pairs[12:]))  # a JSON array beside JSON Lines: one builder, json
+    expected = [str(2 * i) for i in range(24) if i != 7]
+    for source in (
+        mixture.Source(str(folder), "train"),  # a folder of data files, read as dataset_name reads it
+        mixture.Source("json", "train", data_files=str(folder / "*")),
+        mixture.Source("json", "train", data_files=[str(folder / "a.jsonl"), str(folder / "b.json")]),
+        mixture.Source("json", "train", data_dir=str(folder)),
+    ):
+        derived = {}
+        read = rows.usable_pairs(mixture.read_source(source, say=False), True, derived, "x", say=False)
+        assert read["chosen"] == expected and read["prompt"][1:3] == ["1 + 1?", "2 + 2?"], source
+        assert derived["x"]["dropped"] == 1 and derived["x"]["first"][0]["index"] == 7, source
 
 
 def test_trls_shares_near_the_float_limit_are_shares():

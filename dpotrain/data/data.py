@@ -184,7 +184,7 @@ def load_preference_dataset(
         if builder in ("json", "csv") and not streaming:
             _check_utf8(loaded[split], path)
         if builder == "json" and not streaming:
-            loaded[split] = _exact_mixed_fields(loaded[split], path)
+            loaded[split] = exact_mixed_fields(loaded[split], split, builder, data_files={split: as_files(path)})
     elif path.is_dir():  # a folder of data files: by its path (a recipe's `~/prefs` is no Hub name)
         csv = [p for p in (data_identity.files(str(path)) or {}).values() if p.suffix == ".csv"]
         try:  # a folder of CSV files: read as text, as one file is (it is read as CSV where they are the most files)
@@ -193,6 +193,8 @@ def load_preference_dataset(
             )
         except Exception as e:  # it was said to come "from the Hub", naming neither its file nor the fix
             raise ConfigError(_unreadable_folder(name, path, e)) from None
+        if not streaming and split in loaded:
+            loaded[split] = exact_mixed_fields(loaded[split], split, str(path), name=config)
     else:
         try:
             loaded = datasets.load_dataset(name, name=config, revision=revision, streaming=streaming)
@@ -321,21 +323,32 @@ def mixed_type_columns(dataset) -> list[str]:
     ]
 
 
-def _exact_mixed_fields(dataset, path: Path):
+def exact_mixed_fields(dataset, split: str, *load_args, **load_kwargs):
     """datasets stores a field whose type differs between rows (text in one, a number or text parts in another) as
     JSON, but keeps text that reads as JSON as it is: the answer `"42"` came back the int 42, `"null"` None, and was
     refused or dropped as not text. The columns a pair is read from that hold such a field are read again from the
-    file, each value as written."""
+    JSON files datasets read (`load_args`/`load_kwargs` are the load's: a folder of shards, a glob, a data_dir read
+    file after file, as the load read them), each value as written."""
     import datasets
 
     mixed = mixed_type_columns(dataset)
     if not mixed:
         return dataset
-    with open_data(path, "rt", encoding="utf-8-sig") as f:
-        text = f.read()
-    rows = (
-        json.loads(text) if text.lstrip().startswith("[") else [json.loads(x) for x in text.splitlines() if x.strip()]
-    )
+    try:
+        files = [Path(f) for f in datasets.load_dataset_builder(*load_args, **load_kwargs).config.data_files[split]]
+    except Exception:  # noqa: BLE001 - not resolvable again: left as datasets has it
+        return dataset
+    if not all(f.is_file() and builder_of(f) == "json" for f in files):  # a Hub data set's: not read twice
+        return dataset
+    rows = []
+    for file in files:
+        with open_data(file, "rt", encoding="utf-8-sig") as f:
+            text = f.read()
+        rows += (
+            json.loads(text)
+            if text.lstrip().startswith("[")
+            else [json.loads(x) for x in text.splitlines() if x.strip()]
+        )
     if len(rows) != len(dataset):  # not read row for row as datasets read it: left as datasets has it
         return dataset
     for column in mixed:  # each value JSON-encoded, so that text stays text

@@ -464,6 +464,9 @@ def read_source(source: Source, say: bool = True):
             loaded = data.load_as_text(text, datasets.load_dataset, source.path, **files)
         except Exception as e:  # datasets' DatasetGenerationError says only that one occurred: its cause says what
             raise ConfigError(f"could not load mixture source {source.spec()}: {cause(e.__cause__ or e)}") from None
+        if source.local or source.path in BUILDERS:  # a Hub repo's files are not read twice
+            del files["split"]
+            loaded = data.exact_mixed_fields(loaded, source.split, source.path, **files)
         loaded = data.prompt_column(loaded, source.spec(), source.split, say)
     else:
         loaded = data.load_preference_dataset(source.path, source.split, source.name, say=say)

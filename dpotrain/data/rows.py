@@ -321,7 +321,7 @@ def usable_pairs(
 def _parsed_features(dataset, shape: shapes.Shape):
     """The read pairs' column types where messages are parsed from JSON text (`shape.json_columns`): datasets' Json,
     each message as written (else the first batch fixes the fields and a later `name` or `tool_calls` fails the map).
-    So too where a column is datasets' Json (a field of mixed types, `data._exact_mixed_fields`): the map would keep
+    So too where a column is datasets' Json (a field of mixed types, `data.exact_mixed_fields`): the map would keep
     that type for the pairs, and Json keeps text that reads as JSON as it is (the answer `"42"` read back the int)."""
     import datasets
 
