@@ -248,6 +248,22 @@ def test_a_data_set_holding_images_is_refused_by_the_run_and_the_analyzer(
     assert capsys.readouterr().err.strip().splitlines()[-1].startswith(expected)
 
 
+@pytest.mark.parametrize("wrapper", [{}, {"version": 2}])
+def test_pairs_wrapped_in_a_json_object_are_refused_naming_the_wrapper_and_the_fix(
+    wrapper, cli, tiny_model_dir, tmp_path, monkeypatch, capsys
+):
+    """`{"data": [...pairs...]}`, as some exports write a .json file: datasets reads it as one row whose column is
+    `data`, refused as a data set with no chosen/rejected columns (`it has ['data']`), as if the pairs were not
+    there."""
+    path = tmp_path / "wrapped.json"
+    path.write_text(json.dumps({**wrapper, "data": explicit_prompt()}))
+    expected = f"error: dataset {str(path)!r} wraps its pairs in a JSON object (under 'data'), which datasets reads"
+    line = refused(tmp_path, monkeypatch, capsys, "--dataset_name", str(path))
+    assert line.startswith(expected) and f"jq -c '.data[]' {path} > pairs.jsonl" in line, line
+    assert cli.main([str(path), "--tokenizer", tiny_model_dir, "--num-proc", "1"]) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1].startswith(expected)
+
+
 def test_an_images_column_without_images_is_left_unread(tmp_path):
     _, pairs = read_pairs(with_images(tmp_path, lambda image: []), "train", "messages")
     assert len(pairs) == N

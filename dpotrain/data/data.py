@@ -204,7 +204,7 @@ def load_preference_dataset(
         if split not in loaded:
             raise ConfigError(f"dataset {name!r} has no split {split!r}: choose one of {sorted(loaded)}")
         loaded = loaded[split]
-    check_columns(loaded.column_names, name)
+    check_columns(loaded, name)
     return prompt_column(loaded, name, split, say)
 
 
@@ -418,13 +418,23 @@ def _bad_line(path: Path) -> str | None:
     return None
 
 
-def check_columns(columns, name: str) -> None:
-    if missing := [c for c in REQUIRED_COLUMNS if c not in (columns or [])]:
-        raise ConfigError(
-            f"dataset {name!r} has no {'/'.join(missing)} column(s) (it has {sorted(columns or [])}): DPO needs "
-            "`chosen` and `rejected` (message lists or strings), optionally `prompt`; rename the columns or "
-            "pick a preference data set"
-        )
+def check_columns(dataset, name: str) -> None:
+    columns = dataset.column_names or []
+    if not (missing := [c for c in REQUIRED_COLUMNS if c not in columns]):
+        return
+    first = next(iter(dataset), None) or {}
+    for key, value in first.items():  # `{"data": [{"chosen": ...}, ...]}`: datasets reads the whole file as one row
+        if isinstance(value, list) and value and isinstance(value[0], dict) and set(REQUIRED_COLUMNS) <= set(value[0]):
+            jq = f" (`jq -c '.{key}[]' {name} > pairs.jsonl`)" if Path(name).expanduser().is_file() else ""
+            raise ConfigError(
+                f"dataset {name!r} wraps its pairs in a JSON object (under {key!r}), which datasets reads as one row "
+                f"that has no chosen/rejected: write the pairs as JSON Lines, one per line{jq}, or as a JSON array"
+            )
+    raise ConfigError(
+        f"dataset {name!r} has no {'/'.join(missing)} column(s) (it has {sorted(columns)}): DPO needs "
+        "`chosen` and `rejected` (message lists or strings), optionally `prompt`; rename the columns or "
+        "pick a preference data set"
+    )
 
 
 def row_location(name: str, index: int) -> str:

@@ -477,7 +477,7 @@ def read_source(source: Source, say: bool = True):
                 f"{sorted(loaded.column_names)}): fix `columns`"
             )
         loaded = loaded.select_columns(list(source.columns))
-    data.check_columns(loaded.column_names, source.spec())
+    data.check_columns(loaded, source.spec())
     return loaded
 
 
