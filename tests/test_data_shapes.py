@@ -637,6 +637,25 @@ def test_tool_call_answers_are_read_and_measured_as_the_trainer_tokenizes_them(t
         rows.check_dataset(datasets.Dataset.from_list(empty + text))
 
 
+def test_a_tool_call_the_chat_template_cannot_write_is_refused_naming_the_fix(
+    cli, tiny_model_dir, tmp_path, monkeypatch, capsys
+):
+    """An answer that is a tool call with no `content`, under a template written for text turns (the built-in model's
+    reads every message's content): refused, as TRL would fail on it, with only jinja's "UndefinedError: 'dict
+    object' has no attribute 'content'" and no word of what to change. The run and the analyzer name the fix."""
+    user = {"role": "user", "content": "2+2?"}
+    call = {"role": "assistant", "tool_calls": [{"type": "function", "function": {"name": "calc", "arguments": "{}"}}]}
+    pairs = [{"chosen": [user, call], "rejected": [user, {"role": "assistant", "content": f"{i}."}]} for i in range(4)]
+    path = tmp_path / "calls.jsonl"
+    path.write_text("".join(json.dumps(p) + "\n" for p in pairs))
+    fix = "a message calls a tool and has no content: give a chat template that writes tool_calls, chat_template_path"
+    line = refused(tmp_path, monkeypatch, capsys, "--dataset_name", str(path))
+    assert line.startswith("error: every row of the train split (4 of 4) fails one check: chosen: chat template error")
+    assert fix in line, line
+    assert cli.main([str(path), "--tokenizer", tiny_model_dir, "--num-proc", "1"]) == 2
+    assert fix in capsys.readouterr().err
+
+
 def test_chat_template_kwargs_of_other_names_in_other_rows_all_reach_the_trainer(tiny_model_dir, tmp_path):
     """Rows whose chat_template_kwargs differ in their names (`enable_thinking` here, `reasoning_effort` there) are
     read by datasets as Json, which the reading took for a column no row fills and dropped: every row's keyword

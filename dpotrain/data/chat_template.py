@@ -132,7 +132,14 @@ def answer_problem(example: dict, tokenizer) -> tuple[str, str] | None:
                 messages, tokenize=False, add_generation_prompt=column == "prompt", **kwargs
             )
         except Exception as e:  # noqa: BLE001 - whatever the template raises, TRL's map would raise too
-            return column, f"{TEMPLATE_ERROR}: {type(e).__name__}: {e}"
+            calls = any(m.get("tool_calls") and m.get("content") is None for m in messages)
+            fix = (  # a template written for text turns alone reads every message's content
+                " (a message calls a tool and has no content: give a chat template that writes tool_calls, "
+                "chat_template_path, e.g. a tool-calling model's chat_template.jinja)"
+                if calls
+                else ""
+            )
+            return column, f"{TEMPLATE_ERROR}: {type(e).__name__}: {e}{fix}"
     for column in ("chosen", "rejected"):
         if not texts[column].startswith(texts["prompt"]):
             return column, _mismatch(texts["prompt"], texts[column])
