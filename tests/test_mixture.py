@@ -15,7 +15,8 @@ from pathlib import Path
 import datasets
 import numpy as np
 import pytest
-from test_data_shapes import explicit_prompt, hh, ultrafeedback
+from test_data_shapes import explicit_prompt, hh, ultrafeedback, with_images
+from test_refusals import refused
 
 from conftest import ROOT, launch_smoke, run_train
 from dpotrain import resolve, stages
@@ -518,6 +519,27 @@ def test_json_shards_whose_field_mixes_types_are_read_as_written_as_one_file_is(
         read = rows.usable_pairs(mixture.read_source(source, say=False), True, derived, "x", say=False)
         assert read["chosen"] == expected and read["prompt"][1:3] == ["1 + 1?", "2 + 2?"], source
         assert derived["x"]["dropped"] == 1 and derived["x"]["first"][0]["index"] == 7, source
+
+
+def test_a_source_refused_whole_or_a_bad_row_of_a_glob_names_its_source(
+    files, cli, tiny_model_dir, tmp_path, monkeypatch, capsys
+):
+    """Among several sources, a source holding images was refused as `the data set holds images`, and a bad row of a
+    `path: json` source with a `data_files` glob was located `row 3 (from 0) of json`: neither said which source."""
+    vision = with_images(tmp_path, lambda image: [image])
+    line = refused(tmp_path, monkeypatch, capsys, "--dataset_mixer_list", files["trl"], "1.0", vision, "1.0")
+    assert line.startswith(f"error: mixture source {vision} [train]: the data set holds images"), line
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(f"datasets:\n  - path: {files['trl']}\n  - path: {vision}\n")
+    assert cli.main(["--config", str(recipe), "--tokenizer", tiny_model_dir, "--num-proc", "1"]) == 2
+    assert f"error: mixture source {vision} [train]: the data set holds images" in capsys.readouterr().err
+    (tmp_path / "glob").mkdir()
+    pairs = [json.loads(line) for line in Path(files["trl"]).read_text().splitlines()]
+    pairs[3]["chosen"] = None
+    (tmp_path / "glob" / "a.jsonl").write_text("".join(json.dumps(p) + "\n" for p in pairs))
+    glob = json.dumps({"path": "json", "data_files": str(tmp_path / "glob" / "*.jsonl")})
+    line = refused(tmp_path, monkeypatch, capsys, "--datasets", json.dumps({"path": files["uf"]}), glob)
+    assert f"(row 3 (from 0) of json [train] data_files={tmp_path / 'glob' / '*.jsonl'}; fix" in line, line
 
 
 def test_trls_shares_near_the_float_limit_are_shares():

@@ -55,14 +55,15 @@ class Source:
         return self.file or (self.path if data.is_local(self.path) else None)
 
     @property
-    def where(self) -> str:  # the name rows are located in (`data.row_location`)
-        return self.file or self.path
+    def where(self) -> str:
+        """The name rows are located in (`data.row_location`): a builder's glob or data_dir by its spec, not `json`."""
+        return self.file or (self.spec() if self.path in BUILDERS else self.path)
 
     def spec(self) -> str:
         """One line naming the source: `data/a.jsonl [train]`, `org/set:config [train]`."""
         extra = f" data_files={self.data_files}" if self.data_files and not self.file else ""
         extra += f" data_dir={self.data_dir}" if self.data_dir else ""
-        return f"{self.where}{':' + self.name if self.name else ''} [{self.split}]{extra}"
+        return f"{self.file or self.path}{':' + self.name if self.name else ''} [{self.split}]{extra}"
 
     def identity(self) -> str:
         """What the source is, whatever its spelling: a local file by its real path (a file has one split, whatever it
@@ -238,7 +239,7 @@ def local_files(values: dict) -> list[str]:
     for evaluation in (False, True):
         for source in parse(values, evaluation) or []:
             files = source.data_files if isinstance(source.data_files, list) else [source.data_files]
-            found += [source.where, *(f for f in files if isinstance(f, str)), source.data_dir]
+            found += [source.file or source.path, *(f for f in files if isinstance(f, str)), source.data_dir]
             if source.path in BUILDERS and source.data_files and not source.file:
                 # the files a glob or a {split: files} mapping reads (the analyzer's --json wrote over a glob's match)
                 found += [str(p) for p in (data_identity.files(*_read_from(source)) or {}).values()]
@@ -501,9 +502,16 @@ def load(
     for source in sources:
         raw = read_source(source, say)
         spec = source.spec()  # its rows dropped are counted under it
-        pairs = rows.usable_pairs(
-            raw, skip_invalid, dropped, spec, hh_format, spec, say, source.where, template, template_file
-        )
+        try:
+            pairs = rows.usable_pairs(
+                raw, skip_invalid, dropped, spec, hh_format, spec, say, source.where, template, template_file
+            )
+        except ConfigError as e:  # a refusal of the whole source (it holds images, no rows) names which one
+            raise (
+                e
+                if spec in str(e) or isinstance(e, rows.InvalidRowError)
+                else ConfigError(f"mixture source {spec}: {e}")
+            ) from None
         usable.append(pairs)
         record = {"source": spec, "amount": source.written(), "rows_read": len(raw), "rows_usable": len(pairs)}
         if identify:  # the content, as one source's is recorded (data_identity): a Hub set by its revision
