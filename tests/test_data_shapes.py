@@ -264,6 +264,26 @@ def test_pairs_wrapped_in_a_json_object_are_refused_naming_the_wrapper_and_the_f
     assert capsys.readouterr().err.strip().splitlines()[-1].startswith(expected)
 
 
+def test_a_message_prompt_with_string_answers_is_refused_naming_the_fix(
+    cli, tiny_model_dir, tmp_path, monkeypatch, capsys
+):
+    """`prompt` as messages, `chosen`/`rejected` as the answers' text (a common export): read as plain text from its
+    string answers, every row was refused as `prompt: a list where the data set has plain text (its first row is
+    text)`, which names neither what is mixed nor the fix (TRL fails on such rows too)."""
+    pairs = [
+        {**p, "chosen": p["chosen"][0]["content"], "rejected": p["rejected"][0]["content"]} for p in explicit_prompt()
+    ]
+    name, _ = write(tmp_path, "d", lambda: pairs, "jsonl")
+    expected = (
+        "prompt: a message list, where chosen and rejected are plain text: write each answer as a message list "
+        "([{'role': 'assistant', 'content': ...}]), or the prompt as text"
+    )
+    line = refused(tmp_path, monkeypatch, capsys, "--dataset_name", name)
+    assert line.startswith("error: every row of the train split (24 of 24) fails one check: ") and expected in line
+    assert cli.main([name, "--tokenizer", tiny_model_dir, "--num-proc", "1"]) == 2
+    assert expected in capsys.readouterr().err
+
+
 def test_an_images_column_without_images_is_left_unread(tmp_path):
     _, pairs = read_pairs(with_images(tmp_path, lambda image: []), "train", "messages")
     assert len(pairs) == N

@@ -72,6 +72,11 @@ def read_row(row: dict, fmt: RowFormat) -> tuple[dict | None, tuple[str, str] | 
         return None, problem
     for column in ("prompt", "chosen", "rejected") if shape.name.startswith("prompt+") else ("chosen", "rejected"):
         if problem := _check_value(row.get(column), shape.raw_lists):
+            if column == "prompt" and isinstance(row[column], list) and isinstance(row.get("chosen"), str):
+                problem = (  # TRL would join the prompt's messages to the string answers, and fail on every row
+                    "a message list, where chosen and rejected are plain text: write each answer as a message list "
+                    "([{'role': 'assistant', 'content': ...}]), or the prompt as text"
+                )
             return None, (column, problem)
         if shape.raw_lists and not row[column]:
             return None, (column, "empty message list" if column == "prompt" else "empty completion (no message)")
