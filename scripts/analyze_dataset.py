@@ -40,7 +40,7 @@ with venv.loading_libraries():
     import yaml
 
     from dpotrain.cluster import offline
-    from dpotrain.data import chat_template, cuts, data, hub_revision, lengths, lengths_report, mixture, shapes
+    from dpotrain.data import chat_template, cuts, data, hub_revision, lengths, lengths_report, mixture, rows, shapes
     from dpotrain.data.rows import InvalidRowError
     from dpotrain.recipe import cli, config, writes
     from dpotrain.recipe.errors import ConfigError, cause, run_cli
@@ -231,6 +231,13 @@ def check_args(args: argparse.Namespace) -> None:
     writes.check_report_paths({"--json": args.json, "--plot": args.plot})
 
 
+def every_row_invalid(checked, split: str, name: str) -> None:
+    """Every row bad is refused as the run refuses it (the check they all fail, no `--skip-invalid` offered: it left
+    "no valid rows to analyse (24 invalid)", naming no reason)."""
+    if checked.rows and len(checked.invalid) == checked.rows:
+        raise ConfigError(rows.every_row_invalid(checked, split, name))
+
+
 def analyze(args: argparse.Namespace) -> int:
     check_args(args)
     run = read_run(args)
@@ -327,7 +334,11 @@ def analyze(args: argparse.Namespace) -> int:
             hh_format=hh_format,
         )
     except InvalidRowError as e:  # where the row is in the user's file (a sample keeps the rows' own indices)
+        if e.index == 0 and indices is None:
+            every_row_invalid(rows.check_dataset(dataset, True, hh_format, tokenizer), split, name)
         raise e.located(name) from None
+    if m.rows == 0:
+        every_row_invalid(rows.RowCheck(len(m.invalid), m.invalid, m.seconds), split, name)
     print(f"Read as {m.shape}", file=sys.stderr, flush=True)
     for i, r in enumerate(mix.with_token_shares(m) if mix else []):  # each source's share, and its own lengths
         spread = lengths.percentiles(m.total[mix.source_of_row[m.index] == i])

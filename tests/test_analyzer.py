@@ -623,6 +623,20 @@ def test_skip_invalid_counts_and_lists_the_rows(cli, tmp_path, tiny_model_dir, c
     assert "cached" not in printed.err  # an analysis with invalid rows is not what training would see
 
 
+@pytest.mark.parametrize("skip", [[], ["--skip-invalid"]], ids=["stops", "skip-invalid"])
+def test_every_row_invalid_is_refused_as_the_run_refuses_it(skip, cli, tmp_path, tiny_model_dir, monkeypatch, capsys):
+    """Every row bad (each pair's sides the same): the run says the one check they all fail and offers no
+    --skip_invalid; the analyzer named row 0 and offered --skip-invalid, which then said only "no valid rows to
+    analyse (3 invalid)"."""
+    from test_refusals import refused
+
+    path = write_jsonl(tmp_path / "same.jsonl", [{"chosen": GOOD["chosen"], "rejected": GOOD["chosen"]}] * 3)
+    line = refused(tmp_path, monkeypatch, capsys, "--dataset_name", path, *(["--skip_invalid", "true"] if skip else []))
+    assert line.startswith("error: every row of the train split (3 of 3) fails one check: chosen: identical"), line
+    assert cli.main([path, "--tokenizer", tiny_model_dir, "--num-proc", "1", *skip]) == 2
+    assert error_line(capsys) == line
+
+
 @pytest.mark.parametrize("mixed", [False, True], ids=["dataset_name", "mixture"])
 def test_the_recipes_skip_invalid_skips_the_rows_the_run_skips(mixed, cli, tmp_path, tiny_model_dir, capsys):
     """A recipe with `skip_invalid: true` (the run drops and counts its bad rows): the analyzer stopped at the first
