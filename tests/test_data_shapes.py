@@ -284,6 +284,42 @@ def test_a_message_prompt_with_string_answers_is_refused_naming_the_fix(
     assert expected in capsys.readouterr().err
 
 
+def one_message_sides(n=N) -> list[dict]:
+    return [
+        {"prompt": f"Q{i}?", "chosen": p["chosen"][0], "rejected": p["rejected"][0]}
+        for i, p in enumerate(explicit_prompt(n))
+    ]
+
+
+def sharegpt(n=N) -> list[dict]:
+    names = {"user": "human", "assistant": "gpt", "system": "system"}
+    return [
+        {c: [{"from": names[m["role"]], "value": m["content"]} for m in p[c]] for c in ("chosen", "rejected")}
+        for p in dolci(n)
+    ]
+
+
+@pytest.mark.parametrize(
+    "make, expected",
+    [
+        (one_message_sides, "chosen: one message, not a list of messages: write it as a list ([{'role': 'assistant'"),
+        (sharegpt, "chosen: message 0 has no 'role': it is written ShareGPT's way ('from', 'value'); rename them"),
+    ],
+    ids=["one message", "sharegpt"],
+)
+def test_sides_written_in_another_message_shape_are_refused_naming_the_fix(
+    make, expected, cli, tiny_model_dir, tmp_path, monkeypatch, capsys
+):
+    """A side written as one message (`"chosen": {"role": "assistant", ...}`) was refused as `a dict where the data set
+    has plain text (its first row is text)`, which its first row is not; ShareGPT's `from`/`value` messages as
+    `message 0 has no 'role'`. Neither said what to write instead (TRL reads neither)."""
+    name, _ = write(tmp_path, "d", make, "jsonl")
+    line = refused(tmp_path, monkeypatch, capsys, "--dataset_name", name)
+    assert line.startswith(f"error: every row of the train split ({N} of {N}) fails one check: {expected}"), line
+    assert cli.main([name, "--tokenizer", tiny_model_dir, "--num-proc", "1"]) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == line
+
+
 def test_an_images_column_without_images_is_left_unread(tmp_path):
     _, pairs = read_pairs(with_images(tmp_path, lambda image: []), "train", "messages")
     assert len(pairs) == N

@@ -112,6 +112,8 @@ ROLES = {"system", "user", "assistant", "tool", "developer", "function", "ipytho
 def _check_value(value, conversational: bool) -> str | None:
     if value is None:
         return "missing (null)"
+    if isinstance(value, dict) and ("role" in value or "from" in value):  # TRL reads neither shape: a list is needed
+        return "one message, not a list of messages: write it as a list ([{'role': 'assistant', 'content': ...}])"
     if not conversational:
         if not isinstance(value, str):
             return f"a {type(value).__name__} where the data set has plain text (its first row is text)"
@@ -125,6 +127,11 @@ def _check_value(value, conversational: bool) -> str | None:
             if key == "content" and message.get(key) is None and message.get("tool_calls"):
                 continue  # a tool call without text, as TRL's data sets write it: the template renders its calls
             if message.get(key) is None:
+                if "from" in message and "value" in message:  # ShareGPT's spelling, which chat templates do not read
+                    return (
+                        f"message {i} has no {key!r}: it is written ShareGPT's way ('from', 'value'); rename them "
+                        "'role' and 'content', with 'human' as 'user' and 'gpt' as 'assistant'"
+                    )
                 return f"message {i} has no {key!r}"
             if key == "content" and isinstance(message[key], list):  # text parts alone are joined (shapes.text_parts)
                 part = next(p for p in message[key] if not shapes.is_text_part(p))
