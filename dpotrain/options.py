@@ -757,7 +757,8 @@ def _wandb_online(recipe: Recipe) -> bool:
 
 def check_wandb(recipe: Recipe) -> None:
     """report_to wandb without a way to log in fails after the model loaded (wandb.errors.UsageError): say so now."""
-    if not _wandb_online(recipe) or os.environ.get("WANDB_API_KEY"):
+    # WANDB_IDENTITY_TOKEN_FILE: a login by workload identity, which wandb reads instead of a key
+    if not _wandb_online(recipe) or os.environ.get("WANDB_API_KEY") or os.environ.get("WANDB_IDENTITY_TOKEN_FILE"):
         return
     try:
         from wandb.sdk.lib.wbauth.wbnetrc import read_netrc_auth

@@ -71,6 +71,16 @@ def test_a_dry_run_of_a_push_without_a_token_says_the_run_would_refuse_it(tmp_pa
     assert "warning: the run would refuse: push_to_hub is set but no Hugging Face token was found" in out, out
 
 
+def test_a_wandb_identity_token_file_is_a_login(tmp_path, capsys, no_credentials, monkeypatch):
+    """W&B's login by a workload identity (WANDB_IDENTITY_TOKEN_FILE, which wandb.init reads instead of a key) was
+    refused as "no W&B login": only a key or ~/.netrc counted."""
+    token = tmp_path / "identity-token"
+    token.write_text("a-jwt\n")
+    monkeypatch.setenv("WANDB_IDENTITY_TOKEN_FILE", str(token))
+    out = dry_run(capsys, "--config", SMOKE, "--output_dir", str(tmp_path / "run"), "--report_to", "wandb")
+    assert "dry run of" in out and "no W&B login" not in out, out
+
+
 def test_the_run_itself_still_refuses_without_a_wandb_login(tmp_path, capsys, no_credentials):
     with pytest.raises(SystemExit) as ended:
         run_cli(
